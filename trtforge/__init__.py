@@ -1,0 +1,27 @@
+"""trtforge: compile PyTorch models into TensorRT engines and run them, proving every step.
+
+Importing this package is cheap: torch, onnx and TensorRT load only when a stage needs them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "compile", "TrtforgeError", "UserError"]
+
+from trtforge.errors import TrtforgeError, UserError
+
+if TYPE_CHECKING:
+    from trtforge.compiler.pipeline import CompileResult
+
+
+def compile(model: Any, example_inputs: Any = None, output: Any = None, **options: Any) -> CompileResult:  # noqa: A001
+    """Compile a model (nn.Module, .onnx, .pt2 or 'module:factory') into a TensorRT engine.
+
+    Thin lazy wrapper over :func:`trtforge.compiler.pipeline.compile_model`; see it for options.
+    """
+    from trtforge.compiler.pipeline import compile_model
+
+    return compile_model(model, example_inputs=example_inputs, output=output, **options)

@@ -1,0 +1,1 @@
+"""Command-line interface (click): one module per command, heavy imports inside the commands."""

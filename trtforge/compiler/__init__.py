@@ -1,0 +1,1 @@
+"""Compiler stages: torch -> ONNX export, the TensorRT backend adapter, engine build, manifests."""

@@ -1,0 +1,248 @@
+"""The one place that imports TensorRT: picks `tensorrt` or `tensorrt_rtx` lazily and papers over
+their differences (TensorRT 10 vs 11 vs TensorRT-RTX; see shared/docs/tensorrt-facts.md §1, §6).
+
+Nothing here imports TensorRT at module import time. Everything else in trtforge goes through
+:func:`get_backend` and the small surface of :class:`Backend`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib
+import os
+from dataclasses import asdict, dataclass
+from types import ModuleType
+from typing import Any
+
+from trtforge.errors import BackendUnavailableError
+
+BACKEND_ENV = "TRTFORGE_BACKEND"
+BACKEND_NAMES = ("tensorrt", "tensorrt_rtx")
+_PIP_HINT = {
+    "tensorrt": "pip install tensorrt   (datacenter TensorRT; needs an NVIDIA GPU to build and run)",
+    "tensorrt_rtx": "pip install tensorrt-rtx   (TensorRT-RTX; builds engines on the CPU)",
+}
+# TensorRT-RTX runs engines on these compute capabilities by default (tensorrt-facts.md §6).
+_RTX_RUNTIME_CCS = ((8, 0), (8, 6), (8, 9))
+_RTX_MIN_BLACKWELL = (12, 0)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """The first CUDA device seen through the driver API, or why none was seen."""
+
+    present: bool
+    name: str = ""
+    compute_capability: tuple[int, int] | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What this backend can do on this machine, with the reason when it cannot."""
+
+    can_build: bool
+    build_reason: str
+    can_run: bool
+    run_reason: str
+    can_host_plugins: bool
+    plugin_reason: str
+    timing_cache: bool
+    strongly_typed_only: bool
+
+
+@functools.lru_cache(maxsize=1)
+def probe_gpu() -> GpuInfo:
+    """Ask the CUDA driver (libcuda, via ctypes) for device 0; cheap and needs neither torch nor TensorRT."""
+    for lib in ("libcuda.so.1", "libcuda.so"):
+        try:
+            cuda = ctypes.CDLL(lib)
+            break
+        except OSError:
+            continue
+    else:
+        return GpuInfo(False, reason="no CUDA driver (libcuda) on this machine")
+    if cuda.cuInit(0) != 0:
+        return GpuInfo(False, reason="CUDA driver present but cuInit failed (no usable GPU)")
+    count = ctypes.c_int(0)
+    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
+        return GpuInfo(False, reason="CUDA driver reports no devices")
+    dev = ctypes.c_int(0)
+    cuda.cuDeviceGet(ctypes.byref(dev), 0)
+    major, minor = ctypes.c_int(0), ctypes.c_int(0)
+    cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)  # ..._MINOR
+    name = ctypes.create_string_buffer(256)
+    cuda.cuDeviceGetName(name, 256, dev)
+    return GpuInfo(True, name.value.decode(errors="replace"), (major.value, minor.value))
+
+
+class Backend:
+    """A loaded TensorRT flavour: the module, a logger, and the calls that differ between flavours."""
+
+    def __init__(self, name: str, module: ModuleType):
+        self.name = name
+        self.trt = module
+        self.version: str = getattr(module, "__version__", "unknown")
+        self.major = int(self.version.split(".")[0]) if self.version[:1].isdigit() else 0
+        self.is_rtx = name == "tensorrt_rtx"
+        self.logger = module.Logger(module.Logger.WARNING)
+
+    # -- capabilities ---------------------------------------------------------------------------
+    @functools.cached_property
+    def capabilities(self) -> Capabilities:
+        """Decide what can be built, run and hosted here (GPU presence and compute capability)."""
+        gpu = probe_gpu()
+        if self.is_rtx:
+            can_build, build_reason = True, "TensorRT-RTX builds ahead-of-time on the CPU"
+        elif gpu.present:
+            can_build, build_reason = True, f"GPU {gpu.name} present"
+        else:
+            can_build, build_reason = False, f"datacenter TensorRT builds on the target GPU; {gpu.reason}"
+        if not gpu.present:
+            can_run, run_reason = False, gpu.reason
+        elif self.is_rtx and not (
+            gpu.compute_capability in _RTX_RUNTIME_CCS or gpu.compute_capability >= _RTX_MIN_BLACKWELL
+        ):
+            cc = "%d.%d" % gpu.compute_capability
+            can_run, run_reason = False, f"TensorRT-RTX does not run on compute capability {cc} ({gpu.name})"
+        else:
+            can_run, run_reason = True, f"GPU {gpu.name}"
+        plugins = hasattr(self.trt.INetworkDefinition, "add_plugin_v3")
+        plugin_reason = (
+            "INetworkDefinition.add_plugin_v3 available"
+            if plugins
+            else f"{self.name} {self.version} cannot host custom plugins (no add_plugin_v3)"
+        )
+        return Capabilities(
+            can_build=can_build,
+            build_reason=build_reason,
+            can_run=can_run,
+            run_reason=run_reason,
+            can_host_plugins=plugins,
+            plugin_reason=plugin_reason,
+            timing_cache=not self.is_rtx,
+            strongly_typed_only=self.is_rtx or self.major >= 11,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready summary for manifests and `trtforge inspect`."""
+        return {"name": self.name, "version": self.version, "capabilities": asdict(self.capabilities)}
+
+    # -- build surface ----------------------------------------------------------------------------
+    def create_builder(self) -> Any:
+        """A new IBuilder bound to this backend's logger."""
+        return self.trt.Builder(self.logger)
+
+    def create_network(self, builder: Any) -> Any:
+        """A strongly typed network: the flag is required on TensorRT 10.x and ignored on 11.x / RTX."""
+        flags = 1 << int(self.trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+        return builder.create_network(flags)
+
+    def create_parser(self, network: Any) -> Any:
+        """An ONNX parser for `network` (keep it alive while the network is used)."""
+        return self.trt.OnnxParser(network, self.logger)
+
+    def set_build_targets(self, config: Any, targets: list[str] | None) -> list[str]:
+        """RTX only: choose compute-capability targets (e.g. ['SM86', 'SM89']); returns what was set.
+
+        With no targets, RTX keeps its default (8.0, 8.6, 8.9, 12.x). Datacenter TensorRT builds for the
+        GPU it runs on and ignores this.
+        """
+        if not targets:
+            return []
+        if not hasattr(config, "set_compute_capability"):
+            raise BackendUnavailableError(
+                f"--target {','.join(targets)} needs TensorRT-RTX; {self.name} builds for the GPU it runs on."
+            )
+        members = self.trt.ComputeCapability.__members__
+        bad = [t for t in targets if t.upper() not in members]
+        if bad:
+            raise BackendUnavailableError(
+                f"unknown compute-capability target(s) {bad}; expected some of {sorted(members)}."
+            )
+        config.num_compute_capabilities = len(targets)
+        for i, t in enumerate(targets):
+            config.set_compute_capability(members[t.upper()], i)
+        return [t.upper() for t in targets]
+
+    def engine_device_memory_size(self, engine: Any) -> int:
+        """Device memory an engine needs (`device_memory_size_v2`; v1 was removed in TensorRT 11)."""
+        if hasattr(engine, "device_memory_size_v2"):
+            return int(engine.device_memory_size_v2)
+        return int(engine.device_memory_size)
+
+    def make_progress_monitor(self, on_event: Any) -> Any | None:
+        """An IProgressMonitor subclass instance forwarding events to `on_event(kind, phase, parent, n)`.
+
+        Built in a factory because the base class lives in the lazily imported module. Returns None
+        where the binding lacks IProgressMonitor.
+        """
+        base = getattr(self.trt, "IProgressMonitor", None)
+        if base is None:
+            return None
+
+        class _Monitor(base):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                base.__init__(self)
+
+            def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+                on_event("start", phase_name, parent_phase, num_steps)
+
+            def step_complete(self, phase_name: str, step: int) -> bool:
+                on_event("step", phase_name, None, step)
+                return True
+
+            def phase_finish(self, phase_name: str) -> None:
+                on_event("finish", phase_name, None, 0)
+
+        return _Monitor()
+
+
+def _import(name: str) -> ModuleType:
+    return importlib.import_module(name)
+
+
+def _missing_message(requested: str | None) -> str:
+    if requested:
+        return (
+            f"{BACKEND_ENV}={requested} was requested but Python module '{requested}' is not importable. "
+            f"Install it with: {_PIP_HINT[requested]}, or unset {BACKEND_ENV}."
+        )
+    return (
+        "No TensorRT backend is installed. trtforge needs one to build engines; install either "
+        f"{_PIP_HINT['tensorrt_rtx']} or {_PIP_HINT['tensorrt']} (or `pip install trtforge[rtx]`)."
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _load(requested: str | None) -> Backend:
+    candidates = [requested] if requested else list(BACKEND_NAMES)
+    for name in candidates:
+        try:
+            module = _import(name)
+        except ImportError:
+            continue
+        return Backend(name, module)
+    raise BackendUnavailableError(_missing_message(requested))
+
+
+def get_backend(name: str | None = None) -> Backend:
+    """Return the TensorRT backend: `name`, else $TRTFORGE_BACKEND, else `tensorrt`, else `tensorrt_rtx`."""
+    requested = name or os.environ.get(BACKEND_ENV) or None
+    if requested is not None and requested not in BACKEND_NAMES:
+        raise BackendUnavailableError(
+            f"unknown TensorRT backend '{requested}' (from {'argument' if name else BACKEND_ENV}); "
+            f"expected one of {', '.join(BACKEND_NAMES)}."
+        )
+    return _load(requested)
+
+
+def backend_available(name: str | None = None) -> bool:
+    """True when :func:`get_backend` would succeed (used by test markers and `--version`)."""
+    try:
+        get_backend(name)
+    except BackendUnavailableError:
+        return False
+    return True

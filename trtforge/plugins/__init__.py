@@ -1,0 +1,1 @@
+"""TensorRT plugins (IPluginV3) and their kernels, plus ONNX Runtime reference implementations."""

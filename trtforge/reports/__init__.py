@@ -1,0 +1,1 @@
+"""Accuracy and latency reports comparing torch, ONNX Runtime variants and TensorRT engines."""
