@@ -1,0 +1,64 @@
+"""`trtforge` command group. Each command lives in its own module and is imported only when invoked,
+so `trtforge --help` stays fast and works without TensorRT."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from trtforge import __version__
+
+# command name -> "module:attribute" of a click.Command. Add new commands here.
+COMMANDS: dict[str, str] = {
+    "compile": "trtforge.cli.compile_cmd:compile_cmd",
+    "inspect": "trtforge.cli.inspect_cmd:inspect_cmd",
+}
+SHORT_HELP: dict[str, str] = {
+    "compile": "Compile a model (.onnx, .pt2, module:factory) into a TensorRT engine.",
+    "inspect": "Summarize an ONNX model or an engine (its manifest).",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        if ctx.resilient_parsing or "--help" in sys.argv[1:2]:
+            # `trtforge --help` lists commands without importing them.
+            return click.Command(cmd_name, short_help=SHORT_HELP.get(cmd_name, ""))
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+EPILOG = """\b
+Examples:
+  trtforge compile model.onnx -o model.engine
+  trtforge compile mypkg.models:make_bert -o bert.engine --shape input_ids:1x16:8x128:32x512
+  trtforge inspect bert.engine
+Exit codes: 0 ok, 2 bad input (file, option, tensor), 1 internal error.
+"""
+
+
+@click.group(cls=LazyGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="trtforge")
+def cli() -> None:
+    """trtforge: torch model -> ONNX -> fused, typed ONNX -> TensorRT engine, with every step checked."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: runs the group and maps trtforge errors to exit codes (2 user, 1 internal)."""
+    from trtforge.cli._errors import run_cli
+
+    return run_cli(cli, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
