@@ -22,7 +22,7 @@ SHORT_HELP: dict[str, str] = {
 
 
 class LazyGroup(click.Group):
-    """A click group whose subcommands are imported on first use."""
+    """A click group whose subcommands are imported on first use; help lists them without importing."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -31,11 +31,13 @@ class LazyGroup(click.Group):
         target = COMMANDS.get(cmd_name)
         if target is None:
             return None
-        if ctx.resilient_parsing or "--help" in sys.argv[1:2]:
-            # `trtforge --help` lists commands without importing them.
-            return click.Command(cmd_name, short_help=SHORT_HELP.get(cmd_name, ""))
         module, attr = target.split(":")
         return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, SHORT_HELP.get(name, "")) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 EPILOG = """\b

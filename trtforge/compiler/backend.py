@@ -87,7 +87,7 @@ class Backend:
         self.version: str = getattr(module, "__version__", "unknown")
         self.major = int(self.version.split(".")[0]) if self.version[:1].isdigit() else 0
         self.is_rtx = name == "tensorrt_rtx"
-        self.logger = module.Logger(module.Logger.WARNING)
+        self.logger = _make_logger(module)
 
     # -- capabilities ---------------------------------------------------------------------------
     @functools.cached_property
@@ -105,7 +105,7 @@ class Backend:
         elif self.is_rtx and not (
             gpu.compute_capability in _RTX_RUNTIME_CCS or gpu.compute_capability >= _RTX_MIN_BLACKWELL
         ):
-            cc = "%d.%d" % gpu.compute_capability
+            cc = "{}.{}".format(*gpu.compute_capability)
             can_run, run_reason = False, f"TensorRT-RTX does not run on compute capability {cc} ({gpu.name})"
         else:
             can_run, run_reason = True, f"GPU {gpu.name}"
@@ -198,6 +198,26 @@ class Backend:
                 on_event("finish", phase_name, None, 0)
 
         return _Monitor()
+
+
+def _make_logger(trt: ModuleType) -> Any:
+    """An ILogger that keeps warnings and errors (for error messages and build records) and prints errors."""
+
+    class CapturingLogger(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.messages: list[tuple[str, str]] = []
+
+        def log(self, severity: Any, msg: str) -> None:
+            if int(severity) <= int(trt.ILogger.WARNING):
+                self.messages.append((str(severity).rsplit(".", 1)[-1], msg))
+                del self.messages[:-200]
+
+        def take(self) -> list[tuple[str, str]]:
+            out, self.messages = self.messages, []
+            return out
+
+    return CapturingLogger()
 
 
 def _import(name: str) -> ModuleType:

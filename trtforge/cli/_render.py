@@ -1,0 +1,80 @@
+"""Rich tables shared by commands: stage timings, engine manifests, ONNX summaries."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from trtforge.compiler.manifest import Manifest
+from trtforge.compiler.shapes import format_range
+
+
+def _dims(shape: list[int]) -> str:
+    return "[" + ", ".join("?" if d < 0 else str(d) for d in shape) + "]"
+
+
+def timings_table(timings: dict[str, float]) -> Table:
+    """Seconds per pipeline stage, with the total."""
+    table = Table(title="stages", show_edge=False)
+    table.add_column("stage")
+    table.add_column("seconds", justify="right")
+    for name, s in timings.items():
+        table.add_row(name, f"{s:.2f}")
+    table.add_row("[bold]total", f"[bold]{sum(timings.values()):.2f}")
+    return table
+
+
+def manifest_tables(m: Manifest) -> list[Any]:
+    """The engine's identity, I/O and profiles as rich renderables."""
+    head = Table.grid(padding=(0, 2))
+    head.add_row("engine", f"{m.engine_file} ({m.engine_bytes / 1e6:.2f} MB, sha256 {m.engine_sha256[:16]}…)")
+    head.add_row("backend", f"{m.backend.get('name')} {m.backend.get('version')}")
+    if m.backend.get("targets"):
+        head.add_row("targets", ", ".join(m.backend["targets"]))
+    head.add_row("source", f"{m.source.get('kind')}: {m.source.get('path')} (opset {m.source.get('opset')})")
+    head.add_row("precision", str(m.precision.get("mode")))
+    head.add_row("streams", f"{m.streams} (profiles: {len(m.profiles)})")
+    if m.plugins:
+        head.add_row("plugins", ", ".join(p.get("name", "?") for p in m.plugins))
+    head.add_row("trtforge", m.trtforge_version)
+    io = Table(title="I/O", show_edge=False)
+    for col in ("", "name", "dtype", "shape", "profile 0 (min:opt:max)"):
+        io.add_column(col)
+    prof = m.profiles[0] if m.profiles else {}
+    for kind, specs in (("in", m.inputs), ("out", m.outputs)):
+        for t in specs:
+            rng = prof.get(t.name)
+            io.add_row(kind, t.name, t.dtype, _dims(t.shape), format_range(rng) if rng else "")
+    return [head, io]
+
+
+def onnx_tables(summary: dict[str, Any]) -> list[Any]:
+    """An ONNX summary (see inspect_cmd.summarize_onnx) as rich renderables."""
+    head = Table.grid(padding=(0, 2))
+    head.add_row("file", summary["path"])
+    head.add_row("opsets", ", ".join(f"{d or 'ai.onnx'}:{v}" for d, v in summary["opsets"].items()))
+    head.add_row("producer", summary["producer"])
+    head.add_row("nodes", str(summary["nodes"]))
+    head.add_row("weights", f"{summary['initializers']} tensors, {summary['weight_bytes'] / 1e6:.2f} MB")
+    io = Table(title="I/O", show_edge=False)
+    for col in ("", "name", "dtype", "shape"):
+        io.add_column(col)
+    for kind in ("inputs", "outputs"):
+        for t in summary[kind]:
+            io.add_row(kind[:-1] if kind == "inputs" else "out", t["name"], t["dtype"], t["shape"])
+    ops = Table(title="ops", show_edge=False)
+    ops.add_column("op")
+    ops.add_column("count", justify="right")
+    for op, n in Counter(summary["ops"]).most_common():
+        ops.add_row(op, str(n))
+    return [head, io, ops]
+
+
+def print_all(console: Console, items: list[Any]) -> None:
+    """Print renderables separated by blank lines."""
+    for item in items:
+        console.print(item)
+        console.print()

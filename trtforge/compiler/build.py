@@ -1,0 +1,266 @@
+"""ONNX -> serialized TensorRT engine through the backend adapter (EngineFromOnnx).
+
+Parses with node-level error reporting, sets optimization profiles (N copies for N concurrent
+streams), optimization level, workspace, timing cache (datacenter TensorRT only) and aux streams,
+and shows builder progress. Returns the engine bytes plus a record; writing files is the caller's job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtforge._fileio import atomic_write_bytes
+from trtforge.compiler.backend import Backend, get_backend
+from trtforge.compiler.manifest import ShapeRange, TensorSpec
+from trtforge.compiler.shapes import InputDesc, resolve_profile
+from trtforge.errors import BuildError, UserError
+
+_DTYPES = {
+    "FLOAT": "float32",
+    "HALF": "float16",
+    "BF16": "bfloat16",
+    "INT8": "int8",
+    "INT32": "int32",
+    "INT64": "int64",
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "FP8": "float8_e4m3fn",
+    "INT4": "int4",
+    "FP4": "float4_e2m1",
+}
+
+
+@dataclass
+class BuildOptions:
+    """Builder settings. None means the backend's default."""
+
+    shapes: Mapping[str, ShapeRange] | Sequence[str] | None = None
+    opt_level: int | None = None
+    workspace_mb: int | None = None
+    timing_cache: str | os.PathLike[str] | None = None
+    streams: int = 1
+    aux_streams: int | None = None
+    targets: Sequence[str] | None = None
+    backend: str | None = None
+    progress: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, with shapes in --shape syntax when given as strings."""
+        d = asdict(self)
+        if isinstance(self.shapes, Mapping):
+            d["shapes"] = {k: asdict(v) for k, v in self.shapes.items()}
+        elif self.shapes is not None:
+            d["shapes"] = list(self.shapes)
+        d["timing_cache"] = str(self.timing_cache) if self.timing_cache else None
+        d["targets"] = list(self.targets) if self.targets else None
+        return d
+
+
+@dataclass
+class BuildRecord:
+    """What the build stage did."""
+
+    backend: dict[str, Any]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    profiles: list[dict[str, ShapeRange]]
+    derived_shapes: dict[str, ShapeRange]
+    layers: int
+    layer_types: dict[str, int]
+    targets: list[str]
+    timing_cache: str | None
+    seconds: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    engine_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+def trt_dtype_name(dtype: Any) -> str:
+    """TensorRT DataType -> numpy-style name used in manifests."""
+    key = str(dtype).rsplit(".", 1)[-1]
+    return _DTYPES.get(key, key.lower())
+
+
+def _parse(backend: Backend, network: Any, onnx_path: Path) -> Any:
+    parser = backend.create_parser(network)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = [parser.get_error(i) for i in range(parser.num_errors)]
+        lines = []
+        for e in errors:
+            node = e.node_name() or (f"#{e.node()}" if e.node() >= 0 else "<model>")
+            lines.append(f"  node {node} ({e.node_operator() or '-'}): {e.desc()} [{e.code()}]")
+        raise UserError(
+            f"TensorRT's ONNX parser ({backend.name} {backend.version}) rejected '{onnx_path}':\n"
+            + "\n".join(lines)
+        )
+    return parser
+
+
+def _onnx_symbols(onnx_path: Path) -> dict[str, tuple[str | None, ...]]:
+    import onnx
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    return {
+        i.name: tuple((d.dim_param or None) for d in i.type.tensor_type.shape.dim) for i in proto.graph.input
+    }
+
+
+def network_io(network: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Inputs and outputs of a parsed network as manifest TensorSpecs (-1 for dynamic dims)."""
+    ins = [network.get_input(i) for i in range(network.num_inputs)]
+    outs = [network.get_output(i) for i in range(network.num_outputs)]
+    spec = lambda t: TensorSpec(t.name, trt_dtype_name(t.dtype), [int(d) for d in t.shape])  # noqa: E731
+    return [spec(t) for t in ins], [spec(t) for t in outs]
+
+
+@contextlib.contextmanager
+def _progress(backend: Backend, config: Any, enabled: bool) -> Iterator[None]:
+    """Show builder phases with rich: IProgressMonitor where the binding has it, else a spinner."""
+    if not enabled:
+        yield
+        return
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+        top = bar.add_task(f"building engine ({backend.name})", total=None)
+
+        def on_event(kind: str, phase: str, parent: str | None, n: int) -> None:
+            if kind == "start":
+                tasks[phase] = bar.add_task(f"  {phase}", total=max(n, 1))
+            elif kind == "step" and phase in tasks:
+                bar.update(tasks[phase], completed=n + 1)
+            elif kind == "finish" and phase in tasks:
+                bar.remove_task(tasks.pop(phase))
+
+        monitor = backend.make_progress_monitor(on_event)
+        if monitor is not None:
+            config.progress_monitor = monitor
+        try:
+            yield
+        finally:
+            bar.remove_task(top)
+            if monitor is not None:
+                config.progress_monitor = None
+
+
+def build_engine(
+    onnx_path: str | os.PathLike[str],
+    options: BuildOptions | None = None,
+    *,
+    example_shapes: Mapping[str, Sequence[int]] | None = None,
+    on_derived: Callable[[dict[str, ShapeRange]], None] | None = None,
+) -> tuple[bytes, BuildRecord]:
+    """Parse `onnx_path` and build a serialized engine; raises UserError for bad models/options."""
+    options = options or BuildOptions()
+    if options.streams < 1:
+        raise UserError(f"--streams must be at least 1, got {options.streams}.")
+    if options.opt_level is not None and not 0 <= options.opt_level <= 5:
+        raise UserError(f"--opt-level must be 0..5, got {options.opt_level}.")
+    if options.workspace_mb is not None and options.workspace_mb <= 0:
+        raise UserError(f"--workspace must be a positive number of MiB, got {options.workspace_mb}.")
+    backend = get_backend(options.backend)
+    if not backend.capabilities.can_build:
+        raise UserError(f"{backend.name} cannot build engines here: {backend.capabilities.build_reason}.")
+    onnx_path = Path(onnx_path)
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    builder = backend.create_builder()
+    network = backend.create_network(builder)
+    backend.logger.take()
+    parser = _parse(backend, network, onnx_path)
+    seconds["parse"] = time.perf_counter() - t0
+    inputs, outputs = network_io(network)
+    symbols = _onnx_symbols(onnx_path)
+    descs = [InputDesc(t.name, t.dtype, tuple(t.shape), symbols.get(t.name, ())) for t in inputs]
+    profile, derived = resolve_profile(descs, options.shapes, example_shapes)
+    if derived and on_derived is not None:
+        on_derived(derived)
+
+    config = builder.create_builder_config()
+    needs_profile = any(-1 in t.shape for t in inputs)
+    profiles: list[dict[str, ShapeRange]] = []
+    if needs_profile:
+        for _ in range(options.streams):
+            p = builder.create_optimization_profile()
+            for name, rng in profile.items():
+                p.set_shape(name, rng.min, rng.opt, rng.max)
+            if config.add_optimization_profile(p) < 0:
+                raise UserError(f"TensorRT rejected the optimization profile {profile}.")
+            profiles.append(dict(profile))
+    if options.opt_level is not None:
+        config.builder_optimization_level = options.opt_level
+    if options.workspace_mb is not None:
+        config.set_memory_pool_limit(backend.trt.MemoryPoolType.WORKSPACE, options.workspace_mb << 20)
+    if options.aux_streams is not None:
+        config.max_aux_streams = options.aux_streams
+    targets = backend.set_build_targets(config, list(options.targets or []))
+    warnings: list[str] = []
+    cache = _attach_timing_cache(backend, config, options.timing_cache, warnings)
+
+    t1 = time.perf_counter()
+    with _progress(backend, config, options.progress):
+        plan = builder.build_serialized_network(network, config)
+    seconds["build"] = time.perf_counter() - t1
+    messages = backend.logger.take()
+    if plan is None:
+        errs = [m for sev, m in messages if sev in ("ERROR", "INTERNAL_ERROR")] or [m for _, m in messages]
+        raise BuildError(
+            f"{backend.name} {backend.version} failed to build '{onnx_path}':\n  " + "\n  ".join(errs[-10:])
+        )
+    data = bytes(memoryview(plan))
+    if cache is not None:
+        atomic_write_bytes(options.timing_cache, memoryview(cache.serialize()))
+    warnings += [m for sev, m in messages if sev == "WARNING"][:50]
+    layer_types = Counter(
+        str(network.get_layer(i).type).rsplit(".", 1)[-1] for i in range(network.num_layers)
+    )
+    del parser
+    record = BuildRecord(
+        backend=backend.describe(),
+        inputs=inputs,
+        outputs=outputs,
+        profiles=profiles,
+        derived_shapes=derived,
+        layers=network.num_layers,
+        layer_types=dict(sorted(layer_types.items())),
+        targets=targets,
+        timing_cache=str(options.timing_cache) if cache is not None else None,
+        seconds=seconds,
+        warnings=warnings,
+        engine_bytes=len(data),
+    )
+    return data, record
+
+
+def _attach_timing_cache(backend: Backend, config: Any, path: Any, warnings: list[str]) -> Any:
+    """Load (or start) a timing cache for datacenter TensorRT; on RTX it is a no-op that forces a GPU."""
+    if not path:
+        return None
+    if not backend.capabilities.timing_cache:
+        warnings.append(
+            f"--timing-cache ignored: {backend.name} deprecates timing caches and using one forces a GPU "
+            "query, which breaks CPU-only builds (tensorrt-facts.md §1.5)."
+        )
+        return None
+    p = Path(path)
+    blob = p.read_bytes() if p.is_file() else b""
+    cache = config.create_timing_cache(blob)
+    config.set_timing_cache(cache, False)
+    return cache

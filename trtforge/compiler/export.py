@@ -1,0 +1,447 @@
+"""torch -> ONNX: the dynamo exporter first, the legacy TorchScript exporter as a recorded fallback,
+then onnx.checker and an ONNX Runtime run compared with torch on the example inputs.
+
+Also turns the other accepted sources into the same artifact: an existing `.onnx` file, a
+torch.export `.pt2` archive, and a `package.module:factory` callable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import inspect
+import io
+import logging
+import os
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtforge.compiler import onnx_io
+from trtforge.errors import ExportError, UserError
+
+# A dynamic-axes spec: None (static), "batch", "batch,seq" (dim 0 / dims 0,1 of every input), or
+# {input_name: {axis: dim_name}} / {input_name: [dim_name or None per axis]}.
+DynamicSpec = None | str | Sequence[str] | Mapping[str, Mapping[int, str] | Sequence[str | None]]
+
+DEFAULT_RTOL = 1e-3
+DEFAULT_ATOL = 1e-4
+
+
+@dataclass
+class ExportRecord:
+    """What the export stage did: exporter used (and why a fallback happened), names, opset, errors."""
+
+    source_kind: str
+    exporter: str
+    fallback_reason: str | None = None
+    opset: int | None = None
+    input_names: list[str] = field(default_factory=list)
+    output_names: list[str] = field(default_factory=list)
+    dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)
+    external_data: bool = False
+    seconds: float = 0.0
+    verified: bool = False
+    max_abs_error: dict[str, float] = field(default_factory=dict)
+    tolerance: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        d = asdict(self)
+        d["dynamic_axes"] = {k: {str(a): n for a, n in v.items()} for k, v in self.dynamic_axes.items()}
+        return d
+
+
+@dataclass
+class OnnxArtifact:
+    """An ONNX model on disk (with its external data, if any) plus the record of how it was made."""
+
+    path: Path
+    record: ExportRecord
+
+    def load(self) -> Any:
+        """The onnx.ModelProto, with external data loaded."""
+        return onnx_io.load_onnx(self.path)
+
+
+# ----------------------------------------------------------------------------- input normalisation
+def normalize_inputs(module: Any, example_inputs: Any) -> dict[str, Any]:
+    """Turn a tensor, tuple/list or dict of example inputs into {forward-parameter name: tensor}."""
+    import torch
+
+    if isinstance(example_inputs, Mapping):
+        bad = [k for k, v in example_inputs.items() if not isinstance(v, torch.Tensor)]
+        if bad:
+            raise UserError(f"example input(s) {bad} are not torch.Tensors; export needs tensors.")
+        return dict(example_inputs)
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, (tuple, list)) or not example_inputs:
+        raise UserError(
+            "example_inputs must be a tensor, a non-empty tuple/list of tensors or a dict "
+            f"{{name: tensor}}; got {type(example_inputs).__name__}."
+        )
+    params = [
+        p
+        for p in inspect.signature(module.forward).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(params) < len(example_inputs):
+        raise UserError(
+            f"{type(module).__name__}.forward takes {len(params)} positional inputs but "
+            f"{len(example_inputs)} example inputs were given."
+        )
+    return {p.name: t for p, t in zip(params, example_inputs)}
+
+
+def resolve_dynamic(spec: DynamicSpec, inputs: Mapping[str, Any]) -> dict[str, dict[int, str]]:
+    """Expand a dynamic-axes spec into {input: {axis: dim_name}}, validating names and axes."""
+    if spec is None:
+        return {}
+    if isinstance(spec, str) or (isinstance(spec, Sequence) and all(isinstance(s, str) for s in spec)):
+        names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+        return {
+            name: {axis: dim for axis, dim in enumerate(names) if axis < t.dim()}
+            for name, t in inputs.items()
+        }
+    out: dict[str, dict[int, str]] = {}
+    for name, axes in spec.items():
+        if name not in inputs:
+            raise UserError(f"dynamic axes name input '{name}', but the inputs are {sorted(inputs)}.")
+        rank = inputs[name].dim()
+        pairs = axes.items() if isinstance(axes, Mapping) else enumerate(axes)
+        out[name] = {}
+        for axis, dim in pairs:
+            if dim is None:
+                continue
+            if not 0 <= int(axis) < rank:
+                raise UserError(f"dynamic axis {axis} of input '{name}' is out of range for rank {rank}.")
+            out[name][int(axis)] = str(dim)
+    return out
+
+
+def flatten_outputs(obj: Any) -> list[Any]:
+    """Flatten a torch output (tensor, tuple, dict, transformers ModelOutput) in exporter order."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, Mapping):
+        return [t for v in obj.values() if v is not None for t in flatten_outputs(v)]
+    if isinstance(obj, (tuple, list)):
+        return [t for v in obj if v is not None for t in flatten_outputs(v)]
+    if obj is None:
+        return []
+    raise ExportError(f"model output of type {type(obj).__name__} is not a tensor, tuple or dict.")
+
+
+# ------------------------------------------------------------------------------------- exporters
+@contextlib.contextmanager
+def _eval_mode(module: Any):
+    """Export in eval mode (dropout off, BN frozen) and restore the caller's mode afterwards."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
+def _export_dynamo(module, feeds, dynamic, opset, input_names, output_names, path: Path) -> None:
+    import torch
+
+    dims: dict[str, Any] = {}
+    dynamic_shapes = {
+        name: {
+            axis: dims.setdefault(dim, torch.export.Dim(_dim_ident(dim), min=1)) for axis, dim in axes.items()
+        }
+        for name, axes in dynamic.items()
+    }
+    for name in feeds:
+        dynamic_shapes.setdefault(name, None)
+    program = torch.onnx.export(
+        module,
+        (),
+        kwargs=dict(feeds),
+        dynamo=True,
+        dynamic_shapes=dynamic_shapes if dynamic else None,
+        input_names=input_names,
+        output_names=output_names,
+        opset_version=opset,
+        verbose=False,
+    )
+    if program is None:
+        raise ExportError("the dynamo exporter returned no program")
+    # external_data=None: ONNXProgram.save writes weights externally only when the model exceeds 2 GB.
+    program.save(str(path), external_data=None)
+
+
+def _dim_ident(dim: str) -> str:
+    ident = "".join(c if c.isalnum() else "_" for c in dim)
+    return ident if ident[:1].isalpha() else f"d_{ident}"
+
+
+def _export_legacy(module, feeds, dynamic, opset, input_names, output_names, path: Path) -> None:
+    import torch
+
+    axes = {name: dict(a) for name, a in dynamic.items()}
+    # The TorchScript tracer feeds inputs positionally; an adapter maps them back to keyword names so
+    # forward signatures with extra keyword parameters (transformers models) trace correctly.
+    torch.onnx.export(
+        _adapters()[0](module, list(feeds)),
+        tuple(feeds.values()),
+        str(path),
+        input_names=input_names,
+        output_names=output_names,
+        dynamic_axes=axes or None,
+        opset_version=opset or 17,
+        dynamo=False,
+        do_constant_folding=True,
+    )
+
+
+def _quietly(fn, *args) -> None:
+    """Run an exporter without its progress chatter, tracer warnings and torch.onnx log lines."""
+    buf = io.StringIO()
+    torch_logger = logging.getLogger("torch.onnx")
+    level = torch_logger.level
+    torch_logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(buf), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fn(*args)
+    finally:
+        torch_logger.setLevel(level)
+
+
+def export_module(
+    module: Any,
+    example_inputs: Any,
+    workdir: str | os.PathLike[str],
+    *,
+    dynamic: DynamicSpec = None,
+    output_names: Sequence[str] | None = None,
+    opset: int | None = None,
+    exporter: str = "auto",
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
+    verify: bool = True,
+) -> OnnxArtifact:
+    """Export an nn.Module to `workdir/model.onnx` and check it against torch.
+
+    `exporter`: "auto" (dynamo, falling back to legacy with the reason recorded), "dynamo" or "legacy".
+    Raises ExportError when both exporters fail or ONNX Runtime disagrees with torch beyond tolerance.
+    """
+    import torch
+
+    if not isinstance(module, torch.nn.Module):
+        raise UserError(f"expected a torch.nn.Module to export, got {type(module).__name__}.")
+    if exporter not in ("auto", "dynamo", "legacy"):
+        raise UserError(f"exporter must be auto, dynamo or legacy; got '{exporter}'.")
+    feeds = normalize_inputs(module, example_inputs)
+    dynamic_axes = resolve_dynamic(dynamic, feeds)
+    input_names = list(feeds)
+    with _eval_mode(module), torch.no_grad():
+        reference = flatten_outputs(module(**feeds))
+    names = list(output_names) if output_names else [f"output_{i}" for i in range(len(reference))]
+    if len(names) != len(reference):
+        raise UserError(
+            f"{len(names)} output names given for a model with {len(reference)} outputs: {names}."
+        )
+    path = Path(workdir) / "model.onnx"
+    record = ExportRecord(
+        source_kind="module",
+        exporter="dynamo",
+        input_names=input_names,
+        output_names=names,
+        dynamic_axes=dynamic_axes,
+    )
+    t0 = time.perf_counter()
+    attempts = ["dynamo", "legacy"] if exporter == "auto" else [exporter]
+    for i, which in enumerate(attempts):
+        fn = _export_dynamo if which == "dynamo" else _export_legacy
+        try:
+            with _eval_mode(module):
+                _quietly(fn, module, feeds, dynamic_axes, opset, input_names, names, path)
+            record.exporter = which
+            break
+        except Exception as e:
+            reason = f"{which} exporter failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+            if i == len(attempts) - 1:
+                prior = f" (after: {record.fallback_reason})" if record.fallback_reason else ""
+                raise ExportError(f"could not export {type(module).__name__} to ONNX; {reason}{prior}") from e
+            record.fallback_reason = reason
+    record.seconds = time.perf_counter() - t0
+    _finish(path, record, feeds, reference, rtol=rtol, atol=atol, verify=verify)
+    return OnnxArtifact(path, record)
+
+
+def _finish(
+    path: Path, record: ExportRecord, feeds, reference, *, rtol: float, atol: float, verify: bool
+) -> None:
+    """checker, opset and names from the file, then ORT vs torch."""
+    import onnx
+
+    onnx_io.check_model(path, where=f"exported model '{path}'")
+    proto = onnx.load(str(path), load_external_data=False)
+    record.opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    record.input_names = [i.name for i in proto.graph.input]
+    record.output_names = [o.name for o in proto.graph.output]
+    record.external_data = bool(onnx_io.external_data_files(path))
+    if verify:
+        record.tolerance = {"rtol": rtol, "atol": atol}
+        record.max_abs_error = compare_with_ort(
+            path, feeds, reference, record.output_names, rtol=rtol, atol=atol
+        )
+        record.verified = True
+
+
+def compare_with_ort(
+    path: Path, feeds, reference, output_names, *, rtol: float, atol: float
+) -> dict[str, float]:
+    """Run ONNX Runtime on `feeds` and compare with torch's `reference`; ExportError beyond tolerance."""
+    import numpy as np
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in sess.get_inputs()}
+    np_feeds = {k: v.detach().cpu().numpy() for k, v in feeds.items() if k in wanted}
+    got = sess.run(None, np_feeds)
+    if len(got) != len(reference):
+        raise ExportError(f"ONNX model has {len(got)} outputs, torch returned {len(reference)}.")
+    errors: dict[str, float] = {}
+    for name, g, r in zip(output_names, got, reference):
+        r = r.detach().cpu().numpy()
+        if g.shape != r.shape:
+            raise ExportError(f"output '{name}': ONNX Runtime shape {g.shape} != torch shape {r.shape}.")
+        diff = np.abs(g.astype(np.float64) - r.astype(np.float64))
+        errors[name] = float(diff.max()) if diff.size else 0.0
+        bound = atol + rtol * np.abs(r.astype(np.float64))
+        if diff.size and (~np.isfinite(diff) | (diff > bound)).any():
+            raise ExportError(
+                f"ONNX Runtime output '{name}' differs from torch: max abs error {errors[name]:.3g} "
+                f"exceeds atol={atol:g} + rtol={rtol:g}*|ref|. The export is not faithful."
+            )
+    return errors
+
+
+# ----------------------------------------------------------------------------- other source kinds
+def from_onnx_file(path: str | os.PathLike[str]) -> OnnxArtifact:
+    """Accept an existing ONNX file as the export artifact (checked, not re-exported)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"model file '{p}' does not exist.")
+    import onnx
+
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+    except Exception as e:
+        raise UserError(
+            f"'{p}' is not a valid ONNX model ({type(e).__name__}: {str(e)[:200]}). "
+            "Expected a protobuf ModelProto as written by torch.onnx.export or onnx.save."
+        ) from e
+    if not proto.graph.node and not proto.graph.output:
+        raise UserError(f"'{p}' parsed as ONNX but holds an empty graph; is it really an ONNX model?")
+    onnx_io.check_model(p, where=f"ONNX model '{p}'")
+    record = ExportRecord(
+        source_kind="onnx",
+        exporter="none",
+        opset=next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None),
+        input_names=[
+            i.name for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}
+        ],
+        output_names=[o.name for o in proto.graph.output],
+        external_data=bool(onnx_io.external_data_files(p)),
+    )
+    return OnnxArtifact(p, record)
+
+
+def from_pt2(path: str | os.PathLike[str], workdir: str | os.PathLike[str], **kwargs: Any) -> OnnxArtifact:
+    """Export a torch.export archive (`.pt2`); its stored example inputs drive verification."""
+    import torch
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"model file '{p}' does not exist.")
+    try:
+        ep = torch.export.load(str(p))
+    except Exception as e:
+        raise UserError(f"'{p}' is not a torch.export archive ({type(e).__name__}: {str(e)[:200]}).") from e
+    if ep.example_inputs is None:
+        raise UserError(f"'{p}' stores no example inputs; re-save it with torch.export.save after export().")
+    args, kw = ep.example_inputs
+    module = ep.module()
+    if kw:
+        example: Any = dict(kw)
+    else:
+        names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+        example = dict(zip(names, args))
+    art = export_module(_adapters()[1](module, list(example)), example, workdir, **kwargs)
+    art.record.source_kind = "pt2"
+    return art
+
+
+@functools.cache
+def _adapters() -> tuple[type, type]:
+    """(PositionalToKeywords, KeywordsToPositional) nn.Module wrappers, built once torch is imported."""
+    import torch
+
+    class PositionalToKeywords(torch.nn.Module):
+        """forward(*args) -> inner(**{name: arg}): lets the legacy tracer call keyword-only models."""
+
+        def __init__(self, inner: Any, names: list[str]):
+            super().__init__()
+            self.inner, self.names = inner, names
+
+        def forward(self, *args: Any) -> Any:
+            return self.inner(**dict(zip(self.names, args)))
+
+    class KeywordsToPositional(torch.nn.Module):
+        """forward(**kwargs) -> inner(*args in `names` order): gives a torch.export module named inputs."""
+
+        def __init__(self, inner: Any, names: list[str]):
+            super().__init__()
+            self.inner, self.names = inner, names
+
+        def forward(self, **kwargs: Any) -> Any:
+            return self.inner(*(kwargs[n] for n in self.names))
+
+    return PositionalToKeywords, KeywordsToPositional
+
+
+def load_factory(spec: str) -> tuple[Any, Any]:
+    """Import `package.module:factory` (cwd importable) and call it; it must return (nn.Module, inputs)."""
+    if ":" not in spec:
+        raise UserError(f"'{spec}' is not a model file nor a 'package.module:factory' reference.")
+    mod_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise UserError(f"cannot import module '{mod_name}' of factory '{spec}': {e}.") from e
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise UserError(f"'{spec}': module '{mod_name}' has no callable '{attr}'.")
+    try:
+        result = factory()
+    except Exception as e:
+        raise UserError(f"factory '{spec}' raised {type(e).__name__}: {e}") from e
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise UserError(
+            f"factory '{spec}' must return (nn.Module, example_inputs); got {type(result).__name__}."
+        )
+    return result
+
+
+def new_workdir() -> Path:
+    """A fresh temporary directory for intermediate ONNX files."""
+    return Path(tempfile.mkdtemp(prefix="trtforge-"))

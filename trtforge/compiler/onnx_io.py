@@ -1,0 +1,104 @@
+"""Load and save ONNX models in both forms: a single file, or a file plus external data (> 2 GB).
+
+Every stage that touches disk goes through here, so the 2 GB protobuf limit is handled once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trtforge._fileio import sha256_file
+from trtforge.errors import UserError
+
+if TYPE_CHECKING:
+    import onnx
+
+# Protobuf refuses to serialize messages of 2 GiB or more; stay well clear of it.
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+
+
+def external_data_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The external-data files an ONNX file refers to (empty for a self-contained file)."""
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    model = onnx.load(str(path), load_external_data=False)
+    base = Path(path).parent
+    files = set()
+    for t in _get_all_tensors(model):
+        if uses_external_data(t):
+            loc = next(e.value for e in t.external_data if e.key == "location")
+            files.add(base / loc)
+    return sorted(files)
+
+
+def source_sha256(path: str | os.PathLike[str]) -> str:
+    """sha256 of an ONNX file and, in order, of the external data files it uses (one combined hash)."""
+    import hashlib
+
+    h = hashlib.sha256(sha256_file(path).encode())
+    if str(path).endswith(".onnx"):
+        for f in external_data_files(path):
+            h.update(sha256_file(f).encode())
+    return h.hexdigest()
+
+
+def load_onnx(path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """Load an ONNX file with its external data; UserError naming the file on any problem."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"ONNX model '{p}' does not exist.")
+    try:
+        return onnx.load(str(p), load_external_data=True)
+    except (DecodeError, RuntimeError, ValueError, OSError) as e:
+        raise UserError(
+            f"'{p}' is not a readable ONNX model ({type(e).__name__}: {str(e)[:200]}). "
+            "Expected a protobuf ModelProto as written by torch.onnx.export or onnx.save."
+        ) from e
+
+
+def save_onnx(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
+    """Save `model` to `path`; models near 2 GB get their weights in `<name>.data` beside it.
+
+    Writes into the destination directory directly; callers that need atomicity save into a
+    temporary directory first (see pipeline).
+    """
+    import onnx
+
+    p = Path(path)
+    if model.ByteSize() >= EXTERNAL_DATA_THRESHOLD or _has_external(model):
+        onnx.save_model(
+            model,
+            str(p),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=p.name + ".data",
+            size_threshold=1024,
+        )
+    else:
+        onnx.save_model(model, str(p))
+    return p
+
+
+def _has_external(model: onnx.ModelProto) -> bool:
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    return any(uses_external_data(t) for t in _get_all_tensors(model))
+
+
+def check_model(model_or_path: onnx.ModelProto | str | os.PathLike[str], *, where: str) -> None:
+    """Run onnx.checker (by path for large models, so external data is allowed)."""
+    import onnx
+
+    target = str(model_or_path) if isinstance(model_or_path, (str, os.PathLike)) else model_or_path
+    if not isinstance(target, str) and target.ByteSize() >= EXTERNAL_DATA_THRESHOLD:
+        raise ValueError("check_model on a >2 GB in-memory model: save it and pass the path")
+    try:
+        onnx.checker.check_model(target, full_check=False)
+    except onnx.checker.ValidationError as e:
+        raise UserError(f"{where} fails ONNX checking: {str(e).strip().splitlines()[0][:400]}") from e

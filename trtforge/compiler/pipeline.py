@@ -1,0 +1,201 @@
+"""The compile pipeline: source -> ONNX -> graph stages -> engine + manifest.
+
+Graph stages (fusion passes, precision, calibration) plug in between export and build as
+`GraphStage`s: each takes an onnx.ModelProto and returns a new one plus a JSON-ready record.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtforge import __version__
+from trtforge._fileio import atomic_write_bytes, check_output_path, sha256_bytes
+from trtforge.compiler import export as export_mod
+from trtforge.compiler import onnx_io
+from trtforge.compiler.build import BuildOptions, build_engine
+from trtforge.compiler.manifest import Manifest, ShapeRange, manifest_path_for, write_manifest
+from trtforge.compiler.shapes import format_range
+from trtforge.errors import UserError
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class GraphStage:
+    """A named ONNX -> ONNX transform run between export and build; `fn(model) -> (model, record)`."""
+
+    name: str
+    fn: Callable[[Any], tuple[Any, dict[str, Any]]]
+
+
+@dataclass
+class CompileResult:
+    """What `trtforge.compile` produced: file paths, the manifest, per-stage seconds and records."""
+
+    engine_path: Path
+    manifest_path: Path
+    manifest: Manifest
+    timings: dict[str, float]
+    records: dict[str, Any] = field(default_factory=dict)
+    onnx_path: Path | None = None
+
+
+def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwargs: dict[str, Any], log: Log):
+    """Turn any accepted model form into an ONNX artifact on disk, plus example shapes if known."""
+    if isinstance(model, (str, os.PathLike)):
+        text = str(model)
+        path = Path(text)
+        if path.suffix == ".onnx":
+            return export_mod.from_onnx_file(path), None
+        if path.suffix == ".pt2":
+            log(f"exporting torch.export archive {path} to ONNX")
+            return export_mod.from_pt2(path, workdir, **export_kwargs), None
+        if path.exists() or ":" not in text:
+            if not path.exists():
+                raise UserError(
+                    f"model file '{path}' does not exist "
+                    "(expected an .onnx or .pt2 file, or a package.module:factory reference)."
+                )
+            raise UserError(
+                f"'{path}': unsupported model file; expected .onnx, .pt2 or package.module:factory."
+            )
+        module, example_inputs = export_mod.load_factory(text)
+        model = module
+    if example_inputs is None:
+        raise UserError("exporting an nn.Module needs example_inputs (a tensor, tuple or dict of tensors).")
+    log(f"exporting {type(model).__name__} to ONNX")
+    art = export_mod.export_module(model, example_inputs, workdir, **export_kwargs)
+    feeds = export_mod.normalize_inputs(model, example_inputs)
+    return art, {k: list(v.shape) for k, v in feeds.items()}
+
+
+def compile_model(
+    model: Any,
+    example_inputs: Any = None,
+    output: str | os.PathLike[str] | None = None,
+    *,
+    dynamic: export_mod.DynamicSpec = None,
+    output_names: Sequence[str] | None = None,
+    opset: int | None = None,
+    exporter: str = "auto",
+    shapes: Mapping[str, ShapeRange] | Sequence[str] | None = None,
+    opt_level: int | None = None,
+    workspace_mb: int | None = None,
+    timing_cache: str | os.PathLike[str] | None = None,
+    streams: int = 1,
+    aux_streams: int | None = None,
+    targets: Sequence[str] | None = None,
+    backend: str | None = None,
+    stages: Sequence[GraphStage] = (),
+    save_onnx: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    progress: bool = True,
+    log: Log | None = None,
+) -> CompileResult:
+    """Compile `model` (nn.Module, .onnx, .pt2 path, or 'module:factory') into `output` (an .engine).
+
+    Writes the engine and `<output>.json` atomically; nothing is left behind on failure.
+    """
+    log = log or (lambda _msg: None)
+    if output is None:
+        raise UserError("an output engine path is required (output=... / -o OUT.engine).")
+    out = check_output_path(output, force=force, what="output engine")
+    check_output_path(manifest_path_for(out), force=force, what="output manifest")
+    if save_onnx is not None:
+        check_output_path(save_onnx, force=force, what="--save-onnx file")
+    if timing_cache is not None:
+        check_output_path(timing_cache, force=True, what="timing cache")
+    build_options = BuildOptions(
+        shapes=shapes,
+        opt_level=opt_level,
+        workspace_mb=workspace_mb,
+        timing_cache=timing_cache,
+        streams=streams,
+        aux_streams=aux_streams,
+        targets=targets,
+        backend=backend,
+        progress=progress,
+    )
+    timings: dict[str, float] = {}
+    records: dict[str, Any] = {}
+    workdir = export_mod.new_workdir()
+    try:
+        t = time.perf_counter()
+        export_kwargs = {
+            "dynamic": dynamic,
+            "output_names": output_names,
+            "opset": opset,
+            "exporter": exporter,
+        }
+        art, example_shapes = _source_artifact(model, example_inputs, workdir, export_kwargs, log)
+        timings["export"] = time.perf_counter() - t
+        records["export"] = art.record.to_dict()
+        onnx_path = art.path
+        if stages:
+            proto = art.load()
+            for stage in stages:
+                t = time.perf_counter()
+                log(f"running stage {stage.name}")
+                proto, rec = stage.fn(proto)
+                timings[stage.name] = time.perf_counter() - t
+                records[stage.name] = rec
+            onnx_path = onnx_io.save_onnx(proto, workdir / "staged.onnx")
+
+        def on_derived(derived: dict[str, ShapeRange]) -> None:
+            for name, rng in derived.items():
+                log(f"derived profile --shape {name}:{format_range(rng)} (override with --shape)")
+
+        t = time.perf_counter()
+        log("building engine")
+        data, build_record = build_engine(
+            onnx_path, build_options, example_shapes=example_shapes, on_derived=on_derived
+        )
+        timings["build"] = time.perf_counter() - t
+        records["build"] = build_record.to_dict()
+        manifest = Manifest(
+            engine_file=out.name,
+            engine_sha256=sha256_bytes(data),
+            engine_bytes=len(data),
+            backend=build_record.backend | {"targets": build_record.targets},
+            inputs=build_record.inputs,
+            outputs=build_record.outputs,
+            profiles=build_record.profiles,
+            source={
+                "kind": art.record.source_kind,
+                "path": str(model) if isinstance(model, (str, os.PathLike)) else type(model).__name__,
+                "onnx_sha256": onnx_io.source_sha256(art.path),
+                "opset": art.record.opset,
+            },
+            trtforge_version=__version__,
+            build_options=build_options.to_dict()
+            | {"exporter": exporter, "stages": [s.name for s in stages]},
+            timings=timings,
+            streams=streams,
+            records=records,
+        )
+        if save_onnx is not None:
+            _copy_onnx(onnx_path, Path(save_onnx))
+        atomic_write_bytes(out, data)
+        try:
+            manifest_path = write_manifest(manifest, out)
+        except BaseException:
+            out.unlink(missing_ok=True)
+            raise
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return CompileResult(
+        out, manifest_path, manifest, timings, records, Path(save_onnx) if save_onnx else None
+    )
+
+
+def _copy_onnx(src: Path, dst: Path) -> None:
+    """Save the final ONNX graph (with its external data file, if any) next to the engine, atomically."""
+    for f in onnx_io.external_data_files(src):
+        shutil.copyfile(f, dst.parent / f.name)
+    atomic_write_bytes(dst, src.read_bytes())
