@@ -39,7 +39,9 @@ def _trt_run_reason() -> str | None:
     except BackendUnavailableError as e:
         return f"no TensorRT backend importable: {e}"
     caps = backend.capabilities
-    return None if caps.can_run else f"no GPU that {backend.name} {backend.version} runs on: {caps.run_reason}"
+    return (
+        None if caps.can_run else f"no GPU that {backend.name} {backend.version} runs on: {caps.run_reason}"
+    )
 
 
 _REASONS = {"gpu": _gpu_reason, "trt_build": _trt_build_reason, "trt_run": _trt_run_reason}

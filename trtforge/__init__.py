@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "compile", "TrtforgeError", "UserError"]
+__all__ = ["TrtforgeError", "UserError", "__version__", "compile"]
 
 from trtforge.errors import TrtforgeError, UserError
 

@@ -35,4 +35,3 @@ def run_cli(group: click.Group, argv: list[str] | None) -> int:
         click.secho("internal error (the trace above); please report it.", fg="red", err=True)
         return 1
     return 0
-
