@@ -1,0 +1,218 @@
+"""attention: scaled dot-product attention subgraphs -> one attention node, chosen by a strategy.
+
+    S = (Q * qs) @ (Kᵀ * ks) * s      (each scale a Mul, a Div or absent)
+    S = S + mask                      (optional; any additive mask: padding, causal, both)
+    P = Softmax(S, axis=-1)           (optionally Where(IsNaN(P), 0, P), as torch exports SDPA)
+    O = P @ V                         Q, V: [B, H, S, D]; K: [B, H, S, D] or [B, S, H, D]
+
+The key may be transposed directly (BHSd -> BHdS), through a 3-D reshape (dynamo's SDPA
+decomposition) or from BSHd (eager exports); this is onnxscript's `SDPA` rule pattern
+(`ort_fusions/sdpa.py`), extended with the mask added on either side, a NaN fill of any shape,
+rank-only shape checks (legacy exports carry unknown dims) and a standard-op target.
+
+Strategies share the matcher and differ in the node emitted:
+- `native`: ONNX `Attention` (opset 23), `scale` explicit, mask as `attn_mask`, or `is_causal=1`
+  when the mask is a pure position comparison (see `_mask.py`). TensorRT maps it to IAttention.
+- `plugin`: `trtforge.plugins.attention.onnx_node.make_flash_attention_node` (custom domain),
+  with the model's [B, S] padding input as key_padding_mask; the plugin module's ONNX reference
+  function is added so ONNX Runtime can verify the graph.
+- `none`: nothing is rewritten (the pass still reports what it would have matched).
+Graphs that already contain `Attention` have nothing left to match and are left alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import onnx_ir as ir
+from onnxscript.rewriter import _ir_utils, pattern
+
+from trtforge.errors import UserError
+from trtforge.passes._base import PassContext, PassOutcome, PassSpec, apply_rules
+from trtforge.passes._mask import analyze_mask
+
+ATTENTION_OPSET = 23
+PLUGIN_MODULE = "trtforge.plugins.attention.onnx_node"
+_FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
+
+
+def load_plugin_module():
+    """Import the attention-plugin ONNX helpers, or explain why `--attention plugin` cannot work."""
+    try:
+        module = importlib.import_module(PLUGIN_MODULE)
+    except ImportError as e:
+        raise UserError(
+            f"--attention plugin needs {PLUGIN_MODULE} (the attention-plugin feature), which cannot "
+            f"be imported here ({e}). Use --attention native (ONNX Attention) or none."
+        ) from e
+    for name in ("make_flash_attention_node", "add_reference_function"):
+        if not hasattr(module, name):
+            raise UserError(f"--attention plugin: {PLUGIN_MODULE} has no '{name}'; update trtforge.")
+    return module
+
+
+def _scale(kind: str | None, value: ir.Value | None) -> float | None:
+    """Multiplier a Mul/Div/absent scaling applies; None if the scale is not a constant scalar."""
+    if kind in (None, "None"):
+        return 1.0
+    s = _ir_utils.get_singleton_value(value)
+    if s is None:
+        return None
+    return float(s) if kind == "Mul" else 1.0 / float(s)
+
+
+def _rank(v: ir.Value | None) -> int | None:
+    return None if v is None or v.shape is None else v.shape.rank()
+
+
+def _static(v: ir.Value, axis: int) -> int | None:
+    d = v.shape[axis]
+    return d if isinstance(d, int) else None
+
+
+class AttentionFusion(pattern.RewriteRuleClassBase):
+    """MatMul-scale-mask-Softmax-MatMul -> Attention / plugin node (module docstring)."""
+
+    def __init__(self, strategy: str) -> None:
+        super().__init__(name=f"AttentionFusion[{strategy}]")
+        self.strategy = strategy
+
+    def pattern(self, op, query, key, value, mask, query_scale, key_scale, qk_scale, nan_fill):
+        key_t = pattern.OrValue(
+            [
+                op.Transpose(key, perm=[0, 1, 3, 2]),  # BHSd -> BHdS
+                op.Reshape(
+                    op.Transpose(op.Reshape(key, pattern.ANY_VALUE), perm=[0, 2, 1]), pattern.ANY_VALUE
+                ),
+                op.Transpose(key, perm=[0, 2, 3, 1]),  # BSHd -> BHdS
+            ],
+            tag_var="key_format",
+            tag_values=["BHSd", "BHSd", "BSHd"],
+        )
+        query = pattern.OrValue(
+            [op.Mul(query, query_scale), op.Div(query, query_scale), query],
+            tag_var="query_scaling",
+            tag_values=["Mul", "Div", "None"],
+        )
+        key_t = pattern.OrValue(
+            [op.Mul(key_t, key_scale), op.Div(key_t, key_scale), key_t],
+            tag_var="key_scaling",
+            tag_values=["Mul", "Div", "None"],
+        )
+        score = op.MatMul(query, key_t)  # Q Kᵀ
+        score = pattern.OrValue(
+            [op.Mul(score, qk_scale), op.Div(score, qk_scale), score],
+            tag_var="qk_scaling",
+            tag_values=["Mul", "Div", "None"],
+        )
+        score = pattern.OrValue(
+            [op.Add(score, mask), op.Add(mask, score), score],
+            tag_var="mask_side",
+            tag_values=["right", "left", "none"],
+        )
+        weights = op.Softmax(score, axis=-1)
+        weights = pattern.OrValue([op.Where(op.IsNaN(weights), nan_fill, weights), weights])
+        return op.MatMul(weights, value)  # P V
+
+    def check(self, context, query, key, value, mask, nan_fill, **b) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        for name, v in (("query", query), ("key", key), ("value", value)):
+            if _rank(v) != 4:
+                return result.fail(f"{name} is not a rank-4 tensor (rank {_rank(v)})", v)
+            if v.dtype not in _FLOATS or v.dtype != query.dtype:
+                return result.fail(f"{name} dtype {v.dtype} is not the query's float dtype", v)
+        k_dh = _static(key, 3)
+        q_dh = _static(query, 3)
+        if q_dh is not None and k_dh is not None and q_dh != k_dh:
+            return result.fail(f"query head size {q_dh} != key head size {k_dh}", key)
+        if nan_fill is not None and _ir_utils.get_singleton_value(nan_fill) != 0:
+            return result.fail("Softmax NaN fill is not the constant 0", nan_fill)
+        for kind, val in (
+            (b.get("query_scaling"), b.get("query_scale")),
+            (b.get("key_scaling"), b.get("key_scale")),
+            (b.get("qk_scaling"), b.get("qk_scale")),
+        ):
+            if _scale(kind, val) is None:
+                return result.fail("a score scale is not a constant scalar", val)
+        if mask is not None:
+            if _rank(mask) is None or _rank(mask) > 4:
+                return result.fail(f"mask rank {_rank(mask)} is unknown or above 4", mask)
+            if mask.dtype != query.dtype:
+                return result.fail(f"additive mask dtype {mask.dtype} != query dtype {query.dtype}", mask)
+        if self.strategy == "plugin":
+            if _static(query, 1) is None:
+                return result.fail("plugin needs a static head count (query dim 1)", query)
+            if mask is not None:
+                info = analyze_mask(mask, context.model.graph)
+                if info.data_inputs and info.padding_input is None:
+                    names = [v.name for v in info.data_inputs]
+                    return result.fail(f"plugin: mask reads {names}, not one [B, S] padding input", mask)
+        return result
+
+    def rewrite(self, op, query, key, value, mask, key_format, **b):
+        scale = 1.0
+        for kind, val in (
+            (b.get("query_scaling"), b.get("query_scale")),
+            (b.get("key_scaling"), b.get("key_scale")),
+            (b.get("qk_scaling"), b.get("qk_scale")),
+        ):
+            scale *= _scale(kind, val)
+        if key_format == "BSHd":
+            key = op.Transpose(key, perm=[0, 2, 1, 3])
+        info = analyze_mask(mask, mask.graph or query.graph) if mask is not None else None
+        if self.strategy == "plugin":
+            return self._plugin(op, query, key, value, info, scale)
+        if info is not None and info.causal and not info.data_inputs:
+            return op.Attention(query, key, value, is_causal=1, scale=scale)
+        if mask is None:
+            return op.Attention(query, key, value, scale=scale)
+        return op.Attention(query, key, value, mask, scale=scale)
+
+    def _plugin(self, op, query, key, value, info, scale):
+        module = load_plugin_module()
+        padding = info.padding_input if info is not None else None
+        template = module.make_flash_attention_node(
+            query,
+            key,
+            value,
+            padding,
+            num_heads=_static(query, 1),
+            scale=scale,
+            causal=bool(info is not None and info.causal),
+        )
+        node = template if isinstance(template, ir.Node) else template.producer()
+        inputs = list(node.inputs)
+        attrs = dict(node.attributes)
+        for i in range(len(inputs)):  # detach the template so it leaves no uses behind
+            node.replace_input_with(i, None)
+        return getattr(op, node.op_type)(*inputs, _domain=node.domain, _version=node.version, **attrs)
+
+
+def attention_rules(strategy: str) -> list[pattern.RewriteRule]:
+    """The attention rule for one strategy."""
+    return [AttentionFusion.rule(strategy)]
+
+
+def run_attention(model: ir.Model, ctx: PassContext) -> PassOutcome:
+    """Fuse attention blocks in place according to `ctx.attention`."""
+    outcome = PassOutcome()
+    if any(n.op_type == "Attention" and n.domain in ("", "ai.onnx") for n in model.graph):
+        outcome.notes.append("graph already contains Attention; left alone")
+        return outcome
+    if ctx.attention == "none":
+        outcome.notes.append("attention strategy 'none': attention subgraphs kept as they are")
+        return outcome
+    module = load_plugin_module() if ctx.attention == "plugin" else None
+    apply_rules(model, attention_rules(ctx.attention), ctx, outcome)
+    if module is not None and outcome.matches:
+        module.add_reference_function(model)
+        outcome.notes.append("added the plugin's ONNX reference function for ONNX Runtime")
+    return outcome
+
+
+ATTENTION = PassSpec(
+    name="attention",
+    summary="MatMul-Softmax-MatMul attention -> Attention (opset 23) / plugin node",
+    run=run_attention,
+    min_opset=lambda ctx: ATTENTION_OPSET if ctx.attention == "native" else None,
+)

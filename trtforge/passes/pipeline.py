@@ -1,0 +1,180 @@
+"""The pass pipeline: check the model, raise its opset once, run passes in order, verify each one.
+
+`optimize_model` is the entry the compile pipeline and `trtforge optimize` use. The order lives in
+`DEFAULT_PASSES`, not in the passes: cleanup first (folding exposes the patterns), normalisations
+and activations, then the QKV merge, then attention (whose matcher reads Q/K/V after the merge),
+then a final cleanup of what the rewrites left dead.
+
+Opset: the default-domain opset is raised once, before the first pass, to the highest opset the
+selected passes emit (`PassSpec.min_opset`: LayerNorm 18, Gelu 20, RMSNorm and native Attention
+23), with onnxscript's version converter (onnx's C converter as fallback). It is its own ledger
+step ("opset"), verified like a pass. Raising it up front keeps any plugin reference functions
+from being inlined by a later conversion.
+
+Large models: above `verify.VERIFY_MAX_BYTES` (2 GiB) of weights, ONNX checking and ORT
+verification are skipped (both would need a second in-memory serialisation beyond protobuf's
+2 GB limit); the ledger's `verify_skipped_reason` says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import onnx
+import onnx_ir as ir
+
+from trtforge.errors import UserError
+from trtforge.passes._base import (
+    ATTENTION_STRATEGIES,
+    PassContext,
+    PassLedger,
+    PassOutcome,
+    PassRecord,
+    PassSpec,
+    VerificationError,
+    opset_of,
+)
+from trtforge.passes.attention import ATTENTION, load_plugin_module
+from trtforge.passes.cleanup import CLEANUP
+from trtforge.passes.gelu import GELU
+from trtforge.passes.layernorm import LAYERNORM, RMSNORM
+from trtforge.passes.qkv import QKV
+from trtforge.passes.verify import VERIFY_MAX_BYTES, Verifier, weight_bytes
+
+__all__ = [
+    "DEFAULT_PASSES",
+    "PASSES",
+    "PassLedger",
+    "VerificationError",
+    "optimize_model",
+]
+
+logger = logging.getLogger(__name__)
+
+PASSES: dict[str, PassSpec] = {p.name: p for p in (CLEANUP, LAYERNORM, RMSNORM, GELU, QKV, ATTENTION)}
+DEFAULT_PASSES: tuple[str, ...] = ("cleanup", "layernorm", "rmsnorm", "gelu", "qkv", "attention", "cleanup")
+
+
+def _validate(passes: Sequence[str] | None, attention: str) -> list[str]:
+    names = list(DEFAULT_PASSES if passes is None else passes)
+    unknown = [n for n in names if n not in PASSES]
+    if unknown:
+        raise UserError(
+            f"unknown pass name(s) {unknown}; known passes: {sorted(PASSES)} "
+            f"(default order: {','.join(DEFAULT_PASSES)})."
+        )
+    if attention not in ATTENTION_STRATEGIES:
+        raise UserError(
+            f"unknown attention strategy '{attention}'; expected one of {list(ATTENTION_STRATEGIES)}."
+        )
+    if attention == "plugin" and "attention" in names:
+        load_plugin_module()
+    return names
+
+
+def _check(model: onnx.ModelProto, large: bool) -> None:
+    if large:
+        return
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
+        raise UserError(f"the input ONNX model fails ONNX checking: {first}") from e
+
+
+def _count(model: ir.Model) -> int:
+    return sum(1 for _ in model.graph)
+
+
+def _raise_opset(model: ir.Model, target: int) -> None:
+    from onnxscript import version_converter
+
+    before = opset_of(model)
+    try:
+        version_converter.convert_version(model, target, fallback=True)
+    except Exception as e:
+        raise UserError(f"cannot raise the model's ONNX opset from {before} to {target}: {e}") from e
+    if (opset_of(model) or 0) < target:
+        raise UserError(
+            f"cannot raise the model's ONNX opset from {before} to {target} (the version converter "
+            "left it unchanged); run without the passes that need it (--passes)."
+        )
+
+
+def optimize_model(
+    model: onnx.ModelProto,
+    *,
+    passes: list[str] | None = None,
+    attention: str = "native",
+    verify: bool = True,
+    debug: bool = False,
+) -> tuple[onnx.ModelProto, PassLedger]:
+    """Run the pass pipeline on `model` and return the rewritten model plus its ledger.
+
+    Args:
+        model: ONNX model (external data loaded, if any). Not modified.
+        passes: pass names in order (default `DEFAULT_PASSES`); see `PASSES`.
+        attention: "native" (ONNX Attention), "plugin" (trtforge flash-attention node) or "none".
+        verify: run ONNX Runtime before/after each pass and raise `VerificationError` on a change.
+        debug: record why candidate matches were rejected.
+
+    Raises:
+        UserError: unknown pass / strategy, a model failing ONNX checking, an opset that cannot be raised.
+        VerificationError: a pass changed an output beyond tolerance (names pass, output, error).
+    """
+    names = _validate(passes, attention)
+    ir_model = ir.serde.deserialize_model(model)
+    large = weight_bytes(ir_model) > VERIFY_MAX_BYTES
+    _check(model, large)
+    ctx = PassContext(attention=attention, debug=debug)
+    ledger = PassLedger(attention=attention, verify=verify, opset_before=opset_of(ir_model))
+    verifier = None
+    if verify and large:
+        ledger.verify_skipped_reason = (
+            f"weights exceed {VERIFY_MAX_BYTES / 1024**3:.0f} GiB; ONNX checking and ORT verification skipped"
+        )
+    elif verify:
+        verifier = Verifier(ir_model)
+
+    target = max((PASSES[n].min_opset(ctx) or 0 for n in names), default=0)
+    if (ledger.opset_before or 0) < target:
+        _run_step(ledger, verifier, ir_model, "opset", lambda m: _opset_outcome(m, target))
+    for name in names:
+        spec = PASSES[name]
+        _run_step(ledger, verifier, ir_model, name, lambda m, spec=spec: spec.run(m, ctx))
+    ledger.opset_after = opset_of(ir_model)
+    return ir.serde.serialize_model(ir_model), ledger
+
+
+def _opset_outcome(model: ir.Model, target: int) -> PassOutcome:
+    before = opset_of(model)
+    _raise_opset(model, target)
+    return PassOutcome(matches=1, notes=[f"default-domain opset {before} -> {opset_of(model)}"])
+
+
+def _run_step(ledger: PassLedger, verifier: Verifier | None, model: ir.Model, name: str, fn) -> None:
+    existing = {id(n) for n in model.graph}
+    nodes_before = _count(model)
+    opset_before = opset_of(model)
+    t0 = time.perf_counter()
+    outcome: PassOutcome = fn(model)
+    seconds = time.perf_counter() - t0
+    record = PassRecord(
+        name=name,
+        matches=outcome.matches,
+        nodes_before=nodes_before,
+        nodes_after=_count(model),
+        seconds=round(seconds, 4),
+        per_rule=outcome.per_rule,
+        opset_before=opset_before,
+        opset_after=opset_of(model),
+        rejected=outcome.rejected,
+        notes=outcome.notes,
+    )
+    if verifier is not None:
+        new_nodes = [n.name or n.op_type for n in model.graph if id(n) not in existing]
+        record.verification = verifier.check(model, name, new_nodes)
+    logger.info("pass %s: %d matches, %d -> %d nodes", name, record.matches, nodes_before, record.nodes_after)
+    ledger.passes.append(record)

@@ -1,0 +1,132 @@
+"""qkv: sibling projections of one tensor -> one MatMul over concatenated weights + Split.
+
+    q = x @ Wq (+ bq);  k = x @ Wk (+ bk);  v = x @ Wv (+ bv)
+      ->  [q, k, v] = Split(x @ [Wq | Wk | Wv] (+ [bq | bk | bv]), [Nq, Nk, Nv], axis=-1)
+
+This is a grouping of independent nodes around a shared input, not a chain, so it is a plain
+onnx_ir walk rather than a pattern rule. Candidates: `MatMul(x, W)` with W a constant rank-2
+initializer; two or more on the same `x` with the same dtype and input size are merged (Q/K/V in
+attention, also gate/up projections). Bias `Add`s with constant [N] vectors are folded in when
+every member has one; otherwise the Adds stay after the Split. A group whose outputs are graph
+outputs is skipped. GPT-2's `Gemm` c_attn is already merged and matches nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from trtforge.passes._base import PassContext, PassOutcome, PassSpec
+
+
+def _weight(node: ir.Node, x: ir.Value) -> np.ndarray | None:
+    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+        return None
+    if node.inputs[0] is not x:
+        return None
+    w = node.inputs[1]
+    if w is None or w.const_value is None or w.const_value.shape.rank() != 2:
+        return None
+    return w.const_value.numpy()
+
+
+def _bias(node: ir.Node, n_out: int) -> tuple[ir.Node, np.ndarray] | None:
+    """The single `Add(out, b)` consumer with b a constant [N] vector, if there is one."""
+    out = node.outputs[0]
+    users = out.consumers()
+    if len(users) != 1 or users[0].op_type != "Add" or users[0].domain not in ("", "ai.onnx"):
+        return None
+    add = users[0]
+    other = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
+    if other is None or other.const_value is None:
+        return None
+    b = other.const_value.numpy()
+    if b.ndim != 1 or b.shape[0] != n_out:
+        return None
+    return add, b
+
+
+def _is_graph_output(graph: ir.Graph, values: list[ir.Value]) -> bool:
+    outs = {id(v) for v in graph.outputs}
+    return any(id(v) in outs for v in values)
+
+
+def _merge(graph: ir.Graph, x: ir.Value, group: list[tuple[ir.Node, np.ndarray]], index: int) -> bool:
+    nodes = [n for n, _ in group]
+    widths = [int(w.shape[1]) for _, w in group]
+    biases = [_bias(n, w.shape[1]) for n, w in group]
+    use_bias = all(b is not None for b in biases) and len({b[1].dtype for b in biases}) == 1
+    finals = [b[0].outputs[0] for b in biases] if use_bias else [n.outputs[0] for n in nodes]
+    if _is_graph_output(graph, finals):
+        return False
+    stem = f"trtforge_qkv_{index}"
+    w_value = ir.Value(name=f"{stem}_weight", const_value=ir.tensor(np.concatenate([w for _, w in group], 1)))
+    graph.register_initializer(w_value)
+    matmul = ir.node("MatMul", [x, w_value], name=f"{stem}_matmul")
+    new_nodes = [matmul]
+    merged = matmul.outputs[0]
+    if use_bias:
+        b_value = ir.Value(name=f"{stem}_bias", const_value=ir.tensor(np.concatenate([b[1] for b in biases])))
+        graph.register_initializer(b_value)
+        add = ir.node("Add", [merged, b_value], name=f"{stem}_bias_add")
+        new_nodes.append(add)
+        merged = add.outputs[0]
+    split_sizes = ir.Value(name=f"{stem}_split", const_value=ir.tensor(np.array(widths, dtype=np.int64)))
+    graph.register_initializer(split_sizes)
+    split = ir.node(
+        "Split", [merged, split_sizes], attributes={"axis": -1}, num_outputs=len(group), name=f"{stem}_split"
+    )
+    new_nodes.append(split)
+    first = min(nodes, key=_position(graph))
+    graph.insert_before(first, new_nodes)
+    for old, new in zip(finals, split.outputs):
+        name, old.name = old.name, None
+        new.name = name
+        new.shape, new.dtype = old.shape, old.dtype
+        old.replace_all_uses_with(new)
+    dead = [b[0] for b in biases] if use_bias else []
+    graph.remove([*dead, *nodes], safe=True)
+    return True
+
+
+def _position(graph: ir.Graph):
+    order = {id(n): i for i, n in enumerate(graph)}
+    return lambda n: order[id(n)]
+
+
+def run_qkv(model: ir.Model, ctx: PassContext) -> PassOutcome:
+    """Merge sibling constant-weight MatMuls in place; `matches` is the number of groups merged."""
+    graph = model.graph
+    outcome = PassOutcome()
+    sources = list(graph.inputs) + [o for n in graph for o in n.outputs]
+    for x in sources:
+        group: dict[tuple, list[tuple[ir.Node, np.ndarray]]] = {}
+        for node in list(x.consumers()):
+            w = _weight(node, x)
+            if w is not None:
+                group.setdefault((w.dtype, w.shape[0]), []).append((node, w))
+        for members in group.values():
+            if len(members) < 2:
+                continue
+            if _merge(graph, x, members, outcome.matches):
+                outcome.matches += 1
+                key = f"{len(members)} projections -> MatMul+Split"
+                outcome.per_rule[key] = outcome.per_rule.get(key, 0) + 1
+            elif ctx.debug:
+                outcome.rejected.append(f"qkv: projections of '{x.name}' feed graph outputs; not merged")
+    _drop_unused_initializers(graph)
+    return outcome
+
+
+def _drop_unused_initializers(graph: ir.Graph) -> None:
+    inputs = {id(v) for v in graph.inputs}
+    for name, v in list(graph.initializers.items()):
+        if not v.uses() and id(v) not in inputs and v not in graph.outputs:
+            del graph.initializers[name]
+
+
+QKV = PassSpec(
+    name="qkv",
+    summary="sibling Q/K/V MatMuls (+bias) -> one MatMul + Split",
+    run=run_qkv,
+)
