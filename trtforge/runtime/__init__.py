@@ -1,1 +1,29 @@
-"""Runtime: load engines, run them on several CUDA streams with dynamic tensor memory."""
+"""Runtime: load engines, run them on several CUDA streams with dynamic tensor memory.
+
+``trtforge.runtime.load(path) -> Engine``; ``engine.session(streams=N) -> Session`` with ``run`` /
+``submit`` / ``memory_stats``. Importing this package is cheap: torch and TensorRT load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trtforge.runtime.engine import Engine, load
+    from trtforge.runtime.session import Session
+
+__all__ = ["Engine", "Session", "load"]
+
+_LAZY = {
+    "Engine": "trtforge.runtime.engine",
+    "load": "trtforge.runtime.engine",
+    "Session": "trtforge.runtime.session",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trtforge.runtime' has no attribute {name!r}")

@@ -1,0 +1,457 @@
+"""Session: N lanes (execution context + CUDA stream + profile copy + memory arena) serving run/submit.
+
+Stream discipline, per call:
+1. Validate inputs against the profile (names, dtype, rank, range) before touching any lane; UserError.
+2. Take a free lane (a thread-safe pool; each lane is used by one thread at a time).
+3. Select the lane's profile and input shapes on its context (only when they change), size the lane's
+   arena from the actual shapes and rebind it if it moved.
+4. Allocate outputs on the caller's stream, then record an event on the caller's stream and make the lane
+   stream wait for it: inputs produced there and every block handed out by the caching allocator are then
+   ready/free before the lane touches them.
+5. Bind addresses and enqueue on the lane stream (or replay a captured CUDA graph).
+6. Make the caller's stream wait for the lane (run() returns without a host sync, like any torch op);
+   submit() futures resolve after the lane's work has finished.
+
+Non-contiguous torch inputs are made contiguous (a copy on the caller's stream, counted in
+``memory_stats()["contiguous_copies"]``); caller-provided outputs must be contiguous (refused otherwise,
+since the engine writes them in place). NumPy arrays and CPU tensors are staged through per-lane pinned
+buffers and copied on the lane stream; when every input is NumPy the outputs come back as NumPy arrays.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from trtforge.errors import UserError
+from trtforge.runtime._graph_state import GraphAction, GraphState, decide, record_failed
+from trtforge.runtime.allocator import OutputCollector, TorchAllocator
+from trtforge.runtime.arena import Arena
+
+if TYPE_CHECKING:
+    from trtforge.runtime.engine import Engine
+
+_STAGED = 1  # prepared input kind: host data to copy through pinned staging
+
+
+class _Lane:
+    """One execution context with its own stream(s), profile copy, arena and staging buffers."""
+
+    def __init__(self, index: int, session: Session, aux: int):
+        dev = session.device
+        self.index = index
+        self.stream = dev.new_stream()
+        self.aux_streams = [dev.new_stream() for _ in range(aux)]
+        self.context = session.engine.handle.create_context()
+        self.arena = Arena(dev, self.stream)
+        self.ready = dev.new_event()
+        self.done = dev.new_event()
+        self.staged = dev.new_event()
+        self.pinned: dict[str, torch.Tensor] = {}
+        self.profile = -1
+        self.shapes: tuple | None = None
+        self.bound_memory = (0, 0)
+        self.collector = OutputCollector(dev, self.stream) if session.engine.dynamic_outputs else None
+        self.allocator = TorchAllocator(dev, self.stream) if session.torch_allocator else None
+        self.graph_state = GraphState()
+        self.graph: Any = None
+        self.graph_io: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None
+        self.calls = 0
+        if self.aux_streams:
+            self.context.set_aux_streams([s.cuda_stream for s in self.aux_streams])
+        if self.collector is not None:
+            for name in sorted(session.engine.data_dependent):
+                self.context.set_output_sink(name, self.collector)
+        if self.allocator is not None:
+            self.context.set_temporary_allocator(self.allocator)
+
+    def reset(self) -> None:
+        """Forget cached context state after a failure so the next call sets everything again."""
+        self.profile, self.shapes, self.graph, self.graph_io = -1, None, None, None
+        self.graph_state = GraphState(failed=self.graph_state.failed)
+
+
+class Session:
+    """Runs one engine on `streams` lanes; thread-safe. Create with :meth:`Engine.session`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        streams: int = 1,
+        *,
+        device: Any = None,
+        cuda_graphs: bool = False,
+        graph_warmup: int = 1,
+        aux_streams: int | None = None,
+        torch_allocator: bool = False,
+    ):
+        from trtforge.runtime._device import make_device
+
+        engine.layout.check_lanes(streams, engine=engine.label)
+        self.engine = engine
+        self.device = make_device(engine.default_device if device is None else device)
+        if self.device.kind == "cpu" and not engine.host_capable:
+            raise UserError(f"{engine.label}: a TensorRT engine runs on a CUDA device, not on 'cpu'.")
+        self.cuda_graphs = bool(cuda_graphs) and self.device.kind == "cuda"
+        self.graph_warmup = graph_warmup
+        self.torch_allocator = torch_allocator
+        aux = engine.handle.num_aux_streams if aux_streams is None else int(aux_streams)
+        self._out_cache: dict[tuple, tuple[int, tuple[tuple[int, ...], ...]]] = {}
+        self._lanes = [_Lane(i, self, aux) for i in range(streams)]
+        self._free: queue.SimpleQueue[_Lane] = queue.SimpleQueue()
+        for lane in self._lanes:
+            self._free.put(lane)
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor_lock = threading.Lock()
+        self._closed = False
+        self.contiguous_copies = 0
+
+    # -- public API -----------------------------------------------------------------------------------
+    @property
+    def streams(self) -> int:
+        """Number of lanes (execution contexts / CUDA streams)."""
+        return len(self._lanes)
+
+    def run(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, Any]:
+        """Run one inference; returns outputs ordered after the caller's current stream (torch semantics)."""
+        base, shapes, prepared, to_numpy = self._prepare(inputs)
+        caller = self.device.current_stream()
+        lane = self._acquire()
+        try:
+            result = self._execute(lane, base, shapes, prepared, outputs, caller)
+            lane.done.record(lane.stream)
+            caller.wait_event(lane.done)
+            if to_numpy:
+                result = self._to_numpy(lane, result)
+        except BaseException:
+            lane.reset()
+            raise
+        finally:
+            self._free.put(lane)
+        return result
+
+    def submit(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, torch.Tensor] | None = None
+    ) -> concurrent.futures.Future[dict[str, Any]]:
+        """Queue one inference on the next free lane; the future resolves once its outputs are complete.
+
+        Inputs are validated here, in the calling thread: bad input raises UserError at once.
+        """
+        base, shapes, prepared, to_numpy = self._prepare(inputs)
+        caller = self.device.current_stream()
+        return self._pool().submit(self._work, base, shapes, prepared, outputs, caller, to_numpy)
+
+    def memory_stats(self) -> dict[str, Any]:
+        """Arena sizes and growth per lane, pinned staging, graphs, output and allocator traffic."""
+        lanes = []
+        for lane in self._lanes:
+            st = lane.arena.stats
+            lanes.append(
+                {
+                    "lane": lane.index,
+                    "calls": lane.calls,
+                    "arena_bytes": st.capacity,
+                    "arena_peak_request": st.peak_request,
+                    "arena_last_request": st.last_request,
+                    "arena_grow_count": st.grow_count,
+                    "arena_trim_count": st.trim_count,
+                    "pinned_bytes": sum(t.numel() for t in lane.pinned.values()),
+                    "graph_captured": lane.graph is not None,
+                    "dds_reallocations": lane.collector.reallocations if lane.collector else 0,
+                    "torch_allocator_live_bytes": lane.allocator.live_bytes if lane.allocator else 0,
+                }
+            )
+        return {
+            "streams": self.streams,
+            "arena_bytes": sum(x["arena_bytes"] for x in lanes),
+            "arena_grow_count": sum(x["arena_grow_count"] for x in lanes),
+            "pinned_bytes": sum(x["pinned_bytes"] for x in lanes),
+            "contiguous_copies": self.contiguous_copies,
+            "profile_max_bytes": [
+                self.engine.device_memory_for_profile(i) for i in range(self.engine.layout.per_copy)
+            ],
+            "lanes": lanes,
+        }
+
+    def trim(self, keep: int = 0) -> None:
+        """Release arena memory above `keep` bytes per lane (waits for each lane to be idle)."""
+        taken = [self._acquire() for _ in self._lanes]
+        try:
+            for lane in taken:
+                lane.stream.synchronize()
+                if lane.arena.trim(keep):
+                    lane.graph, lane.graph_io = None, None
+                    lane.graph_state = GraphState(failed=lane.graph_state.failed)
+        finally:
+            for lane in taken:
+                self._free.put(lane)
+
+    def close(self) -> None:
+        """Finish queued work and free lane memory; the session is unusable afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        for lane in self._lanes:
+            lane.stream.synchronize()
+            lane.graph, lane.graph_io = None, None
+            lane.arena.release()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _acquire(self) -> _Lane:
+        if self._closed:
+            raise RuntimeError("session is closed")
+        return self._free.get()
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._executor is None:
+            with self._executor_lock:
+                if self._executor is None:
+                    self._executor = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=self.streams, thread_name_prefix="trtforge-lane"
+                    )
+        return self._executor
+
+    def _work(
+        self, base: int, shapes: tuple, prepared: list, outputs: Any, caller: Any, to_numpy: bool
+    ) -> dict:
+        lane = self._acquire()
+        try:
+            with self.device.use_stream(caller):
+                result = self._execute(lane, base, shapes, prepared, outputs, caller)
+            lane.done.record(lane.stream)
+            if to_numpy:
+                return self._to_numpy(lane, result)
+            lane.done.synchronize()
+            return result
+        except BaseException:
+            lane.reset()
+            raise
+        finally:
+            self._free.put(lane)
+
+    def _prepare(self, inputs: Mapping[str, Any]) -> tuple[int, tuple, list, bool]:
+        """Validate, then classify inputs: device tensors (made contiguous) or host data to stage."""
+        if self._closed:
+            raise RuntimeError("session is closed")
+        base, shapes = self.engine.validator.validate(inputs)
+        prepared = []
+        n_host = 0
+        dev = self.device
+        for spec in self.engine.inputs:
+            t = inputs[spec.name]
+            if isinstance(t, torch.Tensor):
+                if t.device.type == dev.torch_device.type and (
+                    dev.kind == "cpu" or t.device.index == dev.index
+                ):
+                    if not t.is_contiguous():
+                        t = t.contiguous()
+                        self.contiguous_copies += 1
+                    prepared.append((0, t))
+                    continue
+                if t.device.type != "cpu":
+                    raise UserError(
+                        f"{self.engine.label}: input '{spec.name}' is on {t.device}, the session runs on "
+                        f"{dev.torch_device}; move it there (or pass it as a CPU tensor / NumPy array)."
+                    )
+                prepared.append((_STAGED, t.contiguous()))
+            else:
+                n_host += 1
+                prepared.append((_STAGED, torch.from_numpy(np.ascontiguousarray(t))))
+        return base, shapes, prepared, n_host == len(prepared) and n_host > 0
+
+    def _resolve(self, lane: _Lane, base: int, shapes: tuple) -> None:
+        """Profile, input shapes, memory size and output shapes on the lane's context (when they change)."""
+        ctx = lane.context
+        profile = self.engine.layout.profile_index(lane.index, base)
+        if lane.profile != profile:
+            ctx.set_optimization_profile(profile, lane.stream.cuda_stream)
+            lane.profile, lane.shapes = profile, None
+        if lane.shapes != shapes:
+            for spec, shape in zip(self.engine.inputs, shapes):
+                ctx.set_input_shape(spec.name, shape)
+            lane.shapes = shapes
+            key = (base, shapes)
+            if key not in self._out_cache:
+                need = ctx.device_memory_size()
+                outs = tuple(ctx.output_shape(o.name) for o in self.engine.outputs)
+                self._out_cache[key] = (need, outs)
+
+    def _execute(
+        self, lane: _Lane, base: int, shapes: tuple, prepared: list, given: Any, caller: Any
+    ) -> dict:
+        ctx, eng = lane.context, self.engine
+        self._resolve(lane, base, shapes)
+        need, out_shapes = self._out_cache[(base, shapes)]
+        arena = lane.arena
+        arena.ensure(need)
+        if lane.bound_memory != (arena.address, arena.capacity):
+            ctx.set_device_memory(arena.address, arena.capacity)
+            lane.bound_memory = (arena.address, arena.capacity)
+        outputs = self._outputs(out_shapes, given)
+        feeds, copies = self._feeds(lane, prepared, shapes)
+        # Everything the lane reads or writes is ready/allocated on the caller's stream before this event.
+        lane.ready.record(caller)
+        lane.stream.wait_event(lane.ready)
+        if copies:
+            self._stage(lane, copies)
+        lane.calls += 1
+        decision = decide(
+            lane.graph_state,
+            shapes,
+            enabled=self.cuda_graphs,
+            memory_generation=arena.stats.generation,
+            dynamic_outputs=eng.dynamic_outputs,
+            warmup=self.graph_warmup,
+        )
+        if decision.drop:
+            lane.graph, lane.graph_io = None, None
+        lane.graph_state = decision.state
+        if decision.action is GraphAction.REPLAY:
+            self._replay(lane, feeds, outputs)
+        elif decision.action is GraphAction.RECORD:
+            self._record(lane, feeds, outputs, shapes)
+        else:
+            self._enqueue(lane, feeds, outputs)
+        if lane.collector is not None:
+            lane.stream.synchronize()  # data-dependent shapes are known once the work ran (facts §4.5)
+            for o in eng.outputs:
+                if o.name in eng.data_dependent:
+                    outputs[o.name] = lane.collector.take(o.name, o.torch_dtype, caller)
+        return outputs
+
+    def _outputs(
+        self, out_shapes: tuple, given: Mapping[str, torch.Tensor] | None
+    ) -> dict[str, torch.Tensor]:
+        """Caller-provided output tensors (checked) or new ones on the caller's stream."""
+        given = given or {}
+        unknown = set(given) - {o.name for o in self.engine.outputs}
+        if unknown:
+            raise UserError(
+                f"{self.engine.label}: unknown output name(s) {sorted(unknown)}; outputs are "
+                f"{[o.name for o in self.engine.outputs]}."
+            )
+        outputs: dict[str, torch.Tensor] = {}
+        dev = self.device.torch_device
+        for spec, shape in zip(self.engine.outputs, out_shapes):
+            if any(d < 0 for d in shape):
+                continue  # data-dependent: the collector allocates it during the enqueue
+            t = given.get(spec.name)
+            if t is None:
+                outputs[spec.name] = torch.empty(shape, dtype=spec.torch_dtype, device=dev)
+                continue
+            if t.dtype is not spec.torch_dtype or tuple(t.shape) != shape or t.device != dev:
+                raise UserError(
+                    f"{self.engine.label}: output tensor '{spec.name}' is {str(t.dtype)[6:]}{tuple(t.shape)} "
+                    f"on {t.device}; this call needs {spec.dtype}{shape} on {dev}."
+                )
+            if not t.is_contiguous():
+                raise UserError(
+                    f"{self.engine.label}: output tensor '{spec.name}' is not contiguous; the engine writes "
+                    "outputs in place, so pass a contiguous tensor (or none and use the returned one)."
+                )
+            outputs[spec.name] = t
+        return outputs
+
+    def _feeds(self, lane: _Lane, prepared: list, shapes: tuple) -> tuple[dict[str, torch.Tensor], list]:
+        """Device tensors for every input; host data gets a device buffer now and a pinned copy later."""
+        feeds: dict[str, torch.Tensor] = {}
+        copies = []
+        for spec, (kind, t), shape in zip(self.engine.inputs, prepared, shapes):
+            if kind != _STAGED:
+                feeds[spec.name] = t
+                continue
+            dst = torch.empty(shape, dtype=spec.torch_dtype, device=self.device.torch_device)
+            feeds[spec.name] = dst
+            copies.append((spec.name, t, dst))
+        return feeds, copies
+
+    def _stage(self, lane: _Lane, copies: list) -> None:
+        """Host -> pinned (CPU copy) -> device (async on the lane stream), reusing per-lane pinned buffers."""
+        lane.staged.synchronize()  # the previous copies out of these pinned buffers have finished
+        with self.device.use_stream(lane.stream):
+            for name, src, dst in copies:
+                nbytes = src.numel() * src.element_size()
+                pinned = lane.pinned.get(name)
+                if pinned is None or pinned.numel() < nbytes:
+                    pinned = lane.pinned[name] = self.device.pinned(max(nbytes, 1))
+                host = pinned[:nbytes].view(src.dtype).view(src.shape)
+                host.copy_(src)
+                dst.copy_(host, non_blocking=True)
+        lane.staged.record(lane.stream)
+
+    def _bind(
+        self, lane: _Lane, feeds: Mapping[str, torch.Tensor], outputs: Mapping[str, torch.Tensor]
+    ) -> None:
+        ctx = lane.context
+        for name, t in feeds.items():
+            ctx.set_tensor_address(name, t.data_ptr())
+        for name, t in outputs.items():
+            ctx.set_tensor_address(name, t.data_ptr())
+
+    def _enqueue(self, lane: _Lane, feeds: dict, outputs: dict) -> None:
+        self._bind(lane, feeds, outputs)
+        if not lane.context.execute_async(lane.stream.cuda_stream):
+            raise RuntimeError(
+                f"{self.engine.label}: enqueue failed on lane {lane.index} (see the TensorRT log)"
+            )
+
+    def _record(self, lane: _Lane, feeds: dict, outputs: dict, key: tuple) -> None:
+        """Capture one enqueue into a CUDA graph over lane-owned static buffers, then launch it."""
+        with torch.cuda.stream(lane.stream):
+            static_in = {n: torch.empty_like(t) for n, t in feeds.items()}
+            static_out = {n: torch.empty_like(t) for n, t in outputs.items()}
+        self._bind(lane, static_in, static_out)
+        graph = torch.cuda.CUDAGraph()
+        ok = lane.context.graph_capturable(lane.stream.cuda_stream)
+        if ok:
+            try:
+                with torch.cuda.graph(graph, stream=lane.stream, capture_error_mode="thread_local"):
+                    ok = lane.context.execute_async(lane.stream.cuda_stream)
+            except RuntimeError:
+                ok = False  # not capturable (facts §4.7): this key stays eager
+        if not ok:
+            lane.graph_state = record_failed(lane.graph_state, key)
+            self._enqueue(lane, feeds, outputs)
+            return
+        lane.graph, lane.graph_io = graph, (static_in, static_out)
+        self._replay(lane, feeds, outputs)
+
+    def _replay(self, lane: _Lane, feeds: dict, outputs: dict) -> None:
+        static_in, static_out = lane.graph_io  # type: ignore[misc]
+        with torch.cuda.stream(lane.stream):
+            for n, t in feeds.items():
+                static_in[n].copy_(t, non_blocking=True)
+            lane.graph.replay()
+            for n, t in outputs.items():
+                t.copy_(static_out[n], non_blocking=True)
+
+    def _to_numpy(self, lane: _Lane, result: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+        """Copy outputs back through pinned memory on the lane stream and wait for them."""
+        host = {}
+        with self.device.use_stream(lane.stream):
+            for name, t in result.items():
+                pinned = self.device.pinned(max(t.numel() * t.element_size(), 1))
+                view = pinned[: t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+                view.copy_(t, non_blocking=True)
+                host[name] = view
+        lane.stream.synchronize()
+        return {n: v.numpy() for n, v in host.items()}
+
+
+__all__ = ["Session"]
