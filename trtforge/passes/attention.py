@@ -70,6 +70,63 @@ def _static(v: ir.Value, axis: int) -> int | None:
     return d if isinstance(d, int) else None
 
 
+def _head_count(query: ir.Value) -> int | None:
+    """H of a [B, H, S, D] query: its static dim, else the constant in the head-split Reshape.
+
+    Legacy exports leave dims unknown; the head split `Reshape(x, [B, S, H, D])` (a constant or a
+    Concat with constant pieces) followed by `Transpose(perm=[0, 2, 1, 3])` still names H.
+    """
+    if query.shape is not None and isinstance(query.shape[1], int):
+        return query.shape[1]
+    v = query
+    while (node := v.producer()) is not None and node.op_type in ("Mul", "Div"):
+        v = node.inputs[0]
+    node = v.producer()
+    if node is None or node.op_type != "Transpose":
+        return None
+    if list(node.attributes.get_ints("perm", [])) != [0, 2, 1, 3]:
+        return None
+    reshape = node.inputs[0].producer()
+    if reshape is None or reshape.op_type != "Reshape" or len(reshape.inputs) < 2:
+        return None
+    target = reshape.inputs[1]
+    concat = target.producer()
+    if target.const_value is not None:
+        dims = [int(d) for d in target.const_value.numpy().reshape(-1)]
+    elif concat is not None and concat.op_type == "Concat" and len(concat.inputs) == 4:
+        dims = [_ir_utils.get_singleton_value(i) for i in concat.inputs]
+    else:
+        return None
+    if len(dims) != 4:
+        return None
+    h, d = dims[2], dims[3]
+    if isinstance(h, int) and h > 0:
+        return h
+    hidden = _last_dim(reshape.inputs[0])
+    if h == -1 and isinstance(d, int) and d > 0 and hidden and hidden % d == 0:
+        return hidden // d
+    return None
+
+
+def _last_dim(v: ir.Value) -> int | None:
+    """Static size of the last axis: from the shape, else from the projection that produced `v`."""
+    if v.shape is not None and v.shape.rank() and isinstance(v.shape[-1], int):
+        return v.shape[-1]
+    node = v.producer()
+    if node is None:
+        return None
+    consts = [i.const_value for i in node.inputs if i is not None and i.const_value is not None]
+    if node.op_type == "Split" and consts:
+        sizes = consts[0].numpy().reshape(-1)
+        index = list(node.outputs).index(v)
+        return int(sizes[index]) if index < sizes.size else None
+    if node.op_type == "Add" and consts and consts[0].shape.rank() == 1:
+        return int(consts[0].shape[0])
+    if node.op_type == "MatMul" and consts and consts[0].shape.rank() == 2:
+        return int(consts[0].shape[1])
+    return None
+
+
 class AttentionFusion(pattern.RewriteRuleClassBase):
     """MatMul-scale-mask-Softmax-MatMul -> Attention / plugin node (module docstring)."""
 
@@ -140,8 +197,8 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
             if mask.dtype != query.dtype:
                 return result.fail(f"additive mask dtype {mask.dtype} != query dtype {query.dtype}", mask)
         if self.strategy == "plugin":
-            if _static(query, 1) is None:
-                return result.fail("plugin needs a static head count (query dim 1)", query)
+            if _head_count(query) is None:
+                return result.fail("plugin needs a known head count (query dim 1 / head Reshape)", query)
             if mask is not None:
                 info = analyze_mask(mask, context.model.graph)
                 if info.data_inputs and info.padding_input is None:
@@ -176,7 +233,7 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
             key,
             value,
             padding,
-            num_heads=_static(query, 1),
+            num_heads=_head_count(query),
             scale=scale,
             causal=bool(info is not None and info.causal),
         )
@@ -185,7 +242,10 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
         attrs = dict(node.attributes)
         for i in range(len(inputs)):  # detach the template so it leaves no uses behind
             node.replace_input_with(i, None)
-        return getattr(op, node.op_type)(*inputs, _domain=node.domain, _version=node.version, **attrs)
+        out = getattr(op, node.op_type)(*inputs, _domain=node.domain, _version=node.version, **attrs)
+        out.producer().overload = node.overload  # selects the masked / unmasked reference function
+        out.dtype, out.shape = node.outputs[0].dtype, node.outputs[0].shape
+        return out
 
 
 def attention_rules(strategy: str) -> list[pattern.RewriteRule]:

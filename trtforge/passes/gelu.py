@@ -5,7 +5,8 @@
 
 onnxscript ships these formulas only as `com.microsoft` fusions (`ort_fusions/gelu.py`), and in a
 single association order; exporters group the three-way product `0.5 * x * (1 + ...)` three ways,
-so each form is one rule class parameterised by grouping and by the order of its non-constant\noperands; constants are first moved to the right of every Add/Mul (exact: both commute).
+so each form is one rule class parameterised by grouping and by the order of its non-constant
+operands; constants are first moved to the right of every Add/Mul (exact: both commute).
 Constants are matched with onnxscript's tolerance (rel 1e-5).
 
 SiLU (`x * Sigmoid(x)`) is left alone on purpose: the standard `Swish` op only exists from opset
