@@ -26,8 +26,14 @@ def check_output_path(path: str | os.PathLike[str], *, force: bool, what: str = 
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"cannot write {what} '{p}': directory '{parent}' does not exist.")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write {what} '{p}': directory '{parent}' is not writable.")
+    try:  # a real probe: os.access says yes to root even on read-only or special filesystems
+        fd, probe = tempfile.mkstemp(prefix=".trtforge-probe-", dir=parent)
+    except OSError as e:
+        raise UserError(
+            f"cannot write {what} '{p}': directory '{parent}' is not writable ({e.strerror})."
+        ) from e
+    os.close(fd)
+    os.unlink(probe)
     return p
 
 

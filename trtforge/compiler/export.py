@@ -194,7 +194,7 @@ def _export_legacy(module, feeds, dynamic, opset, input_names, output_names, pat
     # The TorchScript tracer feeds inputs positionally; an adapter maps them back to keyword names so
     # forward signatures with extra keyword parameters (transformers models) trace correctly.
     torch.onnx.export(
-        _adapters()[0](module, list(feeds)),
+        _positional_adapter()(module, list(feeds)),
         tuple(feeds.values()),
         str(path),
         input_names=input_names,
@@ -364,34 +364,66 @@ def from_onnx_file(path: str | os.PathLike[str]) -> OnnxArtifact:
     return OnnxArtifact(p, record)
 
 
-def from_pt2(path: str | os.PathLike[str], workdir: str | os.PathLike[str], **kwargs: Any) -> OnnxArtifact:
-    """Export a torch.export archive (`.pt2`); its stored example inputs drive verification."""
+def from_pt2(
+    path: str | os.PathLike[str],
+    workdir: str | os.PathLike[str],
+    *,
+    dynamic: DynamicSpec = None,
+    output_names: Sequence[str] | None = None,
+    opset: int | None = None,
+    exporter: str = "auto",
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
+    verify: bool = True,
+) -> OnnxArtifact:
+    """Export a torch.export archive (`.pt2`) with the dynamo exporter; its stored example inputs
+    drive verification and its own dynamic shapes are kept (a .pt2 cannot be re-traced)."""
     import torch
 
     p = Path(path)
     if not p.is_file():
         raise UserError(f"model file '{p}' does not exist.")
+    if dynamic:
+        raise UserError(
+            f"'{p}' is a torch.export archive: its dynamic dims were fixed when it was exported. "
+            "Drop --dynamic, or re-export with torch.export.export(..., dynamic_shapes=...)."
+        )
+    if exporter == "legacy":
+        raise UserError(
+            "a .pt2 archive can only be converted by the dynamo exporter; drop --exporter legacy."
+        )
     try:
         ep = torch.export.load(str(p))
     except Exception as e:
         raise UserError(f"'{p}' is not a torch.export archive ({type(e).__name__}: {str(e)[:200]}).") from e
     if ep.example_inputs is None:
-        raise UserError(f"'{p}' stores no example inputs; re-save it with torch.export.save after export().")
-    args, kw = ep.example_inputs
-    module = ep.module()
-    if kw:
-        example: Any = dict(kw)
-    else:
-        names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-        example = dict(zip(names, args))
-    art = export_module(_adapters()[1](module, list(example)), example, workdir, **kwargs)
-    art.record.source_kind = "pt2"
-    return art
+        raise UserError(f"'{p}' stores no example inputs; save it with torch.export.save after export().")
+    args, kwargs = ep.example_inputs
+    user_inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    with torch.no_grad():
+        reference = flatten_outputs(ep.module()(*args, **kwargs))
+    names = list(output_names) if output_names else [f"output_{i}" for i in range(len(reference))]
+    out = Path(workdir) / "model.onnx"
+    record = ExportRecord(source_kind="pt2", exporter="dynamo", input_names=user_inputs, output_names=names)
+    t0 = time.perf_counter()
+
+    def run() -> None:
+        program = torch.onnx.export(ep, dynamo=True, output_names=names, opset_version=opset, verbose=False)
+        program.save(str(out), external_data=None)
+
+    try:
+        _quietly(run)
+    except Exception as e:
+        raise ExportError(f"could not convert '{p}' to ONNX: {type(e).__name__}: {str(e)[:300]}") from e
+    record.seconds = time.perf_counter() - t0
+    feeds = dict(zip(user_inputs, [*args, *kwargs.values()]))
+    _finish(out, record, feeds, reference, rtol=rtol, atol=atol, verify=verify)
+    return OnnxArtifact(out, record)
 
 
 @functools.cache
-def _adapters() -> tuple[type, type]:
-    """(PositionalToKeywords, KeywordsToPositional) nn.Module wrappers, built once torch is imported."""
+def _positional_adapter() -> type:
+    """An nn.Module wrapper class, built once torch is imported."""
     import torch
 
     class PositionalToKeywords(torch.nn.Module):
@@ -404,17 +436,7 @@ def _adapters() -> tuple[type, type]:
         def forward(self, *args: Any) -> Any:
             return self.inner(**dict(zip(self.names, args)))
 
-    class KeywordsToPositional(torch.nn.Module):
-        """forward(**kwargs) -> inner(*args in `names` order): gives a torch.export module named inputs."""
-
-        def __init__(self, inner: Any, names: list[str]):
-            super().__init__()
-            self.inner, self.names = inner, names
-
-        def forward(self, **kwargs: Any) -> Any:
-            return self.inner(*(kwargs[n] for n in self.names))
-
-    return PositionalToKeywords, KeywordsToPositional
+    return PositionalToKeywords
 
 
 def load_factory(spec: str) -> tuple[Any, Any]:

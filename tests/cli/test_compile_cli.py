@@ -1,0 +1,107 @@
+"""`trtforge compile` / `inspect` from the command line: success output, and every bad input -> exit 2,
+a message naming the problem, and no output file left behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.models import tiny_onnx
+from trtforge.cli.main import main
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    rc = main(argv)
+    cap = capsys.readouterr()
+    return rc, cap.out + cap.err
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(
+        p.name for p in directory.iterdir() if p.suffix in (".engine", ".json", ".tmp") or ".tmp" in p.name
+    )
+
+
+@pytest.mark.trt_build
+def test_compile_onnx_then_inspect(tmp_path, capsys) -> None:
+    model = tiny_onnx(tmp_path / "m.onnx")
+    rc, out = _run(
+        ["compile", str(model), "-o", str(tmp_path / "m.engine"), "--shape", "x:1x4:2x4:16x4"], capsys
+    )
+    assert rc == 0, out
+    assert "build" in out and "m.engine" in out and "1x4:2x4:16x4" in out
+    rc, out = _run(["inspect", str(tmp_path / "m.engine")], capsys)
+    assert rc == 0 and "sha256" in out and "tensorrt_rtx" in out
+    rc, out = _run(["inspect", str(tmp_path / "m.engine"), "--json"], capsys)
+    assert rc == 0 and json.loads(out)["inputs"][0]["name"] == "x"
+    # Existing output without --force: refused, original untouched.
+    before = (tmp_path / "m.engine").read_bytes()
+    rc, out = _run(["compile", str(model), "-o", str(tmp_path / "m.engine")], capsys)
+    assert rc == 2 and "already exists" in out and "--force" in out
+    assert (tmp_path / "m.engine").read_bytes() == before
+    rc, out = _run(["compile", str(model), "-o", str(tmp_path / "m.engine"), "--force", "-q"], capsys)
+    assert rc == 0
+
+
+def test_inspect_onnx(tmp_path, capsys) -> None:
+    rc, out = _run(["inspect", str(tiny_onnx(tmp_path / "m.onnx")), "--json"], capsys)
+    summary = json.loads(out)
+    assert rc == 0 and summary["ops"] == {"MatMul": 1, "Add": 1, "Relu": 1}
+    assert summary["inputs"] == [{"name": "x", "dtype": "float32", "shape": "[batch, 4]"}]
+
+
+def test_inspect_detects_modified_engine(tmp_path, capsys) -> None:
+    pytest.importorskip("tensorrt_rtx")
+    model = tiny_onnx(tmp_path / "m.onnx")
+    assert main(["compile", str(model), "-o", str(tmp_path / "m.engine"), "-q"]) == 0
+    data = bytearray((tmp_path / "m.engine").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (tmp_path / "m.engine").write_bytes(bytes(data))
+    capsys.readouterr()
+    rc, out = _run(["inspect", str(tmp_path / "m.engine")], capsys)
+    assert rc == 2 and "does not match its manifest" in out
+
+
+def _factory_module(tmp_path: Path) -> None:
+    (tmp_path / "bad_factories.py").write_text(
+        "def explode():\n    raise FileNotFoundError('checkpoint.pt is missing')\n"
+    )
+
+
+BAD_CASES = {
+    "missing model file": (lambda d: [str(d / "nope.onnx")], "nope.onnx' does not exist"),
+    "corrupt onnx bytes": (lambda d: [str(d / "corrupt.onnx")], "corrupt.onnx' is not a valid ONNX model"),
+    "factory raises": (
+        lambda d: ["bad_factories:explode"],
+        "raised FileNotFoundError: checkpoint.pt is missing",
+    ),
+    "shape names unknown input": (
+        lambda d: [str(d / "m.onnx"), "--shape", "tokens:1x4:2x4:4x4"],
+        "unknown input(s) ['tokens']; the model's inputs are ['x']",
+    ),
+    "shape MIN > OPT": (lambda d: [str(d / "m.onnx"), "--shape", "x:8x4:2x4:16x4"], "MIN <= OPT <= MAX"),
+    "unwritable output dir": (lambda d: [str(d / "m.onnx"), "-o", "/proc/m.engine"], "not writable"),
+    "output dir missing": (lambda d: [str(d / "m.onnx"), "-o", str(d / "no/dir/m.engine")], "does not exist"),
+    "bad opt level": (lambda d: [str(d / "m.onnx"), "--opt-level", "9"], "9 is not in the range"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CASES))
+def test_bad_input_exit_2_no_output(case: str, tmp_path, capsys, monkeypatch) -> None:
+    tiny_onnx(tmp_path / "m.onnx")
+    (tmp_path / "corrupt.onnx").write_bytes(b"\x0a\xff\xff\xff\xff\x0fnot an onnx model at all")
+    _factory_module(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    make_args, expected = BAD_CASES[case]
+    args = make_args(tmp_path)
+    if "-o" not in args:
+        args += ["-o", str(tmp_path / "out.engine")]
+    rc, out = _run(["compile", *args], capsys)
+    assert rc == 2, out
+    assert expected in out, out
+    assert "Traceback" not in out
+    assert not (tmp_path / "out.engine").exists() and not (tmp_path / "out.engine.json").exists()
+    assert _leftovers(tmp_path) == []

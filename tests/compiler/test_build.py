@@ -1,0 +1,106 @@
+"""Engine builds with TensorRT-RTX on the CPU: a real engine, a truthful manifest."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.models import BERT_INPUTS, bert_inputs, tiny_bert, tiny_onnx
+from trtforge._fileio import sha256_file
+from trtforge.compiler.build import BuildOptions, build_engine
+from trtforge.compiler.manifest import read_manifest, verify_engine_file
+from trtforge.errors import UserError
+
+pytestmark = pytest.mark.trt_build
+
+SHAPES = [f"{n}:1x1:4x16:8x64" for n in BERT_INPUTS]
+
+
+def test_tiny_bert_module_to_engine(tmp_path) -> None:
+    import trtforge
+
+    out = tmp_path / "bert.engine"
+    result = trtforge.compile(
+        tiny_bert(),
+        bert_inputs(2, 8),
+        out,
+        dynamic="batch,seq",
+        output_names=["last_hidden_state", "pooler_output"],
+        shapes=SHAPES,
+        progress=False,
+    )
+    assert out.is_file() and result.manifest_path == tmp_path / "bert.engine.json"
+    m = read_manifest(out)
+    assert m.engine_sha256 == sha256_file(out) and m.engine_bytes == out.stat().st_size
+    assert verify_engine_file(out, m) == out.read_bytes()
+    assert [(t.name, t.dtype, t.shape) for t in m.inputs] == [(n, "int64", [-1, -1]) for n in BERT_INPUTS]
+    assert [(t.name, t.dtype) for t in m.outputs] == [
+        ("last_hidden_state", "float32"),
+        ("pooler_output", "float32"),
+    ]
+    assert m.outputs[0].shape == [-1, -1, 32]
+    assert len(m.profiles) == 1
+    for name in BERT_INPUTS:
+        rng = m.profiles[0][name]
+        assert (rng.min, rng.opt, rng.max) == ([1, 1], [4, 16], [8, 64])
+    assert m.backend["name"] == "tensorrt_rtx"
+    assert set(m.timings) == {"export", "build"} and all(s > 0 for s in m.timings.values())
+    assert m.records["export"]["exporter"] == "dynamo" and m.records["export"]["verified"]
+    assert m.records["build"]["layer_types"]["MATRIX_MULTIPLY"] > 0
+    assert len(m.source["onnx_sha256"]) == 64
+    on_disk = json.loads((tmp_path / "bert.engine.json").read_text())
+    assert on_disk["format"] == "trtforge.manifest/1"
+
+
+def test_streams_copy_profiles_and_derived_defaults(tmp_path) -> None:
+    path = tiny_onnx(tmp_path / "t.onnx")
+    seen = {}
+    data, record = build_engine(
+        path, BuildOptions(streams=3, progress=False, opt_level=0, workspace_mb=64), on_derived=seen.update
+    )
+    assert len(data) == record.engine_bytes > 0
+    assert len(record.profiles) == 3 and record.profiles[0] == record.profiles[2]
+    rng = seen["x"]
+    assert (rng.min, rng.opt, rng.max) == ([1, 4], [8, 4], [32, 4])
+
+
+def test_static_model_needs_no_profile(tmp_path) -> None:
+    data, record = build_engine(
+        tiny_onnx(tmp_path / "s.onnx", dynamic_batch=False), BuildOptions(progress=False)
+    )
+    assert data and record.profiles == [] and record.inputs[0].shape == [2, 4]
+
+
+def test_timing_cache_ignored_on_rtx_with_warning(tmp_path) -> None:
+    _, record = build_engine(
+        tiny_onnx(tmp_path / "t.onnx"), BuildOptions(timing_cache=tmp_path / "tc.bin", progress=False)
+    )
+    assert record.timing_cache is None
+    assert any("--timing-cache ignored" in w for w in record.warnings)
+    assert not (tmp_path / "tc.bin").exists()
+
+
+def test_rtx_targets(tmp_path) -> None:
+    _, record = build_engine(tiny_onnx(tmp_path / "t.onnx"), BuildOptions(targets=["sm89"], progress=False))
+    assert record.targets == ["SM89"]
+    with pytest.raises(UserError, match="unknown compute-capability"):
+        build_engine(tiny_onnx(tmp_path / "t.onnx"), BuildOptions(targets=["SM99"], progress=False))
+
+
+def test_parser_error_names_node(tmp_path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x"], ["y"], name="mystery_node", domain="example.custom")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.custom", 1)]
+    )
+    onnx.save(model, str(tmp_path / "bad.onnx"))
+    with pytest.raises(UserError, match=r"node mystery_node \(NoSuchOp\)"):
+        build_engine(tmp_path / "bad.onnx", BuildOptions(progress=False))

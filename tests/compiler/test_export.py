@@ -1,0 +1,175 @@
+"""torch -> ONNX export: dict inputs, dynamic axes, both exporters, fallback, .pt2 and factories."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from tests.models import BERT_INPUTS, bert_inputs, tiny_bert
+from trtforge.compiler.export import (
+    export_module,
+    from_onnx_file,
+    from_pt2,
+    load_factory,
+    normalize_inputs,
+    resolve_dynamic,
+)
+from trtforge.errors import ExportError, UserError
+
+OUTS = ["last_hidden_state", "pooler_output"]
+
+
+def _ort_matches_torch(path, model, batch: int, seq: int) -> None:
+    feeds = bert_inputs(batch, seq, seed=batch * 100 + seq)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {k: v.numpy() for k, v in feeds.items()})
+    with torch.no_grad():
+        ref = model(**feeds)
+    np.testing.assert_allclose(got[0], ref.last_hidden_state.numpy(), rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(got[1], ref.pooler_output.numpy(), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_dict_inputs_dynamic_axes(tmp_path, exporter: str) -> None:
+    model = tiny_bert()
+    art = export_module(
+        model, bert_inputs(2, 8), tmp_path, dynamic="batch,seq", output_names=OUTS, exporter=exporter
+    )
+    rec = art.record
+    assert rec.exporter == exporter and rec.fallback_reason is None
+    assert rec.input_names == list(BERT_INPUTS) and rec.output_names == OUTS
+    assert rec.verified and max(rec.max_abs_error.values()) < 1e-4
+    assert rec.opset is not None and rec.opset >= 17
+    proto = onnx.load(str(art.path))
+    dims = [d.dim_param for d in proto.graph.input[0].type.tensor_type.shape.dim]
+    assert all(dims), f"both axes dynamic, got {dims}"
+    for batch, seq in [(1, 5), (7, 64), (1, 64), (7, 5)]:
+        _ort_matches_torch(art.path, model, batch, seq)
+
+
+def test_tuple_inputs_named_from_signature(tmp_path) -> None:
+    model = tiny_bert()
+    feeds = bert_inputs(2, 6)
+    art = export_module(model, (feeds["input_ids"], feeds["attention_mask"]), tmp_path, output_names=OUTS)
+    assert art.record.input_names == ["input_ids", "attention_mask"]
+
+
+class _DataDependent(torch.nn.Module):
+    """Python control flow on tensor data: torch.export refuses it, the legacy tracer records one branch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return torch.relu(self.lin(x))
+        return self.lin(x)
+
+
+def test_legacy_fallback_records_reason(tmp_path) -> None:
+    x = torch.ones(2, 4)
+    art = export_module(_DataDependent(), x, tmp_path, dynamic="batch")
+    assert art.record.exporter == "legacy"
+    assert art.record.fallback_reason and art.record.fallback_reason.startswith("dynamo exporter failed")
+    assert art.record.verified
+
+
+def test_dynamo_only_fails_clearly(tmp_path) -> None:
+    with pytest.raises(ExportError, match="dynamo exporter failed"):
+        export_module(_DataDependent(), torch.ones(2, 4), tmp_path, exporter="dynamo")
+
+
+class _Noisy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.lin(x))
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_export_runs_in_eval_mode_and_restores_mode(tmp_path, exporter: str) -> None:
+    model = _Noisy().train()
+    art = export_module(model, torch.randn(3, 8), tmp_path, exporter=exporter)
+    assert model.training, "the caller's train mode is restored"
+    ops = {n.op_type for n in onnx.load(str(art.path)).graph.node}
+    assert "Dropout" not in ops or art.record.verified  # dropout must be inert: outputs matched torch eval
+
+
+def test_pt2_source(tmp_path) -> None:
+    model = tiny_bert()
+    feeds = bert_inputs(2, 8)
+    ep = torch.export.export(model, (), kwargs=feeds)
+    torch.export.save(ep, str(tmp_path / "bert.pt2"))
+    art = from_pt2(tmp_path / "bert.pt2", tmp_path, output_names=OUTS)
+    assert art.record.source_kind == "pt2" and art.record.verified
+    assert art.record.input_names == list(BERT_INPUTS)
+
+
+def test_factory_source(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_factories.py").write_text(
+        "from tests.models import tiny_bert, bert_inputs\n"
+        "def make():\n    return tiny_bert(), bert_inputs(2, 8)\n"
+        "def broken():\n    raise RuntimeError('weights not found')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module, inputs = load_factory("my_factories:make")
+    assert isinstance(module, torch.nn.Module) and set(inputs) == set(BERT_INPUTS)
+    with pytest.raises(
+        UserError, match="factory 'my_factories:broken' raised RuntimeError: weights not found"
+    ):
+        load_factory("my_factories:broken")
+    with pytest.raises(UserError, match="has no callable 'nope'"):
+        load_factory("my_factories:nope")
+    with pytest.raises(UserError, match="cannot import module"):
+        load_factory("no_such_module_xyz:make")
+
+
+def test_onnx_source_and_corrupt_bytes(tmp_path) -> None:
+    from tests.models import tiny_onnx
+
+    art = from_onnx_file(tiny_onnx(tmp_path / "t.onnx"))
+    assert art.record.source_kind == "onnx" and art.record.input_names == ["x"]
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07garbage-not-a-model" * 10)
+    with pytest.raises(UserError, match="bad.onnx"):
+        from_onnx_file(bad)
+
+
+def test_external_data_model(tmp_path) -> None:
+    """A model saved with external data (the >2 GB form) is accepted and checked by path."""
+    from tests.models import tiny_onnx
+    from trtforge.compiler.onnx_io import external_data_files, load_onnx, source_sha256
+
+    m = onnx.load(str(tiny_onnx(tmp_path / "t.onnx")))
+    onnx.save(
+        m, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.onnx.data", size_threshold=0
+    )
+    assert external_data_files(tmp_path / "ext.onnx") == [tmp_path / "ext.onnx.data"]
+    art = from_onnx_file(tmp_path / "ext.onnx")
+    assert art.record.external_data
+    assert len(load_onnx(tmp_path / "ext.onnx").graph.initializer) == 2
+    before = source_sha256(tmp_path / "ext.onnx")
+    (tmp_path / "ext.onnx.data").write_bytes(b"\0" * (tmp_path / "ext.onnx.data").stat().st_size)
+    assert source_sha256(tmp_path / "ext.onnx") != before, "the hash covers the external weights"
+
+
+def test_input_and_dynamic_spec_errors() -> None:
+    model = tiny_bert()
+    with pytest.raises(UserError, match="not torch.Tensors"):
+        normalize_inputs(model, {"input_ids": [1, 2]})
+    with pytest.raises(UserError, match="takes"):
+        normalize_inputs(torch.nn.Linear(2, 2), (torch.ones(1, 2), torch.ones(1, 2)))
+    feeds = bert_inputs(2, 4)
+    with pytest.raises(UserError, match="dynamic axes name input 'ids'"):
+        resolve_dynamic({"ids": {0: "batch"}}, feeds)
+    with pytest.raises(UserError, match="out of range"):
+        resolve_dynamic({"input_ids": {2: "x"}}, feeds)
+    assert resolve_dynamic("batch", feeds)["attention_mask"] == {0: "batch"}
