@@ -111,6 +111,7 @@ class Session:
         self._executor_lock = threading.Lock()
         self._closed = False
         self.contiguous_copies = 0
+        self.graph_failures: list[str] = []
 
     # -- public API -----------------------------------------------------------------------------------
     @property
@@ -175,6 +176,7 @@ class Session:
             "arena_grow_count": sum(x["arena_grow_count"] for x in lanes),
             "pinned_bytes": sum(x["pinned_bytes"] for x in lanes),
             "contiguous_copies": self.contiguous_copies,
+            "graph_failures": list(self.graph_failures),
             "profile_max_bytes": [
                 self.engine.device_memory_for_profile(i) for i in range(self.engine.layout.per_copy)
             ],
@@ -256,9 +258,7 @@ class Session:
         for spec in self.engine.inputs:
             t = inputs[spec.name]
             if isinstance(t, torch.Tensor):
-                if t.device.type == dev.torch_device.type and (
-                    dev.kind == "cpu" or t.device.index == dev.index
-                ):
+                if t.get_device() == dev.index if t.is_cuda else dev.kind == "cpu":
                     if not t.is_contiguous():
                         t = t.contiguous()
                         self.contiguous_copies += 1
@@ -311,12 +311,25 @@ class Session:
         if copies:
             self._stage(lane, copies)
         lane.calls += 1
+        if not self.cuda_graphs:
+            self._enqueue(lane, feeds, outputs)
+        else:
+            self._graph_step(lane, feeds, outputs, shapes)
+        if lane.collector is not None:
+            lane.stream.synchronize()  # data-dependent shapes are known once the work ran (facts §4.5)
+            for o in eng.outputs:
+                if o.name in eng.data_dependent:
+                    outputs[o.name] = lane.collector.take(o.name, o.torch_dtype, caller)
+        return outputs
+
+    def _graph_step(self, lane: _Lane, feeds: dict, outputs: dict, key: tuple) -> None:
+        """Eager, warm-up, record or replay, as the pure decision function says."""
         decision = decide(
             lane.graph_state,
-            shapes,
-            enabled=self.cuda_graphs,
-            memory_generation=arena.stats.generation,
-            dynamic_outputs=eng.dynamic_outputs,
+            key,
+            enabled=True,
+            memory_generation=lane.arena.stats.generation,
+            dynamic_outputs=self.engine.dynamic_outputs,
             warmup=self.graph_warmup,
         )
         if decision.drop:
@@ -325,32 +338,37 @@ class Session:
         if decision.action is GraphAction.REPLAY:
             self._replay(lane, feeds, outputs)
         elif decision.action is GraphAction.RECORD:
-            self._record(lane, feeds, outputs, shapes)
+            self._record(lane, feeds, outputs, key)
         else:
             self._enqueue(lane, feeds, outputs)
-        if lane.collector is not None:
-            lane.stream.synchronize()  # data-dependent shapes are known once the work ran (facts §4.5)
-            for o in eng.outputs:
-                if o.name in eng.data_dependent:
-                    outputs[o.name] = lane.collector.take(o.name, o.torch_dtype, caller)
-        return outputs
 
     def _outputs(
         self, out_shapes: tuple, given: Mapping[str, torch.Tensor] | None
     ) -> dict[str, torch.Tensor]:
         """Caller-provided output tensors (checked) or new ones on the caller's stream."""
-        given = given or {}
+        dev = self.device.torch_device
+        if not given:
+            return {
+                spec.name: torch.empty(shape, dtype=spec.torch_dtype, device=dev)
+                for spec, shape in zip(self.engine.outputs, out_shapes)
+                if spec.name not in self.engine.data_dependent
+            }
         unknown = set(given) - {o.name for o in self.engine.outputs}
         if unknown:
             raise UserError(
                 f"{self.engine.label}: unknown output name(s) {sorted(unknown)}; outputs are "
                 f"{[o.name for o in self.engine.outputs]}."
             )
+        dds = sorted(set(given) & self.engine.data_dependent)
+        if dds:
+            raise UserError(
+                f"{self.engine.label}: output(s) {dds} have data-dependent shapes; they are allocated during "
+                "the run and cannot be passed in."
+            )
         outputs: dict[str, torch.Tensor] = {}
-        dev = self.device.torch_device
         for spec, shape in zip(self.engine.outputs, out_shapes):
-            if any(d < 0 for d in shape):
-                continue  # data-dependent: the collector allocates it during the enqueue
+            if spec.name in self.engine.data_dependent:
+                continue  # the collector allocates it during the enqueue
             t = given.get(spec.name)
             if t is None:
                 outputs[spec.name] = torch.empty(shape, dtype=spec.torch_dtype, device=dev)
@@ -423,8 +441,10 @@ class Session:
             try:
                 with torch.cuda.graph(graph, stream=lane.stream, capture_error_mode="thread_local"):
                     ok = lane.context.execute_async(lane.stream.cuda_stream)
-            except RuntimeError:
-                ok = False  # not capturable (facts §4.7): this key stays eager
+            except RuntimeError as e:
+                # Not capturable (facts §4.7): recorded in memory_stats, this key stays eager.
+                self.graph_failures.append(f"lane {lane.index}, shapes {key}: {e}")
+                ok = False
         if not ok:
             lane.graph_state = record_failed(lane.graph_state, key)
             self._enqueue(lane, feeds, outputs)

@@ -1,0 +1,185 @@
+"""Session machinery on the CPU with the stand-in (HostDevice): binding, profiles, arenas, outputs, errors.
+
+The same code runs on CUDA in test_session_gpu.py; here streams are no-ops and work is synchronous.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import numpy as np
+import pytest
+import torch
+
+from trtforge.errors import UserError
+from trtforge.runtime.standin import load_standin, standin_manifest
+
+
+def _session(streams=2, *, manifest=None, **engine_kw):
+    manifest = manifest or standin_manifest(streams=streams)
+    eng = load_standin(manifest, device="cpu", **engine_kw)
+    return eng, eng.session(streams=streams)
+
+
+def _expect(x):
+    y = x * 2 + 1
+    return y, y.sum(-1)
+
+
+def test_run_computes_through_bound_addresses_and_arena():
+    _eng, s = _session(2)
+    x = torch.randn(7, 64)
+    out = s.run({"x": x})
+    y, ssum = _expect(x)
+    torch.testing.assert_close(out["y"], y)
+    torch.testing.assert_close(out["s"], ssum)
+    stats = s.memory_stats()
+    assert stats["arena_bytes"] >= 7 * 64 * 4
+    assert stats["lanes"][0]["arena_last_request"] == 7 * 64 * 4
+
+
+def test_each_lane_uses_its_own_profile_copy():
+    eng, s = _session(3)
+    futs = [s.submit({"x": torch.randn(4, 64)}) for _ in range(12)]
+    for f in futs:
+        f.result()
+    profiles = sorted(c.profile for c in eng.handle.contexts if c.profile is not None)
+    assert profiles == sorted(set(profiles)), "two contexts share a profile"
+    assert set(profiles) <= {0, 1, 2}
+
+
+def test_numpy_in_numpy_out_through_pinned_staging():
+    _, s = _session(1)
+    x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+    out = s.run({"x": x})
+    assert isinstance(out["y"], np.ndarray) and isinstance(out["s"], np.ndarray)
+    np.testing.assert_allclose(out["y"], x * 2 + 1, rtol=1e-6)
+    assert s.memory_stats()["pinned_bytes"] == 3 * 64 * 4
+
+
+def test_non_contiguous_input_is_made_contiguous_and_counted():
+    _, s = _session(1)
+    x = torch.randn(64, 5).t()
+    assert not x.is_contiguous()
+    out = s.run({"x": x})
+    torch.testing.assert_close(out["y"], x * 2 + 1)
+    assert s.memory_stats()["contiguous_copies"] == 1
+
+
+def test_outputs_into_caller_tensors():
+    _, s = _session(1)
+    x = torch.randn(4, 64)
+    y, ssum = torch.empty(4, 64), torch.empty(4)
+    out = s.run({"x": x}, outputs={"y": y, "s": ssum})
+    assert out["y"] is y and out["s"] is ssum
+    torch.testing.assert_close(y, x * 2 + 1)
+
+
+@pytest.mark.parametrize(
+    ("outputs", "match"),
+    [
+        ({"y": torch.empty(5, 64)}, r"output tensor 'y' is float32\(5, 64\).*needs float32\(4, 64\)"),
+        ({"y": torch.empty(4, 64, dtype=torch.float16)}, "output tensor 'y' is float16"),
+        ({"y": torch.empty(64, 4).t()}, "'y' is not contiguous"),
+        ({"q": torch.empty(4)}, r"unknown output name\(s\) \['q'\]"),
+    ],
+)
+def test_bad_caller_outputs_are_refused_before_enqueue(outputs, match):
+    eng, s = _session(1)
+    with pytest.raises(UserError, match=match):
+        s.run({"x": torch.randn(4, 64)}, outputs=outputs)
+    assert sum(c.enqueues for c in eng.handle.contexts) == 0
+    s.run({"x": torch.randn(4, 64)})  # the lane is usable afterwards
+    assert sum(c.enqueues for c in eng.handle.contexts) == 1
+
+
+@pytest.mark.parametrize(
+    ("inputs", "match"),
+    [
+        ({"x": torch.randn(40, 64)}, "dimension 0: 40 not in"),
+        ({"x": torch.randn(4, 64).double()}, "dtype float64"),
+        ({"x": torch.randn(4, 64, 1)}, "rank 3"),
+        ({"w": torch.randn(4, 64)}, "missing input"),
+    ],
+)
+def test_bad_inputs_enqueue_nothing(inputs, match):
+    eng, s = _session(2)
+    with pytest.raises(UserError, match=match):
+        s.run(inputs)
+    with pytest.raises(UserError, match=match):
+        s.submit(inputs)
+    assert sum(c.enqueues for c in eng.handle.contexts) == 0
+    assert all(c.profile is None for c in eng.handle.contexts), "a lane was touched"
+
+
+def test_arena_grows_only_for_larger_shapes_and_trims():
+    _eng, s = _session(1, memory_fn=lambda b: b * 1000)
+    for b in (4, 2, 4, 3):
+        s.run({"x": torch.randn(b, 64)})
+    lane = s.memory_stats()["lanes"][0]
+    assert lane["arena_grow_count"] == 1 and lane["arena_peak_request"] == 4000
+    s.run({"x": torch.randn(9, 64)})
+    assert s.memory_stats()["lanes"][0]["arena_grow_count"] == 2
+    s.trim()
+    lane = s.memory_stats()["lanes"][0]
+    assert lane["arena_bytes"] == 0 and lane["arena_trim_count"] == 1
+    out = s.run({"x": (x := torch.randn(2, 64))})  # rebinds fresh memory after a trim
+    torch.testing.assert_close(out["y"], x * 2 + 1)
+    assert s.memory_stats()["lanes"][0]["arena_bytes"] >= 2000
+
+
+def test_data_dependent_output_through_the_sink():
+    eng, s = _session(1, manifest=standin_manifest(dds=True))
+    assert eng.dynamic_outputs
+    x = torch.randn(16, 64)
+    out = s.run({"x": x})
+    torch.testing.assert_close(out["pos"], torch.nonzero(x[:, 0] > 0).flatten())
+    x[:, 0] = -1
+    assert s.run({"x": x})["pos"].shape == (0,)
+
+
+def test_aux_streams_and_torch_allocator_reach_the_context():
+    eng = load_standin(standin_manifest(), device="cpu", num_aux_streams=2)
+    s = eng.session(streams=1, torch_allocator=True)
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(s.run({"x": x})["s"], (x * 2 + 1).sum(-1))
+    ctx = eng.handle.contexts[0]
+    assert len(ctx.aux) == 2 and ctx.allocator is not None
+    assert s.memory_stats()["lanes"][0]["torch_allocator_live_bytes"] == 0
+    assert eng.session(streams=1, aux_streams=0)._lanes[0].aux_streams == []
+
+
+def test_static_engine_runs_many_lanes_on_profile_0():
+    _eng, s = _session(4, manifest=standin_manifest(static_batch=4))
+    futs = [s.submit({"x": torch.randn(4, 64)}) for _ in range(16)]
+    concurrent.futures.wait(futs)
+    assert all(f.exception() is None for f in futs)
+    with pytest.raises(UserError, match=r"dimension 0 must be 4"):
+        s.run({"x": torch.randn(3, 64)})
+
+
+def test_submit_from_threads_is_correct():
+    _, s = _session(2)
+
+    def one(i):
+        x = torch.full((1 + i % 8, 64), float(i))
+        out = s.submit({"x": x}).result()
+        return torch.equal(out["y"], x * 2 + 1)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(one, range(64)))
+
+
+def test_closed_session_refuses_work():
+    _, s = _session(1)
+    with s:
+        s.run({"x": torch.randn(1, 64)})
+    with pytest.raises(RuntimeError, match="closed"):
+        s.run({"x": torch.randn(1, 64)})
+
+
+def test_tensorrt_engine_refuses_cpu_device(monkeypatch):
+    eng = load_standin(standin_manifest(), device="cpu")
+    eng.host_capable = False
+    with pytest.raises(UserError, match="runs on a CUDA device"):
+        eng.session(streams=1, device="cpu")
