@@ -1,0 +1,56 @@
+"""Launch configurations of the flash-attention kernel (pure Python: the plugin's build side lists
+them as TensorRT tactics without importing torch or Triton)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One launch configuration: tile sizes, warps per program and software-pipelining depth."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    tma: bool = False  # move q/k/v/out with tensor descriptors (Hopper copy engine) where eligible
+
+
+# Hopper candidates (H100/H200: 228 KB shared memory per SM; wgmma works on 64-row warpgroup tiles):
+# 128-row Q tiles with 4 warps (one warpgroup) or 8 warps (two), 64/128-column K/V tiles, 2-4 stages
+# of cp.async pipelining; 64-row tiles for short sequences, where 128 rows leave SMs idle.
+# BLOCK_M is always a multiple of BLOCK_N so that the causal diagonal costs few masked tiles.
+AUTOTUNE_CONFIGS: tuple[KernelConfig, ...] = (
+    KernelConfig(128, 128, 8, 2),
+    KernelConfig(128, 128, 8, 3),
+    KernelConfig(128, 64, 4, 3),
+    KernelConfig(128, 64, 8, 3),
+    KernelConfig(64, 64, 4, 3),
+)
+
+
+def default_config(head_dim: int, dtype_name: str) -> KernelConfig:
+    """The configuration used without autotuning (TensorRT tactic 0, Triton's interpreter).
+
+    `dtype_name` is "float16", "bfloat16" or "float32".
+    """
+    if dtype_name == "float32":
+        return KernelConfig(64, 32, 4, 2)
+    if head_dim <= 64:
+        return KernelConfig(128, 64, 4, 3)
+    return KernelConfig(128, 64, 8, 3)
+
+
+def tactic_configs() -> tuple[KernelConfig, ...]:
+    """The TensorRT tactics, in order (tactic t >= 1 is element t - 1): every tile config, pointer
+    loads first, then the same tiles through tensor descriptors."""
+    return AUTOTUNE_CONFIGS + tuple(replace(c, tma=True) for c in AUTOTUNE_CONFIGS)
+
+
+def config_for_tactic(tactic: int, head_dim: int, dtype_name: str) -> KernelConfig:
+    """The configuration of TensorRT tactic `tactic`; tactic 0 (none chosen) is the default."""
+    configs = tactic_configs()
+    if 1 <= tactic <= len(configs):
+        return configs[tactic - 1]
+    return default_config(head_dim, dtype_name)
