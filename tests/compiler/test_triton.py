@@ -1,0 +1,124 @@
+"""Triton model repositories from the tiny BERT engine, parsed with tritonclient's protobuf."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.models import BERT_INPUTS, bert_inputs, tiny_bert
+from trtforge.cli.main import main
+
+pytestmark = pytest.mark.trt_build
+mc = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="tritonclient[grpc] not installed")
+text_format = pytest.importorskip("google.protobuf.text_format")
+
+
+@pytest.fixture(scope="module")
+def bert_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import trtforge
+
+    out = tmp_path_factory.mktemp("engine") / "bert.engine"
+    trtforge.compile(
+        tiny_bert(),
+        bert_inputs(2, 8),
+        out,
+        dynamic="batch,seq",
+        output_names=["last_hidden_state", "pooler_output"],
+        shapes=[f"{n}:1x1:4x16:8x64" for n in BERT_INPUTS],
+        streams=2,
+        progress=False,
+    )
+    return out
+
+
+def _parse(path: Path):
+    return text_format.Parse(path.read_text(), mc.ModelConfig())
+
+
+def test_default_repository(bert_engine: Path, tmp_path: Path, capsys) -> None:
+    repo = tmp_path / "repo"
+    assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 0
+    assert (repo / "bert" / "1" / "model.plan").read_bytes() == bert_engine.read_bytes()
+    cfg = _parse(repo / "bert" / "config.pbtxt")
+    manifest = json.loads(Path(str(bert_engine) + ".json").read_text())
+    assert cfg.name == "bert" and cfg.platform == "tensorrt_plan"
+    assert cfg.max_batch_size == 8 == manifest["profiles"][0]["input_ids"]["max"][0]
+    assert [i.name for i in cfg.input] == [t["name"] for t in manifest["inputs"]]
+    assert all(mc.DataType.Name(i.data_type) == "TYPE_INT64" and list(i.dims) == [-1] for i in cfg.input)
+    assert [(o.name, list(o.dims)) for o in cfg.output] == [
+        ("last_hidden_state", [-1, 32]),
+        ("pooler_output", [32]),
+    ]
+    assert [list(g.profile) for g in cfg.instance_group] == [["0"]]
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 0
+    assert "validated" in capsys.readouterr().out
+
+
+def test_instances_get_distinct_profiles(bert_engine: Path, tmp_path: Path) -> None:
+    argv = [
+        "export-triton",
+        str(bert_engine),
+        "-o",
+        str(tmp_path),
+        "--name",
+        "b2",
+        "--instances",
+        "2",
+        "--max-batch",
+        "4",
+        "--preferred-batch-size",
+        "4",
+        "--max-queue-delay-us",
+        "100",
+    ]
+    assert main(argv) == 0
+    cfg = _parse(tmp_path / "b2" / "config.pbtxt")
+    assert [list(g.profile) for g in cfg.instance_group] == [["0"], ["1"]]
+    assert all(
+        g.count == 1 and mc.ModelInstanceGroup.Kind.Name(g.kind) == "KIND_GPU" for g in cfg.instance_group
+    )
+    assert cfg.max_batch_size == 4 and list(cfg.dynamic_batching.preferred_batch_size) == [4]
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 100
+
+
+def test_no_batching(bert_engine: Path, tmp_path: Path) -> None:
+    assert main(["export-triton", str(bert_engine), "-o", str(tmp_path), "--max-batch", "0"]) == 0
+    cfg = _parse(tmp_path / "bert" / "config.pbtxt")
+    assert cfg.max_batch_size == 0 and list(cfg.input[0].dims) == [-1, -1]
+    assert not cfg.HasField("dynamic_batching")
+
+
+def _fails(argv: list[str], capsys, expected: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err, err
+
+
+def test_bad_inputs(bert_engine: Path, tmp_path: Path, capsys) -> None:
+    repo = tmp_path / "repo"
+    _fails(["export-triton", str(bert_engine), "-o", str(repo), "--max-batch", "64"], capsys, "at most 8")
+    _fails(["export-triton", str(bert_engine), "-o", str(repo), "--instances", "3"], capsys, "--streams 3")
+    assert not (repo / "bert").exists()
+    lonely = tmp_path / "lonely.engine"
+    shutil.copy(bert_engine, lonely)
+    _fails(["export-triton", str(lonely), "-o", str(repo)], capsys, "has no manifest")
+    assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 0
+    config = (repo / "bert" / "config.pbtxt").read_text()
+    _fails(["export-triton", str(bert_engine), "-o", str(repo), "--max-batch", "2"], capsys, "--force")
+    assert (repo / "bert" / "config.pbtxt").read_text() == config, "existing model untouched"
+    assert main(["export-triton", str(bert_engine), "-o", str(repo), "--max-batch", "2", "--force"]) == 0
+    assert _parse(repo / "bert" / "config.pbtxt").max_batch_size == 2
+    assert sorted(p.name for p in repo.iterdir()) == ["bert"], "no staging directories left behind"
+
+
+def test_plugin_engines_refused(bert_engine: Path, tmp_path: Path, capsys) -> None:
+    eng = tmp_path / "plug.engine"
+    shutil.copy(bert_engine, eng)
+    manifest = json.loads(Path(str(bert_engine) + ".json").read_text())
+    manifest["plugins"] = [{"name": "FlashAttention", "namespace": "trtforge", "version": "1"}]
+    Path(str(eng) + ".json").write_text(json.dumps(manifest))
+    _fails(["export-triton", str(eng), "-o", str(tmp_path / "r")], capsys, "--attention native")
+    assert not (tmp_path / "r").exists()

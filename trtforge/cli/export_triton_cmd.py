@@ -1,0 +1,78 @@
+"""`trtforge export-triton`: engine -> Triton Inference Server model repository."""
+
+from __future__ import annotations
+
+import click
+
+EXAMPLES = """\b
+Examples:
+  trtforge export-triton bert.engine -o model_repository
+  trtforge export-triton bert.engine -o repo --name bert --max-batch 16 \\
+      --instances 2 --preferred-batch-size 8 --max-queue-delay-us 100
+\b
+Writes REPO/NAME/config.pbtxt and REPO/NAME/1/model.plan. Concurrent instances of a
+dynamic-shape engine need one optimization profile each: build with
+`trtforge compile --streams N` and pass --instances N (each instance gets its own profile).
+"""
+
+
+@click.command("export-triton", epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("engine", type=click.Path(dir_okay=False))
+@click.option(
+    "-o", "--output", "repo", required=True, type=click.Path(file_okay=False), help="Model repository."
+)
+@click.option("--name", default=None, help="Model name (default: the engine file's stem).")
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=0),
+    default=None,
+    help="max_batch_size (default: the largest batch every profile allows; 0 disables batching).",
+)
+@click.option(
+    "--instances",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Model instances (execution contexts) on the GPU.",
+)
+@click.option(
+    "--dynamic-batching/--no-dynamic-batching",
+    default=None,
+    help="Triton's dynamic batcher (default: on when max batch > 1).",
+)
+@click.option("--preferred-batch-size", "preferred", multiple=True, type=int, help="Repeatable.")
+@click.option("--max-queue-delay-us", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--force", is_flag=True, help="Replace an existing model directory.")
+@click.option("--no-validate", is_flag=True, help="Skip parsing the config with tritonclient's protobuf.")
+def export_triton_cmd(
+    engine: str,
+    repo: str,
+    name: str | None,
+    max_batch: int | None,
+    instances: int,
+    dynamic_batching: bool | None,
+    preferred: tuple[int, ...],
+    max_queue_delay_us: int,
+    force: bool,
+    no_validate: bool,
+) -> None:
+    """Export ENGINE (with its .engine.json manifest) as a Triton model."""
+    from trtforge.compiler.triton import TritonOptions, export_triton
+
+    result = export_triton(
+        engine,
+        repo,
+        TritonOptions(
+            name=name,
+            max_batch=max_batch,
+            instances=instances,
+            dynamic_batching=dynamic_batching,
+            preferred_batch_sizes=list(preferred),
+            max_queue_delay_us=max_queue_delay_us,
+            force=force,
+            validate=not no_validate,
+        ),
+    )
+    click.echo(result.config_text)
+    state = "validated with tritonclient's model_config protobuf" if result.validated else "NOT validated"
+    click.secho(f"wrote {result.model_dir} (max_batch_size {result.max_batch_size}; {state})", fg="green")

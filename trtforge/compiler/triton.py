@@ -1,0 +1,222 @@
+"""Export an engine to a Triton Inference Server model repository (tensorrt-facts.md §7).
+
+Writes `REPO/NAME/config.pbtxt` and `REPO/NAME/1/model.plan` from the engine's manifest, into a
+temporary directory that is renamed into place, then parses the config with tritonclient's
+model_config protobuf and checks it against the manifest.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtforge.compiler.manifest import Manifest, TensorSpec, read_manifest, verify_engine_file
+from trtforge.errors import UserError
+
+TRITON_DTYPES = {
+    "float32": "TYPE_FP32",
+    "float16": "TYPE_FP16",
+    "bfloat16": "TYPE_BF16",
+    "int64": "TYPE_INT64",
+    "int32": "TYPE_INT32",
+    "int8": "TYPE_INT8",
+    "uint8": "TYPE_UINT8",
+    "bool": "TYPE_BOOL",
+}
+PIP_HINT = 'pip install "tritonclient[grpc]"   (or: pip install "trtforge[triton]")'
+
+
+@dataclass
+class TritonOptions:
+    """What to write. `max_batch=None` takes the largest batch every profile allows (0 = no batching)."""
+
+    name: str | None = None
+    max_batch: int | None = None
+    instances: int = 1
+    dynamic_batching: bool | None = None
+    preferred_batch_sizes: list[int] = field(default_factory=list)
+    max_queue_delay_us: int = 0
+    force: bool = False
+    validate: bool = True
+
+
+@dataclass
+class TritonExport:
+    """Where the model landed and the config it got."""
+
+    model_dir: Path
+    config_path: Path
+    plan_path: Path
+    config_text: str
+    max_batch_size: int
+    validated: bool
+
+
+def _batch_limit(m: Manifest) -> tuple[int, str]:
+    """Largest batch Triton may send (0 if the engine cannot batch on dim 0) and why."""
+    if any(not t.shape or t.shape[0] != -1 for t in [*m.inputs, *m.outputs]):
+        return 0, "not every input and output has a dynamic leading (batch) dimension"
+    if not m.profiles:
+        return 0, "the engine has no optimization profiles"
+    mins = {r.min[0] for p in m.profiles for r in p.values()}
+    if mins != {1}:
+        return 0, f"the profiles' minimum batch is {sorted(mins)}, Triton needs batch 1 to be valid"
+    return min(r.max[0] for p in m.profiles for r in p.values()), ""
+
+
+def _dims(spec: TensorSpec, batched: bool) -> list[int]:
+    return spec.shape[1:] if batched else spec.shape
+
+
+def _tensor_block(kind: str, specs: list[TensorSpec], batched: bool) -> str:
+    items = []
+    for t in specs:
+        if t.dtype not in TRITON_DTYPES:
+            raise UserError(
+                f"{kind} '{t.name}' has dtype {t.dtype}, which Triton's TensorRT backend cannot serve."
+            )
+        dims = ", ".join(str(d) for d in _dims(t, batched))
+        items.append(
+            f'  {{\n    name: "{t.name}"\n    data_type: {TRITON_DTYPES[t.dtype]}\n    dims: [ {dims} ]\n  }}'
+        )
+    return f"{kind} [\n" + ",\n".join(items) + "\n]\n"
+
+
+def render_config(m: Manifest, name: str, opts: TritonOptions) -> tuple[str, int]:
+    """config.pbtxt text for the engine described by `m`, and the max_batch_size used."""
+    limit, why = _batch_limit(m)
+    if opts.max_batch is None:
+        max_batch = limit
+    elif opts.max_batch > limit:
+        reason = f" ({why})" if why else ""
+        raise UserError(
+            f"--max-batch {opts.max_batch} exceeds what the engine's optimization profiles allow: "
+            f"at most {limit}{reason}. Rebuild with a larger batch range in --shape, or lower --max-batch."
+        )
+    else:
+        max_batch = opts.max_batch
+    batched = max_batch > 0
+    dynamic = opts.dynamic_batching if opts.dynamic_batching is not None else max_batch > 1
+    if dynamic and not batched:
+        raise UserError(f"--dynamic-batching needs a batching engine; this one cannot batch: {why}.")
+    bad_pref = [b for b in opts.preferred_batch_sizes if not 1 <= b <= max_batch]
+    if bad_pref:
+        raise UserError(f"--preferred-batch-size {bad_pref} outside 1..{max_batch} (the max batch size).")
+    dynamic_shapes = any(-1 in t.shape for t in m.inputs)
+    per_copy = len(m.profiles) // max(m.streams, 1) if m.profiles else 0
+    if dynamic_shapes and opts.instances > max(m.streams, 1):
+        raise UserError(
+            f"--instances {opts.instances}: concurrent execution contexts of a dynamic-shape engine need "
+            f"distinct optimization profiles, and this engine has {m.streams} copy(ies). Rebuild with "
+            f"`trtforge compile --streams {opts.instances}`."
+        )
+    lines = [
+        f'name: "{name}"',
+        'platform: "tensorrt_plan"',
+        f"max_batch_size: {max_batch}",
+        _tensor_block("input", m.inputs, batched),
+        _tensor_block("output", m.outputs, batched),
+    ]
+    groups = []
+    for i in range(opts.instances):
+        profiles = (
+            ", ".join(f'"{p}"' for p in range(i * per_copy, (i + 1) * per_copy)) if dynamic_shapes else ""
+        )
+        prof = f"\n    profile: [ {profiles} ]" if profiles else ""
+        groups.append(f"  {{\n    count: 1\n    kind: KIND_GPU{prof}\n  }}")
+    lines.append("instance_group [\n" + ",\n".join(groups) + "\n]\n")
+    if dynamic:
+        body = ""
+        if opts.preferred_batch_sizes:
+            body += f"\n  preferred_batch_size: [ {', '.join(map(str, opts.preferred_batch_sizes))} ]"
+        body += f"\n  max_queue_delay_microseconds: {opts.max_queue_delay_us}"
+        lines.append(f"dynamic_batching {{{body}\n}}\n")
+    return "\n".join(lines), max_batch
+
+
+def validate_config(text: str, m: Manifest, max_batch: int) -> Any:
+    """Parse with tritonclient's ModelConfig protobuf and check names, types, dims against the manifest."""
+    try:
+        from google.protobuf import text_format
+        from tritonclient.grpc import model_config_pb2 as mc
+    except ImportError as e:
+        raise UserError(
+            f"validating config.pbtxt needs tritonclient: {PIP_HINT}; or pass --no-validate."
+        ) from e
+    cfg = text_format.Parse(text, mc.ModelConfig())
+    problems = []
+    if cfg.platform != "tensorrt_plan":
+        problems.append(f"platform {cfg.platform!r}")
+    if cfg.max_batch_size != max_batch:
+        problems.append(f"max_batch_size {cfg.max_batch_size} != {max_batch}")
+    for kind, got, want in (("input", cfg.input, m.inputs), ("output", cfg.output, m.outputs)):
+        if [t.name for t in got] != [t.name for t in want]:
+            problems.append(f"{kind} names {[t.name for t in got]} != {[t.name for t in want]}")
+            continue
+        for g, w in zip(got, want):
+            if mc.DataType.Name(g.data_type) != TRITON_DTYPES[w.dtype]:
+                problems.append(f"{kind} {w.name} type {mc.DataType.Name(g.data_type)}")
+            if list(g.dims) != _dims(w, max_batch > 0):
+                problems.append(f"{kind} {w.name} dims {list(g.dims)} != {_dims(w, max_batch > 0)}")
+    n_profiles = len(m.profiles)
+    for grp in cfg.instance_group:
+        bad = [p for p in grp.profile if not p.isdigit() or int(p) >= n_profiles]
+        if bad:
+            problems.append(f"instance_group profiles {bad} not in the engine's {n_profiles} profiles")
+    if problems:
+        raise AssertionError("generated config.pbtxt disagrees with the manifest: " + "; ".join(problems))
+    return cfg
+
+
+def export_triton(
+    engine: str | os.PathLike[str], repo: str | os.PathLike[str], opts: TritonOptions
+) -> TritonExport:
+    """Write the model directory for `engine` into `repo` (created if missing); all or nothing."""
+    engine = Path(engine)
+    manifest = read_manifest(engine)
+    data = verify_engine_file(engine, manifest)
+    plugins = [p for p in manifest.plugins if p.get("namespace", "trtforge") == "trtforge"]
+    if plugins:
+        raise UserError(
+            f"engine '{engine}' needs trtforge's Python attention plugin ({plugins[0].get('name')}), which "
+            "only runs inside a Python process with trtforge loaded; Triton's TensorRT backend cannot load "
+            "Python plugins. Rebuild with `--attention native` (TensorRT's own fused attention) to serve it "
+            "with Triton."
+        )
+    name = opts.name or engine.name.split(".")[0]
+    if not name or "/" in name or name.startswith("."):
+        raise UserError(f"--name {name!r} is not a valid model directory name.")
+    repo = Path(repo)
+    if repo.exists() and not repo.is_dir():
+        raise UserError(f"repository '{repo}' exists and is not a directory.")
+    target = repo / name
+    if target.exists() and not opts.force:
+        raise UserError(f"model directory '{target}' already exists; pass --force to replace it.")
+    text, max_batch = render_config(manifest, name, opts)
+    validated = False
+    if opts.validate:
+        validate_config(text, manifest, max_batch)
+        validated = True
+    repo.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=repo))
+    try:
+        (staging / "1").mkdir()
+        (staging / "1" / "model.plan").write_bytes(data)
+        (staging / "config.pbtxt").write_text(text)
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{name}.old.", dir=repo))
+            os.replace(target, old / name)
+            os.replace(staging, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return TritonExport(
+        target, target / "config.pbtxt", target / "1" / "model.plan", text, max_batch, validated
+    )
