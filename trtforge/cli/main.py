@@ -14,10 +14,12 @@ from trtforge import __version__
 COMMANDS: dict[str, str] = {
     "compile": "trtforge.cli.compile_cmd:compile_cmd",
     "inspect": "trtforge.cli.inspect_cmd:inspect_cmd",
+    "export-triton": "trtforge.cli.export_triton_cmd:export_triton_cmd",
 }
 SHORT_HELP: dict[str, str] = {
     "compile": "Compile a model (.onnx, .pt2, module:factory) into a TensorRT engine.",
     "inspect": "Summarize an ONNX model or an engine (its manifest).",
+    "export-triton": "Write an engine into a Triton Inference Server model repository.",
 }
 
 
