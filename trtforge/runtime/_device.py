@@ -25,6 +25,7 @@ class _CudaArray:
             "shape": (nbytes,),
             "typestr": "|u1",
             "data": (address, False),
+            "strides": None,
             "version": 2,
         }
 

@@ -113,6 +113,9 @@ class StandinContext:
 
     def set_tensor_address(self, name: str, address: int) -> None:
         self.addresses[name] = address
+        if self._e.work == "compute" and "x" in self.shapes and name in ("x", "y", "s"):
+            b, d = self.shapes["x"]
+            self._view(address, torch.float32, (b, d) if name != "s" else (b,))  # outside any graph capture
 
     def set_output_sink(self, name: str, sink: OutputSink) -> None:
         self.sinks[name] = sink
