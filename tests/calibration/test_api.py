@@ -1,0 +1,127 @@
+"""calibrate_model end to end on tiny models: record, cache round trip, SmoothQuant, accuracy fallback."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.calibration import models
+from trtforge.calibration.api import calibrate_model
+from trtforge.calibration.cache import format_cache, read_calibration_cache
+from trtforge.calibration.calibrator import make_session
+from trtforge.calibration.placement import name_nodes, plan_placement
+from trtforge.calibration.smoothquant import apply_smoothquant
+from trtforge.errors import UserError
+
+
+def _data(
+    n: int = 64, k: int = 32, seed: int = 0, outlier_channel: int | None = None
+) -> dict[str, np.ndarray]:
+    x = np.random.default_rng(seed).standard_normal((n, 6, k)).astype(np.float32)
+    if outlier_channel is not None:
+        x[..., outlier_channel] *= 60.0
+    return {"x": x}
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> float:
+    return float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("method", ["max", "percentile", "entropy", "mse"])
+def test_every_method_quantizes_and_stays_close(method):
+    m = models.mlp()
+    q, rec = calibrate_model(m, _data(), method=method, progress=False)
+    x = _data(8, seed=1)["x"]
+    assert _cos(make_session(m).run(None, {"x": x})[0], make_session(q).run(None, {"x": x})[0]) > 0.995
+    d = rec.to_dict()
+    json.dumps(d)
+    assert (d["method"], d["samples"], d["matmuls_quantized"], d["matmuls_total"]) == (method, 64, 2, 2)
+    assert d["tensors_quantized"] == 2 and d["weights_quantized"] == 2 and d["only_real_tokens"] is False
+    onnx.checker.check_model(q)
+
+
+def test_cache_is_written_in_trt_format_and_read_back_without_statistics(tmp_path):
+    cache = tmp_path / "model.calib.cache"
+    m = models.mlp()
+    q1, rec1 = calibrate_model(m, _data(), method="max", calib_cache=str(cache), progress=False)
+    header, _scales = read_calibration_cache(cache)
+    lines = cache.read_text().splitlines()
+    assert header.startswith("TRT-") and header.endswith("-MinMaxCalibration")
+    name, hexval = lines[1].split(": ")
+    assert struct.unpack("!f", bytes.fromhex(hexval))[0] == pytest.approx(rec1.activation_scales[name])
+    assert rec1.cache["written"] and not rec1.cache["read"]
+    q2, rec2 = calibrate_model(m, _data(seed=5), method="max", calib_cache=str(cache), progress=False)
+    assert rec2.cache["read"] and rec2.samples == 0 and rec2.cache["tensors_from_cache"] == 2
+    assert q1.SerializeToString() == q2.SerializeToString()
+
+
+def test_cache_text_matches_modelopt_reader(tmp_path):
+    calib_utils = pytest.importorskip("modelopt.onnx.quantization.calib_utils")
+    p = tmp_path / "c.cache"
+    p.write_text(format_cache({"t": 0.0123}, "entropy"))
+    assert calib_utils.import_scales_from_calib_cache(str(p)) == {"t_scale": pytest.approx(0.0123)}
+
+
+def test_malformed_cache_is_a_user_error(tmp_path):
+    p = tmp_path / "bad.cache"
+    p.write_text("TRT-1-EntropyCalibration2\nx: zz\n")
+    with pytest.raises(UserError, match="line 2"):
+        read_calibration_cache(p)
+
+
+def test_smoothquant_keeps_the_float_function_and_flattens_the_outlier_channel():
+    m = models.mlp()
+    name_nodes(m)
+    plan = plan_placement(m)
+    data = _data(outlier_channel=3)["x"]
+    amax = {"x": np.abs(data).reshape(-1, 32).max(0), "r": np.ones(64, np.float32)}
+    smoothed, targets, summary = apply_smoothquant(m, plan.targets, amax, 0.5)
+    x = data[:4]
+    np.testing.assert_allclose(
+        make_session(smoothed).run(None, {"x": x})[0],
+        make_session(m).run(None, {"x": x})[0],
+        rtol=1e-4,
+        atol=1e-4,
+    )
+    assert summary["matmuls_smoothed"] == 2 and targets[0].activations == ["x_smoothed"]
+
+
+def test_smoothquant_helps_an_activation_outlier():
+    m = models.mlp()
+    x = _data(8, seed=1, outlier_channel=3)["x"]
+    ref = make_session(m).run(None, {"x": x})[0]
+    plain, _ = calibrate_model(m, _data(outlier_channel=3), method="max", progress=False)
+    smooth, rec = calibrate_model(m, _data(outlier_channel=3), method="max", smoothquant=0.5, progress=False)
+    c_plain = _cos(ref, make_session(plain).run(None, {"x": x})[0])
+    c_smooth = _cos(ref, make_session(smooth).run(None, {"x": x})[0])
+    assert c_smooth > c_plain and rec.smoothquant["alpha"] == 0.5
+
+
+def test_accuracy_target_returns_the_most_sensitive_node_to_float():
+    m = models.mlp()
+    data = _data(80, outlier_channel=3)
+    _q, rec = calibrate_model(m, data, method="max", accuracy_target=0.99999, progress=False)
+    acc = rec.accuracy
+    assert acc["all_quantized"]["mean"] < 0.99999 <= acc["final"]["mean"]
+    assert rec.fallback and rec.fallback[0]["sensitivity"] >= rec.fallback[-1]["sensitivity"]
+    assert rec.samples == 80 - acc["held_out_samples"]
+    back = {f["node"] for f in rec.fallback}
+    assert all(
+        d["rule"] == "accuracy_fallback" for d in rec.to_dict()["fallback_decisions"] if d["node"] in back
+    )
+
+
+def test_bad_options_fail_before_any_statistics():
+    m = models.mlp()
+    with pytest.raises(UserError, match="unknown calibration method"):
+        calibrate_model(m, _data(), method="kl", progress=False)
+    with pytest.raises(UserError, match="attention_mask"):
+        calibrate_model(m, _data(), only_real_tokens=True, progress=False)
+    with pytest.raises(UserError, match="too few"):
+        calibrate_model(m, _data(10), accuracy_target=0.99, progress=False)
+    with pytest.raises(UserError, match="nothing to quantize"):
+        calibrate_model(models.small_gemm(), {"x": np.ones((4, 32), np.float32)}, progress=False)

@@ -1,0 +1,74 @@
+"""`trtforge calibrate`: end to end on a tiny model; bad data -> exit 2 before calibration, no output."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.calibration import models
+from trtforge.cli.main import main
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    p = tmp_path / "mlp.onnx"
+    onnx.save(models.mlp(), p)
+    return p
+
+
+def test_calibrate_writes_model_cache_and_report(tmp_path, model_path, capsys):
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).standard_normal((20, 4, 32)).astype(np.float32))
+    out = tmp_path / "mlp.int8.onnx"
+    rc = main(
+        [
+            "calibrate",
+            str(model_path),
+            "--data",
+            str(tmp_path / "d.npz"),
+            "-o",
+            str(out),
+            "--method",
+            "percentile",
+            "--samples",
+            "16",
+            "--report",
+            str(tmp_path / "r.json"),
+        ]
+    )
+    assert rc == 0
+    q = onnx.load(out)
+    assert sum(n.op_type == "QuantizeLinear" for n in q.graph.node) == 2
+    cache = out.with_suffix(".calib.cache")
+    assert (
+        cache.read_text().startswith("TRT-") and "PercentileCalibration" in cache.read_text().splitlines()[0]
+    )
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["samples"] == 16 and report["matmuls_quantized"] == 2
+    assert "MatMuls in INT8" in capsys.readouterr().err
+    # existing outputs are not clobbered without --force
+    rc = main(["calibrate", str(model_path), "--data", str(tmp_path / "d.npz"), "-o", str(out)])
+    assert rc == 2
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"input": np.zeros((4, 4, 32), np.float32)}, "input names do not match"),
+        ({"x": np.zeros((4, 4, 32), np.int32)}, "dtype int32"),
+        ({"x": np.zeros((4, 32), np.float32)}, "rank 2"),
+        ({"x": np.zeros((0, 4, 32), np.float32)}, "empty"),
+        ({"x": np.full((4, 4, 32), np.nan, np.float32)}, "NaN"),
+    ],
+    ids=["names", "dtype", "rank", "empty", "nan"],
+)
+def test_bad_data_exits_2_with_a_clear_message_and_no_output(tmp_path, model_path, capsys, arrays, message):
+    np.savez(tmp_path / "bad.npz", **arrays)
+    out = tmp_path / "out.onnx"
+    rc = main(["calibrate", str(model_path), "--data", str(tmp_path / "bad.npz"), "-o", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "bad.npz" in err
+    assert not out.exists() and not out.with_suffix(".calib.cache").exists()
+    assert "calibrating" not in err  # rejected before statistics started

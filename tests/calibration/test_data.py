@@ -1,0 +1,133 @@
+"""Calibration datasets: every source, batching/limits/shuffle, and clear errors before heavy work."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from tests.calibration import models
+from trtforge.calibration.data import InputSpec, input_specs_from_model, load_dataset
+from trtforge.errors import UserError
+
+SPECS = [
+    InputSpec("input_ids", np.dtype(np.int64), ("batch", "seq")),
+    InputSpec("x", np.dtype(np.float32), (-1, 4)),
+]
+
+
+def _arrays(n: int = 10) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {"input_ids": rng.integers(0, 100, (n, 6)), "x": rng.standard_normal((n, 4)).astype(np.float32)}
+
+
+def test_input_specs_from_model_reads_names_dtypes_dynamic_dims():
+    specs = input_specs_from_model(models.mlp())
+    assert specs == [InputSpec("x", np.dtype(np.float32), ("b", "s", 32))]
+
+
+def test_npz_batches_limit_and_shuffle(tmp_path):
+    arr = _arrays(10)
+    np.savez(tmp_path / "d.npz", **arr)
+    ds = load_dataset(tmp_path / "d.npz", SPECS, batch_size=4, max_samples=9)
+    batches = list(ds)
+    assert [len(b["x"]) for b in batches] == [4, 4, 1]
+    assert ds.num_samples == 9 and len(ds) == 3
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in batches]), arr["x"][:9])
+    shuffled = np.concatenate(
+        [b["input_ids"] for b in load_dataset(tmp_path / "d.npz", SPECS, shuffle_seed=1)]
+    )
+    assert not np.array_equal(shuffled, arr["input_ids"])
+    assert sorted(map(tuple, shuffled)) == sorted(map(tuple, arr["input_ids"]))
+
+
+def test_directory_of_npz_and_npy_with_different_shapes_never_mixes_a_batch(tmp_path):
+    a = _arrays(3)
+    b = {"input_ids": np.ones((2, 9), np.int32), "x": np.ones((2, 4), np.float32)}  # int32 -> cast to int64
+    np.savez(tmp_path / "a.npz", **a)
+    np.savez(tmp_path / "b.npz", **b)
+    np.save(tmp_path / "input_ids.npy", np.zeros((1, 5), np.int64))
+    np.save(tmp_path / "x.npy", np.zeros((1, 4), np.float32))
+    ds = load_dataset(tmp_path, SPECS, batch_size=8)
+    shapes = sorted(batch["input_ids"].shape for batch in ds)
+    assert shapes == [(1, 5), (2, 9), (3, 6)]
+    assert all(batch["input_ids"].dtype == np.int64 for batch in ds)
+
+
+def test_iterable_of_dicts_torch_dataloader_and_single_samples():
+    torch = pytest.importorskip("torch")
+    arr = _arrays(6)
+    loader = torch.utils.data.DataLoader(
+        [{k: torch.as_tensor(v[i]) for k, v in arr.items()} for i in range(6)], batch_size=4
+    )
+    ds = load_dataset(loader, SPECS, batch_size=2)
+    assert ds.num_samples == 6 and [len(b["x"]) for b in ds] == [2, 2, 2]
+    singles = [{k: v[i] for k, v in arr.items()} for i in range(3)]
+    assert load_dataset(iter(singles), SPECS).num_samples == 3
+
+
+def test_module_function_source(tmp_path, monkeypatch):
+    (tmp_path / "calibdata_mod.py").write_text(
+        "import numpy as np\n"
+        "def batches():\n"
+        "    for _ in range(3):\n"
+        "        yield {'input_ids': np.zeros((2, 5), np.int64), 'x': np.zeros((2, 4), np.float32)}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ds = load_dataset("calibdata_mod:batches", SPECS, max_samples=4)
+    assert ds.num_samples == 4
+    sys.modules.pop("calibdata_mod", None)
+
+
+def test_text_with_demo_tokenizer_pads_per_batch(tmp_path):
+    pytest.importorskip("transformers")
+    (tmp_path / "s.txt").write_text(
+        "Short one.\n\nA considerably longer sentence with many more words in it.\nHi.\n"
+    )
+    specs = [
+        InputSpec(n, np.dtype(np.int64), ("batch", "seq"))
+        for n in ("input_ids", "attention_mask", "token_type_ids")
+    ]
+    ds = load_dataset(tmp_path / "s.txt", specs, batch_size=2, tokenizer="demo")
+    b1, b2 = list(ds)
+    assert ds.num_samples == 3
+    assert b1["input_ids"].shape[1] > b2["input_ids"].shape[1]  # padded to each batch's longest
+    assert b2["attention_mask"].all() and set(b1) == {"input_ids", "attention_mask", "token_type_ids"}
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda a: a.update(ids=a.pop("input_ids")), "input names do not match"),
+        (lambda a: a.update(x=a["x"].astype(np.int64)), "dtype int64; the model expects float32"),
+        (lambda a: a.update(input_ids=a["input_ids"][:, :, None]), "rank 3"),
+        (lambda a: a.update(x=np.ones((10, 5), np.float32)), "size 5 on axis 1; the model requires 4"),
+        (lambda a: a["x"].__setitem__((3, 1), np.nan), "NaN/inf"),
+        (lambda a: a.update({k: v[:0] for k, v in a.items()}), "empty"),
+    ],
+    ids=["names", "dtype", "rank", "static-dim", "nan", "empty"],
+)
+def test_bad_npz_is_rejected_naming_the_file_and_input(tmp_path, mutate, message):
+    arr = _arrays(10)
+    mutate(arr)
+    np.savez(tmp_path / "bad.npz", **arr)
+    with pytest.raises(UserError, match=message) as e:
+        load_dataset(tmp_path / "bad.npz", SPECS)
+    assert "bad.npz" in str(e.value)
+
+
+def test_text_without_tokenizer_and_missing_path_are_user_errors(tmp_path):
+    (tmp_path / "s.txt").write_text("One sentence here.\n")
+    with pytest.raises(UserError, match="needs a tokenizer"):
+        load_dataset(tmp_path / "s.txt", SPECS)
+    with pytest.raises(UserError, match="does not exist"):
+        load_dataset(tmp_path / "nope.npz", SPECS)
+
+
+def test_split_holds_out_the_last_samples(tmp_path):
+    np.savez(tmp_path / "d.npz", **_arrays(10))
+    calib, held = load_dataset(tmp_path / "d.npz", SPECS, batch_size=3).split(4)
+    assert (calib.num_samples, held.num_samples) == (6, 4)
+    all_x = np.concatenate([b["x"] for b in calib] + [b["x"] for b in held])
+    np.testing.assert_array_equal(all_x, _arrays(10)["x"])

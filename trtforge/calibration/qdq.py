@@ -1,0 +1,150 @@
+"""Insert QuantizeLinear/DequantizeLinear into an ONNX model as TensorRT expects them (§2.1):
+
+- activations: Q -> DQ pair, per-tensor float32 scale, int8 zero point 0; one pair per tensor,
+  shared by all its quantized consumers (other consumers keep reading the float tensor);
+- weights: stored as int8 with a per-channel DQ (axis per placement.py), like ModelOpt's ``dq_only``
+  output, so the file shrinks about 4x; the float weight is dropped when nothing else reads it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from trtforge.calibration.methods import INT8_MAX, scale_from_amax
+from trtforge.calibration.placement import QuantTarget, constant_values
+from trtforge.errors import UserError
+
+if TYPE_CHECKING:
+    import onnx
+
+MIN_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear
+
+
+def quantize_weight(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 weight, per-channel float32 scale) with symmetric max calibration along `axis`."""
+    reduce_axes = tuple(i for i in range(w.ndim) if i != axis)
+    amax = np.abs(w).max(axis=reduce_axes) if reduce_axes else np.abs(w)
+    scale = scale_from_amax(amax)
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    q = np.clip(np.rint(w / scale.reshape(shape)), -INT8_MAX, INT8_MAX).astype(np.int8)
+    return q, scale
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def insert_qdq(
+    model: onnx.ModelProto, targets: list[QuantTarget], act_scales: dict[str, float]
+) -> onnx.ModelProto:
+    """A copy of `model` with Q/DQ for `targets`; `act_scales` maps activation tensor -> scale."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    if _opset(model) < MIN_OPSET:
+        raise UserError(
+            f"the model uses ONNX opset {_opset(model)}; per-channel Q/DQ needs opset >= {MIN_OPSET}. "
+            "Re-export it with a newer opset (torch.onnx.export(..., opset_version=17))."
+        )
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    consts = constant_values(out)
+    used = {t for n in g.node for t in (*n.input, *n.output)} | {i.name for i in g.initializer}
+    used |= {i.name for i in g.input} | {o.name for o in g.output}
+
+    def fresh(base: str) -> str:
+        name, k = base, 0
+        while name in used:
+            k += 1
+            name = f"{base}_{k}"
+        used.add(name)
+        return name
+
+    index = {n.name: i for i, n in enumerate(g.node)}
+    before: dict[int, list[onnx.NodeProto]] = {}
+    replaced: dict[tuple[str, int | None], str] = {}
+
+    def emit(at: int, nodes: list[onnx.NodeProto]) -> None:
+        before.setdefault(at, []).extend(nodes)
+
+    def act_dq(tensor: str, at: int) -> str:
+        key = (tensor, None)
+        if key not in replaced:
+            scale = np.float32(act_scales[tensor])
+            s = fresh(f"{tensor}_scale")
+            z = fresh(f"{tensor}_zero_point")
+            g.initializer.append(numpy_helper.from_array(np.array(scale, dtype=np.float32), s))
+            g.initializer.append(numpy_helper.from_array(np.array(0, dtype=np.int8), z))
+            q, dq = fresh(f"{tensor}_quantized"), fresh(f"{tensor}_dequantized")
+            emit(
+                at,
+                [
+                    helper.make_node(
+                        "QuantizeLinear", [tensor, s, z], [q], name=fresh(f"{tensor}_QuantizeLinear")
+                    ),
+                    helper.make_node(
+                        "DequantizeLinear", [q, s, z], [dq], name=fresh(f"{tensor}_DequantizeLinear")
+                    ),
+                ],
+            )
+            replaced[key] = dq
+        return replaced[key]
+
+    def weight_dq(tensor: str, axis: int, at: int) -> str:
+        key = (tensor, axis)
+        if key not in replaced:
+            qw, scale = quantize_weight(consts[tensor].astype(np.float32), axis)
+            wq, s = fresh(f"{tensor}_int8"), fresh(f"{tensor}_scale")
+            z = fresh(f"{tensor}_zero_point")
+            g.initializer.extend(
+                [
+                    numpy_helper.from_array(qw, wq),
+                    numpy_helper.from_array(scale, s),
+                    numpy_helper.from_array(np.zeros(scale.shape, dtype=np.int8), z),
+                ]
+            )
+            dq = fresh(f"{tensor}_dequantized")
+            emit(
+                at,
+                [
+                    helper.make_node(
+                        "DequantizeLinear",
+                        [wq, s, z],
+                        [dq],
+                        name=fresh(f"{tensor}_DequantizeLinear"),
+                        axis=axis,
+                    )
+                ],
+            )
+            replaced[key] = dq
+        return replaced[key]
+
+    # Earliest consumer first, so each shared Q/DQ lands before every node that reads it.
+    for t in sorted(targets, key=lambda t: index[t.node]):
+        node = g.node[index[t.node]]
+        at = index[t.node]
+        for k, name in enumerate(node.input):
+            if name in t.activations:
+                node.input[k] = act_dq(name, at)
+            elif t.weight is not None and name == t.weight and k == 1:
+                node.input[k] = weight_dq(name, int(t.weight_axis or 0), at)
+    nodes = []
+    for i, n in enumerate(g.node):
+        nodes.extend(before.get(i, []))
+        nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    _drop_unused_initializers(out)
+    return out
+
+
+def _drop_unused_initializers(model: onnx.ModelProto) -> None:
+    read = {t for n in model.graph.node for t in n.input} | {o.name for o in model.graph.output}
+    keep = [i for i in model.graph.initializer if i.name in read]
+    if len(keep) != len(model.graph.initializer):
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(keep)

@@ -1,0 +1,165 @@
+"""`trtforge calibrate`: FP32 ONNX + dataset -> INT8 Q/DQ ONNX (+ a TensorRT-format calibration cache)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+METHODS = ("max", "percentile", "entropy", "mse")
+
+
+@click.command(
+    "calibrate",
+    epilog="""\b
+DATA is a .npz (input name -> array, first axis = samples), a directory of .npz/.npy,
+a text file of sentences (one per line; needs --tokenizer), or module:function returning
+an iterable of input dicts. The data is checked against the model before calibration.
+\b
+Examples:
+  trtforge calibrate model.onnx --data calib.npz -o model.int8.onnx
+  trtforge calibrate minilm.onnx --data sentences.txt --tokenizer demo -o minilm.int8.onnx \\
+      --method max --smoothquant 0.5 --accuracy-target 0.999
+""",
+)
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--data", "data", required=True, help="Calibration data (see below).")
+@click.option(
+    "-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Output ONNX."
+)
+@click.option(
+    "--method", type=click.Choice(METHODS), default="entropy", show_default=True, help="Range method."
+)
+@click.option("--percentile", type=float, default=99.99, show_default=True, help="For --method percentile.")
+@click.option("--samples", type=click.IntRange(min=1), default=None, help="Use at most N samples.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--shuffle-seed", type=int, default=None, help="Shuffle samples with this seed first.")
+@click.option("--tokenizer", default=None, help="Tokenizer for text data: a local HF path, or 'demo'.")
+@click.option("--op-types", default="MatMul,Gemm,Conv", show_default=True, help="Op types to quantize.")
+@click.option("--exclude", "exclude", multiple=True, help="Node name to keep in float (repeatable).")
+@click.option(
+    "--smoothquant", type=float, default=None, metavar="ALPHA", help="SmoothQuant migration strength."
+)
+@click.option(
+    "--accuracy-target", type=float, default=None, help="Held-out output cosine to keep (fallback)."
+)
+@click.option(
+    "--calib-cache",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Read scales from this TensorRT calibration cache if it exists, else write it. "
+    "Default: write OUTPUT with suffix .calib.cache.",
+)
+@click.option(
+    "--real-tokens/--all-tokens",
+    "real_tokens",
+    default=None,
+    help="Statistics over attention_mask == 1 positions only (default: on if the model has attention_mask).",
+)
+@click.option(
+    "--report", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the record JSON."
+)
+@click.option("--force", is_flag=True, help="Overwrite existing output files.")
+@click.option("--quiet", is_flag=True, help="No progress bar or summary table.")
+def calibrate_cmd(
+    model,
+    data,
+    output,
+    method,
+    percentile,
+    samples,
+    batch_size,
+    shuffle_seed,
+    tokenizer,
+    op_types,
+    exclude,
+    smoothquant,
+    accuracy_target,
+    calib_cache,
+    real_tokens,
+    report,
+    force,
+    quiet,
+) -> None:
+    """Calibrate MODEL on DATA and write it with INT8 Q/DQ nodes that TensorRT fuses."""
+    from trtforge._fileio import atomic_write_bytes, atomic_write_text, check_output_path
+    from trtforge.calibration.api import calibrate_model
+    from trtforge.calibration.cache import write_calibration_cache
+    from trtforge.calibration.data import input_specs_from_model, load_dataset
+    from trtforge.compiler.onnx_io import EXTERNAL_DATA_THRESHOLD, load_onnx, save_onnx
+
+    out = check_output_path(output, force=force, what="output model")
+    default_cache = calib_cache is None
+    cache_path = out.with_suffix(".calib.cache") if default_cache else calib_cache
+    if default_cache:
+        check_output_path(cache_path, force=force, what="calibration cache")
+    if report is not None:
+        check_output_path(report, force=force, what="report")
+    onnx_model = load_onnx(model)
+    dataset = load_dataset(
+        data,
+        input_specs_from_model(onnx_model),
+        batch_size=batch_size,
+        max_samples=samples,
+        shuffle_seed=shuffle_seed,
+        tokenizer=tokenizer,
+    )
+    quantized, record = calibrate_model(
+        onnx_model,
+        dataset,
+        method=method,
+        percentile=percentile,
+        op_types=tuple(t.strip() for t in op_types.split(",") if t.strip()),
+        exclude_nodes=tuple(exclude),
+        smoothquant=smoothquant,
+        accuracy_target=accuracy_target,
+        calib_cache=None if default_cache else str(cache_path),
+        only_real_tokens=real_tokens,
+        progress=not quiet,
+    )
+    if quantized.ByteSize() < EXTERNAL_DATA_THRESHOLD:
+        atomic_write_bytes(out, quantized.SerializeToString())
+    else:
+        save_onnx(quantized, out)  # > 2 GB: weights beside it in OUTPUT.data
+    if default_cache:
+        write_calibration_cache(cache_path, record.activation_scales, method)
+        record.cache.update(path=str(cache_path), written=True)
+    if report is not None:
+        atomic_write_text(report, json.dumps(record.to_dict(), indent=2) + "\n")
+    if not quiet:
+        _summary(record, out)
+
+
+def _summary(record, out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"INT8 calibration -> {out}", show_header=False)
+    t.add_row("method", record.method + (f" ({record.percentile})" if record.percentile else ""))
+    t.add_row("samples / batches", f"{record.samples} / {record.batches}  ({record.source})")
+    t.add_row("seconds (statistics)", f"{record.seconds:.1f} ({record.statistics_seconds:.1f})")
+    t.add_row("real tokens only", str(record.only_real_tokens))
+    t.add_row("MatMuls in INT8", f"{record.matmuls_quantized} / {record.matmuls_total}")
+    t.add_row("quantized by op", ", ".join(f"{k} {v}" for k, v in sorted(record.quantized_by_op.items())))
+    t.add_row("activations / weights", f"{record.tensors_quantized} / {record.weights_quantized}")
+    if record.dropped_values:
+        t.add_row("non-finite/mask values ignored", str(record.dropped_values))
+    if record.smoothquant:
+        t.add_row(
+            "smoothquant",
+            f"alpha {record.smoothquant['alpha']}, {record.smoothquant['matmuls_smoothed']} MatMuls",
+        )
+    if record.accuracy:
+        a = record.accuracy
+        t.add_row(
+            "accuracy (held-out cosine)",
+            f"all INT8 {a['all_quantized']['mean']:.5f} -> {a['final']['mean']:.5f}",
+        )
+        t.add_row("returned to float", ", ".join(f["node"] for f in record.fallback) or "none")
+    skipped = [d for d in record.decisions if not d["quantized"]]
+    if skipped:
+        t.add_row("kept in float", f"{len(skipped)} ({', '.join(sorted({d['rule'] for d in skipped}))})")
+    cache = record.cache
+    t.add_row("calibration cache", f"{cache.get('path')} ({'read' if cache.get('read') else 'written'})")
+    Console(stderr=True).print(t)
