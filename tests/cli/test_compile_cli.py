@@ -85,6 +85,20 @@ BAD_CASES = {
     "unwritable output dir": (lambda d: [str(d / "m.onnx"), "-o", "/proc/m.engine"], "not writable"),
     "output dir missing": (lambda d: [str(d / "m.onnx"), "-o", str(d / "no/dir/m.engine")], "does not exist"),
     "bad opt level": (lambda d: [str(d / "m.onnx"), "--opt-level", "9"], "9 is not in the range"),
+    "int8 without data": (lambda d: [str(d / "m.onnx"), "--precision", "int8"], "needs calibration data"),
+    "calib data without int8": (
+        lambda d: [str(d / "m.onnx"), "--calib-data", "x.npz"],
+        "--calib-data is only used with --precision int8",
+    ),
+    "plugin attention on a backend without plugins": (
+        lambda d: [str(d / "m.onnx"), "--attention", "plugin"],
+        "--attention native",
+    ),
+    "no-passes with attention": (
+        lambda d: [str(d / "m.onnx"), "--no-passes", "--attention", "native"],
+        "--no-passes cannot be combined",
+    ),
+    "unknown pass": (lambda d: [str(d / "m.onnx"), "--passes", "cleanup,fuse_everything"], "fuse_everything"),
 }
 
 

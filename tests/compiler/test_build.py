@@ -45,12 +45,50 @@ def test_tiny_bert_module_to_engine(tmp_path) -> None:
         rng = m.profiles[0][name]
         assert (rng.min, rng.opt, rng.max) == ([1, 1], [4, 16], [8, 64])
     assert m.backend["name"] == "tensorrt_rtx"
-    assert set(m.timings) == {"export", "build"} and all(s > 0 for s in m.timings.values())
+    assert set(m.timings) == {"export", "passes", "build"} and all(s > 0 for s in m.timings.values())
+    assert m.precision["mode"] == "fp32" and m.precision["attention"] == "none"
+    assert m.records["passes"]["attention"] == "none" and m.records["passes"]["verify"]
     assert m.records["export"]["exporter"] == "dynamo" and m.records["export"]["verified"]
     assert m.records["build"]["layer_types"]["MATRIX_MULTIPLY"] > 0
     assert len(m.source["onnx_sha256"]) == 64
     on_disk = json.loads((tmp_path / "bert.engine.json").read_text())
     assert on_disk["format"] == "trtforge.manifest/1"
+
+
+@pytest.mark.parametrize("mode", ["fp16", "int8"])
+def test_low_precision_compile_has_fused_attention(tmp_path, mode: str) -> None:
+    """FP16 (and INT8 with FP16 elsewhere) graphs get native attention: TRT attention layers per block."""
+    import numpy as np
+
+    import trtforge
+    from trtforge.compiler.stages import PrecisionOptions
+
+    np.savez(tmp_path / "calib.npz", **{k: v.numpy() for k, v in bert_inputs(4, 8).items()})
+    precision = (
+        PrecisionOptions(
+            mode="int8", int8_rest="fp16", calib_data=str(tmp_path / "calib.npz"), progress=False
+        )
+        if mode == "int8"
+        else mode
+    )
+    result = trtforge.compile(
+        tiny_bert(),
+        bert_inputs(2, 8),
+        tmp_path / "b.engine",
+        dynamic="batch,seq",
+        output_names=["last_hidden_state", "pooler_output"],
+        shapes=SHAPES,
+        precision=precision,
+        progress=False,
+    )
+    m = result.manifest
+    assert m.precision["attention"] == "native" and m.precision["float"] == "fp16"
+    layers = m.records["build"]["layer_types"]
+    assert layers.get("ATTENTION_INPUT") == 2 and layers.get("ATTENTION_OUTPUT") == 2, layers
+    assert "fp16" in m.records
+    if mode == "int8":
+        assert layers.get("QUANTIZE", 0) > 0 and layers.get("DEQUANTIZE", 0) > 0, layers
+        assert "int8" in m.records
 
 
 def test_streams_copy_profiles_and_derived_defaults(tmp_path) -> None:

@@ -16,6 +16,15 @@ Examples:
   trtforge compile mypkg.bert:make -o bert.engine --dynamic batch,seq \\
       --shape input_ids:1x1:8x128:32x512 --shape attention_mask:1x1:8x128:32x512
   trtforge compile model.onnx -o model.engine --streams 4 --target SM89
+  trtforge compile model.onnx -o model.engine --precision fp16 --keep-fp32 Softmax
+  trtforge compile model.onnx -o model.engine --precision int8 --int8-rest fp16 \\
+      --calib-data sentences.txt --tokenizer demo --calib-method entropy
+\b
+Stages: export -> fusion passes (verified by ONNX Runtime; --no-passes to skip) ->
+precision (fp16/bf16 casts, or INT8 Q/DQ calibrated on --calib-data) -> build.
+Attention is fused into TensorRT's attention layer when the graph is FP16/BF16
+(--attention native); an FP32 graph keeps the decomposed form (TensorRT's fused
+attention does not build in FP32). Verification is skipped above 2 GiB of weights.
 \b
 Dynamic inputs without --shape get derived ranges (dim 0: 1..32, others 1..512,
 opt from the example inputs); they are printed so you can paste and adjust them.
@@ -64,6 +73,81 @@ opt from the example inputs); they are printed so you can paste and adjust them.
     default=None,
     help="Force a backend (default: $TRTFORGE_BACKEND, else tensorrt, else tensorrt_rtx).",
 )
+@click.option(
+    "--passes",
+    default=None,
+    metavar="LIST",
+    help="Comma-separated fusion passes (default: the full pipeline; see `trtforge optimize -h`).",
+)
+@click.option("--no-passes", is_flag=True, help="Skip the fusion passes.")
+@click.option(
+    "--attention",
+    type=click.Choice(["native", "plugin", "none"]),
+    default=None,
+    help="Attention lowering (default: native for fp16/bf16 graphs, none for fp32).",
+)
+@click.option(
+    "--verify/--no-verify",
+    default=True,
+    show_default=True,
+    help="Check every pass with ONNX Runtime (skipped automatically above 2 GiB of weights).",
+)
+@click.option(
+    "--precision",
+    type=click.Choice(["fp32", "fp16", "bf16", "int8"]),
+    default="fp32",
+    show_default=True,
+    help="Compute precision written into the graph.",
+)
+@click.option(
+    "--keep-fp32",
+    "keep_fp32",
+    multiple=True,
+    metavar="NODE_OR_OPTYPE",
+    help="Keep this node or op type in FP32 (fp16/bf16). Repeatable.",
+)
+@click.option(
+    "--keep-io-types/--low-precision-io",
+    default=True,
+    show_default=True,
+    help="Graph inputs/outputs stay FP32.",
+)
+@click.option(
+    "--precision-data", default=None, metavar="DATA", help="Sample inputs for the FP16 range check."
+)
+@click.option(
+    "--calib-data",
+    default=None,
+    metavar="DATA",
+    help="INT8 calibration data: .npz, directory, sentences.txt (+ --tokenizer), module:function.",
+)
+@click.option(
+    "--calib-method",
+    type=click.Choice(["max", "percentile", "entropy", "mse"]),
+    default="entropy",
+    show_default=True,
+)
+@click.option(
+    "--calib-samples", type=click.IntRange(min=1), default=None, help="Calibrate on at most N samples."
+)
+@click.option(
+    "--calib-cache",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="TensorRT-format calibration cache: read if it exists (skips statistics), else written.",
+)
+@click.option(
+    "--accuracy-target", type=float, default=None, help="INT8: fall back layers until cosine >= this."
+)
+@click.option("--smoothquant", type=float, default=None, metavar="ALPHA", help="INT8: SmoothQuant migration.")
+@click.option(
+    "--int8-rest",
+    type=click.Choice(["fp32", "fp16", "bf16"]),
+    default="fp16",
+    show_default=True,
+    help="INT8: precision of what stays unquantized.",
+)
+@click.option("--tokenizer", default=None, help="Tokenizer for text data: a local HF path, or 'demo'.")
 @click.option("--save-onnx", type=click.Path(dir_okay=False), default=None, help="Also write the final ONNX.")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
@@ -82,6 +166,22 @@ def compile_cmd(
     aux_streams: int | None,
     targets: tuple[str, ...],
     backend: str | None,
+    passes: str | None,
+    no_passes: bool,
+    attention: str | None,
+    verify: bool,
+    precision: str,
+    keep_fp32: tuple[str, ...],
+    keep_io_types: bool,
+    precision_data: str | None,
+    calib_data: str | None,
+    calib_method: str,
+    calib_samples: int | None,
+    calib_cache: str | None,
+    accuracy_target: float | None,
+    smoothquant: float | None,
+    int8_rest: str,
+    tokenizer: str | None,
     save_onnx: str | None,
     force: bool,
     quiet: bool,
@@ -91,7 +191,34 @@ def compile_cmd(
 
     from trtforge.cli._render import manifest_tables, print_all, timings_table
     from trtforge.compiler.pipeline import compile_model
+    from trtforge.compiler.stages import PassOptions, PrecisionOptions
 
+    if no_passes and (passes or attention):
+        raise click.UsageError("--no-passes cannot be combined with --passes or --attention.")
+    pass_options = (
+        None
+        if no_passes
+        else PassOptions(
+            names=[p.strip() for p in passes.split(",") if p.strip()] if passes else None,
+            attention=attention,
+            verify=verify,
+        )
+    )
+    precision_options = PrecisionOptions(
+        mode=precision,
+        keep_fp32=keep_fp32,
+        keep_io_types=keep_io_types,
+        data=precision_data,
+        int8_rest=int8_rest,
+        calib_data=calib_data,
+        calib_method=calib_method,
+        calib_samples=calib_samples,
+        calib_cache=calib_cache,
+        accuracy_target=accuracy_target,
+        smoothquant=smoothquant,
+        tokenizer=tokenizer,
+        progress=not quiet,
+    )
     console = Console(stderr=False, quiet=quiet)
     result = compile_model(
         model,
@@ -108,6 +235,8 @@ def compile_cmd(
         aux_streams=aux_streams,
         targets=list(targets) or None,
         backend=backend,
+        passes=pass_options,
+        precision=precision_options,
         save_onnx=save_onnx,
         force=force,
         progress=not quiet,

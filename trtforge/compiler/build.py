@@ -106,6 +106,19 @@ def _parse(backend: Backend, network: Any, onnx_path: Path) -> Any:
     return parser
 
 
+def _register_plugins_if_needed(backend: Backend, onnx_path: Path) -> None:
+    """Register trtforge's plugin creators before parsing a graph that holds trtforge-domain nodes."""
+    import onnx
+
+    from trtforge.plugins.attention.spec import DOMAIN
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    if any(n.domain == DOMAIN for n in proto.graph.node):
+        from trtforge.plugins.attention.plugin import register_plugins
+
+        register_plugins(backend)
+
+
 def _onnx_symbols(onnx_path: Path) -> dict[str, tuple[str | None, ...]]:
     import onnx
 
@@ -184,6 +197,7 @@ def build_engine(
     builder = backend.create_builder()
     network = backend.create_network(builder)
     backend.logger.take()
+    _register_plugins_if_needed(backend, onnx_path)
     parser = _parse(backend, network, onnx_path)
     seconds["parse"] = time.perf_counter() - t0
     inputs, outputs = network_io(network)

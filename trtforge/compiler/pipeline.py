@@ -1,7 +1,8 @@
 """The compile pipeline: source -> ONNX -> graph stages -> engine + manifest.
 
-Graph stages (fusion passes, precision, calibration) plug in between export and build as
-`GraphStage`s: each takes an onnx.ModelProto and returns a new one plus a JSON-ready record.
+Graph stages (fusion passes, then FP16/BF16 casts or INT8 Q/DQ) plug in between export and build;
+`trtforge.compiler.stages.build_stages` decides which run. Each takes an onnx.ModelProto and returns
+a new one plus a JSON-ready record, which lands in the manifest's `records`.
 """
 
 from __future__ import annotations
@@ -21,17 +22,10 @@ from trtforge.compiler import onnx_io
 from trtforge.compiler.build import BuildOptions, build_engine
 from trtforge.compiler.manifest import Manifest, ShapeRange, manifest_path_for, write_manifest
 from trtforge.compiler.shapes import format_range
+from trtforge.compiler.stages import PassOptions, PrecisionOptions, build_stages
 from trtforge.errors import UserError
 
 Log = Callable[[str], None]
-
-
-@dataclass
-class GraphStage:
-    """A named ONNX -> ONNX transform run between export and build; `fn(model) -> (model, record)`."""
-
-    name: str
-    fn: Callable[[Any], tuple[Any, dict[str, Any]]]
 
 
 @dataclass
@@ -92,7 +86,8 @@ def compile_model(
     aux_streams: int | None = None,
     targets: Sequence[str] | None = None,
     backend: str | None = None,
-    stages: Sequence[GraphStage] = (),
+    passes: PassOptions | None = PassOptions(),  # noqa: B008 - frozen dataclass, immutable default
+    precision: PrecisionOptions | str = "fp32",
     save_onnx: str | os.PathLike[str] | None = None,
     force: bool = False,
     progress: bool = True,
@@ -100,9 +95,19 @@ def compile_model(
 ) -> CompileResult:
     """Compile `model` (nn.Module, .onnx, .pt2 path, or 'module:factory') into `output` (an .engine).
 
-    Writes the engine and `<output>.json` atomically; nothing is left behind on failure.
+    `passes=None` skips the fusion passes; `precision` is "fp32"|"fp16"|"bf16"|"int8" or a
+    PrecisionOptions (calibration data, FP32 islands, ...). Writes the engine and `<output>.json`
+    atomically; nothing is left behind on failure.
     """
     log = log or (lambda _msg: None)
+    if isinstance(precision, str):
+        precision = PrecisionOptions(mode=precision.lower(), progress=progress)
+    stages, precision_summary = build_stages(passes, precision)
+    if precision_summary["attention"] == "plugin":
+        from trtforge.compiler.backend import get_backend
+        from trtforge.plugins.attention.plugin import check_plugin_support
+
+        check_plugin_support(get_backend(backend))
     if output is None:
         raise UserError("an output engine path is required (output=... / -o OUT.engine).")
     out = check_output_path(output, force=force, what="output engine")
@@ -146,6 +151,7 @@ def compile_model(
                 timings[stage.name] = time.perf_counter() - t
                 records[stage.name] = rec
             onnx_path = onnx_io.save_onnx(proto, workdir / "staged.onnx")
+        plugins = _plugins_used(onnx_path)
 
         def on_derived(derived: dict[str, ShapeRange]) -> None:
             for name, rng in derived.items():
@@ -176,6 +182,8 @@ def compile_model(
             build_options=build_options.to_dict()
             | {"exporter": exporter, "stages": [s.name for s in stages]},
             timings=timings,
+            precision=precision_summary,
+            plugins=plugins,
             streams=streams,
             records=records,
         )
@@ -192,6 +200,18 @@ def compile_model(
     return CompileResult(
         out, manifest_path, manifest, timings, records, Path(save_onnx) if save_onnx else None
     )
+
+
+def _plugins_used(onnx_path: Path) -> list[dict[str, str]]:
+    """Plugins the final graph needs: custom-domain nodes the TensorRT parser maps to plugins."""
+    import onnx
+
+    from trtforge.plugins.attention.spec import DOMAIN, OP_TYPE, PLUGIN_NAMESPACE, PLUGIN_VERSION
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    if any(n.domain == DOMAIN and n.op_type == OP_TYPE for n in proto.graph.node):
+        return [{"name": OP_TYPE, "namespace": PLUGIN_NAMESPACE, "version": PLUGIN_VERSION}]
+    return []
 
 
 def _copy_onnx(src: Path, dst: Path) -> None:
