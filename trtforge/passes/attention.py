@@ -127,6 +127,29 @@ def _last_dim(v: ir.Value) -> int | None:
     return None
 
 
+def _same_dim(a: ir.Value, i: int, b: ir.Value, j: int) -> bool:
+    if a.shape is None or b.shape is None or a.shape.rank() < -i or b.shape.rank() <= j:
+        return False
+    da, db = a.shape[i], b.shape[j]
+    if isinstance(da, int) or isinstance(db, int):
+        return da == db
+    return da.value is not None and da.value == db.value
+
+
+def _full_mask(op, mask: ir.Value, query: ir.Value, key: ir.Value) -> ir.Value:
+    """The mask, expanded to [.., Sq, Skv] unless its last two dims provably are that already.
+
+    The ONNX spec lets attn_mask broadcast, but ONNX Runtime 1.32 requires mask dim -2 == Sq
+    (a [B, 1, 1, S] padding mask is rejected), so broadcast masks are expanded explicitly.
+    """
+    if _same_dim(mask, -2, query, 2) and _same_dim(mask, -1, key, 2):
+        return mask
+    sq = op.Shape(query, start=2, end=3)
+    skv = op.Shape(key, start=2, end=3)
+    ones = op.Constant(value=ir.tensor([1, 1], dtype=ir.DataType.INT64))
+    return op.Expand(mask, op.Concat(ones, sq, skv, axis=0))
+
+
 class AttentionFusion(pattern.RewriteRuleClassBase):
     """MatMul-scale-mask-Softmax-MatMul -> Attention / plugin node (module docstring)."""
 
@@ -223,7 +246,7 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
             return op.Attention(query, key, value, is_causal=1, scale=scale)
         if mask is None:
             return op.Attention(query, key, value, scale=scale)
-        return op.Attention(query, key, value, mask, scale=scale)
+        return op.Attention(query, key, value, _full_mask(op, mask, query, key), scale=scale)
 
     def _plugin(self, op, query, key, value, info, scale):
         module = load_plugin_module()

@@ -1,0 +1,162 @@
+"""Each fusion on tiny hand-built graphs: every variant fused (op types asserted), numerics equal."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.passes._graphs import GraphBuilder, feeds_for, op_counts, run_ort
+from trtforge.passes.pipeline import optimize_model
+
+
+def _fuse(model, **kw):
+    out, ledger = optimize_model(model, **kw)
+    feeds = feeds_for(model)
+    for a, b in zip(run_ort(model, feeds), run_ort(out, feeds)):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+    return out, ledger
+
+
+@pytest.mark.parametrize("square", ["pow", "mul"])
+@pytest.mark.parametrize("div", ["div", "recip"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("eps_node", [True, False])
+@pytest.mark.parametrize("scale_first", [True, False])
+def test_layernorm_variants_fuse(square, div, bias, eps_node, scale_first):
+    g = GraphBuilder()
+    g.layernorm(square=square, div=div, bias=bias, eps_node=eps_node, scale_first=scale_first)
+    out, ledger = _fuse(g.build(), passes=["cleanup", "layernorm"])
+    ops = op_counts(out)
+    assert ops.get("LayerNormalization") == 1
+    assert not {"ReduceMean", "Sqrt", "Sub"} & set(ops)
+    assert ledger.matches("layernorm") >= 1
+    ln = next(n for n in out.graph.node if n.op_type == "LayerNormalization")
+    assert len(ln.input) == (3 if bias else 2)
+
+
+def test_layernorm_with_other_axis_is_left_alone():
+    g = GraphBuilder()
+    g.layernorm(complete=False)
+    out, _ = _fuse(g.build(), passes=["cleanup", "layernorm"])
+    assert "LayerNormalization" not in op_counts(out)
+
+
+def test_layernorm_from_opset_14_raises_opset_and_fuses():
+    g = GraphBuilder(opset=14)  # ReduceMean(axes=...) attribute form, as legacy exports at opset 14
+    g.layernorm()
+    out, ledger = _fuse(g.build(), passes=["layernorm"])
+    assert op_counts(out).get("LayerNormalization") == 1
+    assert ledger.opset_before == 14 and ledger.opset_after == 18
+    assert ledger.to_dict()["opset_change"] == {"from": 14, "to": 18}
+
+
+def test_rmsnorm_fuses_to_opset_23():
+    g = GraphBuilder()
+    x = g.x
+    ms = g.op(
+        "ReduceMean", g.op("Pow", x, g.const(2.0)), g.const([-1], "axes"), keepdims=1, noop_with_empty_axes=0
+    )
+    r = g.op("Reciprocal", g.op("Sqrt", g.op("Add", ms, g.const(1e-6))))
+    g.x = g.op("Mul", g.op("Mul", x, r), g.const(np.ones(16, np.float32) * 1.5, "w"))
+    out, ledger = _fuse(g.build(), passes=["rmsnorm"])
+    assert op_counts(out).get("RMSNormalization") == 1
+    assert ledger.opset_after == 23
+
+
+@pytest.mark.parametrize("form", ["erf", "tanh"])
+@pytest.mark.parametrize("grouping", ["xh_g", "xg_h", "x_hg"])
+@pytest.mark.parametrize("div", [True, False])
+def test_gelu_variants_fuse(form, grouping, div):
+    g = GraphBuilder()
+    g.gelu(form=form, grouping=grouping, div=div)
+    out, ledger = _fuse(g.build(), passes=["cleanup", "gelu"])
+    gelus = [n for n in out.graph.node if n.op_type == "Gelu"]
+    assert len(gelus) == 1
+    approx = {a.name: a.s for a in gelus[0].attribute}.get("approximate", b"none")
+    assert approx == (b"none" if form == "erf" else b"tanh")
+    assert not {"Erf", "Tanh"} & set(op_counts(out))
+    assert ledger.opset_after == 20
+
+
+@pytest.mark.parametrize("form", ["erf", "tanh"])
+def test_gelu_with_wrong_constant_is_left_alone(form):
+    g = GraphBuilder()
+    g.gelu(form=form, complete=False)
+    out, _ = _fuse(g.build(), passes=["cleanup", "gelu"])
+    assert "Gelu" not in op_counts(out)
+
+
+def test_silu_is_left_alone():
+    g = GraphBuilder()
+    g.x = g.op("Mul", g.x, g.op("Sigmoid", g.x))
+    out, _ = _fuse(g.build())
+    assert {"Sigmoid", "Mul"} <= set(op_counts(out))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_qkv_merge(bias):
+    g = GraphBuilder()
+    g.attention(bias=bias, complete=False)  # keeps the three projections, attention not fusable
+    out, ledger = _fuse(g.build(), passes=["cleanup", "qkv"])
+    ops = op_counts(out)
+    assert ops["MatMul"] == 1 + 2  # merged projection + the two attention MatMuls
+    assert ops["Split"] == 1
+    assert ledger.matches("qkv") == 1
+    split = next(n for n in out.graph.node if n.op_type == "Split")
+    assert len(split.output) == 3
+
+
+@pytest.mark.parametrize("key", ["bhsd", "bshd"])
+@pytest.mark.parametrize("scale", ["split", "qk_div", "qk_mul"])
+@pytest.mark.parametrize("mask", ["none", "right", "left"])
+def test_attention_variants_fuse(key, scale, mask):
+    g = GraphBuilder()
+    g.attention(key=key, scale=scale, mask=mask)
+    out, ledger = _fuse(g.build())
+    ops = op_counts(out)
+    assert ops.get("Attention") == 1
+    assert "Softmax" not in ops
+    att = next(n for n in out.graph.node if n.op_type == "Attention")
+    assert len(att.input) == (3 if mask == "none" else 4)
+    scale_attr = next(a.f for a in att.attribute if a.name == "scale")
+    assert scale_attr == pytest.approx(8**-0.5, rel=1e-6)
+    assert ledger.opset_after == 23
+
+
+def test_attention_softmax_on_other_axis_is_left_alone():
+    g = GraphBuilder()
+    g.attention(complete=False)
+    out, _ = _fuse(g.build())
+    assert "Attention" not in op_counts(out)
+
+
+def test_attention_strategy_none_keeps_subgraph():
+    g = GraphBuilder()
+    g.attention(mask="right")
+    out, ledger = _fuse(g.build(), attention="none")
+    assert "Attention" not in op_counts(out)
+    assert "Softmax" in op_counts(out)
+    rec = next(r for r in ledger.passes if r.name == "attention")
+    assert rec.matches == 0 and "none" in rec.notes[0]
+
+
+def test_existing_attention_is_left_alone():
+    g = GraphBuilder()
+    g.attention()
+    fused, _ = optimize_model(g.build())
+    again, ledger = optimize_model(fused)
+    assert op_counts(again)["Attention"] == 1
+    rec = next(r for r in ledger.passes if r.name == "attention")
+    assert rec.matches == 0 and "already contains Attention" in rec.notes[0]
+
+
+def test_cleanup_folds_and_drops_identities():
+    g = GraphBuilder()
+    g.x = g.op("Identity", g.x)
+    c = g.op("Add", g.const(1.0), g.const(2.0))  # foldable
+    g.x = g.op("Mul", g.x, c)
+    g.x = g.op("Cast", g.x, to=1)  # no-op cast
+    out, ledger = _fuse(g.build(), passes=["cleanup"])
+    ops = op_counts(out)
+    assert ops == {"Mul": 1}  # the Mul now writes the graph output "y" itself
+    assert ledger.matches("cleanup") == 4

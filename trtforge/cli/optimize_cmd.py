@@ -1,0 +1,116 @@
+"""`trtforge optimize`: run the verified graph passes on an ONNX file and print what each did."""
+
+from __future__ import annotations
+
+import click
+
+EXAMPLES = """\b
+Examples:
+  trtforge optimize bert.onnx -o bert.fused.onnx
+  trtforge optimize bert.onnx -o out.onnx --passes cleanup,gelu,attention --attention none
+  trtforge optimize big.onnx -o big.fused.onnx --no-verify --ledger big.passes.json
+\b
+Passes (default order): cleanup, layernorm, rmsnorm, gelu, qkv, attention, cleanup.
+Verification runs ONNX Runtime before and after every pass with generated inputs and
+stops with exit code 2 if a pass changes an output; it is skipped for models whose
+weights exceed 2 GiB.
+"""
+
+
+@click.command("optimize", epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="ONNX file to write.")
+@click.option("--passes", default=None, metavar="LIST", help="Comma-separated pass names, in order.")
+@click.option(
+    "--verify/--no-verify", default=True, show_default=True, help="Check each pass with ONNX Runtime."
+)
+@click.option(
+    "--attention",
+    type=click.Choice(["native", "plugin", "none"]),
+    default="native",
+    show_default=True,
+    help="native: ONNX Attention (opset 23); plugin: trtforge flash-attention node; none: keep.",
+)
+@click.option(
+    "--ledger", type=click.Path(dir_okay=False), default=None, help="Also write the pass ledger JSON."
+)
+@click.option("--debug", is_flag=True, help="Record why candidate matches were rejected (in the ledger).")
+@click.option("--force", is_flag=True, help="Overwrite existing output files.")
+def optimize_cmd(
+    model: str,
+    output: str,
+    passes: str | None,
+    verify: bool,
+    attention: str,
+    ledger: str | None,
+    debug: bool,
+    force: bool,
+) -> None:
+    """Fuse LayerNorm, GELU, QKV projections and attention in MODEL; every pass verified by execution."""
+    import json
+
+    from rich.console import Console
+
+    from trtforge._fileio import atomic_write_text, check_output_path
+    from trtforge.compiler.onnx_io import load_onnx
+    from trtforge.passes.pipeline import optimize_model
+
+    out_path = check_output_path(output, force=force)
+    ledger_path = check_output_path(ledger, force=force, what="ledger") if ledger else None
+    names = [p.strip() for p in passes.split(",") if p.strip()] if passes is not None else None
+    proto = load_onnx(model)
+    result, record = optimize_model(proto, passes=names, attention=attention, verify=verify, debug=debug)
+    save_atomic(result, out_path)
+    if ledger_path is not None:
+        atomic_write_text(ledger_path, json.dumps(record.to_dict(), indent=2))
+    console = Console()
+    console.print(ledger_table(record))
+    if record.opset_changed:
+        console.print(f"opset raised {record.opset_before} -> {record.opset_after}")
+    if record.verify_skipped_reason:
+        console.print(f"[yellow]verification skipped: {record.verify_skipped_reason}")
+    console.print(f"wrote {out_path}")
+
+
+def save_atomic(model, path) -> None:
+    """Write the model (and its external data, if large) into a temp dir beside `path`, then rename."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from trtforge.compiler.onnx_io import save_onnx
+
+    path = Path(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        save_onnx(model, tmp / path.name)
+        data = tmp / (path.name + ".data")
+        if data.exists():
+            os.replace(data, path.parent / data.name)
+        os.replace(tmp / path.name, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ledger_table(record):
+    """The ledger as a rich table: one row per pass."""
+    from rich.table import Table
+
+    table = Table(title="passes", show_edge=False)
+    for col, justify in (
+        ("pass", "left"),
+        ("matches", "right"),
+        ("nodes", "right"),
+        ("seconds", "right"),
+        ("max rel err", "right"),
+        ("what", "left"),
+    ):
+        table.add_column(col, justify=justify)
+    for p in record.passes:
+        err = f"{p.verification.max_rel_error:.1e}" if p.verification else "-"
+        what = ", ".join(f"{k}: {v}" for k, v in p.per_rule.items()) or "; ".join(p.notes)
+        table.add_row(
+            p.name, str(p.matches), f"{p.nodes_before} -> {p.nodes_after}", f"{p.seconds:.2f}", err, what
+        )
+    return table
