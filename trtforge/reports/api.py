@@ -1,0 +1,341 @@
+"""`build_report`: prepare targets, run them (accuracy feeds, then the latency sweep), compare, render.
+
+Runners produce outputs and timings; `compare` turns outputs into accuracy rows; the renderers read
+only the resulting :class:`~trtforge.reports.results.Report`. A target that fails to prepare, load or
+accept the inputs keeps its row, with the reason, and the report still renders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import platform
+import shutil
+import tempfile
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtforge.errors import UserError
+from trtforge.reports.compare import compare_target
+from trtforge.reports.inputs import Feed, IOSpec, generate_feed, load_feeds, static_batch
+from trtforge.reports.latency import MemoryProbe, measure_point, sweep_points
+from trtforge.reports.results import FAILED, OK, AccuracyRow, LatencyPoint, Report, TargetRun
+from trtforge.reports.targets import Preparer, Target, default_targets, load_source, validate_names
+
+DEFAULT_WARMUP = 3
+DEFAULT_RUNS = 20
+ACCURACY_ITERATIONS = 2  # generated accuracy feeds when no data is given
+REPORT_FILES = ("report.html", "report.md", "report.json")
+
+
+@dataclass
+class ReportResult:
+    """Paths of the written report files and the in-memory results they were rendered from."""
+
+    html_path: Path
+    markdown_path: Path
+    json_path: Path
+    report: Report
+    runs: dict[str, TargetRun] = field(default_factory=dict)
+
+
+def _check_args(batch_sizes: Sequence[int], seq_lens: Sequence[int], warmup: int, runs: int) -> None:
+    if not batch_sizes or any(int(b) < 1 for b in batch_sizes):
+        raise UserError(f"batch sizes must be positive integers, got {list(batch_sizes)}.")
+    if not seq_lens or any(int(s) < 1 for s in seq_lens):
+        raise UserError(f"sequence lengths must be positive integers, got {list(seq_lens)}.")
+    if warmup < 0 or runs < 1:
+        raise UserError(f"warmup must be >= 0 and runs >= 1, got warmup={warmup}, runs={runs}.")
+
+
+def _out_dir(out_dir: str | os.PathLike[str]) -> Path:
+    p = Path(out_dir)
+    if p.exists() and not p.is_dir():
+        raise UserError(f"report directory '{p}' exists and is not a directory.")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create report directory '{p}': {e.strerror}.") from e
+    return p
+
+
+class _Progress:
+    """rich progress bar on stderr (or nothing)."""
+
+    def __init__(self, enabled: bool, total: int):
+        self._bar = self._task = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
+            self._task = self._bar.add_task("report", total=total)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[_Progress]:
+        if self._bar is None:
+            yield self
+            return
+        with self._bar:
+            yield self
+
+    def step(self, description: str, advance: int = 0) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, description=description, advance=advance)
+
+
+def _environment(threads: int | None) -> dict[str, Any]:
+    import importlib.metadata as md
+
+    versions = {}
+    for pkg in ("trtforge", "torch", "onnx", "onnxruntime", "polygraphy", "numpy"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = None
+    cpu = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu or platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "threads_requested": threads,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "packages": versions,
+    }
+
+
+def _pick_reference(names: list[str], reference: str | None, kind: str) -> tuple[list[str], str]:
+    if reference is None:
+        preferred = ["torch", "ort", "trt"] if kind == "module" else ["ort", "trt"]
+        reference = next((n for n in preferred if n in names), names[0])
+    if reference not in names:
+        names = [reference, *names]
+    return names, reference
+
+
+def _accuracy_feeds(
+    data: Any, specs: list[IOSpec] | None, batch: int, seq: int, tokenizer: Any
+) -> tuple[list[Feed], str]:
+    if data is not None:
+        return load_feeds(data, specs or [], tokenizer=tokenizer)
+    if specs is None:
+        return [], "none: no target could be prepared to read input specs from"
+    batch = static_batch(specs) or batch
+    feeds = [generate_feed(specs, batch, seq, seed=i) for i in range(ACCURACY_ITERATIONS)]
+    return feeds, f"{len(feeds)} generated batches (batch {batch}, sequence {seq}) from the input specs"
+
+
+def _run_target(
+    target: Target, feeds: list[Feed], points: list[tuple], warmup: int, runs: int
+) -> tuple[TargetRun, list[LatencyPoint]]:
+    """Accuracy outputs, then latency points, with one activation of the runner."""
+    info, run = target.info, TargetRun(target.info.name)
+    latency: list[LatencyPoint] = []
+    if target.make_runner is None:
+        run.error = info.reason or "not prepared"
+        return run, latency
+    memory = MemoryProbe(target.memory)
+    try:
+        runner = target.make_runner()
+        runner.activate()
+    except Exception as e:
+        info.status, info.reason = FAILED, f"could not load: {type(e).__name__}: {str(e).strip()[:500]}"
+        run.error = info.reason
+        return run, latency
+    try:
+        try:
+            run.outputs = [{k: v.copy() for k, v in runner.infer(f).items()} for f in feeds]
+        except Exception as e:
+            run.outputs = []
+            run.error = f"{type(e).__name__}: {str(e).strip()[:500]}"
+            info.status, info.reason = FAILED, f"accuracy inputs rejected or run failed: {run.error}"
+        for batch, seq in points:
+            latency.append(
+                measure_point(
+                    runner, target.specs or [], info.name, batch, seq, warmup=warmup, runs=runs, memory=memory
+                )
+            )
+    finally:
+        runner.deactivate()
+    return run, latency
+
+
+def build_report(
+    source: Any,
+    *,
+    targets: Sequence[str] | None = None,
+    data: Any = None,
+    out_dir: str | os.PathLike[str],
+    reference: str | None = None,
+    batch_sizes: Sequence[int] = (1, 8),
+    seq_lens: Sequence[int] = (128,),
+    warmup: int = DEFAULT_WARMUP,
+    runs: int = DEFAULT_RUNS,
+    tolerances: Mapping[str, Any] | None = None,
+    progress: bool = True,
+    calibration_data: Any = None,
+    tokenizer: Any = None,
+    threads: int | None = None,
+    classification: Collection[str] | None = None,
+    title: str | None = None,
+) -> ReportResult:
+    """Compare targets of `source` for accuracy and latency; write report.html/.md/.json into `out_dir`.
+
+    Args:
+        source: an .onnx path, an engine path (with its manifest), or (nn.Module, example_inputs).
+        targets: target names (see `trtforge.reports.targets`); None: all that apply to the source.
+        data: accuracy inputs: .npz, a calibration dataset (dir, text file + `tokenizer`,
+            module:function), a feed dict or an iterable of them. None: generated from the input specs.
+        reference: the target others are compared with (default torch for modules, else ort).
+        batch_sizes, seq_lens: the latency sweep; warmup/runs: per point.
+        tolerances: per-output limits, keys "", "OUTPUT", "TARGET/", "TARGET/OUTPUT" (see compare.py).
+        calibration_data: INT8 calibration data (default: `data`, else generated inputs).
+        threads: ONNX Runtime intra-op threads and torch threads (None: library defaults).
+        classification: output names that get top-1/top-5 agreement (None: rank-2 float outputs).
+    """
+    _check_args(batch_sizes, seq_lens, warmup, runs)
+    out = _out_dir(out_dir)
+    src = load_source(source)
+    names = validate_names(list(targets) if targets else default_targets(src))
+    names, reference = _pick_reference(names, reference, src.kind)
+    validate_names([reference])
+    notes: list[str] = []
+    workdir = Path(tempfile.mkdtemp(prefix="trtforge-report-"))
+    bar = _Progress(progress, 2 * len(names))
+    try:
+        with bar.running(), _torch_threads(threads):
+            calib = _calibration_source(calibration_data, data, tokenizer, seq_lens[0], notes)
+            prep = Preparer(
+                src,
+                workdir,
+                threads=threads,
+                calibration=lambda: calib(prep),
+                tokenizer=tokenizer,
+                engine_shapes=lambda specs: _engine_shapes(specs, batch_sizes, seq_lens),
+            )
+            prepared: dict[str, Target] = {}
+            for n in names:
+                bar.step(f"preparing {n}")
+                prepared[n] = prep.prepare(n)
+                bar.step(f"prepared {n}", advance=1)
+            ref_specs = prepared[reference].specs or next(
+                (t.specs for t in prepared.values() if t.specs), None
+            )
+            feeds, data_label = _accuracy_feeds(data, ref_specs, max(batch_sizes), seq_lens[0], tokenizer)
+            runs_by_name: dict[str, TargetRun] = {}
+            latency: list[LatencyPoint] = []
+            for n in names:
+                bar.step(f"running {n}")
+                t = prepared[n]
+                points = sweep_points(t.specs or [], batch_sizes, seq_lens) if t.specs else []
+                runs_by_name[n], lat = _run_target(t, feeds, points, warmup, runs)
+                latency.extend(lat)
+                bar.step(f"ran {n}", advance=1)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    accuracy: list[AccuracyRow] = []
+    for n in names:
+        if n != reference:
+            accuracy += compare_target(
+                runs_by_name[reference],
+                runs_by_name[n],
+                prepared[n].info.precision,
+                tolerances=tolerances,
+                classification=classification,
+            )
+    report = Report(
+        title=title or f"trtforge report: {Path(src.label).name}",
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        source={"kind": src.kind, "label": src.label},
+        reference=reference,
+        settings={
+            "targets": names,
+            "batch_sizes": [int(b) for b in batch_sizes],
+            "seq_lens": [int(s) for s in seq_lens],
+            "warmup": warmup,
+            "runs": runs,
+            "threads": threads,
+            "accuracy_data": data_label,
+            "accuracy_iterations": len(feeds),
+            "accuracy_input_shapes": [{k: list(v.shape) for k, v in f.items()} for f in feeds[:4]],
+        },
+        environment=_environment(threads),
+        targets=[prepared[n].info for n in names],
+        accuracy=accuracy,
+        latency=latency,
+        notes=notes,
+    )
+    from trtforge.reports.render import write_report
+
+    html_path, md_path, json_path = write_report(report, out)
+    return ReportResult(html_path, md_path, json_path, report, runs_by_name)
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    if not threads:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _calibration_source(calibration_data: Any, data: Any, tokenizer: Any, seq: int, notes: list[str]):
+    """A callable giving (INT8 calibration data, its description) when the INT8 target needs it."""
+
+    def get(prep: Preparer) -> tuple[Any, str]:
+        if calibration_data is not None:
+            return calibration_data, str(calibration_data) if isinstance(
+                calibration_data, (str, os.PathLike)
+            ) else type(calibration_data).__name__
+        if data is not None:
+            notes.append("INT8 was calibrated on the accuracy data itself; its accuracy is optimistic.")
+            return data, "the accuracy data"
+        from trtforge.reports.inputs import specs_from_onnx
+
+        specs = specs_from_onnx(prep.graph("ort").proto)
+        notes.append(
+            "INT8 was calibrated on generated random inputs: its accuracy here says little about real data. "
+            "Pass calibration_data (CLI: --calibration-data)."
+        )
+        return [generate_feed(specs, 4, seq, seed=100 + i) for i in range(4)], "generated random inputs"
+
+    return get
+
+
+def _engine_shapes(specs: list[IOSpec], batch_sizes: Sequence[int], seq_lens: Sequence[int]) -> list[str]:
+    """`--shape` strings covering the sweep: min 1, opt and max at the largest batch / sequence."""
+    out = []
+    for s in specs:
+        lo, hi = [], []
+        for axis, d in enumerate(s.shape):
+            if isinstance(d, int) and d > 0:
+                lo.append(d)
+                hi.append(d)
+            else:
+                lo.append(1)
+                hi.append(max(batch_sizes) if axis == 0 else max(seq_lens))
+        fmt = "x".join
+        out.append(f"{s.name}:{fmt(map(str, lo))}:{fmt(map(str, hi))}:{fmt(map(str, hi))}")
+    return out
+
+
+__all__ = ["DEFAULT_RUNS", "DEFAULT_WARMUP", "OK", "ReportResult", "build_report"]

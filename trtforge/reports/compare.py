@@ -1,0 +1,223 @@
+"""Accuracy: each target's outputs against the reference target's, per output, with tolerances.
+
+The statistics come from Polygraphy's compare functions: `SimpleCompareFunc` ("elemwise": max/mean
+absolute and relative error, relative to the reference), `CosineSimilarityCompareFunc` and
+`SnrCompareFunc` (reference power over error power, dB). Each output is compared over all accuracy
+iterations at once (arrays flattened and concatenated, so cosine and SNR are global). Added here:
+relative L2 error ``||t - r|| / ||r||``, the error histogram, and top-1/top-5 agreement for
+classification-shaped outputs (rank 2, ``[rows, classes]``): top-1 is the fraction of rows with the
+same argmax, top-5 the fraction whose reference argmax is among the target's five largest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import fields, replace
+from typing import Any
+
+import numpy as np
+
+from trtforge.errors import UserError
+from trtforge.reports.results import (
+    FAILED,
+    OK,
+    AccuracyRow,
+    Check,
+    Histogram,
+    TargetRun,
+    Tolerance,
+)
+
+NOT_COMPARED = "not_compared"
+# Defaults by target precision. FP32 variants must agree closely; reduced precisions are judged by
+# global similarity (cosine, SNR), since a few elements near zero always exceed elementwise limits.
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {
+    "fp32": Tolerance(atol=1e-4, rtol=1e-3, min_cosine=0.99999),
+    "fp16": Tolerance(min_cosine=0.999, min_snr_db=30.0),
+    "bf16": Tolerance(min_cosine=0.995, min_snr_db=20.0),
+    "int8": Tolerance(min_cosine=0.99, min_snr_db=15.0),
+}
+_HIST_BINS = 40
+_TOLERANCE_KEYS = {
+    "atol": "atol",
+    "rtol": "rtol",
+    "cosine": "min_cosine",
+    "snr": "min_snr_db",
+    "top1": "min_top1",
+}
+
+
+def resolve_tolerance(
+    target: str, output: str, precision: str, overrides: Mapping[str, Any] | None
+) -> Tolerance:
+    """Defaults for `precision`, overlaid by `overrides` keyed "", "OUTPUT", "TARGET/" and "TARGET/OUTPUT"
+    (later keys win). A Tolerance value replaces the whole tolerance; a dict overlays its fields."""
+    tol = DEFAULT_TOLERANCES.get(precision, DEFAULT_TOLERANCES["fp32"])
+    for key in ("", output, f"{target}/", f"{target}/{output}"):
+        value = (overrides or {}).get(key)
+        if value is None:
+            continue
+        if isinstance(value, Tolerance):
+            tol = value
+            continue
+        valid = {f.name for f in fields(Tolerance)}
+        bad = set(value) - valid
+        if bad:
+            raise UserError(f"tolerance '{key}': unknown field(s) {sorted(bad)}; expected {sorted(valid)}.")
+        tol = replace(tol, **value)
+    return tol
+
+
+def parse_tolerance(text: str) -> tuple[str, dict[str, float | None]]:
+    """Parse a CLI `--tolerance [TARGET/]OUTPUT:atol=1e-3,cosine=0.99` (``none`` disables a check)."""
+    key, sep, body = text.rpartition(":")
+    if not sep or not body:
+        raise UserError(
+            f"--tolerance '{text}': expected [TARGET/]OUTPUT:name=value,... (an empty OUTPUT means all "
+            f"outputs), with names {', '.join(_TOLERANCE_KEYS)}."
+        )
+    out: dict[str, float | None] = {}
+    for item in body.split(","):
+        name, eq, value = item.partition("=")
+        if not eq or name.strip() not in _TOLERANCE_KEYS:
+            raise UserError(
+                f"--tolerance '{text}': bad item '{item}'; expected one of {', '.join(_TOLERANCE_KEYS)}."
+            )
+        try:
+            out[_TOLERANCE_KEYS[name.strip()]] = None if value.strip() == "none" else float(value)
+        except ValueError as e:
+            raise UserError(f"--tolerance '{text}': '{value}' is not a number.") from e
+    return key, out
+
+
+def _histogram(diff: np.ndarray) -> Histogram:
+    nonzero = diff[diff > 0]
+    zeros = int(diff.size - nonzero.size - np.isnan(diff).sum())
+    if nonzero.size == 0:
+        return Histogram(edges=[], counts=[], zeros=zeros)
+    finite = nonzero[np.isfinite(nonzero)]
+    lo = max(float(finite.min()) if finite.size else 1e-12, 1e-12)
+    hi = max(float(finite.max()) if finite.size else lo, lo * 1.0001)
+    edges = np.geomspace(lo, hi, _HIST_BINS + 1)
+    counts, _ = np.histogram(finite, bins=edges)
+    return Histogram(edges=[float(e) for e in edges], counts=[int(c) for c in counts], zeros=zeros)
+
+
+def _topk(ref: list[np.ndarray], tgt: list[np.ndarray]) -> tuple[float, float | None]:
+    r = np.concatenate([a.reshape(-1, a.shape[-1]) for a in ref]).astype(np.float64)
+    t = np.concatenate([a.reshape(-1, a.shape[-1]) for a in tgt]).astype(np.float64)
+    ref_top = r.argmax(axis=1)
+    top1 = float(np.mean(t.argmax(axis=1) == ref_top))
+    if r.shape[1] <= 5:
+        return top1, None
+    top5 = np.argpartition(-t, 5, axis=1)[:, :5]
+    return top1, float(np.mean((top5 == ref_top[:, None]).any(axis=1)))
+
+
+def is_classification(arrays: list[np.ndarray], name: str, classification: Collection[str] | None) -> bool:
+    """Rank-2 float outputs with >= 2 columns, unless an explicit list of output names is given."""
+    if classification is not None:
+        return name in classification
+    a = arrays[0]
+    return a.ndim == 2 and a.shape[1] >= 2 and a.dtype.kind == "f"
+
+
+def _checks(row: AccuracyRow, tol: Tolerance, elemwise_passed: bool | None) -> list[Check]:
+    checks = []
+    if elemwise_passed is not None:
+        detail = (
+            f"max abs {row.max_abs:.3g} (atol {tol.atol or 0:g}), "
+            f"max rel {row.max_rel:.3g} (rtol {tol.rtol or 0:g})"
+        )
+        checks.append(Check("elementwise", elemwise_passed, detail))
+    if tol.min_cosine is not None:
+        ok = row.cosine is not None and not math.isnan(row.cosine) and row.cosine >= tol.min_cosine
+        checks.append(Check("cosine", ok, f"{row.cosine:.6f} >= {tol.min_cosine:g}"))
+    if tol.min_snr_db is not None:
+        ok = row.snr_db is not None and not math.isnan(row.snr_db) and row.snr_db >= tol.min_snr_db
+        checks.append(Check("snr", ok, f"{row.snr_db:.2f} dB >= {tol.min_snr_db:g} dB"))
+    if tol.min_top1 is not None and row.top1 is not None:
+        checks.append(Check("top1", row.top1 >= tol.min_top1, f"{row.top1:.4f} >= {tol.min_top1:g}"))
+    return checks
+
+
+def _compare_output(
+    row: AccuracyRow, ref: list[np.ndarray], tgt: list[np.ndarray], tol: Tolerance, classify: bool
+) -> None:
+    from polygraphy.comparator import (
+        CosineSimilarityCompareFunc,
+        IterationResult,
+        SimpleCompareFunc,
+        SnrCompareFunc,
+    )
+    from polygraphy.logger import G_LOGGER
+
+    r = np.concatenate([a.astype(np.float64).ravel() for a in ref])
+    t = np.concatenate([a.astype(np.float64).ravel() for a in tgt])
+    name = row.output
+    it_r = IterationResult({name: r}, runner_name=row.reference)
+    it_t = IterationResult({name: t}, runner_name=row.target)
+    elemwise = tol.atol is not None or tol.rtol is not None
+    with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
+        simple = SimpleCompareFunc(atol=tol.atol or 0.0, rtol=tol.rtol or 0.0, check_error_stat="elemwise")(
+            it_t, it_r
+        )[name]
+        cosine = CosineSimilarityCompareFunc()(it_t, it_r)[name]
+        snr = SnrCompareFunc()(it_r, it_t)[name]  # signal = the reference
+    row.elements = int(r.size)
+    row.max_abs, row.mean_abs = simple.max_absdiff, simple.mean_absdiff
+    row.max_rel, row.mean_rel = simple.max_reldiff, simple.mean_reldiff
+    norm = float(np.linalg.norm(r))
+    row.rel_l2 = float(np.linalg.norm(t - r) / norm) if norm > 0 else (0.0 if not t.any() else math.inf)
+    row.cosine, row.snr_db = float(cosine.cosine_similarity), float(snr.snr)
+    if classify:
+        row.top1, row.top5 = _topk(ref, tgt)
+    row.histogram = _histogram(np.abs(t - r))
+    row.tolerance = tol
+    row.checks = _checks(row, tol, bool(simple) if elemwise else None)
+    row.passed = all(c.passed for c in row.checks) if row.checks else None
+
+
+def compare_target(
+    reference: TargetRun,
+    target: TargetRun,
+    precision: str,
+    *,
+    tolerances: Mapping[str, Any] | None = None,
+    classification: Collection[str] | None = None,
+) -> list[AccuracyRow]:
+    """Accuracy rows for every reference output of `target`; rows say why when nothing was compared."""
+
+    def whole(reason: str) -> list[AccuracyRow]:
+        return [AccuracyRow(target.name, "*", reference.name, status=NOT_COMPARED, reason=reason)]
+
+    if reference.error is not None:
+        return whole(f"reference '{reference.name}' did not run: {reference.error}")
+    if target.error is not None:
+        return whole(f"target did not run: {target.error}")
+    if len(reference.outputs) != len(target.outputs):
+        return whole(f"{len(target.outputs)} iterations vs {len(reference.outputs)} for the reference")
+    rows = []
+    for name in reference.outputs[0]:
+        row = AccuracyRow(target.name, name, reference.name)
+        ref = [it[name] for it in reference.outputs]
+        row.shape = list(ref[0].shape)
+        missing = [i for i, it in enumerate(target.outputs) if name not in it]
+        if missing:
+            row.status = FAILED
+            row.reason = f"target has no output '{name}' (it has {sorted(target.outputs[0])})"
+            rows.append(row)
+            continue
+        tgt = [it[name] for it in target.outputs]
+        bad = next((i for i, (a, b) in enumerate(zip(ref, tgt)) if a.shape != b.shape), None)
+        if bad is not None:
+            row.status = FAILED
+            row.reason = f"shape {list(tgt[bad].shape)} != reference {list(ref[bad].shape)} (iteration {bad})"
+            rows.append(row)
+            continue
+        tol = resolve_tolerance(target.name, name, precision, tolerances)
+        _compare_output(row, ref, tgt, tol, is_classification(ref, name, classification))
+        row.status = OK
+        rows.append(row)
+    return rows

@@ -1,0 +1,225 @@
+"""Report inputs: I/O specs (from ONNX or an engine manifest), generated feeds, and user data.
+
+Generated feeds follow the specs: integer inputs that index an embedding table get ids within its
+rows (the vocabulary), integer inputs named like a mask get 0/1 masks with a padded tail, other
+integers 0/1, floats standard normal. Dynamic axis 0 is the batch, other dynamic axes take the
+sequence length; static axes keep their size. User data: a `.npz`, a dict or an iterable of feed
+dicts (passed as they are, so a mismatch shows up in the row of the target that rejects it), or any
+calibration dataset format (`trtforge.calibration.data.load_dataset`: directory, text + tokenizer,
+`module:function`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trtforge.errors import UserError
+
+if TYPE_CHECKING:
+    import onnx
+
+    from trtforge.compiler.manifest import Manifest
+
+Dim = int | str | None  # static size, symbolic name, or unknown
+Feed = dict[str, np.ndarray]
+# Ops an index tensor may pass through on its way to the embedding Gather.
+_INDEX_PASSTHROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
+_NPZ_BATCH = 8  # samples per accuracy iteration when a .npz holds more
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    """One model input: name, numpy dtype, shape, optional id range and per-axis (min, max) limits."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[Dim, ...]
+    vocab: int | None = None
+    limits: tuple[tuple[int, int], ...] | None = None  # from an engine's optimization profile
+
+
+def _dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...]:
+    out: list[Dim] = []
+    for d in vi.type.tensor_type.shape.dim:
+        out.append(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None))
+    return tuple(out)
+
+
+def vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph input -> rows of the embedding table it indexes (through casts/reshapes), where found."""
+    tables = {i.name: list(i.dims) for i in model.graph.initializer}
+    consumers: dict[str, list[Any]] = {}
+    for n in model.graph.node:
+        for name in n.input:
+            consumers.setdefault(name, []).append(n)
+    found: dict[str, int] = {}
+    for vi in model.graph.input:
+        frontier, seen = [vi.name], set()
+        while frontier and vi.name not in found:
+            cur = frontier.pop()
+            seen.add(cur)
+            for n in consumers.get(cur, []):
+                if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] == cur:
+                    dims = tables.get(n.input[0])
+                    axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
+                    if dims:
+                        found[vi.name] = int(dims[axis])
+                        break
+                elif n.op_type in _INDEX_PASSTHROUGH and n.input[0] == cur:
+                    frontier.extend(o for o in n.output if o not in seen)
+    return found
+
+
+def specs_from_onnx(model: onnx.ModelProto) -> list[IOSpec]:
+    """Input specs of an ONNX model (initializers excluded), with vocabulary sizes where found."""
+    from onnx import helper
+
+    inits = {i.name for i in model.graph.initializer}
+    vocab = vocab_sizes(model)
+    return [
+        IOSpec(
+            vi.name,
+            np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)),
+            _dims(vi),
+            vocab.get(vi.name),
+        )
+        for vi in model.graph.input
+        if vi.name not in inits
+    ]
+
+
+def specs_from_manifest(manifest: Manifest, vocab: Mapping[str, int] | None = None) -> list[IOSpec]:
+    """Input specs of an engine: dtypes and shapes from its manifest, limits from profile 0."""
+    profile = manifest.profiles[0] if manifest.profiles else {}
+    specs = []
+    for t in manifest.inputs:
+        rng = profile.get(t.name)
+        limits = tuple(zip(rng.min, rng.max)) if rng is not None else None
+        shape = tuple(d if d >= 0 else None for d in t.shape)
+        specs.append(IOSpec(t.name, np.dtype(t.dtype), shape, (vocab or {}).get(t.name), limits))
+    return specs
+
+
+def resolve_shape(spec: IOSpec, batch: int, seq: int | None) -> tuple[int, ...]:
+    """The concrete shape of `spec` at (batch, seq); UserError saying why when it cannot be used."""
+    shape = []
+    for axis, d in enumerate(spec.shape):
+        if isinstance(d, int) and d > 0:
+            size = d
+            if axis == 0 and d != batch:
+                raise UserError(f"input '{spec.name}' has a static batch of {d}, not {batch}")
+        elif axis == 0:
+            size = batch
+        elif seq is None:
+            raise UserError(f"input '{spec.name}' has dynamic axis {axis} but no sequence length was given")
+        else:
+            size = seq
+        if spec.limits is not None and not spec.limits[axis][0] <= size <= spec.limits[axis][1]:
+            lo, hi = spec.limits[axis]
+            raise UserError(
+                f"input '{spec.name}' axis {axis} = {size} is outside the engine profile [{lo}, {hi}]"
+            )
+        shape.append(size)
+    return tuple(shape)
+
+
+def static_batch(specs: Sequence[IOSpec]) -> int | None:
+    """The batch size every input fixes on axis 0, if they all fix the same one."""
+    sizes = {
+        s.shape[0] if s.shape and isinstance(s.shape[0], int) and s.shape[0] > 0 else None for s in specs
+    }
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def has_seq_axis(specs: Sequence[IOSpec]) -> bool:
+    """True when some input has a dynamic axis other than the batch axis."""
+    return any(not (isinstance(d, int) and d > 0) for s in specs for d in s.shape[1:])
+
+
+def _one(spec: IOSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    dt = spec.dtype
+    if dt.kind == "f":
+        return rng.standard_normal(shape).astype(dt)
+    if dt.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if spec.vocab is not None:
+        return rng.integers(0, spec.vocab, size=shape).astype(dt)
+    if "mask" in spec.name.lower() and len(shape) >= 2 and shape[-1] > 1:
+        mask = np.ones(shape, dtype=dt)
+        for idx in np.ndindex(*shape[:-1]):  # every row keeps >= 1 real token, the tail is padding
+            mask[idx][int(rng.integers(1, shape[-1] + 1)) :] = 0
+        return mask
+    return rng.integers(0, 2, size=shape).astype(dt)
+
+
+def generate_feed(specs: Sequence[IOSpec], batch: int, seq: int | None, seed: int = 0) -> Feed:
+    """One deterministic feed dict at (batch, seq) from the specs (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    return {s.name: _one(s, resolve_shape(s, batch, seq), rng) for s in specs}
+
+
+def _split_npz(arrays: dict[str, np.ndarray]) -> list[Feed]:
+    lengths = {a.shape[0] if a.ndim else 0 for a in arrays.values()}
+    if len(lengths) != 1 or (n := lengths.pop()) <= _NPZ_BATCH:
+        return [arrays]
+    return [{k: v[i : i + _NPZ_BATCH] for k, v in arrays.items()} for i in range(0, n, _NPZ_BATCH)]
+
+
+def _load_npz(path: Path) -> list[Feed]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: np.asarray(z[k]) for k in z.files}
+    except (OSError, ValueError) as e:
+        raise UserError(f"--data '{path}' is not a readable .npz file ({e}).") from e
+    if not arrays:
+        raise UserError(f"--data '{path}' holds no arrays; expected one array per model input name.")
+    return _split_npz(arrays)
+
+
+def _as_feed(item: Any, where: str) -> Feed:
+    if not isinstance(item, Mapping):
+        raise UserError(f"{where}: expected a dict of input name -> array, got {type(item).__name__}.")
+    out = {}
+    for k, v in item.items():
+        if hasattr(v, "detach"):
+            v = v.detach().cpu().numpy()
+        out[str(k)] = np.asarray(v)
+    return out
+
+
+def load_feeds(
+    data: Any, specs: Sequence[IOSpec], *, tokenizer: Any = None, batch_size: int = 8
+) -> tuple[list[Feed], str]:
+    """Accuracy feeds from user data, plus a one-line description of the source.
+
+    `.npz` files, dicts and iterables of dicts are returned unvalidated (each target checks them);
+    other paths and `module:function` go through the calibration dataset loader against `specs`.
+    """
+    if isinstance(data, Mapping):
+        return [_as_feed(data, "data")], "feed dict"
+    if isinstance(data, (str, os.PathLike)):
+        path = Path(data)
+        if path.suffix == ".npz" and path.is_file():
+            return _load_npz(path), f"{path} (.npz)"
+        from trtforge.calibration.data import InputSpec, load_dataset
+
+        cal_specs = [
+            InputSpec(s.name, s.dtype, tuple(-1 if d is None else d for d in s.shape)) for s in specs
+        ]
+        dataset = load_dataset(data, cal_specs, batch_size=batch_size, tokenizer=tokenizer)
+        return [dict(f) for f in dataset], f"{data} (calibration dataset format)"
+    if isinstance(data, Iterable):
+        feeds = [_as_feed(x, f"data item {i}") for i, x in enumerate(data)]
+        if not feeds:
+            raise UserError("data is an empty iterable; give at least one feed dict.")
+        return feeds, f"{len(feeds)} feed dicts"
+    raise UserError(
+        f"unsupported data {type(data).__name__}: expected a .npz path, a calibration dataset "
+        "(directory, text file with a tokenizer, module:function), a feed dict or an iterable of them."
+    )

@@ -1,0 +1,75 @@
+"""matplotlib figures for the HTML report, returned as PNG bytes (Agg backend, no pyplot state)."""
+
+from __future__ import annotations
+
+import io
+from collections import defaultdict
+
+from trtforge.reports.results import OK, Report
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height))
+
+
+def latency_plot(report: Report) -> bytes | None:
+    """p50 latency (p90 as the upper whisker) and throughput vs batch, one line per target and sequence."""
+    series: dict[str, list] = defaultdict(list)
+    for p in report.latency:
+        if p.status == OK and p.p50_ms is not None:
+            label = p.target if p.seq is None else f"{p.target} (seq {p.seq})"
+            series[label].append(p)
+    if not series:
+        return None
+    fig = _figure(11, 4.2)
+    ax_lat, ax_thr = fig.subplots(1, 2)
+    for label, points in sorted(series.items()):
+        points.sort(key=lambda p: p.batch)
+        xs = [p.batch for p in points]
+        p50 = [p.p50_ms for p in points]
+        upper = [max((p.p90_ms or p.p50_ms) - p.p50_ms, 0.0) for p in points]
+        ax_lat.errorbar(xs, p50, yerr=[[0.0] * len(xs), upper], marker="o", capsize=3, label=label)
+        ax_thr.plot(xs, [p.throughput for p in points], marker="o", label=label)
+    for ax, ylabel in ((ax_lat, "latency p50 (ms), whisker p90"), (ax_thr, "throughput (samples/s)")):
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(ylabel)
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+    ax_lat.set_yscale("log")
+    ax_thr.set_yscale("log")
+    ax_lat.set_title("Latency vs batch")
+    ax_thr.set_title("Throughput vs batch")
+    ax_thr.legend(fontsize=8, loc="best")
+    return _png(fig)
+
+
+def error_histograms(report: Report) -> list[tuple[str, bytes]]:
+    """One figure per output: absolute-error histograms of every compared target (log x axis)."""
+    by_output: dict[str, list] = defaultdict(list)
+    for row in report.accuracy:
+        if row.status == OK and row.histogram is not None and row.histogram.counts:
+            by_output[row.output].append(row)
+    figures = []
+    for output, rows in by_output.items():
+        fig = _figure(7, 3.6)
+        ax = fig.subplots()
+        for row in rows:
+            h = row.histogram
+            ax.stairs(h.counts, h.edges, label=f"{row.target} (max {row.max_abs:.2g})")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"|target - {report.reference}|")
+        ax.set_ylabel("elements")
+        ax.set_title(f"Absolute error: {output}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        figures.append((output, _png(fig)))
+    return figures

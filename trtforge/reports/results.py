@@ -1,0 +1,176 @@
+"""The report's result objects. Runners and the comparator produce them; renderers only read them.
+
+`Report.to_dict()` is the JSON document (schema `report.schema.json` beside this file, format id
+``trtforge.report/1``). Raw output arrays stay in :class:`TargetRun` and never reach the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPORT_FORMAT = "trtforge.report/1"
+SCHEMA_FILE = Path(__file__).with_name("report.schema.json")
+
+# Target status values: it ran; it was attempted and failed (reason says why); it was not attempted
+# because this machine cannot run it (reason says why).
+OK, FAILED, NOT_RUN = "ok", "failed", "not_run"
+
+
+@dataclass
+class TargetInfo:
+    """One row of the target table: what was run, how it was prepared, and whether it ran."""
+
+    name: str
+    kind: str  # torch | onnxruntime | tensorrt
+    precision: str
+    device: str
+    description: str
+    status: str = OK
+    reason: str | None = None
+    derived_from: str | None = None
+    prepare_seconds: float | None = None
+    threads: dict[str, Any] = field(default_factory=dict)
+    records: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Tolerance:
+    """Pass/fail limits for one output. None disables that check.
+
+    atol/rtol: elementwise (an element fails when it exceeds both; Polygraphy's "elemwise" check).
+    min_cosine: cosine similarity over all elements. min_snr_db: reference power / error power, in dB.
+    min_top1: fraction of rows whose argmax agrees (classification-shaped outputs only).
+    """
+
+    atol: float | None = None
+    rtol: float | None = None
+    min_cosine: float | None = None
+    min_snr_db: float | None = None
+    min_top1: float | None = None
+
+
+@dataclass
+class Check:
+    """One tolerance check of one output: what was checked, the measured value, the verdict."""
+
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass
+class Histogram:
+    """Absolute-error histogram over log-spaced bins; `zeros` counts exact matches."""
+
+    edges: list[float]
+    counts: list[int]
+    zeros: int
+
+
+@dataclass
+class AccuracyRow:
+    """Accuracy of one output of one target against the reference target."""
+
+    target: str
+    output: str
+    reference: str
+    status: str = OK
+    reason: str | None = None
+    shape: list[int] | None = None
+    elements: int = 0
+    max_abs: float | None = None
+    mean_abs: float | None = None
+    max_rel: float | None = None
+    mean_rel: float | None = None
+    rel_l2: float | None = None
+    cosine: float | None = None
+    snr_db: float | None = None
+    top1: float | None = None
+    top5: float | None = None
+    tolerance: Tolerance | None = None
+    checks: list[Check] = field(default_factory=list)
+    passed: bool | None = None
+    histogram: Histogram | None = None
+
+
+@dataclass
+class LatencyPoint:
+    """Latency of one target at one (batch, sequence) point."""
+
+    target: str
+    batch: int
+    seq: int | None
+    status: str = OK
+    reason: str | None = None
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    warmup: int = 0
+    runs: int = 0
+    mean_ms: float | None = None
+    min_ms: float | None = None
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
+    throughput: float | None = None  # samples (batch rows) per second at the mean latency
+    peak_memory_bytes: int | None = None
+    memory_method: str | None = None
+
+
+@dataclass
+class Report:
+    """Everything a report says; renderers (HTML, Markdown, JSON) read only this."""
+
+    title: str
+    created: str
+    source: dict[str, Any]
+    reference: str | None
+    settings: dict[str, Any]
+    environment: dict[str, Any]
+    targets: list[TargetInfo]
+    accuracy: list[AccuracyRow]
+    latency: list[LatencyPoint]
+    notes: list[str] = field(default_factory=list)
+    format: str = REPORT_FORMAT
+
+    def summary(self) -> dict[str, Any]:
+        """Counts for the headline: targets by status, accuracy rows passed/failed/not compared."""
+        compared = [r for r in self.accuracy if r.status == OK]
+        return {
+            "targets": {s: sum(t.status == s for t in self.targets) for s in (OK, FAILED, NOT_RUN)},
+            "accuracy_passed": sum(r.passed is True for r in compared),
+            "accuracy_failed": sum(r.passed is False for r in compared),
+            "accuracy_not_compared": sum(r.status != OK for r in self.accuracy),
+            "all_passed": bool(compared) and all(r.passed is not False for r in compared),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (validated against `report.schema.json` in tests)."""
+        d = asdict(self)
+        d["summary"] = self.summary()
+        return d
+
+    def to_json(self) -> str:
+        """Indented JSON. JSON has no inf/nan: those (an exact match's SNR) are written as null."""
+        return json.dumps(_finite(self.to_dict()), indent=2) + "\n"
+
+
+def _finite(obj: Any) -> Any:
+    """Replace inf/nan (not representable in JSON) with None, recursively."""
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+@dataclass
+class TargetRun:
+    """In-memory outputs of one target over the accuracy feeds (one dict per iteration)."""
+
+    name: str
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None

@@ -1,0 +1,135 @@
+"""Runners: Polygraphy `BaseRunner`s that run one target and time themselves.
+
+ONNX Runtime uses Polygraphy's own `OnnxrtRunner` over a session we configure (threads, provider).
+PyTorch eager and the TensorRT engine (through `trtforge.runtime`) are small `BaseRunner`
+subclasses. `BaseRunner.infer` checks every feed against the runner's input metadata, so a feed
+that does not fit a target fails in that target's row with Polygraphy's message.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from polygraphy.backend.base import BaseRunner
+from polygraphy.common import TensorMetadata
+
+from trtforge.reports.inputs import IOSpec
+
+
+def input_metadata(specs: Sequence[IOSpec]) -> TensorMetadata:
+    """Polygraphy metadata from our specs (dynamic dims as None)."""
+    meta = TensorMetadata()
+    for s in specs:
+        meta.add(s.name, dtype=s.dtype, shape=[d if isinstance(d, int) and d > 0 else None for d in s.shape])
+    return meta
+
+
+def ort_session_factory(path: str | os.PathLike[str], threads: int | None) -> tuple[Callable[[], Any], dict]:
+    """A callable creating a CPU InferenceSession for `path`, and the thread settings it uses."""
+    import onnxruntime as ort
+
+    def make() -> Any:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        if threads:
+            so.intra_op_num_threads = threads
+            so.inter_op_num_threads = 1
+        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+    settings = {
+        "onnxruntime_intra_op_num_threads": threads or "default (one per physical core)",
+        "onnxruntime_inter_op_num_threads": 1 if threads else "default",
+        "execution_provider": "CPUExecutionProvider",
+    }
+    return make, settings
+
+
+def make_ort_runner(path: str | os.PathLike[str], threads: int | None, name: str) -> tuple[BaseRunner, dict]:
+    """Polygraphy's OnnxrtRunner over our session factory, and the thread settings."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+
+    factory, settings = ort_session_factory(path, threads)
+    return OnnxrtRunner(factory, name=name), settings
+
+
+class TorchRunner(BaseRunner):
+    """PyTorch eager on CPU or CUDA: feeds become tensors on `device`, outputs come back as numpy."""
+
+    def __init__(
+        self,
+        module: Any,
+        specs: Sequence[IOSpec],
+        output_names: Sequence[str],
+        device: str = "cpu",
+        name: str | None = None,
+    ):
+        super().__init__(name=name, prefix="trtforge-torch")
+        self._module, self._specs = module, list(specs)
+        self._output_names, self._device = list(output_names), device
+
+    def activate_impl(self) -> None:
+        self.module = self._module.to(self._device).eval()
+
+    def get_input_metadata_impl(self) -> TensorMetadata:
+        return input_metadata(self._specs)
+
+    def infer_impl(self, feed_dict: dict[str, np.ndarray]) -> OrderedDict[str, np.ndarray]:
+        import torch
+
+        from trtforge.compiler.export import flatten_outputs
+
+        cuda = self._device.startswith("cuda")
+        with torch.no_grad():
+            feeds = {
+                k: torch.from_numpy(np.ascontiguousarray(v)).to(self._device) for k, v in feed_dict.items()
+            }
+            if cuda:
+                torch.cuda.synchronize(self._device)
+            start = time.perf_counter()
+            outputs = flatten_outputs(self.module(**feeds))
+            if cuda:
+                torch.cuda.synchronize(self._device)
+            self.inference_time = time.perf_counter() - start
+        if len(outputs) != len(self._output_names):
+            raise ValueError(
+                f"the module returned {len(outputs)} outputs, expected {len(self._output_names)} "
+                f"({self._output_names})"
+            )
+        return OrderedDict((n, o.detach().cpu().numpy()) for n, o in zip(self._output_names, outputs))
+
+    def deactivate_impl(self) -> None:
+        self._module = self.module.to("cpu")
+        del self.module
+
+
+class TrtEngineRunner(BaseRunner):
+    """A trtforge engine (+ manifest) run through `trtforge.runtime` on one stream."""
+
+    def __init__(self, engine_path: str | os.PathLike[str], specs: Sequence[IOSpec], name: str | None = None):
+        super().__init__(name=name, prefix="trtforge-trt")
+        self._path, self._specs = Path(engine_path), list(specs)
+
+    def activate_impl(self) -> None:
+        from trtforge.runtime import load
+
+        self.engine = load(self._path)
+        self.session = self.engine.session(streams=1)
+
+    def get_input_metadata_impl(self) -> TensorMetadata:
+        return input_metadata(self._specs)
+
+    def infer_impl(self, feed_dict: dict[str, np.ndarray]) -> OrderedDict[str, np.ndarray]:
+        start = time.perf_counter()
+        out = self.session.run(feed_dict)  # numpy in -> numpy out, synchronized
+        self.inference_time = time.perf_counter() - start
+        return OrderedDict((k, np.asarray(v)) for k, v in out.items())
+
+    def deactivate_impl(self) -> None:
+        self.session.close()
+        del self.session, self.engine
