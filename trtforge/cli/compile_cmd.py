@@ -189,7 +189,7 @@ def compile_cmd(
     """Compile MODEL into a TensorRT engine (OUT.engine) plus its manifest (OUT.engine.json)."""
     from rich.console import Console
 
-    from trtforge.cli._render import manifest_tables, print_all, timings_table
+    from trtforge.cli._render import manifest_tables, print_all, stage_summary_table, timings_table
     from trtforge.compiler.pipeline import compile_model
     from trtforge.compiler.stages import PassOptions, PrecisionOptions
 
@@ -242,5 +242,9 @@ def compile_cmd(
         progress=not quiet,
         log=lambda msg: console.print(f"[dim]•[/dim] {msg}"),
     )
-    print_all(console, [timings_table(result.timings), *manifest_tables(result.manifest)])
+    summary = stage_summary_table(result.records)
+    print_all(
+        console,
+        [timings_table(result.timings), *([summary] if summary else []), *manifest_tables(result.manifest)],
+    )
     console.print(f"[green]wrote[/green] {result.engine_path} and {result.manifest_path}")
