@@ -142,3 +142,28 @@ def test_parser_error_names_node(tmp_path) -> None:
     onnx.save(model, str(tmp_path / "bad.onnx"))
     with pytest.raises(UserError, match=r"node mystery_node \(NoSuchOp\)"):
         build_engine(tmp_path / "bad.onnx", BuildOptions(progress=False))
+
+
+def test_external_data_onnx_compiles(tmp_path) -> None:
+    """The >2 GB form (weights in a side file) goes through passes and build like a single file."""
+    import onnx
+
+    import trtforge
+
+    m = onnx.load(str(tiny_onnx(tmp_path / "t.onnx")))
+    onnx.save(m, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="w.bin", size_threshold=0)
+    (tmp_path / "t.onnx").unlink()
+    result = trtforge.compile(
+        tmp_path / "ext.onnx",
+        output=tmp_path / "ext.engine",
+        save_onnx=tmp_path / "final.onnx",
+        progress=False,
+    )
+    assert result.manifest.source["kind"] == "onnx" and result.engine_path.stat().st_size > 0
+    import numpy as np
+    import onnxruntime as ort
+
+    x = np.ones((3, 4), np.float32)
+    a = ort.InferenceSession(str(tmp_path / "ext.onnx")).run(None, {"x": x})[0]
+    b = ort.InferenceSession(str(tmp_path / "final.onnx")).run(None, {"x": x})[0]
+    np.testing.assert_allclose(a, b, rtol=1e-6)
