@@ -108,7 +108,7 @@ def test_bad_inputs_raise_and_enqueue_nothing():
 
 
 def test_numpy_and_cpu_tensors_are_staged_through_pinned_memory():
-    s = load_standin(standin_manifest()).session(streams=2)
+    s = load_standin(standin_manifest(streams=2)).session(streams=2)
     for b in (3, 17, 3):
         x = np.random.default_rng(b).standard_normal((b, D)).astype(np.float32)
         out = s.run({"x": x})
@@ -192,7 +192,7 @@ def test_data_dependent_output_and_torch_allocator():
 
 
 def test_trim_releases_and_rebinds():
-    s = load_standin(standin_manifest()).session(streams=2)
+    s = load_standin(standin_manifest(streams=2)).session(streams=2)
     x = torch.randn(32, D, device="cuda")
     _check(x, s.run({"x": x}))
     s.trim()

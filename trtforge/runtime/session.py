@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import queue
-import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 
 from trtforge.errors import UserError
+from trtforge.runtime._completion import Completer
 from trtforge.runtime._graph_state import GraphAction, GraphState, decide, record_failed
 from trtforge.runtime.allocator import OutputCollector, TorchAllocator
 from trtforge.runtime.arena import Arena
@@ -63,6 +63,7 @@ class _Lane:
         self.graph: Any = None
         self.graph_io: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None
         self.calls = 0
+        self.last_feeds: dict[str, torch.Tensor] = {}
         if self.aux_streams:
             self.context.set_aux_streams([s.cuda_stream for s in self.aux_streams])
         if self.collector is not None:
@@ -107,8 +108,7 @@ class Session:
         self._free: queue.SimpleQueue[_Lane] = queue.SimpleQueue()
         for lane in self._lanes:
             self._free.put(lane)
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._executor_lock = threading.Lock()
+        self._completers = [Completer(f"trtforge-lane{i}") for i in range(streams)]
         self._closed = False
         self.contiguous_copies = 0
         self.graph_failures: list[str] = []
@@ -131,7 +131,9 @@ class Session:
             lane.done.record(lane.stream)
             caller.wait_event(lane.done)
             if to_numpy:
-                result = self._to_numpy(lane, result)
+                host = self._host_copies(lane, result)
+                lane.stream.synchronize()
+                result = {n: v.numpy() for n, v in host.items()}
         except BaseException:
             lane.reset()
             raise
@@ -142,13 +144,30 @@ class Session:
     def submit(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, torch.Tensor] | None = None
     ) -> concurrent.futures.Future[dict[str, Any]]:
-        """Queue one inference on the next free lane; the future resolves once its outputs are complete.
+        """Enqueue one inference on the next free lane and return at once; the future resolves when its
+        outputs are complete (on any stream). Bad input raises UserError here, in the calling thread.
 
-        Inputs are validated here, in the calling thread: bad input raises UserError at once.
+        The lane is free for the next request as soon as this one is enqueued (its stream keeps the order),
+        so one thread can keep every lane busy.
         """
         base, shapes, prepared, to_numpy = self._prepare(inputs)
         caller = self.device.current_stream()
-        return self._pool().submit(self._work, base, shapes, prepared, outputs, caller, to_numpy)
+        lane = self._acquire()
+        try:
+            result = self._execute(lane, base, shapes, prepared, outputs, caller)
+            keep = (prepared, lane.last_feeds, result)  # alive until the work has finished
+            host = self._host_copies(lane, result) if to_numpy else None
+            done = self.device.new_event()
+            done.record(lane.stream)
+        except BaseException:
+            lane.reset()
+            raise
+        finally:
+            self._free.put(lane)
+        completer = self._completers[lane.index]
+        if host is not None:
+            return completer.put(done, lambda: {n: v.numpy() for n, v in host.items()}, keep)
+        return completer.put(done, lambda: result, keep)
 
     def memory_stats(self) -> dict[str, Any]:
         """Arena sizes and growth per lane, pinned staging, graphs, output and allocator traffic."""
@@ -201,8 +220,8 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        for completer in self._completers:
+            completer.close()
         for lane in self._lanes:
             lane.stream.synchronize()
             lane.graph, lane.graph_io = None, None
@@ -219,33 +238,6 @@ class Session:
         if self._closed:
             raise RuntimeError("session is closed")
         return self._free.get()
-
-    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._executor is None:
-            with self._executor_lock:
-                if self._executor is None:
-                    self._executor = concurrent.futures.ThreadPoolExecutor(
-                        max_workers=self.streams, thread_name_prefix="trtforge-lane"
-                    )
-        return self._executor
-
-    def _work(
-        self, base: int, shapes: tuple, prepared: list, outputs: Any, caller: Any, to_numpy: bool
-    ) -> dict:
-        lane = self._acquire()
-        try:
-            with self.device.use_stream(caller):
-                result = self._execute(lane, base, shapes, prepared, outputs, caller)
-            lane.done.record(lane.stream)
-            if to_numpy:
-                return self._to_numpy(lane, result)
-            lane.done.synchronize()
-            return result
-        except BaseException:
-            lane.reset()
-            raise
-        finally:
-            self._free.put(lane)
 
     def _prepare(self, inputs: Mapping[str, Any]) -> tuple[int, tuple, list, bool]:
         """Validate, then classify inputs: device tensors (made contiguous) or host data to stage."""
@@ -305,6 +297,7 @@ class Session:
             lane.bound_memory = (arena.address, arena.capacity)
         outputs = self._outputs(out_shapes, given)
         feeds, copies = self._feeds(lane, prepared, shapes)
+        lane.last_feeds = feeds  # staged device inputs must outlive the enqueued work (submit keeps them)
         # Everything the lane reads or writes is ready/allocated on the caller's stream before this event.
         lane.ready.record(caller)
         lane.stream.wait_event(lane.ready)
@@ -461,17 +454,16 @@ class Session:
             for n, t in outputs.items():
                 t.copy_(static_out[n], non_blocking=True)
 
-    def _to_numpy(self, lane: _Lane, result: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-        """Copy outputs back through pinned memory on the lane stream and wait for them."""
+    def _host_copies(self, lane: _Lane, result: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Enqueue device -> pinned host copies of the outputs on the lane stream (valid after it syncs)."""
         host = {}
         with self.device.use_stream(lane.stream):
             for name, t in result.items():
-                pinned = self.device.pinned(max(t.numel() * t.element_size(), 1))
-                view = pinned[: t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+                nbytes = t.numel() * t.element_size()
+                view = self.device.pinned(max(nbytes, 1))[:nbytes].view(t.dtype).view(t.shape)
                 view.copy_(t, non_blocking=True)
                 host[name] = view
-        lane.stream.synchronize()
-        return {n: v.numpy() for n, v in host.items()}
+        return host
 
 
 __all__ = ["Session"]
