@@ -3,9 +3,10 @@
     PYTHONPATH=. python3 benchmarks/bench_attention_kernel.py --out build/bench_attention
 
 Cases: FP16 and BF16, B=8, H=16, D=64 and 128, S=512..8192, causal and not (defaults). Each
-implementation is timed with triton.testing.do_bench (CUDA events, L2 flushed before every
-repetition, median). TFLOP/s counts 4·B·H·S²·D (halved when causal). Our kernel is autotuned on its
-first call (excluded from the timing); each result is also checked against torch's output.
+implementation is timed eagerly with triton.testing.do_bench (CUDA events, L2 flushed before every
+repetition, median; Python launch overhead included) and as CUDA-graph replays (kernel time only).
+TFLOP/s counts 4·B·H·S²·D (halved when causal). Our kernel (variant and tiles) is autotuned on its
+first call, excluded from the timing; each result is also checked against torch's output.
 Writes results.json and results.md under --out and prints the table.
 """
 
@@ -38,6 +39,11 @@ def _time_ms(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
+def _graph_ms(fn) -> float:
+    """Median time of `fn` replayed from a CUDA graph: no Python/launch overhead (L2 not flushed)."""
+    return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+
+
 def _tflops(b: int, h: int, s: int, d: int, causal: bool, ms: float) -> float:
     flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
     return flops / (ms * 1e-3) / 1e12
@@ -47,43 +53,47 @@ def _config_name(c: triton.Config) -> str:
     return f"BM{c.kwargs['BLOCK_M']}/BN{c.kwargs['BLOCK_N']}/w{c.num_warps}/s{c.num_stages}"
 
 
-def bench_case(b: int, h: int, s: int, d: int, dtype: torch.dtype, causal: bool, with_pointer: bool) -> dict:
+def _ours(b: int, h: int, s: int, d: int, q, k, v, causal: bool) -> dict:
+    """Our kernel, variant and tiles autotuned on the first call (not timed)."""
+    out = torch.empty_like(q)
+    kernel.flash_attention(q, k, v, causal=causal, out=out)
+    torch.cuda.synchronize()
+    key = (str(q.dtype), d, causal, False, kernel._bucket(s), kernel._bucket(s))
+    variant = kernel._VARIANT_CHOICE[key]
+    tuner = kernel._tuned_kernel_tma if variant == "tma" else kernel._tuned_kernel
+    call = lambda: kernel.flash_attention(q, k, v, causal=causal, out=out)  # noqa: E731
+    row = {"ours_config": f"{variant} {_config_name(tuner.best_config)}"}
+    row["ours_tflops"] = _tflops(b, h, s, d, causal, _time_ms(call))
+    row["ours_graph_tflops"] = _tflops(b, h, s, d, causal, _graph_ms(call))
+    return row, out
+
+
+def bench_case(b: int, h: int, s: int, d: int, dtype: torch.dtype, causal: bool) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(s + d)
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
-    out = torch.empty_like(q)
-    kernel.flash_attention(q, k, v, causal=causal, out=out, variant="tma")  # autotune + compile
-    torch.cuda.synchronize()
-    best = kernel._tuned_kernel_tma.best_config
-    row = {
-        "dtype": str(dtype).split(".")[-1],
-        "B": b, "H": h, "S": s, "D": d, "causal": causal,
-        "ours_config": _config_name(best),
-    }  # fmt: skip
-    row["ours_ms"] = _time_ms(lambda: kernel.flash_attention(q, k, v, causal=causal, out=out, variant="tma"))
-    row["ours_tflops"] = _tflops(b, h, s, d, causal, row["ours_ms"])
-    row["ours_pointer_tflops"] = None
-    if with_pointer:  # the same kernel with pointer loads instead of tensor descriptors
-        out_p = torch.empty_like(q)
-        kernel.flash_attention(q, k, v, causal=causal, out=out_p, variant="pointer")
-        ms = _time_ms(lambda: kernel.flash_attention(q, k, v, causal=causal, out=out_p, variant="pointer"))
-        row["ours_pointer_tflops"] = _tflops(b, h, s, d, causal, ms)
-        row["pointer_vs_tma_max_diff"] = (out_p.float() - out.float()).abs().max().item()
+    row = {"dtype": str(dtype).split(".")[-1], "B": b, "H": h, "S": s, "D": d, "causal": causal}
+    ours, out = _ours(b, h, s, d, q, k, v, causal)
+    row.update(ours)
     diffs = {}
     for name, backend in TORCH_BACKENDS.items():
+        call = lambda: sdpa(q, k, v, is_causal=causal)  # noqa: E731
         try:
             with sdpa_kernel([backend]):
-                ref = sdpa(q, k, v, is_causal=causal)
+                ref = call()
                 torch.cuda.synchronize()
-                ms = _time_ms(lambda: sdpa(q, k, v, is_causal=causal))
+                row[f"{name}_tflops"] = _tflops(b, h, s, d, causal, _time_ms(call))
+                row[f"{name}_graph_tflops"] = _tflops(b, h, s, d, causal, _graph_ms(call))
         except RuntimeError as e:  # backend not available for this case/build
-            row[f"{name}_ms"], row[f"{name}_tflops"] = None, None
+            row[f"{name}_tflops"] = row[f"{name}_graph_tflops"] = None
             row[f"{name}_error"] = str(e).splitlines()[0][:200]
             continue
-        row[f"{name}_ms"], row[f"{name}_tflops"] = ms, _tflops(b, h, s, d, causal, ms)
         diffs[name] = (out.float() - ref.float()).abs().max().item()
-    timed = {n: row[f"{n}_tflops"] for n in TORCH_BACKENDS if row.get(f"{n}_tflops")}
-    row["best_torch"] = max(timed, key=timed.get) if timed else None
-    row["ratio_vs_best"] = row["ours_tflops"] / timed[row["best_torch"]] if timed else None
+    for mode in ("", "graph_"):
+        timed = {n: row[f"{n}_{mode}tflops"] for n in TORCH_BACKENDS if row.get(f"{n}_{mode}tflops")}
+        best = max(timed, key=timed.get) if timed else None
+        row[f"best_torch_{mode}backend"] = best
+        row[f"best_torch_{mode}tflops"] = timed[best] if best else None
+        row[f"ratio_{mode}vs_best"] = row[f"ours_{mode}tflops"] / timed[best] if best else None
     row["max_abs_diff_vs_torch"] = max(diffs.values()) if diffs else None
     row["agrees"] = bool(diffs) and row["max_abs_diff_vs_torch"] <= AGREE_TOL[dtype]
     return row
@@ -94,25 +104,32 @@ def _fmt(x: float | None, spec: str = ".0f") -> str:
 
 
 def to_markdown(rows: list[dict], env: dict) -> str:
-    head = (
-        "| dtype | D | causal | S | ours TFLOP/s | ours (pointer loads) | flash | efficient | cudnn "
-        "| best torch | ours/best | % of 989 | our config | max abs diff |\n|" + "---|" * 14
-    )
+    cols = [
+        "dtype", "D", "causal", "S", "ours", "flash", "efficient", "cudnn", "best torch", "ours/best",
+        "ours (graph)", "best torch (graph)", "ours/best (graph)", "ours % of 989", "our variant/config",
+        "max abs diff",
+    ]  # fmt: skip
     lines = [
-        f"Machine: {env['gpu']}; torch {env['torch']}, Triton {env['triton']}; {env['date']}.",
-        "B=8, H=16; medians of triton.testing.do_bench (CUDA events, L2 flushed per repetition).",
+        f"Machine: {env['gpu']}; torch {env['torch']}, Triton {env['triton']}, cuDNN {env['cudnn']}; "
+        f"{env['date']}.",
+        f"B={rows[0]['B']}, H={rows[0]['H']}; TFLOP/s = 4·B·H·S²·D (halved when causal) / median time.",
+        "Eager columns: triton.testing.do_bench (CUDA events, L2 flushed per repetition, launch overhead",
+        "included). Graph columns: do_bench_cudagraph (CUDA-graph replay: kernel time only, L2 not flushed).",
         "",
-        head,
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
     ]
     for r in rows:
-        lines.append(
-            f"| {r['dtype']} | {r['D']} | {int(r['causal'])} | {r['S']} | {_fmt(r['ours_tflops'])} "
-            f"| {_fmt(r['ours_pointer_tflops'])} "
-            f"| {_fmt(r['flash_tflops'])} | {_fmt(r['efficient_tflops'])} | {_fmt(r['cudnn_tflops'])} "
-            f"| {r['best_torch']} | {_fmt(r['ratio_vs_best'], '.2f')} "
-            f"| {100 * r['ours_tflops'] / H200_DENSE_PEAK_TFLOPS:.0f}% | {r['ours_config']} "
-            f"| {_fmt(r['max_abs_diff_vs_torch'], '.1e')}{'' if r['agrees'] else ' MISMATCH'} |"
-        )
+        best_pct = 100 * max(r["ours_tflops"], r["ours_graph_tflops"]) / H200_DENSE_PEAK_TFLOPS
+        cells = [
+            r["dtype"], r["D"], int(r["causal"]), r["S"], _fmt(r["ours_tflops"]), _fmt(r["flash_tflops"]),
+            _fmt(r["efficient_tflops"]), _fmt(r["cudnn_tflops"]), r["best_torch_backend"],
+            _fmt(r["ratio_vs_best"], ".2f"), _fmt(r["ours_graph_tflops"]),
+            f"{_fmt(r['best_torch_graph_tflops'])} ({r['best_torch_graph_backend']})",
+            _fmt(r["ratio_graph_vs_best"], ".2f"), f"{best_pct:.0f}%", r["ours_config"],
+            _fmt(r["max_abs_diff_vs_torch"], ".1e") + ("" if r["agrees"] else " MISMATCH"),
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -136,6 +153,7 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "triton": triton.__version__,
+        "cudnn": torch.backends.cudnn.version(),
         "python": platform.python_version(),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
@@ -145,8 +163,7 @@ def main() -> None:
             for causal in args.causal:
                 for s in args.seqs:
                     dtype = getattr(torch, dtype_name)
-                    with_pointer = dtype_name in args.pointer_dtypes
-                    row = bench_case(args.batch, args.heads, s, d, dtype, bool(causal), with_pointer)
+                    row = bench_case(args.batch, args.heads, s, d, dtype, bool(causal))
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -117,7 +117,7 @@ def test_every_tactic_config_is_correct(config):
     _assert_close(out, _reference(q, k, v, mask, True, d**-0.5), F16)
 
 
-@pytest.mark.parametrize("variant", ["tma", "pointer"])
+@pytest.mark.parametrize("variant", ["tma", "pointer", "auto"])
 def test_autotuned_launch_is_correct(variant):
     from trtforge.plugins.attention.kernel import flash_attention
 

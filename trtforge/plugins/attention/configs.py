@@ -17,15 +17,21 @@ class KernelConfig:
     tma: bool = False  # move q/k/v/out with tensor descriptors (Hopper copy engine) where eligible
 
 
-# Hopper candidates (H100/H200: 228 KB shared memory per SM; wgmma works on 64-row warpgroup tiles):
-# 128-row Q tiles with 4 warps (one warpgroup) or 8 warps (two), 64/128-column K/V tiles, 2-4 stages
-# of cp.async pipelining; 64-row tiles for short sequences, where 128 rows leave SMs idle.
-# BLOCK_M is always a multiple of BLOCK_N so that the causal diagonal costs few masked tiles.
+# Hopper candidates (H100/H200: 228 KB shared memory per SM, 64 K registers; wgmma works on 64-row
+# warpgroup tiles): 128-row Q tiles with 4 warps (one warpgroup) or 8 (two), 256-row tiles with 16
+# warps (four warpgroups sharing each K/V tile: half the K/V traffic per FLOP; 124 registers, no
+# spills at D=128 with 64-wide K/V tiles, which 128-wide ones would spill), 2-4 pipeline stages;
+# 64-row tiles for short sequences, where larger ones leave SMs idle. BLOCK_M is a multiple of
+# BLOCK_N so that the causal diagonal costs few masked tiles. Configs that do not fit a head dim's
+# shared memory are skipped by the autotuner (and fail loudly as a fixed TensorRT tactic).
 AUTOTUNE_CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(128, 128, 8, 2),
     KernelConfig(128, 128, 8, 3),
+    KernelConfig(128, 128, 8, 4),
     KernelConfig(128, 64, 4, 3),
     KernelConfig(128, 64, 8, 3),
+    KernelConfig(256, 64, 16, 2),
+    KernelConfig(256, 64, 16, 3),
     KernelConfig(64, 64, 4, 3),
 )
 

@@ -29,6 +29,7 @@ stream handle (:func:`flash_attention_raw`), which is what a TensorRT plugin's `
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from trtforge.plugins.attention.configs import AUTOTUNE_CONFIGS, KernelConfig, default_config
@@ -369,11 +371,9 @@ def _bucket(n: int) -> int:
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: Any) -> list[triton.Config]:
-    """Drop tiles much larger than the problem, and 128-wide K/V tiles for wide FP32 rows."""
-    seq_q, block_d = named_args["SEQ_Q_BUCKET"], kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(seq_q, 64)]
-    if block_d is not None and block_d > 128:
-        kept = [c for c in kept if c.kwargs["BLOCK_N"] <= 64]
+    """Drop tiles much larger than the problem (256-row tiles below 1024 query rows)."""
+    seq_q = named_args["SEQ_Q_BUCKET"]
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(seq_q // 4, 64)]
     return kept or configs[-1:]
 
 
@@ -406,8 +406,6 @@ _tuned_kernel_tma = triton.autotune(
     key=_KEY,
     prune_configs_by={"early_config_prune": _prune},
 )(_flash_attn_fwd_tma)
-# Which variant an autotuned launch uses where both apply: "tma" or "pointer" (TRTFORGE_ATTENTION_VARIANT).
-DEFAULT_VARIANT = os.environ.get("TRTFORGE_ATTENTION_VARIANT", "tma")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -441,6 +439,11 @@ def _check(q: Any, k: Any, v: Any, out: Any, mask: Any) -> tuple[int, int, int, 
     return b, h, s_q, s_kv, d
 
 
+@functools.lru_cache(maxsize=8)
+def _has_tma(device: int) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _tma_eligible(*tensors: Any) -> bool:
     """Tensor descriptors need FP16/BF16, a unit last stride, 16-byte-aligned bases and strides, sm_90+."""
     for t in tensors:
@@ -450,13 +453,15 @@ def _tma_eligible(*tensors: Any) -> bool:
             return False
         if t.data_ptr() % 16 or any((int(st) * 2) % 16 for st in t.stride()[:-1]):
             return False
-    if _interpreting():
-        return True
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+    return _interpreting() or (torch.cuda.is_available() and _has_tma(torch.cuda.current_device()))
 
 
 def _descriptor(t: Any, rows: int, block_d: int) -> TensorDescriptor:
     return TensorDescriptor(t, [int(n) for n in t.shape], [int(x) for x in t.stride()], [1, 1, rows, block_d])
+
+
+# Autotuned launches with variant "auto": the faster of the two variants per problem key, timed once.
+_VARIANT_CHOICE: dict[tuple, str] = {}
 
 
 def _launch(
@@ -485,38 +490,43 @@ def _launch(
     meta["DOT_F32"] = _interpreting() and q.dtype == torch.bfloat16
     if config is None and _interpreting():
         config = default_config(d, _dtype_name(q.dtype))
-    if config is not None:
-        want_tma = config.tma if variant == "auto" else variant == "tma"
-    else:
-        want_tma = (DEFAULT_VARIANT if variant == "auto" else variant) == "tma"
-    use_tma = want_tma and _tma_eligible(q, k, v, out)
-    if use_tma:
-        bm, bn = (config.block_m, config.block_n) if config else (64, 64)  # autotuner hook resets boxes
-        descs = (
-            _descriptor(q, bm, block_d),
-            _descriptor(k, bn, block_d),
-            _descriptor(v, bn, block_d),
-            _descriptor(out, bm, block_d),
+    tma_ok = _tma_eligible(q, k, v, out)
+
+    def run(use_tma: bool) -> None:
+        if use_tma:
+            bm, bn = (config.block_m, config.block_n) if config else (64, 64)  # autotune hook resets boxes
+            descs = [_descriptor(t, rows, block_d) for t, rows in ((q, bm), (k, bn), (v, bn), (out, bm))]
+            args = (*descs, mask_arg, *mask_strides, *tail)
+            fixed, tuned = _flash_attn_fwd_tma, _tuned_kernel_tma
+        else:
+            strides = (*q.stride(), *k.stride(), *v.stride(), *out.stride(), *mask_strides)
+            args = (q, k, v, out, mask_arg, *strides, *tail)
+            fixed, tuned = _flash_attn_fwd, _tuned_kernel
+        if config is None:
+            tuned[lambda m: (triton.cdiv(s_q, m["BLOCK_M"]), b * h)](*args, **meta)
+            return
+        fixed[(triton.cdiv(s_q, config.block_m), b * h)](
+            *args,
+            **meta,
+            BLOCK_M=config.block_m,
+            BLOCK_N=config.block_n,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
         )
-        args = (*descs, mask_arg, *mask_strides, *tail)
-        fixed, tuned = _flash_attn_fwd_tma, _tuned_kernel_tma
+
+    if config is not None:
+        run(tma_ok and (config.tma if variant == "auto" else variant == "tma"))
+    elif variant != "auto" or not tma_ok:
+        run(tma_ok and variant == "tma")
     else:
-        strides = (*q.stride(), *k.stride(), *v.stride(), *out.stride(), *mask_strides)
-        args = (q, k, v, out, mask_arg, *strides, *tail)
-        fixed, tuned = _flash_attn_fwd, _tuned_kernel
-    if config is None:
-        grid = lambda m: (triton.cdiv(s_q, m["BLOCK_M"]), b * h)  # noqa: E731
-        tuned[grid](*args, **meta)
-        return
-    grid = (triton.cdiv(s_q, config.block_m), b * h)
-    fixed[grid](
-        *args,
-        **meta,
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
+        key = (str(q.dtype), d, bool(causal), mask is not None, tail[-2], tail[-1])
+        if key not in _VARIANT_CHOICE:
+            times = {}
+            for name, use_tma in (("tma", True), ("pointer", False)):
+                run(use_tma)  # autotunes this variant
+                times[name] = triton.testing.do_bench(lambda u=use_tma: run(u), warmup=5, rep=20)
+            _VARIANT_CHOICE[key] = min(times, key=times.get)
+        run(_VARIANT_CHOICE[key] == "tma")
 
 
 def flash_attention(
