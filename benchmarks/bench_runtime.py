@@ -177,14 +177,51 @@ def arena_growth(rounds: int, per_round: int, streams: int = 4) -> dict:
     }
 
 
+def profile_submit(streams: int, spin: int, n: int) -> str:
+    """cProfile of n submits (host-side cost breakdown), top functions by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    eng = load_standin(standin_manifest(batch=(1, 8, 32), streams=4), spin_cycles=spin)
+    s = eng.session(streams=streams)
+    x = torch.randn(4, D, device="cuda")
+    for _ in range(200):
+        s.submit({"x": x}).result()
+    ctx, lane = eng.handle.contexts[0], s._lanes[0]
+    t0 = time.perf_counter_ns()
+    for _ in range(1000):
+        ctx.execute_async(lane.stream.cuda_stream)
+    enqueue_us = (time.perf_counter_ns() - t0) / 1000 / 1000
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    pending: collections.deque = collections.deque()
+    for _ in range(n):
+        pending.append(s.submit({"x": x}))
+        if len(pending) >= 4 * streams:
+            pending.popleft().result()
+    for f in pending:
+        f.result()
+    prof.disable()
+    s.close()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    return f"stand-in execute_async alone: {enqueue_us:.1f} us/call\n" + buf.getvalue()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--requests", type=int, default=4000)
     ap.add_argument("--overhead-calls", type=int, default=20000)
+    ap.add_argument("--profile", action="store_true", help="print a cProfile of submit() and exit")
     args = ap.parse_args()
     torch.cuda.init()
     cpus = cycles_per_us()
+    if args.profile:
+        print(profile_submit(4, int(25 * cpus), 2000))
+        return
     report: dict = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(),
@@ -192,7 +229,7 @@ def main() -> None:
         "cycles_per_us": cpus,
         "throughput": [],
     }
-    for gpu_us in (200, 100, 25):
+    for gpu_us in (1000, 200, 25):
         spin = int(gpu_us * cpus)
         for mode, fn in (("submit", throughput_submit), ("run-threads", throughput_run_threads)):
             row = {"mode": mode, "batch": 4, "spin_us": gpu_us}

@@ -54,7 +54,7 @@ class OutputCollector:
         numel = 1
         for d in shape:
             numel *= d
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = numel * dtype.itemsize
         if numel == 0:
             return torch.empty(shape, dtype=dtype, device=self._device.torch_device)
         if buf is None or buf.numel() < nbytes:

@@ -162,7 +162,7 @@ class StandinContext:
         n = 1
         for d in shape:
             n *= d
-        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        nbytes = n * dtype.itemsize
         key = (address, nbytes)
         raw = self._views.get(key)
         if raw is None:
