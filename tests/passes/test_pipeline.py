@@ -1,0 +1,190 @@
+"""Pipeline contracts: errors, verification failures, opset records, CLI behaviour."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper
+
+from tests.passes._graphs import GraphBuilder, op_counts
+from trtforge.errors import UserError
+from trtforge.passes import pipeline
+from trtforge.passes._base import PassOutcome, PassSpec
+from trtforge.passes.attention import PLUGIN_MODULE
+from trtforge.passes.pipeline import DEFAULT_PASSES, VerificationError, optimize_model
+from trtforge.passes.verify import make_inputs
+
+
+def _model() -> onnx.ModelProto:
+    g = GraphBuilder()
+    g.layernorm()
+    g.attention(mask="right")
+    g.gelu()
+    return g.build()
+
+
+def _broken_pass(model: ir.Model, ctx) -> PassOutcome:
+    """Corrupts the first float initializer: what a wrong rewrite looks like to the verifier."""
+    for v in model.graph.initializers.values():
+        arr = v.const_value.numpy()
+        if arr.dtype == np.float32 and arr.size > 1:
+            v.const_value = ir.tensor(arr * 3.0 + 1.0)
+            break
+    return PassOutcome(matches=1)
+
+
+@pytest.fixture
+def broken(monkeypatch):
+    monkeypatch.setitem(pipeline.PASSES, "broken", PassSpec("broken", "test: corrupts weights", _broken_pass))
+    return "broken"
+
+
+def _invalid_model() -> onnx.ModelProto:
+    node = helper.make_node("Relu", ["missing"], ["y"])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_default_passes_order():
+    assert DEFAULT_PASSES[0] == "cleanup" and DEFAULT_PASSES[-1] == "cleanup"
+    assert DEFAULT_PASSES.index("qkv") < DEFAULT_PASSES.index("attention")
+
+
+def test_unknown_pass_is_user_error():
+    with pytest.raises(UserError, match="unknown pass name.*'fuse_everything'"):
+        optimize_model(_model(), passes=["cleanup", "fuse_everything"])
+
+
+def test_unknown_attention_strategy_is_user_error():
+    with pytest.raises(UserError, match="attention strategy 'flash'"):
+        optimize_model(_model(), attention="flash")
+
+
+def test_invalid_graph_is_user_error():
+    with pytest.raises(UserError, match="fails ONNX checking"):
+        optimize_model(_invalid_model())
+
+
+def test_verification_failure_names_pass_and_output(broken):
+    with pytest.raises(VerificationError, match=r"pass 'broken' changed output 'y' beyond tolerance") as e:
+        optimize_model(_model(), passes=["cleanup", broken])
+    assert isinstance(e.value, UserError)
+    assert "max abs error" in str(e.value)
+
+
+def test_no_verify_lets_a_broken_pass_through(broken):
+    _out, ledger = optimize_model(_model(), passes=[broken], verify=False)
+    assert ledger.passes[-1].verification is None and not ledger.verify
+
+
+def test_plugin_strategy_without_plugin_module_is_user_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, PLUGIN_MODULE, None)  # import now raises ImportError
+    with pytest.raises(UserError, match="--attention plugin needs"):
+        optimize_model(_model(), attention="plugin")
+
+
+def test_input_model_not_modified_and_ledger_records_everything():
+    model = _model()
+    before = model.SerializeToString()
+    out, ledger = optimize_model(model, debug=True)
+    assert model.SerializeToString() == before
+    assert {"LayerNormalization", "Attention", "Gelu", "Split"} <= set(op_counts(out))
+    d = json.loads(json.dumps(ledger.to_dict()))
+    assert d["opset_change"] == {"from": 18, "to": 23}
+    for p in d["passes"]:
+        assert {
+            "name",
+            "matches",
+            "nodes_before",
+            "nodes_after",
+            "seconds",
+            "rejected",
+            "verification",
+        } <= set(p)
+        assert p["verification"]["max_rel_error"] < 1e-4
+    onnx.checker.check_model(out)
+
+
+def test_generated_inputs_respect_vocab_and_masks():
+    vocab = 11
+    table = helper.make_tensor("emb", TensorProto.FLOAT, [vocab, 4], np.ones(vocab * 4, np.float32))
+    nodes = [
+        helper.make_node("Gather", ["emb", "ids"], ["e"]),
+        helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["m", "ax"], ["mu"]),
+        helper.make_node("Mul", ["e", "mu"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("mask", TensorProto.INT64, ["batch", "seq"]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])],
+        initializer=[table, helper.make_tensor("ax", TensorProto.INT64, [1], [-1])],
+    )
+    feeds = make_inputs(ir.serde.deserialize_model(helper.make_model(graph)))
+    assert feeds["ids"].shape == feeds["mask"].shape
+    assert feeds["ids"].min() >= 0 and feeds["ids"].max() < vocab
+    assert set(np.unique(feeds["mask"])) == {0, 1}
+    assert feeds["mask"][0].all() and not feeds["mask"][-1].all()  # some padding, never a full row
+    assert feeds["mask"].sum(axis=1).min() >= 1
+
+
+# --- CLI -------------------------------------------------------------------------------------
+def _cli(argv):
+    from trtforge.cli.main import main
+
+    return main(argv)
+
+
+def test_cli_optimize_writes_model_and_ledger(tmp_path, capsys):
+    src, dst, led = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "ledger.json"
+    onnx.save(_model(), src)
+    assert _cli(["optimize", str(src), "-o", str(dst), "--ledger", str(led)]) == 0
+    out = capsys.readouterr().out
+    assert "attention" in out and "layernorm" in out and "opset raised 18 -> 23" in out
+    assert op_counts(onnx.load(dst))["Attention"] == 1
+    assert json.loads(led.read_text())["attention"] == "native"
+    assert _cli(["optimize", str(src), "-o", str(dst)]) == 2  # exists, no --force
+    assert _cli(["optimize", str(src), "-o", str(dst), "--force", "--attention", "none"]) == 0
+    assert "Attention" not in op_counts(onnx.load(dst))
+
+
+@pytest.mark.parametrize(
+    ("argv_extra", "message"),
+    [(["--passes", "cleanup,nope"], "unknown pass name"), (["--attention", "flash"], "Invalid value")],
+)
+def test_cli_bad_options_exit_2_without_output(tmp_path, capsys, argv_extra, message):
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(_model(), src)
+    assert _cli(["optimize", str(src), "-o", str(dst), *argv_extra]) == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [src]
+
+
+def test_cli_invalid_graph_exit_2(tmp_path, capsys):
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(_invalid_model(), src)
+    assert _cli(["optimize", str(src), "-o", str(dst)]) == 2
+    assert "fails ONNX checking" in capsys.readouterr().err
+    assert not dst.exists()
+
+
+def test_cli_verify_failure_exit_2_no_partial_file(tmp_path, capsys, broken):
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(_model(), src)
+    assert _cli(["optimize", str(src), "-o", str(dst), "--passes", f"cleanup,{broken}"]) == 2
+    assert "pass 'broken' changed output 'y'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [src]
