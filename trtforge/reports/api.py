@@ -147,6 +147,7 @@ def _run_target(
         run.error = info.reason or "not prepared"
         return run, latency
     memory = MemoryProbe(target.memory)
+    memory.before_load()
     try:
         runner = target.make_runner()
         runner.activate()
@@ -190,6 +191,8 @@ def build_report(
     threads: int | None = None,
     classification: Collection[str] | None = None,
     title: str | None = None,
+    output_names: Sequence[str] | None = None,
+    calibration_options: Mapping[str, Any] | None = None,
 ) -> ReportResult:
     """Compare targets of `source` for accuracy and latency; write report.html/.md/.json into `out_dir`.
 
@@ -204,10 +207,13 @@ def build_report(
         calibration_data: INT8 calibration data (default: `data`, else generated inputs).
         threads: ONNX Runtime intra-op threads and torch threads (None: library defaults).
         classification: output names that get top-1/top-5 agreement (None: rank-2 float outputs).
+        output_names: names for a module's outputs when it is exported (default output_0, ...).
+        calibration_options: keyword arguments for `calibrate_model` (method, smoothquant, ...).
     """
     _check_args(batch_sizes, seq_lens, warmup, runs)
     out = _out_dir(out_dir)
     src = load_source(source)
+    src.output_names = list(output_names) if output_names else None
     names = validate_names(list(targets) if targets else default_targets(src))
     names, reference = _pick_reference(names, reference, src.kind)
     validate_names([reference])
@@ -223,6 +229,7 @@ def build_report(
                 threads=threads,
                 calibration=lambda: calib(prep),
                 tokenizer=tokenizer,
+                calibration_options=calibration_options,
                 engine_shapes=lambda specs: _engine_shapes(specs, batch_sizes, seq_lens),
             )
             prepared: dict[str, Target] = {}

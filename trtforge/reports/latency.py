@@ -1,11 +1,12 @@
 """Latency: warm-up, N timed runs per (batch, sequence) point, percentiles, throughput, peak memory.
 
 Times are the runners' own (`BaseRunner.last_inference_time()`: the inference call only, no input
-generation or validation). Peak memory: for host runs, the process's peak resident set (VmHWM,
-reset through /proc/self/clear_refs before each point) minus the resident set when the point
-started, i.e. what the point added on top of the loaded model; for CUDA runs, torch's
-`max_memory_allocated` during the point. Where neither can be measured the field is null and
-`memory_method` says why.
+generation or validation). Peak memory: for host runs, the process's peak resident set during the
+point (VmHWM, reset through /proc/self/clear_refs when the point starts) minus the resident set
+before the target was loaded, i.e. the target's weights, arena and activations (approximate: memory
+an earlier target freed but the allocator kept can be reused without showing up); for CUDA runs,
+torch's `max_memory_allocated` during the point. Where neither can be measured the field is null
+and `memory_method` says why.
 """
 
 from __future__ import annotations
@@ -50,13 +51,19 @@ class MemoryProbe:
             _CLEAR_REFS.write_text("5")
         except OSError as e:
             return f"not measured: cannot reset the RSS high-water mark ({e.strerror})"
-        return "host peak RSS (VmHWM) above the RSS at the point's start"
+        return "host peak RSS (VmHWM) during the point above the RSS before the target was loaded"
 
     @property
     def available(self) -> bool:
         return not self.method.startswith("not measured")
 
+    def before_load(self) -> None:
+        """Record the host RSS before the target is loaded (the baseline of every point)."""
+        if self.available and self.kind != "cuda":
+            self._base = _status_kib("VmRSS") or 0
+
     def start(self) -> None:
+        """Reset the peak at the start of a point."""
         if not self.available:
             return
         if self.kind == "cuda":
@@ -66,7 +73,6 @@ class MemoryProbe:
             torch.cuda.reset_peak_memory_stats()
         else:
             _CLEAR_REFS.write_text("5")
-            self._base = _status_kib("VmRSS") or 0
 
     def peak_bytes(self) -> int | None:
         if not self.available:

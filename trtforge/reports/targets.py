@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ class Source:
     onnx_path: Path | None = None
     engine_path: Path | None = None
     manifest: Any = None
+    output_names: list[str] | None = None  # for module sources: names given to the exported outputs
 
 
 @dataclass
@@ -114,9 +115,11 @@ class Preparer:
         threads: int | None,
         calibration: Callable[[], tuple[Any, str]],
         tokenizer: Any = None,
+        calibration_options: Mapping[str, Any] | None = None,
         engine_shapes: Callable[[list[IOSpec]], list[str]] | None = None,
     ):
         self.source, self.workdir, self.threads = source, workdir, threads
+        self._calibration_options = dict(calibration_options or {})
         self._calibration, self._tokenizer, self._engine_shapes = calibration, tokenizer, engine_shapes
         self._graphs: dict[str, _Graph] = {}
         self.output_names: list[str] | None = None
@@ -165,9 +168,11 @@ class Preparer:
         if name == "ort-int8":
             calibrate = _optional("trtforge.calibration.api", "calibrate_model")
             data, data_label = self._calibration()
-            proto, record = calibrate(base.proto, data, progress=False, tokenizer=self._tokenizer)
+            options = {"progress": False, "tokenizer": self._tokenizer} | self._calibration_options
+            proto, record = calibrate(base.proto, data, **options)
             rec = record.to_dict()
-            summary = {k: rec.get(k) for k in ("method", "samples", "matmuls_quantized", "matmuls_total")}
+            keys = ("method", "samples", "matmuls_quantized", "matmuls_total", "smoothquant")
+            summary = {k: rec.get(k) for k in keys}
             return self._save(
                 name, proto, derived_from=base_name, records={"calibration": summary | {"data": data_label}}
             )
@@ -180,7 +185,11 @@ class Preparer:
         src = self.source
         if src.kind == "module":
             art = export_module(
-                src.module, src.example_inputs, self.workdir, dynamic=_dynamic_spec(src.example_inputs)
+                src.module,
+                src.example_inputs,
+                self.workdir,
+                dynamic=_dynamic_spec(src.example_inputs),
+                output_names=src.output_names,
             )
             self.output_names = art.record.output_names
             return _Graph(path=art.path, proto=art.load(), records={"exporter": art.record.exporter})
