@@ -15,12 +15,14 @@ COMMANDS: dict[str, str] = {
     "calibrate": "trtforge.cli.calibrate_cmd:calibrate_cmd",
     "compile": "trtforge.cli.compile_cmd:compile_cmd",
     "inspect": "trtforge.cli.inspect_cmd:inspect_cmd",
+    "report": "trtforge.cli.report_cmd:report_cmd",
     "export-triton": "trtforge.cli.export_triton_cmd:export_triton_cmd",
 }
 SHORT_HELP: dict[str, str] = {
     "calibrate": "INT8-calibrate an ONNX model on a dataset: Q/DQ nodes TensorRT fuses.",
     "compile": "Compile a model (.onnx, .pt2, module:factory) into a TensorRT engine.",
     "inspect": "Summarize an ONNX model or an engine (its manifest).",
+    "report": "Accuracy and latency of torch / ONNX Runtime / TensorRT variants, as HTML, Markdown, JSON.",
     "export-triton": "Write an engine into a Triton Inference Server model repository.",
 }
 
