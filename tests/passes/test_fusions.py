@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
 from tests.passes._graphs import GraphBuilder, feeds_for, op_counts, run_ort
@@ -160,3 +161,30 @@ def test_cleanup_folds_and_drops_identities():
     ops = op_counts(out)
     assert ops == {"Mul": 1}  # the Mul now writes the graph output "y" itself
     assert ledger.matches("cleanup") == 4
+
+
+def test_cleanup_folds_static_shape_subgraphs():
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "i"], ["d"], axis=0),
+        helper.make_node("Concat", ["d", "m1"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 80])],
+        initializer=[
+            helper.make_tensor("i", TensorProto.INT64, [1], [0]),
+            helper.make_tensor("m1", TensorProto.INT64, [1], [-1]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    out, _ = optimize_model(model, passes=["cleanup"])
+    assert op_counts(out) == {"Reshape": 1}
+    reshape = out.graph.node[0]
+    shape = next(t for t in out.graph.initializer if t.name == reshape.input[1])
+    assert onnx.numpy_helper.to_array(shape).tolist() == [2, -1]  # Shape->Gather->Concat folded

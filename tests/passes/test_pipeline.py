@@ -188,3 +188,10 @@ def test_cli_verify_failure_exit_2_no_partial_file(tmp_path, capsys, broken):
     assert _cli(["optimize", str(src), "-o", str(dst), "--passes", f"cleanup,{broken}"]) == 2
     assert "pass 'broken' changed output 'y'" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [src]
+
+
+def test_large_models_skip_verification(monkeypatch):
+    monkeypatch.setattr(pipeline, "VERIFY_MAX_BYTES", 16)
+    _, ledger = optimize_model(_model())
+    assert "ORT verification skipped" in ledger.verify_skipped_reason
+    assert all(p.verification is None for p in ledger.passes)

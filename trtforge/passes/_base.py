@@ -22,6 +22,8 @@ from trtforge.errors import UserError
 ATTENTION_STRATEGIES = ("native", "plugin", "none")
 # A rule is re-applied until it stops matching (nested patterns appear after an outer rewrite), at most:
 _MAX_SWEEPS = 4
+# Helper ops a rewrite may emit around the fused op; not counted in the per-rule ledger.
+_PLUMBING = frozenset({"Transpose", "Shape", "Concat", "Constant", "Expand", "Reshape", "Cast"})
 
 
 class VerificationError(UserError):
@@ -155,7 +157,7 @@ def apply_rules(
             break
     for node in model.graph:
         tag = node.metadata_props.get(RULE_NAME_TAG)
-        if tag and id(node) not in existing:
+        if tag and id(node) not in existing and node.op_type not in _PLUMBING:
             key = f"{tag} -> {node.op_type}"
             outcome.per_rule[key] = outcome.per_rule.get(key, 0) + 1
     if ctx.debug:
