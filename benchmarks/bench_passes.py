@@ -8,7 +8,7 @@ time the original, ours and theirs with ORT CPU (batch 1 and 8, seq 128; median 
 
 Usage:
     HF_HUB_OFFLINE=1 python benchmarks/bench_passes.py [--models bert,gpt2,vit,minilm]
-        [--exporters dynamo,legacy] [--runs 30] [--batches 1,8] [--seq 128] [--out results.json]
+        [--exporters dynamo,legacy] [--runs 30] [--batches 1,8] [--seq 128] [--out rows.jsonl] [--trt]
 """
 
 from __future__ import annotations
@@ -205,6 +205,40 @@ def theirs(name: str, cfg, path: Path) -> tuple[onnx.ModelProto | None, str | No
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
 
 
+def trt_build(fused: onnx.ModelProto) -> dict:
+    """Cast the fused model to FP16 (test helper), parse and build it with TensorRT(-RTX) on the CPU."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.passes._fp16 import cast_model_fp16
+    from trtforge.compiler.backend import get_backend
+
+    backend = get_backend()
+    trt = backend.trt
+    builder = backend.create_builder()
+    network = backend.create_network(builder)
+    parser = backend.create_parser(network)
+    if not parser.parse(cast_model_fp16(fused).SerializeToString()):
+        return {"parsed": False, "errors": [parser.get_error(i).desc() for i in range(parser.num_errors)]}
+    types = collections.Counter(network.get_layer(i).type for i in range(network.num_layers))
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    for i in range(network.num_inputs):
+        profile.set_shape(network.get_input(i).name, (1, 1), (8, 128), (8, 128))
+    config.add_optimization_profile(profile)
+    targets = backend.set_build_targets(config, None)
+    t0 = time.perf_counter()
+    plan = builder.build_serialized_network(network, config)
+    return {
+        "backend": f"{backend.name} {backend.version}",
+        "targets": targets,
+        "attention_layers": types[trt.LayerType.ATTENTION_OUTPUT],
+        "normalization_layers": types[trt.LayerType.NORMALIZATION],
+        "built": plan is not None,
+        "build_s": round(time.perf_counter() - t0, 1),
+        "plan_mb": round(plan.nbytes / 1e6, 1) if plan is not None else None,
+        "errors": [m for sev, m in backend.logger.take() if sev == "ERROR"][:3],
+    }
+
+
 def bench_one(name: str, exporter: str, args, tmp: Path) -> dict:
     model, cfg = build(name)
     path = tmp / f"{name}_{exporter}.onnx"
@@ -239,6 +273,8 @@ def bench_one(name: str, exporter: str, args, tmp: Path) -> dict:
     row["ours_max_rel_err"] = rel_err(ref, session(ours, False).run(None, feed)[0])
     if their_model is not None:
         row["theirs_max_rel_err"] = rel_err(ref, session(their_model, False).run(None, feed)[0])
+    if args.trt and name == "bert":
+        row["trt_rtx_fp16"] = trt_build(ours)
     row["latency_ms"] = {}
     variants = {"original": original, "ours": ours, "theirs": their_model}
     for batch in args.batches:
@@ -263,6 +299,7 @@ def main() -> int:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--out", default=None, help="append JSON rows to this file")
+    ap.add_argument("--trt", action="store_true", help="also build fused BERT in FP16 with TensorRT(-RTX)")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(2)
