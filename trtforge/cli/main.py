@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "compile": "trtforge.cli.compile_cmd:compile_cmd",
     "inspect": "trtforge.cli.inspect_cmd:inspect_cmd",
     "report": "trtforge.cli.report_cmd:report_cmd",
+    "optimize": "trtforge.cli.optimize_cmd:optimize_cmd",
     "export-triton": "trtforge.cli.export_triton_cmd:export_triton_cmd",
 }
 SHORT_HELP: dict[str, str] = {
@@ -23,6 +24,7 @@ SHORT_HELP: dict[str, str] = {
     "compile": "Compile a model (.onnx, .pt2, module:factory) into a TensorRT engine.",
     "inspect": "Summarize an ONNX model or an engine (its manifest).",
     "report": "Accuracy and latency of torch / ONNX Runtime / TensorRT variants, as HTML, Markdown, JSON.",
+    "optimize": "Fuse LayerNorm, GELU, QKV and attention in an ONNX model, verified pass by pass.",
     "export-triton": "Write an engine into a Triton Inference Server model repository.",
 }
 
