@@ -36,6 +36,25 @@ AUTOTUNE_CONFIGS: tuple[KernelConfig, ...] = (
 )
 
 
+# Hopper's per-block shared-memory limit (227 KB), less a margin for barriers and scratch.
+SHARED_MEMORY_BUDGET = 232448 - 2048
+
+
+def fits(config: KernelConfig, block_d: int, itemsize: int = 2) -> bool:
+    """Whether `config`'s pipelined K/V tiles plus the Q tile fit in shared memory at D tile `block_d`.
+
+    Estimate (within ~1 KB of what Triton 3.6 allocates for both variants on sm_90):
+    stages · 2 · BLOCK_N · BLOCK_D + BLOCK_M · BLOCK_D elements.
+    """
+    elems = config.num_stages * 2 * config.block_n * block_d + config.block_m * block_d
+    return elems * itemsize <= SHARED_MEMORY_BUDGET
+
+
+def block_d_for(head_dim: int) -> int:
+    """The D tile: the next power of two, at least 16."""
+    return max(16, 1 << (max(head_dim, 1) - 1).bit_length())
+
+
 def default_config(head_dim: int, dtype_name: str) -> KernelConfig:
     """The configuration used without autotuning (TensorRT tactic 0, Triton's interpreter).
 
@@ -54,9 +73,19 @@ def tactic_configs() -> tuple[KernelConfig, ...]:
     return AUTOTUNE_CONFIGS + tuple(replace(c, tma=True) for c in AUTOTUNE_CONFIGS)
 
 
+def valid_tactics(head_dim: int | None, dtype_name: str | None = None) -> list[int]:
+    """The tactics whose tiles fit this head dim (all of them while the head dim is unknown)."""
+    if head_dim is None or head_dim < 0:
+        return list(range(1, len(tactic_configs()) + 1))
+    itemsize = 4 if dtype_name == "float32" else 2
+    bd = block_d_for(head_dim)
+    return [i + 1 for i, c in enumerate(tactic_configs()) if fits(c, bd, itemsize)]
+
+
 def config_for_tactic(tactic: int, head_dim: int, dtype_name: str) -> KernelConfig:
-    """The configuration of TensorRT tactic `tactic`; tactic 0 (none chosen) is the default."""
+    """The configuration of TensorRT tactic `tactic`; tactic 0 (none chosen), or one whose tiles do
+    not fit this head dim, runs the default configuration."""
     configs = tactic_configs()
-    if 1 <= tactic <= len(configs):
+    if tactic in valid_tactics(head_dim, dtype_name):
         return configs[tactic - 1]
     return default_config(head_dim, dtype_name)

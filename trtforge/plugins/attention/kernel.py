@@ -40,7 +40,7 @@ import triton.language as tl
 import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from trtforge.plugins.attention.configs import AUTOTUNE_CONFIGS, KernelConfig, default_config
+from trtforge.plugins.attention.configs import AUTOTUNE_CONFIGS, KernelConfig, default_config, fits
 
 __all__ = [
     "AUTOTUNE_CONFIGS",
@@ -371,9 +371,16 @@ def _bucket(n: int) -> int:
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: Any) -> list[triton.Config]:
-    """Drop tiles much larger than the problem (256-row tiles below 1024 query rows)."""
-    seq_q = named_args["SEQ_Q_BUCKET"]
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(seq_q // 4, 64)]
+    """Drop tiles much larger than the problem (256-row tiles below 1024 query rows) and tiles whose
+    pipeline does not fit in shared memory at this D tile."""
+    seq_q, block_d = named_args["SEQ_Q_BUCKET"], kwargs["BLOCK_D"]
+    q = named_args["Q"] if "Q" in named_args else named_args["desc_q"].base
+    itemsize = _itemsize(q.dtype)
+    kept = []
+    for c in configs:
+        mine = KernelConfig(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+        if c.kwargs["BLOCK_M"] <= max(seq_q // 4, 64) and fits(mine, block_d, itemsize):
+            kept.append(c)
     return kept or configs[-1:]
 
 

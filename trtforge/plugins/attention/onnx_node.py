@@ -96,7 +96,7 @@ _MASKED = f"""
 
 def flash_attention_attributes(*, num_heads: int, scale: float, causal: bool | int) -> dict[str, object]:
     """The node's attributes as a plain dict (for builders other than onnx_ir, e.g. a rewriter's `op`)."""
-    attrs = FlashAttentionAttrs(num_heads=num_heads, scale=scale, causal=bool(causal))
+    attrs = FlashAttentionAttrs(num_heads=num_heads, scale=scale, causal=causal)
     return {
         "num_heads": attrs.num_heads,
         "scale": attrs.scale,
