@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from trtforge.errors import UserError
-from trtforge.plugins.attention.configs import config_for_tactic, tactic_configs
+from trtforge.plugins.attention.configs import config_for_tactic, valid_tactics
 from trtforge.plugins.attention.spec import (
     LAYOUT_BHSD,
     LAYOUT_PACKED,
@@ -136,13 +136,17 @@ def plugin_classes(backend: Any) -> tuple[type, type]:
             self.timing_cache_id = ""
             self.attrs = attrs
             self.tactic = int(tactic)
+            self.head_dim = -1  # known after configure_plugin: limits the tactics to tiles that fit
+            self.dtype_name: str | None = None
 
         # -- core --------------------------------------------------------------------------------
         def get_capability_interface(self, type: Any) -> Any:  # noqa: A002 (TensorRT's name)
             return self
 
         def clone(self) -> FlashAttentionPlugin:
-            return FlashAttentionPlugin(self.attrs, self.tactic)
+            twin = FlashAttentionPlugin(self.attrs, self.tactic)
+            twin.head_dim, twin.dtype_name = self.head_dim, self.dtype_name
+            return twin
 
         # -- build -------------------------------------------------------------------------------
         def _num_data_inputs(self) -> int:
@@ -194,12 +198,14 @@ def plugin_classes(backend: Any) -> tuple[type, type]:
                 head_dim = dims[2] // (3 * heads) if dims[2] >= 0 else -1
             if head_dim >= 0:
                 check_head_dim(head_dim, f"{PLUGIN_NAMESPACE}::{PLUGIN_NAME}")
+            self.head_dim = head_dim
+            self.dtype_name = dtype_names.get(inp[0].desc.type)
 
         def get_workspace_size(self, inp: list[Any], out: list[Any]) -> int:
             return 0
 
         def get_valid_tactics(self) -> list[int]:
-            return list(range(1, len(tactic_configs()) + 1))
+            return valid_tactics(self.head_dim, self.dtype_name)
 
         # -- runtime -----------------------------------------------------------------------------
         def set_tactic(self, tactic: int) -> None:
