@@ -82,7 +82,7 @@ class StandinContext:
         self.allocator: GpuAllocator | None = None
         self.enqueues = 0
         self._busy = threading.Lock()
-        self._views: dict[tuple[int, int], torch.Tensor] = {}
+        self._views: dict[tuple, torch.Tensor] = {}
         self._events: list[Any] = []
 
     # -- protocol -------------------------------------------------------------------------------------
@@ -159,17 +159,17 @@ class StandinContext:
             raise RuntimeError(f"stand-in: no address bound for {missing}")
 
     def _view(self, address: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        n = 1
-        for d in shape:
-            n *= d
-        nbytes = n * dtype.itemsize
-        key = (address, nbytes)
-        raw = self._views.get(key)
-        if raw is None:
+        """A `dtype`/`shape` tensor over the bound address, cached (addresses repeat: caching allocator)."""
+        key = (address, dtype, shape)
+        t = self._views.get(key)
+        if t is None:
+            n = 1
+            for d in shape:
+                n *= d
             if len(self._views) >= _VIEW_CACHE_LIMIT:
                 self._views.clear()
-            raw = self._views[key] = self._e.device.view(address, nbytes)
-        return raw.view(dtype).view(shape)
+            t = self._views[key] = self._e.device.view(address, n * dtype.itemsize).view(dtype).view(shape)
+        return t
 
     def _compute(self, stream: int) -> None:
         b, d = self.shapes["x"]
