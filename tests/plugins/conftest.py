@@ -24,10 +24,11 @@ if importlib.util.find_spec("triton") is not None and not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     from triton.runtime import interpreter as _interpreter
 
-    _original_patch = _interpreter._patch_lang_tensor
+    _original_patch = getattr(_interpreter, "_patch_lang_tensor", None)  # Triton 3.6's name
 
     def _patch_lang_tensor(tensor, scope):  # type: ignore[no-untyped-def]
         _original_patch(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
 
-    _interpreter._patch_lang_tensor = _patch_lang_tensor
+    if _original_patch is not None:
+        _interpreter._patch_lang_tensor = _patch_lang_tensor
