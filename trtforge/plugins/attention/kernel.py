@@ -22,6 +22,14 @@ Head dims 32/64/80/96/128 (any D <= 256): the D tile is the next power of two an
 padding columns are masked. Any sequence length: only the last K/V tile (and, when causal, the
 tiles on the diagonal) carry bounds/causal masks; all other tiles run unmasked.
 
+Two variants of one kernel body: "pointer" (masked pointer loads, cp.async pipelining) and "tma"
+(Hopper tensor descriptors: the copy engine moves Q/K/V tiles and the output, zero-filling ragged
+edges, so no load masks; needs FP16/BF16 and 16-byte-aligned strides, else "pointer" runs). Neither
+wins everywhere on the H200 (benchmarks/results/attention.md), so an autotuned launch times both
+once per shape bucket and keeps the faster; tiles and pipeline depth are autotuned over
+:data:`~trtforge.plugins.attention.configs.AUTOTUNE_CONFIGS` (Hopper-sized, pruned to what fits in
+shared memory). A TensorRT plugin instead gets every (tiles, variant) pair as a tactic.
+
 The launch API takes torch tensors (:func:`flash_attention`) or raw device pointers plus a raw CUDA
 stream handle (:func:`flash_attention_raw`), which is what a TensorRT plugin's ``enqueue`` gets.
 """
@@ -553,7 +561,8 @@ def flash_attention(
     `scale` defaults to 1/sqrt(D). `key_padding_mask` is [B, S_kv], nonzero = keep. `out` may be any
     strided [B, H, S_q, D] view (e.g. of a [B, S, H·D] buffer). With `config` None the launch is
     autotuned over :data:`AUTOTUNE_CONFIGS` (cached per shape bucket), except under Triton's
-    interpreter, which uses :func:`default_config`.
+    interpreter, which uses :func:`default_config`. `variant` is "auto", "tma" or "pointer" (see the
+    module docstring); with a `config`, "auto" means ``config.tma``.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
