@@ -34,6 +34,12 @@ Exit codes: 0 ok, 2 bad input, 3 with --check when an output fails its tolerance
 """
 
 
+class AccuracyCheckFailed(click.ClickException):
+    """--check found an output outside its tolerance (exit code 3)."""
+
+    exit_code = 3
+
+
 def _ints(text: str, what: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
@@ -140,6 +146,8 @@ def report_cmd(
         ("json", result.json_path),
     ):
         click.echo(f"{label:9s}{path}")
-    if check and result.report.summary()["accuracy_failed"]:
-        click.secho("accuracy check failed (see the report)", fg="red", err=True)
-        raise click.exceptions.Exit(3)
+    failed = result.report.summary()["accuracy_failed"]
+    if check and failed:
+        raise AccuracyCheckFailed(
+            f"accuracy check failed: {failed} output(s) outside tolerance (see the report)"
+        )

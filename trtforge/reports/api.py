@@ -23,6 +23,7 @@ from trtforge.reports.compare import compare_target
 from trtforge.reports.inputs import Feed, IOSpec, generate_feed, load_feeds, static_batch
 from trtforge.reports.latency import MemoryProbe, measure_point, sweep_points
 from trtforge.reports.results import FAILED, OK, AccuracyRow, LatencyPoint, Report, TargetRun
+from trtforge.reports.runners import preload, quiet_polygraphy
 from trtforge.reports.targets import Preparer, Target, default_targets, load_source, validate_names
 
 DEFAULT_WARMUP = 3
@@ -211,17 +212,17 @@ def build_report(
         calibration_options: keyword arguments for `calibrate_model` (method, smoothquant, ...).
     """
     _check_args(batch_sizes, seq_lens, warmup, runs)
-    out = _out_dir(out_dir)
     src = load_source(source)
     src.output_names = list(output_names) if output_names else None
     names = validate_names(list(targets) if targets else default_targets(src))
     names, reference = _pick_reference(names, reference, src.kind)
     validate_names([reference])
+    out = _out_dir(out_dir)
     notes: list[str] = []
     workdir = Path(tempfile.mkdtemp(prefix="trtforge-report-"))
     bar = _Progress(progress, 2 * len(names))
     try:
-        with bar.running(), _torch_threads(threads):
+        with bar.running(), _torch_threads(threads), quiet_polygraphy():
             calib = _calibration_source(calibration_data, data, tokenizer, seq_lens[0], notes)
             prep = Preparer(
                 src,
@@ -241,6 +242,7 @@ def build_report(
                 (t.specs for t in prepared.values() if t.specs), None
             )
             feeds, data_label = _accuracy_feeds(data, ref_specs, max(batch_sizes), seq_lens[0], tokenizer)
+            preload()
             runs_by_name: dict[str, TargetRun] = {}
             latency: list[LatencyPoint] = []
             for n in names:

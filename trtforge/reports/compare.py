@@ -159,7 +159,7 @@ def _compare_output(
     it_r = IterationResult({name: r}, runner_name=row.reference)
     it_t = IterationResult({name: t}, runner_name=row.target)
     elemwise = tol.atol is not None or tol.rtol is not None
-    with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
+    with G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1):
         simple = SimpleCompareFunc(atol=tol.atol or 0.0, rtol=tol.rtol or 0.0, check_error_stat="elemwise")(
             it_t, it_r
         )[name]

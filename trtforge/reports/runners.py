@@ -22,6 +22,22 @@ from polygraphy.common import TensorMetadata
 from trtforge.reports.inputs import IOSpec
 
 
+def preload() -> None:
+    """Do the imports Polygraphy's runners make on their first call (it imports torch, if installed, to
+    test feeds for torch tensors), so they are not counted in the first target's memory and time."""
+    from polygraphy.backend import onnxrt  # noqa: F401
+    from polygraphy.util import array
+
+    array.is_torch(None)
+
+
+def quiet_polygraphy() -> Any:
+    """Silence Polygraphy's logger (its critical messages still raise; they land in the rows)."""
+    from polygraphy.logger import G_LOGGER
+
+    return G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1)
+
+
 def input_metadata(specs: Sequence[IOSpec]) -> TensorMetadata:
     """Polygraphy metadata from our specs (dynamic dims as None)."""
     meta = TensorMetadata()

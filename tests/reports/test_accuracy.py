@@ -1,0 +1,125 @@
+"""Accuracy numbers recomputed independently: the two models' outputs and every metric in numpy."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.reports._tiny import classifier_onnx, classifier_weights, inputs_npz
+from trtforge.errors import UserError
+from trtforge.reports.api import build_report
+from trtforge.reports.compare import parse_tolerance, resolve_tolerance
+from trtforge.reports.results import Tolerance
+
+NOISE = 0.3
+
+
+@pytest.fixture(scope="module")
+def pair_report(tmp_path_factory):
+    """Reference model A and a perturbed copy B (as an onnx= target), on 12 user samples."""
+    d = tmp_path_factory.mktemp("acc")
+    wa, ba = classifier_weights(0)
+    wb, bb = classifier_weights(7, noise=NOISE)
+    a = classifier_onnx(d / "a.onnx", wa, ba)
+    b = classifier_onnx(d / "b.onnx", wb, bb)
+    x = inputs_npz(d / "x.npz", samples=12)
+    target = f"onnx={b}"
+    result = build_report(
+        str(a),
+        targets=["ort", target],
+        reference="ort",
+        data=str(d / "x.npz"),
+        out_dir=d / "out",
+        batch_sizes=(1, 4),
+        warmup=1,
+        runs=3,
+        tolerances={"": {"atol": 0.5, "rtol": 0.0, "min_cosine": 0.9, "min_snr_db": 10.0}},
+        progress=False,
+    )
+    ref = x.astype(np.float64) @ wa.astype(np.float64) + ba
+    tgt = x.astype(np.float64) @ wb.astype(np.float64) + bb
+    return result, json.loads(result.json_path.read_text()), ref, tgt, target
+
+
+def _row(doc, target):
+    rows = [r for r in doc["accuracy"] if r["target"] == target]
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_metrics_match_numpy(pair_report):
+    _, doc, ref, tgt, target = pair_report
+    row = _row(doc, target)
+    assert row["status"] == "ok" and row["output"] == "logits" and row["elements"] == ref.size
+    diff = np.abs(tgt - ref)
+    rel = diff / np.abs(ref)
+    expected = {
+        "max_abs": diff.max(),
+        "mean_abs": diff.mean(),
+        "max_rel": rel.max(),
+        "mean_rel": rel.mean(),
+        "rel_l2": np.linalg.norm(tgt - ref) / np.linalg.norm(ref),
+        "cosine": (tgt * ref).sum() / np.linalg.norm(tgt) / np.linalg.norm(ref),
+        "snr_db": 10 * np.log10((ref**2).mean() / ((tgt - ref) ** 2).mean()),
+    }
+    for key, value in expected.items():
+        assert row[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    top1 = np.mean(tgt.argmax(1) == ref.argmax(1))
+    top5 = np.mean([ref.argmax(1)[i] in np.argsort(-tgt[i])[:5] for i in range(len(ref))])
+    assert 0 < top1 < 1, "the perturbation should flip some argmaxes, or the check is vacuous"
+    assert row["top1"] == pytest.approx(top1)
+    assert row["top5"] == pytest.approx(top5)
+
+
+def test_pass_fail_matches_numpy(pair_report):
+    _, doc, ref, tgt, target = pair_report
+    row = _row(doc, target)
+    diff = np.abs(tgt - ref)
+    cos = (tgt * ref).sum() / np.linalg.norm(tgt) / np.linalg.norm(ref)
+    snr = 10 * np.log10((ref**2).mean() / (diff**2).mean())
+    checks = {c["name"]: c["passed"] for c in row["checks"]}
+    assert checks == {
+        "elementwise": bool((diff <= 0.5).all()),
+        "cosine": bool(cos >= 0.9),
+        "snr": bool(snr >= 10),
+    }
+    assert row["passed"] == all(checks.values())
+
+
+def test_histogram_counts_every_element(pair_report):
+    _, doc, ref, tgt, target = pair_report
+    h = _row(doc, target)["histogram"]
+    assert sum(h["counts"]) + h["zeros"] == ref.size
+    assert len(h["edges"]) == len(h["counts"]) + 1
+    assert h["edges"][-1] == pytest.approx(np.abs(tgt - ref).max(), rel=1e-4)
+
+
+def test_in_memory_results_are_what_was_rendered(pair_report):
+    result, doc, ref, _, target = pair_report
+    mem = next(r for r in result.report.accuracy if r.target == target)
+    assert mem.max_abs == _row(doc, target)["max_abs"]
+    outputs = result.runs["ort"].outputs
+    assert [o["logits"].shape[0] for o in outputs] == [8, 4]  # the .npz split into batches of 8
+    np.testing.assert_allclose(np.concatenate([o["logits"] for o in outputs]), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_tolerance_resolution_order():
+    over = {"": {"atol": 1.0}, "logits": {"rtol": 0.5}, "t/": {"min_cosine": 0.5}, "t/logits": {"atol": 2.0}}
+    tol = resolve_tolerance("t", "logits", "fp16", over)
+    assert (tol.atol, tol.rtol, tol.min_cosine) == (2.0, 0.5, 0.5)
+    assert tol.min_snr_db == 30.0  # the fp16 default survives
+    assert resolve_tolerance("u", "other", "fp32", {"": Tolerance(min_top1=0.9)}) == Tolerance(min_top1=0.9)
+    with pytest.raises(UserError, match="unknown field"):
+        resolve_tolerance("t", "o", "fp32", {"": {"cos": 1}})
+
+
+def test_parse_tolerance():
+    assert parse_tolerance("ort-int8/logits:cosine=0.99,atol=none") == (
+        "ort-int8/logits",
+        {"min_cosine": 0.99, "atol": None},
+    )
+    assert parse_tolerance(":snr=20") == ("", {"min_snr_db": 20.0})
+    with pytest.raises(UserError, match="bad item"):
+        parse_tolerance("logits:speed=1")

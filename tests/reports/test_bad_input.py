@@ -1,0 +1,126 @@
+"""Bad input never stops the report: the row of the target that rejects it says why."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+from tests.reports._tiny import FEATURES, classifier_onnx, classifier_weights, inputs_npz
+from trtforge._fileio import sha256_bytes
+from trtforge.compiler.manifest import Manifest, ShapeRange, TensorSpec, write_manifest
+from trtforge.errors import UserError
+from trtforge.reports.api import build_report
+from trtforge.reports.results import SCHEMA_FILE
+
+FAST = {"batch_sizes": (2,), "warmup": 0, "runs": 1, "progress": False}
+
+
+@pytest.fixture
+def model_a(tmp_path):
+    w, b = classifier_weights(0)
+    return classifier_onnx(tmp_path / "a.onnx", w, b)
+
+
+def _valid(path) -> dict:
+    jsonschema = pytest.importorskip("jsonschema")
+    doc = json.loads(path.read_text())
+    jsonschema.validate(doc, json.loads(SCHEMA_FILE.read_text()))
+    return doc
+
+
+def test_inputs_that_do_not_match_one_target(tmp_path, model_a):
+    w, b = classifier_weights(0)
+    doubles = classifier_onnx(tmp_path / "d.onnx", w, b, input_dtype=TensorProto.DOUBLE)
+    inputs_npz(tmp_path / "x.npz")  # float32 x: right for a.onnx, wrong dtype for d.onnx
+    target = f"onnx={doubles}"
+    r = build_report(
+        str(model_a), targets=["ort", target], data=tmp_path / "x.npz", out_dir=tmp_path / "o", **FAST
+    )
+    doc = _valid(r.json_path)
+    info = next(t for t in doc["targets"] if t["name"] == target)
+    assert info["status"] == "failed" and "dtype" in info["reason"].lower()
+    row = next(a for a in doc["accuracy"] if a["target"] == target)
+    assert row["status"] == "not_compared" and "dtype" in row["reason"].lower()
+    # its own generated float64 inputs still time it
+    assert [p["status"] for p in doc["latency"] if p["target"] == target] == ["ok"]
+    assert target in r.html_path.read_text()
+
+
+def test_data_missing_an_input(tmp_path, model_a):
+    np.savez(tmp_path / "z.npz", z=np.zeros((2, FEATURES), np.float32))
+    r = build_report(
+        str(model_a), targets=["ort", "ort-fp16"], data=tmp_path / "z.npz", out_dir=tmp_path / "o", **FAST
+    )
+    doc = _valid(r.json_path)
+    (row,) = doc["accuracy"]
+    assert row["status"] == "not_compared" and "reference 'ort' did not run" in row["reason"]
+    assert "'x'" in row["reason"] or "x" in row["reason"]
+    assert doc["summary"]["all_passed"] is False
+
+
+def test_target_that_fails_to_load(tmp_path, model_a):
+    from onnx import helper, save
+
+    g = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x"], ["logits"], domain="com.example")],
+        "bad",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+    )
+    m = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    )
+    save(m, str(tmp_path / "bad.onnx"))
+    target = f"onnx={tmp_path / 'bad.onnx'}"
+    r = build_report(str(model_a), targets=["ort", target], out_dir=tmp_path / "o", **FAST)
+    doc = _valid(r.json_path)
+    info = next(t for t in doc["targets"] if t["name"] == target)
+    assert info["status"] == "failed" and "NoSuchOp" in info["reason"]
+    assert next(a for a in doc["accuracy"] if a["target"] == target)["status"] == "not_compared"
+    assert doc["targets"][0]["status"] == "ok"
+
+
+def test_engine_source_that_cannot_run_here(tmp_path, model_a):
+    """An engine (with manifest) as the source: the ort row runs its source ONNX; trt says why not.
+
+    The engine bytes are not an engine: this tests the report's handling, nothing is executed as one.
+    Where a runnable TensorRT exists, deserializing them fails and the row says so instead.
+    """
+    engine = tmp_path / "a.engine"
+    engine.write_bytes(b"not a real engine")
+    manifest = Manifest(
+        engine_file=engine.name,
+        engine_sha256=sha256_bytes(engine.read_bytes()),
+        engine_bytes=engine.stat().st_size,
+        backend={"name": "tensorrt_rtx", "version": "1.7.1"},
+        inputs=[TensorSpec("x", "float32", [-1, FEATURES])],
+        outputs=[TensorSpec("logits", "float32", [-1, 10])],
+        profiles=[{"x": ShapeRange([1, FEATURES], [4, FEATURES], [4, FEATURES])}],
+        source={"kind": "onnx", "path": str(model_a)},
+        trtforge_version="0.1.0",
+    )
+    write_manifest(manifest, engine)
+    r = build_report(
+        str(engine), out_dir=tmp_path / "o", batch_sizes=(2, 8), warmup=0, runs=1, progress=False
+    )
+    doc = _valid(r.json_path)
+    assert doc["source"]["kind"] == "engine" and doc["settings"]["targets"] == ["ort", "trt"]
+    trt = next(t for t in doc["targets"] if t["name"] == "trt")
+    assert trt["status"] in ("not_run", "failed") and trt["reason"]
+    assert next(a for a in doc["accuracy"] if a["target"] == "trt")["status"] == "not_compared"
+
+
+def test_bad_arguments_are_user_errors(tmp_path, model_a):
+    with pytest.raises(UserError, match="unknown report target 'ort-fp8'"):
+        build_report(str(model_a), targets=["ort-fp8"], out_dir=tmp_path / "o", progress=False)
+    with pytest.raises(UserError, match="does not exist"):
+        build_report(str(tmp_path / "nope.onnx"), out_dir=tmp_path / "o", progress=False)
+    with pytest.raises(UserError, match="batch sizes"):
+        build_report(str(model_a), batch_sizes=(0,), out_dir=tmp_path / "o", progress=False)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="not a directory"):
+        build_report(str(model_a), out_dir=tmp_path / "file", progress=False)
+    assert not (tmp_path / "o").exists()

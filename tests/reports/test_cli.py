@@ -1,0 +1,75 @@
+"""`trtforge report` from the command line: files written, bad input -> exit 2, --check -> exit 3."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.reports._tiny import classifier_onnx, classifier_weights, inputs_npz
+from trtforge.cli.main import main
+
+FAST = ["--batch", "1,2", "--warmup", "0", "--runs", "2", "--no-progress"]
+
+
+@pytest.fixture
+def models(tmp_path):
+    wa, ba = classifier_weights(0)
+    wb, bb = classifier_weights(3, noise=0.3)
+    inputs_npz(tmp_path / "x.npz")
+    return classifier_onnx(tmp_path / "a.onnx", wa, ba), classifier_onnx(tmp_path / "b.onnx", wb, bb)
+
+
+def _run(argv, capsys):
+    rc = main(argv)
+    cap = capsys.readouterr()
+    return rc, cap.out + cap.err
+
+
+def test_report_writes_three_files(tmp_path, models, capsys):
+    a, b = models
+    out = tmp_path / "out"
+    argv = ["report", str(a), "-o", str(out), "--targets", f"ort,onnx={b}", "--data", str(tmp_path / "x.npz")]
+    rc, text = _run([*argv, "--tolerance", ":cosine=0.5,atol=none,rtol=none", *FAST], capsys)
+    assert rc == 0, text
+    assert {p.name for p in out.iterdir()} == {"report.html", "report.md", "report.json"}
+    assert str(out / "report.html") in text and "accuracy vs ort: 1 passed" in text
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["settings"]["batch_sizes"] == [1, 2] and doc["settings"]["runs"] == 2
+    assert doc["accuracy"][0]["tolerance"]["min_cosine"] == 0.5
+
+
+def test_check_exits_3_when_an_output_fails(tmp_path, models, capsys):
+    a, b = models
+    argv = ["report", str(a), "-o", str(tmp_path / "o"), "--targets", f"ort,onnx={b}", "--check", *FAST]
+    rc, text = _run([*argv, "--tolerance", "logits:atol=1e-6,rtol=0"], capsys)
+    assert rc == 3 and "accuracy check failed" in text
+    assert (tmp_path / "o" / "report.html").is_file()  # the report is written before failing
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--targets", "ort,nope"], "unknown report target 'nope'"),
+        (["--batch", "0"], "positive integers"),
+        (["--tolerance", "logits"], "--tolerance 'logits'"),
+        (["--targets", "onnx=/does/not/exist.onnx"], "does not exist"),
+    ],
+)
+def test_bad_options_exit_2(tmp_path, models, capsys, extra, message):
+    a, _ = models
+    rc, text = _run(["report", str(a), "-o", str(tmp_path / "o"), *FAST, *extra], capsys)
+    assert rc == 2 and message in text
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_model_exits_2(tmp_path, capsys):
+    rc, text = _run(["report", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o")], capsys)
+    assert rc == 2 and "does not exist" in text
+
+
+def test_help_lists_report(capsys):
+    rc, text = _run(["--help"], capsys)
+    assert rc == 0 and "report" in text
+    rc, text = _run(["report", "--help"], capsys)
+    assert rc == 0 and "--tolerance" in text and "onnx=PATH" in text

@@ -1,0 +1,70 @@
+"""Generated inputs follow the I/O specs: ids within the vocabulary, 0/1 masks, static and profile dims."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.reports._tiny import classifier_onnx, classifier_weights, token_model_onnx
+from trtforge.errors import UserError
+from trtforge.reports.inputs import IOSpec, generate_feed, load_feeds, resolve_shape, specs_from_onnx
+from trtforge.reports.latency import sweep_points
+
+
+def test_token_ids_within_vocab_and_masks_are_binary(tmp_path):
+    specs = specs_from_onnx(onnx.load(str(token_model_onnx(tmp_path / "t.onnx", vocab=37))))
+    assert {s.name: s.vocab for s in specs} == {"input_ids": 37, "attention_mask": None}
+    for seed in range(5):
+        feed = generate_feed(specs, 4, 32, seed=seed)
+        ids, mask = feed["input_ids"], feed["attention_mask"]
+        assert ids.shape == mask.shape == (4, 32) and ids.dtype == mask.dtype == np.int64
+        assert ids.min() >= 0 and ids.max() < 37
+        assert set(np.unique(mask)) <= {0, 1} and (mask[:, 0] == 1).all()
+        # padding is a tail: once 0, stays 0
+        assert (np.diff(mask, axis=1) <= 0).all()
+
+
+def test_generated_feeds_are_deterministic(tmp_path):
+    specs = specs_from_onnx(onnx.load(str(token_model_onnx(tmp_path / "t.onnx"))))
+    a, b = generate_feed(specs, 2, 8, seed=3), generate_feed(specs, 2, 8, seed=3)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_static_dims_and_profile_limits():
+    static = IOSpec("x", np.dtype("float32"), (2, 16))
+    assert resolve_shape(static, 2, None) == (2, 16)
+    with pytest.raises(UserError, match="static batch of 2"):
+        resolve_shape(static, 8, None)
+    assert sweep_points([static], (1, 8), (128,)) == [(2, None)]
+    limited = IOSpec("ids", np.dtype("int64"), (None, None), limits=((1, 8), (1, 64)))
+    assert resolve_shape(limited, 8, 64) == (8, 64)
+    with pytest.raises(UserError, match=r"outside the engine profile \[1, 64\]"):
+        resolve_shape(limited, 8, 128)
+
+
+def test_npz_is_split_into_batches_and_dicts_pass_through(tmp_path):
+    w, b = classifier_weights(0)
+    specs = specs_from_onnx(onnx.load(str(classifier_onnx(tmp_path / "a.onnx", w, b))))
+    np.savez(tmp_path / "x.npz", x=np.ones((20, 16), np.float32))
+    feeds, label = load_feeds(tmp_path / "x.npz", specs)
+    assert [f["x"].shape[0] for f in feeds] == [8, 8, 4] and ".npz" in label
+    feeds, _ = load_feeds({"x": np.zeros((3, 16), np.float32)}, specs)
+    assert feeds[0]["x"].shape == (3, 16)
+    with pytest.raises(UserError, match="empty iterable"):
+        load_feeds([], specs)
+
+
+def test_calibration_dataset_formats_are_accepted(tmp_path):
+    """A directory of .npz files goes through trtforge.calibration.data.load_dataset."""
+    pytest.importorskip("trtforge.calibration.data", reason="calibration data loader not present")
+    w, b = classifier_weights(0)
+    specs = specs_from_onnx(onnx.load(str(classifier_onnx(tmp_path / "a.onnx", w, b))))
+    d = tmp_path / "data"
+    d.mkdir()
+    for i in range(2):
+        np.savez(d / f"part{i}.npz", x=np.full((5, 16), i, np.float32))
+    feeds, label = load_feeds(d, specs, batch_size=4)
+    assert sum(f["x"].shape[0] for f in feeds) == 10 and "calibration dataset" in label
+    with pytest.raises(UserError):
+        load_feeds(tmp_path / "missing_dir", specs)

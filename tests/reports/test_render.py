@@ -1,0 +1,126 @@
+"""The rendered report: JSON valid against its schema, Markdown tables, HTML in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.reports._tiny import classifier_onnx, classifier_weights, token_model_onnx
+from trtforge.reports.api import build_report
+from trtforge.reports.results import SCHEMA_FILE
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts" / "reports"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """A token model (sequence sweep) with one good target, one that fails to load, one not runnable."""
+    d = tmp_path_factory.mktemp("render")
+    model = token_model_onnx(d / "tokens.onnx")
+    broken = d / "broken.onnx"
+    broken.write_bytes(b"this is not a protobuf")
+    return build_report(
+        str(model),
+        targets=["ort", "ort-fp16", f"onnx={broken}", "trt"],
+        out_dir=d / "out",
+        batch_sizes=(1, 2, 4),
+        seq_lens=(8, 16),
+        warmup=1,
+        runs=3,
+        progress=False,
+    )
+
+
+def _validator():
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is in the dev extra")
+    schema = json.loads(SCHEMA_FILE.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_json_validates_against_schema(report):
+    doc = json.loads(report.json_path.read_text())
+    errors = sorted(_validator().iter_errors(doc), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors[:10])
+    assert doc["format"] == "trtforge.report/1"
+
+
+def test_schema_rejects_a_broken_document(report):
+    doc = json.loads(report.json_path.read_text())
+    doc["latency"][0]["batch"] = 0
+    del doc["accuracy"][0]["status"]
+    assert len(list(_validator().iter_errors(doc))) == 2
+
+
+def test_sweep_covers_batch_and_sequence(report):
+    ok = [p for p in report.report.latency if p.target == "ort"]
+    assert {(p.batch, p.seq) for p in ok} == {(b, s) for b in (1, 2, 4) for s in (8, 16)}
+    for p in ok:
+        assert p.status == "ok" and p.p50_ms <= p.p90_ms <= p.p99_ms and p.runs == 3
+        assert p.input_shapes == {"input_ids": [p.batch, p.seq], "attention_mask": [p.batch, p.seq]}
+        assert p.throughput == pytest.approx(p.batch / (p.mean_ms / 1e3))
+
+
+def test_markdown_summary(report):
+    md = report.markdown_path.read_text()
+    for heading in ("## Targets", "## Accuracy", "## Latency"):
+        assert heading in md
+    assert md.count("\n| target |") == 3
+    assert "| ort-fp16 | y |" in md
+
+
+@pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="headless Chromium not installed: apt-get install -y chromium (Debian package 'chromium')",
+)
+def test_html_in_headless_chromium(report):
+    html = report.html_path.read_text()
+    assert "http://" not in html and "https://" not in html  # self-contained
+    args = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    dom = subprocess.run(
+        [*args, "--dump-dom", report.html_path.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert len(re.findall(r"<table\b", dom)) == 3
+    assert set(re.findall(r'<table id="(\w+)"', dom)) == {"targets", "accuracy", "latency"}
+    # one latency figure, one error histogram (the one output y)
+    assert len(re.findall(r'<img src="data:image/png;base64,[A-Za-z0-9+/=]{1000,}"', dom)) == 2
+    assert dom.count("<tr") >= 1 + 4 + 1 + 3 + 1 + 12  # header+rows of the three tables, at least
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    shot.unlink(missing_ok=True)
+    subprocess.run(
+        [*args, "--window-size=1400,2400", f"--screenshot={shot}", report.html_path.as_uri()],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    assert shot.stat().st_size > 20_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    shutil.copy(report.html_path, ARTIFACTS / "report.html")
+
+
+def test_plots_absent_without_data(tmp_path):
+    """Nothing ran (the only ONNX target is broken): the report still renders, with no plot."""
+    broken = tmp_path / "b.onnx"
+    broken.write_bytes(b"garbage")
+    w, b = classifier_weights(0)
+    src = classifier_onnx(tmp_path / "a.onnx", w, b)
+    result = build_report(
+        str(src),
+        targets=[f"onnx={broken}"],
+        reference=f"onnx={broken}",
+        out_dir=tmp_path / "o",
+        progress=False,
+    )
+    html = result.html_path.read_text()
+    assert "data:image/png" not in html and "No latency measurements" in html
+    assert result.report.targets[0].status == "failed"
