@@ -183,3 +183,27 @@ def test_tensorrt_engine_refuses_cpu_device(monkeypatch):
     eng.host_capable = False
     with pytest.raises(UserError, match="runs on a CUDA device"):
         eng.session(streams=1, device="cpu")
+
+
+def test_submit_errors_from_the_gpu_side_reach_the_future():
+    from trtforge.runtime._completion import Completer
+
+    class Boom:
+        def synchronize(self):
+            raise RuntimeError("CUDA error: an illegal memory access")
+
+    c = Completer("test")
+    fut = c.put(Boom(), dict, None)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        fut.result(timeout=5)
+    assert not fut.cancel(), "an enqueued request cannot be cancelled"
+    c.close()
+
+
+def test_importing_the_runtime_package_is_light():
+    import subprocess
+    import sys
+
+    code = "import sys, trtforge.runtime; print('torch' in sys.modules, 'tensorrt_rtx' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

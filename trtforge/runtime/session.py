@@ -16,6 +16,11 @@ Non-contiguous torch inputs are made contiguous (a copy on the caller's stream, 
 ``memory_stats()["contiguous_copies"]``); caller-provided outputs must be contiguous (refused otherwise,
 since the engine writes them in place). NumPy arrays and CPU tensors are staged through per-lane pinned
 buffers and copied on the lane stream; when every input is NumPy the outputs come back as NumPy arrays.
+
+Concurrency: ``submit()`` from one thread keeps every lane busy (the lane is free again as soon as the request
+is enqueued; a per-lane waiter thread resolves the future). ``run()`` follows torch stream semantics, so
+threads that call ``run()`` concurrently should each use their own CUDA stream: calls issued on one shared
+stream are ordered one after another by that stream.
 """
 
 from __future__ import annotations
