@@ -207,3 +207,19 @@ def test_importing_the_runtime_package_is_light():
     code = "import sys, trtforge.runtime; print('torch' in sys.modules, 'tensorrt_rtx' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_memory_needed_per_shape_without_running():
+    eng, s = _session(1, memory_fn=lambda b: b * 1000 + 1)
+    assert s.memory_needed({"x": torch.empty(7, 64)}) == 7001
+    assert s.memory_needed({"x": np.empty((32, 64), np.float32)}) == 32001
+    assert eng.device_memory_for_profile(0) == 32001
+    assert sum(c.enqueues for c in eng.handle.contexts) == 0
+    with pytest.raises(UserError, match="dimension 0: 33 not in"):
+        s.memory_needed({"x": torch.empty(33, 64)})
+
+
+def test_graph_warmup_must_be_positive():
+    eng = load_standin(standin_manifest(), device="cpu")
+    with pytest.raises(UserError, match="graph_warmup=0"):
+        eng.session(streams=1, cuda_graphs=True, graph_warmup=0)

@@ -104,6 +104,11 @@ class Session:
         self.device = make_device(engine.default_device if device is None else device)
         if self.device.kind == "cpu" and not engine.host_capable:
             raise UserError(f"{engine.label}: a TensorRT engine runs on a CUDA device, not on 'cpu'.")
+        if graph_warmup < 1:
+            raise UserError(
+                f"graph_warmup={graph_warmup}: at least one plain enqueue must precede a CUDA-graph capture "
+                "(tensorrt-facts.md §4.7)."
+            )
         self.cuda_graphs = bool(cuda_graphs) and self.device.kind == "cuda"
         self.graph_warmup = graph_warmup
         self.torch_allocator = torch_allocator
@@ -173,6 +178,23 @@ class Session:
         if host is not None:
             return completer.put(done, lambda: {n: v.numpy() for n, v in host.items()}, keep)
         return completer.put(done, lambda: result, keep)
+
+    def memory_needed(self, inputs: Mapping[str, Any]) -> int:
+        """Device memory (bytes) one lane needs for these input shapes; reads metadata only, runs nothing."""
+        if self._closed:
+            raise RuntimeError("session is closed")
+        base, shapes = self.engine.validator.validate(inputs)
+        key = (base, shapes)
+        if key not in self._out_cache:
+            lane = self._acquire()
+            try:
+                self._resolve(lane, base, shapes)
+            except BaseException:
+                lane.reset()
+                raise
+            finally:
+                self._free.put(lane)
+        return self._out_cache[key][0]
 
     def memory_stats(self) -> dict[str, Any]:
         """Arena sizes and growth per lane, pinned staging, graphs, output and allocator traffic."""
