@@ -4,7 +4,8 @@ For each model (random weights from its config) and each torch exporter (dynamo,
 export, run `trtforge.passes.pipeline.optimize_model` (verify on), count fused ops against the
 expected per-model counts, compare numerics with the original in ONNX Runtime FP32, run
 `onnxruntime.transformers.optimizer.optimize_model` (CPU, opt_level 1) on the same export, and
-time the original, ours and theirs with ORT CPU (batch 1 and 8, seq 128; median of --runs).
+time the original, ours and theirs with ORT CPU (batch 1 and 8, seq 128; median of --runs,
+the three sessions run round-robin so load from other processes hits each alike).
 
 Usage:
     HF_HUB_OFFLINE=1 python benchmarks/bench_passes.py [--models bert,gpt2,vit,minilm]
@@ -176,14 +177,17 @@ def rel_err(ref: np.ndarray, got: np.ndarray) -> float:
     return float(np.max(np.abs(got.astype(np.float64) - ref)) / max(np.max(np.abs(ref)), 1e-12))
 
 
-def latency_ms(sess: ort.InferenceSession, feed: dict[str, np.ndarray], runs: int) -> float:
-    sess.run(None, feed)  # warm-up
-    times = []
+def latencies_ms(sessions: dict[str, ort.InferenceSession], feed: dict[str, np.ndarray], runs: int) -> dict:
+    """Median ms per session, runs interleaved round-robin so machine load hits every variant alike."""
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    for sess in sessions.values():
+        sess.run(None, feed)  # warm-up
     for _ in range(runs):
-        t0 = time.perf_counter()
-        sess.run(None, feed)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        for label, sess in sessions.items():
+            t0 = time.perf_counter()
+            sess.run(None, feed)
+            times[label].append((time.perf_counter() - t0) * 1e3)
+    return {k: round(statistics.median(v), 2) for k, v in times.items()}
 
 
 def theirs(name: str, cfg, path: Path) -> tuple[onnx.ModelProto | None, str | None]:
@@ -277,17 +281,18 @@ def bench_one(name: str, exporter: str, args, tmp: Path) -> dict:
         row["trt_rtx_fp16"] = trt_build(ours)
     row["latency_ms"] = {}
     variants = {"original": original, "ours": ours, "theirs": their_model}
+    sessions = {}
+    for label, m in variants.items():
+        if m is None:
+            continue
+        try:
+            sessions[label] = session(m, True)
+        except Exception as e:
+            row["latency_ms"][label] = f"error: {type(e).__name__}: {str(e)[:120]}"
     for batch in args.batches:
         feed = feeds(name, cfg, batch, seq)
-        for label, m in variants.items():
-            if m is None:
-                continue
-            try:
-                row["latency_ms"][f"{label}_b{batch}"] = round(
-                    latency_ms(session(m, True), feed, args.runs), 2
-                )
-            except Exception as e:
-                row["latency_ms"][f"{label}_b{batch}"] = f"error: {type(e).__name__}: {str(e)[:120]}"
+        for label, ms in latencies_ms(sessions, feed, args.runs).items():
+            row["latency_ms"][f"{label}_b{batch}"] = ms
     return row
 
 
