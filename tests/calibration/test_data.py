@@ -131,3 +131,12 @@ def test_split_holds_out_the_last_samples(tmp_path):
     assert (calib.num_samples, held.num_samples) == (6, 4)
     all_x = np.concatenate([b["x"] for b in calib] + [b["x"] for b in held])
     np.testing.assert_array_equal(all_x, _arrays(10)["x"])
+
+
+def test_static_batch_model_gets_full_batches_only(tmp_path):
+    specs = [InputSpec("x", np.dtype(np.float32), (4, 3))]
+    np.savez(tmp_path / "d.npz", x=np.zeros((10, 3), np.float32))
+    ds = load_dataset(tmp_path / "d.npz", specs, batch_size=8)
+    assert [b["x"].shape for b in ds] == [(4, 3), (4, 3)] and len(ds) == 2
+    with pytest.raises(UserError, match="static batch size 4"):
+        load_dataset(tmp_path / "d.npz", specs, max_samples=3)

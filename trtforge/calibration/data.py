@@ -87,6 +87,7 @@ class CalibrationDataset:
         sentences: list[str] | None = None,
         tokenize: Callable[[list[str]], Chunk] | None = None,
         order: np.ndarray | None = None,
+        fixed_batch: bool = False,
     ):
         self.specs = specs
         self.source = source
@@ -99,6 +100,7 @@ class CalibrationDataset:
         else:
             self._index = [(0, r) for r in range(len(sentences or []))]
         self._order = np.arange(len(self._index)) if order is None else order
+        self.fixed_batch = fixed_batch  # the model has a static batch size: drop incomplete batches
 
     @property
     def num_samples(self) -> int:
@@ -107,6 +109,8 @@ class CalibrationDataset:
 
     def __len__(self) -> int:
         """Number of batches."""
+        if self.fixed_batch:
+            return sum(len(g) // self.batch_size for g in self._groups())
         return sum(-(-len(g) // self.batch_size) for g in self._groups())
 
     def _subset(self, order: np.ndarray, source: str) -> CalibrationDataset:
@@ -146,6 +150,8 @@ class CalibrationDataset:
         for group in self._groups():
             for start in range(0, len(group), self.batch_size):
                 idx = group[start : start + self.batch_size]
+                if self.fixed_batch and len(idx) < self.batch_size:
+                    continue
                 if self._chunks is None:
                     assert self._tokenize is not None and self._sentences is not None
                     yield self._tokenize([self._sentences[self._index[i][1]] for i in idx])
@@ -354,7 +360,8 @@ def load_dataset(
     """
     specs = [_as_spec(s) for s in input_specs]
     static_batch = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], int) and s.shape[0] > 0}
-    if len(static_batch) == 1:
+    fixed_batch = len(static_batch) == 1
+    if fixed_batch:
         batch_size = static_batch.pop()  # the model fixes its batch size
     if batch_size < 1:
         raise UserError(f"batch size must be >= 1, got {batch_size}.")
@@ -396,6 +403,11 @@ def load_dataset(
         order = np.random.default_rng(shuffle_seed).permutation(n)
     if max_samples is not None:
         order = order[:max_samples]
+    if fixed_batch and len(order) < batch_size:
+        raise UserError(
+            f"the model has a static batch size {batch_size} but calibration data {source} has only "
+            f"{len(order)} sample(s); provide at least {batch_size}."
+        )
     return CalibrationDataset(
         specs,
         source=source,
@@ -404,6 +416,7 @@ def load_dataset(
         sentences=sentences,
         tokenize=tokenize,
         order=order,
+        fixed_batch=fixed_batch,
     )
 
 
