@@ -123,3 +123,21 @@ def test_parse_tolerance():
     assert parse_tolerance(":snr=20") == ("", {"min_snr_db": 20.0})
     with pytest.raises(UserError, match="bad item"):
         parse_tolerance("logits:speed=1")
+
+
+def test_padding_positions_are_left_out(tmp_path):
+    """Token outputs [batch, seq, ...] are compared on real tokens only when a padding mask is fed."""
+    from trtforge.reports.compare import compare_target
+    from trtforge.reports.results import TargetRun
+
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((2, 5, 3))
+    tgt = ref.copy()
+    tgt[1, 3:] += 100.0  # garbage only at padded positions
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    r, t = TargetRun("ref", [{"y": ref}]), TargetRun("t", [{"y": tgt}])
+    (row,) = compare_target(r, t, "fp32", masks=[mask])
+    assert row.padding_excluded == 2 and row.elements == 8 * 3
+    assert row.max_abs == 0.0 and row.passed is True
+    (row,) = compare_target(r, t, "fp32", masks=None)
+    assert row.padding_excluded is None and row.max_abs == pytest.approx(100.0) and row.passed is False

@@ -23,7 +23,6 @@ from trtforge.reports.compare import compare_target
 from trtforge.reports.inputs import Feed, IOSpec, generate_feed, load_feeds, static_batch
 from trtforge.reports.latency import MemoryProbe, measure_point, sweep_points
 from trtforge.reports.results import FAILED, OK, AccuracyRow, LatencyPoint, Report, TargetRun
-from trtforge.reports.runners import preload, quiet_polygraphy
 from trtforge.reports.targets import Preparer, Target, default_targets, load_source, validate_names
 
 DEFAULT_WARMUP = 3
@@ -194,6 +193,7 @@ def build_report(
     title: str | None = None,
     output_names: Sequence[str] | None = None,
     calibration_options: Mapping[str, Any] | None = None,
+    padding_mask: str | None = "attention_mask",
 ) -> ReportResult:
     """Compare targets of `source` for accuracy and latency; write report.html/.md/.json into `out_dir`.
 
@@ -210,8 +210,16 @@ def build_report(
         classification: output names that get top-1/top-5 agreement (None: rank-2 float outputs).
         output_names: names for a module's outputs when it is exported (default output_0, ...).
         calibration_options: keyword arguments for `calibrate_model` (method, smoothquant, ...).
+        padding_mask: input whose zeros mark padding; token outputs are compared on real tokens only
+            (None: compare every position).
     """
     _check_args(batch_sizes, seq_lens, warmup, runs)
+    try:
+        from trtforge.reports.runners import preload, quiet_polygraphy
+    except ImportError as e:
+        raise UserError(
+            f"reports need Polygraphy's runners and comparator ({e}); install it: pip install polygraphy"
+        ) from e
     src = load_source(source)
     src.output_names = list(output_names) if output_names else None
     names = validate_names(list(targets) if targets else default_targets(src))
@@ -263,6 +271,7 @@ def build_report(
                 prepared[n].info.precision,
                 tolerances=tolerances,
                 classification=classification,
+                masks=[f.get(padding_mask) for f in feeds] if padding_mask else None,
             )
     report = Report(
         title=title or f"trtforge report: {Path(src.label).name}",
@@ -278,6 +287,7 @@ def build_report(
             "threads": threads,
             "accuracy_data": data_label,
             "accuracy_iterations": len(feeds),
+            "padding_mask": padding_mask,
             "accuracy_input_shapes": [{k: list(v.shape) for k, v in f.items()} for f in feeds[:4]],
         },
         environment=_environment(threads),

@@ -7,12 +7,17 @@ iterations at once (arrays flattened and concatenated, so cosine and SNR are glo
 relative L2 error ``||t - r|| / ||r||``, the error histogram, and top-1/top-5 agreement for
 classification-shaped outputs (rank 2, ``[rows, classes]``): top-1 is the fraction of rows with the
 same argmax, top-5 the fraction whose reference argmax is among the target's five largest.
+
+Padding: when the inputs carry a padding mask (``attention_mask``, 1 = real token) and an output of
+rank >= 3 starts with the mask's ``[batch, seq]`` axes, only real-token positions are compared: what
+a model computes at padded positions is discarded by every consumer, and quantized models differ
+there most. The row records how many positions were left out.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
@@ -179,6 +184,19 @@ def _compare_output(
     row.passed = all(c.passed for c in row.checks) if row.checks else None
 
 
+def _real_tokens(
+    ref: list[np.ndarray], tgt: list[np.ndarray], masks: Sequence[np.ndarray | None] | None
+) -> tuple[list[np.ndarray], list[np.ndarray], int | None]:
+    """Keep only positions the padding masks mark as real, for outputs shaped [batch, seq, ...]."""
+    if not masks or len(masks) != len(ref) or any(m is None or m.ndim != 2 for m in masks):
+        return ref, tgt, None
+    if any(a.ndim < 3 or a.shape[:2] != m.shape for a, m in zip(ref, masks)):
+        return ref, tgt, None
+    keep = [np.asarray(m) != 0 for m in masks]
+    excluded = int(sum(k.size - k.sum() for k in keep))
+    return [a[k] for a, k in zip(ref, keep)], [a[k] for a, k in zip(tgt, keep)], excluded
+
+
 def compare_target(
     reference: TargetRun,
     target: TargetRun,
@@ -186,8 +204,12 @@ def compare_target(
     *,
     tolerances: Mapping[str, Any] | None = None,
     classification: Collection[str] | None = None,
+    masks: Sequence[np.ndarray | None] | None = None,
 ) -> list[AccuracyRow]:
-    """Accuracy rows for every reference output of `target`; rows say why when nothing was compared."""
+    """Accuracy rows for every reference output of `target`; rows say why when nothing was compared.
+
+    masks: per accuracy iteration, the padding mask of the inputs (or None); see the module docstring.
+    """
 
     def whole(reason: str) -> list[AccuracyRow]:
         return [AccuracyRow(target.name, "*", reference.name, status=NOT_COMPARED, reason=reason)]
@@ -217,7 +239,9 @@ def compare_target(
             rows.append(row)
             continue
         tol = resolve_tolerance(target.name, name, precision, tolerances)
-        _compare_output(row, ref, tgt, tol, is_classification(ref, name, classification))
+        classify = is_classification(ref, name, classification)
+        ref, tgt, row.padding_excluded = _real_tokens(ref, tgt, masks)
+        _compare_output(row, ref, tgt, tol, classify)
         row.status = OK
         rows.append(row)
     return rows

@@ -87,8 +87,9 @@ LATENCY_HEADER = [
 
 def accuracy_cells(r: AccuracyRow) -> list[str]:
     """Cells of the accuracy table."""
+    output = r.output + (" (real tokens)" if r.padding_excluded else "")
     return [
-        r.target, r.output, fmt(r.max_abs), fmt(r.mean_abs), fmt(r.max_rel), fmt(r.mean_rel), fmt(r.rel_l2),
+        r.target, output, fmt(r.max_abs), fmt(r.mean_abs), fmt(r.max_rel), fmt(r.mean_rel), fmt(r.rel_l2),
         fmt(r.cosine, ".6f"), fmt(r.snr_db, ".1f"), fmt(r.top1, ".4f"), fmt(r.top5, ".4f"),
         tolerance_text(r), verdict(r), r.reason or "",
     ]  # fmt: skip

@@ -81,6 +81,7 @@ class AccuracyRow:
     reason: str | None = None
     shape: list[int] | None = None
     elements: int = 0
+    padding_excluded: int | None = None  # [batch, seq] positions left out as padding (attention mask 0)
     max_abs: float | None = None
     mean_abs: float | None = None
     max_rel: float | None = None
