@@ -35,7 +35,8 @@ import torch
 
 from trtforge.errors import UserError
 from trtforge.runtime._completion import Completer
-from trtforge.runtime._graph_state import GraphAction, GraphState, decide, record_failed
+from trtforge.runtime._graph_state import GraphState
+from trtforge.runtime._graphs import graph_step
 from trtforge.runtime.allocator import OutputCollector, TorchAllocator
 from trtforge.runtime.arena import Arena
 
@@ -334,33 +335,13 @@ class Session:
         if not self.cuda_graphs:
             self._enqueue(lane, feeds, outputs)
         else:
-            self._graph_step(lane, feeds, outputs, shapes)
+            graph_step(self, lane, feeds, outputs, shapes)
         if lane.collector is not None:
             lane.stream.synchronize()  # data-dependent shapes are known once the work ran (facts §4.5)
             for o in eng.outputs:
                 if o.name in eng.data_dependent:
                     outputs[o.name] = lane.collector.take(o.name, o.torch_dtype, caller)
         return outputs
-
-    def _graph_step(self, lane: _Lane, feeds: dict, outputs: dict, key: tuple) -> None:
-        """Eager, warm-up, record or replay, as the pure decision function says."""
-        decision = decide(
-            lane.graph_state,
-            key,
-            enabled=True,
-            memory_generation=lane.arena.stats.generation,
-            dynamic_outputs=self.engine.dynamic_outputs,
-            warmup=self.graph_warmup,
-        )
-        if decision.drop:
-            lane.graph, lane.graph_io = None, None
-        lane.graph_state = decision.state
-        if decision.action is GraphAction.REPLAY:
-            self._replay(lane, feeds, outputs)
-        elif decision.action is GraphAction.RECORD:
-            self._record(lane, feeds, outputs, key)
-        else:
-            self._enqueue(lane, feeds, outputs)
 
     def _outputs(
         self, out_shapes: tuple, given: Mapping[str, torch.Tensor] | None
@@ -448,38 +429,6 @@ class Session:
             raise RuntimeError(
                 f"{self.engine.label}: enqueue failed on lane {lane.index} (see the TensorRT log)"
             )
-
-    def _record(self, lane: _Lane, feeds: dict, outputs: dict, key: tuple) -> None:
-        """Capture one enqueue into a CUDA graph over lane-owned static buffers, then launch it."""
-        with torch.cuda.stream(lane.stream):
-            static_in = {n: torch.empty_like(t) for n, t in feeds.items()}
-            static_out = {n: torch.empty_like(t) for n, t in outputs.items()}
-        self._bind(lane, static_in, static_out)
-        graph = torch.cuda.CUDAGraph()
-        ok = lane.context.graph_capturable(lane.stream.cuda_stream)
-        if ok:
-            try:
-                with torch.cuda.graph(graph, stream=lane.stream, capture_error_mode="thread_local"):
-                    ok = lane.context.execute_async(lane.stream.cuda_stream)
-            except RuntimeError as e:
-                # Not capturable (facts §4.7): recorded in memory_stats, this key stays eager.
-                self.graph_failures.append(f"lane {lane.index}, shapes {key}: {e}")
-                ok = False
-        if not ok:
-            lane.graph_state = record_failed(lane.graph_state, key)
-            self._enqueue(lane, feeds, outputs)
-            return
-        lane.graph, lane.graph_io = graph, (static_in, static_out)
-        self._replay(lane, feeds, outputs)
-
-    def _replay(self, lane: _Lane, feeds: dict, outputs: dict) -> None:
-        static_in, static_out = lane.graph_io  # type: ignore[misc]
-        with torch.cuda.stream(lane.stream):
-            for n, t in feeds.items():
-                static_in[n].copy_(t, non_blocking=True)
-            lane.graph.replay()
-            for n, t in outputs.items():
-                t.copy_(static_out[n], non_blocking=True)
 
     def _host_copies(self, lane: _Lane, result: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Enqueue device -> pinned host copies of the outputs on the lane stream (valid after it syncs)."""

@@ -1,0 +1,74 @@
+"""CUDA-graph capture and replay for one lane, driven by the pure decision in _graph_state.
+
+A graph is captured over lane-owned static input/output buffers after a plain warm-up enqueue, replayed
+while the shapes (and the lane's device memory) stay the same, and dropped when they change (facts §4.7).
+Engines with data-dependent outputs are never captured. A capture that fails is recorded in
+``Session.graph_failures`` and that shape stays eager.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trtforge.runtime._graph_state import GraphAction, decide, record_failed
+
+if TYPE_CHECKING:
+    from trtforge.runtime.session import Session
+
+
+def graph_step(session: Session, lane: Any, feeds: dict, outputs: dict, key: tuple) -> None:
+    """Eager, warm-up, record or replay, as the pure decision function says."""
+    decision = decide(
+        lane.graph_state,
+        key,
+        enabled=True,
+        memory_generation=lane.arena.stats.generation,
+        dynamic_outputs=session.engine.dynamic_outputs,
+        warmup=session.graph_warmup,
+    )
+    if decision.drop:
+        lane.graph, lane.graph_io = None, None
+    lane.graph_state = decision.state
+    if decision.action is GraphAction.REPLAY:
+        _replay(lane, feeds, outputs)
+    elif decision.action is GraphAction.RECORD:
+        _record(session, lane, feeds, outputs, key)
+    else:
+        session._enqueue(lane, feeds, outputs)
+
+
+def _record(session: Session, lane: Any, feeds: dict, outputs: dict, key: tuple) -> None:
+    """Capture one enqueue into a CUDA graph over lane-owned static buffers, then launch it."""
+    with torch.cuda.stream(lane.stream):
+        static_in = {n: torch.empty_like(t) for n, t in feeds.items()}
+        static_out = {n: torch.empty_like(t) for n, t in outputs.items()}
+    session._bind(lane, static_in, static_out)
+    graph = torch.cuda.CUDAGraph()
+    ok = lane.context.graph_capturable(lane.stream.cuda_stream)
+    if ok:
+        try:
+            with torch.cuda.graph(graph, stream=lane.stream, capture_error_mode="thread_local"):
+                ok = lane.context.execute_async(lane.stream.cuda_stream)
+        except RuntimeError as e:
+            # Not capturable (facts §4.7): recorded in memory_stats, this key stays eager.
+            session.graph_failures.append(f"lane {lane.index}, shapes {key}: {e}")
+            ok = False
+    if not ok:
+        lane.graph_state = record_failed(lane.graph_state, key)
+        session._enqueue(lane, feeds, outputs)
+        return
+    lane.graph, lane.graph_io = graph, (static_in, static_out)
+    _replay(lane, feeds, outputs)
+
+
+def _replay(lane: Any, feeds: dict, outputs: dict) -> None:
+    """Copy inputs into the static buffers, launch the graph, copy the static outputs out (lane stream)."""
+    static_in, static_out = lane.graph_io  # type: ignore[misc]
+    with torch.cuda.stream(lane.stream):
+        for n, t in feeds.items():
+            static_in[n].copy_(t, non_blocking=True)
+        lane.graph.replay()
+        for n, t in outputs.items():
+            t.copy_(static_out[n], non_blocking=True)
