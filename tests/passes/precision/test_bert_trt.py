@@ -1,4 +1,4 @@
-"""A fused FP16 BertModel builds with TensorRT-RTX on the CPU, attention layers included."""
+"""Converted graphs build with TensorRT-RTX on the CPU: fused FP16 BERT (attention layers), INT8+FP16."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import onnx
 import pytest
 
 from tests.models import BERT_INPUTS, bert_inputs, tiny_bert
+from tests.passes.precision.test_convert import qdq_matmul
 from trtforge.errors import BuildError
 from trtforge.passes.precision import convert_precision
 
@@ -26,11 +27,11 @@ def fused_bert(tmp_path_factory) -> onnx.ModelProto:
     return fused
 
 
-def _build(model: onnx.ModelProto, path):
+def _build(model: onnx.ModelProto, path, shapes=SHAPES):
     from trtforge.compiler.build import BuildOptions, build_engine
 
     onnx.save(model, str(path))
-    return build_engine(path, BuildOptions(shapes=SHAPES, progress=False))
+    return build_engine(path, BuildOptions(shapes=shapes, progress=False))
 
 
 def test_fp16_fused_bert_builds_with_attention_layers(fused_bert, tmp_path) -> None:
@@ -52,3 +53,11 @@ def test_fp32_fused_attention_does_not_build(fused_bert, tmp_path) -> None:
     """Why the conversion matters: TensorRT's fused attention has no FP32 kernel."""
     with pytest.raises(BuildError):
         _build(fused_bert, tmp_path / "bert.fp32.onnx")
+
+
+def test_int8_qdq_with_fp16_rest_builds(tmp_path) -> None:
+    """Q/DQ with FP16 scales (opset 19): TensorRT sees DQ -> MatMul with no Cast in between."""
+    low, _ = convert_precision(qdq_matmul(), "fp16")
+    data, build = _build(low, tmp_path / "qdq.fp16.onnx", shapes=["x:1x16:4x16:8x16"])
+    assert len(data) > 0
+    assert build.layer_types["DEQUANTIZE"] == 2 and build.layer_types["QUANTIZE"] == 1

@@ -279,3 +279,33 @@ def test_bad_sample_data_names_the_missing_input() -> None:
         convert_precision(_mlp(), "fp16", data=[{"z": np.zeros((1, 16), np.float32)}])
     with pytest.raises(UserError, match="empty"):
         convert_precision(_mlp(), "fp16", data=[])
+
+
+def qdq_matmul(opset: int = 17) -> onnx.ModelProto:
+    """INT8 explicit quantization as the calibration stage writes it: Q/DQ on x, DQ on per-channel W."""
+    w = RNG.integers(-127, 127, (16, 8)).astype(np.int8)
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"], name="q"),
+        helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"], name="dq_x"),
+        helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wd"], name="dq_w", axis=1),
+        helper.make_node("MatMul", ["xd", "wd"], ["y"], name="mm"),
+    ]
+    inits = [
+        ("sx", np.array(0.02, np.float32)),
+        ("zx", np.array(0, np.int8)),
+        ("w", w),
+        ("sw", np.full(8, 0.003, np.float32)),
+        ("zw", np.zeros(8, np.int8)),
+    ]
+    return _model(nodes, [_x()], [_x("y", ("batch", 8))], inits, opset=opset)
+
+
+def test_qdq_graph_gets_low_precision_scales_and_no_cast_before_the_matmul() -> None:
+    out, rec = convert_precision(qdq_matmul(), "fp16")
+    assert rec.opset_after == 19 and "Q/DQ" in rec.notes[0] and rec.fp32_nodes == 0
+    producers = {o: n for n in out.graph.node for o in n.output}
+    mm = next(n for n in out.graph.node if n.op_type == "MatMul")
+    assert [producers[i].op_type for i in mm.input] == ["DequantizeLinear", "DequantizeLinear"]
+    scales = {i.name: i.data_type for i in out.graph.initializer if i.name.startswith("s")}
+    assert set(scales.values()) == {TP.FLOAT16}
+    assert rec.verification[0].min_cosine > 0.9999

@@ -34,6 +34,7 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 # too coarse for logits and residual sums (same default as ModelOpt AutoCast).
 DEFAULT_DATA_MAX = 512.0
 BF16_MIN_OPSET = 22  # opset 22 added bfloat16 to the remaining float ops
+QDQ_MIN_OPSET = 19  # first opset whose QuantizeLinear/DequantizeLinear take FP16/BF16 scales and data
 _LOW_ELEM = {onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}
 
 
@@ -71,6 +72,17 @@ def _existing_low_precision(model: onnx.ModelProto) -> dict[str, int]:
             if to in _LOW_ELEM:
                 found[_LOW_ELEM[to]] = found.get(_LOW_ELEM[to], 0) + 1
     return found
+
+
+def _target_opset(model: onnx.ModelProto, precision: str, opset: int) -> tuple[int, str]:
+    """The opset the low-precision graph needs (and why): BF16 kernels, low-precision Q/DQ."""
+    target, why = opset, ""
+    qdq = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+    if qdq and opset < QDQ_MIN_OPSET:
+        target, why = QDQ_MIN_OPSET, "Q/DQ with FP16/BF16 scales (DequantizeLinear feeds low precision)"
+    if precision == "bf16" and target < BF16_MIN_OPSET:
+        target, why = BF16_MIN_OPSET, "BF16 kernels for all float ops"
+    return target, why
 
 
 def _fill_types(model: ir.Model, stats: dict) -> None:
@@ -125,10 +137,11 @@ def convert_precision(
     low = LOW_TYPES[precision]
     work = onnx.ModelProto()
     work.CopyFrom(model)
-    if precision == "bf16" and opset < BF16_MIN_OPSET:
-        work = onnx.version_converter.convert_version(work, BF16_MIN_OPSET)
-        record.opset_after = BF16_MIN_OPSET
-        record.notes.append(f"opset raised {opset} -> {BF16_MIN_OPSET}: BF16 kernels for all float ops")
+    target, why = _target_opset(work, precision, opset)
+    if target > opset:
+        work = onnx.version_converter.convert_version(work, target)
+        record.opset_after = target
+        record.notes.append(f"opset raised {opset} -> {target}: {why}")
     work = onnx.shape_inference.infer_shapes(work)
     obs = observe(work, data)
     record.data_source, record.sample_batches = obs.source, obs.batches

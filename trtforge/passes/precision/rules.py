@@ -36,7 +36,6 @@ NO_LOW_PRECISION_OPS = {
     "Celu": "no low-precision kernel in ONNX Runtime",
 }
 ATTR_TYPED_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
-QDQ_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
 REDUCE_OPS = {"ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceProd", "CumSum"}
 # Longest reduction summed in low precision: FP16 has an 11-bit significand, so beyond 2**11 terms a
 # running sum stops absorbing unit increments (2048 + 1 == 2048 in FP16).
@@ -205,8 +204,6 @@ class Classifier:
                 d.reasons.append(f"{tag}: {op} ({table[op]})")
         if op in ATTR_TYPED_OPS:
             d.reasons.append(f"op type: {op} output dtype is set by an attribute")
-        if op in QDQ_OPS:
-            d.reasons.append("op type: quantization scales stay FP32")
         self._schema_positions(node, schema, d)
         if self._is_shape_arithmetic(node):
             d.reasons.append("shape arithmetic: float math on tensor shapes, not on data")
