@@ -101,7 +101,13 @@ def calibrate_model(
     work = onnx.ModelProto()
     work.CopyFrom(model)
     name_nodes(work)
-    if isinstance(data, CalibrationDataset):
+    dataset: CalibrationDataset | None = None
+    if data is None:
+        if not (calib_cache and Path(calib_cache).exists()):
+            raise UserError("no calibration data: pass a dataset, or an existing calibration cache to read.")
+        if accuracy_target is not None or smoothquant is not None:
+            raise UserError("--accuracy-target and --smoothquant need calibration data, not only a cache.")
+    elif isinstance(data, CalibrationDataset):
         dataset = data.take(samples) if samples else data
     else:
         dataset = load_dataset(
@@ -125,7 +131,7 @@ def calibrate_model(
     if not plan.targets:
         raise UserError(
             f"nothing to quantize: no {list(op_types)} node qualifies ({len(plan.decisions)} candidates; "
-            "see the decisions with --verbose)."
+            f"kept in float: {sorted({d.reason for d in plan.decisions})})."
         )
     holdout = None
     if accuracy_target is not None:
@@ -162,7 +168,13 @@ def calibrate_model(
         scales = {t: cached[t] for t in tensors if t in cached}
     missing = [t for t in tensors if t not in scales]
     n_samples, n_batches, dropped = 0, 0, 0
+    if missing and dataset is None:
+        raise UserError(
+            f"calibration cache '{calib_cache}' has no scale for {len(missing)} tensor(s) to quantize "
+            f"(e.g. {missing[:3]}); pass calibration data to compute them."
+        )
     if missing:
+        assert dataset is not None
         stats = collect_statistics(work, dataset, missing, real_tokens=real_tokens, progress=progress)
         stats_seconds += stats.seconds
         n_samples, n_batches = stats.samples, stats.batches
@@ -195,7 +207,7 @@ def calibrate_model(
         batches=n_batches,
         seconds=time.perf_counter() - t0,
         statistics_seconds=stats_seconds,
-        source=dataset.source,
+        source=dataset.source if dataset is not None else f"calibration cache {calib_cache}",
         only_real_tokens=real_tokens,
         dropped_values=dropped,
         tensors_quantized=len(used_scales),
