@@ -264,7 +264,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="conversions per converter (median seconds)")
     ap.add_argument("--skip-bert-base", action="store_true")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--render-only", action="store_true", help="re-render fp16.md from results/fp16.json")
     args = ap.parse_args()
+    out_dir = Path(__file__).parent / "results"
+    if args.render_only:
+        atomic_write_text(out_dir / "fp16.md", render(json.loads((out_dir / "fp16.json").read_text())))
+        return
 
     sample, evaluation = sentences()
     work = Path(tempfile.mkdtemp(prefix="bench_fp16_"))
@@ -291,7 +296,6 @@ def main() -> None:
             r = evaluate("modelopt-autocast", ac, low, eval_feeds, reference)
             r["seconds"] = secs
             results.append(r)
-    bert = None if args.skip_bert_base else bench_bert_base(work / "bert")
     payload = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {_cpu_name()}",
@@ -300,11 +304,18 @@ def main() -> None:
         "results": results,
         "autocast_errors": errors,
         "records": records,
-        "bert_base": bert,
+        "bert_base": None,
     }
-    print(json.dumps({k: payload[k] for k in ("results", "autocast_errors", "bert_base")}, indent=1))
+    print(json.dumps({k: payload[k] for k in ("results", "autocast_errors")}, indent=1))
+    if not args.no_write:  # MiniLM results first: the bert-base step is long and memory-hungry
+        atomic_write_text(out_dir / "fp16.json", json.dumps(payload, indent=1))
+        atomic_write_text(out_dir / "fp16.md", render(payload))
+    if args.skip_bert_base:
+        return
+    (work / "bert").mkdir()
+    payload["bert_base"] = bench_bert_base(work / "bert")
+    print(json.dumps(payload["bert_base"], indent=1))
     if not args.no_write:
-        out_dir = Path(__file__).parent / "results"
         atomic_write_text(out_dir / "fp16.json", json.dumps(payload, indent=1))
         atomic_write_text(out_dir / "fp16.md", render(payload))
 
@@ -315,6 +326,31 @@ def _cpu_name() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown CPU"
     return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "?")
+
+
+def verdicts(results: list[dict]) -> list[str]:
+    """Acceptance lines computed from the measured rows (nothing typed in by hand)."""
+    by = {(r["converter"], r["precision"]): r for r in results}
+    out = []
+    ours = by.get(("trtforge", "fp16"))
+    if ours:
+        ok = ours["mean_cos"] >= 0.9999 and ours["min_cos"] >= 0.999
+        out.append(
+            f"- FP16 target (mean cos >= 0.9999, min >= 0.999): {'met' if ok else 'NOT met'} "
+            f"(mean {ours['mean_cos']:.6f}, min {ours['min_cos']:.6f})."
+        )
+    for low in ("fp16", "bf16"):
+        mine, theirs = by.get(("trtforge", low)), by.get(("modelopt-autocast", low))
+        if not (mine and theirs):
+            continue
+        acc = mine["min_cos"] >= theirs["min_cos"] and mine["mean_cos"] >= theirs["mean_cos"]
+        out.append(
+            f"- {low} vs AutoCast: accuracy {'equal or better' if acc else 'WORSE'} (min cos "
+            f"{mine['min_cos']:.7f} vs {theirs['min_cos']:.7f}); FP32 nodes {mine['fp32_nodes']} vs "
+            f"{theirs['fp32_nodes']}; Casts {mine['casts']} vs {theirs['casts']}; seconds "
+            f"{mine['seconds']:.1f} vs {theirs['seconds']:.1f}."
+        )
+    return out
 
 
 def render(p: dict) -> str:
@@ -349,6 +385,7 @@ def render(p: dict) -> str:
         )
     for low, err in p["autocast_errors"].items():
         lines.append(f"\nAutoCast {low} failed: `{err}`")
+    lines += ["", *verdicts(p["results"])]
     lines += ["", "trtforge seconds include its own ONNX Runtime check of the result.", ""]
     for low, rec in p["records"].items():
         kept = rec["kept_fp32"]
