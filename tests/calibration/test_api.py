@@ -131,3 +131,26 @@ def test_bad_options_fail_before_any_statistics():
         calibrate_model(m, _data(10), accuracy_target=0.99, progress=False)
     with pytest.raises(UserError, match="nothing to quantize"):
         calibrate_model(models.small_gemm(), {"x": np.ones((4, 32), np.float32)}, progress=False)
+
+
+def test_mask_constants_reaching_a_quantized_input_never_set_its_range():
+    from onnx import TensorProto, helper, numpy_helper
+
+    mask = np.zeros((6, 32), np.float32)
+    mask[:, -4:] = np.finfo(np.float32).min  # a dynamo-style additive mask value
+    w = np.random.default_rng(0).standard_normal((32, 32)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["x", "mask"], ["masked"], name="add_mask"),
+            helper.make_node("MatMul", ["masked", "w"], ["y"], name="mm"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 6, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 6, 32])],
+        [numpy_helper.from_array(mask, "mask"), numpy_helper.from_array(w, "w")],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for method in ("max", "entropy", "mse", "percentile"):
+        _, rec = calibrate_model(m, _data(16), method=method, progress=False)
+        assert rec.dropped_values == 16 * 6 * 4
+        assert 0 < rec.activation_scales["masked"] < 6.0 / 127, method
