@@ -1,1 +1,31 @@
-"""INT8 calibration: datasets, activation statistics and explicit Q/DQ insertion that TensorRT fuses."""
+"""INT8 calibration: datasets, activation statistics and explicit Q/DQ insertion that TensorRT fuses.
+
+Modules: ``data`` (datasets -> feed dicts), ``calibrator`` + ``histogram`` (streaming ORT statistics),
+``methods`` (max / percentile / entropy / MSE ranges), ``placement`` (where Q/DQ goes, with reasons),
+``qdq`` (insertion), ``smoothquant``, ``fallback`` (accuracy-guided), ``cache`` (TensorRT calibration
+cache), ``api`` (:func:`calibrate_model`). Attributes load lazily: importing this package is cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "calibrate_model": "trtforge.calibration.api",
+    "CalibrationRecord": "trtforge.calibration.api",
+    "load_dataset": "trtforge.calibration.data",
+    "input_specs_from_model": "trtforge.calibration.data",
+    "CalibrationDataset": "trtforge.calibration.data",
+    "read_calibration_cache": "trtforge.calibration.cache",
+    "write_calibration_cache": "trtforge.calibration.cache",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trtforge.calibration' has no attribute {name!r}")
