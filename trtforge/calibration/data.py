@@ -285,7 +285,9 @@ def resolve_tokenizer(tokenizer: Any) -> Any:
         ) from e
 
 
-def _text_dataset(path: Path, specs: list[InputSpec], tokenizer: Any, batch_size: int, max_length: int, **kw):
+def _text_dataset(
+    path: Path, specs: list[InputSpec], tokenizer: Any, max_length: int
+) -> tuple[list[str], Callable[[list[str]], Chunk]]:
     if tokenizer is None:
         raise UserError(
             f"'{path}' is a text file: tokenizing it needs a tokenizer (--tokenizer PATH, or 'demo')."
@@ -379,7 +381,7 @@ def load_dataset(
         elif path.suffix == ".npy":
             chunks = _load_dir_files(path, specs)
         else:
-            sentences, tokenize = _text_dataset(path, specs, tokenizer, batch_size, max_length)
+            sentences, tokenize = _text_dataset(path, specs, tokenizer, max_length)
     elif isinstance(spec, str) and ":" in spec and not spec.endswith((".npz", ".txt", ".npy")):
         source = spec
         chunks = _from_iterable(_load_function(spec), specs, f"data function '{spec}'", max_samples)
