@@ -3,14 +3,17 @@
 Times are the runners' own (`BaseRunner.last_inference_time()`: the inference call only, no input
 generation or validation). Peak memory: for host runs, the process's peak resident set during the
 point (VmHWM, reset through /proc/self/clear_refs when the point starts) minus the resident set
-before the target was loaded, i.e. the target's weights, arena and activations (approximate: memory
-an earlier target freed but the allocator kept can be reused without showing up); for CUDA runs,
+before the target was loaded (after `malloc_trim`), i.e. the target's weights, arena and activations
+(approximate: memory an earlier target freed but an allocator kept can be reused unseen); for CUDA runs,
 torch's `max_memory_allocated` during the point. Where neither can be measured the field is null
 and `memory_method` says why.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +35,12 @@ def _status_kib(field: str) -> int | None:
     except OSError:
         return None
     return int(m.group(1)) if m else None
+
+
+def _malloc_trim() -> None:
+    """glibc's malloc_trim(0): return free heap pages to the OS (no-op where glibc is absent)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class MemoryProbe:
@@ -58,8 +67,11 @@ class MemoryProbe:
         return not self.method.startswith("not measured")
 
     def before_load(self) -> None:
-        """Record the host RSS before the target is loaded (the baseline of every point)."""
+        """Record the host RSS before the target is loaded (the baseline of every point), after handing
+        memory freed by earlier targets back to the OS so this target's own growth shows in the RSS."""
         if self.available and self.kind != "cuda":
+            gc.collect()
+            _malloc_trim()
             self._base = _status_kib("VmRSS") or 0
 
     def start(self) -> None:

@@ -47,7 +47,7 @@ def latency_plot(report: Report) -> bytes | None:
     ax_thr.set_yscale("log")
     ax_lat.set_title("Latency vs batch")
     ax_thr.set_title("Throughput vs batch")
-    ax_thr.legend(fontsize=8, loc="best")
+    ax_thr.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return _png(fig)
 
 
