@@ -322,9 +322,7 @@ def _calibration_source(calibration_data: Any, data: Any, tokenizer: Any, seq: i
 
     def get(prep: Preparer) -> tuple[Any, str]:
         if calibration_data is not None:
-            return calibration_data, str(calibration_data) if isinstance(
-                calibration_data, (str, os.PathLike)
-            ) else type(calibration_data).__name__
+            return calibration_data, _describe(calibration_data)
         if data is not None:
             notes.append("INT8 was calibrated on the accuracy data itself; its accuracy is optimistic.")
             return data, "the accuracy data"
@@ -338,6 +336,14 @@ def _calibration_source(calibration_data: Any, data: Any, tokenizer: Any, seq: i
         return [generate_feed(specs, 4, seq, seed=100 + i) for i in range(4)], "generated random inputs"
 
     return get
+
+
+def _describe(data: Any) -> str:
+    if isinstance(data, (str, os.PathLike)):
+        return str(data)
+    if isinstance(data, (list, tuple)):
+        return f"{len(data)} feed dicts"
+    return type(data).__name__
 
 
 def _engine_shapes(specs: list[IOSpec], batch_sizes: Sequence[int], seq_lens: Sequence[int]) -> list[str]:
