@@ -100,3 +100,21 @@ def write_demo_report(
         title="trtforge demo: all-MiniLM-L6-v2 (FP32, fused, FP16, INT8)",
     )
     return result.html_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m trtforge.reports.demo [--out DIR]`: write the demo report and print its path."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--out", default="build/demo/report", help="report directory (default build/demo/report)"
+    )
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    print(write_demo_report(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

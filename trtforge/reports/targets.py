@@ -263,6 +263,8 @@ class Preparer:
         info = TargetInfo(
             name, "tensorrt", _PRECISION.get(TRT_TARGETS[name], "fp32"), "cuda", "TensorRT engine"
         )
+        if self.source.kind == "engine" and name == "trt":
+            info.precision = str((self.source.manifest.precision or {}).get("mode", "fp32"))
         try:
             from trtforge.compiler.backend import get_backend
 
