@@ -309,3 +309,25 @@ def test_qdq_graph_gets_low_precision_scales_and_no_cast_before_the_matmul() -> 
     scales = {i.name: i.data_type for i in out.graph.initializer if i.name.startswith("s")}
     assert set(scales.values()) == {TP.FLOAT16}
     assert rec.verification[0].min_cosine > 0.9999
+
+
+def test_values_read_inside_subgraphs_stay_fp32() -> None:
+    """An If branch reads `r` from the outer scope; its producer and the If stay FP32."""
+    then_g = helper.make_graph([helper.make_node("Identity", ["r"], ["t"])], "then", [], [_x("t")])
+    else_g = helper.make_graph([helper.make_node("Neg", ["r"], ["e"])], "else", [], [_x("e")])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("If", ["cond"], ["b"], name="branch", then_branch=then_g, else_branch=else_g),
+        helper.make_node("Sigmoid", ["b"], ["y"], name="sig"),
+    ]
+    cond = helper.make_tensor_value_info("cond", TP.BOOL, [])
+    model = _model(nodes, [_x(), cond], [_x("y")])
+    out, rec = convert_precision(
+        model, "fp16", data=[{"x": np.ones((2, 16), np.float32), "cond": np.array(True)}]
+    )
+    kept = {k.name: k.reasons[0] for k in rec.kept_fp32}
+    assert set(kept) == {"relu", "branch"} and all(r.startswith("control flow") for r in kept.values())
+    x = RNG.standard_normal((2, 16)).astype(np.float32)
+    for c in (True, False):
+        (got,) = _run(out, {"x": x, "cond": np.array(c)})
+        np.testing.assert_allclose(got, _run(model, {"x": x, "cond": np.array(c)})[0], atol=1e-3)

@@ -199,6 +199,8 @@ class Classifier:
             return d
         if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
             d.reasons.append("control flow: subgraphs are not converted")
+        if any(user.graph is not self.graph for v in node.outputs for user, _ in v.uses()):
+            d.reasons.append("control flow: an output is read inside a subgraph, which stays FP32")
         for table, tag in ((SENSITIVE_OPS, "op type"), (NO_LOW_PRECISION_OPS, "op type")):
             if op in table:
                 d.reasons.append(f"{tag}: {op} ({table[op]})")
