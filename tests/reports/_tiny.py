@@ -79,3 +79,12 @@ def inputs_npz(path: Path, samples: int = 12, seed: int = 1) -> np.ndarray:
     x = np.random.default_rng(seed).standard_normal((samples, FEATURES)).astype(np.float32)
     np.savez(path, x=x)
     return x
+
+
+def mlp_factory():
+    """`module:factory` source for CLI tests: (tiny MLP classifier, example inputs)."""
+    import torch
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.GELU(), torch.nn.Linear(32, CLASSES))
+    return module.eval(), (torch.randn(2, FEATURES),)

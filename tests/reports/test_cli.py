@@ -73,3 +73,17 @@ def test_help_lists_report(capsys):
     assert rc == 0 and "report" in text
     rc, text = _run(["report", "--help"], capsys)
     assert rc == 0 and "--tolerance" in text and "onnx=PATH" in text
+
+
+def test_factory_source_with_torch_reference(tmp_path, capsys):
+    out = tmp_path / "o"
+    argv = ["report", "tests.reports._tiny:mlp_factory", "-o", str(out), "--targets", "torch,ort,ort-fp16"]
+    rc, text = _run([*argv, "--output-name", "logits", "--threads", "1", *FAST], capsys)
+    assert rc == 0, text
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["reference"] == "torch" and doc["source"]["kind"] == "module"
+    assert [(r["target"], r["output"], r["passed"]) for r in doc["accuracy"]] == [
+        ("ort", "logits", True),
+        ("ort-fp16", "logits", True),
+    ]
+    assert doc["settings"]["threads"] == 1
