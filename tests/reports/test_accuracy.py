@@ -62,6 +62,9 @@ def test_metrics_match_numpy(pair_report):
         "mean_rel": rel.mean(),
         "rel_l2": np.linalg.norm(tgt - ref) / np.linalg.norm(ref),
         "cosine": (tgt * ref).sum() / np.linalg.norm(tgt) / np.linalg.norm(ref),
+        "min_row_cosine": (
+            (tgt * ref).sum(1) / np.linalg.norm(tgt, axis=1) / np.linalg.norm(ref, axis=1)
+        ).min(),
         "snr_db": 10 * np.log10((ref**2).mean() / ((tgt - ref) ** 2).mean()),
     }
     for key, value in expected.items():

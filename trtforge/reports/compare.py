@@ -4,7 +4,8 @@ The statistics come from Polygraphy's compare functions: `SimpleCompareFunc` ("e
 absolute and relative error, relative to the reference), `CosineSimilarityCompareFunc` and
 `SnrCompareFunc` (reference power over error power, dB). Each output is compared over all accuracy
 iterations at once (arrays flattened and concatenated, so cosine and SNR are global). Added here:
-relative L2 error ``||t - r|| / ||r||``, the error histogram, and top-1/top-5 agreement for
+relative L2 error ``||t - r|| / ||r||``, the worst per-row cosine (rows: the first axis, e.g. one
+sentence embedding), the error histogram, and top-1/top-5 agreement for
 classification-shaped outputs (rank 2, ``[rows, classes]``): top-1 is the fraction of rows with the
 same argmax, top-5 the fraction whose reference argmax is among the target's five largest.
 
@@ -120,6 +121,20 @@ def _topk(ref: list[np.ndarray], tgt: list[np.ndarray]) -> tuple[float, float | 
     return top1, float(np.mean((top5 == ref_top[:, None]).any(axis=1)))
 
 
+def _min_row_cosine(ref: list[np.ndarray], tgt: list[np.ndarray]) -> float | None:
+    """Smallest cosine between matching rows (first axis; the rest flattened); None below rank 2."""
+    if ref[0].ndim < 2:
+        return None
+    r = np.concatenate([a.reshape(a.shape[0], -1) for a in ref]).astype(np.float64)
+    t = np.concatenate([a.reshape(a.shape[0], -1) for a in tgt]).astype(np.float64)
+    norms = np.linalg.norm(r, axis=1) * np.linalg.norm(t, axis=1)
+    both_zero = (norms == 0) & ~r.any(axis=1) & ~t.any(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cos = np.where(norms > 0, (r * t).sum(axis=1) / np.where(norms > 0, norms, 1.0), 0.0)
+    cos[both_zero] = 1.0
+    return float(cos.min()) if cos.size else None
+
+
 def is_classification(arrays: list[np.ndarray], name: str, classification: Collection[str] | None) -> bool:
     """Rank-2 float outputs with >= 2 columns, unless an explicit list of output names is given."""
     if classification is not None:
@@ -176,6 +191,7 @@ def _compare_output(
     norm = float(np.linalg.norm(r))
     row.rel_l2 = float(np.linalg.norm(t - r) / norm) if norm > 0 else (0.0 if not t.any() else math.inf)
     row.cosine, row.snr_db = float(cosine.cosine_similarity), float(snr.snr)
+    row.min_row_cosine = _min_row_cosine(ref, tgt)
     if classify:
         row.top1, row.top5 = _topk(ref, tgt)
     row.histogram = _histogram(np.abs(t - r))

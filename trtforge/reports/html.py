@@ -76,7 +76,7 @@ def render_html(report: Report) -> str:
         f'<p class="meta">Inputs: {e(str(s.get("accuracy_data")))}; '
         f"{s.get('accuracy_iterations')} iteration(s). Relative errors are relative to the reference; "
         "rel L2 = ||t − r|| / ||r||; SNR = reference power over error power.</p>",
-        _table("accuracy", ACCURACY_HEADER, [accuracy_cells(r) for r in report.accuracy], 12)
+        _table("accuracy", ACCURACY_HEADER, [accuracy_cells(r) for r in report.accuracy], 13)
         if report.accuracy
         else "<p>No accuracy comparisons.</p>",
     ]

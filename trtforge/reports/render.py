@@ -69,7 +69,7 @@ def target_cells(t: TargetInfo) -> list[str]:
 TARGET_HEADER = ["target", "runtime", "precision", "device", "status", "reason", "derived from", "prepare s"]
 ACCURACY_HEADER = [
     "target", "output", "max abs", "mean abs", "max rel", "mean rel", "rel L2",
-    "cosine", "SNR dB", "top-1", "top-5", "tolerance", "result", "reason",
+    "cosine", "min row cos", "SNR dB", "top-1", "top-5", "tolerance", "result", "reason",
 ]  # fmt: skip
 LATENCY_HEADER = [
     "target",
@@ -90,8 +90,8 @@ def accuracy_cells(r: AccuracyRow) -> list[str]:
     output = r.output + (" (real tokens)" if r.padding_excluded else "")
     return [
         r.target, output, fmt(r.max_abs), fmt(r.mean_abs), fmt(r.max_rel), fmt(r.mean_rel), fmt(r.rel_l2),
-        fmt(r.cosine, ".6f"), fmt(r.snr_db, ".1f"), fmt(r.top1, ".4f"), fmt(r.top5, ".4f"),
-        tolerance_text(r), verdict(r), r.reason or "",
+        fmt(r.cosine, ".6f"), fmt(r.min_row_cosine, ".6f"), fmt(r.snr_db, ".1f"), fmt(r.top1, ".4f"),
+        fmt(r.top5, ".4f"), tolerance_text(r), verdict(r), r.reason or "",
     ]  # fmt: skip
 
 

@@ -88,6 +88,7 @@ class AccuracyRow:
     mean_rel: float | None = None
     rel_l2: float | None = None
     cosine: float | None = None
+    min_row_cosine: float | None = None  # worst cosine of one row (sample, or token after masking)
     snr_db: float | None = None
     top1: float | None = None
     top5: float | None = None
