@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     from trtforge.cli.main import main as cli_main
 
-    return cli_main(
+    rc = cli_main(
         [
             "compile",
             "trtforge.demo:minilm_factory",
@@ -94,6 +94,14 @@ def main(argv: list[str] | None = None) -> int:
             "--force",
         ]
     )
+    if rc != 0:
+        return rc
+    from trtforge.reports.demo import write_demo_report
+
+    print("writing the accuracy/latency report (FP32 vs fused vs FP16 vs INT8, ONNX Runtime on the CPU)")
+    html = write_demo_report(out / "report")
+    print(f"report: {html.resolve()}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from trtforge.errors import TrtforgeError, UserError
 def run_cli(group: click.Group, argv: list[str] | None) -> int:
     """Run `group` standalone=False and translate failures; never swallows: internal errors print a trace."""
     try:
-        group.main(args=argv, prog_name="trtforge", standalone_mode=False)
+        rv = group.main(args=argv, prog_name="trtforge", standalone_mode=False)
     except click.exceptions.Exit as e:
         return int(e.exit_code or 0)
     except click.exceptions.Abort:
@@ -34,4 +34,5 @@ def run_cli(group: click.Group, argv: list[str] | None) -> int:
         traceback.print_exc()
         click.secho("internal error (the trace above); please report it.", fg="red", err=True)
         return 1
-    return 0
+    # With standalone_mode=False, click returns the code of `ctx.exit(n)` instead of raising.
+    return rv if isinstance(rv, int) else 0

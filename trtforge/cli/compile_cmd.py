@@ -148,6 +148,13 @@ opt from the example inputs); they are printed so you can paste and adjust them.
     help="INT8: precision of what stays unquantized.",
 )
 @click.option("--tokenizer", default=None, help="Tokenizer for text data: a local HF path, or 'demo'.")
+@click.option(
+    "--report",
+    "report_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Also write an accuracy/latency report (HTML, Markdown, JSON) of the model's variants here.",
+)
 @click.option("--save-onnx", type=click.Path(dir_okay=False), default=None, help="Also write the final ONNX.")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
@@ -182,6 +189,7 @@ def compile_cmd(
     smoothquant: float | None,
     int8_rest: str,
     tokenizer: str | None,
+    report_dir: str | None,
     save_onnx: str | None,
     force: bool,
     quiet: bool,
@@ -248,3 +256,26 @@ def compile_cmd(
         [timings_table(result.timings), *([summary] if summary else []), *manifest_tables(result.manifest)],
     )
     console.print(f"[green]wrote[/green] {result.engine_path} and {result.manifest_path}")
+    if report_dir is not None:
+        _write_report(model, result, report_dir, output_names, tokenizer, quiet, console)
+
+
+def _write_report(model, result, report_dir, output_names, tokenizer, quiet, console) -> None:
+    """The compile's companion report: the source model's variants (and the engine where it can run)."""
+    from trtforge.compiler.export import load_factory
+    from trtforge.reports.api import build_report
+
+    if model.endswith(".onnx"):
+        source = model
+    elif model.endswith(".pt2"):
+        source = str(result.engine_path)
+    else:
+        source = load_factory(model)
+    report = build_report(
+        source,
+        out_dir=report_dir,
+        output_names=list(output_names) or None,
+        tokenizer=tokenizer,
+        progress=not quiet,
+    )
+    console.print(f"[green]report[/green] {report.html_path}")
