@@ -119,3 +119,14 @@ def test_bad_input_exit_2_no_output(case: str, tmp_path, capsys, monkeypatch) ->
     assert "Traceback" not in out
     assert not (tmp_path / "out.engine").exists() and not (tmp_path / "out.engine.json").exists()
     assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.trt_build
+def test_compile_with_report(tmp_path, capsys) -> None:
+    model = tiny_onnx(tmp_path / "m.onnx")
+    argv = ["compile", str(model), "-o", str(tmp_path / "m.engine"), "--report", str(tmp_path / "rep"), "-q"]
+    rc, out = _run(argv, capsys)
+    assert rc == 0, out
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert (tmp_path / "rep" / "report.html").stat().st_size > 0
+    assert {t["name"] for t in report["targets"]} >= {"ort", "ort-fused", "ort-fp16"}
