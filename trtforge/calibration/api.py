@@ -157,6 +157,7 @@ def calibrate_model(
             channel_tensors=groups,
             progress=progress,
             description="smoothquant statistics",
+            histograms=False,
         )
         stats_seconds += pre.seconds
         channel = {t: s.channel_amax for t, s in pre.tensors.items() if s.channel_amax is not None}
@@ -175,7 +176,9 @@ def calibrate_model(
         )
     if missing:
         assert dataset is not None
-        stats = collect_statistics(work, dataset, missing, real_tokens=real_tokens, progress=progress)
+        stats = collect_statistics(
+            work, dataset, missing, real_tokens=real_tokens, progress=progress, histograms=method != "max"
+        )
         stats_seconds += stats.seconds
         n_samples, n_batches = stats.samples, stats.batches
         dropped = sum(s.dropped for s in stats.tensors.values())

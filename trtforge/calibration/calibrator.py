@@ -87,10 +87,14 @@ def collect_statistics(
     channel_tensors: Iterable[str] = (),
     progress: bool = True,
     description: str = "calibrating",
+    histograms: bool = True,
 ) -> Statistics:
-    """Stream `dataset` through `model` and return |x| statistics of `tensors` (see the module doc)."""
+    """Stream `dataset` through `model` and return |x| statistics of `tensors` (see the module doc).
+
+    `histograms=False` keeps only max (and channel max): enough for method "max" and SmoothQuant.
+    """
     channel = set(channel_tensors)
-    stats = {t: TensorHistogram(per_channel=t in channel) for t in tensors}
+    stats = {t: TensorHistogram(per_channel=t in channel, histogram=histograms) for t in tensors}
     session = make_session(with_outputs(model, tensors))
     input_names = {i.name for i in session.get_inputs()}
     t0 = time.perf_counter()

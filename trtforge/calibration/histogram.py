@@ -17,8 +17,9 @@ MASK_MAGNITUDE = 1e30
 class TensorHistogram:
     """|x| statistics of one tensor: max, histogram over [0, range], dropped count, channel max (opt.)."""
 
-    def __init__(self, num_bins: int = NUM_BINS, *, per_channel: bool = False):
+    def __init__(self, num_bins: int = NUM_BINS, *, per_channel: bool = False, histogram: bool = True):
         self.num_bins = num_bins
+        self.histogram = histogram  # False: max only (method "max" needs no histogram)
         self.hist = np.zeros(num_bins, dtype=np.int64)
         self.range = 0.0
         self.amax = 0.0
@@ -48,6 +49,8 @@ class TensorHistogram:
         m = float(vals.max())
         self.amax = max(self.amax, m)
         self.count += int(vals.size)
+        if not self.histogram:
+            return
         if m == 0.0 and self.range == 0.0:
             self.hist[0] += vals.size
             return
