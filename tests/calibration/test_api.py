@@ -129,6 +129,9 @@ def test_bad_options_fail_before_any_statistics():
         calibrate_model(m, _data(), only_real_tokens=True, progress=False)
     with pytest.raises(UserError, match="too few"):
         calibrate_model(m, _data(10), accuracy_target=0.99, progress=False)
+    q, _ = calibrate_model(m, _data(), method="max", progress=False)
+    with pytest.raises(UserError, match="already quantized"):
+        calibrate_model(q, _data(), progress=False)
     with pytest.raises(UserError, match="nothing to quantize"):
         calibrate_model(models.small_gemm(), {"x": np.ones((4, 32), np.float32)}, progress=False)
 

@@ -98,6 +98,14 @@ def calibrate_model(
 
     t0 = time.perf_counter()
     _check_options(method, percentile, smoothquant, accuracy_target)
+    qdq = [
+        n.name or n.op_type for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+    ]
+    if qdq:
+        raise UserError(
+            f"the model is already quantized ({len(qdq)} Q/DQ nodes, e.g. {qdq[:2]}); "
+            "calibrate the float model."
+        )
     work = onnx.ModelProto()
     work.CopyFrom(model)
     name_nodes(work)
