@@ -158,13 +158,16 @@ def _rss_gb(pid: int) -> float:
     return 0.0
 
 
-def count_int8_matmuls(path: str) -> tuple[int, int]:
+def count_int8_matmuls(path: str) -> tuple[int, int, int]:
+    """(MatMuls reading a DequantizeLinear, MatMuls, other nodes reading a DequantizeLinear)."""
     import onnx
 
     m = onnx.load(path, load_external_data=False)
     prod = {o: n.op_type for n in m.graph.node for o in n.output}
+    reads_dq = [n for n in m.graph.node if any(prod.get(i) == "DequantizeLinear" for i in n.input)]
     mms = [n for n in m.graph.node if n.op_type == "MatMul"]
-    return sum(any(prod.get(i) == "DequantizeLinear" for i in n.input) for n in mms), len(mms)
+    other = sum(n.op_type not in ("MatMul", "QuantizeLinear", "DequantizeLinear") for n in reads_dq)
+    return sum(n.op_type == "MatMul" for n in reads_dq), len(mms), other
 
 
 # ----------------------------------------------------------------------------- sections
@@ -214,7 +217,7 @@ def section_accuracy(work: Path, args) -> list[dict]:
             emb = minilm.pooled_embeddings(make_session(__import__("onnx").load(spec["output"])), tok, ev)
             c = minilm.cosines(ref, emb)
             row.update(mean_cos=float(c.mean()), min_cos=float(c.min()))
-            row["int8_matmuls"], row["matmuls"] = count_int8_matmuls(spec["output"])
+            row["int8_matmuls"], row["matmuls"], row["other_dq_readers"] = count_int8_matmuls(spec["output"])
         print(json.dumps(row), file=sys.stderr, flush=True)
         rows.append(row)
     return rows
@@ -339,13 +342,14 @@ def render(rows: list[dict], cmd: str) -> str:
             f"{acc[0]['calib_positions_real']:.0%} "
             "of positions); ours pads per batch and collects statistics over real tokens only.",
             "",
-            "| calibrator | mean cos | min cos | MatMuls INT8 | seconds | peak RSS GB | notes |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "| calibrator | mean cos | min cos | MatMuls INT8 | other ops reading a DQ | seconds "
+            "| peak RSS GB | notes |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for r in acc:
             if "error" in r:
                 lines.append(
-                    f"| {r['name']} | - | - | - | - | {r.get('peak_rss_gb', 0):.1f} | {r['error']} |"
+                    f"| {r['name']} | - | - | - | - | - | {r.get('peak_rss_gb', 0):.1f} | {r['error']} |"
                 )
                 continue
             note = ""
@@ -357,7 +361,7 @@ def render(rows: list[dict], cmd: str) -> str:
                 )
             lines.append(
                 f"| {r['name']} | {r['mean_cos']:.5f} | {r['min_cos']:.5f} | "
-                f"{r['int8_matmuls']}/{r['matmuls']} | "
+                f"{r['int8_matmuls']}/{r['matmuls']} | {r.get('other_dq_readers', '-')} | "
                 f"{r['seconds']:.0f} | {r['peak_rss_gb']:.1f} | {note} |"
             )
         lines.append("")
