@@ -296,6 +296,40 @@ def bench_one(name: str, exporter: str, args, tmp: Path) -> dict:
     return row
 
 
+def markdown(rows: list[dict]) -> str:
+    """The rows as the Markdown tables of benchmarks/results/passes.md (numbers copied, not typed)."""
+    kinds = ("LayerNorm", "Gelu", "Attention", "QKV")
+    out = ["### Coverage (fused / expected) and numerics", ""]
+    out.append(
+        "| model | exporter | " + " | ".join(kinds) + " | nodes orig -> ours / theirs | max rel err ours "
+        "| theirs | theirs error |"
+    )
+    out.append("|" + "---|" * (len(kinds) + 6))
+    for r in rows:
+        th = r["theirs"] or {}
+        cells = [f"{r['ours'][k]}/{r['expected'][k]} (theirs {th.get(k, '-')})" for k in kinds]
+        nodes = f"{r['original']['nodes']} -> {r['ours']['nodes']} / {th.get('nodes', '-')}"
+        their_err = f"{r['theirs_max_rel_err']:.1e}" if "theirs_max_rel_err" in r else "-"
+        out.append(
+            f"| {r['model']} | {r['exporter']} | "
+            + " | ".join(cells)
+            + f" | {nodes} | {r['ours_max_rel_err']:.1e} | {their_err} | {r['theirs_error'] or ''} |"
+        )
+    out += ["", "### ORT CPU latency, ms (median; batch x seq 128; ViT: 224x224 images)", ""]
+    out.append("| model | exporter | b1 original | b1 ours | b1 theirs | b8 original | b8 ours | b8 theirs |")
+    out.append("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        lat = r["latency_ms"]
+        cells = [str(lat.get(f"{v}_b{b}", "-")) for b in (1, 8) for v in ("original", "ours", "theirs")]
+        out.append(f"| {r['model']} | {r['exporter']} | " + " | ".join(cells) + " |")
+    trt = [r for r in rows if "trt_rtx_fp16" in r]
+    if trt:
+        out += ["", "### FP16 copy of the fused BERT, TensorRT-RTX build on the CPU", ""]
+        for r in trt:
+            out.append(f"- {r['model']} {r['exporter']}: {json.dumps(r['trt_rtx_fp16'])}")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="bert,gpt2,vit,minilm")
@@ -304,9 +338,13 @@ def main() -> int:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--out", default=None, help="append JSON rows to this file")
+    ap.add_argument("--markdown", default=None, metavar="ROWS", help="only print tables for a rows file")
     ap.add_argument("--trt", action="store_true", help="also build fused BERT in FP16 with TensorRT(-RTX)")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
+    if args.markdown:
+        print(markdown([json.loads(line) for line in Path(args.markdown).read_text().splitlines() if line]))
+        return 0
     torch.set_num_threads(2)
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()}, "
@@ -329,6 +367,7 @@ def main() -> int:
     ok = all(r["ours"][k] == v for r in rows for k, v in r["expected"].items()) and all(
         r["ours_max_rel_err"] < 1e-4 for r in rows
     )
+    print(markdown(rows))
     print("ALL FUSED AND WITHIN 1e-4:", ok)
     return 0 if ok else 1
 
