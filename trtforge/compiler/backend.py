@@ -26,6 +26,20 @@ _PIP_HINT = {
 # TensorRT-RTX runs engines on these compute capabilities by default (tensorrt-facts.md §6).
 _RTX_RUNTIME_CCS = ((8, 0), (8, 6), (8, 9))
 _RTX_MIN_BLACKWELL = (12, 0)
+# TensorRT DataType member name -> the numpy-style dtype name manifests use.
+TRT_DTYPE_NAMES = {
+    "FLOAT": "float32",
+    "HALF": "float16",
+    "BF16": "bfloat16",
+    "INT8": "int8",
+    "INT32": "int32",
+    "INT64": "int64",
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "FP8": "float8_e4m3fn",
+    "INT4": "int4",
+    "FP4": "float4_e2m1",
+}
 
 
 @dataclass(frozen=True)
@@ -198,6 +212,12 @@ class Backend:
                 on_event("finish", phase_name, None, 0)
 
         return _Monitor()
+
+
+def trt_dtype_name(dtype: Any) -> str:
+    """TensorRT DataType -> numpy-style name used in manifests."""
+    key = str(dtype).rsplit(".", 1)[-1]
+    return TRT_DTYPE_NAMES.get(key, key.lower())
 
 
 def _make_logger(trt: ModuleType) -> Any:

@@ -17,24 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from trtforge._fileio import atomic_write_bytes
-from trtforge.compiler.backend import Backend, get_backend
+from trtforge.compiler.backend import Backend, get_backend, trt_dtype_name
 from trtforge.compiler.manifest import ShapeRange, TensorSpec
 from trtforge.compiler.shapes import InputDesc, resolve_profile
 from trtforge.errors import BuildError, UserError
-
-_DTYPES = {
-    "FLOAT": "float32",
-    "HALF": "float16",
-    "BF16": "bfloat16",
-    "INT8": "int8",
-    "INT32": "int32",
-    "INT64": "int64",
-    "BOOL": "bool",
-    "UINT8": "uint8",
-    "FP8": "float8_e4m3fn",
-    "INT4": "int4",
-    "FP4": "float4_e2m1",
-}
 
 
 @dataclass
@@ -83,12 +69,6 @@ class BuildRecord:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return asdict(self)
-
-
-def trt_dtype_name(dtype: Any) -> str:
-    """TensorRT DataType -> numpy-style name used in manifests."""
-    key = str(dtype).rsplit(".", 1)[-1]
-    return _DTYPES.get(key, key.lower())
 
 
 def _parse(backend: Backend, network: Any, onnx_path: Path) -> Any:

@@ -13,29 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from trtforge.compiler.backend import trt_dtype_name
 from trtforge.compiler.manifest import Manifest
 from trtforge.errors import UserError
 from trtforge.runtime.protocol import GpuAllocator, OutputSink
-
-# TensorRT DataType member -> manifest (NumPy-style) dtype name; members missing in a flavour are skipped.
-_DTYPE_NAMES = {
-    "FLOAT": "float32",
-    "HALF": "float16",
-    "BF16": "bfloat16",
-    "INT8": "int8",
-    "UINT8": "uint8",
-    "INT32": "int32",
-    "INT64": "int64",
-    "BOOL": "bool",
-    "FP8": "float8_e4m3fn",
-}
-
-
-def _dtype_name(trt: Any, dtype: Any) -> str:
-    for member, name in _DTYPE_NAMES.items():
-        if getattr(trt.DataType, member, None) == dtype:
-            return name
-    return str(dtype)
 
 
 def missing_plugin_creators(backend: Any, keys: Sequence[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
@@ -204,7 +185,7 @@ class TrtEngine:
             is_input = eng.get_tensor_mode(name) == trt.TensorIOMode.INPUT  # §4.1
             out[name] = (
                 is_input,
-                _dtype_name(trt, eng.get_tensor_dtype(name)),
+                trt_dtype_name(eng.get_tensor_dtype(name)),
                 tuple(eng.get_tensor_shape(name)),
             )
         return out
