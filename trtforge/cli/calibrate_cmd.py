@@ -39,8 +39,14 @@ Examples:
 @click.option("--op-types", default="MatMul,Gemm,Conv", show_default=True, help="Op types to quantize.")
 @click.option("--exclude", "exclude", multiple=True, help="Node name to keep in float (repeatable).")
 @click.option(
-    "--smoothquant", type=float, default=None, metavar="ALPHA", help="SmoothQuant migration strength."
+    "--smoothquant",
+    type=float,
+    default=0.8,
+    show_default=True,
+    metavar="ALPHA",
+    help="SmoothQuant migration strength for MatMuls (0.8 took MiniLM from 0.911 to 0.997 cosine).",
 )
+@click.option("--no-smoothquant", is_flag=True, help="Calibrate without SmoothQuant.")
 @click.option(
     "--accuracy-target", type=float, default=None, help="Held-out output cosine to keep (fallback)."
 )
@@ -75,6 +81,7 @@ def calibrate_cmd(
     op_types,
     exclude,
     smoothquant,
+    no_smoothquant,
     accuracy_target,
     calib_cache,
     real_tokens,
@@ -112,7 +119,7 @@ def calibrate_cmd(
         percentile=percentile,
         op_types=tuple(t.strip() for t in op_types.split(",") if t.strip()),
         exclude_nodes=tuple(exclude),
-        smoothquant=smoothquant,
+        smoothquant=None if no_smoothquant else smoothquant,
         accuracy_target=accuracy_target,
         calib_cache=None if default_cache else str(cache_path),
         only_real_tokens=real_tokens,

@@ -139,7 +139,15 @@ opt from the example inputs); they are printed so you can paste and adjust them.
 @click.option(
     "--accuracy-target", type=float, default=None, help="INT8: fall back layers until cosine >= this."
 )
-@click.option("--smoothquant", type=float, default=None, metavar="ALPHA", help="INT8: SmoothQuant migration.")
+@click.option(
+    "--smoothquant",
+    type=float,
+    default=0.8,
+    show_default=True,
+    metavar="ALPHA",
+    help="INT8: SmoothQuant migration strength (0.8 took MiniLM from 0.911 to 0.997 cosine).",
+)
+@click.option("--no-smoothquant", is_flag=True, help="INT8: calibrate without SmoothQuant.")
 @click.option(
     "--int8-rest",
     type=click.Choice(["fp32", "fp16", "bf16"]),
@@ -187,6 +195,7 @@ def compile_cmd(
     calib_cache: str | None,
     accuracy_target: float | None,
     smoothquant: float | None,
+    no_smoothquant: bool,
     int8_rest: str,
     tokenizer: str | None,
     report_dir: str | None,
@@ -223,7 +232,7 @@ def compile_cmd(
         calib_samples=calib_samples,
         calib_cache=calib_cache,
         accuracy_target=accuracy_target,
-        smoothquant=smoothquant,
+        smoothquant=None if no_smoothquant else smoothquant,
         tokenizer=tokenizer,
         progress=not quiet,
     )
