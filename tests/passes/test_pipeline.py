@@ -195,3 +195,20 @@ def test_large_models_skip_verification(monkeypatch):
     _, ledger = optimize_model(_model())
     assert "ORT verification skipped" in ledger.verify_skipped_reason
     assert all(p.verification is None for p in ledger.passes)
+
+
+def test_cli_optimize_precision_fp16(tmp_path, capsys):
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(_model(), src)
+    assert _cli(["optimize", str(src), "-o", str(dst), "--precision", "fp16"]) == 0
+    assert "fp16:" in capsys.readouterr().out
+    fused = onnx.load(dst)
+    assert op_counts(fused)["Attention"] == 1
+    float16 = onnx.TensorProto.FLOAT16
+    assert any(t.data_type == float16 for t in fused.graph.initializer)
+    assert fused.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT  # I/O stays FP32
+    assert (
+        _cli(["optimize", str(src), "-o", str(dst), "--force", "--precision", "fp16", "--keep-fp32", "Nope"])
+        == 2
+    )
+    assert "--keep-fp32 'Nope'" in capsys.readouterr().err

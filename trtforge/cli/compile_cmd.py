@@ -16,7 +16,7 @@ Examples:
   trtforge compile mypkg.bert:make -o bert.engine --dynamic batch,seq \\
       --shape input_ids:1x1:8x128:32x512 --shape attention_mask:1x1:8x128:32x512
   trtforge compile model.onnx -o model.engine --streams 4 --target SM89
-  trtforge compile model.onnx -o model.engine --precision fp16 --keep-fp32 Softmax
+  trtforge compile model.onnx -o model.engine --precision fp16 --keep-fp32 Gelu
   trtforge compile model.onnx -o model.engine --precision int8 --int8-rest fp16 \\
       --calib-data sentences.txt --tokenizer demo --calib-method entropy
 \b

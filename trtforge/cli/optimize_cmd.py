@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import click
 
+from trtforge.passes.precision.cli_options import precision_options
+
 EXAMPLES = """\b
 Examples:
   trtforge optimize bert.onnx -o bert.fused.onnx
   trtforge optimize bert.onnx -o out.onnx --passes cleanup,gelu,attention --attention none
   trtforge optimize big.onnx -o big.fused.onnx --no-verify --ledger big.passes.json
+  trtforge optimize bert.onnx -o bert.fp16.onnx --precision fp16 --keep-fp32 Gelu
 \b
 Passes (default order): cleanup, layernorm, rmsnorm, gelu, qkv, attention, cleanup.
 Verification runs ONNX Runtime before and after every pass with generated inputs and
 stops with exit code 2 if a pass changes an output; it is skipped for models whose
-weights exceed 2 GiB.
+weights exceed 2 GiB. --precision fp16/bf16 then converts the fused graph (FP32
+islands decided by op type, by values seen on sample data, and by --keep-fp32).
 """
 
 
@@ -36,6 +40,7 @@ weights exceed 2 GiB.
 )
 @click.option("--debug", is_flag=True, help="Record why candidate matches were rejected (in the ledger).")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
+@precision_options(default="fp32")
 def optimize_cmd(
     model: str,
     output: str,
@@ -45,6 +50,10 @@ def optimize_cmd(
     ledger: str | None,
     debug: bool,
     force: bool,
+    precision: str,
+    keep_fp32: tuple[str, ...],
+    keep_io_types: bool,
+    precision_data: str | None,
 ) -> None:
     """Fuse LayerNorm, GELU, QKV projections and attention in MODEL; every pass verified by execution."""
     import json
@@ -60,6 +69,17 @@ def optimize_cmd(
     names = [p.strip() for p in passes.split(",") if p.strip()] if passes is not None else None
     proto = load_onnx(model)
     result, record = optimize_model(proto, passes=names, attention=attention, verify=verify, debug=debug)
+    precision_record = None
+    if precision != "fp32":
+        from trtforge.passes.precision.cli_options import convert_with_options
+
+        result, precision_record = convert_with_options(
+            result,
+            precision=precision,
+            keep_fp32=keep_fp32,
+            keep_io_types=keep_io_types,
+            precision_data=precision_data,
+        )
     save_atomic(result, out_path)
     if ledger_path is not None:
         atomic_write_text(ledger_path, json.dumps(record.to_dict(), indent=2))
@@ -69,6 +89,12 @@ def optimize_cmd(
         console.print(f"opset raised {record.opset_before} -> {record.opset_after}")
     if record.verify_skipped_reason:
         console.print(f"[yellow]verification skipped: {record.verify_skipped_reason}")
+    if precision_record is not None:
+        p = precision_record.to_dict()
+        console.print(
+            f"{precision}: {p['low_precision_nodes']} nodes converted, {p['fp32_nodes']} kept FP32 "
+            f"{p['reason_counts'] or ''}, casts +{p['casts_inserted']}/-{p['casts_removed']}"
+        )
     console.print(f"wrote {out_path}")
 
 
