@@ -50,9 +50,13 @@ class LazyGroup(click.Group):
 
 EPILOG = """\b
 Examples:
-  trtforge compile model.onnx -o model.engine
-  trtforge compile mypkg.models:make_bert -o bert.engine --shape input_ids:1x16:8x128:32x512
+  trtforge compile model.onnx -o model.engine --precision fp16
+  trtforge compile mypkg.models:make_bert -o bert.engine --dynamic batch,seq \\
+      --shape input_ids:1x16:8x128:32x512 --precision int8 --calib-data calib.npz
+  trtforge optimize model.onnx -o fused.onnx
+  trtforge report model.onnx -o report/
   trtforge inspect bert.engine
+Run `trtforge COMMAND -h` for each command's options and examples.
 Exit codes: 0 ok, 2 bad input (file, option, tensor), 1 internal error.
 """
 
