@@ -130,3 +130,30 @@ def test_compile_with_report(tmp_path, capsys) -> None:
     report = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert (tmp_path / "rep" / "report.html").stat().st_size > 0
     assert {t["name"] for t in report["targets"]} >= {"ort", "ort-fused", "ort-fp16"}
+
+
+@pytest.mark.trt_build
+def test_compile_fp16_with_precision_data(tmp_path, capsys) -> None:
+    import numpy as np
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    np.savez(tmp_path / "samples.npz", x=np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32))
+    argv = [
+        "compile",
+        str(model),
+        "-o",
+        str(tmp_path / "m.engine"),
+        "--precision",
+        "fp16",
+        "--precision-data",
+        str(tmp_path / "samples.npz"),
+    ]
+    rc, out = _run(argv, capsys)
+    assert rc == 0, out
+    manifest = json.loads((tmp_path / "m.engine.json").read_text())
+    assert manifest["precision"]["mode"] == "fp16"
+    assert manifest["records"]["fp16"]["data_source"] == "user data"
+    np.savez(tmp_path / "bad.npz", y=np.zeros((2, 4), np.float32))
+    argv[-1] = str(tmp_path / "bad.npz")
+    rc, out = _run([*argv, "--force"], capsys)
+    assert rc == 2 and "bad.npz" in out, out

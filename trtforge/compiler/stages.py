@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from trtforge.errors import UserError
@@ -57,7 +57,6 @@ class PrecisionOptions:
     smoothquant: float | None = 0.8
     tokenizer: Any = None
     progress: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def low_precision(self) -> str | None:
         """The float type the graph ends up in (None: FP32 throughout)."""
@@ -89,7 +88,8 @@ def _passes_stage(opts: PassOptions, attention: str) -> GraphStage:
     return GraphStage("passes", run)
 
 
-def _load_data(spec: Any, model: Any, tokenizer: Any, what: str) -> Any:
+def _load_data(spec: Any, model: Any, tokenizer: Any) -> Any:
+    """A dataset path/spec -> feed-dict iterable (via calibration.data); other values pass through."""
     if spec is None or not isinstance(spec, (str, os.PathLike)):
         return spec
     from trtforge.calibration.data import input_specs_from_model, load_dataset
@@ -101,7 +101,7 @@ def _float_stage(opts: PrecisionOptions, precision: str) -> GraphStage:
     def run(model: Any) -> tuple[Any, dict[str, Any]]:
         from trtforge.passes.precision import convert_precision
 
-        data = _load_data(opts.data, model, opts.tokenizer, "--precision-data")
+        data = _load_data(opts.data, model, opts.tokenizer)
         out, record = convert_precision(
             model, precision, keep_fp32=tuple(opts.keep_fp32), data=data, keep_io_types=opts.keep_io_types
         )
