@@ -23,10 +23,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
 
-# GPU tests run on a machine with CUDA torch already installed (the H200 device: torch 2.11 + Triton).
-# They use the system python there, with this checkout on PYTHONPATH.
+# GPU tests run on a machine with CUDA torch already installed (the H200 device: torch 2.11 + Triton),
+# with the system python and this checkout on PYTHONPATH. Pure-Python dependencies that machine lacks
+# (polygraphy, for the reports test) travel as wheels in .whl/ (README: "GPU tests").
+GPU_SITE ?= /tmp/trtforge-gpu-site
 test-gpu:
-	PYTHONPATH=$(CURDIR) python3 -m pytest -m gpu -p no:cacheprovider $(PYTEST_ARGS) tests
+	@if ls .whl/*.whl >/dev/null 2>&1; then \
+	  python3 -m pip install -q --no-index --no-deps --no-compile --target $(GPU_SITE) .whl/*.whl; fi
+	PYTHONPATH=$(CURDIR):$(GPU_SITE) python3 -m pytest -m gpu -p no:cacheprovider $(PYTEST_ARGS) tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
