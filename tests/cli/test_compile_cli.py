@@ -98,6 +98,10 @@ BAD_CASES = {
         lambda d: [str(d / "m.onnx"), "--no-passes", "--attention", "native"],
         "--no-passes cannot be combined",
     ),
+    "version-compatible on TensorRT-RTX": (
+        lambda d: [str(d / "m.onnx"), "--version-compatible"],
+        "TensorRT-RTX engines are tied to the RTX release",
+    ),
     "unknown pass": (lambda d: [str(d / "m.onnx"), "--passes", "cleanup,fuse_everything"], "fuse_everything"),
 }
 

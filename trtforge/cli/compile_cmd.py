@@ -74,6 +74,11 @@ opt from the example inputs); they are printed so you can paste and adjust them.
     help="Force a backend (default: $TRTFORGE_BACKEND, else tensorrt, else tensorrt_rtx).",
 )
 @click.option(
+    "--version-compatible",
+    is_flag=True,
+    help="Datacenter TensorRT: an engine later TensorRT versions can load (lean-runtime ops only).",
+)
+@click.option(
     "--passes",
     default=None,
     metavar="LIST",
@@ -181,6 +186,7 @@ def compile_cmd(
     aux_streams: int | None,
     targets: tuple[str, ...],
     backend: str | None,
+    version_compatible: bool,
     passes: str | None,
     no_passes: bool,
     attention: str | None,
@@ -252,6 +258,7 @@ def compile_cmd(
         aux_streams=aux_streams,
         targets=list(targets) or None,
         backend=backend,
+        version_compatible=version_compatible,
         passes=pass_options,
         precision=precision_options,
         save_onnx=save_onnx,

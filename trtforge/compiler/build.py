@@ -36,6 +36,7 @@ class BuildOptions:
     targets: Sequence[str] | None = None
     backend: str | None = None
     progress: bool = True
+    version_compatible: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, with shapes in --shape syntax when given as strings."""
@@ -205,6 +206,14 @@ def build_engine(
     if options.aux_streams is not None:
         config.max_aux_streams = options.aux_streams
     targets = backend.set_build_targets(config, list(options.targets or []))
+    if options.version_compatible:
+        if backend.is_rtx:
+            raise UserError(
+                "--version-compatible: TensorRT-RTX engines are tied to the RTX release that built them "
+                "(tensorrt-facts.md §6); rebuild per release instead, or build with datacenter TensorRT."
+            )
+        # Lean-runtime operators only; the runtime must allow host code (tensorrt-facts.md §1.10).
+        config.set_flag(backend.trt.BuilderFlag.VERSION_COMPATIBLE)
     warnings: list[str] = []
     cache = _attach_timing_cache(backend, config, options.timing_cache, warnings)
 

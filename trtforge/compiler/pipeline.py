@@ -86,6 +86,7 @@ def compile_model(
     aux_streams: int | None = None,
     targets: Sequence[str] | None = None,
     backend: str | None = None,
+    version_compatible: bool = False,
     passes: PassOptions | None = PassOptions(),  # noqa: B008 - frozen dataclass, immutable default
     precision: PrecisionOptions | str = "fp32",
     save_onnx: str | os.PathLike[str] | None = None,
@@ -126,6 +127,7 @@ def compile_model(
         targets=targets,
         backend=backend,
         progress=progress,
+        version_compatible=version_compatible,
     )
     timings: dict[str, float] = {}
     records: dict[str, Any] = {}
