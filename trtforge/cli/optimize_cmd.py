@@ -61,7 +61,7 @@ def optimize_cmd(
     from rich.console import Console
 
     from trtforge._fileio import atomic_write_text, check_output_path
-    from trtforge.compiler.onnx_io import load_onnx
+    from trtforge.compiler.onnx_io import load_onnx, save_onnx_atomic
     from trtforge.passes.pipeline import optimize_model
 
     out_path = check_output_path(output, force=force)
@@ -80,7 +80,7 @@ def optimize_cmd(
             keep_io_types=keep_io_types,
             precision_data=precision_data,
         )
-    save_atomic(result, out_path)
+    save_onnx_atomic(result, out_path)
     if ledger_path is not None:
         atomic_write_text(ledger_path, json.dumps(record.to_dict(), indent=2))
     console = Console()
@@ -96,27 +96,6 @@ def optimize_cmd(
             f"{p['reason_counts'] or ''}, casts +{p['casts_inserted']}/-{p['casts_removed']}"
         )
     console.print(f"wrote {out_path}")
-
-
-def save_atomic(model, path) -> None:
-    """Write the model (and its external data, if large) into a temp dir beside `path`, then rename."""
-    import os
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    from trtforge.compiler.onnx_io import save_onnx
-
-    path = Path(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        save_onnx(model, tmp / path.name)
-        data = tmp / (path.name + ".data")
-        if data.exists():
-            os.replace(data, path.parent / data.name)
-        os.replace(tmp / path.name, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def ledger_table(record):

@@ -85,6 +85,27 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
     return p
 
 
+def save_onnx_atomic(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
+    """Save like :func:`save_onnx`, into a temp dir beside `path`, then rename into place.
+
+    A failure leaves no partial model; the external-data file (if any) is named `<name>.data`.
+    """
+    import shutil
+    import tempfile
+
+    p = Path(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.", dir=p.parent))
+    try:
+        save_onnx(model, tmp / p.name)
+        data = tmp / (p.name + ".data")
+        if data.exists():
+            os.replace(data, p.parent / data.name)
+        os.replace(tmp / p.name, p)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return p
+
+
 def _has_external(model: onnx.ModelProto) -> bool:
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 

@@ -190,7 +190,7 @@ def compile_model(
             records=records,
         )
         if save_onnx is not None:
-            _copy_onnx(onnx_path, Path(save_onnx))
+            onnx_io.save_onnx_atomic(onnx_io.load_onnx(onnx_path), save_onnx)
         atomic_write_bytes(out, data)
         try:
             manifest_path = write_manifest(manifest, out)
@@ -214,10 +214,3 @@ def _plugins_used(onnx_path: Path) -> list[dict[str, str]]:
     if any(n.domain == DOMAIN and n.op_type == OP_TYPE for n in proto.graph.node):
         return [{"name": OP_TYPE, "namespace": PLUGIN_NAMESPACE, "version": PLUGIN_VERSION}]
     return []
-
-
-def _copy_onnx(src: Path, dst: Path) -> None:
-    """Save the final ONNX graph (with its external data file, if any) next to the engine, atomically."""
-    for f in onnx_io.external_data_files(src):
-        shutil.copyfile(f, dst.parent / f.name)
-    atomic_write_bytes(dst, src.read_bytes())
