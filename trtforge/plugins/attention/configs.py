@@ -67,24 +67,80 @@ def default_config(head_dim: int, dtype_name: str) -> KernelConfig:
     return KernelConfig(128, 64, 8, 3)
 
 
-def tactic_configs() -> tuple[KernelConfig, ...]:
+WG_ROWS = 64  # query rows per consumer warpgroup of the Hopper kernel (one wgmma M atom)
+HOPPER_HEAD_DIMS = (64, 128)
+
+
+@dataclass(frozen=True)
+class HopperConfig:
+    """One launch configuration of the warp-specialized Hopper kernel (kernel_hopper.py)."""
+
+    num_wg: int  # consumer warpgroups; the query block is num_wg * 64 rows
+    block_n: int  # K/V tile rows
+    stages: int  # K/V ring depth
+    q_bufs: int = 1  # Q blocks in flight: 2 lets the producer load the next block's Q early
+    pingpong: bool = True  # consumers take turns issuing their products
+    persistent: bool = True  # one program per SM looping over query blocks
+
+    @property
+    def block_m(self) -> int:
+        return self.num_wg * WG_ROWS
+
+
+def hopper_shared_bytes(c: HopperConfig, head_dim: int, itemsize: int = 2) -> int:
+    """Shared memory a Hopper configuration allocates: its Q blocks plus `stages` K and V tiles."""
+    return (c.q_bufs * c.block_m + 2 * c.stages * c.block_n) * head_dim * itemsize + 1024
+
+
+# Measured on the H200 (benchmarks/results/attention.md): 3 consumer warpgroups (192-row blocks) win
+# D=64 without a mask, 2 win with causal; at D=128 a 3-deep K/V ring beats a second Q buffer, and
+# causal long sequences prefer one program per block (no persistent round-robin imbalance).
+_HOPPER_CONFIGS = {
+    64: (HopperConfig(3, 128, 4, 2), HopperConfig(3, 128, 4, 2, False), HopperConfig(2, 128, 4, 2),
+         HopperConfig(2, 128, 4, 2, False), HopperConfig(2, 128, 4, 2, True, False),
+         HopperConfig(3, 128, 4, 1, True, False)),
+    128: (HopperConfig(2, 128, 3, 1), HopperConfig(2, 128, 3, 1, False),
+          HopperConfig(2, 128, 3, 1, True, False), HopperConfig(3, 64, 3, 1)),
+}  # fmt: skip
+
+
+def hopper_configs(head_dim: int) -> tuple[HopperConfig, ...]:
+    """The Hopper kernel's candidates for a head dim (empty where it does not apply)."""
+    cands = _HOPPER_CONFIGS.get(head_dim, ())
+    return tuple(c for c in cands if hopper_shared_bytes(c, head_dim) <= SHARED_MEMORY_BUDGET + 2048)
+
+
+AnyConfig = KernelConfig | HopperConfig
+
+
+def tactic_configs() -> tuple[AnyConfig, ...]:
     """The TensorRT tactics, in order (tactic t >= 1 is element t - 1): every tile config, pointer
-    loads first, then the same tiles through tensor descriptors."""
-    return AUTOTUNE_CONFIGS + tuple(replace(c, tma=True) for c in AUTOTUNE_CONFIGS)
+    loads first, then the same tiles through tensor descriptors, then the Hopper kernel's configs."""
+    hopper = tuple(dict.fromkeys(c for d in HOPPER_HEAD_DIMS for c in _HOPPER_CONFIGS[d]))
+    return AUTOTUNE_CONFIGS + tuple(replace(c, tma=True) for c in AUTOTUNE_CONFIGS) + hopper
 
 
 def valid_tactics(head_dim: int | None, dtype_name: str | None = None) -> list[int]:
-    """The tactics whose tiles fit this head dim (all of them while the head dim is unknown)."""
+    """The tactics that can run this head dim and dtype (all of them while the head dim is unknown):
+    tiles that fit shared memory, and Hopper configs only for their head dims in FP16/BF16."""
     if head_dim is None or head_dim < 0:
         return list(range(1, len(tactic_configs()) + 1))
     itemsize = 4 if dtype_name == "float32" else 2
     bd = block_d_for(head_dim)
-    return [i + 1 for i, c in enumerate(tactic_configs()) if fits(c, bd, itemsize)]
+    valid = []
+    for i, c in enumerate(tactic_configs()):
+        if isinstance(c, HopperConfig):
+            ok = c in hopper_configs(head_dim) and dtype_name in (None, "float16", "bfloat16")
+        else:
+            ok = fits(c, bd, itemsize)
+        if ok:
+            valid.append(i + 1)
+    return valid
 
 
-def config_for_tactic(tactic: int, head_dim: int, dtype_name: str) -> KernelConfig:
-    """The configuration of TensorRT tactic `tactic`; tactic 0 (none chosen), or one whose tiles do
-    not fit this head dim, runs the default configuration."""
+def config_for_tactic(tactic: int, head_dim: int, dtype_name: str) -> AnyConfig:
+    """The configuration of TensorRT tactic `tactic`; tactic 0 (none chosen), or one that cannot run
+    this head dim, runs the default configuration."""
     configs = tactic_configs()
     if tactic in valid_tactics(head_dim, dtype_name):
         return configs[tactic - 1]

@@ -1,0 +1,127 @@
+"""The Hopper kernel compiles for sm_90a on a machine without a GPU (CI), for every config.
+
+Triton compiles ahead of time for a named target, and its bundled ptxas assembles the result, so
+CI catches Gluon API drift, layout errors and register blow-ups before the H200 runs the kernel
+(tests/plugins/test_attention_hopper_gpu.py). Checked: the products are wgmma (Hopper tensor-core
+instructions, not the mma.sync fallback), warp specialization reallocates registers (setmaxnreg),
+and ptxas reports no more than a few bytes of spills. Each case compiles in a child process: the
+plugin tests' conftest switches Triton to its CPU interpreter, under which nothing compiles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from trtforge.plugins.attention.configs import HopperConfig, hopper_configs, hopper_shared_bytes
+
+CASES = [(d, c, i % 2 == 1) for d in (64, 128) for i, c in enumerate(hopper_configs(d))]
+
+
+def _compile(config, head_dim: int, causal: bool, dtype: str = "fp16"):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from trtforge.plugins.attention import kernel_hopper as kh
+
+    g = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype]
+    sig = {}
+    for name, rows in (
+        ("desc_q", 64),
+        ("desc_k", config.block_n),
+        ("desc_v", config.block_n),
+        ("desc_o", 64),
+    ):
+        layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], g)
+        sig[name] = f"tensordesc<{dtype}[1, 1, {rows}, {head_dim}],{layout!r}>"
+    sig.update(batch="i32", num_heads="i32", seq_q="i32", seq_kv="i32", qk_scale="fp32")
+    consts = {
+        "NUM_WG": config.num_wg,
+        "HEAD_DIM": head_dim,
+        "BLOCK_N": config.block_n,
+        "STAGES": config.stages,
+        "Q_BUFS": config.q_bufs,
+        "CAUSAL": causal,
+        "PINGPONG": config.pingpong,
+    }
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    src = GluonASTSource(fn=kh._attn_fwd_ws, signature=sig, constexprs=consts)
+    options = {"num_warps": 4, "maxnreg": kh._MAXNREG[config.num_wg]}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def _check_case(d: int, config: HopperConfig, causal: bool) -> dict:
+    """Compile one case and assemble it with ptxas; the facts the test asserts."""
+    import tempfile
+
+    import triton
+
+    kernel = _compile(config, d, causal, "bf16" if causal else "fp16")
+    ptx = kernel.asm["ptx"]
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        run = subprocess.run(
+            [ptxas, "-v", "-arch=sm_90a", path, "-o", os.devnull], capture_output=True, text=True
+        )
+    return {
+        "wgmma": "wgmma.mma_async" in ptx,
+        "mma_sync": "mma.sync" in ptx,
+        "setmaxnreg": "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx,
+        "shared": kernel.metadata.shared,
+        "ptxas_rc": run.returncode,
+        "ptxas": run.stderr[-600:],
+        "spills": [int(n) for n in re.findall(r"(\d+) bytes spill stores", run.stderr)],
+    }
+
+
+@pytest.mark.parametrize(("d", "config", "causal"), CASES, ids=str)
+def test_compiles_for_sm90a_with_wgmma_and_register_reallocation(d, config, causal):
+    pytest.importorskip("triton.experimental.gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = json.dumps([d, config.__dict__, causal])
+    run = subprocess.run(
+        [sys.executable, __file__, args], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    facts = json.loads(run.stdout.strip().splitlines()[-1])
+    assert facts["wgmma"] and not facts["mma_sync"], "products must be Hopper wgmma"
+    assert facts["setmaxnreg"], "warp specialization must reallocate registers"
+    assert facts["shared"] <= hopper_shared_bytes(config, d) <= 232448
+    assert facts["ptxas_rc"] == 0, facts["ptxas"]
+    assert facts["spills"] and max(facts["spills"]) <= 64, facts["ptxas"]
+
+
+if __name__ == "__main__":
+    d, fields, causal = json.loads(sys.argv[1])
+    print(json.dumps(_check_case(d, HopperConfig(**fields), causal)))
+
+
+def test_descriptor_cache_is_keyed_on_address_shape_and_strides():
+    """Launch descriptors are reused for the same buffer and never keep a tensor alive."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton.experimental.gluon")
+    from trtforge.plugins.attention.device_tensor import DeviceTensor
+    from trtforge.plugins.attention.kernel_hopper import _desc
+
+    qkv = torch.zeros(2, 100, 3 * 4 * 64, dtype=torch.float16)
+    q = qkv.view(2, 100, 3, 4, 64)[:, :, 0].transpose(1, 2)
+    d = _desc(q, 64, 64)
+    assert _desc(q, 64, 64) is d
+    assert isinstance(d.base, DeviceTensor) and d.base.ptr == q.data_ptr()
+    assert (
+        d.shape == [2, 4, 100, 64]
+        and d.strides == [100 * 768, 64, 768, 1]
+        and d.block_shape == [1, 1, 64, 64]
+    )
+    assert _desc(q.contiguous(), 64, 64) is not d  # other address and strides
+    assert _desc(q, 128, 64) is not d and _desc(q, 128, 64).block_shape == [1, 1, 128, 64]

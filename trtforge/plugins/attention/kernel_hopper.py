@@ -1,0 +1,639 @@
+"""Hopper fast path of the flash-attention forward, written in Gluon (Triton's explicit-layout dialect).
+
+Why a second kernel: Triton's ``tl`` compiler schedules the whole tile loop in every warp, so the
+tensor cores sit idle while the softmax runs (benchmarks/results/attention.md: 0.75-0.99x of cuDNN).
+This kernel warp-specializes the work the way FlashAttention-3 does on sm_90:
+
+* one producer warp moves Q once and K/V tiles through a ring of shared-memory stages with the copy
+  engine (TMA), handing them over on mbarriers;
+* NUM_WG consumer warpgroups each own 64 query rows of the block. Every step issues S_j = Q·K_jᵀ
+  and O += P_{j-1}·V_{j-1} back to back as asynchronous wgmma, then runs the softmax of S_j while
+  the second product is still on the tensor cores (intra-warpgroup overlap);
+* with PINGPONG the consumers take turns issuing their products (an mbarrier token passed
+  between them), so one warpgroup's softmax runs while the other's products occupy the tensor
+  cores (inter-warpgroup overlap).
+
+The producer gives up its registers (``setmaxnreg`` through ``warp_specialize``'s register
+budgets) so the consumers can hold S, P and O in registers.
+
+Scope: FP16/BF16, head dim 64 or 128, causal or not, any sequence lengths (the 4-D descriptors
+zero-fill ragged tiles, masks run only on the last and diagonal tiles, the output store is clipped),
+no key-padding mask, 16-byte-aligned strides with a unit D stride. Everything else runs the
+portable ``tl`` kernel (:mod:`trtforge.plugins.attention.kernel`), which dispatches here.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from trtforge.plugins.attention.configs import HOPPER_HEAD_DIMS, WG_ROWS, HopperConfig, hopper_configs
+
+__all__ = ["HopperConfig", "eligible", "hopper_configs", "launch"]
+
+SUPPORTED_HEAD_DIMS = HOPPER_HEAD_DIMS
+
+
+@gluon.jit
+def _block_coords(tile, n_m, num_heads, CAUSAL: gl.constexpr):
+    """Query block `tile` -> (first row, batch, head). Blocks of one head are adjacent (K/V stay in
+    L2); causal blocks run longest first within a head."""
+    pid_m = tile % n_m
+    if CAUSAL:
+        pid_m = n_m - 1 - pid_m
+    bh = tile // n_m
+    return pid_m, bh // num_heads, bh % num_heads
+
+
+@gluon.jit
+def _kv_tiles(m0, seq_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    if CAUSAL:
+        kv_end = gl.minimum(seq_kv, m0 + BLOCK_M)
+    else:
+        kv_end = seq_kv
+    return gl.cdiv(kv_end, BLOCK_N)
+
+
+@gluon.jit
+def _consumer(
+    desc_o,
+    q_smem,
+    k_smem,
+    v_smem,
+    q_ready,
+    q_empty,
+    kv_ready,
+    kv_empty,
+    turn,
+    batch,
+    num_heads,
+    seq_q,
+    seq_kv,
+    qk_scale,
+    WG: gl.constexpr,
+    NUM_WG: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    Q_BUFS: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    PINGPONG: gl.constexpr,
+):
+    """One consumer warpgroup: for each of its program's query blocks, 64 rows through every K/V
+    tile, then the normalized output (staged in its Q tile, stored by the copy engine)."""
+    dtype: gl.constexpr = q_smem.dtype
+    BLOCK_M: gl.constexpr = NUM_WG * 64
+    # one warpgroup's wgmma accumulators: S is [64, BLOCK_N], O is [64, HEAD_DIM]; K=16 per instruction
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout([3, 0], [4, 1], instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    scale = qk_scale * 1.4426950408889634
+    zero_s = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
+    n_m = gl.cdiv(seq_q, BLOCK_M)
+    total = n_m * num_heads * batch
+
+    kv = 0  # K/V tiles consumed so far by this program (ring position)
+    turns = 0  # issue turns taken so far
+    local = 0  # query blocks done so far by this program
+    for tile in range(gl.program_id(0), total, gl.num_programs(0)):
+        pid_m, b, h = _block_coords(tile, n_m, num_heads, CAUSAL)
+        m0 = pid_m * BLOCK_M
+        r0 = m0 + WG * 64  # first query row of this warpgroup
+        n_tiles = _kv_tiles(m0, seq_kv, BLOCK_M, BLOCK_N, CAUSAL)
+        # tiles from this index on need a mask: the ragged end, or keys past this warpgroup's first row
+        if CAUSAL:
+            first_masked = gl.minimum(seq_kv // BLOCK_N, r0 // BLOCK_N)
+        else:
+            first_masked = seq_kv // BLOCK_N
+        rows = r0 + gl.arange(0, 64, layout=row_s)
+        qb = local % Q_BUFS
+        q_wg = q_smem.index(qb * NUM_WG + WG)
+        acc = gl.zeros([64, HEAD_DIM], gl.float32, o_layout)
+        mbarrier.wait(q_ready.index(qb), (local // Q_BUFS) & 1)
+
+        # tile 0: S_0 and its softmax; nothing to overlap with yet
+        stage = kv % STAGES
+        mbarrier.wait(kv_ready.index(stage), (kv // STAGES) & 1)
+        if PINGPONG:
+            mbarrier.wait(turn.index(WG), turns & 1)
+        s = warpgroup_mma(q_wg, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn.index((WG + 1) % NUM_WG))
+        turns += 1
+        s = warpgroup_mma_wait(0, deps=(s,))
+        if first_masked <= 0:
+            cols = gl.arange(0, BLOCK_N, layout=col_s)
+            keep = cols[None, :] < seq_kv
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= rows[:, None])
+            s = gl.where(keep, s, float("-inf"))
+        m_i = gl.max(s, axis=1) * scale
+        p = gl.exp2(s * scale - m_i[:, None])
+        l_i = gl.sum(p, axis=1)
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        prev = stage
+        kv += 1
+
+        for j in range(1, n_tiles):
+            stage = kv % STAGES
+            mbarrier.wait(kv_ready.index(stage), (kv // STAGES) & 1)
+            if PINGPONG:
+                mbarrier.wait(turn.index(WG), turns & 1)
+            s = warpgroup_mma(q_wg, k_smem.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn.index((WG + 1) % NUM_WG))
+            turns += 1
+            s = warpgroup_mma_wait(1, deps=(s,))
+            if j >= first_masked:
+                cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
+                keep = cols[None, :] < seq_kv
+                if CAUSAL:
+                    keep = keep & (cols[None, :] <= rows[:, None])
+                s = gl.where(keep, s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(s * scale - m_new[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+            mbarrier.arrive(kv_empty.index(prev))
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            p16 = gl.convert_layout(p.to(dtype), p_layout)
+            prev = stage
+            kv += 1
+
+        acc = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
+        acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+        mbarrier.arrive(kv_empty.index(prev))
+
+        l_o = gl.convert_layout(l_i, row_o)
+        out = acc * (1.0 / gl.where(l_o == 0.0, 1.0, l_o))[:, None]
+        q_wg.store(out.to(dtype))  # Q is consumed: its tile stages the output
+        fence_async_shared()
+        tma.async_copy_shared_to_global(desc_o, [b, h, r0, 0], q_wg.reshape([1, 1, 64, HEAD_DIM]))
+        tma.store_wait(0)
+        mbarrier.arrive(q_empty.index(qb))  # the producer may load the next Q block here
+        local += 1  # noqa: SIM113 (Gluon loops have no enumerate)
+
+
+@gluon.jit
+def _consumer_default(
+    desc_o,
+    q_smem,
+    k_smem,
+    v_smem,
+    q_ready,
+    q_empty,
+    kv_ready,
+    kv_empty,
+    turn,
+    batch,
+    num_heads,
+    seq_q,
+    seq_kv,
+    qk_scale,
+    NUM_WG: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    Q_BUFS: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    PINGPONG: gl.constexpr,
+):
+    _consumer(
+        desc_o,
+        q_smem,
+        k_smem,
+        v_smem,
+        q_ready,
+        q_empty,
+        kv_ready,
+        kv_empty,
+        turn,
+        batch,
+        num_heads,
+        seq_q,
+        seq_kv,
+        qk_scale,
+        0,
+        NUM_WG,
+        HEAD_DIM,
+        BLOCK_N,
+        STAGES,
+        Q_BUFS,
+        CAUSAL,
+        PINGPONG,
+    )
+
+
+@gluon.jit
+def _producer(
+    desc_q,
+    desc_k,
+    desc_v,
+    q_smem,
+    k_smem,
+    v_smem,
+    q_ready,
+    q_empty,
+    kv_ready,
+    kv_empty,
+    batch,
+    num_heads,
+    seq_q,
+    seq_kv,
+    NUM_WG: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    Q_BUFS: gl.constexpr,
+    CAUSAL: gl.constexpr,
+):
+    """The load warp: per query block, its Q tiles, then its K/V tiles into the ring as consumers
+    free stages; the ring runs ahead into the program's next block."""
+    BLOCK_M: gl.constexpr = NUM_WG * 64
+    n_m = gl.cdiv(seq_q, BLOCK_M)
+    total = n_m * num_heads * batch
+    kv = 0
+    local = 0
+    for tile in range(gl.program_id(0), total, gl.num_programs(0)):
+        pid_m, b, h = _block_coords(tile, n_m, num_heads, CAUSAL)
+        m0 = pid_m * BLOCK_M
+        n_tiles = _kv_tiles(m0, seq_kv, BLOCK_M, BLOCK_N, CAUSAL)
+        qb = local % Q_BUFS
+        # a fresh barrier counts as having completed the phase before 0: first passes wait for nothing
+        mbarrier.wait(q_empty.index(qb), ((local // Q_BUFS) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(qb), NUM_WG * desc_q.block_type.nbytes)
+        for w in gl.static_range(NUM_WG):
+            tma.async_copy_global_to_shared(
+                desc_q,
+                [b, h, m0 + w * 64, 0],
+                q_ready.index(qb),
+                q_smem.index(qb * NUM_WG + w).reshape([1, 1, 64, HEAD_DIM]),
+            )
+        for j in range(n_tiles):
+            stage = kv % STAGES
+            mbarrier.wait(kv_empty.index(stage), ((kv // STAGES) & 1) ^ 1)
+            bar = kv_ready.index(stage)
+            mbarrier.expect(bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
+            tma.async_copy_global_to_shared(
+                desc_k, [b, h, j * BLOCK_N, 0], bar, k_smem.index(stage).reshape([1, 1, BLOCK_N, HEAD_DIM])
+            )
+            tma.async_copy_global_to_shared(
+                desc_v, [b, h, j * BLOCK_N, 0], bar, v_smem.index(stage).reshape([1, 1, BLOCK_N, HEAD_DIM])
+            )
+            kv += 1
+        local += 1  # noqa: SIM113 (Gluon loops have no enumerate)
+
+
+@gluon.jit
+def _attn_fwd_ws(
+    desc_q,
+    desc_k,
+    desc_v,
+    desc_o,
+    batch,
+    num_heads,
+    seq_q,
+    seq_kv,
+    qk_scale,
+    NUM_WG: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    Q_BUFS: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    PINGPONG: gl.constexpr,
+):
+    """Grid (programs,): program p handles query blocks p, p + programs, ... of all B·H·ceil(S_q/BLOCK_M)
+    (one program per block when not persistent); launched with num_warps=4 (the first consumer)."""
+    dtype: gl.constexpr = desc_q.dtype
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [Q_BUFS * NUM_WG, 64, HEAD_DIM], tile_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFS, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(Q_BUFS):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=NUM_WG)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=NUM_WG)
+    for i in gl.static_range(NUM_WG):
+        mbarrier.init(turn.index(i), count=1)
+    mbarrier.arrive(turn.index(0))  # the first warpgroup issues first
+    fence_async_shared()
+
+    if NUM_WG == 2:
+        gl.warp_specialize(
+            [
+                (
+                    _consumer_default,
+                    (
+                        desc_o,
+                        q_smem,
+                        k_smem,
+                        v_smem,
+                        q_ready,
+                        q_empty,
+                        kv_ready,
+                        kv_empty,
+                        turn,
+                        batch,
+                        num_heads,
+                        seq_q,
+                        seq_kv,
+                        qk_scale,
+                        NUM_WG,
+                        HEAD_DIM,
+                        BLOCK_N,
+                        STAGES,
+                        Q_BUFS,
+                        CAUSAL,
+                        PINGPONG,
+                    ),
+                ),
+                (
+                    _consumer,
+                    (
+                        desc_o,
+                        q_smem,
+                        k_smem,
+                        v_smem,
+                        q_ready,
+                        q_empty,
+                        kv_ready,
+                        kv_empty,
+                        turn,
+                        batch,
+                        num_heads,
+                        seq_q,
+                        seq_kv,
+                        qk_scale,
+                        1,
+                        NUM_WG,
+                        HEAD_DIM,
+                        BLOCK_N,
+                        STAGES,
+                        Q_BUFS,
+                        CAUSAL,
+                        PINGPONG,
+                    ),
+                ),
+                (
+                    _producer,
+                    (
+                        desc_q,
+                        desc_k,
+                        desc_v,
+                        q_smem,
+                        k_smem,
+                        v_smem,
+                        q_ready,
+                        q_empty,
+                        kv_ready,
+                        kv_empty,
+                        batch,
+                        num_heads,
+                        seq_q,
+                        seq_kv,
+                        NUM_WG,
+                        HEAD_DIM,
+                        BLOCK_N,
+                        STAGES,
+                        Q_BUFS,
+                        CAUSAL,
+                    ),
+                ),
+            ],
+            [4, 1],
+            [240, 24],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (
+                    _consumer_default,
+                    (
+                        desc_o,
+                        q_smem,
+                        k_smem,
+                        v_smem,
+                        q_ready,
+                        q_empty,
+                        kv_ready,
+                        kv_empty,
+                        turn,
+                        batch,
+                        num_heads,
+                        seq_q,
+                        seq_kv,
+                        qk_scale,
+                        NUM_WG,
+                        HEAD_DIM,
+                        BLOCK_N,
+                        STAGES,
+                        Q_BUFS,
+                        CAUSAL,
+                        PINGPONG,
+                    ),
+                ),
+                (
+                    _consumer,
+                    (
+                        desc_o,
+                        q_smem,
+                        k_smem,
+                        v_smem,
+                        q_ready,
+                        q_empty,
+                        kv_ready,
+                        kv_empty,
+                        turn,
+                        batch,
+                        num_heads,
+                        seq_q,
+                        seq_kv,
+                        qk_scale,
+                        1,
+                        NUM_WG,
+                        HEAD_DIM,
+                        BLOCK_N,
+                        STAGES,
+                        Q_BUFS,
+                        CAUSAL,
+                        PINGPONG,
+                    ),
+                ),
+                (
+                    _consumer,
+                    (
+                        desc_o,
+                        q_smem,
+                        k_smem,
+                        v_smem,
+                        q_ready,
+                        q_empty,
+                        kv_ready,
+                        kv_empty,
+                        turn,
+                        batch,
+                        num_heads,
+                        seq_q,
+                        seq_kv,
+                        qk_scale,
+                        2,
+                        NUM_WG,
+                        HEAD_DIM,
+                        BLOCK_N,
+                        STAGES,
+                        Q_BUFS,
+                        CAUSAL,
+                        PINGPONG,
+                    ),
+                ),
+                (
+                    _producer,
+                    (
+                        desc_q,
+                        desc_k,
+                        desc_v,
+                        q_smem,
+                        k_smem,
+                        v_smem,
+                        q_ready,
+                        q_empty,
+                        kv_ready,
+                        kv_empty,
+                        batch,
+                        num_heads,
+                        seq_q,
+                        seq_kv,
+                        NUM_WG,
+                        HEAD_DIM,
+                        BLOCK_N,
+                        STAGES,
+                        Q_BUFS,
+                        CAUSAL,
+                    ),
+                ),
+            ],
+            [4, 4, 1],
+            [160, 160, 24],
+        )
+
+
+# Registers per consumer thread (setmaxnreg): the 64 K registers of an SM shared by NUM_WG consumer
+# warpgroups and one producer warpgroup at 24, rounded down to a multiple of 8.
+_CONSUMER_REGS = {2: 240, 3: 160}
+_MAXNREG = {2: 168, 3: 128}  # the kernel-wide cap that the default (first consumer) partition starts from
+
+
+def _desc(t: Any, rows: int, head_dim: int) -> TensorDescriptor:
+    """The 4-D copy-engine descriptor of `t` with [1, 1, rows, head_dim] boxes (cached: see below)."""
+    shape, strides = tuple(int(n) for n in t.shape), tuple(int(x) for x in t.stride())
+    return _cached_desc(int(t.data_ptr()), t.dtype, shape, strides, rows, head_dim)
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_desc(
+    ptr: int, dtype: Any, shape: tuple, strides: tuple, rows: int, head_dim: int
+) -> TensorDescriptor:
+    """Building a descriptor costs ~13 us of Python; serving loops (and TensorRT, which keeps its
+    buffers) launch on the same buffers again and again. The descriptor only records the address,
+    shape and strides (its base is a non-owning view), so a reused address is harmless."""
+    from trtforge.plugins.attention.device_tensor import DeviceTensor
+
+    layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], _gl_dtype(dtype))
+    base = DeviceTensor(ptr, dtype, shape, strides)
+    return TensorDescriptor(base, list(shape), list(strides), [1, 1, rows, head_dim], layout)
+
+
+def _gl_dtype(dtype: Any) -> Any:
+    name = str(dtype).rsplit(".", 1)[-1]
+    return {"float16": gl.float16, "bfloat16": gl.bfloat16}[name]
+
+
+def eligible(q: Any, k: Any, v: Any, out: Any, mask: Any, capability: tuple[int, int]) -> bool:
+    """Whether the warp-specialized kernel can run this problem (else the portable kernel does):
+    an sm_90 device, FP16/BF16, head dim 64 or 128, no key-padding mask, and tensors the copy engine
+    can address (unit D stride, 16-byte-aligned base and strides)."""
+    if capability[0] != 9 or mask is not None or int(q.shape[-1]) not in SUPPORTED_HEAD_DIMS:
+        return False
+    for t in (q, k, v, out):
+        if _name(t.dtype) not in ("float16", "bfloat16") or int(t.stride()[-1]) != 1:
+            return False
+        if any(int(n) <= 0 for n in t.shape):
+            return False
+        if t.data_ptr() % 16 or any((int(st) * 2) % 16 for st in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _name(dtype: Any) -> str:
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(device: int) -> int:
+    import torch
+
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def launch(q: Any, k: Any, v: Any, out: Any, scale: float, causal: bool, config: HopperConfig) -> None:
+    """Launch one configuration on torch's current stream; q/k/v/out are [B, H, S, D] views whose
+    strides pass :func:`eligible`."""
+    import torch
+
+    b, h, s_q, d = (int(n) for n in q.shape)
+    s_kv = int(k.shape[2])
+    dq = _desc(q, WG_ROWS, d)
+    do = _desc(out, WG_ROWS, d)
+    dk = _desc(k, config.block_n, d)
+    dv = _desc(v, config.block_n, d)
+    blocks = triton.cdiv(s_q, config.block_m) * h * b
+    programs = blocks
+    if config.persistent:
+        programs = max(1, min(blocks, _sm_count(torch.cuda.current_device())))
+    _attn_fwd_ws[(programs,)](
+        dq,
+        dk,
+        dv,
+        do,
+        b,
+        h,
+        s_q,
+        s_kv,
+        float(scale),
+        config.num_wg,
+        d,
+        config.block_n,
+        config.stages,
+        config.q_bufs,
+        bool(causal),
+        config.pingpong,
+        num_warps=4,
+        maxnreg=_MAXNREG[config.num_wg],
+    )
