@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from trtforge.plugins.attention.configs import block_d_for, fits, tactic_configs  # noqa: E402
+from trtforge.plugins.attention.configs import KernelConfig, block_d_for, fits, tactic_configs  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -106,7 +106,11 @@ def test_kernel_matches_sdpa_fp32(b, h, s_q, s_kv, d, causal, mask_kind, dtype_n
     _assert_close(out, _reference(q, k, v, mask, causal, scale), dtype_name)
 
 
-@pytest.mark.parametrize("config", [c for c in tactic_configs() if fits(c, block_d_for(80))], ids=str)
+@pytest.mark.parametrize(
+    "config",
+    [c for c in tactic_configs() if isinstance(c, KernelConfig) and fits(c, block_d_for(80))],
+    ids=str,
+)
 def test_every_tactic_config_is_correct(config):
     """Every TensorRT tactic that fits D=80 (D tile 128) computes the right answer."""
     from trtforge.plugins.attention.kernel import flash_attention

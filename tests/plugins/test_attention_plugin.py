@@ -14,8 +14,11 @@ import pytest
 from trtforge.compiler.backend import backend_available, get_backend
 from trtforge.errors import UserError
 from trtforge.plugins.attention.configs import (
+    HopperConfig,
+    KernelConfig,
     config_for_tactic,
     default_config,
+    hopper_configs,
     tactic_configs,
     valid_tactics,
 )
@@ -194,7 +197,14 @@ def test_tactics_only_offer_tiles_that_fit_the_head_dim(trt, classes):
     plugin = plugin_cls(FlashAttentionAttrs(num_heads=2, scale=0.1))
     plugin.configure_plugin([_desc(trt, trt.DataType.HALF, (1, 2, 8, 128)) for _ in range(3)], [])
     assert plugin.get_valid_tactics() == valid_tactics(128, "float16")
-    assert len(valid_tactics(128, "float16")) < len(tactic_configs()) == len(valid_tactics(32, "float16"))
+    portable = [i + 1 for i, c in enumerate(tactic_configs()) if isinstance(c, KernelConfig)]
+    hopper = [i + 1 for i, c in enumerate(tactic_configs()) if isinstance(c, HopperConfig)]
+    assert hopper and valid_tactics(32, "float16") == portable  # the Hopper kernel needs D 64 or 128
+    assert set(valid_tactics(128, "float16")) - set(portable) == {
+        t for t in hopper if tactic_configs()[t - 1] in hopper_configs(128)
+    }
+    assert not set(valid_tactics(128, "float32")) & set(hopper)  # and FP16/BF16
+    assert config_for_tactic(hopper[0], 32, "float16") == default_config(32, "float16")
     assert config_for_tactic(0, 128, "bfloat16") == default_config(128, "bfloat16")
     assert config_for_tactic(3, 128, "float16") == default_config(128, "float16")  # 128x128x4 stages: too big
     assert config_for_tactic(1, 128, "float16") == tactic_configs()[0]

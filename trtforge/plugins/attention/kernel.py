@@ -30,6 +30,11 @@ once per shape bucket and keeps the faster; tiles and pipeline depth are autotun
 :data:`~trtforge.plugins.attention.configs.AUTOTUNE_CONFIGS` (Hopper-sized, pruned to what fits in
 shared memory). A TensorRT plugin instead gets every (tiles, variant) pair as a tactic.
 
+On sm_90 GPUs (H100/H200) FP16/BF16 problems with head dim 64 or 128 and no key-padding mask can
+also run the warp-specialized Gluon kernel of :mod:`trtforge.plugins.attention.kernel_hopper`
+(FlashAttention-3-style producer/consumer warpgroups); the autotuned launch times it against this
+kernel per shape bucket and keeps the faster, and a TensorRT plugin gets its configs as tactics.
+
 The launch API takes torch tensors (:func:`flash_attention`) or raw device pointers plus a raw CUDA
 stream handle (:func:`flash_attention_raw`), which is what a TensorRT plugin's ``enqueue`` gets.
 """
@@ -47,12 +52,21 @@ import triton.language as tl
 import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from trtforge.plugins.attention.configs import AUTOTUNE_CONFIGS, KernelConfig, default_config, fits
+from trtforge.plugins.attention.configs import (
+    AUTOTUNE_CONFIGS,
+    AnyConfig,
+    HopperConfig,
+    KernelConfig,
+    default_config,
+    fits,
+    hopper_configs,
+)
 from trtforge.plugins.attention.device_tensor import DeviceTensor, _itemsize, packed_qkv_views
 
 __all__ = [
     "AUTOTUNE_CONFIGS",
     "DeviceTensor",
+    "HopperConfig",
     "KernelConfig",
     "default_config",
     "flash_attention",
@@ -396,8 +410,23 @@ def _check(q: Any, k: Any, v: Any, out: Any, mask: Any) -> tuple[int, int, int, 
 
 
 @functools.lru_cache(maxsize=8)
+def _capability(device: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(device))
+
+
 def _has_tma(device: int) -> bool:
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return _capability(device)[0] >= 9
+
+
+def _hopper_eligible(q: Any, k: Any, v: Any, out: Any, mask: Any) -> bool:
+    """Whether the warp-specialized Hopper kernel (kernel_hopper.py) can run this problem."""
+    if mask is not None or q.dtype not in (torch.float16, torch.bfloat16) or _interpreting():
+        return False
+    if not torch.cuda.is_available():
+        return False
+    from trtforge.plugins.attention import kernel_hopper
+
+    return kernel_hopper.eligible(q, k, v, out, mask, _capability(torch.cuda.current_device()))
 
 
 def _tma_eligible(*tensors: Any) -> bool:
@@ -416,8 +445,9 @@ def _descriptor(t: Any, rows: int, block_d: int) -> TensorDescriptor:
     return TensorDescriptor(t, [int(n) for n in t.shape], [int(x) for x in t.stride()], [1, 1, rows, block_d])
 
 
-# Autotuned launches with variant "auto": the faster of the two variants per problem key, timed once.
-_VARIANT_CHOICE: dict[tuple, str] = {}
+# Autotuned launches with variant "auto": the fastest kernel per problem key, timed once. Values are
+# "tma" or "pointer" (the portable kernel's variants) or a HopperConfig.
+_VARIANT_CHOICE: dict[tuple, Any] = {}
 
 
 def _launch(
@@ -428,14 +458,35 @@ def _launch(
     mask: Any,
     scale: float,
     causal: bool,
-    config: KernelConfig | None,
+    config: AnyConfig | None,
     variant: str,
 ) -> None:
     b, h, s_q, s_kv, d = _check(q, k, v, out, mask)
     if b == 0 or h == 0 or s_q == 0:
         return
-    if variant not in ("auto", "tma", "pointer"):
-        raise ValueError(f"variant must be 'auto', 'tma' or 'pointer'; got {variant!r}")
+    if variant not in ("auto", "tma", "pointer", "hopper"):
+        raise ValueError(f"variant must be 'auto', 'tma', 'pointer' or 'hopper'; got {variant!r}")
+    hopper_ok = variant in ("auto", "hopper") and _hopper_eligible(q, k, v, out, mask)
+    if variant == "hopper" and not hopper_ok:
+        raise ValueError(
+            "variant 'hopper' needs an sm_90 GPU, FP16/BF16, head dim 64 or 128, no key-padding mask and "
+            "16-byte-aligned strides with a unit D stride; use variant 'auto' to fall back"
+        )
+    if isinstance(config, HopperConfig):
+        if hopper_ok:
+            _launch_hopper(q, k, v, out, scale, causal, config)
+            return
+        config = default_config(d, _dtype_name(q.dtype))  # e.g. a TensorRT tactic chosen on another GPU
+    if (
+        config is None
+        and hopper_ok
+        and (variant == "hopper" or _hopper_wins(q, k, v, out, mask, scale, causal))
+    ):
+        choice = _VARIANT_CHOICE.get(_choice_key(q, d, causal, mask, s_q, s_kv))
+        if not isinstance(choice, HopperConfig):
+            choice = hopper_configs(d)[0]
+        _launch_hopper(q, k, v, out, scale, causal, choice)
+        return
     block_d = max(16, triton.next_power_of_2(d))
     mask_arg = mask if mask is not None else q  # never read when HAS_KMASK is False
     mask_strides = tuple(mask.stride()) if mask is not None else (0, 0)
@@ -475,7 +526,7 @@ def _launch(
     elif variant != "auto" or not tma_ok:
         run(tma_ok and variant == "tma")
     else:
-        key = (str(q.dtype), d, bool(causal), mask is not None, tail[-2], tail[-1])
+        key = _choice_key(q, d, causal, mask, s_q, s_kv)
         if key not in _VARIANT_CHOICE:
             times = {}
             for name, use_tma in (("tma", True), ("pointer", False)):
@@ -483,6 +534,46 @@ def _launch(
                 times[name] = triton.testing.do_bench(lambda u=use_tma: run(u), warmup=5, rep=20)
             _VARIANT_CHOICE[key] = min(times, key=times.get)
         run(_VARIANT_CHOICE[key] == "tma")
+
+
+def _choice_key(q: Any, d: int, causal: bool, mask: Any, s_q: int, s_kv: int) -> tuple:
+    """Autotuning key: dtype, head dim, masks, and buckets of both lengths and of B·H."""
+    bh = _bucket(int(q.shape[0]) * int(q.shape[1]))
+    return (str(q.dtype), d, bool(causal), mask is not None, _bucket(s_q), _bucket(s_kv), bh)
+
+
+def _launch_hopper(
+    q: Any, k: Any, v: Any, out: Any, scale: float, causal: bool, config: HopperConfig
+) -> None:
+    """Run the warp-specialized Hopper kernel (imported here: it needs Triton's Gluon dialect)."""
+    from trtforge.plugins.attention import kernel_hopper
+
+    kernel_hopper.launch(q, k, v, out, scale, causal, config)
+
+
+def _hopper_wins(q: Any, k: Any, v: Any, out: Any, mask: Any, scale: float, causal: bool) -> bool:
+    """Time every Hopper config and the portable kernel once per problem key; True if a Hopper config
+    won (then it is in _VARIANT_CHOICE). The portable kernel's own tile autotuning runs first."""
+    s_q, d = int(q.shape[2]), int(q.shape[3])
+    key = _choice_key(q, d, causal, mask, s_q, int(k.shape[2]))
+    if key not in _VARIANT_CHOICE:
+        times: dict[Any, float] = {}
+        for c in hopper_configs(d):
+            _launch_hopper(q, k, v, out, scale, causal, c)
+            fn = functools.partial(_launch_hopper, q, k, v, out, scale, causal, c)
+            times[c] = triton.testing.do_bench(fn, warmup=5, rep=20)
+        best_hopper = min(times, key=times.get)
+        for use_tma in (True, False):
+            _launch(q, k, v, out, mask, scale, causal, None, "tma" if use_tma else "pointer")  # autotunes it
+            t = triton.testing.do_bench(
+                lambda u=use_tma: _launch(q, k, v, out, mask, scale, causal, None, "tma" if u else "pointer"),
+                warmup=5,
+                rep=20,
+            )
+            times["tma" if use_tma else "pointer"] = t
+        portable = min(("tma", "pointer"), key=times.get)
+        _VARIANT_CHOICE[key] = best_hopper if times[best_hopper] <= times[portable] else portable
+    return isinstance(_VARIANT_CHOICE[key], HopperConfig)
 
 
 def flash_attention(
@@ -494,16 +585,18 @@ def flash_attention(
     scale: float | None = None,
     causal: bool = False,
     out: torch.Tensor | None = None,
-    config: KernelConfig | None = None,
+    config: AnyConfig | None = None,
     variant: str = "auto",
 ) -> torch.Tensor:
     """softmax(q·kᵀ·scale [+ masks])·v for [B, H, S, D] tensors of any strides; returns [B, H, S_q, D].
 
     `scale` defaults to 1/sqrt(D). `key_padding_mask` is [B, S_kv], nonzero = keep. `out` may be any
     strided [B, H, S_q, D] view (e.g. of a [B, S, H·D] buffer). With `config` None the launch is
-    autotuned over :data:`AUTOTUNE_CONFIGS` (cached per shape bucket), except under Triton's
-    interpreter, which uses :func:`default_config`. `variant` is "auto", "tma" or "pointer" (see the
-    module docstring); with a `config`, "auto" means ``config.tma``.
+    autotuned (cached per shape bucket): on an H100/H200, where the Hopper kernel applies, over its
+    configs and the portable kernel's; elsewhere over :data:`AUTOTUNE_CONFIGS`. Triton's interpreter
+    uses :func:`default_config`. `variant` is "auto", "tma", "pointer" (the portable kernel's
+    variants) or "hopper" (see the module docstring); with a KernelConfig, "auto" means
+    ``config.tma``; a HopperConfig runs the Hopper kernel where eligible, else the default config.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -522,7 +615,7 @@ def flash_attention_raw(
     scale: float,
     causal: bool,
     stream: int,
-    config: KernelConfig | None = None,
+    config: AnyConfig | None = None,
     variant: str = "auto",
 ) -> None:
     """Launch on raw device buffers, asynchronously, on the CUDA stream handle `stream` (an int).
