@@ -18,7 +18,13 @@ import sys
 
 import pytest
 
-from trtforge.plugins.attention.configs import HopperConfig, hopper_configs, hopper_shared_bytes
+from trtforge.plugins.attention.configs import (
+    HOPPER_TRITON_RELEASES,
+    HopperConfig,
+    hopper_configs,
+    hopper_shared_bytes,
+    hopper_triton_supported,
+)
 
 CASES = [(d, c, i % 2 == 1) for d in (64, 128) for i, c in enumerate(hopper_configs(d))]
 
@@ -86,7 +92,11 @@ def _check_case(d: int, config: HopperConfig, causal: bool) -> dict:
 
 @pytest.mark.parametrize(("d", "config", "causal"), CASES, ids=str)
 def test_compiles_for_sm90a_with_wgmma_and_register_reallocation(d, config, causal):
-    pytest.importorskip("triton.experimental.gluon")
+    triton = pytest.importorskip("triton")
+    if not hopper_triton_supported(triton.__version__):
+        pytest.skip(
+            f"the Hopper kernel is proven on Triton {HOPPER_TRITON_RELEASES}; this is {triton.__version__}"
+        )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     args = json.dumps([d, config.__dict__, causal])
     run = subprocess.run(
@@ -125,3 +135,8 @@ def test_descriptor_cache_is_keyed_on_address_shape_and_strides():
     )
     assert _desc(q.contiguous(), 64, 64) is not d  # other address and strides
     assert _desc(q, 128, 64) is not d and _desc(q, 128, 64).block_shape == [1, 1, 128, 64]
+
+
+def test_hopper_kernel_is_gated_on_proven_triton_releases():
+    assert hopper_triton_supported("3.6.0") and hopper_triton_supported("3.6.1")
+    assert not hopper_triton_supported("3.9.0") and not hopper_triton_supported("3.5.1")

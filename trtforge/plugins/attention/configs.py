@@ -69,6 +69,15 @@ def default_config(head_dim: int, dtype_name: str) -> KernelConfig:
 
 WG_ROWS = 64  # query rows per consumer warpgroup of the Hopper kernel (one wgmma M atom)
 HOPPER_HEAD_DIMS = (64, 128)
+# Gluon, the dialect the Hopper kernel is written in, is experimental: its API changes between
+# Triton releases (3.9 rejects this kernel). The kernel runs only on the releases it was proven on
+# (the H200's 3.6); elsewhere the portable kernel runs.
+HOPPER_TRITON_RELEASES = ("3.6",)
+
+
+def hopper_triton_supported(version: str) -> bool:
+    """Whether Triton `version` (e.g. "3.6.0") is a release the Hopper kernel was proven on."""
+    return ".".join(version.split(".")[:2]) in HOPPER_TRITON_RELEASES
 
 
 @dataclass(frozen=True)

@@ -54,12 +54,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from trtforge.plugins.attention.configs import (
     AUTOTUNE_CONFIGS,
+    HOPPER_TRITON_RELEASES,
     AnyConfig,
     HopperConfig,
     KernelConfig,
     default_config,
     fits,
     hopper_configs,
+    hopper_triton_supported,
 )
 from trtforge.plugins.attention.device_tensor import DeviceTensor, _itemsize, packed_qkv_views
 
@@ -418,11 +420,14 @@ def _has_tma(device: int) -> bool:
     return _capability(device)[0] >= 9
 
 
+_HOPPER_TRITON = hopper_triton_supported(triton.__version__)
+
+
 def _hopper_eligible(q: Any, k: Any, v: Any, out: Any, mask: Any) -> bool:
     """Whether the warp-specialized Hopper kernel (kernel_hopper.py) can run this problem."""
     if mask is not None or q.dtype not in (torch.float16, torch.bfloat16) or _interpreting():
         return False
-    if not torch.cuda.is_available():
+    if not _HOPPER_TRITON or not torch.cuda.is_available():
         return False
     from trtforge.plugins.attention import kernel_hopper
 
@@ -469,8 +474,9 @@ def _launch(
     hopper_ok = variant in ("auto", "hopper") and _hopper_eligible(q, k, v, out, mask)
     if variant == "hopper" and not hopper_ok:
         raise ValueError(
-            "variant 'hopper' needs an sm_90 GPU, FP16/BF16, head dim 64 or 128, no key-padding mask and "
-            "16-byte-aligned strides with a unit D stride; use variant 'auto' to fall back"
+            f"variant 'hopper' needs an sm_90 GPU, Triton {' or '.join(HOPPER_TRITON_RELEASES)}.x (this is "
+            f"{triton.__version__}), FP16/BF16, head dim 64 or 128, no key-padding mask and 16-byte-aligned "
+            "strides with a unit D stride; use variant 'auto' to fall back"
         )
     if isinstance(config, HopperConfig):
         if hopper_ok:
