@@ -544,10 +544,10 @@ def _attn_fwd_ws(
         )
 
 
-# Registers per consumer thread (setmaxnreg): the 64 K registers of an SM shared by NUM_WG consumer
-# warpgroups and one producer warpgroup at 24, rounded down to a multiple of 8.
-_CONSUMER_REGS = {2: 240, 3: 160}
-_MAXNREG = {2: 168, 3: 128}  # the kernel-wide cap that the default (first consumer) partition starts from
+# Registers per thread at launch: the SM's 64 K registers over (NUM_WG + 1) warpgroups. The
+# warp_specialize calls above then move them with setmaxnreg: the producer warpgroup drops to 24 and
+# the consumers rise to 240 (2 consumers) or 160 (3), all multiples of 8 within the same 64 K.
+_MAXNREG = {2: 168, 3: 128}
 
 
 def _desc(t: Any, rows: int, head_dim: int) -> TensorDescriptor:
