@@ -345,6 +345,8 @@ def _attn_fwd_ws(
     mbarrier.arrive(turn.index(0))  # the first warpgroup issues first
     fence_async_shared()
 
+    # Argument lists are spelled out per partition: building them as tuples (a + b) loses the
+    # constexpr-ness of the tile sizes in Triton 3.6's Gluon front end.
     if NUM_WG == 2:
         gl.warp_specialize(
             [
