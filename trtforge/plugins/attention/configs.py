@@ -37,7 +37,8 @@ AUTOTUNE_CONFIGS: tuple[KernelConfig, ...] = (
 
 
 # Hopper's per-block shared-memory limit (227 KB), less a margin for barriers and scratch.
-SHARED_MEMORY_BUDGET = 232448 - 2048
+SHARED_MEMORY_PER_BLOCK = 232448  # what an sm_90 block may opt into
+SHARED_MEMORY_BUDGET = SHARED_MEMORY_PER_BLOCK - 2048
 
 
 def fits(config: KernelConfig, block_d: int, itemsize: int = 2) -> bool:
@@ -116,7 +117,7 @@ _HOPPER_CONFIGS = {
 def hopper_configs(head_dim: int) -> tuple[HopperConfig, ...]:
     """The Hopper kernel's candidates for a head dim (empty where it does not apply)."""
     cands = _HOPPER_CONFIGS.get(head_dim, ())
-    return tuple(c for c in cands if hopper_shared_bytes(c, head_dim) <= SHARED_MEMORY_BUDGET + 2048)
+    return tuple(c for c in cands if hopper_shared_bytes(c, head_dim) <= SHARED_MEMORY_PER_BLOCK)
 
 
 AnyConfig = KernelConfig | HopperConfig

@@ -54,6 +54,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from trtforge.plugins.attention.configs import (
     AUTOTUNE_CONFIGS,
+    HOPPER_HEAD_DIMS,
     HOPPER_TRITON_RELEASES,
     AnyConfig,
     HopperConfig,
@@ -424,14 +425,14 @@ _HOPPER_TRITON = hopper_triton_supported(triton.__version__)
 
 
 def _hopper_eligible(q: Any, k: Any, v: Any, out: Any, mask: Any) -> bool:
-    """Whether the warp-specialized Hopper kernel (kernel_hopper.py) can run this problem."""
-    if mask is not None or q.dtype not in (torch.float16, torch.bfloat16) or _interpreting():
+    """Whether the warp-specialized Hopper kernel (kernel_hopper.py) can run this problem: no
+    key-padding mask, head dim 64 or 128, a proven Triton release, an sm_90 GPU, and tensors the
+    copy engine can address (the same conditions as the portable kernel's TMA variant)."""
+    if mask is not None or int(q.shape[-1]) not in HOPPER_HEAD_DIMS or not _HOPPER_TRITON or _interpreting():
         return False
-    if not _HOPPER_TRITON or not torch.cuda.is_available():
+    if not torch.cuda.is_available() or _capability(torch.cuda.current_device())[0] != 9:
         return False
-    from trtforge.plugins.attention import kernel_hopper
-
-    return kernel_hopper.eligible(q, k, v, out, mask, _capability(torch.cuda.current_device()))
+    return _tma_eligible(q, k, v, out)
 
 
 def _tma_eligible(*tensors: Any) -> bool:
@@ -534,12 +535,19 @@ def _launch(
     else:
         key = _choice_key(q, d, causal, mask, s_q, s_kv)
         if key not in _VARIANT_CHOICE:
-            times = {}
-            for name, use_tma in (("tma", True), ("pointer", False)):
-                run(use_tma)  # autotunes this variant
-                times[name] = triton.testing.do_bench(lambda u=use_tma: run(u), warmup=5, rep=20)
-            _VARIANT_CHOICE[key] = min(times, key=times.get)
+            _VARIANT_CHOICE[key] = _fastest({"tma": lambda: run(True), "pointer": lambda: run(False)})
         run(_VARIANT_CHOICE[key] == "tma")
+
+
+def _fastest(candidates: dict[Any, Any]) -> Any:
+    """The key of the fastest launch in `candidates` (key -> zero-argument launch). Each runs once
+    untimed (compiles; an autotuned kernel tunes its tiles), then briefly under do_bench; on a tie
+    the first listed wins."""
+    times = {}
+    for name, fn in candidates.items():
+        fn()
+        times[name] = triton.testing.do_bench(fn, warmup=5, rep=20)
+    return min(times, key=times.get)
 
 
 def _choice_key(q: Any, d: int, causal: bool, mask: Any, s_q: int, s_kv: int) -> tuple:
@@ -558,27 +566,17 @@ def _launch_hopper(
 
 
 def _hopper_wins(q: Any, k: Any, v: Any, out: Any, mask: Any, scale: float, causal: bool) -> bool:
-    """Time every Hopper config and the portable kernel once per problem key; True if a Hopper config
-    won (then it is in _VARIANT_CHOICE). The portable kernel's own tile autotuning runs first."""
+    """Time every Hopper config and both portable variants once per problem key; True if a Hopper
+    config won (then it is in _VARIANT_CHOICE)."""
     s_q, d = int(q.shape[2]), int(q.shape[3])
     key = _choice_key(q, d, causal, mask, s_q, int(k.shape[2]))
     if key not in _VARIANT_CHOICE:
-        times: dict[Any, float] = {}
-        for c in hopper_configs(d):
-            _launch_hopper(q, k, v, out, scale, causal, c)
-            fn = functools.partial(_launch_hopper, q, k, v, out, scale, causal, c)
-            times[c] = triton.testing.do_bench(fn, warmup=5, rep=20)
-        best_hopper = min(times, key=times.get)
-        for use_tma in (True, False):
-            _launch(q, k, v, out, mask, scale, causal, None, "tma" if use_tma else "pointer")  # autotunes it
-            t = triton.testing.do_bench(
-                lambda u=use_tma: _launch(q, k, v, out, mask, scale, causal, None, "tma" if u else "pointer"),
-                warmup=5,
-                rep=20,
-            )
-            times["tma" if use_tma else "pointer"] = t
-        portable = min(("tma", "pointer"), key=times.get)
-        _VARIANT_CHOICE[key] = best_hopper if times[best_hopper] <= times[portable] else portable
+        cands: dict[Any, Any] = {
+            c: functools.partial(_launch_hopper, q, k, v, out, scale, causal, c) for c in hopper_configs(d)
+        }
+        for name in ("tma", "pointer"):
+            cands[name] = functools.partial(_launch, q, k, v, out, mask, scale, causal, None, name)
+        _VARIANT_CHOICE[key] = _fastest(cands)
     return isinstance(_VARIANT_CHOICE[key], HopperConfig)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -39,11 +40,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from trtforge.plugins.attention.configs import HOPPER_HEAD_DIMS, WG_ROWS, HopperConfig, hopper_configs
+from trtforge.plugins.attention.configs import WG_ROWS, HopperConfig, hopper_configs
+from trtforge.plugins.attention.device_tensor import DeviceTensor
 
-__all__ = ["HopperConfig", "eligible", "hopper_configs", "launch"]
-
-SUPPORTED_HEAD_DIMS = HOPPER_HEAD_DIMS
+__all__ = ["HopperConfig", "hopper_configs", "launch"]
 
 
 @gluon.jit
@@ -565,8 +565,6 @@ def _cached_desc(
     """Building a descriptor costs ~13 us of Python; serving loops (and TensorRT, which keeps its
     buffers) launch on the same buffers again and again. The descriptor only records the address,
     shape and strides (its base is a non-owning view), so a reused address is harmless."""
-    from trtforge.plugins.attention.device_tensor import DeviceTensor
-
     layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], _gl_dtype(dtype))
     base = DeviceTensor(ptr, dtype, shape, strides)
     return TensorDescriptor(base, list(shape), list(strides), [1, 1, rows, head_dim], layout)
@@ -577,38 +575,14 @@ def _gl_dtype(dtype: Any) -> Any:
     return {"float16": gl.float16, "bfloat16": gl.bfloat16}[name]
 
 
-def eligible(q: Any, k: Any, v: Any, out: Any, mask: Any, capability: tuple[int, int]) -> bool:
-    """Whether the warp-specialized kernel can run this problem (else the portable kernel does):
-    an sm_90 device, FP16/BF16, head dim 64 or 128, no key-padding mask, and tensors the copy engine
-    can address (unit D stride, 16-byte-aligned base and strides)."""
-    if capability[0] != 9 or mask is not None or int(q.shape[-1]) not in SUPPORTED_HEAD_DIMS:
-        return False
-    for t in (q, k, v, out):
-        if _name(t.dtype) not in ("float16", "bfloat16") or int(t.stride()[-1]) != 1:
-            return False
-        if any(int(n) <= 0 for n in t.shape):
-            return False
-        if t.data_ptr() % 16 or any((int(st) * 2) % 16 for st in t.stride()[:-1]):
-            return False
-    return True
-
-
-def _name(dtype: Any) -> str:
-    return str(dtype).rsplit(".", 1)[-1]
-
-
 @functools.lru_cache(maxsize=8)
 def _sm_count(device: int) -> int:
-    import torch
-
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def launch(q: Any, k: Any, v: Any, out: Any, scale: float, causal: bool, config: HopperConfig) -> None:
-    """Launch one configuration on torch's current stream; q/k/v/out are [B, H, S, D] views whose
-    strides pass :func:`eligible`."""
-    import torch
-
+    """Launch one configuration on torch's current stream; q/k/v/out are [B, H, S, D] views that
+    the caller checked (kernel._hopper_eligible: FP16/BF16, D 64/128, copy-engine-aligned strides)."""
     b, h, s_q, d = (int(n) for n in q.shape)
     s_kv = int(k.shape[2])
     dq = _desc(q, WG_ROWS, d)
