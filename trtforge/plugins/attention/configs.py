@@ -103,7 +103,7 @@ def hopper_shared_bytes(c: HopperConfig, head_dim: int, itemsize: int = 2) -> in
 
 
 # Measured on the H200 (benchmarks/results/attention.md): 3 consumer warpgroups (192-row blocks) win
-# D=64 without a mask, 2 win with causal; at D=128 a 3-deep K/V ring beats a second Q buffer, and
+# D=64 non-causal, 2 win causal; at D=128 a 3-deep K/V ring beats a second Q buffer, and
 # causal long sequences prefer one program per block (no persistent round-robin imbalance).
 _HOPPER_CONFIGS = {
     64: (HopperConfig(3, 128, 4, 2), HopperConfig(3, 128, 4, 2, False), HopperConfig(2, 128, 4, 2),
