@@ -14,6 +14,12 @@ from trtforge.plugins.attention.configs import hopper_configs  # noqa: E402
 from trtforge.plugins.attention.device_tensor import DeviceTensor  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _fresh_plans(monkeypatch):
+    """Each test starts without remembered Hopper launches (the stand-ins differ between tests)."""
+    monkeypatch.setattr(kernel, "_HOPPER_PLANS", {})
+
+
 @pytest.fixture
 def sm90(monkeypatch):
     """A CUDA machine with an sm_90 GPU and a proven Triton, as far as the eligibility check sees."""
@@ -83,7 +89,8 @@ def test_auto_launch_times_once_and_runs_the_winner(monkeypatch):
     monkeypatch.setattr(kernel, "_VARIANT_CHOICE", {})
     kernel.flash_attention(q, k, v, out=out)
     kernel.flash_attention(q, k, v, out=out)
-    assert len(timed) == 1 and timed[0] == [*hopper_configs(64), "tma", "pointer"]
+    assert len(timed) == 1 and timed[0] == [*hopper_configs(64, causal=False), "tma", "pointer"]
+    assert not any(c.pairs for c in timed[0][:-2])  # blocks are unequal only when causal
     assert launched == [winner, winner]
 
 
@@ -103,3 +110,28 @@ def test_portable_winner_and_mask_fall_back_to_the_portable_kernel(monkeypatch):
     assert not launched and (out.float() - ref).abs().max() < 3e-3  # a Hopper tactic with a mask
     with pytest.raises(ValueError, match="key-padding mask"):
         kernel.flash_attention(q, k, v, torch.ones(1, 37, dtype=torch.bool), variant="hopper")
+
+
+def test_a_repeated_call_reuses_its_decision_and_a_new_geometry_decides_again(monkeypatch):
+    """The fast path: the same shapes, strides, dtypes, alignment and options skip the checks."""
+    launched, checked = [], []
+    monkeypatch.setattr(kernel, "_hopper_eligible", lambda *a: checked.append(1) or True)
+    monkeypatch.setattr(kernel, "_launch_hopper", lambda *a: launched.append((a[5], a[-1])))
+    winner = hopper_configs(64)[2]
+    monkeypatch.setattr(kernel, "_fastest", lambda cands: winner)
+    monkeypatch.setattr(kernel, "_VARIANT_CHOICE", {})
+    q, k, v, out = _qkv(s=37)
+    for _ in range(3):
+        kernel.flash_attention(q, k, v, out=out)
+    assert launched == [(False, winner)] * 3 and len(checked) == 1
+    kernel.flash_attention(q, k, v, out=out, causal=True)  # another option: decided anew
+    assert len(checked) == 2 and launched[-1][0] is True
+    wide = torch.zeros(2, 37, 4, 64, dtype=torch.float16).transpose(1, 2)  # other strides
+    kernel.flash_attention(q, k, v, out=wide)
+    assert len(checked) == 3
+    fixed = hopper_configs(64)[0]
+    kernel.flash_attention(q, k, v, out=out, config=fixed)
+    kernel.flash_attention(q, k, v, out=out, config=fixed)
+    assert len(checked) == 4 and launched[-2:] == [(False, fixed)] * 2
+    with pytest.raises(ValueError, match="out must be"):  # a bad call is never served from the plans
+        kernel.flash_attention(q, k, v, out=out[:, :, :5])

@@ -27,7 +27,7 @@ from trtforge.plugins.attention.configs import (
     hopper_triton_supported,
 )
 
-CASES = [(d, c, i % 2 == 1) for d in (64, 128) for i, c in enumerate(hopper_configs(d))]
+CASES = [(d, c, c.pairs or i % 2 == 1) for d in (64, 128) for i, c in enumerate(hopper_configs(d))]
 
 
 def _compile(config, head_dim: int, causal: bool, dtype: str = "fp16"):
@@ -40,15 +40,11 @@ def _compile(config, head_dim: int, causal: bool, dtype: str = "fp16"):
 
     g = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype]
     sig = {}
-    for name, rows in (
-        ("desc_q", 64),
-        ("desc_k", config.block_n),
-        ("desc_v", config.block_n),
-        ("desc_o", 64),
-    ):
+    boxes = {"desc_q": 64, "desc_k": config.block_n, "desc_v": config.block_n, "desc_o": 64}
+    for name, rows in boxes.items():
         layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], g)
         sig[name] = f"tensordesc<{dtype}[1, 1, {rows}, {head_dim}],{layout!r}>"
-    sig.update(batch="i32", num_heads="i32", seq_q="i32", seq_kv="i32", qk_scale="fp32")
+    sig.update(dict.fromkeys(kh._INT_ARGS, "i32"), qk_scale="fp32")
     consts = {
         "NUM_WG": config.num_wg,
         "HEAD_DIM": head_dim,
@@ -57,6 +53,8 @@ def _compile(config, head_dim: int, causal: bool, dtype: str = "fp16"):
         "Q_BUFS": config.q_bufs,
         "CAUSAL": causal,
         "PINGPONG": config.pingpong,
+        "PAIRS": config.pairs,
+        "SPLIT_Q": config.split_q,
     }
     sig.update(dict.fromkeys(consts, "constexpr"))
     src = GluonASTSource(fn=kh._attn_fwd_ws, signature=sig, constexprs=consts)

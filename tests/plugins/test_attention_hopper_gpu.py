@@ -113,3 +113,23 @@ def test_plugin_enqueue_with_a_hopper_tactic():
                    stream.cuda_stream)  # fmt: skip
     stream.synchronize()
     _assert_close(out, _reference(q, k, v, None, True, 0.125), F16)
+
+
+RELAUNCH = [(128, hopper_configs(128)[0])] + [(64, c) for c in hopper_configs(64) if c.pairs]
+
+
+@pytest.mark.parametrize(("d", "config"), RELAUNCH, ids=lambda x: str(x))
+def test_direct_relaunch_across_shapes_and_output_layouts(d, config):
+    """After the first launch the compiled kernel is called directly (no JIT binding): other
+    shapes and output strides must still come out right, from one compiled kernel."""
+    from trtforge.plugins.attention import kernel_hopper
+
+    for i, (b, h, s) in enumerate([(2, 4, 1000), (1, 3, 333), (3, 2, 64), (2, 4, 1000)]):
+        q, k, v, _ = _inputs(b, h, s, s, d, torch.float16, seed=i)
+        flat = torch.full((b, s, h * d), float("nan"), dtype=torch.float16, device="cuda")
+        out = flat.view(b, s, h, d).transpose(1, 2) if i % 2 else torch.full_like(q, float("nan"))
+        kernel_hopper.launch(q, k, v, out, d**-0.5, True, config)
+        torch.cuda.synchronize()
+        _assert_close(out, _reference(q, k, v, None, True, d**-0.5), F16)
+    keys = [key for key in kernel_hopper._COMPILED if key[:4] == (config, torch.float16, d, True)]
+    assert len(keys) == 1

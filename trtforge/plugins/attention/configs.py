@@ -91,6 +91,8 @@ class HopperConfig:
     q_bufs: int = 1  # Q blocks in flight: 2 lets the producer load the next block's Q early
     pingpong: bool = True  # consumers take turns issuing their products
     persistent: bool = True  # one program per SM looping over query blocks
+    pairs: bool = False  # causal: programs take query blocks in pairs of equal total work
+    split_q: bool = False  # load the first warpgroup's next Q before the rest (one Q buffer)
 
     @property
     def block_m(self) -> int:
@@ -103,21 +105,28 @@ def hopper_shared_bytes(c: HopperConfig, head_dim: int, itemsize: int = 2) -> in
 
 
 # Measured on the H200 (benchmarks/results/attention.md): 3 consumer warpgroups (192-row blocks) win
-# D=64 non-causal, 2 win causal; at D=128 a 3-deep K/V ring beats a second Q buffer, and
-# causal long sequences prefer one program per block (no persistent round-robin imbalance).
+# D=64 non-causal, 2 win causal; at D=128 a 3-deep K/V ring beats a second Q buffer. Causal blocks
+# cost 1..n K/V tiles, so programs that take them round-robin finish unevenly; the `pairs` configs
+# take them in pairs (i, n-1-i) of equal total cost. `split_q` helps short D=128 sequences a little.
 _HOPPER_CONFIGS = {
     64: (HopperConfig(3, 128, 4, 2), HopperConfig(3, 128, 4, 2, False), HopperConfig(2, 128, 4, 2),
          HopperConfig(2, 128, 4, 2, False), HopperConfig(2, 128, 4, 2, True, False),
-         HopperConfig(3, 128, 4, 1, True, False)),
+         HopperConfig(3, 128, 4, 1, True, False), HopperConfig(2, 128, 4, 2, True, True, True),
+         HopperConfig(2, 128, 4, 2, False, True, True), HopperConfig(2, 128, 4, 2, True, False, True)),
     128: (HopperConfig(2, 128, 3, 1), HopperConfig(2, 128, 3, 1, False),
-          HopperConfig(2, 128, 3, 1, True, False), HopperConfig(3, 64, 3, 1)),
+          HopperConfig(2, 128, 3, 1, True, False), HopperConfig(2, 128, 3, 1, split_q=True),
+          HopperConfig(2, 128, 3, 1, False, split_q=True),
+          HopperConfig(2, 128, 3, 1, True, True, True), HopperConfig(2, 128, 3, 1, False, True, True),
+          HopperConfig(2, 128, 3, 1, True, False, True), HopperConfig(2, 128, 3, 1, True, True, True, True)),
 }  # fmt: skip
 
 
-def hopper_configs(head_dim: int) -> tuple[HopperConfig, ...]:
-    """The Hopper kernel's candidates for a head dim (empty where it does not apply)."""
+def hopper_configs(head_dim: int, causal: bool | None = None) -> tuple[HopperConfig, ...]:
+    """The Hopper kernel's candidates for a head dim (empty where it does not apply); with `causal`
+    False, without the `pairs` ones (only a causal mask makes blocks unequal)."""
     cands = _HOPPER_CONFIGS.get(head_dim, ())
-    return tuple(c for c in cands if hopper_shared_bytes(c, head_dim) <= SHARED_MEMORY_PER_BLOCK)
+    fit = (c for c in cands if hopper_shared_bytes(c, head_dim) <= SHARED_MEMORY_PER_BLOCK)
+    return tuple(c for c in fit if causal is not False or not c.pairs)
 
 
 AnyConfig = KernelConfig | HopperConfig
