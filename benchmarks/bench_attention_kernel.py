@@ -8,16 +8,20 @@ repetition, median; Python launch overhead included) and as CUDA-graph replays (
 TFLOP/s counts 4·B·H·S²·D (halved when causal). "Ours" is the public launch API: on an H200 it
 autotunes over the warp-specialized Hopper kernel's configs and the portable kernel's variants and
 tiles on its first call (excluded from the timing); each result is also checked against torch's
-output. Torch backends other than --graph-peers get no graph column (time).
+output. Torch backends other than --graph-peers get no graph column (time). All implementations of
+a case are timed in --rounds interleaved rounds and each reports the median of its rounds, so a
+clock or power drift within the case (e.g. after the autotuning burst) does not favour one of them.
 Writes results.json and results.md under --out and prints the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import platform
+import statistics
 from pathlib import Path
 
 import torch
@@ -61,8 +65,9 @@ def _hopper_name(c: kernel.HopperConfig) -> str:
     return f"hopper BM{c.block_m}/BN{c.block_n}/s{c.stages}/q{c.q_bufs}/{mode}"
 
 
-def _ours(b: int, h: int, s: int, d: int, q, k, v, causal: bool) -> dict:
-    """Our kernel, variant and tiles autotuned on the first call (not timed)."""
+def _autotuned_ours(s: int, d: int, q, k, v, causal: bool) -> tuple:
+    """Our kernel, variant and tiles autotuned on this first call (not timed): its output, a
+    zero-argument launch of the chosen kernel, and the choice's name."""
     out = torch.empty_like(q)
     kernel.flash_attention(q, k, v, causal=causal, out=out)
     torch.cuda.synchronize()
@@ -72,36 +77,45 @@ def _ours(b: int, h: int, s: int, d: int, q, k, v, causal: bool) -> dict:
     else:
         tuner = kernel._tuned_kernel_tma if variant == "tma" else kernel._tuned_kernel
         name = f"{variant} {_config_name(tuner.best_config)}"
-    call = lambda: kernel.flash_attention(q, k, v, causal=causal, out=out)  # noqa: E731
-    row = {"ours_config": name}
-    row["ours_tflops"] = _tflops(b, h, s, d, causal, _time_ms(call))
-    row["ours_graph_tflops"] = _tflops(b, h, s, d, causal, _graph_ms(call))
-    return row, out
+    return out.clone(), (lambda: kernel.flash_attention(q, k, v, causal=causal, out=out)), name
 
 
 def bench_case(
-    b: int, h: int, s: int, d: int, dtype: torch.dtype, causal: bool, graph_peers: list[str]
+    b: int, h: int, s: int, d: int, dtype: torch.dtype, causal: bool, graph_peers: list[str], rounds: int
 ) -> dict:
+    """One case: every implementation timed in `rounds` interleaved rounds (median of the rounds'
+    medians), so a clock or power drift during the case hits all of them alike."""
     gen = torch.Generator(device="cuda").manual_seed(s + d)
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
     row = {"dtype": str(dtype).split(".")[-1], "B": b, "H": h, "S": s, "D": d, "causal": causal}
-    ours, out = _ours(b, h, s, d, q, k, v, causal)
-    row.update(ours)
-    diffs = {}
+    out, ours, row["ours_config"] = _autotuned_ours(s, d, q, k, v, causal)
+    call = lambda: sdpa(q, k, v, is_causal=causal)  # noqa: E731
+    backends, diffs = {}, {}
     for name, backend in TORCH_BACKENDS.items():
-        call = lambda: sdpa(q, k, v, is_causal=causal)  # noqa: E731
         try:
             with sdpa_kernel([backend]):
                 ref = call()
                 torch.cuda.synchronize()
-                row[f"{name}_tflops"] = _tflops(b, h, s, d, causal, _time_ms(call))
-                graph = _tflops(b, h, s, d, causal, _graph_ms(call)) if name in graph_peers else None
-                row[f"{name}_graph_tflops"] = graph
         except RuntimeError as e:  # backend not available for this case/build
             row[f"{name}_tflops"] = row[f"{name}_graph_tflops"] = None
             row[f"{name}_error"] = str(e).splitlines()[0][:200]
             continue
+        backends[name] = backend
         diffs[name] = (out.float() - ref.float()).abs().max().item()
+    eager = {n: [] for n in ["ours", *backends]}
+    graph = {n: [] for n in ["ours", *(p for p in graph_peers if p in backends)]}
+    for _ in range(rounds):
+        for name in eager:
+            ctx = sdpa_kernel([backends[name]]) if name in backends else contextlib.nullcontext()
+            fn = call if name in backends else ours
+            with ctx:
+                eager[name].append(_time_ms(fn))
+                if name in graph:
+                    graph[name].append(_graph_ms(fn))
+    for name in eager:
+        row[f"{name}_tflops"] = _tflops(b, h, s, d, causal, statistics.median(eager[name]))
+        ms = graph.get(name)
+        row[f"{name}_graph_tflops"] = _tflops(b, h, s, d, causal, statistics.median(ms)) if ms else None
     for mode in ("", "graph_"):
         timed = {n: row[f"{n}_{mode}tflops"] for n in TORCH_BACKENDS if row.get(f"{n}_{mode}tflops")}
         best = max(timed, key=timed.get) if timed else None
@@ -129,6 +143,7 @@ def to_markdown(rows: list[dict], env: dict) -> str:
         f"B={rows[0]['B']}, H={rows[0]['H']}; TFLOP/s = 4·B·H·S²·D (halved when causal) / median time.",
         "Eager columns: triton.testing.do_bench (CUDA events, L2 flushed per repetition, launch overhead",
         "included). Graph columns: do_bench_cudagraph (CUDA-graph replay: kernel time only, L2 not flushed).",
+        f"Each figure: median of {env['rounds']} interleaved rounds (all implementations per round).",
         "",
         "| " + " | ".join(cols) + " |",
         "|" + "---|" * len(cols),
@@ -162,6 +177,7 @@ def main() -> None:
         default=["cudnn"],
         help="torch backends also timed as CUDA-graph replays (cuDNN, the fastest, by default: saves time)",
     )
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per case (median)")
     args = ap.parse_args()
     env = {
         "gpu": torch.cuda.get_device_name(),
@@ -170,6 +186,7 @@ def main() -> None:
         "cudnn": torch.backends.cudnn.version(),
         "python": platform.python_version(),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "rounds": args.rounds,
     }
     rows = []
     for dtype_name in args.dtypes:
@@ -177,7 +194,9 @@ def main() -> None:
             for causal in args.causal:
                 for s in args.seqs:
                     dtype = getattr(torch, dtype_name)
-                    row = bench_case(args.batch, args.heads, s, d, dtype, bool(causal), args.graph_peers)
+                    row = bench_case(
+                        args.batch, args.heads, s, d, dtype, bool(causal), args.graph_peers, args.rounds
+                    )
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     _write(args.out, env, rows)  # after every case: a time limit keeps what finished
