@@ -14,7 +14,9 @@ This kernel warp-specializes the work the way FlashAttention-3 does on sm_90:
   cores (inter-warpgroup overlap).
 
 The producer gives up its registers (``setmaxnreg`` through ``warp_specialize``'s register
-budgets) so the consumers can hold S, P and O in registers.
+budgets) so the consumers can hold S, P and O in registers. Persistent programs (one per SM) loop
+over work units; under a causal mask a unit can be a pair of query blocks of equal total cost
+(PAIRS), which keeps the programs' loads even.
 
 Scope: FP16/BF16, head dim 64 or 128, causal or not, any sequence lengths (the 4-D descriptors
 zero-fill ragged tiles, masks run only on the last and diagonal tiles, the output store is clipped),
