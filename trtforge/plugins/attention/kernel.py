@@ -568,6 +568,7 @@ def _geometry(q: Any, k: Any, v: Any, out: Any, causal: bool, config: Any, varia
 
 
 def _plan_hopper(geometry: tuple | None, config: HopperConfig) -> None:
+    """Remember that calls of `geometry` run `config` (bounded: the table is cleared when full)."""
     if geometry is None:
         return
     if len(_HOPPER_PLANS) >= _MAX_PLANS:
