@@ -107,18 +107,8 @@ def _kv_tiles(m0, seq_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: 
 @gluon.jit
 def _consumer(
     desc_o,
-    q_smem,
-    k_smem,
-    v_smem,
-    q_ready,
-    q_empty,
-    kv_ready,
-    kv_empty,
-    turn,
-    batch,
-    num_heads,
-    seq_q,
-    seq_kv,
+    smem,
+    dims,
     qk_scale,
     WG: gl.constexpr,
     NUM_WG: gl.constexpr,
@@ -132,6 +122,8 @@ def _consumer(
 ):
     """One consumer warpgroup: for each of its program's query blocks, 64 rows through every K/V
     tile, then the normalized output (staged in its Q tile, stored by the copy engine)."""
+    q_smem, k_smem, v_smem, q_ready, q_empty, kv_ready, kv_empty, turn = smem
+    batch, num_heads, seq_q, seq_kv = dims
     dtype: gl.constexpr = q_smem.dtype
     BLOCK_M: gl.constexpr = NUM_WG * 64
     # one warpgroup's wgmma accumulators: S is [64, BLOCK_N], O is [64, HEAD_DIM]; K=16 per instruction
@@ -238,18 +230,8 @@ def _consumer(
 @gluon.jit
 def _consumer_default(
     desc_o,
-    q_smem,
-    k_smem,
-    v_smem,
-    q_ready,
-    q_empty,
-    kv_ready,
-    kv_empty,
-    turn,
-    batch,
-    num_heads,
-    seq_q,
-    seq_kv,
+    smem,
+    dims,
     qk_scale,
     NUM_WG: gl.constexpr,
     HEAD_DIM: gl.constexpr,
@@ -260,30 +242,9 @@ def _consumer_default(
     PINGPONG: gl.constexpr,
     PAIRS: gl.constexpr,
 ):
+    """The first consumer warpgroup (warp_specialize's default partition takes no index)."""
     _consumer(
-        desc_o,
-        q_smem,
-        k_smem,
-        v_smem,
-        q_ready,
-        q_empty,
-        kv_ready,
-        kv_empty,
-        turn,
-        batch,
-        num_heads,
-        seq_q,
-        seq_kv,
-        qk_scale,
-        0,
-        NUM_WG,
-        HEAD_DIM,
-        BLOCK_N,
-        STAGES,
-        Q_BUFS,
-        CAUSAL,
-        PINGPONG,
-        PAIRS,
+        desc_o, smem, dims, qk_scale, 0, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, CAUSAL, PINGPONG, PAIRS
     )
 
 
@@ -302,17 +263,8 @@ def _producer(
     desc_q,
     desc_k,
     desc_v,
-    q_smem,
-    k_smem,
-    v_smem,
-    q_ready,
-    q_empty,
-    kv_ready,
-    kv_empty,
-    batch,
-    num_heads,
-    seq_q,
-    seq_kv,
+    smem,
+    dims,
     NUM_WG: gl.constexpr,
     HEAD_DIM: gl.constexpr,
     BLOCK_N: gl.constexpr,
@@ -326,6 +278,8 @@ def _producer(
     then its K/V tiles into the ring as consumers free stages; the ring runs ahead into the
     program's next block. SPLIT_Q loads the later warpgroups' Q tiles after the first K/V tile, so
     the first warpgroup starts its next block without waiting for the others to finish theirs."""
+    q_smem, k_smem, v_smem, q_ready, q_empty, kv_ready, kv_empty, _ = smem
+    batch, num_heads, seq_q, seq_kv = dims
     BLOCK_M: gl.constexpr = NUM_WG * 64
     PAIRED: gl.constexpr = CAUSAL and PAIRS
     n_m = gl.cdiv(seq_q, BLOCK_M)
@@ -416,214 +370,39 @@ def _attn_fwd_ws(
     mbarrier.arrive(turn.index(0))  # the first warpgroup issues first
     fence_async_shared()
 
-    # Argument lists are spelled out per partition: building them as tuples (a + b) loses the
-    # constexpr-ness of the tile sizes in Triton 3.6's Gluon front end.
+    # Shared memory and barriers travel as one tuple, the problem sizes as another. The compile-time
+    # sizes are written out in each partition's literal argument list: an argument tuple built
+    # elsewhere (assigned, or joined with +) loses their constexpr-ness in Triton 3.6's Gluon.
+    smem = (q_smem, k_smem, v_smem, q_ready, q_empty, kv_ready, kv_empty, turn)
+    dims = (batch, num_heads, seq_q, seq_kv)
     if NUM_WG == 2:
         gl.warp_specialize(
             [
-                (
-                    _consumer_default,
-                    (
-                        desc_o,
-                        q_smem,
-                        k_smem,
-                        v_smem,
-                        q_ready,
-                        q_empty,
-                        kv_ready,
-                        kv_empty,
-                        turn,
-                        batch,
-                        num_heads,
-                        seq_q,
-                        seq_kv,
-                        qk_scale,
-                        NUM_WG,
-                        HEAD_DIM,
-                        BLOCK_N,
-                        STAGES,
-                        Q_BUFS,
-                        CAUSAL,
-                        PINGPONG,
-                        PAIRS,
-                    ),
-                ),
-                (
-                    _consumer,
-                    (
-                        desc_o,
-                        q_smem,
-                        k_smem,
-                        v_smem,
-                        q_ready,
-                        q_empty,
-                        kv_ready,
-                        kv_empty,
-                        turn,
-                        batch,
-                        num_heads,
-                        seq_q,
-                        seq_kv,
-                        qk_scale,
-                        1,
-                        NUM_WG,
-                        HEAD_DIM,
-                        BLOCK_N,
-                        STAGES,
-                        Q_BUFS,
-                        CAUSAL,
-                        PINGPONG,
-                        PAIRS,
-                    ),
-                ),
-                (
-                    _producer,
-                    (
-                        desc_q,
-                        desc_k,
-                        desc_v,
-                        q_smem,
-                        k_smem,
-                        v_smem,
-                        q_ready,
-                        q_empty,
-                        kv_ready,
-                        kv_empty,
-                        batch,
-                        num_heads,
-                        seq_q,
-                        seq_kv,
-                        NUM_WG,
-                        HEAD_DIM,
-                        BLOCK_N,
-                        STAGES,
-                        Q_BUFS,
-                        CAUSAL,
-                        PAIRS,
-                        SPLIT_Q,
-                    ),
-                ),
+                (_consumer_default, (desc_o, smem, dims, qk_scale, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
+                                     CAUSAL, PINGPONG, PAIRS)),
+                (_consumer, (desc_o, smem, dims, qk_scale, 1, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
+                             CAUSAL, PINGPONG, PAIRS)),
+                (_producer, (desc_q, desc_k, desc_v, smem, dims, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
+                             CAUSAL, PAIRS, SPLIT_Q)),
             ],
             [4, 1],
             [240, 24],
-        )
+        )  # fmt: skip
     else:
         gl.warp_specialize(
             [
-                (
-                    _consumer_default,
-                    (
-                        desc_o,
-                        q_smem,
-                        k_smem,
-                        v_smem,
-                        q_ready,
-                        q_empty,
-                        kv_ready,
-                        kv_empty,
-                        turn,
-                        batch,
-                        num_heads,
-                        seq_q,
-                        seq_kv,
-                        qk_scale,
-                        NUM_WG,
-                        HEAD_DIM,
-                        BLOCK_N,
-                        STAGES,
-                        Q_BUFS,
-                        CAUSAL,
-                        PINGPONG,
-                        PAIRS,
-                    ),
-                ),
-                (
-                    _consumer,
-                    (
-                        desc_o,
-                        q_smem,
-                        k_smem,
-                        v_smem,
-                        q_ready,
-                        q_empty,
-                        kv_ready,
-                        kv_empty,
-                        turn,
-                        batch,
-                        num_heads,
-                        seq_q,
-                        seq_kv,
-                        qk_scale,
-                        1,
-                        NUM_WG,
-                        HEAD_DIM,
-                        BLOCK_N,
-                        STAGES,
-                        Q_BUFS,
-                        CAUSAL,
-                        PINGPONG,
-                        PAIRS,
-                    ),
-                ),
-                (
-                    _consumer,
-                    (
-                        desc_o,
-                        q_smem,
-                        k_smem,
-                        v_smem,
-                        q_ready,
-                        q_empty,
-                        kv_ready,
-                        kv_empty,
-                        turn,
-                        batch,
-                        num_heads,
-                        seq_q,
-                        seq_kv,
-                        qk_scale,
-                        2,
-                        NUM_WG,
-                        HEAD_DIM,
-                        BLOCK_N,
-                        STAGES,
-                        Q_BUFS,
-                        CAUSAL,
-                        PINGPONG,
-                        PAIRS,
-                    ),
-                ),
-                (
-                    _producer,
-                    (
-                        desc_q,
-                        desc_k,
-                        desc_v,
-                        q_smem,
-                        k_smem,
-                        v_smem,
-                        q_ready,
-                        q_empty,
-                        kv_ready,
-                        kv_empty,
-                        batch,
-                        num_heads,
-                        seq_q,
-                        seq_kv,
-                        NUM_WG,
-                        HEAD_DIM,
-                        BLOCK_N,
-                        STAGES,
-                        Q_BUFS,
-                        CAUSAL,
-                        PAIRS,
-                        SPLIT_Q,
-                    ),
-                ),
+                (_consumer_default, (desc_o, smem, dims, qk_scale, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
+                                     CAUSAL, PINGPONG, PAIRS)),
+                (_consumer, (desc_o, smem, dims, qk_scale, 1, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
+                             CAUSAL, PINGPONG, PAIRS)),
+                (_consumer, (desc_o, smem, dims, qk_scale, 2, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
+                             CAUSAL, PINGPONG, PAIRS)),
+                (_producer, (desc_q, desc_k, desc_v, smem, dims, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
+                             CAUSAL, PAIRS, SPLIT_Q)),
             ],
             [4, 4, 1],
             [160, 160, 24],
-        )
+        )  # fmt: skip
 
 
 # Registers per thread at launch: the SM's 64 K registers over (NUM_WG + 1) warpgroups. The
