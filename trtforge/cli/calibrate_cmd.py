@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from trtforge.cli._options import smoothquant_options
+
 METHODS = ("max", "percentile", "entropy", "mse")
 
 
@@ -38,15 +40,7 @@ Examples:
 @click.option("--tokenizer", default=None, help="Tokenizer for text data: a local HF path, or 'demo'.")
 @click.option("--op-types", default="MatMul,Gemm,Conv", show_default=True, help="Op types to quantize.")
 @click.option("--exclude", "exclude", multiple=True, help="Node name to keep in float (repeatable).")
-@click.option(
-    "--smoothquant",
-    type=float,
-    default=0.8,
-    show_default=True,
-    metavar="ALPHA",
-    help="SmoothQuant migration strength for MatMuls (0.8 took MiniLM from 0.911 to 0.997 cosine).",
-)
-@click.option("--no-smoothquant", is_flag=True, help="Calibrate without SmoothQuant.")
+@smoothquant_options()
 @click.option(
     "--accuracy-target", type=float, default=None, help="Held-out output cosine to keep (fallback)."
 )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from trtforge.cli._options import smoothquant_options
+
 EXAMPLES = """\b
 MODEL is one of:
   model.onnx               an ONNX file (external data beside it is fine)
@@ -144,15 +146,7 @@ opt from the example inputs); they are printed so you can paste and adjust them.
 @click.option(
     "--accuracy-target", type=float, default=None, help="INT8: fall back layers until cosine >= this."
 )
-@click.option(
-    "--smoothquant",
-    type=float,
-    default=0.8,
-    show_default=True,
-    metavar="ALPHA",
-    help="INT8: SmoothQuant migration strength (0.8 took MiniLM from 0.911 to 0.997 cosine).",
-)
-@click.option("--no-smoothquant", is_flag=True, help="INT8: calibrate without SmoothQuant.")
+@smoothquant_options("INT8: ")
 @click.option(
     "--int8-rest",
     type=click.Choice(["fp32", "fp16", "bf16"]),
