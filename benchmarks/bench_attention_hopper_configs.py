@@ -5,11 +5,16 @@
 Shows what the autotuner chooses between: each config's TFLOP/s as a CUDA-graph replay
 (triton.testing.do_bench_cudagraph, median; no launch cost) next to torch SDPA's cuDNN backend
 timed the same way, same inputs, B=8, H=16 by default. A case is D:causal:S. Needs an sm_90 GPU.
+`--config` times configs that are not (yet) candidates instead, e.g. one a kernel change adds:
+
+    ... --cases 128:0:2048 --config num_wg=2,block_n=128,stages=3,o_in_k=1 \
+        --config num_wg=2,block_n=128,stages=3
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 
 import torch
@@ -18,7 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from trtforge.plugins.attention import kernel_hopper
-from trtforge.plugins.attention.configs import hopper_configs
+from trtforge.plugins.attention.configs import HopperConfig, hopper_configs
 
 
 def _tflops(b: int, h: int, s: int, d: int, causal: bool, ms: float) -> float:
@@ -35,15 +40,25 @@ def main() -> None:
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--config", action="append", type=_parse_config, help="HopperConfig fields, k=v,...")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     b, h = args.batch, args.heads
     for case in args.cases:
         d, causal, s = (int(x) for x in case.split(":"))
-        bench_case(b, h, s, d, bool(causal), dtype)
+        bench_case(b, h, s, d, bool(causal), dtype, args.config)
 
 
-def bench_case(b: int, h: int, s: int, d: int, causal: bool, dtype: torch.dtype) -> None:
+def _parse_config(text: str) -> HopperConfig:
+    """`num_wg=2,block_n=128,stages=3,o_in_k=1` -> HopperConfig (booleans as 0/1)."""
+    fields = {k: int(v) for k, v in (kv.split("=") for kv in text.split(","))}
+    types = {f.name: f.type for f in dataclasses.fields(HopperConfig)}
+    return HopperConfig(**{k: bool(v) if types[k] in (bool, "bool") else v for k, v in fields.items()})
+
+
+def bench_case(
+    b: int, h: int, s: int, d: int, causal: bool, dtype: torch.dtype, configs: list | None = None
+) -> None:
     """Print cuDNN's TFLOP/s and every Hopper config's (with its error against cuDNN's output)."""
     gen = torch.Generator(device="cuda").manual_seed(s + d)
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
@@ -52,7 +67,7 @@ def bench_case(b: int, h: int, s: int, d: int, causal: bool, dtype: torch.dtype)
         cudnn = _tflops(b, h, s, d, causal, _graph_ms(lambda: sdpa(q, k, v, is_causal=causal)))
     print(f"D={d} causal={int(causal)} S={s} {dtype}: cudnn {cudnn:.0f} TFLOP/s", flush=True)
     out = torch.empty_like(q)
-    for c in hopper_configs(d, causal):
+    for c in configs or hopper_configs(d, causal):
         launch = functools.partial(kernel_hopper.launch, q, k, v, out, d**-0.5, causal, c)
         launch()
         err = (out.float() - ref.float()).abs().max().item()

@@ -62,6 +62,7 @@ def _config_name(c: triton.Config) -> str:
 def _hopper_name(c: kernel.HopperConfig) -> str:
     mode = ("pingpong" if c.pingpong else "no-pingpong") + ("/persistent" if c.persistent else "")
     mode += ("/pairs" if c.pairs else "") + ("/split-q" if c.split_q else "")
+    mode += "/o-in-k" if c.o_in_k else ""
     return f"hopper BM{c.block_m}/BN{c.block_n}/s{c.stages}/q{c.q_bufs}/{mode}"
 
 

@@ -55,6 +55,7 @@ def _compile(config, head_dim: int, causal: bool, dtype: str = "fp16"):
         "PINGPONG": config.pingpong,
         "PAIRS": config.pairs,
         "SPLIT_Q": config.split_q,
+        "O_IN_K": config.o_in_k,
     }
     sig.update(dict.fromkeys(consts, "constexpr"))
     src = GluonASTSource(fn=kh._attn_fwd_ws, signature=sig, constexprs=consts)
@@ -139,3 +140,10 @@ def test_descriptor_cache_is_keyed_on_address_shape_and_strides():
 def test_hopper_kernel_is_gated_on_proven_triton_releases():
     assert hopper_triton_supported("3.6.0") and hopper_triton_supported("3.6.1")
     assert not hopper_triton_supported("3.9.0") and not hopper_triton_supported("3.5.1")
+
+
+def test_o_in_k_needs_one_k_tile_row_block_per_warpgroup():
+    """o_in_k stages each warpgroup's 64 output rows in the last K tile: BLOCK_N must hold them all."""
+    assert HopperConfig(2, 128, 3, o_in_k=True).o_in_k
+    with pytest.raises(ValueError, match="BLOCK_N 128 must be at least 192 for 3 warpgroups"):
+        HopperConfig(3, 128, 4, o_in_k=True)

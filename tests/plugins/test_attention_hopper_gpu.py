@@ -115,7 +115,8 @@ def test_plugin_enqueue_with_a_hopper_tactic():
     _assert_close(out, _reference(q, k, v, None, True, 0.125), F16)
 
 
-RELAUNCH = [(128, hopper_configs(128)[0])] + [(64, c) for c in hopper_configs(64) if c.pairs]
+RELAUNCH = [(128, c) for c in hopper_configs(128) if c.o_in_k or c == hopper_configs(128)[0]]
+RELAUNCH += [(64, c) for c in hopper_configs(64) if c.pairs]
 
 
 @pytest.mark.parametrize(("d", "config"), RELAUNCH, ids=lambda x: str(x))

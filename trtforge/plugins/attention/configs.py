@@ -93,6 +93,14 @@ class HopperConfig:
     persistent: bool = True  # one program per SM looping over query blocks
     pairs: bool = False  # causal: programs take query blocks in pairs of equal total work
     split_q: bool = False  # load the first warpgroup's next Q before the rest (one Q buffer)
+    o_in_k: bool = False  # stage the output in the last K tile and hand Q back after the last Q·Kᵀ
+
+    def __post_init__(self) -> None:
+        if self.o_in_k and self.block_n < self.num_wg * WG_ROWS:
+            raise ValueError(
+                f"o_in_k stages each warpgroup's {WG_ROWS} output rows in one K tile: BLOCK_N "
+                f"{self.block_n} must be at least {self.num_wg * WG_ROWS} for {self.num_wg} warpgroups"
+            )
 
     @property
     def block_m(self) -> int:
@@ -105,19 +113,19 @@ def hopper_shared_bytes(c: HopperConfig, head_dim: int, itemsize: int = 2) -> in
 
 
 # Measured on the H200 (benchmarks/results/attention.md): 3 consumer warpgroups (192-row blocks) win
-# D=64 non-causal, 2 win causal; at D=128 a 3-deep K/V ring beats a second Q buffer. Causal blocks
-# cost 1..n K/V tiles, so programs that take them round-robin finish unevenly; the `pairs` configs
-# take them in pairs (i, n-1-i) of equal total cost. `split_q` helps short D=128 sequences a little.
+# D=64 non-causal from S=2048 on, 2 win causal; at D=128 a 3-deep K/V ring beats a second Q buffer.
+# Causal blocks cost 1..n K/V tiles, so programs that take them round-robin finish unevenly; the
+# `pairs` configs take them in pairs (i, n-1-i) of equal total cost. `o_in_k` (+ `split_q` at D=128)
+# wins the short sequences (S <= 2048: +2-4%). Configs that never won in the session-3/4 probes
+# (non-persistent D=128, no-pingpong pairs, ...) were dropped: each one costs autotuning time.
 _HOPPER_CONFIGS = {
-    64: (HopperConfig(3, 128, 4, 2), HopperConfig(3, 128, 4, 2, False), HopperConfig(2, 128, 4, 2),
-         HopperConfig(2, 128, 4, 2, False), HopperConfig(2, 128, 4, 2, True, False),
-         HopperConfig(3, 128, 4, 1, True, False), HopperConfig(2, 128, 4, 2, True, True, True),
-         HopperConfig(2, 128, 4, 2, False, True, True), HopperConfig(2, 128, 4, 2, True, False, True)),
+    64: (HopperConfig(3, 128, 4, 2), HopperConfig(3, 128, 4, 1, True, False),
+         HopperConfig(2, 128, 4, 2, o_in_k=True), HopperConfig(2, 128, 4, 2, pairs=True, o_in_k=True),
+         HopperConfig(2, 128, 4, 2, True, False, True)),
     128: (HopperConfig(2, 128, 3, 1), HopperConfig(2, 128, 3, 1, False),
-          HopperConfig(2, 128, 3, 1, True, False), HopperConfig(2, 128, 3, 1, split_q=True),
-          HopperConfig(2, 128, 3, 1, False, split_q=True),
-          HopperConfig(2, 128, 3, 1, True, True, True), HopperConfig(2, 128, 3, 1, False, True, True),
-          HopperConfig(2, 128, 3, 1, True, False, True), HopperConfig(2, 128, 3, 1, True, True, True, True)),
+          HopperConfig(2, 128, 3, 1, o_in_k=True), HopperConfig(2, 128, 3, 1, split_q=True, o_in_k=True),
+          HopperConfig(2, 128, 3, 1, pairs=True, split_q=True),
+          HopperConfig(2, 128, 3, 1, pairs=True, split_q=True, o_in_k=True)),
 }  # fmt: skip
 
 

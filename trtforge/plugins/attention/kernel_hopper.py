@@ -16,7 +16,9 @@ This kernel warp-specializes the work the way FlashAttention-3 does on sm_90:
 The producer gives up its registers (``setmaxnreg`` through ``warp_specialize``'s register
 budgets) so the consumers can hold S, P and O in registers. Persistent programs (one per SM) loop
 over work units; under a causal mask a unit can be a pair of query blocks of equal total cost
-(PAIRS), which keeps the programs' loads even.
+(PAIRS), which keeps the programs' loads even. With O_IN_K a warpgroup hands its Q tile back after
+its last Q·Kᵀ and stages the output in the block's last K tile instead, so the next block's Q
+loads while the current block finishes (short sequences gain most: few tiles per block).
 
 Scope: FP16/BF16, head dim 64 or 128, causal or not, any sequence lengths (the 4-D descriptors
 zero-fill ragged tiles, masks run only on the last and diagonal tiles, the output store is clipped),
@@ -119,10 +121,13 @@ def _consumer(
     CAUSAL: gl.constexpr,
     PINGPONG: gl.constexpr,
     PAIRS: gl.constexpr,
+    O_IN_K: gl.constexpr,
 ):
     """One consumer warpgroup: for each of its program's query blocks, 64 rows through every K/V
-    tile, then the normalized output (staged in its Q tile, stored by the copy engine)."""
-    q_smem, k_smem, v_smem, q_ready, q_empty, kv_ready, kv_empty, turn = smem
+    tile, then the normalized output, stored by the copy engine from shared memory: staged in its Q
+    tile, or with O_IN_K in its 64 rows of the block's last K tile, which lets it hand Q back right
+    after the last Q·Kᵀ (the producer loads the next block's Q during the last P·V and the store)."""
+    q_smem, k_smem, v_smem, q_ready, q_empty, kv_ready, kv_empty, turn, k_done = smem
     batch, num_heads, seq_q, seq_kv = dims
     dtype: gl.constexpr = q_smem.dtype
     BLOCK_M: gl.constexpr = NUM_WG * 64
@@ -142,6 +147,7 @@ def _consumer(
     kv = 0  # K/V tiles consumed so far by this program (ring position)
     turns = 0  # issue turns taken so far
     local = 0  # query blocks done so far by this program
+    staged = 0  # O_IN_K: the ring stage whose K tile holds the previous block's output
     for unit in range(gl.program_id(0), n_units, gl.num_programs(0)):
         for half in range(_unit_size(unit, n_m, PAIRED)):
             pid_m, b, h = _unit_block(unit, half, n_m, num_heads, CAUSAL, PAIRED)
@@ -169,6 +175,10 @@ def _consumer(
                 mbarrier.arrive(turn.index((WG + 1) % NUM_WG))
             turns += 1
             s = warpgroup_mma_wait(0, deps=(s,))
+            if O_IN_K:  # noqa: SIM102 (compile-time branch around a run-time one)
+                if local > 0:  # the previous output has left shared memory: its stage may refill
+                    tma.store_wait(0)
+                    mbarrier.arrive(kv_empty.index(staged))
             if first_masked <= 0:
                 cols = gl.arange(0, BLOCK_N, layout=col_s)
                 keep = cols[None, :] < seq_kv
@@ -213,18 +223,34 @@ def _consumer(
                 prev = stage
                 kv += 1
 
+            if O_IN_K:  # the last Q·Kᵀ is done: Q may take the next block's rows
+                mbarrier.arrive(q_empty.index(qb * NUM_WG + WG))
+                mbarrier.arrive(k_done.index(0))
             acc = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
             acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-            mbarrier.arrive(kv_empty.index(prev))
-
             l_o = gl.convert_layout(l_i, row_o)
-            out = acc * (1.0 / gl.where(l_o == 0.0, 1.0, l_o))[:, None]
-            q_wg.store(out.to(dtype))  # Q is consumed: its tile stages the output for the copy engine
-            fence_async_shared()
-            tma.async_copy_shared_to_global(desc_o, [b, h, r0, 0], q_wg.reshape([1, 1, 64, HEAD_DIM]))
-            tma.store_wait(0)
-            mbarrier.arrive(q_empty.index(qb * NUM_WG + WG))  # the producer may load the next Q here
+            out = (acc * (1.0 / gl.where(l_o == 0.0, 1.0, l_o))[:, None]).to(dtype)
+            if O_IN_K:
+                # every warpgroup is done with this K tile; its stage is released once the store has
+                # read it, early in the next block (or at the end)
+                mbarrier.wait(k_done.index(0), local & 1)
+                # the K tile seen as BLOCK_N // 64 Q-shaped tiles (Triton 3.6 cannot reshape a slice)
+                halves = k_smem.index(prev)._reinterpret(dtype, [BLOCK_N // 64, 64, HEAD_DIM], q_smem.layout)
+                o_tile = halves.index(WG)
+                o_tile.store(out)
+                fence_async_shared()
+                tma.async_copy_shared_to_global(desc_o, [b, h, r0, 0], o_tile.reshape([1, 1, 64, HEAD_DIM]))
+                staged = prev
+            else:
+                mbarrier.arrive(kv_empty.index(prev))
+                q_wg.store(out)  # Q is consumed: its tile stages the output for the copy engine
+                fence_async_shared()
+                tma.async_copy_shared_to_global(desc_o, [b, h, r0, 0], q_wg.reshape([1, 1, 64, HEAD_DIM]))
+                tma.store_wait(0)
+                mbarrier.arrive(q_empty.index(qb * NUM_WG + WG))  # the producer may load the next Q here
             local += 1
+    if O_IN_K:
+        tma.store_wait(0)
 
 
 @gluon.jit
@@ -241,11 +267,13 @@ def _consumer_default(
     CAUSAL: gl.constexpr,
     PINGPONG: gl.constexpr,
     PAIRS: gl.constexpr,
+    O_IN_K: gl.constexpr,
 ):
     """The first consumer warpgroup (warp_specialize's default partition takes no index)."""
     _consumer(
-        desc_o, smem, dims, qk_scale, 0, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, CAUSAL, PINGPONG, PAIRS
-    )
+        desc_o, smem, dims, qk_scale, 0, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, CAUSAL, PINGPONG, PAIRS,
+        O_IN_K,
+    )  # fmt: skip
 
 
 @gluon.jit
@@ -278,7 +306,7 @@ def _producer(
     then its K/V tiles into the ring as consumers free stages; the ring runs ahead into the
     program's next block. SPLIT_Q loads the later warpgroups' Q tiles after the first K/V tile, so
     the first warpgroup starts its next block without waiting for the others to finish theirs."""
-    q_smem, k_smem, v_smem, q_ready, q_empty, kv_ready, kv_empty, _ = smem
+    q_smem, k_smem, v_smem, q_ready, q_empty, kv_ready, kv_empty, _, _ = smem
     batch, num_heads, seq_q, seq_kv = dims
     BLOCK_M: gl.constexpr = NUM_WG * 64
     PAIRED: gl.constexpr = CAUSAL and PAIRS
@@ -343,6 +371,7 @@ def _attn_fwd_ws(
     PINGPONG: gl.constexpr,
     PAIRS: gl.constexpr,
     SPLIT_Q: gl.constexpr,
+    O_IN_K: gl.constexpr,
 ):
     """Grid (programs,): program p handles work units p, p + programs, ... (a unit is a query block of
     BLOCK_M rows, or a pair of them: _unit_block), one program per unit when not persistent;
@@ -359,6 +388,7 @@ def _attn_fwd_ws(
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+    k_done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(Q_BUFS * NUM_WG):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
@@ -367,21 +397,22 @@ def _attn_fwd_ws(
         mbarrier.init(kv_empty.index(i), count=NUM_WG)
     for i in gl.static_range(NUM_WG):
         mbarrier.init(turn.index(i), count=1)
+    mbarrier.init(k_done.index(0), count=NUM_WG)
     mbarrier.arrive(turn.index(0))  # the first warpgroup issues first
     fence_async_shared()
 
     # Shared memory and barriers travel as one tuple, the problem sizes as another. The compile-time
     # sizes are written out in each partition's literal argument list: an argument tuple built
     # elsewhere (assigned, or joined with +) loses their constexpr-ness in Triton 3.6's Gluon.
-    smem = (q_smem, k_smem, v_smem, q_ready, q_empty, kv_ready, kv_empty, turn)
+    smem = (q_smem, k_smem, v_smem, q_ready, q_empty, kv_ready, kv_empty, turn, k_done)
     dims = (batch, num_heads, seq_q, seq_kv)
     if NUM_WG == 2:
         gl.warp_specialize(
             [
                 (_consumer_default, (desc_o, smem, dims, qk_scale, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
-                                     CAUSAL, PINGPONG, PAIRS)),
+                                     CAUSAL, PINGPONG, PAIRS, O_IN_K)),
                 (_consumer, (desc_o, smem, dims, qk_scale, 1, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
-                             CAUSAL, PINGPONG, PAIRS)),
+                             CAUSAL, PINGPONG, PAIRS, O_IN_K)),
                 (_producer, (desc_q, desc_k, desc_v, smem, dims, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
                              CAUSAL, PAIRS, SPLIT_Q)),
             ],
@@ -392,11 +423,11 @@ def _attn_fwd_ws(
         gl.warp_specialize(
             [
                 (_consumer_default, (desc_o, smem, dims, qk_scale, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
-                                     CAUSAL, PINGPONG, PAIRS)),
+                                     CAUSAL, PINGPONG, PAIRS, O_IN_K)),
                 (_consumer, (desc_o, smem, dims, qk_scale, 1, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
-                             CAUSAL, PINGPONG, PAIRS)),
+                             CAUSAL, PINGPONG, PAIRS, O_IN_K)),
                 (_consumer, (desc_o, smem, dims, qk_scale, 2, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
-                             CAUSAL, PINGPONG, PAIRS)),
+                             CAUSAL, PINGPONG, PAIRS, O_IN_K)),
                 (_producer, (desc_q, desc_k, desc_v, smem, dims, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
                              CAUSAL, PAIRS, SPLIT_Q)),
             ],
@@ -483,6 +514,7 @@ def launch(q: Any, k: Any, v: Any, out: Any, scale: float, causal: bool, config:
         config.pingpong,
         config.pairs,
         config.split_q,
+        config.o_in_k,
     )
     key = (config, q.dtype, d, bool(causal), device)
     kernel = _COMPILED.get(key)
