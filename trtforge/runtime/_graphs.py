@@ -4,10 +4,16 @@ A graph is captured over lane-owned static input/output buffers after a plain wa
 while the shapes (and the lane's device memory) stay the same, and dropped when they change (facts §4.7).
 Engines with data-dependent outputs are never captured. A capture that fails is recorded in
 ``Session.graph_failures`` and that shape stays eager.
+
+Captures run one at a time in the process and call ``CUDAGraph.capture_begin/capture_end`` directly:
+``torch.cuda.graph`` synchronizes the whole device and empties the allocator cache on entry, which
+breaks a capture another lane's thread has in progress (seen on the H200: under load every lane's
+capture failed and all stayed eager) and stalls every other lane of a serving process.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,6 +22,8 @@ from trtforge.runtime._graph_state import GraphAction, decide, record_failed
 
 if TYPE_CHECKING:
     from trtforge.runtime.session import Session
+
+_CAPTURE_LOCK = threading.Lock()  # one stream capture at a time in this process (see above)
 
 
 def graph_step(session: Session, lane: Any, feeds: dict, outputs: dict, key: tuple) -> None:
@@ -49,8 +57,12 @@ def _record(session: Session, lane: Any, feeds: dict, outputs: dict, key: tuple)
     ok = lane.context.graph_capturable(lane.stream.cuda_stream)
     if ok:
         try:
-            with torch.cuda.graph(graph, stream=lane.stream, capture_error_mode="thread_local"):
-                ok = lane.context.execute_async(lane.stream.cuda_stream)
+            with _CAPTURE_LOCK, torch.cuda.stream(lane.stream):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    ok = lane.context.execute_async(lane.stream.cuda_stream)
+                finally:
+                    graph.capture_end()
         except RuntimeError as e:
             # Not capturable (facts §4.7): recorded in memory_stats, this key stays eager.
             session.graph_failures.append(f"lane {lane.index}, shapes {key}: {e}")
