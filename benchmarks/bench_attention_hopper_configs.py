@@ -51,8 +51,13 @@ def main() -> None:
 
 def _parse_config(text: str) -> HopperConfig:
     """`num_wg=2,block_n=128,stages=3,o_in_k=1` -> HopperConfig (booleans as 0/1)."""
-    fields = {k: int(v) for k, v in (kv.split("=") for kv in text.split(","))}
     types = {f.name: f.type for f in dataclasses.fields(HopperConfig)}
+    fields = {k: int(v) for k, v in (kv.split("=", 1) for kv in text.split(","))}
+    unknown = sorted(set(fields) - set(types))
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown HopperConfig field(s) {unknown}; fields are {sorted(types)}"
+        )
     return HopperConfig(**{k: bool(v) if types[k] in (bool, "bool") else v for k, v in fields.items()})
 
 

@@ -5,10 +5,11 @@ while the shapes (and the lane's device memory) stay the same, and dropped when 
 Engines with data-dependent outputs are never captured. A capture that fails is recorded in
 ``Session.graph_failures`` and that shape stays eager.
 
-Captures run one at a time in the process and call ``CUDAGraph.capture_begin/capture_end`` directly:
-``torch.cuda.graph`` synchronizes the whole device and empties the allocator cache on entry, which
-breaks a capture another lane's thread has in progress (seen on the H200: under load every lane's
-capture failed and all stayed eager) and stalls every other lane of a serving process.
+Captures call ``CUDAGraph.capture_begin/capture_end`` directly: ``torch.cuda.graph`` synchronizes the
+whole device and empties the allocator cache on entry, which stalls every other lane of a serving
+process and can break a capture another lane's thread has in progress (the likely cause of one
+H200 run in which no lane of a 4-thread session ended with a graph; not isolated). Captures are
+also serialized in the process, a cheap precaution: they happen once per lane and shape.
 """
 
 from __future__ import annotations
