@@ -137,7 +137,7 @@ def report_cmd(
         threads=threads,
         output_names=output_names or None,
     )
-    from trtforge.reports.render import headline
+    from trtforge.reports.cells import headline
 
     click.echo(headline(result.report))
     for label, path in (

@@ -6,8 +6,7 @@ import base64
 import html
 import json
 
-from trtforge.reports.plots import error_histograms, latency_plot
-from trtforge.reports.render import (
+from trtforge.reports.cells import (
     ACCURACY_HEADER,
     LATENCY_HEADER,
     TARGET_HEADER,
@@ -16,6 +15,7 @@ from trtforge.reports.render import (
     latency_cells,
     target_cells,
 )
+from trtforge.reports.plots import error_histograms, latency_plot
 from trtforge.reports.results import OK, Report
 
 _CSS = """

@@ -5,115 +5,20 @@ Everything here reads only a :class:`~trtforge.reports.results.Report`.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any
 
 from trtforge._fileio import atomic_write_text
-from trtforge.reports.results import OK, AccuracyRow, LatencyPoint, Report, TargetInfo
-
-
-def fmt(value: Any, spec: str = ".3g", none: str = "–") -> str:
-    """Format a number for a table cell ('–' for missing, 'inf' for infinite)."""
-    if value is None:
-        return none
-    if isinstance(value, float) and math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return format(value, spec)
-
-
-def fmt_bytes(n: int | None) -> str:
-    """Bytes as MiB."""
-    return "–" if n is None else f"{n / 2**20:.1f} MiB"
-
-
-def verdict(row: AccuracyRow) -> str:
-    """PASS / FAIL / the status, for a table cell."""
-    if row.status != OK:
-        return row.status.upper().replace("_", " ")
-    return {True: "PASS", False: "FAIL", None: "no checks"}[row.passed]
-
-
-def tolerance_text(row: AccuracyRow) -> str:
-    """The checks that were applied, one short phrase each."""
-    t = row.tolerance
-    if t is None:
-        return "–"
-    parts = []
-    if t.atol is not None or t.rtol is not None:
-        parts.append(f"atol {fmt(t.atol or 0, 'g')} / rtol {fmt(t.rtol or 0, 'g')}")
-    if t.min_cosine is not None:
-        parts.append(f"cos ≥ {t.min_cosine:g}")
-    if t.min_snr_db is not None:
-        parts.append(f"SNR ≥ {t.min_snr_db:g} dB")
-    if t.min_top1 is not None:
-        parts.append(f"top-1 ≥ {t.min_top1:g}")
-    return ", ".join(parts) or "none"
-
-
-def target_cells(t: TargetInfo) -> list[str]:
-    """Cells of the targets table."""
-    status = t.status.upper().replace("_", " ")
-    return [
-        t.name,
-        t.kind,
-        t.precision,
-        t.device,
-        status,
-        t.reason or "",
-        t.derived_from or "",
-        fmt(t.prepare_seconds, ".2f"),
-    ]
-
-
-TARGET_HEADER = ["target", "runtime", "precision", "device", "status", "reason", "derived from", "prepare s"]
-ACCURACY_HEADER = [
-    "target", "output", "max abs", "mean abs", "max rel", "mean rel", "rel L2",
-    "cosine", "min row cos", "SNR dB", "top-1", "top-5", "tolerance", "result", "reason",
-]  # fmt: skip
-LATENCY_HEADER = [
-    "target",
-    "batch",
-    "seq",
-    "p50 ms",
-    "p90 ms",
-    "p99 ms",
-    "mean ms",
-    "samples/s",
-    "peak mem",
-    "status",
-]
-
-
-def accuracy_cells(r: AccuracyRow) -> list[str]:
-    """Cells of the accuracy table."""
-    output = r.output + (" (real tokens)" if r.padding_excluded else "")
-    return [
-        r.target, output, fmt(r.max_abs), fmt(r.mean_abs), fmt(r.max_rel), fmt(r.mean_rel), fmt(r.rel_l2),
-        fmt(r.cosine, ".6f"), fmt(r.min_row_cosine, ".6f"), fmt(r.snr_db, ".1f"), fmt(r.top1, ".4f"),
-        fmt(r.top5, ".4f"), tolerance_text(r), verdict(r), r.reason or "",
-    ]  # fmt: skip
-
-
-def latency_cells(p: LatencyPoint) -> list[str]:
-    """Cells of the latency table."""
-    status = "ok" if p.status == OK else f"{p.status}: {p.reason}"
-    return [
-        p.target, str(p.batch), fmt(p.seq, "d"), fmt(p.p50_ms, ".4g"), fmt(p.p90_ms, ".4g"),
-        fmt(p.p99_ms, ".4g"), fmt(p.mean_ms, ".4g"), fmt(p.throughput, ".4g"), fmt_bytes(p.peak_memory_bytes),
-        status,
-    ]  # fmt: skip
-
-
-def headline(report: Report) -> str:
-    """One sentence: targets run and accuracy verdicts."""
-    s = report.summary()
-    t = s["targets"]
-    return (
-        f"{t['ok']} target(s) ran, {t['failed']} failed, {t['not_run']} not runnable here; "
-        f"accuracy vs {report.reference}: {s['accuracy_passed']} passed, {s['accuracy_failed']} failed, "
-        f"{s['accuracy_not_compared']} not compared."
-    )
+from trtforge.reports.cells import (
+    ACCURACY_HEADER,
+    LATENCY_HEADER,
+    TARGET_HEADER,
+    accuracy_cells,
+    headline,
+    latency_cells,
+    target_cells,
+)
+from trtforge.reports.html import render_html
+from trtforge.reports.results import Report
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -162,8 +67,6 @@ def render_markdown(report: Report) -> str:
 
 def write_report(report: Report, out_dir: Path) -> tuple[Path, Path, Path]:
     """Write report.html, report.md and report.json into `out_dir`; returns their paths."""
-    from trtforge.reports.html import render_html
-
     html_path, md_path, json_path = out_dir / "report.html", out_dir / "report.md", out_dir / "report.json"
     atomic_write_text(json_path, report.to_json())
     atomic_write_text(md_path, render_markdown(report))

