@@ -9,28 +9,33 @@ import torch
 def paged_from_contiguous(
     k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, page: int, gen: torch.Generator, spare: int = 3
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Copy each sequence's first lens[b] rows of [B, Hkv, S, D] caches into a pool
-    [num_blocks, Hkv, page, D] at randomly placed blocks; unused pool blocks and table entries hold
-    garbage (NaN rows, out-of-range indices) that a correct kernel never reads."""
+    """Copy each sequence's blocks of [B, Hkv, S, D] caches (the first ceil(lens[b] / page)) into a
+    pool [num_blocks, Hkv, page, D] at randomly placed blocks; spare pool blocks hold NaN and unused
+    table entries an out-of-range index, which a correct kernel never reads."""
     b, hkv, s_max, d = k.shape
-    per_seq = [-(-int(n) // page) for n in lens.tolist()]
     max_blocks = -(-s_max // page)
-    num_blocks = sum(per_seq) + spare
-    perm = torch.randperm(num_blocks, generator=gen)
+    pad = max_blocks * page - s_max
+    per_seq = (lens.cpu().long() + page - 1) // page
+    valid = torch.arange(max_blocks)[None, :] < per_seq[:, None]
+    num_blocks = int(per_seq.sum()) + spare
     table = torch.full((b, max_blocks), num_blocks + 7, dtype=torch.int32)
-    k_pool = torch.full((num_blocks, hkv, page, d), float("nan"), dtype=k.dtype)
-    v_pool = torch.full_like(k_pool, float("nan"))
-    used = 0
-    for i, n_blk in enumerate(per_seq):
-        for j in range(n_blk):
-            blk = int(perm[used])
-            used += 1
-            table[i, j] = blk
-            rows = k[i, :, j * page : (j + 1) * page].cpu()
-            k_pool[blk, :, : rows.shape[1]] = rows
-            v_pool[blk, :, : rows.shape[1]] = v[i, :, j * page : (j + 1) * page].cpu()
-    dev = k.device
-    return k_pool.to(dev), v_pool.to(dev), table.to(dev)
+    table[valid] = torch.randperm(num_blocks, generator=gen)[: int(per_seq.sum())].to(torch.int32)
+    table = table.to(k.device)
+    valid = valid.to(k.device)
+    pools = []
+    for cache in (k, v):
+        blocks = torch.nn.functional.pad(cache, (0, 0, 0, pad)).view(b, hkv, max_blocks, page, d)
+        pool = torch.full((num_blocks, hkv, page, d), float("nan"), dtype=k.dtype, device=k.device)
+        pool[table[valid].long()] = blocks.permute(0, 2, 1, 3, 4)[valid]
+        pools.append(pool)
+    return pools[0], pools[1], table
+
+
+def poison_past_lengths(cache: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """Set rows at positions >= lens[b] of a contiguous [B, Hkv, S, D] cache to NaN (in place)."""
+    past = torch.arange(cache.shape[2], device=cache.device)[None, :] >= lens.to(cache.device)[:, None]
+    cache[past[:, None, :, None].expand_as(cache)] = float("nan")
+    return cache
 
 
 def gather_paged(pool: torch.Tensor, table: torch.Tensor, b: int, length: int) -> torch.Tensor:

@@ -12,7 +12,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="Triton is needed to run the kernel (pip install triton)")
 
-from tests.plugins.decode_reference import paged_from_contiguous, reference_decode  # noqa: E402
+from tests.plugins.decode_reference import (  # noqa: E402
+    paged_from_contiguous,
+    poison_past_lengths,
+    reference_decode,
+)
 from trtforge.plugins.attention.decode_kernel import (  # noqa: E402
     DecodeConfig,
     decode_attention,
@@ -48,6 +52,8 @@ def test_matches_fp32_sdpa(hq, hkv, s_q, d, lens, page, splits, dtype):
     b, s_max = len(lens), max(lens) + 3
     q, k, v = _caches(b, hq, hkv, s_q, s_max, d, dtype, gen)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    poison_past_lengths(k, seq_lens)
+    poison_past_lengths(v, seq_lens)
     table = None
     if page:
         k, v, table = paged_from_contiguous(k, v, seq_lens.cpu(), page, gen)
