@@ -4,9 +4,11 @@
 
 Cases (defaults): FP16, Hq=32, Hkv=8, D=128, q_len 1, B x L in {1x32768, 4x16384, 16x4096,
 64x8192, 128x2048, 256x1024}, every sequence at full length L. Implementations, all in this process:
-- ours-contig: the decode kernel on a contiguous [B, Hkv, L, D] cache (default config, split heuristic);
-- ours-paged16 / ours-paged64: the same kernel on a pool of 16- / 64-token blocks placed by a random
-  permutation, read through the block table;
+- ours-contig: the decode kernel on a contiguous [B, Hkv, L, D] cache, autotuned on its first call
+  (tile, pipeline depth and split count; not timed; the choice is recorded);
+- ours-contig-default: the same with the untuned default config and the split heuristic;
+- ours-paged16 / ours-paged64: the kernel (autotuned) on a pool of 16- / 64-token blocks placed by a
+  random permutation, read through the block table;
 - cudnn / flash: torch SDPA (CUDNN_ATTENTION / FLASH_ATTENTION backend) on the contiguous cache,
   ``enable_gqa=True`` (no K/V expansion);
 - gather+cudnn: the 16-token pool gathered to contiguous by advanced indexing
@@ -14,8 +16,7 @@ Cases (defaults): FP16, Hq=32, Hkv=8, D=128, q_len 1, B x L in {1x32768, 4x16384
 Each is timed as CUDA-graph replays (triton.testing.do_bench_cudagraph, median; K/V of every case
 exceed the 50 MB L2). TB/s = K+V bytes the attention must read (2·B·Hkv·L·D·2) / time, for every
 implementation (so gather+cudnn's figure counts useful bytes, not the bytes its copy moves). Every
-implementation's output is checked against cuDNN's. `--sweep` also times tile/pipeline/split
-variants of ours-contig (written to sweep.json). Writes results.json and results.md under --out.
+implementation's output is checked against cuDNN's. Writes results.json and results.md under --out.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import argparse
 import datetime as dt
 import json
 import platform
-import statistics
 import subprocess
 from pathlib import Path
 
@@ -34,12 +34,8 @@ import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-from trtforge.plugins.attention.decode_kernel import (
-    DecodeConfig,
-    decode_attention,
-    default_decode_config,
-    num_splits_for,
-)
+from trtforge.plugins.attention import decode_kernel
+from trtforge.plugins.attention.decode_kernel import decode_attention, default_decode_config
 
 SHAPES = [(1, 32768), (4, 16384), (16, 4096), (64, 8192), (128, 2048), (256, 1024)]
 PEAK_TBS = 4.8  # H200 HBM3e datasheet figure (a lead); the 85% target is taken against it
@@ -78,7 +74,7 @@ def _sdpa(backend: SDPBackend, q, k, v):
         return sdpa(q, k, v, enable_gqa=True)
 
 
-def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype, sweep: bool) -> tuple:
+def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) -> tuple:
     gen = torch.Generator().manual_seed(b * length)
     q = torch.randn(b, hq, 1, d, generator=gen).to(dtype).cuda()
     k = torch.randn(b, hkv, length, d, dtype=dtype, device="cuda")
@@ -88,8 +84,10 @@ def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype, sw
     out = torch.empty_like(q)
     k16, v16, t16 = pools[16]
     k64, v64, t64 = pools[64]
+    default = default_decode_config(d)
     impls = {
         "ours-contig": lambda: decode_attention(q, k, v, lens, out=out),
+        "ours-contig-default": lambda: decode_attention(q, k, v, lens, out=out, config=default),
         "ours-paged16": lambda: decode_attention(q, k16, v16, lens, t16, out=out),
         "ours-paged64": lambda: decode_attention(q, k64, v64, lens, t64, out=out),
         "cudnn": lambda: _sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v),
@@ -107,25 +105,11 @@ def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype, sw
         except Exception as exc:  # a torch backend that refuses this shape: record, keep going
             times[name] = None
             errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-    sweep_rows = []
-    if sweep:
-        base = num_splits_for(b * hkv, length, torch.cuda.get_device_properties(0).multi_processor_count, 64)
-        for bn, warps, stages in [(32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 8, 3)]:
-            for mult in (0.5, 1, 2):
-                splits = max(1, int(base * mult))
-                cfg = DecodeConfig(bn, warps, stages, splits)
-                try:
-                    us = _graph_us(lambda cfg=cfg: decode_attention(q, k, v, lens, out=out, config=cfg))
-                    us16 = _graph_us(
-                        lambda cfg=cfg: decode_attention(q, k16, v16, lens, t16, out=out, config=cfg)
-                    )
-                except Exception as exc:
-                    us = us16 = None
-                    print("sweep failure", cfg, exc)
-                sweep_rows.append(
-                    {"B": b, "L": length, "config": cfg.__dict__, "contig_us": us, "paged16_us": us16}
-                )
-    return times, errors, sweep_rows
+    chosen = {
+        name: str(decode_kernel._CHOICE.get(decode_kernel._key_of(q, kc, tb, length)))
+        for name, kc, tb in (("ours-contig", k, None), ("ours-paged16", k16, t16), ("ours-paged64", k64, t64))
+    }
+    return times, errors, chosen
 
 
 def _ratio(row: dict, ours: str, peer: str) -> str:
@@ -146,19 +130,26 @@ def _commit() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("build/bench_decode"))
-    ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--commit", default=None, help="commit id to record (default: git rev-parse)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     hq, hkv, d, dtype = 32, 8, 128, torch.float16
-    rows, sweep_all = [], []
+    rows = []
     for b, length in SHAPES:
         torch.cuda.empty_cache()
-        times, errors, sweep_rows = _case(b, length, hq, hkv, d, dtype, args.sweep)
-        sweep_all += sweep_rows
+        times, errors, chosen = _case(b, length, hq, hkv, d, dtype)
         kv_bytes = 2 * b * hkv * length * d * 2
-        rows.append({"B": b, "L": length, "kv_bytes": kv_bytes, "us": times, "max_abs_vs_cudnn": errors})
-        print(b, length, {n: (round(t, 1) if t else None) for n, t in times.items()}, flush=True)
+        rows.append(
+            {
+                "B": b,
+                "L": length,
+                "kv_bytes": kv_bytes,
+                "us": times,
+                "max_abs_vs_cudnn": errors,
+                "chosen": chosen,
+            }
+        )
+        print(b, length, {n: (round(t, 1) if t else None) for n, t in times.items()}, chosen, flush=True)
     names = list(rows[0]["us"])
     meta = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -172,8 +163,6 @@ def main() -> None:
         "config": default_decode_config(d).__dict__,
     }
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    if args.sweep:
-        (args.out / "sweep.json").write_text(json.dumps(sweep_all, indent=1))
 
     def tbs(row: dict, name: str) -> float | None:
         t = row["us"][name]
@@ -215,18 +204,8 @@ def main() -> None:
     ]
     if bad:
         lines.append(f"\nDISAGREE beyond {AGREE_TOL}: {bad}")
-    if args.sweep:
-        lines += ["", "Sweep (ours, contiguous / paged16 us), best per shape:", ""]
-        for b, length in SHAPES:
-            cand = [s for s in sweep_all if s["B"] == b and s["L"] == length and s["contig_us"]]
-            if cand:
-                best = min(cand, key=lambda s: s["contig_us"])
-                best16 = min(cand, key=lambda s: s["paged16_us"] or 1e9)
-                lines.append(
-                    f"- {b}x{length}: contig {best['contig_us']:.1f} us {best['config']}; "
-                    f"paged16 {best16['paged16_us']:.1f} us {best16['config']}; "
-                    f"median {statistics.median(s['contig_us'] for s in cand):.1f}"
-                )
+    lines += ["", "Autotuned choices (block_n, warps, stages, splits; 0 = heuristic):", ""]
+    lines += [f"- {r['B']}x{r['L']}: {r['chosen']}" for r in rows]
     text = "\n".join(lines) + "\n"
     (args.out / "results.md").write_text(text)
     print(text)

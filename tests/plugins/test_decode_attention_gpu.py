@@ -20,7 +20,12 @@ from tests.plugins.decode_reference import (  # noqa: E402
     poison_past_lengths,
     reference_decode,
 )
-from trtforge.plugins.attention.decode_kernel import DecodeConfig, decode_attention  # noqa: E402
+from trtforge.plugins.attention.decode_kernel import (  # noqa: E402
+    AUTOTUNE_CANDIDATES,
+    DecodeConfig,
+    decode_attention,
+    default_decode_config,
+)
 from trtforge.plugins.attention.paged_cache import write_kv_cache  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -55,12 +60,13 @@ def test_acceptance_matrix(d, group, s_q, dtype):
     poison_past_lengths(v, lens)
     ref = reference_decode(q, k, v, lens)
     out = torch.full_like(q, float("nan"))
-    decode_attention(q, k, v, lens, out=out)
+    cfg = default_decode_config(d)
+    decode_attention(q, k, v, lens, out=out, config=cfg)
     _check(out, ref, dtype)
     for page in (16, 64):
         k_pool, v_pool, table = paged_from_contiguous(k, v, lens, page, gen)
         out = torch.full_like(q, float("nan"))
-        decode_attention(q, k_pool, v_pool, lens, table, out=out)
+        decode_attention(q, k_pool, v_pool, lens, table, out=out, config=cfg)
         _check(out, reference_decode(q, k_pool, v_pool, lens, table), dtype)
         _check(out, ref, dtype)
 
@@ -74,6 +80,24 @@ def test_any_split_count_gives_the_same_result(splits):
     lens = torch.tensor([5000, 1, 2345], dtype=torch.int32, device="cuda")
     out = decode_attention(q, k, v, lens, config=DecodeConfig(num_splits=splits))
     _check(out, reference_decode(q, k, v, lens), torch.float16)
+
+
+@pytest.mark.parametrize("page", [0, 16])
+def test_every_autotune_candidate_and_the_autotuned_launch(page):
+    """Whichever candidate the autotuner picks must be right: each one, on GQA 4, q_len 4, D=128."""
+    gen = torch.Generator().manual_seed(21 + page)
+    lens = torch.tensor([1, 17, 3000, 777], dtype=torch.int32, device="cuda")
+    q = torch.randn(4, 16, 4, 128, generator=gen).half().cuda()
+    k = torch.randn(4, 4, 3000, 128, generator=gen).half().cuda()
+    v = torch.randn(4, 4, 3000, 128, generator=gen).half().cuda()
+    table = None
+    if page:
+        k, v, table = paged_from_contiguous(k, v, lens, page, gen)
+    ref = reference_decode(q, k, v, lens, table)
+    for bn, warps, stages, mult in AUTOTUNE_CANDIDATES:
+        cfg = DecodeConfig(bn, warps, stages, 0 if mult == 1.0 else max(1, int(8 * mult)))
+        _check(decode_attention(q, k, v, lens, table, config=cfg), ref, torch.float16)
+    _check(decode_attention(q, k, v, lens, table), ref, torch.float16)
 
 
 def test_reshape_and_cache_then_decode_on_gpu():

@@ -31,7 +31,14 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["DecodeConfig", "decode_attention", "default_decode_config", "num_splits_for"]
+__all__ = [
+    "DecodeConfig",
+    "decode_attention",
+    "decode_attention_raw",
+    "default_decode_config",
+    "num_splits_for",
+    "workspace_elements",
+]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -346,6 +353,116 @@ def _check(q: Any, k: Any, v: Any, seq_lens: Any, block_table: Any, out: Any) ->
     return b, hq, s_q, d, hkv, page, int(block_table.shape[1]) * page
 
 
+# Candidates timed by the autotuned launch: (block_n, num_warps, num_stages, split multiplier of
+# the heuristic's count). Those whose pipelined K/V tiles exceed shared memory are skipped.
+AUTOTUNE_CANDIDATES = (
+    (64, 4, 3, 1.0), (64, 4, 2, 1.0), (64, 4, 4, 1.0), (32, 4, 4, 1.0), (128, 4, 2, 1.0),
+    (128, 8, 3, 1.0), (64, 2, 3, 1.0), (64, 4, 2, 2.0), (64, 4, 3, 2.0), (64, 4, 3, 0.5), (128, 4, 2, 0.5),
+)  # fmt: skip
+SHARED_MEMORY_BUDGET = 225 * 1024
+_CHOICE: dict[tuple, DecodeConfig] = {}
+
+
+def _fits(block_n: int, stages: int, block_d: int) -> bool:
+    return stages * 2 * block_n * block_d * 2 <= SHARED_MEMORY_BUDGET
+
+
+def _bucket(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def _resolve_splits(cfg: DecodeConfig, batch_kv_heads: int, max_len: int) -> int:
+    splits = cfg.num_splits or num_splits_for(batch_kv_heads, max_len, _num_sms(), cfg.block_n)
+    return max(1, min(splits, MAX_SPLITS))
+
+
+def workspace_elements(batch: int, num_heads: int, q_len: int, head_dim: int, splits: int) -> int:
+    """FP32 elements of scratch a launch with `splits` > 1 needs (partial outputs + log-sum-exps)."""
+    if splits <= 1:
+        return 0
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    return batch * num_heads * q_len * splits * (block_d + 1)
+
+
+def _launch(q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace) -> None:
+    """Run the split kernel (and the reduce kernel when splits > 1) with scratch from `workspace`
+    (a float32 tensor-like of at least workspace_elements(...) elements, or None to allocate)."""
+    b, hq, s_q, d = (int(n) for n in q.shape)
+    hkv = int(k.shape[1])
+    page = int(k.shape[2]) if block_table is not None else 0
+    group = hq // hkv
+    block_d = max(16, triton.next_power_of_2(d))
+    block_m = max(16, triton.next_power_of_2(group * s_q))
+    direct = splits == 1
+    rows = b * hq * s_q * splits
+    if direct:
+        mid_o = mid_l = out  # never touched
+    elif workspace is None:
+        mid_o = torch.empty((rows, block_d), dtype=torch.float32, device=q.device)
+        mid_l = torch.empty((rows,), dtype=torch.float32, device=q.device)
+    else:
+        mid_o = workspace.view((rows, block_d), (block_d, 1))
+        mid_l = workspace.view((rows,), (1,), offset=rows * block_d)
+    table = block_table if block_table is not None else seq_lens
+    stride_tb = int(block_table.stride(0)) if block_table is not None else 0
+    _decode_split_kernel[(splits, b * hkv)](
+        q, k, v, seq_lens, table, out, mid_o, mid_l,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,
+        hkv, splits, float(scale),
+        GROUP=group, SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+        PAGE_SIZE=page, DIRECT=direct,
+        DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if not direct:
+        _decode_reduce_kernel[(b * hq * s_q,)](
+            mid_o, mid_l, out, *out.stride(), hq, splits,
+            SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            num_warps=4 if block_d >= 128 else 2,
+        )  # fmt: skip
+
+
+def _key_of(q, k, block_table, max_len: int) -> tuple:
+    """Autotuning key: dtype, head dim, group, q_len, block size, buckets of B·Hkv and length, device."""
+    b, hq, s_q, d = (int(n) for n in q.shape)
+    hkv = int(k.shape[1])
+    page = int(k.shape[2]) if block_table is not None else 0
+    device = q.device.index if q.is_cuda else -1
+    return (q.dtype, d, hq // hkv, s_q, page, _bucket(b * hkv), _bucket(max_len), device)
+
+
+def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len) -> DecodeConfig:
+    """The fastest candidate for this problem's key, timed once (each candidate compiled and run)."""
+    b, _, _, d = (int(n) for n in q.shape)
+    hkv = int(k.shape[1])
+    key = _key_of(q, k, block_table, max_len)
+    if key in _CHOICE:
+        return _CHOICE[key]
+    block_d = max(16, triton.next_power_of_2(d))
+    base = num_splits_for(b * hkv, max_len, _num_sms(), 64)
+    times = {}
+    for bn, warps, stages, mult in AUTOTUNE_CANDIDATES:
+        if not _fits(bn, stages, block_d):
+            continue
+        splits = 0 if mult == 1.0 else max(1, min(MAX_SPLITS, round(base * mult)))
+        cfg = DecodeConfig(bn, warps, stages, splits)
+        if cfg in times:
+            continue
+        n = _resolve_splits(cfg, b * hkv, max_len)
+
+        def fn(cfg: DecodeConfig = cfg, n: int = n) -> None:
+            _launch(q, k, v, seq_lens, block_table, out, scale, cfg, n, None)
+
+        try:
+            fn()
+        except triton.runtime.errors.OutOfResources:
+            continue
+        times[cfg] = triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
+    best = min(times, key=times.get) if times else default_decode_config(d)
+    _CHOICE[key] = best
+    return best
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -362,42 +479,52 @@ def decode_attention(
 
     Contiguous caches are [B, Hkv, S_max, D]; with `block_table` [B, max_blocks] the caches are a
     block pool [num_blocks, Hkv, block_size, D]. Causal (LOWER_RIGHT) when S_q > 1. `max_seq_len`
-    (default: the cache capacity) sizes the split count; `seq_lens` stays on the device.
+    (default: the cache capacity) sizes the split count; `seq_lens` stays on the device. With
+    `config` None, a CUDA launch outside graph capture is autotuned once per problem bucket over
+    :data:`AUTOTUNE_CANDIDATES`; the interpreter and graph capture use :func:`default_decode_config`.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    b, hq, s_q, d, hkv, page, capacity = _check(q, k_cache, v_cache, seq_lens, block_table, out)
+    b, hq, _, d, hkv, _, capacity = _check(q, k_cache, v_cache, seq_lens, block_table, out)
     if b == 0 or hq == 0:
         return out
-    cfg = config or default_decode_config(d)
-    group = hq // hkv
-    block_d = max(16, triton.next_power_of_2(d))
-    block_m = max(16, triton.next_power_of_2(group * s_q))
     max_len = min(max_seq_len or capacity, capacity)
-    splits = cfg.num_splits or num_splits_for(b * hkv, max_len, _num_sms(), cfg.block_n)
-    splits = max(1, min(splits, MAX_SPLITS))
-    direct = splits == 1
-    if direct:
-        mid_o = mid_l = out  # never touched
-    else:
-        mid_o = torch.empty((b * hq * s_q * splits, block_d), dtype=torch.float32, device=q.device)
-        mid_l = torch.empty((b * hq * s_q * splits,), dtype=torch.float32, device=q.device)
-    table = block_table if block_table is not None else seq_lens
-    stride_tb = int(block_table.stride(0)) if block_table is not None else 0
-    s = d**-0.5 if scale is None else float(scale)
-    _decode_split_kernel[(splits, b * hkv)](
-        q, k_cache, v_cache, seq_lens, table, out, mid_o, mid_l,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), stride_tb,
-        hkv, splits, s,
-        GROUP=group, SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-        PAGE_SIZE=page, DIRECT=direct,
-        DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
-    if not direct:
-        _decode_reduce_kernel[(b * hq * s_q,)](
-            mid_o, mid_l, out, *out.stride(), hq, splits,
-            SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
-            num_warps=4 if block_d >= 128 else 2,
-        )  # fmt: skip
+    scale = d**-0.5 if scale is None else float(scale)
+    if config is None:
+        tune = not _interpreting() and q.is_cuda and not torch.cuda.is_current_stream_capturing()
+        config = (
+            _autotuned(q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len)
+            if tune
+            else _CHOICE.get(_key_of(q, k_cache, block_table, max_len), default_decode_config(d))
+        )
+    splits = _resolve_splits(config, b * hkv, max_len)
+    _launch(q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, None)
     return out
+
+
+def decode_attention_raw(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    seq_lens: Any,
+    block_table: Any | None,
+    out: Any,
+    *,
+    scale: float,
+    config: DecodeConfig,
+    splits: int,
+    workspace: Any | None,
+    stream: int,
+) -> None:
+    """Launch on raw device buffers (DeviceTensor views) on the CUDA stream handle `stream`, with a
+    fixed config and split count and scratch from `workspace` (a float32 DeviceTensor of at least
+    :func:`workspace_elements` elements): nothing is allocated, timed or synchronized (a TensorRT
+    plugin's enqueue)."""
+    _check(q, k_cache, v_cache, seq_lens, block_table, out)
+    if splits > 1 and workspace is None:
+        raise ValueError("a launch with more than one split needs a workspace")
+    if not stream:
+        _launch(q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, workspace)
+        return
+    with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
+        _launch(q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, workspace)
