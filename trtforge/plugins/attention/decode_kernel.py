@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from trtforge.plugins.attention.configs import DECODE_CANDIDATES
+
 __all__ = [
     "DecodeConfig",
     "decode_attention",
@@ -353,12 +355,9 @@ def _check(q: Any, k: Any, v: Any, seq_lens: Any, block_table: Any, out: Any) ->
     return b, hq, s_q, d, hkv, page, int(block_table.shape[1]) * page
 
 
-# Candidates timed by the autotuned launch: (block_n, num_warps, num_stages, split multiplier of
-# the heuristic's count). Those whose pipelined K/V tiles exceed shared memory are skipped.
-AUTOTUNE_CANDIDATES = (
-    (64, 4, 3, 1.0), (64, 4, 2, 1.0), (64, 4, 4, 1.0), (32, 4, 4, 1.0), (128, 4, 2, 1.0),
-    (128, 8, 3, 1.0), (64, 2, 3, 1.0), (64, 4, 2, 2.0), (64, 4, 3, 2.0), (64, 4, 3, 0.5), (128, 4, 2, 0.5),
-)  # fmt: skip
+# Candidates timed by the autotuned launch (configs.DECODE_CANDIDATES); those whose pipelined K/V
+# tiles exceed shared memory are skipped.
+AUTOTUNE_CANDIDATES = DECODE_CANDIDATES
 SHARED_MEMORY_BUDGET = 225 * 1024
 _CHOICE: dict[tuple, DecodeConfig] = {}
 

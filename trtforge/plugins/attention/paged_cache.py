@@ -4,6 +4,7 @@ New rows ``k_new/v_new [B, Hkv, S_new, D]`` (any strides, e.g. views of a packed
 logical positions ``start[b] + i`` of sequence b: in a contiguous cache ``[B, Hkv, S_max, D]`` at
 that position, in a paged pool ``[num_blocks, Hkv, block_size, D]`` at slot ``pos % block_size`` of
 block ``block_table[b, pos // block_size]``. A negative start skips the sequence (an idle batch slot).
+:func:`paged_decode_step` is the PagedAttention op: this write, then the decode kernel.
 The caller guarantees ``start[b] + S_new`` fits the cache (the launch checks it only when asked to).
 """
 
@@ -45,6 +46,7 @@ def _write_kv_kernel(
     stride_tb,
     num_kv_heads,
     seq_new,
+    offset,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -54,7 +56,7 @@ def _write_kv_kernel(
     pid = tl.program_id(0)
     b = (pid // seq_new).to(tl.int64)
     i = pid % seq_new
-    start = tl.load(Start + b)
+    start = tl.load(Start + b) + offset
     if start >= 0:
         pos = (start + i).to(tl.int64)
         offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -83,8 +85,11 @@ def write_kv_cache(
     v_cache: Any,
     start: Any,
     block_table: Any | None = None,
+    *,
+    offset: int = 0,
 ) -> None:
-    """Copy k_new/v_new [B, Hkv, S_new, D] into the caches at positions start[b] + i (int32 [B]).
+    """Copy k_new/v_new [B, Hkv, S_new, D] into the caches at positions start[b] + offset + i
+    (start int32 [B]; pass the lengths after the append with offset = -S_new).
 
     Contiguous caches are [B, Hkv, S_max, D]; with `block_table` (int32 [B, max_blocks]) they are a
     block pool [num_blocks, Hkv, block_size, D]. Launches on the current stream; returns nothing.
@@ -122,6 +127,28 @@ def write_kv_cache(
     _write_kv_kernel[(b * s_new, triton.cdiv(hkv, block_h))](
         k_new, v_new, k_cache, v_cache, start, table,
         *k_new.stride(), *v_new.stride(), *k_cache.stride(), *v_cache.stride(), stride_tb,
-        hkv, s_new,
+        hkv, s_new, int(offset),
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h, PAGE_SIZE=page, num_warps=4,
     )  # fmt: skip
+
+
+def paged_decode_step(
+    q: Any,
+    k_new: Any,
+    v_new: Any,
+    k_pool: Any,
+    v_pool: Any,
+    block_table: Any,
+    seq_lens: Any,
+    *,
+    scale: float,
+    out: Any | None = None,
+    config: Any | None = None,
+) -> Any:
+    """The PagedAttention op on torch tensors: append this step's S_q new K/V rows at positions
+    seq_lens[b] - S_q .. seq_lens[b] - 1 of the pools (in place), then attend q over each sequence's
+    seq_lens[b] keys (LOWER_RIGHT causal). Returns the attention output [B, Hq, S_q, D]."""
+    from trtforge.plugins.attention.decode_kernel import decode_attention
+
+    write_kv_cache(k_new, v_new, k_pool, v_pool, seq_lens, block_table, offset=-int(k_new.shape[2]))
+    return decode_attention(q, k_pool, v_pool, seq_lens, block_table, scale=scale, out=out, config=config)
