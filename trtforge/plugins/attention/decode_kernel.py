@@ -316,7 +316,9 @@ def _num_sms() -> int:
     return _sm_count(torch.cuda.current_device())
 
 
-def _check(q: Any, k: Any, v: Any, seq_lens: Any, block_table: Any, out: Any) -> tuple[int, ...]:
+def _check(
+    q: Any, k: Any, v: Any, seq_lens: Any, block_table: Any, out: Any, max_q_len: int = MAX_Q_LEN
+) -> tuple[int, ...]:
     """Validate shapes/dtypes; return (B, Hq, S_q, D, Hkv, page_size, capacity)."""
     for name, t in (("q", q), ("k_cache", k), ("v_cache", v), ("out", out)):
         if len(t.shape) != 4:
@@ -329,8 +331,8 @@ def _check(q: Any, k: Any, v: Any, seq_lens: Any, block_table: Any, out: Any) ->
         raise ValueError(f"cache head dim {d_kv} differs from the query's {d}")
     if hkv < 1 or hq % hkv:
         raise ValueError(f"kv heads ({hkv}) must divide query heads ({hq})")
-    if not 1 <= s_q <= MAX_Q_LEN:
-        raise ValueError(f"query length {s_q} is outside 1..{MAX_Q_LEN} (decode / speculative verification)")
+    if not 1 <= s_q <= max_q_len:
+        raise ValueError(f"query length {s_q} is outside 1..{max_q_len} (decode / speculative verification)")
     if not 0 < d <= MAX_HEAD_DIM:
         raise ValueError(f"head dim {d} is outside 1..{MAX_HEAD_DIM}")
     if tuple(out.shape) != (b, hq, s_q, d):

@@ -26,6 +26,7 @@ def _write_kv_kernel(
     KC,
     VC,
     Start,
+    Counts,
     Table,
     stride_knb,
     stride_knh,
@@ -51,13 +52,18 @@ def _write_kv_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    HAS_COUNTS: tl.constexpr,
 ):
     """Grid (B·S_new, cdiv(Hkv, BLOCK_H)): one program copies BLOCK_H heads of one new token."""
     pid = tl.program_id(0)
     b = (pid // seq_new).to(tl.int64)
     i = pid % seq_new
     start = tl.load(Start + b) + offset
-    if start >= 0:
+    if HAS_COUNTS:
+        count = tl.load(Counts + b)
+    else:
+        count = seq_new
+    if (start >= 0) & (i < count):
         pos = (start + i).to(tl.int64)
         offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, BLOCK_D)
@@ -87,9 +93,11 @@ def write_kv_cache(
     block_table: Any | None = None,
     *,
     offset: int = 0,
+    counts: Any | None = None,
 ) -> None:
     """Copy k_new/v_new [B, Hkv, S_new, D] into the caches at positions start[b] + offset + i
-    (start int32 [B]; pass the lengths after the append with offset = -S_new).
+    (start int32 [B]; pass the lengths after the append with offset = -S_new). With `counts`
+    (int32 [B]) only rows i < counts[b] are written: ragged chunks padded to S_new.
 
     Contiguous caches are [B, Hkv, S_max, D]; with `block_table` (int32 [B, max_blocks]) they are a
     block pool [num_blocks, Hkv, block_size, D]. Launches on the current stream; returns nothing.
@@ -120,15 +128,18 @@ def write_kv_cache(
         table, stride_tb = block_table, int(block_table.stride(0))
     elif int(k_cache.shape[0]) != b:
         raise ValueError(f"a contiguous cache must be [B={b}, Hkv, S_max, D]; got {tuple(k_cache.shape)}")
+    if counts is not None and (tuple(counts.shape) != (b,) or counts.dtype != torch.int32):
+        raise ValueError(f"counts must be int32 [B] = [{b}]; got {counts.dtype} {tuple(counts.shape)}")
     if b == 0 or s_new == 0 or hkv == 0:
         return
     block_d = max(16, triton.next_power_of_2(d))
     block_h = min(triton.next_power_of_2(hkv), max(1, 2048 // block_d))
     _write_kv_kernel[(b * s_new, triton.cdiv(hkv, block_h))](
-        k_new, v_new, k_cache, v_cache, start, table,
+        k_new, v_new, k_cache, v_cache, start, counts if counts is not None else start, table,
         *k_new.stride(), *v_new.stride(), *k_cache.stride(), *v_cache.stride(), stride_tb,
         hkv, s_new, int(offset),
-        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h, PAGE_SIZE=page, num_warps=4,
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h, PAGE_SIZE=page, HAS_COUNTS=counts is not None,
+        num_warps=4,
     )  # fmt: skip
 
 
