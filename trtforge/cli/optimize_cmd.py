@@ -30,10 +30,11 @@ islands decided by op type, by values seen on sample data, and by --keep-fp32).
 )
 @click.option(
     "--attention",
-    type=click.Choice(["native", "plugin", "none"]),
+    type=click.Choice(["native", "plugin", "paged", "none"]),
     default="native",
     show_default=True,
-    help="native: ONNX Attention (opset 23); plugin: trtforge flash-attention node; none: keep.",
+    help="native: ONNX Attention (opset 23); plugin: trtforge flash-attention node; "
+    "paged: paged-cache decode steps -> trtforge PagedAttention node; none: keep.",
 )
 @click.option(
     "--ledger", type=click.Path(dir_okay=False), default=None, help="Also write the pass ledger JSON."

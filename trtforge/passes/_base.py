@@ -19,7 +19,7 @@ from onnxscript.rewriter._rewrite_rule import RULE_NAME_TAG
 
 from trtforge.errors import UserError
 
-ATTENTION_STRATEGIES = ("native", "plugin", "none")
+ATTENTION_STRATEGIES = ("native", "plugin", "paged", "none")
 # A rule is re-applied until it stops matching (nested patterns appear after an outer rewrite), at most:
 _MAX_SWEEPS = 4
 # Helper ops a rewrite may emit around the fused op; not counted in the per-rule ledger.

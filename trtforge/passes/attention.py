@@ -16,6 +16,9 @@ Strategies share the matcher and differ in the node emitted:
 - `plugin`: `trtforge.plugins.attention.onnx_node.make_flash_attention_node` (custom domain),
   with the model's [B, S] padding input as key_padding_mask; the plugin module's ONNX reference
   function is added so ONNX Runtime can verify the graph.
+- `paged`: a paged-cache decode step already in standard ONNX (ScatterND into block pools, Gather
+  through the block table, Attention) -> one `trtforge::PagedAttention` node (`paged_attention.py`),
+  whose pool outputs TensorRT aliases to its pool inputs; its ONNX reference function is added.
 - `none`: nothing is rewritten (the pass still reports what it would have matched).
 Graphs that already contain `Attention` have nothing left to match and are left alone.
 """
@@ -33,6 +36,7 @@ from trtforge.passes._mask import analyze_mask
 
 ATTENTION_OPSET = 23
 PLUGIN_MODULE = "trtforge.plugins.attention.onnx_node"
+PAGED_MODULE = "trtforge.plugins.attention.paged_onnx_node"
 _FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
 
 
@@ -279,6 +283,8 @@ def attention_rules(strategy: str) -> list[pattern.RewriteRule]:
 def run_attention(model: ir.Model, ctx: PassContext) -> PassOutcome:
     """Fuse attention blocks in place according to `ctx.attention`."""
     outcome = PassOutcome()
+    if ctx.attention == "paged":
+        return _run_paged(model, outcome)
     if any(n.op_type == "Attention" and n.domain in ("", "ai.onnx") for n in model.graph):
         outcome.notes.append("graph already contains Attention; left alone")
         return outcome
@@ -290,6 +296,23 @@ def run_attention(model: ir.Model, ctx: PassContext) -> PassOutcome:
     if module is not None and outcome.matches:
         module.add_reference_function(model)
         outcome.notes.append("added the plugin's ONNX reference function for ONNX Runtime")
+    return outcome
+
+
+def _run_paged(model: ir.Model, outcome: PassOutcome) -> PassOutcome:
+    """`paged`: standard-ONNX paged decode steps (ScatterND + Gather + Attention) -> PagedAttention."""
+    from trtforge.passes.paged_attention import fuse_paged_attention
+
+    try:
+        module = importlib.import_module(PAGED_MODULE)
+    except ImportError as e:
+        raise UserError(
+            f"--attention paged needs {PAGED_MODULE}, which cannot be imported here ({e})."
+        ) from e
+    fuse_paged_attention(model, module, outcome)
+    if outcome.matches:
+        module.add_paged_reference_function(model)
+        outcome.notes.append("added the PagedAttention ONNX reference function for ONNX Runtime")
     return outcome
 
 

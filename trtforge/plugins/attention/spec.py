@@ -64,3 +64,58 @@ def check_head_dim(head_dim: int, where: str) -> None:
             f"{where}: head dim {head_dim} is not supported by the FlashAttention plugin; "
             f"supported: {SUPPORTED_HEAD_DIMS}. Use `--attention native` for this model."
         )
+
+
+# -- PagedAttention: decode step over a paged K/V cache (paged_plugin.py, paged_onnx_node.py) ----------
+PAGED_OP_TYPE = "PagedAttention"
+PAGED_PLUGIN_NAME = PAGED_OP_TYPE
+PAGED_HEAD_DIMS = (64, 80, 96, 128, 256)
+MAX_DECODE_Q_LEN = 8  # decode and speculative-decoding verification
+MAX_BLOCK_SIZE = 256
+# Inputs and outputs, in order. Outputs 1 and 2 are inputs 3 and 4 updated in place (aliased).
+PAGED_INPUTS = ("query", "key", "value", "key_cache", "value_cache", "block_table", "seq_lens")
+PAGED_OUTPUTS = ("output", "present_key_cache", "present_value_cache")
+PAGED_ALIASES = {1: 3, 2: 4}  # output index -> the input index whose memory it reuses
+
+
+@dataclass(frozen=True)
+class PagedAttentionAttrs:
+    """Validated attributes: query heads, kv heads (dividing them) and a finite positive scale."""
+
+    num_heads: int
+    kv_num_heads: int
+    scale: float
+
+    def __post_init__(self) -> None:
+        where = f"{DOMAIN}::{PAGED_OP_TYPE}"
+        for name in ("num_heads", "kv_num_heads"):
+            n = getattr(self, name)
+            if isinstance(n, bool) or not isinstance(n, (int, float)) or int(n) != n or n < 1:
+                raise UserError(f"{where}: attribute {name} must be a positive integer; got {n!r}.")
+            object.__setattr__(self, name, int(n))
+        if self.num_heads % self.kv_num_heads:
+            raise UserError(
+                f"{where}: kv_num_heads ({self.kv_num_heads}) must divide num_heads ({self.num_heads}) "
+                "(grouped-query attention)."
+            )
+        if not (isinstance(self.scale, (int, float)) and math.isfinite(self.scale) and self.scale > 0):
+            raise UserError(f"{where}: attribute scale must be a finite positive float; got {self.scale!r}.")
+        object.__setattr__(self, "scale", float(self.scale))
+
+
+def check_paged_head_dim(head_dim: int, where: str) -> None:
+    """Raise a UserError unless the decode kernel was tested at `head_dim`."""
+    if head_dim not in PAGED_HEAD_DIMS:
+        raise UserError(
+            f"{where}: head dim {head_dim} is not supported by the PagedAttention plugin; "
+            f"supported: {PAGED_HEAD_DIMS}."
+        )
+
+
+def check_block_size(block_size: int, where: str) -> None:
+    """Raise a UserError unless the pool's block size is a power of two up to MAX_BLOCK_SIZE."""
+    if block_size < 1 or block_size > MAX_BLOCK_SIZE or block_size & (block_size - 1):
+        raise UserError(
+            f"{where}: cache block size {block_size} must be a power of two up to {MAX_BLOCK_SIZE} "
+            "(16, 32 and 64 are the tested sizes)."
+        )

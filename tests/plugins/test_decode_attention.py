@@ -1,0 +1,146 @@
+"""The split-KV decode kernel and reshape-and-cache at small sizes, on any machine.
+
+Without CUDA they run in Triton's CPU interpreter (tests/plugins/conftest.py). The H200 acceptance
+matrix (every head dim, GQA 1/4/8, q_len 1/4, contexts up to 32768, block sizes 16/64) is in
+test_decode_attention_gpu.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton", reason="Triton is needed to run the kernel (pip install triton)")
+
+from tests.plugins.decode_reference import (  # noqa: E402
+    paged_from_contiguous,
+    poison_past_lengths,
+    reference_decode,
+)
+from trtforge.plugins.attention.decode_kernel import (  # noqa: E402
+    DecodeConfig,
+    decode_attention,
+    num_splits_for,
+)
+from trtforge.plugins.attention.paged_cache import write_kv_cache  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float16: 3e-3, torch.bfloat16: 2.5e-2}
+
+
+def _caches(b, hq, hkv, s_q, s_max, d, dtype, gen):
+    q = torch.randn(b, hq, s_q, d, generator=gen).to(dtype).to(DEVICE)
+    k = torch.randn(b, hkv, s_max, d, generator=gen).to(dtype).to(DEVICE)
+    v = torch.randn(b, hkv, s_max, d, generator=gen).to(dtype).to(DEVICE)
+    return q, k, v
+
+
+@pytest.mark.parametrize(
+    ("hq", "hkv", "s_q", "d", "lens", "page", "splits", "dtype"),
+    [
+        (4, 1, 1, 64, [1, 15, 16, 17], 0, 0, torch.float16),
+        (4, 1, 4, 64, [4, 15, 16, 17], 16, 0, torch.float16),
+        (8, 1, 1, 128, [17, 40], 16, 3, torch.bfloat16),
+        (2, 2, 4, 80, [16, 33], 0, 2, torch.float16),
+        (8, 2, 4, 96, [50, 5], 32, 4, torch.float16),
+        (2, 1, 1, 256, [20, 1], 64, 0, torch.float16),
+        (8, 1, 8, 32, [8, 70], 16, 5, torch.float16),
+    ],
+)
+def test_matches_fp32_sdpa(hq, hkv, s_q, d, lens, page, splits, dtype):
+    gen = torch.Generator().manual_seed(sum(lens) + d)
+    b, s_max = len(lens), max(lens) + 3
+    q, k, v = _caches(b, hq, hkv, s_q, s_max, d, dtype, gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    poison_past_lengths(k, seq_lens)
+    poison_past_lengths(v, seq_lens)
+    table = None
+    if page:
+        k, v, table = paged_from_contiguous(k, v, seq_lens.cpu(), page, gen)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, k, v, seq_lens, table, out=out, config=DecodeConfig(block_n=16, num_splits=splits))
+    assert not torch.isnan(out).any()
+    err = (out.float() - reference_decode(q, k, v, seq_lens, table)).abs().max().item()
+    assert err < TOL[dtype]
+
+
+def test_query_longer_than_context_sees_nothing_for_early_rows():
+    """LOWER_RIGHT: with L = 2 and q_len 4, rows 0 and 1 see no key (zeros), rows 2 and 3 see 1 and 2."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = _caches(1, 2, 1, 4, 8, 32, torch.float16, gen)
+    seq_lens = torch.tensor([2], dtype=torch.int32, device=DEVICE)
+    out = decode_attention(q, k, v, seq_lens, config=DecodeConfig(block_n=16))
+    assert torch.count_nonzero(out[0, :, :2]) == 0
+    assert torch.allclose(out[0, :, 2].float(), v[0, 0, 0].float().expand(2, -1), atol=1e-3)
+    assert (out.float() - reference_decode(q, k, v, seq_lens)).abs().max().item() < 3e-3
+
+
+def test_split_heuristic_fills_the_gpu_and_never_leaves_a_split_empty():
+    assert num_splits_for(8, 32768, 132, 64) >= 32  # B·Hkv = 8: many splits
+    assert num_splits_for(2048, 1024, 132, 64) == 1  # already 15 waves
+    assert num_splits_for(8, 100, 132, 64) == 1  # under MIN_SPLIT_TOKENS
+    for bh, length, bn in [(8, 32768, 64), (32, 16384, 64), (128, 4096, 64), (512, 8192, 64), (3, 1000, 32)]:
+        s = num_splits_for(bh, length, 132, bn)
+        tiles = -(-length // bn)
+        per = -(-tiles // s)
+        assert (s - 1) * per < tiles  # the last split has work
+
+
+@pytest.mark.parametrize("page", [0, 16])
+def test_write_kv_cache_then_decode(page):
+    """A decode step: write 2 new tokens per sequence at its current length, then attend over all."""
+    gen = torch.Generator().manual_seed(3 + page)
+    b, hkv, hq, d, s_max = 3, 2, 4, 64, 48
+    q, k, v = _caches(b, hq, hkv, 2, s_max, d, torch.float16, gen)
+    before = torch.tensor([5, 16, 31], dtype=torch.int32)
+    table = None
+    if page:
+        k, v, table = paged_from_contiguous(k, v, torch.full((b,), s_max), page, gen)
+    k_new = torch.randn(b, hkv, 2, d, generator=gen).half().to(DEVICE)
+    v_new = torch.randn(b, hkv, 2, d, generator=gen).half().to(DEVICE)
+    k_before = k.clone()
+    write_kv_cache(k_new, v_new, k, v, before.to(DEVICE), table)
+    lens = (before + 2).to(DEVICE)
+    for i, start in enumerate(before.tolist()):
+        for j in range(2):
+            pos = start + j
+            if page:
+                blk, slot = int(table[i, pos // page]), pos % page
+                got_k, got_v = k[blk, :, slot], v[blk, :, slot]
+            else:
+                got_k, got_v = k[i, :, pos], v[i, :, pos]
+            assert torch.equal(got_k, k_new[i, :, j]) and torch.equal(got_v, v_new[i, :, j])
+    same = (k == k_before) | (k.isnan() & k_before.isnan())
+    changed = (~same).any(dim=-1).sum().item()
+    assert changed == b * 2 * hkv  # nothing else was written
+    out = decode_attention(q, k, v, lens, table, config=DecodeConfig(block_n=16))
+    assert (out.float() - reference_decode(q, k, v, lens, table)).abs().max().item() < 3e-3
+
+
+def test_write_kv_cache_skips_negative_start():
+    gen = torch.Generator().manual_seed(4)
+    _, k, v = _caches(2, 1, 1, 1, 8, 16, torch.float16, gen)
+    k0, v0 = k.clone(), v.clone()
+    new = torch.ones(2, 1, 1, 16, dtype=torch.float16, device=DEVICE)
+    write_kv_cache(new, new, k, v, torch.tensor([-1, 3], dtype=torch.int32, device=DEVICE))
+    assert torch.equal(k[0], k0[0]) and torch.equal(v[0], v0[0])
+    assert torch.equal(k[1, 0, 3], new[1, 0, 0])
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"hkv": 3}, "must divide"),
+        ({"s_q": 9}, "outside 1..8"),
+        ({"lens_dtype": torch.int64}, "seq_lens must be int32"),
+        ({"dtype": torch.float32}, "share one dtype"),
+    ],
+)
+def test_bad_inputs_are_rejected(kw, message):
+    hkv, s_q = kw.get("hkv", 2), kw.get("s_q", 1)
+    dtype = kw.get("dtype", torch.float16)
+    q = torch.zeros(2, 4, s_q, 16, dtype=dtype)
+    k = torch.zeros(2, hkv, 8, 16, dtype=dtype)
+    lens = torch.ones(2, dtype=kw.get("lens_dtype", torch.int32))
+    with pytest.raises(ValueError, match=message):
+        decode_attention(q, k, k, lens)

@@ -1,0 +1,121 @@
+"""The decode kernel on a CUDA GPU against FP32 SDPA over the K/V gathered through the block table.
+
+The acceptance matrix: every head dim (64/128 fast, 80/96/256 correct) x GQA ratio 1/4/8 x q_len
+1/4 (plus 8); each case holds one sequence of every context length 1, 15, 16, 17, 1000 and 32768
+in one batch and runs on the contiguous cache and on paged pools of block sizes 16 and 64 with
+random block placement; both dtypes alternate across cases. Cache rows past each length are NaN.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from tests.plugins.decode_reference import (  # noqa: E402
+    paged_from_contiguous,
+    poison_past_lengths,
+    reference_decode,
+)
+from trtforge.plugins.attention.decode_kernel import (  # noqa: E402
+    AUTOTUNE_CANDIDATES,
+    DecodeConfig,
+    decode_attention,
+    default_decode_config,
+)
+from trtforge.plugins.attention.paged_cache import write_kv_cache  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+LENGTHS = [1, 15, 16, 17, 1000, 32768]
+NUM_HEADS = 8
+# Max |out - ref| <= ATOL + RTOL·|ref| (FP16: 10-bit mantissa; BF16: 7-bit).
+TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+CASES = [
+    (d, g, s_q, (torch.float16, torch.bfloat16)[i % 2])
+    for i, (d, g, s_q) in enumerate(itertools.product((64, 128, 80, 96, 256), (1, 4, 8), (1, 4)))
+] + [(128, 4, 8, torch.float16), (64, 8, 8, torch.bfloat16)]
+
+
+def _check(out, ref, dtype):
+    atol, rtol = TOL[dtype]
+    assert not torch.isnan(out).any()
+    excess = ((out.float() - ref).abs() - (atol + rtol * ref.abs())).max().item()
+    assert excess <= 0, f"error exceeds tolerance by {excess}"
+
+
+@pytest.mark.parametrize(("d", "group", "s_q", "dtype"), CASES, ids=str)
+def test_acceptance_matrix(d, group, s_q, dtype):
+    gen = torch.Generator().manual_seed(d * 100 + group * 10 + s_q)
+    hkv = NUM_HEADS // group
+    b, s_max = len(LENGTHS), max(LENGTHS)
+    q = torch.randn(b, NUM_HEADS, s_q, d, generator=gen).to(dtype).cuda()
+    k = torch.randn(b, hkv, s_max, d, generator=gen).to(dtype).cuda()
+    v = torch.randn(b, hkv, s_max, d, generator=gen).to(dtype).cuda()
+    lens = torch.tensor(LENGTHS, dtype=torch.int32, device="cuda")
+    poison_past_lengths(k, lens)
+    poison_past_lengths(v, lens)
+    ref = reference_decode(q, k, v, lens)
+    out = torch.full_like(q, float("nan"))
+    cfg = default_decode_config(d)
+    decode_attention(q, k, v, lens, out=out, config=cfg)
+    _check(out, ref, dtype)
+    for page in (16, 64):
+        k_pool, v_pool, table = paged_from_contiguous(k, v, lens, page, gen)
+        out = torch.full_like(q, float("nan"))
+        decode_attention(q, k_pool, v_pool, lens, table, out=out, config=cfg)
+        _check(out, reference_decode(q, k_pool, v_pool, lens, table), dtype)
+        _check(out, ref, dtype)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 7, 64])
+def test_any_split_count_gives_the_same_result(splits):
+    gen = torch.Generator().manual_seed(splits)
+    q = torch.randn(3, 32, 1, 128, generator=gen).half().cuda()
+    k = torch.randn(3, 8, 5000, 128, generator=gen).half().cuda()
+    v = torch.randn(3, 8, 5000, 128, generator=gen).half().cuda()
+    lens = torch.tensor([5000, 1, 2345], dtype=torch.int32, device="cuda")
+    out = decode_attention(q, k, v, lens, config=DecodeConfig(num_splits=splits))
+    _check(out, reference_decode(q, k, v, lens), torch.float16)
+
+
+@pytest.mark.parametrize("page", [0, 16])
+def test_every_autotune_candidate_and_the_autotuned_launch(page):
+    """Whichever candidate the autotuner picks must be right: each one, on GQA 4, q_len 4, D=128."""
+    gen = torch.Generator().manual_seed(21 + page)
+    lens = torch.tensor([1, 17, 3000, 777], dtype=torch.int32, device="cuda")
+    q = torch.randn(4, 16, 4, 128, generator=gen).half().cuda()
+    k = torch.randn(4, 4, 3000, 128, generator=gen).half().cuda()
+    v = torch.randn(4, 4, 3000, 128, generator=gen).half().cuda()
+    table = None
+    if page:
+        k, v, table = paged_from_contiguous(k, v, lens, page, gen)
+    ref = reference_decode(q, k, v, lens, table)
+    for bn, warps, stages, mult in AUTOTUNE_CANDIDATES:
+        cfg = DecodeConfig(bn, warps, stages, 0 if mult == 1.0 else max(1, int(8 * mult)))
+        _check(decode_attention(q, k, v, lens, table, config=cfg), ref, torch.float16)
+    _check(decode_attention(q, k, v, lens, table), ref, torch.float16)
+
+
+def test_reshape_and_cache_then_decode_on_gpu():
+    gen = torch.Generator().manual_seed(11)
+    b, hkv, d = 4, 2, 128
+    q = torch.randn(b, 8, 4, d, generator=gen).half().cuda()
+    k = torch.randn(b, hkv, 2048, d, generator=gen).half().cuda()
+    v = torch.randn(b, hkv, 2048, d, generator=gen).half().cuda()
+    k_pool, v_pool, table = paged_from_contiguous(k, v, torch.full((b,), 2048), 16, gen)
+    start = torch.tensor([0, 17, 1000, 2044], dtype=torch.int32, device="cuda")
+    k_new = torch.randn(b, hkv, 4, d, generator=gen).half().cuda()
+    v_new = torch.randn(b, hkv, 4, d, generator=gen).half().cuda()
+    write_kv_cache(k_new, v_new, k_pool, v_pool, start, table)
+    write_kv_cache(k_new, v_new, k, v, start)
+    lens = start + 4
+    for i, s in enumerate(start.tolist()):
+        assert torch.equal(k[i, :, s : s + 4], k_new[i]) and torch.equal(v[i, :, s : s + 4], v_new[i])
+    out_paged = decode_attention(q, k_pool, v_pool, lens, table)
+    out = decode_attention(q, k, v, lens)
+    _check(out, reference_decode(q, k, v, lens), torch.float16)
+    _check(out_paged, reference_decode(q, k, v, lens), torch.float16)

@@ -1,0 +1,167 @@
+"""Chunked prefill over a contiguous or paged K/V cache, with GQA (Triton).
+
+A prompt chunk of S_q tokens per sequence (already written into the cache by
+:func:`~trtforge.plugins.attention.paged_cache.write_kv_cache`) attends to the sequence's cached
+prefix plus itself: query i of sequence b sees keys j <= L_b - S_q,b + i (LOWER_RIGHT), where L_b =
+seq_lens[b] counts the prefix and the chunk, and S_q,b = q_lens[b] (default: all S_q; ragged chunks
+are padded to S_q and their padding rows are not written). With an empty prefix this is ordinary
+causal prefill.
+
+Tiles put query positions in the M dimension *interleaved with the query group*: row r is query
+position r // G of head r % G of the kv head's group (G = Hq / Hkv), so each K/V tile is loaded
+once for the whole group, as in the decode kernel (decode_kernel.py), whose tile loop this reuses;
+K/V tiles past the block's last query's causal limit are skipped, and only tiles on the diagonal
+and the ragged end carry masks. Grid: (query blocks, B·Hkv); no split-KV (the query blocks fill the
+GPU). Correctness is tested in Triton's interpreter and against FP32 SDPA; it was not timed on the
+H200 (no device time left), so no speed is claimed.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from trtforge.plugins.attention.decode_kernel import _check, _decode_tiles, _interpreting
+
+__all__ = ["chunked_prefill_attention"]
+
+
+@triton.jit
+def _chunked_prefill_kernel(
+    Q,
+    K,
+    V,
+    SeqLens,
+    QLens,
+    Table,
+    Out,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    stride_tb,
+    num_kv_heads,
+    seq_q,
+    qk_scale,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    HAS_QLENS: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """Grid (cdiv(S_q·G, BLOCK_M), B·Hkv): BLOCK_M (query position, group head) rows of one kv head."""
+    pid_m = tl.program_id(0)
+    pid = tl.program_id(1)
+    b = (pid // num_kv_heads).to(tl.int64)
+    hkv = (pid % num_kv_heads).to(tl.int64)
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    if HAS_QLENS:
+        q_len = tl.minimum(tl.load(QLens + b).to(tl.int32), seq_q)
+    else:
+        q_len = seq_q
+
+    r0 = pid_m * BLOCK_M
+    offs_m = r0 + tl.arange(0, BLOCK_M)
+    qi = offs_m // GROUP
+    g = offs_m % GROUP
+    row_ok = qi < q_len
+    hq = hkv * GROUP + g
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    io_ok = row_ok[:, None] & d_ok[None, :]
+    q_rows = b * stride_qb + hq * stride_qh + qi * stride_qm
+    q = tl.load(Q + q_rows[:, None] + offs_d[None, :] * stride_qd, mask=io_ok, other=0.0)
+    last_key = seq_len - q_len + qi
+
+    # Keys this block needs: up to the causal limit of its last real query; whole tiles below the
+    # limit of its first query are visible to every row.
+    qi_first = r0 // GROUP
+    qi_last = tl.minimum((r0 + BLOCK_M - 1) // GROUP, q_len - 1)
+    hi = tl.maximum(tl.minimum(seq_len - q_len + qi_last + 1, seq_len), 0)
+    full = tl.maximum(tl.minimum(hi, seq_len - q_len + qi_first + 1), 0)
+    full_end = (full // BLOCK_N) * BLOCK_N
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    qk_scale = qk_scale * 1.4426950408889634
+    if PAGE_SIZE > 0:
+        k_base = K + hkv * stride_kh
+        v_base = V + hkv * stride_vh
+    else:
+        k_base = K + b * stride_kb + hkv * stride_kh
+        v_base = V + b * stride_vb + hkv * stride_vh
+    table_base = Table + b * stride_tb
+    acc, l_i, m_i = _decode_tiles(
+        acc, l_i, m_i, q, k_base, v_base, table_base, 0, full_end, last_key, qk_scale,
+        stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32,
+    )  # fmt: skip
+    acc, l_i, m_i = _decode_tiles(
+        acc, l_i, m_i, q, k_base, v_base, table_base, full_end, hi, last_key, qk_scale,
+        stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32,
+    )  # fmt: skip
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc * (1.0 / l_safe)[:, None]
+    o_rows = b * stride_ob + hq * stride_oh + qi * stride_om
+    tl.store(Out + o_rows[:, None] + offs_d[None, :] * stride_od, out.to(Out.dtype.element_ty), mask=io_ok)
+
+
+def chunked_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+    *,
+    q_lens: torch.Tensor | None = None,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    block_m: int = 64,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """Attention of a prompt chunk q [B, Hq, S_q, D] over each sequence's first seq_lens[b] cached
+    keys (prefix + chunk), LOWER_RIGHT causal, GQA; caches as in :func:`decode_attention`
+    (contiguous [B, Hkv, S_max, D] or a block pool with `block_table`). `q_lens` (int32 [B]) gives
+    ragged chunk lengths; rows past them are left unwritten. Returns `out`."""
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    b, hq, s_q, d, hkv, page, _ = _check(q, k_cache, v_cache, seq_lens, block_table, out, max_q_len=1 << 30)
+    if q_lens is not None and (tuple(q_lens.shape) != (b,) or q_lens.dtype != torch.int32):
+        raise ValueError(f"q_lens must be int32 [B] = [{b}]; got {q_lens.dtype} {tuple(q_lens.shape)}")
+    if b == 0 or hq == 0:
+        return out
+    group = hq // hkv
+    if block_m < 16 or block_m & (block_m - 1) or block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_m ({block_m}) and block_n ({block_n}) must be powers of two >= 16")
+    block_d = max(16, triton.next_power_of_2(d))
+    table = block_table if block_table is not None else seq_lens
+    stride_tb = int(block_table.stride(0)) if block_table is not None else 0
+    _chunked_prefill_kernel[(triton.cdiv(s_q * group, block_m), b * hkv)](
+        q, k_cache, v_cache, seq_lens, q_lens if q_lens is not None else seq_lens, table, out,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), stride_tb,
+        hkv, s_q, d**-0.5 if scale is None else float(scale),
+        GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page,
+        HAS_QLENS=q_lens is not None, DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out

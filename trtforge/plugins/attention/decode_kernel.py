@@ -1,0 +1,542 @@
+"""Triton decode attention (FlashDecoding): split-KV over a contiguous or paged cache, with GQA.
+
+One query step of 1..8 tokens per sequence reads that sequence's whole K/V cache, so decode is bound
+by memory bandwidth, and a (batch x kv-head) grid leaves most SMs idle at small batch. Each program
+therefore takes one (batch, kv head, split) triple: it attends to one contiguous chunk of the keys
+and writes a normalized partial output plus its log-sum-exp; a second kernel rescales and sums the
+splits. With one split the first kernel writes the output directly.
+
+GQA: the ``num_heads / kv_num_heads`` query heads that share a kv head, times the query length, are
+the rows (M dimension) of one tile, so each K/V tile is loaded once for the whole group and both
+products run on the tensor cores (rows padded to at least 16).
+
+Causal alignment is LOWER_RIGHT: with context length L (the new tokens included) and q_len S_q,
+query i sees keys j <= L - S_q + i. A row that sees no key gets zeros.
+
+Caches (strides in elements, so either axis order of the pool works):
+- contiguous: k/v ``[B, Hkv, S_max, D]`` with per-sequence lengths ``seq_lens [B]`` int32.
+- paged: a block pool k/v ``[num_blocks, Hkv, block_size, D]`` and ``block_table [B, max_blocks]``
+  int32; logical position j of sequence b is slot ``j % block_size`` of block
+  ``block_table[b, j // block_size]``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from trtforge.plugins.attention.configs import DECODE_CANDIDATES
+
+__all__ = [
+    "DecodeConfig",
+    "decode_attention",
+    "decode_attention_raw",
+    "default_decode_config",
+    "num_splits_for",
+    "workspace_elements",
+]
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 256
+MAX_Q_LEN = 8
+MAX_SPLITS = 256
+MIN_SPLIT_TOKENS = 256  # fewer keys per split than this costs more in the reduction than it gains
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One launch configuration: keys per tile, warps and pipeline depth; `num_splits` 0 = heuristic."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    num_splits: int = 0
+
+
+def default_decode_config(head_dim: int) -> DecodeConfig:
+    """The configuration used without an explicit one (smaller tiles where a wide D fills registers)."""
+    if head_dim > 128:
+        return DecodeConfig(block_n=32, num_warps=4, num_stages=2)
+    return DecodeConfig(block_n=64, num_warps=4, num_stages=3)
+
+
+def num_splits_for(batch_kv_heads: int, max_len: int, num_sms: int, block_n: int) -> int:
+    """Splits per (batch, kv head) so that about 4 programs per SM run, each with >= 256 keys.
+
+    The chunk is a whole number of tiles, and the count is trimmed so that no split is left empty.
+    """
+    tiles = max(1, triton.cdiv(max(max_len, 1), block_n))
+    want = triton.cdiv(4 * num_sms, max(batch_kv_heads, 1))
+    splits = max(1, min(want, triton.cdiv(max_len, MIN_SPLIT_TOKENS), tiles, MAX_SPLITS))
+    per_split = triton.cdiv(tiles, splits)
+    return triton.cdiv(tiles, per_split)
+
+
+@triton.jit
+def _decode_tiles(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    table_base,
+    lo,
+    hi,
+    last_key,
+    qk_scale,
+    stride_kb,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vd,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED tiles bound loads by `hi` and hide keys past
+    each row's `last_key` (LOWER_RIGHT causal); unmasked ones are wholly visible to every row."""
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi
+        if PAGE_SIZE > 0:
+            if MASKED:
+                blk = tl.load(table_base + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+            else:
+                blk = tl.load(table_base + offs_n // PAGE_SIZE).to(tl.int64)
+            slot = offs_n % PAGE_SIZE
+            k_rows = blk * stride_kb + slot * stride_kn
+            v_rows = blk * stride_vb + slot * stride_vn
+        else:
+            k_rows = offs_n.to(tl.int64) * stride_kn
+            v_rows = offs_n.to(tl.int64) * stride_vn
+        k_ptrs = k_base + k_rows[:, None] + offs_d[None, :] * stride_kd
+        v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd
+        if MASKED:
+            kv_ok = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
+            v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+        elif BLOCK_D != HEAD_DIM:
+            k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        if DOT_F32:
+            qk = tl.dot(q.to(tl.float32), tl.trans(k).to(tl.float32))
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        qk = qk * qk_scale
+        if MASKED:
+            keep = (offs_n[None, :] <= last_key[:, None]) & n_ok[None, :]
+            qk = tl.where(keep, qk, float("-inf"))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)  # rows that saw no key yet
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            m_sub = m_ij
+        p = tl.math.exp2(qk - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DOT_F32:
+            acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc * alpha[:, None])
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q,
+    K,
+    V,
+    SeqLens,
+    Table,
+    Out,
+    MidO,
+    MidL,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    stride_tb,
+    num_kv_heads,
+    num_splits,
+    qk_scale,
+    GROUP: tl.constexpr,
+    SEQ_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    DIRECT: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence."""
+    split = tl.program_id(0)
+    pid = tl.program_id(1)
+    b = (pid // num_kv_heads).to(tl.int64)
+    hkv = (pid % num_kv_heads).to(tl.int64)
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+
+    tiles = tl.cdiv(seq_len, BLOCK_N)
+    per_split = tl.cdiv(tiles, num_splits)
+    lo = split * per_split * BLOCK_N
+    hi = tl.minimum(lo + per_split * BLOCK_N, seq_len)
+    # Keys every row sees: j <= L - S_q (LOWER_RIGHT). Whole tiles below that run unmasked.
+    full_hi = tl.minimum(hi, seq_len - SEQ_Q + 1)
+    full_end = tl.maximum(lo + ((full_hi - lo) // BLOCK_N) * BLOCK_N, lo)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    g = offs_m // SEQ_Q
+    qi = offs_m % SEQ_Q
+    row_ok = offs_m < GROUP * SEQ_Q
+    hq = hkv * GROUP + g
+    d_ok = offs_d < HEAD_DIM
+    q_rows = b * stride_qb + hq * stride_qh + qi * stride_qm
+    q_ptrs = Q + q_rows[:, None] + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    last_key = seq_len - SEQ_Q + qi
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    qk_scale = qk_scale * 1.4426950408889634  # softmax in base 2
+
+    if PAGE_SIZE > 0:
+        k_base = K + hkv * stride_kh
+        v_base = V + hkv * stride_vh
+    else:
+        k_base = K + b * stride_kb + hkv * stride_kh
+        v_base = V + b * stride_vb + hkv * stride_vh
+    table_base = Table + b * stride_tb
+    acc, l_i, m_i = _decode_tiles(
+        acc, l_i, m_i, q, k_base, v_base, table_base, lo, full_end, last_key, qk_scale,
+        stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32,
+    )  # fmt: skip
+    acc, l_i, m_i = _decode_tiles(
+        acc, l_i, m_i, q, k_base, v_base, table_base, full_end, hi, last_key, qk_scale,
+        stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32,
+    )  # fmt: skip
+
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc * (1.0 / l_safe)[:, None]
+    io_ok = row_ok[:, None] & d_ok[None, :]
+    if DIRECT:
+        o_ptrs = Out + b * stride_ob + hq[:, None] * stride_oh + qi[:, None] * stride_om
+        tl.store(o_ptrs + offs_d[None, :] * stride_od, out.to(Out.dtype.element_ty), mask=io_ok)
+    else:
+        nq = num_kv_heads * GROUP
+        row = ((b * nq + hq) * SEQ_Q + qi) * num_splits + split
+        tl.store(MidO + row[:, None] * BLOCK_D + offs_d[None, :], out, mask=io_ok)
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))
+        tl.store(MidL + row, lse, mask=row_ok)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    MidO,
+    MidL,
+    Out,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    num_heads,
+    num_splits,
+    SEQ_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """Grid (B·Hq·S_q,): rescale each split's partial output by exp2(lse - max) and sum."""
+    row = tl.program_id(0).to(tl.int64)
+    qi = row % SEQ_Q
+    hq = (row // SEQ_Q) % num_heads
+    b = row // (SEQ_Q * num_heads)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < num_splits
+    lse = tl.load(MidL + row * num_splits + offs_s, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_sub = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2(lse - m_sub)  # 0 for empty splits
+    parts = tl.load(
+        MidO + (row * num_splits + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
+        mask=s_ok[:, None],
+        other=0.0,
+    )
+    total = tl.sum(w, 0)
+    out = tl.sum(parts * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    o_ptrs = Out + b * stride_ob + hq * stride_oh + qi * stride_om + offs_d * stride_od
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(device: int) -> int:
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def _num_sms() -> int:
+    if _interpreting() or not torch.cuda.is_available():
+        return 132  # an H100/H200: the interpreter then exercises the same split counts
+    return _sm_count(torch.cuda.current_device())
+
+
+def _check(
+    q: Any, k: Any, v: Any, seq_lens: Any, block_table: Any, out: Any, max_q_len: int = MAX_Q_LEN
+) -> tuple[int, ...]:
+    """Validate shapes/dtypes; return (B, Hq, S_q, D, Hkv, page_size, capacity)."""
+    for name, t in (("q", q), ("k_cache", k), ("v_cache", v), ("out", out)):
+        if len(t.shape) != 4:
+            raise ValueError(f"{name} must be 4-D; got shape {tuple(t.shape)}")
+    b, hq, s_q, d = (int(n) for n in q.shape)
+    if tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"k_cache and v_cache must have one shape; got {tuple(k.shape)}, {tuple(v.shape)}")
+    hkv, d_kv = int(k.shape[1]), int(k.shape[3])
+    if d_kv != d:
+        raise ValueError(f"cache head dim {d_kv} differs from the query's {d}")
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"kv heads ({hkv}) must divide query heads ({hq})")
+    if not 1 <= s_q <= max_q_len:
+        raise ValueError(f"query length {s_q} is outside 1..{max_q_len} (decode / speculative verification)")
+    if not 0 < d <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim {d} is outside 1..{MAX_HEAD_DIM}")
+    if tuple(out.shape) != (b, hq, s_q, d):
+        raise ValueError(f"out must be [{b}, {hq}, {s_q}, {d}]; got {tuple(out.shape)}")
+    dtypes = {q.dtype, k.dtype, v.dtype, out.dtype}
+    if len(dtypes) != 1 or q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"q, caches and out must share one dtype among {SUPPORTED_DTYPES}; got {dtypes}")
+    if tuple(seq_lens.shape) != (b,) or seq_lens.dtype != torch.int32:
+        raise ValueError(f"seq_lens must be int32 [B] = [{b}]; got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+    if block_table is None:
+        if int(k.shape[0]) != b:
+            raise ValueError(f"contiguous caches must be [B={b}, Hkv, S_max, D]; got {tuple(k.shape)}")
+        return b, hq, s_q, d, hkv, 0, int(k.shape[2])
+    page = int(k.shape[2])
+    if page < 1 or page & (page - 1):
+        raise ValueError(f"block size {page} must be a power of two (16, 32, 64, ...)")
+    if len(block_table.shape) != 2 or int(block_table.shape[0]) != b or block_table.dtype != torch.int32:
+        raise ValueError(
+            f"block_table must be int32 [B, max_blocks] with B = {b}; got {block_table.dtype} "
+            f"{tuple(block_table.shape)}"
+        )
+    return b, hq, s_q, d, hkv, page, int(block_table.shape[1]) * page
+
+
+# Candidates timed by the autotuned launch (configs.DECODE_CANDIDATES); those whose pipelined K/V
+# tiles exceed shared memory are skipped.
+AUTOTUNE_CANDIDATES = DECODE_CANDIDATES
+SHARED_MEMORY_BUDGET = 225 * 1024
+_CHOICE: dict[tuple, DecodeConfig] = {}
+
+
+def _fits(block_n: int, stages: int, block_d: int) -> bool:
+    return stages * 2 * block_n * block_d * 2 <= SHARED_MEMORY_BUDGET
+
+
+def _bucket(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def _resolve_splits(cfg: DecodeConfig, batch_kv_heads: int, max_len: int) -> int:
+    splits = cfg.num_splits or num_splits_for(batch_kv_heads, max_len, _num_sms(), cfg.block_n)
+    return max(1, min(splits, MAX_SPLITS))
+
+
+def workspace_elements(batch: int, num_heads: int, q_len: int, head_dim: int, splits: int) -> int:
+    """FP32 elements of scratch a launch with `splits` > 1 needs (partial outputs + log-sum-exps)."""
+    if splits <= 1:
+        return 0
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    return batch * num_heads * q_len * splits * (block_d + 1)
+
+
+def _launch(q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace) -> None:
+    """Run the split kernel (and the reduce kernel when splits > 1) with scratch from `workspace`
+    (a float32 tensor-like of at least workspace_elements(...) elements, or None to allocate)."""
+    b, hq, s_q, d = (int(n) for n in q.shape)
+    hkv = int(k.shape[1])
+    page = int(k.shape[2]) if block_table is not None else 0
+    group = hq // hkv
+    block_d = max(16, triton.next_power_of_2(d))
+    block_m = max(16, triton.next_power_of_2(group * s_q))
+    direct = splits == 1
+    rows = b * hq * s_q * splits
+    if direct:
+        mid_o = mid_l = out  # never touched
+    elif workspace is None:
+        mid_o = torch.empty((rows, block_d), dtype=torch.float32, device=q.device)
+        mid_l = torch.empty((rows,), dtype=torch.float32, device=q.device)
+    else:
+        mid_o = workspace.view((rows, block_d), (block_d, 1))
+        mid_l = workspace.view((rows,), (1,), offset=rows * block_d)
+    table = block_table if block_table is not None else seq_lens
+    stride_tb = int(block_table.stride(0)) if block_table is not None else 0
+    _decode_split_kernel[(splits, b * hkv)](
+        q, k, v, seq_lens, table, out, mid_o, mid_l,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,
+        hkv, splits, float(scale),
+        GROUP=group, SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+        PAGE_SIZE=page, DIRECT=direct,
+        DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if not direct:
+        _decode_reduce_kernel[(b * hq * s_q,)](
+            mid_o, mid_l, out, *out.stride(), hq, splits,
+            SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            num_warps=4 if block_d >= 128 else 2,
+        )  # fmt: skip
+
+
+def _key_of(q, k, block_table, max_len: int) -> tuple:
+    """Autotuning key: dtype, head dim, group, q_len, block size, buckets of B·Hkv and length, device."""
+    b, hq, s_q, d = (int(n) for n in q.shape)
+    hkv = int(k.shape[1])
+    page = int(k.shape[2]) if block_table is not None else 0
+    device = q.device.index if q.is_cuda else -1
+    return (q.dtype, d, hq // hkv, s_q, page, _bucket(b * hkv), _bucket(max_len), device)
+
+
+def _kernel_ms(fn: Any) -> float:
+    """Median time of `fn` replayed from a CUDA graph (kernel time: a decode step is short enough that
+    eager timing would measure Python launch overhead); eager CUDA-event timing if capture fails."""
+    try:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=10, return_mode="median"))
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return float(triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median"))
+
+
+def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len) -> DecodeConfig:
+    """The fastest candidate for this problem's key, timed once per key (each compiled and run once,
+    then timed as CUDA-graph replays)."""
+    b, _, _, d = (int(n) for n in q.shape)
+    hkv = int(k.shape[1])
+    key = _key_of(q, k, block_table, max_len)
+    if key in _CHOICE:
+        return _CHOICE[key]
+    block_d = max(16, triton.next_power_of_2(d))
+    base = num_splits_for(b * hkv, max_len, _num_sms(), 64)
+    times = {}
+    for bn, warps, stages, mult in AUTOTUNE_CANDIDATES:
+        if not _fits(bn, stages, block_d):
+            continue
+        splits = 0 if mult == 1.0 else max(1, min(MAX_SPLITS, round(base * mult)))
+        cfg = DecodeConfig(bn, warps, stages, splits)
+        if cfg in times:
+            continue
+        n = _resolve_splits(cfg, b * hkv, max_len)
+
+        def fn(cfg: DecodeConfig = cfg, n: int = n) -> None:
+            _launch(q, k, v, seq_lens, block_table, out, scale, cfg, n, None)
+
+        try:
+            fn()
+        except triton.runtime.errors.OutOfResources:
+            continue
+        times[cfg] = _kernel_ms(fn)
+    best = min(times, key=times.get) if times else default_decode_config(d)
+    _CHOICE[key] = best
+    return best
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    config: DecodeConfig | None = None,
+    max_seq_len: int | None = None,
+) -> torch.Tensor:
+    """Attention of q [B, Hq, S_q<=8, D] over each sequence's first seq_lens[b] cached keys.
+
+    Contiguous caches are [B, Hkv, S_max, D]; with `block_table` [B, max_blocks] the caches are a
+    block pool [num_blocks, Hkv, block_size, D]. Causal (LOWER_RIGHT) when S_q > 1. `max_seq_len`
+    (default: the cache capacity) sizes the split count; `seq_lens` stays on the device. With
+    `config` None, a CUDA launch outside graph capture is autotuned once per problem bucket over
+    :data:`AUTOTUNE_CANDIDATES`; the interpreter and graph capture use :func:`default_decode_config`.
+    """
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    b, hq, _, d, hkv, _, capacity = _check(q, k_cache, v_cache, seq_lens, block_table, out)
+    if b == 0 or hq == 0:
+        return out
+    max_len = min(max_seq_len or capacity, capacity)
+    scale = d**-0.5 if scale is None else float(scale)
+    if config is None:
+        tune = not _interpreting() and q.is_cuda and not torch.cuda.is_current_stream_capturing()
+        config = (
+            _autotuned(q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len)
+            if tune
+            else _CHOICE.get(_key_of(q, k_cache, block_table, max_len), default_decode_config(d))
+        )
+    splits = _resolve_splits(config, b * hkv, max_len)
+    _launch(q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, None)
+    return out
+
+
+def decode_attention_raw(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    seq_lens: Any,
+    block_table: Any | None,
+    out: Any,
+    *,
+    scale: float,
+    config: DecodeConfig,
+    splits: int,
+    workspace: Any | None,
+    stream: int,
+) -> None:
+    """Launch on raw device buffers (DeviceTensor views) on the CUDA stream handle `stream`, with a
+    fixed config and split count and scratch from `workspace` (a float32 DeviceTensor of at least
+    :func:`workspace_elements` elements): nothing is allocated, timed or synchronized (a TensorRT
+    plugin's enqueue)."""
+    _check(q, k_cache, v_cache, seq_lens, block_table, out)
+    if splits > 1 and workspace is None:
+        raise ValueError("a launch with more than one split needs a workspace")
+    if not stream:
+        _launch(q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, workspace)
+        return
+    with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
+        _launch(q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, workspace)

@@ -1,0 +1,213 @@
+"""The ONNX form of the PagedAttention plugin: a ``trtforge::PagedAttention`` node with three outputs
+(attention output, and the two cache pools updated in place), and a model-local ONNX function of
+the same name that ONNX Runtime runs.
+
+Inputs: query [B, Hq, S_q, D]; key/value [B, Hkv, S_q, D] (this step's new rows); key_cache /
+value_cache pools [num_blocks, Hkv, block_size, D]; block_table [B, max_blocks] int32; seq_lens [B]
+int32, each sequence's length *after* this step (so seq_lens[b] >= S_q). The reference function is
+the op in standard ONNX (opset >= 23): ScatterND writes the new rows at positions
+seq_lens[b] - S_q + i into their pool slots, Gather(block_table) reads each sequence's blocks back,
+and ``Attention`` (GQA by the 4-D head counts, FP32) attends with the LOWER_RIGHT causal mask
+j <= seq_lens[b] - S_q + i; cache rows past a sequence's length are zeroed before the products, so
+stale pool contents never reach the output. TensorRT's parser maps the node to the plugin through
+its ``plugin_namespace``/``plugin_version`` attributes.
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx.parser
+import onnx_ir as ir
+
+from trtforge.errors import UserError
+from trtforge.plugins.attention.spec import (
+    DOMAIN,
+    PAGED_OP_TYPE,
+    PAGED_OUTPUTS,
+    PLUGIN_NAMESPACE,
+    PLUGIN_VERSION,
+    PagedAttentionAttrs,
+)
+
+__all__ = ["add_paged_reference_function", "make_paged_attention_node", "paged_attention_attributes"]
+
+DOMAIN_VERSION = 1
+MIN_OPSET = 23  # Attention
+_FLOAT_TYPES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.FLOAT)
+_FUNCTION_ATTRS = "num_heads, kv_num_heads, scale, plugin_namespace, plugin_version"
+
+_BODY = f"""
+{PAGED_OP_TYPE} <{_FUNCTION_ATTRS}> (q, k_new, v_new, k_pool, v_pool, table, seq_lens)
+    => (out, k_pool_out, v_pool_out) {{
+    i0 = Constant <value = int64 {{0}}> ()
+    i1 = Constant <value = int64 {{1}}> ()
+    ax0 = Constant <value = int64[1] {{0}}> ()
+    ax1 = Constant <value = int64[1] {{1}}> ()
+    ax2 = Constant <value = int64[1] {{2}}> ()
+    axl = Constant <value = int64[1] {{-1}}> ()
+    ax13 = Constant <value = int64[2] {{1, 3}}> ()
+    lens = Cast <to = 7> (seq_lens)
+    sq1 = Shape <start = 2, end = 3> (q)
+    sq = Squeeze (sq1)
+    steps = Range (i0, sq, i1)
+    first = Sub (lens, sq)
+    first2 = Unsqueeze (first, ax1)
+    steps2 = Unsqueeze (steps, ax0)
+    pos = Add (first2, steps2)
+    bs1 = Shape <start = 2, end = 3> (k_pool)
+    bs = Squeeze (bs1)
+    lblk = Div (pos, bs)
+    slot = Mod (pos, bs)
+    tbl = Cast <to = 7> (table)
+    nb1 = Shape <start = 0, end = 1> (k_pool)
+    nb = Squeeze (nb1)
+    last_blk = Sub (nb, i1)
+    tclip = Clip (tbl, i0, last_blk)
+    pblk = GatherElements <axis = 1> (tclip, lblk)
+    hkv1 = Shape <start = 1, end = 2> (k_pool)
+    hkv = Squeeze (hkv1)
+    heads = Range (i0, hkv, i1)
+    bsq = Shape (pblk)
+    target = Concat <axis = 0> (bsq, hkv1)
+    pb3 = Unsqueeze (pblk, ax2)
+    sl3 = Unsqueeze (slot, ax2)
+    pbe = Expand (pb3, target)
+    sle = Expand (sl3, target)
+    he = Expand (heads, target)
+    pb4 = Unsqueeze (pbe, axl)
+    h4 = Unsqueeze (he, axl)
+    sl4 = Unsqueeze (sle, axl)
+    idx = Concat <axis = -1> (pb4, h4, sl4)
+    kupd = Transpose <perm = [0, 2, 1, 3]> (k_new)
+    vupd = Transpose <perm = [0, 2, 1, 3]> (v_new)
+    k_pool_out = ScatterND (k_pool, idx, kupd)
+    v_pool_out = ScatterND (v_pool, idx, vupd)
+    kg = Gather <axis = 0> (k_pool_out, tclip)
+    vg = Gather <axis = 0> (v_pool_out, tclip)
+    kt = Transpose <perm = [0, 2, 1, 3, 4]> (kg)
+    vt = Transpose <perm = [0, 2, 1, 3, 4]> (vg)
+    b1 = Shape <start = 0, end = 1> (q)
+    d1 = Shape <start = 3, end = 4> (q)
+    shape4 = Concat <axis = 0> (b1, hkv1, axl, d1)
+    kc = Reshape (kt, shape4)
+    vc = Reshape (vt, shape4)
+    l1 = Shape <start = 2, end = 3> (kc)
+    total = Squeeze (l1)
+    cols = Range (i0, total, i1)
+    pos3 = Unsqueeze (pos, ax2)
+    keep3 = LessOrEqual (cols, pos3)
+    mask = Unsqueeze (keep3, ax1)
+    lens2 = Unsqueeze (lens, ax1)
+    kv_ok = Less (cols, lens2)
+    kv_ok4 = Unsqueeze (kv_ok, ax13)
+    kf = Cast <to = 1> (kc)
+    vf = Cast <to = 1> (vc)
+    qf = Cast <to = 1> (q)
+    zero = Constant <value_float = 0.0> ()
+    kz = Where (kv_ok4, kf, zero)
+    vz = Where (kv_ok4, vf, zero)
+    o = Attention <scale: float = @scale> (qf, kz, vz, mask)
+    out = CastLike (o, q)
+}}
+"""
+
+
+def paged_attention_attributes(*, num_heads: int, kv_num_heads: int, scale: float) -> dict[str, object]:
+    """The node's attributes as a plain dict (validated)."""
+    a = PagedAttentionAttrs(num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale)
+    return {
+        "num_heads": a.num_heads,
+        "kv_num_heads": a.kv_num_heads,
+        "scale": a.scale,
+        "plugin_namespace": PLUGIN_NAMESPACE,
+        "plugin_version": PLUGIN_VERSION,
+    }
+
+
+def _check(value: ir.Value, role: str, allowed: tuple[ir.DataType, ...], rank: int) -> None:
+    where = f"{DOMAIN}::{PAGED_OP_TYPE}"
+    if value.dtype is not None and value.dtype not in allowed:
+        names = ", ".join(t.name for t in allowed)
+        raise UserError(f"{where}: {role} '{value.name}' has dtype {value.dtype.name}; expected {names}.")
+    if value.shape is not None and len(value.shape) != rank:
+        raise UserError(f"{where}: {role} '{value.name}' must have rank {rank}; got shape {value.shape}.")
+
+
+def make_paged_attention_node(
+    q: ir.Value,
+    k_new: ir.Value,
+    v_new: ir.Value,
+    k_pool: ir.Value,
+    v_pool: ir.Value,
+    block_table: ir.Value,
+    seq_lens: ir.Value,
+    *,
+    num_heads: int,
+    kv_num_heads: int,
+    scale: float,
+    name: str | None = None,
+) -> ir.Node:
+    """A ``trtforge::PagedAttention`` node (not inserted into a graph): outputs are the attention
+    output (q's dtype and shape) and the two pools after the write (the pools' dtype and shape).
+    Call :func:`add_paged_reference_function` once on the model so ONNX Runtime can run it."""
+    for value, role in (
+        (q, "query"),
+        (k_new, "key"),
+        (v_new, "value"),
+        (k_pool, "key_cache"),
+        (v_pool, "value_cache"),
+    ):
+        _check(value, role, _FLOAT_TYPES, 4)
+    dtypes = {x.dtype for x in (q, k_new, v_new, k_pool, v_pool) if x.dtype is not None}
+    if len(dtypes) > 1:
+        raise UserError(
+            f"{DOMAIN}::{PAGED_OP_TYPE}: query, key, value and the caches must share one dtype; "
+            f"got {sorted(t.name for t in dtypes)}."
+        )
+    _check(block_table, "block_table", (ir.DataType.INT32,), 2)
+    _check(seq_lens, "seq_lens", (ir.DataType.INT32,), 1)
+    attrs = paged_attention_attributes(num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale)
+    ir_attrs = [
+        ir.AttrInt64("num_heads", attrs["num_heads"]),
+        ir.AttrInt64("kv_num_heads", attrs["kv_num_heads"]),
+        ir.AttrFloat32("scale", attrs["scale"]),
+        ir.AttrString("plugin_namespace", PLUGIN_NAMESPACE),
+        ir.AttrString("plugin_version", PLUGIN_VERSION),
+    ]
+    node = ir.Node(
+        DOMAIN,
+        PAGED_OP_TYPE,
+        [q, k_new, v_new, k_pool, v_pool, block_table, seq_lens],
+        ir_attrs,
+        num_outputs=3,
+        version=DOMAIN_VERSION,
+        name=name,
+    )
+    for out, like, role in zip(node.outputs, (q, k_pool, v_pool), PAGED_OUTPUTS):
+        out.dtype = like.dtype
+        if like.shape is not None:
+            out.shape = ir.Shape(like.shape)
+        if name:
+            out.name = f"{name}_{role}"
+    return node
+
+
+def reference_function(opset: int) -> ir.Function:
+    """The op's semantics as an ONNX function importing default-domain opset `opset` (>= 23)."""
+    header = f'<domain: "{DOMAIN}", opset_import: ["" : {opset}]>'
+    proto = onnx.parser.parse_function(header + _BODY)
+    proto.doc_string = "Reference semantics of the trtforge PagedAttention plugin (write, gather, attend)."
+    return ir.serde.deserialize_function(proto)
+
+
+def add_paged_reference_function(model: ir.Model) -> None:
+    """Add the local function ``trtforge::PagedAttention`` and the domain import (idempotent)."""
+    opset = model.opset_imports.get("", None)
+    if opset is None or opset < MIN_OPSET:
+        raise UserError(
+            f"{DOMAIN}::{PAGED_OP_TYPE} reference function uses ONNX Attention and needs default-domain "
+            f"opset >= {MIN_OPSET}; the model imports {opset}."
+        )
+    function = reference_function(opset)
+    model.functions[function.identifier()] = function
+    model.opset_imports[DOMAIN] = DOMAIN_VERSION

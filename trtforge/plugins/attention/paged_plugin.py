@@ -1,0 +1,325 @@
+"""The PagedAttention TensorRT plugin: IPluginV3 (OneCore/OneBuildV2/OneRuntime) + IPluginCreatorV3One.
+
+One decode (or speculative-verification) step over a paged K/V cache: ``enqueue`` writes the step's
+new K/V rows into their pool slots (reshape-and-cache), then runs the split-KV decode kernel; the
+two pool outputs alias the pool inputs (``get_aliased_input``), so the cache is updated in place
+(datacenter TensorRT needs ``PreviewFeature.ALIASED_PLUGIN_IO_10_03`` on the builder config).
+Inputs, outputs and semantics are those of :mod:`~trtforge.plugins.attention.paged_onnx_node`.
+TensorRT times each kernel configuration as a tactic; ``enqueue`` launches one fixed configuration
+with scratch from the TensorRT workspace: nothing is allocated, timed or synchronized. Same shape
+as the FlashAttention plugin (plugin.py), whose support check it shares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any
+
+import numpy as np
+
+from trtforge.errors import UserError
+from trtforge.plugins.attention.configs import DECODE_CANDIDATES
+from trtforge.plugins.attention.plugin import check_plugin_support
+from trtforge.plugins.attention.spec import (
+    MAX_DECODE_Q_LEN,
+    PAGED_ALIASES,
+    PAGED_INPUTS,
+    PAGED_PLUGIN_NAME,
+    PARSER_ONLY_FIELDS,
+    PLUGIN_NAMESPACE,
+    PLUGIN_VERSION,
+    PagedAttentionAttrs,
+    check_block_size,
+    check_paged_head_dim,
+)
+
+__all__ = [
+    "paged_config_for_tactic",
+    "paged_plugin_classes",
+    "paged_tactic_count",
+    "paged_valid_tactics",
+    "paged_workspace_bytes",
+    "parse_paged_fields",
+    "register_paged_plugin",
+    "workspace_rows",
+]
+
+_FIELDS = ("num_heads", "kv_num_heads", "scale")
+_WHERE = f"{PLUGIN_NAMESPACE}::{PAGED_PLUGIN_NAME}"
+_REGISTERED: dict[int, Any] = {}
+# Split programs the workspace is sized for beyond one per (batch, kv head): the split heuristic
+# aims at about 4 programs per SM and the tactics at up to twice that, on GPUs of up to 256 SMs.
+_EXTRA_SPLIT_PROGRAMS = 8 * 256
+# Tactic t >= 1 is decode candidate t - 1: (block_n, num_warps, num_stages, split multiplier).
+TACTICS = DECODE_CANDIDATES
+_SHARED_MEMORY_BUDGET = 225 * 1024
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, 1 << (max(head_dim, 1) - 1).bit_length())
+
+
+def workspace_rows(batch: int, num_heads: int, kv_num_heads: int, q_len: int) -> int:
+    """Partial-output rows the workspace holds: (Hq / Hkv) · S_q · (2·B·Hkv + extra split programs).
+
+    Monotonic in batch and q_len, so the workspace sized at the profile's maximum shapes covers
+    every runtime shape; enqueue lowers the split count to what fits."""
+    return (num_heads // kv_num_heads) * q_len * (2 * batch * kv_num_heads + _EXTRA_SPLIT_PROGRAMS)
+
+
+def paged_workspace_bytes(batch: int, num_heads: int, kv_num_heads: int, q_len: int, head_dim: int) -> int:
+    """Workspace bytes: each row holds an FP32 partial output (D padded) and its log-sum-exp."""
+    return 4 * workspace_rows(batch, num_heads, kv_num_heads, q_len) * (_block_d(head_dim) + 1) + 256
+
+
+def paged_tactic_count() -> int:
+    return len(TACTICS)
+
+
+def paged_valid_tactics(head_dim: int | None) -> list[int]:
+    """Tactics whose pipelined K/V tiles fit shared memory at `head_dim` (all while it is unknown)."""
+    if head_dim is None or head_dim < 0:
+        return list(range(1, len(TACTICS) + 1))
+    bd = _block_d(head_dim)
+    return [
+        i + 1 for i, (bn, _, st, _) in enumerate(TACTICS) if st * 2 * bn * bd * 2 <= _SHARED_MEMORY_BUDGET
+    ]
+
+
+def paged_config_for_tactic(tactic: int, head_dim: int) -> tuple[int, int, int, float]:
+    """(block_n, num_warps, num_stages, split multiplier) of a tactic; 0 or an invalid one -> default."""
+    if tactic in paged_valid_tactics(head_dim):
+        return TACTICS[tactic - 1]
+    return (32, 4, 2, 1.0) if head_dim > 128 else (64, 4, 3, 1.0)
+
+
+def parse_paged_fields(fields: Any) -> PagedAttentionAttrs:
+    """Read plugin fields (ONNX node attributes or an engine's saved fields) into validated attrs."""
+    values: dict[str, Any] = {}
+    for f in fields:
+        name = str(f.name)
+        if name in PARSER_ONLY_FIELDS:
+            continue
+        if name not in _FIELDS:
+            raise UserError(f"{_WHERE}: unknown plugin field '{name}'; expected {', '.join(_FIELDS)}.")
+        data = np.asarray(f.data)
+        if data.size != 1:
+            raise UserError(f"{_WHERE}: field '{name}' must hold one value; got {data}.")
+        values[name] = data.reshape(()).item()
+    for required in _FIELDS:
+        if required not in values:
+            raise UserError(f"{_WHERE}: required field '{required}' is missing.")
+    return PagedAttentionAttrs(**values)
+
+
+def _torch_dtype(trt: Any, dtype: Any) -> Any:
+    import torch
+
+    return {
+        trt.DataType.HALF: torch.float16,
+        trt.DataType.BF16: torch.bfloat16,
+        trt.DataType.INT32: torch.int32,
+    }[dtype]
+
+
+@functools.lru_cache(maxsize=4)
+def paged_plugin_classes(backend: Any) -> tuple[type, type]:
+    """(PagedAttentionPlugin, PagedAttentionCreator) derived from `backend.trt`'s plugin interfaces."""
+    trt = backend.trt
+    float_types = (trt.DataType.HALF, trt.DataType.BF16)
+    n_in = len(PAGED_INPUTS)
+
+    class PagedAttentionPlugin(
+        trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuildV2, trt.IPluginV3OneRuntime
+    ):
+        """Paged decode attention with an in-place cache write; fields num_heads, kv_num_heads, scale."""
+
+        def __init__(self, attrs: PagedAttentionAttrs, tactic: int = 0) -> None:
+            trt.IPluginV3.__init__(self)
+            trt.IPluginV3OneCore.__init__(self)
+            trt.IPluginV3OneBuildV2.__init__(self)
+            trt.IPluginV3OneRuntime.__init__(self)
+            self.plugin_name = PAGED_PLUGIN_NAME
+            self.plugin_version = PLUGIN_VERSION
+            self.plugin_namespace = PLUGIN_NAMESPACE
+            self.num_outputs = 3
+            self.metadata_string = f"heads={attrs.num_heads} kv_heads={attrs.kv_num_heads}"
+            self.timing_cache_id = ""
+            self.attrs = attrs
+            self.tactic = int(tactic)
+            self.head_dim = -1
+
+        # -- core --------------------------------------------------------------------------------
+        def get_capability_interface(self, type: Any) -> Any:  # noqa: A002 (TensorRT's name)
+            return self
+
+        def clone(self) -> PagedAttentionPlugin:
+            twin = PagedAttentionPlugin(self.attrs, self.tactic)
+            twin.head_dim = self.head_dim
+            return twin
+
+        # -- build -------------------------------------------------------------------------------
+        def get_output_data_types(self, input_types: list[Any]) -> list[Any]:
+            return [input_types[0], input_types[3], input_types[4]]
+
+        def get_output_shapes(
+            self, inputs: list[Any], shape_inputs: list[Any], expr_builder: Any
+        ) -> list[Any]:
+            return [trt.DimsExprs([d[i] for i in range(len(d))]) for d in (inputs[0], inputs[3], inputs[4])]
+
+        def get_aliased_input(self, output_index: int) -> int:
+            return PAGED_ALIASES.get(int(output_index), -1)
+
+        def supports_format_combination(self, pos: int, in_out: list[Any], num_inputs: int) -> bool:
+            desc = in_out[pos].desc
+            if desc.format != trt.TensorFormat.LINEAR or num_inputs != n_in:
+                return False
+            if pos == 0:
+                return desc.type in float_types
+            if pos in (5, 6):  # block_table, seq_lens
+                return desc.type == trt.DataType.INT32
+            return desc.type == in_out[0].desc.type  # new K/V, pools, output and updated pools
+
+        def configure_plugin(self, inp: list[Any], out: list[Any]) -> None:
+            if len(inp) != n_in:
+                raise UserError(f"{_WHERE} takes {n_in} inputs ({', '.join(PAGED_INPUTS)}); got {len(inp)}.")
+            q, k_new, _, k_pool, _, table, lens = (list(i.desc.dims) for i in inp)
+            a = self.attrs
+            ranks = {"query": (q, 4), "key": (k_new, 4), "key_cache": (k_pool, 4), "block_table": (table, 2)}
+            for role, (dims, rank) in {**ranks, "seq_lens": (lens, 1)}.items():
+                if len(dims) != rank:
+                    raise UserError(f"{_WHERE}: {role} must have rank {rank}; got dims {dims}.")
+            if q[1] >= 0 and q[1] != a.num_heads:
+                raise UserError(f"{_WHERE}: query has {q[1]} heads but num_heads is {a.num_heads}.")
+            for role, dims in (("key", k_new), ("key_cache", k_pool)):
+                if dims[1] >= 0 and dims[1] != a.kv_num_heads:
+                    raise UserError(
+                        f"{_WHERE}: {role} has {dims[1]} heads but kv_num_heads is {a.kv_num_heads}."
+                    )
+            if q[2] > MAX_DECODE_Q_LEN:
+                raise UserError(
+                    f"{_WHERE}: query length {q[2]} exceeds {MAX_DECODE_Q_LEN} (decode steps only)."
+                )
+            if k_pool[2] >= 0:
+                check_block_size(k_pool[2], _WHERE)
+            head_dim = q[3]
+            if head_dim >= 0:
+                check_paged_head_dim(head_dim, _WHERE)
+                if k_pool[3] >= 0 and k_pool[3] != head_dim:
+                    raise UserError(
+                        f"{_WHERE}: cache head dim {k_pool[3]} differs from the query's {head_dim}."
+                    )
+            self.head_dim = head_dim
+
+        def get_workspace_size(self, inp: list[Any], out: list[Any]) -> int:
+            q_max = list(inp[0].max)
+            a = self.attrs
+            return paged_workspace_bytes(q_max[0], a.num_heads, a.kv_num_heads, q_max[2], q_max[3])
+
+        def get_valid_tactics(self) -> list[int]:
+            return paged_valid_tactics(self.head_dim)
+
+        # -- runtime -----------------------------------------------------------------------------
+        def set_tactic(self, tactic: int) -> None:
+            self.tactic = int(tactic)
+
+        def on_shape_change(self, inp: list[Any], out: list[Any]) -> None:
+            pass
+
+        def attach_to_context(self, resource_context: Any) -> PagedAttentionPlugin:
+            return self.clone()
+
+        def get_fields_to_serialize(self) -> Any:
+            a = self.attrs
+            i32, f32 = trt.PluginFieldType.INT32, trt.PluginFieldType.FLOAT32
+            return trt.PluginFieldCollection(
+                [
+                    trt.PluginField("num_heads", np.array([a.num_heads], np.int32), i32),
+                    trt.PluginField("kv_num_heads", np.array([a.kv_num_heads], np.int32), i32),
+                    trt.PluginField("scale", np.array([a.scale], np.float32), f32),
+                ]
+            )
+
+        def enqueue(
+            self,
+            input_desc: list[Any],
+            output_desc: list[Any],
+            inputs: list[int],
+            outputs: list[int],
+            workspace: int,
+            stream: int,
+        ) -> None:
+            import torch
+
+            from trtforge.plugins.attention import decode_kernel
+            from trtforge.plugins.attention.device_tensor import DeviceTensor
+            from trtforge.plugins.attention.paged_cache import write_kv_cache
+
+            def tensor(desc: Any, ptr: int) -> DeviceTensor:
+                return DeviceTensor.contiguous(ptr, _torch_dtype(trt, desc.type), tuple(desc.dims))
+
+            q, k_new, v_new, _, _, table, lens = (tensor(d, p) for d, p in zip(input_desc, inputs))
+            out, k_pool, v_pool = (tensor(d, p) for d, p in zip(output_desc, outputs))  # pools: aliased
+            b, hq, s_q, d = q.shape
+            hkv = self.attrs.kv_num_heads
+            bn, warps, stages, mult = paged_config_for_tactic(self.tactic, d)
+            capacity = int(table.shape[1]) * int(k_pool.shape[2])
+            splits = decode_kernel.num_splits_for(b * hkv, capacity, decode_kernel._num_sms(), bn)
+            if mult != 1.0:
+                splits = max(1, round(splits * mult))
+            fit = workspace_rows(b, hq, hkv, s_q) // max(b * hq * s_q, 1)
+            splits = max(1, min(splits, fit, decode_kernel.MAX_SPLITS))
+            ws = None
+            if splits > 1:
+                rows = decode_kernel.workspace_elements(b, hq, s_q, d, splits)
+                ws = DeviceTensor(int(workspace), torch.float32, (rows,), (1,))
+            config = decode_kernel.DecodeConfig(bn, warps, stages, splits)
+            with (
+                torch.cuda.stream(torch.cuda.ExternalStream(int(stream)))
+                if stream
+                else contextlib.nullcontext()
+            ):
+                write_kv_cache(k_new, v_new, k_pool, v_pool, lens, table, offset=-s_q)
+            decode_kernel.decode_attention_raw(
+                q, k_pool, v_pool, lens, table, out,
+                scale=self.attrs.scale, config=config, splits=splits, workspace=ws, stream=stream,
+            )  # fmt: skip
+
+    class PagedAttentionCreator(trt.IPluginCreatorV3One):
+        """Creates PagedAttentionPlugin from fields (ONNX node attributes, or an engine's saved fields)."""
+
+        def __init__(self) -> None:
+            trt.IPluginCreatorV3One.__init__(self)
+            self.name = PAGED_PLUGIN_NAME
+            self.plugin_version = PLUGIN_VERSION
+            self.plugin_namespace = PLUGIN_NAMESPACE
+            self.field_names = trt.PluginFieldCollection(
+                [
+                    trt.PluginField("num_heads", np.array([], np.int32), trt.PluginFieldType.INT32),
+                    trt.PluginField("kv_num_heads", np.array([], np.int32), trt.PluginFieldType.INT32),
+                    trt.PluginField("scale", np.array([], np.float32), trt.PluginFieldType.FLOAT32),
+                ]
+            )
+
+        def create_plugin(self, name: str, field_collection: Any, phase: Any) -> PagedAttentionPlugin:
+            return PagedAttentionPlugin(parse_paged_fields(field_collection))
+
+    return PagedAttentionPlugin, PagedAttentionCreator
+
+
+def register_paged_plugin(backend: Any) -> Any:
+    """Register the PagedAttention creator with `backend`'s plugin registry, once; returns the creator."""
+    check_plugin_support(backend)
+    registry = backend.trt.get_plugin_registry()
+    key = id(registry)
+    if key not in _REGISTERED:
+        _, creator_cls = paged_plugin_classes(backend)
+        creator = creator_cls()
+        if not registry.register_creator(creator, PLUGIN_NAMESPACE):
+            raise UserError(
+                f"TensorRT refused to register plugin {_WHERE} v{PLUGIN_VERSION} "
+                "(another creator with that name and version is already registered)."
+            )
+        _REGISTERED[key] = creator
+    return _REGISTERED[key]
