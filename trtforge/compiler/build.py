@@ -19,28 +19,78 @@ from typing import Any
 from trtforge._fileio import atomic_write_bytes
 from trtforge.compiler.backend import Backend, get_backend, trt_dtype_name
 from trtforge.compiler.manifest import ShapeRange, TensorSpec
+from trtforge.compiler.policy import cli
 from trtforge.compiler.shapes import InputDesc, resolve_profile
 from trtforge.errors import BuildError, UserError
+
+# More profile copies than a GPU has hardware work queues (32) cannot run concurrently, and each copy
+# adds build time and engine size (10000 copies were still building after 60 s).
+MAX_STREAMS = 32
 
 
 @dataclass
 class BuildOptions:
-    """Builder settings. None means the backend's default."""
+    """Builder settings, one group for the API and every command (CLI flags are field metadata).
+    None means the backend's default."""
 
-    shapes: Mapping[str, ShapeRange] | Sequence[str] | None = None
-    opt_level: int | None = None
-    workspace_mb: int | None = None
-    timing_cache: str | os.PathLike[str] | None = None
-    streams: int = 1
-    aux_streams: int | None = None
-    targets: Sequence[str] | None = None
-    backend: str | None = None
+    shapes: Mapping[str, ShapeRange] | Sequence[str] | None = field(
+        default=None,
+        metadata=cli(
+            "--shape",
+            multiple=True,
+            metavar="NAME:MIN:OPT:MAX",
+            help="Profile range of a dynamic input, dims as 1x16 (like trtexec). Repeatable.",
+        ),
+    )
+    opt_level: int | None = field(
+        default=None, metadata=cli("--opt-level", min=0, max=5, help="Builder optimization level 0-5.")
+    )
+    workspace_mb: int | None = field(
+        default=None, metadata=cli("--workspace", min=1, help="Workspace limit in MiB.")
+    )
+    timing_cache: str | os.PathLike[str] | None = field(
+        default=None, metadata=cli("--timing-cache", path=True, help="Timing cache to reuse.")
+    )
+    streams: int = field(
+        default=1,
+        metadata=cli(
+            "--streams",
+            min=1,
+            max=MAX_STREAMS,
+            help="Copies of each profile, so N execution contexts can run concurrently.",
+        ),
+    )
+    aux_streams: int | None = field(
+        default=None, metadata=cli("--aux-streams", min=0, help="Max auxiliary streams per context.")
+    )
+    targets: Sequence[str] | None = field(
+        default=None,
+        metadata=cli(
+            "--target", multiple=True, metavar="SMxx", help="TensorRT-RTX target compute capability."
+        ),
+    )
+    backend: str | None = field(
+        default=None,
+        metadata=cli(
+            "--backend",
+            choices=("tensorrt", "tensorrt_rtx"),
+            help="Force a backend (default: $TRTFORGE_BACKEND, else tensorrt, else tensorrt_rtx).",
+        ),
+    )
     progress: bool = True
-    version_compatible: bool = False
+    version_compatible: bool = field(
+        default=False,
+        metadata=cli(
+            "--version-compatible",
+            help="Datacenter TensorRT: an engine later TensorRT versions can load (lean-runtime ops only).",
+        ),
+    )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, with shapes in --shape syntax when given as strings."""
+        """JSON-ready, with shapes in --shape syntax when given as strings; `progress` (display only)
+        is left out so the same request records the same options from the API and the CLI."""
         d = asdict(self)
+        del d["progress"]
         if isinstance(self.shapes, Mapping):
             d["shapes"] = {k: asdict(v) for k, v in self.shapes.items()}
         elif self.shapes is not None:
@@ -163,8 +213,11 @@ def build_engine(
 ) -> tuple[bytes, BuildRecord]:
     """Parse `onnx_path` and build a serialized engine; raises UserError for bad models/options."""
     options = options or BuildOptions()
-    if options.streams < 1:
-        raise UserError(f"--streams must be at least 1, got {options.streams}.")
+    if not 1 <= options.streams <= MAX_STREAMS:
+        raise UserError(
+            f"--streams must be 1..{MAX_STREAMS}, got {options.streams}: each stream is a copy of the "
+            f"profile, and a GPU runs at most {MAX_STREAMS} streams concurrently."
+        )
     if options.opt_level is not None and not 0 <= options.opt_level <= 5:
         raise UserError(f"--opt-level must be 0..5, got {options.opt_level}.")
     if options.workspace_mb is not None and options.workspace_mb <= 0:

@@ -21,6 +21,7 @@ from trtforge.compiler import export as export_mod
 from trtforge.compiler import onnx_io
 from trtforge.compiler.build import BuildOptions, build_engine
 from trtforge.compiler.manifest import Manifest, ShapeRange, manifest_path_for, write_manifest
+from trtforge.compiler.policy import ExportOptions, check_source
 from trtforge.compiler.shapes import format_range
 from trtforge.compiler.stages import PassOptions, PrecisionOptions, build_stages
 from trtforge.errors import UserError
@@ -69,40 +70,47 @@ def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwar
     return art, {k: list(v.shape) for k, v in feeds.items()}
 
 
+_BUILD = BuildOptions()
+_EXPORT = ExportOptions()
+
+
 def compile_model(
     model: Any,
     example_inputs: Any = None,
     output: str | os.PathLike[str] | None = None,
     *,
-    dynamic: export_mod.DynamicSpec = None,
-    output_names: Sequence[str] | None = None,
-    opset: int | None = None,
-    exporter: str = "auto",
-    shapes: Mapping[str, ShapeRange] | Sequence[str] | None = None,
-    opt_level: int | None = None,
-    workspace_mb: int | None = None,
-    timing_cache: str | os.PathLike[str] | None = None,
-    streams: int = 1,
-    aux_streams: int | None = None,
-    targets: Sequence[str] | None = None,
-    backend: str | None = None,
-    version_compatible: bool = False,
+    dynamic: export_mod.DynamicSpec = _EXPORT.dynamic,
+    output_names: Sequence[str] | None = _EXPORT.output_names,
+    opset: int | None = _EXPORT.opset,
+    exporter: str = _EXPORT.exporter,
+    shapes: Mapping[str, ShapeRange] | Sequence[str] | None = _BUILD.shapes,
+    opt_level: int | None = _BUILD.opt_level,
+    workspace_mb: int | None = _BUILD.workspace_mb,
+    timing_cache: str | os.PathLike[str] | None = _BUILD.timing_cache,
+    streams: int = _BUILD.streams,
+    aux_streams: int | None = _BUILD.aux_streams,
+    targets: Sequence[str] | None = _BUILD.targets,
+    backend: str | None = _BUILD.backend,
+    version_compatible: bool = _BUILD.version_compatible,
     passes: PassOptions | None = PassOptions(),  # noqa: B008 - frozen dataclass, immutable default
-    precision: PrecisionOptions | str = "fp32",
+    precision: PrecisionOptions | str = PrecisionOptions.mode,
     save_onnx: str | os.PathLike[str] | None = None,
     force: bool = False,
-    progress: bool = True,
+    progress: bool = _BUILD.progress,
     log: Log | None = None,
 ) -> CompileResult:
     """Compile `model` (nn.Module, .onnx, .pt2 path, or 'module:factory') into `output` (an .engine).
 
+    Defaults are the policy's (`compiler.policy`, `compiler.build.BuildOptions`), shared with the CLI.
     `passes=None` skips the fusion passes; `precision` is "fp32"|"fp16"|"bf16"|"int8" or a
-    PrecisionOptions (calibration data, FP32 islands, ...). Writes the engine and `<output>.json`
-    atomically; nothing is left behind on failure.
+    PrecisionOptions (calibration data, FP32 islands, ...). Options that do not apply to the source
+    or precision are refused. Writes the engine and `<output>.json` atomically; nothing is left
+    behind on failure.
     """
     log = log or (lambda _msg: None)
     if isinstance(precision, str):
         precision = PrecisionOptions(mode=precision.lower(), progress=progress)
+    check_source(model, ExportOptions(dynamic, output_names, opset, exporter))
     stages, precision_summary = build_stages(passes, precision)
     if precision_summary["attention"] == "plugin":
         from trtforge.compiler.backend import get_backend
