@@ -20,7 +20,7 @@ from trtforge._fileio import atomic_write_bytes
 from trtforge.compiler.backend import Backend, get_backend, trt_dtype_name
 from trtforge.compiler.manifest import ShapeRange, TensorSpec
 from trtforge.compiler.policy import cli
-from trtforge.compiler.shapes import InputDesc, resolve_profile
+from trtforge.compiler.shapes import InputDesc, ShapeLimits, limits_to_dict, resolve_profile
 from trtforge.errors import BuildError, UserError
 
 # More profile copies than a GPU has hardware work queues (32) cannot run concurrently, and each copy
@@ -116,6 +116,8 @@ class BuildRecord:
     seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     engine_bytes: int = 0
+    shape_limits: dict[str, Any] = field(default_factory=dict)
+    shape_check: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -210,8 +212,14 @@ def build_engine(
     *,
     example_shapes: Mapping[str, Sequence[int]] | None = None,
     on_derived: Callable[[dict[str, ShapeRange]], None] | None = None,
+    limits: ShapeLimits | None = None,
+    check_profile: Callable[[dict[str, ShapeRange]], dict[str, Any]] | None = None,
 ) -> tuple[bytes, BuildRecord]:
-    """Parse `onnx_path` and build a serialized engine; raises UserError for bad models/options."""
+    """Parse `onnx_path` and build a serialized engine; raises UserError for bad models/options.
+
+    `limits` bound derived ranges and refuse user ranges beyond them; `check_profile(profile)` runs
+    before the builder (the pipeline passes the ONNX Runtime MIN/MAX check) and its record is kept.
+    """
     options = options or BuildOptions()
     if not 1 <= options.streams <= MAX_STREAMS:
         raise UserError(
@@ -237,9 +245,11 @@ def build_engine(
     inputs, outputs = network_io(network)
     symbols = _onnx_symbols(onnx_path)
     descs = [InputDesc(t.name, t.dtype, tuple(t.shape), symbols.get(t.name, ())) for t in inputs]
-    profile, derived = resolve_profile(descs, options.shapes, example_shapes)
+    profile, derived = resolve_profile(descs, options.shapes, example_shapes, limits)
     if derived and on_derived is not None:
         on_derived(derived)
+    dynamic = any(-1 in d.shape for d in descs)
+    checked = check_profile(profile) if check_profile is not None and dynamic else None
 
     config = builder.create_builder_config()
     needs_profile = any(-1 in t.shape for t in inputs)
@@ -301,6 +311,8 @@ def build_engine(
         seconds=seconds,
         warnings=warnings,
         engine_bytes=len(data),
+        shape_limits=limits_to_dict(limits or {}),
+        shape_check=checked,
     )
     return data, record
 

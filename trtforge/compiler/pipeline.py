@@ -22,6 +22,8 @@ from trtforge.compiler import onnx_io
 from trtforge.compiler.build import BuildOptions, build_engine
 from trtforge.compiler.manifest import Manifest, ShapeRange, manifest_path_for, write_manifest
 from trtforge.compiler.policy import ExportOptions, check_source
+from trtforge.compiler.shape_check import check_profile
+from trtforge.compiler.shape_limits import source_limits
 from trtforge.compiler.shapes import format_range
 from trtforge.compiler.stages import PassOptions, PrecisionOptions, build_stages
 from trtforge.errors import UserError
@@ -42,15 +44,16 @@ class CompileResult:
 
 
 def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwargs: dict[str, Any], log: Log):
-    """Turn any accepted model form into an ONNX artifact on disk, plus example shapes if known."""
+    """Turn any accepted model form into an ONNX artifact on disk, plus example shapes and the torch
+    module where known."""
     if isinstance(model, (str, os.PathLike)):
         text = str(model)
         path = Path(text)
         if path.suffix == ".onnx":
-            return export_mod.from_onnx_file(path), None
+            return export_mod.from_onnx_file(path), None, None
         if path.suffix == ".pt2":
             log(f"exporting torch.export archive {path} to ONNX")
-            return export_mod.from_pt2(path, workdir, **export_kwargs), None
+            return export_mod.from_pt2(path, workdir, **export_kwargs), None, None
         if path.exists() or ":" not in text:
             if not path.exists():
                 raise UserError(
@@ -67,7 +70,7 @@ def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwar
     log(f"exporting {type(model).__name__} to ONNX")
     art = export_mod.export_module(model, example_inputs, workdir, **export_kwargs)
     feeds = export_mod.normalize_inputs(model, example_inputs)
-    return art, {k: list(v.shape) for k, v in feeds.items()}
+    return art, {k: list(v.shape) for k, v in feeds.items()}, model
 
 
 _BUILD = BuildOptions()
@@ -148,7 +151,8 @@ def compile_model(
             "opset": opset,
             "exporter": exporter,
         }
-        art, example_shapes = _source_artifact(model, example_inputs, workdir, export_kwargs, log)
+        art, example_shapes, module = _source_artifact(model, example_inputs, workdir, export_kwargs, log)
+        limits = source_limits(art.path, module)
         timings["export"] = time.perf_counter() - t
         records["export"] = art.record.to_dict()
         onnx_path = art.path
@@ -170,7 +174,12 @@ def compile_model(
         t = time.perf_counter()
         log("building engine")
         data, build_record = build_engine(
-            onnx_path, build_options, example_shapes=example_shapes, on_derived=on_derived
+            onnx_path,
+            build_options,
+            example_shapes=example_shapes,
+            on_derived=on_derived,
+            limits=limits,
+            check_profile=lambda profile: check_profile(onnx_path, profile),
         )
         timings["build"] = time.perf_counter() - t
         records["build"] = build_record.to_dict()
