@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from trtforge.cli._options import from_params, option_group
-from trtforge.compiler.policy import PrecisionOptions
+from trtforge.compiler.policy import ExportOptions, PrecisionOptions
 
 EXAMPLES = """\b
 MODEL_OR_ENGINE is one of:
@@ -81,9 +81,7 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 )
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ORT intra-op and torch threads.")
 @click.option("--tolerance", "tolerances", multiple=True, metavar="[T/]OUT:k=v,...", help="Repeatable.")
-@click.option(
-    "--output-name", "output_names", multiple=True, help="Name a factory model's outputs, in order."
-)
+@option_group(ExportOptions, only=("output_names",), scope="Torch sources (module, factory): ")
 @click.option("--check", is_flag=True, help="Exit 3 when a compared output fails its tolerance.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def report_cmd(

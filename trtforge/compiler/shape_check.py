@@ -83,6 +83,12 @@ def _weight_bytes(path: Path) -> int:
     return total
 
 
+def _size(n: int) -> str:
+    if n >= 1 << 30:
+        return f"{n / 2**30:.1f} GiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
 def _custom_domains(path: Path) -> list[str]:
     import onnx
 
@@ -114,7 +120,7 @@ def check_profile(onnx_path: str | Path, profile: Mapping[str, ShapeRange]) -> d
     weights = _weight_bytes(path)
     if weights > MAX_WEIGHT_BYTES:
         record["skipped"] = (
-            f"weights are {weights / 2**30:.1f} GiB, above the {MAX_WEIGHT_BYTES >> 30} GiB threshold of the "
+            f"weights are {_size(weights)}, above the {_size(MAX_WEIGHT_BYTES)} threshold of the "
             "ONNX Runtime shape check"
         )
         return record
