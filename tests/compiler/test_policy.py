@@ -110,10 +110,10 @@ def test_native_attention_in_fp32_is_refused(precision: PrecisionOptions) -> Non
             PrecisionOptions(mode="fp16", calib_method="max"),
             "--calib-method is only used with --precision int8",
         ),
-        (PrecisionOptions(smoothquant=None), "--smoothquant is only used with --precision int8"),
+        (PrecisionOptions(smoothquant=None), "--no-smoothquant is only used with --precision int8"),
         (PrecisionOptions(int8_rest="bf16"), "--int8-rest is only used"),
         (PrecisionOptions(keep_fp32=("Gelu",)), "--keep-fp32 only applies to FP16/BF16 graphs"),
-        (PrecisionOptions(keep_io_types=False), "--keep-io-types only applies"),
+        (PrecisionOptions(keep_io_types=False), "--low-precision-io only applies"),
         (
             PrecisionOptions(mode="int8", calib_data="d.npz", int8_rest="fp32", data="x.npz"),
             "--precision-data only applies to FP16/BF16 graphs, but the unquantized rest stays FP32",

@@ -110,6 +110,6 @@ def passes_from_params(params: Mapping[str, Any], no_passes: bool) -> Any:
         return opts
     given = changed(opts, [f.name for f in dataclasses.fields(opts)])
     if given:
-        names = ", ".join(flag(PassOptions, n) for n in given)
+        names = ", ".join(flag(PassOptions, n, getattr(opts, n)) for n in given)
         raise click.UsageError(f"--no-passes cannot be combined with {names}: no fusion pass runs.")
     return None

@@ -206,10 +206,16 @@ def default_attention(precision: PrecisionOptions) -> str:
     return "native" if precision.low_precision() else "none"
 
 
-def flag(cls: type, name: str) -> str:
-    """The CLI flag of field `name` (its first spelling), for messages the API and CLI share."""
+def flag(cls: type, name: str, value: Any = None) -> str:
+    """The CLI flag of field `name` for messages the API and CLI share; for an on/off pair, the
+    spelling that sets `value` (e.g. --no-verify for False)."""
     meta = {f.name: f for f in dataclasses.fields(cls)}[name].metadata.get("cli")
-    return meta["flags"][0].split("/")[0] if meta else name
+    if not meta:
+        return name
+    on, _, off = meta["flags"][0].partition("/")
+    if value is None and "secondary" in meta:
+        return meta["secondary"]
+    return off if off and value is False else on
 
 
 def changed(obj: Any, names: Sequence[str]) -> list[str]:
@@ -242,7 +248,7 @@ def check_precision(precision: PrecisionOptions) -> None:
     else:
         extra = changed(precision, (*CALIBRATION_FIELDS, "int8_rest"))
         if extra:
-            names = ", ".join(flag(PrecisionOptions, n) for n in extra)
+            names = ", ".join(flag(PrecisionOptions, n, getattr(precision, n)) for n in extra)
             raise UserError(
                 f"{names} {'is' if len(extra) == 1 else 'are'} only used with --precision int8 (got "
                 f"--precision {precision.mode}); drop {'it' if len(extra) == 1 else 'them'} or ask for int8."
@@ -250,7 +256,7 @@ def check_precision(precision: PrecisionOptions) -> None:
     if precision.low_precision() is None:
         extra = changed(precision, FLOAT_FIELDS)
         if extra:
-            names = ", ".join(flag(PrecisionOptions, n) for n in extra)
+            names = ", ".join(flag(PrecisionOptions, n, getattr(precision, n)) for n in extra)
             why = (
                 "the unquantized rest stays FP32 (--int8-rest fp32)"
                 if precision.mode == "int8"
