@@ -100,13 +100,12 @@ def compile_cmd(
     )
     console.print(f"[green]wrote[/green] {result.engine_path} and {result.manifest_path}")
     if report_dir is not None:
-        _write_report(
-            model, result, report_dir, export.output_names or (), precision.tokenizer, quiet, console
-        )
+        _write_report(model, result, report_dir, export.output_names or (), precision, quiet, console)
 
 
-def _write_report(model, result, report_dir, output_names, tokenizer, quiet, console) -> None:
-    """The compile's companion report: the source model's variants (and the engine where it can run)."""
+def _write_report(model, result, report_dir, output_names, precision, quiet, console) -> None:
+    """The compile's companion report: the source model's variants (and the engine where it can run),
+    with this compile's INT8 settings."""
     from trtforge.compiler.export import load_factory
     from trtforge.reports.api import build_report
 
@@ -120,7 +119,10 @@ def _write_report(model, result, report_dir, output_names, tokenizer, quiet, con
         source,
         out_dir=report_dir,
         output_names=list(output_names) or None,
-        tokenizer=tokenizer,
+        tokenizer=precision.tokenizer,
+        calibration_data=precision.calib_data,
+        calibration_options={"method": precision.calib_method, "smoothquant": precision.smoothquant},
+        int8_rest=precision.int8_rest,
         progress=not quiet,
     )
     console.print(f"[green]report[/green] {report.html_path}")
