@@ -21,6 +21,7 @@ from trtforge.compiler.shapes import format_range
 from trtforge.errors import UserError
 
 MAX_WEIGHT_BYTES = 2 << 30  # the same threshold as pass verification: ORT time and memory grow with it
+SEARCH_RUNS = 8  # runs spent finding a --shape that works, once MIN or MAX failed
 
 
 # numerics: a local exact-session helper; the lead may swap it for the shared numerics module.
@@ -30,7 +31,7 @@ def _exact_session(path: Path) -> Any:
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # fatal only: a failing run is reported by the exception
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
@@ -152,7 +153,8 @@ def check_profile(onnx_path: str | Path, profile: Mapping[str, ShapeRange]) -> d
                     f"the graph fails in ONNX Runtime at OPT too, so not because of the range: {opt_error}"
                 )
                 return record
-            raise UserError(_message(failures, dynamic))
+            end = "max" if "MAX" in failures else "min"
+            raise UserError(_message(failures, dynamic, _furthest(session, dynamic, end)))
     except _Unsupported as e:
         record["skipped"] = f"no synthetic inputs for this graph: {e}"
     finally:
@@ -163,17 +165,54 @@ def check_profile(onnx_path: str | Path, profile: Mapping[str, ShapeRange]) -> d
 _POINTS = (("MIN", "min"), ("MAX", "max"), ("OPT", "opt"))
 
 
-def _message(failures: Mapping[str, str], dynamic: Mapping[str, ShapeRange]) -> str:
-    """Name the failing end, each ranged input's shape there, and --shape options that run (OPT does)."""
+def _between(a: list[int], b: list[int], k: int, steps: int) -> list[int]:
+    return [x + (y - x) * k // steps for x, y in zip(a, b)]
+
+
+def _furthest(session: Any, dynamic: Mapping[str, ShapeRange], end: str) -> dict[str, list[int]]:
+    """Shapes near `end` ("min"/"max") that run: a bounded bisection on the line from OPT (at most
+    `SEARCH_RUNS` runs; OPT itself runs), then one run per axis position taking it to `end`."""
+    steps = max(abs(e - o) for r in dynamic.values() for o, e in zip(r.opt, getattr(r, end)))
+
+    def at(k: int) -> dict[str, list[int]]:
+        return {n: _between(list(r.opt), list(getattr(r, end)), k, steps) for n, r in dynamic.items()}
+
+    good, bad = 0, steps
+    for _ in range(SEARCH_RUNS):
+        if bad - good <= 1:
+            break
+        mid = (good + bad) // 2
+        if _run(session, at(mid)) is None:
+            good = mid
+        else:
+            bad = mid
+    best = at(good)
+    # Then each axis position alone (axis 0 of every input together, ...): a batch may reach `end`
+    # even where the sequence cannot.
+    for axis in range(max(len(r.opt) for r in dynamic.values())):
+        trial = {
+            n: [getattr(r, end)[a] if a == axis else d for a, d in enumerate(best[n])]
+            for n, r in dynamic.items()
+        }
+        if trial != best and _run(session, trial) is None:
+            best = trial
+    return best
+
+
+def _message(
+    failures: Mapping[str, str], dynamic: Mapping[str, ShapeRange], runs: Mapping[str, list[int]]
+) -> str:
+    """Name the failing end, each ranged input's shape there, and --shape options whose range ends at
+    the furthest shapes that ran (`runs`)."""
     label = "MAX" if "MAX" in failures else "MIN"
     attr, error = label.lower(), failures[label]
     shapes = ", ".join(f"{n} {'x'.join(map(str, getattr(r, attr)))}" for n, r in dynamic.items())
     fixes = []
     for name, rng in dynamic.items():
-        lo, hi = (rng.opt, rng.max) if label == "MIN" else (rng.min, rng.opt)
+        lo, hi = (runs[name], rng.max) if label == "MIN" else (rng.min, runs[name])
         fixes.append(f"--shape {name}:{format_range(ShapeRange(list(lo), list(rng.opt), list(hi)))}")
     return (
         f"the model cannot run at the profile's {label} shapes ({shapes}): ONNX Runtime fails with: {error}. "
-        f"An engine built for this range would fail on such inputs. OPT runs, so pass a range the model "
-        f"can take, e.g. {' '.join(fixes)}."
+        "An engine built for this range would fail on such inputs; pass a range the model can take, e.g. "
+        f"{' '.join(fixes)} (its {label} is the furthest shape toward the requested one that ran)."
     )
