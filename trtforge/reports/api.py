@@ -225,6 +225,11 @@ def build_report(
             f"reports need Polygraphy's runners and comparator ({e}); install it: pip install polygraphy"
         ) from e
     src = load_source(source)
+    if output_names and src.kind != "module":
+        raise UserError(
+            f"--output-name only applies to a torch module source (it names the exported outputs), but "
+            f"'{src.label}' is an {src.kind} whose outputs are already named."
+        )
     src.output_names = list(output_names) if output_names else None
     names = validate_names(list(targets) if targets else default_targets(src))
     names, reference = _pick_reference(names, reference, src.kind)

@@ -111,8 +111,8 @@ def fit_sizes(
     """Sizes the inputs can take: (accuracy batch, accuracy sequence, sweep sequences, notes).
 
     The accuracy feeds use the largest batch and the first sequence length, brought within every
-    spec's limits; sweep lengths outside the limits stay (their rows say why), and the largest length
-    the model takes is added when none fits.
+    spec's limits; sweep lengths outside the limits stay (their rows say why), and the accuracy
+    length is added when none fits.
     """
     batch_hi, seq_lo, seq_hi, source = MAX_BATCH, 1, None, None
     for s in specs:
@@ -130,11 +130,12 @@ def fit_sizes(
     if seq_hi is not None and has_seq_axis(specs):
         seq = min(max(seq, seq_lo), seq_hi)
         if not any(seq_lo <= x <= seq_hi for x in sweep):
-            sweep.append(seq_hi)
-        if any(x > seq_hi for x in seq_lens):
+            sweep.append(seq)
+        outside = [x for x in seq_lens if not seq_lo <= x <= seq_hi]
+        if outside:
             notes.append(
-                f"sequence lengths above {seq_hi} cannot run: the model takes at most {seq_hi} ({source}); "
-                f"accuracy inputs use length {seq}."
+                f"sequence lengths {outside} cannot run: the model takes {seq_lo} to at most {seq_hi} "
+                f"({source}); accuracy inputs use length {seq}."
             )
     return batch, seq, sweep, notes
 
