@@ -57,6 +57,7 @@ def test_bert64_shape_beyond_positions_exit_2_before_build(tmp_path, capsys, no_
     assert rc == 2, text
     assert "--shape input_ids: dim 1 ranges 1..128, but the model takes at most 64" in text
     assert "--shape input_ids:1x1:2x16:4x64" in text and "Traceback" not in text
+    assert "running stage" not in text  # refused right after export, before the graph stages
     assert not list(tmp_path.iterdir())
 
 
@@ -94,7 +95,7 @@ def test_bert64_report_runs_every_cpu_target(tmp_path, capsys) -> None:
     for t in doc["targets"]:
         assert t["status"] == "ok" or t["kind"] == "tensorrt", t
     assert all(shape["input_ids"][1] <= 64 for shape in doc["settings"]["accuracy_input_shapes"])
-    assert any("the model takes at most 64" in n for n in doc["notes"])
+    assert any("at most 64 (config.max_position_embeddings = 64" in n for n in doc["notes"])
     ran = [p for p in doc["latency"] if p["status"] == "ok"]
     assert ran and all(p["seq"] <= 64 for p in ran)
     targets = {t["name"]: t for t in doc["targets"]}

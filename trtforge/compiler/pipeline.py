@@ -24,7 +24,7 @@ from trtforge.compiler.manifest import Manifest, ShapeRange, manifest_path_for, 
 from trtforge.compiler.policy import ExportOptions, check_source
 from trtforge.compiler.shape_check import check_profile
 from trtforge.compiler.shape_limits import source_limits
-from trtforge.compiler.shapes import format_range
+from trtforge.compiler.shapes import format_range, onnx_input_descs, resolve_profile
 from trtforge.compiler.stages import PassOptions, PrecisionOptions, build_stages
 from trtforge.errors import UserError
 
@@ -153,6 +153,10 @@ def compile_model(
         }
         art, example_shapes, module = _source_artifact(model, example_inputs, workdir, export_kwargs, log)
         limits = source_limits(art.path, module)
+        # --shape checked against the exported inputs and their limits now, not after the graph stages
+        descs = onnx_input_descs(art.path)
+        if descs is not None:
+            resolve_profile(descs, shapes, example_shapes, limits)
         timings["export"] = time.perf_counter() - t
         records["export"] = art.record.to_dict()
         onnx_path = art.path

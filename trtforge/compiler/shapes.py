@@ -9,6 +9,7 @@ input's element count by `MAX_VOLUME`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -241,6 +242,29 @@ def limits_to_dict(limits: ShapeLimits) -> dict[str, dict[str, dict[str, Any]]]:
         name: {str(axis): {"min": lim.lo, "max": lim.hi, "source": lim.source} for axis, lim in axes.items()}
         for name, axes in limits.items()
     }
+
+
+def onnx_input_descs(model: Any) -> list[InputDesc] | None:
+    """InputDescs of an ONNX model's (or file's) graph inputs (initializers excluded), -1 for dynamic
+    dims, so `--shape` can be validated before TensorRT parses the graph; None when an input's rank
+    is not recorded (the parser then decides)."""
+    import onnx
+    from onnx import helper
+
+    if isinstance(model, (str, os.PathLike)):
+        model = onnx.load(str(model), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    descs = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        if not vi.type.tensor_type.HasField("shape"):
+            return None
+        dims = vi.type.tensor_type.shape.dim
+        shape = tuple(int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else -1 for d in dims)
+        dtype = str(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+        descs.append(InputDesc(vi.name, dtype, shape, tuple(d.dim_param or None for d in dims)))
+    return descs
 
 
 def format_range(rng: ShapeRange) -> str:
