@@ -134,3 +134,5 @@ def test_export_options_refused_for_onnx_sources() -> None:
         check_source("m.onnx", ExportOptions(dynamic="batch,seq", output_names=["y"]))
     with pytest.raises(UserError, match="--opset only applies"):
         check_source("m.onnx", ExportOptions(opset=17))
+    with pytest.raises(UserError, match="example_inputs only apply when exporting a torch module"):
+        check_source("m.onnx", ExportOptions(), example_inputs={"x": 1})

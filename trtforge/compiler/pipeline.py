@@ -113,7 +113,7 @@ def compile_model(
     log = log or (lambda _msg: None)
     if isinstance(precision, str):
         precision = PrecisionOptions(mode=precision.lower(), progress=progress)
-    check_source(model, ExportOptions(dynamic, output_names, opset, exporter))
+    check_source(model, ExportOptions(dynamic, output_names, opset, exporter), example_inputs)
     stages, precision_summary = build_stages(passes, precision)
     if precision_summary["attention"] == "plugin":
         from trtforge.compiler.backend import get_backend

@@ -284,12 +284,18 @@ def resolve_attention(passes: PassOptions | None, precision: PrecisionOptions) -
     return attention
 
 
-def check_source(source: Any, export: ExportOptions) -> None:
-    """Refuse export options for a source that is already ONNX (they would change nothing)."""
+def check_source(source: Any, export: ExportOptions, example_inputs: Any = None) -> None:
+    """Refuse export options (and example inputs) for a source that is already ONNX: they would
+    change nothing."""
     text = str(source) if isinstance(source, (str, bytes)) or hasattr(source, "__fspath__") else None
     if text is None or not text.endswith(".onnx"):
         return
     extra = changed(export, [f.name for f in dataclasses.fields(export)])
+    if example_inputs is not None:
+        raise UserError(
+            f"example_inputs only apply when exporting a torch module, but '{text}' is already ONNX; "
+            "its input shapes come from the file (profile ranges: shapes=... / --shape)."
+        )
     if extra:
         names = ", ".join(flag(ExportOptions, n) for n in extra)
         verb = "applies" if len(extra) == 1 else "apply"
