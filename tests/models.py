@@ -61,3 +61,25 @@ def tiny_onnx(path: Path, *, dynamic_batch: bool = True) -> Path:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(model, str(path))
     return path
+
+
+def tiny_bert_64(seed: int = 0) -> Any:
+    """A tiny random BertModel that knows only 64 positions (max_position_embeddings=64)."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    return BertModel(cfg).eval()
+
+
+def bert64_factory() -> tuple[Any, dict[str, Any]]:
+    """`module:factory` source for CLI tests: (tiny BERT with 64 positions, batch-2 length-8 inputs)."""
+    return tiny_bert_64(), bert_inputs(2, 8)

@@ -103,6 +103,35 @@ BAD_CASES = {
         "TensorRT-RTX engines are tied to the RTX release",
     ),
     "unknown pass": (lambda d: [str(d / "m.onnx"), "--passes", "cleanup,fuse_everything"], "fuse_everything"),
+    "export option for an onnx source": (
+        lambda d: [str(d / "m.onnx"), "--dynamic", "batch", "--output-name", "y"],
+        "--dynamic, --output-name only apply when exporting a torch module",
+    ),
+    "fp16 option in fp32": (
+        lambda d: [str(d / "m.onnx"), "--keep-fp32", "Relu"],
+        "--keep-fp32 only applies to FP16/BF16 graphs",
+    ),
+    "int8 option without int8": (
+        lambda d: [str(d / "m.onnx"), "--precision", "fp16", "--calib-method", "max"],
+        "--calib-method is only used with --precision int8",
+    ),
+    "native attention in fp32": (
+        lambda d: [str(d / "m.onnx"), "--attention", "native"],
+        "--attention native needs an FP16/BF16 graph",
+    ),
+    "no-passes with verify": (
+        lambda d: [str(d / "m.onnx"), "--no-passes", "--no-verify"],
+        "--no-passes cannot be combined with --no-verify",
+    ),
+    "too many streams": (
+        lambda d: [str(d / "m.onnx"), "--streams", "10000"],
+        "10000 is not in the range 1<=x<=32",
+    ),
+    "huge shape dim": (lambda d: [str(d / "m.onnx"), "--shape", "x:1x4:2x4:1000000000x4"], "above the limit"),
+    "overflowing shape dim": (
+        lambda d: [str(d / "m.onnx"), "--shape", "x:1x4:2x4:99999999999999999999999999x4"],
+        "above the limit of 1048576",
+    ),
 }
 
 

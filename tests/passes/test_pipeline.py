@@ -150,16 +150,21 @@ def _cli(argv):
 
 
 def test_cli_optimize_writes_model_and_ledger(tmp_path, capsys):
+    """Attention follows precision: fused to ONNX Attention in FP16, left decomposed in FP32."""
     src, dst, led = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "ledger.json"
     onnx.save(_model(), src)
-    assert _cli(["optimize", str(src), "-o", str(dst), "--ledger", str(led)]) == 0
+    assert _cli(["optimize", str(src), "-o", str(dst), "--ledger", str(led), "--precision", "fp16"]) == 0
     out = capsys.readouterr().out
     assert "attention" in out and "layernorm" in out and "opset raised 18 -> 23" in out
     assert op_counts(onnx.load(dst))["Attention"] == 1
     assert json.loads(led.read_text())["attention"] == "native"
     assert _cli(["optimize", str(src), "-o", str(dst)]) == 2  # exists, no --force
-    assert _cli(["optimize", str(src), "-o", str(dst), "--force", "--attention", "none"]) == 0
+    assert _cli(["optimize", str(src), "-o", str(dst), "--force", "--ledger", str(led)]) == 0
     assert "Attention" not in op_counts(onnx.load(dst))
+    assert json.loads(led.read_text())["attention"] == "none"
+    capsys.readouterr()
+    assert _cli(["optimize", str(src), "-o", str(dst), "--force", "--attention", "native"]) == 2
+    assert "--attention native needs an FP16/BF16 graph" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

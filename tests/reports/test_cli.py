@@ -54,6 +54,8 @@ def test_check_exits_3_when_an_output_fails(tmp_path, models, capsys):
         (["--batch", "0"], "positive integers"),
         (["--tolerance", "logits"], "--tolerance 'logits'"),
         (["--targets", "onnx=/does/not/exist.onnx"], "does not exist"),
+        (["--output-name", "y"], "--output-name only applies to a torch module source"),
+        (["--int8-rest", "fp64"], "Invalid value for '--int8-rest'"),
     ],
 )
 def test_bad_options_exit_2(tmp_path, models, capsys, extra, message):

@@ -68,3 +68,23 @@ def test_calibration_dataset_formats_are_accepted(tmp_path):
     assert sum(f["x"].shape[0] for f in feeds) == 10 and "calibration dataset" in label
     with pytest.raises(UserError):
         load_feeds(tmp_path / "missing_dir", specs)
+
+
+def test_model_limits_bound_generated_sizes(tmp_path):
+    """Known limits ride on the specs; accuracy sizes fit them and the sweep keeps a length that runs."""
+    from trtforge.compiler.shapes import AxisLimit
+    from trtforge.reports.inputs import fit_sizes
+
+    model = onnx.load(str(token_model_onnx(tmp_path / "t.onnx")))
+    lim = AxisLimit(1, 64, "config.max_position_embeddings = 64 of BertModel")
+    specs = specs_from_onnx(model, {"input_ids": {1: lim}, "attention_mask": {1: lim}})
+    assert specs[0].limits[1] == (1, 64) and specs[0].limit_source == lim.source
+    with pytest.raises(
+        UserError, match=r"outside the range the model takes \(config.max_position_embeddings"
+    ):
+        resolve_shape(specs[0], 2, 128)
+    batch, seq, sweep, notes = fit_sizes(specs, (1, 8), (128,))
+    assert (batch, seq, sweep) == (8, 64, [128, 64]) and "at most 64" in notes[0]
+    assert fit_sizes(specs, (1, 8), (16, 32)) == (8, 16, [16, 32], [])
+    engine = [IOSpec("ids", np.dtype("int64"), (None, None), limits=((1, 4), (8, 64)))]
+    assert fit_sizes(engine, (1, 16), (4,))[:3] == (4, 8, [4, 8])

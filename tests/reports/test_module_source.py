@@ -89,7 +89,9 @@ def test_records_threads_and_derivation(bert_report):
     result, doc = bert_report
     targets = {t["name"]: t for t in doc["targets"]}
     assert targets["ort-fused"]["derived_from"] == "ort" and targets["ort-fused"]["records"]["passes"]
-    assert targets["ort-int8"]["derived_from"] == "ort-fused"
+    assert (
+        targets["ort-int8"]["derived_from"] == "ort-fused@native"
+    )  # INT8 with an FP16 rest: native attention
     assert targets["ort-int8"]["records"]["calibration"]["data"] == "generated random inputs"
     assert targets["ort"]["threads"]["onnxruntime_intra_op_num_threads"] == 1
     assert targets["torch"]["threads"]["torch_num_threads"] == 1

@@ -1,28 +1,115 @@
-"""Click options that several commands share, defined once so defaults and help agree."""
+"""Click options generated from the policy's option dataclasses, so every command shows the same
+flags, help and defaults as the API (`trtforge.compiler.policy`, `trtforge.compiler.build`).
+
+    @option_group(PassOptions, only=("attention", "verify"))
+    def cmd(attention, verify): opts = from_params(PassOptions, locals())
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import click
 
 
-def smoothquant_options(scope: str = "") -> Callable[[Any], Any]:
-    """`--smoothquant ALPHA` and `--no-smoothquant` (used by `calibrate` and `compile`); `scope`
-    prefixes their help, e.g. "INT8: " where the options only matter for one precision."""
+def _click_type(meta: Mapping[str, Any], default: Any) -> Any:
+    if "choices" in meta:
+        return click.Choice(list(meta["choices"]))
+    if "min" in meta or "max" in meta:
+        kind = click.FloatRange if isinstance(meta.get("min", meta.get("max")), float) else click.IntRange
+        return kind(meta.get("min"), meta.get("max"))
+    if meta.get("path"):
+        return click.Path(dir_okay=False)
+    return None
+
+
+def _option(f: dataclasses.Field, meta: Mapping[str, Any], scope: str) -> Callable[[Any], Any]:
+    flags = meta["flags"]
+    default = f.default
+    is_bool = isinstance(default, bool)
+    kw: dict[str, Any] = {"help": scope + meta["help"]}
+    if meta.get("multiple"):
+        kw.update(multiple=True)
+    elif is_bool and "/" not in flags[0]:
+        kw.update(is_flag=True, default=default)
+    else:
+        kw.update(default=default, show_default=default is not None)
+    kind = _click_type(meta, default)
+    if kind is not None:
+        kw["type"] = kind
+    if "metavar" in meta:
+        kw["metavar"] = meta["metavar"]
+    return click.option(*flags, f.name, **kw)
+
+
+def option_group(
+    cls: type,
+    *,
+    only: Iterable[str] | None = None,
+    exclude: Iterable[str] = (),
+    flags: Mapping[str, tuple[str, ...]] | None = None,
+    scope: str = "",
+) -> Callable[[Any], Any]:
+    """Click options for the CLI fields of dataclass `cls` (parameter name = field name, default = the
+    field's); `flags` renames a field's option for one command, `scope` prefixes every help text."""
+    wanted = set(only) if only is not None else None
+    fields = [
+        f
+        for f in dataclasses.fields(cls)
+        if "cli" in f.metadata and (wanted is None or f.name in wanted) and f.name not in set(exclude)
+    ]
+    if wanted is not None and wanted - {f.name for f in fields}:
+        raise ValueError(f"{cls.__name__} has no CLI fields {sorted(wanted - {f.name for f in fields})}")
 
     def apply(command: Any) -> Any:
-        verb = f"{scope}calibrate" if scope else "Calibrate"
-        command = click.option("--no-smoothquant", is_flag=True, help=f"{verb} without SmoothQuant.")(command)
-        return click.option(
-            "--smoothquant",
-            type=float,
-            default=0.8,
-            show_default=True,
-            metavar="ALPHA",
-            help=f"{scope}SmoothQuant migration strength for MatMuls (0.8 took MiniLM from 0.911 to "
-            "0.997 cosine).",
-        )(command)
+        for f in reversed(fields):
+            meta = dict(f.metadata["cli"])
+            if flags and f.name in flags:
+                meta["flags"] = flags[f.name]
+            if "secondary" in meta:
+                off = f"{scope}Turn {meta['flags'][0]} off."
+                command = click.option(meta["secondary"], f"no_{f.name}", is_flag=True, help=off)(command)
+            command = _option(f, meta, scope)(command)
+        return command
 
     return apply
+
+
+def from_params(cls: type, params: Mapping[str, Any], **overrides: Any) -> Any:
+    """Build `cls` from a command's parameters: empty repeatable options fall back to the field default,
+    comma lists are split, a `--no-X` secondary flag sets X to None."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        meta = f.metadata.get("cli")
+        if meta is None or f.name not in params:
+            continue
+        value = params[f.name]
+        if meta.get("multiple"):
+            value = list(value) if value else f.default
+        if meta.get("csv") and isinstance(value, str):
+            value = [p.strip() for p in value.split(",") if p.strip()]
+        if "secondary" in meta and params.get(f"no_{f.name}"):
+            value = None
+        values[f.name] = value
+    return cls(**(values | overrides))
+
+
+def fields_of(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields as keyword arguments (shallow: values are passed as they are)."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+def passes_from_params(params: Mapping[str, Any], no_passes: bool) -> Any:
+    """PassOptions from a command's parameters, or None for `--no-passes` (which refuses pass options)."""
+    from trtforge.compiler.policy import PassOptions, changed, flag
+
+    opts = from_params(PassOptions, params)
+    if not no_passes:
+        return opts
+    given = changed(opts, [f.name for f in dataclasses.fields(opts)])
+    if given:
+        names = ", ".join(flag(PassOptions, n, getattr(opts, n)) for n in given)
+        raise click.UsageError(f"--no-passes cannot be combined with {names}: no fusion pass runs.")
+    return None

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
-from trtforge.cli._options import smoothquant_options
-
-METHODS = ("max", "percentile", "entropy", "mse")
+from trtforge.cli._options import from_params, option_group
+from trtforge.compiler.policy import PrecisionOptions
 
 
 @click.command(
@@ -30,27 +29,16 @@ Examples:
 @click.option(
     "-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Output ONNX."
 )
-@click.option(
-    "--method", type=click.Choice(METHODS), default="entropy", show_default=True, help="Range method."
+@option_group(
+    PrecisionOptions,
+    only=("calib_method", "calib_samples", "tokenizer", "smoothquant", "accuracy_target", "calib_cache"),
+    flags={"calib_method": ("--method",), "calib_samples": ("--samples",)},
 )
 @click.option("--percentile", type=float, default=99.99, show_default=True, help="For --method percentile.")
-@click.option("--samples", type=click.IntRange(min=1), default=None, help="Use at most N samples.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--shuffle-seed", type=int, default=None, help="Shuffle samples with this seed first.")
-@click.option("--tokenizer", default=None, help="Tokenizer for text data: a local HF path, or 'demo'.")
 @click.option("--op-types", default="MatMul,Gemm,Conv", show_default=True, help="Op types to quantize.")
 @click.option("--exclude", "exclude", multiple=True, help="Node name to keep in float (repeatable).")
-@smoothquant_options()
-@click.option(
-    "--accuracy-target", type=float, default=None, help="Held-out output cosine to keep (fallback)."
-)
-@click.option(
-    "--calib-cache",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Read scales from this TensorRT calibration cache if it exists, else write it. "
-    "Default: write OUTPUT with suffix .calib.cache.",
-)
 @click.option(
     "--real-tokens/--all-tokens",
     "real_tokens",
@@ -66,29 +54,28 @@ def calibrate_cmd(
     model,
     data,
     output,
-    method,
     percentile,
-    samples,
     batch_size,
     shuffle_seed,
-    tokenizer,
     op_types,
     exclude,
-    smoothquant,
-    no_smoothquant,
-    accuracy_target,
-    calib_cache,
     real_tokens,
     report,
     force,
     quiet,
+    **params,
 ) -> None:
-    """Calibrate MODEL on DATA and write it with INT8 Q/DQ nodes that TensorRT fuses."""
+    """Calibrate MODEL on DATA and write it with INT8 Q/DQ nodes that TensorRT fuses (the rest stays as
+    it is; `compile --precision int8` also converts the rest, see --int8-rest there)."""
     from trtforge._fileio import atomic_write_bytes, atomic_write_text, check_output_path
     from trtforge.calibration.api import calibrate_model
     from trtforge.calibration.cache import write_calibration_cache
     from trtforge.calibration.data import input_specs_from_model, load_dataset
     from trtforge.compiler.onnx_io import EXTERNAL_DATA_THRESHOLD, load_onnx, save_onnx
+
+    opts = from_params(PrecisionOptions, params, mode="int8", calib_data=data)
+    method, samples, tokenizer = opts.calib_method, opts.calib_samples, opts.tokenizer
+    calib_cache = Path(opts.calib_cache) if opts.calib_cache else None
 
     out = check_output_path(output, force=force, what="output model")
     default_cache = calib_cache is None
@@ -113,8 +100,8 @@ def calibrate_cmd(
         percentile=percentile,
         op_types=tuple(t.strip() for t in op_types.split(",") if t.strip()),
         exclude_nodes=tuple(exclude),
-        smoothquant=None if no_smoothquant else smoothquant,
-        accuracy_target=accuracy_target,
+        smoothquant=opts.smoothquant,
+        accuracy_target=opts.accuracy_target,
         calib_cache=None if default_cache else str(cache_path),
         only_real_tokens=real_tokens,
         progress=not quiet,

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from trtforge.passes.precision.cli_options import precision_options
+from trtforge.cli._options import from_params, option_group
+from trtforge.compiler.policy import PassOptions, PrecisionOptions
 
 EXAMPLES = """\b
 Examples:
   trtforge optimize bert.onnx -o bert.fused.onnx
-  trtforge optimize bert.onnx -o out.onnx --passes cleanup,gelu,attention --attention none
+  trtforge optimize bert.onnx -o out.onnx --passes cleanup,gelu,attention --precision fp16
   trtforge optimize big.onnx -o big.fused.onnx --no-verify --ledger big.passes.json
   trtforge optimize bert.onnx -o bert.fp16.onnx --precision fp16 --keep-fp32 Gelu
 \b
@@ -18,44 +21,21 @@ Verification runs ONNX Runtime before and after every pass with generated inputs
 stops with exit code 2 if a pass changes an output; it is skipped for models whose
 weights exceed 2 GiB. --precision fp16/bf16 then converts the fused graph (FP32
 islands decided by op type, by values seen on sample data, and by --keep-fp32).
+Attention becomes ONNX Attention (--attention native) only in an FP16/BF16 graph:
+TensorRT's fused attention does not build in FP32, so FP32 keeps the decomposed form.
 """
 
 
 @click.command("optimize", epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model", type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="ONNX file to write.")
-@click.option("--passes", default=None, metavar="LIST", help="Comma-separated pass names, in order.")
-@click.option(
-    "--verify/--no-verify", default=True, show_default=True, help="Check each pass with ONNX Runtime."
-)
-@click.option(
-    "--attention",
-    type=click.Choice(["native", "plugin", "paged", "none"]),
-    default="native",
-    show_default=True,
-    help="native: ONNX Attention (opset 23); plugin: trtforge flash-attention node; "
-    "paged: paged-cache decode steps -> trtforge PagedAttention node; none: keep.",
-)
+@option_group(PassOptions)
 @click.option(
     "--ledger", type=click.Path(dir_okay=False), default=None, help="Also write the pass ledger JSON."
 )
-@click.option("--debug", is_flag=True, help="Record why candidate matches were rejected (in the ledger).")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
-@precision_options(default="fp32")
-def optimize_cmd(
-    model: str,
-    output: str,
-    passes: str | None,
-    verify: bool,
-    attention: str,
-    ledger: str | None,
-    debug: bool,
-    force: bool,
-    precision: str,
-    keep_fp32: tuple[str, ...],
-    keep_io_types: bool,
-    precision_data: str | None,
-) -> None:
+@option_group(PrecisionOptions, only=("mode", "keep_fp32", "keep_io_types", "data", "tokenizer"))
+def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **params: Any) -> None:
     """Fuse LayerNorm, GELU, QKV projections and attention in MODEL; every pass verified by execution."""
     import json
 
@@ -63,23 +43,40 @@ def optimize_cmd(
 
     from trtforge._fileio import atomic_write_text, check_output_path
     from trtforge.compiler.onnx_io import load_onnx, save_onnx_atomic
+    from trtforge.compiler.policy import check_precision, resolve_attention
+    from trtforge.errors import UserError
     from trtforge.passes.pipeline import optimize_model
 
+    passes = from_params(PassOptions, params)
+    precision = from_params(PrecisionOptions, params)
+    if precision.mode == "int8":
+        raise UserError(
+            "--precision int8: `optimize` writes float graphs; INT8 needs calibration data, so run "
+            "`trtforge calibrate` on the optimized graph, or `trtforge compile --precision int8`."
+        )
+    check_precision(precision)
+    attention = resolve_attention(passes, precision)
     out_path = check_output_path(output, force=force)
     ledger_path = check_output_path(ledger, force=force, what="ledger") if ledger else None
-    names = [p.strip() for p in passes.split(",") if p.strip()] if passes is not None else None
     proto = load_onnx(model)
-    result, record = optimize_model(proto, passes=names, attention=attention, verify=verify, debug=debug)
+    result, record = optimize_model(
+        proto,
+        passes=list(passes.names) if passes.names is not None else None,
+        attention=attention,
+        verify=passes.verify,
+        debug=passes.debug,
+    )
     precision_record = None
-    if precision != "fp32":
+    if precision.low_precision():
         from trtforge.passes.precision.cli_options import convert_with_options
 
         result, precision_record = convert_with_options(
             result,
-            precision=precision,
-            keep_fp32=keep_fp32,
-            keep_io_types=keep_io_types,
-            precision_data=precision_data,
+            precision=precision.mode,
+            keep_fp32=precision.keep_fp32,
+            keep_io_types=precision.keep_io_types,
+            precision_data=precision.data,
+            tokenizer=precision.tokenizer,
         )
     save_onnx_atomic(result, out_path)
     if ledger_path is not None:
@@ -93,7 +90,7 @@ def optimize_cmd(
     if precision_record is not None:
         p = precision_record.to_dict()
         console.print(
-            f"{precision}: {p['low_precision_nodes']} nodes converted, {p['fp32_nodes']} kept FP32 "
+            f"{precision.mode}: {p['low_precision_nodes']} nodes converted, {p['fp32_nodes']} kept FP32 "
             f"{p['reason_counts'] or ''}, casts +{p['casts_inserted']}/-{p['casts_removed']}"
         )
     console.print(f"wrote {out_path}")

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
+
+from trtforge.cli._options import from_params, option_group
+from trtforge.compiler.policy import ExportOptions, PrecisionOptions
 
 EXAMPLES = """\b
 MODEL_OR_ENGINE is one of:
@@ -65,11 +70,7 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 @click.option(
     "--calibration-data", default=None, help="INT8 calibration data (default: --data, else generated)."
 )
-@click.option(
-    "--calib-method", default=None, help="INT8 calibration method (calibrate_model's default if unset)."
-)
-@click.option("--smoothquant", type=float, default=None, help="INT8: SmoothQuant alpha in [0, 1].")
-@click.option("--tokenizer", default=None, help="Tokenizer for text data: a Hugging Face path, or 'demo'.")
+@option_group(PrecisionOptions, only=("calib_method", "smoothquant", "int8_rest", "tokenizer"))
 @click.option("--batch", "batch", default="1,8", show_default=True, help="Batch sizes of the latency sweep.")
 @click.option("--seq", "seq", default="128", show_default=True, help="Sequence lengths of the latency sweep.")
 @click.option(
@@ -80,9 +81,7 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 )
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ORT intra-op and torch threads.")
 @click.option("--tolerance", "tolerances", multiple=True, metavar="[T/]OUT:k=v,...", help="Repeatable.")
-@click.option(
-    "--output-name", "output_names", multiple=True, help="Name a factory model's outputs, in order."
-)
+@option_group(ExportOptions, only=("output_names",), scope="Torch sources (module, factory): ")
 @click.option("--check", is_flag=True, help="Exit 3 when a compared output fails its tolerance.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def report_cmd(
@@ -92,9 +91,6 @@ def report_cmd(
     reference: str | None,
     data: str | None,
     calibration_data: str | None,
-    calib_method: str | None,
-    smoothquant: float | None,
-    tokenizer: str | None,
     batch: str,
     seq: str,
     warmup: int,
@@ -104,6 +100,7 @@ def report_cmd(
     output_names: tuple[str, ...],
     check: bool,
     no_progress: bool,
+    **params: Any,
 ) -> None:
     """Compare accuracy and latency of MODEL_OR_ENGINE across runtimes and precisions."""
     from pathlib import Path
@@ -118,7 +115,8 @@ def report_cmd(
         source = load_factory(model)
     names = [n for t in targets for n in t.split(",") if n.strip()] or None
     tol = dict(parse_tolerance(t) for t in tolerances)
-    calib = {k: v for k, v in (("method", calib_method), ("smoothquant", smoothquant)) if v is not None}
+    policy = from_params(PrecisionOptions, params)
+    calib = {"method": policy.calib_method, "smoothquant": policy.smoothquant}
     result = build_report(
         source,
         targets=names,
@@ -132,8 +130,9 @@ def report_cmd(
         tolerances=tol or None,
         progress=not no_progress,
         calibration_data=calibration_data,
-        calibration_options=calib or None,
-        tokenizer=tokenizer,
+        calibration_options=calib,
+        int8_rest=policy.int8_rest,
+        tokenizer=policy.tokenizer,
         threads=threads,
         output_names=output_names or None,
     )

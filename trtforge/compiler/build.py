@@ -19,28 +19,78 @@ from typing import Any
 from trtforge._fileio import atomic_write_bytes
 from trtforge.compiler.backend import Backend, get_backend, trt_dtype_name
 from trtforge.compiler.manifest import ShapeRange, TensorSpec
-from trtforge.compiler.shapes import InputDesc, resolve_profile
+from trtforge.compiler.policy import cli
+from trtforge.compiler.shapes import InputDesc, ShapeLimits, limits_to_dict, resolve_profile
 from trtforge.errors import BuildError, UserError
+
+# More profile copies than a GPU has hardware work queues (32) cannot run concurrently, and each copy
+# adds build time and engine size (10000 copies were still building after 60 s).
+MAX_STREAMS = 32
 
 
 @dataclass
 class BuildOptions:
-    """Builder settings. None means the backend's default."""
+    """Builder settings, one group for the API and every command (CLI flags are field metadata).
+    None means the backend's default."""
 
-    shapes: Mapping[str, ShapeRange] | Sequence[str] | None = None
-    opt_level: int | None = None
-    workspace_mb: int | None = None
-    timing_cache: str | os.PathLike[str] | None = None
-    streams: int = 1
-    aux_streams: int | None = None
-    targets: Sequence[str] | None = None
-    backend: str | None = None
+    shapes: Mapping[str, ShapeRange] | Sequence[str] | None = field(
+        default=None,
+        metadata=cli(
+            "--shape",
+            multiple=True,
+            metavar="NAME:MIN:OPT:MAX",
+            help="Profile range of a dynamic input, dims as 1x16 (like trtexec). Repeatable.",
+        ),
+    )
+    opt_level: int | None = field(
+        default=None, metadata=cli("--opt-level", min=0, max=5, help="Builder optimization level 0-5.")
+    )
+    workspace_mb: int | None = field(
+        default=None, metadata=cli("--workspace", min=1, help="Workspace limit in MiB.")
+    )
+    timing_cache: str | os.PathLike[str] | None = field(
+        default=None, metadata=cli("--timing-cache", path=True, help="Timing cache to reuse.")
+    )
+    streams: int = field(
+        default=1,
+        metadata=cli(
+            "--streams",
+            min=1,
+            max=MAX_STREAMS,
+            help="Copies of each profile, so N execution contexts can run concurrently.",
+        ),
+    )
+    aux_streams: int | None = field(
+        default=None, metadata=cli("--aux-streams", min=0, help="Max auxiliary streams per context.")
+    )
+    targets: Sequence[str] | None = field(
+        default=None,
+        metadata=cli(
+            "--target", multiple=True, metavar="SMxx", help="TensorRT-RTX target compute capability."
+        ),
+    )
+    backend: str | None = field(
+        default=None,
+        metadata=cli(
+            "--backend",
+            choices=("tensorrt", "tensorrt_rtx"),
+            help="Force a backend (default: $TRTFORGE_BACKEND, else tensorrt, else tensorrt_rtx).",
+        ),
+    )
     progress: bool = True
-    version_compatible: bool = False
+    version_compatible: bool = field(
+        default=False,
+        metadata=cli(
+            "--version-compatible",
+            help="Datacenter TensorRT: an engine later TensorRT versions can load (lean-runtime ops only).",
+        ),
+    )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, with shapes in --shape syntax when given as strings."""
+        """JSON-ready, with shapes in --shape syntax when given as strings; `progress` (display only)
+        is left out so the same request records the same options from the API and the CLI."""
         d = asdict(self)
+        del d["progress"]
         if isinstance(self.shapes, Mapping):
             d["shapes"] = {k: asdict(v) for k, v in self.shapes.items()}
         elif self.shapes is not None:
@@ -66,6 +116,8 @@ class BuildRecord:
     seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     engine_bytes: int = 0
+    shape_limits: dict[str, Any] = field(default_factory=dict)
+    shape_check: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -160,11 +212,20 @@ def build_engine(
     *,
     example_shapes: Mapping[str, Sequence[int]] | None = None,
     on_derived: Callable[[dict[str, ShapeRange]], None] | None = None,
+    limits: ShapeLimits | None = None,
+    check_profile: Callable[[dict[str, ShapeRange]], dict[str, Any]] | None = None,
 ) -> tuple[bytes, BuildRecord]:
-    """Parse `onnx_path` and build a serialized engine; raises UserError for bad models/options."""
+    """Parse `onnx_path` and build a serialized engine; raises UserError for bad models/options.
+
+    `limits` bound derived ranges and refuse user ranges beyond them; `check_profile(profile)` runs
+    before the builder (the pipeline passes the ONNX Runtime MIN/MAX check) and its record is kept.
+    """
     options = options or BuildOptions()
-    if options.streams < 1:
-        raise UserError(f"--streams must be at least 1, got {options.streams}.")
+    if not 1 <= options.streams <= MAX_STREAMS:
+        raise UserError(
+            f"--streams must be 1..{MAX_STREAMS}, got {options.streams}: each stream is a copy of the "
+            f"profile, and a GPU runs at most {MAX_STREAMS} streams concurrently."
+        )
     if options.opt_level is not None and not 0 <= options.opt_level <= 5:
         raise UserError(f"--opt-level must be 0..5, got {options.opt_level}.")
     if options.workspace_mb is not None and options.workspace_mb <= 0:
@@ -184,9 +245,11 @@ def build_engine(
     inputs, outputs = network_io(network)
     symbols = _onnx_symbols(onnx_path)
     descs = [InputDesc(t.name, t.dtype, tuple(t.shape), symbols.get(t.name, ())) for t in inputs]
-    profile, derived = resolve_profile(descs, options.shapes, example_shapes)
+    profile, derived = resolve_profile(descs, options.shapes, example_shapes, limits)
     if derived and on_derived is not None:
         on_derived(derived)
+    dynamic = any(-1 in d.shape for d in descs)
+    checked = check_profile(profile) if check_profile is not None and dynamic else None
 
     config = builder.create_builder_config()
     needs_profile = any(-1 in t.shape for t in inputs)
@@ -248,6 +311,8 @@ def build_engine(
         seconds=seconds,
         warnings=warnings,
         engine_bytes=len(data),
+        shape_limits=limits_to_dict(limits or {}),
+        shape_check=checked,
     )
     return data, record
 

@@ -21,7 +21,10 @@ from trtforge.compiler import export as export_mod
 from trtforge.compiler import onnx_io
 from trtforge.compiler.build import BuildOptions, build_engine
 from trtforge.compiler.manifest import Manifest, ShapeRange, manifest_path_for, write_manifest
-from trtforge.compiler.shapes import format_range
+from trtforge.compiler.policy import ExportOptions, check_source
+from trtforge.compiler.shape_check import check_profile
+from trtforge.compiler.shape_limits import source_limits
+from trtforge.compiler.shapes import format_range, onnx_input_descs, resolve_profile
 from trtforge.compiler.stages import PassOptions, PrecisionOptions, build_stages
 from trtforge.errors import UserError
 
@@ -41,15 +44,16 @@ class CompileResult:
 
 
 def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwargs: dict[str, Any], log: Log):
-    """Turn any accepted model form into an ONNX artifact on disk, plus example shapes if known."""
+    """Turn any accepted model form into an ONNX artifact on disk, plus example shapes and the torch
+    module where known."""
     if isinstance(model, (str, os.PathLike)):
         text = str(model)
         path = Path(text)
         if path.suffix == ".onnx":
-            return export_mod.from_onnx_file(path), None
+            return export_mod.from_onnx_file(path), None, None
         if path.suffix == ".pt2":
             log(f"exporting torch.export archive {path} to ONNX")
-            return export_mod.from_pt2(path, workdir, **export_kwargs), None
+            return export_mod.from_pt2(path, workdir, **export_kwargs), None, None
         if path.exists() or ":" not in text:
             if not path.exists():
                 raise UserError(
@@ -66,7 +70,11 @@ def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwar
     log(f"exporting {type(model).__name__} to ONNX")
     art = export_mod.export_module(model, example_inputs, workdir, **export_kwargs)
     feeds = export_mod.normalize_inputs(model, example_inputs)
-    return art, {k: list(v.shape) for k, v in feeds.items()}
+    return art, {k: list(v.shape) for k, v in feeds.items()}, model
+
+
+_BUILD = BuildOptions()
+_EXPORT = ExportOptions()
 
 
 def compile_model(
@@ -74,36 +82,45 @@ def compile_model(
     example_inputs: Any = None,
     output: str | os.PathLike[str] | None = None,
     *,
-    dynamic: export_mod.DynamicSpec = None,
-    output_names: Sequence[str] | None = None,
-    opset: int | None = None,
-    exporter: str = "auto",
-    shapes: Mapping[str, ShapeRange] | Sequence[str] | None = None,
-    opt_level: int | None = None,
-    workspace_mb: int | None = None,
-    timing_cache: str | os.PathLike[str] | None = None,
-    streams: int = 1,
-    aux_streams: int | None = None,
-    targets: Sequence[str] | None = None,
-    backend: str | None = None,
-    version_compatible: bool = False,
+    dynamic: export_mod.DynamicSpec = _EXPORT.dynamic,
+    output_names: Sequence[str] | None = _EXPORT.output_names,
+    opset: int | None = _EXPORT.opset,
+    exporter: str = _EXPORT.exporter,
+    shapes: Mapping[str, ShapeRange] | Sequence[str] | None = _BUILD.shapes,
+    opt_level: int | None = _BUILD.opt_level,
+    workspace_mb: int | None = _BUILD.workspace_mb,
+    timing_cache: str | os.PathLike[str] | None = _BUILD.timing_cache,
+    streams: int = _BUILD.streams,
+    aux_streams: int | None = _BUILD.aux_streams,
+    targets: Sequence[str] | None = _BUILD.targets,
+    backend: str | None = _BUILD.backend,
+    version_compatible: bool = _BUILD.version_compatible,
     passes: PassOptions | None = PassOptions(),  # noqa: B008 - frozen dataclass, immutable default
-    precision: PrecisionOptions | str = "fp32",
+    precision: PrecisionOptions | str = PrecisionOptions.mode,
     save_onnx: str | os.PathLike[str] | None = None,
     force: bool = False,
-    progress: bool = True,
+    progress: bool = _BUILD.progress,
     log: Log | None = None,
 ) -> CompileResult:
     """Compile `model` (nn.Module, .onnx, .pt2 path, or 'module:factory') into `output` (an .engine).
 
+    Defaults are the policy's (`compiler.policy`, `compiler.build.BuildOptions`), shared with the CLI.
     `passes=None` skips the fusion passes; `precision` is "fp32"|"fp16"|"bf16"|"int8" or a
-    PrecisionOptions (calibration data, FP32 islands, ...). Writes the engine and `<output>.json`
-    atomically; nothing is left behind on failure.
+    PrecisionOptions (calibration data, FP32 islands, ...). Options that do not apply to the source
+    or precision are refused. Writes the engine and `<output>.json` atomically; nothing is left
+    behind on failure.
     """
     log = log or (lambda _msg: None)
     if isinstance(precision, str):
         precision = PrecisionOptions(mode=precision.lower(), progress=progress)
+    check_source(model, ExportOptions(dynamic, output_names, opset, exporter), example_inputs)
     stages, precision_summary = build_stages(passes, precision)
+    if precision_summary["attention"] == "paged":
+        raise UserError(
+            "--attention paged rewrites decode-step attention into trtforge's PagedAttention node, which "
+            "`trtforge optimize` writes; compile does not register the paged plugin with the builder yet. "
+            "Use --attention native, plugin or none."
+        )
     if precision_summary["attention"] == "plugin":
         from trtforge.compiler.backend import get_backend
         from trtforge.plugins.attention.plugin import check_plugin_support
@@ -140,7 +157,12 @@ def compile_model(
             "opset": opset,
             "exporter": exporter,
         }
-        art, example_shapes = _source_artifact(model, example_inputs, workdir, export_kwargs, log)
+        art, example_shapes, module = _source_artifact(model, example_inputs, workdir, export_kwargs, log)
+        limits = source_limits(art.path, module)
+        # --shape checked against the exported inputs and their limits now, not after the graph stages
+        descs = onnx_input_descs(art.path)
+        if descs is not None:
+            resolve_profile(descs, shapes, example_shapes, limits)
         timings["export"] = time.perf_counter() - t
         records["export"] = art.record.to_dict()
         onnx_path = art.path
@@ -162,7 +184,12 @@ def compile_model(
         t = time.perf_counter()
         log("building engine")
         data, build_record = build_engine(
-            onnx_path, build_options, example_shapes=example_shapes, on_derived=on_derived
+            onnx_path,
+            build_options,
+            example_shapes=example_shapes,
+            on_derived=on_derived,
+            limits=limits,
+            check_profile=lambda profile: check_profile(onnx_path, profile),
         )
         timings["build"] = time.perf_counter() - t
         records["build"] = build_record.to_dict()

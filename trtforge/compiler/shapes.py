@@ -1,10 +1,18 @@
 """Optimization-profile shapes: parse `--shape NAME:MIN:OPT:MAX` (dims like `1x16`, as trtexec) and
-derive printed defaults for dynamic inputs the user did not specify."""
+derive printed defaults for dynamic inputs the user did not specify.
+
+Derived ranges respect the model's known limits (`AxisLimit`: e.g. a Hugging Face config's position
+count, an image size, a position table in the graph); a user range beyond a known limit is refused
+with the limit's source and a `--shape` that fits. Every dimension is bounded by `MAX_DIM` and every
+input's element count by `MAX_VOLUME`.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from trtforge.compiler.manifest import ShapeRange
 from trtforge.errors import UserError
@@ -12,6 +20,23 @@ from trtforge.errors import UserError
 # Derived defaults for a dynamic dim: (min, default opt, max floor). Axis 0 is treated as batch.
 BATCH_DEFAULT = (1, 8, 32)
 OTHER_DEFAULT = (1, 128, 512)
+# Bounds on any profile dimension and on an input's element count: TensorRT indexes most tensors with
+# 32-bit offsets, and a dimension above 2**20 (a million tokens/pixels per axis) is a typo in practice.
+MAX_DIM = 1 << 20
+MAX_VOLUME = (1 << 31) - 1
+
+
+@dataclass(frozen=True)
+class AxisLimit:
+    """What one input axis can take: `lo`..`hi`, and where that limit was read (for messages/records)."""
+
+    lo: int
+    hi: int
+    source: str
+
+
+# input name -> axis -> limit
+ShapeLimits = Mapping[str, Mapping[int, AxisLimit]]
 
 
 @dataclass(frozen=True)
@@ -34,6 +59,12 @@ def parse_dims(text: str, *, where: str) -> list[int]:
         raise UserError(f"{where}: '{text}' is not a shape; write dims as NxM, e.g. 1x128.") from None
     if any(d < 0 for d in dims):
         raise UserError(f"{where}: negative dimension in '{text}'.")
+    big = [d for d in dims if d > MAX_DIM]
+    if big:
+        raise UserError(
+            f"{where}: dimension {big[0]} in '{text}' is above the limit of {MAX_DIM} (2**20); "
+            "profile dimensions are sizes the engine must allocate for."
+        )
     return dims
 
 
@@ -75,17 +106,49 @@ def validate_range(desc: InputDesc, rng: ShapeRange) -> None:
             )
         if lo < 1 and desc.shape[axis] < 0:
             raise UserError(f"{where}: dim {axis} MIN must be at least 1, got {lo}.")
+    for label, dims in (("MIN", rng.min), ("OPT", rng.opt), ("MAX", rng.max)):
+        if any(d > MAX_DIM for d in dims):
+            raise UserError(f"{where}: {label} {_fmt(dims)} has a dimension above the limit of {MAX_DIM}.")
+    volume = 1
+    for d in rng.max:
+        volume *= d
+    if volume > MAX_VOLUME:
+        raise UserError(
+            f"{where}: MAX {_fmt(rng.max)} holds {volume} elements, above TensorRT's 2**31 - 1 per tensor; "
+            "pass a smaller MAX."
+        )
+
+
+def check_limits(desc: InputDesc, rng: ShapeRange, limits: Mapping[int, AxisLimit]) -> None:
+    """Refuse a user range outside the model's known limits, naming the limit's source and a fix."""
+    for axis, lim in sorted(limits.items()):
+        if axis >= len(rng.min):
+            continue
+        lo, hi = rng.min[axis], rng.max[axis]
+        if lo >= lim.lo and hi <= lim.hi:
+            continue
+        fixed = [list(d) for d in (rng.min, rng.opt, rng.max)]
+        for dims in fixed:
+            dims[axis] = min(max(dims[axis], lim.lo), lim.hi)
+        suggestion = f"--shape {desc.name}:" + ":".join(_fmt(d) for d in fixed)
+        bound = f"at most {lim.hi}" if hi > lim.hi else f"at least {lim.lo}"
+        raise UserError(
+            f"--shape {desc.name}: dim {axis} ranges {lo}..{hi}, but the model takes {bound} there "
+            f"({lim.source}); pass e.g. {suggestion}."
+        )
 
 
 def resolve_profile(
     inputs: Sequence[InputDesc],
     user: Mapping[str, ShapeRange] | Iterable[str] | None,
     example_shapes: Mapping[str, Sequence[int]] | None = None,
+    limits: ShapeLimits | None = None,
 ) -> tuple[dict[str, ShapeRange], dict[str, ShapeRange]]:
-    """Build one profile for every input: user ranges validated, the rest derived.
+    """Build one profile for every input: user ranges validated, the rest derived within `limits`.
 
     Returns (profile, derived) where `derived` holds the ranges trtforge chose (callers print them).
-    Inputs sharing a symbolic dim (e.g. 'batch') get the same derived range on that dim.
+    Inputs sharing a symbolic dim (e.g. 'batch') get the same derived range on that dim, and a limit
+    on one input's axis holds for every axis with the same symbol.
     """
     if user is not None and not isinstance(user, Mapping):
         parsed: dict[str, ShapeRange] = {}
@@ -102,11 +165,13 @@ def resolve_profile(
         raise UserError(
             f"--shape names unknown input(s) {unknown}; the model's inputs are {sorted(by_name)}."
         )
+    axis_limits = _spread_limits(inputs, limits or {})
     profile: dict[str, ShapeRange] = {}
     derived: dict[str, ShapeRange] = {}
     symbol_ranges: dict[str, tuple[int, int, int]] = {}
     for name, rng in user.items():
         validate_range(by_name[name], rng)
+        check_limits(by_name[name], rng, axis_limits.get(name, {}))
         profile[name] = rng
         for axis, sym in enumerate(by_name[name].symbols):
             if sym and by_name[name].shape[axis] < 0:
@@ -131,12 +196,75 @@ def resolve_profile(
                 if example is not None and axis < len(example):
                     b = int(example[axis])
                 c = max(floor, b)
+                lim = axis_limits.get(desc.name, {}).get(axis)
+                if lim is not None:
+                    a, c = max(a, lim.lo), min(c, lim.hi)
+                    b = min(max(b, a), c)
                 if sym:
                     symbol_ranges[sym] = (a, b, c)
             lo.append(a), mid.append(b), hi.append(c)
         rng = ShapeRange(lo, mid, hi)
         profile[desc.name] = derived[desc.name] = rng
     return profile, derived
+
+
+def _spread_limits(inputs: Sequence[InputDesc], limits: ShapeLimits) -> dict[str, dict[int, AxisLimit]]:
+    """Per-input axis limits, with each limit also applied to every axis sharing its symbol."""
+    by_symbol: dict[str, AxisLimit] = {}
+    out: dict[str, dict[int, AxisLimit]] = {}
+    for desc in inputs:
+        for axis, lim in (limits.get(desc.name) or {}).items():
+            out.setdefault(desc.name, {})[axis] = tighter_limit(out.get(desc.name, {}).get(axis), lim)
+            sym = desc.symbols[axis] if axis < len(desc.symbols) else None
+            if sym:
+                by_symbol[sym] = tighter_limit(by_symbol.get(sym), lim)
+    for desc in inputs:
+        for axis, sym in enumerate(desc.symbols):
+            if sym in by_symbol and axis < len(desc.shape) and desc.shape[axis] < 0:
+                out.setdefault(desc.name, {})[axis] = tighter_limit(
+                    out.get(desc.name, {}).get(axis), by_symbol[sym]
+                )
+    return out
+
+
+def tighter_limit(a: AxisLimit | None, b: AxisLimit) -> AxisLimit:
+    """The intersection of two limits of one axis, keeping the source of the tighter upper bound."""
+    if a is None:
+        return b
+    if (a.lo, a.hi) == (b.lo, b.hi):
+        return a
+    return AxisLimit(max(a.lo, b.lo), min(a.hi, b.hi), a.source if a.hi <= b.hi else b.source)
+
+
+def limits_to_dict(limits: ShapeLimits) -> dict[str, dict[str, dict[str, Any]]]:
+    """JSON-ready form of `limits` for records: {input: {axis: {min, max, source}}}."""
+    return {
+        name: {str(axis): {"min": lim.lo, "max": lim.hi, "source": lim.source} for axis, lim in axes.items()}
+        for name, axes in limits.items()
+    }
+
+
+def onnx_input_descs(model: Any) -> list[InputDesc] | None:
+    """InputDescs of an ONNX model's (or file's) graph inputs (initializers excluded), -1 for dynamic
+    dims, so `--shape` can be validated before TensorRT parses the graph; None when an input's rank
+    is not recorded (the parser then decides)."""
+    import onnx
+    from onnx import helper
+
+    if isinstance(model, (str, os.PathLike)):
+        model = onnx.load(str(model), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    descs = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        if not vi.type.tensor_type.HasField("shape"):
+            return None
+        dims = vi.type.tensor_type.shape.dim
+        shape = tuple(int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else -1 for d in dims)
+        dtype = str(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+        descs.append(InputDesc(vi.name, dtype, shape, tuple(d.dim_param or None for d in dims)))
+    return descs
 
 
 def format_range(rng: ShapeRange) -> str:

@@ -1,21 +1,27 @@
 """Graph stages between export and build: fusion passes, then precision (FP16/BF16 casts or INT8
 Q/DQ). Each wraps a stage owned by another subpackage and returns (model, JSON-ready record).
 
-Attention: TensorRT's fused attention layer needs FP16/BF16 (an FP32 `Attention` node fails the
-build, measured with TensorRT-RTX), so the default strategy is `native` for fp16/bf16/int8+fp16
-and `none` (leave the decomposed form) for fp32 and int8+fp32.
+What a request means (defaults, attention by precision, inapplicable options) is decided in
+`trtforge.compiler.policy`; this module only orders the stages.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trtforge.errors import UserError
+from trtforge.compiler.policy import (
+    PRECISIONS,
+    PassOptions,
+    PrecisionOptions,
+    check_precision,
+    default_attention,
+    resolve_attention,
+)
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+__all__ = ["PRECISIONS", "GraphStage", "PassOptions", "PrecisionOptions", "build_stages", "default_attention"]
 
 
 @dataclass
@@ -24,52 +30,6 @@ class GraphStage:
 
     name: str
     fn: Callable[[Any], tuple[Any, dict[str, Any]]]
-
-
-@dataclass(frozen=True)
-class PassOptions:
-    """Fusion passes: `names=None` runs the default pipeline; `attention=None` picks by precision."""
-
-    names: Sequence[str] | None = None
-    attention: str | None = None
-    verify: bool = True
-    debug: bool = False
-
-
-@dataclass(frozen=True)
-class PrecisionOptions:
-    """Compute precision. For int8, `int8_rest` is the precision of what stays unquantized.
-
-    INT8 defaults to entropy calibration with SmoothQuant 0.8: measured on MiniLM (benchmarks/results/
-    calibration.md) entropy alone gave 0.911 mean cosine, with SmoothQuant 0.997, every MatMul INT8.
-    """
-
-    mode: str = "fp32"
-    keep_fp32: Sequence[str] = ()
-    keep_io_types: bool = True
-    data: Any = None
-    int8_rest: str = "fp32"
-    calib_data: Any = None
-    calib_method: str = "entropy"
-    calib_samples: int | None = None
-    calib_cache: str | None = None
-    accuracy_target: float | None = None
-    smoothquant: float | None = 0.8
-    tokenizer: Any = None
-    progress: bool = True
-
-    def low_precision(self) -> str | None:
-        """The float type the graph ends up in (None: FP32 throughout)."""
-        if self.mode in ("fp16", "bf16"):
-            return self.mode
-        if self.mode == "int8" and self.int8_rest in ("fp16", "bf16"):
-            return self.int8_rest
-        return None
-
-
-def default_attention(precision: PrecisionOptions) -> str:
-    """`native` when the graph will be FP16/BF16 around attention, else `none` (see module doc)."""
-    return "native" if precision.low_precision() else "none"
 
 
 def _passes_stage(opts: PassOptions, attention: str) -> GraphStage:
@@ -132,22 +92,10 @@ def _int8_stage(opts: PrecisionOptions) -> GraphStage:
 
 def build_stages(passes: PassOptions | None, precision: PrecisionOptions) -> tuple[list[GraphStage], dict]:
     """The ordered graph stages for a compile, plus a precision summary for the manifest."""
-    if precision.mode not in PRECISIONS:
-        raise UserError(f"--precision {precision.mode!r}: expected one of {', '.join(PRECISIONS)}.")
-    if precision.mode == "int8" and precision.calib_data is None and precision.calib_cache is None:
-        raise UserError(
-            "--precision int8 needs calibration data: pass --calib-data DATA (or --calib-cache FILE)."
-        )
-    if precision.mode != "int8" and precision.calib_data is not None:
-        raise UserError(
-            f"--calib-data is only used with --precision int8 (got --precision {precision.mode})."
-        )
-    if precision.int8_rest not in ("fp32", "fp16", "bf16"):
-        raise UserError(f"--int8-rest {precision.int8_rest!r}: expected fp32, fp16 or bf16.")
+    check_precision(precision)
+    attention = resolve_attention(passes, precision)
     stages: list[GraphStage] = []
-    attention = None
     if passes is not None:
-        attention = passes.attention or default_attention(precision)
         stages.append(_passes_stage(passes, attention))
     if precision.mode == "int8":
         stages.append(_int8_stage(precision))
@@ -160,5 +108,6 @@ def build_stages(passes: PassOptions | None, precision: PrecisionOptions) -> tup
         "attention": attention,
         "keep_fp32": list(precision.keep_fp32),
         "keep_io_types": precision.keep_io_types,
+        "int8_rest": precision.int8_rest if precision.mode == "int8" else None,
     }
     return stages, summary

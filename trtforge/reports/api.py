@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtforge.compiler.policy import PrecisionOptions
 from trtforge.errors import UserError
 from trtforge.reports.compare import compare_target
-from trtforge.reports.inputs import Feed, IOSpec, generate_feed, load_feeds, static_batch
+from trtforge.reports.inputs import Feed, IOSpec, fit_sizes, generate_feed, load_feeds, static_batch
 from trtforge.reports.latency import MemoryProbe, measure_point, sweep_points
 from trtforge.reports.results import FAILED, OK, AccuracyRow, LatencyPoint, Report, TargetRun
 from trtforge.reports.targets import Preparer, Target, default_targets, load_source, validate_names
@@ -194,6 +195,7 @@ def build_report(
     output_names: Sequence[str] | None = None,
     calibration_options: Mapping[str, Any] | None = None,
     padding_mask: str | None = "attention_mask",
+    int8_rest: str = PrecisionOptions.int8_rest,
 ) -> ReportResult:
     """Compare targets of `source` for accuracy and latency; write report.html/.md/.json into `out_dir`.
 
@@ -209,7 +211,9 @@ def build_report(
         threads: ONNX Runtime intra-op threads and torch threads (None: library defaults).
         classification: output names that get top-1/top-5 agreement (None: rank-2 float outputs).
         output_names: names for a module's outputs when it is exported (default output_0, ...).
-        calibration_options: keyword arguments for `calibrate_model` (method, smoothquant, ...).
+        calibration_options: keyword arguments for `calibrate_model` (method, smoothquant, ...) over
+            the compile policy's defaults (`trtforge.compiler.policy.PrecisionOptions`).
+        int8_rest: precision of what INT8 leaves unquantized (the policy's default, as `compile`).
         padding_mask: input whose zeros mark padding; token outputs are compared on real tokens only
             (None: compare every position).
     """
@@ -221,6 +225,11 @@ def build_report(
             f"reports need Polygraphy's runners and comparator ({e}); install it: pip install polygraphy"
         ) from e
     src = load_source(source)
+    if output_names and src.kind != "module":
+        raise UserError(
+            f"--output-name only applies to a torch module source (it names the exported outputs), but "
+            f"'{src.label}' is an {src.kind} whose outputs are already named."
+        )
     src.output_names = list(output_names) if output_names else None
     names = validate_names(list(targets) if targets else default_targets(src))
     names, reference = _pick_reference(names, reference, src.kind)
@@ -231,7 +240,6 @@ def build_report(
     bar = _Progress(progress, 2 * len(names))
     try:
         with bar.running(), _torch_threads(threads), quiet_polygraphy():
-            calib = _calibration_source(calibration_data, data, tokenizer, seq_lens[0], notes)
             prep = Preparer(
                 src,
                 workdir,
@@ -239,8 +247,15 @@ def build_report(
                 calibration=lambda: calib(prep),
                 tokenizer=tokenizer,
                 calibration_options=calibration_options,
-                engine_shapes=lambda specs: _engine_shapes(specs, batch_sizes, seq_lens),
+                engine_shapes=lambda specs: _engine_shapes(specs, batch_sizes, sweep_seqs),
+                int8_rest=int8_rest,
             )
+            base_specs = prep.base_specs()
+            acc_batch, acc_seq, sweep_seqs = max(batch_sizes), int(seq_lens[0]), list(seq_lens)
+            if base_specs:
+                acc_batch, acc_seq, sweep_seqs, fit_notes = fit_sizes(base_specs, batch_sizes, seq_lens)
+                notes += fit_notes
+            calib = _calibration_source(calibration_data, data, tokenizer, acc_seq, notes)
             prepared: dict[str, Target] = {}
             for n in names:
                 bar.step(f"preparing {n}")
@@ -249,14 +264,14 @@ def build_report(
             ref_specs = prepared[reference].specs or next(
                 (t.specs for t in prepared.values() if t.specs), None
             )
-            feeds, data_label = _accuracy_feeds(data, ref_specs, max(batch_sizes), seq_lens[0], tokenizer)
+            feeds, data_label = _accuracy_feeds(data, ref_specs, acc_batch, acc_seq, tokenizer)
             preload()
             runs_by_name: dict[str, TargetRun] = {}
             latency: list[LatencyPoint] = []
             for n in names:
                 bar.step(f"running {n}")
                 t = prepared[n]
-                points = sweep_points(t.specs or [], batch_sizes, seq_lens) if t.specs else []
+                points = sweep_points(t.specs or [], batch_sizes, sweep_seqs) if t.specs else []
                 runs_by_name[n], lat = _run_target(t, feeds, points, warmup, runs)
                 latency.extend(lat)
                 bar.step(f"ran {n}", advance=1)
@@ -281,7 +296,7 @@ def build_report(
         settings={
             "targets": names,
             "batch_sizes": [int(b) for b in batch_sizes],
-            "seq_lens": [int(s) for s in seq_lens],
+            "seq_lens": [int(s) for s in sweep_seqs],
             "warmup": warmup,
             "runs": runs,
             "threads": threads,
@@ -347,7 +362,8 @@ def _describe(data: Any) -> str:
 
 
 def _engine_shapes(specs: list[IOSpec], batch_sizes: Sequence[int], seq_lens: Sequence[int]) -> list[str]:
-    """`--shape` strings covering the sweep: min 1, opt and max at the largest batch / sequence."""
+    """`--shape` strings covering the sweep within the model's limits: min 1 (or the limit's), opt and
+    max at the largest batch / sequence the model takes."""
     out = []
     for s in specs:
         lo, hi = [], []
@@ -356,8 +372,10 @@ def _engine_shapes(specs: list[IOSpec], batch_sizes: Sequence[int], seq_lens: Se
                 lo.append(d)
                 hi.append(d)
             else:
-                lo.append(1)
-                hi.append(max(batch_sizes) if axis == 0 else max(seq_lens))
+                a, b = s.limits[axis] if s.limits else (1, None)
+                want = max(batch_sizes) if axis == 0 else max(seq_lens)
+                lo.append(a)
+                hi.append(max(a, min(want, b)) if b is not None else want)
         fmt = "x".join
         out.append(f"{s.name}:{fmt(map(str, lo))}:{fmt(map(str, hi))}:{fmt(map(str, hi))}")
     return out

@@ -25,12 +25,14 @@ if TYPE_CHECKING:
     import onnx
 
     from trtforge.compiler.manifest import Manifest
+    from trtforge.compiler.shapes import ShapeLimits
 
 Dim = int | str | None  # static size, symbolic name, or unknown
 Feed = dict[str, np.ndarray]
 # Ops an index tensor may pass through on its way to the embedding Gather.
 _INDEX_PASSTHROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
 _NPZ_BATCH = 8  # samples per accuracy iteration when a .npz holds more
+MAX_BATCH = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,8 @@ class IOSpec:
     dtype: np.dtype
     shape: tuple[Dim, ...]
     vocab: int | None = None
-    limits: tuple[tuple[int, int], ...] | None = None  # from an engine's optimization profile
+    limits: tuple[tuple[int, int], ...] | None = None  # per axis: an engine's profile, or model limits
+    limit_source: str | None = None  # where `limits` came from (None: the engine profile)
 
 
 def _dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...]:
@@ -76,22 +79,65 @@ def vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
     return found
 
 
-def specs_from_onnx(model: onnx.ModelProto) -> list[IOSpec]:
-    """Input specs of an ONNX model (initializers excluded), with vocabulary sizes where found."""
+def specs_from_onnx(model: onnx.ModelProto, limits: ShapeLimits | None = None) -> list[IOSpec]:
+    """Input specs of an ONNX model (initializers excluded), with vocabulary sizes where found and the
+    model's known axis limits (`trtforge.compiler.shape_limits`) where given."""
     from onnx import helper
+
+    from trtforge.compiler.shapes import MAX_DIM
 
     inits = {i.name for i in model.graph.initializer}
     vocab = vocab_sizes(model)
-    return [
-        IOSpec(
-            vi.name,
-            np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)),
-            _dims(vi),
-            vocab.get(vi.name),
-        )
-        for vi in model.graph.input
-        if vi.name not in inits
-    ]
+    specs = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        dims = _dims(vi)
+        axes = (limits or {}).get(vi.name) or {}
+        spec_limits, source = None, None
+        if axes:
+            spec_limits = tuple(
+                (axes[a].lo, axes[a].hi) if a in axes else (1, MAX_DIM) for a in range(len(dims))
+            )
+            source = next(iter(axes.values())).source
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+        specs.append(IOSpec(vi.name, dtype, dims, vocab.get(vi.name), spec_limits, source))
+    return specs
+
+
+def fit_sizes(
+    specs: Sequence[IOSpec], batch_sizes: Sequence[int], seq_lens: Sequence[int]
+) -> tuple[int, int, list[int], list[str]]:
+    """Sizes the inputs can take: (accuracy batch, accuracy sequence, sweep sequences, notes).
+
+    The accuracy feeds use the largest batch and the first sequence length, brought within every
+    spec's limits; sweep lengths outside the limits stay (their rows say why), and the accuracy
+    length is added when none fits.
+    """
+    batch_hi, seq_lo, seq_hi, source = MAX_BATCH, 1, None, None
+    for s in specs:
+        for axis, (lo, hi) in enumerate(s.limits or ()):
+            dim = s.shape[axis] if axis < len(s.shape) else None
+            if isinstance(dim, int) and dim > 0:
+                continue
+            if axis == 0:
+                batch_hi = min(batch_hi, hi)
+            elif seq_hi is None or hi < seq_hi:
+                seq_lo, seq_hi, source = max(seq_lo, lo), hi, s.limit_source or "the engine profile"
+    notes = []
+    batch = min(max(batch_sizes), batch_hi)
+    seq, sweep = int(seq_lens[0]), [int(x) for x in seq_lens]
+    if seq_hi is not None and has_seq_axis(specs):
+        seq = min(max(seq, seq_lo), seq_hi)
+        if not any(seq_lo <= x <= seq_hi for x in sweep):
+            sweep.append(seq)
+        outside = [x for x in seq_lens if not seq_lo <= x <= seq_hi]
+        if outside:
+            notes.append(
+                f"sequence lengths {outside} cannot run: the model takes {seq_lo} to at most {seq_hi} "
+                f"({source}); accuracy inputs use length {seq}."
+            )
+    return batch, seq, sweep, notes
 
 
 def specs_from_manifest(manifest: Manifest, vocab: Mapping[str, int] | None = None) -> list[IOSpec]:
@@ -122,9 +168,12 @@ def resolve_shape(spec: IOSpec, batch: int, seq: int | None) -> tuple[int, ...]:
             size = seq
         if spec.limits is not None and not spec.limits[axis][0] <= size <= spec.limits[axis][1]:
             lo, hi = spec.limits[axis]
-            raise UserError(
-                f"input '{spec.name}' axis {axis} = {size} is outside the engine profile [{lo}, {hi}]"
+            where = (
+                f"the range the model takes ({spec.limit_source})"
+                if spec.limit_source
+                else "the engine profile"
             )
+            raise UserError(f"input '{spec.name}' axis {axis} = {size} is outside {where} [{lo}, {hi}]")
         shape.append(size)
     return tuple(shape)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtforge.compiler.policy import PrecisionOptions, default_attention
 from trtforge.errors import UserError
 from trtforge.reports.inputs import IOSpec, specs_from_manifest, specs_from_onnx, vocab_sizes
 from trtforge.reports.results import FAILED, NOT_RUN, TargetInfo
@@ -117,12 +118,37 @@ class Preparer:
         tokenizer: Any = None,
         calibration_options: Mapping[str, Any] | None = None,
         engine_shapes: Callable[[list[IOSpec]], list[str]] | None = None,
+        int8_rest: str = PrecisionOptions.int8_rest,
     ):
         self.source, self.workdir, self.threads = source, workdir, threads
+        self.int8_rest = int8_rest
         self._calibration_options = dict(calibration_options or {})
         self._calibration, self._tokenizer, self._engine_shapes = calibration, tokenizer, engine_shapes
         self._graphs: dict[str, _Graph] = {}
+        self._limits: dict[str, Any] | None = None
         self.output_names: list[str] | None = None
+
+    # -- shapes --------------------------------------------------------------------------------
+    def limits(self, name: str = "ort") -> Any:
+        """Known axis limits of the source's inputs (HF config, graph position tables), or of an
+        external ONNX target's own graph."""
+        from trtforge.compiler.shape_limits import source_limits
+
+        if name.startswith(EXTERNAL):
+            g = self.graph(name)
+            return source_limits(g.proto) if g.error is None else {}
+        if self._limits is None:
+            g = self.graph("ort")
+            module = self.source.module if self.source.kind == "module" else None
+            self._limits = source_limits(g.proto, module) if g.error is None else {}
+        return self._limits
+
+    def base_specs(self) -> list[IOSpec] | None:
+        """The source's input specs with their limits (an engine's profile, else the model's)."""
+        if self.source.kind == "engine":
+            return specs_from_manifest(self.source.manifest)
+        g = self.graph("ort")
+        return specs_from_onnx(g.proto, self.limits()) if g.error is None else None
 
     # -- graphs --------------------------------------------------------------------------------
     def graph(self, name: str) -> _Graph:
@@ -144,6 +170,21 @@ class Preparer:
         onnx_io.save_onnx(proto, path)
         return _Graph(path=path, proto=proto, **kw)
 
+    def _fused_name(self, precision: PrecisionOptions) -> str:
+        """The fused graph a compile at `precision` starts from: passes with the policy's attention."""
+        attention = default_attention(precision)
+        return "ort-fused" if attention == default_attention(PrecisionOptions()) else f"ort-fused@{attention}"
+
+    def _base(self, precision: PrecisionOptions) -> tuple[str, _Graph]:
+        """The fused graph for `precision`, or the exported one when fusion failed."""
+        name = self._fused_name(precision)
+        if self.graph(name).error is not None:
+            name = "ort"
+        base = self.graph(name)
+        if base.error is not None:
+            raise UserError(f"no graph to derive from: {base.error}")
+        return name, base
+
     def _build_graph(self, name: str) -> _Graph:
         from trtforge.compiler import onnx_io
 
@@ -152,30 +193,46 @@ class Preparer:
         if name.startswith(EXTERNAL):
             path = Path(name[len(EXTERNAL) :])
             return _Graph(path=path, proto=onnx_io.load_onnx(path))
-        base_name = "ort" if name == "ort-fused" or self.graph("ort-fused").error else "ort-fused"
-        base = self.graph(base_name)
-        if base.error is not None:
-            raise UserError(f"no graph to derive from: {base.error}")
-        if name == "ort-fused":
+        if name.startswith("ort-fused"):
+            base = self.graph("ort")
+            if base.error is not None:
+                raise UserError(f"no graph to derive from: {base.error}")
+            attention = name.partition("@")[2] or default_attention(PrecisionOptions())
             optimize = _optional("trtforge.passes.pipeline", "optimize_model")
-            proto, ledger = optimize(base.proto, attention="native", verify=True)
+            proto, ledger = optimize(base.proto, attention=attention, verify=True)
             counts = {p.name: p.matches for p in ledger.passes}
-            return self._save(name, proto, derived_from="ort", records={"passes": counts})
+            return self._save(
+                name.replace("@", "-"),
+                proto,
+                derived_from="ort",
+                records={"passes": counts, "attention": attention},
+            )
         if name in ("ort-fp16", "ort-bf16"):
+            base_name, base = self._base(PrecisionOptions(mode=_PRECISION[name]))
             convert = _optional("trtforge.passes.precision", "convert_precision")
             proto, record = convert(base.proto, _PRECISION[name])
             return self._save(name, proto, derived_from=base_name, records={"precision": record.summary()})
         if name == "ort-int8":
+            policy = PrecisionOptions(mode="int8", int8_rest=self.int8_rest)
+            base_name, base = self._base(policy)
             calibrate = _optional("trtforge.calibration.api", "calibrate_model")
             data, data_label = self._calibration()
-            options = {"progress": False, "tokenizer": self._tokenizer} | self._calibration_options
+            options = {
+                "progress": False,
+                "tokenizer": self._tokenizer,
+                "method": policy.calib_method,
+                "smoothquant": policy.smoothquant,
+            } | self._calibration_options
             proto, record = calibrate(base.proto, data, **options)
             rec = record.to_dict()
             keys = ("method", "samples", "matmuls_quantized", "matmuls_total", "smoothquant")
-            summary = {k: rec.get(k) for k in keys}
-            return self._save(
-                name, proto, derived_from=base_name, records={"calibration": summary | {"data": data_label}}
-            )
+            records: dict[str, Any] = {"calibration": {k: rec.get(k) for k in keys} | {"data": data_label}}
+            low = policy.low_precision()
+            if low:
+                convert = _optional("trtforge.passes.precision", "convert_precision")
+                proto, precision_record = convert(proto, low)
+                records["precision"], records["int8_rest"] = precision_record.summary(), low
+            return self._save(name, proto, derived_from=base_name, records=records)
         raise UserError(f"no graph for target '{name}'")
 
     def _exported(self) -> _Graph:
@@ -220,7 +277,7 @@ class Preparer:
             "ort-fused": "fused graph (trtforge.passes)",
             "ort-fp16": "FP16 graph with FP32 islands",
             "ort-bf16": "BF16 graph with FP32 islands",
-            "ort-int8": "INT8 Q/DQ graph (trtforge.calibration)",
+            "ort-int8": f"INT8 Q/DQ graph (trtforge.calibration), {self.int8_rest.upper()} elsewhere",
         }.get(name, f"ONNX file {name[len(EXTERNAL) :]}")
         info = TargetInfo(name, "onnxruntime", precision, "cpu", f"ONNX Runtime, {desc}")
         g = self.graph(name)
@@ -231,7 +288,8 @@ class Preparer:
             return Target(info)
         path = g.path
         _, info.threads = make_ort_runner(path, self.threads, name)
-        return Target(info, specs_from_onnx(g.proto), lambda: make_ort_runner(path, self.threads, name)[0])
+        specs = specs_from_onnx(g.proto, self.limits(name))
+        return Target(info, specs, lambda: make_ort_runner(path, self.threads, name)[0])
 
     def _torch(self, name: str) -> Target:
         import torch
@@ -251,7 +309,11 @@ class Preparer:
             return Target(info)
         from trtforge.reports.runners import TorchRunner
 
-        specs, outs, module = specs_from_onnx(g.proto), list(self.output_names or []), self.source.module
+        specs, outs, module = (
+            specs_from_onnx(g.proto, self.limits()),
+            list(self.output_names or []),
+            self.source.module,
+        )
         return Target(
             info,
             specs,
@@ -303,9 +365,15 @@ class Preparer:
             raise UserError(f"graph '{graph_name}' is not available: {g.error}")
         from trtforge.compiler.pipeline import compile_model
 
-        shapes = self._engine_shapes(specs_from_onnx(g.proto)) if self._engine_shapes else None
+        shapes = self._engine_shapes(specs_from_onnx(g.proto, self.limits())) if self._engine_shapes else None
+        # The graph is already staged by the policy (passes, precision): the build adds nothing to it.
         result = compile_model(
-            str(g.path), output=self.workdir / f"{name}.engine", shapes=shapes, progress=False, force=True
+            str(g.path),
+            output=self.workdir / f"{name}.engine",
+            shapes=shapes,
+            passes=None,
+            progress=False,
+            force=True,
         )
         return result.engine_path, result.manifest
 

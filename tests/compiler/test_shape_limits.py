@@ -1,0 +1,93 @@
+"""Known input limits: from a Hugging Face config and from the ONNX graph, each with its source."""
+
+from __future__ import annotations
+
+from onnx import TensorProto, helper
+
+from tests.compiler._shape_models import broadcast_model, position_table_model
+from trtforge.compiler.shape_limits import graph_limits, module_limits, source_limits
+from trtforge.compiler.shapes import AxisLimit
+
+
+def _graph(*inputs: tuple[str, int, list]):
+    """A graph with just these inputs (name, ONNX type, dims): module limits only read its inputs."""
+    vis = [helper.make_tensor_value_info(n, t, d) for n, t, d in inputs]
+    return helper.make_model(helper.make_graph([], "g", vis, []))
+
+
+TOKENS = (
+    ("input_ids", TensorProto.INT64, ["batch", "seq"]),
+    ("attention_mask", TensorProto.INT64, ["batch", "seq"]),
+)
+
+
+def test_position_table_behind_range() -> None:
+    limits = graph_limits(position_table_model(rows=8))
+    assert limits == {"input_ids": {1: AxisLimit(1, 8, "the graph's position table 'pos_table' (8 rows)")}}
+
+
+def test_sliced_position_buffer_shorter_than_table() -> None:
+    assert graph_limits(position_table_model(rows=8, buffer=6))["input_ids"][1].hi == 6
+
+
+def test_token_lookup_and_plain_graphs_have_no_graph_limit() -> None:
+    """The vocabulary table is indexed by the input itself: no sequence limit; nor from a broadcast."""
+    assert graph_limits(broadcast_model()) == {}
+    model = position_table_model(rows=8)
+    kept = [n for n in model.graph.node if n.output[0] in ("emb",)]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    assert graph_limits(model) == {}
+
+
+def test_bert_config_positions() -> None:
+    from tests.models import tiny_bert_64
+
+    limits = module_limits(tiny_bert_64(), _graph(*TOKENS))
+    assert set(limits) == {"input_ids", "attention_mask"}
+    lim = limits["input_ids"][1]
+    assert (lim.lo, lim.hi) == (1, 64) and "config.max_position_embeddings = 64 of BertModel" in lim.source
+
+
+def test_roberta_positions_lose_the_padding_offset() -> None:
+    """RoBERTa numbers positions from padding_idx + 1, so 66 table rows hold 64 tokens."""
+    import torch
+    from transformers import RobertaConfig, RobertaModel
+
+    torch.manual_seed(0)
+    cfg = RobertaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=66,
+        pad_token_id=1,
+    )
+    lim = module_limits(RobertaModel(cfg), _graph(*TOKENS))["input_ids"][1]
+    assert lim.hi == 64 and "padding offset 2" in lim.source
+
+
+def test_image_size_fixes_spatial_axes() -> None:
+    from transformers import ViTConfig, ViTModel
+
+    cfg = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+    )
+    graph = _graph(("pixel_values", TensorProto.FLOAT, ["batch", 3, "h", "w"]))
+    limits = module_limits(ViTModel(cfg), graph)
+    assert {a: (lim.lo, lim.hi) for a, lim in limits["pixel_values"].items()} == {2: (32, 32), 3: (32, 32)}
+
+
+def test_source_limits_intersect_config_and_graph(tmp_path) -> None:
+    from tests.models import tiny_bert_64
+
+    path = tmp_path / "p.onnx"
+    position_table_model(path, rows=32)
+    both = source_limits(path, tiny_bert_64())
+    assert both["input_ids"][1].hi == 32 and "pos_table" in both["input_ids"][1].source
