@@ -39,8 +39,10 @@ from trtforge.passes._base import (
 from trtforge.passes.attention import ATTENTION, load_plugin_module
 from trtforge.passes.cleanup import CLEANUP
 from trtforge.passes.gelu import GELU
-from trtforge.passes.layernorm import LAYERNORM, RMSNORM
+from trtforge.passes.layernorm import LAYERNORM
 from trtforge.passes.qkv import QKV
+from trtforge.passes.rmsnorm import RMSNORM
+from trtforge.passes.rotary import ROTARY
 from trtforge.passes.verify import VERIFY_MAX_BYTES, Verifier, weight_bytes
 
 __all__ = [
@@ -53,8 +55,17 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PASSES: dict[str, PassSpec] = {p.name: p for p in (CLEANUP, LAYERNORM, RMSNORM, GELU, QKV, ATTENTION)}
-DEFAULT_PASSES: tuple[str, ...] = ("cleanup", "layernorm", "rmsnorm", "gelu", "qkv", "attention", "cleanup")
+PASSES: dict[str, PassSpec] = {p.name: p for p in (CLEANUP, LAYERNORM, RMSNORM, GELU, QKV, ROTARY, ATTENTION)}
+DEFAULT_PASSES: tuple[str, ...] = (
+    "cleanup",
+    "layernorm",
+    "rmsnorm",
+    "gelu",
+    "qkv",
+    "rotary",
+    "attention",
+    "cleanup",
+)
 
 
 def _validate(passes: Sequence[str] | None, attention: str) -> list[str]:
