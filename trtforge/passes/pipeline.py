@@ -43,6 +43,7 @@ from trtforge.passes.layernorm import LAYERNORM
 from trtforge.passes.qkv import QKV
 from trtforge.passes.rmsnorm import RMSNORM
 from trtforge.passes.rotary import ROTARY
+from trtforge.passes.swiglu import SWIGLU
 from trtforge.passes.verify import VERIFY_MAX_BYTES, Verifier, weight_bytes
 
 __all__ = [
@@ -55,12 +56,15 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PASSES: dict[str, PassSpec] = {p.name: p for p in (CLEANUP, LAYERNORM, RMSNORM, GELU, QKV, ROTARY, ATTENTION)}
+PASSES: dict[str, PassSpec] = {
+    p.name: p for p in (CLEANUP, LAYERNORM, RMSNORM, GELU, SWIGLU, QKV, ROTARY, ATTENTION)
+}
 DEFAULT_PASSES: tuple[str, ...] = (
     "cleanup",
     "layernorm",
     "rmsnorm",
     "gelu",
+    "swiglu",
     "qkv",
     "rotary",
     "attention",
