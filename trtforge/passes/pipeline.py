@@ -39,6 +39,7 @@ from trtforge.passes._base import (
 from trtforge.passes.attention import ATTENTION, load_plugin_module
 from trtforge.passes.cleanup import CLEANUP
 from trtforge.passes.gelu import GELU
+from trtforge.passes.gqa import GQA
 from trtforge.passes.layernorm import LAYERNORM
 from trtforge.passes.qkv import QKV
 from trtforge.passes.rmsnorm import RMSNORM
@@ -57,7 +58,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PASSES: dict[str, PassSpec] = {
-    p.name: p for p in (CLEANUP, LAYERNORM, RMSNORM, GELU, SWIGLU, QKV, ROTARY, ATTENTION)
+    p.name: p for p in (CLEANUP, LAYERNORM, RMSNORM, GELU, SWIGLU, QKV, ROTARY, ATTENTION, GQA)
 }
 DEFAULT_PASSES: tuple[str, ...] = (
     "cleanup",
@@ -68,6 +69,7 @@ DEFAULT_PASSES: tuple[str, ...] = (
     "qkv",
     "rotary",
     "attention",
+    "gqa",
     "cleanup",
 )
 

@@ -1,15 +1,16 @@
 """rotary: HF-style rotary position embedding -> `RotaryEmbedding` (opset 23, non-interleaved).
 
     y = x * cos + rotate_half(x) * sin,   rotate_half(x) = Concat(-x[..., D/2:], x[..., :D/2])
-    x: [B, H, S, D];  cos, sin: Unsqueeze([B' or 1, S, D], axis 1), each two equal halves
+    x: [B, H, S, D];  cos, sin: [B' or 1, 1, S, D], each made of two equal halves
       ->  RotaryEmbedding(x, Expand(cos_half, [B, S, 1]), Expand(sin_half, [B, S, 1]))
 
-A cache is accepted when its halves are provably equal: `Cos(Concat(f, f))` (HF computes
-`emb = cat(freqs, freqs)`, then `emb.cos() * attention_scaling`), `Concat(h, h)`, or a constant
-whose halves are equal; an optional scalar scale and Cast on top are carried to the half. The
-half point must be D/2 as a constant or as `Shape(x)[3] // 2` (legacy exports); D comes from the
-cache. `RotaryEmbedding` without position_ids wants caches of exactly [B, S, D/2] (ONNX Runtime
-1.32 rejects a batch-1 cache for batch 2), hence the Expand.
+A cache is `Unsqueeze(c, 1)` or a constant; it is accepted when its halves are provably equal:
+c = `Cos(Concat(f, f))` (HF computes `emb = cat(freqs, freqs)`, then `emb.cos() * scaling`),
+`Concat(h, h)`, or a constant whose halves are equal; an optional scalar scale and Cast on top
+are carried to the half. The half point must be D/2 as a constant or as `Shape(x)[3] // 2`
+(legacy exports); D comes from the cache. `RotaryEmbedding` without position_ids wants caches of
+exactly [B, S, D/2] (ONNX Runtime 1.32 rejects a batch-1 cache for batch 2), hence the Expand.
+BSHD-layout and interleaved (GPT-J style) rotary are left decomposed.
 
 onnxscript ships this fusion (`rules.fusion._rotary_embedding`) but it needs static head and
 head-size dims (legacy exports have none), only the `Cos(Concat(f, f))` form, and passes the
@@ -49,28 +50,29 @@ class RotaryFusion(pattern.RewriteRuleClassBase):
         )
         self.four = four_input_slices
 
-    def pattern(self, op, x, cos, sin, start1, end1, axes1, steps1, start2, end2, axes2, steps2, u1, u2):
+    def pattern(self, op, x, cos, sin, start1, end1, axes1, steps1, start2, end2, axes2, steps2):
         low = _slice(op, x, start1, end1, axes1, steps1, self.four)  # x[..., :D/2]
         high = _slice(op, x, start2, end2, axes2, steps2, self.four)  # x[..., D/2:]
         rotated = op.Concat(op.Neg(high), low, _outputs=["rotated"])
-        return op.Add(op.Mul(x, op.Unsqueeze(cos, u1)), op.Mul(rotated, op.Unsqueeze(sin, u2)))
+        return op.Add(op.Mul(x, cos), op.Mul(rotated, sin))
 
     def check(self, context, x, cos, sin, rotated, **b) -> pattern.MatchResult:
         result = pattern.MatchResult()
         if x.dtype not in _FLOATS or x.shape is None or x.shape.rank() != 4:
             return result.fail("rotary input is not a rank-4 float tensor [B, H, S, D]", x)
-        for u in (b["u1"], b["u2"]):
-            if not _ir_utils.is_singleton_value(u, 1):
-                return result.fail("cos/sin are not unsqueezed on the head axis (1)", u)
-        width = None
+        widths = set()
         for name, cache in (("cos", cos), ("sin", sin)):
-            if cache.shape is None or cache.shape.rank() != 3 or not isinstance(cache.shape[-1], int):
-                return result.fail(f"{name} is not a [B, S, D] tensor with static D", cache)
-            if _half_recipe(cache) is None:
-                return result.fail(f"{name} does not provably repeat its first half", cache)
-            width = cache.shape[-1]
-        if cos.shape[-1] != sin.shape[-1] or width % 2:
-            return result.fail("cos and sin widths differ or are odd", sin)
+            recipe = _half_recipe(cache)
+            if recipe is None:
+                return result.fail(
+                    f"{name} is not Unsqueeze([B, S, D], 1) / a [B, 1, S, D] constant that provably "
+                    "repeats its first half",
+                    cache,
+                )
+            widths.add(recipe[2])
+        if len(widths) != 1 or min(widths) % 2:
+            return result.fail(f"cos and sin widths {sorted(widths)} differ or are odd", sin)
+        width = widths.pop()
         if isinstance(x.shape[3], int) and x.shape[3] != width:
             return result.fail(f"head size {x.shape[3]} != rotary width {width}", x)
         axis = rotated.producer().attributes.get_int("axis", 0)
@@ -132,14 +134,26 @@ def _is_half(v: ir.Value, x: ir.Value, half: int) -> bool:
     return False
 
 
-def _half_recipe(cache: ir.Value) -> tuple[ir.Value, list[_Step]] | None:
-    """How to compute the first half of `cache` when its two halves are equal, else None.
+def _half_recipe(cache4: ir.Value) -> tuple[ir.Value | np.ndarray, list[_Step], int] | None:
+    """How to compute the [B', S, D/2] first half of a [B', 1, S, D] cache, and D; None if unproven.
 
-    Peels a trailing Cast and a scalar-constant Mul, then needs `Cos`/`Sin` of `Concat(f, f)`,
-    `Concat(h, h)` itself, or a constant with equal halves.
+    The cache is `Unsqueeze(c, [1])` with c a [B', S, D] tensor of static D, or a constant with
+    dim 1 of size 1. On c, a trailing Cast and a scalar-constant Mul are peeled, then it must be
+    `Cos`/`Sin` of `Concat(f, f)`, `Concat(h, h)` itself, or a constant with equal halves.
     """
+    node = cache4.producer()
+    if cache4.const_value is not None:
+        arr = cache4.const_value.numpy()
+        if arr.ndim != 4 or arr.shape[1] != 1:
+            return None
+        return _const_half(arr[:, 0])
+    if node is None or node.op_type != "Unsqueeze" or not _ir_utils.is_singleton_value(node.inputs[1], 1):
+        return None
+    v = node.inputs[0]
+    if v.shape is None or v.shape.rank() != 3 or not isinstance(v.shape[-1], int):
+        return None
+    width = v.shape[-1]
     steps: list[_Step] = []
-    v = cache
     for _ in range(4):
         node = v.producer()
         if node is None:
@@ -159,29 +173,29 @@ def _half_recipe(cache: ir.Value) -> tuple[ir.Value, list[_Step]] | None:
             break
     steps.reverse()
     if v.const_value is not None:
-        arr = v.const_value.numpy()
-        if arr.ndim == 0 or arr.shape[-1] % 2:
-            return None
-        h = arr.shape[-1] // 2
-        if not np.array_equal(arr[..., :h], arr[..., h:]):
-            return None
-        half = ir.Value(name=None, const_value=ir.tensor(np.ascontiguousarray(arr[..., :h])))
-        return half, steps
+        found = _const_half(v.const_value.numpy())
+        return (found[0], steps, width) if found is not None and found[2] == width else None
     node = v.producer()
     if node is None or node.op_type != "Concat" or len(node.inputs) != 2:
         return None
     if node.inputs[0] is not node.inputs[1] or node.attributes.get_int("axis", 0) not in (-1, 2):
         return None
-    return node.inputs[0], steps
+    return node.inputs[0], steps, width
 
 
-def _build_half(op, cache: ir.Value) -> ir.Value:
-    root, steps = _half_recipe(cache)
-    v = (
-        op.Constant(value=root.const_value)
-        if root.producer() is None and root.const_value is not None
-        else root
-    )
+def _const_half(arr: np.ndarray) -> tuple[np.ndarray, list[_Step], int] | None:
+    """First half of a constant [B', S, D] whose two halves along D are equal."""
+    if arr.ndim != 3 or arr.shape[-1] % 2:
+        return None
+    h = arr.shape[-1] // 2
+    if not np.array_equal(arr[..., :h], arr[..., h:]):
+        return None
+    return np.ascontiguousarray(arr[..., :h]), [], arr.shape[-1]
+
+
+def _build_half(op, cache4: ir.Value) -> ir.Value:
+    root, steps, _ = _half_recipe(cache4)
+    v = op.Constant(value=ir.tensor(root)) if isinstance(root, np.ndarray) else root
     for op_type, attrs, operand in steps:
         v = (
             getattr(op, op_type)(v, operand, **attrs)
