@@ -9,7 +9,7 @@ the attention reads n times fewer K/V bytes. Runs after the attention pass, on t
 emitted. Every dimension of both shape tensors except n must provably be k's own (a constant
 equal to k's static dim or 1 in Expand, or `Shape(t)[i]` of k or of a tensor with the same
 symbolic dim); legacy exports' `Where(shape == -1, 1, shape)` around the Expand shape is peeled.
-The head counts are set as attributes when known (for 4-D inputs they are implied by the shapes).
+The head counts are set as attributes when both are static (4-D inputs imply them anyway).
 
 TensorRT-RTX 1.7.1 (measured on this machine): 4-D `Attention` with 4 query and 2 K/V heads,
 with a bool mask or `is_causal`, parses to IAttention and builds in FP16.
@@ -75,10 +75,9 @@ class GQAFold(pattern.RewriteRuleClassBase):
     def rewrite(self, op, q, k, v, attention, **b):
         node = attention.producer()
         attrs: dict = dict(node.attributes)
-        n = _repeats(k, b["k5"], b["k4"])
-        kv_heads = k.shape[1] if isinstance(k.shape[1], int) else None
-        if kv_heads is not None:
-            attrs["q_num_heads"] = kv_heads * n
+        q_heads, kv_heads = q.shape[1], k.shape[1]
+        if isinstance(q_heads, int) and isinstance(kv_heads, int):
+            attrs["q_num_heads"] = q_heads
             attrs["kv_num_heads"] = kv_heads
         inputs = [q, k, v, *node.inputs[3:]]
         return op.Attention(*inputs, **attrs)
@@ -119,7 +118,8 @@ def _is_minus_one_guard(where: ir.Node) -> bool:
     eq = cond.producer() if cond is not None else None
     if eq is None or eq.op_type != "Equal" or s not in eq.inputs:
         return False
-    return _all_equal(ones, 1) and _all_equal(next(i for i in eq.inputs if i is not s), -1)
+    other = next((i for i in eq.inputs if i is not s), None)
+    return other is not None and ones is not None and _all_equal(ones, 1) and _all_equal(other, -1)
 
 
 def _all_equal(v: ir.Value, value: int) -> bool:

@@ -2,14 +2,16 @@
 
 `optimize_model` is the entry the compile pipeline and `trtforge optimize` use. The order lives in
 `DEFAULT_PASSES`, not in the passes: cleanup first (folding exposes the patterns), normalisations
-and activations, then the QKV merge, then attention (whose matcher reads Q/K/V after the merge),
-then a final cleanup of what the rewrites left dead.
+and activations, then the SwiGLU gate/up merge (before the generic sibling merge, which would
+otherwise take the pair unchecked), the QKV merge, rotary (on the merged Q/K heads), attention
+(whose matcher reads Q/K/V after those), the GQA fold (on the Attention nodes it emitted), then a
+final cleanup of what the rewrites left dead.
 
 Opset: the default-domain opset is raised once, before the first pass, to the highest opset the
-selected passes emit (`PassSpec.min_opset`: LayerNorm 18, Gelu 20, RMSNorm and native Attention
-23), with onnxscript's version converter (onnx's C converter as fallback). It is its own ledger
-step ("opset"), verified like a pass. Raising it up front keeps any plugin reference functions
-from being inlined by a later conversion.
+selected passes emit (`PassSpec.min_opset`: LayerNorm 18, Gelu 20, RMSNorm, RotaryEmbedding and
+native Attention 23), with onnxscript's version converter (onnx's C converter as fallback). It is
+its own ledger step ("opset"), verified like a pass. Raising it up front keeps any plugin
+reference functions from being inlined by a later conversion.
 
 Large models: above `verify.VERIFY_MAX_BYTES` (2 GiB) of weights, ONNX checking and ORT
 verification are skipped (both would need a second in-memory serialisation beyond protobuf's
