@@ -380,6 +380,8 @@ def test_every_decoder_layer_fused(decoder_export, kind, exporter):
     for att in (n for n in fused.graph.node if n.op_type == "Attention"):
         assert producers[att.input[1]] == "RotaryEmbedding"  # K without the repeat_kv copies
         assert producers[att.input[2]] == "Transpose"
+    repeats = [n for n in fused.graph.node if n.op_type == "Expand" and producers[n.input[0]] == "Unsqueeze"]
+    assert not repeats, "repeat_kv left alive after the GQA fold"
     assert ops["MatMul"] == 4 * LAYERS + 1  # QKV, o_proj, gate/up, down per layer + lm_head
     assert not {"Neg", "Sqrt", "ReduceMean", "Softmax"} & set(ops)
     assert ledger.opset_after == 23
@@ -391,7 +393,7 @@ def test_every_decoder_layer_fused(decoder_export, kind, exporter):
 HQ, HKV, DH = 4, 2, E // 4
 
 
-def _gqa_attention(g: GraphBuilder, form="dynamo", unsqueeze_axis=2, reshape_heads=None) -> None:
+def _gqa_attention(g: GraphBuilder, form="dynamo", unsqueeze_axis=2, reshape_heads=None, mask=False) -> None:
     """Decomposed attention whose K/V go through HF's repeat_kv (Unsqueeze-Expand-Reshape)."""
     x = g.x
 
@@ -426,6 +428,10 @@ def _gqa_attention(g: GraphBuilder, form="dynamo", unsqueeze_axis=2, reshape_hea
 
     kt = g.op("Transpose", repeat(k), perm=[0, 1, 3, 2])
     scores = g.op("Mul", g.op("MatMul", q, kt), g.const(DH**-0.5))
+    if mask:  # [B, 1, 1, S] padding mask: the attention pass expands it to Shape(key)[2]
+        m = g.op("Cast", g.mask_input(), to=TensorProto.FLOAT)
+        m = g.op("Mul", g.op("Sub", g.const(1.0), m), g.const(-10000.0))
+        scores = g.op("Add", scores, g.op("Unsqueeze", m, g.const(np.array([1, 2]), "axes")))
     o = g.op("MatMul", g.op("Softmax", scores, axis=-1), repeat(v))
     o = g.op("Transpose", o, perm=[0, 2, 1, 3])
     g.x = g.op("Reshape", o, g.const(np.array([0, 0, E]), "shape"))
@@ -439,12 +445,15 @@ def _gqa_model(**kw) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("form", ["dynamo", "legacy"])
-def test_gqa_repeat_kv_folds_into_attention(form):
-    passes = ["attention", "gqa"] if form == "legacy" else ["cleanup", "attention", "gqa"]
-    out, ledger = _fuse(_gqa_model(form=form), passes=passes)
+@pytest.mark.parametrize("mask", [False, True])
+def test_gqa_repeat_kv_folds_into_attention(form, mask):
+    passes = (
+        ["attention", "gqa", "cleanup"] if form == "legacy" else ["cleanup", "attention", "gqa", "cleanup"]
+    )
+    out, ledger = _fuse(_gqa_model(form=form, mask=mask), passes=passes)
     assert ledger.matches("attention") == 1 and ledger.matches("gqa") == 1
     ops = op_counts(out)
-    assert ops["Attention"] == 1 and "Expand" not in ops
+    assert ops["Attention"] == 1 and ops.get("Expand", 0) == int(mask)  # only the mask's, no repeat left
     att = next(n for n in out.graph.node if n.op_type == "Attention")
     producers = {o: n for n in out.graph.node for o in n.output}
     for name in att.input[1:3]:  # K and V now come straight from their head transposes

@@ -210,10 +210,67 @@ def gqa_rules() -> list[pattern.RewriteRule]:
     return [GQAFold.rule()]
 
 
+def _retarget_shapes(repeated: list[ir.Value]) -> int:
+    """Point `Shape` reads of folded repeats at the un-repeated K/V; returns how many moved.
+
+    The attention pass expands a mask to Shape(key)[2]; left on the repeat, that Shape alone would
+    keep the Unsqueeze-Expand-Reshape alive. Only Shapes not covering the head axis move, and
+    every other axis was proven equal when the repeat was folded.
+    """
+    moved = 0
+    for rep in repeated:
+        if not rep.consumers() or any(u.op_type == "Attention" for u in rep.consumers()):
+            continue  # dead already, or not folded
+        source = _peel_repeat(rep)
+        for use in list(rep.consumers()):
+            if use.op_type != "Shape" or use.inputs[0] is not rep or source is None:
+                continue
+            if _reads_no_head_axis(use):
+                use.replace_input_with(0, source)
+                moved += 1
+    return moved
+
+
+def _reads_no_head_axis(shape: ir.Node) -> bool:
+    """The Shape of a rank-4 tensor covers only axes >= 2, or is read only by Gathers of other axes."""
+    start, end = shape.attributes.get_int("start", 0), shape.attributes.get_int("end", None)
+    if start >= 2 and (end is None or end > start):
+        return True
+    if start != 0 or end is not None:
+        return False
+    users = shape.outputs[0].consumers()
+    for use in users:
+        index = _ir_utils.get_singleton_value(use.inputs[1]) if use.op_type == "Gather" else None
+        if use.attributes.get_int("axis", 0) != 0 or not isinstance(index, int) or index % 4 == 1:
+            return False
+    return bool(users) and not any(v in shape.graph.outputs for v in shape.outputs)
+
+
+def _peel_repeat(rep: ir.Value) -> ir.Value | None:
+    """k of Reshape(Expand(Unsqueeze(k)))."""
+    v: ir.Value | None = rep
+    for op_type in ("Reshape", "Expand", "Unsqueeze"):
+        node = v.producer() if v is not None else None
+        if node is None or node.op_type != op_type:
+            return None
+        v = node.inputs[0]
+    return v
+
+
 def run_gqa(model: ir.Model, ctx: PassContext) -> PassOutcome:
     """Fold repeat_kv into the Attention nodes in place."""
     outcome = PassOutcome()
-    apply_rules(model, gqa_rules(), ctx, outcome)
+    repeated = [
+        v
+        for n in model.graph
+        if n.op_type == "Attention" and n.domain in ("", "ai.onnx")
+        for v in n.inputs[1:3]
+        if v is not None and v.producer() is not None and v.producer().op_type == "Reshape"
+    ]
+    if apply_rules(model, gqa_rules(), ctx, outcome):
+        moved = _retarget_shapes(repeated)
+        if moved:
+            outcome.notes.append(f"{moved} Shape read(s) of folded K/V repeats moved to the grouped K/V")
     return outcome
 
 
