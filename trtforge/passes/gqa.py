@@ -278,5 +278,5 @@ GQA = PassSpec(
     name="gqa",
     summary="Attention over repeat_kv(K/V) -> Attention over grouped K/V heads (opset 23)",
     run=run_gqa,
-    min_opset=lambda ctx: GQA_OPSET,
+    min_opset=lambda ctx: GQA_OPSET if ctx.attention == "native" else None,
 )
