@@ -380,7 +380,14 @@ def test_every_decoder_layer_fused(decoder_export, kind, exporter):
     for att in (n for n in fused.graph.node if n.op_type == "Attention"):
         assert producers[att.input[1]] == "RotaryEmbedding"  # K without the repeat_kv copies
         assert producers[att.input[2]] == "Transpose"
-    repeats = [n for n in fused.graph.node if n.op_type == "Expand" and producers[n.input[0]] == "Unsqueeze"]
+    nodes = {o: n for n in fused.graph.node for o in n.output}
+    repeats = [  # Expand(Unsqueeze(K or V heads)): repeat_kv (the causal mask has Expand(Unsqueeze) too)
+        n
+        for n in fused.graph.node
+        if n.op_type == "Expand"
+        and producers.get(n.input[0]) == "Unsqueeze"
+        and producers.get(nodes[n.input[0]].input[0]) in ("RotaryEmbedding", "Transpose")
+    ]
     assert not repeats, "repeat_kv left alive after the GQA fold"
     assert ops["MatMul"] == 4 * LAYERS + 1  # QKV, o_proj, gate/up, down per layer + lm_head
     assert not {"Neg", "Sqrt", "ReduceMean", "Softmax"} & set(ops)
