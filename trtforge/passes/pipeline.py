@@ -2,14 +2,16 @@
 
 `optimize_model` is the entry the compile pipeline and `trtforge optimize` use. The order lives in
 `DEFAULT_PASSES`, not in the passes: cleanup first (folding exposes the patterns), normalisations
-and activations, then the QKV merge, then attention (whose matcher reads Q/K/V after the merge),
-then a final cleanup of what the rewrites left dead.
+and activations, then the SwiGLU gate/up merge (before the generic sibling merge, which would
+otherwise take the pair unchecked), the QKV merge, rotary (on the merged Q/K heads), attention
+(whose matcher reads Q/K/V after those), the GQA fold (on the Attention nodes it emitted), then a
+final cleanup of what the rewrites left dead.
 
 Opset: the default-domain opset is raised once, before the first pass, to the highest opset the
-selected passes emit (`PassSpec.min_opset`: LayerNorm 18, Gelu 20, RMSNorm and native Attention
-23), with onnxscript's version converter (onnx's C converter as fallback). It is its own ledger
-step ("opset"), verified like a pass. Raising it up front keeps any plugin reference functions
-from being inlined by a later conversion.
+selected passes emit (`PassSpec.min_opset`: LayerNorm 18, Gelu 20, RMSNorm, RotaryEmbedding and
+native Attention 23), with onnxscript's version converter (onnx's C converter as fallback). It is
+its own ledger step ("opset"), verified like a pass. Raising it up front keeps any plugin
+reference functions from being inlined by a later conversion.
 
 Large models: above `verify.VERIFY_MAX_BYTES` (2 GiB) of weights, ONNX checking and ORT
 verification are skipped (both would need a second in-memory serialisation beyond protobuf's
@@ -39,8 +41,12 @@ from trtforge.passes._base import (
 from trtforge.passes.attention import ATTENTION, load_plugin_module
 from trtforge.passes.cleanup import CLEANUP
 from trtforge.passes.gelu import GELU
-from trtforge.passes.layernorm import LAYERNORM, RMSNORM
+from trtforge.passes.gqa import GQA
+from trtforge.passes.layernorm import LAYERNORM
 from trtforge.passes.qkv import QKV
+from trtforge.passes.rmsnorm import RMSNORM
+from trtforge.passes.rotary import ROTARY
+from trtforge.passes.swiglu import SWIGLU
 from trtforge.passes.verify import VERIFY_MAX_BYTES, Verifier, weight_bytes
 
 __all__ = [
@@ -53,8 +59,21 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PASSES: dict[str, PassSpec] = {p.name: p for p in (CLEANUP, LAYERNORM, RMSNORM, GELU, QKV, ATTENTION)}
-DEFAULT_PASSES: tuple[str, ...] = ("cleanup", "layernorm", "rmsnorm", "gelu", "qkv", "attention", "cleanup")
+PASSES: dict[str, PassSpec] = {
+    p.name: p for p in (CLEANUP, LAYERNORM, RMSNORM, GELU, SWIGLU, QKV, ROTARY, ATTENTION, GQA)
+}
+DEFAULT_PASSES: tuple[str, ...] = (
+    "cleanup",
+    "layernorm",
+    "rmsnorm",
+    "gelu",
+    "swiglu",
+    "qkv",
+    "rotary",
+    "attention",
+    "gqa",
+    "cleanup",
+)
 
 
 def _validate(passes: Sequence[str] | None, attention: str) -> list[str]:
