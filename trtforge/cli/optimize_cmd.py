@@ -16,7 +16,8 @@ Examples:
   trtforge optimize big.onnx -o big.fused.onnx --no-verify --ledger big.passes.json
   trtforge optimize bert.onnx -o bert.fp16.onnx --precision fp16 --keep-fp32 Gelu
 \b
-Passes (default order): cleanup, layernorm, rmsnorm, gelu, qkv, attention, cleanup.
+Passes (default order): cleanup, layernorm, rmsnorm, gelu, swiglu, qkv, rotary, attention,
+gqa, cleanup.
 Verification runs ONNX Runtime before and after every pass with generated inputs and
 stops with exit code 2 if a pass changes an output; it is skipped for models whose
 weights exceed 2 GiB. --precision fp16/bf16 then converts the fused graph (FP32
