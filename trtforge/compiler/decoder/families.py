@@ -187,18 +187,25 @@ class Gpt2Style:
     def qkv(self, i: int, x: Tensor, rope: Any) -> tuple[Tensor, Tensor, Tensor, float]:
         attn = self.layers[i].attn
         h = self.layers[i].ln_1(x)
-        q, k, v = attn.c_attn(h).split(attn.split_size, dim=-1)
+        q, k, v = _conv1d(attn.c_attn, h).split(attn.split_size, dim=-1)
         d = attn.head_dim
         heads = [t.unflatten(-1, (-1, d)).transpose(1, 2) for t in (q, k, v)]
         return heads[0], heads[1], heads[2], float(attn.scaling)
 
     def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
         layer = self.layers[i]
-        x = x + layer.attn.c_proj(attn_out)
-        return x + layer.mlp(layer.ln_2(x))
+        x = x + _conv1d(layer.attn.c_proj, attn_out)
+        mlp = layer.mlp
+        return x + _conv1d(mlp.c_proj, mlp.act(_conv1d(mlp.c_fc, layer.ln_2(x))))
 
     def final_norm(self, x: Tensor) -> Tensor:
         return self.body.ln_f(x)
+
+
+def _conv1d(module: nn.Module, x: Tensor) -> Tensor:
+    """GPT-2's Conv1D (a linear layer with a [in, out] weight) without its view to a traced shape, which
+    the legacy exporter would freeze to the example's sequence length."""
+    return torch.matmul(x, module.weight) + module.bias
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
