@@ -13,16 +13,16 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     import transformers as tf
 
     torch.manual_seed(seed)
-    llama_like = dict(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=0.2,
-    )
+    llama_like = {
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "initializer_range": 0.2,
+    }
     if family == "gpt2":
         cfg = tf.GPT2Config(
             vocab_size=300,
