@@ -76,21 +76,23 @@ def generation_section(step: DecoderStep, *, max_batch: int, max_prefill: int, d
     }
 
 
-def example_feeds(step: DecoderStep, batch: int = 2, seq: int = 3) -> dict[str, torch.Tensor]:
+def example_feeds(generation: dict[str, Any], batch: int = 2, seq: int = 3) -> dict[str, torch.Tensor]:
     """Valid inputs for a prefill of `batch` rows with ragged lengths (row b has seq - b tokens, >= 1)."""
-    seq = max(1, min(seq, step.max_seq))
-    new = torch.tensor([max(1, seq - b) for b in range(batch)], dtype=torch.int64)
+    max_seq = int(generation["max_seq"])
+    seq = max(1, min(seq, max_seq))
+    cache = (batch, int(generation["num_kv_heads"]), max_seq, int(generation["head_dim"]))
+    ids = torch.randint(
+        0, int(generation["vocab_size"]), (batch, seq), generator=torch.Generator().manual_seed(0)
+    )
     feeds = {
-        "input_ids": torch.randint(
-            0, step.spec.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0)
-        ),
+        "input_ids": ids,
         "position_ids": torch.arange(seq, dtype=torch.int64)[None].repeat(batch, 1),
         "past_lens": torch.zeros(batch, dtype=torch.int64),
-        "new_lens": new,
+        "new_lens": torch.tensor([max(1, seq - b) for b in range(batch)], dtype=torch.int64),
     }
-    for i in range(step.spec.num_layers):
+    for i in range(int(generation["num_layers"])):
         for kind in ("key", "value"):
-            feeds[f"{kind}_cache.{i}"] = torch.zeros(step.cache_shape(batch))
+            feeds[f"{kind}_cache.{i}"] = torch.zeros(cache)
     return feeds
 
 
@@ -212,7 +214,9 @@ def export_step(
     spec = step.spec
     max_prefill = max_seq if max_prefill is None else max_prefill
     _check_limits(spec.max_positions, max_seq, max_batch, max_prefill)
-    feeds = example_feeds(step)
+    feeds = example_feeds(
+        generation_section(step, max_batch=max_batch, max_prefill=max_prefill, dtype="float32")
+    )
     path = Path(workdir) / "step.onnx"
     attempts = list(EXPORTERS) if exporter == "auto" else [exporter]
     fallback = None

@@ -60,7 +60,7 @@ class DecoderStep(nn.Module):
             updated += [key_cache, value_cache]
         if not self.all_logits:
             last = (new_lens - 1).clamp(min=0)[:, None, None].expand(-1, 1, x.shape[-1])
-            x = torch.gather(x, 1, last).squeeze(1)
+            x = torch.gather(x, 1, last)[:, 0]
         logits = self.model.lm_head(a.final_norm(x)).float()
         return (logits, *updated)
 
