@@ -68,3 +68,22 @@ def hf_greedy(model, prompt: list[int], new: int) -> tuple[list[int], torch.Tens
             return_dict_in_generate=True,
         )
     return out.sequences[0, len(prompt) :].tolist(), torch.cat(out.logits).float()
+
+
+def llama_factory():
+    """`module:factory` form for the CLI: (model, example_inputs); --generate ignores the inputs."""
+    return tiny_model("llama"), None
+
+
+def gpt2_factory():
+    return tiny_model("gpt2"), None
+
+
+def opt_factory():
+    """An unsupported family (OPT) for the error path."""
+    import transformers as tf
+
+    cfg = tf.OPTConfig(
+        vocab_size=300, hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4
+    )
+    return tf.OPTForCausalLM(cfg).eval(), None

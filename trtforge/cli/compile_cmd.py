@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from trtforge.cli._options import smoothquant_options
+from trtforge.cli.compile_generate import generate_options
 
 EXAMPLES = """\b
 MODEL is one of:
@@ -21,6 +22,7 @@ Examples:
   trtforge compile model.onnx -o model.engine --precision fp16 --keep-fp32 Gelu
   trtforge compile model.onnx -o model.engine --precision int8 --int8-rest fp16 \\
       --calib-data sentences.txt --tokenizer demo --calib-method entropy
+  trtforge compile ./llama-dir --generate -o llm.engine --max-seq 4096 --max-batch 8
 \b
 Stages: export -> fusion passes (verified by ONNX Runtime; --no-passes to skip) ->
 precision (fp16/bf16 casts, or INT8 Q/DQ calibrated on --calib-data) -> build.
@@ -165,7 +167,10 @@ opt from the example inputs); they are printed so you can paste and adjust them.
 @click.option("--save-onnx", type=click.Path(dir_okay=False), default=None, help="Also write the final ONNX.")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
+@generate_options
+@click.pass_context
 def compile_cmd(
+    ctx: click.Context,
     model: str,
     output: str,
     shapes: tuple[str, ...],
@@ -202,8 +207,14 @@ def compile_cmd(
     save_onnx: str | None,
     force: bool,
     quiet: bool,
+    generate: bool,
+    **generate_kw: int | None,
 ) -> None:
     """Compile MODEL into a TensorRT engine (OUT.engine) plus its manifest (OUT.engine.json)."""
+    if generate:
+        from trtforge.cli.compile_generate import run_generate
+
+        return run_generate(ctx, model, ctx.params)
     from rich.console import Console
 
     from trtforge.cli._render import manifest_tables, print_all, stage_summary_table, timings_table
