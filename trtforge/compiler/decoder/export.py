@@ -228,6 +228,9 @@ def export_step(
             try:
                 _quietly(_dynamo if which == "dynamo" else _legacy, step, feeds, path)
                 proto = ops.finalize_opset(onnx.load(str(path)))
+                # The legacy exporter annotates intermediates with the example's concrete sizes; shape-based
+                # folding in later passes would freeze them (seen: S baked into a Reshape). Drop them.
+                del proto.graph.value_info[:]
                 onnx.checker.check_model(proto, full_check=True)
                 errors = _verify(proto, step, feeds)
                 break
