@@ -100,3 +100,8 @@ def test_load_rejects_non_step_graph_and_engine(tmp_path):
     onnx.save(plain, str(tmp_path / "plain.onnx"))
     with pytest.raises(UserError, match="not a trtforge step graph"):
         trtforge.llm.load(tmp_path / "plain.onnx")
+
+
+def test_half_precision_model_is_refused(tmp_path):
+    with pytest.raises(UserError, match="torch.float16 weights"):
+        export_step(tiny_model("llama").half(), max_seq=16, exporter="legacy", workdir=tmp_path)

@@ -80,3 +80,16 @@ def test_generate_stops_row_at_eos(tmp_path):
     stopped = llm.generate(batch, max_new_tokens=10)
     assert stopped[0] == free[0][: free[0].index(free[0][2]) + 1]
     assert stopped[1] == free[1][: free[1].index(free[0][2]) + 1] if free[0][2] in free[1] else free[1]
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_sliding_window_layers_match_hf(family, tmp_path):
+    """A window shorter than the context: mistral (every layer) and qwen2 (layer_types mix)."""
+    extra = {"use_sliding_window": True, "max_window_layers": 1} if family == "qwen2" else {}
+    model = tiny_model(family, sliding_window=4, **extra)
+    path, result = _step_file(model, tmp_path, "legacy")
+    assert 4 in result.generation["sliding_windows"]
+    batch = prompts(300, lens=(9, 3))
+    got = trtforge.llm.load(path).generate(batch, max_new_tokens=8, stop_at_eos=False)
+    for b, prompt in enumerate(batch):
+        assert got[b] == hf_greedy(model, prompt, 8)[0]

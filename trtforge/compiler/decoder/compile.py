@@ -60,7 +60,9 @@ def load_causal_lm(source: Any) -> Any:
             raise UserError(
                 f"'{path}' holds a '{config.model_type}' model; --generate supports {', '.join(SUPPORTED)}."
             )
-        return transformers.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True).eval()
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            str(path), local_files_only=True, dtype=torch.float32
+        ).eval()
     if path.suffix in (".onnx", ".pt2", ".engine") or path.exists():
         raise UserError(
             f"--generate compiles a Hugging Face causal LM (nn.Module, save_pretrained directory or "

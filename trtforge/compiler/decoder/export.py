@@ -211,6 +211,13 @@ def export_step(
     if exporter not in ("auto", *EXPORTERS):
         raise UserError(f"exporter must be auto, dynamo or legacy; got '{exporter}'.")
     step = DecoderStep(model, max_seq, all_logits=all_logits)
+    dtypes = sorted({str(p.dtype) for p in model.parameters() if p.is_floating_point()} - {"torch.float32"})
+    if dtypes:
+        raise UserError(
+            f"{type(model).__name__} has {', '.join(dtypes)} weights; export the FP32 model (e.g. "
+            "from_pretrained(..., dtype=torch.float32)): the step graph is exported in FP32 and converted "
+            "to FP16/BF16 by --precision."
+        )
     spec = step.spec
     max_prefill = max_seq if max_prefill is None else max_prefill
     _check_limits(spec.max_positions, max_seq, max_batch, max_prefill)
