@@ -93,3 +93,27 @@ def test_sliding_window_layers_match_hf(family, tmp_path):
     got = trtforge.llm.load(path).generate(batch, max_new_tokens=8, stop_at_eos=False)
     for b, prompt in enumerate(batch):
         assert got[b] == hf_greedy(model, prompt, 8)[0]
+
+
+def test_all_logits_graph_matches_hf_forward(tmp_path):
+    """all_logits=True: logits of every new position of a ragged prefill, and generation still works."""
+    import torch
+
+    model = tiny_model("llama")
+    path, _ = _step_file(model, tmp_path, "legacy", all_logits=True)
+    llm = trtforge.llm.load(path)
+    batch = prompts(300, lens=(6, 2))
+    feeds = {
+        "input_ids": np.array([batch[0], batch[1] + [0] * 4], np.int64),
+        "position_ids": np.array([list(range(6)), [0, 1, 1, 1, 1, 1]], np.int64),
+        "past_lens": np.zeros(2, np.int64),
+        "new_lens": np.array([6, 2], np.int64),
+        **llm.executor.new_cache(2),
+    }
+    logits = llm.executor.run(feeds)["logits"]
+    assert logits.shape == (2, 6, 300)
+    with torch.no_grad():
+        for b, prompt in enumerate(batch):
+            want = model(torch.tensor([prompt])).logits[0].numpy()
+            assert np.abs(logits[b, : len(prompt)] - want).max() <= 1e-4
+    assert llm.generate(batch, 6, stop_at_eos=False) == [hf_greedy(model, p, 6)[0] for p in batch]

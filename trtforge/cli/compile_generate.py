@@ -61,6 +61,11 @@ def generate_options(fn: Any) -> Any:
             default=None,
             help="--generate: longest prompt in one prefill step (default: --max-seq).",
         ),
+        click.option(
+            "--all-logits",
+            is_flag=True,
+            help="--generate: output logits [B, S, V] of every new position, not only the last.",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -93,6 +98,7 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
         max_batch=params["max_batch"],
         max_prefill=params["max_prefill"],
         precision=precision,
+        all_logits=bool(params.get("all_logits")),
         exporter=params.get("exporter", "auto"),
         passes=not params.get("no_passes", False),
         save_onnx=params.get("save_onnx"),

@@ -84,6 +84,8 @@ class LLM:
         for step in range(max_new_tokens):
             out = ex.run(feeds)
             logits = out["logits"]
+            if logits.ndim == 3:  # an all-positions graph: each row's last real new token
+                logits = logits[np.arange(batch), feeds["new_lens"] - 1]
             yield logits
             if step == max_new_tokens - 1:
                 return
