@@ -24,7 +24,6 @@ _UNUSED = (
     "attention",
     "keep_fp32",
     "precision_data",
-    "calib_data",
     "calib_cache",
     "accuracy_target",
     "report_dir",
@@ -89,6 +88,7 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
     precision = params.get("precision", "fp16")
     if ctx.get_parameter_source("precision") in (ParameterSource.DEFAULT, None):
         precision = "fp16"
+    prompts = _read_prompts(params["calib_data"]) if params.get("calib_data") else None
     quiet = bool(params.get("quiet"))
     console = Console(quiet=quiet)
     result = compile_generate(
@@ -99,6 +99,7 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
         max_prefill=params["max_prefill"],
         precision=precision,
         all_logits=bool(params.get("all_logits")),
+        calib_prompts=prompts,
         exporter=params.get("exporter", "auto"),
         passes=not params.get("no_passes", False),
         save_onnx=params.get("save_onnx"),
@@ -120,3 +121,19 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
         f"profiles prefill={g['profiles']['prefill']} decode={g['profiles']['decode']}"
     )
     console.print(f"[green]wrote[/green] {result.engine_path} and {result.manifest_path}")
+
+
+def _read_prompts(path: str) -> list[list[int]]:
+    """--calib-data for --generate --precision int8: one prompt per line, token ids separated by spaces."""
+    from pathlib import Path
+
+    from trtforge.errors import UserError
+
+    try:
+        lines = [ln.split() for ln in Path(path).read_text().splitlines() if ln.strip()]
+        return [[int(t) for t in ln] for ln in lines]
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"--calib-data '{path}': expected a text file with one prompt per line as space-separated "
+            f"token ids ({e})."
+        ) from e

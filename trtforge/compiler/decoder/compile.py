@@ -32,8 +32,8 @@ from trtforge.compiler.manifest import Manifest, manifest_path_for, write_manife
 from trtforge.errors import UserError
 
 Log = Callable[[str], None]
-GENERATE_PRECISIONS = ("fp16", "bf16", "fp32")
-_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+GENERATE_PRECISIONS = ("fp16", "bf16", "fp32", "int8")
+_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "float16"}
 
 
 def load_causal_lm(source: Any) -> Any:
@@ -102,6 +102,7 @@ def compile_generate(
     exporter: str = "auto",
     passes: bool = True,
     all_logits: bool = False,
+    calib_prompts: Sequence[Sequence[int]] | None = None,
     save_onnx: str | os.PathLike[str] | None = None,
     build: bool = True,
     backend: str | None = None,
@@ -125,13 +126,16 @@ def compile_generate(
         precision = precision.lower()
     if precision not in GENERATE_PRECISIONS:
         raise UserError(
-            f"--generate --precision {precision!r}: step graphs are {', '.join(GENERATE_PRECISIONS)} "
-            "(INT8 SmoothQuant for decoders is not implemented yet)."
+            f"--generate --precision {precision!r}: step graphs are {', '.join(GENERATE_PRECISIONS)}."
         )
     if build and precision == "fp32":
         raise UserError(
             "--generate --precision fp32: TensorRT's attention layer builds only in FP16/BF16; use "
             "--precision fp16 (default) or bf16, or write the FP32 step graph alone (build=False, save_onnx)."
+        )
+    if precision == "int8" and not calib_prompts:
+        raise UserError(
+            "--generate --precision int8 needs calibration prompts (calib_prompts=[[ids...], ...])."
         )
     if build and output is None:
         raise UserError("an output engine path is required (output=... / -o OUT.engine).")
@@ -169,12 +173,20 @@ def compile_generate(
             proto, ledger = optimize_model(proto, attention="none", verify=True)
             timings["passes"] = time.perf_counter() - t
             records["passes"] = ledger.to_dict()
-        if precision != "fp32":
+        if precision == "int8":
+            from trtforge.compiler.decoder.int8 import quantize_step
+
             t = time.perf_counter()
-            log(f"converting to {precision}")
+            log(f"INT8 SmoothQuant W8A8, calibrated on {len(calib_prompts or [])} prompts")
+            proto, records["int8"] = quantize_step(proto, generation, calib_prompts or [], progress=progress)
+            timings["int8"] = time.perf_counter() - t
+        if precision != "fp32":
+            low = "fp16" if precision == "int8" else precision
+            t = time.perf_counter()
+            log(f"converting to {low}")
             data = [{k: v.numpy() for k, v in example_feeds(generation).items()}]
-            proto, records[precision] = _low_precision(proto, precision, data)
-            timings[precision] = time.perf_counter() - t
+            proto, records[low] = _low_precision(proto, low, data)
+            timings[low] = time.perf_counter() - t
         generation["cache"]["dtype"] = _DTYPE[precision]
         generation["profiles"] = {"prefill": PREFILL, "decode": DECODE}
         set_generation_metadata(proto, generation)
