@@ -29,5 +29,12 @@ step, which writes from past_lens+new_lens. A ``cache_layout="paged"`` variant (
 write (ScatterND by slot) and a Gather before ``Attention`` change; the mask contract stays.
 
 Engine: one engine with two optimization profiles, 0 = prefill (S in 1..max_prefill) and 1 = decode
-(S = 1), sharing one copy of the weights (:mod:`.compile`).
+(S = 1), sharing one copy of the weights (:mod:`.build`, :mod:`.compile`). Precision: FP16 (default)
+or BF16 with FP16/BF16 caches and FP32 logits; INT8 SmoothQuant W8A8 calibrated on prompts
+(:mod:`.int8`) with the rest FP16. FP32 engines are refused: TensorRT's attention layer needs FP16/BF16.
+
+Exporters: both work for all four families. The legacy one needed two workarounds, both in this
+package: GPT-2's Conv1D is applied as matmul + bias (its traced view froze S), and the exported
+graph's intermediate value_info is dropped (concrete example sizes that shape folding would bake in).
+The dynamo exporter is several times slower on this model size (40-150 s vs ~5 s on the CI box).
 """

@@ -2,6 +2,9 @@
 
 One engine rather than two: both phases share one copy of the weights (two engines would each embed
 them), and the cache inputs have the same static S_max in both. A context picks its profile per phase.
+Measured (TensorRT-RTX 1.7.1, CPU build, FP16 Llama-style hidden 256, 4 layers, vocab 2,000, S_max 256,
+B 4, prefill 128): one two-profile engine 15.7 MB vs 13.6 MB prefill-only + 11.7 MB decode-only =
+25.3 MB for two engines.
 """
 
 from __future__ import annotations
