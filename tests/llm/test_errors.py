@@ -58,6 +58,11 @@ def test_prompt_limits(llm):
         llm.generate([[1, 300]], 2)
     with pytest.raises(UserError, match="non-empty"):
         llm.generate([[]], 2)
+    with pytest.raises(UserError, match="integer token ids"):
+        llm.generate([[1.5, 2]], 2)
+    assert llm.generate(np.array([[3, 4]]), 2, stop_at_eos=False) == llm.generate(
+        [[3, 4]], 2, stop_at_eos=False
+    )
 
 
 def test_cache_from_another_engine(llm, tmp_path):
@@ -105,3 +110,24 @@ def test_load_rejects_non_step_graph_and_engine(tmp_path):
 def test_half_precision_model_is_refused(tmp_path):
     with pytest.raises(UserError, match="torch.float16 weights"):
         export_step(tiny_model("llama").half(), max_seq=16, exporter="legacy", workdir=tmp_path)
+
+
+def test_tiny_cache_compiles_and_generates(tmp_path):
+    """--max-seq below the pass verifier's sizes still compiles (checked on valid step feeds instead)."""
+    model = tiny_model("gpt2")
+    trtforge.compile(
+        model,
+        output=None,
+        generate=True,
+        build=False,
+        save_onnx=tmp_path / "s.onnx",
+        precision="fp32",
+        max_seq=4,
+        max_batch=1,
+        exporter="legacy",
+        progress=False,
+    )
+    llm = trtforge.llm.load(tmp_path / "s.onnx")
+    assert len(llm.generate([[1, 2]], 2, stop_at_eos=False)[0]) == 2
+    with pytest.raises(UserError, match="--max-seq"):
+        llm.generate([[1, 2, 3]], 2)

@@ -34,6 +34,8 @@ class LLM:
 
     def _check_prompts(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
         g = self.generation
+        if hasattr(prompts, "tolist"):  # numpy array / torch tensor [B, L]
+            prompts = prompts.tolist()
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
             raise UserError("prompts must be a non-empty list of token-id lists, e.g. [[1, 2, 3]].")
         if max_new_tokens < 1:
@@ -45,8 +47,13 @@ class LLM:
             )
         rows = []
         for b, p in enumerate(prompts):
+            p = p.tolist() if hasattr(p, "tolist") else p
             if isinstance(p, (str, bytes)) or not isinstance(p, Sequence) or not p:
                 raise UserError(f"prompt {b} must be a non-empty list of token ids.")
+            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in p):
+                raise UserError(
+                    f"prompt {b} must hold integer token ids, got {[type(t).__name__ for t in p][:3]}."
+                )
             ids = [int(t) for t in p]
             bad = [t for t in ids if not 0 <= t < g["vocab_size"]]
             if bad:
