@@ -208,7 +208,7 @@ def compile_cmd(
     force: bool,
     quiet: bool,
     generate: bool,
-    **generate_kw: int | None,
+    **generate_kw: object,
 ) -> None:
     """Compile MODEL into a TensorRT engine (OUT.engine) plus its manifest (OUT.engine.json)."""
     if generate:
