@@ -131,3 +131,16 @@ def test_tiny_cache_compiles_and_generates(tmp_path):
     assert len(llm.generate([[1, 2]], 2, stop_at_eos=False)[0]) == 2
     with pytest.raises(UserError, match="--max-seq"):
         llm.generate([[1, 2, 3]], 2)
+
+
+def test_cli_generate_option_errors(tmp_path, capsys):
+    out = tmp_path / "x.engine"
+    bad = tmp_path / "ids.txt"
+    bad.write_text("1 2 three\n")
+    base = ["compile", "tests.llm.tiny_models:llama_factory", "--generate", "-o", str(out)]
+    assert cli_main([*base, "--precision", "int8", "--calib-data", str(bad)]) == 2
+    assert "space-separated token ids" in capsys.readouterr().err
+    assert cli_main([*base, "--shape", "input_ids:1x1:1x1:1x1"]) == 2
+    assert "--shape cannot be combined with --generate" in capsys.readouterr().err
+    assert cli_main(["compile", str(bad), "--generate", "-o", str(out)]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.txt"]

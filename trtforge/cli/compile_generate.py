@@ -78,8 +78,9 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
     from trtforge.cli._render import manifest_tables, print_all, timings_table
     from trtforge.compiler.decoder.compile import compile_generate
 
+    flags = {p.name: max(p.opts, key=len) for p in ctx.command.params if p.opts}
     given = [
-        f"--{name.replace('_', '-')}"
+        flags.get(name, name)
         for name in _UNUSED
         if name in params and ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
     ]
