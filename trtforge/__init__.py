@@ -21,7 +21,13 @@ def compile(model: Any, example_inputs: Any = None, output: Any = None, **option
     """Compile a model (nn.Module, .onnx, .pt2 or 'module:factory') into a TensorRT engine.
 
     Thin lazy wrapper over :func:`trtforge.compiler.pipeline.compile_model`; see it for options.
+    `generate=True` compiles a Hugging Face causal LM into a KV-cache step engine instead
+    (:func:`trtforge.compiler.decoder.compile.compile_generate`; example_inputs are not needed).
     """
+    if options.pop("generate", False):
+        from trtforge.compiler.decoder.compile import compile_generate
+
+        return compile_generate(model, output, **options)
     from trtforge.compiler.pipeline import compile_model
 
     return compile_model(model, example_inputs=example_inputs, output=output, **options)

@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from trtforge.cli._options import fields_of, from_params, option_group, passes_from_params
+from trtforge.cli.compile_generate import generate_options, refuse_generate_options
 from trtforge.compiler.build import BuildOptions
 from trtforge.compiler.policy import ExportOptions, PassOptions, PrecisionOptions
 
@@ -25,6 +26,7 @@ Examples:
   trtforge compile model.onnx -o model.engine --precision fp16 --keep-fp32 Gelu
   trtforge compile model.onnx -o model.engine --precision int8 --int8-rest fp16 \\
       --calib-data sentences.txt --tokenizer demo --calib-method entropy
+  trtforge compile ./llama-dir --generate -o llm.engine --max-seq 4096 --max-batch 8
 \b
 Stages: export -> fusion passes (verified by ONNX Runtime; --no-passes to skip) ->
 precision (fp16/bf16 casts, or INT8 Q/DQ calibrated on --calib-data) -> build.
@@ -61,7 +63,10 @@ another precision are refused where they do not apply.
 @click.option("--save-onnx", type=click.Path(dir_okay=False), default=None, help="Also write the final ONNX.")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
+@generate_options
+@click.pass_context
 def compile_cmd(
+    ctx: click.Context,
     model: str,
     output: str,
     no_passes: bool,
@@ -69,9 +74,15 @@ def compile_cmd(
     save_onnx: str | None,
     force: bool,
     quiet: bool,
+    generate: bool,
     **params: Any,
 ) -> None:
     """Compile MODEL into a TensorRT engine (OUT.engine) plus its manifest (OUT.engine.json)."""
+    if generate:
+        from trtforge.cli.compile_generate import run_generate
+
+        return run_generate(ctx, model, ctx.params)
+    refuse_generate_options(ctx)
     from rich.console import Console
 
     from trtforge.cli._render import manifest_tables, print_all, stage_summary_table, timings_table

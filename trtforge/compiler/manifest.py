@@ -56,6 +56,8 @@ class Manifest:
     plugins: list[dict[str, Any]] = field(default_factory=list)
     streams: int = 1
     records: dict[str, Any] = field(default_factory=dict)
+    # Decoder step engines only (compile --generate): model shape, cache layout, phases -> profiles.
+    generation: dict[str, Any] | None = None
     format: str = MANIFEST_FORMAT
 
     def to_json(self) -> str:
@@ -84,6 +86,7 @@ class Manifest:
                 plugins=list(d.get("plugins", [])),
                 streams=int(d.get("streams", 1)),
                 records=dict(d.get("records", {})),
+                generation=dict(d["generation"]) if d.get("generation") is not None else None,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise UserError(f"{where}: malformed manifest ({type(e).__name__}: {e}).") from e

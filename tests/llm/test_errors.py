@@ -1,0 +1,146 @@
+"""Bad input to the step compiler and the generation loop: a clear UserError (CLI exit 2), nothing written."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import trtforge
+import trtforge.llm
+from tests.llm.tiny_models import opt_factory, tiny_model
+from trtforge.cli.main import main as cli_main
+from trtforge.compiler.decoder.export import export_step
+from trtforge.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    d = tmp_path_factory.mktemp("step")
+    r = export_step(tiny_model("llama"), max_seq=32, max_batch=2, max_prefill=8, exporter="legacy", workdir=d)
+    onnx.save(r.model, str(d / "step.onnx"))
+    return trtforge.llm.load(d / "step.onnx")
+
+
+def test_unsupported_family_lists_supported(tmp_path):
+    with pytest.raises(UserError, match="llama, mistral, qwen2.*gpt2"):
+        trtforge.compile(opt_factory()[0], output=tmp_path / "x.engine", generate=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_unsupported_family_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    out = tmp_path / "x.engine"
+    rc = cli_main(
+        [
+            "compile",
+            "tests.llm.tiny_models:opt_factory",
+            "--generate",
+            "-o",
+            str(out),
+            "--save-onnx",
+            str(tmp_path / "s.onnx"),
+        ]
+    )
+    assert rc == 2
+    assert "not supported by --generate" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_prompt_limits(llm):
+    with pytest.raises(UserError, match="--max-prefill"):
+        llm.generate([list(range(9))], 2)
+    with pytest.raises(UserError, match="--max-seq"):
+        llm.generate([list(range(8))], 25)
+    with pytest.raises(UserError, match="--max-batch"):
+        llm.generate([[1], [2], [3]], 2)
+    with pytest.raises(UserError, match="outside the vocabulary"):
+        llm.generate([[1, 300]], 2)
+    with pytest.raises(UserError, match="non-empty"):
+        llm.generate([[]], 2)
+    with pytest.raises(UserError, match="integer token ids"):
+        llm.generate([[1.5, 2]], 2)
+    assert llm.generate(np.array([[3, 4]]), 2, stop_at_eos=False) == llm.generate(
+        [[3, 4]], 2, stop_at_eos=False
+    )
+
+
+def test_cache_from_another_engine(llm, tmp_path):
+    ex = llm.executor
+    feeds = {
+        "input_ids": np.array([[1]], np.int64),
+        "position_ids": np.array([[0]], np.int64),
+        "past_lens": np.zeros(1, np.int64),
+        "new_lens": np.ones(1, np.int64),
+        **ex.new_cache(1),
+    }
+    ex.run(feeds)
+    other = dict(feeds, **{"key_cache.0": np.zeros((1, 2, 64, 16), np.float32)})  # another max_seq
+    with pytest.raises(UserError, match="key_cache.0.*another engine"):
+        ex.run(other)
+    fp16 = dict(feeds, **{"value_cache.1": feeds["value_cache.1"].astype(np.float16)})
+    with pytest.raises(UserError, match="value_cache.1.*dtype float16"):
+        ex.run(fp16)
+    with pytest.raises(UserError, match="past_lens"):
+        ex.run(dict(feeds, past_lens=np.array([32], np.int64)))
+
+
+def test_bad_compile_options(tmp_path):
+    model = tiny_model("gpt2")
+    with pytest.raises(UserError, match="exceeds the model's 256 positions"):
+        trtforge.compile(model, output=tmp_path / "a.engine", generate=True, max_seq=512)
+    with pytest.raises(UserError, match="--max-prefill 40 exceeds --max-seq 32"):
+        trtforge.compile(model, output=tmp_path / "a.engine", generate=True, max_seq=32, max_prefill=40)
+    with pytest.raises(UserError, match="fp16"):
+        trtforge.compile(model, output=tmp_path / "a.engine", generate=True, precision="fp32")
+    with pytest.raises(UserError, match="int8 needs calibration prompts"):
+        trtforge.compile(model, output=tmp_path / "a.engine", generate=True, precision="int8")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_load_rejects_non_step_graph_and_engine(tmp_path):
+    with pytest.raises(UserError, match="TensorRT engine"):
+        trtforge.llm.load(tmp_path / "m.engine")
+    plain = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []))
+    onnx.save(plain, str(tmp_path / "plain.onnx"))
+    with pytest.raises(UserError, match="not a trtforge step graph"):
+        trtforge.llm.load(tmp_path / "plain.onnx")
+
+
+def test_half_precision_model_is_refused(tmp_path):
+    with pytest.raises(UserError, match="torch.float16 weights"):
+        export_step(tiny_model("llama").half(), max_seq=16, exporter="legacy", workdir=tmp_path)
+
+
+def test_tiny_cache_compiles_and_generates(tmp_path):
+    """--max-seq below the pass verifier's sizes still compiles (checked on valid step feeds instead)."""
+    model = tiny_model("gpt2")
+    trtforge.compile(
+        model,
+        output=None,
+        generate=True,
+        build=False,
+        save_onnx=tmp_path / "s.onnx",
+        precision="fp32",
+        max_seq=4,
+        max_batch=1,
+        exporter="legacy",
+        progress=False,
+    )
+    llm = trtforge.llm.load(tmp_path / "s.onnx")
+    assert len(llm.generate([[1, 2]], 2, stop_at_eos=False)[0]) == 2
+    with pytest.raises(UserError, match="--max-seq"):
+        llm.generate([[1, 2, 3]], 2)
+
+
+def test_cli_generate_option_errors(tmp_path, capsys):
+    out = tmp_path / "x.engine"
+    bad = tmp_path / "ids.txt"
+    bad.write_text("1 2 three\n")
+    base = ["compile", "tests.llm.tiny_models:llama_factory", "--generate", "-o", str(out)]
+    assert cli_main([*base, "--precision", "int8", "--calib-data", str(bad)]) == 2
+    assert "space-separated token ids" in capsys.readouterr().err
+    assert cli_main([*base, "--shape", "input_ids:1x1:1x1:1x1"]) == 2
+    assert "--shape cannot be combined with --generate" in capsys.readouterr().err
+    assert cli_main(["compile", str(bad), "--generate", "-o", str(out)]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.txt"]

@@ -1,0 +1,89 @@
+"""Random-weight tiny decoders of every supported family (no downloads), and an HF greedy reference."""
+
+from __future__ import annotations
+
+import torch
+
+FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
+PROMPT_LENS = (1, 3, 9, 17)
+
+
+def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
+    """A 2-layer random decoder; initializer_range 0.2 so greedy outputs vary from step to step."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    llama_like = {
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "initializer_range": 0.2,
+    }
+    if family == "gpt2":
+        cfg = tf.GPT2Config(
+            vocab_size=300,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=256,
+            initializer_range=0.2,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        cls = tf.GPT2LMHeadModel
+    elif family == "llama":
+        cfg, cls = tf.LlamaConfig(**(llama_like | overrides)), tf.LlamaForCausalLM
+    elif family == "mistral":
+        cfg, cls = tf.MistralConfig(**(llama_like | overrides)), tf.MistralForCausalLM
+    elif family == "qwen2":
+        cfg, cls = tf.Qwen2Config(**(llama_like | overrides)), tf.Qwen2ForCausalLM
+    else:
+        raise ValueError(family)
+    model = cls(cfg).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def prompts(vocab: int, lens=PROMPT_LENS, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lens]
+
+
+def hf_greedy(model, prompt: list[int], new: int) -> tuple[list[int], torch.Tensor]:
+    """HF generate(do_sample=False) on one unpadded prompt: new tokens and raw logits [new, V]."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    return out.sequences[0, len(prompt) :].tolist(), torch.cat(out.logits).float()
+
+
+def llama_factory():
+    """`module:factory` form for the CLI: (model, example_inputs); --generate ignores the inputs."""
+    return tiny_model("llama"), None
+
+
+def gpt2_factory():
+    return tiny_model("gpt2"), None
+
+
+def opt_factory():
+    """An unsupported family (OPT) for the error path."""
+    import transformers as tf
+
+    cfg = tf.OPTConfig(
+        vocab_size=300, hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4
+    )
+    return tf.OPTForCausalLM(cfg).eval(), None

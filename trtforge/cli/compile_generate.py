@@ -1,0 +1,155 @@
+"""`trtforge compile MODEL --generate`: the option group and the dispatch to the decoder step compiler.
+
+compile_cmd adds :func:`generate_options` and hands over to :func:`run_generate` when --generate is
+set; only the options that make sense for a step engine are read, the others are refused by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+# compile options a step engine has no use for (profiles and precision come from --generate's own).
+_UNUSED = (
+    "shapes",
+    "dynamic",
+    "output_names",
+    "opset",
+    "streams",
+    "aux_streams",
+    "version_compatible",
+    "names",
+    "attention",
+    "keep_fp32",
+    "data",
+    "calib_cache",
+    "accuracy_target",
+    "report_dir",
+    "timing_cache",
+)
+
+
+def generate_options(fn: Any) -> Any:
+    """The --generate option group of `trtforge compile`."""
+    options = [
+        click.option(
+            "--generate",
+            is_flag=True,
+            help="MODEL is a Hugging Face causal LM (module:factory or save_pretrained dir): build ONE "
+            "KV-cache step engine with a prefill and a decode profile (default precision fp16).",
+        ),
+        click.option(
+            "--max-seq",
+            type=click.IntRange(min=1),
+            default=2048,
+            show_default=True,
+            help="--generate: KV-cache length per sequence (prompt + new tokens).",
+        ),
+        click.option(
+            "--max-batch",
+            type=click.IntRange(min=1),
+            default=8,
+            show_default=True,
+            help="--generate: most sequences per step.",
+        ),
+        click.option(
+            "--max-prefill",
+            type=click.IntRange(min=1),
+            default=None,
+            help="--generate: longest prompt in one prefill step (default: --max-seq).",
+        ),
+        click.option(
+            "--all-logits",
+            is_flag=True,
+            help="--generate: output logits [B, S, V] of every new position, not only the last.",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None:
+    """Compile MODEL with --generate from compile_cmd's parsed parameters and print the result."""
+    from rich.console import Console
+
+    from trtforge.cli._render import manifest_tables, print_all, timings_table
+    from trtforge.compiler.decoder.compile import compile_generate
+
+    flags = {p.name: max(p.opts, key=len) for p in ctx.command.params if p.opts}
+    given = [
+        flags.get(name, name)
+        for name in _UNUSED
+        if name in params and ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
+    ]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} cannot be combined with --generate.")
+    precision = params.get("mode", "fp16")
+    if ctx.get_parameter_source("mode") in (ParameterSource.DEFAULT, None):
+        precision = "fp16"
+    prompts = _read_prompts(params["calib_data"]) if params.get("calib_data") else None
+    quiet = bool(params.get("quiet"))
+    console = Console(quiet=quiet)
+    result = compile_generate(
+        model,
+        params["output"],
+        max_seq=params["max_seq"],
+        max_batch=params["max_batch"],
+        max_prefill=params["max_prefill"],
+        precision=precision,
+        all_logits=bool(params.get("all_logits")),
+        calib_prompts=prompts,
+        exporter=params.get("exporter", "auto"),
+        passes=not params.get("no_passes", False),
+        save_onnx=params.get("save_onnx"),
+        backend=params.get("backend"),
+        targets=list(params.get("targets") or []) or None,
+        opt_level=params.get("opt_level"),
+        workspace_mb=params.get("workspace_mb"),
+        force=bool(params.get("force")),
+        progress=not quiet,
+        log=lambda msg: console.print(f"[dim]•[/dim] {msg}"),
+    )
+    print_all(console, [timings_table(result.timings), *manifest_tables(result.manifest)])
+    g = result.manifest.generation
+    console.print(
+        f"generation: {g['model_type']} {g['num_layers']} layers, {g['num_heads']} heads / "
+        f"{g['num_kv_heads']} "
+        f"KV heads x {g['head_dim']}, cache {g['cache']['layout']} {g['cache']['dtype']} "
+        f"[B<={g['max_batch']}, {g['num_kv_heads']}, {g['max_seq']}, {g['head_dim']}], "
+        f"profiles prefill={g['profiles']['prefill']} decode={g['profiles']['decode']}"
+    )
+    console.print(f"[green]wrote[/green] {result.engine_path} and {result.manifest_path}")
+
+
+def _read_prompts(path: str) -> list[list[int]]:
+    """--calib-data for --generate --precision int8: one prompt per line, token ids separated by spaces."""
+    from pathlib import Path
+
+    from trtforge.errors import UserError
+
+    try:
+        lines = [ln.split() for ln in Path(path).read_text().splitlines() if ln.strip()]
+        return [[int(t) for t in ln] for ln in lines]
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"--calib-data '{path}': expected a text file with one prompt per line as space-separated "
+            f"token ids ({e})."
+        ) from e
+
+
+_GENERATE_ONLY = ("max_seq", "max_batch", "max_prefill", "all_logits")
+
+
+def refuse_generate_options(ctx: click.Context) -> None:
+    """Without --generate, the step-engine options do not apply: refuse them by name, never drop them."""
+    flags = {p.name: max(p.opts, key=len) for p in ctx.command.params if p.opts}
+    given = [
+        flags.get(name, name)
+        for name in _GENERATE_ONLY
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
+    ]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} only apply with --generate (a KV-cache step engine).")

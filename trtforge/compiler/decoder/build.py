@@ -1,0 +1,111 @@
+"""Build ONE step engine with two profiles: 0 = prefill (S up to max_prefill), 1 = decode (S = 1).
+
+One engine rather than two: both phases share one copy of the weights (two engines would each embed
+them), and the cache inputs have the same static S_max in both. A context picks its profile per phase.
+Measured (TensorRT-RTX 1.7.1, CPU build, FP16 Llama-style hidden 256, 4 layers, vocab 2,000, S_max 256,
+B 4, prefill 128): one two-profile engine 15.7 MB vs 13.6 MB prefill-only + 11.7 MB decode-only =
+25.3 MB for two engines.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from trtforge.compiler.backend import get_backend
+from trtforge.compiler.build import _parse, _progress, network_io
+from trtforge.compiler.manifest import ShapeRange
+from trtforge.errors import BuildError, UserError
+
+PREFILL, DECODE = 0, 1
+
+
+def step_profiles(generation: dict[str, Any]) -> list[dict[str, ShapeRange]]:
+    """The prefill and decode profiles of a step graph, from its generation section."""
+    b, p = int(generation["max_batch"]), int(generation["max_prefill"])
+    cache = [int(generation["num_kv_heads"]), int(generation["max_seq"]), int(generation["head_dim"])]
+
+    def profile(seq_max: int, seq_opt: int) -> dict[str, ShapeRange]:
+        out = {
+            "input_ids": ShapeRange([1, 1], [b, seq_opt], [b, seq_max]),
+            "position_ids": ShapeRange([1, 1], [b, seq_opt], [b, seq_max]),
+            "past_lens": ShapeRange([1], [b], [b]),
+            "new_lens": ShapeRange([1], [b], [b]),
+        }
+        for name in generation["cache"]["inputs"]:
+            out[name] = ShapeRange([1, *cache], [b, *cache], [b, *cache])
+        return out
+
+    return [profile(p, p), profile(1, 1)]
+
+
+def layer_census(network: Any) -> dict[str, int]:
+    """Layer type -> count of a parsed network (what the builder was given)."""
+    return dict(
+        sorted(
+            Counter(
+                str(network.get_layer(i).type).rsplit(".", 1)[-1] for i in range(network.num_layers)
+            ).items()
+        )
+    )
+
+
+def build_step_engine(
+    onnx_path: Path,
+    generation: dict[str, Any],
+    *,
+    backend: str | None = None,
+    targets: list[str] | None = None,
+    opt_level: int | None = None,
+    workspace_mb: int | None = None,
+    progress: bool = True,
+) -> tuple[bytes, dict[str, Any]]:
+    """Parse the step graph and build the two-profile engine; returns (engine bytes, build record)."""
+    be = get_backend(backend)
+    if not be.capabilities.can_build:
+        raise UserError(f"{be.name} cannot build engines here: {be.capabilities.build_reason}.")
+    t0 = time.perf_counter()
+    builder = be.create_builder()
+    network = be.create_network(builder)
+    be.logger.take()
+    parser = _parse(be, network, onnx_path)
+    inputs, outputs = network_io(network)
+    profiles = step_profiles(generation)
+    config = builder.create_builder_config()
+    for prof in profiles:
+        p = builder.create_optimization_profile()
+        for name, rng in prof.items():
+            p.set_shape(name, rng.min, rng.opt, rng.max)
+        if config.add_optimization_profile(p) < 0:
+            raise UserError(f"TensorRT rejected the step-graph optimization profile {prof}.")
+    if opt_level is not None:
+        config.builder_optimization_level = opt_level
+    if workspace_mb is not None:
+        config.set_memory_pool_limit(be.trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
+    chosen = be.set_build_targets(config, list(targets or []))
+    parsed = time.perf_counter()
+    with _progress(be, config, progress):
+        plan = builder.build_serialized_network(network, config)
+    messages = be.logger.take()
+    if plan is None:
+        errs = [m for sev, m in messages if sev in ("ERROR", "INTERNAL_ERROR")] or [m for _, m in messages]
+        raise BuildError(
+            f"{be.name} {be.version} failed to build the step engine:\n  " + "\n  ".join(errs[-10:])
+        )
+    data = bytes(memoryview(plan))
+    del parser
+    record = {
+        "backend": be.describe(),
+        "targets": chosen,
+        "inputs": inputs,
+        "outputs": outputs,
+        "profiles": profiles,
+        "layers": network.num_layers,
+        "layer_types": layer_census(network),
+        "warnings": [m for sev, m in messages if sev == "WARNING"][:50],
+        "seconds": {"parse": parsed - t0, "build": time.perf_counter() - parsed},
+        "engine_bytes": len(data),
+    }
+    return data, record

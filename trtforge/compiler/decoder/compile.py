@@ -1,0 +1,277 @@
+"""`compile_generate`: HF causal LM -> step graph -> passes -> FP16/BF16 -> two-profile engine + manifest.
+
+Reached through ``trtforge.compile(model, output=..., generate=True, ...)`` and
+``trtforge compile MODEL --generate``. Precision: TensorRT's attention layer builds only in FP16/BF16
+(architecture.md), so the step engine is FP16 by default and FP32 is refused; caches are stored in
+the graph's low precision, logits stay FP32, numerically sensitive ops stay FP32 islands.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from trtforge import __version__
+from trtforge._fileio import atomic_write_bytes, check_output_path, sha256_bytes
+from trtforge.compiler.decoder.build import DECODE, PREFILL, build_step_engine
+from trtforge.compiler.decoder.export import (
+    DEFAULT_MAX_SEQ,
+    example_feeds,
+    export_step,
+    set_generation_metadata,
+)
+from trtforge.compiler.decoder.families import SUPPORTED
+from trtforge.compiler.manifest import Manifest, manifest_path_for, write_manifest
+from trtforge.errors import UserError
+
+Log = Callable[[str], None]
+_VERIFIER_MIN_SEQ = 8
+_PASSES_ATOL = 1e-4
+GENERATE_PRECISIONS = ("fp16", "bf16", "fp32", "int8")
+_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "float16"}
+
+
+def load_causal_lm(source: Any) -> Any:
+    """An nn.Module as is; 'pkg.module:factory' (returns (model, example_inputs)); a save_pretrained dir."""
+    import torch
+
+    if isinstance(source, torch.nn.Module):
+        return source
+    if not isinstance(source, (str, os.PathLike)):
+        raise UserError(
+            f"--generate: expected an nn.Module, a save_pretrained directory or module:factory, "
+            f"got {type(source).__name__}."
+        )
+    path = Path(source)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(
+                f"'{path}' is a directory without config.json; expected a save_pretrained directory."
+            )
+        import transformers
+
+        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        if config.model_type not in SUPPORTED:
+            raise UserError(
+                f"'{path}' holds a '{config.model_type}' model; --generate supports {', '.join(SUPPORTED)}."
+            )
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            str(path), local_files_only=True, dtype=torch.float32
+        ).eval()
+    if path.suffix in (".onnx", ".pt2", ".engine") or path.exists():
+        raise UserError(
+            f"--generate compiles a Hugging Face causal LM (nn.Module, save_pretrained directory or "
+            f"module:factory); '{path}' is a file. A step graph is written by --save-onnx."
+        )
+    from trtforge.compiler.export import load_factory
+
+    model, _ = load_factory(str(source))
+    return model
+
+
+def _low_precision(proto: onnx.ModelProto, mode: str, data: list[dict[str, np.ndarray]]) -> tuple[Any, dict]:
+    """FP16/BF16 graph with FP16/BF16 caches and FP32 logits (reuses passes.precision)."""
+    from trtforge.passes.precision import convert_precision
+
+    out, record = convert_precision(proto, mode, data=data, keep_io_types=False)
+    logits = next(o for o in out.graph.output if o.name == "logits")
+    if logits.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+        for node in out.graph.node:
+            node.output[:] = ["logits_low" if o == "logits" else o for o in node.output]
+        out.graph.node.append(
+            onnx.helper.make_node("Cast", ["logits_low"], ["logits"], to=onnx.TensorProto.FLOAT)
+        )
+        logits.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    onnx.checker.check_model(out)
+    return out, record.to_dict()
+
+
+def _same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, generation: dict[str, Any]) -> float:
+    """Exact ORT on a valid ragged prefill: the passes must not change any output beyond _PASSES_ATOL."""
+    from trtforge.compiler.decoder.export import exact_session
+    from trtforge.errors import TrtforgeError
+
+    feeds = {k: v.numpy() for k, v in example_feeds(generation).items()}
+    ref, got = exact_session(before).run(None, feeds), exact_session(after).run(None, feeds)
+    err = max(float(np.abs(a.astype(np.float64) - b).max()) for a, b in zip(ref, got))
+    if not err <= _PASSES_ATOL:
+        raise TrtforgeError(f"the fusion passes changed the step graph's outputs (max abs error {err:.3g}).")
+    return err
+
+
+def compile_generate(
+    model: Any,
+    output: str | os.PathLike[str] | None,
+    *,
+    max_seq: int = DEFAULT_MAX_SEQ,
+    max_batch: int = 8,
+    max_prefill: int | None = None,
+    precision: str = "fp16",
+    exporter: str = "auto",
+    passes: bool = True,
+    all_logits: bool = False,
+    calib_prompts: Sequence[Sequence[int]] | None = None,
+    save_onnx: str | os.PathLike[str] | None = None,
+    build: bool = True,
+    backend: str | None = None,
+    targets: Sequence[str] | None = None,
+    opt_level: int | None = None,
+    workspace_mb: int | None = None,
+    force: bool = False,
+    progress: bool = True,
+    log: Log | None = None,
+) -> Any:
+    """Compile a causal LM into a step engine (+ manifest with a `generation` section); see module doc.
+
+    `build=False` stops after the ONNX stages (then `save_onnx` is required and `output` unused).
+    Returns a CompileResult. Everything is written atomically; nothing is left behind on failure.
+    """
+    from trtforge.compiler.export import new_workdir
+    from trtforge.compiler.pipeline import CompileResult
+
+    log = log or (lambda _m: None)
+    if isinstance(precision, str):
+        precision = precision.lower()
+    if precision not in GENERATE_PRECISIONS:
+        raise UserError(
+            f"--generate --precision {precision!r}: step graphs are {', '.join(GENERATE_PRECISIONS)}."
+        )
+    if build and precision == "fp32":
+        raise UserError(
+            "--generate --precision fp32: TensorRT's attention layer builds only in FP16/BF16; use "
+            "--precision fp16 (default) or bf16, or write the FP32 step graph alone (build=False, save_onnx)."
+        )
+    if precision == "int8" and not calib_prompts:
+        raise UserError(
+            "--generate --precision int8 needs calibration prompts (calib_prompts=[[ids...], ...])."
+        )
+    if build and output is None:
+        raise UserError("an output engine path is required (output=... / -o OUT.engine).")
+    if not build and save_onnx is None:
+        raise UserError("without an engine build there is nothing to write: pass save_onnx.")
+    out = check_output_path(output, force=force, what="output engine") if build else None
+    if out is not None:
+        check_output_path(manifest_path_for(out), force=force, what="output manifest")
+    if save_onnx is not None:
+        check_output_path(save_onnx, force=force, what="--save-onnx file")
+    lm = load_causal_lm(model)
+    timings: dict[str, float] = {}
+    records: dict[str, Any] = {}
+    workdir = new_workdir()
+    try:
+        t = time.perf_counter()
+        log(f"exporting the {type(lm).__name__} step graph (max_seq {max_seq}, max_batch {max_batch})")
+        exp = export_step(
+            lm,
+            max_seq=max_seq,
+            max_batch=max_batch,
+            max_prefill=max_prefill,
+            exporter=exporter,
+            all_logits=all_logits,
+            workdir=workdir,
+        )
+        timings["export"] = time.perf_counter() - t
+        records["export"] = exp.record()
+        proto, generation = exp.model, exp.generation
+        if passes:
+            from trtforge.passes.pipeline import optimize_model
+
+            t = time.perf_counter()
+            log("running fusion passes")
+            # The pass manager verifies on its own generated inputs (batch 2, S 7, past_lens 1), which
+            # need S_max >= 8; every pass result is also checked below on valid step feeds.
+            before = proto
+            proto, ledger = optimize_model(proto, attention="none", verify=max_seq >= _VERIFIER_MIN_SEQ)
+            records["passes"] = ledger.to_dict()
+            records["passes"]["step_check_max_abs_error"] = _same_outputs(before, proto, generation)
+            timings["passes"] = time.perf_counter() - t
+        if precision == "int8":
+            from trtforge.compiler.decoder.int8 import quantize_step
+
+            t = time.perf_counter()
+            log(f"INT8 SmoothQuant W8A8, calibrated on {len(calib_prompts or [])} prompts")
+            proto, records["int8"] = quantize_step(proto, generation, calib_prompts or [], progress=progress)
+            timings["int8"] = time.perf_counter() - t
+        if precision != "fp32":
+            low = "fp16" if precision == "int8" else precision
+            t = time.perf_counter()
+            log(f"converting to {low}")
+            data = [{k: v.numpy() for k, v in example_feeds(generation).items()}]
+            proto, records[low] = _low_precision(proto, low, data)
+            timings[low] = time.perf_counter() - t
+        generation["cache"]["dtype"] = _DTYPE[precision]
+        generation["profiles"] = {"prefill": PREFILL, "decode": DECODE}
+        set_generation_metadata(proto, generation)
+        onnx_path = workdir / "step_final.onnx"
+        onnx.save(proto, str(onnx_path))
+        if not build:
+            atomic_write_bytes(save_onnx, onnx_path.read_bytes())
+            return CompileResult(None, None, None, timings, records, Path(save_onnx))
+        t = time.perf_counter()
+        log("building the step engine (prefill + decode profiles)")
+        data, build_record = build_step_engine(
+            onnx_path,
+            generation,
+            backend=backend,
+            targets=list(targets or []) or None,
+            opt_level=opt_level,
+            workspace_mb=workspace_mb,
+            progress=progress,
+        )
+        timings["build"] = time.perf_counter() - t
+        records["build"] = {
+            k: v for k, v in build_record.items() if k not in ("inputs", "outputs", "profiles")
+        }
+        manifest = Manifest(
+            engine_file=out.name,
+            engine_sha256=sha256_bytes(data),
+            engine_bytes=len(data),
+            backend=build_record["backend"] | {"targets": build_record["targets"]},
+            inputs=build_record["inputs"],
+            outputs=build_record["outputs"],
+            profiles=build_record["profiles"],
+            source={
+                "kind": "causal_lm",
+                "path": str(model) if isinstance(model, (str, os.PathLike)) else type(lm).__name__,
+                "onnx_sha256": sha256_bytes(onnx_path.read_bytes()),
+                "opset": 24,
+            },
+            trtforge_version=__version__,
+            build_options={
+                "generate": True,
+                "max_seq": max_seq,
+                "max_batch": max_batch,
+                "max_prefill": generation["max_prefill"],
+                "exporter": exporter,
+                "passes": passes,
+                "opt_level": opt_level,
+                "workspace_mb": workspace_mb,
+            },
+            timings=timings,
+            precision={"mode": precision, "float": precision, "attention": "native", "keep_io_types": False},
+            records=records,
+            generation=generation,
+        )
+        if save_onnx is not None:
+            atomic_write_bytes(save_onnx, onnx_path.read_bytes())
+        atomic_write_bytes(out, data)
+        try:
+            manifest_path = write_manifest(manifest, out)
+        except BaseException:
+            out.unlink(missing_ok=True)
+            raise
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return CompileResult(
+        out, manifest_path, manifest, timings, records, Path(save_onnx) if save_onnx else None
+    )
+
+
+__all__ = ["compile_generate", "load_causal_lm"]

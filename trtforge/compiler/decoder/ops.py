@@ -1,0 +1,118 @@
+"""The two ops of a step graph that torch has no ONNX form for: a KV-cache write and attention over it.
+
+Both are torch custom ops (``torch.library``) with exact torch reference implementations, so the step
+module runs in eager torch, and each exporter translates them to standard ONNX: the cache write to
+``TensorScatter`` (opset 24; TensorRT: KV_CACHE_UPDATE) and the attention to ``Attention`` (opset 23/24;
+TensorRT: IAttention) with an explicit bool mask, one output, no ``present_*``, no ``nonpad_kv_seqlen``.
+Neither exporter emits opset 24 (torch's dynamo exporter stops at 23, the legacy one at 20), so the
+translations emit both ops in a placeholder domain and :func:`finalize_opset` moves them to the default
+domain at opset 24 (between 20 and 24 the other ops only gained types, no semantics).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+PLACEHOLDER_DOMAIN = "trtforge.step"
+STEP_OPSET = 24
+
+
+@torch.library.custom_op("trtforge::kv_cache_write", mutates_args=())
+def kv_cache_write(cache: Tensor, update: Tensor, write_index: Tensor) -> Tensor:
+    """A copy of `cache` [B,H,S_max,D] with `update` [B,H,S,D] written at rows write_index[b] .. +S."""
+    b, h, s, d = update.shape
+    pos = write_index.to(torch.int64)[:, None] + torch.arange(s, device=update.device)[None, :]
+    return cache.scatter(2, pos[:, None, :, None].expand(b, h, s, d), update.to(cache.dtype))
+
+
+@kv_cache_write.register_fake
+def _kv_cache_write_fake(cache: Tensor, update: Tensor, write_index: Tensor) -> Tensor:
+    return torch.empty_like(cache)
+
+
+@torch.library.custom_op("trtforge::cache_attention", mutates_args=())
+def cache_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """softmax(q k^T * scale, masked) v with q [B,Hq,S,D], k/v [B,Hkv,T,D] (GQA), bool mask [B,1,S,T]."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+@cache_attention.register_fake
+def _cache_attention_fake(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    return torch.empty_like(q)
+
+
+def dynamo_translation_table() -> dict[Any, Any]:
+    """onnxscript translations of both ops, for the dynamo exporter's custom_translation_table."""
+    import onnx
+    from onnxscript import values
+
+    step = values.Opset(PLACEHOLDER_DOMAIN, 1)  # the standard schemas, emitted in the placeholder domain
+    tensor_scatter = values.Op(step, "TensorScatter", onnx.defs.get_schema("TensorScatter", STEP_OPSET, ""))
+    attention = values.Op(step, "Attention", onnx.defs.get_schema("Attention", STEP_OPSET, ""))
+
+    def write_onnx(cache, update, write_index):
+        return tensor_scatter(cache, update, write_index, axis=2)
+
+    def attention_onnx(q, k, v, mask, scale: float):
+        return attention(q, k, v, mask, scale=scale)[0]  # finalize_opset drops the other three outputs
+
+    return {
+        torch.ops.trtforge.kv_cache_write.default: write_onnx,
+        torch.ops.trtforge.cache_attention.default: attention_onnx,
+    }
+
+
+def _write_symbolic(g: Any, cache: Any, update: Any, write_index: Any) -> Any:
+    return g.op(f"{PLACEHOLDER_DOMAIN}::TensorScatter", cache, update, write_index, axis_i=2).setType(
+        cache.type()
+    )
+
+
+def _attention_symbolic(g: Any, q: Any, k: Any, v: Any, mask: Any, scale: Any) -> Any:
+    from torch.onnx import symbolic_helper
+
+    value = float(symbolic_helper._maybe_get_const(scale, "f"))
+    return g.op(f"{PLACEHOLDER_DOMAIN}::Attention", q, k, v, mask, scale_f=value).setType(q.type())
+
+
+def register_legacy_symbolics(opset: int) -> None:
+    """Teach the TorchScript (legacy) exporter both ops; idempotent."""
+    from torch.onnx import register_custom_op_symbolic
+
+    register_custom_op_symbolic("trtforge::kv_cache_write", _write_symbolic, opset)
+    register_custom_op_symbolic("trtforge::cache_attention", _attention_symbolic, opset)
+
+
+def finalize_opset(model: Any) -> Any:
+    """Move the placeholder-domain nodes to the default domain at opset 24; Attention keeps only Y."""
+    import onnx
+
+    def fix(nodes: Any) -> None:
+        for node in nodes:
+            if node.domain == PLACEHOLDER_DOMAIN:
+                node.domain = ""
+                if node.op_type == "Attention":  # one output: TensorRT rejects present_* (facts doc)
+                    del node.output[1:]
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    fix(attr.g.node)
+
+    fix(model.graph.node)
+    for fn in model.functions:
+        fix(fn.node)
+        keep = [o for o in fn.opset_import if o.domain != PLACEHOLDER_DOMAIN]
+        del fn.opset_import[:]
+        fn.opset_import.extend(keep)
+    keep = [o for o in model.opset_import if o.domain not in (PLACEHOLDER_DOMAIN, "", "ai.onnx")]
+    del model.opset_import[:]
+    model.opset_import.extend([onnx.helper.make_opsetid("", STEP_OPSET), *keep])
+    return model

@@ -1,0 +1,81 @@
+"""The step module: one forward of a decoder over new tokens that reads and extends a slot KV cache.
+
+Prefill (S = prompt length, past_lens = 0) and decode (S = 1) are the same forward with different
+shapes. See :mod:`trtforge.compiler.decoder` for the input/output contract.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from trtforge.compiler.decoder.families import DecoderSpec, adapter_for
+from trtforge.compiler.decoder.ops import cache_attention, kv_cache_write
+
+
+def step_mask(past_lens: Tensor, new_lens: Tensor, seq: Tensor, max_seq: int, window: int | None) -> Tensor:
+    """bool [B,1,S,S_max]: query j of row b sees key k iff k <= past+j, k < past+new (and within window)."""
+    keys = torch.arange(max_seq, dtype=torch.int64, device=past_lens.device)[None, None, :]
+    query_pos = (past_lens[:, None] + seq[None, :])[:, :, None]
+    mask = (keys <= query_pos) & (keys < (past_lens + new_lens)[:, None, None])
+    if window is not None:
+        mask = mask & (keys > query_pos - window)
+    return mask[:, None]
+
+
+class DecoderStep(nn.Module):
+    """Wraps a HF causal LM: (ids, positions, lengths, caches) -> (logits, updated caches)."""
+
+    def __init__(self, model: nn.Module, max_seq: int, *, all_logits: bool = False):
+        super().__init__()
+        self.model = model
+        self.adapter = adapter_for(model)
+        self.spec: DecoderSpec = self.adapter.spec()
+        self.max_seq = int(max_seq)
+        self.all_logits = all_logits
+        self.eval()  # inference graph; exporters restore this mode (and so the wrapped model's) afterwards
+
+    def cache_shape(self, batch: int) -> tuple[int, int, int, int]:
+        """[B, Hkv, S_max, D] of every key_cache.i / value_cache.i."""
+        return (batch, self.spec.num_kv_heads, self.max_seq, self.spec.head_dim)
+
+    def forward(
+        self, input_ids: Tensor, position_ids: Tensor, past_lens: Tensor, new_lens: Tensor, *caches: Tensor
+    ) -> tuple[Tensor, ...]:
+        a = self.adapter
+        seq = torch.cumsum(torch.ones_like(input_ids[0]), 0) - 1  # arange(S), traced as a dynamic size
+        masks: dict[int | None, Tensor] = {}
+        x = a.embed(input_ids, position_ids)
+        rope = a.rotary_tables(position_ids)
+        updated: list[Tensor] = []
+        for i in range(self.spec.num_layers):
+            window = self.spec.sliding_windows[i]
+            if window not in masks:
+                masks[window] = step_mask(past_lens, new_lens, seq, self.max_seq, window)
+            q, k, v, scale = a.qkv(i, x, rope)
+            key_cache = kv_cache_write(caches[2 * i], k, past_lens)
+            value_cache = kv_cache_write(caches[2 * i + 1], v, past_lens)
+            out = cache_attention(q, key_cache, value_cache, masks[window], scale)
+            x = a.finish_block(i, x, out.transpose(1, 2).flatten(2))
+            updated += [key_cache, value_cache]
+        if not self.all_logits:
+            last = (new_lens - 1).clamp(min=0)[:, None, None].expand(-1, 1, x.shape[-1])
+            x = torch.gather(x, 1, last)[:, 0]
+        logits = self.model.lm_head(a.final_norm(x)).float()
+        return (logits, *updated)
+
+
+def input_names(num_layers: int) -> list[str]:
+    """Step graph input names in order."""
+    names = ["input_ids", "position_ids", "past_lens", "new_lens"]
+    for i in range(num_layers):
+        names += [f"key_cache.{i}", f"value_cache.{i}"]
+    return names
+
+
+def output_names(num_layers: int) -> list[str]:
+    """Step graph output names in order: logits, then each updated cache."""
+    names = ["logits"]
+    for i in range(num_layers):
+        names += [f"key_cache_out.{i}", f"value_cache_out.{i}"]
+    return names
