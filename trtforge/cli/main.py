@@ -4,6 +4,7 @@ so `trtforge --help` stays fast and works without TensorRT."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -57,7 +58,10 @@ Examples:
   trtforge report model.onnx -o report/
   trtforge inspect bert.engine
 Run `trtforge COMMAND -h` for each command's options and examples.
-Exit codes: 0 ok, 2 bad input (file, option, tensor), 1 internal error.
+Exit codes: 0 ok, 2 bad input (file, option, tensor, or an error raised by your own
+module, factory or data function), 1 internal error, 130 Ctrl-C, 143 SIGTERM
+(temporary files removed; an engine and its manifest are replaced together or not at
+all). `report --check` adds 3.
 """
 
 
@@ -69,9 +73,16 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the group and maps trtforge errors to exit codes (2 user, 1 internal)."""
-    from trtforge.cli._errors import run_cli
+    from trtforge.cli._errors import EXIT_SIGINT, EXIT_SIGTERM, build_thread_alive, run_cli
 
-    return run_cli(cli, argv)
+    rc = run_cli(cli, argv)
+    if rc in (EXIT_SIGINT, EXIT_SIGTERM) and build_thread_alive():
+        # The builder ignored the cancel past its grace period: outputs are cleaned up already, and
+        # interpreter shutdown would wait on (or crash in) the builder thread, so leave now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
 
 
 if __name__ == "__main__":
