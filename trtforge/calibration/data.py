@@ -15,15 +15,16 @@ calibration. Sources:
 
 from __future__ import annotations
 
-import importlib
+import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from trtforge._usercode import load_callable, user_code
 from trtforge.errors import UserError
 
 if TYPE_CHECKING:
@@ -335,15 +336,46 @@ def _to_numpy(v: Any) -> np.ndarray:
     return np.asarray(v)
 
 
-def _load_function(spec: str) -> Iterable[Any]:
-    mod_name, _, fn_name = spec.partition(":")
+@contextlib.contextmanager
+def rejected_data_is_user_error(source: str) -> Iterator[None]:
+    """ONNX Runtime refusing the user's samples (a shape, a dtype, token ids outside the vocabulary) is
+    the user's to fix: a UserError naming the data, with ONNX Runtime's reason."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
     try:
-        fn = getattr(importlib.import_module(mod_name), fn_name)
-    except (ImportError, AttributeError) as e:
+        yield
+    except InvalidArgument as e:
+        reason = str(e).split("Status Message:", 1)[-1].strip() or str(e)
         raise UserError(
-            f"cannot load calibration data function '{spec}' ({e}); expected 'module:function'."
+            f"ONNX Runtime rejected a batch of calibration data {source}: {reason[:400]}. Check that the "
+            "data "
+            "fits the model (token ids within its vocabulary, shapes within its dimensions, dtypes)."
         ) from e
-    return fn()
+
+
+def _load_function(spec: str) -> Iterable[Any]:
+    """Call the user's `module:function`; it must return an iterable of {input name: array} dicts."""
+    fn = load_callable(spec, "calibration data function")
+    with user_code(f"calibration data function '{spec}'"):
+        items = fn()
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+        raise UserError(
+            f"calibration data function '{spec}' returned a {type(items).__name__}; expected an iterable "
+            "(list or generator) of dicts mapping input name -> array."
+        )
+    return _guarded(items, f"calibration data function '{spec}'")
+
+
+def _guarded(items: Iterable[Any], what: str) -> Iterator[Any]:
+    """Iterate the user's iterable; an exception its own code raises (a generator) names it."""
+    it = iter(items)
+    while True:
+        with user_code(f"{what} (while iterating its result)"):
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+        yield item
 
 
 def load_dataset(
@@ -394,7 +426,9 @@ def load_dataset(
         chunks = [_validate_chunk({k: _to_numpy(v) for k, v in spec.items()}, specs, "calibration arrays")]
     elif isinstance(spec, Iterable):
         source = type(spec).__name__
-        chunks = _from_iterable(spec, specs, f"calibration data ({source})", max_samples)
+        chunks = _from_iterable(
+            _guarded(spec, f"calibration data ({source})"), specs, f"calibration data ({source})", max_samples
+        )
     else:
         raise UserError(f"unsupported calibration data {type(spec).__name__}; see trtforge calibrate --help.")
     n = sum(_chunk_len(c) for c in chunks) if chunks is not None else len(sentences or [])

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from trtforge._fileio import USER_ERRNOS, os_error
+from trtforge._usercode import describe, user_frame
 from trtforge.errors import TrtforgeError, UserError
 
 EXIT_SIGINT = 128 + signal.SIGINT
@@ -86,8 +87,12 @@ def run_cli(group: click.Group, argv: list[str] | None) -> int:
             return _internal()
         click.secho(f"error: {os_error(e, e.filename or '?', 'use')}", fg="red", err=True)
         return 2
-    except Exception:
-        return _internal()
+    except Exception as e:
+        frame = user_frame(e)
+        if frame is None:
+            return _internal()
+        click.secho(f"error: your code raised {describe(e)} (at {frame}).", fg="red", err=True)
+        return 2
     # With standalone_mode=False, click returns the code of `ctx.exit(n)` instead of raising.
     return rv if isinstance(rv, int) else 0
 

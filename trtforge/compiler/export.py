@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import inspect
 import io
 import logging
 import os
-import sys
 import tempfile
 import time
 import warnings
@@ -23,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtforge._usercode import load_callable, user_code
 from trtforge.compiler import onnx_io
 from trtforge.errors import ExportError, UserError
 
@@ -247,7 +246,7 @@ def export_module(
     feeds = normalize_inputs(module, example_inputs)
     dynamic_axes = resolve_dynamic(dynamic, feeds)
     input_names = list(feeds)
-    with _eval_mode(module), torch.no_grad():
+    with _eval_mode(module), torch.no_grad(), user_code(_forward_what(module, feeds)):
         reference = flatten_outputs(module(**feeds))
     names = list(output_names) if output_names else [f"output_{i}" for i in range(len(reference))]
     if len(names) != len(reference):
@@ -280,6 +279,12 @@ def export_module(
     record.seconds = time.perf_counter() - t0
     _finish(path, record, feeds, reference, rtol=rtol, atol=atol, verify=verify)
     return OnnxArtifact(path, record)
+
+
+def _forward_what(module: Any, feeds: Mapping[str, Any]) -> str:
+    """How a failing forward on the example inputs is named in the error."""
+    args = ", ".join(f"{k}={tuple(v.shape)}" for k, v in feeds.items())
+    return f"{type(module).__name__}.forward({args}) on its own example inputs"
 
 
 def _finish(
@@ -393,14 +398,15 @@ def from_pt2(
             "a .pt2 archive can only be converted by the dynamo exporter; drop --exporter legacy."
         )
     try:
-        ep = torch.export.load(str(p))
+        with _torch_logs_silenced():
+            ep = torch.export.load(str(p))
     except Exception as e:
         raise UserError(f"'{p}' is not a torch.export archive ({type(e).__name__}: {str(e)[:200]}).") from e
     if ep.example_inputs is None:
         raise UserError(f"'{p}' stores no example inputs; save it with torch.export.save after export().")
     args, kwargs = ep.example_inputs
     user_inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    with torch.no_grad():
+    with torch.no_grad(), user_code(f"the program in '{p}' on its stored example inputs"):
         reference = flatten_outputs(ep.module()(*args, **kwargs))
     names = list(output_names) if output_names else [f"output_{i}" for i in range(len(reference))]
     out = Path(workdir) / "model.onnx"
@@ -419,6 +425,18 @@ def from_pt2(
     feeds = dict(zip(user_inputs, [*args, *kwargs.values()]))
     _finish(out, record, feeds, reference, rtol=rtol, atol=atol, verify=verify)
     return OnnxArtifact(out, record)
+
+
+@contextlib.contextmanager
+def _torch_logs_silenced():
+    """Keep torch's own logger from printing a traceback for a failure we report ourselves."""
+    torch_logger = logging.getLogger("torch")
+    level = torch_logger.level
+    torch_logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        torch_logger.setLevel(level)
 
 
 @functools.cache
@@ -440,23 +458,15 @@ def _positional_adapter() -> type:
 
 
 def load_factory(spec: str) -> tuple[Any, Any]:
-    """Import `package.module:factory` (cwd importable) and call it; it must return (nn.Module, inputs)."""
+    """Import `package.module:factory` (cwd importable) and call it; it must return (nn.Module, inputs).
+
+    Whatever the user's module or factory raises is reported as theirs (UserCodeError, exit code 2).
+    """
     if ":" not in spec:
         raise UserError(f"'{spec}' is not a model file nor a 'package.module:factory' reference.")
-    mod_name, _, attr = spec.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise UserError(f"cannot import module '{mod_name}' of factory '{spec}': {e}.") from e
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise UserError(f"'{spec}': module '{mod_name}' has no callable '{attr}'.")
-    try:
+    factory = load_callable(spec, "factory")
+    with user_code(f"factory '{spec}'"):
         result = factory()
-    except Exception as e:
-        raise UserError(f"factory '{spec}' raised {type(e).__name__}: {e}") from e
     if not (isinstance(result, tuple) and len(result) == 2):
         raise UserError(
             f"factory '{spec}' must return (nn.Module, example_inputs); got {type(result).__name__}."
