@@ -360,7 +360,7 @@ def _load_function(spec: str) -> Iterable[Any]:
         items = fn()
     if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
         raise UserError(
-            f"calibration data function '{spec}' returned a {type(items).__name__}; expected an iterable "
+            f"calibration data function '{spec}' returned {type(items).__name__}; expected an iterable "
             "(list or generator) of dicts mapping input name -> array."
         )
     return _guarded(items, f"calibration data function '{spec}'")

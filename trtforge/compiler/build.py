@@ -166,6 +166,7 @@ def _progress(backend: Backend, config: Any, enabled: bool, cancel: threading.Ev
 # (TensorRT-RTX can run 20 s and more between two progress callbacks; the CLI then exits regardless).
 CANCEL_GRACE_S = 2.0
 BUILD_THREAD_NAME = "trtforge-build"
+MAX_DIM = 2**31 - 1
 
 
 def build_cancellable(run: Callable[[], Any], cancel: threading.Event) -> Any:
@@ -256,6 +257,7 @@ def build_engine(
         for _ in range(options.streams):
             p = builder.create_optimization_profile()
             for name, rng in profile.items():
+                _check_dims(name, rng)
                 p.set_shape(name, rng.min, rng.opt, rng.max)
             if config.add_optimization_profile(p) < 0:
                 raise UserError(f"TensorRT rejected the optimization profile {profile}.")
@@ -312,6 +314,15 @@ def build_engine(
         engine_bytes=len(data),
     )
     return data, record
+
+
+def _check_dims(name: str, rng: ShapeRange) -> None:
+    """UserError for a profile dimension TensorRT cannot represent (it would raise a binding TypeError)."""
+    big = [d for d in (*rng.min, *rng.opt, *rng.max) if not 0 <= d <= MAX_DIM]
+    if big:
+        raise UserError(
+            f"--shape {name}: dimension {big[0]} is out of range; TensorRT dimensions are 0..{MAX_DIM}."
+        )
 
 
 def _attach_timing_cache(backend: Backend, config: Any, path: Any, warnings: list[str]) -> Any:

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtforge._fileio import check_input_file
 from trtforge._usercode import load_callable, user_code
 from trtforge.compiler import onnx_io
 from trtforge.errors import ExportError, UserError
@@ -341,9 +342,7 @@ def compare_with_ort(
 # ----------------------------------------------------------------------------- other source kinds
 def from_onnx_file(path: str | os.PathLike[str]) -> OnnxArtifact:
     """Accept an existing ONNX file as the export artifact (checked, not re-exported)."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"model file '{p}' does not exist.")
+    p = check_input_file(path, "model file")
     import onnx
 
     try:
@@ -385,9 +384,7 @@ def from_pt2(
     drive verification and its own dynamic shapes are kept (a .pt2 cannot be re-traced)."""
     import torch
 
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"model file '{p}' does not exist.")
+    p = check_input_file(path, "model file")
     if dynamic:
         raise UserError(
             f"'{p}' is a torch.export archive: its dynamic dims were fixed when it was exported. "

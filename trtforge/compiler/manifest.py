@@ -237,8 +237,8 @@ def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: M
     mpath = manifest_path_for(out)
     with contextlib.ExitStack() as held:
         try:
-            _write_locked(staged, data, held)
-            _write_locked(part, manifest.to_json().encode(), held)
+            _write_locked(staged, data, held, out)
+            _write_locked(part, manifest.to_json().encode(), held, mpath)
             with _signals_deferred():
                 os.replace(part, record)  # the commit point
                 fsync_dir(out.parent)
@@ -257,13 +257,13 @@ def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: M
     return mpath
 
 
-def _write_locked(path: Path, data: bytes, held: contextlib.ExitStack) -> None:
-    """Create `path`, flock it for as long as `held` lasts (the lock follows the file through renames),
-    write `data` and fsync. The lock tells :func:`resolve_pending` that its writer is alive."""
+def _write_locked(path: Path, data: bytes, held: contextlib.ExitStack, target: Path) -> None:
+    """Create `path` (staged for `target`), flock it for as long as `held` lasts (the lock follows the file
+    through renames), write `data` and fsync. The lock tells :func:`resolve_pending` its writer is alive."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as e:
-        raise (os_error(e, path) if e.errno in USER_ERRNOS else e) from e
+        raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
     held.callback(os.close, fd)
     with contextlib.suppress(ImportError, OSError):  # no flock (non-POSIX, some NFS): no lock
         import fcntl
@@ -275,7 +275,7 @@ def _write_locked(path: Path, data: bytes, held: contextlib.ExitStack) -> None:
             view = view[os.write(fd, view) :]
         os.fsync(fd)
     except OSError as e:
-        raise (os_error(e, path) if e.errno in USER_ERRNOS else e) from e
+        raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
 
 
 @contextlib.contextmanager
