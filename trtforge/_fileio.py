@@ -86,10 +86,10 @@ def check_output_path(path: str | os.PathLike[str], *, force: bool, what: str = 
             f"{what} '{show_path(text)}' ends with '/', so it names a directory; expected a file path "
             "such as DIR/model.engine."
         )
-    if Path(text).is_dir():
-        raise UserError(f"{what} '{show_path(text)}' is a directory; expected a file path.")
     p = Path(text)
     check_name_length(p, what)
+    if p.is_dir():
+        raise UserError(f"{what} '{show_path(text)}' is a directory; expected a file path.")
     if p.exists() and not force:
         raise UserError(f"{what} '{show_path(p)}' already exists; pass --force (force=True) to overwrite it.")
     parent = p.parent if str(p.parent) else Path(".")
