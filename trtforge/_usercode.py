@@ -56,7 +56,10 @@ def load_callable(spec: str, what: str) -> Callable[..., Any]:
         module = importlib.import_module(mod_name)
     except ModuleNotFoundError as e:
         if e.name and mod_name.startswith(e.name):
-            raise UserError(f"{what} '{spec}': no module named '{e.name}' (is it on PYTHONPATH?).") from e
+            raise UserError(
+                f"cannot import module '{mod_name}' of {what} '{spec}': no module named '{e.name}' "
+                "(is it on PYTHONPATH or in the current directory?)."
+            ) from e
         raise UserCodeError(f"importing module '{mod_name}' of {what} '{spec}' raised {describe(e)}") from e
     except (Exception, SystemExit) as e:
         raise UserCodeError(f"importing module '{mod_name}' of {what} '{spec}' raised {describe(e)}") from e
