@@ -90,6 +90,8 @@ def check_output_path(path: str | os.PathLike[str], *, force: bool, what: str = 
     check_name_length(p, what)
     if p.is_dir():
         raise UserError(f"{what} '{show_path(text)}' is a directory; expected a file path.")
+    if p.exists() and not p.is_file():
+        raise UserError(f"{what} '{show_path(p)}' exists and is not a regular file; expected a file path.")
     if p.exists() and not force:
         raise UserError(f"{what} '{show_path(p)}' already exists; pass --force (force=True) to overwrite it.")
     parent = p.parent if str(p.parent) else Path(".")

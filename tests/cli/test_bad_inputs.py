@@ -172,6 +172,23 @@ def _tampered_engine(d: Path) -> list[str]:
     return ["report", "m.engine", "-o", "rep", "--no-progress"]
 
 
+def _garbage_data(name: str) -> Setup:
+    def setup(d: Path) -> list[str]:
+        (d / name).write_bytes(b"PK\x03\x04 garbage, not numpy")
+        return [
+            "compile",
+            str(_embedding_onnx(d)),
+            "-o",
+            "o.engine",
+            "--precision",
+            "int8",
+            "--calib-data",
+            name,
+        ]
+
+    return setup
+
+
 NON_UTF8 = os.fsdecode(b"caf\xe9")
 
 CASES: dict[str, tuple[Setup, str]] = {
@@ -269,6 +286,12 @@ CASES: dict[str, tuple[Setup, str]] = {
         "--data 'data.npz' does not fit the model",
     ),
     "report: tampered engine": (_tampered_engine, "does not match its manifest"),
+    "unreadable .npy calibration data": (_garbage_data("g.npy"), r"'g\.npy' is not a readable \.npy file"),
+    "unreadable .npz calibration data": (_garbage_data("g.npz"), r"'g\.npz' is not a readable \.npz file"),
+    "-o names a device with --force": (
+        _tiny("compile", "m.onnx", "-o", "/dev/null", "--force"),
+        "exists and is not a regular file",
+    ),
 }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,9 +236,23 @@ def _load_npz(path: Path, specs: list[InputSpec]) -> Chunk:
     try:
         with np.load(path, allow_pickle=False) as z:
             raw = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as e:
-        raise UserError(f"'{path}' is not a readable .npz file ({e}).") from e
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise UserError(
+            f"'{path}' is not a readable .npz file ({type(e).__name__}: {e}); expected arrays written by "
+            "numpy.savez, one per input name."
+        ) from e
     return _validate_chunk(raw, specs, f"'{path}'")
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    """One .npy array, memory-mapped; UserError naming the file when numpy cannot read it."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise UserError(
+            f"'{path}' is not a readable .npy file ({type(e).__name__}: {e}); expected an array written by "
+            "numpy.save."
+        ) from e
 
 
 def _load_dir(path: Path, specs: list[InputSpec]) -> list[Chunk]:
@@ -252,9 +267,9 @@ def _load_dir(path: Path, specs: list[InputSpec]) -> list[Chunk]:
         for p in npy:
             name = p.stem if p.stem in names or len(specs) != 1 else specs[0].name
             if name in arrays:
-                arrays[name] = np.concatenate([arrays[name], np.load(p, mmap_mode="r")])
+                arrays[name] = np.concatenate([arrays[name], _load_npy(p)])
             else:
-                arrays[name] = np.load(p, mmap_mode="r")
+                arrays[name] = _load_npy(p)
         chunks.append(_validate_chunk(arrays, specs, f"'{path}' (.npy files {[p.name for p in npy]})"))
     return chunks
 
@@ -462,4 +477,4 @@ def _load_dir_files(path: Path, specs: list[InputSpec]) -> list[Chunk]:
             f"'{path}' is a single .npy array but the model has {len(specs)} inputs "
             f"({[s.name for s in specs]}); use a .npz with one array per input name."
         )
-    return [_validate_chunk({specs[0].name: np.load(path, mmap_mode="r")}, specs, f"'{path}'")]
+    return [_validate_chunk({specs[0].name: _load_npy(path)}, specs, f"'{path}'")]
