@@ -70,16 +70,22 @@ def load_callable(spec: str, what: str) -> Callable[..., Any]:
 
 
 def user_frame(e: BaseException) -> str | None:
-    """`file:line in function` of the innermost traceback frame that is the user's code (not trtforge,
-    not the Python installation or its packages), or None when the error never passed through it."""
-    roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    roots.add(os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep + "trtforge")
-    found = None
+    """`file:line in function` when the innermost traceback frame that is not the Python installation
+    or its packages (torch, numpy, ...) is the user's code rather than trtforge's; else None. An error
+    the user's code raised, directly or through a library it called, is theirs; one raised below a
+    trtforge frame is trtforge's."""
+    libraries = {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    package = os.path.dirname(os.path.realpath(__file__)) + os.sep
+    last: str | None = None
     tb = e.__traceback__
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
         path = os.path.realpath(filename)
-        if not filename.startswith("<") and not any(path.startswith(r + os.sep) for r in roots):
-            found = f"{filename}:{tb.tb_lineno} in {tb.tb_frame.f_code.co_name}"
+        if filename.startswith("<") or any(path.startswith(r) for r in libraries):
+            pass
+        elif path.startswith(package):
+            last = None
+        else:
+            last = f"{filename}:{tb.tb_lineno} in {tb.tb_frame.f_code.co_name}"
         tb = tb.tb_next
-    return found
+    return last
