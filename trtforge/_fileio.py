@@ -72,6 +72,10 @@ def check_input_file(path: str | os.PathLike[str], what: str = "input file") -> 
         raise os_error(e, p, "read") from e
     if stat.S_ISDIR(st.st_mode):
         raise UserError(f"{what} '{show_path(p)}' is a directory; expected a file.")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(
+            f"{what} '{show_path(p)}' is not a regular file (a pipe or device?); expected a file."
+        )
     return p
 
 

@@ -189,6 +189,11 @@ def _garbage_data(name: str) -> Setup:
     return setup
 
 
+def _fifo(d: Path) -> list[str]:
+    os.mkfifo(d / "pipe.onnx")
+    return ["compile", "pipe.onnx", "-o", "o.engine"]
+
+
 NON_UTF8 = os.fsdecode(b"caf\xe9")
 
 CASES: dict[str, tuple[Setup, str]] = {
@@ -288,6 +293,16 @@ CASES: dict[str, tuple[Setup, str]] = {
     "report: tampered engine": (_tampered_engine, "does not match its manifest"),
     "unreadable .npy calibration data": (_garbage_data("g.npy"), r"'g\.npy' is not a readable \.npy file"),
     "unreadable .npz calibration data": (_garbage_data("g.npz"), r"'g\.npz' is not a readable \.npz file"),
+    "overflowing --workspace": (
+        _tiny("compile", "m.onnx", "-o", "o.engine", "--workspace", "9" * 15),
+        "--workspace",
+    ),
+    "overflowing --aux-streams": (
+        _tiny("compile", "m.onnx", "-o", "o.engine", "--aux-streams", "9" * 12),
+        "--aux-streams must be",
+    ),
+    "huge --streams": (_tiny("compile", "m.onnx", "-o", "o.engine", "--streams", "9" * 11), "at most 256"),
+    "a pipe as the model": (_fifo, "is not a regular file"),
     "-o names a device with --force": (
         _tiny("compile", "m.onnx", "-o", "/dev/null", "--force"),
         "exists and is not a regular file",
