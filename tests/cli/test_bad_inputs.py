@@ -45,6 +45,14 @@ def _factory(body: str) -> Setup:
     return setup
 
 
+def _report_factory(body: str) -> Setup:
+    def setup(d: Path) -> list[str]:
+        argv = _factory(body)(d)
+        return ["report", argv[1], "-o", "rep", "--targets", "torch,ort", "--no-progress"]
+
+    return setup
+
+
 def _embedding_onnx(d: Path) -> Path:
     """input_ids[B,S] -> Gather(E[16,32]) -> MatMul(W[32,32]): a vocabulary of 16 token ids."""
     import onnx
@@ -208,6 +216,13 @@ CASES: dict[str, tuple[Setup, str]] = {
         _factory("def make():\n    return Lin(), {'y': torch.zeros(2, 4)}\n"),
         r"Lin\.forward\(y=\(2, 4\)\) on its own example inputs raised TypeError",
     ),
+    "report: factory forward fails on its example inputs": (
+        _report_factory(
+            "def make():\n    class Bad(Lin):\n        def forward(self, x):\n"
+            "            raise RuntimeError('boom')\n    return Bad(), (torch.zeros(2, 4),)\n"
+        ),
+        r"forward\(x=\(2, 4\)\) on its own example inputs raised RuntimeError: boom",
+    ),
     "factory raises": (
         _factory("def make():\n    raise ValueError('no weights here')\n"),
         r"factory 'um_\d+:make' raised ValueError: no weights here",
@@ -268,7 +283,9 @@ CASES: dict[str, tuple[Setup, str]] = {
     "compile: external data missing": (_external_data_missing("compile"), "ext.bin"),
     ".pt2 that is not an archive": (_not_an_archive, "is not a torch.export archive"),
     "-o names a new directory": (_tiny("compile", "m.onnx", "-o", "newdir/"), "ends with '/'"),
-    "-o ''": (_tiny("compile", "m.onnx", "-o", ""), "output engine path is required"),
+    "-o ''": (_tiny("compile", "m.onnx", "-o", ""), "the path is empty"),
+    "report -o ''": (_tiny("report", "m.onnx", "-o", ""), "the path is empty"),
+    "inspect ''": (lambda d: ["inspect", ""], "the path is empty"),
     "--save-onnx equal to -o": (
         _tiny("compile", "m.onnx", "-o", "out.engine", "--save-onnx", "out.engine"),
         r"--save-onnx and -o \(engine\) name the same file",

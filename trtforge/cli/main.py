@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -41,12 +42,30 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module, attr = target.split(":")
-        return getattr(importlib.import_module(module), attr)
+        return _refuse_empty_paths(getattr(importlib.import_module(module), attr))
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, SHORT_HELP.get(name, "")) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _refuse_empty_paths(command: click.Command) -> click.Command:
+    """Every click.Path parameter of `command` refuses '' (which would otherwise mean the current
+    directory, or a file named '.'), with click's usual exit code 2."""
+    for param in command.params:
+        if isinstance(param.type, click.Path) and not getattr(param, "_trtforge_no_empty", False):
+            inner = param.callback
+
+            def check(ctx: click.Context, p: click.Parameter, value: Any, inner: Any = inner) -> Any:
+                values = value if isinstance(value, (tuple, list)) else (value,)
+                if any(v is not None and str(v) == "" for v in values):
+                    raise click.BadParameter("the path is empty; expected a file or directory name.")
+                return inner(ctx, p, value) if inner is not None else value
+
+            param.callback = check
+            param._trtforge_no_empty = True  # type: ignore[attr-defined]
+    return command
 
 
 EPILOG = """\b

@@ -132,14 +132,17 @@ def report_cmd(
 
     source: object = model
     if not Path(model).exists() and ":" in model:
-        from trtforge.compiler.export import load_factory
+        from trtforge.compiler.export import check_forward, load_factory
 
         source = load_factory(model)
+        check_forward(*source)  # a factory whose model fails on its own inputs is the user's to fix
     elif Path(model).is_file() and Path(model).suffix != ".onnx":
         from trtforge.compiler.manifest import read_manifest, verify_engine_file
 
         verify_engine_file(model, read_manifest(model))  # refuse a tampered engine, as inspect does
     existed = Path(out_dir).exists()
+    if existed and not Path(out_dir).is_dir():
+        raise UserError(f"-o '{out_dir}' exists and is not a directory.")
     names = [n for t in targets for n in t.split(",") if n.strip()] or None
     tol = dict(parse_tolerance(t) for t in tolerances)
     calib = {k: v for k, v in (("method", calib_method), ("smoothquant", smoothquant)) if v is not None}

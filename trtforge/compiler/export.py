@@ -247,8 +247,7 @@ def export_module(
     feeds = normalize_inputs(module, example_inputs)
     dynamic_axes = resolve_dynamic(dynamic, feeds)
     input_names = list(feeds)
-    with _eval_mode(module), torch.no_grad(), user_code(_forward_what(module, feeds)):
-        reference = flatten_outputs(module(**feeds))
+    reference = check_forward(module, feeds)
     names = list(output_names) if output_names else [f"output_{i}" for i in range(len(reference))]
     if len(names) != len(reference):
         raise UserError(
@@ -280,6 +279,18 @@ def export_module(
     record.seconds = time.perf_counter() - t0
     _finish(path, record, feeds, reference, rtol=rtol, atol=atol, verify=verify)
     return OnnxArtifact(path, record)
+
+
+def check_forward(module: Any, example_inputs: Any) -> list[Any]:
+    """Run the user's model on its own example inputs (eval mode, no grad) and return the flattened
+    outputs; whatever its forward raises is reported as the user's (UserCodeError, exit code 2)."""
+    import torch
+
+    if not isinstance(module, torch.nn.Module):
+        raise UserError(f"expected a torch.nn.Module, got {type(module).__name__}.")
+    feeds = normalize_inputs(module, example_inputs)
+    with _eval_mode(module), torch.no_grad(), user_code(_forward_what(module, feeds)):
+        return flatten_outputs(module(**feeds))
 
 
 def _forward_what(module: Any, feeds: Mapping[str, Any]) -> str:

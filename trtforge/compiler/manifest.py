@@ -184,6 +184,8 @@ def read_manifest(engine_path: str | os.PathLike[str]) -> Manifest:
 
     First settles what an interrupted compile left beside the engine (:func:`resolve_pending`).
     """
+    if not Path(engine_path).name:
+        raise UserError(f"'{show_path(engine_path)}' is not an engine file path.")
     resolve_pending(engine_path)
     path = manifest_path_for(engine_path)
     if not path.is_file():
