@@ -223,6 +223,10 @@ CASES: dict[str, tuple[Setup, str]] = {
         ),
         r"forward\(x=\(2, 4\)\) on its own example inputs raised RuntimeError: boom",
     ),
+    "--opset out of range": (
+        lambda d: [*_factory("def make():\n    return Lin(), (torch.zeros(2, 4),)\n")(d), "--opset", "999"],
+        r"--opset 999 is out of range",
+    ),
     "factory raises": (
         _factory("def make():\n    raise ValueError('no weights here')\n"),
         r"factory 'um_\d+:make' raised ValueError: no weights here",

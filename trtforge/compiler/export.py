@@ -244,6 +244,7 @@ def export_module(
         raise UserError(f"expected a torch.nn.Module to export, got {type(module).__name__}.")
     if exporter not in ("auto", "dynamo", "legacy"):
         raise UserError(f"exporter must be auto, dynamo or legacy; got '{exporter}'.")
+    _check_opset(opset)
     feeds = normalize_inputs(module, example_inputs)
     dynamic_axes = resolve_dynamic(dynamic, feeds)
     input_names = list(feeds)
@@ -279,6 +280,19 @@ def export_module(
     record.seconds = time.perf_counter() - t0
     _finish(path, record, feeds, reference, rtol=rtol, atol=atol, verify=verify)
     return OnnxArtifact(path, record)
+
+
+def _check_opset(opset: int | None) -> None:
+    """--opset within what the installed onnx knows (the exporters would otherwise ignore it quietly)."""
+    if opset is None:
+        return
+    import onnx
+
+    newest = onnx.defs.onnx_opset_version()
+    if not 7 <= opset <= newest:
+        raise UserError(
+            f"--opset {opset} is out of range: this onnx {onnx.__version__} knows opsets 7..{newest}."
+        )
 
 
 def check_forward(module: Any, example_inputs: Any) -> list[Any]:
@@ -405,6 +419,7 @@ def from_pt2(
         raise UserError(
             "a .pt2 archive can only be converted by the dynamo exporter; drop --exporter legacy."
         )
+    _check_opset(opset)
     try:
         with _torch_logs_silenced():
             ep = torch.export.load(str(p))
