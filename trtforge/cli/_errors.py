@@ -29,21 +29,26 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (what `timeout`, docker and systemd send), raised like Ctrl-C so the same cleanup runs."""
 
 
-def _on_sigterm(_signum: int, _frame: Any) -> None:
-    raise Terminated()
-
-
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into :class:`Terminated` while the command runs (main thread only)."""
+def _signals_as_interrupts(received: list[int]) -> Iterator[None]:
+    """While the command runs (main thread only), record SIGINT/SIGTERM in `received` and raise
+    KeyboardInterrupt / :class:`Terminated`. The record matters because an interrupt that lands inside
+    an import of a C extension can come out as an unrelated error (a half-initialized numpy) or be
+    swallowed by a library's optional-import guard; the exit code still says it was interrupted."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.signal(signal.SIGTERM, _on_sigterm)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def _safe_streams() -> None:
@@ -53,48 +58,57 @@ def _safe_streams() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
-def _interrupted(e: BaseException) -> int:
-    click.echo("\ninterrupted" if not isinstance(e, Terminated) else "\nterminated", err=True)
-    return EXIT_SIGTERM if isinstance(e, Terminated) else EXIT_SIGINT
+def _interrupted(signum: int) -> int:
+    click.echo("\nterminated" if signum == signal.SIGTERM else "\ninterrupted", err=True)
+    return 128 + signum
 
 
 def run_cli(group: click.Group, argv: list[str] | None) -> int:
     """Run `group` standalone=False and translate failures; never swallows: internal errors print a trace."""
     _safe_streams()
+    received: list[int] = []
     try:
-        with _sigterm_as_interrupt():
+        with _signals_as_interrupts(received):
             rv = group.main(args=argv, prog_name="trtforge", standalone_mode=False)
-    except click.exceptions.Exit as e:
-        return int(e.exit_code or 0)
-    except click.exceptions.Abort as e:
-        if isinstance(e.__cause__, KeyboardInterrupt):  # click turns Ctrl-C into Abort
-            return _interrupted(e.__cause__)
-        click.echo("aborted", err=True)
-        return 1
-    except click.ClickException as e:
-        e.show()
-        return 2 if e.exit_code in (1, 2) else int(e.exit_code)
-    except UserError as e:
-        click.secho(f"error: {e}", fg="red", err=True)
-        return 2
-    except TrtforgeError as e:
-        click.secho(f"error: {e}", fg="red", err=True)
-        return 1
-    except KeyboardInterrupt as e:
-        return _interrupted(e)
-    except OSError as e:
-        if e.errno not in USER_ERRNOS:
-            return _internal()
-        click.secho(f"error: {os_error(e, e.filename or '?', 'use')}", fg="red", err=True)
-        return 2
-    except Exception as e:
-        frame = user_frame(e)
-        if frame is None:
-            return _internal()
-        click.secho(f"error: your code raised {describe(e)} (at {frame}).", fg="red", err=True)
-        return 2
+    except BaseException as e:
+        if isinstance(e, click.exceptions.Abort) and isinstance(e.__cause__, KeyboardInterrupt):
+            e = e.__cause__  # click turns Ctrl-C into Abort
+        if received or isinstance(e, KeyboardInterrupt):
+            return _interrupted(received[0] if received else _signal_of(e))
+        if not isinstance(e, Exception):
+            raise  # SystemExit and the like: not ours to translate
+        return _exit_code(e)
+    if received:  # the interrupt was swallowed on the way (see _signals_as_interrupts)
+        return _interrupted(received[0])
     # With standalone_mode=False, click returns the code of `ctx.exit(n)` instead of raising.
     return rv if isinstance(rv, int) else 0
+
+
+def _signal_of(e: BaseException) -> int:
+    return signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+
+
+def _exit_code(e: Exception) -> int:
+    """Print the one-paragraph message (or the trace of an internal error) and return the exit code."""
+    if isinstance(e, click.exceptions.Exit):
+        return int(e.exit_code or 0)
+    if isinstance(e, click.exceptions.Abort):
+        click.echo("aborted", err=True)
+        return 1
+    if isinstance(e, click.ClickException):
+        e.show()
+        return 2 if e.exit_code in (1, 2) else int(e.exit_code)
+    if isinstance(e, TrtforgeError):
+        click.secho(f"error: {e}", fg="red", err=True)
+        return 2 if isinstance(e, UserError) else 1
+    if isinstance(e, OSError) and e.errno in USER_ERRNOS:
+        click.secho(f"error: {os_error(e, e.filename or '?', 'use')}", fg="red", err=True)
+        return 2
+    frame = user_frame(e)
+    if frame is None:
+        return _internal()
+    click.secho(f"error: your code raised {describe(e)} (at {frame}).", fg="red", err=True)
+    return 2
 
 
 def _internal() -> int:

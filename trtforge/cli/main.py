@@ -95,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     from trtforge.cli._errors import EXIT_SIGINT, EXIT_SIGTERM, build_thread_alive, run_cli
 
     rc = run_cli(cli, argv)
-    if rc in (EXIT_SIGINT, EXIT_SIGTERM) and build_thread_alive():
-        # The builder ignored the cancel past its grace period: outputs are cleaned up already, and
-        # interpreter shutdown would wait on (or crash in) the builder thread, so leave now.
+    if rc in (EXIT_SIGINT, EXIT_SIGTERM) and (argv is None or build_thread_alive()):
+        # Interrupted, and cleanup is done. Leave now: interpreter shutdown would wait on (or crash in) a
+        # builder thread that ignored the cancel, and torch/TensorRT teardown after an interrupt can
+        # end the process by the signal instead of this exit code. argv=None: the console entry point.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)
