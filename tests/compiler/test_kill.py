@@ -55,7 +55,6 @@ def _pair_sha(out: Path) -> str | None:
     return manifest.engine_sha256
 
 
-@pytest.mark.slow
 def test_kill_at_random_moments_leaves_a_complete_pair(tmp_path) -> None:
     model = tiny_onnx(tmp_path / "m.onnx")
     old_model = tiny_onnx(tmp_path / "old.onnx", dynamic_batch=False)
