@@ -1,13 +1,16 @@
-"""Atomic file output: write to a temporary file beside the target, then rename over it.
+"""File I/O in one place: path checks that name the path, and atomic writes (temp beside, then rename).
 
-A crash or an exception never leaves a partial or corrupted output file behind.
+A crash or an exception never leaves a partial output file behind; a full disk, an over-long name or a
+read-only directory is the user's to fix (UserError naming the path), not an internal error.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,33 +18,132 @@ from typing import IO
 
 from trtforge.errors import UserError
 
+# OSError numbers that describe the user's filesystem, not a trtforge bug (exit code 2).
+USER_ERRNOS = frozenset(
+    getattr(errno, n)
+    for n in ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "ENAMETOOLONG", "EFBIG", "ENOTDIR", "EISDIR")
+    if hasattr(errno, n)
+)
+
+
+def show_path(path: str | os.PathLike[str]) -> str:
+    """A path as text safe to print: undecodable bytes of a non-UTF-8 name shown as \\xNN escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def os_error(e: OSError, path: str | os.PathLike[str], action: str = "write") -> UserError:
+    """A UserError for an OSError the user can fix (disk full, name too long, permissions), naming `path`."""
+    hint = {
+        errno.ENOSPC: " Free some space or write elsewhere.",
+        errno.ENAMETOOLONG: " Use a shorter file name.",
+    }.get(e.errno or 0, "")
+    return UserError(f"cannot {action} '{show_path(path)}': {e.strerror or e}.{hint}")
+
+
+def _name_max(directory: Path) -> int:
+    try:
+        return int(os.pathconf(directory, "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        return 255
+
+
+def check_name_length(path: Path, what: str = "output") -> None:
+    """UserError when the last component of `path` is longer than its filesystem allows."""
+    parent = path.parent if str(path.parent) else Path(".")
+    limit = _name_max(parent) if parent.is_dir() else 255
+    n = len(os.fsencode(path.name))
+    if n > limit:
+        raise UserError(
+            f"{what} '{show_path(path)}': the file name is {n} bytes long; this filesystem allows {limit}. "
+            "Use a shorter name."
+        )
+
+
+def check_input_file(path: str | os.PathLike[str], what: str = "input file") -> Path:
+    """An existing, readable regular file, else a UserError saying which of those it is not."""
+    if not str(path):
+        raise UserError(f"{what}: the path is empty.")
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise UserError(f"{what} '{show_path(p)}' does not exist.") from None
+    except OSError as e:
+        raise os_error(e, p, "read") from e
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{what} '{show_path(p)}' is a directory; expected a file.")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(
+            f"{what} '{show_path(p)}' is not a regular file (a pipe or device?); expected a file."
+        )
+    return p
+
 
 def check_output_path(path: str | os.PathLike[str], *, force: bool, what: str = "output") -> Path:
-    """Validate that `path` can be written: parent exists and is writable, no clobbering without force."""
-    p = Path(path)
+    """Validate that `path` can be written: a file name (not a directory), parent exists and is writable,
+    the name fits the filesystem, no clobbering without force."""
+    text = os.fspath(path)
+    if not str(text):
+        raise UserError(f"{what}: the path is empty; expected a file name.")
+    if str(text).endswith(("/", os.sep)):
+        raise UserError(
+            f"{what} '{show_path(text)}' ends with '/', so it names a directory; expected a file path "
+            "such as DIR/model.engine."
+        )
+    p = Path(text)
+    check_name_length(p, what)
+    if p.is_dir():
+        raise UserError(f"{what} '{show_path(text)}' is a directory; expected a file path.")
+    if p.exists() and not p.is_file():
+        raise UserError(f"{what} '{show_path(p)}' exists and is not a regular file; expected a file path.")
     if p.exists() and not force:
-        raise UserError(f"{what} '{p}' already exists; pass --force (force=True) to overwrite it.")
-    if p.exists() and p.is_dir():
-        raise UserError(f"{what} '{p}' is a directory; expected a file path.")
+        raise UserError(f"{what} '{show_path(p)}' already exists; pass --force (force=True) to overwrite it.")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
-        raise UserError(f"cannot write {what} '{p}': directory '{parent}' does not exist.")
+        raise UserError(
+            f"cannot write {what} '{show_path(p)}': directory '{show_path(parent)}' does not exist."
+        )
     try:  # a real probe: os.access says yes to root even on read-only or special filesystems
         fd, probe = tempfile.mkstemp(prefix=".trtforge-probe-", dir=parent)
     except OSError as e:
         raise UserError(
-            f"cannot write {what} '{p}': directory '{parent}' is not writable ({e.strerror})."
+            f"cannot write {what} '{show_path(p)}': directory '{show_path(parent)}' is not writable "
+            f"({e.strerror})."
         ) from e
     os.close(fd)
     os.unlink(probe)
     return p
 
 
+def temp_name(path: Path, tag: str) -> Path:
+    """A hidden sibling of `path` whose name stays short however long `path`'s name is."""
+    digest = hashlib.sha256(os.fsencode(path.name)).hexdigest()[:12]
+    return path.with_name(f".trtforge-{digest}.{tag}")
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make renames inside `directory` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory if str(directory) else ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
     """Open a temp file next to `path` for writing; rename it onto `path` only if the block succeeds."""
     p = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent if str(p.parent) else ".")
+    parent = p.parent if str(p.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=parent)
+    except OSError as e:
+        raise (os_error(e, p) if e.errno in USER_ERRNOS else e) from e
     try:
         with os.fdopen(fd, mode) as f:
             yield f
@@ -49,9 +151,11 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno in USER_ERRNOS:
+            raise os_error(e, p) from e
         raise
 
 
@@ -68,9 +172,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | memoryview) -
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write `text` (UTF-8) to `path` atomically."""
-    with atomic_open(path, "w") as f:
-        f.write(text)
+    """Write `text` (UTF-8; undecodable path bytes kept as they were) to `path` atomically."""
+    with atomic_open(path, "wb") as f:
+        f.write(text.encode("utf-8", "surrogateescape"))
 
 
 def sha256_bytes(data: bytes | memoryview) -> str:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from trtforge.calibration.data import rejected_data_is_user_error
 from trtforge.calibration.histogram import TensorHistogram, select_real_tokens
 
 if TYPE_CHECKING:
@@ -101,7 +102,8 @@ def collect_statistics(
     samples = batches = 0
     with _progress(progress, description, len(dataset)) as advance:
         for feed in dataset:
-            outs = session.run(tensors, {k: v for k, v in feed.items() if k in input_names})
+            with rejected_data_is_user_error(dataset.source):
+                outs = session.run(tensors, {k: v for k, v in feed.items() if k in input_names})
             mask = feed.get(MASK_INPUT) if real_tokens else None
             for name, value in zip(tensors, outs):
                 stats[name].update(select_real_tokens(value, mask) if mask is not None else value)
@@ -153,7 +155,8 @@ class _progress:
 def run_outputs(session: ort.InferenceSession, dataset: CalibrationDataset) -> list[tuple[dict, list]]:
     """(feed, model outputs) per batch of a small dataset (held-out accuracy checks)."""
     names = {i.name for i in session.get_inputs()}
-    return [(feed, session.run(None, {k: v for k, v in feed.items() if k in names})) for feed in dataset]
+    with rejected_data_is_user_error(dataset.source):
+        return [(feed, session.run(None, {k: v for k, v in feed.items() if k in names})) for feed in dataset]
 
 
 def mean_cosine(

@@ -15,15 +15,17 @@ calibration. Sources:
 
 from __future__ import annotations
 
-import importlib
+import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator
+import zipfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from trtforge._usercode import load_callable, user_code
 from trtforge.errors import UserError
 
 if TYPE_CHECKING:
@@ -234,9 +236,23 @@ def _load_npz(path: Path, specs: list[InputSpec]) -> Chunk:
     try:
         with np.load(path, allow_pickle=False) as z:
             raw = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as e:
-        raise UserError(f"'{path}' is not a readable .npz file ({e}).") from e
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise UserError(
+            f"'{path}' is not a readable .npz file ({type(e).__name__}: {e}); expected arrays written by "
+            "numpy.savez, one per input name."
+        ) from e
     return _validate_chunk(raw, specs, f"'{path}'")
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    """One .npy array, memory-mapped; UserError naming the file when numpy cannot read it."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise UserError(
+            f"'{path}' is not a readable .npy file ({type(e).__name__}: {e}); expected an array written by "
+            "numpy.save."
+        ) from e
 
 
 def _load_dir(path: Path, specs: list[InputSpec]) -> list[Chunk]:
@@ -251,9 +267,9 @@ def _load_dir(path: Path, specs: list[InputSpec]) -> list[Chunk]:
         for p in npy:
             name = p.stem if p.stem in names or len(specs) != 1 else specs[0].name
             if name in arrays:
-                arrays[name] = np.concatenate([arrays[name], np.load(p, mmap_mode="r")])
+                arrays[name] = np.concatenate([arrays[name], _load_npy(p)])
             else:
-                arrays[name] = np.load(p, mmap_mode="r")
+                arrays[name] = _load_npy(p)
         chunks.append(_validate_chunk(arrays, specs, f"'{path}' (.npy files {[p.name for p in npy]})"))
     return chunks
 
@@ -335,15 +351,46 @@ def _to_numpy(v: Any) -> np.ndarray:
     return np.asarray(v)
 
 
-def _load_function(spec: str) -> Iterable[Any]:
-    mod_name, _, fn_name = spec.partition(":")
+@contextlib.contextmanager
+def rejected_data_is_user_error(source: str) -> Iterator[None]:
+    """ONNX Runtime refusing the user's samples (a shape, a dtype, token ids outside the vocabulary) is
+    the user's to fix: a UserError naming the data, with ONNX Runtime's reason."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
     try:
-        fn = getattr(importlib.import_module(mod_name), fn_name)
-    except (ImportError, AttributeError) as e:
+        yield
+    except InvalidArgument as e:
+        reason = str(e).split("Status Message:", 1)[-1].strip() or str(e)
         raise UserError(
-            f"cannot load calibration data function '{spec}' ({e}); expected 'module:function'."
+            f"ONNX Runtime rejected a batch of calibration data {source}: {reason[:400]}. Check that the "
+            "data "
+            "fits the model (token ids within its vocabulary, shapes within its dimensions, dtypes)."
         ) from e
-    return fn()
+
+
+def _load_function(spec: str) -> Iterable[Any]:
+    """Call the user's `module:function`; it must return an iterable of {input name: array} dicts."""
+    fn = load_callable(spec, "calibration data function")
+    with user_code(f"calibration data function '{spec}'"):
+        items = fn()
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+        raise UserError(
+            f"calibration data function '{spec}' returned {type(items).__name__}; expected an iterable "
+            "(list or generator) of dicts mapping input name -> array."
+        )
+    return _guarded(items, f"calibration data function '{spec}'")
+
+
+def _guarded(items: Iterable[Any], what: str) -> Iterator[Any]:
+    """Iterate the user's iterable; an exception its own code raises (a generator) names it."""
+    it = iter(items)
+    while True:
+        with user_code(f"{what} (while iterating its result)"):
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+        yield item
 
 
 def load_dataset(
@@ -394,7 +441,9 @@ def load_dataset(
         chunks = [_validate_chunk({k: _to_numpy(v) for k, v in spec.items()}, specs, "calibration arrays")]
     elif isinstance(spec, Iterable):
         source = type(spec).__name__
-        chunks = _from_iterable(spec, specs, f"calibration data ({source})", max_samples)
+        chunks = _from_iterable(
+            _guarded(spec, f"calibration data ({source})"), specs, f"calibration data ({source})", max_samples
+        )
     else:
         raise UserError(f"unsupported calibration data {type(spec).__name__}; see trtforge calibrate --help.")
     n = sum(_chunk_len(c) for c in chunks) if chunks is not None else len(sentences or [])
@@ -428,4 +477,4 @@ def _load_dir_files(path: Path, specs: list[InputSpec]) -> list[Chunk]:
             f"'{path}' is a single .npy array but the model has {len(specs)} inputs "
             f"({[s.name for s in specs]}); use a .npz with one array per input name."
         )
-    return [_validate_chunk({specs[0].name: np.load(path, mmap_mode="r")}, specs, f"'{path}'")]
+    return [_validate_chunk({specs[0].name: _load_npy(path)}, specs, f"'{path}'")]

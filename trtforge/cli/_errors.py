@@ -1,38 +1,124 @@
-"""Map exceptions to exit codes and one-paragraph messages: UserError -> 2, anything else -> 1."""
+"""Map exceptions to exit codes and one-paragraph messages.
+
+UserError, an OSError about the user's filesystem (disk full, name too long, permissions) and a click
+usage error -> 2; Ctrl-C -> 130 and SIGTERM -> 143 (128 + the signal, after the same cleanup); any other
+exception -> 1 with its trace, because that one is a trtforge bug.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import sys
+import threading
 import traceback
+from collections.abc import Iterator
+from typing import Any
 
 import click
 
+from trtforge._fileio import USER_ERRNOS, os_error
+from trtforge._usercode import describe, user_frame
 from trtforge.errors import TrtforgeError, UserError
+
+EXIT_SIGINT = 128 + signal.SIGINT
+EXIT_SIGTERM = 128 + signal.SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what `timeout`, docker and systemd send), raised like Ctrl-C so the same cleanup runs."""
+
+
+@contextlib.contextmanager
+def _signals_as_interrupts(received: list[int]) -> Iterator[None]:
+    """While the command runs (main thread only), record SIGINT/SIGTERM in `received` and raise
+    KeyboardInterrupt / :class:`Terminated`. The record matters because an interrupt that lands inside
+    an import of a C extension can come out as an unrelated error (a half-initialized numpy) or be
+    swallowed by a library's optional-import guard; the exit code still says it was interrupted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _safe_streams() -> None:
+    """Never fail to print a message: undecodable bytes (a non-UTF-8 path) are shown escaped."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _interrupted(signum: int) -> int:
+    click.echo("\nterminated" if signum == signal.SIGTERM else "\ninterrupted", err=True)
+    return 128 + signum
 
 
 def run_cli(group: click.Group, argv: list[str] | None) -> int:
     """Run `group` standalone=False and translate failures; never swallows: internal errors print a trace."""
+    _safe_streams()
+    received: list[int] = []
     try:
-        rv = group.main(args=argv, prog_name="trtforge", standalone_mode=False)
-    except click.exceptions.Exit as e:
-        return int(e.exit_code or 0)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        return 1
-    except click.ClickException as e:
-        e.show()
-        return 2 if e.exit_code in (1, 2) else int(e.exit_code)
-    except UserError as e:
-        click.secho(f"error: {e}", fg="red", err=True)
-        return 2
-    except TrtforgeError as e:
-        click.secho(f"error: {e}", fg="red", err=True)
-        return 1
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        return 130
-    except Exception:
-        traceback.print_exc()
-        click.secho("internal error (the trace above); please report it.", fg="red", err=True)
-        return 1
+        with _signals_as_interrupts(received):
+            rv = group.main(args=argv, prog_name="trtforge", standalone_mode=False)
+    except BaseException as e:
+        if isinstance(e, click.exceptions.Abort) and isinstance(e.__cause__, KeyboardInterrupt):
+            e = e.__cause__  # click turns Ctrl-C into Abort
+        if received or isinstance(e, KeyboardInterrupt):
+            return _interrupted(received[0] if received else _signal_of(e))
+        if not isinstance(e, Exception):
+            raise  # SystemExit and the like: not ours to translate
+        return _exit_code(e)
+    if received:  # the interrupt was swallowed on the way (see _signals_as_interrupts)
+        return _interrupted(received[0])
     # With standalone_mode=False, click returns the code of `ctx.exit(n)` instead of raising.
     return rv if isinstance(rv, int) else 0
+
+
+def _signal_of(e: BaseException) -> int:
+    return signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+
+
+def _exit_code(e: Exception) -> int:
+    """Print the one-paragraph message (or the trace of an internal error) and return the exit code."""
+    if isinstance(e, click.exceptions.Exit):
+        return int(e.exit_code or 0)
+    if isinstance(e, click.exceptions.Abort):
+        click.echo("aborted", err=True)
+        return 1
+    if isinstance(e, click.ClickException):
+        e.show()
+        return 2 if e.exit_code in (1, 2) else int(e.exit_code)
+    if isinstance(e, TrtforgeError):
+        click.secho(f"error: {e}", fg="red", err=True)
+        return 2 if isinstance(e, UserError) else 1
+    if isinstance(e, OSError) and e.errno in USER_ERRNOS:
+        click.secho(f"error: {os_error(e, e.filename or '?', 'use')}", fg="red", err=True)
+        return 2
+    frame = user_frame(e)
+    if frame is None:
+        return _internal()
+    click.secho(f"error: your code raised {describe(e)} (at {frame}).", fg="red", err=True)
+    return 2
+
+
+def _internal() -> int:
+    traceback.print_exc()
+    click.secho("internal error (the trace above); please report it.", fg="red", err=True)
+    return 1
+
+
+def build_thread_alive() -> bool:
+    """True while a cancelled TensorRT build is still winding down in its worker thread."""
+    build = sys.modules.get("trtforge.compiler.build")
+    name = getattr(build, "BUILD_THREAD_NAME", None)
+    return name is not None and any(t.name == name and t.is_alive() for t in threading.enumerate())

@@ -4,7 +4,9 @@ so `trtforge --help` stays fast and works without TensorRT."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+from typing import Any
 
 import click
 
@@ -40,12 +42,30 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module, attr = target.split(":")
-        return getattr(importlib.import_module(module), attr)
+        return _refuse_empty_paths(getattr(importlib.import_module(module), attr))
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, SHORT_HELP.get(name, "")) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _refuse_empty_paths(command: click.Command) -> click.Command:
+    """Every click.Path parameter of `command` refuses '' (which would otherwise mean the current
+    directory, or a file named '.'), with click's usual exit code 2."""
+    for param in command.params:
+        if isinstance(param.type, click.Path) and not getattr(param, "_trtforge_no_empty", False):
+            inner = param.callback
+
+            def check(ctx: click.Context, p: click.Parameter, value: Any, inner: Any = inner) -> Any:
+                values = value if isinstance(value, (tuple, list)) else (value,)
+                if any(v is not None and str(v) == "" for v in values):
+                    raise click.BadParameter("the path is empty; expected a file or directory name.")
+                return inner(ctx, p, value) if inner is not None else value
+
+            param.callback = check
+            param._trtforge_no_empty = True  # type: ignore[attr-defined]
+    return command
 
 
 EPILOG = """\b
@@ -57,7 +77,10 @@ Examples:
   trtforge report model.onnx -o report/
   trtforge inspect bert.engine
 Run `trtforge COMMAND -h` for each command's options and examples.
-Exit codes: 0 ok, 2 bad input (file, option, tensor), 1 internal error.
+Exit codes: 0 ok, 2 bad input (file, option, tensor, or an error raised by your own
+module, factory or data function), 1 internal error, 130 Ctrl-C, 143 SIGTERM
+(temporary files removed; an engine and its manifest are replaced together or not at
+all). `report --check` adds 3.
 """
 
 
@@ -69,9 +92,17 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the group and maps trtforge errors to exit codes (2 user, 1 internal)."""
-    from trtforge.cli._errors import run_cli
+    from trtforge.cli._errors import EXIT_SIGINT, EXIT_SIGTERM, build_thread_alive, run_cli
 
-    return run_cli(cli, argv)
+    rc = run_cli(cli, argv)
+    if rc in (EXIT_SIGINT, EXIT_SIGTERM) and (argv is None or build_thread_alive()):
+        # Interrupted, and cleanup is done. Leave now: interpreter shutdown would wait on (or crash in) a
+        # builder thread that ignored the cancel, and torch/TensorRT teardown after an interrupt can
+        # end the process by the signal instead of this exit code. argv=None: the console entry point.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
 
 
 if __name__ == "__main__":

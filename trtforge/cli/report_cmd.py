@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
 from typing import Any
 
 import click
 
 from trtforge.cli._options import from_params, option_group
 from trtforge.compiler.policy import ExportOptions, PrecisionOptions
+from trtforge.errors import UserError
+from trtforge.reports.results import FAILED, Report
+
+# How reports/api.py words a target that could not run the accuracy inputs.
+REJECTED = "accuracy inputs rejected or run failed"
 
 EXAMPLES = """\b
 MODEL_OR_ENGINE is one of:
@@ -35,12 +42,17 @@ inputs generated from the model's input specs (token ids within the vocabulary,
 OUTPUT means every output; 'none' disables a check). Repeatable.
 Writes OUT/report.html (tables and plots), OUT/report.md and OUT/report.json
 (schema: trtforge/reports/report.schema.json).
-Exit codes: 0 ok, 2 bad input, 3 with --check when an output fails its tolerance.
+Exit codes (so a report can gate CI): 0 ok; 2 bad input, including --data the
+reference target rejects (nothing is written then) and an engine that does not
+match its manifest; 3 when the reference or any target that can run on this
+machine fails, or an output fails its tolerance. Targets this machine cannot run
+(no GPU, no TensorRT runtime: status "not_run") do not count. --no-check: exit 0
+whatever the results, once the report is written.
 """
 
 
 class AccuracyCheckFailed(click.ClickException):
-    """--check found an output outside its tolerance (exit code 3)."""
+    """A runnable target failed or an output is outside its tolerance (exit code 3)."""
 
     exit_code = 3
 
@@ -82,7 +94,12 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ORT intra-op and torch threads.")
 @click.option("--tolerance", "tolerances", multiple=True, metavar="[T/]OUT:k=v,...", help="Repeatable.")
 @option_group(ExportOptions, only=("output_names",), scope="Torch sources (module, factory): ")
-@click.option("--check", is_flag=True, help="Exit 3 when a compared output fails its tolerance.")
+@click.option(
+    "--check/--no-check",
+    default=True,
+    show_default=True,
+    help="Exit 3 when the reference or a target runnable here fails, or an output fails its tolerance.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def report_cmd(
     model: str,
@@ -103,16 +120,23 @@ def report_cmd(
     **params: Any,
 ) -> None:
     """Compare accuracy and latency of MODEL_OR_ENGINE across runtimes and precisions."""
-    from pathlib import Path
 
     from trtforge.reports.api import build_report
     from trtforge.reports.compare import parse_tolerance
 
     source: object = model
     if not Path(model).exists() and ":" in model:
-        from trtforge.compiler.export import load_factory
+        from trtforge.compiler.export import check_forward, load_factory
 
         source = load_factory(model)
+        check_forward(*source)  # a factory whose model fails on its own inputs is the user's to fix
+    elif Path(model).is_file() and Path(model).suffix != ".onnx":
+        from trtforge.compiler.manifest import read_manifest, verify_engine_file
+
+        verify_engine_file(model, read_manifest(model))  # refuse a tampered engine, as inspect does
+    existed = Path(out_dir).exists()
+    if existed and not Path(out_dir).is_dir():
+        raise UserError(f"-o '{out_dir}' exists and is not a directory.")
     names = [n for t in targets for n in t.split(",") if n.strip()] or None
     tol = dict(parse_tolerance(t) for t in tolerances)
     policy = from_params(PrecisionOptions, params)
@@ -138,6 +162,10 @@ def report_cmd(
     )
     from trtforge.reports.cells import headline
 
+    rejected = _data_rejected(result.report, data)
+    if rejected:
+        _remove_written(result, out_dir, existed)
+        raise UserError(rejected)
     click.echo(headline(result.report))
     for label, path in (
         ("html", result.html_path),
@@ -145,8 +173,35 @@ def report_cmd(
         ("json", result.json_path),
     ):
         click.echo(f"{label:9s}{path}")
-    failed = result.report.summary()["accuracy_failed"]
-    if check and failed:
-        raise AccuracyCheckFailed(
-            f"accuracy check failed: {failed} output(s) outside tolerance (see the report)"
-        )
+    problems = _failures(result.report)
+    if check and problems:
+        raise AccuracyCheckFailed("; ".join(problems) + " (see the report)")
+
+
+def _data_rejected(report: Report, data: str | None) -> str | None:
+    """The reference target refusing the user's --data is a bad input, not a failed target."""
+    ref = next((t for t in report.targets if t.name == report.reference), None)
+    if data is None or ref is None or ref.status != FAILED or not (ref.reason or "").startswith(REJECTED):
+        return None
+    reason = (ref.reason or "")[len(REJECTED) :].strip(" :")
+    return (
+        f"--data '{data}' does not fit the model: the reference target '{ref.name}' rejected it ({reason})."
+    )
+
+
+def _failures(report: Report) -> list[str]:
+    """What makes the report fail: runnable targets that failed, outputs outside their tolerance."""
+    failed = [t.name for t in report.targets if t.status == FAILED]
+    problems = [f"target(s) failed: {', '.join(failed)}"] if failed else []
+    n = report.summary()["accuracy_failed"]
+    if n:
+        problems.append(f"accuracy check failed: {n} output(s) outside tolerance")
+    return problems
+
+
+def _remove_written(result: Any, out_dir: str, existed: bool) -> None:
+    for path in (result.html_path, result.markdown_path, result.json_path):
+        Path(path).unlink(missing_ok=True)
+    if not existed:
+        with contextlib.suppress(OSError):  # only when empty: anything else there stays
+            Path(out_dir).rmdir()

@@ -187,8 +187,9 @@ class Backend:
             return int(engine.device_memory_size_v2)
         return int(engine.device_memory_size)
 
-    def make_progress_monitor(self, on_event: Any) -> Any | None:
-        """An IProgressMonitor subclass instance forwarding events to `on_event(kind, phase, parent, n)`.
+    def make_progress_monitor(self, on_event: Any, keep_going: Any = None) -> Any | None:
+        """An IProgressMonitor subclass instance forwarding events to `on_event(kind, phase, parent, n)`;
+        the build is cancelled at the next step once `keep_going()` returns False.
 
         Built in a factory because the base class lives in the lazily imported module. Returns None
         where the binding lacks IProgressMonitor.
@@ -206,7 +207,7 @@ class Backend:
 
             def step_complete(self, phase_name: str, step: int) -> bool:
                 on_event("step", phase_name, None, step)
-                return True
+                return keep_going is None or bool(keep_going())
 
             def phase_finish(self, phase_name: str) -> None:
                 on_event("finish", phase_name, None, 0)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -170,40 +172,101 @@ def network_io(network: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
 
 
 @contextlib.contextmanager
-def _progress(backend: Backend, config: Any, enabled: bool) -> Iterator[None]:
-    """Show builder phases with rich: IProgressMonitor where the binding has it, else a spinner."""
-    if not enabled:
-        yield
-        return
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+def _progress(backend: Backend, config: Any, enabled: bool, cancel: threading.Event) -> Iterator[None]:
+    """Attach an IProgressMonitor (where the binding has it) that cancels the build once `cancel` is set,
+    and show builder phases with rich when `enabled`."""
+    bar: Any = None
+    tasks: dict[str, Any] = {}
 
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        transient=True,
-    ) as bar:
-        tasks: dict[str, Any] = {}
-        top = bar.add_task(f"building engine ({backend.name})", total=None)
+    def on_event(kind: str, phase: str, parent: str | None, n: int) -> None:
+        if bar is None:
+            return
+        if kind == "start":
+            tasks[phase] = bar.add_task(f"  {phase}", total=max(n, 1))
+        elif kind == "step" and phase in tasks:
+            bar.update(tasks[phase], completed=n + 1)
+        elif kind == "finish" and phase in tasks:
+            bar.remove_task(tasks.pop(phase))
 
-        def on_event(kind: str, phase: str, parent: str | None, n: int) -> None:
-            if kind == "start":
-                tasks[phase] = bar.add_task(f"  {phase}", total=max(n, 1))
-            elif kind == "step" and phase in tasks:
-                bar.update(tasks[phase], completed=n + 1)
-            elif kind == "finish" and phase in tasks:
-                bar.remove_task(tasks.pop(phase))
-
-        monitor = backend.make_progress_monitor(on_event)
-        if monitor is not None:
-            config.progress_monitor = monitor
-        try:
+    monitor = backend.make_progress_monitor(on_event, keep_going=lambda: not cancel.is_set())
+    if monitor is not None:
+        config.progress_monitor = monitor
+    try:
+        if not enabled:
             yield
-        finally:
-            bar.remove_task(top)
-            if monitor is not None:
-                config.progress_monitor = None
+            return
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            transient=True,
+        ) as bar:
+            top = bar.add_task(f"building engine ({backend.name})", total=None)
+            try:
+                yield
+            finally:
+                bar.remove_task(top)
+    finally:
+        if monitor is not None:
+            config.progress_monitor = None
+
+
+# After Ctrl-C / SIGTERM, how long to wait for the builder to honour the cancel before giving up on it
+# (TensorRT-RTX can run 20 s and more between two progress callbacks; the CLI then exits regardless).
+CANCEL_GRACE_S = 2.0
+BUILD_THREAD_NAME = "trtforge-build"
+MAX_DIM = 2**31 - 1
+MAX_STREAMS = 256
+
+
+def build_cancellable(run: Callable[[], Any], cancel: threading.Event) -> Any:
+    """Run `run()` (the TensorRT build) in a worker thread while this thread waits for it and handles
+    SIGINT/SIGTERM: a signal sets `cancel` (the progress monitor then stops the build), and once the build
+    has returned, or `CANCEL_GRACE_S` passed, the signal is raised again with the caller's own handlers
+    (KeyboardInterrupt for Ctrl-C), so cleanup runs as for any interrupt. The builder itself swallows
+    exceptions raised inside its callbacks, which is why a plain KeyboardInterrupt was lost there."""
+    if threading.current_thread() is not threading.main_thread():
+        return run()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = run()
+        except BaseException as e:  # re-raised in the calling thread below
+            box["error"] = e
+
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        cancel.set()
+
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(sig) not in (signal.SIG_IGN, None):
+            old[sig] = signal.signal(sig, on_signal)
+    worker = threading.Thread(target=target, name=BUILD_THREAD_NAME, daemon=True)
+    try:
+        worker.start()
+        deadline = None
+        while worker.is_alive():
+            worker.join(0.05)
+            if received and deadline is None:
+                deadline = time.monotonic() + CANCEL_GRACE_S
+            if deadline is not None and time.monotonic() > deadline:
+                break
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if received:
+        signal.raise_signal(received[0])  # the caller's handler: KeyboardInterrupt, or the CLI's SIGTERM
+        raise KeyboardInterrupt  # a handler that returned: the build is cancelled all the same
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
 
 
 def build_engine(
@@ -228,8 +291,14 @@ def build_engine(
         )
     if options.opt_level is not None and not 0 <= options.opt_level <= 5:
         raise UserError(f"--opt-level must be 0..5, got {options.opt_level}.")
-    if options.workspace_mb is not None and options.workspace_mb <= 0:
-        raise UserError(f"--workspace must be a positive number of MiB, got {options.workspace_mb}.")
+    if options.workspace_mb is not None and not 0 < options.workspace_mb < 2**43:
+        raise UserError(f"--workspace must be 1..{2**43 - 1} MiB, got {options.workspace_mb}.")
+    if options.streams > MAX_STREAMS:
+        raise UserError(
+            f"--streams {options.streams}: at most {MAX_STREAMS} (each stream is a copy of every profile)."
+        )
+    if options.aux_streams is not None and not 0 <= options.aux_streams <= MAX_DIM:
+        raise UserError(f"--aux-streams must be 0..{MAX_DIM}, got {options.aux_streams}.")
     backend = get_backend(options.backend)
     if not backend.capabilities.can_build:
         raise UserError(f"{backend.name} cannot build engines here: {backend.capabilities.build_reason}.")
@@ -258,6 +327,7 @@ def build_engine(
         for _ in range(options.streams):
             p = builder.create_optimization_profile()
             for name, rng in profile.items():
+                _check_dims(name, rng)
                 p.set_shape(name, rng.min, rng.opt, rng.max)
             if config.add_optimization_profile(p) < 0:
                 raise UserError(f"TensorRT rejected the optimization profile {profile}.")
@@ -281,8 +351,9 @@ def build_engine(
     cache = _attach_timing_cache(backend, config, options.timing_cache, warnings)
 
     t1 = time.perf_counter()
-    with _progress(backend, config, options.progress):
-        plan = builder.build_serialized_network(network, config)
+    cancel = threading.Event()
+    with _progress(backend, config, options.progress, cancel):
+        plan = build_cancellable(lambda: builder.build_serialized_network(network, config), cancel)
     seconds["build"] = time.perf_counter() - t1
     messages = backend.logger.take()
     if plan is None:
@@ -315,6 +386,15 @@ def build_engine(
         shape_check=checked,
     )
     return data, record
+
+
+def _check_dims(name: str, rng: ShapeRange) -> None:
+    """UserError for a profile dimension TensorRT cannot represent (it would raise a binding TypeError)."""
+    big = [d for d in (*rng.min, *rng.opt, *rng.max) if not 0 <= d <= MAX_DIM]
+    if big:
+        raise UserError(
+            f"--shape {name}: dimension {big[0]} is out of range; TensorRT dimensions are 0..{MAX_DIM}."
+        )
 
 
 def _attach_timing_cache(backend: Backend, config: Any, path: Any, warnings: list[str]) -> Any:

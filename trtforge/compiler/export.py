@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import inspect
 import io
 import logging
 import os
-import sys
 import tempfile
 import time
 import warnings
@@ -23,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtforge._fileio import check_input_file
+from trtforge._usercode import load_callable, user_code
 from trtforge.compiler import onnx_io
 from trtforge.errors import ExportError, UserError
 
@@ -244,11 +244,11 @@ def export_module(
         raise UserError(f"expected a torch.nn.Module to export, got {type(module).__name__}.")
     if exporter not in ("auto", "dynamo", "legacy"):
         raise UserError(f"exporter must be auto, dynamo or legacy; got '{exporter}'.")
+    _check_opset(opset)
     feeds = normalize_inputs(module, example_inputs)
     dynamic_axes = resolve_dynamic(dynamic, feeds)
     input_names = list(feeds)
-    with _eval_mode(module), torch.no_grad():
-        reference = flatten_outputs(module(**feeds))
+    reference = check_forward(module, feeds)
     names = list(output_names) if output_names else [f"output_{i}" for i in range(len(reference))]
     if len(names) != len(reference):
         raise UserError(
@@ -280,6 +280,37 @@ def export_module(
     record.seconds = time.perf_counter() - t0
     _finish(path, record, feeds, reference, rtol=rtol, atol=atol, verify=verify)
     return OnnxArtifact(path, record)
+
+
+def _check_opset(opset: int | None) -> None:
+    """--opset within what the installed onnx knows (the exporters would otherwise ignore it quietly)."""
+    if opset is None:
+        return
+    import onnx
+
+    newest = onnx.defs.onnx_opset_version()
+    if not 7 <= opset <= newest:
+        raise UserError(
+            f"--opset {opset} is out of range: this onnx {onnx.__version__} knows opsets 7..{newest}."
+        )
+
+
+def check_forward(module: Any, example_inputs: Any) -> list[Any]:
+    """Run the user's model on its own example inputs (eval mode, no grad) and return the flattened
+    outputs; whatever its forward raises is reported as the user's (UserCodeError, exit code 2)."""
+    import torch
+
+    if not isinstance(module, torch.nn.Module):
+        raise UserError(f"expected a torch.nn.Module, got {type(module).__name__}.")
+    feeds = normalize_inputs(module, example_inputs)
+    with _eval_mode(module), torch.no_grad(), user_code(_forward_what(module, feeds)):
+        return flatten_outputs(module(**feeds))
+
+
+def _forward_what(module: Any, feeds: Mapping[str, Any]) -> str:
+    """How a failing forward on the example inputs is named in the error."""
+    args = ", ".join(f"{k}={tuple(v.shape)}" for k, v in feeds.items())
+    return f"{type(module).__name__}.forward({args}) on its own example inputs"
 
 
 def _finish(
@@ -336,9 +367,7 @@ def compare_with_ort(
 # ----------------------------------------------------------------------------- other source kinds
 def from_onnx_file(path: str | os.PathLike[str]) -> OnnxArtifact:
     """Accept an existing ONNX file as the export artifact (checked, not re-exported)."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"model file '{p}' does not exist.")
+    p = check_input_file(path, "model file")
     import onnx
 
     try:
@@ -380,9 +409,7 @@ def from_pt2(
     drive verification and its own dynamic shapes are kept (a .pt2 cannot be re-traced)."""
     import torch
 
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"model file '{p}' does not exist.")
+    p = check_input_file(path, "model file")
     if dynamic:
         raise UserError(
             f"'{p}' is a torch.export archive: its dynamic dims were fixed when it was exported. "
@@ -392,15 +419,17 @@ def from_pt2(
         raise UserError(
             "a .pt2 archive can only be converted by the dynamo exporter; drop --exporter legacy."
         )
+    _check_opset(opset)
     try:
-        ep = torch.export.load(str(p))
+        with _torch_logs_silenced():
+            ep = torch.export.load(str(p))
     except Exception as e:
         raise UserError(f"'{p}' is not a torch.export archive ({type(e).__name__}: {str(e)[:200]}).") from e
     if ep.example_inputs is None:
         raise UserError(f"'{p}' stores no example inputs; save it with torch.export.save after export().")
     args, kwargs = ep.example_inputs
     user_inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    with torch.no_grad():
+    with torch.no_grad(), user_code(f"the program in '{p}' on its stored example inputs"):
         reference = flatten_outputs(ep.module()(*args, **kwargs))
     names = list(output_names) if output_names else [f"output_{i}" for i in range(len(reference))]
     out = Path(workdir) / "model.onnx"
@@ -419,6 +448,18 @@ def from_pt2(
     feeds = dict(zip(user_inputs, [*args, *kwargs.values()]))
     _finish(out, record, feeds, reference, rtol=rtol, atol=atol, verify=verify)
     return OnnxArtifact(out, record)
+
+
+@contextlib.contextmanager
+def _torch_logs_silenced():
+    """Keep torch's own logger from printing a traceback for a failure we report ourselves."""
+    torch_logger = logging.getLogger("torch")
+    level = torch_logger.level
+    torch_logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        torch_logger.setLevel(level)
 
 
 @functools.cache
@@ -440,23 +481,15 @@ def _positional_adapter() -> type:
 
 
 def load_factory(spec: str) -> tuple[Any, Any]:
-    """Import `package.module:factory` (cwd importable) and call it; it must return (nn.Module, inputs)."""
+    """Import `package.module:factory` (cwd importable) and call it; it must return (nn.Module, inputs).
+
+    Whatever the user's module or factory raises is reported as theirs (UserCodeError, exit code 2).
+    """
     if ":" not in spec:
         raise UserError(f"'{spec}' is not a model file nor a 'package.module:factory' reference.")
-    mod_name, _, attr = spec.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise UserError(f"cannot import module '{mod_name}' of factory '{spec}': {e}.") from e
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise UserError(f"'{spec}': module '{mod_name}' has no callable '{attr}'.")
-    try:
+    factory = load_callable(spec, "factory")
+    with user_code(f"factory '{spec}'"):
         result = factory()
-    except Exception as e:
-        raise UserError(f"factory '{spec}' raised {type(e).__name__}: {e}") from e
     if not (isinstance(result, tuple) and len(result) == 2):
         raise UserError(
             f"factory '{spec}' must return (nn.Module, example_inputs); got {type(result).__name__}."

@@ -48,14 +48,13 @@ def source_sha256(path: str | os.PathLike[str]) -> str:
 def load_onnx(path: str | os.PathLike[str]) -> onnx.ModelProto:
     """Load an ONNX file with its external data; UserError naming the file on any problem."""
     import onnx
-    from google.protobuf.message import DecodeError
 
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"ONNX model '{p}' does not exist.")
+    from trtforge._fileio import check_input_file
+
+    p = check_input_file(path, "ONNX model")
     try:
         return onnx.load(str(p), load_external_data=True)
-    except (DecodeError, RuntimeError, ValueError, OSError) as e:
+    except Exception as e:  # the file is the user's: any way onnx fails to read it (external data too)
         raise UserError(
             f"'{p}' is not a readable ONNX model ({type(e).__name__}: {str(e)[:200]}). "
             "Expected a protobuf ModelProto as written by torch.onnx.export or onnx.save."

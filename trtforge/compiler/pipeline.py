@@ -16,11 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from trtforge import __version__
-from trtforge._fileio import atomic_write_bytes, check_output_path, sha256_bytes
+from trtforge._fileio import check_output_path, sha256_bytes, show_path
 from trtforge.compiler import export as export_mod
 from trtforge.compiler import onnx_io
 from trtforge.compiler.build import BuildOptions, build_engine
-from trtforge.compiler.manifest import Manifest, ShapeRange, manifest_path_for, write_manifest
+from trtforge.compiler.manifest import (
+    Manifest,
+    ShapeRange,
+    manifest_path_for,
+    publish_engine,
+    resolve_pending,
+)
 from trtforge.compiler.policy import ExportOptions, check_source
 from trtforge.compiler.shape_check import check_profile
 from trtforge.compiler.shape_limits import source_limits
@@ -126,14 +132,24 @@ def compile_model(
         from trtforge.plugins.attention.plugin import check_plugin_support
 
         check_plugin_support(get_backend(backend))
-    if output is None:
+    if output is None or not os.fspath(output):
         raise UserError("an output engine path is required (output=... / -o OUT.engine).")
+    resolve_pending(output)  # a compile killed while publishing here: settle it before deciding anything
     out = check_output_path(output, force=force, what="output engine")
     check_output_path(manifest_path_for(out), force=force, what="output manifest")
     if save_onnx is not None:
         check_output_path(save_onnx, force=force, what="--save-onnx file")
     if timing_cache is not None:
         check_output_path(timing_cache, force=True, what="timing cache")
+    _check_distinct(
+        {
+            "-o (engine)": out,
+            "the manifest": manifest_path_for(out),
+            "--save-onnx": save_onnx,
+            "--timing-cache": timing_cache,
+            "--calib-cache": precision.calib_cache,
+        }
+    )
     build_options = BuildOptions(
         shapes=shapes,
         opt_level=opt_level,
@@ -218,17 +234,26 @@ def compile_model(
         )
         if save_onnx is not None:
             onnx_io.save_onnx_atomic(onnx_io.load_onnx(onnx_path), save_onnx)
-        atomic_write_bytes(out, data)
-        try:
-            manifest_path = write_manifest(manifest, out)
-        except BaseException:
-            out.unlink(missing_ok=True)
-            raise
+        manifest_path = publish_engine(out, data, manifest)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return CompileResult(
         out, manifest_path, manifest, timings, records, Path(save_onnx) if save_onnx else None
     )
+
+
+def _check_distinct(paths: Mapping[str, str | os.PathLike[str] | None]) -> None:
+    """UserError when two output options name the same file (one would silently overwrite the other)."""
+    seen: dict[str, str] = {}
+    for option, path in paths.items():
+        if path is None or not str(path):
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            raise UserError(
+                f"{option} and {seen[key]} name the same file '{show_path(path)}'; give each its own path."
+            )
+        seen[key] = option
 
 
 def _plugins_used(onnx_path: Path) -> list[dict[str, str]]:

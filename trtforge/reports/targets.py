@@ -402,9 +402,9 @@ def load_source(source: Any) -> Source:
             f"unsupported report source {type(source).__name__}: expected an .onnx path, an engine path "
             "or (nn.Module, example_inputs)."
         )
-    path = Path(source)
-    if not path.is_file():
-        raise UserError(f"report source '{path}' does not exist.")
+    from trtforge._fileio import check_input_file
+
+    path = check_input_file(source, "report source")
     if path.suffix == ".onnx":
         from trtforge.compiler.export import from_onnx_file
 

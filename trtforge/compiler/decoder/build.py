@@ -9,13 +9,14 @@ B 4, prefill 128): one two-profile engine 15.7 MB vs 13.6 MB prefill-only + 11.7
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from trtforge.compiler.backend import get_backend
-from trtforge.compiler.build import _parse, _progress, network_io
+from trtforge.compiler.build import _parse, _progress, build_cancellable, network_io
 from trtforge.compiler.manifest import ShapeRange
 from trtforge.errors import BuildError, UserError
 
@@ -86,8 +87,9 @@ def build_step_engine(
         config.set_memory_pool_limit(be.trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
     chosen = be.set_build_targets(config, list(targets or []))
     parsed = time.perf_counter()
-    with _progress(be, config, progress):
-        plan = builder.build_serialized_network(network, config)
+    cancel = threading.Event()  # Ctrl-C / SIGTERM cancel the build as for encoders (compiler.build)
+    with _progress(be, config, progress, cancel):
+        plan = build_cancellable(lambda: builder.build_serialized_network(network, config), cancel)
     messages = be.logger.take()
     if plan is None:
         errs = [m for sev, m in messages if sev in ("ERROR", "INTERNAL_ERROR")] or [m for _, m in messages]

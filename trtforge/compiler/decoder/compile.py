@@ -28,7 +28,7 @@ from trtforge.compiler.decoder.export import (
     set_generation_metadata,
 )
 from trtforge.compiler.decoder.families import SUPPORTED
-from trtforge.compiler.manifest import Manifest, manifest_path_for, write_manifest
+from trtforge.compiler.manifest import Manifest, manifest_path_for, publish_engine, resolve_pending
 from trtforge.errors import UserError
 
 Log = Callable[[str], None]
@@ -156,6 +156,8 @@ def compile_generate(
         raise UserError("an output engine path is required (output=... / -o OUT.engine).")
     if not build and save_onnx is None:
         raise UserError("without an engine build there is nothing to write: pass save_onnx.")
+    if build:
+        resolve_pending(output)  # a compile killed while publishing here: settle it first
     out = check_output_path(output, force=force, what="output engine") if build else None
     if out is not None:
         check_output_path(manifest_path_for(out), force=force, what="output manifest")
@@ -261,12 +263,7 @@ def compile_generate(
         )
         if save_onnx is not None:
             atomic_write_bytes(save_onnx, onnx_path.read_bytes())
-        atomic_write_bytes(out, data)
-        try:
-            manifest_path = write_manifest(manifest, out)
-        except BaseException:
-            out.unlink(missing_ok=True)
-            raise
+        manifest_path = publish_engine(out, data, manifest)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return CompileResult(

@@ -1,0 +1,190 @@
+"""Crash-safe publishing of engine + manifest: every state a killed publisher can leave is settled into
+a complete pair (old or new) by the reader that rt.load, inspect and compile use; malformed manifests
+are UserErrors."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+
+from trtforge._fileio import sha256_bytes, temp_name
+from trtforge.compiler import manifest as manifest_mod
+from trtforge.compiler.manifest import (
+    manifest_path_for,
+    publish_engine,
+    read_manifest,
+    resolve_pending,
+    verify_engine_file,
+)
+from trtforge.errors import UserError
+from trtforge.runtime import load
+from trtforge.runtime.standin import standin_manifest
+
+OLD, NEW = b"old engine bytes" * 8, b"new engine bytes, longer" * 9
+
+
+def _manifest(path, data):
+    m = standin_manifest(streams=1)
+    m.engine_file, m.engine_bytes, m.engine_sha256 = path.name, len(data), sha256_bytes(data)
+    return m
+
+
+def _old_pair(tmp_path):
+    out = tmp_path / "m.engine"
+    publish_engine(out, OLD, _manifest(out, OLD))
+    return out
+
+
+def _loaded(out) -> bytes:
+    return verify_engine_file(out, read_manifest(out))
+
+
+def _names(tmp_path) -> list[str]:
+    return sorted(p.name for p in tmp_path.iterdir())
+
+
+def test_publish_writes_pair_and_nothing_else(tmp_path) -> None:
+    out = _old_pair(tmp_path)
+    assert _names(tmp_path) == ["m.engine", "m.engine.json"]
+    assert _loaded(out) == OLD
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def _stage(out, data, token="deadbeef", *, record=True, engine_at_out=False, part=False):
+    """Recreate by hand what a publisher killed at some step leaves behind."""
+    staged, rec, prt = (temp_name(out, f"{token}.{k}") for k in ("engine", "json", "json.part"))
+    text = _manifest(out, data).to_json()
+    if engine_at_out:
+        out.write_bytes(data)
+    else:
+        staged.write_bytes(data)
+    if record:
+        rec.write_text(text)
+    if part:
+        prt.write_text(text[: len(text) // 2])
+    return staged, rec
+
+
+@pytest.mark.parametrize(
+    ("state", "expect"),
+    [
+        ({"record": False}, OLD),  # killed while writing the staged engine: before the commit point
+        ({"record": False, "part": True}, OLD),  # killed while writing the record
+        ({}, NEW),  # committed, no rename done: roll forward
+        ({"engine_at_out": True}, NEW),  # engine renamed, manifest not yet: roll forward
+    ],
+)
+def test_every_interrupted_state_resolves_to_a_complete_pair(tmp_path, state, expect) -> None:
+    out = _old_pair(tmp_path)
+    _stage(out, NEW, **state)
+    assert _loaded(out) == expect
+    assert _names(tmp_path) == ["m.engine", "m.engine.json"]
+
+
+def test_interrupted_first_publish_leaves_nothing_or_the_new_pair(tmp_path) -> None:
+    out = tmp_path / "m.engine"
+    _stage(out, NEW, record=False)
+    resolve_pending(out)
+    assert _names(tmp_path) == []
+    _stage(out, NEW)
+    assert _loaded(out) == NEW
+
+
+def test_record_whose_engine_is_gone_is_dropped(tmp_path) -> None:
+    out = _old_pair(tmp_path)
+    staged, _ = _stage(out, NEW)
+    staged.unlink()  # neither a staged engine nor the engine at `out` matches the record
+    assert _loaded(out) == OLD
+    assert _names(tmp_path) == ["m.engine", "m.engine.json"]
+
+
+def test_live_publisher_is_left_alone(tmp_path) -> None:
+    import fcntl
+
+    out = _old_pair(tmp_path)
+    staged, rec = _stage(out, NEW)
+    fd = os.open(rec, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another open file description: looks like a live publisher
+    try:
+        resolve_pending(out)
+        assert staged.exists() and rec.exists()
+    finally:
+        os.close(fd)
+    resolve_pending(out)
+    assert _loaded(out) == NEW and _names(tmp_path) == ["m.engine", "m.engine.json"]
+
+
+def test_failure_before_commit_keeps_old_pair(tmp_path, monkeypatch) -> None:
+    out = _old_pair(tmp_path)
+
+    def full_disk(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(manifest_mod.os, "write", full_disk)
+        with pytest.raises(UserError, match=r"cannot write '.*m\.engine': No space"):
+            publish_engine(out, NEW, _manifest(out, NEW))
+    assert _names(tmp_path) == ["m.engine", "m.engine.json"]
+    assert _loaded(out) == OLD
+
+
+def test_long_name_fits_because_staged_names_are_short(tmp_path) -> None:
+    out = tmp_path / ("a" * 243 + ".engine")[-243:]
+    assert len(manifest_path_for(out).name) == 248
+    publish_engine(out, NEW, _manifest(out, NEW))
+    assert _loaded(out) == NEW
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (b"\xff\xfe\x00\x01binary", "not valid JSON"),
+        (b"[1, 2]", "expected a JSON object, found a JSON list"),
+        (b'"text"', "expected a JSON object"),
+        (b"{}", "format is None"),
+    ],
+)
+def test_unreadable_manifest_is_user_error(tmp_path, content, match) -> None:
+    out = _old_pair(tmp_path)
+    manifest_path_for(out).write_bytes(content)
+    with pytest.raises(UserError, match=match):
+        read_manifest(out)
+    with pytest.raises(UserError, match=match):
+        load(out)
+
+
+def _edit(out, fn) -> None:
+    path = manifest_path_for(out)
+    d = json.loads(path.read_text())
+    fn(d)
+    path.write_text(json.dumps(d))
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda d: d.pop("engine_sha256"), "engine_sha256' is missing"),
+        (lambda d: d.update(engine_bytes="12"), "engine_bytes must be a JSON int"),
+        (lambda d: d.update(inputs={"x": 1}), "inputs must be a JSON list"),
+        (lambda d: d.update(inputs=[{"name": "x", "dtype": "float32", "shape": [1, "a"]}]), "dims"),
+        (lambda d: d.update(backend=None), "backend must be a JSON dict"),
+        (lambda d: d.update(streams=0), "streams >= 1"),
+        (lambda d: d.update(engine_sha256="abc"), "64 hex digits"),
+        (
+            lambda d: d["profiles"][0]["x"].update(min=[9, 4], max=[2, 4]),
+            r"min <= opt <= max",
+        ),
+        (lambda d: d["profiles"][0]["x"].update(min=[1]), r"min <= opt <= max of equal rank"),
+        (lambda d: d["profiles"].append(3), r"profiles\[1\] must be a JSON dict"),
+    ],
+)
+def test_malformed_manifest_fields(tmp_path, edit, match) -> None:
+    out = _old_pair(tmp_path)
+    _edit(out, edit)
+    with pytest.raises(UserError, match=match):
+        load(out)
