@@ -273,7 +273,7 @@ CASES: dict[str, tuple[Setup, str]] = {
     "non-object manifest": (_manifest_file(b"[1, 2, 3]"), "expected a JSON object, found a JSON list"),
     "overflowing --shape dimension": (
         _tiny("compile", "m.onnx", "-o", "out.engine", "--shape", "x:1x4:2x4:99999999999999999999x4"),
-        "dimension 99999999999999999999 is out of range",
+        "dimension 99999999999999999999 in .* is above the limit",
     ),
     "non-UTF-8 model path": (
         lambda d: ["compile", f"{NON_UTF8}.onnx", "-o", "out.engine"],
@@ -322,7 +322,10 @@ CASES: dict[str, tuple[Setup, str]] = {
         _tiny("compile", "m.onnx", "-o", "o.engine", "--aux-streams", "9" * 12),
         "--aux-streams must be",
     ),
-    "huge --streams": (_tiny("compile", "m.onnx", "-o", "o.engine", "--streams", "9" * 11), "at most 256"),
+    "huge --streams": (
+        _tiny("compile", "m.onnx", "-o", "o.engine", "--streams", "9" * 11),
+        r"--streams.*not in the range 1<=x<=32",
+    ),
     "a pipe as the model": (_fifo, "is not a regular file"),
     "-o names a device with --force": (
         _tiny("compile", "m.onnx", "-o", "/dev/null", "--force"),

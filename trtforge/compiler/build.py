@@ -219,7 +219,6 @@ def _progress(backend: Backend, config: Any, enabled: bool, cancel: threading.Ev
 CANCEL_GRACE_S = 2.0
 BUILD_THREAD_NAME = "trtforge-build"
 MAX_DIM = 2**31 - 1
-MAX_STREAMS = 256
 
 
 def build_cancellable(run: Callable[[], Any], cancel: threading.Event) -> Any:
@@ -293,10 +292,6 @@ def build_engine(
         raise UserError(f"--opt-level must be 0..5, got {options.opt_level}.")
     if options.workspace_mb is not None and not 0 < options.workspace_mb < 2**43:
         raise UserError(f"--workspace must be 1..{2**43 - 1} MiB, got {options.workspace_mb}.")
-    if options.streams > MAX_STREAMS:
-        raise UserError(
-            f"--streams {options.streams}: at most {MAX_STREAMS} (each stream is a copy of every profile)."
-        )
     if options.aux_streams is not None and not 0 <= options.aux_streams <= MAX_DIM:
         raise UserError(f"--aux-streams must be 0..{MAX_DIM}, got {options.aux_streams}.")
     backend = get_backend(options.backend)
