@@ -5,6 +5,7 @@ All metrics compute in float64 on the reference `ref` and the candidate `got`:
 - elementwise: |got - ref| <= atol + rtol * |ref| (numpy.allclose's rule); NaN where both are NaN
   counts as equal, any other non-finite difference fails.
 - max/mean abs error; max/mean relative error |got - ref| / |ref| (2e-16 stands in for a zero ref);
+  peak-relative error: max abs error / max finite |ref| (one number that does not blow up near zeros);
   relative L2 error ||got - ref|| / ||ref||; SNR = 10 log10(mean ref^2 / mean (got - ref)^2) dB.
 - cosine over all elements, and per row (rows: the first axis, e.g. one sample; the rest flattened;
   two all-zero rows agree, cosine 1.0).
@@ -110,6 +111,7 @@ class Metrics:
     mean_abs: float
     max_rel: float
     mean_rel: float
+    peak_rel: float
     rel_l2: float
     cosine: float
     min_row_cosine: float
@@ -119,19 +121,27 @@ class Metrics:
 
 def compare_arrays(ref: np.ndarray, got: np.ndarray) -> Metrics:
     """All metrics of `got` against `ref` (same shape)."""
-    r, g = _f64(ref), _f64(got)
+    with np.errstate(all="ignore"):
+        return _compare(_f64(ref), _f64(got))
+
+
+def _compare(r: np.ndarray, g: np.ndarray) -> Metrics:
     if r.shape != g.shape:
         raise ValueError(f"cannot compare shape {list(g.shape)} with reference shape {list(r.shape)}")
     d = abs_diff(r, g)
     rel = d / np.where(r == 0, _ZERO_REF, np.abs(r)) if r.size else d
+    finite_ref = np.abs(r[np.isfinite(r)])
+    peak = float(finite_ref.max()) if finite_ref.size else 0.0
+    max_abs = float(d.max()) if d.size else 0.0
     norm = float(np.linalg.norm(r))
     rel_l2 = float(np.linalg.norm(g - r) / norm) if norm > 0 else (0.0 if not g.any() else math.inf)
     return Metrics(
         elements=int(r.size),
-        max_abs=float(d.max()) if d.size else 0.0,
+        max_abs=max_abs,
         mean_abs=float(d.mean()) if d.size else 0.0,
         max_rel=float(rel.max()) if rel.size else 0.0,
         mean_rel=float(rel.mean()) if rel.size else 0.0,
+        peak_rel=max_abs / peak if peak > 0 else max_abs,
         rel_l2=rel_l2,
         cosine=cosine(r, g) if r.size else 1.0,
         min_row_cosine=float(row_cosines(r, g).min()) if r.size else 1.0,

@@ -82,6 +82,7 @@ LATENCY_HEADER = [
     "samples/s",
     "peak mem",
     "status",
+    "session · CPU ISA",
 ]
 
 
@@ -101,7 +102,7 @@ def latency_cells(p: LatencyPoint) -> list[str]:
     return [
         p.target, str(p.batch), fmt(p.seq, "d"), fmt(p.p50_ms, ".4g"), fmt(p.p90_ms, ".4g"),
         fmt(p.p99_ms, ".4g"), fmt(p.mean_ms, ".4g"), fmt(p.throughput, ".4g"), fmt_bytes(p.peak_memory_bytes),
-        status,
+        status, " · ".join(x for x in (p.session, p.cpu_isa) if x),
     ]  # fmt: skip
 
 
@@ -153,7 +154,8 @@ def render_markdown(report: Report) -> str:
     env = report.environment
     parts += [
         "## Environment",
-        f"{env.get('cpu')} ({env.get('cpu_count')} logical CPUs), Python {env.get('python')}, "
+        f"{env.get('cpu')} ({env.get('cpu_count')} logical CPUs; ISA "
+        f"{', '.join((env.get('cpu_isa') or {}).get('isa') or ['unknown'])}), Python {env.get('python')}, "
         + ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if v),
         "",
     ]
