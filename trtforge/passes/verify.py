@@ -11,6 +11,8 @@ whole >2 GB model serialised in memory a second time, and a session per pass); t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import onnx_ir as ir
 
@@ -18,6 +20,9 @@ from trtforge.numerics.compare import Tolerance, compare_arrays, elementwise_fai
 from trtforge.numerics.feeds import DEFAULT_SIZES, model_feed
 from trtforge.numerics.sessions import exact_session
 from trtforge.passes._base import VerificationError, VerificationRecord
+
+if TYPE_CHECKING:
+    import onnx
 
 # Above this many bytes of initializers the pipeline skips ORT verification (documented in the ledger).
 VERIFY_MAX_BYTES = 2 * 1024**3
@@ -57,7 +62,7 @@ class Verifier:
         self.output_names = [v.name for v in model.graph.outputs]
         self.reference = self._run(proto, "the input model")
 
-    def _run(self, model: ir.Model | object, what: str) -> list[np.ndarray]:
+    def _run(self, model: ir.Model | onnx.ModelProto, what: str) -> list[np.ndarray]:
         proto = ir.serde.serialize_model(model) if isinstance(model, ir.Model) else model
         try:
             return exact_session(proto).run(None, self.feeds)
