@@ -9,7 +9,13 @@ Sections (all measured in one run, peers side by side):
   per-channel symmetric INT8 (MinMax, Entropy, Percentile; MatMul only). Plus MatMuls in INT8.
 - bert: bert-base config with random weights, seq 128, random token ids: calibration seconds and
   peak RSS for 200 and 1000 samples, ours vs ModelOpt max vs ORT MinMax.
-- latency: ORT CPU median latency of our INT8 MiniLM vs FP32 (batch 8, seq 128).
+- latency: ORT CPU median latency of our INT8 MiniLM vs FP32 (batch 8, seq 128), FAST sessions
+  (ORT's graph optimizations on, so its int8 kernels: the figures depend on the CPU's ISA, recorded).
+
+Every quantized model, ours and the peers', is evaluated with the same EXACT ONNX Runtime session
+(`trtforge.numerics.exact_session`: graph optimizations off, so Q/DQ computes in float and matches
+exact integer math, as TensorRT's INT8 GEMMs do) in this one process: no accuracy figure depends on
+the CPU's int8 kernels.
 
 Every calibration runs in its own subprocess; its peak RSS is its own ru_maxrss, and the parent
 kills it past --mem-cap-gb (RSS polled from /proc) or --time-cap-s, recording that instead.
@@ -175,7 +181,7 @@ def section_accuracy(work: Path, args) -> list[dict]:
     from transformers import AutoTokenizer
 
     from tests.calibration import minilm
-    from trtforge.calibration.calibrator import make_session
+    from trtforge.numerics.sessions import exact_session
 
     model = work / "minilm.onnx"
     if not model.exists():
@@ -186,7 +192,7 @@ def section_accuracy(work: Path, args) -> list[dict]:
     enc = tok(cal, padding=True, truncation=True, max_length=128, return_tensors="np")
     np.savez(work / "calib_padded.npz", **{k: np.asarray(v, np.int64) for k, v in enc.items()})
     real = float(enc["attention_mask"].mean())
-    ref = minilm.pooled_embeddings(make_session(__import__("onnx").load(model)), tok, ev)
+    ref = minilm.pooled_embeddings(exact_session(__import__("onnx").load(model)), tok, ev)
     runs = [
         (f"trtforge {n}", {"kind": "ours", "kw": kw, "data": str(work / "calib.txt"), "tokenizer": "demo"})
         for n, kw in OURS
@@ -214,7 +220,7 @@ def section_accuracy(work: Path, args) -> list[dict]:
         res = run_isolated(spec, args.mem_cap_gb, args.time_cap_s)
         row = {"section": "accuracy", "name": name, **res, "calib_positions_real": real}
         if "error" not in res:
-            emb = minilm.pooled_embeddings(make_session(__import__("onnx").load(spec["output"])), tok, ev)
+            emb = minilm.pooled_embeddings(exact_session(__import__("onnx").load(spec["output"])), tok, ev)
             c = minilm.cosines(ref, emb)
             row.update(mean_cos=float(c.mean()), min_cos=float(c.min()))
             row["int8_matmuls"], row["matmuls"], row["other_dq_readers"] = count_int8_matmuls(spec["output"])
@@ -223,7 +229,7 @@ def section_accuracy(work: Path, args) -> list[dict]:
         if name == "ORT quantize_static MinMax" and "error" not in res:
             rewired = str(work / "ort_minmax_float_residual.onnx")
             n = float_non_matmul_readers(spec["output"], rewired)
-            emb = minilm.pooled_embeddings(make_session(__import__("onnx").load(rewired)), tok, ev)
+            emb = minilm.pooled_embeddings(exact_session(__import__("onnx").load(rewired)), tok, ev)
             c = minilm.cosines(ref, emb)
             diag = {
                 "section": "accuracy",
@@ -320,9 +326,10 @@ def section_bert(work: Path, args) -> list[dict]:
 
 def section_latency(work: Path, args) -> list[dict]:
     import onnx
-    import onnxruntime as ort
 
     from trtforge.calibration.api import calibrate_model
+    from trtforge.numerics.cpu import isa_summary
+    from trtforge.numerics.sessions import fast_session
 
     fp32 = onnx.load(work / "minilm.onnx")
     q, _ = calibrate_model(
@@ -333,9 +340,7 @@ def section_latency(work: Path, args) -> list[dict]:
     feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
     rows = []
     for name, m in (("FP32", fp32), ("INT8 (trtforge max + smoothquant 0.8)", q)):
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 2
-        s = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        s = fast_session(m, threads=2)
         for _ in range(3):
             s.run(None, feed)
         times = []
@@ -344,7 +349,14 @@ def section_latency(work: Path, args) -> list[dict]:
             s.run(None, feed)
             times.append((time.perf_counter() - t) * 1e3)
         rows.append(
-            {"section": "latency", "name": name, "median_ms": float(np.median(times)), "runs": len(times)}
+            {
+                "section": "latency",
+                "name": name,
+                "median_ms": float(np.median(times)),
+                "runs": len(times),
+                "session": "fast (ORT_ENABLE_ALL)",
+                "cpu_isa": isa_summary(),
+            }
         )
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
@@ -358,14 +370,21 @@ def _fmt(v: float | None, spec: str) -> str:
 def render(rows: list[dict], cmd: str) -> str:
     import onnxruntime
 
+    from trtforge.numerics.cpu import cpu_isa, isa_summary
+
+    cpu = cpu_isa()
     lines = [
         "# INT8 calibration benchmark",
         "",
         f"Command: `{cmd}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores shared with other jobs, Python "
-        f"{platform.python_version()}, onnxruntime {onnxruntime.__version__}; "
+        f"{platform.python_version()}, onnxruntime {onnxruntime.__version__}; CPU {cpu['model']}, ISA "
+        f"{isa_summary()}; "
         f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.  ",
-        "Each calibration ran alone in a subprocess; peak RSS = that process's ru_maxrss.",
+        "Each calibration ran alone in a subprocess; peak RSS = that process's ru_maxrss.  ",
+        "Accuracy: every model (ours and the peers') evaluated with EXACT ONNX Runtime sessions "
+        "(graph optimizations off: Q/DQ computed in float, as exact integer math; CPU-independent). "
+        "Latency: FAST sessions (ORT's fused int8 kernels; CPU-dependent, ISA in the table).",
         "",
     ]
     acc = [r for r in rows if r["section"] == "accuracy"]
@@ -420,10 +439,14 @@ def render(rows: list[dict], cmd: str) -> str:
         lines += [
             "## ONNX Runtime CPU latency, MiniLM, batch 8, seq 128 (2 threads)",
             "",
-            "| model | median ms | runs |",
-            "| --- | --- | --- |",
+            "| model | median ms | runs | session | CPU ISA |",
+            "| --- | --- | --- | --- | --- |",
         ]
-        lines += [f"| {r['name']} | {r['median_ms']:.1f} | {r['runs']} |" for r in lat]
+        lines += [
+            f"| {r['name']} | {r['median_ms']:.1f} | {r['runs']} | {r.get('session', '-')} "
+            f"| {r.get('cpu_isa', '-')} |"
+            for r in lat
+        ]
         lines.append("")
     return "\n".join(lines)
 

@@ -12,10 +12,10 @@ import pytest
 from tests.calibration import models
 from trtforge.calibration.api import calibrate_model
 from trtforge.calibration.cache import format_cache, read_calibration_cache
-from trtforge.calibration.calibrator import make_session
 from trtforge.calibration.placement import name_nodes, plan_placement
 from trtforge.calibration.smoothquant import apply_smoothquant
 from trtforge.errors import UserError
+from trtforge.numerics.sessions import exact_session
 
 
 def _data(
@@ -36,7 +36,7 @@ def test_every_method_quantizes_and_stays_close(method):
     m = models.mlp()
     q, rec = calibrate_model(m, _data(), method=method, progress=False)
     x = _data(8, seed=1)["x"]
-    assert _cos(make_session(m).run(None, {"x": x})[0], make_session(q).run(None, {"x": x})[0]) > 0.995
+    assert _cos(exact_session(m).run(None, {"x": x})[0], exact_session(q).run(None, {"x": x})[0]) > 0.995
     d = rec.to_dict()
     json.dumps(d)
     assert (d["method"], d["samples"], d["matmuls_quantized"], d["matmuls_total"]) == (method, 64, 2, 2)
@@ -88,8 +88,8 @@ def test_smoothquant_keeps_the_float_function_and_flattens_the_outlier_channel()
     smoothed, targets, summary = apply_smoothquant(m, plan.targets, amax, 0.5)
     x = data[:4]
     np.testing.assert_allclose(
-        make_session(smoothed).run(None, {"x": x})[0],
-        make_session(m).run(None, {"x": x})[0],
+        exact_session(smoothed).run(None, {"x": x})[0],
+        exact_session(m).run(None, {"x": x})[0],
         rtol=1e-4,
         atol=1e-4,
     )
@@ -99,11 +99,11 @@ def test_smoothquant_keeps_the_float_function_and_flattens_the_outlier_channel()
 def test_smoothquant_helps_an_activation_outlier():
     m = models.mlp()
     x = _data(8, seed=1, outlier_channel=3)["x"]
-    ref = make_session(m).run(None, {"x": x})[0]
+    ref = exact_session(m).run(None, {"x": x})[0]
     plain, _ = calibrate_model(m, _data(outlier_channel=3), method="max", progress=False)
     smooth, rec = calibrate_model(m, _data(outlier_channel=3), method="max", smoothquant=0.5, progress=False)
-    c_plain = _cos(ref, make_session(plain).run(None, {"x": x})[0])
-    c_smooth = _cos(ref, make_session(smooth).run(None, {"x": x})[0])
+    c_plain = _cos(ref, exact_session(plain).run(None, {"x": x})[0])
+    c_smooth = _cos(ref, exact_session(smooth).run(None, {"x": x})[0])
     assert c_smooth > c_plain and rec.smoothquant["alpha"] == 0.5
 
 

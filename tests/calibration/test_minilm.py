@@ -32,15 +32,15 @@ def calibrated(tmp_path_factory):
 def test_minilm_int8_every_matmul_keeps_cosine_above_0_99(calibrated):
     from transformers import AutoTokenizer
 
-    from trtforge.calibration.calibrator import make_session
+    from trtforge.numerics.sessions import exact_session
 
     model, q, record, ev = calibrated
     assert record.only_real_tokens and record.samples == 200
     assert record.matmuls_quantized == record.matmuls_total == 48  # 36 projections/FFN + 12 attention BMMs
     tok = AutoTokenizer.from_pretrained(minilm.model_path())
     sentences = ev[:160]
-    ref = minilm.pooled_embeddings(make_session(model), tok, sentences)
-    out = minilm.pooled_embeddings(make_session(q), tok, sentences)
+    ref = minilm.pooled_embeddings(exact_session(model), tok, sentences)
+    out = minilm.pooled_embeddings(exact_session(q), tok, sentences)
     cos = minilm.cosines(ref, out)
     assert cos.mean() >= 0.99, f"mean cosine {cos.mean():.5f}, min {cos.min():.5f}"
 

@@ -106,7 +106,7 @@ def test_bad_options_are_user_errors():
 
 
 def test_qdq_model_runs_in_onnxruntime_close_to_float():
-    from trtforge.calibration.calibrator import make_session
+    from trtforge.numerics.sessions import exact_session
 
     m = models.mlp()
     x = np.random.default_rng(0).standard_normal((4, 5, 32)).astype(np.float32)
@@ -114,7 +114,7 @@ def test_qdq_model_runs_in_onnxruntime_close_to_float():
     plan = plan_placement(m)
     scales = {"x": float(np.abs(x).max() / 127), "r": 3.0 / 127}
     q = insert_qdq(m, plan.targets, scales)
-    ref = make_session(m).run(None, {"x": x})[0]
-    out = make_session(q).run(None, {"x": x})[0]
+    ref = exact_session(m).run(None, {"x": x})[0]
+    out = exact_session(q).run(None, {"x": x})[0]
     cos = (ref * out).sum() / np.linalg.norm(ref) / np.linalg.norm(out)
     assert cos > 0.999 and not np.array_equal(ref, out)

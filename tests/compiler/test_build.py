@@ -161,9 +161,10 @@ def test_external_data_onnx_compiles(tmp_path) -> None:
     )
     assert result.manifest.source["kind"] == "onnx" and result.engine_path.stat().st_size > 0
     import numpy as np
-    import onnxruntime as ort
+
+    from trtforge.numerics.sessions import exact_session
 
     x = np.ones((3, 4), np.float32)
-    a = ort.InferenceSession(str(tmp_path / "ext.onnx")).run(None, {"x": x})[0]
-    b = ort.InferenceSession(str(tmp_path / "final.onnx")).run(None, {"x": x})[0]
+    a = exact_session(tmp_path / "ext.onnx").run(None, {"x": x})[0]
+    b = exact_session(tmp_path / "final.onnx").run(None, {"x": x})[0]
     np.testing.assert_allclose(a, b, rtol=1e-6)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 
@@ -18,13 +17,14 @@ from trtforge.compiler.export import (
     resolve_dynamic,
 )
 from trtforge.errors import ExportError, UserError
+from trtforge.numerics.sessions import exact_session
 
 OUTS = ["last_hidden_state", "pooler_output"]
 
 
 def _ort_matches_torch(path, model, batch: int, seq: int) -> None:
     feeds = bert_inputs(batch, seq, seed=batch * 100 + seq)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = exact_session(path)
     got = sess.run(None, {k: v.numpy() for k, v in feeds.items()})
     with torch.no_grad():
         ref = model(**feeds)

@@ -173,14 +173,10 @@ class GraphBuilder:
 
 
 def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Execute with ORT CPU, graph optimizations off (what the verifier does)."""
-    import onnxruntime as ort
+    """Execute with an exact ORT CPU session, graph optimizations off (what the verifier does)."""
+    from trtforge.numerics.sessions import exact_session
 
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(
-        None, feeds
-    )
+    return exact_session(model).run(None, feeds)
 
 
 def feeds_for(model: onnx.ModelProto, batch: int = 2, seq: int = 5, seed: int = 1) -> dict[str, np.ndarray]:

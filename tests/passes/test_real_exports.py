@@ -34,13 +34,12 @@ def _qkv_splits(model: onnx.ModelProto) -> int:
 
 def _max_rel_err(a: onnx.ModelProto, b: onnx.ModelProto) -> float:
     import onnx_ir as ir
-    import onnxruntime as ort
+
+    from trtforge.numerics.sessions import exact_session
 
     feeds = make_inputs(ir.serde.deserialize_model(a), seed=3)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ref = ort.InferenceSession(a.SerializeToString(), opts).run(None, feeds)[0].astype(np.float64)
-    got = ort.InferenceSession(b.SerializeToString(), opts).run(None, feeds)[0]
+    ref = exact_session(a).run(None, feeds)[0].astype(np.float64)
+    got = exact_session(b).run(None, feeds)[0]
     return float(np.abs(got - ref).max() / np.abs(ref).max())
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 import pytest
 
 from trtforge.errors import UserError
+from trtforge.numerics.sessions import exact_session
 from trtforge.plugins.attention.onnx_node import (
     add_reference_function,
     add_reference_function_proto,
@@ -63,7 +63,7 @@ def test_onnxruntime_runs_the_reference_and_matches_numpy(causal, masked, mask_n
     mask_dtype[np.bool_] = ir.DataType.BOOL
     proto = ir.to_proto(_model(masked, causal, dtype, mask_dtype[mask_np]))
     onnx.checker.check_model(proto, full_check=True)
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = exact_session(proto)
     rng = np.random.default_rng(0)
     np_dtype = np.float16 if dtype == ir.DataType.FLOAT16 else np.float32
     b, s = 3, 9

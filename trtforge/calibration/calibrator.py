@@ -16,6 +16,8 @@ import numpy as np
 
 from trtforge.calibration.data import rejected_data_is_user_error
 from trtforge.calibration.histogram import TensorHistogram, select_real_tokens
+from trtforge.numerics.compare import masked_rows, row_cosines
+from trtforge.numerics.sessions import exact_session, run
 
 if TYPE_CHECKING:
     import onnx
@@ -35,17 +37,6 @@ class Statistics:
     batches: int
     seconds: float
     real_tokens: bool
-
-
-def make_session(model: onnx.ModelProto, *, threads: int = 0) -> ort.InferenceSession:
-    """A CPU ONNX Runtime session for an in-memory model (errors from ORT propagate unchanged)."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if threads:
-        opts.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
 def with_outputs(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.ModelProto:
@@ -96,14 +87,13 @@ def collect_statistics(
     """
     channel = set(channel_tensors)
     stats = {t: TensorHistogram(per_channel=t in channel, histogram=histograms) for t in tensors}
-    session = make_session(with_outputs(model, tensors))
-    input_names = {i.name for i in session.get_inputs()}
+    session = exact_session(with_outputs(model, tensors))
     t0 = time.perf_counter()
     samples = batches = 0
     with _progress(progress, description, len(dataset)) as advance:
         for feed in dataset:
             with rejected_data_is_user_error(dataset.source):
-                outs = session.run(tensors, {k: v for k, v in feed.items() if k in input_names})
+                outs = run(session, feed, tensors)
             mask = feed.get(MASK_INPUT) if real_tokens else None
             for name, value in zip(tensors, outs):
                 stats[name].update(select_real_tokens(value, mask) if mask is not None else value)
@@ -154,9 +144,8 @@ class _progress:
 
 def run_outputs(session: ort.InferenceSession, dataset: CalibrationDataset) -> list[tuple[dict, list]]:
     """(feed, model outputs) per batch of a small dataset (held-out accuracy checks)."""
-    names = {i.name for i in session.get_inputs()}
     with rejected_data_is_user_error(dataset.source):
-        return [(feed, session.run(None, {k: v for k, v in feed.items() if k in names})) for feed in dataset]
+        return [(feed, run(session, feed)) for feed in dataset]
 
 
 def mean_cosine(
@@ -172,14 +161,7 @@ def mean_cosine(
         for k, (r, c) in enumerate(zip(ref_outs, cand_outs)):
             if not np.issubdtype(np.asarray(r).dtype, np.floating):
                 continue
-            r, c = np.asarray(r, np.float64), np.asarray(c, np.float64)
-            if mask is not None and r.ndim >= 2 and r.shape[:2] == mask.shape:
-                m = mask.reshape(mask.shape + (1,) * (r.ndim - 2)).astype(np.float64)
-                r, c = r * m, c * m
-            r, c = r.reshape(len(r), -1), c.reshape(len(c), -1)
-            num = (r * c).sum(axis=1)
-            den = np.linalg.norm(r, axis=1) * np.linalg.norm(c, axis=1)
-            cos = np.where(den > 0, num / np.maximum(den, 1e-300), 1.0)
+            cos = row_cosines(*masked_rows(r, c, mask))
             while len(per_output) <= k:
                 per_output.append([])
             per_output[k].extend(cos.tolist())

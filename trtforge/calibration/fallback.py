@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trtforge.calibration.calibrator import make_session, mean_cosine, run_outputs
+from trtforge.calibration.calibrator import mean_cosine, run_outputs
 from trtforge.calibration.placement import QuantTarget
 from trtforge.calibration.qdq import insert_qdq
+from trtforge.numerics.sessions import exact_session, run
 
 if TYPE_CHECKING:
     import onnx
@@ -33,18 +34,15 @@ class FallbackResult:
 class _Evaluator:
     def __init__(self, model: onnx.ModelProto, holdout: CalibrationDataset, scales: dict, real_tokens: bool):
         self.model, self.scales, self.real_tokens = model, scales, real_tokens
-        self.reference = run_outputs(make_session(model), holdout)
+        self.reference = run_outputs(exact_session(model), holdout)
         self.probes = 0
 
     def __call__(self, targets: list[QuantTarget]) -> tuple[float, float]:
         self.probes += 1
         if not targets:
             return 1.0, 1.0
-        session = make_session(insert_qdq(self.model, targets, self.scales))
-        names = {i.name for i in session.get_inputs()}
-        outs = [
-            session.run(None, {k: v for k, v in feed.items() if k in names}) for feed, _ in self.reference
-        ]
+        session = exact_session(insert_qdq(self.model, targets, self.scales))
+        outs = [run(session, feed) for feed, _ in self.reference]
         return mean_cosine(self.reference, outs, real_tokens=self.real_tokens)
 
 

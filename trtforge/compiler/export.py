@@ -336,27 +336,23 @@ def _finish(
 def compare_with_ort(
     path: Path, feeds, reference, output_names, *, rtol: float, atol: float
 ) -> dict[str, float]:
-    """Run ONNX Runtime on `feeds` and compare with torch's `reference`; ExportError beyond tolerance."""
-    import numpy as np
-    import onnxruntime as ort
+    """Run ONNX Runtime (an EXACT session) on `feeds` and compare with torch's `reference`; ExportError
+    beyond |ort - torch| <= atol + rtol * |torch| (`trtforge.numerics.compare`)."""
+    from trtforge.numerics.compare import Tolerance, compare_arrays, elementwise_failures
+    from trtforge.numerics.sessions import exact_session, run
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    wanted = {i.name for i in sess.get_inputs()}
-    np_feeds = {k: v.detach().cpu().numpy() for k, v in feeds.items() if k in wanted}
-    got = sess.run(None, np_feeds)
+    sess = exact_session(path)
+    got = run(sess, {k: v.detach().cpu().numpy() for k, v in feeds.items()})
     if len(got) != len(reference):
         raise ExportError(f"ONNX model has {len(got)} outputs, torch returned {len(reference)}.")
+    tol = Tolerance(atol=atol, rtol=rtol)
     errors: dict[str, float] = {}
     for name, g, r in zip(output_names, got, reference):
         r = r.detach().cpu().numpy()
         if g.shape != r.shape:
             raise ExportError(f"output '{name}': ONNX Runtime shape {g.shape} != torch shape {r.shape}.")
-        diff = np.abs(g.astype(np.float64) - r.astype(np.float64))
-        errors[name] = float(diff.max()) if diff.size else 0.0
-        bound = atol + rtol * np.abs(r.astype(np.float64))
-        if diff.size and (~np.isfinite(diff) | (diff > bound)).any():
+        errors[name] = compare_arrays(r, g).max_abs
+        if elementwise_failures(r, g, tol).any():
             raise ExportError(
                 f"ONNX Runtime output '{name}' differs from torch: max abs error {errors[name]:.3g} "
                 f"exceeds atol={atol:g} + rtol={rtol:g}*|ref|. The export is not faithful."

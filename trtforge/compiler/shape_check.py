@@ -24,34 +24,25 @@ MAX_WEIGHT_BYTES = 2 << 30  # the same threshold as pass verification: ORT time 
 SEARCH_RUNS = 8  # runs spent finding a --shape that works, once MIN or MAX failed
 
 
-# numerics: a local exact-session helper; the lead may swap it for the shared numerics module.
 def _exact_session(path: Path) -> Any:
-    """ONNX Runtime CPU session with every graph optimization off (no fused, CPU-specific kernels)."""
-    import onnxruntime as ort
+    """The exact (no graph optimizations) session of trtforge.numerics; a failing run is reported by its
+    exception, so ONNX Runtime's own log is kept to fatal errors."""
+    from trtforge.numerics.sessions import exact_session
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 4  # fatal only: a failing run is reported by the exception
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return exact_session(path, quiet=True)
 
 
-# numerics: local synthetic feeds; ids are 0 (valid for any table), masks 1, floats small normals.
 def _feeds(session: Any, shapes: Mapping[str, list[int]], seed: int = 0) -> dict[str, np.ndarray]:
+    """Synthetic feeds (trtforge.numerics rules) at `shapes`; an input type numpy cannot hold is refused."""
+    from trtforge.numerics.feeds import synthetic_array
+
     rng = np.random.default_rng(seed)
     feeds = {}
     for inp in session.get_inputs():
-        shape = shapes[inp.name]
-        kind = inp.type  # e.g. "tensor(int64)"
-        dtype = _NP.get(kind)
+        dtype = _NP.get(inp.type)  # e.g. "tensor(int64)"
         if dtype is None:
-            raise _Unsupported(f"input '{inp.name}' has type {kind}")
-        if dtype == np.bool_:
-            feeds[inp.name] = np.ones(shape, dtype=bool)
-        elif np.issubdtype(dtype, np.integer):
-            fill = 1 if "mask" in inp.name.lower() else 0
-            feeds[inp.name] = np.full(shape, fill, dtype=dtype)
-        else:
-            feeds[inp.name] = (0.1 * rng.standard_normal(shape)).astype(dtype)
+            raise _Unsupported(f"input '{inp.name}' has type {inp.type}")
+        feeds[inp.name] = synthetic_array(inp.name, np.dtype(dtype), tuple(shapes[inp.name]), rng)
     return feeds
 
 

@@ -25,7 +25,7 @@ class OrtStepExecutor:
     """One exact ONNX Runtime session over a step graph."""
 
     def __init__(self, path: str | Path, generation: dict[str, Any]):
-        from trtforge.compiler.decoder.export import exact_session
+        from trtforge.numerics.sessions import exact_session
 
         self.path = Path(path)
         self.generation = generation

@@ -106,10 +106,13 @@ def _environment(threads: int | None) -> dict[str, Any]:
     cpu = ""
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    from trtforge.numerics.cpu import cpu_isa
+
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu": cpu or platform.processor(),
+        "cpu_isa": dict(cpu_isa()),
         "cpu_count": os.cpu_count(),
         "threads_requested": threads,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),

@@ -80,6 +80,7 @@ LATENCY_HEADER = [
     "samples/s",
     "peak mem",
     "status",
+    "session · CPU ISA",
 ]
 
 
@@ -99,7 +100,7 @@ def latency_cells(p: LatencyPoint) -> list[str]:
     return [
         p.target, str(p.batch), fmt(p.seq, "d"), fmt(p.p50_ms, ".4g"), fmt(p.p90_ms, ".4g"),
         fmt(p.p99_ms, ".4g"), fmt(p.mean_ms, ".4g"), fmt(p.throughput, ".4g"), fmt_bytes(p.peak_memory_bytes),
-        status,
+        status, " · ".join(x for x in (p.session, p.cpu_isa) if x),
     ]  # fmt: skip
 
 

@@ -1,13 +1,13 @@
 """Accuracy: each target's outputs against the reference target's, per output, with tolerances.
 
-The statistics come from Polygraphy's compare functions: `SimpleCompareFunc` ("elemwise": max/mean
-absolute and relative error, relative to the reference), `CosineSimilarityCompareFunc` and
-`SnrCompareFunc` (reference power over error power, dB). Each output is compared over all accuracy
-iterations at once (arrays flattened and concatenated, so cosine and SNR are global). Added here:
-relative L2 error ``||t - r|| / ||r||``, the worst per-row cosine (rows: the first axis, e.g. one
-sentence embedding), the error histogram, and top-1/top-5 agreement for
-classification-shaped outputs (rank 2, ``[rows, classes]``): top-1 is the fraction of rows with the
-same argmax, top-5 the fraction whose reference argmax is among the target's five largest.
+The statistics and the `Tolerance` are `trtforge.numerics.compare`'s, the ones every verifier uses:
+max/mean absolute and relative error, relative L2 error ``||t - r|| / ||r||``, cosine and SNR
+(reference power over error power, dB). Each output is compared over all accuracy iterations at once
+(arrays flattened and concatenated, so cosine and SNR are global); the worst per-row cosine takes rows
+on the first axis (e.g. one sentence embedding). Added here: the error histogram, and top-1/top-5
+agreement for classification-shaped outputs (rank 2, ``[rows, classes]``): top-1 is the fraction of
+rows with the same argmax, top-5 the fraction whose reference argmax is among the target's five largest.
+ONNX Runtime targets produce these outputs with EXACT sessions (`trtforge.reports.runners`).
 
 Padding: when the inputs carry a padding mask (``attention_mask``, 1 = real token) and an output of
 rank >= 3 starts with the mask's ``[batch, seq]`` axes, only real-token positions are compared: what
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from trtforge.errors import UserError
+from trtforge.numerics.compare import compare_arrays, elementwise_failures, row_cosines, topk_agreement
 from trtforge.reports.results import (
     FAILED,
     OK,
@@ -110,31 +111,6 @@ def _histogram(diff: np.ndarray) -> Histogram:
     return Histogram(edges=[float(e) for e in edges], counts=[int(c) for c in counts], zeros=zeros)
 
 
-def _topk(ref: list[np.ndarray], tgt: list[np.ndarray]) -> tuple[float, float | None]:
-    r = np.concatenate([a.reshape(-1, a.shape[-1]) for a in ref]).astype(np.float64)
-    t = np.concatenate([a.reshape(-1, a.shape[-1]) for a in tgt]).astype(np.float64)
-    ref_top = r.argmax(axis=1)
-    top1 = float(np.mean(t.argmax(axis=1) == ref_top))
-    if r.shape[1] <= 5:
-        return top1, None
-    top5 = np.argpartition(-t, 5, axis=1)[:, :5]
-    return top1, float(np.mean((top5 == ref_top[:, None]).any(axis=1)))
-
-
-def _min_row_cosine(ref: list[np.ndarray], tgt: list[np.ndarray]) -> float | None:
-    """Smallest cosine between matching rows (first axis; the rest flattened); None below rank 2."""
-    if ref[0].ndim < 2:
-        return None
-    r = np.concatenate([a.reshape(a.shape[0], -1) for a in ref]).astype(np.float64)
-    t = np.concatenate([a.reshape(a.shape[0], -1) for a in tgt]).astype(np.float64)
-    norms = np.linalg.norm(r, axis=1) * np.linalg.norm(t, axis=1)
-    both_zero = (norms == 0) & ~r.any(axis=1) & ~t.any(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cos = np.where(norms > 0, (r * t).sum(axis=1) / np.where(norms > 0, norms, 1.0), 0.0)
-    cos[both_zero] = 1.0
-    return float(cos.min()) if cos.size else None
-
-
 def is_classification(arrays: list[np.ndarray], name: str, classification: Collection[str] | None) -> bool:
     """Rank-2 float outputs with >= 2 columns, unless an explicit list of output names is given."""
     if classification is not None:
@@ -165,38 +141,25 @@ def _checks(row: AccuracyRow, tol: Tolerance, elemwise_passed: bool | None) -> l
 def _compare_output(
     row: AccuracyRow, ref: list[np.ndarray], tgt: list[np.ndarray], tol: Tolerance, classify: bool
 ) -> None:
-    from polygraphy.comparator import (
-        CosineSimilarityCompareFunc,
-        IterationResult,
-        SimpleCompareFunc,
-        SnrCompareFunc,
-    )
-    from polygraphy.logger import G_LOGGER
-
     r = np.concatenate([a.astype(np.float64).ravel() for a in ref])
     t = np.concatenate([a.astype(np.float64).ravel() for a in tgt])
-    name = row.output
-    it_r = IterationResult({name: r}, runner_name=row.reference)
-    it_t = IterationResult({name: t}, runner_name=row.target)
-    elemwise = tol.atol is not None or tol.rtol is not None
-    with G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1):
-        simple = SimpleCompareFunc(atol=tol.atol or 0.0, rtol=tol.rtol or 0.0, check_error_stat="elemwise")(
-            it_t, it_r
-        )[name]
-        cosine = CosineSimilarityCompareFunc()(it_t, it_r)[name]
-        snr = SnrCompareFunc()(it_r, it_t)[name]  # signal = the reference
-    row.elements = int(r.size)
-    row.max_abs, row.mean_abs = simple.max_absdiff, simple.mean_absdiff
-    row.max_rel, row.mean_rel = simple.max_reldiff, simple.mean_reldiff
-    norm = float(np.linalg.norm(r))
-    row.rel_l2 = float(np.linalg.norm(t - r) / norm) if norm > 0 else (0.0 if not t.any() else math.inf)
-    row.cosine, row.snr_db = float(cosine.cosine_similarity), float(snr.snr)
-    row.min_row_cosine = _min_row_cosine(ref, tgt)
+    m = compare_arrays(r, t)
+    row.elements = m.elements
+    row.max_abs, row.mean_abs, row.max_rel, row.mean_rel = m.max_abs, m.mean_abs, m.max_rel, m.mean_rel
+    row.rel_l2, row.cosine, row.snr_db = m.rel_l2, m.cosine, m.snr_db
+    rows = [(a, b) for a, b in zip(ref, tgt) if a.ndim >= 2]
+    row.min_row_cosine = (
+        float(min(row_cosines(a, b).min() for a, b in rows)) if rows and len(rows) == len(ref) else None
+    )
     if classify:
-        row.top1, row.top5 = _topk(ref, tgt)
+        row.top1, row.top5 = topk_agreement(
+            np.concatenate([a.reshape(-1, a.shape[-1]) for a in ref]),
+            np.concatenate([a.reshape(-1, a.shape[-1]) for a in tgt]),
+        )
     row.histogram = _histogram(np.abs(t - r))
     row.tolerance = tol
-    row.checks = _checks(row, tol, bool(simple) if elemwise else None)
+    elemwise = not elementwise_failures(r, t, tol).any() if tol.elementwise else None
+    row.checks = _checks(row, tol, elemwise)
     row.passed = all(c.passed for c in row.checks) if row.checks else None
 
 

@@ -1,12 +1,11 @@
 """Report inputs: I/O specs (from ONNX or an engine manifest), generated feeds, and user data.
 
-Generated feeds follow the specs: integer inputs that index an embedding table get ids within its
-rows (the vocabulary), integer inputs named like a mask get 0/1 masks with a padded tail, other
-integers 0/1, floats standard normal. Dynamic axis 0 is the batch, other dynamic axes take the
-sequence length; static axes keep their size. User data: a `.npz`, a dict or an iterable of feed
-dicts (passed as they are, so a mismatch shows up in the row of the target that rejects it), or any
-calibration dataset format (`trtforge.calibration.data.load_dataset`: directory, text + tokenizer,
-`module:function`).
+Generated feeds follow the specs by the rules of `trtforge.numerics.feeds` (ids within the embedding
+table's rows, masks with a padded tail, other integers 0/1, floats standard normal). Dynamic axis 0
+is the batch, other dynamic axes take the sequence length; static axes keep their size. User data:
+a `.npz`, a dict or an iterable of feed dicts (passed as they are, so a mismatch shows up in the row
+of the target that rejects it), or any calibration dataset format
+(`trtforge.calibration.data.load_dataset`: directory, text + tokenizer, `module:function`).
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trtforge.errors import UserError
+from trtforge.numerics.feeds import embedding_rows, synthetic_feed
 
 if TYPE_CHECKING:
     import onnx
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 
 Dim = int | str | None  # static size, symbolic name, or unknown
 Feed = dict[str, np.ndarray]
-# Ops an index tensor may pass through on its way to the embedding Gather.
-_INDEX_PASSTHROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
 _NPZ_BATCH = 8  # samples per accuracy iteration when a .npz holds more
 MAX_BATCH = 1 << 20
 
@@ -56,27 +54,7 @@ def _dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...]:
 
 def vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
     """Graph input -> rows of the embedding table it indexes (through casts/reshapes), where found."""
-    tables = {i.name: list(i.dims) for i in model.graph.initializer}
-    consumers: dict[str, list[Any]] = {}
-    for n in model.graph.node:
-        for name in n.input:
-            consumers.setdefault(name, []).append(n)
-    found: dict[str, int] = {}
-    for vi in model.graph.input:
-        frontier, seen = [vi.name], set()
-        while frontier and vi.name not in found:
-            cur = frontier.pop()
-            seen.add(cur)
-            for n in consumers.get(cur, []):
-                if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] == cur:
-                    dims = tables.get(n.input[0])
-                    axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
-                    if dims:
-                        found[vi.name] = int(dims[axis])
-                        break
-                elif n.op_type in _INDEX_PASSTHROUGH and n.input[0] == cur:
-                    frontier.extend(o for o in n.output if o not in seen)
-    return found
+    return embedding_rows(model)
 
 
 def specs_from_onnx(model: onnx.ModelProto, limits: ShapeLimits | None = None) -> list[IOSpec]:
@@ -191,26 +169,9 @@ def has_seq_axis(specs: Sequence[IOSpec]) -> bool:
     return any(not (isinstance(d, int) and d > 0) for s in specs for d in s.shape[1:])
 
 
-def _one(spec: IOSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    dt = spec.dtype
-    if dt.kind == "f":
-        return rng.standard_normal(shape).astype(dt)
-    if dt.kind == "b":
-        return rng.integers(0, 2, size=shape).astype(bool)
-    if spec.vocab is not None:
-        return rng.integers(0, spec.vocab, size=shape).astype(dt)
-    if "mask" in spec.name.lower() and len(shape) >= 2 and shape[-1] > 1:
-        mask = np.ones(shape, dtype=dt)
-        for idx in np.ndindex(*shape[:-1]):  # every row keeps >= 1 real token, the tail is padding
-            mask[idx][int(rng.integers(1, shape[-1] + 1)) :] = 0
-        return mask
-    return rng.integers(0, 2, size=shape).astype(dt)
-
-
 def generate_feed(specs: Sequence[IOSpec], batch: int, seq: int | None, seed: int = 0) -> Feed:
-    """One deterministic feed dict at (batch, seq) from the specs (see the module docstring)."""
-    rng = np.random.default_rng(seed)
-    return {s.name: _one(s, resolve_shape(s, batch, seq), rng) for s in specs}
+    """One deterministic feed dict at (batch, seq) from the specs (`trtforge.numerics.feeds` rules)."""
+    return synthetic_feed(((s.name, s.dtype, resolve_shape(s, batch, seq), s.vocab) for s in specs), seed)
 
 
 def _split_npz(arrays: dict[str, np.ndarray]) -> list[Feed]:

@@ -7,6 +7,10 @@ before the target was loaded (after `malloc_trim`), i.e. the target's weights, a
 (approximate: memory an earlier target freed but an allocator kept can be reused unseen); for CUDA runs,
 torch's `max_memory_allocated` during the point. Where neither can be measured the field is null
 and `memory_method` says why.
+
+Runners that compute differently when timed (ONNX Runtime: exact session for accuracy, fast for
+latency) expose `use_purpose`; each point switches them to FAST and records the session and, for host
+runs, the CPU's ISA (`trtforge.numerics.cpu`), since fast kernels depend on it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from trtforge.errors import UserError
+from trtforge.numerics.cpu import isa_summary
+from trtforge.numerics.sessions import FAST
 from trtforge.reports.inputs import IOSpec, generate_feed, has_seq_axis, resolve_shape, static_batch
 from trtforge.reports.results import FAILED, NOT_RUN, OK, LatencyPoint
 
@@ -112,6 +118,7 @@ def measure_point(
 ) -> LatencyPoint:
     """Time `runner` (already active) at one point; failures become the point's status and reason."""
     point = LatencyPoint(target, batch, seq, warmup=warmup, runs=runs, memory_method=memory.method)
+    point.cpu_isa = isa_summary() if memory.kind != "cuda" else None
     try:
         feed = generate_feed(specs, batch, seq, seed)
     except UserError as e:
@@ -119,6 +126,9 @@ def measure_point(
         return point
     point.input_shapes = {k: list(v.shape) for k, v in feed.items()}
     try:
+        if hasattr(runner, "use_purpose"):
+            runner.use_purpose(FAST)
+            point.session = runner.purpose
         memory.start()
         runner.infer(feed)  # validates the feed once; also the first warm-up run
         for _ in range(max(warmup - 1, 0)):

@@ -58,7 +58,8 @@ def render_markdown(report: Report) -> str:
     env = report.environment
     parts += [
         "## Environment",
-        f"{env.get('cpu')} ({env.get('cpu_count')} logical CPUs), Python {env.get('python')}, "
+        f"{env.get('cpu')} ({env.get('cpu_count')} logical CPUs; ISA "
+        f"{', '.join((env.get('cpu_isa') or {}).get('isa') or ['unknown'])}), Python {env.get('python')}, "
         + ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if v),
         "",
     ]

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtforge.numerics.compare import Tolerance  # the one Tolerance; re-exported for report users
+
 REPORT_FORMAT = "trtforge.report/1"
 SCHEMA_FILE = Path(__file__).with_name("report.schema.json")
 
@@ -34,22 +36,6 @@ class TargetInfo:
     prepare_seconds: float | None = None
     threads: dict[str, Any] = field(default_factory=dict)
     records: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Tolerance:
-    """Pass/fail limits for one output. None disables that check.
-
-    atol/rtol: elementwise (an element fails when it exceeds both; Polygraphy's "elemwise" check).
-    min_cosine: cosine similarity over all elements. min_snr_db: reference power / error power, in dB.
-    min_top1: fraction of rows whose argmax agrees (classification-shaped outputs only).
-    """
-
-    atol: float | None = None
-    rtol: float | None = None
-    min_cosine: float | None = None
-    min_snr_db: float | None = None
-    min_top1: float | None = None
 
 
 @dataclass
@@ -118,6 +104,8 @@ class LatencyPoint:
     throughput: float | None = None  # samples (batch rows) per second at the mean latency
     peak_memory_bytes: int | None = None
     memory_method: str | None = None
+    session: str | None = None  # ONNX Runtime targets: "fast" (timing); accuracy is always "exact"
+    cpu_isa: str | None = None  # host-CPU points: the ISA the kernels were picked for
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """Runners: Polygraphy `BaseRunner`s that run one target and time themselves.
 
-ONNX Runtime uses Polygraphy's own `OnnxrtRunner` over a session we configure (threads, provider).
+ONNX Runtime uses Polygraphy's own `OnnxrtRunner` over sessions from `trtforge.numerics`: an EXACT
+session (graph optimizations off) for the accuracy outputs, swapped for a FAST one (optimizations on)
+before latency is timed (`use_purpose`), so no accuracy figure depends on the CPU's int8 kernels.
 PyTorch eager and the TensorRT engine (through `trtforge.runtime`) are small `BaseRunner`
 subclasses. `BaseRunner.infer` checks every feed against the runner's input metadata, so a feed
 that does not fit a target fails in that target's row with Polygraphy's message.
@@ -11,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import numpy as np
 from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 
+from trtforge.numerics.sessions import EXACT, make_session
 from trtforge.reports.inputs import IOSpec
 
 
@@ -46,32 +49,44 @@ def input_metadata(specs: Sequence[IOSpec]) -> TensorMetadata:
     return meta
 
 
-def ort_session_factory(path: str | os.PathLike[str], threads: int | None) -> tuple[Callable[[], Any], dict]:
-    """A callable creating a CPU InferenceSession for `path`, and the thread settings it uses."""
-    import onnxruntime as ort
-
-    def make() -> Any:
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        if threads:
-            so.intra_op_num_threads = threads
-            so.inter_op_num_threads = 1
-        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-
-    settings = {
+def ort_settings(threads: int | None) -> dict:
+    """The thread and session settings an ONNX Runtime target records."""
+    return {
         "onnxruntime_intra_op_num_threads": threads or "default (one per physical core)",
         "onnxruntime_inter_op_num_threads": 1 if threads else "default",
         "execution_provider": "CPUExecutionProvider",
+        "sessions": "exact (graph optimizations off) for accuracy; fast (all optimizations) for latency",
     }
-    return make, settings
+
+
+def _ort_runner_class() -> type:
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+
+    class OrtRunner(OnnxrtRunner):
+        """OnnxrtRunner whose session is made for a purpose: EXACT (accuracy, the default) or FAST."""
+
+        def __init__(self, path: str | os.PathLike[str], threads: int | None, name: str):
+            self._path, self._threads, self.purpose = str(path), threads, EXACT
+            super().__init__(self._make, name=name)
+
+        def _make(self) -> Any:
+            return make_session(self._path, self.purpose, threads=self._threads)
+
+        def use_purpose(self, purpose: str) -> None:
+            """Swap the active session for one made for `purpose` (the old one is released first)."""
+            if purpose == self.purpose:
+                return
+            self.purpose = purpose
+            if self.is_active:
+                del self.sess
+                self.sess = self._make()
+
+    return OrtRunner
 
 
 def make_ort_runner(path: str | os.PathLike[str], threads: int | None, name: str) -> tuple[BaseRunner, dict]:
-    """Polygraphy's OnnxrtRunner over our session factory, and the thread settings."""
-    from polygraphy.backend.onnxrt import OnnxrtRunner
-
-    factory, settings = ort_session_factory(path, threads)
-    return OnnxrtRunner(factory, name=name), settings
+    """An ONNX Runtime runner (exact session until `use_purpose(FAST)`), and its settings."""
+    return _ort_runner_class()(path, threads, name), ort_settings(threads)
 
 
 class TorchRunner(BaseRunner):

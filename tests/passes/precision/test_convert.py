@@ -7,12 +7,12 @@ import json
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 from trtforge.errors import UserError
+from trtforge.numerics.sessions import exact_session
 from trtforge.passes.precision import PrecisionRecord, convert_precision
 from trtforge.passes.precision.observe import generate_feeds
 from trtforge.passes.precision.verify import emulate_in_fp32
@@ -34,10 +34,7 @@ def _x(name="x", shape=("batch", 16), elem=TP.FLOAT):
 
 def _run(model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
     """ONNX Runtime without graph fusions: every tensor is stored in the type the graph gives it."""
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return sess.run(None, feed)
+    return exact_session(model).run(None, feed)
 
 
 def _mlp() -> onnx.ModelProto:

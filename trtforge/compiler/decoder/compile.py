@@ -95,8 +95,8 @@ def _low_precision(proto: onnx.ModelProto, mode: str, data: list[dict[str, np.nd
 
 def _same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, generation: dict[str, Any]) -> float:
     """Exact ORT on a valid ragged prefill: the passes must not change any output beyond _PASSES_ATOL."""
-    from trtforge.compiler.decoder.export import exact_session
     from trtforge.errors import TrtforgeError
+    from trtforge.numerics.sessions import exact_session
 
     feeds = {k: v.numpy() for k, v in example_feeds(generation).items()}
     ref, got = exact_session(before).run(None, feeds), exact_session(after).run(None, feeds)

@@ -23,6 +23,7 @@ import torch
 from trtforge.compiler.decoder import ops
 from trtforge.compiler.decoder.step import DecoderStep, input_names, output_names
 from trtforge.errors import ExportError, UserError
+from trtforge.numerics.sessions import exact_session
 
 METADATA_KEY = "trtforge.generation"
 EXPORTERS = ("dynamo", "legacy")
@@ -151,17 +152,6 @@ def _quietly(fn: Any, *args: Any) -> None:
             fn(*args)
     finally:
         logger.setLevel(level)
-
-
-def exact_session(model: onnx.ModelProto | str | Path) -> Any:
-    """An ONNX Runtime CPU session with graph optimizations off (exact reference execution)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
-    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-    return ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
 
 
 def _verify(model: onnx.ModelProto, step: DecoderStep, feeds: dict[str, torch.Tensor]) -> dict[str, float]:

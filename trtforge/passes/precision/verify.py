@@ -1,6 +1,7 @@
 """Check a converted model against the FP32 outputs observed before conversion (ONNX Runtime, CPU).
 
-ONNX Runtime's CPU provider runs FP16 graphs (computing in FP32 where an op has no FP16 kernel) but
+Sessions are EXACT (`trtforge.numerics`): no ORT fusion keeps in FP32 a tensor the graph stores in low
+precision. ONNX Runtime's CPU provider runs FP16 graphs (computing in FP32 where an op has no FP16 kernel) but
 has almost no BF16 kernels. So the check runs an emulation: the same graph computed in FP32 with every
 low-precision tensor rounded (Cast to FP16/BF16 and back after each producer), which is how a strongly
 typed engine stores its activations while accumulating in FP32.
@@ -13,6 +14,8 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common
 
+from trtforge.numerics.compare import compare_arrays
+from trtforge.numerics.sessions import exact_session
 from trtforge.passes.precision.observe import Observation
 from trtforge.passes.precision.record import OutputCheck
 
@@ -61,16 +64,6 @@ def emulate_in_fp32(model: onnx.ModelProto, low: ir.DataType) -> onnx.ModelProto
     return ir.to_proto(m)
 
 
-def _session(model: onnx.ModelProto):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    # As written: no fusions that would keep a tensor in FP32 that the graph stores in low precision.
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-
-
 def check_outputs(
     converted: onnx.ModelProto, obs: Observation, low: ir.DataType
 ) -> tuple[list[OutputCheck], str]:
@@ -81,10 +74,10 @@ def check_outputs(
     own: for ops without FP16 CPU kernels it computes consecutive nodes in FP32 and skips the rounding
     (and an overflow) in between. For FP16 the native graph runs too, and the worse result counts.
     """
-    sessions = [_session(emulate_in_fp32(converted, low))]
+    sessions = [exact_session(emulate_in_fp32(converted, low))]
     mode = f"onnxruntime-cpu: {low.name} storage emulated (FP32 arithmetic, every {low.name} tensor rounded)"
     if low == ir.DataType.FLOAT16:
-        sessions.append(_session(converted))
+        sessions.append(exact_session(converted))
         mode += " and the native FP16 graph; worst of both"
     worst: dict[str, list[float]] = {}
     finite: dict[str, bool] = {}
@@ -107,22 +100,10 @@ def check_outputs(
 
 
 def _compare(got: np.ndarray, expect: np.ndarray) -> tuple[float, float, float, bool]:
-    """(max abs error, max abs error / max |expected|, min per-sample cosine, finite where expected)."""
+    """(max abs error, max abs error / max |expected|, min per-sample cosine, finite where expected),
+    over the elements finite in both (`trtforge.numerics.compare` metrics)."""
     a, b = got.astype(np.float64), expect.astype(np.float64)
-    finite = bool(np.isfinite(a).all() or not np.isfinite(b).all())
+    finite = bool(np.isfinite(a[np.isfinite(b)]).all())
     ok = np.isfinite(a) & np.isfinite(b)
-    diff = np.abs(a - b)[ok]
-    abs_err = float(diff.max()) if diff.size else 0.0
-    scale = float(np.abs(b[ok]).max()) if ok.any() else 0.0
-    rel_err = abs_err / scale if scale > 0 else abs_err
-    return abs_err, rel_err, _min_cosine(np.where(ok, a, 0), np.where(ok, b, 0)), finite
-
-
-def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Smallest cosine similarity over samples (leading axis); 1.0 where both are zero."""
-    a2 = a.reshape(a.shape[0], -1) if a.ndim > 1 else a.reshape(1, -1)
-    b2 = b.reshape(b.shape[0], -1) if b.ndim > 1 else b.reshape(1, -1)
-    na, nb = np.linalg.norm(a2, axis=1), np.linalg.norm(b2, axis=1)
-    dot = np.einsum("ij,ij->i", a2, b2)
-    cos = np.where((na == 0) & (nb == 0), 1.0, dot / np.maximum(na * nb, 1e-300))
-    return float(cos.min()) if cos.size else 1.0
+    m = compare_arrays(np.where(ok, b, 0.0), np.where(ok, a, 0.0))
+    return m.max_abs, m.peak_rel, m.min_row_cosine, finite

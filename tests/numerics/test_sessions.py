@@ -1,0 +1,202 @@
+"""Accuracy is CPU-independent: exact sessions compute Q/DQ as exact integer math, and every accuracy
+path (calibration, fallback, verifiers, export check, report accuracy) uses them; latency uses fast."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.calibration import models
+from trtforge.calibration.placement import name_nodes, plan_placement
+from trtforge.calibration.qdq import insert_qdq
+from trtforge.numerics import sessions
+from trtforge.numerics.cpu import cpu_isa
+from trtforge.numerics.sessions import EXACT, FAST, exact_session, fast_session, is_exact, session_options
+
+DISABLED = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+
+
+def _one_matmul(k: int, n: int, seed: int = 0) -> onnx.ModelProto:
+    w = np.random.default_rng(seed).standard_normal((k, n)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", n])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _inits(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+
+
+def _qdq_matmul_case(k: int = 768, n: int = 64) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """(Q/DQ model as calibration emits it, input x, float64 integer-math reference of its output)."""
+    m = _one_matmul(k, n)
+    name_nodes(m)
+    amax = 4.0
+    x = np.random.default_rng(1).uniform(-amax, amax, (16, k)).astype(np.float32)
+    sx = np.float32(amax / 127)
+    q = insert_qdq(m, plan_placement(m).targets, {"x": float(sx)})
+    assert {n.op_type for n in q.graph.node} == {"QuantizeLinear", "DequantizeLinear", "MatMul"}
+    inits = _inits(q)
+    w_int8 = next(v for v in inits.values() if v.dtype == np.int8 and v.ndim == 2)
+    w_scale = next(v for v in inits.values() if v.dtype == np.float32 and v.shape == (n,))
+    x_int8 = np.clip(np.rint(x / sx), -128, 127).astype(np.int64)  # QuantizeLinear: round half to even
+    assert np.abs(x_int8).max() == 127
+    ref = (x_int8 @ w_int8.astype(np.int64)).astype(np.float64) * float(sx) * w_scale.astype(np.float64)
+    return q, x, ref
+
+
+def _rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(got.astype(np.float64) - ref).max() / np.abs(ref).max())
+
+
+def test_exact_session_computes_qdq_matmul_as_exact_integer_math():
+    """The calibration's own Q/DQ layout (per-tensor int8 activation, per-channel int8 weight): the
+    exact session equals int32 accumulation of the int8 operands times the two scales to ~1e-6.
+    K = 768 with activations spanning the whole int8 range: where ORT's fused AVX2 u8s8 kernel
+    saturates int16 pair sums, this is where it would differ."""
+    q, x, ref = _qdq_matmul_case()
+    err = _rel_err(exact_session(q).run(None, {"x": x})[0], ref)
+    assert err < 2e-6, f"exact Q/DQ differs from integer math by {err:.2e} (relative to max |y|)"
+
+
+@pytest.mark.skipif(
+    cpu_isa()["isa"] == []
+    or "AVX2" not in cpu_isa()["isa"]
+    or any("512" in i or "VNNI" in i or "AMX" in i for i in cpu_isa()["isa"]),
+    reason="shows the AVX2-only int8 kernel; this CPU has other int8 instructions (or none known)",
+)
+def test_fast_session_q_dq_on_avx2_is_not_integer_math():
+    """Why accuracy never uses FAST: on an AVX2-only CPU ORT fuses DQ -> MatMul into a u8s8 kernel whose
+    int16 pair sums saturate, so the same graph is off by percent (measured: ~5e-2 here)."""
+    q, x, ref = _qdq_matmul_case()
+    assert _rel_err(fast_session(q).run(None, {"x": x})[0], ref) > 1e-3
+
+
+def test_session_options_by_purpose():
+    exact, fast = session_options(EXACT, threads=2), session_options(FAST)
+    assert exact.graph_optimization_level == DISABLED
+    assert exact.intra_op_num_threads == 2 and exact.inter_op_num_threads == 1
+    assert fast.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    m = models.mlp()
+    assert is_exact(exact_session(m)) and not is_exact(fast_session(m))
+    with pytest.raises(ValueError, match="purpose"):
+        session_options("default")  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def created(monkeypatch):
+    """Every ONNX Runtime session created while the test runs: (graph optimization level, source)."""
+    seen: list[tuple[ort.GraphOptimizationLevel, str]] = []
+    real = ort.InferenceSession
+
+    class Recording(real):
+        def __init__(self, source, sess_options=None, *args, **kwargs):
+            level = sess_options.graph_optimization_level if sess_options is not None else None
+            seen.append((level, source if isinstance(source, str) else "<bytes>"))
+            super().__init__(source, sess_options, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", Recording)
+    return seen
+
+
+def test_calibration_and_fallback_use_exact_sessions_only(created):
+    from trtforge.calibration.api import calibrate_model
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((80, 5, 32)).astype(np.float32)
+    x[..., 3] *= 20  # an outlier channel, so the fallback has something to return
+    _, rec = calibrate_model(
+        models.mlp(), {"x": x}, method="max", smoothquant=0.5, accuracy_target=0.99999, progress=False
+    )
+    assert rec.accuracy["probes"] > 1 and rec.fallback, "the fallback should have probed and returned nodes"
+    assert len(created) >= rec.accuracy["probes"] + 2
+    assert all(level == DISABLED for level, _ in created), created
+
+
+def test_pass_and_precision_verifiers_use_exact_sessions_only(created):
+    import onnx_ir as ir
+
+    from trtforge.passes.precision.convert import convert_precision
+    from trtforge.passes.verify import Verifier
+
+    m = models.mlp()
+    v = Verifier(ir.serde.deserialize_model(m))
+    v.check(ir.serde.deserialize_model(m), "identity", [])
+    n_verify = len(created)
+    convert_precision(m, "fp16")
+    assert n_verify >= 2 and len(created) > n_verify
+    assert all(level == DISABLED for level, _ in created), created
+
+
+def test_export_check_uses_an_exact_session(created, tmp_path):
+    import torch
+
+    from trtforge.compiler.export import export_module
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.fc(x))
+
+    art = export_module(Tiny(), {"x": torch.randn(2, 8)}, tmp_path, exporter="legacy")
+    assert art.record.verified
+    assert created and all(level == DISABLED for level, _ in created), created
+
+
+def test_report_accuracy_is_exact_and_latency_is_fast_with_the_cpu_isa(created, tmp_path):
+    pytest.importorskip("polygraphy")
+    from tests.reports._tiny import classifier_onnx, classifier_weights, inputs_npz
+    from trtforge.numerics.cpu import isa_summary
+    from trtforge.reports.api import build_report
+
+    a = classifier_onnx(tmp_path / "a.onnx", *classifier_weights(0))
+    inputs_npz(tmp_path / "x.npz", samples=4)
+    res = build_report(
+        str(a),
+        targets=["ort"],
+        data=str(tmp_path / "x.npz"),
+        out_dir=tmp_path / "out",
+        batch_sizes=(2,),
+        warmup=1,
+        runs=2,
+        progress=False,
+    )
+    levels = [level for level, src in created if src == str(a)]
+    assert levels[0] == DISABLED, "accuracy outputs must come from the exact session"
+    assert ort.GraphOptimizationLevel.ORT_ENABLE_ALL in levels[1:], (
+        "latency must be timed with a fast session"
+    )
+    doc = json.loads(res.json_path.read_text())
+    assert [(p["session"], p["cpu_isa"]) for p in doc["latency"]] == [("fast", isa_summary())]
+    assert doc["environment"]["cpu_isa"]["isa"] == res.report.environment["cpu_isa"]["isa"]
+    assert isa_summary() in res.markdown_path.read_text()
+    x = np.load(tmp_path / "x.npz")["x"]
+    expect = exact_session(str(a)).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(res.runs["ort"].outputs[0]["logits"], expect)
+
+
+def test_sessions_module_is_the_only_place_that_builds_ort_sessions():
+    """A grep-level guard: new code must ask trtforge.numerics for sessions, not build its own."""
+    from pathlib import Path
+
+    root = Path(sessions.__file__).resolve().parents[1]
+    offenders = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if p.name != "sessions.py"
+        and ("InferenceSession(" in p.read_text() or "SessionOptions(" in p.read_text())
+    ]
+    assert offenders == []

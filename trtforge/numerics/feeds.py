@@ -1,0 +1,140 @@
+"""Synthetic feeds from input specs, one rule set for every verifier and report.
+
+- float inputs: standard normal;
+- integer inputs that index an embedding table (a Gather over a constant, possibly through Cast /
+  Reshape / Unsqueeze / ...): ids within the table's rows;
+- integer or bool inputs named like a mask, rank >= 2: 1s with a random padded tail of 0s per row
+  (every row keeps at least one real position);
+- other integer or bool inputs: random 0/1.
+
+Symbolic dims get concrete sizes by `model_feeds`: each distinct dim name takes the next size from
+`sizes` in order of first appearance (so two axes that must match do, and different axes differ).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+
+Feed = dict[str, np.ndarray]
+Dim = int | str | None  # static size, symbolic name, or unknown
+# Ops an index tensor may pass through on its way to the embedding Gather.
+INDEX_PASSTHROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand"})
+DEFAULT_SIZES = (2, 7, 5, 3, 6)
+
+
+@dataclass(frozen=True)
+class InputDesc:
+    """One graph input as a feed maker needs it: name, numpy dtype, dims and embedding rows (if any)."""
+
+    name: str
+    dtype: np.dtype
+    dims: tuple[Dim, ...]
+    vocab: int | None = None
+
+
+def embedding_rows(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph input -> rows of the constant table it indexes through a Gather (see the module doc)."""
+    tables = {i.name: list(i.dims) for i in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            tables[n.output[0]] = list(n.attribute[0].t.dims)
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for name in n.input:
+            consumers.setdefault(name, []).append(n)
+    found: dict[str, int] = {}
+    for vi in model.graph.input:
+        frontier, seen = [vi.name], set()
+        while frontier and vi.name not in found:
+            cur = frontier.pop()
+            seen.add(cur)
+            for n in consumers.get(cur, []):
+                if n.op_type in ("Gather", "GatherElements") and len(n.input) > 1 and n.input[1] == cur:
+                    dims = tables.get(n.input[0])
+                    axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
+                    if dims and -len(dims) <= axis < len(dims):
+                        found[vi.name] = int(dims[axis])
+                        break
+                elif n.op_type in INDEX_PASSTHROUGH and n.input and n.input[0] == cur:
+                    frontier.extend(o for o in n.output if o and o not in seen)
+    return found
+
+
+def describe_inputs(model: onnx.ModelProto) -> list[InputDesc]:
+    """The model's non-initializer inputs with dtype, dims and embedding rows (0 elem type -> float32)."""
+    from onnx import helper
+
+    inits = {i.name for i in model.graph.initializer}
+    vocab = embedding_rows(model)
+    out = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dims: list[Dim] = [
+            int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
+        ]
+        dtype = (
+            np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype("float32")
+        )
+        out.append(InputDesc(vi.name, dtype, tuple(dims), vocab.get(vi.name)))
+    return out
+
+
+def synthetic_array(
+    name: str, dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator, vocab: int | None = None
+) -> np.ndarray:
+    """One input array by the rules in the module doc."""
+    dt = np.dtype(dtype)
+    if dt.kind in "fc":
+        return rng.standard_normal(shape).astype(dt)
+    if vocab is not None and dt.kind in "iu":
+        return rng.integers(0, max(int(vocab), 1), size=shape).astype(dt)
+    if "mask" in name.lower() and len(shape) >= 2 and shape[-1] > 1:
+        mask = np.ones(shape, dtype=dt)
+        for idx in np.ndindex(*shape[:-1]):
+            mask[idx][int(rng.integers(1, shape[-1] + 1)) :] = 0
+        return mask
+    return rng.integers(0, 2, size=shape).astype(dt)
+
+
+def synthetic_feed(specs: Iterable[tuple[str, np.dtype, tuple[int, ...], int | None]], seed: int = 0) -> Feed:
+    """A deterministic feed from (name, dtype, concrete shape, vocab) tuples, in order."""
+    rng = np.random.default_rng(seed)
+    return {
+        name: synthetic_array(name, dtype, tuple(shape), rng, vocab) for name, dtype, shape, vocab in specs
+    }
+
+
+def concrete_shapes(
+    inputs: Sequence[InputDesc], sizes: Sequence[int] = DEFAULT_SIZES
+) -> dict[str, tuple[int, ...]]:
+    """Concrete shapes: static dims kept, each distinct symbolic name the next of `sizes`; an unnamed
+    dim takes sizes[0] on axis 0 (the batch) and sizes[1] elsewhere."""
+    named: dict[str, int] = {}
+    out = {}
+    for desc in inputs:
+        shape = []
+        for axis, d in enumerate(desc.dims):
+            if isinstance(d, int) and d > 0:
+                shape.append(d)
+            elif isinstance(d, str):
+                shape.append(named.setdefault(d, sizes[len(named) % len(sizes)]))
+            else:
+                shape.append(sizes[0] if axis == 0 else sizes[1 % len(sizes)])
+        out[desc.name] = tuple(shape)
+    return out
+
+
+def model_feed(model: onnx.ModelProto, *, sizes: Sequence[int] = DEFAULT_SIZES, seed: int = 0) -> Feed:
+    """One deterministic feed for the model's inputs (dims sized by `concrete_shapes`)."""
+    inputs = describe_inputs(model)
+    shapes = concrete_shapes(inputs, sizes)
+    return synthetic_feed(((d.name, d.dtype, shapes[d.name], d.vocab) for d in inputs), seed)

@@ -1,0 +1,96 @@
+"""ONNX Runtime sessions made for a purpose: EXACT for every accuracy figure, FAST for latency only.
+
+EXACT turns graph optimizations off, so ORT runs the graph as written: QuantizeLinear/DequantizeLinear
+compute in float and a DQ -> MatMul stays a float MatMul, matching exact integer math to ~1e-6 (what
+TensorRT's INT8 GEMMs compute). With optimizations on, ORT fuses Q/DQ into its own int8 kernels whose
+arithmetic depends on the CPU (u8s8 with int16 saturation on AVX2, VNNI elsewhere), so an accuracy
+measured that way would change from machine to machine. FAST keeps ORT's optimizations for timing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import onnx
+    import onnxruntime as ort
+
+Purpose = Literal["exact", "fast"]
+EXACT: Purpose = "exact"
+FAST: Purpose = "fast"
+PROVIDERS = ("CPUExecutionProvider",)
+
+
+def session_options(
+    purpose: Purpose, *, threads: int | None = None, quiet: bool = False
+) -> ort.SessionOptions:
+    """SessionOptions for `purpose`; `threads` pins intra-op threads (and one inter-op thread); `quiet`
+    logs fatal errors only, for callers that report a failing run through its exception."""
+    import onnxruntime as ort
+
+    if purpose not in (EXACT, FAST):
+        raise ValueError(f"session purpose must be '{EXACT}' or '{FAST}', got {purpose!r}")
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4 if quiet else 3
+    opts.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if purpose == EXACT
+        else ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    )
+    if threads:
+        opts.intra_op_num_threads = int(threads)
+        opts.inter_op_num_threads = 1
+    return opts
+
+
+def make_session(
+    model: onnx.ModelProto | bytes | str | os.PathLike[str],
+    purpose: Purpose = EXACT,
+    *,
+    threads: int | None = None,
+    quiet: bool = False,
+) -> ort.InferenceSession:
+    """A CPU session over an in-memory model, serialized bytes or a file path (ORT errors propagate)."""
+    import onnxruntime as ort
+
+    if isinstance(model, (str, os.PathLike)):
+        source: str | bytes = str(model)
+    elif isinstance(model, bytes):
+        source = model
+    else:
+        source = model.SerializeToString()
+    return ort.InferenceSession(
+        source, session_options(purpose, threads=threads, quiet=quiet), providers=list(PROVIDERS)
+    )
+
+
+def exact_session(
+    model: onnx.ModelProto | bytes | str | os.PathLike[str],
+    *,
+    threads: int | None = None,
+    quiet: bool = False,
+) -> ort.InferenceSession:
+    """The session every accuracy figure comes from (graph optimizations off; see the module doc)."""
+    return make_session(model, EXACT, threads=threads, quiet=quiet)
+
+
+def fast_session(
+    model: onnx.ModelProto | bytes | str | os.PathLike[str], *, threads: int | None = None
+) -> ort.InferenceSession:
+    """A session for latency timing only (ORT's fusions on; its numbers depend on the CPU's ISA)."""
+    return make_session(model, FAST, threads=threads)
+
+
+def is_exact(session: ort.InferenceSession) -> bool:
+    """True when `session` runs with graph optimizations off (the EXACT purpose)."""
+    import onnxruntime as ort
+
+    level = session.get_session_options().graph_optimization_level
+    return level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+
+
+def run(session: ort.InferenceSession, feed: dict, names: list[str] | None = None) -> list:
+    """`session.run` on the entries of `feed` the session takes as inputs (others are ignored)."""
+    wanted = {i.name for i in session.get_inputs()}
+    return session.run(names, {k: v for k, v in feed.items() if k in wanted})
