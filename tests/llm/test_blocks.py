@@ -149,3 +149,20 @@ def test_random_workload_keeps_invariants():
 def test_bad_configuration_is_a_user_error(kwargs):
     with pytest.raises(UserError, match="must be a positive integer"):
         BlockManager(**kwargs)
+
+
+def test_a_prefix_being_computed_is_reported_in_flight_until_written_or_dropped():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    prompt = list(range(10))
+    bm.allocate("a", prompt)
+    bm.append_slots("a", prompt)
+    assert bm.prefix_in_flight([*prompt, 5])
+    assert not bm.prefix_in_flight([9, *prompt])
+    bm.mark_computed("a", 10)
+    assert not bm.prefix_in_flight([*prompt, 5]) and bm.allocate("b", [*prompt, 5]) == 8
+    bm.allocate("c", [7] * 9)
+    bm.append_slots("c", [7] * 9)
+    assert bm.prefix_in_flight([7] * 12)
+    bm.free("c")  # a failed step frees its sequences: nothing stays in flight or cached
+    assert not bm.prefix_in_flight([7] * 12) and bm.allocate("d", [7] * 12) == 0
+    bm.check_invariants()

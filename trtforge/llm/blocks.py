@@ -50,6 +50,7 @@ class _Table:
     tokens: list[int] = field(default_factory=list)
     digests: list[bytes] = field(default_factory=list)
     computed_tokens: int = 0
+    registered: int = 0
 
 
 def _chain_digest(parent: bytes, tokens: Sequence[int]) -> bytes:
@@ -77,6 +78,7 @@ class BlockManager:
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._digest_of: dict[int, bytes] = {}
         self._cached: dict[bytes, int] = {}
+        self._inflight: dict[bytes, int] = {}
         self._tables: dict[Hashable, _Table] = {}
 
     # ---- queries -------------------------------------------------------------------------------
@@ -99,14 +101,15 @@ class BlockManager:
         """How many blocks hold `num_tokens` tokens."""
         return -(-num_tokens // self.block_size)
 
-    def _prefix_hits(self, token_ids: Sequence[int]) -> list[int]:
-        """Cached blocks matching the leading full blocks of `token_ids`, stopping at the first miss.
+    def _prefix_hits(self, token_ids: Sequence[int]) -> tuple[list[int], bool]:
+        """Cached blocks matching the leading full blocks of `token_ids`, stopping at the first miss,
+        and whether that miss is a block some sequence is computing in the current step.
 
         The last token is never covered, so a prompt always has at least one token to run and
         produce logits from.
         """
         if not self.enable_prefix_caching:
-            return []
+            return [], False
         hits: list[int] = []
         parent = _ROOT_DIGEST
         bs = self.block_size
@@ -114,13 +117,20 @@ class BlockManager:
             parent = _chain_digest(parent, token_ids[i * bs : (i + 1) * bs])
             block = self._cached.get(parent)
             if block is None:
-                break
+                return hits, parent in self._inflight
             hits.append(block)
-        return hits
+        return hits, False
+
+    def prefix_in_flight(self, token_ids: Sequence[int]) -> bool:
+        """True when the next full block of `token_ids` beyond the cached ones is being computed now.
+
+        A scheduler defers such a prompt by a step to share that block instead of computing it twice.
+        """
+        return self._prefix_hits(token_ids)[1]
 
     def free_blocks_needed(self, token_ids: Sequence[int]) -> int:
         """Free-pool blocks that admitting a prompt of `token_ids` consumes (new blocks + evictable hits)."""
-        hits = self._prefix_hits(token_ids)
+        hits, _ = self._prefix_hits(token_ids)
         revived = sum(1 for b in hits if self._refcount[b] == 0)
         return self.blocks_for(len(token_ids)) - len(hits) + revived
 
@@ -184,7 +194,7 @@ class BlockManager:
         """
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id!r} already holds blocks")
-        hits = self._prefix_hits(prompt_ids)
+        hits, _ = self._prefix_hits(prompt_ids)
         table = _Table()
         parent = _ROOT_DIGEST
         for b in hits:
@@ -194,6 +204,7 @@ class BlockManager:
             table.digests.append(parent)
         cached = len(hits) * self.block_size
         table.num_tokens = table.computed_tokens = cached
+        table.registered = len(hits)
         table.tokens = list(prompt_ids[:cached])
         self._tables[seq_id] = table
         return cached
@@ -231,7 +242,21 @@ class BlockManager:
         slots = [table.blocks[p // bs] * bs + p % bs for p in range(start, start + n_new)]
         table.num_tokens += n_new
         table.tokens.extend(int(t) for t in token_ids)
+        if self.enable_prefix_caching:
+            while len(table.digests) < table.num_tokens // bs:
+                i = len(table.digests)
+                parent = table.digests[-1] if table.digests else _ROOT_DIGEST
+                digest = _chain_digest(parent, table.tokens[i * bs : (i + 1) * bs])
+                table.digests.append(digest)
+                self._inflight[digest] = self._inflight.get(digest, 0) + 1
         return slots, copies
+
+    def _drop_inflight(self, digest: bytes) -> None:
+        left = self._inflight[digest] - 1
+        if left:
+            self._inflight[digest] = left
+        else:
+            del self._inflight[digest]
 
     def mark_computed(self, seq_id: Hashable, num_tokens: int) -> None:
         """Record that the K/V of the first `num_tokens` tokens of `seq_id` is written; cache full blocks."""
@@ -239,18 +264,14 @@ class BlockManager:
         if num_tokens > table.num_tokens:
             raise ValueError(f"{num_tokens} computed tokens but sequence {seq_id!r} holds {table.num_tokens}")
         table.computed_tokens = max(table.computed_tokens, num_tokens)
-        if not self.enable_prefix_caching:
-            return
-        bs = self.block_size
-        while len(table.digests) < table.computed_tokens // bs:
-            i = len(table.digests)
-            parent = table.digests[-1] if table.digests else _ROOT_DIGEST
-            digest = _chain_digest(parent, table.tokens[i * bs : (i + 1) * bs])
-            table.digests.append(digest)
-            block = table.blocks[i]
+        while table.registered < min(len(table.digests), table.computed_tokens // self.block_size):
+            i = table.registered
+            digest, block = table.digests[i], table.blocks[i]
+            self._drop_inflight(digest)
             if digest not in self._cached and block not in self._digest_of:
                 self._cached[digest] = block
                 self._digest_of[block] = digest
+            table.registered += 1
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """Give `child_id` the blocks of `parent_id` by reference (parallel sampling); writes copy later."""
@@ -265,13 +286,18 @@ class BlockManager:
             tokens=list(src.tokens),
             digests=list(src.digests),
             computed_tokens=src.computed_tokens,
+            registered=src.registered,
         )
+        for d in src.digests[src.registered :]:
+            self._inflight[d] += 1
 
     def free(self, seq_id: Hashable) -> None:
         """Release every block of `seq_id` (a no-op for a sequence holding none)."""
         table = self._tables.pop(seq_id, None)
         if table is None:
             return
+        for d in table.digests[table.registered :]:
+            self._drop_inflight(d)
         for b in reversed(table.blocks):
             self._unref(b)
 
@@ -285,5 +311,10 @@ class BlockManager:
         free = set(self._free) | set(self._evictable)
         assert len(free) == len(self._free) + len(self._evictable), "a block is on two free lists"
         assert free == {b for b in range(self.num_blocks) if counts[b] == 0}, "free list is wrong"
+        inflight: dict[bytes, int] = {}
+        for t in self._tables.values():
+            for d in t.digests[t.registered :]:
+                inflight[d] = inflight.get(d, 0) + 1
+        assert inflight == self._inflight, "in-flight digests disagree with the tables"
         for digest, b in self._cached.items():
             assert self._digest_of.get(b) == digest, "cache index and block digests disagree"
