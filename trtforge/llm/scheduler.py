@@ -150,13 +150,19 @@ class Scheduler:
         self, request_id: Hashable, prompt: Sequence[int], params: SamplingParams | None = None
     ) -> None:
         """Queue a request; raise UserError (and queue nothing) for a bad prompt or parameters."""
+        self.enqueue(self.make_sequence(request_id, prompt, params))
+
+    def make_sequence(
+        self, request_id: Hashable, prompt: Sequence[int], params: SamplingParams | None = None
+    ) -> Sequence_:
+        """Validate a request and build its state without queueing it (UserError names what is wrong)."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise UserError(
                 f"request {request_id!r}: sampling params must be a SamplingParams, got {params!r}"
             )
-        if request_id in self._requests:
-            raise UserError(f"request id {request_id!r} is already in use by an unfinished request")
+        if isinstance(prompt, (str, bytes)):
+            raise UserError(f"request {request_id!r}: the prompt must be a sequence of token ids, got text")
         try:
             tokens = [int(t) for t in prompt]
         except (TypeError, ValueError):
@@ -175,7 +181,7 @@ class Scheduler:
                 f"length is {self.max_model_len} (prompt + at least one generated token)"
             )
         eos = params.eos_token_id if params.eos_token_id is not None else self.executor.eos_token_id
-        seq = Sequence_(
+        return Sequence_(
             request_id=request_id,
             tokens=tokens,
             prompt_len=len(tokens),
@@ -184,7 +190,12 @@ class Scheduler:
             generator=params.make_generator(int(self._seed_source.integers(2**63))),
             arrival=next(self._arrivals),
         )
-        self._requests[request_id] = seq
+
+    def enqueue(self, seq: Sequence_) -> None:
+        """Queue a sequence from :meth:`make_sequence`."""
+        if seq.request_id in self._requests:
+            raise UserError(f"request id {seq.request_id!r} is already in use by an unfinished request")
+        self._requests[seq.request_id] = seq
         self._waiting.append(seq)
 
     def abort(self, request_id: Hashable) -> bool:
