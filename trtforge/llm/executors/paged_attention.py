@@ -9,7 +9,7 @@ with ``q``/``out`` ``[T, Hq, D]`` (new tokens, sequence after sequence) and pool
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -21,8 +21,8 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # int32 [B+1]
     context_lens: torch.Tensor  # int32 [B], K/V length after this step
     block_tables: torch.Tensor  # int32 [B, W]
-    token_seq: torch.Tensor  # int64 [T], sequence of each new token
-    token_offset: torch.Tensor  # int64 [T], index of each new token within its sequence's query
+    query_start_loc_host: Any  # the same on the host (numpy), to plan without a device sync
+    context_lens_host: Any
     max_query_len: int
     max_context_len: int
     block_size: int
@@ -44,6 +44,43 @@ class AttentionFn(Protocol):
     ) -> torch.Tensor: ...
 
 
+def _gather(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``[B, W]`` block ids -> ``[B, Hkv, W * block_size, D]`` keys or values."""
+    num_seqs, width = table.shape
+    _, bs, hkv, d = pool.shape
+    return pool[table].reshape(num_seqs, width * bs, hkv, d).transpose(1, 2)
+
+
+def _sdpa(q, k, v, mask, scale):
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
+
+
+def paged_decode_reference(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """One query per sequence (``q`` ``[B, Hq, D]``) over the first `context_lens` keys of its blocks.
+
+    Shapes depend only on ``block_tables.shape`` (no host sync), so it can be captured in a CUDA graph.
+    """
+    bs = k_pool.shape[1]
+    table = block_tables.long()
+    k, v = _gather(k_pool, table), _gather(v_pool, table)
+    kpos = torch.arange(table.shape[1] * bs, device=q.device)
+    ctx = context_lens.long()[:, None]
+    mask = kpos[None, :] < ctx
+    if sliding_window is not None:
+        mask &= kpos[None, :] >= ctx - sliding_window
+    return _sdpa(q[:, :, None], k, v, mask[:, None, None, :], scale)[:, :, 0]
+
+
 def paged_attention_reference(
     q: torch.Tensor,
     k_pool: torch.Tensor,
@@ -54,27 +91,40 @@ def paged_attention_reference(
 ) -> torch.Tensor:
     """Attend each new token to its sequence's cached keys at positions <= its own (bottom-right causal).
 
-    Queries are padded to ``[B, max_query_len]`` and keys gathered to ``[B, blocks * block_size]``
-    through the block table; positions past a sequence's length are masked, and with
-    `sliding_window` W a query at position p sees keys at positions > p - W.
+    Sequences with one new token go through :func:`paged_decode_reference` together; each longer one
+    (a prompt chunk) gathers its blocks and runs SDPA with its own causal mask, so no padded
+    ``[B, max_query, max_context]`` score tensor is ever formed. With `sliding_window` W a query at
+    position p sees keys at positions > p - W.
     """
-    num_seqs = meta.context_lens.shape[0]
-    _, bs, hkv, d = k_pool.shape
-    hq = q.shape[1]
-    nblk = -(-meta.max_context_len // bs)
-    table = meta.block_tables[:, :nblk].long()
-    k = k_pool[table].reshape(num_seqs, nblk * bs, hkv, d).transpose(1, 2)
-    v = v_pool[table].reshape(num_seqs, nblk * bs, hkv, d).transpose(1, 2)
-    qp = q.new_zeros(num_seqs, meta.max_query_len, hq, d)
-    qp[meta.token_seq, meta.token_offset] = q
-    ctx = meta.context_lens.long()
-    qlen = (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).long()
-    qpos = (ctx - qlen)[:, None] + torch.arange(meta.max_query_len, device=q.device)[None, :]
-    kpos = torch.arange(nblk * bs, device=q.device)
-    mask = (kpos[None, None, :] <= qpos[:, :, None]) & (kpos[None, None, :] < ctx[:, None, None])
-    if sliding_window is not None:
-        mask &= kpos[None, None, :] > qpos[:, :, None] - sliding_window
-    out = torch.nn.functional.scaled_dot_product_attention(
-        qp.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale, enable_gqa=hq != hkv
-    )
-    return out.transpose(1, 2)[meta.token_seq, meta.token_offset]
+    out = torch.empty_like(q)
+    qsl = meta.query_start_loc_host
+    qlens = qsl[1:] - qsl[:-1]
+    bs = k_pool.shape[1]
+    decode = [i for i, n in enumerate(qlens) if n == 1]
+    if decode:
+        rows = torch.as_tensor([int(qsl[i]) for i in decode], device=q.device)
+        sel = torch.as_tensor(decode, device=q.device)
+        width = -(-max(int(meta.context_lens_host[i]) for i in decode) // bs)
+        out[rows] = paged_decode_reference(
+            q[rows],
+            k_pool,
+            v_pool,
+            meta.block_tables[sel, :width],
+            meta.context_lens[sel],
+            scale,
+            sliding_window,
+        )
+    for i, n in enumerate(qlens):
+        if n == 1:
+            continue
+        lo, hi = int(qsl[i]), int(qsl[i + 1])
+        ctx = int(meta.context_lens_host[i])
+        table = meta.block_tables[i : i + 1, : -(-ctx // bs)].long()
+        k, v = _gather(k_pool, table)[:, :, :ctx], _gather(v_pool, table)[:, :, :ctx]
+        qpos = torch.arange(ctx - (hi - lo), ctx, device=q.device)[:, None]
+        kpos = torch.arange(ctx, device=q.device)[None, :]
+        mask = kpos <= qpos
+        if sliding_window is not None:
+            mask &= kpos > qpos - sliding_window
+        out[lo:hi] = _sdpa(q[lo:hi].transpose(0, 1)[None], k, v, mask[None, None], scale)[0].transpose(0, 1)
+    return out

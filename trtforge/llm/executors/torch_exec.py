@@ -118,18 +118,13 @@ class TorchExecutor:
     def _metadata(self, batch: StepBatch) -> AttentionMetadata:
         dev = self.device
         qsl = batch.query_start_loc
-        qlens = np.diff(qsl)
-        token_seq = np.repeat(np.arange(batch.num_seqs, dtype=np.int64), qlens)
-        token_offset = np.arange(batch.num_tokens, dtype=np.int64) - np.repeat(
-            qsl[:-1].astype(np.int64), qlens
-        )
         return AttentionMetadata(
             query_start_loc=torch.from_numpy(qsl).to(dev),
             context_lens=torch.from_numpy(batch.context_lens).to(dev),
             block_tables=torch.from_numpy(batch.block_tables).to(dev),
-            token_seq=torch.from_numpy(token_seq).to(dev),
-            token_offset=torch.from_numpy(token_offset).to(dev),
-            max_query_len=int(qlens.max()),
+            query_start_loc_host=qsl,
+            context_lens_host=batch.context_lens,
+            max_query_len=int(np.diff(qsl).max()),
             max_context_len=int(batch.context_lens.max()),
             block_size=self._block_size,
         )
