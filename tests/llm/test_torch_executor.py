@@ -117,3 +117,48 @@ def test_unsupported_models_and_bad_sizes_are_user_errors():
         TorchExecutor(gpt2, num_blocks=4)
     with pytest.raises(UserError, match="num_blocks must be a positive integer"):
         TorchExecutor(tiny_llama(), num_blocks=0)
+
+
+def test_static_shape_decode_gives_the_same_tokens_as_the_eager_path():
+    from tests.llm.serving_models import run_to_completion
+    from trtforge.llm.sampling import SamplingParams
+    from trtforge.llm.scheduler import Scheduler
+
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(0, 300, size=int(rng.integers(1, 40))).tolist() for _ in range(11)]
+    params = [SamplingParams(max_tokens=int(rng.integers(1, 12)), ignore_eos=True) for _ in prompts]
+    outs = []
+    for static in (False, True):
+        ex = TorchExecutor(
+            tiny_llama(), num_blocks=128, block_size=4, static_decode=static, max_decode_batch=8
+        )
+        sched = Scheduler(ex)
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            sched.add_request(i, p, sp)
+        outs.append({k: v.output_token_ids for k, v in run_to_completion(sched).items()})
+    assert outs[0] == outs[1]
+    assert ex.static_decode and not ex.use_cuda_graphs  # on the CPU the static path runs without graphs
+    assert ex._static, "no decode step took the static path"
+
+
+@pytest.mark.gpu
+def test_cuda_graph_decode_matches_eager_on_cuda():
+    from tests.llm.serving_models import run_to_completion
+    from trtforge.llm.sampling import SamplingParams
+    from trtforge.llm.scheduler import Scheduler
+
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(0, 300, size=int(rng.integers(1, 60))).tolist() for _ in range(20)]
+    params = [SamplingParams(max_tokens=int(rng.integers(1, 30)), ignore_eos=True) for _ in prompts]
+    outs, graphs = [], 0
+    for static in (False, True):
+        model = tiny_llama().to("cuda")
+        ex = TorchExecutor(model, num_blocks=256, block_size=16, static_decode=static)
+        sched = Scheduler(ex)
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            sched.add_request(i, p, sp)
+        outs.append({k: v.output_token_ids for k, v in run_to_completion(sched).items()})
+        graphs = ex.num_cuda_graphs
+        tiny_llama().to("cpu")
+    assert outs[0] == outs[1]
+    assert graphs > 0

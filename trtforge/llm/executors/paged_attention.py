@@ -32,6 +32,21 @@ class AttentionMetadata:
         return self.max_query_len == 1
 
 
+class DecodeAttentionFn(Protocol):
+    """One query per sequence: ``q`` ``[B, Hq, D]``, tables ``[B, W]``, lengths ``[B]`` -> ``[B, Hq, D]``."""
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor: ...
+
+
 class AttentionFn(Protocol):
     def __call__(
         self,
@@ -70,7 +85,8 @@ def paged_decode_reference(
 
     Shapes depend only on ``block_tables.shape`` (no host sync), so it can be captured in a CUDA graph.
     """
-    bs = k_pool.shape[1]
+    num_seqs, hq, d = q.shape
+    bs, hkv = k_pool.shape[1], k_pool.shape[2]
     table = block_tables.long()
     k, v = _gather(k_pool, table), _gather(v_pool, table)
     kpos = torch.arange(table.shape[1] * bs, device=q.device)
@@ -78,7 +94,9 @@ def paged_decode_reference(
     mask = kpos[None, :] < ctx
     if sliding_window is not None:
         mask &= kpos[None, :] >= ctx - sliding_window
-    return _sdpa(q[:, :, None], k, v, mask[:, None, None, :], scale)[:, :, 0]
+    # the query heads sharing a KV head become that head's query rows: GQA without repeating K/V
+    groups = q.reshape(num_seqs, hkv, hq // hkv, d)
+    return _sdpa(groups, k, v, mask[:, None, None, :], scale).reshape(num_seqs, hq, d)
 
 
 def paged_attention_reference(

@@ -4,6 +4,11 @@ It reuses the model's own modules (embedding, norms, projections, MLP, rotary ta
 replaces only attention and the cache: each layer writes the step's new K/V into its pool at the
 batch's slots, then attends through the block tables with a pluggable attention function
 (:func:`trtforge.llm.executors.paged_attention.paged_attention_reference` by default).
+
+Decode-only steps can run on *static* shapes: the batch is padded to a size bucket and the block
+tables to a width bucket (padding rows write to and read from a scratch block), so each (batch,
+width) bucket is one CUDA graph, captured on first use and replayed after; this removes the
+per-kernel launch cost that dominates small-batch decode.
 """
 
 from __future__ import annotations
@@ -15,9 +20,23 @@ import torch
 
 from trtforge.errors import UserError
 from trtforge.llm.executor import StepBatch
-from trtforge.llm.executors.paged_attention import AttentionFn, AttentionMetadata, paged_attention_reference
+from trtforge.llm.executors.paged_attention import (
+    AttentionFn,
+    AttentionMetadata,
+    DecodeAttentionFn,
+    paged_attention_reference,
+    paged_decode_reference,
+)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def _bucket(n: int, buckets: Any) -> int:
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} is above the largest bucket {buckets[-1]}")
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -43,6 +62,9 @@ class TorchExecutor:
         dtype: torch.dtype | None = None,
         max_model_len: int | None = None,
         attention: AttentionFn | None = None,
+        decode_attention: DecodeAttentionFn | None = None,
+        static_decode: bool | None = None,
+        max_decode_batch: int = 256,
     ) -> None:
         config = getattr(model, "config", None)
         model_type = getattr(config, "model_type", None)
@@ -71,9 +93,20 @@ class TorchExecutor:
         self._max_model_len = int(max_model_len or config.max_position_embeddings)
         self._eos = self._first_eos(config)
         self.attention: AttentionFn = attention or paged_attention_reference
-        shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        self.decode_attention: DecodeAttentionFn = decode_attention or paged_decode_reference
+        # one scratch block past the pool's end takes the writes and reads of static-shape padding rows
+        shape = (num_blocks + 1, block_size, self.num_kv_heads, self.head_dim)
         self.k_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self._layers]
         self.v_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self._layers]
+        self.static_decode = self.device.type == "cuda" if static_decode is None else bool(static_decode)
+        self.use_cuda_graphs = self.static_decode and self.device.type == "cuda"
+        self._batch_buckets = (*tuple(b for b in _BATCH_BUCKETS if b < max_decode_batch), max_decode_batch)
+        max_width = -(-self._max_model_len // block_size)
+        widths = [w for w in (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if w < max_width]
+        self._width_buckets = (*widths, max_width)
+        self._static: dict[str, torch.Tensor] = {}
+        self._graphs: dict[tuple[int, int], Any] = {}
+        self._graph_pool: Any = None
 
     @staticmethod
     def _sliding_window(config: Any, index: int, layer: Any) -> int | None:
@@ -112,8 +145,13 @@ class TorchExecutor:
         return self._eos
 
     def kv_bytes(self) -> int:
-        """Bytes the K and V pools of every layer take."""
+        """Bytes the K and V pools of every layer take (the scratch block included)."""
         return sum(p.numel() * p.element_size() for p in (*self.k_pools, *self.v_pools))
+
+    @property
+    def num_cuda_graphs(self) -> int:
+        """Decode graphs captured so far (one per batch-size and table-width bucket used)."""
+        return len(self._graphs)
 
     def _metadata(self, batch: StepBatch) -> AttentionMetadata:
         dev = self.device
@@ -129,19 +167,8 @@ class TorchExecutor:
             block_size=self._block_size,
         )
 
-    @torch.inference_mode()
-    def step(self, batch: StepBatch) -> torch.Tensor:
-        """Copy blocks, run every layer over the batch's new tokens, return float32 logits ``[N, vocab]``."""
-        dev = self.device
-        if len(batch.block_copies):
-            src = torch.from_numpy(batch.block_copies[:, 0]).to(dev)
-            dst = torch.from_numpy(batch.block_copies[:, 1]).to(dev)
-            for pool in (*self.k_pools, *self.v_pools):
-                pool[dst] = pool[src]
-        ids = torch.from_numpy(batch.input_ids).to(dev)
-        positions = torch.from_numpy(batch.positions).to(dev)
-        slots = torch.from_numpy(batch.slot_mapping).to(dev)
-        meta = self._metadata(batch)
+    def _forward(self, ids, positions, slots, attend, rows=None) -> torch.Tensor:
+        """Every layer over tokens `ids`; `attend(q, k_pool, v_pool, scale, window)`; logits of `rows`."""
         inner = self.model.model
         t = ids.shape[0]
         d, hkv = self.head_dim, self.num_kv_heads
@@ -160,8 +187,96 @@ class TorchExecutor:
             k = k * cos + _rotate_half(k) * sin
             kp.view(-1, hkv, d).index_copy_(0, slots, k)
             vp.view(-1, hkv, d).index_copy_(0, slots, v)
-            o = self.attention(q, kp, vp, meta, attn.scaling, window)
+            o = attend(q, kp, vp, attn.scaling, window)
             h = h + attn.o_proj(o.reshape(t, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        rows = torch.from_numpy(batch.logits_indices).to(dev)
-        return self.model.lm_head(inner.norm(h.index_select(0, rows))).float()
+        if rows is not None:
+            h = h.index_select(0, rows)
+        return self.model.lm_head(inner.norm(h)).float()
+
+    @torch.inference_mode()
+    def step(self, batch: StepBatch) -> torch.Tensor:
+        """Copy blocks, run every layer over the batch's new tokens, return float32 logits ``[N, vocab]``."""
+        dev = self.device
+        if len(batch.block_copies):
+            src = torch.from_numpy(batch.block_copies[:, 0]).to(dev)
+            dst = torch.from_numpy(batch.block_copies[:, 1]).to(dev)
+            for pool in (*self.k_pools, *self.v_pools):
+                pool[dst] = pool[src]
+        if (
+            self.static_decode
+            and batch.is_decode_only
+            and len(batch.logits_indices) == batch.num_seqs
+            and batch.num_seqs <= self._batch_buckets[-1]
+        ):
+            return self._static_decode(batch)
+        meta = self._metadata(batch)
+        return self._forward(
+            torch.from_numpy(batch.input_ids).to(dev),
+            torch.from_numpy(batch.positions).to(dev),
+            torch.from_numpy(batch.slot_mapping).to(dev),
+            lambda q, kp, vp, scale, window: self.attention(q, kp, vp, meta, scale, window),
+            torch.from_numpy(batch.logits_indices).to(dev),
+        )
+
+    def _static_buffers(self) -> dict[str, torch.Tensor]:
+        if not self._static:
+            n, w, dev = self._batch_buckets[-1], self._width_buckets[-1], self.device
+            self._static = {
+                "ids": torch.zeros(n, dtype=torch.long, device=dev),
+                "pos": torch.zeros(n, dtype=torch.long, device=dev),
+                "slots": torch.zeros(n, dtype=torch.long, device=dev),
+                "ctx": torch.ones(n, dtype=torch.int32, device=dev),
+                "tables": torch.full((n, w), self._num_blocks, dtype=torch.int32, device=dev),
+                "logits": torch.zeros(n, self.vocab_size, dtype=torch.float32, device=dev),
+            }
+        return self._static
+
+    def _static_body(self, nb: int, wb: int) -> None:
+        st = self._static
+        tables, ctx = st["tables"][:nb, :wb], st["ctx"][:nb]
+
+        def attend(q, kp, vp, scale, window):
+            return self.decode_attention(q, kp, vp, tables, ctx, scale, window)
+
+        st["logits"][:nb].copy_(self._forward(st["ids"][:nb], st["pos"][:nb], st["slots"][:nb], attend))
+
+    def _static_decode(self, batch: StepBatch) -> torch.Tensor:
+        """Decode on bucketed static shapes: padding rows use the scratch block; replays a CUDA graph."""
+        st = self._static_buffers()
+        b, width = batch.num_seqs, batch.block_tables.shape[1]
+        nb, wb = _bucket(b, self._batch_buckets), _bucket(width, self._width_buckets)
+        host = np.empty((4, nb), dtype=np.int64)
+        host[0, :b], host[1, :b], host[2, :b] = batch.input_ids, batch.positions, batch.slot_mapping
+        host[3, :b] = batch.context_lens
+        host[:, b:] = np.array([[0], [0], [self._num_blocks * self._block_size], [1]])
+        table = np.full((nb, wb), self._num_blocks, dtype=np.int32)
+        table[:b, :width] = batch.block_tables
+        dev_host = torch.from_numpy(host).to(self.device, non_blocking=False)
+        st["ids"][:nb].copy_(dev_host[0])
+        st["pos"][:nb].copy_(dev_host[1])
+        st["slots"][:nb].copy_(dev_host[2])
+        st["ctx"][:nb].copy_(dev_host[3])
+        st["tables"][:nb, :wb].copy_(torch.from_numpy(table).to(self.device))
+        if not self.use_cuda_graphs:
+            self._static_body(nb, wb)
+        else:
+            graph = self._graphs.get((nb, wb))
+            if graph is None:
+                graph = self._capture(nb, wb)
+            graph.replay()
+        return st["logits"][:b].clone()
+
+    def _capture(self, nb: int, wb: int) -> Any:
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._static_body(nb, wb)  # warm-up outside capture: lazy inits, autotuning
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            self._static_body(nb, wb)
+        self._graphs[(nb, wb)] = graph
+        return graph
