@@ -99,7 +99,10 @@ class TorchExecutor:
         self.k_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self._layers]
         self.v_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self._layers]
         self.static_decode = self.device.type == "cuda" if static_decode is None else bool(static_decode)
-        self.use_cuda_graphs = self.static_decode and self.device.type == "cuda"
+        rope_type = str(getattr(inner.rotary_emb, "rope_type", "default"))
+        # dynamic and long RoPE re-derive frequencies from max(position) on the host: not capturable
+        graphable = "dynamic" not in rope_type and "longrope" not in rope_type
+        self.use_cuda_graphs = self.static_decode and self.device.type == "cuda" and graphable
         self._batch_buckets = (*tuple(b for b in _BATCH_BUCKETS if b < max_decode_batch), max_decode_batch)
         max_width = -(-self._max_model_len // block_size)
         widths = [w for w in (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if w < max_width]
@@ -225,7 +228,7 @@ class TorchExecutor:
             self._static = {
                 "ids": torch.zeros(n, dtype=torch.long, device=dev),
                 "pos": torch.zeros(n, dtype=torch.long, device=dev),
-                "slots": torch.zeros(n, dtype=torch.long, device=dev),
+                "slots": torch.full((n,), self._num_blocks * self._block_size, dtype=torch.long, device=dev),
                 "ctx": torch.ones(n, dtype=torch.int32, device=dev),
                 "tables": torch.full((n, w), self._num_blocks, dtype=torch.int32, device=dev),
                 "logits": torch.zeros(n, self.vocab_size, dtype=torch.float32, device=dev),
@@ -266,6 +269,26 @@ class TorchExecutor:
                 graph = self._capture(nb, wb)
             graph.replay()
         return st["logits"][:b].clone()
+
+    @torch.inference_mode()
+    def capture_decode_graphs(self, max_batch: int | None = None) -> int:
+        """Capture every (batch, width) decode bucket now rather than on first use; return how many.
+
+        Only on CUDA with static decode on. The captured warm-up runs touch the scratch block only.
+        """
+        if not self.use_cuda_graphs:
+            return 0
+        st = self._static_buffers()
+        st["slots"].fill_(self._num_blocks * self._block_size)
+        st["ctx"].fill_(1)
+        st["tables"].fill_(self._num_blocks)
+        for nb in self._batch_buckets:
+            if max_batch is not None and nb > max_batch:
+                break
+            for wb in self._width_buckets:
+                if (nb, wb) not in self._graphs:
+                    self._capture(nb, wb)
+        return len(self._graphs)
 
     def _capture(self, nb: int, wb: int) -> Any:
         side = torch.cuda.Stream(self.device)
