@@ -94,6 +94,10 @@ class BlockManager:
         """The physical block ids of `seq_id`, in logical order (a copy)."""
         return list(self._table(seq_id).blocks)
 
+    def block_table_view(self, seq_id: Hashable) -> Sequence[int]:
+        """The block ids of `seq_id` without copying; valid until the next change to that sequence."""
+        return self._table(seq_id).blocks
+
     def num_tokens(self, seq_id: Hashable) -> int:
         return self._table(seq_id).num_tokens
 
@@ -222,6 +226,14 @@ class BlockManager:
         bs = self.block_size
         n_new = len(token_ids)
         have = len(table.blocks) * bs
+        if n_new == 1 and table.num_tokens < have and self._refcount[table.blocks[-1]] == 1:
+            # the decode fast path: one token into the sequence's own, not yet full last block
+            slot = table.blocks[-1] * bs + table.num_tokens % bs
+            table.num_tokens += 1
+            table.tokens.append(int(token_ids[0]))
+            if self.enable_prefix_caching and table.num_tokens == have:
+                self._add_digests(table)
+            return [slot], []
         need_blocks = self.blocks_for(table.num_tokens + n_new) - len(table.blocks)
         last = table.blocks[-1] if table.blocks else None
         cow = last is not None and table.num_tokens < have and n_new > 0 and self._refcount[last] > 1
@@ -243,13 +255,17 @@ class BlockManager:
         table.num_tokens += n_new
         table.tokens.extend(int(t) for t in token_ids)
         if self.enable_prefix_caching:
-            while len(table.digests) < table.num_tokens // bs:
-                i = len(table.digests)
-                parent = table.digests[-1] if table.digests else _ROOT_DIGEST
-                digest = _chain_digest(parent, table.tokens[i * bs : (i + 1) * bs])
-                table.digests.append(digest)
-                self._inflight[digest] = self._inflight.get(digest, 0) + 1
+            self._add_digests(table)
         return slots, copies
+
+    def _add_digests(self, table: _Table) -> None:
+        bs = self.block_size
+        while len(table.digests) < table.num_tokens // bs:
+            i = len(table.digests)
+            parent = table.digests[-1] if table.digests else _ROOT_DIGEST
+            digest = _chain_digest(parent, table.tokens[i * bs : (i + 1) * bs])
+            table.digests.append(digest)
+            self._inflight[digest] = self._inflight.get(digest, 0) + 1
 
     def _drop_inflight(self, digest: bytes) -> None:
         left = self._inflight[digest] - 1
@@ -264,6 +280,8 @@ class BlockManager:
         if num_tokens > table.num_tokens:
             raise ValueError(f"{num_tokens} computed tokens but sequence {seq_id!r} holds {table.num_tokens}")
         table.computed_tokens = max(table.computed_tokens, num_tokens)
+        if table.registered == len(table.digests):
+            return
         while table.registered < min(len(table.digests), table.computed_tokens // self.block_size):
             i = table.registered
             digest, block = table.digests[i], table.blocks[i]

@@ -10,6 +10,7 @@ paged step graph (ids, positions, lengths, block tables, slot mapping, pools).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -72,27 +73,27 @@ class StepBatch:
         block_copies: Sequence[tuple[int, int]] = (),
     ) -> StepBatch:
         """Flatten per-sequence lists (new tokens, first new position, blocks, slots) into a batch."""
-        lens = np.array([len(t) for t in tokens], dtype=np.int32)
+        lens = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
         qsl = np.zeros(len(tokens) + 1, dtype=np.int32)
         np.cumsum(lens, out=qsl[1:])
         total = int(qsl[-1])
-        ids = np.fromiter((t for seq in tokens for t in seq), dtype=np.int64, count=total)
-        pos = np.concatenate(
-            [np.arange(s, s + n, dtype=np.int64) for s, n in zip(start_positions, lens)]
-            or [np.zeros(0, np.int64)]
+        ids = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64, count=total)
+        starts = np.asarray(start_positions, dtype=np.int64).reshape(-1)
+        pos = np.arange(total, dtype=np.int64) + np.repeat(starts - qsl[:-1], lens)
+        widths = np.fromiter((len(b) for b in block_tables), dtype=np.int64, count=len(block_tables))
+        table = np.zeros((len(tokens), max(int(widths.max(initial=0)), 1)), dtype=np.int32)
+        table[np.arange(table.shape[1])[None, :] < widths[:, None]] = np.fromiter(
+            itertools.chain.from_iterable(block_tables), dtype=np.int32, count=int(widths.sum())
         )
-        width = max((len(b) for b in block_tables), default=0)
-        table = np.zeros((len(tokens), max(width, 1)), dtype=np.int32)
-        for i, b in enumerate(block_tables):
-            table[i, : len(b)] = b
-        slot = np.fromiter((s for seq in slots for s in seq), dtype=np.int64, count=total)
-        logits_idx = np.array([qsl[i + 1] - 1 for i, w in enumerate(want_logits) if w], dtype=np.int64)
+        slot = np.fromiter(itertools.chain.from_iterable(slots), dtype=np.int64, count=total)
+        want = np.fromiter(want_logits, dtype=bool, count=len(tokens))
+        logits_idx = (qsl[1:][want] - 1).astype(np.int64)
         copies = np.array(list(block_copies), dtype=np.int64).reshape(-1, 2)
         return cls(
             input_ids=ids,
             positions=pos,
             query_start_loc=qsl,
-            context_lens=(np.asarray(start_positions, dtype=np.int32) + lens).astype(np.int32),
+            context_lens=(starts + lens).astype(np.int32),
             block_tables=table,
             slot_mapping=slot,
             logits_indices=logits_idx,

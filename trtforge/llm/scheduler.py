@@ -67,7 +67,7 @@ class RequestOutput:
 
     request_id: Hashable
     new_token_ids: tuple[int, ...]
-    output_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]  # every generated token, filled once the request has finished
     finished: bool
     finish_reason: str | None = None
     error: BaseException | None = None
@@ -254,15 +254,15 @@ class Scheduler:
             )
             if error is not exc:
                 error.__cause__ = exc
-            for seq, _ in scheduled:
+            for seq, _, _ in scheduled:
                 self._running.remove(seq)
                 self._finish(seq, "error", error)
                 outputs.append(self._output(seq, (), finished=True))
             return outputs
-        samplers = [seq for seq, n in scheduled if seq.num_computed + n == len(seq.tokens)]
+        samplers = [seq for seq, n, _ in scheduled if seq.num_computed + n == len(seq.tokens)]
         new_tokens = sample(logits, [s.params for s in samplers], [s.generator for s in samplers])
         picked = dict(zip((s.request_id for s in samplers), new_tokens.tolist()))
-        for seq, n in scheduled:
+        for seq, n, _ in scheduled:
             seq.num_computed += n
             self.block_manager.mark_computed(seq.request_id, seq.num_computed)
             token = picked.get(seq.request_id)
@@ -277,11 +277,11 @@ class Scheduler:
             outputs.append(self._output(seq, (token,), finished=reason is not None))
         return outputs
 
-    def _schedule(self) -> tuple[list[tuple[Sequence_, int]], list[tuple[int, int]]]:
+    def _schedule(self) -> tuple[list[tuple[Sequence_, int, list[int]]], list[tuple[int, int]]]:
         bm = self.block_manager
         budget = self.config.max_num_batched_tokens
         chunk = self.config.max_prefill_chunk
-        scheduled: list[tuple[Sequence_, int]] = []
+        scheduled: list[tuple[Sequence_, int, list[int]]] = []
         copies: list[tuple[int, int]] = []
         preempted = False
         i = 0
@@ -290,7 +290,7 @@ class Scheduler:
             n = min(len(seq.tokens) - seq.num_computed, chunk, budget)
             while True:
                 try:
-                    _, cp = bm.append_slots(
+                    slots, cp = bm.append_slots(
                         seq.request_id, seq.tokens[seq.num_computed : seq.num_computed + n]
                     )
                     break
@@ -303,7 +303,7 @@ class Scheduler:
             if seq.status is not RequestStatus.RUNNING:
                 break  # seq itself was the newest: everything after it is preempted too
             copies.extend(cp)
-            scheduled.append((seq, n))
+            scheduled.append((seq, n, slots))
             self._count_tokens(seq, n)
             budget -= n
             i += 1
@@ -320,11 +320,11 @@ class Scheduler:
             self.stats.prefix_hit_tokens += cached
             seq.num_computed = cached
             n = min(len(seq.tokens) - cached, chunk, budget)
-            _, cp = bm.append_slots(seq.request_id, seq.tokens[cached : cached + n])
+            slots, cp = bm.append_slots(seq.request_id, seq.tokens[cached : cached + n])
             copies.extend(cp)
             seq.status = RequestStatus.RUNNING
             bisect.insort(self._running, seq, key=lambda s: s.arrival)
-            scheduled.append((seq, n))
+            scheduled.append((seq, n, slots))
             self._count_tokens(seq, n)
             budget -= n
         scheduled.sort(key=lambda item: item[0].arrival)
@@ -346,24 +346,16 @@ class Scheduler:
         self._waiting.appendleft(seq)
 
     def _build_batch(
-        self, scheduled: list[tuple[Sequence_, int]], copies: list[tuple[int, int]]
+        self, scheduled: list[tuple[Sequence_, int, list[int]]], copies: list[tuple[int, int]]
     ) -> StepBatch:
-        bm = self.block_manager
-        bs = bm.block_size
-        tables, slots = [], []
-        for seq, n in scheduled:
-            table = bm.block_table(seq.request_id)
-            tables.append(table)
-            slots.append(
-                [table[p // bs] * bs + p % bs for p in range(seq.num_computed, seq.num_computed + n)]
-            )
+        view = self.block_manager.block_table_view
         return StepBatch.build(
-            seq_ids=[s.request_id for s, _ in scheduled],
-            tokens=[s.tokens[s.num_computed : s.num_computed + n] for s, n in scheduled],
-            start_positions=[s.num_computed for s, _ in scheduled],
-            block_tables=tables,
-            slots=slots,
-            want_logits=[s.num_computed + n == len(s.tokens) for s, n in scheduled],
+            seq_ids=[s.request_id for s, _, _ in scheduled],
+            tokens=[s.tokens[s.num_computed : s.num_computed + n] for s, n, _ in scheduled],
+            start_positions=[s.num_computed for s, _, _ in scheduled],
+            block_tables=[view(s.request_id) for s, _, _ in scheduled],
+            slots=[slots for _, _, slots in scheduled],
+            want_logits=[s.num_computed + n == len(s.tokens) for s, n, _ in scheduled],
             block_copies=copies,
         )
 
@@ -391,7 +383,7 @@ class Scheduler:
         return RequestOutput(
             request_id=seq.request_id,
             new_token_ids=new,
-            output_token_ids=tuple(seq.output),
+            output_token_ids=tuple(seq.output) if finished else (),
             finished=finished,
             finish_reason=seq.finish_reason if finished else None,
             error=seq.error,
