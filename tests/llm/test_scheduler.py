@@ -15,8 +15,8 @@ def _workload(n: int, seed: int, max_arrival: int = 40):
     rng = np.random.default_rng(seed)
     reqs = []
     for i in range(n):
-        prompt = rng.integers(0, VOCAB, size=int(rng.integers(1, 90))).tolist()
-        params = SamplingParams(max_tokens=int(rng.integers(1, 17)))
+        prompt = rng.integers(0, VOCAB, size=int(rng.integers(1, 72))).tolist()
+        params = SamplingParams(max_tokens=int(rng.integers(1, 13)))
         reqs.append((int(rng.integers(0, max_arrival)), f"r{i}", prompt, params))
     return reqs
 
