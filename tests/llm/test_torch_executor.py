@@ -83,6 +83,10 @@ def _tiny(model_type: str):
         cfg, cls = transformers.MistralConfig(sliding_window=6, **common), transformers.MistralForCausalLM
     elif model_type == "qwen2":
         cfg, cls = transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
+    elif model_type == "gpt2":
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=120, n_positions=256)
+        cfg.initializer_range = 0.2
+        cls = transformers.GPT2LMHeadModel
     elif model_type == "qwen3":
         cfg, cls = transformers.Qwen3Config(head_dim=8, **common), transformers.Qwen3ForCausalLM
     else:
@@ -90,7 +94,7 @@ def _tiny(model_type: str):
     return cls(cfg).to(torch.float64).eval()
 
 
-@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3", "gpt2"])
 def test_chunked_paged_steps_reproduce_transformers_logits(model_type):
     model = _tiny(model_type)
     ex = TorchExecutor(model, num_blocks=16, block_size=4)
@@ -110,11 +114,13 @@ def test_chunked_paged_steps_reproduce_transformers_logits(model_type):
 def test_unsupported_models_and_bad_sizes_are_user_errors():
     import transformers
 
-    gpt2 = transformers.GPT2LMHeadModel(
-        transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)
+    opt = transformers.OPTForCausalLM(
+        transformers.OPTConfig(
+            num_hidden_layers=1, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=50
+        )
     )
-    with pytest.raises(UserError, match="Llama-style"):
-        TorchExecutor(gpt2, num_blocks=4)
+    with pytest.raises(UserError, match="model_type 'opt'"):
+        TorchExecutor(opt, num_blocks=4)
     with pytest.raises(UserError, match="num_blocks must be a positive integer"):
         TorchExecutor(tiny_llama(), num_blocks=0)
 

@@ -28,7 +28,7 @@ from trtforge.llm.executors.paged_attention import (
     paged_decode_reference,
 )
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
@@ -44,12 +44,99 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+class _LlamaLike:
+    """Llama, Mistral, Qwen2, Qwen3: RMSNorm, rotary positions, GQA projections, gated MLP."""
+
+    def __init__(self, model: Any) -> None:
+        config, inner = model.config, model.model
+        self.model, self.inner = model, inner
+        self.layers = list(inner.layers)
+        self.head_dim = int(self.layers[0].self_attn.head_dim)
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(config.num_key_value_heads)
+        self.max_positions = int(config.max_position_embeddings)
+        self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
+        self.windows = [self._window(config, layer) for layer in self.layers]
+        rope_type = str(getattr(inner.rotary_emb, "rope_type", "default"))
+        # dynamic and long RoPE re-derive frequencies from max(position) on the host: not capturable
+        self.graphable = "dynamic" not in rope_type and "longrope" not in rope_type
+
+    @staticmethod
+    def _window(config: Any, layer: Any) -> int | None:
+        if hasattr(layer.self_attn, "sliding_window"):
+            return layer.self_attn.sliding_window
+        if config.model_type == "mistral":
+            return getattr(config, "sliding_window", None)
+        return None
+
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        h = self.inner.embed_tokens(ids)
+        cos, sin = self.inner.rotary_emb(h[None], positions[None])
+        return h, (cos[0, :, None, :], sin[0, :, None, :])
+
+    def qkv(self, i: int, h: torch.Tensor, rope: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attn, t, d = self.layers[i].self_attn, h.shape[0], self.head_dim
+        x = self.layers[i].input_layernorm(h)
+        q = attn.q_proj(x).view(t, -1, d)
+        k = attn.k_proj(x).view(t, self.num_kv_heads, d)
+        v = attn.v_proj(x).view(t, self.num_kv_heads, d)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = rope
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def finish(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        layer = self.layers[i]
+        h = h + layer.self_attn.o_proj(o.reshape(h.shape[0], -1))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(self.inner.norm(h))
+
+
+class _Gpt2:
+    """GPT-2: learned positions, LayerNorm, fused QKV projection (Conv1D), multi-head attention."""
+
+    def __init__(self, model: Any) -> None:
+        config, inner = model.config, model.transformer
+        self.model, self.inner = model, inner
+        self.layers = list(inner.h)
+        self.num_heads = self.num_kv_heads = int(config.n_head)
+        self.head_dim = int(config.n_embd) // self.num_heads
+        self.max_positions = int(config.n_positions)
+        self.scales = []
+        for i in range(len(self.layers)):
+            scale = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
+            self.scales.append(scale / (i + 1) if config.scale_attn_by_inverse_layer_idx else scale)
+        self.windows: list[int | None] = [None] * len(self.layers)
+        self.graphable = True
+
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return self.inner.wte(ids) + self.inner.wpe(positions), None
+
+    def qkv(self, i: int, h: torch.Tensor, _: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        block, t = self.layers[i], h.shape[0]
+        q, k, v = block.attn.c_attn(block.ln_1(h)).view(t, 3, self.num_heads, self.head_dim).unbind(1)
+        return q, k, v
+
+    def finish(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        block = self.layers[i]
+        h = h + block.attn.c_proj(o.reshape(h.shape[0], -1))
+        return h + block.mlp(block.ln_2(h))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(self.inner.ln_f(h))
+
+
+_ARCHS = {"llama": _LlamaLike, "mistral": _LlamaLike, "qwen2": _LlamaLike, "qwen3": _LlamaLike, "gpt2": _Gpt2}
+
+
 class TorchExecutor:
     """Runs :class:`StepBatch` batches through `model` with ``num_blocks`` blocks of ``block_size`` tokens.
 
-    `model` is a transformers ``LlamaForCausalLM``-style model (Llama, Mistral, Qwen2, Qwen3: GQA,
-    RoPE, RMSNorm, gated MLP). With `device`/`dtype` given it is moved there (in place). The pools take
-    ``2 * layers * num_blocks * block_size * Hkv * D`` elements of `dtype`.
+    `model` is a transformers causal LM of a supported family: Llama-style (Llama, Mistral, Qwen2,
+    Qwen3: GQA, RoPE, RMSNorm, gated MLP) or GPT-2. With `device`/`dtype` given it is moved there (in
+    place). The pools take ``2 * layers * (num_blocks + 1) * block_size * Hkv * D`` elements of `dtype`.
     """
 
     def __init__(
@@ -70,7 +157,7 @@ class TorchExecutor:
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UserError(
-                f"TorchExecutor runs Llama-style causal LMs ({', '.join(SUPPORTED_MODEL_TYPES)}); "
+                f"TorchExecutor runs causal LMs of the families {', '.join(SUPPORTED_MODEL_TYPES)}; "
                 f"got {type(model).__name__} with model_type {model_type!r}"
             )
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
@@ -83,26 +170,19 @@ class TorchExecutor:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self._num_blocks, self._block_size = num_blocks, block_size
-        inner = model.model
-        self._layers = list(inner.layers)
-        attn0 = self._layers[0].self_attn
-        self.head_dim = int(attn0.head_dim)
-        self.num_kv_heads = int(config.num_key_value_heads)
-        self.num_heads = int(config.num_attention_heads)
-        self._windows = [self._sliding_window(config, i, layer) for i, layer in enumerate(self._layers)]
-        self._max_model_len = int(max_model_len or config.max_position_embeddings)
+        arch = _ARCHS[model_type](model)
+        self._arch = arch
+        self.head_dim, self.num_heads, self.num_kv_heads = arch.head_dim, arch.num_heads, arch.num_kv_heads
+        self._max_model_len = int(max_model_len or arch.max_positions)
         self._eos = self._first_eos(config)
         self.attention: AttentionFn = attention or paged_attention_reference
         self.decode_attention: DecodeAttentionFn = decode_attention or paged_decode_reference
         # one scratch block past the pool's end takes the writes and reads of static-shape padding rows
         shape = (num_blocks + 1, block_size, self.num_kv_heads, self.head_dim)
-        self.k_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self._layers]
-        self.v_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self._layers]
+        self.k_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in arch.layers]
+        self.v_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in arch.layers]
         self.static_decode = self.device.type == "cuda" if static_decode is None else bool(static_decode)
-        rope_type = str(getattr(inner.rotary_emb, "rope_type", "default"))
-        # dynamic and long RoPE re-derive frequencies from max(position) on the host: not capturable
-        graphable = "dynamic" not in rope_type and "longrope" not in rope_type
-        self.use_cuda_graphs = self.static_decode and self.device.type == "cuda" and graphable
+        self.use_cuda_graphs = self.static_decode and self.device.type == "cuda" and arch.graphable
         self._batch_buckets = (*tuple(b for b in _BATCH_BUCKETS if b < max_decode_batch), max_decode_batch)
         max_width = -(-self._max_model_len // block_size)
         widths = [w for w in (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if w < max_width]
@@ -110,14 +190,6 @@ class TorchExecutor:
         self._static: dict[str, torch.Tensor] = {}
         self._graphs: dict[tuple[int, int], Any] = {}
         self._graph_pool: Any = None
-
-    @staticmethod
-    def _sliding_window(config: Any, index: int, layer: Any) -> int | None:
-        if hasattr(layer.self_attn, "sliding_window"):
-            return layer.self_attn.sliding_window
-        if config.model_type == "mistral":
-            return getattr(config, "sliding_window", None)
-        return None
 
     @staticmethod
     def _first_eos(config: Any) -> int | None:
@@ -172,30 +244,17 @@ class TorchExecutor:
 
     def _forward(self, ids, positions, slots, attend, rows=None) -> torch.Tensor:
         """Every layer over tokens `ids`; `attend(q, k_pool, v_pool, scale, window)`; logits of `rows`."""
-        inner = self.model.model
-        t = ids.shape[0]
-        d, hkv = self.head_dim, self.num_kv_heads
-        h = inner.embed_tokens(ids)
-        cos, sin = inner.rotary_emb(h[None], positions[None])
-        cos, sin = cos[0, :, None, :], sin[0, :, None, :]
-        for layer, kp, vp, window in zip(self._layers, self.k_pools, self.v_pools, self._windows):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(t, -1, d)
-            k = attn.k_proj(x).view(t, hkv, d)
-            v = attn.v_proj(x).view(t, hkv, d)
-            if hasattr(attn, "q_norm"):
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+        arch = self._arch
+        hkv, d = self.num_kv_heads, self.head_dim
+        h, extra = arch.embed(ids, positions)
+        for i, (kp, vp) in enumerate(zip(self.k_pools, self.v_pools)):
+            q, k, v = arch.qkv(i, h, extra)
             kp.view(-1, hkv, d).index_copy_(0, slots, k)
             vp.view(-1, hkv, d).index_copy_(0, slots, v)
-            o = attend(q, kp, vp, attn.scaling, window)
-            h = h + attn.o_proj(o.reshape(t, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = arch.finish(i, h, attend(q, kp, vp, arch.scales[i], arch.windows[i]))
         if rows is not None:
             h = h.index_select(0, rows)
-        return self.model.lm_head(inner.norm(h)).float()
+        return arch.logits(h).float()
 
     @torch.inference_mode()
     def step(self, batch: StepBatch) -> torch.Tensor:
