@@ -226,3 +226,72 @@ def test_seeded_sampling_does_not_depend_on_batch_mates():
     for i in range(5):
         sched.add_request(i, [i + 1] * (i + 2), SamplingParams(max_tokens=8, temperature=0.7, seed=i))
     assert run_to_completion(sched)["s"].output_token_ids == alone
+
+
+class _TokenPoolExecutor:
+    """A model-free executor whose pool stores token ids: each next token is a hash of what the block
+    table reads back, so any wrong slot, block table, copy or position changes the output."""
+
+    vocab_size, max_model_len, eos_token_id = 50, 100, None
+
+    def __init__(self, num_blocks, block_size):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.pool = np.full(num_blocks * block_size, -1, dtype=np.int64)
+
+    def step(self, batch):
+        bs = self.block_size
+        for src, dst in batch.block_copies:
+            self.pool[dst * bs : (dst + 1) * bs] = self.pool[src * bs : (src + 1) * bs]
+        assert len(set(batch.slot_mapping.tolist())) == batch.num_tokens, "two tokens share a slot"
+        self.pool[batch.slot_mapping] = batch.input_ids
+        logits = np.zeros((len(batch.logits_indices), self.vocab_size), dtype=np.float32)
+        rows = {int(r): i for i, r in enumerate(batch.logits_indices)}
+        for b in range(batch.num_seqs):
+            lo, hi = batch.query_start_loc[b], batch.query_start_loc[b + 1]
+            ctx = int(batch.context_lens[b])
+            assert (batch.positions[lo:hi] == np.arange(ctx - (hi - lo), ctx)).all()
+            if hi - 1 in rows:
+                table = batch.block_tables[b]
+                history = self.pool[[table[p // bs] * bs + p % bs for p in range(ctx)]]
+                assert (history >= 0).all(), "read a slot nobody wrote"
+                h = int.from_bytes(history.tobytes()[-64:], "little") * 2654435761 + ctx
+                logits[rows[hi - 1], h % self.vocab_size] = 1.0
+        return logits
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_paging_stress_with_shared_prefixes_tiny_pool_preemption_and_aborts(seed):
+    rng = np.random.default_rng(seed)
+    templates = [rng.integers(0, 50, size=int(rng.integers(4, 40))).tolist() for _ in range(4)]
+    reqs = []
+    for i in range(120):
+        prefix = templates[int(rng.integers(0, 4))][: int(rng.integers(0, 40))]
+        prompt = prefix + rng.integers(0, 50, size=int(rng.integers(1, 12))).tolist()
+        reqs.append(
+            (int(rng.integers(0, 60)), f"q{i}", prompt, SamplingParams(max_tokens=int(rng.integers(1, 30))))
+        )
+    solo = {}
+    for _, rid, prompt, params in reqs:
+        sched = Scheduler(_TokenPoolExecutor(32, 4), SchedulerConfig(enable_prefix_caching=False))
+        sched.add_request(rid, prompt, params)
+        solo[rid] = run_to_completion(sched)[rid].output_token_ids
+    executor = _TokenPoolExecutor(num_blocks=30, block_size=4)
+    config = SchedulerConfig(max_num_seqs=12, max_num_batched_tokens=48, max_prefill_chunk=8, watermark=0.05)
+    abort_at = {rid: int(rng.integers(0, 80)) for _, rid, _, _ in reqs if rng.random() < 0.1}
+    aborted = set(abort_at)
+
+    def hook(sched, batch):
+        _waste_hook(sched, batch)
+        for rid in list(abort_at):
+            if abort_at[rid] <= sched.stats.steps and sched.abort(rid):
+                del abort_at[rid]
+                sched.block_manager.check_invariants()
+
+    sched, done = _serve(executor, reqs, config, hook)
+    assert sched.stats.preemptions > 0 and sched.stats.prefix_hit_tokens > 0
+    for rid, out in done.items():
+        if out.finish_reason == "abort":
+            assert rid in aborted and solo[rid][: len(out.output_token_ids)] == out.output_token_ids
+        else:
+            assert out.output_token_ids == solo[rid], rid
+    assert sched.memory_stats().free_blocks == 30

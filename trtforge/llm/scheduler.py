@@ -119,7 +119,8 @@ StepHook = Callable[["Scheduler", StepBatch], None]
 class Scheduler:
     """Owns the requests and the block manager; each :meth:`step` runs one batch through `executor`.
 
-    Not thread-safe: :class:`trtforge.llm.engine.LLMEngine` serialises calls with a lock.
+    Not thread-safe: :class:`trtforge.llm.engine.LLMEngine` serialises calls with a lock. A request
+    aborted while a step runs (from the step hook or the executor) is dropped from that step's results.
     `step_hook(scheduler, batch)` runs after a batch is formed and before the executor runs it.
     """
 
@@ -255,17 +256,23 @@ class Scheduler:
             if error is not exc:
                 error.__cause__ = exc
             for seq, _, _ in scheduled:
+                if seq.status is RequestStatus.FINISHED:
+                    continue  # aborted while the step ran
                 self._running.remove(seq)
                 self._finish(seq, "error", error)
                 outputs.append(self._output(seq, (), finished=True))
             return outputs
         samplers = [seq for seq, n, _ in scheduled if seq.num_computed + n == len(seq.tokens)]
-        new_tokens = sample(logits, [s.params for s in samplers], [s.generator for s in samplers])
-        picked = dict(zip((s.request_id for s in samplers), new_tokens.tolist()))
+        new_tokens = iter(
+            sample(logits, [s.params for s in samplers], [s.generator for s in samplers]).tolist()
+        )
         for seq, n, _ in scheduled:
+            wants = seq.num_computed + n == len(seq.tokens)
+            token = next(new_tokens) if wants else None
+            if seq.status is RequestStatus.FINISHED:
+                continue  # aborted while the step ran: its blocks are already free
             seq.num_computed += n
             self.block_manager.mark_computed(seq.request_id, seq.num_computed)
-            token = picked.get(seq.request_id)
             if token is None:
                 continue
             seq.tokens.append(token)
