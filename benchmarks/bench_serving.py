@@ -15,8 +15,10 @@ arrived and the previous batch is done, and its token times are the measured ste
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
+import os
 import threading
 import time
 
@@ -204,8 +206,9 @@ def run_hf(model, reqs, batch_size: int, device: str) -> dict:
     }
 
 
-def single_stream(model, executor_kwargs, prompt, olen, graphs: bool) -> dict:
-    ex = TorchExecutor(model, static_decode=graphs, **executor_kwargs)
+def single_stream(model, prompt, olen, graphs: bool) -> dict:
+    ex = TorchExecutor(model, num_blocks=256, block_size=16, static_decode=graphs, max_decode_batch=1)
+    ex.capture_decode_graphs()
     with LLMEngine(ex) as engine:
         engine.generate([prompt[:16]], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up + graphs
         stamps = []
@@ -246,11 +249,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--prompt", type=int, nargs=2, default=(128, 1024))
     ap.add_argument("--output", type=int, nargs=2, default=(64, 512))
-    ap.add_argument("--rate", type=float, default=16.0, help="Poisson arrivals per second (0: all at once)")
+    ap.add_argument("--rate", type=float, default=64.0, help="Poisson arrivals per second (0: all at once)")
     ap.add_argument("--kv-gb", type=float, default=16.0, help="KV pool size")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--hf-batch", type=int, default=64)
+    ap.add_argument("--hf-batches", type=int, default=4, help="how many HF batches to run (each --hf-batch)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--tiny", action="store_true", help="small model on the CPU (checks the script)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
@@ -299,22 +303,33 @@ def main() -> None:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=4096, max_prefill_chunk=1024
     )
     run_engine(ex, reqs[: min(8, len(reqs))], config)  # warm-up: allocator, kernels
+    save = functools.partial(_save, results, args.out)
     results["engine"] = run_engine(ex, reqs, config)
-    print("engine", json.dumps(results["engine"], indent=1), flush=True)
+    save("engine")
     del ex
-    if not args.skip_hf:
-        results["hf_static_batches"] = run_hf(model, reqs, args.hf_batch, device)
-        print("hf", json.dumps(results["hf_static_batches"], indent=1), flush=True)
     prompt, olen = reqs[0][1][:512], 256
     results["single_stream"] = {
-        "engine_graphs": single_stream(model, ex_kwargs, prompt, olen, graphs=device == "cuda"),
-        "engine_eager": single_stream(model, ex_kwargs, prompt, olen, graphs=False),
+        "prompt_tokens": len(prompt),
+        "output_tokens": olen,
+        "engine_graphs": single_stream(model, prompt, olen, graphs=device == "cuda"),
+        "engine_eager": single_stream(model, prompt, olen, graphs=False),
         "hf_generate": hf_single_stream(model, prompt, olen, device),
     }
-    print("single", json.dumps(results["single_stream"], indent=1), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
+    save("single_stream")
+    if not args.skip_hf:
+        results["hf_static_batches"] = run_hf(
+            model, reqs[: args.hf_batch * args.hf_batches], args.hf_batch, device
+        )
+        save("hf_static_batches")
+
+
+def _save(results: dict, path: str | None, key: str) -> None:
+    """Print the newest section and rewrite the whole file, so a cut-off run keeps what it measured."""
+    print(key, json.dumps(results[key], indent=1), flush=True)
+    if path:
+        with open(path + ".tmp", "w") as f:
             json.dump(results, f, indent=1)
+        os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

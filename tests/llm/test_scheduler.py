@@ -259,7 +259,7 @@ class _TokenPoolExecutor:
         return logits
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_paging_stress_with_shared_prefixes_tiny_pool_preemption_and_aborts(seed):
     rng = np.random.default_rng(seed)
     templates = [rng.integers(0, 50, size=int(rng.integers(4, 40))).tolist() for _ in range(4)]
