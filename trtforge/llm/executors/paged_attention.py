@@ -72,6 +72,20 @@ def _sdpa(q, k, v, mask, scale):
     )
 
 
+def _grouped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):
+    """``q`` ``[S, Hq, D]`` against ``k``/``v`` ``[1, Hkv, L, D]`` with ``mask`` ``[S, L]`` -> ``[S, Hq, D]``.
+
+    The G query heads of a KV head are stacked as G*S query rows of that head, so GQA runs as plain
+    multi-head attention (backends without a GQA kernel then need no repeated K/V).
+    """
+    s_q, hq, d = q.shape
+    hkv = k.shape[1]
+    groups = hq // hkv
+    qg = q.permute(1, 0, 2).reshape(1, hkv, groups * s_q, d)
+    out = _sdpa(qg, k, v, mask.repeat(groups, 1)[None, None], scale)
+    return out.reshape(hq, s_q, d).transpose(0, 1)
+
+
 def paged_decode_reference(
     q: torch.Tensor,
     k_pool: torch.Tensor,
@@ -144,5 +158,5 @@ def paged_attention_reference(
         mask = kpos <= qpos
         if sliding_window is not None:
             mask &= kpos > qpos - sliding_window
-        out[lo:hi] = _sdpa(q[lo:hi].transpose(0, 1)[None], k, v, mask[None, None], scale)[0].transpose(0, 1)
+        out[lo:hi] = _grouped_sdpa(q[lo:hi], k, v, mask, scale)
     return out
