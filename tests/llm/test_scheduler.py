@@ -119,6 +119,10 @@ def test_a_shared_prefix_is_held_once():
         ([1] * 600, "maximum sequence length is 512"),
         ([1, VOCAB], f"token id {VOCAB} is outside the vocabulary"),
         ("hello", "token id"),
+        ([1.5, 2], "integer token ids"),
+        ([[1, 2]], "integer token ids"),
+        (None, "integer token ids"),
+        (np.zeros((2, 2), dtype=np.int64), "integer token ids"),
     ],
 )
 def test_bad_prompts_are_user_errors_and_queue_nothing(prompt, message):

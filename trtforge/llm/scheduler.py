@@ -165,9 +165,17 @@ class Scheduler:
         if isinstance(prompt, (str, bytes)):
             raise UserError(f"request {request_id!r}: the prompt must be a sequence of token ids, got text")
         try:
-            tokens = [int(t) for t in prompt]
-        except (TypeError, ValueError):
-            raise UserError(f"request {request_id!r}: the prompt must be a sequence of token ids") from None
+            tokens = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)
+        except TypeError:
+            tokens = None
+        if tokens is None or not all(
+            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in tokens
+        ):
+            raise UserError(
+                f"request {request_id!r}: the prompt must be a flat sequence of integer token ids, "
+                f"got {type(prompt).__name__}"
+            )
+        tokens = [int(t) for t in tokens]
         if not tokens:
             raise UserError(f"request {request_id!r}: the prompt is empty; give at least one token id")
         vocab = self.executor.vocab_size
