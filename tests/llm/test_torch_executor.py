@@ -168,3 +168,23 @@ def test_cuda_graph_decode_matches_eager_on_cuda():
         tiny_llama().to("cpu")
     assert outs[0] == outs[1]
     assert graphs > 0
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-4), (torch.float16, 3e-2)])
+def test_float32_and_float16_pools_track_the_float64_logits(dtype, tol):
+    import copy
+
+    model = copy.deepcopy(tiny_llama())
+    ids = torch.randint(0, 300, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = model(ids).logits[0, [7, 11]].float()
+    ex = TorchExecutor(model, num_blocks=8, block_size=4, dtype=dtype)
+    assert ex.k_pools[0].dtype == dtype
+    blocks = [5, 2, 6]
+    got = []
+    for lo, hi in ((0, 8), (8, 12)):
+        slots = [blocks[p // 4] * 4 + p % 4 for p in range(lo, hi)]
+        got.append(
+            ex.step(StepBatch.build(["s"], [ids[0, lo:hi].tolist()], [lo], [blocks], [slots], [True]))[0]
+        )
+    torch.testing.assert_close(torch.stack(got), ref, rtol=tol, atol=tol * ref.abs().max().item())
