@@ -211,12 +211,15 @@ def single_stream(model, prompt, olen, graphs: bool) -> dict:
     ex.capture_decode_graphs()
     with LLMEngine(ex) as engine:
         engine.generate([prompt[:16]], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up + graphs
-        stamps = []
+        stamps, tokens = [], []
         t0 = time.perf_counter()
-        for _ in engine.stream(prompt, SamplingParams(max_tokens=olen, ignore_eos=True)):
+        for token in engine.stream(prompt, SamplingParams(max_tokens=olen, ignore_eos=True)):
             stamps.append(time.perf_counter())
+            tokens.append(token)
     gaps = np.diff(stamps)
     return {
+        "tokens": tokens,
+        "cuda_graphs": ex.num_cuda_graphs,
         "ttft_ms": (stamps[0] - t0) * 1e3,
         "itl_ms_p50": pct(gaps, 50) * 1e3,
         "itl_ms_mean": float(gaps.mean()) * 1e3,
@@ -315,6 +318,10 @@ def main() -> None:
         "engine_eager": single_stream(model, prompt, olen, graphs=False),
         "hf_generate": hf_single_stream(model, prompt, olen, device),
     }
+    single = results["single_stream"]
+    single["graph_tokens_equal_eager"] = single["engine_graphs"].pop("tokens") == single["engine_eager"].pop(
+        "tokens"
+    )
     save("single_stream")
     if not args.skip_hf:
         results["hf_static_batches"] = run_hf(
