@@ -30,6 +30,7 @@ from trtforge.llm.executors.paged_attention import (
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+_WIDTH_BUCKETS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
 
 def _bucket(n: int, buckets: Any) -> int:
@@ -185,7 +186,7 @@ class TorchExecutor:
         self.use_cuda_graphs = self.static_decode and self.device.type == "cuda" and arch.graphable
         self._batch_buckets = (*tuple(b for b in _BATCH_BUCKETS if b < max_decode_batch), max_decode_batch)
         max_width = -(-self._max_model_len // block_size)
-        widths = [w for w in (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if w < max_width]
+        widths = [w for w in _WIDTH_BUCKETS if w < max_width]
         self._width_buckets = (*widths, max_width)
         self._static: dict[str, torch.Tensor] = {}
         self._graphs: dict[tuple[int, int], Any] = {}
