@@ -299,8 +299,13 @@ def main() -> None:
     }
     ex = TorchExecutor(model, **ex_kwargs)
     t = time.perf_counter()
-    if ex.use_cuda_graphs:
-        ex.capture_decode_graphs()
+    try:
+        results["cuda_graphs_captured"] = ex.capture_decode_graphs()
+    except Exception as e:  # recorded in the results; the run goes on eagerly rather than measuring nothing
+        results["graph_capture_error"] = repr(e)
+        print("graph capture failed:", repr(e), flush=True)
+        del ex
+        ex = TorchExecutor(model, static_decode=False, **ex_kwargs)
     results["graph_capture_s"] = time.perf_counter() - t
     config = SchedulerConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=4096, max_prefill_chunk=1024
