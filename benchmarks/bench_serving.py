@@ -1,0 +1,348 @@
+"""Benchmark: continuous batching over a paged KV cache (LLMEngine + torch executor) vs HF generate.
+
+    PYTHONPATH=. python3 benchmarks/bench_serving.py --out results/serving.json
+
+A Llama-style model with random FP16 weights (TinyLlama-1.1B shape by default) serves N requests
+(prompts and outputs of uniform random length, Poisson arrivals) through :class:`LLMEngine`; then
+the same requests run through ``transformers`` ``generate()`` in static, left-padded batches of 64
+in arrival order. Reported: output tokens/s, TTFT and inter-token latency percentiles, KV memory
+held vs tokens held, and a single-stream decode latency (one request alone) with and without CUDA
+graphs. HF latencies use an arrival-aligned timeline: a batch starts when its last request has
+arrived and the previous batch is done, and its token times are the measured step times
+(a streamer timestamps each step). ``--tiny`` runs a small model on the CPU to check the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import torch
+
+from trtforge.llm.engine import LLMEngine
+from trtforge.llm.executors.torch_exec import TorchExecutor
+from trtforge.llm.sampling import SamplingParams
+from trtforge.llm.scheduler import SchedulerConfig
+
+
+def build_model(tiny: bool, device: str, dtype: torch.dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if tiny:
+        cfg = LlamaConfig(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+        )
+    else:  # TinyLlama-1.1B shape
+        cfg = LlamaConfig(
+            vocab_size=32000,
+            hidden_size=2048,
+            intermediate_size=5632,
+            num_hidden_layers=22,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            max_position_embeddings=2048,
+        )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg)
+    return model.to(dtype).eval()
+
+
+def workload(n: int, prompt_range, out_range, rate: float, vocab: int, seed: int):
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate, size=n) if rate > 0 else np.zeros(n)
+    arrivals = np.cumsum(gaps) - gaps[0]
+    reqs = []
+    for i in range(n):
+        plen = int(rng.integers(prompt_range[0], prompt_range[1] + 1))
+        olen = int(rng.integers(out_range[0], out_range[1] + 1))
+        reqs.append((float(arrivals[i]), rng.integers(3, vocab, size=plen).tolist(), olen))
+    return reqs
+
+
+def pct(values, q) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def latency_summary(ttft: list[float], itl: list[float]) -> dict:
+    return {
+        "ttft_ms_p50": pct(ttft, 50) * 1e3,
+        "ttft_ms_p99": pct(ttft, 99) * 1e3,
+        "itl_ms_p50": pct(itl, 50) * 1e3,
+        "itl_ms_p99": pct(itl, 99) * 1e3,
+    }
+
+
+def run_engine(executor, reqs, config: SchedulerConfig) -> dict:
+    mem_samples: list[tuple[int, int, int]] = []
+
+    def hook(sched, batch):
+        if sched.stats.steps % 16 == 0:
+            m = sched.memory_stats()
+            mem_samples.append((m.used_blocks, m.tokens_held, m.waste_slots))
+
+    times: list[list[float]] = [[] for _ in reqs]
+    submitted = [0.0] * len(reqs)
+    handles = [None] * len(reqs)
+    with LLMEngine(executor, config, step_hook=hook) as engine:
+
+        def feeder():
+            t0 = time.perf_counter()
+            for i, (arrival, prompt, olen) in enumerate(reqs):
+                delay = t0 + arrival - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                params = SamplingParams(max_tokens=olen, ignore_eos=True)
+                submitted[i] = time.perf_counter()
+                rec = times[i]
+                handles[i] = engine.submit(
+                    prompt,
+                    params,
+                    on_event=lambda e, rec=rec: (
+                        rec.extend([time.perf_counter()] * len(e)) if isinstance(e, tuple) else None
+                    ),
+                )
+
+        start = time.perf_counter()
+        th = threading.Thread(target=feeder)
+        th.start()
+        th.join()
+        completions = [h.result() for h in handles]
+        end = time.perf_counter()
+        stats = engine.stats
+    out_tokens = sum(len(c.token_ids) for c in completions)
+    assert out_tokens == sum(r[2] for r in reqs), "an output came back short"
+    ttft = [t[0] - s for t, s in zip(times, submitted)]
+    itl = [b - a for t in times for a, b in itertools.pairwise(t)]
+    bpt = executor.kv_bytes() / (executor.num_blocks + 1) / executor.block_size  # KV bytes per token slot
+    used = np.array([m[0] for m in mem_samples]) * executor.block_size
+    held = np.array([m[1] for m in mem_samples])
+    return {
+        "wall_s": end - start,
+        "output_tokens": out_tokens,
+        "output_tok_per_s": out_tokens / (end - start),
+        **latency_summary(ttft, itl),
+        "steps": stats.steps,
+        "preemptions": stats.preemptions,
+        "max_running": stats.max_running,
+        "cuda_graphs": executor.num_cuda_graphs,
+        "kv_pool_gb": executor.kv_bytes() / 1e9,
+        "kv_held_gb_peak": float(used.max() * bpt / 1e9) if len(used) else None,
+        "kv_tokens_held_peak": int(held.max()) if len(held) else None,
+        "kv_slot_utilisation_mean": float((held / np.maximum(used, 1)).mean()) if len(used) else None,
+    }
+
+
+class _StepClock:
+    """A transformers streamer that timestamps every generation step (the first put is the prompt)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value):
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+
+def run_hf(model, reqs, batch_size: int, device: str) -> dict:
+    total_useful, busy = 0, 0.0
+    ttft, itl = [], []
+    prev_end = 0.0
+    for lo in range(0, len(reqs), batch_size):
+        chunk = reqs[lo : lo + batch_size]
+        width = max(len(p) for _, p, _ in chunk)
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.zeros(len(chunk), width, dtype=torch.long)
+        for i, (_, p, _) in enumerate(chunk):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        new = max(o for _, _, o in chunk)
+        clock = _StepClock()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            do_sample=False,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            pad_token_id=0,
+            streamer=clock,
+        )
+        if device == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        assert out.shape[1] == width + new
+        busy += dt
+        start = max(chunk[-1][0], prev_end)  # the batch waits for its last arrival and the previous batch
+        step_t = [t - t0 for t in clock.times[1:]]  # token k of every row at step_t[k]
+        for arrival, _, olen in chunk:
+            total_useful += olen
+            ttft.append(start + step_t[0] - arrival)
+            itl.extend(np.diff(step_t[:olen]).tolist())
+        prev_end = start + dt
+    span = prev_end - reqs[0][0]
+    return {
+        "busy_s": busy,
+        "output_tokens": total_useful,
+        "output_tok_per_s_busy": total_useful / busy,
+        "output_tok_per_s_timeline": total_useful / span,
+        **latency_summary(ttft, itl),
+    }
+
+
+def single_stream(model, prompt, olen, graphs: bool) -> dict:
+    ex = TorchExecutor(model, num_blocks=256, block_size=16, static_decode=graphs, max_decode_batch=1)
+    ex.capture_decode_graphs()
+    with LLMEngine(ex) as engine:
+        engine.generate([prompt[:16]], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up + graphs
+        stamps, tokens = [], []
+        t0 = time.perf_counter()
+        for token in engine.stream(prompt, SamplingParams(max_tokens=olen, ignore_eos=True)):
+            stamps.append(time.perf_counter())
+            tokens.append(token)
+    gaps = np.diff(stamps)
+    return {
+        "tokens": tokens,
+        "cuda_graphs": ex.num_cuda_graphs,
+        "ttft_ms": (stamps[0] - t0) * 1e3,
+        "itl_ms_p50": pct(gaps, 50) * 1e3,
+        "itl_ms_mean": float(gaps.mean()) * 1e3,
+    }
+
+
+def hf_single_stream(model, prompt, olen, device) -> dict:
+    clock = _StepClock()
+    ids = torch.tensor([prompt], device=device)
+    model.generate(input_ids=ids, do_sample=False, max_new_tokens=8, min_new_tokens=8, pad_token_id=0)
+    t0 = time.perf_counter()
+    model.generate(
+        input_ids=ids,
+        do_sample=False,
+        max_new_tokens=olen,
+        min_new_tokens=olen,
+        pad_token_id=0,
+        streamer=clock,
+    )
+    gaps = np.diff(clock.times[1:])
+    return {
+        "ttft_ms": (clock.times[1] - t0) * 1e3,
+        "itl_ms_p50": pct(gaps, 50) * 1e3,
+        "itl_ms_mean": float(gaps.mean()) * 1e3,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--prompt", type=int, nargs=2, default=(128, 1024))
+    ap.add_argument("--output", type=int, nargs=2, default=(64, 512))
+    ap.add_argument("--rate", type=float, default=64.0, help="Poisson arrivals per second (0: all at once)")
+    ap.add_argument("--kv-gb", type=float, default=16.0, help="KV pool size")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--hf-batch", type=int, default=64)
+    ap.add_argument("--hf-batches", type=int, default=4, help="how many HF batches to run (each --hf-batch)")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help="small model on the CPU (checks the script)")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args()
+    device = "cpu" if args.tiny else "cuda"
+    dtype = torch.float32 if args.tiny else torch.float16
+    model = build_model(args.tiny, device, dtype)
+    cfg = model.config
+    per_token = (
+        2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    )
+    per_token *= torch.finfo(dtype).bits // 8
+    num_blocks = int(args.kv_gb * 1e9 / (per_token * args.block_size))
+    ex_kwargs = {
+        "num_blocks": num_blocks,
+        "block_size": args.block_size,
+        "max_decode_batch": args.max_num_seqs,
+    }
+    reqs = workload(args.requests, args.prompt, args.output, args.rate, cfg.vocab_size, seed=0)
+    results: dict = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "model": {
+            "layers": cfg.num_hidden_layers,
+            "hidden": cfg.hidden_size,
+            "heads": cfg.num_attention_heads,
+            "kv_heads": cfg.num_key_value_heads,
+            "vocab": cfg.vocab_size,
+            "dtype": str(dtype),
+        },
+        "workload": {
+            "requests": args.requests,
+            "prompt": list(args.prompt),
+            "output": list(args.output),
+            "rate_per_s": args.rate,
+            "block_size": args.block_size,
+            "num_blocks": num_blocks,
+        },
+    }
+    ex = TorchExecutor(model, **ex_kwargs)
+    t = time.perf_counter()
+    try:
+        results["cuda_graphs_captured"] = ex.capture_decode_graphs()
+    except Exception as e:  # recorded in the results; the run goes on eagerly rather than measuring nothing
+        results["graph_capture_error"] = repr(e)
+        print("graph capture failed:", repr(e), flush=True)
+        del ex
+        ex = TorchExecutor(model, static_decode=False, **ex_kwargs)
+    results["graph_capture_s"] = time.perf_counter() - t
+    config = SchedulerConfig(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=4096, max_prefill_chunk=1024
+    )
+    run_engine(ex, reqs[: min(8, len(reqs))], config)  # warm-up: allocator, kernels
+    save = functools.partial(_save, results, args.out)
+    results["engine"] = run_engine(ex, reqs, config)
+    save("engine")
+    del ex
+    prompt, olen = reqs[0][1][:512], 256
+    single: dict = {"prompt_tokens": len(prompt), "output_tokens": olen}
+    results["single_stream"] = single
+    try:
+        single["engine_graphs"] = single_stream(model, prompt, olen, graphs=device == "cuda")
+    except Exception as e:  # recorded; the eager and HF figures are still measured
+        single["engine_graphs_error"] = repr(e)
+    single["engine_eager"] = single_stream(model, prompt, olen, graphs=False)
+    single["hf_generate"] = hf_single_stream(model, prompt, olen, device)
+    eager_tokens = single["engine_eager"].pop("tokens")
+    if "engine_graphs" in single:
+        single["graph_tokens_equal_eager"] = single["engine_graphs"].pop("tokens") == eager_tokens
+    save("single_stream")
+    if not args.skip_hf:
+        results["hf_static_batches"] = run_hf(
+            model, reqs[: args.hf_batch * args.hf_batches], args.hf_batch, device
+        )
+        save("hf_static_batches")
+
+
+def _save(results: dict, path: str | None, key: str) -> None:
+    """Print the newest section and rewrite the whole file, so a cut-off run keeps what it measured."""
+    print(key, json.dumps(results[key], indent=1), flush=True)
+    if path:
+        with open(path + ".tmp", "w") as f:
+            json.dump(results, f, indent=1)
+        os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    main()

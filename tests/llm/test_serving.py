@@ -1,0 +1,142 @@
+"""LLMEngine: background stepping, many submitting threads, streaming (sync and asyncio), cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from tests.llm.serving_models import VOCAB, make_executor, solo_output
+from trtforge.errors import UserError
+from trtforge.llm.engine import EngineClosedError, LLMEngine
+from trtforge.llm.sampling import SamplingParams
+from trtforge.llm.scheduler import SchedulerConfig, StepFailedError
+
+
+def _prompts(n, seed, lo=1, hi=40):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, VOCAB, size=int(rng.integers(lo, hi))).tolist() for _ in range(n)]
+
+
+@pytest.fixture
+def checked_engine():
+    """An engine whose every step asserts the waste bound and the block manager's invariants."""
+
+    def hook(sched, batch):
+        stats = sched.memory_stats()
+        assert stats.waste_slots <= sched.num_running * (stats.block_size - 1)
+        sched.block_manager.check_invariants()
+
+    executor = make_executor(num_blocks=96)
+    engine = LLMEngine(executor, SchedulerConfig(max_num_seqs=16, max_prefill_chunk=32), step_hook=hook)
+    yield engine, executor
+    engine.close()
+
+
+def test_threads_submitting_concurrently_all_get_their_solo_outputs(checked_engine):
+    engine, executor = checked_engine
+    prompts = _prompts(24, seed=2)
+    params = [SamplingParams(max_tokens=int(m)) for m in np.random.default_rng(3).integers(1, 12, 24)]
+    results: dict[int, tuple] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(6)
+
+    def worker(k):
+        try:
+            barrier.wait()
+            handles = [(i, engine.submit(prompts[i], params[i])) for i in range(k, 24, 6)]
+            for i, h in handles:
+                results[i] = h.result(timeout=120).token_ids
+        except BaseException as e:  # surfaced by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert engine.stats.max_running > 1
+    solo_exec = make_executor()
+    for i in range(24):
+        assert results[i] == solo_output(prompts[i], params[i], solo_exec), i
+    assert engine.wait_idle(timeout=10)
+    assert engine.memory_stats().free_blocks == executor.num_blocks
+
+
+def test_generate_stream_and_astream_agree(checked_engine):
+    engine, _ = checked_engine
+    prompts = _prompts(5, seed=5)
+    p = SamplingParams(max_tokens=9, ignore_eos=True)
+    completions = engine.generate(prompts, p)
+    assert [c.finish_reason for c in completions] == ["length"] * 5
+    assert list(engine.stream(prompts[0], p)) == list(completions[0].token_ids)
+
+    async def collect():
+        return await asyncio.gather(*[_drain(engine.astream(q, p)) for q in prompts])
+
+    assert asyncio.run(collect()) == [list(c.token_ids) for c in completions]
+
+
+async def _drain(agen):
+    return [t async for t in agen]
+
+
+def test_bad_requests_raise_in_the_caller_and_leave_nothing_behind(checked_engine):
+    engine, executor = checked_engine
+    with pytest.raises(UserError, match="prompt is empty"):
+        engine.submit([])
+    with pytest.raises(UserError, match="maximum sequence length"):
+        engine.submit([1] * 1000)
+    with pytest.raises(UserError, match="SamplingParams.temperature"):
+        engine.generate([[1, 2]], SamplingParams(temperature=-2))
+    with pytest.raises(UserError, match="prompt is empty"):
+        engine.generate([[1, 2, 3], []])  # nothing of this call runs
+    assert engine.wait_idle(timeout=10)
+    assert engine.memory_stats().free_blocks == executor.num_blocks
+
+
+def test_cancelling_a_stream_midway_frees_its_blocks(checked_engine):
+    engine, executor = checked_engine
+    stream = engine.stream(_prompts(1, seed=9, lo=30)[0], SamplingParams(max_tokens=200, ignore_eos=True))
+    got = [next(stream) for _ in range(3)]
+    assert len(got) == 3
+    stream.close()
+    assert engine.wait_idle(timeout=30)
+    assert engine.stats.generated_tokens < 100, "the request ran on after its stream was closed"
+    assert engine.memory_stats().free_blocks == executor.num_blocks
+
+
+class _FailOnce:
+    def __init__(self, inner):
+        self.inner, self.armed = inner, threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def step(self, batch):
+        if self.armed.is_set():
+            self.armed.clear()
+            raise RuntimeError("injected kernel fault")
+        return self.inner.step(batch)
+
+
+def test_an_executor_failure_fails_its_requests_and_the_engine_keeps_serving():
+    inner = make_executor(num_blocks=64)
+    executor = _FailOnce(inner)
+    with LLMEngine(executor) as engine:
+        executor.armed.set()
+        doomed = engine.submit([4, 5, 6], SamplingParams(max_tokens=4))
+        with pytest.raises(StepFailedError, match="injected kernel fault"):
+            doomed.result(timeout=60)
+        prompts = _prompts(3, seed=11)
+        outs = engine.generate(prompts, SamplingParams(max_tokens=6))
+        for prompt, out in zip(prompts, outs):
+            assert out.error is None and out.token_ids == solo_output(
+                prompt, SamplingParams(max_tokens=6), inner
+            )
+        assert engine.memory_stats().free_blocks == 64
+    with pytest.raises(EngineClosedError):
+        engine.submit([1])

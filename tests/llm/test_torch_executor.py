@@ -1,0 +1,190 @@
+"""Torch paged executor: reference paged attention vs dense attention, and model logits vs transformers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.llm.serving_models import tiny_llama
+from trtforge.errors import UserError
+from trtforge.llm.executor import StepBatch
+from trtforge.llm.executors.paged_attention import AttentionMetadata, paged_attention_reference
+from trtforge.llm.executors.torch_exec import TorchExecutor
+
+
+def _dense(q, k, v, scale, window):
+    """q [S, Hq, D] at the last S positions of k/v [L, Hkv, D]; plain loops, float64."""
+    s_q, hq, _ = q.shape
+    length, hkv, _ = k.shape
+    out = torch.empty_like(q)
+    for i in range(s_q):
+        p = length - s_q + i
+        lo = 0 if window is None else max(0, p - window + 1)
+        for h in range(hq):
+            kh = h // (hq // hkv)
+            w = torch.softmax((k[lo : p + 1, kh] @ q[i, h]) * scale, dim=0)
+            out[i, h] = w @ v[lo : p + 1, kh]
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_paged_reference_matches_dense_attention_on_a_mixed_batch(window):
+    g = torch.Generator().manual_seed(0)
+    bs, hq, hkv, d, nblocks = 4, 4, 2, 8, 40
+    k_pool = torch.randn(nblocks, bs, hkv, d, generator=g, dtype=torch.float64)
+    v_pool = torch.randn(nblocks, bs, hkv, d, generator=g, dtype=torch.float64)
+    ctx_lens, q_lens = [9, 5, 13, 1, 22], [1, 5, 6, 1, 1]
+    perm = torch.randperm(nblocks, generator=g).tolist()
+    tables, used = [], 0
+    for c in ctx_lens:
+        n = -(-c // bs)
+        tables.append(perm[used : used + n])
+        used += n
+    width = max(len(t) for t in tables)
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = torch.randn(int(qsl[-1]), hq, d, generator=g, dtype=torch.float64)
+    meta = AttentionMetadata(
+        query_start_loc=torch.from_numpy(qsl),
+        context_lens=torch.tensor(ctx_lens, dtype=torch.int32),
+        block_tables=table,
+        query_start_loc_host=qsl,
+        context_lens_host=np.array(ctx_lens, dtype=np.int32),
+        max_query_len=max(q_lens),
+        max_context_len=max(ctx_lens),
+        block_size=bs,
+    )
+    out = paged_attention_reference(q, k_pool, v_pool, meta, d**-0.5, window)
+    for b, (c, t) in enumerate(zip(ctx_lens, tables)):
+        k = k_pool[t].reshape(-1, hkv, d)[:c]
+        v = v_pool[t].reshape(-1, hkv, d)[:c]
+        lo, hi = qsl[b], qsl[b + 1]
+        torch.testing.assert_close(
+            out[lo:hi], _dense(q[lo:hi], k, v, d**-0.5, window), rtol=1e-10, atol=1e-10
+        )
+
+
+def _tiny(model_type: str):
+    import transformers
+
+    torch.manual_seed(1)
+    common = {
+        "vocab_size": 120,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "initializer_range": 0.2,
+    }
+    if model_type == "mistral":
+        cfg, cls = transformers.MistralConfig(sliding_window=6, **common), transformers.MistralForCausalLM
+    elif model_type == "qwen2":
+        cfg, cls = transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
+    elif model_type == "gpt2":
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=120, n_positions=256)
+        cfg.initializer_range = 0.2
+        cls = transformers.GPT2LMHeadModel
+    elif model_type == "qwen3":
+        cfg, cls = transformers.Qwen3Config(head_dim=8, **common), transformers.Qwen3ForCausalLM
+    else:
+        return tiny_llama()
+    return cls(cfg).to(torch.float64).eval()
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3", "gpt2"])
+def test_chunked_paged_steps_reproduce_transformers_logits(model_type):
+    model = _tiny(model_type)
+    ex = TorchExecutor(model, num_blocks=16, block_size=4)
+    ids = torch.randint(0, model.config.vocab_size, (1, 19), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = model(ids).logits[0]
+    blocks = [11, 3, 7, 0, 14]  # scattered on purpose
+    got = []
+    for lo, hi in ((0, 6), (6, 15), (15, 16), (16, 17), (17, 19)):  # prompt chunks, then decode-sized steps
+        slots = [blocks[p // 4] * 4 + p % 4 for p in range(lo, hi)]
+        batch = StepBatch.build(["s"], [ids[0, lo:hi].tolist()], [lo], [blocks], [slots], [True])
+        got.append(ex.step(batch)[0])
+    expected = ref[[5, 14, 15, 16, 18]].float()
+    torch.testing.assert_close(torch.stack(got), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_unsupported_models_and_bad_sizes_are_user_errors():
+    import transformers
+
+    opt = transformers.OPTForCausalLM(
+        transformers.OPTConfig(
+            num_hidden_layers=1, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=50
+        )
+    )
+    with pytest.raises(UserError, match="model_type 'opt'"):
+        TorchExecutor(opt, num_blocks=4)
+    with pytest.raises(UserError, match="num_blocks must be a positive integer"):
+        TorchExecutor(tiny_llama(), num_blocks=0)
+
+
+def test_static_shape_decode_gives_the_same_tokens_as_the_eager_path():
+    from tests.llm.serving_models import run_to_completion
+    from trtforge.llm.sampling import SamplingParams
+    from trtforge.llm.scheduler import Scheduler
+
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(0, 300, size=int(rng.integers(1, 40))).tolist() for _ in range(11)]
+    params = [SamplingParams(max_tokens=int(rng.integers(1, 12)), ignore_eos=True) for _ in prompts]
+    outs = []
+    for static in (False, True):
+        ex = TorchExecutor(
+            tiny_llama(), num_blocks=128, block_size=4, static_decode=static, max_decode_batch=8
+        )
+        sched = Scheduler(ex)
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            sched.add_request(i, p, sp)
+        outs.append({k: v.output_token_ids for k, v in run_to_completion(sched).items()})
+    assert outs[0] == outs[1]
+    assert ex.static_decode and not ex.use_cuda_graphs  # on the CPU the static path runs without graphs
+    assert ex._static, "no decode step took the static path"
+
+
+@pytest.mark.gpu
+def test_cuda_graph_decode_matches_eager_on_cuda():
+    from tests.llm.serving_models import run_to_completion
+    from trtforge.llm.sampling import SamplingParams
+    from trtforge.llm.scheduler import Scheduler
+
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(0, 300, size=int(rng.integers(1, 60))).tolist() for _ in range(20)]
+    params = [SamplingParams(max_tokens=int(rng.integers(1, 30)), ignore_eos=True) for _ in prompts]
+    outs, graphs = [], 0
+    for static in (False, True):
+        model = tiny_llama().to("cuda")
+        ex = TorchExecutor(model, num_blocks=256, block_size=16, static_decode=static)
+        sched = Scheduler(ex)
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            sched.add_request(i, p, sp)
+        outs.append({k: v.output_token_ids for k, v in run_to_completion(sched).items()})
+        graphs = ex.num_cuda_graphs
+        tiny_llama().to("cpu")
+    assert outs[0] == outs[1]
+    assert graphs > 0
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-4), (torch.float16, 3e-2)])
+def test_float32_and_float16_pools_track_the_float64_logits(dtype, tol):
+    import copy
+
+    model = copy.deepcopy(tiny_llama())
+    ids = torch.randint(0, 300, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = model(ids).logits[0, [7, 11]].float()
+    ex = TorchExecutor(model, num_blocks=8, block_size=4, dtype=dtype)
+    assert ex.k_pools[0].dtype == dtype
+    blocks = [5, 2, 6]
+    got = []
+    for lo, hi in ((0, 8), (8, 12)):
+        slots = [blocks[p // 4] * 4 + p % 4 for p in range(lo, hi)]
+        got.append(
+            ex.step(StepBatch.build(["s"], [ids[0, lo:hi].tolist()], [lo], [blocks], [slots], [True]))[0]
+        )
+    torch.testing.assert_close(torch.stack(got), ref, rtol=tol, atol=tol * ref.abs().max().item())

@@ -1,0 +1,313 @@
+"""LLMEngine: a background loop stepping the scheduler, fed by submissions from any thread or event loop.
+
+Callers get a :class:`RequestHandle` per request: iterate it for tokens as they are sampled, wait for
+the :class:`Completion`, or cancel it. Submissions are validated in the caller's thread (a bad
+request raises UserError there) and handed to the loop through an inbox, so a submitting thread
+never waits for a step to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trtforge.errors import TrtforgeError, UserError
+from trtforge.llm.blocks import MemoryStats
+from trtforge.llm.executor import StepExecutor
+from trtforge.llm.sampling import SamplingParams
+from trtforge.llm.scheduler import RequestOutput, Scheduler, SchedulerConfig, SchedulerStats, StepHook
+
+
+class EngineClosedError(TrtforgeError):
+    """The engine was closed (or its loop died) before the request finished."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished request: generated token ids and why it ended ("stop", "length", "abort", "error")."""
+
+    request_id: Hashable
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    finish_reason: str
+    error: BaseException | None = None
+
+
+_DONE = object()
+
+
+class RequestHandle:
+    """One submitted request: iterate for its tokens, :meth:`result` for the completion, :meth:`cancel`."""
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        request_id: Hashable,
+        prompt: tuple[int, ...],
+        on_event: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._prompt = prompt
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._on_event = on_event
+        self._done = threading.Event()
+        self._completion: Completion | None = None
+
+    def _deliver(self, out: RequestOutput) -> None:
+        if out.new_token_ids:
+            self._push(out.new_token_ids)
+        if out.finished:
+            self._complete(
+                Completion(
+                    self.request_id, self._prompt, out.output_token_ids, out.finish_reason or "", out.error
+                )
+            )
+
+    def _complete(self, completion: Completion) -> None:
+        if self._done.is_set():
+            return
+        self._completion = completion
+        self._done.set()
+        self._push(_DONE)
+
+    def _push(self, event: Any) -> None:
+        self._events.put(event)
+        if self._on_event is not None:
+            self._on_event(event)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def completion(self, timeout: float | None = None) -> Completion:
+        """Wait for the request to end and return its :class:`Completion` (failed ones carry `error`)."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id!r} did not finish within {timeout} s")
+        assert self._completion is not None
+        return self._completion
+
+    def result(self, timeout: float | None = None) -> Completion:
+        """Like :meth:`completion`, but raise the request's error if it failed."""
+        completion = self.completion(timeout)
+        if completion.error is not None:
+            raise completion.error
+        return completion
+
+    def cancel(self) -> None:
+        """Stop generating and free the request's KV blocks (a no-op once it has finished)."""
+        if not self.done:
+            self._engine._cancel(self.request_id)
+
+    def __iter__(self) -> Iterator[int]:
+        """Yield token ids as they are sampled; raise the request's error if it fails."""
+        while True:
+            event = self._events.get()
+            if event is _DONE:
+                break
+            yield from event
+        if self._completion is not None and self._completion.error is not None:
+            raise self._completion.error
+
+
+class LLMEngine:
+    """Serves requests over `executor` with continuous batching; safe to call from many threads.
+
+    Use as a context manager or call :meth:`close`. `step_hook` runs inside every step (tests use it
+    to check invariants).
+    """
+
+    def __init__(
+        self,
+        executor: StepExecutor,
+        config: SchedulerConfig | None = None,
+        *,
+        step_hook: StepHook | None = None,
+    ) -> None:
+        self._scheduler = Scheduler(executor, config, step_hook=step_hook)
+        self._inbox_lock = threading.Lock()
+        self._step_lock = threading.Lock()
+        self._wake = threading.Condition(self._inbox_lock)
+        self._inbox: list[Any] = []
+        self._cancels: list[Hashable] = []
+        self._handles: dict[Hashable, RequestHandle] = {}
+        self._ids = itertools.count()
+        self._closed = False
+        self._fatal: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="trtforge-llm-engine", daemon=True)
+        self._thread.start()
+
+    # ---- submission ----------------------------------------------------------------------------
+    def submit(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: Hashable | None = None,
+        on_event: Callable[[Any], None] | None = None,
+    ) -> RequestHandle:
+        """Queue one request and return its handle; a bad prompt or params raise UserError here."""
+        with self._inbox_lock:
+            self._check_open()
+            rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+            if rid in self._handles:
+                raise UserError(f"request id {rid!r} is already in use by an unfinished request")
+            seq = self._scheduler.make_sequence(rid, prompt, params)
+            handle = RequestHandle(self, rid, tuple(seq.tokens), on_event)
+            self._handles[rid] = handle
+            self._inbox.append(seq)
+            self._wake.notify()
+        return handle
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[Completion]:
+        """Run every prompt to completion (batched together) and return completions in prompt order.
+
+        `params` is one SamplingParams for all prompts or one per prompt. If any request is invalid,
+        UserError is raised and none of them runs. Failed requests come back with `error` set.
+        """
+        if isinstance(params, SamplingParams) or params is None:
+            per = [params] * len(prompts)
+        else:
+            per = list(params)
+            if len(per) != len(prompts):
+                raise UserError(f"generate got {len(prompts)} prompts but {len(per)} SamplingParams")
+        handles: list[RequestHandle] = []
+        try:
+            for prompt, p in zip(prompts, per):
+                handles.append(self.submit(prompt, p))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        return [h.completion() for h in handles]
+
+    def stream(self, prompt: Sequence[int], params: SamplingParams | None = None) -> Iterator[int]:
+        """Yield the request's token ids as they are sampled; closing the iterator early cancels it."""
+        handle = self.submit(prompt, params)
+        try:
+            yield from handle
+        finally:
+            handle.cancel()
+
+    async def astream(
+        self, prompt: Sequence[int], params: SamplingParams | None = None
+    ) -> AsyncIterator[int]:
+        """Async twin of :meth:`stream` for an asyncio event loop; cancelling the task cancels the request."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def forward(event: Any) -> None:
+            if not loop.is_closed():  # a loop that is gone has no reader left; the finally cancels
+                loop.call_soon_threadsafe(events.put_nowait, event)
+
+        handle = self.submit(prompt, params, on_event=forward)
+        try:
+            while True:
+                event = await events.get()
+                if event is _DONE:
+                    break
+                for token in event:
+                    yield token
+            completion = handle.completion()
+            if completion.error is not None:
+                raise completion.error
+        finally:
+            handle.cancel()
+
+    # ---- state ---------------------------------------------------------------------------------
+    def memory_stats(self) -> MemoryStats:
+        """KV pool occupancy between steps (see :meth:`trtforge.llm.blocks.BlockManager.memory_stats`)."""
+        with self._step_lock:
+            return self._scheduler.memory_stats()
+
+    @property
+    def stats(self) -> SchedulerStats:
+        return self._scheduler.stats
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no request is queued or running; False on timeout."""
+        with self._wake:
+            return self._wake.wait_for(
+                lambda: self._closed or (not self._inbox and not self._handles), timeout=timeout
+            )
+
+    def close(self) -> None:
+        """Stop the loop; unfinished requests end with EngineClosedError."""
+        with self._inbox_lock:
+            self._closed = True
+            self._wake.notify_all()
+        self._thread.join()
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._fatal is not None:
+            raise EngineClosedError(f"the engine loop stopped on an internal error: {self._fatal!r}")
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+
+    def _cancel(self, request_id: Hashable) -> None:
+        with self._inbox_lock:
+            self._cancels.append(request_id)
+            self._wake.notify()
+
+    def _loop(self) -> None:
+        sched = self._scheduler
+        try:
+            while True:
+                with self._wake:
+                    self._wake.wait_for(
+                        lambda: self._closed or self._inbox or self._cancels or sched.has_unfinished()
+                    )
+                    if self._closed:
+                        break
+                    inbox, self._inbox = self._inbox, []
+                    cancels, self._cancels = self._cancels, []
+                with self._step_lock:
+                    for seq in inbox:
+                        sched.enqueue(seq)
+                    for rid in cancels:
+                        sched.abort(rid)
+                    outputs = sched.step()
+                self._dispatch(outputs)
+        except BaseException as exc:  # a scheduler bug: every waiter learns of it, then it propagates
+            self._fatal = exc
+            raise
+        finally:
+            self._fail_all()
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            handle = self._handles.get(out.request_id)
+            if handle is None:
+                continue
+            handle._deliver(out)
+            if out.finished:
+                with self._wake:
+                    del self._handles[out.request_id]
+                    self._wake.notify_all()
+
+    def _fail_all(self) -> None:
+        with self._wake:
+            handles, self._handles = self._handles, {}
+            self._closed = True
+            self._wake.notify_all()
+        reason = "the engine loop stopped on an internal error" if self._fatal else "the engine was closed"
+        for handle in handles.values():
+            err = EngineClosedError(f"request {handle.request_id!r} did not finish: {reason}")
+            err.__cause__ = self._fatal
+            handle._complete(Completion(handle.request_id, handle._prompt, (), "error", err))

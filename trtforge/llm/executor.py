@@ -1,0 +1,134 @@
+"""The step protocol between the scheduler and whatever runs the model (torch, ONNX Runtime, TensorRT).
+
+One call runs one scheduler iteration: a flat, ragged batch of new tokens from several sequences
+(prompt chunks and single decode tokens mixed), whose K/V the executor writes into its paged pools
+``[num_blocks, block_size, Hkv, D]`` per layer at ``slot_mapping`` before attending through each
+sequence's block table. It returns logits only for the rows the scheduler samples from. The
+arrays are numpy on the host; an executor moves them to its device. These are the inputs of a
+paged step graph (ids, positions, lengths, block tables, slot mapping, pools).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One iteration's work. T = new tokens in all, B = sequences, N = rows to return logits for.
+
+    - ``input_ids`` int64 ``[T]``: new tokens, sequence after sequence (``query_start_loc`` delimits).
+    - ``positions`` int64 ``[T]``: each token's position in its sequence.
+    - ``query_start_loc`` int32 ``[B+1]``: sequence b owns tokens ``[qsl[b], qsl[b+1])``.
+    - ``context_lens`` int32 ``[B]``: K/V length of sequence b after this step (cached + new).
+    - ``block_tables`` int32 ``[B, max_blocks]``: physical blocks of each sequence, padded with 0
+      beyond ``ceil(context_lens[b] / block_size)`` (never read: lengths mask them).
+    - ``slot_mapping`` int64 ``[T]``: pool slot (``block * block_size + offset``) for each new token.
+    - ``logits_indices`` int64 ``[N]``: rows of the T tokens whose next-token logits are wanted.
+    - ``block_copies`` int64 ``[C, 2]``: (src, dst) block copies to do before any write (copy-on-write).
+    - ``seq_ids``: the scheduler's ids of the B sequences (for logs and fault reports).
+    """
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    query_start_loc: np.ndarray
+    context_lens: np.ndarray
+    block_tables: np.ndarray
+    slot_mapping: np.ndarray
+    logits_indices: np.ndarray
+    block_copies: np.ndarray
+    seq_ids: tuple[Hashable, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.context_lens.shape[0])
+
+    @property
+    def query_lens(self) -> np.ndarray:
+        return np.diff(self.query_start_loc)
+
+    @property
+    def is_decode_only(self) -> bool:
+        """Every sequence brings exactly one token (the case CUDA graphs and decode kernels target)."""
+        return self.num_tokens == self.num_seqs
+
+    @classmethod
+    def build(
+        cls,
+        seq_ids: Sequence[Hashable],
+        tokens: Sequence[Sequence[int]],
+        start_positions: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        slots: Sequence[Sequence[int]],
+        want_logits: Sequence[bool],
+        block_copies: Sequence[tuple[int, int]] = (),
+    ) -> StepBatch:
+        """Flatten per-sequence lists (new tokens, first new position, blocks, slots) into a batch."""
+        lens = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
+        qsl = np.zeros(len(tokens) + 1, dtype=np.int32)
+        np.cumsum(lens, out=qsl[1:])
+        total = int(qsl[-1])
+        ids = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64, count=total)
+        starts = np.asarray(start_positions, dtype=np.int64).reshape(-1)
+        pos = np.arange(total, dtype=np.int64) + np.repeat(starts - qsl[:-1], lens)
+        widths = np.fromiter((len(b) for b in block_tables), dtype=np.int64, count=len(block_tables))
+        table = np.zeros((len(tokens), max(int(widths.max(initial=0)), 1)), dtype=np.int32)
+        table[np.arange(table.shape[1])[None, :] < widths[:, None]] = np.fromiter(
+            itertools.chain.from_iterable(block_tables), dtype=np.int32, count=int(widths.sum())
+        )
+        slot = np.fromiter(itertools.chain.from_iterable(slots), dtype=np.int64, count=total)
+        want = np.fromiter(want_logits, dtype=bool, count=len(tokens))
+        logits_idx = (qsl[1:][want] - 1).astype(np.int64)
+        copies = np.array(list(block_copies), dtype=np.int64).reshape(-1, 2)
+        return cls(
+            input_ids=ids,
+            positions=pos,
+            query_start_loc=qsl,
+            context_lens=(starts + lens).astype(np.int32),
+            block_tables=table,
+            slot_mapping=slot,
+            logits_indices=logits_idx,
+            block_copies=copies,
+            seq_ids=tuple(seq_ids),
+        )
+
+
+@runtime_checkable
+class StepExecutor(Protocol):
+    """Runs steps of one model over paged KV pools it owns; knows nothing of requests or scheduling."""
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in each layer's pool (the block manager's pool size)."""
+        ...
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest sequence (prompt + output) the model supports."""
+        ...
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The model's end-of-sequence token, or None."""
+        ...
+
+    def step(self, batch: StepBatch) -> Any:
+        """Do the block copies, write the new K/V, attend; return logits ``[N, vocab]`` (torch or numpy)."""
+        ...

@@ -1,0 +1,162 @@
+"""Reference paged attention in torch: gather each sequence's blocks, then SDPA with a length/causal mask.
+
+The executor calls an attention function of this signature, so a fused paged kernel (a Triton
+decode kernel on CUDA) can replace it: ``fn(q, k_pool, v_pool, meta, scale, sliding_window) -> out``
+with ``q``/``out`` ``[T, Hq, D]`` (new tokens, sequence after sequence) and pools
+``[num_blocks, block_size, Hkv, D]`` that already hold this step's K/V.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Device tensors describing one step's ragged batch (see :class:`trtforge.llm.executor.StepBatch`)."""
+
+    query_start_loc: torch.Tensor  # int32 [B+1]
+    context_lens: torch.Tensor  # int32 [B], K/V length after this step
+    block_tables: torch.Tensor  # int32 [B, W]
+    query_start_loc_host: Any  # the same on the host (numpy), to plan without a device sync
+    context_lens_host: Any
+    max_query_len: int
+    max_context_len: int
+    block_size: int
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+
+class DecodeAttentionFn(Protocol):
+    """One query per sequence: ``q`` ``[B, Hq, D]``, tables ``[B, W]``, lengths ``[B]`` -> ``[B, Hq, D]``."""
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor: ...
+
+
+class AttentionFn(Protocol):
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor: ...
+
+
+def _gather(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``[B, W]`` block ids -> ``[B, Hkv, W * block_size, D]`` keys or values."""
+    num_seqs, width = table.shape
+    _, bs, hkv, d = pool.shape
+    return pool[table].reshape(num_seqs, width * bs, hkv, d).transpose(1, 2)
+
+
+def _sdpa(q, k, v, mask, scale):
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
+
+
+def _grouped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):
+    """``q`` ``[S, Hq, D]`` against ``k``/``v`` ``[1, Hkv, L, D]`` with ``mask`` ``[S, L]`` -> ``[S, Hq, D]``.
+
+    The G query heads of a KV head are stacked as G*S query rows of that head, so GQA runs as plain
+    multi-head attention (backends without a GQA kernel then need no repeated K/V).
+    """
+    s_q, hq, d = q.shape
+    hkv = k.shape[1]
+    groups = hq // hkv
+    qg = q.permute(1, 0, 2).reshape(1, hkv, groups * s_q, d)
+    out = _sdpa(qg, k, v, mask.repeat(groups, 1)[None, None], scale)
+    return out.reshape(hq, s_q, d).transpose(0, 1)
+
+
+def paged_decode_reference(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """One query per sequence (``q`` ``[B, Hq, D]``) over the first `context_lens` keys of its blocks.
+
+    Shapes depend only on ``block_tables.shape`` (no host sync), so it can be captured in a CUDA graph.
+    """
+    num_seqs, hq, d = q.shape
+    bs, hkv = k_pool.shape[1], k_pool.shape[2]
+    table = block_tables.long()
+    k, v = _gather(k_pool, table), _gather(v_pool, table)
+    kpos = torch.arange(table.shape[1] * bs, device=q.device)
+    ctx = context_lens.long()[:, None]
+    mask = kpos[None, :] < ctx
+    if sliding_window is not None:
+        mask &= kpos[None, :] >= ctx - sliding_window
+    # the query heads sharing a KV head become that head's query rows: GQA without repeating K/V
+    groups = q.reshape(num_seqs, hkv, hq // hkv, d)
+    return _sdpa(groups, k, v, mask[:, None, None, :], scale).reshape(num_seqs, hq, d)
+
+
+def paged_attention_reference(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Attend each new token to its sequence's cached keys at positions <= its own (bottom-right causal).
+
+    Sequences with one new token go through :func:`paged_decode_reference` together; each longer one
+    (a prompt chunk) gathers its blocks and runs SDPA with its own causal mask, so no padded
+    ``[B, max_query, max_context]`` score tensor is ever formed. With `sliding_window` W a query at
+    position p sees keys at positions > p - W.
+    """
+    out = torch.empty_like(q)
+    qsl = meta.query_start_loc_host
+    qlens = qsl[1:] - qsl[:-1]
+    bs = k_pool.shape[1]
+    decode = [i for i, n in enumerate(qlens) if n == 1]
+    if decode:
+        rows = torch.as_tensor([int(qsl[i]) for i in decode], device=q.device)
+        sel = torch.as_tensor(decode, device=q.device)
+        width = -(-max(int(meta.context_lens_host[i]) for i in decode) // bs)
+        out[rows] = paged_decode_reference(
+            q[rows],
+            k_pool,
+            v_pool,
+            meta.block_tables[sel, :width],
+            meta.context_lens[sel],
+            scale,
+            sliding_window,
+        )
+    for i, n in enumerate(qlens):
+        if n == 1:
+            continue
+        lo, hi = int(qsl[i]), int(qsl[i + 1])
+        ctx = int(meta.context_lens_host[i])
+        table = meta.block_tables[i : i + 1, : -(-ctx // bs)].long()
+        k, v = _gather(k_pool, table)[:, :, :ctx], _gather(v_pool, table)[:, :, :ctx]
+        qpos = torch.arange(ctx - (hi - lo), ctx, device=q.device)[:, None]
+        kpos = torch.arange(ctx, device=q.device)[None, :]
+        mask = kpos <= qpos
+        if sliding_window is not None:
+            mask &= kpos > qpos - sliding_window
+        out[lo:hi] = _grouped_sdpa(q[lo:hi], k, v, mask, scale)
+    return out

@@ -1,0 +1,365 @@
+"""A torch step executor: runs a Hugging Face Llama-style causal LM over paged KV pools (CPU or CUDA).
+
+It reuses the model's own modules (embedding, norms, projections, MLP, rotary table, LM head) and
+replaces only attention and the cache: each layer writes the step's new K/V into its pool at the
+batch's slots, then attends through the block tables with a pluggable attention function
+(:func:`trtforge.llm.executors.paged_attention.paged_attention_reference` by default).
+
+Decode-only steps can run on *static* shapes: the batch is padded to a size bucket and the block
+tables to a width bucket (padding rows write to and read from a scratch block), so each (batch,
+width) bucket is one CUDA graph, captured on first use and replayed after; this removes the
+per-kernel launch cost that dominates small-batch decode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from trtforge.errors import UserError
+from trtforge.llm.executor import StepBatch
+from trtforge.llm.executors.paged_attention import (
+    AttentionFn,
+    AttentionMetadata,
+    DecodeAttentionFn,
+    paged_attention_reference,
+    paged_decode_reference,
+)
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+_WIDTH_BUCKETS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+def _bucket(n: int, buckets: Any) -> int:
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} is above the largest bucket {buckets[-1]}")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class _LlamaLike:
+    """Llama, Mistral, Qwen2, Qwen3: RMSNorm, rotary positions, GQA projections, gated MLP."""
+
+    def __init__(self, model: Any) -> None:
+        config, inner = model.config, model.model
+        self.model, self.inner = model, inner
+        self.layers = list(inner.layers)
+        self.head_dim = int(self.layers[0].self_attn.head_dim)
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(config.num_key_value_heads)
+        self.max_positions = int(config.max_position_embeddings)
+        self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
+        self.windows = [self._window(config, layer) for layer in self.layers]
+        rope_type = str(getattr(inner.rotary_emb, "rope_type", "default"))
+        # dynamic and long RoPE re-derive frequencies from max(position) on the host: not capturable
+        self.graphable = "dynamic" not in rope_type and "longrope" not in rope_type
+
+    @staticmethod
+    def _window(config: Any, layer: Any) -> int | None:
+        if hasattr(layer.self_attn, "sliding_window"):
+            return layer.self_attn.sliding_window
+        if config.model_type == "mistral":
+            return getattr(config, "sliding_window", None)
+        return None
+
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        h = self.inner.embed_tokens(ids)
+        cos, sin = self.inner.rotary_emb(h[None], positions[None])
+        return h, (cos[0, :, None, :], sin[0, :, None, :])
+
+    def qkv(self, i: int, h: torch.Tensor, rope: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attn, t, d = self.layers[i].self_attn, h.shape[0], self.head_dim
+        x = self.layers[i].input_layernorm(h)
+        q = attn.q_proj(x).view(t, -1, d)
+        k = attn.k_proj(x).view(t, self.num_kv_heads, d)
+        v = attn.v_proj(x).view(t, self.num_kv_heads, d)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = rope
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def finish(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        layer = self.layers[i]
+        h = h + layer.self_attn.o_proj(o.reshape(h.shape[0], -1))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(self.inner.norm(h))
+
+
+class _Gpt2:
+    """GPT-2: learned positions, LayerNorm, fused QKV projection (Conv1D), multi-head attention."""
+
+    def __init__(self, model: Any) -> None:
+        config, inner = model.config, model.transformer
+        self.model, self.inner = model, inner
+        self.layers = list(inner.h)
+        self.num_heads = self.num_kv_heads = int(config.n_head)
+        self.head_dim = int(config.n_embd) // self.num_heads
+        self.max_positions = int(config.n_positions)
+        self.scales = []
+        for i in range(len(self.layers)):
+            scale = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
+            self.scales.append(scale / (i + 1) if config.scale_attn_by_inverse_layer_idx else scale)
+        self.windows: list[int | None] = [None] * len(self.layers)
+        self.graphable = True
+
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return self.inner.wte(ids) + self.inner.wpe(positions), None
+
+    def qkv(self, i: int, h: torch.Tensor, _: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        block, t = self.layers[i], h.shape[0]
+        q, k, v = block.attn.c_attn(block.ln_1(h)).view(t, 3, self.num_heads, self.head_dim).unbind(1)
+        return q, k, v
+
+    def finish(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        block = self.layers[i]
+        h = h + block.attn.c_proj(o.reshape(h.shape[0], -1))
+        return h + block.mlp(block.ln_2(h))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(self.inner.ln_f(h))
+
+
+_ARCHS = {"llama": _LlamaLike, "mistral": _LlamaLike, "qwen2": _LlamaLike, "qwen3": _LlamaLike, "gpt2": _Gpt2}
+
+
+class TorchExecutor:
+    """Runs :class:`StepBatch` batches through `model` with ``num_blocks`` blocks of ``block_size`` tokens.
+
+    `model` is a transformers causal LM of a supported family: Llama-style (Llama, Mistral, Qwen2,
+    Qwen3: GQA, RoPE, RMSNorm, gated MLP) or GPT-2. With `device`/`dtype` given it is moved there (in
+    place). The pools take ``2 * layers * (num_blocks + 1) * block_size * Hkv * D`` elements of `dtype`.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        max_model_len: int | None = None,
+        attention: AttentionFn | None = None,
+        decode_attention: DecodeAttentionFn | None = None,
+        static_decode: bool | None = None,
+        max_decode_batch: int = 256,
+    ) -> None:
+        config = getattr(model, "config", None)
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise UserError(
+                f"TorchExecutor runs causal LMs of the families {', '.join(SUPPORTED_MODEL_TYPES)}; "
+                f"got {type(model).__name__} with model_type {model_type!r}"
+            )
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UserError(f"TorchExecutor {name} must be a positive integer, got {value!r}")
+        if device is not None or dtype is not None:
+            model.to(device=device, dtype=dtype)
+        model.eval()
+        self.model = model
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self._num_blocks, self._block_size = num_blocks, block_size
+        arch = _ARCHS[model_type](model)
+        self._arch = arch
+        self.head_dim, self.num_heads, self.num_kv_heads = arch.head_dim, arch.num_heads, arch.num_kv_heads
+        self._max_model_len = int(max_model_len or arch.max_positions)
+        self._eos = self._first_eos(config)
+        self.attention: AttentionFn = attention or paged_attention_reference
+        self.decode_attention: DecodeAttentionFn = decode_attention or paged_decode_reference
+        # one scratch block past the pool's end takes the writes and reads of static-shape padding rows
+        shape = (num_blocks + 1, block_size, self.num_kv_heads, self.head_dim)
+        self.k_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in arch.layers]
+        self.v_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in arch.layers]
+        self.static_decode = self.device.type == "cuda" if static_decode is None else bool(static_decode)
+        self.use_cuda_graphs = self.static_decode and self.device.type == "cuda" and arch.graphable
+        self._batch_buckets = (*tuple(b for b in _BATCH_BUCKETS if b < max_decode_batch), max_decode_batch)
+        max_width = -(-self._max_model_len // block_size)
+        widths = [w for w in _WIDTH_BUCKETS if w < max_width]
+        self._width_buckets = (*widths, max_width)
+        self._static: dict[str, torch.Tensor] = {}
+        self._graphs: dict[tuple[int, int], Any] = {}
+        self._graph_pool: Any = None
+
+    @staticmethod
+    def _first_eos(config: Any) -> int | None:
+        eos = getattr(config, "eos_token_id", None)
+        if isinstance(eos, (list, tuple)):
+            return int(eos[0]) if eos else None
+        return None if eos is None else int(eos)
+
+    # ---- the StepExecutor protocol -------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._eos
+
+    def kv_bytes(self) -> int:
+        """Bytes the K and V pools of every layer take (the scratch block included)."""
+        return sum(p.numel() * p.element_size() for p in (*self.k_pools, *self.v_pools))
+
+    @property
+    def num_cuda_graphs(self) -> int:
+        """Decode graphs captured so far (one per batch-size and table-width bucket used)."""
+        return len(self._graphs)
+
+    def _metadata(self, batch: StepBatch) -> AttentionMetadata:
+        dev = self.device
+        qsl = batch.query_start_loc
+        return AttentionMetadata(
+            query_start_loc=torch.from_numpy(qsl).to(dev),
+            context_lens=torch.from_numpy(batch.context_lens).to(dev),
+            block_tables=torch.from_numpy(batch.block_tables).to(dev),
+            query_start_loc_host=qsl,
+            context_lens_host=batch.context_lens,
+            max_query_len=int(np.diff(qsl).max()),
+            max_context_len=int(batch.context_lens.max()),
+            block_size=self._block_size,
+        )
+
+    def _forward(self, ids, positions, slots, attend, rows=None) -> torch.Tensor:
+        """Every layer over tokens `ids`; `attend(q, k_pool, v_pool, scale, window)`; logits of `rows`."""
+        arch = self._arch
+        hkv, d = self.num_kv_heads, self.head_dim
+        h, extra = arch.embed(ids, positions)
+        for i, (kp, vp) in enumerate(zip(self.k_pools, self.v_pools)):
+            q, k, v = arch.qkv(i, h, extra)
+            kp.view(-1, hkv, d).index_copy_(0, slots, k)
+            vp.view(-1, hkv, d).index_copy_(0, slots, v)
+            h = arch.finish(i, h, attend(q, kp, vp, arch.scales[i], arch.windows[i]))
+        if rows is not None:
+            h = h.index_select(0, rows)
+        return arch.logits(h).float()
+
+    @torch.inference_mode()
+    def step(self, batch: StepBatch) -> torch.Tensor:
+        """Copy blocks, run every layer over the batch's new tokens, return float32 logits ``[N, vocab]``."""
+        dev = self.device
+        if len(batch.block_copies):
+            src = torch.from_numpy(batch.block_copies[:, 0]).to(dev)
+            dst = torch.from_numpy(batch.block_copies[:, 1]).to(dev)
+            for pool in (*self.k_pools, *self.v_pools):
+                pool[dst] = pool[src]
+        if (
+            self.static_decode
+            and batch.is_decode_only
+            and len(batch.logits_indices) == batch.num_seqs
+            and batch.num_seqs <= self._batch_buckets[-1]
+        ):
+            return self._static_decode(batch)
+        meta = self._metadata(batch)
+        return self._forward(
+            torch.from_numpy(batch.input_ids).to(dev),
+            torch.from_numpy(batch.positions).to(dev),
+            torch.from_numpy(batch.slot_mapping).to(dev),
+            lambda q, kp, vp, scale, window: self.attention(q, kp, vp, meta, scale, window),
+            torch.from_numpy(batch.logits_indices).to(dev),
+        )
+
+    def _static_buffers(self) -> dict[str, torch.Tensor]:
+        if not self._static:
+            n, w, dev = self._batch_buckets[-1], self._width_buckets[-1], self.device
+            self._static = {
+                "ids": torch.zeros(n, dtype=torch.long, device=dev),
+                "pos": torch.zeros(n, dtype=torch.long, device=dev),
+                "slots": torch.full((n,), self._num_blocks * self._block_size, dtype=torch.long, device=dev),
+                "ctx": torch.ones(n, dtype=torch.int32, device=dev),
+                "tables": torch.full((n, w), self._num_blocks, dtype=torch.int32, device=dev),
+                "logits": torch.zeros(n, self.vocab_size, dtype=torch.float32, device=dev),
+            }
+        return self._static
+
+    def _static_body(self, nb: int, wb: int) -> None:
+        st = self._static
+        tables, ctx = st["tables"][:nb, :wb], st["ctx"][:nb]
+
+        def attend(q, kp, vp, scale, window):
+            return self.decode_attention(q, kp, vp, tables, ctx, scale, window)
+
+        st["logits"][:nb].copy_(self._forward(st["ids"][:nb], st["pos"][:nb], st["slots"][:nb], attend))
+
+    def _static_decode(self, batch: StepBatch) -> torch.Tensor:
+        """Decode on bucketed static shapes: padding rows use the scratch block; replays a CUDA graph."""
+        st = self._static_buffers()
+        b, width = batch.num_seqs, batch.block_tables.shape[1]
+        nb, wb = _bucket(b, self._batch_buckets), _bucket(width, self._width_buckets)
+        host = np.empty((4, nb), dtype=np.int64)
+        host[0, :b], host[1, :b], host[2, :b] = batch.input_ids, batch.positions, batch.slot_mapping
+        host[3, :b] = batch.context_lens
+        host[:, b:] = np.array([[0], [0], [self._num_blocks * self._block_size], [1]])
+        table = np.full((nb, wb), self._num_blocks, dtype=np.int32)
+        table[:b, :width] = batch.block_tables
+        dev_host = torch.from_numpy(host).to(self.device, non_blocking=False)
+        st["ids"][:nb].copy_(dev_host[0])
+        st["pos"][:nb].copy_(dev_host[1])
+        st["slots"][:nb].copy_(dev_host[2])
+        st["ctx"][:nb].copy_(dev_host[3])
+        st["tables"][:nb, :wb].copy_(torch.from_numpy(table).to(self.device))
+        if not self.use_cuda_graphs:
+            self._static_body(nb, wb)
+        else:
+            graph = self._graphs.get((nb, wb))
+            if graph is None:
+                graph = self._capture(nb, wb)
+            graph.replay()
+        return st["logits"][:b].clone()
+
+    @torch.inference_mode()
+    def capture_decode_graphs(self, max_batch: int | None = None) -> int:
+        """Capture every (batch, width) decode bucket now rather than on first use; return how many.
+
+        Only on CUDA with static decode on. The captured warm-up runs touch the scratch block only.
+        """
+        if not self.use_cuda_graphs:
+            return 0
+        st = self._static_buffers()
+        st["slots"].fill_(self._num_blocks * self._block_size)
+        st["ctx"].fill_(1)
+        st["tables"].fill_(self._num_blocks)
+        for nb in self._batch_buckets:
+            if max_batch is not None and nb > max_batch:
+                break
+            for wb in self._width_buckets:
+                if (nb, wb) not in self._graphs:
+                    self._capture(nb, wb)
+        return len(self._graphs)
+
+    def _capture(self, nb: int, wb: int) -> Any:
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._static_body(nb, wb)  # warm-up outside capture: lazy inits, autotuning
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            self._static_body(nb, wb)
+        self._graphs[(nb, wb)] = graph
+        return graph

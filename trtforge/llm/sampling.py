@@ -1,0 +1,163 @@
+"""Per-request sampling parameters and a batched sampler over a logits batch (torch or numpy).
+
+Each request draws from its own seeded generator, exactly one uniform number per sampled token, and
+sampling is inverse-CDF over the stably sorted, top-k/top-p filtered distribution. So a request's
+tokens depend only on its logits and its seed, never on which other requests share the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trtforge.errors import UserError
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request generates: greedy by default (temperature 0).
+
+    ``stop_token_ids`` and ``eos_token_id`` end generation when sampled; ``stop_sequences`` are
+    token-id sequences that end it once the output ends with one. The token(s) that stopped
+    generation stay in the output. ``eos_token_id=None`` means the engine's (the model's) EOS;
+    ``ignore_eos`` disables it.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+    eos_token_id: int | None = None
+    ignore_eos: bool = False
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        def bad(name: str, expected: str, value: object) -> UserError:
+            return UserError(f"SamplingParams.{name} must be {expected}, got {value!r}")
+
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise bad("max_tokens", "an integer >= 1", self.max_tokens)
+        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise bad("temperature", "a finite number >= 0 (0 means greedy)", self.temperature)
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise bad("top_k", "an integer >= 0 (0 keeps every token)", self.top_k)
+        if not _is_number(self.top_p) or not (0.0 < self.top_p <= 1.0):
+            raise bad("top_p", "a number in (0, 1]", self.top_p)
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
+            raise bad("seed", "None or an integer in [0, 2**63)", self.seed)
+        if self.eos_token_id is not None and (not _is_int(self.eos_token_id) or self.eos_token_id < 0):
+            raise bad("eos_token_id", "None or a token id >= 0", self.eos_token_id)
+        if not isinstance(self.ignore_eos, bool):
+            raise bad("ignore_eos", "a bool", self.ignore_eos)
+        stop_ids = self.stop_token_ids
+        if isinstance(stop_ids, (str, bytes)) or not isinstance(stop_ids, (list, tuple)):
+            raise bad("stop_token_ids", "a list of token ids", stop_ids)
+        if not all(_is_int(t) and t >= 0 for t in stop_ids):
+            raise bad("stop_token_ids", "a list of token ids >= 0", stop_ids)
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stop_ids))
+        seqs = self.stop_sequences
+        if isinstance(seqs, (str, bytes)) or not isinstance(seqs, (list, tuple)):
+            raise bad("stop_sequences", "a list of token-id lists (text stop strings need a tokenizer)", seqs)
+        norm: list[tuple[int, ...]] = []
+        for s in seqs:
+            if (
+                isinstance(s, (str, bytes))
+                or not isinstance(s, (list, tuple))
+                or not s
+                or not all(_is_int(t) and t >= 0 for t in s)
+            ):
+                raise bad("stop_sequences", "a list of non-empty token-id lists", seqs)
+            norm.append(tuple(int(t) for t in s))
+        object.__setattr__(self, "stop_sequences", tuple(norm))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def make_generator(self, fallback_seed: int) -> np.random.Generator:
+        """The request's own random stream: from `seed`, else from `fallback_seed` (the engine's)."""
+        return np.random.default_rng(self.seed if self.seed is not None else fallback_seed)
+
+
+def _settings(params: Sequence[SamplingParams], vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    temps = np.array([p.temperature for p in params], dtype=np.float64)
+    top_k = np.array([p.top_k if 0 < p.top_k < vocab else vocab for p in params], dtype=np.int64)
+    top_p = np.array([p.top_p for p in params], dtype=np.float64)
+    return temps, top_k, top_p
+
+
+def _sample_numpy(logits: np.ndarray, rows: np.ndarray, temps, top_k, top_p, u) -> np.ndarray:
+    x = logits[rows].astype(np.float64) / temps[rows, None]
+    order = np.argsort(-x, axis=-1, kind="stable")
+    xs = np.take_along_axis(x, order, axis=-1)
+    ranks = np.arange(x.shape[1])
+    xs = np.where(ranks[None, :] >= top_k[rows, None], -np.inf, xs)
+    xs = xs - xs[:, :1]
+    probs = np.exp(xs)
+    probs /= probs.sum(-1, keepdims=True)
+    cum = np.cumsum(probs, axis=-1)
+    probs = np.where(cum - probs >= top_p[rows, None], 0.0, probs)
+    cum = np.cumsum(probs, axis=-1)
+    target = u[:, None] * cum[:, -1:]
+    pick = np.minimum((cum <= target).sum(-1), x.shape[1] - 1)
+    return order[np.arange(len(rows)), pick]
+
+
+def _sample_torch(logits, rows, temps, top_k, top_p, u):
+    import torch
+
+    dev = logits.device
+    idx = torch.as_tensor(rows, device=dev)
+    x = logits.index_select(0, idx).double() / torch.as_tensor(temps[rows], device=dev)[:, None]
+    xs, order = torch.sort(x, dim=-1, descending=True, stable=True)
+    ranks = torch.arange(x.shape[1], device=dev)
+    xs = xs.masked_fill(ranks[None, :] >= torch.as_tensor(top_k[rows], device=dev)[:, None], -math.inf)
+    probs = torch.softmax(xs, dim=-1)
+    cum = probs.cumsum(-1)
+    probs = probs.masked_fill(cum - probs >= torch.as_tensor(top_p[rows], device=dev)[:, None], 0.0)
+    cum = probs.cumsum(-1)
+    target = torch.as_tensor(u, device=dev)[:, None] * cum[:, -1:]
+    pick = (cum <= target).sum(-1).clamp(max=x.shape[1] - 1)
+    return order.gather(1, pick[:, None])[:, 0].cpu().numpy()
+
+
+def sample(
+    logits: Any, params: Sequence[SamplingParams], generators: Sequence[np.random.Generator]
+) -> np.ndarray:
+    """Pick one token per row of `logits` ``[N, vocab]`` (torch tensor or numpy array); row i uses params[i].
+
+    Greedy rows take the first maximum; the others consume one uniform draw from generators[i].
+    Returns int64 token ids ``[N]``.
+    """
+    n = len(params)
+    if len(generators) != n or logits.shape[0] != n:
+        raise ValueError(f"{logits.shape[0]} logit rows, {n} params, {len(generators)} generators")
+    vocab = int(logits.shape[1])
+    temps, top_k, top_p = _settings(params, vocab)
+    greedy = np.array([p.greedy for p in params], dtype=bool)
+    is_numpy = isinstance(logits, np.ndarray)
+    if is_numpy:
+        out = np.argmax(logits, axis=-1).astype(np.int64)
+    else:
+        out = logits.argmax(dim=-1).cpu().numpy().astype(np.int64)
+    rows = np.flatnonzero(~greedy)
+    if rows.size:
+        u = np.array([generators[i].random() for i in rows], dtype=np.float64)
+        fn = _sample_numpy if is_numpy else _sample_torch
+        out[rows] = fn(logits, rows, temps, top_k, top_p, u)
+    return out
