@@ -137,7 +137,7 @@ class PagedDecoderStep(DecoderStep):
 
 
 def gather_blocks(pool: Tensor, tables: Tensor) -> Tensor:
-    """[B, Hkv, max_blocks * block_size, D]: each row's blocks in table order (Gather + Transpose + Reshape)."""
+    """[B, Hkv, max_blocks * block_size, D]: each row's blocks in table order (Gather, Transpose, Reshape)."""
     return pool[tables].permute(0, 3, 1, 2, 4).flatten(2, 3)
 
 
