@@ -1,0 +1,81 @@
+"""The paged step graph: HF logits through pools with randomly placed blocks, and the slot mask contract."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.llm.tiny_models import hf_greedy, prompts, tiny_model
+from trtforge.compiler.decoder.export import export_step
+from trtforge.errors import UserError
+from trtforge.llm.executor import StepBatch
+from trtforge.llm.executors import OrtPagedExecutor
+
+NEW_TOKENS = 12
+BLOCK = 4
+
+
+def _export(model, tmp_path, **kw):
+    result = export_step(
+        model, max_seq=64, max_batch=4, max_prefill=32, exporter="legacy", workdir=tmp_path,
+        cache_layout="paged", block_size=BLOCK, **kw,
+    )  # fmt: skip
+    path = tmp_path / "step.onnx"
+    onnx.save(result.model, str(path))
+    return path, result
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_paged_graph_matches_hf_logits_with_random_block_placement(family, tmp_path):
+    model = tiny_model(family)
+    path, result = _export(model, tmp_path)
+    ops = {n.op_type for n in result.model.graph.node}
+    assert {"ScatterND", "Gather", "Attention"} <= ops and "TensorScatter" not in ops
+    cache = result.generation["cache"]
+    assert cache["layout"] == "paged" and cache["block_size"] == BLOCK
+    ex = OrtPagedExecutor(path, num_blocks=40)
+    rng = np.random.default_rng(7)
+    ex.pools = {n: rng.standard_normal(p.shape).astype(p.dtype) for n, p in ex.pools.items()}  # stale garbage
+    batch = prompts(model.config.vocab_size)
+    refs = [hf_greedy(model, p, NEW_TOKENS) for p in batch]
+    need = [-(-(len(p) + NEW_TOKENS) // BLOCK) for p in batch]
+    placement = rng.permutation(ex.num_blocks)[: sum(need)].tolist()  # scattered, in no order
+    tables = [placement[sum(need[:b]) : sum(need[: b + 1])] for b in range(len(batch))]
+
+    def slots(b, start, n):
+        return [tables[b][p // BLOCK] * BLOCK + p % BLOCK for p in range(start, start + n)]
+
+    tokens, starts = [list(p) for p in batch], [0] * len(batch)
+    for step in range(NEW_TOKENS):
+        sb = StepBatch.build(
+            seq_ids=list(range(len(batch))),
+            tokens=tokens,
+            start_positions=starts,
+            block_tables=tables,
+            slots=[slots(b, starts[b], len(t)) for b, t in enumerate(tokens)],
+            want_logits=[True] * len(batch),
+        )
+        logits = ex.step(sb)
+        for b, (want_ids, want_logits) in enumerate(refs):
+            err = float(np.abs(logits[b] - want_logits[step].numpy()).max())
+            assert err <= 1e-4, f"{family} row {b} step {step}: max abs err {err}"
+            assert int(logits[b].argmax()) == want_ids[step]
+        starts = [s + len(t) for s, t in zip(starts, tokens)]
+        tokens = [[want_ids[step]] for want_ids, _ in refs]
+
+
+def test_paged_graph_refuses_bad_layout_options(tmp_path):
+    model = tiny_model("llama")
+    with pytest.raises(UserError, match="cache_layout"):
+        export_step(model, max_seq=16, exporter="legacy", workdir=tmp_path, cache_layout="ring")
+    with pytest.raises(UserError, match="block_size"):
+        export_step(model, max_seq=16, workdir=tmp_path, cache_layout="paged", block_size=0)
+
+
+def test_paged_executor_refuses_a_slot_graph(tmp_path):
+    result = export_step(tiny_model("llama"), max_seq=16, max_batch=2, exporter="legacy", workdir=tmp_path)
+    path = tmp_path / "slot.onnx"
+    onnx.save(result.model, str(path))
+    with pytest.raises(UserError, match="paged"):
+        OrtPagedExecutor(path)
