@@ -16,22 +16,30 @@ NEW_TOKENS = 12
 BLOCK = 4
 
 
-def _export(model, tmp_path, **kw):
+def _export(model, tmp_path, exporter="legacy"):
     result = export_step(
-        model, max_seq=64, max_batch=4, max_prefill=32, exporter="legacy", workdir=tmp_path,
-        cache_layout="paged", block_size=BLOCK, **kw,
+        model, max_seq=64, max_batch=4, max_prefill=32, exporter=exporter, workdir=tmp_path,
+        cache_layout="paged", block_size=BLOCK,
     )  # fmt: skip
+    assert result.exporter == exporter and result.fallback_reason is None
     path = tmp_path / "step.onnx"
     onnx.save(result.model, str(path))
     return path, result
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_paged_graph_matches_hf_logits_with_random_block_placement(family, tmp_path):
+@pytest.mark.parametrize(
+    ("family", "exporter"),
+    [("llama", "legacy"), ("gpt2", "legacy"), pytest.param("llama", "dynamo", marks=pytest.mark.slow)],
+)
+def test_paged_graph_matches_hf_logits_with_random_block_placement(family, exporter, tmp_path):
     model = tiny_model(family)
-    path, result = _export(model, tmp_path)
-    ops = {n.op_type for n in result.model.graph.node}
-    assert {"ScatterND", "Gather", "Attention"} <= ops and "TensorScatter" not in ops
+    path, result = _export(model, tmp_path, exporter)
+    nodes = result.model.graph.node
+    layers = result.generation["num_layers"]
+    assert sum(n.op_type == "ScatterND" for n in nodes) == 2 * layers
+    assert sum(n.op_type == "Attention" for n in nodes) == layers
+    assert sum(n.op_type == "Gather" and n.input[1] == "block_tables" for n in nodes) == 2 * layers
+    assert "TensorScatter" not in {n.op_type for n in nodes}
     cache = result.generation["cache"]
     assert cache["layout"] == "paged" and cache["block_size"] == BLOCK
     ex = OrtPagedExecutor(path, num_blocks=40)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from trtforge.compiler.decoder.families import DecoderSpec, adapter_for
-from trtforge.compiler.decoder.ops import cache_attention, kv_cache_write, paged_cache_write
+from trtforge.compiler.decoder.ops import cache_attention, kv_cache_write, paged_cache_write, paged_gather
 
 
 def step_mask(past_lens: Tensor, new_lens: Tensor, seq: Tensor, max_seq: int, window: int | None) -> Tensor:
@@ -111,7 +111,6 @@ class PagedDecoderStep(DecoderStep):
     ) -> tuple[Tensor, ...]:
         a = self.adapter
         seq = torch.cumsum(torch.ones_like(input_ids[0]), 0) - 1
-        tables = block_tables.to(torch.int64)
         masks: dict[int | None, Tensor] = {}
         x = a.embed(input_ids, position_ids)
         rope = a.rotary_tables(position_ids)
@@ -121,8 +120,8 @@ class PagedDecoderStep(DecoderStep):
             q, k, v, scale = a.qkv(i, x, rope)
             key_pool = paged_cache_write(pools[2 * i], k, slot_mapping)
             value_pool = paged_cache_write(pools[2 * i + 1], v, slot_mapping)
-            keys = gather_blocks(key_pool, tables)
-            values = gather_blocks(value_pool, tables)
+            keys = paged_gather(key_pool, block_tables)
+            values = paged_gather(value_pool, block_tables)
             if window not in masks:
                 positions = torch.cumsum(torch.ones_like(keys[0, 0, :, 0], dtype=torch.int64), 0) - 1
                 masks[window] = keys_mask(past_lens, new_lens, seq, positions, window)
@@ -134,11 +133,6 @@ class PagedDecoderStep(DecoderStep):
             x = torch.gather(x, 1, last)[:, 0]
         logits = self.model.lm_head(a.final_norm(x)).float()
         return (logits, *updated)
-
-
-def gather_blocks(pool: Tensor, tables: Tensor) -> Tensor:
-    """[B, Hkv, max_blocks * block_size, D]: each row's blocks in table order (Gather, Transpose, Reshape)."""
-    return pool[tables].permute(0, 3, 1, 2, 4).flatten(2, 3)
 
 
 def paged_input_names(num_layers: int) -> list[str]:
