@@ -87,3 +87,23 @@ def test_paged_executor_refuses_a_slot_graph(tmp_path):
     onnx.save(result.model, str(path))
     with pytest.raises(UserError, match="paged"):
         OrtPagedExecutor(path)
+
+
+def test_executor_copies_blocks_before_writing_and_keeps_pools(tmp_path):
+    path, _ = _export(tiny_model("llama"), tmp_path)
+    ex = OrtPagedExecutor(path, num_blocks=12)
+    rng = np.random.default_rng(3)
+    ex.pools = {n: rng.standard_normal(p.shape).astype(p.dtype) for n, p in ex.pools.items()}
+    before = {n: p.copy() for n, p in ex.pools.items()}
+    # copy block 3 -> 5 (copy-on-write), then write two tokens into block 5's first two slots
+    batch = StepBatch.build(["a"], [[7, 8]], [0], [[5]], [[5 * BLOCK, 5 * BLOCK + 1]], [True], [(3, 5)])
+    ex.step(batch)
+    for name, pool in ex.pools.items():
+        assert np.array_equal(pool[5, 2:], before[name][3, 2:]), name
+        assert not np.array_equal(pool[5, :2], before[name][3, :2]), name
+        untouched = [b for b in range(ex.num_blocks + 1) if b != 5]
+        assert np.array_equal(pool[untouched], before[name][untouched]), name
+    with pytest.raises(UserError, match="max_model_len"):
+        OrtPagedExecutor(path, max_model_len=65)
+    with pytest.raises(UserError, match="num_blocks"):
+        OrtPagedExecutor(path, num_blocks=0)

@@ -56,6 +56,8 @@ def test_load_keeps_slot_graphs_on_the_greedy_loop(tmp_path):
         trtforge.llm.load(path, num_blocks=8)
     with pytest.raises(UserError, match="not available"):
         trtforge.llm.load(path, executor="tensorrt")
+    with pytest.raises(UserError, match="is a directory.*executor='torch'"):
+        trtforge.llm.load(tmp_path)
 
 
 def test_from_pretrained_serves_with_the_torch_executor(tmp_path):

@@ -170,14 +170,19 @@ def load(
     from trtforge.llm.executors.onnxruntime_exec import OrtPagedExecutor, read_generation
 
     p = Path(path)
+    if p.is_dir():
+        raise UserError(
+            f"'{p}' is a directory; the onnxruntime executor loads a step graph (.onnx). For a "
+            "save_pretrained directory use executor='torch' (trtforge.llm.from_pretrained)."
+        )
     if p.suffix == ".engine" or not p.is_file():
         return api.load(p, executor)  # its errors: an engine needs the TensorRT executor; a missing file
     generation = read_generation(p)
     if generation.get("cache", {}).get("layout") != "paged":
-        if num_blocks is not None or config is not None or max_num_seqs is not None:
+        if any(x is not None for x in (num_blocks, config, max_num_seqs, max_model_len)):
             raise UserError(
-                f"'{p}' is a slot-layout step graph, run by the batched greedy loop; num_blocks, config "
-                "and max_num_seqs apply to paged graphs (export with cache_layout='paged')."
+                f"'{p}' is a slot-layout step graph, run by the batched greedy loop; num_blocks, config, "
+                "max_num_seqs and max_model_len apply to paged graphs (export with cache_layout='paged')."
             )
         return api.load(p, executor)
     ex = OrtPagedExecutor(p, num_blocks, max_model_len=max_model_len, generation=generation)

@@ -150,8 +150,11 @@ class OrtPagedExecutor:
             num_blocks = int(g["max_batch"]) * -(-int(g["max_seq"]) // self._block_size)
         if not isinstance(num_blocks, (int, np.integer)) or isinstance(num_blocks, bool) or num_blocks < 1:
             raise UserError(f"num_blocks must be an integer >= 1, got {num_blocks!r}.")
-        if not isinstance(self._max_model_len, int) or self._max_model_len < 2:
-            raise UserError(f"max_model_len must be an integer >= 2, got {max_model_len!r}.")
+        if not isinstance(self._max_model_len, int) or not 2 <= self._max_model_len <= int(g["max_seq"]):
+            raise UserError(
+                f"max_model_len must be an integer in [2, {g['max_seq']}] (the step graph's max_seq, which "
+                f"its positions were checked against); got {max_model_len!r}."
+            )
         self._num_blocks = int(num_blocks)
         self.session = exact_session(self.path)
         inputs = {i.name: i for i in self.session.get_inputs()}
