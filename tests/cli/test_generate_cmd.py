@@ -84,3 +84,22 @@ def test_missing_or_non_step_model_exits_2(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["generate", str(tmp_path), "--prompt-ids", "1"]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+def wide_vocab_factory():
+    """A tiny Llama whose vocabulary covers the demo (MiniLM) tokenizer's ids."""
+    return tiny_model("llama", vocab_size=30522), None
+
+
+def test_text_prompt_is_tokenized_and_the_output_decoded(paged, capsys):
+    from trtforge.calibration.data import resolve_tokenizer
+
+    tok = resolve_tokenizer("demo")
+    args = ["--prompt", "the cat sat", "--tokenizer", "demo", "--max-tokens", "6", "--ignore-eos"]
+    assert main(["generate", "tests.cli.test_generate_cmd:wide_vocab_factory", *args]) == 0
+    out = capsys.readouterr()
+    ids = tok("the cat sat")["input_ids"]
+    want = tok.decode(hf_greedy(wide_vocab_factory()[0], ids, 6)[0], skip_special_tokens=True)
+    assert out.out == want + "\n" and want.strip()
+    assert main(["generate", paged, *args]) == 2  # MiniLM ids exceed the 300-token vocabulary
+    assert "outside the vocabulary" in capsys.readouterr().err

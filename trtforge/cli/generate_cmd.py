@@ -114,7 +114,10 @@ def generate_cmd(
 
 
 class _Printer:
-    """Writes one prompt's tokens on one line as they arrive (ids, or the decoded text's new part)."""
+    """Writes one prompt's tokens on one line as they arrive (ids, or the decoded text's new part).
+
+    Text is held back while it ends in an incomplete character (U+FFFD from a partial byte sequence).
+    """
 
     def __init__(self, tok: Any) -> None:
         self.tok, self.ids, self.shown = tok, [], ""
@@ -125,12 +128,21 @@ class _Printer:
             self.ids += tokens
         else:
             self.ids += tokens
-            text = self.tok.decode(self.ids, skip_special_tokens=True)
-            click.echo(text[len(self.shown) :] if text.startswith(self.shown) else text, nl=False)
-            self.shown = text
+            self._flush(final=False)
         return self
 
+    def _flush(self, final: bool) -> None:
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") and not final:
+            return
+        common = next((i for i, (a, b) in enumerate(zip(text, self.shown)) if a != b), None)
+        common = min(len(text), len(self.shown)) if common is None else common
+        click.echo(text[common:], nl=False)
+        self.shown = text
+
     def close(self) -> None:
+        if self.tok is not None:
+            self._flush(final=True)
         click.echo("")
 
 
