@@ -107,3 +107,17 @@ def test_executor_copies_blocks_before_writing_and_keeps_pools(tmp_path):
         OrtPagedExecutor(path, max_model_len=65)
     with pytest.raises(UserError, match="num_blocks"):
         OrtPagedExecutor(path, num_blocks=0)
+
+
+def test_optimize_paged_strategy_keeps_the_graph_exact(tmp_path):
+    """`optimize --attention paged` either fuses every layer or records why per layer; ORT-verified."""
+    from trtforge.passes.pipeline import optimize_model
+
+    _, result = _export(tiny_model("llama"), tmp_path)
+    out, ledger = optimize_model(result.model, attention="paged", debug=True)
+    layers = result.generation["num_layers"]
+    fused = sum(n.op_type == "PagedAttention" for n in out.graph.node)
+    attention = next(p for p in ledger.to_dict()["passes"] if p["name"] == "attention")
+    assert fused == layers or len([r for r in attention["rejected"] if "PagedAttention" in r]) == layers
+    for record in ledger.to_dict()["passes"]:
+        assert record["verification"]["max_abs_error"] <= 1e-4, record["name"]
