@@ -132,3 +132,24 @@ def test_bad_requests_cancel_and_executor_faults(step_graph):
             assert out.token_ids == solo_output(prompt, SamplingParams(max_tokens=6), solo_exec)
         assert engine.wait_idle(timeout=60)
         assert engine.memory_stats().free_blocks == 48
+
+
+def test_a_failed_step_fails_only_its_requests(step_graph):
+    """Two running requests share the failing step; the one waiting behind them runs on to its solo output."""
+    inner = OrtPagedExecutor(step_graph, num_blocks=32)
+    executor = _FailOnce(inner)
+    sched = Scheduler(executor, SchedulerConfig(max_num_seqs=2))
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    for rid, prompt in (("a", [3, 4, 5]), ("b", [6] * 9), ("c", [7, 8])):
+        sched.add_request(rid, prompt, params)
+    first = sched.step()  # a and b prefill; c waits (max_num_seqs=2)
+    assert [o.request_id for o in first] == ["a", "b"] and sched.num_waiting == 1
+    executor.armed.set()
+    failed = {o.request_id: o for o in sched.step()}
+    assert sorted(failed) == ["a", "b"]
+    assert all(isinstance(o.error, StepFailedError) and o.finish_reason == "error" for o in failed.values())
+    done = run_to_completion(sched)
+    assert done["c"].error is None
+    solo = solo_output([7, 8], params, OrtPagedExecutor(step_graph, num_blocks=8))
+    assert done["c"].output_token_ids == solo
+    assert sched.memory_stats().free_blocks == 32 and sched.stats.failed_steps == 1
