@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "report": "trtforge.cli.report_cmd:report_cmd",
     "optimize": "trtforge.cli.optimize_cmd:optimize_cmd",
     "export-triton": "trtforge.cli.export_triton_cmd:export_triton_cmd",
+    "generate": "trtforge.cli.generate_cmd:generate_cmd",
 }
 SHORT_HELP: dict[str, str] = {
     "calibrate": "INT8-calibrate an ONNX model on a dataset: Q/DQ nodes TensorRT fuses.",
@@ -28,6 +29,7 @@ SHORT_HELP: dict[str, str] = {
     "report": "Accuracy and latency of torch / ONNX Runtime / TensorRT variants, as HTML, Markdown, JSON.",
     "optimize": "Fuse LayerNorm, GELU, QKV and attention in an ONNX model, verified pass by pass.",
     "export-triton": "Write an engine into a Triton Inference Server model repository.",
+    "generate": "Continue prompts with a step graph (ONNX Runtime) or a HF model (torch), streaming tokens.",
 }
 
 

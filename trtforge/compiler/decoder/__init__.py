@@ -24,9 +24,31 @@ outputs
 Query j of row b sees key k iff k <= past_lens[b]+j and k < past_lens[b]+new_lens[b] (and, for a
 sliding-window layer, k > past_lens[b]+j-window). The caller keeps past_lens[b]+S <= S_max. Padded
 positions write garbage rows beyond a row's length; they are masked out and overwritten by the next
-step, which writes from past_lens+new_lens. A ``cache_layout="paged"`` variant (pool
-[num_blocks, block_size, Hkv, D] plus a block table) is left to issue #17: only the cache inputs, the
-write (ScatterND by slot) and a Gather before ``Attention`` change; the mask contract stays.
+step, which writes from past_lens+new_lens.
+
+Paged contract (``export_step(..., cache_layout="paged", block_size=bs)``; served by
+:class:`trtforge.llm.executors.OrtPagedExecutor` under issue #17's scheduler):
+
+inputs
+  ``input_ids``, ``position_ids``, ``past_lens``, ``new_lens``   as above ([B, S] right-padded, [B])
+  ``block_tables`` int32 [B, max_blocks]  row b's physical blocks in order; entries past its length
+                   may be any valid block (masked out)
+  ``slot_mapping`` int64 [B, S]   pool slot (block * bs + offset) of each new token; padded positions
+                   point at a scratch block the caller never reads (several may share one slot)
+  ``key_pool.{i}``, ``value_pool.{i}``  [num_blocks, bs, Hkv, D] per layer (num_blocks dynamic)
+outputs
+  ``logits``       as above
+  ``key_pool_out.{i}``, ``value_pool_out.{i}``  the pools with the new rows written
+
+Per layer the write is ``ScatterND`` into the pool reshaped to [num_blocks*bs, Hkv, D] at
+``slot_mapping`` (updates Transpose(k, [0, 2, 1, 3])), reshaped back; the read is
+``Gather(pool, block_tables)`` -> Transpose [0, 3, 1, 2, 4] -> Reshape to [B, Hkv, max_blocks*bs, D];
+then the same ``Attention`` with the same mask rule as the slot layout over key positions
+0 .. max_blocks*bs-1. ``optimize --attention paged`` does not rewrite this graph into
+``trtforge::PagedAttention``: that node's pools are [num_blocks, Hkv, bs, D] (its matcher wants the
+Gather followed by Transpose [0, 2, 1, 3, 4] straight off a ScatterND on the 4-D pool), and it writes
+query i at seq_lens[b] - S + i with its own mask, which holds only when every row brings S tokens
+(decode, or equal-length prefill), not for right-padded ragged prefill with a scratch slot.
 
 Engine: one engine with two optimization profiles, 0 = prefill (S in 1..max_prefill) and 1 = decode
 (S = 1), sharing one copy of the weights (:mod:`.build`, :mod:`.compile`). Precision: FP16 (default)

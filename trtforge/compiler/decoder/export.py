@@ -21,13 +21,22 @@ import onnx
 import torch
 
 from trtforge.compiler.decoder import ops
-from trtforge.compiler.decoder.step import DecoderStep, input_names, output_names
+from trtforge.compiler.decoder.step import (
+    DecoderStep,
+    PagedDecoderStep,
+    input_names,
+    output_names,
+    paged_input_names,
+    paged_output_names,
+)
 from trtforge.errors import ExportError, UserError
 from trtforge.numerics.sessions import exact_session
 
 METADATA_KEY = "trtforge.generation"
 EXPORTERS = ("dynamo", "legacy")
 DEFAULT_MAX_SEQ = 2048
+CACHE_LAYOUTS = ("slot", "paged")
+DEFAULT_BLOCK_SIZE = 16
 # ORT vs torch on the export's example inputs: both FP32, same math; a bound well above rounding noise.
 EXPORT_ATOL = 1e-4
 
@@ -58,27 +67,41 @@ class StepExport:
 def generation_section(step: DecoderStep, *, max_batch: int, max_prefill: int, dtype: str) -> dict[str, Any]:
     """The `generation` section (manifest and ONNX metadata) describing a step graph."""
     spec = step.spec.to_dict()
+    layers = range(spec["num_layers"])
+    if isinstance(step, PagedDecoderStep):
+        cache = {
+            "layout": "paged",
+            "block_size": step.block_size,
+            "shape": ["num_blocks", step.block_size, spec["num_kv_heads"], spec["head_dim"]],
+            "dtype": dtype,
+            "inputs": [f"{kind}_pool.{i}" for i in layers for kind in ("key", "value")],
+            "outputs": [f"{kind}_pool_out.{i}" for i in layers for kind in ("key", "value")],
+        }
+    else:
+        cache = {
+            "layout": "slot",
+            "shape": ["batch", spec["num_kv_heads"], step.max_seq, spec["head_dim"]],
+            "dtype": dtype,
+            "inputs": [f"{kind}_cache.{i}" for i in layers for kind in ("key", "value")],
+            "outputs": [f"{kind}_cache_out.{i}" for i in layers for kind in ("key", "value")],
+        }
     return {
         **spec,
         "max_seq": step.max_seq,
         "max_batch": int(max_batch),
         "max_prefill": int(max_prefill),
         "all_logits": step.all_logits,
-        "cache": {
-            "layout": "slot",
-            "shape": ["batch", spec["num_kv_heads"], step.max_seq, spec["head_dim"]],
-            "dtype": dtype,
-            "inputs": [f"{kind}_cache.{i}" for i in range(spec["num_layers"]) for kind in ("key", "value")],
-            "outputs": [
-                f"{kind}_cache_out.{i}" for i in range(spec["num_layers"]) for kind in ("key", "value")
-            ],
-        },
+        "cache": cache,
         "profiles": {},
     }
 
 
 def example_feeds(generation: dict[str, Any], batch: int = 2, seq: int = 3) -> dict[str, torch.Tensor]:
-    """Valid inputs for a prefill of `batch` rows with ragged lengths (row b has seq - b tokens, >= 1)."""
+    """Valid inputs for a prefill of `batch` rows with ragged lengths (row b has seq - b tokens, >= 1).
+
+    For a paged graph each row gets its own blocks, placed at random in a pool with one spare block
+    (the scratch block that padded positions write to); each row has room for two more tokens.
+    """
     max_seq = int(generation["max_seq"])
     seq = max(1, min(seq, max_seq))
     cache = (batch, int(generation["num_kv_heads"]), max_seq, int(generation["head_dim"]))
@@ -91,24 +114,69 @@ def example_feeds(generation: dict[str, Any], batch: int = 2, seq: int = 3) -> d
         "past_lens": torch.zeros(batch, dtype=torch.int64),
         "new_lens": torch.tensor([max(1, seq - b) for b in range(batch)], dtype=torch.int64),
     }
+    if generation["cache"]["layout"] == "paged":
+        return _paged_example(generation, feeds)
     for i in range(int(generation["num_layers"])):
         for kind in ("key", "value"):
             feeds[f"{kind}_cache.{i}"] = torch.zeros(cache)
     return feeds
 
 
+def _paged_example(generation: dict[str, Any], feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    block = int(generation["cache"]["block_size"])
+    batch, seq = feeds["input_ids"].shape
+    per_row = -(-(seq + 2) // block)
+    num_blocks = batch * per_row + 1
+    order = torch.randperm(num_blocks - 1, generator=torch.Generator().manual_seed(1))
+    tables = order.reshape(batch, per_row).to(torch.int32)
+    feeds["block_tables"] = tables
+    feeds["slot_mapping"] = slot_mapping(
+        tables, feeds["position_ids"], feeds["new_lens"], block, num_blocks - 1
+    )
+    shape = (num_blocks, block, int(generation["num_kv_heads"]), int(generation["head_dim"]))
+    for i in range(int(generation["num_layers"])):
+        for kind in ("key", "value"):
+            feeds[f"{kind}_pool.{i}"] = torch.randn(shape, generator=torch.Generator().manual_seed(2 + i))
+    return feeds
+
+
+def slot_mapping(
+    tables: torch.Tensor, positions: torch.Tensor, new_lens: torch.Tensor, block_size: int, scratch: int
+) -> torch.Tensor:
+    """int64 [B, S] pool slots of each new token; padded positions (j >= new_lens[b]) -> block `scratch`."""
+    blocks = torch.gather(tables.to(torch.int64), 1, (positions // block_size).clamp(max=tables.shape[1] - 1))
+    slots = blocks * block_size + positions % block_size
+    real = torch.arange(positions.shape[1])[None, :] < new_lens[:, None]
+    return torch.where(real, slots, torch.full_like(slots, scratch * block_size))
+
+
+def _io_names(step: DecoderStep) -> tuple[list[str], list[str]]:
+    n = step.spec.num_layers
+    if isinstance(step, PagedDecoderStep):
+        return paged_input_names(n), paged_output_names(n)
+    return input_names(n), output_names(n)
+
+
 def _dynamo(step: DecoderStep, feeds: dict[str, torch.Tensor], path: Path) -> None:
     batch = torch.export.Dim("batch", min=1)
     seq = torch.export.Dim("seq", min=1, max=step.max_seq)
-    caches = tuple({0: batch} for _ in range(2 * step.spec.num_layers))  # the *caches varargs
-    shapes = ({0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch}, {0: batch}, caches)
+    shapes: tuple[Any, ...]
+    if isinstance(step, PagedDecoderStep):
+        blocks = torch.export.Dim("num_blocks", min=2)
+        width = torch.export.Dim("max_blocks", min=1)
+        pools = tuple({0: blocks} for _ in range(2 * step.spec.num_layers))
+        rows = {0: batch, 1: seq}
+        shapes = (rows, rows, {0: batch}, {0: batch}, {0: batch, 1: width}, rows, pools)
+    else:
+        caches = tuple({0: batch} for _ in range(2 * step.spec.num_layers))  # the *caches varargs
+        shapes = ({0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch}, {0: batch}, caches)
     program = torch.onnx.export(
         step,
         tuple(feeds.values()),
         dynamo=True,
         dynamic_shapes=shapes,
         input_names=list(feeds),
-        output_names=output_names(step.spec.num_layers),
+        output_names=_io_names(step)[1],
         opset_version=ops.STEP_OPSET,
         custom_translation_table=ops.dynamo_translation_table(),
         optimize=True,
@@ -126,14 +194,22 @@ def _legacy(step: DecoderStep, feeds: dict[str, torch.Tensor], path: Path) -> No
         "input_ids": {0: "batch", 1: "seq"},
         "position_ids": {0: "batch", 1: "seq"},
     }
-    axes |= {n: {0: "batch"} for n in list(feeds)[2:]}
-    axes |= {n: {0: "batch"} for n in output_names(step.spec.num_layers)}
+    outputs = _io_names(step)[1]
+    if isinstance(step, PagedDecoderStep):
+        axes |= {"past_lens": {0: "batch"}, "new_lens": {0: "batch"}}
+        axes |= {"block_tables": {0: "batch", 1: "max_blocks"}, "slot_mapping": {0: "batch", 1: "seq"}}
+        axes |= {n: {0: "num_blocks"} for n in list(feeds)[6:]}
+        axes |= {"logits": {0: "batch", 1: "seq"} if step.all_logits else {0: "batch"}}
+        axes |= {n: {0: "num_blocks"} for n in outputs[1:]}
+    else:
+        axes |= {n: {0: "batch"} for n in list(feeds)[2:]}
+        axes |= {n: {0: "batch"} for n in outputs}
     torch.onnx.export(
         step,
         tuple(feeds.values()),
         str(path),
         input_names=list(feeds),
-        output_names=output_names(step.spec.num_layers),
+        output_names=outputs,
         dynamic_axes=axes,
         opset_version=opset,
         dynamo=False,
@@ -158,7 +234,7 @@ def _verify(model: onnx.ModelProto, step: DecoderStep, feeds: dict[str, torch.Te
     """ORT (exact) vs torch on a prefill and a following decode step; ExportError beyond EXPORT_ATOL."""
     sess = exact_session(model)
     errors: dict[str, float] = {}
-    names = output_names(step.spec.num_layers)
+    in_names, names = _io_names(step)
     for phase in ("prefill", "decode"):
         with torch.no_grad():
             ref = [t.numpy() for t in step(*feeds.values())]
@@ -177,13 +253,21 @@ def _verify(model: onnx.ModelProto, step: DecoderStep, feeds: dict[str, torch.Te
             errors[f"{phase}:{name}"] = max(errors.get(f"{phase}:{name}", 0.0), err)
         nxt = feeds["input_ids"][:, :1] if step.all_logits else torch.from_numpy(got[0].argmax(-1))[:, None]
         lengths = feeds["past_lens"] + feeds["new_lens"]
-        feeds = {
+        caches = {n: torch.from_numpy(g) for n, g in zip(in_names[-len(got) + 1 :], got[1:])}
+        nxt_feeds = {
             "input_ids": nxt.to(torch.int64),
             "position_ids": lengths[:, None].clone(),
             "past_lens": lengths,
             "new_lens": torch.ones_like(lengths),
-            **{n: torch.from_numpy(g) for n, g in zip(input_names(step.spec.num_layers)[4:], got[1:])},
         }
+        if isinstance(step, PagedDecoderStep):
+            tables = feeds["block_tables"]
+            scratch = next(iter(caches.values())).shape[0] - 1
+            nxt_feeds["block_tables"] = tables
+            nxt_feeds["slot_mapping"] = slot_mapping(
+                tables, nxt_feeds["position_ids"], nxt_feeds["new_lens"], step.block_size, scratch
+            )
+        feeds = nxt_feeds | caches
     return errors
 
 
@@ -195,12 +279,25 @@ def export_step(
     max_prefill: int | None = None,
     exporter: str = "auto",
     all_logits: bool = False,
+    cache_layout: str = "slot",
+    block_size: int = DEFAULT_BLOCK_SIZE,
     workdir: Path,
 ) -> StepExport:
-    """Export `model` (a supported HF causal LM) to an FP32 step graph with a slot cache of `max_seq`."""
+    """Export `model` (a supported HF causal LM) to an FP32 step graph.
+
+    `cache_layout` "slot": per-row caches of `max_seq`; "paged": block pools of `block_size` tokens
+    (see :mod:`trtforge.compiler.decoder` for both contracts).
+    """
     if exporter not in ("auto", *EXPORTERS):
         raise UserError(f"exporter must be auto, dynamo or legacy; got '{exporter}'.")
-    step = DecoderStep(model, max_seq, all_logits=all_logits)
+    if cache_layout not in CACHE_LAYOUTS:
+        raise UserError(f"cache_layout must be one of {', '.join(CACHE_LAYOUTS)}; got {cache_layout!r}.")
+    if cache_layout == "paged":
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+            raise UserError(f"block_size must be an integer >= 1; got {block_size!r}.")
+        step: DecoderStep = PagedDecoderStep(model, max_seq, block_size, all_logits=all_logits)
+    else:
+        step = DecoderStep(model, max_seq, all_logits=all_logits)
     dtypes = sorted({str(p.dtype) for p in model.parameters() if p.is_floating_point()} - {"torch.float32"})
     if dtypes:
         raise UserError(

@@ -4,6 +4,9 @@ Both are torch custom ops (``torch.library``) with exact torch reference impleme
 module runs in eager torch, and each exporter translates them to standard ONNX: the cache write to
 ``TensorScatter`` (opset 24; TensorRT: KV_CACHE_UPDATE) and the attention to ``Attention`` (opset 23/24;
 TensorRT: IAttention) with an explicit bool mask, one output, no ``present_*``, no ``nonpad_kv_seqlen``.
+The paged layout's write (``paged_cache_write``) is plain ONNX: ``ScatterND`` into the pool flattened
+to [num_blocks * block_size, Hkv, D] at the slot mapping, reshaped back; its read (``paged_gather``)
+is ``Gather(pool, block_tables)`` + Transpose + Reshape to [B, Hkv, max_blocks * block_size, D].
 Neither exporter emits opset 24 (torch's dynamo exporter stops at 23, the legacy one at 20), so the
 translations emit both ops in a placeholder domain and :func:`finalize_opset` moves them to the default
 domain at opset 24 (between 20 and 24 the other ops only gained types, no semantics).
@@ -45,6 +48,32 @@ def cache_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float)
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
+@torch.library.custom_op("trtforge::paged_cache_write", mutates_args=())
+def paged_cache_write(pool: Tensor, update: Tensor, slot_mapping: Tensor) -> Tensor:
+    """A copy of `pool` [N,bs,H,D] with `update` [B,H,S,D] written at flat slots slot_mapping [B,S]."""
+    flat = pool.reshape(-1, pool.shape[2], pool.shape[3]).clone()
+    rows = update.transpose(1, 2).reshape(-1, update.shape[1], update.shape[3]).to(pool.dtype)
+    flat[slot_mapping.reshape(-1).to(torch.int64)] = rows
+    return flat.view(pool.shape)
+
+
+@paged_cache_write.register_fake
+def _paged_cache_write_fake(pool: Tensor, update: Tensor, slot_mapping: Tensor) -> Tensor:
+    return torch.empty_like(pool)
+
+
+@torch.library.custom_op("trtforge::paged_gather", mutates_args=())
+def paged_gather(pool: Tensor, tables: Tensor) -> Tensor:
+    """[B, Hkv, max_blocks * bs, D]: the blocks of each row of tables, in order, from pool [N, bs, H, D]."""
+    return pool[tables.to(torch.int64)].permute(0, 3, 1, 2, 4).flatten(2, 3).contiguous()
+
+
+@paged_gather.register_fake
+def _paged_gather_fake(pool: Tensor, tables: Tensor) -> Tensor:
+    b, width = tables.shape
+    return pool.new_empty((b, pool.shape[2], width * pool.shape[1], pool.shape[3]))
+
+
 @cache_attention.register_fake
 def _cache_attention_fake(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
     return torch.empty_like(q)
@@ -65,8 +94,31 @@ def dynamo_translation_table() -> dict[Any, Any]:
     def attention_onnx(q, k, v, mask, scale: float):
         return attention(q, k, v, mask, scale=scale)[0]  # finalize_opset drops the other three outputs
 
+    def paged_write_onnx(pool, update, slot_mapping):
+        from onnxscript import opset18 as op
+
+        flat_shape = op.Concat(op.Constant(value_ints=[-1]), op.Shape(pool, start=2), axis=0)
+        idx = op.Unsqueeze(slot_mapping, op.Constant(value_ints=[-1]))
+        rows = op.Transpose(update, perm=[0, 2, 1, 3])
+        return op.Reshape(op.ScatterND(op.Reshape(pool, flat_shape), idx, rows), op.Shape(pool))
+
+    def paged_gather_onnx(pool, tables):
+        from onnxscript import opset18 as op
+
+        rows = op.Transpose(op.Gather(pool, tables, axis=0), perm=[0, 3, 1, 2, 4])
+        shape = op.Concat(
+            op.Shape(tables, start=0, end=1),
+            op.Shape(pool, start=2, end=3),
+            op.Constant(value_ints=[-1]),
+            op.Shape(pool, start=3, end=4),
+            axis=0,
+        )
+        return op.Reshape(rows, shape)
+
     return {
         torch.ops.trtforge.kv_cache_write.default: write_onnx,
+        torch.ops.trtforge.paged_gather.default: paged_gather_onnx,
+        torch.ops.trtforge.paged_cache_write.default: paged_write_onnx,
         torch.ops.trtforge.cache_attention.default: attention_onnx,
     }
 
@@ -75,6 +127,28 @@ def _write_symbolic(g: Any, cache: Any, update: Any, write_index: Any) -> Any:
     return g.op(f"{PLACEHOLDER_DOMAIN}::TensorScatter", cache, update, write_index, axis_i=2).setType(
         cache.type()
     )
+
+
+def _paged_write_symbolic(g: Any, pool: Any, update: Any, slot_mapping: Any) -> Any:
+    minus_one = g.op("Constant", value_t=torch.tensor([-1], dtype=torch.int64))
+    flat = g.op("Reshape", pool, g.op("Concat", minus_one, g.op("Shape", pool, start_i=2), axis_i=0))
+    rows = g.op("Transpose", update, perm_i=[0, 2, 1, 3])
+    written = g.op("ScatterND", flat, g.op("Unsqueeze", slot_mapping, minus_one), rows)
+    return g.op("Reshape", written, g.op("Shape", pool)).setType(pool.type())
+
+
+def _paged_gather_symbolic(g: Any, pool: Any, tables: Any) -> Any:
+    rows = g.op("Transpose", g.op("Gather", pool, tables, axis_i=0), perm_i=[0, 3, 1, 2, 4])
+    minus_one = g.op("Constant", value_t=torch.tensor([-1], dtype=torch.int64))
+    shape = g.op(
+        "Concat",
+        g.op("Shape", tables, start_i=0, end_i=1),
+        g.op("Shape", pool, start_i=2, end_i=3),
+        minus_one,
+        g.op("Shape", pool, start_i=3, end_i=4),
+        axis_i=0,
+    )
+    return g.op("Reshape", rows, shape).setType(pool.type().with_sizes([None] * 4))
 
 
 def _attention_symbolic(g: Any, q: Any, k: Any, v: Any, mask: Any, scale: Any) -> Any:
@@ -90,6 +164,8 @@ def register_legacy_symbolics(opset: int) -> None:
 
     register_custom_op_symbolic("trtforge::kv_cache_write", _write_symbolic, opset)
     register_custom_op_symbolic("trtforge::cache_attention", _attention_symbolic, opset)
+    register_custom_op_symbolic("trtforge::paged_cache_write", _paged_write_symbolic, opset)
+    register_custom_op_symbolic("trtforge::paged_gather", _paged_gather_symbolic, opset)
 
 
 def finalize_opset(model: Any) -> Any:

@@ -1,7 +1,6 @@
-"""Step executors: run one step of a step graph on given feeds, checking them against the graph first.
-
-Only ONNX Runtime (CPU, exact: graph optimizations off) exists yet; the TensorRT and torch executors
-and the paged cache belong to issue #17 and will implement the same `run(feeds) -> outputs` call.
+"""The slot-layout step executor: runs raw feeds through a step graph in exact ONNX Runtime, checking
+them against the graph first (the batched greedy loop of :mod:`trtforge.llm.api`; paged graphs are
+served by :mod:`.onnxruntime_exec`).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import numpy as np
 
 from trtforge.errors import UserError
 
-_ORT_TYPES = {
+ORT_TYPES = {
     "tensor(float)": np.float32,
     "tensor(float16)": np.float16,
     "tensor(int64)": np.int64,
@@ -43,7 +42,7 @@ class OrtStepExecutor:
         ]
         if missing:
             raise UserError(f"step graph '{self.path}' lacks the inputs {missing} its metadata names.")
-        self.cache_dtype = np.dtype(_ORT_TYPES[self.inputs[self.cache_inputs[0]].type])
+        self.cache_dtype = np.dtype(ORT_TYPES[self.inputs[self.cache_inputs[0]].type])
         self.cache_dims = (int(generation["num_kv_heads"]), self.max_seq, int(generation["head_dim"]))
 
     def new_cache(self, batch: int) -> dict[str, np.ndarray]:
@@ -65,7 +64,7 @@ class OrtStepExecutor:
                 f"max_batch {self.max_batch} of step graph '{self.path}'."
             )
         for name, value in feeds.items():
-            want = np.dtype(_ORT_TYPES.get(self.inputs[name].type, np.float32))
+            want = np.dtype(ORT_TYPES.get(self.inputs[name].type, np.float32))
             if value.dtype != want:
                 raise UserError(
                     f"input '{name}' has dtype {value.dtype}, step graph '{self.path}' expects {want} "

@@ -1,0 +1,105 @@
+"""`trtforge generate`: paged and slot step graphs, the torch executor, sampling options, bad input."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from tests.llm.tiny_models import hf_greedy, tiny_model
+from trtforge.cli.main import main
+from trtforge.compiler.decoder.export import export_step
+
+
+def _graph(d, **kw):
+    r = export_step(tiny_model("llama"), max_seq=64, max_batch=4, exporter="legacy", workdir=d, **kw)
+    path = d / "step.onnx"
+    onnx.save(r.model, str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def paged(tmp_path_factory):
+    return _graph(tmp_path_factory.mktemp("gen"), cache_layout="paged", block_size=8)
+
+
+def _lines(capsys):
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    return [[int(t) for t in line.split()] for line in out.out.splitlines()]
+
+
+def test_greedy_ids_match_hf_on_both_executors(paged, capsys):
+    model = tiny_model("llama")
+    want = [hf_greedy(model, p, 7)[0] for p in ([1, 2, 3], [4, 5])]
+    args = ["--prompt-ids", "1 2 3", "--prompt-ids", "4,5", "--max-tokens", "7", "--ignore-eos"]
+    assert main(["generate", paged, *args]) == 0
+    assert _lines(capsys) == want
+    assert main(["generate", "tests.llm.tiny_models:llama_factory", *args, "--num-blocks", "16"]) == 0
+    assert _lines(capsys) == want
+
+
+def test_seeded_sampling_repeats_and_differs_from_greedy(paged, capsys):
+    args = ["generate", paged, "--prompt-ids", "9 8 7", "--max-tokens", "12", "--ignore-eos"]
+    assert main(args) == 0
+    greedy = _lines(capsys)
+    sampling = ["--temperature", "1.0", "--top-k", "50", "--top-p", "0.95", "--seed", "3"]
+    assert main(args + sampling) == 0
+    first = _lines(capsys)
+    assert main(args + sampling) == 0
+    assert _lines(capsys) == first != greedy
+    assert len(first[0]) == 12
+
+
+def test_slot_graph_runs_greedy_and_refuses_sampling(tmp_path, capsys):
+    slot = _graph(tmp_path)
+    assert main(["generate", slot, "--prompt-ids", "1 2 3", "--max-tokens", "5", "--ignore-eos"]) == 0
+    assert _lines(capsys) == [hf_greedy(tiny_model("llama"), [1, 2, 3], 5)[0]]
+    assert main(["generate", slot, "--prompt-ids", "1 2", "--temperature", "0.7"]) == 2
+    assert "greedily only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "at least one prompt"),
+        (["--prompt-ids", "1 x"], "--prompt-ids"),
+        (["--prompt-ids", ""], "--prompt-ids"),
+        (["--prompt", "hello"], "--tokenizer"),
+        (["--prompt-ids", "1 2", "--temperature", "-1"], "temperature"),
+        (["--prompt-ids", "1 2", "--top-p", "0"], "top_p"),
+        (["--prompt-ids", "1 2", "--max-tokens", "0"], "max_tokens"),
+        (["--prompt-ids", "1 999"], "outside the vocabulary"),
+        (["--prompt-ids", " ".join(["5"] * 80)], "maximum sequence length"),
+        (["--prompt-ids", "1 2", "--num-blocks", "0"], "num_blocks"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(paged, capsys, argv, message):
+    assert main(["generate", paged, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_missing_or_non_step_model_exits_2(tmp_path, capsys):
+    assert main(["generate", str(tmp_path / "none.onnx"), "--prompt-ids", "1"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["generate", str(tmp_path), "--prompt-ids", "1"]) == 2
+    assert "config.json" in capsys.readouterr().err
+
+
+def wide_vocab_factory():
+    """A tiny Llama whose vocabulary covers the demo (MiniLM) tokenizer's ids."""
+    return tiny_model("llama", vocab_size=30522), None
+
+
+def test_text_prompt_is_tokenized_and_the_output_decoded(paged, capsys):
+    from trtforge.calibration.data import resolve_tokenizer
+
+    tok = resolve_tokenizer("demo")
+    args = ["--prompt", "the cat sat", "--tokenizer", "demo", "--max-tokens", "6", "--ignore-eos"]
+    assert main(["generate", "tests.cli.test_generate_cmd:wide_vocab_factory", *args]) == 0
+    out = capsys.readouterr()
+    ids = tok("the cat sat")["input_ids"]
+    want = tok.decode(hf_greedy(wide_vocab_factory()[0], ids, 6)[0], skip_special_tokens=True)
+    assert out.out == want + "\n" and want.strip()
+    assert main(["generate", paged, *args]) == 2  # MiniLM ids exceed the 300-token vocabulary
+    assert "outside the vocabulary" in capsys.readouterr().err

@@ -1,0 +1,123 @@
+"""The paged step graph: HF logits through pools with randomly placed blocks, and the slot mask contract."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.llm.tiny_models import hf_greedy, prompts, tiny_model
+from trtforge.compiler.decoder.export import export_step
+from trtforge.errors import UserError
+from trtforge.llm.executor import StepBatch
+from trtforge.llm.executors import OrtPagedExecutor
+
+NEW_TOKENS = 12
+BLOCK = 4
+
+
+def _export(model, tmp_path, exporter="legacy"):
+    result = export_step(
+        model, max_seq=64, max_batch=4, max_prefill=32, exporter=exporter, workdir=tmp_path,
+        cache_layout="paged", block_size=BLOCK,
+    )  # fmt: skip
+    assert result.exporter == exporter and result.fallback_reason is None
+    path = tmp_path / "step.onnx"
+    onnx.save(result.model, str(path))
+    return path, result
+
+
+@pytest.mark.parametrize(
+    ("family", "exporter"),
+    [("llama", "legacy"), ("gpt2", "legacy"), pytest.param("llama", "dynamo", marks=pytest.mark.slow)],
+)
+def test_paged_graph_matches_hf_logits_with_random_block_placement(family, exporter, tmp_path):
+    model = tiny_model(family)
+    path, result = _export(model, tmp_path, exporter)
+    nodes = result.model.graph.node
+    layers = result.generation["num_layers"]
+    assert sum(n.op_type == "ScatterND" for n in nodes) == 2 * layers
+    assert sum(n.op_type == "Attention" for n in nodes) == layers
+    assert sum(n.op_type == "Gather" and n.input[1] == "block_tables" for n in nodes) == 2 * layers
+    assert "TensorScatter" not in {n.op_type for n in nodes}
+    cache = result.generation["cache"]
+    assert cache["layout"] == "paged" and cache["block_size"] == BLOCK
+    ex = OrtPagedExecutor(path, num_blocks=40)
+    rng = np.random.default_rng(7)
+    ex.pools = {n: rng.standard_normal(p.shape).astype(p.dtype) for n, p in ex.pools.items()}  # stale garbage
+    batch = prompts(model.config.vocab_size)
+    refs = [hf_greedy(model, p, NEW_TOKENS) for p in batch]
+    need = [-(-(len(p) + NEW_TOKENS) // BLOCK) for p in batch]
+    placement = rng.permutation(ex.num_blocks)[: sum(need)].tolist()  # scattered, in no order
+    tables = [placement[sum(need[:b]) : sum(need[: b + 1])] for b in range(len(batch))]
+
+    def slots(b, start, n):
+        return [tables[b][p // BLOCK] * BLOCK + p % BLOCK for p in range(start, start + n)]
+
+    tokens, starts = [list(p) for p in batch], [0] * len(batch)
+    for step in range(NEW_TOKENS):
+        sb = StepBatch.build(
+            seq_ids=list(range(len(batch))),
+            tokens=tokens,
+            start_positions=starts,
+            block_tables=tables,
+            slots=[slots(b, starts[b], len(t)) for b, t in enumerate(tokens)],
+            want_logits=[True] * len(batch),
+        )
+        logits = ex.step(sb)
+        for b, (want_ids, want_logits) in enumerate(refs):
+            err = float(np.abs(logits[b] - want_logits[step].numpy()).max())
+            assert err <= 1e-4, f"{family} row {b} step {step}: max abs err {err}"
+            assert int(logits[b].argmax()) == want_ids[step]
+        starts = [s + len(t) for s, t in zip(starts, tokens)]
+        tokens = [[want_ids[step]] for want_ids, _ in refs]
+
+
+def test_paged_graph_refuses_bad_layout_options(tmp_path):
+    model = tiny_model("llama")
+    with pytest.raises(UserError, match="cache_layout"):
+        export_step(model, max_seq=16, exporter="legacy", workdir=tmp_path, cache_layout="ring")
+    with pytest.raises(UserError, match="block_size"):
+        export_step(model, max_seq=16, workdir=tmp_path, cache_layout="paged", block_size=0)
+
+
+def test_paged_executor_refuses_a_slot_graph(tmp_path):
+    result = export_step(tiny_model("llama"), max_seq=16, max_batch=2, exporter="legacy", workdir=tmp_path)
+    path = tmp_path / "slot.onnx"
+    onnx.save(result.model, str(path))
+    with pytest.raises(UserError, match="paged"):
+        OrtPagedExecutor(path)
+
+
+def test_executor_copies_blocks_before_writing_and_keeps_pools(tmp_path):
+    path, _ = _export(tiny_model("llama"), tmp_path)
+    ex = OrtPagedExecutor(path, num_blocks=12)
+    rng = np.random.default_rng(3)
+    ex.pools = {n: rng.standard_normal(p.shape).astype(p.dtype) for n, p in ex.pools.items()}
+    before = {n: p.copy() for n, p in ex.pools.items()}
+    # copy block 3 -> 5 (copy-on-write), then write two tokens into block 5's first two slots
+    batch = StepBatch.build(["a"], [[7, 8]], [0], [[5]], [[5 * BLOCK, 5 * BLOCK + 1]], [True], [(3, 5)])
+    ex.step(batch)
+    for name, pool in ex.pools.items():
+        assert np.array_equal(pool[5, 2:], before[name][3, 2:]), name
+        assert not np.array_equal(pool[5, :2], before[name][3, :2]), name
+        untouched = [b for b in range(ex.num_blocks + 1) if b != 5]
+        assert np.array_equal(pool[untouched], before[name][untouched]), name
+    with pytest.raises(UserError, match="max_model_len"):
+        OrtPagedExecutor(path, max_model_len=65)
+    with pytest.raises(UserError, match="num_blocks"):
+        OrtPagedExecutor(path, num_blocks=0)
+
+
+def test_optimize_paged_strategy_keeps_the_graph_exact(tmp_path):
+    """`optimize --attention paged` either fuses every layer or records why per layer; ORT-verified."""
+    from trtforge.passes.pipeline import optimize_model
+
+    _, result = _export(tiny_model("llama"), tmp_path)
+    out, ledger = optimize_model(result.model, attention="paged", debug=True)
+    layers = result.generation["num_layers"]
+    fused = sum(n.op_type == "PagedAttention" for n in out.graph.node)
+    attention = next(p for p in ledger.to_dict()["passes"] if p["name"] == "attention")
+    assert fused == layers or len([r for r in attention["rejected"] if "PagedAttention" in r]) == layers
+    for record in ledger.to_dict()["passes"]:
+        assert record["verification"]["max_abs_error"] <= 1e-4, record["name"]

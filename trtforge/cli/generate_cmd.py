@@ -1,0 +1,161 @@
+"""`trtforge generate`: continue prompts with a step graph (ONNX Runtime) or a HF model (torch), streaming."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import click
+
+EXAMPLES = """\b
+Examples:
+  trtforge generate step.onnx --prompt-ids "1 15 27" --max-tokens 32
+  trtforge generate step.onnx --prompt-ids "1 2 3" --prompt-ids "4 5" --temperature 0.8 --top-p 0.9 --seed 1
+  trtforge generate ./llama-dir --prompt "Once upon a time" --tokenizer ./llama-dir
+  trtforge generate mypkg.models:make_llama --prompt-ids "1 2 3" --num-blocks 128
+\b
+MODEL: a step graph written by `trtforge compile --generate --save-onnx` or
+trtforge.compiler.decoder.export_step (paged graphs serve every option; slot graphs are
+greedy only), a Hugging Face save_pretrained directory, or module:factory (both run by the
+torch executor). Each prompt's new tokens are printed on one line as they are generated
+(token ids, or text with --tokenizer); prompts run batched together.
+"""
+
+
+def _parse_ids(text: str) -> list[int]:
+    from trtforge.errors import UserError
+
+    parts = [p for p in re.split(r"[\s,]+", text.strip()) if p]
+    if not parts or not all(re.fullmatch(r"\d+", p) for p in parts):
+        raise UserError(
+            f'--prompt-ids {text!r}: expected token ids >= 0 separated by spaces or commas, e.g. "1 2 3".'
+        )
+    return [int(p) for p in parts]
+
+
+@click.command("generate", epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("model")
+@click.option(
+    "--prompt-ids", "prompt_ids", multiple=True, help='A prompt as token ids, e.g. "1 2 3" (repeatable).'
+)
+@click.option("--prompt", "prompts", multiple=True, help="A prompt as text (repeatable; needs --tokenizer).")
+@click.option(
+    "--tokenizer", default=None, help="Hugging Face tokenizer directory for --prompt and the output."
+)
+@click.option("--max-tokens", default=16, show_default=True, type=int, help="New tokens per prompt at most.")
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
+@click.option(
+    "--top-k", default=0, show_default=True, type=int, help="Keep the k likeliest tokens (0 = all)."
+)
+@click.option("--top-p", default=1.0, show_default=True, type=float, help="Nucleus sampling mass in (0, 1].")
+@click.option("--seed", default=None, type=int, help="Sampling seed (each prompt gets its own stream).")
+@click.option("--ignore-eos", is_flag=True, help="Do not stop at the model's end-of-sequence token.")
+@click.option(
+    "--executor",
+    type=click.Choice(["auto", "onnxruntime", "torch"]),
+    default="auto",
+    show_default=True,
+    help="auto: onnxruntime for a .onnx MODEL, torch otherwise.",
+)
+@click.option("--num-blocks", default=None, type=int, help="KV-cache blocks in the pool (paged executors).")
+def generate_cmd(
+    model: str,
+    prompt_ids: tuple[str, ...],
+    prompts: tuple[str, ...],
+    tokenizer: str | None,
+    max_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    ignore_eos: bool,
+    executor: str,
+    num_blocks: int | None,
+) -> None:
+    """Generate continuations of prompts with MODEL, printing tokens as they come."""
+    from trtforge.errors import UserError
+    from trtforge.llm import SamplingParams, ServingLLM, load
+
+    if prompts and tokenizer is None:
+        raise UserError(
+            "--prompt gives text: it needs --tokenizer DIR (or give token ids with --prompt-ids)."
+        )
+    if not prompt_ids and not prompts:
+        raise UserError('give at least one prompt: --prompt-ids "1 2 3" or --prompt TEXT --tokenizer DIR.')
+    tok = _tokenizer(tokenizer) if tokenizer is not None else None
+    rows = [_parse_ids(p) for p in prompt_ids] + [_encode(tok, p) for p in prompts]
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        ignore_eos=ignore_eos,
+    )
+    if executor == "auto":
+        executor = "onnxruntime" if model.endswith(".onnx") else "torch"
+    llm = load(model, executor, num_blocks=num_blocks)
+    if not isinstance(llm, ServingLLM):  # a slot-layout graph: the greedy loop
+        if temperature > 0 or top_k or top_p < 1 or seed is not None:
+            raise UserError(
+                f"'{model}' is a slot-layout step graph, which generates greedily only; drop --temperature/"
+                "--top-k/--top-p/--seed or export a paged graph (cache_layout='paged')."
+            )
+        for out in llm.generate(rows, max_new_tokens=max_tokens, stop_at_eos=not ignore_eos):
+            _Printer(tok).emit(out).close()
+        return
+    with llm:
+        handles = [llm.submit(r, params) for r in rows]
+        for h in handles:
+            printer = _Printer(tok)
+            for token in h:
+                printer.emit([token])
+            printer.close()
+
+
+class _Printer:
+    """Writes one prompt's tokens on one line as they arrive (ids, or the decoded text's new part).
+
+    Text is held back while it ends in an incomplete character (U+FFFD from a partial byte sequence).
+    """
+
+    def __init__(self, tok: Any) -> None:
+        self.tok, self.ids, self.shown = tok, [], ""
+
+    def emit(self, tokens: list[int]) -> _Printer:
+        if self.tok is None:
+            click.echo("".join(f"{' ' if self.ids or i else ''}{t}" for i, t in enumerate(tokens)), nl=False)
+            self.ids += tokens
+        else:
+            self.ids += tokens
+            self._flush(final=False)
+        return self
+
+    def _flush(self, final: bool) -> None:
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") and not final:
+            return
+        common = next((i for i, (a, b) in enumerate(zip(text, self.shown)) if a != b), None)
+        common = min(len(text), len(self.shown)) if common is None else common
+        click.echo(text[common:], nl=False)
+        self.shown = text
+
+    def close(self) -> None:
+        if self.tok is not None:
+            self._flush(final=True)
+        click.echo("")
+
+
+def _tokenizer(name: str) -> Any:
+    from trtforge.calibration.data import resolve_tokenizer
+
+    return resolve_tokenizer(name)
+
+
+def _encode(tok: Any, text: str) -> list[int]:
+    from trtforge.errors import UserError
+
+    ids = list(tok(text, add_special_tokens=True)["input_ids"])
+    if not ids:
+        raise UserError(f"--prompt {text!r} tokenizes to no tokens.")
+    return [int(t) for t in ids]

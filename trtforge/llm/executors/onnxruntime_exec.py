@@ -1,0 +1,161 @@
+"""The ONNX Runtime step executor (CPU, exact: graph optimizations off) over a paged step graph.
+
+:class:`OrtPagedExecutor` is a :class:`trtforge.llm.executor.StepExecutor`: it pads each ragged
+:class:`StepBatch` into the graph's [B, S] feeds, does the block copies, owns the block pools between
+steps and serves :class:`trtforge.llm.engine.LLMEngine` like the torch executor.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtforge.errors import UserError
+from trtforge.llm.executor import StepBatch
+from trtforge.llm.executors.onnxruntime_slot import ORT_TYPES
+
+
+def read_generation(path: str | Path) -> dict[str, Any]:
+    """The generation metadata of a step graph file; UserError if it is missing or not ONNX."""
+    import onnx
+
+    from trtforge.compiler.decoder.export import generation_metadata
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"step graph '{p}' does not exist.")
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+    except Exception as e:  # any parse failure: the user's file is bad
+        raise UserError(f"'{p}' is not a readable ONNX file: {e}.") from e
+    return generation_metadata(proto, str(p))
+
+
+class OrtPagedExecutor:
+    """Runs StepBatch batches through a paged step graph in exact ONNX Runtime, owning its block pools.
+
+    The pools hold ``num_blocks + 1`` blocks per layer: the last one is scratch, written by the padded
+    positions of short rows and never read. Default `num_blocks`: room for max_batch full sequences.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        num_blocks: int | None = None,
+        *,
+        max_model_len: int | None = None,
+        generation: dict[str, Any] | None = None,
+    ) -> None:
+        from trtforge.compiler.decoder.export import exact_session
+
+        self.path = Path(path)
+        g = generation if generation is not None else read_generation(self.path)
+        cache = g.get("cache", {})
+        if cache.get("layout") != "paged":
+            raise UserError(
+                f"step graph '{self.path}' has a {cache.get('layout')!r} cache; the paged executor needs "
+                "one exported with cache_layout='paged'."
+            )
+        self.generation = g
+        self._block_size = int(cache["block_size"])
+        self._max_model_len = int(max_model_len or g["max_seq"])
+        if num_blocks is None:
+            num_blocks = int(g["max_batch"]) * -(-int(g["max_seq"]) // self._block_size)
+        if not isinstance(num_blocks, (int, np.integer)) or isinstance(num_blocks, bool) or num_blocks < 1:
+            raise UserError(f"num_blocks must be an integer >= 1, got {num_blocks!r}.")
+        if not isinstance(self._max_model_len, int) or not 2 <= self._max_model_len <= int(g["max_seq"]):
+            raise UserError(
+                f"max_model_len must be an integer in [2, {g['max_seq']}] (the step graph's max_seq, which "
+                f"its positions were checked against); got {max_model_len!r}."
+            )
+        self._num_blocks = int(num_blocks)
+        self.session = exact_session(self.path)
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        self.pool_names = list(cache["inputs"])
+        missing = [n for n in ("block_tables", "slot_mapping", *self.pool_names) if n not in inputs]
+        if missing:
+            raise UserError(f"step graph '{self.path}' lacks the inputs {missing} its metadata names.")
+        self.pool_dtype = np.dtype(ORT_TYPES[inputs[self.pool_names[0]].type])
+        shape = (self._num_blocks + 1, self._block_size, int(g["num_kv_heads"]), int(g["head_dim"]))
+        self.pools = {n: np.zeros(shape, self.pool_dtype) for n in self.pool_names}
+        self._pool_outputs = dict(zip(cache["outputs"], self.pool_names))
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.all_logits = bool(g.get("all_logits"))
+        eos = g.get("eos_token_ids") or []
+        self._eos = int(eos[0]) if eos else None
+
+    # ---- the StepExecutor protocol -------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.generation["vocab_size"])
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._eos
+
+    def kv_bytes(self) -> int:
+        """Bytes the K and V pools of every layer take (the scratch block included)."""
+        return sum(p.nbytes for p in self.pools.values())
+
+    def feeds(self, batch: StepBatch) -> dict[str, np.ndarray]:
+        """The graph's padded [B, S] feeds for a ragged batch (pools excluded)."""
+        qsl = batch.query_start_loc.astype(np.int64)
+        qlens = np.diff(qsl)
+        rows, seq = batch.num_seqs, max(int(qlens.max(initial=1)), 1)
+        cols = np.arange(seq)[None, :]
+        real = cols < qlens[:, None]
+        flat = (qsl[:-1, None] + cols)[real]
+        ids = np.zeros((rows, seq), np.int64)
+        pos = np.zeros((rows, seq), np.int64)
+        slots = np.full((rows, seq), self._num_blocks * self._block_size, np.int64)
+        ids[real], pos[real], slots[real] = (
+            batch.input_ids[flat],
+            batch.positions[flat],
+            batch.slot_mapping[flat],
+        )
+        return {
+            "input_ids": ids,
+            "position_ids": pos,
+            "past_lens": batch.context_lens.astype(np.int64) - qlens,
+            "new_lens": qlens,
+            "block_tables": np.ascontiguousarray(batch.block_tables, dtype=np.int32),
+            "slot_mapping": slots,
+        }
+
+    def step(self, batch: StepBatch) -> np.ndarray:
+        """Copy blocks, run the graph on the padded batch, keep the new pools; logits [N, vocab] float32."""
+        for src, dst in batch.block_copies.tolist():
+            for pool in self.pools.values():
+                pool[dst] = pool[src]
+        feeds = self.feeds(batch)
+        outs = dict(zip(self.output_names, self.session.run(None, {**feeds, **self.pools})))
+        for out_name, in_name in self._pool_outputs.items():
+            self.pools[in_name] = outs[out_name]
+        logits = outs["logits"]
+        qsl = batch.query_start_loc.astype(np.int64)
+        idx = batch.logits_indices.astype(np.int64)
+        seq = np.searchsorted(qsl, idx, side="right") - 1
+        col = idx - qsl[seq]
+        if logits.ndim == 3:
+            return logits[seq, col]
+        last = feeds["new_lens"][seq] - 1
+        if (col != last).any():
+            raise UserError(
+                f"step graph '{self.path}' returns each row's last-token logits only; logits were asked for "
+                "other rows. Export it with all_logits=True."
+            )
+        return logits[seq]

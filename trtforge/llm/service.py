@@ -1,0 +1,217 @@
+"""`trtforge.llm.load` / `from_pretrained`: one object that generates, streams and reports memory.
+
+A paged step graph (ONNX Runtime) or a transformers model (torch) is served by
+:class:`trtforge.llm.engine.LLMEngine` with continuous batching and a paged KV cache; a slot-layout
+step graph keeps the simple batched greedy loop of :mod:`trtforge.llm.api` (issue #16).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from trtforge.errors import UserError
+from trtforge.llm.api import LLM
+from trtforge.llm.blocks import MemoryStats
+from trtforge.llm.engine import Completion, LLMEngine, RequestHandle
+from trtforge.llm.executor import StepExecutor
+from trtforge.llm.sampling import SamplingParams
+from trtforge.llm.scheduler import SchedulerConfig, SchedulerStats
+
+EXECUTORS = ("onnxruntime", "torch")
+DEFAULT_TORCH_BLOCKS = 256
+
+
+class ServingLLM:
+    """A model behind :class:`LLMEngine`: batched `generate`, token `stream`, `memory_stats`.
+
+    Close it (or use it as a context manager) to stop the engine's background loop.
+    """
+
+    def __init__(self, executor: StepExecutor, config: SchedulerConfig | None = None) -> None:
+        self.executor = executor
+        self.engine = LLMEngine(executor, config)
+
+    @staticmethod
+    def _params(
+        params: SamplingParams | None, max_new_tokens: int | None, stop_at_eos: bool
+    ) -> SamplingParams:
+        if params is not None and not isinstance(params, SamplingParams):
+            raise UserError(f"params must be a SamplingParams, got {type(params).__name__}.")
+        changes: dict[str, Any] = {}
+        if max_new_tokens is not None:
+            changes["max_tokens"] = max_new_tokens
+        if not stop_at_eos:
+            changes["ignore_eos"] = True
+        if params is None:
+            return SamplingParams(**changes)
+        return dataclasses.replace(params, **changes) if changes else params
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | None = None,
+        *,
+        max_new_tokens: int | None = None,
+        stop_at_eos: bool = True,
+    ) -> list[list[int]]:
+        """New token ids of each prompt, all prompts batched together; greedy unless `params` samples.
+
+        `max_new_tokens` (and `stop_at_eos=False`) override those fields of `params`. A request that
+        fails raises its error (StepFailedError for an executor fault).
+        """
+        if hasattr(prompts, "tolist"):
+            prompts = prompts.tolist()
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+            raise UserError("prompts must be a non-empty list of token-id lists, e.g. [[1, 2, 3]].")
+        p = self._params(params, max_new_tokens, stop_at_eos)
+        return [list(c.token_ids) for c in self._raise_failed(self.engine.generate(prompts, p))]
+
+    def completions(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[Completion]:
+        """Like :meth:`generate` but returns each :class:`Completion` (finish reason, error) as is."""
+        return self.engine.generate(prompts, params)
+
+    @staticmethod
+    def _raise_failed(completions: list[Completion]) -> list[Completion]:
+        for c in completions:
+            if c.error is not None:
+                raise c.error
+        return completions
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        max_new_tokens: int | None = None,
+        stop_at_eos: bool = True,
+    ) -> Iterator[int]:
+        """Yield one prompt's new token ids as they are sampled; closing the iterator cancels it."""
+        return self.engine.stream(prompt, self._params(params, max_new_tokens, stop_at_eos))
+
+    def astream(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        max_new_tokens: int | None = None,
+        stop_at_eos: bool = True,
+    ) -> AsyncIterator[int]:
+        """Async twin of :meth:`stream`."""
+        return self.engine.astream(prompt, self._params(params, max_new_tokens, stop_at_eos))
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams | None = None) -> RequestHandle:
+        """Queue one request; its handle iterates tokens, waits for the result or cancels."""
+        return self.engine.submit(prompt, params)
+
+    def memory_stats(self) -> MemoryStats:
+        """KV pool occupancy (blocks used, free, cached, slots wasted)."""
+        return self.engine.memory_stats()
+
+    @property
+    def stats(self) -> SchedulerStats:
+        return self.engine.stats
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        eos = self.executor.eos_token_id
+        return [] if eos is None else [eos]
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> ServingLLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _config(config: SchedulerConfig | None, max_num_seqs: int | None) -> SchedulerConfig | None:
+    if config is not None and not isinstance(config, SchedulerConfig):
+        raise UserError(f"config must be a SchedulerConfig, got {type(config).__name__}.")
+    if max_num_seqs is None:
+        return config
+    return dataclasses.replace(config or SchedulerConfig(), max_num_seqs=max_num_seqs)
+
+
+def load(
+    path: str | os.PathLike[str],
+    executor: str = "onnxruntime",
+    *,
+    num_blocks: int | None = None,
+    max_model_len: int | None = None,
+    config: SchedulerConfig | None = None,
+    max_num_seqs: int | None = None,
+) -> LLM | ServingLLM:
+    """Load a model for generation.
+
+    - A paged step graph (``export_step(..., cache_layout="paged")``) -> :class:`ServingLLM` over
+      exact ONNX Runtime with `num_blocks` blocks (default: max_batch full sequences).
+    - A slot-layout step graph (``trtforge compile --generate --save-onnx``) -> :class:`LLM`, the
+      batched greedy loop (`generate(prompts, max_new_tokens=N)`, `score`).
+    - ``executor="torch"``: `path` is a save_pretrained directory or ``module:factory``; see
+      :func:`from_pretrained`.
+    """
+    if executor not in EXECUTORS:
+        raise UserError(f"executor {executor!r} is not available; choose one of {', '.join(EXECUTORS)}.")
+    if executor == "torch":
+        return from_pretrained(
+            path, num_blocks=num_blocks, max_model_len=max_model_len, config=config, max_num_seqs=max_num_seqs
+        )
+    from trtforge.llm import api
+    from trtforge.llm.executors.onnxruntime_exec import OrtPagedExecutor, read_generation
+
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(
+            f"'{p}' is a directory; the onnxruntime executor loads a step graph (.onnx). For a "
+            "save_pretrained directory use executor='torch' (trtforge.llm.from_pretrained)."
+        )
+    if p.suffix == ".engine" or not p.is_file():
+        return api.load(p, executor)  # its errors: an engine needs the TensorRT executor; a missing file
+    generation = read_generation(p)
+    if generation.get("cache", {}).get("layout") != "paged":
+        if any(x is not None for x in (num_blocks, config, max_num_seqs, max_model_len)):
+            raise UserError(
+                f"'{p}' is a slot-layout step graph, run by the batched greedy loop; num_blocks, config, "
+                "max_num_seqs and max_model_len apply to paged graphs (export with cache_layout='paged')."
+            )
+        return api.load(p, executor)
+    ex = OrtPagedExecutor(p, num_blocks, max_model_len=max_model_len, generation=generation)
+    return ServingLLM(ex, _config(config, max_num_seqs))
+
+
+def from_pretrained(
+    model: Any,
+    *,
+    num_blocks: int | None = None,
+    block_size: int = 16,
+    device: str | None = None,
+    dtype: Any = None,
+    max_model_len: int | None = None,
+    config: SchedulerConfig | None = None,
+    max_num_seqs: int | None = None,
+) -> ServingLLM:
+    """Serve a transformers causal LM (an nn.Module, a save_pretrained directory or ``module:factory``)
+    with the torch paged executor (:class:`trtforge.llm.executors.torch_exec.TorchExecutor`)."""
+    from trtforge.compiler.decoder.compile import load_causal_lm
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    lm = load_causal_lm(model)
+    ex = TorchExecutor(
+        lm,
+        num_blocks=DEFAULT_TORCH_BLOCKS if num_blocks is None else num_blocks,
+        block_size=block_size,
+        device=device,
+        dtype=dtype,
+        max_model_len=max_model_len,
+    )
+    return ServingLLM(ex, _config(config, max_num_seqs))
