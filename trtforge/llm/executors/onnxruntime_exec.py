@@ -48,7 +48,7 @@ class OrtPagedExecutor:
         max_model_len: int | None = None,
         generation: dict[str, Any] | None = None,
     ) -> None:
-        from trtforge.compiler.decoder.export import exact_session
+        from trtforge.numerics.sessions import exact_session
 
         self.path = Path(path)
         g = generation if generation is not None else read_generation(self.path)
