@@ -194,6 +194,20 @@ def test_cache_layout_options_are_refused_where_they_do_not_apply(args, flag, tm
     assert not list(tmp_path.iterdir())
 
 
+def test_paged_refuses_int8_and_a_pool_size_without_a_build(tmp_path):
+    from trtforge.errors import UserError
+
+    model, out = tiny_model("llama"), tmp_path / "p.onnx"
+    common = {"generate": True, "build": False, "save_onnx": out, "cache_layout": "paged", "progress": False}
+    with pytest.raises(UserError, match="int8 --cache-layout paged"):
+        trtforge.compile(model, precision="int8", calib_prompts=[[1, 2]], **common)
+    with pytest.raises(UserError, match="--num-blocks"):
+        trtforge.compile(model, num_blocks=9, **common)
+    with pytest.raises(UserError, match="--block-size"):
+        trtforge.compile(model, block_size=0, **common)
+    assert not out.exists()
+
+
 @pytest.mark.trt_build
 def test_cli_builds_the_paged_step_engine(tmp_path, monkeypatch):
     """--cache-layout paged: per layer one IAttention and two ScatterND (K, V) into the block pools."""

@@ -189,6 +189,11 @@ def compile_generate(
             "--generate --precision int8 needs calibration prompts (calib_prompts=[[ids...], ...])."
         )
     pool_blocks = _check_cache_layout(cache_layout, block_size, num_blocks, max_seq, max_batch, build)
+    if precision == "int8" and cache_layout == "paged":
+        raise UserError(
+            "--generate --precision int8 --cache-layout paged: INT8 calibration runs the slot-layout step "
+            "graph only; use --cache-layout slot, or --precision fp16/bf16 for a paged step graph."
+        )
     if build and output is None:
         raise UserError("an output engine path is required (output=... / -o OUT.engine).")
     if not build and save_onnx is None:
