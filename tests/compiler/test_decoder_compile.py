@@ -146,3 +146,95 @@ def test_int8_smoothquant_step_graph(tmp_path):
     # Measured on this random-weight model: mean cosine 0.978, top-1 agreement 0.74 (its logits are
     # nearly flat, so top-1 flips easily); a broken quantization gives cosine far below 0.95.
     assert cos.mean() >= 0.95, f"mean logits cosine {cos.mean():.4f}"
+
+
+def test_paged_step_graph_generates_the_slot_graphs_tokens(tmp_path):
+    """cache_layout="paged" through trtforge.compile: block pools, same greedy tokens as the slot graph."""
+    model = tiny_model("llama")
+    slot = _graph(model, tmp_path / "slot.onnx", "fp32")
+    trtforge.compile(
+        model,
+        generate=True,
+        build=False,
+        save_onnx=tmp_path / "paged.onnx",
+        precision="fp32",
+        cache_layout="paged",
+        block_size=4,  # prompts + NEW tokens span several blocks
+        max_seq=64,
+        max_batch=4,
+        max_prefill=32,
+        exporter="legacy",
+        progress=False,
+    )
+    import onnx
+
+    from trtforge.compiler.decoder.export import generation_metadata
+
+    cache = generation_metadata(onnx.load(str(tmp_path / "paged.onnx")), "paged.onnx")["cache"]
+    assert cache | {"layout": "paged", "block_size": 4} == cache and "num_blocks" not in cache
+    paged = trtforge.llm.load(tmp_path / "paged.onnx")
+    batch = prompts(model.config.vocab_size)
+    want = slot.generate(batch, NEW, stop_at_eos=False)
+    assert paged.generate(batch, max_new_tokens=NEW, stop_at_eos=False) == want
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--generate", "--block-size", "8"], "--block-size"),
+        (["--generate", "--cache-layout", "slot", "--num-blocks", "9"], "--num-blocks"),
+        (["--cache-layout", "paged"], "--cache-layout"),
+        (["--block-size", "8"], "--block-size"),
+    ],
+)
+def test_cache_layout_options_are_refused_where_they_do_not_apply(args, flag, tmp_path, capsys):
+    rc = cli_main(["compile", "tests.llm.tiny_models:llama_factory", "-o", str(tmp_path / "x.engine"), *args])
+    assert rc == 2
+    assert flag in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_paged_refuses_int8_and_a_pool_size_without_a_build(tmp_path):
+    from trtforge.errors import UserError
+
+    model, out = tiny_model("llama"), tmp_path / "p.onnx"
+    common = {"generate": True, "build": False, "save_onnx": out, "cache_layout": "paged", "progress": False}
+    with pytest.raises(UserError, match="int8 --cache-layout paged"):
+        trtforge.compile(model, precision="int8", calib_prompts=[[1, 2]], **common)
+    with pytest.raises(UserError, match="--num-blocks"):
+        trtforge.compile(model, num_blocks=9, **common)
+    with pytest.raises(UserError, match="--block-size"):
+        trtforge.compile(model, block_size=0, **common)
+    assert not out.exists()
+
+
+@pytest.mark.trt_build
+def test_cli_builds_the_paged_step_engine(tmp_path, monkeypatch):
+    """--cache-layout paged: per layer one IAttention and two ScatterND (K, V) into the block pools."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    engine, step = tmp_path / "paged.engine", tmp_path / "step.onnx"
+    common = ["--max-seq", "64", "--max-batch", "4", "--max-prefill", "16", "--exporter", "legacy", "-q"]
+    paged = ["--cache-layout", "paged", "--block-size", "8", "--save-onnx", str(step)]
+    rc = cli_main(
+        ["compile", "tests.llm.tiny_models:llama_factory", "--generate", "-o", str(engine), *common, *paged]
+    )
+    assert rc == 0
+    manifest = read_manifest(engine)
+    g = manifest.generation
+    layers = g["num_layers"]
+    census = manifest.records["build"]["layer_types"]
+    assert census.get("ATTENTION_OUTPUT") == layers
+    assert census.get("SCATTER") == 2 * layers
+    assert "KV_CACHE_UPDATE" not in census
+    assert not [w for w in manifest.records["build"]["warnings"] if "Unused Input" in w]
+    blocks = 4 * 64 // 8 + 1  # default pool: every row at max_seq, plus the scratch block
+    assert g["cache"] == g["cache"] | {"layout": "paged", "block_size": 8, "num_blocks": blocks}
+    assert manifest.build_options | {"cache_layout": "paged", "block_size": 8} == manifest.build_options
+    prefill, decode = manifest.profiles
+    pool = [blocks, 8, g["num_kv_heads"], g["head_dim"]]
+    assert prefill["key_pool.0"].max == pool and decode["value_pool.1"].max == pool
+    assert prefill["block_tables"].max == [4, 8] and decode["slot_mapping"].max == [4, 1]
+    slot = _graph(tiny_model("llama"), tmp_path / "slot.onnx", "fp16")
+    want = slot.generate([[1, 2, 3]], max_new_tokens=4)
+    assert trtforge.llm.load(step).generate([[1, 2, 3]], max_new_tokens=4) == want

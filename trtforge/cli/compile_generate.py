@@ -61,6 +61,27 @@ def generate_options(fn: Any) -> Any:
             help="--generate: longest prompt in one prefill step (default: --max-seq).",
         ),
         click.option(
+            "--cache-layout",
+            type=click.Choice(["slot", "paged"]),
+            default="slot",
+            show_default=True,
+            help="--generate: KV cache as one [B, Hkv, max_seq, D] slot per sequence, or paged block pools "
+            "[num_blocks, block_size, Hkv, D] read through block tables (served by trtforge.llm).",
+        ),
+        click.option(
+            "--block-size",
+            type=click.IntRange(min=1),
+            default=None,
+            help="--generate --cache-layout paged: tokens per cache block (default 16).",
+        ),
+        click.option(
+            "--num-blocks",
+            type=click.IntRange(min=2),
+            default=None,
+            help="--generate --cache-layout paged: most blocks in the engine's pools, one of them the "
+            "scratch block (default: max_batch * ceil(max_seq / block_size) + 1).",
+        ),
+        click.option(
             "--all-logits",
             is_flag=True,
             help="--generate: output logits [B, S, V] of every new position, not only the last.",
@@ -100,6 +121,9 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
         max_prefill=params["max_prefill"],
         precision=precision,
         all_logits=bool(params.get("all_logits")),
+        cache_layout=params.get("cache_layout") or "slot",
+        block_size=params.get("block_size"),
+        num_blocks=params.get("num_blocks"),
         calib_prompts=prompts,
         exporter=params.get("exporter", "auto"),
         passes=not params.get("no_passes", False),
@@ -114,11 +138,14 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
     )
     print_all(console, [timings_table(result.timings), *manifest_tables(result.manifest)])
     g = result.manifest.generation
+    c = g["cache"]
+    if c["layout"] == "paged":
+        shape = f"[<={c['num_blocks']} blocks, {c['block_size']}, {g['num_kv_heads']}, {g['head_dim']}]"
+    else:
+        shape = f"[B<={g['max_batch']}, {g['num_kv_heads']}, {g['max_seq']}, {g['head_dim']}]"
     console.print(
         f"generation: {g['model_type']} {g['num_layers']} layers, {g['num_heads']} heads / "
-        f"{g['num_kv_heads']} "
-        f"KV heads x {g['head_dim']}, cache {g['cache']['layout']} {g['cache']['dtype']} "
-        f"[B<={g['max_batch']}, {g['num_kv_heads']}, {g['max_seq']}, {g['head_dim']}], "
+        f"{g['num_kv_heads']} KV heads x {g['head_dim']}, cache {c['layout']} {c['dtype']} {shape}, "
         f"profiles prefill={g['profiles']['prefill']} decode={g['profiles']['decode']}"
     )
     console.print(f"[green]wrote[/green] {result.engine_path} and {result.manifest_path}")
@@ -140,7 +167,15 @@ def _read_prompts(path: str) -> list[list[int]]:
         ) from e
 
 
-_GENERATE_ONLY = ("max_seq", "max_batch", "max_prefill", "all_logits")
+_GENERATE_ONLY = (
+    "max_seq",
+    "max_batch",
+    "max_prefill",
+    "all_logits",
+    "cache_layout",
+    "block_size",
+    "num_blocks",
+)
 
 
 def refuse_generate_options(ctx: click.Context) -> None:

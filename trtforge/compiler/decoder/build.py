@@ -35,11 +35,28 @@ def step_profiles(generation: dict[str, Any]) -> list[dict[str, ShapeRange]]:
             "past_lens": ShapeRange([1], [b], [b]),
             "new_lens": ShapeRange([1], [b], [b]),
         }
+        if generation["cache"]["layout"] == "paged":
+            return out | _paged_ranges(generation, b, seq_max, seq_opt)
         for name in generation["cache"]["inputs"]:
             out[name] = ShapeRange([1, *cache], [b, *cache], [b, *cache])
         return out
 
     return [profile(p, p), profile(1, 1)]
+
+
+def _paged_ranges(generation: dict[str, Any], b: int, seq_max: int, seq_opt: int) -> dict[str, ShapeRange]:
+    """Block tables up to max_seq / block_size wide, pools of 1 .. cache.num_blocks blocks."""
+    cache = generation["cache"]
+    width = -(-int(generation["max_seq"]) // int(cache["block_size"]))
+    pool = [int(d) for d in cache["shape"][1:]]
+    n = int(cache["num_blocks"])
+    out = {
+        "block_tables": ShapeRange([1, 1], [b, width], [b, width]),
+        "slot_mapping": ShapeRange([1, 1], [b, seq_opt], [b, seq_max]),
+    }
+    for name in cache["inputs"]:
+        out[name] = ShapeRange([1, *pool], [n, *pool], [n, *pool])
+    return out
 
 
 def layer_census(network: Any) -> dict[str, int]:

@@ -22,6 +22,8 @@ from trtforge import __version__
 from trtforge._fileio import atomic_write_bytes, check_output_path, sha256_bytes
 from trtforge.compiler.decoder.build import DECODE, PREFILL, build_step_engine
 from trtforge.compiler.decoder.export import (
+    CACHE_LAYOUTS,
+    DEFAULT_BLOCK_SIZE,
     DEFAULT_MAX_SEQ,
     example_feeds,
     export_step,
@@ -46,8 +48,8 @@ def load_causal_lm(source: Any) -> Any:
         return source
     if not isinstance(source, (str, os.PathLike)):
         raise UserError(
-            f"--generate: expected an nn.Module, a save_pretrained directory or module:factory, "
-            f"got {type(source).__name__}."
+            f"expected a Hugging Face causal LM (an nn.Module, a save_pretrained directory or "
+            f"module:factory), got {type(source).__name__}."
         )
     path = Path(source)
     if path.is_dir():
@@ -60,15 +62,16 @@ def load_causal_lm(source: Any) -> Any:
         config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
         if config.model_type not in SUPPORTED:
             raise UserError(
-                f"'{path}' holds a '{config.model_type}' model; --generate supports {', '.join(SUPPORTED)}."
+                f"'{path}' holds a '{config.model_type}' model; supported causal LMs: {', '.join(SUPPORTED)}."
             )
         return transformers.AutoModelForCausalLM.from_pretrained(
             str(path), local_files_only=True, dtype=torch.float32
         ).eval()
     if path.suffix in (".onnx", ".pt2", ".engine") or path.exists():
         raise UserError(
-            f"--generate compiles a Hugging Face causal LM (nn.Module, save_pretrained directory or "
-            f"module:factory); '{path}' is a file. A step graph is written by --save-onnx."
+            f"expected a Hugging Face causal LM (an nn.Module, a save_pretrained directory or "
+            f"module:factory); '{path}' is a file. Step graphs (.onnx) are written by "
+            f"`trtforge compile MODEL --generate --save-onnx`."
         )
     from trtforge.compiler.export import load_factory
 
@@ -106,6 +109,34 @@ def _same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, generation: d
     return err
 
 
+def _check_cache_layout(
+    layout: str, block_size: int | None, num_blocks: int | None, max_seq: int, max_batch: int, build: bool
+) -> int | None:
+    """Validate the cache-layout options; returns the engine's pool size in blocks (paged builds only)."""
+    if layout not in CACHE_LAYOUTS:
+        raise UserError(f"--cache-layout {layout!r}: expected one of {', '.join(CACHE_LAYOUTS)}.")
+    options = (("--block-size", block_size), ("--num-blocks", num_blocks))
+    given = [flag for flag, v in options if v is not None]
+    if layout == "slot" and given:
+        raise UserError(f"{', '.join(given)}: only for --cache-layout paged (the slot cache has no blocks).")
+    if layout == "slot":
+        return None
+    for flag, v in options:
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise UserError(f"{flag} must be an integer >= 1; got {v!r}.")
+    if num_blocks is not None and not build:
+        raise UserError(
+            "--num-blocks sizes the engine's block pool; the paged step graph alone (no engine build) takes "
+            "any pool size: leave it out."
+        )
+    bs = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+    need = 2  # one block of a sequence plus the scratch block padded positions write to
+    if num_blocks is not None and num_blocks < need:
+        raise UserError(f"--num-blocks {num_blocks}: the pool needs at least {need} blocks (one is scratch).")
+    # Default: every one of max_batch rows at max_seq tokens, plus the scratch block.
+    return num_blocks if num_blocks is not None else max_batch * -(-max_seq // bs) + 1
+
+
 def compile_generate(
     model: Any,
     output: str | os.PathLike[str] | None,
@@ -117,6 +148,9 @@ def compile_generate(
     exporter: str = "auto",
     passes: bool = True,
     all_logits: bool = False,
+    cache_layout: str = "slot",
+    block_size: int | None = None,
+    num_blocks: int | None = None,
     calib_prompts: Sequence[Sequence[int]] | None = None,
     save_onnx: str | os.PathLike[str] | None = None,
     build: bool = True,
@@ -131,6 +165,8 @@ def compile_generate(
     """Compile a causal LM into a step engine (+ manifest with a `generation` section); see module doc.
 
     `build=False` stops after the ONNX stages (then `save_onnx` is required and `output` unused).
+    `cache_layout="paged"` exports block pools of `block_size` tokens (default 16); the engine's pools hold
+    up to `num_blocks` blocks (default: max_batch rows of max_seq tokens plus one scratch block).
     Returns a CompileResult. Everything is written atomically; nothing is left behind on failure.
     """
     from trtforge.compiler.export import new_workdir
@@ -151,6 +187,12 @@ def compile_generate(
     if precision == "int8" and not calib_prompts:
         raise UserError(
             "--generate --precision int8 needs calibration prompts (calib_prompts=[[ids...], ...])."
+        )
+    pool_blocks = _check_cache_layout(cache_layout, block_size, num_blocks, max_seq, max_batch, build)
+    if precision == "int8" and cache_layout == "paged":
+        raise UserError(
+            "--generate --precision int8 --cache-layout paged: INT8 calibration runs the slot-layout step "
+            "graph only; use --cache-layout slot, or --precision fp16/bf16 for a paged step graph."
         )
     if build and output is None:
         raise UserError("an output engine path is required (output=... / -o OUT.engine).")
@@ -177,6 +219,8 @@ def compile_generate(
             max_prefill=max_prefill,
             exporter=exporter,
             all_logits=all_logits,
+            cache_layout=cache_layout,
+            block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
             workdir=workdir,
         )
         timings["export"] = time.perf_counter() - t
@@ -209,6 +253,8 @@ def compile_generate(
             proto, records[low] = _low_precision(proto, low, data)
             timings[low] = time.perf_counter() - t
         generation["cache"]["dtype"] = _DTYPE[precision]
+        if cache_layout == "paged" and build:
+            generation["cache"]["num_blocks"] = pool_blocks
         generation["profiles"] = {"prefill": PREFILL, "decode": DECODE}
         set_generation_metadata(proto, generation)
         onnx_path = workdir / "step_final.onnx"
@@ -251,6 +297,9 @@ def compile_generate(
                 "max_seq": max_seq,
                 "max_batch": max_batch,
                 "max_prefill": generation["max_prefill"],
+                "cache_layout": cache_layout,
+                "block_size": generation["cache"].get("block_size"),
+                "num_blocks": pool_blocks,
                 "exporter": exporter,
                 "passes": passes,
                 "opt_level": opt_level,
