@@ -20,7 +20,7 @@ import numpy as np
 
 from trtforge.errors import UserError
 from trtforge.plugins.attention.configs import DECODE_CANDIDATES
-from trtforge.plugins.attention.plugin import check_plugin_support
+from trtforge.plugins.attention.plugin import register_creator_once
 from trtforge.plugins.attention.spec import (
     MAX_DECODE_Q_LEN,
     PAGED_ALIASES,
@@ -47,7 +47,6 @@ __all__ = [
 
 _FIELDS = ("num_heads", "kv_num_heads", "scale")
 _WHERE = f"{PLUGIN_NAMESPACE}::{PAGED_PLUGIN_NAME}"
-_REGISTERED: dict[int, Any] = {}
 # Split programs the workspace is sized for beyond one per (batch, kv head): the split heuristic
 # aims at about 4 programs per SM and the tactics at up to twice that, on GPUs of up to 256 SMs.
 _EXTRA_SPLIT_PROGRAMS = 8 * 256
@@ -310,16 +309,4 @@ def paged_plugin_classes(backend: Any) -> tuple[type, type]:
 
 def register_paged_plugin(backend: Any) -> Any:
     """Register the PagedAttention creator with `backend`'s plugin registry, once; returns the creator."""
-    check_plugin_support(backend)
-    registry = backend.trt.get_plugin_registry()
-    key = id(registry)
-    if key not in _REGISTERED:
-        _, creator_cls = paged_plugin_classes(backend)
-        creator = creator_cls()
-        if not registry.register_creator(creator, PLUGIN_NAMESPACE):
-            raise UserError(
-                f"TensorRT refused to register plugin {_WHERE} v{PLUGIN_VERSION} "
-                "(another creator with that name and version is already registered)."
-            )
-        _REGISTERED[key] = creator
-    return _REGISTERED[key]
+    return register_creator_once(backend, paged_plugin_classes, _WHERE)

@@ -32,10 +32,17 @@ from trtforge.plugins.attention.spec import (
     check_head_dim,
 )
 
-__all__ = ["check_plugin_support", "output_dims", "parse_fields", "plugin_classes", "register_plugins"]
+__all__ = [
+    "check_plugin_support",
+    "output_dims",
+    "parse_fields",
+    "plugin_classes",
+    "register_creator_once",
+    "register_plugins",
+]
 
 _FIELDS = ("num_heads", "scale", "causal", "layout")
-_REGISTERED: dict[int, Any] = {}  # id(registry) -> creator (TensorRT keeps no Python reference)
+_REGISTERED: dict[tuple[int, str], Any] = {}  # (id(registry), plugin) -> creator (kept alive here)
 
 
 def check_plugin_support(backend: Any) -> None:
@@ -300,15 +307,22 @@ def register_plugins(backend: Any) -> Any:
     Call it before parsing an ONNX model that holds ``trtforge::FlashAttention`` nodes and before
     deserializing an engine built with them. Raises a UserError where plugins cannot be hosted.
     """
+    return register_creator_once(backend, plugin_classes, f"{PLUGIN_NAMESPACE}::{PLUGIN_NAME}")
+
+
+def register_creator_once(backend: Any, classes: Any, where: str) -> Any:
+    """Register the creator of `classes(backend)` (a (plugin, creator) class pair) with `backend`'s plugin
+    registry once per registry and per plugin; returns the creator, which trtforge keeps alive (TensorRT
+    holds no Python reference). Shared by every trtforge plugin."""
     check_plugin_support(backend)
     registry = backend.trt.get_plugin_registry()
-    key = id(registry)
+    key = (id(registry), where)
     if key not in _REGISTERED:
-        _, creator_cls = plugin_classes(backend)
+        _, creator_cls = classes(backend)
         creator = creator_cls()
         if not registry.register_creator(creator, PLUGIN_NAMESPACE):
             raise UserError(
-                f"TensorRT refused to register plugin {PLUGIN_NAMESPACE}::{PLUGIN_NAME} v{PLUGIN_VERSION} "
+                f"TensorRT refused to register plugin {where} v{PLUGIN_VERSION} "
                 "(another creator with that name and version is already registered)."
             )
         _REGISTERED[key] = creator
