@@ -25,6 +25,12 @@ def compile(model: Any, example_inputs: Any = None, output: Any = None, **option
     (:func:`trtforge.compiler.decoder.compile.compile_generate`; example_inputs are not needed).
     """
     if options.pop("generate", False):
+        if example_inputs is not None:
+            raise UserError(
+                "generate=True compiles a causal LM into a step engine, whose inputs (token ids, "
+                "positions, lengths, KV cache) trtforge makes itself: pass no example_inputs "
+                "(output=... by keyword)."
+            )
         from trtforge.compiler.decoder.compile import compile_generate
 
         return compile_generate(model, output, **options)

@@ -25,3 +25,11 @@ def test_step_engine_options_need_generate(tmp_path, capsys, argv, flag) -> None
     assert flag in err and "--generate" in err
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_api_refuses_example_inputs_with_generate(tmp_path) -> None:
+    import trtforge
+
+    with pytest.raises(trtforge.UserError, match="pass no example_inputs"):
+        trtforge.compile("unused:factory", {"input_ids": [[1]]}, tmp_path / "m.engine", generate=True)
+    assert list(tmp_path.iterdir()) == []
