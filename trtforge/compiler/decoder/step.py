@@ -46,6 +46,13 @@ class DecoderStep(nn.Module):
         """[B, Hkv, S_max, D] of every key_cache.i / value_cache.i."""
         return (batch, self.spec.num_kv_heads, self.max_seq, self.spec.head_dim)
 
+    def _logits(self, x: Tensor, new_lens: Tensor) -> Tensor:
+        """FP32 logits of each row's last real new token (or of every position with all_logits)."""
+        if not self.all_logits:
+            last = (new_lens - 1).clamp(min=0)[:, None, None].expand(-1, 1, x.shape[-1])
+            x = torch.gather(x, 1, last)[:, 0]
+        return self.model.lm_head(self.adapter.final_norm(x)).float()
+
     def forward(
         self, input_ids: Tensor, position_ids: Tensor, past_lens: Tensor, new_lens: Tensor, *caches: Tensor
     ) -> tuple[Tensor, ...]:
@@ -65,11 +72,7 @@ class DecoderStep(nn.Module):
             out = cache_attention(q, key_cache, value_cache, masks[window], scale)
             x = a.finish_block(i, x, out.transpose(1, 2).flatten(2))
             updated += [key_cache, value_cache]
-        if not self.all_logits:
-            last = (new_lens - 1).clamp(min=0)[:, None, None].expand(-1, 1, x.shape[-1])
-            x = torch.gather(x, 1, last)[:, 0]
-        logits = self.model.lm_head(a.final_norm(x)).float()
-        return (logits, *updated)
+        return (self._logits(x, new_lens), *updated)
 
 
 def input_names(num_layers: int) -> list[str]:
@@ -128,11 +131,7 @@ class PagedDecoderStep(DecoderStep):
             out = cache_attention(q, keys, values, masks[window], scale)
             x = a.finish_block(i, x, out.transpose(1, 2).flatten(2))
             updated += [key_pool, value_pool]
-        if not self.all_logits:
-            last = (new_lens - 1).clamp(min=0)[:, None, None].expand(-1, 1, x.shape[-1])
-            x = torch.gather(x, 1, last)[:, 0]
-        logits = self.model.lm_head(a.final_norm(x)).float()
-        return (logits, *updated)
+        return (self._logits(x, new_lens), *updated)
 
 
 def paged_input_names(num_layers: int) -> list[str]:
