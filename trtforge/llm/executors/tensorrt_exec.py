@@ -29,8 +29,10 @@ No machine here runs a TensorRT engine (architecture.md); the device path follow
 ``execute_async_v3`` on a non-default stream (tensorrt-facts.md §4.2; TensorRT 10.15 C++
 ``IExecutionContext`` reference, docs.nvidia.com/deeplearning/tensorrt/latest/_static/c-api/
 classnvinfer1_1_1_i_execution_context.html; the 8.x-to-10.x migration page "Migrating from enqueueV2 to
-enqueueV3"; the ``tensorrt_rtx`` 1.7.1 docstrings of the same calls), and is exercised by the ``trt_run``
-tests where a supported GPU exists.
+enqueueV3"; TensorRT-RTX "Working with Dynamic Shapes": create a context, select a profile covering the
+input dimensions, set them, enqueue, docs.nvidia.com/deeplearning/tensorrt-rtx/latest/inference-library/
+work-with-dynamic-shapes.html; the ``tensorrt_rtx`` 1.7.1 docstrings of the same calls), and is exercised
+by the ``trt_run`` tests where a supported GPU exists.
 """
 
 from __future__ import annotations
