@@ -55,6 +55,8 @@ def test_load_keeps_slot_graphs_on_the_greedy_loop(tmp_path):
     with pytest.raises(UserError, match="slot-layout"):
         trtforge.llm.load(path, num_blocks=8)
     with pytest.raises(UserError, match="not available"):
+        trtforge.llm.load(path, executor="tvm")
+    with pytest.raises(UserError, match="tensorrt executor runs a step engine"):
         trtforge.llm.load(path, executor="tensorrt")
     with pytest.raises(UserError, match="is a directory.*executor='torch'"):
         trtforge.llm.load(tmp_path)

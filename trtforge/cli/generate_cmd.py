@@ -1,4 +1,5 @@
-"""`trtforge generate`: continue prompts with a step graph (ONNX Runtime) or a HF model (torch), streaming."""
+"""`trtforge generate`: continue prompts with a step engine (TensorRT), a step graph (ONNX Runtime) or a HF
+model (torch), streaming."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ import click
 EXAMPLES = """\b
 Examples:
   trtforge generate step.onnx --prompt-ids "1 15 27" --max-tokens 32
+  trtforge generate llm.engine --prompt-ids "1 15 27" --max-tokens 32
   trtforge generate step.onnx --prompt-ids "1 2 3" --prompt-ids "4 5" --temperature 0.8 --top-p 0.9 --seed 1
   trtforge generate ./llama-dir --prompt "Once upon a time" --tokenizer ./llama-dir
   trtforge generate mypkg.models:make_llama --prompt-ids "1 2 3" --num-blocks 128
 \b
-MODEL: a step graph written by `trtforge compile --generate --save-onnx` or
-trtforge.compiler.decoder.export_step (paged graphs serve every option; slot graphs are
-greedy only), a Hugging Face save_pretrained directory, or module:factory (both run by the
-torch executor). Each prompt's new tokens are printed on one line as they are generated
+MODEL: a paged step engine from `trtforge compile --generate --cache-layout paged`
+(TensorRT, on a GPU it supports), a step graph written by `trtforge compile --generate
+--save-onnx` or trtforge.compiler.decoder.export_step (paged graphs serve every option; slot
+graphs are greedy only), a Hugging Face save_pretrained directory, or module:factory (both
+run by the torch executor). Each prompt's new tokens are printed on one line as they are generated
 (token ids, or text with --tokenizer); prompts run batched together.
 """
 
@@ -52,10 +55,10 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at the model's end-of-sequence token.")
 @click.option(
     "--executor",
-    type=click.Choice(["auto", "onnxruntime", "torch"]),
+    type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch"]),
     default="auto",
     show_default=True,
-    help="auto: onnxruntime for a .onnx MODEL, torch otherwise.",
+    help="auto: tensorrt for a .engine MODEL, onnxruntime for a .onnx, torch otherwise.",
 )
 @click.option("--num-blocks", default=None, type=int, help="KV-cache blocks in the pool (paged executors).")
 def generate_cmd(
@@ -93,7 +96,8 @@ def generate_cmd(
         ignore_eos=ignore_eos,
     )
     if executor == "auto":
-        executor = "onnxruntime" if model.endswith(".onnx") else "torch"
+        suffix = {".engine": "tensorrt", ".onnx": "onnxruntime"}
+        executor = next((v for k, v in suffix.items() if model.endswith(k)), "torch")
     llm = load(model, executor, num_blocks=num_blocks)
     if not isinstance(llm, ServingLLM):  # a slot-layout graph: the greedy loop
         if temperature > 0 or top_k or top_p < 1 or seed is not None:

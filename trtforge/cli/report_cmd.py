@@ -24,7 +24,9 @@ MODEL_OR_ENGINE is one of:
 \b
 Targets (default: all that apply): torch, torch-cuda, ort, ort-fused, ort-fp16,
 ort-bf16, ort-int8, trt, trt-fp16, trt-int8, onnx=PATH (any other ONNX file).
-Targets that cannot run here keep their row and say why.
+Targets that cannot run here keep their row and say why. A model with nothing
+INT8 quantizes drops ort-int8/trt-int8 from the default targets (noted); named
+with --targets they fail.
 \b
 Examples:
   trtforge report trtforge.demo:minilm_factory -o build/report \\
@@ -167,6 +169,8 @@ def report_cmd(
         _remove_written(result, out_dir, existed)
         raise UserError(rejected)
     click.echo(headline(result.report))
+    for note in result.report.notes:
+        click.echo(f"note: {note}")
     for label, path in (
         ("html", result.html_path),
         ("markdown", result.markdown_path),

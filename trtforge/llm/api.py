@@ -158,7 +158,8 @@ class LLM:
 def load(path: str | os.PathLike[str], executor: str = "onnxruntime") -> LLM:
     """Load a step graph (`step.onnx`, from `trtforge compile --generate --save-onnx`) for generation.
 
-    `executor`: "onnxruntime" (CPU, exact). A `model.engine` needs the TensorRT executor of issue #17.
+    `executor`: "onnxruntime" (CPU, exact). A paged `model.engine` is served by the TensorRT executor
+    (:func:`trtforge.llm.service.load`).
     """
     import onnx
 
@@ -169,9 +170,9 @@ def load(path: str | os.PathLike[str], executor: str = "onnxruntime") -> LLM:
         raise UserError(f"executor {executor!r} is not available; choose one of {', '.join(EXECUTORS)}.")
     if p.suffix == ".engine":
         raise UserError(
-            f"'{p}' is a TensorRT engine; the onnxruntime executor runs the step graph. Load the ONNX "
-            "written by `trtforge compile --generate --save-onnx step.onnx` (a TensorRT executor comes "
-            "with issue #17)."
+            f"'{p}' is a TensorRT engine; the onnxruntime executor runs the step graph. Load the engine "
+            "with executor='tensorrt' (a paged step engine), or the ONNX written by `trtforge compile "
+            "--generate --save-onnx step.onnx`."
         )
     if not p.is_file():
         raise UserError(f"step graph '{p}' does not exist.")

@@ -1,6 +1,7 @@
 """`trtforge.llm.load` / `from_pretrained`: one object that generates, streams and reports memory.
 
-A paged step graph (ONNX Runtime) or a transformers model (torch) is served by
+A paged step graph (ONNX Runtime), a paged step engine (TensorRT) or a transformers model (torch) is
+served by
 :class:`trtforge.llm.engine.LLMEngine` with continuous batching and a paged KV cache; a slot-layout
 step graph keeps the simple batched greedy loop of :mod:`trtforge.llm.api` (issue #16).
 """
@@ -21,7 +22,7 @@ from trtforge.llm.executor import StepExecutor
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.scheduler import SchedulerConfig, SchedulerStats
 
-EXECUTORS = ("onnxruntime", "torch")
+EXECUTORS = ("auto", "onnxruntime", "tensorrt", "torch")
 DEFAULT_TORCH_BLOCKS = 256
 
 
@@ -144,7 +145,7 @@ def _config(config: SchedulerConfig | None, max_num_seqs: int | None) -> Schedul
 
 def load(
     path: str | os.PathLike[str],
-    executor: str = "onnxruntime",
+    executor: str = "auto",
     *,
     num_blocks: int | None = None,
     max_model_len: int | None = None,
@@ -153,6 +154,8 @@ def load(
 ) -> LLM | ServingLLM:
     """Load a model for generation.
 
+    - A paged step engine (``trtforge compile --generate --cache-layout paged -o m.engine``) ->
+      :class:`ServingLLM` over TensorRT on the GPU (``executor`` "auto" or "tensorrt").
     - A paged step graph (``export_step(..., cache_layout="paged")``) -> :class:`ServingLLM` over
       exact ONNX Runtime with `num_blocks` blocks (default: max_batch full sequences).
     - A slot-layout step graph (``trtforge compile --generate --save-onnx``) -> :class:`LLM`, the
@@ -170,6 +173,10 @@ def load(
     from trtforge.llm.executors.onnxruntime_exec import OrtPagedExecutor, read_generation
 
     p = Path(path)
+    if executor == "auto":
+        executor = "tensorrt" if p.suffix == ".engine" else "onnxruntime"
+    if executor == "tensorrt":
+        return _load_engine(p, num_blocks, max_model_len, config, max_num_seqs)
     if p.is_dir():
         raise UserError(
             f"'{p}' is a directory; the onnxruntime executor loads a step graph (.onnx). For a "
@@ -187,6 +194,50 @@ def load(
         return api.load(p, executor)
     ex = OrtPagedExecutor(p, num_blocks, max_model_len=max_model_len, generation=generation)
     return ServingLLM(ex, _config(config, max_num_seqs))
+
+
+def engine_config(config: SchedulerConfig | None, limits: dict[str, int]) -> SchedulerConfig:
+    """`config` within a step engine's profile limits (SchedulerConfig field -> largest value).
+
+    Fields left at their defaults are lowered to the limits; values set above them are refused.
+    """
+    config = config or SchedulerConfig()
+    defaults = SchedulerConfig()
+    over = {k: getattr(config, k) for k, v in limits.items() if getattr(config, k) > v}
+    refused = {k: v for k, v in over.items() if v != getattr(defaults, k)}
+    if refused:
+        raise UserError(
+            f"SchedulerConfig {refused} exceeds the step engine's limits {limits} (its --max-batch and "
+            "--max-prefill: TensorRT profiles bound every step's shapes). Lower them, or rebuild the engine "
+            "with larger limits."
+        )
+    return dataclasses.replace(config, **{k: limits[k] for k in over})
+
+
+def _load_engine(
+    path: Path,
+    num_blocks: int | None,
+    max_model_len: int | None,
+    config: SchedulerConfig | None,
+    max_num_seqs: int | None,
+) -> ServingLLM:
+    """A paged step engine behind the TensorRT executor; manifest and limits are checked before the GPU."""
+    from trtforge.llm.executors.tensorrt_exec import TrtPagedExecutor, read_step_engine
+
+    if path.suffix != ".engine":
+        raise UserError(
+            f"'{path}': the tensorrt executor runs a step engine (.engine with its .engine.json manifest) "
+            "from `trtforge compile MODEL --generate --cache-layout paged`; step graphs (.onnx) run on "
+            "executor='onnxruntime'."
+        )
+    g = read_step_engine(path).generation
+    if max_num_seqs is not None and max_num_seqs > g["max_batch"]:
+        raise UserError(
+            f"max_num_seqs {max_num_seqs} exceeds the step engine's max batch {g['max_batch']} (--max-batch)."
+        )
+    config = engine_config(config, {"max_num_seqs": g["max_batch"], "max_prefill_chunk": g["max_prefill"]})
+    config = _config(config, max_num_seqs)
+    return ServingLLM(TrtPagedExecutor(path, num_blocks, max_model_len=max_model_len), config)
 
 
 def from_pretrained(

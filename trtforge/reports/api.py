@@ -24,7 +24,15 @@ from trtforge.reports.compare import compare_target
 from trtforge.reports.inputs import Feed, IOSpec, fit_sizes, generate_feed, load_feeds, static_batch
 from trtforge.reports.latency import MemoryProbe, measure_point, sweep_points
 from trtforge.reports.results import FAILED, OK, AccuracyRow, LatencyPoint, Report, TargetRun
-from trtforge.reports.targets import Preparer, Target, default_targets, load_source, validate_names
+from trtforge.reports.targets import (
+    INT8_TARGETS,
+    NOTHING_TO_QUANTIZE,
+    Preparer,
+    Target,
+    default_targets,
+    load_source,
+    validate_names,
+)
 
 DEFAULT_WARMUP = 3
 DEFAULT_RUNS = 20
@@ -264,6 +272,8 @@ def build_report(
                 bar.step(f"preparing {n}")
                 prepared[n] = prep.prepare(n)
                 bar.step(f"prepared {n}", advance=1)
+            if not targets:
+                names = _drop_unquantizable(names, prepared, notes)
             ref_specs = prepared[reference].specs or next(
                 (t.specs for t in prepared.values() if t.specs), None
             )
@@ -333,6 +343,21 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def _drop_unquantizable(names: list[str], prepared: Mapping[str, Target], notes: list[str]) -> list[str]:
+    """Default targets only: leave out the INT8 targets, with a note, when INT8 has nothing to quantize.
+
+    A model too small for INT8 is not a failed report; a target the user names still fails honestly.
+    """
+    int8 = prepared.get("ort-int8")
+    reason = (int8.info.reason or "") if int8 is not None else ""
+    if int8 is None or int8.info.status != FAILED or not reason.startswith(NOTHING_TO_QUANTIZE):
+        return names
+    gone = [n for n in names if n in INT8_TARGETS]
+    notes[:] = [n for n in notes if not n.startswith("INT8 was calibrated")]
+    notes.append(f"{' and '.join(gone)} left out of the default targets: {reason}")
+    return [n for n in names if n not in gone]
 
 
 def _calibration_source(calibration_data: Any, data: Any, tokenizer: Any, seq: int, notes: list[str]):

@@ -28,6 +28,8 @@ TORCH_TARGETS = ("torch", "torch-cuda")
 KNOWN = (*TORCH_TARGETS, *GRAPH_TARGETS, *TRT_TARGETS)
 EXTERNAL = "onnx="
 _PRECISION = {"ort-fp16": "fp16", "ort-bf16": "bf16", "ort-int8": "int8"}
+INT8_TARGETS = ("ort-int8", "trt-int8")
+NOTHING_TO_QUANTIZE = "nothing to quantize"  # how calibration refuses a model with no quantizable node
 
 
 @dataclass
@@ -65,7 +67,8 @@ class _Graph:
 
 
 def default_targets(source: Source) -> list[str]:
-    """Targets used when none are named: everything that applies to the source kind."""
+    """Targets used when none are named: everything that applies to the source kind (the INT8 ones are
+    left out again, with a note, when the model has nothing to quantize: reports.api)."""
     graphs = ["ort", "ort-fused", "ort-fp16", "ort-int8", "trt", "trt-fp16", "trt-int8"]
     if source.kind == "module":
         return ["torch", *graphs]

@@ -214,6 +214,11 @@ class TrtEngine:
             ctx.set_input_shape(t.name, shape)
         return frozenset(t.name for t in manifest.outputs if any(d < 0 for d in ctx.output_shape(t.name)))
 
+    def aliased_input(self, output: str) -> str | None:
+        """The input whose memory output `output` shares (in-place ops, e.g. KV-cache updates), or None."""
+        query = getattr(self.engine, "get_aliased_input_tensor", None)  # llm-decoding-facts (TRT >= 10.15)
+        return (query(output) or None) if query is not None else None
+
     def device_memory_size_for_profile(self, profile: int) -> int:
         if hasattr(self.engine, "get_device_memory_size_for_profile_v2"):
             return int(self.engine.get_device_memory_size_for_profile_v2(profile))  # §4.2

@@ -1,13 +1,15 @@
 """Step executors: each runs :class:`trtforge.llm.executor.StepBatch` batches over paged KV pools it owns.
 
-``torch`` (:mod:`.torch_exec`, a transformers model in eager torch) and ``onnxruntime``
-(:mod:`.onnxruntime_exec`, an exported paged step graph in exact ONNX Runtime); :mod:`.onnxruntime_slot`
-runs slot-layout step graphs for the simple greedy loop.
+``torch`` (:mod:`.torch_exec`, a transformers model in eager torch), ``onnxruntime``
+(:mod:`.onnxruntime_exec`, an exported paged step graph in exact ONNX Runtime) and ``tensorrt``
+(:mod:`.tensorrt_exec`, the paged step engine on a GPU); the graph executors share one feed mapping
+(:mod:`.paged_feeds`). :mod:`.onnxruntime_slot` runs slot-layout step graphs for the simple greedy loop.
 """
 
 from trtforge.llm.executors.onnxruntime_exec import OrtPagedExecutor
 from trtforge.llm.executors.onnxruntime_slot import OrtStepExecutor
+from trtforge.llm.executors.tensorrt_exec import TrtPagedExecutor
 
-EXECUTORS = ("onnxruntime", "torch")
+EXECUTORS = ("onnxruntime", "tensorrt", "torch")
 
-__all__ = ["EXECUTORS", "OrtPagedExecutor", "OrtStepExecutor"]
+__all__ = ["EXECUTORS", "OrtPagedExecutor", "OrtStepExecutor", "TrtPagedExecutor"]

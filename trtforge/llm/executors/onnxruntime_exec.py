@@ -15,6 +15,7 @@ import numpy as np
 from trtforge.errors import UserError
 from trtforge.llm.executor import StepBatch
 from trtforge.llm.executors.onnxruntime_slot import ORT_TYPES
+from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
 
 def read_generation(path: str | Path) -> dict[str, Any]:
@@ -112,29 +113,8 @@ class OrtPagedExecutor:
         return sum(p.nbytes for p in self.pools.values())
 
     def feeds(self, batch: StepBatch) -> dict[str, np.ndarray]:
-        """The graph's padded [B, S] feeds for a ragged batch (pools excluded)."""
-        qsl = batch.query_start_loc.astype(np.int64)
-        qlens = np.diff(qsl)
-        rows, seq = batch.num_seqs, max(int(qlens.max(initial=1)), 1)
-        cols = np.arange(seq)[None, :]
-        real = cols < qlens[:, None]
-        flat = (qsl[:-1, None] + cols)[real]
-        ids = np.zeros((rows, seq), np.int64)
-        pos = np.zeros((rows, seq), np.int64)
-        slots = np.full((rows, seq), self._num_blocks * self._block_size, np.int64)
-        ids[real], pos[real], slots[real] = (
-            batch.input_ids[flat],
-            batch.positions[flat],
-            batch.slot_mapping[flat],
-        )
-        return {
-            "input_ids": ids,
-            "position_ids": pos,
-            "past_lens": batch.context_lens.astype(np.int64) - qlens,
-            "new_lens": qlens,
-            "block_tables": np.ascontiguousarray(batch.block_tables, dtype=np.int32),
-            "slot_mapping": slots,
-        }
+        """The graph's padded [B, S] feeds for a ragged batch (pools excluded; shared with TensorRT)."""
+        return padded_feeds(batch, self._num_blocks * self._block_size)
 
     def step(self, batch: StepBatch) -> np.ndarray:
         """Copy blocks, run the graph on the padded batch, keep the new pools; logits [N, vocab] float32."""
@@ -146,16 +126,5 @@ class OrtPagedExecutor:
         for out_name, in_name in self._pool_outputs.items():
             self.pools[in_name] = outs[out_name]
         logits = outs["logits"]
-        qsl = batch.query_start_loc.astype(np.int64)
-        idx = batch.logits_indices.astype(np.int64)
-        seq = np.searchsorted(qsl, idx, side="right") - 1
-        col = idx - qsl[seq]
-        if logits.ndim == 3:
-            return logits[seq, col]
-        last = feeds["new_lens"][seq] - 1
-        if (col != last).any():
-            raise UserError(
-                f"step graph '{self.path}' returns each row's last-token logits only; logits were asked for "
-                "other rows. Export it with all_logits=True."
-            )
-        return logits[seq]
+        seq, col = logits_rows(batch, logits.ndim == 3, f"step graph '{self.path}'")
+        return logits[seq] if col is None else logits[seq, col]
