@@ -182,3 +182,10 @@ DECODE_CANDIDATES: tuple[tuple[int, int, int, float], ...] = (
     (64, 4, 3, 1.0), (64, 4, 2, 1.0), (64, 4, 4, 1.0), (32, 4, 4, 1.0), (128, 4, 2, 1.0),
     (128, 8, 3, 1.0), (64, 2, 3, 1.0), (64, 4, 2, 2.0), (64, 4, 3, 2.0), (64, 4, 3, 0.5), (128, 4, 2, 0.5),
 )  # fmt: skip
+
+
+def decode_counter_slots(batch: int, num_heads: int) -> int:
+    """4-byte slots at the start of a decode workspace for the fused reduction's arrival counters:
+    one per (batch, kv head), sized by the query heads (an upper bound, so that callers need not know
+    the kv heads) and rounded up to 128 bytes so that the partial outputs after them stay aligned."""
+    return -(-max(batch * num_heads, 1) // 32) * 32
