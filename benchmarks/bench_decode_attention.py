@@ -4,19 +4,18 @@
 
 Cases (defaults): FP16, Hq=32, Hkv=8, D=128, q_len 1, B x L in {1x32768, 4x16384, 16x4096,
 64x8192, 128x2048, 256x1024}, every sequence at full length L. Implementations, all in this process:
-- ours-contig: the decode kernel on a contiguous [B, Hkv, L, D] cache, autotuned on its first call
-  (tile, pipeline depth and split count; not timed; the choice is recorded). Split reduction fused
-  into the split kernel; under CUDA-graph capture its arrival counters are the graph's own, zeroed
-  by a captured memset at each replay;
+- ours-contig: decode_attention on a contiguous [B, Hkv, L, D] cache, autotuned on its first call
+  (tile, pipeline depth and split count; not timed; the choice is recorded). Captured in a CUDA
+  graph without a workspace of the caller's, its splits are reduced by a second kernel;
 - ours-contig-ws: the same config and split count through decode_attention_raw with a workspace
-  zeroed once (the kernels leave its counters zero): one kernel per call, nothing else;
+  zeroed once (counters_zeroed: the kernel leaves its counters zero): the fused reduction, one
+  kernel per call;
 - ours-contig-2k: the same config and split count with the split reduction in a second kernel;
 - ours-contig-default: the untuned default config with the split heuristic;
 - ours-paged16 / ours-paged64: the kernel (autotuned) on a pool of 16- / 64-token blocks placed by a
   random permutation, read through the block table;
-- ours-paged16-plugin: paged16's config through decode_attention_raw on a scratch workspace whose
-  counters a tiny kernel zeroes before each launch (what the PagedAttention plugin's enqueue runs
-  after reshape-and-cache);
+- ours-paged16-plugin: paged16's config through decode_attention_raw on a scratch workspace of
+  undefined contents (what the PagedAttention plugin's enqueue runs after reshape-and-cache);
 - cudnn / flash: torch SDPA (CUDNN_ATTENTION / FLASH_ATTENTION backend) on the contiguous cache,
   ``enable_gqa=True`` (no K/V expansion);
 - gather+cudnn: the 16-token pool gathered to contiguous by advanced indexing

@@ -88,8 +88,8 @@ def test_fused_reduction_matches_the_reduce_kernel_and_leaves_counters_zero(hq, 
 
 @pytest.mark.parametrize("zeroed", [False, True])
 def test_raw_launch_on_a_scratch_workspace(zeroed):
-    """decode_attention_raw on a workspace full of garbage (a TensorRT workspace) zeroes the counters
-    itself; one zeroed once and passed as `counters_zeroed` stays zero across launches."""
+    """decode_attention_raw on a workspace full of garbage (a TensorRT workspace) does not trust its
+    counters; one zeroed once and passed as `counters_zeroed` stays zero across launches."""
     gen = torch.Generator().manual_seed(5)
     b, hq, hkv, s_q, d, splits = 2, 8, 2, 2, 64, 4
     lens = torch.tensor([70, 33], dtype=torch.int32, device=DEVICE)
@@ -109,7 +109,8 @@ def test_raw_launch_on_a_scratch_workspace(zeroed):
             workspace=ws, stream=0, counters_zeroed=zeroed,
         )  # fmt: skip
         assert (out.float() - ref).abs().max().item() < 3e-3
-        assert int(ws[: b * hkv].abs().sum()) == 0
+        if zeroed:
+            assert int(ws[: b * hkv].abs().sum()) == 0
 
 
 def test_query_longer_than_context_sees_nothing_for_early_rows():
@@ -124,7 +125,11 @@ def test_query_longer_than_context_sees_nothing_for_early_rows():
 
 
 def test_split_heuristic_fills_the_gpu_and_never_leaves_a_split_empty():
-    assert num_splits_for(8, 32768, 132, 64) >= 32  # B·Hkv = 8: many splits
+    # the H200's best split counts in the split sweep (benchmarks/results/decode_attention.md)
+    assert num_splits_for(8, 32768, 132, 64) == 32  # B·Hkv = 8: many splits
+    assert num_splits_for(32, 16384, 132, 64) == 8
+    assert num_splits_for(128, 4096, 132, 64) == 2
+    assert num_splits_for(512, 8192, 132, 64) == 2
     assert num_splits_for(2048, 1024, 132, 64) == 1  # already 15 waves
     assert num_splits_for(8, 100, 132, 64) == 1  # under MIN_SPLIT_TOKENS
     for bh, length, bn in [(8, 32768, 64), (32, 16384, 64), (128, 4096, 64), (512, 8192, 64), (3, 1000, 32)]:

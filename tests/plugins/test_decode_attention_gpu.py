@@ -90,9 +90,10 @@ def test_any_split_count_gives_the_same_result(splits, fused):
 
 
 @pytest.mark.parametrize("page", [0, 16])
-def test_cuda_graph_replays_with_the_fused_reduction(page):
-    """A captured decode (32 splits, GQA 4, q_len 4) replayed with new queries and lengths each time,
-    with eager launches on the same stream in between, matches FP32 SDPA every time."""
+def test_cuda_graph_replays_between_eager_launches(page):
+    """A captured decode (32 splits, GQA 4, q_len 4: two kernels) replayed with new queries and
+    lengths each time, with eager launches (fused, the stream's counters) on the same stream in
+    between, matches FP32 SDPA every time."""
     gen = torch.Generator().manual_seed(41 + page)
     b, hq, hkv, s_q, d = 4, 16, 4, 4, 128
     k = torch.randn(b, hkv, 4096, d, generator=gen).half().cuda()
@@ -123,8 +124,10 @@ def test_cuda_graph_replays_with_the_fused_reduction(page):
             _check(eager, ref, torch.float16)
 
 
-def test_raw_launch_zeroes_a_scratch_workspace_on_a_foreign_stream():
-    """decode_attention_raw on a workspace full of garbage (TensorRT's) and a foreign stream."""
+@pytest.mark.parametrize("zeroed", [False, True])
+def test_raw_launch_on_a_workspace_and_a_foreign_stream(zeroed):
+    """decode_attention_raw on a workspace full of garbage (TensorRT's: two kernels) or zeroed once
+    (fused; left zero for the next launch), on a foreign stream."""
     gen = torch.Generator().manual_seed(43)
     b, hq, hkv, d, splits = 6, 32, 8, 128, 24
     lens = torch.tensor([1, 17, 3000, 4096, 64, 2049], dtype=torch.int32, device="cuda")
@@ -133,15 +136,20 @@ def test_raw_launch_zeroes_a_scratch_workspace_on_a_foreign_stream():
     v = torch.randn(b, hkv, 4096, d, generator=gen).half().cuda()
     ws = torch.randint(-(2**30), 2**30, (workspace_elements(b, hq, 1, d, splits),), dtype=torch.int32)
     ws = ws.cuda()
-    out = torch.full_like(q, float("nan"))
+    if zeroed:
+        ws.zero_()
+    ref = reference_decode(q, k, v, lens)
     stream = torch.cuda.Stream()
-    decode_attention_raw(
-        q, k, v, lens, None, out, scale=d**-0.5, config=DecodeConfig(), splits=splits, workspace=ws,
-        stream=stream.cuda_stream,
-    )  # fmt: skip
-    stream.synchronize()
-    _check(out, reference_decode(q, k, v, lens), torch.float16)
-    assert int(ws[: b * hkv].abs().sum()) == 0
+    for _ in range(2):
+        out = torch.full_like(q, float("nan"))
+        decode_attention_raw(
+            q, k, v, lens, None, out, scale=d**-0.5, config=DecodeConfig(), splits=splits, workspace=ws,
+            stream=stream.cuda_stream, counters_zeroed=zeroed,
+        )  # fmt: skip
+        stream.synchronize()
+        _check(out, ref, torch.float16)
+    if zeroed:
+        assert int(ws[: b * hkv].abs().sum()) == 0
 
 
 @pytest.mark.parametrize("page", [0, 16])

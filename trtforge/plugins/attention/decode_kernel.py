@@ -3,12 +3,14 @@
 One query step of 1..8 tokens per sequence reads that sequence's whole K/V cache, so decode is bound
 by memory bandwidth, and a (batch x kv-head) grid leaves most SMs idle at small batch. Each program
 therefore takes one (batch, kv head, split) triple: it attends to one contiguous chunk of the keys
-and writes a normalized partial output plus its log-sum-exp to the workspace. The reduction is fused:
-each program then increments its (batch, kv head)'s arrival counter (acquire-release), and the last
-one to arrive rescales and sums every split's partials into the output and puts the counter back to
-0 (so a workspace, or a captured CUDA graph, can be reused at once). The counters must be zero when a
-launch starts. A separate reduce kernel (``DecodeConfig.fused=False``) remains for comparison. With one
-split the kernel writes the output directly.
+and writes a normalized partial output plus its log-sum-exp to the workspace. Fused reduction: each
+program then increments its (batch, kv head)'s arrival counter (acquire-release), and the last one
+to arrive rescales and sums every split's partials into the output and puts the counter back to 0,
+so that zeroed counters stay zero from launch to launch (they must be zero when a launch starts).
+Where no zeroed counters exist (a TensorRT workspace, which holds anything at enqueue; CUDA-graph
+capture without a caller's workspace), a second kernel reduces instead: zeroing counters at each
+launch measured slower than that kernel on the H200. With one split the kernel writes the output
+directly.
 
 GQA: the ``num_heads / kv_num_heads`` query heads that share a kv head, times the query length, are
 the rows (M dimension) of one tile, so each K/V tile is loaded once for the whole group and both
@@ -74,12 +76,17 @@ def default_decode_config(head_dim: int) -> DecodeConfig:
 
 
 def num_splits_for(batch_kv_heads: int, max_len: int, num_sms: int, block_n: int) -> int:
-    """Splits per (batch, kv head) so that about 4 programs per SM run, each with >= 256 keys.
+    """Splits per (batch, kv head): about 2 programs per SM (rounded down) while B·Hkv <= 2 per SM,
+    then enough for about 4 per SM (2 splits up to B·Hkv = 4 per SM, then 1); each >= 256 keys.
 
-    The chunk is a whole number of tiles, and the count is trimmed so that no split is left empty.
+    Measured on the H200 (benchmarks/results/decode_attention.md, split sweep, 64-key tiles): 32
+    splits at B·Hkv = 8 (40 us; 64 splits: 47 us), 8 at 32 (68 us; 16: 78 us), 1-2 at 128 (67-68 us;
+    5: ~75 us), 2-4 at 512 (494-501 us; 1: 555 us). The chunk is a whole number of tiles, and the
+    count is trimmed so that no split is left empty.
     """
     tiles = max(1, triton.cdiv(max(max_len, 1), block_n))
-    want = triton.cdiv(4 * num_sms, max(batch_kv_heads, 1))
+    bh = max(batch_kv_heads, 1)
+    want = (2 * num_sms) // bh if bh <= 2 * num_sms else triton.cdiv(4 * num_sms, bh)
     splits = max(1, min(want, triton.cdiv(max_len, MIN_SPLIT_TOKENS), tiles, MAX_SPLITS))
     per_split = triton.cdiv(tiles, splits)
     return triton.cdiv(tiles, per_split)
@@ -472,25 +479,17 @@ def workspace_elements(batch: int, num_heads: int, q_len: int, head_dim: int, sp
     return decode_counter_slots(batch, num_heads) + batch * num_heads * q_len * splits * (block_d + 1)
 
 
-@triton.jit
-def _zero_kernel(Counters, n, BLOCK: tl.constexpr):
-    """Grid (1,): Counters[0:n] = 0."""
-    for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(Counters + offs, tl.zeros([BLOCK], dtype=tl.int32), mask=offs < n)
-
-
 # Arrival counters of launches without a caller's workspace, one zeroed set per (device, stream):
 # launches on one stream run in order, and each leaves its counters zero for the next.
 _COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
 
 
-def _stream_counters(device: torch.device, n: int) -> torch.Tensor:
-    """`n` zeroed int32 counters for a launch on the current stream. Under CUDA-graph capture they
-    are the graph's own (allocated in its pool and zeroed by a captured memset at each replay), so
-    that graphs never share counters with each other or with eager launches."""
+def _stream_counters(device: torch.device, n: int) -> torch.Tensor | None:
+    """`n` zeroed int32 counters for a launch on the current stream; None under CUDA-graph capture,
+    where the reduction runs as a second kernel: counters of a graph's own would need a captured
+    memset at each replay, which measured slower than the reduce kernel (results/decode_attention.md)."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(n, dtype=torch.int32, device=device)
+        return None
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device.index if device.index is not None else -1, stream)
     buf = _COUNTERS.get(key)
@@ -513,10 +512,10 @@ def _workspace_views(workspace: Any, counters: int, rows: int, block_d: int) -> 
     return cnt, mid_o, mid_l
 
 
-def _launch(q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace, clear=False) -> None:
+def _launch(q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace, zeroed=True) -> None:
     """Run the split kernel (and, unfused, the reduce kernel) with scratch from `workspace` (4-byte
-    elements, at least workspace_elements(...); None: allocate, with this stream's counters). With
-    `clear`, the workspace's counters are zeroed first (a scratch workspace of undefined contents)."""
+    elements, at least workspace_elements(...); None: allocate, with this stream's counters).
+    `zeroed` False: the workspace's counters hold anything, so the reduction runs unfused."""
     b, hq, s_q, d = (int(n) for n in q.shape)
     hkv = int(k.shape[1])
     page = int(k.shape[2]) if block_table is not None else 0
@@ -534,12 +533,13 @@ def _launch(q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace, 
         mid_l = torch.empty((rows,), dtype=torch.float32, device=q.device)
         if fused:
             counters = _stream_counters(q.device, b * hkv)
+            fused = counters is not None
+            counters = seq_lens if counters is None else counters
     else:
         cnt, mid_o, mid_l = _workspace_views(workspace, decode_counter_slots(b, hq), rows, block_d)
+        fused = fused and zeroed
         if fused:
             counters = cnt
-            if clear:
-                _zero_kernel[(1,)](counters, b * hkv, BLOCK=1024, num_warps=4)
     # The last program's reduction works on tiles of about 32 FP32 values per thread.
     tail = 1024 * cfg.num_warps
     tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
@@ -673,14 +673,15 @@ def decode_attention_raw(
     fixed config and split count and scratch from `workspace` (a float32 DeviceTensor, or a 4-byte
     torch tensor, of at least :func:`workspace_elements` elements): nothing is allocated, timed or
     synchronized (a TensorRT plugin's enqueue). A TensorRT workspace holds anything at enqueue, so
-    its arrival counters are zeroed first (one tiny kernel) unless `counters_zeroed` says that they
-    already are (a workspace zeroed once and used only by these launches, which leave them zero)."""
+    by default the splits are reduced by a second kernel; `counters_zeroed` says that the
+    workspace's arrival counters are zero (zeroed once and used only by these launches, which leave
+    them zero), and the reduction is then fused into the split kernel (one launch)."""
     _check(q, k_cache, v_cache, seq_lens, block_table, out)
     if splits > 1 and workspace is None:
         raise ValueError("a launch with more than one split needs a workspace")
     args = (q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, workspace)
     if not stream:
-        _launch(*args, clear=not counters_zeroed)
+        _launch(*args, zeroed=counters_zeroed)
         return
     with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
-        _launch(*args, clear=not counters_zeroed)
+        _launch(*args, zeroed=counters_zeroed)
