@@ -81,7 +81,7 @@ def num_splits_for(batch_kv_heads: int, max_len: int, num_sms: int, block_n: int
 
     Measured on the H200 (benchmarks/results/decode_attention.md, split sweep, 64-key tiles): 32
     splits at B·Hkv = 8 (40 us; 64 splits: 47 us), 8 at 32 (68 us; 16: 78 us), 1-2 at 128 (67-68 us;
-    5: ~75 us), 2-4 at 512 (494-501 us; 1: 555 us). The chunk is a whole number of tiles, and the
+    5: 73 us), 2-4 at 512 (494-501 us; 1: 555 us). The chunk is a whole number of tiles, and the
     count is trimmed so that no split is left empty.
     """
     tiles = max(1, triton.cdiv(max(max_len, 1), block_n))
