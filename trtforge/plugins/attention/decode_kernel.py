@@ -531,10 +531,9 @@ def _launch(q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace, 
     elif workspace is None:
         mid_o = torch.empty((rows, block_d), dtype=torch.float32, device=q.device)
         mid_l = torch.empty((rows,), dtype=torch.float32, device=q.device)
-        if fused:
-            counters = _stream_counters(q.device, b * hkv)
-            fused = counters is not None
-            counters = seq_lens if counters is None else counters
+        found = _stream_counters(q.device, b * hkv) if fused else None
+        fused = found is not None
+        counters = found if fused else counters
     else:
         cnt, mid_o, mid_l = _workspace_views(workspace, decode_counter_slots(b, hq), rows, block_d)
         fused = fused and zeroed
@@ -634,6 +633,8 @@ def decode_attention(
     (default: the cache capacity) sizes the split count; `seq_lens` stays on the device. With
     `config` None, a CUDA launch outside graph capture is autotuned once per problem bucket over
     :data:`AUTOTUNE_CANDIDATES`; the interpreter and graph capture use :func:`default_decode_config`.
+    Eager launches reduce the splits inside the split kernel (with this stream's counters); a
+    captured launch reduces them in a second kernel.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
