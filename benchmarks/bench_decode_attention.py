@@ -4,11 +4,18 @@
 
 Cases (defaults): FP16, Hq=32, Hkv=8, D=128, q_len 1, B x L in {1x32768, 4x16384, 16x4096,
 64x8192, 128x2048, 256x1024}, every sequence at full length L. Implementations, all in this process:
-- ours-contig: the decode kernel on a contiguous [B, Hkv, L, D] cache, autotuned on its first call
-  (tile, pipeline depth and split count; not timed; the choice is recorded);
-- ours-contig-default: the same with the untuned default config and the split heuristic;
+- ours-contig: decode_attention on a contiguous [B, Hkv, L, D] cache, autotuned on its first call
+  (tile, pipeline depth and split count; not timed; the choice is recorded). Captured in a CUDA
+  graph without a workspace of the caller's, its splits are reduced by a second kernel;
+- ours-contig-ws: the same config and split count through decode_attention_raw with a workspace
+  zeroed once (counters_zeroed: the kernel leaves its counters zero): the fused reduction, one
+  kernel per call;
+- ours-contig-2k: the same config and split count with the split reduction in a second kernel;
+- ours-contig-default: the untuned default config with the split heuristic;
 - ours-paged16 / ours-paged64: the kernel (autotuned) on a pool of 16- / 64-token blocks placed by a
   random permutation, read through the block table;
+- ours-paged16-plugin: paged16's config through decode_attention_raw on a scratch workspace of
+  undefined contents (what the PagedAttention plugin's enqueue runs after reshape-and-cache);
 - cudnn / flash: torch SDPA (CUDNN_ATTENTION / FLASH_ATTENTION backend) on the contiguous cache,
   ``enable_gqa=True`` (no K/V expansion);
 - gather+cudnn: the 16-token pool gathered to contiguous by advanced indexing
@@ -16,12 +23,15 @@ Cases (defaults): FP16, Hq=32, Hkv=8, D=128, q_len 1, B x L in {1x32768, 4x16384
 Each is timed as CUDA-graph replays (triton.testing.do_bench_cudagraph, median; K/V of every case
 exceed the 50 MB L2). TB/s = K+V bytes the attention must read (2·B·Hkv·L·D·2) / time, for every
 implementation (so gather+cudnn's figure counts useful bytes, not the bytes its copy moves). Every
-implementation's output is checked against cuDNN's. Writes results.json and results.md under --out.
+implementation's output is checked against cuDNN's. Writes results.json and results.md under --out;
+--sweep also times the contiguous kernel over split counts x tile configs (sweep.md), the data
+behind the split heuristic.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import platform
@@ -35,17 +45,24 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from trtforge.plugins.attention import decode_kernel
-from trtforge.plugins.attention.decode_kernel import decode_attention, default_decode_config
+from trtforge.plugins.attention.decode_kernel import (
+    DecodeConfig,
+    decode_attention,
+    decode_attention_raw,
+    default_decode_config,
+    num_splits_for,
+    workspace_elements,
+)
 
 SHAPES = [(1, 32768), (4, 16384), (16, 4096), (64, 8192), (128, 2048), (256, 1024)]
 PEAK_TBS = 4.8  # H200 HBM3e datasheet figure (a lead); the 85% target is taken against it
 AGREE_TOL = 4e-3
 
 
-def _graph_us(fn) -> float:
+def _graph_us(fn, rep: int = 200) -> float:
     fn()
     torch.cuda.synchronize()
-    return 1e3 * float(triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median"))
+    return 1e3 * float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
 
 
 def _pool(k: torch.Tensor, v: torch.Tensor, page: int, gen: torch.Generator) -> tuple:
@@ -74,6 +91,13 @@ def _sdpa(backend: SDPBackend, q, k, v):
         return sdpa(q, k, v, enable_gqa=True)
 
 
+def _fixed(q, k, table, length: int) -> tuple[DecodeConfig, int]:
+    """The autotuned choice for this case with its split count made explicit."""
+    cfg = decode_kernel._CHOICE[decode_kernel._key_of(q, k, table, length)]
+    splits = decode_kernel._resolve_splits(cfg, q.shape[0] * k.shape[1], length)
+    return dataclasses.replace(cfg, num_splits=splits), splits
+
+
 def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) -> tuple:
     gen = torch.Generator().manual_seed(b * length)
     q = torch.randn(b, hq, 1, d, generator=gen).to(dtype).cuda()
@@ -85,10 +109,29 @@ def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) ->
     k16, v16, t16 = pools[16]
     k64, v64, t64 = pools[64]
     default = default_decode_config(d)
+    decode_attention(q, k, v, lens, out=out)  # autotune (not timed)
+    decode_attention(q, k16, v16, lens, t16, out=out)
+    fixed, splits = _fixed(q, k, None, length)
+    fixed16, splits16 = _fixed(q, k16, t16, length)
+    ws = torch.zeros(max(1, workspace_elements(b, hq, 1, d, splits)), dtype=torch.int32, device="cuda")
+    ws16 = torch.full((max(1, workspace_elements(b, hq, 1, d, splits16)),), 7, dtype=torch.int32)
+    ws16 = ws16.cuda()  # a scratch workspace: garbage counters, zeroed by the launch
+
+    def raw(kc, vc, table, cfg, n, workspace, zeroed):
+        decode_attention_raw(
+            q, kc, vc, lens, table, out, scale=d**-0.5, config=cfg, splits=n, workspace=workspace,
+            stream=0, counters_zeroed=zeroed,
+        )  # fmt: skip
+        return out
+
+    unfused = dataclasses.replace(fixed, fused=False)
     impls = {
         "ours-contig": lambda: decode_attention(q, k, v, lens, out=out),
+        "ours-contig-ws": lambda: raw(k, v, None, fixed, splits, ws, True),
+        "ours-contig-2k": lambda: decode_attention(q, k, v, lens, out=out, config=unfused),
         "ours-contig-default": lambda: decode_attention(q, k, v, lens, out=out, config=default),
         "ours-paged16": lambda: decode_attention(q, k16, v16, lens, t16, out=out),
+        "ours-paged16-plugin": lambda: raw(k16, v16, t16, fixed16, splits16, ws16, False),
         "ours-paged64": lambda: decode_attention(q, k64, v64, lens, t64, out=out),
         "cudnn": lambda: _sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v),
         "flash": lambda: _sdpa(SDPBackend.FLASH_ATTENTION, q, k, v),
@@ -109,7 +152,51 @@ def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) ->
         name: str(decode_kernel._CHOICE.get(decode_kernel._key_of(q, kc, tb, length)))
         for name, kc, tb in (("ours-contig", k, None), ("ours-paged16", k16, t16), ("ours-paged64", k64, t64))
     }
+    chosen["splits (contig, paged16)"] = f"{splits}, {splits16}"
     return times, errors, chosen
+
+
+SWEEP_CONFIGS = [(64, 4, 3), (64, 4, 2), (64, 8, 3), (128, 4, 2)]
+SWEEP_SPLITS = [1, 2, 3, 4, 6, 8, 16, 32, 64, 128]
+
+
+def _sweep_shape(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype, sms: int) -> list:
+    """Table rows for one shape: contiguous kernel time (us, graph replays) per config x split count."""
+    q = torch.randn(b, hq, 1, d, dtype=dtype, device="cuda")
+    k = torch.randn(b, hkv, length, d, dtype=dtype, device="cuda")
+    v = torch.randn(b, hkv, length, d, dtype=dtype, device="cuda")
+    lens = torch.full((b,), length, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    lines = []
+    for bn, warps, stages in SWEEP_CONFIGS:
+        cells = {}
+        for n in SWEEP_SPLITS:
+            if n > -(-length // bn):
+                continue
+            cfg = DecodeConfig(bn, warps, stages, n)
+            cells[n] = _graph_us(lambda cfg=cfg: decode_attention(q, k, v, lens, out=out, config=cfg), 40)
+        best = min(cells, key=cells.get)
+        row = " | ".join(f"{cells[n]:.1f}" if n in cells else "" for n in SWEEP_SPLITS)
+        heur = num_splits_for(b * hkv, length, sms, bn)
+        best_cell = f"s={best}: {cells[best]:.1f}"
+        lines.append(f"| {b}x{length} | {bn}, {warps}, {stages} | {heur} | {row} | {best_cell} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def _sweep(hq: int, hkv: int, d: int, dtype: torch.dtype) -> str:
+    """The contiguous kernel over SWEEP_CONFIGS x SWEEP_SPLITS on every shape, as a Markdown table."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    lines = [
+        "| B x L | config (block_n, warps, stages) | heuristic splits | "
+        + " | ".join(f"s={n}" for n in SWEEP_SPLITS)
+        + " | best |",
+        "|---" * (len(SWEEP_SPLITS) + 4) + "|",
+    ]
+    for b, length in SHAPES:
+        torch.cuda.empty_cache()
+        lines += _sweep_shape(b, length, hq, hkv, d, dtype, sms)
+    return "\n".join(lines) + "\n"
 
 
 def _ratio(row: dict, ours: str, peer: str) -> str:
@@ -131,6 +218,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("build/bench_decode"))
     ap.add_argument("--commit", default=None, help="commit id to record (default: git rev-parse)")
+    ap.add_argument("--sweep", action="store_true", help="also sweep split counts x tile configs")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     hq, hkv, d, dtype = 32, 8, 128, torch.float16
@@ -175,8 +263,8 @@ def main() -> None:
         "",
         "| B x L | "
         + " | ".join(names)
-        + " | contig/cudnn | paged16/cudnn | paged16/gather | BW ours-contig |",
-        "|---" * (len(names) + 5) + "|",
+        + " | contig/cudnn | contig-ws/cudnn | paged16/cudnn | paged16/gather | BW ours-contig |",
+        "|---" * (len(names) + 6) + "|",
     ]
     for r in rows:
         cells = []
@@ -187,7 +275,8 @@ def main() -> None:
         pct = f"{100 * bw / PEAK_TBS:.0f}%" if bw else "n/a"
         lines.append(
             f"| {r['B']}x{r['L']} | " + " | ".join(cells)
-            + f" | {_ratio(r, 'ours-contig', 'cudnn')} | {_ratio(r, 'ours-paged16', 'cudnn')} "
+            + f" | {_ratio(r, 'ours-contig', 'cudnn')} | {_ratio(r, 'ours-contig-ws', 'cudnn')} "
+            f"| {_ratio(r, 'ours-paged16', 'cudnn')} "
             f"| {_ratio(r, 'ours-paged16', 'gather+cudnn')} | {pct} |"
         )  # fmt: skip
     lines += ["", "Max |out - cuDNN| per implementation:", ""]
@@ -209,6 +298,10 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     (args.out / "results.md").write_text(text)
     print(text)
+    if args.sweep:
+        sweep = _sweep(hq, hkv, d, dtype)
+        (args.out / "sweep.md").write_text(sweep)
+        print(sweep)
 
 
 if __name__ == "__main__":

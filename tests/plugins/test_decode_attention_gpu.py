@@ -20,11 +20,14 @@ from tests.plugins.decode_reference import (  # noqa: E402
     poison_past_lengths,
     reference_decode,
 )
+from trtforge.plugins.attention import decode_kernel  # noqa: E402
 from trtforge.plugins.attention.decode_kernel import (  # noqa: E402
     AUTOTUNE_CANDIDATES,
     DecodeConfig,
     decode_attention,
+    decode_attention_raw,
     default_decode_config,
+    workspace_elements,
 )
 from trtforge.plugins.attention.paged_cache import write_kv_cache  # noqa: E402
 
@@ -71,15 +74,82 @@ def test_acceptance_matrix(d, group, s_q, dtype):
         _check(out, ref, dtype)
 
 
-@pytest.mark.parametrize("splits", [1, 2, 7, 64])
-def test_any_split_count_gives_the_same_result(splits):
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("splits", [1, 2, 7, 64, 256])
+def test_any_split_count_gives_the_same_result(splits, fused):
     gen = torch.Generator().manual_seed(splits)
     q = torch.randn(3, 32, 1, 128, generator=gen).half().cuda()
     k = torch.randn(3, 8, 5000, 128, generator=gen).half().cuda()
     v = torch.randn(3, 8, 5000, 128, generator=gen).half().cuda()
     lens = torch.tensor([5000, 1, 2345], dtype=torch.int32, device="cuda")
-    out = decode_attention(q, k, v, lens, config=DecodeConfig(num_splits=splits))
-    _check(out, reference_decode(q, k, v, lens), torch.float16)
+    ref = reference_decode(q, k, v, lens)
+    for _ in range(3):  # launches on one stream share the fused reduction's counters
+        out = decode_attention(q, k, v, lens, config=DecodeConfig(num_splits=splits, fused=fused))
+        _check(out, ref, torch.float16)
+    assert all(int(c.abs().sum()) == 0 for c in decode_kernel._COUNTERS.values())
+
+
+@pytest.mark.parametrize("page", [0, 16])
+def test_cuda_graph_replays_between_eager_launches(page):
+    """A captured decode (32 splits, GQA 4, q_len 4: two kernels) replayed with new queries and
+    lengths each time, with eager launches (fused, the stream's counters) on the same stream in
+    between, matches FP32 SDPA every time."""
+    gen = torch.Generator().manual_seed(41 + page)
+    b, hq, hkv, s_q, d = 4, 16, 4, 4, 128
+    k = torch.randn(b, hkv, 4096, d, generator=gen).half().cuda()
+    v = torch.randn(b, hkv, 4096, d, generator=gen).half().cuda()
+    table = None
+    if page:
+        k, v, table = paged_from_contiguous(k, v, torch.full((b,), 4096), page, gen)
+    q = torch.empty(b, hq, s_q, d, dtype=torch.float16, device="cuda")
+    lens = torch.empty(b, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    cfg = DecodeConfig(num_splits=32)
+    stream = torch.cuda.Stream()
+    q.normal_()
+    lens.fill_(4096)
+    with torch.cuda.stream(stream):
+        decode_attention(q, k, v, lens, table, out=out, config=cfg)  # compile outside capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            decode_attention(q, k, v, lens, table, out=out, config=cfg, max_seq_len=4096)
+        for _ in range(3):
+            q.copy_(torch.randn(b, hq, s_q, d, generator=gen).half())
+            lens.copy_(torch.randint(s_q, 4097, (b,), generator=gen).to(torch.int32))
+            graph.replay()
+            eager = decode_attention(q, k, v, lens, table, config=cfg)
+            stream.synchronize()
+            ref = reference_decode(q, k, v, lens, table)
+            _check(out, ref, torch.float16)
+            _check(eager, ref, torch.float16)
+
+
+@pytest.mark.parametrize("zeroed", [False, True])
+def test_raw_launch_on_a_workspace_and_a_foreign_stream(zeroed):
+    """decode_attention_raw on a workspace full of garbage (TensorRT's: two kernels) or zeroed once
+    (fused; left zero for the next launch), on a foreign stream."""
+    gen = torch.Generator().manual_seed(43)
+    b, hq, hkv, d, splits = 6, 32, 8, 128, 24
+    lens = torch.tensor([1, 17, 3000, 4096, 64, 2049], dtype=torch.int32, device="cuda")
+    q = torch.randn(b, hq, 1, d, generator=gen).half().cuda()
+    k = torch.randn(b, hkv, 4096, d, generator=gen).half().cuda()
+    v = torch.randn(b, hkv, 4096, d, generator=gen).half().cuda()
+    ws = torch.randint(-(2**30), 2**30, (workspace_elements(b, hq, 1, d, splits),), dtype=torch.int32)
+    ws = ws.cuda()
+    if zeroed:
+        ws.zero_()
+    ref = reference_decode(q, k, v, lens)
+    stream = torch.cuda.Stream()
+    for _ in range(2):
+        out = torch.full_like(q, float("nan"))
+        decode_attention_raw(
+            q, k, v, lens, None, out, scale=d**-0.5, config=DecodeConfig(), splits=splits, workspace=ws,
+            stream=stream.cuda_stream, counters_zeroed=zeroed,
+        )  # fmt: skip
+        stream.synchronize()
+        _check(out, ref, torch.float16)
+    if zeroed:
+        assert int(ws[: b * hkv].abs().sum()) == 0
 
 
 @pytest.mark.parametrize("page", [0, 16])

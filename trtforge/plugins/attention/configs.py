@@ -177,8 +177,18 @@ def config_for_tactic(tactic: int, head_dim: int, dtype_name: str) -> AnyConfig:
 # Decode kernel (decode_kernel.py) candidates: (block_n, num_warps, num_stages, multiplier of the
 # split heuristic's count). The autotuned launch times them; the PagedAttention plugin offers them
 # as tactics 1..n. Chosen on the H200 (benchmarks/results/decode_attention.md): 64-key tiles with
-# 2-3 stages win most shapes, 128-key tiles with 2 stages the large batches, 2 warps the paged pools.
+# 2-3 stages win most shapes, 128-key tiles with 2 stages the large batches, 2 warps the paged pools;
+# the last four (8 warps, 128-key tiles with 3 stages, twice the splits at 4 stages) were added for
+# the small B·Hkv shapes once the split reduction was fused into the split kernel.
 DECODE_CANDIDATES: tuple[tuple[int, int, int, float], ...] = (
     (64, 4, 3, 1.0), (64, 4, 2, 1.0), (64, 4, 4, 1.0), (32, 4, 4, 1.0), (128, 4, 2, 1.0),
     (128, 8, 3, 1.0), (64, 2, 3, 1.0), (64, 4, 2, 2.0), (64, 4, 3, 2.0), (64, 4, 3, 0.5), (128, 4, 2, 0.5),
+    (64, 8, 3, 1.0), (128, 8, 2, 1.0), (64, 4, 4, 2.0), (128, 4, 3, 0.5),
 )  # fmt: skip
+
+
+def decode_counter_slots(batch: int, num_heads: int) -> int:
+    """4-byte slots at the start of a decode workspace for the fused reduction's arrival counters:
+    one per (batch, kv head), sized by the query heads (an upper bound, so that callers need not know
+    the kv heads) and rounded up to 128 bytes so that the partial outputs after them stay aligned."""
+    return -(-max(batch * num_heads, 1) // 32) * 32

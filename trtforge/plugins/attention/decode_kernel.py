@@ -3,8 +3,14 @@
 One query step of 1..8 tokens per sequence reads that sequence's whole K/V cache, so decode is bound
 by memory bandwidth, and a (batch x kv-head) grid leaves most SMs idle at small batch. Each program
 therefore takes one (batch, kv head, split) triple: it attends to one contiguous chunk of the keys
-and writes a normalized partial output plus its log-sum-exp; a second kernel rescales and sums the
-splits. With one split the first kernel writes the output directly.
+and writes a normalized partial output plus its log-sum-exp to the workspace. Fused reduction: each
+program then increments its (batch, kv head)'s arrival counter (acquire-release), and the last one
+to arrive rescales and sums every split's partials into the output and puts the counter back to 0,
+so that zeroed counters stay zero from launch to launch (they must be zero when a launch starts).
+Where no zeroed counters exist (a TensorRT workspace, which holds anything at enqueue; CUDA-graph
+capture without a caller's workspace), a second kernel reduces instead: zeroing counters at each
+launch measured slower than that kernel on the H200. With one split the kernel writes the output
+directly.
 
 GQA: the ``num_heads / kv_num_heads`` query heads that share a kv head, times the query length, are
 the rows (M dimension) of one tile, so each K/V tile is loaded once for the whole group and both
@@ -31,7 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from trtforge.plugins.attention.configs import DECODE_CANDIDATES
+from trtforge.plugins.attention.configs import DECODE_CANDIDATES, decode_counter_slots
+from trtforge.plugins.attention.device_tensor import DeviceTensor
 
 __all__ = [
     "DecodeConfig",
@@ -51,12 +58,14 @@ MIN_SPLIT_TOKENS = 256  # fewer keys per split than this costs more in the reduc
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """One launch configuration: keys per tile, warps and pipeline depth; `num_splits` 0 = heuristic."""
+    """One launch configuration: keys per tile, warps and pipeline depth; `num_splits` 0 = heuristic;
+    `fused` False reduces the splits in a second kernel instead of in each group's last program."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
     num_splits: int = 0
+    fused: bool = True
 
 
 def default_decode_config(head_dim: int) -> DecodeConfig:
@@ -67,12 +76,17 @@ def default_decode_config(head_dim: int) -> DecodeConfig:
 
 
 def num_splits_for(batch_kv_heads: int, max_len: int, num_sms: int, block_n: int) -> int:
-    """Splits per (batch, kv head) so that about 4 programs per SM run, each with >= 256 keys.
+    """Splits per (batch, kv head): about 2 programs per SM (rounded down) while B·Hkv <= 2 per SM,
+    then enough for about 4 per SM (2 splits up to B·Hkv = 4 per SM, then 1); each >= 256 keys.
 
-    The chunk is a whole number of tiles, and the count is trimmed so that no split is left empty.
+    Measured on the H200 (benchmarks/results/decode_attention.md, split sweep, 64-key tiles): 32
+    splits at B·Hkv = 8 (40 us; 64 splits: 47 us), 8 at 32 (68 us; 16: 78 us), 1-2 at 128 (67-68 us;
+    5: 73 us), 2-4 at 512 (494-501 us; 1: 555 us). The chunk is a whole number of tiles, and the
+    count is trimmed so that no split is left empty.
     """
     tiles = max(1, triton.cdiv(max(max_len, 1), block_n))
-    want = triton.cdiv(4 * num_sms, max(batch_kv_heads, 1))
+    bh = max(batch_kv_heads, 1)
+    want = (2 * num_sms) // bh if bh <= 2 * num_sms else triton.cdiv(4 * num_sms, bh)
     splits = max(1, min(want, triton.cdiv(max_len, MIN_SPLIT_TOKENS), tiles, MAX_SPLITS))
     per_split = triton.cdiv(tiles, splits)
     return triton.cdiv(tiles, per_split)
@@ -159,6 +173,66 @@ def _decode_tiles(
 
 
 @triton.jit
+def _reduce_group(
+    MidO,
+    MidL,
+    Out,
+    base,
+    b,
+    hkv,
+    num_splits,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    GROUP: tl.constexpr,
+    SEQ_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    TAIL_ROWS: tl.constexpr,
+    TAIL_SPLITS: tl.constexpr,
+):
+    """Rescale and sum the `num_splits` partials of one query group's rows (workspace rows
+    base + r·num_splits + s) into Out, TAIL_ROWS rows x TAIL_SPLITS splits at a time."""
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    for r0 in range(0, GROUP * SEQ_Q, TAIL_ROWS):
+        offs_r = r0 + tl.arange(0, TAIL_ROWS)
+        r_ok = offs_r < GROUP * SEQ_Q
+        m = tl.full([TAIL_ROWS], float("-inf"), dtype=tl.float32)
+        total = tl.zeros([TAIL_ROWS], dtype=tl.float32)
+        acc = tl.zeros([TAIL_ROWS, BLOCK_D], dtype=tl.float32)
+        for s0 in range(0, num_splits, TAIL_SPLITS):
+            offs_s = s0 + tl.arange(0, TAIL_SPLITS)
+            ok = r_ok[:, None] & (offs_s < num_splits)[None, :]
+            row = base + offs_r[:, None] * num_splits + offs_s[None, :]
+            # .cg: read the other programs' partials from L2, never from a stale L1 line
+            lse = tl.load(MidL + row, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            m_new = tl.maximum(m, tl.max(lse, 1))
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows no split saw a key for
+            alpha = tl.math.exp2(m - m_sub)
+            w = tl.math.exp2(lse - m_sub[:, None])  # 0 for empty splits and padding
+            parts = tl.load(
+                MidO + row[:, :, None] * BLOCK_D + offs_d[None, None, :],
+                mask=ok[:, :, None] & d_ok[None, None, :],
+                other=0.0,
+                cache_modifier=".cg",
+            )
+            acc = acc * alpha[:, None] + tl.sum(parts * w[:, :, None], 1)
+            total = total * alpha + tl.sum(w, 1)
+            m = m_new
+        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+        hq = hkv * GROUP + offs_r // SEQ_Q
+        qi = offs_r % SEQ_Q
+        o_ptrs = Out + b * stride_ob + hq[:, None] * stride_oh + qi[:, None] * stride_om
+        tl.store(
+            o_ptrs + offs_d[None, :] * stride_od,
+            out.to(Out.dtype.element_ty),
+            mask=r_ok[:, None] & d_ok[None, :],
+        )
+
+
+@triton.jit
 def _decode_split_kernel(
     Q,
     K,
@@ -168,6 +242,7 @@ def _decode_split_kernel(
     Out,
     MidO,
     MidL,
+    Counters,
     stride_qb,
     stride_qh,
     stride_qm,
@@ -196,9 +271,13 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     DIRECT: tl.constexpr,
+    FUSED: tl.constexpr,
+    TAIL_ROWS: tl.constexpr,
+    TAIL_SPLITS: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
-    """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence."""
+    """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
+    FUSED: the group's last program to finish reduces all its splits."""
     split = tl.program_id(0)
     pid = tl.program_id(1)
     b = (pid // num_kv_heads).to(tl.int64)
@@ -260,6 +339,19 @@ def _decode_split_kernel(
         tl.store(MidO + row[:, None] * BLOCK_D + offs_d[None, :], out, mask=io_ok)
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))
         tl.store(MidL + row, lse, mask=row_ok)
+        if FUSED:
+            # Every thread's partial stores precede the counter's release; the program that takes
+            # the count to num_splits acquires all of them (a fence at GPU scope each way).
+            tl.debug_barrier()
+            arrived = tl.atomic_add(Counters + pid, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                base = (b * nq + hkv * GROUP) * SEQ_Q * num_splits
+                _reduce_group(
+                    MidO, MidL, Out, base, b, hkv, num_splits,
+                    stride_ob, stride_oh, stride_om, stride_od,
+                    GROUP, SEQ_Q, HEAD_DIM, BLOCK_D, TAIL_ROWS, TAIL_SPLITS,
+                )  # fmt: skip
+                tl.atomic_xchg(Counters + pid, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 @triton.jit
@@ -378,16 +470,52 @@ def _resolve_splits(cfg: DecodeConfig, batch_kv_heads: int, max_len: int) -> int
 
 
 def workspace_elements(batch: int, num_heads: int, q_len: int, head_dim: int, splits: int) -> int:
-    """FP32 elements of scratch a launch with `splits` > 1 needs (partial outputs + log-sum-exps)."""
+    """4-byte elements of scratch a launch with `splits` > 1 needs: the fused reduction's arrival
+    counters (int32, :func:`~trtforge.plugins.attention.configs.decode_counter_slots`), then FP32
+    partial outputs and log-sum-exps."""
     if splits <= 1:
         return 0
     block_d = max(16, triton.next_power_of_2(head_dim))
-    return batch * num_heads * q_len * splits * (block_d + 1)
+    return decode_counter_slots(batch, num_heads) + batch * num_heads * q_len * splits * (block_d + 1)
 
 
-def _launch(q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace) -> None:
-    """Run the split kernel (and the reduce kernel when splits > 1) with scratch from `workspace`
-    (a float32 tensor-like of at least workspace_elements(...) elements, or None to allocate)."""
+# Arrival counters of launches without a caller's workspace, one zeroed set per (device, stream):
+# launches on one stream run in order, and each leaves its counters zero for the next.
+_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _stream_counters(device: torch.device, n: int) -> torch.Tensor | None:
+    """`n` zeroed int32 counters for a launch on the current stream; None under CUDA-graph capture,
+    where the reduction runs as a second kernel: counters of a graph's own would need a captured
+    memset at each replay, which measured slower than the reduce kernel (results/decode_attention.md)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.index if device.index is not None else -1, stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[key] = torch.zeros(_bucket(n), dtype=torch.int32, device=device)
+    return buf
+
+
+def _workspace_views(workspace: Any, counters: int, rows: int, block_d: int) -> tuple[Any, Any, Any]:
+    """(counters int32 [counters], partial outputs [rows, block_d], lse [rows]) in a 4-byte
+    `workspace`: a torch tensor or a float32 DeviceTensor."""
+    if isinstance(workspace, torch.Tensor):
+        flat = workspace.view(-1)
+        mid_o = flat[counters : counters + rows * block_d].view(torch.float32).view(rows, block_d)
+        mid_l = flat[counters + rows * block_d : counters + rows * (block_d + 1)].view(torch.float32)
+        return flat[:counters].view(torch.int32), mid_o, mid_l
+    cnt = DeviceTensor(workspace.data_ptr(), torch.int32, (counters,), (1,))
+    mid_o = workspace.view((rows, block_d), (block_d, 1), offset=counters)
+    mid_l = workspace.view((rows,), (1,), offset=counters + rows * block_d)
+    return cnt, mid_o, mid_l
+
+
+def _launch(q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace, zeroed=True) -> None:
+    """Run the split kernel (and, unfused, the reduce kernel) with scratch from `workspace` (4-byte
+    elements, at least workspace_elements(...); None: allocate, with this stream's counters).
+    `zeroed` False: the workspace's counters hold anything, so the reduction runs unfused."""
     b, hq, s_q, d = (int(n) for n in q.shape)
     hkv = int(k.shape[1])
     page = int(k.shape[2]) if block_table is not None else 0
@@ -395,27 +523,38 @@ def _launch(q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace) 
     block_d = max(16, triton.next_power_of_2(d))
     block_m = max(16, triton.next_power_of_2(group * s_q))
     direct = splits == 1
+    fused = cfg.fused and not direct
     rows = b * hq * s_q * splits
+    counters = seq_lens  # never touched unless fused
     if direct:
         mid_o = mid_l = out  # never touched
     elif workspace is None:
         mid_o = torch.empty((rows, block_d), dtype=torch.float32, device=q.device)
         mid_l = torch.empty((rows,), dtype=torch.float32, device=q.device)
+        found = _stream_counters(q.device, b * hkv) if fused else None
+        fused = found is not None
+        counters = found if fused else counters
     else:
-        mid_o = workspace.view((rows, block_d), (block_d, 1))
-        mid_l = workspace.view((rows,), (1,), offset=rows * block_d)
+        cnt, mid_o, mid_l = _workspace_views(workspace, decode_counter_slots(b, hq), rows, block_d)
+        fused = fused and zeroed
+        if fused:
+            counters = cnt
+    # The last program's reduction works on tiles of about 32 FP32 values per thread.
+    tail = 1024 * cfg.num_warps
+    tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
+    tail_splits = max(1, tail // (tail_rows * block_d))
     table = block_table if block_table is not None else seq_lens
     stride_tb = int(block_table.stride(0)) if block_table is not None else 0
     _decode_split_kernel[(splits, b * hkv)](
-        q, k, v, seq_lens, table, out, mid_o, mid_l,
+        q, k, v, seq_lens, table, out, mid_o, mid_l, counters,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,
         hkv, splits, float(scale),
         GROUP=group, SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-        PAGE_SIZE=page, DIRECT=direct,
+        PAGE_SIZE=page, DIRECT=direct, FUSED=fused, TAIL_ROWS=tail_rows, TAIL_SPLITS=tail_splits,
         DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    if not direct:
+    if not direct and not fused:
         _decode_reduce_kernel[(b * hq * s_q,)](
             mid_o, mid_l, out, *out.stride(), hq, splits,
             SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
@@ -494,6 +633,8 @@ def decode_attention(
     (default: the cache capacity) sizes the split count; `seq_lens` stays on the device. With
     `config` None, a CUDA launch outside graph capture is autotuned once per problem bucket over
     :data:`AUTOTUNE_CANDIDATES`; the interpreter and graph capture use :func:`default_decode_config`.
+    Eager launches reduce the splits inside the split kernel (with this stream's counters); a
+    captured launch reduces them in a second kernel.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -527,16 +668,21 @@ def decode_attention_raw(
     splits: int,
     workspace: Any | None,
     stream: int,
+    counters_zeroed: bool = False,
 ) -> None:
     """Launch on raw device buffers (DeviceTensor views) on the CUDA stream handle `stream`, with a
-    fixed config and split count and scratch from `workspace` (a float32 DeviceTensor of at least
-    :func:`workspace_elements` elements): nothing is allocated, timed or synchronized (a TensorRT
-    plugin's enqueue)."""
+    fixed config and split count and scratch from `workspace` (a float32 DeviceTensor, or a 4-byte
+    torch tensor, of at least :func:`workspace_elements` elements): nothing is allocated, timed or
+    synchronized (a TensorRT plugin's enqueue). A TensorRT workspace holds anything at enqueue, so
+    by default the splits are reduced by a second kernel; `counters_zeroed` says that the
+    workspace's arrival counters are zero (zeroed once and used only by these launches, which leave
+    them zero), and the reduction is then fused into the split kernel (one launch)."""
     _check(q, k_cache, v_cache, seq_lens, block_table, out)
     if splits > 1 and workspace is None:
         raise ValueError("a launch with more than one split needs a workspace")
+    args = (q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, workspace)
     if not stream:
-        _launch(q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, workspace)
+        _launch(*args, zeroed=counters_zeroed)
         return
     with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
-        _launch(q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, workspace)
+        _launch(*args, zeroed=counters_zeroed)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from trtforge.errors import UserError
-from trtforge.plugins.attention.configs import DECODE_CANDIDATES
+from trtforge.plugins.attention.configs import DECODE_CANDIDATES, decode_counter_slots
 from trtforge.plugins.attention.plugin import register_creator_once
 from trtforge.plugins.attention.spec import (
     MAX_DECODE_Q_LEN,
@@ -68,8 +68,10 @@ def workspace_rows(batch: int, num_heads: int, kv_num_heads: int, q_len: int) ->
 
 
 def paged_workspace_bytes(batch: int, num_heads: int, kv_num_heads: int, q_len: int, head_dim: int) -> int:
-    """Workspace bytes: each row holds an FP32 partial output (D padded) and its log-sum-exp."""
-    return 4 * workspace_rows(batch, num_heads, kv_num_heads, q_len) * (_block_d(head_dim) + 1) + 256
+    """Workspace bytes: the fused reduction's int32 arrival counters, then rows of an FP32 partial
+    output (D padded) and its log-sum-exp."""
+    rows = workspace_rows(batch, num_heads, kv_num_heads, q_len)
+    return 4 * (decode_counter_slots(batch, num_heads) + rows * (_block_d(head_dim) + 1)) + 256
 
 
 def paged_tactic_count() -> int:
