@@ -233,7 +233,9 @@ class _Fuser:
         self.inserted = False  # helper nodes went in (a later refusal may leave some unused)
 
     def _node(self, op_type: str, inputs: list[ir.Value], before: ir.Node, **attrs) -> ir.Value:
-        ir_attrs = [ir.AttrInt64(k, v) if isinstance(v, int) else ir.AttrInt64s(k, v) for k, v in attrs.items()]
+        ir_attrs = [
+            ir.AttrInt64(k, v) if isinstance(v, int) else ir.AttrInt64s(k, v) for k, v in attrs.items()
+        ]
         node = ir.Node("", op_type, inputs, ir_attrs, num_outputs=1)
         self.graph.insert_before(before, node)
         self.inserted = True
