@@ -167,3 +167,38 @@ def test_optimize_paged_strategy_refuses_sliding_window_layers(tmp_path):
         attention = next(p for p in ledger.to_dict()["passes"] if p["name"] == "attention")
         assert attention["matches"] == 0
         assert len([r for r in attention["rejected"] if reason in r]) == 2, attention["rejected"]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_optimize_paged_strategy_fuses_the_fp16_graph_compile_saves(family, tmp_path):
+    """The FP16 paged step graph `compile --generate --cache-layout paged --save-onnx` writes (passes
+    run, then FP16): one PagedAttention per layer, the attention pass's ORT check exact, and the pool
+    outputs keep their names and the graph its generation metadata."""
+    from trtforge.compiler.decoder.compile import compile_generate
+    from trtforge.compiler.decoder.export import example_feeds, generation_metadata
+    from trtforge.numerics.sessions import exact_session
+    from trtforge.passes.pipeline import optimize_model
+
+    saved = tmp_path / "step_fp16.onnx"
+    compile_generate(
+        tiny_model(family), None, build=False, save_onnx=saved, precision="fp16", max_seq=64,
+        max_batch=4, exporter="legacy", cache_layout="paged", block_size=16,
+    )  # fmt: skip
+    original = onnx.load(str(saved))
+    out, ledger = optimize_model(original, attention="paged", debug=True)
+    generation = generation_metadata(out, str(saved))
+    layers = generation["num_layers"]
+    assert [n.op_type for n in out.graph.node].count("PagedAttention") == layers
+    assert [o.name for o in out.graph.output] == [o.name for o in original.graph.output]
+    attention = next(p for p in ledger.to_dict()["passes"] if p["name"] == "attention")
+    assert attention["matches"] == layers and attention["verification"]["max_abs_error"] == 0.0
+    feeds = {k: v.numpy() for k, v in example_feeds(generation, batch=3, seq=5).items()}
+    feeds = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in feeds.items()}
+    for name, x, y in zip(
+        [o.name for o in out.graph.output],
+        exact_session(original).run(None, feeds),
+        exact_session(out).run(None, feeds),
+    ):
+        assert np.isfinite(x).all() and np.abs(x.astype(np.float32) - y.astype(np.float32)).max() <= 1e-2, (
+            name
+        )

@@ -6,7 +6,7 @@ reference function holds), pools [num_blocks, block_size, Hkv, D]:
     flat    = Reshape(pool, [-1, Hkv, D])                   (a constant, or Concat(-1, Shape(pool)[2:]))
     pool'   = Reshape(ScatterND(flat, Unsqueeze(slots, -1), U), Shape(pool) or its static shape)
     K       = Reshape(Transpose(Gather(pool', table, axis=0), perm=[0, 3, 1, 2, 4]))   [B, Hkv, L, D]
-    K'      = K, optionally through Cast and Where(valid, K, 0)                        (V likewise)
+    K'      = K, optionally through Cast and Where(valid, K, 0 or CastLike(0, K))      (V likewise)
     O       = Attention(q or Cast(q), K', V', mask), optionally followed by Cast / CastLike to q's dtype
 
 U [B, S, Hkv, D] is the new rows (Transpose(k, perm=[0, 2, 1, 3]) or already in that order). The
@@ -56,6 +56,14 @@ def _is_constant(value: ir.Value | None) -> bool:
     return value.const_value is not None or (node is not None and node.op_type == "Constant")
 
 
+def _is_fill_constant(value: ir.Value | None) -> bool:
+    """A constant, possibly through Cast / CastLike (the fill value of Where(valid, K, 0))."""
+    node = value.producer() if value is not None else None
+    if node is not None and node.op_type in ("Cast", "CastLike") and node.domain in ("", "ai.onnx"):
+        value = node.inputs[0]
+    return _is_constant(value)
+
+
 def _constant_ints(value: ir.Value | None) -> list[int] | None:
     """The int64 values of a constant / initializer 1-D tensor (None otherwise)."""
     if value is None:
@@ -79,7 +87,7 @@ def _strip_cache_casts(value: ir.Value) -> ir.Value:
             return value
         if node.op_type == "Cast":
             value = node.inputs[0]
-        elif node.op_type == "Where" and _is_constant(node.inputs[2]):
+        elif node.op_type == "Where" and _is_fill_constant(node.inputs[2]):
             value = node.inputs[1]
         else:
             return value

@@ -13,8 +13,9 @@ rows; a padding row sees the whole sequence, as in the step graph; the plugin le
 output unspecified). The reference function is standard ONNX (opset >= 23) in the step graph's
 own form: ScatterND into the pool flattened to [num_blocks * block_size, Hkv, D] at slot_mapping,
 Gather(block_table) -> Transpose [0, 3, 1, 2, 4] -> Reshape [B, Hkv, max_blocks * block_size, D],
-and ``Attention`` (GQA by the head counts, FP32) with that mask; keys at or past seq_lens[b] are
-zeroed first, so stale pool contents never reach the output. TensorRT's parser maps the node to
+and ``Attention`` (GQA by the head counts, in the inputs' dtype, as the step graph computes it) with
+that mask; keys at or past seq_lens[b] are zeroed first, so stale pool contents never reach the
+output. TensorRT's parser maps the node to
 the plugin through its ``plugin_namespace``/``plugin_version`` attributes.
 """
 
@@ -102,14 +103,11 @@ _BODY = f"""
     keep3 = And (causal, kv_ok3)
     mask = Unsqueeze (keep3, ax1)
     kv_ok4 = Unsqueeze (kv_ok, ax13)
-    kf = Cast <to = 1> (kc)
-    vf = Cast <to = 1> (vc)
-    qf = Cast <to = 1> (q)
-    zero = Constant <value_float = 0.0> ()
-    kz = Where (kv_ok4, kf, zero)
-    vz = Where (kv_ok4, vf, zero)
-    o = Attention <scale: float = @scale> (qf, kz, vz, mask)
-    out = CastLike (o, q)
+    zero_f = Constant <value_float = 0.0> ()
+    zero = CastLike (zero_f, kc)
+    kz = Where (kv_ok4, kc, zero)
+    vz = Where (kv_ok4, vc, zero)
+    out = Attention <scale: float = @scale> (q, kz, vz, mask)
 }}
 """
 
