@@ -115,15 +115,18 @@ def test_executor_copies_blocks_before_writing_and_keeps_pools(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("family", "overrides"),
+    ("family", "overrides", "exporter"),
     [
-        ("llama", {}),
-        ("qwen2", {}),
-        ("gpt2", {}),
-        ("mistral", {"sliding_window": 4096}),  # a window longer than max_seq masks nothing
+        ("llama", {}, "legacy"),
+        ("qwen2", {}, "legacy"),
+        ("gpt2", {}, "legacy"),
+        ("mistral", {"sliding_window": 4096}, "legacy"),  # a window longer than max_seq masks nothing
+        pytest.param("llama", {}, "dynamo", marks=pytest.mark.slow),
     ],
 )
-def test_optimize_paged_strategy_fuses_every_layer_and_generates_the_same(family, overrides, tmp_path):
+def test_optimize_paged_strategy_fuses_every_layer_and_generates_the_same(
+    family, overrides, exporter, tmp_path
+):
     """`optimize --attention paged` on the paged step graph: one PagedAttention node per layer, ORT
     (exact) agrees with the original (the pass manager's check and ours on valid ragged feeds), and
     greedy generation through the optimized graph gives HF's tokens."""
@@ -132,7 +135,7 @@ def test_optimize_paged_strategy_fuses_every_layer_and_generates_the_same(family
     from trtforge.passes.pipeline import optimize_model
 
     model = tiny_model(family, **overrides)
-    _, result = _export(model, tmp_path)
+    _, result = _export(model, tmp_path, exporter)
     out, ledger = optimize_model(result.model, attention="paged", debug=True)
     layers = result.generation["num_layers"]
     ops = [n.op_type for n in out.graph.node]
