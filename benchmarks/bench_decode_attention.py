@@ -66,15 +66,15 @@ def _graph_us(fn, rep: int = 200) -> float:
 
 
 def _pool(k: torch.Tensor, v: torch.Tensor, page: int, gen: torch.Generator) -> tuple:
-    """K and V pools [num_blocks, Hkv, page, D] holding the caches' blocks at randomly permuted
-    places (one table for both), and the table [B, L / page]."""
+    """K and V pools [num_blocks, page, Hkv, D] (the step graph's layout) holding the caches' blocks at
+    randomly permuted places (one table for both), and the table [B, L / page]."""
     b, hkv, length, d = k.shape
     nb = length // page
     table = torch.randperm(b * nb, generator=gen).view(b, nb).to(torch.int32).cuda()
     pools = []
     for cache in (k, v):
-        pool = torch.empty(b * nb, hkv, page, d, dtype=cache.dtype, device=cache.device)
-        pool[table.long()] = cache.view(b, hkv, nb, page, d).permute(0, 2, 1, 3, 4)
+        pool = torch.empty(b * nb, page, hkv, d, dtype=cache.dtype, device=cache.device)
+        pool[table.long()] = cache.view(b, hkv, nb, page, d).permute(0, 2, 3, 1, 4)
         pools.append(pool)
     return pools[0], pools[1], table
 
@@ -82,8 +82,8 @@ def _pool(k: torch.Tensor, v: torch.Tensor, page: int, gen: torch.Generator) -> 
 def _gather(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """[B, Hkv, L, D] from the pool: advanced-index gather of the blocks, then one permuting copy."""
     b, nb = table.shape
-    _, hkv, page, d = pool.shape
-    return pool[table.long()].permute(0, 2, 1, 3, 4).reshape(b, hkv, nb * page, d)
+    _, page, hkv, d = pool.shape
+    return pool[table.long()].permute(0, 3, 1, 2, 4).reshape(b, hkv, nb * page, d)
 
 
 def _sdpa(backend: SDPBackend, q, k, v):

@@ -10,7 +10,7 @@ def paged_from_contiguous(
     k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, page: int, gen: torch.Generator, spare: int = 3
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Copy each sequence's blocks of [B, Hkv, S, D] caches (the first ceil(lens[b] / page)) into a
-    pool [num_blocks, Hkv, page, D] at randomly placed blocks; spare pool blocks hold NaN and unused
+    pool [num_blocks, page, Hkv, D] at randomly placed blocks; spare pool blocks hold NaN and unused
     table entries an out-of-range index, which a correct kernel never reads."""
     b, hkv, s_max, d = k.shape
     max_blocks = -(-s_max // page)
@@ -25,8 +25,8 @@ def paged_from_contiguous(
     pools = []
     for cache in (k, v):
         blocks = torch.nn.functional.pad(cache, (0, 0, 0, pad)).view(b, hkv, max_blocks, page, d)
-        pool = torch.full((num_blocks, hkv, page, d), float("nan"), dtype=k.dtype, device=k.device)
-        pool[table[valid].long()] = blocks.permute(0, 2, 1, 3, 4)[valid]
+        pool = torch.full((num_blocks, page, hkv, d), float("nan"), dtype=k.dtype, device=k.device)
+        pool[table[valid].long()] = blocks.permute(0, 2, 3, 1, 4)[valid]
         pools.append(pool)
     return pools[0], pools[1], table
 
@@ -39,11 +39,12 @@ def poison_past_lengths(cache: torch.Tensor, lens: torch.Tensor) -> torch.Tensor
 
 
 def gather_paged(pool: torch.Tensor, table: torch.Tensor, b: int, length: int) -> torch.Tensor:
-    """Sequence b's first `length` rows [Hkv, length, D], read through the block table."""
-    page = pool.shape[2]
+    """Sequence b's first `length` rows [Hkv, length, D], read through the block table of a pool
+    [num_blocks, page, Hkv, D]."""
+    page = pool.shape[1]
     pos = torch.arange(length, device=pool.device)
     blocks = table[b].long()[pos // page]
-    return pool[blocks, :, pos % page].transpose(0, 1)
+    return pool[blocks, pos % page].transpose(0, 1)
 
 
 def reference_decode(

@@ -159,7 +159,7 @@ def test_write_kv_cache_then_decode(page):
             pos = start + j
             if page:
                 blk, slot = int(table[i, pos // page]), pos % page
-                got_k, got_v = k[blk, :, slot], v[blk, :, slot]
+                got_k, got_v = k[blk, slot], v[blk, slot]
             else:
                 got_k, got_v = k[i, :, pos], v[i, :, pos]
             assert torch.equal(got_k, k_new[i, :, j]) and torch.equal(got_v, v_new[i, :, j])

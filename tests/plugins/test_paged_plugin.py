@@ -54,11 +54,12 @@ def _desc(trt, dtype, dims, fmt=None, max_dims=None):
     return desc
 
 
-def _inputs(trt, dtype=None, q=(4, 32, 1, 128), kv=(4, 8, 1, 128), pool=(100, 8, 16, 128), b=4):
+def _inputs(trt, dtype=None, q=(4, 32, 1, 128), kv=(4, 8, 1, 128), pool=(100, 16, 8, 128), b=4):
+    """query, key, value, pools [num_blocks, block_size, Hkv, D], block_table, slot_mapping, lengths."""
     dt = trt.DataType
     f = dtype or dt.HALF
-    dims = [q, kv, kv, pool, pool, (b, 64), (b,)]
-    types = [f, f, f, f, f, dt.INT32, dt.INT32]
+    dims = [q, kv, kv, pool, pool, (b, 64), (b, q[2]), (b,), (b,)]
+    types = [f, f, f, f, f, dt.INT32, dt.INT32, dt.INT32, dt.INT32]
     return [_desc(trt, t, d) for t, d in zip(types, dims)]
 
 
@@ -118,8 +119,8 @@ def test_pool_outputs_alias_the_pool_inputs(trt, classes):
     assert plugin.num_outputs == 3
     assert [plugin.get_aliased_input(i) for i in range(3)] == [-1, 3, 4]
     half, i32 = trt.DataType.HALF, trt.DataType.INT32
-    assert plugin.get_output_data_types([half] * 5 + [i32, i32]) == [half, half, half]
-    dims = [trt.DimsExprs(4)] * 5 + [trt.DimsExprs(2), trt.DimsExprs(1)]
+    assert plugin.get_output_data_types([half] * 5 + [i32] * 4) == [half, half, half]
+    dims = [trt.DimsExprs(4)] * 5 + [trt.DimsExprs(2)] * 2 + [trt.DimsExprs(1)] * 2
     assert [len(d) for d in plugin.get_output_shapes(dims, [], None)] == [4, 4, 4]
 
 
@@ -129,46 +130,50 @@ def test_supported_dtype_and_format_combinations(trt, classes):
 
     def ok(types_, fmt=None):
         in_out = [_desc(trt, t, (1, 1, 1, 1), fmt=fmt) for t in types_]
-        return all(plugin.supports_format_combination(p, in_out, 7) for p in range(len(types_)))
+        return all(plugin.supports_format_combination(p, in_out, 9) for p in range(len(types_)))
 
+    i32 = [dt.INT32] * 4  # block_table, slot_mapping, seq_lens, query_lens
     for f in (dt.HALF, dt.BF16):
-        assert ok([f] * 5 + [dt.INT32, dt.INT32] + [f] * 3)
-    assert not ok([dt.FLOAT] * 5 + [dt.INT32, dt.INT32] + [dt.FLOAT] * 3)  # the kernel is FP16/BF16
-    assert not ok([dt.HALF] * 5 + [dt.INT64, dt.INT32] + [dt.HALF] * 3)  # an int64 block table
-    assert not ok([dt.HALF, dt.HALF, dt.HALF, dt.BF16, dt.HALF, dt.INT32, dt.INT32] + [dt.HALF] * 3)
-    assert not ok([dt.HALF] * 5 + [dt.INT32, dt.INT32] + [dt.HALF] * 3, fmt=trt.TensorFormat.CHW2)
+        assert ok([f] * 5 + i32 + [f] * 3)
+    assert not ok([dt.FLOAT] * 5 + i32 + [dt.FLOAT] * 3)  # the kernels are FP16/BF16
+    assert not ok([dt.HALF] * 5 + [dt.INT64] + i32[1:] + [dt.HALF] * 3)  # an int64 block table
+    assert not ok([dt.HALF] * 5 + [dt.INT32, dt.INT64, dt.INT32, dt.INT32] + [dt.HALF] * 3)  # int64 slots
+    assert not ok([dt.HALF, dt.HALF, dt.HALF, dt.BF16, dt.HALF] + i32 + [dt.HALF] * 3)
+    assert not ok([dt.HALF] * 5 + i32 + [dt.HALF] * 3, fmt=trt.TensorFormat.CHW2)
 
 
-def test_configure_checks_heads_q_len_block_size_and_head_dim(trt, classes):
+def test_configure_checks_heads_block_size_and_head_dim(trt, classes):
     plugin = classes[0](ATTRS)
     plugin.configure_plugin(_inputs(trt), [])
     assert plugin.head_dim == 128
-    plugin.configure_plugin(_inputs(trt, q=(-1, 32, -1, 128), kv=(-1, 8, -1, 128), pool=(-1, 8, 64, 128)), [])
+    plugin.configure_plugin(_inputs(trt, q=(-1, 32, -1, 128), kv=(-1, 8, -1, 128), pool=(-1, 64, 8, 128)), [])
+    plugin.configure_plugin(_inputs(trt, q=(4, 32, 300, 128), kv=(4, 8, 300, 128)), [])  # a prefill step
     cases = [
         ({"q": (4, 16, 1, 128)}, "16 heads but num_heads is 32"),
         ({"kv": (4, 4, 1, 128)}, "4 heads but kv_num_heads is 8"),
-        ({"q": (4, 32, 9, 128), "kv": (4, 8, 9, 128)}, "exceeds 8"),
-        ({"pool": (100, 8, 24, 128)}, "block size 24"),
-        ({"q": (4, 32, 1, 48), "kv": (4, 8, 1, 48), "pool": (100, 8, 16, 48)}, "head dim 48"),
-        ({"pool": (100, 8, 16, 64)}, "cache head dim 64"),
+        ({"pool": (100, 16, 4, 128)}, "key_cache .* has 4 heads"),
+        ({"pool": (100, 24, 8, 128)}, "block size 24"),
+        ({"q": (4, 32, 1, 48), "kv": (4, 8, 1, 48), "pool": (100, 16, 8, 48)}, "head dim 48"),
+        ({"pool": (100, 16, 8, 64)}, "cache head dim 64"),
     ]
     for change, message in cases:
         with pytest.raises(UserError, match=message):
             plugin.configure_plugin(_inputs(trt, **change), [])
-    with pytest.raises(UserError, match="takes 7 inputs"):
-        plugin.configure_plugin(_inputs(trt)[:6], [])
+    with pytest.raises(UserError, match="takes 9 inputs"):
+        plugin.configure_plugin(_inputs(trt)[:7], [])
 
 
 def test_workspace_covers_every_runtime_shape_of_the_profile(trt, classes):
     plugin = classes[0](ATTRS)
     descs = _inputs(trt)
-    descs[0] = _desc(trt, trt.DataType.HALF, (-1, 32, -1, 128), max_dims=(256, 32, 4, 128))
+    descs[0] = _desc(trt, trt.DataType.HALF, (-1, 32, -1, 128), max_dims=(256, 32, 2048, 128))
     size = plugin.get_workspace_size(descs, [])
-    assert size == paged_workspace_bytes(256, 32, 8, 4, 128)
-    for b, s_q in [(1, 1), (7, 3), (256, 4)]:
-        assert workspace_rows(b, 32, 8, s_q) <= workspace_rows(256, 32, 8, 4)
-        # enqueue lowers splits to rows // (B·Hq·S_q): always at least the heuristic's ~4 programs/SM
-        assert workspace_rows(b, 32, 8, s_q) // (b * 32 * s_q) >= 2
+    # only S_q = 1 steps split K/V (longer ones run chunked prefill): sized for q_len 1, not 2048
+    assert size == paged_workspace_bytes(256, 32, 8, 1, 128) < 64 << 20
+    for b in (1, 7, 256):
+        assert workspace_rows(b, 32, 8, 1) <= workspace_rows(256, 32, 8, 1)
+        # enqueue lowers splits to rows // (B·Hq): always at least the heuristic's ~4 programs/SM
+        assert workspace_rows(b, 32, 8, 1) // (b * 32) >= 2
 
 
 def test_tactics_are_the_decode_candidates_that_fit(trt, classes):

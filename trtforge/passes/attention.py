@@ -16,9 +16,10 @@ Strategies share the matcher and differ in the node emitted:
 - `plugin`: `trtforge.plugins.attention.onnx_node.make_flash_attention_node` (custom domain),
   with the model's [B, S] padding input as key_padding_mask; the plugin module's ONNX reference
   function is added so ONNX Runtime can verify the graph.
-- `paged`: a paged-cache decode step already in standard ONNX (ScatterND into block pools, Gather
-  through the block table, Attention) -> one `trtforge::PagedAttention` node (`paged_attention.py`),
-  whose pool outputs TensorRT aliases to its pool inputs; its ONNX reference function is added.
+- `paged`: a paged-cache step already in standard ONNX (the decoder's paged step graph: ScatterND at
+  the slot mapping into block pools [num_blocks, block_size, Hkv, D], Gather through the block table,
+  Attention) -> one `trtforge::PagedAttention` node per layer (`paged_attention.py`), whose pool
+  outputs TensorRT aliases to its pool inputs; its ONNX reference function is added.
 - `none`: nothing is rewritten (the pass still reports what it would have matched).
 Graphs that already contain `Attention` have nothing left to match and are left alone.
 """
@@ -300,7 +301,7 @@ def run_attention(model: ir.Model, ctx: PassContext) -> PassOutcome:
 
 
 def _run_paged(model: ir.Model, outcome: PassOutcome) -> PassOutcome:
-    """`paged`: standard-ONNX paged decode steps (ScatterND + Gather + Attention) -> PagedAttention."""
+    """`paged`: standard-ONNX paged steps (ScatterND + Gather + Attention) -> PagedAttention."""
     from trtforge.passes.paged_attention import fuse_paged_attention
 
     try:

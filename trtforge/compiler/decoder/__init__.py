@@ -44,11 +44,11 @@ Per layer the write is ``ScatterND`` into the pool reshaped to [num_blocks*bs, H
 ``slot_mapping`` (updates Transpose(k, [0, 2, 1, 3])), reshaped back; the read is
 ``Gather(pool, block_tables)`` -> Transpose [0, 3, 1, 2, 4] -> Reshape to [B, Hkv, max_blocks*bs, D];
 then the same ``Attention`` with the same mask rule as the slot layout over key positions
-0 .. max_blocks*bs-1. ``optimize --attention paged`` does not rewrite this graph into
-``trtforge::PagedAttention``: that node's pools are [num_blocks, Hkv, bs, D] (its matcher wants the
-Gather followed by Transpose [0, 2, 1, 3, 4] straight off a ScatterND on the 4-D pool), and it writes
-query i at seq_lens[b] - S + i with its own mask, which holds only when every row brings S tokens
-(decode, or equal-length prefill), not for right-padded ragged prefill with a scratch slot.
+0 .. max_blocks*bs-1. ``optimize --attention paged`` rewrites each layer's write + gather + attention
+into one ``trtforge::PagedAttention`` node over the same pools (slot_mapping, block_tables and
+seq_lens = past_lens + new_lens, query_lens = new_lens as int32; the plugin runs the decode kernel for
+S = 1 and chunked prefill for longer, ragged steps). Layers with a sliding window shorter than
+max_seq are refused with that reason (the paged kernels have no window mask).
 
 Engine: one engine with two optimization profiles, 0 = prefill (S in 1..max_prefill) and 1 = decode
 (S = 1), sharing one copy of the weights (:mod:`.build`, :mod:`.compile`). Precision: FP16 (default)

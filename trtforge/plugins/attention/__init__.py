@@ -12,7 +12,7 @@ Decode (KV cache) side:
 
 - ``decode_kernel``: split-KV (FlashDecoding) decode attention, contiguous or paged cache, GQA,
   q_len 1..8 (torch, Triton).
-- ``paged_cache``: reshape-and-cache (new K/V rows into their slots) and ``paged_decode_step``.
+- ``paged_cache``: reshape-and-cache (new K/V rows into their slots) and ``paged_attention_step``.
 - ``chunked_prefill``: a prompt chunk over a cached prefix, contiguous or paged, GQA.
 - ``paged_onnx_node``: the ``trtforge::PagedAttention`` node and its ONNX reference function.
 - ``paged_plugin``: the PagedAttention IPluginV3 (pool outputs aliased to pool inputs).

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from trtforge.plugins.attention.decode_kernel import _check, _decode_tiles, _interpreting
+from trtforge.plugins.attention.device_tensor import pool_heads_major
 
 __all__ = ["chunked_prefill_attention"]
 
@@ -141,10 +142,13 @@ def chunked_prefill_attention(
 ) -> torch.Tensor:
     """Attention of a prompt chunk q [B, Hq, S_q, D] over each sequence's first seq_lens[b] cached
     keys (prefix + chunk), LOWER_RIGHT causal, GQA; caches as in :func:`decode_attention`
-    (contiguous [B, Hkv, S_max, D] or a block pool with `block_table`). `q_lens` (int32 [B]) gives
-    ragged chunk lengths; rows past them are left unwritten. Returns `out`."""
+    (contiguous [B, Hkv, S_max, D] or a block pool [num_blocks, block_size, Hkv, D] with
+    `block_table`). `q_lens` (int32 [B]) gives ragged chunk lengths (right-padded to S_q); rows past
+    them are left unwritten. Works on torch tensors and on DeviceTensor views (give `out`). Returns `out`."""
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if block_table is not None:
+        k_cache, v_cache = pool_heads_major(k_cache), pool_heads_major(v_cache)
     b, hq, s_q, d, hkv, page, _ = _check(q, k_cache, v_cache, seq_lens, block_table, out, max_q_len=1 << 30)
     if q_lens is not None and (tuple(q_lens.shape) != (b,) or q_lens.dtype != torch.int32):
         raise ValueError(f"q_lens must be int32 [B] = [{b}]; got {q_lens.dtype} {tuple(q_lens.shape)}")

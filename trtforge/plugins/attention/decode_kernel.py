@@ -21,9 +21,10 @@ query i sees keys j <= L - S_q + i. A row that sees no key gets zeros.
 
 Caches (strides in elements, so either axis order of the pool works):
 - contiguous: k/v ``[B, Hkv, S_max, D]`` with per-sequence lengths ``seq_lens [B]`` int32.
-- paged: a block pool k/v ``[num_blocks, Hkv, block_size, D]`` and ``block_table [B, max_blocks]``
-  int32; logical position j of sequence b is slot ``j % block_size`` of block
-  ``block_table[b, j // block_size]``.
+- paged: a block pool k/v ``[num_blocks, block_size, Hkv, D]`` (the step graph's and the executors'
+  layout) and ``block_table [B, max_blocks]`` int32; logical position j of sequence b is slot
+  ``j % block_size`` of block ``block_table[b, j // block_size]``. The entry points pass the kernels
+  a ``[num_blocks, Hkv, block_size, D]`` strided view of it (:func:`pool_heads_major`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import triton
 import triton.language as tl
 
 from trtforge.plugins.attention.configs import DECODE_CANDIDATES, decode_counter_slots
-from trtforge.plugins.attention.device_tensor import DeviceTensor
+from trtforge.plugins.attention.device_tensor import DeviceTensor, pool_heads_major
 
 __all__ = [
     "DecodeConfig",
@@ -629,7 +630,7 @@ def decode_attention(
     """Attention of q [B, Hq, S_q<=8, D] over each sequence's first seq_lens[b] cached keys.
 
     Contiguous caches are [B, Hkv, S_max, D]; with `block_table` [B, max_blocks] the caches are a
-    block pool [num_blocks, Hkv, block_size, D]. Causal (LOWER_RIGHT) when S_q > 1. `max_seq_len`
+    block pool [num_blocks, block_size, Hkv, D]. Causal (LOWER_RIGHT) when S_q > 1. `max_seq_len`
     (default: the cache capacity) sizes the split count; `seq_lens` stays on the device. With
     `config` None, a CUDA launch outside graph capture is autotuned once per problem bucket over
     :data:`AUTOTUNE_CANDIDATES`; the interpreter and graph capture use :func:`default_decode_config`.
@@ -638,6 +639,8 @@ def decode_attention(
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if block_table is not None:
+        k_cache, v_cache = pool_heads_major(k_cache), pool_heads_major(v_cache)
     b, hq, _, d, hkv, _, capacity = _check(q, k_cache, v_cache, seq_lens, block_table, out)
     if b == 0 or hq == 0:
         return out
@@ -676,7 +679,10 @@ def decode_attention_raw(
     synchronized (a TensorRT plugin's enqueue). A TensorRT workspace holds anything at enqueue, so
     by default the splits are reduced by a second kernel; `counters_zeroed` says that the
     workspace's arrival counters are zero (zeroed once and used only by these launches, which leave
-    them zero), and the reduction is then fused into the split kernel (one launch)."""
+    them zero), and the reduction is then fused into the split kernel (one launch). Caches as in
+    :func:`decode_attention`."""
+    if block_table is not None:
+        k_cache, v_cache = pool_heads_major(k_cache), pool_heads_major(v_cache)
     _check(q, k_cache, v_cache, seq_lens, block_table, out)
     if splits > 1 and workspace is None:
         raise ValueError("a launch with more than one split needs a workspace")

@@ -67,3 +67,16 @@ def packed_qkv_views(qkv: Any, num_heads: int) -> tuple[Any, Any, Any]:
         torch.as_strided(qkv, shape, strides, storage_offset=qkv.storage_offset() + i * num_heads * d * sw)
         for i in range(3)
     )
+
+
+def pool_heads_major(pool: Any) -> Any:
+    """A block pool [num_blocks, block_size, Hkv, D] as a [num_blocks, Hkv, block_size, D] view (no copy).
+
+    The kernels index pools with element strides in that axis order; works on torch tensors and on
+    :class:`DeviceTensor`."""
+    if len(pool.shape) != 4:
+        raise ValueError(f"a block pool must be [num_blocks, block_size, Hkv, D]; got {tuple(pool.shape)}")
+    if isinstance(pool, DeviceTensor):
+        (n, bs, h, d), (s0, s1, s2, s3) = pool.shape, pool.strides
+        return pool.view((n, h, bs, d), (s0, s2, s1, s3))
+    return pool.permute(0, 2, 1, 3)

@@ -1,11 +1,13 @@
 """Reshape-and-cache: write a step's new K/V rows into their cache slots, in place (Triton).
 
-New rows ``k_new/v_new [B, Hkv, S_new, D]`` (any strides, e.g. views of a packed projection) go to
-logical positions ``start[b] + i`` of sequence b: in a contiguous cache ``[B, Hkv, S_max, D]`` at
-that position, in a paged pool ``[num_blocks, Hkv, block_size, D]`` at slot ``pos % block_size`` of
-block ``block_table[b, pos // block_size]``. A negative start skips the sequence (an idle batch slot).
-:func:`paged_decode_step` is the PagedAttention op: this write, then the decode kernel.
-The caller guarantees ``start[b] + S_new`` fits the cache (the launch checks it only when asked to).
+New rows ``k_new/v_new [B, Hkv, S_new, D]`` (any strides, e.g. views of a packed projection) go
+either to logical positions ``start[b] + i`` of sequence b (:func:`write_kv_cache`): in a contiguous
+cache ``[B, Hkv, S_max, D]`` at that position, in a paged pool ``[num_blocks, block_size, Hkv, D]``
+at slot ``pos % block_size`` of block ``block_table[b, pos // block_size]``; or to the flat pool slots
+``slot_mapping[b, i]`` = block * block_size + offset that the step graph carries
+(:func:`write_kv_slots`; a negative slot is skipped). :func:`paged_attention_step` is the
+PagedAttention op: the slot write, then the decode (S_q = 1) or chunked-prefill kernel.
+The caller guarantees the positions fit the cache (the launch does not check them).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["write_kv_cache"]
+from trtforge.plugins.attention.device_tensor import pool_heads_major
+
+__all__ = ["paged_attention_step", "write_kv_cache", "write_kv_slots"]
 
 
 @triton.jit
@@ -100,8 +104,10 @@ def write_kv_cache(
     (int32 [B]) only rows i < counts[b] are written: ragged chunks padded to S_new.
 
     Contiguous caches are [B, Hkv, S_max, D]; with `block_table` (int32 [B, max_blocks]) they are a
-    block pool [num_blocks, Hkv, block_size, D]. Launches on the current stream; returns nothing.
+    block pool [num_blocks, block_size, Hkv, D]. Launches on the current stream; returns nothing.
     """
+    if block_table is not None:
+        k_cache, v_cache = pool_heads_major(k_cache), pool_heads_major(v_cache)
     for name, t in (("k_new", k_new), ("v_new", v_new), ("k_cache", k_cache), ("v_cache", v_cache)):
         if len(t.shape) != 4:
             raise ValueError(f"{name} must be 4-D; got shape {tuple(t.shape)}")
@@ -143,23 +149,123 @@ def write_kv_cache(
     )  # fmt: skip
 
 
-def paged_decode_step(
+@triton.jit
+def _write_slots_kernel(
+    KN,
+    VN,
+    KC,
+    VC,
+    Slots,
+    stride_knb,
+    stride_knh,
+    stride_knm,
+    stride_knd,
+    stride_vnb,
+    stride_vnh,
+    stride_vnm,
+    stride_vnd,
+    stride_kcb,
+    stride_kcn,
+    stride_kch,
+    stride_kcd,
+    stride_vcb,
+    stride_vcn,
+    stride_vch,
+    stride_vcd,
+    stride_sb,
+    stride_sm,
+    num_kv_heads,
+    seq_new,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+):
+    """Grid (B·S_new, cdiv(Hkv, BLOCK_H)): one program copies BLOCK_H heads of one new token."""
+    pid = tl.program_id(0)
+    b = (pid // seq_new).to(tl.int64)
+    i = (pid % seq_new).to(tl.int64)
+    flat = tl.load(Slots + b * stride_sb + i * stride_sm).to(tl.int64)
+    if flat >= 0:
+        blk = flat // PAGE_SIZE
+        slot = flat % PAGE_SIZE
+        offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        offs_d = tl.arange(0, BLOCK_D)
+        ok = (offs_h < num_kv_heads)[:, None] & (offs_d < HEAD_DIM)[None, :]
+        h = offs_h.to(tl.int64)[:, None]
+        d = offs_d[None, :]
+        k = tl.load(KN + b * stride_knb + h * stride_knh + i * stride_knm + d * stride_knd, mask=ok)
+        v = tl.load(VN + b * stride_vnb + h * stride_vnh + i * stride_vnm + d * stride_vnd, mask=ok)
+        k_dst = KC + blk * stride_kcb + slot * stride_kcn + h * stride_kch + d * stride_kcd
+        v_dst = VC + blk * stride_vcb + slot * stride_vcn + h * stride_vch + d * stride_vcd
+        tl.store(k_dst, k, mask=ok)
+        tl.store(v_dst, v, mask=ok)
+
+
+def write_kv_slots(k_new: Any, v_new: Any, k_pool: Any, v_pool: Any, slot_mapping: Any) -> None:
+    """Copy k_new/v_new [B, Hkv, S_new, D] into pools [num_blocks, block_size, Hkv, D] at the flat
+    slots slot_mapping[b, i] (int32 [B, S_new], block * block_size + offset; negative: skipped).
+
+    Every row is written, right-padding rows too (the step graph points them at a scratch slot; where
+    several share one, which lands is unspecified). Launches on the current stream; returns nothing.
+    """
+    for name, t in (("k_new", k_new), ("v_new", v_new), ("k_pool", k_pool), ("v_pool", v_pool)):
+        if len(t.shape) != 4:
+            raise ValueError(f"{name} must be 4-D; got shape {tuple(t.shape)}")
+    b, hkv, s_new, d = (int(n) for n in k_new.shape)
+    if tuple(v_new.shape) != (b, hkv, s_new, d):
+        raise ValueError(f"v_new must match k_new's shape {(b, hkv, s_new, d)}; got {tuple(v_new.shape)}")
+    if tuple(k_pool.shape) != tuple(v_pool.shape) or tuple(int(n) for n in k_pool.shape[2:]) != (hkv, d):
+        raise ValueError(
+            f"pools must be [num_blocks, block_size, {hkv}, {d}] each; got {k_pool.shape}, {v_pool.shape}"
+        )
+    if len({k_new.dtype, v_new.dtype, k_pool.dtype, v_pool.dtype}) != 1:
+        raise ValueError("new rows and pools must share one dtype")
+    if tuple(slot_mapping.shape) != (b, s_new) or slot_mapping.dtype != torch.int32:
+        raise ValueError(
+            f"slot_mapping must be int32 [B, S_new] = [{b}, {s_new}]; got {slot_mapping.dtype} "
+            f"{tuple(slot_mapping.shape)}"
+        )
+    page = int(k_pool.shape[1])
+    if page < 1:
+        raise ValueError(f"block size {page} must be >= 1")
+    if b == 0 or s_new == 0 or hkv == 0:
+        return
+    block_d = max(16, triton.next_power_of_2(d))
+    block_h = min(triton.next_power_of_2(hkv), max(1, 2048 // block_d))
+    _write_slots_kernel[(b * s_new, triton.cdiv(hkv, block_h))](
+        k_new, v_new, k_pool, v_pool, slot_mapping,
+        *k_new.stride(), *v_new.stride(), *k_pool.stride(), *v_pool.stride(), *slot_mapping.stride(),
+        hkv, s_new,
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h, PAGE_SIZE=page, num_warps=4,
+    )  # fmt: skip
+
+
+def paged_attention_step(
     q: Any,
     k_new: Any,
     v_new: Any,
     k_pool: Any,
     v_pool: Any,
     block_table: Any,
+    slot_mapping: Any,
     seq_lens: Any,
+    query_lens: Any,
     *,
     scale: float,
     out: Any | None = None,
     config: Any | None = None,
 ) -> Any:
-    """The PagedAttention op on torch tensors: append this step's S_q new K/V rows at positions
-    seq_lens[b] - S_q .. seq_lens[b] - 1 of the pools (in place), then attend q over each sequence's
-    seq_lens[b] keys (LOWER_RIGHT causal). Returns the attention output [B, Hq, S_q, D]."""
+    """The PagedAttention op on torch tensors: write this step's S_q new K/V rows at their slots
+    (in place), then attend query i < query_lens[b] of row b over keys j <= seq_lens[b] -
+    query_lens[b] + i of its block table (S_q = 1: the split-KV decode kernel; else chunked prefill).
+    Query rows past query_lens[b] (right padding) are left unwritten. Returns the output [B, Hq, S_q, D]."""
+    from trtforge.plugins.attention.chunked_prefill import chunked_prefill_attention
     from trtforge.plugins.attention.decode_kernel import decode_attention
 
-    write_kv_cache(k_new, v_new, k_pool, v_pool, seq_lens, block_table, offset=-int(k_new.shape[2]))
-    return decode_attention(q, k_pool, v_pool, seq_lens, block_table, scale=scale, out=out, config=config)
+    write_kv_slots(k_new, v_new, k_pool, v_pool, slot_mapping)
+    if int(q.shape[2]) == 1:
+        return decode_attention(q, k_pool, v_pool, seq_lens, block_table, scale=scale, out=out, config=config)
+    return chunked_prefill_attention(
+        q, k_pool, v_pool, seq_lens, block_table, q_lens=query_lens, scale=scale, out=out
+    )

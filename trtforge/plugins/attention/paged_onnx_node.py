@@ -2,15 +2,21 @@
 (attention output, and the two cache pools updated in place), and a model-local ONNX function of
 the same name that ONNX Runtime runs.
 
-Inputs: query [B, Hq, S_q, D]; key/value [B, Hkv, S_q, D] (this step's new rows); key_cache /
-value_cache pools [num_blocks, Hkv, block_size, D]; block_table [B, max_blocks] int32; seq_lens [B]
-int32, each sequence's length *after* this step (so seq_lens[b] >= S_q). The reference function is
-the op in standard ONNX (opset >= 23): ScatterND writes the new rows at positions
-seq_lens[b] - S_q + i into their pool slots, Gather(block_table) reads each sequence's blocks back,
-and ``Attention`` (GQA by the 4-D head counts, FP32) attends with the LOWER_RIGHT causal mask
-j <= seq_lens[b] - S_q + i; cache rows past a sequence's length are zeroed before the products, so
-stale pool contents never reach the output. TensorRT's parser maps the node to the plugin through
-its ``plugin_namespace``/``plugin_version`` attributes.
+Inputs: query [B, Hq, S, D]; key/value [B, Hkv, S, D] (this step's new rows, right-padded);
+key_cache / value_cache pools [num_blocks, block_size, Hkv, D] (the decoder step graph's layout);
+block_table [B, max_blocks] int32; slot_mapping [B, S] int32, the flat pool slot
+(block * block_size + offset) each new row is written to (padding rows: a scratch slot the caller
+never reads); seq_lens [B] int32, each row's length *after* this step; query_lens [B] int32, its
+real new tokens (1 <= query_lens[b] <= S). Query i of row b sits at position seq_lens[b] -
+query_lens[b] + i and sees keys j <= that position with j < seq_lens[b] (LOWER_RIGHT for the real
+rows; a padding row sees the whole sequence, as in the step graph; the plugin leaves padding rows'
+output unspecified). The reference function is standard ONNX (opset >= 23) in the step graph's
+own form: ScatterND into the pool flattened to [num_blocks * block_size, Hkv, D] at slot_mapping,
+Gather(block_table) -> Transpose [0, 3, 1, 2, 4] -> Reshape [B, Hkv, max_blocks * block_size, D],
+and ``Attention`` (GQA by the head counts, in the inputs' dtype, as the step graph computes it) with
+that mask; keys at or past seq_lens[b] are zeroed first, so stale pool contents never reach the
+output. TensorRT's parser maps the node to
+the plugin through its ``plugin_namespace``/``plugin_version`` attributes.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ _FLOAT_TYPES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.FLOAT)
 _FUNCTION_ATTRS = "num_heads, kv_num_heads, scale, plugin_namespace, plugin_version"
 
 _BODY = f"""
-{PAGED_OP_TYPE} <{_FUNCTION_ATTRS}> (q, k_new, v_new, k_pool, v_pool, table, seq_lens)
+{PAGED_OP_TYPE} <{_FUNCTION_ATTRS}> (q, k_new, v_new, k_pool, v_pool, table, slots, seq_lens, query_lens)
     => (out, k_pool_out, v_pool_out) {{
     i0 = Constant <value = int64 {{0}}> ()
     i1 = Constant <value = int64 {{1}}> ()
@@ -46,68 +52,62 @@ _BODY = f"""
     ax2 = Constant <value = int64[1] {{2}}> ()
     axl = Constant <value = int64[1] {{-1}}> ()
     ax13 = Constant <value = int64[2] {{1, 3}}> ()
-    lens = Cast <to = 7> (seq_lens)
-    sq1 = Shape <start = 2, end = 3> (q)
-    sq = Squeeze (sq1)
-    steps = Range (i0, sq, i1)
-    first = Sub (lens, sq)
-    first2 = Unsqueeze (first, ax1)
-    steps2 = Unsqueeze (steps, ax0)
-    pos = Add (first2, steps2)
-    bs1 = Shape <start = 2, end = 3> (k_pool)
-    bs = Squeeze (bs1)
-    lblk = Div (pos, bs)
-    slot = Mod (pos, bs)
+    k_rows = Shape <start = 2> (k_pool)
+    v_rows = Shape <start = 2> (v_pool)
+    k_flat_shape = Concat <axis = 0> (axl, k_rows)
+    v_flat_shape = Concat <axis = 0> (axl, v_rows)
+    k_shape = Shape (k_pool)
+    v_shape = Shape (v_pool)
+    kflat = Reshape (k_pool, k_flat_shape)
+    vflat = Reshape (v_pool, v_flat_shape)
+    slots64 = Cast <to = 7> (slots)
+    idx = Unsqueeze (slots64, axl)
+    kupd = Transpose <perm = [0, 2, 1, 3]> (k_new)
+    vupd = Transpose <perm = [0, 2, 1, 3]> (v_new)
+    kw = ScatterND (kflat, idx, kupd)
+    vw = ScatterND (vflat, idx, vupd)
+    k_pool_out = Reshape (kw, k_shape)
+    v_pool_out = Reshape (vw, v_shape)
     tbl = Cast <to = 7> (table)
     nb1 = Shape <start = 0, end = 1> (k_pool)
     nb = Squeeze (nb1)
     last_blk = Sub (nb, i1)
     tclip = Clip (tbl, i0, last_blk)
-    pblk = GatherElements <axis = 1> (tclip, lblk)
-    hkv1 = Shape <start = 1, end = 2> (k_pool)
-    hkv = Squeeze (hkv1)
-    heads = Range (i0, hkv, i1)
-    bsq = Shape (pblk)
-    target = Concat <axis = 0> (bsq, hkv1)
-    pb3 = Unsqueeze (pblk, ax2)
-    sl3 = Unsqueeze (slot, ax2)
-    pbe = Expand (pb3, target)
-    sle = Expand (sl3, target)
-    he = Expand (heads, target)
-    pb4 = Unsqueeze (pbe, axl)
-    h4 = Unsqueeze (he, axl)
-    sl4 = Unsqueeze (sle, axl)
-    idx = Concat <axis = -1> (pb4, h4, sl4)
-    kupd = Transpose <perm = [0, 2, 1, 3]> (k_new)
-    vupd = Transpose <perm = [0, 2, 1, 3]> (v_new)
-    k_pool_out = ScatterND (k_pool, idx, kupd)
-    v_pool_out = ScatterND (v_pool, idx, vupd)
     kg = Gather <axis = 0> (k_pool_out, tclip)
     vg = Gather <axis = 0> (v_pool_out, tclip)
-    kt = Transpose <perm = [0, 2, 1, 3, 4]> (kg)
-    vt = Transpose <perm = [0, 2, 1, 3, 4]> (vg)
+    kt = Transpose <perm = [0, 3, 1, 2, 4]> (kg)
+    vt = Transpose <perm = [0, 3, 1, 2, 4]> (vg)
     b1 = Shape <start = 0, end = 1> (q)
-    d1 = Shape <start = 3, end = 4> (q)
+    hkv1 = Shape <start = 2, end = 3> (k_pool)
+    d1 = Shape <start = 3, end = 4> (k_pool)
     shape4 = Concat <axis = 0> (b1, hkv1, axl, d1)
     kc = Reshape (kt, shape4)
     vc = Reshape (vt, shape4)
     l1 = Shape <start = 2, end = 3> (kc)
     total = Squeeze (l1)
     cols = Range (i0, total, i1)
+    lens = Cast <to = 7> (seq_lens)
+    qlens = Cast <to = 7> (query_lens)
+    past = Sub (lens, qlens)
+    sq1 = Shape <start = 2, end = 3> (q)
+    sq = Squeeze (sq1)
+    steps = Range (i0, sq, i1)
+    past2 = Unsqueeze (past, ax1)
+    steps2 = Unsqueeze (steps, ax0)
+    pos = Add (past2, steps2)
     pos3 = Unsqueeze (pos, ax2)
-    keep3 = LessOrEqual (cols, pos3)
-    mask = Unsqueeze (keep3, ax1)
+    causal = LessOrEqual (cols, pos3)
     lens2 = Unsqueeze (lens, ax1)
     kv_ok = Less (cols, lens2)
+    kv_ok3 = Unsqueeze (kv_ok, ax1)
+    keep3 = And (causal, kv_ok3)
+    mask = Unsqueeze (keep3, ax1)
     kv_ok4 = Unsqueeze (kv_ok, ax13)
-    kf = Cast <to = 1> (kc)
-    vf = Cast <to = 1> (vc)
-    qf = Cast <to = 1> (q)
-    zero = Constant <value_float = 0.0> ()
-    kz = Where (kv_ok4, kf, zero)
-    vz = Where (kv_ok4, vf, zero)
-    o = Attention <scale: float = @scale> (qf, kz, vz, mask)
-    out = CastLike (o, q)
+    zero_f = Constant <value_float = 0.0> ()
+    zero = CastLike (zero_f, kc)
+    kz = Where (kv_ok4, kc, zero)
+    vz = Where (kv_ok4, vc, zero)
+    out = Attention <scale: float = @scale> (q, kz, vz, mask)
 }}
 """
 
@@ -140,7 +140,9 @@ def make_paged_attention_node(
     k_pool: ir.Value,
     v_pool: ir.Value,
     block_table: ir.Value,
+    slot_mapping: ir.Value,
     seq_lens: ir.Value,
+    query_lens: ir.Value,
     *,
     num_heads: int,
     kv_num_heads: int,
@@ -165,7 +167,9 @@ def make_paged_attention_node(
             f"got {sorted(t.name for t in dtypes)}."
         )
     _check(block_table, "block_table", (ir.DataType.INT32,), 2)
+    _check(slot_mapping, "slot_mapping", (ir.DataType.INT32,), 2)
     _check(seq_lens, "seq_lens", (ir.DataType.INT32,), 1)
+    _check(query_lens, "query_lens", (ir.DataType.INT32,), 1)
     attrs = paged_attention_attributes(num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale)
     ir_attrs = [
         ir.AttrInt64("num_heads", attrs["num_heads"]),
@@ -177,7 +181,7 @@ def make_paged_attention_node(
     node = ir.Node(
         DOMAIN,
         PAGED_OP_TYPE,
-        [q, k_new, v_new, k_pool, v_pool, block_table, seq_lens],
+        [q, k_new, v_new, k_pool, v_pool, block_table, slot_mapping, seq_lens, query_lens],
         ir_attrs,
         num_outputs=3,
         version=DOMAIN_VERSION,

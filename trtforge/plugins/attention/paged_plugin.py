@@ -1,13 +1,15 @@
 """The PagedAttention TensorRT plugin: IPluginV3 (OneCore/OneBuildV2/OneRuntime) + IPluginCreatorV3One.
 
-One decode (or speculative-verification) step over a paged K/V cache: ``enqueue`` writes the step's
-new K/V rows into their pool slots (reshape-and-cache), then runs the split-KV decode kernel; the
-two pool outputs alias the pool inputs (``get_aliased_input``), so the cache is updated in place
-(datacenter TensorRT needs ``PreviewFeature.ALIASED_PLUGIN_IO_10_03`` on the builder config).
-Inputs, outputs and semantics are those of :mod:`~trtforge.plugins.attention.paged_onnx_node`.
-TensorRT times each kernel configuration as a tactic; ``enqueue`` launches one fixed configuration
-with scratch from the TensorRT workspace: nothing is allocated, timed or synchronized. Same shape
-as the FlashAttention plugin (plugin.py), whose support check it shares.
+One step of the decoder's paged step graph (decode, speculative verification or ragged prefill) over
+block pools [num_blocks, block_size, Hkv, D]: ``enqueue`` writes the step's new K/V rows at their
+slot_mapping slots (reshape-and-cache), then runs the split-KV decode kernel (S_q = 1) or the
+chunked-prefill kernel (S_q > 1, ragged rows by query_lens); the two pool outputs alias the pool
+inputs (``get_aliased_input``), so the cache is updated in place (datacenter TensorRT needs
+``PreviewFeature.ALIASED_PLUGIN_IO_10_03`` on the builder config). Inputs, outputs and semantics are
+those of :mod:`~trtforge.plugins.attention.paged_onnx_node`. TensorRT times each decode-kernel
+configuration as a tactic; ``enqueue`` launches one fixed configuration with scratch from the
+TensorRT workspace: nothing is allocated, timed or synchronized. Same shape as the FlashAttention
+plugin (plugin.py), whose support check it shares.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from trtforge.errors import UserError
 from trtforge.plugins.attention.configs import DECODE_CANDIDATES, decode_counter_slots
 from trtforge.plugins.attention.plugin import register_creator_once
 from trtforge.plugins.attention.spec import (
-    MAX_DECODE_Q_LEN,
     PAGED_ALIASES,
     PAGED_INPUTS,
     PAGED_PLUGIN_NAME,
@@ -178,32 +179,29 @@ def paged_plugin_classes(backend: Any) -> tuple[type, type]:
                 return False
             if pos == 0:
                 return desc.type in float_types
-            if pos in (5, 6):  # block_table, seq_lens
+            if 5 <= pos < n_in:  # block_table, slot_mapping, seq_lens, query_lens
                 return desc.type == trt.DataType.INT32
             return desc.type == in_out[0].desc.type  # new K/V, pools, output and updated pools
 
         def configure_plugin(self, inp: list[Any], out: list[Any]) -> None:
             if len(inp) != n_in:
                 raise UserError(f"{_WHERE} takes {n_in} inputs ({', '.join(PAGED_INPUTS)}); got {len(inp)}.")
-            q, k_new, _, k_pool, _, table, lens = (list(i.desc.dims) for i in inp)
+            q, k_new, _, k_pool, _, table, slots, lens, q_lens = (list(i.desc.dims) for i in inp)
             a = self.attrs
             ranks = {"query": (q, 4), "key": (k_new, 4), "key_cache": (k_pool, 4), "block_table": (table, 2)}
-            for role, (dims, rank) in {**ranks, "seq_lens": (lens, 1)}.items():
+            ranks |= {"slot_mapping": (slots, 2), "seq_lens": (lens, 1), "query_lens": (q_lens, 1)}
+            for role, (dims, rank) in ranks.items():
                 if len(dims) != rank:
                     raise UserError(f"{_WHERE}: {role} must have rank {rank}; got dims {dims}.")
             if q[1] >= 0 and q[1] != a.num_heads:
                 raise UserError(f"{_WHERE}: query has {q[1]} heads but num_heads is {a.num_heads}.")
-            for role, dims in (("key", k_new), ("key_cache", k_pool)):
-                if dims[1] >= 0 and dims[1] != a.kv_num_heads:
+            for role, heads in (("key", k_new[1]), ("key_cache [num_blocks, block_size, Hkv, D]", k_pool[2])):
+                if heads >= 0 and heads != a.kv_num_heads:
                     raise UserError(
-                        f"{_WHERE}: {role} has {dims[1]} heads but kv_num_heads is {a.kv_num_heads}."
+                        f"{_WHERE}: {role} has {heads} heads but kv_num_heads is {a.kv_num_heads}."
                     )
-            if q[2] > MAX_DECODE_Q_LEN:
-                raise UserError(
-                    f"{_WHERE}: query length {q[2]} exceeds {MAX_DECODE_Q_LEN} (decode steps only)."
-                )
-            if k_pool[2] >= 0:
-                check_block_size(k_pool[2], _WHERE)
+            if k_pool[1] >= 0:
+                check_block_size(k_pool[1], _WHERE)
             head_dim = q[3]
             if head_dim >= 0:
                 check_paged_head_dim(head_dim, _WHERE)
@@ -215,8 +213,8 @@ def paged_plugin_classes(backend: Any) -> tuple[type, type]:
 
         def get_workspace_size(self, inp: list[Any], out: list[Any]) -> int:
             q_max = list(inp[0].max)
-            a = self.attrs
-            return paged_workspace_bytes(q_max[0], a.num_heads, a.kv_num_heads, q_max[2], q_max[3])
+            a = self.attrs  # split-KV scratch: only S_q = 1 steps split (longer ones run chunked prefill)
+            return paged_workspace_bytes(q_max[0], a.num_heads, a.kv_num_heads, 1, q_max[3])
 
         def get_valid_tactics(self) -> list[int]:
             return paged_valid_tactics(self.head_dim)
@@ -254,34 +252,39 @@ def paged_plugin_classes(backend: Any) -> tuple[type, type]:
             import torch
 
             from trtforge.plugins.attention import decode_kernel
+            from trtforge.plugins.attention.chunked_prefill import chunked_prefill_attention
             from trtforge.plugins.attention.device_tensor import DeviceTensor
-            from trtforge.plugins.attention.paged_cache import write_kv_cache
+            from trtforge.plugins.attention.paged_cache import write_kv_slots
 
             def tensor(desc: Any, ptr: int) -> DeviceTensor:
                 return DeviceTensor.contiguous(ptr, _torch_dtype(trt, desc.type), tuple(desc.dims))
 
-            q, k_new, v_new, _, _, table, lens = (tensor(d, p) for d, p in zip(input_desc, inputs))
+            q, k_new, v_new, _, _, table, slots, lens, q_lens = (
+                tensor(d, p) for d, p in zip(input_desc, inputs)
+            )
             out, k_pool, v_pool = (tensor(d, p) for d, p in zip(output_desc, outputs))  # pools: aliased
             b, hq, s_q, d = q.shape
+            external = torch.cuda.ExternalStream(int(stream)) if stream else None
+            with torch.cuda.stream(external) if external is not None else contextlib.nullcontext():
+                write_kv_slots(k_new, v_new, k_pool, v_pool, slots)
+                if s_q > 1:
+                    chunked_prefill_attention(
+                        q, k_pool, v_pool, lens, table, q_lens=q_lens, scale=self.attrs.scale, out=out
+                    )
+                    return
             hkv = self.attrs.kv_num_heads
             bn, warps, stages, mult = paged_config_for_tactic(self.tactic, d)
-            capacity = int(table.shape[1]) * int(k_pool.shape[2])
+            capacity = int(table.shape[1]) * int(k_pool.shape[1])
             splits = decode_kernel.num_splits_for(b * hkv, capacity, decode_kernel._num_sms(), bn)
             if mult != 1.0:
                 splits = max(1, round(splits * mult))
-            fit = workspace_rows(b, hq, hkv, s_q) // max(b * hq * s_q, 1)
+            fit = workspace_rows(b, hq, hkv, 1) // max(b * hq, 1)
             splits = max(1, min(splits, fit, decode_kernel.MAX_SPLITS))
             ws = None
             if splits > 1:
-                rows = decode_kernel.workspace_elements(b, hq, s_q, d, splits)
+                rows = decode_kernel.workspace_elements(b, hq, 1, d, splits)
                 ws = DeviceTensor(int(workspace), torch.float32, (rows,), (1,))
             config = decode_kernel.DecodeConfig(bn, warps, stages, splits)
-            with (
-                torch.cuda.stream(torch.cuda.ExternalStream(int(stream)))
-                if stream
-                else contextlib.nullcontext()
-            ):
-                write_kv_cache(k_new, v_new, k_pool, v_pool, lens, table, offset=-s_q)
             decode_kernel.decode_attention_raw(
                 q, k_pool, v_pool, lens, table, out,
                 scale=self.attrs.scale, config=config, splits=splits, workspace=ws, stream=stream,

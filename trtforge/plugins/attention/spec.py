@@ -66,14 +66,24 @@ def check_head_dim(head_dim: int, where: str) -> None:
         )
 
 
-# -- PagedAttention: decode step over a paged K/V cache (paged_plugin.py, paged_onnx_node.py) ----------
+# -- PagedAttention: a step (decode or ragged prefill) over paged K/V pools [num_blocks, block_size, Hkv, D]
 PAGED_OP_TYPE = "PagedAttention"
 PAGED_PLUGIN_NAME = PAGED_OP_TYPE
 PAGED_HEAD_DIMS = (64, 80, 96, 128, 256)
-MAX_DECODE_Q_LEN = 8  # decode and speculative-decoding verification
+MAX_DECODE_Q_LEN = 8  # the split-KV decode kernel's query lengths (longer steps: chunked prefill)
 MAX_BLOCK_SIZE = 256
 # Inputs and outputs, in order. Outputs 1 and 2 are inputs 3 and 4 updated in place (aliased).
-PAGED_INPUTS = ("query", "key", "value", "key_cache", "value_cache", "block_table", "seq_lens")
+PAGED_INPUTS = (
+    "query",
+    "key",
+    "value",
+    "key_cache",
+    "value_cache",
+    "block_table",
+    "slot_mapping",
+    "seq_lens",
+    "query_lens",
+)
 PAGED_OUTPUTS = ("output", "present_key_cache", "present_value_cache")
 PAGED_ALIASES = {1: 3, 2: 4}  # output index -> the input index whose memory it reuses
 
