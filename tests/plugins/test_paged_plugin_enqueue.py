@@ -37,8 +37,9 @@ def pointers(monkeypatch):
         def __init__(self, ptr, dtype, shape, strides):
             self.base = table[int(ptr)].view(dtype)
 
-        def view(self, shape, strides, offset=0):
-            return torch.as_strided(self.base, shape, strides, offset)
+        def view(self, shape, strides, offset=0, dtype=None):
+            base = self.base if dtype is None else self.base.view(dtype)
+            return torch.as_strided(base, shape, strides, offset)
 
     monkeypatch.setattr(device_tensor, "DeviceTensor", _Resolved)
     return table

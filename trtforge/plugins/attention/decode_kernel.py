@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from trtforge.plugins.attention.configs import DECODE_CANDIDATES, decode_counter_slots
-from trtforge.plugins.attention.device_tensor import DeviceTensor, pool_heads_major
+from trtforge.plugins.attention.device_tensor import pool_heads_major
 
 __all__ = [
     "DecodeConfig",
@@ -507,7 +507,7 @@ def _workspace_views(workspace: Any, counters: int, rows: int, block_d: int) -> 
         mid_o = flat[counters : counters + rows * block_d].view(torch.float32).view(rows, block_d)
         mid_l = flat[counters + rows * block_d : counters + rows * (block_d + 1)].view(torch.float32)
         return flat[:counters].view(torch.int32), mid_o, mid_l
-    cnt = DeviceTensor(workspace.data_ptr(), torch.int32, (counters,), (1,))
+    cnt = workspace.view((counters,), (1,), dtype=torch.int32)
     mid_o = workspace.view((rows, block_d), (block_d, 1), offset=counters)
     mid_l = workspace.view((rows,), (1,), offset=counters + rows * block_d)
     return cnt, mid_o, mid_l

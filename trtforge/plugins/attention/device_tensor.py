@@ -29,11 +29,19 @@ class DeviceTensor:
     def stride(self, dim: int | None = None) -> Any:
         return self.strides if dim is None else self.strides[dim]
 
-    def view(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int = 0) -> DeviceTensor:
-        """Another strided view of the same buffer; ``offset`` in elements."""
-        return DeviceTensor(
-            self.ptr + offset * _itemsize(self.dtype), self.dtype, tuple(shape), tuple(strides)
-        )
+    def view(
+        self,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        offset: int = 0,
+        dtype: torch.dtype | None = None,
+    ) -> DeviceTensor:
+        """Another strided view of the same buffer; ``offset`` in this view's elements; `dtype` reads the
+        bytes as another type of the same size (int32 counters in a float32 workspace)."""
+        dtype = dtype or self.dtype
+        if _itemsize(dtype) != _itemsize(self.dtype):
+            raise ValueError(f"a {dtype} view of a {self.dtype} buffer must have the same element size")
+        return DeviceTensor(self.ptr + offset * _itemsize(self.dtype), dtype, tuple(shape), tuple(strides))
 
     @classmethod
     def contiguous(cls, ptr: int, dtype: torch.dtype, shape: tuple[int, ...]) -> DeviceTensor:
