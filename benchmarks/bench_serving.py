@@ -63,7 +63,7 @@ def build_model(tiny: bool, device: str, dtype: torch.dtype):
 
 def workload(n: int, prompt_range, out_range, rate: float, vocab: int, seed: int):
     rng = np.random.default_rng(seed)
-    gaps = rng.exponential(1.0 / rate, size=n) if rate > 0 else np.zeros(n)
+    gaps = rng.exponential(1.0 / rate if rate > 0 else 1.0, size=n) * (rate > 0)  # same draws at any rate
     arrivals = np.cumsum(gaps) - gaps[0]
     reqs = []
     for i in range(n):

@@ -114,35 +114,69 @@ def test_fused_layer_kernels_match_the_eager_modules(device):
     assert flat_k[untouched].isnan().all() and flat_v[untouched].isnan().all(), "wrote outside the slots"
 
 
-def _run(model, kernels: str, device: str, prompts, params) -> tuple[dict, TorchExecutor]:
-    ex = TorchExecutor(
-        model, num_blocks=96, block_size=16, device=device, kernels=kernels, max_decode_batch=8
-    )
-    # small chunks and step budgets: steps mix prompt chunks (with cached prefixes) and decodes
-    config = SchedulerConfig(
-        max_num_batched_tokens=48, max_prefill_chunk=24, max_prefill_tokens_with_decodes=16
-    )
-    sched = Scheduler(ex, config)
-    for i, (p, sp) in enumerate(zip(prompts, params)):
-        sched.add_request(i, p, sp)
-    return {k: v.output_token_ids for k, v in run_to_completion(sched).items()}, ex
+class _Lockstep:
+    """A StepExecutor running every batch through the reference and the tested executor alike.
+
+    It returns the reference logits, so both see the same schedule however their tokens would
+    differ, and records per step the largest logit error (relative to the largest logit) and the
+    greedy picks that differ where the reference's top-2 margin is clear of that tolerance.
+    """
+
+    def __init__(self, ref: TorchExecutor, test: TorchExecutor, rel_tol: float) -> None:
+        self.ref, self.test, self.rel_tol = ref, test, rel_tol
+        self.max_rel_err = 0.0
+        self.clear_rows = self.rows = self.flipped = 0
+        self.mixed_steps = self.decode_steps = 0
+
+    def __getattr__(self, name):
+        return getattr(self.ref, name)
+
+    def step(self, batch):
+        want = self.ref.step(batch).double()
+        got = self.test.step(batch).double()
+        qlens = batch.query_lens
+        self.decode_steps += int(batch.is_decode_only)
+        self.mixed_steps += int((qlens > 1).any() and (qlens == 1).any())
+        if not want.shape[0]:
+            return want.float()  # only mid-prompt chunks: no row is sampled
+        scale = float(want.abs().max())
+        self.max_rel_err = max(self.max_rel_err, float((got - want).abs().max()) / scale)
+        top2 = want.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 2 * self.rel_tol * scale
+        self.flipped += int((clear & (got.argmax(-1) != want.argmax(-1))).sum())
+        self.clear_rows += int(clear.sum())
+        self.rows += int(want.shape[0])
+        return want.float()
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_triton_executor_gives_the_torch_reference_tokens(device):
+def test_triton_executor_gives_the_torch_reference_greedy_tokens(device):
     _skip_cpu_with_cuda(device)
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, 300, size=int(rng.integers(1, 70))).tolist() for _ in range(9)]
     params = [SamplingParams(max_tokens=int(rng.integers(2, 14)), ignore_eos=True) for _ in prompts]
     base = copy.deepcopy(tiny_llama()).half()
-    ref, ref_ex = _run(copy.deepcopy(base), "torch", device, prompts, params)
-    got, ex = _run(copy.deepcopy(base), "triton", device, prompts, params)
-    assert ref_ex.kernels == "torch" and ex.kernels == "triton"
-    assert ex.fused_refusal is None, ex.fused_refusal  # the fused Llama layers ran
-    assert sum(len(t) for t in got.values()) == sum(p.max_tokens for p in params)
-    assert got == ref
+    kwargs = {"num_blocks": 96, "block_size": 16, "device": device, "max_decode_batch": 8}
+    ref = TorchExecutor(copy.deepcopy(base), kernels="torch", **kwargs)
+    test = TorchExecutor(copy.deepcopy(base), kernels="triton", **kwargs)
+    assert test.fused_refusal is None, test.fused_refusal  # the fused Llama layers run
+    both = _Lockstep(ref, test, rel_tol=2e-2)
+    # small chunks and step budgets: steps mix prompt chunks (some with cached prefixes) and decodes
+    config = SchedulerConfig(
+        max_num_batched_tokens=48, max_prefill_chunk=24, max_prefill_tokens_with_decodes=16
+    )
+    sched = Scheduler(both, config)
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        sched.add_request(i, p, sp)
+    done = run_to_completion(sched)
+    assert not [v.error for v in done.values() if v.error is not None]
+    assert sum(len(v.output_token_ids) for v in done.values()) == sum(p.max_tokens for p in params)
+    assert both.mixed_steps > 0 and both.decode_steps > 0
+    assert both.max_rel_err < both.rel_tol
+    assert both.clear_rows >= both.rows // 2, "too few rows with a clear greedy pick to compare"
+    assert both.flipped == 0
     if device == "cuda":
-        assert ex.num_cuda_graphs > 0
+        assert test.num_cuda_graphs > 0
 
 
 def test_triton_kernels_are_refused_where_they_cannot_run(monkeypatch):
