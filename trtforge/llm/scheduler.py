@@ -310,9 +310,21 @@ class Scheduler:
         decoding = any(len(s.tokens) - s.num_computed == 1 for s in self._running)
         prefill_budget = self.config.max_prefill_tokens_with_decodes if decoding else budget
         i = 0
+        stats = self.stats
         while i < len(self._running) and budget > 0:
             seq = self._running[i]
             left = len(seq.tokens) - seq.num_computed
+            if left == 1:  # the common decode case, without the general path's bookkeeping
+                slot = bm.append_token(seq.request_id, seq.tokens[-1])
+                if slot is not None:
+                    scheduled.append((seq, 1, [slot]))
+                    if seq.num_computed >= seq.prompt_len:
+                        stats.decode_tokens += 1
+                    else:
+                        stats.prefill_tokens += 1
+                    budget -= 1
+                    i += 1
+                    continue
             n = min(left, chunk, budget) if left == 1 else min(left, chunk, budget, prefill_budget)
             if n == 0:
                 i += 1  # a prompt chunk waits for the next step's prefill budget
