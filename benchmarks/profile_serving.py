@@ -124,7 +124,8 @@ def profile_kernels(
 ) -> dict:
     res = out
     res["kernels"] = kernels
-    ex = TorchExecutor(model, num_blocks=8192, block_size=16, kernels=kernels, max_decode_batch=256)
+    # room for 256 sequences of up to 1024 + 60 tokens: section (4) must hold all of them at once
+    ex = TorchExecutor(model, num_blocks=18000, block_size=16, kernels=kernels, max_decode_batch=256)
     res["fused"] = ex.fused_refusal is None
     t = time.perf_counter()
     ex.capture_decode_graphs(max_batch=1)
