@@ -149,6 +149,10 @@ class TorchExecutor:
     `model` is a transformers causal LM of a supported family: Llama-style (Llama, Mistral, Qwen2,
     Qwen3: GQA, RoPE, RMSNorm, gated MLP) or GPT-2. With `device`/`dtype` given it is moved there (in
     place). The pools take ``2 * layers * (num_blocks + 1) * block_size * Hkv * D`` elements of `dtype`.
+    ``kernels`` picks the attention kernels: "triton" (the default on CUDA for FP16/BF16 pools with a
+    power-of-two block size; Llama-style layers then also run fused, repointing the projections'
+    weights at concatenated tensors) or "torch" (the references; the default elsewhere). Explicit
+    `attention` / `decode_attention` functions override either.
     """
 
     def __init__(
