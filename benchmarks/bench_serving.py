@@ -3,7 +3,8 @@
     PYTHONPATH=. python3 benchmarks/bench_serving.py --out results/serving.json
 
 A Llama-style model with random FP16 weights (TinyLlama-1.1B shape by default) serves N requests
-(prompts and outputs of uniform random length, Poisson arrivals) through :class:`LLMEngine`; then
+(prompts and outputs of uniform random length) through :class:`LLMEngine`, once per arrival rate
+(``--rates``: Poisson arrivals, 0 = every request at t=0, a saturated server); then
 the same requests run through ``transformers`` ``generate()`` in static, left-padded batches of 64
 in arrival order. Reported: output tokens/s, TTFT and inter-token latency percentiles, KV memory
 held vs tokens held, and a single-stream decode latency (one request alone) with and without CUDA
@@ -62,7 +63,7 @@ def build_model(tiny: bool, device: str, dtype: torch.dtype):
 
 def workload(n: int, prompt_range, out_range, rate: float, vocab: int, seed: int):
     rng = np.random.default_rng(seed)
-    gaps = rng.exponential(1.0 / rate, size=n) if rate > 0 else np.zeros(n)
+    gaps = rng.exponential(1.0 / rate if rate > 0 else 1.0, size=n) * (rate > 0)  # same draws at any rate
     arrivals = np.cumsum(gaps) - gaps[0]
     reqs = []
     for i in range(n):
@@ -206,11 +207,14 @@ def run_hf(model, reqs, batch_size: int, device: str) -> dict:
     }
 
 
-def single_stream(model, prompt, olen, graphs: bool) -> dict:
-    ex = TorchExecutor(model, num_blocks=256, block_size=16, static_decode=graphs, max_decode_batch=1)
+def single_stream(model, prompt, olen, graphs: bool, kernels: str | None = None) -> dict:
+    ex = TorchExecutor(
+        model, num_blocks=256, block_size=16, static_decode=graphs, max_decode_batch=1, kernels=kernels
+    )
     ex.capture_decode_graphs()
     with LLMEngine(ex) as engine:
-        engine.generate([prompt[:16]], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up + graphs
+        # warm-up on a prompt of the same length but other tokens (no prefix-cache hit for the timed one)
+        engine.generate([prompt[::-1]], SamplingParams(max_tokens=8, ignore_eos=True))
         stamps, tokens = [], []
         t0 = time.perf_counter()
         for token in engine.stream(prompt, SamplingParams(max_tokens=olen, ignore_eos=True)):
@@ -252,7 +256,19 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--prompt", type=int, nargs=2, default=(128, 1024))
     ap.add_argument("--output", type=int, nargs=2, default=(64, 512))
-    ap.add_argument("--rate", type=float, default=64.0, help="Poisson arrivals per second (0: all at once)")
+    ap.add_argument(
+        "--rates",
+        type=float,
+        nargs="+",
+        default=(64.0, 0.0),
+        help="Poisson arrivals per second, one engine run each (0: all requests at once, saturated)",
+    )
+    ap.add_argument("--kernels", choices=("triton", "torch"), default=None, help="executor kernels")
+    ap.add_argument("--max-batched-tokens", type=int, default=4096)
+    ap.add_argument("--prefill-chunk", type=int, default=1024)
+    ap.add_argument(
+        "--max-prefill-with-decodes", type=int, default=1024, help="prompt tokens per step while decoding"
+    )
     ap.add_argument("--kv-gb", type=float, default=16.0, help="KV pool size")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=256)
@@ -275,8 +291,9 @@ def main() -> None:
         "num_blocks": num_blocks,
         "block_size": args.block_size,
         "max_decode_batch": args.max_num_seqs,
+        "kernels": args.kernels,
     }
-    reqs = workload(args.requests, args.prompt, args.output, args.rate, cfg.vocab_size, seed=0)
+    reqs = workload(args.requests, args.prompt, args.output, args.rates[0], cfg.vocab_size, seed=0)
     results: dict = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -292,12 +309,18 @@ def main() -> None:
             "requests": args.requests,
             "prompt": list(args.prompt),
             "output": list(args.output),
-            "rate_per_s": args.rate,
+            "rates_per_s": list(args.rates),
             "block_size": args.block_size,
             "num_blocks": num_blocks,
+            "max_num_seqs": args.max_num_seqs,
+            "max_batched_tokens": args.max_batched_tokens,
+            "prefill_chunk": args.prefill_chunk,
+            "max_prefill_tokens_with_decodes": args.max_prefill_with_decodes,
         },
     }
     ex = TorchExecutor(model, **ex_kwargs)
+    results["kernels"] = ex.kernels
+    results["fused_layers"] = ex.fused_refusal is None
     t = time.perf_counter()
     try:
         results["cuda_graphs_captured"] = ex.capture_decode_graphs()
@@ -308,21 +331,29 @@ def main() -> None:
         ex = TorchExecutor(model, static_decode=False, **ex_kwargs)
     results["graph_capture_s"] = time.perf_counter() - t
     config = SchedulerConfig(
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=4096, max_prefill_chunk=1024
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_batched_tokens,
+        max_prefill_chunk=args.prefill_chunk,
+        max_prefill_tokens_with_decodes=args.max_prefill_with_decodes,
     )
     run_engine(ex, reqs[: min(8, len(reqs))], config)  # warm-up: allocator, kernels
     save = functools.partial(_save, results, args.out)
-    results["engine"] = run_engine(ex, reqs, config)
-    save("engine")
+    results["engine"] = {}
+    for rate in args.rates:
+        # the same prompts and output lengths at every load; only the arrival times differ
+        load = workload(args.requests, args.prompt, args.output, rate, cfg.vocab_size, seed=0)
+        key = f"poisson_{rate:g}_per_s" if rate > 0 else "all_at_once"
+        results["engine"][key] = run_engine(ex, load, config)
+        save("engine")
     del ex
     prompt, olen = reqs[0][1][:512], 256
     single: dict = {"prompt_tokens": len(prompt), "output_tokens": olen}
     results["single_stream"] = single
     try:
-        single["engine_graphs"] = single_stream(model, prompt, olen, graphs=device == "cuda")
+        single["engine_graphs"] = single_stream(model, prompt, olen, device == "cuda", args.kernels)
     except Exception as e:  # recorded; the eager and HF figures are still measured
         single["engine_graphs_error"] = repr(e)
-    single["engine_eager"] = single_stream(model, prompt, olen, graphs=False)
+    single["engine_eager"] = single_stream(model, prompt, olen, False, args.kernels)
     single["hf_generate"] = hf_single_stream(model, prompt, olen, device)
     eager_tokens = single["engine_eager"].pop("tokens")
     if "engine_graphs" in single:

@@ -223,17 +223,13 @@ class BlockManager:
         :class:`NoFreeBlocksError` nothing changes.
         """
         table = self._table(seq_id)
+        if len(token_ids) == 1:
+            slot = self.append_token(seq_id, token_ids[0])
+            if slot is not None:
+                return [slot], []
         bs = self.block_size
         n_new = len(token_ids)
         have = len(table.blocks) * bs
-        if n_new == 1 and table.num_tokens < have and self._refcount[table.blocks[-1]] == 1:
-            # the decode fast path: one token into the sequence's own, not yet full last block
-            slot = table.blocks[-1] * bs + table.num_tokens % bs
-            table.num_tokens += 1
-            table.tokens.append(int(token_ids[0]))
-            if self.enable_prefix_caching and table.num_tokens == have:
-                self._add_digests(table)
-            return [slot], []
         need_blocks = self.blocks_for(table.num_tokens + n_new) - len(table.blocks)
         last = table.blocks[-1] if table.blocks else None
         cow = last is not None and table.num_tokens < have and n_new > 0 and self._refcount[last] > 1
@@ -257,6 +253,23 @@ class BlockManager:
         if self.enable_prefix_caching:
             self._add_digests(table)
         return slots, copies
+
+    def append_token(self, seq_id: Hashable, token_id: int) -> int | None:
+        """The decode fast path of :meth:`append_slots`: the slot of one token that fits the sequence's
+        own, not yet full last block; None (and no change) when a new block or a copy is needed."""
+        table = self._tables.get(seq_id)
+        if table is None:
+            raise KeyError(f"sequence {seq_id!r} holds no blocks")
+        blocks, n = table.blocks, table.num_tokens
+        bs = self.block_size
+        have = len(blocks) * bs
+        if n >= have or self._refcount[blocks[-1]] != 1:
+            return None
+        table.num_tokens = n + 1
+        table.tokens.append(int(token_id))
+        if self.enable_prefix_caching and n + 1 == have:
+            self._add_digests(table)
+        return blocks[-1] * bs + n % bs
 
     def _add_digests(self, table: _Table) -> None:
         bs = self.block_size

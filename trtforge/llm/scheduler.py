@@ -80,13 +80,20 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_prefill_chunk: int = 512
+    # prompt tokens per step while some sequence decodes in it: bounds how long a prefill stalls them
+    max_prefill_tokens_with_decodes: int = 1024
     watermark: float = 0.01
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
     seed: int = 0
 
     def validate(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_prefill_chunk"):
+        for name in (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_prefill_chunk",
+            "max_prefill_tokens_with_decodes",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"SchedulerConfig.{name} must be an integer >= 1, got {value!r}")
@@ -299,10 +306,29 @@ class Scheduler:
         scheduled: list[tuple[Sequence_, int, list[int]]] = []
         copies: list[tuple[int, int]] = []
         preempted = False
+        # with any decode in the step, prompt tokens are capped so that the decodes are not stalled long
+        decoding = any(len(s.tokens) - s.num_computed == 1 for s in self._running)
+        prefill_budget = self.config.max_prefill_tokens_with_decodes if decoding else budget
         i = 0
+        stats = self.stats
         while i < len(self._running) and budget > 0:
             seq = self._running[i]
-            n = min(len(seq.tokens) - seq.num_computed, chunk, budget)
+            left = len(seq.tokens) - seq.num_computed
+            if left == 1:  # the common decode case, without the general path's bookkeeping
+                slot = bm.append_token(seq.request_id, seq.tokens[-1])
+                if slot is not None:
+                    scheduled.append((seq, 1, [slot]))
+                    if seq.num_computed >= seq.prompt_len:
+                        stats.decode_tokens += 1
+                    else:
+                        stats.prefill_tokens += 1
+                    budget -= 1
+                    i += 1
+                    continue
+            n = min(left, chunk, budget) if left == 1 else min(left, chunk, budget, prefill_budget)
+            if n == 0:
+                i += 1  # a prompt chunk waits for the next step's prefill budget
+                continue
             while True:
                 try:
                     slots, cp = bm.append_slots(
@@ -321,9 +347,14 @@ class Scheduler:
             scheduled.append((seq, n, slots))
             self._count_tokens(seq, n)
             budget -= n
+            if left > 1:
+                prefill_budget -= n
             i += 1
         while (
-            self._waiting and not preempted and budget > 0 and len(self._running) < self.config.max_num_seqs
+            self._waiting
+            and not preempted
+            and min(budget, prefill_budget) > 0
+            and len(self._running) < self.config.max_num_seqs
         ):
             seq = self._waiting[0]
             needed = bm.free_blocks_needed(seq.tokens)
@@ -334,7 +365,7 @@ class Scheduler:
             cached = bm.allocate(seq.request_id, seq.tokens)
             self.stats.prefix_hit_tokens += cached
             seq.num_computed = cached
-            n = min(len(seq.tokens) - cached, chunk, budget)
+            n = min(len(seq.tokens) - cached, chunk, budget, prefill_budget)
             slots, cp = bm.append_slots(seq.request_id, seq.tokens[cached : cached + n])
             copies.extend(cp)
             seq.status = RequestStatus.RUNNING
@@ -342,6 +373,7 @@ class Scheduler:
             scheduled.append((seq, n, slots))
             self._count_tokens(seq, n)
             budget -= n
+            prefill_budget -= n
         scheduled.sort(key=lambda item: item[0].arrival)
         return scheduled, copies
 

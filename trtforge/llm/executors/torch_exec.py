@@ -2,13 +2,19 @@
 
 It reuses the model's own modules (embedding, norms, projections, MLP, rotary table, LM head) and
 replaces only attention and the cache: each layer writes the step's new K/V into its pool at the
-batch's slots, then attends through the block tables with a pluggable attention function
-(:func:`trtforge.llm.executors.paged_attention.paged_attention_reference` by default).
+batch's slots, then attends through the block tables with a pluggable attention function. On CUDA
+(FP16/BF16) the default is trtforge's Triton kernels (split-KV decode, chunked prefill; see
+:mod:`trtforge.llm.executors.triton_attention`), and Llama-style layers run fused (RMSNorm, one QKV
+GEMM, RoPE + K/V write in one kernel, residuals folded into GEMMs: :mod:`.fused_llama`). Elsewhere
+the torch references (:mod:`trtforge.llm.executors.paged_attention`) run; they are also the
+correctness oracle for the kernels.
 
 Decode-only steps can run on *static* shapes: the batch is padded to a size bucket and the block
 tables to a width bucket (padding rows write to and read from a scratch block), so each (batch,
-width) bucket is one CUDA graph, captured on first use and replayed after; this removes the
-per-kernel launch cost that dominates small-batch decode.
+width) bucket is one CUDA graph, captured on first use (or all up front:
+:meth:`TorchExecutor.capture_decode_graphs`) and replayed after; this removes the per-kernel launch
+cost that dominates small-batch decode. A decode step's inputs travel in one pinned host buffer and
+one asynchronous copy.
 """
 
 from __future__ import annotations
@@ -26,6 +32,11 @@ from trtforge.llm.executors.paged_attention import (
     DecodeAttentionFn,
     paged_attention_reference,
     paged_decode_reference,
+)
+from trtforge.llm.executors.triton_attention import (
+    TritonDecodeAttention,
+    TritonPagedAttention,
+    triton_usable,
 )
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
@@ -138,6 +149,10 @@ class TorchExecutor:
     `model` is a transformers causal LM of a supported family: Llama-style (Llama, Mistral, Qwen2,
     Qwen3: GQA, RoPE, RMSNorm, gated MLP) or GPT-2. With `device`/`dtype` given it is moved there (in
     place). The pools take ``2 * layers * (num_blocks + 1) * block_size * Hkv * D`` elements of `dtype`.
+    ``kernels`` picks the attention kernels: "triton" (the default on CUDA for FP16/BF16 pools with a
+    power-of-two block size; Llama-style layers then also run fused, repointing the projections'
+    weights at concatenated tensors) or "torch" (the references; the default elsewhere). Explicit
+    `attention` / `decode_attention` functions override either.
     """
 
     def __init__(
@@ -153,6 +168,7 @@ class TorchExecutor:
         decode_attention: DecodeAttentionFn | None = None,
         static_decode: bool | None = None,
         max_decode_batch: int = 256,
+        kernels: str | None = None,
     ) -> None:
         config = getattr(model, "config", None)
         model_type = getattr(config, "model_type", None)
@@ -176,8 +192,30 @@ class TorchExecutor:
         self.head_dim, self.num_heads, self.num_kv_heads = arch.head_dim, arch.num_heads, arch.num_kv_heads
         self._max_model_len = int(max_model_len or arch.max_positions)
         self._eos = self._first_eos(config)
-        self.attention: AttentionFn = attention or paged_attention_reference
-        self.decode_attention: DecodeAttentionFn = decode_attention or paged_decode_reference
+        usable = triton_usable(self.device, self.dtype, block_size, self.head_dim)
+        if kernels is None:
+            kernels = "triton" if usable and self.device.type == "cuda" else "torch"
+        if kernels not in ("triton", "torch"):
+            raise UserError(f"TorchExecutor kernels must be 'triton' or 'torch', got {kernels!r}")
+        if kernels == "triton" and not usable:
+            raise UserError(
+                "TorchExecutor kernels='triton' needs a CUDA model in float16/bfloat16, a power-of-two "
+                f"block size and head dim <= 256, and Triton installed; got {self.device.type}, "
+                f"{self.dtype}, block size {block_size}, head dim {self.head_dim}"
+            )
+        self.kernels = kernels
+        default_decode = TritonDecodeAttention() if kernels == "triton" else paged_decode_reference
+        default_attention = TritonPagedAttention(default_decode) if kernels == "triton" else None
+        self.attention: AttentionFn = attention or default_attention or paged_attention_reference
+        self.decode_attention: DecodeAttentionFn = decode_attention or default_decode
+        self._fused: Any = None
+        self.fused_refusal: str | None = "kernels='torch'" if kernels == "torch" else "not Llama-style"
+        if kernels == "triton" and isinstance(arch, _LlamaLike):
+            from trtforge.llm.executors.fused_llama import FusedLayers, fusable
+
+            self.fused_refusal = fusable(model)
+            if self.fused_refusal is None:
+                self._fused = FusedLayers(model)
         # one scratch block past the pool's end takes the writes and reads of static-shape padding rows
         shape = (num_blocks + 1, block_size, self.num_kv_heads, self.head_dim)
         self.k_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in arch.layers]
@@ -245,9 +283,19 @@ class TorchExecutor:
 
     def _forward(self, ids, positions, slots, attend, rows=None) -> torch.Tensor:
         """Every layer over tokens `ids`; `attend(q, k_pool, v_pool, scale, window)`; logits of `rows`."""
-        arch = self._arch
+        arch, fused = self._arch, self._fused
+        if fused is not None:
+            h = fused.inner.embed_tokens(ids)
+            rope = fused.rope_tables(h, positions)
+            for i, (kp, vp) in enumerate(zip(self.k_pools, self.v_pools)):
+                q = fused.attention_input(i, h, rope, slots, kp, vp)
+                h = fused.finish(i, h, attend(q, kp, vp, arch.scales[i], arch.windows[i]))
+            if rows is not None:
+                h = h.index_select(0, rows)
+            return fused.logits(h).float()
         hkv, d = self.num_kv_heads, self.head_dim
-        h, extra = arch.embed(ids, positions)
+        slots = slots.long()
+        h, extra = arch.embed(ids.long(), positions.long())
         for i, (kp, vp) in enumerate(zip(self.k_pools, self.v_pools)):
             q, k, v = arch.qkv(i, h, extra)
             kp.view(-1, hkv, d).index_copy_(0, slots, k)
@@ -282,51 +330,60 @@ class TorchExecutor:
             torch.from_numpy(batch.logits_indices).to(dev),
         )
 
-    def _static_buffers(self) -> dict[str, torch.Tensor]:
+    def _static_buffers(self) -> dict[str, Any]:
+        """One int32 device buffer holds a decode step's inputs; a pinned twin on the host stages them."""
         if not self._static:
             n, w, dev = self._batch_buckets[-1], self._width_buckets[-1], self.device
+            size = 4 * n + n * w
+            host = torch.zeros(size, dtype=torch.int32, pin_memory=dev.type == "cuda")
             self._static = {
-                "ids": torch.zeros(n, dtype=torch.long, device=dev),
-                "pos": torch.zeros(n, dtype=torch.long, device=dev),
-                "slots": torch.full((n,), self._num_blocks * self._block_size, dtype=torch.long, device=dev),
-                "ctx": torch.ones(n, dtype=torch.int32, device=dev),
-                "tables": torch.full((n, w), self._num_blocks, dtype=torch.int32, device=dev),
+                "inputs": torch.zeros(size, dtype=torch.int32, device=dev),
+                "host": host,
+                "host_np": host.numpy(),
                 "logits": torch.zeros(n, self.vocab_size, dtype=torch.float32, device=dev),
+                "copied": torch.cuda.Event() if dev.type == "cuda" else None,
             }
         return self._static
 
+    def _static_views(self, nb: int, wb: int) -> tuple[torch.Tensor, ...]:
+        """ids, positions, slots, lengths ``[nb]`` and the ``[nb, wb]`` table inside the input buffer."""
+        buf = self._static["inputs"]
+        ids, pos, slots, ctx = buf[: 4 * nb].view(4, nb).unbind(0)
+        return ids, pos, slots, ctx, buf[4 * nb : 4 * nb + nb * wb].view(nb, wb)
+
     def _static_body(self, nb: int, wb: int) -> None:
-        st = self._static
-        tables, ctx = st["tables"][:nb, :wb], st["ctx"][:nb]
+        ids, pos, slots, ctx, tables = self._static_views(nb, wb)
 
         def attend(q, kp, vp, scale, window):
             return self.decode_attention(q, kp, vp, tables, ctx, scale, window)
 
-        st["logits"][:nb].copy_(self._forward(st["ids"][:nb], st["pos"][:nb], st["slots"][:nb], attend))
+        self._static["logits"][:nb].copy_(self._forward(ids, pos, slots, attend))
 
     def _static_decode(self, batch: StepBatch) -> torch.Tensor:
         """Decode on bucketed static shapes: padding rows use the scratch block; replays a CUDA graph."""
         st = self._static_buffers()
         b, width = batch.num_seqs, batch.block_tables.shape[1]
         nb, wb = _bucket(b, self._batch_buckets), _bucket(width, self._width_buckets)
-        host = np.empty((4, nb), dtype=np.int64)
-        host[0, :b], host[1, :b], host[2, :b] = batch.input_ids, batch.positions, batch.slot_mapping
-        host[3, :b] = batch.context_lens
-        host[:, b:] = np.array([[0], [0], [self._num_blocks * self._block_size], [1]])
-        table = np.full((nb, wb), self._num_blocks, dtype=np.int32)
+        graph = self._graphs.get((nb, wb))
+        if graph is None and self.use_cuda_graphs:
+            graph = self._capture(nb, wb)  # before the inputs go in: capture resets them
+        if st["copied"] is not None:
+            st["copied"].synchronize()  # the previous step's copy has read the pinned buffer
+        host = st["host_np"]
+        rows = host[: 4 * nb].reshape(4, nb)
+        rows[0, :b], rows[1, :b], rows[2, :b] = batch.input_ids, batch.positions, batch.slot_mapping
+        rows[3, :b] = batch.context_lens
+        rows[:, b:] = np.array([[0], [0], [self._num_blocks * self._block_size], [1]], dtype=np.int32)
+        table = host[4 * nb : 4 * nb + nb * wb].reshape(nb, wb)
+        table.fill(self._num_blocks)
         table[:b, :width] = batch.block_tables
-        dev_host = torch.from_numpy(host).to(self.device, non_blocking=False)
-        st["ids"][:nb].copy_(dev_host[0])
-        st["pos"][:nb].copy_(dev_host[1])
-        st["slots"][:nb].copy_(dev_host[2])
-        st["ctx"][:nb].copy_(dev_host[3])
-        st["tables"][:nb, :wb].copy_(torch.from_numpy(table).to(self.device))
-        if not self.use_cuda_graphs:
+        size = 4 * nb + nb * wb
+        st["inputs"][:size].copy_(st["host"][:size], non_blocking=True)
+        if st["copied"] is not None:
+            st["copied"].record()
+        if graph is None:
             self._static_body(nb, wb)
         else:
-            graph = self._graphs.get((nb, wb))
-            if graph is None:
-                graph = self._capture(nb, wb)
             graph.replay()
         return st["logits"][:b].clone()
 
@@ -338,10 +395,7 @@ class TorchExecutor:
         """
         if not self.use_cuda_graphs:
             return 0
-        st = self._static_buffers()
-        st["slots"].fill_(self._num_blocks * self._block_size)
-        st["ctx"].fill_(1)
-        st["tables"].fill_(self._num_blocks)
+        self._static_buffers()
         for nb in self._batch_buckets:
             if max_batch is not None and nb > max_batch:
                 break
@@ -351,6 +405,10 @@ class TorchExecutor:
         return len(self._graphs)
 
     def _capture(self, nb: int, wb: int) -> Any:
+        ids, pos, slots, ctx, tables = self._static_views(nb, wb)
+        for t, value in ((ids, 0), (pos, 0), (slots, self._num_blocks * self._block_size), (ctx, 1)):
+            t.fill_(value)
+        tables.fill_(self._num_blocks)  # warm-up and capture touch only the scratch block
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):

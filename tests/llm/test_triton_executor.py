@@ -1,0 +1,190 @@
+"""The torch executor on trtforge's Triton kernels agrees with its torch references.
+
+On a CUDA device the kernels run for real (``-m gpu``); elsewhere the same checks run in Triton's
+CPU interpreter (tests/llm/conftest.py), so the adapter and the fused layer kernels are covered in CI.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from tests.llm.serving_models import run_to_completion, tiny_llama
+from trtforge.llm.executors.paged_attention import AttentionMetadata, paged_attention_reference
+from trtforge.llm.executors.torch_exec import TorchExecutor
+from trtforge.llm.sampling import SamplingParams
+from trtforge.llm.scheduler import Scheduler, SchedulerConfig
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+
+DEVICES = [
+    pytest.param("cpu", id="interpreter"),
+    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
+]
+
+
+def _skip_cpu_with_cuda(device: str) -> None:
+    if device == "cpu" and torch.cuda.is_available():
+        pytest.skip("the interpreter run is for machines without CUDA (the kernels then run for real)")
+
+
+def _mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens):
+    perm = torch.randperm(nblocks, generator=g).tolist()
+    tables, used = [], 0
+    for c in ctx_lens:
+        n = -(-c // bs)
+        tables.append(perm[used : used + n])
+        used += n
+    width = max(len(t) for t in tables)
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    return AttentionMetadata(
+        query_start_loc=torch.from_numpy(qsl).to(device),
+        context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=device),
+        block_tables=table.to(device),
+        query_start_loc_host=qsl,
+        context_lens_host=np.array(ctx_lens, dtype=np.int32),
+        max_query_len=max(q_lens),
+        max_context_len=max(ctx_lens),
+        block_size=bs,
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_attention_matches_the_reference_on_a_mixed_batch(device):
+    from trtforge.llm.executors.triton_attention import TritonPagedAttention
+
+    _skip_cpu_with_cuda(device)
+    g = torch.Generator().manual_seed(0)
+    bs, hq, hkv, d, nblocks = 16, 8, 2, 32, 64
+    # decodes and prompt chunks interleaved, with and without a cached prefix, one crossing blocks
+    ctx_lens, q_lens = [37, 20, 90, 1, 130, 17], [1, 20, 33, 1, 1, 5]
+    meta = _mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens)
+    k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
+    v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
+    q = torch.randn(sum(q_lens), hq, d, generator=g).half().to(device)
+    got = TritonPagedAttention()(q, k_pool, v_pool, meta, d**-0.5)
+    want = paged_attention_reference(q.double(), k_pool.double(), v_pool.double(), meta, d**-0.5)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, atol=3e-3, rtol=3e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_layer_kernels_match_the_eager_modules(device):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
+
+    from trtforge.llm.executors.fused_llama import rms_norm, rope_and_cache, silu_mul
+
+    _skip_cpu_with_cuda(device)
+    g = torch.Generator().manual_seed(1)
+    t, hidden, hq, hkv, d, bs, nblocks = 7, 96, 6, 2, 16, 4, 9
+    x = (torch.randn(t, hidden, generator=g) * 3).half().to(device)
+    norm = LlamaRMSNorm(hidden, eps=1e-5).half().to(device)
+    norm.weight.data = (torch.rand(hidden, generator=g) + 0.5).half().to(device)
+    torch.testing.assert_close(rms_norm(x, norm.weight, norm.variance_epsilon), norm(x), atol=2e-3, rtol=2e-3)
+
+    gu = (torch.randn(t, 2 * 40, generator=g) * 2).half().to(device)
+    want = torch.nn.functional.silu(gu[:, :40]) * gu[:, 40:]
+    torch.testing.assert_close(silu_mul(gu), want, atol=2e-3, rtol=2e-3)
+
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g).half().to(device)
+    angles = torch.rand(t, d // 2, generator=g) * 6
+    cos = torch.cat([angles.cos()] * 2, -1).half().to(device)
+    sin = torch.cat([angles.sin()] * 2, -1).half().to(device)
+    slots = torch.tensor([5, 0, 33, 17, 2, 30, 11], dtype=torch.int32, device=device)
+    k_pool = torch.full((nblocks, bs, hkv, d), float("nan"), dtype=torch.float16, device=device)
+    v_pool = k_pool.clone()
+    q = rope_and_cache(qkv, cos, sin, slots, k_pool, v_pool, hq, hkv)
+    q_ref, k_ref = apply_rotary_pos_emb(
+        qkv[:, : hq * d].view(t, hq, d).transpose(0, 1)[None],
+        qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d).transpose(0, 1)[None],
+        cos[None],
+        sin[None],
+    )
+    torch.testing.assert_close(q, q_ref[0].transpose(0, 1), atol=2e-3, rtol=2e-3)
+    flat_k, flat_v = k_pool.view(-1, hkv, d), v_pool.view(-1, hkv, d)
+    torch.testing.assert_close(flat_k[slots.long()], k_ref[0].transpose(0, 1), atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(flat_v[slots.long()], qkv[:, (hq + hkv) * d :].view(t, hkv, d))
+    untouched = torch.ones(nblocks * bs, dtype=torch.bool, device=device)
+    untouched[slots.long()] = False
+    assert flat_k[untouched].isnan().all() and flat_v[untouched].isnan().all(), "wrote outside the slots"
+
+
+class _Lockstep:
+    """A StepExecutor running every batch through the reference and the tested executor alike.
+
+    It returns the reference logits, so both see the same schedule however their tokens would
+    differ, and records per step the largest logit error (relative to the largest logit) and the
+    greedy picks that differ where the reference's top-2 margin is clear of that tolerance.
+    """
+
+    def __init__(self, ref: TorchExecutor, test: TorchExecutor, rel_tol: float) -> None:
+        self.ref, self.test, self.rel_tol = ref, test, rel_tol
+        self.max_rel_err = 0.0
+        self.clear_rows = self.rows = self.flipped = 0
+        self.mixed_steps = self.decode_steps = 0
+
+    def __getattr__(self, name):
+        return getattr(self.ref, name)
+
+    def step(self, batch):
+        want = self.ref.step(batch).double()
+        got = self.test.step(batch).double()
+        qlens = batch.query_lens
+        self.decode_steps += int(batch.is_decode_only)
+        self.mixed_steps += int((qlens > 1).any() and (qlens == 1).any())
+        if not want.shape[0]:
+            return want.float()  # only mid-prompt chunks: no row is sampled
+        scale = float(want.abs().max())
+        self.max_rel_err = max(self.max_rel_err, float((got - want).abs().max()) / scale)
+        top2 = want.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 2 * self.rel_tol * scale
+        self.flipped += int((clear & (got.argmax(-1) != want.argmax(-1))).sum())
+        self.clear_rows += int(clear.sum())
+        self.rows += int(want.shape[0])
+        return want.float()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_executor_gives_the_torch_reference_greedy_tokens(device):
+    _skip_cpu_with_cuda(device)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, 300, size=int(rng.integers(1, 70))).tolist() for _ in range(9)]
+    params = [SamplingParams(max_tokens=int(rng.integers(2, 14)), ignore_eos=True) for _ in prompts]
+    base = copy.deepcopy(tiny_llama()).half()
+    kwargs = {"num_blocks": 96, "block_size": 16, "device": device, "max_decode_batch": 8}
+    ref = TorchExecutor(copy.deepcopy(base), kernels="torch", **kwargs)
+    test = TorchExecutor(copy.deepcopy(base), kernels="triton", **kwargs)
+    assert test.fused_refusal is None, test.fused_refusal  # the fused Llama layers run
+    both = _Lockstep(ref, test, rel_tol=2e-2)
+    # small chunks and step budgets: steps mix prompt chunks (some with cached prefixes) and decodes
+    config = SchedulerConfig(
+        max_num_batched_tokens=48, max_prefill_chunk=24, max_prefill_tokens_with_decodes=16
+    )
+    sched = Scheduler(both, config)
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        sched.add_request(i, p, sp)
+    done = run_to_completion(sched)
+    assert not [v.error for v in done.values() if v.error is not None]
+    assert sum(len(v.output_token_ids) for v in done.values()) == sum(p.max_tokens for p in params)
+    assert both.mixed_steps > 0 and both.decode_steps > 0
+    assert both.max_rel_err < both.rel_tol
+    assert both.clear_rows >= both.rows // 2, "too few rows with a clear greedy pick to compare"
+    assert both.flipped == 0
+    if device == "cuda":
+        assert test.num_cuda_graphs > 0
+
+
+def test_triton_kernels_are_refused_where_they_cannot_run(monkeypatch):
+    from trtforge.errors import UserError
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device runs the kernels")
+    with pytest.raises(UserError, match="kernels='triton' needs a CUDA model"):
+        TorchExecutor(copy.deepcopy(tiny_llama()), num_blocks=4, kernels="triton")
+    assert TorchExecutor(copy.deepcopy(tiny_llama()), num_blocks=4).kernels == "torch"

@@ -1,0 +1,157 @@
+"""trtforge's Triton attention kernels behind the torch executor's attention functions (CUDA).
+
+Decode rows go through :func:`trtforge.plugins.attention.decode_kernel.decode_attention` (split-KV
+over the paged pool, GQA) and prompt chunks through
+:func:`trtforge.plugins.attention.chunked_prefill.chunked_prefill_attention` (LOWER_RIGHT causal
+over the cached prefix plus the chunk). The executor's pools are ``[num_blocks, block_size, Hkv, D]``
+and the kernels take element strides, so they get ``[num_blocks, Hkv, block_size, D]`` *views*
+(:func:`kernel_pool_view`); no K/V is copied. Sliding-window layers and shapes the kernels do not
+take fall back to the torch references.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import torch
+
+from trtforge.llm.executors.paged_attention import (
+    AttentionMetadata,
+    paged_attention_reference,
+    paged_decode_reference,
+)
+
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def triton_usable(device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int) -> bool:
+    """Whether the Triton kernels can serve pools of this device, dtype, block size and head dim
+    (on the CPU only inside Triton's interpreter, ``TRITON_INTERPRET=1``: tests)."""
+    return (
+        (device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1")
+        and dtype in _KERNEL_DTYPES
+        and block_size >= 1
+        and block_size & (block_size - 1) == 0
+        and 0 < head_dim <= 256
+        and importlib.util.find_spec("triton") is not None
+    )
+
+
+def kernel_pool_view(pool: torch.Tensor) -> torch.Tensor:
+    """The executor's pool ``[nb, bs, Hkv, D]`` as the ``[nb, Hkv, bs, D]`` view the kernels index."""
+    return pool.permute(0, 2, 1, 3)
+
+
+class TritonDecodeAttention:
+    """Decode attention (one query per sequence) through trtforge's split-KV kernel; CUDA-graph safe.
+
+    The launch configuration is fixed (the kernel's default for the head dim unless `config` is
+    given), so graph capture never triggers autotuning and every bucket uses the same kernel.
+    """
+
+    def __init__(self, config: Any = None) -> None:
+        self.config = config
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        if sliding_window is not None:
+            return paged_decode_reference(
+                q, k_pool, v_pool, block_tables, context_lens, scale, sliding_window
+            )
+        from trtforge.plugins.attention.decode_kernel import decode_attention, default_decode_config
+
+        config = self.config or default_decode_config(int(q.shape[-1]))
+        out = decode_attention(
+            q.unsqueeze(2),
+            kernel_pool_view(k_pool),
+            kernel_pool_view(v_pool),
+            context_lens,
+            block_tables,
+            scale=scale,
+            config=config,
+        )
+        return out.squeeze(2)
+
+
+class TritonPagedAttention:
+    """Mixed prefill/decode attention: all decode rows in one decode launch, one prefill launch per chunk.
+
+    The chunk launches take strided views of the flat ``[T, Hq, D]`` query and output (no copies);
+    the per-step plan (which rows decode, chunk bounds) is built once per step from the host-side
+    metadata and reused by every layer.
+    """
+
+    def __init__(self, decode: TritonDecodeAttention | None = None) -> None:
+        self.decode = decode or TritonDecodeAttention()
+        self._plan_for: AttentionMetadata | None = None
+        self._plan: tuple[Any, ...] = ()
+
+    def _make_plan(self, meta: AttentionMetadata, device: torch.device) -> tuple[Any, ...]:
+        qsl = meta.query_start_loc_host
+        qlens = qsl[1:] - qsl[:-1]
+        bs = meta.block_size
+        decode = [i for i, n in enumerate(qlens) if n == 1]
+        decode_plan = None
+        if decode:
+            width = -(-max(int(meta.context_lens_host[i]) for i in decode) // bs)
+            idx = torch.tensor([[int(qsl[i]) for i in decode], decode], dtype=torch.long)
+            idx = idx.to(device, non_blocking=True)
+            decode_plan = (idx[0], idx[1], width)
+        chunks = []
+        for i, n in enumerate(qlens):
+            if n > 1:
+                width = -(-int(meta.context_lens_host[i]) // bs)
+                chunks.append((i, int(qsl[i]), int(qsl[i + 1]), width))
+        return decode_plan, chunks
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        if sliding_window is not None:
+            return paged_attention_reference(q, k_pool, v_pool, meta, scale, sliding_window)
+        from trtforge.plugins.attention.chunked_prefill import chunked_prefill_attention
+
+        if self._plan_for is not meta:
+            self._plan, self._plan_for = self._make_plan(meta, q.device), meta
+        decode_plan, chunks = self._plan
+        out = torch.empty_like(q)
+        if decode_plan is not None:
+            rows, seqs, width = decode_plan
+            tables = meta.block_tables.index_select(0, seqs)[:, :width]
+            got = self.decode(
+                q.index_select(0, rows),
+                k_pool,
+                v_pool,
+                tables,
+                meta.context_lens.index_select(0, seqs),
+                scale,
+            )
+            out.index_copy_(0, rows, got)
+        kp, vp = kernel_pool_view(k_pool), kernel_pool_view(v_pool)
+        for i, lo, hi, width in chunks:
+            chunked_prefill_attention(
+                q[lo:hi].permute(1, 0, 2)[None],
+                kp,
+                vp,
+                meta.context_lens[i : i + 1],
+                meta.block_tables[i : i + 1, :width],
+                scale=scale,
+                out=out[lo:hi].permute(1, 0, 2)[None],
+            )
+        return out
