@@ -3,10 +3,9 @@
 Decode rows go through :func:`trtforge.plugins.attention.decode_kernel.decode_attention` (split-KV
 over the paged pool, GQA) and prompt chunks through
 :func:`trtforge.plugins.attention.chunked_prefill.chunked_prefill_attention` (LOWER_RIGHT causal
-over the cached prefix plus the chunk). The executor's pools are ``[num_blocks, block_size, Hkv, D]``
-and the kernels take element strides, so they get ``[num_blocks, Hkv, block_size, D]`` *views*
-(:func:`kernel_pool_view`); no K/V is copied. Sliding-window layers and shapes the kernels do not
-take fall back to the torch references.
+over the cached prefix plus the chunk). The executor's pools are ``[num_blocks, block_size, Hkv, D]``,
+the layout the kernels' entry points take (they index it through strided views); no K/V is
+copied. Sliding-window layers and shapes the kernels do not take fall back to the torch references.
 """
 
 from __future__ import annotations
@@ -39,11 +38,6 @@ def triton_usable(device: torch.device, dtype: torch.dtype, block_size: int, hea
     )
 
 
-def kernel_pool_view(pool: torch.Tensor) -> torch.Tensor:
-    """The executor's pool ``[nb, bs, Hkv, D]`` as the ``[nb, Hkv, bs, D]`` view the kernels index."""
-    return pool.permute(0, 2, 1, 3)
-
-
 class TritonDecodeAttention:
     """Decode attention (one query per sequence) through trtforge's split-KV kernel; CUDA-graph safe.
 
@@ -73,8 +67,8 @@ class TritonDecodeAttention:
         config = self.config or default_decode_config(int(q.shape[-1]))
         out = decode_attention(
             q.unsqueeze(2),
-            kernel_pool_view(k_pool),
-            kernel_pool_view(v_pool),
+            k_pool,
+            v_pool,
             context_lens,
             block_tables,
             scale=scale,
@@ -143,12 +137,11 @@ class TritonPagedAttention:
                 scale,
             )
             out.index_copy_(0, rows, got)
-        kp, vp = kernel_pool_view(k_pool), kernel_pool_view(v_pool)
         for i, lo, hi, width in chunks:
             chunked_prefill_attention(
                 q[lo:hi].permute(1, 0, 2)[None],
-                kp,
-                vp,
+                k_pool,
+                v_pool,
                 meta.context_lens[i : i + 1],
                 meta.block_tables[i : i + 1, :width],
                 scale=scale,
