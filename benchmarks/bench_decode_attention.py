@@ -53,6 +53,7 @@ from trtforge.plugins.attention.decode_kernel import (
     num_splits_for,
     workspace_elements,
 )
+from trtforge.plugins.attention.device_tensor import pool_heads_major
 
 SHAPES = [(1, 32768), (4, 16384), (16, 4096), (64, 8192), (128, 2048), (256, 1024)]
 PEAK_TBS = 4.8  # H200 HBM3e datasheet figure (a lead); the 85% target is taken against it
@@ -91,8 +92,14 @@ def _sdpa(backend: SDPBackend, q, k, v):
         return sdpa(q, k, v, enable_gqa=True)
 
 
+def _kernel_view(k, table):
+    """The cache as the kernel indexes it: pools [num_blocks, page, Hkv, D] as [num_blocks, Hkv, page, D]."""
+    return pool_heads_major(k) if table is not None else k
+
+
 def _fixed(q, k, table, length: int) -> tuple[DecodeConfig, int]:
     """The autotuned choice for this case with its split count made explicit."""
+    k = _kernel_view(k, table)
     cfg = decode_kernel._CHOICE[decode_kernel._key_of(q, k, table, length)]
     splits = decode_kernel._resolve_splits(cfg, q.shape[0] * k.shape[1], length)
     return dataclasses.replace(cfg, num_splits=splits), splits
@@ -149,7 +156,7 @@ def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) ->
             times[name] = None
             errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
     chosen = {
-        name: str(decode_kernel._CHOICE.get(decode_kernel._key_of(q, kc, tb, length)))
+        name: str(decode_kernel._CHOICE.get(decode_kernel._key_of(q, _kernel_view(kc, tb), tb, length)))
         for name, kc, tb in (("ours-contig", k, None), ("ours-paged16", k16, t16), ("ours-paged64", k64, t64))
     }
     chosen["splits (contig, paged16)"] = f"{splits}, {splits16}"

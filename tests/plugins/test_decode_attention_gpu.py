@@ -142,6 +142,7 @@ def test_raw_launch_on_a_workspace_and_a_foreign_stream(zeroed):
     stream = torch.cuda.Stream()
     for _ in range(2):
         out = torch.full_like(q, float("nan"))
+        stream.wait_stream(torch.cuda.current_stream())  # the workspace's zeroing and out's fill first
         decode_attention_raw(
             q, k, v, lens, None, out, scale=d**-0.5, config=DecodeConfig(), splits=splits, workspace=ws,
             stream=stream.cuda_stream, counters_zeroed=zeroed,
