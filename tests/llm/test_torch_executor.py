@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+from tests.llm.paged_metadata import mixed_metadata
 from tests.llm.serving_models import tiny_llama
 from trtforge.errors import UserError
 from trtforge.llm.executor import StepBatch
-from trtforge.llm.executors.paged_attention import AttentionMetadata, paged_attention_reference
+from trtforge.llm.executors.paged_attention import paged_attention_reference
 from trtforge.llm.executors.torch_exec import TorchExecutor
 
 
@@ -35,26 +36,9 @@ def test_paged_reference_matches_dense_attention_on_a_mixed_batch(window):
     k_pool = torch.randn(nblocks, bs, hkv, d, generator=g, dtype=torch.float64)
     v_pool = torch.randn(nblocks, bs, hkv, d, generator=g, dtype=torch.float64)
     ctx_lens, q_lens = [9, 5, 13, 1, 22], [1, 5, 6, 1, 1]
-    perm = torch.randperm(nblocks, generator=g).tolist()
-    tables, used = [], 0
-    for c in ctx_lens:
-        n = -(-c // bs)
-        tables.append(perm[used : used + n])
-        used += n
-    width = max(len(t) for t in tables)
-    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    meta, tables = mixed_metadata("cpu", g, bs, nblocks, ctx_lens, q_lens)
+    qsl = meta.query_start_loc_host
     q = torch.randn(int(qsl[-1]), hq, d, generator=g, dtype=torch.float64)
-    meta = AttentionMetadata(
-        query_start_loc=torch.from_numpy(qsl),
-        context_lens=torch.tensor(ctx_lens, dtype=torch.int32),
-        block_tables=table,
-        query_start_loc_host=qsl,
-        context_lens_host=np.array(ctx_lens, dtype=np.int32),
-        max_query_len=max(q_lens),
-        max_context_len=max(ctx_lens),
-        block_size=bs,
-    )
     out = paged_attention_reference(q, k_pool, v_pool, meta, d**-0.5, window)
     for b, (c, t) in enumerate(zip(ctx_lens, tables)):
         k = k_pool[t].reshape(-1, hkv, d)[:c]

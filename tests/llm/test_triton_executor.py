@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from tests.llm.paged_metadata import mixed_metadata
 from tests.llm.serving_models import run_to_completion, tiny_llama
-from trtforge.llm.executors.paged_attention import AttentionMetadata, paged_attention_reference
+from trtforge.llm.executors.paged_attention import paged_attention_reference
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.scheduler import Scheduler, SchedulerConfig
@@ -32,28 +33,6 @@ def _skip_cpu_with_cuda(device: str) -> None:
         pytest.skip("the interpreter run is for machines without CUDA (the kernels then run for real)")
 
 
-def _mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens):
-    perm = torch.randperm(nblocks, generator=g).tolist()
-    tables, used = [], 0
-    for c in ctx_lens:
-        n = -(-c // bs)
-        tables.append(perm[used : used + n])
-        used += n
-    width = max(len(t) for t in tables)
-    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    return AttentionMetadata(
-        query_start_loc=torch.from_numpy(qsl).to(device),
-        context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=device),
-        block_tables=table.to(device),
-        query_start_loc_host=qsl,
-        context_lens_host=np.array(ctx_lens, dtype=np.int32),
-        max_query_len=max(q_lens),
-        max_context_len=max(ctx_lens),
-        block_size=bs,
-    )
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_triton_attention_matches_the_reference_on_a_mixed_batch(device):
     from trtforge.llm.executors.triton_attention import TritonPagedAttention
@@ -63,7 +42,7 @@ def test_triton_attention_matches_the_reference_on_a_mixed_batch(device):
     bs, hq, hkv, d, nblocks = 16, 8, 2, 32, 64
     # decodes and prompt chunks interleaved, with and without a cached prefix, one crossing blocks
     ctx_lens, q_lens = [37, 20, 90, 1, 130, 17], [1, 20, 33, 1, 1, 5]
-    meta = _mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens)
+    meta, _ = mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens)
     k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
     v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
     q = torch.randn(sum(q_lens), hq, d, generator=g).half().to(device)
