@@ -228,7 +228,7 @@ def main() -> None:
     ap.add_argument("--baseline", default="dd9c347", help="git ref whose trtforge/ is the 'before'")
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--steps", type=int, default=100, help="timed steps per greedy case")
-    ap.add_argument("--sampled-steps", type=int, default=30, help="timed steps per sampled case")
+    ap.add_argument("--sampled-steps", type=int, default=10, help="timed steps per sampled case")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()

@@ -19,7 +19,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -65,9 +65,12 @@ class Sequence_:
         return self.tokens[self.prompt_len :]
 
 
-@dataclass(frozen=True)
-class RequestOutput:
-    """What a step produced for one request: its new tokens, and how it ended if it did."""
+class RequestOutput(NamedTuple):
+    """What a step produced for one request: its new tokens, and how it ended if it did.
+
+    A named tuple rather than a frozen dataclass: one is made per running request per step, and a
+    tuple is built several times faster.
+    """
 
     request_id: Hashable
     new_token_ids: tuple[int, ...]
