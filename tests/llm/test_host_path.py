@@ -194,3 +194,26 @@ def test_torch_device_branch_and_host_view_agree_and_half_precision_works():
     for dtype in (torch.float16, torch.bfloat16):
         got = sample(x.to(dtype), greedy, [np.random.default_rng(0)] * 11)
         assert np.array_equal(got, x.to(dtype).argmax(-1).numpy())
+
+
+def test_a_plan_out_of_arrival_order_is_reordered_with_its_tokens_and_slots():
+    from types import SimpleNamespace
+
+    from trtforge.llm.scheduler import _Plan
+
+    def seq(arrival, tokens, computed):
+        return SimpleNamespace(arrival=arrival, tokens=tokens, num_computed=computed)
+
+    a, b, c, d = seq(5, [1, 2, 3, 4], 1), seq(2, [7, 8], 1), seq(9, [4, 4, 4], 0), seq(1, [6, 5], 1)
+    plan = _Plan()
+    plan.seqs.append(d)  # the scheduler's decode fast path: the sequence and its slot only
+    plan.slots.append(40)
+    plan.add(a, [2, 3], [10, 11])
+    assert plan.in_order
+    plan.add(b, [8], [20])
+    plan.add(c, [4, 4], [30, 31])
+    assert not plan.in_order
+    plan.finish()
+    assert plan.in_order and plan.seqs == [d, b, a, c]
+    assert (plan.counts, plan.starts, plan.wants) == ([1, 1, 2, 2], [1, 1, 1, 0], [True, True, False, False])
+    assert (plan.ids, plan.slots) == ([5, 8, 2, 3, 4, 4], [40, 20, 10, 11, 30, 31])

@@ -341,6 +341,16 @@ class BlockManager:
                 self._digest_of[block] = digest
             table.registered += 1
 
+    def mark_computed_many(self, items: Sequence[tuple[Hashable, int]]) -> None:
+        """:meth:`mark_computed` for each (sequence, computed tokens) pair, in order."""
+        tables = self._tables
+        for seq_id, num_tokens in items:
+            table = tables.get(seq_id)
+            if table is None or num_tokens > table.num_tokens or table.registered < len(table.digests):
+                self.mark_computed(seq_id, num_tokens)  # the general case, and its errors
+            elif num_tokens > table.computed_tokens:
+                table.computed_tokens = num_tokens
+
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """Give `child_id` the blocks of `parent_id` by reference (parallel sampling); writes copy later."""
         if child_id in self._tables:

@@ -129,39 +129,50 @@ class SchedulerStats:
 
 @dataclass
 class _Plan:
-    """One step's schedule, in batch order: per sequence its new-token count, first new position and
-    whether it samples; all new tokens and their slots, flat; the block copies to do first."""
+    """One step's schedule. While scheduling: the sequences, their slots (flat) and, for those that
+    bring more than their last token, that run of tokens. :meth:`finish` then puts them in arrival
+    order and fills, per sequence, the new-token count, first new position, whether it samples, and
+    all new token ids (flat)."""
 
     seqs: list[Sequence_] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    runs: dict[int, list[int]] = field(default_factory=dict)  # batch index -> its new tokens
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    in_order: bool = True  # sequences were added in arrival order
     counts: list[int] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)
     wants: list[bool] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    copies: list[tuple[int, int]] = field(default_factory=list)
-    in_order: bool = True  # sequences were added in arrival order
 
     def add(self, seq: Sequence_, tokens: Sequence[int], slots: list[int]) -> None:
+        """Schedule `tokens` (the next ones of `seq`, from ``seq.num_computed``) into `slots`."""
         if self.seqs and seq.arrival < self.seqs[-1].arrival:
             self.in_order = False
+        self.runs[len(self.seqs)] = list(tokens)
         self.seqs.append(seq)
-        self.counts.append(len(tokens))
-        self.starts.append(seq.num_computed)
-        self.wants.append(seq.num_computed + len(tokens) == len(seq.tokens))
-        self.ids.extend(tokens)
         self.slots.extend(slots)
 
-    def sort_by_arrival(self) -> None:
-        """Reorder the sequences (and their runs of tokens and slots) by arrival."""
-        offsets = list(itertools.accumulate(self.counts, initial=0))
-        order = sorted(range(len(self.seqs)), key=lambda j: self.seqs[j].arrival)
-        ids, slots = self.ids, self.slots
-        self.ids = [t for j in order for t in ids[offsets[j] : offsets[j + 1]]]
-        self.slots = [t for j in order for t in slots[offsets[j] : offsets[j + 1]]]
-        for name in ("seqs", "counts", "starts", "wants"):
-            values = getattr(self, name)
-            setattr(self, name, [values[j] for j in order])
-        self.in_order = True
+    def finish(self) -> None:
+        seqs, runs = self.seqs, self.runs
+        counts = [1] * len(seqs)
+        for j, run in runs.items():
+            counts[j] = len(run)
+        if not self.in_order:
+            offsets = list(itertools.accumulate(counts, initial=0))
+            order = sorted(range(len(seqs)), key=lambda j: seqs[j].arrival)
+            self.slots = [x for j in order for x in self.slots[offsets[j] : offsets[j + 1]]]
+            self.runs = runs = {k: runs[j] for k, j in enumerate(order) if j in runs}
+            self.seqs = seqs = [seqs[j] for j in order]
+            counts = [counts[j] for j in order]
+            self.in_order = True
+        self.counts = counts
+        self.starts = [s.num_computed for s in seqs]
+        if not runs:  # every sequence brings its last token: a decode step
+            self.wants = [True] * len(seqs)
+            self.ids = [s.tokens[-1] for s in seqs]
+        else:
+            self.wants = [s.num_computed + n == len(s.tokens) for s, n in zip(seqs, counts)]
+            self.ids = [t for j, s in enumerate(seqs) for t in runs.get(j, (s.tokens[-1],))]
 
 
 StepHook = Callable[["Scheduler", StepBatch], None]
@@ -328,15 +339,16 @@ class Scheduler:
         new_tokens = iter(
             sample(logits, [s.params for s in samplers], [s.generator for s in samplers]).tolist()
         )
-        mark_computed = self.block_manager.mark_computed
         finished, generated = RequestStatus.FINISHED, 0
-        for seq, n, wants in zip(plan.seqs, plan.counts, plan.wants):
+        for seq, n in zip(plan.seqs, plan.counts):
+            if seq.status is not finished:  # else aborted while the step ran: its blocks are already free
+                seq.num_computed += n
+        self.block_manager.mark_computed_many(
+            [(s.request_id, s.num_computed) for s in plan.seqs if s.status is not finished]
+        )
+        for seq, wants in zip(plan.seqs, plan.wants):
             token = next(new_tokens) if wants else None
-            if seq.status is finished:
-                continue  # aborted while the step ran: its blocks are already free
-            seq.num_computed += n
-            mark_computed(seq.request_id, seq.num_computed)
-            if token is None:
+            if token is None or seq.status is finished:
                 continue
             tokens = seq.tokens
             tokens.append(token)
@@ -358,14 +370,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         chunk = self.config.max_prefill_chunk
         plan = _Plan()
-        seqs, counts, starts, wants, ids, slots = (
-            plan.seqs,
-            plan.counts,
-            plan.starts,
-            plan.wants,
-            plan.ids,
-            plan.slots,
-        )
+        seqs, slots = plan.seqs, plan.slots
         preempted = False
         prefill_budget = budget
         decode_checked = False
@@ -381,10 +386,6 @@ class Scheduler:
                 slot = append_token(seq.request_id, tokens[-1])
                 if slot is not None:
                     seqs.append(seq)
-                    counts.append(1)
-                    starts.append(start)
-                    wants.append(True)
-                    ids.append(tokens[-1])
                     slots.append(slot)
                     if start >= seq.prompt_len:
                         decodes += 1
@@ -449,8 +450,7 @@ class Scheduler:
             self._count_tokens(seq, n)
             budget -= n
             prefill_budget -= n
-        if not plan.in_order:
-            plan.sort_by_arrival()
+        plan.finish()
         return plan
 
     def _count_tokens(self, seq: Sequence_, n: int) -> None:
