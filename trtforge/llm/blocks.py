@@ -195,7 +195,9 @@ class BlockManager:
             wider = np.zeros((self._rows.shape[0], max(end, 2 * self._rows.shape[1])), dtype=np.int32)
             wider[:, : self._rows.shape[1]] = self._rows
             self._rows = wider
-        if end > start:
+        if end == start + 1:
+            self._rows[table.row, start] = table.blocks[start]
+        elif end > start:
             self._rows[table.row, start:end] = table.blocks[start:]
 
     def _take_block(self) -> int:

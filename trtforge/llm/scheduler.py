@@ -394,7 +394,7 @@ class Scheduler:
                     budget -= 1
                     i += 1
                     continue
-            if not decode_checked:
+            if left > 1 and not decode_checked:
                 # with any decode in the step, prompt tokens are capped so that decodes are not stalled long
                 decode_checked = True
                 if any(len(s.tokens) - s.num_computed == 1 for s in running):
@@ -425,7 +425,9 @@ class Scheduler:
         self.stats.decode_tokens += decodes
         self.stats.prefill_tokens += prompt_singles
         if not decode_checked and seqs:
-            prefill_budget = self.config.max_prefill_tokens_with_decodes  # every running sequence decoded
+            # admission below runs only when every running sequence was visited without preemption; then
+            # the ones scheduled so far all had one token left, so the step has decodes
+            prefill_budget = self.config.max_prefill_tokens_with_decodes
         while (
             self._waiting
             and not preempted
