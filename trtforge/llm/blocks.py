@@ -46,7 +46,7 @@ class MemoryStats:
         return self.used_blocks / self.total_blocks
 
 
-@dataclass
+@dataclass(slots=True)
 class _Table:
     blocks: list[int] = field(default_factory=list)
     num_tokens: int = 0

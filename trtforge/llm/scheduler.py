@@ -39,7 +39,7 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(slots=True)
 class Sequence_:
     """One request's state: its tokens (prompt then output) and how many have K/V in the pool."""
 
