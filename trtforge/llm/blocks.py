@@ -1,7 +1,8 @@
 """Paged KV-cache block manager: one pool of block ids, per-sequence block tables, shared prefixes.
 
-Pure Python over block ids (no tensors): the executor owns the pools ``[num_blocks, block_size, Hkv, D]``
-and this module decides which slot each new token's K/V goes to. Full blocks are identified by a
+Bookkeeping over block ids (no tensors): the executor owns the pools ``[num_blocks, block_size, Hkv, D]``
+and this module decides which slot each new token's K/V goes to. Each block table is mirrored in a
+row of one int32 matrix, so a step's tables come out in one gather. Full blocks are identified by a
 chained SHA-256 of their token ids (the digest of a block covers every token before it), so
 sequences whose prompts start alike share those blocks, counted by reference. A block freed with a
 digest stays in an evictable LRU cache until its slot is needed, so a later prompt can reuse it.
@@ -15,6 +16,8 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from trtforge.errors import TrtforgeError, UserError
 
@@ -43,7 +46,7 @@ class MemoryStats:
         return self.used_blocks / self.total_blocks
 
 
-@dataclass
+@dataclass(slots=True)
 class _Table:
     blocks: list[int] = field(default_factory=list)
     num_tokens: int = 0
@@ -51,6 +54,7 @@ class _Table:
     digests: list[bytes] = field(default_factory=list)
     computed_tokens: int = 0
     registered: int = 0
+    row: int = -1  # this table's row of BlockManager._rows (its blocks, then zeros)
 
 
 def _chain_digest(parent: bytes, tokens: Sequence[int]) -> bytes:
@@ -80,6 +84,8 @@ class BlockManager:
         self._cached: dict[bytes, int] = {}
         self._inflight: dict[bytes, int] = {}
         self._tables: dict[Hashable, _Table] = {}
+        self._rows = np.zeros((8, 16), dtype=np.int32)  # grown on demand
+        self._free_rows: list[int] = list(range(7, -1, -1))
 
     # ---- queries -------------------------------------------------------------------------------
     @property
@@ -97,6 +103,14 @@ class BlockManager:
     def block_table_view(self, seq_id: Hashable) -> Sequence[int]:
         """The block ids of `seq_id` without copying; valid until the next change to that sequence."""
         return self._table(seq_id).blocks
+
+    def block_table_array(self, seq_ids: Sequence[Hashable], width: int) -> np.ndarray:
+        """int32 ``[len(seq_ids), width]``: the block ids of each sequence, zero-padded (a fresh array).
+
+        `width` must be at least the longest of the tables (a shorter one would cut them).
+        """
+        tables = self._tables
+        return self._rows[[tables[s].row for s in seq_ids], :width]
 
     def num_tokens(self, seq_id: Hashable) -> int:
         return self._table(seq_id).num_tokens
@@ -164,6 +178,28 @@ class BlockManager:
         except KeyError:
             raise KeyError(f"sequence {seq_id!r} holds no blocks") from None
 
+    def _new_table(self, seq_id: Hashable, table: _Table) -> None:
+        """Register `table` under `seq_id` and give it a matrix row holding its blocks."""
+        if not self._free_rows:
+            n = self._rows.shape[0]
+            self._rows = np.concatenate([self._rows, np.zeros_like(self._rows)])
+            self._free_rows.extend(range(2 * n - 1, n - 1, -1))
+        table.row = self._free_rows.pop()
+        self._tables[seq_id] = table
+        self._sync_row(table, 0)
+
+    def _sync_row(self, table: _Table, start: int) -> None:
+        """Copy ``table.blocks[start:]`` into its matrix row (widening the matrix when it is too narrow)."""
+        end = len(table.blocks)
+        if end > self._rows.shape[1]:
+            wider = np.zeros((self._rows.shape[0], max(end, 2 * self._rows.shape[1])), dtype=np.int32)
+            wider[:, : self._rows.shape[1]] = self._rows
+            self._rows = wider
+        if end == start + 1:
+            self._rows[table.row, start] = table.blocks[start]
+        elif end > start:
+            self._rows[table.row, start:end] = table.blocks[start:]
+
     def _take_block(self) -> int:
         if self._free:
             block = self._free.popleft()
@@ -210,7 +246,7 @@ class BlockManager:
         table.num_tokens = table.computed_tokens = cached
         table.registered = len(hits)
         table.tokens = list(prompt_ids[:cached])
-        self._tables[seq_id] = table
+        self._new_table(seq_id, table)
         return cached
 
     def append_slots(
@@ -239,13 +275,16 @@ class BlockManager:
                 f"{self.num_free_blocks} are free"
             )
         copies: list[tuple[int, int]] = []
+        first_changed = len(table.blocks)
         if cow:
             new = self._take_block()
             self._unref(last)
             table.blocks[-1] = new
             copies.append((last, new))
+            first_changed -= 1
         for _ in range(need_blocks):
             table.blocks.append(self._take_block())
+        self._sync_row(table, first_changed)
         start = table.num_tokens
         slots = [table.blocks[p // bs] * bs + p % bs for p in range(start, start + n_new)]
         table.num_tokens += n_new
@@ -304,6 +343,16 @@ class BlockManager:
                 self._digest_of[block] = digest
             table.registered += 1
 
+    def mark_computed_many(self, items: Sequence[tuple[Hashable, int]]) -> None:
+        """:meth:`mark_computed` for each (sequence, computed tokens) pair, in order."""
+        tables = self._tables
+        for seq_id, num_tokens in items:
+            table = tables.get(seq_id)
+            if table is None or num_tokens > table.num_tokens or table.registered < len(table.digests):
+                self.mark_computed(seq_id, num_tokens)  # the general case, and its errors
+            elif num_tokens > table.computed_tokens:
+                table.computed_tokens = num_tokens
+
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """Give `child_id` the blocks of `parent_id` by reference (parallel sampling); writes copy later."""
         if child_id in self._tables:
@@ -311,13 +360,16 @@ class BlockManager:
         src = self._table(parent_id)
         for b in src.blocks:
             self._ref(b)
-        self._tables[child_id] = _Table(
-            blocks=list(src.blocks),
-            num_tokens=src.num_tokens,
-            tokens=list(src.tokens),
-            digests=list(src.digests),
-            computed_tokens=src.computed_tokens,
-            registered=src.registered,
+        self._new_table(
+            child_id,
+            _Table(
+                blocks=list(src.blocks),
+                num_tokens=src.num_tokens,
+                tokens=list(src.tokens),
+                digests=list(src.digests),
+                computed_tokens=src.computed_tokens,
+                registered=src.registered,
+            ),
         )
         for d in src.digests[src.registered :]:
             self._inflight[d] += 1
@@ -331,6 +383,8 @@ class BlockManager:
             self._drop_inflight(d)
         for b in reversed(table.blocks):
             self._unref(b)
+        self._rows[table.row, : len(table.blocks)] = 0
+        self._free_rows.append(table.row)
 
     def check_invariants(self) -> None:
         """Raise AssertionError if reference counts, free lists and tables disagree (for tests)."""
@@ -339,6 +393,14 @@ class BlockManager:
             for b in t.blocks:
                 counts[b] += 1
         assert counts == self._refcount, "reference counts disagree with the block tables"
+        rows = [t.row for t in self._tables.values()]
+        assert len(set(rows)) == len(rows) and not set(rows) & set(self._free_rows), "matrix rows are shared"
+        for t in self._tables.values():
+            assert len(t.blocks) == self.blocks_for(t.num_tokens), "a table holds blocks beyond its tokens"
+            row = self._rows[t.row]
+            assert row[: len(t.blocks)].tolist() == t.blocks, "a matrix row disagrees with its table"
+            assert not row[len(t.blocks) :].any(), "a matrix row holds blocks beyond its table"
+        assert not self._rows[self._free_rows].any(), "a free matrix row holds blocks"
         free = set(self._free) | set(self._evictable)
         assert len(free) == len(self._free) + len(self._evictable), "a block is on two free lists"
         assert free == {b for b in range(self.num_blocks) if counts[b] == 0}, "free list is wrong"

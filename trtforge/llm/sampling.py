@@ -119,21 +119,39 @@ def _sample_numpy(logits: np.ndarray, rows: np.ndarray, temps, top_k, top_p, u) 
 
 
 def _sample_torch(logits, rows, temps, top_k, top_p, u):
+    """The torch twin of :func:`_sample_numpy`: (row ids, tokens), both on the logits' device.
+
+    The per-row settings go to the device in one copy (float64 holds the row and top-k ids exactly).
+    """
     import torch
 
     dev = logits.device
-    idx = torch.as_tensor(rows, device=dev)
-    x = logits.index_select(0, idx).double() / torch.as_tensor(temps[rows], device=dev)[:, None]
+    packed = np.stack([rows.astype(np.float64), temps[rows], top_k[rows].astype(np.float64), top_p[rows], u])
+    idx, t, k, p, draws = torch.from_numpy(packed).to(dev).unbind(0)
+    idx = idx.long()
+    x = logits.index_select(0, idx).double() / t[:, None]
     xs, order = torch.sort(x, dim=-1, descending=True, stable=True)
     ranks = torch.arange(x.shape[1], device=dev)
-    xs = xs.masked_fill(ranks[None, :] >= torch.as_tensor(top_k[rows], device=dev)[:, None], -math.inf)
+    xs = xs.masked_fill(ranks[None, :] >= k.long()[:, None], -math.inf)
     probs = torch.softmax(xs, dim=-1)
     cum = probs.cumsum(-1)
-    probs = probs.masked_fill(cum - probs >= torch.as_tensor(top_p[rows], device=dev)[:, None], 0.0)
+    probs = probs.masked_fill(cum - probs >= p[:, None], 0.0)
     cum = probs.cumsum(-1)
-    target = torch.as_tensor(u, device=dev)[:, None] * cum[:, -1:]
+    target = draws[:, None] * cum[:, -1:]
     pick = (cum <= target).sum(-1).clamp(max=x.shape[1] - 1)
-    return order.gather(1, pick[:, None])[:, 0].cpu().numpy()
+    return idx, order.gather(1, pick[:, None])[:, 0]
+
+
+def _host_view(logits: Any) -> np.ndarray | None:
+    """`logits` as a numpy array without a copy when it lives on the host (numpy, or a float CPU tensor)."""
+    if isinstance(logits, np.ndarray):
+        return logits
+    import torch
+
+    on_host = logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64)
+    if on_host and not logits.requires_grad:
+        return logits.numpy()
+    return None
 
 
 def sample(
@@ -142,22 +160,27 @@ def sample(
     """Pick one token per row of `logits` ``[N, vocab]`` (torch tensor or numpy array); row i uses params[i].
 
     Greedy rows take the first maximum; the others consume one uniform draw from generators[i].
-    Returns int64 token ids ``[N]``.
+    Returns int64 token ids ``[N]``. On a device: one argmax over all rows, the sampled rows'
+    kernels, and a single copy back to the host.
     """
     n = len(params)
     if len(generators) != n or logits.shape[0] != n:
         raise ValueError(f"{logits.shape[0]} logit rows, {n} params, {len(generators)} generators")
-    vocab = int(logits.shape[1])
-    temps, top_k, top_p = _settings(params, vocab)
-    greedy = np.array([p.greedy for p in params], dtype=bool)
-    is_numpy = isinstance(logits, np.ndarray)
-    if is_numpy:
-        out = np.argmax(logits, axis=-1).astype(np.int64)
-    else:
-        out = logits.argmax(dim=-1).cpu().numpy().astype(np.int64)
-    rows = np.flatnonzero(~greedy)
-    if rows.size:
-        u = np.array([generators[i].random() for i in rows], dtype=np.float64)
-        fn = _sample_numpy if is_numpy else _sample_torch
-        out[rows] = fn(logits, rows, temps, top_k, top_p, u)
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    host = _host_view(logits)
+    if sampled:
+        rows = np.array(sampled, dtype=np.int64)
+        temps, top_k, top_p = _settings(params, int(logits.shape[1]))
+        u = np.array([generators[i].random() for i in sampled], dtype=np.float64)
+    if host is None:  # a device tensor
+        out = logits.argmax(dim=-1)
+        if sampled:
+            out.index_copy_(0, *_sample_torch(logits, rows, temps, top_k, top_p, u))
+        return out.cpu().numpy().astype(np.int64, copy=False)
+    out = np.argmax(host, axis=-1).astype(np.int64, copy=False)
+    if sampled:
+        if isinstance(logits, np.ndarray):
+            out[rows] = _sample_numpy(logits, rows, temps, top_k, top_p, u)
+        else:
+            out[rows] = _sample_torch(logits, rows, temps, top_k, top_p, u)[1].numpy()
     return out

@@ -19,7 +19,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -39,7 +39,7 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(slots=True)
 class Sequence_:
     """One request's state: its tokens (prompt then output) and how many have K/V in the pool."""
 
@@ -55,15 +55,22 @@ class Sequence_:
     num_preemptions: int = 0
     finish_reason: str | None = None
     error: BaseException | None = None
+    # a sampled token can only stop the sequence if it is in stop_ids or the length reaches length_limit
+    # (or the params have stop sequences): the per-token check short of the full one
+    stop_ids: frozenset[int] = frozenset()
+    length_limit: int = 0
 
     @property
     def output(self) -> list[int]:
         return self.tokens[self.prompt_len :]
 
 
-@dataclass(frozen=True)
-class RequestOutput:
-    """What a step produced for one request: its new tokens, and how it ended if it did."""
+class RequestOutput(NamedTuple):
+    """What a step produced for one request: its new tokens, and how it ended if it did.
+
+    A named tuple rather than a frozen dataclass: one is made per running request per step, and a
+    tuple is built several times faster.
+    """
 
     request_id: Hashable
     new_token_ids: tuple[int, ...]
@@ -118,6 +125,54 @@ class SchedulerStats:
     generated_tokens: int = 0
     max_running: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Plan:
+    """One step's schedule. While scheduling: the sequences, their slots (flat) and, for those that
+    bring more than their last token, that run of tokens. :meth:`finish` then puts them in arrival
+    order and fills, per sequence, the new-token count, first new position, whether it samples, and
+    all new token ids (flat)."""
+
+    seqs: list[Sequence_] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    runs: dict[int, list[int]] = field(default_factory=dict)  # batch index -> its new tokens
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    in_order: bool = True  # sequences were added in arrival order
+    counts: list[int] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    wants: list[bool] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+
+    def add(self, seq: Sequence_, tokens: Sequence[int], slots: list[int]) -> None:
+        """Schedule `tokens` (the next ones of `seq`, from ``seq.num_computed``) into `slots`."""
+        if self.seqs and seq.arrival < self.seqs[-1].arrival:
+            self.in_order = False
+        self.runs[len(self.seqs)] = list(tokens)
+        self.seqs.append(seq)
+        self.slots.extend(slots)
+
+    def finish(self) -> None:
+        seqs, runs = self.seqs, self.runs
+        counts = [1] * len(seqs)
+        for j, run in runs.items():
+            counts[j] = len(run)
+        if not self.in_order:
+            offsets = list(itertools.accumulate(counts, initial=0))
+            order = sorted(range(len(seqs)), key=lambda j: seqs[j].arrival)
+            self.slots = [x for j in order for x in self.slots[offsets[j] : offsets[j + 1]]]
+            self.runs = runs = {k: runs[j] for k, j in enumerate(order) if j in runs}
+            self.seqs = seqs = [seqs[j] for j in order]
+            counts = [counts[j] for j in order]
+            self.in_order = True
+        self.counts = counts
+        self.starts = [s.num_computed for s in seqs]
+        if not runs:  # every sequence brings its last token: a decode step
+            self.wants = [True] * len(seqs)
+            self.ids = [s.tokens[-1] for s in seqs]
+        else:
+            self.wants = [s.num_computed + n == len(s.tokens) for s, n in zip(seqs, counts)]
+            self.ids = [t for j, s in enumerate(seqs) for t in runs.get(j, (s.tokens[-1],))]
 
 
 StepHook = Callable[["Scheduler", StepBatch], None]
@@ -197,14 +252,17 @@ class Scheduler:
                 f"length is {self.max_model_len} (prompt + at least one generated token)"
             )
         eos = params.eos_token_id if params.eos_token_id is not None else self.executor.eos_token_id
+        eos = None if params.ignore_eos else eos
         return Sequence_(
             request_id=request_id,
             tokens=tokens,
             prompt_len=len(tokens),
             params=params,
-            eos_token_id=None if params.ignore_eos else eos,
+            eos_token_id=eos,
             generator=params.make_generator(int(self._seed_source.integers(2**63))),
             arrival=next(self._arrivals),
+            stop_ids=frozenset(params.stop_token_ids) | ({eos} if eos is not None else set()),
+            length_limit=min(len(tokens) + params.max_tokens, self.max_model_len),
         )
 
     def enqueue(self, seq: Sequence_) -> None:
@@ -248,12 +306,12 @@ class Scheduler:
     def step(self) -> list[RequestOutput]:
         """Schedule, run and sample one batch; return the outputs of every request that changed."""
         outputs, self._finished_outputs = self._finished_outputs, []
-        scheduled, copies = self._schedule()
-        if not scheduled:
+        plan = self._schedule()
+        if not plan.seqs:
             return outputs
         self.stats.steps += 1
         self.stats.max_running = max(self.stats.max_running, len(self._running))
-        batch = self._build_batch(scheduled, copies)
+        batch = self._build_batch(plan)
         if self.step_hook is not None:
             self.step_hook(self, batch)
         try:
@@ -270,95 +328,115 @@ class Scheduler:
             )
             if error is not exc:
                 error.__cause__ = exc
-            for seq, _, _ in scheduled:
+            for seq in plan.seqs:
                 if seq.status is RequestStatus.FINISHED:
                     continue  # aborted while the step ran
                 self._running.remove(seq)
                 self._finish(seq, "error", error)
                 outputs.append(self._output(seq, (), finished=True))
             return outputs
-        samplers = [seq for seq, n, _ in scheduled if seq.num_computed + n == len(seq.tokens)]
+        samplers = list(itertools.compress(plan.seqs, plan.wants))
         new_tokens = iter(
             sample(logits, [s.params for s in samplers], [s.generator for s in samplers]).tolist()
         )
-        for seq, n, _ in scheduled:
-            wants = seq.num_computed + n == len(seq.tokens)
+        finished, generated = RequestStatus.FINISHED, 0
+        for seq, n in zip(plan.seqs, plan.counts):
+            if seq.status is not finished:  # else aborted while the step ran: its blocks are already free
+                seq.num_computed += n
+        self.block_manager.mark_computed_many(
+            [(s.request_id, s.num_computed) for s in plan.seqs if s.status is not finished]
+        )
+        for seq, wants in zip(plan.seqs, plan.wants):
             token = next(new_tokens) if wants else None
-            if seq.status is RequestStatus.FINISHED:
-                continue  # aborted while the step ran: its blocks are already free
-            seq.num_computed += n
-            self.block_manager.mark_computed(seq.request_id, seq.num_computed)
-            if token is None:
+            if token is None or seq.status is finished:
                 continue
-            seq.tokens.append(token)
-            self.stats.generated_tokens += 1
-            reason = self._stop_reason(seq)
-            if reason is not None:
-                self._running.remove(seq)
-                self._finish(seq, reason)
-            outputs.append(self._output(seq, (token,), finished=reason is not None))
+            tokens = seq.tokens
+            tokens.append(token)
+            generated += 1
+            if token in seq.stop_ids or len(tokens) >= seq.length_limit or seq.params.stop_sequences:
+                reason = self._stop_reason(seq)
+                if reason is not None:
+                    self._running.remove(seq)
+                    self._finish(seq, reason)
+                    outputs.append(self._output(seq, (token,), finished=True))
+                    continue
+            outputs.append(RequestOutput(seq.request_id, (token,), (), False))
+        self.stats.generated_tokens += generated
         return outputs
 
-    def _schedule(self) -> tuple[list[tuple[Sequence_, int, list[int]]], list[tuple[int, int]]]:
+    def _schedule(self) -> _Plan:
         bm = self.block_manager
+        append_token = bm.append_token
         budget = self.config.max_num_batched_tokens
         chunk = self.config.max_prefill_chunk
-        scheduled: list[tuple[Sequence_, int, list[int]]] = []
-        copies: list[tuple[int, int]] = []
+        plan = _Plan()
+        seqs, slots = plan.seqs, plan.slots
         preempted = False
-        # with any decode in the step, prompt tokens are capped so that the decodes are not stalled long
-        decoding = any(len(s.tokens) - s.num_computed == 1 for s in self._running)
-        prefill_budget = self.config.max_prefill_tokens_with_decodes if decoding else budget
+        prefill_budget = budget
+        decode_checked = False
+        decodes = prompt_singles = 0
+        running = self._running
         i = 0
-        stats = self.stats
-        while i < len(self._running) and budget > 0:
-            seq = self._running[i]
-            left = len(seq.tokens) - seq.num_computed
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            tokens = seq.tokens
+            start = seq.num_computed
+            left = len(tokens) - start
             if left == 1:  # the common decode case, without the general path's bookkeeping
-                slot = bm.append_token(seq.request_id, seq.tokens[-1])
+                slot = append_token(seq.request_id, tokens[-1])
                 if slot is not None:
-                    scheduled.append((seq, 1, [slot]))
-                    if seq.num_computed >= seq.prompt_len:
-                        stats.decode_tokens += 1
+                    seqs.append(seq)
+                    slots.append(slot)
+                    if start >= seq.prompt_len:
+                        decodes += 1
                     else:
-                        stats.prefill_tokens += 1
+                        prompt_singles += 1
                     budget -= 1
                     i += 1
                     continue
+            if left > 1 and not decode_checked:
+                # with any decode in the step, prompt tokens are capped so that decodes are not stalled long
+                decode_checked = True
+                if any(len(s.tokens) - s.num_computed == 1 for s in running):
+                    prefill_budget = self.config.max_prefill_tokens_with_decodes
             n = min(left, chunk, budget) if left == 1 else min(left, chunk, budget, prefill_budget)
             if n == 0:
                 i += 1  # a prompt chunk waits for the next step's prefill budget
                 continue
             while True:
                 try:
-                    slots, cp = bm.append_slots(
-                        seq.request_id, seq.tokens[seq.num_computed : seq.num_computed + n]
-                    )
+                    new_slots, cp = bm.append_slots(seq.request_id, tokens[start : start + n])
                     break
                 except NoFreeBlocksError:
-                    victim = self._running[-1]
+                    victim = running[-1]
                     self._preempt(victim)
                     preempted = True
                     if victim is seq:
                         break
             if seq.status is not RequestStatus.RUNNING:
                 break  # seq itself was the newest: everything after it is preempted too
-            copies.extend(cp)
-            scheduled.append((seq, n, slots))
+            plan.copies.extend(cp)
+            plan.add(seq, tokens[start : start + n], new_slots)
             self._count_tokens(seq, n)
             budget -= n
             if left > 1:
                 prefill_budget -= n
             i += 1
+        self.stats.decode_tokens += decodes
+        self.stats.prefill_tokens += prompt_singles
+        if not decode_checked and seqs:
+            # admission below runs only when every running sequence was visited without preemption; then
+            # the ones scheduled so far all had one token left, so the step has decodes
+            prefill_budget = self.config.max_prefill_tokens_with_decodes
         while (
             self._waiting
             and not preempted
             and min(budget, prefill_budget) > 0
-            and len(self._running) < self.config.max_num_seqs
+            and len(running) < self.config.max_num_seqs
         ):
             seq = self._waiting[0]
             needed = bm.free_blocks_needed(seq.tokens)
-            reserve = self._watermark_blocks if self._running else 0
+            reserve = self._watermark_blocks if running else 0
             if bm.num_free_blocks - needed < reserve or bm.prefix_in_flight(seq.tokens):
                 break
             self._waiting.popleft()
@@ -366,16 +444,16 @@ class Scheduler:
             self.stats.prefix_hit_tokens += cached
             seq.num_computed = cached
             n = min(len(seq.tokens) - cached, chunk, budget, prefill_budget)
-            slots, cp = bm.append_slots(seq.request_id, seq.tokens[cached : cached + n])
-            copies.extend(cp)
+            new_slots, cp = bm.append_slots(seq.request_id, seq.tokens[cached : cached + n])
+            plan.copies.extend(cp)
             seq.status = RequestStatus.RUNNING
-            bisect.insort(self._running, seq, key=lambda s: s.arrival)
-            scheduled.append((seq, n, slots))
+            bisect.insort(running, seq, key=lambda s: s.arrival)
+            plan.add(seq, seq.tokens[cached : cached + n], new_slots)
             self._count_tokens(seq, n)
             budget -= n
             prefill_budget -= n
-        scheduled.sort(key=lambda item: item[0].arrival)
-        return scheduled, copies
+        plan.finish()
+        return plan
 
     def _count_tokens(self, seq: Sequence_, n: int) -> None:
         if n == 1 and seq.num_computed + 1 == len(seq.tokens) and seq.num_computed >= seq.prompt_len:
@@ -392,18 +470,36 @@ class Scheduler:
         self.stats.preemptions += 1
         self._waiting.appendleft(seq)
 
-    def _build_batch(
-        self, scheduled: list[tuple[Sequence_, int, list[int]]], copies: list[tuple[int, int]]
-    ) -> StepBatch:
-        view = self.block_manager.block_table_view
-        return StepBatch.build(
-            seq_ids=[s.request_id for s, _, _ in scheduled],
-            tokens=[s.tokens[s.num_computed : s.num_computed + n] for s, n, _ in scheduled],
-            start_positions=[s.num_computed for s, _, _ in scheduled],
-            block_tables=[view(s.request_id) for s, _, _ in scheduled],
-            slots=[slots for _, _, slots in scheduled],
-            want_logits=[s.num_computed + n == len(s.tokens) for s, n, _ in scheduled],
-            block_copies=copies,
+    def _build_batch(self, plan: _Plan) -> StepBatch:
+        """The plan's arrays in bulk; equal to ``StepBatch.build`` over per-sequence lists."""
+        num_seqs, num_tokens = len(plan.seqs), len(plan.ids)
+        starts = np.array(plan.starts, dtype=np.int64)
+        if num_tokens == num_seqs:  # one token each (counts are >= 1): decode
+            qsl = np.arange(num_seqs + 1, dtype=np.int32)
+            positions = starts
+            context_lens = (starts + 1).astype(np.int32)
+        else:
+            lens = np.array(plan.counts, dtype=np.int64)
+            qsl = np.zeros(num_seqs + 1, dtype=np.int32)
+            np.cumsum(lens, out=qsl[1:])
+            positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(starts - qsl[:-1], lens)
+            context_lens = (starts + lens).astype(np.int32)
+        seq_ids = tuple([s.request_id for s in plan.seqs])
+        width = max(-(-int(context_lens.max()) // self.block_manager.block_size), 1)
+        if all(plan.wants):
+            logits_indices = qsl[1:].astype(np.int64) - 1
+        else:
+            logits_indices = (qsl[1:][np.array(plan.wants, dtype=bool)] - 1).astype(np.int64)
+        return StepBatch(
+            input_ids=np.array(plan.ids, dtype=np.int64),
+            positions=positions,
+            query_start_loc=qsl,
+            context_lens=context_lens,
+            block_tables=self.block_manager.block_table_array(seq_ids, width),
+            slot_mapping=np.array(plan.slots, dtype=np.int64),
+            logits_indices=logits_indices,
+            block_copies=np.array(plan.copies, dtype=np.int64).reshape(-1, 2),
+            seq_ids=seq_ids,
         )
 
     def _stop_reason(self, seq: Sequence_) -> str | None:

@@ -1,0 +1,270 @@
+"""Host time per serving step, by phase, of this tree against a baseline commit, in one run.
+
+    PYTHONPATH=. python benchmarks/bench_host_overhead.py --baseline dd9c347 --out host_overhead.json
+
+The real Scheduler, BlockManager, sampler and LLMEngine run over a null executor (the StepExecutor
+protocol, no model: it hands back precomputed float32 logits rows of a 32000-token vocabulary as
+torch CPU tensors). The baseline's ``trtforge`` is extracted with ``git archive`` and imported
+beside this tree's; both run the same trace, a step of one then a step of the other, so noise on a
+shared machine hits both alike. Phases per step (median ms): schedule (``_schedule``), build
+(``_build_batch``), launch (the null executor), sample (``sample``), bookkeeping (the rest of
+``Scheduler.step``), total, and total less sample (per step, then the median). Every step's
+sampled tokens of the two trees are checked equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 32000
+BLOCK_SIZE = 16
+PHASES = ("schedule", "build", "launch", "sample", "bookkeeping", "total", "host_wo_sample")
+
+
+def load_tree(root: Path) -> SimpleNamespace:
+    """Import the serving modules of the trtforge under `root`, detached from sys.modules afterwards."""
+    for name in [m for m in sys.modules if m == "trtforge" or m.startswith("trtforge.")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(root))
+    try:
+        mods = {
+            short: importlib.import_module(f"trtforge.llm.{short}")
+            for short in ("executor", "sampling", "scheduler", "engine")
+        }
+    finally:
+        sys.path.remove(str(root))
+        for name in [m for m in sys.modules if m == "trtforge" or m.startswith("trtforge.")]:
+            del sys.modules[name]
+    return SimpleNamespace(**mods)
+
+
+def extract_baseline(ref: str, dest: Path) -> str:
+    """Write `ref`'s trtforge/ under `dest`; return the full commit id."""
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", ref], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", commit, "trtforge"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return commit
+
+
+class NullExecutor:
+    """The StepExecutor protocol without a model: returns the first N rows of fixed random logits."""
+
+    def __init__(self, num_blocks: int, max_rows: int, seed: int = 0) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = BLOCK_SIZE
+        self.vocab_size = VOCAB
+        self.max_model_len = 8192
+        self.eos_token_id = None
+        gen = torch.Generator().manual_seed(seed)
+        self._logits = torch.randn(max_rows, VOCAB, generator=gen) * 3
+
+    def step(self, batch):
+        return self._logits[: len(batch.logits_indices)]
+
+
+class PhaseTimer:
+    """Host timers around one scheduler's phases (instance wrappers plus its module's `sample`)."""
+
+    def __init__(self, tree: SimpleNamespace, sched) -> None:
+        self.cur: dict[str, float] = defaultdict(float)
+        self.samples: dict[str, list[float]] = defaultdict(list)
+        self.tree = tree
+        self.sched = sched
+        sched._schedule = self._wrap(sched._schedule, "schedule")
+        sched._build_batch = self._wrap(sched._build_batch, "build")
+        sched.executor.step = self._wrap(sched.executor.step, "launch")
+        self._sample = tree.scheduler.sample
+
+    def _wrap(self, fn, name):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.cur[name] += time.perf_counter() - t0
+            return out
+
+        return timed
+
+    def step(self, record: bool) -> list:
+        self.cur.clear()
+        self.tree.scheduler.sample = self._wrap(self._sample, "sample")
+        try:
+            t0 = time.perf_counter()
+            outs = self.sched.step()
+            total = time.perf_counter() - t0
+        finally:
+            self.tree.scheduler.sample = self._sample
+        if record:
+            for k in ("schedule", "build", "launch", "sample"):
+                self.samples[k].append(self.cur[k])
+            self.samples["bookkeeping"].append(total - sum(self.cur.values()))
+            self.samples["total"].append(total)
+            # on a GPU the sampler's argmax/sort are kernels; on this CPU they are compute, so apart
+            self.samples["host_wo_sample"].append(total - self.cur["sample"])
+        return outs
+
+    def medians(self) -> dict[str, float]:
+        return {k: float(np.median(self.samples[k])) * 1e3 for k in PHASES}
+
+
+def make_params(tree, kind: str, i: int):
+    sp = tree.sampling.SamplingParams
+    if kind == "greedy" or (kind == "mixed-params" and i % 3 == 0):
+        return sp(max_tokens=100_000, ignore_eos=True)
+    if kind == "sampled" or i % 3 == 1:
+        return sp(max_tokens=100_000, ignore_eos=True, temperature=0.8, top_p=0.95, seed=1000 + i)
+    return sp(max_tokens=100_000, ignore_eos=True, temperature=1.0, top_k=50, seed=1000 + i)
+
+
+def run_case(trees: dict, batch: int, kind: str, steps: int, prefill: bool, warmup: int = 5) -> dict:
+    """Run both trees side by side: `batch` running sequences, decode steps (plus one new prompt per
+    step when `prefill`: the oldest request is aborted and a 512-token prompt joins)."""
+    rng = np.random.default_rng(batch)
+    prompts = [rng.integers(0, VOCAB, size=int(rng.integers(64, 512))).tolist() for _ in range(batch)]
+    fresh = [rng.integers(0, VOCAB, size=512).tolist() for _ in range(steps + warmup)]
+    num_blocks = (batch + 2) * (512 + steps + warmup + 64) // BLOCK_SIZE
+    state = {}
+    for name, tree in trees.items():
+        config = tree.scheduler.SchedulerConfig(
+            max_num_seqs=batch + 1, max_num_batched_tokens=max(2048, batch + 512), seed=0
+        )
+        sched = tree.scheduler.Scheduler(NullExecutor(num_blocks, batch + 1), config)
+        for i, p in enumerate(prompts):
+            sched.add_request(i, p, make_params(tree, kind, i))
+        while sched.num_waiting or any(len(s.tokens) == s.prompt_len for s in sched._running):
+            sched.step()  # prefill everyone (untimed)
+        state[name] = PhaseTimer(tree, sched)
+    for step in range(steps + warmup):
+        tokens = {}
+        for name, tree in trees.items():
+            timer = state[name]
+            if prefill:
+                sched = timer.sched
+                sched.abort(sched.running_request_ids()[0])
+                sched.add_request(f"new{step}", fresh[step], make_params(tree, kind, batch + step))
+            outs = timer.step(record=step >= warmup)
+            tokens[name] = [(o.request_id, o.new_token_ids) for o in outs]
+        first = next(iter(tokens.values()))
+        assert all(t == first for t in tokens.values()), f"trees disagree at step {step}"
+    running = {name: s.sched.num_running for name, s in state.items()}
+    return {"medians": {name: s.medians() for name, s in state.items()}, "running": running}
+
+
+def run_engine_case(trees: dict, batch: int, steps: int) -> dict:
+    """LLMEngine (its thread, inbox and handles) with `batch` greedy requests of `steps` tokens each:
+    median ms of a decode step and of its dispatch to the handles, and wall ms per generated step
+    (prompts of 128 tokens included)."""
+    result = {}
+    prompts = [np.random.default_rng(i).integers(0, VOCAB, size=128).tolist() for i in range(batch)]
+    for rnd in range(2):
+        for name, tree in trees.items():
+            config = tree.scheduler.SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=4096)
+            blocks = batch * (128 + steps + 32) // BLOCK_SIZE + 8
+            engine = tree.engine.LLMEngine(NullExecutor(blocks, batch), config)
+            times: dict[str, list[float]] = defaultdict(list)
+            sched = engine._scheduler
+
+            def wrap(obj, attr, key, times=times):
+                fn = getattr(obj, attr)
+
+                def timed(*a, **k):
+                    t0 = time.perf_counter()
+                    out = fn(*a, **k)
+                    times[key].append(time.perf_counter() - t0)
+                    return out
+
+                setattr(obj, attr, timed)
+
+            wrap(sched, "step", "step")
+            wrap(engine, "_dispatch", "dispatch")
+            params = tree.sampling.SamplingParams(max_tokens=steps, ignore_eos=True)
+            t0 = time.perf_counter()
+            handles = [engine.submit(p, params) for p in prompts]
+            for h in handles:
+                h.completion()
+            wall = time.perf_counter() - t0
+            engine.close()
+            if rnd == 1:
+                decode = slice(2, None)  # past the prefill steps
+                result[name] = {
+                    "step_ms": float(np.median(times["step"][decode])) * 1e3,
+                    "dispatch_ms": float(np.median(times["dispatch"][decode])) * 1e3,
+                    "wall_ms_per_token_step": wall / steps * 1e3,
+                }
+    return result
+
+
+def machine() -> dict:
+    info = {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        model = next(line.split(":", 1)[1].strip() for line in text.splitlines() if "model name" in line)
+        flags = next(line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags"))
+        isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "amx_tile") if f in flags]
+        info.update(cpu=model, isa=isa, cores=text.count("processor\t:"))
+    except (OSError, StopIteration):
+        info.update(cpu=platform.processor() or platform.machine())
+    info["torch_threads"] = torch.get_num_threads()
+    return info
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline", default="dd9c347", help="git ref whose trtforge/ is the 'before'")
+    ap.add_argument("--batches", default="1,64,256")
+    ap.add_argument("--steps", type=int, default=100, help="timed steps per greedy case")
+    ap.add_argument("--sampled-steps", type=int, default=10, help="timed steps per sampled case")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    batches = [int(b) for b in args.batches.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        commit = extract_baseline(args.baseline, Path(tmp))
+        trees = {"before": load_tree(Path(tmp)), "after": load_tree(ROOT)}
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        report = {"machine": machine(), "baseline": commit, "head": head, "cases": []}
+        print(json.dumps(report["machine"]))
+        print(f"before = {commit[:10]}, after = working tree at {head}")
+        cases = [("decode", "greedy", b, args.steps, False) for b in batches]
+        cases += [("decode", "mixed-params", b, args.sampled_steps, False) for b in batches]
+        cases += [("decode", "sampled", b, args.sampled_steps, False) for b in batches]
+        cases += [("prefill+decode", "greedy", b, args.steps, True) for b in batches if b > 1]
+        for label, kind, b, steps, prefill in cases:
+            res = run_case(trees, b, kind, steps, prefill)
+            row = {"case": label, "params": kind, "batch": b, "steps": steps, **res}
+            report["cases"].append(row)
+            bm, am = res["medians"]["before"], res["medians"]["after"]
+            cells = "  ".join(f"{k} {bm[k]:.3f}->{am[k]:.3f}" for k in PHASES)
+            ratio = bm["host_wo_sample"] / am["host_wo_sample"]
+            print(f"{label:15s} {kind:12s} B={b:<4d} {cells}  host w/o sample x{ratio:.2f}")
+            sys.stdout.flush()
+        for b in batches:
+            res = run_engine_case(trees, b, args.steps)
+            report["cases"].append({"case": "engine", "params": "greedy", "batch": b, **res})
+            print(f"engine B={b}: " + json.dumps(res))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
