@@ -7,7 +7,7 @@ import onnx
 import pytest
 
 from tests.llm.serving_models import run_to_completion, solo_output
-from tests.llm.test_scheduler import _serve, _waste_hook, _workload
+from tests.llm.test_scheduler import _waste_hook, _workload, serve_staggered
 from tests.llm.test_serving import _FailOnce
 from tests.llm.tiny_models import hf_greedy, tiny_model
 from trtforge.compiler.decoder.export import export_step
@@ -42,32 +42,15 @@ def workload(step_graph):
 
 
 def test_64_staggered_requests_match_solo_runs_and_hf_generate(step_graph, workload):
-    reqs, solo = workload
-    executor = OrtPagedExecutor(step_graph, num_blocks=256)
-    config = SchedulerConfig(max_num_seqs=24, max_num_batched_tokens=160, max_prefill_chunk=32)
-    sched, done = _serve(executor, reqs, config, _waste_hook)
-    assert sorted(done) == sorted(solo)
-    for rid, out in done.items():
-        assert out.error is None
-        assert out.output_token_ids == solo[rid], rid
-    assert sched.stats.max_running >= 12, "requests were expected to overlap"
-    assert sched.memory_stats().free_blocks == executor.num_blocks
+    done = serve_staggered(OrtPagedExecutor(step_graph, num_blocks=256), workload, preempt=False)
     model = tiny_model("llama")
-    for _, rid, prompt, _params in reqs[:4]:
+    for _, rid, prompt, _params in workload[0][:4]:
         want, _ = hf_greedy(model, prompt, len(done[rid].output_token_ids))
         assert list(done[rid].output_token_ids) == want, rid
 
 
 def test_a_pool_too_small_preempts_and_still_matches(step_graph, workload):
-    reqs, solo = workload
-    executor = OrtPagedExecutor(step_graph, num_blocks=28)
-    config = SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=160, max_prefill_chunk=32)
-    sched, done = _serve(executor, reqs, config, _waste_hook)
-    assert sched.stats.preemptions > 0
-    assert sorted(done) == sorted(solo)
-    for rid, out in done.items():
-        assert out.output_token_ids == solo[rid], rid
-    assert sched.memory_stats().free_blocks == 28
+    serve_staggered(OrtPagedExecutor(step_graph, num_blocks=28), workload, preempt=True)
 
 
 def test_sixteen_requests_with_a_200_token_prefix_hold_it_once(step_graph):

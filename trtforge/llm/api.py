@@ -161,9 +161,7 @@ def load(path: str | os.PathLike[str], executor: str = "onnxruntime") -> LLM:
     `executor`: "onnxruntime" (CPU, exact). A paged `model.engine` is served by the TensorRT executor
     (:func:`trtforge.llm.service.load`).
     """
-    import onnx
-
-    from trtforge.compiler.decoder.export import generation_metadata
+    from trtforge.llm.executors.onnxruntime_exec import read_generation
 
     p = Path(path)
     if executor not in EXECUTORS:
@@ -174,11 +172,4 @@ def load(path: str | os.PathLike[str], executor: str = "onnxruntime") -> LLM:
             "with executor='tensorrt' (a paged step engine), or the ONNX written by `trtforge compile "
             "--generate --save-onnx step.onnx`."
         )
-    if not p.is_file():
-        raise UserError(f"step graph '{p}' does not exist.")
-    try:
-        proto = onnx.load(str(p), load_external_data=False)
-    except Exception as e:  # any parse failure: the user's file is bad
-        raise UserError(f"'{p}' is not a readable ONNX file: {e}.") from e
-    generation = generation_metadata(proto, str(p))
-    return LLM(OrtStepExecutor(p, generation))
+    return LLM(OrtStepExecutor(p, read_generation(p)))

@@ -75,20 +75,22 @@ class DecoderStep(nn.Module):
         return (self._logits(x, new_lens), *updated)
 
 
+_STEP_INPUTS = ["input_ids", "position_ids", "past_lens", "new_lens"]
+
+
+def _with_layers(head: list[str], key: str, value: str, num_layers: int) -> list[str]:
+    """`head`, then each layer's `key`.i and `value`.i."""
+    return head + [name for i in range(num_layers) for name in (f"{key}.{i}", f"{value}.{i}")]
+
+
 def input_names(num_layers: int) -> list[str]:
     """Step graph input names in order."""
-    names = ["input_ids", "position_ids", "past_lens", "new_lens"]
-    for i in range(num_layers):
-        names += [f"key_cache.{i}", f"value_cache.{i}"]
-    return names
+    return _with_layers(_STEP_INPUTS, "key_cache", "value_cache", num_layers)
 
 
 def output_names(num_layers: int) -> list[str]:
     """Step graph output names in order: logits, then each updated cache."""
-    names = ["logits"]
-    for i in range(num_layers):
-        names += [f"key_cache_out.{i}", f"value_cache_out.{i}"]
-    return names
+    return _with_layers(["logits"], "key_cache_out", "value_cache_out", num_layers)
 
 
 class PagedDecoderStep(DecoderStep):
@@ -136,15 +138,9 @@ class PagedDecoderStep(DecoderStep):
 
 def paged_input_names(num_layers: int) -> list[str]:
     """Paged step graph input names in order."""
-    names = ["input_ids", "position_ids", "past_lens", "new_lens", "block_tables", "slot_mapping"]
-    for i in range(num_layers):
-        names += [f"key_pool.{i}", f"value_pool.{i}"]
-    return names
+    return _with_layers([*_STEP_INPUTS, "block_tables", "slot_mapping"], "key_pool", "value_pool", num_layers)
 
 
 def paged_output_names(num_layers: int) -> list[str]:
     """Paged step graph output names in order: logits, then each updated pool."""
-    names = ["logits"]
-    for i in range(num_layers):
-        names += [f"key_pool_out.{i}", f"value_pool_out.{i}"]
-    return names
+    return _with_layers(["logits"], "key_pool_out", "value_pool_out", num_layers)
