@@ -268,6 +268,24 @@ def build_cancellable(run: Callable[[], Any], cancel: threading.Event) -> Any:
     return box.get("value")
 
 
+def serialize_network(
+    backend: Backend, builder: Any, network: Any, config: Any, progress: bool, what: str
+) -> tuple[bytes, list[tuple[str, str]]]:
+    """Build the serialized engine under the progress monitor, cancellable by Ctrl-C/SIGTERM
+    (:func:`build_cancellable`); returns (plan bytes, the logger's messages). A failed build raises a
+    BuildError naming `what` with TensorRT's last errors."""
+    cancel = threading.Event()
+    with _progress(backend, config, progress, cancel):
+        plan = build_cancellable(lambda: builder.build_serialized_network(network, config), cancel)
+    messages = backend.logger.take()
+    if plan is None:
+        errs = [m for sev, m in messages if sev in ("ERROR", "INTERNAL_ERROR")] or [m for _, m in messages]
+        raise BuildError(
+            f"{backend.name} {backend.version} failed to build {what}:\n  " + "\n  ".join(errs[-10:])
+        )
+    return bytes(memoryview(plan)), messages
+
+
 def build_engine(
     onnx_path: str | os.PathLike[str],
     options: BuildOptions | None = None,
@@ -346,17 +364,8 @@ def build_engine(
     cache = _attach_timing_cache(backend, config, options.timing_cache, warnings)
 
     t1 = time.perf_counter()
-    cancel = threading.Event()
-    with _progress(backend, config, options.progress, cancel):
-        plan = build_cancellable(lambda: builder.build_serialized_network(network, config), cancel)
+    data, messages = serialize_network(backend, builder, network, config, options.progress, f"'{onnx_path}'")
     seconds["build"] = time.perf_counter() - t1
-    messages = backend.logger.take()
-    if plan is None:
-        errs = [m for sev, m in messages if sev in ("ERROR", "INTERNAL_ERROR")] or [m for _, m in messages]
-        raise BuildError(
-            f"{backend.name} {backend.version} failed to build '{onnx_path}':\n  " + "\n  ".join(errs[-10:])
-        )
-    data = bytes(memoryview(plan))
     if cache is not None:
         atomic_write_bytes(options.timing_cache, memoryview(cache.serialize()))
     warnings += [m for sev, m in messages if sev == "WARNING"][:50]

@@ -9,16 +9,15 @@ B 4, prefill 128): one two-profile engine 15.7 MB vs 13.6 MB prefill-only + 11.7
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from trtforge.compiler.backend import get_backend
-from trtforge.compiler.build import _parse, _progress, build_cancellable, network_io
+from trtforge.compiler.build import _parse, network_io, serialize_network
 from trtforge.compiler.manifest import ShapeRange
-from trtforge.errors import BuildError, UserError
+from trtforge.errors import UserError
 
 PREFILL, DECODE = 0, 1
 
@@ -104,16 +103,7 @@ def build_step_engine(
         config.set_memory_pool_limit(be.trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
     chosen = be.set_build_targets(config, list(targets or []))
     parsed = time.perf_counter()
-    cancel = threading.Event()  # Ctrl-C / SIGTERM cancel the build as for encoders (compiler.build)
-    with _progress(be, config, progress, cancel):
-        plan = build_cancellable(lambda: builder.build_serialized_network(network, config), cancel)
-    messages = be.logger.take()
-    if plan is None:
-        errs = [m for sev, m in messages if sev in ("ERROR", "INTERNAL_ERROR")] or [m for _, m in messages]
-        raise BuildError(
-            f"{be.name} {be.version} failed to build the step engine:\n  " + "\n  ".join(errs[-10:])
-        )
-    data = bytes(memoryview(plan))
+    data, messages = serialize_network(be, builder, network, config, progress, "the step engine")
     del parser
     record = {
         "backend": be.describe(),
