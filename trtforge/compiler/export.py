@@ -206,7 +206,7 @@ def _export_legacy(module, feeds, dynamic, opset, input_names, output_names, pat
     )
 
 
-def _quietly(fn, *args) -> None:
+def run_quietly(fn: Any, *args: Any) -> None:
     """Run an exporter without its progress chatter, tracer warnings and torch.onnx log lines."""
     buf = io.StringIO()
     torch_logger = logging.getLogger("torch.onnx")
@@ -268,7 +268,7 @@ def export_module(
         fn = _export_dynamo if which == "dynamo" else _export_legacy
         try:
             with _eval_mode(module):
-                _quietly(fn, module, feeds, dynamic_axes, opset, input_names, names, path)
+                run_quietly(fn, module, feeds, dynamic_axes, opset, input_names, names, path)
             record.exporter = which
             break
         except Exception as e:
@@ -437,7 +437,7 @@ def from_pt2(
         program.save(str(out), external_data=None)
 
     try:
-        _quietly(run)
+        run_quietly(run)
     except Exception as e:
         raise ExportError(f"could not convert '{p}' to ONNX: {type(e).__name__}: {str(e)[:300]}") from e
     record.seconds = time.perf_counter() - t0

@@ -6,12 +6,8 @@ The graph carries its generation metadata (``trtforge.generation`` JSON in metad
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +25,7 @@ from trtforge.compiler.decoder.step import (
     paged_input_names,
     paged_output_names,
 )
+from trtforge.compiler.export import run_quietly
 from trtforge.errors import ExportError, UserError
 from trtforge.numerics.sessions import exact_session
 
@@ -217,19 +214,6 @@ def _legacy(step: DecoderStep, feeds: dict[str, torch.Tensor], path: Path) -> No
     )
 
 
-def _quietly(fn: Any, *args: Any) -> None:
-    buf = io.StringIO()
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(buf), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fn(*args)
-    finally:
-        logger.setLevel(level)
-
-
 def _verify(model: onnx.ModelProto, step: DecoderStep, feeds: dict[str, torch.Tensor]) -> dict[str, float]:
     """ORT (exact) vs torch on a prefill and a following decode step; ExportError beyond EXPORT_ATOL."""
     sess = exact_session(model)
@@ -320,7 +304,7 @@ def export_step(
     try:
         for i, which in enumerate(attempts):
             try:
-                _quietly(_dynamo if which == "dynamo" else _legacy, step, feeds, path)
+                run_quietly(_dynamo if which == "dynamo" else _legacy, step, feeds, path)
                 proto = ops.finalize_opset(onnx.load(str(path)))
                 # The legacy exporter annotates intermediates with the example's concrete sizes; shape-based
                 # folding in later passes would freeze them (seen: S baked into a Reshape). Drop them.
