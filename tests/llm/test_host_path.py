@@ -202,7 +202,7 @@ def test_a_plan_out_of_arrival_order_is_reordered_with_its_tokens_and_slots():
     from trtforge.llm.scheduler import _Plan
 
     def seq(arrival, tokens, computed):
-        return SimpleNamespace(arrival=arrival, tokens=tokens, num_computed=computed)
+        return SimpleNamespace(arrival=arrival, tokens=tokens, num_computed=computed, pending_row=-1)
 
     a, b, c, d = seq(5, [1, 2, 3, 4], 1), seq(2, [7, 8], 1), seq(9, [4, 4, 4], 0), seq(1, [6, 5], 1)
     plan = _Plan()
