@@ -514,6 +514,9 @@ class Scheduler:
             start = seq.num_computed
             pending = seq.pending_row >= 0  # its last token is still being sampled: its value comes later
             left = len(tokens) + pending - start
+            if pending and len(tokens) + 1 >= seq.length_limit:
+                i += 1  # the token in flight ends it whatever its value: nothing more to compute
+                continue
             if left == 1:  # the common decode case, without the general path's bookkeeping
                 slot = append_token(seq.request_id, None if pending else tokens[-1])
                 if slot is not None:
