@@ -172,3 +172,44 @@ def test_float32_and_float16_pools_track_the_float64_logits(dtype, tol):
             ex.step(StepBatch.build(["s"], [ids[0, lo:hi].tolist()], [lo], [blocks], [slots], [True]))[0]
         )
     torch.testing.assert_close(torch.stack(got), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+def test_step_async_takes_fed_ids_from_the_previous_tokens(static):
+    """Decode and mixed steps whose ids come from a token tensor give the logits of the true ids."""
+    import dataclasses
+
+    from trtforge.llm.executor import TokenFeed
+
+    plain, fed = (
+        TorchExecutor(tiny_llama(), num_blocks=16, block_size=4, static_decode=static) for _ in "ab"
+    )
+    tables = {"a": [0, 1], "b": [2, 5], "c": [3, 4], "d": [6]}
+
+    def batch(rows):  # rows: (sequence, its new tokens, first position)
+        seqs = [r[0] for r in rows]
+        slots = [
+            [tables[s][p // 4] * 4 + p % 4 for p in range(start, start + len(t))] for s, t, start in rows
+        ]
+        return StepBatch.build(
+            seqs,
+            [r[1] for r in rows],
+            [r[2] for r in rows],
+            [tables[s] for s in seqs],
+            slots,
+            [True] * len(rows),
+        )
+
+    prefill = batch([("a", [5, 6, 7, 8, 9], 0), ("b", [10, 11, 12], 0), ("c", [1, 2, 3, 4, 5, 6], 0)])
+    assert torch.equal(plain.step(prefill), fed.step_async(prefill, None))
+    previous = torch.tensor([40, 41, 42, 43])
+    decode = batch([("a", [41], 5), ("b", [43], 3), ("c", [40], 6)])
+    placeholders = dataclasses.replace(decode, input_ids=np.array([0, 0, 40]))
+    feed = TokenFeed(rows=np.array([0, 1]), sources=np.array([1, 3]), tokens=previous)
+    assert torch.equal(plain.step(decode), fed.step_async(placeholders, feed))
+    assert placeholders.input_ids.tolist() == [0, 0, 40], "the batch's own array was written"
+    mixed = batch([("a", [42], 6), ("b", [40], 4), ("d", [7, 8, 9], 0)])
+    placeholders = dataclasses.replace(mixed, input_ids=np.array([0, 0, 7, 8, 9]))
+    feed = TokenFeed(rows=np.array([0, 1]), sources=np.array([2, 0]), tokens=previous)
+    assert torch.equal(plain.step(mixed), fed.step_async(placeholders, feed))
+    assert bool(fed._static) == static
