@@ -94,7 +94,12 @@ class RequestOutput(NamedTuple):
 
 @dataclass
 class SchedulerConfig:
-    """Batching limits. ``max_model_len=None`` takes the executor's, capped at what the pool holds."""
+    """Batching limits. ``max_model_len=None`` takes the executor's, capped at what the pool holds.
+
+    ``async_scheduling``: keep one step in flight (see the module docstring). None, the default, turns it
+    on for an executor with ``step_async`` (the torch executor) and off for the others (ONNX Runtime,
+    TensorRT); False forces synchronous steps; True requires an executor with ``step_async``.
+    """
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
@@ -105,8 +110,6 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
     seed: int = 0
-    # overlap scheduling step n with the device running step n-1 (see the module docstring); None: on
-    # when the executor supports it (has ``step_async``), else off; True refuses an executor without it
     async_scheduling: bool | None = None
 
     def validate(self) -> None:
@@ -445,13 +448,15 @@ class Scheduler:
         """Append each sampled token to its sequence and finish those it stops; `step` > 0: the number of
         the launched step they come from (asynchronous scheduling).
 
-        Asynchronously, a sequence may already be in the next launched step (its slot reserved for this
-        token). If this token finishes it, its blocks are freed at once although that step may still write
-        its K/V into them: a later step reusing a block is launched after that step on the same device
-        stream (every executor runs its steps in order), so the stale write lands before any new one, and
-        nothing reads the stale slot (a block is read only up to its owner's length, of positions the owner
-        wrote first). A block holding that token is never offered to the prefix cache: ``free`` drops the
-        digests of blocks not computed, and placeholders enter no digest.
+        Asynchronously, a sequence may already be in the next launched step, its slot reserved for this
+        token. If this token finishes it, its blocks are freed at once although that step may still be
+        writing into them (this token's K/V, the token fed on the device). Reusing them is safe by stream
+        order: a step that hands one of those blocks to another sequence is launched after that step, on
+        the same device stream (an executor runs its steps in order), so the late write lands before the
+        new owner's writes, and a sequence reads only slots written before it reads them (its own, or a
+        shared prefix's). The prefix cache stays sound: a placeholder enters no digest; a block this token
+        completes is digested only here, from the real value, and the late write puts there that token's
+        true K/V. (If the step before failed instead, nothing is filled, so nothing of it is cached.)
         """
         finished, running = RequestStatus.FINISHED, RequestStatus.RUNNING
         fill = self.block_manager.fill_token if step else None
