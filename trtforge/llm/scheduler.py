@@ -67,10 +67,9 @@ class Sequence_:
     # (or the params have stop sequences): the per-token check short of the full one
     stop_ids: frozenset[int] = frozenset()
     length_limit: int = 0
-    # asynchronous scheduling: the row of this sequence's token in the newest launched step's samples
-    # while that token is not known on the host yet (-1: none in flight), and that step's number
+    # asynchronous scheduling: the row of this sequence's token in the step in flight's samples while
+    # that token is not known on the host yet (-1: none in flight)
     pending_row: int = -1
-    pending_step: int = 0
 
     @property
     def output(self) -> list[int]:
@@ -204,7 +203,6 @@ class _Plan:
 class _InFlight:
     """A launched step whose sampled tokens the host has not applied yet (asynchronous scheduling)."""
 
-    step: int
     seqs: list[Sequence_]
     samplers: list[Sequence_]  # the sequences of the sampled rows, in row order
     sampled: SampledTokens
@@ -393,12 +391,11 @@ class Scheduler:
             return outputs
         sampled = sample_async(logits, params, generators)
         self._mark_computed(plan)
-        step = self.stats.steps
-        for row, seq in enumerate(samplers):
-            seq.pending_row, seq.pending_step = row, step
-        previous, self._inflight = self._inflight, _InFlight(step, plan.seqs, samplers, sampled)
+        previous, self._inflight = self._inflight, _InFlight(plan.seqs, samplers, sampled)
         if previous is not None:
             self._apply_inflight(previous, outputs)
+        for row, seq in enumerate(samplers):  # (after the step before cleared its own)
+            seq.pending_row = row
         return outputs
 
     def _mark_computed(self, plan: _Plan) -> None:
@@ -436,17 +433,20 @@ class Scheduler:
             tokens = inflight.sampled.result().tolist()
         except Exception as exc:  # a device fault surfacing at the wait ends that step's requests
             for seq in inflight.samplers:
-                if seq.pending_step == inflight.step:
-                    seq.pending_row = -1
+                seq.pending_row = -1
             self._fail(inflight.seqs, exc, outputs)
             return
-        self._apply(inflight.samplers, tokens, outputs, inflight.step)
+        self._apply(inflight.samplers, tokens, outputs, in_flight=True)
 
     def _apply(
-        self, samplers: list[Sequence_], tokens: list[int], outputs: list[RequestOutput], step: int = 0
+        self,
+        samplers: list[Sequence_],
+        tokens: list[int],
+        outputs: list[RequestOutput],
+        in_flight: bool = False,
     ) -> None:
-        """Append each sampled token to its sequence and finish those it stops; `step` > 0: the number of
-        the launched step they come from (asynchronous scheduling).
+        """Append each sampled token to its sequence and finish those it stops; `in_flight`: the tokens of
+        the step in flight (asynchronous scheduling), which may have reserved their slots valueless.
 
         Asynchronously, a sequence may already be in the next launched step, its slot reserved for this
         token. If this token finishes it, its blocks are freed at once although that step may still be
@@ -459,10 +459,10 @@ class Scheduler:
         true K/V. (If the step before failed instead, nothing is filled, so nothing of it is cached.)
         """
         finished, running = RequestStatus.FINISHED, RequestStatus.RUNNING
-        fill = self.block_manager.fill_token if step else None
+        fill = self.block_manager.fill_token if in_flight else None
         generated = 0
         for seq, token in zip(samplers, tokens):
-            if step and seq.pending_step == step:
+            if in_flight:
                 seq.pending_row = -1
             if seq.status is finished:
                 continue  # aborted or failed meanwhile: its blocks are already free
