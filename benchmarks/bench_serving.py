@@ -11,6 +11,8 @@ held vs tokens held, and a single-stream decode latency (one request alone) with
 graphs. HF latencies use an arrival-aligned timeline: a batch starts when its last request has
 arrived and the previous batch is done, and its token times are the measured step times
 (a streamer timestamps each step). ``--tiny`` runs a small model on the CPU to check the script.
+The engine schedules asynchronously (one step in flight) unless ``--sync``; ``"scheduling"`` in the
+JSON says which ran.
 """
 
 from __future__ import annotations
@@ -207,12 +209,12 @@ def run_hf(model, reqs, batch_size: int, device: str) -> dict:
     }
 
 
-def single_stream(model, prompt, olen, graphs: bool, kernels: str | None = None) -> dict:
+def single_stream(model, prompt, olen, graphs: bool, kernels: str | None = None, sync: bool = False) -> dict:
     ex = TorchExecutor(
         model, num_blocks=256, block_size=16, static_decode=graphs, max_decode_batch=1, kernels=kernels
     )
     ex.capture_decode_graphs()
-    with LLMEngine(ex) as engine:
+    with LLMEngine(ex, SchedulerConfig(async_scheduling=not sync)) as engine:
         # warm-up on a prompt of the same length but other tokens (no prefix-cache hit for the timed one)
         engine.generate([prompt[::-1]], SamplingParams(max_tokens=8, ignore_eos=True))
         stamps, tokens = [], []
@@ -276,6 +278,9 @@ def main() -> None:
     ap.add_argument("--hf-batches", type=int, default=4, help="how many HF batches to run (each --hf-batch)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--tiny", action="store_true", help="small model on the CPU (checks the script)")
+    ap.add_argument(
+        "--sync", action="store_true", help="schedule synchronously (default: one step in flight)"
+    )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     device = "cpu" if args.tiny else "cuda"
@@ -297,6 +302,7 @@ def main() -> None:
     results: dict = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
+        "scheduling": "sync" if args.sync else "async",
         "model": {
             "layers": cfg.num_hidden_layers,
             "hidden": cfg.hidden_size,
@@ -335,6 +341,7 @@ def main() -> None:
         max_num_batched_tokens=args.max_batched_tokens,
         max_prefill_chunk=args.prefill_chunk,
         max_prefill_tokens_with_decodes=args.max_prefill_with_decodes,
+        async_scheduling=not args.sync,
     )
     # Warm-up: the whole workload once, all at once and untimed, so that Triton's JIT compilations (one per
     # specialization the ragged steps meet: lengths and strides divisible by 16 or not) and the allocator's
@@ -354,10 +361,12 @@ def main() -> None:
     single: dict = {"prompt_tokens": len(prompt), "output_tokens": olen}
     results["single_stream"] = single
     try:
-        single["engine_graphs"] = single_stream(model, prompt, olen, device == "cuda", args.kernels)
+        single["engine_graphs"] = single_stream(
+            model, prompt, olen, device == "cuda", args.kernels, args.sync
+        )
     except Exception as e:  # recorded; the eager and HF figures are still measured
         single["engine_graphs_error"] = repr(e)
-    single["engine_eager"] = single_stream(model, prompt, olen, False, args.kernels)
+    single["engine_eager"] = single_stream(model, prompt, olen, False, args.kernels, args.sync)
     single["hf_generate"] = hf_single_stream(model, prompt, olen, device)
     eager_tokens = single["engine_eager"].pop("tokens")
     if "engine_graphs" in single:

@@ -51,8 +51,9 @@ def run_to_completion(scheduler: Scheduler) -> dict:
 
 
 def solo_output(prompt: list[int], params: SamplingParams, executor: TorchExecutor | None = None) -> tuple:
-    """The request's output when it runs alone (no batch mates, no prefix cache)."""
-    sched = Scheduler(executor or make_executor(), SchedulerConfig(enable_prefix_caching=False))
+    """The request's output when it runs alone (no batch mates, no prefix cache, synchronous scheduling)."""
+    config = SchedulerConfig(enable_prefix_caching=False, async_scheduling=False)
+    sched = Scheduler(executor or make_executor(), config)
     sched.add_request("solo", prompt, params)
     return run_to_completion(sched)["solo"].output_token_ids
 

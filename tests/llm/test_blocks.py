@@ -166,3 +166,47 @@ def test_a_prefix_being_computed_is_reported_in_flight_until_written_or_dropped(
     bm.free("c")  # a failed step frees its sequences: nothing stays in flight or cached
     assert not bm.prefix_in_flight([7] * 12) and bm.allocate("d", [7] * 12) == 0
     bm.check_invariants()
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_placeholder_token_enters_no_digest_until_its_value_is_filled(fast_path):
+    bm = BlockManager(num_blocks=16, block_size=4)
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    bm.allocate("a", prompt)
+    bm.append_slots("a", prompt)
+    bm.mark_computed("a", 7)
+    # slot 7 completes the second block with a token still being sampled
+    slot = bm.append_token("a", None) if fast_path else bm.append_slots("a", [None])[0][0]
+    assert slot == bm.block_table("a")[1] * 4 + 3
+    bm.mark_computed("a", 8)
+    bm.check_invariants()
+    assert bm.allocate("b", [1, 2, 3, 4, 5, 6, 7, 0, 9]) == 4, "a block holding a placeholder was cached"
+    assert not bm.prefix_in_flight([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    with pytest.raises(ValueError, match="fill_token it first"):
+        bm.append_slots("a", [9])
+    assert bm.append_token("a", 9) is None  # the fast path declines too
+    bm.fill_token("a", 8)
+    bm.fill_token("a", 99)  # nothing pending any more: no change
+    bm.check_invariants()
+    assert bm.allocate("c", [1, 2, 3, 4, 5, 6, 7, 8, 9]) == 8, "the filled, computed block is shared"
+    assert bm.allocate("d", [1, 2, 3, 4, 5, 6, 7, 99, 9]) == 4
+    bm.append_slots("a", [9])
+    bm.fill_token("zzz", 1)  # a sequence holding no blocks (freed meanwhile): no-op
+    for s in "abcd":
+        bm.free(s)
+    bm.check_invariants()
+    assert bm.num_free_blocks == 16
+
+
+def test_a_placeholder_freed_before_its_value_arrives_leaves_nothing_behind():
+    bm = BlockManager(num_blocks=4, block_size=2)
+    bm.allocate("a", [1, 2, 3])
+    bm.append_slots("a", [1, 2, 3])
+    bm.mark_computed("a", 3)
+    bm.append_slots("a", [None])
+    bm.mark_computed("a", 4)
+    bm.free("a")
+    bm.fill_token("a", 4)
+    bm.check_invariants()
+    assert bm.memory_stats().cached_free_blocks == 1  # only the full block of known tokens
+    assert bm.allocate("b", [1, 2, 3, 4, 5]) == 2

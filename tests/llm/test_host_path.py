@@ -202,7 +202,7 @@ def test_a_plan_out_of_arrival_order_is_reordered_with_its_tokens_and_slots():
     from trtforge.llm.scheduler import _Plan
 
     def seq(arrival, tokens, computed):
-        return SimpleNamespace(arrival=arrival, tokens=tokens, num_computed=computed)
+        return SimpleNamespace(arrival=arrival, tokens=tokens, num_computed=computed, pending_row=-1)
 
     a, b, c, d = seq(5, [1, 2, 3, 4], 1), seq(2, [7, 8], 1), seq(9, [4, 4, 4], 0), seq(1, [6, 5], 1)
     plan = _Plan()
@@ -217,3 +217,24 @@ def test_a_plan_out_of_arrival_order_is_reordered_with_its_tokens_and_slots():
     assert plan.in_order and plan.seqs == [d, b, a, c]
     assert (plan.counts, plan.starts, plan.wants) == ([1, 1, 2, 2], [1, 1, 1, 0], [True, True, False, False])
     assert (plan.ids, plan.slots) == ([5, 8, 2, 3, 4, 4], [40, 20, 10, 11, 30, 31])
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch", "device-branch"])
+def test_sample_async_gives_samples_tokens_and_draws(kind):
+    from trtforge.llm.sampling import sample_async
+
+    params = _mixed_params(11, seed=2)
+    x = np.random.default_rng(3).normal(size=(11, 64)).astype(np.float32)
+    logits = {
+        "numpy": x,
+        "torch": torch.from_numpy(x),
+        "device-branch": torch.from_numpy(x).requires_grad_(True),  # no host view: the device code
+    }[kind]
+    gens_sync = [p.make_generator(i) for i, p in enumerate(params)]
+    gens_async = [p.make_generator(i) for i, p in enumerate(params)]
+    for _ in range(3):
+        want = sample(logits, params, gens_sync)
+        got = sample_async(logits, params, gens_async)
+        assert len(got) == 11 and np.array_equal(np.asarray(got.tokens), want)
+        assert got.result().dtype == np.int64 and np.array_equal(got.result(), want)
+    assert [g.random() for g in gens_sync] == [g.random() for g in gens_async], "draws went out of step"

@@ -20,9 +20,10 @@ def _prompts(n, seed, lo=1, hi=40):
     return [rng.integers(0, VOCAB, size=int(rng.integers(lo, hi))).tolist() for _ in range(n)]
 
 
-@pytest.fixture
-def checked_engine():
-    """An engine whose every step asserts the waste bound and the block manager's invariants."""
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def checked_engine(request):
+    """An engine whose every step asserts the waste bound and the block manager's invariants (scheduling
+    synchronously, then asynchronously)."""
 
     def hook(sched, batch):
         stats = sched.memory_stats()
@@ -30,7 +31,8 @@ def checked_engine():
         sched.block_manager.check_invariants()
 
     executor = make_executor(num_blocks=96)
-    engine = LLMEngine(executor, SchedulerConfig(max_num_seqs=16, max_prefill_chunk=32), step_hook=hook)
+    config = SchedulerConfig(max_num_seqs=16, max_prefill_chunk=32, async_scheduling=request.param)
+    engine = LLMEngine(executor, config, step_hook=hook)
     yield engine, executor
     engine.close()
 
@@ -123,9 +125,18 @@ class _FailOnce:
         return self.inner.step(batch)
 
 
-def test_an_executor_failure_fails_its_requests_and_the_engine_keeps_serving():
+class _FailOnceAsync(_FailOnce):
+    def step_async(self, batch, feed):
+        if self.armed.is_set():
+            self.armed.clear()
+            raise RuntimeError("injected kernel fault")
+        return self.inner.step_async(batch, feed)
+
+
+@pytest.mark.parametrize("wrapper", [_FailOnce, _FailOnceAsync], ids=["sync", "async"])
+def test_an_executor_failure_fails_its_requests_and_the_engine_keeps_serving(wrapper):
     inner = make_executor(num_blocks=64)
-    executor = _FailOnce(inner)
+    executor = wrapper(inner)
     with LLMEngine(executor) as engine:
         executor.armed.set()
         doomed = engine.submit([4, 5, 6], SamplingParams(max_tokens=4))
@@ -140,3 +151,18 @@ def test_an_executor_failure_fails_its_requests_and_the_engine_keeps_serving():
         assert engine.memory_stats().free_blocks == 64
     with pytest.raises(EngineClosedError):
         engine.submit([1])
+
+
+def test_closing_mid_stream_flushes_the_step_in_flight_and_ends_the_request():
+    executor = make_executor(num_blocks=64)
+    prompt, params = [3, 1, 4, 1, 5], SamplingParams(max_tokens=300, ignore_eos=True)
+    engine = LLMEngine(executor)
+    assert engine._scheduler.async_scheduling
+    handle = engine.submit(prompt, params)
+    stream = iter(handle)
+    got = [next(stream) for _ in range(4)]
+    engine.close()
+    with pytest.raises(EngineClosedError, match="the engine was closed"):
+        got.extend(stream)
+    assert engine._scheduler._inflight is None, "a step was left in flight"
+    assert got == list(solo_output(prompt, params, executor)[: len(got)])

@@ -154,6 +154,50 @@ def test_cuda_graph_decode_matches_eager_on_cuda():
     assert graphs > 0
 
 
+@pytest.mark.gpu
+def test_async_scheduling_with_cuda_graphs_gives_the_synchronous_outputs_on_cuda():
+    """On the device for real: ids fed from the device between the staged copy and the graph replay,
+    double-buffered staging, pinned token copies; greedy and seeded sampling, staggered arrivals."""
+    from trtforge.llm.sampling import SamplingParams
+    from trtforge.llm.scheduler import Scheduler, SchedulerConfig
+
+    rng = np.random.default_rng(9)
+    reqs = []
+    for i in range(40):
+        sampling = {"temperature": 0.9, "top_p": 0.95, "seed": i} if i % 3 == 0 else {}
+        params = SamplingParams(max_tokens=int(rng.integers(1, 40)), ignore_eos=True, **sampling)
+        reqs.append(
+            (
+                int(rng.integers(0, 30)),
+                i,
+                rng.integers(0, 300, size=int(rng.integers(1, 60))).tolist(),
+                params,
+            )
+        )
+    outs, graphs = [], 0
+    model = tiny_llama().to("cuda")
+    try:
+        for async_scheduling in (False, True):
+            ex = TorchExecutor(model, num_blocks=256, block_size=16, static_decode=True, max_decode_batch=32)
+            config = SchedulerConfig(max_num_seqs=32, max_prefill_chunk=32, async_scheduling=async_scheduling)
+            sched = Scheduler(ex, config)
+            assert sched.async_scheduling is async_scheduling
+            step, pending, done = 0, sorted(reqs, key=lambda r: r[0]), {}
+            while pending or sched.has_unfinished():
+                while pending and pending[0][0] <= step:
+                    _, rid, prompt, params = pending.pop(0)
+                    sched.add_request(rid, prompt, params)
+                done.update({o.request_id: o.output_token_ids for o in sched.step() if o.finished})
+                step += 1
+            outs.append(done)
+            graphs = ex.num_cuda_graphs
+            assert sched.memory_stats().free_blocks == 256
+    finally:
+        tiny_llama().to("cpu")
+    assert outs[0] == outs[1] and len(outs[0]) == 40
+    assert graphs > 0
+
+
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-4), (torch.float16, 3e-2)])
 def test_float32_and_float16_pools_track_the_float64_logits(dtype, tol):
     import copy
@@ -172,3 +216,44 @@ def test_float32_and_float16_pools_track_the_float64_logits(dtype, tol):
             ex.step(StepBatch.build(["s"], [ids[0, lo:hi].tolist()], [lo], [blocks], [slots], [True]))[0]
         )
     torch.testing.assert_close(torch.stack(got), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+def test_step_async_takes_fed_ids_from_the_previous_tokens(static):
+    """Decode and mixed steps whose ids come from a token tensor give the logits of the true ids."""
+    import dataclasses
+
+    from trtforge.llm.executor import TokenFeed
+
+    plain, fed = (
+        TorchExecutor(tiny_llama(), num_blocks=16, block_size=4, static_decode=static) for _ in "ab"
+    )
+    tables = {"a": [0, 1], "b": [2, 5], "c": [3, 4], "d": [6]}
+
+    def batch(rows):  # rows: (sequence, its new tokens, first position)
+        seqs = [r[0] for r in rows]
+        slots = [
+            [tables[s][p // 4] * 4 + p % 4 for p in range(start, start + len(t))] for s, t, start in rows
+        ]
+        return StepBatch.build(
+            seqs,
+            [r[1] for r in rows],
+            [r[2] for r in rows],
+            [tables[s] for s in seqs],
+            slots,
+            [True] * len(rows),
+        )
+
+    prefill = batch([("a", [5, 6, 7, 8, 9], 0), ("b", [10, 11, 12], 0), ("c", [1, 2, 3, 4, 5, 6], 0)])
+    assert torch.equal(plain.step(prefill), fed.step_async(prefill, None))
+    previous = torch.tensor([40, 41, 42, 43])
+    decode = batch([("a", [41], 5), ("b", [43], 3), ("c", [40], 6)])
+    placeholders = dataclasses.replace(decode, input_ids=np.array([0, 0, 40]))
+    feed = TokenFeed(rows=np.array([0, 1]), sources=np.array([1, 3]), tokens=previous)
+    assert torch.equal(plain.step(decode), fed.step_async(placeholders, feed))
+    assert placeholders.input_ids.tolist() == [0, 0, 40], "the batch's own array was written"
+    mixed = batch([("a", [42], 6), ("b", [40], 4), ("d", [7, 8, 9], 0)])
+    placeholders = dataclasses.replace(mixed, input_ids=np.array([0, 0, 7, 8, 9]))
+    feed = TokenFeed(rows=np.array([0, 1]), sources=np.array([2, 0]), tokens=previous)
+    assert torch.equal(plain.step(mixed), fed.step_async(placeholders, feed))
+    assert bool(fed._static) == static

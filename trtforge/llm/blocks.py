@@ -7,6 +7,10 @@ chained SHA-256 of their token ids (the digest of a block covers every token bef
 sequences whose prompts start alike share those blocks, counted by reference. A block freed with a
 digest stays in an evictable LRU cache until its slot is needed, so a later prompt can reuse it.
 Writes into a block another sequence also holds (after :meth:`BlockManager.fork`) copy it first.
+
+A slot may be reserved for a token whose value is not known yet (``None``: a token still being
+sampled on the device, under asynchronous scheduling); :meth:`BlockManager.fill_token` gives the
+value later. Digests cover known values only, so such a placeholder never reaches the prefix cache.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class _Table:
     digests: list[bytes] = field(default_factory=list)
     computed_tokens: int = 0
     registered: int = 0
+    pending: bool = False  # the last slot's token is not known yet (`tokens` lacks it)
     row: int = -1  # this table's row of BlockManager._rows (its blocks, then zeros)
 
 
@@ -250,15 +255,18 @@ class BlockManager:
         return cached
 
     def append_slots(
-        self, seq_id: Hashable, token_ids: Sequence[int]
+        self, seq_id: Hashable, token_ids: Sequence[int | None]
     ) -> tuple[list[int], list[tuple[int, int]]]:
         """Reserve one slot per token of `token_ids` at the end of `seq_id`; return (slots, block copies).
 
         A copy ``(src, dst)`` must be done by the executor before it writes the slots: it is the
         copy-on-write of a partly filled last block another sequence still references. On
-        :class:`NoFreeBlocksError` nothing changes.
+        :class:`NoFreeBlocksError` nothing changes. The last token may be None: not known yet
+        (:meth:`fill_token` gives it).
         """
         table = self._table(seq_id)
+        if table.pending:
+            raise ValueError(f"sequence {seq_id!r} has a token without a value; fill_token it first")
         if len(token_ids) == 1:
             slot = self.append_token(seq_id, token_ids[0])
             if slot is not None:
@@ -288,31 +296,51 @@ class BlockManager:
         start = table.num_tokens
         slots = [table.blocks[p // bs] * bs + p % bs for p in range(start, start + n_new)]
         table.num_tokens += n_new
+        if n_new and token_ids[-1] is None:
+            table.pending = True
+            token_ids = token_ids[:-1]
         table.tokens.extend(int(t) for t in token_ids)
         if self.enable_prefix_caching:
             self._add_digests(table)
         return slots, copies
 
-    def append_token(self, seq_id: Hashable, token_id: int) -> int | None:
+    def append_token(self, seq_id: Hashable, token_id: int | None) -> int | None:
         """The decode fast path of :meth:`append_slots`: the slot of one token that fits the sequence's
-        own, not yet full last block; None (and no change) when a new block or a copy is needed."""
+        own, not yet full last block; None (and no change) when a new block or a copy is needed.
+        `token_id` None reserves the slot of a token whose value :meth:`fill_token` gives later."""
         table = self._tables.get(seq_id)
         if table is None:
             raise KeyError(f"sequence {seq_id!r} holds no blocks")
         blocks, n = table.blocks, table.num_tokens
         bs = self.block_size
         have = len(blocks) * bs
-        if n >= have or self._refcount[blocks[-1]] != 1:
-            return None
+        if n >= have or self._refcount[blocks[-1]] != 1 or table.pending:
+            return None  # (a pending table: append_slots raises)
         table.num_tokens = n + 1
+        if token_id is None:
+            table.pending = True
+            return blocks[-1] * bs + n % bs
         table.tokens.append(int(token_id))
         if self.enable_prefix_caching and n + 1 == have:
             self._add_digests(table)
         return blocks[-1] * bs + n % bs
 
+    def fill_token(self, seq_id: Hashable, token_id: int) -> None:
+        """Give the value of `seq_id`'s last token, reserved with None; a no-op when none is pending
+        (or the sequence holds no blocks). Digests the block it completes; caches it if computed."""
+        table = self._tables.get(seq_id)
+        if table is None or not table.pending:
+            return
+        table.pending = False
+        table.tokens.append(int(token_id))
+        if self.enable_prefix_caching and table.num_tokens % self.block_size == 0:
+            self._add_digests(table)
+            self._register(table)
+
     def _add_digests(self, table: _Table) -> None:
+        """Digest every full block whose token values are all known (``tokens`` holds them)."""
         bs = self.block_size
-        while len(table.digests) < table.num_tokens // bs:
+        while len(table.digests) < len(table.tokens) // bs:
             i = len(table.digests)
             parent = table.digests[-1] if table.digests else _ROOT_DIGEST
             digest = _chain_digest(parent, table.tokens[i * bs : (i + 1) * bs])
@@ -332,6 +360,10 @@ class BlockManager:
         if num_tokens > table.num_tokens:
             raise ValueError(f"{num_tokens} computed tokens but sequence {seq_id!r} holds {table.num_tokens}")
         table.computed_tokens = max(table.computed_tokens, num_tokens)
+        self._register(table)
+
+    def _register(self, table: _Table) -> None:
+        """Offer the table's computed, digested blocks to the prefix cache."""
         if table.registered == len(table.digests):
             return
         while table.registered < min(len(table.digests), table.computed_tokens // self.block_size):
@@ -369,6 +401,7 @@ class BlockManager:
                 digests=list(src.digests),
                 computed_tokens=src.computed_tokens,
                 registered=src.registered,
+                pending=src.pending,
             ),
         )
         for d in src.digests[src.registered :]:
@@ -397,6 +430,7 @@ class BlockManager:
         assert len(set(rows)) == len(rows) and not set(rows) & set(self._free_rows), "matrix rows are shared"
         for t in self._tables.values():
             assert len(t.blocks) == self.blocks_for(t.num_tokens), "a table holds blocks beyond its tokens"
+            assert len(t.tokens) == t.num_tokens - t.pending, "a table's known tokens disagree with its count"
             row = self._rows[t.row]
             assert row[: len(t.blocks)].tolist() == t.blocks, "a matrix row disagrees with its table"
             assert not row[len(t.blocks) :].any(), "a matrix row holds blocks beyond its table"

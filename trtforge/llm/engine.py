@@ -3,7 +3,8 @@
 Callers get a :class:`RequestHandle` per request: iterate it for tokens as they are sampled, wait for
 the :class:`Completion`, or cancel it. Submissions are validated in the caller's thread (a bad
 request raises UserError there) and handed to the loop through an inbox, so a submitting thread
-never waits for a step to finish.
+never waits for a step to finish. Under asynchronous scheduling a step's outputs come out of the
+next :meth:`Scheduler.step`; the loop keeps stepping while one is in flight, and flushes it on close.
 """
 
 from __future__ import annotations
@@ -284,6 +285,9 @@ class LLMEngine:
                         sched.abort(rid)
                     outputs = sched.step()
                 self._dispatch(outputs)
+            with self._step_lock:
+                outputs = sched.flush()  # closed: tokens already computed still reach their streams
+            self._dispatch(outputs)
         except BaseException as exc:  # a scheduler bug: every waiter learns of it, then it propagates
             self._fatal = exc
             raise

@@ -6,6 +6,11 @@ One call runs one scheduler iteration: a flat, ragged batch of new tokens from s
 sequence's block table. It returns logits only for the rows the scheduler samples from. The
 arrays are numpy on the host; an executor moves them to its device. These are the inputs of a
 paged step graph (ids, positions, lengths, block tables, slot mapping, pools).
+
+An executor may also offer :meth:`AsyncStepExecutor.step_async`: the same step, returned without
+waiting for the device, whose decode rows take their input ids from the previous step's sampled
+tokens where they still lie (a :class:`TokenFeed`). The scheduler then overlaps its host work for a
+step with the device running the one before (asynchronous scheduling).
 """
 
 from __future__ import annotations
@@ -102,6 +107,23 @@ class StepBatch:
         )
 
 
+@dataclass(frozen=True)
+class TokenFeed:
+    """Input ids a step takes from the previous step's sampled tokens without them visiting the host.
+
+    Before running, the executor sets ``input_ids[rows[i]] = tokens[sources[i]]`` on its device;
+    `tokens` is the previous step's int64 token tensor ``[N_prev]`` (where the sampler left it), and
+    the batch's own ids at `rows` are placeholders.
+    """
+
+    rows: np.ndarray  # int64 [M]: token indices of the batch
+    sources: np.ndarray  # int64 [M]: indices into `tokens`
+    tokens: Any
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+
 @runtime_checkable
 class StepExecutor(Protocol):
     """Runs steps of one model over paged KV pools it owns; knows nothing of requests or scheduling."""
@@ -132,3 +154,21 @@ class StepExecutor(Protocol):
     def step(self, batch: StepBatch) -> Any:
         """Do the block copies, write the new K/V, attend; return logits ``[N, vocab]`` (torch or numpy)."""
         ...
+
+
+class AsyncStepExecutor(StepExecutor, Protocol):
+    """A step executor that can run a step without the host waiting for the device."""
+
+    def step_async(self, batch: StepBatch, feed: TokenFeed | None) -> Any:
+        """:meth:`StepExecutor.step` after applying `feed` to the input ids, returning device logits
+        ``[N, vocab]`` (a torch tensor) without synchronising with the device."""
+        ...
+
+
+def supports_async(executor: object) -> bool:
+    """Whether `executor`'s class defines ``step_async``.
+
+    Looked up on the class, not the instance, so that a wrapper delegating unknown attributes to an
+    asynchronous executor (``__getattr__``) stays synchronous rather than bypassing its own ``step``.
+    """
+    return callable(getattr(type(executor), "step_async", None))

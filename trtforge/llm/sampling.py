@@ -118,6 +118,20 @@ def _sample_numpy(logits: np.ndarray, rows: np.ndarray, temps, top_k, top_p, u) 
     return order[np.arange(len(rows)), pick]
 
 
+def to_device(array: np.ndarray, device: Any) -> Any:
+    """A host array as a tensor on `device`, copied without the host waiting for the device.
+
+    A plain ``.to(cuda)`` of pageable memory synchronises the stream (it would wait for the step
+    in flight); going through pinned memory makes it an asynchronous copy in stream order.
+    """
+    import torch
+
+    tensor = torch.from_numpy(array)
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def _sample_torch(logits, rows, temps, top_k, top_p, u):
     """The torch twin of :func:`_sample_numpy`: (row ids, tokens), both on the logits' device.
 
@@ -127,7 +141,7 @@ def _sample_torch(logits, rows, temps, top_k, top_p, u):
 
     dev = logits.device
     packed = np.stack([rows.astype(np.float64), temps[rows], top_k[rows].astype(np.float64), top_p[rows], u])
-    idx, t, k, p, draws = torch.from_numpy(packed).to(dev).unbind(0)
+    idx, t, k, p, draws = to_device(packed, dev).unbind(0)
     idx = idx.long()
     x = logits.index_select(0, idx).double() / t[:, None]
     xs, order = torch.sort(x, dim=-1, descending=True, stable=True)
@@ -154,6 +168,28 @@ def _host_view(logits: Any) -> np.ndarray | None:
     return None
 
 
+def _draws(logits: Any, params: Sequence[SamplingParams], generators: Sequence[np.random.Generator]):
+    """Check the sizes; return the sampled (non-greedy) rows with their settings and uniform draws."""
+    n = len(params)
+    if len(generators) != n or logits.shape[0] != n:
+        raise ValueError(f"{logits.shape[0]} logit rows, {n} params, {len(generators)} generators")
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    if not sampled:
+        return None
+    rows = np.array(sampled, dtype=np.int64)
+    temps, top_k, top_p = _settings(params, int(logits.shape[1]))
+    u = np.array([generators[i].random() for i in sampled], dtype=np.float64)
+    return rows, temps, top_k, top_p, u
+
+
+def _sample_device(logits: Any, draws: Any) -> Any:
+    """Token ids ``[N]`` (int64) left on the logits' device: one argmax, then the sampled rows' kernels."""
+    out = logits.argmax(dim=-1)
+    if draws is not None:
+        out.index_copy_(0, *_sample_torch(logits, *draws))
+    return out
+
+
 def sample(
     logits: Any, params: Sequence[SamplingParams], generators: Sequence[np.random.Generator]
 ) -> np.ndarray:
@@ -163,24 +199,64 @@ def sample(
     Returns int64 token ids ``[N]``. On a device: one argmax over all rows, the sampled rows'
     kernels, and a single copy back to the host.
     """
-    n = len(params)
-    if len(generators) != n or logits.shape[0] != n:
-        raise ValueError(f"{logits.shape[0]} logit rows, {n} params, {len(generators)} generators")
-    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    draws = _draws(logits, params, generators)
     host = _host_view(logits)
-    if sampled:
-        rows = np.array(sampled, dtype=np.int64)
-        temps, top_k, top_p = _settings(params, int(logits.shape[1]))
-        u = np.array([generators[i].random() for i in sampled], dtype=np.float64)
     if host is None:  # a device tensor
-        out = logits.argmax(dim=-1)
-        if sampled:
-            out.index_copy_(0, *_sample_torch(logits, rows, temps, top_k, top_p, u))
-        return out.cpu().numpy().astype(np.int64, copy=False)
+        return _sample_device(logits, draws).cpu().numpy().astype(np.int64, copy=False)
     out = np.argmax(host, axis=-1).astype(np.int64, copy=False)
-    if sampled:
+    if draws is not None:
+        rows = draws[0]
         if isinstance(logits, np.ndarray):
-            out[rows] = _sample_numpy(logits, rows, temps, top_k, top_p, u)
+            out[rows] = _sample_numpy(logits, *draws)
         else:
-            out[rows] = _sample_torch(logits, rows, temps, top_k, top_p, u)[1].numpy()
+            out[rows] = _sample_torch(logits, *draws)[1].numpy()
     return out
+
+
+class SampledTokens:
+    """One step's sampled token ids, perhaps still being computed.
+
+    `tokens` lies where the sampler left it (a next step reads its input ids there); :meth:`result`
+    waits for the copy to the host that started with them and returns them as numpy int64 ``[N]``.
+    """
+
+    __slots__ = ("_host", "_ready", "tokens")
+
+    def __init__(self, tokens: Any, host: Any, ready: Any = None) -> None:
+        self.tokens = tokens
+        self._host = host
+        self._ready = ready
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def result(self) -> np.ndarray:
+        if self._ready is not None:
+            self._ready.synchronize()
+            self._ready = None
+        host = self._host
+        return host if isinstance(host, np.ndarray) else host.numpy()
+
+
+def sample_async(
+    logits: Any, params: Sequence[SamplingParams], generators: Sequence[np.random.Generator]
+) -> SampledTokens:
+    """:func:`sample` without waiting for the device: the tokens stay on it, and a copy to pinned host
+    memory plus an event start behind them. The same draws and the same tokens as :func:`sample`."""
+    if _host_view(logits) is not None:
+        out = sample(logits, params, generators)
+        if isinstance(logits, np.ndarray):
+            return SampledTokens(out, out)
+        import torch
+
+        return SampledTokens(torch.from_numpy(out), out)
+    import torch
+
+    tokens = _sample_device(logits, _draws(logits, params, generators))
+    if tokens.device.type != "cuda":
+        return SampledTokens(tokens, tokens.cpu().numpy())
+    host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+    host.copy_(tokens, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(tokens.device))
+    return SampledTokens(tokens, host, ready)

@@ -9,6 +9,14 @@ Recompute rather than swap because it needs nothing from the executor but ordina
 pool, no device-host copies, so every executor supports it), its full blocks usually survive in the
 prefix cache and are re-shared rather than recomputed, and a prefill is compute-bound work the GPU
 does near peak while decode is bandwidth-bound. An executor failure fails only that step's requests.
+
+Asynchronous scheduling (``SchedulerConfig.async_scheduling``, on by default for an executor with
+``step_async``) keeps one step in flight: step n is scheduled as if every sequence sampled in step
+n-1 already had that token, launched with those tokens fed from the device, and only then are step
+n-1's tokens waited for and applied (appended, stop checks, outputs). The host's work for a step
+then overlaps the device's for the previous one instead of following it. Outputs are identical to
+the synchronous mode: every sequence samples the same tokens with the same draws of its generator;
+a sequence found finished at n-1 merely has its step-n row discarded.
 """
 
 from __future__ import annotations
@@ -25,8 +33,8 @@ import numpy as np
 
 from trtforge.errors import TrtforgeError, UserError
 from trtforge.llm.blocks import BlockManager, MemoryStats, NoFreeBlocksError
-from trtforge.llm.executor import StepBatch, StepExecutor
-from trtforge.llm.sampling import SamplingParams, sample
+from trtforge.llm.executor import StepBatch, StepExecutor, TokenFeed, supports_async
+from trtforge.llm.sampling import SampledTokens, SamplingParams, sample, sample_async
 
 
 class StepFailedError(TrtforgeError):
@@ -59,6 +67,9 @@ class Sequence_:
     # (or the params have stop sequences): the per-token check short of the full one
     stop_ids: frozenset[int] = frozenset()
     length_limit: int = 0
+    # asynchronous scheduling: the row of this sequence's token in the step in flight's samples while
+    # that token is not known on the host yet (-1: none in flight)
+    pending_row: int = -1
 
     @property
     def output(self) -> list[int]:
@@ -82,7 +93,12 @@ class RequestOutput(NamedTuple):
 
 @dataclass
 class SchedulerConfig:
-    """Batching limits. ``max_model_len=None`` takes the executor's, capped at what the pool holds."""
+    """Batching limits. ``max_model_len=None`` takes the executor's, capped at what the pool holds.
+
+    ``async_scheduling``: keep one step in flight (see the module docstring). None, the default, turns it
+    on for an executor with ``step_async`` (the torch executor) and off for the others (ONNX Runtime,
+    TensorRT); False forces synchronous steps; True requires an executor with ``step_async``.
+    """
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
@@ -93,6 +109,7 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
     seed: int = 0
+    async_scheduling: bool | None = None
 
     def validate(self) -> None:
         for name in (
@@ -110,6 +127,10 @@ class SchedulerConfig:
             not isinstance(self.max_model_len, int) or self.max_model_len < 2
         ):
             raise UserError(f"SchedulerConfig.max_model_len must be None or >= 2, got {self.max_model_len!r}")
+        if self.async_scheduling not in (None, True, False):
+            raise UserError(
+                f"SchedulerConfig.async_scheduling must be None, True or False, got {self.async_scheduling!r}"
+            )
 
 
 @dataclass
@@ -171,8 +192,20 @@ class _Plan:
             self.wants = [True] * len(seqs)
             self.ids = [s.tokens[-1] for s in seqs]
         else:
-            self.wants = [s.num_computed + n == len(s.tokens) for s, n in zip(seqs, counts)]
+            # (a sequence whose last token is in flight brings that one: it samples)
+            self.wants = [
+                s.num_computed + n == len(s.tokens) + (s.pending_row >= 0) for s, n in zip(seqs, counts)
+            ]
             self.ids = [t for j, s in enumerate(seqs) for t in runs.get(j, (s.tokens[-1],))]
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """A launched step whose sampled tokens the host has not applied yet (asynchronous scheduling)."""
+
+    seqs: list[Sequence_]
+    samplers: list[Sequence_]  # the sequences of the sampled rows, in row order
+    sampled: SampledTokens
 
 
 StepHook = Callable[["Scheduler", StepBatch], None]
@@ -199,6 +232,15 @@ class Scheduler:
         wanted = self.config.max_model_len or executor.max_model_len
         self.max_model_len = min(wanted, executor.max_model_len, capacity)
         self.step_hook = step_hook
+        self.async_scheduling = supports_async(executor)
+        if self.config.async_scheduling is not None:
+            if self.config.async_scheduling and not self.async_scheduling:
+                raise UserError(
+                    f"SchedulerConfig.async_scheduling=True needs an executor with step_async; "
+                    f"{type(executor).__name__} runs steps synchronously only (leave it None or False)"
+                )
+            self.async_scheduling = self.config.async_scheduling
+        self._inflight: _InFlight | None = None
         self.stats = SchedulerStats()
         self._watermark_blocks = int(self.config.watermark * executor.num_blocks)
         self._waiting: deque[Sequence_] = deque()
@@ -286,7 +328,14 @@ class Scheduler:
         return True
 
     def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._running or self._finished_outputs)
+        """Whether a :meth:`step` has work: requests, outputs not returned yet, or a step in flight."""
+        return bool(self._waiting or self._running or self._finished_outputs or self._inflight)
+
+    def flush(self) -> list[RequestOutput]:
+        """Wait for the step in flight (asynchronous scheduling) and return the outputs not returned yet."""
+        outputs, self._finished_outputs = self._finished_outputs, []
+        self._resolve(outputs)
+        return outputs
 
     @property
     def num_running(self) -> int:
@@ -304,10 +353,15 @@ class Scheduler:
 
     # ---- one iteration -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, run and sample one batch; return the outputs of every request that changed."""
+        """Schedule, run and sample one batch; return the outputs of every request that changed.
+
+        Under asynchronous scheduling the outputs are those of the step before, whose tokens are
+        applied once this one is launched.
+        """
         outputs, self._finished_outputs = self._finished_outputs, []
         plan = self._schedule()
         if not plan.seqs:
+            self._resolve(outputs)
             return outputs
         self.stats.steps += 1
         self.stats.max_running = max(self.stats.max_running, len(self._running))
@@ -315,54 +369,136 @@ class Scheduler:
         if self.step_hook is not None:
             self.step_hook(self, batch)
         try:
-            logits = self.executor.step(batch)
+            if self.async_scheduling:
+                logits = self.executor.step_async(batch, self._feed(plan))
+            else:
+                logits = self.executor.step(batch)
             if tuple(logits.shape) != (len(batch.logits_indices), self.executor.vocab_size):
                 raise StepFailedError(
                     f"executor returned logits of shape {tuple(logits.shape)}, expected "
                     f"{(len(batch.logits_indices), self.executor.vocab_size)}"
                 )
         except Exception as exc:  # an executor fault ends this step's requests, not the engine
-            self.stats.failed_steps += 1
-            error = (
-                exc if isinstance(exc, StepFailedError) else StepFailedError(f"executor step failed: {exc!r}")
-            )
-            if error is not exc:
-                error.__cause__ = exc
-            for seq in plan.seqs:
-                if seq.status is RequestStatus.FINISHED:
-                    continue  # aborted while the step ran
-                self._running.remove(seq)
-                self._finish(seq, "error", error)
-                outputs.append(self._output(seq, (), finished=True))
+            self._resolve(outputs)  # the step before completes first, as it does without asynchrony
+            self._fail(plan.seqs, exc, outputs)
             return outputs
         samplers = list(itertools.compress(plan.seqs, plan.wants))
-        new_tokens = iter(
-            sample(logits, [s.params for s in samplers], [s.generator for s in samplers]).tolist()
-        )
-        finished, generated = RequestStatus.FINISHED, 0
+        params, generators = [s.params for s in samplers], [s.generator for s in samplers]
+        if not self.async_scheduling:
+            tokens = sample(logits, params, generators).tolist()
+            self._mark_computed(plan)
+            self._apply(samplers, tokens, outputs)
+            return outputs
+        sampled = sample_async(logits, params, generators)
+        self._mark_computed(plan)
+        previous, self._inflight = self._inflight, _InFlight(plan.seqs, samplers, sampled)
+        if previous is not None:
+            self._apply_inflight(previous, outputs)
+        for row, seq in enumerate(samplers):  # (after the step before cleared its own)
+            seq.pending_row = row
+        return outputs
+
+    def _mark_computed(self, plan: _Plan) -> None:
+        """The plan's tokens have their K/V written (or, asynchronously, its writes are queued on the device
+        ahead of any later step's reads, which is what a later step needs)."""
+        finished = RequestStatus.FINISHED
         for seq, n in zip(plan.seqs, plan.counts):
             if seq.status is not finished:  # else aborted while the step ran: its blocks are already free
                 seq.num_computed += n
         self.block_manager.mark_computed_many(
             [(s.request_id, s.num_computed) for s in plan.seqs if s.status is not finished]
         )
-        for seq, wants in zip(plan.seqs, plan.wants):
-            token = next(new_tokens) if wants else None
-            if token is None or seq.status is finished:
-                continue
-            tokens = seq.tokens
-            tokens.append(token)
+
+    def _feed(self, plan: _Plan) -> TokenFeed | None:
+        """Where the rows of sequences whose last token is still in flight read it (a :class:`TokenFeed`)."""
+        if self._inflight is None:
+            return None
+        src = np.fromiter((s.pending_row for s in plan.seqs), dtype=np.int64, count=len(plan.seqs))
+        pending = src >= 0
+        rows = np.flatnonzero(pending)
+        if not len(rows):
+            return None
+        if len(plan.ids) != len(plan.seqs):  # a pending token is the single new token of its sequence
+            rows = np.cumsum(plan.counts)[rows] - 1
+        return TokenFeed(rows=rows, sources=src[pending], tokens=self._inflight.sampled.tokens)
+
+    def _resolve(self, outputs: list[RequestOutput]) -> None:
+        """Wait for the step in flight, if any, and apply its tokens."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            self._apply_inflight(inflight, outputs)
+
+    def _apply_inflight(self, inflight: _InFlight, outputs: list[RequestOutput]) -> None:
+        try:
+            tokens = inflight.sampled.result().tolist()
+        except Exception as exc:  # a device fault surfacing at the wait ends that step's requests
+            for seq in inflight.samplers:
+                seq.pending_row = -1
+            self._fail(inflight.seqs, exc, outputs)
+            return
+        self._apply(inflight.samplers, tokens, outputs, in_flight=True)
+
+    def _apply(
+        self,
+        samplers: list[Sequence_],
+        tokens: list[int],
+        outputs: list[RequestOutput],
+        in_flight: bool = False,
+    ) -> None:
+        """Append each sampled token to its sequence and finish those it stops; `in_flight`: the tokens of
+        the step in flight (asynchronous scheduling), which may have reserved their slots valueless.
+
+        Asynchronously, a sequence may already be in the next launched step, its slot reserved for this
+        token. If this token finishes it, its blocks are freed at once although that step may still be
+        writing into them (this token's K/V, the token fed on the device). Reusing them is safe by stream
+        order: a step that hands one of those blocks to another sequence is launched after that step, on
+        the same device stream (an executor runs its steps in order), so the late write lands before the
+        new owner's writes, and a sequence reads only slots written before it reads them (its own, or a
+        shared prefix's). The prefix cache stays sound: a placeholder enters no digest; a block this token
+        completes is digested only here, from the real value, and the late write puts there that token's
+        true K/V. (If the step before failed instead, nothing is filled, so nothing of it is cached.)
+        """
+        finished, running = RequestStatus.FINISHED, RequestStatus.RUNNING
+        fill = self.block_manager.fill_token if in_flight else None
+        generated = 0
+        for seq, token in zip(samplers, tokens):
+            if in_flight:
+                seq.pending_row = -1
+            if seq.status is finished:
+                continue  # aborted or failed meanwhile: its blocks are already free
+            seq_tokens = seq.tokens
+            seq_tokens.append(token)
+            if fill is not None:
+                fill(seq.request_id, token)  # the next step reserved this token's slot, valueless
             generated += 1
-            if token in seq.stop_ids or len(tokens) >= seq.length_limit or seq.params.stop_sequences:
+            if token in seq.stop_ids or len(seq_tokens) >= seq.length_limit or seq.params.stop_sequences:
                 reason = self._stop_reason(seq)
                 if reason is not None:
-                    self._running.remove(seq)
+                    if seq.status is running:
+                        self._running.remove(seq)
+                    else:  # preempted while its token was in flight
+                        self._waiting.remove(seq)
                     self._finish(seq, reason)
                     outputs.append(self._output(seq, (token,), finished=True))
                     continue
             outputs.append(RequestOutput(seq.request_id, (token,), (), False))
         self.stats.generated_tokens += generated
-        return outputs
+
+    def _fail(self, seqs: list[Sequence_], exc: Exception, outputs: list[RequestOutput]) -> None:
+        """End every unfinished sequence of a failed step with a StepFailedError caused by `exc`."""
+        self.stats.failed_steps += 1
+        error = exc if isinstance(exc, StepFailedError) else StepFailedError(f"executor step failed: {exc!r}")
+        if error is not exc:
+            error.__cause__ = exc
+        for seq in seqs:
+            if seq.status is RequestStatus.FINISHED:
+                continue  # aborted while the step ran, or already finished by the step before
+            if seq.status is RequestStatus.RUNNING:
+                self._running.remove(seq)
+            else:
+                self._waiting.remove(seq)
+            self._finish(seq, "error", error)
+            outputs.append(self._output(seq, (), finished=True))
 
     def _schedule(self) -> _Plan:
         bm = self.block_manager
@@ -381,9 +517,13 @@ class Scheduler:
             seq = running[i]
             tokens = seq.tokens
             start = seq.num_computed
-            left = len(tokens) - start
+            pending = seq.pending_row >= 0  # its last token is still being sampled: its value comes later
+            left = len(tokens) + pending - start
+            if pending and len(tokens) + 1 >= seq.length_limit:
+                i += 1  # the token in flight ends it whatever its value: nothing more to compute
+                continue
             if left == 1:  # the common decode case, without the general path's bookkeeping
-                slot = append_token(seq.request_id, tokens[-1])
+                slot = append_token(seq.request_id, None if pending else tokens[-1])
                 if slot is not None:
                     seqs.append(seq)
                     slots.append(slot)
@@ -397,15 +537,16 @@ class Scheduler:
             if left > 1 and not decode_checked:
                 # with any decode in the step, prompt tokens are capped so that decodes are not stalled long
                 decode_checked = True
-                if any(len(s.tokens) - s.num_computed == 1 for s in running):
+                if any(len(s.tokens) + (s.pending_row >= 0) - s.num_computed == 1 for s in running):
                     prefill_budget = self.config.max_prefill_tokens_with_decodes
             n = min(left, chunk, budget) if left == 1 else min(left, chunk, budget, prefill_budget)
             if n == 0:
                 i += 1  # a prompt chunk waits for the next step's prefill budget
                 continue
+            run: list = [None] if pending else tokens[start : start + n]
             while True:
                 try:
-                    new_slots, cp = bm.append_slots(seq.request_id, tokens[start : start + n])
+                    new_slots, cp = bm.append_slots(seq.request_id, run)
                     break
                 except NoFreeBlocksError:
                     victim = running[-1]
@@ -416,7 +557,7 @@ class Scheduler:
             if seq.status is not RequestStatus.RUNNING:
                 break  # seq itself was the newest: everything after it is preempted too
             plan.copies.extend(cp)
-            plan.add(seq, tokens[start : start + n], new_slots)
+            plan.add(seq, [tokens[-1]] if pending else run, new_slots)  # a placeholder id, fed on the device
             self._count_tokens(seq, n)
             budget -= n
             if left > 1:
@@ -435,6 +576,8 @@ class Scheduler:
             and len(running) < self.config.max_num_seqs
         ):
             seq = self._waiting[0]
+            if seq.pending_row >= 0:
+                break  # preempted with a token in flight: its prompt is complete once that arrives
             needed = bm.free_blocks_needed(seq.tokens)
             reserve = self._watermark_blocks if running else 0
             if bm.num_free_blocks - needed < reserve or bm.prefix_in_flight(seq.tokens):
@@ -456,7 +599,8 @@ class Scheduler:
         return plan
 
     def _count_tokens(self, seq: Sequence_, n: int) -> None:
-        if n == 1 and seq.num_computed + 1 == len(seq.tokens) and seq.num_computed >= seq.prompt_len:
+        known = len(seq.tokens) + (seq.pending_row >= 0)
+        if n == 1 and seq.num_computed + 1 == known and seq.num_computed >= seq.prompt_len:
             self.stats.decode_tokens += 1
         else:
             self.stats.prefill_tokens += n

@@ -13,8 +13,12 @@ Decode-only steps can run on *static* shapes: the batch is padded to a size buck
 tables to a width bucket (padding rows write to and read from a scratch block), so each (batch,
 width) bucket is one CUDA graph, captured on first use (or all up front:
 :meth:`TorchExecutor.capture_decode_graphs`) and replayed after; this removes the per-kernel launch
-cost that dominates small-batch decode. A decode step's inputs travel in one pinned host buffer and
-one asynchronous copy.
+cost that dominates small-batch decode. A decode step's inputs travel in one pinned host buffer (two,
+used in turn, so that filling one never waits for the copy out of the other) and one asynchronous copy.
+
+:meth:`TorchExecutor.step_async` serves asynchronous scheduling: nothing in a step waits for the
+device (host inputs go through pinned memory), and the decode rows' input ids are gathered on the
+device from the previous step's sampled tokens, after the inputs' copy and before the graph replay.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import numpy as np
 import torch
 
 from trtforge.errors import UserError
-from trtforge.llm.executor import StepBatch
+from trtforge.llm.executor import StepBatch, TokenFeed
 from trtforge.llm.executors.paged_attention import (
     AttentionFn,
     AttentionMetadata,
@@ -38,6 +42,7 @@ from trtforge.llm.executors.triton_attention import (
     TritonPagedAttention,
     triton_usable,
 )
+from trtforge.llm.sampling import to_device
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -271,9 +276,9 @@ class TorchExecutor:
         dev = self.device
         qsl = batch.query_start_loc
         return AttentionMetadata(
-            query_start_loc=torch.from_numpy(qsl).to(dev),
-            context_lens=torch.from_numpy(batch.context_lens).to(dev),
-            block_tables=torch.from_numpy(batch.block_tables).to(dev),
+            query_start_loc=to_device(qsl, dev),
+            context_lens=to_device(batch.context_lens, dev),
+            block_tables=to_device(batch.block_tables, dev),
             query_start_loc_host=qsl,
             context_lens_host=batch.context_lens,
             max_query_len=int(np.diff(qsl).max()),
@@ -308,10 +313,20 @@ class TorchExecutor:
     @torch.inference_mode()
     def step(self, batch: StepBatch) -> torch.Tensor:
         """Copy blocks, run every layer over the batch's new tokens, return float32 logits ``[N, vocab]``."""
+        return self._step(batch, None)
+
+    @torch.inference_mode()
+    def step_async(self, batch: StepBatch, feed: TokenFeed | None) -> torch.Tensor:
+        """:meth:`step` with the ids at ``feed.rows`` taken from ``feed.tokens`` on the device.
+
+        :meth:`step` never waits for the device either; this is the asynchronous scheduler's entry.
+        """
+        return self._step(batch, feed if feed is not None and len(feed) else None)
+
+    def _step(self, batch: StepBatch, feed: TokenFeed | None) -> torch.Tensor:
         dev = self.device
         if len(batch.block_copies):
-            src = torch.from_numpy(batch.block_copies[:, 0]).to(dev)
-            dst = torch.from_numpy(batch.block_copies[:, 1]).to(dev)
+            src, dst = to_device(np.ascontiguousarray(batch.block_copies.T), dev)
             for pool in (*self.k_pools, *self.v_pools):
                 pool[dst] = pool[src]
         if (
@@ -320,46 +335,57 @@ class TorchExecutor:
             and len(batch.logits_indices) == batch.num_seqs
             and batch.num_seqs <= self._batch_buckets[-1]
         ):
-            return self._static_decode(batch)
+            return self._static_decode(batch, feed)
         meta = self._metadata(batch)
+        ids = to_device(batch.input_ids, dev)
+        if feed is not None:
+            if dev.type == "cpu":
+                ids = ids.clone()  # from_numpy shares the batch's array, which stays as given
+            rows, sources = to_device(np.stack([feed.rows, feed.sources]).astype(np.int64), dev)
+            ids.index_copy_(0, rows, torch.as_tensor(feed.tokens, device=dev).index_select(0, sources))
         return self._forward(
-            torch.from_numpy(batch.input_ids).to(dev),
-            torch.from_numpy(batch.positions).to(dev),
-            torch.from_numpy(batch.slot_mapping).to(dev),
+            ids,
+            to_device(batch.positions, dev),
+            to_device(batch.slot_mapping, dev),
             lambda q, kp, vp, scale, window: self.attention(q, kp, vp, meta, scale, window),
-            torch.from_numpy(batch.logits_indices).to(dev),
+            to_device(batch.logits_indices, dev),
         )
 
     def _static_buffers(self) -> dict[str, Any]:
-        """One int32 device buffer holds a decode step's inputs; a pinned twin on the host stages them."""
+        """One int32 device buffer holds a decode step's inputs; two pinned twins on the host stage them in
+        turn, each with the event of its last copy."""
         if not self._static:
             n, w, dev = self._batch_buckets[-1], self._width_buckets[-1], self.device
-            size = 4 * n + n * w
-            host = torch.zeros(size, dtype=torch.int32, pin_memory=dev.type == "cuda")
+            size = 5 * n + n * w
+            hosts = [torch.zeros(size, dtype=torch.int32, pin_memory=dev.type == "cuda") for _ in range(2)]
             self._static = {
                 "inputs": torch.zeros(size, dtype=torch.int32, device=dev),
-                "host": host,
-                "host_np": host.numpy(),
+                "host": hosts,
+                "host_np": [h.numpy() for h in hosts],
+                "copied": [torch.cuda.Event() if dev.type == "cuda" else None for _ in hosts],
+                "turn": 0,
                 "logits": torch.zeros(n, self.vocab_size, dtype=torch.float32, device=dev),
-                "copied": torch.cuda.Event() if dev.type == "cuda" else None,
             }
         return self._static
 
     def _static_views(self, nb: int, wb: int) -> tuple[torch.Tensor, ...]:
-        """ids, positions, slots, lengths ``[nb]`` and the ``[nb, wb]`` table inside the input buffer."""
+        """ids, positions, slots, lengths, id sources ``[nb]`` and the ``[nb, wb]`` table in the input buffer.
+
+        Row b's input id is element ``sources[b]`` of (previous step's tokens, then these ids).
+        """
         buf = self._static["inputs"]
-        ids, pos, slots, ctx = buf[: 4 * nb].view(4, nb).unbind(0)
-        return ids, pos, slots, ctx, buf[4 * nb : 4 * nb + nb * wb].view(nb, wb)
+        ids, pos, slots, ctx, sources = buf[: 5 * nb].view(5, nb).unbind(0)
+        return ids, pos, slots, ctx, sources, buf[5 * nb : 5 * nb + nb * wb].view(nb, wb)
 
     def _static_body(self, nb: int, wb: int) -> None:
-        ids, pos, slots, ctx, tables = self._static_views(nb, wb)
+        ids, pos, slots, ctx, _, tables = self._static_views(nb, wb)
 
         def attend(q, kp, vp, scale, window):
             return self.decode_attention(q, kp, vp, tables, ctx, scale, window)
 
         self._static["logits"][:nb].copy_(self._forward(ids, pos, slots, attend))
 
-    def _static_decode(self, batch: StepBatch) -> torch.Tensor:
+    def _static_decode(self, batch: StepBatch, feed: TokenFeed | None) -> torch.Tensor:
         """Decode on bucketed static shapes: padding rows use the scratch block; replays a CUDA graph."""
         st = self._static_buffers()
         b, width = batch.num_seqs, batch.block_tables.shape[1]
@@ -367,20 +393,30 @@ class TorchExecutor:
         graph = self._graphs.get((nb, wb))
         if graph is None and self.use_cuda_graphs:
             graph = self._capture(nb, wb)  # before the inputs go in: capture resets them
-        if st["copied"] is not None:
-            st["copied"].synchronize()  # the previous step's copy has read the pinned buffer
-        host = st["host_np"]
-        rows = host[: 4 * nb].reshape(4, nb)
+        turn = st["turn"]
+        st["turn"] = 1 - turn
+        copied = st["copied"][turn]
+        if copied is not None:
+            copied.synchronize()  # the copy out of this buffer two steps ago is done (it long has)
+        host = st["host_np"][turn]
+        rows = host[: 5 * nb].reshape(5, nb)
         rows[0, :b], rows[1, :b], rows[2, :b] = batch.input_ids, batch.positions, batch.slot_mapping
         rows[3, :b] = batch.context_lens
-        rows[:, b:] = np.array([[0], [0], [self._num_blocks * self._block_size], [1]], dtype=np.int32)
-        table = host[4 * nb : 4 * nb + nb * wb].reshape(nb, wb)
+        rows[:4, b:] = np.array([[0], [0], [self._num_blocks * self._block_size], [1]], dtype=np.int32)
+        table = host[5 * nb : 5 * nb + nb * wb].reshape(nb, wb)
         table.fill(self._num_blocks)
         table[:b, :width] = batch.block_tables
-        size = 4 * nb + nb * wb
-        st["inputs"][:size].copy_(st["host"][:size], non_blocking=True)
-        if st["copied"] is not None:
-            st["copied"].record()
+        size = 5 * nb + nb * wb
+        if feed is not None:
+            rows[4] = np.arange(len(feed.tokens), len(feed.tokens) + nb, dtype=np.int32)
+            rows[4, feed.rows] = feed.sources
+        st["inputs"][:size].copy_(st["host"][turn][:size], non_blocking=True)
+        if copied is not None:
+            copied.record()
+        if feed is not None:  # on the device, after the copy and before the graph reads the ids
+            ids, *_, sources, _ = self._static_views(nb, wb)
+            tokens = torch.as_tensor(feed.tokens, device=self.device)
+            ids.copy_(torch.cat((tokens, ids)).index_select(0, sources))
         if graph is None:
             self._static_body(nb, wb)
         else:
@@ -405,7 +441,7 @@ class TorchExecutor:
         return len(self._graphs)
 
     def _capture(self, nb: int, wb: int) -> Any:
-        ids, pos, slots, ctx, tables = self._static_views(nb, wb)
+        ids, pos, slots, ctx, _, tables = self._static_views(nb, wb)
         for t, value in ((ids, 0), (pos, 0), (slots, self._num_blocks * self._block_size), (ctx, 1)):
             t.fill_(value)
         tables.fill_(self._num_blocks)  # warm-up and capture touch only the scratch block
