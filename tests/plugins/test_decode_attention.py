@@ -113,6 +113,37 @@ def test_raw_launch_on_a_scratch_workspace(zeroed):
             assert int(ws[: b * hkv].abs().sum()) == 0
 
 
+@pytest.mark.parametrize(
+    ("s_q", "splits", "fused"), [(1, 1, True), (1, 3, True), (4, 2, False), (8, 5, True)]
+)
+def test_tensor_descriptor_loads_match_pointer_loads(s_q, splits, fused):
+    """`tma`: a contiguous cache's whole tiles come through tensor descriptors of its [B·Hkv·S_max, D]
+    view (rows of the next head follow each head's: only whole tiles below seq_len may use them);
+    the ragged last tile and poisoned slots past each length stay masked."""
+    gen = torch.Generator().manual_seed(11 + s_q + splits)
+    lens = torch.tensor([70, 16, 33, 1], dtype=torch.int32, device=DEVICE)
+    q, k, v = _caches(4, 8, 2, s_q, 80, 64, torch.float16, gen)
+    poison_past_lengths(k, lens)
+    poison_past_lengths(v, lens)
+    assert decode_kernel._tma_descriptors(k, v, 16) is not None
+    cfg = DecodeConfig(block_n=16, num_splits=splits, fused=fused, tma=True)
+    out = decode_attention(q, k, v, lens, config=cfg)
+    assert (out.float() - reference_decode(q, k, v, lens)).abs().max().item() < 3e-3
+
+
+def test_tensor_descriptors_only_where_tma_can_read_the_cache():
+    """Strided caches, a head dim that is no power of two: no descriptors (pointer loads instead)."""
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = _caches(2, 4, 2, 1, 40, 64, torch.float16, gen)
+    assert decode_kernel._tma_descriptors(k[:, :, :32], v[:, :, :32], 16) is None
+    _, k80, v80 = _caches(2, 4, 2, 1, 40, 80, torch.float16, gen)
+    assert decode_kernel._tma_descriptors(k80, v80, 16) is None
+    lens = torch.tensor([32, 7], dtype=torch.int32, device=DEVICE)
+    ks, vs = k[:, :, :32], v[:, :, :32]
+    out = decode_attention(q, ks, vs, lens, config=DecodeConfig(block_n=16, tma=True))
+    assert (out.float() - reference_decode(q, ks, vs, lens)).abs().max().item() < 3e-3
+
+
 def test_query_longer_than_context_sees_nothing_for_early_rows():
     """LOWER_RIGHT: with L = 2 and q_len 4, rows 0 and 1 see no key (zeros), rows 2 and 3 see 1 and 2."""
     gen = torch.Generator().manual_seed(1)

@@ -37,8 +37,13 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from trtforge.plugins.attention.configs import DECODE_CANDIDATES, decode_counter_slots
+from trtforge.plugins.attention.configs import (
+    DECODE_CANDIDATES,
+    DECODE_TMA_CANDIDATES,
+    decode_counter_slots,
+)
 from trtforge.plugins.attention.device_tensor import pool_heads_major
 
 __all__ = [
@@ -60,13 +65,15 @@ MIN_SPLIT_TOKENS = 256  # fewer keys per split than this costs more in the reduc
 @dataclass(frozen=True)
 class DecodeConfig:
     """One launch configuration: keys per tile, warps and pipeline depth; `num_splits` 0 = heuristic;
-    `fused` False reduces the splits in a second kernel instead of in each group's last program."""
+    `fused` False reduces the splits in a second kernel instead of in each group's last program;
+    `tma` loads a contiguous cache's whole tiles by bulk tensor copies where eligible."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
     num_splits: int = 0
     fused: bool = True
+    tma: bool = False  # full tiles of a contiguous cache through tensor descriptors (Hopper's TMA)
 
 
 def default_decode_config(head_dim: int) -> DecodeConfig:
@@ -101,6 +108,9 @@ def _decode_tiles(
     q,
     k_base,
     v_base,
+    k_desc,
+    v_desc,
+    desc_row,
     table_base,
     lo,
     hi,
@@ -118,9 +128,11 @@ def _decode_tiles(
     PAGE_SIZE: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_F32: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED tiles bound loads by `hi` and hide keys past
-    each row's `last_key` (LOWER_RIGHT causal); unmasked ones are wholly visible to every row."""
+    each row's `last_key` (LOWER_RIGHT causal); unmasked ones are wholly visible to every row. TMA:
+    unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
@@ -143,6 +155,9 @@ def _decode_tiles(
             kv_ok = n_ok[:, None] & d_ok[None, :]
             k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
             v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+        elif TMA:
+            k = k_desc.load([desc_row + start_n, 0])
+            v = v_desc.load([desc_row + start_n, 0])
         elif BLOCK_D != HEAD_DIM:
             k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
             v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
@@ -238,6 +253,8 @@ def _decode_split_kernel(
     Q,
     K,
     V,
+    KDesc,
+    VDesc,
     SeqLens,
     Table,
     Out,
@@ -276,9 +293,11 @@ def _decode_split_kernel(
     TAIL_ROWS: tl.constexpr,
     TAIL_SPLITS: tl.constexpr,
     DOT_F32: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
-    FUSED: the group's last program to finish reduces all its splits."""
+    FUSED: the group's last program to finish reduces all its splits. TMA (contiguous caches laid
+    out [B·Hkv·S_max, D]): KDesc/VDesc are that 2-D view's tensor descriptors, one tile per load."""
     split = tl.program_id(0)
     pid = tl.program_id(1)
     b = (pid // num_kv_heads).to(tl.int64)
@@ -317,15 +336,16 @@ def _decode_split_kernel(
         k_base = K + b * stride_kb + hkv * stride_kh
         v_base = V + b * stride_vb + hkv * stride_vh
     table_base = Table + b * stride_tb
+    desc_row = (pid * (stride_kh // stride_kn)).to(tl.int32) if TMA else 0
     acc, l_i, m_i = _decode_tiles(
-        acc, l_i, m_i, q, k_base, v_base, table_base, lo, full_end, last_key, qk_scale,
-        stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32,
+        acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, lo, full_end, last_key,
+        qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA,
     )  # fmt: skip
     acc, l_i, m_i = _decode_tiles(
-        acc, l_i, m_i, q, k_base, v_base, table_base, full_end, hi, last_key, qk_scale,
-        stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32,
+        acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, full_end, hi, last_key,
+        qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False,
     )  # fmt: skip
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -453,6 +473,7 @@ def _check(
 # Candidates timed by the autotuned launch (configs.DECODE_CANDIDATES); those whose pipelined K/V
 # tiles exceed shared memory are skipped.
 AUTOTUNE_CANDIDATES = DECODE_CANDIDATES
+TMA_AUTOTUNE_CANDIDATES = DECODE_TMA_CANDIDATES  # besides, on contiguous caches TMA can read
 SHARED_MEMORY_BUDGET = 225 * 1024
 _CHOICE: dict[tuple, DecodeConfig] = {}
 
@@ -513,6 +534,27 @@ def _workspace_views(workspace: Any, counters: int, rows: int, block_d: int) -> 
     return cnt, mid_o, mid_l
 
 
+def _tma_descriptors(k: Any, v: Any, block_n: int) -> tuple[Any, Any] | None:
+    """Tensor descriptors of contiguous caches [B, Hkv, S_max, D] viewed as [B·Hkv·S_max, D] with
+    [block_n, D] tiles, or None where TMA cannot read them (a DeviceTensor, strided or unaligned
+    caches, a D that is no power of two or under 16 bytes a row, row indices past int32)."""
+    if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        return None
+    rows, d = k.numel() // max(int(k.shape[-1]), 1), int(k.shape[-1])
+    ok = (
+        k.is_contiguous()
+        and v.is_contiguous()
+        and d & (d - 1) == 0
+        and d * k.element_size() >= 16
+        and 0 < rows < 2**31
+        and k.data_ptr() % 16 == 0
+        and v.data_ptr() % 16 == 0
+    )
+    if not ok:
+        return None
+    return tuple(TensorDescriptor(t, [rows, d], [d, 1], [block_n, d]) for t in (k, v))
+
+
 def _launch(q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace, zeroed=True) -> None:
     """Run the split kernel (and, unfused, the reduce kernel) with scratch from `workspace` (4-byte
     elements, at least workspace_elements(...); None: allocate, with this stream's counters).
@@ -546,13 +588,15 @@ def _launch(q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace, 
     tail_splits = max(1, tail // (tail_rows * block_d))
     table = block_table if block_table is not None else seq_lens
     stride_tb = int(block_table.stride(0)) if block_table is not None else 0
+    descs = _tma_descriptors(k, v, cfg.block_n) if cfg.tma and page == 0 else None
+    k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
     _decode_split_kernel[(splits, b * hkv)](
-        q, k, v, seq_lens, table, out, mid_o, mid_l, counters,
+        q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,
         hkv, splits, float(scale),
         GROUP=group, SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
         PAGE_SIZE=page, DIRECT=direct, FUSED=fused, TAIL_ROWS=tail_rows, TAIL_SPLITS=tail_splits,
-        DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
+        DOT_F32=_interpreting() and q.dtype == torch.bfloat16, TMA=descs is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if not direct and not fused:
@@ -592,12 +636,15 @@ def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len) -> DecodeCon
         return _CHOICE[key]
     block_d = max(16, triton.next_power_of_2(d))
     base = num_splits_for(b * hkv, max_len, _num_sms(), 64)
+    tma = block_table is None and _tma_descriptors(k, v, 64) is not None
+    candidates = [(c, False) for c in AUTOTUNE_CANDIDATES]
+    candidates += [(c, True) for c in TMA_AUTOTUNE_CANDIDATES] if tma else []
     times = {}
-    for bn, warps, stages, mult in AUTOTUNE_CANDIDATES:
+    for (bn, warps, stages, mult), use_tma in candidates:
         if not _fits(bn, stages, block_d):
             continue
         splits = 0 if mult == 1.0 else max(1, min(MAX_SPLITS, round(base * mult)))
-        cfg = DecodeConfig(bn, warps, stages, splits)
+        cfg = DecodeConfig(bn, warps, stages, splits, tma=use_tma)
         if cfg in times:
             continue
         n = _resolve_splits(cfg, b * hkv, max_len)
@@ -633,7 +680,8 @@ def decode_attention(
     block pool [num_blocks, block_size, Hkv, D]. Causal (LOWER_RIGHT) when S_q > 1. `max_seq_len`
     (default: the cache capacity) sizes the split count; `seq_lens` stays on the device. With
     `config` None, a CUDA launch outside graph capture is autotuned once per problem bucket over
-    :data:`AUTOTUNE_CANDIDATES`; the interpreter and graph capture use :func:`default_decode_config`.
+    :data:`AUTOTUNE_CANDIDATES` (and, on a contiguous cache that tensor descriptors can read,
+    :data:`TMA_AUTOTUNE_CANDIDATES`); the interpreter and graph capture use :func:`default_decode_config`.
     Eager launches reduce the splits inside the split kernel (with this stream's counters); a
     captured launch reduces them in a second kernel.
     """
