@@ -113,6 +113,95 @@ def test_raw_launch_on_a_scratch_workspace(zeroed):
             assert int(ws[: b * hkv].abs().sum()) == 0
 
 
+@pytest.mark.parametrize(
+    ("s_q", "splits", "fused"), [(1, 1, True), (1, 3, True), (4, 2, False), (8, 5, True)]
+)
+def test_tensor_descriptor_loads_match_pointer_loads(s_q, splits, fused):
+    """`tma`: a contiguous cache's whole tiles come through tensor descriptors of its [B·Hkv·S_max, D]
+    view (rows of the next head follow each head's: only whole tiles below seq_len may use them);
+    the ragged last tile and poisoned slots past each length stay masked."""
+    gen = torch.Generator().manual_seed(11 + s_q + splits)
+    lens = torch.tensor([70, 16, 33, 1], dtype=torch.int32, device=DEVICE)
+    q, k, v = _caches(4, 8, 2, s_q, 80, 64, torch.float16, gen)
+    poison_past_lengths(k, lens)
+    poison_past_lengths(v, lens)
+    assert decode_kernel._tma_descriptors(k, v, 16) is not None
+    cfg = DecodeConfig(block_n=16, num_splits=splits, fused=fused, tma=True)
+    out = decode_attention(q, k, v, lens, config=cfg)
+    assert (out.float() - reference_decode(q, k, v, lens)).abs().max().item() < 3e-3
+
+
+def test_tensor_descriptors_only_where_tma_can_read_the_cache():
+    """Strided caches, a head dim that is no power of two: no descriptors (pointer loads instead)."""
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = _caches(2, 4, 2, 1, 40, 64, torch.float16, gen)
+    assert decode_kernel._tma_descriptors(k[:, :, :32], v[:, :, :32], 16) is None
+    _, k80, v80 = _caches(2, 4, 2, 1, 40, 80, torch.float16, gen)
+    assert decode_kernel._tma_descriptors(k80, v80, 16) is None
+    lens = torch.tensor([32, 7], dtype=torch.int32, device=DEVICE)
+    ks, vs = k[:, :, :32], v[:, :, :32]
+    out = decode_attention(q, ks, vs, lens, config=DecodeConfig(block_n=16, tma=True))
+    assert (out.float() - reference_decode(q, ks, vs, lens)).abs().max().item() < 3e-3
+
+
+def _windowed_reference(q, k, v, lens, window):
+    """FP32 attention of query i (position L - S_q + i) over keys in (its position - window, its position]."""
+    b, hq, s_q, d = q.shape
+    out = torch.zeros(b, hq, s_q, d, dtype=torch.float32)
+    for i, n in enumerate(lens.tolist()):
+        pos = n - s_q + torch.arange(s_q)[:, None]
+        kpos = torch.arange(n)[None, :]
+        keep = (kpos <= pos) & (kpos > pos - window)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q[i : i + 1].float().cpu(), k[i : i + 1, :, :n].float().cpu(), v[i : i + 1, :, :n].float().cpu(),
+            attn_mask=keep, enable_gqa=True,
+        )  # fmt: skip
+        out[i] = o[0].nan_to_num(0.0)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("s_q", "window", "splits", "fused", "tma"),
+    [(1, 1, 0, True, False), (1, 16, 3, True, True), (1, 33, 2, False, False), (4, 20, 0, True, False),
+     (4, 2, 4, False, True), (8, 47, 1, True, False), (1, 500, 2, True, False)],
+)  # fmt: skip
+def test_sliding_window_matches_a_masked_reference(s_q, window, splits, fused, tma):
+    """Each query sees only its last `window` keys (Mistral-style, window < context): head tiles that
+    start before the window are masked, the splits share out only the keys some row sees."""
+    gen = torch.Generator().manual_seed(window * 10 + s_q + splits)
+    lens = torch.tensor([1, 15, 70, 100, 48], dtype=torch.int32, device=DEVICE)
+    q, k, v = _caches(5, 8, 2, s_q, 104, 64, torch.float16, gen)
+    poison_past_lengths(k, lens)
+    poison_past_lengths(v, lens)
+    cfg = DecodeConfig(block_n=16, num_splits=splits, fused=fused, tma=tma)
+    out = decode_attention(q, k, v, lens, config=cfg, window=window)
+    assert not torch.isnan(out).any()
+    ref = _windowed_reference(q, k, v, lens.cpu(), window)
+    assert (out.float().cpu() - ref).abs().max().item() < 3e-3
+    if window < 100:  # the window changes the answer where a sequence is longer than it
+        assert (ref - reference_decode(q, k, v, lens).cpu()).abs().max().item() > 1e-2
+
+
+def test_sliding_window_on_a_paged_pool_matches_the_executor_reference():
+    from trtforge.llm.executors.paged_attention import paged_decode_reference
+
+    gen = torch.Generator().manual_seed(9)
+    lens = torch.tensor([90, 7, 64, 33], dtype=torch.int32, device=DEVICE)
+    q, k, v = _caches(4, 8, 2, 1, 96, 64, torch.float16, gen)
+    kp, vp, table = paged_from_contiguous(k, v, lens.cpu(), 16, gen)
+    out = decode_attention(q, kp, vp, lens, table, config=DecodeConfig(block_n=16, num_splits=3), window=24)
+    safe = table.clamp(max=kp.shape[0] - 1)  # entries past each length are out of the pool: unread
+    ref = paged_decode_reference(q[:, :, 0].float(), kp.float(), vp.float(), safe, lens, 64**-0.5, 24)
+    assert (out[:, :, 0].float() - ref).abs().max().item() < 3e-3
+
+
+def test_sliding_window_must_hold_a_key():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = _caches(1, 2, 1, 1, 16, 32, torch.float16, gen)
+    with pytest.raises(ValueError, match="sliding window"):
+        decode_attention(q, k, v, torch.tensor([4], dtype=torch.int32, device=DEVICE), window=0)
+
+
 def test_query_longer_than_context_sees_nothing_for_early_rows():
     """LOWER_RIGHT: with L = 2 and q_len 4, rows 0 and 1 see no key (zeros), rows 2 and 3 see 1 and 2."""
     gen = torch.Generator().manual_seed(1)

@@ -23,6 +23,7 @@ from tests.plugins.decode_reference import (  # noqa: E402
 from trtforge.plugins.attention import decode_kernel  # noqa: E402
 from trtforge.plugins.attention.decode_kernel import (  # noqa: E402
     AUTOTUNE_CANDIDATES,
+    TMA_AUTOTUNE_CANDIDATES,
     DecodeConfig,
     decode_attention,
     decode_attention_raw,
@@ -155,18 +156,23 @@ def test_raw_launch_on_a_workspace_and_a_foreign_stream(zeroed):
 
 @pytest.mark.parametrize("page", [0, 16])
 def test_every_autotune_candidate_and_the_autotuned_launch(page):
-    """Whichever candidate the autotuner picks must be right: each one, on GQA 4, q_len 4, D=128."""
+    """Whichever candidate the autotuner picks must be right: each one (the TMA ones on the contiguous
+    cache), on GQA 4, q_len 4, D=128, rows past each length NaN."""
     gen = torch.Generator().manual_seed(21 + page)
     lens = torch.tensor([1, 17, 3000, 777], dtype=torch.int32, device="cuda")
     q = torch.randn(4, 16, 4, 128, generator=gen).half().cuda()
     k = torch.randn(4, 4, 3000, 128, generator=gen).half().cuda()
     v = torch.randn(4, 4, 3000, 128, generator=gen).half().cuda()
+    poison_past_lengths(k, lens)
+    poison_past_lengths(v, lens)
     table = None
     if page:
         k, v, table = paged_from_contiguous(k, v, lens, page, gen)
     ref = reference_decode(q, k, v, lens, table)
-    for bn, warps, stages, mult in AUTOTUNE_CANDIDATES:
-        cfg = DecodeConfig(bn, warps, stages, 0 if mult == 1.0 else max(1, int(8 * mult)))
+    candidates = [(c, False) for c in AUTOTUNE_CANDIDATES]
+    candidates += [] if page else [(c, True) for c in TMA_AUTOTUNE_CANDIDATES]
+    for (bn, warps, stages, mult), tma in candidates:
+        cfg = DecodeConfig(bn, warps, stages, 0 if mult == 1.0 else max(1, int(8 * mult)), tma=tma)
         _check(decode_attention(q, k, v, lens, table, config=cfg), ref, torch.float16)
     _check(decode_attention(q, k, v, lens, table), ref, torch.float16)
 

@@ -5,7 +5,8 @@ over the paged pool, GQA) and prompt chunks through
 :func:`trtforge.plugins.attention.chunked_prefill.chunked_prefill_attention` (LOWER_RIGHT causal
 over the cached prefix plus the chunk). The executor's pools are ``[num_blocks, block_size, Hkv, D]``,
 the layout the kernels' entry points take (they index it through strided views); no K/V is
-copied. Sliding-window layers and shapes the kernels do not take fall back to the torch references.
+copied. Sliding-window layers run decode rows through the decode kernel's window; a step with
+prompt chunks on such a layer (the prefill kernel has no window) falls back to the torch reference.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import torch
 from trtforge.llm.executors.paged_attention import (
     AttentionMetadata,
     paged_attention_reference,
-    paged_decode_reference,
 )
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -58,10 +58,6 @@ class TritonDecodeAttention:
         scale: float,
         sliding_window: int | None = None,
     ) -> torch.Tensor:
-        if sliding_window is not None:
-            return paged_decode_reference(
-                q, k_pool, v_pool, block_tables, context_lens, scale, sliding_window
-            )
         from trtforge.plugins.attention.decode_kernel import decode_attention, default_decode_config
 
         config = self.config or default_decode_config(int(q.shape[-1]))
@@ -73,6 +69,7 @@ class TritonDecodeAttention:
             block_tables,
             scale=scale,
             config=config,
+            window=sliding_window,
         )
         return out.squeeze(2)
 
@@ -117,13 +114,13 @@ class TritonPagedAttention:
         scale: float,
         sliding_window: int | None = None,
     ) -> torch.Tensor:
-        if sliding_window is not None:
-            return paged_attention_reference(q, k_pool, v_pool, meta, scale, sliding_window)
         from trtforge.plugins.attention.chunked_prefill import chunked_prefill_attention
 
         if self._plan_for is not meta:
             self._plan, self._plan_for = self._make_plan(meta, q.device), meta
         decode_plan, chunks = self._plan
+        if sliding_window is not None and chunks:
+            return paged_attention_reference(q, k_pool, v_pool, meta, scale, sliding_window)
         out = torch.empty_like(q)
         if decode_plan is not None:
             rows, seqs, width = decode_plan
@@ -135,6 +132,7 @@ class TritonPagedAttention:
                 tables,
                 meta.context_lens.index_select(0, seqs),
                 scale,
+                sliding_window,
             )
             out.index_copy_(0, rows, got)
         for i, lo, hi, width in chunks:

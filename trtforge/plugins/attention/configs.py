@@ -186,6 +186,14 @@ DECODE_CANDIDATES: tuple[tuple[int, int, int, float], ...] = (
     (64, 8, 3, 1.0), (128, 8, 2, 1.0), (64, 4, 4, 2.0), (128, 4, 3, 0.5),
 )  # fmt: skip
 
+# Extra decode candidates for contiguous caches TMA can read (decode_kernel._tma_descriptors): the
+# same fields, whole tiles loaded by tensor descriptors. Not plugin tactics (the plugin's pools are
+# paged). Deeper pipelines than the pointer loads', since a bulk copy costs one thread one instruction.
+DECODE_TMA_CANDIDATES: tuple[tuple[int, int, int, float], ...] = (
+    (64, 4, 3, 1.0), (64, 4, 4, 1.0), (64, 4, 6, 1.0), (128, 4, 2, 1.0), (128, 4, 3, 1.0),
+    (128, 8, 3, 1.0), (64, 4, 4, 0.5), (128, 4, 3, 0.5), (64, 4, 4, 2.0),
+)  # fmt: skip
+
 
 def decode_counter_slots(batch: int, num_heads: int) -> int:
     """4-byte slots at the start of a decode workspace for the fused reduction's arrival counters:

@@ -17,7 +17,11 @@ the rows (M dimension) of one tile, so each K/V tile is loaded once for the whol
 products run on the tensor cores (rows padded to at least 16).
 
 Causal alignment is LOWER_RIGHT: with context length L (the new tokens included) and q_len S_q,
-query i sees keys j <= L - S_q + i. A row that sees no key gets zeros.
+query i sees keys j <= L - S_q + i. A row that sees no key gets zeros. With a sliding window W it
+also sees only keys j > L - S_q + i - W, and the splits share out only those keys.
+
+Contiguous caches that TMA can read (``DecodeConfig.tma``) load their whole tiles through tensor
+descriptors of the ``[B·Hkv·S_max, D]`` view; ragged and causal-tail tiles keep masked pointer loads.
 
 Caches (strides in elements, so either axis order of the pool works):
 - contiguous: k/v ``[B, Hkv, S_max, D]`` with per-sequence lengths ``seq_lens [B]`` int32.
@@ -37,8 +41,13 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from trtforge.plugins.attention.configs import DECODE_CANDIDATES, decode_counter_slots
+from trtforge.plugins.attention.configs import (
+    DECODE_CANDIDATES,
+    DECODE_TMA_CANDIDATES,
+    decode_counter_slots,
+)
 from trtforge.plugins.attention.device_tensor import pool_heads_major
 
 __all__ = [
@@ -60,13 +69,15 @@ MIN_SPLIT_TOKENS = 256  # fewer keys per split than this costs more in the reduc
 @dataclass(frozen=True)
 class DecodeConfig:
     """One launch configuration: keys per tile, warps and pipeline depth; `num_splits` 0 = heuristic;
-    `fused` False reduces the splits in a second kernel instead of in each group's last program."""
+    `fused` False reduces the splits in a second kernel instead of in each group's last program;
+    `tma` loads a contiguous cache's whole tiles by bulk tensor copies where eligible."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
     num_splits: int = 0
     fused: bool = True
+    tma: bool = False  # full tiles of a contiguous cache through tensor descriptors (Hopper's TMA)
 
 
 def default_decode_config(head_dim: int) -> DecodeConfig:
@@ -91,6 +102,99 @@ def num_splits_for(batch_kv_heads: int, max_len: int, num_sms: int, block_n: int
     splits = max(1, min(want, triton.cdiv(max_len, MIN_SPLIT_TOKENS), tiles, MAX_SPLITS))
     per_split = triton.cdiv(tiles, splits)
     return triton.cdiv(tiles, per_split)
+
+
+@triton.jit
+def _attend_tiles(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    k_desc,
+    v_desc,
+    desc_row,
+    table_base,
+    lo,
+    hi,
+    last_key,
+    first_key,
+    qk_scale,
+    stride_kb,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vd,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    TMA: tl.constexpr,
+    WINDOW: tl.constexpr,
+):
+    """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED tiles bound loads by `hi` and hide keys past
+    each row's `last_key` (LOWER_RIGHT causal) and, WINDOW, before its `first_key`; unmasked ones
+    are wholly visible to every row. TMA:
+    unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n."""
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi
+        if PAGE_SIZE > 0:
+            if MASKED:
+                blk = tl.load(table_base + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+            else:
+                blk = tl.load(table_base + offs_n // PAGE_SIZE).to(tl.int64)
+            slot = offs_n % PAGE_SIZE
+            k_rows = blk * stride_kb + slot * stride_kn
+            v_rows = blk * stride_vb + slot * stride_vn
+        else:
+            k_rows = offs_n.to(tl.int64) * stride_kn
+            v_rows = offs_n.to(tl.int64) * stride_vn
+        k_ptrs = k_base + k_rows[:, None] + offs_d[None, :] * stride_kd
+        v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd
+        if MASKED:
+            kv_ok = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
+            v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+        elif TMA:
+            k = k_desc.load([desc_row + start_n, 0])
+            v = v_desc.load([desc_row + start_n, 0])
+        elif BLOCK_D != HEAD_DIM:
+            k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        if DOT_F32:
+            qk = tl.dot(q.to(tl.float32), tl.trans(k).to(tl.float32))
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        qk = qk * qk_scale
+        if MASKED:
+            keep = (offs_n[None, :] <= last_key[:, None]) & n_ok[None, :]
+            if WINDOW:
+                keep = keep & (offs_n[None, :] >= first_key[:, None])
+            qk = tl.where(keep, qk, float("-inf"))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)  # rows that saw no key yet
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            m_sub = m_ij
+        p = tl.math.exp2(qk - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DOT_F32:
+            acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc * alpha[:, None])
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_ij
+    return acc, l_i, m_i
 
 
 @triton.jit
@@ -119,58 +223,12 @@ def _decode_tiles(
     MASKED: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
-    """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED tiles bound loads by `hi` and hide keys past
-    each row's `last_key` (LOWER_RIGHT causal); unmasked ones are wholly visible to every row."""
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < hi
-        if PAGE_SIZE > 0:
-            if MASKED:
-                blk = tl.load(table_base + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-            else:
-                blk = tl.load(table_base + offs_n // PAGE_SIZE).to(tl.int64)
-            slot = offs_n % PAGE_SIZE
-            k_rows = blk * stride_kb + slot * stride_kn
-            v_rows = blk * stride_vb + slot * stride_vn
-        else:
-            k_rows = offs_n.to(tl.int64) * stride_kn
-            v_rows = offs_n.to(tl.int64) * stride_vn
-        k_ptrs = k_base + k_rows[:, None] + offs_d[None, :] * stride_kd
-        v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd
-        if MASKED:
-            kv_ok = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
-            v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
-        elif BLOCK_D != HEAD_DIM:
-            k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
-        if DOT_F32:
-            qk = tl.dot(q.to(tl.float32), tl.trans(k).to(tl.float32))
-        else:
-            qk = tl.dot(q, tl.trans(k))
-        qk = qk * qk_scale
-        if MASKED:
-            keep = (offs_n[None, :] <= last_key[:, None]) & n_ok[None, :]
-            qk = tl.where(keep, qk, float("-inf"))
-            m_ij = tl.maximum(m_i, tl.max(qk, 1))
-            m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)  # rows that saw no key yet
-        else:
-            m_ij = tl.maximum(m_i, tl.max(qk, 1))
-            m_sub = m_ij
-        p = tl.math.exp2(qk - m_sub[:, None])
-        alpha = tl.math.exp2(m_i - m_sub)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DOT_F32:
-            acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc * alpha[:, None])
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_ij
-    return acc, l_i, m_i
+    """:func:`_attend_tiles` with pointer loads and no window (the chunked-prefill kernel's tile loop)."""
+    return _attend_tiles(
+        acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, lo, hi, last_key, last_key,
+        qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, MASKED, DOT_F32, False, False,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -238,6 +296,8 @@ def _decode_split_kernel(
     Q,
     K,
     V,
+    KDesc,
+    VDesc,
     SeqLens,
     Table,
     Out,
@@ -263,6 +323,7 @@ def _decode_split_kernel(
     stride_tb,
     num_kv_heads,
     num_splits,
+    window,
     qk_scale,
     GROUP: tl.constexpr,
     SEQ_Q: tl.constexpr,
@@ -276,22 +337,36 @@ def _decode_split_kernel(
     TAIL_ROWS: tl.constexpr,
     TAIL_SPLITS: tl.constexpr,
     DOT_F32: tl.constexpr,
+    TMA: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
-    FUSED: the group's last program to finish reduces all its splits."""
+    WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
+    out only the keys some row sees;
+    FUSED: the group's last program to finish reduces all its splits. TMA (contiguous caches laid
+    out [B·Hkv·S_max, D]): KDesc/VDesc are that 2-D view's tensor descriptors, one tile per load."""
     split = tl.program_id(0)
     pid = tl.program_id(1)
     b = (pid // num_kv_heads).to(tl.int64)
     hkv = (pid % num_kv_heads).to(tl.int64)
     seq_len = tl.load(SeqLens + b).to(tl.int32)
 
-    tiles = tl.cdiv(seq_len, BLOCK_N)
+    if WINDOW:  # row 0 sees keys from L - S_q + 1 - window on (whole tiles from there)
+        kv_lo = (tl.maximum(seq_len - SEQ_Q + 1 - window, 0) // BLOCK_N) * BLOCK_N
+    else:
+        kv_lo = 0
+    tiles = tl.cdiv(seq_len - kv_lo, BLOCK_N)
     per_split = tl.cdiv(tiles, num_splits)
-    lo = split * per_split * BLOCK_N
+    lo = kv_lo + split * per_split * BLOCK_N
     hi = tl.minimum(lo + per_split * BLOCK_N, seq_len)
-    # Keys every row sees: j <= L - S_q (LOWER_RIGHT). Whole tiles below that run unmasked.
+    # Keys every row sees: j <= L - S_q (LOWER_RIGHT) and, WINDOW, j >= L - window (the last row's
+    # first key). Whole tiles between run unmasked; those before (head) and after (tail) masked.
+    if WINDOW:
+        head_end = tl.minimum(lo + tl.cdiv(tl.maximum(seq_len - window - lo, 0), BLOCK_N) * BLOCK_N, hi)
+    else:
+        head_end = lo
     full_hi = tl.minimum(hi, seq_len - SEQ_Q + 1)
-    full_end = tl.maximum(lo + ((full_hi - lo) // BLOCK_N) * BLOCK_N, lo)
+    full_end = tl.maximum(head_end + ((full_hi - head_end) // BLOCK_N) * BLOCK_N, head_end)
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -304,6 +379,7 @@ def _decode_split_kernel(
     q_ptrs = Q + q_rows[:, None] + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     last_key = seq_len - SEQ_Q + qi
+    first_key = last_key - window + 1 if WINDOW else last_key  # unread without WINDOW
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -317,15 +393,22 @@ def _decode_split_kernel(
         k_base = K + b * stride_kb + hkv * stride_kh
         v_base = V + b * stride_vb + hkv * stride_vh
     table_base = Table + b * stride_tb
-    acc, l_i, m_i = _decode_tiles(
-        acc, l_i, m_i, q, k_base, v_base, table_base, lo, full_end, last_key, qk_scale,
-        stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32,
+    desc_row = (pid * (stride_kh // stride_kn)).to(tl.int32) if TMA else 0
+    if WINDOW:
+        acc, l_i, m_i = _attend_tiles(
+            acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, lo, head_end,
+            last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
+        )  # fmt: skip
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, head_end, full_end,
+        last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False,
     )  # fmt: skip
-    acc, l_i, m_i = _decode_tiles(
-        acc, l_i, m_i, q, k_base, v_base, table_base, full_end, hi, last_key, qk_scale,
-        stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32,
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, full_end, hi,
+        last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
     )  # fmt: skip
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -453,6 +536,7 @@ def _check(
 # Candidates timed by the autotuned launch (configs.DECODE_CANDIDATES); those whose pipelined K/V
 # tiles exceed shared memory are skipped.
 AUTOTUNE_CANDIDATES = DECODE_CANDIDATES
+TMA_AUTOTUNE_CANDIDATES = DECODE_TMA_CANDIDATES  # besides, on contiguous caches TMA can read
 SHARED_MEMORY_BUDGET = 225 * 1024
 _CHOICE: dict[tuple, DecodeConfig] = {}
 
@@ -513,10 +597,34 @@ def _workspace_views(workspace: Any, counters: int, rows: int, block_d: int) -> 
     return cnt, mid_o, mid_l
 
 
-def _launch(q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace, zeroed=True) -> None:
+def _tma_descriptors(k: Any, v: Any, block_n: int) -> tuple[Any, Any] | None:
+    """Tensor descriptors of contiguous caches [B, Hkv, S_max, D] viewed as [B·Hkv·S_max, D] with
+    [block_n, D] tiles, or None where TMA cannot read them (a DeviceTensor, strided or unaligned
+    caches, a D that is no power of two or under 16 bytes a row, row indices past int32)."""
+    if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        return None
+    rows, d = k.numel() // max(int(k.shape[-1]), 1), int(k.shape[-1])
+    ok = (
+        k.is_contiguous()
+        and v.is_contiguous()
+        and d & (d - 1) == 0
+        and d * k.element_size() >= 16
+        and 0 < rows < 2**31
+        and k.data_ptr() % 16 == 0
+        and v.data_ptr() % 16 == 0
+    )
+    if not ok:
+        return None
+    return tuple(TensorDescriptor(t, [rows, d], [d, 1], [block_n, d]) for t in (k, v))
+
+
+def _launch(
+    q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace, zeroed=True, window=0
+) -> None:
     """Run the split kernel (and, unfused, the reduce kernel) with scratch from `workspace` (4-byte
     elements, at least workspace_elements(...); None: allocate, with this stream's counters).
-    `zeroed` False: the workspace's counters hold anything, so the reduction runs unfused."""
+    `zeroed` False: the workspace's counters hold anything, so the reduction runs unfused. `window`
+    > 0: sliding-window attention over each query's last `window` keys."""
     b, hq, s_q, d = (int(n) for n in q.shape)
     hkv = int(k.shape[1])
     page = int(k.shape[2]) if block_table is not None else 0
@@ -546,14 +654,16 @@ def _launch(q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace, 
     tail_splits = max(1, tail // (tail_rows * block_d))
     table = block_table if block_table is not None else seq_lens
     stride_tb = int(block_table.stride(0)) if block_table is not None else 0
+    descs = _tma_descriptors(k, v, cfg.block_n) if cfg.tma and page == 0 else None
+    k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
     _decode_split_kernel[(splits, b * hkv)](
-        q, k, v, seq_lens, table, out, mid_o, mid_l, counters,
+        q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,
-        hkv, splits, float(scale),
+        hkv, splits, int(window), float(scale),
         GROUP=group, SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
         PAGE_SIZE=page, DIRECT=direct, FUSED=fused, TAIL_ROWS=tail_rows, TAIL_SPLITS=tail_splits,
-        DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DOT_F32=_interpreting() and q.dtype == torch.bfloat16, TMA=descs is not None,
+        WINDOW=window > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if not direct and not fused:
         _decode_reduce_kernel[(b * hq * s_q,)](
@@ -582,7 +692,7 @@ def _kernel_ms(fn: Any) -> float:
         return float(triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median"))
 
 
-def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len) -> DecodeConfig:
+def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len, window=0) -> DecodeConfig:
     """The fastest candidate for this problem's key, timed once per key (each compiled and run once,
     then timed as CUDA-graph replays)."""
     b, _, _, d = (int(n) for n in q.shape)
@@ -592,18 +702,21 @@ def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len) -> DecodeCon
         return _CHOICE[key]
     block_d = max(16, triton.next_power_of_2(d))
     base = num_splits_for(b * hkv, max_len, _num_sms(), 64)
+    tma = block_table is None and _tma_descriptors(k, v, 64) is not None
+    candidates = [(c, False) for c in AUTOTUNE_CANDIDATES]
+    candidates += [(c, True) for c in TMA_AUTOTUNE_CANDIDATES] if tma else []
     times = {}
-    for bn, warps, stages, mult in AUTOTUNE_CANDIDATES:
+    for (bn, warps, stages, mult), use_tma in candidates:
         if not _fits(bn, stages, block_d):
             continue
         splits = 0 if mult == 1.0 else max(1, min(MAX_SPLITS, round(base * mult)))
-        cfg = DecodeConfig(bn, warps, stages, splits)
+        cfg = DecodeConfig(bn, warps, stages, splits, tma=use_tma)
         if cfg in times:
             continue
         n = _resolve_splits(cfg, b * hkv, max_len)
 
         def fn(cfg: DecodeConfig = cfg, n: int = n) -> None:
-            _launch(q, k, v, seq_lens, block_table, out, scale, cfg, n, None)
+            _launch(q, k, v, seq_lens, block_table, out, scale, cfg, n, None, window=window)
 
         try:
             fn()
@@ -626,6 +739,7 @@ def decode_attention(
     out: torch.Tensor | None = None,
     config: DecodeConfig | None = None,
     max_seq_len: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, Hq, S_q<=8, D] over each sequence's first seq_lens[b] cached keys.
 
@@ -633,9 +747,11 @@ def decode_attention(
     block pool [num_blocks, block_size, Hkv, D]. Causal (LOWER_RIGHT) when S_q > 1. `max_seq_len`
     (default: the cache capacity) sizes the split count; `seq_lens` stays on the device. With
     `config` None, a CUDA launch outside graph capture is autotuned once per problem bucket over
-    :data:`AUTOTUNE_CANDIDATES`; the interpreter and graph capture use :func:`default_decode_config`.
+    :data:`AUTOTUNE_CANDIDATES` (and, on a contiguous cache that tensor descriptors can read,
+    :data:`TMA_AUTOTUNE_CANDIDATES`); the interpreter and graph capture use :func:`default_decode_config`.
     Eager launches reduce the splits inside the split kernel (with this stream's counters); a
-    captured launch reduces them in a second kernel.
+    captured launch reduces them in a second kernel. `window` W (sliding-window layers): query i,
+    at position L - S_q + i, sees only keys at positions > L - S_q + i - W.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -644,17 +760,23 @@ def decode_attention(
     b, hq, _, d, hkv, _, capacity = _check(q, k_cache, v_cache, seq_lens, block_table, out)
     if b == 0 or hq == 0:
         return out
+    if window is not None and int(window) < 1:
+        raise ValueError(f"sliding window must be >= 1 keys; got {window}")
     max_len = min(max_seq_len or capacity, capacity)
+    # a window as long as the cache hides nothing; otherwise splits share out the keys it shows
+    window = int(window) if window is not None and int(window) < capacity else 0
+    s_q = int(q.shape[2])
+    max_len = min(max_len, window + s_q + 128) if window else max_len  # + tile alignment
     scale = d**-0.5 if scale is None else float(scale)
     if config is None:
         tune = not _interpreting() and q.is_cuda and not torch.cuda.is_current_stream_capturing()
         config = (
-            _autotuned(q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len)
+            _autotuned(q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len, window)
             if tune
             else _CHOICE.get(_key_of(q, k_cache, block_table, max_len), default_decode_config(d))
         )
     splits = _resolve_splits(config, b * hkv, max_len)
-    _launch(q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, None)
+    _launch(q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, None, window=window)
     return out
 
 
