@@ -119,13 +119,11 @@ def _gemv_kernel(
     tl.store(out, acc.to(Out.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-# Chosen from benchmarks/bench_decode_layer.py --sweep on an H200 (TinyLlama-1.1B shapes, FP16).
-_DEFAULT = GemvConfig()
-
-
 def default_config(m: int, n: int, k: int, gated: bool) -> GemvConfig:
     """The launch parameters used for an ``[m, k] x [n, k]^T`` projection (gated: n gate/up pairs)."""
-    return _DEFAULT
+    if m <= 2:
+        return GemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=1, dot=False)
+    return GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3, dot=True)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, what: str) -> None:
