@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.bench_serving import build_model
+from trtforge.llm.executors import gemv_kernels
 from trtforge.llm.executors.fused_llama import GEMV_MAX_TOKENS, rms_norm, rope_and_cache, silu_mul
 from trtforge.llm.executors.gemv_kernels import GemvConfig, gemv_residual, norm_gate_up_silu, norm_gemv
 from trtforge.llm.executors.torch_exec import TorchExecutor
@@ -180,7 +182,11 @@ def candidates(m: int) -> list[GemvConfig]:
     fma += [GemvConfig(bn, bk, 4, 3, False) for bn, bk in itertools.product((4, 8, 16), (256, 512))]
     fma = [c for c in fma if bm * c.block_n * c.block_k <= 4096 * c.num_warps]  # ~32 FP32 temps a thread
     dot = [GemvConfig(bn, bk, 4, st, True) for bn, bk, st in itertools.product((16, 32), (128, 256), (3, 4))]
-    return fma + dot
+    picks = (GemvConfig(8, 512, 4, 1), GemvConfig(16, 512, 8, 1), GemvConfig(16, 256, 4, 3, True))
+    first = [c for c in picks if c in fma + dot]  # a spread first, the rest shuffled after
+    rest = [c for c in fma + dot if c not in first]
+    random.Random(0).shuffle(rest)
+    return first + rest
 
 
 def sweep(ex: TorchExecutor, ctx: int, ms: list[int], seconds: float) -> dict:
@@ -188,12 +194,16 @@ def sweep(ex: TorchExecutor, ctx: int, ms: list[int], seconds: float) -> dict:
     res: dict = {}
     deadline = time.monotonic() + seconds
     layers = len(ex._fused.layers)
+    kinds = (("qkv", 0), ("o", 3), ("gate_up", 4), ("down", 5))
+    weights = [2 if j == 0 else 1 for j, _ in enumerate(ms) for _ in kinds]  # the first row count: 2x time
     for m in ms:
         lw = Layerwise(ex, m, ctx)
-        for kind, idx in (("qkv", 0), ("o", 3), ("gate_up", 4), ("down", 5)):
+        for kind, idx in kinds:
+            w = weights.pop(0)
+            until = time.monotonic() + (deadline - time.monotonic()) * w / (w + sum(weights))
             times = []
             for cfg in candidates(m):
-                if time.monotonic() > deadline:
+                if time.monotonic() > until:
                     break
                 _, fn, nbytes = lw.ops(True, {kind: cfg})[idx]
                 try:
@@ -239,13 +249,13 @@ def threshold(ex: TorchExecutor, ctx: int, ms: list[int], best: dict) -> list[di
     return rows
 
 
-def e2e(ex: TorchExecutor, ctx: int, batches: list[int], reps: int = 50) -> dict:
+def e2e(ex: TorchExecutor, ctx: int, batches: list[int], modes=(False, True), reps: int = 50) -> dict:
     """Decode-graph replay time (ms/step) per batch size, GEMV path off and on; their logits' difference."""
     res: dict = {}
     default = ex._fused.gemv_max_tokens
     wb = next(w for w in ex._width_buckets if w * BLOCK >= ctx)
     logits = {}
-    for on in (False, True):
+    for on in modes:
         ex._fused.gemv_max_tokens = default if on else 0
         ex._graphs.clear()
         for b in batches:
@@ -270,7 +280,7 @@ def e2e(ex: TorchExecutor, ctx: int, batches: list[int], reps: int = 50) -> dict
             res[f"{'gemv' if on else 'cublas'}/b{b}"] = ms
             print(f"decode graph b={b:3d} gemv={'on ' if on else 'off'}: {ms:.4f} ms/step")
     ex._fused.gemv_max_tokens = default
-    for b in batches:
+    for b in batches if len(modes) == 2 else ():
         ref, got = logits[(False, b)].double(), logits[(True, b)].double()
         res[f"logits_rel_diff/b{b}"] = float((got - ref).abs().max() / ref.abs().max())
     return res
@@ -288,7 +298,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="JSON results path")
     ap.add_argument("--context", type=int, default=512, help="tokens in each sequence's KV cache")
     ap.add_argument("--table-batches", type=int, nargs="+", default=[1])
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64], help="decode-graph batch sizes")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 64], help="decode-graph batch sizes")
     ap.add_argument("--sweep", action="store_true", help="sweep the GEMV launch configs")
     ap.add_argument("--sweep-rows", type=int, nargs="+", default=[1, 8, 4])
     ap.add_argument("--sweep-seconds", type=float, default=150.0, help="stop sweeping after this long")
@@ -303,7 +313,6 @@ def main() -> None:
     layers = len(ex._fused.layers)
     res: dict = {"device": torch.cuda.get_device_name(), "context": args.context, "gemv_max_tokens":
                  GEMV_MAX_TOKENS, "model": "TinyLlama-1.1B shape, random FP16", "per_op": {}}  # fmt: skip
-    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = True
     with torch.inference_mode():
         for m in args.table_batches:
             lw = Layerwise(ex, m, args.context)
@@ -318,8 +327,46 @@ def main() -> None:
         if args.sweep:
             res["sweep"] = sweep(ex, args.context, args.sweep_rows, args.sweep_seconds)
             save(res, args.out)
+            tuned = use_tuned(ex, res["sweep"])
+            res["tuned_configs"] = tuned
+            print("tuned:", json.dumps(tuned))
+            for m in args.table_batches:
+                rows = per_op_table(Layerwise(ex, m, args.context), True)
+                res["per_op"][f"gemv_tuned/m{m}"] = {"rows": rows, **layer_sum(rows, layers)}
+                print_table(f"gemv_tuned/m{m}: per op", rows)
+                print("sum:", layer_sum(rows, layers))
+            res["decode_graph_ms_tuned"] = e2e(ex, args.context, args.batches, modes=(True,))
+            save(res, args.out)
             res["threshold"] = threshold(ex, args.context, args.threshold_rows, res["sweep"])
     save(res, args.out)
+
+
+def use_tuned(ex: TorchExecutor, best: dict) -> dict:
+    """Make the sweep's best config per projection and row count the kernels' default (the row count
+    maps to the smallest swept one >= it); return them as ``{kind: {rows: config dict}}``."""
+    f = ex._fused
+    lay = f.layers[0]
+    kinds = {
+        (tuple(f.qkv_w[0][0].shape), False): "qkv",
+        (tuple(lay.self_attn.o_proj.weight.shape), False): "o",
+        ((f.gate_up_w[0].shape[0] // 2, f.gate_up_w[0].shape[1]), True): "gate_up",
+        (tuple(lay.mlp.down_proj.weight.shape), False): "down",
+    }
+    table: dict = {}
+    for key, val in best.items():
+        kind, m = key.split("/m")
+        table.setdefault(kind, {})[int(m)] = val["best"]
+    fallback = gemv_kernels.default_config
+
+    def tuned(m: int, n: int, k: int, gated: bool) -> GemvConfig:
+        per_m = table.get(kinds.get(((n, k), gated), "qkv"))
+        if not per_m:
+            return fallback(m, n, k, gated)
+        ms = sorted(per_m)
+        return GemvConfig(**per_m[next((x for x in ms if x >= m), ms[-1])])
+
+    gemv_kernels.default_config = tuned
+    return table
 
 
 def save(res: dict, path: str) -> None:
