@@ -249,14 +249,17 @@ def threshold(ex: TorchExecutor, ctx: int, ms: list[int], best: dict) -> list[di
     return rows
 
 
-def e2e(ex: TorchExecutor, ctx: int, batches: list[int], modes=(False, True), reps: int = 50) -> dict:
+def e2e(
+    ex: TorchExecutor, ctx: int, batches: list[int], gemv_rows: int, modes=(False, True), reps: int = 50
+) -> dict:
     """Decode-graph replay time (ms/step) per batch size, GEMV path off and on; their logits' difference."""
     res: dict = {}
     default = ex._fused.gemv_max_tokens
+    ex._static_buffers()  # the inputs buffer the graphs read
     wb = next(w for w in ex._width_buckets if w * BLOCK >= ctx)
     logits = {}
     for on in modes:
-        ex._fused.gemv_max_tokens = default if on else 0
+        ex._fused.gemv_max_tokens = gemv_rows if on else 0
         ex._graphs.clear()
         for b in batches:
             graph = ex._capture(b, wb)
@@ -299,6 +302,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512, help="tokens in each sequence's KV cache")
     ap.add_argument("--table-batches", type=int, nargs="+", default=[1])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 64], help="decode-graph batch sizes")
+    ap.add_argument("--gemv-max-tokens", type=int, default=8, help="GEMV path up to this batch when on")
     ap.add_argument("--sweep", action="store_true", help="sweep the GEMV launch configs")
     ap.add_argument("--sweep-rows", type=int, nargs="+", default=[1, 8, 4])
     ap.add_argument("--sweep-seconds", type=float, default=150.0, help="stop sweeping after this long")
@@ -311,8 +315,14 @@ def main() -> None:
                        max_decode_batch=max(args.batches))  # fmt: skip
     assert ex._fused is not None, ex.fused_refusal
     layers = len(ex._fused.layers)
-    res: dict = {"device": torch.cuda.get_device_name(), "context": args.context, "gemv_max_tokens":
-                 GEMV_MAX_TOKENS, "model": "TinyLlama-1.1B shape, random FP16", "per_op": {}}  # fmt: skip
+    res: dict = {
+        "device": torch.cuda.get_device_name(),
+        "model": "TinyLlama-1.1B shape, random FP16",
+        "context": args.context,
+        "gemv_max_tokens": args.gemv_max_tokens,
+        "default_gemv_max_tokens": GEMV_MAX_TOKENS,
+        "per_op": {},
+    }
     with torch.inference_mode():
         for m in args.table_batches:
             lw = Layerwise(ex, m, args.context)
@@ -322,7 +332,7 @@ def main() -> None:
                 res["per_op"][key] = {"rows": rows, **layer_sum(rows, layers)}
                 print_table(f"{key}: per op (us, CUDA-graph replay over {layers} layers)", rows)
                 print("sum:", layer_sum(rows, layers))
-        res["decode_graph_ms"] = e2e(ex, args.context, args.batches)
+        res["decode_graph_ms"] = e2e(ex, args.context, args.batches, args.gemv_max_tokens)
         save(res, args.out)
         if args.sweep:
             res["sweep"] = sweep(ex, args.context, args.sweep_rows, args.sweep_seconds)
@@ -335,7 +345,8 @@ def main() -> None:
                 res["per_op"][f"gemv_tuned/m{m}"] = {"rows": rows, **layer_sum(rows, layers)}
                 print_table(f"gemv_tuned/m{m}: per op", rows)
                 print("sum:", layer_sum(rows, layers))
-            res["decode_graph_ms_tuned"] = e2e(ex, args.context, args.batches, modes=(True,))
+            rows_on = args.gemv_max_tokens
+            res["decode_graph_ms_tuned"] = e2e(ex, args.context, args.batches, rows_on, modes=(True,))
             save(res, args.out)
             res["threshold"] = threshold(ex, args.context, args.threshold_rows, res["sweep"])
     save(res, args.out)

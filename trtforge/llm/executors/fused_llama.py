@@ -6,9 +6,9 @@ Here a layer is: RMSNorm (one kernel), one QKV GEMM over concatenated weights, o
 applies RoPE to q and k and writes k and v into their paged-pool slots, attention, the output
 projection with the residual add folded into the GEMM (addmm), RMSNorm, one gate+up GEMM, one
 SiLU-and-multiply kernel, and the down projection with its residual add. At decode-sized token
-counts (<= ``gemv_max_tokens``) the projections run as Triton GEMVs instead (:mod:`.gemv_kernels`)
-with the norms, SiLU*mul and residual adds folded in: norm+QKV, o_proj+residual, norm+gate/up+SiLU,
-down+residual, and norm+lm_head.
+counts (<= ``gemv_max_tokens``; off by default until tuned) the projections run instead as Triton
+GEMVs (:mod:`.gemv_kernels`) with the norms, SiLU*mul and residual adds folded in: norm+QKV,
+o_proj+residual, norm+gate/up+SiLU, down+residual, and norm+lm_head.
 
 The concatenated weights replace the modules' own parameters with views into them, so the model
 keeps working unchanged and no weight is held twice.
@@ -24,9 +24,11 @@ import triton.language as tl
 
 from trtforge.llm.executors.gemv_kernels import MAX_ROWS, gemv_residual, norm_gate_up_silu, norm_gemv
 
-# Token counts up to this run the projections as GEMVs (above it cuBLAS is faster): measured on an
-# H200 with benchmarks/bench_decode_layer.py (TinyLlama-1.1B shapes).
-GEMV_MAX_TOKENS = 8
+# Token counts up to this run the projections as GEMVs (FusedLayers.gemv_max_tokens; at most
+# gemv_kernels.MAX_ROWS). Off (0) until a tuned sweep shows a win: on an H200 (TinyLlama-1.1B shapes,
+# benchmarks/bench_decode_layer.py) the first, untuned configs took 60.5 us per layer at one token
+# against 53.0 us for cuBLAS + the separate norm/SiLU kernels.
+GEMV_MAX_TOKENS = 0
 
 
 @triton.jit

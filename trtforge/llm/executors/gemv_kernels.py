@@ -9,7 +9,9 @@ RMSNorm, SiLU*mul and residual kernels cost several times that. One kernel famil
   program, output ``[M, I]``);
 - GEMV + residual-add epilogue (o_proj, down_proj).
 
-Each program owns ``BLOCK_N`` output columns and streams their weight rows along K. Roundings follow
+Each program owns ``BLOCK_N`` output columns and streams their weight rows along K: at one row as
+FP32 FMAs into a ``[BLOCK_N, BLOCK_K]`` register tile reduced once at the end, at more rows as FMAs
+reduced per chunk or (``dot``) on the tensor cores with the rows padded to 16. Roundings follow
 the eager FP16 path (HF): ``x * rstd`` is rounded to the input dtype before the norm weight
 multiply, the norm output to the input dtype before the GEMV, gate and up to the dtype before SiLU,
 SiLU's output before the multiply; sums are FP32 and the residual is added to the FP32 sum.
@@ -36,6 +38,26 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 3
     dot: bool = False
+
+
+@triton.jit
+def _chunk(x_rows, w_rows, NormW, offs_k, m_ok, n_ok, K, stride_wn, up_rows, rstd, NORM: tl.constexpr,
+           GATED: tl.constexpr, dtype: tl.constexpr):  # fmt: skip
+    """One K chunk: the weight rows (and the up rows when gated; streamed, so evicted first from L2) and
+    the x rows, normalized (x * rstd rounded to the dtype, times the norm weight, rounded) under NORM."""
+    k_ok = offs_k < K
+    w_ok = n_ok[:, None] & k_ok[None, :]
+    w = tl.load(w_rows + offs_k[None, :], mask=w_ok, other=0.0, eviction_policy="evict_first")
+    wu = w
+    if GATED:
+        wu = tl.load(w_rows + up_rows * stride_wn + offs_k[None, :], mask=w_ok, other=0.0,
+                     eviction_policy="evict_first")  # fmt: skip
+    x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+    if NORM:
+        nw = tl.load(NormW + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        xn = (x.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)
+        x = (xn * nw[None, :]).to(dtype)
+    return w, wu, x
 
 
 @triton.jit
@@ -82,30 +104,36 @@ def _gemv_kernel(
             xs = xs.to(tl.float32)
             sq += tl.sum(xs * xs, 1)
         rstd = tl.rsqrt(sq / K + eps)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + arange_k
-        k_ok = offs_k < K
-        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if GATED:
-            wu = tl.load(
-                w_rows + up_rows * stride_wn + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0
-            )
-        x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if NORM:
-            nw = tl.load(NormW + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-            xn = (x.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)
-            x = (xn * nw[None, :]).to(dtype)
-        if DOT:
-            acc += tl.dot(x, tl.trans(w))
+    else:
+        rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if BLOCK_M == 1 and not DOT:
+        # one row: keep [BLOCK_N, BLOCK_K] partial products in registers, reduce once after the loop
+        part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        part_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            w, wu, x = _chunk(x_rows, w_rows, NormW, k0 + arange_k, m_ok, n_ok, K, stride_wn, up_rows, rstd,
+                              NORM, GATED, dtype)  # fmt: skip
+            xf = x.to(tl.float32)
+            part += w.to(tl.float32) * xf
             if GATED:
-                acc_up += tl.dot(x, tl.trans(wu))
-        else:
-            xf = x.to(tl.float32)[:, None, :]
-            acc += tl.sum(xf * w.to(tl.float32)[None, :, :], 2)
-            if GATED:
-                acc_up += tl.sum(xf * wu.to(tl.float32)[None, :, :], 2)
+                part_up += wu.to(tl.float32) * xf
+        acc = tl.sum(part, 1)[None, :]
+        acc_up = tl.sum(part_up, 1)[None, :]
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            w, wu, x = _chunk(x_rows, w_rows, NormW, k0 + arange_k, m_ok, n_ok, K, stride_wn, up_rows, rstd,
+                              NORM, GATED, dtype)  # fmt: skip
+            if DOT:
+                acc += tl.dot(x, tl.trans(w))
+                if GATED:
+                    acc_up += tl.dot(x, tl.trans(wu))
+            else:
+                xf = x.to(tl.float32)[:, None, :]
+                acc += tl.sum(xf * w.to(tl.float32)[None, :, :], 2)
+                if GATED:
+                    acc_up += tl.sum(xf * wu.to(tl.float32)[None, :, :], 2)
     if HAS_BIAS:
         acc += tl.load(Bias + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
