@@ -83,7 +83,13 @@ class Layerwise:
         inter = int(f.gate_up_w[0].shape[0]) // 2
         self.gu = F.linear(self.x, f.gate_up_w[0])
         self.a = silu_mul(self.gu)
-        assert self.a.shape[1] == inter
+        lay0 = f.layers[0]
+        self.shapes = {  # (n, k, gated) of each projection, as the kernels' default_config takes them
+            "qkv": (*f.qkv_w[0][0].shape, False),
+            "o": (*lay0.self_attn.o_proj.weight.shape, False),
+            "gate_up": (inter, hidden, True),
+            "down": (*lay0.mlp.down_proj.weight.shape, False),
+        }
 
     def ops(self, gemv: bool, configs: dict | None = None) -> list[tuple[str, Callable[[int], object], int]]:
         """(name, fn(layer), bytes one call must read) of one layer's ops, current or GEMV path."""
@@ -172,21 +178,20 @@ def layer_sum(rows: list[dict], layers: int) -> dict:
     return {"per_layer_us": per_layer, "step_ms": (per_layer * layers + head) / 1e3}
 
 
-def candidates(m: int) -> list[GemvConfig]:
-    """Launch configs to sweep at `m` rows: FP32-FMA tiles that fit the registers, and tensor-core tiles."""
+def candidates(m: int, shape: tuple[int, int, bool]) -> list[GemvConfig]:
+    """Launch configs to sweep at `m` rows for an ``(n, k, gated)`` projection: the default first, then
+    FP32-FMA tiles of <= ~32 partials a thread and tensor-core tiles, shuffled."""
     bm = 1 << (m - 1).bit_length()
-    fma = [
-        GemvConfig(bn, bk, w, 1, False)
-        for bn, bk, w in itertools.product((4, 8, 16), (256, 512, 1024), (4, 8))
-    ]
-    fma += [GemvConfig(bn, bk, 4, 3, False) for bn, bk in itertools.product((4, 8, 16), (256, 512))]
-    fma = [c for c in fma if bm * c.block_n * c.block_k <= 4096 * c.num_warps]  # ~32 FP32 temps a thread
+    if m == 1:
+        grid = itertools.product((1, 2, 4, 8, 16), (512, 1024, 2048), (4, 8), (1,))
+    else:
+        grid = itertools.product((4, 8, 16), (128, 256, 512, 1024), (4, 8), (1,))
+    fma = [GemvConfig(bn, bk, w, st) for bn, bk, w, st in grid if bm * bn * bk <= 4096 * w]
     dot = [GemvConfig(bn, bk, 4, st, True) for bn, bk, st in itertools.product((16, 32), (128, 256), (3, 4))]
-    picks = (GemvConfig(8, 512, 4, 1), GemvConfig(16, 512, 8, 1), GemvConfig(16, 256, 4, 3, True))
-    first = [c for c in picks if c in fma + dot]  # a spread first, the rest shuffled after
-    rest = [c for c in fma + dot if c not in first]
+    first = gemv_kernels.default_config(m, *shape, torch.cuda.get_device_properties(0).multi_processor_count)
+    rest = [c for c in fma + dot if c != first]
     random.Random(0).shuffle(rest)
-    return first + rest
+    return [first, *rest]
 
 
 def sweep(ex: TorchExecutor, ctx: int, ms: list[int], seconds: float) -> dict:
@@ -202,7 +207,7 @@ def sweep(ex: TorchExecutor, ctx: int, ms: list[int], seconds: float) -> dict:
             w = weights.pop(0)
             until = time.monotonic() + (deadline - time.monotonic()) * w / (w + sum(weights))
             times = []
-            for cfg in candidates(m):
+            for cfg in candidates(m, lw.shapes[kind]):
                 if time.monotonic() > until:
                     break
                 _, fn, nbytes = lw.ops(True, {kind: cfg})[idx]

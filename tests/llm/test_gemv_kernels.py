@@ -18,9 +18,10 @@ DEVICES = [
     pytest.param("cpu", id="interpreter"),
     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
 ]
-# the FMA path at a shape where N and K are no multiple of the blocks, and the tensor-core path
+# the FMA paths (also one column a program) at shapes no multiple of the blocks, and the tensor-core path
 CONFIGS = [
     pytest.param({"block_n": 8, "block_k": 32, "dot": False}, id="fma"),
+    pytest.param({"block_n": 1, "block_k": 64, "dot": False}, id="fma-1col"),
     pytest.param({"block_n": 16, "block_k": 32, "dot": True}, id="dot"),
 ]
 

@@ -19,6 +19,7 @@ SiLU's output before the multiply; sums are FP32 and the residual is added to th
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -147,10 +148,27 @@ def _gemv_kernel(
     tl.store(out, acc.to(Out.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def default_config(m: int, n: int, k: int, gated: bool) -> GemvConfig:
-    """The launch parameters used for an ``[m, k] x [n, k]^T`` projection (gated: n gate/up pairs)."""
-    if m <= 2:
-        return GemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=1, dot=False)
+PROGRAMS_PER_SM = 4  # one-row GEMVs: enough programs that every SM has loads in flight
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    """SMs of a CUDA device; 1 elsewhere (Triton's interpreter runs the programs one after another)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def default_config(m: int, n: int, k: int, gated: bool, num_sms: int = 132) -> GemvConfig:
+    """The launch parameters for an ``[m, k] x [n, k]^T`` projection (gated: n gate/up row pairs).
+
+    One row: the widest column block (<= 16) that still gives ``PROGRAMS_PER_SM`` programs per SM, and
+    the longest K chunk (<= 1024) keeping ~32 FP32 partials a thread. More rows: the tensor cores.
+    """
+    if m == 1:
+        bn = 16
+        while bn > 1 and triton.cdiv(n, bn) < PROGRAMS_PER_SM * num_sms:
+            bn //= 2
+        bk = min(1024, triton.next_power_of_2(k), max(64, 16384 // (bn * (2 if gated else 1))))
+        return GemvConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=1, dot=False)
     return GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3, dot=True)
 
 
@@ -165,7 +183,7 @@ def _check(x: torch.Tensor, w: torch.Tensor, what: str) -> None:
 
 def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=0, config=None) -> None:
     m, k = int(x.shape[0]), int(x.shape[1])
-    cfg = config or default_config(m, n, k, up_rows > 0)
+    cfg = config or default_config(m, n, k, up_rows > 0, _num_sms(x.device))
     block_m = 16 if cfg.dot else triton.next_power_of_2(m)
     dummy = out
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
