@@ -374,10 +374,10 @@ def use_tuned(ex: TorchExecutor, best: dict) -> dict:
         table.setdefault(kind, {})[int(m)] = val["best"]
     fallback = gemv_kernels.default_config
 
-    def tuned(m: int, n: int, k: int, gated: bool) -> GemvConfig:
+    def tuned(m: int, n: int, k: int, gated: bool, num_sms: int = 132) -> GemvConfig:
         per_m = table.get(kinds.get(((n, k), gated), "qkv"))
         if not per_m:
-            return fallback(m, n, k, gated)
+            return fallback(m, n, k, gated, num_sms)
         ms = sorted(per_m)
         return GemvConfig(**per_m[next((x for x in ms if x >= m), ms[-1])])
 
