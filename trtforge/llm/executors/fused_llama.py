@@ -5,7 +5,10 @@ is six), and their launch gaps, not the weights' bytes, set its time even inside
 Here a layer is: RMSNorm (one kernel), one QKV GEMM over concatenated weights, one kernel that
 applies RoPE to q and k and writes k and v into their paged-pool slots, attention, the output
 projection with the residual add folded into the GEMM (addmm), RMSNorm, one gate+up GEMM, one
-SiLU-and-multiply kernel, and the down projection with its residual add.
+SiLU-and-multiply kernel, and the down projection with its residual add. At decode-sized token
+counts (<= ``gemv_max_tokens``; off by default until tuned) the projections run instead as Triton
+GEMVs (:mod:`.gemv_kernels`) with the norms, SiLU*mul and residual adds folded in: norm+QKV,
+o_proj+residual, norm+gate/up+SiLU, down+residual, and norm+lm_head.
 
 The concatenated weights replace the modules' own parameters with views into them, so the model
 keeps working unchanged and no weight is held twice.
@@ -18,6 +21,14 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+
+from trtforge.llm.executors.gemv_kernels import MAX_ROWS, gemv_residual, norm_gate_up_silu, norm_gemv
+
+# Token counts up to this run the projections as GEMVs (FusedLayers.gemv_max_tokens; at most
+# gemv_kernels.MAX_ROWS). Off (0) until a tuned sweep shows a win: on an H200 (TinyLlama-1.1B shapes,
+# benchmarks/bench_decode_layer.py) the first, untuned configs took 60.5 us per layer at one token
+# against 53.0 us for cuBLAS + the separate norm/SiLU kernels.
+GEMV_MAX_TOKENS = 0
 
 
 @triton.jit
@@ -219,6 +230,10 @@ class FusedLayers:
         self.head_dim = int(attn.head_dim)
         self.num_heads = int(model.config.num_attention_heads)
         self.num_kv_heads = int(model.config.num_key_value_heads)
+        self.gemv_max_tokens = min(GEMV_MAX_TOKENS, MAX_ROWS)
+
+    def _gemv(self, h: torch.Tensor) -> bool:
+        return 0 < int(h.shape[0]) <= self.gemv_max_tokens
 
     def rope_tables(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self.inner.rotary_emb(h[None], positions[None])
@@ -236,20 +251,28 @@ class FusedLayers:
         """Norm, QKV projection, RoPE and the K/V write of layer i; returns q ``[T, Hq, D]``."""
         layer = self.layers[i]
         norm = layer.input_layernorm
-        x = rms_norm(h, norm.weight, norm.variance_epsilon)
         w, b = self.qkv_w[i]
-        qkv = torch.nn.functional.linear(x, w, b)
+        if self._gemv(h):
+            qkv = norm_gemv(h, norm.weight, norm.variance_epsilon, w, b)
+        else:
+            qkv = torch.nn.functional.linear(rms_norm(h, norm.weight, norm.variance_epsilon), w, b)
         return rope_and_cache(qkv, *rope, slots, k_pool, v_pool, self.num_heads, self.num_kv_heads)
 
     def finish(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """Output projection + residual, norm, gated MLP + residual."""
         layer = self.layers[i]
-        h = torch.addmm(h, o.reshape(h.shape[0], -1), layer.self_attn.o_proj.weight.t())
         norm = layer.post_attention_layernorm
+        if self._gemv(h):
+            h = gemv_residual(o.reshape(h.shape[0], -1).contiguous(), layer.self_attn.o_proj.weight, h)
+            a = norm_gate_up_silu(h, norm.weight, norm.variance_epsilon, self.gate_up_w[i])
+            return gemv_residual(a, layer.mlp.down_proj.weight, h)
+        h = torch.addmm(h, o.reshape(h.shape[0], -1), layer.self_attn.o_proj.weight.t())
         x = rms_norm(h, norm.weight, norm.variance_epsilon)
         a = silu_mul(torch.nn.functional.linear(x, self.gate_up_w[i]))
         return torch.addmm(h, a, layer.mlp.down_proj.weight.t())
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        norm = self.inner.norm
-        return self.model.lm_head(rms_norm(h, norm.weight, norm.variance_epsilon))
+        norm, head = self.inner.norm, self.model.lm_head
+        if self._gemv(h):
+            return norm_gemv(h, norm.weight, norm.variance_epsilon, head.weight, head.bias)
+        return head(rms_norm(h, norm.weight, norm.variance_epsilon))

@@ -1,0 +1,246 @@
+"""Small-M (decode) projections of a Llama-style layer as Triton GEMVs with the small ops folded in.
+
+At 1..8 tokens a projection is a weight stream: ``[N, K]`` FP16 weights read once for a handful of
+rows, so its time is bytes / bandwidth if enough loads are in flight. cuBLAS at M=1 plus the separate
+RMSNorm, SiLU*mul and residual kernels cost several times that. One kernel family covers the layer:
+
+- RMSNorm prologue + GEMV (QKV, lm_head): each program recomputes its rows' rstd from ``x``;
+- RMSNorm prologue + gate/up GEMV + ``silu(gate) * up`` epilogue (gate row n and up row I+n in one
+  program, output ``[M, I]``);
+- GEMV + residual-add epilogue (o_proj, down_proj).
+
+Each program owns ``BLOCK_N`` output columns and streams their weight rows along K: at one row as
+FP32 FMAs into a ``[BLOCK_N, BLOCK_K]`` register tile reduced once at the end, at more rows as FMAs
+reduced per chunk or (``dot``) on the tensor cores with the rows padded to 16. Roundings follow
+the eager FP16 path (HF): ``x * rstd`` is rounded to the input dtype before the norm weight
+multiply, the norm output to the input dtype before the GEMV, gate and up to the dtype before SiLU,
+SiLU's output before the multiply; sums are FP32 and the residual is added to the FP32 sum.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 16  # rows (tokens) one launch takes: the row block is at most 16
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Launch parameters: output columns per program, K chunk, warps, pipeline stages, and whether the
+    chunk product runs on the tensor cores (``tl.dot`` over rows padded to 16) or as FP32 FMAs."""
+
+    block_n: int = 16
+    block_k: int = 256
+    num_warps: int = 4
+    num_stages: int = 3
+    dot: bool = False
+
+
+@triton.jit
+def _chunk(x_rows, w_rows, NormW, offs_k, m_ok, n_ok, K, stride_wn, up_rows, rstd, NORM: tl.constexpr,
+           GATED: tl.constexpr, dtype: tl.constexpr):  # fmt: skip
+    """One K chunk: the weight rows (and the up rows when gated; streamed, so evicted first from L2) and
+    the x rows, normalized (x * rstd rounded to the dtype, times the norm weight, rounded) under NORM."""
+    k_ok = offs_k < K
+    w_ok = n_ok[:, None] & k_ok[None, :]
+    w = tl.load(w_rows + offs_k[None, :], mask=w_ok, other=0.0, eviction_policy="evict_first")
+    wu = w
+    if GATED:
+        wu = tl.load(w_rows + up_rows * stride_wn + offs_k[None, :], mask=w_ok, other=0.0,
+                     eviction_policy="evict_first")  # fmt: skip
+    x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+    if NORM:
+        nw = tl.load(NormW + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        xn = (x.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)
+        x = (xn * nw[None, :]).to(dtype)
+    return w, wu, x
+
+
+@triton.jit
+def _gemv_kernel(
+    X,
+    W,
+    Out,
+    Res,
+    Bias,
+    NormW,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    stride_rm,
+    up_rows,
+    eps,
+    NORM: tl.constexpr,
+    GATED: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Out[m, n] = epilogue(sum_k prologue(X)[m, k] * W[n, k]) for the BLOCK_N columns of this program."""
+    pid = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    m_ok = offs_m < M
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    arange_k = tl.arange(0, BLOCK_K)
+    x_rows = X + offs_m[:, None] * stride_xm
+    w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
+    dtype = W.dtype.element_ty
+    if NORM:
+        sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + arange_k
+            xs = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+            xs = xs.to(tl.float32)
+            sq += tl.sum(xs * xs, 1)
+        rstd = tl.rsqrt(sq / K + eps)
+    else:
+        rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if BLOCK_M == 1 and not DOT:
+        # one row: keep [BLOCK_N, BLOCK_K] partial products in registers, reduce once after the loop
+        part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        part_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            w, wu, x = _chunk(x_rows, w_rows, NormW, k0 + arange_k, m_ok, n_ok, K, stride_wn, up_rows, rstd,
+                              NORM, GATED, dtype)  # fmt: skip
+            xf = x.to(tl.float32)
+            part += w.to(tl.float32) * xf
+            if GATED:
+                part_up += wu.to(tl.float32) * xf
+        acc = tl.sum(part, 1)[None, :]
+        acc_up = tl.sum(part_up, 1)[None, :]
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            w, wu, x = _chunk(x_rows, w_rows, NormW, k0 + arange_k, m_ok, n_ok, K, stride_wn, up_rows, rstd,
+                              NORM, GATED, dtype)  # fmt: skip
+            if DOT:
+                acc += tl.dot(x, tl.trans(w))
+                if GATED:
+                    acc_up += tl.dot(x, tl.trans(wu))
+            else:
+                xf = x.to(tl.float32)[:, None, :]
+                acc += tl.sum(xf * w.to(tl.float32)[None, :, :], 2)
+                if GATED:
+                    acc_up += tl.sum(xf * wu.to(tl.float32)[None, :, :], 2)
+    if HAS_BIAS:
+        acc += tl.load(Bias + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if GATED:
+        g = acc.to(dtype).to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+        acc = act * acc_up.to(dtype).to(tl.float32)
+    if HAS_RES:
+        r = tl.load(Res + offs_m[:, None] * stride_rm + offs_n[None, :], mask=m_ok[:, None] & n_ok[None, :])
+        acc += r.to(tl.float32)
+    out = Out + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, acc.to(Out.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+PROGRAMS_PER_SM = 4  # one-row GEMVs: enough programs that every SM has loads in flight
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    """SMs of a CUDA device; 1 elsewhere (Triton's interpreter runs the programs one after another)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def default_config(m: int, n: int, k: int, gated: bool, num_sms: int = 132) -> GemvConfig:
+    """The launch parameters for an ``[m, k] x [n, k]^T`` projection (gated: n gate/up row pairs).
+
+    One row: the widest column block (<= 16) that still gives ``PROGRAMS_PER_SM`` programs per SM, and
+    the longest K chunk (<= 1024) keeping ~32 FP32 partials a thread. More rows: the tensor cores.
+    """
+    if m == 1:
+        bn = 16
+        while bn > 1 and triton.cdiv(n, bn) < PROGRAMS_PER_SM * num_sms:
+            bn //= 2
+        bk = min(1024, triton.next_power_of_2(k), max(64, 16384 // (bn * (2 if gated else 1))))
+        return GemvConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=1, dot=False)
+    return GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3, dot=True)
+
+
+def _check(x: torch.Tensor, w: torch.Tensor, what: str) -> None:
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"{what}: x {tuple(x.shape)} and weight {tuple(w.shape)} are not [M, K] and [N, K]")
+    if not 0 < x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"{what}: takes 1..{MAX_ROWS} rows, got {x.shape[0]}")
+    if x.stride(1) != 1 or w.stride(1) != 1:
+        raise ValueError(f"{what}: x and weight need unit stride along K")
+
+
+def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=0, config=None) -> None:
+    m, k = int(x.shape[0]), int(x.shape[1])
+    cfg = config or default_config(m, n, k, up_rows > 0, _num_sms(x.device))
+    block_m = 16 if cfg.dot else triton.next_power_of_2(m)
+    dummy = out
+    _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+        x, w, out,
+        res if res is not None else dummy,
+        bias if bias is not None else dummy,
+        norm_w if norm_w is not None else dummy,
+        m, n, k,
+        x.stride(0), w.stride(0), out.stride(0), res.stride(0) if res is not None else 0,
+        up_rows, float(eps),
+        NORM=norm_w is not None, GATED=up_rows > 0, HAS_RES=res is not None, HAS_BIAS=bias is not None,
+        DOT=cfg.dot, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def norm_gemv(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """``linear(rms_norm(x), weight, bias)`` for ``x`` ``[M, K]`` (M <= 16), ``weight`` ``[N, K]``."""
+    _check(x, weight, "norm_gemv")
+    n = int(weight.shape[0])
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    _launch(x, weight, out, n, bias=bias, norm_w=norm_weight, eps=eps, config=config)
+    return out
+
+
+def norm_gate_up_silu(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    gate_up: torch.Tensor,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """``silu(g) * u`` for ``[g | u] = linear(rms_norm(x), gate_up)``, gate_up ``[2I, K]`` -> ``[M, I]``."""
+    _check(x, gate_up, "norm_gate_up_silu")
+    if gate_up.shape[0] % 2:
+        raise ValueError(f"norm_gate_up_silu: gate_up has an odd row count {gate_up.shape[0]}")
+    inter = int(gate_up.shape[0]) // 2
+    out = torch.empty((x.shape[0], inter), dtype=x.dtype, device=x.device)
+    _launch(x, gate_up, out, inter, norm_w=norm_weight, eps=eps, up_rows=inter, config=config)
+    return out
+
+
+def gemv_residual(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, config: GemvConfig | None = None
+) -> torch.Tensor:
+    """``residual + x @ weight.T`` (one rounding, as ``addmm``); x ``[M, K]``, weight ``[N, K]``."""
+    _check(x, weight, "gemv_residual")
+    n = int(weight.shape[0])
+    if tuple(residual.shape) != (x.shape[0], n) or residual.stride(1) != 1:
+        raise ValueError(f"gemv_residual: residual {tuple(residual.shape)} is not [{x.shape[0]}, {n}]")
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    _launch(x, weight, out, n, res=residual, config=config)
+    return out
