@@ -268,7 +268,7 @@ def e2e(
         ex._graphs.clear()
         for b in batches:
             graph = ex._capture(b, wb)
-            ids, pos, slots, lens, tables = ex._static_views(b, wb)
+            ids, pos, slots, lens, _, tables = ex._static_views(b, wb)
             width = -(-ctx // BLOCK)
             ids.copy_(torch.arange(b, device=ex.device) * 7 + 3)
             pos.fill_(ctx - 1)
