@@ -6,7 +6,7 @@ Here a layer is: RMSNorm (one kernel), one QKV GEMM over concatenated weights, o
 applies RoPE to q and k and writes k and v into their paged-pool slots, attention, the output
 projection with the residual add folded into the GEMM (addmm), RMSNorm, one gate+up GEMM, one
 SiLU-and-multiply kernel, and the down projection with its residual add. At decode-sized token
-counts (<= ``gemv_max_tokens``; off by default until tuned) the projections run instead as Triton
+counts (<= ``gemv_max_tokens``: one token by default) the projections run instead as Triton
 GEMVs (:mod:`.gemv_kernels`) with the norms, SiLU*mul and residual adds folded in: norm+QKV,
 o_proj+residual, norm+gate/up+SiLU, down+residual, and norm+lm_head.
 
@@ -25,10 +25,11 @@ import triton.language as tl
 from trtforge.llm.executors.gemv_kernels import MAX_ROWS, gemv_residual, norm_gate_up_silu, norm_gemv
 
 # Token counts up to this run the projections as GEMVs (FusedLayers.gemv_max_tokens; at most
-# gemv_kernels.MAX_ROWS). Off (0) until a tuned sweep shows a win: on an H200 (TinyLlama-1.1B shapes,
-# benchmarks/bench_decode_layer.py) the first, untuned configs took 60.5 us per layer at one token
-# against 53.0 us for cuBLAS + the separate norm/SiLU kernels.
-GEMV_MAX_TOKENS = 0
+# gemv_kernels.MAX_ROWS). On an H200 (TinyLlama-1.1B shapes, benchmarks/bench_decode_layer.py,
+# results/decode_layer.json) the one-row GEMVs took 32.8 us per layer against 44.0 us for cuBLAS + the
+# separate norm/SiLU kernels, and the batch-1 decode graph 1.03 ms against 1.32 ms; from two rows on
+# cuBLAS is as fast or faster (45.3 vs 44.4 us at two rows, 106.6 vs 44.5 at eight), so one token only.
+GEMV_MAX_TOKENS = 1
 
 
 @triton.jit
