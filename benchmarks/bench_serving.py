@@ -1,6 +1,6 @@
 """Benchmark: continuous batching over a paged KV cache (LLMEngine + torch executor) vs HF generate.
 
-    PYTHONPATH=. python3 benchmarks/bench_serving.py --out results/serving.json
+    PYTHONPATH=. python3 benchmarks/bench_serving.py --out benchmarks/results/serving.json
 
 A Llama-style model with random FP16 weights (TinyLlama-1.1B shape by default) serves N requests
 (prompts and outputs of uniform random length) through :class:`LLMEngine`, once per arrival rate
