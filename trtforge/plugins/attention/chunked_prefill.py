@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from trtforge.plugins.attention.decode_kernel import _check, _decode_tiles, _interpreting
+from trtforge.plugins.attention.decode_kernel import _attend_tiles, _check, _interpreting
 from trtforge.plugins.attention.device_tensor import pool_heads_major
 
 __all__ = ["chunked_prefill_attention"]
@@ -109,15 +109,16 @@ def _chunked_prefill_kernel(
         k_base = K + b * stride_kb + hkv * stride_kh
         v_base = V + b * stride_vb + hkv * stride_vh
     table_base = Table + b * stride_tb
-    acc, l_i, m_i = _decode_tiles(
-        acc, l_i, m_i, q, k_base, v_base, table_base, 0, full_end, last_key, qk_scale,
-        stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32,
+    # the decode kernel's tile loop with pointer loads (no TMA descriptors: k/v bases stand in) and no window
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, 0, full_end, last_key, last_key,
+        qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, False, False,
     )  # fmt: skip
-    acc, l_i, m_i = _decode_tiles(
-        acc, l_i, m_i, q, k_base, v_base, table_base, full_end, hi, last_key, qk_scale,
-        stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32,
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, full_end, hi, last_key, last_key,
+        qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, False,
     )  # fmt: skip
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc * (1.0 / l_safe)[:, None]

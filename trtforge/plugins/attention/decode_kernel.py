@@ -198,40 +198,6 @@ def _attend_tiles(
 
 
 @triton.jit
-def _decode_tiles(
-    acc,
-    l_i,
-    m_i,
-    q,
-    k_base,
-    v_base,
-    table_base,
-    lo,
-    hi,
-    last_key,
-    qk_scale,
-    stride_kb,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vn,
-    stride_vd,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    MASKED: tl.constexpr,
-    DOT_F32: tl.constexpr,
-):
-    """:func:`_attend_tiles` with pointer loads and no window (the chunked-prefill kernel's tile loop)."""
-    return _attend_tiles(
-        acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, lo, hi, last_key, last_key,
-        qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, MASKED, DOT_F32, False, False,
-    )  # fmt: skip
-
-
-@triton.jit
 def _reduce_group(
     MidO,
     MidL,
