@@ -1,6 +1,6 @@
 """Benchmark: continuous batching over a paged KV cache (LLMEngine + torch executor) vs HF generate.
 
-    PYTHONPATH=. python3 benchmarks/bench_serving.py --out benchmarks/results/serving.json
+    PYTHONPATH=. python3 benchmarks/bench_serving.py --out serving.json  # all at once, Poisson 256/s, 64/s
 
 A Llama-style model with random FP16 weights (TinyLlama-1.1B shape by default) serves N requests
 (prompts and outputs of uniform random length) through :class:`LLMEngine`, once per arrival rate
@@ -262,7 +262,7 @@ def main() -> None:
         "--rates",
         type=float,
         nargs="+",
-        default=(64.0, 0.0),
+        default=(0.0, 256.0, 64.0),
         help="Poisson arrivals per second, one engine run each (0: all requests at once, saturated)",
     )
     ap.add_argument("--kernels", choices=("triton", "torch"), default=None, help="executor kernels")
