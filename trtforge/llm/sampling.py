@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from trtforge.errors import UserError
+from trtforge.llm.host_to_device import to_device
 
 
 def _is_int(x: object) -> bool:
@@ -116,20 +117,6 @@ def _sample_numpy(logits: np.ndarray, rows: np.ndarray, temps, top_k, top_p, u) 
     target = u[:, None] * cum[:, -1:]
     pick = np.minimum((cum <= target).sum(-1), x.shape[1] - 1)
     return order[np.arange(len(rows)), pick]
-
-
-def to_device(array: np.ndarray, device: Any) -> Any:
-    """A host array as a tensor on `device`, copied without the host waiting for the device.
-
-    A plain ``.to(cuda)`` of pageable memory synchronises the stream (it would wait for the step
-    in flight); going through pinned memory makes it an asynchronous copy in stream order.
-    """
-    import torch
-
-    tensor = torch.from_numpy(array)
-    if torch.device(device).type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def _sample_torch(logits, rows, temps, top_k, top_p, u):

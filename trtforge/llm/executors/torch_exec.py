@@ -42,7 +42,7 @@ from trtforge.llm.executors.triton_attention import (
     TritonPagedAttention,
     triton_usable,
 )
-from trtforge.llm.sampling import to_device
+from trtforge.llm.host_to_device import to_device
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)

@@ -15,12 +15,14 @@ import importlib.util
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 from trtforge.llm.executors.paged_attention import (
     AttentionMetadata,
     paged_attention_reference,
 )
+from trtforge.llm.host_to_device import to_device
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -95,8 +97,7 @@ class TritonPagedAttention:
         decode_plan = None
         if decode:
             width = -(-max(int(meta.context_lens_host[i]) for i in decode) // bs)
-            idx = torch.tensor([[int(qsl[i]) for i in decode], decode], dtype=torch.long)
-            idx = idx.to(device, non_blocking=True)
+            idx = to_device(np.array([[int(qsl[i]) for i in decode], decode], dtype=np.int64), device)
             decode_plan = (idx[0], idx[1], width)
         chunks = []
         for i, n in enumerate(qlens):

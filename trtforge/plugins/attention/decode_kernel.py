@@ -41,7 +41,6 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from trtforge.plugins.attention.configs import (
     DECODE_CANDIDATES,
@@ -581,6 +580,8 @@ def _tma_descriptors(k: Any, v: Any, block_n: int) -> tuple[Any, Any] | None:
     )
     if not ok:
         return None
+    from triton.tools.tensor_descriptor import TensorDescriptor  # Triton >= 3.4; only TMA launches need it
+
     return tuple(TensorDescriptor(t, [rows, d], [d, 1], [block_n, d]) for t in (k, v))
 
 
