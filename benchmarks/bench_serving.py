@@ -277,6 +277,12 @@ def main() -> None:
     ap.add_argument("--hf-batch", type=int, default=64)
     ap.add_argument("--hf-batches", type=int, default=4, help="how many HF batches to run (each --hf-batch)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument(
+        "--max-graph-tokens",
+        type=int,
+        default=2048,
+        help="steps with prompt tokens up to this many tokens run as piecewise CUDA graphs (0: eagerly)",
+    )
     ap.add_argument("--tiny", action="store_true", help="small model on the CPU (checks the script)")
     ap.add_argument(
         "--sync", action="store_true", help="schedule synchronously (default: one step in flight)"
@@ -297,6 +303,8 @@ def main() -> None:
         "block_size": args.block_size,
         "max_decode_batch": args.max_num_seqs,
         "kernels": args.kernels,
+        "mixed_graphs": args.max_graph_tokens > 0,
+        "max_graph_tokens": max(args.max_graph_tokens, 1),
     }
     reqs = workload(args.requests, args.prompt, args.output, args.rates[0], cfg.vocab_size, seed=0)
     results: dict = {
@@ -322,6 +330,7 @@ def main() -> None:
             "max_batched_tokens": args.max_batched_tokens,
             "prefill_chunk": args.prefill_chunk,
             "max_prefill_tokens_with_decodes": args.max_prefill_with_decodes,
+            "max_graph_tokens": args.max_graph_tokens,
         },
     }
     ex = TorchExecutor(model, **ex_kwargs)
@@ -330,11 +339,12 @@ def main() -> None:
     t = time.perf_counter()
     try:
         results["cuda_graphs_captured"] = ex.capture_decode_graphs()
+        results["piecewise_graphs_captured"] = ex.capture_mixed_graphs()
     except Exception as e:  # recorded in the results; the run goes on eagerly rather than measuring nothing
         results["graph_capture_error"] = repr(e)
         print("graph capture failed:", repr(e), flush=True)
         del ex
-        ex = TorchExecutor(model, static_decode=False, **ex_kwargs)
+        ex = TorchExecutor(model, **{**ex_kwargs, "static_decode": False, "mixed_graphs": False})
     results["graph_capture_s"] = time.perf_counter() - t
     config = SchedulerConfig(
         max_num_seqs=args.max_num_seqs,

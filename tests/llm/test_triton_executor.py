@@ -33,23 +33,39 @@ def _skip_cpu_with_cuda(device: str) -> None:
         pytest.skip("the interpreter run is for machines without CUDA (the kernels then run for real)")
 
 
+LAYOUTS = {
+    # decodes and prompt chunks interleaved, with and without a cached prefix, one crossing blocks
+    "interleaved": ([37, 20, 90, 1, 130, 17], [1, 20, 33, 1, 1, 5]),
+    # running sequences first (the scheduler's order): the decode rows are read and written in place
+    "decodes-first": ([37, 1, 130, 20, 90], [1, 1, 1, 20, 33]),
+    "decode-only": ([37, 1, 130], [1, 1, 1]),
+}
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_triton_attention_matches_the_reference_on_a_mixed_batch(device):
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("into", [False, True], ids=["new", "out"])
+def test_triton_attention_matches_the_reference_on_a_mixed_batch(device, layout, into):
     from trtforge.llm.executors.triton_attention import TritonPagedAttention
 
     _skip_cpu_with_cuda(device)
     g = torch.Generator().manual_seed(0)
     bs, hq, hkv, d, nblocks = 16, 8, 2, 32, 64
-    # decodes and prompt chunks interleaved, with and without a cached prefix, one crossing blocks
-    ctx_lens, q_lens = [37, 20, 90, 1, 130, 17], [1, 20, 33, 1, 1, 5]
+    ctx_lens, q_lens = LAYOUTS[layout]
     meta, _ = mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens)
     k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
     v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
     q = torch.randn(sum(q_lens), hq, d, generator=g).half().to(device)
-    got = TritonPagedAttention()(q, k_pool, v_pool, meta, d**-0.5)
+    out = torch.full_like(q, float("nan")) if into else None
+    attention = TritonPagedAttention()
+    got = attention(q, k_pool, v_pool, meta, d**-0.5, out=out)
     want = paged_attention_reference(q.double(), k_pool.double(), v_pool.double(), meta, d**-0.5)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.double(), want, atol=3e-3, rtol=3e-3)
+    if into:
+        assert got.data_ptr() == out.data_ptr()
+    where = attention._plan[0][0]
+    assert isinstance(where, slice) == (layout != "interleaved")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -13,8 +13,11 @@ Decode-only steps can run on *static* shapes: the batch is padded to a size buck
 tables to a width bucket (padding rows write to and read from a scratch block), so each (batch,
 width) bucket is one CUDA graph, captured on first use (or all up front:
 :meth:`TorchExecutor.capture_decode_graphs`) and replayed after; this removes the per-kernel launch
-cost that dominates small-batch decode. A decode step's inputs travel in one pinned host buffer (two,
-used in turn, so that filling one never waits for the copy out of the other) and one asynchronous copy.
+cost that dominates small-batch decode. Steps with prompt tokens are padded to a token-count bucket
+and run as one graph per stretch of layers between attention calls, attention launched eagerly in
+between (:mod:`trtforge.llm.executors.piecewise`). A decode step's inputs travel in one pinned host
+buffer (two, used in turn, so that filling one never waits for the copy out of the other) and one
+asynchronous copy.
 
 :meth:`TorchExecutor.step_async` serves asynchronous scheduling: nothing in a step waits for the
 device (host inputs go through pinned memory), and the decode rows' input ids are gathered on the
@@ -37,6 +40,7 @@ from trtforge.llm.executors.paged_attention import (
     paged_attention_reference,
     paged_decode_reference,
 )
+from trtforge.llm.executors.piecewise import PiecewiseStep
 from trtforge.llm.executors.triton_attention import (
     TritonDecodeAttention,
     TritonPagedAttention,
@@ -148,6 +152,38 @@ class _Gpt2:
 _ARCHS = {"llama": _LlamaLike, "mistral": _LlamaLike, "qwen2": _LlamaLike, "qwen3": _LlamaLike, "gpt2": _Gpt2}
 
 
+class _Layers:
+    """The model split at its attention calls (:class:`~.piecewise.StepLayers`), fused where it can be."""
+
+    def __init__(self, arch: Any, fused: Any, k_pools: list, v_pools: list) -> None:
+        self.arch, self.fused, self.k_pools, self.v_pools = arch, fused, k_pools, v_pools
+        self.num_layers = len(k_pools)
+        self.hkv, self.d = arch.num_kv_heads, arch.head_dim
+        self.top = fused if fused is not None else arch
+
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        if self.fused is not None:
+            h = self.fused.inner.embed_tokens(ids)
+            return h, self.fused.rope_tables(h, positions)
+        return self.arch.embed(ids.long(), positions.long())
+
+    def layer_in(self, i: int, h: torch.Tensor, extra: Any, slots: torch.Tensor) -> torch.Tensor:
+        kp, vp = self.k_pools[i], self.v_pools[i]
+        if self.fused is not None:
+            return self.fused.attention_input(i, h, extra, slots, kp, vp)
+        q, k, v = self.arch.qkv(i, h, extra)
+        slots = slots.long()
+        kp.view(-1, self.hkv, self.d).index_copy_(0, slots, k)
+        vp.view(-1, self.hkv, self.d).index_copy_(0, slots, v)
+        return q
+
+    def layer_out(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        return self.top.finish(i, h, o)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.top.logits(h).float()
+
+
 class TorchExecutor:
     """Runs :class:`StepBatch` batches through `model` with ``num_blocks`` blocks of ``block_size`` tokens.
 
@@ -157,7 +193,9 @@ class TorchExecutor:
     ``kernels`` picks the attention kernels: "triton" (the default on CUDA for FP16/BF16 pools with a
     power-of-two block size; Llama-style layers then also run fused, repointing the projections'
     weights at concatenated tensors) or "torch" (the references; the default elsewhere). Explicit
-    `attention` / `decode_attention` functions override either.
+    `attention` / `decode_attention` functions override either. Steps with prompt tokens of up to
+    `max_graph_tokens` tokens run as piecewise graphs (:mod:`.piecewise`) where `mixed_graphs` is on
+    (by default wherever `static_decode` is); larger ones run eagerly.
     """
 
     def __init__(
@@ -174,6 +212,8 @@ class TorchExecutor:
         static_decode: bool | None = None,
         max_decode_batch: int = 256,
         kernels: str | None = None,
+        mixed_graphs: bool | None = None,
+        max_graph_tokens: int = 2048,
     ) -> None:
         config = getattr(model, "config", None)
         model_type = getattr(config, "model_type", None)
@@ -182,7 +222,8 @@ class TorchExecutor:
                 f"TorchExecutor runs causal LMs of the families {', '.join(SUPPORTED_MODEL_TYPES)}; "
                 f"got {type(model).__name__} with model_type {model_type!r}"
             )
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+        sizes = {"num_blocks": num_blocks, "block_size": block_size, "max_graph_tokens": max_graph_tokens}
+        for name, value in sizes.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"TorchExecutor {name} must be a positive integer, got {value!r}")
         if device is not None or dtype is not None:
@@ -234,6 +275,21 @@ class TorchExecutor:
         self._static: dict[str, torch.Tensor] = {}
         self._graphs: dict[tuple[int, int], Any] = {}
         self._graph_pool: Any = None
+        self._layers = _Layers(arch, self._fused, self.k_pools, self.v_pools)
+        self._piecewise: PiecewiseStep | None = None
+        if self.static_decode if mixed_graphs is None else bool(mixed_graphs):
+            self._piecewise = PiecewiseStep(
+                self._layers,
+                max_tokens=max_graph_tokens,
+                hidden=int(getattr(config, "hidden_size", None) or config.n_embd),
+                num_heads=self.num_heads,
+                head_dim=self.head_dim,
+                dtype=self.dtype,
+                device=self.device,
+                scratch_slot=num_blocks * block_size,
+                graphs=self.use_cuda_graphs,
+                pool=self._pool,
+            )
 
     @staticmethod
     def _first_eos(config: Any) -> int | None:
@@ -272,6 +328,16 @@ class TorchExecutor:
         """Decode graphs captured so far (one per batch-size and table-width bucket used)."""
         return len(self._graphs)
 
+    @property
+    def num_piecewise_graphs(self) -> int:
+        """Graphs of steps with prompt tokens captured so far (layers + 1 per token bucket used)."""
+        return 0 if self._piecewise is None else self._piecewise.num_graphs
+
+    def _pool(self) -> Any:
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        return self._graph_pool
+
     def _metadata(self, batch: StepBatch) -> AttentionMetadata:
         dev = self.device
         qsl = batch.query_start_loc
@@ -288,27 +354,14 @@ class TorchExecutor:
 
     def _forward(self, ids, positions, slots, attend, rows=None) -> torch.Tensor:
         """Every layer over tokens `ids`; `attend(q, k_pool, v_pool, scale, window)`; logits of `rows`."""
-        arch, fused = self._arch, self._fused
-        if fused is not None:
-            h = fused.inner.embed_tokens(ids)
-            rope = fused.rope_tables(h, positions)
-            for i, (kp, vp) in enumerate(zip(self.k_pools, self.v_pools)):
-                q = fused.attention_input(i, h, rope, slots, kp, vp)
-                h = fused.finish(i, h, attend(q, kp, vp, arch.scales[i], arch.windows[i]))
-            if rows is not None:
-                h = h.index_select(0, rows)
-            return fused.logits(h).float()
-        hkv, d = self.num_kv_heads, self.head_dim
-        slots = slots.long()
-        h, extra = arch.embed(ids.long(), positions.long())
+        layers, arch = self._layers, self._arch
+        h, extra = layers.embed(ids, positions)
         for i, (kp, vp) in enumerate(zip(self.k_pools, self.v_pools)):
-            q, k, v = arch.qkv(i, h, extra)
-            kp.view(-1, hkv, d).index_copy_(0, slots, k)
-            vp.view(-1, hkv, d).index_copy_(0, slots, v)
-            h = arch.finish(i, h, attend(q, kp, vp, arch.scales[i], arch.windows[i]))
+            q = layers.layer_in(i, h, extra, slots)
+            h = layers.layer_out(i, h, attend(q, kp, vp, arch.scales[i], arch.windows[i]))
         if rows is not None:
             h = h.index_select(0, rows)
-        return arch.logits(h).float()
+        return layers.head(h)
 
     @torch.inference_mode()
     def step(self, batch: StepBatch) -> torch.Tensor:
@@ -337,6 +390,8 @@ class TorchExecutor:
         ):
             return self._static_decode(batch, feed)
         meta = self._metadata(batch)
+        if self._piecewise is not None and batch.num_tokens <= self._piecewise.max_tokens:
+            return self._piecewise.run(batch, feed, self._attend_into(meta))
         ids = to_device(batch.input_ids, dev)
         if feed is not None:
             if dev.type == "cpu":
@@ -350,6 +405,20 @@ class TorchExecutor:
             lambda q, kp, vp, scale, window: self.attention(q, kp, vp, meta, scale, window),
             to_device(batch.logits_indices, dev),
         )
+
+    def _attend_into(self, meta: AttentionMetadata) -> Any:
+        """The piecewise steps' attention: layer i's step attention of `q`, written into `out`."""
+        arch, attention = self._arch, self.attention
+        writes_out = isinstance(attention, TritonPagedAttention)
+
+        def attend(i: int, q: torch.Tensor, out: torch.Tensor) -> None:
+            kp, vp, scale, window = self.k_pools[i], self.v_pools[i], arch.scales[i], arch.windows[i]
+            if writes_out:
+                attention(q, kp, vp, meta, scale, window, out=out)
+            else:
+                out.copy_(attention(q, kp, vp, meta, scale, window))
+
+        return attend
 
     def _static_buffers(self) -> dict[str, Any]:
         """One int32 device buffer holds a decode step's inputs; two pinned twins on the host stage them in
@@ -440,6 +509,15 @@ class TorchExecutor:
                     self._capture(nb, wb)
         return len(self._graphs)
 
+    @torch.inference_mode()
+    def capture_mixed_graphs(self) -> int:
+        """Capture the piecewise graphs of every token bucket (steps with prompt tokens) now rather
+        than on first use; return how many. Only on CUDA with piecewise steps on; runs touch the
+        scratch slot only."""
+        if self._piecewise is None or not self.use_cuda_graphs:
+            return 0
+        return self._piecewise.capture_all()
+
     def _capture(self, nb: int, wb: int) -> Any:
         ids, pos, slots, ctx, _, tables = self._static_views(nb, wb)
         for t, value in ((ids, 0), (pos, 0), (slots, self._num_blocks * self._block_size), (ctx, 1)):
@@ -451,9 +529,7 @@ class TorchExecutor:
             self._static_body(nb, wb)  # warm-up outside capture: lazy inits, autotuning
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        if self._graph_pool is None:
-            self._graph_pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._graph_pool):
+        with torch.cuda.graph(graph, pool=self._pool()):
             self._static_body(nb, wb)
         self._graphs[(nb, wb)] = graph
         return graph

@@ -59,11 +59,13 @@ class TritonDecodeAttention:
         context_lens: torch.Tensor,
         scale: float,
         sliding_window: int | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Attention of `q` ``[B, Hq, D]``, into `out` (same shape) when given."""
         from trtforge.plugins.attention.decode_kernel import decode_attention, default_decode_config
 
         config = self.config or default_decode_config(int(q.shape[-1]))
-        out = decode_attention(
+        got = decode_attention(
             q.unsqueeze(2),
             k_pool,
             v_pool,
@@ -72,16 +74,18 @@ class TritonDecodeAttention:
             scale=scale,
             config=config,
             window=sliding_window,
+            out=None if out is None else out.unsqueeze(2),
         )
-        return out.squeeze(2)
+        return got.squeeze(2)
 
 
 class TritonPagedAttention:
     """Mixed prefill/decode attention: all decode rows in one decode launch, one prefill launch per chunk.
 
     The chunk launches take strided views of the flat ``[T, Hq, D]`` query and output (no copies);
-    the per-step plan (which rows decode, chunk bounds) is built once per step from the host-side
-    metadata and reused by every layer.
+    the per-step plan (which rows decode and their block tables and lengths, chunk bounds) is built
+    once per step from the host-side metadata and reused by every layer. Decode rows that lie
+    together (the scheduler puts running sequences first) are read and written in place.
     """
 
     def __init__(self, decode: TritonDecodeAttention | None = None) -> None:
@@ -93,17 +97,27 @@ class TritonPagedAttention:
         qsl = meta.query_start_loc_host
         qlens = qsl[1:] - qsl[:-1]
         bs = meta.block_size
-        decode = [i for i, n in enumerate(qlens) if n == 1]
+        decode = np.flatnonzero(qlens == 1)
         decode_plan = None
-        if decode:
-            width = -(-max(int(meta.context_lens_host[i]) for i in decode) // bs)
-            idx = to_device(np.array([[int(qsl[i]) for i in decode], decode], dtype=np.int64), device)
-            decode_plan = (idx[0], idx[1], width)
+        if len(decode):
+            width = -(-int(meta.context_lens_host[decode].max()) // bs)
+            rows = qsl[decode].astype(np.int64)
+            if len(decode) == len(qlens):
+                tables, lens = meta.block_tables[:, :width], meta.context_lens
+            else:
+                seqs = to_device(decode.astype(np.int64), device)
+                tables = meta.block_tables.index_select(0, seqs)[:, :width]
+                lens = meta.context_lens.index_select(0, seqs)
+            lo = int(rows[0])
+            if int(rows[-1]) - lo + 1 == len(rows):  # one stretch of rows: slices, no gather or scatter
+                where: Any = slice(lo, lo + len(rows))
+            else:
+                where = to_device(rows, device)
+            decode_plan = (where, tables, lens)
         chunks = []
-        for i, n in enumerate(qlens):
-            if n > 1:
-                width = -(-int(meta.context_lens_host[i]) // bs)
-                chunks.append((i, int(qsl[i]), int(qsl[i + 1]), width))
+        for i in np.flatnonzero(qlens > 1):
+            width = -(-int(meta.context_lens_host[i]) // bs)
+            chunks.append((int(i), int(qsl[i]), int(qsl[i + 1]), width))
         return decode_plan, chunks
 
     def __call__(
@@ -114,28 +128,27 @@ class TritonPagedAttention:
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Attention of the step's tokens `q` ``[T, Hq, D]``, into `out` (same shape) when given."""
         from trtforge.plugins.attention.chunked_prefill import chunked_prefill_attention
 
         if self._plan_for is not meta:
             self._plan, self._plan_for = self._make_plan(meta, q.device), meta
         decode_plan, chunks = self._plan
         if sliding_window is not None and chunks:
-            return paged_attention_reference(q, k_pool, v_pool, meta, scale, sliding_window)
-        out = torch.empty_like(q)
+            got = paged_attention_reference(q, k_pool, v_pool, meta, scale, sliding_window)
+            return got if out is None else out.copy_(got)
+        if out is None:
+            out = torch.empty_like(q)
         if decode_plan is not None:
-            rows, seqs, width = decode_plan
-            tables = meta.block_tables.index_select(0, seqs)[:, :width]
-            got = self.decode(
-                q.index_select(0, rows),
-                k_pool,
-                v_pool,
-                tables,
-                meta.context_lens.index_select(0, seqs),
-                scale,
-                sliding_window,
-            )
-            out.index_copy_(0, rows, got)
+            where, tables, lens = decode_plan
+            if isinstance(where, slice):
+                self.decode(q[where], k_pool, v_pool, tables, lens, scale, sliding_window, out=out[where])
+            else:
+                q_rows = q.index_select(0, where)
+                got = self.decode(q_rows, k_pool, v_pool, tables, lens, scale, sliding_window)
+                out.index_copy_(0, where, got)
         for i, lo, hi, width in chunks:
             chunked_prefill_attention(
                 q[lo:hi].permute(1, 0, 2)[None],

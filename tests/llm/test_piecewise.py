@@ -1,0 +1,171 @@
+"""Piecewise steps (steps with prompt tokens on static, bucket-padded buffers; CUDA graphs on a GPU)
+give the eager step's logits and K/V, and their padding touches only the scratch block."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from tests.llm.serving_models import run_to_completion, tiny_llama
+from trtforge.errors import UserError
+from trtforge.llm.executors.piecewise import TOKEN_BUCKETS, PiecewiseStep
+from trtforge.llm.executors.torch_exec import TorchExecutor
+from trtforge.llm.sampling import SamplingParams
+from trtforge.llm.scheduler import Scheduler, SchedulerConfig
+
+
+class _Lockstep:
+    """Runs every step on both executors (the eager one's logits go back), recording the largest
+    logit difference relative to the largest logit, and which steps had prompt tokens."""
+
+    def __init__(self, eager: TorchExecutor, pieces: TorchExecutor) -> None:
+        self.eager, self.pieces = eager, pieces
+        self.max_rel_err = 0.0
+        self.prompt_steps = self.mixed_steps = 0
+
+    def __getattr__(self, name):
+        return getattr(self.eager, name)
+
+    def _compare(self, batch, want, got):
+        qlens = batch.query_lens
+        self.prompt_steps += int((qlens > 1).any())
+        self.mixed_steps += int((qlens > 1).any() and (qlens == 1).any())
+        assert got.shape == want.shape and got.dtype == torch.float32
+        if want.shape[0]:
+            err = float((got.double() - want.double()).abs().max())
+            self.max_rel_err = max(self.max_rel_err, err / float(want.abs().max()))
+        return want
+
+    def step(self, batch):
+        return self._compare(batch, self.eager.step(batch), self.pieces.step(batch))
+
+    def step_async(self, batch, feed):
+        return self._compare(batch, self.eager.step_async(batch, feed), self.pieces.step_async(batch, feed))
+
+
+def _tiny_gpt2():
+    import transformers
+
+    torch.manual_seed(3)
+    config = transformers.GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4, n_positions=256)
+    return transformers.GPT2LMHeadModel(config).double().eval()
+
+
+def _serve(both, *, async_scheduling: bool, seed: int = 0, n: int = 14) -> dict:
+    rng = np.random.default_rng(seed)
+    config = SchedulerConfig(
+        max_num_batched_tokens=48,
+        max_prefill_chunk=20,
+        max_prefill_tokens_with_decodes=12,
+        async_scheduling=async_scheduling,
+    )
+    sched = Scheduler(both, config)
+    pending = [
+        (int(rng.integers(0, 12)), i, rng.integers(3, 290, size=int(rng.integers(1, 50))).tolist())
+        for i in range(n)
+    ]
+    pending.sort()
+    step, done = 0, {}
+    while pending or sched.has_unfinished():
+        while pending and pending[0][0] <= step:
+            _, rid, prompt = pending.pop(0)
+            sched.add_request(
+                rid, prompt, SamplingParams(max_tokens=int(rng.integers(1, 9)), ignore_eos=True)
+            )
+        done.update({o.request_id: o for o in sched.step() if o.finished})
+        step += 1
+    assert not [o.error for o in done.values() if o.error is not None]
+    return done
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_piecewise_steps_match_eager_steps(family, async_scheduling):
+    model = tiny_llama() if family == "llama" else _tiny_gpt2()
+    kwargs = {"num_blocks": 64, "block_size": 4, "max_decode_batch": 8}
+    eager = TorchExecutor(model, static_decode=False, **kwargs)
+    pieces = TorchExecutor(model, static_decode=True, max_graph_tokens=32, **kwargs)
+    assert eager._piecewise is None and pieces._piecewise is not None
+    both = _Lockstep(eager, pieces)
+    _serve(both, async_scheduling=async_scheduling)
+    assert both.mixed_steps > 0 and both.prompt_steps > both.mixed_steps
+    assert both.max_rel_err < 1e-9
+    assert set(pieces._piecewise._records) <= {8, 16, 32} and pieces._piecewise._records
+    # the same K/V in every real block; bucket padding wrote only the scratch block (the last)
+    for a, b in zip((*eager.k_pools, *eager.v_pools), (*pieces.k_pools, *pieces.v_pools)):
+        torch.testing.assert_close(b[:-1], a[:-1], rtol=1e-12, atol=1e-12)
+        assert not a[-1].any() and b[-1].any()
+
+
+def test_steps_above_the_largest_bucket_run_eagerly():
+    model = tiny_llama()
+    kwargs = {"num_blocks": 64, "block_size": 4, "static_decode": True}
+    small = TorchExecutor(model, max_graph_tokens=12, **kwargs)
+    assert small._piecewise.buckets == (8, 12)
+    eager = TorchExecutor(model, mixed_graphs=False, **kwargs)
+    both = _Lockstep(eager, small)
+    _serve(both, async_scheduling=False, seed=1)
+    assert both.max_rel_err < 1e-9 and set(small._piecewise._records) <= {8, 12}
+
+
+def test_token_buckets_and_bad_sizes():
+    step = PiecewiseStep(
+        None, max_tokens=300, hidden=8, num_heads=2, head_dim=4, dtype=torch.float32,
+        device=torch.device("cpu"), scratch_slot=0, graphs=False,
+    )  # fmt: skip
+    assert step.buckets[-1] == 300 and list(step.buckets) == sorted(set(step.buckets))
+    assert [step.bucket(n) for n in (1, 8, 9, 200, 257, 300, 301)] == [8, 8, 16, 256, 300, 300, None]
+    assert all(b % 8 == 0 for b in TOKEN_BUCKETS)
+    with pytest.raises(UserError, match="max_graph_tokens must be a positive integer"):
+        TorchExecutor(tiny_llama(), num_blocks=8, max_graph_tokens=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+def test_piecewise_cuda_graphs_match_eager_steps_on_cuda():
+    """Fused FP16 layers on trtforge's kernels: graphs per token bucket, attention between them."""
+    base = copy.deepcopy(tiny_llama()).half().to("cuda")
+    kwargs = {"num_blocks": 64, "block_size": 16, "max_decode_batch": 8, "static_decode": True}
+    eager = TorchExecutor(copy.deepcopy(base), mixed_graphs=False, **kwargs)
+    pieces = TorchExecutor(copy.deepcopy(base), max_graph_tokens=64, **kwargs)
+    assert pieces.use_cuda_graphs and pieces.fused_refusal is None
+    both = _Lockstep(eager, pieces)
+    for async_scheduling in (False, True):
+        _serve(both, async_scheduling=async_scheduling, seed=2, n=20)
+    assert both.mixed_steps > 0
+    assert both.max_rel_err < 2e-2
+    used = len(pieces._piecewise._records)
+    assert used and pieces.num_piecewise_graphs == used * (len(pieces.k_pools) + 1)
+    assert pieces.capture_mixed_graphs() == len(pieces._piecewise.buckets) * (len(pieces.k_pools) + 1)
+    for a, b in zip((*eager.k_pools, *eager.v_pools), (*pieces.k_pools, *pieces.v_pools)):
+        torch.testing.assert_close(b[:-1], a[:-1], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_engine_outputs_with_piecewise_graphs_equal_solo_runs_on_cuda():
+    """Float64 tiny Llama on CUDA (torch kernels, graphs for both kinds of steps): every greedy output
+    equals the request run alone."""
+    model = tiny_llama().to("cuda")
+    try:
+        ex = TorchExecutor(model, num_blocks=256, block_size=16, max_graph_tokens=128)
+        config = SchedulerConfig(
+            max_num_batched_tokens=96, max_prefill_chunk=40, max_prefill_tokens_with_decodes=24
+        )
+        rng = np.random.default_rng(5)
+        prompts = [rng.integers(3, 290, size=int(rng.integers(1, 80))).tolist() for _ in range(24)]
+        params = [SamplingParams(max_tokens=int(rng.integers(1, 20)), ignore_eos=True) for _ in prompts]
+        sched = Scheduler(ex, config)
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            sched.add_request(i, p, sp)
+        done = run_to_completion(sched)
+        assert ex.num_piecewise_graphs > 0
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            solo = Scheduler(TorchExecutor(model, num_blocks=64, block_size=16, mixed_graphs=False))
+            solo.add_request("s", p, sp)
+            assert done[i].output_token_ids == run_to_completion(solo)["s"].output_token_ids, i
+    finally:
+        tiny_llama().to("cpu")

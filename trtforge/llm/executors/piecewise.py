@@ -1,0 +1,216 @@
+"""Piecewise CUDA graphs for steps with prompt tokens: the work between attention calls, per token bucket.
+
+A step that is not decode-only mixes prompt chunks and decode rows, so its attention launches
+depend on the step's layout (how many chunks, where they start) and cannot be fixed in a graph.
+Everything else in a layer (norms, projections, RoPE and the K/V write, the MLP, residuals) depends
+only on the token count. With the tokens padded to a bucket, the step runs as L + 1 graphs: the
+embedding and layer 0's attention input; layer i's output and layer i+1's input; the last layer's
+output. Attention runs eagerly between them, reading and writing static buffers (as vLLM's
+piecewise graphs do). Padding tokens carry id 0 at position 0 and write their K/V to the pools'
+scratch slot, which no real row reads. Without CUDA graphs (the CPU, tests) the same pieces run
+eagerly on the same buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from trtforge.llm.executor import StepBatch, TokenFeed
+from trtforge.llm.host_to_device import to_device
+
+#: Token-count buckets of piecewise steps (a step with more tokens than the largest runs eagerly).
+TOKEN_BUCKETS = (8, 16, 32, 64, 128, 192, *range(256, 8193, 128))
+
+
+class StepLayers(Protocol):
+    """What the pieces run: the model split at its attention calls (the torch executor provides it)."""
+
+    @property
+    def num_layers(self) -> int: ...
+
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Hidden states ``[T, hidden]`` of `ids`, and what every layer needs of the positions (RoPE)."""
+        ...
+
+    def layer_in(self, i: int, h: torch.Tensor, extra: Any, slots: torch.Tensor) -> torch.Tensor:
+        """Layer i up to attention: writes K/V at `slots`, returns q ``[T, Hq, D]``."""
+        ...
+
+    def layer_out(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """Layer i after attention (output projection, MLP, residuals): the next hidden states."""
+        ...
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of hidden states `h`."""
+        ...
+
+
+#: ``attend(layer, q [T, Hq, D], out [T, Hq, D])``: the step's attention of one layer, into `out`.
+AttendFn = Callable[[int, torch.Tensor, torch.Tensor], None]
+
+
+@dataclass
+class _Bucket:
+    """The pieces of one token bucket: callables, and their graphs once captured."""
+
+    pieces: list[Callable[[], None]]
+    graphs: list[Any] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def run(self, j: int) -> None:
+        if self.graphs:
+            self.graphs[j].replay()
+        else:
+            self.pieces[j]()
+
+
+class PiecewiseStep:
+    """Runs steps of up to `max_tokens` tokens as pieces on static buffers; CUDA graphs when `graphs`.
+
+    `scratch_slot` is the pool slot padding tokens write to; `pool` returns the memory pool the
+    graphs share (with the decode graphs: one step runs at a time, on one stream).
+    """
+
+    def __init__(
+        self,
+        layers: StepLayers,
+        *,
+        max_tokens: int,
+        hidden: int,
+        num_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        scratch_slot: int,
+        graphs: bool,
+        pool: Callable[[], Any] | None = None,
+    ) -> None:
+        self.layers = layers
+        self.buckets = (*(b for b in TOKEN_BUCKETS if b < max_tokens), max_tokens)
+        self.max_tokens = max_tokens
+        self.device, self.dtype = device, dtype
+        self._shapes = (hidden, num_heads, head_dim)
+        self.scratch_slot = scratch_slot
+        self.use_graphs = graphs
+        self._pool = pool
+        self._bufs: dict[str, torch.Tensor] = {}
+        self._records: dict[int, _Bucket] = {}
+
+    @property
+    def num_graphs(self) -> int:
+        """CUDA graphs captured so far (L + 1 per token bucket used)."""
+        return sum(len(r.graphs) for r in self._records.values())
+
+    def bucket(self, num_tokens: int) -> int | None:
+        """The bucket a step of `num_tokens` tokens pads to, or None above the largest."""
+        for b in self.buckets:
+            if b >= num_tokens:
+                return b
+        return None
+
+    def _buffers(self) -> dict[str, torch.Tensor]:
+        if not self._bufs:
+            n, dev, dt = self.max_tokens, self.device, self.dtype
+            hidden, hq, d = self._shapes
+            self._bufs = {
+                "inputs": torch.zeros(3, n, dtype=torch.int32, device=dev),  # ids, positions, slots
+                "h": torch.zeros(n, hidden, dtype=dt, device=dev),
+                "q": torch.zeros(n, hq, d, dtype=dt, device=dev),
+                # padding rows keep what earlier steps left: finite values, never read by real rows
+                "o": torch.zeros(n, hq, d, dtype=dt, device=dev),
+            }
+        return self._bufs
+
+    def _make_pieces(self, tb: int) -> _Bucket:
+        buf, layers = self._buffers(), self.layers
+        ids, pos, slots = buf["inputs"][:, :tb].unbind(0)
+        h, q, o = buf["h"][:tb], buf["q"][:tb], buf["o"][:tb]
+        state: dict[str, Any] = {}
+
+        def first() -> None:
+            x, state["extra"] = layers.embed(ids, pos)
+            q.copy_(layers.layer_in(0, x, state["extra"], slots))
+            h.copy_(x)
+
+        def middle(i: int) -> Callable[[], None]:
+            def piece() -> None:
+                x = layers.layer_out(i - 1, h, o)
+                q.copy_(layers.layer_in(i, x, state["extra"], slots))
+                h.copy_(x)
+
+            return piece
+
+        def last() -> None:
+            h.copy_(layers.layer_out(layers.num_layers - 1, h, o))
+
+        pieces = [first, *(middle(i) for i in range(1, layers.num_layers)), last]
+        return _Bucket(pieces=pieces, state=state)
+
+    def _fill_padding(self, tb: int) -> None:
+        ids, pos, slots = self._buffers()["inputs"][:, :tb].unbind(0)
+        ids.fill_(0)
+        pos.fill_(0)
+        slots.fill_(self.scratch_slot)
+
+    def prepare(self, tb: int) -> None:
+        """Build bucket `tb`'s pieces and, with graphs on, capture them (runs touch only the scratch slot)."""
+        if tb in self._records:
+            return
+        record = self._make_pieces(tb)
+        if self.use_graphs:
+            self._fill_padding(tb)
+            cur = torch.cuda.current_stream(self.device)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(cur)
+            with torch.cuda.stream(side):
+                for piece in record.pieces:  # warm-up outside capture: lazy inits, workspaces
+                    piece()
+            side.synchronize()
+            pool = self._pool() if self._pool is not None else None
+            for piece in record.pieces:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.stream(side):
+                    graph.capture_begin(pool=pool)
+                    try:
+                        piece()
+                    finally:
+                        graph.capture_end()
+                record.graphs.append(graph)
+            cur.wait_stream(side)
+        self._records[tb] = record
+
+    def capture_all(self) -> int:
+        """Prepare every bucket now rather than on first use; return the graphs captured."""
+        for tb in self.buckets:
+            self.prepare(tb)
+        return self.num_graphs
+
+    def run(self, batch: StepBatch, feed: TokenFeed | None, attend: AttendFn) -> torch.Tensor:
+        """One step (``batch.num_tokens <= max_tokens``): its float32 logits at ``batch.logits_indices``."""
+        t = batch.num_tokens
+        tb = self.bucket(t)
+        if tb is None:
+            raise ValueError(f"a step of {t} tokens is above the largest piecewise bucket {self.max_tokens}")
+        self.prepare(tb)
+        record, buf = self._records[tb], self._buffers()
+        host = np.empty((3, tb), dtype=np.int32)
+        host[0, :t], host[1, :t], host[2, :t] = batch.input_ids, batch.positions, batch.slot_mapping
+        host[:, t:] = np.array([[0], [0], [self.scratch_slot]], dtype=np.int32)
+        inputs = buf["inputs"][:, :tb]
+        inputs.copy_(to_device(host, self.device))
+        if feed is not None:  # on the device, after the copy and before the first piece reads the ids
+            rows, sources = to_device(np.stack([feed.rows, feed.sources]).astype(np.int64), self.device)
+            tokens = torch.as_tensor(feed.tokens, device=self.device).index_select(0, sources)
+            inputs[0].index_copy_(0, rows, tokens.to(torch.int32))
+        q, o = buf["q"][:t], buf["o"][:t]
+        for i in range(self.layers.num_layers):
+            record.run(i)
+            attend(i, q, o)
+        record.run(self.layers.num_layers)
+        rows = to_device(batch.logits_indices, self.device)
+        return self.layers.head(buf["h"][:t].index_select(0, rows))
