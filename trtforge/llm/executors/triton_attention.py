@@ -40,15 +40,40 @@ def triton_usable(device: torch.device, dtype: torch.dtype, block_size: int, hea
     )
 
 
+# Up to this much work (batch x kv heads x the table's key capacity) a decode launch runs un-split: one
+# program per (sequence, kv head) walks all the keys, and no partials are written or reduced. At batch 1
+# (TinyLlama-1.1B shapes: 4 kv heads, 512-1024 keys) the split launch plus its reduction kernel took
+# 7.8 us a layer on the H200 (benchmarks/results/decode_layer.json), most of it two launches' latency.
+SMALL_DECODE_WORK = 4 * 2048
+SMALL_DECODE_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "num_splits": 1}  # a DecodeConfig
+
+
 class TritonDecodeAttention:
     """Decode attention (one query per sequence) through trtforge's split-KV kernel; CUDA-graph safe.
 
-    The launch configuration is fixed (the kernel's default for the head dim unless `config` is
-    given), so graph capture never triggers autotuning and every bucket uses the same kernel.
+    The launch configuration is fixed per shape (`config`, else :data:`SMALL_DECODE_CONFIG` for small
+    work and the kernel's default for the head dim beyond), chosen from the block table's width (the
+    bucket's key capacity), never from the context lengths on the device: graph capture never
+    triggers autotuning, and every replay of a bucket runs the kernel it captured.
     """
 
-    def __init__(self, config: Any = None) -> None:
-        self.config = config
+    def __init__(
+        self, config: Any = None, small_config: Any = "default", small_work: int = SMALL_DECODE_WORK
+    ):
+        from trtforge.plugins.attention.decode_kernel import DecodeConfig
+
+        self.config, self.small_work = config, small_work
+        self.small_config = DecodeConfig(**SMALL_DECODE_CONFIG) if small_config == "default" else small_config
+
+    def config_for(self, batch: int, kv_heads: int, head_dim: int, max_keys: int) -> Any:
+        """The DecodeConfig for `batch` sequences of `kv_heads` heads over up to `max_keys` keys."""
+        from trtforge.plugins.attention.decode_kernel import default_decode_config
+
+        if self.config is not None:
+            return self.config
+        if self.small_config is not None and batch * kv_heads * max_keys <= self.small_work:
+            return self.small_config
+        return default_decode_config(head_dim)
 
     def __call__(
         self,
@@ -60,9 +85,11 @@ class TritonDecodeAttention:
         scale: float,
         sliding_window: int | None = None,
     ) -> torch.Tensor:
-        from trtforge.plugins.attention.decode_kernel import decode_attention, default_decode_config
+        from trtforge.llm.executors.gemv_kernels import pdl_supported
+        from trtforge.plugins.attention.decode_kernel import decode_attention
 
-        config = self.config or default_decode_config(int(q.shape[-1]))
+        max_keys = int(block_tables.shape[1]) * int(k_pool.shape[1])
+        config = self.config_for(int(q.shape[0]), int(k_pool.shape[2]), int(q.shape[-1]), max_keys)
         out = decode_attention(
             q.unsqueeze(2),
             k_pool,
@@ -72,6 +99,7 @@ class TritonDecodeAttention:
             scale=scale,
             config=config,
             window=sliding_window,
+            pdl=pdl_supported(q.device),
         )
         return out.squeeze(2)
 
