@@ -40,40 +40,52 @@ def triton_usable(device: torch.device, dtype: torch.dtype, block_size: int, hea
     )
 
 
-# Up to this much work (batch x kv heads x the table's key capacity) a decode launch runs un-split: one
-# program per (sequence, kv head) walks all the keys, and no partials are written or reduced. At batch 1
-# (TinyLlama-1.1B shapes: 4 kv heads, 512-1024 keys) the split launch plus its reduction kernel took
-# 7.8 us a layer on the H200 (benchmarks/results/decode_layer.json), most of it two launches' latency.
-SMALL_DECODE_WORK = 4 * 2048
-SMALL_DECODE_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "num_splits": 1}  # a DecodeConfig
+# Up to this much work (batch x kv heads x the block table's key capacity) a decode launch takes one
+# 64-key tile per split, up to about 2 programs per SM. On the H200 (TinyLlama-1.1B shapes, CUDA graphs
+# over 22 layers, benchmarks/results/decode_layer.json) a split-KV program took ~1 us a tile (the table,
+# then K/V loads, in a chain), so the kernel's default (>= 256 keys a split) left batch 1 at 7.0 us a
+# layer at 512 keys where 8 splits take 4.2 us (1024 keys: 7.7 -> 5.4 us with 8; batch 16 at 512 keys:
+# 10.0 -> 8.5 us with 4); one un-split program per (sequence, kv head) took 10-21 us.
+SMALL_DECODE_WORK = 32 * 1024
+SMALL_DECODE_TILE = 64
+
+
+def small_decode_splits(batch_kv_heads: int, max_keys: int, num_sms: int) -> int:
+    """Splits of a small decode launch: one 64-key tile each, at most about 2 programs per SM."""
+    tiles = max(1, -(-max(max_keys, 1) // SMALL_DECODE_TILE))
+    return max(1, min(tiles, (2 * num_sms) // max(batch_kv_heads, 1), 256))
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # an H100/H200: the interpreter then exercises the same split counts
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class TritonDecodeAttention:
     """Decode attention (one query per sequence) through trtforge's split-KV kernel; CUDA-graph safe.
 
-    The launch configuration is fixed per shape (`config`, else :data:`SMALL_DECODE_CONFIG` for small
-    work and the kernel's default for the head dim beyond), chosen from the block table's width (the
-    bucket's key capacity), never from the context lengths on the device: graph capture never
-    triggers autotuning, and every replay of a bucket runs the kernel it captured.
+    The launch configuration is fixed per shape: `config` if given, else the kernel's default for the
+    head dim with, for small work (:data:`SMALL_DECODE_WORK`), :func:`small_decode_splits` splits. It
+    depends on the block table's width (the bucket's key capacity), never on the context lengths on
+    the device: graph capture never triggers autotuning, and every replay runs what was captured.
     """
 
-    def __init__(
-        self, config: Any = None, small_config: Any = "default", small_work: int = SMALL_DECODE_WORK
-    ):
-        from trtforge.plugins.attention.decode_kernel import DecodeConfig
-
+    def __init__(self, config: Any = None, small_work: int = SMALL_DECODE_WORK) -> None:
         self.config, self.small_work = config, small_work
-        self.small_config = DecodeConfig(**SMALL_DECODE_CONFIG) if small_config == "default" else small_config
 
-    def config_for(self, batch: int, kv_heads: int, head_dim: int, max_keys: int) -> Any:
+    def config_for(self, batch: int, kv_heads: int, head_dim: int, max_keys: int, num_sms: int = 132) -> Any:
         """The DecodeConfig for `batch` sequences of `kv_heads` heads over up to `max_keys` keys."""
+        from dataclasses import replace
+
         from trtforge.plugins.attention.decode_kernel import default_decode_config
 
         if self.config is not None:
             return self.config
-        if self.small_config is not None and batch * kv_heads * max_keys <= self.small_work:
-            return self.small_config
-        return default_decode_config(head_dim)
+        config = default_decode_config(head_dim)
+        if batch * kv_heads * max_keys <= self.small_work and config.block_n == SMALL_DECODE_TILE:
+            config = replace(config, num_splits=small_decode_splits(batch * kv_heads, max_keys, num_sms))
+        return config
 
     def __call__(
         self,
@@ -89,7 +101,10 @@ class TritonDecodeAttention:
         from trtforge.plugins.attention.decode_kernel import decode_attention
 
         max_keys = int(block_tables.shape[1]) * int(k_pool.shape[1])
-        config = self.config_for(int(q.shape[0]), int(k_pool.shape[2]), int(q.shape[-1]), max_keys)
+        if sliding_window is not None:  # the kernel splits only the keys a window shows (+ tile alignment)
+            max_keys = min(max_keys, int(sliding_window) + 1 + 128)
+        batch, kv_heads, head_dim = int(q.shape[0]), int(k_pool.shape[2]), int(q.shape[-1])
+        config = self.config_for(batch, kv_heads, head_dim, max_keys, _num_sms(q.device))
         out = decode_attention(
             q.unsqueeze(2),
             k_pool,
