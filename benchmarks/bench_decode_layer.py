@@ -8,7 +8,9 @@ and GEMV path (:mod:`trtforge.llm.executors.gemv_kernels`), each timed as a CUDA
 over all 22 layers' weights (so weights come from HBM, not L2: the 22 layers are 1.9 GB) divided by
 22, with the bytes it must read and the bandwidth that gives; (2) with ``--sweep``, the GEMV launch
 configs per projection and row count, and cuBLAS against the best GEMV at 1..16 rows (the threshold);
-(3) the executor's whole decode-graph replay at each ``--batches`` size, GEMV path off and on.
+(3) the executor's whole decode-graph replay at each ``--batches`` size, GEMV path off and on;
+(4) with ``--attn-shapes BxL ...``, decode-attention split counts per shape, and with ``--pdl-compare``
+the GEMV table and graphs with programmatic dependent launches off (``TRTFORGE_PDL=0``).
 """
 
 from __future__ import annotations

@@ -41,11 +41,12 @@ def triton_usable(device: torch.device, dtype: torch.dtype, block_size: int, hea
 
 
 # Up to this much work (batch x kv heads x the block table's key capacity) a decode launch takes one
-# 64-key tile per split, up to about 2 programs per SM. On the H200 (TinyLlama-1.1B shapes, CUDA graphs
-# over 22 layers, benchmarks/results/decode_layer.json) a split-KV program took ~1 us a tile (the table,
-# then K/V loads, in a chain), so the kernel's default (>= 256 keys a split) left batch 1 at 7.0 us a
-# layer at 512 keys where 8 splits take 4.2 us (1024 keys: 7.7 -> 5.4 us with 8; batch 16 at 512 keys:
-# 10.0 -> 8.5 us with 4); one un-split program per (sequence, kv head) took 10-21 us.
+# 64-key tile per split, up to about 2 programs per SM. A split-KV program spends ~1 us a tile (the table,
+# then the K/V loads, in a chain), so the kernel's default (>= 256 keys a split) is latency-bound here.
+# H200, TinyLlama-1.1B shapes, CUDA graphs over 22 layers (benchmarks/results/decode_layer_single.json),
+# us a layer, default -> this rule: batch 1 at 512 keys 6.98 -> 4.15 (8 splits), 1024 keys 7.45 -> 4.52
+# (16), 2048 keys 8.76 -> 5.95 (32); batch 4 at 1024 keys 9.11 -> 6.79 (16); batch 16 at 512 keys
+# 10.02 -> 8.56-9.33 (4). One un-split program per (sequence, kv head) took 6.9-27 us.
 SMALL_DECODE_WORK = 32 * 1024
 SMALL_DECODE_TILE = 64
 
