@@ -8,7 +8,9 @@ and GEMV path (:mod:`trtforge.llm.executors.gemv_kernels`), each timed as a CUDA
 over all 22 layers' weights (so weights come from HBM, not L2: the 22 layers are 1.9 GB) divided by
 22, with the bytes it must read and the bandwidth that gives; (2) with ``--sweep``, the GEMV launch
 configs per projection and row count, and cuBLAS against the best GEMV at 1..16 rows (the threshold);
-(3) the executor's whole decode-graph replay at each ``--batches`` size, GEMV path off and on.
+(3) the executor's whole decode-graph replay at each ``--batches`` size, GEMV path off and on;
+(4) with ``--attn-shapes BxL ...``, decode-attention split counts per shape, and with ``--pdl-compare``
+the GEMV table and graphs with programmatic dependent launches off (``TRTFORGE_PDL=0``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from trtforge.llm.executors import gemv_kernels
 from trtforge.llm.executors.fused_llama import GEMV_MAX_TOKENS, rms_norm, rope_and_cache, silu_mul
 from trtforge.llm.executors.gemv_kernels import GemvConfig, gemv_residual, norm_gate_up_silu, norm_gemv
 from trtforge.llm.executors.torch_exec import TorchExecutor
+from trtforge.plugins.attention.decode_kernel import DecodeConfig, decode_attention
 
 BLOCK = 16
 
@@ -266,6 +269,7 @@ def e2e(
     for on in modes:
         ex._fused.gemv_max_tokens = gemv_rows if on else 0
         ex._graphs.clear()
+        ex._graph_pool = None  # a fresh pool: capturing into the cleared graphs' pool asserted in torch 2.11
         for b in batches:
             graph = ex._capture(b, wb)
             ids, pos, slots, lens, _, tables = ex._static_views(b, wb)
@@ -294,6 +298,59 @@ def e2e(
     return res
 
 
+def attention_candidates() -> list[tuple[str, DecodeConfig, bool]]:
+    """(name, config, PDL) of the decode-attention launches to compare: the split-KV default (heuristic
+    split count; graph capture reduces in a second kernel), fixed split counts, and un-split launches."""
+    out = [
+        ("split-heuristic", DecodeConfig(64, 4, 3), True),
+        ("split-heuristic-nopdl", DecodeConfig(64, 4, 3), False),
+    ]
+    out += [(f"split{n}", DecodeConfig(64, 4, 3, n), True) for n in (4, 8, 16, 32)]
+    out.append(("direct-n128-w4-s2", DecodeConfig(128, 4, 2, 1), True))
+    return out
+
+
+def attention_sweep(ex: TorchExecutor, shapes: list[tuple[int, int]]) -> dict:
+    """Decode attention per layer (us, CUDA graph over the 22 layers' pools) for each candidate launch at
+    each (batch, context) shape; the block table is exactly as wide as the context."""
+    layers = len(ex._fused.layers)
+    res: dict = {}
+    for b, ctx in shapes:
+        lw = Layerwise(ex, b, ctx)
+        q = lw.q.unsqueeze(2)
+        row = {}
+        rule = ex.decode_attention.config_for(
+            b,
+            ex._fused.num_kv_heads,
+            ex._fused.head_dim,
+            ctx,
+            torch.cuda.get_device_properties(0).multi_processor_count,
+        )
+        for name, cfg, pdl in [(f"default-rule-{rule.num_splits}", rule, True), *attention_candidates()]:
+
+            def fn(i, cfg=cfg, pdl=pdl, q=q, lens=lw.ctx_lens, tables=lw.tables):
+                return decode_attention(q, ex.k_pools[i], ex.v_pools[i], lens, tables,
+                                        scale=ex._arch.scales[i], config=cfg, pdl=pdl)  # fmt: skip
+
+            try:
+                row[name] = graph_us(lambda fn=fn: [fn(i) for i in range(layers)], layers, reps=7, inner=3)
+            except Exception as e:  # a config the compiler refuses (registers, shared memory)
+                print(f"  attention b={b} ctx={ctx} {name}: {type(e).__name__}: {e}")
+        best = min(row, key=row.get)
+        res[f"b{b}/ctx{ctx}"] = {"best": best, "us": row}
+        top = ", ".join(f"{k} {v:.2f}" for k, v in sorted(row.items(), key=lambda kv: kv[1])[:6])
+        print(f"attention b={b:3d} ctx={ctx:5d}: best {best} {row[best]:.2f} us; {top}")
+    return res
+
+
+def set_pdl(on: bool) -> None:
+    """Turn programmatic dependent launches on or off for the launches that follow (TRTFORGE_PDL)."""
+    import os
+
+    os.environ["TRTFORGE_PDL"] = "1" if on else "0"
+    gemv_kernels.pdl_supported.cache_clear()
+
+
 def print_table(title: str, rows: list[dict]) -> None:
     print(f"\n{title}\n| op | us | MB read | TB/s |\n| --- | --- | --- | --- |")
     for r in rows:
@@ -311,7 +368,14 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="sweep the GEMV launch configs")
     ap.add_argument("--sweep-rows", type=int, nargs="+", default=[1, 8, 4])
     ap.add_argument("--sweep-seconds", type=float, default=150.0, help="stop sweeping after this long")
-    ap.add_argument("--threshold-rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--threshold-rows", type=int, nargs="*", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--skip-cublas", action="store_true", help="no cuBLAS per-op table")
+    ap.add_argument(
+        "--pdl-compare", action="store_true", help="GEMV per-op table and graphs with PDL off too"
+    )
+    ap.add_argument(
+        "--attn-shapes", type=str, nargs="*", default=[], help="attention sweep shapes as BATCHxCONTEXT"
+    )
     args = ap.parse_args()
 
     model = build_model(False, "cuda", torch.float16)
@@ -329,9 +393,25 @@ def main() -> None:
         "per_op": {},
     }
     with torch.inference_mode():
+        if args.attn_shapes:
+            shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.attn_shapes]
+            res["attention_sweep"] = attention_sweep(ex, shapes)
+            save(res, args.out)
+        if args.pdl_compare:
+            set_pdl(False)
+            for m in args.table_batches:
+                rows = per_op_table(Layerwise(ex, m, args.context), True)
+                res["per_op"][f"gemv_nopdl/m{m}"] = {"rows": rows, **layer_sum(rows, layers)}
+                print_table(f"gemv_nopdl/m{m}: per op, PDL off", rows)
+                print("sum:", layer_sum(rows, layers))
+            res["decode_graph_ms_nopdl"] = e2e(
+                ex, args.context, args.batches, args.gemv_max_tokens, modes=(True,)
+            )
+            set_pdl(True)
+            save(res, args.out)
         for m in args.table_batches:
             lw = Layerwise(ex, m, args.context)
-            for gemv in (False, True):
+            for gemv in (False, True) if not args.skip_cublas else (True,):  # --skip-cublas: the table only
                 rows = per_op_table(lw, gemv)
                 key = f"{'gemv' if gemv else 'cublas'}/m{m}"
                 res["per_op"][key] = {"rows": rows, **layer_sum(rows, layers)}
@@ -353,7 +433,8 @@ def main() -> None:
             rows_on = args.gemv_max_tokens
             res["decode_graph_ms_tuned"] = e2e(ex, args.context, args.batches, rows_on, modes=(True,))
             save(res, args.out)
-            res["threshold"] = threshold(ex, args.context, args.threshold_rows, res["sweep"])
+            if args.threshold_rows:
+                res["threshold"] = threshold(ex, args.context, args.threshold_rows, res["sweep"])
     save(res, args.out)
 
 

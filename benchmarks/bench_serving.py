@@ -253,6 +253,27 @@ def hf_single_stream(model, prompt, olen, device) -> dict:
     }
 
 
+def single_stream_part(results: dict, model, reqs, device: str, args: argparse.Namespace) -> None:
+    """One request alone (the first request's prompt, up to 512 tokens; 256 output tokens): CUDA-graph
+    and eager decode through the engine (their tokens compared), and HF generate unless --single-only
+    with --skip-hf."""
+    prompt, olen = reqs[0][1][:512], 256
+    single: dict = {"prompt_tokens": len(prompt), "output_tokens": olen}
+    results["single_stream"] = single
+    try:
+        single["engine_graphs"] = single_stream(
+            model, prompt, olen, device == "cuda", args.kernels, args.sync
+        )
+    except Exception as e:  # recorded; the eager and HF figures are still measured
+        single["engine_graphs_error"] = repr(e)
+    single["engine_eager"] = single_stream(model, prompt, olen, False, args.kernels, args.sync)
+    if not (args.single_only and args.skip_hf):
+        single["hf_generate"] = hf_single_stream(model, prompt, olen, device)
+    eager_tokens = single["engine_eager"].pop("tokens")
+    if "engine_graphs" in single:
+        single["graph_tokens_equal_eager"] = single["engine_graphs"].pop("tokens") == eager_tokens
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=256)
@@ -282,6 +303,9 @@ def main() -> None:
         type=int,
         default=2048,
         help="steps with prompt tokens up to this many tokens run as piecewise CUDA graphs (0: eagerly)",
+    )
+    ap.add_argument(
+        "--single-only", action="store_true", help="only the single-stream part (HF's too unless --skip-hf)"
     )
     ap.add_argument("--tiny", action="store_true", help="small model on the CPU (checks the script)")
     ap.add_argument(
@@ -333,6 +357,10 @@ def main() -> None:
             "max_graph_tokens": args.max_graph_tokens,
         },
     }
+    if args.single_only:
+        single_stream_part(results, model, reqs, device, args)
+        _save(results, args.out, "single_stream")
+        return
     ex = TorchExecutor(model, **ex_kwargs)
     results["kernels"] = ex.kernels
     results["fused_layers"] = ex.fused_refusal is None
@@ -367,20 +395,7 @@ def main() -> None:
         results["engine"][key] = run_engine(ex, load, config)
         save("engine")
     del ex
-    prompt, olen = reqs[0][1][:512], 256
-    single: dict = {"prompt_tokens": len(prompt), "output_tokens": olen}
-    results["single_stream"] = single
-    try:
-        single["engine_graphs"] = single_stream(
-            model, prompt, olen, device == "cuda", args.kernels, args.sync
-        )
-    except Exception as e:  # recorded; the eager and HF figures are still measured
-        single["engine_graphs_error"] = repr(e)
-    single["engine_eager"] = single_stream(model, prompt, olen, False, args.kernels, args.sync)
-    single["hf_generate"] = hf_single_stream(model, prompt, olen, device)
-    eager_tokens = single["engine_eager"].pop("tokens")
-    if "engine_graphs" in single:
-        single["graph_tokens_equal_eager"] = single["engine_graphs"].pop("tokens") == eager_tokens
+    single_stream_part(results, model, reqs, device, args)
     save("single_stream")
     if not args.skip_hf:
         results["hf_static_batches"] = run_hf(

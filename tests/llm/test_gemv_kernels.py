@@ -22,6 +22,7 @@ DEVICES = [
 CONFIGS = [
     pytest.param({"block_n": 8, "block_k": 32, "dot": False}, id="fma"),
     pytest.param({"block_n": 1, "block_k": 64, "dot": False}, id="fma-1col"),
+    pytest.param({"block_n": 4, "block_k": 256, "dot": False}, id="fma-1chunk"),  # K in the first chunk
     pytest.param({"block_n": 16, "block_k": 32, "dot": True}, id="dot"),
 ]
 

@@ -183,3 +183,60 @@ def test_triton_kernels_are_refused_where_they_cannot_run(monkeypatch):
     with pytest.raises(UserError, match="kernels='triton' needs a CUDA model"):
         TorchExecutor(copy.deepcopy(tiny_llama()), num_blocks=4, kernels="triton")
     assert TorchExecutor(copy.deepcopy(tiny_llama()), num_blocks=4).kernels == "torch"
+
+
+def test_small_decode_buckets_take_one_tile_a_split():
+    from trtforge.llm.executors.triton_attention import SMALL_DECODE_WORK, TritonDecodeAttention
+    from trtforge.plugins.attention.decode_kernel import DecodeConfig, default_decode_config
+
+    attn = TritonDecodeAttention()
+    # batch 1, 4 kv heads: one 64-key tile per split (512 keys: 8, 768: 12), at most 2 programs an SM
+    assert attn.config_for(1, 4, 64, 512, num_sms=132).num_splits == 8
+    assert attn.config_for(1, 4, 64, 768, num_sms=132).num_splits == 12
+    assert attn.config_for(16, 4, 64, 512, num_sms=132).num_splits == 4  # 264 programs // 64
+    assert attn.config_for(2, 4, 64, 40, num_sms=132).num_splits == 1  # under one tile
+    # past the small work, and for head dims whose default tiles are not 64 keys: the kernel's default
+    assert attn.config_for(64, 4, 64, 512, num_sms=132) == default_decode_config(64)
+    assert SMALL_DECODE_WORK < 64 * 4 * 512
+    assert attn.config_for(1, 4, 256, 512, num_sms=132) == default_decode_config(256)
+    fixed = DecodeConfig(32, 4, 2, 3)
+    assert TritonDecodeAttention(fixed).config_for(1, 4, 64, 512) == fixed
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("window", [None, 50])
+def test_small_decode_splits_match_the_reference_with_short_and_empty_splits(device, window):
+    from trtforge.llm.executors.paged_attention import paged_decode_reference
+    from trtforge.llm.executors.triton_attention import TritonDecodeAttention
+
+    _skip_cpu_with_cuda(device)
+    g = torch.Generator().manual_seed(7)
+    bs, hq, hkv, d, nblocks, width = 16, 8, 2, 32, 64, 16
+    # 256 keys of capacity: 4 splits of one tile; the 5- and 70-key sequences leave splits empty
+    ctx = torch.tensor([5, 256, 70], dtype=torch.int32)
+    tables = torch.randperm(nblocks, generator=g)[: 3 * width].view(3, width).to(torch.int32)
+    k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half()
+    v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half()
+    q = torch.randn(3, hq, d, generator=g).half()
+    attn = TritonDecodeAttention()
+    assert attn.config_for(3, hkv, d, width * bs).num_splits == 4
+    args = [t.to(device) for t in (q, k_pool, v_pool, tables, ctx)]
+    got = attn(*args, d**-0.5, window)
+    want = paged_decode_reference(
+        *(t.double() if t.is_floating_point() else t for t in args), d**-0.5, window
+    )
+    torch.testing.assert_close(got.double(), want, atol=3e-3, rtol=3e-3)
+
+
+def test_pdl_is_used_on_hopper_cuda_devices_only(monkeypatch):
+    from trtforge.llm.executors import gemv_kernels
+
+    gemv_kernels.pdl_supported.cache_clear()
+    assert not gemv_kernels.pdl_supported(torch.device("cpu"))
+    if torch.cuda.is_available():
+        dev = torch.device("cuda", 0)
+        assert gemv_kernels.pdl_supported(dev) == (torch.cuda.get_device_capability(dev)[0] >= 9)
+        monkeypatch.setenv("TRTFORGE_PDL", "0")
+        gemv_kernels.pdl_supported.cache_clear()
+        assert not gemv_kernels.pdl_supported(dev)
+    gemv_kernels.pdl_supported.cache_clear()

@@ -21,8 +21,15 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtforge.llm.executors.gemv_kernels import MAX_ROWS, gemv_residual, norm_gate_up_silu, norm_gemv
+from trtforge.llm.executors.gemv_kernels import (
+    MAX_ROWS,
+    gemv_residual,
+    norm_gate_up_silu,
+    norm_gemv,
+    pdl_supported,
+)
 
 # Token counts up to this run the projections as GEMVs (FusedLayers.gemv_max_tokens; at most
 # gemv_kernels.MAX_ROWS). On an H200 (TinyLlama-1.1B shapes, benchmarks/bench_decode_layer.py,
@@ -81,9 +88,14 @@ def _rope_cache_kernel(
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Grid (T, 2): program 0 ropes token t's query heads into QOut; program 1 ropes its key heads and
-    writes keys and values to pool slot Slots[t] (block Slots[t] // PAGE, offset Slots[t] % PAGE)."""
+    writes keys and values to pool slot Slots[t] (block Slots[t] // PAGE, offset Slots[t] % PAGE).
+    PDL: launched early (programmatic dependent launch), it waits for the previous kernel's writes."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     offs_h = tl.arange(0, BLOCK_H)
@@ -161,6 +173,7 @@ def rope_and_cache(
     q = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device)
     if t:
         half = d // 2
+        pdl = pdl_supported(qkv.device)
         _rope_cache_kernel[(t, 2)](
             qkv, cos, sin, slots, q, k_pool, v_pool,
             qkv.stride(0), cos.stride(0), q.stride(0),
@@ -168,7 +181,8 @@ def rope_and_cache(
             v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
             num_heads, num_kv_heads,
             PAGE=int(k_pool.shape[1]), HALF=half, BLOCK_HALF=triton.next_power_of_2(half),
-            BLOCK_H=triton.next_power_of_2(max(num_heads, num_kv_heads)), num_warps=4,
+            BLOCK_H=triton.next_power_of_2(max(num_heads, num_kv_heads)), PDL=pdl, num_warps=4,
+            launch_pdl=pdl,
         )  # fmt: skip
     return q
 

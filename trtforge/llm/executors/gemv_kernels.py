@@ -15,16 +15,22 @@ reduced per chunk or (``dot``) on the tensor cores with the rows padded to 16. R
 the eager FP16 path (HF): ``x * rstd`` is rounded to the input dtype before the norm weight
 multiply, the norm output to the input dtype before the GEMV, gate and up to the dtype before SiLU,
 SiLU's output before the multiply; sums are FP32 and the residual is added to the FP32 sum.
+
+On Hopper and later the launches are programmatic dependent launches (:func:`pdl_supported`): a
+one-row program requests its first weight chunk, then waits (``griddepcontrol.wait``) for the previous
+kernel's writes before it reads x or the residual, so the weight stream overlaps that kernel's tail.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 MAX_ROWS = 16  # rows (tokens) one launch takes: the row block is at most 16
 
@@ -42,23 +48,28 @@ class GemvConfig:
 
 
 @triton.jit
-def _chunk(x_rows, w_rows, NormW, offs_k, m_ok, n_ok, K, stride_wn, up_rows, rstd, NORM: tl.constexpr,
-           GATED: tl.constexpr, dtype: tl.constexpr):  # fmt: skip
-    """One K chunk: the weight rows (and the up rows when gated; streamed, so evicted first from L2) and
-    the x rows, normalized (x * rstd rounded to the dtype, times the norm weight, rounded) under NORM."""
-    k_ok = offs_k < K
-    w_ok = n_ok[:, None] & k_ok[None, :]
+def _w_chunk(w_rows, offs_k, n_ok, K, stride_wn, up_rows, GATED: tl.constexpr):
+    """One K chunk of the weight rows (and of the up rows when gated); streamed, so evicted first."""
+    w_ok = n_ok[:, None] & (offs_k < K)[None, :]
     w = tl.load(w_rows + offs_k[None, :], mask=w_ok, other=0.0, eviction_policy="evict_first")
     wu = w
     if GATED:
         wu = tl.load(w_rows + up_rows * stride_wn + offs_k[None, :], mask=w_ok, other=0.0,
                      eviction_policy="evict_first")  # fmt: skip
+    return w, wu
+
+
+@triton.jit
+def _x_chunk(x_rows, NormW, offs_k, m_ok, K, rstd, NORM: tl.constexpr, dtype: tl.constexpr):
+    """One K chunk of the x rows, normalized under NORM (x * rstd rounded to the dtype, times the
+    norm weight, rounded)."""
+    k_ok = offs_k < K
     x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
     if NORM:
         nw = tl.load(NormW + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         xn = (x.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)
         x = (xn * nw[None, :]).to(dtype)
-    return w, wu, x
+    return x
 
 
 @triton.jit
@@ -83,6 +94,7 @@ def _gemv_kernel(
     HAS_RES: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     DOT: tl.constexpr,
+    PDL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -97,6 +109,13 @@ def _gemv_kernel(
     x_rows = X + offs_m[:, None] * stride_xm
     w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
     dtype = W.dtype.element_ty
+    if BLOCK_M == 1 and not DOT:
+        # The first chunk's weights (independent of the previous kernel) are requested before waiting
+        # for that kernel (PDL) and before the norm prologue, so their latency overlaps both.
+        w0, wu0 = _w_chunk(w_rows, arange_k, n_ok, K, stride_wn, up_rows, GATED)
+    if PDL:
+        gdc_wait()  # the previous kernel's writes (x, the residual) are visible from here on
+        gdc_launch_dependents()  # the next kernel may start (and prefetch its own weights)
     if NORM:
         sq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -109,11 +128,13 @@ def _gemv_kernel(
         rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if BLOCK_M == 1 and not DOT:
         # one row: keep [BLOCK_N, BLOCK_K] partial products in registers, reduce once after the loop
-        part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        part_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            w, wu, x = _chunk(x_rows, w_rows, NormW, k0 + arange_k, m_ok, n_ok, K, stride_wn, up_rows, rstd,
-                              NORM, GATED, dtype)  # fmt: skip
+        x0 = _x_chunk(x_rows, NormW, arange_k, m_ok, K, rstd, NORM, dtype)
+        xf = x0.to(tl.float32)
+        part = w0.to(tl.float32) * xf
+        part_up = wu0.to(tl.float32) * xf
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            w, wu = _w_chunk(w_rows, k0 + arange_k, n_ok, K, stride_wn, up_rows, GATED)
+            x = _x_chunk(x_rows, NormW, k0 + arange_k, m_ok, K, rstd, NORM, dtype)
             xf = x.to(tl.float32)
             part += w.to(tl.float32) * xf
             if GATED:
@@ -124,8 +145,8 @@ def _gemv_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            w, wu, x = _chunk(x_rows, w_rows, NormW, k0 + arange_k, m_ok, n_ok, K, stride_wn, up_rows, rstd,
-                              NORM, GATED, dtype)  # fmt: skip
+            w, wu = _w_chunk(w_rows, k0 + arange_k, n_ok, K, stride_wn, up_rows, GATED)
+            x = _x_chunk(x_rows, NormW, k0 + arange_k, m_ok, K, rstd, NORM, dtype)
             if DOT:
                 acc += tl.dot(x, tl.trans(w))
                 if GATED:
@@ -149,6 +170,11 @@ def _gemv_kernel(
 
 
 PROGRAMS_PER_SM = 4  # one-row GEMVs: enough programs that every SM has loads in flight
+# One-row GEMVs: weight rows per program. The H200 sweep (benchmarks/results/decode_layer.json, TinyLlama
+# shapes) found 4 rows best for QKV and 2 gate/up pairs for gate_up (15.3 us; 16 rows: 16.5), and the
+# lm_head at 4 rows took 34.7 us against 37.7 at 16. With this rule and PDL (decode_layer_single.json):
+# QKV 4.8 us, o_proj 3.4, gate_up 12.6, down 8.0, lm_head 32.5.
+MAX_ROWS_PER_PROGRAM = 4
 
 
 @functools.cache
@@ -157,14 +183,25 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
+@functools.cache
+def pdl_supported(device: torch.device) -> bool:
+    """Whether launches on `device` use programmatic dependent launch (Hopper and later, CUDA; off with
+    ``TRTFORGE_PDL=0``): the kernel may start while the previous one finishes, requests its first
+    weights, then waits for that kernel's writes (``griddepcontrol.wait``) before reading its inputs."""
+    if device.type != "cuda" or os.environ.get("TRTFORGE_PDL", "1") == "0":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def default_config(m: int, n: int, k: int, gated: bool, num_sms: int = 132) -> GemvConfig:
     """The launch parameters for an ``[m, k] x [n, k]^T`` projection (gated: n gate/up row pairs).
 
-    One row: the widest column block (<= 16) that still gives ``PROGRAMS_PER_SM`` programs per SM, and
-    the longest K chunk (<= 1024) keeping ~32 FP32 partials a thread. More rows: the tensor cores.
+    One row: the widest column block of at most ``MAX_ROWS_PER_PROGRAM`` weight rows (gate and up count
+    two) that still gives ``PROGRAMS_PER_SM`` programs per SM, and the longest K chunk (<= 1024) keeping
+    ~32 FP32 partials a thread. More rows: the tensor cores.
     """
     if m == 1:
-        bn = 16
+        bn = MAX_ROWS_PER_PROGRAM // (2 if gated else 1)
         while bn > 1 and triton.cdiv(n, bn) < PROGRAMS_PER_SM * num_sms:
             bn //= 2
         bk = min(1024, triton.next_power_of_2(k), max(64, 16384 // (bn * (2 if gated else 1))))
@@ -185,6 +222,7 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
     m, k = int(x.shape[0]), int(x.shape[1])
     cfg = config or default_config(m, n, k, up_rows > 0, _num_sms(x.device))
     block_m = 16 if cfg.dot else triton.next_power_of_2(m)
+    pdl = pdl_supported(x.device)
     dummy = out
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         x, w, out,
@@ -195,8 +233,8 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
         x.stride(0), w.stride(0), out.stride(0), res.stride(0) if res is not None else 0,
         up_rows, float(eps),
         NORM=norm_w is not None, GATED=up_rows > 0, HAS_RES=res is not None, HAS_BIAS=bias is not None,
-        DOT=cfg.dot, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DOT=cfg.dot, PDL=pdl, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
 
 

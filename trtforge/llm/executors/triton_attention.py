@@ -40,15 +40,53 @@ def triton_usable(device: torch.device, dtype: torch.dtype, block_size: int, hea
     )
 
 
+# Up to this much work (batch x kv heads x the block table's key capacity) a decode launch takes one
+# 64-key tile per split, up to about 2 programs per SM. A split-KV program spends ~1 us a tile (the table,
+# then the K/V loads, in a chain), so the kernel's default (>= 256 keys a split) is latency-bound here.
+# H200, TinyLlama-1.1B shapes, CUDA graphs over 22 layers (benchmarks/results/decode_layer_single.json),
+# us a layer, default -> this rule: batch 1 at 512 keys 6.98 -> 4.15 (8 splits), 1024 keys 7.45 -> 4.52
+# (16), 2048 keys 8.76 -> 5.95 (32); batch 4 at 1024 keys 9.11 -> 6.79 (16); batch 16 at 512 keys
+# 10.02 -> 8.56-9.33 (4). One un-split program per (sequence, kv head) took 6.9-27 us.
+SMALL_DECODE_WORK = 32 * 1024
+SMALL_DECODE_TILE = 64
+
+
+def small_decode_splits(batch_kv_heads: int, max_keys: int, num_sms: int) -> int:
+    """Splits of a small decode launch: one 64-key tile each, at most about 2 programs per SM."""
+    tiles = max(1, -(-max(max_keys, 1) // SMALL_DECODE_TILE))
+    return max(1, min(tiles, (2 * num_sms) // max(batch_kv_heads, 1), 256))
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # an H100/H200: the interpreter then exercises the same split counts
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 class TritonDecodeAttention:
     """Decode attention (one query per sequence) through trtforge's split-KV kernel; CUDA-graph safe.
 
-    The launch configuration is fixed (the kernel's default for the head dim unless `config` is
-    given), so graph capture never triggers autotuning and every bucket uses the same kernel.
+    The launch configuration is fixed per shape: `config` if given, else the kernel's default for the
+    head dim with, for small work (:data:`SMALL_DECODE_WORK`), :func:`small_decode_splits` splits. It
+    depends on the block table's width (the bucket's key capacity), never on the context lengths on
+    the device: graph capture never triggers autotuning, and every replay runs what was captured.
     """
 
-    def __init__(self, config: Any = None) -> None:
-        self.config = config
+    def __init__(self, config: Any = None, small_work: int = SMALL_DECODE_WORK) -> None:
+        self.config, self.small_work = config, small_work
+
+    def config_for(self, batch: int, kv_heads: int, head_dim: int, max_keys: int, num_sms: int = 132) -> Any:
+        """The DecodeConfig for `batch` sequences of `kv_heads` heads over up to `max_keys` keys."""
+        from dataclasses import replace
+
+        from trtforge.plugins.attention.decode_kernel import default_decode_config
+
+        if self.config is not None:
+            return self.config
+        config = default_decode_config(head_dim)
+        if batch * kv_heads * max_keys <= self.small_work and config.block_n == SMALL_DECODE_TILE:
+            config = replace(config, num_splits=small_decode_splits(batch * kv_heads, max_keys, num_sms))
+        return config
 
     def __call__(
         self,
@@ -62,9 +100,14 @@ class TritonDecodeAttention:
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of `q` ``[B, Hq, D]``, into `out` (same shape) when given."""
-        from trtforge.plugins.attention.decode_kernel import decode_attention, default_decode_config
+        from trtforge.llm.executors.gemv_kernels import pdl_supported
+        from trtforge.plugins.attention.decode_kernel import decode_attention
 
-        config = self.config or default_decode_config(int(q.shape[-1]))
+        max_keys = int(block_tables.shape[1]) * int(k_pool.shape[1])
+        if sliding_window is not None:  # the kernel splits only the keys a window shows (+ tile alignment)
+            max_keys = min(max_keys, int(sliding_window) + 1 + 128)
+        batch, kv_heads, head_dim = int(q.shape[0]), int(k_pool.shape[2]), int(q.shape[-1])
+        config = self.config_for(batch, kv_heads, head_dim, max_keys, _num_sms(q.device))
         got = decode_attention(
             q.unsqueeze(2),
             k_pool,
@@ -75,6 +118,7 @@ class TritonDecodeAttention:
             config=config,
             window=sliding_window,
             out=None if out is None else out.unsqueeze(2),
+            pdl=pdl_supported(q.device),
         )
         return got.squeeze(2)
 

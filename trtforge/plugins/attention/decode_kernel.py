@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtforge.plugins.attention.configs import (
     DECODE_CANDIDATES,
@@ -304,12 +305,16 @@ def _decode_split_kernel(
     DOT_F32: tl.constexpr,
     TMA: tl.constexpr,
     WINDOW: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
     WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
     out only the keys some row sees;
     FUSED: the group's last program to finish reduces all its splits. TMA (contiguous caches laid
     out [B·Hkv·S_max, D]): KDesc/VDesc are that 2-D view's tensor descriptors, one tile per load."""
+    if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes
+        gdc_wait()
+        gdc_launch_dependents()
     split = tl.program_id(0)
     pid = tl.program_id(1)
     b = (pid // num_kv_heads).to(tl.int64)
@@ -418,8 +423,12 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Grid (B·Hq·S_q,): rescale each split's partial output by exp2(lse - max) and sum."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     qi = row % SEQ_Q
     hq = (row // SEQ_Q) % num_heads
@@ -586,12 +595,13 @@ def _tma_descriptors(k: Any, v: Any, block_n: int) -> tuple[Any, Any] | None:
 
 
 def _launch(
-    q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace, zeroed=True, window=0
+    q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace, zeroed=True, window=0, pdl=False
 ) -> None:
     """Run the split kernel (and, unfused, the reduce kernel) with scratch from `workspace` (4-byte
     elements, at least workspace_elements(...); None: allocate, with this stream's counters).
     `zeroed` False: the workspace's counters hold anything, so the reduction runs unfused. `window`
-    > 0: sliding-window attention over each query's last `window` keys."""
+    > 0: sliding-window attention over each query's last `window` keys. `pdl`: programmatic dependent
+    launches (each kernel waits for the previous one's writes on the device; Hopper and later)."""
     b, hq, s_q, d = (int(n) for n in q.shape)
     hkv = int(k.shape[1])
     page = int(k.shape[2]) if block_table is not None else 0
@@ -630,13 +640,13 @@ def _launch(
         GROUP=group, SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
         PAGE_SIZE=page, DIRECT=direct, FUSED=fused, TAIL_ROWS=tail_rows, TAIL_SPLITS=tail_splits,
         DOT_F32=_interpreting() and q.dtype == torch.bfloat16, TMA=descs is not None,
-        WINDOW=window > 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        WINDOW=window > 0, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
     if not direct and not fused:
         _decode_reduce_kernel[(b * hq * s_q,)](
             mid_o, mid_l, out, *out.stride(), hq, splits,
             SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
-            num_warps=4 if block_d >= 128 else 2,
+            PDL=pdl, num_warps=4 if block_d >= 128 else 2, launch_pdl=pdl,
         )  # fmt: skip
 
 
@@ -707,6 +717,7 @@ def decode_attention(
     config: DecodeConfig | None = None,
     max_seq_len: int | None = None,
     window: int | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Attention of q [B, Hq, S_q<=8, D] over each sequence's first seq_lens[b] cached keys.
 
@@ -718,7 +729,8 @@ def decode_attention(
     :data:`TMA_AUTOTUNE_CANDIDATES`); the interpreter and graph capture use :func:`default_decode_config`.
     Eager launches reduce the splits inside the split kernel (with this stream's counters); a
     captured launch reduces them in a second kernel. `window` W (sliding-window layers): query i,
-    at position L - S_q + i, sees only keys at positions > L - S_q + i - W.
+    at position L - S_q + i, sees only keys at positions > L - S_q + i - W. `pdl` (CUDA, Hopper and
+    later): launch as programmatic dependent launches.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -743,7 +755,9 @@ def decode_attention(
             else _CHOICE.get(_key_of(q, k_cache, block_table, max_len), default_decode_config(d))
         )
     splits = _resolve_splits(config, b * hkv, max_len)
-    _launch(q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, None, window=window)
+    _launch(
+        q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, None, window=window, pdl=pdl
+    )
     return out
 
 
