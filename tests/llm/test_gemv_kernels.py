@@ -179,7 +179,8 @@ def test_fused_gemv_decode_logits_match_the_hf_model(device, batch):
     calls = []
     ex._fused._gemv = lambda h, f=ex._fused._gemv: calls.append(int(h.shape[0])) or f(h)
     got, seqs = _decode_logits(ex, prompts, steps=3)
-    assert batch in calls and calls.count(9) > 0  # decode rows took the GEMVs, 9-token prefills cuBLAS
+    # decode rows took the GEMVs; the 9-token prefills (bucket-padded on CUDA) took cuBLAS
+    assert batch in calls and max(calls) >= 9
     if device == "cuda":
         assert ex.num_cuda_graphs > 0  # the decode steps replayed graphs holding the GEMV kernels
     with torch.no_grad():

@@ -124,9 +124,9 @@ class TritonDecodeAttention:
 
 
 class TritonPagedAttention:
-    """Mixed prefill/decode attention: all decode rows in one decode launch, one prefill launch per chunk.
+    """Mixed prefill/decode attention: all decode rows in one decode launch, all prompt chunks in one.
 
-    The chunk launches take strided views of the flat ``[T, Hq, D]`` query and output (no copies);
+    The chunk launch reads the flat ``[T, Hq, D]`` query and writes the output in place (no copies);
     the per-step plan (which rows decode and their block tables and lengths, chunk bounds) is built
     once per step from the host-side metadata and reused by every layer. Decode rows that lie
     together (the scheduler puts running sequences first) are read and written in place.
@@ -158,11 +158,16 @@ class TritonPagedAttention:
             else:
                 where = to_device(rows, device)
             decode_plan = (where, tables, lens)
-        chunks = []
-        for i in np.flatnonzero(qlens > 1):
-            width = -(-int(meta.context_lens_host[i]) // bs)
-            chunks.append((int(i), int(qsl[i]), int(qsl[i + 1]), width))
-        return decode_plan, chunks
+        chunk_plan = None
+        chunks = np.flatnonzero(qlens > 1)
+        if len(chunks):
+            width = -(-int(meta.context_lens_host[chunks].max()) // bs)
+            where = to_device(np.stack([qsl[chunks], qlens[chunks]]).astype(np.int32), device)
+            seqs = to_device(chunks.astype(np.int64), device)
+            tables = meta.block_tables.index_select(0, seqs)[:, :width]
+            lens = meta.context_lens.index_select(0, seqs)
+            chunk_plan = (where[0], where[1], tables, lens, int(qlens[chunks].max()))
+        return decode_plan, chunk_plan
 
     def __call__(
         self,
@@ -175,12 +180,12 @@ class TritonPagedAttention:
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of the step's tokens `q` ``[T, Hq, D]``, into `out` (same shape) when given."""
-        from trtforge.plugins.attention.chunked_prefill import chunked_prefill_attention
+        from trtforge.plugins.attention.chunked_prefill import chunked_prefill_varlen
 
         if self._plan_for is not meta:
             self._plan, self._plan_for = self._make_plan(meta, q.device), meta
-        decode_plan, chunks = self._plan
-        if sliding_window is not None and chunks:
+        decode_plan, chunk_plan = self._plan
+        if sliding_window is not None and chunk_plan is not None:
             got = paged_attention_reference(q, k_pool, v_pool, meta, scale, sliding_window)
             return got if out is None else out.copy_(got)
         if out is None:
@@ -193,14 +198,9 @@ class TritonPagedAttention:
                 q_rows = q.index_select(0, where)
                 got = self.decode(q_rows, k_pool, v_pool, tables, lens, scale, sliding_window)
                 out.index_copy_(0, where, got)
-        for i, lo, hi, width in chunks:
-            chunked_prefill_attention(
-                q[lo:hi].permute(1, 0, 2)[None],
-                k_pool,
-                v_pool,
-                meta.context_lens[i : i + 1],
-                meta.block_tables[i : i + 1, :width],
-                scale=scale,
-                out=out[lo:hi].permute(1, 0, 2)[None],
+        if chunk_plan is not None:
+            starts, lens_q, tables, lens, max_q_len = chunk_plan
+            chunked_prefill_varlen(
+                q, k_pool, v_pool, lens, tables, starts, lens_q, max_q_len, scale=scale, out=out
             )
         return out

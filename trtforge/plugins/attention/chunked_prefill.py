@@ -25,7 +25,7 @@ import triton.language as tl
 from trtforge.plugins.attention.decode_kernel import _attend_tiles, _check, _interpreting
 from trtforge.plugins.attention.device_tensor import pool_heads_major
 
-__all__ = ["chunked_prefill_attention"]
+__all__ = ["chunked_prefill_attention", "chunked_prefill_varlen"]
 
 
 @triton.jit
@@ -35,6 +35,7 @@ def _chunked_prefill_kernel(
     V,
     SeqLens,
     QLens,
+    QStarts,
     Table,
     Out,
     stride_qb,
@@ -65,8 +66,12 @@ def _chunked_prefill_kernel(
     PAGE_SIZE: tl.constexpr,
     HAS_QLENS: tl.constexpr,
     DOT_F32: tl.constexpr,
+    HAS_QSTARTS: tl.constexpr = False,
 ):
-    """Grid (cdiv(S_q·G, BLOCK_M), B·Hkv): BLOCK_M (query position, group head) rows of one kv head."""
+    """Grid (cdiv(S_q·G, BLOCK_M), B·Hkv): BLOCK_M (query position, group head) rows of one kv head.
+
+    With HAS_QSTARTS, sequence b's queries and outputs start at row QStarts[b] of flat [T, Hq, D]
+    tensors (stride_*m between rows; the batch strides are unused)."""
     pid_m = tl.program_id(0)
     pid = tl.program_id(1)
     b = (pid // num_kv_heads).to(tl.int64)
@@ -86,7 +91,13 @@ def _chunked_prefill_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     io_ok = row_ok[:, None] & d_ok[None, :]
-    q_rows = b * stride_qb + hq * stride_qh + qi * stride_qm
+    if HAS_QSTARTS:
+        first = tl.load(QStarts + b).to(tl.int64)
+        q_rows = first * stride_qm + hq * stride_qh + qi * stride_qm
+        o_rows = first * stride_om + hq * stride_oh + qi * stride_om
+    else:
+        q_rows = b * stride_qb + hq * stride_qh + qi * stride_qm
+        o_rows = b * stride_ob + hq * stride_oh + qi * stride_om
     q = tl.load(Q + q_rows[:, None] + offs_d[None, :] * stride_qd, mask=io_ok, other=0.0)
     last_key = seq_len - q_len + qi
 
@@ -95,6 +106,7 @@ def _chunked_prefill_kernel(
     qi_first = r0 // GROUP
     qi_last = tl.minimum((r0 + BLOCK_M - 1) // GROUP, q_len - 1)
     hi = tl.maximum(tl.minimum(seq_len - q_len + qi_last + 1, seq_len), 0)
+    hi = tl.where(r0 < q_len * GROUP, hi, 0)  # a block past a short chunk's rows reads no keys
     full = tl.maximum(tl.minimum(hi, seq_len - q_len + qi_first + 1), 0)
     full_end = (full // BLOCK_N) * BLOCK_N
 
@@ -122,7 +134,6 @@ def _chunked_prefill_kernel(
     )  # fmt: skip
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc * (1.0 / l_safe)[:, None]
-    o_rows = b * stride_ob + hq * stride_oh + qi * stride_om
     tl.store(Out + o_rows[:, None] + offs_d[None, :] * stride_od, out.to(Out.dtype.element_ty), mask=io_ok)
 
 
@@ -162,11 +173,62 @@ def chunked_prefill_attention(
     table = block_table if block_table is not None else seq_lens
     stride_tb = int(block_table.stride(0)) if block_table is not None else 0
     _chunked_prefill_kernel[(triton.cdiv(s_q * group, block_m), b * hkv)](
-        q, k_cache, v_cache, seq_lens, q_lens if q_lens is not None else seq_lens, table, out,
+        q, k_cache, v_cache, seq_lens, q_lens if q_lens is not None else seq_lens, seq_lens, table, out,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), stride_tb,
         hkv, s_q, d**-0.5 if scale is None else float(scale),
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_QLENS=q_lens is not None, DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
         num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out
+
+
+def chunked_prefill_varlen(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    q_starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    max_q_len: int,
+    *,
+    scale: float,
+    out: torch.Tensor,
+    block_m: int = 64,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """Several prompt chunks in one launch: chunk b is rows ``[q_starts[b], q_starts[b] + q_lens[b])``
+    of the flat q/out ``[T, Hq, D]``, over a block pool ``[num_blocks, block_size, Hkv, D]`` through
+    ``block_table[b]`` (its first ``seq_lens[b]`` keys, LOWER_RIGHT causal, GQA). `max_q_len` bounds
+    q_lens (it sizes the grid); the int32 ``[B]`` tensors stay on the device. Returns `out`."""
+    if q.dim() != 3 or tuple(out.shape) != tuple(q.shape):
+        raise ValueError(f"q and out must be one [T, Hq, D] shape; got {tuple(q.shape)}, {tuple(out.shape)}")
+    b = int(seq_lens.shape[0])
+    for name, t in (("q_starts", q_starts), ("q_lens", q_lens)):
+        if tuple(t.shape) != (b,) or t.dtype != torch.int32:
+            raise ValueError(
+                f"{name} must be int32 [B] = [{b}] like seq_lens; got {t.dtype} {tuple(t.shape)}"
+            )
+    if b == 0 or int(q.shape[0]) == 0:
+        return out
+    # the checks of the batched form, on [1, Hq, T, D] views (the grid uses max_q_len, not T)
+    qv, ov = q.permute(1, 0, 2)[None], out.permute(1, 0, 2)[None]
+    k_cache, v_cache = pool_heads_major(k_pool), pool_heads_major(v_pool)
+    ones = seq_lens[:1]
+    _, hq, _, d, hkv, page, _ = _check(qv, k_cache, v_cache, ones, block_table[:1], ov, max_q_len=1 << 30)
+    if int(block_table.shape[0]) != b:
+        raise ValueError(f"block_table must have B = {b} rows; got {tuple(block_table.shape)}")
+    group = hq // hkv
+    _chunked_prefill_kernel[(triton.cdiv(max(int(max_q_len), 1) * group, block_m), b * hkv)](
+        q, k_cache, v_cache, seq_lens, q_lens, q_starts, block_table, out,
+        0, q.stride(1), q.stride(0), q.stride(2), *k_cache.stride(), *v_cache.stride(),
+        0, out.stride(1), out.stride(0), out.stride(2), int(block_table.stride(0)),
+        hkv, int(max_q_len), float(scale),
+        GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n,
+        PAGE_SIZE=page, HAS_QLENS=True, DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
+        HAS_QSTARTS=True, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
