@@ -5,8 +5,9 @@
 Cases (defaults): FP16, Hq=32, Hkv=8, D=128, q_len 1, B x L in {1x32768, 4x16384, 16x4096,
 64x8192, 128x2048, 256x1024}, every sequence at full length L. Implementations, all in this process:
 - ours-contig: decode_attention on a contiguous [B, Hkv, L, D] cache, autotuned on its first call
-  (tile, pipeline depth and split count; not timed; the choice is recorded). Captured in a CUDA
-  graph without a workspace of the caller's, its splits are reduced by a second kernel;
+  (tile, pipeline depth, split count or stream-K programs per SM; not timed; the choice is
+  recorded). Captured in a CUDA graph without a workspace of the caller's, its splits are reduced
+  by a second kernel;
 - ours-contig-ws: the same config and split count through decode_attention_raw with a workspace
   zeroed once (counters_zeroed: the kernel leaves its counters zero): the fused reduction, one
   kernel per call;
@@ -105,6 +106,13 @@ def _fixed(q, k, table, length: int) -> tuple[DecodeConfig, int]:
     return dataclasses.replace(cfg, num_splits=splits), splits
 
 
+def _short(c: DecodeConfig) -> str:
+    """A candidate as "block_n/warps/stages" plus its split count (s), stream-K programs per SM (p)
+    and tma."""
+    tail = f"p{c.persistent}" if c.persistent else f"s{c.num_splits or 'h'}"
+    return f"{c.block_n}/{c.num_warps}/{c.num_stages}/{tail}{'/tma' if c.tma else ''}"
+
+
 def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) -> tuple:
     gen = torch.Generator().manual_seed(b * length)
     q = torch.randn(b, hq, 1, d, generator=gen).to(dtype).cuda()
@@ -120,8 +128,11 @@ def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) ->
     decode_attention(q, k16, v16, lens, t16, out=out)
     fixed, splits = _fixed(q, k, None, length)
     fixed16, splits16 = _fixed(q, k16, t16, length)
-    ws = torch.zeros(max(1, workspace_elements(b, hq, 1, d, splits)), dtype=torch.int32, device="cuda")
-    ws16 = torch.full((max(1, workspace_elements(b, hq, 1, d, splits16)),), 7, dtype=torch.int32)
+    programs, programs16 = (decode_kernel.stream_programs(c, b) for c in (fixed, fixed16))
+    ws = torch.zeros(
+        max(1, workspace_elements(b, hq, 1, d, splits, programs)), dtype=torch.int32, device="cuda"
+    )
+    ws16 = torch.full((max(1, workspace_elements(b, hq, 1, d, splits16, programs16)),), 7, dtype=torch.int32)
     ws16 = ws16.cuda()  # a scratch workspace: garbage counters, zeroed by the launch
 
     def raw(kc, vc, table, cfg, n, workspace, zeroed):
@@ -159,7 +170,13 @@ def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) ->
         name: str(decode_kernel._CHOICE.get(decode_kernel._key_of(q, _kernel_view(kc, tb), tb, length)))
         for name, kc, tb in (("ours-contig", k, None), ("ours-paged16", k16, t16), ("ours-paged64", k64, t64))
     }
-    chosen["splits (contig, paged16)"] = f"{splits}, {splits16}"
+    tuned = decode_kernel.TUNING_TIMES.get(decode_kernel._key_of(q, k, None, length), {})
+    chosen["autotune us (contig)"] = {
+        _short(c): round(1e3 * t, 1) for c, t in sorted(tuned.items(), key=lambda x: x[1])
+    }
+    chosen["splits (contig, paged16)"] = ", ".join(
+        f"stream-K, {n} programs" if n else str(sp) for sp, n in ((splits, programs), (splits16, programs16))
+    )
     return times, errors, chosen
 
 

@@ -286,3 +286,76 @@ def test_bad_inputs_are_rejected(kw, message):
     lens = torch.ones(2, dtype=kw.get("lens_dtype", torch.int32))
     with pytest.raises(ValueError, match=message):
         decode_attention(q, k, k, lens)
+
+
+@pytest.mark.parametrize(
+    ("sms", "per_sm", "s_q", "page", "tma", "fused", "window", "dtype"),
+    [
+        (5, 1, 1, 0, True, True, 0, torch.float16),  # 5 runs over 20 pairs: pieces and whole pairs
+        (3, 2, 4, 0, False, False, 0, torch.float16),
+        (132, 1, 1, 16, False, True, 0, torch.bfloat16),  # more programs than tiles: one tile each
+        (2, 1, 4, 64, False, True, 20, torch.float16),
+        (4, 1, 1, 0, True, False, 33, torch.float16),
+        (1, 1, 8, 0, True, True, 0, torch.float16),  # one program: every pair written whole
+    ],
+)
+def test_stream_k_matches_the_reference(monkeypatch, sms, per_sm, s_q, page, tma, fused, window, dtype):
+    """`persistent`: the key tiles of all (batch, kv head) pairs, laid end to end from the lengths on
+    the device, are cut into equal runs, one per program; pairs cut across runs are reduced (fused or
+    by the second kernel) and the counters are left zero. Lengths 0..100, NaN past each length."""
+    monkeypatch.setattr(decode_kernel, "_num_sms", lambda: sms)
+    gen = torch.Generator().manual_seed(sms * 7 + s_q + page + window)
+    lens = torch.tensor([100, 3, 64, 17, 0, 33, 48, 1, 90, 16], dtype=torch.int32, device=DEVICE)
+    lens = lens.clamp(min=s_q if window else 0)
+    q, k, v = _caches(10, 8, 2, s_q, 104, 64, dtype, gen)
+    poison_past_lengths(k, lens)
+    poison_past_lengths(v, lens)
+    if window:
+        ref = _windowed_reference(q, k, v, lens.cpu(), window).to(DEVICE)
+    else:
+        ref = reference_decode(q, k, v, lens)
+    table = None
+    if page:
+        k, v, table = paged_from_contiguous(k, v, lens.cpu(), page, gen)
+    cfg = DecodeConfig(block_n=16, fused=fused, tma=tma, persistent=per_sm)
+    assert decode_kernel.stream_programs(cfg, 10) == sms * per_sm
+    for _ in range(2):
+        out = torch.full_like(q, float("nan"))
+        decode_attention(q, k, v, lens, table, out=out, config=cfg, window=window or None)
+        assert not torch.isnan(out).any()
+        assert (out.float() - ref).abs().max().item() < TOL[dtype]
+        assert all(int(c.abs().sum()) == 0 for c in decode_kernel._COUNTERS.values())
+
+
+@pytest.mark.parametrize("zeroed", [False, True])
+def test_stream_k_raw_launch_on_a_workspace(monkeypatch, zeroed):
+    """A stream-K launch on raw buffers takes its scratch from workspace_elements(..., programs=n):
+    on a workspace of garbage it reduces in the second kernel; a zeroed one stays zero."""
+    monkeypatch.setattr(decode_kernel, "_num_sms", lambda: 3)
+    gen = torch.Generator().manual_seed(17)
+    b, hq, hkv, s_q, d = 3, 8, 2, 2, 64
+    lens = torch.tensor([70, 33, 5], dtype=torch.int32, device=DEVICE)
+    q, k, v = _caches(b, hq, hkv, s_q, 80, d, torch.float16, gen)
+    k, v, table = paged_from_contiguous(k, v, lens.cpu(), 16, gen)
+    cfg = DecodeConfig(block_n=16, persistent=2)
+    programs = decode_kernel.stream_programs(cfg, b)
+    n = workspace_elements(b, hq, s_q, d, 1, programs=programs)
+    assert n >= decode_counter_slots(b, hq) + (programs + b * hkv) * (hq // hkv) * s_q * (d + 1)
+    if zeroed:
+        ws = torch.zeros(n, dtype=torch.int32, device=DEVICE)
+    else:
+        ws = torch.randint(-(2**30), 2**30, (n,), generator=gen, dtype=torch.int32).to(DEVICE)
+    ref = reference_decode(q, k, v, lens, table)
+    for _ in range(2):
+        out = torch.full_like(q, float("nan"))
+        decode_attention_raw(
+            q, k, v, lens, table, out, scale=d**-0.5, config=cfg, splits=1, workspace=ws, stream=0,
+            counters_zeroed=zeroed,
+        )  # fmt: skip
+        assert (out.float() - ref).abs().max().item() < 3e-3
+        if zeroed:
+            assert int(ws[: b * hkv].abs().sum()) == 0
+    with pytest.raises(ValueError, match="stream-K"):
+        decode_attention_raw(
+            q, k, v, lens, table, out, scale=d**-0.5, config=cfg, splits=1, workspace=None, stream=0
+        )

@@ -11,9 +11,11 @@ Tiles put query positions in the M dimension *interleaved with the query group*:
 position r // G of head r % G of the kv head's group (G = Hq / Hkv), so each K/V tile is loaded
 once for the whole group, as in the decode kernel (decode_kernel.py), whose tile loop this reuses;
 K/V tiles past the block's last query's causal limit are skipped, and only tiles on the diagonal
-and the ragged end carry masks. Grid: (query blocks, B·Hkv); no split-KV (the query blocks fill the
-GPU). Correctness is tested in Triton's interpreter and against FP32 SDPA; it was not timed on the
-H200 (no device time left), so no speed is claimed.
+and the ragged end carry masks. With a sliding window W (``window=``) a query at position p sees
+only keys j > p - W: tiles before the block's first window are skipped, and those its rows' windows
+cut are masked. Grid: (query blocks, B·Hkv); no split-KV (the query blocks fill the GPU).
+Correctness is tested in Triton's interpreter and against FP32 SDPA; it was not timed on the H200
+(no device time left), so no speed is claimed.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def _chunked_prefill_kernel(
     stride_tb,
     num_kv_heads,
     seq_q,
+    window,
     qk_scale,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -65,8 +68,10 @@ def _chunked_prefill_kernel(
     PAGE_SIZE: tl.constexpr,
     HAS_QLENS: tl.constexpr,
     DOT_F32: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
-    """Grid (cdiv(S_q·G, BLOCK_M), B·Hkv): BLOCK_M (query position, group head) rows of one kv head."""
+    """Grid (cdiv(S_q·G, BLOCK_M), B·Hkv): BLOCK_M (query position, group head) rows of one kv head;
+    WINDOW: the query at position p sees only keys j > p - window."""
     pid_m = tl.program_id(0)
     pid = tl.program_id(1)
     b = (pid // num_kv_heads).to(tl.int64)
@@ -89,14 +94,26 @@ def _chunked_prefill_kernel(
     q_rows = b * stride_qb + hq * stride_qh + qi * stride_qm
     q = tl.load(Q + q_rows[:, None] + offs_d[None, :] * stride_qd, mask=io_ok, other=0.0)
     last_key = seq_len - q_len + qi
+    first_key = last_key - window + 1 if WINDOW else last_key  # unread without WINDOW
 
-    # Keys this block needs: up to the causal limit of its last real query; whole tiles below the
-    # limit of its first query are visible to every row.
+    # Keys this block needs: up to the causal limit of its last real query and, WINDOW, from the
+    # window start of its first (whole tiles from there). Whole tiles below the causal limit of its
+    # first query and (WINDOW) from the window start of its last are visible to every row; the
+    # tiles before them (head) and after them (tail) are masked.
     qi_first = r0 // GROUP
     qi_last = tl.minimum((r0 + BLOCK_M - 1) // GROUP, q_len - 1)
     hi = tl.maximum(tl.minimum(seq_len - q_len + qi_last + 1, seq_len), 0)
-    full = tl.maximum(tl.minimum(hi, seq_len - q_len + qi_first + 1), 0)
-    full_end = (full // BLOCK_N) * BLOCK_N
+    if WINDOW:
+        lo = (tl.maximum(seq_len - q_len + qi_first + 1 - window, 0) // BLOCK_N) * BLOCK_N
+        lo = tl.minimum(lo, hi)
+        head_end = tl.minimum(
+            lo + tl.cdiv(tl.maximum(seq_len - q_len + qi_last + 1 - window - lo, 0), BLOCK_N) * BLOCK_N, hi
+        )
+    else:
+        lo = 0
+        head_end = 0
+    full_hi = tl.maximum(tl.minimum(hi, seq_len - q_len + qi_first + 1), 0)
+    full_end = tl.maximum(head_end + ((full_hi - head_end) // BLOCK_N) * BLOCK_N, head_end)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -109,16 +126,22 @@ def _chunked_prefill_kernel(
         k_base = K + b * stride_kb + hkv * stride_kh
         v_base = V + b * stride_vb + hkv * stride_vh
     table_base = Table + b * stride_tb
-    # the decode kernel's tile loop with pointer loads (no TMA descriptors: k/v bases stand in) and no window
+    # the decode kernel's tile loop with pointer loads (no TMA descriptors: k/v bases stand in)
+    if WINDOW:
+        acc, l_i, m_i = _attend_tiles(
+            acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, lo, head_end, last_key,
+            first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+            HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
+        )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, 0, full_end, last_key, last_key,
-        qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, head_end, full_end, last_key,
+        first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
         HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, False, False,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, full_end, hi, last_key, last_key,
-        qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, False,
+        acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, full_end, hi, last_key,
+        first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
     )  # fmt: skip
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc * (1.0 / l_safe)[:, None]
@@ -140,17 +163,25 @@ def chunked_prefill_attention(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of a prompt chunk q [B, Hq, S_q, D] over each sequence's first seq_lens[b] cached
     keys (prefix + chunk), LOWER_RIGHT causal, GQA; caches as in :func:`decode_attention`
     (contiguous [B, Hkv, S_max, D] or a block pool [num_blocks, block_size, Hkv, D] with
     `block_table`). `q_lens` (int32 [B]) gives ragged chunk lengths (right-padded to S_q); rows past
-    them are left unwritten. Works on torch tensors and on DeviceTensor views (give `out`). Returns `out`."""
+    them are left unwritten. `window` W (sliding-window layers): the query at position p sees only
+    keys j with p - W < j <= p. Works on torch tensors and on DeviceTensor views (give `out`).
+    Returns `out`."""
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if block_table is not None:
         k_cache, v_cache = pool_heads_major(k_cache), pool_heads_major(v_cache)
-    b, hq, s_q, d, hkv, page, _ = _check(q, k_cache, v_cache, seq_lens, block_table, out, max_q_len=1 << 30)
+    b, hq, s_q, d, hkv, page, capacity = _check(
+        q, k_cache, v_cache, seq_lens, block_table, out, max_q_len=1 << 30
+    )
+    if window is not None and int(window) < 1:
+        raise ValueError(f"sliding window must be >= 1 keys; got {window}")
+    window = int(window) if window is not None and int(window) < capacity else 0  # longer: hides nothing
     if q_lens is not None and (tuple(q_lens.shape) != (b,) or q_lens.dtype != torch.int32):
         raise ValueError(f"q_lens must be int32 [B] = [{b}]; got {q_lens.dtype} {tuple(q_lens.shape)}")
     if b == 0 or hq == 0:
@@ -164,9 +195,9 @@ def chunked_prefill_attention(
     _chunked_prefill_kernel[(triton.cdiv(s_q * group, block_m), b * hkv)](
         q, k_cache, v_cache, seq_lens, q_lens if q_lens is not None else seq_lens, table, out,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), stride_tb,
-        hkv, s_q, d**-0.5 if scale is None else float(scale),
+        hkv, s_q, window, d**-0.5 if scale is None else float(scale),
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_QLENS=q_lens is not None, DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
-        num_warps=num_warps, num_stages=num_stages,
+        WINDOW=window > 0, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
