@@ -5,9 +5,8 @@
 Cases (defaults): FP16, Hq=32, Hkv=8, D=128, q_len 1, B x L in {1x32768, 4x16384, 16x4096,
 64x8192, 128x2048, 256x1024}, every sequence at full length L. Implementations, all in this process:
 - ours-contig: decode_attention on a contiguous [B, Hkv, L, D] cache, autotuned on its first call
-  (tile, pipeline depth, split count or stream-K programs per SM; not timed; the choice is
-  recorded). Captured in a CUDA graph without a workspace of the caller's, its splits are reduced
-  by a second kernel;
+  (tile, pipeline depth and split count; not timed; the choice is recorded). Captured in a CUDA
+  graph without a workspace of the caller's, its splits are reduced by a second kernel;
 - ours-contig-ws: the same config and split count through decode_attention_raw with a workspace
   zeroed once (counters_zeroed: the kernel leaves its counters zero): the fused reduction, one
   kernel per call;
@@ -23,8 +22,9 @@ Cases (defaults): FP16, Hq=32, Hkv=8, D=128, q_len 1, B x L in {1x32768, 4x16384
   (``pool[table]`` -> permute -> reshape, one copy), then cuDNN SDPA.
 Each is timed as CUDA-graph replays (triton.testing.do_bench_cudagraph, median; K/V of every case
 exceed the 50 MB L2). TB/s = K+V bytes the attention must read (2·B·Hkv·L·D·2) / time, for every
-implementation (so gather+cudnn's figure counts useful bytes, not the bytes its copy moves). Every
-implementation's output is checked against cuDNN's. Writes results.json and results.md under --out;
+implementation (so gather+cudnn's figure counts useful bytes, not the bytes its copy moves). The
+contiguous autotuner's time for each candidate is recorded with its choice. Every implementation's
+output is checked against cuDNN's. Writes results.json and results.md under --out;
 --sweep also times the contiguous kernel over split counts x tile configs (sweep.md), the data
 behind the split heuristic.
 """
@@ -107,10 +107,8 @@ def _fixed(q, k, table, length: int) -> tuple[DecodeConfig, int]:
 
 
 def _short(c: DecodeConfig) -> str:
-    """A candidate as "block_n/warps/stages" plus its split count (s), stream-K programs per SM (p)
-    and tma."""
-    tail = f"p{c.persistent}" if c.persistent else f"s{c.num_splits or 'h'}"
-    return f"{c.block_n}/{c.num_warps}/{c.num_stages}/{tail}{'/tma' if c.tma else ''}"
+    """A candidate as block_n/warps/stages/splits (h: the heuristic's count), plus /tma."""
+    return f"{c.block_n}/{c.num_warps}/{c.num_stages}/s{c.num_splits or 'h'}{'/tma' if c.tma else ''}"
 
 
 def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) -> tuple:
@@ -128,11 +126,8 @@ def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) ->
     decode_attention(q, k16, v16, lens, t16, out=out)
     fixed, splits = _fixed(q, k, None, length)
     fixed16, splits16 = _fixed(q, k16, t16, length)
-    programs, programs16 = (decode_kernel.stream_programs(c, b) for c in (fixed, fixed16))
-    ws = torch.zeros(
-        max(1, workspace_elements(b, hq, 1, d, splits, programs)), dtype=torch.int32, device="cuda"
-    )
-    ws16 = torch.full((max(1, workspace_elements(b, hq, 1, d, splits16, programs16)),), 7, dtype=torch.int32)
+    ws = torch.zeros(max(1, workspace_elements(b, hq, 1, d, splits)), dtype=torch.int32, device="cuda")
+    ws16 = torch.full((max(1, workspace_elements(b, hq, 1, d, splits16)),), 7, dtype=torch.int32)
     ws16 = ws16.cuda()  # a scratch workspace: garbage counters, zeroed by the launch
 
     def raw(kc, vc, table, cfg, n, workspace, zeroed):
@@ -174,9 +169,7 @@ def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) ->
     chosen["autotune us (contig)"] = {
         _short(c): round(1e3 * t, 1) for c, t in sorted(tuned.items(), key=lambda x: x[1])
     }
-    chosen["splits (contig, paged16)"] = ", ".join(
-        f"stream-K, {n} programs" if n else str(sp) for sp, n in ((splits, programs), (splits16, programs16))
-    )
+    chosen["splits (contig, paged16)"] = f"{splits}, {splits16}"
     return times, errors, chosen
 
 

@@ -23,7 +23,6 @@ from tests.plugins.decode_reference import (  # noqa: E402
 from trtforge.plugins.attention import decode_kernel  # noqa: E402
 from trtforge.plugins.attention.decode_kernel import (  # noqa: E402
     AUTOTUNE_CANDIDATES,
-    STREAM_AUTOTUNE_CANDIDATES,
     TMA_AUTOTUNE_CANDIDATES,
     DecodeConfig,
     decode_attention,
@@ -158,7 +157,7 @@ def test_raw_launch_on_a_workspace_and_a_foreign_stream(zeroed):
 @pytest.mark.parametrize("page", [0, 16])
 def test_every_autotune_candidate_and_the_autotuned_launch(page):
     """Whichever candidate the autotuner picks must be right: each one (the TMA ones on the contiguous
-    cache; the stream-K ones on both), on GQA 4, q_len 4, D=128, rows past each length NaN."""
+    cache), on GQA 4, q_len 4, D=128, rows past each length NaN."""
     gen = torch.Generator().manual_seed(21 + page)
     lens = torch.tensor([1, 17, 3000, 777], dtype=torch.int32, device="cuda")
     q = torch.randn(4, 16, 4, 128, generator=gen).half().cuda()
@@ -175,10 +174,6 @@ def test_every_autotune_candidate_and_the_autotuned_launch(page):
     for (bn, warps, stages, mult), tma in candidates:
         cfg = DecodeConfig(bn, warps, stages, 0 if mult == 1.0 else max(1, int(8 * mult)), tma=tma)
         _check(decode_attention(q, k, v, lens, table, config=cfg), ref, torch.float16)
-    for bn, warps, stages, per_sm in STREAM_AUTOTUNE_CANDIDATES:  # stream-K, fused and two kernels
-        for fused in (True, False):
-            cfg = DecodeConfig(bn, warps, stages, tma=not page, persistent=per_sm, fused=fused)
-            _check(decode_attention(q, k, v, lens, table, config=cfg), ref, torch.float16)
     _check(decode_attention(q, k, v, lens, table), ref, torch.float16)
 
 

@@ -195,17 +195,6 @@ DECODE_TMA_CANDIDATES: tuple[tuple[int, int, int, float], ...] = (
 )  # fmt: skip
 
 
-# Stream-K decode candidates (decode_kernel._decode_stream_kernel) for contiguous caches TMA can read:
-# (block_n, num_warps, num_stages, programs per SM). Every program streams the same number of key
-# tiles, so no SM idles in a ragged last wave (16x4096 on an H200: 128 (batch, kv head) pairs on
-# 132 SMs). 64-key tiles only: in the sm_90 compile (ptxas, on the CPU) the stream kernel's pointer
-# loads were not pipelined and its 128-key TMA tiles spilled kilobytes, its 64-key TMA tiles a few
-# hundred bytes. Two programs per SM where both fit in shared memory.
-DECODE_STREAM_CANDIDATES: tuple[tuple[int, int, int, int], ...] = (
-    (64, 4, 3, 1), (64, 4, 4, 1), (64, 4, 3, 2), (64, 4, 4, 2), (64, 4, 2, 3),
-)  # fmt: skip
-
-
 def decode_counter_slots(batch: int, num_heads: int) -> int:
     """4-byte slots at the start of a decode workspace for the fused reduction's arrival counters:
     one per (batch, kv head), sized by the query heads (an upper bound, so that callers need not know

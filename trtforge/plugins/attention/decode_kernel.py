@@ -44,7 +44,6 @@ import triton.language as tl
 
 from trtforge.plugins.attention.configs import (
     DECODE_CANDIDATES,
-    DECODE_STREAM_CANDIDATES,
     DECODE_TMA_CANDIDATES,
     decode_counter_slots,
 )
@@ -56,7 +55,6 @@ __all__ = [
     "decode_attention_raw",
     "default_decode_config",
     "num_splits_for",
-    "stream_programs",
     "workspace_elements",
 ]
 
@@ -65,15 +63,13 @@ MAX_HEAD_DIM = 256
 MAX_Q_LEN = 8
 MAX_SPLITS = 256
 MIN_SPLIT_TOKENS = 256  # fewer keys per split than this costs more in the reduction than it gains
-MAX_STREAM_BATCH = 4096  # sequences the stream-K kernel's lane vector of lengths holds
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
     """One launch configuration: keys per tile, warps and pipeline depth; `num_splits` 0 = heuristic;
     `fused` False reduces the splits in a second kernel instead of in each group's last program;
-    `tma` loads a contiguous cache's whole tiles by bulk tensor copies where eligible; `persistent`
-    > 0: stream-K, that many programs per SM share out all key tiles evenly (`num_splits` unused)."""
+    `tma` loads a contiguous cache's whole tiles by bulk tensor copies where eligible."""
 
     block_n: int = 64
     num_warps: int = 4
@@ -81,7 +77,6 @@ class DecodeConfig:
     num_splits: int = 0
     fused: bool = True
     tma: bool = False  # full tiles of a contiguous cache through tensor descriptors (Hopper's TMA)
-    persistent: int = 0  # programs per SM of the stream-K kernel; 0: the split-KV grid
 
 
 def default_decode_config(head_dim: int) -> DecodeConfig:
@@ -202,101 +197,6 @@ def _attend_tiles(
 
 
 @triton.jit
-def _attend_range(
-    Q,
-    K,
-    V,
-    KDesc,
-    VDesc,
-    Table,
-    b,
-    hkv,
-    seq_len,
-    lo,
-    hi,
-    window,
-    desc_row,
-    qk_scale,
-    stride_qb,
-    stride_qh,
-    stride_qm,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_tb,
-    GROUP: tl.constexpr,
-    SEQ_Q: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    DOT_F32: tl.constexpr,
-    TMA: tl.constexpr,
-    WINDOW: tl.constexpr,
-):
-    """(acc, l, m) of (batch b, kv head hkv)'s query group over keys [lo, hi) of its `seq_len`:
-    rows r = group head r // S_q, query r % S_q (row i at position L - S_q + i)."""
-    # Keys every row sees: j <= L - S_q (LOWER_RIGHT) and, WINDOW, j >= L - window (the last row's
-    # first key). Whole tiles between run unmasked; those before (head) and after (tail) masked.
-    if WINDOW:
-        head_end = tl.minimum(lo + tl.cdiv(tl.maximum(seq_len - window - lo, 0), BLOCK_N) * BLOCK_N, hi)
-    else:
-        head_end = lo
-    full_hi = tl.minimum(hi, seq_len - SEQ_Q + 1)
-    full_end = tl.maximum(head_end + ((full_hi - head_end) // BLOCK_N) * BLOCK_N, head_end)
-
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    qi = offs_m % SEQ_Q
-    row_ok = offs_m < GROUP * SEQ_Q
-    hq = hkv * GROUP + offs_m // SEQ_Q
-    d_ok = offs_d < HEAD_DIM
-    q_rows = b * stride_qb + hq * stride_qh + qi * stride_qm
-    q = tl.load(
-        Q + q_rows[:, None] + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & d_ok[None, :], other=0.0
-    )
-    last_key = seq_len - SEQ_Q + qi
-    first_key = last_key - window + 1 if WINDOW else last_key  # unread without WINDOW
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    qk_scale = qk_scale * 1.4426950408889634  # softmax in base 2
-
-    if PAGE_SIZE > 0:
-        k_base = K + hkv * stride_kh
-        v_base = V + hkv * stride_vh
-    else:
-        k_base = K + b * stride_kb + hkv * stride_kh
-        v_base = V + b * stride_vb + hkv * stride_vh
-    table_base = Table + b * stride_tb
-    if WINDOW:
-        acc, l_i, m_i = _attend_tiles(
-            acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, lo, head_end,
-            last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
-        )  # fmt: skip
-    acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, head_end, full_end,
-        last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False,
-    )  # fmt: skip
-    acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, full_end, hi,
-        last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
-    )  # fmt: skip
-    return acc, l_i, m_i
-
-
-@triton.jit
 def _reduce_group(
     MidO,
     MidL,
@@ -305,8 +205,6 @@ def _reduce_group(
     b,
     hkv,
     num_splits,
-    stride_r,
-    stride_s,
     stride_ob,
     stride_oh,
     stride_om,
@@ -319,7 +217,7 @@ def _reduce_group(
     TAIL_SPLITS: tl.constexpr,
 ):
     """Rescale and sum the `num_splits` partials of one query group's rows (workspace rows
-    base + r·stride_r + s·stride_s) into Out, TAIL_ROWS rows x TAIL_SPLITS splits at a time."""
+    base + r·num_splits + s) into Out, TAIL_ROWS rows x TAIL_SPLITS splits at a time."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     for r0 in range(0, GROUP * SEQ_Q, TAIL_ROWS):
@@ -331,7 +229,7 @@ def _reduce_group(
         for s0 in range(0, num_splits, TAIL_SPLITS):
             offs_s = s0 + tl.arange(0, TAIL_SPLITS)
             ok = r_ok[:, None] & (offs_s < num_splits)[None, :]
-            row = base + offs_r[:, None] * stride_r + offs_s[None, :] * stride_s
+            row = base + offs_r[:, None] * num_splits + offs_s[None, :]
             # .cg: read the other programs' partials from L2, never from a stale L1 line
             lse = tl.load(MidL + row, mask=ok, other=float("-inf"), cache_modifier=".cg")
             m_new = tl.maximum(m, tl.max(lse, 1))
@@ -426,19 +324,56 @@ def _decode_split_kernel(
     per_split = tl.cdiv(tiles, num_splits)
     lo = kv_lo + split * per_split * BLOCK_N
     hi = tl.minimum(lo + per_split * BLOCK_N, seq_len)
+    # Keys every row sees: j <= L - S_q (LOWER_RIGHT) and, WINDOW, j >= L - window (the last row's
+    # first key). Whole tiles between run unmasked; those before (head) and after (tail) masked.
+    if WINDOW:
+        head_end = tl.minimum(lo + tl.cdiv(tl.maximum(seq_len - window - lo, 0), BLOCK_N) * BLOCK_N, hi)
+    else:
+        head_end = lo
+    full_hi = tl.minimum(hi, seq_len - SEQ_Q + 1)
+    full_end = tl.maximum(head_end + ((full_hi - head_end) // BLOCK_N) * BLOCK_N, head_end)
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    g = offs_m // SEQ_Q
     qi = offs_m % SEQ_Q
     row_ok = offs_m < GROUP * SEQ_Q
-    hq = hkv * GROUP + offs_m // SEQ_Q
+    hq = hkv * GROUP + g
     d_ok = offs_d < HEAD_DIM
+    q_rows = b * stride_qb + hq * stride_qh + qi * stride_qm
+    q_ptrs = Q + q_rows[:, None] + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    last_key = seq_len - SEQ_Q + qi
+    first_key = last_key - window + 1 if WINDOW else last_key  # unread without WINDOW
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    qk_scale = qk_scale * 1.4426950408889634  # softmax in base 2
+
+    if PAGE_SIZE > 0:
+        k_base = K + hkv * stride_kh
+        v_base = V + hkv * stride_vh
+    else:
+        k_base = K + b * stride_kb + hkv * stride_kh
+        v_base = V + b * stride_vb + hkv * stride_vh
+    table_base = Table + b * stride_tb
     desc_row = (pid * (stride_kh // stride_kn)).to(tl.int32) if TMA else 0
-    acc, l_i, m_i = _attend_range(
-        Q, K, V, KDesc, VDesc, Table, b, hkv, seq_len, lo, hi, window, desc_row, qk_scale,
-        stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-        stride_vb, stride_vh, stride_vn, stride_vd, stride_tb,
-        GROUP, SEQ_Q, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PAGE_SIZE, DOT_F32, TMA, WINDOW,
+    if WINDOW:
+        acc, l_i, m_i = _attend_tiles(
+            acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, lo, head_end,
+            last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
+        )  # fmt: skip
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, head_end, full_end,
+        last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False,
+    )  # fmt: skip
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, full_end, hi,
+        last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
     )  # fmt: skip
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -461,210 +396,11 @@ def _decode_split_kernel(
             if arrived == num_splits - 1:
                 base = (b * nq + hkv * GROUP) * SEQ_Q * num_splits
                 _reduce_group(
-                    MidO, MidL, Out, base, b, hkv, num_splits, num_splits, 1,
+                    MidO, MidL, Out, base, b, hkv, num_splits,
                     stride_ob, stride_oh, stride_om, stride_od,
                     GROUP, SEQ_Q, HEAD_DIM, BLOCK_D, TAIL_ROWS, TAIL_SPLITS,
                 )  # fmt: skip
                 tl.atomic_xchg(Counters + pid, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-
-
-@triton.jit
-def _stream_layout(
-    SeqLens,
-    batch,
-    num_kv_heads,
-    window,
-    SEQ_Q: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    WINDOW: tl.constexpr,
-):
-    """The stream-K work list: sequence b's (batch, kv head) pairs, b-major, each own tiles_b slots
-    (its key tiles from kv_lo_b, at least one); returns (lens, kv_lo, tiles, first slot of each
-    sequence, total slots) over BLOCK_B >= batch lanes."""
-    offs_b = tl.arange(0, BLOCK_B)
-    b_ok = offs_b < batch
-    lens = tl.load(SeqLens + offs_b, mask=b_ok, other=0).to(tl.int32)
-    if WINDOW:
-        kv_lo = (tl.maximum(lens - SEQ_Q + 1 - window, 0) // BLOCK_N) * BLOCK_N
-    else:
-        kv_lo = lens * 0
-    tiles = tl.where(b_ok, tl.maximum(tl.cdiv(lens - kv_lo, BLOCK_N), 1), 0)
-    seg = tiles * num_kv_heads
-    ends = tl.cumsum(seg, 0)
-    return lens, kv_lo, tiles, ends - seg, tl.sum(seg, 0)
-
-
-@triton.jit
-def _decode_stream_kernel(
-    Q,
-    K,
-    V,
-    KDesc,
-    VDesc,
-    SeqLens,
-    Table,
-    Out,
-    MidO,
-    MidL,
-    Counters,
-    stride_qb,
-    stride_qh,
-    stride_qm,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kn,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vn,
-    stride_vd,
-    stride_ob,
-    stride_oh,
-    stride_om,
-    stride_od,
-    stride_tb,
-    batch,
-    num_kv_heads,
-    num_programs,
-    window,
-    qk_scale,
-    GROUP: tl.constexpr,
-    SEQ_Q: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    FUSED: tl.constexpr,
-    TAIL_ROWS: tl.constexpr,
-    TAIL_SPLITS: tl.constexpr,
-    DOT_F32: tl.constexpr,
-    TMA: tl.constexpr,
-    WINDOW: tl.constexpr,
-):
-    """Grid (num_programs,), stream-K: the key tiles of every (batch, kv head) pair, laid end to end
-    (:func:`_stream_layout`, from the lengths on the device), are cut into num_programs equal runs,
-    so every program streams the same number of tiles whatever B·Hkv is (no ragged last wave). A run
-    covers pieces of one or more pairs: a whole pair is written to Out directly; a piece is written
-    to workspace row (program + pair)·G·S_q + r (disjoint: pair p's pieces come from consecutive
-    programs first_p..last_p) and reduced by the pair's last piece to arrive (FUSED) or by
-    :func:`_decode_stream_reduce_kernel`."""
-    prog = tl.program_id(0)
-    lens, kv_los, tiles_b, starts_b, total = _stream_layout(
-        SeqLens, batch, num_kv_heads, window, SEQ_Q, BLOCK_N, BLOCK_B, WINDOW
-    )
-    n_prog = tl.minimum(num_programs, total).to(tl.int64)  # so that no run is empty
-    total64 = total.to(tl.int64)
-    g = (prog * total64) // n_prog
-    g_end = ((prog + 1) * total64) // n_prog
-    g_end = tl.where(prog < n_prog, g_end, g)
-    offs_b = tl.arange(0, BLOCK_B)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    qi = offs_m % SEQ_Q
-    row_ok = offs_m < GROUP * SEQ_Q
-    d_ok = offs_d < HEAD_DIM
-    io_ok = row_ok[:, None] & d_ok[None, :]
-    while g < g_end:
-        b32 = tl.sum((starts_b + tiles_b * num_kv_heads <= g).to(tl.int32), 0)  # the sequence holding slot g
-        here = offs_b == b32
-        seq_start = tl.sum(tl.where(here, starts_b, 0), 0)
-        n_t = tl.sum(tl.where(here, tiles_b, 0), 0)
-        seq_len = tl.sum(tl.where(here, lens, 0), 0)
-        kv_lo = tl.sum(tl.where(here, kv_los, 0), 0)
-        h32 = (g - seq_start) // n_t
-        p_start = seq_start + h32 * n_t
-        t0 = g - p_start
-        t1 = tl.minimum(g_end - p_start, n_t)
-        b = b32.to(tl.int64)
-        hkv = h32.to(tl.int64)
-        pair = b * num_kv_heads + hkv
-        lo = kv_lo + t0 * BLOCK_N
-        hi = tl.minimum(kv_lo + t1 * BLOCK_N, seq_len)
-        desc_row = (pair * (stride_kh // stride_kn)).to(tl.int32) if TMA else 0
-        acc, l_i, m_i = _attend_range(
-            Q, K, V, KDesc, VDesc, Table, b, hkv, seq_len, lo.to(tl.int32), hi.to(tl.int32), window,
-            desc_row, qk_scale, stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh,
-            stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd, stride_tb,
-            GROUP, SEQ_Q, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PAGE_SIZE, DOT_F32, TMA, WINDOW,
-        )  # fmt: skip
-        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        out = acc * (1.0 / l_safe)[:, None]
-        hq = hkv * GROUP + offs_m // SEQ_Q
-        if (t0 == 0) & (t1 == n_t):  # the whole pair in this run
-            o_ptrs = Out + b * stride_ob + hq[:, None] * stride_oh + qi[:, None] * stride_om
-            tl.store(o_ptrs + offs_d[None, :] * stride_od, out.to(Out.dtype.element_ty), mask=io_ok)
-        else:
-            row = (prog + pair) * (GROUP * SEQ_Q) + offs_m
-            tl.store(MidO + row[:, None] * BLOCK_D + offs_d[None, :], out, mask=io_ok)
-            lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))
-            tl.store(MidL + row, lse, mask=row_ok)
-            if FUSED:
-                first = ((p_start + 1) * n_prog - 1) // total64  # the program holding the pair's first slot
-                last = ((p_start + n_t) * n_prog - 1) // total64  # ... and its last
-                tl.debug_barrier()
-                arrived = tl.atomic_add(Counters + pair, 1, sem="acq_rel", scope="gpu")
-                if arrived == last - first:
-                    _reduce_group(
-                        MidO, MidL, Out, (first + pair) * (GROUP * SEQ_Q), b, hkv,
-                        (last - first + 1).to(tl.int32), 1, GROUP * SEQ_Q,
-                        stride_ob, stride_oh, stride_om, stride_od,
-                        GROUP, SEQ_Q, HEAD_DIM, BLOCK_D, TAIL_ROWS, TAIL_SPLITS,
-                    )  # fmt: skip
-                    tl.atomic_xchg(
-                        Counters + pair, 0, sem="relaxed", scope="gpu"
-                    )  # ready for the next launch
-        g = p_start + t1
-
-
-@triton.jit
-def _decode_stream_reduce_kernel(
-    MidO,
-    MidL,
-    Out,
-    SeqLens,
-    stride_ob,
-    stride_oh,
-    stride_om,
-    stride_od,
-    batch,
-    num_kv_heads,
-    num_programs,
-    window,
-    GROUP: tl.constexpr,
-    SEQ_Q: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    TAIL_ROWS: tl.constexpr,
-    TAIL_SPLITS: tl.constexpr,
-    WINDOW: tl.constexpr,
-):
-    """Grid (B·Hkv,): sum the pieces of each pair that :func:`_decode_stream_kernel` split across
-    programs (pairs it wrote whole are left as they are)."""
-    pair = tl.program_id(0).to(tl.int64)
-    b = pair // num_kv_heads
-    hkv = pair % num_kv_heads
-    _, _, tiles_b, starts_b, total = _stream_layout(
-        SeqLens, batch, num_kv_heads, window, SEQ_Q, BLOCK_N, BLOCK_B, WINDOW
-    )
-    here = tl.arange(0, BLOCK_B) == b
-    n_t = tl.sum(tl.where(here, tiles_b, 0), 0).to(tl.int64)
-    p_start = tl.sum(tl.where(here, starts_b, 0), 0).to(tl.int64) + hkv * n_t
-    n_prog = tl.minimum(num_programs, total).to(tl.int64)
-    total64 = total.to(tl.int64)
-    first = ((p_start + 1) * n_prog - 1) // total64
-    last = ((p_start + n_t) * n_prog - 1) // total64
-    if last > first:
-        _reduce_group(
-            MidO, MidL, Out, (first + pair) * (GROUP * SEQ_Q), b, hkv, (last - first + 1).to(tl.int32),
-            1, GROUP * SEQ_Q, stride_ob, stride_oh, stride_om, stride_od,
-            GROUP, SEQ_Q, HEAD_DIM, BLOCK_D, TAIL_ROWS, TAIL_SPLITS,
-        )  # fmt: skip
 
 
 @triton.jit
@@ -766,23 +502,13 @@ def _check(
 # tiles exceed shared memory are skipped.
 AUTOTUNE_CANDIDATES = DECODE_CANDIDATES
 TMA_AUTOTUNE_CANDIDATES = DECODE_TMA_CANDIDATES  # besides, on contiguous caches TMA can read
-STREAM_AUTOTUNE_CANDIDATES = DECODE_STREAM_CANDIDATES  # stream-K, on contiguous caches TMA can read
 SHARED_MEMORY_BUDGET = 225 * 1024
 _CHOICE: dict[tuple, DecodeConfig] = {}
 TUNING_TIMES: dict[tuple, dict[DecodeConfig, float]] = {}  # per key: each candidate's median ms
 
 
 def _fits(block_n: int, stages: int, block_d: int) -> bool:
-    return stages * _tile_bytes(block_n, block_d) <= SHARED_MEMORY_BUDGET
-
-
-def _tile_bytes(block_n: int, block_d: int) -> int:
-    return 2 * block_n * block_d * 2  # a K and a V tile, 16-bit
-
-
-def _scaled(base: int, mult: float) -> int:
-    """A candidate's split count: 0 (the heuristic) at multiplier 1, else `mult` times `base`."""
-    return 0 if mult == 1.0 else max(1, min(MAX_SPLITS, round(base * mult)))
+    return stages * 2 * block_n * block_d * 2 <= SHARED_MEMORY_BUDGET
 
 
 def _bucket(n: int) -> int:
@@ -794,26 +520,13 @@ def _resolve_splits(cfg: DecodeConfig, batch_kv_heads: int, max_len: int) -> int
     return max(1, min(splits, MAX_SPLITS))
 
 
-def stream_programs(cfg: DecodeConfig, batch: int) -> int:
-    """Programs of the stream-K launch of `cfg` for `batch` sequences; 0 where it runs the split-KV
-    grid (not persistent, or more sequences than one program's lane vector holds)."""
-    if cfg.persistent <= 0 or batch > MAX_STREAM_BATCH:
-        return 0
-    return cfg.persistent * _num_sms()
-
-
-def workspace_elements(
-    batch: int, num_heads: int, q_len: int, head_dim: int, splits: int, programs: int = 0
-) -> int:
-    """4-byte elements of scratch a launch with `splits` > 1, or a stream-K launch of `programs`
-    programs (:func:`stream_programs`), needs: the fused reduction's arrival counters (int32,
-    :func:`~trtforge.plugins.attention.configs.decode_counter_slots`), then FP32 partial outputs
-    and log-sum-exps."""
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    if programs > 0:  # rows (programs + B·Hkv)·G·S_q <= (programs + B)·Hq·S_q
-        return decode_counter_slots(batch, num_heads) + (programs + batch) * num_heads * q_len * (block_d + 1)
+def workspace_elements(batch: int, num_heads: int, q_len: int, head_dim: int, splits: int) -> int:
+    """4-byte elements of scratch a launch with `splits` > 1 needs: the fused reduction's arrival
+    counters (int32, :func:`~trtforge.plugins.attention.configs.decode_counter_slots`), then FP32
+    partial outputs and log-sum-exps."""
     if splits <= 1:
         return 0
+    block_d = max(16, triton.next_power_of_2(head_dim))
     return decode_counter_slots(batch, num_heads) + batch * num_heads * q_len * splits * (block_d + 1)
 
 
@@ -879,18 +592,13 @@ def _launch(
     """Run the split kernel (and, unfused, the reduce kernel) with scratch from `workspace` (4-byte
     elements, at least workspace_elements(...); None: allocate, with this stream's counters).
     `zeroed` False: the workspace's counters hold anything, so the reduction runs unfused. `window`
-    > 0: sliding-window attention over each query's last `window` keys. A persistent `cfg` runs the
-    stream-K kernel instead (`splits` unused)."""
+    > 0: sliding-window attention over each query's last `window` keys."""
     b, hq, s_q, d = (int(n) for n in q.shape)
     hkv = int(k.shape[1])
     page = int(k.shape[2]) if block_table is not None else 0
     group = hq // hkv
     block_d = max(16, triton.next_power_of_2(d))
     block_m = max(16, triton.next_power_of_2(group * s_q))
-    programs = stream_programs(cfg, b)
-    if programs:
-        _launch_stream(q, k, v, seq_lens, block_table, out, scale, cfg, programs, workspace, zeroed, window)
-        return
     direct = splits == 1
     fused = cfg.fused and not direct
     rows = b * hq * s_q * splits
@@ -933,57 +641,6 @@ def _launch(
         )  # fmt: skip
 
 
-def _launch_stream(
-    q, k, v, seq_lens, block_table, out, scale, cfg, programs, workspace, zeroed, window
-) -> None:
-    """The stream-K kernel on `programs` programs (and, unfused, its reduce kernel); arguments as in
-    :func:`_launch`."""
-    b, hq, s_q, d = (int(n) for n in q.shape)
-    hkv = int(k.shape[1])
-    page = int(k.shape[2]) if block_table is not None else 0
-    group = hq // hkv
-    block_d = max(16, triton.next_power_of_2(d))
-    rows = (programs + b * hkv) * group * s_q
-    fused = cfg.fused
-    counters = seq_lens  # never touched unless fused
-    if workspace is None:
-        mid_o = torch.empty((rows, block_d), dtype=torch.float32, device=q.device)
-        mid_l = torch.empty((rows,), dtype=torch.float32, device=q.device)
-        found = _stream_counters(q.device, b * hkv) if fused else None
-        fused = found is not None
-        counters = found if fused else counters
-    else:
-        cnt, mid_o, mid_l = _workspace_views(workspace, decode_counter_slots(b, hq), rows, block_d)
-        fused = fused and zeroed
-        if fused:
-            counters = cnt
-    tail = 1024 * cfg.num_warps
-    tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
-    tail_splits = max(1, tail // (tail_rows * block_d))
-    table = block_table if block_table is not None else seq_lens
-    stride_tb = int(block_table.stride(0)) if block_table is not None else 0
-    descs = _tma_descriptors(k, v, cfg.block_n) if cfg.tma and page == 0 else None
-    k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
-    block_b = max(16, triton.next_power_of_2(b))
-    consts = {
-        "GROUP": group, "SEQ_Q": s_q, "HEAD_DIM": d, "BLOCK_D": block_d, "BLOCK_N": cfg.block_n,
-        "BLOCK_B": block_b, "TAIL_ROWS": tail_rows, "TAIL_SPLITS": tail_splits, "WINDOW": window > 0,
-    }  # fmt: skip
-    _decode_stream_kernel[(programs,)](
-        q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,
-        b, hkv, programs, int(window), float(scale), **consts,
-        BLOCK_M=max(16, triton.next_power_of_2(group * s_q)), PAGE_SIZE=page, FUSED=fused,
-        DOT_F32=_interpreting() and q.dtype == torch.bfloat16, TMA=descs is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
-    if not fused:
-        _decode_stream_reduce_kernel[(b * hkv,)](
-            mid_o, mid_l, out, seq_lens, *out.stride(), b, hkv, programs, int(window), **consts,
-            num_warps=cfg.num_warps,
-        )  # fmt: skip
-
-
 def _key_of(q, k, block_table, max_len: int) -> tuple:
     """Autotuning key: dtype, head dim, group, q_len, block size, buckets of B·Hkv and length, device."""
     b, hq, s_q, d = (int(n) for n in q.shape)
@@ -1014,18 +671,15 @@ def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len, window=0) ->
     block_d = max(16, triton.next_power_of_2(d))
     base = num_splits_for(b * hkv, max_len, _num_sms(), 64)
     tma = block_table is None and _tma_descriptors(k, v, 64) is not None
-    candidates = [DecodeConfig(bn, w, st, _scaled(base, m)) for bn, w, st, m in AUTOTUNE_CANDIDATES]
-    if tma:
-        candidates += [
-            DecodeConfig(bn, w, st, _scaled(base, m), tma=True) for bn, w, st, m in TMA_AUTOTUNE_CANDIDATES
-        ]
-        if b <= MAX_STREAM_BATCH:
-            candidates += [
-                DecodeConfig(bn, w, st, tma=True, persistent=p) for bn, w, st, p in STREAM_AUTOTUNE_CANDIDATES
-            ]
+    candidates = [(c, False) for c in AUTOTUNE_CANDIDATES]
+    candidates += [(c, True) for c in TMA_AUTOTUNE_CANDIDATES] if tma else []
     times = {}
-    for cfg in candidates:
-        if not _fits(cfg.block_n, cfg.num_stages, block_d) or cfg in times:
+    for (bn, warps, stages, mult), use_tma in candidates:
+        if not _fits(bn, stages, block_d):
+            continue
+        splits = 0 if mult == 1.0 else max(1, min(MAX_SPLITS, round(base * mult)))
+        cfg = DecodeConfig(bn, warps, stages, splits, tma=use_tma)
+        if cfg in times:
             continue
         n = _resolve_splits(cfg, b * hkv, max_len)
 
@@ -1121,10 +775,8 @@ def decode_attention_raw(
     if block_table is not None:
         k_cache, v_cache = pool_heads_major(k_cache), pool_heads_major(v_cache)
     _check(q, k_cache, v_cache, seq_lens, block_table, out)
-    if (splits > 1 or stream_programs(config, int(q.shape[0]))) and workspace is None:
-        raise ValueError(
-            "a launch with more than one split, or a persistent (stream-K) one, needs a workspace"
-        )
+    if splits > 1 and workspace is None:
+        raise ValueError("a launch with more than one split needs a workspace")
     args = (q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, workspace)
     if not stream:
         _launch(*args, zeroed=counters_zeroed)
