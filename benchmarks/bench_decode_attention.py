@@ -22,8 +22,9 @@ Cases (defaults): FP16, Hq=32, Hkv=8, D=128, q_len 1, B x L in {1x32768, 4x16384
   (``pool[table]`` -> permute -> reshape, one copy), then cuDNN SDPA.
 Each is timed as CUDA-graph replays (triton.testing.do_bench_cudagraph, median; K/V of every case
 exceed the 50 MB L2). TB/s = K+V bytes the attention must read (2·B·Hkv·L·D·2) / time, for every
-implementation (so gather+cudnn's figure counts useful bytes, not the bytes its copy moves). Every
-implementation's output is checked against cuDNN's. Writes results.json and results.md under --out;
+implementation (so gather+cudnn's figure counts useful bytes, not the bytes its copy moves). The
+contiguous autotuner's time for each candidate is recorded with its choice. Every implementation's
+output is checked against cuDNN's. Writes results.json and results.md under --out;
 --sweep also times the contiguous kernel over split counts x tile configs (sweep.md), the data
 behind the split heuristic.
 """
@@ -105,6 +106,11 @@ def _fixed(q, k, table, length: int) -> tuple[DecodeConfig, int]:
     return dataclasses.replace(cfg, num_splits=splits), splits
 
 
+def _short(c: DecodeConfig) -> str:
+    """A candidate as block_n/warps/stages/splits (h: the heuristic's count), plus /tma."""
+    return f"{c.block_n}/{c.num_warps}/{c.num_stages}/s{c.num_splits or 'h'}{'/tma' if c.tma else ''}"
+
+
 def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) -> tuple:
     gen = torch.Generator().manual_seed(b * length)
     q = torch.randn(b, hq, 1, d, generator=gen).to(dtype).cuda()
@@ -158,6 +164,10 @@ def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) ->
     chosen = {
         name: str(decode_kernel._CHOICE.get(decode_kernel._key_of(q, _kernel_view(kc, tb), tb, length)))
         for name, kc, tb in (("ours-contig", k, None), ("ours-paged16", k16, t16), ("ours-paged64", k64, t64))
+    }
+    tuned = decode_kernel.TUNING_TIMES.get(decode_kernel._key_of(q, k, None, length), {})
+    chosen["autotune us (contig)"] = {
+        _short(c): round(1e3 * t, 1) for c, t in sorted(tuned.items(), key=lambda x: x[1])
     }
     chosen["splits (contig, paged16)"] = f"{splits}, {splits16}"
     return times, errors, chosen

@@ -8,7 +8,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="Triton is needed to run the kernel (pip install triton)")
 
-from tests.plugins.decode_reference import paged_from_contiguous, reference_decode  # noqa: E402
+from tests.plugins.decode_reference import (  # noqa: E402
+    paged_from_contiguous,
+    poison_past_lengths,
+    reference_decode,
+)
 from trtforge.plugins.attention.chunked_prefill import chunked_prefill_attention  # noqa: E402
 from trtforge.plugins.attention.paged_cache import write_kv_cache  # noqa: E402
 
@@ -84,3 +88,119 @@ def test_ragged_chunks_write_and_attend_only_their_rows():
         assert torch.isnan(out[i, :, n:]).all()  # rows past q_lens untouched
         ref = reference_decode(q[i : i + 1, :, :n], k_pool, v_pool, lens[i : i + 1], table[i : i + 1])
         assert (out[i : i + 1, :, :n].float() - ref).abs().max().item() < 3e-3
+
+
+def _windowed(q, k, v, lens, window):
+    """FP32 SDPA of the chunk (query i at position L - S_q + i) over keys j with p - window < j <= p."""
+    b, hq, s_q, d = q.shape
+    out = torch.zeros(b, hq, s_q, d, dtype=torch.float32)
+    for i, n in enumerate(lens.tolist()):
+        pos = n - s_q + torch.arange(s_q)[:, None]
+        kpos = torch.arange(n)[None, :]
+        keep = (kpos <= pos) & (kpos > pos - window)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q[i : i + 1].float().cpu(), k[i : i + 1, :, :n].float().cpu(), v[i : i + 1, :, :n].float().cpu(),
+            attn_mask=keep, enable_gqa=True,
+        )  # fmt: skip
+        out[i] = o[0].nan_to_num(0.0)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("window", "page", "block_m", "block_n", "s_q", "lens"),
+    [
+        (1, 0, 16, 16, 9, [9, 40]),  # each query sees only itself
+        (5, 16, 32, 16, 20, [20, 61]),  # a block's 8 positions span more than the window
+        (24, 0, 16, 16, 37, [37, 90]),  # the window starts inside a tile: masked head tiles
+        (40, 16, 64, 32, 12, [12, 100]),  # prefix longer than the window, whole tiles skipped
+        (70, 0, 16, 16, 30, [30, 50]),  # a window longer than some sequences hides nothing there
+    ],
+)
+def test_sliding_window_chunk_matches_a_masked_reference(window, page, block_m, block_n, s_q, lens):
+    gen = torch.Generator().manual_seed(window + s_q + page)
+    b, hq, hkv, d = len(lens), 8, 2, 64
+    q = _rand(gen, b, hq, s_q, d)
+    k, v = _rand(gen, b, hkv, max(lens) + 4, d), _rand(gen, b, hkv, max(lens) + 4, d)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    poison_past_lengths(k, seq_lens)
+    poison_past_lengths(v, seq_lens)
+    ref = _windowed(q, k, v, seq_lens.cpu(), window)
+    table = None
+    if page:
+        k, v, table = paged_from_contiguous(k, v, seq_lens.cpu(), page, gen)
+    out = torch.full_like(q, float("nan"))
+    chunked_prefill_attention(
+        q, k, v, seq_lens, table, out=out, block_m=block_m, block_n=block_n, window=window
+    )
+    assert not torch.isnan(out).any()
+    assert (out.float().cpu() - ref).abs().max().item() < 3e-3
+    if window < max(lens):  # the window changes the answer
+        full = chunked_prefill_attention(q, k, v, seq_lens, table, block_m=block_m, block_n=block_n)
+        assert (full.float().cpu() - ref).abs().max().item() > 1e-2
+
+
+def test_sliding_window_chunks_match_the_executor_reference():
+    """A mixed step (two prompt chunks over cached prefixes, one decode row) on the executor's flat
+    [T, Hq, D] layout: each chunk through the kernel with `window` as TritonPagedAttention launches
+    it equals paged_attention_reference(..., sliding_window)."""
+    from tests.llm.paged_metadata import mixed_metadata
+    from trtforge.llm.executors.paged_attention import paged_attention_reference
+
+    gen = torch.Generator().manual_seed(12)
+    hq, hkv, d, bs, window = 8, 2, 64, 16, 7
+    ctx_lens, q_lens = [45, 30, 20], [13, 1, 20]
+    meta, _ = mixed_metadata(DEVICE, gen, bs, 12, ctx_lens, q_lens)
+    k_pool, v_pool = _rand(gen, 12, bs, hkv, d), _rand(gen, 12, bs, hkv, d)
+    q = _rand(gen, sum(q_lens), hq, d)
+    ref = paged_attention_reference(q, k_pool, v_pool, meta, d**-0.5, window)
+    out = torch.full_like(q, float("nan"))
+    qsl = meta.query_start_loc_host
+    for i, n in enumerate(q_lens):
+        if n == 1:
+            continue
+        lo, hi, width = int(qsl[i]), int(qsl[i + 1]), -(-ctx_lens[i] // bs)
+        chunked_prefill_attention(
+            q[lo:hi].permute(1, 0, 2)[None], k_pool, v_pool, meta.context_lens[i : i + 1],
+            meta.block_tables[i : i + 1, :width], scale=d**-0.5, out=out[lo:hi].permute(1, 0, 2)[None],
+            window=window,
+        )  # fmt: skip
+        assert (out[lo:hi].float() - ref[lo:hi].float()).abs().max().item() < 3e-3
+
+
+def test_sliding_window_must_hold_a_key():
+    gen = torch.Generator().manual_seed(4)
+    q, k = _rand(gen, 1, 2, 3, 32), _rand(gen, 1, 1, 8, 32)
+    with pytest.raises(ValueError, match="sliding window"):
+        chunked_prefill_attention(q, k, k, torch.tensor([5], dtype=torch.int32, device=DEVICE), window=0)
+
+
+@pytest.mark.parametrize("window", [None, 9])
+def test_varlen_launch_equals_one_launch_per_chunk(window):
+    """All of a step's chunks in one launch (flat q/out, row offsets, ragged lengths, shuffled block
+    tables) give each chunk's own launch; rows outside the chunks are left untouched."""
+    from trtforge.plugins.attention.chunked_prefill import chunked_prefill_varlen
+
+    gen = torch.Generator().manual_seed(11)
+    hq, hkv, d, page, nblocks = 8, 2, 32, 16, 20
+    k_pool, v_pool = _rand(gen, nblocks, page, hkv, d), _rand(gen, nblocks, page, hkv, d)
+    starts, q_lens, lens = [3, 20, 61], [17, 41, 2], [17, 70, 35]  # rows 0-2 and 37-60: not chunks
+    table = torch.randperm(nblocks, generator=gen)[:15].view(3, 5).to(torch.int32).to(DEVICE)
+    q = _rand(gen, 64, hq, d)
+    out = torch.full_like(q, float("nan"))
+    as_i32 = {
+        n: torch.tensor(x, dtype=torch.int32, device=DEVICE)
+        for n, x in (("s", starts), ("q", q_lens), ("l", lens))
+    }
+    chunked_prefill_varlen(
+        q, k_pool, v_pool, as_i32["l"], table, as_i32["s"], as_i32["q"], max(q_lens), scale=0.2, out=out,
+        window=window,
+    )  # fmt: skip
+    untouched = torch.ones(64, dtype=torch.bool, device=DEVICE)
+    for i, (s, n) in enumerate(zip(starts, q_lens)):
+        want = chunked_prefill_attention(
+            q[s : s + n].permute(1, 0, 2)[None], k_pool, v_pool, as_i32["l"][i : i + 1], table[i : i + 1],
+            scale=0.2, window=window,
+        )[0].permute(1, 0, 2)  # fmt: skip
+        torch.testing.assert_close(out[s : s + n], want, atol=0, rtol=0)
+        untouched[s : s + n] = False
+    assert out[untouched].isnan().all()

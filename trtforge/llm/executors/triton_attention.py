@@ -1,12 +1,11 @@
 """trtforge's Triton attention kernels behind the torch executor's attention functions (CUDA).
 
 Decode rows go through :func:`trtforge.plugins.attention.decode_kernel.decode_attention` (split-KV
-over the paged pool, GQA) and prompt chunks through
-:func:`trtforge.plugins.attention.chunked_prefill.chunked_prefill_attention` (LOWER_RIGHT causal
-over the cached prefix plus the chunk). The executor's pools are ``[num_blocks, block_size, Hkv, D]``,
+over the paged pool, GQA) and all of a step's prompt chunks through one launch of
+:func:`trtforge.plugins.attention.chunked_prefill.chunked_prefill_varlen` (LOWER_RIGHT causal over
+each cached prefix plus its chunk). The executor's pools are ``[num_blocks, block_size, Hkv, D]``,
 the layout the kernels' entry points take (they index it through strided views); no K/V is
-copied. Sliding-window layers run decode rows through the decode kernel's window; a step with
-prompt chunks on such a layer (the prefill kernel has no window) falls back to the torch reference.
+copied. Sliding-window layers pass their window to both kernels.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import torch
 
 from trtforge.llm.executors.paged_attention import (
     AttentionMetadata,
-    paged_attention_reference,
 )
 from trtforge.llm.host_to_device import to_device
 
@@ -185,9 +183,6 @@ class TritonPagedAttention:
         if self._plan_for is not meta:
             self._plan, self._plan_for = self._make_plan(meta, q.device), meta
         decode_plan, chunk_plan = self._plan
-        if sliding_window is not None and chunk_plan is not None:
-            got = paged_attention_reference(q, k_pool, v_pool, meta, scale, sliding_window)
-            return got if out is None else out.copy_(got)
         if out is None:
             out = torch.empty_like(q)
         if decode_plan is not None:
@@ -201,6 +196,7 @@ class TritonPagedAttention:
         if chunk_plan is not None:
             starts, lens_q, tables, lens, max_q_len = chunk_plan
             chunked_prefill_varlen(
-                q, k_pool, v_pool, lens, tables, starts, lens_q, max_q_len, scale=scale, out=out
-            )
+                q, k_pool, v_pool, lens, tables, starts, lens_q, max_q_len,
+                scale=scale, out=out, window=sliding_window,
+            )  # fmt: skip
         return out

@@ -11,9 +11,11 @@ Tiles put query positions in the M dimension *interleaved with the query group*:
 position r // G of head r % G of the kv head's group (G = Hq / Hkv), so each K/V tile is loaded
 once for the whole group, as in the decode kernel (decode_kernel.py), whose tile loop this reuses;
 K/V tiles past the block's last query's causal limit are skipped, and only tiles on the diagonal
-and the ragged end carry masks. Grid: (query blocks, B·Hkv); no split-KV (the query blocks fill the
-GPU). Correctness is tested in Triton's interpreter and against FP32 SDPA; it was not timed on the
-H200 (no device time left), so no speed is claimed.
+and the ragged end carry masks. With a sliding window W (``window=``) a query at position p sees
+only keys j > p - W: tiles before the block's first window are skipped, and those its rows' windows
+cut are masked. Grid: (query blocks, B·Hkv); no split-KV (the query blocks fill the GPU).
+Correctness is tested in Triton's interpreter and against FP32 SDPA; it was not timed on the H200
+(no device time left), so no speed is claimed.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def _chunked_prefill_kernel(
     stride_tb,
     num_kv_heads,
     seq_q,
+    window,
     qk_scale,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -66,12 +69,13 @@ def _chunked_prefill_kernel(
     PAGE_SIZE: tl.constexpr,
     HAS_QLENS: tl.constexpr,
     DOT_F32: tl.constexpr,
+    WINDOW: tl.constexpr,
     HAS_QSTARTS: tl.constexpr = False,
 ):
-    """Grid (cdiv(S_q·G, BLOCK_M), B·Hkv): BLOCK_M (query position, group head) rows of one kv head.
-
-    With HAS_QSTARTS, sequence b's queries and outputs start at row QStarts[b] of flat [T, Hq, D]
-    tensors (stride_*m between rows; the batch strides are unused)."""
+    """Grid (cdiv(S_q·G, BLOCK_M), B·Hkv): BLOCK_M (query position, group head) rows of one kv head;
+    WINDOW: the query at position p sees only keys j > p - window. With HAS_QSTARTS, sequence b's
+    queries and outputs start at row QStarts[b] of flat [T, Hq, D] tensors (stride_*m between rows;
+    the batch strides are unused)."""
     pid_m = tl.program_id(0)
     pid = tl.program_id(1)
     b = (pid // num_kv_heads).to(tl.int64)
@@ -100,15 +104,27 @@ def _chunked_prefill_kernel(
         o_rows = b * stride_ob + hq * stride_oh + qi * stride_om
     q = tl.load(Q + q_rows[:, None] + offs_d[None, :] * stride_qd, mask=io_ok, other=0.0)
     last_key = seq_len - q_len + qi
+    first_key = last_key - window + 1 if WINDOW else last_key  # unread without WINDOW
 
-    # Keys this block needs: up to the causal limit of its last real query; whole tiles below the
-    # limit of its first query are visible to every row.
+    # Keys this block needs: up to the causal limit of its last real query and, WINDOW, from the
+    # window start of its first (whole tiles from there). Whole tiles below the causal limit of its
+    # first query and (WINDOW) from the window start of its last are visible to every row; the
+    # tiles before them (head) and after them (tail) are masked.
     qi_first = r0 // GROUP
     qi_last = tl.minimum((r0 + BLOCK_M - 1) // GROUP, q_len - 1)
     hi = tl.maximum(tl.minimum(seq_len - q_len + qi_last + 1, seq_len), 0)
     hi = tl.where(r0 < q_len * GROUP, hi, 0)  # a block past a short chunk's rows reads no keys
-    full = tl.maximum(tl.minimum(hi, seq_len - q_len + qi_first + 1), 0)
-    full_end = (full // BLOCK_N) * BLOCK_N
+    if WINDOW:
+        lo = (tl.maximum(seq_len - q_len + qi_first + 1 - window, 0) // BLOCK_N) * BLOCK_N
+        lo = tl.minimum(lo, hi)
+        head_end = tl.minimum(
+            lo + tl.cdiv(tl.maximum(seq_len - q_len + qi_last + 1 - window - lo, 0), BLOCK_N) * BLOCK_N, hi
+        )
+    else:
+        lo = 0
+        head_end = 0
+    full_hi = tl.maximum(tl.minimum(hi, seq_len - q_len + qi_first + 1), 0)
+    full_end = tl.maximum(head_end + ((full_hi - head_end) // BLOCK_N) * BLOCK_N, head_end)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -121,16 +137,22 @@ def _chunked_prefill_kernel(
         k_base = K + b * stride_kb + hkv * stride_kh
         v_base = V + b * stride_vb + hkv * stride_vh
     table_base = Table + b * stride_tb
-    # the decode kernel's tile loop with pointer loads (no TMA descriptors: k/v bases stand in) and no window
+    # the decode kernel's tile loop with pointer loads (no TMA descriptors: k/v bases stand in)
+    if WINDOW:
+        acc, l_i, m_i = _attend_tiles(
+            acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, lo, head_end, last_key,
+            first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+            HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
+        )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, 0, full_end, last_key, last_key,
-        qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, head_end, full_end, last_key,
+        first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
         HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, False, False,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, full_end, hi, last_key, last_key,
-        qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, False,
+        acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, full_end, hi, last_key,
+        first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
     )  # fmt: skip
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc * (1.0 / l_safe)[:, None]
@@ -151,17 +173,25 @@ def chunked_prefill_attention(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of a prompt chunk q [B, Hq, S_q, D] over each sequence's first seq_lens[b] cached
     keys (prefix + chunk), LOWER_RIGHT causal, GQA; caches as in :func:`decode_attention`
     (contiguous [B, Hkv, S_max, D] or a block pool [num_blocks, block_size, Hkv, D] with
     `block_table`). `q_lens` (int32 [B]) gives ragged chunk lengths (right-padded to S_q); rows past
-    them are left unwritten. Works on torch tensors and on DeviceTensor views (give `out`). Returns `out`."""
+    them are left unwritten. `window` W (sliding-window layers): the query at position p sees only
+    keys j with p - W < j <= p. Works on torch tensors and on DeviceTensor views (give `out`).
+    Returns `out`."""
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if block_table is not None:
         k_cache, v_cache = pool_heads_major(k_cache), pool_heads_major(v_cache)
-    b, hq, s_q, d, hkv, page, _ = _check(q, k_cache, v_cache, seq_lens, block_table, out, max_q_len=1 << 30)
+    b, hq, s_q, d, hkv, page, capacity = _check(
+        q, k_cache, v_cache, seq_lens, block_table, out, max_q_len=1 << 30
+    )
+    if window is not None and int(window) < 1:
+        raise ValueError(f"sliding window must be >= 1 keys; got {window}")
+    window = int(window) if window is not None and int(window) < capacity else 0  # longer: hides nothing
     if q_lens is not None and (tuple(q_lens.shape) != (b,) or q_lens.dtype != torch.int32):
         raise ValueError(f"q_lens must be int32 [B] = [{b}]; got {q_lens.dtype} {tuple(q_lens.shape)}")
     if b == 0 or hq == 0:
@@ -175,10 +205,10 @@ def chunked_prefill_attention(
     _chunked_prefill_kernel[(triton.cdiv(s_q * group, block_m), b * hkv)](
         q, k_cache, v_cache, seq_lens, q_lens if q_lens is not None else seq_lens, seq_lens, table, out,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), stride_tb,
-        hkv, s_q, d**-0.5 if scale is None else float(scale),
+        hkv, s_q, window, d**-0.5 if scale is None else float(scale),
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_QLENS=q_lens is not None, DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
-        num_warps=num_warps, num_stages=num_stages,
+        WINDOW=window > 0, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
 
@@ -195,6 +225,7 @@ def chunked_prefill_varlen(
     *,
     scale: float,
     out: torch.Tensor,
+    window: int | None = None,
     block_m: int = 64,
     block_n: int = 64,
     num_warps: int = 4,
@@ -218,7 +249,12 @@ def chunked_prefill_varlen(
     qv, ov = q.permute(1, 0, 2)[None], out.permute(1, 0, 2)[None]
     k_cache, v_cache = pool_heads_major(k_pool), pool_heads_major(v_pool)
     ones = seq_lens[:1]
-    _, hq, _, d, hkv, page, _ = _check(qv, k_cache, v_cache, ones, block_table[:1], ov, max_q_len=1 << 30)
+    _, hq, _, d, hkv, page, capacity = _check(
+        qv, k_cache, v_cache, ones, block_table[:1], ov, max_q_len=1 << 30
+    )
+    if window is not None and int(window) < 1:
+        raise ValueError(f"sliding window must be >= 1 keys; got {window}")
+    window = int(window) if window is not None and int(window) < capacity else 0  # longer: hides nothing
     if int(block_table.shape[0]) != b:
         raise ValueError(f"block_table must have B = {b} rows; got {tuple(block_table.shape)}")
     group = hq // hkv
@@ -226,9 +262,9 @@ def chunked_prefill_varlen(
         q, k_cache, v_cache, seq_lens, q_lens, q_starts, block_table, out,
         0, q.stride(1), q.stride(0), q.stride(2), *k_cache.stride(), *v_cache.stride(),
         0, out.stride(1), out.stride(0), out.stride(2), int(block_table.stride(0)),
-        hkv, int(max_q_len), float(scale),
+        hkv, int(max_q_len), window, float(scale),
         GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n,
         PAGE_SIZE=page, HAS_QLENS=True, DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
-        HAS_QSTARTS=True, num_warps=num_warps, num_stages=num_stages,
+        WINDOW=window > 0, HAS_QSTARTS=True, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

@@ -513,6 +513,7 @@ AUTOTUNE_CANDIDATES = DECODE_CANDIDATES
 TMA_AUTOTUNE_CANDIDATES = DECODE_TMA_CANDIDATES  # besides, on contiguous caches TMA can read
 SHARED_MEMORY_BUDGET = 225 * 1024
 _CHOICE: dict[tuple, DecodeConfig] = {}
+TUNING_TIMES: dict[tuple, dict[DecodeConfig, float]] = {}  # per key: each candidate's median ms
 
 
 def _fits(block_n: int, stages: int, block_d: int) -> bool:
@@ -702,6 +703,7 @@ def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len, window=0) ->
         times[cfg] = _kernel_ms(fn)
     best = min(times, key=times.get) if times else default_decode_config(d)
     _CHOICE[key] = best
+    TUNING_TIMES[key] = times
     return best
 
 
