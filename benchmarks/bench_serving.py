@@ -91,7 +91,11 @@ def latency_summary(ttft: list[float], itl: list[float]) -> dict:
 def run_engine(executor, reqs, config: SchedulerConfig) -> dict:
     mem_samples: list[tuple[int, int, int]] = []
 
+    marks: list[tuple[float, str, int]] = []
+    path_of = getattr(executor, "path_of", lambda batch: "eager")
+
     def hook(sched, batch):
+        marks.append((time.perf_counter(), path_of(batch), batch.num_tokens))
         if sched.stats.steps % 16 == 0:
             m = sched.memory_stats()
             mem_samples.append((m.used_blocks, m.tokens_held, m.waste_slots))
@@ -129,6 +133,14 @@ def run_engine(executor, reqs, config: SchedulerConfig) -> dict:
     assert out_tokens == sum(r[2] for r in reqs), "an output came back short"
     ttft = [t[0] - s for t, s in zip(times, submitted)]
     itl = [b - a for t in times for a, b in itertools.pairwise(t)]
+    # host time from each step's launch to the next one's, by path (one step stays in flight: roughly
+    # the device time of the step before, once the device is the bottleneck)
+    paths: dict[str, dict] = {}
+    for (t, path, tokens), nxt in zip(marks, [m[0] for m in marks[1:]] + [end]):
+        row = paths.setdefault(path, {"steps": 0, "tokens": 0, "seconds": 0.0})
+        row["steps"] += 1
+        row["tokens"] += tokens
+        row["seconds"] += nxt - t
     bpt = executor.kv_bytes() / (executor.num_blocks + 1) / executor.block_size  # KV bytes per token slot
     used = np.array([m[0] for m in mem_samples]) * executor.block_size
     held = np.array([m[1] for m in mem_samples])
@@ -138,6 +150,7 @@ def run_engine(executor, reqs, config: SchedulerConfig) -> dict:
         "output_tok_per_s": out_tokens / (end - start),
         **latency_summary(ttft, itl),
         "steps": stats.steps,
+        "step_paths": paths,
         "preemptions": stats.preemptions,
         "max_running": stats.max_running,
         "cuda_graphs": executor.num_cuda_graphs,
@@ -301,7 +314,7 @@ def main() -> None:
     ap.add_argument(
         "--max-graph-tokens",
         type=int,
-        default=2048,
+        default=4096,
         help="steps with prompt tokens up to this many tokens run as piecewise CUDA graphs (0: eagerly)",
     )
     ap.add_argument(

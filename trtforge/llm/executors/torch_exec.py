@@ -213,7 +213,7 @@ class TorchExecutor:
         max_decode_batch: int = 256,
         kernels: str | None = None,
         mixed_graphs: bool | None = None,
-        max_graph_tokens: int = 2048,
+        max_graph_tokens: int = 4096,
     ) -> None:
         config = getattr(model, "config", None)
         model_type = getattr(config, "model_type", None)
@@ -376,21 +376,31 @@ class TorchExecutor:
         """
         return self._step(batch, feed if feed is not None and len(feed) else None)
 
-    def _step(self, batch: StepBatch, feed: TokenFeed | None) -> torch.Tensor:
-        dev = self.device
-        if len(batch.block_copies):
-            src, dst = to_device(np.ascontiguousarray(batch.block_copies.T), dev)
-            for pool in (*self.k_pools, *self.v_pools):
-                pool[dst] = pool[src]
+    def path_of(self, batch: StepBatch) -> str:
+        """How :meth:`step` runs `batch`: "decode" (static shapes, a CUDA graph where graphs are on),
+        "piecewise" (bucket-padded pieces, graphs where on) or "eager"."""
         if (
             self.static_decode
             and batch.is_decode_only
             and len(batch.logits_indices) == batch.num_seqs
             and batch.num_seqs <= self._batch_buckets[-1]
         ):
+            return "decode"
+        if self._piecewise is not None and batch.num_tokens <= self._piecewise.max_tokens:
+            return "piecewise"
+        return "eager"
+
+    def _step(self, batch: StepBatch, feed: TokenFeed | None) -> torch.Tensor:
+        dev = self.device
+        if len(batch.block_copies):
+            src, dst = to_device(np.ascontiguousarray(batch.block_copies.T), dev)
+            for pool in (*self.k_pools, *self.v_pools):
+                pool[dst] = pool[src]
+        path = self.path_of(batch)
+        if path == "decode":
             return self._static_decode(batch, feed)
         meta = self._metadata(batch)
-        if self._piecewise is not None and batch.num_tokens <= self._piecewise.max_tokens:
+        if path == "piecewise":
             return self._piecewise.run(batch, feed, self._attend_into(meta))
         ids = to_device(batch.input_ids, dev)
         if feed is not None:
