@@ -26,11 +26,13 @@ class _Lockstep:
         self.eager, self.pieces = eager, pieces
         self.max_rel_err = 0.0
         self.prompt_steps = self.mixed_steps = 0
+        self.paths: list[str] = []
 
     def __getattr__(self, name):
         return getattr(self.eager, name)
 
     def _compare(self, batch, want, got):
+        self.paths.append(self.pieces.path_of(batch))
         qlens = batch.query_lens
         self.prompt_steps += int((qlens > 1).any())
         self.mixed_steps += int((qlens > 1).any() and (qlens == 1).any())
@@ -110,6 +112,7 @@ def test_steps_above_the_largest_bucket_run_eagerly():
     both = _Lockstep(eager, small)
     _serve(both, async_scheduling=False, seed=1)
     assert both.max_rel_err < 1e-9 and set(small._piecewise._records) <= {8, 12}
+    assert set(both.paths) == {"decode", "piecewise", "eager"}  # steps of over 12 tokens ran eagerly
 
 
 def test_token_buckets_and_bad_sizes():
