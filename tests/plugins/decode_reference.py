@@ -78,3 +78,19 @@ def reference_decode(
         )
         out[i] = o[0].nan_to_num(0.0)
     return out
+
+
+def windowed_reference(q, k, v, lens, window):
+    """FP32 attention of query i (position L - S_q + i) over keys in (its position - window, its position]."""
+    b, hq, s_q, d = q.shape
+    out = torch.zeros(b, hq, s_q, d, dtype=torch.float32)
+    for i, n in enumerate(lens.tolist()):
+        pos = n - s_q + torch.arange(s_q)[:, None]
+        kpos = torch.arange(n)[None, :]
+        keep = (kpos <= pos) & (kpos > pos - window)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q[i : i + 1].float().cpu(), k[i : i + 1, :, :n].float().cpu(), v[i : i + 1, :, :n].float().cpu(),
+            attn_mask=keep, enable_gqa=True,
+        )  # fmt: skip
+        out[i] = o[0].nan_to_num(0.0)
+    return out

@@ -16,6 +16,7 @@ from tests.plugins.decode_reference import (  # noqa: E402
     paged_from_contiguous,
     poison_past_lengths,
     reference_decode,
+    windowed_reference,
 )
 from trtforge.plugins.attention import decode_kernel  # noqa: E402
 from trtforge.plugins.attention.configs import decode_counter_slots  # noqa: E402
@@ -144,22 +145,6 @@ def test_tensor_descriptors_only_where_tma_can_read_the_cache():
     assert (out.float() - reference_decode(q, ks, vs, lens)).abs().max().item() < 3e-3
 
 
-def _windowed_reference(q, k, v, lens, window):
-    """FP32 attention of query i (position L - S_q + i) over keys in (its position - window, its position]."""
-    b, hq, s_q, d = q.shape
-    out = torch.zeros(b, hq, s_q, d, dtype=torch.float32)
-    for i, n in enumerate(lens.tolist()):
-        pos = n - s_q + torch.arange(s_q)[:, None]
-        kpos = torch.arange(n)[None, :]
-        keep = (kpos <= pos) & (kpos > pos - window)
-        o = torch.nn.functional.scaled_dot_product_attention(
-            q[i : i + 1].float().cpu(), k[i : i + 1, :, :n].float().cpu(), v[i : i + 1, :, :n].float().cpu(),
-            attn_mask=keep, enable_gqa=True,
-        )  # fmt: skip
-        out[i] = o[0].nan_to_num(0.0)
-    return out
-
-
 @pytest.mark.parametrize(
     ("s_q", "window", "splits", "fused", "tma"),
     [(1, 1, 0, True, False), (1, 16, 3, True, True), (1, 33, 2, False, False), (4, 20, 0, True, False),
@@ -176,7 +161,7 @@ def test_sliding_window_matches_a_masked_reference(s_q, window, splits, fused, t
     cfg = DecodeConfig(block_n=16, num_splits=splits, fused=fused, tma=tma)
     out = decode_attention(q, k, v, lens, config=cfg, window=window)
     assert not torch.isnan(out).any()
-    ref = _windowed_reference(q, k, v, lens.cpu(), window)
+    ref = windowed_reference(q, k, v, lens.cpu(), window)
     assert (out.float().cpu() - ref).abs().max().item() < 3e-3
     if window < 100:  # the window changes the answer where a sequence is longer than it
         assert (ref - reference_decode(q, k, v, lens).cpu()).abs().max().item() > 1e-2

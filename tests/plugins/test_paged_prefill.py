@@ -12,6 +12,7 @@ from tests.plugins.decode_reference import (  # noqa: E402
     paged_from_contiguous,
     poison_past_lengths,
     reference_decode,
+    windowed_reference,
 )
 from trtforge.plugins.attention.chunked_prefill import chunked_prefill_attention  # noqa: E402
 from trtforge.plugins.attention.paged_cache import write_kv_cache  # noqa: E402
@@ -90,22 +91,6 @@ def test_ragged_chunks_write_and_attend_only_their_rows():
         assert (out[i : i + 1, :, :n].float() - ref).abs().max().item() < 3e-3
 
 
-def _windowed(q, k, v, lens, window):
-    """FP32 SDPA of the chunk (query i at position L - S_q + i) over keys j with p - window < j <= p."""
-    b, hq, s_q, d = q.shape
-    out = torch.zeros(b, hq, s_q, d, dtype=torch.float32)
-    for i, n in enumerate(lens.tolist()):
-        pos = n - s_q + torch.arange(s_q)[:, None]
-        kpos = torch.arange(n)[None, :]
-        keep = (kpos <= pos) & (kpos > pos - window)
-        o = torch.nn.functional.scaled_dot_product_attention(
-            q[i : i + 1].float().cpu(), k[i : i + 1, :, :n].float().cpu(), v[i : i + 1, :, :n].float().cpu(),
-            attn_mask=keep, enable_gqa=True,
-        )  # fmt: skip
-        out[i] = o[0].nan_to_num(0.0)
-    return out
-
-
 @pytest.mark.parametrize(
     ("window", "page", "block_m", "block_n", "s_q", "lens"),
     [
@@ -124,7 +109,7 @@ def test_sliding_window_chunk_matches_a_masked_reference(window, page, block_m, 
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     poison_past_lengths(k, seq_lens)
     poison_past_lengths(v, seq_lens)
-    ref = _windowed(q, k, v, seq_lens.cpu(), window)
+    ref = windowed_reference(q, k, v, seq_lens.cpu(), window)
     table = None
     if page:
         k, v, table = paged_from_contiguous(k, v, seq_lens.cpu(), page, gen)
