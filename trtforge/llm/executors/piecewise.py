@@ -60,7 +60,6 @@ class _Bucket:
 
     pieces: list[Callable[[], None]]
     graphs: list[Any] = field(default_factory=list)
-    state: dict[str, Any] = field(default_factory=dict)
 
     def run(self, j: int) -> None:
         if self.graphs:
@@ -149,7 +148,7 @@ class PiecewiseStep:
             h.copy_(layers.layer_out(layers.num_layers - 1, h, o))
 
         pieces = [first, *(middle(i) for i in range(1, layers.num_layers)), last]
-        return _Bucket(pieces=pieces, state=state)
+        return _Bucket(pieces=pieces)
 
     def _fill_padding(self, tb: int) -> None:
         ids, pos, slots = self._buffers()["inputs"][:, :tb].unbind(0)
@@ -172,6 +171,8 @@ class PiecewiseStep:
                     piece()
             side.synchronize()
             pool = self._pool() if self._pool is not None else None
+            # capture_begin/end rather than torch.cuda.graph(): that one collects garbage and empties the
+            # allocator's cache around every capture, which for L + 1 pieces a bucket dominates capture time
             for piece in record.pieces:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.stream(side):

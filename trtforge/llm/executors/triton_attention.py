@@ -10,6 +10,7 @@ copied. Sliding-window layers pass their window to both kernels.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from typing import Any
@@ -55,6 +56,7 @@ def small_decode_splits(batch_kv_heads: int, max_keys: int, num_sms: int) -> int
     return max(1, min(tiles, (2 * num_sms) // max(batch_kv_heads, 1), 256))
 
 
+@functools.lru_cache(maxsize=16)
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 132  # an H100/H200: the interpreter then exercises the same split counts

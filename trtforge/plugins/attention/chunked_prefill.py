@@ -248,9 +248,8 @@ def chunked_prefill_varlen(
     # the checks of the batched form, on [1, Hq, T, D] views (the grid uses max_q_len, not T)
     qv, ov = q.permute(1, 0, 2)[None], out.permute(1, 0, 2)[None]
     k_cache, v_cache = pool_heads_major(k_pool), pool_heads_major(v_pool)
-    ones = seq_lens[:1]
     _, hq, _, d, hkv, page, capacity = _check(
-        qv, k_cache, v_cache, ones, block_table[:1], ov, max_q_len=1 << 30
+        qv, k_cache, v_cache, seq_lens[:1], block_table[:1], ov, max_q_len=1 << 30
     )
     if window is not None and int(window) < 1:
         raise ValueError(f"sliding window must be >= 1 keys; got {window}")
