@@ -20,11 +20,15 @@ Cases (defaults): FP16, Hq=32, Hkv=8, D=128, q_len 1, B x L in {1x32768, 4x16384
   ``enable_gqa=True`` (no K/V expansion);
 - gather+cudnn: the 16-token pool gathered to contiguous by advanced indexing
   (``pool[table]`` -> permute -> reshape, one copy), then cuDNN SDPA.
-Each is timed as CUDA-graph replays (triton.testing.do_bench_cudagraph, median; K/V of every case
+Each is timed once as CUDA-graph replays (triton.testing.do_bench_cudagraph, median; K/V of every case
 exceed the 50 MB L2). TB/s = K+V bytes the attention must read (2·B·Hkv·L·D·2) / time, for every
 implementation (so gather+cudnn's figure counts useful bytes, not the bytes its copy moves). The
 contiguous autotuner's time for each candidate is recorded with its choice. Every implementation's
-output is checked against cuDNN's. Writes results.json and results.md under --out;
+output is checked against cuDNN's. The ratios to cuDNN and gather+cudnn are then taken again over
+--rounds interleaved rounds (each round times ours-contig, ours-contig-ws, ours-paged16, cudnn and
+gather+cudnn once, one after the other; a round's ratio uses its own two times), reported as the
+median with the spread, because single timings taken minutes apart drift by about as much as the
+margins (benchmarks/results/decode_attention.md). Writes results.json and results.md under --out;
 --sweep also times the contiguous kernel over split counts x tile configs (sweep.md), the data
 behind the split heuristic.
 """
@@ -36,6 +40,7 @@ import dataclasses
 import datetime as dt
 import json
 import platform
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -57,6 +62,8 @@ from trtforge.plugins.attention.decode_kernel import (
 from trtforge.plugins.attention.device_tensor import pool_heads_major
 
 SHAPES = [(1, 32768), (4, 16384), (16, 4096), (64, 8192), (128, 2048), (256, 1024)]
+ROUND_IMPLS = ("ours-contig", "ours-contig-ws", "ours-paged16", "cudnn", "gather+cudnn")
+ROUNDS = 7  # --rounds: interleaved rounds behind the ratio table
 PEAK_TBS = 4.8  # H200 HBM3e datasheet figure (a lead); the 85% target is taken against it
 AGREE_TOL = 4e-3
 
@@ -111,7 +118,7 @@ def _short(c: DecodeConfig) -> str:
     return f"{c.block_n}/{c.num_warps}/{c.num_stages}/s{c.num_splits or 'h'}{'/tma' if c.tma else ''}"
 
 
-def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) -> tuple:
+def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype, n_rounds: int) -> tuple:
     gen = torch.Generator().manual_seed(b * length)
     q = torch.randn(b, hq, 1, d, generator=gen).to(dtype).cuda()
     k = torch.randn(b, hkv, length, d, dtype=dtype, device="cuda")
@@ -151,7 +158,7 @@ def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) ->
         "gather+cudnn": lambda: _sdpa(SDPBackend.CUDNN_ATTENTION, q, _gather(k16, t16), _gather(v16, t16)),
     }
     ref = impls["cudnn"]().float()
-    times, errors = {}, {}
+    times, errors, rounds = {}, {}, {}
     for name, fn in impls.items():
         try:
             res = fn()
@@ -161,6 +168,10 @@ def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) ->
         except Exception as exc:  # a torch backend that refuses this shape: record, keep going
             times[name] = None
             errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    for _ in range(n_rounds):  # interleaved: every round times each of them once, one after the other
+        for name in ROUND_IMPLS:
+            if times.get(name) is not None:
+                rounds.setdefault(name, []).append(_graph_us(impls[name], 100))
     chosen = {
         name: str(decode_kernel._CHOICE.get(decode_kernel._key_of(q, _kernel_view(kc, tb), tb, length)))
         for name, kc, tb in (("ours-contig", k, None), ("ours-paged16", k16, t16), ("ours-paged64", k64, t64))
@@ -170,7 +181,7 @@ def _case(b: int, length: int, hq: int, hkv: int, d: int, dtype: torch.dtype) ->
         _short(c): round(1e3 * t, 1) for c, t in sorted(tuned.items(), key=lambda x: x[1])
     }
     chosen["splits (contig, paged16)"] = f"{splits}, {splits16}"
-    return times, errors, chosen
+    return times, errors, chosen, rounds
 
 
 SWEEP_CONFIGS = [(64, 4, 3), (64, 4, 2), (64, 8, 3), (128, 4, 2)]
@@ -222,6 +233,14 @@ def _ratio(row: dict, ours: str, peer: str) -> str:
     return f"{b / a:.2f}x" if a and b else "n/a"
 
 
+def _round_ratio(rounds: dict, ours: str, peer: str) -> str:
+    """Median [min, max] over interleaved rounds of peer time / our time, each round's own pair."""
+    if ours not in rounds or peer not in rounds:
+        return "n/a"
+    ratios = [p / o for o, p in zip(rounds[ours], rounds[peer])]
+    return f"{statistics.median(ratios):.3f}x [{min(ratios):.3f}, {max(ratios):.3f}]"
+
+
 def _commit() -> str:
     try:
         return subprocess.run(
@@ -236,13 +255,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("build/bench_decode"))
     ap.add_argument("--commit", default=None, help="commit id to record (default: git rev-parse)")
     ap.add_argument("--sweep", action="store_true", help="also sweep split counts x tile configs")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved timing rounds (ratio table)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     hq, hkv, d, dtype = 32, 8, 128, torch.float16
     rows = []
     for b, length in SHAPES:
         torch.cuda.empty_cache()
-        times, errors, chosen = _case(b, length, hq, hkv, d, dtype)
+        times, errors, chosen, rounds = _case(b, length, hq, hkv, d, dtype, max(1, args.rounds))
         kv_bytes = 2 * b * hkv * length * d * 2
         rows.append(
             {
@@ -252,6 +272,7 @@ def main() -> None:
                 "us": times,
                 "max_abs_vs_cudnn": errors,
                 "chosen": chosen,
+                "rounds_us": rounds,
             }
         )
         print(b, length, {n: (round(t, 1) if t else None) for n, t in times.items()}, chosen, flush=True)
@@ -296,6 +317,29 @@ def main() -> None:
             f"| {_ratio(r, 'ours-paged16', 'cudnn')} "
             f"| {_ratio(r, 'ours-paged16', 'gather+cudnn')} | {pct} |"
         )  # fmt: skip
+    lines += [
+        "",
+        f"Interleaved rounds ({max(1, args.rounds)}: each round times "
+        f"{', '.join(ROUND_IMPLS)} once, in that order):",
+        "per-round ratio peer time / our time, median [min, max] over the rounds.",
+        "",
+        "| B x L | contig/cudnn | contig-ws/cudnn | paged16/cudnn | paged16/gather | cudnn us (median) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [
+            _round_ratio(r["rounds_us"], ours, peer)
+            for ours, peer in (
+                ("ours-contig", "cudnn"), ("ours-contig-ws", "cudnn"), ("ours-paged16", "cudnn"),
+                ("ours-paged16", "gather+cudnn"),
+            )
+        ]  # fmt: skip
+        base = r["rounds_us"].get("cudnn")
+        lines.append(
+            f"| {r['B']}x{r['L']} | " + " | ".join(cells) + f" | {statistics.median(base):.1f} |"
+            if base
+            else f"| {r['B']}x{r['L']} | " + " | ".join(cells) + " | n/a |"
+        )
     lines += ["", "Max |out - cuDNN| per implementation:", ""]
     for r in rows:
         errs = ", ".join(

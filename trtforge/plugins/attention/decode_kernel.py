@@ -516,8 +516,12 @@ _CHOICE: dict[tuple, DecodeConfig] = {}
 TUNING_TIMES: dict[tuple, dict[DecodeConfig, float]] = {}  # per key: each candidate's median ms
 
 
-def _fits(block_n: int, stages: int, block_d: int) -> bool:
-    return stages * 2 * block_n * block_d * 2 <= SHARED_MEMORY_BUDGET
+def _fits(block_n: int, stages: int, block_d: int, tma: bool = False) -> bool:
+    """Whether the pipelined K/V tiles fit in shared memory. Triton's pipeliner gives bulk tensor
+    copies `stages - 1` buffers (sm_90 compiles: 128-key tiles, D 128, 4 stages = 3 buffers, 200 KB
+    with 8 KB of scratch); pointer loads are bounded by `stages` buffers."""
+    buffers = stages - 1 if tma else stages
+    return buffers * 2 * block_n * block_d * 2 + (8 * 1024 if tma else 0) <= SHARED_MEMORY_BUDGET
 
 
 def _bucket(n: int) -> int:
@@ -685,7 +689,7 @@ def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len, window=0) ->
     candidates += [(c, True) for c in TMA_AUTOTUNE_CANDIDATES] if tma else []
     times = {}
     for (bn, warps, stages, mult), use_tma in candidates:
-        if not _fits(bn, stages, block_d):
+        if not _fits(bn, stages, block_d, use_tma):
             continue
         splits = 0 if mult == 1.0 else max(1, min(MAX_SPLITS, round(base * mult)))
         cfg = DecodeConfig(bn, warps, stages, splits, tma=use_tma)

@@ -1,0 +1,225 @@
+"""Probe: where the contiguous decode kernel's time goes, against cuDNN SDPA in the same rounds.
+
+    PYTHONPATH=. python3 benchmarks/probe_decode_bandwidth.py --out build/probe [--rounds 3]
+
+Three questions, each answered by CUDA-graph replay medians taken in interleaved rounds (every
+implementation of a case once per round, cuDNN among them; the figure is the median over rounds):
+- configs: fixed TMA launch configs (keys per tile, warps, pipeline depth) at
+  the six acceptance shapes of issue #18 (FP16, Hq=32, Hkv=8, D=128, q_len 1), with the split
+  count the autotuner chose last (results/decode_attention.md);
+- pairs: at L = 4096 (Hq=16, Hkv=4), B·Hkv from 120 to 264 programs, one split each: is the time
+  set by HBM (it grows with the bytes) or by each SM's own rate (flat up to 132 programs)?
+- ramp: B=16, Hkv=8, L from 256 to 16384, one split: time = fixed cost + bytes / rate;
+- pdl: the 16x4096 launch as a programmatic dependent launch (its prologue overlaps the previous
+  replay's tail), for information;
+- kernels: the kernels cuDNN and ours launch at each shape (grid, block, registers, shared memory).
+Writes probe.json and probe.md under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+from trtforge.plugins.attention.decode_kernel import DecodeConfig, decode_attention_raw, workspace_elements
+
+SHAPES = {(1, 32768): 16, (4, 16384): 4, (16, 4096): 1, (64, 8192): 1, (128, 2048): 1, (256, 1024): 1}
+CONFIGS = [(128, 4, 3), (128, 4, 4), (128, 8, 4), (128, 8, 3), (128, 4, 2), (64, 4, 3), (64, 4, 4)]
+
+
+def _us(fn, rep: int) -> float:
+    return 1e3 * float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+
+
+def _problem(b: int, length: int, hq: int, hkv: int, d: int = 128) -> dict:
+    q = torch.randn(b, hq, 1, d, dtype=torch.float16, device="cuda")
+    k = torch.randn(b, hkv, length, d, dtype=torch.float16, device="cuda")
+    v = torch.randn(b, hkv, length, d, dtype=torch.float16, device="cuda")
+    lens = torch.full((b,), length, dtype=torch.int32, device="cuda")
+    return {"q": q, "k": k, "v": v, "lens": lens, "out": torch.empty_like(q), "bytes": 2 * k.numel() * 2}
+
+
+def _ours(p: dict, cfg: DecodeConfig, splits: int, pdl: bool = False):
+    b, hq, _, d = p["q"].shape
+    ws = torch.zeros(max(1, workspace_elements(b, hq, 1, d, splits)), dtype=torch.int32, device="cuda")
+
+    def fn():
+        if pdl:
+            from trtforge.plugins.attention import decode_kernel
+
+            decode_kernel._launch(
+                p["q"], p["k"], p["v"], p["lens"], None, p["out"], d**-0.5, cfg, splits, ws, pdl=True
+            )
+        else:
+            decode_attention_raw(
+                p["q"], p["k"], p["v"], p["lens"], None, p["out"], scale=d**-0.5, config=cfg, splits=splits,
+                workspace=ws, stream=0, counters_zeroed=True,
+            )  # fmt: skip
+        return p["out"]
+
+    return fn
+
+
+def _cudnn(p: dict):
+    def fn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return sdpa(p["q"], p["k"], p["v"], enable_gqa=True)
+
+    return fn
+
+
+def _rounds(impls: dict, rounds: int, rep: int) -> dict:
+    """Median over `rounds` interleaved rounds of each implementation's graph-replay median (us)."""
+    ref = impls["cudnn"]().float()
+    errs = {}
+    for name, fn in impls.items():
+        errs[name] = (fn().float() - ref).abs().max().item()
+    torch.cuda.synchronize()
+    samples: dict[str, list[float]] = {name: [] for name in impls}
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            samples[name].append(_us(fn, rep))
+    return {n: {"us": statistics.median(s), "samples": s, "err": errs[n]} for n, s in samples.items()}
+
+
+def _cfg_name(c: tuple) -> str:
+    return f"{c[0]}/{c[1]}/{c[2]}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rep", type=int, default=60, help="ms of replays per measurement")
+    ap.add_argument("--parts", default="configs,pairs,ramp,pdl,kernels")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    parts = set(args.parts.split(","))
+    res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    res["machine"] = f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}"
+    md = [f"# Decode bandwidth probe ({res['machine']}, {res['date']})", ""]
+
+    def save():
+        (args.out / "probe.json").write_text(json.dumps(res, indent=1))
+        (args.out / "probe.md").write_text("\n".join(md) + "\n")
+
+    if "configs" in parts:
+        md += ["## configs (us, fused split reduction; ratio = cuDNN / ours)", ""]
+        md += ["| B x L | splits | cudnn | " + " | ".join(_cfg_name(c) for c in CONFIGS) + " |"]
+        md += ["|---" * (len(CONFIGS) + 3) + "|"]
+        res["configs"] = {}
+        for (b, length), splits in SHAPES.items():
+            p = _problem(b, length, 32, 8)
+            impls = {"cudnn": _cudnn(p)}
+            for c in CONFIGS:
+                cfg = DecodeConfig(c[0], c[1], c[2], splits, tma=True)
+                impls[_cfg_name(c)] = _ours(p, cfg, splits)
+            r = _rounds(impls, args.rounds, args.rep)
+            res["configs"][f"{b}x{length}"] = r
+            base = r["cudnn"]["us"]
+            cells = [f"{r[_cfg_name(c)]['us']:.1f} ({base / r[_cfg_name(c)]['us']:.3f})" for c in CONFIGS]
+            md += [f"| {b}x{length} | {splits} | {base:.1f} | " + " | ".join(cells) + " |"]
+            del p
+            save()
+        md += [""]
+    if "pairs" in parts:
+        md += ["## pairs: L 4096, Hq 16, Hkv 4, one split (us; TB/s)", ""]
+        md += ["| B | B·Hkv | cudnn | 128/4/3 |", "|---|---|---|---|"]
+        res["pairs"] = {}
+        for b in (30, 32, 33, 34, 64, 66):
+            p = _problem(b, 4096, 16, 4)
+            impls = {"cudnn": _cudnn(p)}
+            impls["128/4/3"] = _ours(p, DecodeConfig(128, 4, 3, 1, tma=True), 1)
+            r = _rounds(impls, args.rounds, args.rep)
+            res["pairs"][str(b)] = r
+            cells = [f"{r[n]['us']:.1f} ({p['bytes'] / r[n]['us'] / 1e6:.2f})" for n in impls]
+            md += [f"| {b} | {4 * b} | " + " | ".join(cells) + " |"]
+            save()
+        md += [""]
+    if "ramp" in parts:
+        md += ["## ramp: B 16, Hq 32, Hkv 8, one split (us; TB/s)", ""]
+        md += ["| L | cudnn | 128/4/3 |", "|---|---|---|"]
+        res["ramp"] = {}
+        for length in (256, 1024, 4096, 16384):
+            p = _problem(16, length, 32, 8)
+            impls = {"cudnn": _cudnn(p)}
+            impls["128/4/3"] = _ours(p, DecodeConfig(128, 4, 3, 1, tma=True), 1)
+            r = _rounds(impls, args.rounds, args.rep)
+            res["ramp"][str(length)] = r
+            cells = [f"{r[n]['us']:.1f} ({p['bytes'] / r[n]['us'] / 1e6:.2f})" for n in impls]
+            md += [f"| {length} | " + " | ".join(cells) + " |"]
+            save()
+        md += [""]
+    if "pdl" in parts:
+        p = _problem(16, 4096, 32, 8)
+        cfg = DecodeConfig(128, 4, 3, 1, tma=True)
+        impls = {"cudnn": _cudnn(p), "128/4/3": _ours(p, cfg, 1), "128/4/3 pdl": _ours(p, cfg, 1, pdl=True)}
+        r = _rounds(impls, args.rounds, args.rep)
+        res["pdl"] = r
+        md += ["## pdl: 16x4096 (us)", "", " | ".join(f"{n}: {v['us']:.1f}" for n, v in r.items()), ""]
+        save()
+    if "kernels" in parts:
+        md += ["## kernels: what each launches (torch.profiler)", ""]
+        md += [
+            "| B x L | impl | kernel | grid | block | regs | smem bytes | us |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        res["kernels"] = {}
+        for (b, length), splits in SHAPES.items():
+            p = _problem(b, length, 32, 8)
+            impls = {
+                "cudnn": _cudnn(p),
+                "ours 128/4/3": _ours(p, DecodeConfig(128, 4, 3, splits, tma=True), splits),
+            }
+            for name, fn in impls.items():
+                for row in _kernels(fn, args.out / f"trace_{b}x{length}_{name.split()[0]}.json"):
+                    res["kernels"].setdefault(f"{b}x{length}", []).append({"impl": name, **row})
+                    md += [
+                        f"| {b}x{length} | {name} | {row['name'][:60]} | {row['grid']} | {row['block']} "
+                        f"| {row['regs']} | {row['smem']} | {row['us']:.1f} |"
+                    ]
+            del p
+            save()
+        md += [""]
+    save()
+    print((args.out / "probe.md").read_text())
+
+
+def _kernels(fn, trace: Path) -> list[dict]:
+    """The CUDA kernels one call of `fn` launches, with grid, block, registers and shared memory, from
+    a torch.profiler trace (the third of three profiled calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(trace))
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "kernel"]
+    trace.unlink()
+    rows = []
+    for e in events[len(events) * 2 // 3 :]:
+        a = e.get("args", {})
+        rows.append(
+            {
+                "name": e["name"], "grid": a.get("grid"), "block": a.get("block"),
+                "regs": a.get("registers per thread"), "smem": a.get("shared memory"),
+                "us": e.get("dur", 0.0),
+            }
+        )  # fmt: skip
+    return rows
+
+
+if __name__ == "__main__":
+    main()
