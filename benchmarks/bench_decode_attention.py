@@ -250,32 +250,9 @@ def _commit() -> str:
         return "unknown"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("build/bench_decode"))
-    ap.add_argument("--commit", default=None, help="commit id to record (default: git rev-parse)")
-    ap.add_argument("--sweep", action="store_true", help="also sweep split counts x tile configs")
-    ap.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved timing rounds (ratio table)")
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    hq, hkv, d, dtype = 32, 8, 128, torch.float16
-    rows = []
-    for b, length in SHAPES:
-        torch.cuda.empty_cache()
-        times, errors, chosen, rounds = _case(b, length, hq, hkv, d, dtype, max(1, args.rounds))
-        kv_bytes = 2 * b * hkv * length * d * 2
-        rows.append(
-            {
-                "B": b,
-                "L": length,
-                "kv_bytes": kv_bytes,
-                "us": times,
-                "max_abs_vs_cudnn": errors,
-                "chosen": chosen,
-                "rounds_us": rounds,
-            }
-        )
-        print(b, length, {n: (round(t, 1) if t else None) for n, t in times.items()}, chosen, flush=True)
+def _write(rows: list, args: argparse.Namespace, hq: int, hkv: int, d: int, done: int) -> str:
+    """Write results.json and results.md for the shapes measured so far of the `done` asked for
+    (after each shape, so that a run cut short by a time limit keeps what it measured)."""
     names = list(rows[0]["us"])
     meta = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -357,8 +334,47 @@ def main() -> None:
     lines += ["", "Autotuned choices (block_n, warps, stages, splits; 0 = heuristic):", ""]
     lines += [f"- {r['B']}x{r['L']}: {r['chosen']}" for r in rows]
     text = "\n".join(lines) + "\n"
+    if len(rows) < done:
+        text += f"\n(partial: {len(rows)} of {done} shapes so far)\n"
     (args.out / "results.md").write_text(text)
-    print(text)
+    return text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("build/bench_decode"))
+    ap.add_argument("--commit", default=None, help="commit id to record (default: git rev-parse)")
+    ap.add_argument("--sweep", action="store_true", help="also sweep split counts x tile configs")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved timing rounds (ratio table)")
+    ap.add_argument(
+        "--shapes", default=",".join(f"{b}x{n}" for b, n in SHAPES), help="BxL list (default: all six)"
+    )
+    args = ap.parse_args()
+    try:
+        shapes = [tuple(int(x) for x in item.lower().split("x")) for item in args.shapes.split(",") if item]
+    except ValueError:
+        ap.error(f"--shapes takes BxL items separated by commas, e.g. 16x4096,1x32768; got {args.shapes!r}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    hq, hkv, d, dtype = 32, 8, 128, torch.float16
+    rows = []
+    for b, length in shapes:
+        torch.cuda.empty_cache()
+        times, errors, chosen, rounds = _case(b, length, hq, hkv, d, dtype, max(1, args.rounds))
+        kv_bytes = 2 * b * hkv * length * d * 2
+        rows.append(
+            {
+                "B": b,
+                "L": length,
+                "kv_bytes": kv_bytes,
+                "us": times,
+                "max_abs_vs_cudnn": errors,
+                "chosen": chosen,
+                "rounds_us": rounds,
+            }
+        )
+        print(b, length, {n: (round(t, 1) if t else None) for n, t in times.items()}, chosen, flush=True)
+        _write(rows, args, hq, hkv, d, done=len(shapes))
+    print(_write(rows, args, hq, hkv, d, done=len(shapes)))
     if args.sweep:
         sweep = _sweep(hq, hkv, d, dtype)
         (args.out / "sweep.md").write_text(sweep)
