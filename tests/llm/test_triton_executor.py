@@ -64,7 +64,7 @@ def test_triton_attention_matches_the_reference_on_a_mixed_batch(device, layout,
     torch.testing.assert_close(got.double(), want, atol=3e-3, rtol=3e-3)
     if into:
         assert got.data_ptr() == out.data_ptr()
-    where = attention._plan[0][0]
+    where = attention.plan_of(meta, q.device).decode[0]
     assert isinstance(where, slice) == (layout != "interleaved")
 
 
