@@ -47,10 +47,12 @@ def arg_index(kernel: Any, name: str) -> int:
 
 
 def _bindable() -> bool:
-    """Whether this Triton launches compiled kernels as :meth:`PreparedLaunch._launch_bound` does
-    (Triton 3.4-3.6's ``JITFunction.run``; not the interpreter)."""
+    """Whether compiled kernels can be launched as :meth:`PreparedLaunch._launch_bound` does: the
+    launcher convention of Triton 3.6's ``JITFunction.run`` (other versions, and the interpreter,
+    launch through the JITFunction)."""
+    version = tuple(int(x) for x in triton.__version__.split(".")[:2] if x.isdigit())
     knobs = getattr(triton, "knobs", None)
-    return knobs is not None and not knobs.runtime.interpret and hasattr(knobs.runtime, "launch_enter_hook")
+    return version == (3, 6) and knobs is not None and not knobs.runtime.interpret
 
 
 def _hooked(hook: Any) -> bool:
