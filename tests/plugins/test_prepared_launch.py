@@ -154,3 +154,17 @@ def test_launch_hooks_still_see_every_launch():
     finally:
         chain.remove(seen.append)
     assert len(seen) == 2 and _counts(launch) == (3, 0)
+
+
+@pytest.mark.gpu
+def test_binding_can_be_turned_off(monkeypatch):
+    """TRTFORGE_BIND_LAUNCHES=0: every launch goes through the JITFunction (to measure what binding saves)."""
+    monkeypatch.setenv("TRTFORGE_BIND_LAUNCHES", "0")
+    gen = torch.Generator().manual_seed(6)
+    pools, seq_lens, table = _layers(gen, 2, 2, 2, 64, [20, 50], 16)
+    q = torch.randn(2, 4, 64, generator=gen).half().to(DEVICE)
+    out = torch.empty_like(q)
+    launch = prepare_paged_decode(q, *pools[0], seq_lens, table, out, config=DecodeConfig(num_splits=2))
+    for k_pool, v_pool in pools:
+        launch(q, k_pool, v_pool, out, 0.125)
+    assert _counts(launch) == (2, 0)

@@ -7,13 +7,15 @@ the compiled kernel up again, tens of microseconds of host time a launch. A :cla
 does that once, on its first launch, and afterwards hands the compiled kernel's launcher the stored
 argument list with the operands' pointers put in (as Triton's own ``JITFunction.run`` does after
 its cache lookup), provided each pointer keeps the 16-byte alignment the kernel was specialized on;
-otherwise, and in Triton's interpreter, every launch goes through the ``JITFunction``.
+otherwise, in Triton's interpreter and with ``TRTFORGE_BIND_LAUNCHES=0``, every launch goes through
+the ``JITFunction``.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,11 +50,16 @@ def arg_index(kernel: Any, name: str) -> int:
 
 def _bindable() -> bool:
     """Whether compiled kernels can be launched as :meth:`PreparedLaunch._launch_bound` does: the
-    launcher convention of Triton 3.6's ``JITFunction.run`` (other versions, and the interpreter,
-    launch through the JITFunction)."""
+    launcher convention of Triton 3.6's ``JITFunction.run`` (other versions, the interpreter and
+    ``TRTFORGE_BIND_LAUNCHES=0`` launch through the JITFunction)."""
     version = tuple(int(x) for x in triton.__version__.split(".")[:2] if x.isdigit())
     knobs = getattr(triton, "knobs", None)
-    return version == (3, 6) and knobs is not None and not knobs.runtime.interpret
+    return (
+        version == (3, 6)
+        and knobs is not None
+        and not knobs.runtime.interpret
+        and os.environ.get("TRTFORGE_BIND_LAUNCHES", "1") != "0"
+    )
 
 
 def _hooked(hook: Any) -> bool:
