@@ -1,10 +1,12 @@
 """trtforge's Triton attention kernels behind the torch executor's attention functions (CUDA).
 
-Decode rows go through :func:`trtforge.plugins.attention.decode_kernel.decode_attention` (split-KV
-over the paged pool, GQA) and all of a step's prompt chunks through one launch of
-:func:`trtforge.plugins.attention.chunked_prefill.chunked_prefill_varlen` (LOWER_RIGHT causal over
-each cached prefix plus its chunk). The executor's pools are ``[num_blocks, block_size, Hkv, D]``,
-the layout the kernels' entry points take (they index it through strided views); no K/V is
+Decode rows go through the split-KV kernel of :mod:`trtforge.plugins.attention.decode_kernel`
+(paged pool, GQA) and all of a step's prompt chunks through one launch of the varlen kernel of
+:mod:`trtforge.plugins.attention.chunked_prefill` (LOWER_RIGHT causal over each cached prefix plus
+its chunk). In a step both launches are prepared once, on the first layer, and repeated by every
+layer with its own tensors (``prepare_paged_decode``, ``prepare_chunked_prefill_varlen``): the
+per-layer host cost is the launches alone. The executor's pools are ``[num_blocks, block_size, Hkv,
+D]``, the layout the kernels' entry points take (they index it through strided views); no K/V is
 copied. Sliding-window layers pass their window to both kernels.
 """
 
