@@ -184,17 +184,23 @@ class TritonPagedAttention:
         qsl = meta.query_start_loc_host
         qlens = qsl[1:] - qsl[:-1]
         bs = meta.block_size
-        decode = np.flatnonzero(qlens == 1)
+        decode, chunks = np.flatnonzero(qlens == 1), np.flatnonzero(qlens > 1)
+        gather = len(decode) and len(chunks)  # decode rows' tables and lengths are a selection
+        # one copy to the device: the decode rows' sequences (where selected), then the chunks' starts,
+        # lengths and sequences (int32: the kernels read them, index_select takes them)
+        parts = [decode] if gather else []
+        packed = np.concatenate([*parts, qsl[chunks], qlens[chunks], chunks]).astype(np.int32)
+        indices = to_device(packed, device) if len(packed) else None
         decode_plan = None
         if len(decode):
             width = -(-int(meta.context_lens_host[decode].max()) // bs)
             rows = qsl[decode].astype(np.int64)
-            if len(decode) == len(qlens):
-                tables, lens = meta.block_tables[:, :width], meta.context_lens
-            else:
-                seqs = to_device(decode.astype(np.int64), device)
+            if gather:
+                seqs = indices[: len(decode)]
                 tables = meta.block_tables.index_select(0, seqs)[:, :width]
                 lens = meta.context_lens.index_select(0, seqs)
+            else:
+                tables, lens = meta.block_tables[:, :width], meta.context_lens
             lo = int(rows[0])
             if int(rows[-1]) - lo + 1 == len(rows):  # one stretch of rows: slices, no gather or scatter
                 where: Any = slice(lo, lo + len(rows))
@@ -202,14 +208,13 @@ class TritonPagedAttention:
                 where = to_device(rows, device)
             decode_plan = (where, tables, lens)
         chunk_plan = None
-        chunks = np.flatnonzero(qlens > 1)
         if len(chunks):
+            first, n = len(decode) if gather else 0, len(chunks)
+            starts, lens_q, seqs = indices[first : first + 3 * n].view(3, n).unbind(0)
             width = -(-int(meta.context_lens_host[chunks].max()) // bs)
-            where = to_device(np.stack([qsl[chunks], qlens[chunks]]).astype(np.int32), device)
-            seqs = to_device(chunks.astype(np.int64), device)
             tables = meta.block_tables.index_select(0, seqs)[:, :width]
             lens = meta.context_lens.index_select(0, seqs)
-            chunk_plan = (where[0], where[1], tables, lens, int(qlens[chunks].max()))
+            chunk_plan = (starts, lens_q, tables, lens, int(qlens[chunks].max()))
         return _StepPlan(decode_plan, chunk_plan)
 
     def plan_of(self, meta: AttentionMetadata, device: torch.device) -> _StepPlan:
