@@ -8,13 +8,16 @@ the median over repeats of (a) the host time until ``step_async`` returns (the l
 wall time of step + synchronize, (c) the GPU time between CUDA events around the step, for the
 eager path (``mixed_graphs=False``) and the piecewise CUDA graphs, measured alternately in one
 process. A step whose host time is near its wall time is launch-bound: it costs more on a slower
-host CPU. ``--tiny`` runs a small model on the CPU (checks the script only).
+host CPU. ``--unbound`` also measures both paths with ``TRTFORGE_BIND_LAUNCHES=0`` (attention
+launches prepared once a step but each launched through Triton's JITFunction), alternately with the
+bound ones in the same process. ``--tiny`` runs a small model on the CPU (checks the script only).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -70,6 +73,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--tiny", action="store_true", help="small model on the CPU (checks the script)")
+    ap.add_argument("--unbound", action="store_true", help="also time TRTFORGE_BIND_LAUNCHES=0")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     device = "cpu" if args.tiny else "cuda"
@@ -94,12 +98,17 @@ def main() -> None:
                 row[name] = {"wall_ms": (time.perf_counter() - t0) * 1e3}
             rows.append(row)
             continue
-        for ex in executors.values():
+        variants = [(name, ex, "1") for name, ex in executors.items()]
+        if args.unbound:
+            variants += [(f"{name}-unbound", ex, "0") for name, ex in executors.items()]
+        for _, ex, bind in variants:
+            os.environ["TRTFORGE_BIND_LAUNCHES"] = bind
             for _ in range(3):
                 timed(ex, batch)  # warm-up: compilation, graph capture of the bucket
-        samples: dict[str, list] = {name: [] for name in executors}
+        samples: dict[str, list] = {name: [] for name, _, _ in variants}
         for _ in range(args.repeats):
-            for name, ex in executors.items():  # alternate, so drift hits both alike
+            for name, ex, bind in variants:  # alternate, so drift hits all alike
+                os.environ["TRTFORGE_BIND_LAUNCHES"] = bind
                 samples[name].append(timed(ex, batch))
         for name, got in samples.items():
             host, wall, gpu = (statistics.median(x) for x in zip(*got))

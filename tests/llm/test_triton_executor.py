@@ -64,7 +64,7 @@ def test_triton_attention_matches_the_reference_on_a_mixed_batch(device, layout,
     torch.testing.assert_close(got.double(), want, atol=3e-3, rtol=3e-3)
     if into:
         assert got.data_ptr() == out.data_ptr()
-    where = attention._plan[0][0]
+    where = attention.plan_of(meta, q.device).decode[0]
     assert isinstance(where, slice) == (layout != "interleaved")
 
 
@@ -240,3 +240,53 @@ def test_pdl_is_used_on_hopper_cuda_devices_only(monkeypatch):
         gemv_kernels.pdl_supported.cache_clear()
         assert not gemv_kernels.pdl_supported(dev)
     gemv_kernels.pdl_supported.cache_clear()
+
+
+def _launch_counts(plan) -> list[tuple[int, int]]:
+    """(full, bound) launches of each prepared launch of a step plan (gathered decode rows excepted)."""
+    return [
+        (f.full_launches, f.bound_launches)
+        for v in plan.launches.values()
+        for f in v
+        if hasattr(f, "full_launches")
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_step_is_prepared_once_for_all_its_layers_and_again_for_the_next_step(device):
+    """Layers with their own pools, scales and queries reuse the step's plan and prepared launches
+    (on CUDA launched straight to the compiled kernels after the first layer), each giving the
+    reference; a sliding-window layer gets launches of its own; the next step, another batch, a new plan."""
+    from trtforge.llm.executors.triton_attention import TritonPagedAttention
+
+    _skip_cpu_with_cuda(device)
+    g = torch.Generator().manual_seed(5)
+    bs, hq, hkv, d, nblocks, layers = 16, 8, 2, 32, 64, 3
+    attention = TritonPagedAttention()
+    pools = [
+        [torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device) for _ in range(2)]
+        for _ in range(layers)
+    ]
+    plans = []
+    for ctx_lens, q_lens in (LAYOUTS["decodes-first"], ([20, 64, 9], [1, 30, 9])):
+        meta, _ = mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens)
+        plan = attention.plan_of(meta, torch.device(device))
+        out = torch.empty(sum(q_lens), hq, d, dtype=torch.float16, device=device)
+        for i, (k_pool, v_pool) in enumerate(pools):
+            q = torch.randn(sum(q_lens), hq, d, generator=g).half().to(device)
+            scale = d**-0.5 * (1 + i / 2)
+            got = attention(q, k_pool, v_pool, meta, scale, out=out)
+            want = paged_attention_reference(q.double(), k_pool.double(), v_pool.double(), meta, scale)
+            torch.testing.assert_close(got.double(), want, atol=3e-3, rtol=3e-3)
+            assert attention.plan_of(meta, torch.device(device)) is plan
+        assert len(plan.launches) == 1
+        assert _launch_counts(plan) == [(1, layers - 1) if device == "cuda" else (layers, 0)] * 2
+        q = torch.randn(sum(q_lens), hq, d, generator=g).half().to(device)
+        got = attention(q, *pools[0], meta, d**-0.5, sliding_window=8, out=out)
+        want = paged_attention_reference(q.double(), *(p.double() for p in pools[0]), meta, d**-0.5, 8)
+        torch.testing.assert_close(got.double(), want, atol=3e-3, rtol=3e-3)
+        assert len(plan.launches) == 2
+        plans.append(plan)
+    assert plans[1] is not plans[0] and plans[1].decode[1].shape[0] == 1  # one decode row, not two
+    prompt_only = attention.plan_of(mixed_metadata(device, g, bs, nblocks, [5], [5])[0], torch.device(device))
+    assert prompt_only is not plans[1] and prompt_only.decode is None and not prompt_only.launches

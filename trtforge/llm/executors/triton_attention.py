@@ -1,10 +1,12 @@
 """trtforge's Triton attention kernels behind the torch executor's attention functions (CUDA).
 
-Decode rows go through :func:`trtforge.plugins.attention.decode_kernel.decode_attention` (split-KV
-over the paged pool, GQA) and all of a step's prompt chunks through one launch of
-:func:`trtforge.plugins.attention.chunked_prefill.chunked_prefill_varlen` (LOWER_RIGHT causal over
-each cached prefix plus its chunk). The executor's pools are ``[num_blocks, block_size, Hkv, D]``,
-the layout the kernels' entry points take (they index it through strided views); no K/V is
+Decode rows go through the split-KV kernel of :mod:`trtforge.plugins.attention.decode_kernel`
+(paged pool, GQA) and all of a step's prompt chunks through one launch of the varlen kernel of
+:mod:`trtforge.plugins.attention.chunked_prefill` (LOWER_RIGHT causal over each cached prefix plus
+its chunk). In a step both launches are prepared once, on the first layer, and repeated by every
+layer with its own tensors (``prepare_paged_decode``, ``prepare_chunked_prefill_varlen``): the
+per-layer host cost is the launches alone. The executor's pools are ``[num_blocks, block_size, Hkv,
+D]``, the layout the kernels' entry points take (they index it through strided views); no K/V is
 copied. Sliding-window layers pass their window to both kernels.
 """
 
@@ -13,6 +15,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -88,6 +92,22 @@ class TritonDecodeAttention:
             config = replace(config, num_splits=small_decode_splits(batch * kv_heads, max_keys, num_sms))
         return config
 
+    def pool_config(
+        self,
+        batch: int,
+        k_pool: torch.Tensor,
+        block_tables: torch.Tensor,
+        sliding_window: int | None,
+        device: torch.device,
+    ) -> Any:
+        """:meth:`config_for` a launch of `batch` rows over `k_pool` ``[N, block_size, Hkv, D]`` through
+        `block_tables` (their width is the key capacity; a window bounds the keys split)."""
+        max_keys = int(block_tables.shape[1]) * int(k_pool.shape[1])
+        if sliding_window is not None:  # the kernel splits only the keys a window shows (+ tile alignment)
+            max_keys = min(max_keys, int(sliding_window) + 1 + 128)
+        kv_heads, head_dim = int(k_pool.shape[2]), int(k_pool.shape[3])
+        return self.config_for(batch, kv_heads, head_dim, max_keys, _num_sms(device))
+
     def __call__(
         self,
         q: torch.Tensor,
@@ -103,11 +123,7 @@ class TritonDecodeAttention:
         from trtforge.llm.executors.gemv_kernels import pdl_supported
         from trtforge.plugins.attention.decode_kernel import decode_attention
 
-        max_keys = int(block_tables.shape[1]) * int(k_pool.shape[1])
-        if sliding_window is not None:  # the kernel splits only the keys a window shows (+ tile alignment)
-            max_keys = min(max_keys, int(sliding_window) + 1 + 128)
-        batch, kv_heads, head_dim = int(q.shape[0]), int(k_pool.shape[2]), int(q.shape[-1])
-        config = self.config_for(batch, kv_heads, head_dim, max_keys, _num_sms(q.device))
+        config = self.pool_config(int(q.shape[0]), k_pool, block_tables, sliding_window, q.device)
         got = decode_attention(
             q.unsqueeze(2),
             k_pool,
@@ -123,35 +139,68 @@ class TritonDecodeAttention:
         return got.squeeze(2)
 
 
+@dataclass
+class _StepPlan:
+    """What every layer of one step shares: the decode rows (`where`: a slice of the step's rows, or
+    their indices), their tables and lengths; the prompt chunks' starts, lengths, tables and context
+    lengths; and, per layer geometry, the launches prepared from them."""
+
+    decode: tuple[Any, torch.Tensor, torch.Tensor] | None
+    chunks: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int] | None
+    launches: dict[tuple, tuple[Callable[..., None], ...]] = field(default_factory=dict)
+
+
+def _layer_key(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, out: torch.Tensor, window: int | None
+) -> tuple:
+    """Everything a prepared launch depends on besides the addresses: the window and every tensor's
+    device, dtype, shape and strides."""
+    return (
+        window,
+        *(q.device, q.dtype, q.shape, q.stride()),
+        *(k_pool.device, k_pool.dtype, k_pool.shape, k_pool.stride()),
+        *(v_pool.device, v_pool.dtype, v_pool.shape, v_pool.stride()),
+        *(out.device, out.dtype, out.shape, out.stride()),
+    )
+
+
 class TritonPagedAttention:
     """Mixed prefill/decode attention: all decode rows in one decode launch, all prompt chunks in one.
 
     The chunk launch reads the flat ``[T, Hq, D]`` query and writes the output in place (no copies);
-    the per-step plan (which rows decode and their block tables and lengths, chunk bounds) is built
-    once per step from the host-side metadata and reused by every layer. Decode rows that lie
-    together (the scheduler puts running sequences first) are read and written in place.
+    decode rows that lie together (the scheduler puts running sequences first) are read and written
+    in place too. A step's plan (which rows decode, their block tables and lengths, chunk bounds) is
+    built once from the host-side metadata, and both launches are prepared once per step (checks,
+    split count, grid, arguments, scratch; :mod:`trtforge.plugins.attention.prepared_launch`):
+    each layer then only launches the kernels with its own q, pools, output and scale.
     """
 
     def __init__(self, decode: TritonDecodeAttention | None = None) -> None:
         self.decode = decode or TritonDecodeAttention()
         self._plan_for: AttentionMetadata | None = None
-        self._plan: tuple[Any, ...] = ()
+        self._plan: _StepPlan | None = None
 
-    def _make_plan(self, meta: AttentionMetadata, device: torch.device) -> tuple[Any, ...]:
+    def _make_plan(self, meta: AttentionMetadata, device: torch.device) -> _StepPlan:
         qsl = meta.query_start_loc_host
         qlens = qsl[1:] - qsl[:-1]
         bs = meta.block_size
-        decode = np.flatnonzero(qlens == 1)
+        decode, chunks = np.flatnonzero(qlens == 1), np.flatnonzero(qlens > 1)
+        gather = len(decode) and len(chunks)  # decode rows' tables and lengths are a selection
+        # one copy to the device: the decode rows' sequences (where selected), then the chunks' starts,
+        # lengths and sequences (int32: the kernels read them, index_select takes them)
+        parts = [decode] if gather else []
+        packed = np.concatenate([*parts, qsl[chunks], qlens[chunks], chunks]).astype(np.int32)
+        indices = to_device(packed, device) if len(packed) else None
         decode_plan = None
         if len(decode):
             width = -(-int(meta.context_lens_host[decode].max()) // bs)
             rows = qsl[decode].astype(np.int64)
-            if len(decode) == len(qlens):
-                tables, lens = meta.block_tables[:, :width], meta.context_lens
-            else:
-                seqs = to_device(decode.astype(np.int64), device)
+            if gather:
+                seqs = indices[: len(decode)]
                 tables = meta.block_tables.index_select(0, seqs)[:, :width]
                 lens = meta.context_lens.index_select(0, seqs)
+            else:
+                tables, lens = meta.block_tables[:, :width], meta.context_lens
             lo = int(rows[0])
             if int(rows[-1]) - lo + 1 == len(rows):  # one stretch of rows: slices, no gather or scatter
                 where: Any = slice(lo, lo + len(rows))
@@ -159,15 +208,66 @@ class TritonPagedAttention:
                 where = to_device(rows, device)
             decode_plan = (where, tables, lens)
         chunk_plan = None
-        chunks = np.flatnonzero(qlens > 1)
         if len(chunks):
+            first, n = len(decode) if gather else 0, len(chunks)
+            starts, lens_q, seqs = indices[first : first + 3 * n].view(3, n).unbind(0)
             width = -(-int(meta.context_lens_host[chunks].max()) // bs)
-            where = to_device(np.stack([qsl[chunks], qlens[chunks]]).astype(np.int32), device)
-            seqs = to_device(chunks.astype(np.int64), device)
             tables = meta.block_tables.index_select(0, seqs)[:, :width]
             lens = meta.context_lens.index_select(0, seqs)
-            chunk_plan = (where[0], where[1], tables, lens, int(qlens[chunks].max()))
-        return decode_plan, chunk_plan
+            chunk_plan = (starts, lens_q, tables, lens, int(qlens[chunks].max()))
+        return _StepPlan(decode_plan, chunk_plan)
+
+    def plan_of(self, meta: AttentionMetadata, device: torch.device) -> _StepPlan:
+        """The plan of the step `meta` describes (built on its first layer, kept until the next step)."""
+        if self._plan_for is not meta or self._plan is None:
+            self._plan, self._plan_for = self._make_plan(meta, device), meta
+        return self._plan
+
+    def _prepare(
+        self,
+        plan: _StepPlan,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        out: torch.Tensor,
+        window: int | None,
+    ) -> tuple[Callable[..., None], ...]:
+        """The step's launches for layers of this geometry: each called as ``(q, k_pool, v_pool, out,
+        scale)``."""
+        from trtforge.llm.executors.gemv_kernels import pdl_supported
+        from trtforge.plugins.attention.chunked_prefill import prepare_chunked_prefill_varlen
+        from trtforge.plugins.attention.decode_kernel import prepare_paged_decode
+
+        launches: list[Callable[..., None]] = []
+        if plan.decode is not None:
+            where, tables, lens = plan.decode
+            rows = where.stop - where.start if isinstance(where, slice) else int(where.shape[0])
+            config = self.decode.pool_config(rows, k_pool, tables, window, q.device)
+            pdl = pdl_supported(q.device)
+            if isinstance(where, slice):
+                launch = prepare_paged_decode(
+                    q, k_pool, v_pool, lens, tables, out, config=config, rows=where, window=window, pdl=pdl
+                )
+                launches.append(launch)
+            else:  # scattered rows: gathered into a copy, their outputs into a scratch tensor
+                scratch = q.new_empty((rows, *q.shape[1:]))
+                launch = prepare_paged_decode(
+                    scratch, k_pool, v_pool, lens, tables, scratch, config=config, window=window, pdl=pdl
+                )
+
+                def gathered(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, out: torch.Tensor, scale):
+                    launch(q.index_select(0, where), kp, vp, scratch, scale)
+                    out.index_copy_(0, where, scratch)
+
+                launches.append(gathered)
+        if plan.chunks is not None:
+            starts, lens_q, tables, lens, max_q_len = plan.chunks
+            launches.append(
+                prepare_chunked_prefill_varlen(
+                    q, k_pool, v_pool, lens, tables, starts, lens_q, max_q_len, out=out, window=window
+                )
+            )
+        return tuple(launches)
 
     def __call__(
         self,
@@ -180,25 +280,14 @@ class TritonPagedAttention:
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of the step's tokens `q` ``[T, Hq, D]``, into `out` (same shape) when given."""
-        from trtforge.plugins.attention.chunked_prefill import chunked_prefill_varlen
-
-        if self._plan_for is not meta:
-            self._plan, self._plan_for = self._make_plan(meta, q.device), meta
-        decode_plan, chunk_plan = self._plan
+        plan = self.plan_of(meta, q.device)
         if out is None:
             out = torch.empty_like(q)
-        if decode_plan is not None:
-            where, tables, lens = decode_plan
-            if isinstance(where, slice):
-                self.decode(q[where], k_pool, v_pool, tables, lens, scale, sliding_window, out=out[where])
-            else:
-                q_rows = q.index_select(0, where)
-                got = self.decode(q_rows, k_pool, v_pool, tables, lens, scale, sliding_window)
-                out.index_copy_(0, where, got)
-        if chunk_plan is not None:
-            starts, lens_q, tables, lens, max_q_len = chunk_plan
-            chunked_prefill_varlen(
-                q, k_pool, v_pool, lens, tables, starts, lens_q, max_q_len,
-                scale=scale, out=out, window=sliding_window,
-            )  # fmt: skip
+        key = _layer_key(q, k_pool, v_pool, out, sliding_window)
+        launches = plan.launches.get(key)
+        if launches is None:
+            launches = plan.launches[key] = self._prepare(plan, q, k_pool, v_pool, out, sliding_window)
+        scale = float(scale)
+        for launch in launches:
+            launch(q, k_pool, v_pool, out, scale)
         return out

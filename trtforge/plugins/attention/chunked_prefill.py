@@ -20,14 +20,17 @@ Correctness is tested in Triton's interpreter and against FP32 SDPA; it was not 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from trtforge.plugins.attention.decode_kernel import _attend_tiles, _check, _interpreting
 from trtforge.plugins.attention.device_tensor import pool_heads_major
+from trtforge.plugins.attention.prepared_launch import Operand, PreparedLaunch, arg_index
 
-__all__ = ["chunked_prefill_attention", "chunked_prefill_varlen"]
+__all__ = ["chunked_prefill_attention", "chunked_prefill_varlen", "prepare_chunked_prefill_varlen"]
 
 
 @triton.jit
@@ -235,6 +238,34 @@ def chunked_prefill_varlen(
     of the flat q/out ``[T, Hq, D]``, over a block pool ``[num_blocks, block_size, Hkv, D]`` through
     ``block_table[b]`` (its first ``seq_lens[b]`` keys, LOWER_RIGHT causal, GQA). `max_q_len` bounds
     q_lens (it sizes the grid); the int32 ``[B]`` tensors stay on the device. Returns `out`."""
+    launch = prepare_chunked_prefill_varlen(
+        q, k_pool, v_pool, seq_lens, block_table, q_starts, q_lens, max_q_len,
+        out=out, window=window, block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    launch(q, k_pool, v_pool, out, float(scale))
+    return out
+
+
+def prepare_chunked_prefill_varlen(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    q_starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    max_q_len: int,
+    *,
+    out: torch.Tensor,
+    window: int | None = None,
+    block_m: int = 64,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> PreparedLaunch:
+    """:func:`chunked_prefill_varlen`'s launch, checked and laid out once: called as ``launch(q,
+    k_pool, v_pool, out, scale)`` with tensors of the geometry (dtype, shape, strides) of those given
+    here, it attends the same chunks (every layer of a step, each with its own pools)."""
     if q.dim() != 3 or tuple(out.shape) != tuple(q.shape):
         raise ValueError(f"q and out must be one [T, Hq, D] shape; got {tuple(q.shape)}, {tuple(out.shape)}")
     b = int(seq_lens.shape[0])
@@ -243,8 +274,16 @@ def chunked_prefill_varlen(
             raise ValueError(
                 f"{name} must be int32 [B] = [{b}] like seq_lens; got {t.dtype} {tuple(t.shape)}"
             )
+    at = functools.partial(arg_index, _chunked_prefill_kernel)
+    operands = (
+        Operand((at("Q"),)),
+        Operand((at("K"),), pool_heads_major),
+        Operand((at("V"),), pool_heads_major),
+        Operand((at("Out"),)),
+        Operand((at("qk_scale"),), scalar=True),
+    )
     if b == 0 or int(q.shape[0]) == 0:
-        return out
+        return PreparedLaunch(_chunked_prefill_kernel, (0,), (), operands)
     # the checks of the batched form, on [1, Hq, T, D] views (the grid uses max_q_len, not T)
     qv, ov = q.permute(1, 0, 2)[None], out.permute(1, 0, 2)[None]
     k_cache, v_cache = pool_heads_major(k_pool), pool_heads_major(v_pool)
@@ -257,13 +296,16 @@ def chunked_prefill_varlen(
     if int(block_table.shape[0]) != b:
         raise ValueError(f"block_table must have B = {b} rows; got {tuple(block_table.shape)}")
     group = hq // hkv
-    _chunked_prefill_kernel[(triton.cdiv(max(int(max_q_len), 1) * group, block_m), b * hkv)](
-        q, k_cache, v_cache, seq_lens, q_lens, q_starts, block_table, out,
+    grid = (triton.cdiv(max(int(max_q_len), 1) * group, block_m), b * hkv)
+    args = (
+        None, None, None, seq_lens, q_lens, q_starts, block_table, None,
         0, q.stride(1), q.stride(0), q.stride(2), *k_cache.stride(), *v_cache.stride(),
         0, out.stride(1), out.stride(0), out.stride(2), int(block_table.stride(0)),
-        hkv, int(max_q_len), window, float(scale),
+        hkv, int(max_q_len), window, None,
+    )  # fmt: skip
+    return PreparedLaunch(
+        _chunked_prefill_kernel, grid, args, operands,
         GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n,
         PAGE_SIZE=page, HAS_QLENS=True, DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
         WINDOW=window > 0, HAS_QSTARTS=True, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    return out

@@ -49,6 +49,7 @@ from trtforge.plugins.attention.configs import (
     decode_counter_slots,
 )
 from trtforge.plugins.attention.device_tensor import pool_heads_major
+from trtforge.plugins.attention.prepared_launch import Operand, PreparedLaunch, arg_index
 
 __all__ = [
     "DecodeConfig",
@@ -56,6 +57,7 @@ __all__ = [
     "decode_attention_raw",
     "default_decode_config",
     "num_splits_for",
+    "prepare_paged_decode",
     "workspace_elements",
 ]
 
@@ -801,3 +803,80 @@ def decode_attention_raw(
         return
     with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
         _launch(*args, zeroed=counters_zeroed)
+
+
+def prepare_paged_decode(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    config: DecodeConfig,
+    rows: slice | None = None,
+    window: int | None = None,
+    pdl: bool = False,
+) -> PreparedLaunch:
+    """:func:`decode_attention`'s launch over a block pool with a fixed `config`, one query per
+    sequence, checked and laid out once: called as ``launch(q, k_pool, v_pool, out, scale)`` with
+    tensors of the geometry of those given here, it attends the same sequences (every layer of a
+    serving step). q and out are ``[B, Hq, D]``, or flat ``[T, Hq, D]`` steps whose `rows` are the B
+    decode rows. Scratch (partials; this stream's arrival counters, outside graph capture) is taken
+    here once and reused by every launch, so launches run in order on the stream current here."""
+    pick = (lambda t: t.unsqueeze(2)) if rows is None else (lambda t: t[rows].unsqueeze(2))
+    q4, out4 = pick(q), pick(out)
+    k, v = pool_heads_major(k_pool), pool_heads_major(v_pool)
+    b, hq, s_q, d, hkv, page, capacity = _check(q4, k, v, seq_lens, block_table, out4)
+    at = functools.partial(arg_index, _decode_split_kernel)
+    operands = (
+        Operand((at("Q"),), pick),
+        Operand((at("K"), at("KDesc")), pool_heads_major),  # the descriptors are unread without TMA
+        Operand((at("V"), at("VDesc")), pool_heads_major),
+        Operand((at("Out"),), pick),
+        Operand((at("qk_scale"),), scalar=True),
+    )
+    if b == 0 or hq == 0:
+        return PreparedLaunch(_decode_split_kernel, (0,), (), operands)
+    if window is not None and int(window) < 1:
+        raise ValueError(f"sliding window must be >= 1 keys; got {window}")
+    # as decode_attention: a window as long as the cache hides nothing, a shorter one bounds the splits
+    window = int(window) if window is not None and int(window) < capacity else 0
+    max_len = min(capacity, window + s_q + 128) if window else capacity
+    splits = _resolve_splits(config, b * hkv, max_len)
+    # as _launch without a caller's workspace
+    group = hq // hkv
+    block_d = max(16, triton.next_power_of_2(d))
+    direct = splits == 1
+    fused = config.fused and not direct
+    counters, mid_o, mid_l = seq_lens, out4, out4  # never touched unless fused / split
+    if not direct:
+        mid_o = torch.empty((b * hq * s_q * splits, block_d), dtype=torch.float32, device=q.device)
+        mid_l = torch.empty((b * hq * s_q * splits,), dtype=torch.float32, device=q.device)
+        found = _stream_counters(q.device, b * hkv) if fused else None
+        fused = found is not None
+        counters = found if fused else counters
+    block_m = max(16, triton.next_power_of_2(group * s_q))
+    tail = 1024 * config.num_warps
+    tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
+    args = (
+        None, None, None, None, None, seq_lens, block_table, None, mid_o, mid_l, counters,
+        *q4.stride(), *k.stride(), *v.stride(), *out4.stride(), int(block_table.stride(0)),
+        hkv, splits, window, None,
+    )  # fmt: skip
+    reduce = None
+    if not direct and not fused:
+        reduce = PreparedLaunch(
+            _decode_reduce_kernel, (b * hq * s_q,), (mid_o, mid_l, None, *out4.stride(), hq, splits),
+            (Operand(), Operand(), Operand(), Operand((2,), pick), Operand()),
+            SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            PDL=pdl, num_warps=4 if block_d >= 128 else 2, launch_pdl=pdl,
+        )  # fmt: skip
+    return PreparedLaunch(
+        _decode_split_kernel, (splits, b * hkv), args, operands, reduce,
+        GROUP=group, SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=config.block_n,
+        PAGE_SIZE=page, DIRECT=direct, FUSED=fused, TAIL_ROWS=tail_rows,
+        TAIL_SPLITS=max(1, tail // (tail_rows * block_d)), TMA=False, WINDOW=window > 0, PDL=pdl,
+        DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
+        num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
+    )  # fmt: skip
