@@ -601,6 +601,54 @@ def _tma_descriptors(k: Any, v: Any, block_n: int) -> tuple[Any, Any] | None:
     return tuple(TensorDescriptor(t, [rows, d], [d, 1], [block_n, d]) for t in (k, v))
 
 
+def _split_options(
+    cfg: DecodeConfig,
+    group: int,
+    s_q: int,
+    d: int,
+    page: int,
+    direct: bool,
+    fused: bool,
+    tma: bool,
+    window: int,
+    pdl: bool,
+    dtype: torch.dtype,
+) -> dict[str, Any]:
+    """The split kernel's constexprs and launch options: one definition for :func:`_launch` and the
+    prepared launches of :func:`prepare_paged_decode`. The last program's reduction works on tiles
+    of about 32 FP32 values a thread (TAIL_ROWS x TAIL_SPLITS partials at a time)."""
+    block_d = max(16, triton.next_power_of_2(d))
+    tail = 1024 * cfg.num_warps
+    tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
+    return {
+        "GROUP": group, "SEQ_Q": s_q, "HEAD_DIM": d, "BLOCK_D": block_d,
+        "BLOCK_M": max(16, triton.next_power_of_2(group * s_q)), "BLOCK_N": cfg.block_n, "PAGE_SIZE": page,
+        "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
+        "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
+        "DOT_F32": _interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
+        "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
+    }  # fmt: skip
+
+
+def _reduce_options(s_q: int, d: int, splits: int, pdl: bool) -> dict[str, Any]:
+    """The reduce kernel's constexprs and launch options (grid: one program per query row)."""
+    block_d = max(16, triton.next_power_of_2(d))
+    return {
+        "SEQ_Q": s_q, "HEAD_DIM": d, "BLOCK_D": block_d, "BLOCK_S": max(2, triton.next_power_of_2(splits)),
+        "PDL": pdl, "num_warps": 4 if block_d >= 128 else 2, "launch_pdl": pdl,
+    }  # fmt: skip
+
+
+def _own_scratch(device: torch.device, rows: int, d: int, counters: int, fused: bool) -> tuple[Any, Any, Any]:
+    """(partial outputs, log-sum-exps, arrival counters or None) of a launch without a caller's
+    workspace: `rows` FP32 partials, and this stream's counters where the reduction is `fused` and
+    the stream is not being captured."""
+    block_d = max(16, triton.next_power_of_2(d))
+    mid_o = torch.empty((rows, block_d), dtype=torch.float32, device=device)
+    mid_l = torch.empty((rows,), dtype=torch.float32, device=device)
+    return mid_o, mid_l, _stream_counters(device, counters) if fused else None
+
+
 def _launch(
     q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace, zeroed=True, window=0, pdl=False
 ) -> None:
@@ -612,9 +660,6 @@ def _launch(
     b, hq, s_q, d = (int(n) for n in q.shape)
     hkv = int(k.shape[1])
     page = int(k.shape[2]) if block_table is not None else 0
-    group = hq // hkv
-    block_d = max(16, triton.next_power_of_2(d))
-    block_m = max(16, triton.next_power_of_2(group * s_q))
     direct = splits == 1
     fused = cfg.fused and not direct
     rows = b * hq * s_q * splits
@@ -622,39 +667,31 @@ def _launch(
     if direct:
         mid_o = mid_l = out  # never touched
     elif workspace is None:
-        mid_o = torch.empty((rows, block_d), dtype=torch.float32, device=q.device)
-        mid_l = torch.empty((rows,), dtype=torch.float32, device=q.device)
-        found = _stream_counters(q.device, b * hkv) if fused else None
+        mid_o, mid_l, found = _own_scratch(q.device, rows, d, b * hkv, fused)
         fused = found is not None
         counters = found if fused else counters
     else:
+        block_d = max(16, triton.next_power_of_2(d))
         cnt, mid_o, mid_l = _workspace_views(workspace, decode_counter_slots(b, hq), rows, block_d)
         fused = fused and zeroed
         if fused:
             counters = cnt
-    # The last program's reduction works on tiles of about 32 FP32 values per thread.
-    tail = 1024 * cfg.num_warps
-    tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
-    tail_splits = max(1, tail // (tail_rows * block_d))
     table = block_table if block_table is not None else seq_lens
     stride_tb = int(block_table.stride(0)) if block_table is not None else 0
     descs = _tma_descriptors(k, v, cfg.block_n) if cfg.tma and page == 0 else None
     k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
+    options = _split_options(
+        cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype
+    )
     _decode_split_kernel[(splits, b * hkv)](
         q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,
-        hkv, splits, int(window), float(scale),
-        GROUP=group, SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-        PAGE_SIZE=page, DIRECT=direct, FUSED=fused, TAIL_ROWS=tail_rows, TAIL_SPLITS=tail_splits,
-        DOT_F32=_interpreting() and q.dtype == torch.bfloat16, TMA=descs is not None,
-        WINDOW=window > 0, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+        hkv, splits, int(window), float(scale), **options,
     )  # fmt: skip
     if not direct and not fused:
         _decode_reduce_kernel[(b * hq * s_q,)](
-            mid_o, mid_l, out, *out.stride(), hq, splits,
-            SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
-            PDL=pdl, num_warps=4 if block_d >= 128 else 2, launch_pdl=pdl,
-        )  # fmt: skip
+            mid_o, mid_l, out, *out.stride(), hq, splits, **_reduce_options(s_q, d, splits, pdl)
+        )
 
 
 def _key_of(q, k, block_table, max_len: int) -> tuple:
@@ -844,21 +881,13 @@ def prepare_paged_decode(
     window = int(window) if window is not None and int(window) < capacity else 0
     max_len = min(capacity, window + s_q + 128) if window else capacity
     splits = _resolve_splits(config, b * hkv, max_len)
-    # as _launch without a caller's workspace
-    group = hq // hkv
-    block_d = max(16, triton.next_power_of_2(d))
     direct = splits == 1
     fused = config.fused and not direct
     counters, mid_o, mid_l = seq_lens, out4, out4  # never touched unless fused / split
-    if not direct:
-        mid_o = torch.empty((b * hq * s_q * splits, block_d), dtype=torch.float32, device=q.device)
-        mid_l = torch.empty((b * hq * s_q * splits,), dtype=torch.float32, device=q.device)
-        found = _stream_counters(q.device, b * hkv) if fused else None
+    if not direct:  # as _launch without a caller's workspace
+        mid_o, mid_l, found = _own_scratch(q.device, b * hq * s_q * splits, d, b * hkv, fused)
         fused = found is not None
         counters = found if fused else counters
-    block_m = max(16, triton.next_power_of_2(group * s_q))
-    tail = 1024 * config.num_warps
-    tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
     args = (
         None, None, None, None, None, seq_lens, block_table, None, mid_o, mid_l, counters,
         *q4.stride(), *k.stride(), *v.stride(), *out4.stride(), int(block_table.stride(0)),
@@ -867,16 +896,11 @@ def prepare_paged_decode(
     reduce = None
     if not direct and not fused:
         reduce = PreparedLaunch(
-            _decode_reduce_kernel, (b * hq * s_q,), (mid_o, mid_l, None, *out4.stride(), hq, splits),
+            _decode_reduce_kernel,
+            (b * hq * s_q,),
+            (mid_o, mid_l, None, *out4.stride(), hq, splits),
             (Operand(), Operand(), Operand(), Operand((2,), pick), Operand()),
-            SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
-            PDL=pdl, num_warps=4 if block_d >= 128 else 2, launch_pdl=pdl,
-        )  # fmt: skip
-    return PreparedLaunch(
-        _decode_split_kernel, (splits, b * hkv), args, operands, reduce,
-        GROUP=group, SEQ_Q=s_q, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=config.block_n,
-        PAGE_SIZE=page, DIRECT=direct, FUSED=fused, TAIL_ROWS=tail_rows,
-        TAIL_SPLITS=max(1, tail // (tail_rows * block_d)), TMA=False, WINDOW=window > 0, PDL=pdl,
-        DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
-        num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
-    )  # fmt: skip
+            **_reduce_options(s_q, d, splits, pdl),
+        )
+    options = _split_options(config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype)
+    return PreparedLaunch(_decode_split_kernel, (splits, b * hkv), args, operands, reduce, **options)
