@@ -202,6 +202,42 @@ def _fifo(d: Path) -> list[str]:
     return ["compile", "pipe.onnx", "-o", "o.engine"]
 
 
+def _graph_onnx(name: str, nodes, inputs, outputs, *, opset: int = 17, command: str = "compile") -> Setup:
+    """An ONNX file built from helper.make_* pieces (no checker run: hostile graphs are the point)."""
+
+    def setup(d: Path) -> list[str]:
+        import onnx
+        from onnx import helper
+
+        graph = helper.make_graph(nodes(), name, inputs(), outputs())
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        onnx.save(model, str(d / f"{name}.onnx"))
+        out = "out.onnx" if command == "optimize" else "out.engine"
+        return [command, f"{name}.onnx", "-o", out]
+
+    return setup
+
+
+def _vi(name: str, elem: str, dims: list) -> object:
+    from onnx import TensorProto, helper
+
+    return helper.make_tensor_value_info(name, getattr(TensorProto, elem), dims)
+
+
+def _relu(src: str = "x", dst: str = "y") -> Callable[[], list]:
+    from onnx import helper
+
+    return lambda: [helper.make_node("Relu", [src], [dst])]
+
+
+def _empty_file(command: str) -> Setup:
+    def setup(d: Path) -> list[str]:
+        (d / "empty.onnx").write_bytes(b"")
+        return [command, "empty.onnx", "-o", "out.onnx" if command == "optimize" else "out.engine"]
+
+    return setup
+
+
 NON_UTF8 = os.fsdecode(b"caf\xe9")
 
 CASES: dict[str, tuple[Setup, str]] = {
@@ -327,6 +363,59 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"--streams.*not in the range 1<=x<=32",
     ),
     "a pipe as the model": (_fifo, "is not a regular file"),
+    "compile: empty ONNX file": (_empty_file("compile"), r"ONNX model 'empty\.onnx' is empty \(0 bytes\)"),
+    "optimize: empty ONNX file": (_empty_file("optimize"), r"ONNX model 'empty\.onnx' is empty \(0 bytes\)"),
+    "ONNX graph without outputs": (
+        _graph_onnx("noout", _relu(), lambda: [_vi("x", "FLOAT", [2, 4])], list, command="optimize"),
+        r"'noout\.onnx' declares no graph outputs",
+    ),
+    "ONNX opset newer than onnx knows": (
+        _graph_onnx(
+            "op99",
+            _relu(),
+            lambda: [_vi("x", "FLOAT", [2, 4])],
+            lambda: [_vi("y", "FLOAT", [2, 4])],
+            opset=99,
+        ),
+        r"'op99\.onnx' imports ONNX opset 99; the installed onnx .* knows opsets up to \d+",
+    ),
+    "optimize: two nodes write one tensor": (
+        _graph_onnx(
+            "twice",
+            lambda: [*_relu()(), *_relu()()],
+            lambda: [_vi("x", "FLOAT", [2, 4])],
+            lambda: [_vi("y", "FLOAT", [2, 4])],
+            command="optimize",
+        ),
+        r"fails ONNX checking: .*'y' has been used as output names multiple times",
+    ),
+    "huge declared input dims": (
+        _graph_onnx(
+            "huge",
+            _relu(),
+            lambda: [_vi("x", "FLOAT", [10**5] * 3)],
+            lambda: [_vi("y", "FLOAT", [10**5] * 3)],
+        ),
+        r"input 'x' is declared \[100000, 100000, 100000\] \(float32\): one sample is .* GiB",
+    ),
+    "compile: an output that is a graph input": (
+        _graph_onnx(
+            "passthrough",
+            _relu(),
+            lambda: [_vi("x", "FLOAT", ["batch", 4])],
+            lambda: [_vi("y", "FLOAT", ["batch", 4]), _vi("x", "FLOAT", ["batch", 4])],
+        ),
+        r"output\(s\) \['x'\] are graph inputs returned unchanged",
+    ),
+    "compile: a string input": (
+        _graph_onnx(
+            "strings",
+            lambda: [__import__("onnx").helper.make_node("Identity", ["x"], ["y"])],
+            lambda: [_vi("x", "STRING", [2])],
+            lambda: [_vi("y", "STRING", [2])],
+        ),
+        r"input 'x' is a string tensor; TensorRT engines bind numeric and bool tensors only",
+    ),
     "-o names a device with --force": (
         _tiny("compile", "m.onnx", "-o", "/dev/null", "--force"),
         "exists and is not a regular file",

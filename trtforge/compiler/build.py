@@ -141,6 +141,35 @@ def _parse(backend: Backend, network: Any, onnx_path: Path) -> Any:
     return parser
 
 
+# ONNX element types no TensorRT engine binding can hold.
+_NO_BINDING_TYPES = ("STRING", "COMPLEX64", "COMPLEX128")
+
+
+def _check_io(onnx_path: Path) -> None:
+    """UserError for graph I/O an engine cannot bind as the model names it: an output that is a graph
+    input passed through unchanged (the parser would rename the input to `__NAME`, so callers' feeds
+    would no longer match), or a string/complex tensor."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    inputs = {i.name for i in graph.input} - {t.name for t in graph.initializer}
+    passthrough = [o.name for o in graph.output if o.name in inputs]
+    if passthrough:
+        raise UserError(
+            f"output(s) {passthrough} are graph inputs returned unchanged; a TensorRT engine needs distinct "
+            "input and output tensors (its ONNX parser would rename the input, so feeds by the model's "
+            "input names would fail). Drop them from the model's outputs (the caller already holds them)."
+        )
+    for kind, values in (("input", graph.input), ("output", graph.output)):
+        for v in values:
+            type_name = onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type)
+            if v.name in inputs | {o.name for o in graph.output} and type_name in _NO_BINDING_TYPES:
+                raise UserError(
+                    f"{kind} '{v.name}' is a {type_name.lower()} tensor; TensorRT engines bind numeric and "
+                    "bool tensors only. Keep string/complex processing outside the model."
+                )
+
+
 def _register_plugins_if_needed(backend: Backend, onnx_path: Path) -> None:
     """Register trtforge's plugin creators before parsing a graph that holds trtforge-domain nodes."""
     import onnx
@@ -312,6 +341,7 @@ def build_engine(
         raise UserError(f"--workspace must be 1..{2**43 - 1} MiB, got {options.workspace_mb}.")
     if options.aux_streams is not None and not 0 <= options.aux_streams <= MAX_DIM:
         raise UserError(f"--aux-streams must be 0..{MAX_DIM}, got {options.aux_streams}.")
+    _check_io(Path(onnx_path))
     backend = get_backend(options.backend)
     if not backend.capabilities.can_build:
         raise UserError(f"{backend.name} cannot build engines here: {backend.capabilities.build_reason}.")

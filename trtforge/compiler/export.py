@@ -364,17 +364,7 @@ def compare_with_ort(
 def from_onnx_file(path: str | os.PathLike[str]) -> OnnxArtifact:
     """Accept an existing ONNX file as the export artifact (checked, not re-exported)."""
     p = check_input_file(path, "model file")
-    import onnx
-
-    try:
-        proto = onnx.load(str(p), load_external_data=False)
-    except Exception as e:
-        raise UserError(
-            f"'{p}' is not a valid ONNX model ({type(e).__name__}: {str(e)[:200]}). "
-            "Expected a protobuf ModelProto as written by torch.onnx.export or onnx.save."
-        ) from e
-    if not proto.graph.node and not proto.graph.output:
-        raise UserError(f"'{p}' parsed as ONNX but holds an empty graph; is it really an ONNX model?")
+    proto = onnx_io.read_onnx(p, external_data=False)
     onnx_io.check_model(p, where=f"ONNX model '{p}'")
     record = ExportRecord(
         source_kind="onnx",

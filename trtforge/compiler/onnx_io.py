@@ -45,20 +45,58 @@ def source_sha256(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
-def load_onnx(path: str | os.PathLike[str]) -> onnx.ModelProto:
-    """Load an ONNX file with its external data; UserError naming the file on any problem."""
+def read_onnx(
+    path: str | os.PathLike[str], what: str = "ONNX model", *, external_data: bool
+) -> onnx.ModelProto:
+    """Parse an ONNX file (with its external data or not) and :func:`check_structure` it; UserError naming
+    the file on any problem."""
     import onnx
 
-    from trtforge._fileio import check_input_file
+    from trtforge._fileio import check_input_file, show_path
 
-    p = check_input_file(path, "ONNX model")
+    p = check_input_file(path, what)
+    if p.stat().st_size == 0:
+        raise UserError(f"{what} '{show_path(p)}' is empty (0 bytes); expected an ONNX model file.")
     try:
-        return onnx.load(str(p), load_external_data=True)
+        proto = onnx.load(str(p), load_external_data=external_data)
     except Exception as e:  # the file is the user's: any way onnx fails to read it (external data too)
         raise UserError(
-            f"'{p}' is not a readable ONNX model ({type(e).__name__}: {str(e)[:200]}). "
+            f"'{show_path(p)}' is not a readable ONNX model ({type(e).__name__}: {str(e)[:200]}). "
             "Expected a protobuf ModelProto as written by torch.onnx.export or onnx.save."
         ) from e
+    check_structure(proto, f"{what} '{show_path(p)}'")
+    return proto
+
+
+def load_onnx(path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """Load an ONNX file with its external data; UserError naming the file on any problem."""
+    return read_onnx(path, external_data=True)
+
+
+def check_structure(proto: onnx.ModelProto, where: str) -> None:
+    """UserError for what no stage can use, said before a checker or runtime reports it in its own
+    words: no graph (protobuf parses many non-ONNX files as an empty model), no outputs, an opset
+    newer than the installed onnx knows."""
+    import onnx
+
+    g = proto.graph
+    if not proto.HasField("graph") or not (g.node or g.output or g.input):
+        raise UserError(
+            f"{where} parsed as protobuf but holds no graph (ir_version {proto.ir_version}); is it really an "
+            "ONNX model? Expected a ModelProto as written by torch.onnx.export or onnx.save."
+        )
+    if not g.output:
+        raise UserError(
+            f"{where} declares no graph outputs; a model needs at least one (graph.output) to be run, "
+            "verified or built."
+        )
+    newest = onnx.defs.onnx_opset_version()
+    for o in proto.opset_import:
+        if o.domain in ("", "ai.onnx") and o.version > newest:
+            raise UserError(
+                f"{where} imports ONNX opset {o.version}; the installed onnx {onnx.__version__} knows opsets "
+                f"up to {newest}. Export with an opset <= {newest} (torch.onnx.export(..., opset_version=N))."
+            )
 
 
 def save_onnx(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:

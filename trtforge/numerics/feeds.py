@@ -27,6 +27,8 @@ Dim = int | str | None  # static size, symbolic name, or unknown
 # Ops an index tensor may pass through on its way to the embedding Gather.
 INDEX_PASSTHROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand"})
 DEFAULT_SIZES = (2, 7, 5, 3, 6)
+# Largest sample array generated for an ONNX Runtime check (inputs declared larger are refused).
+MAX_FEED_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -88,10 +90,26 @@ def describe_inputs(model: onnx.ModelProto) -> list[InputDesc]:
     return out
 
 
+def check_feed_size(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """UserError when one sample array of `shape` would exceed `MAX_FEED_BYTES` (a model declaring huge
+    static dims): say so by input name instead of failing inside numpy or ONNX Runtime."""
+    from trtforge.errors import UserError
+
+    nbytes = int(np.prod([int(d) for d in shape], dtype=object)) * np.dtype(dtype).itemsize
+    if nbytes > MAX_FEED_BYTES:
+        raise UserError(
+            f"input '{name}' is declared {list(shape)} ({np.dtype(dtype).name}): one sample is "
+            f"{nbytes / 2**30:.3g} GiB, above the {MAX_FEED_BYTES / 2**30:g} GiB trtforge generates for ONNX "
+            "Runtime checks. Declare the large dims symbolic (dynamic) in the model, give smaller --shape "
+            "ranges, or turn verification off (--no-verify)."
+        )
+
+
 def synthetic_array(
     name: str, dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator, vocab: int | None = None
 ) -> np.ndarray:
-    """One input array by the rules in the module doc."""
+    """One input array by the rules in the module doc (UserError above `MAX_FEED_BYTES`)."""
+    check_feed_size(name, dtype, shape)
     dt = np.dtype(dtype)
     if dt.kind in "fc":
         return rng.standard_normal(shape).astype(dt)

@@ -21,7 +21,9 @@ from trtforge.passes._base import PassContext, PassOutcome, PassSpec
 def run_cleanup(model: ir.Model, ctx: PassContext) -> PassOutcome:
     """Fold and clean in place; `matches` is the number of nodes removed."""
     before = _count(model)
+    passthrough = {i: v.name for i, v in enumerate(model.graph.outputs) if v.is_graph_input()}
     optimizer.optimize_ir(model, num_iterations=2, inline=False)
+    _restore_passthrough(model.graph, passthrough)
     identity = common_passes.IdentityEliminationPass()(model)
     outcome = PassOutcome()
     removed = before - _count(model)
@@ -30,6 +32,24 @@ def run_cleanup(model: ir.Model, ctx: PassContext) -> PassOutcome:
     if identity.modified:
         outcome.notes.append("removed Identity nodes")
     return outcome
+
+
+def _restore_passthrough(graph: ir.Graph, passthrough: dict[int, str]) -> None:
+    """Undo onnx_ir's OutputFixPass for outputs that are graph inputs: it renames the input `x` to
+    `x_orig` and gives an Identity's output the name `x`, which changes the name callers feed. Point
+    those outputs back at the input itself and give the input its name back."""
+    for index, name in passthrough.items():
+        out = graph.outputs[index]
+        node = out.producer()
+        if out.is_graph_input() or node is None or node.op_type != "Identity":
+            continue
+        source = node.inputs[0]
+        if source is None or not source.is_graph_input():
+            continue
+        graph.outputs[index] = source
+        out.replace_all_uses_with(source)
+        graph.remove(node, safe=True)
+        source.name = name
 
 
 def _count(model: ir.Model) -> int:
