@@ -238,6 +238,29 @@ def _empty_file(command: str) -> Setup:
     return setup
 
 
+def _ext_model(d: Path) -> None:
+    """m.onnx (x[B,4] -> Relu(xW+b)) with its weights in external data w.bin."""
+    import onnx
+
+    onnx.save(
+        onnx.load(str(tiny_onnx(d / "t.onnx"))),
+        str(d / "m.onnx"),
+        save_as_external_data=True,
+        location="w.bin",
+        size_threshold=0,
+    )
+    (d / "t.onnx").unlink()
+
+
+def _overwrite_input(*argv: str) -> Setup:
+    def setup(d: Path) -> list[str]:
+        _ext_model(d)
+        np.savez(d / "c.npz", x=np.ones((4, 4), np.float32))
+        return [*argv, "--force"]
+
+    return setup
+
+
 NON_UTF8 = os.fsdecode(b"caf\xe9")
 
 CASES: dict[str, tuple[Setup, str]] = {
@@ -415,6 +438,34 @@ CASES: dict[str, tuple[Setup, str]] = {
             lambda: [_vi("y", "STRING", [2])],
         ),
         r"input 'x' is a string tensor; TensorRT engines bind numeric and bool tensors only",
+    ),
+    "compile -o the input model (--force)": (
+        _overwrite_input("compile", "m.onnx", "-o", "./m.onnx"),
+        r"-o \(engine\) '(\./)?m\.onnx' is the input model 'm\.onnx' itself",
+    ),
+    "compile -o the model's external data (--force)": (
+        _overwrite_input("compile", "m.onnx", "-o", "w.bin"),
+        r"'w\.bin' is the external data file #1 of the model",
+    ),
+    "compile --save-onnx the input model (--force)": (
+        _overwrite_input("compile", "m.onnx", "-o", "m.engine", "--save-onnx", "m.onnx"),
+        r"--save-onnx 'm\.onnx' is the input model",
+    ),
+    "optimize -o the input model (--force)": (
+        _overwrite_input("optimize", "m.onnx", "-o", "m.onnx"),
+        r"-o 'm\.onnx' is the input model 'm\.onnx' itself",
+    ),
+    "optimize --ledger the model's external data (--force)": (
+        _overwrite_input("optimize", "m.onnx", "-o", "o.onnx", "--ledger", "w.bin"),
+        r"--ledger 'w\.bin' is the external data file #1 of the model",
+    ),
+    "calibrate -o the calibration data (--force)": (
+        _overwrite_input("calibrate", "m.onnx", "--data", "c.npz", "-o", "c.npz"),
+        r"-o 'c\.npz' is the --data 'c\.npz' itself",
+    ),
+    "calibrate --calib-cache equal to -o": (
+        _overwrite_input("calibrate", "m.onnx", "--data", "c.npz", "-o", "q.onnx", "--calib-cache", "q.onnx"),
+        r"the calibration cache and -o name the same file 'q\.onnx'",
     ),
     "-o names a device with --force": (
         _tiny("compile", "m.onnx", "-o", "/dev/null", "--force"),

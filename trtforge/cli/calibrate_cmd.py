@@ -67,11 +67,17 @@ def calibrate_cmd(
 ) -> None:
     """Calibrate MODEL on DATA and write it with INT8 Q/DQ nodes that TensorRT fuses (the rest stays as
     it is; `compile --precision int8` also converts the rest, see --int8-rest there)."""
-    from trtforge._fileio import atomic_write_bytes, atomic_write_text, check_output_path
+    from trtforge._fileio import (
+        atomic_write_bytes,
+        atomic_write_text,
+        check_distinct_outputs,
+        check_output_path,
+        refuse_overwriting_inputs,
+    )
     from trtforge.calibration.api import calibrate_model
     from trtforge.calibration.cache import write_calibration_cache
     from trtforge.calibration.data import input_specs_from_model, load_dataset
-    from trtforge.compiler.onnx_io import EXTERNAL_DATA_THRESHOLD, load_onnx, save_onnx
+    from trtforge.compiler.onnx_io import EXTERNAL_DATA_THRESHOLD, load_onnx, model_files, save_onnx
 
     opts = from_params(PrecisionOptions, params, mode="int8", calib_data=data)
     method, samples, tokenizer = opts.calib_method, opts.calib_samples, opts.tokenizer
@@ -85,6 +91,12 @@ def calibrate_cmd(
     if report is not None:
         check_output_path(report, force=force, what="report")
     onnx_model = load_onnx(model)
+    outputs = {"-o": out, "the calibration cache": cache_path, "--report": report}
+    check_distinct_outputs(outputs)
+    data_file = {"--data": data} if Path(data).is_file() else {}
+    refuse_overwriting_inputs(
+        outputs | {"-o's external data file": f"{out}.data"}, model_files(model) | data_file
+    )
     dataset = load_dataset(
         data,
         input_specs_from_model(onnx_model),

@@ -34,6 +34,14 @@ def external_data_files(path: str | os.PathLike[str]) -> list[Path]:
     return sorted(files)
 
 
+def model_files(path: str | os.PathLike[str]) -> dict[str, Path]:
+    """The ONNX file and the external-data files it uses, by what they are (for messages)."""
+    files = {"input model": Path(path)}
+    for i, f in enumerate(external_data_files(path)):
+        files[f"external data file #{i + 1} of the model"] = f
+    return files
+
+
 def source_sha256(path: str | os.PathLike[str]) -> str:
     """sha256 of an ONNX file and, in order, of the external data files it uses (one combined hash)."""
     import hashlib

@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from trtforge import __version__
-from trtforge._fileio import check_output_path, sha256_bytes, show_path
+from trtforge._fileio import (
+    check_distinct_outputs,
+    check_output_path,
+    refuse_overwriting_inputs,
+    sha256_bytes,
+)
 from trtforge.compiler import export as export_mod
 from trtforge.compiler import onnx_io
 from trtforge.compiler.build import BuildOptions, build_engine
@@ -141,7 +146,7 @@ def compile_model(
         check_output_path(save_onnx, force=force, what="--save-onnx file")
     if timing_cache is not None:
         check_output_path(timing_cache, force=True, what="timing cache")
-    _check_distinct(
+    check_distinct_outputs(
         {
             "-o (engine)": out,
             "the manifest": manifest_path_for(out),
@@ -174,6 +179,10 @@ def compile_model(
             "exporter": exporter,
         }
         art, example_shapes, module = _source_artifact(model, example_inputs, workdir, export_kwargs, log)
+        refuse_overwriting_inputs(  # after the source is read and checked: its external data is known
+            {"-o (engine)": out, "the manifest": manifest_path_for(out), "--save-onnx": save_onnx},
+            _input_files(model, precision),
+        )
         limits = source_limits(art.path, module)
         # --shape checked against the exported inputs and their limits now, not after the graph stages
         descs = onnx_input_descs(art.path)
@@ -242,18 +251,15 @@ def compile_model(
     )
 
 
-def _check_distinct(paths: Mapping[str, str | os.PathLike[str] | None]) -> None:
-    """UserError when two output options name the same file (one would silently overwrite the other)."""
-    seen: dict[str, str] = {}
-    for option, path in paths.items():
-        if path is None or not str(path):
-            continue
-        key = os.path.realpath(path)
-        if key in seen:
-            raise UserError(
-                f"{option} and {seen[key]} name the same file '{show_path(path)}'; give each its own path."
-            )
-        seen[key] = option
+def _input_files(model: Any, precision: PrecisionOptions) -> dict[str, str | os.PathLike[str] | None]:
+    """The files compile reads: the model (and its external data), sample and calibration data files."""
+    files: dict[str, str | os.PathLike[str] | None] = {}
+    if isinstance(model, (str, os.PathLike)) and Path(model).is_file():
+        files.update(onnx_io.model_files(model) if str(model).endswith(".onnx") else {"input model": model})
+    for what, data in (("--precision-data", precision.data), ("--calib-data", precision.calib_data)):
+        if isinstance(data, (str, os.PathLike)) and Path(data).is_file():
+            files[what] = data
+    return files
 
 
 def _plugins_used(onnx_path: Path) -> list[dict[str, str]]:
