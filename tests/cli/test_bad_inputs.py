@@ -261,6 +261,27 @@ def _overwrite_input(*argv: str) -> Setup:
     return setup
 
 
+def _unknown_dtype_engine(command: str) -> Setup:
+    """A consistent engine + manifest pair whose manifest gives input 0 a dtype no tool knows."""
+
+    def setup(d: Path) -> list[str]:
+        from trtforge._fileio import sha256_bytes
+        from trtforge.compiler.manifest import publish_engine
+        from trtforge.runtime.standin import standin_manifest
+
+        data = b"engine bytes" * 20
+        m = standin_manifest()
+        m.engine_file, m.engine_bytes, m.engine_sha256 = "m.engine", len(data), sha256_bytes(data)
+        publish_engine(d / "m.engine", data, m)
+        path = d / "m.engine.json"
+        path.write_text(path.read_text().replace(f'"dtype": "{m.inputs[0].dtype}"', '"dtype": "quux"', 1))
+        if command == "report":
+            return ["report", "m.engine", "-o", "rep", "--no-progress"]
+        return [command, "m.engine"]
+
+    return setup
+
+
 NON_UTF8 = os.fsdecode(b"caf\xe9")
 
 CASES: dict[str, tuple[Setup, str]] = {
@@ -466,6 +487,14 @@ CASES: dict[str, tuple[Setup, str]] = {
     "calibrate --calib-cache equal to -o": (
         _overwrite_input("calibrate", "m.onnx", "--data", "c.npz", "-o", "q.onnx", "--calib-cache", "q.onnx"),
         r"the calibration cache and -o name the same file 'q\.onnx'",
+    ),
+    "report: manifest with an unknown dtype": (
+        _unknown_dtype_engine("report"),
+        r"malformed manifest: inputs\[0\]\.dtype is 'quux'; expected one of \[",
+    ),
+    "inspect: manifest with an unknown dtype": (
+        _unknown_dtype_engine("inspect"),
+        r"malformed manifest: inputs\[0\]\.dtype is 'quux'",
     ),
     "-o names a device with --force": (
         _tiny("compile", "m.onnx", "-o", "/dev/null", "--force"),

@@ -155,10 +155,15 @@ def _dims(value: Any, what: str, lowest: int) -> list[int]:
 
 
 def _tensor(t: Any, what: str) -> TensorSpec:
+    from trtforge.compiler.backend import MANIFEST_DTYPES
+
     t = _typed(t, dict, what)
+    dtype = _typed(t.get("dtype"), str, f"{what}.dtype")
+    if dtype not in MANIFEST_DTYPES:
+        raise ValueError(f"{what}.dtype is {dtype!r}; expected one of {sorted(MANIFEST_DTYPES)}")
     return TensorSpec(
         name=_typed(t.get("name"), str, f"{what}.name"),
-        dtype=_typed(t.get("dtype"), str, f"{what}.dtype"),
+        dtype=dtype,
         shape=_dims(t.get("shape"), f"{what}.shape", -1),
     )
 

@@ -90,6 +90,27 @@ def describe_inputs(model: onnx.ModelProto) -> list[InputDesc]:
     return out
 
 
+# Manifest names whose ml_dtypes type is spelled differently.
+_ML_DTYPE_NAMES = {"float4_e2m1": "float4_e2m1fn"}
+
+
+def numpy_dtype_of(name: str, what: str = "tensor") -> np.dtype:
+    """The NumPy dtype of a dtype name, with ml_dtypes' types for bfloat16, FP8, INT4 and FP4 (the names
+    manifests use); UserError naming `what` for a name neither knows."""
+    import ml_dtypes
+
+    from trtforge.errors import UserError
+
+    try:
+        return np.dtype(name)
+    except TypeError:
+        pass
+    found = getattr(ml_dtypes, _ML_DTYPE_NAMES.get(name, name), None)
+    if found is None:
+        raise UserError(f"{what} has dtype {name!r}, which has no NumPy or ml_dtypes type to make data of.")
+    return np.dtype(found)
+
+
 def check_feed_size(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
     """UserError when one sample array of `shape` would exceed `MAX_FEED_BYTES` (a model declaring huge
     static dims): say so by input name instead of failing inside numpy or ONNX Runtime."""
