@@ -90,6 +90,8 @@ def describe_inputs(model: onnx.ModelProto) -> list[InputDesc]:
     return out
 
 
+# ml_dtypes' floating types (numpy kind 'V'): bfloat16, the FP8 and FP4 formats.
+ML_FLOATS = ("bfloat16", "float8", "float4")
 # Manifest names whose ml_dtypes type is spelled differently.
 _ML_DTYPE_NAMES = {"float4_e2m1": "float4_e2m1fn"}
 
@@ -132,7 +134,7 @@ def synthetic_array(
     """One input array by the rules in the module doc (UserError above `MAX_FEED_BYTES`)."""
     check_feed_size(name, dtype, shape)
     dt = np.dtype(dtype)
-    if dt.kind in "fc":
+    if dt.kind in "fc" or dt.name.startswith(ML_FLOATS):
         return rng.standard_normal(shape).astype(dt)
     if vocab is not None and dt.kind in "iu":
         return rng.integers(0, max(int(vocab), 1), size=shape).astype(dt)
