@@ -126,7 +126,7 @@ class BuildRecord:
         return asdict(self)
 
 
-def _parse(backend: Backend, network: Any, onnx_path: Path) -> Any:
+def _parse(backend: Backend, network: Any, onnx_path: Path, source: str | None = None) -> Any:
     parser = backend.create_parser(network)
     if not parser.parse_from_file(str(onnx_path)):
         errors = [parser.get_error(i) for i in range(parser.num_errors)]
@@ -135,8 +135,8 @@ def _parse(backend: Backend, network: Any, onnx_path: Path) -> Any:
             node = e.node_name() or (f"#{e.node()}" if e.node() >= 0 else "<model>")
             lines.append(f"  node {node} ({e.node_operator() or '-'}): {e.desc()} [{e.code()}]")
         raise UserError(
-            f"TensorRT's ONNX parser ({backend.name} {backend.version}) rejected '{onnx_path}':\n"
-            + "\n".join(lines)
+            f"TensorRT's ONNX parser ({backend.name} {backend.version}) rejected "
+            f"{source or repr(str(onnx_path))}:\n" + "\n".join(lines)
         )
     return parser
 
@@ -323,8 +323,11 @@ def build_engine(
     on_derived: Callable[[dict[str, ShapeRange]], None] | None = None,
     limits: ShapeLimits | None = None,
     check_profile: Callable[[dict[str, ShapeRange]], dict[str, Any]] | None = None,
+    source: str | None = None,
 ) -> tuple[bytes, BuildRecord]:
     """Parse `onnx_path` and build a serialized engine; raises UserError for bad models/options.
+
+    `source` names the graph in messages when `onnx_path` is a temporary staged file (what the user gave).
 
     `limits` bound derived ranges and refuse user ranges beyond them; `check_profile(profile)` runs
     before the builder (the pipeline passes the ONNX Runtime MIN/MAX check) and its record is kept.
@@ -352,7 +355,7 @@ def build_engine(
     network = backend.create_network(builder)
     backend.logger.take()
     _register_plugins_if_needed(backend, onnx_path)
-    parser = _parse(backend, network, onnx_path)
+    parser = _parse(backend, network, onnx_path, source)
     seconds["parse"] = time.perf_counter() - t0
     inputs, outputs = network_io(network)
     symbols = _onnx_symbols(onnx_path)

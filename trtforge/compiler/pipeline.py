@@ -21,6 +21,7 @@ from trtforge._fileio import (
     check_output_path,
     refuse_overwriting_inputs,
     sha256_bytes,
+    show_path,
 )
 from trtforge.compiler import export as export_mod
 from trtforge.compiler import onnx_io
@@ -215,6 +216,7 @@ def compile_model(
             on_derived=on_derived,
             limits=limits,
             check_profile=lambda profile: check_profile(onnx_path, profile),
+            source=_staged_name(model, [s.name for s in stages]) if onnx_path != art.path else None,
         )
         timings["build"] = time.perf_counter() - t
         records["build"] = build_record.to_dict()
@@ -249,6 +251,12 @@ def compile_model(
     return CompileResult(
         out, manifest_path, manifest, timings, records, Path(save_onnx) if save_onnx else None
     )
+
+
+def _staged_name(model: Any, stages: list[str]) -> str:
+    """How messages name the staged graph: the user's model and the stages it went through."""
+    name = f"'{show_path(model)}'" if isinstance(model, (str, os.PathLike)) else type(model).__name__
+    return f"the graph of {name} after {', '.join(stages) or 'export'}"
 
 
 def _input_files(model: Any, precision: PrecisionOptions) -> dict[str, str | os.PathLike[str] | None]:
