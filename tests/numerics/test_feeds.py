@@ -79,3 +79,13 @@ def test_unknown_dtype_name_is_a_user_error_naming_the_tensor():
 
     with pytest.raises(UserError, match=r"engine input 'x' has dtype 'quux'"):
         numpy_dtype_of("quux", "engine input 'x'")
+
+
+def test_a_static_zero_dim_stays_zero():
+    """ONNX Runtime holds a graph to a static 0 (an empty axis): feeds must too, not replace it by 2."""
+    from trtforge.numerics.feeds import InputDesc, concrete_shapes
+
+    shapes = concrete_shapes(
+        [InputDesc("x", np.dtype("float32"), (0, 4)), InputDesc("y", np.dtype("int64"), (-1, "s"))]
+    )
+    assert shapes == {"x": (0, 4), "y": (2, 2)}

@@ -246,6 +246,7 @@ def export_module(
         raise UserError(f"exporter must be auto, dynamo or legacy; got '{exporter}'.")
     _check_opset(opset)
     feeds = normalize_inputs(module, example_inputs)
+    _check_exportable(module, feeds)
     dynamic_axes = resolve_dynamic(dynamic, feeds)
     input_names = list(feeds)
     reference = check_forward(module, feeds)
@@ -280,6 +281,39 @@ def export_module(
     record.seconds = time.perf_counter() - t0
     _finish(path, record, feeds, reference, rtol=rtol, atol=atol, verify=verify)
     return OnnxArtifact(path, record)
+
+
+def _check_exportable(module: Any, feeds: Mapping[str, Any]) -> None:
+    """UserError for a module or example inputs the exporters cannot turn into a checked FP32 graph:
+    weights without data (meta device), half-precision weights (ONNX Runtime, the reference every
+    check uses, has no CPU kernels for much of BF16 and rounds FP16 differently from torch; precision
+    is trtforge's job: --precision fp16/bf16 keeps FP32 islands), or a size-0 example axis (the
+    exporters trace shapes from the examples)."""
+    import torch
+
+    tensors = [("parameter", n, t) for n, t in module.named_parameters()]
+    tensors += [("buffer", n, t) for n, t in module.named_buffers()]
+    meta = [f"{kind} '{n}'" for kind, n, t in tensors if t.is_meta]
+    meta += [f"example input '{n}'" for n, t in feeds.items() if t.is_meta]
+    if meta:
+        raise UserError(
+            f"{type(module).__name__} has tensors on the meta device (no data): {', '.join(meta[:3])}"
+            f"{' ...' if len(meta) > 3 else ''}. Load real weights (e.g. load_state_dict(..., assign=True) "
+            "or to_empty() and initialize) and give CPU example inputs."
+        )
+    half = sorted({str(t.dtype) for _, _, t in tensors if t.dtype in (torch.float16, torch.bfloat16)})
+    if half:
+        raise UserError(
+            f"{type(module).__name__} has {', '.join(half)} weights; export the FP32 model (model.float()) "
+            "and choose the engine's precision with --precision fp16/bf16 (precision=...), which keeps "
+            "FP32 where half precision would overflow."
+        )
+    empty = [f"'{n}' {tuple(t.shape)}" for n, t in feeds.items() if t.numel() == 0]
+    if empty:
+        raise UserError(
+            f"example input(s) {', '.join(empty)} have a size-0 axis; the exporters trace shapes from the "
+            "examples, so give every axis at least one element (and --dynamic for axes that vary)."
+        )
 
 
 def _check_opset(opset: int | None) -> None:

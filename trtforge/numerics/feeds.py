@@ -157,14 +157,14 @@ def synthetic_feed(specs: Iterable[tuple[str, np.dtype, tuple[int, ...], int | N
 def concrete_shapes(
     inputs: Sequence[InputDesc], sizes: Sequence[int] = DEFAULT_SIZES
 ) -> dict[str, tuple[int, ...]]:
-    """Concrete shapes: static dims kept, each distinct symbolic name the next of `sizes`; an unnamed
-    dim takes sizes[0] on axis 0 (the batch) and sizes[1] elsewhere."""
+    """Concrete shapes: static dims kept (0 included), each distinct symbolic name the next of `sizes`; an
+    unnamed or negative dim takes sizes[0] on axis 0 (the batch) and sizes[1] elsewhere."""
     named: dict[str, int] = {}
     out = {}
     for desc in inputs:
         shape = []
         for axis, d in enumerate(desc.dims):
-            if isinstance(d, int) and d > 0:
+            if isinstance(d, int) and d >= 0:  # a static 0 is an empty axis (ONNX Runtime holds to it)
                 shape.append(d)
             elif isinstance(d, str):
                 shape.append(named.setdefault(d, sizes[len(named) % len(sizes)]))
