@@ -282,6 +282,16 @@ def _unknown_dtype_engine(command: str) -> Setup:
     return setup
 
 
+def _checkpoint(command: str) -> Setup:
+    def setup(d: Path) -> list[str]:
+        import torch
+
+        torch.save(torch.nn.Linear(2, 2).state_dict(), d / "weights.pth")
+        return [command, "weights.pth", "-o", "rep" if command == "report" else "out.engine"]
+
+    return setup
+
+
 NON_UTF8 = os.fsdecode(b"caf\xe9")
 
 CASES: dict[str, tuple[Setup, str]] = {
@@ -496,6 +506,8 @@ CASES: dict[str, tuple[Setup, str]] = {
         _unknown_dtype_engine("inspect"),
         r"malformed manifest: inputs\[0\]\.dtype is 'quux'",
     ),
+    "compile: a torch checkpoint": (_checkpoint("compile"), r"'weights\.pth' is a torch checkpoint: "),
+    "report: a torch checkpoint": (_checkpoint("report"), r"'weights\.pth' is a torch checkpoint"),
     "-o names a device with --force": (
         _tiny("compile", "m.onnx", "-o", "/dev/null", "--force"),
         "exists and is not a regular file",

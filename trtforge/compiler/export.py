@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtforge._fileio import check_input_file
+from trtforge._fileio import check_input_file, show_path
 from trtforge._usercode import load_callable, user_code
 from trtforge.compiler import onnx_io
 from trtforge.errors import ExportError, UserError
@@ -395,6 +395,29 @@ def compare_with_ort(
 
 
 # ----------------------------------------------------------------------------- other source kinds
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".pkl")
+
+
+def unsupported_source(path: Path) -> UserError:
+    """The UserError for an existing path that is no model form trtforge compiles, saying what to do."""
+    shown = show_path(path)
+    if path.suffix.lower() in CHECKPOINT_SUFFIXES:
+        return UserError(
+            f"'{shown}' is a torch checkpoint: it holds weights (or a pickled module), not the forward's "
+            "code and example inputs an export needs. Write a factory returning (model, example_inputs), "
+            "e.g. `def make(): m = MyModel(); m.load_state_dict(torch.load(PATH)); return m.eval(), "
+            "(torch.randn(1, 3, 224, 224),)`, and pass 'mymodule:make', or save a torch.export archive "
+            "(.pt2)."
+        )
+    if path.is_dir():
+        hf = (path / "config.json").is_file()
+        causal = " (a Hugging Face causal LM directory compiles with --generate)" if hf else ""
+        return UserError(
+            f"'{shown}' is a directory{causal}; expected an .onnx or .pt2 file or package.module:factory."
+        )
+    return UserError(f"'{shown}': unsupported model file; expected .onnx, .pt2 or package.module:factory.")
+
+
 def from_onnx_file(path: str | os.PathLike[str]) -> OnnxArtifact:
     """Accept an existing ONNX file as the export artifact (checked, not re-exported)."""
     p = check_input_file(path, "model file")

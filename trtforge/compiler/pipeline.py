@@ -72,9 +72,7 @@ def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwar
                     f"model file '{path}' does not exist "
                     "(expected an .onnx or .pt2 file, or a package.module:factory reference)."
                 )
-            raise UserError(
-                f"'{path}': unsupported model file; expected .onnx, .pt2 or package.module:factory."
-            )
+            raise export_mod.unsupported_source(path)
         module, example_inputs = export_mod.load_factory(text)
         model = module
     if example_inputs is None:
