@@ -121,8 +121,19 @@ def compile_model(
     behind on failure.
     """
     log = log or (lambda _msg: None)
-    if isinstance(precision, str):
-        precision = PrecisionOptions(mode=precision.lower(), progress=progress)
+    precision, passes = _api_options(precision, passes, progress)
+    build_options = BuildOptions(
+        shapes=shapes,
+        opt_level=opt_level,
+        workspace_mb=workspace_mb,
+        timing_cache=timing_cache,
+        streams=streams,
+        aux_streams=aux_streams,
+        targets=targets,
+        backend=backend,
+        progress=progress,
+        version_compatible=version_compatible,
+    )
     check_source(model, ExportOptions(dynamic, output_names, opset, exporter), example_inputs)
     stages, precision_summary = build_stages(passes, precision)
     if precision_summary["attention"] == "paged":
@@ -154,18 +165,6 @@ def compile_model(
             "--calib-cache": precision.calib_cache,
         }
     )
-    build_options = BuildOptions(
-        shapes=shapes,
-        opt_level=opt_level,
-        workspace_mb=workspace_mb,
-        timing_cache=timing_cache,
-        streams=streams,
-        aux_streams=aux_streams,
-        targets=targets,
-        backend=backend,
-        progress=progress,
-        version_compatible=version_compatible,
-    )
     timings: dict[str, float] = {}
     records: dict[str, Any] = {}
     workdir = export_mod.new_workdir()
@@ -186,7 +185,7 @@ def compile_model(
         # --shape checked against the exported inputs and their limits now, not after the graph stages
         descs = onnx_input_descs(art.path)
         if descs is not None:
-            resolve_profile(descs, shapes, example_shapes, limits)
+            resolve_profile(descs, build_options.shapes, example_shapes, limits)
         timings["export"] = time.perf_counter() - t
         records["export"] = art.record.to_dict()
         onnx_path = art.path
@@ -249,6 +248,28 @@ def compile_model(
     return CompileResult(
         out, manifest_path, manifest, timings, records, Path(save_onnx) if save_onnx else None
     )
+
+
+def _api_options(precision: Any, passes: Any, progress: bool) -> tuple[PrecisionOptions, PassOptions | None]:
+    """`precision` as a name or PrecisionOptions, `passes` as PassOptions, a list (or comma-separated
+    string) of pass names, or None (no passes); UserError naming the argument for anything else."""
+    if isinstance(precision, str):
+        precision = PrecisionOptions(mode=precision.lower(), progress=progress)
+    elif not isinstance(precision, PrecisionOptions):
+        raise UserError(
+            f"precision must be 'fp32', 'fp16', 'bf16', 'int8' or a PrecisionOptions, got {precision!r}."
+        )
+    if isinstance(passes, str):
+        passes = [p.strip() for p in passes.split(",") if p.strip()]
+    if isinstance(passes, (list, tuple)):
+        if not all(isinstance(p, str) for p in passes):
+            raise UserError(f"passes must be pass names, got {list(passes)!r}.")
+        passes = PassOptions(names=tuple(passes))
+    elif passes is not None and not isinstance(passes, PassOptions):
+        raise UserError(
+            f"passes must be a PassOptions, a list of pass names or None (no passes), got {passes!r}."
+        )
+    return precision, passes
 
 
 def _staged_name(model: Any, stages: list[str]) -> str:
