@@ -508,6 +508,16 @@ CASES: dict[str, tuple[Setup, str]] = {
     ),
     "compile: a torch checkpoint": (_checkpoint("compile"), r"'weights\.pth' is a torch checkpoint: "),
     "report: a torch checkpoint": (_checkpoint("report"), r"'weights\.pth' is a torch checkpoint"),
+    "ONNX graph listing one output twice": (
+        _graph_onnx(
+            "twice_out",
+            _relu(),
+            lambda: [_vi("x", "FLOAT", [2, 4])],
+            lambda: [_vi("y", "FLOAT", [2, 4]), _vi("y", "FLOAT", [2, 4])],
+            command="optimize",
+        ),
+        r"'twice_out\.onnx' lists output\(s\) \['y'\] more than once in graph\.output",
+    ),
     "-o names a device with --force": (
         _tiny("compile", "m.onnx", "-o", "/dev/null", "--force"),
         "exists and is not a regular file",

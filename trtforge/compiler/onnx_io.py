@@ -83,8 +83,8 @@ def load_onnx(path: str | os.PathLike[str]) -> onnx.ModelProto:
 
 def check_structure(proto: onnx.ModelProto, where: str) -> None:
     """UserError for what no stage can use, said before a checker or runtime reports it in its own
-    words: no graph (protobuf parses many non-ONNX files as an empty model), no outputs, an opset
-    newer than the installed onnx knows."""
+    words: no graph (protobuf parses many non-ONNX files as an empty model), no outputs, an output listed
+    twice, an opset newer than the installed onnx knows."""
     import onnx
 
     g = proto.graph
@@ -97,6 +97,13 @@ def check_structure(proto: onnx.ModelProto, where: str) -> None:
         raise UserError(
             f"{where} declares no graph outputs; a model needs at least one (graph.output) to be run, "
             "verified or built."
+        )
+    names = [o.name for o in g.output]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UserError(
+            f"{where} lists output(s) {twice} more than once in graph.output; ONNX requires each graph "
+            "output to be a distinct name (every stage would rename the copies). Return the tensor once."
         )
     newest = onnx.defs.onnx_opset_version()
     for o in proto.opset_import:

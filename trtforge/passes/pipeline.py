@@ -180,17 +180,21 @@ def _opset_outcome(model: ir.Model, target: int) -> PassOutcome:
 def _run_step(ledger: PassLedger, verifier: Verifier | None, model: ir.Model, name: str, fn) -> None:
     existing = {id(n) for n in model.graph}
     inputs_before = [v.name for v in model.graph.inputs]
+    outputs_before = [v.name for v in model.graph.outputs]
     nodes_before = _count(model)
     opset_before = opset_of(model)
     t0 = time.perf_counter()
     outcome: PassOutcome = fn(model)
     seconds = time.perf_counter() - t0
-    inputs_after = [v.name for v in model.graph.inputs]
-    if inputs_after != inputs_before:
-        raise TrtforgeError(
-            f"pass '{name}' changed the graph's input names {inputs_before} -> {inputs_after} (a trtforge "
-            "bug: callers feed these names); run without it (--passes) and report the model."
-        )
+    for kind, before, after in (
+        ("input", inputs_before, [v.name for v in model.graph.inputs]),
+        ("output", outputs_before, [v.name for v in model.graph.outputs]),
+    ):
+        if after != before:
+            raise TrtforgeError(
+                f"pass '{name}' changed the graph's {kind} names {before} -> {after} (a trtforge bug: "
+                "callers feed and read these names); run without it (--passes) and report the model."
+            )
     record = PassRecord(
         name=name,
         matches=outcome.matches,
