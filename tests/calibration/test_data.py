@@ -96,6 +96,17 @@ def test_text_with_demo_tokenizer_pads_per_batch(tmp_path):
     assert b2["attention_mask"].all() and set(b1) == {"input_ids", "attention_mask", "token_type_ids"}
 
 
+def test_text_for_a_fixed_sequence_length_is_padded_and_truncated_to_it(tmp_path):
+    """A model exported with seq fixed to 12 takes exactly 12 tokens (before: padded to the batch's
+    longest, then refused as 'size 7 on axis 1; the model requires 12')."""
+    pytest.importorskip("transformers")
+    (tmp_path / "s.txt").write_text("Hi.\n" + "a much longer sentence " * 20 + "\n")
+    specs = [InputSpec(n, np.dtype(np.int64), ("batch", 12)) for n in ("input_ids", "attention_mask")]
+    (batch,) = list(load_dataset(tmp_path / "s.txt", specs, batch_size=2, tokenizer="demo"))
+    assert batch["input_ids"].shape == batch["attention_mask"].shape == (2, 12)
+    assert batch["attention_mask"][0].sum() < 12 and batch["attention_mask"][1].all()
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [

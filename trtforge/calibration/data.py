@@ -311,9 +311,16 @@ def _text_dataset(
     sentences = _read_sentences(path)
     tok = resolve_tokenizer(tokenizer)
     names = {s.name for s in specs}
+    # A model exported with a fixed sequence length takes exactly that many tokens: pad every batch to it.
+    fixed = sorted(
+        {s.shape[1] for s in specs if len(s.shape) >= 2 and isinstance(s.shape[1], int) and s.shape[1] > 0}
+    )
+    padding: bool | str = "max_length" if len(fixed) == 1 else True
+    if len(fixed) == 1:
+        max_length = fixed[0]
 
     def tokenize(batch: list[str]) -> Chunk:
-        enc = tok(batch, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+        enc = tok(batch, padding=padding, truncation=True, max_length=max_length, return_tensors="np")
         raw = {k: np.asarray(v) for k, v in enc.items() if k in names}
         if "token_type_ids" in names and "token_type_ids" not in raw and "input_ids" in raw:
             raw["token_type_ids"] = np.zeros_like(raw["input_ids"])
