@@ -441,7 +441,7 @@ CASES: dict[str, tuple[Setup, str]] = {
             lambda: [_vi("y", "FLOAT", [2, 4])],
             command="optimize",
         ),
-        r"fails ONNX checking: .*'y' has been used as output names multiple times",
+        r"ONNX model 'twice\.onnx' fails ONNX checking: .*'y' has been used as output names multiple times",
     ),
     "huge declared input dims": (
         _graph_onnx(

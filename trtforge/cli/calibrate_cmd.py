@@ -73,11 +73,18 @@ def calibrate_cmd(
         check_distinct_outputs,
         check_output_path,
         refuse_overwriting_inputs,
+        show_path,
     )
     from trtforge.calibration.api import calibrate_model
     from trtforge.calibration.cache import write_calibration_cache
     from trtforge.calibration.data import input_specs_from_model, load_dataset
-    from trtforge.compiler.onnx_io import EXTERNAL_DATA_THRESHOLD, load_onnx, model_files, save_onnx
+    from trtforge.compiler.onnx_io import (
+        EXTERNAL_DATA_THRESHOLD,
+        check_model,
+        load_onnx,
+        model_files,
+        save_onnx,
+    )
 
     opts = from_params(PrecisionOptions, params, mode="int8", calib_data=data)
     method, samples, tokenizer = opts.calib_method, opts.calib_samples, opts.tokenizer
@@ -91,6 +98,7 @@ def calibrate_cmd(
     if report is not None:
         check_output_path(report, force=force, what="report")
     onnx_model = load_onnx(model)
+    check_model(model, where=f"ONNX model '{show_path(model)}'")
     outputs = {"-o": out, "the calibration cache": cache_path, "--report": report}
     check_distinct_outputs(outputs)
     data_file = {"--data": data} if Path(data).is_file() else {}

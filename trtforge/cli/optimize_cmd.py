@@ -42,8 +42,8 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
 
     from rich.console import Console
 
-    from trtforge._fileio import atomic_write_text, check_output_path, refuse_overwriting_inputs
-    from trtforge.compiler.onnx_io import load_onnx, model_files, save_onnx_atomic
+    from trtforge._fileio import atomic_write_text, check_output_path, refuse_overwriting_inputs, show_path
+    from trtforge.compiler.onnx_io import check_model, load_onnx, model_files, save_onnx_atomic
     from trtforge.compiler.policy import check_precision, resolve_attention
     from trtforge.errors import UserError
     from trtforge.passes.pipeline import optimize_model
@@ -60,6 +60,7 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
     out_path = check_output_path(output, force=force)
     ledger_path = check_output_path(ledger, force=force, what="ledger") if ledger else None
     proto = load_onnx(model)
+    check_model(model, where=f"ONNX model '{show_path(model)}'")  # names the file; the pipeline's does not
     refuse_overwriting_inputs(
         {"-o": out_path, "-o's external data file": f"{out_path}.data", "--ledger": ledger_path},
         model_files(model) | _data_file(precision.data),
