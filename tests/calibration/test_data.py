@@ -151,3 +151,17 @@ def test_static_batch_model_gets_full_batches_only(tmp_path):
     assert [b["x"].shape for b in ds] == [(4, 3), (4, 3)] and len(ds) == 2
     with pytest.raises(UserError, match="static batch size 4"):
         load_dataset(tmp_path / "d.npz", specs, max_samples=3)
+
+
+def test_float_data_for_a_bfloat16_input_is_cast_and_a_scalar_input_is_refused(tmp_path):
+    """Before: float32 data for a bfloat16 input was refused as 'not floating data' (ml_dtypes' kind is
+    'V'), and a rank-0 model input crashed with an IndexError."""
+    import ml_dtypes
+
+    np.savez(tmp_path / "x.npz", x=np.linspace(-1, 1, 8 * 4, dtype=np.float32).reshape(8, 4))
+    bf16 = [InputSpec("x", np.dtype(ml_dtypes.bfloat16), ("batch", 4))]
+    (batch,) = list(load_dataset(tmp_path / "x.npz", bf16, batch_size=8))
+    assert batch["x"].dtype == np.dtype(ml_dtypes.bfloat16) and batch["x"].shape == (8, 4)
+    np.savez(tmp_path / "s.npz", x=np.float32(1.0))
+    with pytest.raises(UserError, match=r"'x' is a scalar \(rank 0\), so calibration data"):
+        load_dataset(tmp_path / "s.npz", [InputSpec("x", np.dtype(np.float32), ())])

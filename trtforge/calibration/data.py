@@ -27,6 +27,7 @@ import numpy as np
 
 from trtforge._usercode import load_callable, user_code
 from trtforge.errors import UserError
+from trtforge.numerics.feeds import ML_FLOATS
 
 if TYPE_CHECKING:
     import onnx
@@ -191,6 +192,11 @@ def _validate_chunk(chunk: Chunk, specs: list[InputSpec], where: str, *, allow_e
     n = None
     for s in specs:
         a = np.asarray(chunk[s.name])
+        if not s.shape:
+            raise UserError(
+                f"{where}: model input '{s.name}' is a scalar (rank 0), so calibration data for it has no "
+                "sample axis to batch over; calibrate a model whose inputs have a leading batch axis."
+            )
         if a.ndim != len(s.shape):
             raise UserError(
                 f"{where}: input '{s.name}' has rank {a.ndim} (shape {list(a.shape)}); expected rank "
@@ -208,8 +214,8 @@ def _validate_chunk(chunk: Chunk, specs: list[InputSpec], where: str, *, allow_e
                 f"{where}: input '{s.name}' has dtype {a.dtype}; the model expects {s.dtype} "
                 "(integer data for integer inputs, floating data for floating inputs)."
             )
-        if a.dtype.kind in "fc":
-            bad = ~np.isfinite(a)
+        if a.dtype.kind in "fc" or a.dtype.name.startswith(ML_FLOATS):
+            bad = ~np.isfinite(a.astype(np.float32) if a.dtype.kind == "V" else a)
             if bad.any():
                 first = np.argwhere(bad)[0].tolist()
                 raise UserError(
@@ -229,7 +235,11 @@ def _validate_chunk(chunk: Chunk, specs: list[InputSpec], where: str, *, allow_e
 
 def _same_kind(got: np.dtype, want: np.dtype) -> bool:
     kinds = {"b": "b", "i": "i", "u": "i", "f": "f", "c": "c"}
-    return kinds.get(got.kind) == kinds.get(want.kind)
+
+    def kind(dt: np.dtype) -> str | None:  # ml_dtypes' bfloat16/FP8 are kind 'V' to numpy
+        return "f" if dt.name.startswith(ML_FLOATS) else kinds.get(dt.kind)
+
+    return kind(got) == kind(want)
 
 
 def _load_npz(path: Path, specs: list[InputSpec]) -> Chunk:
