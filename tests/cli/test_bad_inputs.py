@@ -518,6 +518,14 @@ CASES: dict[str, tuple[Setup, str]] = {
         ),
         r"'twice_out\.onnx' lists output\(s\) \['y'\] more than once in graph\.output",
     ),
+    "compile: missing --precision-data": (
+        _tiny("compile", "m.onnx", "-o", "o.engine", "--precision", "fp16", "--precision-data", "nope.npz"),
+        r"--precision-data 'nope\.npz' does not exist",
+    ),
+    "calibrate: missing --data": (
+        _tiny("calibrate", "m.onnx", "--data", "nope.npz", "-o", "q.onnx"),
+        r"--data 'nope\.npz' does not exist",
+    ),
     "-o names a device with --force": (
         _tiny("compile", "m.onnx", "-o", "/dev/null", "--force"),
         "exists and is not a regular file",

@@ -385,17 +385,17 @@ def rejected_data_is_user_error(source: str) -> Iterator[None]:
         ) from e
 
 
-def _load_function(spec: str) -> Iterable[Any]:
+def _load_function(spec: str, what: str = "calibration data") -> Iterable[Any]:
     """Call the user's `module:function`; it must return an iterable of {input name: array} dicts."""
-    fn = load_callable(spec, "calibration data function")
-    with user_code(f"calibration data function '{spec}'"):
+    fn = load_callable(spec, f"{what} function")
+    with user_code(f"{what} function '{spec}'"):
         items = fn()
     if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
         raise UserError(
-            f"calibration data function '{spec}' returned {type(items).__name__}; expected an iterable "
+            f"{what} function '{spec}' returned {type(items).__name__}; expected an iterable "
             "(list or generator) of dicts mapping input name -> array."
         )
-    return _guarded(items, f"calibration data function '{spec}'")
+    return _guarded(items, f"{what} function '{spec}'")
 
 
 def _guarded(items: Iterable[Any], what: str) -> Iterator[Any]:
@@ -419,8 +419,11 @@ def load_dataset(
     shuffle_seed: int | None = None,
     tokenizer: Any = None,
     max_length: int = 128,
+    what: str = "calibration data",
 ) -> CalibrationDataset:
     """Load and validate calibration data for a model with inputs `input_specs` (see the module doc).
+
+    `what` names the data in messages (the option it came from: --precision-data, --data, ...).
 
     Raises UserError naming the file/input and what was expected when the data does not fit the model.
     """
@@ -448,11 +451,9 @@ def load_dataset(
             sentences, tokenize = _text_dataset(path, specs, tokenizer, max_length)
     elif isinstance(spec, str) and ":" in spec and not spec.endswith((".npz", ".txt", ".npy")):
         source = spec
-        chunks = _from_iterable(_load_function(spec), specs, f"data function '{spec}'", max_samples)
+        chunks = _from_iterable(_load_function(spec, what), specs, f"data function '{spec}'", max_samples)
     elif isinstance(spec, (str, os.PathLike)):
-        raise UserError(
-            f"calibration data '{spec}' does not exist (expected a file, directory or module:function)."
-        )
+        raise UserError(f"{what} '{spec}' does not exist (expected a file, directory or module:function).")
     elif isinstance(spec, dict):
         source = "in-memory arrays"
         chunks = [_validate_chunk({k: _to_numpy(v) for k, v in spec.items()}, specs, "calibration arrays")]
@@ -462,10 +463,10 @@ def load_dataset(
             _guarded(spec, f"calibration data ({source})"), specs, f"calibration data ({source})", max_samples
         )
     else:
-        raise UserError(f"unsupported calibration data {type(spec).__name__}; see trtforge calibrate --help.")
+        raise UserError(f"unsupported {what} {type(spec).__name__}; see trtforge calibrate --help.")
     n = sum(_chunk_len(c) for c in chunks) if chunks is not None else len(sentences or [])
     if n == 0:
-        raise UserError(f"calibration data {source} is empty: it holds no samples.")
+        raise UserError(f"{what} {source} is empty: it holds no samples.")
     order = np.arange(n)
     if shuffle_seed is not None:
         order = np.random.default_rng(shuffle_seed).permutation(n)

@@ -112,6 +112,7 @@ def calibrate_cmd(
         max_samples=samples,
         shuffle_seed=shuffle_seed,
         tokenizer=tokenizer,
+        what="--data",
     )
     quantized, record = calibrate_model(
         onnx_model,

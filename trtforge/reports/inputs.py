@@ -223,7 +223,7 @@ def load_feeds(
         cal_specs = [
             InputSpec(s.name, s.dtype, tuple(-1 if d is None else d for d in s.shape)) for s in specs
         ]
-        dataset = load_dataset(data, cal_specs, batch_size=batch_size, tokenizer=tokenizer)
+        dataset = load_dataset(data, cal_specs, batch_size=batch_size, tokenizer=tokenizer, what="--data")
         return [dict(f) for f in dataset], f"{data} (calibration dataset format)"
     if isinstance(data, Iterable):
         feeds = [_as_feed(x, f"data item {i}") for i, x in enumerate(data)]
