@@ -194,3 +194,26 @@ def test_modules_the_exporters_cannot_check_are_user_errors(make, message, tmp_p
     with pytest.raises(UserError, match=message):
         export_module(module, inputs, tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+class _KVCache:
+    """Stands in for a transformers Cache object (DynamicCache, ...) in a model's outputs."""
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (_KVCache(), r"type _KVCache, .* Hugging Face KV cache: set model\.config\.use_cache = False"),
+        (3, r"output of type int, not a tensor, tuple or dict\. Wrap the model"),
+    ],
+    ids=["kv cache", "python int"],
+)
+def test_non_tensor_outputs_are_user_errors(extra, message, tmp_path) -> None:
+    """Before: an ExportError (exit 1, 'internal') for a GPT2Model returning its DynamicCache."""
+
+    class Returns(torch.nn.Module):
+        def forward(self, x):
+            return x * 2, extra
+
+    with pytest.raises(UserError, match=message):
+        export_module(Returns(), (torch.randn(2, 3),), tmp_path)

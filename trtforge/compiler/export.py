@@ -138,7 +138,14 @@ def flatten_outputs(obj: Any) -> list[Any]:
         return [t for v in obj if v is not None for t in flatten_outputs(v)]
     if obj is None:
         return []
-    raise ExportError(f"model output of type {type(obj).__name__} is not a tensor, tuple or dict.")
+    kind = type(obj).__name__
+    hint = (
+        " It is a Hugging Face KV cache: set model.config.use_cache = False (or pass use_cache=False) "
+        "to export the encoder-style forward, or compile a causal LM with --generate (generate=True)."
+        if kind.endswith("Cache")
+        else " Wrap the model so that forward returns only tensors (a tensor, tuple/list or dict of them)."
+    )
+    raise UserError(f"the model returns an output of type {kind}, not a tensor, tuple or dict.{hint}")
 
 
 # ------------------------------------------------------------------------------------- exporters
