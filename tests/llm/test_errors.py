@@ -181,3 +181,13 @@ def test_broken_save_pretrained_directory_exits_2(what, message, tmp_path, capsy
         err = capsys.readouterr().err
         assert "Traceback" not in err and re.search(message, err), err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_int8_calibration_prompt_outside_the_vocabulary_is_named(llm):
+    """The id itself is named (before: only the prompt's length, which was within the limit)."""
+    from trtforge.compiler.decoder.int8 import prompt_dataset
+
+    generation = llm.generation
+    vocab = generation["vocab_size"]
+    with pytest.raises(UserError, match=rf"prompt 1: .*got 3 ids, \[{vocab}, -1\] outside the vocabulary"):
+        prompt_dataset(onnx.ModelProto(), generation, [[1, 2], [1, vocab, -1]])  # checked before the model

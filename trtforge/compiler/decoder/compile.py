@@ -203,7 +203,8 @@ def compile_generate(
         )
     if precision == "int8" and not calib_prompts:
         raise UserError(
-            "--generate --precision int8 needs calibration prompts (calib_prompts=[[ids...], ...])."
+            "--generate --precision int8 needs calibration prompts: --calib-data FILE (token ids, one prompt "
+            "per line) or calib_prompts=[[ids...], ...] in the API."
         )
     pool_blocks = _check_cache_layout(cache_layout, block_size, num_blocks, max_seq, max_batch, build)
     if precision == "int8" and cache_layout == "paged":
