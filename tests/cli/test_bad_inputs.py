@@ -292,6 +292,14 @@ def _checkpoint(command: str) -> Setup:
     return setup
 
 
+def _gzipped_onnx(d: Path) -> list[str]:
+    import gzip
+
+    (d / "m.onnx").write_bytes(gzip.compress(tiny_onnx(d / "t.onnx").read_bytes()))
+    (d / "t.onnx").unlink()
+    return ["compile", "m.onnx", "-o", "out.engine"]
+
+
 NON_UTF8 = os.fsdecode(b"caf\xe9")
 
 CASES: dict[str, tuple[Setup, str]] = {
@@ -525,6 +533,13 @@ CASES: dict[str, tuple[Setup, str]] = {
     "calibrate: missing --data": (
         _tiny("calibrate", "m.onnx", "--data", "nope.npz", "-o", "q.onnx"),
         r"--data 'nope\.npz' does not exist",
+    ),
+    "gzip-compressed ONNX": (_gzipped_onnx, r"not a readable ONNX model .* It looks like a gzip file"),
+    "ONNX opset 1": (
+        _graph_onnx(
+            "op1", _relu(), lambda: [_vi("x", "FLOAT", [2, 4])], lambda: [_vi("y", "FLOAT", [2, 4])], opset=1
+        ),
+        r"'op1\.onnx' imports ONNX opset 1; ONNX Runtime and TensorRT run opset 7 and later",
     ),
     "-o names a device with --force": (
         _tiny("compile", "m.onnx", "-o", "/dev/null", "--force"),

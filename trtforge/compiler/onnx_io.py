@@ -15,6 +15,8 @@ from trtforge.errors import UserError
 if TYPE_CHECKING:
     import onnx
 
+# The oldest default-domain opset ONNX Runtime has kernels for (older files need converting first).
+MIN_OPSET = 7
 # Protobuf refuses to serialize messages of 2 GiB or more; stay well clear of it.
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 
@@ -70,10 +72,28 @@ def read_onnx(
     except Exception as e:  # the file is the user's: any way onnx fails to read it (external data too)
         raise UserError(
             f"'{show_path(p)}' is not a readable ONNX model ({type(e).__name__}: {str(e)[:200]}). "
-            "Expected a protobuf ModelProto as written by torch.onnx.export or onnx.save."
+            f"Expected a protobuf ModelProto as written by torch.onnx.export or onnx.save.{_sniff(p)}"
         ) from e
     check_structure(proto, f"{what} '{show_path(p)}'")
     return proto
+
+
+# Leading bytes of files often given where an ONNX model is expected, and what they are.
+_MAGIC = (
+    (b"\x1f\x8b", "a gzip file: decompress it first"),
+    (b"PK\x03\x04", "a zip archive (torch.save writes these): export the model to ONNX first"),
+    (b"\x80", "a Python pickle (an old torch.save): export the model to ONNX first"),
+    (b"ftrt", "a TensorRT engine: give it to inspect, report or export-triton"),
+    (b"vtrt", "a TensorRT-RTX engine: give it to inspect, report or export-triton"),
+)
+
+
+def _sniff(path: Path) -> str:
+    """' It looks like ...' for a file whose first bytes say what it is, else ''."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    what = next((text for magic, text in _MAGIC if head.startswith(magic)), None)
+    return f" It looks like {what}." if what else ""
 
 
 def load_onnx(path: str | os.PathLike[str]) -> onnx.ModelProto:
@@ -107,6 +127,11 @@ def check_structure(proto: onnx.ModelProto, where: str) -> None:
         )
     newest = onnx.defs.onnx_opset_version()
     for o in proto.opset_import:
+        if o.domain in ("", "ai.onnx") and o.version < MIN_OPSET:
+            raise UserError(
+                f"{where} imports ONNX opset {o.version}; ONNX Runtime and TensorRT run opset {MIN_OPSET} "
+                "and later. Convert it first: onnx.version_converter.convert_version(model, 17)."
+            )
         if o.domain in ("", "ai.onnx") and o.version > newest:
             raise UserError(
                 f"{where} imports ONNX opset {o.version}; the installed onnx {onnx.__version__} knows opsets "
