@@ -541,6 +541,10 @@ CASES: dict[str, tuple[Setup, str]] = {
         ),
         r"'op1\.onnx' imports ONNX opset 1; ONNX Runtime and TensorRT run opset 7 and later",
     ),
+    "export-triton given an ONNX model": (
+        _tiny("export-triton", "m.onnx", "-o", "repo"),
+        r"'m\.onnx' is a model, not an engine: build one first with `trtforge compile m\.onnx",
+    ),
     "-o names a device with --force": (
         _tiny("compile", "m.onnx", "-o", "/dev/null", "--force"),
         "exists and is not a regular file",
