@@ -182,7 +182,8 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=parent)
     except OSError as e:
-        raise (os_error(e, p) if e.errno in USER_ERRNOS else e) from e
+        # a missing directory is the user's path too (the caller's check may not have seen this path)
+        raise (os_error(e, p) if e.errno in USER_ERRNOS or e.errno == errno.ENOENT else e) from e
     try:
         with os.fdopen(fd, mode) as f:
             yield f

@@ -545,6 +545,25 @@ CASES: dict[str, tuple[Setup, str]] = {
         _tiny("export-triton", "m.onnx", "-o", "repo"),
         r"'m\.onnx' is a model, not an engine: build one first with `trtforge compile m\.onnx",
     ),
+    "compile: --calib-cache in a missing directory": (
+        _tiny(
+            "compile",
+            "m.onnx",
+            "-o",
+            "o.engine",
+            "--precision",
+            "int8",
+            "--calib-data",
+            "m.onnx",
+            "--calib-cache",
+            "nodir/c.cache",
+        ),
+        r"cannot write --calib-cache file 'nodir/c\.cache': directory 'nodir' does not exist",
+    ),
+    "calibrate: --calib-cache in a missing directory": (
+        _tiny("calibrate", "m.onnx", "--data", "m.onnx", "-o", "q.onnx", "--calib-cache", "nodir/c.cache"),
+        r"cannot write --calib-cache file 'nodir/c\.cache'",
+    ),
     "-o names a device with --force": (
         _tiny("compile", "m.onnx", "-o", "/dev/null", "--force"),
         "exists and is not a regular file",

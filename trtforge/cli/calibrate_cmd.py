@@ -95,6 +95,8 @@ def calibrate_cmd(
     cache_path = out.with_suffix(".calib.cache") if default_cache else calib_cache
     if default_cache:
         check_output_path(cache_path, force=force, what="calibration cache")
+    elif not cache_path.exists():  # read when it exists, else written after calibration
+        check_output_path(cache_path, force=True, what="--calib-cache file")
     if report is not None:
         check_output_path(report, force=force, what="report")
     onnx_model = load_onnx(model)

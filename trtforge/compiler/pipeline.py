@@ -156,6 +156,8 @@ def compile_model(
         check_output_path(save_onnx, force=force, what="--save-onnx file")
     if timing_cache is not None:
         check_output_path(timing_cache, force=True, what="timing cache")
+    if precision.calib_cache is not None and not Path(precision.calib_cache).exists():
+        check_output_path(precision.calib_cache, force=True, what="--calib-cache file")  # written later
     check_distinct_outputs(
         {
             "-o (engine)": out,
