@@ -79,6 +79,45 @@ def check_input_file(path: str | os.PathLike[str], what: str = "input file") -> 
     return p
 
 
+def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links, bind mounts
+    except OSError:
+        return False
+
+
+def check_distinct_outputs(paths: dict[str, str | os.PathLike[str] | None]) -> None:
+    """UserError when two output options name the same file (one would silently overwrite the other)."""
+    seen: dict[str, str] = {}
+    for option, path in paths.items():
+        if path is None or not str(path):
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            raise UserError(
+                f"{option} and {seen[key]} name the same file '{show_path(path)}'; give each its own path."
+            )
+        seen[key] = option
+
+
+def refuse_overwriting_inputs(
+    outputs: dict[str, str | os.PathLike[str] | None], inputs: dict[str, str | os.PathLike[str] | None]
+) -> None:
+    """UserError when an output path names one of the command's input files (--force or not): writing it
+    would destroy the source while it is still being read."""
+    for out_what, out in outputs.items():
+        if out is None or not os.fspath(out):
+            continue
+        for in_what, src in inputs.items():
+            if src is not None and os.fspath(src) and _same_file(out, src):
+                raise UserError(
+                    f"{out_what} '{show_path(out)}' is the {in_what} '{show_path(src)}' itself; writing it "
+                    "would destroy an input. Give the output another path."
+                )
+
+
 def check_output_path(path: str | os.PathLike[str], *, force: bool, what: str = "output") -> Path:
     """Validate that `path` can be written: a file name (not a directory), parent exists and is writable,
     the name fits the filesystem, no clobbering without force."""
@@ -143,7 +182,8 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=parent)
     except OSError as e:
-        raise (os_error(e, p) if e.errno in USER_ERRNOS else e) from e
+        # a missing directory is the user's path too (the caller's check may not have seen this path)
+        raise (os_error(e, p) if e.errno in USER_ERRNOS or e.errno == errno.ENOENT else e) from e
     try:
         with os.fdopen(fd, mode) as f:
             yield f

@@ -71,7 +71,8 @@ def load_callable(spec: str, what: str) -> Callable[..., Any]:
 
 def user_frame(e: BaseException) -> str | None:
     """`file:line in function` when the innermost traceback frame that is not the Python installation
-    or its packages (torch, numpy, ...) is the user's code rather than trtforge's; else None. An error
+    or its packages (torch, numpy, ...; compiled extensions too) is the user's code rather than trtforge's;
+    else None. An error
     the user's code raised, directly or through a library it called, is theirs; one raised below a
     trtforge frame is trtforge's."""
     libraries = {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
@@ -81,7 +82,10 @@ def user_frame(e: BaseException) -> str | None:
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
         path = os.path.realpath(filename)
-        if filename.startswith("<") or any(path.startswith(r) for r in libraries):
+        # A relative name is a compiled extension's source (numpy's `numpy/random/_common.pyx`), not a file
+        # of the user's: realpath would resolve it against the current directory.
+        compiled = not os.path.isabs(filename)
+        if filename.startswith("<") or compiled or any(path.startswith(r) for r in libraries):
             pass
         elif path.startswith(package):
             last = None

@@ -65,6 +65,16 @@ def test_cache_is_written_in_trt_format_and_read_back_without_statistics(tmp_pat
         calibrate_model(m, None, calib_cache=str(partial), progress=False)
 
 
+def test_cache_alone_with_smoothquant_names_the_default_and_the_way_out(tmp_path):
+    """SmoothQuant is the INT8 default: the message says so and how to quantize from a cache alone
+    (before: it named --accuracy-target and --smoothquant, neither of which the user had passed)."""
+    cache = tmp_path / "model.calib.cache"
+    m = models.mlp()
+    calibrate_model(m, _data(), method="max", calib_cache=str(cache), progress=False)
+    with pytest.raises(UserError, match=r"SmoothQuant \(on by default\) needs calibration data.*no-smooth"):
+        calibrate_model(m, None, calib_cache=str(cache), smoothquant=0.8, progress=False)
+
+
 def test_cache_text_matches_modelopt_reader(tmp_path):
     calib_utils = pytest.importorskip("modelopt.onnx.quantization.calib_utils")
     p = tmp_path / "c.cache"

@@ -96,6 +96,17 @@ def test_text_with_demo_tokenizer_pads_per_batch(tmp_path):
     assert b2["attention_mask"].all() and set(b1) == {"input_ids", "attention_mask", "token_type_ids"}
 
 
+def test_text_for_a_fixed_sequence_length_is_padded_and_truncated_to_it(tmp_path):
+    """A model exported with seq fixed to 12 takes exactly 12 tokens (before: padded to the batch's
+    longest, then refused as 'size 7 on axis 1; the model requires 12')."""
+    pytest.importorskip("transformers")
+    (tmp_path / "s.txt").write_text("Hi.\n" + "a much longer sentence " * 20 + "\n")
+    specs = [InputSpec(n, np.dtype(np.int64), ("batch", 12)) for n in ("input_ids", "attention_mask")]
+    (batch,) = list(load_dataset(tmp_path / "s.txt", specs, batch_size=2, tokenizer="demo"))
+    assert batch["input_ids"].shape == batch["attention_mask"].shape == (2, 12)
+    assert batch["attention_mask"][0].sum() < 12 and batch["attention_mask"][1].all()
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
@@ -140,3 +151,17 @@ def test_static_batch_model_gets_full_batches_only(tmp_path):
     assert [b["x"].shape for b in ds] == [(4, 3), (4, 3)] and len(ds) == 2
     with pytest.raises(UserError, match="static batch size 4"):
         load_dataset(tmp_path / "d.npz", specs, max_samples=3)
+
+
+def test_float_data_for_a_bfloat16_input_is_cast_and_a_scalar_input_is_refused(tmp_path):
+    """Before: float32 data for a bfloat16 input was refused as 'not floating data' (ml_dtypes' kind is
+    'V'), and a rank-0 model input crashed with an IndexError."""
+    import ml_dtypes
+
+    np.savez(tmp_path / "x.npz", x=np.linspace(-1, 1, 8 * 4, dtype=np.float32).reshape(8, 4))
+    bf16 = [InputSpec("x", np.dtype(ml_dtypes.bfloat16), ("batch", 4))]
+    (batch,) = list(load_dataset(tmp_path / "x.npz", bf16, batch_size=8))
+    assert batch["x"].dtype == np.dtype(ml_dtypes.bfloat16) and batch["x"].shape == (8, 4)
+    np.savez(tmp_path / "s.npz", x=np.float32(1.0))
+    with pytest.raises(UserError, match=r"'x' is a scalar \(rank 0\), so calibration data"):
+        load_dataset(tmp_path / "s.npz", [InputSpec("x", np.dtype(np.float32), ())])

@@ -202,6 +202,104 @@ def _fifo(d: Path) -> list[str]:
     return ["compile", "pipe.onnx", "-o", "o.engine"]
 
 
+def _graph_onnx(name: str, nodes, inputs, outputs, *, opset: int = 17, command: str = "compile") -> Setup:
+    """An ONNX file built from helper.make_* pieces (no checker run: hostile graphs are the point)."""
+
+    def setup(d: Path) -> list[str]:
+        import onnx
+        from onnx import helper
+
+        graph = helper.make_graph(nodes(), name, inputs(), outputs())
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        onnx.save(model, str(d / f"{name}.onnx"))
+        out = "out.onnx" if command == "optimize" else "out.engine"
+        return [command, f"{name}.onnx", "-o", out]
+
+    return setup
+
+
+def _vi(name: str, elem: str, dims: list) -> object:
+    from onnx import TensorProto, helper
+
+    return helper.make_tensor_value_info(name, getattr(TensorProto, elem), dims)
+
+
+def _relu(src: str = "x", dst: str = "y") -> Callable[[], list]:
+    from onnx import helper
+
+    return lambda: [helper.make_node("Relu", [src], [dst])]
+
+
+def _empty_file(command: str) -> Setup:
+    def setup(d: Path) -> list[str]:
+        (d / "empty.onnx").write_bytes(b"")
+        return [command, "empty.onnx", "-o", "out.onnx" if command == "optimize" else "out.engine"]
+
+    return setup
+
+
+def _ext_model(d: Path) -> None:
+    """m.onnx (x[B,4] -> Relu(xW+b)) with its weights in external data w.bin."""
+    import onnx
+
+    onnx.save(
+        onnx.load(str(tiny_onnx(d / "t.onnx"))),
+        str(d / "m.onnx"),
+        save_as_external_data=True,
+        location="w.bin",
+        size_threshold=0,
+    )
+    (d / "t.onnx").unlink()
+
+
+def _overwrite_input(*argv: str) -> Setup:
+    def setup(d: Path) -> list[str]:
+        _ext_model(d)
+        np.savez(d / "c.npz", x=np.ones((4, 4), np.float32))
+        return [*argv, "--force"]
+
+    return setup
+
+
+def _unknown_dtype_engine(command: str) -> Setup:
+    """A consistent engine + manifest pair whose manifest gives input 0 a dtype no tool knows."""
+
+    def setup(d: Path) -> list[str]:
+        from trtforge._fileio import sha256_bytes
+        from trtforge.compiler.manifest import publish_engine
+        from trtforge.runtime.standin import standin_manifest
+
+        data = b"engine bytes" * 20
+        m = standin_manifest()
+        m.engine_file, m.engine_bytes, m.engine_sha256 = "m.engine", len(data), sha256_bytes(data)
+        publish_engine(d / "m.engine", data, m)
+        path = d / "m.engine.json"
+        path.write_text(path.read_text().replace(f'"dtype": "{m.inputs[0].dtype}"', '"dtype": "quux"', 1))
+        if command == "report":
+            return ["report", "m.engine", "-o", "rep", "--no-progress"]
+        return [command, "m.engine"]
+
+    return setup
+
+
+def _checkpoint(command: str) -> Setup:
+    def setup(d: Path) -> list[str]:
+        import torch
+
+        torch.save(torch.nn.Linear(2, 2).state_dict(), d / "weights.pth")
+        return [command, "weights.pth", "-o", "rep" if command == "report" else "out.engine"]
+
+    return setup
+
+
+def _gzipped_onnx(d: Path) -> list[str]:
+    import gzip
+
+    (d / "m.onnx").write_bytes(gzip.compress(tiny_onnx(d / "t.onnx").read_bytes()))
+    (d / "t.onnx").unlink()
+    return ["compile", "m.onnx", "-o", "out.engine"]
+
+
 NON_UTF8 = os.fsdecode(b"caf\xe9")
 
 CASES: dict[str, tuple[Setup, str]] = {
@@ -327,6 +425,145 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"--streams.*not in the range 1<=x<=32",
     ),
     "a pipe as the model": (_fifo, "is not a regular file"),
+    "compile: empty ONNX file": (_empty_file("compile"), r"ONNX model 'empty\.onnx' is empty \(0 bytes\)"),
+    "optimize: empty ONNX file": (_empty_file("optimize"), r"ONNX model 'empty\.onnx' is empty \(0 bytes\)"),
+    "ONNX graph without outputs": (
+        _graph_onnx("noout", _relu(), lambda: [_vi("x", "FLOAT", [2, 4])], list, command="optimize"),
+        r"'noout\.onnx' declares no graph outputs",
+    ),
+    "ONNX opset newer than onnx knows": (
+        _graph_onnx(
+            "op99",
+            _relu(),
+            lambda: [_vi("x", "FLOAT", [2, 4])],
+            lambda: [_vi("y", "FLOAT", [2, 4])],
+            opset=99,
+        ),
+        r"'op99\.onnx' imports ONNX opset 99; the installed onnx .* knows opsets up to \d+",
+    ),
+    "optimize: two nodes write one tensor": (
+        _graph_onnx(
+            "twice",
+            lambda: [*_relu()(), *_relu()()],
+            lambda: [_vi("x", "FLOAT", [2, 4])],
+            lambda: [_vi("y", "FLOAT", [2, 4])],
+            command="optimize",
+        ),
+        r"ONNX model 'twice\.onnx' fails ONNX checking: .*'y' has been used as output names multiple times",
+    ),
+    "huge declared input dims": (
+        _graph_onnx(
+            "huge",
+            _relu(),
+            lambda: [_vi("x", "FLOAT", [10**5] * 3)],
+            lambda: [_vi("y", "FLOAT", [10**5] * 3)],
+        ),
+        r"input 'x' is declared \[100000, 100000, 100000\] \(float32\): one sample is .* GiB",
+    ),
+    "compile: an output that is a graph input": (
+        _graph_onnx(
+            "passthrough",
+            _relu(),
+            lambda: [_vi("x", "FLOAT", ["batch", 4])],
+            lambda: [_vi("y", "FLOAT", ["batch", 4]), _vi("x", "FLOAT", ["batch", 4])],
+        ),
+        r"output\(s\) \['x'\] are graph inputs returned unchanged",
+    ),
+    "compile: a string input": (
+        _graph_onnx(
+            "strings",
+            lambda: [__import__("onnx").helper.make_node("Identity", ["x"], ["y"])],
+            lambda: [_vi("x", "STRING", [2])],
+            lambda: [_vi("y", "STRING", [2])],
+        ),
+        r"input 'x' is a string tensor; TensorRT engines bind numeric and bool tensors only",
+    ),
+    "compile -o the input model (--force)": (
+        _overwrite_input("compile", "m.onnx", "-o", "./m.onnx"),
+        r"-o \(engine\) '(\./)?m\.onnx' is the input model 'm\.onnx' itself",
+    ),
+    "compile -o the model's external data (--force)": (
+        _overwrite_input("compile", "m.onnx", "-o", "w.bin"),
+        r"'w\.bin' is the external data file #1 of the model",
+    ),
+    "compile --save-onnx the input model (--force)": (
+        _overwrite_input("compile", "m.onnx", "-o", "m.engine", "--save-onnx", "m.onnx"),
+        r"--save-onnx 'm\.onnx' is the input model",
+    ),
+    "optimize -o the input model (--force)": (
+        _overwrite_input("optimize", "m.onnx", "-o", "m.onnx"),
+        r"-o 'm\.onnx' is the input model 'm\.onnx' itself",
+    ),
+    "optimize --ledger the model's external data (--force)": (
+        _overwrite_input("optimize", "m.onnx", "-o", "o.onnx", "--ledger", "w.bin"),
+        r"--ledger 'w\.bin' is the external data file #1 of the model",
+    ),
+    "calibrate -o the calibration data (--force)": (
+        _overwrite_input("calibrate", "m.onnx", "--data", "c.npz", "-o", "c.npz"),
+        r"-o 'c\.npz' is the --data 'c\.npz' itself",
+    ),
+    "calibrate --calib-cache equal to -o": (
+        _overwrite_input("calibrate", "m.onnx", "--data", "c.npz", "-o", "q.onnx", "--calib-cache", "q.onnx"),
+        r"the calibration cache and -o name the same file 'q\.onnx'",
+    ),
+    "report: manifest with an unknown dtype": (
+        _unknown_dtype_engine("report"),
+        r"malformed manifest: inputs\[0\]\.dtype is 'quux'; expected one of \[",
+    ),
+    "inspect: manifest with an unknown dtype": (
+        _unknown_dtype_engine("inspect"),
+        r"malformed manifest: inputs\[0\]\.dtype is 'quux'",
+    ),
+    "compile: a torch checkpoint": (_checkpoint("compile"), r"'weights\.pth' is a torch checkpoint: "),
+    "report: a torch checkpoint": (_checkpoint("report"), r"'weights\.pth' is a torch checkpoint"),
+    "ONNX graph listing one output twice": (
+        _graph_onnx(
+            "twice_out",
+            _relu(),
+            lambda: [_vi("x", "FLOAT", [2, 4])],
+            lambda: [_vi("y", "FLOAT", [2, 4]), _vi("y", "FLOAT", [2, 4])],
+            command="optimize",
+        ),
+        r"'twice_out\.onnx' lists output\(s\) \['y'\] more than once in graph\.output",
+    ),
+    "compile: missing --precision-data": (
+        _tiny("compile", "m.onnx", "-o", "o.engine", "--precision", "fp16", "--precision-data", "nope.npz"),
+        r"--precision-data 'nope\.npz' does not exist",
+    ),
+    "calibrate: missing --data": (
+        _tiny("calibrate", "m.onnx", "--data", "nope.npz", "-o", "q.onnx"),
+        r"--data 'nope\.npz' does not exist",
+    ),
+    "gzip-compressed ONNX": (_gzipped_onnx, r"not a readable ONNX model .* It looks like a gzip file"),
+    "ONNX opset 1": (
+        _graph_onnx(
+            "op1", _relu(), lambda: [_vi("x", "FLOAT", [2, 4])], lambda: [_vi("y", "FLOAT", [2, 4])], opset=1
+        ),
+        r"'op1\.onnx' imports ONNX opset 1; ONNX Runtime and TensorRT run opset 7 and later",
+    ),
+    "export-triton given an ONNX model": (
+        _tiny("export-triton", "m.onnx", "-o", "repo"),
+        r"'m\.onnx' is a model, not an engine: build one first with `trtforge compile m\.onnx",
+    ),
+    "compile: --calib-cache in a missing directory": (
+        _tiny(
+            "compile",
+            "m.onnx",
+            "-o",
+            "o.engine",
+            "--precision",
+            "int8",
+            "--calib-data",
+            "m.onnx",
+            "--calib-cache",
+            "nodir/c.cache",
+        ),
+        r"cannot write --calib-cache file 'nodir/c\.cache': directory 'nodir' does not exist",
+    ),
+    "calibrate: --calib-cache in a missing directory": (
+        _tiny("calibrate", "m.onnx", "--data", "m.onnx", "-o", "q.onnx", "--calib-cache", "nodir/c.cache"),
+        r"cannot write --calib-cache file 'nodir/c\.cache'",
+    ),
     "-o names a device with --force": (
         _tiny("compile", "m.onnx", "-o", "/dev/null", "--force"),
         "exists and is not a regular file",

@@ -72,7 +72,7 @@ def _factory_module(tmp_path: Path) -> None:
 
 BAD_CASES = {
     "missing model file": (lambda d: [str(d / "nope.onnx")], "nope.onnx' does not exist"),
-    "corrupt onnx bytes": (lambda d: [str(d / "corrupt.onnx")], "corrupt.onnx' is not a valid ONNX model"),
+    "corrupt onnx bytes": (lambda d: [str(d / "corrupt.onnx")], "corrupt.onnx' is not a readable ONNX model"),
     "factory raises": (
         lambda d: ["bad_factories:explode"],
         "raised FileNotFoundError: checkpoint.pt is missing",

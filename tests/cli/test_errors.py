@@ -58,3 +58,17 @@ def test_trtforge_bug_stays_internal_error_with_trace(capsys) -> None:
     assert run_cli(_group(lambda: format_range(None)), ["go"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "internal error" in err
+
+
+def test_error_inside_a_compiled_extension_is_not_blamed_on_the_user(capsys, monkeypatch) -> None:
+    """numpy's Cython frames carry relative file names (`numpy/random/_common.pyx`): a failure there under
+    trtforge's own code is trtforge's (exit 1 with the trace), not 'your code raised'."""
+    import numpy as np
+
+    from trtforge.numerics import feeds
+
+    monkeypatch.setattr(feeds, "MAX_FEED_BYTES", 2**80)  # let numpy itself fail the allocation
+    rng = np.random.default_rng(0)
+    assert run_cli(_group(lambda: feeds.synthetic_array("x", np.float32, (10**5,) * 3, rng)), ["go"]) == 1
+    err = capsys.readouterr().err
+    assert "_common.pyx" in err and "your code raised" not in err and "internal error" in err

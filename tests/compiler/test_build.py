@@ -143,6 +143,18 @@ def test_parser_error_names_node(tmp_path) -> None:
     with pytest.raises(UserError, match=r"node mystery_node \(NoSuchOp\)"):
         build_engine(tmp_path / "bad.onnx", BuildOptions(progress=False))
 
+    # compile parses a temporary staged copy: the message names the user's model, not that file
+    import trtforge
+
+    with pytest.raises(UserError, match=r"rejected the graph of '.*bad\.onnx' after passes:\n.*mystery_node"):
+        trtforge.compile(
+            str(tmp_path / "bad.onnx"),
+            output=tmp_path / "bad.engine",
+            progress=False,
+            passes=trtforge.compiler.policy.PassOptions(verify=False),
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.onnx"]
+
 
 def test_external_data_onnx_compiles(tmp_path) -> None:
     """The >2 GB form (weights in a side file) goes through passes and build like a single file."""

@@ -173,3 +173,47 @@ def test_input_and_dynamic_spec_errors() -> None:
     with pytest.raises(UserError, match="out of range"):
         resolve_dynamic({"input_ids": {2: "x"}}, feeds)
     assert resolve_dynamic("batch", feeds)["attention_mask"] == {0: "batch"}
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: (torch.nn.Linear(4, 3).half(), (torch.randn(2, 4).half(),)), r"has torch\.float16 weights"),
+        (lambda: (torch.nn.Linear(4, 3).bfloat16(), (torch.randn(2, 4),)), r"has torch\.bfloat16 weights"),
+        (
+            lambda: (torch.nn.Linear(4, 3, device="meta"), (torch.randn(2, 4),)),
+            r"tensors on the meta device \(no data\): parameter 'weight'",
+        ),
+        (lambda: (torch.nn.Linear(4, 3), (torch.randn(0, 4),)), r"'input' \(0, 4\) have a size-0 axis"),
+    ],
+    ids=["fp16 weights", "bf16 weights", "meta weights", "size-0 example"],
+)
+def test_modules_the_exporters_cannot_check_are_user_errors(make, message, tmp_path) -> None:
+    """Before: an ExportError or an ONNX Runtime NOT_IMPLEMENTED escaping as an internal error (exit 1)."""
+    module, inputs = make()
+    with pytest.raises(UserError, match=message):
+        export_module(module, inputs, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+class _KVCache:
+    """Stands in for a transformers Cache object (DynamicCache, ...) in a model's outputs."""
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (_KVCache(), r"type _KVCache, .* Hugging Face KV cache: set model\.config\.use_cache = False"),
+        (3, r"output of type int, not a tensor, tuple or dict\. Wrap the model"),
+    ],
+    ids=["kv cache", "python int"],
+)
+def test_non_tensor_outputs_are_user_errors(extra, message, tmp_path) -> None:
+    """Before: an ExportError (exit 1, 'internal') for a GPT2Model returning its DynamicCache."""
+
+    class Returns(torch.nn.Module):
+        def forward(self, x):
+            return x * 2, extra
+
+    with pytest.raises(UserError, match=message):
+        export_module(Returns(), (torch.randn(2, 3),), tmp_path)

@@ -136,3 +136,53 @@ def test_export_options_refused_for_onnx_sources() -> None:
         check_source("m.onnx", ExportOptions(opset=17))
     with pytest.raises(UserError, match="example_inputs only apply when exporting a torch module"):
         check_source("m.onnx", ExportOptions(), example_inputs={"x": 1})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"streams": "2"}, r"--streams must be an integer, got '2' \(str\)"),
+        ({"streams": 2.5}, r"--streams must be an integer, got 2\.5"),
+        ({"opt_level": True}, r"--opt-level must be an integer, got True"),
+        ({"workspace_mb": -5}, r"--workspace must be 1\.\."),
+        ({"targets": [89]}, r"--target expects names such as 'SM89', got \[89\]"),
+        ({"shapes": {"x": (1, 2, 3)}}, r"shapes\['x'\] is \(1, 2, 3\); expected a ShapeRange"),
+        ({"shapes": [1, 2]}, r"shapes holds 1; expected 'NAME:MIN:OPT:MAX' strings"),
+        ({"shapes": {"x": ([1, -4], [2, 4], [8, 4])}}, r"--shape x: negative dimension"),
+    ],
+)
+def test_build_options_refuse_wrong_types_when_made(kwargs, message) -> None:
+    """Before: TypeError/AttributeError from deep in the build, after the export and passes ran."""
+    with pytest.raises(UserError, match=message):
+        BuildOptions(**kwargs)
+
+
+def test_build_options_accept_the_api_shorthands() -> None:
+    from trtforge.compiler.manifest import ShapeRange
+
+    one = BuildOptions(shapes="x:1x16:4x16:8x16", targets="sm86,SM89")
+    assert one.shapes == ("x:1x16:4x16:8x16",) and one.targets == ["sm86", "SM89"]
+    by_name = BuildOptions(shapes={"x": "1x16:4x16:8x16", "y": ([1], [2], [3])})
+    assert by_name.shapes == {
+        "x": ShapeRange([1, 16], [4, 16], [8, 16]),
+        "y": ShapeRange([1], [2], [3]),
+    }
+    assert by_name.to_dict()["shapes"]["x"] == {"min": [1, 16], "opt": [4, 16], "max": [8, 16]}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"precision": None}, r"precision must be 'fp32', 'fp16', 'bf16', 'int8' or a PrecisionOptions"),
+        ({"precision": 16}, r"got 16"),
+        ({"passes": 3}, r"passes must be a PassOptions, a list of pass names or None"),
+        ({"passes": ["cleanup", 1]}, r"passes must be pass names"),
+    ],
+)
+def test_compile_refuses_wrong_precision_and_passes_types(kwargs, message, tmp_path) -> None:
+    import trtforge
+    from tests.models import tiny_onnx
+
+    with pytest.raises(UserError, match=message):
+        trtforge.compile(str(tiny_onnx(tmp_path / "m.onnx")), output=tmp_path / "m.engine", **kwargs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]

@@ -67,3 +67,23 @@ def test_suggested_max_is_the_largest_that_runs(tmp_path) -> None:
     position_table_model(path, rows=40)
     with pytest.raises(UserError, match=r"--shape input_ids:1x1:1x8:1x40 "):
         check_profile(path, {"input_ids": ShapeRange([1, 1], [1, 8], [1, 128])})
+
+
+def test_bfloat16_inputs_run_min_and_max(tmp_path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT),
+            helper.make_node("Relu", ["x32"], ["r"]),
+            helper.make_node("Cast", ["r"], ["y"], to=TensorProto.BFLOAT16),
+        ],
+        "bf16",
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, ["b", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, ["b", 4])],
+    )
+    path = tmp_path / "bf16.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    record = check_profile(path, {"x": ShapeRange([1, 4], [2, 4], [8, 4])})
+    assert record["ran"] == ["MIN", "MAX"] and record["skipped"] is None

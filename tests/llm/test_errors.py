@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -144,3 +146,48 @@ def test_cli_generate_option_errors(tmp_path, capsys):
     assert "--shape cannot be combined with --generate" in capsys.readouterr().err
     assert cli_main(["compile", str(bad), "--generate", "-o", str(out)]) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.txt"]
+
+
+def _broken_dir(tmp_path, what: str):
+    """A save_pretrained directory of a tiny Llama with `what` broken."""
+    d = tmp_path / what
+    tiny_model("llama").save_pretrained(d)
+    if what == "config":
+        (d / "config.json").write_text("{not json")
+    elif what == "weights":
+        weights = d / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif what == "no weights":
+        (d / "model.safetensors").unlink()
+    return d
+
+
+@pytest.mark.parametrize(
+    ("what", "message"),
+    [
+        ("config", r"config\.json' is not a Hugging Face config transformers can read"),
+        ("weights", r"cannot load the weights in .*SafetensorError"),
+        ("no weights", r"cannot load the weights in .*no file named model\.safetensors"),
+    ],
+)
+def test_broken_save_pretrained_directory_exits_2(what, message, tmp_path, capsys):
+    d = _broken_dir(tmp_path, what)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    for argv in (
+        ["generate", str(d), "--prompt-ids", "1 2 3", "--executor", "torch"],
+        ["compile", str(d), "--generate", "-o", str(tmp_path / "x.engine")],
+    ):
+        assert cli_main(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and re.search(message, err), err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_int8_calibration_prompt_outside_the_vocabulary_is_named(llm):
+    """The id itself is named (before: only the prompt's length, which was within the limit)."""
+    from trtforge.compiler.decoder.int8 import prompt_dataset
+
+    generation = llm.generation
+    vocab = generation["vocab_size"]
+    with pytest.raises(UserError, match=rf"prompt 1: .*got 3 ids, \[{vocab}, -1\] outside the vocabulary"):
+        prompt_dataset(onnx.ModelProto(), generation, [[1, 2], [1, vocab, -1]])  # checked before the model

@@ -136,3 +136,9 @@ def test_a_failed_step_fails_only_its_requests(step_graph):
     solo = solo_output([7, 8], params, OrtPagedExecutor(step_graph, num_blocks=8))
     assert done["c"].output_token_ids == solo
     assert sched.memory_stats().free_blocks == 32 and sched.stats.failed_steps == 1
+
+
+def test_kv_pools_larger_than_ram_are_refused_by_num_blocks(step_graph):
+    """Before: numpy's MemoryError escaped as an internal error (or a lazily committed pool failed later)."""
+    with pytest.raises(UserError, match=r"num_blocks=1000000000 needs .* GiB of KV pools .* more than this"):
+        OrtPagedExecutor(step_graph, num_blocks=10**9)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtforge.numerics.feeds import describe_inputs, embedding_rows, model_feed, synthetic_feed
@@ -57,3 +58,34 @@ def test_bool_mask_and_plain_integers():
     )
     assert f["key_padding_mask"].dtype == bool and f["key_padding_mask"][:, 0].all()
     assert f["flags"].dtype == np.int32 and set(np.unique(f["flags"])) <= {0, 1}
+
+
+@pytest.mark.parametrize(
+    "name", ["float32", "int64", "bool", "bfloat16", "float8_e4m3fn", "int4", "float4_e2m1"]
+)
+def test_every_manifest_dtype_has_a_numpy_dtype(name):
+    """Manifest names for bfloat16/FP8/INT4/FP4 resolve through ml_dtypes, so reports can make data."""
+    from trtforge.compiler.backend import MANIFEST_DTYPES
+    from trtforge.numerics.feeds import numpy_dtype_of
+
+    assert name in MANIFEST_DTYPES
+    dt = numpy_dtype_of(name)
+    assert np.zeros(2, dt).dtype == dt and dt.itemsize >= 1
+
+
+def test_unknown_dtype_name_is_a_user_error_naming_the_tensor():
+    from trtforge.errors import UserError
+    from trtforge.numerics.feeds import numpy_dtype_of
+
+    with pytest.raises(UserError, match=r"engine input 'x' has dtype 'quux'"):
+        numpy_dtype_of("quux", "engine input 'x'")
+
+
+def test_a_static_zero_dim_stays_zero():
+    """ONNX Runtime holds a graph to a static 0 (an empty axis): feeds must too, not replace it by 2."""
+    from trtforge.numerics.feeds import InputDesc, concrete_shapes
+
+    shapes = concrete_shapes(
+        [InputDesc("x", np.dtype("float32"), (0, 4)), InputDesc("y", np.dtype("int64"), (-1, "s"))]
+    )
+    assert shapes == {"x": (0, 4), "y": (2, 2)}

@@ -200,3 +200,46 @@ def test_sessions_module_is_the_only_place_that_builds_ort_sessions():
         and ("InferenceSession(" in p.read_text() or "SessionOptions(" in p.read_text())
     ]
     assert offenders == []
+
+
+def _bf16_model() -> onnx.ModelProto:
+    """y = bf16(2 * x) (bfloat16 in and out) and z = float32(x) + 1: numpy has no bfloat16 ORT takes."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT),
+            helper.make_node("Add", ["x32", "x32"], ["y32"]),
+            helper.make_node("Cast", ["y32"], ["y"], to=TensorProto.BFLOAT16),
+            helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+            helper.make_node("Add", ["xf", "one"], ["z"]),
+        ],
+        "bf16",
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, ["b", 3])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.BFLOAT16, ["b", 3]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, ["b", 3]),
+        ],
+        [numpy_helper.from_array(np.array(1.0, np.float32), "one")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("as_bf16", [True, False])
+def test_run_feeds_and_returns_bfloat16_tensors(as_bf16):
+    import ml_dtypes
+
+    x = np.array([[0.5, -1.25, 3.0], [1e-3, 7.0, -0.0]], np.float32)
+    feed = x.astype(ml_dtypes.bfloat16) if as_bf16 else x
+    y, z = sessions.run(exact_session(_bf16_model()), {"x": feed, "unused": x})
+    exact = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert y.dtype == np.float32 and y.shape == (2, 3)
+    np.testing.assert_array_equal(y, exact * 2)
+    np.testing.assert_array_equal(z, exact + 1)
+    (only_z,) = sessions.run(exact_session(_bf16_model()), {"x": feed}, ["z"])
+    np.testing.assert_array_equal(only_z, exact + 1)
+
+
+def test_bfloat16_io_model_is_verified_pass_by_pass():
+    from trtforge.passes.pipeline import optimize_model
+
+    _out, ledger = optimize_model(_bf16_model())
+    assert ledger.passes and all(p.verification is not None for p in ledger.passes)

@@ -217,3 +217,67 @@ def test_cli_optimize_precision_fp16(tmp_path, capsys):
         == 2
     )
     assert "--keep-fp32 'Nope'" in capsys.readouterr().err
+
+
+def test_output_that_is_a_graph_input_keeps_both_names():
+    """onnx_ir's output fix renames such an input to `x_orig` inside the optimizer; cleanup gives the name
+    back, so the optimized model is fed and read by the same names (ORT-verified like every pass)."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "passthrough",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out, ledger = optimize_model(model)
+    assert [i.name for i in out.graph.input] == ["x"]
+    assert [o.name for o in out.graph.output] == ["y", "x"]
+    assert all(p.verification is not None for p in ledger.passes)
+    onnx.checker.check_model(out)
+
+
+def test_a_pass_that_renames_graph_inputs_is_a_trtforge_error(monkeypatch):
+    from trtforge.errors import TrtforgeError
+
+    def rename(model: ir.Model, ctx) -> PassOutcome:
+        model.graph.inputs[0].name = "renamed"
+        return PassOutcome()
+
+    monkeypatch.setitem(pipeline.PASSES, "rename", PassSpec("rename", "test: renames an input", rename))
+    with pytest.raises(TrtforgeError, match=r"pass 'rename' changed the graph's input names") as e:
+        optimize_model(_model(), passes=["rename"], verify=False)
+    assert not isinstance(e.value, UserError)
+
+
+def test_one_tensor_returned_twice_keeps_both_output_names():
+    """torch exports `return y, y` as y -> Identity -> y2, both graph outputs; Identity elimination used to
+    merge them into one value listed twice under one name (an engine with duplicate output names)."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Identity", ["y"], ["y2"])],
+        "twice",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["batch", 4]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out, ledger = optimize_model(model)
+    assert [o.name for o in out.graph.output] == ["y", "y2"]
+    assert all(p.verification is not None for p in ledger.passes)
+    onnx.checker.check_model(out)
+
+
+def test_a_pass_that_renames_graph_outputs_is_a_trtforge_error(monkeypatch):
+    from trtforge.errors import TrtforgeError
+
+    def rename(model: ir.Model, ctx) -> PassOutcome:
+        model.graph.outputs[0].name = "renamed"
+        return PassOutcome()
+
+    monkeypatch.setitem(pipeline.PASSES, "rename", PassSpec("rename", "test: renames an output", rename))
+    with pytest.raises(TrtforgeError, match=r"pass 'rename' changed the graph's output names"):
+        optimize_model(_model(), passes=["rename"], verify=False)

@@ -124,3 +124,29 @@ def test_bad_arguments_are_user_errors(tmp_path, model_a):
     with pytest.raises(UserError, match="not a directory"):
         build_report(str(model_a), out_dir=tmp_path / "file", progress=False)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"data": "missing.npz"}, r"--data '.*missing\.npz' does not exist"),
+        ({"calibration_data": "missing.npz"}, r"--calibration-data '.*missing\.npz' does not exist"),
+        ({"tolerances": {"no_such_output": {"atol": 1.0}}}, r"the model has no output 'no_such_output'"),
+        ({"tolerances": {"trt-zz/": {"atol": 1.0}}}, r"no target 'trt-zz' in this report"),
+    ],
+    ids=["missing data", "missing calibration data", "tolerance for an unknown output", "unknown target"],
+)
+def test_bad_arguments_fail_without_leaving_a_report_directory(tmp_path, model_a, kwargs, message):
+    """Before: a missing --data surfaced as 'calibration data' and left the new report directory behind;
+    a tolerance for an output or target the report lacks checked nothing."""
+    with pytest.raises(UserError, match=message):
+        build_report(str(model_a), targets=["ort", "ort-fp16"], out_dir=tmp_path / "o", **kwargs, **FAST)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("text", ["y:atol=nan", "y:rtol=-1", ":cosine=2", "y:top1=1.5", "y:snr=nan"])
+def test_tolerance_values_outside_their_range_are_refused(text):
+    from trtforge.reports.compare import parse_tolerance
+
+    with pytest.raises(UserError, match=r"must be in \["):
+        parse_tolerance(text)

@@ -114,7 +114,11 @@ def calibrate_model(
         if not (calib_cache and Path(calib_cache).exists()):
             raise UserError("no calibration data: pass a dataset, or an existing calibration cache to read.")
         if accuracy_target is not None or smoothquant is not None:
-            raise UserError("--accuracy-target and --smoothquant need calibration data, not only a cache.")
+            what = "--accuracy-target" if accuracy_target is not None else "SmoothQuant (on by default)"
+            raise UserError(
+                f"{what} needs calibration data, not only the cache '{calib_cache}': give --calib-data, "
+                "or drop --accuracy-target and pass --no-smoothquant to quantize from the cache alone."
+            )
     elif isinstance(data, CalibrationDataset):
         dataset = data.take(samples) if samples else data
     else:

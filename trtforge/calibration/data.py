@@ -27,6 +27,7 @@ import numpy as np
 
 from trtforge._usercode import load_callable, user_code
 from trtforge.errors import UserError
+from trtforge.numerics.feeds import ML_FLOATS
 
 if TYPE_CHECKING:
     import onnx
@@ -191,6 +192,11 @@ def _validate_chunk(chunk: Chunk, specs: list[InputSpec], where: str, *, allow_e
     n = None
     for s in specs:
         a = np.asarray(chunk[s.name])
+        if not s.shape:
+            raise UserError(
+                f"{where}: model input '{s.name}' is a scalar (rank 0), so calibration data for it has no "
+                "sample axis to batch over; calibrate a model whose inputs have a leading batch axis."
+            )
         if a.ndim != len(s.shape):
             raise UserError(
                 f"{where}: input '{s.name}' has rank {a.ndim} (shape {list(a.shape)}); expected rank "
@@ -208,8 +214,8 @@ def _validate_chunk(chunk: Chunk, specs: list[InputSpec], where: str, *, allow_e
                 f"{where}: input '{s.name}' has dtype {a.dtype}; the model expects {s.dtype} "
                 "(integer data for integer inputs, floating data for floating inputs)."
             )
-        if a.dtype.kind in "fc":
-            bad = ~np.isfinite(a)
+        if a.dtype.kind in "fc" or a.dtype.name.startswith(ML_FLOATS):
+            bad = ~np.isfinite(a.astype(np.float32) if a.dtype.kind == "V" else a)
             if bad.any():
                 first = np.argwhere(bad)[0].tolist()
                 raise UserError(
@@ -229,7 +235,11 @@ def _validate_chunk(chunk: Chunk, specs: list[InputSpec], where: str, *, allow_e
 
 def _same_kind(got: np.dtype, want: np.dtype) -> bool:
     kinds = {"b": "b", "i": "i", "u": "i", "f": "f", "c": "c"}
-    return kinds.get(got.kind) == kinds.get(want.kind)
+
+    def kind(dt: np.dtype) -> str | None:  # ml_dtypes' bfloat16/FP8 are kind 'V' to numpy
+        return "f" if dt.name.startswith(ML_FLOATS) else kinds.get(dt.kind)
+
+    return kind(got) == kind(want)
 
 
 def _load_npz(path: Path, specs: list[InputSpec]) -> Chunk:
@@ -311,9 +321,16 @@ def _text_dataset(
     sentences = _read_sentences(path)
     tok = resolve_tokenizer(tokenizer)
     names = {s.name for s in specs}
+    # A model exported with a fixed sequence length takes exactly that many tokens: pad every batch to it.
+    fixed = sorted(
+        {s.shape[1] for s in specs if len(s.shape) >= 2 and isinstance(s.shape[1], int) and s.shape[1] > 0}
+    )
+    padding: bool | str = "max_length" if len(fixed) == 1 else True
+    if len(fixed) == 1:
+        max_length = fixed[0]
 
     def tokenize(batch: list[str]) -> Chunk:
-        enc = tok(batch, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+        enc = tok(batch, padding=padding, truncation=True, max_length=max_length, return_tensors="np")
         raw = {k: np.asarray(v) for k, v in enc.items() if k in names}
         if "token_type_ids" in names and "token_type_ids" not in raw and "input_ids" in raw:
             raw["token_type_ids"] = np.zeros_like(raw["input_ids"])
@@ -368,17 +385,17 @@ def rejected_data_is_user_error(source: str) -> Iterator[None]:
         ) from e
 
 
-def _load_function(spec: str) -> Iterable[Any]:
+def _load_function(spec: str, what: str = "calibration data") -> Iterable[Any]:
     """Call the user's `module:function`; it must return an iterable of {input name: array} dicts."""
-    fn = load_callable(spec, "calibration data function")
-    with user_code(f"calibration data function '{spec}'"):
+    fn = load_callable(spec, f"{what} function")
+    with user_code(f"{what} function '{spec}'"):
         items = fn()
     if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
         raise UserError(
-            f"calibration data function '{spec}' returned {type(items).__name__}; expected an iterable "
+            f"{what} function '{spec}' returned {type(items).__name__}; expected an iterable "
             "(list or generator) of dicts mapping input name -> array."
         )
-    return _guarded(items, f"calibration data function '{spec}'")
+    return _guarded(items, f"{what} function '{spec}'")
 
 
 def _guarded(items: Iterable[Any], what: str) -> Iterator[Any]:
@@ -402,8 +419,11 @@ def load_dataset(
     shuffle_seed: int | None = None,
     tokenizer: Any = None,
     max_length: int = 128,
+    what: str = "calibration data",
 ) -> CalibrationDataset:
     """Load and validate calibration data for a model with inputs `input_specs` (see the module doc).
+
+    `what` names the data in messages (the option it came from: --precision-data, --data, ...).
 
     Raises UserError naming the file/input and what was expected when the data does not fit the model.
     """
@@ -431,11 +451,9 @@ def load_dataset(
             sentences, tokenize = _text_dataset(path, specs, tokenizer, max_length)
     elif isinstance(spec, str) and ":" in spec and not spec.endswith((".npz", ".txt", ".npy")):
         source = spec
-        chunks = _from_iterable(_load_function(spec), specs, f"data function '{spec}'", max_samples)
+        chunks = _from_iterable(_load_function(spec, what), specs, f"data function '{spec}'", max_samples)
     elif isinstance(spec, (str, os.PathLike)):
-        raise UserError(
-            f"calibration data '{spec}' does not exist (expected a file, directory or module:function)."
-        )
+        raise UserError(f"{what} '{spec}' does not exist (expected a file, directory or module:function).")
     elif isinstance(spec, dict):
         source = "in-memory arrays"
         chunks = [_validate_chunk({k: _to_numpy(v) for k, v in spec.items()}, specs, "calibration arrays")]
@@ -445,10 +463,10 @@ def load_dataset(
             _guarded(spec, f"calibration data ({source})"), specs, f"calibration data ({source})", max_samples
         )
     else:
-        raise UserError(f"unsupported calibration data {type(spec).__name__}; see trtforge calibrate --help.")
+        raise UserError(f"unsupported {what} {type(spec).__name__}; see trtforge calibrate --help.")
     n = sum(_chunk_len(c) for c in chunks) if chunks is not None else len(sentences or [])
     if n == 0:
-        raise UserError(f"calibration data {source} is empty: it holds no samples.")
+        raise UserError(f"{what} {source} is empty: it holds no samples.")
     order = np.arange(n)
     if shuffle_seed is not None:
         order = np.random.default_rng(shuffle_seed).permutation(n)

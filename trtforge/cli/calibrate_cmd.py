@@ -67,11 +67,24 @@ def calibrate_cmd(
 ) -> None:
     """Calibrate MODEL on DATA and write it with INT8 Q/DQ nodes that TensorRT fuses (the rest stays as
     it is; `compile --precision int8` also converts the rest, see --int8-rest there)."""
-    from trtforge._fileio import atomic_write_bytes, atomic_write_text, check_output_path
+    from trtforge._fileio import (
+        atomic_write_bytes,
+        atomic_write_text,
+        check_distinct_outputs,
+        check_output_path,
+        refuse_overwriting_inputs,
+        show_path,
+    )
     from trtforge.calibration.api import calibrate_model
     from trtforge.calibration.cache import write_calibration_cache
     from trtforge.calibration.data import input_specs_from_model, load_dataset
-    from trtforge.compiler.onnx_io import EXTERNAL_DATA_THRESHOLD, load_onnx, save_onnx
+    from trtforge.compiler.onnx_io import (
+        EXTERNAL_DATA_THRESHOLD,
+        check_model,
+        load_onnx,
+        model_files,
+        save_onnx,
+    )
 
     opts = from_params(PrecisionOptions, params, mode="int8", calib_data=data)
     method, samples, tokenizer = opts.calib_method, opts.calib_samples, opts.tokenizer
@@ -82,9 +95,18 @@ def calibrate_cmd(
     cache_path = out.with_suffix(".calib.cache") if default_cache else calib_cache
     if default_cache:
         check_output_path(cache_path, force=force, what="calibration cache")
+    elif not cache_path.exists():  # read when it exists, else written after calibration
+        check_output_path(cache_path, force=True, what="--calib-cache file")
     if report is not None:
         check_output_path(report, force=force, what="report")
     onnx_model = load_onnx(model)
+    check_model(model, where=f"ONNX model '{show_path(model)}'")
+    outputs = {"-o": out, "the calibration cache": cache_path, "--report": report}
+    check_distinct_outputs(outputs)
+    data_file = {"--data": data} if Path(data).is_file() else {}
+    refuse_overwriting_inputs(
+        outputs | {"-o's external data file": f"{out}.data"}, model_files(model) | data_file
+    )
     dataset = load_dataset(
         data,
         input_specs_from_model(onnx_model),
@@ -92,6 +114,7 @@ def calibrate_cmd(
         max_samples=samples,
         shuffle_seed=shuffle_seed,
         tokenizer=tokenizer,
+        what="--data",
     )
     quantized, record = calibrate_model(
         onnx_model,

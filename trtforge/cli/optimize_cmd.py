@@ -42,8 +42,8 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
 
     from rich.console import Console
 
-    from trtforge._fileio import atomic_write_text, check_output_path
-    from trtforge.compiler.onnx_io import load_onnx, save_onnx_atomic
+    from trtforge._fileio import atomic_write_text, check_output_path, refuse_overwriting_inputs, show_path
+    from trtforge.compiler.onnx_io import check_model, load_onnx, model_files, save_onnx_atomic
     from trtforge.compiler.policy import check_precision, resolve_attention
     from trtforge.errors import UserError
     from trtforge.passes.pipeline import optimize_model
@@ -60,6 +60,11 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
     out_path = check_output_path(output, force=force)
     ledger_path = check_output_path(ledger, force=force, what="ledger") if ledger else None
     proto = load_onnx(model)
+    check_model(model, where=f"ONNX model '{show_path(model)}'")  # names the file; the pipeline's does not
+    refuse_overwriting_inputs(
+        {"-o": out_path, "-o's external data file": f"{out_path}.data", "--ledger": ledger_path},
+        model_files(model) | _data_file(precision.data),
+    )
     result, record = optimize_model(
         proto,
         passes=list(passes.names) if passes.names is not None else None,
@@ -95,6 +100,12 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
             f"{p['reason_counts'] or ''}, casts +{p['casts_inserted']}/-{p['casts_removed']}"
         )
     console.print(f"wrote {out_path}")
+
+
+def _data_file(data: Any) -> dict[str, Any]:
+    from pathlib import Path
+
+    return {"--precision-data": data} if isinstance(data, str) and Path(data).is_file() else {}
 
 
 def ledger_table(record):

@@ -123,6 +123,7 @@ def report_cmd(
 ) -> None:
     """Compare accuracy and latency of MODEL_OR_ENGINE across runtimes and precisions."""
 
+    from trtforge.compiler.export import CHECKPOINT_SUFFIXES, unsupported_source
     from trtforge.reports.api import build_report
     from trtforge.reports.compare import parse_tolerance
 
@@ -132,6 +133,8 @@ def report_cmd(
 
         source = load_factory(model)
         check_forward(*source)  # a factory whose model fails on its own inputs is the user's to fix
+    elif Path(model).suffix.lower() in CHECKPOINT_SUFFIXES or Path(model).is_dir():
+        raise unsupported_source(Path(model))
     elif Path(model).is_file() and Path(model).suffix != ".onnx":
         from trtforge.compiler.manifest import read_manifest, verify_engine_file
 

@@ -40,6 +40,8 @@ TRT_DTYPE_NAMES = {
     "INT4": "int4",
     "FP4": "float4_e2m1",
 }
+# Every dtype name a manifest may hold (what trt_dtype_name writes, plus the names of older builds).
+MANIFEST_DTYPES = frozenset(TRT_DTYPE_NAMES.values()) | {"float64", "float8_e5m2"}
 
 
 @dataclass(frozen=True)

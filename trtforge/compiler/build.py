@@ -22,7 +22,13 @@ from trtforge._fileio import atomic_write_bytes
 from trtforge.compiler.backend import Backend, get_backend, trt_dtype_name
 from trtforge.compiler.manifest import ShapeRange, TensorSpec
 from trtforge.compiler.policy import cli
-from trtforge.compiler.shapes import InputDesc, ShapeLimits, limits_to_dict, resolve_profile
+from trtforge.compiler.shapes import (
+    InputDesc,
+    ShapeLimits,
+    limits_to_dict,
+    normalize_shapes,
+    resolve_profile,
+)
 from trtforge.errors import BuildError, UserError
 
 # More profile copies than a GPU has hardware work queues (32) cannot run concurrently, and each copy
@@ -88,6 +94,34 @@ class BuildOptions:
         ),
     )
 
+    def __post_init__(self) -> None:
+        """Normalize what the API accepts (one --shape string, a target string) and refuse wrong types and
+        ranges here, before any export or pass runs, naming the option."""
+        self.shapes = normalize_shapes(self.shapes)
+        if isinstance(self.targets, str):
+            self.targets = [t.strip() for t in self.targets.split(",") if t.strip()]
+        if self.targets is not None and not all(isinstance(t, str) for t in self.targets):
+            raise UserError(f"--target expects names such as 'SM89', got {list(self.targets)!r}.")
+        self.streams = _integer(self.streams, "--streams")
+        for name, flag in (
+            ("opt_level", "--opt-level"),
+            ("workspace_mb", "--workspace"),
+            ("aux_streams", "--aux-streams"),
+        ):
+            if getattr(self, name) is not None:
+                setattr(self, name, _integer(getattr(self, name), flag))
+        if not 1 <= self.streams <= MAX_STREAMS:
+            raise UserError(
+                f"--streams must be 1..{MAX_STREAMS}, got {self.streams}: each stream is a copy of the "
+                f"profile, and a GPU runs at most {MAX_STREAMS} streams concurrently."
+            )
+        if self.opt_level is not None and not 0 <= self.opt_level <= 5:
+            raise UserError(f"--opt-level must be 0..5, got {self.opt_level}.")
+        if self.workspace_mb is not None and not 0 < self.workspace_mb < 2**43:
+            raise UserError(f"--workspace must be 1..{2**43 - 1} MiB, got {self.workspace_mb}.")
+        if self.aux_streams is not None and not 0 <= self.aux_streams <= MAX_DIM:
+            raise UserError(f"--aux-streams must be 0..{MAX_DIM}, got {self.aux_streams}.")
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, with shapes in --shape syntax when given as strings; `progress` (display only)
         is left out so the same request records the same options from the API and the CLI."""
@@ -100,6 +134,14 @@ class BuildOptions:
         d["timing_cache"] = str(self.timing_cache) if self.timing_cache else None
         d["targets"] = list(self.targets) if self.targets else None
         return d
+
+
+def _integer(value: Any, flag: str) -> int:
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise UserError(f"{flag} must be an integer, got {value!r} ({type(value).__name__}).")
+    return int(value)
 
 
 @dataclass
@@ -126,7 +168,7 @@ class BuildRecord:
         return asdict(self)
 
 
-def _parse(backend: Backend, network: Any, onnx_path: Path) -> Any:
+def _parse(backend: Backend, network: Any, onnx_path: Path, source: str | None = None) -> Any:
     parser = backend.create_parser(network)
     if not parser.parse_from_file(str(onnx_path)):
         errors = [parser.get_error(i) for i in range(parser.num_errors)]
@@ -135,10 +177,39 @@ def _parse(backend: Backend, network: Any, onnx_path: Path) -> Any:
             node = e.node_name() or (f"#{e.node()}" if e.node() >= 0 else "<model>")
             lines.append(f"  node {node} ({e.node_operator() or '-'}): {e.desc()} [{e.code()}]")
         raise UserError(
-            f"TensorRT's ONNX parser ({backend.name} {backend.version}) rejected '{onnx_path}':\n"
-            + "\n".join(lines)
+            f"TensorRT's ONNX parser ({backend.name} {backend.version}) rejected "
+            f"{source or repr(str(onnx_path))}:\n" + "\n".join(lines)
         )
     return parser
+
+
+# ONNX element types no TensorRT engine binding can hold.
+_NO_BINDING_TYPES = ("STRING", "COMPLEX64", "COMPLEX128")
+
+
+def _check_io(onnx_path: Path) -> None:
+    """UserError for graph I/O an engine cannot bind as the model names it: an output that is a graph
+    input passed through unchanged (the parser would rename the input to `__NAME`, so callers' feeds
+    would no longer match), or a string/complex tensor."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    inputs = {i.name for i in graph.input} - {t.name for t in graph.initializer}
+    passthrough = [o.name for o in graph.output if o.name in inputs]
+    if passthrough:
+        raise UserError(
+            f"output(s) {passthrough} are graph inputs returned unchanged; a TensorRT engine needs distinct "
+            "input and output tensors (its ONNX parser would rename the input, so feeds by the model's "
+            "input names would fail). Drop them from the model's outputs (the caller already holds them)."
+        )
+    for kind, values in (("input", graph.input), ("output", graph.output)):
+        for v in values:
+            type_name = onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type)
+            if v.name in inputs | {o.name for o in graph.output} and type_name in _NO_BINDING_TYPES:
+                raise UserError(
+                    f"{kind} '{v.name}' is a {type_name.lower()} tensor; TensorRT engines bind numeric and "
+                    "bool tensors only. Keep string/complex processing outside the model."
+                )
 
 
 def _register_plugins_if_needed(backend: Backend, onnx_path: Path) -> None:
@@ -294,24 +365,18 @@ def build_engine(
     on_derived: Callable[[dict[str, ShapeRange]], None] | None = None,
     limits: ShapeLimits | None = None,
     check_profile: Callable[[dict[str, ShapeRange]], dict[str, Any]] | None = None,
+    source: str | None = None,
 ) -> tuple[bytes, BuildRecord]:
     """Parse `onnx_path` and build a serialized engine; raises UserError for bad models/options.
+
+    `source` names the graph in messages when `onnx_path` is a temporary staged file (what the user gave).
 
     `limits` bound derived ranges and refuse user ranges beyond them; `check_profile(profile)` runs
     before the builder (the pipeline passes the ONNX Runtime MIN/MAX check) and its record is kept.
     """
     options = options or BuildOptions()
-    if not 1 <= options.streams <= MAX_STREAMS:
-        raise UserError(
-            f"--streams must be 1..{MAX_STREAMS}, got {options.streams}: each stream is a copy of the "
-            f"profile, and a GPU runs at most {MAX_STREAMS} streams concurrently."
-        )
-    if options.opt_level is not None and not 0 <= options.opt_level <= 5:
-        raise UserError(f"--opt-level must be 0..5, got {options.opt_level}.")
-    if options.workspace_mb is not None and not 0 < options.workspace_mb < 2**43:
-        raise UserError(f"--workspace must be 1..{2**43 - 1} MiB, got {options.workspace_mb}.")
-    if options.aux_streams is not None and not 0 <= options.aux_streams <= MAX_DIM:
-        raise UserError(f"--aux-streams must be 0..{MAX_DIM}, got {options.aux_streams}.")
+    options.__post_init__()  # fields may have been assigned after construction
+    _check_io(Path(onnx_path))
     backend = get_backend(options.backend)
     if not backend.capabilities.can_build:
         raise UserError(f"{backend.name} cannot build engines here: {backend.capabilities.build_reason}.")
@@ -322,7 +387,7 @@ def build_engine(
     network = backend.create_network(builder)
     backend.logger.take()
     _register_plugins_if_needed(backend, onnx_path)
-    parser = _parse(backend, network, onnx_path)
+    parser = _parse(backend, network, onnx_path, source)
     seconds["parse"] = time.perf_counter() - t0
     inputs, outputs = network_io(network)
     symbols = _onnx_symbols(onnx_path)

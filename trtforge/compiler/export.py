@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtforge._fileio import check_input_file
+from trtforge._fileio import check_input_file, show_path
 from trtforge._usercode import load_callable, user_code
 from trtforge.compiler import onnx_io
 from trtforge.errors import ExportError, UserError
@@ -138,7 +138,14 @@ def flatten_outputs(obj: Any) -> list[Any]:
         return [t for v in obj if v is not None for t in flatten_outputs(v)]
     if obj is None:
         return []
-    raise ExportError(f"model output of type {type(obj).__name__} is not a tensor, tuple or dict.")
+    kind = type(obj).__name__
+    hint = (
+        " It is a Hugging Face KV cache: set model.config.use_cache = False (or pass use_cache=False) "
+        "to export the encoder-style forward, or compile a causal LM with --generate (generate=True)."
+        if kind.endswith("Cache")
+        else " Wrap the model so that forward returns only tensors (a tensor, tuple/list or dict of them)."
+    )
+    raise UserError(f"the model returns an output of type {kind}, not a tensor, tuple or dict.{hint}")
 
 
 # ------------------------------------------------------------------------------------- exporters
@@ -246,6 +253,7 @@ def export_module(
         raise UserError(f"exporter must be auto, dynamo or legacy; got '{exporter}'.")
     _check_opset(opset)
     feeds = normalize_inputs(module, example_inputs)
+    _check_exportable(module, feeds)
     dynamic_axes = resolve_dynamic(dynamic, feeds)
     input_names = list(feeds)
     reference = check_forward(module, feeds)
@@ -280,6 +288,39 @@ def export_module(
     record.seconds = time.perf_counter() - t0
     _finish(path, record, feeds, reference, rtol=rtol, atol=atol, verify=verify)
     return OnnxArtifact(path, record)
+
+
+def _check_exportable(module: Any, feeds: Mapping[str, Any]) -> None:
+    """UserError for a module or example inputs the exporters cannot turn into a checked FP32 graph:
+    weights without data (meta device), half-precision weights (ONNX Runtime, the reference every
+    check uses, has no CPU kernels for much of BF16 and rounds FP16 differently from torch; precision
+    is trtforge's job: --precision fp16/bf16 keeps FP32 islands), or a size-0 example axis (the
+    exporters trace shapes from the examples)."""
+    import torch
+
+    tensors = [("parameter", n, t) for n, t in module.named_parameters()]
+    tensors += [("buffer", n, t) for n, t in module.named_buffers()]
+    meta = [f"{kind} '{n}'" for kind, n, t in tensors if t.is_meta]
+    meta += [f"example input '{n}'" for n, t in feeds.items() if t.is_meta]
+    if meta:
+        raise UserError(
+            f"{type(module).__name__} has tensors on the meta device (no data): {', '.join(meta[:3])}"
+            f"{' ...' if len(meta) > 3 else ''}. Load real weights (e.g. load_state_dict(..., assign=True) "
+            "or to_empty() and initialize) and give CPU example inputs."
+        )
+    half = sorted({str(t.dtype) for _, _, t in tensors if t.dtype in (torch.float16, torch.bfloat16)})
+    if half:
+        raise UserError(
+            f"{type(module).__name__} has {', '.join(half)} weights; export the FP32 model (model.float()) "
+            "and choose the engine's precision with --precision fp16/bf16 (precision=...), which keeps "
+            "FP32 where half precision would overflow."
+        )
+    empty = [f"'{n}' {tuple(t.shape)}" for n, t in feeds.items() if t.numel() == 0]
+    if empty:
+        raise UserError(
+            f"example input(s) {', '.join(empty)} have a size-0 axis; the exporters trace shapes from the "
+            "examples, so give every axis at least one element (and --dynamic for axes that vary)."
+        )
 
 
 def _check_opset(opset: int | None) -> None:
@@ -361,20 +402,33 @@ def compare_with_ort(
 
 
 # ----------------------------------------------------------------------------- other source kinds
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".pkl")
+
+
+def unsupported_source(path: Path) -> UserError:
+    """The UserError for an existing path that is no model form trtforge compiles, saying what to do."""
+    shown = show_path(path)
+    if path.suffix.lower() in CHECKPOINT_SUFFIXES:
+        return UserError(
+            f"'{shown}' is a torch checkpoint: it holds weights (or a pickled module), not the forward's "
+            "code and example inputs an export needs. Write a factory returning (model, example_inputs), "
+            "e.g. `def make(): m = MyModel(); m.load_state_dict(torch.load(PATH)); return m.eval(), "
+            "(torch.randn(1, 3, 224, 224),)`, and pass 'mymodule:make', or save a torch.export archive "
+            "(.pt2)."
+        )
+    if path.is_dir():
+        hf = (path / "config.json").is_file()
+        causal = " (a Hugging Face causal LM directory compiles with --generate)" if hf else ""
+        return UserError(
+            f"'{shown}' is a directory{causal}; expected an .onnx or .pt2 file or package.module:factory."
+        )
+    return UserError(f"'{shown}': unsupported model file; expected .onnx, .pt2 or package.module:factory.")
+
+
 def from_onnx_file(path: str | os.PathLike[str]) -> OnnxArtifact:
     """Accept an existing ONNX file as the export artifact (checked, not re-exported)."""
     p = check_input_file(path, "model file")
-    import onnx
-
-    try:
-        proto = onnx.load(str(p), load_external_data=False)
-    except Exception as e:
-        raise UserError(
-            f"'{p}' is not a valid ONNX model ({type(e).__name__}: {str(e)[:200]}). "
-            "Expected a protobuf ModelProto as written by torch.onnx.export or onnx.save."
-        ) from e
-    if not proto.graph.node and not proto.graph.output:
-        raise UserError(f"'{p}' parsed as ONNX but holds an empty graph; is it really an ONNX model?")
+    proto = onnx_io.read_onnx(p, external_data=False)
     onnx_io.check_model(p, where=f"ONNX model '{p}'")
     record = ExportRecord(
         source_kind="onnx",

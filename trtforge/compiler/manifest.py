@@ -155,10 +155,15 @@ def _dims(value: Any, what: str, lowest: int) -> list[int]:
 
 
 def _tensor(t: Any, what: str) -> TensorSpec:
+    from trtforge.compiler.backend import MANIFEST_DTYPES
+
     t = _typed(t, dict, what)
+    dtype = _typed(t.get("dtype"), str, f"{what}.dtype")
+    if dtype not in MANIFEST_DTYPES:
+        raise ValueError(f"{what}.dtype is {dtype!r}; expected one of {sorted(MANIFEST_DTYPES)}")
     return TensorSpec(
         name=_typed(t.get("name"), str, f"{what}.name"),
-        dtype=_typed(t.get("dtype"), str, f"{what}.dtype"),
+        dtype=dtype,
         shape=_dims(t.get("shape"), f"{what}.shape", -1),
     )
 
@@ -193,6 +198,11 @@ def read_manifest(engine_path: str | os.PathLike[str]) -> Manifest:
         raise UserError(f"'{show_path(engine_path)}' is not an engine file path.")
     resolve_pending(engine_path)
     path = manifest_path_for(engine_path)
+    if not path.is_file() and Path(engine_path).suffix.lower() in (".onnx", ".pt2"):
+        raise UserError(
+            f"'{show_path(engine_path)}' is a model, not an engine: build one first with "
+            f"`trtforge compile {show_path(engine_path)} -o MODEL.engine` (engine and manifest together)."
+        )
     if not path.is_file():
         raise UserError(
             f"engine '{show_path(engine_path)}' has no manifest '{show_path(path)}'. trtforge writes one "

@@ -15,6 +15,8 @@ from trtforge.errors import UserError
 if TYPE_CHECKING:
     import onnx
 
+# The oldest default-domain opset ONNX Runtime has kernels for (older files need converting first).
+MIN_OPSET = 7
 # Protobuf refuses to serialize messages of 2 GiB or more; stay well clear of it.
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 
@@ -34,6 +36,14 @@ def external_data_files(path: str | os.PathLike[str]) -> list[Path]:
     return sorted(files)
 
 
+def model_files(path: str | os.PathLike[str]) -> dict[str, Path]:
+    """The ONNX file and the external-data files it uses, by what they are (for messages)."""
+    files = {"input model": Path(path)}
+    for i, f in enumerate(external_data_files(path)):
+        files[f"external data file #{i + 1} of the model"] = f
+    return files
+
+
 def source_sha256(path: str | os.PathLike[str]) -> str:
     """sha256 of an ONNX file and, in order, of the external data files it uses (one combined hash)."""
     import hashlib
@@ -45,20 +55,88 @@ def source_sha256(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
-def load_onnx(path: str | os.PathLike[str]) -> onnx.ModelProto:
-    """Load an ONNX file with its external data; UserError naming the file on any problem."""
+def read_onnx(
+    path: str | os.PathLike[str], what: str = "ONNX model", *, external_data: bool
+) -> onnx.ModelProto:
+    """Parse an ONNX file (with its external data or not) and :func:`check_structure` it; UserError naming
+    the file on any problem."""
     import onnx
 
-    from trtforge._fileio import check_input_file
+    from trtforge._fileio import check_input_file, show_path
 
-    p = check_input_file(path, "ONNX model")
+    p = check_input_file(path, what)
+    if p.stat().st_size == 0:
+        raise UserError(f"{what} '{show_path(p)}' is empty (0 bytes); expected an ONNX model file.")
     try:
-        return onnx.load(str(p), load_external_data=True)
+        proto = onnx.load(str(p), load_external_data=external_data)
     except Exception as e:  # the file is the user's: any way onnx fails to read it (external data too)
         raise UserError(
-            f"'{p}' is not a readable ONNX model ({type(e).__name__}: {str(e)[:200]}). "
-            "Expected a protobuf ModelProto as written by torch.onnx.export or onnx.save."
+            f"'{show_path(p)}' is not a readable ONNX model ({type(e).__name__}: {str(e)[:200]}). "
+            f"Expected a protobuf ModelProto as written by torch.onnx.export or onnx.save.{_sniff(p)}"
         ) from e
+    check_structure(proto, f"{what} '{show_path(p)}'")
+    return proto
+
+
+# Leading bytes of files often given where an ONNX model is expected, and what they are.
+_MAGIC = (
+    (b"\x1f\x8b", "a gzip file: decompress it first"),
+    (b"PK\x03\x04", "a zip archive (torch.save writes these): export the model to ONNX first"),
+    (b"\x80", "a Python pickle (an old torch.save): export the model to ONNX first"),
+    (b"ftrt", "a TensorRT engine: give it to inspect, report or export-triton"),
+    (b"vtrt", "a TensorRT-RTX engine: give it to inspect, report or export-triton"),
+)
+
+
+def _sniff(path: Path) -> str:
+    """' It looks like ...' for a file whose first bytes say what it is, else ''."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    what = next((text for magic, text in _MAGIC if head.startswith(magic)), None)
+    return f" It looks like {what}." if what else ""
+
+
+def load_onnx(path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """Load an ONNX file with its external data; UserError naming the file on any problem."""
+    return read_onnx(path, external_data=True)
+
+
+def check_structure(proto: onnx.ModelProto, where: str) -> None:
+    """UserError for what no stage can use, said before a checker or runtime reports it in its own
+    words: no graph (protobuf parses many non-ONNX files as an empty model), no outputs, an output listed
+    twice, an opset newer than the installed onnx knows."""
+    import onnx
+
+    g = proto.graph
+    if not proto.HasField("graph") or not (g.node or g.output or g.input):
+        raise UserError(
+            f"{where} parsed as protobuf but holds no graph (ir_version {proto.ir_version}); is it really an "
+            "ONNX model? Expected a ModelProto as written by torch.onnx.export or onnx.save."
+        )
+    if not g.output:
+        raise UserError(
+            f"{where} declares no graph outputs; a model needs at least one (graph.output) to be run, "
+            "verified or built."
+        )
+    names = [o.name for o in g.output]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UserError(
+            f"{where} lists output(s) {twice} more than once in graph.output; ONNX requires each graph "
+            "output to be a distinct name (every stage would rename the copies). Return the tensor once."
+        )
+    newest = onnx.defs.onnx_opset_version()
+    for o in proto.opset_import:
+        if o.domain in ("", "ai.onnx") and o.version < MIN_OPSET:
+            raise UserError(
+                f"{where} imports ONNX opset {o.version}; ONNX Runtime and TensorRT run opset {MIN_OPSET} "
+                "and later. Convert it first: onnx.version_converter.convert_version(model, 17)."
+            )
+        if o.domain in ("", "ai.onnx") and o.version > newest:
+            raise UserError(
+                f"{where} imports ONNX opset {o.version}; the installed onnx {onnx.__version__} knows opsets "
+                f"up to {newest}. Export with an opset <= {newest} (torch.onnx.export(..., opset_version=N))."
+            )
 
 
 def save_onnx(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:

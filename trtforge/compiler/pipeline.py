@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from trtforge import __version__
-from trtforge._fileio import check_output_path, sha256_bytes, show_path
+from trtforge._fileio import (
+    check_distinct_outputs,
+    check_output_path,
+    refuse_overwriting_inputs,
+    sha256_bytes,
+    show_path,
+)
 from trtforge.compiler import export as export_mod
 from trtforge.compiler import onnx_io
 from trtforge.compiler.build import BuildOptions, build_engine
@@ -66,9 +72,7 @@ def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwar
                     f"model file '{path}' does not exist "
                     "(expected an .onnx or .pt2 file, or a package.module:factory reference)."
                 )
-            raise UserError(
-                f"'{path}': unsupported model file; expected .onnx, .pt2 or package.module:factory."
-            )
+            raise export_mod.unsupported_source(path)
         module, example_inputs = export_mod.load_factory(text)
         model = module
     if example_inputs is None:
@@ -117,8 +121,19 @@ def compile_model(
     behind on failure.
     """
     log = log or (lambda _msg: None)
-    if isinstance(precision, str):
-        precision = PrecisionOptions(mode=precision.lower(), progress=progress)
+    precision, passes = _api_options(precision, passes, progress)
+    build_options = BuildOptions(
+        shapes=shapes,
+        opt_level=opt_level,
+        workspace_mb=workspace_mb,
+        timing_cache=timing_cache,
+        streams=streams,
+        aux_streams=aux_streams,
+        targets=targets,
+        backend=backend,
+        progress=progress,
+        version_compatible=version_compatible,
+    )
     check_source(model, ExportOptions(dynamic, output_names, opset, exporter), example_inputs)
     stages, precision_summary = build_stages(passes, precision)
     if precision_summary["attention"] == "paged":
@@ -141,7 +156,9 @@ def compile_model(
         check_output_path(save_onnx, force=force, what="--save-onnx file")
     if timing_cache is not None:
         check_output_path(timing_cache, force=True, what="timing cache")
-    _check_distinct(
+    if precision.calib_cache is not None and not Path(precision.calib_cache).exists():
+        check_output_path(precision.calib_cache, force=True, what="--calib-cache file")  # written later
+    check_distinct_outputs(
         {
             "-o (engine)": out,
             "the manifest": manifest_path_for(out),
@@ -149,18 +166,6 @@ def compile_model(
             "--timing-cache": timing_cache,
             "--calib-cache": precision.calib_cache,
         }
-    )
-    build_options = BuildOptions(
-        shapes=shapes,
-        opt_level=opt_level,
-        workspace_mb=workspace_mb,
-        timing_cache=timing_cache,
-        streams=streams,
-        aux_streams=aux_streams,
-        targets=targets,
-        backend=backend,
-        progress=progress,
-        version_compatible=version_compatible,
     )
     timings: dict[str, float] = {}
     records: dict[str, Any] = {}
@@ -174,11 +179,15 @@ def compile_model(
             "exporter": exporter,
         }
         art, example_shapes, module = _source_artifact(model, example_inputs, workdir, export_kwargs, log)
+        refuse_overwriting_inputs(  # after the source is read and checked: its external data is known
+            {"-o (engine)": out, "the manifest": manifest_path_for(out), "--save-onnx": save_onnx},
+            _input_files(model, precision),
+        )
         limits = source_limits(art.path, module)
         # --shape checked against the exported inputs and their limits now, not after the graph stages
         descs = onnx_input_descs(art.path)
         if descs is not None:
-            resolve_profile(descs, shapes, example_shapes, limits)
+            resolve_profile(descs, build_options.shapes, example_shapes, limits)
         timings["export"] = time.perf_counter() - t
         records["export"] = art.record.to_dict()
         onnx_path = art.path
@@ -206,6 +215,7 @@ def compile_model(
             on_derived=on_derived,
             limits=limits,
             check_profile=lambda profile: check_profile(onnx_path, profile),
+            source=_staged_name(model, [s.name for s in stages]) if onnx_path != art.path else None,
         )
         timings["build"] = time.perf_counter() - t
         records["build"] = build_record.to_dict()
@@ -242,18 +252,43 @@ def compile_model(
     )
 
 
-def _check_distinct(paths: Mapping[str, str | os.PathLike[str] | None]) -> None:
-    """UserError when two output options name the same file (one would silently overwrite the other)."""
-    seen: dict[str, str] = {}
-    for option, path in paths.items():
-        if path is None or not str(path):
-            continue
-        key = os.path.realpath(path)
-        if key in seen:
-            raise UserError(
-                f"{option} and {seen[key]} name the same file '{show_path(path)}'; give each its own path."
-            )
-        seen[key] = option
+def _api_options(precision: Any, passes: Any, progress: bool) -> tuple[PrecisionOptions, PassOptions | None]:
+    """`precision` as a name or PrecisionOptions, `passes` as PassOptions, a list (or comma-separated
+    string) of pass names, or None (no passes); UserError naming the argument for anything else."""
+    if isinstance(precision, str):
+        precision = PrecisionOptions(mode=precision.lower(), progress=progress)
+    elif not isinstance(precision, PrecisionOptions):
+        raise UserError(
+            f"precision must be 'fp32', 'fp16', 'bf16', 'int8' or a PrecisionOptions, got {precision!r}."
+        )
+    if isinstance(passes, str):
+        passes = [p.strip() for p in passes.split(",") if p.strip()]
+    if isinstance(passes, (list, tuple)):
+        if not all(isinstance(p, str) for p in passes):
+            raise UserError(f"passes must be pass names, got {list(passes)!r}.")
+        passes = PassOptions(names=tuple(passes))
+    elif passes is not None and not isinstance(passes, PassOptions):
+        raise UserError(
+            f"passes must be a PassOptions, a list of pass names or None (no passes), got {passes!r}."
+        )
+    return precision, passes
+
+
+def _staged_name(model: Any, stages: list[str]) -> str:
+    """How messages name the staged graph: the user's model and the stages it went through."""
+    name = f"'{show_path(model)}'" if isinstance(model, (str, os.PathLike)) else type(model).__name__
+    return f"the graph of {name} after {', '.join(stages) or 'export'}"
+
+
+def _input_files(model: Any, precision: PrecisionOptions) -> dict[str, str | os.PathLike[str] | None]:
+    """The files compile reads: the model (and its external data), sample and calibration data files."""
+    files: dict[str, str | os.PathLike[str] | None] = {}
+    if isinstance(model, (str, os.PathLike)) and Path(model).is_file():
+        files.update(onnx_io.model_files(model) if str(model).endswith(".onnx") else {"input model": model})
+    for what, data in (("--precision-data", precision.data), ("--calib-data", precision.calib_data)):
+        if isinstance(data, (str, os.PathLike)) and Path(data).is_file():
+            files[what] = data
+    return files
 
 
 def _plugins_used(onnx_path: Path) -> list[dict[str, str]]:

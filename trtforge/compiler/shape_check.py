@@ -34,7 +34,7 @@ def _exact_session(path: Path) -> Any:
 
 def _feeds(session: Any, shapes: Mapping[str, list[int]], seed: int = 0) -> dict[str, np.ndarray]:
     """Synthetic feeds (trtforge.numerics rules) at `shapes`; an input type numpy cannot hold is refused."""
-    from trtforge.numerics.feeds import synthetic_array
+    from trtforge.numerics.feeds import numpy_dtype_of, synthetic_array
 
     rng = np.random.default_rng(seed)
     feeds = {}
@@ -42,13 +42,15 @@ def _feeds(session: Any, shapes: Mapping[str, list[int]], seed: int = 0) -> dict
         dtype = _NP.get(inp.type)  # e.g. "tensor(int64)"
         if dtype is None:
             raise _Unsupported(f"input '{inp.name}' has type {inp.type}")
-        feeds[inp.name] = synthetic_array(inp.name, np.dtype(dtype), tuple(shapes[inp.name]), rng)
+        dtype = numpy_dtype_of(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+        feeds[inp.name] = synthetic_array(inp.name, dtype, tuple(shapes[inp.name]), rng)
     return feeds
 
 
 _NP = {
     "tensor(float)": np.float32,
     "tensor(float16)": np.float16,
+    "tensor(bfloat16)": "bfloat16",  # ml_dtypes' (numerics.sessions.run feeds it to ONNX Runtime)
     "tensor(double)": np.float64,
     "tensor(int64)": np.int64,
     "tensor(int32)": np.int32,
@@ -91,7 +93,9 @@ def _custom_domains(path: Path) -> list[str]:
 def _run(session: Any, shapes: Mapping[str, list[int]]) -> str | None:
     """None when the graph runs at `shapes`, else ONNX Runtime's message (first lines)."""
     try:
-        session.run(None, _feeds(session, shapes))
+        from trtforge.numerics.sessions import run
+
+        run(session, _feeds(session, shapes))
     except _Unsupported:
         raise
     except Exception as e:  # ORT raises its own exception types for any failing kernel

@@ -83,6 +83,49 @@ def parse_shape_option(spec: str) -> tuple[str, ShapeRange]:
     )
 
 
+def normalize_shapes(
+    shapes: Any,
+) -> dict[str, ShapeRange] | tuple[str, ...] | None:
+    """What the API accepts for `shapes`, in the two forms the rest reads: --shape strings (one string is
+    one option), or {name: ShapeRange} whose values may also be "MIN:OPT:MAX" strings or (min, opt, max)
+    dim lists. UserError for anything else, naming the input."""
+    if shapes is None:
+        return None
+    if isinstance(shapes, str):
+        return (shapes,)
+    if isinstance(shapes, Mapping):
+        out: dict[str, ShapeRange] = {}
+        for name, value in shapes.items():
+            if isinstance(value, ShapeRange):
+                out[name] = value
+            elif isinstance(value, str):
+                out[name] = parse_shape_option(f"{name}:{value}")[1]
+            elif isinstance(value, Sequence) and len(value) == 3 and all(_is_dims(v) for v in value):
+                where = f"--shape {name}"
+                out[name] = ShapeRange(*(parse_dims("x".join(map(str, v)), where=where) for v in value))
+            else:
+                raise UserError(
+                    f"shapes['{name}'] is {value!r}; expected a ShapeRange, a 'MIN:OPT:MAX' string such as "
+                    "'1x16:8x128:32x512' or (min, opt, max) dim lists."
+                )
+        return out
+    if isinstance(shapes, Iterable):
+        specs = tuple(shapes)
+        bad = [s for s in specs if not isinstance(s, str)]
+        if bad:
+            raise UserError(f"shapes holds {bad[0]!r}; expected 'NAME:MIN:OPT:MAX' strings or a dict.")
+        return specs
+    raise UserError(f"shapes is {type(shapes).__name__}; expected 'NAME:MIN:OPT:MAX' strings or a dict.")
+
+
+def _is_dims(value: Any) -> bool:
+    import numbers
+
+    return isinstance(value, Sequence) and all(
+        isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in value
+    )
+
+
 def validate_range(desc: InputDesc, rng: ShapeRange) -> None:
     """Check rank, static dims and MIN <= OPT <= MAX for one input; UserError naming it otherwise."""
     where = f"--shape {desc.name}"
@@ -150,6 +193,7 @@ def resolve_profile(
     Inputs sharing a symbolic dim (e.g. 'batch') get the same derived range on that dim, and a limit
     on one input's axis holds for every axis with the same symbol.
     """
+    user = normalize_shapes(user)
     if user is not None and not isinstance(user, Mapping):
         parsed: dict[str, ShapeRange] = {}
         for spec in user:

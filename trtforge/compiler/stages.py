@@ -54,7 +54,8 @@ def _load_data(spec: Any, model: Any, tokenizer: Any) -> Any:
         return spec
     from trtforge.calibration.data import input_specs_from_model, load_dataset
 
-    return load_dataset(str(spec), input_specs_from_model(model), tokenizer=tokenizer)
+    specs = input_specs_from_model(model)
+    return load_dataset(str(spec), specs, tokenizer=tokenizer, what="--precision-data")
 
 
 def _float_stage(opts: PrecisionOptions, precision: str) -> GraphStage:

@@ -27,6 +27,8 @@ Dim = int | str | None  # static size, symbolic name, or unknown
 # Ops an index tensor may pass through on its way to the embedding Gather.
 INDEX_PASSTHROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand"})
 DEFAULT_SIZES = (2, 7, 5, 3, 6)
+# Largest sample array generated for an ONNX Runtime check (inputs declared larger are refused).
+MAX_FEED_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -88,12 +90,51 @@ def describe_inputs(model: onnx.ModelProto) -> list[InputDesc]:
     return out
 
 
+# ml_dtypes' floating types (numpy kind 'V'): bfloat16, the FP8 and FP4 formats.
+ML_FLOATS = ("bfloat16", "float8", "float4")
+# Manifest names whose ml_dtypes type is spelled differently.
+_ML_DTYPE_NAMES = {"float4_e2m1": "float4_e2m1fn"}
+
+
+def numpy_dtype_of(name: str, what: str = "tensor") -> np.dtype:
+    """The NumPy dtype of a dtype name, with ml_dtypes' types for bfloat16, FP8, INT4 and FP4 (the names
+    manifests use); UserError naming `what` for a name neither knows."""
+    import ml_dtypes
+
+    from trtforge.errors import UserError
+
+    try:
+        return np.dtype(name)
+    except TypeError:
+        pass
+    found = getattr(ml_dtypes, _ML_DTYPE_NAMES.get(name, name), None)
+    if found is None:
+        raise UserError(f"{what} has dtype {name!r}, which has no NumPy or ml_dtypes type to make data of.")
+    return np.dtype(found)
+
+
+def check_feed_size(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """UserError when one sample array of `shape` would exceed `MAX_FEED_BYTES` (a model declaring huge
+    static dims): say so by input name instead of failing inside numpy or ONNX Runtime."""
+    from trtforge.errors import UserError
+
+    nbytes = int(np.prod([int(d) for d in shape], dtype=object)) * np.dtype(dtype).itemsize
+    if nbytes > MAX_FEED_BYTES:
+        raise UserError(
+            f"input '{name}' is declared {list(shape)} ({np.dtype(dtype).name}): one sample is "
+            f"{nbytes / 2**30:.3g} GiB, above the {MAX_FEED_BYTES / 2**30:g} GiB trtforge generates for ONNX "
+            "Runtime checks. Declare the large dims symbolic (dynamic) in the model, give smaller --shape "
+            "ranges, or turn verification off (--no-verify)."
+        )
+
+
 def synthetic_array(
     name: str, dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator, vocab: int | None = None
 ) -> np.ndarray:
-    """One input array by the rules in the module doc."""
+    """One input array by the rules in the module doc (UserError above `MAX_FEED_BYTES`)."""
+    check_feed_size(name, dtype, shape)
     dt = np.dtype(dtype)
-    if dt.kind in "fc":
+    if dt.kind in "fc" or dt.name.startswith(ML_FLOATS):
         return rng.standard_normal(shape).astype(dt)
     if vocab is not None and dt.kind in "iu":
         return rng.integers(0, max(int(vocab), 1), size=shape).astype(dt)
@@ -116,14 +157,14 @@ def synthetic_feed(specs: Iterable[tuple[str, np.dtype, tuple[int, ...], int | N
 def concrete_shapes(
     inputs: Sequence[InputDesc], sizes: Sequence[int] = DEFAULT_SIZES
 ) -> dict[str, tuple[int, ...]]:
-    """Concrete shapes: static dims kept, each distinct symbolic name the next of `sizes`; an unnamed
-    dim takes sizes[0] on axis 0 (the batch) and sizes[1] elsewhere."""
+    """Concrete shapes: static dims kept (0 included), each distinct symbolic name the next of `sizes`; an
+    unnamed or negative dim takes sizes[0] on axis 0 (the batch) and sizes[1] elsewhere."""
     named: dict[str, int] = {}
     out = {}
     for desc in inputs:
         shape = []
         for axis, d in enumerate(desc.dims):
-            if isinstance(d, int) and d > 0:
+            if isinstance(d, int) and d >= 0:  # a static 0 is an empty axis (ONNX Runtime holds to it)
                 shape.append(d)
             elif isinstance(d, str):
                 shape.append(named.setdefault(d, sizes[len(named) % len(sizes)]))

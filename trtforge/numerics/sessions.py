@@ -90,7 +90,55 @@ def is_exact(session: ort.InferenceSession) -> bool:
     return level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
 
 
+BF16 = "tensor(bfloat16)"
+
+
 def run(session: ort.InferenceSession, feed: dict, names: list[str] | None = None) -> list:
-    """`session.run` on the entries of `feed` the session takes as inputs (others are ignored)."""
-    wanted = {i.name for i in session.get_inputs()}
-    return session.run(names, {k: v for k, v in feed.items() if k in wanted})
+    """`session.run` on the entries of `feed` the session takes as inputs (others are ignored).
+
+    ORT's numpy bridge has no bfloat16: bfloat16 inputs (ml_dtypes arrays, or float arrays cast here) go
+    in as OrtValues, and bfloat16 outputs come back as float32 arrays (exact: every bfloat16 is a float32).
+    """
+    inputs = {i.name: i.type for i in session.get_inputs()}
+    feed = {k: v for k, v in feed.items() if k in inputs}
+    outputs = {o.name: o.type for o in session.get_outputs()}
+    wanted = list(outputs) if names is None else list(names)
+    if BF16 not in inputs.values() and all(outputs.get(n) != BF16 for n in wanted):
+        return session.run(names, feed)
+    return _run_ort_values(session, feed, inputs, wanted)
+
+
+def _run_ort_values(
+    session: ort.InferenceSession, feed: dict, types: dict[str, str], names: list[str]
+) -> list:
+    import ml_dtypes
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    values = {}
+    for name, array in feed.items():
+        if types[name] == BF16:
+            bits = np.ascontiguousarray(np.asarray(array).astype(ml_dtypes.bfloat16)).view(np.uint16)
+            values[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, onnx.TensorProto.BFLOAT16)
+        else:
+            values[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+    return [_to_numpy(v) for v in session.run_with_ort_values(names, values)]
+
+
+def _to_numpy(value: ort.OrtValue):
+    """An OrtValue as numpy; a bfloat16 tensor (which OrtValue.numpy refuses) as float32."""
+    import ctypes
+
+    import ml_dtypes
+    import numpy as np
+
+    if value.data_type() != BF16:
+        return value.numpy()
+    shape = tuple(value.shape())
+    count = int(np.prod(shape, dtype=np.int64))
+    if count == 0:
+        return np.zeros(shape, np.float32)
+    raw = (ctypes.c_uint16 * count).from_address(value.data_ptr())
+    bits = np.frombuffer(raw, dtype=np.uint16).copy()
+    return bits.view(ml_dtypes.bfloat16).astype(np.float32).reshape(shape)

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import onnx
 import onnx_ir as ir
 
-from trtforge.errors import UserError
+from trtforge.errors import TrtforgeError, UserError
 from trtforge.passes._base import (
     ATTENTION_STRATEGIES,
     PassContext,
@@ -144,7 +144,11 @@ def optimize_model(
         VerificationError: a pass changed an output beyond tolerance (names pass, output, error).
     """
     names = _validate(passes, attention)
-    ir_model = ir.serde.deserialize_model(model)
+    try:
+        ir_model = ir.serde.deserialize_model(model)
+    except Exception:
+        _check(model, large=False)  # an invalid graph (two nodes writing one tensor) says so by name
+        raise
     large = weight_bytes(ir_model) > VERIFY_MAX_BYTES
     _check(model, large)
     ctx = PassContext(attention=attention, debug=debug)
@@ -175,11 +179,22 @@ def _opset_outcome(model: ir.Model, target: int) -> PassOutcome:
 
 def _run_step(ledger: PassLedger, verifier: Verifier | None, model: ir.Model, name: str, fn) -> None:
     existing = {id(n) for n in model.graph}
+    inputs_before = [v.name for v in model.graph.inputs]
+    outputs_before = [v.name for v in model.graph.outputs]
     nodes_before = _count(model)
     opset_before = opset_of(model)
     t0 = time.perf_counter()
     outcome: PassOutcome = fn(model)
     seconds = time.perf_counter() - t0
+    for kind, before, after in (
+        ("input", inputs_before, [v.name for v in model.graph.inputs]),
+        ("output", outputs_before, [v.name for v in model.graph.outputs]),
+    ):
+        if after != before:
+            raise TrtforgeError(
+                f"pass '{name}' changed the graph's {kind} names {before} -> {after} (a trtforge bug: "
+                "callers feed and read these names); run without it (--passes) and report the model."
+            )
     record = PassRecord(
         name=name,
         matches=outcome.matches,

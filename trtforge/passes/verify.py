@@ -18,7 +18,7 @@ import onnx_ir as ir
 
 from trtforge.numerics.compare import Tolerance, compare_arrays, elementwise_failures
 from trtforge.numerics.feeds import DEFAULT_SIZES, model_feed
-from trtforge.numerics.sessions import exact_session
+from trtforge.numerics.sessions import exact_session, run
 from trtforge.passes._base import VerificationError, VerificationRecord
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class Verifier:
     def _run(self, model: ir.Model | onnx.ModelProto, what: str) -> list[np.ndarray]:
         proto = ir.serde.serialize_model(model) if isinstance(model, ir.Model) else model
         try:
-            return exact_session(proto).run(None, self.feeds)
+            return run(exact_session(proto), self.feeds)
         except Exception as e:
             raise VerificationError(f"ONNX Runtime cannot run {what}: {e}") from e
 

@@ -11,6 +11,7 @@ import contextlib
 import datetime as _dt
 import os
 import platform
+import re
 import shutil
 import tempfile
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtforge._fileio import show_path
 from trtforge.compiler.policy import PrecisionOptions
 from trtforge.errors import UserError
 from trtforge.reports.compare import compare_target
@@ -60,10 +62,17 @@ def _check_args(batch_sizes: Sequence[int], seq_lens: Sequence[int], warmup: int
         raise UserError(f"warmup must be >= 0 and runs >= 1, got warmup={warmup}, runs={runs}.")
 
 
-def _out_dir(out_dir: str | os.PathLike[str]) -> Path:
+def _check_out_dir(out_dir: str | os.PathLike[str]) -> Path:
+    """Refuse a report directory path that names a file, before any work (created only at the end)."""
     p = Path(out_dir)
     if p.exists() and not p.is_dir():
         raise UserError(f"report directory '{p}' exists and is not a directory.")
+    return p
+
+
+def _out_dir(out_dir: str | os.PathLike[str]) -> Path:
+    """Create the report directory, once the report is ready: a failed run leaves no empty directory."""
+    p = _check_out_dir(out_dir)
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -245,7 +254,9 @@ def build_report(
     names = validate_names(list(targets) if targets else default_targets(src))
     names, reference = _pick_reference(names, reference, src.kind)
     validate_names([reference])
-    out = _out_dir(out_dir)
+    _check_out_dir(out_dir)
+    _check_data_path(data, "--data")
+    _check_data_path(calibration_data, "--calibration-data")
     notes: list[str] = []
     workdir = Path(tempfile.mkdtemp(prefix="trtforge-report-"))
     bar = _Progress(progress, 2 * len(names))
@@ -290,6 +301,9 @@ def build_report(
                 bar.step(f"ran {n}", advance=1)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    ref_run = runs_by_name[reference]
+    if ref_run.outputs:
+        _check_tolerance_keys(tolerances, names, list(ref_run.outputs[0]))
     accuracy: list[AccuracyRow] = []
     for n in names:
         if n != reference:
@@ -326,7 +340,7 @@ def build_report(
     )
     from trtforge.reports.render import write_report
 
-    html_path, md_path, json_path = write_report(report, out)
+    html_path, md_path, json_path = write_report(report, _out_dir(out_dir))
     return ReportResult(html_path, md_path, json_path, report, runs_by_name)
 
 
@@ -358,6 +372,31 @@ def _drop_unquantizable(names: list[str], prepared: Mapping[str, Target], notes:
     notes[:] = [n for n in notes if not n.startswith("INT8 was calibrated")]
     notes.append(f"{' and '.join(gone)} left out of the default targets: {reason}")
     return [n for n in names if n not in gone]
+
+
+def _check_tolerance_keys(
+    tolerances: Mapping[str, Any] | None, targets: list[str], outputs: list[str]
+) -> None:
+    """A tolerance keyed by an output or target this report does not have would silently check nothing."""
+    for key in tolerances or {}:
+        target, slash, output = key.rpartition("/") if "/" in key else ("", "", key)
+        if slash and target not in targets:
+            raise UserError(f"--tolerance '{key}': no target '{target}' in this report (targets: {targets}).")
+        if output and output not in outputs:
+            raise UserError(f"--tolerance '{key}': the model has no output '{output}' (outputs: {outputs}).")
+
+
+def _check_data_path(value: Any, option: str) -> None:
+    """A data path that does not exist, said by its option before any target is prepared (it would
+    otherwise surface later, named as calibration data)."""
+    if not isinstance(value, (str, os.PathLike)) or Path(value).exists():
+        return
+    if re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", str(value)):
+        return  # module:function, imported when used
+    raise UserError(
+        f"{option} '{show_path(value)}' does not exist; expected an .npz file, a directory of .npz/.npy "
+        "files, a text file (with --tokenizer) or module:function."
+    )
 
 
 def _calibration_source(calibration_data: Any, data: Any, tokenizer: Any, seq: int, notes: list[str]):

@@ -46,6 +46,8 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "int8": Tolerance(min_cosine=0.99, min_snr_db=15.0),
 }
 _HIST_BINS = 40
+# Valid values per field (atol, rtol and snr default to [0, inf)): a cosine or top-1 rate is at most 1.
+_TOLERANCE_RANGES = {"min_cosine": (-1.0, 1.0), "min_top1": (0.0, 1.0), "min_snr_db": (-math.inf, math.inf)}
 _TOLERANCE_KEYS = {
     "atol": "atol",
     "rtol": "rtol",
@@ -92,9 +94,16 @@ def parse_tolerance(text: str) -> tuple[str, dict[str, float | None]]:
                 f"--tolerance '{text}': bad item '{item}'; expected one of {', '.join(_TOLERANCE_KEYS)}."
             )
         try:
-            out[_TOLERANCE_KEYS[name.strip()]] = None if value.strip() == "none" else float(value)
+            number = None if value.strip() == "none" else float(value)
         except ValueError as e:
             raise UserError(f"--tolerance '{text}': '{value}' is not a number.") from e
+        field_name = _TOLERANCE_KEYS[name.strip()]
+        low, high = _TOLERANCE_RANGES.get(field_name, (0.0, math.inf))
+        if number is not None and not low <= number <= high:  # NaN fails too: it would pass nothing
+            raise UserError(
+                f"--tolerance '{text}': {name.strip()} must be in [{low:g}, {high:g}], got {value.strip()}."
+            )
+        out[field_name] = number
     return key, out
 
 

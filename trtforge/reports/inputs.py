@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trtforge.errors import UserError
-from trtforge.numerics.feeds import embedding_rows, synthetic_feed
+from trtforge.numerics.feeds import embedding_rows, numpy_dtype_of, synthetic_feed
 
 if TYPE_CHECKING:
     import onnx
@@ -126,7 +126,8 @@ def specs_from_manifest(manifest: Manifest, vocab: Mapping[str, int] | None = No
         rng = profile.get(t.name)
         limits = tuple(zip(rng.min, rng.max)) if rng is not None else None
         shape = tuple(d if d >= 0 else None for d in t.shape)
-        specs.append(IOSpec(t.name, np.dtype(t.dtype), shape, (vocab or {}).get(t.name), limits))
+        dtype = numpy_dtype_of(t.dtype, f"engine input '{t.name}'")
+        specs.append(IOSpec(t.name, dtype, shape, (vocab or {}).get(t.name), limits))
     return specs
 
 
@@ -222,7 +223,7 @@ def load_feeds(
         cal_specs = [
             InputSpec(s.name, s.dtype, tuple(-1 if d is None else d for d in s.shape)) for s in specs
         ]
-        dataset = load_dataset(data, cal_specs, batch_size=batch_size, tokenizer=tokenizer)
+        dataset = load_dataset(data, cal_specs, batch_size=batch_size, tokenizer=tokenizer, what="--data")
         return [dict(f) for f in dataset], f"{data} (calibration dataset format)"
     if isinstance(data, Iterable):
         feeds = [_as_feed(x, f"data item {i}") for i, x in enumerate(data)]

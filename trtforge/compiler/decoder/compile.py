@@ -59,14 +59,26 @@ def load_causal_lm(source: Any) -> Any:
             )
         import transformers
 
-        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        try:
+            config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError, KeyError, TypeError) as e:  # the directory's config.json is the user's
+            raise UserError(
+                f"'{path}/config.json' is not a Hugging Face config transformers can read ({_first_line(e)})."
+            ) from e
         if config.model_type not in SUPPORTED:
             raise UserError(
                 f"'{path}' holds a '{config.model_type}' model; supported causal LMs: {', '.join(SUPPORTED)}."
             )
-        return transformers.AutoModelForCausalLM.from_pretrained(
-            str(path), local_files_only=True, dtype=torch.float32
-        ).eval()
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path), local_files_only=True, dtype=torch.float32
+            )
+        except Exception as e:  # missing, corrupt (safetensors' own error type) or mismatched weight files
+            raise UserError(
+                f"cannot load the weights in '{path}' ({_first_line(e)}); expected the files "
+                "save_pretrained wrote (model.safetensors or pytorch_model.bin) matching config.json."
+            ) from e
+        return model.eval()
     if path.suffix in (".onnx", ".pt2", ".engine") or path.exists():
         raise UserError(
             f"expected a Hugging Face causal LM (an nn.Module, a save_pretrained directory or "
@@ -77,6 +89,11 @@ def load_causal_lm(source: Any) -> Any:
 
     model, _ = load_factory(str(source))
     return model
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
 
 
 def _low_precision(proto: onnx.ModelProto, mode: str, data: list[dict[str, np.ndarray]]) -> tuple[Any, dict]:
@@ -186,7 +203,8 @@ def compile_generate(
         )
     if precision == "int8" and not calib_prompts:
         raise UserError(
-            "--generate --precision int8 needs calibration prompts (calib_prompts=[[ids...], ...])."
+            "--generate --precision int8 needs calibration prompts: --calib-data FILE (token ids, one prompt "
+            "per line) or calib_prompts=[[ids...], ...] in the API."
         )
     pool_blocks = _check_cache_layout(cache_layout, block_size, num_blocks, max_seq, max_batch, build)
     if precision == "int8" and cache_layout == "paged":

@@ -31,10 +31,11 @@ def prompt_dataset(
     chunks = []
     for i, p in enumerate(prompts):
         ids = [int(t) for t in p]
-        if not ids or len(ids) > limit or not all(0 <= t < vocab for t in ids):
+        outside = [t for t in ids if not 0 <= t < vocab]
+        if not ids or len(ids) > limit or outside:
             raise UserError(
                 f"calibration prompt {i}: expected 1..{limit} token ids in 0..{vocab - 1}, "
-                f"got {len(ids)} ids."
+                f"got {len(ids)} ids" + (f", {outside[:5]} outside the vocabulary." if outside else ".")
             )
         chunk = {  # the leading axis is the sample axis (the batch rows the dataset stacks)
             "input_ids": np.array([ids], np.int64),

@@ -7,6 +7,7 @@ steps and serves :class:`trtforge.llm.engine.LLMEngine` like the torch executor.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,7 @@ class OrtPagedExecutor:
             raise UserError(f"step graph '{self.path}' lacks the inputs {missing} its metadata names.")
         self.pool_dtype = np.dtype(ORT_TYPES[inputs[self.pool_names[0]].type])
         shape = (self._num_blocks + 1, self._block_size, int(g["num_kv_heads"]), int(g["head_dim"]))
-        self.pools = {n: np.zeros(shape, self.pool_dtype) for n in self.pool_names}
+        self.pools = _allocate_pools(self.pool_names, shape, self.pool_dtype, self._num_blocks)
         self._pool_outputs = dict(zip(cache["outputs"], self.pool_names))
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.all_logits = bool(g.get("all_logits"))
@@ -128,3 +129,25 @@ class OrtPagedExecutor:
         logits = outs["logits"]
         seq, col = logits_rows(batch, logits.ndim == 3, f"step graph '{self.path}'")
         return logits[seq] if col is None else logits[seq, col]
+
+
+def _allocate_pools(
+    names: list[str], shape: tuple[int, ...], dtype: np.dtype, num_blocks: int
+) -> dict[str, np.ndarray]:
+    """Zeroed KV pools in host memory; UserError naming num_blocks when they cannot fit this machine's
+    RAM (numpy's zeros are lazily committed, so an oversized pool would otherwise fail mid-generation)."""
+    total = len(names) * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf (not POSIX): rely on the allocator
+        ram = None
+    message = (
+        f"num_blocks={num_blocks} needs {total / 2**30:.3g} GiB of KV pools ({len(names)} pools of "
+        f"{list(shape)} {np.dtype(dtype).name})"
+    )
+    if ram is not None and total > ram:
+        raise UserError(f"{message}, more than this machine's {ram / 2**30:.3g} GiB of RAM; lower it.")
+    try:
+        return {n: np.zeros(shape, dtype) for n in names}
+    except MemoryError as e:
+        raise UserError(f"{message}, which could not be allocated; lower num_blocks.") from e

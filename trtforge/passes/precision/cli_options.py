@@ -31,7 +31,9 @@ def convert_with_options(
     if precision_data is not None and precision.lower() != "fp32":
         from trtforge.calibration.data import input_specs_from_model, load_dataset
 
-        data = load_dataset(precision_data, input_specs_from_model(model), tokenizer=tokenizer)
+        data = load_dataset(
+            precision_data, input_specs_from_model(model), tokenizer=tokenizer, what="--precision-data"
+        )
     return convert_precision(
         model, precision, keep_fp32=tuple(keep_fp32), data=data, keep_io_types=keep_io_types
     )
