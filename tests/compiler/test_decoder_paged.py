@@ -62,7 +62,13 @@ def _assert_hf_greedy(ex, model, family):
 
 @pytest.mark.parametrize(
     ("family", "exporter"),
-    [("llama", "legacy"), ("gpt2", "legacy"), pytest.param("llama", "dynamo", marks=pytest.mark.slow)],
+    [
+        ("llama", "legacy"),
+        ("gpt2", "legacy"),
+        ("qwen3", "legacy"),
+        ("phi3", "legacy"),
+        pytest.param("llama", "dynamo", marks=pytest.mark.slow),
+    ],
 )
 def test_paged_graph_matches_hf_logits_with_random_block_placement(family, exporter, tmp_path):
     model = tiny_model(family)
@@ -120,6 +126,8 @@ def test_executor_copies_blocks_before_writing_and_keeps_pools(tmp_path):
         ("llama", {}, "legacy"),
         ("qwen2", {}, "legacy"),
         ("gpt2", {}, "legacy"),
+        ("qwen3", {}, "legacy"),
+        ("phi3", {}, "legacy"),
         ("mistral", {"sliding_window": 4096}, "legacy"),  # a window longer than max_seq masks nothing
         pytest.param("llama", {}, "dynamo", marks=pytest.mark.slow),
     ],

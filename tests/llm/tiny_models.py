@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2")
 PROMPT_LENS = (1, 3, 9, 17)
 
 
@@ -41,6 +41,11 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         cfg, cls = tf.MistralConfig(**(llama_like | overrides)), tf.MistralForCausalLM
     elif family == "qwen2":
         cfg, cls = tf.Qwen2Config(**(llama_like | overrides)), tf.Qwen2ForCausalLM
+    elif family == "qwen3":  # per-head q/k norms; head_dim is its own setting (the default is 128)
+        cfg, cls = tf.Qwen3Config(**(llama_like | {"head_dim": 16} | overrides)), tf.Qwen3ForCausalLM
+    elif family == "phi3":  # fused qkv_proj / gate_up_proj; Phi-4-mini's partial rotary (3/4 of head_dim)
+        phi3 = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "partial_rotary_factor": 0.75}
+        cfg, cls = tf.Phi3Config(**(llama_like | phi3 | overrides)), tf.Phi3ForCausalLM
     else:
         raise ValueError(family)
     model = cls(cfg).eval()
@@ -77,6 +82,14 @@ def llama_factory():
 
 def gpt2_factory():
     return tiny_model("gpt2"), None
+
+
+def qwen3_factory():
+    return tiny_model("qwen3"), None
+
+
+def phi3_factory():
+    return tiny_model("phi3"), None
 
 
 def opt_factory():
