@@ -164,8 +164,10 @@ def test_static_shape_decode_gives_the_same_tokens_as_the_eager_path():
 
 
 @pytest.mark.gpu
-def test_cuda_graph_decode_matches_eager_on_cuda():
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
+def test_cuda_graph_decode_matches_eager_on_cuda(family):
     from tests.llm.serving_models import run_to_completion
+    from tests.llm.tiny_models import tiny_model
     from trtforge.llm.sampling import SamplingParams
     from trtforge.llm.scheduler import Scheduler
 
@@ -173,8 +175,9 @@ def test_cuda_graph_decode_matches_eager_on_cuda():
     prompts = [rng.integers(0, 300, size=int(rng.integers(1, 60))).tolist() for _ in range(20)]
     params = [SamplingParams(max_tokens=int(rng.integers(1, 30)), ignore_eos=True) for _ in prompts]
     outs, graphs = [], 0
+    other = None if family == "llama" else tiny_model(family, max_position_embeddings=512).double()
     for static in (False, True):
-        model = tiny_llama().to("cuda")
+        model = (tiny_llama() if other is None else other).to("cuda")
         ex = TorchExecutor(model, num_blocks=256, block_size=16, static_decode=static)
         sched = Scheduler(ex)
         for i, (p, sp) in enumerate(zip(prompts, params)):
