@@ -6,6 +6,14 @@ import torch
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2")
 PROMPT_LENS = (1, 3, 9, 17)
+# qwen3/phi3 shapes the default configs do not have: a head_dim other than hidden / heads (the
+# projections are wider or narrower than hidden), MHA (GQA ratio 1), GQA ratio 4, tied embeddings
+HOSTILE_SHAPES = [
+    ("qwen3", {"head_dim": 24, "num_key_value_heads": 4, "tie_word_embeddings": True}),
+    ("qwen3", {"head_dim": 12, "num_attention_heads": 8, "num_key_value_heads": 2}),
+    ("phi3", {"head_dim": 24, "num_key_value_heads": 4, "tie_word_embeddings": True}),
+    ("phi3", {"num_attention_heads": 8, "num_key_value_heads": 2, "partial_rotary_factor": 1.0}),
+]
 
 
 def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:

@@ -97,8 +97,9 @@ class LlamaStyle:
         rope_type = getattr(rope, "rope_type", "default")
         if rope_type in _DYNAMIC_ROPE:
             raise UserError(
-                f"rotary scaling '{rope_type}' changes the frequencies with the sequence length; the step "
-                "graph needs a fixed table. Supported: default, linear, llama3, yarn and other static types."
+                f"{c.model_type} model {type(self.model).__name__}: rotary scaling '{rope_type}' changes the "
+                "frequencies with the sequence length; the step graph needs a fixed table. Supported: "
+                "default, linear, llama3, yarn and other static types."
             )
         params = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
         rotary = {

@@ -91,8 +91,15 @@ class _LlamaLike:
         self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
         self.windows = [self._window(config, layer) for layer in self.layers]
         rope_type = str(getattr(inner.rotary_emb, "rope_type", "default"))
-        # dynamic and long RoPE re-derive frequencies from max(position) on the host: not capturable
-        self.graphable = "dynamic" not in rope_type and "longrope" not in rope_type
+        if "longrope" in rope_type:
+            raise UserError(
+                f"TorchExecutor cannot run this {config.model_type} model ({type(model).__name__}): its "
+                "'longrope' rotary switches frequency tables with the longest position of the batch, so a "
+                "batched step would rotate a short sequence's tokens by a long one's table. Supported "
+                "rotary types: default, linear, llama3, yarn and other fixed tables."
+            )
+        # dynamic RoPE re-derives frequencies from max(position) on the host: not capturable
+        self.graphable = "dynamic" not in rope_type
 
     @staticmethod
     def _window(config: Any, layer: Any) -> int | None:
