@@ -43,12 +43,18 @@ def test_fp16_step_graph_tracks_fp32(family, tmp_path):
     batch = prompts(model.config.vocab_size)
     tokens, ref_logits = fp32.generate(batch, NEW, stop_at_eos=False, return_logits=True)
     low_logits = fp16.score(batch, tokens)  # teacher-forced on the FP32 tokens: same contexts
-    agree, cosines = [], []
+    agree, clear, cosines = [], [], []
     for ref, low in zip(ref_logits, low_logits):
         assert low.dtype == np.float32
+        top2 = np.sort(ref, -1)[:, -2:]
+        # a pick whose FP32 margin is within FP16's logit noise (1% of the largest logit) may flip
+        clear += list(top2[:, 1] - top2[:, 0] > 1e-2 * np.abs(ref).max())
         agree += list(ref.argmax(-1) == low.argmax(-1))
         cosines += list((ref * low).sum(-1) / (np.linalg.norm(ref, axis=-1) * np.linalg.norm(low, axis=-1)))
-    assert np.mean(agree) >= 0.99, f"top-1 agreement {np.mean(agree):.3f}"
+    agree, clear = np.array(agree), np.array(clear)
+    assert clear.mean() >= 0.75, f"only {clear.mean():.3f} of the picks are clear of FP16 noise"
+    assert agree[clear].all(), f"clear top-1 picks differ at {np.flatnonzero(clear & ~agree)}"
+    assert agree.mean() >= 0.98, f"top-1 agreement {agree.mean():.3f}"
     assert min(cosines) >= 0.999, f"min logits cosine {min(cosines):.5f}"
 
 
@@ -62,7 +68,7 @@ def test_save_pretrained_directory_source(tmp_path):
 
 
 @pytest.mark.trt_build
-@pytest.mark.parametrize("factory", ["llama_factory", "gpt2_factory"])
+@pytest.mark.parametrize("factory", ["llama_factory", "gpt2_factory", "qwen3_factory", "phi3_factory"])
 def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[2]))
@@ -209,16 +215,16 @@ def test_paged_refuses_int8_and_a_pool_size_without_a_build(tmp_path):
 
 
 @pytest.mark.trt_build
-def test_cli_builds_the_paged_step_engine(tmp_path, monkeypatch):
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
+def test_cli_builds_the_paged_step_engine(family, tmp_path, monkeypatch):
     """--cache-layout paged: per layer one IAttention and two ScatterND (K, V) into the block pools."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[2]))
     engine, step = tmp_path / "paged.engine", tmp_path / "step.onnx"
     common = ["--max-seq", "64", "--max-batch", "4", "--max-prefill", "16", "--exporter", "legacy", "-q"]
     paged = ["--cache-layout", "paged", "--block-size", "8", "--save-onnx", str(step)]
-    rc = cli_main(
-        ["compile", "tests.llm.tiny_models:llama_factory", "--generate", "-o", str(engine), *common, *paged]
-    )
+    source = f"tests.llm.tiny_models:{family}_factory"
+    rc = cli_main(["compile", source, "--generate", "-o", str(engine), *common, *paged])
     assert rc == 0
     manifest = read_manifest(engine)
     g = manifest.generation
@@ -235,6 +241,6 @@ def test_cli_builds_the_paged_step_engine(tmp_path, monkeypatch):
     pool = [blocks, 8, g["num_kv_heads"], g["head_dim"]]
     assert prefill["key_pool.0"].max == pool and decode["value_pool.1"].max == pool
     assert prefill["block_tables"].max == [4, 8] and decode["slot_mapping"].max == [4, 1]
-    slot = _graph(tiny_model("llama"), tmp_path / "slot.onnx", "fp16")
+    slot = _graph(tiny_model(family), tmp_path / "slot.onnx", "fp16")
     want = slot.generate([[1, 2, 3]], max_new_tokens=4)
     assert trtforge.llm.load(step).generate([[1, 2, 3]], max_new_tokens=4) == want

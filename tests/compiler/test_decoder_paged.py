@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.llm.tiny_models import hf_greedy, prompts, tiny_model
+from tests.llm.tiny_models import HOSTILE_SHAPES, hf_greedy, prompts, tiny_model
 from trtforge.compiler.decoder.export import export_step
 from trtforge.errors import UserError
 from trtforge.llm.executor import StepBatch
@@ -62,7 +62,13 @@ def _assert_hf_greedy(ex, model, family):
 
 @pytest.mark.parametrize(
     ("family", "exporter"),
-    [("llama", "legacy"), ("gpt2", "legacy"), pytest.param("llama", "dynamo", marks=pytest.mark.slow)],
+    [
+        ("llama", "legacy"),
+        ("gpt2", "legacy"),
+        ("qwen3", "legacy"),
+        ("phi3", "legacy"),
+        pytest.param("llama", "dynamo", marks=pytest.mark.slow),
+    ],
 )
 def test_paged_graph_matches_hf_logits_with_random_block_placement(family, exporter, tmp_path):
     model = tiny_model(family)
@@ -75,6 +81,15 @@ def test_paged_graph_matches_hf_logits_with_random_block_placement(family, expor
     assert "TensorScatter" not in {n.op_type for n in nodes}
     cache = result.generation["cache"]
     assert cache["layout"] == "paged" and cache["block_size"] == BLOCK
+    _assert_hf_greedy(OrtPagedExecutor(path, num_blocks=40), model, family)
+
+
+@pytest.mark.parametrize(("family", "overrides"), HOSTILE_SHAPES)
+def test_paged_graph_matches_hf_on_hostile_qwen3_and_phi3_shapes(family, overrides, tmp_path):
+    """head_dim other than hidden / heads, GQA ratios 1 and 4, tied embeddings (HOSTILE_SHAPES)."""
+    model = tiny_model(family, seed=5, **overrides)
+    path, result = _export(model, tmp_path)
+    assert result.generation["head_dim"] == model.model.layers[0].self_attn.head_dim
     _assert_hf_greedy(OrtPagedExecutor(path, num_blocks=40), model, family)
 
 
@@ -120,6 +135,8 @@ def test_executor_copies_blocks_before_writing_and_keeps_pools(tmp_path):
         ("llama", {}, "legacy"),
         ("qwen2", {}, "legacy"),
         ("gpt2", {}, "legacy"),
+        ("qwen3", {}, "legacy"),
+        ("phi3", {}, "legacy"),
         ("mistral", {"sliding_window": 4096}, "legacy"),  # a window longer than max_seq masks nothing
         pytest.param("llama", {}, "dynamo", marks=pytest.mark.slow),
     ],

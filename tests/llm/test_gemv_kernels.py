@@ -113,20 +113,29 @@ def test_bad_operands_are_refused():
         norm_gate_up_silu(x, torch.ones(8), 1e-6, torch.zeros(5, 8))
 
 
-def _llama(hidden: int, inter: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _model(family: str, hidden: int, inter: int):
+    """A random FP16 Llama, Qwen3 (per-head q/k norms) or Phi-3 (fused qkv_proj / gate_up_proj, 3/4
+    partial rotary) with 5 query heads and one KV head."""
+    import transformers
 
     torch.manual_seed(3)
-    config = LlamaConfig(
-        vocab_size=1000,
-        hidden_size=hidden,  # K and N no multiple of the default blocks
-        intermediate_size=inter,
-        num_hidden_layers=2,
-        num_attention_heads=5,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-    )
-    return LlamaForCausalLM(config).half().eval()
+    common = {
+        "vocab_size": 1000,
+        "hidden_size": hidden,  # K and N no multiple of the default blocks
+        "intermediate_size": inter,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 5,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 512,
+    }
+    if family == "qwen3":
+        config, cls = transformers.Qwen3Config(head_dim=hidden // 5, **common), transformers.Qwen3ForCausalLM
+    elif family == "phi3":
+        config = transformers.Phi3Config(pad_token_id=0, partial_rotary_factor=0.75, **common)
+        cls = transformers.Phi3ForCausalLM
+    else:
+        config, cls = transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
+    return cls(config).half().eval()
 
 
 def _decode_logits(ex, prompts: list[list[int]], steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,11 +174,13 @@ def _decode_logits(ex, prompts: list[list[int]], steps: int) -> tuple[torch.Tens
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("batch", [1, 4])
-def test_fused_gemv_decode_logits_match_the_hf_model(device, batch):
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
+def test_fused_gemv_decode_logits_match_the_hf_model(device, batch, family):
     from trtforge.llm.executors.torch_exec import TorchExecutor
 
     _skip_cpu_with_cuda(device)
-    model = (_llama(320, 864) if device == "cuda" else _llama(160, 216)).to(device)  # the interpreter: small
+    sizes = (320, 864) if device == "cuda" else (160, 216)  # the interpreter: small
+    model = _model(family, *sizes).to(device)
     ref_model = copy.deepcopy(model)
     g = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(3, 1000, (9,), generator=g).tolist() for _ in range(batch)]

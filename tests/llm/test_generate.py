@@ -7,7 +7,7 @@ import onnx
 import pytest
 
 import trtforge.llm
-from tests.llm.tiny_models import FAMILIES, hf_greedy, prompts, tiny_model
+from tests.llm.tiny_models import FAMILIES, HOSTILE_SHAPES, hf_greedy, prompts, tiny_model
 from trtforge.compiler.decoder.export import export_step
 
 NEW_TOKENS = 32
@@ -70,6 +70,43 @@ def test_other_shapes_mha_and_odd_vocab(tmp_path):
         assert got[b] == hf_greedy(model, prompt, 12)[0]
 
 
+@pytest.mark.parametrize(("family", "overrides"), HOSTILE_SHAPES)
+def test_qwen3_and_phi3_hostile_shapes_match_hf(family, overrides, tmp_path):
+    model = tiny_model(family, seed=5, **overrides)
+    attn = model.model.layers[0].self_attn
+    if "head_dim" in overrides:
+        assert attn.head_dim == overrides["head_dim"] and attn.head_dim * 4 != model.config.hidden_size
+    if overrides.get("tie_word_embeddings"):
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    path, result = _step_file(model, tmp_path, "legacy")
+    assert result.generation["head_dim"] == attn.head_dim
+    assert result.generation["num_kv_heads"] == overrides["num_key_value_heads"]
+    llm = trtforge.llm.load(path)
+    batch = prompts(300, lens=(7, 2, 12))
+    got, got_logits = llm.generate(batch, max_new_tokens=10, stop_at_eos=False, return_logits=True)
+    for b, prompt in enumerate(batch):
+        want, want_logits = hf_greedy(model, prompt, 10)
+        assert got[b] == want, f"row {b}"
+        assert np.abs(got_logits[b] - want_logits.numpy()).max() <= 1e-4
+
+
+def test_length_dependent_rotary_is_refused_naming_the_model(tmp_path):
+    """Phi-3's longrope switches tables with the sequence length: refused by the step graph and the torch
+    executor alike, with the family in the message."""
+    from trtforge.errors import UserError
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    rope = {"rope_type": "longrope", "short_factor": [1.0] * 6, "long_factor": [4.0] * 6, "rope_theta": 1e4}
+    model = tiny_model(
+        "phi3", rope_parameters=rope | {"partial_rotary_factor": 0.75}, original_max_position_embeddings=64
+    )
+    assert model.model.rotary_emb.rope_type == "longrope"
+    with pytest.raises(UserError, match="phi3 model Phi3ForCausalLM: rotary scaling 'longrope'"):
+        export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)
+    with pytest.raises(UserError, match="TorchExecutor cannot run this phi3 model .*'longrope'"):
+        TorchExecutor(model, num_blocks=8, block_size=4)
+
+
 def test_generate_stops_row_at_eos(tmp_path):
     model = tiny_model("gpt2")
     path, _ = _step_file(model, tmp_path, "legacy")
@@ -82,10 +119,10 @@ def test_generate_stops_row_at_eos(tmp_path):
     assert stopped[1] == free[1][: free[1].index(free[0][2]) + 1] if free[0][2] in free[1] else free[1]
 
 
-@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3", "phi3"])
 def test_sliding_window_layers_match_hf(family, tmp_path):
-    """A window shorter than the context: mistral (every layer) and qwen2 (layer_types mix)."""
-    extra = {"use_sliding_window": True, "max_window_layers": 1} if family == "qwen2" else {}
+    """A window shorter than the context: mistral and phi3 (every layer), qwen2/qwen3 (layer_types mix)."""
+    extra = {"use_sliding_window": True, "max_window_layers": 1} if family.startswith("qwen") else {}
     model = tiny_model(family, sliding_window=4, **extra)
     path, result = _step_file(model, tmp_path, "legacy")
     assert 4 in result.generation["sliding_windows"]

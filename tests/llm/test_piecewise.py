@@ -129,9 +129,14 @@ def test_token_buckets_and_bad_sizes():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
-def test_piecewise_cuda_graphs_match_eager_steps_on_cuda():
-    """Fused FP16 layers on trtforge's kernels: graphs per token bucket, attention between them."""
-    base = copy.deepcopy(tiny_llama()).half().to("cuda")
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
+def test_piecewise_cuda_graphs_match_eager_steps_on_cuda(family):
+    """Fused FP16 layers on trtforge's kernels: graphs per token bucket, attention between them (Qwen3's
+    q/k head norms and Phi-3's fused projections and partial rotary inside the graphs too)."""
+    from tests.llm.tiny_models import tiny_model
+
+    model = tiny_llama() if family == "llama" else tiny_model(family, max_position_embeddings=512)
+    base = copy.deepcopy(model).half().to("cuda")
     kwargs = {"num_blocks": 64, "block_size": 16, "max_decode_batch": 8, "static_decode": True}
     eager = TorchExecutor(copy.deepcopy(base), mixed_graphs=False, **kwargs)
     pieces = TorchExecutor(copy.deepcopy(base), max_graph_tokens=64, **kwargs)

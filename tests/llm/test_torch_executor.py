@@ -49,7 +49,7 @@ def test_paged_reference_matches_dense_attention_on_a_mixed_batch(window):
         )
 
 
-def _tiny(model_type: str):
+def _tiny(model_type: str, **overrides):
     import transformers
 
     torch.manual_seed(1)
@@ -62,7 +62,7 @@ def _tiny(model_type: str):
         "num_key_value_heads": 2,
         "max_position_embeddings": 256,
         "initializer_range": 0.2,
-    }
+    } | overrides
     if model_type == "mistral":
         cfg, cls = transformers.MistralConfig(sliding_window=6, **common), transformers.MistralForCausalLM
     elif model_type == "qwen2":
@@ -72,15 +72,47 @@ def _tiny(model_type: str):
         cfg.initializer_range = 0.2
         cls = transformers.GPT2LMHeadModel
     elif model_type == "qwen3":
-        cfg, cls = transformers.Qwen3Config(head_dim=8, **common), transformers.Qwen3ForCausalLM
+        cfg, cls = transformers.Qwen3Config(**({"head_dim": 8} | common)), transformers.Qwen3ForCausalLM
+    elif model_type == "phi3":  # partial rotary (Phi-4-mini's 3/4) and a window shorter than the prompt
+        phi3 = {"pad_token_id": 0, "partial_rotary_factor": 0.75, "sliding_window": 7}
+        cfg, cls = transformers.Phi3Config(**(phi3 | common)), transformers.Phi3ForCausalLM
     else:
         return tiny_llama()
     return cls(cfg).to(torch.float64).eval()
 
 
-@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3", "gpt2"])
-def test_chunked_paged_steps_reproduce_transformers_logits(model_type):
-    model = _tiny(model_type)
+@pytest.mark.parametrize(
+    ("model_type", "overrides"),
+    [
+        ("llama", {}),
+        ("mistral", {}),
+        ("qwen2", {}),
+        ("qwen3", {}),
+        ("phi3", {}),
+        ("gpt2", {}),
+        # hostile shapes: head_dim not hidden/heads, MHA (GQA ratio 1) and ratio 4, tied embeddings
+        ("qwen3", {"head_dim": 12, "num_key_value_heads": 4, "tie_word_embeddings": True}),
+        (
+            "qwen3",
+            {
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "use_sliding_window": True,
+                "sliding_window": 5,
+                "max_window_layers": 1,
+            },
+        ),
+        ("phi3", {"head_dim": 12, "num_key_value_heads": 4, "tie_word_embeddings": True}),
+        ("phi3", {"num_attention_heads": 8, "num_key_value_heads": 2, "partial_rotary_factor": 1.0}),
+    ],
+)
+def test_chunked_paged_steps_reproduce_transformers_logits(model_type, overrides):
+    model = _tiny(model_type, **overrides)
+    attn = model.model.layers[0].self_attn if model_type != "gpt2" else None
+    if "head_dim" in overrides:
+        assert attn.head_dim == overrides["head_dim"], "the config's head_dim did not reach the model"
+    if overrides.get("tie_word_embeddings"):
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     ex = TorchExecutor(model, num_blocks=16, block_size=4)
     ids = torch.randint(0, model.config.vocab_size, (1, 19), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -132,8 +164,10 @@ def test_static_shape_decode_gives_the_same_tokens_as_the_eager_path():
 
 
 @pytest.mark.gpu
-def test_cuda_graph_decode_matches_eager_on_cuda():
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
+def test_cuda_graph_decode_matches_eager_on_cuda(family):
     from tests.llm.serving_models import run_to_completion
+    from tests.llm.tiny_models import tiny_model
     from trtforge.llm.sampling import SamplingParams
     from trtforge.llm.scheduler import Scheduler
 
@@ -141,8 +175,9 @@ def test_cuda_graph_decode_matches_eager_on_cuda():
     prompts = [rng.integers(0, 300, size=int(rng.integers(1, 60))).tolist() for _ in range(20)]
     params = [SamplingParams(max_tokens=int(rng.integers(1, 30)), ignore_eos=True) for _ in prompts]
     outs, graphs = [], 0
+    other = None if family == "llama" else tiny_model(family, max_position_embeddings=512).double()
     for static in (False, True):
-        model = tiny_llama().to("cuda")
+        model = (tiny_llama() if other is None else other).to("cuda")
         ex = TorchExecutor(model, num_blocks=256, block_size=16, static_decode=static)
         sched = Scheduler(ex)
         for i, (p, sp) in enumerate(zip(prompts, params)):

@@ -109,6 +109,57 @@ def test_fused_layer_kernels_match_the_eager_modules(device):
     assert flat_k[untouched].isnan().all() and flat_v[untouched].isnan().all(), "wrote outside the slots"
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_qk_norm_and_partial_rotary_kernels_match_the_eager_modules(device):
+    """Qwen3's per-head q/k RMSNorm (in place, other heads untouched) and a partial rotary (Phi-4-mini:
+    the first 3/4 of each head rotated, the rest passed through to q and the pools) against HF's code."""
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from trtforge.llm.executors.fused_llama import qk_norm_, rope_and_cache
+
+    _skip_cpu_with_cuda(device)
+    g = torch.Generator().manual_seed(2)
+    t, hq, hkv, d, bs, nblocks = 5, 8, 2, 24, 4, 6
+    qkv = (torch.randn(t, (hq + 2 * hkv) * d, generator=g) * 3).half().to(device)
+    norms = []
+    for eps in (1e-6, 1e-5):
+        norm = Qwen3RMSNorm(d, eps=eps).half().to(device)
+        norm.weight.data = (torch.rand(d, generator=g) + 0.5).half().to(device)
+        norms.append(norm)
+    heads = qkv.view(t, -1, d)
+    want = torch.cat([norms[0](heads[:, :hq]), norms[1](heads[:, hq : hq + hkv]), heads[:, hq + hkv :]], 1)
+    got = qk_norm_(qkv, *norms, hq, hkv)
+    assert got.data_ptr() == qkv.data_ptr()
+    torch.testing.assert_close(heads, want, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(heads[:, hq + hkv :], want[:, hq + hkv :], atol=0, rtol=0)
+
+    rot = 18  # 3/4 of 24
+    angles = torch.rand(t, rot // 2, generator=g) * 6
+    cos = torch.cat([angles.cos()] * 2, -1).half().to(device)
+    sin = torch.cat([angles.sin()] * 2, -1).half().to(device)
+    slots = torch.tensor([3, 22, 0, 9, 14], dtype=torch.int32, device=device)
+    k_pool = torch.full((nblocks, bs, hkv, d), float("nan"), dtype=torch.float16, device=device)
+    v_pool = k_pool.clone()
+    q = rope_and_cache(qkv, cos, sin, slots, k_pool, v_pool, hq, hkv)
+    q_ref, k_ref = apply_rotary_pos_emb(
+        heads[:, :hq].transpose(0, 1)[None],
+        heads[:, hq : hq + hkv].transpose(0, 1)[None],
+        cos[None],
+        sin[None],
+    )
+    torch.testing.assert_close(q, q_ref[0].transpose(0, 1), atol=2e-3, rtol=2e-3)
+    flat_k, flat_v = k_pool.view(-1, hkv, d), v_pool.view(-1, hkv, d)
+    torch.testing.assert_close(flat_k[slots.long()], k_ref[0].transpose(0, 1), atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(flat_v[slots.long()], heads[:, hq + hkv :])
+    assert torch.equal(q[..., rot:], heads[:, :hq, rot:]), "the unrotated channels changed"
+    untouched = torch.ones(nblocks * bs, dtype=torch.bool, device=device)
+    untouched[slots.long()] = False
+    assert flat_k[untouched].isnan().all() and flat_v[untouched].isnan().all(), "wrote outside the slots"
+    with pytest.raises(ValueError, match="rotary width"):
+        rope_and_cache(qkv, cos[:, :7], sin[:, :7], slots, k_pool, v_pool, hq, hkv)
+
+
 class _Lockstep:
     """A StepExecutor running every batch through the reference and the tested executor alike.
 
@@ -144,17 +195,28 @@ class _Lockstep:
         return want.float()
 
 
+def _family_model(family: str) -> torch.nn.Module:
+    """tiny_llama, or a tiny random Qwen3 (per-head q/k norms) / Phi-3 (fused qkv_proj and gate_up_proj,
+    3/4 partial rotary) of the same vocabulary."""
+    if family == "llama":
+        return copy.deepcopy(tiny_llama())
+    from tests.llm.tiny_models import tiny_model
+
+    return tiny_model(family, max_position_embeddings=512)
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_triton_executor_gives_the_torch_reference_greedy_tokens(device):
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
+def test_triton_executor_gives_the_torch_reference_greedy_tokens(device, family):
     _skip_cpu_with_cuda(device)
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, 300, size=int(rng.integers(1, 70))).tolist() for _ in range(9)]
     params = [SamplingParams(max_tokens=int(rng.integers(2, 14)), ignore_eos=True) for _ in prompts]
-    base = copy.deepcopy(tiny_llama()).half()
+    base = _family_model(family).half()
     kwargs = {"num_blocks": 96, "block_size": 16, "device": device, "max_decode_batch": 8}
     ref = TorchExecutor(copy.deepcopy(base), kernels="torch", **kwargs)
     test = TorchExecutor(copy.deepcopy(base), kernels="triton", **kwargs)
-    assert test.fused_refusal is None, test.fused_refusal  # the fused Llama layers run
+    assert test.fused_refusal is None, test.fused_refusal  # the fused Llama-style layers run
     both = _Lockstep(ref, test, rel_tol=2e-2)
     # small chunks and step budgets: steps mix prompt chunks (some with cached prefixes) and decodes
     config = SchedulerConfig(

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import torch
 
-FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2")
 PROMPT_LENS = (1, 3, 9, 17)
+# qwen3/phi3 shapes the default configs do not have: a head_dim other than hidden / heads (the
+# projections are wider or narrower than hidden), MHA (GQA ratio 1), GQA ratio 4, tied embeddings
+HOSTILE_SHAPES = [
+    ("qwen3", {"head_dim": 24, "num_key_value_heads": 4, "tie_word_embeddings": True}),
+    ("qwen3", {"head_dim": 12, "num_attention_heads": 8, "num_key_value_heads": 2}),
+    ("phi3", {"head_dim": 24, "num_key_value_heads": 4, "tie_word_embeddings": True}),
+    ("phi3", {"num_attention_heads": 8, "num_key_value_heads": 2, "partial_rotary_factor": 1.0}),
+]
 
 
 def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
@@ -41,6 +49,11 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         cfg, cls = tf.MistralConfig(**(llama_like | overrides)), tf.MistralForCausalLM
     elif family == "qwen2":
         cfg, cls = tf.Qwen2Config(**(llama_like | overrides)), tf.Qwen2ForCausalLM
+    elif family == "qwen3":  # per-head q/k norms; head_dim is its own setting (the default is 128)
+        cfg, cls = tf.Qwen3Config(**(llama_like | {"head_dim": 16} | overrides)), tf.Qwen3ForCausalLM
+    elif family == "phi3":  # fused qkv_proj / gate_up_proj; Phi-4-mini's partial rotary (3/4 of head_dim)
+        phi3 = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "partial_rotary_factor": 0.75}
+        cfg, cls = tf.Phi3Config(**(llama_like | phi3 | overrides)), tf.Phi3ForCausalLM
     else:
         raise ValueError(family)
     model = cls(cfg).eval()
@@ -77,6 +90,14 @@ def llama_factory():
 
 def gpt2_factory():
     return tiny_model("gpt2"), None
+
+
+def qwen3_factory():
+    return tiny_model("qwen3"), None
+
+
+def phi3_factory():
+    return tiny_model("phi3"), None
 
 
 def opt_factory():

@@ -11,6 +11,8 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from trtforge.compiler.decoder.families import SUPPORTED
+
 # compile options a step engine has no use for (profiles and precision come from --generate's own).
 _UNUSED = (
     "shapes",
@@ -37,8 +39,9 @@ def generate_options(fn: Any) -> Any:
         click.option(
             "--generate",
             is_flag=True,
-            help="MODEL is a Hugging Face causal LM (module:factory or save_pretrained dir): build ONE "
-            "KV-cache step engine with a prefill and a decode profile (default precision fp16).",
+            help="MODEL is a Hugging Face causal LM (module:factory or save_pretrained dir) of family "
+            f"{', '.join(SUPPORTED)}: build ONE KV-cache step engine with a prefill and a decode profile "
+            "(default precision fp16).",
         ),
         click.option(
             "--max-seq",

@@ -2,8 +2,9 @@
 
 An adapter reads the HF module's own submodules (linear layers, norms, MLPs, embeddings), so weights,
 biases and activation choices come from the model; only the attention is rewritten around the cache.
-Supported: Llama-style (llama, mistral, qwen2: GQA, RoPE, RMSNorm, SwiGLU, optional QKV bias) and
-GPT-2 (learned positions, LayerNorm, GELU, fused c_attn).
+Supported: Llama-style (llama, mistral, qwen2, qwen3, phi3: GQA, RoPE, RMSNorm, SwiGLU, optional QKV bias;
+qwen3's per-head q/k RMSNorm; phi3's fused qkv_proj / gate_up_proj and partial rotary) and GPT-2
+(learned positions, LayerNorm, GELU, fused c_attn).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch import Tensor, nn
 
 from trtforge.errors import UserError
 
-LLAMA_STYLE = ("llama", "mistral", "qwen2")
+LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 GPT2_STYLE = ("gpt2",)
 SUPPORTED = (*LLAMA_STYLE, *GPT2_STYLE)
 # RoPE variants whose frequencies depend on the sequence length at run time: not a fixed table.
@@ -77,7 +78,11 @@ def model_type_of(model: Any) -> str:
 
 
 class LlamaStyle:
-    """Llama, Mistral and Qwen2: pre-norm RMSNorm blocks, RoPE on q/k, GQA, gated SiLU MLP."""
+    """Llama, Mistral, Qwen2, Qwen3 and Phi-3: pre-norm RMSNorm blocks, RoPE on q/k, GQA, gated SiLU MLP.
+
+    Qwen3 RMS-normalizes each q and k head before RoPE (q_norm/k_norm); Phi-3 projects q, k and v with one
+    fused qkv_proj (split by heads here) and gate and up with one gate_up_proj (its own MLP module runs).
+    """
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -92,8 +97,9 @@ class LlamaStyle:
         rope_type = getattr(rope, "rope_type", "default")
         if rope_type in _DYNAMIC_ROPE:
             raise UserError(
-                f"rotary scaling '{rope_type}' changes the frequencies with the sequence length; the step "
-                "graph needs a fixed table. Supported: default, linear, llama3, yarn and other static types."
+                f"{c.model_type} model {type(self.model).__name__}: rotary scaling '{rope_type}' changes the "
+                "frequencies with the sequence length; the step graph needs a fixed table. Supported: "
+                "default, linear, llama3, yarn and other static types."
             )
         params = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
         rotary = {
@@ -134,11 +140,11 @@ class LlamaStyle:
     def qkv(self, i: int, x: Tensor, rope: Any) -> tuple[Tensor, Tensor, Tensor, float]:
         attn = self.layers[i].self_attn
         h = self.layers[i].input_layernorm(x)
-        d = attn.head_dim
-        q = attn.q_proj(h).unflatten(-1, (-1, d)).transpose(1, 2)
-        k = attn.k_proj(h).unflatten(-1, (-1, d)).transpose(1, 2)
-        v = attn.v_proj(h).unflatten(-1, (-1, d)).transpose(1, 2)
+        q, k, v = (t.unflatten(-1, (-1, attn.head_dim)) for t in project_qkv(attn, h))
+        if getattr(attn, "q_norm", None) is not None:
+            q, k = attn.q_norm(q), attn.k_norm(k)
         cos, sin = rope
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         return _rotate(q, cos, sin), _rotate(k, cos, sin), v, float(attn.scaling)
 
     def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
@@ -200,6 +206,17 @@ class Gpt2Style:
 
     def final_norm(self, x: Tensor) -> Tensor:
         return self.body.ln_f(x)
+
+
+def project_qkv(attn: nn.Module, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v [..., heads * head_dim] of a Llama-style attention module: its three projections, or
+    Phi-3's fused qkv_proj split by heads (q heads, then the key heads, then the value heads)."""
+    fused = getattr(attn, "qkv_proj", None)
+    if fused is None:
+        return attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+    q_size = int(attn.config.num_attention_heads) * attn.head_dim
+    kv_size = int(attn.config.num_key_value_heads or attn.config.num_attention_heads) * attn.head_dim
+    return fused(h).split([q_size, kv_size, kv_size], dim=-1)
 
 
 def _conv1d(module: nn.Module, x: Tensor) -> Tensor:

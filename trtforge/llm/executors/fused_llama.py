@@ -11,7 +11,9 @@ GEMVs (:mod:`.gemv_kernels`) with the norms, SiLU*mul and residual adds folded i
 o_proj+residual, norm+gate/up+SiLU, down+residual, and norm+lm_head.
 
 The concatenated weights replace the modules' own parameters with views into them, so the model
-keeps working unchanged and no weight is held twice.
+keeps working unchanged and no weight is held twice. Phi-3's fused qkv_proj and gate_up_proj are used
+as they are. Qwen3's per-head q/k RMSNorms run as one in-place kernel over the QKV GEMM's output, before
+the RoPE + cache-write kernel, which also rotates only the leading channels of a partial rotary.
 """
 
 from __future__ import annotations
@@ -53,6 +55,24 @@ def _rms_norm_kernel(X, W, Out, stride_x, stride_o, n_cols, eps, BLOCK: tl.const
 
 
 @triton.jit
+def _qk_norm_kernel(QKV, WQ, WK, stride_t, num_heads, eps_q, eps_k, D: tl.constexpr, BLOCK: tl.constexpr):
+    """Grid (T, Hq + Hkv), in place: RMSNorm of token t's head h of ``qkv`` with q_norm's weight for a
+    query head and k_norm's for a key head (rounded as HF's per-head RMSNorm)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < D
+    ptr = QKV + t * stride_t + h * D + offs
+    x = tl.load(ptr, mask=ok, other=0.0).to(tl.float32)
+    is_q = h < num_heads
+    rstd = tl.rsqrt(tl.sum(x * x, 0) / D + tl.where(is_q, eps_q, eps_k))
+    y = (x * rstd).to(QKV.dtype.element_ty).to(tl.float32)
+    wq = tl.load(WQ + offs, mask=ok & is_q, other=0.0).to(tl.float32)
+    wk = tl.load(WK + offs, mask=ok & (h >= num_heads), other=0.0).to(tl.float32)
+    tl.store(ptr, (y * tl.where(is_q, wq, wk)).to(QKV.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _silu_mul_kernel(GU, Out, stride_gu, stride_o, inter, BLOCK: tl.constexpr):
     """out = silu(gate) * up over [T, 2I] rows holding gate then up; each rounded like eager fp16 ops."""
     row = tl.program_id(0).to(tl.int64)
@@ -88,10 +108,14 @@ def _rope_cache_kernel(
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """Grid (T, 2): program 0 ropes token t's query heads into QOut; program 1 ropes its key heads and
     writes keys and values to pool slot Slots[t] (block Slots[t] // PAGE, offset Slots[t] % PAGE).
+    The rotation covers a head's first 2 * HALF channels; channels 2 * HALF .. D (a partial rotary's
+    rest; none when D is 2 * HALF) pass through unrotated.
     PDL: launched early (programmatic dependent launch), it waits for the previous kernel's writes."""
     if PDL:
         gdc_wait()
@@ -106,7 +130,9 @@ def _rope_cache_kernel(
     s1 = tl.load(Sin + t * stride_cos + offs_d, mask=d_ok, other=0.0).to(tl.float32)
     s2 = tl.load(Sin + t * stride_cos + HALF + offs_d, mask=d_ok, other=0.0).to(tl.float32)
     row = QKV + t * stride_t
-    d2 = 2 * HALF
+    d2 = D
+    offs_p = 2 * HALF + tl.arange(0, BLOCK_PASS)
+    p_ok = offs_p < D
     if part == 0:
         ok = (offs_h < num_heads)[:, None] & d_ok[None, :]
         base = row + offs_h[:, None] * d2 + offs_d[None, :]
@@ -115,6 +141,11 @@ def _rope_cache_kernel(
         dst = QOut + t * stride_qo_t + offs_h[:, None] * d2 + offs_d[None, :]
         tl.store(dst, (x1 * c1[None, :] - x2 * s1[None, :]).to(QOut.dtype.element_ty), mask=ok)
         tl.store(dst + HALF, (x2 * c2[None, :] + x1 * s2[None, :]).to(QOut.dtype.element_ty), mask=ok)
+        if D > 2 * HALF:
+            pok = (offs_h < num_heads)[:, None] & p_ok[None, :]
+            src = row + offs_h[:, None] * d2 + offs_p[None, :]
+            dst_p = QOut + t * stride_qo_t + offs_h[:, None] * d2 + offs_p[None, :]
+            tl.store(dst_p, tl.load(src, mask=pok, other=0.0), mask=pok)
     else:
         slot = tl.load(Slots + t).to(tl.int64)
         blk = slot // PAGE
@@ -130,6 +161,14 @@ def _rope_cache_kernel(
         vd = VPool + blk * stride_vb + off * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :]
         tl.store(vd, tl.load(vbase, mask=ok, other=0.0), mask=ok)
         tl.store(vd + HALF, tl.load(vbase + HALF, mask=ok, other=0.0), mask=ok)
+        if D > 2 * HALF:
+            pok = (offs_h < num_kv_heads)[:, None] & p_ok[None, :]
+            kp = KPool + blk * stride_kb + off * stride_kn + offs_h[:, None] * stride_kh + offs_p[None, :]
+            vp = VPool + blk * stride_vb + off * stride_vn + offs_h[:, None] * stride_vh + offs_p[None, :]
+            ksrc = row + (num_heads + offs_h[:, None]) * d2 + offs_p[None, :]
+            vsrc = row + (num_heads + num_kv_heads + offs_h[:, None]) * d2 + offs_p[None, :]
+            tl.store(kp, tl.load(ksrc, mask=pok, other=0.0), mask=pok)
+            tl.store(vp, tl.load(vsrc, mask=pok, other=0.0), mask=pok)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -142,6 +181,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
             BLOCK=triton.next_power_of_2(n), num_warps=8 if n >= 2048 else 4,
         )  # fmt: skip
     return out
+
+
+def qk_norm_(qkv: torch.Tensor, q_norm: Any, k_norm: Any, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """In place: RMSNorm each query head of ``qkv`` ``[T, (Hq + 2 Hkv) * D]`` with `q_norm` and each key
+    head with `k_norm` (Qwen3's per-head norms, modules with ``weight`` [D] and ``variance_epsilon``)."""
+    t, d = int(qkv.shape[0]), int(q_norm.weight.shape[0])
+    if t:
+        _qk_norm_kernel[(t, num_heads + num_kv_heads)](
+            qkv, q_norm.weight, k_norm.weight, qkv.stride(0), num_heads,
+            float(q_norm.variance_epsilon), float(k_norm.variance_epsilon),
+            D=d, BLOCK=triton.next_power_of_2(d), num_warps=1 if d <= 256 else 4,
+        )  # fmt: skip
+    return qkv
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -166,13 +218,16 @@ def rope_and_cache(
     num_heads: int,
     num_kv_heads: int,
 ) -> torch.Tensor:
-    """Rotate q and k of ``qkv`` ``[T, (Hq + 2 Hkv) * D]`` by ``cos``/``sin`` ``[T, D]`` (rotate-half RoPE),
-    write k and v at pool slots ``slots`` ``[T]`` (pools ``[nb, bs, Hkv, D]``); return q ``[T, Hq, D]``."""
+    """Rotate q and k of ``qkv`` ``[T, (Hq + 2 Hkv) * D]`` by ``cos``/``sin`` ``[T, R]`` (rotate-half RoPE
+    over each head's first R <= D channels, R even), write k and v at pool slots ``slots`` ``[T]`` (pools
+    ``[nb, bs, Hkv, D]``); return q ``[T, Hq, D]``."""
     t = int(qkv.shape[0])
-    d = int(k_pool.shape[-1])
+    d, rot = int(k_pool.shape[-1]), int(cos.shape[-1])
+    if rot % 2 or rot > d:
+        raise ValueError(f"rope_and_cache: rotary width {rot} must be even and at most the head dim {d}")
     q = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device)
     if t:
-        half = d // 2
+        half = rot // 2
         pdl = pdl_supported(qkv.device)
         _rope_cache_kernel[(t, 2)](
             qkv, cos, sin, slots, q, k_pool, v_pool,
@@ -181,10 +236,20 @@ def rope_and_cache(
             v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
             num_heads, num_kv_heads,
             PAGE=int(k_pool.shape[1]), HALF=half, BLOCK_HALF=triton.next_power_of_2(half),
-            BLOCK_H=triton.next_power_of_2(max(num_heads, num_kv_heads)), PDL=pdl, num_warps=4,
+            BLOCK_H=triton.next_power_of_2(max(num_heads, num_kv_heads)),
+            D=d, BLOCK_PASS=triton.next_power_of_2(max(d - rot, 1)), PDL=pdl, num_warps=4,
             launch_pdl=pdl,
         )  # fmt: skip
     return q
+
+
+_RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Phi3RMSNorm")
+
+
+def _mlp_projections(mlp: Any) -> list[Any]:
+    """The gated MLP's linear layers: gate_up_proj (Phi-3) or gate_proj and up_proj; then down_proj."""
+    fused = getattr(mlp, "gate_up_proj", None)
+    return [fused, mlp.down_proj] if fused is not None else [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
 
 
 def fusable(model: Any) -> str | None:
@@ -194,20 +259,17 @@ def fusable(model: Any) -> str | None:
         return f"hidden_act {getattr(config, 'hidden_act', None)!r} (the fused MLP is SiLU-gated)"
     layers = list(model.model.layers)
     attn = layers[0].self_attn
-    if hasattr(attn, "q_norm"):
-        return "per-head q/k norms"
     if attn.head_dim % 2:
         return f"odd head dim {attn.head_dim}"
     for layer in layers:
-        a, m = layer.self_attn, layer.mlp
-        if a.o_proj.bias is not None or m.gate_proj.bias is not None or m.down_proj.bias is not None:
+        a = layer.self_attn
+        if a.o_proj.bias is not None or any(p.bias is not None for p in _mlp_projections(layer.mlp)):
             return "biased output or MLP projections"
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-            if not hasattr(norm, "variance_epsilon") or type(norm).__name__ not in (
-                "LlamaRMSNorm",
-                "MistralRMSNorm",
-                "Qwen2RMSNorm",
-            ):
+        norms = [layer.input_layernorm, layer.post_attention_layernorm]
+        if getattr(a, "q_norm", None) is not None:
+            norms += [a.q_norm, a.k_norm]
+        for norm in norms:
+            if not hasattr(norm, "variance_epsilon") or type(norm).__name__ not in _RMS_NORMS:
                 return f"norm {type(norm).__name__}"
     return None
 
@@ -239,12 +301,17 @@ class FusedLayers:
         self.gate_up_w: list[torch.Tensor] = []
         for layer in self.layers:
             a, m = layer.self_attn, layer.mlp
-            self.qkv_w.append(_concat_into_views([a.q_proj, a.k_proj, a.v_proj]))
-            self.gate_up_w.append(_concat_into_views([m.gate_proj, m.up_proj])[0])
+            fused = getattr(a, "qkv_proj", None)  # Phi-3: already [q; k; v] by heads
+            qkv = (fused.weight, fused.bias) if fused is not None else None
+            self.qkv_w.append(qkv or _concat_into_views([a.q_proj, a.k_proj, a.v_proj]))
+            gate_up = getattr(m, "gate_up_proj", None)  # Phi-3: already [gate; up]
+            self.gate_up_w.append(
+                gate_up.weight if gate_up is not None else _concat_into_views([m.gate_proj, m.up_proj])[0]
+            )
         attn = self.layers[0].self_attn
         self.head_dim = int(attn.head_dim)
         self.num_heads = int(model.config.num_attention_heads)
-        self.num_kv_heads = int(model.config.num_key_value_heads)
+        self.num_kv_heads = int(model.config.num_key_value_heads or self.num_heads)
         self.gemv_max_tokens = min(GEMV_MAX_TOKENS, MAX_ROWS)
 
     def _gemv(self, h: torch.Tensor) -> bool:
@@ -263,7 +330,8 @@ class FusedLayers:
         k_pool: torch.Tensor,
         v_pool: torch.Tensor,
     ) -> torch.Tensor:
-        """Norm, QKV projection, RoPE and the K/V write of layer i; returns q ``[T, Hq, D]``."""
+        """Norm, QKV projection, q/k head norms (Qwen3), RoPE and the K/V write of layer i; returns q
+        ``[T, Hq, D]``."""
         layer = self.layers[i]
         norm = layer.input_layernorm
         w, b = self.qkv_w[i]
@@ -271,6 +339,9 @@ class FusedLayers:
             qkv = norm_gemv(h, norm.weight, norm.variance_epsilon, w, b)
         else:
             qkv = torch.nn.functional.linear(rms_norm(h, norm.weight, norm.variance_epsilon), w, b)
+        attn = layer.self_attn
+        if getattr(attn, "q_norm", None) is not None:
+            qk_norm_(qkv, attn.q_norm, attn.k_norm, self.num_heads, self.num_kv_heads)
         return rope_and_cache(qkv, *rope, slots, k_pool, v_pool, self.num_heads, self.num_kv_heads)
 
     def finish(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trtforge.compiler.decoder.families import project_qkv
 from trtforge.errors import UserError
 from trtforge.llm.executor import StepBatch, TokenFeed
 from trtforge.llm.executors.paged_attention import (
@@ -48,7 +49,7 @@ from trtforge.llm.executors.triton_attention import (
 )
 from trtforge.llm.host_to_device import to_device
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2")
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _WIDTH_BUCKETS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
@@ -65,8 +66,19 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE over the first ``cos.shape[-1]`` channels of `x` (all of them unless the model's
+    rotary is partial, as Phi-4-mini's); the rest pass through."""
+    dim = cos.shape[-1]
+    if dim == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    rot = x[..., :dim]
+    return torch.cat((rot * cos + _rotate_half(rot) * sin, x[..., dim:]), dim=-1)
+
+
 class _LlamaLike:
-    """Llama, Mistral, Qwen2, Qwen3: RMSNorm, rotary positions, GQA projections, gated MLP."""
+    """Llama, Mistral, Qwen2, Qwen3, Phi-3: RMSNorm, rotary positions, GQA projections, gated MLP (Qwen3's
+    per-head q/k norms; Phi-3's fused qkv_proj and gate_up_proj, partial rotary)."""
 
     def __init__(self, model: Any) -> None:
         config, inner = model.config, model.model
@@ -74,19 +86,26 @@ class _LlamaLike:
         self.layers = list(inner.layers)
         self.head_dim = int(self.layers[0].self_attn.head_dim)
         self.num_heads = int(config.num_attention_heads)
-        self.num_kv_heads = int(config.num_key_value_heads)
+        self.num_kv_heads = int(config.num_key_value_heads or config.num_attention_heads)
         self.max_positions = int(config.max_position_embeddings)
         self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
         self.windows = [self._window(config, layer) for layer in self.layers]
         rope_type = str(getattr(inner.rotary_emb, "rope_type", "default"))
-        # dynamic and long RoPE re-derive frequencies from max(position) on the host: not capturable
-        self.graphable = "dynamic" not in rope_type and "longrope" not in rope_type
+        if "longrope" in rope_type:
+            raise UserError(
+                f"TorchExecutor cannot run this {config.model_type} model ({type(model).__name__}): its "
+                "'longrope' rotary switches frequency tables with the longest position of the batch, so a "
+                "batched step would rotate a short sequence's tokens by a long one's table. Supported "
+                "rotary types: default, linear, llama3, yarn and other fixed tables."
+            )
+        # dynamic RoPE re-derives frequencies from max(position) on the host: not capturable
+        self.graphable = "dynamic" not in rope_type
 
     @staticmethod
     def _window(config: Any, layer: Any) -> int | None:
         if hasattr(layer.self_attn, "sliding_window"):
             return layer.self_attn.sliding_window
-        if config.model_type == "mistral":
+        if config.model_type in ("mistral", "phi3"):  # one window (or none) for every layer
             return getattr(config, "sliding_window", None)
         return None
 
@@ -97,14 +116,12 @@ class _LlamaLike:
 
     def qkv(self, i: int, h: torch.Tensor, rope: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         attn, t, d = self.layers[i].self_attn, h.shape[0], self.head_dim
-        x = self.layers[i].input_layernorm(h)
-        q = attn.q_proj(x).view(t, -1, d)
-        k = attn.k_proj(x).view(t, self.num_kv_heads, d)
-        v = attn.v_proj(x).view(t, self.num_kv_heads, d)
-        if hasattr(attn, "q_norm"):
+        q, k, v = project_qkv(attn, self.layers[i].input_layernorm(h))
+        q, k, v = q.view(t, -1, d), k.view(t, self.num_kv_heads, d), v.view(t, self.num_kv_heads, d)
+        if getattr(attn, "q_norm", None) is not None:
             q, k = attn.q_norm(q), attn.k_norm(k)
         cos, sin = rope
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+        return _rope(q, cos, sin), _rope(k, cos, sin), v
 
     def finish(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         layer = self.layers[i]
@@ -149,7 +166,7 @@ class _Gpt2:
         return self.model.lm_head(self.inner.ln_f(h))
 
 
-_ARCHS = {"llama": _LlamaLike, "mistral": _LlamaLike, "qwen2": _LlamaLike, "qwen3": _LlamaLike, "gpt2": _Gpt2}
+_ARCHS = dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "phi3"), _LlamaLike) | {"gpt2": _Gpt2}
 
 
 class _Layers:
@@ -188,7 +205,7 @@ class TorchExecutor:
     """Runs :class:`StepBatch` batches through `model` with ``num_blocks`` blocks of ``block_size`` tokens.
 
     `model` is a transformers causal LM of a supported family: Llama-style (Llama, Mistral, Qwen2,
-    Qwen3: GQA, RoPE, RMSNorm, gated MLP) or GPT-2. With `device`/`dtype` given it is moved there (in
+    Qwen3, Phi-3: GQA, RoPE, RMSNorm, gated MLP) or GPT-2. With `device`/`dtype` given it is moved there (in
     place). The pools take ``2 * layers * (num_blocks + 1) * block_size * Hkv * D`` elements of `dtype`.
     ``kernels`` picks the attention kernels: "triton" (the default on CUDA for FP16/BF16 pools with a
     power-of-two block size; Llama-style layers then also run fused, repointing the projections'
