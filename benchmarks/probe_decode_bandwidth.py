@@ -69,6 +69,124 @@ def _ours(p: dict, cfg: DecodeConfig, splits: int, pdl: bool = False):
     return fn
 
 
+def _ours_mode(p: dict, cfg: DecodeConfig, splits: int, mode: int):
+    """_ours with the length loaded by LEN_MODE `mode` (0 plain, 1 evict_last)."""
+    from trtforge.plugins.attention import decode_kernel
+
+    inner = _ours(p, cfg, splits)
+
+    def fn():
+        decode_kernel._LEN_MODE = mode
+        try:
+            return inner()
+        finally:
+            decode_kernel._LEN_MODE = 0
+
+    return fn
+
+
+def _ours_no_len(p: dict, cfg: DecodeConfig):
+    """One-split launch whose programs take the (common) length from a scalar argument: no load."""
+    from trtforge.plugins.attention import decode_kernel as dk
+
+    q, k, v, out = p["q"], p["k"], p["v"], p["out"]
+    b, hq, s_q, d = q.shape
+    hkv, length = k.shape[1], k.shape[2]
+
+    def fn():
+        kd, vd = dk._tma_descriptors(k, v, cfg.block_n)
+        opts = dk._split_options(cfg, hq // hkv, s_q, d, 0, True, False, True, 0, False, q.dtype)
+        opts["LEN_MODE"] = 2
+        dk._decode_split_kernel[(1, b * hkv)](
+            q, k, v, kd, vd, p["lens"], p["lens"], out, out, out, p["lens"],
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(), int(length),
+            hkv, 1, 0, float(d**-0.5), **opts,
+        )  # fmt: skip
+        return out
+
+    return fn
+
+
+_PROMOTION: list = [None]  # CUtensorMapL2promotion for descriptors encoded while set (None: Triton's 128 B)
+
+
+def _install_promotion_patch() -> None:
+    """Re-encode Triton's host tensor descriptors with the L2 promotion in _PROMOTION[0] while it is set.
+
+    Triton 3.6 fixes CU_TENSOR_MAP_L2_PROMOTION_L2_128B; the descriptor lives 128 bytes into its
+    PyCUtensorMap object (after the 128-aligned object header). Checked: re-encoding at 128 B gives
+    the same 128 bytes."""
+    import ctypes
+
+    utils = triton.runtime.driver.active.utils
+    orig = utils.fill_tma_descriptor
+    cuda = ctypes.CDLL("libcuda.so.1")
+    enc = cuda.cuTensorMapEncodeTiled
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+
+    def encode(obj, level, addr, swizzle, elem_size, elem_type, block, shape, strides, padding):
+        rank = len(block)
+        dims = (u64 * rank)(*[int(x) for x in reversed(shape)])
+        gstr = (u64 * max(rank - 1, 1))(*[elem_size * int(strides[rank - i - 2]) for i in range(rank - 1)])
+        box = (u32 * rank)(*[int(x) for x in reversed(block)])
+        ones = (u32 * rank)(*([1] * rank))
+        res = enc(
+            ctypes.c_void_p(id(obj) + 128), ctypes.c_int(elem_type), u32(rank), ctypes.c_void_p(addr),
+            dims, gstr, box, ones, ctypes.c_int(0), ctypes.c_int(swizzle), ctypes.c_int(level),
+            ctypes.c_int(1 if padding == 1 else 0),
+        )  # fmt: skip
+        assert res == 0, f"cuTensorMapEncodeTiled: {res}"
+
+    def fill(addr, swizzle, elem_size, elem_type, block, shape, strides, padding):
+        obj = orig(addr, swizzle, elem_size, elem_type, block, shape, strides, padding)
+        if _PROMOTION[0] is not None:
+            encode(obj, _PROMOTION[0], addr, swizzle, elem_size, elem_type, block, shape, strides, padding)
+        return obj
+
+    buf = torch.empty(4096, 128, dtype=torch.float16, device="cuda")  # also makes the CUDA context
+    probe = orig(buf.data_ptr(), 3, 2, 6, [64, 64], [4096, 128], [128, 1], 0)
+    before = ctypes.string_at(id(probe) + 128, 128)
+    encode(probe, 2, buf.data_ptr(), 3, 2, 6, [64, 64], [4096, 128], [128, 1], 0)
+    assert ctypes.string_at(id(probe) + 128, 128) == before, (
+        "descriptor offset/encoding differs from Triton's"
+    )
+    utils.fill_tma_descriptor = fill
+
+
+def _ours_promoted(p: dict, cfg: DecodeConfig, splits: int, level: int):
+    """_ours, its tensor descriptors encoded at L2 promotion `level` (0 none, 1 64 B, 2 128 B, 3 256 B)."""
+    inner = _ours(p, cfg, splits)
+
+    def fn():
+        _PROMOTION[0] = level
+        try:
+            return inner()
+        finally:
+            _PROMOTION[0] = None
+
+    return fn
+
+
+def _stamp_run(p: dict, cfg: DecodeConfig) -> list:
+    """One eager one-split launch with STAMP: per program (start ns, end ns, SM id)."""
+    from trtforge.plugins.attention import decode_kernel as dk
+
+    q, k, v, out = p["q"], p["k"], p["v"], p["out"]
+    b, hq, s_q, d = q.shape
+    hkv = k.shape[1]
+    stamps = torch.zeros(b * hkv * 3, dtype=torch.int64, device="cuda")
+    kd, vd = dk._tma_descriptors(k, v, cfg.block_n)
+    opts = dk._split_options(cfg, hq // hkv, s_q, d, 0, True, False, True, 0, False, q.dtype)
+    opts["STAMP"] = True
+    dk._decode_split_kernel[(1, b * hkv)](
+        q, k, v, kd, vd, p["lens"], p["lens"], out, stamps, out, p["lens"],
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), 0,
+        hkv, 1, 0, float(d**-0.5), **opts,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    return stamps.view(-1, 3).tolist()
+
+
 def _cudnn(p: dict):
     def fn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -167,6 +285,81 @@ def main() -> None:
         res["pdl"] = r
         md += ["## pdl: 16x4096 (us)", "", " | ".join(f"{n}: {v['us']:.1f}" for n, v in r.items()), ""]
         save()
+    if "lenload" in parts:
+        md += ["## lenload: the per-sequence length load at kernel start (us; ratio = cuDNN / ours)", ""]
+        md += [
+            "| B x L | splits | cudnn | len | len evict_last | no len (bound) |",
+            "|---|---|---|---|---|---|",
+        ]
+        res["lenload"] = {}
+        for (b, length), splits in SHAPES.items():
+            p = _problem(b, length, 32, 8)
+            cfg = DecodeConfig(128, 4, 3, splits, tma=True)
+            impls = {
+                "cudnn": _cudnn(p),
+                "len": _ours_mode(p, cfg, splits, 0),
+                "len evict_last": _ours_mode(p, cfg, splits, 1),
+            }
+            if splits == 1:
+                impls["no len"] = _ours_no_len(p, cfg)
+            r = _rounds(impls, args.rounds, args.rep)
+            res["lenload"][f"{b}x{length}"] = r
+            base = r["cudnn"]["us"]
+            cells = [
+                f"{r[n]['us']:.1f} ({base / r[n]['us']:.3f})" if n in r else "-"
+                for n in ("len", "len evict_last", "no len")
+            ]
+            md += [f"| {b}x{length} | {splits} | {base:.1f} | " + " | ".join(cells) + " |"]
+            del p
+            save()
+        md += [""]
+    if "promotion" in parts:
+        _install_promotion_patch()
+        names = {"none": 0, "64B": 1, "128B": 2, "256B": 3}
+        md += ["## promotion: TMA descriptors' L2 promotion (us; ratio = cuDNN / ours)", ""]
+        md += [
+            "| B x L | splits | cudnn | " + " | ".join(names) + " |",
+            "|---|---|---|" + "---|" * len(names),
+        ]
+        res["promotion"] = {}
+        for (b, length), splits in SHAPES.items():
+            p = _problem(b, length, 32, 8)
+            cfg = DecodeConfig(128, 4, 3, splits, tma=True)
+            impls = {"cudnn": _cudnn(p), **{n: _ours_promoted(p, cfg, splits, lv) for n, lv in names.items()}}
+            r = _rounds(impls, args.rounds, args.rep)
+            res["promotion"][f"{b}x{length}"] = r
+            base = r["cudnn"]["us"]
+            cells = [f"{r[n]['us']:.1f} ({base / r[n]['us']:.3f})" for n in names]
+            md += [f"| {b}x{length} | {splits} | {base:.1f} | " + " | ".join(cells) + " |"]
+            del p
+            save()
+        md += [""]
+    if "stamps" in parts:
+        md += ["## stamps: per-program start/end (globaltimer, ns after the first start), one split", ""]
+        md += [
+            "| B x L | wall | start spread | end p10 | end p50 | end p90 | end max | max-p50 |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        res["stamps"] = {}
+        for b, length in ((16, 1024), (16, 4096), (16, 16384), (64, 8192)):
+            p = _problem(b, length, 32, 8)
+            cfg = DecodeConfig(128, 4, 3, 1, tma=True)
+            rows = []
+            for it in range(12):
+                st = _stamp_run(p, cfg)
+                if it >= 2:
+                    rows.append(st)
+            res["stamps"][f"{b}x{length}"] = rows
+            for st in rows[-1:]:
+                t0 = min(r[0] for r in st)
+                starts = sorted(r[0] - t0 for r in st)
+                ends = sorted(r[1] - t0 for r in st)
+                q = lambda xs, f: xs[min(len(xs) - 1, int(f * len(xs)))]
+                md += [
+                    f"| {b}x{length} | {ends[-1]} | {starts[-1]} | {q(ends, 0.1)} | {q(ends, 0.5)} | {q(ends, 0.9)} | {ends[-1]} | {ends[-1] - q(ends, 0.5)} |"
+                ]
+            save()
+        md += [""]
     if "kernels" in parts:
         md += ["## kernels: what each launches (torch.profiler)", ""]
         md += [

@@ -308,6 +308,8 @@ def _decode_split_kernel(
     TMA: tl.constexpr,
     WINDOW: tl.constexpr,
     PDL: tl.constexpr = False,
+    LEN_MODE: tl.constexpr = 0,
+    STAMP: tl.constexpr = False,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
     WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
@@ -319,9 +321,18 @@ def _decode_split_kernel(
         gdc_launch_dependents()
     split = tl.program_id(0)
     pid = tl.program_id(1)
+    if STAMP:  # probe only: globaltimer at start and end into MidO (int64 [grid, 2])
+        t_start = tl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+        )
     b = (pid // num_kv_heads).to(tl.int64)
     hkv = (pid % num_kv_heads).to(tl.int64)
-    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    if LEN_MODE == 2:  # probe only: every length is stride_tb (contiguous caches)
+        seq_len = stride_tb
+    elif LEN_MODE == 1:
+        seq_len = tl.load(SeqLens + b, eviction_policy="evict_last").to(tl.int32)
+    else:
+        seq_len = tl.load(SeqLens + b).to(tl.int32)
 
     if WINDOW:  # row 0 sees keys from L - S_q + 1 - window on (whole tiles from there)
         kv_lo = (tl.maximum(seq_len - SEQ_Q + 1 - window, 0) // BLOCK_N) * BLOCK_N
@@ -389,6 +400,16 @@ def _decode_split_kernel(
     if DIRECT:
         o_ptrs = Out + b * stride_ob + hq[:, None] * stride_oh + qi[:, None] * stride_om
         tl.store(o_ptrs + offs_d[None, :] * stride_od, out.to(Out.dtype.element_ty), mask=io_ok)
+        if STAMP:
+            t_end = tl.inline_asm_elementwise(
+                "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+            )
+            sm = tl.inline_asm_elementwise(
+                "mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1
+            )
+            tl.store(MidO + pid * 3, t_start)
+            tl.store(MidO + pid * 3 + 1, t_end)
+            tl.store(MidO + pid * 3 + 2, sm.to(tl.int64))
     else:
         nq = num_kv_heads * GROUP
         row = ((b * nq + hq) * SEQ_Q + qi) * num_splits + split
@@ -514,6 +535,7 @@ def _check(
 AUTOTUNE_CANDIDATES = DECODE_CANDIDATES
 TMA_AUTOTUNE_CANDIDATES = DECODE_TMA_CANDIDATES  # besides, on contiguous caches TMA can read
 SHARED_MEMORY_BUDGET = 225 * 1024
+_LEN_MODE = 0
 _CHOICE: dict[tuple, DecodeConfig] = {}
 TUNING_TIMES: dict[tuple, dict[DecodeConfig, float]] = {}  # per key: each candidate's median ms
 
@@ -627,6 +649,7 @@ def _split_options(
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": _interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
+        "LEN_MODE": _LEN_MODE,
     }  # fmt: skip
 
 
