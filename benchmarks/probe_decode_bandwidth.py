@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/probe_decode_bandwidth.py --out build/probe [--rounds 3]
 
-Three questions, each answered by CUDA-graph replay medians taken in interleaved rounds (every
+Each part answers one question; timings are CUDA-graph replay medians taken in interleaved rounds (every
 implementation of a case once per round, cuDNN among them; the figure is the median over rounds):
 - configs: fixed TMA launch configs (keys per tile, warps, pipeline depth) at
   the six acceptance shapes of issue #18 (FP16, Hq=32, Hkv=8, D=128, q_len 1), with the split
@@ -12,7 +12,11 @@ implementation of a case once per round, cuDNN among them; the figure is the med
 - ramp: B=16, Hkv=8, L from 256 to 16384, one split: time = fixed cost + bytes / rate;
 - pdl: the 16x4096 launch as a programmatic dependent launch (its prologue overlaps the previous
   replay's tail), for information;
-- kernels: the kernels cuDNN and ours launch at each shape (grid, block, registers, shared memory).
+- kernels: the kernels cuDNN and ours launch at each shape (grid, block, registers, shared memory);
+- promotion: our tensor descriptors re-encoded with each L2 promotion (Triton fixes 128 B);
+- stamps: per-program start/end times of one-split launches (the tail), and whether slow programs
+  follow their (batch, kv head) pair or their SM.
+The length-load variants measured in session 10 are in commit f57857f (results/decode_attention.md).
 Writes probe.json and probe.md under --out.
 """
 
@@ -65,44 +69,6 @@ def _ours(p: dict, cfg: DecodeConfig, splits: int, pdl: bool = False):
                 workspace=ws, stream=0, counters_zeroed=True,
             )  # fmt: skip
         return p["out"]
-
-    return fn
-
-
-def _ours_mode(p: dict, cfg: DecodeConfig, splits: int, mode: int):
-    """_ours with the length loaded by LEN_MODE `mode` (0 plain, 1 evict_last)."""
-    from trtforge.plugins.attention import decode_kernel
-
-    inner = _ours(p, cfg, splits)
-
-    def fn():
-        decode_kernel._LEN_MODE = mode
-        try:
-            return inner()
-        finally:
-            decode_kernel._LEN_MODE = 0
-
-    return fn
-
-
-def _ours_no_len(p: dict, cfg: DecodeConfig):
-    """One-split launch whose programs take the (common) length from a scalar argument: no load."""
-    from trtforge.plugins.attention import decode_kernel as dk
-
-    q, k, v, out = p["q"], p["k"], p["v"], p["out"]
-    b, hq, s_q, d = q.shape
-    hkv, length = k.shape[1], k.shape[2]
-
-    def fn():
-        kd, vd = dk._tma_descriptors(k, v, cfg.block_n)
-        opts = dk._split_options(cfg, hq // hkv, s_q, d, 0, True, False, True, 0, False, q.dtype)
-        opts["LEN_MODE"] = 2
-        dk._decode_split_kernel[(1, b * hkv)](
-            q, k, v, kd, vd, p["lens"], p["lens"], out, out, out, p["lens"],
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(), int(length),
-            hkv, 1, 0, float(d**-0.5), **opts,
-        )  # fmt: skip
-        return out
 
     return fn
 
@@ -167,8 +133,8 @@ def _ours_promoted(p: dict, cfg: DecodeConfig, splits: int, level: int):
     return fn
 
 
-def _stamp_run(p: dict, cfg: DecodeConfig) -> list:
-    """One eager one-split launch with STAMP: per program (start ns, end ns, SM id)."""
+def _stamp_run(p: dict, cfg: DecodeConfig, shift: int) -> list:
+    """One eager one-split launch with STAMP, pair i on program i - shift: per pair (start ns, end ns, SM)."""
     from trtforge.plugins.attention import decode_kernel as dk
 
     q, k, v, out = p["q"], p["k"], p["v"], p["out"]
@@ -180,11 +146,44 @@ def _stamp_run(p: dict, cfg: DecodeConfig) -> list:
     opts["STAMP"] = True
     dk._decode_split_kernel[(1, b * hkv)](
         q, k, v, kd, vd, p["lens"], p["lens"], out, stamps, out, p["lens"],
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), 0,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), shift,
         hkv, 1, 0, float(d**-0.5), **opts,
     )  # fmt: skip
     torch.cuda.synchronize()
     return stamps.view(-1, 3).tolist()
+
+
+def _rel_durations(runs: list, by: int) -> dict:
+    """Mean duration relative to each launch's median, per pair (by=0) or per SM (by=2)."""
+    acc: dict = {}
+    for st in runs:
+        med = statistics.median(e - s for s, e, _ in st)
+        for i, (s, e, sm) in enumerate(st):
+            acc.setdefault(i if by == 0 else sm, []).append((e - s) / med)
+    return {k: statistics.mean(v) for k, v in acc.items()}
+
+
+def _stamp_summary(runs: dict) -> list[str]:
+    """Table cells: end-time quantiles and tail of the unrotated layout, durations, and r(pair), r(SM)."""
+    st = runs[0][-1]
+    t0 = min(s for s, _, _ in st)
+    ends = sorted((e - t0) / 1e3 for _, e, _ in st)
+    durs = sorted((e - s) / 1e3 for s, e, _ in st)
+
+    def q(xs, f):
+        return xs[min(len(xs) - 1, int(f * len(xs)))]
+
+    cells = [f"{q(ends, f):.1f}" for f in (0.1, 0.5, 0.9)] + [
+        f"{ends[-1]:.1f}",
+        f"{ends[-1] - q(ends, 0.5):.1f}",
+    ]
+    cells.append(f"{durs[0]:.1f} / {q(durs, 0.5):.1f} / {durs[-1]:.1f}")
+    a_runs, b_runs = runs.values()
+    for by in (0, 2):
+        a, b = _rel_durations(a_runs, by), _rel_durations(b_runs, by)
+        keys = sorted(set(a) & set(b))
+        cells.append(f"{statistics.correlation([a[k] for k in keys], [b[k] for k in keys]):.2f}")
+    return cells
 
 
 def _cudnn(p: dict):
@@ -218,7 +217,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=60, help="ms of replays per measurement")
-    ap.add_argument("--parts", default="configs,pairs,ramp,pdl,kernels")
+    ap.add_argument("--parts", default="configs,pairs,ramp,pdl,kernels,promotion,stamps")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     parts = set(args.parts.split(","))
@@ -285,34 +284,6 @@ def main() -> None:
         res["pdl"] = r
         md += ["## pdl: 16x4096 (us)", "", " | ".join(f"{n}: {v['us']:.1f}" for n, v in r.items()), ""]
         save()
-    if "lenload" in parts:
-        md += ["## lenload: the per-sequence length load at kernel start (us; ratio = cuDNN / ours)", ""]
-        md += [
-            "| B x L | splits | cudnn | len | len evict_last | no len (bound) |",
-            "|---|---|---|---|---|---|",
-        ]
-        res["lenload"] = {}
-        for (b, length), splits in SHAPES.items():
-            p = _problem(b, length, 32, 8)
-            cfg = DecodeConfig(128, 4, 3, splits, tma=True)
-            impls = {
-                "cudnn": _cudnn(p),
-                "len": _ours_mode(p, cfg, splits, 0),
-                "len evict_last": _ours_mode(p, cfg, splits, 1),
-            }
-            if splits == 1:
-                impls["no len"] = _ours_no_len(p, cfg)
-            r = _rounds(impls, args.rounds, args.rep)
-            res["lenload"][f"{b}x{length}"] = r
-            base = r["cudnn"]["us"]
-            cells = [
-                f"{r[n]['us']:.1f} ({base / r[n]['us']:.3f})" if n in r else "-"
-                for n in ("len", "len evict_last", "no len")
-            ]
-            md += [f"| {b}x{length} | {splits} | {base:.1f} | " + " | ".join(cells) + " |"]
-            del p
-            save()
-        md += [""]
     if "promotion" in parts:
         _install_promotion_patch()
         names = {"none": 0, "64B": 1, "128B": 2, "256B": 3}
@@ -335,29 +306,24 @@ def main() -> None:
             save()
         md += [""]
     if "stamps" in parts:
-        md += ["## stamps: per-program start/end (globaltimer, ns after the first start), one split", ""]
+        md += ["## stamps: per-program timeline of one-split launches (globaltimer, us)", ""]
         md += [
-            "| B x L | wall | start spread | end p10 | end p50 | end p90 | end max | max-p50 |",
-            "|---|---|---|---|---|---|---|---|",
+            "Each pair's duration relative to the launch median, over 10 eager launches, with the pairs",
+            "laid on the programs as usual and rotated by half the grid: r(pair) correlates the per-pair",
+            "figures of the two layouts, r(SM) the per-SM ones; the one near 1 says what slowness follows.",
+            "",
+            "| B x L | end p10 | end p50 | end p90 | end max | max - p50 | duration min / p50 / max "
+            "| r(pair) | r(SM) |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         res["stamps"] = {}
-        for b, length in ((16, 1024), (16, 4096), (16, 16384), (64, 8192)):
+        for b, length in ((16, 1024), (16, 4096), (16, 16384)):
             p = _problem(b, length, 32, 8)
             cfg = DecodeConfig(128, 4, 3, 1, tma=True)
-            rows = []
-            for it in range(12):
-                st = _stamp_run(p, cfg)
-                if it >= 2:
-                    rows.append(st)
-            res["stamps"][f"{b}x{length}"] = rows
-            for st in rows[-1:]:
-                t0 = min(r[0] for r in st)
-                starts = sorted(r[0] - t0 for r in st)
-                ends = sorted(r[1] - t0 for r in st)
-                q = lambda xs, f: xs[min(len(xs) - 1, int(f * len(xs)))]
-                md += [
-                    f"| {b}x{length} | {ends[-1]} | {starts[-1]} | {q(ends, 0.1)} | {q(ends, 0.5)} | {q(ends, 0.9)} | {ends[-1]} | {ends[-1] - q(ends, 0.5)} |"
-                ]
+            runs = {shift: [_stamp_run(p, cfg, shift) for _ in range(12)][2:] for shift in (0, b * 4)}
+            res["stamps"][f"{b}x{length}"] = {str(k): v for k, v in runs.items()}
+            md += [f"| {b}x{length} | " + " | ".join(_stamp_summary(runs)) + " |"]
+            del p
             save()
         md += [""]
     if "kernels" in parts:

@@ -308,31 +308,29 @@ def _decode_split_kernel(
     TMA: tl.constexpr,
     WINDOW: tl.constexpr,
     PDL: tl.constexpr = False,
-    LEN_MODE: tl.constexpr = 0,
     STAMP: tl.constexpr = False,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
     WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
     out only the keys some row sees;
     FUSED: the group's last program to finish reduces all its splits. TMA (contiguous caches laid
-    out [B·Hkv·S_max, D]): KDesc/VDesc are that 2-D view's tensor descriptors, one tile per load."""
+    out [B·Hkv·S_max, D]): KDesc/VDesc are that 2-D view's tensor descriptors, one tile per load.
+    STAMP (a diagnostic for benchmarks/probe_decode_bandwidth.py; DIRECT contiguous launches only):
+    MidO is an int64 [B·Hkv, 3] buffer that receives each pair's (start ns, end ns, SM id), and
+    stride_tb (unread there) rotates the pairs over the programs."""
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes
         gdc_wait()
         gdc_launch_dependents()
     split = tl.program_id(0)
     pid = tl.program_id(1)
-    if STAMP:  # probe only: globaltimer at start and end into MidO (int64 [grid, 2])
+    if STAMP:  # program p takes pair (p + stride_tb) mod grid; it stamps the pair's row of MidO
+        pid = (pid + stride_tb) % tl.num_programs(1)
         t_start = tl.inline_asm_elementwise(
             "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
         )
     b = (pid // num_kv_heads).to(tl.int64)
     hkv = (pid % num_kv_heads).to(tl.int64)
-    if LEN_MODE == 2:  # probe only: every length is stride_tb (contiguous caches)
-        seq_len = stride_tb
-    elif LEN_MODE == 1:
-        seq_len = tl.load(SeqLens + b, eviction_policy="evict_last").to(tl.int32)
-    else:
-        seq_len = tl.load(SeqLens + b).to(tl.int32)
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
 
     if WINDOW:  # row 0 sees keys from L - S_q + 1 - window on (whole tiles from there)
         kv_lo = (tl.maximum(seq_len - SEQ_Q + 1 - window, 0) // BLOCK_N) * BLOCK_N
@@ -535,7 +533,6 @@ def _check(
 AUTOTUNE_CANDIDATES = DECODE_CANDIDATES
 TMA_AUTOTUNE_CANDIDATES = DECODE_TMA_CANDIDATES  # besides, on contiguous caches TMA can read
 SHARED_MEMORY_BUDGET = 225 * 1024
-_LEN_MODE = 0
 _CHOICE: dict[tuple, DecodeConfig] = {}
 TUNING_TIMES: dict[tuple, dict[DecodeConfig, float]] = {}  # per key: each candidate's median ms
 
@@ -649,7 +646,6 @@ def _split_options(
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": _interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
-        "LEN_MODE": _LEN_MODE,
     }  # fmt: skip
 
 
