@@ -305,29 +305,6 @@ def main() -> None:
             del p
             save()
         md += [""]
-    if "headshare" in parts:
-        variants = {"1 split": (1, 0), **{f"2/{h}": (2, h) for h in (31, 30, 29, 28, 26)}, "3/30": (3, 30)}
-        variants["3/28"] = (3, 28)
-        md += ["## headshare: split 0 takes h/32 of the tiles, the rest as tail splits dispatched after", ""]
-        md += [
-            "(us; ratio = cuDNN / ours; fused reduction on a zeroed workspace; 128-key TMA tiles, 3 stages)",
-            "",
-        ]
-        md += ["| B x L | cudnn | " + " | ".join(variants) + " |", "|---|---|" + "---|" * len(variants)]
-        res["headshare"] = {}
-        for b, length in ((16, 4096), (128, 2048), (256, 1024), (64, 8192)):
-            p = _problem(b, length, 32, 8)
-            impls = {"cudnn": _cudnn(p)}
-            for name, (n, h) in variants.items():
-                impls[name] = _ours(p, DecodeConfig(128, 4, 3, n, tma=True, head_share=h), n)
-            r = _rounds(impls, args.rounds, args.rep)
-            res["headshare"][f"{b}x{length}"] = r
-            base = r["cudnn"]["us"]
-            cells = [f"{r[n]['us']:.1f} ({base / r[n]['us']:.3f})" for n in variants]
-            md += [f"| {b}x{length} | {base:.1f} | " + " | ".join(cells) + " |"]
-            del p
-            save()
-        md += [""]
     if "stamps" in parts:
         md += ["## stamps: per-program timeline of one-split launches (globaltimer, us)", ""]
         md += [

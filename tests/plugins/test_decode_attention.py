@@ -132,35 +132,6 @@ def test_tensor_descriptor_loads_match_pointer_loads(s_q, splits, fused):
     assert (out.float() - reference_decode(q, k, v, lens)).abs().max().item() < 3e-3
 
 
-@pytest.mark.parametrize(
-    ("page", "s_q", "splits", "share", "fused", "tma"),
-    [
-        (0, 1, 2, 30, True, True),
-        (0, 4, 3, 28, False, False),
-        (16, 1, 2, 16, True, False),
-        (0, 1, 4, 31, True, False),
-        (0, 2, 2, 8, False, True),
-    ],
-)
-def test_head_share_splits_cover_every_key_once(page, s_q, splits, share, fused, tma):
-    """`head_share`: split 0 takes share/32 of each sequence's tiles (at least one), the other splits
-    the rest, laid out split-major (all head splits first); lengths from 1 key up, so some tail
-    splits are empty; poisoned slots past each length stay unread."""
-    gen = torch.Generator().manual_seed(page + s_q + splits + share)
-    lens = torch.tensor([70, 16, 33, 1, 128], dtype=torch.int32, device=DEVICE)
-    q, k, v = _caches(5, 8, 2, s_q, 130, 64, torch.float16, gen)
-    poison_past_lengths(k, lens)
-    poison_past_lengths(v, lens)
-    table = None
-    if page:
-        k, v, table = paged_from_contiguous(k, v, lens.cpu(), page, gen)
-    ref = reference_decode(q, k, v, lens, table)
-    cfg = DecodeConfig(block_n=16, num_splits=splits, fused=fused, tma=tma, head_share=share)
-    for _ in range(2):  # the fused reduction leaves its counters zero for the next launch
-        out = decode_attention(q, k, v, lens, table, config=cfg)
-        assert (out.float() - ref).abs().max().item() < 3e-3
-
-
 def test_tensor_descriptors_only_where_tma_can_read_the_cache():
     """Strided caches, a head dim that is no power of two: no descriptors (pointer loads instead)."""
     gen = torch.Generator().manual_seed(2)

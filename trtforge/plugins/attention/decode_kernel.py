@@ -80,7 +80,6 @@ class DecodeConfig:
     num_splits: int = 0
     fused: bool = True
     tma: bool = False  # full tiles of a contiguous cache through tensor descriptors (Hopper's TMA)
-    head_share: int = 0  # > 0: split 0 takes head_share/32 of the tiles, dispatched before the others
 
 
 def default_decode_config(head_dim: int) -> DecodeConfig:
@@ -310,7 +309,6 @@ def _decode_split_kernel(
     WINDOW: tl.constexpr,
     PDL: tl.constexpr = False,
     STAMP: tl.constexpr = False,
-    HEAD_SHARE: tl.constexpr = 0,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
     WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
@@ -323,14 +321,8 @@ def _decode_split_kernel(
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes
         gdc_wait()
         gdc_launch_dependents()
-    if HEAD_SHARE > 0:  # split-major: every pair's head split is dispatched before any tail split
-        lin = tl.program_id(0) + tl.program_id(1) * num_splits
-        npairs = tl.num_programs(1)
-        split = lin // npairs
-        pid = lin % npairs
-    else:
-        split = tl.program_id(0)
-        pid = tl.program_id(1)
+    split = tl.program_id(0)
+    pid = tl.program_id(1)
     if STAMP:  # program p takes pair (p + stride_tb) mod grid; it stamps the pair's row of MidO
         pid = (pid + stride_tb) % tl.num_programs(1)
         t_start = tl.inline_asm_elementwise(
@@ -345,16 +337,9 @@ def _decode_split_kernel(
     else:
         kv_lo = 0
     tiles = tl.cdiv(seq_len - kv_lo, BLOCK_N)
-    if HEAD_SHARE > 0:  # split 0: HEAD_SHARE/32 of the tiles; the others share the rest evenly
-        head = tl.minimum(tl.maximum((tiles * HEAD_SHARE) // 32, 1), tiles)
-        per_split = tl.cdiv(tiles - head, tl.maximum(num_splits - 1, 1))
-        first = tl.where(split == 0, 0, head + (split - 1) * per_split)
-        lo = kv_lo + first * BLOCK_N
-        hi = tl.minimum(lo + tl.where(split == 0, head, per_split) * BLOCK_N, seq_len)
-    else:
-        per_split = tl.cdiv(tiles, num_splits)
-        lo = kv_lo + split * per_split * BLOCK_N
-        hi = tl.minimum(lo + per_split * BLOCK_N, seq_len)
+    per_split = tl.cdiv(tiles, num_splits)
+    lo = kv_lo + split * per_split * BLOCK_N
+    hi = tl.minimum(lo + per_split * BLOCK_N, seq_len)
     # Keys every row sees: j <= L - S_q (LOWER_RIGHT) and, WINDOW, j >= L - window (the last row's
     # first key). Whole tiles between run unmasked; those before (head) and after (tail) masked.
     if WINDOW:
@@ -660,7 +645,6 @@ def _split_options(
         "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": _interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
-        "HEAD_SHARE": 0 if direct else cfg.head_share,
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
 
