@@ -14,6 +14,7 @@ implementation of a case once per round, cuDNN among them; the figure is the med
   replay's tail), for information;
 - kernels: the kernels cuDNN and ours launch at each shape (grid, block, registers, shared memory);
 - promotion: our tensor descriptors re-encoded with each L2 promotion (Triton fixes 128 B);
+- overlap: whether consecutive launches in one CUDA graph overlap (cuDNN's and ours);
 - stamps: per-program start/end times of one-split launches (the tail), and whether slow programs
   follow their (batch, kv head) pair or their SM.
 The length-load variants measured in session 10 are in commit f57857f (results/decode_attention.md).
@@ -217,7 +218,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=60, help="ms of replays per measurement")
-    ap.add_argument("--parts", default="configs,pairs,ramp,pdl,kernels,promotion,stamps")
+    ap.add_argument("--parts", default="configs,pairs,ramp,pdl,kernels,promotion,overlap,stamps")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     parts = set(args.parts.split(","))
@@ -305,6 +306,36 @@ def main() -> None:
             del p
             save()
         md += [""]
+    if "overlap" in parts:
+        md += ["## overlap: consecutive launches inside one CUDA graph (torch.profiler, us)", ""]
+        md += [
+            "| B x L | impl | kernel durations | gaps start[i+1] - end[i] | period of the ends |",
+            "|---|---|---|---|---|",
+        ]
+        res["overlap"] = {}
+        for b, length in ((16, 4096), (64, 8192)):
+            p = _problem(b, length, 32, 8)
+            cfg = DecodeConfig(128, 4, 3, 1, tma=True)
+            impls = {
+                "cudnn": _cudnn(p),
+                "ours 128/4/3": _ours(p, cfg, 1),
+                "ours pdl": _ours(p, cfg, 1, pdl=True),
+            }
+            for name, fn in impls.items():
+                rows = _graph_timeline(
+                    fn, args.out / f"trace_overlap_{name.replace(' ', '_').replace('/', '')}.json"
+                )
+                res["overlap"].setdefault(f"{b}x{length}", {})[name] = rows
+                durs = [e - s for s, e, _ in rows]
+                gaps = [rows[i + 1][0] - rows[i][1] for i in range(len(rows) - 1)]
+                period = (rows[-1][1] - rows[0][1]) / max(len(rows) - 1, 1)  # of the ends (PDL starts early)
+                md += [
+                    f"| {b}x{length} | {name} | {', '.join(f'{d:.1f}' for d in durs)} "
+                    f"| {', '.join(f'{g:.2f}' for g in gaps)} | {period:.2f} |"
+                ]
+            del p
+            save()
+        md += [""]
     if "stamps" in parts:
         md += ["## stamps: per-program timeline of one-split launches (globaltimer, us)", ""]
         md += [
@@ -351,6 +382,32 @@ def main() -> None:
         md += [""]
     save()
     print((args.out / "probe.md").read_text())
+
+
+def _graph_timeline(fn, trace: Path, calls: int = 6) -> list[tuple[float, float, str]]:
+    """(start us, end us, name) of every kernel of one replay of a CUDA graph holding `calls` calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                fn()
+    torch.cuda.synchronize()
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(trace))
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "kernel"]
+    trace.unlink()
+    events.sort(key=lambda e: e["ts"])
+    return [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"][:40]) for e in events]
 
 
 def _kernels(fn, trace: Path) -> list[dict]:
