@@ -18,18 +18,21 @@ import contextlib
 import functools
 from typing import Any
 
-import numpy as np
-
 from trtforge.errors import UserError
 from trtforge.plugins.attention.configs import DECODE_CANDIDATES, decode_counter_slots
 from trtforge.plugins.attention.plugin import register_creator_once
+from trtforge.plugins.attention.plugin_common import (
+    PluginBasics,
+    creator_class,
+    init_plugin,
+    read_fields,
+    torch_dtype,
+)
 from trtforge.plugins.attention.spec import (
     PAGED_ALIASES,
     PAGED_INPUTS,
     PAGED_PLUGIN_NAME,
-    PARSER_ONLY_FIELDS,
     PLUGIN_NAMESPACE,
-    PLUGIN_VERSION,
     PagedAttentionAttrs,
     check_block_size,
     check_paged_head_dim,
@@ -46,7 +49,7 @@ __all__ = [
     "workspace_rows",
 ]
 
-_FIELDS = ("num_heads", "kv_num_heads", "scale")
+_FIELDS = {"num_heads": "int32", "kv_num_heads": "int32", "scale": "float32"}
 _WHERE = f"{PLUGIN_NAMESPACE}::{PAGED_PLUGIN_NAME}"
 # Split programs the workspace is sized for beyond one per (batch, kv head): the split heuristic
 # aims at about 4 programs per SM and the tactics at up to twice that, on GPUs of up to 256 SMs.
@@ -98,31 +101,7 @@ def paged_config_for_tactic(tactic: int, head_dim: int) -> tuple[int, int, int, 
 
 def parse_paged_fields(fields: Any) -> PagedAttentionAttrs:
     """Read plugin fields (ONNX node attributes or an engine's saved fields) into validated attrs."""
-    values: dict[str, Any] = {}
-    for f in fields:
-        name = str(f.name)
-        if name in PARSER_ONLY_FIELDS:
-            continue
-        if name not in _FIELDS:
-            raise UserError(f"{_WHERE}: unknown plugin field '{name}'; expected {', '.join(_FIELDS)}.")
-        data = np.asarray(f.data)
-        if data.size != 1:
-            raise UserError(f"{_WHERE}: field '{name}' must hold one value; got {data}.")
-        values[name] = data.reshape(()).item()
-    for required in _FIELDS:
-        if required not in values:
-            raise UserError(f"{_WHERE}: required field '{required}' is missing.")
-    return PagedAttentionAttrs(**values)
-
-
-def _torch_dtype(trt: Any, dtype: Any) -> Any:
-    import torch
-
-    return {
-        trt.DataType.HALF: torch.float16,
-        trt.DataType.BF16: torch.bfloat16,
-        trt.DataType.INT32: torch.int32,
-    }[dtype]
+    return PagedAttentionAttrs(**read_fields(fields, _WHERE, _FIELDS, required=tuple(_FIELDS)))
 
 
 @functools.lru_cache(maxsize=4)
@@ -133,29 +112,18 @@ def paged_plugin_classes(backend: Any) -> tuple[type, type]:
     n_in = len(PAGED_INPUTS)
 
     class PagedAttentionPlugin(
-        trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuildV2, trt.IPluginV3OneRuntime
+        PluginBasics, trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuildV2, trt.IPluginV3OneRuntime
     ):
         """Paged decode attention with an in-place cache write; fields num_heads, kv_num_heads, scale."""
 
         def __init__(self, attrs: PagedAttentionAttrs, tactic: int = 0) -> None:
-            trt.IPluginV3.__init__(self)
-            trt.IPluginV3OneCore.__init__(self)
-            trt.IPluginV3OneBuildV2.__init__(self)
-            trt.IPluginV3OneRuntime.__init__(self)
-            self.plugin_name = PAGED_PLUGIN_NAME
-            self.plugin_version = PLUGIN_VERSION
-            self.plugin_namespace = PLUGIN_NAMESPACE
-            self.num_outputs = 3
-            self.metadata_string = f"heads={attrs.num_heads} kv_heads={attrs.kv_num_heads}"
-            self.timing_cache_id = ""
+            metadata = f"heads={attrs.num_heads} kv_heads={attrs.kv_num_heads}"
+            init_plugin(self, trt, trt.IPluginV3OneBuildV2, PAGED_PLUGIN_NAME, 3, metadata)
             self.attrs = attrs
             self.tactic = int(tactic)
             self.head_dim = -1
 
         # -- core --------------------------------------------------------------------------------
-        def get_capability_interface(self, type: Any) -> Any:  # noqa: A002 (TensorRT's name)
-            return self
-
         def clone(self) -> PagedAttentionPlugin:
             twin = PagedAttentionPlugin(self.attrs, self.tactic)
             twin.head_dim = self.head_dim
@@ -220,25 +188,10 @@ def paged_plugin_classes(backend: Any) -> tuple[type, type]:
             return paged_valid_tactics(self.head_dim)
 
         # -- runtime -----------------------------------------------------------------------------
-        def set_tactic(self, tactic: int) -> None:
-            self.tactic = int(tactic)
-
-        def on_shape_change(self, inp: list[Any], out: list[Any]) -> None:
-            pass
-
-        def attach_to_context(self, resource_context: Any) -> PagedAttentionPlugin:
-            return self.clone()
-
         def get_fields_to_serialize(self) -> Any:
             a = self.attrs
-            i32, f32 = trt.PluginFieldType.INT32, trt.PluginFieldType.FLOAT32
-            return trt.PluginFieldCollection(
-                [
-                    trt.PluginField("num_heads", np.array([a.num_heads], np.int32), i32),
-                    trt.PluginField("kv_num_heads", np.array([a.kv_num_heads], np.int32), i32),
-                    trt.PluginField("scale", np.array([a.scale], np.float32), f32),
-                ]
-            )
+            values = {"num_heads": a.num_heads, "kv_num_heads": a.kv_num_heads, "scale": a.scale}
+            return self.serialized_fields(trt, _FIELDS, values)
 
         def enqueue(
             self,
@@ -257,7 +210,7 @@ def paged_plugin_classes(backend: Any) -> tuple[type, type]:
             from trtforge.plugins.attention.paged_cache import write_kv_slots
 
             def tensor(desc: Any, ptr: int) -> DeviceTensor:
-                return DeviceTensor.contiguous(ptr, _torch_dtype(trt, desc.type), tuple(desc.dims))
+                return DeviceTensor.contiguous(ptr, torch_dtype(trt, desc.type), tuple(desc.dims))
 
             q, k_new, v_new, _, _, table, slots, lens, q_lens = (
                 tensor(d, p) for d, p in zip(input_desc, inputs)
@@ -290,26 +243,10 @@ def paged_plugin_classes(backend: Any) -> tuple[type, type]:
                 scale=self.attrs.scale, config=config, splits=splits, workspace=ws, stream=stream,
             )  # fmt: skip
 
-    class PagedAttentionCreator(trt.IPluginCreatorV3One):
-        """Creates PagedAttentionPlugin from fields (ONNX node attributes, or an engine's saved fields)."""
+    def make(fields: Any) -> PagedAttentionPlugin:
+        return PagedAttentionPlugin(parse_paged_fields(fields))
 
-        def __init__(self) -> None:
-            trt.IPluginCreatorV3One.__init__(self)
-            self.name = PAGED_PLUGIN_NAME
-            self.plugin_version = PLUGIN_VERSION
-            self.plugin_namespace = PLUGIN_NAMESPACE
-            self.field_names = trt.PluginFieldCollection(
-                [
-                    trt.PluginField("num_heads", np.array([], np.int32), trt.PluginFieldType.INT32),
-                    trt.PluginField("kv_num_heads", np.array([], np.int32), trt.PluginFieldType.INT32),
-                    trt.PluginField("scale", np.array([], np.float32), trt.PluginFieldType.FLOAT32),
-                ]
-            )
-
-        def create_plugin(self, name: str, field_collection: Any, phase: Any) -> PagedAttentionPlugin:
-            return PagedAttentionPlugin(parse_paged_fields(field_collection))
-
-    return PagedAttentionPlugin, PagedAttentionCreator
+    return PagedAttentionPlugin, creator_class(trt, PAGED_PLUGIN_NAME, _FIELDS, make)
 
 
 def register_paged_plugin(backend: Any) -> Any:

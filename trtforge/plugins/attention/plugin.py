@@ -17,14 +17,18 @@ import functools
 import importlib.util
 from typing import Any
 
-import numpy as np
-
 from trtforge.errors import UserError
 from trtforge.plugins.attention.configs import config_for_tactic, valid_tactics
+from trtforge.plugins.attention.plugin_common import (
+    PluginBasics,
+    creator_class,
+    init_plugin,
+    read_fields,
+    torch_dtype,
+)
 from trtforge.plugins.attention.spec import (
     LAYOUT_BHSD,
     LAYOUT_PACKED,
-    PARSER_ONLY_FIELDS,
     PLUGIN_NAME,
     PLUGIN_NAMESPACE,
     PLUGIN_VERSION,
@@ -41,7 +45,8 @@ __all__ = [
     "register_plugins",
 ]
 
-_FIELDS = ("num_heads", "scale", "causal", "layout")
+_FIELDS = {"num_heads": "int32", "scale": "float32", "causal": "int32", "layout": "char"}
+_WHERE = f"{PLUGIN_NAMESPACE}::{PLUGIN_NAME}"
 _REGISTERED: dict[tuple[int, str], Any] = {}  # (id(registry), plugin) -> creator (kept alive here)
 
 
@@ -63,28 +68,7 @@ def check_plugin_support(backend: Any) -> None:
 
 def parse_fields(fields: Any) -> FlashAttentionAttrs:
     """Read the plugin fields (from the ONNX node's attributes or an engine) into validated attrs."""
-    values: dict[str, Any] = {}
-    for f in fields:
-        name = str(f.name)
-        if name in PARSER_ONLY_FIELDS:
-            continue
-        if name not in _FIELDS:
-            expected = ", ".join(_FIELDS)
-            raise UserError(
-                f"{PLUGIN_NAMESPACE}::{PLUGIN_NAME}: unknown plugin field '{name}'; expected {expected}."
-            )
-        data = np.asarray(f.data)
-        if name == "layout":
-            values[name] = bytes(data.astype(np.uint8)).split(b"\0", 1)[0].decode()
-        elif data.size != 1:
-            raise UserError(
-                f"{PLUGIN_NAMESPACE}::{PLUGIN_NAME}: field '{name}' must hold one value; got {data}."
-            )
-        else:
-            values[name] = data.reshape(()).item()
-    for required in ("num_heads", "scale"):
-        if required not in values:
-            raise UserError(f"{PLUGIN_NAMESPACE}::{PLUGIN_NAME}: required field '{required}' is missing.")
+    values = read_fields(fields, _WHERE, _FIELDS, required=("num_heads", "scale"))
     return FlashAttentionAttrs(
         num_heads=values["num_heads"],
         scale=values["scale"],
@@ -103,20 +87,6 @@ def output_dims(
     return [batch, seq, builder.operation(floor_div, width, builder.constant(3))]
 
 
-def _torch_dtype(trt: Any, dtype: Any) -> Any:
-    import torch
-
-    table = {
-        trt.DataType.HALF: torch.float16,
-        trt.DataType.BF16: torch.bfloat16,
-        trt.DataType.FLOAT: torch.float32,
-        trt.DataType.BOOL: torch.bool,
-        trt.DataType.INT32: torch.int32,
-        trt.DataType.INT64: torch.int64,
-    }
-    return table[dtype]
-
-
 @functools.lru_cache(maxsize=4)
 def plugin_classes(backend: Any) -> tuple[type, type]:
     """(FlashAttentionPlugin, FlashAttentionCreator) derived from `backend.trt`'s plugin interfaces."""
@@ -126,30 +96,19 @@ def plugin_classes(backend: Any) -> tuple[type, type]:
     dtype_names = {trt.DataType.HALF: "float16", trt.DataType.BF16: "bfloat16", trt.DataType.FLOAT: "float32"}
 
     class FlashAttentionPlugin(
-        trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime
+        PluginBasics, trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime
     ):
         """Fused multi-head attention; fields num_heads, scale, causal, layout."""
 
         def __init__(self, attrs: FlashAttentionAttrs, tactic: int = 0) -> None:
-            trt.IPluginV3.__init__(self)
-            trt.IPluginV3OneCore.__init__(self)
-            trt.IPluginV3OneBuild.__init__(self)
-            trt.IPluginV3OneRuntime.__init__(self)
-            self.plugin_name = PLUGIN_NAME
-            self.plugin_version = PLUGIN_VERSION
-            self.plugin_namespace = PLUGIN_NAMESPACE
-            self.num_outputs = 1
-            self.metadata_string = f"heads={attrs.num_heads} causal={int(attrs.causal)} layout={attrs.layout}"
-            self.timing_cache_id = ""
+            metadata = f"heads={attrs.num_heads} causal={int(attrs.causal)} layout={attrs.layout}"
+            init_plugin(self, trt, trt.IPluginV3OneBuild, PLUGIN_NAME, 1, metadata)
             self.attrs = attrs
             self.tactic = int(tactic)
             self.head_dim = -1  # known after configure_plugin: limits the tactics to tiles that fit
             self.dtype_name: str | None = None
 
         # -- core --------------------------------------------------------------------------------
-        def get_capability_interface(self, type: Any) -> Any:  # noqa: A002 (TensorRT's name)
-            return self
-
         def clone(self) -> FlashAttentionPlugin:
             twin = FlashAttentionPlugin(self.attrs, self.tactic)
             twin.head_dim, twin.dtype_name = self.head_dim, self.dtype_name
@@ -215,29 +174,10 @@ def plugin_classes(backend: Any) -> tuple[type, type]:
             return valid_tactics(self.head_dim, self.dtype_name)
 
         # -- runtime -----------------------------------------------------------------------------
-        def set_tactic(self, tactic: int) -> None:
-            self.tactic = int(tactic)
-
-        def on_shape_change(self, inp: list[Any], out: list[Any]) -> None:
-            pass
-
-        def attach_to_context(self, resource_context: Any) -> FlashAttentionPlugin:
-            return self.clone()
-
         def get_fields_to_serialize(self) -> Any:
             a = self.attrs
-            return trt.PluginFieldCollection(
-                [
-                    trt.PluginField(
-                        "num_heads", np.array([a.num_heads], np.int32), trt.PluginFieldType.INT32
-                    ),
-                    trt.PluginField("scale", np.array([a.scale], np.float32), trt.PluginFieldType.FLOAT32),
-                    trt.PluginField("causal", np.array([int(a.causal)], np.int32), trt.PluginFieldType.INT32),
-                    trt.PluginField(
-                        "layout", np.frombuffer(a.layout.encode(), np.int8).copy(), trt.PluginFieldType.CHAR
-                    ),
-                ]
-            )
+            values = {"num_heads": a.num_heads, "scale": a.scale, "causal": int(a.causal), "layout": a.layout}
+            return self.serialized_fields(trt, _FIELDS, values)
 
         def enqueue(
             self,
@@ -251,7 +191,7 @@ def plugin_classes(backend: Any) -> tuple[type, type]:
             from trtforge.plugins.attention.kernel import DeviceTensor, flash_attention_raw, packed_qkv_views
 
             def tensor(desc: Any, ptr: int) -> DeviceTensor:
-                return DeviceTensor.contiguous(ptr, _torch_dtype(trt, desc.type), tuple(desc.dims))
+                return DeviceTensor.contiguous(ptr, torch_dtype(trt, desc.type), tuple(desc.dims))
 
             n_data = self._num_data_inputs()
             heads = self.attrs.num_heads
@@ -278,27 +218,10 @@ def plugin_classes(backend: Any) -> tuple[type, type]:
                 config=config,
             )
 
-    class FlashAttentionCreator(trt.IPluginCreatorV3One):
-        """Creates FlashAttentionPlugin from fields (ONNX node attributes, or an engine's saved fields)."""
-
-        def __init__(self) -> None:
-            trt.IPluginCreatorV3One.__init__(self)
-            self.name = PLUGIN_NAME
-            self.plugin_version = PLUGIN_VERSION
-            self.plugin_namespace = PLUGIN_NAMESPACE
-            self.field_names = trt.PluginFieldCollection(
-                [
-                    trt.PluginField("num_heads", np.array([], np.int32), trt.PluginFieldType.INT32),
-                    trt.PluginField("scale", np.array([], np.float32), trt.PluginFieldType.FLOAT32),
-                    trt.PluginField("causal", np.array([], np.int32), trt.PluginFieldType.INT32),
-                    trt.PluginField("layout", np.array([], np.int8), trt.PluginFieldType.CHAR),
-                ]
-            )
-
-        def create_plugin(self, name: str, field_collection: Any, phase: Any) -> FlashAttentionPlugin:
-            return FlashAttentionPlugin(parse_fields(field_collection))
-
-    return FlashAttentionPlugin, FlashAttentionCreator
+    creator = creator_class(
+        trt, PLUGIN_NAME, _FIELDS, lambda fields: FlashAttentionPlugin(parse_fields(fields))
+    )
+    return FlashAttentionPlugin, creator
 
 
 def register_plugins(backend: Any) -> Any:
@@ -307,7 +230,7 @@ def register_plugins(backend: Any) -> Any:
     Call it before parsing an ONNX model that holds ``trtforge::FlashAttention`` nodes and before
     deserializing an engine built with them. Raises a UserError where plugins cannot be hosted.
     """
-    return register_creator_once(backend, plugin_classes, f"{PLUGIN_NAMESPACE}::{PLUGIN_NAME}")
+    return register_creator_once(backend, plugin_classes, _WHERE)
 
 
 def register_creator_once(backend: Any, classes: Any, where: str) -> Any:
