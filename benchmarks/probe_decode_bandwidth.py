@@ -209,6 +209,14 @@ def _rounds(impls: dict, rounds: int, rep: int) -> dict:
     return {n: {"us": statistics.median(s), "samples": s, "err": errs[n]} for n, s in samples.items()}
 
 
+def _scan_row(store: dict, key: str, p: dict, args: argparse.Namespace) -> str:
+    """Time cuDNN and one-split 128/4/3 TMA launches on problem `p` in interleaved rounds; record the
+    result under store[key]; return the table cells (us, TB/s)."""
+    impls = {"cudnn": _cudnn(p), "128/4/3": _ours(p, DecodeConfig(128, 4, 3, 1, tma=True), 1)}
+    r = store[key] = _rounds(impls, args.rounds, args.rep)
+    return " | ".join(f"{r[n]['us']:.1f} ({p['bytes'] / r[n]['us'] / 1e6:.2f})" for n in impls)
+
+
 def _cfg_name(c: tuple) -> str:
     return f"{c[0]}/{c[1]}/{c[2]}"
 
@@ -254,13 +262,9 @@ def main() -> None:
         md += ["| B | B·Hkv | cudnn | 128/4/3 |", "|---|---|---|---|"]
         res["pairs"] = {}
         for b in (30, 32, 33, 34, 64, 66):
-            p = _problem(b, 4096, 16, 4)
-            impls = {"cudnn": _cudnn(p)}
-            impls["128/4/3"] = _ours(p, DecodeConfig(128, 4, 3, 1, tma=True), 1)
-            r = _rounds(impls, args.rounds, args.rep)
-            res["pairs"][str(b)] = r
-            cells = [f"{r[n]['us']:.1f} ({p['bytes'] / r[n]['us'] / 1e6:.2f})" for n in impls]
-            md += [f"| {b} | {4 * b} | " + " | ".join(cells) + " |"]
+            md += [
+                f"| {b} | {4 * b} | " + _scan_row(res["pairs"], str(b), _problem(b, 4096, 16, 4), args) + " |"
+            ]
             save()
         md += [""]
     if "ramp" in parts:
@@ -268,13 +272,11 @@ def main() -> None:
         md += ["| L | cudnn | 128/4/3 |", "|---|---|---|"]
         res["ramp"] = {}
         for length in (256, 1024, 4096, 16384):
-            p = _problem(16, length, 32, 8)
-            impls = {"cudnn": _cudnn(p)}
-            impls["128/4/3"] = _ours(p, DecodeConfig(128, 4, 3, 1, tma=True), 1)
-            r = _rounds(impls, args.rounds, args.rep)
-            res["ramp"][str(length)] = r
-            cells = [f"{r[n]['us']:.1f} ({p['bytes'] / r[n]['us'] / 1e6:.2f})" for n in impls]
-            md += [f"| {length} | " + " | ".join(cells) + " |"]
+            md += [
+                f"| {length} | "
+                + _scan_row(res["ramp"], str(length), _problem(16, length, 32, 8), args)
+                + " |"
+            ]
             save()
         md += [""]
     if "pdl" in parts:
