@@ -33,7 +33,13 @@ from trtforge.plugins.attention.prepared_launch import Operand, PreparedLaunch, 
 __all__ = ["chunked_prefill_attention", "chunked_prefill_varlen", "prepare_chunked_prefill_varlen"]
 
 
-@triton.jit
+# Arguments that change from one serving step to the next (the longest chunk, the metadata slices'
+# offsets) are not specialized on, so that one compiled kernel serves every step: a specialization
+# first met mid-run cost a ~0.6 s compile there (results/serving.md, session 10).
+@triton.jit(
+    do_not_specialize=["seq_q", "window", "stride_tb"],
+    do_not_specialize_on_alignment=["SeqLens", "QLens", "QStarts", "Table"],
+)
 def _chunked_prefill_kernel(
     Q,
     K,

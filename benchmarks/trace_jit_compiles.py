@@ -1,0 +1,46 @@
+"""Run a benchmark script and log every Triton JIT compilation it triggers, with its duration.
+
+    PYTHONPATH=. python3 benchmarks/trace_jit_compiles.py benchmarks/bench_serving.py --rates 0 0 --skip-hf
+
+A kernel launched with arguments of a specialization not met before (an integer that is now 1 or a
+multiple of 16, a pointer now 16-byte aligned, a new constexpr) is compiled (or loaded from Triton's
+disk cache) during that launch. Each one prints a line ``[jit +T s] Ns kernel(args)`` to stderr, so
+that compilations inside a timed region show up between the script's own output.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+import time
+
+from triton import knobs
+
+_T0 = time.perf_counter()
+_started: list[float] = []
+
+
+def _before(**kwargs) -> None:
+    _started.append(time.perf_counter())
+
+
+def _after(**kwargs) -> None:
+    now = time.perf_counter()
+    took = now - _started.pop() if _started else float("nan")
+    print(
+        f"[jit +{now - _T0:.2f} s] {took:.3f}s {kwargs.get('repr', '?')[:300]}", file=sys.stderr, flush=True
+    )
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        raise SystemExit("usage: trace_jit_compiles.py SCRIPT [ARGS...]")
+    knobs.runtime.jit_cache_hook = _before
+    knobs.runtime.jit_post_compile_hook = _after
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
