@@ -196,3 +196,30 @@ def test_reshape_and_cache_then_decode_on_gpu():
     out = decode_attention(q, k, v, lens)
     _check(out, reference_decode(q, k, v, lens), torch.float16)
     _check(out_paged, reference_decode(q, k, v, lens), torch.float16)
+
+
+def test_steps_with_other_split_counts_and_metadata_offsets_share_one_compiled_kernel():
+    """Serving steps differ in split count and in where their lengths and block tables sit: none of
+    that may need a new specialization of the split kernel (a compile mid-run)."""
+    gen = torch.Generator().manual_seed(9)
+    b, hq, hkv, d, page = 3, 8, 2, 64, 16
+    k = torch.randn(b, hkv, 700, d, generator=gen).half().cuda()
+    v = torch.randn(b, hkv, 700, d, generator=gen).half().cuda()
+    q = torch.randn(b, hq, 1, d, generator=gen).half().cuda()
+    lens_host = torch.tensor([700, 333, 512], dtype=torch.int32)
+    k16, v16, table = paged_from_contiguous(k, v, lens_host.cuda(), page, gen)
+    cache = decode_kernel._decode_split_kernel.device_caches[torch.cuda.current_device()][0]
+    sizes = []
+    for offset, splits in itertools.product((0, 1, 3), (2, 3, 16, 32)):
+        buf = torch.zeros(offset + b, dtype=torch.int32, device="cuda")
+        lens = buf[offset:]
+        lens.copy_(lens_host)
+        tbuf = torch.zeros(offset + table.numel(), dtype=torch.int32, device="cuda")
+        tab = tbuf[offset:].view(table.shape)
+        tab.copy_(table)
+        cfg = DecodeConfig(block_n=64, num_splits=splits)
+        out = decode_attention(q, k16, v16, lens, tab, config=cfg)
+        sizes.append(len(cache))
+    torch.cuda.synchronize()
+    assert (out.float() - reference_decode(q, k16, v16, lens, tab)).abs().max().item() < 3e-3
+    assert len(set(sizes)) == 1, f"compiled variants grew across steps: {sizes}"

@@ -259,7 +259,12 @@ def _reduce_group(
         )
 
 
-@triton.jit
+# Per-step arguments (split count, window, block-table width, metadata pointers) are not specialized on:
+# a specialization first met mid-run cost a ~1 s compile in a serving step (results/serving.md).
+@triton.jit(
+    do_not_specialize=["num_splits", "window", "stride_tb"],
+    do_not_specialize_on_alignment=["SeqLens", "Table", "Counters"],
+)
 def _decode_split_kernel(
     Q,
     K,
