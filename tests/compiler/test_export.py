@@ -217,3 +217,45 @@ def test_non_tensor_outputs_are_user_errors(extra, message, tmp_path) -> None:
 
     with pytest.raises(UserError, match=message):
         export_module(Returns(), (torch.randn(2, 3),), tmp_path)
+
+
+class _DictOut(torch.nn.Module):
+    """Outputs a dict holding a tensor and a tuple, with a None left out (as HF ModelOutputs do)."""
+
+    def __init__(self, key: str = "logits") -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(5, 3)
+        self.key = key
+
+    def forward(self, x):
+        y = self.lin(x)
+        return {self.key: y, "unused": None, "parts": (y.relu(), y.sigmoid())}
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_dict_outputs_are_named_by_their_keys(tmp_path, exporter: str) -> None:
+    art = export_module(_DictOut(), {"x": torch.randn(2, 5)}, tmp_path, dynamic="batch", exporter=exporter)
+    assert art.record.output_names == ["logits", "parts.0", "parts.1"]
+    assert [o.name for o in onnx.load(str(art.path)).graph.output] == ["logits", "parts.0", "parts.1"]
+    assert art.record.verified
+
+
+def test_hf_model_output_keys_name_the_outputs(tmp_path) -> None:
+    art = export_module(tiny_bert(), bert_inputs(2, 8), tmp_path, dynamic="batch,seq")
+    assert art.record.output_names == OUTS
+
+
+def test_tuple_outputs_and_key_clashing_with_an_input_keep_positional_names(tmp_path) -> None:
+    """A key that is also an input name would make two graph values one name: positional names instead."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    art = export_module(_DictOut(key="x"), {"x": torch.randn(2, 5)}, tmp_path / "a")
+    assert art.record.output_names == ["output_0", "output_1", "output_2"]
+    lin = torch.nn.Linear(5, 3)
+
+    class Pair(torch.nn.Module):
+        def forward(self, x):
+            return lin(x), (lin(x).relu(),)
+
+    art = export_module(Pair(), {"x": torch.randn(2, 5)}, tmp_path / "b")
+    assert art.record.output_names == ["output_0", "output_1"]

@@ -128,14 +128,20 @@ def resolve_dynamic(spec: DynamicSpec, inputs: Mapping[str, Any]) -> dict[str, d
 
 def flatten_outputs(obj: Any) -> list[Any]:
     """Flatten a torch output (tensor, tuple, dict, transformers ModelOutput) in exporter order."""
+    return [t for _, t in _named_outputs(obj, ())]
+
+
+def _named_outputs(obj: Any, path: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], Any]]:
+    """(path of keys and indices, tensor) for every tensor in `obj`, in exporter order."""
     import torch
 
     if isinstance(obj, torch.Tensor):
-        return [obj]
+        return [(path, obj)]
     if isinstance(obj, Mapping):
-        return [t for v in obj.values() if v is not None for t in flatten_outputs(v)]
+        return [x for k, v in obj.items() if v is not None for x in _named_outputs(v, (*path, str(k)))]
     if isinstance(obj, (tuple, list)):
-        return [t for v in obj if v is not None for t in flatten_outputs(v)]
+        kept = [v for v in obj if v is not None]
+        return [x for i, v in enumerate(kept) for x in _named_outputs(v, (*path, i))]
     if obj is None:
         return []
     kind = type(obj).__name__
@@ -146,6 +152,20 @@ def flatten_outputs(obj: Any) -> list[Any]:
         else " Wrap the model so that forward returns only tensors (a tensor, tuple/list or dict of them)."
     )
     raise UserError(f"the model returns an output of type {kind}, not a tensor, tuple or dict.{hint}")
+
+
+def default_output_names(obj: Any, input_names: Sequence[str] = ()) -> list[str]:
+    """Names for a module's flattened outputs: a dict's (or ModelOutput's) keys, joined by '.' when
+    nested ('logits', 'hidden_states.0'); without keys, or where keys would repeat or reuse an input
+    name, output_0, output_1, ..."""
+    named = _named_outputs(obj, ())
+    plain = [f"output_{i}" for i in range(len(named))]
+    if not any(isinstance(k, str) for path, _ in named for k in path):
+        return plain
+    names = [".".join(str(k) for k in path) or f"output_{i}" for i, (path, _) in enumerate(named)]
+    if len(set(names)) != len(names) or set(names) & set(input_names):
+        return plain
+    return names
 
 
 # ------------------------------------------------------------------------------------- exporters
@@ -256,8 +276,9 @@ def export_module(
     _check_exportable(module, feeds)
     dynamic_axes = resolve_dynamic(dynamic, feeds)
     input_names = list(feeds)
-    reference = check_forward(module, feeds)
-    names = list(output_names) if output_names else [f"output_{i}" for i in range(len(reference))]
+    raw = _forward(module, feeds)
+    reference = flatten_outputs(raw)
+    names = list(output_names) if output_names else default_output_names(raw, input_names)
     if len(names) != len(reference):
         raise UserError(
             f"{len(names)} output names given for a model with {len(reference)} outputs: {names}."
@@ -344,8 +365,15 @@ def check_forward(module: Any, example_inputs: Any) -> list[Any]:
     if not isinstance(module, torch.nn.Module):
         raise UserError(f"expected a torch.nn.Module, got {type(module).__name__}.")
     feeds = normalize_inputs(module, example_inputs)
+    return flatten_outputs(_forward(module, feeds))
+
+
+def _forward(module: Any, feeds: Mapping[str, Any]) -> Any:
+    """The module's raw output on `feeds` (eval mode, no grad); what it raises is the user's."""
+    import torch
+
     with _eval_mode(module), torch.no_grad(), user_code(_forward_what(module, feeds)):
-        return flatten_outputs(module(**feeds))
+        return module(**feeds)
 
 
 def _forward_what(module: Any, feeds: Mapping[str, Any]) -> str:
