@@ -175,6 +175,13 @@ def test_input_and_dynamic_spec_errors() -> None:
     assert resolve_dynamic("batch", feeds)["attention_mask"] == {0: "batch"}
 
 
+class _ToComplex(torch.nn.Module):
+    """Returns a complex tensor (before: exit 1, "ONNX Runtime shape (2, 4, 2) != torch shape (2, 4)")."""
+
+    def forward(self, x):
+        return torch.view_as_complex(x)
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -185,8 +192,16 @@ def test_input_and_dynamic_spec_errors() -> None:
             r"tensors on the meta device \(no data\): parameter 'weight'",
         ),
         (lambda: (torch.nn.Linear(4, 3), (torch.randn(0, 4),)), r"'input' \(0, 4\) have a size-0 axis"),
+        (
+            lambda: (torch.nn.Identity(), (torch.randn(2, 4, dtype=torch.complex64),)),
+            r"'input' \(torch\.complex64\) are complex; TensorRT has no complex types",
+        ),
+        (
+            lambda: (_ToComplex(), (torch.randn(2, 4, 2),)),
+            r"_ToComplex returns complex output\(s\) 'output_0' \(torch\.complex64\); .*view_as_real",
+        ),
     ],
-    ids=["fp16 weights", "bf16 weights", "meta weights", "size-0 example"],
+    ids=["fp16 weights", "bf16 weights", "meta weights", "size-0 example", "complex input", "complex output"],
 )
 def test_modules_the_exporters_cannot_check_are_user_errors(make, message, tmp_path) -> None:
     """Before: an ExportError or an ONNX Runtime NOT_IMPLEMENTED escaping as an internal error (exit 1)."""

@@ -283,6 +283,7 @@ def export_module(
         raise UserError(
             f"{len(names)} output names given for a model with {len(reference)} outputs: {names}."
         )
+    _check_outputs(module, reference, names)
     path = Path(workdir) / "model.onnx"
     record = ExportRecord(
         source_kind="module",
@@ -336,11 +337,28 @@ def _check_exportable(module: Any, feeds: Mapping[str, Any]) -> None:
             "and choose the engine's precision with --precision fp16/bf16 (precision=...), which keeps "
             "FP32 where half precision would overflow."
         )
+    cplx = [f"'{n}' ({t.dtype})" for n, t in feeds.items() if t.is_complex()]
+    if cplx:
+        raise UserError(
+            f"example input(s) {', '.join(cplx)} are complex; TensorRT has no complex types. Feed "
+            "torch.view_as_real(x) (a trailing axis of 2) and call torch.view_as_complex inside forward."
+        )
     empty = [f"'{n}' {tuple(t.shape)}" for n, t in feeds.items() if t.numel() == 0]
     if empty:
         raise UserError(
             f"example input(s) {', '.join(empty)} have a size-0 axis; the exporters trace shapes from the "
             "examples, so give every axis at least one element (and --dynamic for axes that vary)."
+        )
+
+
+def _check_outputs(module: Any, reference: list[Any], names: list[str]) -> None:
+    """UserError for outputs no engine can produce: complex tensors (TensorRT has no complex types;
+    the exporters write them as a trailing axis of 2, which the torch check then calls a mismatch)."""
+    cplx = [f"'{n}' ({t.dtype})" for n, t in zip(names, reference) if t.is_complex()]
+    if cplx:
+        raise UserError(
+            f"{type(module).__name__} returns complex output(s) {', '.join(cplx)}; TensorRT has no complex "
+            "types. Return torch.view_as_real(y) (a trailing axis of 2), or y.abs() / y.angle(), instead."
         )
 
 
