@@ -67,20 +67,16 @@ def _padding_offset(module: Any) -> int:
 
 
 def _config_owner(module: Any) -> Any:
-    """The module holding the Hugging Face config: `module` itself, or the one submodule with a config
-    when `module` wraps a model (a wrapper's forward picking outputs); None when none or several do."""
+    """The module holding the Hugging Face config: `module` itself, or the one outermost submodule with
+    a config when `module` wraps a model (a wrapper picking outputs); None when none or several do."""
     if getattr(module, "config", None) is not None:
         return module
-    modules = getattr(module, "modules", None)
-    if modules is None:
+    named = getattr(module, "named_modules", None)
+    if named is None:
         return None
-    owners = [m for m in modules() if getattr(m, "config", None) is not None]
-    outermost = [m for m in owners if not any(o is not m and _contains(o, m) for o in owners)]
+    owners = {name: m for name, m in named() if getattr(m, "config", None) is not None}
+    outermost = [m for name, m in owners.items() if not any(name.startswith(f"{o}.") for o in owners)]
     return outermost[0] if len(outermost) == 1 else None
-
-
-def _contains(outer: Any, inner: Any) -> bool:
-    return any(m is inner for m in outer.modules())
 
 
 def module_limits(module: Any, model: Any) -> dict[str, dict[int, AxisLimit]]:
