@@ -20,9 +20,12 @@ def _save(graph, path: Path | None):
     return model
 
 
-def position_table_model(path: Path | None = None, *, rows: int = 8, buffer: int | None = None):
-    """y[b, s, 4] = word[ids] + pos[positions]: positions from Range(0, s), or from a constant
-    position-id buffer of `buffer` entries sliced to s (as Hugging Face BERT exports)."""
+def position_table_model(
+    path: Path | None = None, *, rows: int = 8, buffer: int | None = None, offset: int = 0
+):
+    """y[b, s, 4] = word[ids] + pos[positions + offset]: positions from Range(0, s), or from a constant
+    position-id buffer of `buffer` entries sliced to s (as Hugging Face BERT exports); a non-zero
+    `offset` is added as a constant (BART's learned positions start at 2)."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -49,8 +52,11 @@ def position_table_model(path: Path | None = None, *, rows: int = 8, buffer: int
             helper.make_node("Unsqueeze", ["seq", "start"], ["end"]),
             helper.make_node("Slice", ["position_ids", "start", "end", "axes"], ["positions"]),
         ]
+    if offset:
+        inits.append(numpy_helper.from_array(np.array(offset, np.int64), "offset"))
+        nodes.append(helper.make_node("Add", ["offset", "positions"], ["shifted"]))
     nodes += [
-        helper.make_node("Gather", ["pos_table", "positions"], ["pemb"]),
+        helper.make_node("Gather", ["pos_table", "shifted" if offset else "positions"], ["pemb"]),
         helper.make_node("Add", ["emb", "pemb"], ["y"]),
     ]
     graph = helper.make_graph(

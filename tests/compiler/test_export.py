@@ -175,6 +175,13 @@ def test_input_and_dynamic_spec_errors() -> None:
     assert resolve_dynamic("batch", feeds)["attention_mask"] == {0: "batch"}
 
 
+class _ToComplex(torch.nn.Module):
+    """Returns a complex tensor (before: exit 1, "ONNX Runtime shape (2, 4, 2) != torch shape (2, 4)")."""
+
+    def forward(self, x):
+        return torch.view_as_complex(x)
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -185,8 +192,16 @@ def test_input_and_dynamic_spec_errors() -> None:
             r"tensors on the meta device \(no data\): parameter 'weight'",
         ),
         (lambda: (torch.nn.Linear(4, 3), (torch.randn(0, 4),)), r"'input' \(0, 4\) have a size-0 axis"),
+        (
+            lambda: (torch.nn.Identity(), (torch.randn(2, 4, dtype=torch.complex64),)),
+            r"'input' \(torch\.complex64\) are complex; TensorRT has no complex types",
+        ),
+        (
+            lambda: (_ToComplex(), (torch.randn(2, 4, 2),)),
+            r"_ToComplex returns complex output\(s\) 'output_0' \(torch\.complex64\); .*view_as_real",
+        ),
     ],
-    ids=["fp16 weights", "bf16 weights", "meta weights", "size-0 example"],
+    ids=["fp16 weights", "bf16 weights", "meta weights", "size-0 example", "complex input", "complex output"],
 )
 def test_modules_the_exporters_cannot_check_are_user_errors(make, message, tmp_path) -> None:
     """Before: an ExportError or an ONNX Runtime NOT_IMPLEMENTED escaping as an internal error (exit 1)."""
@@ -217,3 +232,45 @@ def test_non_tensor_outputs_are_user_errors(extra, message, tmp_path) -> None:
 
     with pytest.raises(UserError, match=message):
         export_module(Returns(), (torch.randn(2, 3),), tmp_path)
+
+
+class _DictOut(torch.nn.Module):
+    """Outputs a dict holding a tensor and a tuple, with a None left out (as HF ModelOutputs do)."""
+
+    def __init__(self, key: str = "logits") -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(5, 3)
+        self.key = key
+
+    def forward(self, x):
+        y = self.lin(x)
+        return {self.key: y, "unused": None, "parts": (y.relu(), y.sigmoid())}
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_dict_outputs_are_named_by_their_keys(tmp_path, exporter: str) -> None:
+    art = export_module(_DictOut(), {"x": torch.randn(2, 5)}, tmp_path, dynamic="batch", exporter=exporter)
+    assert art.record.output_names == ["logits", "parts.0", "parts.1"]
+    assert [o.name for o in onnx.load(str(art.path)).graph.output] == ["logits", "parts.0", "parts.1"]
+    assert art.record.verified
+
+
+def test_hf_model_output_keys_name_the_outputs(tmp_path) -> None:
+    art = export_module(tiny_bert(), bert_inputs(2, 8), tmp_path, dynamic="batch,seq")
+    assert art.record.output_names == OUTS
+
+
+def test_tuple_outputs_and_key_clashing_with_an_input_keep_positional_names(tmp_path) -> None:
+    """A key that is also an input name would make two graph values one name: positional names instead."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    art = export_module(_DictOut(key="x"), {"x": torch.randn(2, 5)}, tmp_path / "a")
+    assert art.record.output_names == ["output_0", "output_1", "output_2"]
+    lin = torch.nn.Linear(5, 3)
+
+    class Pair(torch.nn.Module):
+        def forward(self, x):
+            return lin(x), (lin(x).relu(),)
+
+    art = export_module(Pair(), {"x": torch.randn(2, 5)}, tmp_path / "b")
+    assert art.record.output_names == ["output_0", "output_1"]

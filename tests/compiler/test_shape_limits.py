@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from onnx import TensorProto, helper
 
 from tests.compiler._shape_models import broadcast_model, position_table_model
@@ -91,3 +92,45 @@ def test_source_limits_intersect_config_and_graph(tmp_path) -> None:
     position_table_model(path, rows=32)
     both = source_limits(path, tiny_bert_64())
     assert both["input_ids"][1].hi == 32 and "pos_table" in both["input_ids"][1].source
+
+
+def test_constant_position_offset_uses_up_table_rows() -> None:
+    """BART-style positions (Range + 2) index a 10-row table: 8 tokens fit, and ONNX Runtime agrees."""
+    import numpy as np
+
+    from trtforge.numerics.sessions import exact_session
+
+    model = position_table_model(rows=10, offset=2)
+    lim = graph_limits(model)["input_ids"][1]
+    assert (lim.lo, lim.hi) == (1, 8) and "(10 rows, 8 usable)" in lim.source
+    sess = exact_session(model)
+    sess.run(None, {"input_ids": np.zeros((1, 8), np.int64)})
+    with pytest.raises(Exception, match="indices"):  # ONNX Runtime's own error type
+        sess.run(None, {"input_ids": np.zeros((1, 9), np.int64)})
+
+
+def test_offset_on_a_sliced_buffer_counts_too() -> None:
+    assert graph_limits(position_table_model(rows=10, buffer=9, offset=2))["input_ids"][1].hi == 7
+
+
+def _wrap(*models):
+    """A module holding Hugging Face models without a config of its own, as users wrap them to export."""
+    import torch
+
+    wrapper = torch.nn.Module()
+    wrapper.inner = torch.nn.ModuleList(models)
+    return wrapper
+
+
+def test_config_of_a_wrapped_model_is_found() -> None:
+    from tests.models import tiny_bert_64
+
+    lim = module_limits(_wrap(tiny_bert_64()), _graph(*TOKENS))["input_ids"][1]
+    assert lim.hi == 64 and "of BertModel" in lim.source
+
+
+def test_two_wrapped_models_give_no_config_limit() -> None:
+    """Which config bounds which input is unknown: no module limit (the graph's still apply)."""
+    from tests.models import tiny_bert_64
+
+    assert module_limits(_wrap(tiny_bert_64(), tiny_bert_64()), _graph(*TOKENS)) == {}

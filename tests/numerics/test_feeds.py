@@ -89,3 +89,17 @@ def test_a_static_zero_dim_stays_zero():
         [InputDesc("x", np.dtype("float32"), (0, 4)), InputDesc("y", np.dtype("int64"), (-1, "s"))]
     )
     assert shapes == {"x": (0, 4), "y": (2, 2)}
+
+
+def test_max_sizes_cap_a_named_dim_on_every_axis_that_shares_it():
+    """A 16-position model gets no 40-token feed, and the mask sharing the name `s` follows."""
+    from trtforge.numerics.feeds import InputDesc, concrete_shapes
+
+    descs = [
+        InputDesc("ids", np.dtype("int64"), ("b", "s")),
+        InputDesc("mask", np.dtype("int64"), ("b", "s")),
+        InputDesc("x", np.dtype("float32"), (None, None)),
+    ]
+    shapes = concrete_shapes(descs, (1, 40), max_sizes={"ids": {1: 16}, "x": {1: 3}})
+    assert shapes == {"ids": (1, 16), "mask": (1, 16), "x": (1, 3)}
+    assert concrete_shapes(descs, (1, 40)) == {"ids": (1, 40), "mask": (1, 40), "x": (1, 40)}

@@ -183,6 +183,28 @@ class Backend:
             config.set_compute_capability(members[t.upper()], i)
         return [t.upper() for t in targets]
 
+    def mark_attention_decomposable(self, network: Any) -> list[str]:
+        """Let every IAttention of `network` fall back to separate kernels where TensorRT has no fused
+        kernel for its head size or dtype (`IAttention.decomposable`); returns their names. A binding
+        without IAttention (TensorRT < 10.14) has nothing to mark."""
+        boundary = getattr(self.trt, "IAttentionBoundaryLayer", None)
+        kinds = {getattr(self.trt.LayerType, k, None) for k in ("ATTENTION_INPUT", "ATTENTION_OUTPUT")} - {
+            None
+        }
+        if boundary is None or not kinds:
+            return []
+        names: list[str] = []
+        for i in range(network.num_layers):
+            layer = network.get_layer(i)
+            if layer.type not in kinds:
+                continue
+            layer.__class__ = boundary  # the binding's documented downcast
+            attention = layer.attention
+            if not attention.decomposable:
+                attention.decomposable = True
+                names.append(attention.name)
+        return names
+
     def engine_device_memory_size(self, engine: Any) -> int:
         """Device memory an engine needs (`device_memory_size_v2`; v1 was removed in TensorRT 11)."""
         if hasattr(engine, "device_memory_size_v2"):

@@ -34,6 +34,8 @@ from trtforge.errors import BuildError, UserError
 # More profile copies than a GPU has hardware work queues (32) cannot run concurrently, and each copy
 # adds build time and engine size (10000 copies were still building after 60 s).
 MAX_STREAMS = 32
+# What TensorRT's builder says when an IAttention has no fused kernel and is not marked decomposable.
+_ATTENTION_NO_KERNEL = "Attention operation was not supported by a dedicated kernel"
 
 
 @dataclass
@@ -162,6 +164,7 @@ class BuildRecord:
     engine_bytes: int = 0
     shape_limits: dict[str, Any] = field(default_factory=dict)
     shape_check: dict[str, Any] | None = None
+    attention_decomposed: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -429,7 +432,23 @@ def build_engine(
     cache = _attach_timing_cache(backend, config, options.timing_cache, warnings)
 
     t1 = time.perf_counter()
-    data, messages = serialize_network(backend, builder, network, config, options.progress, f"'{onnx_path}'")
+    decomposed: list[str] = []
+    try:
+        data, messages = serialize_network(
+            backend, builder, network, config, options.progress, f"'{onnx_path}'"
+        )
+    except BuildError as e:
+        if _ATTENTION_NO_KERNEL in str(e):
+            decomposed = backend.mark_attention_decomposable(network)
+        if not decomposed:
+            raise
+        data, messages = serialize_network(
+            backend, builder, network, config, options.progress, f"'{onnx_path}'"
+        )
+        warnings.append(
+            f"attention {', '.join(decomposed)} built decomposed (MatMul/Softmax kernels, slower): TensorRT "
+            "has no fused attention kernel for its shapes or dtype (seen for head size 8)."
+        )
     seconds["build"] = time.perf_counter() - t1
     if cache is not None:
         atomic_write_bytes(options.timing_cache, memoryview(cache.serialize()))
@@ -453,6 +472,7 @@ def build_engine(
         engine_bytes=len(data),
         shape_limits=limits_to_dict(limits or {}),
         shape_check=checked,
+        attention_decomposed=list(decomposed),
     )
     return data, record
 

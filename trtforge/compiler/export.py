@@ -128,14 +128,20 @@ def resolve_dynamic(spec: DynamicSpec, inputs: Mapping[str, Any]) -> dict[str, d
 
 def flatten_outputs(obj: Any) -> list[Any]:
     """Flatten a torch output (tensor, tuple, dict, transformers ModelOutput) in exporter order."""
+    return [t for _, t in _named_outputs(obj, ())]
+
+
+def _named_outputs(obj: Any, path: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], Any]]:
+    """(path of keys and indices, tensor) for every tensor in `obj`, in exporter order."""
     import torch
 
     if isinstance(obj, torch.Tensor):
-        return [obj]
+        return [(path, obj)]
     if isinstance(obj, Mapping):
-        return [t for v in obj.values() if v is not None for t in flatten_outputs(v)]
+        return [x for k, v in obj.items() if v is not None for x in _named_outputs(v, (*path, str(k)))]
     if isinstance(obj, (tuple, list)):
-        return [t for v in obj if v is not None for t in flatten_outputs(v)]
+        kept = [v for v in obj if v is not None]
+        return [x for i, v in enumerate(kept) for x in _named_outputs(v, (*path, i))]
     if obj is None:
         return []
     kind = type(obj).__name__
@@ -146,6 +152,20 @@ def flatten_outputs(obj: Any) -> list[Any]:
         else " Wrap the model so that forward returns only tensors (a tensor, tuple/list or dict of them)."
     )
     raise UserError(f"the model returns an output of type {kind}, not a tensor, tuple or dict.{hint}")
+
+
+def default_output_names(obj: Any, input_names: Sequence[str] = ()) -> list[str]:
+    """Names for a module's flattened outputs: a dict's (or ModelOutput's) keys, joined by '.' when
+    nested ('logits', 'hidden_states.0'); without keys, or where keys would repeat or reuse an input
+    name, output_0, output_1, ..."""
+    named = _named_outputs(obj, ())
+    plain = [f"output_{i}" for i in range(len(named))]
+    if not any(isinstance(k, str) for path, _ in named for k in path):
+        return plain
+    names = [".".join(str(k) for k in path) or f"output_{i}" for i, (path, _) in enumerate(named)]
+    if len(set(names)) != len(names) or set(names) & set(input_names):
+        return plain
+    return names
 
 
 # ------------------------------------------------------------------------------------- exporters
@@ -256,12 +276,14 @@ def export_module(
     _check_exportable(module, feeds)
     dynamic_axes = resolve_dynamic(dynamic, feeds)
     input_names = list(feeds)
-    reference = check_forward(module, feeds)
-    names = list(output_names) if output_names else [f"output_{i}" for i in range(len(reference))]
+    raw = _forward(module, feeds)
+    reference = flatten_outputs(raw)
+    names = list(output_names) if output_names else default_output_names(raw, input_names)
     if len(names) != len(reference):
         raise UserError(
             f"{len(names)} output names given for a model with {len(reference)} outputs: {names}."
         )
+    _check_outputs(module, reference, names)
     path = Path(workdir) / "model.onnx"
     record = ExportRecord(
         source_kind="module",
@@ -315,11 +337,28 @@ def _check_exportable(module: Any, feeds: Mapping[str, Any]) -> None:
             "and choose the engine's precision with --precision fp16/bf16 (precision=...), which keeps "
             "FP32 where half precision would overflow."
         )
+    cplx = [f"'{n}' ({t.dtype})" for n, t in feeds.items() if t.is_complex()]
+    if cplx:
+        raise UserError(
+            f"example input(s) {', '.join(cplx)} are complex; TensorRT has no complex types. Feed "
+            "torch.view_as_real(x) (a trailing axis of 2) and call torch.view_as_complex inside forward."
+        )
     empty = [f"'{n}' {tuple(t.shape)}" for n, t in feeds.items() if t.numel() == 0]
     if empty:
         raise UserError(
             f"example input(s) {', '.join(empty)} have a size-0 axis; the exporters trace shapes from the "
             "examples, so give every axis at least one element (and --dynamic for axes that vary)."
+        )
+
+
+def _check_outputs(module: Any, reference: list[Any], names: list[str]) -> None:
+    """UserError for outputs no engine can produce: complex tensors (TensorRT has no complex types;
+    the exporters write them as a trailing axis of 2, which the torch check then calls a mismatch)."""
+    cplx = [f"'{n}' ({t.dtype})" for n, t in zip(names, reference) if t.is_complex()]
+    if cplx:
+        raise UserError(
+            f"{type(module).__name__} returns complex output(s) {', '.join(cplx)}; TensorRT has no complex "
+            "types. Return torch.view_as_real(y) (a trailing axis of 2), or y.abs() / y.angle(), instead."
         )
 
 
@@ -344,8 +383,15 @@ def check_forward(module: Any, example_inputs: Any) -> list[Any]:
     if not isinstance(module, torch.nn.Module):
         raise UserError(f"expected a torch.nn.Module, got {type(module).__name__}.")
     feeds = normalize_inputs(module, example_inputs)
+    return flatten_outputs(_forward(module, feeds))
+
+
+def _forward(module: Any, feeds: Mapping[str, Any]) -> Any:
+    """The module's raw output on `feeds` (eval mode, no grad); what it raises is the user's."""
+    import torch
+
     with _eval_mode(module), torch.no_grad(), user_code(_forward_what(module, feeds)):
-        return flatten_outputs(module(**feeds))
+        return module(**feeds)
 
 
 def _forward_what(module: Any, feeds: Mapping[str, Any]) -> str:

@@ -24,6 +24,8 @@ from trtforge.compiler.shapes import AxisLimit, tighter_limit
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "n_ctx")
 # Ops an index tensor may pass through on its way from a graph input to an embedding Gather.
 _INDEX_PASSTHROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
+# onnx.TensorProto integer element types: UINT8, INT8, UINT16, INT16, INT32, INT64, UINT32, UINT64.
+_INT_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})
 # Ops between a position source (Range, sliced constant) and the position-table Gather.
 _POSITION_PATH = frozenset(
     {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand", "Add", "Slice", "Range"}
@@ -64,11 +66,26 @@ def _padding_offset(module: Any) -> int:
     return int(pad) + 1 if isinstance(pad, int) and pad >= 0 else 0
 
 
+def _config_owner(module: Any) -> Any:
+    """The module holding the Hugging Face config: `module` itself, or the one outermost submodule with
+    a config when `module` wraps a model (a wrapper picking outputs); None when none or several do."""
+    if getattr(module, "config", None) is not None:
+        return module
+    named = getattr(module, "named_modules", None)
+    if named is None:
+        return None
+    owners = {name: m for name, m in named() if getattr(m, "config", None) is not None}
+    outermost = [m for name, m in owners.items() if not any(name.startswith(f"{o}.") for o in owners)]
+    return outermost[0] if len(outermost) == 1 else None
+
+
 def module_limits(module: Any, model: Any) -> dict[str, dict[int, AxisLimit]]:
-    """Limits from a torch module's Hugging Face config, applied to the axes of exported graph `model`."""
-    config = getattr(module, "config", None)
-    if config is None:
+    """Limits from a torch module's Hugging Face config (or that of the one model it wraps), applied to
+    the axes of exported graph `model`."""
+    module = _config_owner(module)
+    if module is None:
         return {}
+    config = module.config
     seq_axes, spatial_axes = _axes(model)
     out: dict[str, dict[int, AxisLimit]] = {}
     kind = type(module).__name__
@@ -116,11 +133,13 @@ def graph_limits(model: Any) -> dict[str, dict[int, AxisLimit]]:
         return {}
     inits = {i.name: list(i.dims) for i in model.graph.initializer}
     constants = dict(inits)
+    scalars = {i.name: _int_scalar(i) for i in model.graph.initializer}
     for n in model.graph.node:
         if n.op_type == "Constant":
             value = next((a.t for a in n.attribute if a.name == "value"), None)
             if value is not None:
                 constants[n.output[0]] = list(value.dims)
+                scalars[n.output[0]] = _int_scalar(value)
     producer = {o: n for n in model.graph.node for o in n.output}
     from_inputs = _input_derived(model)
     best: AxisLimit | None = None
@@ -131,21 +150,40 @@ def graph_limits(model: Any) -> dict[str, dict[int, AxisLimit]]:
         axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
         if table is None or len(table) != 2 or axis != 0:
             continue
-        rows = _position_rows(n.input[1], producer, constants, int(table[0]))
+        rows = _position_rows(n.input[1], producer, constants, scalars, int(table[0]))
         if rows is not None and (best is None or rows < best.hi):
-            best = AxisLimit(1, rows, f"the graph's position table '{n.input[0]}' ({table[0]} rows)")
+            usable = f", {rows} usable" if rows < int(table[0]) else ""
+            best = AxisLimit(1, rows, f"the graph's position table '{n.input[0]}' ({table[0]} rows{usable})")
     if best is None:
         return {}
     return {name: {axis: best} for name, axis in seq_axes}
 
 
-def _position_rows(indices: str, producer: Mapping[str, Any], constants: Mapping[str, list[int]], rows: int):
-    """Rows usable when `indices` come from a Range or a sliced constant buffer; None if they do not."""
-    frontier, seen, is_position = [indices], set(), False
+def _int_scalar(tensor: Any) -> int | None:
+    """The value of a one-element integer tensor, else None."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    if int(np.prod(list(tensor.dims), dtype=np.int64)) != 1 or tensor.data_type not in _INT_TYPES:
+        return None
+    return int(numpy_helper.to_array(tensor).reshape(-1)[0])
+
+
+def _position_rows(
+    indices: str,
+    producer: Mapping[str, Any],
+    constants: Mapping[str, list[int]],
+    scalars: Mapping[str, int | None],
+    rows: int,
+) -> int | None:
+    """Rows usable when `indices` come from a Range or a sliced constant buffer; None if they do not.
+    A constant added on the way (BART's learned positions start at 2) or a Range's constant start uses
+    up that many rows."""
+    frontier, seen, is_position, offset = [(indices, 0)], set(), False, 0
     for _ in range(64):
         if not frontier:
             break
-        cur = frontier.pop()
+        cur, shift = frontier.pop()
         if cur in seen:
             continue
         seen.add(cur)
@@ -154,17 +192,28 @@ def _position_rows(indices: str, producer: Mapping[str, Any], constants: Mapping
             continue
         if node.op_type == "Range":
             is_position = True
+            offset = max(offset, shift + max(scalars.get(node.input[0]) or 0, 0))
             continue
         if node.op_type == "Slice" and node.input[0] in constants:
             is_position = True
+            offset = max(offset, shift)
             dims = constants[node.input[0]]
             if dims:
                 rows = min(rows, int(dims[-1]))
             continue
-        frontier.extend(i for i in node.input[:1] if i)
-        if node.op_type in ("Add", "Expand"):
-            frontier.extend(i for i in node.input[1:2] if i)
-    return rows if is_position else None
+        if node.op_type == "Add" and len(node.input) == 2:
+            added = [scalars.get(i) for i in node.input]
+            for k, value in enumerate(added):
+                if value is not None and value >= 0 and added[1 - k] is None:
+                    frontier.append((node.input[1 - k], shift + value))
+                    break
+            else:
+                frontier.extend((i, shift) for i in node.input if i)
+            continue
+        frontier.extend((i, shift) for i in node.input[:1] if i)
+        if node.op_type == "Expand":
+            frontier.extend((i, shift) for i in node.input[1:2] if i)
+    return max(rows - offset, 1) if is_position else None
 
 
 def source_limits(model: Any, module: Any = None) -> dict[str, dict[int, AxisLimit]]:

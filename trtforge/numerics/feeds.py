@@ -13,7 +13,7 @@ Symbolic dims get concrete sizes by `model_feeds`: each distinct dim name takes 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -155,27 +155,46 @@ def synthetic_feed(specs: Iterable[tuple[str, np.dtype, tuple[int, ...], int | N
 
 
 def concrete_shapes(
-    inputs: Sequence[InputDesc], sizes: Sequence[int] = DEFAULT_SIZES
+    inputs: Sequence[InputDesc],
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    max_sizes: Mapping[str, Mapping[int, int]] | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """Concrete shapes: static dims kept (0 included), each distinct symbolic name the next of `sizes`; an
-    unnamed or negative dim takes sizes[0] on axis 0 (the batch) and sizes[1] elsewhere."""
+    unnamed or negative dim takes sizes[0] on axis 0 (the batch) and sizes[1] elsewhere. `max_sizes`
+    (input -> axis -> largest size the model takes, e.g. its position table) caps a dynamic dim, and
+    every axis sharing its name."""
+    caps: dict[str, int] = {}
+    for desc in inputs:
+        for axis, d in enumerate(desc.dims):
+            cap = (max_sizes or {}).get(desc.name, {}).get(axis)
+            if isinstance(d, str) and cap is not None:
+                caps[d] = min(caps.get(d, cap), cap)
     named: dict[str, int] = {}
     out = {}
     for desc in inputs:
         shape = []
         for axis, d in enumerate(desc.dims):
+            cap = (max_sizes or {}).get(desc.name, {}).get(axis)
             if isinstance(d, int) and d >= 0:  # a static 0 is an empty axis (ONNX Runtime holds to it)
                 shape.append(d)
             elif isinstance(d, str):
-                shape.append(named.setdefault(d, sizes[len(named) % len(sizes)]))
+                shape.append(named.setdefault(d, min(sizes[len(named) % len(sizes)], caps.get(d, 1 << 62))))
             else:
-                shape.append(sizes[0] if axis == 0 else sizes[1 % len(sizes)])
+                size = sizes[0] if axis == 0 else sizes[1 % len(sizes)]
+                shape.append(min(size, cap) if cap is not None else size)
         out[desc.name] = tuple(shape)
     return out
 
 
-def model_feed(model: onnx.ModelProto, *, sizes: Sequence[int] = DEFAULT_SIZES, seed: int = 0) -> Feed:
-    """One deterministic feed for the model's inputs (dims sized by `concrete_shapes`)."""
+def model_feed(
+    model: onnx.ModelProto,
+    *,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    seed: int = 0,
+    max_sizes: Mapping[str, Mapping[int, int]] | None = None,
+) -> Feed:
+    """One deterministic feed for the model's inputs (dims sized by `concrete_shapes`, capped by
+    `max_sizes`)."""
     inputs = describe_inputs(model)
-    shapes = concrete_shapes(inputs, sizes)
+    shapes = concrete_shapes(inputs, sizes, max_sizes)
     return synthetic_feed(((d.name, d.dtype, shapes[d.name], d.vocab) for d in inputs), seed)

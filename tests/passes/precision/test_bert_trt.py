@@ -7,7 +7,6 @@ import pytest
 
 from tests.models import BERT_INPUTS, bert_inputs, tiny_bert
 from tests.passes.precision.test_convert import qdq_matmul
-from trtforge.errors import BuildError
 from trtforge.passes.precision import convert_precision
 
 pytestmark = pytest.mark.trt_build
@@ -49,15 +48,19 @@ def test_fp16_fused_bert_builds_with_attention_layers(fused_bert, tmp_path) -> N
     assert {t.dtype for t in build.outputs} == {"float32"}  # keep_io_types
 
 
-def test_fp32_fused_attention_does_not_build(fused_bert, tmp_path) -> None:
-    """Why the conversion matters: TensorRT's fused attention has no FP32 kernel."""
-    with pytest.raises(BuildError):
-        _build(fused_bert, tmp_path / "bert.fp32.onnx")
+def test_fp32_fused_attention_builds_only_decomposed(fused_bert, tmp_path) -> None:
+    """Why the conversion matters: TensorRT's fused attention has no FP32 kernel, so an FP32 Attention
+    node builds only as separate MatMul/Softmax kernels, which the build record names."""
+    data, build = _build(fused_bert, tmp_path / "bert.fp32.onnx")
+    assert len(data) > 0 and len(build.attention_decomposed) == 2
+    assert any("built decomposed" in w for w in build.warnings)
 
 
-def test_int8_qdq_with_fp16_rest_builds(tmp_path) -> None:
-    """Q/DQ with FP16 scales (opset 19): TensorRT sees DQ -> MatMul with no Cast in between."""
-    low, _ = convert_precision(qdq_matmul(), "fp16")
+@pytest.mark.parametrize("weight_scale", [0.003, 1e-5])
+def test_int8_qdq_with_fp16_rest_builds(tmp_path, weight_scale: float) -> None:
+    """Q/DQ with FP16 scales (opset 19): TensorRT sees DQ -> MatMul with no Cast in between, also when
+    the weight scales are subnormal in FP16 (both operand scales must share a type)."""
+    low, _ = convert_precision(qdq_matmul(weight_scale=weight_scale), "fp16")
     data, build = _build(low, tmp_path / "qdq.fp16.onnx", shapes=["x:1x16:4x16:8x16"])
     assert len(data) > 0
     assert build.layer_types["DEQUANTIZE"] == 2 and build.layer_types["QUANTIZE"] == 1

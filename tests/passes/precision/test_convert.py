@@ -278,7 +278,7 @@ def test_bad_sample_data_names_the_missing_input() -> None:
         convert_precision(_mlp(), "fp16", data=[])
 
 
-def qdq_matmul(opset: int = 17) -> onnx.ModelProto:
+def qdq_matmul(opset: int = 17, weight_scale: float = 0.003) -> onnx.ModelProto:
     """INT8 explicit quantization as the calibration stage writes it: Q/DQ on x, DQ on per-channel W."""
     w = RNG.integers(-127, 127, (16, 8)).astype(np.int8)
     nodes = [
@@ -291,7 +291,7 @@ def qdq_matmul(opset: int = 17) -> onnx.ModelProto:
         ("sx", np.array(0.02, np.float32)),
         ("zx", np.array(0, np.int8)),
         ("w", w),
-        ("sw", np.full(8, 0.003, np.float32)),
+        ("sw", np.linspace(weight_scale, 3 * weight_scale, 8, dtype=np.float32)),
         ("zw", np.zeros(8, np.int8)),
     ]
     return _model(nodes, [_x()], [_x("y", ("batch", 8))], inits, opset=opset)
@@ -328,3 +328,32 @@ def test_values_read_inside_subgraphs_stay_fp32() -> None:
     for c in (True, False):
         (got,) = _run(out, {"x": x, "cond": np.array(c)})
         np.testing.assert_allclose(got, _run(model, {"x": x, "cond": np.array(c)})[0], atol=1e-3)
+
+
+def test_generated_feeds_stay_within_the_position_table() -> None:
+    """A CLIP-like text model with 16 positions: generated sample data used to hold 40 tokens and
+    ONNX Runtime failed in the position Add; now every batch fits and the conversion runs."""
+    from tests.compiler._shape_models import position_table_model
+
+    model = position_table_model(rows=16)
+    feeds = list(generate_feeds(model))
+    assert len(feeds) >= 2 and max(f["input_ids"].shape[1] for f in feeds) == 16
+    out, rec = convert_precision(model, "fp16")
+    assert rec.data_source == "generated from input specs" and rec.sample_batches == len(feeds)
+    exact_session(out).run(None, feeds[0])
+
+
+def test_subnormal_weight_scales_still_convert_so_both_matmul_scales_match() -> None:
+    """SmoothQuant can leave weight scales near 1e-5, subnormal in FP16 (relative error ~3e-3, below
+    INT8's own 1/254): kept FP32, the MatMul's two operand scales differed and TensorRT refused it."""
+    out, rec = convert_precision(qdq_matmul(weight_scale=1e-5), "fp16")
+    assert rec.fp32_nodes == 0, rec.kept_fp32
+    scales = {i.name: i.data_type for i in out.graph.initializer if i.name.startswith("s")}
+    assert set(scales.values()) == {TP.FLOAT16} and len(scales) == 2
+    assert rec.verification[0].min_cosine > 0.999
+
+
+def test_scales_that_flush_to_zero_stay_fp32() -> None:
+    _, rec = convert_precision(qdq_matmul(weight_scale=1e-9), "fp16")
+    assert [k.name for k in rec.kept_fp32] == ["dq_w"]
+    assert "Q/DQ scale" in rec.kept_fp32[0].reasons[0] and "flush to zero" in rec.kept_fp32[0].reasons[0]

@@ -121,6 +121,29 @@ def data_origin(graph: ir.Graph) -> dict[ir.Value, str]:
     return origin
 
 
+# A Q/DQ scale s multiplies codes |q| <= 127 whose own rounding error is s/2: a scale error below
+# 1/254 of s moves no dequantized value by more than INT8 already does.
+QDQ_SCALE_REL_ERROR = 1 / 254
+
+
+def check_qdq_scale(tensor: ir.TensorProtocol, low: ir.DataType) -> InitCheck:
+    """A Q/DQ scale converts unless a value flushes to zero or moves by more than `QDQ_SCALE_REL_ERROR`:
+    subnormal FP16 scales (tiny weights after SmoothQuant) are fine, and keeping one FP32 would give
+    the two operands of a quantized MatMul scales of different types, which TensorRT refuses."""
+    w = tensor.numpy().astype(np.float32, copy=False).reshape(-1)
+    back = w.astype(low.numpy()).astype(np.float32)
+    nonzero = w != 0
+    flushed = int(np.count_nonzero((back == 0) & nonzero))
+    rel = float((np.abs(back - w)[nonzero] / np.abs(w[nonzero])).max()) if nonzero.any() else 0.0
+    if flushed or not np.isfinite(back).all() or rel > QDQ_SCALE_REL_ERROR:
+        return InitCheck(
+            f"Q/DQ scale relative error {rel:.2e} in {low.name} > {QDQ_SCALE_REL_ERROR:.2e} "
+            f"({flushed} of {w.size} values flush to zero)",
+            False,
+        )
+    return InitCheck("", False)
+
+
 def check_initializer(tensor: ir.TensorProtocol, low: ir.DataType, init_max: float) -> InitCheck:
     """Overflow above `init_max`, or relative error beyond twice the format's unit roundoff
     (which normal numbers never reach, so this flags values that flush to zero or go subnormal)."""
@@ -253,7 +276,8 @@ class Classifier:
             if not is_float(v) or i in d.fixed_inputs or (node.op_type, i) in ANY_TYPE_INPUTS:
                 continue
             if v.const_value is not None and not v.is_graph_input():
-                check = self.init_check(v)
+                scale = node.op_type in ("QuantizeLinear", "DequantizeLinear") and i == 1
+                check = check_qdq_scale(v.const_value, self.opts.low) if scale else self.init_check(v)
                 if check.problem:
                     d.reasons.append(f"weight: {v.name} {check.problem}")
                 continue
