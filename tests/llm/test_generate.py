@@ -154,3 +154,13 @@ def test_all_logits_graph_matches_hf_forward(tmp_path):
             want = model(torch.tensor([prompt])).logits[0].numpy()
             assert np.abs(logits[b, : len(prompt)] - want).max() <= 1e-4
     assert llm.generate(batch, 6, stop_at_eos=False) == [hf_greedy(model, p, 6)[0] for p in batch]
+
+
+def test_dynamic_rotary_is_refused_by_the_step_graph_pointing_at_the_torch_executor(tmp_path):
+    """A step graph holds one rotary table; dynamic NTK rotary runs on the torch executor instead."""
+    from trtforge.errors import UserError
+
+    model = tiny_model("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    assert model.model.rotary_emb.rope_type == "dynamic"
+    with pytest.raises(UserError, match="rotary scaling 'dynamic'.*torch executor"):
+        export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)

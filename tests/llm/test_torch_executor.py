@@ -292,3 +292,71 @@ def test_step_async_takes_fed_ids_from_the_previous_tokens(static):
     feed = TokenFeed(rows=np.array([0, 1]), sources=np.array([2, 0]), tokens=previous)
     assert torch.equal(plain.step(mixed), fed.step_async(placeholders, feed))
     assert bool(fed._static) == static
+
+
+def _dynamic_llama(max_positions: int = 8):
+    """A float64 Llama with dynamic NTK rotary whose original length is short, so prompts cross it."""
+    import transformers
+
+    torch.manual_seed(3)
+    cfg = transformers.LlamaConfig(
+        vocab_size=120,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        initializer_range=0.2,
+        rope_scaling={"rope_type": "dynamic", "factor": 4.0},
+    )
+    model = transformers.LlamaForCausalLM(cfg).to(torch.float64).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _hf_alone(model, prompt: list[int], new: int):
+    """HF greedy on a fresh copy (its dynamic rotary keeps state across calls): tokens, logits [new, V]."""
+    import copy
+
+    from tests.llm.tiny_models import hf_greedy
+
+    return hf_greedy(copy.deepcopy(model), prompt, new)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_dynamic_rotary_gives_each_batched_sequence_its_logits_when_run_alone(static):
+    model = _dynamic_llama()
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 120, (n,), generator=g).tolist() for n in (3, 13, 6)]
+    new = 7  # the short prompts cross max_position_embeddings (8) while decoding
+    expected = [_hf_alone(model, p, new) for p in prompts]
+    ex = TorchExecutor(model, num_blocks=24, block_size=4, max_model_len=32, static_decode=static)
+    blocks = [list(range(i * 8, i * 8 + 8)) for i in range(len(prompts))]
+    seqs = [list(p) for p in prompts]
+    got: list[list[torch.Tensor]] = [[] for _ in prompts]
+    starts = [0] * len(prompts)
+    for _ in range(new):  # step 0 prefills every prompt in one batch, then all decode together
+        tokens = [s[st:] for s, st in zip(seqs, starts)]
+        slots = [[t[p // 4] * 4 + p % 4 for p in range(st, len(s))] for t, s, st in zip(blocks, seqs, starts)]
+        batch = StepBatch.build(range(len(seqs)), tokens, starts, blocks, slots, [True] * len(seqs))
+        logits = ex.step(batch)
+        for b, row in enumerate(logits):
+            got[b].append(row)
+            starts[b] = len(seqs[b])
+            seqs[b].append(int(row.argmax()))
+    for b, (tokens, ref) in enumerate(expected):
+        assert seqs[b][len(prompts[b]) :] == tokens, f"sequence {b}"
+        torch.testing.assert_close(torch.stack(got[b]), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_dynamic_rotary_batched_serving_matches_transformers_alone():
+    from trtforge.llm import service
+
+    model = _dynamic_llama()
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 120, (n,), generator=g).tolist() for n in (2, 11, 5, 9)]
+    llm = service.from_pretrained(model, num_blocks=64, block_size=4, max_model_len=40)
+    got = llm.generate(prompts, max_new_tokens=12, stop_at_eos=False)
+    assert got == [_hf_alone(model, p, 12)[0] for p in prompts]

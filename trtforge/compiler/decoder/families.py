@@ -100,6 +100,11 @@ class LlamaStyle:
                 f"{c.model_type} model {type(self.model).__name__}: rotary scaling '{rope_type}' changes the "
                 "frequencies with the sequence length; the step graph needs a fixed table. Supported: "
                 "default, linear, llama3, yarn and other static types."
+                + (
+                    " The torch executor (trtforge.llm.from_pretrained) serves 'dynamic' rotary."
+                    if rope_type == "dynamic"
+                    else ""
+                )
             )
         params = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
         rotary = {

@@ -91,6 +91,10 @@ class _LlamaLike:
         self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
         self.windows = [self._window(config, layer) for layer in self.layers]
         rope_type = str(getattr(inner.rotary_emb, "rope_type", "default"))
+        self.config = config
+        # dynamic NTK: HF derives the frequencies from the longest position of the call; here each
+        # sequence gets those of its own length, as if run alone (not capturable: host-side table)
+        self.dynamic = "dynamic" in rope_type
         if "longrope" in rope_type:
             raise UserError(
                 f"TorchExecutor cannot run this {config.model_type} model ({type(model).__name__}): its "
@@ -98,8 +102,12 @@ class _LlamaLike:
                 "batched step would rotate a short sequence's tokens by a long one's table. Supported "
                 "rotary types: default, linear, llama3, yarn and other fixed tables."
             )
-        # dynamic RoPE re-derives frequencies from max(position) on the host: not capturable
-        self.graphable = "dynamic" not in rope_type
+        self.graphable = not self.dynamic
+        self._rope_init = None
+        if self.dynamic:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            self._rope_init = ROPE_INIT_FUNCTIONS[rope_type]
 
     @staticmethod
     def _window(config: Any, layer: Any) -> int | None:
@@ -109,10 +117,35 @@ class _LlamaLike:
             return getattr(config, "sliding_window", None)
         return None
 
-    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def rope_tables(
+        self, h: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin ``[T, rotary dim]`` of each token, in `h`'s dtype, as HF's rotary module makes them.
+
+        Dynamic NTK rotary takes each token's frequencies from `rope_lens` (its sequence's length after
+        this step), so a sequence's logits do not depend on what else is batched with it.
+        """
+        if not self.dynamic:
+            cos, sin = self.inner.rotary_emb(h[None], positions[None])
+            return cos[0], sin[0]
+        if rope_lens is None:
+            raise ValueError("dynamic rotary needs each token's sequence length (rope_lens)")
+        # HF clamps lengths up to max_position_embeddings (the original table) and takes a 0-d int64 length
+        lens = rope_lens.to(torch.int64).clamp(min=int(self.config.max_position_embeddings))
+        unique, inverse = torch.unique(lens, return_inverse=True)
+        inv_freq = torch.stack(
+            [self._rope_init(self.config, h.device, seq_len=n)[0].float() for n in unique.unbind(0)]
+        )[inverse]
+        freqs = positions.float()[:, None] * inv_freq.to(h.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(h.dtype), emb.sin().to(h.dtype)
+
+    def embed(
+        self, ids: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, Any]:
         h = self.inner.embed_tokens(ids)
-        cos, sin = self.inner.rotary_emb(h[None], positions[None])
-        return h, (cos[0, :, None, :], sin[0, :, None, :])
+        cos, sin = self.rope_tables(h, positions, rope_lens)
+        return h, (cos[:, None, :], sin[:, None, :])
 
     def qkv(self, i: int, h: torch.Tensor, rope: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         attn, t, d = self.layers[i].self_attn, h.shape[0], self.head_dim
@@ -149,7 +182,9 @@ class _Gpt2:
         self.windows: list[int | None] = [None] * len(self.layers)
         self.graphable = True
 
-    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def embed(
+        self, ids: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, Any]:
         return self.inner.wte(ids) + self.inner.wpe(positions), None
 
     def qkv(self, i: int, h: torch.Tensor, _: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -178,11 +213,15 @@ class _Layers:
         self.hkv, self.d = arch.num_kv_heads, arch.head_dim
         self.top = fused if fused is not None else arch
 
-    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def embed(
+        self, ids: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, Any]:
+        """Hidden states and rotary tables; `rope_lens` (each token's sequence length after the step)
+        only matters to dynamic rotary."""
         if self.fused is not None:
             h = self.fused.inner.embed_tokens(ids)
-            return h, self.fused.rope_tables(h, positions)
-        return self.arch.embed(ids.long(), positions.long())
+            return h, self.arch.rope_tables(h, positions, rope_lens)
+        return self.arch.embed(ids.long(), positions.long(), rope_lens)
 
     def layer_in(self, i: int, h: torch.Tensor, extra: Any, slots: torch.Tensor) -> torch.Tensor:
         kp, vp = self.k_pools[i], self.v_pools[i]
@@ -294,7 +333,8 @@ class TorchExecutor:
         self._graph_pool: Any = None
         self._layers = _Layers(arch, self._fused, self.k_pools, self.v_pools)
         self._piecewise: PiecewiseStep | None = None
-        if self.static_decode if mixed_graphs is None else bool(mixed_graphs):
+        piecewise = self.static_decode if mixed_graphs is None else bool(mixed_graphs)
+        if piecewise and not getattr(arch, "dynamic", False):  # its pieces see no sequence lengths
             self._piecewise = PiecewiseStep(
                 self._layers,
                 max_tokens=max_graph_tokens,
@@ -369,10 +409,12 @@ class TorchExecutor:
             block_size=self._block_size,
         )
 
-    def _forward(self, ids, positions, slots, attend, rows=None) -> torch.Tensor:
-        """Every layer over tokens `ids`; `attend(q, k_pool, v_pool, scale, window)`; logits of `rows`."""
+    def _forward(self, ids, positions, slots, attend, rows=None, rope_lens=None) -> torch.Tensor:
+        """Every layer over tokens `ids`; `attend(q, k_pool, v_pool, scale, window)`; logits of `rows`.
+
+        `rope_lens`: each token's sequence length after the step (dynamic rotary only)."""
         layers, arch = self._layers, self._arch
-        h, extra = layers.embed(ids, positions)
+        h, extra = layers.embed(ids, positions, rope_lens)
         for i, (kp, vp) in enumerate(zip(self.k_pools, self.v_pools)):
             q = layers.layer_in(i, h, extra, slots)
             h = layers.layer_out(i, h, attend(q, kp, vp, arch.scales[i], arch.windows[i]))
@@ -431,6 +473,7 @@ class TorchExecutor:
             to_device(batch.slot_mapping, dev),
             lambda q, kp, vp, scale, window: self.attention(q, kp, vp, meta, scale, window),
             to_device(batch.logits_indices, dev),
+            to_device(np.repeat(batch.context_lens, batch.query_lens), dev),
         )
 
     def _attend_into(self, meta: AttentionMetadata) -> Any:
@@ -479,7 +522,8 @@ class TorchExecutor:
         def attend(q, kp, vp, scale, window):
             return self.decode_attention(q, kp, vp, tables, ctx, scale, window)
 
-        self._static["logits"][:nb].copy_(self._forward(ids, pos, slots, attend))
+        # decode rows only: a row's sequence length after the step is its position + 1
+        self._static["logits"][:nb].copy_(self._forward(ids, pos, slots, attend, rope_lens=pos + 1))
 
     def _static_decode(self, batch: StepBatch, feed: TokenFeed | None) -> torch.Tensor:
         """Decode on bucketed static shapes: padding rows use the scratch block; replays a CUDA graph."""
