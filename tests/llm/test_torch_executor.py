@@ -135,8 +135,16 @@ def test_unsupported_models_and_bad_sizes_are_user_errors():
             num_hidden_layers=1, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=50
         )
     )
-    with pytest.raises(UserError, match="model_type 'opt'"):
+    with pytest.raises(UserError, match="model family 'opt' .*not supported by the torch executor"):
         TorchExecutor(opt, num_blocks=4)
+    bare = transformers.LlamaModel(tiny_llama().config)  # no lm_head: was an AttributeError
+    with pytest.raises(UserError, match="LlamaModel has no lm_head: the torch executor needs the causal-LM"):
+        TorchExecutor(bare, num_blocks=4)
+    gpt2 = _tiny("gpt2")  # learned positions cannot run past n_positions: was an IndexError mid-generation
+    with pytest.raises(UserError, match="max_model_len 300 exceeds the 256 learned positions"):
+        TorchExecutor(gpt2, num_blocks=4, max_model_len=300)
+    with pytest.raises(UserError, match="max_model_len must be a positive integer"):
+        TorchExecutor(tiny_llama(), num_blocks=4, max_model_len=-1)
     with pytest.raises(UserError, match="num_blocks must be a positive integer"):
         TorchExecutor(tiny_llama(), num_blocks=0)
 

@@ -53,24 +53,25 @@ def _token_ids(value: Any, vocab: int) -> list[int]:
     return [int(i) for i in ids if i is not None and 0 <= int(i) < vocab]
 
 
-def model_type_of(model: Any) -> str:
-    """The HF `config.model_type` of `model`, or UserError naming what is supported."""
+def model_type_of(model: Any, user: str = "--generate") -> str:
+    """The HF `config.model_type` of `model`, or UserError naming what is supported (by `user`, the
+    option or executor that asks)."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if not isinstance(model, nn.Module) or model_type is None:
         raise UserError(
-            f"--generate needs a Hugging Face causal LM (a transformers PreTrainedModel with a config); got "
+            f"{user} needs a Hugging Face causal LM (a transformers PreTrainedModel with a config); got "
             f"{type(model).__name__}. Supported families: {', '.join(SUPPORTED)}."
         )
     if model_type not in SUPPORTED:
         raise UserError(
-            f"model family '{model_type}' ({type(model).__name__}) is not supported by --generate. Supported "
+            f"model family '{model_type}' ({type(model).__name__}) is not supported by {user}. Supported "
             f"families: {', '.join(LLAMA_STYLE)} (Llama-style: RoPE, RMSNorm, SwiGLU, GQA) and "
             f"{', '.join(GPT2_STYLE)} (learned positions, LayerNorm, GELU)."
         )
     if getattr(model, "lm_head", None) is None:
         raise UserError(
-            f"{type(model).__name__} has no lm_head: --generate needs the causal-LM class "
+            f"{type(model).__name__} has no lm_head: {user} needs the causal-LM class "
             f"(e.g. {'GPT2LMHeadModel' if model_type == 'gpt2' else 'AutoModelForCausalLM'}), "
             "not the bare model."
         )

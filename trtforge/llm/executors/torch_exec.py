@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trtforge.compiler.decoder.families import project_qkv
+from trtforge.compiler.decoder.families import model_type_of, project_qkv
 from trtforge.errors import UserError
 from trtforge.llm.executor import StepBatch, TokenFeed
 from trtforge.llm.executors.paged_attention import (
@@ -49,7 +49,6 @@ from trtforge.llm.executors.triton_attention import (
 )
 from trtforge.llm.host_to_device import to_device
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2")
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _WIDTH_BUCKETS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
@@ -271,14 +270,11 @@ class TorchExecutor:
         mixed_graphs: bool | None = None,
         max_graph_tokens: int = 4096,
     ) -> None:
-        config = getattr(model, "config", None)
-        model_type = getattr(config, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise UserError(
-                f"TorchExecutor runs causal LMs of the families {', '.join(SUPPORTED_MODEL_TYPES)}; "
-                f"got {type(model).__name__} with model_type {model_type!r}"
-            )
+        model_type = model_type_of(model, "the torch executor")
+        config = model.config
         sizes = {"num_blocks": num_blocks, "block_size": block_size, "max_graph_tokens": max_graph_tokens}
+        if max_model_len is not None:
+            sizes["max_model_len"] = max_model_len
         for name, value in sizes.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"TorchExecutor {name} must be a positive integer, got {value!r}")
@@ -293,6 +289,11 @@ class TorchExecutor:
         self._arch = arch
         self.head_dim, self.num_heads, self.num_kv_heads = arch.head_dim, arch.num_heads, arch.num_kv_heads
         self._max_model_len = int(max_model_len or arch.max_positions)
+        if isinstance(arch, _Gpt2) and self._max_model_len > arch.max_positions:
+            raise UserError(
+                f"TorchExecutor max_model_len {self._max_model_len} exceeds the {arch.max_positions} learned "
+                f"positions of this {model_type} model (n_positions); pass max_model_len <= {arch.max_positions}."
+            )
         self._eos = self._first_eos(config)
         usable = triton_usable(self.device, self.dtype, block_size, self.head_dim)
         if kernels is None:
