@@ -164,3 +164,25 @@ def test_dynamic_rotary_is_refused_by_the_step_graph_pointing_at_the_torch_execu
     assert model.model.rotary_emb.rope_type == "dynamic"
     with pytest.raises(UserError, match="rotary scaling 'dynamic'.*torch executor"):
         export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_window_the_attention_does_not_apply_is_refused_when_it_would_bite(family, tmp_path):
+    """Llama and GPT-2 attention apply no window, yet HF generate()'s cache truncates to a configured
+    sliding_window: shorter than the cache it is refused by name on every path; at least as long it is
+    harmless, ignored, and generation matches HF."""
+    from trtforge.errors import UserError
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    model = tiny_model(family)
+    model.config.sliding_window = 4
+    with pytest.raises(UserError, match=f"{family} model .*sliding_window=4, shorter than --max-seq 32"):
+        export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)
+    with pytest.raises(UserError, match="sliding_window=4, shorter than max_model_len 32.*torch executor"):
+        TorchExecutor(model, num_blocks=8, block_size=4, max_model_len=32)
+    model.config.sliding_window = 64
+    path, result = _step_file(model, tmp_path, "legacy")
+    assert result.generation["sliding_windows"] == [None, None]
+    batch = prompts(300, lens=(9, 3))
+    got = trtforge.llm.load(path).generate(batch, max_new_tokens=8, stop_at_eos=False)
+    assert got == [hf_greedy(model, p, 8)[0] for p in batch]

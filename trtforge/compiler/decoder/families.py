@@ -20,6 +20,8 @@ from trtforge.errors import UserError
 LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 GPT2_STYLE = ("gpt2",)
 SUPPORTED = (*LLAMA_STYLE, *GPT2_STYLE)
+# families whose attention applies no sliding window or chunk, whatever the config says
+_UNWINDOWED = ("llama", "gpt2")
 # RoPE variants whose frequencies depend on the sequence length at run time: not a fixed table.
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 
@@ -76,6 +78,25 @@ def model_type_of(model: Any, user: str = "--generate") -> str:
             "not the bare model."
         )
     return model_type
+
+
+def refuse_unapplied_window(model: nn.Module, length: int, limit: str, user: str = "--generate") -> None:
+    """UserError when a llama/gpt2 config sets a sliding window (or attention chunk) shorter than `length`
+    (the `limit` option's value): their attention applies none, yet transformers' generate() cache
+    truncates the keys to it, so HF's forward and generate() disagree past it."""
+    c = model.config
+    if c.model_type not in _UNWINDOWED:
+        return
+    for name in ("sliding_window", "attention_chunk_size"):
+        window = getattr(c, name, None)
+        if isinstance(window, int) and not isinstance(window, bool) and window < length:
+            raise UserError(
+                f"{c.model_type} model {type(model).__name__}: its config sets {name}={window}, shorter "
+                f"than {limit} {length}. {c.model_type}'s attention applies no window, but transformers' "
+                f"generate() cache truncates the keys to it, so the two disagree past {window} tokens and "
+                f"{user} cannot match transformers. Pass {limit} <= {window}, or set {name} to null in "
+                "config.json."
+            )
 
 
 class LlamaStyle:
@@ -244,7 +265,7 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def _window(config: Any, layer: int) -> int | None:
     """The sliding-attention window of one layer (None: full attention), as transformers decides it."""
     window = getattr(config, "sliding_window", None)
-    if not window:
+    if not window or config.model_type in _UNWINDOWED:
         return None
     types = getattr(config, "layer_types", None)
     if types is not None:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trtforge.compiler.decoder.families import model_type_of, project_qkv
+from trtforge.compiler.decoder.families import model_type_of, project_qkv, refuse_unapplied_window
 from trtforge.errors import UserError
 from trtforge.llm.executor import StepBatch, TokenFeed
 from trtforge.llm.executors.paged_attention import (
@@ -289,10 +289,12 @@ class TorchExecutor:
         self._arch = arch
         self.head_dim, self.num_heads, self.num_kv_heads = arch.head_dim, arch.num_heads, arch.num_kv_heads
         self._max_model_len = int(max_model_len or arch.max_positions)
+        refuse_unapplied_window(model, self._max_model_len, "max_model_len", "the torch executor")
         if isinstance(arch, _Gpt2) and self._max_model_len > arch.max_positions:
             raise UserError(
-                f"TorchExecutor max_model_len {self._max_model_len} exceeds the {arch.max_positions} learned "
-                f"positions of this {model_type} model (n_positions); pass max_model_len <= {arch.max_positions}."
+                f"TorchExecutor max_model_len {self._max_model_len} exceeds the {arch.max_positions} "
+                f"learned positions of this {model_type} model (n_positions); pass max_model_len <= "
+                f"{arch.max_positions}."
             )
         self._eos = self._first_eos(config)
         usable = triton_usable(self.device, self.dtype, block_size, self.head_dim)
