@@ -333,7 +333,7 @@ def _hf_alone(model, prompt: list[int], new: int):
     return hf_greedy(copy.deepcopy(model), prompt, new)
 
 
-@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("static", [False, True])  # static decode falls back to eager steps
 def test_dynamic_rotary_gives_each_batched_sequence_its_logits_when_run_alone(static):
     model = _dynamic_llama()
     g = torch.Generator().manual_seed(4)
@@ -341,6 +341,7 @@ def test_dynamic_rotary_gives_each_batched_sequence_its_logits_when_run_alone(st
     new = 7  # the short prompts cross max_position_embeddings (8) while decoding
     expected = [_hf_alone(model, p, new) for p in prompts]
     ex = TorchExecutor(model, num_blocks=24, block_size=4, max_model_len=32, static_decode=static)
+    assert ex.kv_depends_on_prompt_len and not ex.static_decode and ex.path_of(_decode_batch()) == "eager"
     blocks = [list(range(i * 8, i * 8 + 8)) for i in range(len(prompts))]
     seqs = [list(p) for p in prompts]
     got: list[list[torch.Tensor]] = [[] for _ in prompts]
@@ -359,12 +360,28 @@ def test_dynamic_rotary_gives_each_batched_sequence_its_logits_when_run_alone(st
         torch.testing.assert_close(torch.stack(got[b]), ref, rtol=1e-6, atol=1e-6)
 
 
-def test_dynamic_rotary_batched_serving_matches_transformers_alone():
+def _decode_batch() -> StepBatch:
+    return StepBatch.build(["s"], [[5]], [3], [[0]], [[3]], [True])
+
+
+@pytest.mark.parametrize(
+    ("num_blocks", "chunk"),
+    [(64, 512), (64, 4), (11, 512)],  # one-step prompts; prompts cut into 4-token chunks; preemptions
+)
+def test_dynamic_rotary_batched_serving_matches_transformers_alone(num_blocks, chunk):
+    """A prompt's tokens rotate by the whole prompt's length however the scheduler cuts or recomputes it;
+    prompts sharing a prefix do not share its blocks (their keys differ)."""
     from trtforge.llm import service
+    from trtforge.llm.scheduler import SchedulerConfig
 
     model = _dynamic_llama()
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 120, (n,), generator=g).tolist() for n in (2, 11, 5, 9)]
-    llm = service.from_pretrained(model, num_blocks=64, block_size=4, max_model_len=40)
+    prompts.append([*prompts[1][:10], 7, 8, 9])  # shares 10 tokens (2 blocks) with prompt 1
+    config = SchedulerConfig(max_prefill_chunk=chunk, max_num_batched_tokens=max(chunk, 16))
+    llm = service.from_pretrained(model, num_blocks=num_blocks, block_size=4, max_model_len=40, config=config)
     got = llm.generate(prompts, max_new_tokens=12, stop_at_eos=False)
     assert got == [_hf_alone(model, p, 12)[0] for p in prompts]
+    stats = llm.stats
+    assert stats.prefix_hit_tokens == 0
+    assert (stats.preemptions > 0) == (num_blocks == 11)

@@ -225,8 +225,12 @@ class Scheduler:
         self.config = config or SchedulerConfig()
         self.config.validate()
         self.executor = executor
+        # K/V that depend on the prompt's length (dynamic rotary) are not shareable between prompts
+        self._prompt_lens = bool(getattr(executor, "kv_depends_on_prompt_len", False))
         self.block_manager = BlockManager(
-            executor.num_blocks, executor.block_size, enable_prefix_caching=self.config.enable_prefix_caching
+            executor.num_blocks,
+            executor.block_size,
+            enable_prefix_caching=self.config.enable_prefix_caching and not self._prompt_lens,
         )
         capacity = executor.num_blocks * executor.block_size
         wanted = self.config.max_model_len or executor.max_model_len
@@ -644,6 +648,7 @@ class Scheduler:
             logits_indices=logits_indices,
             block_copies=np.array(plan.copies, dtype=np.int64).reshape(-1, 2),
             seq_ids=seq_ids,
+            prompt_lens=np.array([s.prompt_len for s in plan.seqs], np.int32) if self._prompt_lens else None,
         )
 
     def _stop_reason(self, seq: Sequence_) -> str | None:

@@ -121,8 +121,9 @@ class _LlamaLike:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin ``[T, rotary dim]`` of each token, in `h`'s dtype, as HF's rotary module makes them.
 
-        Dynamic NTK rotary takes each token's frequencies from `rope_lens` (its sequence's length after
-        this step), so a sequence's logits do not depend on what else is batched with it.
+        Dynamic NTK rotary takes each token's frequencies from `rope_lens` (the length transformers
+        derives them from for the token's sequence run alone: :meth:`TorchExecutor._rope_lens`), so a
+        sequence's logits do not depend on what else is batched with it.
         """
         if not self.dynamic:
             cos, sin = self.inner.rotary_emb(h[None], positions[None])
@@ -215,8 +216,8 @@ class _Layers:
     def embed(
         self, ids: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, Any]:
-        """Hidden states and rotary tables; `rope_lens` (each token's sequence length after the step)
-        only matters to dynamic rotary."""
+        """Hidden states and rotary tables; `rope_lens` (each token's dynamic-rotary length) only
+        matters to dynamic rotary."""
         if self.fused is not None:
             h = self.fused.inner.embed_tokens(ids)
             return h, self.arch.rope_tables(h, positions, rope_lens)
@@ -326,6 +327,9 @@ class TorchExecutor:
         self.k_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in arch.layers]
         self.v_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in arch.layers]
         self.static_decode = self.device.type == "cuda" if static_decode is None else bool(static_decode)
+        #: dynamic rotary: a token's K depends on its prompt's length; steps run eagerly (no static shapes)
+        self.kv_depends_on_prompt_len = bool(getattr(arch, "dynamic", False))
+        self.static_decode = self.static_decode and not self.kv_depends_on_prompt_len
         self.use_cuda_graphs = self.static_decode and self.device.type == "cuda" and arch.graphable
         self._batch_buckets = (*tuple(b for b in _BATCH_BUCKETS if b < max_decode_batch), max_decode_batch)
         max_width = -(-self._max_model_len // block_size)
@@ -337,7 +341,7 @@ class TorchExecutor:
         self._layers = _Layers(arch, self._fused, self.k_pools, self.v_pools)
         self._piecewise: PiecewiseStep | None = None
         piecewise = self.static_decode if mixed_graphs is None else bool(mixed_graphs)
-        if piecewise and not getattr(arch, "dynamic", False):  # its pieces see no sequence lengths
+        if piecewise and not self.kv_depends_on_prompt_len:  # its pieces see no sequence lengths
             self._piecewise = PiecewiseStep(
                 self._layers,
                 max_tokens=max_graph_tokens,
@@ -415,7 +419,7 @@ class TorchExecutor:
     def _forward(self, ids, positions, slots, attend, rows=None, rope_lens=None) -> torch.Tensor:
         """Every layer over tokens `ids`; `attend(q, k_pool, v_pool, scale, window)`; logits of `rows`.
 
-        `rope_lens`: each token's sequence length after the step (dynamic rotary only)."""
+        `rope_lens`: each token's dynamic-rotary length (dynamic rotary only)."""
         layers, arch = self._layers, self._arch
         h, extra = layers.embed(ids, positions, rope_lens)
         for i, (kp, vp) in enumerate(zip(self.k_pools, self.v_pools)):
@@ -476,8 +480,17 @@ class TorchExecutor:
             to_device(batch.slot_mapping, dev),
             lambda q, kp, vp, scale, window: self.attention(q, kp, vp, meta, scale, window),
             to_device(batch.logits_indices, dev),
-            to_device(np.repeat(batch.context_lens, batch.query_lens), dev),
+            to_device(self._rope_lens(batch), dev) if self.kv_depends_on_prompt_len else None,
         )
+
+    @staticmethod
+    def _rope_lens(batch: StepBatch) -> np.ndarray:
+        """Each token's dynamic-rotary length, as transformers computes it for its sequence alone: a prompt
+        token's is the prompt's length (one prefill call), a generated token's its position + 1 (one
+        decode call each), whatever steps the scheduler cut them into. Without ``prompt_lens``, each
+        sequence's tokens of this step count as its prompt so far."""
+        prompt = batch.context_lens if batch.prompt_lens is None else batch.prompt_lens
+        return np.maximum(np.repeat(prompt, batch.query_lens), batch.positions + 1)
 
     def _attend_into(self, meta: AttentionMetadata) -> Any:
         """The piecewise steps' attention: layer i's step attention of `q`, written into `out`."""
@@ -525,8 +538,7 @@ class TorchExecutor:
         def attend(q, kp, vp, scale, window):
             return self.decode_attention(q, kp, vp, tables, ctx, scale, window)
 
-        # decode rows only: a row's sequence length after the step is its position + 1
-        self._static["logits"][:nb].copy_(self._forward(ids, pos, slots, attend, rope_lens=pos + 1))
+        self._static["logits"][:nb].copy_(self._forward(ids, pos, slots, attend))
 
     def _static_decode(self, batch: StepBatch, feed: TokenFeed | None) -> torch.Tensor:
         """Decode on bucketed static shapes: padding rows use the scratch block; replays a CUDA graph."""
