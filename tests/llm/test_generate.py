@@ -186,3 +186,27 @@ def test_a_window_the_attention_does_not_apply_is_refused_when_it_would_bite(fam
     batch = prompts(300, lens=(9, 3))
     got = trtforge.llm.load(path).generate(batch, max_new_tokens=8, stop_at_eos=False)
     assert got == [hf_greedy(model, p, 8)[0] for p in batch]
+
+
+def test_every_end_of_sequence_id_of_the_generation_config_stops_a_row(tmp_path):
+    """Llama 3 lists several EOS ids in generation_config; HF generate stops at any of them, and so do the
+    step graph's loop and the torch executor's serving (they stopped only at config.eos_token_id)."""
+    import torch
+
+    from trtforge.llm import service
+
+    model = tiny_model("llama", seed=2)
+    prompt = prompts(300, lens=(6,))[0]
+    free, _ = hf_greedy(model, prompt, 12)
+    stop = next(t for t in free[2:] if t not in free[:2] and t != model.config.eos_token_id)
+    model.generation_config.eos_token_id = [299, stop] if stop != 299 else [298, stop]
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt) :]
+    want = free[: free.index(stop) + 1]
+    assert ref.tolist() == want, "transformers did not stop at the generation config's EOS"
+    served = service.from_pretrained(model, num_blocks=16, block_size=4, max_model_len=64)
+    assert stop in served.eos_token_ids
+    assert served.generate([prompt], max_new_tokens=12) == [want]
+    path, result = _step_file(model, tmp_path, "legacy")
+    assert stop in result.generation["eos_token_ids"]
+    assert trtforge.llm.load(path).generate([prompt], max_new_tokens=12) == [want]

@@ -153,7 +153,8 @@ class StepExecutor(Protocol):
 
     @property
     def eos_token_id(self) -> int | None:
-        """The model's end-of-sequence token, or None."""
+        """The model's end-of-sequence token, or None (an executor may also have ``eos_token_ids``:
+        every one of the model's, any of which ends a request)."""
         ...
 
     def step(self, batch: StepBatch) -> Any:

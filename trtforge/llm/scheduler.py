@@ -297,8 +297,13 @@ class Scheduler:
                 f"request {request_id!r}: the prompt has {len(tokens)} tokens but the maximum sequence "
                 f"length is {self.max_model_len} (prompt + at least one generated token)"
             )
-        eos = params.eos_token_id if params.eos_token_id is not None else self.executor.eos_token_id
-        eos = None if params.ignore_eos else eos
+        if params.eos_token_id is not None:
+            eos_ids: tuple[int, ...] = (params.eos_token_id,)
+        else:  # every id of the model's (executors without eos_token_ids: the one)
+            one = self.executor.eos_token_id
+            eos_ids = tuple(getattr(self.executor, "eos_token_ids", None) or ([] if one is None else [one]))
+        eos_ids = () if params.ignore_eos else eos_ids
+        eos = eos_ids[0] if eos_ids else None
         return Sequence_(
             request_id=request_id,
             tokens=tokens,
@@ -307,7 +312,7 @@ class Scheduler:
             eos_token_id=eos,
             generator=params.make_generator(int(self._seed_source.integers(2**63))),
             arrival=next(self._arrivals),
-            stop_ids=frozenset(params.stop_token_ids) | ({eos} if eos is not None else set()),
+            stop_ids=frozenset(params.stop_token_ids) | frozenset(eos_ids),
             length_limit=min(len(tokens) + params.max_tokens, self.max_model_len),
         )
 
@@ -654,7 +659,7 @@ class Scheduler:
     def _stop_reason(self, seq: Sequence_) -> str | None:
         token = seq.tokens[-1]
         p = seq.params
-        if token == seq.eos_token_id or token in p.stop_token_ids:
+        if token in seq.stop_ids:  # the stop ids and every end-of-sequence id
             return "stop"
         out_len = len(seq.tokens) - seq.prompt_len
         for stop in p.stop_sequences:

@@ -55,6 +55,16 @@ def _token_ids(value: Any, vocab: int) -> list[int]:
     return [int(i) for i in ids if i is not None and 0 <= int(i) < vocab]
 
 
+def eos_token_ids(model: Any) -> list[int]:
+    """Every end-of-sequence id of `model` in its vocabulary: its config's and its generation config's
+    (transformers' generate() stops at the latter's; Llama 3 lists several there)."""
+    config = model.config
+    ids = _token_ids(config.eos_token_id, config.vocab_size)
+    generation = getattr(model, "generation_config", None)
+    more = _token_ids(getattr(generation, "eos_token_id", None), config.vocab_size)
+    return ids + [i for i in dict.fromkeys(more) if i not in ids]
+
+
 def model_type_of(model: Any, user: str = "--generate") -> str:
     """The HF `config.model_type` of `model`, or UserError naming what is supported (by `user`, the
     option or executor that asks)."""
@@ -150,7 +160,7 @@ class LlamaStyle:
             max_positions=getattr(c, "max_position_embeddings", None),
             sliding_windows=[_window(c, i) for i in range(len(self.layers))],
             bos_token_id=next(iter(_token_ids(c.bos_token_id, c.vocab_size)), None),
-            eos_token_ids=_token_ids(c.eos_token_id, c.vocab_size),
+            eos_token_ids=eos_token_ids(self.model),
         )
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
@@ -208,7 +218,7 @@ class Gpt2Style:
             max_positions=int(self.body.wpe.num_embeddings),
             sliding_windows=[None] * len(self.layers),
             bos_token_id=next(iter(_token_ids(c.bos_token_id, c.vocab_size)), None),
-            eos_token_ids=_token_ids(c.eos_token_id, c.vocab_size),
+            eos_token_ids=eos_token_ids(self.model),
         )
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:

@@ -31,7 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from trtforge.compiler.decoder.families import model_type_of, project_qkv, refuse_unapplied_window
+from trtforge.compiler.decoder.families import (
+    eos_token_ids,
+    model_type_of,
+    project_qkv,
+    refuse_unapplied_window,
+)
 from trtforge.errors import UserError
 from trtforge.llm.executor import StepBatch, TokenFeed
 from trtforge.llm.executors.paged_attention import (
@@ -297,7 +302,8 @@ class TorchExecutor:
                 f"learned positions of this {model_type} model (n_positions); pass max_model_len <= "
                 f"{arch.max_positions}."
             )
-        self._eos = self._first_eos(config)
+        self._eos_ids = tuple(eos_token_ids(model))
+        self._eos = self._eos_ids[0] if self._eos_ids else None
         usable = triton_usable(self.device, self.dtype, block_size, self.head_dim)
         if kernels is None:
             kernels = "triton" if usable and self.device.type == "cuda" else "torch"
@@ -355,13 +361,6 @@ class TorchExecutor:
                 pool=self._pool,
             )
 
-    @staticmethod
-    def _first_eos(config: Any) -> int | None:
-        eos = getattr(config, "eos_token_id", None)
-        if isinstance(eos, (list, tuple)):
-            return int(eos[0]) if eos else None
-        return None if eos is None else int(eos)
-
     # ---- the StepExecutor protocol -------------------------------------------------------------
     @property
     def num_blocks(self) -> int:
@@ -382,6 +381,10 @@ class TorchExecutor:
     @property
     def eos_token_id(self) -> int | None:
         return self._eos
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._eos_ids
 
     def kv_bytes(self) -> int:
         """Bytes the K and V pools of every layer take (the scratch block included)."""
