@@ -68,7 +68,17 @@ def test_save_pretrained_directory_source(tmp_path):
 
 
 @pytest.mark.trt_build
-@pytest.mark.parametrize("factory", ["llama_factory", "gpt2_factory", "qwen3_factory", "phi3_factory"])
+@pytest.mark.parametrize(
+    "factory",
+    [
+        "llama_factory",
+        "gpt2_factory",
+        "qwen3_factory",
+        "phi3_factory",
+        "starcoder2_factory",
+        "ministral_factory",
+    ],
+)
 def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[2]))

@@ -210,3 +210,32 @@ def test_every_end_of_sequence_id_of_the_generation_config_stops_a_row(tmp_path)
     path, result = _step_file(model, tmp_path, "legacy")
     assert stop in result.generation["eos_token_ids"]
     assert trtforge.llm.load(path).generate([prompt], max_new_tokens=12) == [want]
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [
+        ("ministral", {"sliding_window": 5, "layer_types": ["sliding_attention", "full_attention"]}),
+        ("starcoder2", {"sliding_window": 5}),
+        ("starcoder2", {"use_bias": False, "sliding_window": None, "norm_epsilon": 1e-2}),
+    ],
+)
+def test_ministral_and_starcoder2_match_hf_on_the_step_graph_and_the_torch_executor(
+    family, overrides, tmp_path
+):
+    """Two Llama-style families: Ministral (per-layer windows), Starcoder2 (LayerNorm, GELU MLP, biases,
+    one window on every layer), windows shorter than the prompts, batched against HF run alone."""
+    from trtforge.llm import service
+
+    model = tiny_model(family, seed=4, **overrides)
+    batch = prompts(300, lens=(9, 2, 14))
+    want = [hf_greedy(model, p, 10)[0] for p in batch]
+    assert len({t for w in want for t in w}) > 6, f"degenerate reference output {want}"
+    for layout in ("slot", "paged"):
+        path, result = _step_file(model, tmp_path / layout, "legacy", cache_layout=layout)
+        windows = result.generation["sliding_windows"]
+        assert windows == ([5, None] if family == "ministral" else [overrides["sliding_window"]] * 2)
+        llm = trtforge.llm.load(path, num_blocks=64) if layout == "paged" else trtforge.llm.load(path)
+        assert llm.generate(batch, max_new_tokens=10, stop_at_eos=False) == want, layout
+    served = service.from_pretrained(model, num_blocks=64, block_size=4, max_model_len=64)
+    assert served.generate(batch, max_new_tokens=10, stop_at_eos=False) == want

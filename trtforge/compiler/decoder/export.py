@@ -297,6 +297,7 @@ def export_step(
     feeds = example_feeds(
         generation_section(step, max_batch=max_batch, max_prefill=max_prefill, dtype="float32")
     )
+    Path(workdir).mkdir(parents=True, exist_ok=True)  # was an ExportError wrapping FileNotFoundError
     path = Path(workdir) / "step.onnx"
     attempts = list(EXPORTERS) if exporter == "auto" else [exporter]
     fallback = None

@@ -2,9 +2,11 @@
 
 An adapter reads the HF module's own submodules (linear layers, norms, MLPs, embeddings), so weights,
 biases and activation choices come from the model; only the attention is rewritten around the cache.
-Supported: Llama-style (llama, mistral, qwen2, qwen3, phi3: GQA, RoPE, RMSNorm, SwiGLU, optional QKV bias;
-qwen3's per-head q/k RMSNorm; phi3's fused qkv_proj / gate_up_proj and partial rotary) and GPT-2
-(learned positions, LayerNorm, GELU, fused c_attn).
+Supported: Llama-style (llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2: GQA, RoPE, pre-norm
+blocks whose norms and MLP are the model's modules (RMSNorm + SwiGLU; starcoder2's LayerNorm + GELU),
+optional projection biases; qwen3's per-head q/k RMSNorm; phi3's fused qkv_proj / gate_up_proj and
+partial rotary; mistral/ministral/qwen/phi3/starcoder2 sliding windows) and GPT-2 (learned positions,
+LayerNorm, GELU, fused c_attn).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from torch import Tensor, nn
 
 from trtforge.errors import UserError
 
-LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+LLAMA_STYLE = ("llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "starcoder2")
 GPT2_STYLE = ("gpt2",)
 SUPPORTED = (*LLAMA_STYLE, *GPT2_STYLE)
 # families whose attention applies no sliding window or chunk, whatever the config says
@@ -78,7 +80,7 @@ def model_type_of(model: Any, user: str = "--generate") -> str:
     if model_type not in SUPPORTED:
         raise UserError(
             f"model family '{model_type}' ({type(model).__name__}) is not supported by {user}. Supported "
-            f"families: {', '.join(LLAMA_STYLE)} (Llama-style: RoPE, RMSNorm, SwiGLU, GQA) and "
+            f"families: {', '.join(LLAMA_STYLE)} (Llama-style: RoPE, pre-norm blocks, GQA) and "
             f"{', '.join(GPT2_STYLE)} (learned positions, LayerNorm, GELU)."
         )
     if getattr(model, "lm_head", None) is None:

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 
 from trtforge.compiler.decoder.families import (
+    GPT2_STYLE,
+    LLAMA_STYLE,
     eos_token_ids,
     model_type_of,
     project_qkv,
@@ -81,8 +83,9 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 class _LlamaLike:
-    """Llama, Mistral, Qwen2, Qwen3, Phi-3: RMSNorm, rotary positions, GQA projections, gated MLP (Qwen3's
-    per-head q/k norms; Phi-3's fused qkv_proj and gate_up_proj, partial rotary)."""
+    """Llama, Mistral, Ministral, Qwen2, Qwen3, Phi-3, Starcoder2: rotary positions, GQA projections, the
+    model's own norms and MLP (Qwen3's per-head q/k norms; Phi-3's fused qkv_proj and gate_up_proj,
+    partial rotary)."""
 
     def __init__(self, model: Any) -> None:
         config, inner = model.config, model.model
@@ -117,7 +120,7 @@ class _LlamaLike:
     def _window(config: Any, layer: Any) -> int | None:
         if hasattr(layer.self_attn, "sliding_window"):
             return layer.self_attn.sliding_window
-        if config.model_type in ("mistral", "phi3"):  # one window (or none) for every layer
+        if config.model_type in ("mistral", "phi3", "starcoder2"):  # one window (or none) for every layer
             return getattr(config, "sliding_window", None)
         return None
 
@@ -206,7 +209,7 @@ class _Gpt2:
         return self.model.lm_head(self.inner.ln_f(h))
 
 
-_ARCHS = dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "phi3"), _LlamaLike) | {"gpt2": _Gpt2}
+_ARCHS = dict.fromkeys(LLAMA_STYLE, _LlamaLike) | dict.fromkeys(GPT2_STYLE, _Gpt2)
 
 
 class _Layers:
@@ -248,7 +251,7 @@ class _Layers:
 class TorchExecutor:
     """Runs :class:`StepBatch` batches through `model` with ``num_blocks`` blocks of ``block_size`` tokens.
 
-    `model` is a transformers causal LM of a supported family: Llama-style (Llama, Mistral, Qwen2,
+    `model` is a transformers causal LM of a supported family: Llama-style (Llama, Mistral, Ministral, Qwen2,
     Qwen3, Phi-3: GQA, RoPE, RMSNorm, gated MLP) or GPT-2. With `device`/`dtype` given it is moved there (in
     place). The pools take ``2 * layers * (num_blocks + 1) * block_size * Hkv * D`` elements of `dtype`.
     ``kernels`` picks the attention kernels: "triton" (the default on CUDA for FP16/BF16 pools with a
