@@ -115,6 +115,9 @@ class _LlamaLike:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
             self._rope_init = ROPE_INIT_FUNCTIONS[rope_type]
+            # max_position_embeddings is the trained length dynamic scaling extends by `factor`
+            params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+            self.max_positions = int(self.max_positions * max(float(params.get("factor", 1.0)), 1.0))
 
     @staticmethod
     def _window(config: Any, layer: Any) -> int | None:
