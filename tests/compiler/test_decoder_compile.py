@@ -68,7 +68,17 @@ def test_save_pretrained_directory_source(tmp_path):
 
 
 @pytest.mark.trt_build
-@pytest.mark.parametrize("factory", ["llama_factory", "gpt2_factory", "qwen3_factory", "phi3_factory"])
+@pytest.mark.parametrize(
+    "factory",
+    [
+        "llama_factory",
+        "gpt2_factory",
+        "qwen3_factory",
+        "phi3_factory",
+        "starcoder2_factory",
+        "ministral_factory",
+    ],
+)
 def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[2]))
@@ -244,3 +254,44 @@ def test_cli_builds_the_paged_step_engine(family, tmp_path, monkeypatch):
     slot = _graph(tiny_model(family), tmp_path / "slot.onnx", "fp16")
     want = slot.generate([[1, 2, 3]], max_new_tokens=4)
     assert trtforge.llm.load(step).generate([[1, 2, 3]], max_new_tokens=4) == want
+
+
+@pytest.mark.trt_build
+def test_attention_no_fused_kernel_takes_is_built_decomposed(tmp_path):
+    """Head dim 8 (hidden 32): TensorRT-RTX has no fused attention kernel for it and failed the build
+    ("Attention operation was not supported by a dedicated kernel"); the attention is then marked
+    decomposable and the engine builds."""
+    engine = tmp_path / "hd8.engine"
+    model = tiny_model("llama", hidden_size=32, num_attention_heads=4, num_key_value_heads=2)
+    trtforge.compile(
+        model,
+        output=engine,
+        generate=True,
+        max_seq=32,
+        max_batch=2,
+        max_prefill=16,
+        exporter="legacy",
+        progress=False,
+    )
+    build = read_manifest(engine).records["build"]
+    assert build["decomposable_attention"] == model.config.num_hidden_layers
+
+
+@pytest.mark.trt_build
+def test_head_dim_not_a_multiple_of_8_fails_the_build_saying_so(tmp_path):
+    from trtforge.errors import BuildError
+
+    engine = tmp_path / "hd12.engine"
+    model = tiny_model("llama", hidden_size=48, num_attention_heads=4, num_key_value_heads=2)
+    with pytest.raises(BuildError, match="head_dim 12 is not a multiple of 8.*torch executor"):
+        trtforge.compile(
+            model,
+            output=engine,
+            generate=True,
+            max_seq=32,
+            max_batch=2,
+            max_prefill=16,
+            exporter="legacy",
+            progress=False,
+        )
+    assert not list(tmp_path.iterdir()), "a failed build leaves no output"

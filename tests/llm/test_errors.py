@@ -25,7 +25,7 @@ def llm(tmp_path_factory):
 
 
 def test_unsupported_family_lists_supported(tmp_path):
-    with pytest.raises(UserError, match="llama, mistral, qwen2.*gpt2"):
+    with pytest.raises(UserError, match="llama, mistral, ministral, qwen2.*starcoder2.*gpt2"):
         trtforge.compile(opt_factory()[0], output=tmp_path / "x.engine", generate=True)
     assert list(tmp_path.iterdir()) == []
 

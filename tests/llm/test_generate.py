@@ -154,3 +154,88 @@ def test_all_logits_graph_matches_hf_forward(tmp_path):
             want = model(torch.tensor([prompt])).logits[0].numpy()
             assert np.abs(logits[b, : len(prompt)] - want).max() <= 1e-4
     assert llm.generate(batch, 6, stop_at_eos=False) == [hf_greedy(model, p, 6)[0] for p in batch]
+
+
+def test_dynamic_rotary_is_refused_by_the_step_graph_pointing_at_the_torch_executor(tmp_path):
+    """A step graph holds one rotary table; dynamic NTK rotary runs on the torch executor instead."""
+    from trtforge.errors import UserError
+
+    model = tiny_model("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    assert model.model.rotary_emb.rope_type == "dynamic"
+    with pytest.raises(UserError, match="rotary scaling 'dynamic'.*torch executor"):
+        export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_window_the_attention_does_not_apply_is_refused_when_it_would_bite(family, tmp_path):
+    """Llama and GPT-2 attention apply no window, yet HF generate()'s cache truncates to a configured
+    sliding_window: shorter than the cache it is refused by name on every path; at least as long it is
+    harmless, ignored, and generation matches HF."""
+    from trtforge.errors import UserError
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    model = tiny_model(family)
+    model.config.sliding_window = 4
+    with pytest.raises(UserError, match=f"{family} model .*sliding_window=4, shorter than --max-seq 32"):
+        export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)
+    with pytest.raises(UserError, match="sliding_window=4, shorter than max_model_len 32.*torch executor"):
+        TorchExecutor(model, num_blocks=8, block_size=4, max_model_len=32)
+    model.config.sliding_window = 64
+    path, result = _step_file(model, tmp_path, "legacy")
+    assert result.generation["sliding_windows"] == [None, None]
+    batch = prompts(300, lens=(9, 3))
+    got = trtforge.llm.load(path).generate(batch, max_new_tokens=8, stop_at_eos=False)
+    assert got == [hf_greedy(model, p, 8)[0] for p in batch]
+
+
+def test_every_end_of_sequence_id_of_the_generation_config_stops_a_row(tmp_path):
+    """Llama 3 lists several EOS ids in generation_config; HF generate stops at any of them, and so do the
+    step graph's loop and the torch executor's serving (they stopped only at config.eos_token_id)."""
+    import torch
+
+    from trtforge.llm import service
+
+    model = tiny_model("llama", seed=2)
+    prompt = prompts(300, lens=(6,))[0]
+    free, _ = hf_greedy(model, prompt, 12)
+    stop = next(t for t in free[2:] if t not in free[:2] and t != model.config.eos_token_id)
+    model.generation_config.eos_token_id = [299, stop] if stop != 299 else [298, stop]
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt) :]
+    want = free[: free.index(stop) + 1]
+    assert ref.tolist() == want, "transformers did not stop at the generation config's EOS"
+    served = service.from_pretrained(model, num_blocks=16, block_size=4, max_model_len=64)
+    assert stop in served.eos_token_ids
+    assert served.generate([prompt], max_new_tokens=12) == [want]
+    path, result = _step_file(model, tmp_path, "legacy")
+    assert stop in result.generation["eos_token_ids"]
+    assert trtforge.llm.load(path).generate([prompt], max_new_tokens=12) == [want]
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [
+        ("ministral", {"sliding_window": 5, "layer_types": ["sliding_attention", "full_attention"]}),
+        ("starcoder2", {"sliding_window": 5}),
+        ("starcoder2", {"use_bias": False, "sliding_window": None, "norm_epsilon": 1e-2}),
+    ],
+)
+def test_ministral_and_starcoder2_match_hf_on_the_step_graph_and_the_torch_executor(
+    family, overrides, tmp_path
+):
+    """Two Llama-style families: Ministral (per-layer windows), Starcoder2 (LayerNorm, GELU MLP, biases,
+    one window on every layer), windows shorter than the prompts, batched against HF run alone."""
+    from trtforge.llm import service
+
+    model = tiny_model(family, seed=4, **overrides)
+    batch = prompts(300, lens=(9, 2, 14))
+    want = [hf_greedy(model, p, 10)[0] for p in batch]
+    assert len({t for w in want for t in w}) > 6, f"degenerate reference output {want}"
+    for layout in ("slot", "paged"):
+        path, result = _step_file(model, tmp_path / layout, "legacy", cache_layout=layout)
+        windows = result.generation["sliding_windows"]
+        assert windows == ([5, None] if family == "ministral" else [overrides["sliding_window"]] * 2)
+        llm = trtforge.llm.load(path, num_blocks=64) if layout == "paged" else trtforge.llm.load(path)
+        assert llm.generate(batch, max_new_tokens=10, stop_at_eos=False) == want, layout
+    served = service.from_pretrained(model, num_blocks=64, block_size=4, max_model_len=64)
+    assert served.generate(batch, max_new_tokens=10, stop_at_eos=False) == want

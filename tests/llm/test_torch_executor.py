@@ -135,8 +135,16 @@ def test_unsupported_models_and_bad_sizes_are_user_errors():
             num_hidden_layers=1, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=50
         )
     )
-    with pytest.raises(UserError, match="model_type 'opt'"):
+    with pytest.raises(UserError, match="model family 'opt' .*not supported by the torch executor"):
         TorchExecutor(opt, num_blocks=4)
+    bare = transformers.LlamaModel(tiny_llama().config)  # no lm_head: was an AttributeError
+    with pytest.raises(UserError, match="LlamaModel has no lm_head: the torch executor needs the causal-LM"):
+        TorchExecutor(bare, num_blocks=4)
+    gpt2 = _tiny("gpt2")  # learned positions cannot run past n_positions: was an IndexError mid-generation
+    with pytest.raises(UserError, match="max_model_len 300 exceeds the 256 learned positions"):
+        TorchExecutor(gpt2, num_blocks=4, max_model_len=300)
+    with pytest.raises(UserError, match="max_model_len must be a positive integer"):
+        TorchExecutor(tiny_llama(), num_blocks=4, max_model_len=-1)
     with pytest.raises(UserError, match="num_blocks must be a positive integer"):
         TorchExecutor(tiny_llama(), num_blocks=0)
 
@@ -292,3 +300,90 @@ def test_step_async_takes_fed_ids_from_the_previous_tokens(static):
     feed = TokenFeed(rows=np.array([0, 1]), sources=np.array([2, 0]), tokens=previous)
     assert torch.equal(plain.step(mixed), fed.step_async(placeholders, feed))
     assert bool(fed._static) == static
+
+
+def _dynamic_llama(max_positions: int = 8):
+    """A float64 Llama with dynamic NTK rotary whose original length is short, so prompts cross it."""
+    import transformers
+
+    torch.manual_seed(3)
+    cfg = transformers.LlamaConfig(
+        vocab_size=120,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        initializer_range=0.2,
+        rope_scaling={"rope_type": "dynamic", "factor": 4.0},
+    )
+    model = transformers.LlamaForCausalLM(cfg).to(torch.float64).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _hf_alone(model, prompt: list[int], new: int):
+    """HF greedy on a fresh copy (its dynamic rotary keeps state across calls): tokens, logits [new, V]."""
+    import copy
+
+    from tests.llm.tiny_models import hf_greedy
+
+    return hf_greedy(copy.deepcopy(model), prompt, new)
+
+
+@pytest.mark.parametrize("static", [False, True])  # static decode falls back to eager steps
+def test_dynamic_rotary_gives_each_batched_sequence_its_logits_when_run_alone(static):
+    model = _dynamic_llama()
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 120, (n,), generator=g).tolist() for n in (3, 13, 6)]
+    new = 7  # the short prompts cross max_position_embeddings (8) while decoding
+    expected = [_hf_alone(model, p, new) for p in prompts]
+    ex = TorchExecutor(model, num_blocks=24, block_size=4, max_model_len=32, static_decode=static)
+    assert ex.kv_depends_on_prompt_len and not ex.static_decode and ex.path_of(_decode_batch()) == "eager"
+    # by default the trained length (8) times the scaling factor (4): dynamic scaling's point
+    assert TorchExecutor(model, num_blocks=4, block_size=4).max_model_len == 32
+    blocks = [list(range(i * 8, i * 8 + 8)) for i in range(len(prompts))]
+    seqs = [list(p) for p in prompts]
+    got: list[list[torch.Tensor]] = [[] for _ in prompts]
+    starts = [0] * len(prompts)
+    for _ in range(new):  # step 0 prefills every prompt in one batch, then all decode together
+        tokens = [s[st:] for s, st in zip(seqs, starts)]
+        slots = [[t[p // 4] * 4 + p % 4 for p in range(st, len(s))] for t, s, st in zip(blocks, seqs, starts)]
+        batch = StepBatch.build(range(len(seqs)), tokens, starts, blocks, slots, [True] * len(seqs))
+        logits = ex.step(batch)
+        for b, row in enumerate(logits):
+            got[b].append(row)
+            starts[b] = len(seqs[b])
+            seqs[b].append(int(row.argmax()))
+    for b, (tokens, ref) in enumerate(expected):
+        assert seqs[b][len(prompts[b]) :] == tokens, f"sequence {b}"
+        torch.testing.assert_close(torch.stack(got[b]), ref, rtol=1e-6, atol=1e-6)
+
+
+def _decode_batch() -> StepBatch:
+    return StepBatch.build(["s"], [[5]], [3], [[0]], [[3]], [True])
+
+
+@pytest.mark.parametrize(
+    ("num_blocks", "chunk"),
+    [(64, 512), (64, 4), (11, 512)],  # one-step prompts; prompts cut into 4-token chunks; preemptions
+)
+def test_dynamic_rotary_batched_serving_matches_transformers_alone(num_blocks, chunk):
+    """A prompt's tokens rotate by the whole prompt's length however the scheduler cuts or recomputes it;
+    prompts sharing a prefix do not share its blocks (their keys differ)."""
+    from trtforge.llm import service
+    from trtforge.llm.scheduler import SchedulerConfig
+
+    model = _dynamic_llama()
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 120, (n,), generator=g).tolist() for n in (2, 11, 5, 9)]
+    prompts.append([*prompts[1][:10], 7, 8, 9])  # shares 10 tokens (2 blocks) with prompt 1
+    config = SchedulerConfig(max_prefill_chunk=chunk, max_num_batched_tokens=max(chunk, 16))
+    llm = service.from_pretrained(model, num_blocks=num_blocks, block_size=4, max_model_len=40, config=config)
+    got = llm.generate(prompts, max_new_tokens=12, stop_at_eos=False)
+    assert got == [_hf_alone(model, p, 12)[0] for p in prompts]
+    stats = llm.stats
+    assert stats.prefix_hit_tokens == 0
+    assert (stats.preemptions > 0) == (num_blocks == 11)

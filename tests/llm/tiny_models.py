@@ -54,6 +54,11 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family == "phi3":  # fused qkv_proj / gate_up_proj; Phi-4-mini's partial rotary (3/4 of head_dim)
         phi3 = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "partial_rotary_factor": 0.75}
         cfg, cls = tf.Phi3Config(**(llama_like | phi3 | overrides)), tf.Phi3ForCausalLM
+    elif family == "ministral":  # per-layer sliding windows (layer_types); its config needs a head_dim
+        cfg = tf.MinistralConfig(**(llama_like | {"head_dim": 16} | overrides))
+        cls = tf.MinistralForCausalLM
+    elif family == "starcoder2":  # LayerNorm, GELU MLP with biases, one window for every layer
+        cfg, cls = tf.Starcoder2Config(**(llama_like | overrides)), tf.Starcoder2ForCausalLM
     else:
         raise ValueError(family)
     model = cls(cfg).eval()
@@ -98,6 +103,16 @@ def qwen3_factory():
 
 def phi3_factory():
     return tiny_model("phi3"), None
+
+
+def starcoder2_factory():
+    return tiny_model("starcoder2", sliding_window=6), None
+
+
+def ministral_factory():
+    return tiny_model(
+        "ministral", sliding_window=6, layer_types=["sliding_attention", "full_attention"]
+    ), None
 
 
 def opt_factory():

@@ -37,6 +37,8 @@ class StepBatch:
     - ``logits_indices`` int64 ``[N]``: rows of the T tokens whose next-token logits are wanted.
     - ``block_copies`` int64 ``[C, 2]``: (src, dst) block copies to do before any write (copy-on-write).
     - ``seq_ids``: the scheduler's ids of the B sequences (for logs and fault reports).
+    - ``prompt_lens`` int32 ``[B]`` or None: each sequence's prompt length, given to executors whose
+      ``kv_depends_on_prompt_len`` is true (dynamic NTK rotary rotates a prompt by its whole length).
     """
 
     input_ids: np.ndarray
@@ -48,6 +50,7 @@ class StepBatch:
     logits_indices: np.ndarray
     block_copies: np.ndarray
     seq_ids: tuple[Hashable, ...]
+    prompt_lens: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -76,6 +79,7 @@ class StepBatch:
         slots: Sequence[Sequence[int]],
         want_logits: Sequence[bool],
         block_copies: Sequence[tuple[int, int]] = (),
+        prompt_lens: Sequence[int] | None = None,
     ) -> StepBatch:
         """Flatten per-sequence lists (new tokens, first new position, blocks, slots) into a batch."""
         lens = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
@@ -104,6 +108,7 @@ class StepBatch:
             logits_indices=logits_idx,
             block_copies=copies,
             seq_ids=tuple(seq_ids),
+            prompt_lens=None if prompt_lens is None else np.asarray(prompt_lens, dtype=np.int32),
         )
 
 
@@ -148,7 +153,8 @@ class StepExecutor(Protocol):
 
     @property
     def eos_token_id(self) -> int | None:
-        """The model's end-of-sequence token, or None."""
+        """The model's end-of-sequence token, or None (an executor may also have ``eos_token_ids``:
+        every one of the model's, any of which ends a request)."""
         ...
 
     def step(self, batch: StepBatch) -> Any:

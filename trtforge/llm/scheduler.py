@@ -225,8 +225,12 @@ class Scheduler:
         self.config = config or SchedulerConfig()
         self.config.validate()
         self.executor = executor
+        # K/V that depend on the prompt's length (dynamic rotary) are not shareable between prompts
+        self._prompt_lens = bool(getattr(executor, "kv_depends_on_prompt_len", False))
         self.block_manager = BlockManager(
-            executor.num_blocks, executor.block_size, enable_prefix_caching=self.config.enable_prefix_caching
+            executor.num_blocks,
+            executor.block_size,
+            enable_prefix_caching=self.config.enable_prefix_caching and not self._prompt_lens,
         )
         capacity = executor.num_blocks * executor.block_size
         wanted = self.config.max_model_len or executor.max_model_len
@@ -293,8 +297,13 @@ class Scheduler:
                 f"request {request_id!r}: the prompt has {len(tokens)} tokens but the maximum sequence "
                 f"length is {self.max_model_len} (prompt + at least one generated token)"
             )
-        eos = params.eos_token_id if params.eos_token_id is not None else self.executor.eos_token_id
-        eos = None if params.ignore_eos else eos
+        if params.eos_token_id is not None:
+            eos_ids: tuple[int, ...] = (params.eos_token_id,)
+        else:  # every id of the model's (executors without eos_token_ids: the one)
+            one = self.executor.eos_token_id
+            eos_ids = tuple(getattr(self.executor, "eos_token_ids", None) or ([] if one is None else [one]))
+        eos_ids = () if params.ignore_eos else eos_ids
+        eos = eos_ids[0] if eos_ids else None
         return Sequence_(
             request_id=request_id,
             tokens=tokens,
@@ -303,7 +312,7 @@ class Scheduler:
             eos_token_id=eos,
             generator=params.make_generator(int(self._seed_source.integers(2**63))),
             arrival=next(self._arrivals),
-            stop_ids=frozenset(params.stop_token_ids) | ({eos} if eos is not None else set()),
+            stop_ids=frozenset(params.stop_token_ids) | frozenset(eos_ids),
             length_limit=min(len(tokens) + params.max_tokens, self.max_model_len),
         )
 
@@ -644,12 +653,13 @@ class Scheduler:
             logits_indices=logits_indices,
             block_copies=np.array(plan.copies, dtype=np.int64).reshape(-1, 2),
             seq_ids=seq_ids,
+            prompt_lens=np.array([s.prompt_len for s in plan.seqs], np.int32) if self._prompt_lens else None,
         )
 
     def _stop_reason(self, seq: Sequence_) -> str | None:
         token = seq.tokens[-1]
         p = seq.params
-        if token == seq.eos_token_id or token in p.stop_token_ids:
+        if token in seq.stop_ids:  # the stop ids and every end-of-sequence id
             return "stop"
         out_len = len(seq.tokens) - seq.prompt_len
         for stop in p.stop_sequences:

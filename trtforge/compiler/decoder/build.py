@@ -17,7 +17,7 @@ from typing import Any
 from trtforge.compiler.backend import get_backend
 from trtforge.compiler.build import _parse, network_io, serialize_network
 from trtforge.compiler.manifest import ShapeRange
-from trtforge.errors import UserError
+from trtforge.errors import BuildError, UserError
 
 PREFILL, DECODE = 0, 1
 
@@ -69,6 +69,32 @@ def layer_census(network: Any) -> dict[str, int]:
     )
 
 
+def decomposable_attention(be: Any, network: Any) -> int:
+    """Mark every attention of `network` decomposable, so TensorRT may run one whose shapes no fused
+    kernel takes (small head dims or hidden sizes fail a Myelin check otherwise) as MatMul, Softmax and
+    MatMul; returns how many were marked."""
+    marked = 0
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        if layer.type == be.trt.LayerType.ATTENTION_OUTPUT:
+            layer.__class__ = be.trt.IAttentionOutputLayer  # get_layer returns the ILayer base
+            layer.attention.decomposable = True
+            marked += 1
+    return marked
+
+
+def _head_dim_hint(generation: dict[str, Any]) -> str:
+    """Why a step engine of this model may not build, where known (measured with TensorRT-RTX 1.7.1)."""
+    head_dim = int(generation.get("head_dim") or 8)
+    if head_dim % 8 == 0:
+        return ""
+    return (
+        f"\n  The model's head_dim {head_dim} is not a multiple of 8, on which TensorRT-RTX's FP16/BF16 "
+        "kernels fail (head dims 8, 16, 24, 32, 40 build). Serve the model with the torch executor "
+        "(trtforge.llm.from_pretrained) or its FP32 step graph with ONNX Runtime instead."
+    )
+
+
 def build_step_engine(
     onnx_path: Path,
     generation: dict[str, Any],
@@ -103,7 +129,17 @@ def build_step_engine(
         config.set_memory_pool_limit(be.trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
     chosen = be.set_build_targets(config, list(targets or []))
     parsed = time.perf_counter()
-    data, messages = serialize_network(be, builder, network, config, progress, "the step engine")
+    decomposed = 0
+    try:
+        data, messages = serialize_network(be, builder, network, config, progress, "the step engine")
+    except BuildError as fused_error:
+        decomposed = decomposable_attention(be, network)  # fused kernels first: they are the fast path
+        try:
+            if not decomposed:
+                raise
+            data, messages = serialize_network(be, builder, network, config, progress, "the step engine")
+        except BuildError as e:
+            raise BuildError(f"{e}{_head_dim_hint(generation)}") from fused_error
     del parser
     record = {
         "backend": be.describe(),
@@ -113,6 +149,7 @@ def build_step_engine(
         "profiles": profiles,
         "layers": network.num_layers,
         "layer_types": layer_census(network),
+        "decomposable_attention": decomposed,
         "warnings": [m for sev, m in messages if sev == "WARNING"][:50],
         "seconds": {"parse": parsed - t0, "build": time.perf_counter() - parsed},
         "engine_bytes": len(data),

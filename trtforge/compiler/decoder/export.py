@@ -17,6 +17,7 @@ import onnx
 import torch
 
 from trtforge.compiler.decoder import ops
+from trtforge.compiler.decoder.families import refuse_unapplied_window
 from trtforge.compiler.decoder.step import (
     DecoderStep,
     PagedDecoderStep,
@@ -292,9 +293,11 @@ def export_step(
     spec = step.spec
     max_prefill = max_seq if max_prefill is None else max_prefill
     _check_limits(spec.max_positions, max_seq, max_batch, max_prefill)
+    refuse_unapplied_window(model, max_seq, "--max-seq")
     feeds = example_feeds(
         generation_section(step, max_batch=max_batch, max_prefill=max_prefill, dtype="float32")
     )
+    Path(workdir).mkdir(parents=True, exist_ok=True)  # was an ExportError wrapping FileNotFoundError
     path = Path(workdir) / "step.onnx"
     attempts = list(EXPORTERS) if exporter == "auto" else [exporter]
     fallback = None

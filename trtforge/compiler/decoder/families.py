@@ -2,9 +2,11 @@
 
 An adapter reads the HF module's own submodules (linear layers, norms, MLPs, embeddings), so weights,
 biases and activation choices come from the model; only the attention is rewritten around the cache.
-Supported: Llama-style (llama, mistral, qwen2, qwen3, phi3: GQA, RoPE, RMSNorm, SwiGLU, optional QKV bias;
-qwen3's per-head q/k RMSNorm; phi3's fused qkv_proj / gate_up_proj and partial rotary) and GPT-2
-(learned positions, LayerNorm, GELU, fused c_attn).
+Supported: Llama-style (llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2: GQA, RoPE, pre-norm
+blocks whose norms and MLP are the model's modules (RMSNorm + SwiGLU; starcoder2's LayerNorm + GELU),
+optional projection biases; qwen3's per-head q/k RMSNorm; phi3's fused qkv_proj / gate_up_proj and
+partial rotary; mistral/ministral/qwen/phi3/starcoder2 sliding windows) and GPT-2 (learned positions,
+LayerNorm, GELU, fused c_attn).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from torch import Tensor, nn
 
 from trtforge.errors import UserError
 
-LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+LLAMA_STYLE = ("llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "starcoder2")
 GPT2_STYLE = ("gpt2",)
 SUPPORTED = (*LLAMA_STYLE, *GPT2_STYLE)
+# families whose attention applies no sliding window or chunk, whatever the config says
+_UNWINDOWED = ("llama", "gpt2")
 # RoPE variants whose frequencies depend on the sequence length at run time: not a fixed table.
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 
@@ -53,28 +57,58 @@ def _token_ids(value: Any, vocab: int) -> list[int]:
     return [int(i) for i in ids if i is not None and 0 <= int(i) < vocab]
 
 
-def model_type_of(model: Any) -> str:
-    """The HF `config.model_type` of `model`, or UserError naming what is supported."""
+def eos_token_ids(model: Any) -> list[int]:
+    """Every end-of-sequence id of `model` in its vocabulary: its config's and its generation config's
+    (transformers' generate() stops at the latter's; Llama 3 lists several there)."""
+    config = model.config
+    ids = _token_ids(config.eos_token_id, config.vocab_size)
+    generation = getattr(model, "generation_config", None)
+    more = _token_ids(getattr(generation, "eos_token_id", None), config.vocab_size)
+    return ids + [i for i in dict.fromkeys(more) if i not in ids]
+
+
+def model_type_of(model: Any, user: str = "--generate") -> str:
+    """The HF `config.model_type` of `model`, or UserError naming what is supported (by `user`, the
+    option or executor that asks)."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if not isinstance(model, nn.Module) or model_type is None:
         raise UserError(
-            f"--generate needs a Hugging Face causal LM (a transformers PreTrainedModel with a config); got "
+            f"{user} needs a Hugging Face causal LM (a transformers PreTrainedModel with a config); got "
             f"{type(model).__name__}. Supported families: {', '.join(SUPPORTED)}."
         )
     if model_type not in SUPPORTED:
         raise UserError(
-            f"model family '{model_type}' ({type(model).__name__}) is not supported by --generate. Supported "
-            f"families: {', '.join(LLAMA_STYLE)} (Llama-style: RoPE, RMSNorm, SwiGLU, GQA) and "
+            f"model family '{model_type}' ({type(model).__name__}) is not supported by {user}. Supported "
+            f"families: {', '.join(LLAMA_STYLE)} (Llama-style: RoPE, pre-norm blocks, GQA) and "
             f"{', '.join(GPT2_STYLE)} (learned positions, LayerNorm, GELU)."
         )
     if getattr(model, "lm_head", None) is None:
         raise UserError(
-            f"{type(model).__name__} has no lm_head: --generate needs the causal-LM class "
+            f"{type(model).__name__} has no lm_head: {user} needs the causal-LM class "
             f"(e.g. {'GPT2LMHeadModel' if model_type == 'gpt2' else 'AutoModelForCausalLM'}), "
             "not the bare model."
         )
     return model_type
+
+
+def refuse_unapplied_window(model: nn.Module, length: int, limit: str, user: str = "--generate") -> None:
+    """UserError when a llama/gpt2 config sets a sliding window (or attention chunk) shorter than `length`
+    (the `limit` option's value): their attention applies none, yet transformers' generate() cache
+    truncates the keys to it, so HF's forward and generate() disagree past it."""
+    c = model.config
+    if c.model_type not in _UNWINDOWED:
+        return
+    for name in ("sliding_window", "attention_chunk_size"):
+        window = getattr(c, name, None)
+        if isinstance(window, int) and not isinstance(window, bool) and window < length:
+            raise UserError(
+                f"{c.model_type} model {type(model).__name__}: its config sets {name}={window}, shorter "
+                f"than {limit} {length}. {c.model_type}'s attention applies no window, but transformers' "
+                f"generate() cache truncates the keys to it, so the two disagree past {window} tokens and "
+                f"{user} cannot match transformers. Pass {limit} <= {window}, or set {name} to null in "
+                "config.json."
+            )
 
 
 class LlamaStyle:
@@ -100,6 +134,11 @@ class LlamaStyle:
                 f"{c.model_type} model {type(self.model).__name__}: rotary scaling '{rope_type}' changes the "
                 "frequencies with the sequence length; the step graph needs a fixed table. Supported: "
                 "default, linear, llama3, yarn and other static types."
+                + (
+                    " The torch executor (trtforge.llm.from_pretrained) serves 'dynamic' rotary."
+                    if rope_type == "dynamic"
+                    else ""
+                )
             )
         params = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
         rotary = {
@@ -123,7 +162,7 @@ class LlamaStyle:
             max_positions=getattr(c, "max_position_embeddings", None),
             sliding_windows=[_window(c, i) for i in range(len(self.layers))],
             bos_token_id=next(iter(_token_ids(c.bos_token_id, c.vocab_size)), None),
-            eos_token_ids=_token_ids(c.eos_token_id, c.vocab_size),
+            eos_token_ids=eos_token_ids(self.model),
         )
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
@@ -181,7 +220,7 @@ class Gpt2Style:
             max_positions=int(self.body.wpe.num_embeddings),
             sliding_windows=[None] * len(self.layers),
             bos_token_id=next(iter(_token_ids(c.bos_token_id, c.vocab_size)), None),
-            eos_token_ids=_token_ids(c.eos_token_id, c.vocab_size),
+            eos_token_ids=eos_token_ids(self.model),
         )
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
@@ -238,7 +277,7 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def _window(config: Any, layer: int) -> int | None:
     """The sliding-attention window of one layer (None: full attention), as transformers decides it."""
     window = getattr(config, "sliding_window", None)
-    if not window:
+    if not window or config.model_type in _UNWINDOWED:
         return None
     types = getattr(config, "layer_types", None)
     if types is not None:

@@ -317,10 +317,6 @@ class FusedLayers:
     def _gemv(self, h: torch.Tensor) -> bool:
         return 0 < int(h.shape[0]) <= self.gemv_max_tokens
 
-    def rope_tables(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.inner.rotary_emb(h[None], positions[None])
-        return cos[0], sin[0]
-
     def attention_input(
         self,
         i: int,

@@ -85,8 +85,8 @@ class OrtPagedExecutor:
         self._pool_outputs = dict(zip(cache["outputs"], self.pool_names))
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.all_logits = bool(g.get("all_logits"))
-        eos = g.get("eos_token_ids") or []
-        self._eos = int(eos[0]) if eos else None
+        self._eos_ids = tuple(int(i) for i in g.get("eos_token_ids") or [])
+        self._eos = self._eos_ids[0] if self._eos_ids else None
 
     # ---- the StepExecutor protocol -------------------------------------------------------------
     @property
@@ -108,6 +108,10 @@ class OrtPagedExecutor:
     @property
     def eos_token_id(self) -> int | None:
         return self._eos
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._eos_ids
 
     def kv_bytes(self) -> int:
         """Bytes the K and V pools of every layer take (the scratch block included)."""

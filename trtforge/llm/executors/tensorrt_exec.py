@@ -271,8 +271,8 @@ class TrtPagedExecutor:
                 f"got {max_model_len!r}."
             )
         self._num_blocks, self._max_model_len = num_blocks, max_model_len
-        eos = g.get("eos_token_ids") or []
-        self._eos = int(eos[0]) if eos else None
+        self._eos_ids = tuple(int(i) for i in g.get("eos_token_ids") or [])
+        self._eos = self._eos_ids[0] if self._eos_ids else None
         self._open(device)
 
     def _open(self, device: Any) -> None:
@@ -333,6 +333,10 @@ class TrtPagedExecutor:
     @property
     def eos_token_id(self) -> int | None:
         return self._eos
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._eos_ids
 
     @property
     def max_batch(self) -> int:

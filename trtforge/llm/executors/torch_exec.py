@@ -31,7 +31,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from trtforge.compiler.decoder.families import project_qkv
+from trtforge.compiler.decoder.families import (
+    GPT2_STYLE,
+    LLAMA_STYLE,
+    eos_token_ids,
+    model_type_of,
+    project_qkv,
+    refuse_unapplied_window,
+)
 from trtforge.errors import UserError
 from trtforge.llm.executor import StepBatch, TokenFeed
 from trtforge.llm.executors.paged_attention import (
@@ -49,7 +56,6 @@ from trtforge.llm.executors.triton_attention import (
 )
 from trtforge.llm.host_to_device import to_device
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2")
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _WIDTH_BUCKETS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
@@ -77,8 +83,9 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 class _LlamaLike:
-    """Llama, Mistral, Qwen2, Qwen3, Phi-3: RMSNorm, rotary positions, GQA projections, gated MLP (Qwen3's
-    per-head q/k norms; Phi-3's fused qkv_proj and gate_up_proj, partial rotary)."""
+    """Llama, Mistral, Ministral, Qwen2, Qwen3, Phi-3, Starcoder2: rotary positions, GQA projections, the
+    model's own norms and MLP (Qwen3's per-head q/k norms; Phi-3's fused qkv_proj and gate_up_proj,
+    partial rotary)."""
 
     def __init__(self, model: Any) -> None:
         config, inner = model.config, model.model
@@ -91,6 +98,10 @@ class _LlamaLike:
         self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
         self.windows = [self._window(config, layer) for layer in self.layers]
         rope_type = str(getattr(inner.rotary_emb, "rope_type", "default"))
+        self.config = config
+        # dynamic NTK: HF derives the frequencies from the longest position of the call; here each
+        # sequence gets those of its own length, as if run alone (not capturable: host-side table)
+        self.dynamic = "dynamic" in rope_type
         if "longrope" in rope_type:
             raise UserError(
                 f"TorchExecutor cannot run this {config.model_type} model ({type(model).__name__}): its "
@@ -98,21 +109,54 @@ class _LlamaLike:
                 "batched step would rotate a short sequence's tokens by a long one's table. Supported "
                 "rotary types: default, linear, llama3, yarn and other fixed tables."
             )
-        # dynamic RoPE re-derives frequencies from max(position) on the host: not capturable
-        self.graphable = "dynamic" not in rope_type
+        self.graphable = not self.dynamic
+        self._rope_init = None
+        if self.dynamic:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            self._rope_init = ROPE_INIT_FUNCTIONS[rope_type]
+            # max_position_embeddings is the trained length dynamic scaling extends by `factor`
+            params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+            self.max_positions = int(self.max_positions * max(float(params.get("factor", 1.0)), 1.0))
 
     @staticmethod
     def _window(config: Any, layer: Any) -> int | None:
         if hasattr(layer.self_attn, "sliding_window"):
             return layer.self_attn.sliding_window
-        if config.model_type in ("mistral", "phi3"):  # one window (or none) for every layer
+        if config.model_type in ("mistral", "phi3", "starcoder2"):  # one window (or none) for every layer
             return getattr(config, "sliding_window", None)
         return None
 
-    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def rope_tables(
+        self, h: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin ``[T, rotary dim]`` of each token, in `h`'s dtype, as HF's rotary module makes them.
+
+        Dynamic NTK rotary takes each token's frequencies from `rope_lens` (the length transformers
+        derives them from for the token's sequence run alone: :meth:`TorchExecutor._rope_lens`), so a
+        sequence's logits do not depend on what else is batched with it.
+        """
+        if not self.dynamic:
+            cos, sin = self.inner.rotary_emb(h[None], positions[None])
+            return cos[0], sin[0]
+        if rope_lens is None:
+            raise ValueError("dynamic rotary needs each token's sequence length (rope_lens)")
+        # HF clamps lengths up to max_position_embeddings (the original table) and takes a 0-d int64 length
+        lens = rope_lens.to(torch.int64).clamp(min=int(self.config.max_position_embeddings))
+        unique, inverse = torch.unique(lens, return_inverse=True)
+        inv_freq = torch.stack(
+            [self._rope_init(self.config, h.device, seq_len=n)[0].float() for n in unique.unbind(0)]
+        )[inverse]
+        freqs = positions.float()[:, None] * inv_freq.to(h.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(h.dtype), emb.sin().to(h.dtype)
+
+    def embed(
+        self, ids: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, Any]:
         h = self.inner.embed_tokens(ids)
-        cos, sin = self.inner.rotary_emb(h[None], positions[None])
-        return h, (cos[0, :, None, :], sin[0, :, None, :])
+        cos, sin = self.rope_tables(h, positions, rope_lens)
+        return h, (cos[:, None, :], sin[:, None, :])
 
     def qkv(self, i: int, h: torch.Tensor, rope: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         attn, t, d = self.layers[i].self_attn, h.shape[0], self.head_dim
@@ -149,7 +193,9 @@ class _Gpt2:
         self.windows: list[int | None] = [None] * len(self.layers)
         self.graphable = True
 
-    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def embed(
+        self, ids: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, Any]:
         return self.inner.wte(ids) + self.inner.wpe(positions), None
 
     def qkv(self, i: int, h: torch.Tensor, _: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -166,7 +212,7 @@ class _Gpt2:
         return self.model.lm_head(self.inner.ln_f(h))
 
 
-_ARCHS = dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "phi3"), _LlamaLike) | {"gpt2": _Gpt2}
+_ARCHS = dict.fromkeys(LLAMA_STYLE, _LlamaLike) | dict.fromkeys(GPT2_STYLE, _Gpt2)
 
 
 class _Layers:
@@ -178,11 +224,15 @@ class _Layers:
         self.hkv, self.d = arch.num_kv_heads, arch.head_dim
         self.top = fused if fused is not None else arch
 
-    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def embed(
+        self, ids: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, Any]:
+        """Hidden states and rotary tables; `rope_lens` (each token's dynamic-rotary length) only
+        matters to dynamic rotary."""
         if self.fused is not None:
             h = self.fused.inner.embed_tokens(ids)
-            return h, self.fused.rope_tables(h, positions)
-        return self.arch.embed(ids.long(), positions.long())
+            return h, self.arch.rope_tables(h, positions, rope_lens)
+        return self.arch.embed(ids.long(), positions.long(), rope_lens)
 
     def layer_in(self, i: int, h: torch.Tensor, extra: Any, slots: torch.Tensor) -> torch.Tensor:
         kp, vp = self.k_pools[i], self.v_pools[i]
@@ -204,7 +254,7 @@ class _Layers:
 class TorchExecutor:
     """Runs :class:`StepBatch` batches through `model` with ``num_blocks`` blocks of ``block_size`` tokens.
 
-    `model` is a transformers causal LM of a supported family: Llama-style (Llama, Mistral, Qwen2,
+    `model` is a transformers causal LM of a supported family: Llama-style (Llama, Mistral, Ministral, Qwen2,
     Qwen3, Phi-3: GQA, RoPE, RMSNorm, gated MLP) or GPT-2. With `device`/`dtype` given it is moved there (in
     place). The pools take ``2 * layers * (num_blocks + 1) * block_size * Hkv * D`` elements of `dtype`.
     ``kernels`` picks the attention kernels: "triton" (the default on CUDA for FP16/BF16 pools with a
@@ -232,14 +282,11 @@ class TorchExecutor:
         mixed_graphs: bool | None = None,
         max_graph_tokens: int = 4096,
     ) -> None:
-        config = getattr(model, "config", None)
-        model_type = getattr(config, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise UserError(
-                f"TorchExecutor runs causal LMs of the families {', '.join(SUPPORTED_MODEL_TYPES)}; "
-                f"got {type(model).__name__} with model_type {model_type!r}"
-            )
+        model_type = model_type_of(model, "the torch executor")
+        config = model.config
         sizes = {"num_blocks": num_blocks, "block_size": block_size, "max_graph_tokens": max_graph_tokens}
+        if max_model_len is not None:
+            sizes["max_model_len"] = max_model_len
         for name, value in sizes.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"TorchExecutor {name} must be a positive integer, got {value!r}")
@@ -254,7 +301,15 @@ class TorchExecutor:
         self._arch = arch
         self.head_dim, self.num_heads, self.num_kv_heads = arch.head_dim, arch.num_heads, arch.num_kv_heads
         self._max_model_len = int(max_model_len or arch.max_positions)
-        self._eos = self._first_eos(config)
+        refuse_unapplied_window(model, self._max_model_len, "max_model_len", "the torch executor")
+        if isinstance(arch, _Gpt2) and self._max_model_len > arch.max_positions:
+            raise UserError(
+                f"TorchExecutor max_model_len {self._max_model_len} exceeds the {arch.max_positions} "
+                f"learned positions of this {model_type} model (n_positions); pass max_model_len <= "
+                f"{arch.max_positions}."
+            )
+        self._eos_ids = tuple(eos_token_ids(model))
+        self._eos = self._eos_ids[0] if self._eos_ids else None
         usable = triton_usable(self.device, self.dtype, block_size, self.head_dim)
         if kernels is None:
             kernels = "triton" if usable and self.device.type == "cuda" else "torch"
@@ -284,6 +339,9 @@ class TorchExecutor:
         self.k_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in arch.layers]
         self.v_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in arch.layers]
         self.static_decode = self.device.type == "cuda" if static_decode is None else bool(static_decode)
+        #: dynamic rotary: a token's K depends on its prompt's length; steps run eagerly (no static shapes)
+        self.kv_depends_on_prompt_len = bool(getattr(arch, "dynamic", False))
+        self.static_decode = self.static_decode and not self.kv_depends_on_prompt_len
         self.use_cuda_graphs = self.static_decode and self.device.type == "cuda" and arch.graphable
         self._batch_buckets = (*tuple(b for b in _BATCH_BUCKETS if b < max_decode_batch), max_decode_batch)
         max_width = -(-self._max_model_len // block_size)
@@ -294,7 +352,8 @@ class TorchExecutor:
         self._graph_pool: Any = None
         self._layers = _Layers(arch, self._fused, self.k_pools, self.v_pools)
         self._piecewise: PiecewiseStep | None = None
-        if self.static_decode if mixed_graphs is None else bool(mixed_graphs):
+        piecewise = self.static_decode if mixed_graphs is None else bool(mixed_graphs)
+        if piecewise and not self.kv_depends_on_prompt_len:  # its pieces see no sequence lengths
             self._piecewise = PiecewiseStep(
                 self._layers,
                 max_tokens=max_graph_tokens,
@@ -307,13 +366,6 @@ class TorchExecutor:
                 graphs=self.use_cuda_graphs,
                 pool=self._pool,
             )
-
-    @staticmethod
-    def _first_eos(config: Any) -> int | None:
-        eos = getattr(config, "eos_token_id", None)
-        if isinstance(eos, (list, tuple)):
-            return int(eos[0]) if eos else None
-        return None if eos is None else int(eos)
 
     # ---- the StepExecutor protocol -------------------------------------------------------------
     @property
@@ -335,6 +387,10 @@ class TorchExecutor:
     @property
     def eos_token_id(self) -> int | None:
         return self._eos
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._eos_ids
 
     def kv_bytes(self) -> int:
         """Bytes the K and V pools of every layer take (the scratch block included)."""
@@ -369,10 +425,12 @@ class TorchExecutor:
             block_size=self._block_size,
         )
 
-    def _forward(self, ids, positions, slots, attend, rows=None) -> torch.Tensor:
-        """Every layer over tokens `ids`; `attend(q, k_pool, v_pool, scale, window)`; logits of `rows`."""
+    def _forward(self, ids, positions, slots, attend, rows=None, rope_lens=None) -> torch.Tensor:
+        """Every layer over tokens `ids`; `attend(q, k_pool, v_pool, scale, window)`; logits of `rows`.
+
+        `rope_lens`: each token's dynamic-rotary length (dynamic rotary only)."""
         layers, arch = self._layers, self._arch
-        h, extra = layers.embed(ids, positions)
+        h, extra = layers.embed(ids, positions, rope_lens)
         for i, (kp, vp) in enumerate(zip(self.k_pools, self.v_pools)):
             q = layers.layer_in(i, h, extra, slots)
             h = layers.layer_out(i, h, attend(q, kp, vp, arch.scales[i], arch.windows[i]))
@@ -431,7 +489,17 @@ class TorchExecutor:
             to_device(batch.slot_mapping, dev),
             lambda q, kp, vp, scale, window: self.attention(q, kp, vp, meta, scale, window),
             to_device(batch.logits_indices, dev),
+            to_device(self._rope_lens(batch), dev) if self.kv_depends_on_prompt_len else None,
         )
+
+    @staticmethod
+    def _rope_lens(batch: StepBatch) -> np.ndarray:
+        """Each token's dynamic-rotary length, as transformers computes it for its sequence alone: a prompt
+        token's is the prompt's length (one prefill call), a generated token's its position + 1 (one
+        decode call each), whatever steps the scheduler cut them into. Without ``prompt_lens``, each
+        sequence's tokens of this step count as its prompt so far."""
+        prompt = batch.context_lens if batch.prompt_lens is None else batch.prompt_lens
+        return np.maximum(np.repeat(prompt, batch.query_lens), batch.positions + 1)
 
     def _attend_into(self, meta: AttentionMetadata) -> Any:
         """The piecewise steps' attention: layer i's step attention of `q`, written into `out`."""
