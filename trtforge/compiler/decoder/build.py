@@ -69,20 +69,6 @@ def layer_census(network: Any) -> dict[str, int]:
     )
 
 
-def decomposable_attention(be: Any, network: Any) -> int:
-    """Mark every attention of `network` decomposable, so TensorRT may run one whose shapes no fused
-    kernel takes (small head dims or hidden sizes fail a Myelin check otherwise) as MatMul, Softmax and
-    MatMul; returns how many were marked."""
-    marked = 0
-    for i in range(network.num_layers):
-        layer = network.get_layer(i)
-        if layer.type == be.trt.LayerType.ATTENTION_OUTPUT:
-            layer.__class__ = be.trt.IAttentionOutputLayer  # get_layer returns the ILayer base
-            layer.attention.decomposable = True
-            marked += 1
-    return marked
-
-
 def _head_dim_hint(generation: dict[str, Any]) -> str:
     """Why a step engine of this model may not build, where known (measured with TensorRT-RTX 1.7.1)."""
     head_dim = int(generation.get("head_dim") or 8)
@@ -129,11 +115,12 @@ def build_step_engine(
         config.set_memory_pool_limit(be.trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
     chosen = be.set_build_targets(config, list(targets or []))
     parsed = time.perf_counter()
-    decomposed = 0
+    decomposed: list[str] = []
     try:
         data, messages = serialize_network(be, builder, network, config, progress, "the step engine")
     except BuildError as fused_error:
-        decomposed = decomposable_attention(be, network)  # fused kernels first: they are the fast path
+        # fused kernels first (the fast path); small head dims or hidden sizes fail a Myelin check there
+        decomposed = be.mark_attention_decomposable(network)
         try:
             if not decomposed:
                 raise
@@ -149,7 +136,7 @@ def build_step_engine(
         "profiles": profiles,
         "layers": network.num_layers,
         "layer_types": layer_census(network),
-        "decomposable_attention": decomposed,
+        "attention_decomposed": decomposed,
         "warnings": [m for sev, m in messages if sev == "WARNING"][:50],
         "seconds": {"parse": parsed - t0, "build": time.perf_counter() - parsed},
         "engine_bytes": len(data),
