@@ -122,8 +122,36 @@ def test_timing_cache_ignored_on_rtx_with_warning(tmp_path) -> None:
 def test_rtx_targets(tmp_path) -> None:
     _, record = build_engine(tiny_onnx(tmp_path / "t.onnx"), BuildOptions(targets=["sm89"], progress=False))
     assert record.targets == ["SM89"]
-    with pytest.raises(UserError, match="unknown compute-capability"):
-        build_engine(tiny_onnx(tmp_path / "t.onnx"), BuildOptions(targets=["SM99"], progress=False))
+    assert BuildOptions(targets="sm86,SM89").targets == ["SM86", "SM89"]
+    assert BuildOptions(targets=["SM89", "sm89,SM86"]).targets == ["SM89", "SM86"]
+
+
+@pytest.mark.parametrize("targets", [["SM99"], "SM89,SM999", [""], ["NONE"], [" "]])
+def test_bad_targets_are_refused_when_the_options_are_made(targets) -> None:
+    """Before: refused by the builder, after the export and every pass had run."""
+    with pytest.raises(UserError, match=r"--target .*expected one or more of CURRENT, SM75, .*SM89"):
+        BuildOptions(targets=targets)
+
+
+def test_target_current_without_a_gpu_is_refused(monkeypatch) -> None:
+    from trtforge.compiler import backend
+
+    monkeypatch.setattr(backend, "probe_gpu", lambda: backend.GpuInfo(False, reason="no GPU here"))
+    with pytest.raises(UserError, match=r"--target CURRENT builds for this machine's GPU.*no GPU here"):
+        BuildOptions(targets=["current"])
+
+
+def test_bad_target_is_refused_before_the_export(tmp_path, monkeypatch) -> None:
+    import trtforge
+    from trtforge.compiler import export
+
+    def no_export(*_a, **_k):
+        raise AssertionError("the export ran")
+
+    monkeypatch.setattr(export, "export_module", no_export)
+    with pytest.raises(UserError, match="--target 'SM999'"):
+        trtforge.compile(tiny_bert(), bert_inputs(1, 4), tmp_path / "o.engine", targets=["SM999"])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_parser_error_names_node(tmp_path) -> None:

@@ -99,9 +99,15 @@ class BuildOptions:
         ranges here, before any export or pass runs, naming the option."""
         self.shapes = normalize_shapes(self.shapes)
         if isinstance(self.targets, str):
-            self.targets = [t.strip() for t in self.targets.split(",") if t.strip()]
+            self.targets = [self.targets]
         if self.targets is not None and not all(isinstance(t, str) for t in self.targets):
             raise UserError(f"--target expects names such as 'SM89', got {list(self.targets)!r}.")
+        if self.targets is not None:  # 'SM86,SM89' as well as repeated --target
+            self.targets = [
+                t.strip() for ts in self.targets for t in ts.split(",") if t.strip() or not ts.strip()
+            ]
+        if self.targets:  # against the backend's list now, before any export or pass runs
+            self.targets = get_backend(self.backend).check_build_targets(self.targets)
         self.streams = _integer(self.streams, "--streams")
         for name, flag in (
             ("opt_level", "--opt-level"),

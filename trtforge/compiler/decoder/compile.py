@@ -206,6 +206,11 @@ def compile_generate(
             "--generate --precision int8 needs calibration prompts: --calib-data FILE (token ids, one prompt "
             "per line) or calib_prompts=[[ids...], ...] in the API."
         )
+    from trtforge.compiler.build import BuildOptions
+
+    if build:  # builder options checked before the export, as compile does
+        opts = BuildOptions(targets=targets, backend=backend, opt_level=opt_level, workspace_mb=workspace_mb)
+        targets, opt_level, workspace_mb = opts.targets, opts.opt_level, opts.workspace_mb
     pool_blocks = _check_cache_layout(cache_layout, block_size, num_blocks, max_seq, max_batch, build)
     if precision == "int8" and cache_layout == "paged":
         raise UserError(
