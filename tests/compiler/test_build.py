@@ -159,16 +159,14 @@ def test_parser_error_names_node(tmp_path) -> None:
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node("NoSuchOp", ["x"], ["y"], name="mystery_node", domain="example.custom")],
+        [helper.make_node("Det", ["x"], ["y"], name="mystery_node")],  # standard ONNX, no TensorRT importer
         "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
     )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.custom", 1)]
-    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(model, str(tmp_path / "bad.onnx"))
-    with pytest.raises(UserError, match=r"node mystery_node \(NoSuchOp\)"):
+    with pytest.raises(UserError, match=r"node mystery_node \(Det\)"):
         build_engine(tmp_path / "bad.onnx", BuildOptions(progress=False))
 
     # compile parses a temporary staged copy: the message names the user's model, not that file
@@ -208,3 +206,41 @@ def test_external_data_onnx_compiles(tmp_path) -> None:
     a = exact_session(tmp_path / "ext.onnx").run(None, {"x": x})[0]
     b = exact_session(tmp_path / "final.onnx").run(None, {"x": x})[0]
     np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def _custom_op_onnx(path, op, **attrs):
+    import onnx
+    from onnx import TensorProto, helper
+
+    vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", 4])  # noqa: E731
+    nodes = [
+        helper.make_node("Relu", ["x"], ["h"], name="r"),
+        helper.make_node(op, ["h"], ["y"], name="custom", domain="com.acme", **attrs),
+    ]
+    graph = helper.make_graph(nodes, "g", [vi("x")], [vi("y")])
+    ops = [helper.make_opsetid("", 17), helper.make_opsetid("com.acme", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=ops), str(path))
+    return path
+
+
+def test_custom_op_without_a_plugin_is_named_before_the_parser(tmp_path) -> None:
+    path = _custom_op_onnx(tmp_path / "c.onnx", "NoSuchPluginOp")
+    with pytest.raises(
+        UserError, match=r"node 'custom' \(op 'NoSuchPluginOp' of domain 'com\.acme', in the main"
+    ):
+        build_engine(path, BuildOptions(progress=False))
+
+
+def test_custom_op_of_a_registered_plugin_passes_and_a_wrong_version_is_named(tmp_path) -> None:
+    from trtforge.compiler.backend import get_backend
+    from trtforge.compiler.build import check_custom_ops
+
+    backend = get_backend()
+    if not backend.plugin_creators():
+        pytest.skip(f"{backend.name} has no plugin creator registered")
+    name, version, namespace = backend.plugin_creators()[0]
+    ok = _custom_op_onnx(tmp_path / "ok.onnx", name, plugin_version=version, plugin_namespace=namespace)
+    check_custom_ops(ok, backend)  # left to the parser, which finds the plugin
+    bad = _custom_op_onnx(tmp_path / "bad.onnx", name, plugin_version="999", plugin_namespace=namespace)
+    with pytest.raises(UserError, match=rf"Registered under those names: {name} version '{version}'"):
+        check_custom_ops(bad, backend)

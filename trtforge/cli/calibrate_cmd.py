@@ -67,6 +67,7 @@ def calibrate_cmd(
 ) -> None:
     """Calibrate MODEL on DATA and write it with INT8 Q/DQ nodes that TensorRT fuses (the rest stays as
     it is; `compile --precision int8` also converts the rest, see --int8-rest there)."""
+    from trtforge._custom_ops import refuse_unknown_to_onnxruntime
     from trtforge._fileio import (
         atomic_write_bytes,
         atomic_write_text,
@@ -101,6 +102,12 @@ def calibrate_cmd(
         check_output_path(report, force=force, what="report")
     onnx_model = load_onnx(model)
     check_model(model, where=f"ONNX model '{show_path(model)}'")
+    refuse_unknown_to_onnxruntime(
+        onnx_model,
+        f"ONNX model '{show_path(model)}'",
+        "Calibration runs the graph in ONNX Runtime to measure activations: give ONNX Runtime the op as an "
+        "ONNX local function, or calibrate the model without it.",
+    )
     outputs = {"-o": out, "the calibration cache": cache_path, "--report": report}
     check_distinct_outputs(outputs)
     data_file = {"--data": data} if Path(data).is_file() else {}

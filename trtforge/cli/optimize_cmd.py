@@ -65,6 +65,15 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
         {"-o": out_path, "-o's external data file": f"{out_path}.data", "--ledger": ledger_path},
         model_files(model) | _data_file(precision.data),
     )
+    if passes.verify or precision.low_precision():
+        from trtforge._custom_ops import refuse_unknown_to_onnxruntime
+
+        refuse_unknown_to_onnxruntime(
+            proto,
+            f"ONNX model '{show_path(model)}'",
+            "optimize runs the graph in ONNX Runtime to verify every pass and to place precision: rewrite it "
+            "with --no-verify (and no --precision), or give ONNX Runtime the op as an ONNX local function.",
+        )
     result, record = optimize_model(
         proto,
         passes=list(passes.names) if passes.names is not None else None,

@@ -11,7 +11,7 @@ import ctypes
 import functools
 import importlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any
@@ -160,6 +160,18 @@ class Backend:
     def create_parser(self, network: Any) -> Any:
         """An ONNX parser for `network` (keep it alive while the network is used)."""
         return self.trt.OnnxParser(network, self.logger)
+
+    def parser_supports(self, op_types: Iterable[str]) -> set[str]:
+        """Those of `op_types` the ONNX parser has a built-in importer for."""
+        parser = self.create_parser(self.create_network(self.create_builder()))
+        return {op for op in op_types if parser.supports_operator(op)}
+
+    def plugin_creators(self) -> list[tuple[str, str, str]]:
+        """(name, version, namespace) of every registered plugin creator: the parser maps an op it has no
+        importer for to the creator named like the op (version and namespace from the node's attributes)."""
+        registry = self.trt.get_plugin_registry()
+        creators = getattr(registry, "all_creators_recursive", None) or registry.all_creators
+        return [(c.name, str(c.plugin_version), str(c.plugin_namespace)) for c in creators]
 
     def check_build_targets(self, targets: Sequence[str] | None) -> list[str]:
         """The --target names upper-cased and deduplicated, or a UserError naming the bad ones and the valid

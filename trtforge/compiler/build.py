@@ -218,6 +218,45 @@ def _check_io(onnx_path: Path) -> None:
                 )
 
 
+def check_custom_ops(onnx_path: str | os.PathLike[str], backend: Backend, source: str | None = None) -> None:
+    """UserError naming every node of a custom-domain op the backend's ONNX parser has neither an importer
+    nor a registered plugin for (said before any pass or build runs, instead of the parser's message)."""
+    import onnx
+
+    from trtforge._custom_ops import custom_nodes, refuse_unknown
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    nodes = custom_nodes(proto)
+    if not nodes:
+        return
+    importers = backend.parser_supports({n.op_type for n in nodes})
+    creators = backend.plugin_creators()
+    unknown = [
+        n
+        for n in nodes
+        if n.op_type not in importers and (n.op_type, n.plugin_version, n.plugin_namespace) not in creators
+    ]
+    near = sorted({c for c in creators for n in unknown if c[0] == n.op_type})
+    versions = (
+        " Registered under those names: "
+        + ", ".join(f"{name} version {v!r} namespace {ns!r}" for name, v, ns in near)
+        + "; the parser looks up the node's plugin_version (default '1') and plugin_namespace (default '') "
+        "attributes, so set them to match."
+        if near
+        else ""
+    )
+    refuse_unknown(
+        proto,
+        lambda n: n not in unknown,
+        source or f"'{onnx_path}'",
+        f"{backend.name} {backend.version}",
+        "TensorRT builds an op outside the ONNX standard only through a plugin registered under the op's "
+        "name: load the plugin's library before compiling (in the API, "
+        "tensorrt.get_plugin_registry().load_library(PATH) before trtforge.compile), or export the op as "
+        f"standard ONNX ops or an ONNX local function.{versions}",
+    )
+
+
 def _register_plugins_if_needed(backend: Backend, onnx_path: Path) -> None:
     """Register trtforge's plugin creators before parsing a graph that holds trtforge-domain nodes."""
     import onnx
@@ -393,6 +432,7 @@ def build_engine(
     network = backend.create_network(builder)
     backend.logger.take()
     _register_plugins_if_needed(backend, onnx_path)
+    check_custom_ops(onnx_path, backend, source)
     parser = _parse(backend, network, onnx_path, source)
     seconds["parse"] = time.perf_counter() - t0
     inputs, outputs = network_io(network)

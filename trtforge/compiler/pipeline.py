@@ -183,6 +183,8 @@ def compile_model(
             {"-o (engine)": out, "the manifest": manifest_path_for(out), "--save-onnx": save_onnx},
             _input_files(model, precision),
         )
+        ort_runs = [s.name for s in stages if s.name != "passes" or (passes is not None and passes.verify)]
+        _check_ops(art.path, model, build_options.backend, ort_runs)
         limits = source_limits(art.path, module)
         # --shape checked against the exported inputs and their limits now, not after the graph stages
         descs = onnx_input_descs(art.path)
@@ -289,6 +291,27 @@ def _input_files(model: Any, precision: PrecisionOptions) -> dict[str, str | os.
         if isinstance(data, (str, os.PathLike)) and Path(data).is_file():
             files[what] = data
     return files
+
+
+def _check_ops(path: Path, model: Any, backend: str | None, ort_runs: list[str]) -> None:
+    """Custom ops TensorRT cannot build, then (when the stages `ort_runs` will run it) ONNX Runtime cannot
+    run, refused by node before any stage runs."""
+    from trtforge._custom_ops import refuse_unknown_to_onnxruntime
+    from trtforge.compiler.backend import get_backend
+    from trtforge.compiler.build import check_custom_ops
+
+    where = f"'{show_path(model)}'" if isinstance(model, (str, os.PathLike)) else "the exported model"
+    check_custom_ops(path, get_backend(backend), where)
+    if ort_runs:
+        import onnx
+
+        refuse_unknown_to_onnxruntime(
+            onnx.load(str(path), load_external_data=False),
+            where,
+            f"compile runs the graph in ONNX Runtime to verify {' and '.join(ort_runs)}: "
+            "compile it with --no-passes (or --no-verify) and --precision fp32, or give ONNX Runtime "
+            "the op as an ONNX local function.",
+        )
 
 
 def _plugins_used(onnx_path: Path) -> list[dict[str, str]]:
