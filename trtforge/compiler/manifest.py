@@ -135,7 +135,44 @@ class Manifest:
             )
         if not isinstance(m.backend.get("name", ""), str):
             raise UserError(f"{where}: malformed manifest: backend.name must be a string.")
+        problem = _io_problem(m)
+        if problem:
+            raise UserError(f"{where}: malformed manifest: {problem}.")
         return m
+
+
+def _io_problem(m: Manifest) -> str | None:
+    """What makes the manifest's I/O and profiles disagree with each other (an engine never does): a hex
+    digest that is not hex, no outputs, a tensor named twice, a profile for a tensor that is no input or of
+    another rank or fixed size, or a dynamic input some profile leaves out."""
+    try:
+        bytes.fromhex(m.engine_sha256)
+    except ValueError:
+        return f"engine_sha256 {m.engine_sha256!r} is not hex digits"
+    if not m.outputs:
+        return "outputs is empty; an engine has at least one output"
+    names = [t.name for t in m.inputs + m.outputs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        return f"tensor name(s) {twice} appear more than once among inputs and outputs"
+    inputs = {t.name: t for t in m.inputs}
+    dynamic = [t.name for t in m.inputs if -1 in t.shape]
+    if dynamic and not m.profiles:
+        return f"input(s) {dynamic} have dynamic dimensions but profiles is empty"
+    for i, profile in enumerate(m.profiles):
+        for name, rng in profile.items():
+            t = inputs.get(name)
+            if t is None:
+                return f"profiles[{i}] has a range for '{name}', which is not an input ({sorted(inputs)})"
+            fixed = all(
+                d == -1 or lo == opt == hi == d for d, lo, opt, hi in zip(t.shape, rng.min, rng.opt, rng.max)
+            )
+            if len(rng.min) != len(t.shape) or not fixed:
+                return f"profiles[{i}].{name} {rng.min}..{rng.max} does not fit input '{name}' {t.shape}"
+        missing = [n for n in dynamic if n not in profile]
+        if missing:
+            return f"profiles[{i}] has no range for dynamic input(s) {missing}"
+    return None
 
 
 def _typed(value: Any, kind: type, what: str) -> Any:
