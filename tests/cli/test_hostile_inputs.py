@@ -45,6 +45,10 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"--target 'SM999': not a compute capability .* expected one or more of CURRENT, SM75",
     ),
     "--target ''": (_tiny("compile", "m.onnx", "-o", "o.engine", "--target", ""), r"--target '':"),
+    "compile --timing-cache the input model": (
+        _tiny("compile", "m.onnx", "-o", "o.engine", "--timing-cache", "m.onnx"),
+        r"--timing-cache 'm\.onnx' is the input model 'm\.onnx' itself",
+    ),
     "compile: custom op without a plugin": (_custom_op("compile"), CUSTOM_OP.format("tensorrt")),
     "compile --no-passes: custom op without a plugin": (
         _custom_op("compile", "--no-passes"),

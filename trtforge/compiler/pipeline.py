@@ -180,7 +180,12 @@ def compile_model(
         }
         art, example_shapes, module = _source_artifact(model, example_inputs, workdir, export_kwargs, log)
         refuse_overwriting_inputs(  # after the source is read and checked: its external data is known
-            {"-o (engine)": out, "the manifest": manifest_path_for(out), "--save-onnx": save_onnx},
+            {
+                "-o (engine)": out,
+                "the manifest": manifest_path_for(out),
+                "--save-onnx": save_onnx,
+                "--timing-cache": timing_cache,  # read, then rewritten after the build
+            },
             _input_files(model, precision),
         )
         ort_runs = [s.name for s in stages if s.name != "passes" or (passes is not None and passes.verify)]
