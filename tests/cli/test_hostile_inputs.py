@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_bad_inputs import Setup, _snapshot, _tiny, workdir  # noqa: F401 - workdir is a fixture
+from tests.cli.test_bad_inputs import Setup, _factory, _snapshot, _tiny, workdir  # noqa: F401 - a fixture
 from trtforge.cli.main import main
 
 
@@ -35,6 +35,21 @@ def _custom_op(command: str, *extra: str) -> Setup:
     return setup
 
 
+GENERATE = ["compile", "tests.llm.tiny_models:llama_factory", "--generate", "--max-seq", "64", "-q"]
+
+
+def _hf_dir(d: Path) -> str:
+    from tests.llm.tiny_models import tiny_model
+
+    tiny_model("llama").save_pretrained(d / "hf")
+    return "hf"
+
+
+def _py(d: Path) -> str:
+    """The one factory module _factory wrote into `d`."""
+    return next(p.name for p in d.glob("um_*.py"))
+
+
 CUSTOM_OP = r"'custom\.onnx' holds 1 node\(s\) of custom op\(s\) com\.acme:FancyOp that {}.* node 'fancy_1'"
 
 # Cases that ask the TensorRT backend (its targets, parser and plugins).
@@ -48,6 +63,35 @@ CASES: dict[str, tuple[Setup, str]] = {
     "compile --timing-cache the input model": (
         _tiny("compile", "m.onnx", "-o", "o.engine", "--timing-cache", "m.onnx"),
         r"--timing-cache 'm\.onnx' is the input model 'm\.onnx' itself",
+    ),
+    "optimize --ledger equal to -o": (
+        _tiny("optimize", "m.onnx", "-o", "o.onnx", "--ledger", "./o.onnx"),
+        r"--ledger and -o name the same file 'o\.onnx'",
+    ),
+    "compile -o the factory's module (--force)": (
+        lambda d: [
+            *_factory("def make():\n    return Lin(), (torch.zeros(2, 4),)\n")(d)[:2],
+            "-o",
+            _py(d),
+            "--force",
+        ],
+        r"-o \(engine\) 'um_\d+\.py' is the factory's module '.*um_\d+\.py' itself",
+    ),
+    "compile --generate --save-onnx equal to -o": (
+        lambda d: [*GENERATE, "-o", "s.engine", "--save-onnx", "s.engine"],
+        r"--save-onnx and -o \(engine\) name the same file 's\.engine'",
+    ),
+    "compile --generate --save-onnx equal to the manifest": (
+        lambda d: [*GENERATE, "-o", "s.engine", "--save-onnx", "s.engine.json"],
+        r"--save-onnx and the manifest name the same file 's\.engine\.json'",
+    ),
+    "compile --generate -o the factory's module (--force)": (
+        lambda d: [*GENERATE, "-o", __import__("tests.llm.tiny_models").llm.tiny_models.__file__, "--force"],
+        r"-o \(engine\) '.*tiny_models\.py' is the factory's module",
+    ),
+    "compile --generate -o a file of the model directory (--force)": (
+        lambda d: ["compile", _hf_dir(d), "--generate", "--max-seq", "64", "-o", "hf/config.json", "--force"],
+        r"-o \(engine\) 'hf/config\.json' is the file 'config\.json' of the model directory",
     ),
     "compile: custom op without a plugin": (_custom_op("compile"), CUSTOM_OP.format("tensorrt")),
     "compile --no-passes: custom op without a plugin": (

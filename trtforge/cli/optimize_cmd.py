@@ -42,7 +42,13 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
 
     from rich.console import Console
 
-    from trtforge._fileio import atomic_write_text, check_output_path, refuse_overwriting_inputs, show_path
+    from trtforge._fileio import (
+        atomic_write_text,
+        check_distinct_outputs,
+        check_output_path,
+        refuse_overwriting_inputs,
+        show_path,
+    )
     from trtforge.compiler.onnx_io import check_model, load_onnx, model_files, save_onnx_atomic
     from trtforge.compiler.policy import check_precision, resolve_attention
     from trtforge.errors import UserError
@@ -59,6 +65,7 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
     attention = resolve_attention(passes, precision)
     out_path = check_output_path(output, force=force)
     ledger_path = check_output_path(ledger, force=force, what="ledger") if ledger else None
+    check_distinct_outputs({"-o": out_path, "--ledger": ledger_path})
     proto = load_onnx(model)
     check_model(model, where=f"ONNX model '{show_path(model)}'")  # names the file; the pipeline's does not
     refuse_overwriting_inputs(

@@ -287,11 +287,25 @@ def _staged_name(model: Any, stages: list[str]) -> str:
     return f"the graph of {name} after {', '.join(stages) or 'export'}"
 
 
+def source_files(model: Any) -> dict[str, str | os.PathLike[str] | None]:
+    """The files a model source is read from, by what they are: an ONNX file and its external data, a .pt2,
+    the files of a save_pretrained directory, or the module file of an (already imported) factory."""
+    import sys
+
+    if isinstance(model, (str, os.PathLike)) and Path(model).is_file():
+        return onnx_io.model_files(model) if str(model).endswith(".onnx") else {"input model": model}
+    if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
+        return {f"file '{p.name}' of the model directory": p for p in Path(model).iterdir() if p.is_file()}
+    if isinstance(model, str) and ":" in model:
+        module = sys.modules.get(model.split(":", 1)[0])
+        if getattr(module, "__file__", None):
+            return {"factory's module": module.__file__}
+    return {}
+
+
 def _input_files(model: Any, precision: PrecisionOptions) -> dict[str, str | os.PathLike[str] | None]:
     """The files compile reads: the model (and its external data), sample and calibration data files."""
-    files: dict[str, str | os.PathLike[str] | None] = {}
-    if isinstance(model, (str, os.PathLike)) and Path(model).is_file():
-        files.update(onnx_io.model_files(model) if str(model).endswith(".onnx") else {"input model": model})
+    files = source_files(model)
     for what, data in (("--precision-data", precision.data), ("--calib-data", precision.calib_data)):
         if isinstance(data, (str, os.PathLike)) and Path(data).is_file():
             files[what] = data

@@ -19,7 +19,13 @@ import numpy as np
 import onnx
 
 from trtforge import __version__
-from trtforge._fileio import atomic_write_bytes, check_output_path, sha256_bytes
+from trtforge._fileio import (
+    atomic_write_bytes,
+    check_distinct_outputs,
+    check_output_path,
+    refuse_overwriting_inputs,
+    sha256_bytes,
+)
 from trtforge.compiler.decoder.build import DECODE, PREFILL, build_step_engine
 from trtforge.compiler.decoder.export import (
     CACHE_LAYOUTS,
@@ -187,7 +193,7 @@ def compile_generate(
     Returns a CompileResult. Everything is written atomically; nothing is left behind on failure.
     """
     from trtforge.compiler.export import new_workdir
-    from trtforge.compiler.pipeline import CompileResult
+    from trtforge.compiler.pipeline import CompileResult, source_files
 
     log = log or (lambda _m: None)
     if isinstance(precision, str):
@@ -229,6 +235,13 @@ def compile_generate(
     if save_onnx is not None:
         check_output_path(save_onnx, force=force, what="--save-onnx file")
     lm = load_causal_lm(model)
+    outputs = {
+        "-o (engine)": out,
+        "the manifest": manifest_path_for(out) if out else None,
+        "--save-onnx": save_onnx,
+    }
+    check_distinct_outputs(outputs)
+    refuse_overwriting_inputs(outputs, source_files(model))  # after the load: a factory's module is known
     timings: dict[str, float] = {}
     records: dict[str, Any] = {}
     workdir = new_workdir()
