@@ -10,9 +10,12 @@ import contextlib
 import errno
 import hashlib
 import os
+import shutil
+import signal
 import stat
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -190,13 +193,84 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
-        os.replace(tmp, p)
+        staged_rename(Path(tmp), p)
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         if isinstance(e, OSError) and e.errno in USER_ERRNOS:
             raise os_error(e, p) from e
         raise
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM back (delivered when the block ends) so a group of renames is not split."""
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class _Group(threading.local):
+    renames: list[tuple[Path, Path]] | None = None
+    cleanups: list[Callable[[], None]] | None = None
+
+
+_GROUP = _Group()
+
+
+@contextlib.contextmanager
+def atomic_outputs() -> Iterator[None]:
+    """The files written atomically inside this block (atomic_open, atomic_write_*, save_onnx_atomic) are
+    renamed into place together when it succeeds, SIGINT/SIGTERM held back for the renames, and removed
+    when it fails: a command's outputs appear as a complete new set or not at all. Nested blocks join."""
+    if _GROUP.renames is not None:
+        yield
+        return
+    _GROUP.renames, _GROUP.cleanups = [], []
+    renames, cleanups = _GROUP.renames, _GROUP.cleanups
+    try:
+        try:
+            yield
+        finally:
+            _GROUP.renames = _GROUP.cleanups = None
+        with signals_deferred():
+            for tmp, dest in renames:
+                try:
+                    os.replace(tmp, dest)
+                except OSError as e:
+                    raise (os_error(e, dest) if e.errno in USER_ERRNOS else e) from e
+            for parent in {dest.parent for _, dest in renames}:
+                fsync_dir(parent)
+    finally:
+        for tmp, _ in renames:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        for cleanup in cleanups:
+            cleanup()
+
+
+def staged_rename(tmp: Path, dest: Path, cleanup: Callable[[], None] | None = None) -> None:
+    """Rename `tmp` onto `dest` now, or with the rest of the enclosing :func:`atomic_outputs` block;
+    `cleanup` runs after the rename (or after the block)."""
+    if _GROUP.renames is None:
+        os.replace(tmp, dest)
+        if cleanup is not None:
+            cleanup()
+        return
+    _GROUP.renames.append((tmp, dest))
+    if cleanup is not None:
+        _GROUP.cleanups.append(cleanup)
+
+
+def remove_tree(path: Path) -> Callable[[], None]:
+    """A cleanup that removes the directory `path` and what is left in it."""
+    return lambda: shutil.rmtree(path, ignore_errors=True)
 
 
 def _umask() -> int:

@@ -69,6 +69,7 @@ def calibrate_cmd(
     it is; `compile --precision int8` also converts the rest, see --int8-rest there)."""
     from trtforge._custom_ops import refuse_unknown_to_onnxruntime
     from trtforge._fileio import (
+        atomic_outputs,
         atomic_write_bytes,
         atomic_write_text,
         check_distinct_outputs,
@@ -84,7 +85,7 @@ def calibrate_cmd(
         check_model,
         load_onnx,
         model_files,
-        save_onnx,
+        save_onnx_atomic,
     )
 
     opts = from_params(PrecisionOptions, params, mode="int8", calib_data=data)
@@ -136,15 +137,16 @@ def calibrate_cmd(
         only_real_tokens=real_tokens,
         progress=not quiet,
     )
-    if quantized.ByteSize() < EXTERNAL_DATA_THRESHOLD:
-        atomic_write_bytes(out, quantized.SerializeToString())
-    else:
-        save_onnx(quantized, out)  # > 2 GB: weights beside it in OUTPUT.data
-    if default_cache:
-        write_calibration_cache(cache_path, record.activation_scales, method)
-        record.cache.update(path=str(cache_path), written=True)
-    if report is not None:
-        atomic_write_text(report, json.dumps(record.to_dict(), indent=2) + "\n")
+    with atomic_outputs():  # the model, its cache and the report appear together or not at all
+        if quantized.ByteSize() < EXTERNAL_DATA_THRESHOLD:
+            atomic_write_bytes(out, quantized.SerializeToString())
+        else:
+            save_onnx_atomic(quantized, out)  # > 2 GB: weights beside it in OUTPUT.data
+        if default_cache:
+            write_calibration_cache(cache_path, record.activation_scales, method)
+            record.cache.update(path=str(cache_path), written=True)
+        if report is not None:
+            atomic_write_text(report, json.dumps(record.to_dict(), indent=2) + "\n")
     if not quiet:
         _summary(record, out)
 

@@ -43,6 +43,7 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
     from rich.console import Console
 
     from trtforge._fileio import (
+        atomic_outputs,
         atomic_write_text,
         check_distinct_outputs,
         check_output_path,
@@ -100,9 +101,10 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
             precision_data=precision.data,
             tokenizer=precision.tokenizer,
         )
-    save_onnx_atomic(result, out_path)
-    if ledger_path is not None:
-        atomic_write_text(ledger_path, json.dumps(record.to_dict(), indent=2))
+    with atomic_outputs():  # the model and its ledger together or not at all
+        save_onnx_atomic(result, out_path)
+        if ledger_path is not None:
+            atomic_write_text(ledger_path, json.dumps(record.to_dict(), indent=2))
     console = Console()
     console.print(ledger_table(record))
     if record.opset_changed:

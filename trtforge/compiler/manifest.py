@@ -21,9 +21,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
-import threading
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +33,7 @@ from trtforge._fileio import (
     sha256_bytes,
     sha256_file,
     show_path,
+    signals_deferred,
     temp_name,
 )
 from trtforge.errors import UserError
@@ -293,7 +291,7 @@ def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: M
         try:
             _write_locked(staged, data, held, out)
             _write_locked(part, manifest.to_json().encode(), held, mpath)
-            with _signals_deferred():
+            with signals_deferred():
                 os.replace(part, record)  # the commit point
                 fsync_dir(out.parent)
         except BaseException:
@@ -301,7 +299,7 @@ def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: M
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
             raise
-        with _signals_deferred():
+        with signals_deferred():
             try:
                 os.replace(staged, out)
                 os.replace(record, mpath)
@@ -330,20 +328,6 @@ def _write_locked(path: Path, data: bytes, held: contextlib.ExitStack, target: P
         os.fsync(fd)
     except OSError as e:
         raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
-
-
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM back (delivered when the block ends) so the renames are not split."""
-    sigs = {signal.SIGINT, signal.SIGTERM}
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _try_lock(path: Path) -> int | None:
