@@ -62,8 +62,19 @@ def check_name_length(path: Path, what: str = "output") -> None:
         )
 
 
+def as_path(value: object, what: str) -> Path:
+    """`value` as a Path when it is one (str or os.PathLike), else a UserError naming `what` (an API caller
+    passing None or a number would otherwise get os.fspath's TypeError)."""
+    if isinstance(value, bytes):
+        value = os.fsdecode(value)
+    if not isinstance(value, (str, os.PathLike)):
+        raise UserError(f"{what} must be a path (str or os.PathLike), got {type(value).__name__} {value!r}.")
+    return Path(value)
+
+
 def check_input_file(path: str | os.PathLike[str], what: str = "input file") -> Path:
     """An existing, readable regular file, else a UserError saying which of those it is not."""
+    as_path(path, what)
     if not str(path):
         raise UserError(f"{what}: the path is empty.")
     p = Path(path)
@@ -124,7 +135,7 @@ def refuse_overwriting_inputs(
 def check_output_path(path: str | os.PathLike[str], *, force: bool, what: str = "output") -> Path:
     """Validate that `path` can be written: a file name (not a directory), parent exists and is writable,
     the name fits the filesystem, no clobbering without force."""
-    text = os.fspath(path)
+    text = os.fspath(as_path(path, what)) if not isinstance(path, str) else path
     if not str(text):
         raise UserError(f"{what}: the path is empty; expected a file name.")
     if str(text).endswith(("/", os.sep)):

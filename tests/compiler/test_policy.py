@@ -146,6 +146,7 @@ def test_export_options_refused_for_onnx_sources() -> None:
         ({"opt_level": True}, r"--opt-level must be an integer, got True"),
         ({"workspace_mb": -5}, r"--workspace must be 1\.\."),
         ({"targets": [89]}, r"--target expects names such as 'SM89', got \[89\]"),
+        ({"targets": 89}, r"--target expects names such as 'SM89', got 89"),
         ({"shapes": {"x": (1, 2, 3)}}, r"shapes\['x'\] is \(1, 2, 3\); expected a ShapeRange"),
         ({"shapes": [1, 2]}, r"shapes holds 1; expected 'NAME:MIN:OPT:MAX' strings"),
         ({"shapes": {"x": ([1, -4], [2, 4], [8, 4])}}, r"--shape x: negative dimension"),

@@ -100,8 +100,11 @@ class BuildOptions:
         self.shapes = normalize_shapes(self.shapes)
         if isinstance(self.targets, str):
             self.targets = [self.targets]
-        if self.targets is not None and not all(isinstance(t, str) for t in self.targets):
-            raise UserError(f"--target expects names such as 'SM89', got {list(self.targets)!r}.")
+        if self.targets is not None and not (
+            isinstance(self.targets, (list, tuple)) and all(isinstance(t, str) for t in self.targets)
+        ):
+            shown = list(self.targets) if isinstance(self.targets, (list, tuple)) else self.targets
+            raise UserError(f"--target expects names such as 'SM89', got {shown!r}.")
         if self.targets is not None:  # 'SM86,SM89' as well as repeated --target
             self.targets = [
                 t.strip() for ts in self.targets for t in ts.split(",") if t.strip() or not ts.strip()

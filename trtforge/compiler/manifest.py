@@ -27,6 +27,7 @@ from typing import Any
 
 from trtforge._fileio import (
     USER_ERRNOS,
+    as_path,
     atomic_write_text,
     fsync_dir,
     os_error,
@@ -229,7 +230,7 @@ def read_manifest(engine_path: str | os.PathLike[str]) -> Manifest:
 
     First settles what an interrupted compile left beside the engine (:func:`resolve_pending`).
     """
-    if not Path(engine_path).name:
+    if not as_path(engine_path, "the engine").name:
         raise UserError(f"'{show_path(engine_path)}' is not an engine file path.")
     resolve_pending(engine_path)
     path = manifest_path_for(engine_path)

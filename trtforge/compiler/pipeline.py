@@ -17,6 +17,7 @@ from typing import Any
 
 from trtforge import __version__
 from trtforge._fileio import (
+    as_path,
     check_distinct_outputs,
     check_output_path,
     refuse_overwriting_inputs,
@@ -147,7 +148,7 @@ def compile_model(
         from trtforge.plugins.attention.plugin import check_plugin_support
 
         check_plugin_support(get_backend(backend))
-    if output is None or not os.fspath(output):
+    if output is None or not os.fspath(as_path(output, "output (the engine path)")):
         raise UserError("an output engine path is required (output=... / -o OUT.engine).")
     resolve_pending(output)  # a compile killed while publishing here: settle it before deciding anything
     out = check_output_path(output, force=force, what="output engine")
