@@ -244,3 +244,22 @@ def test_custom_op_of_a_registered_plugin_passes_and_a_wrong_version_is_named(tm
     bad = _custom_op_onnx(tmp_path / "bad.onnx", name, plugin_version="999", plugin_namespace=namespace)
     with pytest.raises(UserError, match=rf"Registered under those names: {name} version '{version}'"):
         check_custom_ops(bad, backend)
+
+
+def test_a_model_file_changed_during_the_compile_is_refused(tmp_path, monkeypatch) -> None:
+    """Before: the engine was built from one version and the manifest hashed another."""
+    import trtforge
+    from trtforge.compiler import pipeline
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    real_build = pipeline.build_engine
+
+    def build_then_edit(*args, **kwargs):
+        result = real_build(*args, **kwargs)
+        model.write_bytes(model.read_bytes() + b"\x00")  # another process rewrites the model meanwhile
+        return result
+
+    monkeypatch.setattr(pipeline, "build_engine", build_then_edit)
+    with pytest.raises(UserError, match=r"the model file '.*m\.onnx' changed while it was being compiled"):
+        trtforge.compile(model, output=tmp_path / "o.engine", passes=None, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]

@@ -22,6 +22,7 @@ from trtforge._fileio import (
     check_output_path,
     refuse_overwriting_inputs,
     sha256_bytes,
+    sha256_file,
     show_path,
 )
 from trtforge.compiler import export as export_mod
@@ -180,6 +181,8 @@ def compile_model(
             "exporter": exporter,
         }
         art, example_shapes, module = _source_artifact(model, example_inputs, workdir, export_kwargs, log)
+        # of what is compiled, checked again before publishing (the file alone first: it may no longer parse)
+        source_hash, file_hash = onnx_io.source_sha256(art.path), sha256_file(art.path)
         refuse_overwriting_inputs(  # after the source is read and checked: its external data is known
             {
                 "-o (engine)": out,
@@ -238,7 +241,7 @@ def compile_model(
             source={
                 "kind": art.record.source_kind,
                 "path": str(model) if isinstance(model, (str, os.PathLike)) else type(model).__name__,
-                "onnx_sha256": onnx_io.source_sha256(art.path),
+                "onnx_sha256": source_hash,
                 "opset": art.record.opset,
             },
             trtforge_version=__version__,
@@ -250,6 +253,12 @@ def compile_model(
             streams=streams,
             records=records,
         )
+        if sha256_file(art.path) != file_hash or onnx_io.source_sha256(art.path) != source_hash:
+            raise UserError(
+                f"the model file '{show_path(art.path)}' changed while it was being compiled (its bytes, or "
+                "its external data's, differ from when compile read them); nothing was written. Re-run once "
+                "it is no longer being modified."
+            )
         if save_onnx is not None:
             onnx_io.save_onnx_atomic(onnx_io.load_onnx(onnx_path), save_onnx)
         manifest_path = publish_engine(out, data, manifest)
