@@ -67,7 +67,8 @@ def load_causal_lm(source: Any) -> Any:
 
         try:
             config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError, KeyError, TypeError) as e:  # the directory's config.json is the user's
+        except Exception as e:  # the directory's config.json is the user's (huggingface_hub's strict
+            # validation errors, a ZeroDivisionError from 0 heads in transformers' own checks, ...)
             raise UserError(
                 f"'{path}/config.json' is not a Hugging Face config transformers can read ({_first_line(e)})."
             ) from e
@@ -75,15 +76,26 @@ def load_causal_lm(source: Any) -> Any:
             raise UserError(
                 f"'{path}' holds a '{config.model_type}' model; supported causal LMs: {', '.join(SUPPORTED)}."
             )
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()  # its missing-weights report: ours below says it once
         try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(path), local_files_only=True, dtype=torch.float32
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path), local_files_only=True, dtype=torch.float32, output_loading_info=True
             )
         except Exception as e:  # missing, corrupt (safetensors' own error type) or mismatched weight files
             raise UserError(
                 f"cannot load the weights in '{path}' ({_first_line(e)}); expected the files "
                 "save_pretrained wrote (model.safetensors or pytorch_model.bin) matching config.json."
             ) from e
+        finally:
+            transformers.logging.set_verbosity(verbosity)
+        missing = sorted(info.get("missing_keys") or [])
+        if missing:  # transformers would start them from random values: not the user's model
+            raise UserError(
+                f"the weights in '{path}' lack {len(missing)} parameter(s) config.json asks for (e.g. "
+                f"{missing[:3]}); transformers would initialize them randomly. Expected the files "
+                "save_pretrained wrote for this config.json."
+            )
         return model.eval()
     if path.suffix in (".onnx", ".pt2", ".engine") or path.exists():
         raise UserError(
