@@ -70,7 +70,7 @@ CASES: dict[str, tuple[Setup, str]] = {
     ),
     "compile -o the factory's module (--force)": (
         lambda d: [
-            *_factory("def make():\n    return Lin(), (torch.zeros(2, 4),)\n")(d)[:2],
+            *_factory("def make():  # a module of its own\n    return Lin(), (torch.zeros(2, 4),)\n")(d)[:2],
             "-o",
             _py(d),
             "--force",
