@@ -35,3 +35,55 @@ def test_check_output_path(tmp_path) -> None:
     assert check_output_path(tmp_path / "exists", force=True) == tmp_path / "exists"
     with pytest.raises(UserError, match="is a directory"):
         check_output_path(tmp_path, force=True)
+
+
+def test_atomic_outputs_appear_together_or_not_at_all(tmp_path) -> None:
+    """Before: calibrate/optimize/report renamed each output as it was written, so an interrupt between two
+    left a new model beside an old cache (or a new report.json beside an old report.html)."""
+    from trtforge._fileio import atomic_outputs, atomic_write_text
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("old a")
+    b.write_text("old b")
+
+    def interrupted() -> None:
+        with atomic_outputs():
+            atomic_write_text(a, "new a")
+            assert a.read_text() == "old a"  # staged, not yet in place
+            raise KeyboardInterrupt  # Ctrl-C (the CLI turns SIGTERM into the same) between the two writes
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupted()
+    assert (a.read_text(), b.read_text()) == ("old a", "old b")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]
+    with atomic_outputs():
+        atomic_write_text(a, "new a")
+        with atomic_outputs():  # a nested block joins the outer one
+            atomic_write_text(b, "new b")
+        assert b.read_text() == "old b"
+    assert (a.read_text(), b.read_text()) == ("new a", "new b")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]
+
+
+def test_save_onnx_atomic_joins_the_group_and_leaves_no_temp_dir(tmp_path) -> None:
+    import onnx
+
+    from tests.models import tiny_onnx
+    from trtforge._fileio import atomic_outputs, atomic_write_text
+    from trtforge.compiler.onnx_io import save_onnx_atomic
+
+    model = onnx.load(str(tiny_onnx(tmp_path / "src.onnx")))
+
+    def failing() -> None:
+        with atomic_outputs():
+            save_onnx_atomic(model, tmp_path / "out.onnx")
+            raise RuntimeError("the ledger failed")
+
+    with pytest.raises(RuntimeError):
+        failing()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src.onnx"]
+    with atomic_outputs():
+        save_onnx_atomic(model, tmp_path / "out.onnx")
+        atomic_write_text(tmp_path / "ledger.json", "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.json", "out.onnx", "src.onnx"]
+    assert onnx.load(str(tmp_path / "out.onnx")).graph.node

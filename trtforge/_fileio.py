@@ -10,9 +10,12 @@ import contextlib
 import errno
 import hashlib
 import os
+import shutil
+import signal
 import stat
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -59,8 +62,19 @@ def check_name_length(path: Path, what: str = "output") -> None:
         )
 
 
+def as_path(value: object, what: str) -> Path:
+    """`value` as a Path when it is one (str or os.PathLike), else a UserError naming `what` (an API caller
+    passing None or a number would otherwise get os.fspath's TypeError)."""
+    if isinstance(value, bytes):
+        value = os.fsdecode(value)
+    if not isinstance(value, (str, os.PathLike)):
+        raise UserError(f"{what} must be a path (str or os.PathLike), got {type(value).__name__} {value!r}.")
+    return Path(value)
+
+
 def check_input_file(path: str | os.PathLike[str], what: str = "input file") -> Path:
     """An existing, readable regular file, else a UserError saying which of those it is not."""
+    as_path(path, what)
     if not str(path):
         raise UserError(f"{what}: the path is empty.")
     p = Path(path)
@@ -121,7 +135,7 @@ def refuse_overwriting_inputs(
 def check_output_path(path: str | os.PathLike[str], *, force: bool, what: str = "output") -> Path:
     """Validate that `path` can be written: a file name (not a directory), parent exists and is writable,
     the name fits the filesystem, no clobbering without force."""
-    text = os.fspath(path)
+    text = os.fspath(as_path(path, what)) if not isinstance(path, str) else path
     if not str(text):
         raise UserError(f"{what}: the path is empty; expected a file name.")
     if str(text).endswith(("/", os.sep)):
@@ -190,13 +204,84 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
-        os.replace(tmp, p)
+        staged_rename(Path(tmp), p)
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         if isinstance(e, OSError) and e.errno in USER_ERRNOS:
             raise os_error(e, p) from e
         raise
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM back (delivered when the block ends) so a group of renames is not split."""
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class _Group(threading.local):
+    renames: list[tuple[Path, Path]] | None = None
+    cleanups: list[Callable[[], None]] | None = None
+
+
+_GROUP = _Group()
+
+
+@contextlib.contextmanager
+def atomic_outputs() -> Iterator[None]:
+    """The files written atomically inside this block (atomic_open, atomic_write_*, save_onnx_atomic) are
+    renamed into place together when it succeeds, SIGINT/SIGTERM held back for the renames, and removed
+    when it fails: a command's outputs appear as a complete new set or not at all. Nested blocks join."""
+    if _GROUP.renames is not None:
+        yield
+        return
+    _GROUP.renames, _GROUP.cleanups = [], []
+    renames, cleanups = _GROUP.renames, _GROUP.cleanups
+    try:
+        try:
+            yield
+        finally:
+            _GROUP.renames = _GROUP.cleanups = None
+        with signals_deferred():
+            for tmp, dest in renames:
+                try:
+                    os.replace(tmp, dest)
+                except OSError as e:
+                    raise (os_error(e, dest) if e.errno in USER_ERRNOS else e) from e
+            for parent in {dest.parent for _, dest in renames}:
+                fsync_dir(parent)
+    finally:
+        for tmp, _ in renames:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        for cleanup in cleanups:
+            cleanup()
+
+
+def staged_rename(tmp: Path, dest: Path, cleanup: Callable[[], None] | None = None) -> None:
+    """Rename `tmp` onto `dest` now, or with the rest of the enclosing :func:`atomic_outputs` block;
+    `cleanup` runs after the rename (or after the block)."""
+    if _GROUP.renames is None:
+        os.replace(tmp, dest)
+        if cleanup is not None:
+            cleanup()
+        return
+    _GROUP.renames.append((tmp, dest))
+    if cleanup is not None:
+        _GROUP.cleanups.append(cleanup)
+
+
+def remove_tree(path: Path) -> Callable[[], None]:
+    """A cleanup that removes the directory `path` and what is left in it."""
+    return lambda: shutil.rmtree(path, ignore_errors=True)
 
 
 def _umask() -> int:

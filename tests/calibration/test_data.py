@@ -165,3 +165,34 @@ def test_float_data_for_a_bfloat16_input_is_cast_and_a_scalar_input_is_refused(t
     np.savez(tmp_path / "s.npz", x=np.float32(1.0))
     with pytest.raises(UserError, match=r"'x' is a scalar \(rank 0\), so calibration data"):
         load_dataset(tmp_path / "s.npz", [InputSpec("x", np.dtype(np.float32), ())])
+
+
+@pytest.mark.parametrize("seed", [-1, 2.5, "3", True])
+def test_a_shuffle_seed_that_is_not_a_natural_number_is_refused(tmp_path, seed):
+    """Before: numpy's ValueError('expected non-negative integer') as an internal error."""
+    np.savez(tmp_path / "d.npz", **_arrays())
+    with pytest.raises(UserError, match=r"shuffle seed \(--shuffle-seed\) must be an integer >= 0"):
+        load_dataset(tmp_path / "d.npz", SPECS, shuffle_seed=seed)
+
+
+def test_an_empty_path_is_refused_not_read_as_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    np.savez(tmp_path / "d.npz", **_arrays())  # the current directory holds valid data: still refused
+    with pytest.raises(UserError, match=r"--data is an empty path"):
+        load_dataset("", SPECS, what="--data")
+
+
+@pytest.mark.parametrize("head", [b"\x08\x07\x12\x00onnx model", b"ftrt\x00\x00\x01", b"\xff\xfe\xfa binary"])
+def test_a_binary_file_is_not_taken_for_text(tmp_path, head):
+    """Before: a model or engine given as data was 'a text file' needing a tokenizer."""
+    (tmp_path / "m.onnx").write_bytes(head * 50)
+    with pytest.raises(UserError, match=r"'.*m\.onnx' is a binary file, not data: expected a \.npz"):
+        load_dataset(tmp_path / "m.onnx", SPECS, tokenizer="demo")
+
+
+def test_utf8_text_cut_inside_a_character_at_the_read_boundary_is_still_text(tmp_path):
+    from trtforge.calibration.data import _is_binary
+
+    path = tmp_path / "s.txt"
+    path.write_text("a" * 8191 + "é\n", encoding="utf-8")  # 'é' straddles the 8 KiB head
+    assert not _is_binary(path)

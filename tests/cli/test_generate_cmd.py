@@ -71,6 +71,11 @@ def test_slot_graph_runs_greedy_and_refuses_sampling(tmp_path, capsys):
         (["--prompt-ids", "1 999"], "outside the vocabulary"),
         (["--prompt-ids", " ".join(["5"] * 80)], "maximum sequence length"),
         (["--prompt-ids", "1 2", "--num-blocks", "0"], "num_blocks"),
+        # before: the tokenizer's special tokens alone ([CLS] [SEP]) were generated from
+        (["--prompt", " ", "--tokenizer", "demo"], "--prompt ' ' is empty"),
+        (["--prompt-ids", "1 2", "--top-k", "-1"], "top_k"),
+        (["--prompt-ids", "1 2", "--top-p", "1.5"], "top_p"),
+        (["--prompt-ids", "1 2", "--max-tokens", "-3"], "max_tokens"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(paged, capsys, argv, message):

@@ -122,8 +122,36 @@ def test_timing_cache_ignored_on_rtx_with_warning(tmp_path) -> None:
 def test_rtx_targets(tmp_path) -> None:
     _, record = build_engine(tiny_onnx(tmp_path / "t.onnx"), BuildOptions(targets=["sm89"], progress=False))
     assert record.targets == ["SM89"]
-    with pytest.raises(UserError, match="unknown compute-capability"):
-        build_engine(tiny_onnx(tmp_path / "t.onnx"), BuildOptions(targets=["SM99"], progress=False))
+    assert BuildOptions(targets="sm86,SM89").targets == ["SM86", "SM89"]
+    assert BuildOptions(targets=["SM89", "sm89,SM86"]).targets == ["SM89", "SM86"]
+
+
+@pytest.mark.parametrize("targets", [["SM99"], "SM89,SM999", [""], ["NONE"], [" "]])
+def test_bad_targets_are_refused_when_the_options_are_made(targets) -> None:
+    """Before: refused by the builder, after the export and every pass had run."""
+    with pytest.raises(UserError, match=r"--target .*expected one or more of CURRENT, SM75, .*SM89"):
+        BuildOptions(targets=targets)
+
+
+def test_target_current_without_a_gpu_is_refused(monkeypatch) -> None:
+    from trtforge.compiler import backend
+
+    monkeypatch.setattr(backend, "probe_gpu", lambda: backend.GpuInfo(False, reason="no GPU here"))
+    with pytest.raises(UserError, match=r"--target CURRENT builds for this machine's GPU.*no GPU here"):
+        BuildOptions(targets=["current"])
+
+
+def test_bad_target_is_refused_before_the_export(tmp_path, monkeypatch) -> None:
+    import trtforge
+    from trtforge.compiler import export
+
+    def no_export(*_a, **_k):
+        raise AssertionError("the export ran")
+
+    monkeypatch.setattr(export, "export_module", no_export)
+    with pytest.raises(UserError, match="--target 'SM999'"):
+        trtforge.compile(tiny_bert(), bert_inputs(1, 4), tmp_path / "o.engine", targets=["SM999"])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_parser_error_names_node(tmp_path) -> None:
@@ -131,16 +159,14 @@ def test_parser_error_names_node(tmp_path) -> None:
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node("NoSuchOp", ["x"], ["y"], name="mystery_node", domain="example.custom")],
+        [helper.make_node("Det", ["x"], ["y"], name="mystery_node")],  # standard ONNX, no TensorRT importer
         "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
     )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.custom", 1)]
-    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(model, str(tmp_path / "bad.onnx"))
-    with pytest.raises(UserError, match=r"node mystery_node \(NoSuchOp\)"):
+    with pytest.raises(UserError, match=r"node mystery_node \(Det\)"):
         build_engine(tmp_path / "bad.onnx", BuildOptions(progress=False))
 
     # compile parses a temporary staged copy: the message names the user's model, not that file
@@ -180,3 +206,60 @@ def test_external_data_onnx_compiles(tmp_path) -> None:
     a = exact_session(tmp_path / "ext.onnx").run(None, {"x": x})[0]
     b = exact_session(tmp_path / "final.onnx").run(None, {"x": x})[0]
     np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def _custom_op_onnx(path, op, **attrs):
+    import onnx
+    from onnx import TensorProto, helper
+
+    vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", 4])  # noqa: E731
+    nodes = [
+        helper.make_node("Relu", ["x"], ["h"], name="r"),
+        helper.make_node(op, ["h"], ["y"], name="custom", domain="com.acme", **attrs),
+    ]
+    graph = helper.make_graph(nodes, "g", [vi("x")], [vi("y")])
+    ops = [helper.make_opsetid("", 17), helper.make_opsetid("com.acme", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=ops), str(path))
+    return path
+
+
+def test_custom_op_without_a_plugin_is_named_before_the_parser(tmp_path) -> None:
+    path = _custom_op_onnx(tmp_path / "c.onnx", "NoSuchPluginOp")
+    with pytest.raises(
+        UserError, match=r"node 'custom' \(op 'NoSuchPluginOp' of domain 'com\.acme', in the main"
+    ):
+        build_engine(path, BuildOptions(progress=False))
+
+
+def test_custom_op_of_a_registered_plugin_passes_and_a_wrong_version_is_named(tmp_path) -> None:
+    from trtforge.compiler.backend import get_backend
+    from trtforge.compiler.build import check_custom_ops
+
+    backend = get_backend()
+    if not backend.plugin_creators():
+        pytest.skip(f"{backend.name} has no plugin creator registered")
+    name, version, namespace = backend.plugin_creators()[0]
+    ok = _custom_op_onnx(tmp_path / "ok.onnx", name, plugin_version=version, plugin_namespace=namespace)
+    check_custom_ops(ok, backend)  # left to the parser, which finds the plugin
+    bad = _custom_op_onnx(tmp_path / "bad.onnx", name, plugin_version="999", plugin_namespace=namespace)
+    with pytest.raises(UserError, match=rf"Registered under those names: {name} version '{version}'"):
+        check_custom_ops(bad, backend)
+
+
+def test_a_model_file_changed_during_the_compile_is_refused(tmp_path, monkeypatch) -> None:
+    """Before: the engine was built from one version and the manifest hashed another."""
+    import trtforge
+    from trtforge.compiler import pipeline
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    real_build = pipeline.build_engine
+
+    def build_then_edit(*args, **kwargs):
+        result = real_build(*args, **kwargs)
+        model.write_bytes(model.read_bytes() + b"\x00")  # another process rewrites the model meanwhile
+        return result
+
+    monkeypatch.setattr(pipeline, "build_engine", build_then_edit)
+    with pytest.raises(UserError, match=r"the model file '.*m\.onnx' changed while it was being compiled"):
+        trtforge.compile(model, output=tmp_path / "o.engine", passes=None, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]

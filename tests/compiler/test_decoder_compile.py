@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -295,3 +296,21 @@ def test_head_dim_not_a_multiple_of_8_fails_the_build_saying_so(tmp_path):
             progress=False,
         )
     assert not list(tmp_path.iterdir()), "a failed build leaves no output"
+
+
+@pytest.mark.trt_build
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--target", "SM999"], r"--target 'SM999': not a compute capability .* expected one or more of"),
+        (["--opt-level", "9"], r"--opt-level"),
+    ],
+)
+def test_generate_builder_options_are_refused_before_the_model_loads(args, message, tmp_path, capsys):
+    """A missing model directory would be the first error if the model were read before the options."""
+    out = tmp_path / "x.engine"
+    rc = cli_main(["compile", str(tmp_path / "no_such_model"), "--generate", "-o", str(out), *args])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and re.search(message, err, re.S), err
+    assert not list(tmp_path.iterdir())

@@ -146,6 +146,7 @@ def test_export_options_refused_for_onnx_sources() -> None:
         ({"opt_level": True}, r"--opt-level must be an integer, got True"),
         ({"workspace_mb": -5}, r"--workspace must be 1\.\."),
         ({"targets": [89]}, r"--target expects names such as 'SM89', got \[89\]"),
+        ({"targets": 89}, r"--target expects names such as 'SM89', got 89"),
         ({"shapes": {"x": (1, 2, 3)}}, r"shapes\['x'\] is \(1, 2, 3\); expected a ShapeRange"),
         ({"shapes": [1, 2]}, r"shapes holds 1; expected 'NAME:MIN:OPT:MAX' strings"),
         ({"shapes": {"x": ([1, -4], [2, 4], [8, 4])}}, r"--shape x: negative dimension"),
@@ -160,8 +161,8 @@ def test_build_options_refuse_wrong_types_when_made(kwargs, message) -> None:
 def test_build_options_accept_the_api_shorthands() -> None:
     from trtforge.compiler.manifest import ShapeRange
 
-    one = BuildOptions(shapes="x:1x16:4x16:8x16", targets="sm86,SM89")
-    assert one.shapes == ("x:1x16:4x16:8x16",) and one.targets == ["sm86", "SM89"]
+    one = BuildOptions(shapes="x:1x16:4x16:8x16")
+    assert one.shapes == ("x:1x16:4x16:8x16",)
     by_name = BuildOptions(shapes={"x": "1x16:4x16:8x16", "y": ([1], [2], [3])})
     assert by_name.shapes == {
         "x": ShapeRange([1, 16], [4, 16], [8, 16]),

@@ -181,6 +181,27 @@ def _edit(out, fn) -> None:
         ),
         (lambda d: d["profiles"][0]["x"].update(min=[1]), r"min <= opt <= max of equal rank"),
         (lambda d: d["profiles"].append(3), r"profiles\[1\] must be a JSON dict"),
+        # fields each well-formed but disagreeing with one another (no engine is like that)
+        (lambda d: d.update(engine_sha256="z" * 64), r"engine_sha256 'z+' is not hex digits"),
+        (lambda d: d.update(outputs=[]), r"outputs is empty"),
+        (
+            lambda d: d["outputs"].append(dict(d["inputs"][0])),
+            r"tensor name\(s\) \['x'\] appear more than once",
+        ),
+        (lambda d: d.update(inputs=[]), r"profiles\[0\] has a range for 'x', which is not an input \(\[\]\)"),
+        (
+            lambda d: d.update(profiles=[]),
+            r"input\(s\) \['x'\] have dynamic dimensions but profiles is empty",
+        ),
+        (lambda d: d["profiles"].append({}), r"profiles\[1\] has no range for dynamic input\(s\) \['x'\]"),
+        (
+            lambda d: d["profiles"][0]["x"].update(min=[1, 5], opt=[2, 5], max=[4, 5]),
+            r"profiles\[0\]\.x \[1, 5\]\.\.\[4, 5\] does not fit input 'x' \[-1, 64\]",
+        ),
+        (
+            lambda d: d["profiles"][0]["x"].update(min=[1, 4, 1], opt=[2, 4, 1], max=[4, 4, 1]),
+            r"does not fit input 'x'",
+        ),
     ],
 )
 def test_malformed_manifest_fields(tmp_path, edit, match) -> None:

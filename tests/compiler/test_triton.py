@@ -122,3 +122,32 @@ def test_plugin_engines_refused(bert_engine: Path, tmp_path: Path, capsys) -> No
     Path(str(eng) + ".json").write_text(json.dumps(manifest))
     _fails(["export-triton", str(eng), "-o", str(tmp_path / "r")], capsys, "--attention native")
     assert not (tmp_path / "r").exists()
+
+
+def test_names_with_quotes_are_escaped_and_unusable_names_refused(
+    bert_engine: Path, tmp_path, capsys
+) -> None:
+    """Before: a quote in a name ended the pbtxt string (a broken config, or protobuf's ParseError as an
+    internal error); a newline or a non-UTF-8 file name made a model directory Triton cannot name."""
+    from trtforge.compiler.triton import pbtxt_string
+
+    assert pbtxt_string('a"b\\c\nd\x01') == '"a\\"b\\\\c\\nd\\001"'
+    assert main(["export-triton", str(bert_engine), "-o", str(tmp_path / "r"), "--name", 'say "hi"']) == 0
+    assert _parse(tmp_path / "r" / 'say "hi"' / "config.pbtxt").name == 'say "hi"'
+    _fails(
+        ["export-triton", str(bert_engine), "-o", str(tmp_path), "--name", "a\nb"], capsys, "--name 'a\\nb'"
+    )
+    odd = tmp_path / (b"caf\xe9.engine").decode("utf-8", "surrogateescape")
+    shutil.copy(bert_engine, odd)
+    shutil.copy(Path(str(bert_engine) + ".json"), Path(str(odd) + ".json"))
+    _fails(["export-triton", str(odd), "-o", str(tmp_path / "r")], capsys, "choose one with --name")
+    assert main(["export-triton", str(odd), "-o", str(tmp_path / "r"), "--name", "cafe"]) == 0
+
+
+def test_a_repository_that_cannot_be_created_is_a_user_error(bert_engine: Path, tmp_path, capsys) -> None:
+    """Before: FileNotFoundError/NotADirectoryError from mkdir as an internal error."""
+    (tmp_path / "file").write_text("x")
+    _fails(
+        ["export-triton", str(bert_engine), "-o", str(tmp_path / "file" / "repo")], capsys, "cannot create"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

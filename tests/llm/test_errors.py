@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -159,6 +160,13 @@ def _broken_dir(tmp_path, what: str):
         weights.write_bytes(weights.read_bytes()[:1000])
     elif what == "no weights":
         (d / "model.safetensors").unlink()
+    elif what in ("heads as text", "zero heads", "layers unset"):
+        config = json.loads((d / "config.json").read_text())
+        if what == "layers unset":  # LlamaConfig's default is 32 layers; the file holds 2
+            del config["num_hidden_layers"]
+        else:
+            config["num_attention_heads"] = "4" if what == "heads as text" else 0
+        (d / "config.json").write_text(json.dumps(config))
     return d
 
 
@@ -168,6 +176,11 @@ def _broken_dir(tmp_path, what: str):
         ("config", r"config\.json' is not a Hugging Face config transformers can read"),
         ("weights", r"cannot load the weights in .*SafetensorError"),
         ("no weights", r"cannot load the weights in .*no file named model\.safetensors"),
+        # before: huggingface_hub's StrictDataclassFieldValidationError / a ZeroDivisionError (exit 1), and
+        # a model of 32 layers, 30 of them random, silently compiled
+        ("heads as text", r"config\.json' is not a Hugging Face config .*'num_attention_heads'"),
+        ("zero heads", r"config\.json' is not a Hugging Face config .*ZeroDivisionError"),
+        ("layers unset", r"the weights in '.*' lack \d+ parameter\(s\) config\.json asks for"),
     ],
 )
 def test_broken_save_pretrained_directory_exits_2(what, message, tmp_path, capsys):

@@ -198,7 +198,10 @@ def _pool_shape(doc):
 
 
 def _drop_input(doc):
+    """A consistent manifest of an engine without slot_mapping (its profile ranges dropped too)."""
     doc["inputs"] = [t for t in doc["inputs"] if t["name"] != "slot_mapping"]
+    for profile in doc["profiles"]:
+        profile.pop("slot_mapping", None)
 
 
 def _decode_batch(doc):

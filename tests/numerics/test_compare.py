@@ -53,3 +53,9 @@ def test_row_cosines_zero_rows_and_masking():
     mask = np.array([[1, 1, 1], [1, 1, 0]])
     assert row_cosines(*masked_rows(h, g, mask)).min() == pytest.approx(1.0)
     assert snr_db(h, h) == math.inf
+
+
+def test_row_cosines_of_arrays_without_rows_are_empty():
+    """Before: numpy's 'cannot reshape array of size 0 into shape (0,newaxis)'."""
+    assert row_cosines(np.zeros((0, 4)), np.zeros((0, 4))).shape == (0,)
+    assert row_cosines(np.zeros((3, 0)), np.zeros((3, 0))).tolist() == [1.0, 1.0, 1.0]

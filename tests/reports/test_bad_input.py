@@ -150,3 +150,15 @@ def test_tolerance_values_outside_their_range_are_refused(text):
 
     with pytest.raises(UserError, match=r"must be in \["):
         parse_tolerance(text)
+
+
+@pytest.mark.parametrize("as_npz", [True, False])
+def test_accuracy_data_without_samples_is_refused(tmp_path, model_a, as_npz):
+    """Before: an internal error from the cosine of zero rows, after every target had run."""
+    empty = {"x": np.zeros((0, FEATURES), np.float32)}
+    if as_npz:
+        np.savez(tmp_path / "e.npz", **empty)
+    data = str(tmp_path / "e.npz") if as_npz else empty
+    with pytest.raises(UserError, match=r"input 'x' has shape \[0, \d+\], no samples on its first axis"):
+        build_report(str(model_a), targets=["ort"], data=data, out_dir=tmp_path / "o", **FAST)
+    assert not (tmp_path / "o").exists()

@@ -70,7 +70,7 @@ def _check_options(method: str, percentile: float, smoothquant: float | None, ac
 
 
 def calibrate_model(
-    model: onnx.ModelProto,
+    model: onnx.ModelProto | str | os.PathLike[str],
     data: Any,
     *,
     method: str = "entropy",
@@ -97,6 +97,12 @@ def calibrate_model(
     from trtforge.calibration.qdq import insert_qdq
 
     t0 = time.perf_counter()
+    if isinstance(model, (str, os.PathLike)):  # a path is read (and checked) here
+        from trtforge.compiler.onnx_io import load_onnx
+
+        model = load_onnx(model)
+    if not isinstance(model, onnx.ModelProto):
+        raise UserError(f"model must be an onnx.ModelProto or an ONNX file path, got {type(model).__name__}.")
     _check_options(method, percentile, smoothquant, accuracy_target)
     qdq = [
         n.name or n.op_type for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")

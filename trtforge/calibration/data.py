@@ -311,9 +311,28 @@ def resolve_tokenizer(tokenizer: Any) -> Any:
         ) from e
 
 
+def _is_binary(path: Path) -> bool:
+    """True when the file's head holds NUL bytes or is not UTF-8 (a model, engine or archive, not text)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8192)
+    except OSError as e:
+        raise UserError(f"cannot read '{path}' ({e.strerror or e}).") from e
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start < len(head) - 3  # a multi-byte character cut by the 8 KiB read is still text
+    return b"\0" in head
+
+
 def _text_dataset(
     path: Path, specs: list[InputSpec], tokenizer: Any, max_length: int
 ) -> tuple[list[str], Callable[[list[str]], Chunk]]:
+    if _is_binary(path):
+        raise UserError(
+            f"'{path}' is a binary file, not data: expected a .npz (one array per input name), a .npy, a "
+            "directory of them, a UTF-8 text file of sentences (with --tokenizer) or module:function."
+        )
     if tokenizer is None:
         raise UserError(
             f"'{path}' is a text file: tokenizing it needs a tokenizer (--tokenizer PATH, or 'demo')."
@@ -436,6 +455,12 @@ def load_dataset(
         raise UserError(f"batch size must be >= 1, got {batch_size}.")
     if max_samples is not None and max_samples < 1:
         raise UserError(f"sample count must be >= 1, got {max_samples}.")
+    if shuffle_seed is not None and (
+        isinstance(shuffle_seed, bool) or not isinstance(shuffle_seed, (int, np.integer)) or shuffle_seed < 0
+    ):
+        raise UserError(f"the shuffle seed (--shuffle-seed) must be an integer >= 0, got {shuffle_seed!r}.")
+    if isinstance(spec, (str, os.PathLike)) and not os.fspath(spec).strip():
+        raise UserError(f"{what} is an empty path; expected a file, directory or module:function.")
     chunks: list[Chunk] | None = None
     sentences = tokenize = None
     if isinstance(spec, (str, os.PathLike)) and Path(spec).exists():

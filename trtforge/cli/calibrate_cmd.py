@@ -67,7 +67,9 @@ def calibrate_cmd(
 ) -> None:
     """Calibrate MODEL on DATA and write it with INT8 Q/DQ nodes that TensorRT fuses (the rest stays as
     it is; `compile --precision int8` also converts the rest, see --int8-rest there)."""
+    from trtforge._custom_ops import refuse_unknown_to_onnxruntime
     from trtforge._fileio import (
+        atomic_outputs,
         atomic_write_bytes,
         atomic_write_text,
         check_distinct_outputs,
@@ -83,7 +85,7 @@ def calibrate_cmd(
         check_model,
         load_onnx,
         model_files,
-        save_onnx,
+        save_onnx_atomic,
     )
 
     opts = from_params(PrecisionOptions, params, mode="int8", calib_data=data)
@@ -101,6 +103,12 @@ def calibrate_cmd(
         check_output_path(report, force=force, what="report")
     onnx_model = load_onnx(model)
     check_model(model, where=f"ONNX model '{show_path(model)}'")
+    refuse_unknown_to_onnxruntime(
+        onnx_model,
+        f"ONNX model '{show_path(model)}'",
+        "Calibration runs the graph in ONNX Runtime to measure activations: give ONNX Runtime the op as an "
+        "ONNX local function, or calibrate the model without it.",
+    )
     outputs = {"-o": out, "the calibration cache": cache_path, "--report": report}
     check_distinct_outputs(outputs)
     data_file = {"--data": data} if Path(data).is_file() else {}
@@ -129,15 +137,16 @@ def calibrate_cmd(
         only_real_tokens=real_tokens,
         progress=not quiet,
     )
-    if quantized.ByteSize() < EXTERNAL_DATA_THRESHOLD:
-        atomic_write_bytes(out, quantized.SerializeToString())
-    else:
-        save_onnx(quantized, out)  # > 2 GB: weights beside it in OUTPUT.data
-    if default_cache:
-        write_calibration_cache(cache_path, record.activation_scales, method)
-        record.cache.update(path=str(cache_path), written=True)
-    if report is not None:
-        atomic_write_text(report, json.dumps(record.to_dict(), indent=2) + "\n")
+    with atomic_outputs():  # the model, its cache and the report appear together or not at all
+        if quantized.ByteSize() < EXTERNAL_DATA_THRESHOLD:
+            atomic_write_bytes(out, quantized.SerializeToString())
+        else:
+            save_onnx_atomic(quantized, out)  # > 2 GB: weights beside it in OUTPUT.data
+        if default_cache:
+            write_calibration_cache(cache_path, record.activation_scales, method)
+            record.cache.update(path=str(cache_path), written=True)
+        if report is not None:
+            atomic_write_text(report, json.dumps(record.to_dict(), indent=2) + "\n")
     if not quiet:
         _summary(record, out)
 

@@ -159,6 +159,8 @@ def _tokenizer(name: str) -> Any:
 def _encode(tok: Any, text: str) -> list[int]:
     from trtforge.errors import UserError
 
+    if not text.strip():  # special tokens alone (BOS, [CLS] [SEP]) are no prompt
+        raise UserError(f"--prompt {text!r} is empty; give the text to continue.")
     ids = list(tok(text, add_special_tokens=True)["input_ids"])
     if not ids:
         raise UserError(f"--prompt {text!r} tokenizes to no tokens.")

@@ -42,7 +42,14 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
 
     from rich.console import Console
 
-    from trtforge._fileio import atomic_write_text, check_output_path, refuse_overwriting_inputs, show_path
+    from trtforge._fileio import (
+        atomic_outputs,
+        atomic_write_text,
+        check_distinct_outputs,
+        check_output_path,
+        refuse_overwriting_inputs,
+        show_path,
+    )
     from trtforge.compiler.onnx_io import check_model, load_onnx, model_files, save_onnx_atomic
     from trtforge.compiler.policy import check_precision, resolve_attention
     from trtforge.errors import UserError
@@ -59,12 +66,22 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
     attention = resolve_attention(passes, precision)
     out_path = check_output_path(output, force=force)
     ledger_path = check_output_path(ledger, force=force, what="ledger") if ledger else None
+    check_distinct_outputs({"-o": out_path, "--ledger": ledger_path})
     proto = load_onnx(model)
     check_model(model, where=f"ONNX model '{show_path(model)}'")  # names the file; the pipeline's does not
     refuse_overwriting_inputs(
         {"-o": out_path, "-o's external data file": f"{out_path}.data", "--ledger": ledger_path},
         model_files(model) | _data_file(precision.data),
     )
+    if passes.verify or precision.low_precision():
+        from trtforge._custom_ops import refuse_unknown_to_onnxruntime
+
+        refuse_unknown_to_onnxruntime(
+            proto,
+            f"ONNX model '{show_path(model)}'",
+            "optimize runs the graph in ONNX Runtime to verify every pass and to place precision: rewrite it "
+            "with --no-verify (and no --precision), or give ONNX Runtime the op as an ONNX local function.",
+        )
     result, record = optimize_model(
         proto,
         passes=list(passes.names) if passes.names is not None else None,
@@ -84,9 +101,10 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
             precision_data=precision.data,
             tokenizer=precision.tokenizer,
         )
-    save_onnx_atomic(result, out_path)
-    if ledger_path is not None:
-        atomic_write_text(ledger_path, json.dumps(record.to_dict(), indent=2))
+    with atomic_outputs():  # the model and its ledger together or not at all
+        save_onnx_atomic(result, out_path)
+        if ledger_path is not None:
+            atomic_write_text(ledger_path, json.dumps(record.to_dict(), indent=2))
     console = Console()
     console.print(ledger_table(record))
     if record.opset_changed:

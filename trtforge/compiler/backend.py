@@ -11,11 +11,12 @@ import ctypes
 import functools
 import importlib
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any
 
-from trtforge.errors import BackendUnavailableError
+from trtforge.errors import BackendUnavailableError, UserError
 
 BACKEND_ENV = "TRTFORGE_BACKEND"
 BACKEND_NAMES = ("tensorrt", "tensorrt_rtx")
@@ -160,28 +161,59 @@ class Backend:
         """An ONNX parser for `network` (keep it alive while the network is used)."""
         return self.trt.OnnxParser(network, self.logger)
 
+    def parser_supports(self, op_types: Iterable[str]) -> set[str]:
+        """Those of `op_types` the ONNX parser has a built-in importer for."""
+        parser = self.create_parser(self.create_network(self.create_builder()))
+        return {op for op in op_types if parser.supports_operator(op)}
+
+    def plugin_creators(self) -> list[tuple[str, str, str]]:
+        """(name, version, namespace) of every registered plugin creator: the parser maps an op it has no
+        importer for to the creator named like the op (version and namespace from the node's attributes)."""
+        registry = self.trt.get_plugin_registry()
+        creators = getattr(registry, "all_creators_recursive", None) or registry.all_creators
+        return [(c.name, str(c.plugin_version), str(c.plugin_namespace)) for c in creators]
+
+    def check_build_targets(self, targets: Sequence[str] | None) -> list[str]:
+        """The --target names upper-cased and deduplicated, or a UserError naming the bad ones and the valid
+        ones, so a bad target is refused before any export or pass runs."""
+        if not targets:
+            return []
+        if not self.is_rtx:
+            raise BackendUnavailableError(
+                f"--target {','.join(targets)} needs TensorRT-RTX; {self.name} builds for the GPU it runs on "
+                "(drop --target, or use --backend tensorrt_rtx)."
+            )
+        members = self.trt.ComputeCapability.__members__
+        valid = ["CURRENT", *(n for n in members if n not in ("NONE", "CURRENT"))]
+        names = list(dict.fromkeys(str(t).strip().upper() for t in targets))
+        bad = [t for t in targets if str(t).strip().upper() not in valid]
+        if bad:
+            raise UserError(
+                f"--target {', '.join(repr(t) for t in bad)}: not a compute capability {self.name} "
+                f"{self.version} builds for; expected one or more of {', '.join(valid)} (repeat --target "
+                "for several, e.g. --target SM86 --target SM89)."
+            )
+        if "CURRENT" in names and not probe_gpu().present:
+            raise UserError(
+                f"--target CURRENT builds for this machine's GPU, and there is none ({probe_gpu().reason}); "
+                f"name the target GPUs instead, e.g. --target SM89 (valid: {', '.join(valid[1:])})."
+            )
+        return names
+
     def set_build_targets(self, config: Any, targets: list[str] | None) -> list[str]:
         """RTX only: choose compute-capability targets (e.g. ['SM86', 'SM89']); returns what was set.
 
         With no targets, RTX keeps its default (8.0, 8.6, 8.9, 12.x). Datacenter TensorRT builds for the
         GPU it runs on and ignores this.
         """
-        if not targets:
+        names = self.check_build_targets(targets)
+        if not names:
             return []
-        if not hasattr(config, "set_compute_capability"):
-            raise BackendUnavailableError(
-                f"--target {','.join(targets)} needs TensorRT-RTX; {self.name} builds for the GPU it runs on."
-            )
         members = self.trt.ComputeCapability.__members__
-        bad = [t for t in targets if t.upper() not in members]
-        if bad:
-            raise BackendUnavailableError(
-                f"unknown compute-capability target(s) {bad}; expected some of {sorted(members)}."
-            )
-        config.num_compute_capabilities = len(targets)
-        for i, t in enumerate(targets):
-            config.set_compute_capability(members[t.upper()], i)
-        return [t.upper() for t in targets]
+        config.num_compute_capabilities = len(names)
+        for i, t in enumerate(names):
+            config.set_compute_capability(members[t], i)
+        return names
 
     def mark_attention_decomposable(self, network: Any) -> list[str]:
         """Let every IAttention of `network` fall back to separate kernels where TensorRT has no fused

@@ -101,9 +101,18 @@ class BuildOptions:
         ranges here, before any export or pass runs, naming the option."""
         self.shapes = normalize_shapes(self.shapes)
         if isinstance(self.targets, str):
-            self.targets = [t.strip() for t in self.targets.split(",") if t.strip()]
-        if self.targets is not None and not all(isinstance(t, str) for t in self.targets):
-            raise UserError(f"--target expects names such as 'SM89', got {list(self.targets)!r}.")
+            self.targets = [self.targets]
+        if self.targets is not None and not (
+            isinstance(self.targets, (list, tuple)) and all(isinstance(t, str) for t in self.targets)
+        ):
+            shown = list(self.targets) if isinstance(self.targets, (list, tuple)) else self.targets
+            raise UserError(f"--target expects names such as 'SM89', got {shown!r}.")
+        if self.targets is not None:  # 'SM86,SM89' as well as repeated --target
+            self.targets = [
+                t.strip() for ts in self.targets for t in ts.split(",") if t.strip() or not ts.strip()
+            ]
+        if self.targets:  # against the backend's list now, before any export or pass runs
+            self.targets = get_backend(self.backend).check_build_targets(self.targets)
         self.streams = _integer(self.streams, "--streams")
         for name, flag in (
             ("opt_level", "--opt-level"),
@@ -213,6 +222,45 @@ def _check_io(onnx_path: Path) -> None:
                     f"{kind} '{v.name}' is a {type_name.lower()} tensor; TensorRT engines bind numeric and "
                     "bool tensors only. Keep string/complex processing outside the model."
                 )
+
+
+def check_custom_ops(onnx_path: str | os.PathLike[str], backend: Backend, source: str | None = None) -> None:
+    """UserError naming every node of a custom-domain op the backend's ONNX parser has neither an importer
+    nor a registered plugin for (said before any pass or build runs, instead of the parser's message)."""
+    import onnx
+
+    from trtforge._custom_ops import custom_nodes, refuse_unknown
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    nodes = custom_nodes(proto)
+    if not nodes:
+        return
+    importers = backend.parser_supports({n.op_type for n in nodes})
+    creators = backend.plugin_creators()
+    unknown = [
+        n
+        for n in nodes
+        if n.op_type not in importers and (n.op_type, n.plugin_version, n.plugin_namespace) not in creators
+    ]
+    near = sorted({c for c in creators for n in unknown if c[0] == n.op_type})
+    versions = (
+        " Registered under those names: "
+        + ", ".join(f"{name} version {v!r} namespace {ns!r}" for name, v, ns in near)
+        + "; the parser looks up the node's plugin_version (default '1') and plugin_namespace (default '') "
+        "attributes, so set them to match."
+        if near
+        else ""
+    )
+    refuse_unknown(
+        proto,
+        lambda n: n not in unknown,
+        source or f"'{onnx_path}'",
+        f"{backend.name} {backend.version}",
+        "TensorRT builds an op outside the ONNX standard only through a plugin registered under the op's "
+        "name: load the plugin's library before compiling (in the API, "
+        "tensorrt.get_plugin_registry().load_library(PATH) before trtforge.compile), or export the op as "
+        f"standard ONNX ops or an ONNX local function.{versions}",
+    )
 
 
 def _register_plugins_if_needed(backend: Backend, onnx_path: Path) -> None:
@@ -390,6 +438,7 @@ def build_engine(
     network = backend.create_network(builder)
     backend.logger.take()
     _register_plugins_if_needed(backend, onnx_path)
+    check_custom_ops(onnx_path, backend, source)
     parser = _parse(backend, network, onnx_path, source)
     seconds["parse"] = time.perf_counter() - t0
     inputs, outputs = network_io(network)

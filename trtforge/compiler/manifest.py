@@ -21,21 +21,20 @@ import contextlib
 import json
 import os
 import secrets
-import signal
-import threading
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trtforge._fileio import (
     USER_ERRNOS,
+    as_path,
     atomic_write_text,
     fsync_dir,
     os_error,
     sha256_bytes,
     sha256_file,
     show_path,
+    signals_deferred,
     temp_name,
 )
 from trtforge.errors import UserError
@@ -135,7 +134,44 @@ class Manifest:
             )
         if not isinstance(m.backend.get("name", ""), str):
             raise UserError(f"{where}: malformed manifest: backend.name must be a string.")
+        problem = _io_problem(m)
+        if problem:
+            raise UserError(f"{where}: malformed manifest: {problem}.")
         return m
+
+
+def _io_problem(m: Manifest) -> str | None:
+    """What makes the manifest's I/O and profiles disagree with each other (an engine never does): a hex
+    digest that is not hex, no outputs, a tensor named twice, a profile for a tensor that is no input or of
+    another rank or fixed size, or a dynamic input some profile leaves out."""
+    try:
+        bytes.fromhex(m.engine_sha256)
+    except ValueError:
+        return f"engine_sha256 {m.engine_sha256!r} is not hex digits"
+    if not m.outputs:
+        return "outputs is empty; an engine has at least one output"
+    names = [t.name for t in m.inputs + m.outputs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        return f"tensor name(s) {twice} appear more than once among inputs and outputs"
+    inputs = {t.name: t for t in m.inputs}
+    dynamic = [t.name for t in m.inputs if -1 in t.shape]
+    if dynamic and not m.profiles:
+        return f"input(s) {dynamic} have dynamic dimensions but profiles is empty"
+    for i, profile in enumerate(m.profiles):
+        for name, rng in profile.items():
+            t = inputs.get(name)
+            if t is None:
+                return f"profiles[{i}] has a range for '{name}', which is not an input ({sorted(inputs)})"
+            fixed = all(
+                d == -1 or lo == opt == hi == d for d, lo, opt, hi in zip(t.shape, rng.min, rng.opt, rng.max)
+            )
+            if len(rng.min) != len(t.shape) or not fixed:
+                return f"profiles[{i}].{name} {rng.min}..{rng.max} does not fit input '{name}' {t.shape}"
+        missing = [n for n in dynamic if n not in profile]
+        if missing:
+            return f"profiles[{i}] has no range for dynamic input(s) {missing}"
+    return None
 
 
 def _typed(value: Any, kind: type, what: str) -> Any:
@@ -194,7 +230,7 @@ def read_manifest(engine_path: str | os.PathLike[str]) -> Manifest:
 
     First settles what an interrupted compile left beside the engine (:func:`resolve_pending`).
     """
-    if not Path(engine_path).name:
+    if not as_path(engine_path, "the engine").name:
         raise UserError(f"'{show_path(engine_path)}' is not an engine file path.")
     resolve_pending(engine_path)
     path = manifest_path_for(engine_path)
@@ -256,7 +292,7 @@ def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: M
         try:
             _write_locked(staged, data, held, out)
             _write_locked(part, manifest.to_json().encode(), held, mpath)
-            with _signals_deferred():
+            with signals_deferred():
                 os.replace(part, record)  # the commit point
                 fsync_dir(out.parent)
         except BaseException:
@@ -264,7 +300,7 @@ def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: M
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
             raise
-        with _signals_deferred():
+        with signals_deferred():
             try:
                 os.replace(staged, out)
                 os.replace(record, mpath)
@@ -293,20 +329,6 @@ def _write_locked(path: Path, data: bytes, held: contextlib.ExitStack, target: P
         os.fsync(fd)
     except OSError as e:
         raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
-
-
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM back (delivered when the block ends) so the renames are not split."""
-    sigs = {signal.SIGINT, signal.SIGTERM}
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _try_lock(path: Path) -> int | None:

@@ -170,16 +170,20 @@ def save_onnx_atomic(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Pa
     import shutil
     import tempfile
 
+    from trtforge._fileio import atomic_outputs, remove_tree, staged_rename
+
     p = Path(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.", dir=p.parent))
     try:
-        save_onnx(model, tmp / p.name)
-        data = tmp / (p.name + ".data")
-        if data.exists():
-            os.replace(data, p.parent / data.name)
-        os.replace(tmp / p.name, p)
-    finally:
+        with atomic_outputs():  # the model and its data file together (with the caller's other outputs)
+            save_onnx(model, tmp / p.name)
+            data = tmp / (p.name + ".data")
+            if data.exists():
+                staged_rename(data, p.parent / data.name)
+            staged_rename(tmp / p.name, p, cleanup=remove_tree(tmp))
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return p
 
 

@@ -17,10 +17,12 @@ from typing import Any
 
 from trtforge import __version__
 from trtforge._fileio import (
+    as_path,
     check_distinct_outputs,
     check_output_path,
     refuse_overwriting_inputs,
     sha256_bytes,
+    sha256_file,
     show_path,
 )
 from trtforge.compiler import export as export_mod
@@ -147,7 +149,7 @@ def compile_model(
         from trtforge.plugins.attention.plugin import check_plugin_support
 
         check_plugin_support(get_backend(backend))
-    if output is None or not os.fspath(output):
+    if output is None or not os.fspath(as_path(output, "output (the engine path)")):
         raise UserError("an output engine path is required (output=... / -o OUT.engine).")
     resolve_pending(output)  # a compile killed while publishing here: settle it before deciding anything
     out = check_output_path(output, force=force, what="output engine")
@@ -179,10 +181,19 @@ def compile_model(
             "exporter": exporter,
         }
         art, example_shapes, module = _source_artifact(model, example_inputs, workdir, export_kwargs, log)
+        # of what is compiled, checked again before publishing (the file alone first: it may no longer parse)
+        source_hash, file_hash = onnx_io.source_sha256(art.path), sha256_file(art.path)
         refuse_overwriting_inputs(  # after the source is read and checked: its external data is known
-            {"-o (engine)": out, "the manifest": manifest_path_for(out), "--save-onnx": save_onnx},
+            {
+                "-o (engine)": out,
+                "the manifest": manifest_path_for(out),
+                "--save-onnx": save_onnx,
+                "--timing-cache": timing_cache,  # read, then rewritten after the build
+            },
             _input_files(model, precision),
         )
+        ort_runs = [s.name for s in stages if s.name != "passes" or (passes is not None and passes.verify)]
+        _check_ops(art.path, model, build_options.backend, ort_runs)
         limits = source_limits(art.path, module)
         # --shape checked against the exported inputs and their limits now, not after the graph stages
         descs = onnx_input_descs(art.path)
@@ -230,7 +241,7 @@ def compile_model(
             source={
                 "kind": art.record.source_kind,
                 "path": str(model) if isinstance(model, (str, os.PathLike)) else type(model).__name__,
-                "onnx_sha256": onnx_io.source_sha256(art.path),
+                "onnx_sha256": source_hash,
                 "opset": art.record.opset,
             },
             trtforge_version=__version__,
@@ -242,6 +253,12 @@ def compile_model(
             streams=streams,
             records=records,
         )
+        if sha256_file(art.path) != file_hash or onnx_io.source_sha256(art.path) != source_hash:
+            raise UserError(
+                f"the model file '{show_path(art.path)}' changed while it was being compiled (its bytes, or "
+                "its external data's, differ from when compile read them); nothing was written. Re-run once "
+                "it is no longer being modified."
+            )
         if save_onnx is not None:
             onnx_io.save_onnx_atomic(onnx_io.load_onnx(onnx_path), save_onnx)
         manifest_path = publish_engine(out, data, manifest)
@@ -280,15 +297,50 @@ def _staged_name(model: Any, stages: list[str]) -> str:
     return f"the graph of {name} after {', '.join(stages) or 'export'}"
 
 
+def source_files(model: Any) -> dict[str, str | os.PathLike[str] | None]:
+    """The files a model source is read from, by what they are: an ONNX file and its external data, a .pt2,
+    the files of a save_pretrained directory, or the module file of an (already imported) factory."""
+    import sys
+
+    if isinstance(model, (str, os.PathLike)) and Path(model).is_file():
+        return onnx_io.model_files(model) if str(model).endswith(".onnx") else {"input model": model}
+    if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
+        return {f"file '{p.name}' of the model directory": p for p in Path(model).iterdir() if p.is_file()}
+    if isinstance(model, str) and ":" in model:
+        module = sys.modules.get(model.split(":", 1)[0])
+        if getattr(module, "__file__", None):
+            return {"factory's module": module.__file__}
+    return {}
+
+
 def _input_files(model: Any, precision: PrecisionOptions) -> dict[str, str | os.PathLike[str] | None]:
     """The files compile reads: the model (and its external data), sample and calibration data files."""
-    files: dict[str, str | os.PathLike[str] | None] = {}
-    if isinstance(model, (str, os.PathLike)) and Path(model).is_file():
-        files.update(onnx_io.model_files(model) if str(model).endswith(".onnx") else {"input model": model})
+    files = source_files(model)
     for what, data in (("--precision-data", precision.data), ("--calib-data", precision.calib_data)):
         if isinstance(data, (str, os.PathLike)) and Path(data).is_file():
             files[what] = data
     return files
+
+
+def _check_ops(path: Path, model: Any, backend: str | None, ort_runs: list[str]) -> None:
+    """Custom ops TensorRT cannot build, then (when the stages `ort_runs` will run it) ONNX Runtime cannot
+    run, refused by node before any stage runs."""
+    from trtforge._custom_ops import refuse_unknown_to_onnxruntime
+    from trtforge.compiler.backend import get_backend
+    from trtforge.compiler.build import check_custom_ops
+
+    where = f"'{show_path(model)}'" if isinstance(model, (str, os.PathLike)) else "the exported model"
+    check_custom_ops(path, get_backend(backend), where)
+    if ort_runs:
+        import onnx
+
+        refuse_unknown_to_onnxruntime(
+            onnx.load(str(path), load_external_data=False),
+            where,
+            f"compile runs the graph in ONNX Runtime to verify {' and '.join(ort_runs)}: "
+            "compile it with --no-passes (or --no-verify) and --precision fp32, or give ONNX Runtime "
+            "the op as an ONNX local function.",
+        )
 
 
 def _plugins_used(onnx_path: Path) -> list[dict[str, str]]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtforge._fileio import USER_ERRNOS, os_error
 from trtforge.compiler.manifest import Manifest, TensorSpec, read_manifest, verify_engine_file
 from trtforge.errors import UserError
 
@@ -81,9 +82,20 @@ def _tensor_block(kind: str, specs: list[TensorSpec], batched: bool) -> str:
             )
         dims = ", ".join(str(d) for d in _dims(t, batched))
         items.append(
-            f'  {{\n    name: "{t.name}"\n    data_type: {TRITON_DTYPES[t.dtype]}\n    dims: [ {dims} ]\n  }}'
+            f"  {{\n    name: {pbtxt_string(t.name)}\n    data_type: {TRITON_DTYPES[t.dtype]}\n"
+            f"    dims: [ {dims} ]\n  }}"
         )
     return f"{kind} [\n" + ",\n".join(items) + "\n]\n"
+
+
+def pbtxt_string(text: str) -> str:
+    """`text` as a protobuf text-format string literal: quotes, backslashes and control characters escaped
+    (a tensor named 'a"b' must not end the literal early)."""
+    escaped = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    body = "".join(
+        escaped.get(ch) or (f"\\{ord(ch):03o}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch) for ch in text
+    )
+    return f'"{body}"'
 
 
 def render_config(m: Manifest, name: str, opts: TritonOptions) -> tuple[str, int]:
@@ -115,7 +127,7 @@ def render_config(m: Manifest, name: str, opts: TritonOptions) -> tuple[str, int
             f"`trtforge compile --streams {opts.instances}`."
         )
     lines = [
-        f'name: "{name}"',
+        f"name: {pbtxt_string(name)}",
         'platform: "tensorrt_plan"',
         f"max_batch_size: {max_batch}",
         _tensor_block("input", m.inputs, batched),
@@ -172,6 +184,14 @@ def validate_config(text: str, m: Manifest, max_batch: int) -> Any:
     return cfg
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a non-UTF-8 file name, decoded with surrogates
+        return False
+    return True
+
+
 def export_triton(
     engine: str | os.PathLike[str], repo: str | os.PathLike[str], opts: TritonOptions
 ) -> TritonExport:
@@ -188,8 +208,12 @@ def export_triton(
             "with Triton."
         )
     name = opts.name or engine.name.split(".")[0]
-    if not name or "/" in name or name.startswith("."):
-        raise UserError(f"--name {name!r} is not a valid model directory name.")
+    if not name or "/" in name or name.startswith(".") or not name.isprintable() or not _utf8(name):
+        given = "--name" if opts.name else "the model name (the engine file's name; choose one with --name)"
+        raise UserError(
+            f"{given} {name!r} is not a valid model directory name: expected printable UTF-8 text without "
+            "'/' that does not start with '.' (Triton names the model by its directory)."
+        )
     repo = Path(repo)
     if repo.exists() and not repo.is_dir():
         raise UserError(f"repository '{repo}' exists and is not a directory.")
@@ -201,8 +225,11 @@ def export_triton(
     if opts.validate:
         validate_config(text, manifest, max_batch)
         validated = True
-    repo.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=repo))
+    try:
+        repo.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=repo))
+    except OSError as e:  # a repository path that cannot be created (read-only, /proc, no permission)
+        raise os_error(e, repo, "create the model repository") from e
     try:
         (staging / "1").mkdir()
         (staging / "1" / "model.plan").write_bytes(data)
@@ -214,8 +241,10 @@ def export_triton(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, target)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in USER_ERRNOS:
+            raise os_error(e, target) from e
         raise
     return TritonExport(
         target, target / "config.pbtxt", target / "1" / "model.plan", text, max_batch, validated

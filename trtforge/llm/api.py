@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -161,9 +160,10 @@ def load(path: str | os.PathLike[str], executor: str = "onnxruntime") -> LLM:
     `executor`: "onnxruntime" (CPU, exact). A paged `model.engine` is served by the TensorRT executor
     (:func:`trtforge.llm.service.load`).
     """
+    from trtforge._fileio import as_path
     from trtforge.llm.executors.onnxruntime_exec import read_generation
 
-    p = Path(path)
+    p = as_path(path, "the step graph")
     if executor not in EXECUTORS:
         raise UserError(f"executor {executor!r} is not available; choose one of {', '.join(EXECUTORS)}.")
     if p.suffix == ".engine":

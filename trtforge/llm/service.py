@@ -169,10 +169,11 @@ def load(
         return from_pretrained(
             path, num_blocks=num_blocks, max_model_len=max_model_len, config=config, max_num_seqs=max_num_seqs
         )
+    from trtforge._fileio import as_path
     from trtforge.llm import api
     from trtforge.llm.executors.onnxruntime_exec import OrtPagedExecutor, read_generation
 
-    p = Path(path)
+    p = as_path(path, "the model to load")
     if executor == "auto":
         executor = "tensorrt" if p.suffix == ".engine" else "onnxruntime"
     if executor == "tensorrt":

@@ -66,8 +66,8 @@ def elementwise_failures(ref: np.ndarray, got: np.ndarray, tol: Tolerance) -> np
 def row_cosines(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
     """Cosine per row (first axis; a rank-0/1 array is one row); 1.0 where both rows are all zero."""
     r, g = _f64(ref), _f64(got)
-    r = r.reshape(r.shape[0], -1) if r.ndim > 1 else r.reshape(1, -1)
-    g = g.reshape(g.shape[0], -1) if g.ndim > 1 else g.reshape(1, -1)
+    r = r.reshape(r.shape[0], math.prod(r.shape[1:])) if r.ndim > 1 else r.reshape(1, -1)  # 0 rows too
+    g = g.reshape(g.shape[0], math.prod(g.shape[1:])) if g.ndim > 1 else g.reshape(1, -1)
     norms = np.linalg.norm(r, axis=1) * np.linalg.norm(g, axis=1)
     both_zero = ~r.any(axis=1) & ~g.any(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx_ir as ir
 
+from trtforge._custom_ops import refuse_unknown_to_onnxruntime
 from trtforge.numerics.compare import Tolerance, compare_arrays, elementwise_failures
 from trtforge.numerics.feeds import DEFAULT_SIZES, model_feed
 from trtforge.numerics.sessions import exact_session, run
@@ -58,6 +59,12 @@ class Verifier:
         self.tolerance = tolerance or FP32_REWRITE
         _check_declared(model)
         proto = ir.serde.serialize_model(model)
+        refuse_unknown_to_onnxruntime(
+            proto,
+            "the model",
+            "Every pass is verified by running the graph in ONNX Runtime: run the passes with verify off "
+            "(--no-verify), or give ONNX Runtime the op as an ONNX local function.",
+        )
         self.feeds = model_feed(proto, sizes=DEFAULT_SIZES)
         self.output_names = [v.name for v in model.graph.outputs]
         self.reference = self._run(proto, "the input model")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtforge._fileio import show_path
+from trtforge._fileio import as_path, show_path
 from trtforge.compiler.policy import PrecisionOptions
 from trtforge.errors import UserError
 from trtforge.reports.compare import compare_target
@@ -64,7 +64,7 @@ def _check_args(batch_sizes: Sequence[int], seq_lens: Sequence[int], warmup: int
 
 def _check_out_dir(out_dir: str | os.PathLike[str]) -> Path:
     """Refuse a report directory path that names a file, before any work (created only at the end)."""
-    p = Path(out_dir)
+    p = as_path(out_dir, "out_dir (the report directory)")
     if p.exists() and not p.is_dir():
         raise UserError(f"report directory '{p}' exists and is not a directory.")
     return p

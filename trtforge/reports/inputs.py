@@ -204,6 +204,18 @@ def _as_feed(item: Any, where: str) -> Feed:
     return out
 
 
+def _nonempty(feeds: list[Feed], where: str) -> list[Feed]:
+    """`feeds`, or a UserError naming an input whose array holds no sample (nothing to compare)."""
+    for feed in feeds:
+        for name, array in feed.items():
+            if array.ndim and array.shape[0] == 0:
+                raise UserError(
+                    f"{where}: input '{name}' has shape {list(array.shape)}, no samples on its first axis; "
+                    "accuracy data needs at least one sample per input."
+                )
+    return feeds
+
+
 def load_feeds(
     data: Any, specs: Sequence[IOSpec], *, tokenizer: Any = None, batch_size: int = 8
 ) -> tuple[list[Feed], str]:
@@ -213,11 +225,11 @@ def load_feeds(
     other paths and `module:function` go through the calibration dataset loader against `specs`.
     """
     if isinstance(data, Mapping):
-        return [_as_feed(data, "data")], "feed dict"
+        return _nonempty([_as_feed(data, "data")], "the data feed dict"), "feed dict"
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
         if path.suffix == ".npz" and path.is_file():
-            return _load_npz(path), f"{path} (.npz)"
+            return _nonempty(_load_npz(path), f"--data '{path}'"), f"{path} (.npz)"
         from trtforge.calibration.data import InputSpec, load_dataset
 
         cal_specs = [
@@ -229,7 +241,7 @@ def load_feeds(
         feeds = [_as_feed(x, f"data item {i}") for i, x in enumerate(data)]
         if not feeds:
             raise UserError("data is an empty iterable; give at least one feed dict.")
-        return feeds, f"{len(feeds)} feed dicts"
+        return _nonempty(feeds, "data"), f"{len(feeds)} feed dicts"
     raise UserError(
         f"unsupported data {type(data).__name__}: expected a .npz path, a calibration dataset "
         "(directory, text file with a tokenizer, module:function), a feed dict or an iterable of them."

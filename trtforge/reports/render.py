@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtforge._fileio import atomic_write_text
+from trtforge._fileio import atomic_outputs, atomic_write_text
 from trtforge.reports.cells import (
     ACCURACY_HEADER,
     LATENCY_HEADER,
@@ -69,7 +69,8 @@ def render_markdown(report: Report) -> str:
 def write_report(report: Report, out_dir: Path) -> tuple[Path, Path, Path]:
     """Write report.html, report.md and report.json into `out_dir`; returns their paths."""
     html_path, md_path, json_path = out_dir / "report.html", out_dir / "report.md", out_dir / "report.json"
-    atomic_write_text(json_path, report.to_json())
-    atomic_write_text(md_path, render_markdown(report))
-    atomic_write_text(html_path, render_html(report))
+    with atomic_outputs():  # all three or none, even when interrupted
+        atomic_write_text(json_path, report.to_json())
+        atomic_write_text(md_path, render_markdown(report))
+        atomic_write_text(html_path, render_html(report))
     return html_path, md_path, json_path

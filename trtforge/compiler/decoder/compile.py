@@ -19,7 +19,13 @@ import numpy as np
 import onnx
 
 from trtforge import __version__
-from trtforge._fileio import atomic_write_bytes, check_output_path, sha256_bytes
+from trtforge._fileio import (
+    atomic_write_bytes,
+    check_distinct_outputs,
+    check_output_path,
+    refuse_overwriting_inputs,
+    sha256_bytes,
+)
 from trtforge.compiler.decoder.build import DECODE, PREFILL, build_step_engine
 from trtforge.compiler.decoder.export import (
     CACHE_LAYOUTS,
@@ -61,7 +67,8 @@ def load_causal_lm(source: Any) -> Any:
 
         try:
             config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError, KeyError, TypeError) as e:  # the directory's config.json is the user's
+        except Exception as e:  # the directory's config.json is the user's (huggingface_hub's strict
+            # validation errors, a ZeroDivisionError from 0 heads in transformers' own checks, ...)
             raise UserError(
                 f"'{path}/config.json' is not a Hugging Face config transformers can read ({_first_line(e)})."
             ) from e
@@ -69,15 +76,26 @@ def load_causal_lm(source: Any) -> Any:
             raise UserError(
                 f"'{path}' holds a '{config.model_type}' model; supported causal LMs: {', '.join(SUPPORTED)}."
             )
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()  # its missing-weights report: ours below says it once
         try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(path), local_files_only=True, dtype=torch.float32
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path), local_files_only=True, dtype=torch.float32, output_loading_info=True
             )
         except Exception as e:  # missing, corrupt (safetensors' own error type) or mismatched weight files
             raise UserError(
                 f"cannot load the weights in '{path}' ({_first_line(e)}); expected the files "
                 "save_pretrained wrote (model.safetensors or pytorch_model.bin) matching config.json."
             ) from e
+        finally:
+            transformers.logging.set_verbosity(verbosity)
+        missing = sorted(info.get("missing_keys") or [])
+        if missing:  # transformers would start them from random values: not the user's model
+            raise UserError(
+                f"the weights in '{path}' lack {len(missing)} parameter(s) config.json asks for (e.g. "
+                f"{missing[:3]}); transformers would initialize them randomly. Expected the files "
+                "save_pretrained wrote for this config.json."
+            )
         return model.eval()
     if path.suffix in (".onnx", ".pt2", ".engine") or path.exists():
         raise UserError(
@@ -187,7 +205,7 @@ def compile_generate(
     Returns a CompileResult. Everything is written atomically; nothing is left behind on failure.
     """
     from trtforge.compiler.export import new_workdir
-    from trtforge.compiler.pipeline import CompileResult
+    from trtforge.compiler.pipeline import CompileResult, source_files
 
     log = log or (lambda _m: None)
     if isinstance(precision, str):
@@ -206,6 +224,11 @@ def compile_generate(
             "--generate --precision int8 needs calibration prompts: --calib-data FILE (token ids, one prompt "
             "per line) or calib_prompts=[[ids...], ...] in the API."
         )
+    from trtforge.compiler.build import BuildOptions
+
+    if build:  # builder options checked before the export, as compile does
+        opts = BuildOptions(targets=targets, backend=backend, opt_level=opt_level, workspace_mb=workspace_mb)
+        targets, opt_level, workspace_mb = opts.targets, opts.opt_level, opts.workspace_mb
     pool_blocks = _check_cache_layout(cache_layout, block_size, num_blocks, max_seq, max_batch, build)
     if precision == "int8" and cache_layout == "paged":
         raise UserError(
@@ -224,6 +247,13 @@ def compile_generate(
     if save_onnx is not None:
         check_output_path(save_onnx, force=force, what="--save-onnx file")
     lm = load_causal_lm(model)
+    outputs = {
+        "-o (engine)": out,
+        "the manifest": manifest_path_for(out) if out else None,
+        "--save-onnx": save_onnx,
+    }
+    check_distinct_outputs(outputs)
+    refuse_overwriting_inputs(outputs, source_files(model))  # after the load: a factory's module is known
     timings: dict[str, float] = {}
     records: dict[str, Any] = {}
     workdir = new_workdir()

@@ -1,0 +1,130 @@
+"""More hostile inputs to the CLI: each exits 2 with one clear message naming what is wrong, no traceback,
+and nothing left behind. Same harness as test_bad_inputs (its `workdir` fixture and snapshot rule)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_bad_inputs import Setup, _factory, _snapshot, _tiny, workdir  # noqa: F401 - a fixture
+from trtforge.cli.main import main
+
+
+def _custom_op(command: str, *extra: str) -> Setup:
+    def setup(d: Path) -> list[str]:
+        import onnx
+        from onnx import TensorProto, helper
+
+        vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", 4])  # noqa: E731
+        nodes = [
+            helper.make_node("Relu", ["x"], ["h"], name="r"),
+            helper.make_node("FancyOp", ["h"], ["y"], name="fancy_1", domain="com.acme"),
+        ]
+        graph = helper.make_graph(nodes, "g", [vi("x")], [vi("y")])
+        opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.acme", 1)]
+        onnx.save(helper.make_model(graph, opset_imports=opsets), str(d / "custom.onnx"))
+        if command == "calibrate":
+            import numpy as np
+
+            np.savez(d / "x.npz", x=np.ones((4, 4), np.float32))
+            return ["calibrate", "custom.onnx", "--data", "x.npz", "-o", "q.onnx", *extra]
+        return [command, "custom.onnx", "-o", "out.onnx" if command == "optimize" else "out.engine", *extra]
+
+    return setup
+
+
+GENERATE = ["compile", "tests.llm.tiny_models:llama_factory", "--generate", "--max-seq", "64", "-q"]
+
+
+def _hf_dir(d: Path) -> str:
+    from tests.llm.tiny_models import tiny_model
+
+    tiny_model("llama").save_pretrained(d / "hf")
+    return "hf"
+
+
+def _py(d: Path) -> str:
+    """The one factory module _factory wrote into `d`."""
+    return next(p.name for p in d.glob("um_*.py"))
+
+
+CUSTOM_OP = r"'custom\.onnx' holds 1 node\(s\) of custom op\(s\) com\.acme:FancyOp that {}.* node 'fancy_1'"
+
+# Cases that ask the TensorRT backend (its targets, parser and plugins).
+NEEDS_TRT = ("--target SM999", "--target ''", "compile: custom op without a plugin", "compile --no-passes: ")
+CASES: dict[str, tuple[Setup, str]] = {
+    "--target SM999": (
+        _tiny("compile", "m.onnx", "-o", "o.engine", "--target", "SM999"),
+        r"--target 'SM999': not a compute capability .* expected one or more of CURRENT, SM75",
+    ),
+    "--target ''": (_tiny("compile", "m.onnx", "-o", "o.engine", "--target", ""), r"--target '':"),
+    "compile --timing-cache the input model": (
+        _tiny("compile", "m.onnx", "-o", "o.engine", "--timing-cache", "m.onnx"),
+        r"--timing-cache 'm\.onnx' is the input model 'm\.onnx' itself",
+    ),
+    "optimize --ledger equal to -o": (
+        _tiny("optimize", "m.onnx", "-o", "o.onnx", "--ledger", "./o.onnx"),
+        r"--ledger and -o name the same file 'o\.onnx'",
+    ),
+    "compile -o the factory's module (--force)": (
+        lambda d: [
+            *_factory("def make():  # a module of its own\n    return Lin(), (torch.zeros(2, 4),)\n")(d)[:2],
+            "-o",
+            _py(d),
+            "--force",
+        ],
+        r"-o \(engine\) 'um_\d+\.py' is the factory's module '.*um_\d+\.py' itself",
+    ),
+    "compile --generate --save-onnx equal to -o": (
+        lambda d: [*GENERATE, "-o", "s.engine", "--save-onnx", "s.engine"],
+        r"--save-onnx and -o \(engine\) name the same file 's\.engine'",
+    ),
+    "compile --generate --save-onnx equal to the manifest": (
+        lambda d: [*GENERATE, "-o", "s.engine", "--save-onnx", "s.engine.json"],
+        r"--save-onnx and the manifest name the same file 's\.engine\.json'",
+    ),
+    "compile --generate -o the factory's module (--force)": (
+        lambda d: [*GENERATE, "-o", __import__("tests.llm.tiny_models").llm.tiny_models.__file__, "--force"],
+        r"-o \(engine\) '.*tiny_models\.py' is the factory's module",
+    ),
+    "compile --generate -o a file of the model directory (--force)": (
+        lambda d: ["compile", _hf_dir(d), "--generate", "--max-seq", "64", "-o", "hf/config.json", "--force"],
+        r"-o \(engine\) 'hf/config\.json' is the file 'config\.json' of the model directory",
+    ),
+    "compile: custom op without a plugin": (_custom_op("compile"), CUSTOM_OP.format("tensorrt")),
+    "compile --no-passes: custom op without a plugin": (
+        _custom_op("compile", "--no-passes"),
+        CUSTOM_OP.format("tensorrt"),
+    ),
+    "optimize: custom op ONNX Runtime cannot run": (
+        _custom_op("optimize"),
+        CUSTOM_OP.format("ONNX Runtime") + r".*--no-verify",
+    ),
+    "calibrate: custom op ONNX Runtime cannot run": (
+        _custom_op("calibrate"),
+        CUSTOM_OP.format("ONNX Runtime"),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=[pytest.mark.trt_build] if c.startswith(NEEDS_TRT) else []) for c in CASES],
+    ids=list(CASES),
+)
+def test_hostile_input_exits_2_cleanly(case: str, workdir: Path, capfd: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    setup, message = CASES[case]
+    argv = setup(workdir)
+    before = _snapshot(workdir)
+    rc = main(argv)
+    out, err = capfd.readouterr()
+    text = out + err
+    assert rc == 2, text
+    assert "Traceback" not in text and "internal error" not in text, text
+    errors = [line for line in text.splitlines() if line.lower().startswith("error")]
+    assert len(errors) == 1, text
+    assert re.search(message, text, re.S), text
+    assert _snapshot(workdir) == before
+    assert not list((workdir.parent / "tmp").glob("trtforge*"))
