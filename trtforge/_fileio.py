@@ -266,6 +266,23 @@ def atomic_outputs() -> Iterator[None]:
             cleanup()
 
 
+def commit_staged() -> None:
+    """Rename the files staged so far in the enclosing :func:`atomic_outputs` block into place now (the
+    caller holds SIGINT/SIGTERM back), so that they land together with the caller's own renames (an
+    engine and its manifest); a block that fails afterwards no longer removes them."""
+    renames = _GROUP.renames
+    if not renames:
+        return
+    for tmp, dest in renames:
+        try:
+            os.replace(tmp, dest)
+        except OSError as e:
+            raise (os_error(e, dest) if e.errno in USER_ERRNOS else e) from e
+    for parent in {dest.parent for _, dest in renames}:
+        fsync_dir(parent)
+    renames.clear()
+
+
 def staged_rename(tmp: Path, dest: Path, cleanup: Callable[[], None] | None = None) -> None:
     """Rename `tmp` onto `dest` now, or with the rest of the enclosing :func:`atomic_outputs` block;
     `cleanup` runs after the rename (or after the block)."""

@@ -209,3 +209,37 @@ def test_malformed_manifest_fields(tmp_path, edit, match) -> None:
     _edit(out, edit)
     with pytest.raises(UserError, match=match):
         load(out)
+
+
+def test_outputs_staged_beside_a_publish_land_with_the_pair_or_not_at_all(tmp_path, monkeypatch) -> None:
+    """compile --save-onnx: the saved model is staged in an atomic_outputs block and renamed in the
+    publisher's last, uninterruptible step; an interrupt before the commit point keeps the old set."""
+    from trtforge._fileio import atomic_outputs, atomic_write_text
+
+    out = _old_pair(tmp_path)
+    extra = tmp_path / "model.onnx"
+    extra.write_text("old model")
+    real = manifest_mod._write_locked
+
+    def interrupted_at_the_manifest(path, data, held, target):
+        if target == manifest_path_for(out):
+            raise KeyboardInterrupt  # Ctrl-C (the CLI turns SIGTERM into the same) while publishing
+        return real(path, data, held, target)
+
+    def compile_publishing() -> None:
+        with atomic_outputs():
+            atomic_write_text(extra, "new model")
+            publish_engine(out, NEW, _manifest(out, NEW))
+
+    monkeypatch.setattr(manifest_mod, "_write_locked", interrupted_at_the_manifest)
+    with pytest.raises(KeyboardInterrupt):
+        compile_publishing()
+    assert (_loaded(out), extra.read_text()) == (OLD, "old model")
+    assert _names(tmp_path) == ["m.engine", "m.engine.json", "model.onnx"]
+    monkeypatch.setattr(manifest_mod, "_write_locked", real)
+    with atomic_outputs():
+        atomic_write_text(extra, "new model")
+        publish_engine(out, NEW, _manifest(out, NEW))
+        assert extra.read_text() == "new model"  # renamed with the pair, not at the end of the block
+    assert (_loaded(out), extra.read_text()) == (NEW, "new model")
+    assert _names(tmp_path) == ["m.engine", "m.engine.json", "model.onnx"]

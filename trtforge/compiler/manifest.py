@@ -29,6 +29,7 @@ from trtforge._fileio import (
     USER_ERRNOS,
     as_path,
     atomic_write_text,
+    commit_staged,
     fsync_dir,
     os_error,
     sha256_bytes,
@@ -283,7 +284,8 @@ _ENGINE, _RECORD, _PART = "engine", "json", "json.part"
 
 def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: Manifest) -> Path:
     """Write `data` to `engine_path` and `manifest` beside it as one (see the module doc); returns the
-    manifest path. A failure before the commit point leaves the old pair and no staged file."""
+    manifest path. A failure before the commit point leaves the old pair and no staged file. Called in an
+    :func:`~trtforge._fileio.atomic_outputs` block, the block's staged files land with the pair."""
     out = Path(engine_path)
     token = secrets.token_hex(4)
     staged, record, part = (temp_name(out, f"{token}.{kind}") for kind in (_ENGINE, _RECORD, _PART))
@@ -301,6 +303,13 @@ def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: M
                     p.unlink()
             raise
         with signals_deferred():
+            try:
+                commit_staged()  # the caller's other outputs (--save-onnx), in the same uninterruptible step
+            except BaseException:
+                for p in (staged, record):
+                    with contextlib.suppress(FileNotFoundError):
+                        p.unlink()
+                raise
             try:
                 os.replace(staged, out)
                 os.replace(record, mpath)

@@ -18,6 +18,7 @@ from typing import Any
 from trtforge import __version__
 from trtforge._fileio import (
     as_path,
+    atomic_outputs,
     check_distinct_outputs,
     check_output_path,
     refuse_overwriting_inputs,
@@ -259,9 +260,10 @@ def compile_model(
                 "its external data's, differ from when compile read them); nothing was written. Re-run once "
                 "it is no longer being modified."
             )
-        if save_onnx is not None:
-            onnx_io.save_onnx_atomic(onnx_io.load_onnx(onnx_path), save_onnx)
-        manifest_path = publish_engine(out, data, manifest)
+        with atomic_outputs():  # --save-onnx lands with the engine and manifest, or not at all
+            if save_onnx is not None:
+                onnx_io.save_onnx_atomic(onnx_io.load_onnx(onnx_path), save_onnx)
+            manifest_path = publish_engine(out, data, manifest)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return CompileResult(

@@ -20,6 +20,7 @@ import onnx
 
 from trtforge import __version__
 from trtforge._fileio import (
+    atomic_outputs,
     atomic_write_bytes,
     check_distinct_outputs,
     check_output_path,
@@ -358,9 +359,10 @@ def compile_generate(
             records=records,
             generation=generation,
         )
-        if save_onnx is not None:
-            atomic_write_bytes(save_onnx, onnx_path.read_bytes())
-        manifest_path = publish_engine(out, data, manifest)
+        with atomic_outputs():  # --save-onnx lands with the engine and manifest, or not at all
+            if save_onnx is not None:
+                atomic_write_bytes(save_onnx, onnx_path.read_bytes())
+            manifest_path = publish_engine(out, data, manifest)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return CompileResult(
