@@ -251,13 +251,7 @@ def atomic_outputs() -> Iterator[None]:
         finally:
             _GROUP.renames = _GROUP.cleanups = None
         with signals_deferred():
-            for tmp, dest in renames:
-                try:
-                    os.replace(tmp, dest)
-                except OSError as e:
-                    raise (os_error(e, dest) if e.errno in USER_ERRNOS else e) from e
-            for parent in {dest.parent for _, dest in renames}:
-                fsync_dir(parent)
+            _rename_all(renames)
     finally:
         for tmp, _ in renames:
             with contextlib.suppress(FileNotFoundError):
@@ -271,8 +265,13 @@ def commit_staged() -> None:
     caller holds SIGINT/SIGTERM back), so that they land together with the caller's own renames (an
     engine and its manifest); a block that fails afterwards no longer removes them."""
     renames = _GROUP.renames
-    if not renames:
-        return
+    if renames:
+        _rename_all(renames)
+        renames.clear()
+
+
+def _rename_all(renames: list[tuple[Path, Path]]) -> None:
+    """Rename each staged file onto its destination, then fsync the directories that changed."""
     for tmp, dest in renames:
         try:
             os.replace(tmp, dest)
@@ -280,7 +279,6 @@ def commit_staged() -> None:
             raise (os_error(e, dest) if e.errno in USER_ERRNOS else e) from e
     for parent in {dest.parent for _, dest in renames}:
         fsync_dir(parent)
-    renames.clear()
 
 
 def staged_rename(tmp: Path, dest: Path, cleanup: Callable[[], None] | None = None) -> None:

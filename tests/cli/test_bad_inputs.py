@@ -588,9 +588,11 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return work
 
 
-@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
-def test_bad_input_exits_2_cleanly(case: str, workdir: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    setup, message = CASES[case]
+def assert_exits_2_cleanly(
+    setup: Setup, message: str, workdir: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Run the CLI on what `setup` prepares: exit 2, one error line matching `message`, no traceback,
+    the work directory unchanged and no work directory of ours left in the temp dir."""
     argv = setup(workdir)
     before = _snapshot(workdir)
     rc = main(argv)
@@ -603,6 +605,11 @@ def test_bad_input_exits_2_cleanly(case: str, workdir: Path, capfd: pytest.Captu
     assert re.search(message, text, re.S), text
     assert _snapshot(workdir) == before
     assert not list((workdir.parent / "tmp").glob("trtforge*"))  # our work directories (torch keeps caches)
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_bad_input_exits_2_cleanly(case: str, workdir: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    assert_exits_2_cleanly(*CASES[case], workdir, capfd)
 
 
 @pytest.fixture

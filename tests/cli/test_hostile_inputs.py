@@ -3,13 +3,11 @@ and nothing left behind. Same harness as test_bad_inputs (its `workdir` fixture 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from tests.cli.test_bad_inputs import Setup, _factory, _snapshot, _tiny, workdir  # noqa: F401 - a fixture
-from trtforge.cli.main import main
+from tests.cli.test_bad_inputs import Setup, _factory, _tiny, assert_exits_2_cleanly, workdir  # noqa: F401 - a fixture
 
 
 def _custom_op(command: str, *extra: str) -> Setup:
@@ -115,16 +113,4 @@ CASES: dict[str, tuple[Setup, str]] = {
     ids=list(CASES),
 )
 def test_hostile_input_exits_2_cleanly(case: str, workdir: Path, capfd: pytest.CaptureFixture[str]) -> None:  # noqa: F811
-    setup, message = CASES[case]
-    argv = setup(workdir)
-    before = _snapshot(workdir)
-    rc = main(argv)
-    out, err = capfd.readouterr()
-    text = out + err
-    assert rc == 2, text
-    assert "Traceback" not in text and "internal error" not in text, text
-    errors = [line for line in text.splitlines() if line.lower().startswith("error")]
-    assert len(errors) == 1, text
-    assert re.search(message, text, re.S), text
-    assert _snapshot(workdir) == before
-    assert not list((workdir.parent / "tmp").glob("trtforge*"))
+    assert_exits_2_cleanly(*CASES[case], workdir, capfd)

@@ -257,6 +257,14 @@ def test_cli_builds_the_paged_step_engine(family, tmp_path, monkeypatch):
     assert trtforge.llm.load(step).generate([[1, 2, 3]], max_new_tokens=4) == want
 
 
+def _build_tiny_step_engine(model, engine):
+    """A small step engine of `model` at `engine` (TensorRT-RTX build on this machine)."""
+    trtforge.compile(
+        model, output=engine, generate=True, max_seq=32, max_batch=2, max_prefill=16, exporter="legacy",
+        progress=False,
+    )  # fmt: skip
+
+
 @pytest.mark.trt_build
 def test_attention_no_fused_kernel_takes_is_built_decomposed(tmp_path):
     """Head dim 8 (hidden 32): TensorRT-RTX has no fused attention kernel for it and failed the build
@@ -264,16 +272,7 @@ def test_attention_no_fused_kernel_takes_is_built_decomposed(tmp_path):
     decomposable and the engine builds."""
     engine = tmp_path / "hd8.engine"
     model = tiny_model("llama", hidden_size=32, num_attention_heads=4, num_key_value_heads=2)
-    trtforge.compile(
-        model,
-        output=engine,
-        generate=True,
-        max_seq=32,
-        max_batch=2,
-        max_prefill=16,
-        exporter="legacy",
-        progress=False,
-    )
+    _build_tiny_step_engine(model, engine)
     build = read_manifest(engine).records["build"]
     assert len(build["attention_decomposed"]) == model.config.num_hidden_layers
 
@@ -285,16 +284,7 @@ def test_head_dim_not_a_multiple_of_8_fails_the_build_saying_so(tmp_path):
     engine = tmp_path / "hd12.engine"
     model = tiny_model("llama", hidden_size=48, num_attention_heads=4, num_key_value_heads=2)
     with pytest.raises(BuildError, match="head_dim 12 is not a multiple of 8.*torch executor"):
-        trtforge.compile(
-            model,
-            output=engine,
-            generate=True,
-            max_seq=32,
-            max_batch=2,
-            max_prefill=16,
-            exporter="legacy",
-            progress=False,
-        )
+        _build_tiny_step_engine(model, engine)
     assert not list(tmp_path.iterdir()), "a failed build leaves no output"
 
 
