@@ -22,8 +22,8 @@ import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-from trtforge.plugins.attention import kernel_hopper
-from trtforge.plugins.attention.configs import HopperConfig, hopper_configs
+from trtforge.kernels import flash_attention_hopper as kernel_hopper
+from trtforge.kernels.configs import HopperConfig, hopper_configs
 
 
 def _tflops(b: int, h: int, s: int, d: int, causal: bool, ms: float) -> float:

@@ -30,7 +30,7 @@ import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-from trtforge.plugins.attention import kernel
+from trtforge.kernels import flash_attention as kernel
 
 TORCH_BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,

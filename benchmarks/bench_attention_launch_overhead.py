@@ -19,8 +19,9 @@ import time
 
 import torch
 
-from trtforge.plugins.attention import kernel, kernel_hopper
-from trtforge.plugins.attention.configs import default_config, hopper_configs
+from trtforge.kernels import flash_attention as kernel
+from trtforge.kernels import flash_attention_hopper as kernel_hopper
+from trtforge.kernels.configs import default_config, hopper_configs
 
 
 def per_call_us(fn, n: int = 300) -> float:

@@ -17,8 +17,8 @@ import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-from trtforge.plugins.attention import kernel_hopper
-from trtforge.plugins.attention.configs import HopperConfig
+from trtforge.kernels import flash_attention_hopper as kernel_hopper
+from trtforge.kernels.configs import HopperConfig
 
 B, H, S, D = 8, 16, 8192, 128
 

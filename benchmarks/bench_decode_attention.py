@@ -50,8 +50,8 @@ import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-from trtforge.plugins.attention import decode_kernel
-from trtforge.plugins.attention.decode_kernel import (
+from trtforge.kernels import decode_attention as decode_kernel
+from trtforge.kernels.decode_attention import (
     DecodeConfig,
     decode_attention,
     decode_attention_raw,
@@ -59,7 +59,7 @@ from trtforge.plugins.attention.decode_kernel import (
     num_splits_for,
     workspace_elements,
 )
-from trtforge.plugins.attention.device_tensor import pool_heads_major
+from trtforge.kernels.device_tensor import pool_heads_major
 
 SHAPES = [(1, 32768), (4, 16384), (16, 4096), (64, 8192), (128, 2048), (256, 1024)]
 ROUND_IMPLS = ("ours-contig", "ours-contig-ws", "ours-paged16", "cudnn", "gather+cudnn")

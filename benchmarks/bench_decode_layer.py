@@ -4,7 +4,7 @@
 
 On the TinyLlama-1.1B-shaped model of bench_serving.py (random FP16 weights, CUDA): (1) every op of
 one decode layer and the logits head, current path (cuBLAS projections + separate norm/SiLU kernels)
-and GEMV path (:mod:`trtforge.llm.executors.gemv_kernels`), each timed as a CUDA graph running the op
+and GEMV path (:mod:`trtforge.kernels.gemv`), each timed as a CUDA graph running the op
 over all 22 layers' weights (so weights come from HBM, not L2: the 22 layers are 1.9 GB) divided by
 22, with the bytes it must read and the bandwidth that gives; (2) with ``--sweep``, the GEMV launch
 configs per projection and row count, and cuBLAS against the best GEMV at 1..16 rows (the threshold);
@@ -28,11 +28,11 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.bench_serving import build_model
-from trtforge.llm.executors import gemv_kernels
-from trtforge.llm.executors.fused_llama import GEMV_MAX_TOKENS, rms_norm, rope_and_cache, silu_mul
-from trtforge.llm.executors.gemv_kernels import GemvConfig, gemv_residual, norm_gate_up_silu, norm_gemv
+from trtforge.kernels import gemv as gemv_kernels
+from trtforge.kernels.decode_attention import DecodeConfig, decode_attention
+from trtforge.kernels.fused_layer import GEMV_MAX_TOKENS, rms_norm, rope_and_cache, silu_mul
+from trtforge.kernels.gemv import GemvConfig, gemv_residual, norm_gate_up_silu, norm_gemv
 from trtforge.llm.executors.torch_exec import TorchExecutor
-from trtforge.plugins.attention.decode_kernel import DecodeConfig, decode_attention
 
 BLOCK = 16
 

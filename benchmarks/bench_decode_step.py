@@ -79,8 +79,8 @@ def main() -> None:
     ap.add_argument("--plain-exporter", default="auto", choices=["auto", "dynamo", "legacy"])
     args = ap.parse_args()
 
-    from trtforge.compiler.decoder.export import export_step
     from trtforge.compiler.export import export_module
+    from trtforge.llm.compile.export import export_step
 
     model = _model(args)
     work = Path(tempfile.mkdtemp(prefix="bench-decode-"))

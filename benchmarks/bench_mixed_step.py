@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from benchmarks.bench_serving import build_model
-from trtforge.llm.executor import StepBatch
+from trtforge.llm.executors.base import StepBatch
 from trtforge.llm.executors.torch_exec import TorchExecutor
 
 # (decode rows, their context length, prompt chunk lengths (each a fresh prompt))

@@ -213,7 +213,7 @@ def trt_build(fused: onnx.ModelProto) -> dict:
     """Cast the fused model to FP16 (test helper), parse and build it with TensorRT(-RTX) on the CPU."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.passes._fp16 import cast_model_fp16
-    from trtforge.compiler.backend import get_backend
+    from trtforge.core.backend import get_backend
 
     backend = get_backend()
     trt = backend.trt

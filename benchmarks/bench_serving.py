@@ -31,7 +31,7 @@ import torch
 from trtforge.llm.engine import LLMEngine
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.scheduler import SchedulerConfig
+from trtforge.llm.sched.scheduler import SchedulerConfig
 
 
 def build_model(tiny: bool, device: str, dtype: torch.dtype):

@@ -421,7 +421,7 @@ def _run(label: str, fn: Callable[[], str], results: list[dict[str, Any]]) -> No
 def _compile(name: str, model: Any, inputs: dict, dynamic: Any, prec: str, out: Path) -> str:
     """trtforge.compile at one precision; returns the pass matches and watched op counts."""
     import trtforge
-    from trtforge.compiler.policy import PrecisionOptions
+    from trtforge.core.policy import PrecisionOptions
 
     precision: Any = prec
     if prec == "int8":

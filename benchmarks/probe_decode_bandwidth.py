@@ -35,7 +35,7 @@ import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-from trtforge.plugins.attention.decode_kernel import DecodeConfig, decode_attention_raw, workspace_elements
+from trtforge.kernels.decode_attention import DecodeConfig, decode_attention_raw, workspace_elements
 
 SHAPES = {(1, 32768): 16, (4, 16384): 4, (16, 4096): 1, (64, 8192): 1, (128, 2048): 1, (256, 1024): 1}
 CONFIGS = [(128, 4, 3), (128, 4, 4), (128, 8, 4), (128, 8, 3), (128, 4, 2), (64, 4, 3), (64, 4, 4)]
@@ -59,7 +59,7 @@ def _ours(p: dict, cfg: DecodeConfig, splits: int, pdl: bool = False):
 
     def fn():
         if pdl:
-            from trtforge.plugins.attention import decode_kernel
+            from trtforge.kernels import decode_attention as decode_kernel
 
             decode_kernel._launch(
                 p["q"], p["k"], p["v"], p["lens"], None, p["out"], d**-0.5, cfg, splits, ws, pdl=True
@@ -136,7 +136,7 @@ def _ours_promoted(p: dict, cfg: DecodeConfig, splits: int, level: int):
 
 def _stamp_run(p: dict, cfg: DecodeConfig, shift: int) -> list:
     """One eager one-split launch with STAMP, pair i on program i - shift: per pair (start ns, end ns, SM)."""
-    from trtforge.plugins.attention import decode_kernel as dk
+    from trtforge.kernels import decode_attention as dk
 
     q, k, v, out = p["q"], p["k"], p["v"], p["out"]
     b, hq, s_q, d = q.shape

@@ -20,12 +20,12 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-import trtforge.llm.scheduler as scheduler_module
+import trtforge.llm.sched.scheduler as scheduler_module
 from benchmarks.bench_serving import build_model
 from trtforge.llm.engine import LLMEngine
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.scheduler import Scheduler, SchedulerConfig
+from trtforge.llm.sched.scheduler import Scheduler, SchedulerConfig
 
 
 class PhaseTimer:

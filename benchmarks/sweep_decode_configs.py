@@ -24,8 +24,8 @@ import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-from trtforge.plugins.attention import decode_kernel
-from trtforge.plugins.attention.decode_kernel import DecodeConfig, decode_attention_raw, workspace_elements
+from trtforge.kernels import decode_attention as decode_kernel
+from trtforge.kernels.decode_attention import DecodeConfig, decode_attention_raw, workspace_elements
 
 # (block_n, num_warps, num_stages, tma)
 CANDIDATES = [

@@ -20,7 +20,7 @@ def _gpu_reason() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _trt_build_reason() -> str | None:
-    from trtforge.compiler.backend import BackendUnavailableError, get_backend
+    from trtforge.core.backend import BackendUnavailableError, get_backend
 
     try:
         backend = get_backend()
@@ -32,7 +32,7 @@ def _trt_build_reason() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _trt_run_reason() -> str | None:
-    from trtforge.compiler.backend import BackendUnavailableError, get_backend
+    from trtforge.core.backend import BackendUnavailableError, get_backend
 
     try:
         backend = get_backend()

@@ -70,7 +70,7 @@ def test_save_onnx_atomic_joins_the_group_and_leaves_no_temp_dir(tmp_path) -> No
 
     from tests.models import tiny_onnx
     from trtforge._fileio import atomic_outputs, atomic_write_text
-    from trtforge.compiler.onnx_io import save_onnx_atomic
+    from trtforge.core.onnx_io import save_onnx_atomic
 
     model = onnx.load(str(tiny_onnx(tmp_path / "src.onnx")))
 

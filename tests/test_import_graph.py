@@ -30,8 +30,12 @@ def _parents(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def import_graph(root: Path, package: str) -> dict[str, dict[str, int]]:
-    """module -> {imported module: first line number}, over every import statement in the package."""
+def import_graph(root: Path, package: str, parents: bool = True) -> dict[str, dict[str, int]]:
+    """module -> {imported module: first line number}, over every import statement in the package.
+
+    With ``parents`` an import also counts as one of every package above its target (their
+    ``__init__`` runs first: what a cycle check needs); without, only the module named.
+    """
     mods = _modules(root, package)
 
     def known(name: str) -> str | None:
@@ -60,7 +64,7 @@ def import_graph(root: Path, package: str) -> dict[str, dict[str, int]]:
                 target = known(name)
                 if target is None:
                     continue
-                for t in [*_parents(target), target]:
+                for t in [*_parents(target), target] if parents else [target]:
                     if t != mod and t not in own_parents and t in mods:
                         graph[mod].setdefault(t, node.lineno)
     return graph

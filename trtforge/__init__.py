@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 __all__ = ["TrtforgeError", "UserError", "__version__", "compile"]
 
+from trtforge.core.version import __version__
 from trtforge.errors import TrtforgeError, UserError
 
 if TYPE_CHECKING:
@@ -22,7 +21,7 @@ def compile(model: Any, example_inputs: Any = None, output: Any = None, **option
 
     Thin lazy wrapper over :func:`trtforge.compiler.pipeline.compile_model`; see it for options.
     `generate=True` compiles a Hugging Face causal LM into a KV-cache step engine instead
-    (:func:`trtforge.compiler.decoder.compile.compile_generate`; example_inputs are not needed).
+    (:func:`trtforge.llm.compile.compile.compile_generate`; example_inputs are not needed).
     """
     if options.pop("generate", False):
         if example_inputs is not None:
@@ -31,7 +30,7 @@ def compile(model: Any, example_inputs: Any = None, output: Any = None, **option
                 "positions, lengths, KV cache) trtforge makes itself: pass no example_inputs "
                 "(output=... by keyword)."
             )
-        from trtforge.compiler.decoder.compile import compile_generate
+        from trtforge.llm.compile.compile import compile_generate
 
         return compile_generate(model, output, **options)
     from trtforge.compiler.pipeline import compile_model

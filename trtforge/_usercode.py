@@ -93,3 +93,20 @@ def user_frame(e: BaseException) -> str | None:
             last = f"{filename}:{tb.tb_lineno} in {tb.tb_frame.f_code.co_name}"
         tb = tb.tb_next
     return last
+
+
+def load_factory(spec: str) -> tuple[Any, Any]:
+    """Import `package.module:factory` (cwd importable) and call it; it must return (nn.Module, inputs).
+
+    Whatever the user's module or factory raises is reported as theirs (UserCodeError, exit code 2).
+    """
+    if ":" not in spec:
+        raise UserError(f"'{spec}' is not a model file nor a 'package.module:factory' reference.")
+    factory = load_callable(spec, "factory")
+    with user_code(f"factory '{spec}'"):
+        result = factory()
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise UserError(
+            f"factory '{spec}' must return (nn.Module, example_inputs); got {type(result).__name__}."
+        )
+    return result

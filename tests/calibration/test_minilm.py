@@ -48,7 +48,7 @@ def test_minilm_int8_every_matmul_keeps_cosine_above_0_99(calibrated):
 @pytest.mark.slow
 @pytest.mark.trt_build
 def test_minilm_int8_builds_with_tensorrt(calibrated):
-    from trtforge.compiler.backend import get_backend
+    from trtforge.core.backend import get_backend
 
     _, q, _, _ = calibrated
     backend = get_backend()

@@ -169,7 +169,7 @@ def _report_data(arrays: dict[str, np.ndarray]) -> Setup:
 
 def _tampered_engine(d: Path) -> list[str]:
     from trtforge._fileio import sha256_bytes
-    from trtforge.compiler.manifest import publish_engine
+    from trtforge.core.manifest import publish_engine
     from trtforge.runtime.standin import standin_manifest
 
     data = b"engine bytes" * 20
@@ -266,7 +266,7 @@ def _unknown_dtype_engine(command: str) -> Setup:
 
     def setup(d: Path) -> list[str]:
         from trtforge._fileio import sha256_bytes
-        from trtforge.compiler.manifest import publish_engine
+        from trtforge.core.manifest import publish_engine
         from trtforge.runtime.standin import standin_manifest
 
         data = b"engine bytes" * 20
@@ -655,6 +655,6 @@ def test_legal_long_name_and_non_utf8_name_compile(tmp_path) -> None:
             env=env,
         )
         assert proc.returncode == 0, proc.stderr.decode(errors="replace")
-        from trtforge.compiler.manifest import read_manifest, verify_engine_file
+        from trtforge.core.manifest import read_manifest, verify_engine_file
 
         verify_engine_file(out, read_manifest(out))

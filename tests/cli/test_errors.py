@@ -53,7 +53,7 @@ def test_exception_from_user_code_is_exit_2_naming_it(tmp_path, monkeypatch, cap
 
 
 def test_trtforge_bug_stays_internal_error_with_trace(capsys) -> None:
-    from trtforge.compiler.shapes import format_range
+    from trtforge.core.shapes import format_range
 
     assert run_cli(_group(lambda: format_range(None)), ["go"]) == 1
     err = capsys.readouterr().err

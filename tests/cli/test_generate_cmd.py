@@ -7,7 +7,7 @@ import pytest
 
 from tests.llm.tiny_models import hf_greedy, tiny_model
 from trtforge.cli.main import main
-from trtforge.compiler.decoder.export import export_step
+from trtforge.llm.compile.export import export_step
 
 
 def _graph(d, **kw):

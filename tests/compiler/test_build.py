@@ -9,7 +9,7 @@ import pytest
 from tests.models import BERT_INPUTS, bert_inputs, tiny_bert, tiny_onnx
 from trtforge._fileio import sha256_file
 from trtforge.compiler.build import BuildOptions, build_engine
-from trtforge.compiler.manifest import read_manifest, verify_engine_file
+from trtforge.core.manifest import read_manifest, verify_engine_file
 from trtforge.errors import UserError
 
 pytestmark = pytest.mark.trt_build
@@ -134,7 +134,7 @@ def test_bad_targets_are_refused_when_the_options_are_made(targets) -> None:
 
 
 def test_target_current_without_a_gpu_is_refused(monkeypatch) -> None:
-    from trtforge.compiler import backend
+    from trtforge.core import backend
 
     monkeypatch.setattr(backend, "probe_gpu", lambda: backend.GpuInfo(False, reason="no GPU here"))
     with pytest.raises(UserError, match=r"--target CURRENT builds for this machine's GPU.*no GPU here"):
@@ -177,7 +177,7 @@ def test_parser_error_names_node(tmp_path) -> None:
             str(tmp_path / "bad.onnx"),
             output=tmp_path / "bad.engine",
             progress=False,
-            passes=trtforge.compiler.policy.PassOptions(verify=False),
+            passes=trtforge.core.policy.PassOptions(verify=False),
         )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.onnx"]
 
@@ -232,8 +232,8 @@ def test_custom_op_without_a_plugin_is_named_before_the_parser(tmp_path) -> None
 
 
 def test_custom_op_of_a_registered_plugin_passes_and_a_wrong_version_is_named(tmp_path) -> None:
-    from trtforge.compiler.backend import get_backend
     from trtforge.compiler.build import check_custom_ops
+    from trtforge.core.backend import get_backend
 
     backend = get_backend()
     if not backend.plugin_creators():

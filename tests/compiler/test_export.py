@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from tests.models import BERT_INPUTS, bert_inputs, tiny_bert
+from trtforge._usercode import load_factory
 from trtforge.compiler.export import (
     export_module,
     from_onnx_file,
     from_pt2,
-    load_factory,
     normalize_inputs,
     resolve_dynamic,
 )
@@ -146,7 +146,7 @@ def test_onnx_source_and_corrupt_bytes(tmp_path) -> None:
 def test_external_data_model(tmp_path) -> None:
     """A model saved with external data (the >2 GB form) is accepted and checked by path."""
     from tests.models import tiny_onnx
-    from trtforge.compiler.onnx_io import external_data_files, load_onnx, source_sha256
+    from trtforge.core.onnx_io import external_data_files, load_onnx, source_sha256
 
     m = onnx.load(str(tiny_onnx(tmp_path / "t.onnx")))
     onnx.save(

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.models import tiny_onnx
-from trtforge.compiler.manifest import manifest_path_for, read_manifest, resolve_pending, verify_engine_file
+from trtforge.core.manifest import manifest_path_for, read_manifest, resolve_pending, verify_engine_file
 
 pytestmark = pytest.mark.trt_build
 

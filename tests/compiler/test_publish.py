@@ -11,8 +11,8 @@ import os
 import pytest
 
 from trtforge._fileio import sha256_bytes, temp_name
-from trtforge.compiler import manifest as manifest_mod
-from trtforge.compiler.manifest import (
+from trtforge.core import manifest as manifest_mod
+from trtforge.core.manifest import (
     manifest_path_for,
     publish_engine,
     read_manifest,

@@ -6,8 +6,8 @@ import pytest
 
 from tests.compiler._shape_models import broadcast_model, position_table_model
 from trtforge.compiler import shape_check
-from trtforge.compiler.manifest import ShapeRange
 from trtforge.compiler.shape_check import check_profile
+from trtforge.core.manifest import ShapeRange
 from trtforge.errors import UserError
 
 

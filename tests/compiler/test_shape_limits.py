@@ -6,8 +6,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.compiler._shape_models import broadcast_model, position_table_model
-from trtforge.compiler.shape_limits import graph_limits, module_limits, source_limits
-from trtforge.compiler.shapes import AxisLimit
+from trtforge.core.shape_limits import graph_limits, module_limits, source_limits
+from trtforge.core.shapes import AxisLimit
 
 
 def _graph(*inputs: tuple[str, int, list]):

@@ -8,7 +8,7 @@ import torch
 
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.scheduler import Scheduler, SchedulerConfig
+from trtforge.llm.sched.scheduler import Scheduler, SchedulerConfig
 
 VOCAB = 300
 MAX_POS = 512

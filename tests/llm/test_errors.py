@@ -13,8 +13,8 @@ import trtforge
 import trtforge.llm
 from tests.llm.tiny_models import opt_factory, tiny_model
 from trtforge.cli.main import main as cli_main
-from trtforge.compiler.decoder.export import export_step
 from trtforge.errors import UserError
+from trtforge.llm.compile.export import export_step
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +198,7 @@ def test_broken_save_pretrained_directory_exits_2(what, message, tmp_path, capsy
 
 def test_int8_calibration_prompt_outside_the_vocabulary_is_named(llm):
     """The id itself is named (before: only the prompt's length, which was within the limit)."""
-    from trtforge.compiler.decoder.int8 import prompt_dataset
+    from trtforge.llm.compile.int8 import prompt_dataset
 
     generation = llm.generation
     vocab = generation["vocab_size"]

@@ -8,7 +8,7 @@ import pytest
 
 import trtforge.llm
 from tests.llm.tiny_models import FAMILIES, HOSTILE_SHAPES, hf_greedy, prompts, tiny_model
-from trtforge.compiler.decoder.export import export_step
+from trtforge.llm.compile.export import export_step
 
 NEW_TOKENS = 32
 EXPORTERS = ["legacy", pytest.param("dynamo", marks=pytest.mark.slow)]

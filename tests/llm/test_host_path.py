@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from trtforge.llm.blocks import BlockManager
-from trtforge.llm.executor import StepBatch
+from trtforge.llm.executors.base import StepBatch
 from trtforge.llm.sampling import SamplingParams, sample
-from trtforge.llm.scheduler import Scheduler, SchedulerConfig
+from trtforge.llm.sched.blocks import BlockManager
+from trtforge.llm.sched.scheduler import Scheduler, SchedulerConfig
 
 VOCAB = 97
 
@@ -199,7 +199,7 @@ def test_torch_device_branch_and_host_view_agree_and_half_precision_works():
 def test_a_plan_out_of_arrival_order_is_reordered_with_its_tokens_and_slots():
     from types import SimpleNamespace
 
-    from trtforge.llm.scheduler import _Plan
+    from trtforge.llm.sched.scheduler import _Plan
 
     def seq(arrival, tokens, computed):
         return SimpleNamespace(arrival=arrival, tokens=tokens, num_computed=computed, pending_row=-1)

@@ -7,9 +7,9 @@ import pytest
 
 import trtforge.llm
 from tests.llm.tiny_models import hf_greedy, prompts, tiny_model
-from trtforge.compiler.decoder.export import export_step
 from trtforge.errors import UserError
 from trtforge.llm import SamplingParams, ServingLLM
+from trtforge.llm.compile.export import export_step
 
 
 def _save(tmp_path, name, **kw):

@@ -6,16 +6,16 @@ import numpy as np
 import onnx
 import pytest
 
+from tests.llm.sched.test_scheduler import _waste_hook, _workload, serve_staggered
 from tests.llm.serving_models import run_to_completion, solo_output
-from tests.llm.test_scheduler import _waste_hook, _workload, serve_staggered
 from tests.llm.test_serving import _FailOnce
 from tests.llm.tiny_models import hf_greedy, tiny_model
-from trtforge.compiler.decoder.export import export_step
 from trtforge.errors import UserError
+from trtforge.llm.compile.export import export_step
 from trtforge.llm.engine import LLMEngine
 from trtforge.llm.executors import OrtPagedExecutor
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.scheduler import Scheduler, SchedulerConfig, StepFailedError
+from trtforge.llm.sched.scheduler import Scheduler, SchedulerConfig, StepFailedError
 
 BLOCK = 8
 

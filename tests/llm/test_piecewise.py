@@ -15,7 +15,7 @@ from trtforge.errors import UserError
 from trtforge.llm.executors.piecewise import TOKEN_BUCKETS, PiecewiseStep
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.scheduler import Scheduler, SchedulerConfig
+from trtforge.llm.sched.scheduler import Scheduler, SchedulerConfig
 
 
 class _Lockstep:

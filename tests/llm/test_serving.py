@@ -12,7 +12,7 @@ from tests.llm.serving_models import VOCAB, make_executor, solo_output
 from trtforge.errors import UserError
 from trtforge.llm.engine import EngineClosedError, LLMEngine
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.scheduler import SchedulerConfig, StepFailedError
+from trtforge.llm.sched.scheduler import SchedulerConfig, StepFailedError
 
 
 def _prompts(n, seed, lo=1, hi=40):

@@ -20,10 +20,10 @@ import trtforge.llm
 from tests.llm.tiny_models import tiny_model
 from trtforge.cli.main import main as cli_main
 from trtforge.errors import UserError
-from trtforge.llm.executor import StepBatch
 from trtforge.llm.executors import OrtPagedExecutor
+from trtforge.llm.executors.base import StepBatch
 from trtforge.llm.executors.tensorrt_exec import plan_step, read_step_engine
-from trtforge.llm.scheduler import SchedulerConfig
+from trtforge.llm.sched.scheduler import SchedulerConfig
 from trtforge.llm.service import engine_config
 
 BLOCK, MAX_BATCH, MAX_PREFILL, MAX_SEQ = 8, 4, 16, 64
@@ -241,7 +241,7 @@ def test_manifest_errors_are_user_errors_before_any_gpu_work(built, tmp_path, ch
 
 @pytest.mark.trt_build
 def test_load_checks_limits_then_stops_at_the_gpu_gate(built):
-    from trtforge.compiler.backend import get_backend
+    from trtforge.core.backend import get_backend
 
     engine, _ = built
     with pytest.raises(UserError, match=r"\{'max_num_seqs': 16\} exceeds the step engine's limits"):

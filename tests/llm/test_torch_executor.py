@@ -9,7 +9,7 @@ import torch
 from tests.llm.paged_metadata import mixed_metadata
 from tests.llm.serving_models import tiny_llama
 from trtforge.errors import UserError
-from trtforge.llm.executor import StepBatch
+from trtforge.llm.executors.base import StepBatch
 from trtforge.llm.executors.paged_attention import paged_attention_reference
 from trtforge.llm.executors.torch_exec import TorchExecutor
 
@@ -152,7 +152,7 @@ def test_unsupported_models_and_bad_sizes_are_user_errors():
 def test_static_shape_decode_gives_the_same_tokens_as_the_eager_path():
     from tests.llm.serving_models import run_to_completion
     from trtforge.llm.sampling import SamplingParams
-    from trtforge.llm.scheduler import Scheduler
+    from trtforge.llm.sched.scheduler import Scheduler
 
     rng = np.random.default_rng(6)
     prompts = [rng.integers(0, 300, size=int(rng.integers(1, 40))).tolist() for _ in range(11)]
@@ -177,7 +177,7 @@ def test_cuda_graph_decode_matches_eager_on_cuda(family):
     from tests.llm.serving_models import run_to_completion
     from tests.llm.tiny_models import tiny_model
     from trtforge.llm.sampling import SamplingParams
-    from trtforge.llm.scheduler import Scheduler
+    from trtforge.llm.sched.scheduler import Scheduler
 
     rng = np.random.default_rng(8)
     prompts = [rng.integers(0, 300, size=int(rng.integers(1, 60))).tolist() for _ in range(20)]
@@ -202,7 +202,7 @@ def test_async_scheduling_with_cuda_graphs_gives_the_synchronous_outputs_on_cuda
     """On the device for real: ids fed from the device between the staged copy and the graph replay,
     double-buffered staging, pinned token copies; greedy and seeded sampling, staggered arrivals."""
     from trtforge.llm.sampling import SamplingParams
-    from trtforge.llm.scheduler import Scheduler, SchedulerConfig
+    from trtforge.llm.sched.scheduler import Scheduler, SchedulerConfig
 
     rng = np.random.default_rng(9)
     reqs = []
@@ -266,7 +266,7 @@ def test_step_async_takes_fed_ids_from_the_previous_tokens(static):
     """Decode and mixed steps whose ids come from a token tensor give the logits of the true ids."""
     import dataclasses
 
-    from trtforge.llm.executor import TokenFeed
+    from trtforge.llm.executors.base import TokenFeed
 
     plain, fed = (
         TorchExecutor(tiny_llama(), num_blocks=16, block_size=4, static_decode=static) for _ in "ab"
@@ -374,7 +374,7 @@ def test_dynamic_rotary_batched_serving_matches_transformers_alone(num_blocks, c
     """A prompt's tokens rotate by the whole prompt's length however the scheduler cuts or recomputes it;
     prompts sharing a prefix do not share its blocks (their keys differ)."""
     from trtforge.llm import service
-    from trtforge.llm.scheduler import SchedulerConfig
+    from trtforge.llm.sched.scheduler import SchedulerConfig
 
     model = _dynamic_llama()
     g = torch.Generator().manual_seed(5)

@@ -18,7 +18,7 @@ from tests.llm.serving_models import run_to_completion, tiny_llama
 from trtforge.llm.executors.paged_attention import paged_attention_reference
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.scheduler import Scheduler, SchedulerConfig
+from trtforge.llm.sched.scheduler import Scheduler, SchedulerConfig
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
 
@@ -72,7 +72,7 @@ def test_triton_attention_matches_the_reference_on_a_mixed_batch(device, layout,
 def test_fused_layer_kernels_match_the_eager_modules(device):
     from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-    from trtforge.llm.executors.fused_llama import rms_norm, rope_and_cache, silu_mul
+    from trtforge.kernels.fused_layer import rms_norm, rope_and_cache, silu_mul
 
     _skip_cpu_with_cuda(device)
     g = torch.Generator().manual_seed(1)
@@ -116,7 +116,7 @@ def test_qk_norm_and_partial_rotary_kernels_match_the_eager_modules(device):
     from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-    from trtforge.llm.executors.fused_llama import qk_norm_, rope_and_cache
+    from trtforge.kernels.fused_layer import qk_norm_, rope_and_cache
 
     _skip_cpu_with_cuda(device)
     g = torch.Generator().manual_seed(2)
@@ -248,8 +248,8 @@ def test_triton_kernels_are_refused_where_they_cannot_run(monkeypatch):
 
 
 def test_small_decode_buckets_take_one_tile_a_split():
+    from trtforge.kernels.decode_attention import DecodeConfig, default_decode_config
     from trtforge.llm.executors.triton_attention import SMALL_DECODE_WORK, TritonDecodeAttention
-    from trtforge.plugins.attention.decode_kernel import DecodeConfig, default_decode_config
 
     attn = TritonDecodeAttention()
     # batch 1, 4 kv heads: one 64-key tile per split (512 keys: 8, 768: 12), at most 2 programs an SM
@@ -291,7 +291,7 @@ def test_small_decode_splits_match_the_reference_with_short_and_empty_splits(dev
 
 
 def test_pdl_is_used_on_hopper_cuda_devices_only(monkeypatch):
-    from trtforge.llm.executors import gemv_kernels
+    from trtforge.kernels import gemv as gemv_kernels
 
     gemv_kernels.pdl_supported.cache_clear()
     assert not gemv_kernels.pdl_supported(torch.device("cpu"))

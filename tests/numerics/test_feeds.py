@@ -65,7 +65,7 @@ def test_bool_mask_and_plain_integers():
 )
 def test_every_manifest_dtype_has_a_numpy_dtype(name):
     """Manifest names for bfloat16/FP8/INT4/FP4 resolve through ml_dtypes, so reports can make data."""
-    from trtforge.compiler.backend import MANIFEST_DTYPES
+    from trtforge.core.backend import MANIFEST_DTYPES
     from trtforge.numerics.feeds import numpy_dtype_of
 
     assert name in MANIFEST_DTYPES

@@ -483,7 +483,7 @@ def test_gqa_unprovable_head_count_is_left_alone():
 
 def _trt_network(model: onnx.ModelProto):
     """Parse `model` with TensorRT(-RTX): (backend, builder, network, layer-type counts)."""
-    from trtforge.compiler.backend import get_backend
+    from trtforge.core.backend import get_backend
 
     backend = get_backend()
     builder = backend.create_builder()

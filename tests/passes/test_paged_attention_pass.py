@@ -2,7 +2,7 @@
 Attention, here the PagedAttention reference function inlined; pools [num_blocks, block_size, Hkv, D])
 becomes one PagedAttention node, and ONNX Runtime gives the same outputs before and after (the pass
 manager checks it, and so does this test on valid paged inputs). The decoder's own paged step graphs
-are covered in tests/compiler/test_decoder_paged.py."""
+are covered in tests/llm/compile/test_decoder_paged.py."""
 
 from __future__ import annotations
 

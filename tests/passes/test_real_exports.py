@@ -107,7 +107,7 @@ def test_ledger_is_json(tiny_export):
 def test_fp16_fused_bert_builds_with_attention_layers(tiny_export):
     """FP16 copy of the fused BertModel -> TensorRT(-RTX) network with IAttention per block, and a plan."""
     from tests.passes._fp16 import cast_model_fp16
-    from trtforge.compiler.backend import get_backend
+    from trtforge.core.backend import get_backend
 
     fused, _ = optimize_model(tiny_export("bert64", "dynamo"))
     model16 = cast_model_fp16(fused)

@@ -11,9 +11,9 @@ import types
 import numpy as np
 import pytest
 
-from trtforge.compiler.backend import backend_available, get_backend
+from trtforge.core.backend import backend_available, get_backend
 from trtforge.errors import UserError
-from trtforge.plugins.attention.configs import (
+from trtforge.kernels.configs import (
     HopperConfig,
     KernelConfig,
     config_for_tactic,

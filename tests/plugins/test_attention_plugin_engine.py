@@ -33,7 +33,7 @@ def _model_bytes(b: int, h: int, s: int, d: int, causal: bool) -> bytes:
 def test_engine_with_the_plugin_matches_onnxruntime(causal):
     import torch
 
-    from trtforge.compiler.backend import get_backend
+    from trtforge.core.backend import get_backend
     from trtforge.numerics.sessions import exact_session
     from trtforge.plugins.attention.plugin import register_plugins
 

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from trtforge.plugins.attention.configs import tactic_configs  # noqa: E402
+from trtforge.kernels.configs import tactic_configs  # noqa: E402
 from trtforge.plugins.attention.plugin import plugin_classes  # noqa: E402
 from trtforge.plugins.attention.spec import FlashAttentionAttrs  # noqa: E402
 

@@ -73,9 +73,9 @@ def test_reference_function_matches_the_kernels(hq, hkv, s_q, d, bs, lens, q_len
     """Pools [num_blocks, block_size, Hkv, D] at random block placement: ORT's reference function and
     the Triton write + decode / chunked-prefill kernels write the same pools and agree on every real
     query row, and both match FP32 SDPA over the gathered keys."""
-    from tests.plugins.decode_reference import paged_from_contiguous, reference_decode
-    from trtforge.plugins.attention.decode_kernel import DecodeConfig
-    from trtforge.plugins.attention.paged_cache import paged_attention_step
+    from tests.kernels.decode_reference import paged_from_contiguous, reference_decode
+    from trtforge.kernels.decode_attention import DecodeConfig
+    from trtforge.kernels.paged_cache import paged_attention_step
 
     gen = torch.Generator().manual_seed(hq * d + s_q)
     b, s_max = len(lens), max(lens) + bs

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtforge.compiler.backend import backend_available, get_backend
+from trtforge.core.backend import backend_available, get_backend
 from trtforge.errors import UserError
-from trtforge.plugins.attention.configs import DECODE_CANDIDATES
+from trtforge.kernels.configs import DECODE_CANDIDATES
 from trtforge.plugins.attention.paged_plugin import (
     paged_config_for_tactic,
     paged_plugin_classes,

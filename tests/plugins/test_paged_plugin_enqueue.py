@@ -13,10 +13,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="Triton is needed to run the kernels (pip install triton)")
 
-from tests.plugins.decode_reference import reference_decode  # noqa: E402
+from tests.kernels.decode_reference import reference_decode  # noqa: E402
 from tests.plugins.test_paged_plugin_enqueue_gpu import _close, _step  # noqa: E402
-from trtforge.plugins.attention import device_tensor  # noqa: E402
-from trtforge.plugins.attention.device_tensor import DeviceTensor, pool_heads_major  # noqa: E402
+from trtforge.kernels import device_tensor  # noqa: E402
+from trtforge.kernels.device_tensor import DeviceTensor, pool_heads_major  # noqa: E402
 
 if torch.cuda.is_available():
     pytest.skip("the GPU test covers enqueue on CUDA", allow_module_level=True)

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from tests.plugins.decode_reference import paged_from_contiguous, reference_decode  # noqa: E402
+from tests.kernels.decode_reference import paged_from_contiguous, reference_decode  # noqa: E402
 from trtforge.plugins.attention.paged_plugin import (  # noqa: E402
     paged_plugin_classes,
     paged_tactic_count,

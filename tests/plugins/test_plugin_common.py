@@ -7,7 +7,7 @@ import gc
 import numpy as np
 import pytest
 
-from trtforge.compiler.backend import backend_available, get_backend
+from trtforge.core.backend import backend_available, get_backend
 from trtforge.errors import UserError
 from trtforge.plugins.attention.paged_plugin import paged_plugin_classes
 from trtforge.plugins.attention.plugin import plugin_classes

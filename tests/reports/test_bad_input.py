@@ -10,7 +10,7 @@ from onnx import TensorProto
 
 from tests.reports._tiny import FEATURES, classifier_onnx, classifier_weights, inputs_npz
 from trtforge._fileio import sha256_bytes
-from trtforge.compiler.manifest import Manifest, ShapeRange, TensorSpec, write_manifest
+from trtforge.core.manifest import Manifest, ShapeRange, TensorSpec, write_manifest
 from trtforge.errors import UserError
 from trtforge.reports.api import build_report
 from trtforge.reports.results import SCHEMA_FILE

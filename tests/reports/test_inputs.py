@@ -72,7 +72,7 @@ def test_calibration_dataset_formats_are_accepted(tmp_path):
 
 def test_model_limits_bound_generated_sizes(tmp_path):
     """Known limits ride on the specs; accuracy sizes fit them and the sweep keeps a length that runs."""
-    from trtforge.compiler.shapes import AxisLimit
+    from trtforge.core.shapes import AxisLimit
     from trtforge.reports.inputs import fit_sizes
 
     model = onnx.load(str(token_model_onnx(tmp_path / "t.onnx")))

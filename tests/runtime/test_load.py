@@ -8,8 +8,8 @@ import types
 import pytest
 
 from trtforge._fileio import sha256_bytes
-from trtforge.compiler import backend as backend_mod
-from trtforge.compiler.manifest import write_manifest
+from trtforge.core import backend as backend_mod
+from trtforge.core.manifest import write_manifest
 from trtforge.errors import UserError
 from trtforge.runtime import engine as engine_mod
 from trtforge.runtime import load

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from trtforge.compiler.manifest import ShapeRange
+from trtforge.core.manifest import ShapeRange
 from trtforge.errors import UserError
 from trtforge.runtime.profiles import InputValidator, IOSpec, ProfileLayout
 from trtforge.runtime.standin import standin_manifest

@@ -8,7 +8,7 @@ import concurrent.futures
 import numpy as np
 import pytest
 
-from trtforge.compiler.manifest import ShapeRange
+from trtforge.core.manifest import ShapeRange
 from trtforge.errors import UserError
 
 D = 64
@@ -56,8 +56,8 @@ def engine_path(tmp_path_factory):
 
 @pytest.mark.trt_build
 def test_real_engine_manifest_passes_checks_up_to_the_gpu(engine_path):
-    from trtforge.compiler.backend import get_backend
-    from trtforge.compiler.manifest import read_manifest
+    from trtforge.core.backend import get_backend
+    from trtforge.core.manifest import read_manifest
     from trtforge.runtime import load
 
     m = read_manifest(engine_path)

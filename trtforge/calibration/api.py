@@ -98,7 +98,7 @@ def calibrate_model(
 
     t0 = time.perf_counter()
     if isinstance(model, (str, os.PathLike)):  # a path is read (and checked) here
-        from trtforge.compiler.onnx_io import load_onnx
+        from trtforge.core.onnx_io import load_onnx
 
         model = load_onnx(model)
     if not isinstance(model, onnx.ModelProto):

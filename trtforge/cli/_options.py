@@ -1,5 +1,5 @@
 """Click options generated from the policy's option dataclasses, so every command shows the same
-flags, help and defaults as the API (`trtforge.compiler.policy`, `trtforge.compiler.build`).
+flags, help and defaults as the API (`trtforge.core.policy`, `trtforge.compiler.build`).
 
     @option_group(PassOptions, only=("attention", "verify"))
     def cmd(attention, verify): opts = from_params(PassOptions, locals())
@@ -103,7 +103,7 @@ def fields_of(obj: Any) -> dict[str, Any]:
 
 def passes_from_params(params: Mapping[str, Any], no_passes: bool) -> Any:
     """PassOptions from a command's parameters, or None for `--no-passes` (which refuses pass options)."""
-    from trtforge.compiler.policy import PassOptions, changed, flag
+    from trtforge.core.policy import PassOptions, changed, flag
 
     opts = from_params(PassOptions, params)
     if not no_passes:

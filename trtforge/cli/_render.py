@@ -8,8 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from trtforge.compiler.manifest import Manifest
-from trtforge.compiler.shapes import format_range
+from trtforge.core.manifest import Manifest
+from trtforge.core.shapes import format_range
 
 
 def _dims(shape: list[int]) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from trtforge.cli._options import from_params, option_group
-from trtforge.compiler.policy import PrecisionOptions
+from trtforge.core.policy import PrecisionOptions
 
 
 @click.command(
@@ -80,7 +80,7 @@ def calibrate_cmd(
     from trtforge.calibration.api import calibrate_model
     from trtforge.calibration.cache import write_calibration_cache
     from trtforge.calibration.data import input_specs_from_model, load_dataset
-    from trtforge.compiler.onnx_io import (
+    from trtforge.core.onnx_io import (
         EXTERNAL_DATA_THRESHOLD,
         check_model,
         load_onnx,

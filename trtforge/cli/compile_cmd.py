@@ -9,7 +9,7 @@ import click
 from trtforge.cli._options import fields_of, from_params, option_group, passes_from_params
 from trtforge.cli.compile_generate import generate_options, refuse_generate_options
 from trtforge.compiler.build import BuildOptions
-from trtforge.compiler.policy import ExportOptions, PassOptions, PrecisionOptions
+from trtforge.core.policy import ExportOptions, PassOptions, PrecisionOptions
 
 EXAMPLES = """\b
 MODEL is one of:
@@ -117,7 +117,7 @@ def compile_cmd(
 def _write_report(model, result, report_dir, output_names, precision, quiet, console) -> None:
     """The compile's companion report: the source model's variants (and the engine where it can run),
     with this compile's INT8 settings."""
-    from trtforge.compiler.export import load_factory
+    from trtforge._usercode import load_factory
     from trtforge.reports.api import build_report
 
     if model.endswith(".onnx"):

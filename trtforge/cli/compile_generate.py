@@ -11,7 +11,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from trtforge.compiler.decoder.families import SUPPORTED
+from trtforge.llm.models.families import SUPPORTED
 
 # compile options a step engine has no use for (profiles and precision come from --generate's own).
 _UNUSED = (
@@ -100,7 +100,7 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
     from rich.console import Console
 
     from trtforge.cli._render import manifest_tables, print_all, timings_table
-    from trtforge.compiler.decoder.compile import compile_generate
+    from trtforge.llm.compile.compile import compile_generate
 
     flags = {p.name: max(p.opts, key=len) for p in ctx.command.params if p.opts}
     given = [

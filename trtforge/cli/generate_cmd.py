@@ -18,7 +18,7 @@ Examples:
 \b
 MODEL: a paged step engine from `trtforge compile --generate --cache-layout paged`
 (TensorRT, on a GPU it supports), a step graph written by `trtforge compile --generate
---save-onnx` or trtforge.compiler.decoder.export_step (paged graphs serve every option; slot
+--save-onnx` or trtforge.llm.compile.export_step (paged graphs serve every option; slot
 graphs are greedy only), a Hugging Face save_pretrained directory, or module:factory (both
 run by the torch executor). Each prompt's new tokens are printed on one line as they are generated
 (token ids, or text with --tokenizer); prompts run batched together.

@@ -15,7 +15,7 @@ def summarize_onnx(path: Path) -> dict[str, Any]:
     import onnx
 
     from trtforge.compiler.export import from_onnx_file
-    from trtforge.compiler.onnx_io import check_model
+    from trtforge.core.onnx_io import check_model
 
     from_onnx_file(path)  # validates with clear errors
     m = onnx.load(str(path), load_external_data=False)
@@ -66,7 +66,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     from rich.console import Console
 
     from trtforge.cli._render import manifest_tables, onnx_tables, print_all
-    from trtforge.compiler.manifest import read_manifest, verify_engine_file
+    from trtforge.core.manifest import read_manifest, verify_engine_file
     from trtforge.errors import UserError
 
     path = Path(file)

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from trtforge.cli._options import from_params, option_group
-from trtforge.compiler.policy import PassOptions, PrecisionOptions
+from trtforge.core.policy import PassOptions, PrecisionOptions
 
 EXAMPLES = """\b
 Examples:
@@ -50,8 +50,8 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
         refuse_overwriting_inputs,
         show_path,
     )
-    from trtforge.compiler.onnx_io import check_model, load_onnx, model_files, save_onnx_atomic
-    from trtforge.compiler.policy import check_precision, resolve_attention
+    from trtforge.core.onnx_io import check_model, load_onnx, model_files, save_onnx_atomic
+    from trtforge.core.policy import check_precision, resolve_attention
     from trtforge.errors import UserError
     from trtforge.passes.pipeline import optimize_model
 

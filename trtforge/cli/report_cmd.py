@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from trtforge.cli._options import from_params, option_group
-from trtforge.compiler.policy import ExportOptions, PrecisionOptions
+from trtforge.core.policy import ExportOptions, PrecisionOptions
 from trtforge.errors import UserError
 from trtforge.reports.results import FAILED, Report
 
@@ -129,14 +129,15 @@ def report_cmd(
 
     source: object = model
     if not Path(model).exists() and ":" in model:
-        from trtforge.compiler.export import check_forward, load_factory
+        from trtforge._usercode import load_factory
+        from trtforge.compiler.export import check_forward
 
         source = load_factory(model)
         check_forward(*source)  # a factory whose model fails on its own inputs is the user's to fix
     elif Path(model).suffix.lower() in CHECKPOINT_SUFFIXES or Path(model).is_dir():
         raise unsupported_source(Path(model))
     elif Path(model).is_file() and Path(model).suffix != ".onnx":
-        from trtforge.compiler.manifest import read_manifest, verify_engine_file
+        from trtforge.core.manifest import read_manifest, verify_engine_file
 
         verify_engine_file(model, read_manifest(model))  # refuse a tampered engine, as inspect does
     existed = Path(out_dir).exists()

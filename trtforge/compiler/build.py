@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from trtforge._fileio import atomic_write_bytes
-from trtforge.compiler.backend import Backend, get_backend, trt_dtype_name
-from trtforge.compiler.manifest import ShapeRange, TensorSpec
-from trtforge.compiler.policy import cli
-from trtforge.compiler.shapes import (
+from trtforge.core.backend import Backend, get_backend, trt_dtype_name
+from trtforge.core.manifest import ShapeRange, TensorSpec
+from trtforge.core.policy import cli
+from trtforge.core.shapes import (
     InputDesc,
     ShapeLimits,
     limits_to_dict,

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from trtforge._fileio import check_input_file, show_path
-from trtforge._usercode import load_callable, user_code
-from trtforge.compiler import onnx_io
+from trtforge._usercode import user_code
+from trtforge.core import onnx_io
 from trtforge.errors import ExportError, UserError
 
 # A dynamic-axes spec: None (static), "batch", "batch,seq" (dim 0 / dims 0,1 of every input), or
@@ -574,23 +574,6 @@ def _positional_adapter() -> type:
             return self.inner(**dict(zip(self.names, args)))
 
     return PositionalToKeywords
-
-
-def load_factory(spec: str) -> tuple[Any, Any]:
-    """Import `package.module:factory` (cwd importable) and call it; it must return (nn.Module, inputs).
-
-    Whatever the user's module or factory raises is reported as theirs (UserCodeError, exit code 2).
-    """
-    if ":" not in spec:
-        raise UserError(f"'{spec}' is not a model file nor a 'package.module:factory' reference.")
-    factory = load_callable(spec, "factory")
-    with user_code(f"factory '{spec}'"):
-        result = factory()
-    if not (isinstance(result, tuple) and len(result) == 2):
-        raise UserError(
-            f"factory '{spec}' must return (nn.Module, example_inputs); got {type(result).__name__}."
-        )
-    return result
 
 
 def new_workdir() -> Path:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtforge import __version__
 from trtforge._fileio import (
     as_path,
     atomic_outputs,
@@ -26,21 +25,23 @@ from trtforge._fileio import (
     sha256_file,
     show_path,
 )
+from trtforge._usercode import load_factory
 from trtforge.compiler import export as export_mod
-from trtforge.compiler import onnx_io
 from trtforge.compiler.build import BuildOptions, build_engine
-from trtforge.compiler.manifest import (
+from trtforge.compiler.shape_check import check_profile
+from trtforge.compiler.stages import PassOptions, PrecisionOptions, build_stages
+from trtforge.core import onnx_io
+from trtforge.core.manifest import (
     Manifest,
     ShapeRange,
     manifest_path_for,
     publish_engine,
     resolve_pending,
 )
-from trtforge.compiler.policy import ExportOptions, check_source
-from trtforge.compiler.shape_check import check_profile
-from trtforge.compiler.shape_limits import source_limits
-from trtforge.compiler.shapes import format_range, onnx_input_descs, resolve_profile
-from trtforge.compiler.stages import PassOptions, PrecisionOptions, build_stages
+from trtforge.core.policy import ExportOptions, check_source
+from trtforge.core.shape_limits import source_limits
+from trtforge.core.shapes import format_range, onnx_input_descs, resolve_profile
+from trtforge.core.version import __version__
 from trtforge.errors import UserError
 
 Log = Callable[[str], None]
@@ -76,7 +77,7 @@ def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwar
                     "(expected an .onnx or .pt2 file, or a package.module:factory reference)."
                 )
             raise export_mod.unsupported_source(path)
-        module, example_inputs = export_mod.load_factory(text)
+        module, example_inputs = load_factory(text)
         model = module
     if example_inputs is None:
         raise UserError("exporting an nn.Module needs example_inputs (a tensor, tuple or dict of tensors).")
@@ -146,7 +147,7 @@ def compile_model(
             "Use --attention native, plugin or none."
         )
     if precision_summary["attention"] == "plugin":
-        from trtforge.compiler.backend import get_backend
+        from trtforge.core.backend import get_backend
         from trtforge.plugins.attention.plugin import check_plugin_support
 
         check_plugin_support(get_backend(backend))
@@ -328,8 +329,8 @@ def _check_ops(path: Path, model: Any, backend: str | None, ort_runs: list[str])
     """Custom ops TensorRT cannot build, then (when the stages `ort_runs` will run it) ONNX Runtime cannot
     run, refused by node before any stage runs."""
     from trtforge._custom_ops import refuse_unknown_to_onnxruntime
-    from trtforge.compiler.backend import get_backend
     from trtforge.compiler.build import check_custom_ops
+    from trtforge.core.backend import get_backend
 
     where = f"'{show_path(model)}'" if isinstance(model, (str, os.PathLike)) else "the exported model"
     check_custom_ops(path, get_backend(backend), where)

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.compiler.manifest import ShapeRange
-from trtforge.compiler.shapes import format_range
+from trtforge.core.manifest import ShapeRange
+from trtforge.core.shapes import format_range
 from trtforge.errors import UserError
 
 MAX_WEIGHT_BYTES = 2 << 30  # the same threshold as pass verification: ORT time and memory grow with it

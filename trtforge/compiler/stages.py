@@ -2,7 +2,7 @@
 Q/DQ). Each wraps a stage owned by another subpackage and returns (model, JSON-ready record).
 
 What a request means (defaults, attention by precision, inapplicable options) is decided in
-`trtforge.compiler.policy`; this module only orders the stages.
+`trtforge.core.policy`; this module only orders the stages.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trtforge.compiler.policy import (
+from trtforge.core.policy import (
     PRECISIONS,
     PassOptions,
     PrecisionOptions,

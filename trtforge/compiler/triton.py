@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trtforge._fileio import USER_ERRNOS, os_error
-from trtforge.compiler.manifest import Manifest, TensorSpec, read_manifest, verify_engine_file
+from trtforge.core.manifest import Manifest, TensorSpec, read_manifest, verify_engine_file
 from trtforge.errors import UserError
 
 TRITON_DTYPES = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 from trtforge.llm.api import LLM
 from trtforge.llm.engine import Completion, LLMEngine
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.scheduler import SchedulerConfig
+from trtforge.llm.sched.scheduler import SchedulerConfig
 from trtforge.llm.service import ServingLLM, from_pretrained, load
 
 __all__ = [

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtforge.errors import TrtforgeError, UserError
-from trtforge.llm.blocks import MemoryStats
-from trtforge.llm.executor import StepExecutor
+from trtforge.llm.executors.base import StepExecutor
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.scheduler import RequestOutput, Scheduler, SchedulerConfig, SchedulerStats, StepHook
+from trtforge.llm.sched.blocks import MemoryStats
+from trtforge.llm.sched.scheduler import RequestOutput, Scheduler, SchedulerConfig, SchedulerStats, StepHook
 
 
 class EngineClosedError(TrtforgeError):
@@ -226,7 +226,7 @@ class LLMEngine:
 
     # ---- state ---------------------------------------------------------------------------------
     def memory_stats(self) -> MemoryStats:
-        """KV pool occupancy between steps (see :meth:`trtforge.llm.blocks.BlockManager.memory_stats`)."""
+        """KV pool occupancy between steps (:meth:`~trtforge.llm.sched.blocks.BlockManager.memory_stats`)."""
         with self._step_lock:
             return self._scheduler.memory_stats()
 

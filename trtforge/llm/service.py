@@ -16,11 +16,11 @@ from typing import Any
 
 from trtforge.errors import UserError
 from trtforge.llm.api import LLM
-from trtforge.llm.blocks import MemoryStats
 from trtforge.llm.engine import Completion, LLMEngine, RequestHandle
-from trtforge.llm.executor import StepExecutor
+from trtforge.llm.executors.base import StepExecutor
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.scheduler import SchedulerConfig, SchedulerStats
+from trtforge.llm.sched.blocks import MemoryStats
+from trtforge.llm.sched.scheduler import SchedulerConfig, SchedulerStats
 
 EXECUTORS = ("auto", "onnxruntime", "tensorrt", "torch")
 DEFAULT_TORCH_BLOCKS = 256
@@ -254,8 +254,8 @@ def from_pretrained(
 ) -> ServingLLM:
     """Serve a transformers causal LM (an nn.Module, a save_pretrained directory or ``module:factory``)
     with the torch paged executor (:class:`trtforge.llm.executors.torch_exec.TorchExecutor`)."""
-    from trtforge.compiler.decoder.compile import load_causal_lm
     from trtforge.llm.executors.torch_exec import TorchExecutor
+    from trtforge.llm.models.loader import load_causal_lm
 
     lm = load_causal_lm(model)
     ex = TorchExecutor(

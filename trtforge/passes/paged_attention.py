@@ -35,7 +35,7 @@ from trtforge.passes._base import PassOutcome
 
 _INT32 = ir.DataType.INT32
 _INTS = (ir.DataType.INT32, ir.DataType.INT64)
-_METADATA_KEY = "trtforge.generation"  # trtforge.compiler.decoder.export.METADATA_KEY (no import: torch)
+_METADATA_KEY = "trtforge.generation"  # trtforge.llm.contract.METADATA_KEY (passes stand below llm)
 _LENGTH_NAMES = (("past_lens", "new_lens"), ("seq_lens", "query_lens"))
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trtforge._fileio import as_path, show_path
-from trtforge.compiler.policy import PrecisionOptions
+from trtforge.core.policy import PrecisionOptions
 from trtforge.errors import UserError
 from trtforge.reports.compare import compare_target
 from trtforge.reports.inputs import Feed, IOSpec, fit_sizes, generate_feed, load_feeds, static_batch
@@ -232,7 +232,7 @@ def build_report(
         classification: output names that get top-1/top-5 agreement (None: rank-2 float outputs).
         output_names: names for a module's outputs when it is exported (default output_0, ...).
         calibration_options: keyword arguments for `calibrate_model` (method, smoothquant, ...) over
-            the compile policy's defaults (`trtforge.compiler.policy.PrecisionOptions`).
+            the compile policy's defaults (`trtforge.core.policy.PrecisionOptions`).
         int8_rest: precision of what INT8 leaves unquantized (the policy's default, as `compile`).
         padding_mask: input whose zeros mark padding; token outputs are compared on real tokens only
             (None: compare every position).

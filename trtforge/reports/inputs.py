@@ -24,8 +24,8 @@ from trtforge.numerics.feeds import embedding_rows, numpy_dtype_of, synthetic_fe
 if TYPE_CHECKING:
     import onnx
 
-    from trtforge.compiler.manifest import Manifest
-    from trtforge.compiler.shapes import ShapeLimits
+    from trtforge.core.manifest import Manifest
+    from trtforge.core.shapes import ShapeLimits
 
 Dim = int | str | None  # static size, symbolic name, or unknown
 Feed = dict[str, np.ndarray]
@@ -59,10 +59,10 @@ def vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
 
 def specs_from_onnx(model: onnx.ModelProto, limits: ShapeLimits | None = None) -> list[IOSpec]:
     """Input specs of an ONNX model (initializers excluded), with vocabulary sizes where found and the
-    model's known axis limits (`trtforge.compiler.shape_limits`) where given."""
+    model's known axis limits (`trtforge.core.shape_limits`) where given."""
     from onnx import helper
 
-    from trtforge.compiler.shapes import MAX_DIM
+    from trtforge.core.shapes import MAX_DIM
 
     inits = {i.name for i in model.graph.initializer}
     vocab = vocab_sizes(model)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtforge.compiler.policy import PrecisionOptions, default_attention
+from trtforge.core.policy import PrecisionOptions, default_attention
 from trtforge.errors import UserError
 from trtforge.reports.inputs import IOSpec, specs_from_manifest, specs_from_onnx, vocab_sizes
 from trtforge.reports.results import FAILED, NOT_RUN, TargetInfo
@@ -135,7 +135,7 @@ class Preparer:
     def limits(self, name: str = "ort") -> Any:
         """Known axis limits of the source's inputs (HF config, graph position tables), or of an
         external ONNX target's own graph."""
-        from trtforge.compiler.shape_limits import source_limits
+        from trtforge.core.shape_limits import source_limits
 
         if name.startswith(EXTERNAL):
             g = self.graph(name)
@@ -167,7 +167,7 @@ class Preparer:
         return self._graphs[name]
 
     def _save(self, name: str, proto: Any, **kw: Any) -> _Graph:
-        from trtforge.compiler import onnx_io
+        from trtforge.core import onnx_io
 
         path = self.workdir / f"{name}.onnx"
         onnx_io.save_onnx(proto, path)
@@ -189,7 +189,7 @@ class Preparer:
         return name, base
 
     def _build_graph(self, name: str) -> _Graph:
-        from trtforge.compiler import onnx_io
+        from trtforge.core import onnx_io
 
         if name == "ort":
             return self._exported()
@@ -239,8 +239,8 @@ class Preparer:
         raise UserError(f"no graph for target '{name}'")
 
     def _exported(self) -> _Graph:
-        from trtforge.compiler import onnx_io
         from trtforge.compiler.export import export_module
+        from trtforge.core import onnx_io
 
         src = self.source
         if src.kind == "module":
@@ -331,7 +331,7 @@ class Preparer:
         if self.source.kind == "engine" and name == "trt":
             info.precision = str((self.source.manifest.precision or {}).get("mode", "fp32"))
         try:
-            from trtforge.compiler.backend import get_backend
+            from trtforge.core.backend import get_backend
 
             backend = get_backend(self.source.manifest.backend.get("name") if self.source.manifest else None)
         except UserError as e:
@@ -412,7 +412,7 @@ def load_source(source: Any) -> Source:
         from trtforge.compiler.export import from_onnx_file
 
         return Source("onnx", str(path), onnx_path=from_onnx_file(path).path)
-    from trtforge.compiler.manifest import read_manifest
+    from trtforge.core.manifest import read_manifest
 
     manifest = read_manifest(path)  # UserError when it is neither ONNX nor an engine with a manifest
     onnx_path = None

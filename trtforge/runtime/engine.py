@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from trtforge.compiler.manifest import Manifest, ShapeRange, read_manifest, verify_engine_file
+from trtforge.core.manifest import Manifest, ShapeRange, read_manifest, verify_engine_file
 from trtforge.errors import BackendUnavailableError, UserError
 from trtforge.runtime.compat import check_backend_compat, register_required_plugins
 from trtforge.runtime.profiles import InputValidator, IOSpec, ProfileLayout
@@ -118,7 +118,7 @@ class Engine:
 
 
 def _backend_for(manifest: Manifest, label: str) -> Any:
-    from trtforge.compiler.backend import get_backend
+    from trtforge.core.backend import get_backend
 
     name = str(manifest.backend.get("name", ""))
     try:

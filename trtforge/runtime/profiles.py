@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trtforge.compiler.manifest import Manifest, ShapeRange, TensorSpec
+from trtforge.core.manifest import Manifest, ShapeRange, TensorSpec
 from trtforge.errors import UserError
 from trtforge.runtime._dtypes import dtype_name, numpy_dtype, torch_dtype
 

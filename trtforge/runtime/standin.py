@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from trtforge.compiler.manifest import Manifest, ShapeRange, TensorSpec
+from trtforge.core.manifest import Manifest, ShapeRange, TensorSpec
 from trtforge.runtime._device import CudaDevice, HostDevice
 from trtforge.runtime.engine import Engine
 from trtforge.runtime.protocol import GpuAllocator, OutputSink

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from trtforge.compiler.backend import trt_dtype_name
-from trtforge.compiler.manifest import Manifest
+from trtforge.core.backend import trt_dtype_name
+from trtforge.core.manifest import Manifest
 from trtforge.errors import UserError
 from trtforge.runtime.protocol import GpuAllocator, OutputSink
 

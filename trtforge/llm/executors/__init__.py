@@ -1,4 +1,4 @@
-"""Step executors: each runs :class:`trtforge.llm.executor.StepBatch` batches over paged KV pools it owns.
+"""Step executors: each runs :class:`~trtforge.llm.executors.base.StepBatch` batches over paged KV pools.
 
 ``torch`` (:mod:`.torch_exec`, a transformers model in eager torch), ``onnxruntime``
 (:mod:`.onnxruntime_exec`, an exported paged step graph in exact ONNX Runtime) and ``tensorrt``

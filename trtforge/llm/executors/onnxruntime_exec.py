@@ -1,6 +1,6 @@
 """The ONNX Runtime step executor (CPU, exact: graph optimizations off) over a paged step graph.
 
-:class:`OrtPagedExecutor` is a :class:`trtforge.llm.executor.StepExecutor`: it pads each ragged
+:class:`OrtPagedExecutor` is a :class:`trtforge.llm.executors.base.StepExecutor`: it pads each ragged
 :class:`StepBatch` into the graph's [B, S] feeds, does the block copies, owns the block pools between
 steps and serves :class:`trtforge.llm.engine.LLMEngine` like the torch executor.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from trtforge.errors import UserError
-from trtforge.llm.executor import StepBatch
+from trtforge.llm.executors.base import StepBatch
 from trtforge.llm.executors.onnxruntime_slot import ORT_TYPES
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
@@ -23,7 +23,7 @@ def read_generation(path: str | Path) -> dict[str, Any]:
     """The generation metadata of a step graph file; UserError if it is missing or not ONNX."""
     import onnx
 
-    from trtforge.compiler.decoder.export import generation_metadata
+    from trtforge.llm.contract import generation_metadata
 
     p = Path(path)
     if not p.is_file():

@@ -16,7 +16,7 @@ import torch
 
 @dataclass(frozen=True)
 class AttentionMetadata:
-    """Device tensors describing one step's ragged batch (see :class:`trtforge.llm.executor.StepBatch`)."""
+    """Device tensors describing one step's ragged batch (see :class:`~.base.StepBatch`)."""
 
     query_start_loc: torch.Tensor  # int32 [B+1]
     context_lens: torch.Tensor  # int32 [B], K/V length after this step

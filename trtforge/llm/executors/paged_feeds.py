@@ -1,11 +1,11 @@
 """StepBatch -> the paged step graph's inputs, and logits rows back: one mapping for every graph executor.
 
 The ONNX Runtime executor (:mod:`.onnxruntime_exec`) and the TensorRT executor (:mod:`.tensorrt_exec`)
-run the same step graph, so they must pad a ragged :class:`~trtforge.llm.executor.StepBatch` the same
+run the same step graph, so they must pad a ragged :class:`~trtforge.llm.executors.base.StepBatch` the same
 way: each sequence becomes one row of ``[B, S]`` (S = its longest new-token run), padded positions
 write to a scratch slot that is never read, and the logits of a sequence's last real token are its row
 (or its ``[row, column]`` in an all-positions graph). The contract is in
-:mod:`trtforge.compiler.decoder` ("Paged contract").
+:mod:`trtforge.llm.compile` ("Paged contract").
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from trtforge.errors import UserError
-from trtforge.llm.executor import StepBatch
+from trtforge.llm.executors.base import StepBatch
 
 FEED_NAMES = ("input_ids", "position_ids", "past_lens", "new_lens", "block_tables", "slot_mapping")
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from trtforge.llm.executor import StepBatch, TokenFeed
+from trtforge.llm.executors.base import StepBatch, TokenFeed
 from trtforge.llm.host_to_device import to_device
 
 #: Token-count buckets of piecewise steps (a step with more tokens than the largest runs eagerly).

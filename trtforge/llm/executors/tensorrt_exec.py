@@ -1,11 +1,11 @@
 """The TensorRT step executor: a paged step engine (``trtforge compile MODEL --generate --cache-layout
-paged``) behind the :class:`~trtforge.llm.executor.StepExecutor` protocol.
+paged``) behind the :class:`~trtforge.llm.executors.base.StepExecutor` protocol.
 
 Three parts, the first two pure Python (tested on the CPU against a TensorRT-RTX build):
 
 - :func:`read_step_engine` validates the manifest: a ``generation`` section with a paged cache, the
   step graph's I/O names and dtypes, pools ``[num_blocks, block_size, Hkv, D]``, and a prefill and a
-  decode profile whose ranges are those the generation section implies (``build.step_profiles``).
+  decode profile whose ranges are those the generation section implies (``llm.contract.step_profiles``).
 - :func:`plan_step` maps a :class:`StepBatch` to engine calls with the feed mapping the ONNX Runtime
   executor uses (:mod:`.paged_feeds`): sequences bringing one token go to the decode profile, the others
   to the prefill profile; every bound shape is checked against that profile's range first.
@@ -43,9 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.compiler.manifest import Manifest, ShapeRange, read_manifest
+from trtforge.core.manifest import Manifest, ShapeRange, read_manifest
 from trtforge.errors import TrtforgeError, UserError
-from trtforge.llm.executor import StepBatch
+from trtforge.llm.executors.base import StepBatch
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
 PHASES = ("prefill", "decode")
@@ -93,8 +93,7 @@ def _fail(label: str, what: str) -> UserError:
 
 def read_step_engine(path: str | Path, manifest: Manifest | None = None) -> StepEngineSpec:
     """Validate the manifest of a paged step engine (no TensorRT, no GPU); UserError names what is wrong."""
-    from trtforge.compiler.decoder.build import DECODE, PREFILL, step_profiles
-    from trtforge.compiler.decoder.step import paged_input_names, paged_output_names
+    from trtforge.llm.contract import DECODE, PREFILL, paged_input_names, paged_output_names, step_profiles
 
     p = Path(path)
     label = f"TensorRT engine '{p}'"

@@ -31,16 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from trtforge.compiler.decoder.families import (
-    GPT2_STYLE,
-    LLAMA_STYLE,
-    eos_token_ids,
-    model_type_of,
-    project_qkv,
-    refuse_unapplied_window,
-)
 from trtforge.errors import UserError
-from trtforge.llm.executor import StepBatch, TokenFeed
+from trtforge.llm.executors.base import StepBatch, TokenFeed
 from trtforge.llm.executors.paged_attention import (
     AttentionFn,
     AttentionMetadata,
@@ -55,6 +47,14 @@ from trtforge.llm.executors.triton_attention import (
     triton_usable,
 )
 from trtforge.llm.host_to_device import to_device
+from trtforge.llm.models.families import (
+    GPT2_STYLE,
+    LLAMA_STYLE,
+    eos_token_ids,
+    model_type_of,
+    project_qkv,
+    refuse_unapplied_window,
+)
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _WIDTH_BUCKETS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
@@ -329,7 +329,7 @@ class TorchExecutor:
         self._fused: Any = None
         self.fused_refusal: str | None = "kernels='torch'" if kernels == "torch" else "not Llama-style"
         if kernels == "triton" and isinstance(arch, _LlamaLike):
-            from trtforge.llm.executors.fused_llama import FusedLayers, fusable
+            from trtforge.kernels.fused_layer import FusedLayers, fusable
 
             self.fused_refusal = fusable(model)
             if self.fused_refusal is None:

@@ -1,8 +1,8 @@
 """trtforge's Triton attention kernels behind the torch executor's attention functions (CUDA).
 
-Decode rows go through the split-KV kernel of :mod:`trtforge.plugins.attention.decode_kernel`
+Decode rows go through the split-KV kernel of :mod:`trtforge.kernels.decode_attention`
 (paged pool, GQA) and all of a step's prompt chunks through one launch of the varlen kernel of
-:mod:`trtforge.plugins.attention.chunked_prefill` (LOWER_RIGHT causal over each cached prefix plus
+:mod:`trtforge.kernels.chunked_prefill` (LOWER_RIGHT causal over each cached prefix plus
 its chunk). In a step both launches are prepared once, on the first layer, and repeated by every
 layer with its own tensors (``prepare_paged_decode``, ``prepare_chunked_prefill_varlen``): the
 per-layer host cost is the launches alone. The executor's pools are ``[num_blocks, block_size, Hkv,
@@ -83,7 +83,7 @@ class TritonDecodeAttention:
         """The DecodeConfig for `batch` sequences of `kv_heads` heads over up to `max_keys` keys."""
         from dataclasses import replace
 
-        from trtforge.plugins.attention.decode_kernel import default_decode_config
+        from trtforge.kernels.decode_attention import default_decode_config
 
         if self.config is not None:
             return self.config
@@ -120,8 +120,8 @@ class TritonDecodeAttention:
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of `q` ``[B, Hq, D]``, into `out` (same shape) when given."""
-        from trtforge.llm.executors.gemv_kernels import pdl_supported
-        from trtforge.plugins.attention.decode_kernel import decode_attention
+        from trtforge.kernels.decode_attention import decode_attention
+        from trtforge.kernels.gemv import pdl_supported
 
         config = self.pool_config(int(q.shape[0]), k_pool, block_tables, sliding_window, q.device)
         got = decode_attention(
@@ -171,7 +171,7 @@ class TritonPagedAttention:
     decode rows that lie together (the scheduler puts running sequences first) are read and written
     in place too. A step's plan (which rows decode, their block tables and lengths, chunk bounds) is
     built once from the host-side metadata, and both launches are prepared once per step (checks,
-    split count, grid, arguments, scratch; :mod:`trtforge.plugins.attention.prepared_launch`):
+    split count, grid, arguments, scratch; :mod:`trtforge.kernels.prepared_launch`):
     each layer then only launches the kernels with its own q, pools, output and scale.
     """
 
@@ -234,9 +234,9 @@ class TritonPagedAttention:
     ) -> tuple[Callable[..., None], ...]:
         """The step's launches for layers of this geometry: each called as ``(q, k_pool, v_pool, out,
         scale)``."""
-        from trtforge.llm.executors.gemv_kernels import pdl_supported
-        from trtforge.plugins.attention.chunked_prefill import prepare_chunked_prefill_varlen
-        from trtforge.plugins.attention.decode_kernel import prepare_paged_decode
+        from trtforge.kernels.chunked_prefill import prepare_chunked_prefill_varlen
+        from trtforge.kernels.decode_attention import prepare_paged_decode
+        from trtforge.kernels.gemv import pdl_supported
 
         launches: list[Callable[..., None]] = []
         if plan.decode is not None:

@@ -1,6 +1,6 @@
 """The precision conversion a command's options lead to: `convert_precision` with `--precision-data` loaded.
 
-The options themselves are declared once in :class:`trtforge.compiler.policy.PrecisionOptions` (shared by
+The options themselves are declared once in :class:`trtforge.core.policy.PrecisionOptions` (shared by
 `trtforge compile` and `trtforge optimize`); this is the call `trtforge optimize` makes with their values.
 """
 

@@ -66,7 +66,7 @@ class Observation:
 def generate_feeds(model: onnx.ModelProto, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
     """A few deterministic batches shaped from the model's input specs (`trtforge.numerics.feeds`),
     no longer than the graph's position table (a CLIP text model with 16 positions takes no 40 tokens)."""
-    from trtforge.compiler.shape_limits import graph_limits
+    from trtforge.core.shape_limits import graph_limits
 
     caps = {name: {a: lim.hi for a, lim in axes.items()} for name, axes in graph_limits(model).items()}
     for k, sizes in enumerate(_GENERATED_SIZES):

@@ -19,7 +19,7 @@ import functools
 from typing import Any
 
 from trtforge.errors import UserError
-from trtforge.plugins.attention.configs import DECODE_CANDIDATES, decode_counter_slots
+from trtforge.kernels.configs import DECODE_CANDIDATES, decode_counter_slots
 from trtforge.plugins.attention.plugin import register_creator_once
 from trtforge.plugins.attention.plugin_common import (
     PluginBasics,
@@ -204,10 +204,10 @@ def paged_plugin_classes(backend: Any) -> tuple[type, type]:
         ) -> None:
             import torch
 
-            from trtforge.plugins.attention import decode_kernel
-            from trtforge.plugins.attention.chunked_prefill import chunked_prefill_attention
-            from trtforge.plugins.attention.device_tensor import DeviceTensor
-            from trtforge.plugins.attention.paged_cache import write_kv_slots
+            from trtforge.kernels import decode_attention as decode_kernel
+            from trtforge.kernels.chunked_prefill import chunked_prefill_attention
+            from trtforge.kernels.device_tensor import DeviceTensor
+            from trtforge.kernels.paged_cache import write_kv_slots
 
             def tensor(desc: Any, ptr: int) -> DeviceTensor:
                 return DeviceTensor.contiguous(ptr, torch_dtype(trt, desc.type), tuple(desc.dims))

@@ -1,7 +1,7 @@
 """The FlashAttention TensorRT plugin: IPluginV3 (OneCore/OneBuild/OneRuntime) + IPluginCreatorV3One.
 
 The classes derive from the lazily imported TensorRT module, so they are built in
-:func:`plugin_classes` from a :class:`~trtforge.compiler.backend.Backend` (tensorrt-facts.md §5.1 for
+:func:`plugin_classes` from a :class:`~trtforge.core.backend.Backend` (tensorrt-facts.md §5.1 for
 the method names). TensorRT times every kernel configuration as a plugin *tactic* while building and
 stores the winner in the engine, so ``enqueue`` launches one fixed configuration: no autotuning at
 run time, nothing synchronized, safe inside CUDA graph capture.
@@ -18,7 +18,7 @@ import importlib.util
 from typing import Any
 
 from trtforge.errors import UserError
-from trtforge.plugins.attention.configs import config_for_tactic, valid_tactics
+from trtforge.kernels.configs import config_for_tactic, valid_tactics
 from trtforge.plugins.attention.plugin_common import (
     PluginBasics,
     creator_class,
@@ -188,7 +188,7 @@ def plugin_classes(backend: Any) -> tuple[type, type]:
             workspace: int,
             stream: int,
         ) -> None:
-            from trtforge.plugins.attention.kernel import DeviceTensor, flash_attention_raw, packed_qkv_views
+            from trtforge.kernels.flash_attention import DeviceTensor, flash_attention_raw, packed_qkv_views
 
             def tensor(desc: Any, ptr: int) -> DeviceTensor:
                 return DeviceTensor.contiguous(ptr, torch_dtype(trt, desc.type), tuple(desc.dims))

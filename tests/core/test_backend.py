@@ -1,0 +1,123 @@
+"""Backend adapter: selection, errors naming the pip command, capabilities, no TensorRT at import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from trtforge.core import backend as backend_mod
+from trtforge.core.backend import BackendUnavailableError, get_backend
+
+HIDE_TRT = textwrap.dedent(
+    """
+    import sys, importlib.abc
+    class _Hide(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("tensorrt", "tensorrt_rtx", "tensorrt_rtx_bindings"):
+                raise ImportError(f"hidden for the test: {name}")
+    sys.meta_path.insert(0, _Hide())
+    """
+)
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", HIDE_TRT + textwrap.dedent(code)], capture_output=True, text=True
+    )
+
+
+def test_import_and_help_without_tensorrt() -> None:
+    proc = _run(
+        """
+        import trtforge
+        assert "torch" not in sys.modules and "onnx" not in sys.modules, "import trtforge must stay light"
+        from trtforge.cli.main import main
+        rc = main(["--help"])
+        assert rc == 0, rc
+        assert not any(m.startswith("tensorrt") for m in sys.modules)
+        print("OK", trtforge.__version__)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "OK 0.1.0" in proc.stdout
+    assert "compile" in proc.stdout and "inspect" in proc.stdout
+
+
+def test_missing_backend_names_pip_command() -> None:
+    proc = _run(
+        """
+        from trtforge.core.backend import get_backend, BackendUnavailableError
+        try:
+            get_backend()
+        except BackendUnavailableError as e:
+            print("ERR", e)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install tensorrt-rtx" in proc.stdout and "pip install tensorrt" in proc.stdout
+
+
+def test_compile_without_backend_exits_2(tmp_path) -> None:
+    from tests.models import tiny_onnx
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    proc = _run(
+        f"""
+        from trtforge.cli.main import main
+        sys.exit(main(["compile", {str(model)!r}, "-o", {str(tmp_path / "m.engine")!r}]))
+        """
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "pip install tensorrt-rtx" in proc.stderr
+    assert not (tmp_path / "m.engine").exists()
+
+
+def test_unknown_backend_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(backend_mod.BACKEND_ENV, "tensorflow")
+    with pytest.raises(BackendUnavailableError, match="unknown TensorRT backend 'tensorflow'"):
+        get_backend()
+
+
+def test_forced_missing_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = backend_mod._import
+
+    def fake_import(name: str):
+        if name == "tensorrt":
+            raise ImportError("no datacenter TensorRT here")
+        return real_import(name)
+
+    monkeypatch.setattr(backend_mod, "_import", fake_import)
+    backend_mod._load.cache_clear()
+    try:
+        with pytest.raises(BackendUnavailableError, match="TRTFORGE_BACKEND=tensorrt.*pip install tensorrt"):
+            get_backend("tensorrt")
+    finally:
+        backend_mod._load.cache_clear()
+
+
+@pytest.mark.trt_build
+def test_rtx_capabilities_on_this_machine() -> None:
+    b = get_backend("tensorrt_rtx")
+    caps = b.capabilities
+    assert b.is_rtx and b.version.startswith("1.")
+    assert caps.can_build and caps.strongly_typed_only and not caps.timing_cache
+    assert not caps.can_host_plugins and "add_plugin_v3" in caps.plugin_reason
+    gpu = backend_mod.probe_gpu()
+    if not gpu.present:
+        assert not caps.can_run and caps.run_reason == gpu.reason
+    d = b.describe()
+    assert d["name"] == "tensorrt_rtx" and d["capabilities"]["can_build"] is True
+
+
+def test_rtx_refuses_hopper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TensorRT-RTX does not run on CC 9.0 (the lent H200): capabilities must say so."""
+    pytest.importorskip("tensorrt_rtx")
+    monkeypatch.setattr(backend_mod, "probe_gpu", lambda: backend_mod.GpuInfo(True, "H200", (9, 0)))
+    b = backend_mod.Backend("tensorrt_rtx", __import__("tensorrt_rtx"))
+    assert not b.capabilities.can_run
+    assert "9.0" in b.capabilities.run_reason
+    monkeypatch.setattr(backend_mod, "probe_gpu", lambda: backend_mod.GpuInfo(True, "RTX 4090", (8, 9)))
+    assert backend_mod.Backend("tensorrt_rtx", __import__("tensorrt_rtx")).capabilities.can_run

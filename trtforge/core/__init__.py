@@ -1,0 +1,9 @@
+"""The ground floor: contracts every stage shares (manifest, TensorRT backend adapter, ONNX I/O, shapes,
+option policy, tensor spec, version).
+
+May import only ``trtforge.errors`` and ``trtforge._fileio``; every other trtforge package imports it.
+"""
+
+from trtforge.core.version import __version__
+
+__all__ = ["__version__"]

@@ -1,0 +1,422 @@
+"""The engine manifest (`model.engine.json`): what an engine is, where it came from, how it was built.
+
+Written next to every engine; read back by `trtforge inspect`, the runtime (which checks the sha256,
+backend and version before deserializing) and the Triton exporter. Schema id: ``trtforge.manifest/1``.
+
+Publishing is crash-safe (:func:`publish_engine`): an interrupted or killed compile leaves the complete
+old pair or the complete new pair, never a mix. Beside `D/N` it writes, with `h` a hash of `N` and `t` a
+random token, the staged engine `D/.trtforge-h.t.engine`, then the commit record `D/.trtforge-h.t.json`
+(the new manifest, written as `.json.part` and renamed, so it appears whole): its appearance is the commit
+point. It then renames the staged engine onto `N` and the record onto `N.json`. The publisher holds an
+flock on the staged files until it is done. :func:`resolve_pending` (run by :func:`read_manifest`, so by
+`rt.load`, `trtforge inspect` and a re-run of compile) settles whatever a dead publisher left: with a
+commit record whose engine (staged, or already at `N`) matches its sha256 it finishes the renames
+(roll forward); otherwise, and for staged files with no record, it deletes them, so the old pair stands.
+SIGINT and SIGTERM are held back for the few milliseconds of the renames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtforge._fileio import (
+    USER_ERRNOS,
+    as_path,
+    atomic_write_text,
+    commit_staged,
+    fsync_dir,
+    os_error,
+    sha256_bytes,
+    sha256_file,
+    show_path,
+    signals_deferred,
+    temp_name,
+)
+from trtforge.errors import UserError
+
+MANIFEST_FORMAT = "trtforge.manifest/1"
+MANIFEST_SUFFIX = ".json"
+
+
+@dataclass
+class TensorSpec:
+    """One engine input or output: name, numpy dtype name, shape with -1 for dynamic dims."""
+
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+@dataclass
+class ShapeRange:
+    """min/opt/max shape of one input within one optimization profile."""
+
+    min: list[int]
+    opt: list[int]
+    max: list[int]
+
+
+@dataclass
+class Manifest:
+    """Everything recorded about one engine file. Fields map 1:1 to the JSON document."""
+
+    engine_file: str
+    engine_sha256: str
+    engine_bytes: int
+    backend: dict[str, Any]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    profiles: list[dict[str, ShapeRange]]
+    source: dict[str, Any]
+    trtforge_version: str
+    build_options: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    precision: dict[str, Any] = field(default_factory=lambda: {"mode": "fp32"})
+    plugins: list[dict[str, Any]] = field(default_factory=list)
+    streams: int = 1
+    records: dict[str, Any] = field(default_factory=dict)
+    # Decoder step engines only (compile --generate): model shape, cache layout, phases -> profiles.
+    generation: dict[str, Any] | None = None
+    format: str = MANIFEST_FORMAT
+
+    def to_json(self) -> str:
+        """Serialize to indented JSON."""
+        return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: Any, *, where: str = "manifest") -> Manifest:
+        """Parse a manifest dict, raising UserError naming the first missing or malformed field."""
+        if not isinstance(d, dict):
+            raise UserError(f"{where}: expected a JSON object, found a JSON {type(d).__name__}.")
+        if d.get("format") != MANIFEST_FORMAT:
+            raise UserError(f"{where}: format is {d.get('format')!r}, expected {MANIFEST_FORMAT!r}.")
+        try:
+            m = cls(
+                engine_file=_typed(d["engine_file"], str, "engine_file"),
+                engine_sha256=_typed(d["engine_sha256"], str, "engine_sha256"),
+                engine_bytes=_typed(d["engine_bytes"], int, "engine_bytes"),
+                backend=_typed(d["backend"], dict, "backend"),
+                inputs=[
+                    _tensor(t, f"inputs[{i}]") for i, t in enumerate(_typed(d["inputs"], list, "inputs"))
+                ],
+                outputs=[
+                    _tensor(t, f"outputs[{i}]") for i, t in enumerate(_typed(d["outputs"], list, "outputs"))
+                ],
+                profiles=[
+                    {k: _range(v, f"profiles[{i}].{k}") for k, v in _typed(p, dict, f"profiles[{i}]").items()}
+                    for i, p in enumerate(_typed(d["profiles"], list, "profiles"))
+                ],
+                source=_typed(d["source"], dict, "source"),
+                trtforge_version=_typed(d["trtforge_version"], str, "trtforge_version"),
+                build_options=_typed(d.get("build_options", {}), dict, "build_options"),
+                timings=_typed(d.get("timings", {}), dict, "timings"),
+                precision=_typed(d.get("precision", {"mode": "fp32"}), dict, "precision"),
+                plugins=_typed(d.get("plugins", []), list, "plugins"),
+                streams=_typed(d.get("streams", 1), int, "streams"),
+                records=_typed(d.get("records", {}), dict, "records"),
+                generation=(
+                    _typed(d["generation"], dict, "generation") if d.get("generation") is not None else None
+                ),
+            )
+        except KeyError as e:
+            raise UserError(f"{where}: malformed manifest: the field {e} is missing.") from e
+        except ValueError as e:
+            raise UserError(f"{where}: malformed manifest: {e}.") from e
+        if len(m.engine_sha256) != 64 or m.engine_bytes < 0 or m.streams < 1:
+            raise UserError(
+                f"{where}: malformed manifest: engine_sha256 must be 64 hex digits, engine_bytes >= 0 and "
+                "streams >= 1."
+            )
+        if not isinstance(m.backend.get("name", ""), str):
+            raise UserError(f"{where}: malformed manifest: backend.name must be a string.")
+        problem = _io_problem(m)
+        if problem:
+            raise UserError(f"{where}: malformed manifest: {problem}.")
+        return m
+
+
+def _io_problem(m: Manifest) -> str | None:
+    """What makes the manifest's I/O and profiles disagree with each other (an engine never does): a hex
+    digest that is not hex, no outputs, a tensor named twice, a profile for a tensor that is no input or of
+    another rank or fixed size, or a dynamic input some profile leaves out."""
+    try:
+        bytes.fromhex(m.engine_sha256)
+    except ValueError:
+        return f"engine_sha256 {m.engine_sha256!r} is not hex digits"
+    if not m.outputs:
+        return "outputs is empty; an engine has at least one output"
+    names = [t.name for t in m.inputs + m.outputs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        return f"tensor name(s) {twice} appear more than once among inputs and outputs"
+    inputs = {t.name: t for t in m.inputs}
+    dynamic = [t.name for t in m.inputs if -1 in t.shape]
+    if dynamic and not m.profiles:
+        return f"input(s) {dynamic} have dynamic dimensions but profiles is empty"
+    for i, profile in enumerate(m.profiles):
+        for name, rng in profile.items():
+            t = inputs.get(name)
+            if t is None:
+                return f"profiles[{i}] has a range for '{name}', which is not an input ({sorted(inputs)})"
+            fixed = all(
+                d == -1 or lo == opt == hi == d for d, lo, opt, hi in zip(t.shape, rng.min, rng.opt, rng.max)
+            )
+            if len(rng.min) != len(t.shape) or not fixed:
+                return f"profiles[{i}].{name} {rng.min}..{rng.max} does not fit input '{name}' {t.shape}"
+        missing = [n for n in dynamic if n not in profile]
+        if missing:
+            return f"profiles[{i}] has no range for dynamic input(s) {missing}"
+    return None
+
+
+def _typed(value: Any, kind: type, what: str) -> Any:
+    """`value` if it is a `kind` (bool is not an int here), else ValueError naming the field."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{what} must be a JSON {kind.__name__}, found {type(value).__name__}")
+    return value
+
+
+def _dims(value: Any, what: str, lowest: int) -> list[int]:
+    dims = _typed(value, list, what)
+    for d in dims:
+        _typed(d, int, f"{what} dims")
+        if d < lowest:
+            raise ValueError(f"{what} has dimension {d}; dimensions are >= {lowest}")
+    return dims
+
+
+def _tensor(t: Any, what: str) -> TensorSpec:
+    from trtforge.core.backend import MANIFEST_DTYPES
+
+    t = _typed(t, dict, what)
+    dtype = _typed(t.get("dtype"), str, f"{what}.dtype")
+    if dtype not in MANIFEST_DTYPES:
+        raise ValueError(f"{what}.dtype is {dtype!r}; expected one of {sorted(MANIFEST_DTYPES)}")
+    return TensorSpec(
+        name=_typed(t.get("name"), str, f"{what}.name"),
+        dtype=dtype,
+        shape=_dims(t.get("shape"), f"{what}.shape", -1),
+    )
+
+
+def _range(r: Any, what: str) -> ShapeRange:
+    r = _typed(r, dict, what)
+    lo, opt, hi = (_dims(r.get(k), f"{what}.{k}", 0) for k in ("min", "opt", "max"))
+    if not len(lo) == len(opt) == len(hi) or any(not a <= b <= c for a, b, c in zip(lo, opt, hi)):
+        raise ValueError(f"{what} needs min <= opt <= max of equal rank, found {lo} / {opt} / {hi}")
+    return ShapeRange(lo, opt, hi)
+
+
+def manifest_path_for(engine_path: str | os.PathLike[str]) -> Path:
+    """`model.engine` -> `model.engine.json`."""
+    p = Path(engine_path)
+    return p.with_name(p.name + MANIFEST_SUFFIX)
+
+
+def write_manifest(manifest: Manifest, engine_path: str | os.PathLike[str]) -> Path:
+    """Write the manifest beside the engine, atomically; returns its path (engines: publish_engine)."""
+    path = manifest_path_for(engine_path)
+    atomic_write_text(path, manifest.to_json())
+    return path
+
+
+def read_manifest(engine_path: str | os.PathLike[str]) -> Manifest:
+    """Load the manifest that belongs to `engine_path` (UserError if absent or malformed).
+
+    First settles what an interrupted compile left beside the engine (:func:`resolve_pending`).
+    """
+    if not as_path(engine_path, "the engine").name:
+        raise UserError(f"'{show_path(engine_path)}' is not an engine file path.")
+    resolve_pending(engine_path)
+    path = manifest_path_for(engine_path)
+    if not path.is_file() and Path(engine_path).suffix.lower() in (".onnx", ".pt2"):
+        raise UserError(
+            f"'{show_path(engine_path)}' is a model, not an engine: build one first with "
+            f"`trtforge compile {show_path(engine_path)} -o MODEL.engine` (engine and manifest together)."
+        )
+    if not path.is_file():
+        raise UserError(
+            f"engine '{show_path(engine_path)}' has no manifest '{show_path(path)}'. trtforge writes one "
+            "beside every engine it builds; rebuild with `trtforge compile`, or keep the .engine.json next "
+            "to the .engine file."
+        )
+    return _parse_manifest_file(path)
+
+
+def _parse_manifest_file(path: Path) -> Manifest:
+    try:
+        data = json.loads(path.read_bytes())
+    except OSError as e:
+        raise os_error(e, path, "read") from e
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError (a binary file) alike
+        raise UserError(f"manifest '{show_path(path)}' is not valid JSON: {e}.") from e
+    return Manifest.from_dict(data, where=f"manifest '{show_path(path)}'")
+
+
+def verify_engine_file(engine_path: str | os.PathLike[str], manifest: Manifest) -> bytes:
+    """Read the engine bytes and check size and sha256 against the manifest; returns the bytes."""
+    p = Path(engine_path)
+    if not p.is_file():
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise UserError(f"engine file '{show_path(p)}' {what}.")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise os_error(e, p, "read") from e
+    if len(data) != manifest.engine_bytes or sha256_bytes(data) != manifest.engine_sha256:
+        raise UserError(
+            f"engine '{show_path(p)}' does not match its manifest: {len(data)} bytes with sha256 "
+            f"{sha256_bytes(data)[:16]}…, manifest says {manifest.engine_bytes} bytes, "
+            f"{manifest.engine_sha256[:16]}…. The file was truncated or modified; rebuild it."
+        )
+    return data
+
+
+# ------------------------------------------------------------------------- crash-safe publishing
+_ENGINE, _RECORD, _PART = "engine", "json", "json.part"
+
+
+def publish_engine(engine_path: str | os.PathLike[str], data: bytes, manifest: Manifest) -> Path:
+    """Write `data` to `engine_path` and `manifest` beside it as one (see the module doc); returns the
+    manifest path. A failure before the commit point leaves the old pair and no staged file. Called in an
+    :func:`~trtforge._fileio.atomic_outputs` block, the block's staged files land with the pair."""
+    out = Path(engine_path)
+    token = secrets.token_hex(4)
+    staged, record, part = (temp_name(out, f"{token}.{kind}") for kind in (_ENGINE, _RECORD, _PART))
+    mpath = manifest_path_for(out)
+    with contextlib.ExitStack() as held:
+        try:
+            _write_locked(staged, data, held, out)
+            _write_locked(part, manifest.to_json().encode(), held, mpath)
+            with signals_deferred():
+                os.replace(part, record)  # the commit point
+                fsync_dir(out.parent)
+        except BaseException:
+            for p in (staged, part, record):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+            raise
+        with signals_deferred():
+            try:
+                commit_staged()  # the caller's other outputs (--save-onnx), in the same uninterruptible step
+            except BaseException:
+                for p in (staged, record):
+                    with contextlib.suppress(FileNotFoundError):
+                        p.unlink()
+                raise
+            try:
+                os.replace(staged, out)
+                os.replace(record, mpath)
+            except OSError as e:
+                raise (os_error(e, out) if e.errno in USER_ERRNOS else e) from e
+            fsync_dir(out.parent)
+    return mpath
+
+
+def _write_locked(path: Path, data: bytes, held: contextlib.ExitStack, target: Path) -> None:
+    """Create `path` (staged for `target`), flock it for as long as `held` lasts (the lock follows the file
+    through renames), write `data` and fsync. The lock tells :func:`resolve_pending` its writer is alive."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as e:
+        raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
+    held.callback(os.close, fd)
+    with contextlib.suppress(ImportError, OSError):  # no flock (non-POSIX, some NFS): no lock
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except OSError as e:
+        raise (os_error(e, target) if e.errno in USER_ERRNOS else e) from e
+
+
+def _try_lock(path: Path) -> int | None:
+    """An fd holding a non-blocking flock on `path`, or None when another process holds it (alive)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return -1
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except (ImportError, OSError):
+        pass
+    return fd
+
+
+def resolve_pending(engine_path: str | os.PathLike[str]) -> None:
+    """Settle the staged files of dead publishers of `engine_path`: finish a committed publish whose
+    engine matches its record, delete everything else (see the module doc). Live publishers are left be."""
+    out = Path(engine_path)
+    parent = out.parent if str(out.parent) else Path(".")
+    prefix = temp_name(out, "").name
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+    except OSError:
+        return
+    tokens = {n[len(prefix) :].split(".", 1)[0] for n in names}
+    for token in sorted(tokens):
+        files = {kind: temp_name(out, f"{token}.{kind}") for kind in (_ENGINE, _RECORD, _PART)}
+        fds = [_try_lock(p) for p in files.values()]
+        try:
+            if None in fds:
+                continue  # a live compile is publishing
+            _settle(out, files[_ENGINE], files[_RECORD], files[_PART])
+        except OSError as e:
+            raise UserError(
+                f"an interrupted compile left staged files beside '{show_path(out)}' that could not be "
+                f"settled ({e.strerror or e}); make the directory writable and retry, or delete "
+                f"'{show_path(parent)}/{prefix}*' and rebuild."
+            ) from e
+        finally:
+            for fd in fds:
+                if fd is not None and fd >= 0:
+                    os.close(fd)
+    if tokens:
+        fsync_dir(parent)
+
+
+def _settle(out: Path, staged: Path, record: Path, part: Path) -> None:
+    """Roll a dead publisher's committed record forward, or drop its files."""
+    if record.is_file():
+        try:
+            manifest: Manifest | None = _parse_manifest_file(record)
+        except UserError:
+            manifest = None
+        if manifest is not None and staged.is_file() and sha256_file(staged) == manifest.engine_sha256:
+            os.replace(staged, out)
+            os.replace(record, manifest_path_for(out))
+        elif manifest is not None and out.is_file() and sha256_file(out) == manifest.engine_sha256:
+            os.replace(record, manifest_path_for(out))
+    for p in (staged, record, part):
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
+__all__ = [
+    "MANIFEST_FORMAT",
+    "Manifest",
+    "ShapeRange",
+    "TensorSpec",
+    "manifest_path_for",
+    "publish_engine",
+    "read_manifest",
+    "resolve_pending",
+    "sha256_file",
+    "verify_engine_file",
+    "write_manifest",
+]

@@ -1,0 +1,317 @@
+"""Chunked prefill over a contiguous or paged K/V cache, with GQA (Triton).
+
+A prompt chunk of S_q tokens per sequence (already written into the cache by
+:func:`~trtforge.kernels.paged_cache.write_kv_cache`) attends to the sequence's cached
+prefix plus itself: query i of sequence b sees keys j <= L_b - S_q,b + i (LOWER_RIGHT), where L_b =
+seq_lens[b] counts the prefix and the chunk, and S_q,b = q_lens[b] (default: all S_q; ragged chunks
+are padded to S_q and their padding rows are not written). With an empty prefix this is ordinary
+causal prefill.
+
+Tiles put query positions in the M dimension *interleaved with the query group*: row r is query
+position r // G of head r % G of the kv head's group (G = Hq / Hkv), so each K/V tile is loaded
+once for the whole group, as in the decode kernel (decode_kernel.py), whose tile loop this reuses;
+K/V tiles past the block's last query's causal limit are skipped, and only tiles on the diagonal
+and the ragged end carry masks. With a sliding window W (``window=``) a query at position p sees
+only keys j > p - W: tiles before the block's first window are skipped, and those its rows' windows
+cut are masked. Grid: (query blocks, B·Hkv); no split-KV (the query blocks fill the GPU).
+Correctness is tested in Triton's interpreter and against FP32 SDPA; it was not timed on the H200
+(no device time left), so no speed is claimed.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from trtforge.kernels.decode_attention import _attend_tiles, _check, _interpreting
+from trtforge.kernels.device_tensor import pool_heads_major
+from trtforge.kernels.prepared_launch import Operand, PreparedLaunch, arg_index
+
+__all__ = ["chunked_prefill_attention", "chunked_prefill_varlen", "prepare_chunked_prefill_varlen"]
+
+
+# Arguments that change from one serving step to the next (the longest chunk, the metadata slices'
+# offsets) are not specialized on, so that one compiled kernel serves every step: a specialization
+# first met mid-run cost a ~0.6 s compile there (results/serving.md, session 10).
+@triton.jit(
+    do_not_specialize=["seq_q", "window", "stride_tb"],
+    do_not_specialize_on_alignment=["SeqLens", "QLens", "QStarts", "Table"],
+)
+def _chunked_prefill_kernel(
+    Q,
+    K,
+    V,
+    SeqLens,
+    QLens,
+    QStarts,
+    Table,
+    Out,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    stride_tb,
+    num_kv_heads,
+    seq_q,
+    window,
+    qk_scale,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    HAS_QLENS: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    WINDOW: tl.constexpr,
+    HAS_QSTARTS: tl.constexpr = False,
+):
+    """Grid (cdiv(S_q·G, BLOCK_M), B·Hkv): BLOCK_M (query position, group head) rows of one kv head;
+    WINDOW: the query at position p sees only keys j > p - window. With HAS_QSTARTS, sequence b's
+    queries and outputs start at row QStarts[b] of flat [T, Hq, D] tensors (stride_*m between rows;
+    the batch strides are unused)."""
+    pid_m = tl.program_id(0)
+    pid = tl.program_id(1)
+    b = (pid // num_kv_heads).to(tl.int64)
+    hkv = (pid % num_kv_heads).to(tl.int64)
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    if HAS_QLENS:
+        q_len = tl.minimum(tl.load(QLens + b).to(tl.int32), seq_q)
+    else:
+        q_len = seq_q
+
+    r0 = pid_m * BLOCK_M
+    offs_m = r0 + tl.arange(0, BLOCK_M)
+    qi = offs_m // GROUP
+    g = offs_m % GROUP
+    row_ok = qi < q_len
+    hq = hkv * GROUP + g
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    io_ok = row_ok[:, None] & d_ok[None, :]
+    if HAS_QSTARTS:
+        first = tl.load(QStarts + b).to(tl.int64)
+        q_rows = first * stride_qm + hq * stride_qh + qi * stride_qm
+        o_rows = first * stride_om + hq * stride_oh + qi * stride_om
+    else:
+        q_rows = b * stride_qb + hq * stride_qh + qi * stride_qm
+        o_rows = b * stride_ob + hq * stride_oh + qi * stride_om
+    q = tl.load(Q + q_rows[:, None] + offs_d[None, :] * stride_qd, mask=io_ok, other=0.0)
+    last_key = seq_len - q_len + qi
+    first_key = last_key - window + 1 if WINDOW else last_key  # unread without WINDOW
+
+    # Keys this block needs: up to the causal limit of its last real query and, WINDOW, from the
+    # window start of its first (whole tiles from there). Whole tiles below the causal limit of its
+    # first query and (WINDOW) from the window start of its last are visible to every row; the
+    # tiles before them (head) and after them (tail) are masked.
+    qi_first = r0 // GROUP
+    qi_last = tl.minimum((r0 + BLOCK_M - 1) // GROUP, q_len - 1)
+    hi = tl.maximum(tl.minimum(seq_len - q_len + qi_last + 1, seq_len), 0)
+    hi = tl.where(r0 < q_len * GROUP, hi, 0)  # a block past a short chunk's rows reads no keys
+    if WINDOW:
+        lo = (tl.maximum(seq_len - q_len + qi_first + 1 - window, 0) // BLOCK_N) * BLOCK_N
+        lo = tl.minimum(lo, hi)
+        head_end = tl.minimum(
+            lo + tl.cdiv(tl.maximum(seq_len - q_len + qi_last + 1 - window - lo, 0), BLOCK_N) * BLOCK_N, hi
+        )
+    else:
+        lo = 0
+        head_end = 0
+    full_hi = tl.maximum(tl.minimum(hi, seq_len - q_len + qi_first + 1), 0)
+    full_end = tl.maximum(head_end + ((full_hi - head_end) // BLOCK_N) * BLOCK_N, head_end)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    qk_scale = qk_scale * 1.4426950408889634
+    if PAGE_SIZE > 0:
+        k_base = K + hkv * stride_kh
+        v_base = V + hkv * stride_vh
+    else:
+        k_base = K + b * stride_kb + hkv * stride_kh
+        v_base = V + b * stride_vb + hkv * stride_vh
+    table_base = Table + b * stride_tb
+    # the decode kernel's tile loop with pointer loads (no TMA descriptors: k/v bases stand in)
+    if WINDOW:
+        acc, l_i, m_i = _attend_tiles(
+            acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, lo, head_end, last_key,
+            first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+            HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
+        )  # fmt: skip
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, head_end, full_end, last_key,
+        first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, False, False,
+    )  # fmt: skip
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, full_end, hi, last_key,
+        first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
+    )  # fmt: skip
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc * (1.0 / l_safe)[:, None]
+    tl.store(Out + o_rows[:, None] + offs_d[None, :] * stride_od, out.to(Out.dtype.element_ty), mask=io_ok)
+
+
+def chunked_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+    *,
+    q_lens: torch.Tensor | None = None,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    block_m: int = 64,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Attention of a prompt chunk q [B, Hq, S_q, D] over each sequence's first seq_lens[b] cached
+    keys (prefix + chunk), LOWER_RIGHT causal, GQA; caches as in :func:`decode_attention`
+    (contiguous [B, Hkv, S_max, D] or a block pool [num_blocks, block_size, Hkv, D] with
+    `block_table`). `q_lens` (int32 [B]) gives ragged chunk lengths (right-padded to S_q); rows past
+    them are left unwritten. `window` W (sliding-window layers): the query at position p sees only
+    keys j with p - W < j <= p. Works on torch tensors and on DeviceTensor views (give `out`).
+    Returns `out`."""
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if block_table is not None:
+        k_cache, v_cache = pool_heads_major(k_cache), pool_heads_major(v_cache)
+    b, hq, s_q, d, hkv, page, capacity = _check(
+        q, k_cache, v_cache, seq_lens, block_table, out, max_q_len=1 << 30
+    )
+    if window is not None and int(window) < 1:
+        raise ValueError(f"sliding window must be >= 1 keys; got {window}")
+    window = int(window) if window is not None and int(window) < capacity else 0  # longer: hides nothing
+    if q_lens is not None and (tuple(q_lens.shape) != (b,) or q_lens.dtype != torch.int32):
+        raise ValueError(f"q_lens must be int32 [B] = [{b}]; got {q_lens.dtype} {tuple(q_lens.shape)}")
+    if b == 0 or hq == 0:
+        return out
+    group = hq // hkv
+    if block_m < 16 or block_m & (block_m - 1) or block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_m ({block_m}) and block_n ({block_n}) must be powers of two >= 16")
+    block_d = max(16, triton.next_power_of_2(d))
+    table = block_table if block_table is not None else seq_lens
+    stride_tb = int(block_table.stride(0)) if block_table is not None else 0
+    _chunked_prefill_kernel[(triton.cdiv(s_q * group, block_m), b * hkv)](
+        q, k_cache, v_cache, seq_lens, q_lens if q_lens is not None else seq_lens, seq_lens, table, out,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), stride_tb,
+        hkv, s_q, window, d**-0.5 if scale is None else float(scale),
+        GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page,
+        HAS_QLENS=q_lens is not None, DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
+        WINDOW=window > 0, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out
+
+
+def chunked_prefill_varlen(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    q_starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    max_q_len: int,
+    *,
+    scale: float,
+    out: torch.Tensor,
+    window: int | None = None,
+    block_m: int = 64,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """Several prompt chunks in one launch: chunk b is rows ``[q_starts[b], q_starts[b] + q_lens[b])``
+    of the flat q/out ``[T, Hq, D]``, over a block pool ``[num_blocks, block_size, Hkv, D]`` through
+    ``block_table[b]`` (its first ``seq_lens[b]`` keys, LOWER_RIGHT causal, GQA). `max_q_len` bounds
+    q_lens (it sizes the grid); the int32 ``[B]`` tensors stay on the device. Returns `out`."""
+    launch = prepare_chunked_prefill_varlen(
+        q, k_pool, v_pool, seq_lens, block_table, q_starts, q_lens, max_q_len,
+        out=out, window=window, block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    launch(q, k_pool, v_pool, out, float(scale))
+    return out
+
+
+def prepare_chunked_prefill_varlen(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    q_starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    max_q_len: int,
+    *,
+    out: torch.Tensor,
+    window: int | None = None,
+    block_m: int = 64,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> PreparedLaunch:
+    """:func:`chunked_prefill_varlen`'s launch, checked and laid out once: called as ``launch(q,
+    k_pool, v_pool, out, scale)`` with tensors of the geometry (dtype, shape, strides) of those given
+    here, it attends the same chunks (every layer of a step, each with its own pools)."""
+    if q.dim() != 3 or tuple(out.shape) != tuple(q.shape):
+        raise ValueError(f"q and out must be one [T, Hq, D] shape; got {tuple(q.shape)}, {tuple(out.shape)}")
+    b = int(seq_lens.shape[0])
+    for name, t in (("q_starts", q_starts), ("q_lens", q_lens)):
+        if tuple(t.shape) != (b,) or t.dtype != torch.int32:
+            raise ValueError(
+                f"{name} must be int32 [B] = [{b}] like seq_lens; got {t.dtype} {tuple(t.shape)}"
+            )
+    at = functools.partial(arg_index, _chunked_prefill_kernel)
+    operands = (
+        Operand((at("Q"),)),
+        Operand((at("K"),), pool_heads_major),
+        Operand((at("V"),), pool_heads_major),
+        Operand((at("Out"),)),
+        Operand((at("qk_scale"),), scalar=True),
+    )
+    if b == 0 or int(q.shape[0]) == 0:
+        return PreparedLaunch(_chunked_prefill_kernel, (0,), (), operands)
+    # the checks of the batched form, on [1, Hq, T, D] views (the grid uses max_q_len, not T)
+    qv, ov = q.permute(1, 0, 2)[None], out.permute(1, 0, 2)[None]
+    k_cache, v_cache = pool_heads_major(k_pool), pool_heads_major(v_pool)
+    _, hq, _, d, hkv, page, capacity = _check(
+        qv, k_cache, v_cache, seq_lens[:1], block_table[:1], ov, max_q_len=1 << 30
+    )
+    if window is not None and int(window) < 1:
+        raise ValueError(f"sliding window must be >= 1 keys; got {window}")
+    window = int(window) if window is not None and int(window) < capacity else 0  # longer: hides nothing
+    if int(block_table.shape[0]) != b:
+        raise ValueError(f"block_table must have B = {b} rows; got {tuple(block_table.shape)}")
+    group = hq // hkv
+    grid = (triton.cdiv(max(int(max_q_len), 1) * group, block_m), b * hkv)
+    args = (
+        None, None, None, seq_lens, q_lens, q_starts, block_table, None,
+        0, q.stride(1), q.stride(0), q.stride(2), *k_cache.stride(), *v_cache.stride(),
+        0, out.stride(1), out.stride(0), out.stride(2), int(block_table.stride(0)),
+        hkv, int(max_q_len), window, None,
+    )  # fmt: skip
+    return PreparedLaunch(
+        _chunked_prefill_kernel, grid, args, operands,
+        GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n,
+        PAGE_SIZE=page, HAS_QLENS=True, DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
+        WINDOW=window > 0, HAS_QSTARTS=True, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip

@@ -1,0 +1,930 @@
+"""Triton decode attention (FlashDecoding): split-KV over a contiguous or paged cache, with GQA.
+
+One query step of 1..8 tokens per sequence reads that sequence's whole K/V cache, so decode is bound
+by memory bandwidth, and a (batch x kv-head) grid leaves most SMs idle at small batch. Each program
+therefore takes one (batch, kv head, split) triple: it attends to one contiguous chunk of the keys
+and writes a normalized partial output plus its log-sum-exp to the workspace. Fused reduction: each
+program then increments its (batch, kv head)'s arrival counter (acquire-release), and the last one
+to arrive rescales and sums every split's partials into the output and puts the counter back to 0,
+so that zeroed counters stay zero from launch to launch (they must be zero when a launch starts).
+Where no zeroed counters exist (a TensorRT workspace, which holds anything at enqueue; CUDA-graph
+capture without a caller's workspace), a second kernel reduces instead: zeroing counters at each
+launch measured slower than that kernel on the H200. With one split the kernel writes the output
+directly.
+
+GQA: the ``num_heads / kv_num_heads`` query heads that share a kv head, times the query length, are
+the rows (M dimension) of one tile, so each K/V tile is loaded once for the whole group and both
+products run on the tensor cores (rows padded to at least 16).
+
+Causal alignment is LOWER_RIGHT: with context length L (the new tokens included) and q_len S_q,
+query i sees keys j <= L - S_q + i. A row that sees no key gets zeros. With a sliding window W it
+also sees only keys j > L - S_q + i - W, and the splits share out only those keys.
+
+Contiguous caches that TMA can read (``DecodeConfig.tma``) load their whole tiles through tensor
+descriptors of the ``[B·Hkv·S_max, D]`` view; ragged and causal-tail tiles keep masked pointer loads.
+
+Caches (strides in elements, so either axis order of the pool works):
+- contiguous: k/v ``[B, Hkv, S_max, D]`` with per-sequence lengths ``seq_lens [B]`` int32.
+- paged: a block pool k/v ``[num_blocks, block_size, Hkv, D]`` (the step graph's and the executors'
+  layout) and ``block_table [B, max_blocks]`` int32; logical position j of sequence b is slot
+  ``j % block_size`` of block ``block_table[b, j // block_size]``. The entry points pass the kernels
+  a ``[num_blocks, Hkv, block_size, D]`` strided view of it (:func:`pool_heads_major`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from trtforge.kernels.configs import (
+    DECODE_CANDIDATES,
+    DECODE_TMA_CANDIDATES,
+    decode_counter_slots,
+)
+from trtforge.kernels.device_tensor import pool_heads_major
+from trtforge.kernels.prepared_launch import Operand, PreparedLaunch, arg_index
+
+__all__ = [
+    "DecodeConfig",
+    "decode_attention",
+    "decode_attention_raw",
+    "default_decode_config",
+    "num_splits_for",
+    "prepare_paged_decode",
+    "workspace_elements",
+]
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 256
+MAX_Q_LEN = 8
+MAX_SPLITS = 256
+MIN_SPLIT_TOKENS = 256  # fewer keys per split than this costs more in the reduction than it gains
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One launch configuration: keys per tile, warps and pipeline depth; `num_splits` 0 = heuristic;
+    `fused` False reduces the splits in a second kernel instead of in each group's last program;
+    `tma` loads a contiguous cache's whole tiles by bulk tensor copies where eligible."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    num_splits: int = 0
+    fused: bool = True
+    tma: bool = False  # full tiles of a contiguous cache through tensor descriptors (Hopper's TMA)
+
+
+def default_decode_config(head_dim: int) -> DecodeConfig:
+    """The configuration used without an explicit one (smaller tiles where a wide D fills registers)."""
+    if head_dim > 128:
+        return DecodeConfig(block_n=32, num_warps=4, num_stages=2)
+    return DecodeConfig(block_n=64, num_warps=4, num_stages=3)
+
+
+def num_splits_for(batch_kv_heads: int, max_len: int, num_sms: int, block_n: int) -> int:
+    """Splits per (batch, kv head): about 2 programs per SM (rounded down) while B·Hkv <= 2 per SM,
+    then enough for about 4 per SM (2 splits up to B·Hkv = 4 per SM, then 1); each >= 256 keys.
+
+    Measured on the H200 (benchmarks/results/decode_attention.md, split sweep, 64-key tiles): 32
+    splits at B·Hkv = 8 (40 us; 64 splits: 47 us), 8 at 32 (68 us; 16: 78 us), 1-2 at 128 (67-68 us;
+    5: 73 us), 2-4 at 512 (494-501 us; 1: 555 us). The chunk is a whole number of tiles, and the
+    count is trimmed so that no split is left empty.
+    """
+    tiles = max(1, triton.cdiv(max(max_len, 1), block_n))
+    bh = max(batch_kv_heads, 1)
+    want = (2 * num_sms) // bh if bh <= 2 * num_sms else triton.cdiv(4 * num_sms, bh)
+    splits = max(1, min(want, triton.cdiv(max_len, MIN_SPLIT_TOKENS), tiles, MAX_SPLITS))
+    per_split = triton.cdiv(tiles, splits)
+    return triton.cdiv(tiles, per_split)
+
+
+@triton.jit
+def _attend_tiles(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    k_desc,
+    v_desc,
+    desc_row,
+    table_base,
+    lo,
+    hi,
+    last_key,
+    first_key,
+    qk_scale,
+    stride_kb,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vd,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    TMA: tl.constexpr,
+    WINDOW: tl.constexpr,
+):
+    """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED tiles bound loads by `hi` and hide keys past
+    each row's `last_key` (LOWER_RIGHT causal) and, WINDOW, before its `first_key`; unmasked ones
+    are wholly visible to every row. TMA:
+    unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n."""
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi
+        if PAGE_SIZE > 0:
+            if MASKED:
+                blk = tl.load(table_base + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+            else:
+                blk = tl.load(table_base + offs_n // PAGE_SIZE).to(tl.int64)
+            slot = offs_n % PAGE_SIZE
+            k_rows = blk * stride_kb + slot * stride_kn
+            v_rows = blk * stride_vb + slot * stride_vn
+        else:
+            k_rows = offs_n.to(tl.int64) * stride_kn
+            v_rows = offs_n.to(tl.int64) * stride_vn
+        k_ptrs = k_base + k_rows[:, None] + offs_d[None, :] * stride_kd
+        v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd
+        if MASKED:
+            kv_ok = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
+            v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+        elif TMA:
+            k = k_desc.load([desc_row + start_n, 0])
+            v = v_desc.load([desc_row + start_n, 0])
+        elif BLOCK_D != HEAD_DIM:
+            k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        if DOT_F32:
+            qk = tl.dot(q.to(tl.float32), tl.trans(k).to(tl.float32))
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        qk = qk * qk_scale
+        if MASKED:
+            keep = (offs_n[None, :] <= last_key[:, None]) & n_ok[None, :]
+            if WINDOW:
+                keep = keep & (offs_n[None, :] >= first_key[:, None])
+            qk = tl.where(keep, qk, float("-inf"))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)  # rows that saw no key yet
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            m_sub = m_ij
+        p = tl.math.exp2(qk - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DOT_F32:
+            acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc * alpha[:, None])
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _reduce_group(
+    MidO,
+    MidL,
+    Out,
+    base,
+    b,
+    hkv,
+    num_splits,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    GROUP: tl.constexpr,
+    SEQ_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    TAIL_ROWS: tl.constexpr,
+    TAIL_SPLITS: tl.constexpr,
+):
+    """Rescale and sum the `num_splits` partials of one query group's rows (workspace rows
+    base + r·num_splits + s) into Out, TAIL_ROWS rows x TAIL_SPLITS splits at a time."""
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    for r0 in range(0, GROUP * SEQ_Q, TAIL_ROWS):
+        offs_r = r0 + tl.arange(0, TAIL_ROWS)
+        r_ok = offs_r < GROUP * SEQ_Q
+        m = tl.full([TAIL_ROWS], float("-inf"), dtype=tl.float32)
+        total = tl.zeros([TAIL_ROWS], dtype=tl.float32)
+        acc = tl.zeros([TAIL_ROWS, BLOCK_D], dtype=tl.float32)
+        for s0 in range(0, num_splits, TAIL_SPLITS):
+            offs_s = s0 + tl.arange(0, TAIL_SPLITS)
+            ok = r_ok[:, None] & (offs_s < num_splits)[None, :]
+            row = base + offs_r[:, None] * num_splits + offs_s[None, :]
+            # .cg: read the other programs' partials from L2, never from a stale L1 line
+            lse = tl.load(MidL + row, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            m_new = tl.maximum(m, tl.max(lse, 1))
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows no split saw a key for
+            alpha = tl.math.exp2(m - m_sub)
+            w = tl.math.exp2(lse - m_sub[:, None])  # 0 for empty splits and padding
+            parts = tl.load(
+                MidO + row[:, :, None] * BLOCK_D + offs_d[None, None, :],
+                mask=ok[:, :, None] & d_ok[None, None, :],
+                other=0.0,
+                cache_modifier=".cg",
+            )
+            acc = acc * alpha[:, None] + tl.sum(parts * w[:, :, None], 1)
+            total = total * alpha + tl.sum(w, 1)
+            m = m_new
+        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+        hq = hkv * GROUP + offs_r // SEQ_Q
+        qi = offs_r % SEQ_Q
+        o_ptrs = Out + b * stride_ob + hq[:, None] * stride_oh + qi[:, None] * stride_om
+        tl.store(
+            o_ptrs + offs_d[None, :] * stride_od,
+            out.to(Out.dtype.element_ty),
+            mask=r_ok[:, None] & d_ok[None, :],
+        )
+
+
+# Per-step arguments (split count, window, block-table width, metadata pointers) are not specialized on:
+# a specialization first met mid-run cost a ~1 s compile in a serving step (results/serving.md).
+@triton.jit(
+    do_not_specialize=["num_splits", "window", "stride_tb"],
+    do_not_specialize_on_alignment=["SeqLens", "Table", "Counters"],
+)
+def _decode_split_kernel(
+    Q,
+    K,
+    V,
+    KDesc,
+    VDesc,
+    SeqLens,
+    Table,
+    Out,
+    MidO,
+    MidL,
+    Counters,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    stride_tb,
+    num_kv_heads,
+    num_splits,
+    window,
+    qk_scale,
+    GROUP: tl.constexpr,
+    SEQ_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    DIRECT: tl.constexpr,
+    FUSED: tl.constexpr,
+    TAIL_ROWS: tl.constexpr,
+    TAIL_SPLITS: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    TMA: tl.constexpr,
+    WINDOW: tl.constexpr,
+    PDL: tl.constexpr = False,
+    STAMP: tl.constexpr = False,
+):
+    """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
+    WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
+    out only the keys some row sees;
+    FUSED: the group's last program to finish reduces all its splits. TMA (contiguous caches laid
+    out [B·Hkv·S_max, D]): KDesc/VDesc are that 2-D view's tensor descriptors, one tile per load.
+    STAMP (a diagnostic for benchmarks/probe_decode_bandwidth.py; DIRECT contiguous launches only):
+    MidO is an int64 [B·Hkv, 3] buffer that receives each pair's (start ns, end ns, SM id), and
+    stride_tb (unread there) rotates the pairs over the programs."""
+    if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes
+        gdc_wait()
+        gdc_launch_dependents()
+    split = tl.program_id(0)
+    pid = tl.program_id(1)
+    if STAMP:  # program p takes pair (p + stride_tb) mod grid; it stamps the pair's row of MidO
+        pid = (pid + stride_tb) % tl.num_programs(1)
+        t_start = tl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+        )
+    b = (pid // num_kv_heads).to(tl.int64)
+    hkv = (pid % num_kv_heads).to(tl.int64)
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+
+    if WINDOW:  # row 0 sees keys from L - S_q + 1 - window on (whole tiles from there)
+        kv_lo = (tl.maximum(seq_len - SEQ_Q + 1 - window, 0) // BLOCK_N) * BLOCK_N
+    else:
+        kv_lo = 0
+    tiles = tl.cdiv(seq_len - kv_lo, BLOCK_N)
+    per_split = tl.cdiv(tiles, num_splits)
+    lo = kv_lo + split * per_split * BLOCK_N
+    hi = tl.minimum(lo + per_split * BLOCK_N, seq_len)
+    # Keys every row sees: j <= L - S_q (LOWER_RIGHT) and, WINDOW, j >= L - window (the last row's
+    # first key). Whole tiles between run unmasked; those before (head) and after (tail) masked.
+    if WINDOW:
+        head_end = tl.minimum(lo + tl.cdiv(tl.maximum(seq_len - window - lo, 0), BLOCK_N) * BLOCK_N, hi)
+    else:
+        head_end = lo
+    full_hi = tl.minimum(hi, seq_len - SEQ_Q + 1)
+    full_end = tl.maximum(head_end + ((full_hi - head_end) // BLOCK_N) * BLOCK_N, head_end)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    g = offs_m // SEQ_Q
+    qi = offs_m % SEQ_Q
+    row_ok = offs_m < GROUP * SEQ_Q
+    hq = hkv * GROUP + g
+    d_ok = offs_d < HEAD_DIM
+    q_rows = b * stride_qb + hq * stride_qh + qi * stride_qm
+    q_ptrs = Q + q_rows[:, None] + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    last_key = seq_len - SEQ_Q + qi
+    first_key = last_key - window + 1 if WINDOW else last_key  # unread without WINDOW
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    qk_scale = qk_scale * 1.4426950408889634  # softmax in base 2
+
+    if PAGE_SIZE > 0:
+        k_base = K + hkv * stride_kh
+        v_base = V + hkv * stride_vh
+    else:
+        k_base = K + b * stride_kb + hkv * stride_kh
+        v_base = V + b * stride_vb + hkv * stride_vh
+    table_base = Table + b * stride_tb
+    desc_row = (pid * (stride_kh // stride_kn)).to(tl.int32) if TMA else 0
+    if WINDOW:
+        acc, l_i, m_i = _attend_tiles(
+            acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, lo, head_end,
+            last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
+        )  # fmt: skip
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, head_end, full_end,
+        last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False,
+    )  # fmt: skip
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, full_end, hi,
+        last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
+    )  # fmt: skip
+
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc * (1.0 / l_safe)[:, None]
+    io_ok = row_ok[:, None] & d_ok[None, :]
+    if DIRECT:
+        o_ptrs = Out + b * stride_ob + hq[:, None] * stride_oh + qi[:, None] * stride_om
+        tl.store(o_ptrs + offs_d[None, :] * stride_od, out.to(Out.dtype.element_ty), mask=io_ok)
+        if STAMP:
+            t_end = tl.inline_asm_elementwise(
+                "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+            )
+            sm = tl.inline_asm_elementwise(
+                "mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1
+            )
+            tl.store(MidO + pid * 3, t_start)
+            tl.store(MidO + pid * 3 + 1, t_end)
+            tl.store(MidO + pid * 3 + 2, sm.to(tl.int64))
+    else:
+        nq = num_kv_heads * GROUP
+        row = ((b * nq + hq) * SEQ_Q + qi) * num_splits + split
+        tl.store(MidO + row[:, None] * BLOCK_D + offs_d[None, :], out, mask=io_ok)
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))
+        tl.store(MidL + row, lse, mask=row_ok)
+        if FUSED:
+            # Every thread's partial stores precede the counter's release; the program that takes
+            # the count to num_splits acquires all of them (a fence at GPU scope each way).
+            tl.debug_barrier()
+            arrived = tl.atomic_add(Counters + pid, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                base = (b * nq + hkv * GROUP) * SEQ_Q * num_splits
+                _reduce_group(
+                    MidO, MidL, Out, base, b, hkv, num_splits,
+                    stride_ob, stride_oh, stride_om, stride_od,
+                    GROUP, SEQ_Q, HEAD_DIM, BLOCK_D, TAIL_ROWS, TAIL_SPLITS,
+                )  # fmt: skip
+                tl.atomic_xchg(Counters + pid, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    MidO,
+    MidL,
+    Out,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    num_heads,
+    num_splits,
+    SEQ_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """Grid (B·Hq·S_q,): rescale each split's partial output by exp2(lse - max) and sum."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64)
+    qi = row % SEQ_Q
+    hq = (row // SEQ_Q) % num_heads
+    b = row // (SEQ_Q * num_heads)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < num_splits
+    lse = tl.load(MidL + row * num_splits + offs_s, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_sub = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2(lse - m_sub)  # 0 for empty splits
+    parts = tl.load(
+        MidO + (row * num_splits + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
+        mask=s_ok[:, None],
+        other=0.0,
+    )
+    total = tl.sum(w, 0)
+    out = tl.sum(parts * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    o_ptrs = Out + b * stride_ob + hq * stride_oh + qi * stride_om + offs_d * stride_od
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(device: int) -> int:
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def _num_sms() -> int:
+    if _interpreting() or not torch.cuda.is_available():
+        return 132  # an H100/H200: the interpreter then exercises the same split counts
+    return _sm_count(torch.cuda.current_device())
+
+
+def _check(
+    q: Any, k: Any, v: Any, seq_lens: Any, block_table: Any, out: Any, max_q_len: int = MAX_Q_LEN
+) -> tuple[int, ...]:
+    """Validate shapes/dtypes; return (B, Hq, S_q, D, Hkv, page_size, capacity)."""
+    for name, t in (("q", q), ("k_cache", k), ("v_cache", v), ("out", out)):
+        if len(t.shape) != 4:
+            raise ValueError(f"{name} must be 4-D; got shape {tuple(t.shape)}")
+    b, hq, s_q, d = (int(n) for n in q.shape)
+    if tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"k_cache and v_cache must have one shape; got {tuple(k.shape)}, {tuple(v.shape)}")
+    hkv, d_kv = int(k.shape[1]), int(k.shape[3])
+    if d_kv != d:
+        raise ValueError(f"cache head dim {d_kv} differs from the query's {d}")
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"kv heads ({hkv}) must divide query heads ({hq})")
+    if not 1 <= s_q <= max_q_len:
+        raise ValueError(f"query length {s_q} is outside 1..{max_q_len} (decode / speculative verification)")
+    if not 0 < d <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim {d} is outside 1..{MAX_HEAD_DIM}")
+    if tuple(out.shape) != (b, hq, s_q, d):
+        raise ValueError(f"out must be [{b}, {hq}, {s_q}, {d}]; got {tuple(out.shape)}")
+    dtypes = {q.dtype, k.dtype, v.dtype, out.dtype}
+    if len(dtypes) != 1 or q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"q, caches and out must share one dtype among {SUPPORTED_DTYPES}; got {dtypes}")
+    if tuple(seq_lens.shape) != (b,) or seq_lens.dtype != torch.int32:
+        raise ValueError(f"seq_lens must be int32 [B] = [{b}]; got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+    if block_table is None:
+        if int(k.shape[0]) != b:
+            raise ValueError(f"contiguous caches must be [B={b}, Hkv, S_max, D]; got {tuple(k.shape)}")
+        return b, hq, s_q, d, hkv, 0, int(k.shape[2])
+    page = int(k.shape[2])
+    if page < 1 or page & (page - 1):
+        raise ValueError(f"block size {page} must be a power of two (16, 32, 64, ...)")
+    if len(block_table.shape) != 2 or int(block_table.shape[0]) != b or block_table.dtype != torch.int32:
+        raise ValueError(
+            f"block_table must be int32 [B, max_blocks] with B = {b}; got {block_table.dtype} "
+            f"{tuple(block_table.shape)}"
+        )
+    return b, hq, s_q, d, hkv, page, int(block_table.shape[1]) * page
+
+
+# Candidates timed by the autotuned launch (configs.DECODE_CANDIDATES); those whose pipelined K/V
+# tiles exceed shared memory are skipped.
+AUTOTUNE_CANDIDATES = DECODE_CANDIDATES
+TMA_AUTOTUNE_CANDIDATES = DECODE_TMA_CANDIDATES  # besides, on contiguous caches TMA can read
+SHARED_MEMORY_BUDGET = 225 * 1024
+_CHOICE: dict[tuple, DecodeConfig] = {}
+TUNING_TIMES: dict[tuple, dict[DecodeConfig, float]] = {}  # per key: each candidate's median ms
+
+
+def _fits(block_n: int, stages: int, block_d: int, tma: bool = False) -> bool:
+    """Whether the pipelined K/V tiles fit in shared memory. Triton's pipeliner gives bulk tensor
+    copies `stages - 1` buffers (sm_90 compiles: 128-key tiles, D 128, 4 stages = 3 buffers, 200 KB
+    with 8 KB of scratch); pointer loads are bounded by `stages` buffers."""
+    buffers = stages - 1 if tma else stages
+    return buffers * 2 * block_n * block_d * 2 + (8 * 1024 if tma else 0) <= SHARED_MEMORY_BUDGET
+
+
+def _bucket(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def _resolve_splits(cfg: DecodeConfig, batch_kv_heads: int, max_len: int) -> int:
+    splits = cfg.num_splits or num_splits_for(batch_kv_heads, max_len, _num_sms(), cfg.block_n)
+    return max(1, min(splits, MAX_SPLITS))
+
+
+def workspace_elements(batch: int, num_heads: int, q_len: int, head_dim: int, splits: int) -> int:
+    """4-byte elements of scratch a launch with `splits` > 1 needs: the fused reduction's arrival
+    counters (int32, :func:`~trtforge.kernels.configs.decode_counter_slots`), then FP32
+    partial outputs and log-sum-exps."""
+    if splits <= 1:
+        return 0
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    return decode_counter_slots(batch, num_heads) + batch * num_heads * q_len * splits * (block_d + 1)
+
+
+# Arrival counters of launches without a caller's workspace, one zeroed set per (device, stream):
+# launches on one stream run in order, and each leaves its counters zero for the next.
+_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _stream_counters(device: torch.device, n: int) -> torch.Tensor | None:
+    """`n` zeroed int32 counters for a launch on the current stream; None under CUDA-graph capture,
+    where the reduction runs as a second kernel: counters of a graph's own would need a captured
+    memset at each replay, which measured slower than the reduce kernel (results/decode_attention.md)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.index if device.index is not None else -1, stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[key] = torch.zeros(_bucket(n), dtype=torch.int32, device=device)
+    return buf
+
+
+def _workspace_views(workspace: Any, counters: int, rows: int, block_d: int) -> tuple[Any, Any, Any]:
+    """(counters int32 [counters], partial outputs [rows, block_d], lse [rows]) in a 4-byte
+    `workspace`: a torch tensor or a float32 DeviceTensor."""
+    if isinstance(workspace, torch.Tensor):
+        flat = workspace.view(-1)
+        mid_o = flat[counters : counters + rows * block_d].view(torch.float32).view(rows, block_d)
+        mid_l = flat[counters + rows * block_d : counters + rows * (block_d + 1)].view(torch.float32)
+        return flat[:counters].view(torch.int32), mid_o, mid_l
+    cnt = workspace.view((counters,), (1,), dtype=torch.int32)
+    mid_o = workspace.view((rows, block_d), (block_d, 1), offset=counters)
+    mid_l = workspace.view((rows,), (1,), offset=counters + rows * block_d)
+    return cnt, mid_o, mid_l
+
+
+def _tma_descriptors(k: Any, v: Any, block_n: int) -> tuple[Any, Any] | None:
+    """Tensor descriptors of contiguous caches [B, Hkv, S_max, D] viewed as [B·Hkv·S_max, D] with
+    [block_n, D] tiles, or None where TMA cannot read them (a DeviceTensor, strided or unaligned
+    caches, a D that is no power of two or under 16 bytes a row, row indices past int32)."""
+    if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        return None
+    rows, d = k.numel() // max(int(k.shape[-1]), 1), int(k.shape[-1])
+    ok = (
+        k.is_contiguous()
+        and v.is_contiguous()
+        and d & (d - 1) == 0
+        and d * k.element_size() >= 16
+        and 0 < rows < 2**31
+        and k.data_ptr() % 16 == 0
+        and v.data_ptr() % 16 == 0
+    )
+    if not ok:
+        return None
+    from triton.tools.tensor_descriptor import TensorDescriptor  # Triton >= 3.4; only TMA launches need it
+
+    return tuple(TensorDescriptor(t, [rows, d], [d, 1], [block_n, d]) for t in (k, v))
+
+
+def _split_options(
+    cfg: DecodeConfig,
+    group: int,
+    s_q: int,
+    d: int,
+    page: int,
+    direct: bool,
+    fused: bool,
+    tma: bool,
+    window: int,
+    pdl: bool,
+    dtype: torch.dtype,
+) -> dict[str, Any]:
+    """The split kernel's constexprs and launch options: one definition for :func:`_launch` and the
+    prepared launches of :func:`prepare_paged_decode`. The last program's reduction works on tiles
+    of about 32 FP32 values a thread (TAIL_ROWS x TAIL_SPLITS partials at a time)."""
+    block_d = max(16, triton.next_power_of_2(d))
+    tail = 1024 * cfg.num_warps
+    tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
+    return {
+        "GROUP": group, "SEQ_Q": s_q, "HEAD_DIM": d, "BLOCK_D": block_d,
+        "BLOCK_M": max(16, triton.next_power_of_2(group * s_q)), "BLOCK_N": cfg.block_n, "PAGE_SIZE": page,
+        "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
+        "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
+        "DOT_F32": _interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
+        "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
+    }  # fmt: skip
+
+
+def _reduce_options(s_q: int, d: int, splits: int, pdl: bool) -> dict[str, Any]:
+    """The reduce kernel's constexprs and launch options (grid: one program per query row)."""
+    block_d = max(16, triton.next_power_of_2(d))
+    return {
+        "SEQ_Q": s_q, "HEAD_DIM": d, "BLOCK_D": block_d, "BLOCK_S": max(2, triton.next_power_of_2(splits)),
+        "PDL": pdl, "num_warps": 4 if block_d >= 128 else 2, "launch_pdl": pdl,
+    }  # fmt: skip
+
+
+def _own_scratch(device: torch.device, rows: int, d: int, counters: int, fused: bool) -> tuple[Any, Any, Any]:
+    """(partial outputs, log-sum-exps, arrival counters or None) of a launch without a caller's
+    workspace: `rows` FP32 partials, and this stream's counters where the reduction is `fused` and
+    the stream is not being captured."""
+    block_d = max(16, triton.next_power_of_2(d))
+    mid_o = torch.empty((rows, block_d), dtype=torch.float32, device=device)
+    mid_l = torch.empty((rows,), dtype=torch.float32, device=device)
+    return mid_o, mid_l, _stream_counters(device, counters) if fused else None
+
+
+def _launch(
+    q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace, zeroed=True, window=0, pdl=False
+) -> None:
+    """Run the split kernel (and, unfused, the reduce kernel) with scratch from `workspace` (4-byte
+    elements, at least workspace_elements(...); None: allocate, with this stream's counters).
+    `zeroed` False: the workspace's counters hold anything, so the reduction runs unfused. `window`
+    > 0: sliding-window attention over each query's last `window` keys. `pdl`: programmatic dependent
+    launches (each kernel waits for the previous one's writes on the device; Hopper and later)."""
+    b, hq, s_q, d = (int(n) for n in q.shape)
+    hkv = int(k.shape[1])
+    page = int(k.shape[2]) if block_table is not None else 0
+    direct = splits == 1
+    fused = cfg.fused and not direct
+    rows = b * hq * s_q * splits
+    counters = seq_lens  # never touched unless fused
+    if direct:
+        mid_o = mid_l = out  # never touched
+    elif workspace is None:
+        mid_o, mid_l, found = _own_scratch(q.device, rows, d, b * hkv, fused)
+        fused = found is not None
+        counters = found if fused else counters
+    else:
+        block_d = max(16, triton.next_power_of_2(d))
+        cnt, mid_o, mid_l = _workspace_views(workspace, decode_counter_slots(b, hq), rows, block_d)
+        fused = fused and zeroed
+        if fused:
+            counters = cnt
+    table = block_table if block_table is not None else seq_lens
+    stride_tb = int(block_table.stride(0)) if block_table is not None else 0
+    descs = _tma_descriptors(k, v, cfg.block_n) if cfg.tma and page == 0 else None
+    k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
+    options = _split_options(
+        cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype
+    )
+    _decode_split_kernel[(splits, b * hkv)](
+        q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,
+        hkv, splits, int(window), float(scale), **options,
+    )  # fmt: skip
+    if not direct and not fused:
+        _decode_reduce_kernel[(b * hq * s_q,)](
+            mid_o, mid_l, out, *out.stride(), hq, splits, **_reduce_options(s_q, d, splits, pdl)
+        )
+
+
+def _key_of(q, k, block_table, max_len: int) -> tuple:
+    """Autotuning key: dtype, head dim, group, q_len, block size, buckets of B·Hkv and length, device."""
+    b, hq, s_q, d = (int(n) for n in q.shape)
+    hkv = int(k.shape[1])
+    page = int(k.shape[2]) if block_table is not None else 0
+    device = q.device.index if q.is_cuda else -1
+    return (q.dtype, d, hq // hkv, s_q, page, _bucket(b * hkv), _bucket(max_len), device)
+
+
+def _kernel_ms(fn: Any) -> float:
+    """Median time of `fn` replayed from a CUDA graph (kernel time: a decode step is short enough that
+    eager timing would measure Python launch overhead); eager CUDA-event timing if capture fails."""
+    try:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=10, return_mode="median"))
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return float(triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median"))
+
+
+def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len, window=0) -> DecodeConfig:
+    """The fastest candidate for this problem's key, timed once per key (each compiled and run once,
+    then timed as CUDA-graph replays)."""
+    b, _, _, d = (int(n) for n in q.shape)
+    hkv = int(k.shape[1])
+    key = _key_of(q, k, block_table, max_len)
+    if key in _CHOICE:
+        return _CHOICE[key]
+    block_d = max(16, triton.next_power_of_2(d))
+    base = num_splits_for(b * hkv, max_len, _num_sms(), 64)
+    tma = block_table is None and _tma_descriptors(k, v, 64) is not None
+    candidates = [(c, False) for c in AUTOTUNE_CANDIDATES]
+    candidates += [(c, True) for c in TMA_AUTOTUNE_CANDIDATES] if tma else []
+    times = {}
+    for (bn, warps, stages, mult), use_tma in candidates:
+        if not _fits(bn, stages, block_d, use_tma):
+            continue
+        splits = 0 if mult == 1.0 else max(1, min(MAX_SPLITS, round(base * mult)))
+        cfg = DecodeConfig(bn, warps, stages, splits, tma=use_tma)
+        if cfg in times:
+            continue
+        n = _resolve_splits(cfg, b * hkv, max_len)
+
+        def fn(cfg: DecodeConfig = cfg, n: int = n) -> None:
+            _launch(q, k, v, seq_lens, block_table, out, scale, cfg, n, None, window=window)
+
+        try:
+            fn()
+        except triton.runtime.errors.OutOfResources:
+            continue
+        times[cfg] = _kernel_ms(fn)
+    best = min(times, key=times.get) if times else default_decode_config(d)
+    _CHOICE[key] = best
+    TUNING_TIMES[key] = times
+    return best
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    config: DecodeConfig | None = None,
+    max_seq_len: int | None = None,
+    window: int | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """Attention of q [B, Hq, S_q<=8, D] over each sequence's first seq_lens[b] cached keys.
+
+    Contiguous caches are [B, Hkv, S_max, D]; with `block_table` [B, max_blocks] the caches are a
+    block pool [num_blocks, block_size, Hkv, D]. Causal (LOWER_RIGHT) when S_q > 1. `max_seq_len`
+    (default: the cache capacity) sizes the split count; `seq_lens` stays on the device. With
+    `config` None, a CUDA launch outside graph capture is autotuned once per problem bucket over
+    :data:`AUTOTUNE_CANDIDATES` (and, on a contiguous cache that tensor descriptors can read,
+    :data:`TMA_AUTOTUNE_CANDIDATES`); the interpreter and graph capture use :func:`default_decode_config`.
+    Eager launches reduce the splits inside the split kernel (with this stream's counters); a
+    captured launch reduces them in a second kernel. `window` W (sliding-window layers): query i,
+    at position L - S_q + i, sees only keys at positions > L - S_q + i - W. `pdl` (CUDA, Hopper and
+    later): launch as programmatic dependent launches.
+    """
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if block_table is not None:
+        k_cache, v_cache = pool_heads_major(k_cache), pool_heads_major(v_cache)
+    b, hq, _, d, hkv, _, capacity = _check(q, k_cache, v_cache, seq_lens, block_table, out)
+    if b == 0 or hq == 0:
+        return out
+    if window is not None and int(window) < 1:
+        raise ValueError(f"sliding window must be >= 1 keys; got {window}")
+    max_len = min(max_seq_len or capacity, capacity)
+    # a window as long as the cache hides nothing; otherwise splits share out the keys it shows
+    window = int(window) if window is not None and int(window) < capacity else 0
+    s_q = int(q.shape[2])
+    max_len = min(max_len, window + s_q + 128) if window else max_len  # + tile alignment
+    scale = d**-0.5 if scale is None else float(scale)
+    if config is None:
+        tune = not _interpreting() and q.is_cuda and not torch.cuda.is_current_stream_capturing()
+        config = (
+            _autotuned(q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len, window)
+            if tune
+            else _CHOICE.get(_key_of(q, k_cache, block_table, max_len), default_decode_config(d))
+        )
+    splits = _resolve_splits(config, b * hkv, max_len)
+    _launch(
+        q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, None, window=window, pdl=pdl
+    )
+    return out
+
+
+def decode_attention_raw(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    seq_lens: Any,
+    block_table: Any | None,
+    out: Any,
+    *,
+    scale: float,
+    config: DecodeConfig,
+    splits: int,
+    workspace: Any | None,
+    stream: int,
+    counters_zeroed: bool = False,
+) -> None:
+    """Launch on raw device buffers (DeviceTensor views) on the CUDA stream handle `stream`, with a
+    fixed config and split count and scratch from `workspace` (a float32 DeviceTensor, or a 4-byte
+    torch tensor, of at least :func:`workspace_elements` elements): nothing is allocated, timed or
+    synchronized (a TensorRT plugin's enqueue). A TensorRT workspace holds anything at enqueue, so
+    by default the splits are reduced by a second kernel; `counters_zeroed` says that the
+    workspace's arrival counters are zero (zeroed once and used only by these launches, which leave
+    them zero), and the reduction is then fused into the split kernel (one launch). Caches as in
+    :func:`decode_attention`."""
+    if block_table is not None:
+        k_cache, v_cache = pool_heads_major(k_cache), pool_heads_major(v_cache)
+    _check(q, k_cache, v_cache, seq_lens, block_table, out)
+    if splits > 1 and workspace is None:
+        raise ValueError("a launch with more than one split needs a workspace")
+    args = (q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, workspace)
+    if not stream:
+        _launch(*args, zeroed=counters_zeroed)
+        return
+    with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
+        _launch(*args, zeroed=counters_zeroed)
+
+
+def prepare_paged_decode(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    config: DecodeConfig,
+    rows: slice | None = None,
+    window: int | None = None,
+    pdl: bool = False,
+) -> PreparedLaunch:
+    """:func:`decode_attention`'s launch over a block pool with a fixed `config`, one query per
+    sequence, checked and laid out once: called as ``launch(q, k_pool, v_pool, out, scale)`` with
+    tensors of the geometry of those given here, it attends the same sequences (every layer of a
+    serving step). q and out are ``[B, Hq, D]``, or flat ``[T, Hq, D]`` steps whose `rows` are the B
+    decode rows. Scratch (partials; this stream's arrival counters, outside graph capture) is taken
+    here once and reused by every launch, so launches run in order on the stream current here."""
+    pick = (lambda t: t.unsqueeze(2)) if rows is None else (lambda t: t[rows].unsqueeze(2))
+    q4, out4 = pick(q), pick(out)
+    k, v = pool_heads_major(k_pool), pool_heads_major(v_pool)
+    b, hq, s_q, d, hkv, page, capacity = _check(q4, k, v, seq_lens, block_table, out4)
+    at = functools.partial(arg_index, _decode_split_kernel)
+    operands = (
+        Operand((at("Q"),), pick),
+        Operand((at("K"), at("KDesc")), pool_heads_major),  # the descriptors are unread without TMA
+        Operand((at("V"), at("VDesc")), pool_heads_major),
+        Operand((at("Out"),), pick),
+        Operand((at("qk_scale"),), scalar=True),
+    )
+    if b == 0 or hq == 0:
+        return PreparedLaunch(_decode_split_kernel, (0,), (), operands)
+    if window is not None and int(window) < 1:
+        raise ValueError(f"sliding window must be >= 1 keys; got {window}")
+    # as decode_attention: a window as long as the cache hides nothing, a shorter one bounds the splits
+    window = int(window) if window is not None and int(window) < capacity else 0
+    max_len = min(capacity, window + s_q + 128) if window else capacity
+    splits = _resolve_splits(config, b * hkv, max_len)
+    direct = splits == 1
+    fused = config.fused and not direct
+    counters, mid_o, mid_l = seq_lens, out4, out4  # never touched unless fused / split
+    if not direct:  # as _launch without a caller's workspace
+        mid_o, mid_l, found = _own_scratch(q.device, b * hq * s_q * splits, d, b * hkv, fused)
+        fused = found is not None
+        counters = found if fused else counters
+    args = (
+        None, None, None, None, None, seq_lens, block_table, None, mid_o, mid_l, counters,
+        *q4.stride(), *k.stride(), *v.stride(), *out4.stride(), int(block_table.stride(0)),
+        hkv, splits, window, None,
+    )  # fmt: skip
+    reduce = None
+    if not direct and not fused:
+        reduce = PreparedLaunch(
+            _decode_reduce_kernel,
+            (b * hq * s_q,),
+            (mid_o, mid_l, None, *out4.stride(), hq, splits),
+            (Operand(), Operand(), Operand(), Operand((2,), pick), Operand()),
+            **_reduce_options(s_q, d, splits, pdl),
+        )
+    options = _split_options(config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype)
+    return PreparedLaunch(_decode_split_kernel, (splits, b * hkv), args, operands, reduce, **options)

@@ -1,0 +1,305 @@
+"""`compile_generate`: HF causal LM -> step graph -> passes -> FP16/BF16 -> two-profile engine + manifest.
+
+Reached through ``trtforge.compile(model, output=..., generate=True, ...)`` and
+``trtforge compile MODEL --generate``. Precision: TensorRT's attention layer builds only in FP16/BF16
+(architecture.md), so the step engine is FP16 by default and FP32 is refused; caches are stored in
+the graph's low precision, logits stay FP32, numerically sensitive ops stay FP32 islands.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from trtforge._fileio import (
+    atomic_outputs,
+    atomic_write_bytes,
+    check_distinct_outputs,
+    check_output_path,
+    refuse_overwriting_inputs,
+    sha256_bytes,
+)
+from trtforge.core.manifest import Manifest, manifest_path_for, publish_engine, resolve_pending
+from trtforge.core.version import __version__
+from trtforge.errors import UserError
+from trtforge.llm.compile.build import build_step_engine
+from trtforge.llm.compile.export import (
+    CACHE_LAYOUTS,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_SEQ,
+    example_feeds,
+    export_step,
+)
+from trtforge.llm.contract import DECODE, PREFILL, set_generation_metadata
+from trtforge.llm.models.loader import load_causal_lm
+
+Log = Callable[[str], None]
+_VERIFIER_MIN_SEQ = 8
+_PASSES_ATOL = 1e-4
+GENERATE_PRECISIONS = ("fp16", "bf16", "fp32", "int8")
+_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "float16"}
+
+
+def _low_precision(proto: onnx.ModelProto, mode: str, data: list[dict[str, np.ndarray]]) -> tuple[Any, dict]:
+    """FP16/BF16 graph with FP16/BF16 caches and FP32 logits (reuses passes.precision)."""
+    from trtforge.passes.precision import convert_precision
+
+    out, record = convert_precision(proto, mode, data=data, keep_io_types=False)
+    logits = next(o for o in out.graph.output if o.name == "logits")
+    if logits.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+        for node in out.graph.node:
+            node.output[:] = ["logits_low" if o == "logits" else o for o in node.output]
+        out.graph.node.append(
+            onnx.helper.make_node("Cast", ["logits_low"], ["logits"], to=onnx.TensorProto.FLOAT)
+        )
+        logits.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    onnx.checker.check_model(out)
+    return out, record.to_dict()
+
+
+def _same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, generation: dict[str, Any]) -> float:
+    """Exact ORT on a valid ragged prefill: the passes must not change any output beyond _PASSES_ATOL."""
+    from trtforge.errors import TrtforgeError
+    from trtforge.numerics.sessions import exact_session
+
+    feeds = {k: v.numpy() for k, v in example_feeds(generation).items()}
+    ref, got = exact_session(before).run(None, feeds), exact_session(after).run(None, feeds)
+    err = max(float(np.abs(a.astype(np.float64) - b).max()) for a, b in zip(ref, got))
+    if not err <= _PASSES_ATOL:
+        raise TrtforgeError(f"the fusion passes changed the step graph's outputs (max abs error {err:.3g}).")
+    return err
+
+
+def _check_cache_layout(
+    layout: str, block_size: int | None, num_blocks: int | None, max_seq: int, max_batch: int, build: bool
+) -> int | None:
+    """Validate the cache-layout options; returns the engine's pool size in blocks (paged builds only)."""
+    if layout not in CACHE_LAYOUTS:
+        raise UserError(f"--cache-layout {layout!r}: expected one of {', '.join(CACHE_LAYOUTS)}.")
+    options = (("--block-size", block_size), ("--num-blocks", num_blocks))
+    given = [flag for flag, v in options if v is not None]
+    if layout == "slot" and given:
+        raise UserError(f"{', '.join(given)}: only for --cache-layout paged (the slot cache has no blocks).")
+    if layout == "slot":
+        return None
+    for flag, v in options:
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise UserError(f"{flag} must be an integer >= 1; got {v!r}.")
+    if num_blocks is not None and not build:
+        raise UserError(
+            "--num-blocks sizes the engine's block pool; the paged step graph alone (no engine build) takes "
+            "any pool size: leave it out."
+        )
+    bs = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+    need = 2  # one block of a sequence plus the scratch block padded positions write to
+    if num_blocks is not None and num_blocks < need:
+        raise UserError(f"--num-blocks {num_blocks}: the pool needs at least {need} blocks (one is scratch).")
+    # Default: every one of max_batch rows at max_seq tokens, plus the scratch block.
+    return num_blocks if num_blocks is not None else max_batch * -(-max_seq // bs) + 1
+
+
+def compile_generate(
+    model: Any,
+    output: str | os.PathLike[str] | None,
+    *,
+    max_seq: int = DEFAULT_MAX_SEQ,
+    max_batch: int = 8,
+    max_prefill: int | None = None,
+    precision: str = "fp16",
+    exporter: str = "auto",
+    passes: bool = True,
+    all_logits: bool = False,
+    cache_layout: str = "slot",
+    block_size: int | None = None,
+    num_blocks: int | None = None,
+    calib_prompts: Sequence[Sequence[int]] | None = None,
+    save_onnx: str | os.PathLike[str] | None = None,
+    build: bool = True,
+    backend: str | None = None,
+    targets: Sequence[str] | None = None,
+    opt_level: int | None = None,
+    workspace_mb: int | None = None,
+    force: bool = False,
+    progress: bool = True,
+    log: Log | None = None,
+) -> Any:
+    """Compile a causal LM into a step engine (+ manifest with a `generation` section); see module doc.
+
+    `build=False` stops after the ONNX stages (then `save_onnx` is required and `output` unused).
+    `cache_layout="paged"` exports block pools of `block_size` tokens (default 16); the engine's pools hold
+    up to `num_blocks` blocks (default: max_batch rows of max_seq tokens plus one scratch block).
+    Returns a CompileResult. Everything is written atomically; nothing is left behind on failure.
+    """
+    from trtforge.compiler.export import new_workdir
+    from trtforge.compiler.pipeline import CompileResult, source_files
+
+    log = log or (lambda _m: None)
+    if isinstance(precision, str):
+        precision = precision.lower()
+    if precision not in GENERATE_PRECISIONS:
+        raise UserError(
+            f"--generate --precision {precision!r}: step graphs are {', '.join(GENERATE_PRECISIONS)}."
+        )
+    if build and precision == "fp32":
+        raise UserError(
+            "--generate --precision fp32: TensorRT's attention layer builds only in FP16/BF16; use "
+            "--precision fp16 (default) or bf16, or write the FP32 step graph alone (build=False, save_onnx)."
+        )
+    if precision == "int8" and not calib_prompts:
+        raise UserError(
+            "--generate --precision int8 needs calibration prompts: --calib-data FILE (token ids, one prompt "
+            "per line) or calib_prompts=[[ids...], ...] in the API."
+        )
+    from trtforge.compiler.build import BuildOptions
+
+    if build:  # builder options checked before the export, as compile does
+        opts = BuildOptions(targets=targets, backend=backend, opt_level=opt_level, workspace_mb=workspace_mb)
+        targets, opt_level, workspace_mb = opts.targets, opts.opt_level, opts.workspace_mb
+    pool_blocks = _check_cache_layout(cache_layout, block_size, num_blocks, max_seq, max_batch, build)
+    if precision == "int8" and cache_layout == "paged":
+        raise UserError(
+            "--generate --precision int8 --cache-layout paged: INT8 calibration runs the slot-layout step "
+            "graph only; use --cache-layout slot, or --precision fp16/bf16 for a paged step graph."
+        )
+    if build and output is None:
+        raise UserError("an output engine path is required (output=... / -o OUT.engine).")
+    if not build and save_onnx is None:
+        raise UserError("without an engine build there is nothing to write: pass save_onnx.")
+    if build:
+        resolve_pending(output)  # a compile killed while publishing here: settle it first
+    out = check_output_path(output, force=force, what="output engine") if build else None
+    if out is not None:
+        check_output_path(manifest_path_for(out), force=force, what="output manifest")
+    if save_onnx is not None:
+        check_output_path(save_onnx, force=force, what="--save-onnx file")
+    lm = load_causal_lm(model)
+    outputs = {
+        "-o (engine)": out,
+        "the manifest": manifest_path_for(out) if out else None,
+        "--save-onnx": save_onnx,
+    }
+    check_distinct_outputs(outputs)
+    refuse_overwriting_inputs(outputs, source_files(model))  # after the load: a factory's module is known
+    timings: dict[str, float] = {}
+    records: dict[str, Any] = {}
+    workdir = new_workdir()
+    try:
+        t = time.perf_counter()
+        log(f"exporting the {type(lm).__name__} step graph (max_seq {max_seq}, max_batch {max_batch})")
+        exp = export_step(
+            lm,
+            max_seq=max_seq,
+            max_batch=max_batch,
+            max_prefill=max_prefill,
+            exporter=exporter,
+            all_logits=all_logits,
+            cache_layout=cache_layout,
+            block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
+            workdir=workdir,
+        )
+        timings["export"] = time.perf_counter() - t
+        records["export"] = exp.record()
+        proto, generation = exp.model, exp.generation
+        if passes:
+            from trtforge.passes.pipeline import optimize_model
+
+            t = time.perf_counter()
+            log("running fusion passes")
+            # The pass manager verifies on its own generated inputs (batch 2, S 7, past_lens 1), which
+            # need S_max >= 8; every pass result is also checked below on valid step feeds.
+            before = proto
+            proto, ledger = optimize_model(proto, attention="none", verify=max_seq >= _VERIFIER_MIN_SEQ)
+            records["passes"] = ledger.to_dict()
+            records["passes"]["step_check_max_abs_error"] = _same_outputs(before, proto, generation)
+            timings["passes"] = time.perf_counter() - t
+        if precision == "int8":
+            from trtforge.llm.compile.int8 import quantize_step
+
+            t = time.perf_counter()
+            log(f"INT8 SmoothQuant W8A8, calibrated on {len(calib_prompts or [])} prompts")
+            proto, records["int8"] = quantize_step(proto, generation, calib_prompts or [], progress=progress)
+            timings["int8"] = time.perf_counter() - t
+        if precision != "fp32":
+            low = "fp16" if precision == "int8" else precision
+            t = time.perf_counter()
+            log(f"converting to {low}")
+            data = [{k: v.numpy() for k, v in example_feeds(generation).items()}]
+            proto, records[low] = _low_precision(proto, low, data)
+            timings[low] = time.perf_counter() - t
+        generation["cache"]["dtype"] = _DTYPE[precision]
+        if cache_layout == "paged" and build:
+            generation["cache"]["num_blocks"] = pool_blocks
+        generation["profiles"] = {"prefill": PREFILL, "decode": DECODE}
+        set_generation_metadata(proto, generation)
+        onnx_path = workdir / "step_final.onnx"
+        onnx.save(proto, str(onnx_path))
+        if not build:
+            atomic_write_bytes(save_onnx, onnx_path.read_bytes())
+            return CompileResult(None, None, None, timings, records, Path(save_onnx))
+        t = time.perf_counter()
+        log("building the step engine (prefill + decode profiles)")
+        data, build_record = build_step_engine(
+            onnx_path,
+            generation,
+            backend=backend,
+            targets=list(targets or []) or None,
+            opt_level=opt_level,
+            workspace_mb=workspace_mb,
+            progress=progress,
+        )
+        timings["build"] = time.perf_counter() - t
+        records["build"] = {
+            k: v for k, v in build_record.items() if k not in ("inputs", "outputs", "profiles")
+        }
+        manifest = Manifest(
+            engine_file=out.name,
+            engine_sha256=sha256_bytes(data),
+            engine_bytes=len(data),
+            backend=build_record["backend"] | {"targets": build_record["targets"]},
+            inputs=build_record["inputs"],
+            outputs=build_record["outputs"],
+            profiles=build_record["profiles"],
+            source={
+                "kind": "causal_lm",
+                "path": str(model) if isinstance(model, (str, os.PathLike)) else type(lm).__name__,
+                "onnx_sha256": sha256_bytes(onnx_path.read_bytes()),
+                "opset": 24,
+            },
+            trtforge_version=__version__,
+            build_options={
+                "generate": True,
+                "max_seq": max_seq,
+                "max_batch": max_batch,
+                "max_prefill": generation["max_prefill"],
+                "cache_layout": cache_layout,
+                "block_size": generation["cache"].get("block_size"),
+                "num_blocks": pool_blocks,
+                "exporter": exporter,
+                "passes": passes,
+                "opt_level": opt_level,
+                "workspace_mb": workspace_mb,
+            },
+            timings=timings,
+            precision={"mode": precision, "float": precision, "attention": "native", "keep_io_types": False},
+            records=records,
+            generation=generation,
+        )
+        with atomic_outputs():  # --save-onnx lands with the engine and manifest, or not at all
+            if save_onnx is not None:
+                atomic_write_bytes(save_onnx, onnx_path.read_bytes())
+            manifest_path = publish_engine(out, data, manifest)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return CompileResult(
+        out, manifest_path, manifest, timings, records, Path(save_onnx) if save_onnx else None
+    )
+
+
+__all__ = ["compile_generate", "load_causal_lm"]

@@ -1,0 +1,66 @@
+"""INT8 SmoothQuant W8A8 for step graphs, calibrated on prompts through trtforge.calibration.
+
+Each prompt becomes one prefill sample (past_lens 0, zero caches), so the statistics are those of
+the model's real activations on real tokens; the calibration stage then smooths and inserts Q/DQ
+around MatMul/Gemm. The cache write and attention stay in float (FP16 after the precision stage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+
+from trtforge.errors import UserError
+
+SMOOTHQUANT_ALPHA = 0.8
+
+
+def prompt_dataset(
+    model: onnx.ModelProto, generation: dict[str, Any], prompts: Sequence[Sequence[int]]
+) -> Any:
+    """A CalibrationDataset of prefill feeds, one sample per prompt (each 1..max_prefill tokens)."""
+    from trtforge.calibration.data import CalibrationDataset, input_specs_from_model
+
+    if not prompts:
+        raise UserError("--precision int8 with --generate needs calibration prompts (lists of token ids).")
+    vocab, limit = int(generation["vocab_size"]), int(generation["max_prefill"])
+    cache = (1, int(generation["num_kv_heads"]), int(generation["max_seq"]), int(generation["head_dim"]))
+    chunks = []
+    for i, p in enumerate(prompts):
+        ids = [int(t) for t in p]
+        outside = [t for t in ids if not 0 <= t < vocab]
+        if not ids or len(ids) > limit or outside:
+            raise UserError(
+                f"calibration prompt {i}: expected 1..{limit} token ids in 0..{vocab - 1}, "
+                f"got {len(ids)} ids" + (f", {outside[:5]} outside the vocabulary." if outside else ".")
+            )
+        chunk = {  # the leading axis is the sample axis (the batch rows the dataset stacks)
+            "input_ids": np.array([ids], np.int64),
+            "position_ids": np.arange(len(ids), dtype=np.int64)[None],
+            "past_lens": np.zeros(1, np.int64),
+            "new_lens": np.array([len(ids)], np.int64),
+        }
+        for name in generation["cache"]["inputs"]:
+            chunk[name] = np.zeros(cache, np.float32)
+        chunks.append(chunk)
+    return CalibrationDataset(input_specs_from_model(model), source="prompts", batch_size=1, chunks=chunks)
+
+
+def quantize_step(
+    model: onnx.ModelProto,
+    generation: dict[str, Any],
+    prompts: Sequence[Sequence[int]],
+    *,
+    method: str = "max",
+    smoothquant: float | None = SMOOTHQUANT_ALPHA,
+    progress: bool = False,
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """INT8 Q/DQ step graph (SmoothQuant W8A8) and the calibration record."""
+    from trtforge.calibration.api import calibrate_model
+
+    data = prompt_dataset(model, generation, prompts)
+    out, record = calibrate_model(model, data, method=method, smoothquant=smoothquant, progress=progress)
+    return out, record.to_dict()

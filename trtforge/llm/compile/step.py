@@ -1,0 +1,118 @@
+"""The step modules: one forward of a decoder over new tokens that reads and extends its KV cache,
+either a per-row slot cache (:class:`DecoderStep`) or paged block pools (:class:`PagedDecoderStep`).
+
+Prefill (S = prompt length, past_lens = 0) and decode (S = 1) are the same forward with different
+shapes. See :mod:`trtforge.llm.compile` for the input/output contracts.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from trtforge.llm.compile.ops import cache_attention, kv_cache_write, paged_cache_write, paged_gather
+from trtforge.llm.models.families import DecoderSpec, adapter_for
+
+
+def step_mask(past_lens: Tensor, new_lens: Tensor, seq: Tensor, max_seq: int, window: int | None) -> Tensor:
+    """bool [B,1,S,S_max]: query j of row b sees key k iff k <= past+j, k < past+new (and within window)."""
+    keys = torch.arange(max_seq, dtype=torch.int64, device=past_lens.device)
+    return keys_mask(past_lens, new_lens, seq, keys, window)
+
+
+def keys_mask(past_lens: Tensor, new_lens: Tensor, seq: Tensor, keys: Tensor, window: int | None) -> Tensor:
+    """bool [B,1,S,L] for key positions `keys` [L] (the step_mask rule)."""
+    keys = keys[None, None, :]
+    query_pos = (past_lens[:, None] + seq[None, :])[:, :, None]
+    mask = (keys <= query_pos) & (keys < (past_lens + new_lens)[:, None, None])
+    if window is not None:
+        mask = mask & (keys > query_pos - window)
+    return mask[:, None]
+
+
+class DecoderStep(nn.Module):
+    """Wraps a HF causal LM: (ids, positions, lengths, caches) -> (logits, updated caches)."""
+
+    def __init__(self, model: nn.Module, max_seq: int, *, all_logits: bool = False):
+        super().__init__()
+        self.model = model
+        self.adapter = adapter_for(model)
+        self.spec: DecoderSpec = self.adapter.spec()
+        self.max_seq = int(max_seq)
+        self.all_logits = all_logits
+        self.eval()  # inference graph; exporters restore this mode (and so the wrapped model's) afterwards
+
+    def cache_shape(self, batch: int) -> tuple[int, int, int, int]:
+        """[B, Hkv, S_max, D] of every key_cache.i / value_cache.i."""
+        return (batch, self.spec.num_kv_heads, self.max_seq, self.spec.head_dim)
+
+    def _logits(self, x: Tensor, new_lens: Tensor) -> Tensor:
+        """FP32 logits of each row's last real new token (or of every position with all_logits)."""
+        if not self.all_logits:
+            last = (new_lens - 1).clamp(min=0)[:, None, None].expand(-1, 1, x.shape[-1])
+            x = torch.gather(x, 1, last)[:, 0]
+        return self.model.lm_head(self.adapter.final_norm(x)).float()
+
+    def forward(
+        self, input_ids: Tensor, position_ids: Tensor, past_lens: Tensor, new_lens: Tensor, *caches: Tensor
+    ) -> tuple[Tensor, ...]:
+        a = self.adapter
+        seq = torch.cumsum(torch.ones_like(input_ids[0]), 0) - 1  # arange(S), traced as a dynamic size
+        masks: dict[int | None, Tensor] = {}
+        x = a.embed(input_ids, position_ids)
+        rope = a.rotary_tables(position_ids)
+        updated: list[Tensor] = []
+        for i in range(self.spec.num_layers):
+            window = self.spec.sliding_windows[i]
+            if window not in masks:
+                masks[window] = step_mask(past_lens, new_lens, seq, self.max_seq, window)
+            q, k, v, scale = a.qkv(i, x, rope)
+            key_cache = kv_cache_write(caches[2 * i], k, past_lens)
+            value_cache = kv_cache_write(caches[2 * i + 1], v, past_lens)
+            out = cache_attention(q, key_cache, value_cache, masks[window], scale)
+            x = a.finish_block(i, x, out.transpose(1, 2).flatten(2))
+            updated += [key_cache, value_cache]
+        return (self._logits(x, new_lens), *updated)
+
+
+class PagedDecoderStep(DecoderStep):
+    """The same decoder over paged pools [num_blocks, block_size, Hkv, D] addressed by block tables."""
+
+    def __init__(self, model: nn.Module, max_seq: int, block_size: int, *, all_logits: bool = False):
+        super().__init__(model, max_seq, all_logits=all_logits)
+        self.block_size = int(block_size)
+
+    def pool_shape(self, num_blocks: int) -> tuple[int, int, int, int]:
+        """[num_blocks, block_size, Hkv, D] of every key_pool.i / value_pool.i."""
+        return (num_blocks, self.block_size, self.spec.num_kv_heads, self.spec.head_dim)
+
+    def forward(  # type: ignore[override]
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        past_lens: Tensor,
+        new_lens: Tensor,
+        block_tables: Tensor,
+        slot_mapping: Tensor,
+        *pools: Tensor,
+    ) -> tuple[Tensor, ...]:
+        a = self.adapter
+        seq = torch.cumsum(torch.ones_like(input_ids[0]), 0) - 1
+        masks: dict[int | None, Tensor] = {}
+        x = a.embed(input_ids, position_ids)
+        rope = a.rotary_tables(position_ids)
+        updated: list[Tensor] = []
+        for i in range(self.spec.num_layers):
+            window = self.spec.sliding_windows[i]
+            q, k, v, scale = a.qkv(i, x, rope)
+            key_pool = paged_cache_write(pools[2 * i], k, slot_mapping)
+            value_pool = paged_cache_write(pools[2 * i + 1], v, slot_mapping)
+            keys = paged_gather(key_pool, block_tables)
+            values = paged_gather(value_pool, block_tables)
+            if window not in masks:
+                positions = torch.cumsum(torch.ones_like(keys[0, 0, :, 0], dtype=torch.int64), 0) - 1
+                masks[window] = keys_mask(past_lens, new_lens, seq, positions, window)
+            out = cache_attention(q, keys, values, masks[window], scale)
+            x = a.finish_block(i, x, out.transpose(1, 2).flatten(2))
+            updated += [key_pool, value_pool]
+        return (self._logits(x, new_lens), *updated)

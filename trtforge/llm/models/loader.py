@@ -1,0 +1,81 @@
+"""Loading a Hugging Face causal LM for trtforge: an nn.Module, a save_pretrained directory or
+'pkg.module:factory', with every failure of the user's files reported as a UserError.
+
+Shared by the step-graph compile (``llm.compile``) and the serving front door (``llm.service``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from trtforge._usercode import load_factory
+from trtforge.errors import UserError
+from trtforge.llm.models.families import SUPPORTED
+
+
+def load_causal_lm(source: Any) -> Any:
+    """An nn.Module as is; 'pkg.module:factory' (returns (model, example_inputs)); a save_pretrained dir."""
+    import torch
+
+    if isinstance(source, torch.nn.Module):
+        return source
+    if not isinstance(source, (str, os.PathLike)):
+        raise UserError(
+            f"expected a Hugging Face causal LM (an nn.Module, a save_pretrained directory or "
+            f"module:factory), got {type(source).__name__}."
+        )
+    path = Path(source)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(
+                f"'{path}' is a directory without config.json; expected a save_pretrained directory."
+            )
+        import transformers
+
+        try:
+            config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        except Exception as e:  # the directory's config.json is the user's (huggingface_hub's strict
+            # validation errors, a ZeroDivisionError from 0 heads in transformers' own checks, ...)
+            raise UserError(
+                f"'{path}/config.json' is not a Hugging Face config transformers can read ({_first_line(e)})."
+            ) from e
+        if config.model_type not in SUPPORTED:
+            raise UserError(
+                f"'{path}' holds a '{config.model_type}' model; supported causal LMs: {', '.join(SUPPORTED)}."
+            )
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()  # its missing-weights report: ours below says it once
+        try:
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path), local_files_only=True, dtype=torch.float32, output_loading_info=True
+            )
+        except Exception as e:  # missing, corrupt (safetensors' own error type) or mismatched weight files
+            raise UserError(
+                f"cannot load the weights in '{path}' ({_first_line(e)}); expected the files "
+                "save_pretrained wrote (model.safetensors or pytorch_model.bin) matching config.json."
+            ) from e
+        finally:
+            transformers.logging.set_verbosity(verbosity)
+        missing = sorted(info.get("missing_keys") or [])
+        if missing:  # transformers would start them from random values: not the user's model
+            raise UserError(
+                f"the weights in '{path}' lack {len(missing)} parameter(s) config.json asks for (e.g. "
+                f"{missing[:3]}); transformers would initialize them randomly. Expected the files "
+                "save_pretrained wrote for this config.json."
+            )
+        return model.eval()
+    if path.suffix in (".onnx", ".pt2", ".engine") or path.exists():
+        raise UserError(
+            f"expected a Hugging Face causal LM (an nn.Module, a save_pretrained directory or "
+            f"module:factory); '{path}' is a file. Step graphs (.onnx) are written by "
+            f"`trtforge compile MODEL --generate --save-onnx`."
+        )
+    model, _ = load_factory(str(source))
+    return model
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
