@@ -4,6 +4,7 @@ Modules: ``data`` (datasets -> feed dicts), ``calibrator`` + ``histogram`` (stre
 ``methods`` (max / percentile / entropy / MSE ranges), ``placement`` (where Q/DQ goes, with reasons),
 ``qdq`` (insertion), ``smoothquant``, ``fallback`` (accuracy-guided), ``cache`` (TensorRT calibration
 cache), ``api`` (:func:`calibrate_model`). Attributes load lazily: importing this package is cheap.
+May import ``trtforge.core`` and ``trtforge.numerics``.
 """
 
 from __future__ import annotations

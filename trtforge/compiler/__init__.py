@@ -1,1 +1,6 @@
-"""Compiler stages: torch -> ONNX export, the TensorRT backend adapter, engine build, manifests."""
+"""The encoder compiler: torch -> ONNX export, the compile pipeline and session, engine build,
+shape checks and Triton export.
+
+May import the encoder wing below it (``core``, ``numerics``, ``passes``, ``calibration``, ``plugins``,
+``runtime``, ``kernels``); never ``reports``, ``llm`` or ``cli``.
+"""

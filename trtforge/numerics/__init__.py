@@ -1,5 +1,8 @@
 """Numerics shared by every verifier: ONNX Runtime sessions made for a purpose (exact for accuracy,
-fast for latency), synthetic feeds from input specs, and one set of comparison metrics."""
+fast for latency), synthetic feeds from input specs, and one set of comparison metrics.
+
+May import ``trtforge.core`` only.
+"""
 
 from trtforge.numerics.compare import Metrics, Tolerance, compare_arrays, cosine, row_cosines
 from trtforge.numerics.cpu import cpu_isa, isa_summary

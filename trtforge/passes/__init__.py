@@ -1,4 +1,5 @@
-"""Graph passes: verified rewrites of exported ONNX graphs into fused forms.
+"""Graph passes: verified rewrites of exported ONNX graphs into fused forms (LayerNorm, GELU, QKV,
+attention, rotary, SwiGLU, paged attention), each checked by ONNX Runtime; ``precision/`` casts graphs.
 
-LayerNorm, GELU, QKV projection merge and attention, each checked by ONNX Runtime.
+May import ``trtforge.core``, ``numerics``, ``calibration`` and ``plugins`` (ONNX node forms).
 """

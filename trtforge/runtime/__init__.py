@@ -2,6 +2,7 @@
 
 ``trtforge.runtime.load(path) -> Engine``; ``engine.session(streams=N) -> Session`` with ``run`` /
 ``submit`` / ``memory_stats``. Importing this package is cheap: torch and TensorRT load on first use.
+May import ``trtforge.core`` (manifest, backend adapter), ``kernels`` and ``plugins``; never ``compiler``.
 """
 
 from __future__ import annotations

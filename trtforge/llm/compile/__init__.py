@@ -1,7 +1,7 @@
 """Decoder LLMs: a Hugging Face causal LM -> ONE step graph (ONNX opset 24) serving prefill and decode.
 
 Design. A torch wrapper (:mod:`.step`) runs the model's own submodules through one adapter per family
-(:mod:`.families`: Llama-style = llama, mistral, ministral, qwen2, qwen3,
+(:mod:`trtforge.llm.models`: Llama-style = llama, mistral, ministral, qwen2, qwen3,
 phi3, starcoder2; GPT-2); only the attention is
 rewritten, around two torch custom ops with exact torch reference implementations (:mod:`.ops`): the
 cache write, exported as ONNX ``TensorScatter`` (TensorRT: KV_CACHE_UPDATE, in place), and attention
@@ -61,4 +61,7 @@ Exporters: both work for all four families. The legacy one needed two workaround
 package: GPT-2's Conv1D is applied as matmul + bias (its traced view froze S), and the exported
 graph's intermediate value_info is dropped (concrete example sizes that shape folding would bake in).
 The dynamo exporter is several times slower on this model size (40-150 s vs ~5 s on the CI box).
+
+May import the encoder wing (``compiler``'s compile session, ``passes``, ``calibration``, ``core``) and
+``llm.models`` / ``llm.contract``; nothing in ``llm`` but the front doors imports this package.
 """
