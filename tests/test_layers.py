@@ -170,3 +170,15 @@ def test_an_uphill_import_is_caught(tmp_path, where, line, expect):
     )
     found = uphill(tmp_path)
     assert any(f.startswith(where[:-3].replace("/", ".") + f" ({expect})") for f in found), found
+
+
+def test_every_package_says_what_lives_there_and_what_it_may_import():
+    """Each folder's ``__init__`` docstring names its contents and its imports (README "Layout")."""
+    missing = []
+    for init in sorted((ROOT / "trtforge").rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        if not doc:
+            missing.append(f"{init.relative_to(ROOT)}: no docstring")
+        elif "import" not in doc:
+            missing.append(f"{init.relative_to(ROOT)}: the docstring does not say what it may import")
+    assert not missing, "\n".join(missing)

@@ -1,6 +1,8 @@
 """trtforge: compile PyTorch models into TensorRT engines and run them, proving every step.
 
 Importing this package is cheap: torch, onnx and TensorRT load only when a stage needs them.
+The front door: ``compile`` dispatches to the encoder compiler or, with ``generate=True``, to
+``trtforge.llm.compile``; it may import every package, lazily.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@
 (continuous batching over a paged KV cache, :class:`LLMEngine`): ``generate(prompts, SamplingParams(...))``
 or ``generate(prompts, max_new_tokens=N)`` (greedy), ``stream(prompt)``, ``memory_stats()``. A
 slot-layout step graph loads as :class:`LLM`, the batched greedy loop of issue #16.
+
+The decoder wing: ``contract`` and ``models`` at its bottom, then ``sched`` and ``executors``, then the
+engine and the front door. It may import the encoder wing; only ``llm.compile`` imports ``compiler``.
 """
 
 from __future__ import annotations
