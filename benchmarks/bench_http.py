@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -238,7 +239,8 @@ def sizing_mode(args, reqs, warm) -> dict:
         "tuned": {"num_blocks": int(args.tuned_kv_gb * 2**30) // block, "config": tuned_config},
     }
     for name, kw in runs.items():
-        with from_pretrained(model, **kw) as llm:
+        llm = from_pretrained(model, **kw)
+        with llm:
             asyncio.run(engine_run(llm, warm))
             before = llm.stats.preemptions
             res = asyncio.run(engine_run(llm, reqs))
@@ -247,6 +249,8 @@ def sizing_mode(args, reqs, warm) -> dict:
             res["kv_blocks"] = llm.executor.num_blocks
             res["scheduler"] = dataclasses.asdict(llm.engine._scheduler.config)
         out[name] = res
+        del llm  # its pool, before the next run sizes its own
+        gc.collect()
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
     out["defaults_over_tuned"] = out["defaults"]["output_tok_s"] / out["tuned"]["output_tok_s"]
     return out

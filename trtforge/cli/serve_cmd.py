@@ -79,6 +79,16 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     help="auto: tensorrt for a .engine MODEL, onnxruntime for a .onnx, torch otherwise.",
 )
 @click.option(
+    "--device", default=None, help="torch executor: cuda or cpu (default: cuda where there is a GPU)."
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "bfloat16", "float16", "float32"]),
+    default="auto",
+    show_default=True,
+    help="torch executor weights and KV cache; auto: bfloat16 on a GPU, float32 on the CPU.",
+)
+@click.option(
     "--log-level",
     default="warning",
     show_default=True,
@@ -101,13 +111,15 @@ def serve_cmd(
     request_timeout: float | None,
     shutdown_grace: float,
     executor: str,
+    device: str | None,
+    dtype: str,
     log_level: str,
 ) -> None:
     """Serve MODEL over OpenAI's HTTP API."""
     import dataclasses
 
     from trtforge.errors import UserError
-    from trtforge.llm import ServingLLM, load, sizing
+    from trtforge.llm import ServingLLM, from_pretrained, load, sizing
     from trtforge.llm.server.run import ServeOptions, _imports, run
     from trtforge.llm.text import check_text, model_tokenizer, read_chat_template
 
@@ -126,14 +138,20 @@ def serve_cmd(
     if executor == "auto":
         suffix = {".engine": "tensorrt", ".onnx": "onnxruntime"}
         executor = next((v for k, v in suffix.items() if model.endswith(k)), "torch")
-    llm = load(
-        model,
-        executor,
-        num_blocks=num_blocks,
-        max_model_len=max_model_len,
-        config=config,
-        gpu_memory_utilization=gpu_memory_utilization,
-    )
+    sizes = {
+        "num_blocks": num_blocks,
+        "max_model_len": max_model_len,
+        "config": config,
+        "gpu_memory_utilization": gpu_memory_utilization,
+    }
+    if executor == "torch":
+        llm = from_pretrained(model, **_placement(device, dtype), **sizes)
+    else:
+        if device is not None or dtype != "auto":
+            raise UserError(
+                f"--device and --dtype apply to the torch executor; '{model}' runs on {executor}."
+            )
+        llm = load(model, executor, **sizes)
     if not isinstance(llm, ServingLLM):
         raise UserError(
             f"'{model}' is a slot-layout step graph (the greedy loop); serving needs a paged model: "
@@ -152,3 +170,18 @@ def serve_cmd(
         log_level=log_level,
     )
     run(llm, tok, name, options)
+
+
+def _placement(device: str | None, dtype: str) -> dict:
+    """The torch executor's device and dtype: a GPU in bfloat16 where there is one, else the CPU in FP32."""
+    import torch
+
+    from trtforge.errors import UserError
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: torch sees no CUDA device here; use --device cpu.")
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    return {"device": device, "dtype": getattr(torch, dtype)}
