@@ -208,6 +208,16 @@ def test_cancel_midway_frees_the_requests_blocks(server):
     server.wait_blocks_free()  # the client left: the request is cancelled and its blocks return
 
 
+def test_a_client_that_leaves_a_non_streaming_request_cancels_it(server):
+    import httpx
+
+    body = {"model": "code-llama-21m", "prompt": PROMPT, "max_tokens": 1500, "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, headers=headers, timeout=1.0)
+    server.wait_blocks_free(timeout=10)  # 1500 tokens would take far longer than that on this CPU
+
+
 def test_bad_key_is_401(server):
     import openai
 

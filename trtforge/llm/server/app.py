@@ -221,9 +221,15 @@ async def _watch_disconnect(request: Request) -> None:
             return
 
 
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 async def _run_all(state: ServerState, request: Request, choices: list[Choice]) -> list[str]:
     """Every choice's whole text; cancelled when the client leaves or the request times out."""
     gather = asyncio.ensure_future(asyncio.gather(*(c.collect() for c in choices)))
+    gather.add_done_callback(_retrieve)  # a cancelled gather's error is ours to drop, not asyncio's to log
     watch = asyncio.ensure_future(_watch_disconnect(request))
     try:
         done, _ = await asyncio.wait(
@@ -341,7 +347,8 @@ def create_app(state: ServerState) -> FastAPI:
         prompt_tokens = sum(len(p) for p in prompts)  # once per prompt, whatever n is (as OpenAI counts)
         if req.stream:
             state.metrics.requests.labels(endpoint, "200").inc()
-            gen = _stream(state, endpoint, rid, name, req, choices, prompt_tokens, admission)
+            pumps = _Pumps(choices, admission)
+            gen = _stream(state, endpoint, rid, name, req, choices, prompt_tokens, pumps)
             return StreamingResponse(gen, media_type="text/event-stream")
         try:
             texts = await _run_all(state, request, choices)
@@ -396,6 +403,26 @@ def _full_body(
     }
 
 
+class _Pumps:
+    """Each choice's pieces forwarded into one queue, by tasks started with the request (not with the
+    response body): a client gone before the body starts still has its choices run out and its
+    admission released, instead of left waiting on a generator that never runs."""
+
+    def __init__(self, choices: list[Choice], admission: _Admission) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.admission = admission
+        self.tasks = [asyncio.ensure_future(self._pump(i, c)) for i, c in enumerate(choices)]
+        asyncio.gather(*self.tasks, return_exceptions=True).add_done_callback(lambda _: admission.release())
+
+    async def _pump(self, i: int, c: Choice) -> None:
+        try:
+            async for piece in c.pieces():
+                self.queue.put_nowait((i, piece, None))
+            self.queue.put_nowait((i, None, c.finish_reason))
+        except ApiError as e:
+            self.queue.put_nowait((i, None, e))
+
+
 async def _stream(
     state: ServerState,
     endpoint: str,
@@ -404,7 +431,7 @@ async def _stream(
     req: Any,
     choices: list[Choice],
     prompt_tokens: int,
-    admission: _Admission,
+    pumps: _Pumps,
 ) -> AsyncIterator[str]:
     """The SSE body: every choice's pieces as they come, its finish, the usage chunk, [DONE]."""
     created, chat = int(time.time()), endpoint == "chat"
@@ -427,23 +454,12 @@ async def _stream(
         extra = {"usage": None} if include_usage else {}
         return _sse({**head, "choices": [body], **extra})
 
-    merged: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i: int, c: Choice) -> None:
-        try:
-            async for piece in c.pieces():
-                merged.put_nowait((i, piece, None))
-            merged.put_nowait((i, None, c.finish_reason))
-        except ApiError as e:
-            merged.put_nowait((i, None, e))
-
-    tasks: list[asyncio.Task] = []
+    merged, tasks = pumps.queue, pumps.tasks
     deadline = None if state.request_timeout is None else time.monotonic() + state.request_timeout
     try:
         if chat:
             for i in range(len(choices)):
                 yield chunk(i, None, None, role=True)
-        tasks = [asyncio.ensure_future(pump(i, c)) for i, c in enumerate(choices)]
         left = len(choices)
         while left:
             timeout = None if deadline is None else max(deadline - time.monotonic(), 0)
@@ -473,4 +489,4 @@ async def _stream(
             t.cancel()
         for c in choices:
             c.handle.cancel()
-        admission.release()
+        pumps.admission.release()
