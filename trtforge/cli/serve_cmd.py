@@ -132,12 +132,14 @@ def serve_cmd(
         raise UserError(
             f"'{model}' holds no tokenizer; name one with --tokenizer DIR (the server returns text)."
         )
-    config = sizing.default_scheduler_config(None, max_num_seqs)
-    if max_num_batched_tokens is not None:
-        config = dataclasses.replace(config, max_num_batched_tokens=max_num_batched_tokens)
     if executor == "auto":
         suffix = {".engine": "tensorrt", ".onnx": "onnxruntime"}
         executor = next((v for k, v in suffix.items() if model.endswith(k)), "torch")
+    config = sizing.default_scheduler_config(None, max_num_seqs)
+    if max_num_batched_tokens is not None:
+        config = dataclasses.replace(config, max_num_batched_tokens=max_num_batched_tokens)
+    if executor == "tensorrt" and max_num_seqs is None and max_num_batched_tokens is None:
+        config = None  # a step engine's profiles bound the batch: its own limits are the defaults
     sizes = {
         "num_blocks": num_blocks,
         "max_model_len": max_model_len,
