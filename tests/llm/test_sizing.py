@@ -23,6 +23,7 @@ def test_gpu_pool_takes_the_utilization_of_what_is_left():
         sizing.gpu_pool(1 * GiB, 1 * GiB, 0.9, 2 << 20)
     with pytest.raises(UserError, match="gpu-memory-utilization"):
         sizing.gpu_pool(10 * GiB, 0, 1.5, 2 << 20)
+    assert sizing.gpu_pool(120 * GiB, 0, 0.9, 4096, max_blocks_needed=32768).num_blocks == 32768
 
 
 def test_cpu_pool_is_a_bounded_share_of_ram():
@@ -61,16 +62,34 @@ def test_from_pretrained_defaults_on_the_cpu():
 @pytest.mark.gpu
 def test_gpu_pool_is_measured_on_the_device():
     import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     from tests.llm.serving_models import tiny_llama
     from trtforge.llm import from_pretrained
+    from trtforge.llm.sched.scheduler import SchedulerConfig
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    free_before = torch.cuda.mem_get_info()[0]
-    with from_pretrained(tiny_llama(), device="cuda", dtype=torch.bfloat16) as llm:
-        pool = llm.executor.num_blocks * llm.executor.block_size
-        used = free_before - torch.cuda.mem_get_info()[0]
-        assert used > 0.8 * free_before, f"the pool must take most of the GPU: {used / free_before:.2f}"
-        assert pool > 100_000
+    shape = {"hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 8}
+    cfg = LlamaConfig(vocab_size=32000, num_hidden_layers=8, num_key_value_heads=8, **shape)
+    with torch.device("cuda"):
+        lm = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    free_after_weights = torch.cuda.mem_get_info()[0]
+    config = SchedulerConfig(max_num_seqs=4096, max_num_batched_tokens=8192)  # the memory binds, not the cap
+    pool = sizing.torch_pool(
+        lm,
+        block_size=16,
+        device=None,
+        dtype=None,
+        max_model_len=None,
+        config=config,
+        gpu_memory_utilization=0.9,
+    )
+    assert 0 < pool.activation_peak_bytes < 8 * GiB, pool
+    expected = 0.9 * (free_after_weights - pool.activation_peak_bytes) / pool.block_bytes
+    assert abs(pool.num_blocks - expected) / expected < 0.02, (pool, expected)
+    del lm
+    torch.cuda.empty_cache()
+    with from_pretrained(tiny_llama(), device="cuda", dtype=torch.bfloat16) as llm:  # capped by the sequences
+        assert llm.executor.num_blocks == sizing.blocks_for_sequences(256, llm.executor.max_model_len, 16)
         assert llm.generate([[1, 2, 3]] * 4, max_new_tokens=4)

@@ -4,7 +4,7 @@ A user who names no sizes should get the machine's worth: on a GPU the KV pool t
 ``gpu_memory_utilization`` of the memory left once the weights are loaded and one step of the
 largest size has run (its activation peak is measured, not guessed); the scheduler admits as many
 sequences and batches as many tokens as fill an H200 (vLLM's 256 / 8192). On the CPU the pool takes a
-bounded share of the available RAM, never more than ``max_num_seqs`` full-length sequences need.
+bounded share of the available RAM. Neither pool holds more than ``max_num_seqs`` full-length sequences.
 ``from_pretrained``, ``load``, ``trtforge generate`` and ``trtforge serve`` all size through here.
 """
 
@@ -69,11 +69,21 @@ def check_utilization(value: float) -> float:
     return float(value)
 
 
-def gpu_pool(free_bytes: int, activation_peak: int, utilization: float, block_bytes: int) -> PoolSize:
-    """The GPU pool: `utilization` of what is free after the weights and the activation peak."""
+def gpu_pool(
+    free_bytes: int,
+    activation_peak: int,
+    utilization: float,
+    block_bytes: int,
+    max_blocks_needed: int | None = None,
+) -> PoolSize:
+    """The GPU pool: `utilization` of what is free after the weights and the activation peak, and no more
+    blocks than `max_blocks_needed` (what max_num_seqs full sequences hold: a tiny model would
+    otherwise get tens of millions of blocks it can never fill)."""
     utilization = check_utilization(utilization)
     budget = int(utilization * (free_bytes - activation_peak))
     blocks = budget // block_bytes
+    if max_blocks_needed is not None:
+        blocks = min(blocks, max_blocks_needed)
     if blocks < MIN_BLOCKS:
         raise UserError(
             f"the GPU has {free_bytes / 2**30:.2f} GiB free after the weights and needs "
@@ -171,6 +181,8 @@ def torch_pool(
         lm.to(device=device, dtype=dtype)
     param = next(lm.parameters())
     cfg = lm.config
+    positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048)
+    need = blocks_for_sequences(config.max_num_seqs, int(max_model_len or positions), block_size)
     layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
     heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
@@ -179,9 +191,6 @@ def torch_pool(
     )
     block_bytes = kv_block_bytes(layers, kv_heads, head_dim, block_size, param.element_size())
     if param.device.type != "cuda":
-        positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048)
-        length = int(max_model_len or config.max_model_len or positions)
-        need = blocks_for_sequences(config.max_num_seqs, length, block_size)
         return cpu_pool(available_ram(), block_bytes, need)
     tokens = config.max_num_batched_tokens
     dev = param.device
@@ -208,4 +217,4 @@ def torch_pool(
     gc.collect()
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(dev)
-    return gpu_pool(free, peak, gpu_memory_utilization, block_bytes)
+    return gpu_pool(free, peak, gpu_memory_utilization, block_bytes, need)
