@@ -10,6 +10,7 @@ Retry-After; while the server drains (SIGTERM) new requests get 503.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -21,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from trtforge.errors import UserError
-from trtforge.llm.server.generation import Choice
+from trtforge.llm.server.generation import Choice, Dispatcher
 from trtforge.llm.server.metrics import Metrics
 from trtforge.llm.server.protocol import (
     ApiError,
@@ -50,6 +51,7 @@ class ServerState:
     sequences: int = 0
     requests: int = 0
     metrics: Metrics = field(init=False)
+    dispatcher: Any = None  # set on the event loop's start (generation.Dispatcher)
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.engine_stats)
@@ -269,7 +271,13 @@ def _make_choices(
 
 def create_app(state: ServerState) -> FastAPI:
     """The app over `state` (``trtforge serve`` runs it with uvicorn)."""
-    app = FastAPI(title="trtforge", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.dispatcher = Dispatcher(asyncio.get_running_loop())
+        yield
+
+    app = FastAPI(title="trtforge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.trtforge = state
 
     @app.get("/health")

@@ -8,6 +8,7 @@ next step); so does closing the choice early (a client that went away, a timeout
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -21,6 +22,33 @@ from trtforge.llm.text import TextStream
 FINISH_REASONS = {"stop": "stop", "length": "length"}
 
 
+class Dispatcher:
+    """Hands engine events to the event loop with one wake-up per batch of them, not one per event.
+
+    The engine thread calls back once per request per step; waking the loop for each (a write to its
+    self-pipe) would cost the engine thread a system call per running request per step. Events queue
+    in a deque, and a drain is scheduled only when none is pending; the drain runs on the loop.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: collections.deque = collections.deque()
+        self.scheduled = False
+
+    def put(self, queue: asyncio.Queue, event: Any) -> None:  # the engine's thread
+        self.pending.append((queue, event))
+        if not self.scheduled and not self.loop.is_closed():
+            self.scheduled = True
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        self.scheduled = False  # before popping: an event appended from now on schedules its own drain
+        pending = self.pending
+        while pending:
+            queue, event = pending.popleft()
+            queue.put_nowait(event)
+
+
 class Choice:
     """One generated sequence: submit it, iterate its text pieces, read how it finished."""
 
@@ -28,7 +56,6 @@ class Choice:
         self, state: Any, prompt: Sequence[int], params: SamplingParams, stops: Sequence[str]
     ) -> None:
         self.state = state
-        self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
         self.text = TextStream(state.tokenizer, prompt, stops)
         self.prompt_len = len(prompt)
@@ -44,8 +71,7 @@ class Choice:
             raise ApiError(503, f"the server is shutting down ({e})") from None
 
     def _forward(self, event: Any) -> None:  # the engine's thread
-        if not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        self.state.dispatcher.put(self.events, event)
 
     def _observe(self, tokens: tuple[int, ...]) -> None:
         now, m = time.perf_counter(), self.state.metrics

@@ -71,7 +71,7 @@ def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int
         log_level=options.log_level,
         access_log=False,
         timeout_graceful_shutdown=1,
-        lifespan="off",
+        lifespan="on",
     )
     server = _DrainingServer(config, state, options.shutdown_grace)
     try:
