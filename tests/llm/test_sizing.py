@@ -90,6 +90,7 @@ def test_gpu_pool_is_measured_on_the_device():
     assert abs(pool.num_blocks - expected) / expected < 0.02, (pool, expected)
     del lm
     torch.cuda.empty_cache()
-    with from_pretrained(tiny_llama(), device="cuda", dtype=torch.bfloat16) as llm:  # capped by the sequences
+    # a fresh model (tiny_llama() is cached, and moving it would move every later test's): capped by sequences
+    with from_pretrained(tiny_llama.__wrapped__(), device="cuda", dtype=torch.bfloat16) as llm:
         assert llm.executor.num_blocks == sizing.blocks_for_sequences(256, llm.executor.max_model_len, 16)
         assert llm.generate([[1, 2, 3]] * 4, max_new_tokens=4)

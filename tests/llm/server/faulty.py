@@ -29,3 +29,10 @@ def make():
     new.weight = old.weight
     model.model.embed_tokens = new
     return model, None
+
+
+def tiny():
+    """The tests' tiny random Llama (vocab 300, 512 positions): fast enough to outrun a short timeout."""
+    from tests.llm.serving_models import tiny_llama
+
+    return tiny_llama(), None
