@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	# CPU torch first (from local disk): pip must not resolve a CUDA build for us.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[rtx,dev,bench]'
+	$(PY) -m pip install -q -e '.[rtx,serve,dev,bench]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -108,3 +108,22 @@ def test_text_prompt_is_tokenized_and_the_output_decoded(paged, capsys):
     assert out.out == want + "\n" and want.strip()
     assert main(["generate", paged, *args]) == 2  # MiniLM ids exceed the 300-token vocabulary
     assert "outside the vocabulary" in capsys.readouterr().err
+
+
+def test_text_prompt_with_undecodable_bytes_exits_2_with_one_message(paged, capsys):
+    bad = b"caf\xe9 au lait".decode("utf-8", "surrogateescape")  # what a shell argument of latin-1 gives
+    assert main(["generate", paged, "--prompt", bad, "--tokenizer", "demo"]) == 2
+    err = capsys.readouterr().err
+    assert "--prompt is not valid UTF-8" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_tokenizer_comes_from_the_model_directory(capsys):
+    from tests.llm.server.harness import MODEL
+
+    if not MODEL.is_dir():
+        pytest.skip(f"the trained model is absent: {MODEL}")
+    args = ["generate", str(MODEL), "--prompt", "def read_json(path):", "--max-tokens", "8"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.strip() and not out.strip().isdigit()

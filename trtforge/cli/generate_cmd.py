@@ -13,7 +13,7 @@ Examples:
   trtforge generate step.onnx --prompt-ids "1 15 27" --max-tokens 32
   trtforge generate llm.engine --prompt-ids "1 15 27" --max-tokens 32
   trtforge generate step.onnx --prompt-ids "1 2 3" --prompt-ids "4 5" --temperature 0.8 --top-p 0.9 --seed 1
-  trtforge generate ./llama-dir --prompt "Once upon a time" --tokenizer ./llama-dir
+  trtforge generate ./llama-dir --prompt "Once upon a time"
   trtforge generate mypkg.models:make_llama --prompt-ids "1 2 3" --num-blocks 128
 \b
 MODEL: a paged step engine from `trtforge compile --generate --cache-layout paged`
@@ -21,7 +21,8 @@ MODEL: a paged step engine from `trtforge compile --generate --cache-layout page
 --save-onnx` or trtforge.llm.compile.export_step (paged graphs serve every option; slot
 graphs are greedy only), a Hugging Face save_pretrained directory, or module:factory (both
 run by the torch executor). Each prompt's new tokens are printed on one line as they are generated
-(token ids, or text with --tokenizer); prompts run batched together.
+(token ids, or text when there is a tokenizer: --tokenizer DIR, else MODEL's own directory);
+prompts run batched together.
 """
 
 
@@ -41,9 +42,11 @@ def _parse_ids(text: str) -> list[int]:
 @click.option(
     "--prompt-ids", "prompt_ids", multiple=True, help='A prompt as token ids, e.g. "1 2 3" (repeatable).'
 )
-@click.option("--prompt", "prompts", multiple=True, help="A prompt as text (repeatable; needs --tokenizer).")
+@click.option("--prompt", "prompts", multiple=True, help="A prompt as text (repeatable; needs a tokenizer).")
 @click.option(
-    "--tokenizer", default=None, help="Hugging Face tokenizer directory for --prompt and the output."
+    "--tokenizer",
+    default=None,
+    help="Hugging Face tokenizer directory for --prompt and the output (default: MODEL's own, if any).",
 )
 @click.option("--max-tokens", default=16, show_default=True, type=int, help="New tokens per prompt at most.")
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
@@ -78,15 +81,22 @@ def generate_cmd(
     """Generate continuations of prompts with MODEL, printing tokens as they come."""
     from trtforge.errors import UserError
     from trtforge.llm import SamplingParams, ServingLLM, load
+    from trtforge.llm.text import check_text, encode_prompt, model_tokenizer
 
-    if prompts and tokenizer is None:
-        raise UserError(
-            "--prompt gives text: it needs --tokenizer DIR (or give token ids with --prompt-ids)."
-        )
     if not prompt_ids and not prompts:
-        raise UserError('give at least one prompt: --prompt-ids "1 2 3" or --prompt TEXT --tokenizer DIR.')
-    tok = _tokenizer(tokenizer) if tokenizer is not None else None
-    rows = [_parse_ids(p) for p in prompt_ids] + [_encode(tok, p) for p in prompts]
+        raise UserError('give at least one prompt: --prompt-ids "1 2 3" or --prompt TEXT.')
+    for p in prompts:
+        check_text(p, "--prompt")
+    if tokenizer is not None:
+        tok = _tokenizer(tokenizer)
+    else:  # the model directory's own (a save_pretrained directory holds its tokenizer)
+        tok = model_tokenizer(check_text(model, "MODEL"), None) if prompts else None
+    if prompts and tok is None:
+        raise UserError(
+            f"--prompt gives text, but '{model}' holds no tokenizer: name one with --tokenizer DIR (or give "
+            "token ids with --prompt-ids)."
+        )
+    rows = [_parse_ids(p) for p in prompt_ids] + [encode_prompt(tok, p, "--prompt") for p in prompts]
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -118,35 +128,27 @@ def generate_cmd(
 
 
 class _Printer:
-    """Writes one prompt's tokens on one line as they arrive (ids, or the decoded text's new part).
-
-    Text is held back while it ends in an incomplete character (U+FFFD from a partial byte sequence).
-    """
+    """Writes one prompt's tokens on one line as they arrive: ids, or text as it becomes final
+    (:class:`trtforge.llm.text.IncrementalDetokenizer`: a character split across tokens waits)."""
 
     def __init__(self, tok: Any) -> None:
-        self.tok, self.ids, self.shown = tok, [], ""
+        from trtforge.llm.text import IncrementalDetokenizer
+
+        self.tok, self.count = tok, 0
+        self.detok = IncrementalDetokenizer(tok) if tok is not None else None
 
     def emit(self, tokens: list[int]) -> _Printer:
-        if self.tok is None:
-            click.echo("".join(f"{' ' if self.ids or i else ''}{t}" for i, t in enumerate(tokens)), nl=False)
-            self.ids += tokens
+        if self.detok is None:
+            text = "".join(f"{' ' if self.count or i else ''}{t}" for i, t in enumerate(tokens))
+            click.echo(text, nl=False)
+            self.count += len(tokens)
         else:
-            self.ids += tokens
-            self._flush(final=False)
+            click.echo(self.detok.push(tokens), nl=False)
         return self
 
-    def _flush(self, final: bool) -> None:
-        text = self.tok.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd") and not final:
-            return
-        common = next((i for i, (a, b) in enumerate(zip(text, self.shown)) if a != b), None)
-        common = min(len(text), len(self.shown)) if common is None else common
-        click.echo(text[common:], nl=False)
-        self.shown = text
-
     def close(self) -> None:
-        if self.tok is not None:
-            self._flush(final=True)
+        if self.detok is not None:
+            click.echo(self.detok.finish(), nl=False)
         click.echo("")
 
 
@@ -154,14 +156,3 @@ def _tokenizer(name: str) -> Any:
     from trtforge.calibration.data import resolve_tokenizer
 
     return resolve_tokenizer(name)
-
-
-def _encode(tok: Any, text: str) -> list[int]:
-    from trtforge.errors import UserError
-
-    if not text.strip():  # special tokens alone (BOS, [CLS] [SEP]) are no prompt
-        raise UserError(f"--prompt {text!r} is empty; give the text to continue.")
-    ids = list(tok(text, add_special_tokens=True)["input_ids"])
-    if not ids:
-        raise UserError(f"--prompt {text!r} tokenizes to no tokens.")
-    return [int(t) for t in ids]

@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "optimize": "trtforge.cli.optimize_cmd:optimize_cmd",
     "export-triton": "trtforge.cli.export_triton_cmd:export_triton_cmd",
     "generate": "trtforge.cli.generate_cmd:generate_cmd",
+    "serve": "trtforge.cli.serve_cmd:serve_cmd",
 }
 SHORT_HELP: dict[str, str] = {
     "calibrate": "INT8-calibrate an ONNX model on a dataset: Q/DQ nodes TensorRT fuses.",
@@ -30,6 +31,7 @@ SHORT_HELP: dict[str, str] = {
     "optimize": "Fuse LayerNorm, GELU, QKV and attention in an ONNX model, verified pass by pass.",
     "export-triton": "Write an engine into a Triton Inference Server model repository.",
     "generate": "Continue prompts with a step graph (ONNX Runtime) or a HF model (torch), streaming tokens.",
+    "serve": "Serve a model over OpenAI's HTTP API (completions, chat, streaming, /metrics).",
 }
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trtforge.errors import UserError
+from trtforge.llm import sizing
 from trtforge.llm.api import LLM
 from trtforge.llm.engine import Completion, LLMEngine, RequestHandle
 from trtforge.llm.executors.base import StepExecutor
@@ -23,7 +24,6 @@ from trtforge.llm.sched.blocks import MemoryStats
 from trtforge.llm.sched.scheduler import SchedulerConfig, SchedulerStats
 
 EXECUTORS = ("auto", "onnxruntime", "tensorrt", "torch")
-DEFAULT_TORCH_BLOCKS = 256
 
 
 class ServingLLM:
@@ -151,6 +151,7 @@ def load(
     max_model_len: int | None = None,
     config: SchedulerConfig | None = None,
     max_num_seqs: int | None = None,
+    gpu_memory_utilization: float = sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
 ) -> LLM | ServingLLM:
     """Load a model for generation.
 
@@ -162,12 +163,19 @@ def load(
       batched greedy loop (`generate(prompts, max_new_tokens=N)`, `score`).
     - ``executor="torch"``: `path` is a save_pretrained directory or ``module:factory``; see
       :func:`from_pretrained`.
+
+    Sizes not given default to the machine's (:mod:`trtforge.llm.sizing`).
     """
     if executor not in EXECUTORS:
         raise UserError(f"executor {executor!r} is not available; choose one of {', '.join(EXECUTORS)}.")
     if executor == "torch":
         return from_pretrained(
-            path, num_blocks=num_blocks, max_model_len=max_model_len, config=config, max_num_seqs=max_num_seqs
+            path,
+            num_blocks=num_blocks,
+            max_model_len=max_model_len,
+            config=config,
+            max_num_seqs=max_num_seqs,
+            gpu_memory_utilization=gpu_memory_utilization,
         )
     from trtforge._fileio import as_path
     from trtforge.llm import api
@@ -194,7 +202,7 @@ def load(
             )
         return api.load(p, executor)
     ex = OrtPagedExecutor(p, num_blocks, max_model_len=max_model_len, generation=generation)
-    return ServingLLM(ex, _config(config, max_num_seqs))
+    return ServingLLM(ex, sizing.default_scheduler_config(config, max_num_seqs))
 
 
 def engine_config(config: SchedulerConfig | None, limits: dict[str, int]) -> SchedulerConfig:
@@ -251,19 +259,35 @@ def from_pretrained(
     max_model_len: int | None = None,
     config: SchedulerConfig | None = None,
     max_num_seqs: int | None = None,
+    gpu_memory_utilization: float = sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
 ) -> ServingLLM:
     """Serve a transformers causal LM (an nn.Module, a save_pretrained directory or ``module:factory``)
-    with the torch paged executor (:class:`trtforge.llm.executors.torch_exec.TorchExecutor`)."""
+    with the torch paged executor (:class:`trtforge.llm.executors.torch_exec.TorchExecutor`).
+
+    `num_blocks` None sizes the pool to the machine (:func:`trtforge.llm.sizing.torch_pool`: on a GPU
+    `gpu_memory_utilization` of the memory left after the weights and a measured step); `config` None
+    takes :func:`trtforge.llm.sizing.default_scheduler_config`."""
     from trtforge.llm.executors.torch_exec import TorchExecutor
     from trtforge.llm.models.loader import load_causal_lm
 
+    config = sizing.default_scheduler_config(config, max_num_seqs)
     lm = load_causal_lm(model)
+    if num_blocks is None:
+        num_blocks = sizing.torch_pool(
+            lm,
+            block_size=block_size,
+            device=device,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            config=config,
+            gpu_memory_utilization=gpu_memory_utilization,
+        ).num_blocks
     ex = TorchExecutor(
         lm,
-        num_blocks=DEFAULT_TORCH_BLOCKS if num_blocks is None else num_blocks,
+        num_blocks=num_blocks,
         block_size=block_size,
         device=device,
         dtype=dtype,
         max_model_len=max_model_len,
     )
-    return ServingLLM(ex, _config(config, max_num_seqs))
+    return ServingLLM(ex, config)

@@ -1,0 +1,38 @@
+"""`module:factory` for the server tests: the trained 21M model whose embedding fails on token 4095.
+
+A prompt holding that id makes the executor's step raise: an executor fault the server must confine
+to the requests of that step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tests.llm.server.harness import MODEL
+
+POISON = 4095
+
+
+class _FaultyEmbedding(torch.nn.Embedding):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if bool((ids == POISON).any()):
+            raise RuntimeError("injected executor fault (token 4095)")
+        return super().forward(ids)
+
+
+def make():
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(MODEL), dtype=torch.float32).eval()
+    old = model.model.embed_tokens
+    new = _FaultyEmbedding(old.num_embeddings, old.embedding_dim, old.padding_idx)
+    new.weight = old.weight
+    model.model.embed_tokens = new
+    return model, None
+
+
+def tiny():
+    """The tests' tiny random Llama (vocab 300, 512 positions): fast enough to outrun a short timeout."""
+    from tests.llm.serving_models import tiny_llama
+
+    return tiny_llama(), None

@@ -1,0 +1,111 @@
+"""`trtforge serve` under bounded load: 429 past the waiting queue, an executor fault is a 500 for
+its requests only, SIGTERM drains in-flight requests (new ones get 503) and exits 0.
+
+One small server for the module (2 running + 1 waiting sequences), serving a model whose step fails
+on one token id (tests/llm/server/faulty.py). The SIGTERM test ends it, so it runs last.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.llm.server.faulty import POISON
+from tests.llm.server.harness import Server, need_model
+
+NAME = "faulty"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model = need_model()
+    args = [
+        "--tokenizer",
+        str(model),
+        "--served-model-name",
+        NAME,
+        "--num-blocks",
+        "256",
+        "--max-num-seqs",
+        "2",
+        "--max-waiting",
+        "1",
+        "--shutdown-grace",
+        "60",
+    ]
+    s = Server("tests.llm.server.faulty:make", args, tmp_path_factory.mktemp("limits") / "server.log")
+    yield s
+    s.stop()
+
+
+def _stream(server, max_tokens, out, key):
+    import httpx
+
+    body = {
+        "model": NAME,
+        "prompt": "def f(x):",
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
+        out[key] = {"status": r.status_code, "lines": [line for line in r.iter_lines() if line]}
+
+
+def _wait_for(cond, timeout=30.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.05)
+
+
+def test_queue_overflow_is_429_with_retry_after(server):
+    import httpx
+
+    out: dict = {}
+    threads = [threading.Thread(target=_stream, args=(server, 300, out, i)) for i in range(3)]
+    for t in threads:
+        t.start()
+    _wait_for(lambda: server.metrics()["trtforge_http_requests_in_flight"] == 3)
+    r = httpx.post(server.url + "/v1/completions", json={"model": NAME, "prompt": "x", "max_tokens": 2})
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]["type"] == "rate_limit_error"
+    for t in threads:
+        t.join()
+    assert all(v["status"] == 200 and v["lines"][-1] == "data: [DONE]" for v in out.values())
+    server.wait_blocks_free()
+
+
+def test_an_executor_fault_fails_its_requests_only(server):
+    import httpx
+
+    url = server.url + "/v1/completions"
+    r = httpx.post(url, json={"model": NAME, "prompt": [[5, POISON, 7]], "max_tokens": 4}, timeout=60)
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert "injected executor fault" in r.json()["error"]["message"]
+    ok = httpx.post(url, json={"model": NAME, "prompt": "def g():", "max_tokens": 4}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
+    server.wait_blocks_free()
+
+
+def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(server):
+    import httpx
+
+    out: dict = {}
+    threads = [threading.Thread(target=_stream, args=(server, 120, out, i)) for i in range(2)]
+    for t in threads:
+        t.start()
+    _wait_for(lambda: server.metrics()["trtforge_num_requests_running"] == 2)
+    server.terminate()
+    _wait_for(lambda: httpx.get(server.url + "/health").status_code == 503)
+    r = httpx.post(server.url + "/v1/completions", json={"model": NAME, "prompt": "x", "max_tokens": 2})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
+    for t in threads:
+        t.join()
+    assert server.proc.wait(60) == 0
+    for v in out.values():
+        assert v["status"] == 200 and v["lines"][-1] == "data: [DONE]"
+        assert '"finish_reason": "length"' in v["lines"][-2]
+    assert "Traceback" not in server.log(), server.log()

@@ -1,0 +1,96 @@
+"""Default sizes fitted to the machine: the arithmetic on the CPU, the measured path on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtforge.errors import UserError
+from trtforge.llm import sizing
+
+GiB = 1 << 30
+
+
+def test_block_bytes_of_a_llama3_8b_shape():
+    # 32 layers, 8 KV heads of 128, BF16, 16 tokens: 2 MiB a block (128 KiB a token)
+    assert sizing.kv_block_bytes(32, 8, 128, 16, 2) == 2 << 20
+
+
+def test_gpu_pool_takes_the_utilization_of_what_is_left():
+    p = sizing.gpu_pool(free_bytes=120 * GiB, activation_peak=4 * GiB, utilization=0.9, block_bytes=2 << 20)
+    assert p.num_blocks == int(0.9 * 116 * GiB) // (2 << 20)
+    assert p.num_blocks * 16 > 800_000, "an H200 holds ~850k tokens of an 8B model's KV"
+    with pytest.raises(UserError, match="gpu-memory-utilization"):
+        sizing.gpu_pool(1 * GiB, 1 * GiB, 0.9, 2 << 20)
+    with pytest.raises(UserError, match="gpu-memory-utilization"):
+        sizing.gpu_pool(10 * GiB, 0, 1.5, 2 << 20)
+    assert sizing.gpu_pool(120 * GiB, 0, 0.9, 4096, max_blocks_needed=32768).num_blocks == 32768
+
+
+def test_cpu_pool_is_a_bounded_share_of_ram():
+    block = 1 << 20
+    p = sizing.cpu_pool(available_bytes=20 * GiB, block_bytes=block, max_blocks_needed=10**9)
+    assert p.num_blocks == int(sizing.CPU_KV_FRACTION * 20 * GiB) // block
+    capped = sizing.cpu_pool(available_bytes=1000 * GiB, block_bytes=block, max_blocks_needed=10**9)
+    assert capped.num_blocks == sizing.CPU_KV_CAP // block
+    assert sizing.cpu_pool(20 * GiB, block, max_blocks_needed=100).num_blocks == 100
+
+
+def test_scheduler_defaults_fill_an_h200_and_explicit_values_win():
+    c = sizing.default_scheduler_config(None)
+    assert (c.max_num_seqs, c.max_num_batched_tokens) == (256, 8192)
+    assert sizing.default_scheduler_config(None, 8).max_num_seqs == 8
+    mine = sizing.default_scheduler_config(None, None)
+    assert sizing.default_scheduler_config(mine) is mine
+
+
+def test_profile_step_is_the_largest_prefill():
+    b = sizing.profile_step(8192, 512, 16)
+    assert b.num_tokens == 8192 and b.num_seqs == 16 and len(set(b.slot_mapping.tolist())) == 8192
+    assert int(b.slot_mapping.max()) < (8192 // 16) * 16
+
+
+def test_from_pretrained_defaults_on_the_cpu():
+    from tests.llm.serving_models import tiny_llama
+    from trtforge.llm import from_pretrained
+
+    with from_pretrained(tiny_llama()) as llm:
+        assert llm.engine._scheduler.config.max_num_seqs == 256
+        assert llm.executor.num_blocks >= sizing.MIN_BLOCKS
+        assert llm.generate([[1, 2, 3]], max_new_tokens=3)
+
+
+@pytest.mark.gpu
+def test_gpu_pool_is_measured_on_the_device():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.llm.serving_models import tiny_llama
+    from trtforge.llm import from_pretrained
+    from trtforge.llm.sched.scheduler import SchedulerConfig
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    shape = {"hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 8}
+    cfg = LlamaConfig(vocab_size=32000, num_hidden_layers=8, num_key_value_heads=8, **shape)
+    with torch.device("cuda"):
+        lm = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    free_after_weights = torch.cuda.mem_get_info()[0]
+    config = SchedulerConfig(max_num_seqs=4096, max_num_batched_tokens=8192)  # the memory binds, not the cap
+    pool = sizing.torch_pool(
+        lm,
+        block_size=16,
+        device=None,
+        dtype=None,
+        max_model_len=None,
+        config=config,
+        gpu_memory_utilization=0.9,
+    )
+    assert 0 < pool.activation_peak_bytes < 8 * GiB, pool
+    expected = 0.9 * (free_after_weights - pool.activation_peak_bytes) / pool.block_bytes
+    assert abs(pool.num_blocks - expected) / expected < 0.02, (pool, expected)
+    del lm
+    torch.cuda.empty_cache()
+    # a fresh model (tiny_llama() is cached, and moving it would move every later test's): capped by sequences
+    with from_pretrained(tiny_llama.__wrapped__(), device="cuda", dtype=torch.bfloat16) as llm:
+        assert llm.executor.num_blocks == sizing.blocks_for_sequences(256, llm.executor.max_model_len, 16)
+        assert llm.generate([[1, 2, 3]] * 4, max_new_tokens=4)

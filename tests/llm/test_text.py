@@ -1,0 +1,68 @@
+"""The text layer: incremental detokenization across multi-byte characters, stop strings split
+across tokens, chat templates, the tokenizer from the model directory."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.llm.server.harness import MODEL
+from trtforge.errors import UserError
+from trtforge.llm.text import (
+    IncrementalDetokenizer,
+    NoChatTemplateError,
+    StopMatcher,
+    TextStream,
+    apply_chat_template,
+    check_text,
+    model_tokenizer,
+)
+
+TEXT = "def f():\n    return 'héllo wörld 日本語 🙂 ok'  # ✓ ünïcödé"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    if not MODEL.is_dir():
+        pytest.skip(f"the trained model is absent: {MODEL}")
+    return model_tokenizer(str(MODEL), None)
+
+
+def test_pieces_are_final_and_join_to_the_text(tok):
+    ids = tok(TEXT, add_special_tokens=False)["input_ids"]
+    assert len(ids) < len(TEXT.encode()), "byte-level BPE merges bytes"
+    assert any("\ufffd" in tok.decode([i]) for i in ids), "some token must split a character"
+    d = IncrementalDetokenizer(tok, [0])
+    pieces = [d.push([i]) for i in ids] + [d.finish()]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == TEXT
+
+
+def test_a_stop_string_split_across_tokens_stops_and_is_never_emitted(tok):
+    ids = tok(TEXT, add_special_tokens=False)["input_ids"]
+    stop = "wörld 日"
+    s = TextStream(tok, [0], [stop, "zzz"])
+    pieces = [s.push([i]) for i in ids] + [s.finish()]
+    assert "".join(pieces) == TEXT[: TEXT.index(stop)] and s.stopped == stop
+    assert not any(stop in p for p in pieces)
+
+
+def test_stop_matcher_holds_back_a_possible_prefix_only():
+    m = StopMatcher(["END"])
+    assert m.push("abc E") == "abc " and m.push("N") == "" and m.push("x") == "ENx"
+    assert m.push("yyE") == "yy" and m.push("ND tail") == "" and m.stopped == "END"
+    m = StopMatcher(["ab"])
+    assert m.push("xa") == "x" and m.finish() == "a"
+
+
+def test_chat_template_is_required_and_applied(tok):
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(NoChatTemplateError, match="--chat-template"):
+        apply_chat_template(tok, msgs, None)
+    ids = apply_chat_template(tok, msgs, "{% for m in messages %}<{{ m['content'] }}>{% endfor %}")
+    assert tok.decode(ids) == "<hi>"
+
+
+def test_undecodable_text_is_a_user_error():
+    bad = b"caf\xe9".decode("utf-8", "surrogateescape")
+    with pytest.raises(UserError, match=r"--prompt is not valid UTF-8.*xe9"):
+        check_text(bad, "--prompt")

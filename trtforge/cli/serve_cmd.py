@@ -1,0 +1,189 @@
+"""`trtforge serve`: an OpenAI-compatible HTTP server over a model (flags spelled as vLLM's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+EXAMPLES = """\b
+Examples:
+  trtforge serve ./llama-dir
+  trtforge serve ./llama-dir --port 8000 --api-key sk-local --chat-template chat.jinja
+  trtforge serve llm.engine --tokenizer ./llama-dir --served-model-name llama
+\b
+Then any OpenAI client works against it:
+  curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+       -d '{"model": "llama-dir", "prompt": "def read_json(path):", "max_tokens": 32}'
+\b
+MODEL: a Hugging Face save_pretrained directory or module:factory (torch executor), a paged step
+graph (.onnx, ONNX Runtime) or a paged step engine (.engine, TensorRT). The tokenizer comes from
+MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/chat/completions,
+/v1/models, /health, /metrics (Prometheus). SIGTERM drains requests in flight (up to
+--shutdown-grace seconds; new ones get 503) and exits 0.
+"""
+
+
+@click.command("serve", epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("model")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
+@click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on /v1 endpoints.")
+@click.option("--tokenizer", default=None, help="Tokenizer directory (default: MODEL's own).")
+@click.option(
+    "--chat-template",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Jinja chat template file (default: the tokenizer's).",
+)
+@click.option(
+    "--served-model-name", "served_names", multiple=True, help="Model name(s) clients use (default: MODEL)."
+)
+@click.option(
+    "--gpu-memory-utilization",
+    default=0.9,
+    show_default=True,
+    type=float,
+    help="Share of the GPU memory left after weights and activations that the KV cache takes.",
+)
+@click.option(
+    "--max-num-seqs", default=None, type=click.IntRange(1), help="Sequences per batch (default 256)."
+)
+@click.option(
+    "--max-num-batched-tokens", default=None, type=click.IntRange(1), help="Tokens per step (default 8192)."
+)
+@click.option("--max-model-len", default=None, type=click.IntRange(2), help="Longest prompt + output.")
+@click.option(
+    "--max-waiting",
+    default=256,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Sequences that may wait beyond --max-num-seqs; past that requests get 429.",
+)
+@click.option("--num-blocks", default=None, type=click.IntRange(1), help="KV-cache blocks (default: sized).")
+@click.option(
+    "--request-timeout", default=None, type=click.FloatRange(0, min_open=True), help="Seconds per request."
+)
+@click.option(
+    "--shutdown-grace",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds SIGTERM waits for requests in flight.",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch"]),
+    default="auto",
+    show_default=True,
+    help="auto: tensorrt for a .engine MODEL, onnxruntime for a .onnx, torch otherwise.",
+)
+@click.option(
+    "--device", default=None, help="torch executor: cuda or cpu (default: cuda where there is a GPU)."
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "bfloat16", "float16", "float32"]),
+    default="auto",
+    show_default=True,
+    help="torch executor weights and KV cache; auto: bfloat16 on a GPU, float32 on the CPU.",
+)
+@click.option(
+    "--log-level",
+    default="warning",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+def serve_cmd(
+    model: str,
+    host: str,
+    port: int,
+    api_key: str | None,
+    tokenizer: str | None,
+    chat_template: str | None,
+    served_names: tuple[str, ...],
+    gpu_memory_utilization: float,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    max_model_len: int | None,
+    max_waiting: int,
+    num_blocks: int | None,
+    request_timeout: float | None,
+    shutdown_grace: float,
+    executor: str,
+    device: str | None,
+    dtype: str,
+    log_level: str,
+) -> None:
+    """Serve MODEL over OpenAI's HTTP API."""
+    import dataclasses
+
+    from trtforge.errors import UserError
+    from trtforge.llm import ServingLLM, from_pretrained, load, sizing
+    from trtforge.llm.server.run import ServeOptions, _imports, run
+    from trtforge.llm.text import check_text, model_tokenizer, read_chat_template
+
+    check_text(model, "MODEL")
+    _imports()  # before the model loads: a missing extra is said at once
+    sizing.check_utilization(gpu_memory_utilization)
+    template = read_chat_template(chat_template) if chat_template is not None else None
+    tok = model_tokenizer(model, tokenizer)
+    if tok is None:
+        raise UserError(
+            f"'{model}' holds no tokenizer; name one with --tokenizer DIR (the server returns text)."
+        )
+    if executor == "auto":
+        suffix = {".engine": "tensorrt", ".onnx": "onnxruntime"}
+        executor = next((v for k, v in suffix.items() if model.endswith(k)), "torch")
+    config = sizing.default_scheduler_config(None, max_num_seqs)
+    if max_num_batched_tokens is not None:
+        config = dataclasses.replace(config, max_num_batched_tokens=max_num_batched_tokens)
+    if executor == "tensorrt" and max_num_seqs is None and max_num_batched_tokens is None:
+        config = None  # a step engine's profiles bound the batch: its own limits are the defaults
+    sizes = {
+        "num_blocks": num_blocks,
+        "max_model_len": max_model_len,
+        "config": config,
+        "gpu_memory_utilization": gpu_memory_utilization,
+    }
+    if executor == "torch":
+        llm = from_pretrained(model, **_placement(device, dtype), **sizes)
+    else:
+        if device is not None or dtype != "auto":
+            raise UserError(
+                f"--device and --dtype apply to the torch executor; '{model}' runs on {executor}."
+            )
+        llm = load(model, executor, **sizes)
+    if not isinstance(llm, ServingLLM):
+        raise UserError(
+            f"'{model}' is a slot-layout step graph (the greedy loop); serving needs a paged model: "
+            "export with cache_layout='paged' or serve the save_pretrained directory."
+        )
+    name = Path(model.rstrip("/")).name or model
+    options = ServeOptions(
+        host=host,
+        port=port,
+        api_key=api_key,
+        served_model_names=served_names,
+        chat_template=template,
+        max_waiting=max_waiting,
+        request_timeout=request_timeout,
+        shutdown_grace=shutdown_grace,
+        log_level=log_level,
+    )
+    run(llm, tok, name, options)
+
+
+def _placement(device: str | None, dtype: str) -> dict:
+    """The torch executor's device and dtype: a GPU in bfloat16 where there is one, else the CPU in FP32."""
+    import torch
+
+    from trtforge.errors import UserError
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: torch sees no CUDA device here; use --device cpu.")
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    return {"device": device, "dtype": getattr(torch, dtype)}

@@ -1,0 +1,500 @@
+"""The FastAPI app: OpenAI's /v1/completions, /v1/chat/completions and /v1/models, plus /health and
+/metrics, over one :class:`~trtforge.llm.service.ServingLLM`.
+
+Streaming is server-sent events as OpenAI sends them: ``data: {chunk}`` lines, ``finish_reason`` in
+each choice's last chunk, a usage chunk with ``stream_options.include_usage``, then ``data: [DONE]``.
+Load is bounded: past ``max_num_seqs + max_waiting`` sequences in flight a request gets 429 with
+Retry-After; while the server drains (SIGTERM) new requests get 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from trtforge.errors import UserError
+from trtforge.llm.server.generation import Choice, Dispatcher
+from trtforge.llm.server.metrics import Metrics
+from trtforge.llm.server.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse,
+    sampling_params,
+)
+from trtforge.llm.text import apply_chat_template, check_text
+
+
+@dataclass
+class ServerState:
+    """What the routes share: the model, its text side, limits and the drain flag."""
+
+    llm: Any
+    tokenizer: Any
+    served_model_names: list[str]
+    max_model_len: int
+    max_num_seqs: int
+    max_waiting: int
+    api_key: str | None = None
+    chat_template: str | None = None
+    request_timeout: float | None = None
+    draining: bool = False
+    sequences: int = 0
+    requests: int = 0
+    metrics: Metrics = field(init=False)
+    dispatcher: Any = None  # set on the event loop's start (generation.Dispatcher)
+
+    def __post_init__(self) -> None:
+        self.metrics = Metrics(self.engine_stats)
+
+    @property
+    def engine(self) -> Any:
+        return self.llm.engine
+
+    def engine_stats(self) -> dict[str, Any]:
+        mem = self.llm.memory_stats()
+        sched = self.engine._scheduler
+        return {
+            "running": sched.num_running,
+            "waiting": sched.num_waiting,
+            "usage": mem.usage,
+            "used_blocks": mem.used_blocks,
+            "blocks": mem.total_blocks,
+            "preemptions": self.llm.stats.preemptions,
+        }
+
+
+def _error(e: ApiError, endpoint: str, state: ServerState) -> JSONResponse:
+    state.metrics.requests.labels(endpoint, str(e.status)).inc()
+    headers = {"Retry-After": "1"} if e.status == 429 else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+def _check_key(state: ServerState, request: Request) -> None:
+    if state.api_key is None:
+        return
+    if request.headers.get("authorization", "") != f"Bearer {state.api_key}":
+        raise ApiError(401, "invalid or missing API key (send Authorization: Bearer KEY)")
+
+
+def _check_model(state: ServerState, name: str) -> str:
+    if name not in state.served_model_names:
+        raise ApiError(
+            404, f"model {name!r} is not served here; /v1/models lists {state.served_model_names}", "model"
+        )
+    return name
+
+
+def _prompt_ids(state: ServerState, prompt: Any) -> list[list[int]]:
+    """The token ids of each prompt of a completions request (text, texts, ids or lists of ids)."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if prompt and all(isinstance(t, int) for t in prompt):
+        prompt = [prompt]
+    if not prompt:
+        raise ApiError(400, "prompt: give at least one prompt", "prompt")
+    out = []
+    for p in prompt:
+        if isinstance(p, str):
+            if state.tokenizer is None:
+                raise ApiError(400, "prompt: this model has no tokenizer; send token ids", "prompt")
+            ids = [
+                int(t) for t in state.tokenizer(check_text(p, "prompt"), add_special_tokens=True)["input_ids"]
+            ]
+        else:
+            ids = list(p)
+        if not ids:
+            raise ApiError(400, "prompt: a prompt tokenizes to no tokens", "prompt")
+        out.append(ids)
+    return out
+
+
+def _budget(state: ServerState, ids: list[int], asked: int | None, default: int | None) -> int:
+    """max_tokens for a prompt: as asked (400 past the model length), else `default` or what is left."""
+    room = state.max_model_len - len(ids)
+    if room < 1:
+        raise ApiError(
+            400,
+            f"prompt: {len(ids)} tokens, but this model's maximum context length is {state.max_model_len} "
+            "tokens (prompt plus at least one new token)",
+            "prompt",
+        )
+    if asked is not None and asked > room:
+        raise ApiError(
+            400,
+            f"max_tokens: {asked} new tokens after a {len(ids)}-token prompt exceed this model's maximum "
+            f"context length {state.max_model_len}",
+            "max_tokens",
+        )
+    return asked if asked is not None else min(default or room, room)
+
+
+class _Admission:
+    """Counts a request's sequences in flight; refuses it when the waiting queue would overflow."""
+
+    def __init__(self, state: ServerState, sequences: int) -> None:
+        if state.draining:
+            raise ApiError(503, "the server is shutting down; retry on another replica")
+        limit = state.max_num_seqs + state.max_waiting
+        if state.sequences + sequences > limit:
+            raise ApiError(
+                429,
+                f"the server is at capacity ({state.sequences} sequences in flight, limit {limit}); retry",
+            )
+        self.state, self.n = state, sequences
+        state.sequences += sequences
+        state.requests += 1
+        state.metrics.in_flight.inc()
+
+    def release(self) -> None:
+        if self.n:
+            self.state.sequences -= self.n
+            self.state.requests -= 1
+            self.state.metrics.in_flight.dec()
+            self.n = 0
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _token_text(tok: Any, token_id: int) -> str:
+    return tok.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def _entries(choice: Choice) -> list[tuple[int, float, list[tuple[int, float]]]]:
+    """(token, its logprob, the top alternatives) per generated token, from the engine's Completion."""
+    raw = choice.logprobs()
+    if raw is None:
+        raise ApiError(500, "logprobs were asked for but the engine returned none")
+    out = []
+    for token, entry in zip(choice.token_ids, raw):
+        items = [(int(k), float(getattr(v, "logprob", v))) for k, v in dict(entry).items()]
+        own = dict(items).get(token)
+        out.append((token, own if own is not None else float("nan"), items))
+    return out
+
+
+def _completion_logprobs(state: ServerState, choice: Choice, k: int) -> dict[str, Any]:
+    tok, tokens, lps, tops, offsets, pos = state.tokenizer, [], [], [], [], 0
+    for token, lp, items in _entries(choice):
+        text = _token_text(tok, token)
+        tokens.append(text)
+        lps.append(lp)
+        tops.append({_token_text(tok, t): v for t, v in sorted(items, key=lambda x: -x[1])[:k]})
+        offsets.append(pos)
+        pos += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _chat_logprobs(state: ServerState, choice: Choice, k: int) -> dict[str, Any]:
+    tok, content = state.tokenizer, []
+    for token, lp, items in _entries(choice):
+        text = _token_text(tok, token)
+        top = [
+            {"token": _token_text(tok, t), "logprob": v, "bytes": list(_token_text(tok, t).encode())}
+            for t, v in sorted(items, key=lambda x: -x[1])[:k]
+        ]
+        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": top})
+    return {"content": content}
+
+
+async def _watch_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def _run_all(state: ServerState, request: Request, choices: list[Choice]) -> list[str]:
+    """Every choice's whole text; cancelled when the client leaves or the request times out."""
+    gather = asyncio.ensure_future(asyncio.gather(*(c.collect() for c in choices)))
+    gather.add_done_callback(_retrieve)  # a cancelled gather's error is ours to drop, not asyncio's to log
+    watch = asyncio.ensure_future(_watch_disconnect(request))
+    try:
+        done, _ = await asyncio.wait(
+            {gather, watch}, timeout=state.request_timeout, return_when="FIRST_COMPLETED"
+        )
+        if gather in done:
+            return gather.result()
+        if watch in done:
+            raise ApiError(499, "the client closed the connection")
+        raise ApiError(504, f"the request did not finish within --request-timeout {state.request_timeout} s")
+    finally:
+        for t in (gather, watch):
+            t.cancel()
+        for c in choices:
+            c.handle.cancel()
+
+
+def _make_choices(
+    state: ServerState, req: Any, prompts: list[list[int]], max_tokens: list[int], lp: int | None
+) -> list[Choice]:
+    stops = req.stops()
+    choices: list[Choice] = []
+    try:
+        for ids, budget in zip(prompts, max_tokens):
+            for j in range(req.n):
+                choices.append(Choice(state, ids, sampling_params(req, budget, lp, j), stops))
+    except UserError as e:  # the engine refused the request (a token id outside the vocabulary, ...)
+        for c in choices:
+            c.handle.cancel()
+        raise ApiError(400, str(e)) from None
+    except BaseException:
+        for c in choices:
+            c.handle.cancel()
+        raise
+    return choices
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """The app over `state` (``trtforge serve`` runs it with uvicorn)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.dispatcher = Dispatcher(asyncio.get_running_loop())
+        yield
+
+    app = FastAPI(title="trtforge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.trtforge = state
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body = await asyncio.to_thread(state.metrics.render)
+        return PlainTextResponse(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        try:
+            _check_key(state, request)
+        except ApiError as e:
+            return _error(e, "models", state)
+        data = [
+            {
+                "id": n,
+                "object": "model",
+                "created": 0,
+                "owned_by": "trtforge",
+                "max_model_len": state.max_model_len,
+            }
+            for n in state.served_model_names
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(request, "completions", CompletionRequest)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await _generate(request, "chat", ChatCompletionRequest)
+
+    async def _generate(request: Request, endpoint: str, kind: type) -> Response:
+        admission = None
+        try:
+            _check_key(state, request)
+            if state.draining:
+                raise ApiError(503, "the server is shutting down; retry on another replica")
+            req = parse(kind, await request.body())
+            name = _check_model(state, req.model)
+            if endpoint == "chat":
+                prompts, lp = _chat_prompt(req), (req.top_logprobs or 0) if req.logprobs else None
+                asked = req.max_completion_tokens or req.max_tokens
+                budgets = [_budget(state, prompts[0], asked, None)]
+            else:
+                if req.echo:
+                    raise ApiError(400, "echo: echoing the prompt is not supported", "echo")
+                prompts, lp = _prompt_ids(state, req.prompt), req.logprobs
+                budgets = [_budget(state, p, req.max_tokens, 16) for p in prompts]
+            if lp is not None and req.stream:
+                raise ApiError(
+                    400, "logprobs: not served with stream=true yet; ask without streaming", "logprobs"
+                )
+            if state.tokenizer is None:
+                raise ApiError(400, "this model has no tokenizer: the server needs one to return text")
+            admission = _Admission(state, len(prompts) * req.n)
+            choices = _make_choices(state, req, prompts, budgets, lp)
+            state.metrics.prompt_tokens.inc(sum(len(p) for p in prompts) * req.n)
+        except ApiError as e:
+            if admission is not None:
+                admission.release()
+            return _error(e, endpoint, state)
+        except BaseException:
+            if admission is not None:
+                admission.release()
+            raise
+        rid = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        prompt_tokens = sum(len(p) for p in prompts)  # once per prompt, whatever n is (as OpenAI counts)
+        if req.stream:
+            state.metrics.requests.labels(endpoint, "200").inc()
+            pumps = _Pumps(choices, admission)
+            gen = _stream(state, endpoint, rid, name, req, choices, prompt_tokens, pumps)
+            return StreamingResponse(gen, media_type="text/event-stream")
+        try:
+            texts = await _run_all(state, request, choices)
+        except ApiError as e:
+            return _error(e, endpoint, state)
+        finally:
+            admission.release()
+        state.metrics.requests.labels(endpoint, "200").inc()
+        return JSONResponse(_full_body(state, endpoint, rid, name, req, choices, texts, prompt_tokens, lp))
+
+    def _chat_prompt(req: ChatCompletionRequest) -> list[list[int]]:
+        if state.tokenizer is None:
+            raise ApiError(400, "messages: this model has no tokenizer to format a chat", "messages")
+        messages = [{"role": m.role, "content": check_text(m.text(), "messages")} for m in req.messages]
+        try:
+            return [
+                apply_chat_template(state.tokenizer, messages, state.chat_template, req.add_generation_prompt)
+            ]
+        except UserError as e:
+            raise ApiError(400, str(e), "messages") from None
+
+    return app
+
+
+def _full_body(
+    state: ServerState,
+    endpoint: str,
+    rid: str,
+    name: str,
+    req: Any,
+    choices: list[Choice],
+    texts: list[str],
+    prompt_tokens: int,
+    lp: int | None,
+) -> dict[str, Any]:
+    out = []
+    for i, (c, text) in enumerate(zip(choices, texts)):
+        if endpoint == "chat":
+            logprobs = _chat_logprobs(state, c, lp) if lp is not None else None
+            item = {"index": i, "message": {"role": "assistant", "content": text}}
+        else:
+            logprobs = _completion_logprobs(state, c, lp) if lp is not None else None
+            item = {"index": i, "text": text}
+        out.append({**item, "logprobs": logprobs, "finish_reason": c.finish_reason})
+    return {
+        "id": rid,
+        "object": "chat.completion" if endpoint == "chat" else "text_completion",
+        "created": int(time.time()),
+        "model": name,
+        "choices": out,
+        "usage": _usage(prompt_tokens, sum(c.num_tokens for c in choices)),
+    }
+
+
+class _Pumps:
+    """Each choice's pieces forwarded into one queue, by tasks started with the request (not with the
+    response body): a client gone before the body starts still has its choices run out and its
+    admission released, instead of left waiting on a generator that never runs."""
+
+    def __init__(self, choices: list[Choice], admission: _Admission) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.admission = admission
+        self.tasks = [asyncio.ensure_future(self._pump(i, c)) for i, c in enumerate(choices)]
+        asyncio.gather(*self.tasks, return_exceptions=True).add_done_callback(lambda _: admission.release())
+
+    async def _pump(self, i: int, c: Choice) -> None:
+        try:
+            async for piece in c.pieces():
+                self.queue.put_nowait((i, piece, None))
+            self.queue.put_nowait((i, None, c.finish_reason))
+        except ApiError as e:
+            self.queue.put_nowait((i, None, e))
+
+
+async def _stream(
+    state: ServerState,
+    endpoint: str,
+    rid: str,
+    name: str,
+    req: Any,
+    choices: list[Choice],
+    prompt_tokens: int,
+    pumps: _Pumps,
+) -> AsyncIterator[str]:
+    """The SSE body: every choice's pieces as they come, its finish, the usage chunk, [DONE]."""
+    created, chat = int(time.time()), endpoint == "chat"
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    head = {
+        "id": rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": name,
+    }
+
+    def chunk(index: int, text: str | None, finish: str | None, role: bool = False) -> str:
+        if chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            if text is not None:
+                delta["content"] = text
+            body = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            body = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+        extra = {"usage": None} if include_usage else {}
+        return _sse({**head, "choices": [body], **extra})
+
+    merged, tasks = pumps.queue, pumps.tasks
+    deadline = None if state.request_timeout is None else time.monotonic() + state.request_timeout
+    try:
+        if chat:
+            for i in range(len(choices)):
+                yield chunk(i, None, None, role=True)
+        left = len(choices)
+        while left:
+            timeout = None if deadline is None else max(deadline - time.monotonic(), 0)
+            try:
+                i, piece, end = await asyncio.wait_for(merged.get(), timeout)
+            except asyncio.TimeoutError:
+                err = ApiError(
+                    504, f"the request did not finish within --request-timeout {state.request_timeout} s"
+                )
+                yield _sse(err.body())
+                break
+            if isinstance(end, ApiError):
+                yield _sse(end.body())
+                break
+            if piece is not None:
+                yield chunk(i, piece, None)
+            else:
+                yield chunk(i, None, end)
+                left -= 1
+        else:
+            if include_usage:
+                usage = _usage(prompt_tokens, sum(c.num_tokens for c in choices))
+                yield _sse({**head, "choices": [], "usage": usage})
+        yield "data: [DONE]\n\n"
+    finally:
+        for t in tasks:
+            t.cancel()
+        for c in choices:
+            c.handle.cancel()
+        pumps.admission.release()

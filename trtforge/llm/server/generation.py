@@ -1,0 +1,129 @@
+"""One sequence of a request on the event loop: the engine's token events become final text pieces.
+
+The engine thread calls back with each step's tokens; the callback only hands them to the event
+loop. A stop string found in the text cancels the request in the engine (its blocks return at the
+next step); so does closing the choice early (a client that went away, a timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from trtforge.llm.engine import EngineClosedError
+from trtforge.llm.sampling import SamplingParams
+from trtforge.llm.sched.scheduler import StepFailedError
+from trtforge.llm.server.protocol import ApiError
+from trtforge.llm.text import TextStream
+
+FINISH_REASONS = {"stop": "stop", "length": "length"}
+
+
+class Dispatcher:
+    """Hands engine events to the event loop with one wake-up per batch of them, not one per event.
+
+    The engine thread calls back once per request per step; waking the loop for each (a write to its
+    self-pipe) would cost the engine thread a system call per running request per step. Events queue
+    in a deque, and a drain is scheduled only when none is pending; the drain runs on the loop.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: collections.deque = collections.deque()
+        self.scheduled = False
+
+    def put(self, queue: asyncio.Queue, event: Any) -> None:  # the engine's thread
+        self.pending.append((queue, event))
+        if not self.scheduled and not self.loop.is_closed():
+            self.scheduled = True
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        self.scheduled = False  # before popping: an event appended from now on schedules its own drain
+        pending = self.pending
+        while pending:
+            queue, event = pending.popleft()
+            queue.put_nowait(event)
+
+
+class Choice:
+    """One generated sequence: submit it, iterate its text pieces, read how it finished."""
+
+    def __init__(
+        self, state: Any, prompt: Sequence[int], params: SamplingParams, stops: Sequence[str]
+    ) -> None:
+        self.state = state
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.text = TextStream(state.tokenizer, prompt, stops)
+        self.prompt_len = len(prompt)
+        self.num_tokens = 0
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.completion: Any = None
+        self.start = time.perf_counter()
+        self.last: float | None = None
+        try:
+            self.handle = state.engine.submit(list(prompt), params, on_event=self._forward)
+        except EngineClosedError as e:
+            raise ApiError(503, f"the server is shutting down ({e})") from None
+
+    def _forward(self, event: Any) -> None:  # the engine's thread
+        self.state.dispatcher.put(self.events, event)
+
+    def _observe(self, tokens: tuple[int, ...]) -> None:
+        now, m = time.perf_counter(), self.state.metrics
+        if self.last is None:
+            m.ttft.observe(now - self.start)
+        else:
+            m.itl.observe((now - self.last) / len(tokens))
+        self.last = now
+        m.generation_tokens.inc(len(tokens))
+
+    async def pieces(self) -> AsyncIterator[str]:
+        """Text pieces as they become final; sets :attr:`finish_reason` at the end."""
+        try:
+            while True:
+                event = await self.events.get()
+                if isinstance(event, tuple):  # the tokens of one step
+                    self._observe(event)
+                    self.num_tokens += len(event)
+                    self.token_ids.extend(event)
+                    piece = self.text.push(event)
+                    if self.text.stopped is not None:
+                        self.handle.cancel()
+                        self.finish_reason = "stop"
+                        if piece:
+                            yield piece
+                        return
+                    if piece:
+                        yield piece
+                    continue
+                self.completion = completion = self.handle.completion()
+                if completion.error is not None:
+                    raise _api_error(completion.error)
+                tail = self.text.finish()
+                if tail:
+                    yield tail
+                self.finish_reason = FINISH_REASONS.get(completion.finish_reason, completion.finish_reason)
+                return
+        finally:
+            self.state.metrics.e2e.observe(time.perf_counter() - self.start)
+            self.handle.cancel()  # a no-op once finished; else the client left or timed out
+
+    async def collect(self) -> str:
+        return "".join([p async for p in self.pieces()])
+
+    def logprobs(self) -> list[Any] | None:
+        """Per generated token, what the engine reports for it (``Completion.logprobs``), if anything."""
+        return getattr(self.completion, "logprobs", None)
+
+
+def _api_error(err: BaseException) -> ApiError:
+    if isinstance(err, StepFailedError):
+        return ApiError(500, f"the model failed the step this request was in ({err}); retry it")
+    if isinstance(err, EngineClosedError):
+        return ApiError(503, f"the server is shutting down ({err})")
+    return ApiError(500, f"generation failed ({type(err).__name__}: {err})")

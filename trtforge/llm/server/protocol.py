@@ -1,0 +1,192 @@
+"""The OpenAI request bodies the server accepts, and their mapping onto :class:`SamplingParams`.
+
+Field names and ranges follow OpenAI's API, plus vLLM's extensions (top_k, min_p, repetition_penalty,
+ignore_eos, stop_token_ids). Unknown fields are ignored, as OpenAI's SDKs send some (``user``). A bad
+field becomes :class:`ApiError` 400 naming it; OpenAI's error schema is :func:`error_body`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trtforge.llm.sampling import SamplingParams
+
+
+class ApiError(Exception):
+    """An HTTP error with OpenAI's error body (``{"error": {message, type, param, code}}``)."""
+
+    TYPES: ClassVar[dict[int, str]] = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        404: "not_found_error",
+        429: "rate_limit_error",
+        500: "server_error",
+        503: "service_unavailable",
+        504: "timeout_error",
+    }
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.message, self.param, self.code)
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": ApiError.TYPES.get(status, "server_error"),
+            "param": param,
+            "code": code if code is not None else status,
+        }
+    }
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Base):
+    include_usage: bool = False
+
+
+class JsonSchema(_Base):
+    name: str = "response"
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Base):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
+class _Sampling(_Base):
+    """The fields completions and chat share."""
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] = Field(default_factory=list)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    ignore_eos: bool = False
+    response_format: ResponseFormat | None = None
+
+    def stops(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(not s for s in stops):
+            raise ApiError(400, "stop: stop strings must be non-empty", "stop")
+        return stops
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+
+
+class ChatMessage(_Base):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            parts = []
+            for part in self.content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ApiError(400, "messages: only text content parts are supported", "messages")
+                parts.append(part["text"])
+            return "".join(parts)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    add_generation_prompt: bool = True
+
+
+def parse(model: type[_Base], raw: bytes) -> Any:
+    """`raw` JSON as `model`, or ApiError 400 naming the first bad field."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(x) for x in err["loc"]) or None
+        raise ApiError(400, f"{field}: {err['msg']}", field) from None
+
+
+def structured_output(fmt: ResponseFormat | None) -> dict[str, Any] | None:
+    """vLLM's ``structured_outputs`` spelling of OpenAI's ``response_format`` (None for plain text)."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"json_object": True}
+    if fmt.json_schema is None:
+        raise ApiError(400, "response_format.json_schema is required for type json_schema", "response_format")
+    return {"json": fmt.json_schema.schema_}
+
+
+def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choice: int) -> SamplingParams:
+    """The :class:`SamplingParams` of choice `choice` of `req` (choice i of n draws with seed + i).
+
+    Options at their neutral values are left out, so a SamplingParams without a field for them still
+    serves requests that do not use them; one that is asked for and missing is a 400 naming it.
+    """
+    kwargs: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": max(req.top_k, 0),
+        "seed": None if req.seed is None else (req.seed + choice) % 2**63,
+        "ignore_eos": req.ignore_eos,
+        "stop_token_ids": tuple(req.stop_token_ids),
+    }
+    optional = {
+        "min_p": (req.min_p, 0.0),
+        "presence_penalty": (req.presence_penalty, 0.0),
+        "frequency_penalty": (req.frequency_penalty, 0.0),
+        "repetition_penalty": (req.repetition_penalty, 1.0),
+        "logprobs": (logprobs, None),
+        "structured_outputs": (structured_output(req.response_format), None),
+    }
+    kwargs.update({k: v for k, (v, neutral) in optional.items() if v != neutral})
+    known = {f.name for f in dataclasses.fields(SamplingParams)}
+    missing = [k for k in kwargs if k not in known]
+    if missing:
+        field = "response_format" if missing[0] == "structured_outputs" else missing[0]
+        raise ApiError(
+            400,
+            f"{field}: this build's SamplingParams has no {missing[0]!r} option; it cannot be served",
+            field,
+        )
+    from trtforge.errors import UserError
+
+    try:
+        return SamplingParams(**kwargs)
+    except UserError as e:
+        raise ApiError(400, str(e)) from None

@@ -1,0 +1,129 @@
+"""Run the app with uvicorn; SIGTERM (and the first Ctrl-C) drains instead of dropping requests.
+
+On the signal the server keeps listening but answers new generation requests (and /health) with
+503, waits for those in flight up to the grace period, then stops uvicorn and closes the engine
+(requests still running then end as errors). The process exits 0: a drain is a normal shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from trtforge.errors import UserError
+from trtforge.llm.server.app import ServerState, create_app
+
+log = logging.getLogger("trtforge.serve")
+
+
+@dataclass
+class ServeOptions:
+    """What ``trtforge serve`` was asked for beyond the model itself."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    served_model_names: tuple[str, ...] = ()
+    chat_template: str | None = None
+    max_waiting: int = 256
+    request_timeout: float | None = None
+    shutdown_grace: float = 30.0
+    log_level: str = "warning"
+
+
+def _imports() -> Any:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError as e:
+        raise UserError(
+            f"trtforge serve needs the server's dependencies ({e.name} is missing): "
+            "pip install 'trtforge[serve]'."
+        ) from None
+    return uvicorn
+
+
+def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int:
+    """Serve `llm` until SIGTERM/SIGINT, drain, close it; returns the exit code (0)."""
+    uvicorn = _imports()
+    g = llm.engine._scheduler
+    state = ServerState(
+        llm=llm,
+        tokenizer=tokenizer,
+        served_model_names=list(options.served_model_names or (model_name,)),
+        max_model_len=g.max_model_len,
+        max_num_seqs=g.config.max_num_seqs,
+        max_waiting=options.max_waiting,
+        api_key=options.api_key,
+        chat_template=options.chat_template,
+        request_timeout=options.request_timeout,
+    )
+    config = uvicorn.Config(
+        create_app(state),
+        host=options.host,
+        port=options.port,
+        log_level=options.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=1,
+        lifespan="on",
+    )
+    server = _DrainingServer(config, state, options.shutdown_grace)
+    try:
+        asyncio.run(server.serve())
+    except SystemExit as e:  # uvicorn exits this way when it cannot bind (it has logged why)
+        if server.started:
+            raise
+        raise UserError(
+            f"cannot listen on {options.host}:{options.port} (in use, or not an address of this machine)."
+        ) from e
+    finally:
+        llm.close()
+    return 0
+
+
+class _DrainingServer:
+    """A uvicorn.Server whose exit signal starts a drain; a second signal stops at once."""
+
+    def __new__(cls, config: Any, state: ServerState, grace: float) -> Any:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def __init__(self) -> None:
+                super().__init__(config)
+                self.deadline: float | None = None
+
+            def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+                if self.deadline is not None or sig not in (signal.SIGTERM, signal.SIGINT):
+                    self.should_exit = self.force_exit = True  # a second signal: stop now
+                    return
+                state.draining = True
+                self.deadline = time.monotonic() + grace
+                print(
+                    f"trtforge serve: draining {state.requests} request(s) (up to {grace:g} s), "
+                    "refusing new ones",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+            async def on_tick(self, counter: int) -> bool:
+                if self.deadline is not None and (state.requests == 0 or time.monotonic() > self.deadline):
+                    self.should_exit = True
+                return await super().on_tick(counter)
+
+            async def startup(self, sockets: Any = None) -> None:
+                await super().startup(sockets)
+                if self.started:
+                    print(
+                        f"trtforge serve: listening on http://{config.host}:{config.port} "
+                        f"(models: {', '.join(state.served_model_names)})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+
+        return Server()

@@ -1,0 +1,220 @@
+"""Default sizes of a served model, fitted to the machine it runs on (issue #27).
+
+A user who names no sizes should get the machine's worth: on a GPU the KV pool takes
+``gpu_memory_utilization`` of the memory left once the weights are loaded and one step of the
+largest size has run (its activation peak is measured, not guessed); the scheduler admits as many
+sequences and batches as many tokens as fill an H200 (vLLM's 256 / 8192). On the CPU the pool takes a
+bounded share of the available RAM. Neither pool holds more than ``max_num_seqs`` full-length sequences.
+``from_pretrained``, ``load``, ``trtforge generate`` and ``trtforge serve`` all size through here.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from trtforge.errors import UserError
+from trtforge.llm.sched.scheduler import SchedulerConfig
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+# the CPU pool: this share of the RAM available when the model is loaded, and never more than CPU_KV_CAP
+CPU_KV_FRACTION = 0.1
+CPU_KV_CAP = 2 << 30
+MIN_BLOCKS = 16
+
+
+@dataclass(frozen=True)
+class PoolSize:
+    """A KV pool size and how it was reached (for logs and the server's startup line)."""
+
+    num_blocks: int
+    block_bytes: int
+    budget_bytes: int
+    activation_peak_bytes: int
+    how: str
+
+
+def default_scheduler_config(
+    config: SchedulerConfig | None, max_num_seqs: int | None = None
+) -> SchedulerConfig:
+    """`config` as given, else the machine-filling defaults (256 sequences, 8192 tokens a step);
+    `max_num_seqs` overrides either."""
+    if config is not None and not isinstance(config, SchedulerConfig):
+        raise UserError(f"config must be a SchedulerConfig, got {type(config).__name__}.")
+    if config is None:
+        config = SchedulerConfig(
+            max_num_seqs=DEFAULT_MAX_NUM_SEQS, max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS
+        )
+    if max_num_seqs is not None:
+        import dataclasses
+
+        config = dataclasses.replace(config, max_num_seqs=max_num_seqs)
+    config.validate()
+    return config
+
+
+def kv_block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, itemsize: int) -> int:
+    """Bytes one block takes over every layer: its K and its V, ``block_size`` tokens of Hkv x D each."""
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+
+def check_utilization(value: float) -> float:
+    """`value` if it is a fraction in (0, 1], else a UserError naming --gpu-memory-utilization."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise UserError(f"--gpu-memory-utilization must be a fraction in (0, 1], got {value!r}.")
+    return float(value)
+
+
+def gpu_pool(
+    free_bytes: int,
+    activation_peak: int,
+    utilization: float,
+    block_bytes: int,
+    max_blocks_needed: int | None = None,
+) -> PoolSize:
+    """The GPU pool: `utilization` of what is free after the weights and the activation peak, and no more
+    blocks than `max_blocks_needed` (what max_num_seqs full sequences hold: a tiny model would
+    otherwise get tens of millions of blocks it can never fill)."""
+    utilization = check_utilization(utilization)
+    budget = int(utilization * (free_bytes - activation_peak))
+    blocks = budget // block_bytes
+    if max_blocks_needed is not None:
+        blocks = min(blocks, max_blocks_needed)
+    if blocks < MIN_BLOCKS:
+        raise UserError(
+            f"the GPU has {free_bytes / 2**30:.2f} GiB free after the weights and needs "
+            f"{activation_peak / 2**30:.2f} GiB for a step's activations: {max(blocks, 0)} KV blocks fit at "
+            f"--gpu-memory-utilization {utilization} (at least {MIN_BLOCKS} needed). Free GPU memory, raise "
+            "--gpu-memory-utilization, or lower --max-num-batched-tokens / --max-model-len."
+        )
+    how = (
+        f"{utilization:g} x ({free_bytes / 2**30:.2f} GiB free after the weights - "
+        f"{activation_peak / 2**30:.2f} GiB measured activation peak)"
+    )
+    return PoolSize(blocks, block_bytes, budget, activation_peak, how)
+
+
+def cpu_pool(available_bytes: int, block_bytes: int, max_blocks_needed: int) -> PoolSize:
+    """The CPU pool: CPU_KV_FRACTION of the available RAM, at most CPU_KV_CAP and `max_blocks_needed`."""
+    budget = min(int(CPU_KV_FRACTION * available_bytes), CPU_KV_CAP)
+    blocks = min(budget // block_bytes, max_blocks_needed)
+    if blocks < MIN_BLOCKS:
+        raise UserError(
+            f"{available_bytes / 2**30:.2f} GiB of RAM available: {blocks} KV blocks of "
+            f"{block_bytes / 2**20:.2f} MiB fit in the CPU's share ({CPU_KV_FRACTION:g}); give num_blocks "
+            "(--num-blocks) explicitly."
+        )
+    how = (
+        f"min({CPU_KV_FRACTION:g} x {available_bytes / 2**30:.2f} GiB available RAM, "
+        f"{CPU_KV_CAP / 2**30:g} GiB, max_num_seqs full sequences)"
+    )
+    return PoolSize(blocks, block_bytes, budget, 0, how)
+
+
+def available_ram() -> int:
+    """Bytes of RAM available to new allocations (MemAvailable on Linux, else free pages)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def blocks_for_sequences(max_num_seqs: int, max_model_len: int, block_size: int) -> int:
+    """Blocks that `max_num_seqs` sequences of `max_model_len` tokens hold at most."""
+    return max_num_seqs * -(-max_model_len // block_size)
+
+
+def profile_step(num_tokens: int, chunk: int, block_size: int) -> Any:
+    """The largest prefill step the scheduler forms: `num_tokens` fresh prompt tokens in chunks of at
+    most `chunk`, laid out in blocks 0.. (a pool of ``ceil(num_tokens / block_size) + 1`` blocks holds it)."""
+    import numpy as np
+
+    from trtforge.llm.executors.base import StepBatch
+
+    lens = [min(chunk, num_tokens - s) for s in range(0, num_tokens, chunk)]
+    tables, slots, block = [], [], 0
+    for n in lens:
+        width = -(-n // block_size)
+        tables.append(list(range(block, block + width)))
+        slots.append([(block + i // block_size) * block_size + i % block_size for i in range(n)])
+        block += width
+    return StepBatch.build(
+        [f"profile-{i}" for i in range(len(lens))],
+        [np.ones(n, dtype=np.int64).tolist() for n in lens],
+        [0] * len(lens),
+        tables,
+        slots,
+        [True] * len(lens),
+    )
+
+
+def torch_pool(
+    lm: Any,
+    *,
+    block_size: int,
+    device: Any,
+    dtype: Any,
+    max_model_len: int | None,
+    config: SchedulerConfig,
+    gpu_memory_utilization: float,
+    executor_kwargs: dict[str, Any] | None = None,
+) -> PoolSize:
+    """Size the torch executor's pool for `lm` (moved to `device`/`dtype` here).
+
+    On CUDA: load the weights, run one step of ``config.max_num_batched_tokens`` prompt tokens through
+    an executor with a pool just large enough for it, and take the measured peak above the weights.
+    """
+    import torch
+
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    check_utilization(gpu_memory_utilization)
+    if device is not None or dtype is not None:
+        lm.to(device=device, dtype=dtype)
+    param = next(lm.parameters())
+    cfg = lm.config
+    positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048)
+    need = blocks_for_sequences(config.max_num_seqs, int(max_model_len or positions), block_size)
+    layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
+    heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(
+        getattr(cfg, "head_dim", None) or (getattr(cfg, "hidden_size", None) or cfg.n_embd) // heads
+    )
+    block_bytes = kv_block_bytes(layers, kv_heads, head_dim, block_size, param.element_size())
+    if param.device.type != "cuda":
+        return cpu_pool(available_ram(), block_bytes, need)
+    tokens = config.max_num_batched_tokens
+    dev = param.device
+    probe = TorchExecutor(
+        lm,
+        num_blocks=-(-tokens // block_size) + 1,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        static_decode=False,
+        mixed_graphs=False,
+        **(executor_kwargs or {}),
+    )
+    batch = profile_step(tokens, config.max_prefill_chunk, block_size)
+    torch.cuda.synchronize(dev)
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(dev)
+    base = torch.cuda.memory_allocated(dev)
+    with torch.inference_mode():
+        probe.step(batch)
+    torch.cuda.synchronize(dev)
+    peak = torch.cuda.max_memory_allocated(dev) - base
+    del probe
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(dev)
+    return gpu_pool(free, peak, gpu_memory_utilization, block_bytes, need)

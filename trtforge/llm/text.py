@@ -1,0 +1,220 @@
+"""Text around the token engine: the model's tokenizer, incremental detokenization, stop strings, chat.
+
+The engine speaks token ids; people and the OpenAI API speak text. A stream of ids becomes text that
+is *final* as it is emitted: a byte-level BPE token may end inside a multi-byte UTF-8 character, and
+its bytes are held back until the character is whole (:class:`IncrementalDetokenizer`). Stop strings
+are matched on that text, so one split across tokens still stops; the text that might start a stop
+string is held back until it cannot, and a stop string itself is never emitted (:class:`StopMatcher`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trtforge.errors import UserError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# tokens of the prompt's end decoded with the first output tokens, so that a tokenizer which drops a
+# leading space at the start of a decode (SentencePiece) keeps it inside a sequence (vLLM uses 5 too)
+_CONTEXT_TOKENS = 5
+
+
+def has_tokenizer(directory: str | os.PathLike[str]) -> bool:
+    """Whether `directory` holds a Hugging Face tokenizer (what save_pretrained writes beside a model)."""
+    p = Path(directory)
+    return p.is_dir() and any((p / f).is_file() for f in TOKENIZER_FILES)
+
+
+def load_tokenizer(name: str | os.PathLike[str]) -> Any:
+    """A Hugging Face tokenizer from a local directory (offline: nothing is downloaded)."""
+    p = Path(name)
+    if not has_tokenizer(p):
+        raise UserError(
+            f"'{name}' holds no tokenizer ({', '.join(TOKENIZER_FILES)}); name a tokenizer directory "
+            "(--tokenizer DIR), or give token ids."
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    except Exception as e:  # the user's tokenizer files: corrupt json, unknown class, missing vocab
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        raise UserError(
+            f"cannot load the tokenizer in '{p}' ({type(e).__name__}: {first}); expected the files a "
+            "tokenizer's save_pretrained writes."
+        ) from e
+
+
+def model_tokenizer(model: str, tokenizer: str | None) -> Any | None:
+    """The tokenizer named, else the model directory's own, else None (a model given as ids only)."""
+    if tokenizer is not None:
+        return load_tokenizer(tokenizer)
+    if has_tokenizer(model):
+        return load_tokenizer(model)
+    return None
+
+
+def check_text(text: str, what: str) -> str:
+    """`text` if it is valid Unicode that encodes as UTF-8; else a UserError naming `what`.
+
+    Command-line arguments with undecodable bytes arrive as lone surrogates (Python's surrogateescape).
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text.encode("utf-8", "surrogateescape")[e.start : e.end]
+        raise UserError(
+            f"{what} is not valid UTF-8 text (bytes {bad!r} at character {e.start}); give UTF-8 text, or "
+            "token ids."
+        ) from None
+    return text
+
+
+def encode_prompt(tok: Any, text: str, what: str = "the prompt") -> list[int]:
+    """Token ids of a text prompt, the tokenizer's special tokens (BOS) included."""
+    check_text(text, what)
+    if not text.strip():  # special tokens alone (BOS, [CLS] [SEP]) are no prompt
+        raise UserError(f"{what} {text!r} is empty; give the text to continue.")
+    ids = [int(t) for t in tok(text, add_special_tokens=True)["input_ids"]]
+    if not ids:
+        raise UserError(f"{what} {text!r} tokenizes to no tokens.")
+    return ids
+
+
+def read_chat_template(path: str | os.PathLike[str]) -> str:
+    """The Jinja chat template in file `path` (--chat-template FILE)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--chat-template '{p}': cannot read it as UTF-8 text ({e}).") from None
+    if not text.strip():
+        raise UserError(f"--chat-template '{p}' is empty; expected a Jinja chat template.")
+    return text
+
+
+class NoChatTemplateError(UserError):
+    """A chat request reached a tokenizer with no chat template and none was given."""
+
+
+def apply_chat_template(
+    tok: Any, messages: list[dict[str, Any]], template: str | None, add_generation_prompt: bool = True
+) -> list[int]:
+    """The prompt ids of a chat: the messages rendered by `template` (else the tokenizer's own)."""
+    if template is None and not getattr(tok, "chat_template", None):
+        raise NoChatTemplateError(
+            "this model's tokenizer has no chat template, so /v1/chat/completions cannot format messages; "
+            "start the server with --chat-template FILE (a Jinja template), or use /v1/completions."
+        )
+    try:
+        text = tok.apply_chat_template(
+            messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+    except Exception as e:  # the template is the user's Jinja: a syntax error, an undefined variable
+        raise UserError(f"the chat template failed on these messages ({type(e).__name__}: {e}).") from e
+    # the template writes the special tokens it wants (BOS included): none added here
+    return [int(t) for t in tok(text, add_special_tokens=False)["input_ids"]]
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of output ids into text pieces, each final when emitted.
+
+    Each push decodes a short window (from the last emitted piece's start) twice, without and with the
+    new ids; the difference is new text, unless it ends in U+FFFD, the mark of a character whose bytes
+    are not all there yet, in which case it waits for more ids. :meth:`finish` emits what is left.
+    """
+
+    def __init__(self, tok: Any, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True) -> None:
+        self.tok = tok
+        self.skip = skip_special_tokens
+        self.ids: list[int] = list(prompt_ids[-_CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=self.skip, clean_up_tokenization_spaces=False)
+
+    def push(self, new_ids: Sequence[int]) -> str:
+        """The text that `new_ids` complete (may be empty)."""
+        self.ids.extend(int(t) for t in new_ids)
+        return self._advance(final=False)
+
+    def finish(self) -> str:
+        """Whatever text is held back (an incomplete character comes out as U+FFFD)."""
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> str:
+        if self.read_offset >= len(self.ids):
+            return ""
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        if (full.endswith("\ufffd") and not final) or len(full) <= len(prefix):
+            return ""  # an incomplete character, or ids that decode to nothing (skipped special tokens)
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return full[len(prefix) :]
+
+
+class StopMatcher:
+    """Cuts a text stream at the first stop string, which is never emitted.
+
+    Text that could be the start of a stop string is held back until the next piece shows whether it
+    is one; :meth:`finish` releases it when the stream ends without a stop.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.held = ""
+        self.stopped: str | None = None
+
+    def push(self, text: str) -> str:
+        """The part of `text` (after what was held) that is final; sets :attr:`stopped` on a stop."""
+        if self.stopped is not None:
+            return ""
+        if not self.stops:
+            return text
+        buf = self.held + text
+        hits = [(i, s) for s in self.stops if (i := buf.find(s)) >= 0]
+        if hits:
+            at, stop = min(hits)
+            self.stopped, self.held = stop, ""
+            return buf[:at]
+        keep = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(buf)), keep, -1):
+                if buf.endswith(s[:n]):
+                    keep = n
+                    break
+        self.held = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep]
+
+    def finish(self) -> str:
+        out, self.held = ("" if self.stopped is not None else self.held), ""
+        return out
+
+
+class TextStream:
+    """One request's output as text: detokenized incrementally, cut at its stop strings."""
+
+    def __init__(self, tok: Any, prompt_ids: Sequence[int], stops: Sequence[str] = ()) -> None:
+        self.detok = IncrementalDetokenizer(tok, prompt_ids)
+        self.matcher = StopMatcher(stops)
+        self.text = ""
+
+    @property
+    def stopped(self) -> str | None:
+        """The stop string that ended the text, or None."""
+        return self.matcher.stopped
+
+    def push(self, new_ids: Sequence[int]) -> str:
+        piece = self.matcher.push(self.detok.push(new_ids))
+        self.text += piece
+        return piece
+
+    def finish(self) -> str:
+        piece = "" if self.stopped is not None else self.matcher.push(self.detok.finish())
+        piece += self.matcher.finish()
+        self.text += piece
+        return piece
