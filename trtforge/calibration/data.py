@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from trtforge._fileio import check_utf8_path
 from trtforge._usercode import load_callable, user_code
 from trtforge.errors import UserError
-from trtforge.numerics.feeds import ML_FLOATS
+from trtforge.numerics.feeds import ML_FLOATS, check_finite
 
 if TYPE_CHECKING:
     import onnx
@@ -214,14 +215,7 @@ def _validate_chunk(chunk: Chunk, specs: list[InputSpec], where: str, *, allow_e
                 f"{where}: input '{s.name}' has dtype {a.dtype}; the model expects {s.dtype} "
                 "(integer data for integer inputs, floating data for floating inputs)."
             )
-        if a.dtype.kind in "fc" or a.dtype.name.startswith(ML_FLOATS):
-            bad = ~np.isfinite(a.astype(np.float32) if a.dtype.kind == "V" else a)
-            if bad.any():
-                first = np.argwhere(bad)[0].tolist()
-                raise UserError(
-                    f"{where}: input '{s.name}' contains {int(bad.sum())} NaN/inf value(s) (first at "
-                    f"index {first}); calibration data must be finite."
-                )
+        check_finite(s.name, a, where, "calibration data")
         if n is None:
             n = a.shape[0]
         elif a.shape[0] != n:
@@ -461,6 +455,8 @@ def load_dataset(
         raise UserError(f"the shuffle seed (--shuffle-seed) must be an integer >= 0, got {shuffle_seed!r}.")
     if isinstance(spec, (str, os.PathLike)) and not os.fspath(spec).strip():
         raise UserError(f"{what} is an empty path; expected a file, directory or module:function.")
+    if isinstance(spec, (str, os.PathLike)):
+        check_utf8_path(spec, what)
     chunks: list[Chunk] | None = None
     sentences = tokenize = None
     if isinstance(spec, (str, os.PathLike)) and Path(spec).exists():

@@ -113,6 +113,23 @@ def numpy_dtype_of(name: str, what: str = "tensor") -> np.dtype:
     return np.dtype(found)
 
 
+def check_finite(name: str, array: np.ndarray, where: str, purpose: str) -> None:
+    """UserError naming input `name` when its floating `array` holds NaN or inf: statistics or accuracy
+    figures computed from such data would be NaN, or quietly wrong, with no sign of why."""
+    from trtforge.errors import UserError
+
+    a = np.asarray(array)
+    if not (a.dtype.kind in "fc" or a.dtype.name.startswith(ML_FLOATS)):
+        return
+    bad = ~np.isfinite(a.astype(np.float32) if a.dtype.kind == "V" else a)
+    if bad.any():
+        first = np.argwhere(bad)[0].tolist()
+        raise UserError(
+            f"{where}: input '{name}' contains {int(bad.sum())} NaN/inf value(s) (first at index {first}); "
+            f"{purpose} must be finite."
+        )
+
+
 def check_feed_size(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
     """UserError when one sample array of `shape` would exceed `MAX_FEED_BYTES` (a model declaring huge
     static dims): say so by input name instead of failing inside numpy or ONNX Runtime."""

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from trtforge._fileio import as_input_path
 from trtforge.errors import UserError
-from trtforge.numerics.feeds import embedding_rows, numpy_dtype_of, synthetic_feed
+from trtforge.numerics.feeds import check_finite, embedding_rows, numpy_dtype_of, synthetic_feed
 
 if TYPE_CHECKING:
     import onnx
@@ -204,8 +205,9 @@ def _as_feed(item: Any, where: str) -> Feed:
     return out
 
 
-def _nonempty(feeds: list[Feed], where: str) -> list[Feed]:
-    """`feeds`, or a UserError naming an input whose array holds no sample (nothing to compare)."""
+def _checked(feeds: list[Feed], where: str) -> list[Feed]:
+    """`feeds`, or a UserError naming an input whose array holds no sample (nothing to compare) or a
+    NaN/inf (every target's error against the reference would read NaN, or hide the fault)."""
     for feed in feeds:
         for name, array in feed.items():
             if array.ndim and array.shape[0] == 0:
@@ -213,6 +215,7 @@ def _nonempty(feeds: list[Feed], where: str) -> list[Feed]:
                     f"{where}: input '{name}' has shape {list(array.shape)}, no samples on its first axis; "
                     "accuracy data needs at least one sample per input."
                 )
+            check_finite(name, array, where, "accuracy data")
     return feeds
 
 
@@ -225,11 +228,11 @@ def load_feeds(
     other paths and `module:function` go through the calibration dataset loader against `specs`.
     """
     if isinstance(data, Mapping):
-        return _nonempty([_as_feed(data, "data")], "the data feed dict"), "feed dict"
+        return _checked([_as_feed(data, "data")], "the data feed dict"), "feed dict"
     if isinstance(data, (str, os.PathLike)):
-        path = Path(data)
+        path = as_input_path(data, "--data")
         if path.suffix == ".npz" and path.is_file():
-            return _nonempty(_load_npz(path), f"--data '{path}'"), f"{path} (.npz)"
+            return _checked(_load_npz(path), f"--data '{path}'"), f"{path} (.npz)"
         from trtforge.calibration.data import InputSpec, load_dataset
 
         cal_specs = [
@@ -241,7 +244,7 @@ def load_feeds(
         feeds = [_as_feed(x, f"data item {i}") for i, x in enumerate(data)]
         if not feeds:
             raise UserError("data is an empty iterable; give at least one feed dict.")
-        return _nonempty(feeds, "data"), f"{len(feeds)} feed dicts"
+        return _checked(feeds, "data"), f"{len(feeds)} feed dicts"
     raise UserError(
         f"unsupported data {type(data).__name__}: expected a .npz path, a calibration dataset "
         "(directory, text file with a tokenizer, module:function), a feed dict or an iterable of them."
