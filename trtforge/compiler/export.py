@@ -13,7 +13,6 @@ import inspect
 import io
 import logging
 import os
-import tempfile
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -574,8 +573,3 @@ def _positional_adapter() -> type:
             return self.inner(**dict(zip(self.names, args)))
 
     return PositionalToKeywords
-
-
-def new_workdir() -> Path:
-    """A fresh temporary directory for intermediate ONNX files."""
-    return Path(tempfile.mkdtemp(prefix="trtforge-"))
