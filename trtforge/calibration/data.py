@@ -19,7 +19,6 @@ import contextlib
 import os
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ import numpy as np
 
 from trtforge._fileio import check_utf8_path
 from trtforge._usercode import load_callable, user_code
+from trtforge.core.tensor_spec import DYNAMIC, TensorSpec, graph_inputs
 from trtforge.errors import UserError
 from trtforge.numerics.feeds import ML_FLOATS, check_finite
 
@@ -36,39 +36,22 @@ if TYPE_CHECKING:
 DEMO_TOKENIZER = "demo"
 
 
-@dataclass(frozen=True)
-class InputSpec:
-    """One model input: name, numpy dtype, shape (-1 or a name for dynamic dims)."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int | str, ...]
+def input_specs_from_model(model: onnx.ModelProto) -> list[TensorSpec]:
+    """The model's inputs as calibration data must fit them (`trtforge.core.tensor_spec.graph_inputs`)."""
+    return graph_inputs(model)
 
 
-def input_specs_from_model(model: onnx.ModelProto) -> list[InputSpec]:
-    """The graph inputs that are not initializers, with numpy dtypes and shapes (dynamic dims -1/str)."""
-    from onnx import helper
-
-    inits = {i.name for i in model.graph.initializer}
-    specs = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        dims: list[int | str] = []
-        for d in tt.shape.dim:
-            if d.HasField("dim_value"):
-                dims.append(int(d.dim_value))
-            elif d.HasField("dim_param"):
-                dims.append(d.dim_param)
-            else:
-                dims.append(-1)
-        specs.append(InputSpec(vi.name, np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)), tuple(dims)))
-    return specs
-
-
-def _as_spec(s: InputSpec | tuple) -> InputSpec:
-    return s if isinstance(s, InputSpec) else InputSpec(s[0], np.dtype(s[1]), tuple(s[2]))
+def _as_spec(s: TensorSpec | tuple) -> TensorSpec:
+    """A TensorSpec with a dtype name; a (name, dtype, dims) tuple's str dims are named dynamic dims."""
+    if isinstance(s, TensorSpec):
+        return (
+            s if isinstance(s.dtype, str) else TensorSpec(s.name, np.dtype(s.dtype).name, s.shape, s.symbols)
+        )
+    dims = tuple(s[2])
+    shape = tuple(DYNAMIC if isinstance(d, str) else int(d) for d in dims)
+    return TensorSpec(
+        s[0], np.dtype(s[1]).name, shape, tuple(d if isinstance(d, str) else None for d in dims)
+    )
 
 
 Chunk = dict[str, np.ndarray]  # input name -> array with a leading sample axis
@@ -83,7 +66,7 @@ class CalibrationDataset:
 
     def __init__(
         self,
-        specs: list[InputSpec],
+        specs: list[TensorSpec],
         *,
         source: str,
         batch_size: int,
@@ -176,7 +159,7 @@ def _chunk_len(chunk: Chunk) -> int:
     return len(next(iter(chunk.values())))
 
 
-def _validate_chunk(chunk: Chunk, specs: list[InputSpec], where: str, *, allow_extra: bool = False) -> Chunk:
+def _validate_chunk(chunk: Chunk, specs: list[TensorSpec], where: str, *, allow_extra: bool = False) -> Chunk:
     """Check names, kinds, ranks, static dims, equal sample counts and finiteness; cast to model dtypes."""
     expected = {s.name for s in specs}
     missing = sorted(expected - set(chunk))
@@ -210,7 +193,7 @@ def _validate_chunk(chunk: Chunk, specs: list[InputSpec], where: str, *, allow_e
                     f"{where}: input '{s.name}' has size {got} on axis {axis}; the model requires {want} "
                     f"(model shape {list(s.shape)})."
                 )
-        if not _same_kind(a.dtype, s.dtype):
+        if not _same_kind(a.dtype, s.np_dtype):
             raise UserError(
                 f"{where}: input '{s.name}' has dtype {a.dtype}; the model expects {s.dtype} "
                 "(integer data for integer inputs, floating data for floating inputs)."
@@ -223,7 +206,7 @@ def _validate_chunk(chunk: Chunk, specs: list[InputSpec], where: str, *, allow_e
                 f"{where}: inputs have different sample counts ({s.name}: {a.shape[0]}, others: {n}); "
                 "every input array needs the same leading sample axis."
             )
-        out[s.name] = a if a.dtype == s.dtype else a.astype(s.dtype)
+        out[s.name] = a if a.dtype == s.np_dtype else a.astype(s.np_dtype)
     return out
 
 
@@ -236,7 +219,7 @@ def _same_kind(got: np.dtype, want: np.dtype) -> bool:
     return kind(got) == kind(want)
 
 
-def _load_npz(path: Path, specs: list[InputSpec]) -> Chunk:
+def _load_npz(path: Path, specs: list[TensorSpec]) -> Chunk:
     try:
         with np.load(path, allow_pickle=False) as z:
             raw = {k: z[k] for k in z.files}
@@ -259,7 +242,7 @@ def _load_npy(path: Path) -> np.ndarray:
         ) from e
 
 
-def _load_dir(path: Path, specs: list[InputSpec]) -> list[Chunk]:
+def _load_dir(path: Path, specs: list[TensorSpec]) -> list[Chunk]:
     npz = sorted(path.glob("*.npz"))
     npy = sorted(path.glob("*.npy"))
     if not npz and not npy:
@@ -320,7 +303,7 @@ def _is_binary(path: Path) -> bool:
 
 
 def _text_dataset(
-    path: Path, specs: list[InputSpec], tokenizer: Any, max_length: int
+    path: Path, specs: list[TensorSpec], tokenizer: Any, max_length: int
 ) -> tuple[list[str], Callable[[list[str]], Chunk]]:
     if _is_binary(path):
         raise UserError(
@@ -355,7 +338,7 @@ def _text_dataset(
     return sentences, tokenize
 
 
-def _from_iterable(items: Iterable[Any], specs: list[InputSpec], where: str, max_samples: int | None):
+def _from_iterable(items: Iterable[Any], specs: list[TensorSpec], where: str, max_samples: int | None):
     chunks: list[Chunk] = []
     total = 0
     for k, item in enumerate(items):
@@ -425,7 +408,7 @@ def _guarded(items: Iterable[Any], what: str) -> Iterator[Any]:
 
 def load_dataset(
     spec: Any,
-    input_specs: list[InputSpec] | list[tuple],
+    input_specs: list[TensorSpec] | list[tuple],
     *,
     batch_size: int = 8,
     max_samples: int | None = None,
@@ -510,7 +493,7 @@ def load_dataset(
     )
 
 
-def _load_dir_files(path: Path, specs: list[InputSpec]) -> list[Chunk]:
+def _load_dir_files(path: Path, specs: list[TensorSpec]) -> list[Chunk]:
     if len(specs) != 1:
         raise UserError(
             f"'{path}' is a single .npy array but the model has {len(specs)} inputs "

@@ -23,7 +23,6 @@ from trtforge.core.backend import Backend, get_backend, trt_dtype_name
 from trtforge.core.manifest import ShapeRange, TensorSpec
 from trtforge.core.policy import cli
 from trtforge.core.shapes import (
-    InputDesc,
     ShapeLimits,
     limits_to_dict,
     normalize_shapes,
@@ -443,7 +442,7 @@ def build_engine(
     seconds["parse"] = time.perf_counter() - t0
     inputs, outputs = network_io(network)
     symbols = _onnx_symbols(onnx_path)
-    descs = [InputDesc(t.name, t.dtype, tuple(t.shape), symbols.get(t.name, ())) for t in inputs]
+    descs = [TensorSpec(t.name, t.dtype, tuple(t.shape), symbols.get(t.name, ())) for t in inputs]
     profile, derived = resolve_profile(descs, options.shapes, example_shapes, limits)
     if derived and on_derived is not None:
         on_derived(derived)

@@ -74,8 +74,9 @@ class CompileSession:
     """Checked outputs, a work directory, timed stages and the publish of one compile; see the module doc.
 
     Use as a context manager (the work directory exists inside it only). `build=False` writes only the
-    ONNX (`save_onnx` is then required). `caches` are files the build reads and rewrites on purpose
-    (timing and calibration caches): checked writable and distinct from the outputs, never "existing".
+    ONNX (`save_onnx` is then required). `caches` (option -> path) are files the build reads and rewrites
+    on purpose (timing and calibration caches): checked writable and distinct from the outputs, never
+    refused for existing.
     """
 
     def __init__(
@@ -103,7 +104,7 @@ class CompileSession:
             check_output_path(save_onnx, force=force, what="--save-onnx file")
         for what, path in (caches or {}).items():
             if path is not None:
-                check_output_path(path, force=True, what=what)
+                check_output_path(path, force=True, what=f"{what} file")
         self.outputs: dict[str, PathArg] = {
             "-o (engine)": self.out,
             "the manifest": manifest_path_for(self.out) if self.out is not None else None,

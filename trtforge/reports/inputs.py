@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trtforge._fileio import as_input_path
+from trtforge.core.tensor_spec import TensorSpec, graph_inputs, numpy_dtype_of
 from trtforge.errors import UserError
-from trtforge.numerics.feeds import check_finite, embedding_rows, numpy_dtype_of, synthetic_feed
+from trtforge.numerics.feeds import check_finite, embedding_rows, synthetic_feed
 
 if TYPE_CHECKING:
     import onnx
@@ -28,29 +29,35 @@ if TYPE_CHECKING:
     from trtforge.core.manifest import Manifest
     from trtforge.core.shapes import ShapeLimits
 
-Dim = int | str | None  # static size, symbolic name, or unknown
 Feed = dict[str, np.ndarray]
 _NPZ_BATCH = 8  # samples per accuracy iteration when a .npz holds more
 MAX_BATCH = 1 << 20
 
 
 @dataclass(frozen=True)
-class IOSpec:
-    """One model input: name, numpy dtype, shape, optional id range and per-axis (min, max) limits."""
+class ReportInput:
+    """One model input as a report feeds it: its TensorSpec plus what the report knows of its values (the
+    id range of an embedding input) and sizes (per-axis (min, max): an engine's profile, or model limits)."""
 
-    name: str
-    dtype: np.dtype
-    shape: tuple[Dim, ...]
+    tensor: TensorSpec
     vocab: int | None = None
-    limits: tuple[tuple[int, int], ...] | None = None  # per axis: an engine's profile, or model limits
+    limits: tuple[tuple[int, int], ...] | None = None
     limit_source: str | None = None  # where `limits` came from (None: the engine profile)
 
+    @property
+    def name(self) -> str:
+        """The input's name."""
+        return self.tensor.name
 
-def _dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...]:
-    out: list[Dim] = []
-    for d in vi.type.tensor_type.shape.dim:
-        out.append(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None))
-    return tuple(out)
+    @property
+    def dtype(self) -> np.dtype:
+        """The input's NumPy dtype."""
+        return self.tensor.np_dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The input's dims (-1 dynamic)."""
+        return tuple(self.tensor.shape)
 
 
 def vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
@@ -58,34 +65,27 @@ def vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
     return embedding_rows(model)
 
 
-def specs_from_onnx(model: onnx.ModelProto, limits: ShapeLimits | None = None) -> list[IOSpec]:
+def specs_from_onnx(model: onnx.ModelProto, limits: ShapeLimits | None = None) -> list[ReportInput]:
     """Input specs of an ONNX model (initializers excluded), with vocabulary sizes where found and the
     model's known axis limits (`trtforge.core.shape_limits`) where given."""
-    from onnx import helper
-
     from trtforge.core.shapes import MAX_DIM
 
-    inits = {i.name for i in model.graph.initializer}
     vocab = vocab_sizes(model)
     specs = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        dims = _dims(vi)
-        axes = (limits or {}).get(vi.name) or {}
+    for t in graph_inputs(model):
+        axes = (limits or {}).get(t.name) or {}
         spec_limits, source = None, None
         if axes:
             spec_limits = tuple(
-                (axes[a].lo, axes[a].hi) if a in axes else (1, MAX_DIM) for a in range(len(dims))
+                (axes[a].lo, axes[a].hi) if a in axes else (1, MAX_DIM) for a in range(len(t.shape))
             )
             source = next(iter(axes.values())).source
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
-        specs.append(IOSpec(vi.name, dtype, dims, vocab.get(vi.name), spec_limits, source))
+        specs.append(ReportInput(t, vocab.get(t.name), spec_limits, source))
     return specs
 
 
 def fit_sizes(
-    specs: Sequence[IOSpec], batch_sizes: Sequence[int], seq_lens: Sequence[int]
+    specs: Sequence[ReportInput], batch_sizes: Sequence[int], seq_lens: Sequence[int]
 ) -> tuple[int, int, list[int], list[str]]:
     """Sizes the inputs can take: (accuracy batch, accuracy sequence, sweep sequences, notes).
 
@@ -119,20 +119,19 @@ def fit_sizes(
     return batch, seq, sweep, notes
 
 
-def specs_from_manifest(manifest: Manifest, vocab: Mapping[str, int] | None = None) -> list[IOSpec]:
+def specs_from_manifest(manifest: Manifest, vocab: Mapping[str, int] | None = None) -> list[ReportInput]:
     """Input specs of an engine: dtypes and shapes from its manifest, limits from profile 0."""
     profile = manifest.profiles[0] if manifest.profiles else {}
     specs = []
     for t in manifest.inputs:
         rng = profile.get(t.name)
         limits = tuple(zip(rng.min, rng.max)) if rng is not None else None
-        shape = tuple(d if d >= 0 else None for d in t.shape)
-        dtype = numpy_dtype_of(t.dtype, f"engine input '{t.name}'")
-        specs.append(IOSpec(t.name, dtype, shape, (vocab or {}).get(t.name), limits))
+        numpy_dtype_of(t.dtype, f"engine input '{t.name}'")  # a dtype no data can be made of: say so now
+        specs.append(ReportInput(t, (vocab or {}).get(t.name), limits))
     return specs
 
 
-def resolve_shape(spec: IOSpec, batch: int, seq: int | None) -> tuple[int, ...]:
+def resolve_shape(spec: ReportInput, batch: int, seq: int | None) -> tuple[int, ...]:
     """The concrete shape of `spec` at (batch, seq); UserError saying why when it cannot be used."""
     shape = []
     for axis, d in enumerate(spec.shape):
@@ -158,7 +157,7 @@ def resolve_shape(spec: IOSpec, batch: int, seq: int | None) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def static_batch(specs: Sequence[IOSpec]) -> int | None:
+def static_batch(specs: Sequence[ReportInput]) -> int | None:
     """The batch size every input fixes on axis 0, if they all fix the same one."""
     sizes = {
         s.shape[0] if s.shape and isinstance(s.shape[0], int) and s.shape[0] > 0 else None for s in specs
@@ -166,12 +165,12 @@ def static_batch(specs: Sequence[IOSpec]) -> int | None:
     return sizes.pop() if len(sizes) == 1 else None
 
 
-def has_seq_axis(specs: Sequence[IOSpec]) -> bool:
+def has_seq_axis(specs: Sequence[ReportInput]) -> bool:
     """True when some input has a dynamic axis other than the batch axis."""
     return any(not (isinstance(d, int) and d > 0) for s in specs for d in s.shape[1:])
 
 
-def generate_feed(specs: Sequence[IOSpec], batch: int, seq: int | None, seed: int = 0) -> Feed:
+def generate_feed(specs: Sequence[ReportInput], batch: int, seq: int | None, seed: int = 0) -> Feed:
     """One deterministic feed dict at (batch, seq) from the specs (`trtforge.numerics.feeds` rules)."""
     return synthetic_feed(((s.name, s.dtype, resolve_shape(s, batch, seq), s.vocab) for s in specs), seed)
 
@@ -220,7 +219,7 @@ def _checked(feeds: list[Feed], where: str) -> list[Feed]:
 
 
 def load_feeds(
-    data: Any, specs: Sequence[IOSpec], *, tokenizer: Any = None, batch_size: int = 8
+    data: Any, specs: Sequence[ReportInput], *, tokenizer: Any = None, batch_size: int = 8
 ) -> tuple[list[Feed], str]:
     """Accuracy feeds from user data, plus a one-line description of the source.
 
@@ -233,12 +232,11 @@ def load_feeds(
         path = as_input_path(data, "--data")
         if path.suffix == ".npz" and path.is_file():
             return _checked(_load_npz(path), f"--data '{path}'"), f"{path} (.npz)"
-        from trtforge.calibration.data import InputSpec, load_dataset
+        from trtforge.calibration.data import load_dataset
 
-        cal_specs = [
-            InputSpec(s.name, s.dtype, tuple(-1 if d is None else d for d in s.shape)) for s in specs
-        ]
-        dataset = load_dataset(data, cal_specs, batch_size=batch_size, tokenizer=tokenizer, what="--data")
+        dataset = load_dataset(
+            data, [s.tensor for s in specs], batch_size=batch_size, tokenizer=tokenizer, what="--data"
+        )
         return [dict(f) for f in dataset], f"{data} (calibration dataset format)"
     if isinstance(data, Iterable):
         feeds = [_as_feed(x, f"data item {i}") for i, x in enumerate(data)]
