@@ -191,7 +191,7 @@ def test_a_binary_file_is_not_taken_for_text(tmp_path, head):
 
 
 def test_utf8_text_cut_inside_a_character_at_the_read_boundary_is_still_text(tmp_path):
-    from trtforge.calibration.data import _is_binary
+    from trtforge.calibration.sources import _is_binary
 
     path = tmp_path / "s.txt"
     path.write_text("a" * 8191 + "é\n", encoding="utf-8")  # 'é' straddles the 8 KiB head

@@ -14,7 +14,7 @@ def summarize_onnx(path: Path) -> dict[str, Any]:
     """I/O, opsets, op histogram and weight size of an ONNX file (external data not loaded)."""
     import onnx
 
-    from trtforge.compiler.export import from_onnx_file
+    from trtforge.compiler.sources import from_onnx_file
     from trtforge.core.onnx_io import check_model
 
     from_onnx_file(path)  # validates with clear errors

@@ -124,7 +124,7 @@ def report_cmd(
 ) -> None:
     """Compare accuracy and latency of MODEL_OR_ENGINE across runtimes and precisions."""
 
-    from trtforge.compiler.export import CHECKPOINT_SUFFIXES, unsupported_source
+    from trtforge.compiler.sources import CHECKPOINT_SUFFIXES, unsupported_source
     from trtforge.reports.api import build_report
     from trtforge.reports.compare import parse_tolerance
 

@@ -15,6 +15,7 @@ from typing import Any
 from trtforge._fileio import as_path, sha256_file, show_path
 from trtforge._usercode import load_factory
 from trtforge.compiler import export as export_mod
+from trtforge.compiler import sources
 from trtforge.compiler.build import BuildOptions, build_engine
 from trtforge.compiler.session import CompileResult, CompileSession, source_files
 from trtforge.compiler.shape_check import check_profile
@@ -36,17 +37,17 @@ def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwar
         text = str(model)
         path = Path(text)
         if path.suffix == ".onnx":
-            return export_mod.from_onnx_file(path), None, None
+            return sources.from_onnx_file(path), None, None
         if path.suffix == ".pt2":
             log(f"exporting torch.export archive {path} to ONNX")
-            return export_mod.from_pt2(path, workdir, **export_kwargs), None, None
+            return sources.from_pt2(path, workdir, **export_kwargs), None, None
         if path.exists() or ":" not in text:
             if not path.exists():
                 raise UserError(
                     f"model file '{path}' does not exist "
                     "(expected an .onnx or .pt2 file, or a package.module:factory reference)."
                 )
-            raise export_mod.unsupported_source(path)
+            raise sources.unsupported_source(path)
         module, example_inputs = load_factory(text)
         model = module
     if example_inputs is None:
@@ -251,7 +252,7 @@ def _check_ops(path: Path, model: Any, backend: str | None, ort_runs: list[str])
     """Custom ops TensorRT cannot build, then (when the stages `ort_runs` will run it) ONNX Runtime cannot
     run, refused by node before any stage runs."""
     from trtforge._custom_ops import refuse_unknown_to_onnxruntime
-    from trtforge.compiler.build import check_custom_ops
+    from trtforge.compiler.network import check_custom_ops
     from trtforge.core.backend import get_backend
 
     where = f"'{show_path(model)}'" if isinstance(model, (str, os.PathLike)) else "the exported model"

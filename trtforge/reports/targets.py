@@ -409,7 +409,7 @@ def load_source(source: Any) -> Source:
 
     path = check_input_file(source, "report source")
     if path.suffix == ".onnx":
-        from trtforge.compiler.export import from_onnx_file
+        from trtforge.compiler.sources import from_onnx_file
 
         return Source("onnx", str(path), onnx_path=from_onnx_file(path).path)
     from trtforge.core.manifest import read_manifest
