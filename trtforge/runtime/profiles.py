@@ -28,7 +28,7 @@ _CACHE_LIMIT = 4096
 
 @dataclass(frozen=True)
 class IOSpec:
-    """One engine input or output as the runtime uses it."""
+    """A manifest TensorSpec as the runtime binds it: dtype resolved to torch/NumPy once, for the hot path."""
 
     name: str
     dtype: str
