@@ -93,7 +93,6 @@ def graph_inputs(model: onnx.ModelProto | str | os.PathLike[str]) -> list[Tensor
     whose shape is not recorded at all gets an empty ``shape`` and ``rank_known=False``.
     """
     import onnx
-    from onnx import helper
 
     if isinstance(model, (str, os.PathLike)):
         model = onnx.load(os.fspath(model), load_external_data=False)
@@ -108,13 +107,20 @@ def graph_inputs(model: onnx.ModelProto | str | os.PathLike[str]) -> list[Tensor
                 "tensor; trtforge compiles, calibrates and feeds tensor inputs only. Export the model with "
                 "tensor inputs."
             )
-        tt = vi.type.tensor_type
-        dims = tt.shape.dim
-        shape = tuple(int(d.dim_value) if d.HasField("dim_value") else DYNAMIC for d in dims)
-        dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else "float32"
-        symbols = tuple(d.dim_param or None for d in dims)
-        out.append(TensorSpec(vi.name, dtype, shape, symbols, rank_known=tt.HasField("shape")))
+        out.append(value_spec(vi))
     return out
+
+
+def value_spec(vi: onnx.ValueInfoProto) -> TensorSpec:
+    """The TensorSpec of one tensor-typed ONNX value (a graph input or output), by `graph_inputs`' rules."""
+    from onnx import helper
+
+    tt = vi.type.tensor_type
+    dims = tt.shape.dim
+    shape = tuple(int(d.dim_value) if d.HasField("dim_value") else DYNAMIC for d in dims)
+    dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else "float32"
+    symbols = tuple(d.dim_param or None for d in dims)
+    return TensorSpec(vi.name, dtype, shape, symbols, rank_known=tt.HasField("shape"))
 
 
 __all__ = [
@@ -124,4 +130,5 @@ __all__ = [
     "graph_inputs",
     "is_dynamic",
     "numpy_dtype_of",
+    "value_spec",
 ]
