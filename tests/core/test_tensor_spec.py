@@ -81,3 +81,13 @@ def test_numpy_dtype_of_names_the_tensor() -> None:
     assert numpy_dtype_of("bfloat16").name == "bfloat16"
     with pytest.raises(UserError, match="tensor 'q' has dtype 'quux'"):
         _ = TensorSpec("q", "quux", (1,)).np_dtype
+
+
+@pytest.mark.parametrize(
+    ("dims", "where"),
+    [((2, 4), None), ((7, 4), None), ((2, 5), 1), ((2,), -1), ((2, 4, 1), -1)],
+)
+def test_shape_mismatch_rank_then_first_static_axis(dims: tuple[int, ...], where: int | None) -> None:
+    from trtforge.core.tensor_spec import shape_mismatch
+
+    assert shape_mismatch((-1, 4), dims) == where

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtforge.core.manifest import ShapeRange
-from trtforge.core.tensor_spec import TensorSpec, graph_inputs
+from trtforge.core.tensor_spec import TensorSpec, graph_inputs, shape_mismatch
 from trtforge.errors import UserError
 
 # Derived defaults for a dynamic dim: (min, default opt, max floor). Axis 0 is treated as batch.
@@ -120,17 +120,17 @@ def validate_range(desc: TensorSpec, rng: ShapeRange) -> None:
     """Check rank, static dims and MIN <= OPT <= MAX for one input; UserError naming it otherwise."""
     where = f"--shape {desc.name}"
     for label, dims in (("MIN", rng.min), ("OPT", rng.opt), ("MAX", rng.max)):
-        if len(dims) != len(desc.shape):
+        axis = shape_mismatch(desc.shape, dims)
+        if axis == -1:
             raise UserError(
                 f"{where}: {label} {_fmt(dims)} has rank {len(dims)}, but input '{desc.name}' has rank "
                 f"{len(desc.shape)} (shape {_fmt(desc.shape)})."
             )
-        for axis, (d, model_d) in enumerate(zip(dims, desc.shape)):
-            if model_d >= 0 and d != model_d:
-                raise UserError(
-                    f"{where}: {label} dim {axis} is {d} but the model fixes it to {model_d} "
-                    f"(shape {_fmt(desc.shape)})."
-                )
+        if axis is not None:
+            raise UserError(
+                f"{where}: {label} dim {axis} is {dims[axis]} but the model fixes it to "
+                f"{desc.shape[axis]} (shape {_fmt(desc.shape)})."
+            )
     for axis, (lo, mid, hi) in enumerate(zip(rng.min, rng.opt, rng.max)):
         if not lo <= mid <= hi:
             raise UserError(

@@ -66,6 +66,14 @@ def is_dynamic(dim: int) -> bool:
     return dim < 0
 
 
+def shape_mismatch(expected: Sequence[int], dims: Sequence[int]) -> int | None:
+    """Where concrete `dims` stop fitting `expected` (-1 = dynamic): None when they fit, -1 for a rank
+    that differs, else the first axis whose static size differs. One rule for `--shape` and for feeds."""
+    if len(dims) != len(expected):
+        return -1
+    return next((a for a, (d, want) in enumerate(zip(dims, expected)) if want >= 0 and d != want), None)
+
+
 def numpy_dtype_of(name: str, what: str = "tensor") -> np.dtype:
     """The NumPy dtype of a dtype name, with ml_dtypes' types for bfloat16, FP8, INT4 and FP4 (the names
     manifests use); UserError naming `what` for a name neither knows."""
@@ -130,5 +138,6 @@ __all__ = [
     "graph_inputs",
     "is_dynamic",
     "numpy_dtype_of",
+    "shape_mismatch",
     "value_spec",
 ]
