@@ -72,9 +72,37 @@ def as_path(value: object, what: str) -> Path:
     return Path(value)
 
 
+def as_input_path(value: object, what: str) -> Path:
+    """`as_path` for a file trtforge reads (a model, data, an engine): its name must also be UTF-8."""
+    p = as_path(value, what)
+    check_utf8_path(p, what)
+    return p
+
+
+def check_utf8_path(value: str | os.PathLike[str], what: str) -> None:
+    """UserError when the path of a file to read holds bytes that are not UTF-8 (a shell's `$'\\xff'`,
+    decoded by Python as surrogates): ONNX's checker and loaders take UTF-8 names only and fail deep inside.
+    Output names may be any bytes (they are written through os calls and shown escaped)."""
+    text = os.fspath(value)
+    if isinstance(text, str) and not _encodes(text):
+        raise UserError(
+            f"{what} '{show_path(text)}' holds bytes that are not valid UTF-8; trtforge reads models and "
+            "data by UTF-8 names only (ONNX's loaders and the JSON records take no other): rename the file "
+            "(or its folder) to a UTF-8 name."
+        )
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_input_file(path: str | os.PathLike[str], what: str = "input file") -> Path:
-    """An existing, readable regular file, else a UserError saying which of those it is not."""
-    as_path(path, what)
+    """An existing, readable regular file with a UTF-8 name, else a UserError saying which it is not."""
+    as_input_path(path, what)
     if not str(path):
         raise UserError(f"{what}: the path is empty.")
     p = Path(path)

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from tests.calibration import models
-from trtforge.calibration.data import InputSpec, input_specs_from_model, load_dataset
+from trtforge.calibration.data import input_specs_from_model, load_dataset
+from trtforge.core.tensor_spec import TensorSpec
 from trtforge.errors import UserError
 
 SPECS = [
-    InputSpec("input_ids", np.dtype(np.int64), ("batch", "seq")),
-    InputSpec("x", np.dtype(np.float32), (-1, 4)),
+    ("input_ids", np.dtype(np.int64), ("batch", "seq")),
+    ("x", np.dtype(np.float32), (-1, 4)),
 ]
 
 
@@ -24,7 +25,7 @@ def _arrays(n: int = 10) -> dict[str, np.ndarray]:
 
 def test_input_specs_from_model_reads_names_dtypes_dynamic_dims():
     specs = input_specs_from_model(models.mlp())
-    assert specs == [InputSpec("x", np.dtype(np.float32), ("b", "s", 32))]
+    assert specs == [TensorSpec("x", "float32", (-1, -1, 32), ("b", "s", None))]
 
 
 def test_npz_batches_limit_and_shuffle(tmp_path):
@@ -86,8 +87,7 @@ def test_text_with_demo_tokenizer_pads_per_batch(tmp_path):
         "Short one.\n\nA considerably longer sentence with many more words in it.\nHi.\n"
     )
     specs = [
-        InputSpec(n, np.dtype(np.int64), ("batch", "seq"))
-        for n in ("input_ids", "attention_mask", "token_type_ids")
+        (n, np.dtype(np.int64), ("batch", "seq")) for n in ("input_ids", "attention_mask", "token_type_ids")
     ]
     ds = load_dataset(tmp_path / "s.txt", specs, batch_size=2, tokenizer="demo")
     b1, b2 = list(ds)
@@ -101,7 +101,7 @@ def test_text_for_a_fixed_sequence_length_is_padded_and_truncated_to_it(tmp_path
     longest, then refused as 'size 7 on axis 1; the model requires 12')."""
     pytest.importorskip("transformers")
     (tmp_path / "s.txt").write_text("Hi.\n" + "a much longer sentence " * 20 + "\n")
-    specs = [InputSpec(n, np.dtype(np.int64), ("batch", 12)) for n in ("input_ids", "attention_mask")]
+    specs = [(n, np.dtype(np.int64), ("batch", 12)) for n in ("input_ids", "attention_mask")]
     (batch,) = list(load_dataset(tmp_path / "s.txt", specs, batch_size=2, tokenizer="demo"))
     assert batch["input_ids"].shape == batch["attention_mask"].shape == (2, 12)
     assert batch["attention_mask"][0].sum() < 12 and batch["attention_mask"][1].all()
@@ -145,7 +145,7 @@ def test_split_holds_out_the_last_samples(tmp_path):
 
 
 def test_static_batch_model_gets_full_batches_only(tmp_path):
-    specs = [InputSpec("x", np.dtype(np.float32), (4, 3))]
+    specs = [("x", np.dtype(np.float32), (4, 3))]
     np.savez(tmp_path / "d.npz", x=np.zeros((10, 3), np.float32))
     ds = load_dataset(tmp_path / "d.npz", specs, batch_size=8)
     assert [b["x"].shape for b in ds] == [(4, 3), (4, 3)] and len(ds) == 2
@@ -159,12 +159,12 @@ def test_float_data_for_a_bfloat16_input_is_cast_and_a_scalar_input_is_refused(t
     import ml_dtypes
 
     np.savez(tmp_path / "x.npz", x=np.linspace(-1, 1, 8 * 4, dtype=np.float32).reshape(8, 4))
-    bf16 = [InputSpec("x", np.dtype(ml_dtypes.bfloat16), ("batch", 4))]
+    bf16 = [("x", np.dtype(ml_dtypes.bfloat16), ("batch", 4))]
     (batch,) = list(load_dataset(tmp_path / "x.npz", bf16, batch_size=8))
     assert batch["x"].dtype == np.dtype(ml_dtypes.bfloat16) and batch["x"].shape == (8, 4)
     np.savez(tmp_path / "s.npz", x=np.float32(1.0))
     with pytest.raises(UserError, match=r"'x' is a scalar \(rank 0\), so calibration data"):
-        load_dataset(tmp_path / "s.npz", [InputSpec("x", np.dtype(np.float32), ())])
+        load_dataset(tmp_path / "s.npz", [("x", np.dtype(np.float32), ())])
 
 
 @pytest.mark.parametrize("seed", [-1, 2.5, "3", True])
@@ -191,7 +191,7 @@ def test_a_binary_file_is_not_taken_for_text(tmp_path, head):
 
 
 def test_utf8_text_cut_inside_a_character_at_the_read_boundary_is_still_text(tmp_path):
-    from trtforge.calibration.data import _is_binary
+    from trtforge.calibration.sources import _is_binary
 
     path = tmp_path / "s.txt"
     path.write_text("a" * 8191 + "é\n", encoding="utf-8")  # 'é' straddles the 8 KiB head

@@ -375,7 +375,7 @@ CASES: dict[str, tuple[Setup, str]] = {
     ),
     "non-UTF-8 model path": (
         lambda d: ["compile", f"{NON_UTF8}.onnx", "-o", "out.engine"],
-        r"model file 'caf\\xe9\.onnx' does not exist",
+        r"model file 'caf\\xe9\.onnx' holds bytes that are not valid UTF-8",
     ),
     "non-UTF-8 output directory": (
         _tiny("compile", "m.onnx", "-o", f"{NON_UTF8}/out.engine"),

@@ -3,11 +3,14 @@ and nothing left behind. Same harness as test_bad_inputs (its `workdir` fixture 
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.cli.test_bad_inputs import Setup, _factory, _tiny, assert_exits_2_cleanly, workdir  # noqa: F401 - a fixture
+from tests.models import tiny_onnx
 
 
 def _custom_op(command: str, *extra: str) -> Setup:
@@ -47,6 +50,73 @@ def _py(d: Path) -> str:
     """The one factory module _factory wrote into `d`."""
     return next(p.name for p in d.glob("um_*.py"))
 
+
+BAD_NAME = os.fsdecode(b"\xff\xfe.onnx")  # what Python makes of the shell's $'\xff\xfe.onnx'
+NOT_UTF8 = r"'\\xff\\xfe\.onnx(\.npz)?' holds bytes that are not valid UTF-8.*rename the file"
+
+
+def _bad_name(*argv: str) -> Setup:
+    """An existing model (and calibration data) under a name that is not UTF-8; BAD in argv names it."""
+
+    def setup(d: Path) -> list[str]:
+        import numpy as np
+
+        tiny_onnx(d / "m.onnx")
+        shutil.copy(d / "m.onnx", d / BAD_NAME)
+        np.savez(d / "x.npz", x=np.ones((4, 4), np.float32))
+        shutil.copy(d / "x.npz", d / (BAD_NAME + ".npz"))
+        return [a.replace("BAD", BAD_NAME) for a in argv]
+
+    return setup
+
+
+def _nan_data(command: str, value: float) -> Setup:
+    """calibrate/report on the tiny model with data holding one NaN or inf."""
+
+    def setup(d: Path) -> list[str]:
+        import numpy as np
+
+        tiny_onnx(d / "m.onnx")
+        x = np.ones((4, 4), np.float32)
+        x[1, 2] = value
+        np.savez(d / "x.npz", x=x)
+        if command == "calibrate":
+            return ["calibrate", "m.onnx", "--data", "x.npz", "-o", "q.onnx"]
+        return ["report", "m.onnx", "-o", "rep", "--targets", "ort", "--data", "x.npz", "--no-progress"]
+
+    return setup
+
+
+# issue #27.4: an undecodable path in every command that takes one; NaN/inf in user data.
+PATH_CASES: dict[str, tuple[Setup, str]] = {
+    "compile: model name not UTF-8": (_bad_name("compile", "BAD", "-o", "o.engine"), NOT_UTF8),
+    "optimize: model name not UTF-8": (_bad_name("optimize", "BAD", "-o", "o.onnx"), NOT_UTF8),
+    "calibrate: model name not UTF-8": (
+        _bad_name("calibrate", "BAD", "--data", "x.npz", "-o", "q.onnx"),
+        NOT_UTF8,
+    ),
+    "calibrate: data name not UTF-8": (
+        _bad_name("calibrate", "m.onnx", "--data", "BAD.npz", "-o", "q.onnx"),
+        NOT_UTF8,
+    ),
+    "report: model name not UTF-8": (_bad_name("report", "BAD", "-o", "rep", "--targets", "ort"), NOT_UTF8),
+    "report: data name not UTF-8": (
+        _bad_name("report", "m.onnx", "-o", "rep", "--targets", "ort", "--data", "BAD.npz"),
+        NOT_UTF8,
+    ),
+    "inspect: file name not UTF-8": (_bad_name("inspect", "BAD"), NOT_UTF8),
+    # An engine may have any name (test_legal_long_name_and_non_utf8_name_compile); a model is refused.
+    "export-triton: model name not UTF-8": (_bad_name("export-triton", "BAD", "-o", "repo"), "is a model"),
+    "report --data with NaN": (
+        _nan_data("report", float("nan")),
+        r"--data 'x\.npz': input 'x' contains 1 NaN/inf value\(s\) \(first at index \[1, 2\]\)",
+    ),
+    "report --data with inf": (_nan_data("report", float("inf")), r"input 'x' contains 1 NaN/inf"),
+    "calibrate --data with NaN": (
+        _nan_data("calibrate", float("nan")),
+        r"'x\.npz': input 'x' contains 1 NaN/inf value\(s\).*calibration data must be finite",
+    ),
+}
 
 CUSTOM_OP = r"'custom\.onnx' holds 1 node\(s\) of custom op\(s\) com\.acme:FancyOp that {}.* node 'fancy_1'"
 
@@ -114,3 +184,12 @@ CASES: dict[str, tuple[Setup, str]] = {
 )
 def test_hostile_input_exits_2_cleanly(case: str, workdir: Path, capfd: pytest.CaptureFixture[str]) -> None:  # noqa: F811
     assert_exits_2_cleanly(*CASES[case], workdir, capfd)
+
+
+@pytest.mark.parametrize("case", list(PATH_CASES), ids=list(PATH_CASES))
+def test_undecodable_path_and_nonfinite_data_exit_2(
+    case: str,
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    assert_exits_2_cleanly(*PATH_CASES[case], workdir, capfd)

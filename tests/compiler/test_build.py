@@ -232,7 +232,7 @@ def test_custom_op_without_a_plugin_is_named_before_the_parser(tmp_path) -> None
 
 
 def test_custom_op_of_a_registered_plugin_passes_and_a_wrong_version_is_named(tmp_path) -> None:
-    from trtforge.compiler.build import check_custom_ops
+    from trtforge.compiler.network import check_custom_ops
     from trtforge.core.backend import get_backend
 
     backend = get_backend()

@@ -9,13 +9,8 @@ import torch
 
 from tests.models import BERT_INPUTS, bert_inputs, tiny_bert
 from trtforge._usercode import load_factory
-from trtforge.compiler.export import (
-    export_module,
-    from_onnx_file,
-    from_pt2,
-    normalize_inputs,
-    resolve_dynamic,
-)
+from trtforge.compiler.export import export_module, normalize_inputs, resolve_dynamic
+from trtforge.compiler.sources import from_onnx_file, from_pt2
 from trtforge.errors import ExportError, UserError
 from trtforge.numerics.sessions import exact_session
 

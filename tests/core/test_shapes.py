@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from trtforge.core.manifest import ShapeRange
-from trtforge.core.shapes import AxisLimit, InputDesc, format_range, parse_shape_option, resolve_profile
+from trtforge.core.shapes import AxisLimit, format_range, parse_shape_option, resolve_profile
+from trtforge.core.tensor_spec import TensorSpec
 from trtforge.errors import UserError
 
-IDS = InputDesc("input_ids", "int64", (-1, -1), ("batch", "seq"))
-MASK = InputDesc("attention_mask", "int64", (-1, -1), ("batch", "seq"))
-STATIC = InputDesc("scale", "float32", (1, 4))
+IDS = TensorSpec("input_ids", "int64", (-1, -1), ("batch", "seq"))
+MASK = TensorSpec("attention_mask", "int64", (-1, -1), ("batch", "seq"))
+STATIC = TensorSpec("scale", "float32", (1, 4))
 
 
 def test_parse_like_trtexec() -> None:
@@ -66,7 +67,7 @@ def test_derived_ranges_respect_known_limits() -> None:
 
 
 def test_exact_limits_fix_the_axis() -> None:
-    pixels = InputDesc("pixel_values", "float32", (-1, 3, -1, -1), ("batch", None, "h", "w"))
+    pixels = TensorSpec("pixel_values", "float32", (-1, 3, -1, -1), ("batch", None, "h", "w"))
     limits = {"pixel_values": {2: AxisLimit(224, 224, "config.image_size"), 3: AxisLimit(224, 224, "x")}}
     profile, _ = resolve_profile([pixels], None, None, limits)
     assert profile["pixel_values"] == ShapeRange([1, 3, 224, 224], [8, 3, 224, 224], [32, 3, 224, 224])

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtforge.numerics.feeds import describe_inputs, embedding_rows, model_feed, synthetic_feed
+from trtforge.core.tensor_spec import TensorSpec
+from trtforge.numerics.feeds import embedding_rows, model_feed, synthetic_feed
 
 
 def _token_model(vocab: int = 37):
@@ -35,7 +36,8 @@ def _token_model(vocab: int = 37):
 def test_vocab_found_through_casts_and_feed_follows_the_rules():
     m = _token_model()
     assert embedding_rows(m) == {"input_ids": 37}
-    assert [d.vocab for d in describe_inputs(m)] == [37, None, None]
+    rows = embedding_rows(m)
+    assert [rows.get(i.name) for i in m.graph.input] == [37, None, None]
     feed = model_feed(m, sizes=(3, 50, 5))
     ids, mask, extra = feed["input_ids"], feed["attention_mask"], feed["extra"]
     assert ids.shape == mask.shape == (3, 50) and extra.shape == (3, 5, 4)  # same dim name, same size
@@ -66,7 +68,7 @@ def test_bool_mask_and_plain_integers():
 def test_every_manifest_dtype_has_a_numpy_dtype(name):
     """Manifest names for bfloat16/FP8/INT4/FP4 resolve through ml_dtypes, so reports can make data."""
     from trtforge.core.backend import MANIFEST_DTYPES
-    from trtforge.numerics.feeds import numpy_dtype_of
+    from trtforge.core.tensor_spec import numpy_dtype_of
 
     assert name in MANIFEST_DTYPES
     dt = numpy_dtype_of(name)
@@ -74,8 +76,8 @@ def test_every_manifest_dtype_has_a_numpy_dtype(name):
 
 
 def test_unknown_dtype_name_is_a_user_error_naming_the_tensor():
+    from trtforge.core.tensor_spec import numpy_dtype_of
     from trtforge.errors import UserError
-    from trtforge.numerics.feeds import numpy_dtype_of
 
     with pytest.raises(UserError, match=r"engine input 'x' has dtype 'quux'"):
         numpy_dtype_of("quux", "engine input 'x'")
@@ -83,22 +85,22 @@ def test_unknown_dtype_name_is_a_user_error_naming_the_tensor():
 
 def test_a_static_zero_dim_stays_zero():
     """ONNX Runtime holds a graph to a static 0 (an empty axis): feeds must too, not replace it by 2."""
-    from trtforge.numerics.feeds import InputDesc, concrete_shapes
+    from trtforge.numerics.feeds import concrete_shapes
 
     shapes = concrete_shapes(
-        [InputDesc("x", np.dtype("float32"), (0, 4)), InputDesc("y", np.dtype("int64"), (-1, "s"))]
+        [TensorSpec("x", "float32", (0, 4)), TensorSpec("y", "int64", (-1, -1), (None, "s"))]
     )
     assert shapes == {"x": (0, 4), "y": (2, 2)}
 
 
 def test_max_sizes_cap_a_named_dim_on_every_axis_that_shares_it():
     """A 16-position model gets no 40-token feed, and the mask sharing the name `s` follows."""
-    from trtforge.numerics.feeds import InputDesc, concrete_shapes
+    from trtforge.numerics.feeds import concrete_shapes
 
     descs = [
-        InputDesc("ids", np.dtype("int64"), ("b", "s")),
-        InputDesc("mask", np.dtype("int64"), ("b", "s")),
-        InputDesc("x", np.dtype("float32"), (None, None)),
+        TensorSpec("ids", "int64", (-1, -1), ("b", "s")),
+        TensorSpec("mask", "int64", (-1, -1), ("b", "s")),
+        TensorSpec("x", "float32", (-1, -1)),
     ]
     shapes = concrete_shapes(descs, (1, 40), max_sizes={"ids": {1: 16}, "x": {1: 3}})
     assert shapes == {"ids": (1, 16), "mask": (1, 16), "x": (1, 3)}

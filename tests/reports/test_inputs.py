@@ -7,8 +7,9 @@ import onnx
 import pytest
 
 from tests.reports._tiny import classifier_onnx, classifier_weights, token_model_onnx
+from trtforge.core.tensor_spec import TensorSpec
 from trtforge.errors import UserError
-from trtforge.reports.inputs import IOSpec, generate_feed, load_feeds, resolve_shape, specs_from_onnx
+from trtforge.reports.inputs import ReportInput, generate_feed, load_feeds, resolve_shape, specs_from_onnx
 from trtforge.reports.latency import sweep_points
 
 
@@ -32,12 +33,12 @@ def test_generated_feeds_are_deterministic(tmp_path):
 
 
 def test_static_dims_and_profile_limits():
-    static = IOSpec("x", np.dtype("float32"), (2, 16))
+    static = ReportInput(TensorSpec("x", "float32", (2, 16)))
     assert resolve_shape(static, 2, None) == (2, 16)
     with pytest.raises(UserError, match="static batch of 2"):
         resolve_shape(static, 8, None)
     assert sweep_points([static], (1, 8), (128,)) == [(2, None)]
-    limited = IOSpec("ids", np.dtype("int64"), (None, None), limits=((1, 8), (1, 64)))
+    limited = ReportInput(TensorSpec("ids", "int64", (-1, -1)), limits=((1, 8), (1, 64)))
     assert resolve_shape(limited, 8, 64) == (8, 64)
     with pytest.raises(UserError, match=r"outside the engine profile \[1, 64\]"):
         resolve_shape(limited, 8, 128)
@@ -86,5 +87,5 @@ def test_model_limits_bound_generated_sizes(tmp_path):
     batch, seq, sweep, notes = fit_sizes(specs, (1, 8), (128,))
     assert (batch, seq, sweep) == (8, 64, [128, 64]) and "at most 64" in notes[0]
     assert fit_sizes(specs, (1, 8), (16, 32)) == (8, 16, [16, 32], [])
-    engine = [IOSpec("ids", np.dtype("int64"), (None, None), limits=((1, 4), (8, 64)))]
+    engine = [ReportInput(TensorSpec("ids", "int64", (-1, -1)), limits=((1, 4), (8, 64)))]
     assert fit_sizes(engine, (1, 16), (4,))[:3] == (4, 8, [4, 8])

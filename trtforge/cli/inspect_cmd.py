@@ -14,8 +14,9 @@ def summarize_onnx(path: Path) -> dict[str, Any]:
     """I/O, opsets, op histogram and weight size of an ONNX file (external data not loaded)."""
     import onnx
 
-    from trtforge.compiler.export import from_onnx_file
+    from trtforge.compiler.sources import from_onnx_file
     from trtforge.core.onnx_io import check_model
+    from trtforge.core.tensor_spec import is_dynamic, value_spec
 
     from_onnx_file(path)  # validates with clear errors
     m = onnx.load(str(path), load_external_data=False)
@@ -23,15 +24,9 @@ def summarize_onnx(path: Path) -> dict[str, Any]:
     inits = {t.name for t in m.graph.initializer}
 
     def spec(v: Any) -> dict[str, str]:
-        tt = v.type.tensor_type
-        dims = ", ".join(
-            d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?") for d in tt.shape.dim
-        )
-        return {
-            "name": v.name,
-            "dtype": onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name,
-            "shape": f"[{dims}]",
-        }
+        t = value_spec(v)
+        dims = ", ".join(t.symbol(a) or ("?" if is_dynamic(d) else str(d)) for a, d in enumerate(t.shape))
+        return {"name": t.name, "dtype": t.dtype, "shape": f"[{dims}]"}
 
     weight_bytes = 0
     for t in m.graph.initializer:

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from trtforge._fileio import show_path
 from trtforge.cli._options import from_params, option_group
 from trtforge.core.policy import PassOptions, PrecisionOptions
 
@@ -48,7 +49,6 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
         check_distinct_outputs,
         check_output_path,
         refuse_overwriting_inputs,
-        show_path,
     )
     from trtforge.core.onnx_io import check_model, load_onnx, model_files, save_onnx_atomic
     from trtforge.core.policy import check_precision, resolve_attention
@@ -117,7 +117,7 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
             f"{precision.mode}: {p['low_precision_nodes']} nodes converted, {p['fp32_nodes']} kept FP32 "
             f"{p['reason_counts'] or ''}, casts +{p['casts_inserted']}/-{p['casts_removed']}"
         )
-    console.print(f"wrote {out_path}")
+    console.print(f"wrote {show_path(out_path)}")
 
 
 def _data_file(data: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from trtforge._fileio import show_path
 from trtforge.cli._options import from_params, option_group
 from trtforge.core.policy import ExportOptions, PrecisionOptions
 from trtforge.errors import UserError
@@ -123,7 +124,7 @@ def report_cmd(
 ) -> None:
     """Compare accuracy and latency of MODEL_OR_ENGINE across runtimes and precisions."""
 
-    from trtforge.compiler.export import CHECKPOINT_SUFFIXES, unsupported_source
+    from trtforge.compiler.sources import CHECKPOINT_SUFFIXES, unsupported_source
     from trtforge.reports.api import build_report
     from trtforge.reports.compare import parse_tolerance
 
@@ -180,7 +181,7 @@ def report_cmd(
         ("markdown", result.markdown_path),
         ("json", result.json_path),
     ):
-        click.echo(f"{label:9s}{path}")
+        click.echo(f"{label:9s}{show_path(path)}")
     problems = _failures(result.report)
     if check and problems:
         raise AccuracyCheckFailed("; ".join(problems) + " (see the report)")

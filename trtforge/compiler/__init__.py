@@ -1,6 +1,7 @@
-"""The encoder compiler: torch -> ONNX export, the compile pipeline and session, engine build,
-shape checks and Triton export.
+"""The encoder pipeline: torch/.onnx/.pt2 -> ONNX (``export``, ``sources``), graph stages (``stages``),
+TensorRT network and engine build (``network``, ``build``), and ``session``: the ONE compile session (output
+checks, work dir, timed stages, crash-safe publish) that ``pipeline.compile_model`` and the decoder wing's
+``compile_generate`` both use.
 
-May import the encoder wing below it (``core``, ``numerics``, ``passes``, ``calibration``, ``plugins``,
-``runtime``, ``kernels``); never ``reports``, ``llm`` or ``cli``.
+May import the encoder wing (core, kernels, numerics, plugins, passes, calibration, runtime); never ``reports``, ``llm`` or ``cli``.
 """

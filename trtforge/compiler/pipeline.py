@@ -8,55 +8,26 @@ a new one plus a JSON-ready record, which lands in the manifest's `records`.
 from __future__ import annotations
 
 import os
-import shutil
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtforge._fileio import (
-    as_path,
-    atomic_outputs,
-    check_distinct_outputs,
-    check_output_path,
-    refuse_overwriting_inputs,
-    sha256_bytes,
-    sha256_file,
-    show_path,
-)
+from trtforge._fileio import as_path, sha256_file, show_path
 from trtforge._usercode import load_factory
 from trtforge.compiler import export as export_mod
+from trtforge.compiler import sources
 from trtforge.compiler.build import BuildOptions, build_engine
+from trtforge.compiler.session import CompileResult, CompileSession, source_files
 from trtforge.compiler.shape_check import check_profile
 from trtforge.compiler.stages import PassOptions, PrecisionOptions, build_stages
 from trtforge.core import onnx_io
-from trtforge.core.manifest import (
-    Manifest,
-    ShapeRange,
-    manifest_path_for,
-    publish_engine,
-    resolve_pending,
-)
+from trtforge.core.manifest import ShapeRange
 from trtforge.core.policy import ExportOptions, check_source
 from trtforge.core.shape_limits import source_limits
 from trtforge.core.shapes import format_range, onnx_input_descs, resolve_profile
-from trtforge.core.version import __version__
 from trtforge.errors import UserError
 
 Log = Callable[[str], None]
-
-
-@dataclass
-class CompileResult:
-    """What `trtforge.compile` produced: file paths, the manifest, per-stage seconds and records."""
-
-    engine_path: Path
-    manifest_path: Path
-    manifest: Manifest
-    timings: dict[str, float]
-    records: dict[str, Any] = field(default_factory=dict)
-    onnx_path: Path | None = None
 
 
 def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwargs: dict[str, Any], log: Log):
@@ -66,17 +37,17 @@ def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwar
         text = str(model)
         path = Path(text)
         if path.suffix == ".onnx":
-            return export_mod.from_onnx_file(path), None, None
+            return sources.from_onnx_file(path), None, None
         if path.suffix == ".pt2":
             log(f"exporting torch.export archive {path} to ONNX")
-            return export_mod.from_pt2(path, workdir, **export_kwargs), None, None
+            return sources.from_pt2(path, workdir, **export_kwargs), None, None
         if path.exists() or ":" not in text:
             if not path.exists():
                 raise UserError(
                     f"model file '{path}' does not exist "
                     "(expected an .onnx or .pt2 file, or a package.module:factory reference)."
                 )
-            raise export_mod.unsupported_source(path)
+            raise sources.unsupported_source(path)
         module, example_inputs = load_factory(text)
         model = module
     if example_inputs is None:
@@ -151,91 +122,68 @@ def compile_model(
         from trtforge.plugins.attention.plugin import check_plugin_support
 
         check_plugin_support(get_backend(backend))
-    if output is None or not os.fspath(as_path(output, "output (the engine path)")):
-        raise UserError("an output engine path is required (output=... / -o OUT.engine).")
-    resolve_pending(output)  # a compile killed while publishing here: settle it before deciding anything
-    out = check_output_path(output, force=force, what="output engine")
-    check_output_path(manifest_path_for(out), force=force, what="output manifest")
-    if save_onnx is not None:
-        check_output_path(save_onnx, force=force, what="--save-onnx file")
-    if timing_cache is not None:
-        check_output_path(timing_cache, force=True, what="timing cache")
-    if precision.calib_cache is not None and not Path(precision.calib_cache).exists():
-        check_output_path(precision.calib_cache, force=True, what="--calib-cache file")  # written later
-    check_distinct_outputs(
-        {
-            "-o (engine)": out,
-            "the manifest": manifest_path_for(out),
-            "--save-onnx": save_onnx,
-            "--timing-cache": timing_cache,
-            "--calib-cache": precision.calib_cache,
-        }
+    if output is not None:
+        as_path(output, "output (the engine path)")
+    session = CompileSession(
+        output,
+        save_onnx=save_onnx,
+        force=force,
+        caches={"--timing-cache": timing_cache, "--calib-cache": precision.calib_cache},
+        log=log,
     )
-    timings: dict[str, float] = {}
-    records: dict[str, Any] = {}
-    workdir = export_mod.new_workdir()
-    try:
-        t = time.perf_counter()
+    with session:
         export_kwargs = {
             "dynamic": dynamic,
             "output_names": output_names,
             "opset": opset,
             "exporter": exporter,
         }
-        art, example_shapes, module = _source_artifact(model, example_inputs, workdir, export_kwargs, log)
-        # of what is compiled, checked again before publishing (the file alone first: it may no longer parse)
-        source_hash, file_hash = onnx_io.source_sha256(art.path), sha256_file(art.path)
-        refuse_overwriting_inputs(  # after the source is read and checked: its external data is known
-            {
-                "-o (engine)": out,
-                "the manifest": manifest_path_for(out),
-                "--save-onnx": save_onnx,
-                "--timing-cache": timing_cache,  # read, then rewritten after the build
-            },
-            _input_files(model, precision),
-        )
-        ort_runs = [s.name for s in stages if s.name != "passes" or (passes is not None and passes.verify)]
-        _check_ops(art.path, model, build_options.backend, ort_runs)
-        limits = source_limits(art.path, module)
-        # --shape checked against the exported inputs and their limits now, not after the graph stages
-        descs = onnx_input_descs(art.path)
-        if descs is not None:
-            resolve_profile(descs, build_options.shapes, example_shapes, limits)
-        timings["export"] = time.perf_counter() - t
-        records["export"] = art.record.to_dict()
+        with session.stage("export"):
+            art, example_shapes, module = _source_artifact(
+                model, example_inputs, session.workdir, export_kwargs, log
+            )
+            # of what is compiled, checked again before publishing (the file alone first: it may no
+            # longer parse)
+            source_hash, file_hash = onnx_io.source_sha256(art.path), sha256_file(art.path)
+            # after the source is read and checked: its external data is known; the timing cache is
+            # read, then rewritten after the build
+            session.refuse_overwriting(_input_files(model, precision), {"--timing-cache": timing_cache})
+            ort_runs = [
+                s.name for s in stages if s.name != "passes" or (passes is not None and passes.verify)
+            ]
+            _check_ops(art.path, model, build_options.backend, ort_runs)
+            limits = source_limits(art.path, module)
+            # --shape checked against the exported inputs and their limits now, not after the graph stages
+            descs = onnx_input_descs(art.path)
+            if descs is not None:
+                resolve_profile(descs, build_options.shapes, example_shapes, limits)
+        session.records["export"] = art.record.to_dict()
         onnx_path = art.path
         if stages:
             proto = art.load()
             for stage in stages:
-                t = time.perf_counter()
-                log(f"running stage {stage.name}")
-                proto, rec = stage.fn(proto)
-                timings[stage.name] = time.perf_counter() - t
-                records[stage.name] = rec
-            onnx_path = onnx_io.save_onnx(proto, workdir / "staged.onnx")
+                with session.stage(stage.name, f"running stage {stage.name}"):
+                    proto, session.records[stage.name] = stage.fn(proto)
+            onnx_path = onnx_io.save_onnx(proto, session.workdir / "staged.onnx")
         plugins = _plugins_used(onnx_path)
 
         def on_derived(derived: dict[str, ShapeRange]) -> None:
             for name, rng in derived.items():
                 log(f"derived profile --shape {name}:{format_range(rng)} (override with --shape)")
 
-        t = time.perf_counter()
-        log("building engine")
-        data, build_record = build_engine(
-            onnx_path,
-            build_options,
-            example_shapes=example_shapes,
-            on_derived=on_derived,
-            limits=limits,
-            check_profile=lambda profile: check_profile(onnx_path, profile),
-            source=_staged_name(model, [s.name for s in stages]) if onnx_path != art.path else None,
-        )
-        timings["build"] = time.perf_counter() - t
-        records["build"] = build_record.to_dict()
-        manifest = Manifest(
-            engine_file=out.name,
-            engine_sha256=sha256_bytes(data),
-            engine_bytes=len(data),
+        with session.stage("build", "building engine"):
+            data, build_record = build_engine(
+                onnx_path,
+                build_options,
+                example_shapes=example_shapes,
+                on_derived=on_derived,
+                limits=limits,
+                check_profile=lambda profile: check_profile(onnx_path, profile),
+                source=_staged_name(model, [s.name for s in stages]) if onnx_path != art.path else None,
+            )
+        session.records["build"] = build_record.to_dict()
+        manifest = session.manifest(
+            data,
             backend=build_record.backend | {"targets": build_record.targets},
             inputs=build_record.inputs,
             outputs=build_record.outputs,
@@ -246,14 +194,11 @@ def compile_model(
                 "onnx_sha256": source_hash,
                 "opset": art.record.opset,
             },
-            trtforge_version=__version__,
             build_options=build_options.to_dict()
             | {"exporter": exporter, "stages": [s.name for s in stages]},
-            timings=timings,
             precision=precision_summary,
             plugins=plugins,
             streams=streams,
-            records=records,
         )
         if sha256_file(art.path) != file_hash or onnx_io.source_sha256(art.path) != source_hash:
             raise UserError(
@@ -261,15 +206,9 @@ def compile_model(
                 "its external data's, differ from when compile read them); nothing was written. Re-run once "
                 "it is no longer being modified."
             )
-        with atomic_outputs():  # --save-onnx lands with the engine and manifest, or not at all
-            if save_onnx is not None:
-                onnx_io.save_onnx_atomic(onnx_io.load_onnx(onnx_path), save_onnx)
-            manifest_path = publish_engine(out, data, manifest)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return CompileResult(
-        out, manifest_path, manifest, timings, records, Path(save_onnx) if save_onnx else None
-    )
+        return session.publish(
+            data, manifest, lambda path: onnx_io.save_onnx_atomic(onnx_io.load_onnx(onnx_path), path)
+        )
 
 
 def _api_options(precision: Any, passes: Any, progress: bool) -> tuple[PrecisionOptions, PassOptions | None]:
@@ -300,22 +239,6 @@ def _staged_name(model: Any, stages: list[str]) -> str:
     return f"the graph of {name} after {', '.join(stages) or 'export'}"
 
 
-def source_files(model: Any) -> dict[str, str | os.PathLike[str] | None]:
-    """The files a model source is read from, by what they are: an ONNX file and its external data, a .pt2,
-    the files of a save_pretrained directory, or the module file of an (already imported) factory."""
-    import sys
-
-    if isinstance(model, (str, os.PathLike)) and Path(model).is_file():
-        return onnx_io.model_files(model) if str(model).endswith(".onnx") else {"input model": model}
-    if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
-        return {f"file '{p.name}' of the model directory": p for p in Path(model).iterdir() if p.is_file()}
-    if isinstance(model, str) and ":" in model:
-        module = sys.modules.get(model.split(":", 1)[0])
-        if getattr(module, "__file__", None):
-            return {"factory's module": module.__file__}
-    return {}
-
-
 def _input_files(model: Any, precision: PrecisionOptions) -> dict[str, str | os.PathLike[str] | None]:
     """The files compile reads: the model (and its external data), sample and calibration data files."""
     files = source_files(model)
@@ -329,7 +252,7 @@ def _check_ops(path: Path, model: Any, backend: str | None, ort_runs: list[str])
     """Custom ops TensorRT cannot build, then (when the stages `ort_runs` will run it) ONNX Runtime cannot
     run, refused by node before any stage runs."""
     from trtforge._custom_ops import refuse_unknown_to_onnxruntime
-    from trtforge.compiler.build import check_custom_ops
+    from trtforge.compiler.network import check_custom_ops
     from trtforge.core.backend import get_backend
 
     where = f"'{show_path(model)}'" if isinstance(model, (str, os.PathLike)) else "the exported model"

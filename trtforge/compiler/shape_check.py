@@ -34,7 +34,8 @@ def _exact_session(path: Path) -> Any:
 
 def _feeds(session: Any, shapes: Mapping[str, list[int]], seed: int = 0) -> dict[str, np.ndarray]:
     """Synthetic feeds (trtforge.numerics rules) at `shapes`; an input type numpy cannot hold is refused."""
-    from trtforge.numerics.feeds import numpy_dtype_of, synthetic_array
+    from trtforge.core.tensor_spec import numpy_dtype_of
+    from trtforge.numerics.feeds import synthetic_array
 
     rng = np.random.default_rng(seed)
     feeds = {}

@@ -38,19 +38,11 @@ from trtforge._fileio import (
     signals_deferred,
     temp_name,
 )
+from trtforge.core.tensor_spec import TensorSpec
 from trtforge.errors import UserError
 
 MANIFEST_FORMAT = "trtforge.manifest/1"
 MANIFEST_SUFFIX = ".json"
-
-
-@dataclass
-class TensorSpec:
-    """One engine input or output: name, numpy dtype name, shape with -1 for dynamic dims."""
-
-    name: str
-    dtype: str
-    shape: list[int]
 
 
 @dataclass
@@ -87,7 +79,10 @@ class Manifest:
 
     def to_json(self) -> str:
         """Serialize to indented JSON."""
-        return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
+        d = asdict(self)
+        d["inputs"] = [t.to_dict() for t in self.inputs]  # the JSON form: name, dtype, shape (-1 dynamic)
+        d["outputs"] = [t.to_dict() for t in self.outputs]
+        return json.dumps(d, indent=2, sort_keys=False) + "\n"
 
     @classmethod
     def from_dict(cls, d: Any, *, where: str = "manifest") -> Manifest:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trtforge.core.shapes import AxisLimit, tighter_limit
+from trtforge.core.tensor_spec import graph_inputs, is_dynamic
 
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "n_ctx")
 # Ops an index tensor may pass through on its way from a graph input to an embedding Gather.
@@ -32,22 +33,14 @@ _POSITION_PATH = frozenset(
 )
 
 
-def _dynamic(dim: Any) -> bool:
-    return not (dim.HasField("dim_value") and dim.dim_value > 0)
-
-
 def _axes(model: Any) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
-    """(sequence axes, spatial axes) of the graph's non-initializer inputs."""
-    inits = {i.name for i in model.graph.initializer}
+    """(sequence axes, spatial axes) of the graph's inputs (`graph_inputs`)."""
     seq, spatial = [], []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        dims = list(vi.type.tensor_type.shape.dim)
-        if len(dims) in (2, 3) and _dynamic(dims[1]):
-            seq.append((vi.name, 1))
-        if len(dims) == 4:
-            spatial += [(vi.name, a) for a in (2, 3) if _dynamic(dims[a])]
+    for t in graph_inputs(model):
+        if len(t.shape) in (2, 3) and is_dynamic(t.shape[1]):
+            seq.append((t.name, 1))
+        if len(t.shape) == 4:
+            spatial += [(t.name, a) for a in (2, 3) if is_dynamic(t.shape[a])]
     return seq, spatial
 
 

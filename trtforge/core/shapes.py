@@ -9,12 +9,12 @@ input's element count by `MAX_VOLUME`.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trtforge.core.manifest import ShapeRange
+from trtforge.core.tensor_spec import TensorSpec, graph_inputs, shape_mismatch
 from trtforge.errors import UserError
 
 # Derived defaults for a dynamic dim: (min, default opt, max floor). Axis 0 is treated as batch.
@@ -37,16 +37,6 @@ class AxisLimit:
 
 # input name -> axis -> limit
 ShapeLimits = Mapping[str, Mapping[int, AxisLimit]]
-
-
-@dataclass(frozen=True)
-class InputDesc:
-    """A network input as the builder sees it: dims are ints, -1 for dynamic; `symbols` name them."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    symbols: tuple[str | None, ...] = ()
 
 
 def parse_dims(text: str, *, where: str) -> list[int]:
@@ -126,21 +116,21 @@ def _is_dims(value: Any) -> bool:
     )
 
 
-def validate_range(desc: InputDesc, rng: ShapeRange) -> None:
+def validate_range(desc: TensorSpec, rng: ShapeRange) -> None:
     """Check rank, static dims and MIN <= OPT <= MAX for one input; UserError naming it otherwise."""
     where = f"--shape {desc.name}"
     for label, dims in (("MIN", rng.min), ("OPT", rng.opt), ("MAX", rng.max)):
-        if len(dims) != len(desc.shape):
+        axis = shape_mismatch(desc.shape, dims)
+        if axis == -1:
             raise UserError(
                 f"{where}: {label} {_fmt(dims)} has rank {len(dims)}, but input '{desc.name}' has rank "
                 f"{len(desc.shape)} (shape {_fmt(desc.shape)})."
             )
-        for axis, (d, model_d) in enumerate(zip(dims, desc.shape)):
-            if model_d >= 0 and d != model_d:
-                raise UserError(
-                    f"{where}: {label} dim {axis} is {d} but the model fixes it to {model_d} "
-                    f"(shape {_fmt(desc.shape)})."
-                )
+        if axis is not None:
+            raise UserError(
+                f"{where}: {label} dim {axis} is {dims[axis]} but the model fixes it to "
+                f"{desc.shape[axis]} (shape {_fmt(desc.shape)})."
+            )
     for axis, (lo, mid, hi) in enumerate(zip(rng.min, rng.opt, rng.max)):
         if not lo <= mid <= hi:
             raise UserError(
@@ -162,7 +152,7 @@ def validate_range(desc: InputDesc, rng: ShapeRange) -> None:
         )
 
 
-def check_limits(desc: InputDesc, rng: ShapeRange, limits: Mapping[int, AxisLimit]) -> None:
+def check_limits(desc: TensorSpec, rng: ShapeRange, limits: Mapping[int, AxisLimit]) -> None:
     """Refuse a user range outside the model's known limits, naming the limit's source and a fix."""
     for axis, lim in sorted(limits.items()):
         if axis >= len(rng.min):
@@ -182,7 +172,7 @@ def check_limits(desc: InputDesc, rng: ShapeRange, limits: Mapping[int, AxisLimi
 
 
 def resolve_profile(
-    inputs: Sequence[InputDesc],
+    inputs: Sequence[TensorSpec],
     user: Mapping[str, ShapeRange] | Iterable[str] | None,
     example_shapes: Mapping[str, Sequence[int]] | None = None,
     limits: ShapeLimits | None = None,
@@ -252,7 +242,7 @@ def resolve_profile(
     return profile, derived
 
 
-def _spread_limits(inputs: Sequence[InputDesc], limits: ShapeLimits) -> dict[str, dict[int, AxisLimit]]:
+def _spread_limits(inputs: Sequence[TensorSpec], limits: ShapeLimits) -> dict[str, dict[int, AxisLimit]]:
     """Per-input axis limits, with each limit also applied to every axis sharing its symbol."""
     by_symbol: dict[str, AxisLimit] = {}
     out: dict[str, dict[int, AxisLimit]] = {}
@@ -288,27 +278,12 @@ def limits_to_dict(limits: ShapeLimits) -> dict[str, dict[str, dict[str, Any]]]:
     }
 
 
-def onnx_input_descs(model: Any) -> list[InputDesc] | None:
-    """InputDescs of an ONNX model's (or file's) graph inputs (initializers excluded), -1 for dynamic
-    dims, so `--shape` can be validated before TensorRT parses the graph; None when an input's rank
-    is not recorded (the parser then decides)."""
-    import onnx
-    from onnx import helper
-
-    if isinstance(model, (str, os.PathLike)):
-        model = onnx.load(str(model), load_external_data=False)
-    inits = {i.name for i in model.graph.initializer}
-    descs = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        if not vi.type.tensor_type.HasField("shape"):
-            return None
-        dims = vi.type.tensor_type.shape.dim
-        shape = tuple(int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else -1 for d in dims)
-        dtype = str(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
-        descs.append(InputDesc(vi.name, dtype, shape, tuple(d.dim_param or None for d in dims)))
-    return descs
+def onnx_input_descs(model: Any) -> list[TensorSpec] | None:
+    """The ONNX model's (or file's) inputs (`trtforge.core.tensor_spec.graph_inputs`), so `--shape` can be
+    validated before TensorRT parses the graph; None when an input's rank is not recorded (the parser
+    then decides)."""
+    specs = graph_inputs(model)
+    return None if any(not s.rank_known for s in specs) else specs
 
 
 def format_range(rng: ShapeRange) -> str:

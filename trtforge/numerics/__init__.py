@@ -6,7 +6,7 @@ May import ``trtforge.core`` only.
 
 from trtforge.numerics.compare import Metrics, Tolerance, compare_arrays, cosine, row_cosines
 from trtforge.numerics.cpu import cpu_isa, isa_summary
-from trtforge.numerics.feeds import describe_inputs, model_feed, synthetic_array, synthetic_feed
+from trtforge.numerics.feeds import model_feed, synthetic_array, synthetic_feed
 from trtforge.numerics.sessions import EXACT, FAST, exact_session, fast_session, is_exact, make_session, run
 
 __all__ = [
@@ -17,7 +17,6 @@ __all__ = [
     "compare_arrays",
     "cosine",
     "cpu_isa",
-    "describe_inputs",
     "exact_session",
     "fast_session",
     "is_exact",

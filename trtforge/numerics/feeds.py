@@ -14,31 +14,21 @@ Symbolic dims get concrete sizes by `model_feeds`: each distinct dim name takes 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from trtforge.core.tensor_spec import ML_FLOATS, TensorSpec, graph_inputs, is_dynamic
 
 if TYPE_CHECKING:
     import onnx
 
 Feed = dict[str, np.ndarray]
-Dim = int | str | None  # static size, symbolic name, or unknown
 # Ops an index tensor may pass through on its way to the embedding Gather.
 INDEX_PASSTHROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand"})
 DEFAULT_SIZES = (2, 7, 5, 3, 6)
 # Largest sample array generated for an ONNX Runtime check (inputs declared larger are refused).
 MAX_FEED_BYTES = 1 << 30
-
-
-@dataclass(frozen=True)
-class InputDesc:
-    """One graph input as a feed maker needs it: name, numpy dtype, dims and embedding rows (if any)."""
-
-    name: str
-    dtype: np.dtype
-    dims: tuple[Dim, ...]
-    vocab: int | None = None
 
 
 def embedding_rows(model: onnx.ModelProto) -> dict[str, int]:
@@ -69,48 +59,21 @@ def embedding_rows(model: onnx.ModelProto) -> dict[str, int]:
     return found
 
 
-def describe_inputs(model: onnx.ModelProto) -> list[InputDesc]:
-    """The model's non-initializer inputs with dtype, dims and embedding rows (0 elem type -> float32)."""
-    from onnx import helper
-
-    inits = {i.name for i in model.graph.initializer}
-    vocab = embedding_rows(model)
-    out = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        dims: list[Dim] = [
-            int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
-        ]
-        dtype = (
-            np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype("float32")
-        )
-        out.append(InputDesc(vi.name, dtype, tuple(dims), vocab.get(vi.name)))
-    return out
-
-
-# ml_dtypes' floating types (numpy kind 'V'): bfloat16, the FP8 and FP4 formats.
-ML_FLOATS = ("bfloat16", "float8", "float4")
-# Manifest names whose ml_dtypes type is spelled differently.
-_ML_DTYPE_NAMES = {"float4_e2m1": "float4_e2m1fn"}
-
-
-def numpy_dtype_of(name: str, what: str = "tensor") -> np.dtype:
-    """The NumPy dtype of a dtype name, with ml_dtypes' types for bfloat16, FP8, INT4 and FP4 (the names
-    manifests use); UserError naming `what` for a name neither knows."""
-    import ml_dtypes
-
+def check_finite(name: str, array: np.ndarray, where: str, purpose: str) -> None:
+    """UserError naming input `name` when its floating `array` holds NaN or inf: statistics or accuracy
+    figures computed from such data would be NaN, or quietly wrong, with no sign of why."""
     from trtforge.errors import UserError
 
-    try:
-        return np.dtype(name)
-    except TypeError:
-        pass
-    found = getattr(ml_dtypes, _ML_DTYPE_NAMES.get(name, name), None)
-    if found is None:
-        raise UserError(f"{what} has dtype {name!r}, which has no NumPy or ml_dtypes type to make data of.")
-    return np.dtype(found)
+    a = np.asarray(array)
+    if not (a.dtype.kind in "fc" or a.dtype.name.startswith(ML_FLOATS)):
+        return
+    bad = ~np.isfinite(a.astype(np.float32) if a.dtype.kind == "V" else a)
+    if bad.any():
+        first = np.argwhere(bad)[0].tolist()
+        raise UserError(
+            f"{where}: input '{name}' contains {int(bad.sum())} NaN/inf value(s) (first at index {first}); "
+            f"{purpose} must be finite."
+        )
 
 
 def check_feed_size(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
@@ -155,30 +118,34 @@ def synthetic_feed(specs: Iterable[tuple[str, np.dtype, tuple[int, ...], int | N
 
 
 def concrete_shapes(
-    inputs: Sequence[InputDesc],
+    inputs: Sequence[TensorSpec],
     sizes: Sequence[int] = DEFAULT_SIZES,
     max_sizes: Mapping[str, Mapping[int, int]] | None = None,
 ) -> dict[str, tuple[int, ...]]:
-    """Concrete shapes: static dims kept (0 included), each distinct symbolic name the next of `sizes`; an
-    unnamed or negative dim takes sizes[0] on axis 0 (the batch) and sizes[1] elsewhere. `max_sizes`
+    """Concrete shapes: static dims kept (0 included), each distinct dim name the next of `sizes`; an
+    unnamed dynamic dim takes sizes[0] on axis 0 (the batch) and sizes[1] elsewhere. `max_sizes`
     (input -> axis -> largest size the model takes, e.g. its position table) caps a dynamic dim, and
     every axis sharing its name."""
     caps: dict[str, int] = {}
     for desc in inputs:
-        for axis, d in enumerate(desc.dims):
+        for axis in range(len(desc.shape)):
             cap = (max_sizes or {}).get(desc.name, {}).get(axis)
-            if isinstance(d, str) and cap is not None:
-                caps[d] = min(caps.get(d, cap), cap)
+            sym = desc.symbol(axis)
+            if sym is not None and cap is not None:
+                caps[sym] = min(caps.get(sym, cap), cap)
     named: dict[str, int] = {}
     out = {}
     for desc in inputs:
         shape = []
-        for axis, d in enumerate(desc.dims):
+        for axis, d in enumerate(desc.shape):
             cap = (max_sizes or {}).get(desc.name, {}).get(axis)
-            if isinstance(d, int) and d >= 0:  # a static 0 is an empty axis (ONNX Runtime holds to it)
-                shape.append(d)
-            elif isinstance(d, str):
-                shape.append(named.setdefault(d, min(sizes[len(named) % len(sizes)], caps.get(d, 1 << 62))))
+            sym = desc.symbol(axis)
+            if not is_dynamic(d):  # a static 0 is an empty axis (ONNX Runtime holds to it)
+                shape.append(int(d))
+            elif sym is not None:
+                shape.append(
+                    named.setdefault(sym, min(sizes[len(named) % len(sizes)], caps.get(sym, 1 << 62)))
+                )
             else:
                 size = sizes[0] if axis == 0 else sizes[1 % len(sizes)]
                 shape.append(min(size, cap) if cap is not None else size)
@@ -195,6 +162,7 @@ def model_feed(
 ) -> Feed:
     """One deterministic feed for the model's inputs (dims sized by `concrete_shapes`, capped by
     `max_sizes`)."""
-    inputs = describe_inputs(model)
+    inputs = graph_inputs(model)
+    vocab = embedding_rows(model)
     shapes = concrete_shapes(inputs, sizes, max_sizes)
-    return synthetic_feed(((d.name, d.dtype, shapes[d.name], d.vocab) for d in inputs), seed)
+    return synthetic_feed(((d.name, d.np_dtype, shapes[d.name], vocab.get(d.name)) for d in inputs), seed)

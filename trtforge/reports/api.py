@@ -23,7 +23,7 @@ from trtforge._fileio import as_path, show_path
 from trtforge.core.policy import PrecisionOptions
 from trtforge.errors import UserError
 from trtforge.reports.compare import compare_target
-from trtforge.reports.inputs import Feed, IOSpec, fit_sizes, generate_feed, load_feeds, static_batch
+from trtforge.reports.inputs import Feed, ReportInput, fit_sizes, generate_feed, load_feeds, static_batch
 from trtforge.reports.latency import MemoryProbe, measure_point, sweep_points
 from trtforge.reports.results import FAILED, OK, AccuracyRow, LatencyPoint, Report, TargetRun
 from trtforge.reports.targets import (
@@ -147,7 +147,7 @@ def _pick_reference(names: list[str], reference: str | None, kind: str) -> tuple
 
 
 def _accuracy_feeds(
-    data: Any, specs: list[IOSpec] | None, batch: int, seq: int, tokenizer: Any
+    data: Any, specs: list[ReportInput] | None, batch: int, seq: int, tokenizer: Any
 ) -> tuple[list[Feed], str]:
     if data is not None:
         return load_feeds(data, specs or [], tokenizer=tokenizer)
@@ -428,7 +428,9 @@ def _describe(data: Any) -> str:
     return type(data).__name__
 
 
-def _engine_shapes(specs: list[IOSpec], batch_sizes: Sequence[int], seq_lens: Sequence[int]) -> list[str]:
+def _engine_shapes(
+    specs: list[ReportInput], batch_sizes: Sequence[int], seq_lens: Sequence[int]
+) -> list[str]:
     """`--shape` strings covering the sweep within the model's limits: min 1 (or the limit's), opt and
     max at the largest batch / sequence the model takes."""
     out = []

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from trtforge._fileio import as_input_path
+from trtforge.core.tensor_spec import TensorSpec, graph_inputs, numpy_dtype_of
 from trtforge.errors import UserError
-from trtforge.numerics.feeds import embedding_rows, numpy_dtype_of, synthetic_feed
+from trtforge.numerics.feeds import check_finite, embedding_rows, synthetic_feed
 
 if TYPE_CHECKING:
     import onnx
@@ -27,29 +29,35 @@ if TYPE_CHECKING:
     from trtforge.core.manifest import Manifest
     from trtforge.core.shapes import ShapeLimits
 
-Dim = int | str | None  # static size, symbolic name, or unknown
 Feed = dict[str, np.ndarray]
 _NPZ_BATCH = 8  # samples per accuracy iteration when a .npz holds more
 MAX_BATCH = 1 << 20
 
 
 @dataclass(frozen=True)
-class IOSpec:
-    """One model input: name, numpy dtype, shape, optional id range and per-axis (min, max) limits."""
+class ReportInput:
+    """One model input as a report feeds it: its TensorSpec plus what the report knows of its values (the
+    id range of an embedding input) and sizes (per-axis (min, max): an engine's profile, or model limits)."""
 
-    name: str
-    dtype: np.dtype
-    shape: tuple[Dim, ...]
+    tensor: TensorSpec
     vocab: int | None = None
-    limits: tuple[tuple[int, int], ...] | None = None  # per axis: an engine's profile, or model limits
+    limits: tuple[tuple[int, int], ...] | None = None
     limit_source: str | None = None  # where `limits` came from (None: the engine profile)
 
+    @property
+    def name(self) -> str:
+        """The input's name."""
+        return self.tensor.name
 
-def _dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...]:
-    out: list[Dim] = []
-    for d in vi.type.tensor_type.shape.dim:
-        out.append(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None))
-    return tuple(out)
+    @property
+    def dtype(self) -> np.dtype:
+        """The input's NumPy dtype."""
+        return self.tensor.np_dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The input's dims (-1 dynamic)."""
+        return tuple(self.tensor.shape)
 
 
 def vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
@@ -57,34 +65,27 @@ def vocab_sizes(model: onnx.ModelProto) -> dict[str, int]:
     return embedding_rows(model)
 
 
-def specs_from_onnx(model: onnx.ModelProto, limits: ShapeLimits | None = None) -> list[IOSpec]:
+def specs_from_onnx(model: onnx.ModelProto, limits: ShapeLimits | None = None) -> list[ReportInput]:
     """Input specs of an ONNX model (initializers excluded), with vocabulary sizes where found and the
     model's known axis limits (`trtforge.core.shape_limits`) where given."""
-    from onnx import helper
-
     from trtforge.core.shapes import MAX_DIM
 
-    inits = {i.name for i in model.graph.initializer}
     vocab = vocab_sizes(model)
     specs = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        dims = _dims(vi)
-        axes = (limits or {}).get(vi.name) or {}
+    for t in graph_inputs(model):
+        axes = (limits or {}).get(t.name) or {}
         spec_limits, source = None, None
         if axes:
             spec_limits = tuple(
-                (axes[a].lo, axes[a].hi) if a in axes else (1, MAX_DIM) for a in range(len(dims))
+                (axes[a].lo, axes[a].hi) if a in axes else (1, MAX_DIM) for a in range(len(t.shape))
             )
             source = next(iter(axes.values())).source
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
-        specs.append(IOSpec(vi.name, dtype, dims, vocab.get(vi.name), spec_limits, source))
+        specs.append(ReportInput(t, vocab.get(t.name), spec_limits, source))
     return specs
 
 
 def fit_sizes(
-    specs: Sequence[IOSpec], batch_sizes: Sequence[int], seq_lens: Sequence[int]
+    specs: Sequence[ReportInput], batch_sizes: Sequence[int], seq_lens: Sequence[int]
 ) -> tuple[int, int, list[int], list[str]]:
     """Sizes the inputs can take: (accuracy batch, accuracy sequence, sweep sequences, notes).
 
@@ -118,20 +119,19 @@ def fit_sizes(
     return batch, seq, sweep, notes
 
 
-def specs_from_manifest(manifest: Manifest, vocab: Mapping[str, int] | None = None) -> list[IOSpec]:
+def specs_from_manifest(manifest: Manifest, vocab: Mapping[str, int] | None = None) -> list[ReportInput]:
     """Input specs of an engine: dtypes and shapes from its manifest, limits from profile 0."""
     profile = manifest.profiles[0] if manifest.profiles else {}
     specs = []
     for t in manifest.inputs:
         rng = profile.get(t.name)
         limits = tuple(zip(rng.min, rng.max)) if rng is not None else None
-        shape = tuple(d if d >= 0 else None for d in t.shape)
-        dtype = numpy_dtype_of(t.dtype, f"engine input '{t.name}'")
-        specs.append(IOSpec(t.name, dtype, shape, (vocab or {}).get(t.name), limits))
+        numpy_dtype_of(t.dtype, f"engine input '{t.name}'")  # a dtype no data can be made of: say so now
+        specs.append(ReportInput(t, (vocab or {}).get(t.name), limits))
     return specs
 
 
-def resolve_shape(spec: IOSpec, batch: int, seq: int | None) -> tuple[int, ...]:
+def resolve_shape(spec: ReportInput, batch: int, seq: int | None) -> tuple[int, ...]:
     """The concrete shape of `spec` at (batch, seq); UserError saying why when it cannot be used."""
     shape = []
     for axis, d in enumerate(spec.shape):
@@ -157,7 +157,7 @@ def resolve_shape(spec: IOSpec, batch: int, seq: int | None) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def static_batch(specs: Sequence[IOSpec]) -> int | None:
+def static_batch(specs: Sequence[ReportInput]) -> int | None:
     """The batch size every input fixes on axis 0, if they all fix the same one."""
     sizes = {
         s.shape[0] if s.shape and isinstance(s.shape[0], int) and s.shape[0] > 0 else None for s in specs
@@ -165,12 +165,12 @@ def static_batch(specs: Sequence[IOSpec]) -> int | None:
     return sizes.pop() if len(sizes) == 1 else None
 
 
-def has_seq_axis(specs: Sequence[IOSpec]) -> bool:
+def has_seq_axis(specs: Sequence[ReportInput]) -> bool:
     """True when some input has a dynamic axis other than the batch axis."""
     return any(not (isinstance(d, int) and d > 0) for s in specs for d in s.shape[1:])
 
 
-def generate_feed(specs: Sequence[IOSpec], batch: int, seq: int | None, seed: int = 0) -> Feed:
+def generate_feed(specs: Sequence[ReportInput], batch: int, seq: int | None, seed: int = 0) -> Feed:
     """One deterministic feed dict at (batch, seq) from the specs (`trtforge.numerics.feeds` rules)."""
     return synthetic_feed(((s.name, s.dtype, resolve_shape(s, batch, seq), s.vocab) for s in specs), seed)
 
@@ -204,8 +204,9 @@ def _as_feed(item: Any, where: str) -> Feed:
     return out
 
 
-def _nonempty(feeds: list[Feed], where: str) -> list[Feed]:
-    """`feeds`, or a UserError naming an input whose array holds no sample (nothing to compare)."""
+def _checked(feeds: list[Feed], where: str) -> list[Feed]:
+    """`feeds`, or a UserError naming an input whose array holds no sample (nothing to compare) or a
+    NaN/inf (every target's error against the reference would read NaN, or hide the fault)."""
     for feed in feeds:
         for name, array in feed.items():
             if array.ndim and array.shape[0] == 0:
@@ -213,11 +214,12 @@ def _nonempty(feeds: list[Feed], where: str) -> list[Feed]:
                     f"{where}: input '{name}' has shape {list(array.shape)}, no samples on its first axis; "
                     "accuracy data needs at least one sample per input."
                 )
+            check_finite(name, array, where, "accuracy data")
     return feeds
 
 
 def load_feeds(
-    data: Any, specs: Sequence[IOSpec], *, tokenizer: Any = None, batch_size: int = 8
+    data: Any, specs: Sequence[ReportInput], *, tokenizer: Any = None, batch_size: int = 8
 ) -> tuple[list[Feed], str]:
     """Accuracy feeds from user data, plus a one-line description of the source.
 
@@ -225,23 +227,22 @@ def load_feeds(
     other paths and `module:function` go through the calibration dataset loader against `specs`.
     """
     if isinstance(data, Mapping):
-        return _nonempty([_as_feed(data, "data")], "the data feed dict"), "feed dict"
+        return _checked([_as_feed(data, "data")], "the data feed dict"), "feed dict"
     if isinstance(data, (str, os.PathLike)):
-        path = Path(data)
+        path = as_input_path(data, "--data")
         if path.suffix == ".npz" and path.is_file():
-            return _nonempty(_load_npz(path), f"--data '{path}'"), f"{path} (.npz)"
-        from trtforge.calibration.data import InputSpec, load_dataset
+            return _checked(_load_npz(path), f"--data '{path}'"), f"{path} (.npz)"
+        from trtforge.calibration.data import load_dataset
 
-        cal_specs = [
-            InputSpec(s.name, s.dtype, tuple(-1 if d is None else d for d in s.shape)) for s in specs
-        ]
-        dataset = load_dataset(data, cal_specs, batch_size=batch_size, tokenizer=tokenizer, what="--data")
+        dataset = load_dataset(
+            data, [s.tensor for s in specs], batch_size=batch_size, tokenizer=tokenizer, what="--data"
+        )
         return [dict(f) for f in dataset], f"{data} (calibration dataset format)"
     if isinstance(data, Iterable):
         feeds = [_as_feed(x, f"data item {i}") for i, x in enumerate(data)]
         if not feeds:
             raise UserError("data is an empty iterable; give at least one feed dict.")
-        return _nonempty(feeds, "data"), f"{len(feeds)} feed dicts"
+        return _checked(feeds, "data"), f"{len(feeds)} feed dicts"
     raise UserError(
         f"unsupported data {type(data).__name__}: expected a .npz path, a calibration dataset "
         "(directory, text file with a tokenizer, module:function), a feed dict or an iterable of them."

@@ -28,7 +28,7 @@ import numpy as np
 from trtforge.errors import UserError
 from trtforge.numerics.cpu import isa_summary
 from trtforge.numerics.sessions import FAST
-from trtforge.reports.inputs import IOSpec, generate_feed, has_seq_axis, resolve_shape, static_batch
+from trtforge.reports.inputs import ReportInput, generate_feed, has_seq_axis, resolve_shape, static_batch
 from trtforge.reports.results import FAILED, NOT_RUN, OK, LatencyPoint
 
 _STATUS = Path("/proc/self/status")
@@ -106,7 +106,7 @@ class MemoryProbe:
 
 def measure_point(
     runner: Any,
-    specs: Sequence[IOSpec],
+    specs: Sequence[ReportInput],
     target: str,
     batch: int,
     seq: int | None,
@@ -149,14 +149,16 @@ def measure_point(
     return point
 
 
-def sweep_points(specs: Sequence[IOSpec], batch_sizes: Sequence[int], seq_lens: Sequence[int]) -> list[tuple]:
+def sweep_points(
+    specs: Sequence[ReportInput], batch_sizes: Sequence[int], seq_lens: Sequence[int]
+) -> list[tuple]:
     """(batch, seq) points; seq is None when no input has a dynamic non-batch axis."""
     seqs: list[int | None] = list(seq_lens) if has_seq_axis(specs) else [None]
     fixed = static_batch(specs)
     return [(b, s) for b in ([fixed] if fixed else batch_sizes) for s in seqs]
 
 
-def check_point(specs: Sequence[IOSpec], batch: int, seq: int | None) -> str | None:
+def check_point(specs: Sequence[ReportInput], batch: int, seq: int | None) -> str | None:
     """Why (batch, seq) cannot be fed to these specs (static dims, engine profile), or None."""
     try:
         for s in specs:

@@ -22,7 +22,7 @@ from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 
 from trtforge.numerics.sessions import EXACT, make_session
-from trtforge.reports.inputs import IOSpec
+from trtforge.reports.inputs import ReportInput
 
 
 def preload() -> None:
@@ -41,7 +41,7 @@ def quiet_polygraphy() -> Any:
     return G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1)
 
 
-def input_metadata(specs: Sequence[IOSpec]) -> TensorMetadata:
+def input_metadata(specs: Sequence[ReportInput]) -> TensorMetadata:
     """Polygraphy metadata from our specs (dynamic dims as None)."""
     meta = TensorMetadata()
     for s in specs:
@@ -95,7 +95,7 @@ class TorchRunner(BaseRunner):
     def __init__(
         self,
         module: Any,
-        specs: Sequence[IOSpec],
+        specs: Sequence[ReportInput],
         output_names: Sequence[str],
         device: str = "cpu",
         name: str | None = None,
@@ -142,7 +142,9 @@ class TorchRunner(BaseRunner):
 class TrtEngineRunner(BaseRunner):
     """A trtforge engine (+ manifest) run through `trtforge.runtime` on one stream."""
 
-    def __init__(self, engine_path: str | os.PathLike[str], specs: Sequence[IOSpec], name: str | None = None):
+    def __init__(
+        self, engine_path: str | os.PathLike[str], specs: Sequence[ReportInput], name: str | None = None
+    ):
         super().__init__(name=name, prefix="trtforge-trt")
         self._path, self._specs = Path(engine_path), list(specs)
 

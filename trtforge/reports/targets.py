@@ -19,7 +19,7 @@ from typing import Any
 
 from trtforge.core.policy import PrecisionOptions, default_attention
 from trtforge.errors import UserError
-from trtforge.reports.inputs import IOSpec, specs_from_manifest, specs_from_onnx, vocab_sizes
+from trtforge.reports.inputs import ReportInput, specs_from_manifest, specs_from_onnx, vocab_sizes
 from trtforge.reports.results import FAILED, NOT_RUN, TargetInfo
 
 GRAPH_TARGETS = ("ort", "ort-fused", "ort-fp16", "ort-bf16", "ort-int8")
@@ -51,7 +51,7 @@ class Target:
     """A prepared target: its table row, input specs, and a runner factory when it can run."""
 
     info: TargetInfo
-    specs: list[IOSpec] | None = None
+    specs: list[ReportInput] | None = None
     make_runner: Callable[[], Any] | None = None
     memory: str = "rss"  # rss (host process) | cuda (torch CUDA allocator)
 
@@ -120,7 +120,7 @@ class Preparer:
         calibration: Callable[[], tuple[Any, str]],
         tokenizer: Any = None,
         calibration_options: Mapping[str, Any] | None = None,
-        engine_shapes: Callable[[list[IOSpec]], list[str]] | None = None,
+        engine_shapes: Callable[[list[ReportInput]], list[str]] | None = None,
         int8_rest: str = PrecisionOptions.int8_rest,
     ):
         self.source, self.workdir, self.threads = source, workdir, threads
@@ -146,7 +146,7 @@ class Preparer:
             self._limits = source_limits(g.proto, module) if g.error is None else {}
         return self._limits
 
-    def base_specs(self) -> list[IOSpec] | None:
+    def base_specs(self) -> list[ReportInput] | None:
         """The source's input specs with their limits (an engine's profile, else the model's)."""
         if self.source.kind == "engine":
             return specs_from_manifest(self.source.manifest)
@@ -409,7 +409,7 @@ def load_source(source: Any) -> Source:
 
     path = check_input_file(source, "report source")
     if path.suffix == ".onnx":
-        from trtforge.compiler.export import from_onnx_file
+        from trtforge.compiler.sources import from_onnx_file
 
         return Source("onnx", str(path), onnx_path=from_onnx_file(path).path)
     from trtforge.core.manifest import read_manifest

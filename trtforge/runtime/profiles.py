@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from trtforge.core.manifest import Manifest, ShapeRange, TensorSpec
+from trtforge.core.tensor_spec import shape_mismatch
 from trtforge.errors import UserError
 from trtforge.runtime._dtypes import dtype_name, numpy_dtype, torch_dtype
 
@@ -28,7 +29,7 @@ _CACHE_LIMIT = 4096
 
 @dataclass(frozen=True)
 class IOSpec:
-    """One engine input or output as the runtime uses it."""
+    """A manifest TensorSpec as the runtime binds it: dtype resolved to torch/NumPy once, for the hot path."""
 
     name: str
     dtype: str
@@ -187,17 +188,17 @@ class InputValidator:
     def _select(self, shapes: tuple[tuple[int, ...], ...]) -> int:
         """First base profile whose ranges contain every input shape; UserError with the ranges otherwise."""
         for spec, shape in zip(self.inputs, shapes):
-            if len(shape) != len(spec.shape):
+            axis = shape_mismatch(spec.shape, shape)
+            if axis == -1:
                 raise UserError(
                     f"{self.engine}: input '{spec.name}' has rank {len(shape)} (shape {_fmt(shape)}), "
                     f"the engine expects rank {len(spec.shape)}: {_fmt(spec.shape)} (-1 = dynamic)."
                 )
-            for i, (d, want) in enumerate(zip(shape, spec.shape)):
-                if want >= 0 and d != want:
-                    raise UserError(
-                        f"{self.engine}: input '{spec.name}' has shape {_fmt(shape)}, dimension {i} must be "
-                        f"{want} (engine shape {_fmt(spec.shape)}, -1 = dynamic)."
-                    )
+            if axis is not None:
+                raise UserError(
+                    f"{self.engine}: input '{spec.name}' has shape {_fmt(shape)}, dimension {axis} must be "
+                    f"{spec.shape[axis]} (engine shape {_fmt(spec.shape)}, -1 = dynamic)."
+                )
         problems = []
         for k, ranges in enumerate(self.layout.base):
             bad = self._outside(ranges, shapes)

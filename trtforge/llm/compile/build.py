@@ -14,7 +14,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from trtforge.compiler.build import _parse, network_io, serialize_network
+from trtforge.compiler.build import serialize_network
+from trtforge.compiler.network import network_io, parse_onnx
 from trtforge.core.backend import get_backend
 from trtforge.errors import BuildError, UserError
 from trtforge.llm.contract import step_profiles
@@ -61,7 +62,7 @@ def build_step_engine(
     builder = be.create_builder()
     network = be.create_network(builder)
     be.logger.take()
-    parser = _parse(be, network, onnx_path)
+    parser = parse_onnx(be, network, onnx_path)
     inputs, outputs = network_io(network)
     profiles = step_profiles(generation)
     config = builder.create_builder_config()

@@ -9,25 +9,13 @@ the graph's low precision, logits stay FP32, numerically sensitive ops stay FP32
 from __future__ import annotations
 
 import os
-import shutil
-import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 
-from trtforge._fileio import (
-    atomic_outputs,
-    atomic_write_bytes,
-    check_distinct_outputs,
-    check_output_path,
-    refuse_overwriting_inputs,
-    sha256_bytes,
-)
-from trtforge.core.manifest import Manifest, manifest_path_for, publish_engine, resolve_pending
-from trtforge.core.version import __version__
+from trtforge._fileio import atomic_write_bytes, sha256_bytes
 from trtforge.errors import UserError
 from trtforge.llm.compile.build import build_step_engine
 from trtforge.llm.compile.export import (
@@ -137,8 +125,7 @@ def compile_generate(
     up to `num_blocks` blocks (default: max_batch rows of max_seq tokens plus one scratch block).
     Returns a CompileResult. Everything is written atomically; nothing is left behind on failure.
     """
-    from trtforge.compiler.export import new_workdir
-    from trtforge.compiler.pipeline import CompileResult, source_files
+    from trtforge.compiler.session import CompileSession, source_files
 
     log = log or (lambda _m: None)
     if isinstance(precision, str):
@@ -168,100 +155,73 @@ def compile_generate(
             "--generate --precision int8 --cache-layout paged: INT8 calibration runs the slot-layout step "
             "graph only; use --cache-layout slot, or --precision fp16/bf16 for a paged step graph."
         )
-    if build and output is None:
-        raise UserError("an output engine path is required (output=... / -o OUT.engine).")
-    if not build and save_onnx is None:
-        raise UserError("without an engine build there is nothing to write: pass save_onnx.")
-    if build:
-        resolve_pending(output)  # a compile killed while publishing here: settle it first
-    out = check_output_path(output, force=force, what="output engine") if build else None
-    if out is not None:
-        check_output_path(manifest_path_for(out), force=force, what="output manifest")
-    if save_onnx is not None:
-        check_output_path(save_onnx, force=force, what="--save-onnx file")
+    session = CompileSession(output, save_onnx=save_onnx, force=force, build=build, log=log)
     lm = load_causal_lm(model)
-    outputs = {
-        "-o (engine)": out,
-        "the manifest": manifest_path_for(out) if out else None,
-        "--save-onnx": save_onnx,
-    }
-    check_distinct_outputs(outputs)
-    refuse_overwriting_inputs(outputs, source_files(model))  # after the load: a factory's module is known
-    timings: dict[str, float] = {}
-    records: dict[str, Any] = {}
-    workdir = new_workdir()
-    try:
-        t = time.perf_counter()
-        log(f"exporting the {type(lm).__name__} step graph (max_seq {max_seq}, max_batch {max_batch})")
-        exp = export_step(
-            lm,
-            max_seq=max_seq,
-            max_batch=max_batch,
-            max_prefill=max_prefill,
-            exporter=exporter,
-            all_logits=all_logits,
-            cache_layout=cache_layout,
-            block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
-            workdir=workdir,
-        )
-        timings["export"] = time.perf_counter() - t
+    session.refuse_overwriting(source_files(model))  # after the load: a factory's module is known
+    records = session.records
+    with session:
+        message = f"exporting the {type(lm).__name__} step graph (max_seq {max_seq}, max_batch {max_batch})"
+        with session.stage("export", message):
+            exp = export_step(
+                lm,
+                max_seq=max_seq,
+                max_batch=max_batch,
+                max_prefill=max_prefill,
+                exporter=exporter,
+                all_logits=all_logits,
+                cache_layout=cache_layout,
+                block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
+                workdir=session.workdir,
+            )
         records["export"] = exp.record()
         proto, generation = exp.model, exp.generation
         if passes:
             from trtforge.passes.pipeline import optimize_model
 
-            t = time.perf_counter()
-            log("running fusion passes")
-            # The pass manager verifies on its own generated inputs (batch 2, S 7, past_lens 1), which
-            # need S_max >= 8; every pass result is also checked below on valid step feeds.
-            before = proto
-            proto, ledger = optimize_model(proto, attention="none", verify=max_seq >= _VERIFIER_MIN_SEQ)
-            records["passes"] = ledger.to_dict()
-            records["passes"]["step_check_max_abs_error"] = _same_outputs(before, proto, generation)
-            timings["passes"] = time.perf_counter() - t
+            with session.stage("passes", "running fusion passes"):
+                # The pass manager verifies on its own generated inputs (batch 2, S 7, past_lens 1), which
+                # need S_max >= 8; every pass result is also checked below on valid step feeds.
+                before = proto
+                proto, ledger = optimize_model(proto, attention="none", verify=max_seq >= _VERIFIER_MIN_SEQ)
+                records["passes"] = ledger.to_dict()
+                records["passes"]["step_check_max_abs_error"] = _same_outputs(before, proto, generation)
         if precision == "int8":
             from trtforge.llm.compile.int8 import quantize_step
 
-            t = time.perf_counter()
-            log(f"INT8 SmoothQuant W8A8, calibrated on {len(calib_prompts or [])} prompts")
-            proto, records["int8"] = quantize_step(proto, generation, calib_prompts or [], progress=progress)
-            timings["int8"] = time.perf_counter() - t
+            message = f"INT8 SmoothQuant W8A8, calibrated on {len(calib_prompts or [])} prompts"
+            with session.stage("int8", message):
+                proto, records["int8"] = quantize_step(
+                    proto, generation, calib_prompts or [], progress=progress
+                )
         if precision != "fp32":
             low = "fp16" if precision == "int8" else precision
-            t = time.perf_counter()
-            log(f"converting to {low}")
-            data = [{k: v.numpy() for k, v in example_feeds(generation).items()}]
-            proto, records[low] = _low_precision(proto, low, data)
-            timings[low] = time.perf_counter() - t
+            with session.stage(low, f"converting to {low}"):
+                data = [{k: v.numpy() for k, v in example_feeds(generation).items()}]
+                proto, records[low] = _low_precision(proto, low, data)
         generation["cache"]["dtype"] = _DTYPE[precision]
         if cache_layout == "paged" and build:
             generation["cache"]["num_blocks"] = pool_blocks
         generation["profiles"] = {"prefill": PREFILL, "decode": DECODE}
         set_generation_metadata(proto, generation)
-        onnx_path = workdir / "step_final.onnx"
+        onnx_path = session.workdir / "step_final.onnx"
         onnx.save(proto, str(onnx_path))
         if not build:
-            atomic_write_bytes(save_onnx, onnx_path.read_bytes())
-            return CompileResult(None, None, None, timings, records, Path(save_onnx))
-        t = time.perf_counter()
-        log("building the step engine (prefill + decode profiles)")
-        data, build_record = build_step_engine(
-            onnx_path,
-            generation,
-            backend=backend,
-            targets=list(targets or []) or None,
-            opt_level=opt_level,
-            workspace_mb=workspace_mb,
-            progress=progress,
-        )
-        timings["build"] = time.perf_counter() - t
+            return session.publish_onnx(onnx_path)
+        with session.stage("build", "building the step engine (prefill + decode profiles)"):
+            engine, build_record = build_step_engine(
+                onnx_path,
+                generation,
+                backend=backend,
+                targets=list(targets or []) or None,
+                opt_level=opt_level,
+                workspace_mb=workspace_mb,
+                progress=progress,
+            )
         records["build"] = {
             k: v for k, v in build_record.items() if k not in ("inputs", "outputs", "profiles")
         }
-        manifest = Manifest(
-            engine_file=out.name,
-            engine_sha256=sha256_bytes(data),
-            engine_bytes=len(data),
+        manifest = session.manifest(
+            engine,
             backend=build_record["backend"] | {"targets": build_record["targets"]},
             inputs=build_record["inputs"],
             outputs=build_record["outputs"],
@@ -272,7 +232,6 @@ def compile_generate(
                 "onnx_sha256": sha256_bytes(onnx_path.read_bytes()),
                 "opset": 24,
             },
-            trtforge_version=__version__,
             build_options={
                 "generate": True,
                 "max_seq": max_seq,
@@ -286,20 +245,12 @@ def compile_generate(
                 "opt_level": opt_level,
                 "workspace_mb": workspace_mb,
             },
-            timings=timings,
             precision={"mode": precision, "float": precision, "attention": "native", "keep_io_types": False},
-            records=records,
             generation=generation,
         )
-        with atomic_outputs():  # --save-onnx lands with the engine and manifest, or not at all
-            if save_onnx is not None:
-                atomic_write_bytes(save_onnx, onnx_path.read_bytes())
-            manifest_path = publish_engine(out, data, manifest)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return CompileResult(
-        out, manifest_path, manifest, timings, records, Path(save_onnx) if save_onnx else None
-    )
+        return session.publish(
+            engine, manifest, lambda path: atomic_write_bytes(path, onnx_path.read_bytes())
+        )
 
 
 __all__ = ["compile_generate", "load_causal_lm"]

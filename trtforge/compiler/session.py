@@ -1,0 +1,188 @@
+"""One compile session for both paths (encoder `compile_model`, decoder `compile_generate`).
+
+A session owns what every compile does around its own stages: the output checks (settle a publisher that
+died here, no clobbering without force, outputs distinct from each other and from the files read), a work
+directory removed on every exit, timed stages whose seconds and records land in the manifest, and the
+publish step: `--save-onnx`, the engine and its manifest land together through the crash-safe commit
+(`trtforge.core.manifest.publish_engine`), or not at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtforge._fileio import (
+    atomic_outputs,
+    atomic_write_bytes,
+    check_distinct_outputs,
+    check_output_path,
+    refuse_overwriting_inputs,
+    sha256_bytes,
+)
+from trtforge.core.manifest import Manifest, manifest_path_for, publish_engine, resolve_pending
+from trtforge.core.version import __version__
+from trtforge.errors import UserError
+
+Log = Callable[[str], None]
+PathArg = str | os.PathLike[str] | None
+
+
+@dataclass
+class CompileResult:
+    """What `trtforge.compile` produced: file paths, the manifest, per-stage seconds and records."""
+
+    engine_path: Path | None
+    manifest_path: Path | None
+    manifest: Manifest | None
+    timings: dict[str, float]
+    records: dict[str, Any] = field(default_factory=dict)
+    onnx_path: Path | None = None
+
+
+def new_workdir() -> Path:
+    """A fresh temporary directory for intermediate ONNX files."""
+    return Path(tempfile.mkdtemp(prefix="trtforge-"))
+
+
+def source_files(model: Any) -> dict[str, str | os.PathLike[str] | None]:
+    """The files a model source is read from, by what they are: an ONNX file and its external data, a .pt2,
+    the files of a save_pretrained directory, or the module file of an (already imported) factory."""
+    import sys
+
+    if isinstance(model, (str, os.PathLike)) and Path(model).is_file():
+        from trtforge.core import onnx_io
+
+        return onnx_io.model_files(model) if str(model).endswith(".onnx") else {"input model": model}
+    if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
+        return {f"file '{p.name}' of the model directory": p for p in Path(model).iterdir() if p.is_file()}
+    if isinstance(model, str) and ":" in model:
+        module = sys.modules.get(model.split(":", 1)[0])
+        if getattr(module, "__file__", None):
+            return {"factory's module": module.__file__}
+    return {}
+
+
+class CompileSession:
+    """Checked outputs, a work directory, timed stages and the publish of one compile; see the module doc.
+
+    Use as a context manager (the work directory exists inside it only). `build=False` writes only the
+    ONNX (`save_onnx` is then required). `caches` (option -> path) are files the build reads and rewrites
+    on purpose (timing and calibration caches): checked writable and distinct from the outputs, never
+    refused for existing.
+    """
+
+    def __init__(
+        self,
+        output: PathArg,
+        *,
+        save_onnx: PathArg = None,
+        force: bool = False,
+        build: bool = True,
+        caches: Mapping[str, PathArg] | None = None,
+        log: Log | None = None,
+    ):
+        if build and (output is None or not os.fspath(output)):
+            raise UserError("an output engine path is required (output=... / -o OUT.engine).")
+        if not build and save_onnx is None:
+            raise UserError("without an engine build there is nothing to write: pass save_onnx.")
+        self.log: Log = log or (lambda _msg: None)
+        self.save_onnx = save_onnx
+        self.out: Path | None = None
+        if build:
+            resolve_pending(output)  # a compile killed while publishing here: settle it before deciding
+            self.out = check_output_path(output, force=force, what="output engine")  # type: ignore[arg-type]
+            check_output_path(manifest_path_for(self.out), force=force, what="output manifest")
+        if save_onnx is not None:
+            check_output_path(save_onnx, force=force, what="--save-onnx file")
+        for what, path in (caches or {}).items():
+            if path is not None:
+                check_output_path(path, force=True, what=f"{what} file")
+        self.outputs: dict[str, PathArg] = {
+            "-o (engine)": self.out,
+            "the manifest": manifest_path_for(self.out) if self.out is not None else None,
+            "--save-onnx": save_onnx,
+        }
+        check_distinct_outputs(self.outputs | dict(caches or {}))
+        self.timings: dict[str, float] = {}
+        self.records: dict[str, Any] = {}
+        self._workdir: Path | None = None
+
+    def refuse_overwriting(
+        self, inputs: Mapping[str, PathArg], rewritten: Mapping[str, PathArg] = {}
+    ) -> None:
+        """UserError when an output (or a `rewritten` cache) is one of the files the compile reads."""
+        refuse_overwriting_inputs(self.outputs | dict(rewritten), dict(inputs))
+
+    @property
+    def workdir(self) -> Path:
+        """The session's temporary directory (inside the `with` block only)."""
+        if self._workdir is None:
+            raise RuntimeError("CompileSession.workdir is used outside its `with` block")
+        return self._workdir
+
+    def __enter__(self) -> CompileSession:
+        self._workdir = new_workdir()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    @contextlib.contextmanager
+    def stage(self, name: str, message: str | None = None) -> Iterator[None]:
+        """Time the block as stage `name` (its seconds land in `timings`), logging `message` first."""
+        if message:
+            self.log(message)
+        t = time.perf_counter()
+        yield
+        self.timings[name] = time.perf_counter() - t
+
+    def manifest(self, data: bytes, **fields: Any) -> Manifest:
+        """The manifest of engine bytes `data`: the session's engine name, hash, size, version, timings and
+        records, plus the path's own `fields` (backend, I/O, profiles, source, options, ...)."""
+        if self.out is None:
+            raise RuntimeError("CompileSession.manifest needs a session that builds an engine")
+        return Manifest(
+            engine_file=self.out.name,
+            engine_sha256=sha256_bytes(data),
+            engine_bytes=len(data),
+            trtforge_version=__version__,
+            timings=self.timings,
+            records=self.records,
+            **fields,
+        )
+
+    def publish(
+        self, data: bytes, manifest: Manifest, onnx: Callable[[Path], Any] | None = None
+    ) -> CompileResult:
+        """Write `--save-onnx` (by `onnx(path)`), the engine and its manifest together: the crash-safe
+        commit of `publish_engine`, with the ONNX in the same uninterruptible step, or nothing."""
+        assert self.out is not None
+        with atomic_outputs():
+            if self.save_onnx is not None and onnx is not None:
+                onnx(Path(self.save_onnx))
+            manifest_path = publish_engine(self.out, data, manifest)
+        return CompileResult(
+            self.out, manifest_path, manifest, self.timings, self.records, self._onnx_result()
+        )
+
+    def publish_onnx(self, onnx_path: Path) -> CompileResult:
+        """A session without an engine build: write the final ONNX to `--save-onnx` atomically."""
+        assert self.save_onnx is not None
+        atomic_write_bytes(self.save_onnx, onnx_path.read_bytes())
+        return CompileResult(None, None, None, self.timings, self.records, self._onnx_result())
+
+    def _onnx_result(self) -> Path | None:
+        return Path(self.save_onnx) if self.save_onnx is not None else None
+
+
+__all__ = ["CompileResult", "CompileSession", "new_workdir", "source_files"]
