@@ -278,6 +278,12 @@ def test_tensorrt_executor_matches_onnxruntime(built):
     engine, step = built
     trt_ex = TrtPagedExecutor(engine)
     ort = OrtPagedExecutor(step, num_blocks=trt_ex.facts.num_blocks)
+    same = ("num_blocks", "block_size", "vocab_size", "max_model_len", "eos_token_ids", "num_layers")
+    same += ("num_kv_heads", "head_dim")
+    f = trt_ex.facts
+    assert {k: getattr(f, k) for k in same} == {k: getattr(ort.facts, k) for k in same}
+    pool_sets = 1 if trt_ex.in_place else 2  # separate pool outputs are double-buffered
+    assert f.kv_pool_bytes == pool_sets * (f.num_blocks + 1) * f.block_size * f.kv_bytes_per_token
     first = _batch([(PROMPT_A, 0, BLOCKS[0]), (PROMPT_B, 0, BLOCKS[1])])
     for batch in (first, _mixed()):
         got, want = trt_ex.step(batch).float().cpu().numpy(), ort.step(batch)
