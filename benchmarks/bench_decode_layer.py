@@ -30,8 +30,9 @@ import torch.nn.functional as F
 from benchmarks.bench_serving import build_model
 from trtforge.kernels import gemv as gemv_kernels
 from trtforge.kernels.decode_attention import DecodeConfig, decode_attention
-from trtforge.kernels.fused_layer import GEMV_MAX_TOKENS, rms_norm, rope_and_cache, silu_mul
+from trtforge.kernels.fused_layer import rms_norm, rope_and_cache, silu_mul
 from trtforge.kernels.gemv import GemvConfig, gemv_residual, norm_gate_up_silu, norm_gemv
+from trtforge.llm.executors.fused_layers import GEMV_MAX_TOKENS
 from trtforge.llm.executors.torch_exec import TorchExecutor
 
 BLOCK = 16
@@ -105,7 +106,7 @@ class Layerwise:
 
         def attention(i):
             return ex.decode_attention(self.q, ex.k_pools[i], ex.v_pools[i], self.tables, self.ctx_lens,
-                                       ex._arch.scales[i], None)  # fmt: skip
+                                       ex._adapter.scales[i], None)  # fmt: skip
 
         def rope(i):
             return rope_and_cache(self.qkv, *self.rope, self.slots, ex.k_pools[i], ex.v_pools[i],
@@ -330,7 +331,7 @@ def attention_sweep(ex: TorchExecutor, shapes: list[tuple[int, int]]) -> dict:
 
             def fn(i, cfg=cfg, pdl=pdl, q=q, lens=lw.ctx_lens, tables=lw.tables):
                 return decode_attention(q, ex.k_pools[i], ex.v_pools[i], lens, tables,
-                                        scale=ex._arch.scales[i], config=cfg, pdl=pdl)  # fmt: skip
+                                        scale=ex._adapter.scales[i], config=cfg, pdl=pdl)  # fmt: skip
 
             try:
                 row[name] = graph_us(lambda fn=fn: [fn(i) for i in range(layers)], layers, reps=7, inner=3)

@@ -67,12 +67,27 @@ def extract_baseline(ref: str, dest: Path) -> str:
 class NullExecutor:
     """The StepExecutor protocol without a model: returns the first N rows of fixed random logits."""
 
-    def __init__(self, num_blocks: int, max_rows: int, seed: int = 0) -> None:
+    def __init__(self, num_blocks: int, max_rows: int, seed: int = 0, facts_type: type | None = None) -> None:
+        # trees before the executor facts read these attributes; later ones read `facts`
         self.num_blocks = num_blocks
         self.block_size = BLOCK_SIZE
         self.vocab_size = VOCAB
         self.max_model_len = 8192
         self.eos_token_id = None
+        if facts_type is not None:
+            self.facts = facts_type(
+                num_blocks=num_blocks,
+                block_size=BLOCK_SIZE,
+                vocab_size=VOCAB,
+                max_model_len=8192,
+                eos_token_ids=(),
+                num_layers=0,
+                num_kv_heads=0,
+                head_dim=0,
+                kv_dtype="float32",
+                kv_element_bytes=4,
+                kv_pool_bytes=0,
+            )
         gen = torch.Generator().manual_seed(seed)
         self._logits = torch.randn(max_rows, VOCAB, generator=gen) * 3
 
@@ -145,7 +160,10 @@ def run_case(trees: dict, batch: int, kind: str, steps: int, prefill: bool, warm
         config = tree.scheduler.SchedulerConfig(
             max_num_seqs=batch + 1, max_num_batched_tokens=max(2048, batch + 512), seed=0
         )
-        sched = tree.scheduler.Scheduler(NullExecutor(num_blocks, batch + 1), config)
+        sched = tree.scheduler.Scheduler(
+            NullExecutor(num_blocks, batch + 1, facts_type=getattr(tree.executor, "ExecutorFacts", None)),
+            config,
+        )
         for i, p in enumerate(prompts):
             sched.add_request(i, p, make_params(tree, kind, i))
         while sched.num_waiting or any(len(s.tokens) == s.prompt_len for s in sched._running):
@@ -177,7 +195,9 @@ def run_engine_case(trees: dict, batch: int, steps: int) -> dict:
         for name, tree in trees.items():
             config = tree.scheduler.SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=4096)
             blocks = batch * (128 + steps + 32) // BLOCK_SIZE + 8
-            engine = tree.engine.LLMEngine(NullExecutor(blocks, batch), config)
+            engine = tree.engine.LLMEngine(
+                NullExecutor(blocks, batch, facts_type=getattr(tree.executor, "ExecutorFacts", None)), config
+            )
             times: dict[str, list[float]] = defaultdict(list)
             sched = engine._scheduler
 

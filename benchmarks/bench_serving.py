@@ -141,8 +141,9 @@ def run_engine(executor, reqs, config: SchedulerConfig) -> dict:
         row["steps"] += 1
         row["tokens"] += tokens
         row["seconds"] += nxt - t
-    bpt = executor.kv_bytes() / (executor.num_blocks + 1) / executor.block_size  # KV bytes per token slot
-    used = np.array([m[0] for m in mem_samples]) * executor.block_size
+    facts = executor.facts
+    bpt = facts.kv_bytes_per_token
+    used = np.array([m[0] for m in mem_samples]) * facts.block_size
     held = np.array([m[1] for m in mem_samples])
     return {
         "wall_s": end - start,
@@ -154,7 +155,7 @@ def run_engine(executor, reqs, config: SchedulerConfig) -> dict:
         "preemptions": stats.preemptions,
         "max_running": stats.max_running,
         "cuda_graphs": executor.num_cuda_graphs,
-        "kv_pool_gb": executor.kv_bytes() / 1e9,
+        "kv_pool_gb": facts.kv_pool_bytes / 1e9,
         "kv_held_gb_peak": float(used.max() * bpt / 1e9) if len(used) else None,
         "kv_tokens_held_peak": int(held.max()) if len(held) else None,
         "kv_slot_utilisation_mean": float((held / np.maximum(used, 1)).mean()) if len(used) else None,

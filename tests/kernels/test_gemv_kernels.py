@@ -145,7 +145,7 @@ def _decode_logits(ex, prompts: list[list[int]], steps: int) -> tuple[torch.Tens
 
     from trtforge.llm.executors.base import StepBatch
 
-    bs = ex.block_size
+    bs = ex.facts.block_size
     seqs = [list(p) for p in prompts]
     tables = [list(range(i * 8, i * 8 + 8)) for i in range(len(prompts))]
 

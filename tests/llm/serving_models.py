@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from trtforge.llm.executors.base import ExecutorFacts
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.scheduler import Scheduler, SchedulerConfig
@@ -34,6 +35,25 @@ def tiny_llama():
         eos_token_id=2,
     )
     return LlamaForCausalLM(config).to(torch.float64).eval()
+
+
+def model_free_facts(
+    num_blocks: int, block_size: int, vocab_size: int, max_model_len: int, eos_token_ids=()
+) -> ExecutorFacts:
+    """The facts of a test executor without a model: pools of the given geometry, no K/V bytes."""
+    return ExecutorFacts(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        vocab_size=vocab_size,
+        max_model_len=max_model_len,
+        eos_token_ids=tuple(eos_token_ids),
+        num_layers=0,
+        num_kv_heads=0,
+        head_dim=0,
+        kv_dtype="float32",
+        kv_element_bytes=4,
+        kv_pool_bytes=0,
+    )
 
 
 def make_executor(num_blocks: int = 256, block_size: int = 8) -> TorchExecutor:

@@ -103,7 +103,7 @@ def test_length_dependent_rotary_is_refused_naming_the_model(tmp_path):
     assert model.model.rotary_emb.rope_type == "longrope"
     with pytest.raises(UserError, match="phi3 model Phi3ForCausalLM: rotary scaling 'longrope'"):
         export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)
-    with pytest.raises(UserError, match="TorchExecutor cannot run this phi3 model .*'longrope'"):
+    with pytest.raises(UserError, match="the torch executor cannot run this phi3 model .*'longrope'"):
         TorchExecutor(model, num_blocks=8, block_size=4)
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.llm.serving_models import model_free_facts
 from trtforge.llm.executors.base import StepBatch
 from trtforge.llm.sampling import SamplingParams, sample
 from trtforge.llm.sched.blocks import BlockManager
@@ -19,8 +20,7 @@ class RandomLogitsExecutor:
     """A StepExecutor without a model: seeded random logits (numpy or torch), one row per wanted token."""
 
     def __init__(self, num_blocks: int, block_size: int, as_torch: bool, seed: int) -> None:
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.vocab_size, self.max_model_len, self.eos_token_id = VOCAB, 256, 3
+        self.facts = model_free_facts(num_blocks, block_size, VOCAB, max_model_len=256, eos_token_ids=[3])
         self.as_torch = as_torch
         self.rng = np.random.default_rng(seed)
 
@@ -101,7 +101,7 @@ def test_bulk_batches_equal_the_per_sequence_construction_on_random_traces(seed)
         sched.step()
     assert seen["decode"] > 10 and seen["mixed"] > 10, seen
     assert sched.stats.preemptions > 0, "the pool was sized to force preemptions"
-    assert sched.memory_stats().free_blocks == executor.num_blocks
+    assert sched.memory_stats().free_blocks == executor.facts.num_blocks
 
 
 def test_block_table_matrix_follows_allocate_fork_copy_on_write_growth_and_free():

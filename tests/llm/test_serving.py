@@ -65,7 +65,7 @@ def test_threads_submitting_concurrently_all_get_their_solo_outputs(checked_engi
     for i in range(24):
         assert results[i] == solo_output(prompts[i], params[i], solo_exec), i
     assert engine.wait_idle(timeout=10)
-    assert engine.memory_stats().free_blocks == executor.num_blocks
+    assert engine.memory_stats().free_blocks == executor.facts.num_blocks
 
 
 def test_generate_stream_and_astream_agree(checked_engine):
@@ -97,7 +97,7 @@ def test_bad_requests_raise_in_the_caller_and_leave_nothing_behind(checked_engin
     with pytest.raises(UserError, match="prompt is empty"):
         engine.generate([[1, 2, 3], []])  # nothing of this call runs
     assert engine.wait_idle(timeout=10)
-    assert engine.memory_stats().free_blocks == executor.num_blocks
+    assert engine.memory_stats().free_blocks == executor.facts.num_blocks
 
 
 def test_cancelling_a_stream_midway_frees_its_blocks(checked_engine):
@@ -108,7 +108,7 @@ def test_cancelling_a_stream_midway_frees_its_blocks(checked_engine):
     stream.close()
     assert engine.wait_idle(timeout=30)
     assert engine.stats.generated_tokens < 100, "the request ran on after its stream was closed"
-    assert engine.memory_stats().free_blocks == executor.num_blocks
+    assert engine.memory_stats().free_blocks == executor.facts.num_blocks
 
 
 class _FailOnce:

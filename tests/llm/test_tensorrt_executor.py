@@ -277,16 +277,22 @@ def test_tensorrt_executor_matches_onnxruntime(built):
 
     engine, step = built
     trt_ex = TrtPagedExecutor(engine)
-    ort = OrtPagedExecutor(step, num_blocks=trt_ex.num_blocks)
+    ort = OrtPagedExecutor(step, num_blocks=trt_ex.facts.num_blocks)
+    same = ("num_blocks", "block_size", "vocab_size", "max_model_len", "eos_token_ids", "num_layers")
+    same += ("num_kv_heads", "head_dim")
+    f = trt_ex.facts
+    assert {k: getattr(f, k) for k in same} == {k: getattr(ort.facts, k) for k in same}
+    pool_sets = 1 if trt_ex.in_place else 2  # separate pool outputs are double-buffered
+    assert f.kv_pool_bytes == pool_sets * (f.num_blocks + 1) * f.block_size * f.kv_bytes_per_token
     first = _batch([(PROMPT_A, 0, BLOCKS[0]), (PROMPT_B, 0, BLOCKS[1])])
     for batch in (first, _mixed()):
         got, want = trt_ex.step(batch).float().cpu().numpy(), ort.step(batch)
         np.testing.assert_allclose(got, want, rtol=0, atol=5e-2)
         assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.75
     prompts = [PROMPT_A, PROMPT_B, [1, 2, 3]]
-    with trtforge.llm.load(engine) as llm, trtforge.llm.load(step, num_blocks=trt_ex.num_blocks) as ref:
+    with trtforge.llm.load(engine) as llm, trtforge.llm.load(step, num_blocks=trt_ex.facts.num_blocks) as ref:
         got, want = llm.generate(prompts, max_new_tokens=8), ref.generate(prompts, max_new_tokens=8)
         assert [g[0] for g in got] == [w[0] for w in want]  # later tokens may part on FP16 near-ties
         agree = [a == b for g, w in zip(got, want) for a, b in zip(g, w)]
         assert np.mean(agree) >= 0.75, (got, want)
-        assert llm.memory_stats().free_blocks == llm.executor.num_blocks
+        assert llm.memory_stats().free_blocks == llm.executor.facts.num_blocks

@@ -341,9 +341,11 @@ def test_dynamic_rotary_gives_each_batched_sequence_its_logits_when_run_alone(st
     new = 7  # the short prompts cross max_position_embeddings (8) while decoding
     expected = [_hf_alone(model, p, new) for p in prompts]
     ex = TorchExecutor(model, num_blocks=24, block_size=4, max_model_len=32, static_decode=static)
-    assert ex.kv_depends_on_prompt_len and not ex.static_decode and ex.path_of(_decode_batch()) == "eager"
+    assert (
+        ex.facts.kv_depends_on_prompt_len and not ex.static_decode and ex.path_of(_decode_batch()) == "eager"
+    )
     # by default the trained length (8) times the scaling factor (4): dynamic scaling's point
-    assert TorchExecutor(model, num_blocks=4, block_size=4).max_model_len == 32
+    assert TorchExecutor(model, num_blocks=4, block_size=4).facts.max_model_len == 32
     blocks = [list(range(i * 8, i * 8 + 8)) for i in range(len(prompts))]
     seqs = [list(p) for p in prompts]
     got: list[list[torch.Tensor]] = [[] for _ in prompts]

@@ -122,8 +122,7 @@ class ServingLLM:
 
     @property
     def eos_token_ids(self) -> list[int]:
-        eos = self.executor.eos_token_id
-        return list(getattr(self.executor, "eos_token_ids", None) or ([] if eos is None else [eos]))
+        return list(self.executor.facts.eos_token_ids)
 
     def close(self) -> None:
         self.engine.close()

@@ -35,7 +35,7 @@ def _assert_hf_greedy(ex, model, family):
     batch = prompts(model.config.vocab_size)
     refs = [hf_greedy(model, p, NEW_TOKENS) for p in batch]
     need = [-(-(len(p) + NEW_TOKENS) // BLOCK) for p in batch]
-    placement = rng.permutation(ex.num_blocks)[: sum(need)].tolist()  # scattered, in no order
+    placement = rng.permutation(ex.facts.num_blocks)[: sum(need)].tolist()  # scattered, in no order
     tables = [placement[sum(need[:b]) : sum(need[: b + 1])] for b in range(len(batch))]
 
     def slots(b, start, n):
@@ -121,7 +121,7 @@ def test_executor_copies_blocks_before_writing_and_keeps_pools(tmp_path):
     for name, pool in ex.pools.items():
         assert np.array_equal(pool[5, 2:], before[name][3, 2:]), name
         assert not np.array_equal(pool[5, :2], before[name][3, :2]), name
-        untouched = [b for b in range(ex.num_blocks + 1) if b != 5]
+        untouched = [b for b in range(ex.facts.num_blocks + 1) if b != 5]
         assert np.array_equal(pool[untouched], before[name][untouched]), name
     with pytest.raises(UserError, match="max_model_len"):
         OrtPagedExecutor(path, max_model_len=65)

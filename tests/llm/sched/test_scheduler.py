@@ -15,6 +15,7 @@ from tests.llm.serving_models import (
     VOCAB,
     hf_greedy,
     make_executor,
+    model_free_facts,
     run_to_completion,
     solo_output,
     tiny_llama,
@@ -95,7 +96,7 @@ def serve_staggered(executor, workload, *, preempt: bool, async_scheduling: bool
     else:
         assert sched.stats.max_running >= 12, "requests were expected to overlap"
         assert sched.stats.preemptions == 0
-    assert sched.memory_stats().free_blocks == executor.num_blocks
+    assert sched.memory_stats().free_blocks == executor.facts.num_blocks
     return done
 
 
@@ -297,10 +298,11 @@ class _TokenPoolExecutor:
     """A model-free executor whose pool stores token ids: each next token is a hash of what the block
     table reads back, so any wrong slot, block table, copy or position changes the output."""
 
-    vocab_size, max_model_len, eos_token_id = 50, 100, None
+    vocab_size = 50
 
     def __init__(self, num_blocks, block_size):
-        self.num_blocks, self.block_size = num_blocks, block_size
+        self.facts = model_free_facts(num_blocks, block_size, self.vocab_size, max_model_len=100)
+        self.block_size = block_size
         self.pool = np.full(num_blocks * block_size, -1, dtype=np.int64)
 
     def step(self, batch):
@@ -482,7 +484,7 @@ def test_async_and_sync_agree_on_sampling_stops_eos_and_lengths():
         sched, done = _serve(executor, reqs, config, _waste_hook)
         assert sched.async_scheduling is async_scheduling
         runs[async_scheduling] = {rid: (o.output_token_ids, o.finish_reason) for rid, o in done.items()}
-        assert sched.memory_stats().free_blocks == executor.num_blocks
+        assert sched.memory_stats().free_blocks == executor.facts.num_blocks
     assert runs[True] == runs[False]
     reasons = [reason for _, reason in runs[True].values()]
     assert reasons.count("stop") >= 5 and reasons.count("length") >= 5, reasons

@@ -7,6 +7,8 @@ shapes. See :mod:`trtforge.llm.compile` for the input/output contracts.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -37,7 +39,8 @@ class DecoderStep(nn.Module):
         super().__init__()
         self.model = model
         self.adapter = adapter_for(model)
-        self.spec: DecoderSpec = self.adapter.spec()
+        self.adapter.require_fixed_rotary()
+        self.spec: DecoderSpec = self.adapter.spec
         self.max_seq = int(max_seq)
         self.all_logits = all_logits
         self.eval()  # inference graph; exporters restore this mode (and so the wrapped model's) afterwards
@@ -51,26 +54,39 @@ class DecoderStep(nn.Module):
         if not self.all_logits:
             last = (new_lens - 1).clamp(min=0)[:, None, None].expand(-1, 1, x.shape[-1])
             x = torch.gather(x, 1, last)[:, 0]
-        return self.model.lm_head(self.adapter.final_norm(x)).float()
+        return self.adapter.logits(x).float()
+
+    def _embed(self, input_ids: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor, Any]:
+        """arange(S) (traced as a dynamic size), the hidden states and the rotary tables [B,1,S,R]."""
+        seq = torch.cumsum(torch.ones_like(input_ids[0]), 0) - 1
+        x = self.adapter.embed(input_ids, position_ids)
+        rope = self.adapter.rotary(position_ids, x.dtype)
+        return seq, x, None if rope is None else (rope[0][:, None], rope[1][:, None])
+
+    def _heads(self, i: int, x: Tensor, rope: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """Layer i's rotated q, k and v [B, heads, S, D]."""
+        q, k, v = (t.transpose(1, 2) for t in self.adapter.qkv(i, x))
+        q, k = self.adapter.rotate(q, k, rope)
+        return q, k, v
+
+    def _finish(self, i: int, x: Tensor, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+        """Attention of layer i over `keys`/`values` under `mask`, then the rest of its block."""
+        out = cache_attention(q, keys, values, mask, self.adapter.scales[i])
+        return self.adapter.finish_block(i, x, out.transpose(1, 2).flatten(2))
 
     def forward(
         self, input_ids: Tensor, position_ids: Tensor, past_lens: Tensor, new_lens: Tensor, *caches: Tensor
     ) -> tuple[Tensor, ...]:
-        a = self.adapter
-        seq = torch.cumsum(torch.ones_like(input_ids[0]), 0) - 1  # arange(S), traced as a dynamic size
+        seq, x, rope = self._embed(input_ids, position_ids)
         masks: dict[int | None, Tensor] = {}
-        x = a.embed(input_ids, position_ids)
-        rope = a.rotary_tables(position_ids)
         updated: list[Tensor] = []
-        for i in range(self.spec.num_layers):
-            window = self.spec.sliding_windows[i]
+        for i, window in enumerate(self.spec.sliding_windows):
             if window not in masks:
                 masks[window] = step_mask(past_lens, new_lens, seq, self.max_seq, window)
-            q, k, v, scale = a.qkv(i, x, rope)
+            q, k, v = self._heads(i, x, rope)
             key_cache = kv_cache_write(caches[2 * i], k, past_lens)
             value_cache = kv_cache_write(caches[2 * i + 1], v, past_lens)
-            out = cache_attention(q, key_cache, value_cache, masks[window], scale)
-            x = a.finish_block(i, x, out.transpose(1, 2).flatten(2))
+            x = self._finish(i, x, q, key_cache, value_cache, masks[window])
             updated += [key_cache, value_cache]
         return (self._logits(x, new_lens), *updated)
 
@@ -96,15 +112,11 @@ class PagedDecoderStep(DecoderStep):
         slot_mapping: Tensor,
         *pools: Tensor,
     ) -> tuple[Tensor, ...]:
-        a = self.adapter
-        seq = torch.cumsum(torch.ones_like(input_ids[0]), 0) - 1
+        seq, x, rope = self._embed(input_ids, position_ids)
         masks: dict[int | None, Tensor] = {}
-        x = a.embed(input_ids, position_ids)
-        rope = a.rotary_tables(position_ids)
         updated: list[Tensor] = []
-        for i in range(self.spec.num_layers):
-            window = self.spec.sliding_windows[i]
-            q, k, v, scale = a.qkv(i, x, rope)
+        for i, window in enumerate(self.spec.sliding_windows):
+            q, k, v = self._heads(i, x, rope)
             key_pool = paged_cache_write(pools[2 * i], k, slot_mapping)
             value_pool = paged_cache_write(pools[2 * i + 1], v, slot_mapping)
             keys = paged_gather(key_pool, block_tables)
@@ -112,7 +124,6 @@ class PagedDecoderStep(DecoderStep):
             if window not in masks:
                 positions = torch.cumsum(torch.ones_like(keys[0, 0, :, 0], dtype=torch.int64), 0) - 1
                 masks[window] = keys_mask(past_lens, new_lens, seq, positions, window)
-            out = cache_attention(q, keys, values, masks[window], scale)
-            x = a.finish_block(i, x, out.transpose(1, 2).flatten(2))
+            x = self._finish(i, x, q, keys, values, masks[window])
             updated += [key_pool, value_pool]
         return (self._logits(x, new_lens), *updated)

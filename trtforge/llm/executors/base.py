@@ -134,27 +134,8 @@ class StepExecutor(Protocol):
     """Runs steps of one model over paged KV pools it owns; knows nothing of requests or scheduling."""
 
     @property
-    def num_blocks(self) -> int:
-        """Blocks in each layer's pool (the block manager's pool size)."""
-        ...
-
-    @property
-    def block_size(self) -> int:
-        """Tokens per block."""
-        ...
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    @property
-    def max_model_len(self) -> int:
-        """Longest sequence (prompt + output) the model supports."""
-        ...
-
-    @property
-    def eos_token_id(self) -> int | None:
-        """The model's end-of-sequence token, or None (an executor may also have ``eos_token_ids``:
-        every one of the model's, any of which ends a request)."""
+    def facts(self) -> ExecutorFacts:
+        """Its pool geometry, vocabulary, length limit and EOS ids (:class:`ExecutorFacts`)."""
         ...
 
     def step(self, batch: StepBatch) -> Any:
@@ -178,3 +159,72 @@ def supports_async(executor: object) -> bool:
     asynchronous executor (``__getattr__``) stays synchronous rather than bypassing its own ``step``.
     """
     return callable(getattr(type(executor), "step_async", None))
+
+
+@dataclass(frozen=True)
+class ExecutorFacts:
+    """What an executor tells the scheduler, the engine and the service about itself: its KV pool
+    geometry and the model's vocabulary, length limit and end-of-sequence ids, fixed once it is built.
+
+    - ``num_blocks`` / ``block_size``: the blocks of each layer's pool the block manager hands out (a
+      scratch block some executors keep past them is not counted) and the tokens per block;
+    - ``max_model_len``: the longest sequence (prompt + output) the executor runs;
+    - ``eos_token_ids``: every end-of-sequence id of the model (any of them ends a request);
+    - ``num_layers`` / ``num_kv_heads`` / ``head_dim`` / ``kv_dtype`` (a numpy-style name) and
+      ``kv_element_bytes``: one pool's ``[blocks, block_size, num_kv_heads, head_dim]`` elements;
+    - ``kv_pool_bytes``: the bytes the executor's K/V pools take, scratch block and spare buffers
+      included;
+    - ``kv_depends_on_prompt_len``: a token's K/V depends on its prompt's length (dynamic NTK rotary),
+      so no prefix can be shared and the scheduler sends each batch's ``prompt_lens``.
+    """
+
+    num_blocks: int
+    block_size: int
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    kv_dtype: str
+    kv_element_bytes: int
+    kv_pool_bytes: int
+    kv_depends_on_prompt_len: bool = False
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The model's first end-of-sequence id, or None."""
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token's keys and values take over every layer."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_element_bytes
+
+    @classmethod
+    def of_step_graph(
+        cls,
+        generation: dict[str, Any],
+        *,
+        num_blocks: int,
+        max_model_len: int,
+        kv_dtype: str,
+        kv_element_bytes: int,
+        kv_pool_bytes: int,
+    ) -> ExecutorFacts:
+        """The facts of an executor over a paged step graph or engine, whose generation metadata
+        (:mod:`trtforge.llm.contract`) gives the block size, vocabulary, EOS ids and pool shape."""
+        g = generation
+        return cls(
+            num_blocks=int(num_blocks),
+            block_size=int(g["cache"]["block_size"]),
+            vocab_size=int(g["vocab_size"]),
+            max_model_len=int(max_model_len),
+            eos_token_ids=tuple(int(i) for i in g.get("eos_token_ids") or []),
+            num_layers=int(g["num_layers"]),
+            num_kv_heads=int(g["num_kv_heads"]),
+            head_dim=int(g["head_dim"]),
+            kv_dtype=kv_dtype,
+            kv_element_bytes=int(kv_element_bytes),
+            kv_pool_bytes=int(kv_pool_bytes),
+        )

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from trtforge.errors import UserError
-from trtforge.llm.executors.base import StepBatch
+from trtforge.llm.executors.base import ExecutorFacts, StepBatch
 from trtforge.llm.executors.onnxruntime_slot import ORT_TYPES
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
@@ -85,37 +85,14 @@ class OrtPagedExecutor:
         self._pool_outputs = dict(zip(cache["outputs"], self.pool_names))
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.all_logits = bool(g.get("all_logits"))
-        self._eos_ids = tuple(int(i) for i in g.get("eos_token_ids") or [])
-        self._eos = self._eos_ids[0] if self._eos_ids else None
-
-    # ---- the StepExecutor protocol -------------------------------------------------------------
-    @property
-    def num_blocks(self) -> int:
-        return self._num_blocks
-
-    @property
-    def block_size(self) -> int:
-        return self._block_size
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.generation["vocab_size"])
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._eos
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self._eos_ids
-
-    def kv_bytes(self) -> int:
-        """Bytes the K and V pools of every layer take (the scratch block included)."""
-        return sum(p.nbytes for p in self.pools.values())
+        self.facts = ExecutorFacts.of_step_graph(
+            g,
+            num_blocks=self._num_blocks,
+            max_model_len=self._max_model_len,
+            kv_dtype=self.pool_dtype.name,
+            kv_element_bytes=self.pool_dtype.itemsize,
+            kv_pool_bytes=sum(p.nbytes for p in self.pools.values()),
+        )
 
     def feeds(self, batch: StepBatch) -> dict[str, np.ndarray]:
         """The graph's padded [B, S] feeds for a ragged batch (pools excluded; shared with TensorRT)."""

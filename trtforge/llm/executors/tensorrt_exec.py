@@ -45,7 +45,7 @@ import numpy as np
 
 from trtforge.core.manifest import Manifest, ShapeRange, read_manifest
 from trtforge.errors import TrtforgeError, UserError
-from trtforge.llm.executors.base import StepBatch
+from trtforge.llm.executors.base import ExecutorFacts, StepBatch
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
 PHASES = ("prefill", "decode")
@@ -270,9 +270,16 @@ class TrtPagedExecutor:
                 f"got {max_model_len!r}."
             )
         self._num_blocks, self._max_model_len = num_blocks, max_model_len
-        self._eos_ids = tuple(int(i) for i in g.get("eos_token_ids") or [])
-        self._eos = self._eos_ids[0] if self._eos_ids else None
         self._open(device)
+        pools = (*self.pools.values(), *self._spare.values())
+        self.facts = ExecutorFacts.of_step_graph(
+            g,
+            num_blocks=num_blocks,
+            max_model_len=max_model_len,
+            kv_dtype=spec.pool_dtype,
+            kv_element_bytes=pools[0].element_size(),
+            kv_pool_bytes=sum(t.numel() * t.element_size() for t in pools),
+        )
 
     def _open(self, device: Any) -> None:
         """Deserialize through the runtime, allocate pools, contexts, streams and buffers once."""
@@ -312,31 +319,6 @@ class TrtPagedExecutor:
             self._lanes[phase] = _Lane(ctx, stream, scratch, logits)
             stream.synchronize()  # the profile switch is done before the first enqueue on any stream
 
-    # ---- the StepExecutor protocol -------------------------------------------------------------
-    @property
-    def num_blocks(self) -> int:
-        return self._num_blocks
-
-    @property
-    def block_size(self) -> int:
-        return self.spec.block_size
-
-    @property
-    def vocab_size(self) -> int:
-        return self.spec.vocab_size
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._eos
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self._eos_ids
-
     @property
     def max_batch(self) -> int:
         """Sequences one step may hold (the profiles' batch limit)."""
@@ -346,10 +328,6 @@ class TrtPagedExecutor:
     def max_prefill(self) -> int:
         """New tokens one sequence may bring in a step (the prefill profile's limit)."""
         return int(self.spec.generation["max_prefill"])
-
-    def kv_bytes(self) -> int:
-        """Device bytes of the K/V pools (scratch block and double buffers included)."""
-        return sum(t.numel() * t.element_size() for t in (*self.pools.values(), *self._spare.values()))
 
     def step(self, batch: StepBatch) -> Any:
         """Copy blocks, enqueue the prefill and decode calls on their streams; logits [N, V] (torch)."""
@@ -366,7 +344,7 @@ class TrtPagedExecutor:
             lane.stream.wait_stream(main)
             keep.append(self._enqueue(lane, call))
         seq, col = logits_rows(batch, self.spec.all_logits, self.spec.label)
-        out = torch.empty((len(seq), self.vocab_size), device=self.device.torch_device)
+        out = torch.empty((len(seq), self.spec.vocab_size), device=self.device.torch_device)
         where = np.full(batch.num_seqs, -1, np.int64)
         for call in calls:
             main.wait_stream(self._lanes[call.phase].stream)
@@ -376,7 +354,7 @@ class TrtPagedExecutor:
                 continue
             b, s = call.shapes["input_ids"]
             logits = self._lanes[call.phase].logits[
-                : b * (s if self.spec.all_logits else 1) * self.vocab_size
+                : b * (s if self.spec.all_logits else 1) * self.spec.vocab_size
             ]
             logits = logits.view(b, s, -1) if self.spec.all_logits else logits.view(b, -1)
             rows = torch.from_numpy(where[seq[pick]]).to(out.device)

@@ -1,11 +1,12 @@
-"""A torch step executor: runs a Hugging Face Llama-style causal LM over paged KV pools (CPU or CUDA).
+"""A torch step executor: runs a Hugging Face causal LM over paged KV pools (CPU or CUDA).
 
-It reuses the model's own modules (embedding, norms, projections, MLP, rotary table, LM head) and
-replaces only attention and the cache: each layer writes the step's new K/V into its pool at the
+It drives the model's own modules (embedding, norms, projections, MLP, rotary table, LM head) through
+its family adapter (:mod:`trtforge.llm.models`, the one the step-graph export uses, windows included)
+and replaces only attention and the cache: each layer writes the step's new K/V into its pool at the
 batch's slots, then attends through the block tables with a pluggable attention function. On CUDA
 (FP16/BF16) the default is trtforge's Triton kernels (split-KV decode, chunked prefill; see
 :mod:`trtforge.llm.executors.triton_attention`), and Llama-style layers run fused (RMSNorm, one QKV
-GEMM, RoPE + K/V write in one kernel, residuals folded into GEMMs: :mod:`.fused_llama`). Elsewhere
+GEMM, RoPE + K/V write in one kernel, residuals folded into GEMMs: :mod:`.fused_layers`). Elsewhere
 the torch references (:mod:`trtforge.llm.executors.paged_attention`) run; they are also the
 correctness oracle for the kernels.
 
@@ -32,7 +33,8 @@ import numpy as np
 import torch
 
 from trtforge.errors import UserError
-from trtforge.llm.executors.base import StepBatch, TokenFeed
+from trtforge.llm.executors.base import ExecutorFacts, StepBatch, TokenFeed
+from trtforge.llm.executors.model_layers import ModelLayers
 from trtforge.llm.executors.paged_attention import (
     AttentionFn,
     AttentionMetadata,
@@ -48,16 +50,15 @@ from trtforge.llm.executors.triton_attention import (
 )
 from trtforge.llm.host_to_device import to_device
 from trtforge.llm.models.families import (
-    GPT2_STYLE,
-    LLAMA_STYLE,
+    LlamaStyle,
+    adapter_for,
     eos_token_ids,
-    model_type_of,
-    project_qkv,
     refuse_unapplied_window,
 )
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _WIDTH_BUCKETS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+_USER = "the torch executor"
 
 
 def _bucket(n: int, buckets: Any) -> int:
@@ -67,196 +68,19 @@ def _bucket(n: int, buckets: Any) -> int:
     raise ValueError(f"{n} is above the largest bucket {buckets[-1]}")
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE over the first ``cos.shape[-1]`` channels of `x` (all of them unless the model's
-    rotary is partial, as Phi-4-mini's); the rest pass through."""
-    dim = cos.shape[-1]
-    if dim == x.shape[-1]:
-        return x * cos + _rotate_half(x) * sin
-    rot = x[..., :dim]
-    return torch.cat((rot * cos + _rotate_half(rot) * sin, x[..., dim:]), dim=-1)
-
-
-class _LlamaLike:
-    """Llama, Mistral, Ministral, Qwen2, Qwen3, Phi-3, Starcoder2: rotary positions, GQA projections, the
-    model's own norms and MLP (Qwen3's per-head q/k norms; Phi-3's fused qkv_proj and gate_up_proj,
-    partial rotary)."""
-
-    def __init__(self, model: Any) -> None:
-        config, inner = model.config, model.model
-        self.model, self.inner = model, inner
-        self.layers = list(inner.layers)
-        self.head_dim = int(self.layers[0].self_attn.head_dim)
-        self.num_heads = int(config.num_attention_heads)
-        self.num_kv_heads = int(config.num_key_value_heads or config.num_attention_heads)
-        self.max_positions = int(config.max_position_embeddings)
-        self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
-        self.windows = [self._window(config, layer) for layer in self.layers]
-        rope_type = str(getattr(inner.rotary_emb, "rope_type", "default"))
-        self.config = config
-        # dynamic NTK: HF derives the frequencies from the longest position of the call; here each
-        # sequence gets those of its own length, as if run alone (not capturable: host-side table)
-        self.dynamic = "dynamic" in rope_type
-        if "longrope" in rope_type:
-            raise UserError(
-                f"TorchExecutor cannot run this {config.model_type} model ({type(model).__name__}): its "
-                "'longrope' rotary switches frequency tables with the longest position of the batch, so a "
-                "batched step would rotate a short sequence's tokens by a long one's table. Supported "
-                "rotary types: default, linear, llama3, yarn and other fixed tables."
-            )
-        self.graphable = not self.dynamic
-        self._rope_init = None
-        if self.dynamic:
-            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-            self._rope_init = ROPE_INIT_FUNCTIONS[rope_type]
-            # max_position_embeddings is the trained length dynamic scaling extends by `factor`
-            params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-            self.max_positions = int(self.max_positions * max(float(params.get("factor", 1.0)), 1.0))
-
-    @staticmethod
-    def _window(config: Any, layer: Any) -> int | None:
-        if hasattr(layer.self_attn, "sliding_window"):
-            return layer.self_attn.sliding_window
-        if config.model_type in ("mistral", "phi3", "starcoder2"):  # one window (or none) for every layer
-            return getattr(config, "sliding_window", None)
-        return None
-
-    def rope_tables(
-        self, h: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[T, rotary dim]`` of each token, in `h`'s dtype, as HF's rotary module makes them.
-
-        Dynamic NTK rotary takes each token's frequencies from `rope_lens` (the length transformers
-        derives them from for the token's sequence run alone: :meth:`TorchExecutor._rope_lens`), so a
-        sequence's logits do not depend on what else is batched with it.
-        """
-        if not self.dynamic:
-            cos, sin = self.inner.rotary_emb(h[None], positions[None])
-            return cos[0], sin[0]
-        if rope_lens is None:
-            raise ValueError("dynamic rotary needs each token's sequence length (rope_lens)")
-        # HF clamps lengths up to max_position_embeddings (the original table) and takes a 0-d int64 length
-        lens = rope_lens.to(torch.int64).clamp(min=int(self.config.max_position_embeddings))
-        unique, inverse = torch.unique(lens, return_inverse=True)
-        inv_freq = torch.stack(
-            [self._rope_init(self.config, h.device, seq_len=n)[0].float() for n in unique.unbind(0)]
-        )[inverse]
-        freqs = positions.float()[:, None] * inv_freq.to(h.device)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(h.dtype), emb.sin().to(h.dtype)
-
-    def embed(
-        self, ids: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, Any]:
-        h = self.inner.embed_tokens(ids)
-        cos, sin = self.rope_tables(h, positions, rope_lens)
-        return h, (cos[:, None, :], sin[:, None, :])
-
-    def qkv(self, i: int, h: torch.Tensor, rope: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        attn, t, d = self.layers[i].self_attn, h.shape[0], self.head_dim
-        q, k, v = project_qkv(attn, self.layers[i].input_layernorm(h))
-        q, k, v = q.view(t, -1, d), k.view(t, self.num_kv_heads, d), v.view(t, self.num_kv_heads, d)
-        if getattr(attn, "q_norm", None) is not None:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        cos, sin = rope
-        return _rope(q, cos, sin), _rope(k, cos, sin), v
-
-    def finish(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-        layer = self.layers[i]
-        h = h + layer.self_attn.o_proj(o.reshape(h.shape[0], -1))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
-
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(self.inner.norm(h))
-
-
-class _Gpt2:
-    """GPT-2: learned positions, LayerNorm, fused QKV projection (Conv1D), multi-head attention."""
-
-    def __init__(self, model: Any) -> None:
-        config, inner = model.config, model.transformer
-        self.model, self.inner = model, inner
-        self.layers = list(inner.h)
-        self.num_heads = self.num_kv_heads = int(config.n_head)
-        self.head_dim = int(config.n_embd) // self.num_heads
-        self.max_positions = int(config.n_positions)
-        self.scales = []
-        for i in range(len(self.layers)):
-            scale = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
-            self.scales.append(scale / (i + 1) if config.scale_attn_by_inverse_layer_idx else scale)
-        self.windows: list[int | None] = [None] * len(self.layers)
-        self.graphable = True
-
-    def embed(
-        self, ids: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, Any]:
-        return self.inner.wte(ids) + self.inner.wpe(positions), None
-
-    def qkv(self, i: int, h: torch.Tensor, _: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        block, t = self.layers[i], h.shape[0]
-        q, k, v = block.attn.c_attn(block.ln_1(h)).view(t, 3, self.num_heads, self.head_dim).unbind(1)
-        return q, k, v
-
-    def finish(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-        block = self.layers[i]
-        h = h + block.attn.c_proj(o.reshape(h.shape[0], -1))
-        return h + block.mlp(block.ln_2(h))
-
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(self.inner.ln_f(h))
-
-
-_ARCHS = dict.fromkeys(LLAMA_STYLE, _LlamaLike) | dict.fromkeys(GPT2_STYLE, _Gpt2)
-
-
-class _Layers:
-    """The model split at its attention calls (:class:`~.piecewise.StepLayers`), fused where it can be."""
-
-    def __init__(self, arch: Any, fused: Any, k_pools: list, v_pools: list) -> None:
-        self.arch, self.fused, self.k_pools, self.v_pools = arch, fused, k_pools, v_pools
-        self.num_layers = len(k_pools)
-        self.hkv, self.d = arch.num_kv_heads, arch.head_dim
-        self.top = fused if fused is not None else arch
-
-    def embed(
-        self, ids: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, Any]:
-        """Hidden states and rotary tables; `rope_lens` (each token's dynamic-rotary length) only
-        matters to dynamic rotary."""
-        if self.fused is not None:
-            h = self.fused.inner.embed_tokens(ids)
-            return h, self.arch.rope_tables(h, positions, rope_lens)
-        return self.arch.embed(ids.long(), positions.long(), rope_lens)
-
-    def layer_in(self, i: int, h: torch.Tensor, extra: Any, slots: torch.Tensor) -> torch.Tensor:
-        kp, vp = self.k_pools[i], self.v_pools[i]
-        if self.fused is not None:
-            return self.fused.attention_input(i, h, extra, slots, kp, vp)
-        q, k, v = self.arch.qkv(i, h, extra)
-        slots = slots.long()
-        kp.view(-1, self.hkv, self.d).index_copy_(0, slots, k)
-        vp.view(-1, self.hkv, self.d).index_copy_(0, slots, v)
-        return q
-
-    def layer_out(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-        return self.top.finish(i, h, o)
-
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        return self.top.logits(h).float()
+def _check_sizes(**sizes: int | None) -> None:
+    """UserError naming the first size that is not a positive integer (None: not given)."""
+    for name, value in sizes.items():
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise UserError(f"TorchExecutor {name} must be a positive integer, got {value!r}")
 
 
 class TorchExecutor:
     """Runs :class:`StepBatch` batches through `model` with ``num_blocks`` blocks of ``block_size`` tokens.
 
-    `model` is a transformers causal LM of a supported family: Llama-style (Llama, Mistral, Ministral, Qwen2,
-    Qwen3, Phi-3: GQA, RoPE, RMSNorm, gated MLP) or GPT-2. With `device`/`dtype` given it is moved there (in
-    place). The pools take ``2 * layers * (num_blocks + 1) * block_size * Hkv * D`` elements of `dtype`.
+    `model` is a transformers causal LM of a supported family (:data:`trtforge.llm.models.SUPPORTED`:
+    Llama-style or GPT-2). With `device`/`dtype` given it is moved there (in place). The pools take
+    ``2 * layers * (num_blocks + 1) * block_size * Hkv * D`` elements of `dtype`.
     ``kernels`` picks the attention kernels: "triton" (the default on CUDA for FP16/BF16 pools with a
     power-of-two block size; Llama-style layers then also run fused, repointing the projections'
     weights at concatenated tensors) or "torch" (the references; the default elsewhere). Explicit
@@ -282,35 +106,48 @@ class TorchExecutor:
         mixed_graphs: bool | None = None,
         max_graph_tokens: int = 4096,
     ) -> None:
-        model_type = model_type_of(model, "the torch executor")
-        config = model.config
-        sizes = {"num_blocks": num_blocks, "block_size": block_size, "max_graph_tokens": max_graph_tokens}
-        if max_model_len is not None:
-            sizes["max_model_len"] = max_model_len
-        for name, value in sizes.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise UserError(f"TorchExecutor {name} must be a positive integer, got {value!r}")
+        adapter = adapter_for(model, _USER)
+        _check_sizes(
+            num_blocks=num_blocks,
+            block_size=block_size,
+            max_graph_tokens=max_graph_tokens,
+            max_model_len=max_model_len,
+        )
         if device is not None or dtype is not None:
             model.to(device=device, dtype=dtype)
-        model.eval()
-        self.model = model
+        self.model, self._adapter = model.eval(), adapter
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self._num_blocks, self._block_size = num_blocks, block_size
-        arch = _ARCHS[model_type](model)
-        self._arch = arch
-        self.head_dim, self.num_heads, self.num_kv_heads = arch.head_dim, arch.num_heads, arch.num_kv_heads
-        self._max_model_len = int(max_model_len or arch.max_positions)
-        refuse_unapplied_window(model, self._max_model_len, "max_model_len", "the torch executor")
-        if isinstance(arch, _Gpt2) and self._max_model_len > arch.max_positions:
+        self._max_model_len = self._length_limit(max_model_len)
+        self._pick_kernels(kernels, attention, decode_attention)
+        # one scratch block past the pool's end takes the writes and reads of static-shape padding rows
+        shape = (num_blocks + 1, block_size, adapter.num_kv_heads, adapter.head_dim)
+        self.k_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in adapter.layers]
+        self.v_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in adapter.layers]
+        self._plan_static_shapes(static_decode, max_decode_batch)
+        self._layers = ModelLayers(adapter, self._fused, self.k_pools, self.v_pools)
+        self._piecewise = self._make_piecewise(mixed_graphs, max_graph_tokens)
+        self.facts = self._facts()
+
+    def _length_limit(self, max_model_len: int | None) -> int:
+        """The longest sequence: `max_model_len`, by default what the model's positions cover."""
+        adapter, longest = self._adapter, self._adapter.max_length
+        length = int(max_model_len or longest)
+        refuse_unapplied_window(self.model, length, "max_model_len", _USER)
+        if adapter.spec.positions == "learned" and length > longest:
             raise UserError(
-                f"TorchExecutor max_model_len {self._max_model_len} exceeds the {arch.max_positions} "
-                f"learned positions of this {model_type} model (n_positions); pass max_model_len <= "
-                f"{arch.max_positions}."
+                f"TorchExecutor max_model_len {length} exceeds the {longest} learned positions of this "
+                f"{adapter.config.model_type} model (n_positions); pass max_model_len <= {longest}."
             )
-        self._eos_ids = tuple(eos_token_ids(model))
-        self._eos = self._eos_ids[0] if self._eos_ids else None
-        usable = triton_usable(self.device, self.dtype, block_size, self.head_dim)
+        return length
+
+    def _pick_kernels(
+        self, kernels: str | None, attention: AttentionFn | None, decode_attention: DecodeAttentionFn | None
+    ) -> None:
+        """The attention functions (`kernels`, unless given explicitly), and the fused layers where the
+        Triton kernels run a Llama-style model that fits them (else ``fused_refusal`` says why not)."""
+        usable = triton_usable(self.device, self.dtype, self._block_size, self._adapter.head_dim)
         if kernels is None:
             kernels = "triton" if usable and self.device.type == "cuda" else "torch"
         if kernels not in ("triton", "torch"):
@@ -319,7 +156,7 @@ class TorchExecutor:
             raise UserError(
                 "TorchExecutor kernels='triton' needs a CUDA model in float16/bfloat16, a power-of-two "
                 f"block size and head dim <= 256, and Triton installed; got {self.device.type}, "
-                f"{self.dtype}, block size {block_size}, head dim {self.head_dim}"
+                f"{self.dtype}, block size {self._block_size}, head dim {self._adapter.head_dim}"
             )
         self.kernels = kernels
         default_decode = TritonDecodeAttention() if kernels == "triton" else paged_decode_reference
@@ -328,73 +165,62 @@ class TorchExecutor:
         self.decode_attention: DecodeAttentionFn = decode_attention or default_decode
         self._fused: Any = None
         self.fused_refusal: str | None = "kernels='torch'" if kernels == "torch" else "not Llama-style"
-        if kernels == "triton" and isinstance(arch, _LlamaLike):
-            from trtforge.kernels.fused_layer import FusedLayers, fusable
+        if kernels == "triton" and isinstance(self._adapter, LlamaStyle):
+            from trtforge.llm.executors.fused_layers import FusedLayers, fusable
 
-            self.fused_refusal = fusable(model)
+            self.fused_refusal = fusable(self._adapter)
             if self.fused_refusal is None:
-                self._fused = FusedLayers(model)
-        # one scratch block past the pool's end takes the writes and reads of static-shape padding rows
-        shape = (num_blocks + 1, block_size, self.num_kv_heads, self.head_dim)
-        self.k_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in arch.layers]
-        self.v_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in arch.layers]
+                self._fused = FusedLayers(self._adapter)
+
+    def _plan_static_shapes(self, static_decode: bool | None, max_decode_batch: int) -> None:
+        """Whether decode steps run on static (bucketed) shapes and CUDA graphs, and their buckets."""
         self.static_decode = self.device.type == "cuda" if static_decode is None else bool(static_decode)
-        #: dynamic rotary: a token's K depends on its prompt's length; steps run eagerly (no static shapes)
-        self.kv_depends_on_prompt_len = bool(getattr(arch, "dynamic", False))
-        self.static_decode = self.static_decode and not self.kv_depends_on_prompt_len
-        self.use_cuda_graphs = self.static_decode and self.device.type == "cuda" and arch.graphable
+        # dynamic rotary: a token's K depends on its prompt's length; steps run eagerly (no static shapes)
+        self.static_decode = self.static_decode and not self._adapter.dynamic
+        self.use_cuda_graphs = self.static_decode and self.device.type == "cuda"
         self._batch_buckets = (*tuple(b for b in _BATCH_BUCKETS if b < max_decode_batch), max_decode_batch)
-        max_width = -(-self._max_model_len // block_size)
-        widths = [w for w in _WIDTH_BUCKETS if w < max_width]
-        self._width_buckets = (*widths, max_width)
+        max_width = -(-self._max_model_len // self._block_size)
+        self._width_buckets = (*(w for w in _WIDTH_BUCKETS if w < max_width), max_width)
         self._static: dict[str, torch.Tensor] = {}
         self._graphs: dict[tuple[int, int], Any] = {}
         self._graph_pool: Any = None
-        self._layers = _Layers(arch, self._fused, self.k_pools, self.v_pools)
-        self._piecewise: PiecewiseStep | None = None
-        piecewise = self.static_decode if mixed_graphs is None else bool(mixed_graphs)
-        if piecewise and not self.kv_depends_on_prompt_len:  # its pieces see no sequence lengths
-            self._piecewise = PiecewiseStep(
-                self._layers,
-                max_tokens=max_graph_tokens,
-                hidden=int(getattr(config, "hidden_size", None) or config.n_embd),
-                num_heads=self.num_heads,
-                head_dim=self.head_dim,
-                dtype=self.dtype,
-                device=self.device,
-                scratch_slot=num_blocks * block_size,
-                graphs=self.use_cuda_graphs,
-                pool=self._pool,
-            )
 
-    # ---- the StepExecutor protocol -------------------------------------------------------------
-    @property
-    def num_blocks(self) -> int:
-        return self._num_blocks
+    def _make_piecewise(self, mixed_graphs: bool | None, max_graph_tokens: int) -> PiecewiseStep | None:
+        """The piecewise runner of steps with prompt tokens, where on (never with dynamic rotary: its
+        pieces see no sequence lengths)."""
+        on = self.static_decode if mixed_graphs is None else bool(mixed_graphs)
+        if not on or self._adapter.dynamic:
+            return None
+        adapter = self._adapter
+        return PiecewiseStep(
+            self._layers,
+            max_tokens=max_graph_tokens,
+            hidden=int(adapter.spec.hidden_size),
+            num_heads=adapter.num_heads,
+            head_dim=adapter.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+            scratch_slot=self._num_blocks * self._block_size,
+            graphs=self.use_cuda_graphs,
+            pool=self._pool,
+        )
 
-    @property
-    def block_size(self) -> int:
-        return self._block_size
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.model.config.vocab_size)
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._eos
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self._eos_ids
-
-    def kv_bytes(self) -> int:
-        """Bytes the K and V pools of every layer take (the scratch block included)."""
-        return sum(p.numel() * p.element_size() for p in (*self.k_pools, *self.v_pools))
+    def _facts(self) -> ExecutorFacts:
+        a, pools = self._adapter, (*self.k_pools, *self.v_pools)
+        return ExecutorFacts(
+            num_blocks=self._num_blocks,
+            block_size=self._block_size,
+            vocab_size=int(self.model.config.vocab_size),
+            max_model_len=self._max_model_len,
+            eos_token_ids=tuple(eos_token_ids(self.model)),
+            num_layers=a.num_layers,
+            num_kv_heads=a.num_kv_heads,
+            head_dim=a.head_dim,
+            kv_dtype=str(self.dtype).removeprefix("torch."),
+            kv_element_bytes=self.k_pools[0].element_size(),
+            kv_pool_bytes=sum(p.numel() * p.element_size() for p in pools),
+            kv_depends_on_prompt_len=a.dynamic,
+        )
 
     @property
     def num_cuda_graphs(self) -> int:
@@ -429,11 +255,11 @@ class TorchExecutor:
         """Every layer over tokens `ids`; `attend(q, k_pool, v_pool, scale, window)`; logits of `rows`.
 
         `rope_lens`: each token's dynamic-rotary length (dynamic rotary only)."""
-        layers, arch = self._layers, self._arch
+        layers, a = self._layers, self._adapter
         h, extra = layers.embed(ids, positions, rope_lens)
         for i, (kp, vp) in enumerate(zip(self.k_pools, self.v_pools)):
             q = layers.layer_in(i, h, extra, slots)
-            h = layers.layer_out(i, h, attend(q, kp, vp, arch.scales[i], arch.windows[i]))
+            h = layers.layer_out(i, h, attend(q, kp, vp, a.scales[i], a.windows[i]))
         if rows is not None:
             h = h.index_select(0, rows)
         return layers.head(h)
@@ -489,7 +315,7 @@ class TorchExecutor:
             to_device(batch.slot_mapping, dev),
             lambda q, kp, vp, scale, window: self.attention(q, kp, vp, meta, scale, window),
             to_device(batch.logits_indices, dev),
-            to_device(self._rope_lens(batch), dev) if self.kv_depends_on_prompt_len else None,
+            to_device(self._rope_lens(batch), dev) if self._adapter.dynamic else None,
         )
 
     @staticmethod
@@ -503,11 +329,11 @@ class TorchExecutor:
 
     def _attend_into(self, meta: AttentionMetadata) -> Any:
         """The piecewise steps' attention: layer i's step attention of `q`, written into `out`."""
-        arch, attention = self._arch, self.attention
+        a, attention = self._adapter, self.attention
         writes_out = isinstance(attention, TritonPagedAttention)
 
         def attend(i: int, q: torch.Tensor, out: torch.Tensor) -> None:
-            kp, vp, scale, window = self.k_pools[i], self.v_pools[i], arch.scales[i], arch.windows[i]
+            kp, vp, scale, window = self.k_pools[i], self.v_pools[i], a.scales[i], a.windows[i]
             if writes_out:
                 attention(q, kp, vp, meta, scale, window, out=out)
             else:
@@ -528,7 +354,7 @@ class TorchExecutor:
                 "host_np": [h.numpy() for h in hosts],
                 "copied": [torch.cuda.Event() if dev.type == "cuda" else None for _ in hosts],
                 "turn": 0,
-                "logits": torch.zeros(n, self.vocab_size, dtype=torch.float32, device=dev),
+                "logits": torch.zeros(n, self.facts.vocab_size, dtype=torch.float32, device=dev),
             }
         return self._static
 

@@ -1,5 +1,6 @@
-"""One adapter per supported decoder family: what the model is and its layer math, read by the
-step-graph export (``llm.compile``) and by every executor.
+"""One adapter per supported decoder family (:mod:`.llama`, :mod:`.gpt2`; shared spec, checks and the
+one sliding-window rule in :mod:`.base`; :func:`.families.adapter_for` picks one), read by the
+step-graph export (``llm.compile``) and the torch executor alike; :mod:`.loader` loads HF models.
 
 May import ``trtforge.errors``, ``trtforge.core`` and ``trtforge.llm.contract``; never ``llm.compile``.
 """

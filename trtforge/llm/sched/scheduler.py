@@ -225,16 +225,17 @@ class Scheduler:
         self.config = config or SchedulerConfig()
         self.config.validate()
         self.executor = executor
+        self.facts = facts = executor.facts
         # K/V that depend on the prompt's length (dynamic rotary) are not shareable between prompts
-        self._prompt_lens = bool(getattr(executor, "kv_depends_on_prompt_len", False))
+        self._prompt_lens = facts.kv_depends_on_prompt_len
         self.block_manager = BlockManager(
-            executor.num_blocks,
-            executor.block_size,
+            facts.num_blocks,
+            facts.block_size,
             enable_prefix_caching=self.config.enable_prefix_caching and not self._prompt_lens,
         )
-        capacity = executor.num_blocks * executor.block_size
-        wanted = self.config.max_model_len or executor.max_model_len
-        self.max_model_len = min(wanted, executor.max_model_len, capacity)
+        capacity = facts.num_blocks * facts.block_size
+        wanted = self.config.max_model_len or facts.max_model_len
+        self.max_model_len = min(wanted, facts.max_model_len, capacity)
         self.step_hook = step_hook
         self.async_scheduling = supports_async(executor)
         if self.config.async_scheduling is not None:
@@ -246,7 +247,7 @@ class Scheduler:
             self.async_scheduling = self.config.async_scheduling
         self._inflight: _InFlight | None = None
         self.stats = SchedulerStats()
-        self._watermark_blocks = int(self.config.watermark * executor.num_blocks)
+        self._watermark_blocks = int(self.config.watermark * facts.num_blocks)
         self._waiting: deque[Sequence_] = deque()
         self._running: list[Sequence_] = []
         self._requests: dict[Hashable, Sequence_] = {}
@@ -286,7 +287,7 @@ class Scheduler:
         tokens = [int(t) for t in tokens]
         if not tokens:
             raise UserError(f"request {request_id!r}: the prompt is empty; give at least one token id")
-        vocab = self.executor.vocab_size
+        vocab = self.facts.vocab_size
         bad = [t for t in tokens if not 0 <= t < vocab]
         if bad:
             raise UserError(
@@ -299,9 +300,8 @@ class Scheduler:
             )
         if params.eos_token_id is not None:
             eos_ids: tuple[int, ...] = (params.eos_token_id,)
-        else:  # every id of the model's (executors without eos_token_ids: the one)
-            one = self.executor.eos_token_id
-            eos_ids = tuple(getattr(self.executor, "eos_token_ids", None) or ([] if one is None else [one]))
+        else:  # every id of the model's
+            eos_ids = self.facts.eos_token_ids
         eos_ids = () if params.ignore_eos else eos_ids
         eos = eos_ids[0] if eos_ids else None
         return Sequence_(
@@ -382,10 +382,10 @@ class Scheduler:
                 logits = self.executor.step_async(batch, self._feed(plan))
             else:
                 logits = self.executor.step(batch)
-            if tuple(logits.shape) != (len(batch.logits_indices), self.executor.vocab_size):
+            if tuple(logits.shape) != (len(batch.logits_indices), self.facts.vocab_size):
                 raise StepFailedError(
                     f"executor returned logits of shape {tuple(logits.shape)}, expected "
-                    f"{(len(batch.logits_indices), self.executor.vocab_size)}"
+                    f"{(len(batch.logits_indices), self.facts.vocab_size)}"
                 )
         except Exception as exc:  # an executor fault ends this step's requests, not the engine
             self._resolve(outputs)  # the step before completes first, as it does without asynchrony

@@ -1,0 +1,207 @@
+"""One sliding-window rule: for every supported family, the windows the step graph applies, the windows
+the torch executor applies, and the windows transformers' own forward applies are the same list.
+
+transformers is the oracle, read from the masks its eager attention receives (no copy of its rules
+here); the step module (what the exporter traces) and the torch executor are each run on the same
+prompt and must also reproduce transformers' logits, so a window that is reported but not applied
+(or applied but not reported) fails.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.llm.tiny_models import tiny_model
+from trtforge.errors import UserError
+from trtforge.llm.compile import step as step_module
+from trtforge.llm.compile.step import PagedDecoderStep
+from trtforge.llm.executors.base import StepBatch
+from trtforge.llm.executors.paged_attention import paged_attention_reference
+from trtforge.llm.executors.torch_exec import TorchExecutor
+from trtforge.llm.models.families import SUPPORTED
+
+PROMPT = 12  # tokens: longer than the short windows below, shorter than the long ones
+BLOCK = 4
+LAYERS = 3
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+CASES = [
+    ("llama", {}),
+    ("llama", {"set_sliding_window": 64}),  # set in the config, applied by no llama layer
+    ("gpt2", {}),
+    ("gpt2", {"set_sliding_window": 64}),
+    ("mistral", {"sliding_window": 4}),
+    ("mistral", {"sliding_window": None}),
+    ("mistral", {"sliding_window": 64}),  # window >= every length here
+    ("mistral", {"sliding_window": 4, "layer_types": [SLIDING, FULL, FULL]}),  # mistral ignores them
+    ("ministral", {"sliding_window": 4, "layer_types": [SLIDING, FULL, SLIDING]}),
+    ("ministral", {"sliding_window": 5}),  # layer_types default: every layer sliding
+    ("ministral", {"sliding_window": 4, "layer_types": [FULL, FULL, FULL]}),
+    ("ministral", {"sliding_window": 64, "layer_types": [SLIDING, FULL, SLIDING]}),
+    ("qwen2", {"sliding_window": 4, "use_sliding_window": False}),
+    ("qwen2", {"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1}),
+    ("qwen2", {"sliding_window": 4, "use_sliding_window": True, "layer_types": [SLIDING, FULL, SLIDING]}),
+    ("qwen3", {"sliding_window": 4, "use_sliding_window": False}),
+    ("qwen3", {"sliding_window": 5, "use_sliding_window": True, "max_window_layers": 2}),
+    ("qwen3", {"sliding_window": 4, "use_sliding_window": True, "layer_types": [FULL, SLIDING, FULL]}),
+    ("phi3", {"sliding_window": 4}),
+    ("phi3", {"sliding_window": None}),
+    ("starcoder2", {"sliding_window": 4}),
+    ("starcoder2", {"sliding_window": None}),
+]
+
+
+def _model(family: str, overrides: dict) -> torch.nn.Module:
+    overrides = dict(overrides)
+    late = overrides.pop("set_sliding_window", None)
+    model = tiny_model(family, num_hidden_layers=LAYERS, **overrides).double()
+    if late is not None:
+        model.config.sliding_window = late
+    return model
+
+
+def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    if model.config.model_type == "gpt2":
+        return [block.attn for block in model.transformer.h]
+    return [layer.self_attn for layer in model.model.layers]
+
+
+def _window_of(mask: torch.Tensor) -> int | None:
+    """The window a [B, 1, S, K] mask (bool: visible; float: 0 visible) gives its last query of
+    position PROMPT - 1: the number of keys it sees, None when that is all of them."""
+    row = mask[0, 0, -1]
+    seen = int(row.sum()) if row.dtype == torch.bool else int((row == 0).sum())
+    return None if seen == PROMPT else seen
+
+
+def _effective(windows: list[int | None]) -> list[int | None]:
+    """What windows do to a PROMPT-token sequence: one at least that long is full attention."""
+    return [None if w is None or w >= PROMPT else w for w in windows]
+
+
+def _prompt(model: torch.nn.Module) -> list[int]:
+    g = torch.Generator().manual_seed(3)
+    return torch.randint(0, model.config.vocab_size, (PROMPT,), generator=g).tolist()
+
+
+def _transformers(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int | None], torch.Tensor]:
+    """The windows of the masks transformers' eager attention gets, and its last-token logits."""
+    masks: list[torch.Tensor] = []
+    hooks = [
+        m.register_forward_pre_hook(lambda _m, _a, kw: masks.append(kw["attention_mask"]), with_kwargs=True)
+        for m in _attention_modules(model)
+    ]
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt])).logits[0, -1]
+    finally:
+        for h in hooks:
+            h.remove()
+    return [_window_of(m) for m in masks], logits
+
+
+def _step_graph(model: torch.nn.Module, prompt: list[int], monkeypatch) -> tuple[list, list, torch.Tensor]:
+    """The step module the exporter traces: its spec's windows, the windows of the masks its attention
+    gets, and its last-token logits (the paged module run eagerly on one block table)."""
+    step = PagedDecoderStep(model, max_seq=16, block_size=BLOCK)
+    masks: list[torch.Tensor] = []
+    real = step_module.cache_attention
+
+    def recording(q, k, v, mask, scale):
+        masks.append(mask)
+        return real(q, k, v, mask, scale)
+
+    monkeypatch.setattr(step_module, "cache_attention", recording)
+    spec = step.spec
+    pool = (PROMPT // BLOCK, BLOCK, spec.num_kv_heads, spec.head_dim)
+    pools = [torch.zeros(pool, dtype=torch.float64) for _ in range(2 * spec.num_layers)]
+    with torch.no_grad():
+        out = step(
+            torch.tensor([prompt]),
+            torch.arange(PROMPT)[None],
+            torch.tensor([0]),
+            torch.tensor([PROMPT]),
+            torch.arange(PROMPT // BLOCK, dtype=torch.int32)[None],
+            torch.arange(PROMPT)[None],
+            *pools,
+        )
+    return list(spec.sliding_windows), [_window_of(m) for m in masks], out[0][0]
+
+
+def _torch_executor(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int | None], torch.Tensor]:
+    """The windows the torch executor hands its attention, layer by layer, and its last-token logits."""
+    seen: list[int | None] = []
+
+    def attention(q, k_pool, v_pool, meta, scale, window=None):
+        seen.append(window)
+        return paged_attention_reference(q, k_pool, v_pool, meta, scale, window)
+
+    ex = TorchExecutor(
+        model, num_blocks=PROMPT // BLOCK, block_size=BLOCK, max_model_len=16, attention=attention
+    )
+    blocks = list(range(PROMPT // BLOCK))
+    batch = StepBatch.build(["s"], [prompt], [0], [blocks], [list(range(PROMPT))], [True])
+    return seen, ex.step(batch)[0]
+
+
+def test_the_cases_cover_every_supported_family():
+    assert {family for family, _ in CASES} == set(SUPPORTED)
+
+
+@pytest.mark.parametrize(("family", "overrides"), CASES, ids=[f"{f}-{i}" for i, (f, _) in enumerate(CASES)])
+def test_step_graph_torch_executor_and_transformers_apply_the_same_windows(family, overrides, monkeypatch):
+    model = _model(family, overrides)
+    prompt = _prompt(model)
+    hf_windows, hf_logits = _transformers(model, prompt)
+    spec_windows, graph_windows, graph_logits = _step_graph(model, prompt, monkeypatch)
+    executor_windows, executor_logits = _torch_executor(model, prompt)
+    assert len(hf_windows) == model.config.num_hidden_layers
+    assert spec_windows == executor_windows, "the step graph and the torch executor disagree"
+    assert graph_windows == _effective(spec_windows), "the step graph applies windows its spec does not name"
+    assert _effective(executor_windows) == hf_windows, "transformers applies other windows"
+    np.testing.assert_allclose(graph_logits.numpy(), hf_logits.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(executor_logits.numpy(), hf_logits.float().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_windows_are_in_the_manifest_spec_as_applied():
+    """The windows the step graph's generation metadata records are the adapter's list, per layer."""
+    model = _model("ministral", {"sliding_window": 4, "layer_types": [SLIDING, FULL, SLIDING]})
+    assert PagedDecoderStep(model, 16, BLOCK).spec.to_dict()["sliding_windows"] == [4, None, 4]
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides", "message"),
+    [
+        # qwen's config nulls the window without use_sliding_window; transformers' forward then fails
+        (
+            "qwen2",
+            {"sliding_window": 4, "use_sliding_window": False, "layer_types": [SLIDING] * LAYERS},
+            "qwen2 config: layer_types marks sliding_attention layers but sliding_window is null "
+            r"\(use_sliding_window is false\)",
+        ),
+        (
+            "ministral",
+            {"sliding_window": 4, "set_layer_types": ["chunked_attention"] * LAYERS},
+            "layer_types",
+        ),
+        ("mistral", {"set_sliding_window": 0}, "sliding_window must be null or an integer >= 1, got 0"),
+    ],
+)
+def test_windows_transformers_cannot_apply_are_refused_by_both_consumers(family, overrides, message):
+    overrides = dict(overrides)
+    layer_types = overrides.pop("set_layer_types", None)
+    model = _model(family, overrides)
+    if layer_types is not None:
+        model.config.layer_types = layer_types
+    with pytest.raises(UserError, match=message):
+        PagedDecoderStep(model, 16, BLOCK)
+    with pytest.raises(UserError, match=message):
+        TorchExecutor(model, num_blocks=4, block_size=BLOCK)
+    try:  # and transformers' own forward fails, or attends to nothing
+        _, logits = _transformers(model, _prompt(model))
+    except (AttributeError, KeyError, RuntimeError, TypeError, ValueError):
+        return
+    assert not torch.isfinite(logits).all()

@@ -1,0 +1,152 @@
+"""The fused Llama-style layer of the torch executor on CUDA: a model's weights driven through
+trtforge's Triton layer kernels (:mod:`trtforge.kernels.fused_layer`, :mod:`trtforge.kernels.gemv`).
+
+A layer is: RMSNorm, one QKV GEMM over concatenated weights, Qwen3's q/k head norms, one kernel that
+applies RoPE and writes k and v into their paged-pool slots, attention, the output projection with
+the residual add folded into the GEMM (addmm), RMSNorm, one gate+up GEMM, one SiLU-and-multiply
+kernel, and the down projection with its residual add. At decode-sized token counts (<=
+``gemv_max_tokens``: one token by default) the projections run instead as Triton GEMVs with the
+norms, SiLU*mul and residual adds folded in: norm+QKV, o_proj+residual, norm+gate/up+SiLU,
+down+residual, and norm+lm_head.
+
+The concatenated weights replace the modules' own parameters with views into them, so the model
+keeps working unchanged and no weight is held twice. Phi-3's fused qkv_proj and gate_up_proj are used
+as they are. :func:`fusable` says which models fit (SiLU-gated MLP, RMSNorms, unbiased o/MLP
+projections, an even head dim).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trtforge.kernels.fused_layer import qk_norm_, rms_norm, rope_and_cache, silu_mul
+from trtforge.kernels.gemv import (
+    MAX_ROWS,
+    gemv_residual,
+    norm_gate_up_silu,
+    norm_gemv,
+)
+from trtforge.llm.models.llama import LlamaStyle
+
+# Token counts up to this run the projections as GEMVs (FusedLayers.gemv_max_tokens; at most
+# kernels.gemv.MAX_ROWS). On an H200 (TinyLlama-1.1B shapes, benchmarks/bench_decode_layer.py,
+# results/decode_layer.json) the one-row GEMVs took 32.8 us per layer against 44.0 us for cuBLAS + the
+# separate norm/SiLU kernels, and the batch-1 decode graph 1.03 ms against 1.32 ms; from two rows on
+# cuBLAS is as fast or faster (45.3 vs 44.4 us at two rows, 106.6 vs 44.5 at eight), so one token only.
+GEMV_MAX_TOKENS = 1
+
+_RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Phi3RMSNorm")
+
+
+def _mlp_projections(mlp: Any) -> list[Any]:
+    """The gated MLP's linear layers: gate_up_proj (Phi-3) or gate_proj and up_proj; then down_proj."""
+    fused = getattr(mlp, "gate_up_proj", None)
+    return [fused, mlp.down_proj] if fused is not None else [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+
+
+def fusable(adapter: LlamaStyle) -> str | None:
+    """None when the adapted model's layers fit the fused path, else why not (a one-line reason)."""
+    config = adapter.config
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"hidden_act {getattr(config, 'hidden_act', None)!r} (the fused MLP is SiLU-gated)"
+    if adapter.head_dim % 2:
+        return f"odd head dim {adapter.head_dim}"
+    for layer in adapter.layers:
+        a = layer.self_attn
+        if a.o_proj.bias is not None or any(p.bias is not None for p in _mlp_projections(layer.mlp)):
+            return "biased output or MLP projections"
+        norms = [layer.input_layernorm, layer.post_attention_layernorm]
+        if getattr(a, "q_norm", None) is not None:
+            norms += [a.q_norm, a.k_norm]
+        for norm in norms:
+            if not hasattr(norm, "variance_epsilon") or type(norm).__name__ not in _RMS_NORMS:
+                return f"norm {type(norm).__name__}"
+    return None
+
+
+def _concat_into_views(modules: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the modules' weights (and biases) along dim 0; repoint each module at its slice."""
+    weight = torch.cat([m.weight.data for m in modules])
+    has_bias = [m.bias is not None for m in modules]
+    bias = torch.cat([m.bias.data for m in modules]) if all(has_bias) else None
+    if any(has_bias) and bias is None:
+        raise ValueError("either every projection has a bias or none does")
+    lo = 0
+    for m in modules:
+        hi = lo + int(m.weight.shape[0])
+        m.weight.data = weight[lo:hi]
+        if bias is not None:
+            m.bias.data = bias[lo:hi]
+        lo = hi
+    return weight, bias
+
+
+class FusedLayers:
+    """The per-layer weights of the fused path for a :func:`fusable` model; :meth:`attention_input`,
+    :meth:`finish` and :meth:`logits` stand in for the adapter's layer math around the attention."""
+
+    def __init__(self, adapter: LlamaStyle) -> None:
+        self.adapter = adapter
+        self.model, self.inner = adapter.model, adapter.body
+        self.layers = adapter.layers
+        self.qkv_w: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        self.gate_up_w: list[torch.Tensor] = []
+        for layer in self.layers:
+            a, m = layer.self_attn, layer.mlp
+            fused = getattr(a, "qkv_proj", None)  # Phi-3: already [q; k; v] by heads
+            qkv = (fused.weight, fused.bias) if fused is not None else None
+            self.qkv_w.append(qkv or _concat_into_views([a.q_proj, a.k_proj, a.v_proj]))
+            gate_up = getattr(m, "gate_up_proj", None)  # Phi-3: already [gate; up]
+            self.gate_up_w.append(
+                gate_up.weight if gate_up is not None else _concat_into_views([m.gate_proj, m.up_proj])[0]
+            )
+        self.head_dim, self.num_heads = adapter.head_dim, adapter.num_heads
+        self.num_kv_heads = adapter.num_kv_heads
+        self.gemv_max_tokens = min(GEMV_MAX_TOKENS, MAX_ROWS)
+
+    def _gemv(self, h: torch.Tensor) -> bool:
+        return 0 < int(h.shape[0]) <= self.gemv_max_tokens
+
+    def attention_input(
+        self,
+        i: int,
+        h: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        slots: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+    ) -> torch.Tensor:
+        """Norm, QKV projection, q/k head norms (Qwen3), RoPE and the K/V write of layer i; returns q
+        ``[T, Hq, D]``."""
+        layer = self.layers[i]
+        norm = layer.input_layernorm
+        w, b = self.qkv_w[i]
+        if self._gemv(h):
+            qkv = norm_gemv(h, norm.weight, norm.variance_epsilon, w, b)
+        else:
+            qkv = torch.nn.functional.linear(rms_norm(h, norm.weight, norm.variance_epsilon), w, b)
+        attn = layer.self_attn
+        if getattr(attn, "q_norm", None) is not None:
+            qk_norm_(qkv, attn.q_norm, attn.k_norm, self.num_heads, self.num_kv_heads)
+        return rope_and_cache(qkv, *rope, slots, k_pool, v_pool, self.num_heads, self.num_kv_heads)
+
+    def finish(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """Output projection + residual, norm, gated MLP + residual."""
+        layer = self.layers[i]
+        norm = layer.post_attention_layernorm
+        if self._gemv(h):
+            h = gemv_residual(o.reshape(h.shape[0], -1).contiguous(), layer.self_attn.o_proj.weight, h)
+            a = norm_gate_up_silu(h, norm.weight, norm.variance_epsilon, self.gate_up_w[i])
+            return gemv_residual(a, layer.mlp.down_proj.weight, h)
+        h = torch.addmm(h, o.reshape(h.shape[0], -1), layer.self_attn.o_proj.weight.t())
+        x = rms_norm(h, norm.weight, norm.variance_epsilon)
+        a = silu_mul(torch.nn.functional.linear(x, self.gate_up_w[i]))
+        return torch.addmm(h, a, layer.mlp.down_proj.weight.t())
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        norm, head = self.inner.norm, self.model.lm_head
+        if self._gemv(h):
+            return norm_gemv(h, norm.weight, norm.variance_epsilon, head.weight, head.bias)
+        return head(rms_norm(h, norm.weight, norm.variance_epsilon))

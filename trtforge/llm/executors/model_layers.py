@@ -1,0 +1,57 @@
+"""A model split at its attention calls, the torch executor's unit of work: embed, each layer up to
+attention (q out, K/V written into the layer's pool), each layer after it, and the LM head.
+
+It runs the family adapter's layer math (:mod:`trtforge.llm.models`) on the flat tokens ``[T, H]`` of
+a ragged step, or the fused Llama-style layers (:mod:`.fused_layers`) where the executor made them.
+It is :class:`~.piecewise.StepLayers`, so the same object serves eager steps and piecewise graphs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trtforge.llm.models.base import DecoderAdapter
+
+
+class ModelLayers:
+    """The model split at its attention calls (:class:`~.piecewise.StepLayers`), fused where it can be."""
+
+    def __init__(self, adapter: DecoderAdapter, fused: Any, k_pools: list, v_pools: list) -> None:
+        self.adapter, self.fused, self.k_pools, self.v_pools = adapter, fused, k_pools, v_pools
+        self.num_layers = len(k_pools)
+        self.hkv, self.d = adapter.num_kv_heads, adapter.head_dim
+
+    def embed(
+        self, ids: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, Any]:
+        """Hidden states and rotary tables (``[T, R]`` for the fused kernels, ``[T, 1, R]`` to broadcast
+        over heads otherwise); `rope_lens` (each token's dynamic-rotary length) only matters to dynamic
+        rotary."""
+        if self.fused is None:
+            ids, positions = ids.long(), positions.long()
+        h = self.adapter.embed(ids, positions)
+        rope = self.adapter.rotary(positions, h.dtype, rope_lens)
+        if rope is None or self.fused is not None:
+            return h, rope
+        return h, (rope[0][:, None], rope[1][:, None])
+
+    def layer_in(self, i: int, h: torch.Tensor, extra: Any, slots: torch.Tensor) -> torch.Tensor:
+        kp, vp = self.k_pools[i], self.v_pools[i]
+        if self.fused is not None:
+            return self.fused.attention_input(i, h, extra, slots, kp, vp)
+        q, k, v = self.adapter.qkv(i, h)
+        q, k = self.adapter.rotate(q, k, extra)
+        slots = slots.long()
+        kp.view(-1, self.hkv, self.d).index_copy_(0, slots, k)
+        vp.view(-1, self.hkv, self.d).index_copy_(0, slots, v)
+        return q
+
+    def layer_out(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None:
+            return self.fused.finish(i, h, o)
+        return self.adapter.finish_block(i, h, o.reshape(h.shape[0], -1))
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        return (self.adapter if self.fused is None else self.fused).logits(h).float()

@@ -1,0 +1,261 @@
+"""What every family adapter shares: the decoder spec, the family checks, the one sliding-window rule,
+rotary application, and the adapter base class both consumers drive.
+
+An adapter's layer math is layout-agnostic: hidden states ``[..., H]`` in, heads ``[..., heads, D]``
+out. The step-graph export (``llm.compile.step``) runs it on ``[B, S, H]`` and transposes the heads to
+``[B, heads, S, D]``; the torch executor runs it on the flat tokens ``[T, H]`` of a ragged step.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from trtforge.errors import UserError
+
+LLAMA_STYLE = ("llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "starcoder2")
+GPT2_STYLE = ("gpt2",)
+SUPPORTED = (*LLAMA_STYLE, *GPT2_STYLE)
+# families whose attention applies no sliding window or chunk, whatever the config says
+UNWINDOWED = ("llama", "gpt2")
+# families whose forward picks each layer's mask by config.layer_types (the others: one mask for all)
+PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3")
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass
+class DecoderSpec:
+    """What the step graph and the generation loop need to know about a model (the manifest section)."""
+
+    family: str
+    model_type: str
+    vocab_size: int
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    positions: str  # "rotary" | "learned"
+    rotary: dict[str, Any] | None
+    max_positions: int | None
+    sliding_windows: list[int | None]
+    bos_token_id: int | None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+def token_ids(value: Any, vocab: int) -> list[int]:
+    """The ids in `value` (one id, a list of them or None) that lie in a vocabulary of `vocab` tokens."""
+    ids = value if isinstance(value, (list, tuple)) else [value]
+    return [int(i) for i in ids if i is not None and 0 <= int(i) < vocab]
+
+
+def eos_token_ids(model: Any) -> list[int]:
+    """Every end-of-sequence id of `model` in its vocabulary: its config's and its generation config's
+    (transformers' generate() stops at the latter's; Llama 3 lists several there)."""
+    config = model.config
+    ids = token_ids(config.eos_token_id, config.vocab_size)
+    generation = getattr(model, "generation_config", None)
+    more = token_ids(getattr(generation, "eos_token_id", None), config.vocab_size)
+    return ids + [i for i in dict.fromkeys(more) if i not in ids]
+
+
+def model_type_of(model: Any, user: str = "--generate") -> str:
+    """The HF `config.model_type` of `model`, or UserError naming what is supported (by `user`, the
+    option or executor that asks)."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if not isinstance(model, nn.Module) or model_type is None:
+        raise UserError(
+            f"{user} needs a Hugging Face causal LM (a transformers PreTrainedModel with a config); got "
+            f"{type(model).__name__}. Supported families: {', '.join(SUPPORTED)}."
+        )
+    if model_type not in SUPPORTED:
+        raise UserError(
+            f"model family '{model_type}' ({type(model).__name__}) is not supported by {user}. Supported "
+            f"families: {', '.join(LLAMA_STYLE)} (Llama-style: RoPE, pre-norm blocks, GQA) and "
+            f"{', '.join(GPT2_STYLE)} (learned positions, LayerNorm, GELU)."
+        )
+    if getattr(model, "lm_head", None) is None:
+        raise UserError(
+            f"{type(model).__name__} has no lm_head: {user} needs the causal-LM class "
+            f"(e.g. {'GPT2LMHeadModel' if model_type == 'gpt2' else 'AutoModelForCausalLM'}), "
+            "not the bare model."
+        )
+    return model_type
+
+
+def refuse_unapplied_window(model: nn.Module, length: int, limit: str, user: str = "--generate") -> None:
+    """UserError when a llama/gpt2 config sets a sliding window (or attention chunk) shorter than `length`
+    (the `limit` option's value): their attention applies none, yet transformers' generate() cache
+    truncates the keys to it, so HF's forward and generate() disagree past it."""
+    c = model.config
+    if c.model_type not in UNWINDOWED:
+        return
+    for name in ("sliding_window", "attention_chunk_size"):
+        window = getattr(c, name, None)
+        if isinstance(window, int) and not isinstance(window, bool) and window < length:
+            raise UserError(
+                f"{c.model_type} model {type(model).__name__}: its config sets {name}={window}, shorter "
+                f"than {limit} {length}. {c.model_type}'s attention applies no window, but transformers' "
+                f"generate() cache truncates the keys to it, so the two disagree past {window} tokens and "
+                f"{user} cannot match transformers. Pass {limit} <= {window}, or set {name} to null in "
+                "config.json."
+            )
+
+
+def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
+    """Each layer's sliding-attention window (None: full attention), as transformers' forward applies it
+    (its masks: ``masking_utils.create_sliding_window_causal_mask`` reads ``config.sliding_window``).
+
+    - llama, gpt2: none (see :func:`refuse_unapplied_window` for a window their config sets anyway);
+    - mistral, phi3, starcoder2: ``config.sliding_window`` on every layer, or none when it is null
+      (their forward ignores ``layer_types``);
+    - ministral, qwen2, qwen3: the window on the layers ``config.layer_types`` marks "sliding_attention"
+      (qwen's config builds those from ``use_sliding_window`` and ``max_window_layers``; with
+      ``use_sliding_window`` false it nulls ``sliding_window``).
+    UserError where transformers' forward would fail or attend to nothing: a sliding layer without a
+    window, an unknown layer type, a window below 1.
+    """
+    model_type = config.model_type
+    if model_type in UNWINDOWED:
+        return [None] * num_layers
+    window = getattr(config, "sliding_window", None)
+    where = f"{model_type} config"
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise UserError(f"{where}: sliding_window must be null or an integer >= 1, got {window!r}.")
+    if model_type not in PER_LAYER_TYPES:
+        return [window] * num_layers
+    types = list(getattr(config, "layer_types", None) or ["full_attention"] * num_layers)
+    if len(types) < num_layers or any(t not in _LAYER_TYPES for t in types):
+        raise UserError(
+            f"{where}: layer_types must name one of {list(_LAYER_TYPES)} for each of its {num_layers} "
+            f"layers, got {types!r}."
+        )
+    if window is None and "sliding_attention" in types[:num_layers]:
+        hint = (
+            " (use_sliding_window is false)" if getattr(config, "use_sliding_window", True) is False else ""
+        )
+        raise UserError(
+            f"{where}: layer_types marks sliding_attention layers but sliding_window is null{hint}; "
+            "transformers' forward cannot build their mask. Set sliding_window, or mark them full_attention."
+        )
+    return [window if t == "sliding_attention" else None for t in types[:num_layers]]
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """HF's non-interleaved rotary embedding: ``x*cos + rotate_half(x)*sin`` over the first
+    ``cos.shape[-1]`` channels of `x` (all of them unless the rotary is partial, as Phi-4-mini's); the
+    rest pass through. `cos`/`sin` broadcast against `x`."""
+    dim = cos.shape[-1]
+    rot, rest = x[..., :dim], x[..., dim:]
+    half = dim // 2
+    rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+    out = rot * cos + rotated * sin
+    return out if rest.shape[-1] == 0 else torch.cat((out, rest), dim=-1)
+
+
+class DecoderAdapter(ABC):
+    """One family's view of a HF causal LM: its spec, per-layer attention scales and windows, and the
+    layer math around the attention (embed, project q/k/v, finish the block, logits), read by the
+    step-graph export and the torch executor alike.
+
+    `user` names the consumer in errors ("--generate", "TorchExecutor").
+    """
+
+    family: str = ""
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    #: the rotary tables depend on each sequence's length (dynamic NTK): so do its keys
+    dynamic: bool = False
+
+    def __init__(self, model: nn.Module, layers: list[nn.Module], user: str) -> None:
+        self.model, self.config, self.layers, self.user = model, model.config, layers, user
+        self.windows: list[int | None] = sliding_windows(self.config, len(layers))
+        #: each layer's softmax scale (the attention module's own ``scaling``)
+        self.scales: list[float] = []
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def require_fixed_rotary(self) -> None:
+        """UserError for a rotary whose table changes with the sequence length (the step graph holds one)."""
+        if self.dynamic:
+            raise UserError(
+                f"{self.config.model_type} model {type(self.model).__name__}: rotary scaling 'dynamic' "
+                "changes the frequencies with the sequence length; the step graph needs a fixed table. "
+                "Supported: default, linear, llama3, yarn and other static types. The torch executor "
+                "(trtforge.llm.from_pretrained) serves 'dynamic' rotary."
+            )
+
+    @property
+    @abstractmethod
+    def spec(self) -> DecoderSpec:
+        """The manifest's description of the model."""
+
+    @property
+    @abstractmethod
+    def max_length(self) -> int:
+        """The longest sequence the model's positions cover (a learned table, or RoPE's trained length
+        scaled by a dynamic rotary's factor)."""
+
+    @abstractmethod
+    def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
+        """Hidden states ``[..., H]`` of the tokens at their positions."""
+
+    @abstractmethod
+    def rotary(
+        self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
+    ) -> tuple[Tensor, Tensor] | None:
+        """cos, sin ``[..., R]`` of each position in `dtype` (None: no rotary); `rope_lens` only
+        matters to a dynamic rotary."""
+
+    @abstractmethod
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Layer i's q, k, v ``[..., heads, D]`` from the block input `x` ``[..., H]``, before rotary."""
+
+    def rotate(self, q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+        """q and k rotated by `rope` (tables shaped to broadcast against them), or as they are."""
+        if rope is None:
+            return q, k
+        cos, sin = rope
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+    @abstractmethod
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        """Layer i's output from its input `x` and the attention output ``[..., heads * D]``."""
+
+    @abstractmethod
+    def final_norm(self, x: Tensor) -> Tensor:
+        """The norm before the LM head."""
+
+    def logits(self, x: Tensor) -> Tensor:
+        """LM-head logits of hidden states `x` (in the model's dtype; callers cast)."""
+        return self.model.lm_head(self.final_norm(x))
+
+    def _spec(self, **family: Any) -> DecoderSpec:
+        """The spec's family-independent fields, completed with `family`'s."""
+        c = self.config
+        return DecoderSpec(
+            family=self.family,
+            model_type=c.model_type,
+            vocab_size=int(c.vocab_size),
+            num_layers=self.num_layers,
+            hidden_size=int(c.hidden_size),
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            sliding_windows=list(self.windows),
+            bos_token_id=next(iter(token_ids(c.bos_token_id, c.vocab_size)), None),
+            eos_token_ids=eos_token_ids(self.model),
+            **family,
+        )

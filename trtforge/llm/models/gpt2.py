@@ -1,0 +1,61 @@
+"""The GPT-2 adapter: learned positions, pre-norm LayerNorm blocks, fused c_attn (Conv1D), GELU MLP,
+multi-head attention (as many key/value heads as query heads), no window."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from trtforge.llm.models.base import DecoderAdapter, DecoderSpec
+
+
+class Gpt2Style(DecoderAdapter):
+    """GPT-2 (``GPT2LMHeadModel``)."""
+
+    family = "gpt2"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, list(model.transformer.h), user)
+        self.body = model.transformer
+        attn = self.layers[0].attn
+        self.num_heads = self.num_kv_heads = int(attn.num_heads)
+        self.head_dim = int(attn.head_dim)
+        # the module's own scale: 1/sqrt(D) if scale_attn_weights, / (layer + 1) if by inverse layer idx
+        self.scales = [float(layer.attn.scaling) for layer in self.layers]
+
+    @property
+    def spec(self) -> DecoderSpec:
+        return self._spec(positions="learned", rotary=None, max_positions=self.max_length)
+
+    @property
+    def max_length(self) -> int:
+        return int(self.body.wpe.num_embeddings)
+
+    def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
+        return self.body.wte(input_ids) + self.body.wpe(position_ids)
+
+    def rotary(self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None) -> None:
+        return None
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        attn = self.layers[i].attn
+        q, k, v = conv1d(attn.c_attn, self.layers[i].ln_1(x)).split(attn.split_size, dim=-1)
+        return tuple(t.unflatten(-1, (-1, self.head_dim)) for t in (q, k, v))  # type: ignore[return-value]
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        layer = self.layers[i]
+        x = x + conv1d(layer.attn.c_proj, attn_out)
+        mlp = layer.mlp
+        return x + conv1d(mlp.c_proj, mlp.act(conv1d(mlp.c_fc, layer.ln_2(x))))
+
+    def final_norm(self, x: Tensor) -> Tensor:
+        return self.body.ln_f(x)
+
+
+def conv1d(module: nn.Module, x: Tensor) -> Tensor:
+    """GPT-2's Conv1D (a linear layer with an [in, out] weight). Flat tokens ``[T, in]`` (the torch
+    executor) run the module itself, as HF does; batched ``[B, S, in]`` (the step graph) run without
+    its view to a traced shape, which the legacy exporter would freeze to the example's length."""
+    if x.dim() == 2:
+        return module(x)
+    return torch.matmul(x, module.weight) + module.bias
