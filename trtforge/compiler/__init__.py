@@ -3,5 +3,6 @@ TensorRT network and engine build (``network``, ``build``), and ``session``: the
 checks, work dir, timed stages, crash-safe publish) that ``pipeline.compile_model`` and the decoder wing's
 ``compile_generate`` both use.
 
-May import the encoder wing (core, kernels, numerics, plugins, passes, calibration, runtime); never ``reports``, ``llm`` or ``cli``.
+May import the encoder wing (core, kernels, numerics, plugins, passes, calibration, runtime); never
+``reports``, ``llm`` or ``cli``.
 """
