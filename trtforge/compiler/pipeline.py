@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtforge._fileio import as_path, sha256_file, show_path
+from trtforge._fileio import sha256_file, show_path
 from trtforge._usercode import load_factory
 from trtforge.compiler import export as export_mod
 from trtforge.compiler import sources
@@ -122,8 +122,6 @@ def compile_model(
         from trtforge.plugins.attention.plugin import check_plugin_support
 
         check_plugin_support(get_backend(backend))
-    if output is not None:
-        as_path(output, "output (the engine path)")
     session = CompileSession(
         output,
         save_onnx=save_onnx,

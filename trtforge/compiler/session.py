@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trtforge._fileio import (
+    as_path,
     atomic_outputs,
     atomic_write_bytes,
     check_distinct_outputs,
@@ -89,7 +90,7 @@ class CompileSession:
         caches: Mapping[str, PathArg] | None = None,
         log: Log | None = None,
     ):
-        if build and (output is None or not os.fspath(output)):
+        if build and (output is None or not os.fspath(as_path(output, "output (the engine path)"))):
             raise UserError("an output engine path is required (output=... / -o OUT.engine).")
         if not build and save_onnx is None:
             raise UserError("without an engine build there is nothing to write: pass save_onnx.")
@@ -116,10 +117,10 @@ class CompileSession:
         self._workdir: Path | None = None
 
     def refuse_overwriting(
-        self, inputs: Mapping[str, PathArg], rewritten: Mapping[str, PathArg] = {}
+        self, inputs: Mapping[str, PathArg], rewritten: Mapping[str, PathArg] | None = None
     ) -> None:
         """UserError when an output (or a `rewritten` cache) is one of the files the compile reads."""
-        refuse_overwriting_inputs(self.outputs | dict(rewritten), dict(inputs))
+        refuse_overwriting_inputs(self.outputs | dict(rewritten or {}), dict(inputs))
 
     @property
     def workdir(self) -> Path:
