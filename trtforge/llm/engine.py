@@ -3,8 +3,10 @@
 Callers get a :class:`RequestHandle` per request: iterate it for tokens as they are sampled, wait for
 the :class:`Completion`, or cancel it. Submissions are validated in the caller's thread (a bad
 request raises UserError there) and handed to the loop through an inbox, so a submitting thread
-never waits for a step to finish. Under asynchronous scheduling a step's outputs come out of the
-next :meth:`Scheduler.step`; the loop keeps stepping while one is in flight, and flushes it on close.
+never waits for a step to finish. The thread drives a step loop (:func:`make_step_loop`: schedule ->
+execute + sample -> update, :mod:`trtforge.llm.loop`; one step in flight, :mod:`trtforge.llm.async_loop`).
+Under asynchronous scheduling a step's outputs come out of the next step; the thread keeps stepping
+while one is in flight, and flushes it on close.
 """
 
 from __future__ import annotations
@@ -15,13 +17,32 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from trtforge.errors import TrtforgeError, UserError
-from trtforge.llm.executors.base import StepExecutor
+from trtforge.llm.async_loop import AsyncStepLoop
+from trtforge.llm.executors.base import AsyncStepExecutor, StepExecutor, supports_async
+from trtforge.llm.loop import StepHook, StepLoop
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.blocks import MemoryStats
-from trtforge.llm.sched.scheduler import RequestOutput, Scheduler, SchedulerConfig, SchedulerStats, StepHook
+from trtforge.llm.sched.scheduler import RequestOutput, Scheduler, SchedulerConfig, SchedulerStats
+
+
+def make_step_loop(
+    executor: StepExecutor, config: SchedulerConfig | None = None, step_hook: StepHook | None = None
+) -> StepLoop:
+    """A scheduler over `executor` and the loop that runs it: asynchronous where the executor offers
+    ``step_async`` and ``config.async_scheduling`` is not False (True requires it), else synchronous."""
+    scheduler = Scheduler(executor, config)
+    wanted, offered = scheduler.config.async_scheduling, supports_async(executor)
+    if wanted and not offered:
+        raise UserError(
+            f"SchedulerConfig.async_scheduling=True needs an executor with step_async; "
+            f"{type(executor).__name__} runs steps synchronously only (leave it None or False)"
+        )
+    if offered if wanted is None else wanted:
+        return AsyncStepLoop(cast(AsyncStepExecutor, executor), scheduler, step_hook)
+    return StepLoop(executor, scheduler, step_hook)
 
 
 class EngineClosedError(TrtforgeError):
@@ -130,7 +151,8 @@ class LLMEngine:
         *,
         step_hook: StepHook | None = None,
     ) -> None:
-        self._scheduler = Scheduler(executor, config, step_hook=step_hook)
+        self._steps = make_step_loop(executor, config, step_hook)
+        self._scheduler = self._steps.scheduler
         self._inbox_lock = threading.Lock()
         self._step_lock = threading.Lock()
         self._wake = threading.Condition(self._inbox_lock)
@@ -267,12 +289,12 @@ class LLMEngine:
             self._wake.notify()
 
     def _loop(self) -> None:
-        sched = self._scheduler
+        sched, steps = self._scheduler, self._steps
         try:
             while True:
                 with self._wake:
                     self._wake.wait_for(
-                        lambda: self._closed or self._inbox or self._cancels or sched.has_unfinished()
+                        lambda: self._closed or self._inbox or self._cancels or steps.has_unfinished()
                     )
                     if self._closed:
                         break
@@ -283,10 +305,10 @@ class LLMEngine:
                         sched.enqueue(seq)
                     for rid in cancels:
                         sched.abort(rid)
-                    outputs = sched.step()
+                    outputs = steps.step()
                 self._dispatch(outputs)
             with self._step_lock:
-                outputs = sched.flush()  # closed: tokens already computed still reach their streams
+                outputs = steps.flush()  # closed: tokens already computed still reach their streams
             self._dispatch(outputs)
         except BaseException as exc:  # a scheduler bug: every waiter learns of it, then it propagates
             self._fatal = exc
