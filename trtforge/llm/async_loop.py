@@ -51,8 +51,11 @@ class AsyncStepLoop(StepLoop):
         return self.async_executor.step_async(plan.batch, feed)
 
     def _sample_and_update(self, plan: StepPlan, logits: Any) -> list[RequestOutput]:
-        sampled = sample_async(logits, plan.sampling_params, plan.generators)
-        outputs = self._resolve()
+        # penalties and grammars read the tokens so far: the step in flight is applied first for them
+        outputs = self._resolve() if plan.needs_history() else []
+        histories, bitmask = plan.sampler_inputs(self.executor.vocab_size)
+        sampled = sample_async(logits, plan.sampling_params, plan.generators, histories, bitmask)
+        outputs += self._resolve()
         self.scheduler.defer(plan)  # (after the step before cleared its own rows)
         self._inflight = (plan, sampled)
         return outputs
@@ -66,4 +69,4 @@ class AsyncStepLoop(StepLoop):
             tokens = sampled.result().tolist()
         except Exception as exc:  # a device fault surfacing at the wait ends that step's requests
             return self.scheduler.fail(plan, exc)
-        return self.scheduler.update(plan, tokens)
+        return self.scheduler.update(plan, tokens, sampled.logprobs)

@@ -51,13 +51,15 @@ class EngineClosedError(TrtforgeError):
 
 @dataclass(frozen=True)
 class Completion:
-    """A finished request: generated token ids and why it ended ("stop", "length", "abort", "error")."""
+    """A finished request: generated token ids and why it ended ("stop", "length", "abort", "error");
+    `logprobs`: one :class:`~trtforge.llm.penalties.TokenLogprobs` per token when the params asked."""
 
     request_id: Hashable
     prompt_token_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
     finish_reason: str
     error: BaseException | None = None
+    logprobs: tuple[Any, ...] | None = None
 
 
 _DONE = object()
@@ -87,7 +89,12 @@ class RequestHandle:
         if out.finished:
             self._complete(
                 Completion(
-                    self.request_id, self._prompt, out.output_token_ids, out.finish_reason or "", out.error
+                    self.request_id,
+                    self._prompt,
+                    out.output_token_ids,
+                    out.finish_reason or "",
+                    out.error,
+                    out.output_logprobs,
                 )
             )
 
@@ -187,6 +194,27 @@ class LLMEngine:
             self._wake.notify()
         return handle
 
+    def submit_n(self, prompt: Sequence[int], params: SamplingParams) -> list[RequestHandle]:
+        """Queue the ``params.n`` samples of one prompt (:meth:`SamplingParams.expand`), one handle each;
+        they share the prompt's cached prefix blocks once its first copy has computed them."""
+        handles: list[RequestHandle] = []
+        try:
+            for p in params.expand():
+                handles.append(self.submit(prompt, p))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        return handles
+
+    def enable_structured_output(self, tokenizer: Any) -> None:
+        """Accept requests with ``response_format``, compiling their grammars over `tokenizer`'s
+        vocabulary (the model's; needs the ``structured`` extra)."""
+        from trtforge.llm.structured import GrammarCompiler
+
+        with self._inbox_lock:
+            self._scheduler.grammar = GrammarCompiler(tokenizer, self._scheduler.executor.vocab_size)
+
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -194,8 +222,9 @@ class LLMEngine:
     ) -> list[Completion]:
         """Run every prompt to completion (batched together) and return completions in prompt order.
 
-        `params` is one SamplingParams for all prompts or one per prompt. If any request is invalid,
-        UserError is raised and none of them runs. Failed requests come back with `error` set.
+        `params` is one SamplingParams for all prompts or one per prompt; a prompt whose params have
+        ``n > 1`` contributes its n completions in a row. If any request is invalid, UserError is
+        raised and none of them runs. Failed requests come back with `error` set.
         """
         if isinstance(params, SamplingParams) or params is None:
             per = [params] * len(prompts)
@@ -206,7 +235,7 @@ class LLMEngine:
         handles: list[RequestHandle] = []
         try:
             for prompt, p in zip(prompts, per):
-                handles.append(self.submit(prompt, p))
+                handles.extend(self.submit_n(prompt, p if p is not None else SamplingParams()))
         except BaseException:
             for h in handles:
                 h.cancel()

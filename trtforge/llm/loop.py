@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from trtforge.llm.executors.base import StepBatch, StepExecutor
-from trtforge.llm.sampling import SamplingParams, sample
+from trtforge.llm.sampling import SamplingParams, sample_with_logprobs
 from trtforge.llm.sched.blocks import MemoryStats
 from trtforge.llm.sched.plan import StepPlan
 from trtforge.llm.sched.request import RequestOutput, SchedulerStats, StepFailedError
@@ -102,8 +102,11 @@ class StepLoop:
 
     def _sample_and_update(self, plan: StepPlan, logits: Any) -> list[RequestOutput]:
         """Sample the plan's rows and apply the tokens."""
-        tokens = sample(logits, plan.sampling_params, plan.generators).tolist()
-        return self.scheduler.update(plan, tokens)
+        histories, bitmask = plan.sampler_inputs(self.executor.vocab_size)
+        tokens, logprobs = sample_with_logprobs(
+            logits, plan.sampling_params, plan.generators, histories, bitmask
+        )
+        return self.scheduler.update(plan, tokens.tolist(), logprobs)
 
     def _resolve(self) -> list[RequestOutput]:
         """Apply the step in flight, if any (none: every step is applied at once here)."""

@@ -46,7 +46,8 @@ class TokenLogprobs(NamedTuple):
     top: tuple[tuple[int, float], ...]
 
 
-def _penalized(p: Any) -> bool:
+def penalized(p: Any) -> bool:
+    """Whether SamplingParams `p` has any penalty set (so its row needs its token history)."""
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 
@@ -68,7 +69,7 @@ def apply_penalties(logits: Any, params: Sequence[Any], histories: Sequence[RowH
 
     A changed batch comes back as a new float32 tensor/array (the input is never written).
     """
-    rows = np.array([i for i, p in enumerate(params) if _penalized(p)], dtype=np.int64)
+    rows = np.array([i for i, p in enumerate(params) if penalized(p)], dtype=np.int64)
     if not len(rows):
         return logits
     if histories is None or len(histories) != len(params):

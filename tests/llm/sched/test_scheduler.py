@@ -398,6 +398,10 @@ class _LoggedTokens:
     def tokens(self):
         return self.inner.tokens
 
+    @property
+    def logprobs(self):
+        return self.inner.logprobs
+
     def result(self):
         self.log.append(("read", self.step))
         return self.inner.result()

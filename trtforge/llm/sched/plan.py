@@ -12,13 +12,16 @@ import itertools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from trtforge.llm.executors.base import StepBatch
+from trtforge.llm.penalties import RowHistory, penalized
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.blocks import BlockManager
-from trtforge.llm.sched.request import Sequence_
+from trtforge.llm.sched.request import RequestStatus, Sequence_
+from trtforge.llm.structured import batch_bitmask
 
 
 @dataclass
@@ -106,6 +109,24 @@ class StepPlan:
     def generators(self) -> list[np.random.Generator]:
         """Each sampled row's generator, in row order."""
         return [s.generator for s in self.samplers]
+
+    def needs_history(self) -> bool:
+        """Whether a sampled row reads its request's tokens (penalties) or grammar state, so that a
+        token still in flight must be applied before this plan's rows are sampled."""
+        return any(s.matcher is not None or penalized(s.params) for s in self.samplers)
+
+    def sampler_inputs(self, vocab_size: int) -> tuple[list[RowHistory] | None, Any]:
+        """The sampled rows' token histories (None when no row has penalties) and the grammar bitmask
+        of the rows (None when no row has a grammar), for :func:`trtforge.llm.sampling.sample`."""
+        seqs = self.samplers
+        histories = None
+        if any(penalized(s.params) for s in seqs):
+            histories = [
+                RowHistory(s.tokens[: s.prompt_len], s.output) if penalized(s.params) else None for s in seqs
+            ]
+        live = RequestStatus.FINISHED
+        matchers = [s.matcher if s.status is not live else None for s in seqs]
+        return histories, batch_bitmask(matchers, vocab_size)
 
     def fed_rows(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(token rows of the batch, rows of the step in flight's samples) for the sequences whose last

@@ -51,6 +51,10 @@ class Sequence_:
     # asynchronous scheduling: the row of this sequence's token in the step in flight's samples while
     # that token is not known on the host yet (-1: none in flight)
     pending_row: int = -1
+    # structured output: the request's grammar position (a trtforge.llm.structured.GrammarMatcher)
+    matcher: Any = None
+    # the sampled tokens' TokenLogprobs when the params ask for logprobs (else None)
+    logprobs: list[Any] | None = None
 
     @property
     def output(self) -> list[int]:
@@ -70,6 +74,9 @@ class RequestOutput(NamedTuple):
     finished: bool
     finish_reason: str | None = None
     error: BaseException | None = None
+    # TokenLogprobs of new_token_ids / of every output token once finished (None: not asked for)
+    logprobs: tuple[Any, ...] | None = None
+    output_logprobs: tuple[Any, ...] | None = None
 
 
 @dataclass

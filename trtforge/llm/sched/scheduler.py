@@ -24,6 +24,7 @@ import bisect
 import itertools
 from collections import deque
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -84,6 +85,9 @@ class Scheduler:
         self._finished_outputs: list[RequestOutput] = []
         self._arrivals = itertools.count()
         self._seed_source = np.random.default_rng(self.config.seed)
+        # compiles requests' response_format grammars (a trtforge.llm.structured.GrammarCompiler for the
+        # model's tokenizer); None: such requests are refused
+        self.grammar: Any = None
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(
@@ -135,7 +139,22 @@ class Scheduler:
             eos_ids = tuple(getattr(self.executor, "eos_token_ids", None) or ([] if one is None else [one]))
         eos_ids = () if params.ignore_eos else eos_ids
         eos = eos_ids[0] if eos_ids else None
+        if params.n != 1:
+            raise UserError(
+                f"request {request_id!r}: SamplingParams.n={params.n}; a scheduler request is one sample, "
+                "queue each of params.expand() (the engine's generate and submit_n do)"
+            )
+        matcher = None
+        if params.response_format is not None:
+            if self.grammar is None:
+                raise UserError(
+                    f"request {request_id!r}: SamplingParams.response_format needs the model's tokenizer "
+                    "(load the model with one, e.g. from its directory)"
+                )
+            matcher = self.grammar.matcher(params.response_format)
         return Sequence_(
+            matcher=matcher,
+            logprobs=None if params.logprobs is None else [],
             request_id=request_id,
             tokens=tokens,
             prompt_len=len(tokens),
@@ -218,9 +237,12 @@ class Scheduler:
         for row, seq in enumerate(plan.samplers):
             seq.pending_row = row
 
-    def update(self, plan: StepPlan, tokens: Sequence[int]) -> list[RequestOutput]:
+    def update(
+        self, plan: StepPlan, tokens: Sequence[int], logprobs: Sequence[Any] | None = None
+    ) -> list[RequestOutput]:
         """Apply the tokens sampled for the plan's samplers (row order): append each to its sequence,
-        finish those it stops (freeing their blocks); return the outputs of the requests that changed.
+        advance its grammar, keep its `logprobs` (per row, from the sampler), finish those it stops
+        (freeing their blocks); return the outputs of the requests that changed.
 
         A token that was deferred (:meth:`defer`) may already have a slot reserved, valueless, by the
         next launched step. If this token finishes its sequence, its blocks are freed at once although
@@ -237,7 +259,7 @@ class Scheduler:
         fill = self.block_manager.fill_token
         outputs: list[RequestOutput] = []
         generated = 0
-        for seq, token in zip(plan.samplers, tokens):
+        for row, (seq, token) in enumerate(zip(plan.samplers, tokens)):
             if seq.pending_row >= 0:
                 seq.pending_row = -1
                 deferred = True
@@ -250,7 +272,18 @@ class Scheduler:
             if deferred:
                 fill(seq.request_id, token)  # the next step reserved this token's slot, valueless
             generated += 1
-            if token in seq.stop_ids or len(seq_tokens) >= seq.length_limit or seq.params.stop_sequences:
+            lp = None
+            if seq.logprobs is not None and logprobs is not None:
+                lp = (logprobs[row],)
+                seq.logprobs.append(logprobs[row])
+            if seq.matcher is not None:
+                seq.matcher.accept(token)
+            if (
+                token in seq.stop_ids
+                or len(seq_tokens) >= seq.length_limit
+                or seq.params.stop_sequences
+                or seq.matcher is not None
+            ):
                 reason = self._stop_reason(seq)
                 if reason is not None:
                     if seq.status is running:
@@ -258,9 +291,9 @@ class Scheduler:
                     else:  # preempted while its token was in flight
                         self._waiting.remove(seq)
                     self._finish(seq, reason)
-                    outputs.append(self._output(seq, (token,), finished=True))
+                    outputs.append(self._output(seq, (token,), finished=True)._replace(logprobs=lp))
                     continue
-            outputs.append(RequestOutput(seq.request_id, (token,), (), False))
+            outputs.append(RequestOutput(seq.request_id, (token,), (), False, logprobs=lp))
         self.stats.generated_tokens += generated
         return outputs
 
@@ -403,6 +436,8 @@ class Scheduler:
         p = seq.params
         if token in seq.stop_ids:  # the stop ids and every end-of-sequence id
             return "stop"
+        if seq.matcher is not None and seq.matcher.is_terminated:
+            return "stop"
         out_len = len(seq.tokens) - seq.prompt_len
         for stop in p.stop_sequences:
             if out_len >= len(stop) and tuple(seq.tokens[-len(stop) :]) == stop:
@@ -426,4 +461,5 @@ class Scheduler:
             finished=finished,
             finish_reason=seq.finish_reason if finished else None,
             error=seq.error,
+            output_logprobs=tuple(seq.logprobs) if finished and seq.logprobs is not None else None,
         )
