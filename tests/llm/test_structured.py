@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trtforge.errors import UserError
-from trtforge.llm.sampling import SamplingParams, sample
+from trtforge.llm.sampling import SamplingParams
 
 xgrammar = pytest.importorskip("xgrammar", reason="structured output needs the `structured` extra (xgrammar)")
 jsonschema = pytest.importorskip("jsonschema")
@@ -39,55 +39,36 @@ def model_and_tokenizer():
     return model, AutoTokenizer.from_pretrained(MODEL)
 
 
-def _generate(model, tok, prompts, params, max_new=120):
-    """A plain batched decode loop (full recompute per step) through the batched sampler with grammars."""
-    from trtforge.llm.penalties import RowHistory
-    from trtforge.llm.structured import GrammarCompiler, batch_bitmask
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
+def engine(request, model_and_tokenizer):
+    from trtforge.llm.engine import LLMEngine
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+    from trtforge.llm.sched.scheduler import SchedulerConfig
 
-    vocab = model.config.vocab_size
-    compiler = GrammarCompiler(tok, vocab)
-    matchers = [compiler.matcher(p.response_format) if p.response_format else None for p in params]
-    gens = [p.make_generator(0) for p in params]
-    prompt_ids = [tok(t)["input_ids"] for t in prompts]
-    outs: list[list[int]] = [[] for _ in prompts]
-    done = [False] * len(prompts)
-    for _ in range(max_new):
-        live = [i for i in range(len(prompts)) if not done[i]]
-        if not live:
-            break
-        logits = []
-        with torch.no_grad():
-            for i in live:
-                ids = torch.tensor([prompt_ids[i] + outs[i]])
-                logits.append(model(ids).logits[0, -1])
-        batch = torch.stack(logits)
-        mask = batch_bitmask([matchers[i] for i in live], vocab)
-        hist = [RowHistory(prompt_ids[i], outs[i]) for i in live]
-        tokens = sample(batch, [params[i] for i in live], [gens[i] for i in live], hist, mask)
-        for i, t in zip(live, tokens.tolist()):
-            if matchers[i] is not None:
-                matchers[i].accept(t)
-            if t == tok.eos_token_id or (matchers[i] is not None and matchers[i].is_terminated):
-                done[i] = True
-            else:
-                outs[i].append(t)
-    return [tok.decode(o, skip_special_tokens=True) for o in outs], done
-
-
-def test_schema_constrained_output_validates(model_and_tokenizer):
     model, tok = model_and_tokenizer
+    config = SchedulerConfig(max_num_seqs=8, async_scheduling=request.param)
+    eng = LLMEngine(TorchExecutor(model, num_blocks=128, block_size=16), config)
+    eng.enable_structured_output(tok)
+    yield eng, tok
+    eng.close()
+
+
+def test_schema_constrained_output_validates(engine):
+    eng, tok = engine
     fmt = {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA}}
     params = [
-        SamplingParams(response_format=fmt),
-        SamplingParams(response_format=fmt, temperature=0.9, seed=4, presence_penalty=0.5),
-        SamplingParams(response_format={"type": "json_object"}, temperature=0.7, seed=1),
-        SamplingParams(),  # an unconstrained neighbour in the same batch
+        SamplingParams(response_format=fmt, max_tokens=120),
+        SamplingParams(response_format=fmt, max_tokens=120, temperature=0.9, seed=4, presence_penalty=0.5),
+        SamplingParams(response_format={"type": "json_object"}, max_tokens=120, temperature=0.7, seed=1),
+        SamplingParams(max_tokens=30),  # an unconstrained neighbour in the same batch
     ]
-    texts, done = _generate(model, tok, ["def f(x):\n    return"] * 3 + ["import os\n"], params)
-    for text, finished in zip(texts[:2], done[:2]):
-        assert finished, f"the grammar did not complete within the budget: {text!r}"
+    prompts = [tok("def f(x):\n    return")["input_ids"]] * 3 + [tok("import os\n")["input_ids"]]
+    done = eng.generate(prompts, params)
+    texts = [tok.decode(c.token_ids, skip_special_tokens=True) for c in done]
+    for c, text in zip(done[:2], texts):
+        assert c.finish_reason == "stop", f"the grammar did not complete within the budget: {text!r}"
         jsonschema.validate(json.loads(text), SCHEMA)
-    assert done[2] and isinstance(json.loads(texts[2]), dict)
+    assert done[2].finish_reason == "stop" and isinstance(json.loads(texts[2]), dict)
     with pytest.raises(json.JSONDecodeError):
         json.loads(texts[3])  # the unconstrained code model writes code, not JSON
 
