@@ -78,7 +78,8 @@ class GrammarCompiler:
             raise UserError(f"response_format type {kind!r} has no grammar (json_object or json_schema)")
         if key not in self._cache:
             try:
-                compiled = self._compiler.compile_json_schema(key)
+                # compact JSON: free whitespace lets a model loop on blanks until max_tokens
+                compiled = self._compiler.compile_json_schema(key, any_whitespace=False)
             except Exception as exc:  # xgrammar raises RuntimeError/ValueError for a schema it cannot use
                 msg = f"response_format: the JSON schema cannot be compiled to a grammar: {exc}"
                 raise UserError(msg) from exc
