@@ -121,7 +121,7 @@ def apply_bitmask(logits: Any, bitmask: Any) -> Any:
         return np.where(allowed, logits.astype(np.float32), np.float32(-np.inf))
     import torch
 
-    words = torch.as_tensor(bitmask).to(logits.device, non_blocking=True)
+    words = to_device(np.ascontiguousarray(bitmask, dtype=np.int32), logits.device)
     shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
     allowed = ((words[:, :, None] >> shifts) & 1).reshape(words.shape[0], -1)[:, :vocab].bool()
     return logits.float().masked_fill(~allowed, -math.inf)
