@@ -254,9 +254,10 @@ def _load_engine(
             "from `trtforge compile MODEL --generate --cache-layout paged`; step graphs (.onnx) run on "
             "executor='onnxruntime'."
         )
-    g = read_step_engine(path).generation
-    config = _limited(config, max_num_seqs, g, "step engine", "TensorRT profiles bound every step's shapes")
-    return ServingLLM(TrtPagedExecutor(path, num_blocks, max_model_len=max_model_len), config)
+    spec = read_step_engine(path)  # the one read of the manifest: the executor and runtime get it
+    why = "TensorRT profiles bound every step's shapes"
+    config = _limited(config, max_num_seqs, spec.generation, "step engine", why)
+    return ServingLLM(TrtPagedExecutor(path, num_blocks, max_model_len=max_model_len, spec=spec), config)
 
 
 def from_pretrained(
