@@ -121,11 +121,12 @@ class OrtSlotPoolExecutor:
             raise UserError(f"step graph '{path}' has a paged cache; serve it with OrtPagedExecutor.")
         self.graph = OrtStepExecutor(path, g)
         self.generation = g
-        self._max_seq = self.graph.max_seq
-        self._max_model_len = self._max_seq if max_model_len is None else max_model_len
-        if not isinstance(self._max_model_len, int) or not 2 <= self._max_model_len <= self._max_seq:
+        # the StepExecutor facts, plain attributes: a block is a cache row of max_seq tokens
+        self.block_size = max_seq = self.graph.max_seq
+        self.max_model_len = max_seq if max_model_len is None else max_model_len
+        if not isinstance(self.max_model_len, int) or not 2 <= self.max_model_len <= max_seq:
             raise UserError(
-                f"max_model_len must be an integer in [2, {self._max_seq}] (the step graph's max_seq, the "
+                f"max_model_len must be an integer in [2, {max_seq}] (the step graph's max_seq, the "
                 f"length of its cache rows); got {max_model_len!r}."
             )
         num_blocks = self.graph.max_batch if num_blocks is None else num_blocks
@@ -134,45 +135,15 @@ class OrtSlotPoolExecutor:
                 f"num_blocks must be an integer >= 1 (slot-cache rows: one per running sequence), got "
                 f"{num_blocks!r}."
             )
-        self._num_blocks = int(num_blocks)
-        shape = (self._num_blocks, *self.graph.cache_dims)
-        self.pools = allocate_pools(self.graph.cache_inputs, shape, self.graph.cache_dtype, self._num_blocks)
-        self._outputs = {n: n.replace("_cache.", "_cache_out.") for n in self.graph.cache_inputs}
-        self._eos_ids = tuple(int(i) for i in g.get("eos_token_ids") or [])
+        self.num_blocks = int(num_blocks)
+        self.vocab_size = int(g["vocab_size"])
+        self.eos_token_ids = tuple(int(i) for i in g.get("eos_token_ids") or [])
+        self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None
+        self.max_batch, self.max_prefill = self.graph.max_batch, int(g["max_prefill"])
         self.all_logits = bool(g.get("all_logits"))
-
-    # ---- the StepExecutor protocol -------------------------------------------------------------
-    @property
-    def num_blocks(self) -> int:
-        return self._num_blocks
-
-    @property
-    def block_size(self) -> int:
-        return self._max_seq
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.generation["vocab_size"])
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._eos_ids[0] if self._eos_ids else None
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self._eos_ids
-
-    @property
-    def max_batch(self) -> int:
-        return self.graph.max_batch
-
-    @property
-    def max_prefill(self) -> int:
-        return int(self.generation["max_prefill"])
+        shape = (self.num_blocks, *self.graph.cache_dims)
+        self.pools = allocate_pools(self.graph.cache_inputs, shape, self.graph.cache_dtype, self.num_blocks)
+        self._outputs = {n: n.replace("_cache.", "_cache_out.") for n in self.graph.cache_inputs}
 
     def kv_bytes(self) -> int:
         """Bytes the slot-cache rows of every layer take."""
