@@ -20,10 +20,10 @@ Examples:
 \b
 MODEL: a paged step engine from `trtforge compile --generate --cache-layout paged`
 (TensorRT, on a GPU it supports), a step graph written by `trtforge compile --generate
---save-onnx` or trtforge.llm.compile.export_step (paged graphs serve every option; slot
-graphs are greedy only), a Hugging Face save_pretrained directory, or module:factory (both
-run by the torch executor). Each prompt's new tokens are printed on one line as they are generated
-(token ids, or text with --tokenizer); prompts run batched together.
+--save-onnx` or trtforge.llm.compile.export_step (slot or paged cache layout), a Hugging Face
+save_pretrained directory, or module:factory (both run by the torch executor). Each prompt's new
+tokens are printed on one line as they are generated (token ids, or text with --tokenizer);
+prompts run batched together.
 """
 
 
@@ -79,7 +79,7 @@ def _parse_ids(text: str) -> list[int]:
     show_default=True,
     help="auto: tensorrt for a .engine MODEL, onnxruntime for a .onnx, torch otherwise.",
 )
-@click.option("--num-blocks", default=None, type=int, help="KV-cache blocks in the pool (paged executors).")
+@click.option("--num-blocks", default=None, type=int, help="KV-cache blocks in the pool (slot graphs: rows).")
 def generate_cmd(
     model: str,
     prompt_ids: tuple[str, ...],
@@ -103,7 +103,7 @@ def generate_cmd(
 ) -> None:
     """Generate continuations of prompts with MODEL, printing tokens as they come."""
     from trtforge.errors import UserError
-    from trtforge.llm import SamplingParams, ServingLLM, load
+    from trtforge.llm import SamplingParams, load
 
     if prompts and tokenizer is None:
         raise UserError(
@@ -133,19 +133,7 @@ def generate_cmd(
     if executor == "auto":
         suffix = {".engine": "tensorrt", ".onnx": "onnxruntime"}
         executor = next((v for k, v in suffix.items() if model.endswith(k)), "torch")
-    llm = load(model, executor, num_blocks=num_blocks)
-    if not isinstance(llm, ServingLLM):  # a slot-layout graph: the greedy loop
-        neutral = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
-        if params != neutral or seed is not None or json_schema is not None:
-            raise UserError(
-                f"'{model}' is a slot-layout step graph, which generates greedily only; drop --temperature/"
-                "--top-k/--top-p/--seed and the other sampling options, or export a paged graph "
-                "(cache_layout='paged')."
-            )
-        for out in llm.generate(rows, max_new_tokens=max_tokens, stop_at_eos=not ignore_eos):
-            _Printer(tok).emit(out).close()
-        return
-    with llm:
+    with load(model, executor, num_blocks=num_blocks) as llm:
         if json_schema is not None:
             llm.engine.enable_structured_output(tok)
         handles = [h for r in rows for h in llm.engine.submit_n(r, params)]
