@@ -50,12 +50,16 @@ def test_seeded_sampling_repeats_and_differs_from_greedy(paged, capsys):
     assert len(first[0]) == 12
 
 
-def test_slot_graph_runs_greedy_and_refuses_sampling(tmp_path, capsys):
+def test_slot_graph_is_served_greedy_and_sampled(tmp_path, capsys):
     slot = _graph(tmp_path)
-    assert main(["generate", slot, "--prompt-ids", "1 2 3", "--max-tokens", "5", "--ignore-eos"]) == 0
+    args = ["generate", slot, "--prompt-ids", "1 2 3", "--max-tokens", "5", "--ignore-eos"]
+    assert main(args) == 0
     assert _lines(capsys) == [hf_greedy(tiny_model("llama"), [1, 2, 3], 5)[0]]
-    assert main(["generate", slot, "--prompt-ids", "1 2", "--temperature", "0.7"]) == 2
-    assert "greedily only" in capsys.readouterr().err
+    sampling = ["--temperature", "1.0", "--top-p", "0.9", "--seed", "2", "--prompt-ids", "4 5"]
+    assert main(args + sampling) == 0
+    first = _lines(capsys)
+    assert main(args + sampling) == 0
+    assert _lines(capsys) == first and [len(line) for line in first] == [5, 5]
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import pytest
 
 import trtforge
 import trtforge.llm
+import trtforge.llm.api
 from tests.llm.tiny_models import opt_factory, tiny_model
 from trtforge.cli.main import main as cli_main
 from trtforge.errors import UserError
@@ -22,7 +23,7 @@ def llm(tmp_path_factory):
     d = tmp_path_factory.mktemp("step")
     r = export_step(tiny_model("llama"), max_seq=32, max_batch=2, max_prefill=8, exporter="legacy", workdir=d)
     onnx.save(r.model, str(d / "step.onnx"))
-    return trtforge.llm.load(d / "step.onnx")
+    return trtforge.llm.api.load(d / "step.onnx")  # the raw loop, which checks each batch against the graph
 
 
 def test_unsupported_family_lists_supported(tmp_path):
@@ -130,10 +131,13 @@ def test_tiny_cache_compiles_and_generates(tmp_path):
         exporter="legacy",
         progress=False,
     )
-    llm = trtforge.llm.load(tmp_path / "s.onnx")
-    assert len(llm.generate([[1, 2]], 2, stop_at_eos=False)[0]) == 2
+    with trtforge.llm.load(tmp_path / "s.onnx") as llm:
+        assert len(llm.generate([[1, 2]], max_new_tokens=2, stop_at_eos=False)[0]) == 2
+        assert len(llm.generate([[1, 2, 3]], max_new_tokens=2, stop_at_eos=False)[0]) == 1  # cache full
+        with pytest.raises(UserError, match="maximum sequence length is 4"):
+            llm.generate([[1, 2, 3, 4]], max_new_tokens=2)
     with pytest.raises(UserError, match="--max-seq"):
-        llm.generate([[1, 2, 3]], 2)
+        trtforge.llm.api.load(tmp_path / "s.onnx").generate([[1, 2, 3]], 2)
 
 
 def test_cli_generate_option_errors(tmp_path, capsys):

@@ -7,6 +7,7 @@ import onnx
 import pytest
 
 import trtforge.llm
+import trtforge.llm.api
 from tests.llm.tiny_models import FAMILIES, HOSTILE_SHAPES, hf_greedy, prompts, tiny_model
 from trtforge.llm.compile.export import export_step
 
@@ -31,7 +32,7 @@ def test_batched_generate_matches_hf(family, exporter, tmp_path):
     path, result = _step_file(model, tmp_path, exporter)
     ops = {n.op_type for n in result.model.graph.node}
     assert {"TensorScatter", "Attention"} <= ops
-    llm = trtforge.llm.load(path)
+    llm = trtforge.llm.api.load(path)
     batch = prompts(model.config.vocab_size)
     got, got_logits = llm.generate(batch, max_new_tokens=NEW_TOKENS, stop_at_eos=False, return_logits=True)
     for b, prompt in enumerate(batch):
@@ -40,6 +41,8 @@ def test_batched_generate_matches_hf(family, exporter, tmp_path):
         assert got[b] == want, f"row {b} (prompt length {len(prompt)})"
         err = np.abs(got_logits[b] - want_logits.numpy()).max()
         assert err <= 1e-4, f"row {b}: logits max abs err {err}"
+    with trtforge.llm.load(path) as served:  # the same graph behind the engine
+        assert served.generate(batch, max_new_tokens=NEW_TOKENS, stop_at_eos=False) == got
 
 
 def test_qwen2_has_qkv_bias_and_llama_gqa():
@@ -63,9 +66,9 @@ def test_other_shapes_mha_and_odd_vocab(tmp_path):
         eos_token_id=None,
     )
     path, _ = _step_file(model, tmp_path, "legacy")
-    llm = trtforge.llm.load(path)
     batch = prompts(517, lens=(5, 2))
-    got = llm.generate(batch, max_new_tokens=12, stop_at_eos=False)
+    with trtforge.llm.load(path) as llm:
+        got = llm.generate(batch, max_new_tokens=12, stop_at_eos=False)
     for b, prompt in enumerate(batch):
         assert got[b] == hf_greedy(model, prompt, 12)[0]
 
@@ -81,7 +84,7 @@ def test_qwen3_and_phi3_hostile_shapes_match_hf(family, overrides, tmp_path):
     path, result = _step_file(model, tmp_path, "legacy")
     assert result.generation["head_dim"] == attn.head_dim
     assert result.generation["num_kv_heads"] == overrides["num_key_value_heads"]
-    llm = trtforge.llm.load(path)
+    llm = trtforge.llm.api.load(path)
     batch = prompts(300, lens=(7, 2, 12))
     got, got_logits = llm.generate(batch, max_new_tokens=10, stop_at_eos=False, return_logits=True)
     for b, prompt in enumerate(batch):
@@ -110,7 +113,7 @@ def test_length_dependent_rotary_is_refused_naming_the_model(tmp_path):
 def test_generate_stops_row_at_eos(tmp_path):
     model = tiny_model("gpt2")
     path, _ = _step_file(model, tmp_path, "legacy")
-    llm = trtforge.llm.load(path)
+    llm = trtforge.llm.api.load(path)
     batch = prompts(300, lens=(4, 7))
     free = llm.generate(batch, max_new_tokens=10, stop_at_eos=False)
     llm.generation["eos_token_ids"] = [free[0][2]]
@@ -127,7 +130,8 @@ def test_sliding_window_layers_match_hf(family, tmp_path):
     path, result = _step_file(model, tmp_path, "legacy")
     assert 4 in result.generation["sliding_windows"]
     batch = prompts(300, lens=(9, 3))
-    got = trtforge.llm.load(path).generate(batch, max_new_tokens=8, stop_at_eos=False)
+    with trtforge.llm.load(path) as llm:
+        got = llm.generate(batch, max_new_tokens=8, stop_at_eos=False)
     for b, prompt in enumerate(batch):
         assert got[b] == hf_greedy(model, prompt, 8)[0]
 
@@ -138,7 +142,7 @@ def test_all_logits_graph_matches_hf_forward(tmp_path):
 
     model = tiny_model("llama")
     path, _ = _step_file(model, tmp_path, "legacy", all_logits=True)
-    llm = trtforge.llm.load(path)
+    llm = trtforge.llm.api.load(path)
     batch = prompts(300, lens=(6, 2))
     feeds = {
         "input_ids": np.array([batch[0], batch[1] + [0] * 4], np.int64),
@@ -153,7 +157,10 @@ def test_all_logits_graph_matches_hf_forward(tmp_path):
         for b, prompt in enumerate(batch):
             want = model(torch.tensor([prompt])).logits[0].numpy()
             assert np.abs(logits[b, : len(prompt)] - want).max() <= 1e-4
-    assert llm.generate(batch, 6, stop_at_eos=False) == [hf_greedy(model, p, 6)[0] for p in batch]
+    want = [hf_greedy(model, p, 6)[0] for p in batch]
+    assert llm.generate(batch, 6, stop_at_eos=False) == want
+    with trtforge.llm.load(path) as served:  # the engine asks an all-positions graph for last tokens
+        assert served.generate(batch, max_new_tokens=6, stop_at_eos=False) == want
 
 
 def test_dynamic_rotary_is_refused_by_the_step_graph_pointing_at_the_torch_executor(tmp_path):
@@ -184,7 +191,8 @@ def test_a_window_the_attention_does_not_apply_is_refused_when_it_would_bite(fam
     path, result = _step_file(model, tmp_path, "legacy")
     assert result.generation["sliding_windows"] == [None, None]
     batch = prompts(300, lens=(9, 3))
-    got = trtforge.llm.load(path).generate(batch, max_new_tokens=8, stop_at_eos=False)
+    with trtforge.llm.load(path) as llm:
+        got = llm.generate(batch, max_new_tokens=8, stop_at_eos=False)
     assert got == [hf_greedy(model, p, 8)[0] for p in batch]
 
 
@@ -209,7 +217,8 @@ def test_every_end_of_sequence_id_of_the_generation_config_stops_a_row(tmp_path)
     assert served.generate([prompt], max_new_tokens=12) == [want]
     path, result = _step_file(model, tmp_path, "legacy")
     assert stop in result.generation["eos_token_ids"]
-    assert trtforge.llm.load(path).generate([prompt], max_new_tokens=12) == [want]
+    with trtforge.llm.load(path) as llm:
+        assert llm.generate([prompt], max_new_tokens=12) == [want]
 
 
 @pytest.mark.parametrize(
@@ -235,7 +244,7 @@ def test_ministral_and_starcoder2_match_hf_on_the_step_graph_and_the_torch_execu
         path, result = _step_file(model, tmp_path / layout, "legacy", cache_layout=layout)
         windows = result.generation["sliding_windows"]
         assert windows == ([5, None] if family == "ministral" else [overrides["sliding_window"]] * 2)
-        llm = trtforge.llm.load(path, num_blocks=64) if layout == "paged" else trtforge.llm.load(path)
-        assert llm.generate(batch, max_new_tokens=10, stop_at_eos=False) == want, layout
+        with trtforge.llm.load(path, num_blocks=64 if layout == "paged" else None) as llm:
+            assert llm.generate(batch, max_new_tokens=10, stop_at_eos=False) == want, layout
     served = service.from_pretrained(model, num_blocks=64, block_size=4, max_model_len=64)
     assert served.generate(batch, max_new_tokens=10, stop_at_eos=False) == want

@@ -259,6 +259,36 @@ def test_load_checks_limits_then_stops_at_the_gpu_gate(built):
         trtforge.llm.load(engine)
 
 
+@pytest.mark.trt_build
+def test_loading_a_step_engine_reads_its_manifest_once(built, monkeypatch):
+    """load() -> limits -> TrtPagedExecutor -> runtime load: one read of the manifest, passed down (it was
+    read three times). Counted wherever read_manifest was imported; here the load stops at the GPU gate,
+    after every manifest check, and on a GPU it opens the engine."""
+    import sys
+
+    import trtforge.runtime.engine  # (imported lazily by the executor: its name is patched too)
+    from trtforge.core import manifest as manifest_module
+    from trtforge.core.backend import get_backend
+
+    original, reads = manifest_module.read_manifest, []
+
+    def counting(path):
+        reads.append(path)
+        return original(path)
+
+    holders = [m for m in list(sys.modules.values()) if getattr(m, "read_manifest", None) is original]
+    assert {"trtforge.core.manifest", "trtforge.runtime.engine"} <= {m.__name__ for m in holders}
+    for module in holders:
+        monkeypatch.setattr(module, "read_manifest", counting)
+    engine, _ = built
+    if get_backend().capabilities.can_run:
+        trtforge.llm.load(engine).close()
+    else:
+        with pytest.raises(UserError, match="cannot run engines here"):
+            trtforge.llm.load(engine)
+    assert len(reads) == 1, reads
+
+
 def test_engine_config_lowers_defaults_and_refuses_explicit_excess():
     limits = {"max_num_seqs": 4, "max_prefill_chunk": 16}
     cfg = engine_config(None, limits)

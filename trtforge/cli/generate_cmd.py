@@ -15,13 +15,15 @@ Examples:
   trtforge generate step.onnx --prompt-ids "1 2 3" --prompt-ids "4 5" --temperature 0.8 --top-p 0.9 --seed 1
   trtforge generate ./llama-dir --prompt "Once upon a time"
   trtforge generate mypkg.models:make_llama --prompt-ids "1 2 3" --num-blocks 128
+  trtforge generate ./llama-dir --prompt "x" --tokenizer ./llama-dir --temperature 0.7 --n 2 --seed 3
+  trtforge generate ./llama-dir --prompt "{" --tokenizer ./llama-dir --json-schema item.schema.json
 \b
 MODEL: a paged step engine from `trtforge compile --generate --cache-layout paged`
 (TensorRT, on a GPU it supports), a step graph written by `trtforge compile --generate
---save-onnx` or trtforge.llm.compile.export_step (paged graphs serve every option; slot
-graphs are greedy only), a Hugging Face save_pretrained directory, or module:factory (both
-run by the torch executor). Each prompt's new tokens are printed on one line as they are generated
-(token ids, or text when there is a tokenizer: --tokenizer DIR, else MODEL's own directory);
+--save-onnx` or trtforge.llm.compile.export_step (slot or paged cache layout), a Hugging Face
+save_pretrained directory, or module:factory (both run by the torch executor). Each prompt's new
+tokens are printed on one line as they are generated (token ids, or text when there is a tokenizer:
+--tokenizer DIR, else MODEL's own directory);
 prompts run batched together.
 """
 
@@ -56,6 +58,23 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--top-p", default=1.0, show_default=True, type=float, help="Nucleus sampling mass in (0, 1].")
 @click.option("--seed", default=None, type=int, help="Sampling seed (each prompt gets its own stream).")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at the model's end-of-sequence token.")
+@click.option("--n", "n", default=1, show_default=True, type=int, help="Independent samples per prompt.")
+@click.option(
+    "--logprobs",
+    default=None,
+    type=int,
+    help="Print each token's logprob and the N likeliest (0: the sampled token's only), as JSON lines.",
+)
+@click.option("--presence-penalty", default=0.0, show_default=True, type=float, help="In [-2, 2].")
+@click.option("--frequency-penalty", default=0.0, show_default=True, type=float, help="In [-2, 2].")
+@click.option("--repetition-penalty", default=1.0, show_default=True, type=float, help="> 0; 1 disables it.")
+@click.option("--min-p", default=0.0, show_default=True, type=float, help="In [0, 1]; 0 disables it.")
+@click.option(
+    "--json-schema",
+    "json_schema",
+    default=None,
+    help="A JSON Schema file: the output is JSON valid against it (needs a tokenizer).",
+)
 @click.option(
     "--executor",
     type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch"]),
@@ -63,7 +82,7 @@ def _parse_ids(text: str) -> list[int]:
     show_default=True,
     help="auto: tensorrt for a .engine MODEL, onnxruntime for a .onnx, torch otherwise.",
 )
-@click.option("--num-blocks", default=None, type=int, help="KV-cache blocks in the pool (paged executors).")
+@click.option("--num-blocks", default=None, type=int, help="KV-cache blocks in the pool (slot graphs: rows).")
 def generate_cmd(
     model: str,
     prompt_ids: tuple[str, ...],
@@ -75,12 +94,19 @@ def generate_cmd(
     top_p: float,
     seed: int | None,
     ignore_eos: bool,
+    n: int,
+    logprobs: int | None,
+    presence_penalty: float,
+    frequency_penalty: float,
+    repetition_penalty: float,
+    min_p: float,
+    json_schema: str | None,
     executor: str,
     num_blocks: int | None,
 ) -> None:
     """Generate continuations of prompts with MODEL, printing tokens as they come."""
     from trtforge.errors import UserError
-    from trtforge.llm import SamplingParams, ServingLLM, load
+    from trtforge.llm import SamplingParams, load
     from trtforge.llm.text import check_text, encode_prompt, model_tokenizer
 
     if not prompt_ids and not prompts:
@@ -104,27 +130,59 @@ def generate_cmd(
         top_p=top_p,
         seed=seed,
         ignore_eos=ignore_eos,
+        n=n,
+        logprobs=logprobs,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        repetition_penalty=repetition_penalty,
+        min_p=min_p,
+        response_format=_response_format(json_schema) if json_schema is not None else None,
     )
+    if json_schema is not None and tok is None:
+        raise UserError("--json-schema constrains text: it needs the model's tokenizer (--tokenizer DIR).")
     if executor == "auto":
         suffix = {".engine": "tensorrt", ".onnx": "onnxruntime"}
         executor = next((v for k, v in suffix.items() if model.endswith(k)), "torch")
-    llm = load(model, executor, num_blocks=num_blocks)
-    if not isinstance(llm, ServingLLM):  # a slot-layout graph: the greedy loop
-        if temperature > 0 or top_k or top_p < 1 or seed is not None:
-            raise UserError(
-                f"'{model}' is a slot-layout step graph, which generates greedily only; drop --temperature/"
-                "--top-k/--top-p/--seed or export a paged graph (cache_layout='paged')."
-            )
-        for out in llm.generate(rows, max_new_tokens=max_tokens, stop_at_eos=not ignore_eos):
-            _Printer(tok).emit(out).close()
-        return
-    with llm:
-        handles = [llm.submit(r, params) for r in rows]
+    with load(model, executor, num_blocks=num_blocks) as llm:
+        if json_schema is not None:
+            llm.engine.enable_structured_output(tok)
+        handles = [h for r in rows for h in llm.engine.submit_n(r, params)]
         for h in handles:
             printer = _Printer(tok)
             for token in h:
                 printer.emit([token])
             printer.close()
+            if logprobs is not None:
+                _print_logprobs(h.completion())
+
+
+def _response_format(path: str) -> dict[str, Any]:
+    """``--json-schema FILE`` as an OpenAI json_schema response format (UserError naming the file)."""
+    import json
+
+    from trtforge.errors import UserError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            schema = json.load(f)
+    except OSError as exc:
+        raise UserError(f"--json-schema {path!r}: cannot read it ({exc.strerror or exc}).") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"--json-schema {path!r} is not a JSON file: {exc}.") from exc
+    if not isinstance(schema, (dict, bool)):
+        raise UserError(f"--json-schema {path!r}: a JSON Schema is an object, got {type(schema).__name__}.")
+    return {"type": "json_schema", "json_schema": {"name": "cli", "schema": schema}}
+
+
+def _print_logprobs(completion: Any) -> None:
+    """One JSON line with the completion's per-token logprobs (and top alternatives)."""
+    import json
+
+    rows = [
+        {"token": lp.token_id, "logprob": lp.logprob, "rank": lp.rank, "top": [list(t) for t in lp.top]}
+        for lp in completion.logprobs or ()
+    ]
+    click.echo(json.dumps({"logprobs": rows}))
 
 
 class _Printer:

@@ -1,8 +1,11 @@
-"""`trtforge.llm.load` and `LLM.generate`: a simple batched greedy loop over a step graph.
+"""The raw greedy loop over a slot-layout step graph: per-step logits and teacher-forced scores.
 
-One prefill step for the whole batch (prompts right-padded to the longest, each row's own length in
-`new_lens`), then one decode step per new token. A row that emits an end-of-sequence id stops growing
-its output (it still rides along in the batch). Continuous batching and the paged cache are issue #17.
+A numerics tool, not the front door (``trtforge.llm.load`` serves every model, slot graphs included,
+through the engine): :meth:`LLM.generate` with ``return_logits=True`` and :meth:`LLM.score` give the
+logits each token came from, which the accuracy checks of FP16/INT8 step graphs compare. One prefill
+step for the whole batch (prompts right-padded to the longest, each row's own length in `new_lens`),
+then one decode step per new token; a row that emits an end-of-sequence id stops growing its output
+(it still rides along in the batch).
 """
 
 from __future__ import annotations
@@ -37,8 +40,11 @@ class LLM:
             prompts = prompts.tolist()
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
             raise UserError("prompts must be a non-empty list of token-id lists, e.g. [[1, 2, 3]].")
-        if max_new_tokens < 1:
-            raise UserError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise UserError(
+                f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}; sampling options "
+                "(SamplingParams) are served by trtforge.llm.load(path).generate(prompts, params)."
+            )
         if len(prompts) > g["max_batch"]:
             raise UserError(
                 f"{len(prompts)} sequences exceed this engine's max batch {g['max_batch']} (--max-batch); "
@@ -155,10 +161,10 @@ class LLM:
 
 
 def load(path: str | os.PathLike[str], executor: str = "onnxruntime") -> LLM:
-    """Load a step graph (`step.onnx`, from `trtforge compile --generate --save-onnx`) for generation.
+    """Load a slot-layout step graph (`step.onnx`, from `trtforge compile --generate --save-onnx`) into
+    the raw loop, for its logits. To generate, serve it: :func:`trtforge.llm.load`.
 
-    `executor`: "onnxruntime" (CPU, exact). A paged `model.engine` is served by the TensorRT executor
-    (:func:`trtforge.llm.service.load`).
+    `executor`: "onnxruntime" (CPU, exact).
     """
     from trtforge._fileio import as_path
     from trtforge.llm.executors.onnxruntime_exec import read_generation

@@ -1,9 +1,9 @@
 """`trtforge.llm.load` / `from_pretrained`: one object that generates, streams and reports memory.
 
-A paged step graph (ONNX Runtime), a paged step engine (TensorRT) or a transformers model (torch) is
-served by
-:class:`trtforge.llm.engine.LLMEngine` with continuous batching and a paged KV cache; a slot-layout
-step graph keeps the simple batched greedy loop of :mod:`trtforge.llm.api` (issue #16).
+Every model loads as a :class:`ServingLLM`, served by :class:`trtforge.llm.engine.LLMEngine` with
+continuous batching: a paged step graph (ONNX Runtime), a paged step engine (TensorRT) or a
+transformers model (torch) over a paged KV cache, and a slot-layout step graph (ONNX Runtime) over a
+pool of its cache rows, one block of max_seq tokens per sequence.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any
 
 from trtforge.errors import UserError
 from trtforge.llm import sizing
-from trtforge.llm.api import LLM
 from trtforge.llm.engine import Completion, LLMEngine, RequestHandle
 from trtforge.llm.executors.base import StepExecutor
 from trtforge.llm.sampling import SamplingParams
@@ -151,15 +150,15 @@ def load(
     config: SchedulerConfig | None = None,
     max_num_seqs: int | None = None,
     gpu_memory_utilization: float = sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
-) -> LLM | ServingLLM:
-    """Load a model for generation.
+) -> ServingLLM:
+    """Load a model for generation: always a :class:`ServingLLM`.
 
     - A paged step engine (``trtforge compile --generate --cache-layout paged -o m.engine``) ->
       :class:`ServingLLM` over TensorRT on the GPU (``executor`` "auto" or "tensorrt").
     - A paged step graph (``export_step(..., cache_layout="paged")``) -> :class:`ServingLLM` over
       exact ONNX Runtime with `num_blocks` blocks (default: max_batch full sequences).
-    - A slot-layout step graph (``trtforge compile --generate --save-onnx``) -> :class:`LLM`, the
-      batched greedy loop (`generate(prompts, max_new_tokens=N)`, `score`).
+    - A slot-layout step graph (``trtforge compile --generate --save-onnx``) -> :class:`ServingLLM`
+      over exact ONNX Runtime with `num_blocks` cache rows (default: max_batch), one per sequence.
     - ``executor="torch"``: `path` is a save_pretrained directory or ``module:factory``; see
       :func:`from_pretrained`.
 
@@ -177,8 +176,8 @@ def load(
             gpu_memory_utilization=gpu_memory_utilization,
         )
     from trtforge._fileio import as_path
-    from trtforge.llm import api
     from trtforge.llm.executors.onnxruntime_exec import OrtPagedExecutor, read_generation
+    from trtforge.llm.executors.onnxruntime_slot import OrtSlotPoolExecutor
 
     p = as_path(path, "the model to load")
     if executor == "auto":
@@ -190,22 +189,28 @@ def load(
             f"'{p}' is a directory; the onnxruntime executor loads a step graph (.onnx). For a "
             "save_pretrained directory use executor='torch' (trtforge.llm.from_pretrained)."
         )
-    if p.suffix == ".engine" or not p.is_file():
-        return api.load(p, executor)  # its errors: an engine needs the TensorRT executor; a missing file
-    generation = read_generation(p)
+    if p.suffix == ".engine":
+        raise UserError(
+            f"'{p}' is a TensorRT engine; the onnxruntime executor runs the step graph. Load the engine "
+            "with executor='tensorrt' (a paged step engine), or the ONNX written by `trtforge compile "
+            "--generate --save-onnx step.onnx`."
+        )
+    generation = read_generation(p)  # (a missing file or a graph without the metadata: a UserError)
     if generation.get("cache", {}).get("layout") != "paged":
-        if any(x is not None for x in (num_blocks, config, max_num_seqs, max_model_len)):
-            raise UserError(
-                f"'{p}' is a slot-layout step graph, run by the batched greedy loop; num_blocks, config, "
-                "max_num_seqs and max_model_len apply to paged graphs (export with cache_layout='paged')."
-            )
-        return api.load(p, executor)
+        slot = OrtSlotPoolExecutor(p, num_blocks, max_model_len=max_model_len, generation=generation)
+        why = "a slot graph's step batch and prompt chunks stay within the sizes it was exported for"
+        return ServingLLM(slot, _limited(config, max_num_seqs, generation, "step graph", why))
     ex = OrtPagedExecutor(p, num_blocks, max_model_len=max_model_len, generation=generation)
     return ServingLLM(ex, sizing.default_scheduler_config(config, max_num_seqs))
 
 
-def engine_config(config: SchedulerConfig | None, limits: dict[str, int]) -> SchedulerConfig:
-    """`config` within a step engine's profile limits (SchedulerConfig field -> largest value).
+def engine_config(
+    config: SchedulerConfig | None,
+    limits: dict[str, int],
+    what: str = "step engine",
+    why: str = "TensorRT profiles bound every step's shapes",
+) -> SchedulerConfig:
+    """`config` within a step engine's (or graph's) limits (SchedulerConfig field -> largest value).
 
     Fields left at their defaults are lowered to the limits; values set above them are refused.
     """
@@ -215,11 +220,29 @@ def engine_config(config: SchedulerConfig | None, limits: dict[str, int]) -> Sch
     refused = {k: v for k, v in over.items() if v != getattr(defaults, k)}
     if refused:
         raise UserError(
-            f"SchedulerConfig {refused} exceeds the step engine's limits {limits} (its --max-batch and "
-            "--max-prefill: TensorRT profiles bound every step's shapes). Lower them, or rebuild the engine "
-            "with larger limits."
+            f"SchedulerConfig {refused} exceeds the {what}'s limits {limits} (its --max-batch and "
+            f"--max-prefill: {why}). Lower them, or rebuild the {what} with larger limits."
         )
     return dataclasses.replace(config, **{k: limits[k] for k in over})
+
+
+def _limited(
+    config: SchedulerConfig | None,
+    max_num_seqs: int | None,
+    generation: dict[str, Any],
+    what: str,
+    why: str,
+) -> SchedulerConfig:
+    """`config` and `max_num_seqs` within the max batch and max prefill of a step engine or graph."""
+    config = _config(config, None)  # (refuses what is not a SchedulerConfig)
+    if max_num_seqs is not None and max_num_seqs > generation["max_batch"]:
+        raise UserError(
+            f"max_num_seqs {max_num_seqs} exceeds the {what}'s max batch {generation['max_batch']} "
+            "(--max-batch)."
+        )
+    limits = {"max_num_seqs": generation["max_batch"], "max_prefill_chunk": generation["max_prefill"]}
+    config = engine_config(config, limits, what, why)
+    return config if max_num_seqs is None else dataclasses.replace(config, max_num_seqs=max_num_seqs)
 
 
 def _load_engine(
@@ -238,14 +261,10 @@ def _load_engine(
             "from `trtforge compile MODEL --generate --cache-layout paged`; step graphs (.onnx) run on "
             "executor='onnxruntime'."
         )
-    g = read_step_engine(path).generation
-    if max_num_seqs is not None and max_num_seqs > g["max_batch"]:
-        raise UserError(
-            f"max_num_seqs {max_num_seqs} exceeds the step engine's max batch {g['max_batch']} (--max-batch)."
-        )
-    config = engine_config(config, {"max_num_seqs": g["max_batch"], "max_prefill_chunk": g["max_prefill"]})
-    config = _config(config, max_num_seqs)
-    return ServingLLM(TrtPagedExecutor(path, num_blocks, max_model_len=max_model_len), config)
+    spec = read_step_engine(path)  # the one read of the manifest: the executor and runtime get it
+    why = "TensorRT profiles bound every step's shapes"
+    config = _limited(config, max_num_seqs, spec.generation, "step engine", why)
+    return ServingLLM(TrtPagedExecutor(path, num_blocks, max_model_len=max_model_len, spec=spec), config)
 
 
 def from_pretrained(

@@ -130,10 +130,13 @@ def _backend_for(manifest: Manifest, label: str) -> Any:
         ) from e
 
 
-def load(path: str | os.PathLike[str]) -> Engine:
-    """Load `path` (+ `path.json` manifest): verify it, check the backend, register plugins, deserialize."""
+def load(path: str | os.PathLike[str], manifest: Manifest | None = None) -> Engine:
+    """Load `path` (+ `path.json` manifest): verify it, check the backend, register plugins, deserialize.
+
+    `manifest`: `path`'s manifest when the caller has read it already (read_manifest), so it is read once.
+    """
     label = f"engine '{path}'"
-    manifest = read_manifest(path)
+    manifest = read_manifest(path) if manifest is None else manifest
     data = verify_engine_file(path, manifest)
     ProfileLayout.from_manifest(manifest, where=label)
     backend = _backend_for(manifest, label)

@@ -10,6 +10,7 @@ import pytest
 
 import trtforge
 import trtforge.llm
+import trtforge.llm.api
 from tests.llm.tiny_models import FAMILIES, prompts, tiny_model
 from trtforge.cli.main import main as cli_main
 from trtforge.core.manifest import read_manifest
@@ -31,7 +32,7 @@ def _graph(model, path, precision):
         exporter="legacy",
         progress=False,
     )
-    return trtforge.llm.load(path)
+    return trtforge.llm.api.load(path)  # the raw loop: per-step logits and teacher-forced scores
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -153,7 +154,7 @@ def test_int8_smoothquant_step_graph(tmp_path):
         if n.op_type in ("Attention", "TensorScatter")
         for i in n.input
     )
-    int8 = trtforge.llm.load(tmp_path / "int8.onnx")
+    int8 = trtforge.llm.api.load(tmp_path / "int8.onnx")
     batch = prompts(model.config.vocab_size)
     tokens, ref = fp32.generate(batch, NEW, stop_at_eos=False, return_logits=True)
     low = int8.score(batch, tokens)

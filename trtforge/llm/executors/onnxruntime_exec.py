@@ -15,8 +15,14 @@ import numpy as np
 
 from trtforge.errors import UserError
 from trtforge.llm.executors.base import ExecutorFacts, StepBatch
-from trtforge.llm.executors.onnxruntime_slot import ORT_TYPES
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
+
+ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+}
 
 
 def read_generation(path: str | Path) -> dict[str, Any]:
@@ -81,7 +87,7 @@ class OrtPagedExecutor:
             raise UserError(f"step graph '{self.path}' lacks the inputs {missing} its metadata names.")
         self.pool_dtype = np.dtype(ORT_TYPES[inputs[self.pool_names[0]].type])
         shape = (self._num_blocks + 1, self._block_size, int(g["num_kv_heads"]), int(g["head_dim"]))
-        self.pools = _allocate_pools(self.pool_names, shape, self.pool_dtype, self._num_blocks)
+        self.pools = allocate_pools(self.pool_names, shape, self.pool_dtype, self._num_blocks)
         self._pool_outputs = dict(zip(cache["outputs"], self.pool_names))
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.all_logits = bool(g.get("all_logits"))
@@ -112,7 +118,7 @@ class OrtPagedExecutor:
         return logits[seq] if col is None else logits[seq, col]
 
 
-def _allocate_pools(
+def allocate_pools(
     names: list[str], shape: tuple[int, ...], dtype: np.dtype, num_blocks: int
 ) -> dict[str, np.ndarray]:
     """Zeroed KV pools in host memory; UserError naming num_blocks when they cannot fit this machine's

@@ -1,6 +1,10 @@
-"""The slot-layout step executor: runs raw feeds through a step graph in exact ONNX Runtime, checking
-them against the graph first (the batched greedy loop of :mod:`trtforge.llm.api`; paged graphs are
-served by :mod:`.onnxruntime_exec`).
+"""Slot-layout step graphs in exact ONNX Runtime: raw feeds, and the same graph behind the serving engine.
+
+:class:`OrtStepExecutor` runs raw feeds through a slot-layout step graph, checking them against the
+graph first (the teacher-forced and per-step-logits loop of :mod:`trtforge.llm.api`, a numerics tool).
+:class:`OrtSlotPoolExecutor` serves that graph through the engine like any paged executor: its pool is
+the slot cache, one row ``[Hkv, max_seq, D]`` per block, so a block holds a whole sequence (block size
+= max_seq) and each sequence owns one block. Paged graphs are served by :mod:`.onnxruntime_exec`.
 """
 
 from __future__ import annotations
@@ -11,13 +15,9 @@ from typing import Any
 import numpy as np
 
 from trtforge.errors import UserError
-
-ORT_TYPES = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-}
+from trtforge.llm.executors.base import StepBatch
+from trtforge.llm.executors.onnxruntime_exec import ORT_TYPES, allocate_pools, read_generation
+from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
 
 class OrtStepExecutor:
@@ -96,3 +96,79 @@ class OrtStepExecutor:
         """Check the feeds, run one step, return the outputs by name."""
         self.check_feeds(feeds)
         return dict(zip(self.output_names, self.session.run(None, feeds)))
+
+
+class OrtSlotPoolExecutor:
+    """Runs StepBatch batches through a slot-layout step graph: the StepExecutor protocol over a pool of
+    `num_blocks` slot-cache rows (default: the graph's max_batch), each one block of max_seq tokens.
+
+    A step runs the graph once per distinct new-token count among its sequences (decode rows together,
+    each prompt-chunk length together), so no row is padded: the graph writes a row's new K/V at its
+    past length, which could not hold a padded run near max_seq. The rows of a run are gathered from
+    the pool and written back after it.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        num_blocks: int | None = None,
+        *,
+        max_model_len: int | None = None,
+        generation: dict[str, Any] | None = None,
+    ) -> None:
+        g = generation if generation is not None else read_generation(path)
+        if g.get("cache", {}).get("layout") == "paged":
+            raise UserError(f"step graph '{path}' has a paged cache; serve it with OrtPagedExecutor.")
+        self.graph = OrtStepExecutor(path, g)
+        self.generation = g
+        # the StepExecutor facts, plain attributes: a block is a cache row of max_seq tokens
+        self.block_size = max_seq = self.graph.max_seq
+        self.max_model_len = max_seq if max_model_len is None else max_model_len
+        if not isinstance(self.max_model_len, int) or not 2 <= self.max_model_len <= max_seq:
+            raise UserError(
+                f"max_model_len must be an integer in [2, {max_seq}] (the step graph's max_seq, the "
+                f"length of its cache rows); got {max_model_len!r}."
+            )
+        num_blocks = self.graph.max_batch if num_blocks is None else num_blocks
+        if not isinstance(num_blocks, (int, np.integer)) or isinstance(num_blocks, bool) or num_blocks < 1:
+            raise UserError(
+                f"num_blocks must be an integer >= 1 (slot-cache rows: one per running sequence), got "
+                f"{num_blocks!r}."
+            )
+        self.num_blocks = int(num_blocks)
+        self.vocab_size = int(g["vocab_size"])
+        self.eos_token_ids = tuple(int(i) for i in g.get("eos_token_ids") or [])
+        self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None
+        self.max_batch, self.max_prefill = self.graph.max_batch, int(g["max_prefill"])
+        self.all_logits = bool(g.get("all_logits"))
+        shape = (self.num_blocks, *self.graph.cache_dims)
+        self.pools = allocate_pools(self.graph.cache_inputs, shape, self.graph.cache_dtype, self.num_blocks)
+        self._outputs = {n: n.replace("_cache.", "_cache_out.") for n in self.graph.cache_inputs}
+
+    def kv_bytes(self) -> int:
+        """Bytes the slot-cache rows of every layer take."""
+        return sum(p.nbytes for p in self.pools.values())
+
+    def step(self, batch: StepBatch) -> np.ndarray:
+        """Copy blocks, run the graph on each run of equal new-token counts; logits [N, vocab] float32."""
+        for src, dst in batch.block_copies.tolist():
+            for pool in self.pools.values():
+                pool[dst] = pool[src]
+        where = f"step graph '{self.graph.path}'"
+        seq, col = logits_rows(batch, self.all_logits, where)
+        out = np.empty((len(seq), self.vocab_size), np.float32)
+        qlens = batch.query_lens
+        rows = batch.block_tables[:, 0].astype(np.int64)
+        for n in np.unique(qlens):
+            group = np.flatnonzero(qlens == n)
+            feeds = padded_feeds(batch, 0, group)  # equal lengths: nothing is padded
+            del feeds["block_tables"], feeds["slot_mapping"]
+            mine = rows[group]
+            res = self.graph.run(feeds | {name: pool[mine] for name, pool in self.pools.items()})
+            for name, pool in self.pools.items():
+                pool[mine] = res[self._outputs[name]]
+            picked = np.flatnonzero(np.isin(seq, group))
+            local = np.searchsorted(group, seq[picked])
+            logits = res["logits"]
+            out[picked] = logits[local] if col is None else logits[local, col[picked]]
+        return out

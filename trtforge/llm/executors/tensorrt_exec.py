@@ -77,6 +77,7 @@ class StepEngineSpec:
     output_names: tuple[str, ...]
     profiles: dict[str, int]  # phase -> engine profile index
     ranges: dict[str, dict[str, ShapeRange]]  # phase -> input name -> range
+    manifest: Manifest  # what it was read from: passed down so that loading reads the file once
 
     @property
     def all_logits(self) -> bool:
@@ -181,6 +182,7 @@ def read_step_engine(path: str | Path, manifest: Manifest | None = None) -> Step
         output_names=tuple(want_out),
         profiles=idx,
         ranges=ranges,
+        manifest=m,
     )
 
 
@@ -242,7 +244,8 @@ class TrtPagedExecutor:
     """Runs StepBatch batches through a paged step engine on a CUDA GPU, owning its K/V pools.
 
     `num_blocks` (default: the engine's pool less the scratch block) sizes the pools the block manager
-    hands out; it may be smaller than what the engine was built for, never larger.
+    hands out; it may be smaller than what the engine was built for, never larger. `spec`: the engine's
+    :func:`read_step_engine` when the caller already read it (its manifest is then not read again).
     """
 
     def __init__(
@@ -252,9 +255,10 @@ class TrtPagedExecutor:
         *,
         max_model_len: int | None = None,
         device: Any = None,
+        spec: StepEngineSpec | None = None,
     ) -> None:
         self.path = Path(path)
-        self.spec = spec = read_step_engine(self.path)
+        self.spec = spec = read_step_engine(self.path) if spec is None else spec
         g = spec.generation
         most = spec.engine_blocks - 1
         num_blocks = most if num_blocks is None else num_blocks
@@ -293,7 +297,8 @@ class TrtPagedExecutor:
         self.device = make_device(device)
         if not isinstance(self.device, CudaDevice):
             raise UserError(f"the TensorRT executor runs on a CUDA device, got {device!r}.")
-        self.engine = load(self.path)  # manifest hash, backend version, GPU support, deserialize (§4.1)
+        # manifest hash, backend version, GPU support, deserialize (§4.1); the manifest already read
+        self.engine = load(self.path, manifest=spec.manifest)
         handle = self.engine.handle
         dev, dtype = self.device.torch_device, torch_dtype(spec.pool_dtype, where=spec.label)
         shape = (self._num_blocks + 1, *spec.pool_dims)

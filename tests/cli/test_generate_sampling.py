@@ -1,0 +1,108 @@
+"""`trtforge generate` sampling options: --n, --logprobs, the penalties, --min-p, --json-schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_generate_cmd import _graph
+from trtforge.cli.main import main
+
+MODEL = Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "code-llama-21m"
+BASE = ["--prompt-ids", "9 8 7", "--prompt-ids", "4 5", "--max-tokens", "10", "--ignore-eos"]
+
+
+@pytest.fixture(scope="module")
+def paged(tmp_path_factory):
+    return _graph(tmp_path_factory.mktemp("gen"), cache_layout="paged", block_size=8)
+
+
+def _run(capsys, *argv):
+    assert main(["generate", *argv]) == 0
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    return out.out.splitlines()
+
+
+def _ids(lines):
+    return [[int(t) for t in line.split()] for line in lines]
+
+
+def test_n_prints_n_reproducible_samples_per_prompt(paged, capsys):
+    sampling = ["--temperature", "1.0", "--seed", "3"]
+    two = _ids(_run(capsys, paged, *BASE, *sampling, "--n", "2"))
+    assert len(two) == 4 and two[0] != two[1] and two[2] != two[3]
+    assert _ids(_run(capsys, paged, *BASE, *sampling, "--n", "2")) == two
+    one = _ids(_run(capsys, paged, *BASE, *sampling))
+    assert one == [two[0], two[2]]  # sample 0 is the n=1 request
+
+
+def test_penalties_change_greedy_output_alike_on_numpy_and_torch_logits(paged, capsys):
+    plain = _ids(_run(capsys, paged, *BASE))
+    opts = ["--repetition-penalty", "3.0", "--frequency-penalty", "1.0", "--presence-penalty", "0.5"]
+    onnx = _ids(_run(capsys, paged, *BASE, *opts))
+    torch_out = _ids(_run(capsys, "tests.llm.tiny_models:llama_factory", *BASE, *opts, "--num-blocks", "16"))
+    assert onnx == torch_out != plain
+    assert all(len(set(row)) >= len(set(p)) for row, p in zip(onnx, plain))
+
+
+def test_logprobs_lines_follow_each_output(paged, capsys):
+    lines = _run(
+        capsys, paged, *BASE, "--logprobs", "3", "--min-p", "0.1", "--temperature", "0.8", "--seed", "1"
+    )
+    assert len(lines) == 4
+    for tokens, js in zip(_ids(lines[0::2]), lines[1::2]):
+        rows = json.loads(js)["logprobs"]
+        assert [r["token"] for r in rows] == tokens
+        for r in rows:
+            tops = [lp for _, lp in r["top"]]
+            assert len(tops) == 3 and tops == sorted(tops, reverse=True) and r["logprob"] <= 0
+            assert r["logprob"] <= tops[0] + 1e-9 and r["rank"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--min-p", "2"], "SamplingParams.min_p"),
+        (["--n", "0"], "SamplingParams.n"),
+        (["--logprobs", "50"], "SamplingParams.logprobs"),
+        (["--repetition-penalty", "0"], "SamplingParams.repetition_penalty"),
+        (["--presence-penalty", "3"], "SamplingParams.presence_penalty"),
+        (["--json-schema", "/nonexistent/s.json"], "--json-schema"),
+    ],
+)
+def test_bad_sampling_options_exit_2_naming_them(paged, capsys, argv, message):
+    assert main(["generate", paged, "--prompt-ids", "1 2", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_json_schema_needs_a_tokenizer_and_a_json_file(paged, tmp_path, capsys):
+    schema = tmp_path / "s.json"
+    schema.write_text('{"type": "object"}')
+    assert main(["generate", paged, "--prompt-ids", "1 2", "--json-schema", str(schema)]) == 2
+    assert "tokenizer" in capsys.readouterr().err
+    schema.write_text("{not json")
+    assert main(["generate", paged, "--prompt-ids", "1 2", "--json-schema", str(schema)]) == 2
+    assert "not a JSON file" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
+def test_json_schema_output_validates_with_the_trained_model(tmp_path, capsys):
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("xgrammar", reason="--json-schema needs the `structured` extra (xgrammar)")
+    schema = {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}, "ok": {"type": "boolean"}},
+        "required": ["id", "ok"],
+        "additionalProperties": False,
+    }
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    m = str(MODEL)
+    lines = _run(
+        capsys, m, "--prompt", "x = ", "--tokenizer", m, "--json-schema", str(path), "--max-tokens", "60"
+    )
+    jsonschema.validate(json.loads(lines[0]), schema)
