@@ -65,7 +65,7 @@ def test_queue_overflow_is_429_with_retry_after(server):
     import httpx
 
     out: dict = {}
-    threads = [threading.Thread(target=_stream, args=(server, 300, out, i)) for i in range(3)]
+    threads = [threading.Thread(target=_stream, args=(server, 120, out, i)) for i in range(3)]
     for t in threads:
         t.start()
     _wait_for(lambda: server.metrics()["trtforge_http_requests_in_flight"] == 3)
