@@ -90,6 +90,15 @@ def test_an_executor_fault_fails_its_requests_only(server):
     server.wait_blocks_free()
 
 
+def test_chat_without_a_template_is_400_naming_the_flag(server):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert "--chat-template" in e.value.body["message"] and e.value.body["param"] == "messages"
+
+
 def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(server):
     import httpx
 

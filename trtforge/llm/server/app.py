@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trtforge.errors import UserError
 from trtforge.llm.server.generation import Choice, Dispatcher
@@ -26,11 +28,14 @@ from trtforge.llm.server.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    error_body,
     parse,
     sampling_params,
 )
 from trtforge.llm.server.responses import Pumps, full_body, stream
 from trtforge.llm.text import apply_chat_template, check_text
+
+log = logging.getLogger("trtforge.serve")
 
 
 @dataclass
@@ -225,6 +230,17 @@ def create_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="trtforge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.trtforge = state
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException) -> Response:
+        """Routing errors (404 unknown path, 405 wrong method) in OpenAI's schema too."""
+        return JSONResponse(error_body(e.status_code, str(e.detail)), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, e: Exception) -> Response:
+        """A server bug: its trace goes to the log, the client gets a 500 in OpenAI's schema."""
+        log.error("internal error serving a request", exc_info=e)
+        return JSONResponse(error_body(500, f"internal server error ({type(e).__name__})"), status_code=500)
 
     @app.get("/health")
     async def health() -> Response:
