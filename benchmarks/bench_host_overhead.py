@@ -6,10 +6,12 @@ The real Scheduler, BlockManager, sampler and LLMEngine run over a null executor
 protocol, no model: it hands back precomputed float32 logits rows of a 32000-token vocabulary as
 torch CPU tensors). The baseline's ``trtforge`` is extracted with ``git archive`` and imported
 beside this tree's; both run the same trace, a step of one then a step of the other, so noise on a
-shared machine hits both alike. Phases per step (median ms): schedule (``_schedule``), build
-(``_build_batch``), launch (the null executor), sample (``sample``), bookkeeping (the rest of
-``Scheduler.step``), total, and total less sample (per step, then the median). Every step's
-sampled tokens of the two trees are checked equal.
+shared machine hits both alike. Phases per step (median ms): schedule (planning: ``Scheduler._plan``,
+``_schedule`` before the step loop's split), build (``StepPlan.make_batch``, before ``_build_batch``),
+launch (the null executor), sample (``sample``), bookkeeping (the rest of the step: applying tokens),
+total, and total less sample (per step, then the median). Every step's sampled tokens of the two
+trees are checked equal. Either tree may have either layout (``trtforge.llm.scheduler`` stepping
+itself, or ``trtforge.llm.sched`` plans run by ``trtforge.llm.loop``).
 """
 
 from __future__ import annotations
@@ -41,10 +43,14 @@ def load_tree(root: Path) -> SimpleNamespace:
         del sys.modules[name]
     sys.path.insert(0, str(root))
     try:
-        mods = {
-            short: importlib.import_module(f"trtforge.llm.{short}")
-            for short in ("executor", "sampling", "scheduler", "engine")
-        }
+        split = (root / "trtforge" / "llm" / "loop.py").exists()
+        names = {"sampling": "sampling", "engine": "engine"}
+        moved = (root / "trtforge" / "llm" / "sched").is_dir()
+        names["scheduler"] = "sched.scheduler" if moved else "scheduler"
+        if split:
+            names.update(plan="sched.plan", loop="loop")
+        mods = {short: importlib.import_module(f"trtforge.llm.{name}") for short, name in names.items()}
+        mods["split"] = split
     finally:
         sys.path.remove(str(root))
         for name in [m for m in sys.modules if m == "trtforge" or m.startswith("trtforge.")]:
@@ -80,18 +86,35 @@ class NullExecutor:
         return self._logits[: len(batch.logits_indices)]
 
 
+def make_stepper(tree: SimpleNamespace, executor, config):
+    """What steps: the step loop over a scheduler (split layout) or the scheduler itself (before)."""
+    if tree.split:
+        return tree.engine.make_step_loop(executor, config)
+    return tree.scheduler.Scheduler(executor, config)
+
+
+def scheduler_of(tree: SimpleNamespace, stepper):
+    return stepper.scheduler if tree.split else stepper
+
+
 class PhaseTimer:
-    """Host timers around one scheduler's phases (instance wrappers plus its module's `sample`)."""
+    """Host timers around one stepper's phases (instance and class wrappers plus its module's `sample`)."""
 
     def __init__(self, tree: SimpleNamespace, sched) -> None:
         self.cur: dict[str, float] = defaultdict(float)
         self.samples: dict[str, list[float]] = defaultdict(list)
         self.tree = tree
         self.sched = sched
-        sched._schedule = self._wrap(sched._schedule, "schedule")
-        sched._build_batch = self._wrap(sched._build_batch, "build")
+        if tree.split:
+            sched.scheduler._plan = self._wrap(sched.scheduler._plan, "schedule")
+            plan_cls = tree.plan.StepPlan
+            plan_cls.make_batch = self._wrap(plan_cls.make_batch, "build")
+        else:
+            sched._schedule = self._wrap(sched._schedule, "schedule")
+            sched._build_batch = self._wrap(sched._build_batch, "build")
         sched.executor.step = self._wrap(sched.executor.step, "launch")
-        self._sample = tree.scheduler.sample
+        self._sample_module = tree.loop if tree.split else tree.scheduler
+        self._sample = self._sample_module.sample
 
     def _wrap(self, fn, name):
         def timed(*args, **kwargs):
@@ -104,13 +127,13 @@ class PhaseTimer:
 
     def step(self, record: bool) -> list:
         self.cur.clear()
-        self.tree.scheduler.sample = self._wrap(self._sample, "sample")
+        self._sample_module.sample = self._wrap(self._sample, "sample")
         try:
             t0 = time.perf_counter()
             outs = self.sched.step()
             total = time.perf_counter() - t0
         finally:
-            self.tree.scheduler.sample = self._sample
+            self._sample_module.sample = self._sample
         if record:
             for k in ("schedule", "build", "launch", "sample"):
                 self.samples[k].append(self.cur[k])
@@ -145,10 +168,11 @@ def run_case(trees: dict, batch: int, kind: str, steps: int, prefill: bool, warm
         config = tree.scheduler.SchedulerConfig(
             max_num_seqs=batch + 1, max_num_batched_tokens=max(2048, batch + 512), seed=0
         )
-        sched = tree.scheduler.Scheduler(NullExecutor(num_blocks, batch + 1), config)
+        sched = make_stepper(tree, NullExecutor(num_blocks, batch + 1), config)
+        inner = scheduler_of(tree, sched)
         for i, p in enumerate(prompts):
             sched.add_request(i, p, make_params(tree, kind, i))
-        while sched.num_waiting or any(len(s.tokens) == s.prompt_len for s in sched._running):
+        while inner.num_waiting or any(len(s.tokens) == s.prompt_len for s in inner._running):
             sched.step()  # prefill everyone (untimed)
         state[name] = PhaseTimer(tree, sched)
     for step in range(steps + warmup):
@@ -157,13 +181,13 @@ def run_case(trees: dict, batch: int, kind: str, steps: int, prefill: bool, warm
             timer = state[name]
             if prefill:
                 sched = timer.sched
-                sched.abort(sched.running_request_ids()[0])
+                sched.abort(scheduler_of(tree, sched).running_request_ids()[0])
                 sched.add_request(f"new{step}", fresh[step], make_params(tree, kind, batch + step))
             outs = timer.step(record=step >= warmup)
             tokens[name] = [(o.request_id, o.new_token_ids) for o in outs]
         first = next(iter(tokens.values()))
         assert all(t == first for t in tokens.values()), f"trees disagree at step {step}"
-    running = {name: s.sched.num_running for name, s in state.items()}
+    running = {name: scheduler_of(trees[name], s.sched).num_running for name, s in state.items()}
     return {"medians": {name: s.medians() for name, s in state.items()}, "running": running}
 
 
@@ -179,7 +203,7 @@ def run_engine_case(trees: dict, batch: int, steps: int) -> dict:
             blocks = batch * (128 + steps + 32) // BLOCK_SIZE + 8
             engine = tree.engine.LLMEngine(NullExecutor(blocks, batch), config)
             times: dict[str, list[float]] = defaultdict(list)
-            sched = engine._scheduler
+            stepper = engine._steps if tree.split else engine._scheduler
 
             def wrap(obj, attr, key, times=times):
                 fn = getattr(obj, attr)
@@ -192,7 +216,7 @@ def run_engine_case(trees: dict, batch: int, steps: int) -> dict:
 
                 setattr(obj, attr, timed)
 
-            wrap(sched, "step", "step")
+            wrap(stepper, "step", "step")
             wrap(engine, "_dispatch", "dispatch")
             params = tree.sampling.SamplingParams(max_tokens=steps, ignore_eos=True)
             t0 = time.perf_counter()

@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 benchmarks/profile_serving.py --kernels torch triton --out profile.json
 
 For each executor kernel set, on the 1.1B Llama-style model of bench_serving.py: (1) one request
-alone, stepping the :class:`Scheduler` directly, with host timers around its phases (schedule,
+alone, stepping the :class:`StepLoop` directly, with host timers around its phases (schedule,
 batch build, executor launch, waiting for the GPU, sampling, the rest); (2) the same through
 :class:`LLMEngine` (its thread and queues); (3) the GPU time of one decode-graph replay (CUDA
 events) and, from torch.profiler, the kernels one decode step launches; (4) the phases of
@@ -20,24 +20,28 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-import trtforge.llm.sched.scheduler as scheduler_module
+import trtforge.llm.loop as loop_module
 from benchmarks.bench_serving import build_model
-from trtforge.llm.engine import LLMEngine
+from trtforge.llm.engine import LLMEngine, make_step_loop
 from trtforge.llm.executors.torch_exec import TorchExecutor
+from trtforge.llm.loop import StepLoop
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.sched.scheduler import Scheduler, SchedulerConfig
+from trtforge.llm.sched.plan import StepPlan
+from trtforge.llm.sched.scheduler import SchedulerConfig
 
 
 class PhaseTimer:
-    """Wraps a scheduler's phases with host timers; `sample` first waits for the GPU (counted apart)."""
+    """Wraps a step loop's phases with host timers (planning, the batch build, the executor launch);
+    `sample` (the synchronous loop's) first waits for the GPU (counted apart)."""
 
-    def __init__(self, sched: Scheduler) -> None:
+    def __init__(self, sched: StepLoop) -> None:
         self.totals: dict[str, list[float]] = defaultdict(list)
         self._cur: dict[str, float] = defaultdict(float)
-        for name in ("_schedule", "_build_batch"):
-            setattr(sched, name, self._wrap(getattr(sched, name), name))
+        sched.scheduler._plan = self._wrap(sched.scheduler._plan, "_schedule")
+        self._orig_make_batch = StepPlan.make_batch
+        StepPlan.make_batch = self._wrap(StepPlan.make_batch, "_build_batch")
         sched.executor.step = self._wrap(sched.executor.step, "executor_launch")
-        self._orig_sample = scheduler_module.sample
+        self._orig_sample = loop_module.sample
 
         def sample(*args, **kwargs):
             t0 = time.perf_counter()
@@ -48,7 +52,7 @@ class PhaseTimer:
             self._cur["sample"] += time.perf_counter() - t1
             return out
 
-        scheduler_module.sample = sample
+        loop_module.sample = sample
 
     def _wrap(self, fn, name):
         def timed(*args, **kwargs):
@@ -59,7 +63,7 @@ class PhaseTimer:
 
         return timed
 
-    def step(self, sched: Scheduler, record: bool) -> list:
+    def step(self, sched: StepLoop, record: bool) -> list:
         self._cur.clear()
         t0 = time.perf_counter()
         outs = sched.step()
@@ -72,9 +76,11 @@ class PhaseTimer:
             self.totals["total"].append(total)
         return outs
 
-    def restore(self, sched: Scheduler) -> None:
-        scheduler_module.sample = self._orig_sample
-        del sched.executor.step  # the instance attribute shadowing the class's method
+    def restore(self, sched: StepLoop) -> None:
+        loop_module.sample = self._orig_sample
+        StepPlan.make_batch = self._orig_make_batch
+        del sched.scheduler._plan  # the instance attributes shadowing the classes' methods
+        del sched.executor.step
 
     def summary(self) -> dict:
         return {k: float(np.median(v)) * 1e3 for k, v in self.totals.items()}
@@ -94,14 +100,14 @@ def graph_replay_ms(ex: TorchExecutor, nb: int, wb: int, reps: int = 50) -> floa
     return start.elapsed_time(end) / reps
 
 
-def kernels_per_step(sched: Scheduler, steps: int = 5) -> dict:
+def kernels_per_step(sched: StepLoop, steps: int = 5) -> dict:
     try:
         return _kernels_per_step(sched, steps)
     except Exception as e:  # the profiler is a diagnostic: record why it failed and go on
         return {"error": repr(e)}
 
 
-def _kernels_per_step(sched: Scheduler, steps: int) -> dict:
+def _kernels_per_step(sched: StepLoop, steps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -131,7 +137,7 @@ def profile_kernels(
     ex.capture_decode_graphs(max_batch=1)
     res["capture_b1_s"] = time.perf_counter() - t
     # (1) one request, scheduler stepped directly
-    sched = Scheduler(ex, SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=4096))
+    sched = make_step_loop(ex, SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=4096))
     timer = PhaseTimer(sched)
     sched.add_request("warm", prompt[:64], SamplingParams(max_tokens=8, ignore_eos=True))
     while sched.has_unfinished():
@@ -166,13 +172,14 @@ def profile_kernels(
     config = SchedulerConfig(
         max_num_seqs=256, max_num_batched_tokens=8192, max_prefill_tokens_with_decodes=8192
     )
-    sched = Scheduler(ex, config)
+    sched = make_step_loop(ex, config)
     rng = np.random.default_rng(0)
     for i in range(256):
         p = rng.integers(3, 32000, size=int(rng.integers(128, 1024))).tolist()
         sched.add_request(i, p, SamplingParams(max_tokens=60, ignore_eos=True))
     timer = PhaseTimer(sched)
-    while sched.num_waiting or any(len(s.tokens) - s.num_computed > 1 for s in sched._running):
+    running = sched.scheduler._running
+    while sched.scheduler.num_waiting or any(len(s.tokens) - s.num_computed > 1 for s in running):
         timer.step(sched, record=False)  # prefills (and capture of the buckets used)
     for _ in range(3):
         timer.step(sched, record=False)
@@ -184,9 +191,9 @@ def profile_kernels(
     dt = time.perf_counter() - t0
     res["b256_tok_per_s_decode"] = (sched.stats.generated_tokens - n0) / dt
     res["b256_phases_ms"] = timer.summary()
-    longest = max(len(s.tokens) for s in sched._running)
+    longest = max(len(s.tokens) for s in running)
     wb = next(w for w in ex._width_buckets if w * 16 >= longest)
-    res["b256_running"] = sched.num_running
+    res["b256_running"] = sched.scheduler.num_running
     res["graph_replay_ms_b256"] = graph_replay_ms(ex, 256, wb)
     timer.restore(sched)
     if torch_profiler:
@@ -197,7 +204,7 @@ def profile_kernels(
     return res
 
 
-def run_to_end(sched: Scheduler) -> None:
+def run_to_end(sched: StepLoop) -> None:
     while sched.has_unfinished():
         sched.step()
 

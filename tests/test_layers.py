@@ -38,6 +38,8 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "llm.ground": (
         "trtforge.llm.contract",
         "trtforge.llm.sampling",
+        "trtforge.llm.penalties",
+        "trtforge.llm.structured",
         "trtforge.llm.host_to_device",
         "trtforge.llm.executors.base",
     ),

@@ -6,9 +6,11 @@ import functools
 
 import torch
 
+from trtforge.llm.engine import make_step_loop
 from trtforge.llm.executors.torch_exec import TorchExecutor
+from trtforge.llm.loop import StepLoop
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.sched.scheduler import Scheduler, SchedulerConfig
+from trtforge.llm.sched.scheduler import SchedulerConfig
 
 VOCAB = 300
 MAX_POS = 512
@@ -40,11 +42,11 @@ def make_executor(num_blocks: int = 256, block_size: int = 8) -> TorchExecutor:
     return TorchExecutor(tiny_llama(), num_blocks=num_blocks, block_size=block_size)
 
 
-def run_to_completion(scheduler: Scheduler) -> dict:
+def run_to_completion(loop: StepLoop) -> dict:
     """Step until idle; return request id -> finished RequestOutput."""
     done = {}
-    while scheduler.has_unfinished():
-        for out in scheduler.step():
+    while loop.has_unfinished():
+        for out in loop.step():
             if out.finished:
                 done[out.request_id] = out
     return done
@@ -53,7 +55,7 @@ def run_to_completion(scheduler: Scheduler) -> dict:
 def solo_output(prompt: list[int], params: SamplingParams, executor: TorchExecutor | None = None) -> tuple:
     """The request's output when it runs alone (no batch mates, no prefix cache, synchronous scheduling)."""
     config = SchedulerConfig(enable_prefix_caching=False, async_scheduling=False)
-    sched = Scheduler(executor or make_executor(), config)
+    sched = make_step_loop(executor or make_executor(), config)
     sched.add_request("solo", prompt, params)
     return run_to_completion(sched)["solo"].output_token_ids
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from trtforge.llm.engine import make_step_loop
 from trtforge.llm.executors.base import StepBatch
 from trtforge.llm.sampling import SamplingParams, sample
 from trtforge.llm.sched.blocks import BlockManager
@@ -84,7 +85,7 @@ def test_bulk_batches_equal_the_per_sequence_construction_on_random_traces(seed)
         seen["batches"] += 1
         seen["decode" if batch.is_decode_only else "mixed"] += 1
 
-    sched = Scheduler(executor, config, step_hook=hook)
+    sched = make_step_loop(executor, config, hook)
     shared = rng.integers(0, VOCAB, size=9).tolist()
     added = 0
     for _ in range(160):
@@ -93,8 +94,8 @@ def test_bulk_batches_equal_the_per_sequence_construction_on_random_traces(seed)
             prompt = (shared + tail) if rng.random() < 0.5 else tail
             sched.add_request(f"r{added}", prompt, _random_params(rng))
             added += 1
-        if sched.num_running and rng.random() < 0.05:
-            ids = sched.running_request_ids()
+        if sched.scheduler.num_running and rng.random() < 0.05:
+            ids = sched.scheduler.running_request_ids()
             sched.abort(ids[int(rng.integers(0, len(ids)))])
         sched.step()
     while sched.has_unfinished():
@@ -199,13 +200,13 @@ def test_torch_device_branch_and_host_view_agree_and_half_precision_works():
 def test_a_plan_out_of_arrival_order_is_reordered_with_its_tokens_and_slots():
     from types import SimpleNamespace
 
-    from trtforge.llm.sched.scheduler import _Plan
+    from trtforge.llm.sched.plan import StepPlan
 
     def seq(arrival, tokens, computed):
         return SimpleNamespace(arrival=arrival, tokens=tokens, num_computed=computed, pending_row=-1)
 
     a, b, c, d = seq(5, [1, 2, 3, 4], 1), seq(2, [7, 8], 1), seq(9, [4, 4, 4], 0), seq(1, [6, 5], 1)
-    plan = _Plan()
+    plan = StepPlan()
     plan.seqs.append(d)  # the scheduler's decode fast path: the sequence and its slot only
     plan.slots.append(40)
     plan.add(a, [2, 3], [10, 11])

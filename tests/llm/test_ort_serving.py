@@ -12,10 +12,10 @@ from tests.llm.test_serving import _FailOnce
 from tests.llm.tiny_models import hf_greedy, tiny_model
 from trtforge.errors import UserError
 from trtforge.llm.compile.export import export_step
-from trtforge.llm.engine import LLMEngine
+from trtforge.llm.engine import LLMEngine, make_step_loop
 from trtforge.llm.executors import OrtPagedExecutor
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.sched.scheduler import Scheduler, SchedulerConfig, StepFailedError
+from trtforge.llm.sched.scheduler import SchedulerConfig, StepFailedError
 
 BLOCK = 8
 
@@ -75,7 +75,7 @@ def test_sixteen_requests_with_a_200_token_prefix_hold_it_once(step_graph):
         seen["steps"] = seen.get("steps", 0) + 1
 
     executor = OrtPagedExecutor(step_graph, num_blocks=96)
-    sched = Scheduler(executor, SchedulerConfig(max_num_seqs=16), step_hook=hook)
+    sched = make_step_loop(executor, SchedulerConfig(max_num_seqs=16), hook)
     for i, p in enumerate(prompts):
         sched.add_request(i, p, params)
     done = run_to_completion(sched)
@@ -121,12 +121,12 @@ def test_a_failed_step_fails_only_its_requests(step_graph):
     """Two running requests share the failing step; the one waiting behind them runs on to its solo output."""
     inner = OrtPagedExecutor(step_graph, num_blocks=32)
     executor = _FailOnce(inner)
-    sched = Scheduler(executor, SchedulerConfig(max_num_seqs=2))
+    sched = make_step_loop(executor, SchedulerConfig(max_num_seqs=2))
     params = SamplingParams(max_tokens=5, ignore_eos=True)
     for rid, prompt in (("a", [3, 4, 5]), ("b", [6] * 9), ("c", [7, 8])):
         sched.add_request(rid, prompt, params)
     first = sched.step()  # a and b prefill; c waits (max_num_seqs=2)
-    assert [o.request_id for o in first] == ["a", "b"] and sched.num_waiting == 1
+    assert [o.request_id for o in first] == ["a", "b"] and sched.scheduler.num_waiting == 1
     executor.armed.set()
     failed = {o.request_id: o for o in sched.step()}
     assert sorted(failed) == ["a", "b"]

@@ -12,10 +12,11 @@ import torch
 
 from tests.llm.serving_models import run_to_completion, tiny_llama
 from trtforge.errors import UserError
+from trtforge.llm.engine import make_step_loop
 from trtforge.llm.executors.piecewise import TOKEN_BUCKETS, PiecewiseStep
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.sched.scheduler import Scheduler, SchedulerConfig
+from trtforge.llm.sched.scheduler import SchedulerConfig
 
 
 class _Lockstep:
@@ -65,7 +66,7 @@ def _serve(both, *, async_scheduling: bool, seed: int = 0, n: int = 14) -> dict:
         max_prefill_tokens_with_decodes=12,
         async_scheduling=async_scheduling,
     )
-    sched = Scheduler(both, config)
+    sched = make_step_loop(both, config)
     pending = [
         (int(rng.integers(0, 12)), i, rng.integers(3, 290, size=int(rng.integers(1, 50))).tolist())
         for i in range(n)
@@ -166,13 +167,13 @@ def test_engine_outputs_with_piecewise_graphs_equal_solo_runs_on_cuda():
         rng = np.random.default_rng(5)
         prompts = [rng.integers(3, 290, size=int(rng.integers(1, 80))).tolist() for _ in range(24)]
         params = [SamplingParams(max_tokens=int(rng.integers(1, 20)), ignore_eos=True) for _ in prompts]
-        sched = Scheduler(ex, config)
+        sched = make_step_loop(ex, config)
         for i, (p, sp) in enumerate(zip(prompts, params)):
             sched.add_request(i, p, sp)
         done = run_to_completion(sched)
         assert ex.num_piecewise_graphs > 0
         for i, (p, sp) in enumerate(zip(prompts, params)):
-            solo = Scheduler(TorchExecutor(model, num_blocks=64, block_size=16, mixed_graphs=False))
+            solo = make_step_loop(TorchExecutor(model, num_blocks=64, block_size=16, mixed_graphs=False))
             solo.add_request("s", p, sp)
             assert done[i].output_token_ids == run_to_completion(solo)["s"].output_token_ids, i
     finally:

@@ -157,12 +157,12 @@ def test_closing_mid_stream_flushes_the_step_in_flight_and_ends_the_request():
     executor = make_executor(num_blocks=64)
     prompt, params = [3, 1, 4, 1, 5], SamplingParams(max_tokens=300, ignore_eos=True)
     engine = LLMEngine(executor)
-    assert engine._scheduler.async_scheduling
+    assert engine._steps.async_scheduling
     handle = engine.submit(prompt, params)
     stream = iter(handle)
     got = [next(stream) for _ in range(4)]
     engine.close()
     with pytest.raises(EngineClosedError, match="the engine was closed"):
         got.extend(stream)
-    assert engine._scheduler._inflight is None, "a step was left in flight"
+    assert not engine._steps.in_flight, "a step was left in flight"
     assert got == list(solo_output(prompt, params, executor)[: len(got)])

@@ -151,8 +151,8 @@ def test_unsupported_models_and_bad_sizes_are_user_errors():
 
 def test_static_shape_decode_gives_the_same_tokens_as_the_eager_path():
     from tests.llm.serving_models import run_to_completion
+    from trtforge.llm.engine import make_step_loop
     from trtforge.llm.sampling import SamplingParams
-    from trtforge.llm.sched.scheduler import Scheduler
 
     rng = np.random.default_rng(6)
     prompts = [rng.integers(0, 300, size=int(rng.integers(1, 40))).tolist() for _ in range(11)]
@@ -162,7 +162,7 @@ def test_static_shape_decode_gives_the_same_tokens_as_the_eager_path():
         ex = TorchExecutor(
             tiny_llama(), num_blocks=128, block_size=4, static_decode=static, max_decode_batch=8
         )
-        sched = Scheduler(ex)
+        sched = make_step_loop(ex)
         for i, (p, sp) in enumerate(zip(prompts, params)):
             sched.add_request(i, p, sp)
         outs.append({k: v.output_token_ids for k, v in run_to_completion(sched).items()})
@@ -176,8 +176,8 @@ def test_static_shape_decode_gives_the_same_tokens_as_the_eager_path():
 def test_cuda_graph_decode_matches_eager_on_cuda(family):
     from tests.llm.serving_models import run_to_completion
     from tests.llm.tiny_models import tiny_model
+    from trtforge.llm.engine import make_step_loop
     from trtforge.llm.sampling import SamplingParams
-    from trtforge.llm.sched.scheduler import Scheduler
 
     rng = np.random.default_rng(8)
     prompts = [rng.integers(0, 300, size=int(rng.integers(1, 60))).tolist() for _ in range(20)]
@@ -187,7 +187,7 @@ def test_cuda_graph_decode_matches_eager_on_cuda(family):
     for static in (False, True):
         model = (tiny_llama() if other is None else other).to("cuda")
         ex = TorchExecutor(model, num_blocks=256, block_size=16, static_decode=static)
-        sched = Scheduler(ex)
+        sched = make_step_loop(ex)
         for i, (p, sp) in enumerate(zip(prompts, params)):
             sched.add_request(i, p, sp)
         outs.append({k: v.output_token_ids for k, v in run_to_completion(sched).items()})
@@ -201,8 +201,9 @@ def test_cuda_graph_decode_matches_eager_on_cuda(family):
 def test_async_scheduling_with_cuda_graphs_gives_the_synchronous_outputs_on_cuda():
     """On the device for real: ids fed from the device between the staged copy and the graph replay,
     double-buffered staging, pinned token copies; greedy and seeded sampling, staggered arrivals."""
+    from trtforge.llm.engine import make_step_loop
     from trtforge.llm.sampling import SamplingParams
-    from trtforge.llm.sched.scheduler import Scheduler, SchedulerConfig
+    from trtforge.llm.sched.scheduler import SchedulerConfig
 
     rng = np.random.default_rng(9)
     reqs = []
@@ -223,7 +224,7 @@ def test_async_scheduling_with_cuda_graphs_gives_the_synchronous_outputs_on_cuda
         for async_scheduling in (False, True):
             ex = TorchExecutor(model, num_blocks=256, block_size=16, static_decode=True, max_decode_batch=32)
             config = SchedulerConfig(max_num_seqs=32, max_prefill_chunk=32, async_scheduling=async_scheduling)
-            sched = Scheduler(ex, config)
+            sched = make_step_loop(ex, config)
             assert sched.async_scheduling is async_scheduling
             step, pending, done = 0, sorted(reqs, key=lambda r: r[0]), {}
             while pending or sched.has_unfinished():

@@ -15,10 +15,11 @@ import torch
 
 from tests.llm.paged_metadata import mixed_metadata
 from tests.llm.serving_models import run_to_completion, tiny_llama
+from trtforge.llm.engine import make_step_loop
 from trtforge.llm.executors.paged_attention import paged_attention_reference
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.sched.scheduler import Scheduler, SchedulerConfig
+from trtforge.llm.sched.scheduler import SchedulerConfig
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
 
@@ -222,7 +223,7 @@ def test_triton_executor_gives_the_torch_reference_greedy_tokens(device, family)
     config = SchedulerConfig(
         max_num_batched_tokens=48, max_prefill_chunk=24, max_prefill_tokens_with_decodes=16
     )
-    sched = Scheduler(both, config)
+    sched = make_step_loop(both, config)
     for i, (p, sp) in enumerate(zip(prompts, params)):
         sched.add_request(i, p, sp)
     done = run_to_completion(sched)

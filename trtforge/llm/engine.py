@@ -3,8 +3,10 @@
 Callers get a :class:`RequestHandle` per request: iterate it for tokens as they are sampled, wait for
 the :class:`Completion`, or cancel it. Submissions are validated in the caller's thread (a bad
 request raises UserError there) and handed to the loop through an inbox, so a submitting thread
-never waits for a step to finish. Under asynchronous scheduling a step's outputs come out of the
-next :meth:`Scheduler.step`; the loop keeps stepping while one is in flight, and flushes it on close.
+never waits for a step to finish. The thread drives a step loop (:func:`make_step_loop`: schedule ->
+execute + sample -> update, :mod:`trtforge.llm.loop`; one step in flight, :mod:`trtforge.llm.async_loop`).
+Under asynchronous scheduling a step's outputs come out of the next step; the thread keeps stepping
+while one is in flight, and flushes it on close.
 """
 
 from __future__ import annotations
@@ -15,13 +17,32 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from trtforge.errors import TrtforgeError, UserError
-from trtforge.llm.executors.base import StepExecutor
+from trtforge.llm.async_loop import AsyncStepLoop
+from trtforge.llm.executors.base import AsyncStepExecutor, StepExecutor, supports_async
+from trtforge.llm.loop import StepHook, StepLoop
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.blocks import MemoryStats
-from trtforge.llm.sched.scheduler import RequestOutput, Scheduler, SchedulerConfig, SchedulerStats, StepHook
+from trtforge.llm.sched.scheduler import RequestOutput, Scheduler, SchedulerConfig, SchedulerStats
+
+
+def make_step_loop(
+    executor: StepExecutor, config: SchedulerConfig | None = None, step_hook: StepHook | None = None
+) -> StepLoop:
+    """A scheduler over `executor` and the loop that runs it: asynchronous where the executor offers
+    ``step_async`` and ``config.async_scheduling`` is not False (True requires it), else synchronous."""
+    scheduler = Scheduler(executor, config)
+    wanted, offered = scheduler.config.async_scheduling, supports_async(executor)
+    if wanted and not offered:
+        raise UserError(
+            f"SchedulerConfig.async_scheduling=True needs an executor with step_async; "
+            f"{type(executor).__name__} runs steps synchronously only (leave it None or False)"
+        )
+    if offered if wanted is None else wanted:
+        return AsyncStepLoop(cast(AsyncStepExecutor, executor), scheduler, step_hook)
+    return StepLoop(executor, scheduler, step_hook)
 
 
 class EngineClosedError(TrtforgeError):
@@ -30,13 +51,15 @@ class EngineClosedError(TrtforgeError):
 
 @dataclass(frozen=True)
 class Completion:
-    """A finished request: generated token ids and why it ended ("stop", "length", "abort", "error")."""
+    """A finished request: generated token ids and why it ended ("stop", "length", "abort", "error");
+    `logprobs`: one :class:`~trtforge.llm.penalties.TokenLogprobs` per token when the params asked."""
 
     request_id: Hashable
     prompt_token_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
     finish_reason: str
     error: BaseException | None = None
+    logprobs: tuple[Any, ...] | None = None
 
 
 _DONE = object()
@@ -66,7 +89,12 @@ class RequestHandle:
         if out.finished:
             self._complete(
                 Completion(
-                    self.request_id, self._prompt, out.output_token_ids, out.finish_reason or "", out.error
+                    self.request_id,
+                    self._prompt,
+                    out.output_token_ids,
+                    out.finish_reason or "",
+                    out.error,
+                    out.output_logprobs,
                 )
             )
 
@@ -130,7 +158,8 @@ class LLMEngine:
         *,
         step_hook: StepHook | None = None,
     ) -> None:
-        self._scheduler = Scheduler(executor, config, step_hook=step_hook)
+        self._steps = make_step_loop(executor, config, step_hook)
+        self._scheduler = self._steps.scheduler
         self._inbox_lock = threading.Lock()
         self._step_lock = threading.Lock()
         self._wake = threading.Condition(self._inbox_lock)
@@ -165,6 +194,27 @@ class LLMEngine:
             self._wake.notify()
         return handle
 
+    def submit_n(self, prompt: Sequence[int], params: SamplingParams) -> list[RequestHandle]:
+        """Queue the ``params.n`` samples of one prompt (:meth:`SamplingParams.expand`), one handle each;
+        they share the prompt's cached prefix blocks once its first copy has computed them."""
+        handles: list[RequestHandle] = []
+        try:
+            for p in params.expand():
+                handles.append(self.submit(prompt, p))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        return handles
+
+    def enable_structured_output(self, tokenizer: Any) -> None:
+        """Accept requests with ``response_format``, compiling their grammars over `tokenizer`'s
+        vocabulary (the model's; needs the ``structured`` extra)."""
+        from trtforge.llm.structured import GrammarCompiler
+
+        with self._inbox_lock:
+            self._scheduler.grammar = GrammarCompiler(tokenizer, self._scheduler.executor.vocab_size)
+
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -172,8 +222,9 @@ class LLMEngine:
     ) -> list[Completion]:
         """Run every prompt to completion (batched together) and return completions in prompt order.
 
-        `params` is one SamplingParams for all prompts or one per prompt. If any request is invalid,
-        UserError is raised and none of them runs. Failed requests come back with `error` set.
+        `params` is one SamplingParams for all prompts or one per prompt; a prompt whose params have
+        ``n > 1`` contributes its n completions in a row. If any request is invalid, UserError is
+        raised and none of them runs. Failed requests come back with `error` set.
         """
         if isinstance(params, SamplingParams) or params is None:
             per = [params] * len(prompts)
@@ -184,7 +235,7 @@ class LLMEngine:
         handles: list[RequestHandle] = []
         try:
             for prompt, p in zip(prompts, per):
-                handles.append(self.submit(prompt, p))
+                handles.extend(self.submit_n(prompt, p if p is not None else SamplingParams()))
         except BaseException:
             for h in handles:
                 h.cancel()
@@ -267,12 +318,12 @@ class LLMEngine:
             self._wake.notify()
 
     def _loop(self) -> None:
-        sched = self._scheduler
+        sched, steps = self._scheduler, self._steps
         try:
             while True:
                 with self._wake:
                     self._wake.wait_for(
-                        lambda: self._closed or self._inbox or self._cancels or sched.has_unfinished()
+                        lambda: self._closed or self._inbox or self._cancels or steps.has_unfinished()
                     )
                     if self._closed:
                         break
@@ -283,10 +334,10 @@ class LLMEngine:
                         sched.enqueue(seq)
                     for rid in cancels:
                         sched.abort(rid)
-                    outputs = sched.step()
+                    outputs = steps.step()
                 self._dispatch(outputs)
             with self._step_lock:
-                outputs = sched.flush()  # closed: tokens already computed still reach their streams
+                outputs = steps.flush()  # closed: tokens already computed still reach their streams
             self._dispatch(outputs)
         except BaseException as exc:  # a scheduler bug: every waiter learns of it, then it propagates
             self._fatal = exc

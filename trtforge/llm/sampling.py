@@ -1,21 +1,35 @@
 """Per-request sampling parameters and a batched sampler over a logits batch (torch or numpy).
 
 Each request draws from its own seeded generator, exactly one uniform number per sampled token, and
-sampling is inverse-CDF over the stably sorted, top-k/top-p filtered distribution. So a request's
-tokens depend only on its logits and its seed, never on which other requests share the batch.
+sampling is inverse-CDF over the stably sorted, min_p/top-k/top-p filtered distribution. Penalties and
+a grammar bitmask are applied to the whole batch first (:mod:`trtforge.llm.penalties`), row-wise. So a
+request's tokens depend only on its logits, its history and its seed, never on which other requests
+share the batch.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from trtforge.errors import UserError
 from trtforge.llm.host_to_device import to_device
+from trtforge.llm.penalties import (
+    RowHistory,
+    TokenLogprobs,
+    apply_bitmask,
+    apply_penalties,
+    compute_logprobs,
+    min_p_floor,
+)
+
+# vLLM's default max_logprobs (and OpenAI's top_logprobs limit)
+MAX_LOGPROBS = 20
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
 def _is_int(x: object) -> bool:
@@ -33,7 +47,12 @@ class SamplingParams:
     ``stop_token_ids`` and ``eos_token_id`` end generation when sampled; ``stop_sequences`` are
     token-id sequences that end it once the output ends with one. The token(s) that stopped
     generation stay in the output. ``eos_token_id=None`` means the engine's (the model's) EOS;
-    ``ignore_eos`` disables it.
+    ``ignore_eos`` disables it. The other fields carry vLLM's names and meanings: ``n`` samples per
+    prompt (see :meth:`expand`), ``logprobs`` top logprobs per token (0: the sampled token's only;
+    see :class:`~trtforge.llm.penalties.TokenLogprobs`), the penalties and ``min_p`` of
+    :mod:`trtforge.llm.penalties`, ``stop`` strings (matched on the text by the text layer), and
+    ``response_format`` (OpenAI's: ``{"type": "json_object"}`` or ``{"type": "json_schema",
+    "json_schema": {"schema": {...}}}``) for grammar-constrained output.
     """
 
     max_tokens: int = 16
@@ -45,6 +64,14 @@ class SamplingParams:
     stop_sequences: tuple[tuple[int, ...], ...] = ()
     eos_token_id: int | None = None
     ignore_eos: bool = False
+    n: int = 1
+    logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    stop: tuple[str, ...] = ()
+    response_format: dict[str, Any] | None = field(default=None, hash=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -85,6 +112,44 @@ class SamplingParams:
                 raise bad("stop_sequences", "a list of non-empty token-id lists", seqs)
             norm.append(tuple(int(t) for t in s))
         object.__setattr__(self, "stop_sequences", tuple(norm))
+        self._check_openai_fields(bad)
+
+    def _check_openai_fields(self, bad: Any) -> None:
+        if not _is_int(self.n) or self.n < 1:
+            raise bad("n", "an integer >= 1 (samples per prompt)", self.n)
+        lp = self.logprobs
+        if lp is not None and (not _is_int(lp) or not 0 <= lp <= MAX_LOGPROBS):
+            raise bad("logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]", self.logprobs)
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _is_number(v) or not -2.0 <= v <= 2.0:
+                raise bad(name, "a number in [-2, 2] (0 disables it)", v)
+        rp = self.repetition_penalty
+        if not _is_number(rp) or not math.isfinite(rp) or rp <= 0:
+            raise bad("repetition_penalty", "a finite number > 0 (1 disables it)", rp)
+        if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", "a number in [0, 1] (0 disables it)", self.min_p)
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(x, str) and x for x in stop):
+            raise bad("stop", "a string or a list of non-empty strings", self.stop)
+        object.__setattr__(self, "stop", tuple(stop))
+        rf = self.response_format
+        if rf is None:
+            return
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind not in RESPONSE_FORMATS:
+            raise bad("response_format", f"None or a dict whose 'type' is one of {RESPONSE_FORMATS}", rf)
+        if kind == "text":
+            object.__setattr__(self, "response_format", None)
+        elif kind == "json_schema":
+            spec = rf.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, (dict, bool)):
+                raise bad(
+                    "response_format",
+                    'of type json_schema a dict with "json_schema": {"schema": {...}}',
+                    rf,
+                )
 
     @property
     def greedy(self) -> bool:
@@ -94,16 +159,38 @@ class SamplingParams:
         """The request's own random stream: from `seed`, else from `fallback_seed` (the engine's)."""
         return np.random.default_rng(self.seed if self.seed is not None else fallback_seed)
 
+    def expand(self) -> list[SamplingParams]:
+        """The `n` independent single-sample requests of these params (n=1: itself).
 
-def _settings(params: Sequence[SamplingParams], vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        Sample i has ``n=1`` and, when a seed is set, seed :func:`child_seed` (seed, i): each sample
+        is reproducible from (seed, index), and sample 0 equals the n=1 request.
+        """
+        if self.n == 1:
+            return [self]
+        return [
+            replace(self, n=1, seed=None if self.seed is None else child_seed(self.seed, i))
+            for i in range(self.n)
+        ]
+
+
+def child_seed(seed: int, index: int) -> int:
+    """Sample `index`'s seed of a request seeded `seed` (index 0 keeps the seed itself)."""
+    if index == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def _settings(params: Sequence[SamplingParams], vocab: int) -> tuple[np.ndarray, ...]:
     temps = np.array([p.temperature for p in params], dtype=np.float64)
     top_k = np.array([p.top_k if 0 < p.top_k < vocab else vocab for p in params], dtype=np.int64)
     top_p = np.array([p.top_p for p in params], dtype=np.float64)
-    return temps, top_k, top_p
+    min_p = np.array([p.min_p for p in params], dtype=np.float64)
+    return temps, top_k, top_p, min_p
 
 
-def _sample_numpy(logits: np.ndarray, rows: np.ndarray, temps, top_k, top_p, u) -> np.ndarray:
+def _sample_numpy(logits: np.ndarray, rows: np.ndarray, temps, top_k, top_p, min_p, u) -> np.ndarray:
     x = logits[rows].astype(np.float64) / temps[rows, None]
+    x = np.where(x < min_p_floor(x, min_p[rows])[:, None], -np.inf, x)
     order = np.argsort(-x, axis=-1, kind="stable")
     xs = np.take_along_axis(x, order, axis=-1)
     ranks = np.arange(x.shape[1])
@@ -119,7 +206,7 @@ def _sample_numpy(logits: np.ndarray, rows: np.ndarray, temps, top_k, top_p, u) 
     return order[np.arange(len(rows)), pick]
 
 
-def _sample_torch(logits, rows, temps, top_k, top_p, u):
+def _sample_torch(logits, rows, temps, top_k, top_p, min_p, u):
     """The torch twin of :func:`_sample_numpy`: (row ids, tokens), both on the logits' device.
 
     The per-row settings go to the device in one copy (float64 holds the row and top-k ids exactly).
@@ -127,10 +214,13 @@ def _sample_torch(logits, rows, temps, top_k, top_p, u):
     import torch
 
     dev = logits.device
-    packed = np.stack([rows.astype(np.float64), temps[rows], top_k[rows].astype(np.float64), top_p[rows], u])
-    idx, t, k, p, draws = to_device(packed, dev).unbind(0)
+    packed = np.stack(
+        [rows.astype(np.float64), temps[rows], top_k[rows].astype(np.float64), top_p[rows], min_p[rows], u]
+    )
+    idx, t, k, p, mp, draws = to_device(packed, dev).unbind(0)
     idx = idx.long()
     x = logits.index_select(0, idx).double() / t[:, None]
+    x = x.masked_fill(x < min_p_floor(x, mp)[:, None], -math.inf)
     xs, order = torch.sort(x, dim=-1, descending=True, stable=True)
     ranks = torch.arange(x.shape[1], device=dev)
     xs = xs.masked_fill(ranks[None, :] >= k.long()[:, None], -math.inf)
@@ -164,9 +254,15 @@ def _draws(logits: Any, params: Sequence[SamplingParams], generators: Sequence[n
     if not sampled:
         return None
     rows = np.array(sampled, dtype=np.int64)
-    temps, top_k, top_p = _settings(params, int(logits.shape[1]))
     u = np.array([generators[i].random() for i in sampled], dtype=np.float64)
-    return rows, temps, top_k, top_p, u
+    return (rows, *_settings(params, int(logits.shape[1])), u)
+
+
+def _process(logits: Any, params: Sequence[SamplingParams], histories: Any, bitmask: Any) -> Any:
+    """The logits the sampler draws from: grammar mask, then penalties (`logits` itself when neither)."""
+    if bitmask is not None:
+        logits = apply_bitmask(logits, bitmask)
+    return apply_penalties(logits, params, histories)
 
 
 def _sample_device(logits: Any, draws: Any) -> Any:
@@ -177,27 +273,82 @@ def _sample_device(logits: Any, draws: Any) -> Any:
     return out
 
 
+def _logprobs(x: Any, params: Sequence[SamplingParams], tokens: Any) -> list[TokenLogprobs | None] | None:
+    """The requested logprobs of each row (None for a row that asked for none), computed batched."""
+    want = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if not want:
+        return None
+    k = min(max(params[i].logprobs for i in want), int(x.shape[1]))
+    temps = np.array([params[i].temperature or 1.0 for i in want], dtype=np.float64)
+    rows = np.array(want, dtype=np.int64)
+    if isinstance(x, np.ndarray):
+        host_tokens = np.asarray(tokens)
+        parts = compute_logprobs(x[rows].astype(np.float64) / temps[:, None], host_tokens[rows], k)
+    else:
+        import torch
+
+        dev = x.device
+        idx = to_device(rows, dev)
+        scaled = x.index_select(0, idx).double() / to_device(temps, dev)[:, None]
+        picked = torch.as_tensor(tokens).to(dev).index_select(0, idx)
+        parts = [t.cpu().numpy() for t in compute_logprobs(scaled, picked, k)]
+        parts_tokens = picked.cpu().numpy()
+        host_tokens = np.zeros(len(params), dtype=np.int64)
+        host_tokens[rows] = parts_tokens
+    chosen, rank, ids, lps = parts
+    out: list[TokenLogprobs | None] = [None] * len(params)
+    for j, i in enumerate(want):
+        m = params[i].logprobs
+        token = int(host_tokens[i])
+        top = tuple(zip(ids[j, :m].tolist(), lps[j, :m].tolist()))
+        out[i] = TokenLogprobs(token, float(chosen[j]), int(rank[j]), top)
+    return out
+
+
+def _sample_host(logits, params, generators, histories, bitmask) -> tuple[np.ndarray, Any]:
+    draws = _draws(logits, params, generators)
+    x = _process(logits, params, histories, bitmask)
+    host = _host_view(x)
+    if host is None:  # a device tensor
+        return _sample_device(x, draws).cpu().numpy().astype(np.int64, copy=False), x
+    out = np.argmax(host, axis=-1).astype(np.int64, copy=False)
+    if draws is not None:
+        rows = draws[0]
+        if isinstance(x, np.ndarray):
+            out[rows] = _sample_numpy(x, *draws)
+        else:
+            out[rows] = _sample_torch(x, *draws)[1].numpy()
+    return out, x
+
+
 def sample(
-    logits: Any, params: Sequence[SamplingParams], generators: Sequence[np.random.Generator]
+    logits: Any,
+    params: Sequence[SamplingParams],
+    generators: Sequence[np.random.Generator],
+    histories: Sequence[RowHistory] | None = None,
+    bitmask: Any = None,
 ) -> np.ndarray:
     """Pick one token per row of `logits` ``[N, vocab]`` (torch tensor or numpy array); row i uses params[i].
 
     Greedy rows take the first maximum; the others consume one uniform draw from generators[i].
+    `histories` (one :class:`RowHistory` per row) feed the penalties, needed when a row has any;
+    `bitmask` (int32 ``[N, ceil(vocab/32)]``, see :mod:`trtforge.llm.structured`) masks tokens.
     Returns int64 token ids ``[N]``. On a device: one argmax over all rows, the sampled rows'
     kernels, and a single copy back to the host.
     """
-    draws = _draws(logits, params, generators)
-    host = _host_view(logits)
-    if host is None:  # a device tensor
-        return _sample_device(logits, draws).cpu().numpy().astype(np.int64, copy=False)
-    out = np.argmax(host, axis=-1).astype(np.int64, copy=False)
-    if draws is not None:
-        rows = draws[0]
-        if isinstance(logits, np.ndarray):
-            out[rows] = _sample_numpy(logits, *draws)
-        else:
-            out[rows] = _sample_torch(logits, *draws)[1].numpy()
-    return out
+    return _sample_host(logits, params, generators, histories, bitmask)[0]
+
+
+def sample_with_logprobs(
+    logits: Any,
+    params: Sequence[SamplingParams],
+    generators: Sequence[np.random.Generator],
+    histories: Sequence[RowHistory] | None = None,
+    bitmask: Any = None,
+) -> tuple[np.ndarray, list[TokenLogprobs | None] | None]:
+    """:func:`sample`, plus each row's :class:`TokenLogprobs` (None when no row asked for logprobs)."""
+    out, x = _sample_host(logits, params, generators, histories, bitmask)
+    return out, _logprobs(x, params, out)
 
 
 class SampledTokens:
@@ -205,14 +356,16 @@ class SampledTokens:
 
     `tokens` lies where the sampler left it (a next step reads its input ids there); :meth:`result`
     waits for the copy to the host that started with them and returns them as numpy int64 ``[N]``.
+    `logprobs`: per row :class:`TokenLogprobs` or None (None: no row asked for any).
     """
 
-    __slots__ = ("_host", "_ready", "tokens")
+    __slots__ = ("_host", "_ready", "logprobs", "tokens")
 
-    def __init__(self, tokens: Any, host: Any, ready: Any = None) -> None:
+    def __init__(self, tokens: Any, host: Any, ready: Any = None, logprobs: Any = None) -> None:
         self.tokens = tokens
         self._host = host
         self._ready = ready
+        self.logprobs = logprobs
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -226,24 +379,32 @@ class SampledTokens:
 
 
 def sample_async(
-    logits: Any, params: Sequence[SamplingParams], generators: Sequence[np.random.Generator]
+    logits: Any,
+    params: Sequence[SamplingParams],
+    generators: Sequence[np.random.Generator],
+    histories: Sequence[RowHistory] | None = None,
+    bitmask: Any = None,
 ) -> SampledTokens:
     """:func:`sample` without waiting for the device: the tokens stay on it, and a copy to pinned host
-    memory plus an event start behind them. The same draws and the same tokens as :func:`sample`."""
+    memory plus an event start behind them. The same draws and the same tokens as :func:`sample`.
+    Rows that ask for logprobs make it wait for them (they are copied to the host here)."""
     if _host_view(logits) is not None:
-        out = sample(logits, params, generators)
+        out, lps = sample_with_logprobs(logits, params, generators, histories, bitmask)
         if isinstance(logits, np.ndarray):
-            return SampledTokens(out, out)
+            return SampledTokens(out, out, logprobs=lps)
         import torch
 
-        return SampledTokens(torch.from_numpy(out), out)
+        return SampledTokens(torch.from_numpy(out), out, logprobs=lps)
     import torch
 
-    tokens = _sample_device(logits, _draws(logits, params, generators))
+    draws = _draws(logits, params, generators)
+    x = _process(logits, params, histories, bitmask)
+    tokens = _sample_device(x, draws)
+    lps = _logprobs(x, params, tokens)
     if tokens.device.type != "cuda":
-        return SampledTokens(tokens, tokens.cpu().numpy())
+        return SampledTokens(tokens, tokens.cpu().numpy(), logprobs=lps)
     host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
     host.copy_(tokens, non_blocking=True)
     ready = torch.cuda.Event()
     ready.record(torch.cuda.current_stream(tokens.device))
-    return SampledTokens(tokens, host, ready)
+    return SampledTokens(tokens, host, ready, logprobs=lps)

@@ -20,9 +20,10 @@ from tests.llm.serving_models import (
     tiny_llama,
 )
 from trtforge.errors import UserError
+from trtforge.llm.engine import make_step_loop
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.sched.scheduler import Scheduler, SchedulerConfig, StepFailedError
+from trtforge.llm.sched.scheduler import SchedulerConfig, StepFailedError
 
 
 def _workload(n: int, seed: int, max_arrival: int = 40):
@@ -45,7 +46,7 @@ def workload():
 
 
 def _serve(executor, reqs, config, hook=None):
-    sched = Scheduler(executor, config, step_hook=hook)
+    sched = make_step_loop(executor, config, hook)
     done, step = {}, 0
     pending = sorted(reqs, key=lambda r: r[0])
     while pending or sched.has_unfinished():
@@ -143,7 +144,7 @@ def test_a_shared_prefix_is_held_once(async_scheduling):
             )
 
     config = SchedulerConfig(max_num_seqs=16, max_prefill_chunk=256, async_scheduling=async_scheduling)
-    sched = Scheduler(executor, config, step_hook=hook)
+    sched = make_step_loop(executor, config, hook)
     for rid, prompt in reqs:
         sched.add_request(rid, prompt, params)
     done = run_to_completion(sched)
@@ -172,7 +173,7 @@ def test_a_shared_prefix_is_held_once(async_scheduling):
     ],
 )
 def test_bad_prompts_are_user_errors_and_queue_nothing(prompt, message):
-    sched = Scheduler(make_executor())
+    sched = make_step_loop(make_executor())
     with pytest.raises(UserError, match=message):
         sched.add_request("bad", prompt)
     assert not sched.has_unfinished()
@@ -181,13 +182,13 @@ def test_bad_prompts_are_user_errors_and_queue_nothing(prompt, message):
 
 
 def test_bad_sampling_params_and_config_are_user_errors():
-    sched = Scheduler(make_executor())
+    sched = make_step_loop(make_executor())
     with pytest.raises(UserError, match="SamplingParams.top_p"):
         sched.add_request("a", [1, 2], SamplingParams(top_p=2.0))
     with pytest.raises(UserError, match="must be a SamplingParams"):
         sched.add_request("a", [1, 2], {"max_tokens": 3})
     with pytest.raises(UserError, match="SchedulerConfig.max_prefill_chunk"):
-        Scheduler(make_executor(), SchedulerConfig(max_prefill_chunk=0))
+        make_step_loop(make_executor(), SchedulerConfig(max_prefill_chunk=0))
     assert not sched.has_unfinished()
 
 
@@ -197,15 +198,15 @@ def test_cancel_midway_frees_blocks_and_the_others_finish(async_scheduling):
     rng = np.random.default_rng(3)
     prompts = {f"c{i}": rng.integers(0, VOCAB, size=30).tolist() for i in range(3)}
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    sched = Scheduler(executor, SchedulerConfig(max_prefill_chunk=16, async_scheduling=async_scheduling))
+    sched = make_step_loop(executor, SchedulerConfig(max_prefill_chunk=16, async_scheduling=async_scheduling))
     for rid, p in prompts.items():
         sched.add_request(rid, p, params)
     for _ in range(5):
         sched.step()
     used_before = sched.memory_stats().used_blocks
-    held = len(sched.block_manager.block_table("c1"))
+    held = len(sched.scheduler.block_manager.block_table("c1"))
     assert sched.abort("c1") and not sched.abort("c1")
-    assert not sched.block_manager.has_sequence("c1")
+    assert not sched.scheduler.block_manager.has_sequence("c1")
     assert sched.memory_stats().used_blocks == used_before - held
     done = run_to_completion(sched)
     assert done["c1"].finish_reason == "abort" and 0 < len(done["c1"].output_token_ids) < 12
@@ -245,7 +246,7 @@ def test_an_executor_failure_fails_only_that_steps_requests(async_scheduling):
     rng = np.random.default_rng(4)
     prompts = {f"f{i}": rng.integers(0, VOCAB, size=int(rng.integers(3, 20))).tolist() for i in range(6)}
     params = SamplingParams(max_tokens=5, ignore_eos=True)
-    sched = Scheduler(executor, SchedulerConfig(max_num_seqs=2))
+    sched = make_step_loop(executor, SchedulerConfig(max_num_seqs=2))
     assert sched.async_scheduling is async_scheduling  # a class with step_async, else synchronous
     for rid, p in prompts.items():
         sched.add_request(rid, p, params)
@@ -262,7 +263,7 @@ def test_an_executor_failure_fails_only_that_steps_requests(async_scheduling):
         assert done[rid].output_token_ids == solo_output(prompts[rid], params, inner), rid
     assert sched.stats.failed_steps == 1
     assert sched.memory_stats().free_blocks == 64
-    sched.block_manager.check_invariants()
+    sched.scheduler.block_manager.check_invariants()
 
 
 @MODES
@@ -275,7 +276,7 @@ def test_stop_tokens_stop_sequences_and_length(async_scheduling):
     assert list(out) == free_run[: free_run.index(free_run[3]) + 1]
     stop_seq = SamplingParams(max_tokens=10, ignore_eos=True, stop_sequences=[free_run[4:6]])
     assert list(solo_output(prompt, stop_seq, executor)) == free_run[:6]
-    sched = Scheduler(executor, SchedulerConfig(max_model_len=8, async_scheduling=async_scheduling))
+    sched = make_step_loop(executor, SchedulerConfig(max_model_len=8, async_scheduling=async_scheduling))
     sched.add_request("x", prompt, SamplingParams(max_tokens=10, ignore_eos=True))
     out = run_to_completion(sched)["x"]
     assert out.finish_reason == "length" and len(out.output_token_ids) == 4
@@ -286,7 +287,7 @@ def test_seeded_sampling_does_not_depend_on_batch_mates(async_scheduling):
     executor = make_executor()
     p = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.95, seed=11, ignore_eos=True)
     alone = solo_output([9, 8, 7], p, executor)
-    sched = Scheduler(executor, SchedulerConfig(async_scheduling=async_scheduling))
+    sched = make_step_loop(executor, SchedulerConfig(async_scheduling=async_scheduling))
     sched.add_request("s", [9, 8, 7], p)
     for i in range(5):
         sched.add_request(i, [i + 1] * (i + 2), SamplingParams(max_tokens=8, temperature=0.7, seed=i))
@@ -349,7 +350,7 @@ def test_paging_stress_with_shared_prefixes_tiny_pool_preemption_and_aborts(seed
         )
     solo = {}
     for _, rid, prompt, params in reqs:
-        sched = Scheduler(_TokenPoolExecutor(32, 4), SchedulerConfig(enable_prefix_caching=False))
+        sched = make_step_loop(_TokenPoolExecutor(32, 4), SchedulerConfig(enable_prefix_caching=False))
         sched.add_request(rid, prompt, params)
         solo[rid] = run_to_completion(sched)[rid].output_token_ids
     executor = (_AsyncTokenPoolExecutor if async_scheduling else _TokenPoolExecutor)(
@@ -378,13 +379,13 @@ def test_paging_stress_with_shared_prefixes_tiny_pool_preemption_and_aborts(seed
 
 
 def test_the_async_scheduling_option_is_checked():
-    assert Scheduler(make_executor()).async_scheduling  # the default: on where the executor offers it
-    assert not Scheduler(_TokenPoolExecutor(8, 4)).async_scheduling
-    assert not Scheduler(make_executor(), SchedulerConfig(async_scheduling=False)).async_scheduling
+    assert make_step_loop(make_executor()).async_scheduling  # the default: on where the executor offers it
+    assert not make_step_loop(_TokenPoolExecutor(8, 4)).async_scheduling
+    assert not make_step_loop(make_executor(), SchedulerConfig(async_scheduling=False)).async_scheduling
     with pytest.raises(UserError, match="async_scheduling=True needs an executor with step_async"):
-        Scheduler(_TokenPoolExecutor(8, 4), SchedulerConfig(async_scheduling=True))
+        make_step_loop(_TokenPoolExecutor(8, 4), SchedulerConfig(async_scheduling=True))
     with pytest.raises(UserError, match="SchedulerConfig.async_scheduling must be None, True or False"):
-        Scheduler(make_executor(), SchedulerConfig(async_scheduling="yes"))
+        make_step_loop(make_executor(), SchedulerConfig(async_scheduling="yes"))
 
 
 class _LoggedTokens:
@@ -396,6 +397,10 @@ class _LoggedTokens:
     @property
     def tokens(self):
         return self.inner.tokens
+
+    @property
+    def logprobs(self):
+        return self.inner.logprobs
 
     def result(self):
         self.log.append(("read", self.step))
@@ -418,20 +423,20 @@ class _LoggedExecutor:
 
 
 def test_async_scheduling_launches_each_step_before_reading_the_one_before(monkeypatch):
-    import trtforge.llm.sched.scheduler as scheduler_module
+    import trtforge.llm.async_loop as async_loop
 
     log: list[tuple] = []
     executor = _LoggedExecutor(make_executor(), log)
-    sample_async = scheduler_module.sample_async
+    sample_async = async_loop.sample_async
     monkeypatch.setattr(
-        scheduler_module,
+        async_loop,
         "sample_async",
         lambda *args: _LoggedTokens(sample_async(*args), log, executor.launches),
     )
     rng = np.random.default_rng(5)
     prompts = {f"o{i}": rng.integers(0, VOCAB, size=int(rng.integers(2, 20))).tolist() for i in range(4)}
     params = SamplingParams(max_tokens=8, ignore_eos=True)
-    sched = Scheduler(executor)
+    sched = make_step_loop(executor)
     for rid, prompt in prompts.items():
         sched.add_request(rid, prompt, params)
     done = run_to_completion(sched)
@@ -488,6 +493,6 @@ def test_async_and_sync_agree_on_sampling_stops_eos_and_lengths():
     assert reasons.count("stop") >= 5 and reasons.count("length") >= 5, reasons
     for _, rid, prompt, params in reqs:
         if params.seed is not None or params.greedy:  # unseeded requests draw their seeds in arrival order
-            sched = Scheduler(executor, SchedulerConfig(max_model_len=36, async_scheduling=False))
+            sched = make_step_loop(executor, SchedulerConfig(max_model_len=36, async_scheduling=False))
             sched.add_request(rid, prompt, params)
             assert run_to_completion(sched)[rid].output_token_ids == runs[True][rid][0], rid

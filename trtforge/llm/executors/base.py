@@ -70,6 +70,53 @@ class StepBatch:
         return self.num_tokens == self.num_seqs
 
     @classmethod
+    def from_flat(
+        cls,
+        seq_ids: Sequence[Hashable],
+        input_ids: Sequence[int],
+        counts: Sequence[int],
+        starts: Sequence[int],
+        slot_mapping: Sequence[int],
+        want_logits: Sequence[bool],
+        block_tables: np.ndarray,
+        block_copies: Sequence[tuple[int, int]] = (),
+        prompt_lens: Sequence[int] | None = None,
+    ) -> StepBatch:
+        """The batch from flat new tokens and slots plus, per sequence, how many new tokens it brings
+        (each >= 1), its first new position and whether its last new token's logits are wanted.
+
+        The one place the derived arrays (offsets, positions, lengths, logits rows) are computed: the
+        scheduler's plans and :meth:`build` both come here. `block_tables` is the int32 table matrix.
+        """
+        num_seqs, num_tokens = len(counts), len(input_ids)
+        starts_ = np.array(starts, dtype=np.int64)
+        if num_tokens == num_seqs:  # one token each (counts are >= 1): decode
+            qsl = np.arange(num_seqs + 1, dtype=np.int32)
+            positions = starts_
+            context_lens = (starts_ + 1).astype(np.int32)
+        else:
+            lens = np.asarray(counts, dtype=np.int64).reshape(-1)
+            qsl = np.zeros(num_seqs + 1, dtype=np.int32)
+            np.cumsum(lens, out=qsl[1:])
+            positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(starts_ - qsl[:-1], lens)
+            context_lens = (starts_ + lens).astype(np.int32)
+        last_rows = qsl[1:].astype(np.int64) - 1
+        if not all(want_logits):
+            last_rows = last_rows[np.array(want_logits, dtype=bool)]
+        return cls(
+            input_ids=np.array(input_ids, dtype=np.int64),
+            positions=positions,
+            query_start_loc=qsl,
+            context_lens=context_lens,
+            block_tables=block_tables,
+            slot_mapping=np.array(slot_mapping, dtype=np.int64),
+            logits_indices=last_rows,
+            block_copies=np.array(list(block_copies), dtype=np.int64).reshape(-1, 2),
+            seq_ids=tuple(seq_ids),
+            prompt_lens=None if prompt_lens is None else np.asarray(prompt_lens, dtype=np.int32),
+        )
+
+    @classmethod
     def build(
         cls,
         seq_ids: Sequence[Hashable],
@@ -81,34 +128,26 @@ class StepBatch:
         block_copies: Sequence[tuple[int, int]] = (),
         prompt_lens: Sequence[int] | None = None,
     ) -> StepBatch:
-        """Flatten per-sequence lists (new tokens, first new position, blocks, slots) into a batch."""
-        lens = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
-        qsl = np.zeros(len(tokens) + 1, dtype=np.int32)
-        np.cumsum(lens, out=qsl[1:])
-        total = int(qsl[-1])
-        ids = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64, count=total)
-        starts = np.asarray(start_positions, dtype=np.int64).reshape(-1)
-        pos = np.arange(total, dtype=np.int64) + np.repeat(starts - qsl[:-1], lens)
+        """Per-sequence lists (new tokens, first new position, blocks, slots) as a batch: concatenated
+        and the tables padded here, the rest by :meth:`from_flat`."""
+        counts = [len(t) for t in tokens]
+        if not all(counts):
+            raise ValueError("every sequence of a step brings at least one new token")
         widths = np.fromiter((len(b) for b in block_tables), dtype=np.int64, count=len(block_tables))
         table = np.zeros((len(tokens), max(int(widths.max(initial=0)), 1)), dtype=np.int32)
         table[np.arange(table.shape[1])[None, :] < widths[:, None]] = np.fromiter(
             itertools.chain.from_iterable(block_tables), dtype=np.int32, count=int(widths.sum())
         )
-        slot = np.fromiter(itertools.chain.from_iterable(slots), dtype=np.int64, count=total)
-        want = np.fromiter(want_logits, dtype=bool, count=len(tokens))
-        logits_idx = (qsl[1:][want] - 1).astype(np.int64)
-        copies = np.array(list(block_copies), dtype=np.int64).reshape(-1, 2)
-        return cls(
-            input_ids=ids,
-            positions=pos,
-            query_start_loc=qsl,
-            context_lens=(starts + lens).astype(np.int32),
-            block_tables=table,
-            slot_mapping=slot,
-            logits_indices=logits_idx,
-            block_copies=copies,
-            seq_ids=tuple(seq_ids),
-            prompt_lens=None if prompt_lens is None else np.asarray(prompt_lens, dtype=np.int32),
+        return cls.from_flat(
+            seq_ids,
+            list(itertools.chain.from_iterable(tokens)),
+            counts,
+            start_positions,
+            list(itertools.chain.from_iterable(slots)),
+            want_logits,
+            table,
+            block_copies,
+            prompt_lens,
         )
 
 

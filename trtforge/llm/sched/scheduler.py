@@ -1,227 +1,69 @@
-"""Continuous (iteration-level) batching over a paged KV pool; executor-independent.
+"""Continuous (iteration-level) batching over a paged KV pool; executor-independent and model-free.
 
-Every :meth:`Scheduler.step` forms one batch: each running sequence brings its next token (decode)
-or its next prompt chunk (chunked prefill), then waiting requests are admitted first-come
-first-served while the pool keeps a watermark of free blocks. When a running sequence needs a block
-and none is free, the newest running sequence is preempted by *recompute*: its blocks are freed and
-it goes back to the head of the queue keeping its generated tokens, to be prefilled again later.
-Recompute rather than swap because it needs nothing from the executor but ordinary steps (no host
-pool, no device-host copies, so every executor supports it), its full blocks usually survive in the
-prefix cache and are re-shared rather than recomputed, and a prefill is compute-bound work the GPU
-does near peak while decode is bandwidth-bound. An executor failure fails only that step's requests.
+:meth:`Scheduler.schedule` plans one step and runs nothing: each running sequence brings its next
+token (decode) or its next prompt chunk (chunked prefill), then waiting requests are admitted
+first-come first-served while the pool keeps a watermark of free blocks. When a running sequence
+needs a block and none is free, the newest running sequence is preempted by *recompute*: its blocks
+are freed and it goes back to the head of the queue keeping its generated tokens, to be prefilled
+again later. Recompute rather than swap because it needs nothing from the executor but ordinary
+steps (no host pool, no device-host copies, so every executor supports it), its full blocks usually
+survive in the prefix cache and are re-shared rather than recomputed, and a prefill is compute-bound
+work the GPU does near peak while decode is bandwidth-bound.
 
-Asynchronous scheduling (``SchedulerConfig.async_scheduling``, on by default for an executor with
-``step_async``) keeps one step in flight: step n is scheduled as if every sequence sampled in step
-n-1 already had that token, launched with those tokens fed from the device, and only then are step
-n-1's tokens waited for and applied (appended, stop checks, outputs). The host's work for a step
-then overlaps the device's for the previous one instead of following it. Outputs are identical to
-the synchronous mode: every sequence samples the same tokens with the same draws of its generator;
-a sequence found finished at n-1 merely has its step-n row discarded.
+The loop (:mod:`trtforge.llm.loop`) runs the plan's batch and samples; :meth:`Scheduler.computed`
+records that the step's K/V are written, :meth:`Scheduler.update` applies the sampled tokens (append,
+stop checks, outputs, freeing finished requests) and :meth:`Scheduler.fail` ends the requests of a
+failed step. Under asynchronous scheduling (:mod:`trtforge.llm.async_loop`) :meth:`Scheduler.defer`
+marks a plan's tokens as still on the device: the next plan counts them as known and has their rows
+fed on the device.
 """
 
 from __future__ import annotations
 
 import bisect
-import enum
 import itertools
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 
-from trtforge.errors import TrtforgeError, UserError
-from trtforge.llm.executors.base import StepBatch, StepExecutor, TokenFeed, supports_async
-from trtforge.llm.sampling import SampledTokens, SamplingParams, sample, sample_async
+from trtforge.errors import UserError
+from trtforge.llm.executors.base import StepExecutor
+from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.blocks import BlockManager, MemoryStats, NoFreeBlocksError
+from trtforge.llm.sched.plan import StepPlan
+from trtforge.llm.sched.request import (
+    RequestOutput,
+    RequestStatus,
+    SchedulerConfig,
+    SchedulerStats,
+    Sequence_,
+    StepFailedError,
+)
 
-
-class StepFailedError(TrtforgeError):
-    """The executor failed the step a request was part of; the request ends with this error."""
-
-
-class RequestStatus(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-
-
-@dataclass(slots=True)
-class Sequence_:
-    """One request's state: its tokens (prompt then output) and how many have K/V in the pool."""
-
-    request_id: Hashable
-    tokens: list[int]
-    prompt_len: int
-    params: SamplingParams
-    eos_token_id: int | None
-    generator: np.random.Generator
-    arrival: int
-    status: RequestStatus = RequestStatus.WAITING
-    num_computed: int = 0
-    num_preemptions: int = 0
-    finish_reason: str | None = None
-    error: BaseException | None = None
-    # a sampled token can only stop the sequence if it is in stop_ids or the length reaches length_limit
-    # (or the params have stop sequences): the per-token check short of the full one
-    stop_ids: frozenset[int] = frozenset()
-    length_limit: int = 0
-    # asynchronous scheduling: the row of this sequence's token in the step in flight's samples while
-    # that token is not known on the host yet (-1: none in flight)
-    pending_row: int = -1
-
-    @property
-    def output(self) -> list[int]:
-        return self.tokens[self.prompt_len :]
-
-
-class RequestOutput(NamedTuple):
-    """What a step produced for one request: its new tokens, and how it ended if it did.
-
-    A named tuple rather than a frozen dataclass: one is made per running request per step, and a
-    tuple is built several times faster.
-    """
-
-    request_id: Hashable
-    new_token_ids: tuple[int, ...]
-    output_token_ids: tuple[int, ...]  # every generated token, filled once the request has finished
-    finished: bool
-    finish_reason: str | None = None
-    error: BaseException | None = None
-
-
-@dataclass
-class SchedulerConfig:
-    """Batching limits. ``max_model_len=None`` takes the executor's, capped at what the pool holds.
-
-    ``async_scheduling``: keep one step in flight (see the module docstring). None, the default, turns it
-    on for an executor with ``step_async`` (the torch executor) and off for the others (ONNX Runtime,
-    TensorRT); False forces synchronous steps; True requires an executor with ``step_async``.
-    """
-
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_prefill_chunk: int = 512
-    # prompt tokens per step while some sequence decodes in it: bounds how long a prefill stalls them
-    max_prefill_tokens_with_decodes: int = 1024
-    watermark: float = 0.01
-    enable_prefix_caching: bool = True
-    max_model_len: int | None = None
-    seed: int = 0
-    async_scheduling: bool | None = None
-
-    def validate(self) -> None:
-        for name in (
-            "max_num_seqs",
-            "max_num_batched_tokens",
-            "max_prefill_chunk",
-            "max_prefill_tokens_with_decodes",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise UserError(f"SchedulerConfig.{name} must be an integer >= 1, got {value!r}")
-        if not isinstance(self.watermark, (int, float)) or not 0 <= self.watermark < 1:
-            raise UserError(f"SchedulerConfig.watermark must be a fraction in [0, 1), got {self.watermark!r}")
-        if self.max_model_len is not None and (
-            not isinstance(self.max_model_len, int) or self.max_model_len < 2
-        ):
-            raise UserError(f"SchedulerConfig.max_model_len must be None or >= 2, got {self.max_model_len!r}")
-        if self.async_scheduling not in (None, True, False):
-            raise UserError(
-                f"SchedulerConfig.async_scheduling must be None, True or False, got {self.async_scheduling!r}"
-            )
-
-
-@dataclass
-class SchedulerStats:
-    """Counters since creation."""
-
-    steps: int = 0
-    failed_steps: int = 0
-    preemptions: int = 0
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    generated_tokens: int = 0
-    max_running: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _Plan:
-    """One step's schedule. While scheduling: the sequences, their slots (flat) and, for those that
-    bring more than their last token, that run of tokens. :meth:`finish` then puts them in arrival
-    order and fills, per sequence, the new-token count, first new position, whether it samples, and
-    all new token ids (flat)."""
-
-    seqs: list[Sequence_] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    runs: dict[int, list[int]] = field(default_factory=dict)  # batch index -> its new tokens
-    copies: list[tuple[int, int]] = field(default_factory=list)
-    in_order: bool = True  # sequences were added in arrival order
-    counts: list[int] = field(default_factory=list)
-    starts: list[int] = field(default_factory=list)
-    wants: list[bool] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-
-    def add(self, seq: Sequence_, tokens: Sequence[int], slots: list[int]) -> None:
-        """Schedule `tokens` (the next ones of `seq`, from ``seq.num_computed``) into `slots`."""
-        if self.seqs and seq.arrival < self.seqs[-1].arrival:
-            self.in_order = False
-        self.runs[len(self.seqs)] = list(tokens)
-        self.seqs.append(seq)
-        self.slots.extend(slots)
-
-    def finish(self) -> None:
-        seqs, runs = self.seqs, self.runs
-        counts = [1] * len(seqs)
-        for j, run in runs.items():
-            counts[j] = len(run)
-        if not self.in_order:
-            offsets = list(itertools.accumulate(counts, initial=0))
-            order = sorted(range(len(seqs)), key=lambda j: seqs[j].arrival)
-            self.slots = [x for j in order for x in self.slots[offsets[j] : offsets[j + 1]]]
-            self.runs = runs = {k: runs[j] for k, j in enumerate(order) if j in runs}
-            self.seqs = seqs = [seqs[j] for j in order]
-            counts = [counts[j] for j in order]
-            self.in_order = True
-        self.counts = counts
-        self.starts = [s.num_computed for s in seqs]
-        if not runs:  # every sequence brings its last token: a decode step
-            self.wants = [True] * len(seqs)
-            self.ids = [s.tokens[-1] for s in seqs]
-        else:
-            # (a sequence whose last token is in flight brings that one: it samples)
-            self.wants = [
-                s.num_computed + n == len(s.tokens) + (s.pending_row >= 0) for s, n in zip(seqs, counts)
-            ]
-            self.ids = [t for j, s in enumerate(seqs) for t in runs.get(j, (s.tokens[-1],))]
-
-
-@dataclass(slots=True)
-class _InFlight:
-    """A launched step whose sampled tokens the host has not applied yet (asynchronous scheduling)."""
-
-    seqs: list[Sequence_]
-    samplers: list[Sequence_]  # the sequences of the sampled rows, in row order
-    sampled: SampledTokens
-
-
-StepHook = Callable[["Scheduler", StepBatch], None]
+__all__ = [
+    "RequestOutput",
+    "RequestStatus",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerStats",
+    "Sequence_",
+    "StepFailedError",
+    "StepPlan",
+]
 
 
 class Scheduler:
-    """Owns the requests and the block manager; each :meth:`step` runs one batch through `executor`.
+    """Owns the requests and the block manager; plans steps and applies their results.
 
-    Not thread-safe: :class:`trtforge.llm.engine.LLMEngine` serialises calls with a lock. A request
-    aborted while a step runs (from the step hook or the executor) is dropped from that step's results.
-    `step_hook(scheduler, batch)` runs after a batch is formed and before the executor runs it.
+    `executor` gives the facts the plans need (pool size, block size, vocabulary, longest sequence,
+    end-of-sequence ids); the scheduler never runs it. Not thread-safe: :class:`trtforge.llm.engine.
+    LLMEngine` serialises calls with a lock. A request aborted between :meth:`schedule` and
+    :meth:`update` is dropped from that step's results.
     """
 
-    def __init__(
-        self, executor: StepExecutor, config: SchedulerConfig | None = None, step_hook: StepHook | None = None
-    ) -> None:
+    def __init__(self, executor: StepExecutor, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()
         self.config.validate()
         self.executor = executor
@@ -235,16 +77,6 @@ class Scheduler:
         capacity = executor.num_blocks * executor.block_size
         wanted = self.config.max_model_len or executor.max_model_len
         self.max_model_len = min(wanted, executor.max_model_len, capacity)
-        self.step_hook = step_hook
-        self.async_scheduling = supports_async(executor)
-        if self.config.async_scheduling is not None:
-            if self.config.async_scheduling and not self.async_scheduling:
-                raise UserError(
-                    f"SchedulerConfig.async_scheduling=True needs an executor with step_async; "
-                    f"{type(executor).__name__} runs steps synchronously only (leave it None or False)"
-                )
-            self.async_scheduling = self.config.async_scheduling
-        self._inflight: _InFlight | None = None
         self.stats = SchedulerStats()
         self._watermark_blocks = int(self.config.watermark * executor.num_blocks)
         self._waiting: deque[Sequence_] = deque()
@@ -253,6 +85,9 @@ class Scheduler:
         self._finished_outputs: list[RequestOutput] = []
         self._arrivals = itertools.count()
         self._seed_source = np.random.default_rng(self.config.seed)
+        # compiles requests' response_format grammars (a trtforge.llm.structured.GrammarCompiler for the
+        # model's tokenizer); None: such requests are refused
+        self.grammar: Any = None
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(
@@ -304,7 +139,22 @@ class Scheduler:
             eos_ids = tuple(getattr(self.executor, "eos_token_ids", None) or ([] if one is None else [one]))
         eos_ids = () if params.ignore_eos else eos_ids
         eos = eos_ids[0] if eos_ids else None
+        if params.n != 1:
+            raise UserError(
+                f"request {request_id!r}: SamplingParams.n={params.n}; a scheduler request is one sample, "
+                "queue each of params.expand() (the engine's generate and submit_n do)"
+            )
+        matcher = None
+        if params.response_format is not None:
+            if self.grammar is None:
+                raise UserError(
+                    f"request {request_id!r}: SamplingParams.response_format needs the model's tokenizer "
+                    "(load the model with one, e.g. from its directory)"
+                )
+            matcher = self.grammar.matcher(params.response_format)
         return Sequence_(
+            matcher=matcher,
+            logprobs=None if params.logprobs is None else [],
             request_id=request_id,
             tokens=tokens,
             prompt_len=len(tokens),
@@ -337,13 +187,12 @@ class Scheduler:
         return True
 
     def has_unfinished(self) -> bool:
-        """Whether a :meth:`step` has work: requests, outputs not returned yet, or a step in flight."""
-        return bool(self._waiting or self._running or self._finished_outputs or self._inflight)
+        """Whether there is work: requests waiting or running, or outputs not taken yet."""
+        return bool(self._waiting or self._running or self._finished_outputs)
 
-    def flush(self) -> list[RequestOutput]:
-        """Wait for the step in flight (asynchronous scheduling) and return the outputs not returned yet."""
+    def take_outputs(self) -> list[RequestOutput]:
+        """The outputs made between steps (aborted requests), once."""
         outputs, self._finished_outputs = self._finished_outputs, []
-        self._resolve(outputs)
         return outputs
 
     @property
@@ -360,54 +209,18 @@ class Scheduler:
     def memory_stats(self) -> MemoryStats:
         return self.block_manager.memory_stats()
 
-    # ---- one iteration -------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
-        """Schedule, run and sample one batch; return the outputs of every request that changed.
+    # ---- one step: plan, then results ----------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        """Plan the next step (an empty plan when nothing can run): its sequences, tokens, slots, block
+        copies and samplers, with its batch built. Reserves the slots; runs and samples nothing."""
+        plan = self._plan()
+        if plan:
+            self.stats.steps += 1
+            self.stats.max_running = max(self.stats.max_running, len(self._running))
+            plan.make_batch(self.block_manager, self._prompt_lens)
+        return plan
 
-        Under asynchronous scheduling the outputs are those of the step before, whose tokens are
-        applied once this one is launched.
-        """
-        outputs, self._finished_outputs = self._finished_outputs, []
-        plan = self._schedule()
-        if not plan.seqs:
-            self._resolve(outputs)
-            return outputs
-        self.stats.steps += 1
-        self.stats.max_running = max(self.stats.max_running, len(self._running))
-        batch = self._build_batch(plan)
-        if self.step_hook is not None:
-            self.step_hook(self, batch)
-        try:
-            if self.async_scheduling:
-                logits = self.executor.step_async(batch, self._feed(plan))
-            else:
-                logits = self.executor.step(batch)
-            if tuple(logits.shape) != (len(batch.logits_indices), self.executor.vocab_size):
-                raise StepFailedError(
-                    f"executor returned logits of shape {tuple(logits.shape)}, expected "
-                    f"{(len(batch.logits_indices), self.executor.vocab_size)}"
-                )
-        except Exception as exc:  # an executor fault ends this step's requests, not the engine
-            self._resolve(outputs)  # the step before completes first, as it does without asynchrony
-            self._fail(plan.seqs, exc, outputs)
-            return outputs
-        samplers = list(itertools.compress(plan.seqs, plan.wants))
-        params, generators = [s.params for s in samplers], [s.generator for s in samplers]
-        if not self.async_scheduling:
-            tokens = sample(logits, params, generators).tolist()
-            self._mark_computed(plan)
-            self._apply(samplers, tokens, outputs)
-            return outputs
-        sampled = sample_async(logits, params, generators)
-        self._mark_computed(plan)
-        previous, self._inflight = self._inflight, _InFlight(plan.seqs, samplers, sampled)
-        if previous is not None:
-            self._apply_inflight(previous, outputs)
-        for row, seq in enumerate(samplers):  # (after the step before cleared its own)
-            seq.pending_row = row
-        return outputs
-
-    def _mark_computed(self, plan: _Plan) -> None:
+    def computed(self, plan: StepPlan) -> None:
         """The plan's tokens have their K/V written (or, asynchronously, its writes are queued on the device
         ahead of any later step's reads, which is what a later step needs)."""
         finished = RequestStatus.FINISHED
@@ -418,69 +231,59 @@ class Scheduler:
             [(s.request_id, s.num_computed) for s in plan.seqs if s.status is not finished]
         )
 
-    def _feed(self, plan: _Plan) -> TokenFeed | None:
-        """Where the rows of sequences whose last token is still in flight read it (a :class:`TokenFeed`)."""
-        if self._inflight is None:
-            return None
-        src = np.fromiter((s.pending_row for s in plan.seqs), dtype=np.int64, count=len(plan.seqs))
-        pending = src >= 0
-        rows = np.flatnonzero(pending)
-        if not len(rows):
-            return None
-        if len(plan.ids) != len(plan.seqs):  # a pending token is the single new token of its sequence
-            rows = np.cumsum(plan.counts)[rows] - 1
-        return TokenFeed(rows=rows, sources=src[pending], tokens=self._inflight.sampled.tokens)
+    def defer(self, plan: StepPlan) -> None:
+        """The plan's sampled tokens stay on the device for now (asynchronous scheduling): the next plans
+        count each as known, and read it from row ``pending_row`` of the plan's samples."""
+        for row, seq in enumerate(plan.samplers):
+            seq.pending_row = row
 
-    def _resolve(self, outputs: list[RequestOutput]) -> None:
-        """Wait for the step in flight, if any, and apply its tokens."""
-        inflight, self._inflight = self._inflight, None
-        if inflight is not None:
-            self._apply_inflight(inflight, outputs)
+    def update(
+        self, plan: StepPlan, tokens: Sequence[int], logprobs: Sequence[Any] | None = None
+    ) -> list[RequestOutput]:
+        """Apply the tokens sampled for the plan's samplers (row order): append each to its sequence,
+        advance its grammar, keep its `logprobs` (per row, from the sampler), finish those it stops
+        (freeing their blocks); return the outputs of the requests that changed.
 
-    def _apply_inflight(self, inflight: _InFlight, outputs: list[RequestOutput]) -> None:
-        try:
-            tokens = inflight.sampled.result().tolist()
-        except Exception as exc:  # a device fault surfacing at the wait ends that step's requests
-            for seq in inflight.samplers:
-                seq.pending_row = -1
-            self._fail(inflight.seqs, exc, outputs)
-            return
-        self._apply(inflight.samplers, tokens, outputs, in_flight=True)
-
-    def _apply(
-        self,
-        samplers: list[Sequence_],
-        tokens: list[int],
-        outputs: list[RequestOutput],
-        in_flight: bool = False,
-    ) -> None:
-        """Append each sampled token to its sequence and finish those it stops; `in_flight`: the tokens of
-        the step in flight (asynchronous scheduling), which may have reserved their slots valueless.
-
-        Asynchronously, a sequence may already be in the next launched step, its slot reserved for this
-        token. If this token finishes it, its blocks are freed at once although that step may still be
-        writing into them (this token's K/V, the token fed on the device). Reusing them is safe by stream
-        order: a step that hands one of those blocks to another sequence is launched after that step, on
-        the same device stream (an executor runs its steps in order), so the late write lands before the
-        new owner's writes, and a sequence reads only slots written before it reads them (its own, or a
-        shared prefix's). The prefix cache stays sound: a placeholder enters no digest; a block this token
-        completes is digested only here, from the real value, and the late write puts there that token's
-        true K/V. (If the step before failed instead, nothing is filled, so nothing of it is cached.)
+        A token that was deferred (:meth:`defer`) may already have a slot reserved, valueless, by the
+        next launched step. If this token finishes its sequence, its blocks are freed at once although
+        that step may still be writing into them (this token's K/V, the token fed on the device).
+        Reusing them is safe by stream order: a step that hands one of those blocks to another sequence
+        is launched after that step, on the same device stream (an executor runs its steps in order),
+        so the late write lands before the new owner's writes, and a sequence reads only slots written
+        before it reads them (its own, or a shared prefix's). The prefix cache stays sound: a
+        placeholder enters no digest; a block this token completes is digested only here, from the real
+        value, and the late write puts there that token's true K/V. (If the step before failed instead,
+        nothing is filled, so nothing of it is cached.)
         """
         finished, running = RequestStatus.FINISHED, RequestStatus.RUNNING
-        fill = self.block_manager.fill_token if in_flight else None
+        fill = self.block_manager.fill_token
+        outputs: list[RequestOutput] = []
         generated = 0
-        for seq, token in zip(samplers, tokens):
-            if in_flight:
+        for row, (seq, token) in enumerate(zip(plan.samplers, tokens)):
+            if seq.pending_row >= 0:
                 seq.pending_row = -1
+                deferred = True
+            else:
+                deferred = False
             if seq.status is finished:
                 continue  # aborted or failed meanwhile: its blocks are already free
             seq_tokens = seq.tokens
             seq_tokens.append(token)
-            if fill is not None:
+            if deferred:
                 fill(seq.request_id, token)  # the next step reserved this token's slot, valueless
             generated += 1
-            if token in seq.stop_ids or len(seq_tokens) >= seq.length_limit or seq.params.stop_sequences:
+            lp = None
+            if seq.logprobs is not None and logprobs is not None:
+                lp = (logprobs[row],)
+                seq.logprobs.append(logprobs[row])
+            if seq.matcher is not None:
+                seq.matcher.accept(token)
+            if (
+                token in seq.stop_ids
+                or len(seq_tokens) >= seq.length_limit
+                or seq.params.stop_sequences
+                or seq.matcher is not None
+            ):
                 reason = self._stop_reason(seq)
                 if reason is not None:
                     if seq.status is running:
@@ -488,18 +291,22 @@ class Scheduler:
                     else:  # preempted while its token was in flight
                         self._waiting.remove(seq)
                     self._finish(seq, reason)
-                    outputs.append(self._output(seq, (token,), finished=True))
+                    outputs.append(self._output(seq, (token,), finished=True)._replace(logprobs=lp))
                     continue
-            outputs.append(RequestOutput(seq.request_id, (token,), (), False))
+            outputs.append(RequestOutput(seq.request_id, (token,), (), False, logprobs=lp))
         self.stats.generated_tokens += generated
+        return outputs
 
-    def _fail(self, seqs: list[Sequence_], exc: Exception, outputs: list[RequestOutput]) -> None:
+    def fail(self, plan: StepPlan, exc: Exception) -> list[RequestOutput]:
         """End every unfinished sequence of a failed step with a StepFailedError caused by `exc`."""
         self.stats.failed_steps += 1
         error = exc if isinstance(exc, StepFailedError) else StepFailedError(f"executor step failed: {exc!r}")
         if error is not exc:
             error.__cause__ = exc
-        for seq in seqs:
+        outputs: list[RequestOutput] = []
+        for seq in plan.samplers:
+            seq.pending_row = -1
+        for seq in plan.seqs:
             if seq.status is RequestStatus.FINISHED:
                 continue  # aborted while the step ran, or already finished by the step before
             if seq.status is RequestStatus.RUNNING:
@@ -508,13 +315,14 @@ class Scheduler:
                 self._waiting.remove(seq)
             self._finish(seq, "error", error)
             outputs.append(self._output(seq, (), finished=True))
+        return outputs
 
-    def _schedule(self) -> _Plan:
+    def _plan(self) -> StepPlan:
         bm = self.block_manager
         append_token = bm.append_token
         budget = self.config.max_num_batched_tokens
         chunk = self.config.max_prefill_chunk
-        plan = _Plan()
+        plan = StepPlan()
         seqs, slots = plan.seqs, plan.slots
         preempted = False
         prefill_budget = budget
@@ -623,43 +431,12 @@ class Scheduler:
         self.stats.preemptions += 1
         self._waiting.appendleft(seq)
 
-    def _build_batch(self, plan: _Plan) -> StepBatch:
-        """The plan's arrays in bulk; equal to ``StepBatch.build`` over per-sequence lists."""
-        num_seqs, num_tokens = len(plan.seqs), len(plan.ids)
-        starts = np.array(plan.starts, dtype=np.int64)
-        if num_tokens == num_seqs:  # one token each (counts are >= 1): decode
-            qsl = np.arange(num_seqs + 1, dtype=np.int32)
-            positions = starts
-            context_lens = (starts + 1).astype(np.int32)
-        else:
-            lens = np.array(plan.counts, dtype=np.int64)
-            qsl = np.zeros(num_seqs + 1, dtype=np.int32)
-            np.cumsum(lens, out=qsl[1:])
-            positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(starts - qsl[:-1], lens)
-            context_lens = (starts + lens).astype(np.int32)
-        seq_ids = tuple([s.request_id for s in plan.seqs])
-        width = max(-(-int(context_lens.max()) // self.block_manager.block_size), 1)
-        if all(plan.wants):
-            logits_indices = qsl[1:].astype(np.int64) - 1
-        else:
-            logits_indices = (qsl[1:][np.array(plan.wants, dtype=bool)] - 1).astype(np.int64)
-        return StepBatch(
-            input_ids=np.array(plan.ids, dtype=np.int64),
-            positions=positions,
-            query_start_loc=qsl,
-            context_lens=context_lens,
-            block_tables=self.block_manager.block_table_array(seq_ids, width),
-            slot_mapping=np.array(plan.slots, dtype=np.int64),
-            logits_indices=logits_indices,
-            block_copies=np.array(plan.copies, dtype=np.int64).reshape(-1, 2),
-            seq_ids=seq_ids,
-            prompt_lens=np.array([s.prompt_len for s in plan.seqs], np.int32) if self._prompt_lens else None,
-        )
-
     def _stop_reason(self, seq: Sequence_) -> str | None:
         token = seq.tokens[-1]
         p = seq.params
         if token in seq.stop_ids:  # the stop ids and every end-of-sequence id
+            return "stop"
+        if seq.matcher is not None and seq.matcher.is_terminated:
             return "stop"
         out_len = len(seq.tokens) - seq.prompt_len
         for stop in p.stop_sequences:
@@ -684,4 +461,5 @@ class Scheduler:
             finished=finished,
             finish_reason=seq.finish_reason if finished else None,
             error=seq.error,
+            output_logprobs=tuple(seq.logprobs) if finished and seq.logprobs is not None else None,
         )

@@ -1,0 +1,95 @@
+"""Structured output: the trained code model, constrained by a JSON schema's grammar, writes valid JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trtforge.errors import UserError
+from trtforge.llm.sampling import SamplingParams
+
+xgrammar = pytest.importorskip("xgrammar", reason="structured output needs the `structured` extra (xgrammar)")
+jsonschema = pytest.importorskip("jsonschema")
+
+MODEL = Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "code-llama-21m"
+pytestmark = pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "count": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+    },
+    "required": ["name", "count", "tags"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(2)
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(MODEL)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
+def engine(request, model_and_tokenizer):
+    from trtforge.llm.engine import LLMEngine
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+    from trtforge.llm.sched.scheduler import SchedulerConfig
+
+    model, tok = model_and_tokenizer
+    config = SchedulerConfig(max_num_seqs=8, async_scheduling=request.param)
+    eng = LLMEngine(TorchExecutor(model, num_blocks=128, block_size=16), config)
+    eng.enable_structured_output(tok)
+    yield eng, tok
+    eng.close()
+
+
+def test_schema_constrained_output_validates(engine):
+    eng, tok = engine
+    fmt = {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA}}
+    params = [
+        SamplingParams(response_format=fmt, max_tokens=120),
+        SamplingParams(response_format=fmt, max_tokens=120, temperature=0.9, seed=4, presence_penalty=0.5),
+        SamplingParams(response_format={"type": "json_object"}, max_tokens=120, temperature=0.7, seed=1),
+        SamplingParams(max_tokens=30),  # an unconstrained neighbour in the same batch
+    ]
+    prompts = [tok("def f(x):\n    return")["input_ids"]] * 3 + [tok("import os\n")["input_ids"]]
+    done = eng.generate(prompts, params)
+    texts = [tok.decode(c.token_ids, skip_special_tokens=True) for c in done]
+    for c, text in zip(done[:2], texts):
+        assert c.finish_reason == "stop", f"the grammar did not complete within the budget: {text!r}"
+        jsonschema.validate(json.loads(text), SCHEMA)
+    assert done[2].finish_reason == "stop" and isinstance(json.loads(texts[2]), dict)
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(texts[3])  # the unconstrained code model writes code, not JSON
+
+
+def test_a_schema_the_grammar_cannot_compile_is_a_user_error(model_and_tokenizer):
+    from trtforge.llm.structured import GrammarCompiler
+
+    _, tok = model_and_tokenizer
+    compiler = GrammarCompiler(tok, len(tok))
+    bad = {"type": "json_schema", "json_schema": {"schema": {"type": "no-such-type"}}}
+    with pytest.raises(UserError, match="response_format"):
+        compiler.matcher(bad)
+
+
+def test_bitmask_rows_without_a_grammar_allow_everything(model_and_tokenizer):
+    from trtforge.llm.structured import GrammarCompiler, batch_bitmask
+
+    _, tok = model_and_tokenizer
+    m = GrammarCompiler(tok, 4096).matcher({"type": "json_object"})
+    mask = batch_bitmask([None, m], 4096)
+    assert (mask[0] == -1).all()
+    allowed = np.unpackbits(mask[1].view(np.uint8), bitorder="little")[:4096].astype(bool)
+    assert 0 < allowed.sum() < 4096
+    assert batch_bitmask([None, None], 4096) is None

@@ -1,0 +1,136 @@
+"""A request's state inside the scheduler, what a step reports for it, and the batching limits.
+
+:class:`Sequence_` is one request (prompt and output tokens, how many have K/V in the pool, its
+generator); :class:`RequestOutput` is what one step produced for it; :class:`SchedulerConfig` and
+:class:`SchedulerStats` are the scheduler's limits and counters.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from trtforge.errors import TrtforgeError, UserError
+from trtforge.llm.sampling import SamplingParams
+
+
+class StepFailedError(TrtforgeError):
+    """The executor failed the step a request was part of; the request ends with this error."""
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class Sequence_:
+    """One request's state: its tokens (prompt then output) and how many have K/V in the pool."""
+
+    request_id: Hashable
+    tokens: list[int]
+    prompt_len: int
+    params: SamplingParams
+    eos_token_id: int | None
+    generator: np.random.Generator
+    arrival: int
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed: int = 0
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    error: BaseException | None = None
+    # a sampled token can only stop the sequence if it is in stop_ids or the length reaches length_limit
+    # (or the params have stop sequences): the per-token check short of the full one
+    stop_ids: frozenset[int] = frozenset()
+    length_limit: int = 0
+    # asynchronous scheduling: the row of this sequence's token in the step in flight's samples while
+    # that token is not known on the host yet (-1: none in flight)
+    pending_row: int = -1
+    # structured output: the request's grammar position (a trtforge.llm.structured.GrammarMatcher)
+    matcher: Any = None
+    # the sampled tokens' TokenLogprobs when the params ask for logprobs (else None)
+    logprobs: list[Any] | None = None
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+
+class RequestOutput(NamedTuple):
+    """What a step produced for one request: its new tokens, and how it ended if it did.
+
+    A named tuple rather than a frozen dataclass: one is made per running request per step, and a
+    tuple is built several times faster.
+    """
+
+    request_id: Hashable
+    new_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]  # every generated token, filled once the request has finished
+    finished: bool
+    finish_reason: str | None = None
+    error: BaseException | None = None
+    # TokenLogprobs of new_token_ids / of every output token once finished (None: not asked for)
+    logprobs: tuple[Any, ...] | None = None
+    output_logprobs: tuple[Any, ...] | None = None
+
+
+@dataclass
+class SchedulerConfig:
+    """Batching limits. ``max_model_len=None`` takes the executor's, capped at what the pool holds.
+
+    ``async_scheduling``: keep one step in flight (:mod:`trtforge.llm.async_loop`). None, the default,
+    turns it on for an executor with ``step_async`` (the torch executor) and off for the others (ONNX
+    Runtime, TensorRT); False forces synchronous steps; True requires an executor with ``step_async``.
+    """
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_prefill_chunk: int = 512
+    # prompt tokens per step while some sequence decodes in it: bounds how long a prefill stalls them
+    max_prefill_tokens_with_decodes: int = 1024
+    watermark: float = 0.01
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None
+    seed: int = 0
+    async_scheduling: bool | None = None
+
+    def validate(self) -> None:
+        for name in (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_prefill_chunk",
+            "max_prefill_tokens_with_decodes",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UserError(f"SchedulerConfig.{name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.watermark, (int, float)) or not 0 <= self.watermark < 1:
+            raise UserError(f"SchedulerConfig.watermark must be a fraction in [0, 1), got {self.watermark!r}")
+        if self.max_model_len is not None and (
+            not isinstance(self.max_model_len, int) or self.max_model_len < 2
+        ):
+            raise UserError(f"SchedulerConfig.max_model_len must be None or >= 2, got {self.max_model_len!r}")
+        if self.async_scheduling not in (None, True, False):
+            raise UserError(
+                f"SchedulerConfig.async_scheduling must be None, True or False, got {self.async_scheduling!r}"
+            )
+
+
+@dataclass
+class SchedulerStats:
+    """Counters since creation."""
+
+    steps: int = 0
+    failed_steps: int = 0
+    preemptions: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    generated_tokens: int = 0
+    max_running: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
