@@ -52,6 +52,7 @@ class ServerState:
     chat_template: str | None = None
     request_timeout: float | None = None
     draining: bool = False
+    structured_error: str | None = None  # why response_format cannot be served, if it cannot
     sequences: int = 0
     requests: int = 0
     metrics: Metrics = field(init=False)
@@ -296,6 +297,9 @@ def create_app(state: ServerState) -> FastAPI:
                     raise ApiError(400, "echo: echoing the prompt is not supported", "echo")
                 prompts, lp = _prompt_ids(state, req.prompt), req.logprobs
                 budgets = [_budget(state, p, req.max_tokens, 16) for p in prompts]
+            fmt = req.response_format
+            if fmt is not None and fmt.type != "text" and state.structured_error is not None:
+                raise ApiError(400, f"response_format: {state.structured_error}", "response_format")
             if lp is not None and req.stream:
                 raise ApiError(
                     400, "logprobs: not served with stream=true yet; ask without streaming", "logprobs"

@@ -33,16 +33,12 @@ def _token_text(tok: Any, token_id: int) -> str:
 
 
 def _entries(choice: Choice) -> list[tuple[int, float, list[tuple[int, float]]]]:
-    """(token, its logprob, the top alternatives) per generated token, from the engine's Completion."""
+    """(token, its logprob, the top alternatives) per generated token, from the engine's Completion
+    (:class:`~trtforge.llm.penalties.TokenLogprobs` each)."""
     raw = choice.logprobs()
     if raw is None:
         raise ApiError(500, "logprobs were asked for but the engine returned none")
-    out = []
-    for token, entry in zip(choice.token_ids, raw):
-        items = [(int(k), float(getattr(v, "logprob", v))) for k, v in dict(entry).items()]
-        own = dict(items).get(token)
-        out.append((token, own if own is not None else float("nan"), items))
-    return out
+    return [(int(e.token_id), float(e.logprob), [(int(t), float(v)) for t, v in e.top]) for e in raw]
 
 
 def _completion_logprobs(state: Any, choice: Choice, k: int) -> dict[str, Any]:

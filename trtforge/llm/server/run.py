@@ -63,6 +63,10 @@ def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int
         chat_template=options.chat_template,
         request_timeout=options.request_timeout,
     )
+    try:  # response_format requests compile grammars over the tokenizer (the structured extra)
+        llm.engine.enable_structured_output(tokenizer)
+    except UserError as e:
+        state.structured_error = str(e)
     config = uvicorn.Config(
         create_app(state),
         host=options.host,
