@@ -131,3 +131,18 @@ def test_the_tokenizer_comes_from_the_model_directory(capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert out.strip() and not out.strip().isdigit()
+
+
+def test_stop_text_ends_the_line_and_is_not_printed(capsys):
+    from tests.llm.server.harness import MODEL
+
+    if not MODEL.is_dir():
+        pytest.skip(f"the trained model is absent: {MODEL}")
+    args = ["generate", str(MODEL), "--prompt", "def read_json(path):", "--max-tokens", "24"]
+    assert main(args) == 0
+    whole = capsys.readouterr().out.rstrip("\n")
+    stop = whole[8:12]
+    assert main([*args, "--stop", stop]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == whole[: whole.index(stop)]
+    assert main([*args, "--stop", b"\xff".decode("utf-8", "surrogateescape")]) == 2
+    assert "--stop is not valid UTF-8" in capsys.readouterr().err

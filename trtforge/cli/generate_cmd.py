@@ -83,6 +83,12 @@ def _parse_ids(text: str) -> list[int]:
     help="auto: tensorrt for a .engine MODEL, onnxruntime for a .onnx, torch otherwise.",
 )
 @click.option("--num-blocks", default=None, type=int, help="KV-cache blocks in the pool (slot graphs: rows).")
+@click.option(
+    "--stop",
+    "stops",
+    multiple=True,
+    help="Stop at this text (repeatable; matched on the decoded text and not printed; needs a tokenizer).",
+)
 def generate_cmd(
     model: str,
     prompt_ids: tuple[str, ...],
@@ -103,6 +109,7 @@ def generate_cmd(
     json_schema: str | None,
     executor: str,
     num_blocks: int | None,
+    stops: tuple[str, ...],
 ) -> None:
     """Generate continuations of prompts with MODEL, printing tokens as they come."""
     from trtforge.errors import UserError
@@ -117,6 +124,12 @@ def generate_cmd(
         tok = _tokenizer(tokenizer)
     else:  # the model directory's own (a save_pretrained directory holds its tokenizer)
         tok = model_tokenizer(check_text(model, "MODEL"), None) if prompts else None
+    for text in stops:
+        check_text(text, "--stop")
+    if stops and tok is None and not prompts:
+        tok = model_tokenizer(model, None)
+    if stops and tok is None:
+        raise UserError(f"--stop matches text: it needs a tokenizer (--tokenizer DIR; '{model}' holds none).")
     if prompts and tok is None:
         raise UserError(
             f"--prompt gives text, but '{model}' holds no tokenizer: name one with --tokenizer DIR (or give "
@@ -148,9 +161,11 @@ def generate_cmd(
             llm.engine.enable_structured_output(tok)
         handles = [h for r in rows for h in llm.engine.submit_n(r, params)]
         for h in handles:
-            printer = _Printer(tok)
+            printer = _Printer(tok, stops)
             for token in h:
-                printer.emit([token])
+                if printer.emit([token]).stopped:
+                    h.cancel()  # its blocks return; the tokens already sampled are not printed
+                    break
             printer.close()
             if logprobs is not None:
                 _print_logprobs(h.completion())
@@ -187,26 +202,31 @@ def _print_logprobs(completion: Any) -> None:
 
 class _Printer:
     """Writes one prompt's tokens on one line as they arrive: ids, or text as it becomes final
-    (:class:`trtforge.llm.text.IncrementalDetokenizer`: a character split across tokens waits)."""
+    (:class:`trtforge.llm.text.TextStream`: a character split across tokens waits, a --stop text
+    ends the line and is not printed)."""
 
-    def __init__(self, tok: Any) -> None:
-        from trtforge.llm.text import IncrementalDetokenizer
+    def __init__(self, tok: Any, stops: tuple[str, ...] = ()) -> None:
+        from trtforge.llm.text import TextStream
 
-        self.tok, self.count = tok, 0
-        self.detok = IncrementalDetokenizer(tok) if tok is not None else None
+        self.count = 0  # the output is decoded on its own, as `tok.decode(output_ids)` reads it
+        self.text = TextStream(tok, [], stops) if tok is not None else None
+
+    @property
+    def stopped(self) -> bool:
+        return self.text is not None and self.text.stopped is not None
 
     def emit(self, tokens: list[int]) -> _Printer:
-        if self.detok is None:
+        if self.text is None:
             text = "".join(f"{' ' if self.count or i else ''}{t}" for i, t in enumerate(tokens))
             click.echo(text, nl=False)
             self.count += len(tokens)
         else:
-            click.echo(self.detok.push(tokens), nl=False)
+            click.echo(self.text.push(tokens), nl=False)
         return self
 
     def close(self) -> None:
-        if self.detok is not None:
-            click.echo(self.detok.finish(), nl=False)
+        if self.text is not None:
+            click.echo(self.text.finish(), nl=False)
         click.echo("")
 
 

@@ -257,9 +257,12 @@ def test_malformed_bodies_are_400_naming_the_field(server, body, field):
         assert err["param"] == field and field in err["message"]
 
 
-def test_unknown_model_is_404_and_chat_without_template_needs_one(server):
+def test_unknown_model_or_path_is_404_in_openais_schema(server):
     import httpx
 
     headers = {"Authorization": f"Bearer {API_KEY}"}
     r = httpx.post(server.url + "/v1/completions", json={"model": "gpt-4", "prompt": "x"}, headers=headers)
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    r = httpx.post(server.url + "/v1/nothing", json={}, headers=headers)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert httpx.get(server.url + "/v1/completions", headers=headers).json()["error"]["code"] == 405

@@ -65,7 +65,7 @@ def test_queue_overflow_is_429_with_retry_after(server):
     import httpx
 
     out: dict = {}
-    threads = [threading.Thread(target=_stream, args=(server, 300, out, i)) for i in range(3)]
+    threads = [threading.Thread(target=_stream, args=(server, 120, out, i)) for i in range(3)]
     for t in threads:
         t.start()
     _wait_for(lambda: server.metrics()["trtforge_http_requests_in_flight"] == 3)
@@ -88,6 +88,15 @@ def test_an_executor_fault_fails_its_requests_only(server):
     ok = httpx.post(url, json={"model": NAME, "prompt": "def g():", "max_tokens": 4}, timeout=60)
     assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
     server.wait_blocks_free()
+
+
+def test_chat_without_a_template_is_400_naming_the_flag(server):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert "--chat-template" in e.value.body["message"] and e.value.body["param"] == "messages"
 
 
 def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(server):

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import time
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trtforge.errors import UserError
 from trtforge.llm.server.generation import Choice, Dispatcher
@@ -28,10 +28,14 @@ from trtforge.llm.server.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    error_body,
     parse,
     sampling_params,
 )
+from trtforge.llm.server.responses import Pumps, full_body, stream
 from trtforge.llm.text import apply_chat_template, check_text
+
+log = logging.getLogger("trtforge.serve")
 
 
 @dataclass
@@ -48,6 +52,7 @@ class ServerState:
     chat_template: str | None = None
     request_timeout: float | None = None
     draining: bool = False
+    structured_error: str | None = None  # why response_format cannot be served, if it cannot
     sequences: int = 0
     requests: int = 0
     metrics: Metrics = field(init=False)
@@ -163,59 +168,6 @@ class _Admission:
             self.n = 0
 
 
-def _sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def _token_text(tok: Any, token_id: int) -> str:
-    return tok.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-
-def _entries(choice: Choice) -> list[tuple[int, float, list[tuple[int, float]]]]:
-    """(token, its logprob, the top alternatives) per generated token, from the engine's Completion."""
-    raw = choice.logprobs()
-    if raw is None:
-        raise ApiError(500, "logprobs were asked for but the engine returned none")
-    out = []
-    for token, entry in zip(choice.token_ids, raw):
-        items = [(int(k), float(getattr(v, "logprob", v))) for k, v in dict(entry).items()]
-        own = dict(items).get(token)
-        out.append((token, own if own is not None else float("nan"), items))
-    return out
-
-
-def _completion_logprobs(state: ServerState, choice: Choice, k: int) -> dict[str, Any]:
-    tok, tokens, lps, tops, offsets, pos = state.tokenizer, [], [], [], [], 0
-    for token, lp, items in _entries(choice):
-        text = _token_text(tok, token)
-        tokens.append(text)
-        lps.append(lp)
-        tops.append({_token_text(tok, t): v for t, v in sorted(items, key=lambda x: -x[1])[:k]})
-        offsets.append(pos)
-        pos += len(text)
-    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
-
-
-def _chat_logprobs(state: ServerState, choice: Choice, k: int) -> dict[str, Any]:
-    tok, content = state.tokenizer, []
-    for token, lp, items in _entries(choice):
-        text = _token_text(tok, token)
-        top = [
-            {"token": _token_text(tok, t), "logprob": v, "bytes": list(_token_text(tok, t).encode())}
-            for t, v in sorted(items, key=lambda x: -x[1])[:k]
-        ]
-        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": top})
-    return {"content": content}
-
-
 async def _watch_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
@@ -280,6 +232,17 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="trtforge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.trtforge = state
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException) -> Response:
+        """Routing errors (404 unknown path, 405 wrong method) in OpenAI's schema too."""
+        return JSONResponse(error_body(e.status_code, str(e.detail)), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, e: Exception) -> Response:
+        """A server bug: its trace goes to the log, the client gets a 500 in OpenAI's schema."""
+        log.error("internal error serving a request", exc_info=e)
+        return JSONResponse(error_body(500, f"internal server error ({type(e).__name__})"), status_code=500)
+
     @app.get("/health")
     async def health() -> Response:
         if state.draining:
@@ -334,6 +297,9 @@ def create_app(state: ServerState) -> FastAPI:
                     raise ApiError(400, "echo: echoing the prompt is not supported", "echo")
                 prompts, lp = _prompt_ids(state, req.prompt), req.logprobs
                 budgets = [_budget(state, p, req.max_tokens, 16) for p in prompts]
+            fmt = req.response_format
+            if fmt is not None and fmt.type != "text" and state.structured_error is not None:
+                raise ApiError(400, f"response_format: {state.structured_error}", "response_format")
             if lp is not None and req.stream:
                 raise ApiError(
                     400, "logprobs: not served with stream=true yet; ask without streaming", "logprobs"
@@ -355,8 +321,8 @@ def create_app(state: ServerState) -> FastAPI:
         prompt_tokens = sum(len(p) for p in prompts)  # once per prompt, whatever n is (as OpenAI counts)
         if req.stream:
             state.metrics.requests.labels(endpoint, "200").inc()
-            pumps = _Pumps(choices, admission)
-            gen = _stream(state, endpoint, rid, name, req, choices, prompt_tokens, pumps)
+            pumps = Pumps(choices, admission)
+            gen = stream(state, endpoint, rid, name, req, choices, prompt_tokens, pumps)
             return StreamingResponse(gen, media_type="text/event-stream")
         try:
             texts = await _run_all(state, request, choices)
@@ -365,7 +331,7 @@ def create_app(state: ServerState) -> FastAPI:
         finally:
             admission.release()
         state.metrics.requests.labels(endpoint, "200").inc()
-        return JSONResponse(_full_body(state, endpoint, rid, name, req, choices, texts, prompt_tokens, lp))
+        return JSONResponse(full_body(state, endpoint, rid, name, req, choices, texts, prompt_tokens, lp))
 
     def _chat_prompt(req: ChatCompletionRequest) -> list[list[int]]:
         if state.tokenizer is None:
@@ -379,122 +345,3 @@ def create_app(state: ServerState) -> FastAPI:
             raise ApiError(400, str(e), "messages") from None
 
     return app
-
-
-def _full_body(
-    state: ServerState,
-    endpoint: str,
-    rid: str,
-    name: str,
-    req: Any,
-    choices: list[Choice],
-    texts: list[str],
-    prompt_tokens: int,
-    lp: int | None,
-) -> dict[str, Any]:
-    out = []
-    for i, (c, text) in enumerate(zip(choices, texts)):
-        if endpoint == "chat":
-            logprobs = _chat_logprobs(state, c, lp) if lp is not None else None
-            item = {"index": i, "message": {"role": "assistant", "content": text}}
-        else:
-            logprobs = _completion_logprobs(state, c, lp) if lp is not None else None
-            item = {"index": i, "text": text}
-        out.append({**item, "logprobs": logprobs, "finish_reason": c.finish_reason})
-    return {
-        "id": rid,
-        "object": "chat.completion" if endpoint == "chat" else "text_completion",
-        "created": int(time.time()),
-        "model": name,
-        "choices": out,
-        "usage": _usage(prompt_tokens, sum(c.num_tokens for c in choices)),
-    }
-
-
-class _Pumps:
-    """Each choice's pieces forwarded into one queue, by tasks started with the request (not with the
-    response body): a client gone before the body starts still has its choices run out and its
-    admission released, instead of left waiting on a generator that never runs."""
-
-    def __init__(self, choices: list[Choice], admission: _Admission) -> None:
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.admission = admission
-        self.tasks = [asyncio.ensure_future(self._pump(i, c)) for i, c in enumerate(choices)]
-        asyncio.gather(*self.tasks, return_exceptions=True).add_done_callback(lambda _: admission.release())
-
-    async def _pump(self, i: int, c: Choice) -> None:
-        try:
-            async for piece in c.pieces():
-                self.queue.put_nowait((i, piece, None))
-            self.queue.put_nowait((i, None, c.finish_reason))
-        except ApiError as e:
-            self.queue.put_nowait((i, None, e))
-
-
-async def _stream(
-    state: ServerState,
-    endpoint: str,
-    rid: str,
-    name: str,
-    req: Any,
-    choices: list[Choice],
-    prompt_tokens: int,
-    pumps: _Pumps,
-) -> AsyncIterator[str]:
-    """The SSE body: every choice's pieces as they come, its finish, the usage chunk, [DONE]."""
-    created, chat = int(time.time()), endpoint == "chat"
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    head = {
-        "id": rid,
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": created,
-        "model": name,
-    }
-
-    def chunk(index: int, text: str | None, finish: str | None, role: bool = False) -> str:
-        if chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
-            if text is not None:
-                delta["content"] = text
-            body = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
-        else:
-            body = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
-        extra = {"usage": None} if include_usage else {}
-        return _sse({**head, "choices": [body], **extra})
-
-    merged, tasks = pumps.queue, pumps.tasks
-    deadline = None if state.request_timeout is None else time.monotonic() + state.request_timeout
-    try:
-        if chat:
-            for i in range(len(choices)):
-                yield chunk(i, None, None, role=True)
-        left = len(choices)
-        while left:
-            timeout = None if deadline is None else max(deadline - time.monotonic(), 0)
-            try:
-                i, piece, end = await asyncio.wait_for(merged.get(), timeout)
-            except asyncio.TimeoutError:
-                err = ApiError(
-                    504, f"the request did not finish within --request-timeout {state.request_timeout} s"
-                )
-                yield _sse(err.body())
-                break
-            if isinstance(end, ApiError):
-                yield _sse(end.body())
-                break
-            if piece is not None:
-                yield chunk(i, piece, None)
-            else:
-                yield chunk(i, None, end)
-                left -= 1
-        else:
-            if include_usage:
-                usage = _usage(prompt_tokens, sum(c.num_tokens for c in choices))
-                yield _sse({**head, "choices": [], "usage": usage})
-        yield "data: [DONE]\n\n"
-    finally:
-        for t in tasks:
-            t.cancel()
-        for c in choices:
-            c.handle.cancel()
-        pumps.admission.release()

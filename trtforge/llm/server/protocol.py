@@ -140,15 +140,13 @@ def parse(model: type[_Base], raw: bytes) -> Any:
         raise ApiError(400, f"{field}: {err['msg']}", field) from None
 
 
-def structured_output(fmt: ResponseFormat | None) -> dict[str, Any] | None:
-    """vLLM's ``structured_outputs`` spelling of OpenAI's ``response_format`` (None for plain text)."""
+def response_format(fmt: ResponseFormat | None) -> dict[str, Any] | None:
+    """OpenAI's ``response_format`` as SamplingParams takes it (None for plain text)."""
     if fmt is None or fmt.type == "text":
         return None
-    if fmt.type == "json_object":
-        return {"json_object": True}
-    if fmt.json_schema is None:
+    if fmt.type == "json_schema" and fmt.json_schema is None:
         raise ApiError(400, "response_format.json_schema is required for type json_schema", "response_format")
-    return {"json": fmt.json_schema.schema_}
+    return fmt.model_dump(by_alias=True, exclude_none=True)
 
 
 def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choice: int) -> SamplingParams:
@@ -172,13 +170,13 @@ def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choic
         "frequency_penalty": (req.frequency_penalty, 0.0),
         "repetition_penalty": (req.repetition_penalty, 1.0),
         "logprobs": (logprobs, None),
-        "structured_outputs": (structured_output(req.response_format), None),
+        "response_format": (response_format(req.response_format), None),
     }
     kwargs.update({k: v for k, (v, neutral) in optional.items() if v != neutral})
     known = {f.name for f in dataclasses.fields(SamplingParams)}
     missing = [k for k in kwargs if k not in known]
     if missing:
-        field = "response_format" if missing[0] == "structured_outputs" else missing[0]
+        field = missing[0]
         raise ApiError(
             400,
             f"{field}: this build's SamplingParams has no {missing[0]!r} option; it cannot be served",
@@ -189,4 +187,5 @@ def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choic
     try:
         return SamplingParams(**kwargs)
     except UserError as e:
-        raise ApiError(400, str(e)) from None
+        field = next((k for k in kwargs if f"SamplingParams.{k} " in str(e)), None)
+        raise ApiError(400, str(e), field) from None

@@ -7,7 +7,6 @@ On the signal the server keeps listening but answers new generation requests (an
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import signal
 import sys
@@ -64,6 +63,10 @@ def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int
         chat_template=options.chat_template,
         request_timeout=options.request_timeout,
     )
+    try:  # response_format requests compile grammars over the tokenizer (the structured extra)
+        llm.engine.enable_structured_output(tokenizer)
+    except UserError as e:
+        state.structured_error = str(e)
     config = uvicorn.Config(
         create_app(state),
         host=options.host,
@@ -75,7 +78,7 @@ def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int
     )
     server = _DrainingServer(config, state, options.shutdown_grace)
     try:
-        asyncio.run(server.serve())
+        server.run()  # on uvloop where it is installed, as uvicorn picks
     except SystemExit as e:  # uvicorn exits this way when it cannot bind (it has logged why)
         if server.started:
             raise

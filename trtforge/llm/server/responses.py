@@ -1,0 +1,184 @@
+"""OpenAI's response bodies: whole completions, SSE chunks (with the usage chunk and [DONE]), logprobs.
+
+The streaming body reads every choice's pieces from one queue that tasks started with the request
+fill (:class:`Pumps`), so the order of pieces across choices is the order they became final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from trtforge.llm.server.generation import Choice
+from trtforge.llm.server.protocol import ApiError
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _token_text(tok: Any, token_id: int) -> str:
+    return tok.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def _entries(choice: Choice) -> list[tuple[int, float, list[tuple[int, float]]]]:
+    """(token, its logprob, the top alternatives) per generated token, from the engine's Completion
+    (:class:`~trtforge.llm.penalties.TokenLogprobs` each)."""
+    raw = choice.logprobs()
+    if raw is None:
+        raise ApiError(500, "logprobs were asked for but the engine returned none")
+    return [(int(e.token_id), float(e.logprob), [(int(t), float(v)) for t, v in e.top]) for e in raw]
+
+
+def _completion_logprobs(state: Any, choice: Choice, k: int) -> dict[str, Any]:
+    tok, tokens, lps, tops, offsets, pos = state.tokenizer, [], [], [], [], 0
+    for token, lp, items in _entries(choice):
+        text = _token_text(tok, token)
+        tokens.append(text)
+        lps.append(lp)
+        tops.append({_token_text(tok, t): v for t, v in sorted(items, key=lambda x: -x[1])[:k]})
+        offsets.append(pos)
+        pos += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _chat_logprobs(state: Any, choice: Choice, k: int) -> dict[str, Any]:
+    tok, content = state.tokenizer, []
+    for token, lp, items in _entries(choice):
+        text = _token_text(tok, token)
+        top = [
+            {"token": _token_text(tok, t), "logprob": v, "bytes": list(_token_text(tok, t).encode())}
+            for t, v in sorted(items, key=lambda x: -x[1])[:k]
+        ]
+        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": top})
+    return {"content": content}
+
+
+def full_body(
+    state: Any,
+    endpoint: str,
+    rid: str,
+    name: str,
+    req: Any,
+    choices: list[Choice],
+    texts: list[str],
+    prompt_tokens: int,
+    lp: int | None,
+) -> dict[str, Any]:
+    out = []
+    for i, (c, text) in enumerate(zip(choices, texts)):
+        if endpoint == "chat":
+            logprobs = _chat_logprobs(state, c, lp) if lp is not None else None
+            item = {"index": i, "message": {"role": "assistant", "content": text}}
+        else:
+            logprobs = _completion_logprobs(state, c, lp) if lp is not None else None
+            item = {"index": i, "text": text}
+        out.append({**item, "logprobs": logprobs, "finish_reason": c.finish_reason})
+    return {
+        "id": rid,
+        "object": "chat.completion" if endpoint == "chat" else "text_completion",
+        "created": int(time.time()),
+        "model": name,
+        "choices": out,
+        "usage": _usage(prompt_tokens, sum(c.num_tokens for c in choices)),
+    }
+
+
+class Pumps:
+    """Each choice's pieces forwarded into one queue, by tasks started with the request (not with the
+    response body): a client gone before the body starts still has its choices run out and its
+    admission released, instead of left waiting on a generator that never runs."""
+
+    def __init__(self, choices: list[Choice], admission: Any) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.admission = admission
+        self.tasks = [asyncio.ensure_future(self._pump(i, c)) for i, c in enumerate(choices)]
+        asyncio.gather(*self.tasks, return_exceptions=True).add_done_callback(lambda _: admission.release())
+
+    async def _pump(self, i: int, c: Choice) -> None:
+        try:
+            async for piece in c.pieces():
+                self.queue.put_nowait((i, piece, None))
+            self.queue.put_nowait((i, None, c.finish_reason))
+        except ApiError as e:
+            self.queue.put_nowait((i, None, e))
+
+
+async def stream(
+    state: Any,
+    endpoint: str,
+    rid: str,
+    name: str,
+    req: Any,
+    choices: list[Choice],
+    prompt_tokens: int,
+    pumps: Pumps,
+) -> AsyncIterator[str]:
+    """The SSE body: every choice's pieces as they come, its finish, the usage chunk, [DONE]."""
+    created, chat = int(time.time()), endpoint == "chat"
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    head = {
+        "id": rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": name,
+    }
+
+    def chunk(index: int, text: str | None, finish: str | None, role: bool = False) -> str:
+        if chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            if text is not None:
+                delta["content"] = text
+            body = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            body = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+        extra = {"usage": None} if include_usage else {}
+        return _sse({**head, "choices": [body], **extra})
+
+    merged, tasks = pumps.queue, pumps.tasks
+    deadline = None if state.request_timeout is None else time.monotonic() + state.request_timeout
+    try:
+        if chat:
+            for i in range(len(choices)):
+                yield chunk(i, None, None, role=True)
+        left = len(choices)
+        while left:
+            timeout = None if deadline is None else max(deadline - time.monotonic(), 0)
+            try:
+                i, piece, end = await asyncio.wait_for(merged.get(), timeout)
+            except asyncio.TimeoutError:
+                err = ApiError(
+                    504, f"the request did not finish within --request-timeout {state.request_timeout} s"
+                )
+                yield _sse(err.body())
+                break
+            if isinstance(end, ApiError):
+                yield _sse(end.body())
+                break
+            if piece is not None:
+                yield chunk(i, piece, None)
+            else:
+                yield chunk(i, None, end)
+                left -= 1
+        else:
+            if include_usage:
+                usage = _usage(prompt_tokens, sum(c.num_tokens for c in choices))
+                yield _sse({**head, "choices": [], "usage": usage})
+        yield "data: [DONE]\n\n"
+    finally:
+        for t in tasks:
+            t.cancel()
+        for c in choices:
+            c.handle.cancel()
+        pumps.admission.release()
