@@ -206,7 +206,7 @@ def overhead(args, reqs, warm) -> dict:
     with from_pretrained(model) as llm:
         asyncio.run(engine_run(llm, warm))
         local = asyncio.run(engine_run(llm, reqs))
-        blocks = llm.executor.num_blocks
+        blocks = llm.executor.facts.num_blocks
     return {
         "http": http,
         "in_process": local,
@@ -246,7 +246,7 @@ def sizing_mode(args, reqs, warm) -> dict:
             res = asyncio.run(engine_run(llm, reqs))
             res["preemptions"] = llm.stats.preemptions - before
             res["max_running"] = llm.stats.max_running
-            res["kv_blocks"] = llm.executor.num_blocks
+            res["kv_blocks"] = llm.executor.facts.num_blocks
             res["scheduler"] = dataclasses.asdict(llm.engine._scheduler.config)
         out[name] = res
         del llm  # its pool, before the next run sizes its own

@@ -55,7 +55,7 @@ def test_from_pretrained_defaults_on_the_cpu():
 
     with from_pretrained(tiny_llama()) as llm:
         assert llm.engine._scheduler.config.max_num_seqs == 256
-        assert llm.executor.num_blocks >= sizing.MIN_BLOCKS
+        assert llm.executor.facts.num_blocks >= sizing.MIN_BLOCKS
         assert llm.generate([[1, 2, 3]], max_new_tokens=3)
 
 
@@ -92,5 +92,6 @@ def test_gpu_pool_is_measured_on_the_device():
     torch.cuda.empty_cache()
     # a fresh model (tiny_llama() is cached, and moving it would move every later test's): capped by sequences
     with from_pretrained(tiny_llama.__wrapped__(), device="cuda", dtype=torch.bfloat16) as llm:
-        assert llm.executor.num_blocks == sizing.blocks_for_sequences(256, llm.executor.max_model_len, 16)
+        facts = llm.executor.facts
+        assert facts.num_blocks == sizing.blocks_for_sequences(256, facts.max_model_len, 16)
         assert llm.generate([[1, 2, 3]] * 4, max_new_tokens=4)

@@ -9,15 +9,27 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtforge.llm.executors.base import StepBatch
+from trtforge.llm.executors.base import ExecutorFacts, StepBatch
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.scheduler import RequestStatus, Scheduler, SchedulerConfig
 
 
 class Facts:
-    """The facts of a model (no step method): 16 blocks of 4 tokens, vocabulary 50, EOS 7."""
+    """An executor with facts only (no step method): 16 blocks of 4 tokens, vocabulary 50, EOS 7."""
 
-    num_blocks, block_size, vocab_size, max_model_len, eos_token_id = 16, 4, 50, 64, 7
+    facts = ExecutorFacts(
+        num_blocks=16,
+        block_size=4,
+        vocab_size=50,
+        max_model_len=64,
+        eos_token_ids=(7,),
+        num_layers=1,
+        num_kv_heads=1,
+        head_dim=4,
+        kv_dtype="float32",
+        kv_element_bytes=4,
+        kv_pool_bytes=16 * 4 * 4 * 4 * 2,
+    )
 
 
 def _scheduler(**config) -> Scheduler:
@@ -60,7 +72,7 @@ def test_schedule_plans_a_prefill_then_decodes_and_update_applies_tokens():
     assert outs["b"].finished and outs["b"].finish_reason == "stop"
     assert outs["b"].output_token_ids == (12, 14, 7)
     assert not sched.has_unfinished() and not sched.schedule()
-    assert sched.memory_stats().free_blocks == Facts.num_blocks
+    assert sched.memory_stats().free_blocks == Facts.facts.num_blocks
     assert sched.stats.steps == 3 and sched.stats.generated_tokens == 6
 
 
@@ -86,7 +98,7 @@ def test_fail_ends_every_request_of_the_plan_and_frees_their_blocks():
     assert [(o.request_id, o.finish_reason) for o in outs] == [("a", "error"), ("b", "error")]
     assert all("boom" in str(o.error) for o in outs) and sched.stats.failed_steps == 1
     assert sched.num_waiting == 1 and sched.num_running == 0
-    assert sched.memory_stats().free_blocks == Facts.num_blocks
+    assert sched.memory_stats().free_blocks == Facts.facts.num_blocks
 
 
 def test_a_deferred_plan_is_fed_on_the_device_and_filled_by_its_update():

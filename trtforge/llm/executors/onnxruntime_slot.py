@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from trtforge.errors import UserError
-from trtforge.llm.executors.base import StepBatch
+from trtforge.llm.executors.base import ExecutorFacts, StepBatch
 from trtforge.llm.executors.onnxruntime_exec import ORT_TYPES, allocate_pools, read_generation
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
@@ -121,10 +121,10 @@ class OrtSlotPoolExecutor:
             raise UserError(f"step graph '{path}' has a paged cache; serve it with OrtPagedExecutor.")
         self.graph = OrtStepExecutor(path, g)
         self.generation = g
-        # the StepExecutor facts, plain attributes: a block is a cache row of max_seq tokens
-        self.block_size = max_seq = self.graph.max_seq
-        self.max_model_len = max_seq if max_model_len is None else max_model_len
-        if not isinstance(self.max_model_len, int) or not 2 <= self.max_model_len <= max_seq:
+        # a block is a cache row of max_seq tokens: each running sequence holds one
+        max_seq = self.graph.max_seq
+        max_model_len = max_seq if max_model_len is None else max_model_len
+        if not isinstance(max_model_len, int) or not 2 <= max_model_len <= max_seq:
             raise UserError(
                 f"max_model_len must be an integer in [2, {max_seq}] (the step graph's max_seq, the "
                 f"length of its cache rows); got {max_model_len!r}."
@@ -135,19 +135,25 @@ class OrtSlotPoolExecutor:
                 f"num_blocks must be an integer >= 1 (slot-cache rows: one per running sequence), got "
                 f"{num_blocks!r}."
             )
-        self.num_blocks = int(num_blocks)
-        self.vocab_size = int(g["vocab_size"])
-        self.eos_token_ids = tuple(int(i) for i in g.get("eos_token_ids") or [])
-        self.eos_token_id = self.eos_token_ids[0] if self.eos_token_ids else None
         self.max_batch, self.max_prefill = self.graph.max_batch, int(g["max_prefill"])
         self.all_logits = bool(g.get("all_logits"))
-        shape = (self.num_blocks, *self.graph.cache_dims)
-        self.pools = allocate_pools(self.graph.cache_inputs, shape, self.graph.cache_dtype, self.num_blocks)
+        shape = (int(num_blocks), *self.graph.cache_dims)
+        self.pools = allocate_pools(self.graph.cache_inputs, shape, self.graph.cache_dtype, int(num_blocks))
         self._outputs = {n: n.replace("_cache.", "_cache_out.") for n in self.graph.cache_inputs}
-
-    def kv_bytes(self) -> int:
-        """Bytes the slot-cache rows of every layer take."""
-        return sum(p.nbytes for p in self.pools.values())
+        dtype = np.dtype(self.graph.cache_dtype)
+        self.facts = ExecutorFacts(
+            num_blocks=int(num_blocks),
+            block_size=max_seq,
+            vocab_size=int(g["vocab_size"]),
+            max_model_len=max_model_len,
+            eos_token_ids=tuple(int(i) for i in g.get("eos_token_ids") or []),
+            num_layers=int(g["num_layers"]),
+            num_kv_heads=int(g["num_kv_heads"]),
+            head_dim=int(g["head_dim"]),
+            kv_dtype=dtype.name,
+            kv_element_bytes=dtype.itemsize,
+            kv_pool_bytes=sum(p.nbytes for p in self.pools.values()),
+        )
 
     def step(self, batch: StepBatch) -> np.ndarray:
         """Copy blocks, run the graph on each run of equal new-token counts; logits [N, vocab] float32."""
@@ -156,7 +162,7 @@ class OrtSlotPoolExecutor:
                 pool[dst] = pool[src]
         where = f"step graph '{self.graph.path}'"
         seq, col = logits_rows(batch, self.all_logits, where)
-        out = np.empty((len(seq), self.vocab_size), np.float32)
+        out = np.empty((len(seq), self.facts.vocab_size), np.float32)
         qlens = batch.query_lens
         rows = batch.block_tables[:, 0].astype(np.int64)
         for n in np.unique(qlens):
