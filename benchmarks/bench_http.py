@@ -238,7 +238,8 @@ def sizing_mode(args, reqs, warm) -> dict:
         "defaults": {},
         "tuned": {"num_blocks": int(args.tuned_kv_gb * 2**30) // block, "config": tuned_config},
     }
-    for name, kw in runs.items():
+    for name in args.order.split(","):
+        kw = runs[name]
         llm = from_pretrained(model, **kw)
         with llm:
             asyncio.run(engine_run(llm, warm))
@@ -266,6 +267,9 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, nargs=2, default=None)
     ap.add_argument("--output", type=int, default=None, help="new tokens per request")
     ap.add_argument("--tuned-kv-gb", type=float, default=40.0)
+    ap.add_argument(
+        "--order", default="defaults,tuned", help="sizing: the order of the two runs in this process"
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.tiny:

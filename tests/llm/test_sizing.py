@@ -37,7 +37,7 @@ def test_cpu_pool_is_a_bounded_share_of_ram():
 
 def test_scheduler_defaults_fill_an_h200_and_explicit_values_win():
     c = sizing.default_scheduler_config(None)
-    assert (c.max_num_seqs, c.max_num_batched_tokens) == (256, 8192)
+    assert (c.max_num_seqs, c.max_num_batched_tokens, c.max_prefill_chunk) == (256, 4096, 1024)
     assert sizing.default_scheduler_config(None, 8).max_num_seqs == 8
     mine = sizing.default_scheduler_config(None, None)
     assert sizing.default_scheduler_config(mine) is mine

@@ -50,7 +50,7 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     "--max-num-seqs", default=None, type=click.IntRange(1), help="Sequences per batch (default 256)."
 )
 @click.option(
-    "--max-num-batched-tokens", default=None, type=click.IntRange(1), help="Tokens per step (default 8192)."
+    "--max-num-batched-tokens", default=None, type=click.IntRange(1), help="Tokens per step (default 4096)."
 )
 @click.option("--max-model-len", default=None, type=click.IntRange(2), help="Longest prompt + output.")
 @click.option(
