@@ -248,7 +248,7 @@ def sizing_mode(args, reqs, warm) -> dict:
             res["preemptions"] = llm.stats.preemptions - before
             res["max_running"] = llm.stats.max_running
             res["kv_blocks"] = llm.executor.facts.num_blocks
-            res["scheduler"] = dataclasses.asdict(llm.engine._scheduler.config)
+            res["scheduler"] = dataclasses.asdict(llm.engine.config)
         out[name] = res
         del llm  # its pool, before the next run sizes its own
         gc.collect()

@@ -285,6 +285,26 @@ class LLMEngine:
     def stats(self) -> SchedulerStats:
         return self._scheduler.stats
 
+    @property
+    def num_running(self) -> int:
+        """Sequences in the running batch now (a server's gauge; read without the step lock)."""
+        return self._scheduler.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for admission now."""
+        return self._scheduler.num_waiting
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt + output a request may have (the model's, the pool's and the config's)."""
+        return self._scheduler.max_model_len
+
+    @property
+    def config(self) -> SchedulerConfig:
+        """The scheduler's configuration in force."""
+        return self._scheduler.config
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no request is queued or running; False on timeout."""
         with self._wake:

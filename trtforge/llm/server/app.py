@@ -67,10 +67,9 @@ class ServerState:
 
     def engine_stats(self) -> dict[str, Any]:
         mem = self.llm.memory_stats()
-        sched = self.engine._scheduler
         return {
-            "running": sched.num_running,
-            "waiting": sched.num_waiting,
+            "running": self.engine.num_running,
+            "waiting": self.engine.num_waiting,
             "usage": mem.usage,
             "used_blocks": mem.used_blocks,
             "blocks": mem.total_blocks,

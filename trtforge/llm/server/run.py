@@ -51,7 +51,7 @@ def _imports() -> Any:
 def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int:
     """Serve `llm` until SIGTERM/SIGINT, drain, close it; returns the exit code (0)."""
     uvicorn = _imports()
-    g = llm.engine._scheduler
+    g = llm.engine
     state = ServerState(
         llm=llm,
         tokenizer=tokenizer,
