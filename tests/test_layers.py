@@ -47,6 +47,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "llm.sched": ("trtforge.llm.sched",),
     "llm.executors": ("trtforge.llm.executors",),
     "llm.compile": ("trtforge.llm.compile",),
+    "llm.spec": ("trtforge.llm.spec",),
     "llm": ("trtforge.llm",),
     "cli": ("trtforge.cli",),
     "front": ("trtforge", "trtforge.demo"),
@@ -79,6 +80,8 @@ ALLOWED: dict[str, set[str]] = {
         "llm.models",
     },
     "llm.compile": _ENCODER | {"compiler", "llm.ground", "llm.models"},
+    # speculative decoding's proposers (a draft model runs on an executor over its own block manager)
+    "llm.spec": {"base", "core", "llm.ground", "llm.models", "llm.sched", "llm.executors"},
     "llm": {
         "base",
         "core",
@@ -89,6 +92,7 @@ ALLOWED: dict[str, set[str]] = {
         "llm.models",
         "llm.sched",
         "llm.executors",
+        "llm.spec",
     },
     "cli": set(ROOMS),
     "front": set(ROOMS),

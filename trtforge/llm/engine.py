@@ -17,7 +17,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from trtforge.errors import TrtforgeError, UserError
 from trtforge.llm.async_loop import AsyncStepLoop
@@ -27,13 +27,31 @@ from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.blocks import MemoryStats
 from trtforge.llm.sched.scheduler import RequestOutput, Scheduler, SchedulerConfig, SchedulerStats
 
+if TYPE_CHECKING:
+    from trtforge.llm.spec.proposers import Proposer
+
 
 def make_step_loop(
-    executor: StepExecutor, config: SchedulerConfig | None = None, step_hook: StepHook | None = None
+    executor: StepExecutor,
+    config: SchedulerConfig | None = None,
+    step_hook: StepHook | None = None,
+    proposer: Proposer | None = None,
 ) -> StepLoop:
     """A scheduler over `executor` and the loop that runs it: asynchronous where the executor offers
-    ``step_async`` and ``config.async_scheduling`` is not False (True requires it), else synchronous."""
+    ``step_async`` and ``config.async_scheduling`` is not False (True requires it), else synchronous.
+
+    With a `proposer` (speculative decoding, :mod:`trtforge.llm.spec_loop`) the loop is synchronous:
+    a step's accepted tokens decide the next one's inputs (``async_scheduling=True`` is refused)."""
     scheduler = Scheduler(executor, config)
+    if proposer is not None:
+        if scheduler.config.async_scheduling:
+            raise UserError(
+                "SchedulerConfig.async_scheduling=True cannot run with speculative decoding: each step's "
+                "accepted tokens decide the next step's inputs (leave it None or False)"
+            )
+        from trtforge.llm.spec_loop import SpeculativeStepLoop
+
+        return SpeculativeStepLoop(executor, scheduler, proposer, step_hook)
     wanted, offered = scheduler.config.async_scheduling, supports_async(executor)
     if wanted and not offered:
         raise UserError(
@@ -148,7 +166,7 @@ class LLMEngine:
     """Serves requests over `executor` with continuous batching; safe to call from many threads.
 
     Use as a context manager or call :meth:`close`. `step_hook` runs inside every step (tests use it
-    to check invariants).
+    to check invariants). `proposer`: speculative decoding (:mod:`trtforge.llm.spec`).
     """
 
     def __init__(
@@ -157,8 +175,9 @@ class LLMEngine:
         config: SchedulerConfig | None = None,
         *,
         step_hook: StepHook | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
-        self._steps = make_step_loop(executor, config, step_hook)
+        self._steps = make_step_loop(executor, config, step_hook, proposer)
         self._scheduler = self._steps.scheduler
         self._inbox_lock = threading.Lock()
         self._step_lock = threading.Lock()

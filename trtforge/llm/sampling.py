@@ -188,7 +188,9 @@ def _settings(params: Sequence[SamplingParams], vocab: int) -> tuple[np.ndarray,
     return temps, top_k, top_p, min_p
 
 
-def _sample_numpy(logits: np.ndarray, rows: np.ndarray, temps, top_k, top_p, min_p, u) -> np.ndarray:
+def _sorted_probs(logits: np.ndarray, rows: np.ndarray, temps, top_k, top_p, min_p) -> tuple[np.ndarray, ...]:
+    """(order, probs): the rows' token ids stably sorted by logit, and their probabilities after
+    temperature, min_p, top-k and top-p (top-p's cut left unnormalised)."""
     x = logits[rows].astype(np.float64) / temps[rows, None]
     x = np.where(x < min_p_floor(x, min_p[rows])[:, None], -np.inf, x)
     order = np.argsort(-x, axis=-1, kind="stable")
@@ -200,10 +202,31 @@ def _sample_numpy(logits: np.ndarray, rows: np.ndarray, temps, top_k, top_p, min
     probs /= probs.sum(-1, keepdims=True)
     cum = np.cumsum(probs, axis=-1)
     probs = np.where(cum - probs >= top_p[rows, None], 0.0, probs)
+    return order, probs
+
+
+def _sample_numpy(logits: np.ndarray, rows: np.ndarray, temps, top_k, top_p, min_p, u) -> np.ndarray:
+    order, probs = _sorted_probs(logits, rows, temps, top_k, top_p, min_p)
     cum = np.cumsum(probs, axis=-1)
     target = u[:, None] * cum[:, -1:]
-    pick = np.minimum((cum <= target).sum(-1), x.shape[1] - 1)
+    pick = np.minimum((cum <= target).sum(-1), probs.shape[1] - 1)
     return order[np.arange(len(rows)), pick]
+
+
+def probabilities(logits: np.ndarray, params: Sequence[SamplingParams]) -> np.ndarray:
+    """float64 ``[N, vocab]``: the distribution :func:`sample` draws row i from under params[i]
+    (temperature, min_p, top-k, top-p; no penalties or grammar), for sampled (non-greedy) params only.
+
+    Speculative decoding's rejection sampler verifies proposals against it, so that its output has
+    exactly plain sampling's distribution."""
+    if any(p.greedy for p in params):
+        raise ValueError("probabilities() is for sampled rows; a greedy row's distribution is its argmax")
+    rows = np.arange(len(params))
+    order, probs = _sorted_probs(logits, rows, *_settings(params, int(logits.shape[1])))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(probs)
+    np.put_along_axis(out, order, probs, axis=-1)
+    return out
 
 
 def _sample_torch(logits, rows, temps, top_k, top_p, min_p, u):

@@ -21,6 +21,8 @@ from trtforge.llm.executors.base import StepExecutor
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.blocks import MemoryStats
 from trtforge.llm.sched.scheduler import SchedulerConfig, SchedulerStats
+from trtforge.llm.spec.config import SpeculativeConfig
+from trtforge.llm.spec.proposers import Proposer
 
 EXECUTORS = ("auto", "onnxruntime", "tensorrt", "torch")
 
@@ -31,9 +33,18 @@ class ServingLLM:
     Close it (or use it as a context manager) to stop the engine's background loop.
     """
 
-    def __init__(self, executor: StepExecutor, config: SchedulerConfig | None = None) -> None:
+    def __init__(
+        self,
+        executor: StepExecutor,
+        config: SchedulerConfig | None = None,
+        *,
+        proposer: Proposer | None = None,
+        speculative: SpeculativeConfig | None = None,
+    ) -> None:
         self.executor = executor
-        self.engine = LLMEngine(executor, config)
+        self.engine = LLMEngine(executor, config, proposer=proposer)
+        # speculative decoding in force (None: off), as reported with the engine's configuration
+        self.speculative = speculative
 
     @staticmethod
     def _params(
@@ -278,17 +289,26 @@ def from_pretrained(
     config: SchedulerConfig | None = None,
     max_num_seqs: int | None = None,
     gpu_memory_utilization: float = sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
+    speculative: dict[str, Any] | SpeculativeConfig | None = None,
 ) -> ServingLLM:
     """Serve a transformers causal LM (an nn.Module, a save_pretrained directory or ``module:factory``)
     with the torch paged executor (:class:`trtforge.llm.executors.torch_exec.TorchExecutor`).
 
     `num_blocks` None sizes the pool to the machine (:func:`trtforge.llm.sizing.torch_pool`: on a GPU
     `gpu_memory_utilization` of the memory left after the weights and a measured step); `config` None
-    takes :func:`trtforge.llm.sizing.default_scheduler_config`."""
+    takes :func:`trtforge.llm.sizing.default_scheduler_config`.
+
+    `speculative`: speculative decoding (:class:`~trtforge.llm.spec.config.SpeculativeConfig`), e.g.
+    ``{"method": "draft", "model": DIR, "num_tokens": 4}`` or ``{"method": "ngram", "num_tokens": 4}``.
+    Greedy output is token for token the same; sampled output has the same distribution. Steps run
+    synchronously then; requests with a grammar, logprobs or penalties decode without speculating."""
     from trtforge.llm.executors.torch_exec import TorchExecutor
     from trtforge.llm.models.loader import load_causal_lm
 
+    spec = SpeculativeConfig.of(speculative)
     config = sizing.default_scheduler_config(config, max_num_seqs)
+    if spec is not None and config.async_scheduling is None:
+        config = dataclasses.replace(config, async_scheduling=False)
     lm = load_causal_lm(model)
     if num_blocks is None:
         num_blocks = sizing.torch_pool(
@@ -308,4 +328,28 @@ def from_pretrained(
         dtype=dtype,
         max_model_len=max_model_len,
     )
-    return ServingLLM(ex, config)
+    proposer = None if spec is None else make_proposer(spec, ex)
+    return ServingLLM(ex, config, proposer=proposer, speculative=spec)
+
+
+def make_proposer(spec: SpeculativeConfig, target: Any) -> Proposer:
+    """The proposer of `spec` for a torch executor `target` (a draft model runs on the target's device
+    and dtype, over a pool of ``spec.num_blocks`` blocks, default the target's)."""
+    from trtforge.llm.spec.proposers import DraftModelProposer, NgramProposer
+
+    if spec.method == "ngram":
+        return NgramProposer(spec.num_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+    from trtforge.llm.models.loader import load_causal_lm
+
+    facts = target.facts
+    draft = TorchExecutor(
+        load_causal_lm(spec.model),
+        num_blocks=spec.num_blocks or facts.num_blocks,
+        block_size=facts.block_size,
+        device=str(target.device),
+        dtype=target.dtype,
+    )
+    proposer = DraftModelProposer(draft, spec.num_tokens)
+    proposer.check_target(facts)
+    return proposer

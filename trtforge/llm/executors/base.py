@@ -81,9 +81,14 @@ class StepBatch:
         block_tables: np.ndarray,
         block_copies: Sequence[tuple[int, int]] = (),
         prompt_lens: Sequence[int] | None = None,
+        extra_logits: Sequence[int] | None = None,
     ) -> StepBatch:
         """The batch from flat new tokens and slots plus, per sequence, how many new tokens it brings
         (each >= 1), its first new position and whether its last new token's logits are wanted.
+
+        `extra_logits` (per sequence, or None: all 0): how many new tokens before the last one of a
+        sequence that wants logits also want theirs (speculative verification: the last accepted token
+        and its k proposals give k+1 rows, in token order).
 
         The one place the derived arrays (offsets, positions, lengths, logits rows) are computed: the
         scheduler's plans and :meth:`build` both come here. `block_tables` is the int32 table matrix.
@@ -101,7 +106,11 @@ class StepBatch:
             positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(starts_ - qsl[:-1], lens)
             context_lens = (starts_ + lens).astype(np.int32)
         last_rows = qsl[1:].astype(np.int64) - 1
-        if not all(want_logits):
+        if extra_logits is not None and any(extra_logits):
+            per = (np.asarray(extra_logits, dtype=np.int64) + 1) * np.asarray(want_logits, dtype=bool)
+            firsts = np.repeat(last_rows + 1 - per, per)
+            last_rows = firsts + np.arange(len(firsts)) - np.repeat(np.cumsum(per) - per, per)
+        elif not all(want_logits):
             last_rows = last_rows[np.array(want_logits, dtype=bool)]
         return cls(
             input_ids=np.array(input_ids, dtype=np.int64),

@@ -407,6 +407,36 @@ class BlockManager:
         for d in src.digests[src.registered :]:
             self._inflight[d] += 1
 
+    def truncate(self, seq_id: Hashable, num_tokens: int) -> None:
+        """Cut `seq_id` back to its first `num_tokens` tokens (speculative decoding's rollback of rejected
+        proposals): blocks past them go back to the pool, digests of blocks no longer full are dropped,
+        and the kept last block's later slots are reused by the next appends.
+
+        Only tokens not yet offered to the prefix cache can go: `num_tokens` must not be below the
+        registered (cached) full blocks, nor above the tokens held."""
+        table = self._table(seq_id)
+        if table.pending:
+            raise ValueError(f"sequence {seq_id!r} has a token without a value; fill_token it first")
+        if not table.registered * self.block_size <= num_tokens <= table.num_tokens:
+            raise ValueError(
+                f"cannot cut sequence {seq_id!r} to {num_tokens} tokens: it holds {table.num_tokens}, "
+                f"{table.registered * self.block_size} of them in cached blocks"
+            )
+        if num_tokens == table.num_tokens:
+            return
+        keep_digests = num_tokens // self.block_size
+        for d in table.digests[keep_digests:]:
+            self._drop_inflight(d)  # (all unregistered: registered blocks lie below num_tokens)
+        del table.digests[keep_digests:]
+        del table.tokens[num_tokens:]
+        table.num_tokens = num_tokens
+        table.computed_tokens = min(table.computed_tokens, num_tokens)
+        keep = self.blocks_for(num_tokens)
+        for b in reversed(table.blocks[keep:]):
+            self._unref(b)
+        self._rows[table.row, keep : len(table.blocks)] = 0
+        del table.blocks[keep:]
+
     def free(self, seq_id: Hashable) -> None:
         """Release every block of `seq_id` (a no-op for a sequence holding none)."""
         table = self._tables.pop(seq_id, None)

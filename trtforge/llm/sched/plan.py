@@ -42,6 +42,7 @@ class StepPlan:
     ids: list[int] = field(default_factory=list)
     samplers: list[Sequence_] = field(default_factory=list)  # the sequences of the sampled rows, in order
     batch: StepBatch | None = None
+    speculative: bool = False  # some sequence brings proposals (``Sequence_.draft``) to verify
 
     def __bool__(self) -> bool:
         return bool(self.seqs)
@@ -76,7 +77,8 @@ class StepPlan:
         else:
             # (a sequence whose last token is in flight brings that one: it samples)
             self.wants = [
-                s.num_computed + n == len(s.tokens) + (s.pending_row >= 0) for s, n in zip(seqs, counts)
+                s.num_computed + n == len(s.tokens) + (s.pending_row >= 0) + len(s.draft)
+                for s, n in zip(seqs, counts)
             ]
             self.ids = [t for j, s in enumerate(seqs) for t in runs.get(j, (s.tokens[-1],))]
             self.samplers = list(itertools.compress(seqs, self.wants))
@@ -97,6 +99,7 @@ class StepPlan:
             blocks.block_table_array(seq_ids, width),
             self.copies,
             [s.prompt_len for s in self.seqs] if with_prompt_lens else None,
+            [len(s.draft) for s in self.seqs] if self.speculative else None,
         )
         return self.batch
 

@@ -55,6 +55,9 @@ class Sequence_:
     matcher: Any = None
     # the sampled tokens' TokenLogprobs when the params ask for logprobs (else None)
     logprobs: list[Any] | None = None
+    # speculative decoding: the proposed tokens the next step verifies after this sequence's last
+    # token (set by the speculative loop before planning; cleared once applied or when preempted)
+    draft: list[int] = field(default_factory=list)
 
     @property
     def output(self) -> list[int]:
@@ -133,4 +136,20 @@ class SchedulerStats:
     prefix_hit_tokens: int = 0
     generated_tokens: int = 0
     max_running: int = 0
+    # speculative decoding: tokens proposed and verified, the proposals accepted, and the rows verified
+    # (each verified row emits its accepted proposals plus one token of the target's)
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_verify_rows: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Accepted / proposed tokens (0 before any proposal)."""
+        return self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else 0.0
+
+    @property
+    def spec_mean_accepted_length(self) -> float:
+        """Tokens emitted per verified row: accepted proposals + the target's one (0 before any)."""
+        rows = self.spec_verify_rows
+        return (self.spec_accepted_tokens + rows) / rows if rows else 0.0

@@ -206,6 +206,11 @@ class Scheduler:
     def running_request_ids(self) -> list[Hashable]:
         return [s.request_id for s in self._running]
 
+    def running_sequences(self) -> list[Sequence_]:
+        """The running sequences (a copy of the list), in arrival order: a proposer reads their tokens
+        and sets their ``draft`` before :meth:`schedule` (speculative decoding)."""
+        return list(self._running)
+
     def memory_stats(self) -> MemoryStats:
         return self.block_manager.memory_stats()
 
@@ -226,7 +231,8 @@ class Scheduler:
         finished = RequestStatus.FINISHED
         for seq, n in zip(plan.seqs, plan.counts):
             if seq.status is not finished:  # else aborted while the step ran: its blocks are already free
-                seq.num_computed += n
+                # (proposals count once verified: update_speculative)
+                seq.num_computed += n - len(seq.draft)
         self.block_manager.mark_computed_many(
             [(s.request_id, s.num_computed) for s in plan.seqs if s.status is not finished]
         )
@@ -297,6 +303,68 @@ class Scheduler:
         self.stats.generated_tokens += generated
         return outputs
 
+    def update_speculative(
+        self, plan: StepPlan, tokens: Sequence[Sequence[int]], logprobs: Sequence[Any] | None = None
+    ) -> list[RequestOutput]:
+        """Apply a verified step (synchronous steps only): for each sampler (row order) the tokens it
+        emits, its accepted proposals then one token of the target's (a sequence without proposals: one
+        token, with its `logprobs` row).
+
+        The K/V of the rejected proposals is rolled back first: the sequence's table is cut to its
+        last accepted token (blocks past it go back to the pool; the slots of a kept block are reused
+        by the next step), and the accepted ones count as computed. Then the tokens are appended one by
+        one with the stop checks; a stop ends the sequence there and drops the tokens after it.
+        """
+        finished, running = RequestStatus.FINISHED, RequestStatus.RUNNING
+        bm, stats = self.block_manager, self.stats
+        outputs: list[RequestOutput] = []
+        generated = 0
+        for row, (seq, new) in enumerate(zip(plan.samplers, tokens)):
+            k = len(seq.draft)
+            seq.draft = []
+            if seq.status is finished:
+                continue  # aborted or failed meanwhile: its blocks are already free
+            if k:
+                accepted = len(new) - 1
+                stats.spec_draft_tokens += k
+                stats.spec_accepted_tokens += accepted
+                stats.spec_verify_rows += 1
+                seq.num_computed += accepted
+                bm.truncate(seq.request_id, seq.num_computed)
+                bm.mark_computed(seq.request_id, seq.num_computed)
+            lp = None
+            if seq.logprobs is not None and logprobs is not None and not k:
+                lp = (logprobs[row],)
+                seq.logprobs.append(logprobs[row])
+            emitted: list[int] = []
+            reason = None
+            for token in new:
+                seq.tokens.append(token)
+                emitted.append(token)
+                if seq.matcher is not None:
+                    seq.matcher.accept(token)
+                if (
+                    token in seq.stop_ids
+                    or len(seq.tokens) >= seq.length_limit
+                    or seq.params.stop_sequences
+                    or seq.matcher is not None
+                ):
+                    reason = self._stop_reason(seq)
+                    if reason is not None:
+                        break
+            generated += len(emitted)
+            if reason is not None:
+                if seq.status is running:
+                    self._running.remove(seq)
+                else:
+                    self._waiting.remove(seq)
+                self._finish(seq, reason)
+                outputs.append(self._output(seq, tuple(emitted), finished=True)._replace(logprobs=lp))
+            else:
+                outputs.append(RequestOutput(seq.request_id, tuple(emitted), (), False, logprobs=lp))
+        stats.generated_tokens += generated
+        return outputs
+
     def fail(self, plan: StepPlan, exc: Exception) -> list[RequestOutput]:
         """End every unfinished sequence of a failed step with a StepFailedError caused by `exc`."""
         self.stats.failed_steps += 1
@@ -339,7 +407,8 @@ class Scheduler:
             if pending and len(tokens) + 1 >= seq.length_limit:
                 i += 1  # the token in flight ends it whatever its value: nothing more to compute
                 continue
-            if left == 1:  # the common decode case, without the general path's bookkeeping
+            draft = seq.draft
+            if left == 1 and not draft:  # the common decode case, without the general path's bookkeeping
                 slot = append_token(seq.request_id, None if pending else tokens[-1])
                 if slot is not None:
                     seqs.append(seq)
@@ -356,11 +425,16 @@ class Scheduler:
                 decode_checked = True
                 if any(len(s.tokens) + (s.pending_row >= 0) - s.num_computed == 1 for s in running):
                     prefill_budget = self.config.max_prefill_tokens_with_decodes
-            n = min(left, chunk, budget) if left == 1 else min(left, chunk, budget, prefill_budget)
-            if n == 0:
-                i += 1  # a prompt chunk waits for the next step's prefill budget
-                continue
-            run: list = [None] if pending else tokens[start : start + n]
+            if draft:  # speculative verification: the last token and its proposals, within the budget
+                del draft[budget - 1 :]
+                run: list = [tokens[-1], *draft]
+                n = len(run)
+            else:
+                n = min(left, chunk, budget) if left == 1 else min(left, chunk, budget, prefill_budget)
+                if n == 0:
+                    i += 1  # a prompt chunk waits for the next step's prefill budget
+                    continue
+                run = [None] if pending else tokens[start : start + n]
             while True:
                 try:
                     new_slots, cp = bm.append_slots(seq.request_id, run)
@@ -375,7 +449,11 @@ class Scheduler:
                 break  # seq itself was the newest: everything after it is preempted too
             plan.copies.extend(cp)
             plan.add(seq, [tokens[-1]] if pending else run, new_slots)  # a placeholder id, fed on the device
-            self._count_tokens(seq, n)
+            if draft:
+                plan.speculative = True
+                self.stats.decode_tokens += 1
+            else:
+                self._count_tokens(seq, n)
             budget -= n
             if left > 1:
                 prefill_budget -= n
@@ -427,6 +505,7 @@ class Scheduler:
         self.block_manager.free(seq.request_id)
         seq.status = RequestStatus.WAITING
         seq.num_computed = 0
+        seq.draft = []
         seq.num_preemptions += 1
         self.stats.preemptions += 1
         self._waiting.appendleft(seq)

@@ -1,0 +1,207 @@
+"""Proposers of draft tokens: one small interface, prompt lookup and a draft model.
+
+A proposer gets the running sequences that may speculate this step and, per sequence, how many
+tokens at most (k); it returns per sequence a :class:`Proposal`: up to k token ids continuing the
+sequence's tokens, and the distributions they were drawn from (``probs`` ``[len, vocab]``; None: each
+token was chosen with certainty, as prompt lookup and greedy drafting do). :meth:`Proposer.forget`
+releases what it keeps for finished requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+
+from trtforge.errors import UserError
+from trtforge.llm.executors.base import ExecutorFacts, StepBatch, StepExecutor
+from trtforge.llm.sched.blocks import BlockManager, NoFreeBlocksError
+from trtforge.llm.sched.request import Sequence_
+
+
+class Proposal(NamedTuple):
+    """Draft tokens for one sequence and, when drawn at random, the distributions they came from."""
+
+    tokens: list[int]
+    probs: np.ndarray | None = None
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """Proposes up to ``num_tokens`` tokens per sequence for the target to verify in one step."""
+
+    method: str
+    num_tokens: int
+
+    def propose(self, seqs: Sequence[Sequence_], ks: Sequence[int]) -> list[Proposal]:
+        """One proposal per sequence, at most ``ks[i]`` tokens (may be empty)."""
+        ...
+
+    def forget(self, request_ids: Iterable[Hashable]) -> None:
+        """Release what is kept for these (finished) requests."""
+        ...
+
+
+class NgramProposer:
+    """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens (n from
+    ``max_n`` down to ``min_n``, the longest match wins) in its own tokens (prompt and output), and
+    propose the tokens that followed it. No model, no state; it pays where text repeats (code,
+    retrieval, edits)."""
+
+    method = "ngram"
+
+    def __init__(self, num_tokens: int, min_n: int = 1, max_n: int = 4) -> None:
+        self.num_tokens, self.min_n, self.max_n = num_tokens, min_n, max_n
+
+    def propose(self, seqs: Sequence[Sequence_], ks: Sequence[int]) -> list[Proposal]:
+        return [Proposal(self.lookup(s.tokens, k)) for s, k in zip(seqs, ks)]
+
+    def lookup(self, tokens: Sequence[int], k: int) -> list[int]:
+        """Up to `k` tokens following the latest earlier match of the longest suffix of `tokens`."""
+        arr = np.asarray(tokens, dtype=np.int64)
+        n_tok = len(arr)
+        for n in range(min(self.max_n, n_tok - 1), self.min_n - 1, -1):
+            # windows starting at 0 .. n_tok-n-1: each is followed by at least one token, the suffix excluded
+            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
+            hits = np.flatnonzero((windows == arr[n_tok - n :]).all(axis=1))
+            if len(hits):
+                start = int(hits[-1]) + n
+                return arr[start : start + k].tolist()
+        return []
+
+    def forget(self, request_ids: Iterable[Hashable]) -> None:
+        pass
+
+
+class DraftModelProposer:
+    """A draft causal LM run by its own step executor over its own paged KV pool (its own
+    :class:`BlockManager`), kept in step with the target's tokens.
+
+    Per sequence it holds the tokens whose K/V its pool has. At each proposal it cuts them back to the
+    longest prefix the sequence still has (the rolled-back rejected proposals), runs the tokens it
+    lacks plus the last one in one batched step (a catch-up chunk: the whole prompt at first) and then
+    one batched step per further token. Greedy requests draft by argmax; sampled ones draw from the
+    draft's softmax at the request's temperature with the request's generator, returning those
+    distributions as q. A sequence whose blocks do not fit the draft pool simply gets no proposal.
+    """
+
+    method = "draft"
+
+    def __init__(self, executor: StepExecutor, num_tokens: int) -> None:
+        self.executor = executor
+        self.num_tokens = num_tokens
+        f = executor.facts
+        self.blocks = BlockManager(f.num_blocks, f.block_size, enable_prefix_caching=False)
+        self._max_len = f.max_model_len
+        self._written: dict[Hashable, list[int]] = {}
+
+    def check_target(self, target: ExecutorFacts) -> None:
+        """UserError unless the draft shares the target's vocabulary."""
+        if self.executor.facts.vocab_size != target.vocab_size:
+            raise UserError(
+                f"speculative draft model has a vocabulary of {self.executor.facts.vocab_size} tokens but "
+                f"the target's has {target.vocab_size}; a draft model must share the target's tokenizer"
+            )
+
+    def _sync(self, seq: Sequence_, k: int) -> tuple[list[int], int, list[int], list[tuple[int, int]]] | None:
+        """Bring the pool's copy of `seq` to its tokens: (run to feed, its first position, slots, copies)."""
+        rid, tokens = seq.request_id, seq.tokens
+        if len(tokens) + k > self._max_len:
+            return None
+        written = self._written.get(rid)
+        if written is None:
+            self.blocks.allocate(rid, [])
+            written = self._written[rid] = []
+        c = min(len(written), len(tokens) - 1)
+        while written[:c] != tokens[:c]:  # only the tail (rejected proposals) can differ
+            c -= 1
+        if c < len(written):
+            self.blocks.truncate(rid, c)
+            del written[c:]
+        run = tokens[c:]
+        try:
+            slots, copies = self.blocks.append_slots(rid, run)
+        except NoFreeBlocksError:
+            self.forget([rid])
+            return None
+        written.extend(run)
+        return run, c, slots, copies
+
+    def _step(self, rids: list[Hashable], runs: list[list[int]], starts: list[int], slots, copies) -> Any:
+        batch = StepBatch.build(
+            rids,
+            runs,
+            starts,
+            [self.blocks.block_table_view(r) for r in rids],
+            slots,
+            [True] * len(rids),
+            copies,
+        )
+        return self.executor.step(batch)
+
+    def _pick(self, logits: Any, seqs: list[Sequence_]) -> tuple[list[int], list[np.ndarray | None]]:
+        """Each row's draft token, and its distribution (None for greedy rows)."""
+        import torch
+
+        logits = torch.as_tensor(logits)
+        tokens = logits.argmax(-1).tolist()
+        probs: list[np.ndarray | None] = [None] * len(seqs)
+        sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        if sampled:
+            temps = torch.tensor([seqs[i].params.temperature for i in sampled], dtype=torch.float64)
+            rows = logits[torch.tensor(sampled, device=logits.device)].double().cpu()
+            q = torch.softmax(rows / temps[:, None], dim=-1).numpy()
+            for j, i in enumerate(sampled):
+                cum = np.cumsum(q[j])
+                u = seqs[i].generator.random() * cum[-1]
+                tokens[i] = int(min(np.searchsorted(cum, u, side="right"), len(cum) - 1))
+                probs[i] = q[j]
+        return tokens, probs
+
+    def propose(self, seqs: Sequence[Sequence_], ks: Sequence[int]) -> list[Proposal]:
+        drafts: list[list[int]] = [[] for _ in seqs]
+        dists: list[list[np.ndarray | None]] = [[] for _ in seqs]
+        live, runs, starts, slots, copies = [], [], [], [], []
+        for i, (seq, k) in enumerate(zip(seqs, ks)):
+            got = self._sync(seq, k) if k > 0 else None
+            if got is not None:
+                live.append(i)
+                runs.append(got[0])
+                starts.append(got[1])
+                slots.append(got[2])
+                copies.extend(got[3])
+        step = 0
+        while live:
+            rids = [seqs[i].request_id for i in live]
+            tokens, probs = self._pick(self._step(rids, runs, starts, slots, copies), [seqs[i] for i in live])
+            step += 1
+            nxt = []
+            runs, starts, slots, copies = [], [], [], []
+            for i, t, q in zip(live, tokens, probs):
+                drafts[i].append(t)
+                dists[i].append(q)
+                if step >= ks[i]:
+                    continue
+                rid = seqs[i].request_id
+                try:
+                    s, cp = self.blocks.append_slots(rid, [t])
+                except NoFreeBlocksError:
+                    continue  # the pool is full: this sequence's proposal stops here
+                self._written[rid].append(t)
+                nxt.append(i)
+                runs.append([t])
+                starts.append(len(self._written[rid]) - 1)
+                slots.append(s)
+                copies.extend(cp)
+            live = nxt
+        out = []
+        for d, q in zip(drafts, dists):
+            sampled = bool(q) and q[0] is not None
+            out.append(Proposal(d, np.stack(q) if sampled else None))
+        return out
+
+    def forget(self, request_ids: Iterable[Hashable]) -> None:
+        for rid in request_ids:
+            if self._written.pop(rid, None) is not None:
+                self.blocks.free(rid)
