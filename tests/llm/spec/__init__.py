@@ -1,0 +1,1 @@
+"""Tests of speculative decoding (trtforge.llm.spec, trtforge.llm.spec_loop)."""
