@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from trtforge.cli._speculative import speculative_config, speculative_options
+
 EXAMPLES = """\b
 Examples:
   trtforge generate step.onnx --prompt-ids "1 15 27" --max-tokens 32
@@ -17,6 +19,7 @@ Examples:
   trtforge generate mypkg.models:make_llama --prompt-ids "1 2 3" --num-blocks 128
   trtforge generate ./llama-dir --prompt "x" --tokenizer ./llama-dir --temperature 0.7 --n 2 --seed 3
   trtforge generate ./llama-dir --prompt "{" --tokenizer ./llama-dir --json-schema item.schema.json
+  trtforge generate ./llama-dir --prompt "def f(x):" --speculative-model ./draft-dir
 \b
 MODEL: a paged step engine from `trtforge compile --generate --cache-layout paged`
 (TensorRT, on a GPU it supports), a step graph written by `trtforge compile --generate
@@ -89,6 +92,7 @@ def _parse_ids(text: str) -> list[int]:
     multiple=True,
     help="Stop at this text (repeatable; matched on the decoded text and not printed; needs a tokenizer).",
 )
+@speculative_options
 def generate_cmd(
     model: str,
     prompt_ids: tuple[str, ...],
@@ -110,6 +114,9 @@ def generate_cmd(
     executor: str,
     num_blocks: int | None,
     stops: tuple[str, ...],
+    speculative_method: str | None,
+    speculative_model: str | None,
+    num_speculative_tokens: int | None,
 ) -> None:
     """Generate continuations of prompts with MODEL, printing tokens as they come."""
     from trtforge.errors import UserError
@@ -156,7 +163,8 @@ def generate_cmd(
     if executor == "auto":
         suffix = {".engine": "tensorrt", ".onnx": "onnxruntime"}
         executor = next((v for k, v in suffix.items() if model.endswith(k)), "torch")
-    with load(model, executor, num_blocks=num_blocks) as llm:
+    spec = speculative_config(speculative_method, speculative_model, num_speculative_tokens)
+    with load(model, executor, num_blocks=num_blocks, speculative=spec) as llm:
         if json_schema is not None:
             llm.engine.enable_structured_output(tok)
         handles = [h for r in rows for h in llm.engine.submit_n(r, params)]

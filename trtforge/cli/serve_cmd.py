@@ -6,11 +6,14 @@ from pathlib import Path
 
 import click
 
+from trtforge.cli._speculative import speculative_config, speculative_options
+
 EXAMPLES = """\b
 Examples:
   trtforge serve ./llama-dir
   trtforge serve ./llama-dir --port 8000 --api-key sk-local --chat-template chat.jinja
   trtforge serve llm.engine --tokenizer ./llama-dir --served-model-name llama
+  trtforge serve ./llama-dir --speculative-method ngram --num-speculative-tokens 4
 \b
 Then any OpenAI client works against it:
   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
@@ -94,6 +97,7 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
+@speculative_options
 def serve_cmd(
     model: str,
     host: str,
@@ -114,6 +118,9 @@ def serve_cmd(
     device: str | None,
     dtype: str,
     log_level: str,
+    speculative_method: str | None,
+    speculative_model: str | None,
+    num_speculative_tokens: int | None,
 ) -> None:
     """Serve MODEL over OpenAI's HTTP API."""
     import dataclasses
@@ -145,6 +152,7 @@ def serve_cmd(
         "max_model_len": max_model_len,
         "config": config,
         "gpu_memory_utilization": gpu_memory_utilization,
+        "speculative": speculative_config(speculative_method, speculative_model, num_speculative_tokens),
     }
     if executor == "torch":
         llm = from_pretrained(model, **_placement(device, dtype), **sizes)

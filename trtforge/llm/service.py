@@ -161,6 +161,7 @@ def load(
     config: SchedulerConfig | None = None,
     max_num_seqs: int | None = None,
     gpu_memory_utilization: float = sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
+    speculative: dict[str, Any] | SpeculativeConfig | None = None,
 ) -> ServingLLM:
     """Load a model for generation: always a :class:`ServingLLM`.
 
@@ -173,10 +174,17 @@ def load(
     - ``executor="torch"``: `path` is a save_pretrained directory or ``module:factory``; see
       :func:`from_pretrained`.
 
-    Sizes not given default to the machine's (:mod:`trtforge.llm.sizing`).
+    Sizes not given default to the machine's (:mod:`trtforge.llm.sizing`). `speculative`: see
+    :func:`from_pretrained` (the torch executor only).
     """
     if executor not in EXECUTORS:
         raise UserError(f"executor {executor!r} is not available; choose one of {', '.join(EXECUTORS)}.")
+    if speculative is not None and executor != "torch":
+        raise UserError(
+            f"speculative decoding runs on the torch executor (a save_pretrained directory or "
+            f"module:factory); '{path}' runs on executor {executor!r}. Drop the speculative option or "
+            "serve the model's directory."
+        )
     if executor == "torch":
         return from_pretrained(
             path,
@@ -185,6 +193,7 @@ def load(
             config=config,
             max_num_seqs=max_num_seqs,
             gpu_memory_utilization=gpu_memory_utilization,
+            speculative=speculative,
         )
     from trtforge._fileio import as_path
     from trtforge.llm.executors.onnxruntime_exec import OrtPagedExecutor, read_generation

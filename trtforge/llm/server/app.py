@@ -74,6 +74,9 @@ class ServerState:
             "used_blocks": mem.used_blocks,
             "blocks": mem.total_blocks,
             "preemptions": self.llm.stats.preemptions,
+            "spec_draft_tokens": self.llm.stats.spec_draft_tokens,
+            "spec_accepted_tokens": self.llm.stats.spec_accepted_tokens,
+            "spec_verify_rows": self.llm.stats.spec_verify_rows,
         }
 
 
@@ -259,6 +262,7 @@ def create_app(state: ServerState) -> FastAPI:
             _check_key(state, request)
         except ApiError as e:
             return _error(e, "models", state)
+        spec = getattr(state.llm, "speculative", None)
         data = [
             {
                 "id": n,
@@ -266,6 +270,7 @@ def create_app(state: ServerState) -> FastAPI:
                 "created": 0,
                 "owned_by": "trtforge",
                 "max_model_len": state.max_model_len,
+                **({"speculative": spec.describe()} if spec is not None else {}),
             }
             for n in state.served_model_names
         ]

@@ -1,0 +1,55 @@
+"""`trtforge serve --speculative-method draft`: plain greedy's text, acceptance in /metrics and /v1/models."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.llm.server.harness import MODEL, Server, need_model
+
+PROMPT = "def read_json(path):\n    with open(path) as f:\n        return json.load(f)\n\n\ndef read_"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model = need_model()
+    tmp = tmp_path_factory.mktemp("serve-spec")
+    args = ["--num-blocks", "256", "--device", "cpu", "--dtype", "float32", "--num-speculative-tokens", "3"]
+    args += ["--speculative-method", "draft", "--speculative-model", str(MODEL.parent / "code-llama-3m")]
+    s = Server(str(model), args, tmp / "spec.log")
+    yield s
+    assert s.stop() == 0, s.log()
+    assert "Traceback" not in s.log(), s.log()
+
+
+def _plain_greedy(max_tokens: int) -> str:
+    import torch
+    from transformers import AutoTokenizer
+
+    from trtforge.llm import SamplingParams, from_pretrained
+
+    tok = AutoTokenizer.from_pretrained(str(MODEL))
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    with from_pretrained(str(MODEL), num_blocks=64, device="cpu", dtype=torch.float32) as llm:
+        out = llm.generate([tok(PROMPT)["input_ids"]], params)[0]
+    return tok.decode(out, skip_special_tokens=True)
+
+
+def test_speculative_server_matches_plain_greedy_and_reports_acceptance(server):
+    import httpx
+
+    body = {
+        "model": "code-llama-21m",
+        "prompt": PROMPT,
+        "max_tokens": 32,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    assert r["choices"][0]["text"] == _plain_greedy(32)
+    model = httpx.get(server.url + "/v1/models").json()["data"][0]
+    draft = str(MODEL.parent / "code-llama-3m")
+    assert model["speculative"] == {"method": "draft", "num_tokens": 3, "model": draft}
+    m = server.wait_blocks_free()
+    drafted = m["trtforge_spec_decode_num_draft_tokens_total"]
+    assert 0 < m["trtforge_spec_decode_num_accepted_tokens_total"] <= drafted
+    assert 0 < m["trtforge_spec_decode_acceptance_rate"] <= 1

@@ -1,0 +1,53 @@
+"""The speculative-decoding flags shared by `trtforge generate` and `trtforge serve`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+
+def speculative_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add --speculative-method, --speculative-model and --num-speculative-tokens to a command."""
+    fn = click.option(
+        "--num-speculative-tokens",
+        "num_speculative_tokens",
+        default=None,
+        type=click.IntRange(1, 16),
+        help="Tokens proposed per step and sequence, each verified in one target step (default 4).",
+    )(fn)
+    fn = click.option(
+        "--speculative-model",
+        "speculative_model",
+        default=None,
+        help="Draft model directory (same tokenizer as MODEL) for --speculative-method draft.",
+    )(fn)
+    return click.option(
+        "--speculative-method",
+        "speculative_method",
+        type=click.Choice(["ngram", "draft"]),
+        default=None,
+        help="Speculative decoding (torch executor): ngram (prompt lookup) or draft (a draft model). "
+        "Greedy output is unchanged; sampled output keeps its distribution.",
+    )(fn)
+
+
+def speculative_config(method: str | None, model: str | None, num_tokens: int | None) -> dict | None:
+    """The ``speculative=`` dict of the flags (None: off); UserError for flags that do not go together."""
+    from trtforge.errors import UserError
+
+    if method is None and model is not None:
+        method = "draft"
+    if method is None:
+        if num_tokens is not None:
+            raise UserError("--num-speculative-tokens needs --speculative-method (ngram or draft).")
+        return None
+    if method == "draft" and model is None:
+        raise UserError("--speculative-method draft needs --speculative-model DIR (the draft model).")
+    if method == "ngram" and model is not None:
+        raise UserError("--speculative-model names a draft model; --speculative-method ngram uses none.")
+    spec: dict[str, Any] = {"method": method, "num_tokens": num_tokens or 4}
+    if model is not None:
+        spec["model"] = model
+    return spec
