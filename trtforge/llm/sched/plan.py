@@ -77,9 +77,13 @@ class StepPlan:
         else:
             # (a sequence whose last token is in flight brings that one: it samples)
             self.wants = [
-                s.num_computed + n == len(s.tokens) + (s.pending_row >= 0) + len(s.draft)
-                for s, n in zip(seqs, counts)
+                s.num_computed + n == len(s.tokens) + (s.pending_row >= 0) for s, n in zip(seqs, counts)
             ]
+            if self.speculative:  # a verifying sequence brings its proposals after its last token
+                self.wants = [
+                    w or s.num_computed + n == len(s.tokens) + len(s.draft)
+                    for w, s, n in zip(self.wants, seqs, counts)
+                ]
             self.ids = [t for j, s in enumerate(seqs) for t in runs.get(j, (s.tokens[-1],))]
             self.samplers = list(itertools.compress(seqs, self.wants))
 
