@@ -1,0 +1,403 @@
+"""Speculative decoding: acceptance on held-out code, verification cost at 8B, single-stream latency.
+
+    # (a) CPU: acceptance per method and k on the trained 21M target / 3M draft (greedy, exact check)
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python3 benchmarks/bench_speculative.py --out spec_cpu.json
+    # (b) GPU (H200): step costs at the Llama-3-8B shape, the 21M/3M pair single-stream, projection
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python3 benchmarks/bench_speculative.py --gpu --quick --out spec_gpu.json
+
+(a) For the n-gram (prompt lookup) and draft-model proposers at k = 2, 4, 6: 32 prompts of 128 tokens
+cut from ``eval_stdlib.txt`` (CPython's standard library, code the models never saw), 64 new tokens
+each, greedy, batched; reports the acceptance rate (accepted / proposed), the mean accepted length
+(tokens emitted per verified row: accepted + 1), the share of decode rows that verified proposals,
+and checks every output equals plain greedy decoding's token for token.
+
+(b) On the GPU: (1) at the Llama-3-8B shape with random BF16 weights (built on the GPU, trtforge's
+kernels), the time of a (k+1)-token verification step vs a 1-token decode step for one sequence at
+a few context lengths, k = 2, 4, 6 (CUDA events and wall time, median); (2) the same 1-token step of
+a Llama-3.2-1B shape (a cheap draft for 8B); (3) single-stream ms/token (first token to last) of the
+21M/3M pair on the GPU, plain and with each method; (4) the projection of 8B single-stream latency
+from (1), (2) and the acceptance measured in (3):
+
+    draft:  t/token = (k * t_draft + t_verify(k+1)) / E[accepted + 1]
+    ngram:  t/token = (f * (t_verify(k+1) + t_lookup) + (1 - f) * t_decode) / (f * E[accepted + 1] + 1 - f)
+
+with f the share of decode steps that had a proposal (prompt lookup finds no match in the others,
+which then decode plainly), t_lookup the host time of one lookup, and the ratio to plain decoding
+t/token / t_decode. The acceptance of the 21M/3M pair stands in for an 8B target and its 1B draft.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / ".." / "shared" / "models"
+KS = (2, 4, 6)
+SHAPE_1B = {  # Llama-3.2-1B
+    "vocab_size": 128256,
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": True,
+}
+
+
+def prompts_from_eval(models: Path, n: int, length: int) -> list[list[int]]:
+    """`n` prompts of `length` tokens, evenly spaced through the held-out text."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(models / "code-llama-21m"))
+    ids = tok((models / "eval_stdlib.txt").read_text(encoding="utf-8"))["input_ids"]
+    stride = (len(ids) - length) // n
+    return [ids[i * stride : i * stride + length] for i in range(n)]
+
+
+def spec_dict(method: str, k: int, models: Path) -> dict | None:
+    if method == "plain":
+        return None
+    if method == "draft":
+        return {"method": "draft", "model": str(models / "code-llama-3m"), "num_tokens": k}
+    return {"method": "ngram", "num_tokens": k}
+
+
+def make_engine(models: Path, spec: dict | None, device: str, dtype, num_blocks: int, max_num_seqs: int):
+    from trtforge.llm.engine import LLMEngine
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+    from trtforge.llm.models.loader import load_causal_lm
+    from trtforge.llm.sched.scheduler import SchedulerConfig
+    from trtforge.llm.service import make_proposer
+    from trtforge.llm.spec.config import SpeculativeConfig
+
+    ex = TorchExecutor(load_causal_lm(str(models / "code-llama-21m")), num_blocks, device=device, dtype=dtype)
+    proposer = None if spec is None else make_proposer(SpeculativeConfig.of(spec), ex)
+    config = SchedulerConfig(max_num_seqs=max_num_seqs, async_scheduling=False if spec else None)
+    return LLMEngine(ex, config, proposer=proposer)
+
+
+def acceptance(stats) -> dict:
+    rows, plain_rows = stats.spec_verify_rows, stats.decode_tokens - stats.spec_verify_rows
+    return {
+        "drafted": stats.spec_draft_tokens,
+        "accepted": stats.spec_accepted_tokens,
+        "acceptance_rate": stats.spec_acceptance_rate,
+        "mean_accepted_length": stats.spec_mean_accepted_length,
+        "verify_rows": rows,
+        "plain_decode_rows": plain_rows,
+        "verify_share": rows / (rows + plain_rows) if rows + plain_rows else 0.0,
+        "mean_proposed": stats.spec_draft_tokens / rows if rows else 0.0,
+    }
+
+
+def ngram_lookup_us(prompts: list[list[int]], k: int) -> float:
+    """Median host time of one prompt-lookup proposal over sequences of the prompts' length + 64."""
+    from trtforge.llm.spec.proposers import NgramProposer
+
+    prop = NgramProposer(k)
+    seqs = [p + p[:64] for p in prompts[:8]]
+    times = []
+    for _ in range(5):
+        for s in seqs:
+            t = time.perf_counter()
+            prop.lookup(s, k)
+            times.append((time.perf_counter() - t) * 1e6)
+    return statistics.median(times)
+
+
+def run_cpu(args: argparse.Namespace, models: Path) -> dict:
+    import torch
+
+    from trtforge.llm.sampling import SamplingParams
+
+    prompts = prompts_from_eval(models, args.prompts, args.prompt_len)
+    params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
+    blocks = args.prompts * -(-(args.prompt_len + args.new_tokens + 8) // 16) + 8
+    rows, plain = [], None
+    for method, k in [("plain", 0)] + [(m, k) for m in ("ngram", "draft") for k in KS]:
+        t = time.perf_counter()
+        with make_engine(models, spec_dict(method, k, models), "cpu", torch.float32, blocks, 32) as eng:
+            out = [c.token_ids for c in eng.generate(prompts, params)]
+            stats = eng.stats
+        wall = time.perf_counter() - t
+        if method == "plain":
+            plain = out
+        row = {"method": method, "k": k, "wall_s": wall, "identical_to_plain": out == plain}
+        row.update(acceptance(stats) if method != "plain" else {})
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    lookup = {k: ngram_lookup_us(prompts, k) for k in KS}
+    print(f"n-gram lookup host time (us, median, {args.prompt_len + 64}-token sequences): {lookup}")
+    _print_cpu_table(rows)
+    return {"rows": rows, "ngram_lookup_us": lookup}
+
+
+def _print_cpu_table(rows: list[dict]) -> None:
+    print("\n| method | k | acceptance rate | mean accepted length | rows verifying | identical to greedy |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        if r["method"] == "plain":
+            continue
+        print(
+            f"| {r['method']} | {r['k']} | {r['acceptance_rate']:.3f} | {r['mean_accepted_length']:.2f} | "
+            f"{r['verify_share']:.0%} | {r['identical_to_plain']} |"
+        )
+
+
+# ---- GPU ----------------------------------------------------------------------------------------
+def build_llama(shape: dict, device: str):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    # built in BF16 on the GPU, no FP32 copy of the weights (FP32 for the CPU smoke run)
+    torch.set_default_dtype(torch.bfloat16 if device == "cuda" else torch.float32)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(LlamaConfig(**shape))
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def one_seq_batch(context: int, new: int, block_size: int, vocab: int):
+    """One sequence whose last `new` tokens (positions context-new .. context-1) are this step's."""
+    from trtforge.llm.executors.base import StepBatch
+
+    rng = np.random.default_rng(context + new)
+    table = list(range(-(-context // block_size)))
+    first = context - new
+    slots = [table[p // block_size] * block_size + p % block_size for p in range(first, context)]
+    tokens = rng.integers(0, vocab, size=new).tolist()
+    batch = StepBatch.build([0], [tokens], [first], [table], [slots], [True])
+    if new > 1:  # verification: logits for every row
+        batch = StepBatch.from_flat(
+            [0], tokens, [new], [first], slots, [True], batch.block_tables, extra_logits=[new - 1]
+        )
+    return batch
+
+
+def time_step(ex, batch, repeats: int) -> dict:
+    """Median GPU time (CUDA events around the step) and wall time (step + synchronize; the host's
+    launches included) of one step, after warm-up. On the CPU (smoke run) the wall time only."""
+    import torch
+
+    cuda = ex.device.type == "cuda"
+    for _ in range(3):
+        ex.step(batch)  # warm-up: compilation, graph capture of the bucket
+    if cuda:
+        torch.cuda.synchronize()
+    gpu, wall = [], []
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t = time.perf_counter()
+        logits = ex.step(batch)
+        if cuda:
+            end.record()
+            torch.cuda.synchronize()
+            gpu.append(start.elapsed_time(end))
+        wall.append((time.perf_counter() - t) * 1e3)
+    assert logits.shape[0] == len(batch.logits_indices) and bool(torch.isfinite(logits).all())
+    wall_ms = statistics.median(wall)
+    return {
+        "gpu_ms": statistics.median(gpu) if gpu else wall_ms,
+        "wall_ms": wall_ms,
+        "path": ex.path_of(batch),
+    }
+
+
+def step_costs(shape: dict, contexts: list[int], ks: tuple, repeats: int, name: str, device: str) -> dict:
+    """Per context: a 1-token decode step and (k+1)-token verification steps of one sequence."""
+    import torch
+
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    t0 = time.perf_counter()
+    model = build_llama(shape, device)
+    block_size = 16
+    ex = TorchExecutor(model, num_blocks=-(-max(contexts) // block_size) + 16, block_size=block_size)
+    print(f"[{name}] built in {time.perf_counter() - t0:.1f} s; fused layers: {ex.fused_refusal or 'on'}")
+    out: dict = {}
+    vocab = shape["vocab_size"]
+    for ctx in contexts:
+        row = {"decode": time_step(ex, one_seq_batch(ctx, 1, block_size, vocab), repeats)}
+        for k in ks:
+            row[f"verify_k{k}"] = time_step(ex, one_seq_batch(ctx + k, k + 1, block_size, vocab), repeats)
+            row[f"verify_k{k}_over_decode_gpu"] = row[f"verify_k{k}"]["gpu_ms"] / row["decode"]["gpu_ms"]
+            row[f"verify_k{k}_over_decode_wall"] = row[f"verify_k{k}"]["wall_ms"] / row["decode"]["wall_ms"]
+        out[str(ctx)] = row
+        print(f"[{name}] context {ctx}: " + json.dumps(row), flush=True)
+    del ex, model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def single_stream(models: Path, prompts: list[list[int]], new_tokens: int, device: str) -> list[dict]:
+    """ms/token, first token to last, one request at a time (on the GPU in BF16)."""
+    import torch
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    from trtforge.llm.sampling import SamplingParams
+
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    rows, plain = [], None
+    for method, k in [("plain", 0)] + [(m, k) for m in ("ngram", "draft") for k in KS]:
+        with make_engine(models, spec_dict(method, k, models), device, dtype, 512, 1) as eng:
+            eng.generate([prompts[0]], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
+            per_token, outs = [], []
+            base = _stats_snapshot(eng.stats)
+            for p in prompts:
+                handle = eng.submit(p, params)
+                got, first, last = [], None, None
+                for tok in handle:
+                    now = time.perf_counter()
+                    if first is None:
+                        first = now
+                    last = now
+                    got.append(tok)
+                per_token.append((last - first) * 1e3 / max(len(got) - 1, 1))
+                outs.append(got)
+            stats = _stats_delta(eng.stats, base)
+        if method == "plain":
+            plain = outs
+        same = sum(a == b for a, b in zip(outs, plain)) / len(outs)
+        row = {"method": method, "k": k, "ms_per_token": statistics.mean(per_token), "same_as_plain": same}
+        row.update(acceptance(stats) if method != "plain" else {})
+        rows.append(row)
+        print("[21M/3M single stream] " + json.dumps(row), flush=True)
+    base_ms = rows[0]["ms_per_token"]
+    for r in rows:
+        r["speedup"] = base_ms / r["ms_per_token"]
+    return rows
+
+
+_FIELDS = ("spec_draft_tokens", "spec_accepted_tokens", "spec_verify_rows", "decode_tokens")
+
+
+def _stats_snapshot(stats) -> dict:
+    return {f: getattr(stats, f) for f in _FIELDS}
+
+
+def _stats_delta(stats, base: dict):
+    from trtforge.llm.sched.request import SchedulerStats
+
+    return SchedulerStats(**{f: getattr(stats, f) - base[f] for f in _FIELDS})
+
+
+def project(costs_8b: dict, costs_1b: dict, accept_rows: list[dict], lookup_us: float) -> list[dict]:
+    """8B single-stream ms/token per method, k and context, from the step costs and the acceptance."""
+    out = []
+    for ctx, c in costs_8b.items():
+        t_dec = c["decode"]["wall_ms"]
+        t_draft = costs_1b[ctx]["decode"]["wall_ms"]
+        for r in accept_rows:
+            if r["method"] == "plain":
+                continue
+            k, e = r["k"], r["mean_accepted_length"]
+            t_ver = c[f"verify_k{k}"]["wall_ms"]
+            if r["method"] == "draft":
+                per_token = (k * t_draft + t_ver) / e
+                formula = f"({k} * {t_draft:.3f} + {t_ver:.3f}) / {e:.3f}"
+            else:
+                f = r["verify_share"]
+                per_token = (f * (t_ver + lookup_us / 1e3) + (1 - f) * t_dec) / (f * e + 1 - f)
+                formula = (
+                    f"({f:.3f} * ({t_ver:.3f} + {lookup_us / 1e3:.3f}) + {1 - f:.3f} * {t_dec:.3f})"
+                    f" / ({f:.3f} * {e:.3f} + {1 - f:.3f})"
+                )
+            row = {
+                "context": int(ctx),
+                "method": r["method"],
+                "k": k,
+                "ms_per_token": per_token,
+                "plain_ms_per_token": t_dec,
+                "ratio_to_plain": per_token / t_dec,
+                "formula": formula,
+            }
+            out.append(row)
+    print("\n| context | method | k | projected 8B ms/token | plain | ratio | formula (ms) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in out:
+        print(
+            f"| {r['context']} | {r['method']} | {r['k']} | {r['ms_per_token']:.2f} | "
+            f"{r['plain_ms_per_token']:.2f} | {r['ratio_to_plain']:.2f} | {r['formula']} |"
+        )
+    return out
+
+
+def run_gpu(args: argparse.Namespace, models: Path) -> dict:
+    """(b); with ``--smoke``: the same code on the CPU with tiny shapes (checks the script only)."""
+    import torch
+
+    from benchmarks.bench_http import SHAPES
+
+    device = "cpu" if args.smoke else "cuda"
+    big, small = (SHAPES["tiny"], SHAPES["tiny"]) if args.smoke else (SHAPES["8b"], SHAPE_1B)
+    contexts = [64, 200] if args.smoke else [512, 2048] if args.quick else [512, 2048, 8192]
+    repeats = 3 if args.smoke else 10 if args.quick else 30
+    name = "cpu (smoke)" if args.smoke else torch.cuda.get_device_name()
+    result: dict = {"device": name, "contexts": contexts}
+    result["step_costs_8b"] = step_costs(big, contexts, KS, repeats, "8B", device)
+    result["step_costs_1b_draft"] = step_costs(small, contexts, (), repeats, "1B draft", device)
+    if not (models / "code-llama-21m").is_dir():
+        print(f"the trained models are absent ({models}): no single-stream run and no projection")
+        return result
+    n, new = (2, 16) if args.smoke else (4, 64) if args.quick else (8, 128)
+    prompts = prompts_from_eval(models, n, args.prompt_len)
+    result["single_stream_21m"] = rows = single_stream(models, prompts, new, device)
+    lookup = ngram_lookup_us(prompts, 4)
+    result["ngram_lookup_us"] = lookup
+    result["projection_8b"] = project(result["step_costs_8b"], result["step_costs_1b_draft"], rows, lookup)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--gpu", action="store_true", help="the GPU measurements (b) instead of the CPU table (a)"
+    )
+    ap.add_argument("--quick", action="store_true", help="GPU: two contexts, fewer repeats, 4 prompts")
+    ap.add_argument(
+        "--smoke", action="store_true", help="with --gpu: tiny shapes on the CPU (checks the script)"
+    )
+    ap.add_argument("--models", default=str(MODELS), help="the trained models' folder")
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args()
+    models = Path(args.models).resolve()
+    if not args.gpu and not (models / "code-llama-21m").is_dir():
+        sys.exit(f"the trained models are absent: {models}")
+    t0 = time.perf_counter()
+    result = run_gpu(args, models) if args.gpu else run_cpu(args, models)
+    result.update(
+        command=" ".join(sys.argv),
+        machine=platform.node(),
+        date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        seconds=time.perf_counter() - t0,
+    )
+    print(f"total {result['seconds']:.0f} s")
+    if args.out:
+        from trtforge._fileio import atomic_write_text
+
+        atomic_write_text(Path(args.out), json.dumps(result, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
