@@ -236,11 +236,31 @@ def step_costs(shape: dict, contexts: list[int], ks: tuple, repeats: int, name: 
     for ctx in contexts:
         row = {"decode": time_step(ex, one_seq_batch(ctx, 1, block_size, vocab), repeats)}
         for k in ks:
-            row[f"verify_k{k}"] = time_step(ex, one_seq_batch(ctx + k, k + 1, block_size, vocab), repeats)
+            batch = one_seq_batch(ctx + k, k + 1, block_size, vocab)
+            row[f"verify_k{k}"] = time_step(ex, batch, repeats)
+            if hasattr(ex.attention, "short_queries"):  # the same rows through the chunked-prefill kernel
+                ex.attention.short_queries = False
+                row[f"verify_k{k}_chunk_kernel"] = time_step(ex, batch, repeats)
+                ex.attention.short_queries = True
             row[f"verify_k{k}_over_decode_gpu"] = row[f"verify_k{k}"]["gpu_ms"] / row["decode"]["gpu_ms"]
             row[f"verify_k{k}_over_decode_wall"] = row[f"verify_k{k}"]["wall_ms"] / row["decode"]["wall_ms"]
         out[str(ctx)] = row
         print(f"[{name}] context {ctx}: " + json.dumps(row), flush=True)
+    if ks:
+        print(
+            f"\n[{name}] one sequence, wall ms per step (GPU-event ms); verify = k+1 tokens, logits for all"
+        )
+        print("| context | decode | " + " | ".join(f"verify k={k} (chunk kernel)" for k in ks) + " |")
+        print("|---|---|" + "---|" * len(ks))
+        for ctx, row in out.items():
+            cells = []
+            for k in ks:
+                v, c = row[f"verify_k{k}"], row.get(f"verify_k{k}_chunk_kernel")
+                extra = f" ({c['wall_ms']:.3f})" if c else ""
+                ratio = v["wall_ms"] / row["decode"]["wall_ms"]
+                cells.append(f"{v['wall_ms']:.3f} / {v['gpu_ms']:.3f}{extra}: {ratio:.2f}x")
+            d = row["decode"]
+            print(f"| {ctx} | {d['wall_ms']:.3f} / {d['gpu_ms']:.3f} | " + " | ".join(cells) + " |")
     del ex, model
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -878,14 +878,23 @@ def prepare_paged_decode(
     rows: slice | None = None,
     window: int | None = None,
     pdl: bool = False,
+    q_len: int = 1,
 ) -> PreparedLaunch:
     """:func:`decode_attention`'s launch over a block pool with a fixed `config`, one query per
     sequence, checked and laid out once: called as ``launch(q, k_pool, v_pool, out, scale)`` with
     tensors of the geometry of those given here, it attends the same sequences (every layer of a
     serving step). q and out are ``[B, Hq, D]``, or flat ``[T, Hq, D]`` steps whose `rows` are the B
-    decode rows. Scratch (partials; this stream's arrival counters, outside graph capture) is taken
-    here once and reused by every launch, so launches run in order on the stream current here."""
-    pick = (lambda t: t.unsqueeze(2)) if rows is None else (lambda t: t[rows].unsqueeze(2))
+    decode rows. With `q_len` > 1 (<= 8: speculative verification) each sequence has `q_len`
+    consecutive query rows (q and out ``[B * q_len, Hq, D]``, or `rows` spanning them), attended
+    LOWER_RIGHT causally. Scratch (partials; this stream's arrival counters, outside graph capture) is
+    taken here once and reused by every launch, so launches run in order on the stream current here."""
+    if q_len == 1:
+        pick = (lambda t: t.unsqueeze(2)) if rows is None else (lambda t: t[rows].unsqueeze(2))
+    else:
+
+        def pick(t: torch.Tensor) -> torch.Tensor:  # [B * q_len, Hq, D] -> a [B, Hq, q_len, D] view
+            return (t if rows is None else t[rows]).unflatten(0, (-1, q_len)).transpose(1, 2)
+
     q4, out4 = pick(q), pick(out)
     k, v = pool_heads_major(k_pool), pool_heads_major(v_pool)
     b, hq, s_q, d, hkv, page, capacity = _check(q4, k, v, seq_lens, block_table, out4)

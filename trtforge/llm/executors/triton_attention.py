@@ -148,6 +148,9 @@ class _StepPlan:
     decode: tuple[Any, torch.Tensor, torch.Tensor] | None
     chunks: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int] | None
     launches: dict[tuple, tuple[Callable[..., None], ...]] = field(default_factory=dict)
+    # sequences of 2..8 new tokens (speculative verification rows), per query length: (q_len, their
+    # rows (a slice or indices), tables, lengths), attended by the split-KV decode kernel
+    short: tuple[tuple[int, Any, torch.Tensor, torch.Tensor], ...] = ()
 
 
 def _layer_key(
@@ -167,6 +170,11 @@ def _layer_key(
 class TritonPagedAttention:
     """Mixed prefill/decode attention: all decode rows in one decode launch, all prompt chunks in one.
 
+    Sequences of 2 to 8 new tokens (a speculative verification row: the last token and its proposals)
+    go to the split-KV decode kernel with that query length, one launch per length: the chunk kernel
+    does not split the keys, so for a few query rows over a long context it would leave the GPU idle
+    (``short_queries=False`` sends them to the chunk kernel, for comparison).
+
     The chunk launch reads the flat ``[T, Hq, D]`` query and writes the output in place (no copies);
     decode rows that lie together (the scheduler puts running sequences first) are read and written
     in place too. A step's plan (which rows decode, their block tables and lengths, chunk bounds) is
@@ -175,17 +183,22 @@ class TritonPagedAttention:
     each layer then only launches the kernels with its own q, pools, output and scale.
     """
 
-    def __init__(self, decode: TritonDecodeAttention | None = None) -> None:
+    def __init__(self, decode: TritonDecodeAttention | None = None, short_queries: bool = True) -> None:
         self.decode = decode or TritonDecodeAttention()
+        self.short_queries = short_queries
         self._plan_for: AttentionMetadata | None = None
         self._plan: _StepPlan | None = None
 
     def _make_plan(self, meta: AttentionMetadata, device: torch.device) -> _StepPlan:
+        from trtforge.kernels.decode_attention import MAX_Q_LEN
+
         qsl = meta.query_start_loc_host
         qlens = qsl[1:] - qsl[:-1]
         bs = meta.block_size
-        decode, chunks = np.flatnonzero(qlens == 1), np.flatnonzero(qlens > 1)
-        gather = len(decode) and len(chunks)  # decode rows' tables and lengths are a selection
+        longest_short = MAX_Q_LEN if self.short_queries else 1
+        decode, chunks = np.flatnonzero(qlens == 1), np.flatnonzero(qlens > longest_short)
+        short = np.flatnonzero((qlens > 1) & (qlens <= longest_short))
+        gather = 0 < len(decode) < len(qlens)  # decode rows' tables and lengths are a selection
         # one copy to the device: the decode rows' sequences (where selected), then the chunks' starts,
         # lengths and sequences (int32: the kernels read them, index_select takes them)
         parts = [decode] if gather else []
@@ -215,7 +228,27 @@ class TritonPagedAttention:
             tables = meta.block_tables.index_select(0, seqs)[:, :width]
             lens = meta.context_lens.index_select(0, seqs)
             chunk_plan = (starts, lens_q, tables, lens, int(qlens[chunks].max()))
-        return _StepPlan(decode_plan, chunk_plan)
+        return _StepPlan(decode_plan, chunk_plan, short=self._short_plan(meta, short, device))
+
+    @staticmethod
+    def _short_plan(meta: AttentionMetadata, short: np.ndarray, device: torch.device) -> tuple:
+        """(q_len, rows, tables, lengths) of the sequences of each short query length."""
+        qsl, out = meta.query_start_loc_host, []
+        qlens = qsl[1:] - qsl[:-1]
+        for s in np.unique(qlens[short]):
+            seqs = short[qlens[short] == s]
+            rows = (qsl[seqs][:, None] + np.arange(s)[None, :]).reshape(-1).astype(np.int64)
+            packed = to_device(np.concatenate([seqs, rows]).astype(np.int32), device)
+            seq_idx = packed[: len(seqs)]
+            width = -(-int(meta.context_lens_host[seqs].max()) // meta.block_size)
+            tables = meta.block_tables.index_select(0, seq_idx)[:, :width]
+            lens = meta.context_lens.index_select(0, seq_idx)
+            lo = int(rows[0])
+            where: Any = slice(lo, lo + len(rows))
+            if int(rows[-1]) - lo + 1 != len(rows):
+                where = packed[len(seqs) :].long()
+            out.append((int(s), where, tables, lens))
+        return tuple(out)
 
     def plan_of(self, meta: AttentionMetadata, device: torch.device) -> _StepPlan:
         """The plan of the step `meta` describes (built on its first layer, kept until the next step)."""
@@ -260,6 +293,8 @@ class TritonPagedAttention:
                     out.index_copy_(0, where, scratch)
 
                 launches.append(gathered)
+        for short in plan.short:  # (not unpacked here: the decode closure above reads `where`)
+            launches.append(self._prepare_short(*short, q, k_pool, v_pool, out, window))
         if plan.chunks is not None:
             starts, lens_q, tables, lens, max_q_len = plan.chunks
             launches.append(
@@ -268,6 +303,39 @@ class TritonPagedAttention:
                 )
             )
         return tuple(launches)
+
+    def _prepare_short(self, s, where, tables, lens, q, k_pool, v_pool, out, window) -> Callable[..., None]:
+        """The decode kernel's launch over sequences of `s` query rows each (rows `where`)."""
+        from trtforge.kernels.decode_attention import prepare_paged_decode
+        from trtforge.kernels.gemv import pdl_supported
+
+        n = int(tables.shape[0])
+        config = self.decode.pool_config(n, k_pool, tables, window, q.device)
+        pdl = pdl_supported(q.device)
+        if isinstance(where, slice):
+            return prepare_paged_decode(
+                q,
+                k_pool,
+                v_pool,
+                lens,
+                tables,
+                out,
+                config=config,
+                rows=where,
+                window=window,
+                pdl=pdl,
+                q_len=s,
+            )
+        scratch = q.new_empty((n * s, *q.shape[1:]))
+        launch = prepare_paged_decode(
+            scratch, k_pool, v_pool, lens, tables, scratch, config=config, window=window, pdl=pdl, q_len=s
+        )
+
+        def gathered(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, out: torch.Tensor, scale):
+            launch(q.index_select(0, where), kp, vp, scratch, scale)
+            out.index_copy_(0, where, scratch)
+
+        return gathered
 
     def __call__(
         self,
