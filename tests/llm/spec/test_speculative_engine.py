@@ -34,8 +34,10 @@ def _executor():
 
 @pytest.fixture(scope="module")
 def workload():
-    """Seven prompts cut from the held-out code, with their params (one asks for logprobs: it decodes
-    plainly beside the speculating rows), and the plain engine's greedy output."""
+    """Seven prompts cut from the held-out code, with their params, and the plain engine's completions.
+    Prompt 2 asks for logprobs (it decodes plainly beside the speculating rows), prompt 4 stops at
+    ")" (a stop inside accepted proposals drops the rest), prompt 5 samples (not compared: its draws
+    differ with speculation, but it shares the steps)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(TARGET))
@@ -44,10 +46,13 @@ def workload():
     prompts = [ids[3000 * i : 3000 * i + 40 + 12 * i] for i in range(7)]
     params = [SamplingParams(max_tokens=24 + 4 * i, ignore_eos=True) for i in range(7)]
     params[2] = SamplingParams(max_tokens=30, ignore_eos=True, logprobs=0)
+    params[4] = SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=[tok.encode(")")[0]])
+    params[5] = SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.8, seed=5)
     with LLMEngine(_executor(), CONFIG) as engine:
-        plain = [c.token_ids for c in engine.generate(prompts, params)]
+        done = engine.generate(prompts, params)
         assert engine.stats.preemptions > 0
-    return prompts, params, plain
+    assert done[4].finish_reason == "stop" and len(done[4].token_ids) < 40
+    return prompts, params, [c.token_ids for c in done]
 
 
 @needs_models
@@ -72,7 +77,8 @@ def test_greedy_speculation_is_token_identical_with_batching_and_preemption(work
         got = [c.token_ids for c in engine.generate(prompts, params)]
         stats = engine.stats
         mem = engine.memory_stats()
-    assert got == plain
+    assert got[:5] + got[6:] == plain[:5] + plain[6:]
+    assert len(got[5]) == 30
     assert stats.preemptions > 0 and seen["mixed"]
     assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens
     assert stats.spec_mean_accepted_length > 1.0
@@ -80,6 +86,26 @@ def test_greedy_speculation_is_token_identical_with_batching_and_preemption(work
     if spec["method"] == "draft":
         assert proposer.blocks.num_free_blocks == proposer.blocks.num_blocks
         proposer.blocks.check_invariants()
+
+
+@needs_models
+def test_a_cancelled_speculating_request_returns_every_block(workload):
+    executor = _executor()
+    spec = SpeculativeConfig.of({"method": "draft", "model": str(DRAFT), "num_tokens": 4})
+    proposer = make_proposer(spec, executor)
+    with LLMEngine(executor, CONFIG, proposer=proposer) as engine:
+        other = engine.submit(workload[0][1], SamplingParams(max_tokens=12, ignore_eos=True))
+        handle = engine.submit(workload[0][0], SamplingParams(max_tokens=100, ignore_eos=True))
+        for i, _ in enumerate(handle):
+            if i == 10:
+                handle.cancel()
+        assert handle.completion().finish_reason == "abort"
+        assert len(other.result().token_ids) == 12
+        assert engine.wait_idle(30)
+        mem = engine.memory_stats()
+        assert engine.stats.spec_draft_tokens > 0
+    assert mem.free_blocks == mem.total_blocks
+    assert proposer.blocks.num_free_blocks == proposer.blocks.num_blocks
 
 
 @needs_models
