@@ -128,7 +128,11 @@ class DraftModelProposer:
         written.extend(run)
         return run, c, slots, copies
 
-    def _step(self, rids: list[Hashable], runs: list[list[int]], starts: list[int], slots, copies) -> Any:
+    def _step(
+        self, rids: list[Hashable], runs: list[list[int]], starts: list[int], slots, copies, feed
+    ) -> Any:
+        """One draft step; with `feed` (an executor with ``step_async``) its single-token rows take their
+        ids from the previous step's tokens on the device, so the host never waits between steps."""
         batch = StepBatch.build(
             rids,
             runs,
@@ -138,30 +142,37 @@ class DraftModelProposer:
             [True] * len(rids),
             copies,
         )
+        if feed is not None:
+            return self.executor.step_async(batch, feed)  # type: ignore[attr-defined]
         return self.executor.step(batch)
 
-    def _pick(self, logits: Any, seqs: list[Sequence_]) -> tuple[list[int], list[np.ndarray | None]]:
-        """Each row's draft token, and its distribution (None for greedy rows)."""
+    @staticmethod
+    def _pick(logits: Any, seqs: list[Sequence_], draws: dict[int, np.ndarray], step: int) -> tuple[Any, Any]:
+        """Each row's draft token (int64 on the logits' device) and the distributions of the sampled
+        rows (``[rows, vocab]`` float64 on the device, None when every row is greedy)."""
         import torch
 
         logits = torch.as_tensor(logits)
-        tokens = logits.argmax(-1).tolist()
-        probs: list[np.ndarray | None] = [None] * len(seqs)
+        tokens = logits.argmax(-1)
         sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
-        if sampled:
-            temps = torch.tensor([seqs[i].params.temperature for i in sampled], dtype=torch.float64)
-            rows = logits[torch.tensor(sampled, device=logits.device)].double().cpu()
-            q = torch.softmax(rows / temps[:, None], dim=-1).numpy()
-            for j, i in enumerate(sampled):
-                cum = np.cumsum(q[j])
-                u = seqs[i].generator.random() * cum[-1]
-                tokens[i] = int(min(np.searchsorted(cum, u, side="right"), len(cum) - 1))
-                probs[i] = q[j]
-        return tokens, probs
+        if not sampled:
+            return tokens, None
+        dev = logits.device
+        temps = torch.tensor([seqs[i].params.temperature for i in sampled], dtype=torch.float64, device=dev)
+        u = torch.tensor([draws[id(seqs[i])][step] for i in sampled], dtype=torch.float64, device=dev)
+        rows = torch.tensor(sampled, device=dev)
+        q = torch.softmax(logits.index_select(0, rows).double() / temps[:, None], dim=-1)
+        cum = q.cumsum(-1)
+        picked = torch.searchsorted(cum, (u * cum[:, -1])[:, None], right=True)[:, 0]
+        tokens.index_copy_(0, rows, picked.clamp(max=q.shape[1] - 1))
+        return tokens, q
 
     def propose(self, seqs: Sequence[Sequence_], ks: Sequence[int]) -> list[Proposal]:
-        drafts: list[list[int]] = [[] for _ in seqs]
-        dists: list[list[np.ndarray | None]] = [[] for _ in seqs]
+        from trtforge.llm.executors.base import TokenFeed, supports_async
+
+        on_device = supports_async(self.executor)
+        # a sampled request draws its k uniforms up front, from its own generator (reproducible)
+        draws = {id(s): s.generator.random(k) for s, k in zip(seqs, ks) if k > 0 and not s.params.greedy}
         live, runs, starts, slots, copies = [], [], [], [], []
         for i, (seq, k) in enumerate(zip(seqs, ks)):
             got = self._sync(seq, k) if k > 0 else None
@@ -171,34 +182,51 @@ class DraftModelProposer:
                 starts.append(got[1])
                 slots.append(got[2])
                 copies.extend(got[3])
-        step = 0
+        steps: list[tuple[list[int], Any, Any]] = []  # per step: its sequences, tokens, distributions
+        feed = None
         while live:
             rids = [seqs[i].request_id for i in live]
-            tokens, probs = self._pick(self._step(rids, runs, starts, slots, copies), [seqs[i] for i in live])
-            step += 1
-            nxt = []
+            logits = self._step(rids, runs, starts, slots, copies, feed)
+            tokens, q = self._pick(logits, [seqs[i] for i in live], draws, len(steps))
+            steps.append((live, tokens, q))
+            if not on_device:
+                tokens = tokens.tolist()
+            nxt, sources = [], []
             runs, starts, slots, copies = [], [], [], []
-            for i, t, q in zip(live, tokens, probs):
-                drafts[i].append(t)
-                dists[i].append(q)
-                if step >= ks[i]:
+            for row, i in enumerate(live):
+                if len(steps) >= ks[i]:
                     continue
                 rid = seqs[i].request_id
-                try:
-                    s, cp = self.blocks.append_slots(rid, [t])
+                try:  # (the token's value is not known here: the pool's copy holds a placeholder)
+                    s, cp = self.blocks.append_slots(rid, [0])
                 except NoFreeBlocksError:
                     continue  # the pool is full: this sequence's proposal stops here
-                self._written[rid].append(t)
                 nxt.append(i)
-                runs.append([t])
-                starts.append(len(self._written[rid]) - 1)
+                sources.append(row)
+                runs.append([0] if on_device else [tokens[row]])
+                starts.append(self.blocks.num_tokens(rid) - 1)
                 slots.append(s)
                 copies.extend(cp)
+            if on_device and nxt:
+                n = len(nxt)
+                feed = TokenFeed(np.arange(n, dtype=np.int64), np.asarray(sources, dtype=np.int64), tokens)
             live = nxt
+        drafts: list[list[int]] = [[] for _ in seqs]
+        dists: list[list[np.ndarray]] = [[] for _ in seqs]
+        for live, tokens, q in steps:  # (the first copy waits for the device, once)
+            host = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
+            qs = None if q is None else q.cpu().numpy()
+            sampled = [i for i in live if not seqs[i].params.greedy]
+            for i, t in zip(live, host):
+                drafts[i].append(int(t))
+            for j, i in enumerate(sampled):
+                dists[i].append(qs[j])
         out = []
-        for d, q in zip(drafts, dists):
-            sampled = bool(q) and q[0] is not None
-            out.append(Proposal(d, np.stack(q) if sampled else None))
+        for seq, d, q in zip(seqs, drafts, dists):
+            if d:
+                # the pool's copy: its tokens, then the proposals whose K/V it wrote (all but the last)
+                self._written[seq.request_id].extend(d[:-1])
+            out.append(Proposal(d, np.stack(q) if q else None))
         return out
 
     def forget(self, request_ids: Iterable[Hashable]) -> None:
