@@ -319,8 +319,11 @@ def _stats_delta(stats, base: dict):
     return SchedulerStats(**{f: getattr(stats, f) - base[f] for f in _FIELDS})
 
 
-def project(costs_8b: dict, costs_1b: dict, accept_rows: list[dict], lookup_us: float) -> list[dict]:
-    """8B single-stream ms/token per method, k and context, from the step costs and the acceptance."""
+def project(
+    costs_8b: dict, costs_1b: dict, accept_rows: list[dict], lookup_us: float, source: str
+) -> list[dict]:
+    """8B single-stream ms/token per method, k and context, from the step costs and the acceptance
+    measured in `source`."""
     out = []
     for ctx, c in costs_8b.items():
         t_dec = c["decode"]["wall_ms"]
@@ -348,9 +351,11 @@ def project(costs_8b: dict, costs_1b: dict, accept_rows: list[dict], lookup_us: 
                 "plain_ms_per_token": t_dec,
                 "ratio_to_plain": per_token / t_dec,
                 "formula": formula,
+                "acceptance_from": source,
             }
             out.append(row)
-    print("\n| context | method | k | projected 8B ms/token | plain | ratio | formula (ms) |")
+    print(f"\nprojection with the acceptance of {source}")
+    print("| context | method | k | projected 8B ms/token | plain | ratio | formula (ms) |")
     print("|---|---|---|---|---|---|---|")
     for r in out:
         print(
@@ -382,7 +387,12 @@ def run_gpu(args: argparse.Namespace, models: Path) -> dict:
     result["single_stream_21m"] = rows = single_stream(models, prompts, new, device)
     lookup = ngram_lookup_us(prompts, 4)
     result["ngram_lookup_us"] = lookup
-    result["projection_8b"] = project(result["step_costs_8b"], result["step_costs_1b_draft"], rows, lookup)
+    costs = (result["step_costs_8b"], result["step_costs_1b_draft"])
+    result["projection_8b"] = project(*costs, rows, lookup, f"this run's single stream ({n} prompts, BF16)")
+    cpu = Path(args.acceptance_json)
+    if cpu.is_file():  # the larger CPU table (32 prompts, FP32) as a second estimate
+        table = json.loads(cpu.read_text(encoding="utf-8"))["rows"]
+        result["projection_8b_cpu_acceptance"] = project(*costs, table, lookup, f"{cpu.name} (CPU table)")
     return result
 
 
@@ -396,6 +406,11 @@ def main() -> None:
         "--smoke", action="store_true", help="with --gpu: tiny shapes on the CPU (checks the script)"
     )
     ap.add_argument("--models", default=str(MODELS), help="the trained models' folder")
+    ap.add_argument(
+        "--acceptance-json",
+        default=str(ROOT / "benchmarks" / "results" / "speculative_cpu.json"),
+        help="GPU: also project from this CPU run's acceptance (the --out of mode (a))",
+    )
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
