@@ -319,8 +319,13 @@ def from_pretrained(
     if spec is not None and config.async_scheduling is None:
         config = dataclasses.replace(config, async_scheduling=False)
     lm = load_causal_lm(model)
+    draft_lm = None
+    if spec is not None and spec.method == "draft":  # on the device before sizing: its weights count
+        draft_lm = load_causal_lm(spec.model)
+        if device is not None or dtype is not None:
+            draft_lm.to(device=device, dtype=dtype)
     if num_blocks is None:
-        num_blocks = sizing.torch_pool(
+        pool = sizing.torch_pool(
             lm,
             block_size=block_size,
             device=device,
@@ -328,7 +333,11 @@ def from_pretrained(
             max_model_len=max_model_len,
             config=config,
             gpu_memory_utilization=gpu_memory_utilization,
-        ).num_blocks
+        )
+        num_blocks = pool.num_blocks
+        if draft_lm is not None and spec.num_blocks is None:  # both pools, as many blocks, in one budget
+            draft_block = _kv_block_bytes(draft_lm, block_size)
+            num_blocks = max(1, num_blocks * pool.block_bytes // (pool.block_bytes + draft_block))
     ex = TorchExecutor(
         lm,
         num_blocks=num_blocks,
@@ -337,13 +346,23 @@ def from_pretrained(
         dtype=dtype,
         max_model_len=max_model_len,
     )
-    proposer = None if spec is None else make_proposer(spec, ex)
+    proposer = None if spec is None else make_proposer(spec, ex, draft_lm)
     return ServingLLM(ex, config, proposer=proposer, speculative=spec)
 
 
-def make_proposer(spec: SpeculativeConfig, target: Any) -> Proposer:
-    """The proposer of `spec` for a torch executor `target` (a draft model runs on the target's device
-    and dtype, over a pool of ``spec.num_blocks`` blocks, default the target's)."""
+def _kv_block_bytes(lm: Any, block_size: int) -> int:
+    """One KV block of `lm` over all its layers, in its parameters' dtype."""
+    from trtforge.llm.models.families import adapter_for
+
+    a = adapter_for(lm, "speculative decoding's draft model")
+    itemsize = next(lm.parameters()).element_size()
+    return sizing.kv_block_bytes(a.num_layers, a.num_kv_heads, a.head_dim, block_size, itemsize)
+
+
+def make_proposer(spec: SpeculativeConfig, target: Any, draft_lm: Any = None) -> Proposer:
+    """The proposer of `spec` for a torch executor `target`. A draft model (`draft_lm` if already
+    loaded, else ``spec.model``) runs on the target's device and dtype, over a pool of
+    ``spec.num_blocks`` blocks (default: as many as the target's)."""
     from trtforge.llm.spec.proposers import DraftModelProposer, NgramProposer
 
     if spec.method == "ngram":
@@ -353,7 +372,7 @@ def make_proposer(spec: SpeculativeConfig, target: Any) -> Proposer:
 
     facts = target.facts
     draft = TorchExecutor(
-        load_causal_lm(spec.model),
+        draft_lm if draft_lm is not None else load_causal_lm(spec.model),
         num_blocks=spec.num_blocks or facts.num_blocks,
         block_size=facts.block_size,
         device=str(target.device),
