@@ -373,7 +373,7 @@ def run_gpu(args: argparse.Namespace, models: Path) -> dict:
 
     device = "cpu" if args.smoke else "cuda"
     big, small = (SHAPES["tiny"], SHAPES["tiny"]) if args.smoke else (SHAPES["8b"], SHAPE_1B)
-    contexts = [64, 200] if args.smoke else [512, 2048] if args.quick else [512, 2048, 8000]
+    contexts = [64, 200] if args.smoke else [512, 4096] if args.quick else [512, 2048, 8000]
     repeats = 3 if args.smoke else 10 if args.quick else 30
     name = "cpu (smoke)" if args.smoke else torch.cuda.get_device_name()
     result: dict = {"device": name, "contexts": contexts}
