@@ -46,32 +46,59 @@ class Proposer(Protocol):
 class NgramProposer:
     """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens (n from
     ``max_n`` down to ``min_n``, the longest match wins) in its own tokens (prompt and output), and
-    propose the tokens that followed it. No model, no state; it pays where text repeats (code,
-    retrieval, edits)."""
+    propose the tokens that followed it. No model; it pays where text repeats (code, retrieval, edits).
+
+    Per request it keeps its tokens in a growing array (appending only the new ones each step), and a
+    lookup compares the whole sequence with its last token once, then extends only those matches
+    backwards: O(length) vectorised work per sequence and step.
+    """
 
     method = "ngram"
 
     def __init__(self, num_tokens: int, min_n: int = 1, max_n: int = 4) -> None:
         self.num_tokens, self.min_n, self.max_n = num_tokens, min_n, max_n
+        self._arrays: dict[Hashable, tuple[np.ndarray, int]] = {}
+
+    def _array(self, seq: Sequence_) -> np.ndarray:
+        """`seq`'s tokens as an int64 array (the request's tokens only ever grow at the end)."""
+        tokens = seq.tokens
+        buf, n = self._arrays.get(seq.request_id, (None, 0))
+        if buf is None or len(buf) < len(tokens):
+            grown = np.empty(max(2 * len(tokens), 64), dtype=np.int64)
+            if buf is not None:
+                grown[:n] = buf[:n]
+            buf = grown
+        buf[n : len(tokens)] = tokens[n:]
+        self._arrays[seq.request_id] = (buf, len(tokens))
+        return buf[: len(tokens)]
 
     def propose(self, seqs: Sequence[Sequence_], ks: Sequence[int]) -> list[Proposal]:
-        return [Proposal(self.lookup(s.tokens, k)) for s, k in zip(seqs, ks)]
+        return [Proposal(self.lookup(self._array(s), k)) for s, k in zip(seqs, ks)]
 
-    def lookup(self, tokens: Sequence[int], k: int) -> list[int]:
+    def lookup(self, tokens: Sequence[int] | np.ndarray, k: int) -> list[int]:
         """Up to `k` tokens following the latest earlier match of the longest suffix of `tokens`."""
         arr = np.asarray(tokens, dtype=np.int64)
-        n_tok = len(arr)
-        for n in range(min(self.max_n, n_tok - 1), self.min_n - 1, -1):
-            # windows starting at 0 .. n_tok-n-1: each is followed by at least one token, the suffix excluded
-            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
-            hits = np.flatnonzero((windows == arr[n_tok - n :]).all(axis=1))
-            if len(hits):
-                start = int(hits[-1]) + n
-                return arr[start : start + k].tolist()
-        return []
+        last = len(arr) - 1
+        ends = np.flatnonzero(arr[:last] == arr[last])  # matches of length >= 1, each followed by a token
+        if not len(ends):
+            return []
+        lengths = np.ones(len(ends), dtype=np.int64)
+        alive = np.ones(len(ends), dtype=bool)
+        for m in range(1, self.max_n):  # extend each match backwards while it still agrees
+            alive &= ends >= m
+            alive[alive] = arr[ends[alive] - m] == arr[last - m]
+            if not alive.any():
+                break
+            lengths += alive
+        best = int(lengths.max())
+        if best < self.min_n:
+            return []
+        end = int(ends[np.flatnonzero(lengths == best)[-1]])
+        return arr[end + 1 : end + 1 + k].tolist()
 
     def forget(self, request_ids: Iterable[Hashable]) -> None:
-        pass
+        for rid in request_ids:
+            self._arrays.pop(rid, None)
 
 
 class DraftModelProposer:
