@@ -124,7 +124,13 @@ class ServingLLM:
         return list(self.executor.facts.eos_token_ids)
 
     def close(self) -> None:
-        self.engine.close()
+        """Stop the engine, then the executor's own processes if it has any (tensor parallelism)."""
+        try:
+            self.engine.close()
+        finally:
+            close = getattr(self.executor, "close", None)
+            if callable(close):
+                close()
 
     def __enter__(self) -> ServingLLM:
         return self
@@ -278,17 +284,35 @@ def from_pretrained(
     config: SchedulerConfig | None = None,
     max_num_seqs: int | None = None,
     gpu_memory_utilization: float = sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
+    tensor_parallel_size: int = 1,
 ) -> ServingLLM:
     """Serve a transformers causal LM (an nn.Module, a save_pretrained directory or ``module:factory``)
     with the torch paged executor (:class:`trtforge.llm.executors.torch_exec.TorchExecutor`).
 
     `num_blocks` None sizes the pool to the machine (:func:`trtforge.llm.sizing.torch_pool`: on a GPU
     `gpu_memory_utilization` of the memory left after the weights and a measured step); `config` None
-    takes :func:`trtforge.llm.sizing.default_scheduler_config`."""
+    takes :func:`trtforge.llm.sizing.default_scheduler_config`.
+
+    `tensor_parallel_size` N > 1 splits the model over N worker processes (Megatron-style: heads, KV
+    heads and MLP width divided, :mod:`trtforge.llm.executors.tensor_parallel`): gloo on the CPU, one
+    GPU per rank with NCCL on CUDA. Each worker loads `model` itself (a directory or factory; an
+    nn.Module is pickled to it), so the weights never gather in this process."""
     from trtforge.llm.executors.torch_exec import TorchExecutor
     from trtforge.llm.models.loader import load_causal_lm
 
     config = sizing.default_scheduler_config(config, max_num_seqs)
+    if tensor_parallel_size != 1:
+        return _tensor_parallel(
+            model,
+            tensor_parallel_size,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            device=device,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            config=config,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
     lm = load_causal_lm(model)
     if num_blocks is None:
         num_blocks = sizing.torch_pool(
@@ -309,3 +333,58 @@ def from_pretrained(
         max_model_len=max_model_len,
     )
     return ServingLLM(ex, config)
+
+
+def _tensor_parallel(
+    model: Any,
+    world: int,
+    *,
+    num_blocks: int | None,
+    block_size: int,
+    device: str | None,
+    dtype: Any,
+    max_model_len: int | None,
+    config: SchedulerConfig,
+    gpu_memory_utilization: float,
+) -> ServingLLM:
+    """`model` over `world` tensor-parallel workers (see :func:`from_pretrained`)."""
+    import functools
+
+    from trtforge.llm.executors.tensor_parallel import TensorParallelExecutor, check_model
+
+    if isinstance(model, (str, os.PathLike)) and (Path(model) / "config.json").is_file():
+        import transformers
+
+        try:  # refuse an indivisible model before any worker starts
+            check_model(transformers.AutoConfig.from_pretrained(str(model), local_files_only=True), world)
+        except UserError:
+            raise
+        except Exception:  # noqa: BLE001 - the workers' loader reports an unreadable directory
+            pass
+    elif hasattr(model, "config"):
+        check_model(model.config, world)
+    sizing.check_utilization(gpu_memory_utilization)
+    size_pool = functools.partial(
+        sizing.torch_pool,
+        block_size=block_size,
+        device=None,
+        dtype=None,
+        max_model_len=max_model_len,
+        config=config,
+        gpu_memory_utilization=gpu_memory_utilization,
+    )
+    ex = TensorParallelExecutor(
+        model,
+        world,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        device=device,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        size_pool=size_pool,
+    )
+    try:
+        return ServingLLM(ex, config)
+    except BaseException:
+        ex.close()
+        raise
