@@ -156,6 +156,7 @@ def load(
     config: SchedulerConfig | None = None,
     max_num_seqs: int | None = None,
     gpu_memory_utilization: float = sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
+    tensor_parallel_size: int = 1,
 ) -> ServingLLM:
     """Load a model for generation: always a :class:`ServingLLM`.
 
@@ -166,7 +167,7 @@ def load(
     - A slot-layout step graph (``trtforge compile --generate --save-onnx``) -> :class:`ServingLLM`
       over exact ONNX Runtime with `num_blocks` cache rows (default: max_batch), one per sequence.
     - ``executor="torch"``: `path` is a save_pretrained directory or ``module:factory``; see
-      :func:`from_pretrained`.
+      :func:`from_pretrained` (and its `tensor_parallel_size`, for this executor only).
 
     Sizes not given default to the machine's (:mod:`trtforge.llm.sizing`).
     """
@@ -180,6 +181,12 @@ def load(
             config=config,
             max_num_seqs=max_num_seqs,
             gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+        )
+    if tensor_parallel_size != 1:
+        raise UserError(
+            f"tensor_parallel_size {tensor_parallel_size} needs the torch executor (a save_pretrained "
+            f"directory or module:factory); executor {executor!r} runs one process. Use executor='torch'."
         )
     from trtforge._fileio import as_path
     from trtforge.llm.executors.onnxruntime_exec import OrtPagedExecutor, read_generation
@@ -355,12 +362,12 @@ def _tensor_parallel(
     if isinstance(model, (str, os.PathLike)) and (Path(model) / "config.json").is_file():
         import transformers
 
-        try:  # refuse an indivisible model before any worker starts
-            check_model(transformers.AutoConfig.from_pretrained(str(model), local_files_only=True), world)
-        except UserError:
-            raise
-        except Exception:  # noqa: BLE001 - the workers' loader reports an unreadable directory
-            pass
+        try:  # the workers' loader reports an unreadable directory
+            hf_config = transformers.AutoConfig.from_pretrained(str(model), local_files_only=True)
+        except Exception:
+            hf_config = None
+        if hf_config is not None:  # refuse an indivisible model before any worker starts
+            check_model(hf_config, world)
     elif hasattr(model, "config"):
         check_model(model.config, world)
     sizing.check_utilization(gpu_memory_utilization)

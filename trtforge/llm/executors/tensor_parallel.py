@@ -19,6 +19,7 @@ it holds and stops. Nothing hangs on a dead peer, NCCL included.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
@@ -201,10 +202,8 @@ class TensorParallelExecutor:
             return
         self._closed = True
         for conn in self._conns:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 conn.send_bytes(pickle.dumps(("stop",)))
-            except (OSError, ValueError):
-                pass
         self._stop_workers(grace=5.0)
 
     def _stop_workers(self, grace: float = 0.0) -> None:
@@ -260,16 +259,28 @@ class TensorParallelExecutor:
                 if msg[2] is not None:
                     self._logits = msg[2]  # rank 0 grew its buffer
                 return self._logits[: msg[1]]
-            if msg[0] == "error":
-                raise self._fail(f"tensor-parallel worker rank 0 failed a step: {msg[1]!r}")
-            raise self._fail(self._death(0, "during a step"))
-        for rank, conn in enumerate(self._conns):  # ranks > 0 speak only to report an error
-            if conn in ready:
-                msg = self._recv(rank)
-                if msg[0] == "error":
-                    raise self._fail(f"tensor-parallel worker rank {rank} failed a step: {msg[1]!r}")
-        rank = next(r for r, p in enumerate(self._procs) if p.sentinel in ready)
-        raise self._fail(self._death(rank, "during a step"))
+            raise self._fail(self._what_went_wrong({0: msg}))
+        raise self._fail(self._what_went_wrong({}))
+
+    def _what_went_wrong(self, msgs: dict[int, tuple]) -> str:
+        """The root cause of an abnormal step: a worker that died without a word (killed: the others'
+        errors follow from it, their collectives lost a peer), else the errors the workers reported
+        (a failing worker reports, then exits)."""
+        for rank, conn in enumerate(self._conns):
+            if rank not in msgs and conn.poll():
+                msgs[rank] = self._recv(rank)
+        for rank, msg in msgs.items():
+            if msg[0] == "died":  # its pipe closed as it exited: let it finish exiting
+                self._procs[rank].join(timeout=2.0)
+        for rank, proc in enumerate(self._procs):
+            if not proc.is_alive() and msgs.get(rank, ("",))[0] != "error":
+                return self._death(rank, "during a step")
+        errors = [
+            f"tensor-parallel worker rank {rank} failed a step: {msg[1]!r}"
+            for rank, msg in sorted(msgs.items())
+            if msg[0] == "error"
+        ]
+        return "; ".join(errors) or "a tensor-parallel worker closed its pipe during a step"
 
 
 # ---- the worker (rank) side ----------------------------------------------------------------------
@@ -296,15 +307,12 @@ def _worker_main(
         buffer = _logits_buffer(executor, _LOGIT_ROWS) if rank == 0 else None
         conn.send(("ready", executor.facts, buffer))
         _serve(rank, executor, buffer, conn)
-    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
-        try:
+        dist.destroy_process_group()
+        os._exit(0)  # nothing to flush; the interpreter's teardown of torch takes seconds
+    except BaseException as exc:  # every failure is reported to the driver (unless it is gone)
+        with contextlib.suppress(Exception):
             conn.send(("error", _portable(exc), traceback.format_exc()))
-        except Exception:  # noqa: BLE001 - the driver is gone
-            pass
         os._exit(1)  # never run atexit hooks of a half-initialised process group
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def _portable(exc: BaseException) -> BaseException:
@@ -312,7 +320,7 @@ def _portable(exc: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(exc))
         return exc
-    except Exception:  # noqa: BLE001
+    except Exception:  # an exception carrying unpicklable state
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
@@ -325,6 +333,10 @@ def _build_rank(rank: int, world: int, kind: str, source: Any, options: dict) ->
     from trtforge.llm.models.loader import load_causal_lm
     from trtforge.llm.models.parallel import TensorParallel
 
+    if isinstance(source, (str, os.PathLike)):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # N ranks' loading bars; tqdm's lock would outlive os._exit
     tp = TensorParallel(rank, world)
     device = torch.device(kind, rank) if kind == "cuda" else torch.device("cpu")
     lm = load_causal_lm(source)
@@ -406,4 +418,3 @@ def _serve(rank: int, executor: Any, buffer: Any, conn: Any) -> None:
         if buffer.device.type == "cuda":
             torch.cuda.current_stream().synchronize()  # the driver reads it from another process
         conn.send(("ok", n, grown))
-

@@ -259,6 +259,7 @@ def create_app(state: ServerState) -> FastAPI:
             _check_key(state, request)
         except ApiError as e:
             return _error(e, "models", state)
+        facts = getattr(getattr(state.llm, "executor", None), "facts", None)
         data = [
             {
                 "id": n,
@@ -266,6 +267,7 @@ def create_app(state: ServerState) -> FastAPI:
                 "created": 0,
                 "owned_by": "trtforge",
                 "max_model_len": state.max_model_len,
+                "tensor_parallel_size": getattr(facts, "tensor_parallel_size", 1),
             }
             for n in state.served_model_names
         ]

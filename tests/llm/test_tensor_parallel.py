@@ -1,0 +1,153 @@
+"""Tensor parallelism on the CPU: two gloo ranks in worker processes against one process, token for token.
+
+Each engine here starts two worker processes (each imports torch and transformers: ~10-25 s on the
+2-core CI machine), so the engines are few and shared: one tiny random Llama (GQA) engine serves the
+equality test and then the worker-death test; the trained code model gets one more. The refusals run
+before any worker starts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.llm.tiny_models import prompts, tiny_model
+from trtforge.errors import UserError
+from trtforge.llm import SamplingParams, SchedulerConfig, from_pretrained
+from trtforge.llm.engine import EngineClosedError
+
+MODEL = Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "code-llama-21m"
+GQA = {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model("llama", **GQA)
+
+
+@pytest.fixture(scope="module")
+def tp2(tiny):
+    """The tiny model over two gloo ranks; at most 2 sequences run at once, so a burst waits."""
+    llm = from_pretrained(tiny, num_blocks=64, tensor_parallel_size=2, config=SchedulerConfig(max_num_seqs=2))
+    yield llm
+    llm.close()
+
+
+def test_tp2_greedy_equals_tp1_on_a_gqa_llama(tiny, tp2):
+    ps = prompts(tiny.config.vocab_size)
+    with from_pretrained(tiny, num_blocks=64) as one:
+        want = one.generate(ps, max_new_tokens=16, stop_at_eos=False)
+    got = tp2.generate(ps, max_new_tokens=16, stop_at_eos=False)
+    assert got == want
+    facts = tp2.executor.facts
+    assert (facts.tensor_parallel_size, facts.num_kv_heads) == (2, 2)
+    # each rank's pools hold one of the two KV heads: half the bytes each
+    assert [f.num_kv_heads for f in tp2.executor.rank_facts] == [1, 1]
+    assert facts.kv_pool_bytes == 2 * tp2.executor.rank_facts[0].kv_pool_bytes
+
+
+def test_a_dead_worker_fails_every_request_and_the_engine_stops(tp2):
+    """SIGKILL rank 1 while two requests run and four wait: all six end with an error naming the dead
+    rank, within seconds, and the engine refuses new work. (Runs after the equality test: it ends `tp2`.)"""
+    params = SamplingParams(max_tokens=200, ignore_eos=True)
+    handles = [tp2.submit([1, 2, 3, i], params) for i in range(6)]
+    first = iter(handles[0])
+    next(first)  # the engine is stepping
+    victim = tp2.executor._procs[1]
+    t0 = time.monotonic()
+    os.kill(victim.pid, signal.SIGKILL)
+    completions = [h.completion(timeout=30) for h in handles]
+    assert time.monotonic() - t0 < 15
+    for c in completions:
+        assert c.finish_reason == "error"
+        assert isinstance(c.error, EngineClosedError)
+        assert "rank 1" in str(c.error) and "died" in str(c.error), str(c.error)
+    assert any(len(c.token_ids) < 200 for c in completions)
+    with pytest.raises(EngineClosedError, match="rank 1"):
+        tp2.submit([1, 2], params)
+    t1 = time.monotonic()
+    tp2.close()
+    assert time.monotonic() - t1 < 10
+    assert not any(p.is_alive() for p in tp2.executor._procs)
+
+
+@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
+def test_tp2_greedy_equals_tp1_on_code_llama_21m():
+    """The trained model (8 heads, 2 KV heads): loaded by each worker from its directory."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(MODEL)
+    ps = [tok.encode(t) for t in ("def read_json(path):\n", "import os\nclass Cache:\n    def ")]
+    with from_pretrained(str(MODEL), num_blocks=32) as one:
+        want = one.generate(ps, max_new_tokens=24, stop_at_eos=False)
+    with from_pretrained(str(MODEL), num_blocks=32, tensor_parallel_size=2) as two:
+        assert two.executor.facts.tensor_parallel_size == 2
+        got = two.generate(ps, max_new_tokens=24, stop_at_eos=False)
+    assert got == want
+
+
+def test_indivisible_heads_are_refused_before_any_worker_starts(tiny):
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match=r"tensor_parallel_size 4 does not divide .*KV heads.*\(2\)"):
+        from_pretrained(tiny, num_blocks=16, tensor_parallel_size=4)
+    with pytest.raises(UserError, match=r"tensor_parallel_size 3 does not divide .*attention heads.*\(4\)"):
+        from_pretrained(tiny, num_blocks=16, tensor_parallel_size=3)
+    assert time.monotonic() - t0 < 5  # no process was spawned
+
+
+def test_refusals_of_the_adapter_and_the_device():
+    from trtforge.llm.executors.tensor_parallel import pick_device
+    from trtforge.llm.models.families import adapter_for
+    from trtforge.llm.models.parallel import TensorParallel
+
+    with pytest.raises(UserError, match="not supported for gpt2"):
+        adapter_for(tiny_model("gpt2")).shard(TensorParallel(0, 2))
+    with pytest.raises(UserError, match="intermediate_size"):
+        adapter_for(tiny_model("llama", intermediate_size=97)).shard(TensorParallel(0, 2))
+    with pytest.raises(UserError, match="qkv_proj"):
+        adapter_for(tiny_model("phi3")).shard(TensorParallel(0, 2))
+    if torch.cuda.device_count() < 8:
+        with pytest.raises(UserError, match="one GPU per rank"):
+            pick_device("cuda", 8)
+
+
+def test_a_shard_holds_its_share_and_the_row_parallel_bias_once():
+    """Rank 1 of 2 of a model with q/k/v biases (qwen2), in this process (slicing only, no collective):
+    its heads' rows and bias slices, o_proj's and down_proj's input columns, its half of the vocabulary,
+    the embedding whole; sharding the same model again changes nothing."""
+    from trtforge.llm.models.families import adapter_for
+    from trtforge.llm.models.parallel import RowParallelLinear, TensorParallel, VocabParallelHead
+
+    whole = tiny_model("qwen2", **GQA)
+    part = tiny_model("qwen2", **GQA)
+    adapter = adapter_for(part)
+    adapter.shard(TensorParallel(1, 2))
+    assert (adapter.num_heads, adapter.num_kv_heads) == (2, 1)
+    d = adapter.head_dim
+    a, w = part.model.layers[0].self_attn, whole.model.layers[0].self_attn
+    assert torch.equal(a.q_proj.weight, w.q_proj.weight[2 * d : 4 * d])
+    assert torch.equal(a.k_proj.bias, w.k_proj.bias[d : 2 * d])
+    assert isinstance(a.o_proj, RowParallelLinear)
+    assert torch.equal(a.o_proj.weight, w.o_proj.weight[:, 2 * d : 4 * d])
+    m, wm = part.model.layers[0].mlp, whole.model.layers[0].mlp
+    assert torch.equal(m.down_proj.weight, wm.down_proj.weight[:, 48:])
+    head = part.lm_head
+    assert isinstance(head, VocabParallelHead) and head.weight.shape[0] == 150
+    assert torch.equal(head.weight, whole.lm_head.weight[150:])
+    adapter_for(part).shard(TensorParallel(1, 2))  # a second executor over the same shard: counts only
+    assert part.model.layers[0].self_attn.q_proj.weight.shape[0] == 2 * d
+    assert torch.equal(part.model.embed_tokens.weight, whole.model.embed_tokens.weight)  # replicated
+
+
+def test_cli_refuses_tensor_parallelism_off_the_torch_executor(tmp_path, capsys):
+    from trtforge.cli.main import main
+
+    step = tmp_path / "step.onnx"
+    step.write_bytes(b"")
+    assert main(["generate", str(step), "--prompt-ids", "1 2", "--tensor-parallel-size", "2"]) == 2
+    assert "needs the torch executor" in capsys.readouterr().err
