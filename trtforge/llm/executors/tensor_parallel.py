@@ -191,9 +191,12 @@ class TensorParallelExecutor:
 
     def _death(self, rank: int, when: str) -> str:
         proc = self._procs[rank]
-        proc.join(timeout=1.0)
+        proc.join(timeout=2.0)
         code = proc.exitcode
-        how = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
+        if code is None:
+            how = "its pipe closed; still exiting"
+        else:
+            how = f"exit code {code}" if code >= 0 else f"killed by signal {-code}"
         return f"tensor-parallel worker rank {rank} (pid {proc.pid}) died {when} ({how})"
 
     def close(self) -> None:
@@ -259,21 +262,22 @@ class TensorParallelExecutor:
                 if msg[2] is not None:
                     self._logits = msg[2]  # rank 0 grew its buffer
                 return self._logits[: msg[1]]
-            raise self._fail(self._what_went_wrong({0: msg}))
-        raise self._fail(self._what_went_wrong({}))
+            raise self._fail(self._what_went_wrong({0: msg}, ready))
+        raise self._fail(self._what_went_wrong({}, ready))
 
-    def _what_went_wrong(self, msgs: dict[int, tuple]) -> str:
+    def _what_went_wrong(self, msgs: dict[int, tuple], ready: list) -> str:
         """The root cause of an abnormal step: a worker that died without a word (killed: the others'
         errors follow from it, their collectives lost a peer), else the errors the workers reported
         (a failing worker reports, then exits)."""
+        for proc in self._procs:
+            if proc.sentinel in ready:  # exiting: its sentinel fires before the OS can reap it
+                proc.join(timeout=2.0)
         for rank, conn in enumerate(self._conns):
             if rank not in msgs and conn.poll():
                 msgs[rank] = self._recv(rank)
-        for rank, msg in msgs.items():
-            if msg[0] == "died":  # its pipe closed as it exited: let it finish exiting
-                self._procs[rank].join(timeout=2.0)
-        for rank, proc in enumerate(self._procs):
-            if not proc.is_alive() and msgs.get(rank, ("",))[0] != "error":
+        for rank, proc in enumerate(self._procs):  # a closed pipe without an error: it is exiting
+            said = msgs.get(rank, ("",))[0]
+            if said == "died" or (said != "error" and not proc.is_alive()):
                 return self._death(rank, "during a step")
         errors = [
             f"tensor-parallel worker rank {rank} failed a step: {msg[1]!r}"
