@@ -151,3 +151,108 @@ def test_cli_refuses_tensor_parallelism_off_the_torch_executor(tmp_path, capsys)
     step.write_bytes(b"")
     assert main(["generate", str(step), "--prompt-ids", "1 2", "--tensor-parallel-size", "2"]) == 2
     assert "needs the torch executor" in capsys.readouterr().err
+
+
+class _Hub:
+    """Two threads standing in for two ranks: a collective swaps their tensors at a barrier."""
+
+    def __init__(self, world: int) -> None:
+        import threading
+
+        self.barrier, self.slots = threading.Barrier(world), [None] * world
+
+    def exchange(self, rank: int, t: torch.Tensor) -> list[torch.Tensor]:
+        self.slots[rank] = t.clone()
+        self.barrier.wait(timeout=60)  # a rank that failed breaks the barrier: no test hangs
+        got = list(self.slots)
+        self.barrier.wait(timeout=60)  # nobody overwrites a slot before everyone has read them
+        return got
+
+
+def _thread_rank(rank: int, world: int, hub: _Hub):
+    from trtforge.llm.models.parallel import TensorParallel
+
+    class ThreadRank(TensorParallel):
+        def all_reduce(self, t):
+            return t.copy_(torch.stack(hub.exchange(self.rank, t)).sum(0))
+
+        def gather_columns(self, t, width):
+            return torch.cat(hub.exchange(self.rank, t), dim=-1)[..., :width]
+
+    return ThreadRank(rank, world)
+
+
+def _locked(lock, kernel, args, kwargs):
+    with lock:
+        return kernel(*args, **kwargs)
+
+
+def _on_ranks(world: int, fn):
+    """fn(rank, tp) on `world` threads at once (their collectives meet in a hub); results by rank."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    hub = _Hub(world)
+    with ThreadPoolExecutor(world) as pool:
+        futures = [pool.submit(fn, r, _thread_rank(r, world, hub)) for r in range(world)]
+        return [f.result(timeout=120) for f in futures]
+
+
+@pytest.mark.parametrize("tokens", [1, 5], ids=["gemv", "gemm"])
+def test_fused_layers_add_the_residual_once_per_group(tokens, monkeypatch):
+    """The CUDA path's fused layer (residuals folded into the o_proj/down_proj GEMMs, Triton kernels; here
+    in Triton's CPU interpreter) on two ranks equals the unsharded one: rank 0 folds the residual, the
+    all-reduce sums, and the vocab-parallel head gathers. One token takes the GEMV kernels, five the GEMMs."""
+    import copy
+
+    pytest.importorskip("triton")
+    import threading
+
+    from trtforge.llm.executors import fused_layers
+    from trtforge.llm.executors.fused_layers import FusedLayers
+    from trtforge.llm.models.families import adapter_for
+
+    lock = threading.Lock()  # Triton's interpreter patches module globals during a launch: one at a time
+    for name in ("rms_norm", "silu_mul", "gemv_residual", "norm_gemv", "norm_gate_up_silu"):
+        kernel = getattr(fused_layers, name)
+        monkeypatch.setattr(fused_layers, name, lambda *a, _k=kernel, **kw: _locked(lock, _k, a, kw))
+    whole = tiny_model("llama", **GQA).half()
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(tokens, 64, generator=g).half()
+    o = torch.randn(tokens, 4 * 16, generator=g).half()
+    fused = FusedLayers(adapter_for(whole))
+    want, want_logits = fused.finish(0, h, o), fused.logits(h).float()
+
+    def rank(r, tp):
+        part = copy.deepcopy(whole)
+        adapter = adapter_for(part)
+        adapter.shard(tp)
+        layers = FusedLayers(adapter, tp)
+        return layers.finish(0, h, o[:, r * 32 : (r + 1) * 32]), layers.logits(h).float()
+
+    for got, got_logits in _on_ranks(2, rank):
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=1e-2)
+        torch.testing.assert_close(got_logits, want_logits, atol=2e-2, rtol=1e-2)
+
+
+def test_row_parallel_bias_is_added_once():
+    """starcoder2 (biased o_proj and c_proj): the adapter's block on two ranks equals the whole block."""
+    import copy
+
+    from trtforge.llm.models.families import adapter_for
+
+    whole = tiny_model("starcoder2", **GQA)
+    assert whole.model.layers[0].self_attn.o_proj.bias is not None
+    g = torch.Generator().manual_seed(0)
+    h, o = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g)
+    with torch.no_grad():
+        want = adapter_for(whole).finish_block(0, h, o)
+
+    def rank(r, tp):
+        part = copy.deepcopy(whole)
+        adapter = adapter_for(part)
+        adapter.shard(tp)
+        with torch.no_grad():
+            return adapter.finish_block(0, h, o[:, r * 32 : (r + 1) * 32])
+
+    for got in _on_ranks(2, rank):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
