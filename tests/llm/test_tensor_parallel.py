@@ -256,3 +256,41 @@ def test_row_parallel_bias_is_added_once():
 
     for got in _on_ranks(2, rank):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_tp2_on_two_gpus_matches_one_gpu_with_fused_layers_and_graphs():
+    """Two GPUs, NCCL, BF16: the fused layers (residual folded on rank 0), the Triton kernels and the
+    decode CUDA graphs (all-reduce and all-gather captured) give the one-GPU executor's logits, step after
+    step (teacher-forced with its greedy tokens, so a BF16 near-tie cannot fork the two)."""
+    import copy
+
+    from trtforge.llm.executors.base import StepBatch
+    from trtforge.llm.executors.tensor_parallel import TensorParallelExecutor
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this host has {torch.cuda.device_count()}")
+    model = tiny_model("llama", **GQA)
+    one = TorchExecutor(copy.deepcopy(model), 16, 16, device="cuda:0", dtype=torch.bfloat16)
+    assert one.fused_refusal is None and one.use_cuda_graphs
+    two = TensorParallelExecutor(model, 2, num_blocks=16, device="cuda", dtype=torch.bfloat16)
+    try:
+        assert two.facts.tensor_parallel_size == 2 and two.backend == "nccl"
+        ps = prompts(model.config.vocab_size, lens=(5, 9))
+        batch = StepBatch.build(
+            ["a", "b"], ps, [0, 0], [[0], [1]], [list(range(5)), [16 + i for i in range(9)]], [True, True]
+        )
+        lens = [5, 9]
+        for step in range(8):
+            want = one.step(batch).float()
+            got = two.step(batch).float().to(want.device)
+            cos = torch.nn.functional.cosine_similarity(want, got, dim=-1)
+            assert cos.min() > 0.999, (step, cos)
+            assert (want - got).abs().max() < 0.05 * want.abs().max(), step
+            nxt = want.argmax(-1).tolist()
+            slots = [[b * 16 + n] for b, n in enumerate(lens)]
+            batch = StepBatch.build(["a", "b"], [[t] for t in nxt], lens, [[0], [1]], slots, [True, True])
+            lens = [n + 1 for n in lens]
+    finally:
+        two.close()
