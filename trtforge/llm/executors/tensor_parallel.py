@@ -343,10 +343,12 @@ def _build_rank(rank: int, world: int, kind: str, source: Any, options: dict) ->
         hf_logging.disable_progress_bar()  # N ranks' loading bars; tqdm's lock would outlive os._exit
     tp = TensorParallel(rank, world)
     device = torch.device(kind, rank) if kind == "cuda" else torch.device("cpu")
+    # every rank is up, and NCCL's communicator exists before any CUDA graph captures a collective
+    dist.all_reduce(torch.zeros(1, device=device))
     lm = load_causal_lm(source)
     adapter_for(lm, "tensor parallelism").shard(tp)  # on the host, before the device sees any weight
     if any(p.is_meta for p in lm.parameters()):
-        _materialize(lm, device, options["dtype"])
+        materialize_random(lm, device, options["dtype"])
     num_blocks = options["num_blocks"]
     if num_blocks is None:
         if options["size_pool"] is None:
@@ -367,15 +369,15 @@ def _build_rank(rank: int, world: int, kind: str, source: Any, options: dict) ->
     )
 
 
-def _materialize(lm: Any, device: Any, dtype: Any) -> None:
-    """Give a shape-only (meta) model random weights on `device` after sharding (benchmarks build a
-    model too large for one device this way): N(0, 0.02) matrices, unit norms and zero biases, and
-    the rotary tables recomputed (they are buffers derived from the config)."""
+def materialize_random(lm: Any, device: Any, dtype: Any) -> None:
+    """Give a shape-only (meta) model random weights on `device` in `dtype`, after sharding (benchmarks
+    build a model too large for one device this way): N(0, 0.02) matrices, unit norms and zero biases,
+    and the rotary tables recomputed (they are buffers derived from the config)."""
     import torch
 
-    lm.to_empty(device=device)
     if dtype is not None:
-        lm.to(dtype=dtype)
+        lm.to(dtype=dtype)  # still on meta: allocate in the final dtype only
+    lm.to_empty(device=device)
     gen = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
         for name, p in lm.named_parameters():
