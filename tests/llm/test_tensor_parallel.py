@@ -294,3 +294,37 @@ def test_tp2_on_two_gpus_matches_one_gpu_with_fused_layers_and_graphs():
             lens = [n + 1 for n in lens]
     finally:
         two.close()
+
+
+@pytest.mark.trt_build
+def test_tensorrt_onnx_parser_imports_a_dist_collective_node():
+    """The fact a per-rank step engine would rest on (not built yet, see README "Tensor parallelism"):
+    TensorRT's ONNX parser maps a ``DistCollective`` node (all-reduce, sum, 2 ranks) to an
+    IDistCollectiveLayer, and the builder builds it (here TensorRT-RTX, on the CPU). Running it needs a
+    GPU per rank and ``IExecutionContext.set_communicator`` with an NCCL communicator."""
+    from onnx import TensorProto, helper
+
+    from trtforge.core.backend import get_backend
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])
+    node = helper.make_node(
+        "DistCollective", ["x"], ["y"], collective_operation="all_reduce", reduce_op="sum", root=-1, nb_rank=2
+    )
+    model = helper.make_model(
+        helper.make_graph([node], "g", [x], [y]), opset_imports=[helper.make_opsetid("", 23)]
+    )
+    backend = get_backend()
+    if "DistCollective" not in backend.parser_supports(["DistCollective"]):
+        pytest.skip(
+            f"{backend.name} {backend.version} has no DistCollective importer (TensorRT >= 10.16 has)"
+        )
+    builder = backend.create_builder()
+    network = backend.create_network(builder)
+    parser = backend.create_parser(network)
+    assert parser.parse(model.SerializeToString()), [
+        str(parser.get_error(i)) for i in range(parser.num_errors)
+    ]
+    layer = network.get_layer(0)
+    assert layer.type == backend.trt.LayerType.DIST_COLLECTIVE and layer.num_ranks == 2
+    assert builder.build_serialized_network(network, builder.create_builder_config()) is not None
