@@ -13,6 +13,11 @@ The concatenated weights replace the modules' own parameters with views into the
 keeps working unchanged and no weight is held twice. Phi-3's fused qkv_proj and gate_up_proj are used
 as they are. :func:`fusable` says which models fit (SiLU-gated MLP, RMSNorms, unbiased o/MLP
 projections, an even head dim).
+
+Under tensor parallelism (a ``tp`` group, :mod:`trtforge.llm.models.parallel`) the weights are the
+rank's shard: o_proj and down_proj multiply the rank's input columns, rank 0 alone folds the residual
+into its GEMM (GEMV), and one all-reduce sums the partial products, so the residual counts once; the
+LM head's vocabulary shares are all-gathered.
 """
 
 from __future__ import annotations
