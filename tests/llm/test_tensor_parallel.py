@@ -328,3 +328,12 @@ def test_tensorrt_onnx_parser_imports_a_dist_collective_node():
     layer = network.get_layer(0)
     assert layer.type == backend.trt.LayerType.DIST_COLLECTIVE and layer.num_ranks == 2
     assert builder.build_serialized_network(network, builder.create_builder_config()) is not None
+
+
+def test_a_workers_refusal_at_start_reaches_the_caller_and_no_worker_is_left():
+    """GPT-2 is not split: each worker's adapter refuses it; the caller gets that UserError itself."""
+    import multiprocessing
+
+    with pytest.raises(UserError, match="not supported for gpt2"):
+        from_pretrained(tiny_model("gpt2"), num_blocks=16, tensor_parallel_size=2)
+    assert not multiprocessing.active_children()

@@ -157,8 +157,15 @@ class TensorParallelExecutor:
             for rank, conn in enumerate(self._conns):
                 if conn in ready and rank not in facts:
                     msg = self._recv(rank)
+                    if msg[0] == "error" and isinstance(msg[1], UserError):
+                        raise msg[1]  # the user's mistake, as the worker found it
                     if msg[0] == "error":
-                        raise msg[1]  # the worker's own error (a UserError stays one)
+                        raise ExecutorLostError(
+                            f"tensor-parallel worker rank {rank} failed to start: {msg[1]!r}\n"
+                            f"worker traceback:\n{msg[2]}"
+                        ) from msg[1]
+                    if msg[0] == "died":
+                        raise ExecutorLostError(self._death(rank, "while starting"))
                     facts[rank] = msg[1]
                     if rank == 0:
                         self._logits = msg[2]
@@ -280,7 +287,7 @@ class TensorParallelExecutor:
             if said == "died" or (said != "error" and not proc.is_alive()):
                 return self._death(rank, "during a step")
         errors = [
-            f"tensor-parallel worker rank {rank} failed a step: {msg[1]!r}"
+            f"tensor-parallel worker rank {rank} failed a step: {msg[1]!r}\nworker traceback:\n{msg[2]}"
             for rank, msg in sorted(msgs.items())
             if msg[0] == "error"
         ]
@@ -295,6 +302,7 @@ def _worker_main(
     import torch
     import torch.distributed as dist
 
+    _tie_to_driver()
     try:
         if kind == "cpu":
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
@@ -317,6 +325,23 @@ def _worker_main(
         with contextlib.suppress(Exception):
             conn.send(("error", _portable(exc), traceback.format_exc()))
         os._exit(1)  # never run atexit hooks of a half-initialised process group
+
+
+def _tie_to_driver() -> None:
+    """A worker's life belongs to the driver: Ctrl-C in a terminal (SIGINT to the whole process group)
+    reaches the driver alone, which drains and then stops its workers; and on Linux the kernel kills
+    the worker if the driver dies without stopping it (a rank stuck in an NCCL collective would
+    otherwise outlive it)."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            pr_set_pdeathsig = 1
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def _portable(exc: BaseException) -> BaseException:
