@@ -278,19 +278,24 @@ def test_tp2_on_two_gpus_matches_one_gpu_with_fused_layers_and_graphs():
     try:
         assert two.facts.tensor_parallel_size == 2 and two.backend == "nccl"
         ps = prompts(model.config.vocab_size, lens=(5, 9))
+        tables = [[0], [1, 2]]  # sequence b grows past its first block
+
+        def slots(b, positions):
+            return [tables[b][p // 16] * 16 + p % 16 for p in positions]
+
         batch = StepBatch.build(
-            ["a", "b"], ps, [0, 0], [[0], [1]], [list(range(5)), [16 + i for i in range(9)]], [True, True]
+            ["a", "b"], ps, [0, 0], tables, [slots(0, range(5)), slots(1, range(9))], [True, True]
         )
         lens = [5, 9]
-        for step in range(8):
+        for step in range(10):
             want = one.step(batch).float()
             got = two.step(batch).float().to(want.device)
             cos = torch.nn.functional.cosine_similarity(want, got, dim=-1)
             assert cos.min() > 0.999, (step, cos)
             assert (want - got).abs().max() < 0.05 * want.abs().max(), step
             nxt = want.argmax(-1).tolist()
-            slots = [[b * 16 + n] for b, n in enumerate(lens)]
-            batch = StepBatch.build(["a", "b"], [[t] for t in nxt], lens, [[0], [1]], slots, [True, True])
+            new_slots = [slots(b, [n]) for b, n in enumerate(lens)]
+            batch = StepBatch.build(["a", "b"], [[t] for t in nxt], lens, tables, new_slots, [True, True])
             lens = [n + 1 for n in lens]
     finally:
         two.close()
