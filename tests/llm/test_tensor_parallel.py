@@ -97,6 +97,9 @@ def test_indivisible_heads_are_refused_before_any_worker_starts(tiny):
         from_pretrained(tiny, num_blocks=16, tensor_parallel_size=4)
     with pytest.raises(UserError, match=r"tensor_parallel_size 3 does not divide .*attention heads.*\(4\)"):
         from_pretrained(tiny, num_blocks=16, tensor_parallel_size=3)
+    for bad in (0, -2, 2.0, "2"):
+        with pytest.raises(UserError, match="tensor_parallel_size must be an integer"):
+            from_pretrained(tiny, num_blocks=16, tensor_parallel_size=bad)
     assert time.monotonic() - t0 < 5  # no process was spawned
 
 

@@ -42,12 +42,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def check_world(world: Any) -> None:
+    """UserError unless `world` is an integer >= 2 (one rank runs without workers)."""
+    if not isinstance(world, int) or isinstance(world, bool) or world < 2:
+        raise UserError(
+            f"tensor_parallel_size must be an integer >= 1 (2 or more splits the model), got {world!r}."
+        )
+
+
 def check_model(config: Any, world: int) -> None:
     """UserError, before any worker starts, when `world` ranks cannot split `config`'s heads evenly."""
     from trtforge.llm.models.parallel import check_divisible
 
-    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
-        raise UserError(f"tensor_parallel_size must be a positive integer, got {world!r}.")
+    check_world(world)
     heads = getattr(config, "num_attention_heads", None)
     if heads is None:
         return  # a family the workers' adapter refuses with its own message
@@ -107,6 +114,7 @@ class TensorParallelExecutor:
     ) -> None:
         import torch.multiprocessing as mp
 
+        check_world(world)
         config = getattr(model, "config", None)
         if config is not None:
             check_model(config, world)
