@@ -87,6 +87,13 @@ def _parse_ids(text: str) -> list[int]:
 )
 @click.option("--num-blocks", default=None, type=int, help="KV-cache blocks in the pool (slot graphs: rows).")
 @click.option(
+    "--tensor-parallel-size",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="torch executor: split the model over N ranks (worker processes; one GPU each on CUDA).",
+)
+@click.option(
     "--stop",
     "stops",
     multiple=True,
@@ -113,6 +120,7 @@ def generate_cmd(
     json_schema: str | None,
     executor: str,
     num_blocks: int | None,
+    tensor_parallel_size: int,
     stops: tuple[str, ...],
     speculative_method: str | None,
     speculative_model: str | None,
@@ -164,7 +172,13 @@ def generate_cmd(
         suffix = {".engine": "tensorrt", ".onnx": "onnxruntime"}
         executor = next((v for k, v in suffix.items() if model.endswith(k)), "torch")
     spec = speculative_config(speculative_method, speculative_model, num_speculative_tokens)
-    with load(model, executor, num_blocks=num_blocks, speculative=spec) as llm:
+    with load(
+        model,
+        executor,
+        num_blocks=num_blocks,
+        speculative=spec,
+        tensor_parallel_size=tensor_parallel_size,
+    ) as llm:
         if json_schema is not None:
             llm.engine.enable_structured_output(tok)
         handles = [h for r in rows for h in llm.engine.submit_n(r, params)]

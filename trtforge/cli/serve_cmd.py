@@ -92,6 +92,13 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     help="torch executor weights and KV cache; auto: bfloat16 on a GPU, float32 on the CPU.",
 )
 @click.option(
+    "--tensor-parallel-size",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="torch executor: split the model over N ranks (worker processes; one GPU each on CUDA).",
+)
+@click.option(
     "--log-level",
     default="warning",
     show_default=True,
@@ -117,6 +124,7 @@ def serve_cmd(
     executor: str,
     device: str | None,
     dtype: str,
+    tensor_parallel_size: int,
     log_level: str,
     speculative_method: str | None,
     speculative_model: str | None,
@@ -155,11 +163,14 @@ def serve_cmd(
         "speculative": speculative_config(speculative_method, speculative_model, num_speculative_tokens),
     }
     if executor == "torch":
-        llm = from_pretrained(model, **_placement(device, dtype), **sizes)
+        llm = from_pretrained(
+            model, **_placement(device, dtype), **sizes, tensor_parallel_size=tensor_parallel_size
+        )
     else:
-        if device is not None or dtype != "auto":
+        if device is not None or dtype != "auto" or tensor_parallel_size != 1:
             raise UserError(
-                f"--device and --dtype apply to the torch executor; '{model}' runs on {executor}."
+                "--device, --dtype and --tensor-parallel-size apply to the torch executor; "
+                f"'{model}' runs on {executor}."
             )
         llm = load(model, executor, **sizes)
     if not isinstance(llm, ServingLLM):

@@ -21,7 +21,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 from trtforge.errors import TrtforgeError, UserError
 from trtforge.llm.async_loop import AsyncStepLoop
-from trtforge.llm.executors.base import AsyncStepExecutor, StepExecutor, supports_async
+from trtforge.llm.executors.base import (
+    AsyncStepExecutor,
+    ExecutorLostError,
+    StepExecutor,
+    supports_async,
+)
 from trtforge.llm.loop import StepHook, StepLoop
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.blocks import MemoryStats
@@ -346,6 +351,8 @@ class LLMEngine:
 
     # ---- the loop ------------------------------------------------------------------------------
     def _check_open(self) -> None:
+        if isinstance(self._fatal, ExecutorLostError):
+            raise EngineClosedError(f"the engine stopped: {self._fatal}")
         if self._fatal is not None:
             raise EngineClosedError(f"the engine loop stopped on an internal error: {self._fatal!r}")
         if self._closed:
@@ -378,6 +385,8 @@ class LLMEngine:
             with self._step_lock:
                 outputs = steps.flush()  # closed: tokens already computed still reach their streams
             self._dispatch(outputs)
+        except ExecutorLostError as exc:  # the executor is gone: every waiter learns why; no traceback
+            self._fatal = exc
         except BaseException as exc:  # a scheduler bug: every waiter learns of it, then it propagates
             self._fatal = exc
             raise
@@ -400,7 +409,12 @@ class LLMEngine:
             handles, self._handles = self._handles, {}
             self._closed = True
             self._wake.notify_all()
-        reason = "the engine loop stopped on an internal error" if self._fatal else "the engine was closed"
+        if isinstance(self._fatal, ExecutorLostError):
+            reason = f"the engine stopped: {self._fatal}"
+        elif self._fatal is not None:
+            reason = "the engine loop stopped on an internal error"
+        else:
+            reason = "the engine was closed"
         for handle in handles.values():
             err = EngineClosedError(f"request {handle.request_id!r} did not finish: {reason}")
             err.__cause__ = self._fatal

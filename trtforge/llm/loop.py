@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from trtforge.llm.executors.base import StepBatch, StepExecutor
+from trtforge.llm.executors.base import ExecutorLostError, StepBatch, StepExecutor
 from trtforge.llm.sampling import SamplingParams, sample_with_logprobs
 from trtforge.llm.sched.blocks import MemoryStats
 from trtforge.llm.sched.plan import StepPlan
@@ -81,6 +81,8 @@ class StepLoop:
                 raise StepFailedError(
                     f"executor returned logits of shape {tuple(logits.shape)}, expected {expected}"
                 )
+        except ExecutorLostError:  # no further step can run: the engine fails every request and stops
+            raise
         except Exception as exc:  # an executor fault ends this step's requests, not the engine
             outputs += self._resolve()  # a step in flight completes first, as it does without asynchrony
             outputs += sched.fail(plan, exc)

@@ -135,7 +135,13 @@ class ServingLLM:
         return list(self.executor.facts.eos_token_ids)
 
     def close(self) -> None:
-        self.engine.close()
+        """Stop the engine, then the executor's own processes if it has any (tensor parallelism)."""
+        try:
+            self.engine.close()
+        finally:
+            close = getattr(self.executor, "close", None)
+            if callable(close):
+                close()
 
     def __enter__(self) -> ServingLLM:
         return self
@@ -162,6 +168,7 @@ def load(
     max_num_seqs: int | None = None,
     gpu_memory_utilization: float = sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
     speculative: dict[str, Any] | SpeculativeConfig | None = None,
+    tensor_parallel_size: int = 1,
 ) -> ServingLLM:
     """Load a model for generation: always a :class:`ServingLLM`.
 
@@ -172,7 +179,7 @@ def load(
     - A slot-layout step graph (``trtforge compile --generate --save-onnx``) -> :class:`ServingLLM`
       over exact ONNX Runtime with `num_blocks` cache rows (default: max_batch), one per sequence.
     - ``executor="torch"``: `path` is a save_pretrained directory or ``module:factory``; see
-      :func:`from_pretrained`.
+      :func:`from_pretrained` (and its `tensor_parallel_size`, for this executor only).
 
     Sizes not given default to the machine's (:mod:`trtforge.llm.sizing`). `speculative`: see
     :func:`from_pretrained` (the torch executor only).
@@ -194,6 +201,12 @@ def load(
             max_num_seqs=max_num_seqs,
             gpu_memory_utilization=gpu_memory_utilization,
             speculative=speculative,
+            tensor_parallel_size=tensor_parallel_size,
+        )
+    if tensor_parallel_size != 1:
+        raise UserError(
+            f"tensor_parallel_size {tensor_parallel_size} needs the torch executor (a save_pretrained "
+            f"directory or module:factory); executor {executor!r} runs one process. Use executor='torch'."
         )
     from trtforge._fileio import as_path
     from trtforge.llm.executors.onnxruntime_exec import OrtPagedExecutor, read_generation
@@ -299,6 +312,7 @@ def from_pretrained(
     max_num_seqs: int | None = None,
     gpu_memory_utilization: float = sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
     speculative: dict[str, Any] | SpeculativeConfig | None = None,
+    tensor_parallel_size: int = 1,
 ) -> ServingLLM:
     """Serve a transformers causal LM (an nn.Module, a save_pretrained directory or ``module:factory``)
     with the torch paged executor (:class:`trtforge.llm.executors.torch_exec.TorchExecutor`).
@@ -310,12 +324,33 @@ def from_pretrained(
     `speculative`: speculative decoding (:class:`~trtforge.llm.spec.config.SpeculativeConfig`), e.g.
     ``{"method": "draft", "model": DIR, "num_tokens": 4}`` or ``{"method": "ngram", "num_tokens": 4}``.
     Greedy output is token for token the same; sampled output has the same distribution. Steps run
-    synchronously then; requests with a grammar, logprobs or penalties decode without speculating."""
+    synchronously then; requests with a grammar, logprobs or penalties decode without speculating.
+
+    `tensor_parallel_size` N > 1 splits the model over N worker processes (Megatron-style: heads, KV
+    heads and MLP width divided, :mod:`trtforge.llm.executors.tensor_parallel`): gloo on the CPU, one
+    GPU per rank with NCCL on CUDA. Each worker loads `model` itself (a directory or factory; an
+    nn.Module is pickled to it), so the weights never gather in this process."""
     from trtforge.llm.executors.torch_exec import TorchExecutor
     from trtforge.llm.models.loader import load_causal_lm
 
     spec = SpeculativeConfig.of(speculative)
     config = sizing.default_scheduler_config(config, max_num_seqs)
+    if tensor_parallel_size != 1:
+        if spec is not None:
+            raise UserError(
+                "speculative decoding does not run with tensor_parallel_size > 1 yet; pass one of them."
+            )
+        return _tensor_parallel(
+            model,
+            tensor_parallel_size,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            device=device,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            config=config,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
     if spec is not None and config.async_scheduling is None:
         config = dataclasses.replace(config, async_scheduling=False)
     lm = load_causal_lm(model)
@@ -381,3 +416,58 @@ def make_proposer(spec: SpeculativeConfig, target: Any, draft_lm: Any = None) ->
     proposer = DraftModelProposer(draft, spec.num_tokens)
     proposer.check_target(facts)
     return proposer
+
+
+def _tensor_parallel(
+    model: Any,
+    world: int,
+    *,
+    num_blocks: int | None,
+    block_size: int,
+    device: str | None,
+    dtype: Any,
+    max_model_len: int | None,
+    config: SchedulerConfig,
+    gpu_memory_utilization: float,
+) -> ServingLLM:
+    """`model` over `world` tensor-parallel workers (see :func:`from_pretrained`)."""
+    import functools
+
+    from trtforge.llm.executors.tensor_parallel import TensorParallelExecutor, check_model
+
+    if isinstance(model, (str, os.PathLike)) and (Path(model) / "config.json").is_file():
+        import transformers
+
+        try:  # the workers' loader reports an unreadable directory
+            hf_config = transformers.AutoConfig.from_pretrained(str(model), local_files_only=True)
+        except Exception:
+            hf_config = None
+        if hf_config is not None:  # refuse an indivisible model before any worker starts
+            check_model(hf_config, world)
+    elif hasattr(model, "config"):
+        check_model(model.config, world)
+    sizing.check_utilization(gpu_memory_utilization)
+    size_pool = functools.partial(
+        sizing.torch_pool,
+        block_size=block_size,
+        device=None,
+        dtype=None,
+        max_model_len=max_model_len,
+        config=config,
+        gpu_memory_utilization=gpu_memory_utilization,
+    )
+    ex = TensorParallelExecutor(
+        model,
+        world,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        device=device,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        size_pool=size_pool,
+    )
+    try:
+        return ServingLLM(ex, config)
+    except BaseException:
+        ex.close()
+        raise

@@ -172,11 +172,14 @@ def torch_pool(
     config: SchedulerConfig,
     gpu_memory_utilization: float,
     executor_kwargs: dict[str, Any] | None = None,
+    tensor_parallel: Any = None,
 ) -> PoolSize:
     """Size the torch executor's pool for `lm` (moved to `device`/`dtype` here).
 
     On CUDA: load the weights, run one step of ``config.max_num_batched_tokens`` prompt tokens through
     an executor with a pool just large enough for it, and take the measured peak above the weights.
+    `tensor_parallel`: `lm` is one rank's shard (:mod:`trtforge.llm.models.parallel`); its blocks hold
+    its share of the KV heads, and the probe step runs with the other ranks (each sizes at once).
     """
     import torch
 
@@ -192,12 +195,14 @@ def torch_pool(
     layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
     heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    world = 1 if tensor_parallel is None else int(tensor_parallel.world)
+    kv_heads //= world
     head_dim = int(
         getattr(cfg, "head_dim", None) or (getattr(cfg, "hidden_size", None) or cfg.n_embd) // heads
     )
     block_bytes = kv_block_bytes(layers, kv_heads, head_dim, block_size, param.element_size())
-    if param.device.type != "cuda":
-        return cpu_pool(available_ram(), block_bytes, need)
+    if param.device.type != "cuda":  # (ranks on one host share its RAM: each takes its share)
+        return cpu_pool(available_ram() // world, block_bytes, need)
     tokens = config.max_num_batched_tokens
     dev = param.device
     probe = TorchExecutor(
@@ -207,6 +212,7 @@ def torch_pool(
         max_model_len=max_model_len,
         static_decode=False,
         mixed_graphs=False,
+        tensor_parallel=tensor_parallel,
         **(executor_kwargs or {}),
     )
     batch = profile_step(tokens, config.max_prefill_chunk, block_size)

@@ -4,6 +4,7 @@
 (:mod:`.onnxruntime_exec`, an exported paged step graph in exact ONNX Runtime) and ``tensorrt``
 (:mod:`.tensorrt_exec`, the paged step engine on a GPU); the graph executors share one feed mapping
 (:mod:`.paged_feeds`). :mod:`.onnxruntime_slot` runs slot-layout step graphs for the simple greedy loop.
+:mod:`.tensor_parallel` drives N worker processes, each a rank of a sharded torch executor.
 
 May import ``core``, ``kernels``, ``plugins``, ``runtime``, ``numerics``, ``llm.contract`` and ``llm.models``;
 never ``llm.compile`` (what both need is in ``llm.contract``).

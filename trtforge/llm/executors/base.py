@@ -22,6 +22,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from trtforge.errors import TrtforgeError
+
 
 @dataclass(frozen=True)
 class StepBatch:
@@ -160,6 +162,11 @@ class StepBatch:
         )
 
 
+class ExecutorLostError(TrtforgeError):
+    """The executor can run no further step (a tensor-parallel worker died): the engine fails every
+    request it holds with this error and shuts down, rather than failing one step's requests."""
+
+
 @dataclass(frozen=True)
 class TokenFeed:
     """Input ids a step takes from the previous step's sampled tokens without them visiting the host.
@@ -223,7 +230,9 @@ class ExecutorFacts:
     - ``kv_pool_bytes``: the bytes the executor's K/V pools take, scratch block and spare buffers
       included;
     - ``kv_depends_on_prompt_len``: a token's K/V depends on its prompt's length (dynamic NTK rotary),
-      so no prefix can be shared and the scheduler sends each batch's ``prompt_lens``.
+      so no prefix can be shared and the scheduler sends each batch's ``prompt_lens``;
+    - ``tensor_parallel_size``: the ranks the model is split over; one rank's executor counts its own
+      share of the KV heads and pool bytes, the driver the scheduler reads counts the whole model's.
     """
 
     num_blocks: int
@@ -238,6 +247,7 @@ class ExecutorFacts:
     kv_element_bytes: int
     kv_pool_bytes: int
     kv_depends_on_prompt_len: bool = False
+    tensor_parallel_size: int = 1
 
     @property
     def eos_token_id(self) -> int | None:

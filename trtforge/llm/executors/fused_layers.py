@@ -13,6 +13,11 @@ The concatenated weights replace the modules' own parameters with views into the
 keeps working unchanged and no weight is held twice. Phi-3's fused qkv_proj and gate_up_proj are used
 as they are. :func:`fusable` says which models fit (SiLU-gated MLP, RMSNorms, unbiased o/MLP
 projections, an even head dim).
+
+Under tensor parallelism (a ``tp`` group, :mod:`trtforge.llm.models.parallel`) the weights are the
+rank's shard: o_proj and down_proj multiply the rank's input columns, rank 0 alone folds the residual
+into its GEMM (GEMV), and one all-reduce sums the partial products, so the residual counts once; the
+LM head's vocabulary shares are all-gathered.
 """
 
 from __future__ import annotations
@@ -87,8 +92,8 @@ class FusedLayers:
     """The per-layer weights of the fused path for a :func:`fusable` model; :meth:`attention_input`,
     :meth:`finish` and :meth:`logits` stand in for the adapter's layer math around the attention."""
 
-    def __init__(self, adapter: LlamaStyle) -> None:
-        self.adapter = adapter
+    def __init__(self, adapter: LlamaStyle, tp: Any = None) -> None:
+        self.adapter, self.tp = adapter, tp
         self.model, self.inner = adapter.model, adapter.body
         self.layers = adapter.layers
         self.qkv_w: list[tuple[torch.Tensor, torch.Tensor | None]] = []
@@ -136,17 +141,32 @@ class FusedLayers:
         """Output projection + residual, norm, gated MLP + residual."""
         layer = self.layers[i]
         norm = layer.post_attention_layernorm
+        o = o.reshape(h.shape[0], -1)
+        h = self._row_parallel(o, layer.self_attn.o_proj.weight, h)
         if self._gemv(h):
-            h = gemv_residual(o.reshape(h.shape[0], -1).contiguous(), layer.self_attn.o_proj.weight, h)
             a = norm_gate_up_silu(h, norm.weight, norm.variance_epsilon, self.gate_up_w[i])
-            return gemv_residual(a, layer.mlp.down_proj.weight, h)
-        h = torch.addmm(h, o.reshape(h.shape[0], -1), layer.self_attn.o_proj.weight.t())
-        x = rms_norm(h, norm.weight, norm.variance_epsilon)
-        a = silu_mul(torch.nn.functional.linear(x, self.gate_up_w[i]))
-        return torch.addmm(h, a, layer.mlp.down_proj.weight.t())
+        else:
+            x = rms_norm(h, norm.weight, norm.variance_epsilon)
+            a = silu_mul(torch.nn.functional.linear(x, self.gate_up_w[i]))
+        return self._row_parallel(a, layer.mlp.down_proj.weight, h)
+
+    def _row_parallel(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + x @ w.T`` with the residual folded into the GEMM (GEMV). Under tensor parallelism
+        `w` holds this rank's input columns: rank 0 folds the residual into its partial product, the
+        others add zeros, and one all-reduce sums them, so the residual counts exactly once."""
+        if self.tp is not None and self.tp.rank != 0:
+            residual = torch.zeros_like(residual)
+        if self._gemv(residual):
+            out = gemv_residual(x.contiguous(), w, residual)
+        else:
+            out = torch.addmm(residual, x, w.t())
+        return out if self.tp is None else self.tp.all_reduce(out)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """LM-head logits; under tensor parallelism the head holds this rank's vocabulary rows
+        (:class:`~trtforge.llm.models.parallel.VocabParallelHead`) and the shares are gathered."""
         norm, head = self.inner.norm, self.model.lm_head
         if self._gemv(h):
-            return norm_gemv(h, norm.weight, norm.variance_epsilon, head.weight, head.bias)
+            out = norm_gemv(h, norm.weight, norm.variance_epsilon, head.weight, head.bias)
+            return out if self.tp is None else head.gather(out)
         return head(rms_norm(h, norm.weight, norm.variance_epsilon))

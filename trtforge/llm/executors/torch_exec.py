@@ -55,6 +55,7 @@ from trtforge.llm.models.families import (
     eos_token_ids,
     refuse_unapplied_window,
 )
+from trtforge.llm.models.parallel import TensorParallel
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _WIDTH_BUCKETS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
@@ -87,6 +88,10 @@ class TorchExecutor:
     `attention` / `decode_attention` functions override either. Steps with prompt tokens of up to
     `max_graph_tokens` tokens run as piecewise graphs (:mod:`.piecewise`) where `mixed_graphs` is on
     (by default wherever `static_decode` is); larger ones run eagerly.
+    `tensor_parallel` makes it one rank of a tensor-parallel group (:mod:`trtforge.llm.models.parallel`,
+    driven by :mod:`.tensor_parallel`): the model is sharded in place through its adapter, the pools hold
+    this rank's KV heads, and every step (graphs included) runs the group's collectives, so all ranks
+    must run the same steps.
     """
 
     def __init__(
@@ -105,8 +110,12 @@ class TorchExecutor:
         kernels: str | None = None,
         mixed_graphs: bool | None = None,
         max_graph_tokens: int = 4096,
+        tensor_parallel: TensorParallel | None = None,
     ) -> None:
         adapter = adapter_for(model, _USER)
+        self.tensor_parallel = tensor_parallel
+        if tensor_parallel is not None:
+            adapter.shard(tensor_parallel)  # this rank's heads and weights (once per model)
         _check_sizes(
             num_blocks=num_blocks,
             block_size=block_size,
@@ -170,7 +179,7 @@ class TorchExecutor:
 
             self.fused_refusal = fusable(self._adapter)
             if self.fused_refusal is None:
-                self._fused = FusedLayers(self._adapter)
+                self._fused = FusedLayers(self._adapter, self.tensor_parallel)
 
     def _plan_static_shapes(self, static_decode: bool | None, max_decode_batch: int) -> None:
         """Whether decode steps run on static (bucketed) shapes and CUDA graphs, and their buckets."""
@@ -220,6 +229,7 @@ class TorchExecutor:
             kv_element_bytes=self.k_pools[0].element_size(),
             kv_pool_bytes=sum(p.numel() * p.element_size() for p in pools),
             kv_depends_on_prompt_len=a.dynamic,
+            tensor_parallel_size=1 if self.tensor_parallel is None else self.tensor_parallel.world,
         )
 
     @property

@@ -242,6 +242,15 @@ class DecoderAdapter(ABC):
         """LM-head logits of hidden states `x` (in the model's dtype; callers cast)."""
         return self.model.lm_head(self.final_norm(x))
 
+    def shard(self, tp: Any) -> None:
+        """Keep only rank ``tp.rank``'s share of the weights (:mod:`.parallel`) and count this rank's
+        heads; a family without tensor parallelism refuses (UserError)."""
+        raise UserError(
+            f"tensor parallelism is not supported for {self.config.model_type} models "
+            f"({type(self.model).__name__}); it is for the Llama-style families (llama, mistral, "
+            "ministral, qwen2, qwen3, starcoder2). Use tensor_parallel_size=1."
+        )
+
     def _spec(self, **family: Any) -> DecoderSpec:
         """The spec's family-independent fields, completed with `family`'s."""
         c = self.config

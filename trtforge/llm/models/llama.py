@@ -118,6 +118,66 @@ class LlamaStyle(DecoderAdapter):
     def final_norm(self, x: Tensor) -> Tensor:
         return self.body.norm(x)
 
+    def shard(self, tp: Any) -> None:
+        """Rank ``tp.rank``'s share (:mod:`.parallel`): its query and KV heads of q/k/v, its rows of
+        gate/up (c_fc), the matching columns of o_proj and down_proj (c_proj) made row-parallel, a
+        vocab-parallel LM head. UserError when `tp.world` does not divide the heads, the KV heads or the
+        MLP width. In place, once: a model already sharded for `tp` only has its heads counted."""
+        from trtforge.llm.models import parallel
+
+        world, done = tp.world, parallel.sharded(self.model)
+        if done is not None and (done.rank, done.world) != (tp.rank, tp.world):
+            raise ValueError(f"model already sharded as rank {done.rank} of {done.world}")
+        if done is None:
+            self._shard_weights(tp)
+            parallel.mark_sharded(self.model, tp)
+        self.num_heads //= world
+        self.num_kv_heads //= world
+
+    def _shard_weights(self, tp: Any) -> None:
+        from trtforge.llm.models import parallel
+
+        c, world = self.config, tp.world
+        if any(getattr(layer.self_attn, "qkv_proj", None) is not None for layer in self.layers) or any(
+            getattr(layer.mlp, "gate_up_proj", None) is not None for layer in self.layers
+        ):
+            raise UserError(
+                f"tensor parallelism does not split {c.model_type}'s fused qkv_proj / gate_up_proj "
+                f"({type(self.model).__name__}); supported: llama, mistral, ministral, qwen2, qwen3, "
+                "starcoder2. Use tensor_parallel_size=1."
+            )
+        mlp0 = self.layers[0].mlp
+        up0 = getattr(mlp0, "up_proj", None) or mlp0.c_fc
+        name = type(self.model).__name__
+        parallel.check_divisible(
+            f"{c.model_type} model {name}",
+            {
+                "attention heads (num_attention_heads)": self.num_heads,
+                "KV heads (num_key_value_heads)": self.num_kv_heads,
+                "MLP width (intermediate_size)": int(up0.weight.shape[0]),
+            },
+            world,
+        )
+        d = self.head_dim
+        for layer in self.layers:
+            a, m = layer.self_attn, layer.mlp
+            q0, q1 = tp.share(self.num_heads)
+            k0, k1 = tp.share(self.num_kv_heads)
+            parallel.keep_rows(a.q_proj, q0 * d, q1 * d)
+            parallel.keep_rows(a.k_proj, k0 * d, k1 * d)
+            parallel.keep_rows(a.v_proj, k0 * d, k1 * d)
+            a.o_proj = parallel.RowParallelLinear(a.o_proj, tp, q0 * d, q1 * d)
+            if hasattr(m, "gate_proj"):
+                i0, i1 = tp.share(int(m.up_proj.weight.shape[0]))
+                parallel.keep_rows(m.gate_proj, i0, i1)
+                parallel.keep_rows(m.up_proj, i0, i1)
+                m.down_proj = parallel.RowParallelLinear(m.down_proj, tp, i0, i1)
+            else:  # starcoder2: c_fc -> GELU -> c_proj
+                i0, i1 = tp.share(int(m.c_fc.weight.shape[0]))
+                parallel.keep_rows(m.c_fc, i0, i1)
+                m.c_proj = parallel.RowParallelLinear(m.c_proj, tp, i0, i1)
+        self.model.lm_head = parallel.VocabParallelHead(self.model.lm_head, tp)
+
 
 def project_qkv(attn: nn.Module, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """q, k, v [..., heads * head_dim] of a Llama-style attention module: its three projections, or

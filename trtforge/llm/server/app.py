@@ -263,6 +263,7 @@ def create_app(state: ServerState) -> FastAPI:
         except ApiError as e:
             return _error(e, "models", state)
         spec = getattr(state.llm, "speculative", None)
+        facts = getattr(getattr(state.llm, "executor", None), "facts", None)
         data = [
             {
                 "id": n,
@@ -271,6 +272,7 @@ def create_app(state: ServerState) -> FastAPI:
                 "owned_by": "trtforge",
                 "max_model_len": state.max_model_len,
                 **({"speculative": spec.describe()} if spec is not None else {}),
+                "tensor_parallel_size": getattr(facts, "tensor_parallel_size", 1),
             }
             for n in state.served_model_names
         ]

@@ -1,0 +1,347 @@
+"""Tensor parallelism on the CPU: two gloo ranks in worker processes against one process, token for token.
+
+Each engine here starts two worker processes (each imports torch and transformers: ~10-25 s on the
+2-core CI machine), so the engines are few and shared: one tiny random Llama (GQA) engine serves the
+equality test and then the worker-death test; the trained code model gets one more. The refusals run
+before any worker starts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.llm.tiny_models import prompts, tiny_model
+from trtforge.errors import UserError
+from trtforge.llm import SamplingParams, SchedulerConfig, from_pretrained
+from trtforge.llm.engine import EngineClosedError
+
+MODEL = Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "code-llama-21m"
+GQA = {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model("llama", **GQA)
+
+
+@pytest.fixture(scope="module")
+def tp2(tiny):
+    """The tiny model over two gloo ranks; at most 2 sequences run at once, so a burst waits."""
+    llm = from_pretrained(tiny, num_blocks=64, tensor_parallel_size=2, config=SchedulerConfig(max_num_seqs=2))
+    yield llm
+    llm.close()
+
+
+def test_tp2_greedy_equals_tp1_on_a_gqa_llama(tiny, tp2):
+    ps = prompts(tiny.config.vocab_size)
+    with from_pretrained(tiny, num_blocks=64) as one:
+        want = one.generate(ps, max_new_tokens=16, stop_at_eos=False)
+    got = tp2.generate(ps, max_new_tokens=16, stop_at_eos=False)
+    assert got == want
+    facts = tp2.executor.facts
+    assert (facts.tensor_parallel_size, facts.num_kv_heads) == (2, 2)
+    # each rank's pools hold one of the two KV heads: half the bytes each
+    assert [f.num_kv_heads for f in tp2.executor.rank_facts] == [1, 1]
+    assert facts.kv_pool_bytes == 2 * tp2.executor.rank_facts[0].kv_pool_bytes
+
+
+def test_a_dead_worker_fails_every_request_and_the_engine_stops(tp2):
+    """SIGKILL rank 1 while two requests run and four wait: all six end with an error naming the dead
+    rank, within seconds, and the engine refuses new work. (Runs after the equality test: it ends `tp2`.)"""
+    params = SamplingParams(max_tokens=200, ignore_eos=True)
+    handles = [tp2.submit([1, 2, 3, i], params) for i in range(6)]
+    first = iter(handles[0])
+    next(first)  # the engine is stepping
+    victim = tp2.executor._procs[1]
+    t0 = time.monotonic()
+    os.kill(victim.pid, signal.SIGKILL)
+    completions = [h.completion(timeout=30) for h in handles]
+    assert time.monotonic() - t0 < 15
+    for c in completions:
+        assert c.finish_reason == "error"
+        assert isinstance(c.error, EngineClosedError)
+        assert "rank 1" in str(c.error) and "died" in str(c.error), str(c.error)
+    assert any(len(c.token_ids) < 200 for c in completions)
+    with pytest.raises(EngineClosedError, match="rank 1"):
+        tp2.submit([1, 2], params)
+    t1 = time.monotonic()
+    tp2.close()
+    assert time.monotonic() - t1 < 10
+    assert not any(p.is_alive() for p in tp2.executor._procs)
+
+
+@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
+def test_tp2_greedy_equals_tp1_on_code_llama_21m():
+    """The trained model (8 heads, 2 KV heads): loaded by each worker from its directory."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(MODEL)
+    ps = [tok.encode(t) for t in ("def read_json(path):\n", "import os\nclass Cache:\n    def ")]
+    with from_pretrained(str(MODEL), num_blocks=32) as one:
+        want = one.generate(ps, max_new_tokens=24, stop_at_eos=False)
+    with from_pretrained(str(MODEL), num_blocks=32, tensor_parallel_size=2) as two:
+        assert two.executor.facts.tensor_parallel_size == 2
+        got = two.generate(ps, max_new_tokens=24, stop_at_eos=False)
+    assert got == want
+
+
+def test_indivisible_heads_are_refused_before_any_worker_starts(tiny):
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match=r"tensor_parallel_size 4 does not divide .*KV heads.*\(2\)"):
+        from_pretrained(tiny, num_blocks=16, tensor_parallel_size=4)
+    with pytest.raises(UserError, match=r"tensor_parallel_size 3 does not divide .*attention heads.*\(4\)"):
+        from_pretrained(tiny, num_blocks=16, tensor_parallel_size=3)
+    for bad in (0, -2, 2.0, "2"):
+        with pytest.raises(UserError, match="tensor_parallel_size must be an integer"):
+            from_pretrained(tiny, num_blocks=16, tensor_parallel_size=bad)
+    assert time.monotonic() - t0 < 5  # no process was spawned
+
+
+def test_refusals_of_the_adapter_and_the_device():
+    from trtforge.llm.executors.tensor_parallel import pick_device
+    from trtforge.llm.models.families import adapter_for
+    from trtforge.llm.models.parallel import TensorParallel
+
+    with pytest.raises(UserError, match="not supported for gpt2"):
+        adapter_for(tiny_model("gpt2")).shard(TensorParallel(0, 2))
+    with pytest.raises(UserError, match="intermediate_size"):
+        adapter_for(tiny_model("llama", intermediate_size=97)).shard(TensorParallel(0, 2))
+    with pytest.raises(UserError, match="qkv_proj"):
+        adapter_for(tiny_model("phi3")).shard(TensorParallel(0, 2))
+    if torch.cuda.device_count() < 8:
+        with pytest.raises(UserError, match="one GPU per rank"):
+            pick_device("cuda", 8)
+
+
+def test_a_shard_holds_its_share_and_the_row_parallel_bias_once():
+    """Rank 1 of 2 of a model with q/k/v biases (qwen2), in this process (slicing only, no collective):
+    its heads' rows and bias slices, o_proj's and down_proj's input columns, its half of the vocabulary,
+    the embedding whole; sharding the same model again changes nothing."""
+    from trtforge.llm.models.families import adapter_for
+    from trtforge.llm.models.parallel import RowParallelLinear, TensorParallel, VocabParallelHead
+
+    whole = tiny_model("qwen2", **GQA)
+    part = tiny_model("qwen2", **GQA)
+    adapter = adapter_for(part)
+    adapter.shard(TensorParallel(1, 2))
+    assert (adapter.num_heads, adapter.num_kv_heads) == (2, 1)
+    d = adapter.head_dim
+    a, w = part.model.layers[0].self_attn, whole.model.layers[0].self_attn
+    assert torch.equal(a.q_proj.weight, w.q_proj.weight[2 * d : 4 * d])
+    assert torch.equal(a.k_proj.bias, w.k_proj.bias[d : 2 * d])
+    assert isinstance(a.o_proj, RowParallelLinear)
+    assert torch.equal(a.o_proj.weight, w.o_proj.weight[:, 2 * d : 4 * d])
+    m, wm = part.model.layers[0].mlp, whole.model.layers[0].mlp
+    assert torch.equal(m.down_proj.weight, wm.down_proj.weight[:, 48:])
+    head = part.lm_head
+    assert isinstance(head, VocabParallelHead) and head.weight.shape[0] == 150
+    assert torch.equal(head.weight, whole.lm_head.weight[150:])
+    adapter_for(part).shard(TensorParallel(1, 2))  # a second executor over the same shard: counts only
+    assert part.model.layers[0].self_attn.q_proj.weight.shape[0] == 2 * d
+    assert torch.equal(part.model.embed_tokens.weight, whole.model.embed_tokens.weight)  # replicated
+
+
+def test_cli_refuses_tensor_parallelism_off_the_torch_executor(tmp_path, capsys):
+    from trtforge.cli.main import main
+
+    step = tmp_path / "step.onnx"
+    step.write_bytes(b"")
+    assert main(["generate", str(step), "--prompt-ids", "1 2", "--tensor-parallel-size", "2"]) == 2
+    assert "needs the torch executor" in capsys.readouterr().err
+
+
+class _Hub:
+    """Two threads standing in for two ranks: a collective swaps their tensors at a barrier."""
+
+    def __init__(self, world: int) -> None:
+        import threading
+
+        self.barrier, self.slots = threading.Barrier(world), [None] * world
+
+    def exchange(self, rank: int, t: torch.Tensor) -> list[torch.Tensor]:
+        self.slots[rank] = t.clone()
+        self.barrier.wait(timeout=60)  # a rank that failed breaks the barrier: no test hangs
+        got = list(self.slots)
+        self.barrier.wait(timeout=60)  # nobody overwrites a slot before everyone has read them
+        return got
+
+
+def _thread_rank(rank: int, world: int, hub: _Hub):
+    from trtforge.llm.models.parallel import TensorParallel
+
+    class ThreadRank(TensorParallel):
+        def all_reduce(self, t):
+            return t.copy_(torch.stack(hub.exchange(self.rank, t)).sum(0))
+
+        def gather_columns(self, t, width):
+            return torch.cat(hub.exchange(self.rank, t), dim=-1)[..., :width]
+
+    return ThreadRank(rank, world)
+
+
+def _locked(lock, kernel, args, kwargs):
+    with lock:
+        return kernel(*args, **kwargs)
+
+
+def _on_ranks(world: int, fn):
+    """fn(rank, tp) on `world` threads at once (their collectives meet in a hub); results by rank."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    hub = _Hub(world)
+    with ThreadPoolExecutor(world) as pool:
+        futures = [pool.submit(fn, r, _thread_rank(r, world, hub)) for r in range(world)]
+        return [f.result(timeout=120) for f in futures]
+
+
+@pytest.mark.parametrize("tokens", [1, 5], ids=["gemv", "gemm"])
+def test_fused_layers_add_the_residual_once_per_group(tokens, monkeypatch):
+    """The CUDA path's fused layer (residuals folded into the o_proj/down_proj GEMMs, Triton kernels; here
+    in Triton's CPU interpreter) on two ranks equals the unsharded one: rank 0 folds the residual, the
+    all-reduce sums, and the vocab-parallel head gathers. One token takes the GEMV kernels, five the GEMMs."""
+    import copy
+
+    pytest.importorskip("triton")
+    import threading
+
+    from trtforge.llm.executors import fused_layers
+    from trtforge.llm.executors.fused_layers import FusedLayers
+    from trtforge.llm.models.families import adapter_for
+
+    lock = threading.Lock()  # Triton's interpreter patches module globals during a launch: one at a time
+    for name in ("rms_norm", "silu_mul", "gemv_residual", "norm_gemv", "norm_gate_up_silu"):
+        kernel = getattr(fused_layers, name)
+        monkeypatch.setattr(fused_layers, name, lambda *a, _k=kernel, **kw: _locked(lock, _k, a, kw))
+    whole = tiny_model("llama", **GQA).half()
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(tokens, 64, generator=g).half()
+    o = torch.randn(tokens, 4 * 16, generator=g).half()
+    fused = FusedLayers(adapter_for(whole))
+    want, want_logits = fused.finish(0, h, o), fused.logits(h).float()
+
+    def rank(r, tp):
+        part = copy.deepcopy(whole)
+        adapter = adapter_for(part)
+        adapter.shard(tp)
+        layers = FusedLayers(adapter, tp)
+        return layers.finish(0, h, o[:, r * 32 : (r + 1) * 32]), layers.logits(h).float()
+
+    for got, got_logits in _on_ranks(2, rank):
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=1e-2)
+        torch.testing.assert_close(got_logits, want_logits, atol=2e-2, rtol=1e-2)
+
+
+def test_row_parallel_bias_is_added_once():
+    """starcoder2 (biased o_proj and c_proj): the adapter's block on two ranks equals the whole block."""
+    import copy
+
+    from trtforge.llm.models.families import adapter_for
+
+    whole = tiny_model("starcoder2", **GQA)
+    assert whole.model.layers[0].self_attn.o_proj.bias is not None
+    g = torch.Generator().manual_seed(0)
+    h, o = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g)
+    with torch.no_grad():
+        want = adapter_for(whole).finish_block(0, h, o)
+
+    def rank(r, tp):
+        part = copy.deepcopy(whole)
+        adapter = adapter_for(part)
+        adapter.shard(tp)
+        with torch.no_grad():
+            return adapter.finish_block(0, h, o[:, r * 32 : (r + 1) * 32])
+
+    for got in _on_ranks(2, rank):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_tp2_on_two_gpus_matches_one_gpu_with_fused_layers_and_graphs():
+    """Two GPUs, NCCL, BF16: the fused layers (residual folded on rank 0), the Triton kernels and the
+    decode CUDA graphs (all-reduce and all-gather captured) give the one-GPU executor's logits, step after
+    step (teacher-forced with its greedy tokens, so a BF16 near-tie cannot fork the two)."""
+    import copy
+
+    from trtforge.llm.executors.base import StepBatch
+    from trtforge.llm.executors.tensor_parallel import TensorParallelExecutor
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this host has {torch.cuda.device_count()}")
+    model = tiny_model("llama", **GQA)
+    one = TorchExecutor(copy.deepcopy(model), 16, 16, device="cuda:0", dtype=torch.bfloat16)
+    assert one.fused_refusal is None and one.use_cuda_graphs
+    two = TensorParallelExecutor(model, 2, num_blocks=16, device="cuda", dtype=torch.bfloat16)
+    try:
+        assert two.facts.tensor_parallel_size == 2 and two.backend == "nccl"
+        ps = prompts(model.config.vocab_size, lens=(5, 9))
+        tables = [[0], [1, 2]]  # sequence b grows past its first block
+
+        def slots(b, positions):
+            return [tables[b][p // 16] * 16 + p % 16 for p in positions]
+
+        batch = StepBatch.build(
+            ["a", "b"], ps, [0, 0], tables, [slots(0, range(5)), slots(1, range(9))], [True, True]
+        )
+        lens = [5, 9]
+        for step in range(10):
+            want = one.step(batch).float()
+            got = two.step(batch).float().to(want.device)
+            cos = torch.nn.functional.cosine_similarity(want, got, dim=-1)
+            assert cos.min() > 0.999, (step, cos)
+            assert (want - got).abs().max() < 0.05 * want.abs().max(), step
+            nxt = want.argmax(-1).tolist()
+            new_slots = [slots(b, [n]) for b, n in enumerate(lens)]
+            batch = StepBatch.build(["a", "b"], [[t] for t in nxt], lens, tables, new_slots, [True, True])
+            lens = [n + 1 for n in lens]
+    finally:
+        two.close()
+
+
+@pytest.mark.trt_build
+def test_tensorrt_onnx_parser_imports_a_dist_collective_node():
+    """The fact a per-rank step engine would rest on (not built yet, see README "Tensor parallelism"):
+    TensorRT's ONNX parser maps a ``DistCollective`` node (all-reduce, sum, 2 ranks) to an
+    IDistCollectiveLayer, and the builder builds it (here TensorRT-RTX, on the CPU). Running it needs a
+    GPU per rank and ``IExecutionContext.set_communicator`` with an NCCL communicator."""
+    from onnx import TensorProto, helper
+
+    from trtforge.core.backend import get_backend
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])
+    node = helper.make_node(
+        "DistCollective", ["x"], ["y"], collective_operation="all_reduce", reduce_op="sum", root=-1, nb_rank=2
+    )
+    model = helper.make_model(
+        helper.make_graph([node], "g", [x], [y]), opset_imports=[helper.make_opsetid("", 23)]
+    )
+    backend = get_backend()
+    if "DistCollective" not in backend.parser_supports(["DistCollective"]):
+        pytest.skip(
+            f"{backend.name} {backend.version} has no DistCollective importer (TensorRT >= 10.16 has)"
+        )
+    builder = backend.create_builder()
+    network = backend.create_network(builder)
+    parser = backend.create_parser(network)
+    assert parser.parse(model.SerializeToString()), [
+        str(parser.get_error(i)) for i in range(parser.num_errors)
+    ]
+    layer = network.get_layer(0)
+    assert layer.type == backend.trt.LayerType.DIST_COLLECTIVE and layer.num_ranks == 2
+    assert builder.build_serialized_network(network, builder.create_builder_config()) is not None
+
+
+def test_a_workers_refusal_at_start_reaches_the_caller_and_no_worker_is_left():
+    """GPT-2 is not split: each worker's adapter refuses it; the caller gets that UserError itself."""
+    import multiprocessing
+
+    with pytest.raises(UserError, match="not supported for gpt2"):
+        from_pretrained(tiny_model("gpt2"), num_blocks=16, tensor_parallel_size=2)
+    assert not multiprocessing.active_children()
