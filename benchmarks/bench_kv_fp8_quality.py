@@ -61,7 +61,9 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=32)
     ap.add_argument("--window-len", type=int, default=512)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default=None, help="model dtype (default: float32 on the CPU, bfloat16 on CUDA)")
+    ap.add_argument(
+        "--dtype", default=None, help="model dtype (default: float32 on the CPU, bfloat16 on CUDA)"
+    )
     ap.add_argument("--quick", action="store_true", help="8 windows of 256 tokens")
     ap.add_argument("--out", default=None, help="JSON results path")
     args = ap.parse_args()
@@ -83,7 +85,11 @@ def main() -> None:
     tail = tok(text[-65536:])["input_ids"]  # calibration prompts: text no evaluated window reaches
     calib = [tail[i : i + 512] for i in range(0, min(len(tail), 2048), 512)]
     windows = _windows(tokens, args.windows, args.window_len)
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device != "cpu" else torch.float32)
+    dtype = (
+        getattr(torch, args.dtype)
+        if args.dtype
+        else (torch.bfloat16 if args.device != "cpu" else torch.float32)
+    )
     lm = load_causal_lm(args.model).to(device=args.device, dtype=dtype)
     num_blocks = -(-args.window_len // 16) + 8
     variants: dict[str, dict[str, Any]] = {
@@ -93,7 +99,12 @@ def main() -> None:
         "fp8 (fixed scale 1.0, vLLM's default)": {"kv_cache_dtype": "fp8", "kv_scales": 1.0},
     }
     prompts = [w[:64] for w in windows[:8]]
-    results: dict[str, Any] = {"model": args.model, "device": args.device, "dtype": str(dtype), "variants": {}}
+    results: dict[str, Any] = {
+        "model": args.model,
+        "device": args.device,
+        "dtype": str(dtype),
+        "variants": {},
+    }
     greedy_ref = None
     for name, kw in variants.items():
         t0 = time.perf_counter()
@@ -116,22 +127,26 @@ def main() -> None:
         if greedy_ref is None:
             greedy_ref = greedy
         else:
-            prefix = [next((i for i, (a, b) in enumerate(zip(g, r)) if a != b), len(r)) for g, r in zip(greedy, greedy_ref)]
+            prefix = [
+                next((i for i, (a, b) in enumerate(zip(g, r)) if a != b), len(r))
+                for g, r in zip(greedy, greedy_ref)
+            ]
             row["greedy_prefix_agreement"] = sum(prefix) / sum(len(r) for r in greedy_ref)
             row["greedy_identical"] = sum(g == r for g, r in zip(greedy, greedy_ref)) / len(greedy_ref)
         results["variants"][name] = row
         print(name, json.dumps(row), flush=True)
     base = results["variants"]["auto"]["ppl"]
-    for name, row in results["variants"].items():
+    for row in results["variants"].values():
         row["delta_ppl_pct"] = 100.0 * (row["ppl"] / base - 1.0)
     print("\n| variant | KV bytes/token | perplexity | ΔPPL | greedy prefix agreement | identical |")
     print("|---|---|---|---|---|---|")
     for name, row in results["variants"].items():
-        agree = row.get("greedy_prefix_agreement")
-        ident = row.get("greedy_identical")
+        agree, ident = row.get("greedy_prefix_agreement"), row.get("greedy_identical")
+        agree_s = "-" if agree is None else f"{100 * agree:.1f}%"
+        ident_s = "-" if ident is None else f"{100 * ident:.0f}%"
         print(
             f"| {name} | {row['kv_bytes_per_token']} | {row['ppl']:.4f} | {row['delta_ppl_pct']:+.3f}% | "
-            f"{'-' if agree is None else f'{100 * agree:.1f}%'} | {'-' if ident is None else f'{100 * ident:.0f}%'} |"
+            f"{agree_s} | {ident_s} |"
         )
     if args.out:
         from trtforge._fileio import atomic_write_text

@@ -38,7 +38,7 @@ if importlib.util.find_spec("triton") is not None and not _cuda_available():
 
     _original_convert = _interpreter._convert_float
 
-    def _convert_float(input, input_dtype, output_dtype, rounding_mode):  # type: ignore[no-untyped-def]
+    def _convert_float(input, input_dtype, output_dtype, rounding_mode):  # type: ignore[no-untyped-def]  # noqa: A002
         import numpy as np
         import torch
         import triton.language as tl
@@ -51,8 +51,8 @@ if importlib.util.find_spec("triton") is not None and not _cuda_available():
             tl.bfloat16: (np.uint16, torch.int16, torch.bfloat16),
             tl.float32: (np.float32, torch.float32, torch.float32),
         }
-        np_in, raw_in, t_in = as_torch[input_dtype]
-        np_out, raw_out, t_out = as_torch[output_dtype]
+        np_in, _, t_in = as_torch[input_dtype]
+        _, raw_out, t_out = as_torch[output_dtype]
         bits = np.ascontiguousarray(input).view(np_in)
         src = torch.from_numpy(bits.view(np.int16) if np_in is np.uint16 else bits).view(t_in)
         out = src.to(t_out).view(raw_out).numpy()

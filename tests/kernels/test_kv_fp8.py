@@ -52,7 +52,9 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def _fp8_pools(kq, vq, lens, page, seed):
     """FP8 K/V [B, Hkv, S, D] in pools of randomly placed blocks (spare blocks hold NaN: never read)."""
-    kp, vp, table = paged_from_contiguous(kq.float(), vq.float(), lens, page, torch.Generator().manual_seed(seed))
+    kp, vp, table = paged_from_contiguous(
+        kq.float(), vq.float(), lens, page, torch.Generator().manual_seed(seed)
+    )
     return kp.to(FP8_KV_DTYPE), vp.to(FP8_KV_DTYPE), table
 
 
@@ -104,7 +106,9 @@ def test_cache_write_then_decode_over_fp8(device, page):
     on = [t.to(device) if t is not None else None for t in (q, k, v, kc, vc, lens, table)]
     q_, k_, v_, kc_, vc_, lens_, table_ = on
     write_kv_cache(k_, v_, kc_, vc_, torch.zeros_like(lens_), table_, k_scale=ks, v_scale=vs)
-    got = decode_attention(q_, kc_, vc_, lens_, table_, config=DecodeConfig(num_splits=2), k_scale=ks, v_scale=vs)
+    got = decode_attention(
+        q_, kc_, vc_, lens_, table_, config=DecodeConfig(num_splits=2), k_scale=ks, v_scale=vs
+    )
     kq, vq = dequantize(quantize_fp8(k, ks), ks), dequantize(quantize_fp8(v, vs), vs)
     want = reference_decode(q, kq, vq, lens)
     assert (got.float().cpu() - want).abs().max() < TOL[torch.float16]

@@ -84,6 +84,22 @@ def _parse_ids(text: str) -> list[int]:
 )
 @click.option("--num-blocks", default=None, type=int, help="KV-cache blocks in the pool (slot graphs: rows).")
 @click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(["auto", "fp8"]),
+    default="auto",
+    show_default=True,
+    help="torch executor KV cache: auto = the model's dtype; fp8 = E4M3 pools with per-layer scales (half "
+    "BF16's bytes; GPUs of compute capability 8.9+, or the CPU).",
+)
+@click.option(
+    "--calib-data",
+    "calib_data",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Prompts calibrating the FP8 KV cache's scales: one per line, space-separated token ids "
+    "(default: seeded random ids).",
+)
+@click.option(
     "--stop",
     "stops",
     multiple=True,
@@ -109,6 +125,8 @@ def generate_cmd(
     json_schema: str | None,
     executor: str,
     num_blocks: int | None,
+    kv_cache_dtype: str,
+    calib_data: str | None,
     stops: tuple[str, ...],
 ) -> None:
     """Generate continuations of prompts with MODEL, printing tokens as they come."""
@@ -156,7 +174,12 @@ def generate_cmd(
     if executor == "auto":
         suffix = {".engine": "tensorrt", ".onnx": "onnxruntime"}
         executor = next((v for k, v in suffix.items() if model.endswith(k)), "torch")
-    with load(model, executor, num_blocks=num_blocks) as llm:
+    from trtforge.cli.compile_generate import _read_prompts
+
+    calib = _read_prompts(calib_data) if calib_data else None
+    with load(
+        model, executor, num_blocks=num_blocks, kv_cache_dtype=kv_cache_dtype, calib_prompts=calib
+    ) as llm:
         if json_schema is not None:
             llm.engine.enable_structured_output(tok)
         handles = [h for r in rows for h in llm.engine.submit_n(r, params)]

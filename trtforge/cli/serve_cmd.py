@@ -89,6 +89,22 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     help="torch executor weights and KV cache; auto: bfloat16 on a GPU, float32 on the CPU.",
 )
 @click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(["auto", "fp8"]),
+    default="auto",
+    show_default=True,
+    help="torch executor KV cache: auto = the model's dtype; fp8 = E4M3 pools with per-layer scales (half "
+    "BF16's bytes; GPUs of compute capability 8.9+, or the CPU).",
+)
+@click.option(
+    "--calib-data",
+    "calib_data",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Prompts calibrating the FP8 KV cache's scales: one per line, space-separated token ids "
+    "(default: seeded random ids).",
+)
+@click.option(
     "--log-level",
     default="warning",
     show_default=True,
@@ -113,6 +129,8 @@ def serve_cmd(
     executor: str,
     device: str | None,
     dtype: str,
+    kv_cache_dtype: str,
+    calib_data: str | None,
     log_level: str,
 ) -> None:
     """Serve MODEL over OpenAI's HTTP API."""
@@ -146,14 +164,18 @@ def serve_cmd(
         "config": config,
         "gpu_memory_utilization": gpu_memory_utilization,
     }
+    from trtforge.cli.compile_generate import _read_prompts
+
+    calib = _read_prompts(calib_data) if calib_data else None
     if executor == "torch":
-        llm = from_pretrained(model, **_placement(device, dtype), **sizes)
+        kv = {"kv_cache_dtype": kv_cache_dtype, "calib_prompts": calib}
+        llm = from_pretrained(model, **_placement(device, dtype), **sizes, **kv)
     else:
         if device is not None or dtype != "auto":
             raise UserError(
                 f"--device and --dtype apply to the torch executor; '{model}' runs on {executor}."
             )
-        llm = load(model, executor, **sizes)
+        llm = load(model, executor, kv_cache_dtype=kv_cache_dtype, calib_prompts=calib, **sizes)
     if not isinstance(llm, ServingLLM):
         raise UserError(
             f"'{model}' is a slot-layout step graph (the greedy loop); serving needs a paged model: "

@@ -190,7 +190,8 @@ def chunked_prefill_attention(
     """Attention of a prompt chunk q [B, Hq, S_q, D] over each sequence's first seq_lens[b] cached
     keys (prefix + chunk), LOWER_RIGHT causal, GQA; caches as in :func:`decode_attention`
     (contiguous [B, Hkv, S_max, D] or a block pool [num_blocks, block_size, Hkv, D] with
-    `block_table`; q's dtype, or FP8 E4M3 with `k_scale` / `v_scale`, read in place). `q_lens` (int32 [B]) gives ragged chunk lengths (right-padded to S_q); rows past
+    `block_table`; q's dtype, or FP8 E4M3 with `k_scale` / `v_scale`, read in place).
+    `q_lens` (int32 [B]) gives ragged chunk lengths (right-padded to S_q); rows past
     them are left unwritten. `window` W (sliding-window layers): the query at position p sees only
     keys j with p - W < j <= p. Works on torch tensors and on DeviceTensor views (give `out`).
     Returns `out`."""

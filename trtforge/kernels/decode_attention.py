@@ -522,7 +522,9 @@ def _check(
     if len(dtypes) != 1 or q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"q and out must share one dtype among {SUPPORTED_DTYPES}; got {dtypes}")
     if k.dtype != v.dtype or k.dtype not in (q.dtype, FP8_KV_DTYPE):
-        raise ValueError(f"caches must both be {q.dtype} (q's dtype) or {FP8_KV_DTYPE}; got {k.dtype}, {v.dtype}")
+        raise ValueError(
+            f"caches must both be {q.dtype} (q's dtype) or {FP8_KV_DTYPE}; got {k.dtype}, {v.dtype}"
+        )
     if tuple(seq_lens.shape) != (b,) or seq_lens.dtype != torch.int32:
         raise ValueError(f"seq_lens must be int32 [B] = [{b}]; got {seq_lens.dtype} {tuple(seq_lens.shape)}")
     if block_table is None:
@@ -909,7 +911,8 @@ def prepare_paged_decode(
     """:func:`decode_attention`'s launch over a block pool with a fixed `config`, one query per
     sequence, checked and laid out once: called as ``launch(q, k_pool, v_pool, out, scale)`` with
     tensors of the geometry of those given here, it attends the same sequences (every layer of a
-    serving step); FP8 pools: ``launch(q, k_pool, v_pool, out, scale * k_scale, v_scale)``. q and out are ``[B, Hq, D]``, or flat ``[T, Hq, D]`` steps whose `rows` are the B
+    serving step); FP8 pools: ``launch(q, k_pool, v_pool, out, scale * k_scale, v_scale)``.
+    q and out are ``[B, Hq, D]``, or flat ``[T, Hq, D]`` steps whose `rows` are the B
     decode rows. Scratch (partials; this stream's arrival counters, outside graph capture) is taken
     here once and reused by every launch, so launches run in order on the stream current here."""
     pick = (lambda t: t.unsqueeze(2)) if rows is None else (lambda t: t[rows].unsqueeze(2))

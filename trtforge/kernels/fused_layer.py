@@ -159,8 +159,12 @@ def _rope_cache_kernel(
             vp = VPool + blk * stride_vb + off * stride_vn + offs_h[:, None] * stride_vh + offs_p[None, :]
             ksrc = row + (num_heads + offs_h[:, None]) * d2 + offs_p[None, :]
             vsrc = row + (num_heads + num_kv_heads + offs_h[:, None]) * d2 + offs_p[None, :]
-            tl.store(kp, to_cache(tl.load(ksrc, mask=pok, other=0.0).to(tl.float32), k_inv_scale, kt), mask=pok)
-            tl.store(vp, to_cache(tl.load(vsrc, mask=pok, other=0.0).to(tl.float32), v_inv_scale, vt), mask=pok)
+            tl.store(
+                kp, to_cache(tl.load(ksrc, mask=pok, other=0.0).to(tl.float32), k_inv_scale, kt), mask=pok
+            )
+            tl.store(
+                vp, to_cache(tl.load(vsrc, mask=pok, other=0.0).to(tl.float32), v_inv_scale, vt), mask=pok
+            )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -43,7 +43,7 @@ def inverse_scale(scale: float) -> float:
 def to_cache(x, inv_scale, DST: tl.constexpr):
     """`x` (float32) as a cache element of type DST: for FP8 ``x * inv_scale`` saturated to ±448, then
     rounded to nearest even; other types just rounded."""
-    if DST == tl.float8e4nv:
+    if tl.float8e4nv == DST:
         x = tl.minimum(tl.maximum(x * inv_scale, -448.0), 448.0)
     return x.to(DST)
 

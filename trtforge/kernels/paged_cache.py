@@ -263,9 +263,13 @@ def write_kv_slots(
 def _check_dtypes(k_new: Any, v_new: Any, k_cache: Any, v_cache: Any, what: str) -> None:
     """New rows share one dtype, and the caches either that one or FP8 E4M3 (both the same)."""
     if k_new.dtype != v_new.dtype or k_cache.dtype != v_cache.dtype:
-        raise ValueError(f"k and v must share one dtype; got {k_new.dtype}/{v_new.dtype}, {k_cache.dtype}/{v_cache.dtype}")
+        raise ValueError(
+            f"k and v must share one dtype; got {k_new.dtype}/{v_new.dtype}, {k_cache.dtype}/{v_cache.dtype}"
+        )
     if k_cache.dtype not in (k_new.dtype, FP8_KV_DTYPE):
-        raise ValueError(f"{what} must be {k_new.dtype} like the new rows, or {FP8_KV_DTYPE}; got {k_cache.dtype}")
+        raise ValueError(
+            f"{what} must be {k_new.dtype} like the new rows, or {FP8_KV_DTYPE}; got {k_cache.dtype}"
+        )
 
 
 def paged_attention_step(

@@ -150,6 +150,8 @@ def load(
     config: SchedulerConfig | None = None,
     max_num_seqs: int | None = None,
     gpu_memory_utilization: float = sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
+    kv_cache_dtype: str = "auto",
+    calib_prompts: Sequence[Sequence[int]] | None = None,
 ) -> ServingLLM:
     """Load a model for generation: always a :class:`ServingLLM`.
 
@@ -162,8 +164,11 @@ def load(
     - ``executor="torch"``: `path` is a save_pretrained directory or ``module:factory``; see
       :func:`from_pretrained`.
 
-    Sizes not given default to the machine's (:mod:`trtforge.llm.sizing`).
+    Sizes not given default to the machine's (:mod:`trtforge.llm.sizing`). `kv_cache_dtype` "fp8" is
+    the torch executor's (see :func:`from_pretrained`); step graphs and engines keep their own cache dtype.
     """
+    from trtforge.llm.executors.kv_cache import kv_cache_dtype_name
+
     if executor not in EXECUTORS:
         raise UserError(f"executor {executor!r} is not available; choose one of {', '.join(EXECUTORS)}.")
     if executor == "torch":
@@ -174,6 +179,16 @@ def load(
             config=config,
             max_num_seqs=max_num_seqs,
             gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_dtype=kv_cache_dtype,
+            calib_prompts=calib_prompts,
+        )
+    if kv_cache_dtype_name(kv_cache_dtype) != "auto" or calib_prompts is not None:
+        runs = "TensorRT" if executor == "tensorrt" or str(path).endswith(".engine") else "ONNX Runtime"
+        raise UserError(
+            f"kv_cache_dtype (--kv-cache-dtype) {kv_cache_dtype!r} and its calibration prompts "
+            f"(--calib-data) are not supported by the {runs} executor yet: a step graph or engine keeps "
+            "the KV cache in the dtype it was compiled with. FP8 KV caches run on the torch executor: "
+            "trtforge.llm.from_pretrained(model_dir, kv_cache_dtype='fp8') or --executor torch."
         )
     from trtforge._fileio import as_path
     from trtforge.llm.executors.onnxruntime_exec import OrtPagedExecutor, read_generation
@@ -278,16 +293,28 @@ def from_pretrained(
     config: SchedulerConfig | None = None,
     max_num_seqs: int | None = None,
     gpu_memory_utilization: float = sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
+    kv_cache_dtype: str = "auto",
+    calib_prompts: Sequence[Sequence[int]] | None = None,
 ) -> ServingLLM:
     """Serve a transformers causal LM (an nn.Module, a save_pretrained directory or ``module:factory``)
     with the torch paged executor (:class:`trtforge.llm.executors.torch_exec.TorchExecutor`).
 
     `num_blocks` None sizes the pool to the machine (:func:`trtforge.llm.sizing.torch_pool`: on a GPU
-    `gpu_memory_utilization` of the memory left after the weights and a measured step); `config` None
-    takes :func:`trtforge.llm.sizing.default_scheduler_config`."""
+    `gpu_memory_utilization` of the memory left after the weights and a measured step, in the cache's
+    real bytes per token); `config` None takes :func:`trtforge.llm.sizing.default_scheduler_config`.
+    `kv_cache_dtype`: "auto" (the model's dtype) or "fp8" (E4M3 pools, half the bytes of BF16, with one
+    K and one V scale per layer calibrated on `calib_prompts`, token-id lists as ``--calib-data``
+    gives them; None: seeded random ids). FP8 needs a GPU of compute capability 8.9+ (or the CPU)."""
+    from trtforge.llm.executors.kv_cache import kv_cache_dtype_name
     from trtforge.llm.executors.torch_exec import TorchExecutor
     from trtforge.llm.models.loader import load_causal_lm
 
+    kv_cache_dtype = kv_cache_dtype_name(kv_cache_dtype)  # refused before the model loads
+    if calib_prompts is not None and kv_cache_dtype == "auto":
+        raise UserError(
+            "calib_prompts (--calib-data) calibrate the FP8 KV cache's scales; with kv_cache_dtype='auto' "
+            "there is nothing to calibrate. Pass kv_cache_dtype='fp8' (--kv-cache-dtype fp8), or drop them."
+        )
     config = sizing.default_scheduler_config(config, max_num_seqs)
     lm = load_causal_lm(model)
     if num_blocks is None:
@@ -299,6 +326,7 @@ def from_pretrained(
             max_model_len=max_model_len,
             config=config,
             gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_dtype=kv_cache_dtype,
         ).num_blocks
     ex = TorchExecutor(
         lm,
@@ -307,5 +335,7 @@ def from_pretrained(
         device=device,
         dtype=dtype,
         max_model_len=max_model_len,
+        kv_cache_dtype=kv_cache_dtype,
+        calib_prompts=calib_prompts,
     )
     return ServingLLM(ex, config)

@@ -33,8 +33,9 @@ def kv_cache_dtype_name(value: Any) -> str:
     name = _ALIASES.get(value) if isinstance(value, str) else None
     if name is None:
         raise UserError(
-            f"kv_cache_dtype (--kv-cache-dtype) {value!r} is not supported; choose 'auto' (the model's dtype) "
-            "or 'fp8' (E4M3 pools with per-layer scales). FP8 E5M2 and INT8 KV caches are not implemented."
+            f"kv_cache_dtype (--kv-cache-dtype) {value!r} is not supported; choose 'auto' (the model's "
+            "dtype) or 'fp8' (E4M3 pools with per-layer scales). FP8 E5M2 and INT8 KV caches are not "
+            "implemented."
         )
     return name
 
@@ -112,7 +113,9 @@ def calibrate_kv_scales(
         raise UserError("KV-cache calibration needs at least one non-empty prompt (--calib-data).")
     bad = [t for r in rows for t in r if not 0 <= int(t) < vocab]
     if bad:
-        raise UserError(f"calibration prompts hold token ids {bad[:5]} outside the vocabulary 0..{vocab - 1}.")
+        raise UserError(
+            f"calibration prompts hold token ids {bad[:5]} outside the vocabulary 0..{vocab - 1}."
+        )
     device = next(model.parameters()).device
     k_amax, v_amax = [0.0] * num_layers, [0.0] * num_layers
     for r in rows:
@@ -138,7 +141,9 @@ def write_reference(pool: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, sc
     flat `slots` (int64 ``[T]``), quantized with `scale` where the pool is FP8."""
     hkv, d = int(pool.shape[2]), int(pool.shape[3])
     if pool.dtype == FP8_KV_DTYPE:  # (index_copy_ has no FP8 kernel: copy the bytes)
-        pool.view(torch.uint8).view(-1, hkv, d).index_copy_(0, slots, quantize_fp8(x, scale).view(torch.uint8))
+        pool.view(torch.uint8).view(-1, hkv, d).index_copy_(
+            0, slots, quantize_fp8(x, scale).view(torch.uint8)
+        )
     else:
         pool.view(-1, hkv, d).index_copy_(0, slots, x)
 

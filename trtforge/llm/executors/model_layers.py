@@ -21,7 +21,12 @@ class ModelLayers:
     """The model split at its attention calls (:class:`~.piecewise.StepLayers`), fused where it can be."""
 
     def __init__(
-        self, adapter: DecoderAdapter, fused: Any, k_pools: list, v_pools: list, kv_scales: KVScales | None = None
+        self,
+        adapter: DecoderAdapter,
+        fused: Any,
+        k_pools: list,
+        v_pools: list,
+        kv_scales: KVScales | None = None,
     ) -> None:
         self.adapter, self.fused, self.k_pools, self.v_pools = adapter, fused, k_pools, v_pools
         self.num_layers = len(k_pools)

@@ -162,7 +162,10 @@ class TorchExecutor:
         return length
 
     def _kv_cache(
-        self, kv_cache_dtype: str, kv_scales: KVScales | float | None, calib_prompts: Sequence[Sequence[int]] | None
+        self,
+        kv_cache_dtype: str,
+        kv_scales: KVScales | float | None,
+        calib_prompts: Sequence[Sequence[int]] | None,
     ) -> None:
         """The pools' dtype (`kv_dtype`), the FP8 scales (`kv_scales`, None for 16/32-bit pools) and the
         keyword arguments each layer's attention call gets (`_kv_kwargs`: the layer's scales)."""
@@ -173,7 +176,9 @@ class TorchExecutor:
         self._kv_kwargs: list[dict[str, float]] = [{} for _ in range(layers)]
         if self.kv_cache_dtype == "auto":
             if kv_scales is not None:
-                raise UserError("TorchExecutor kv_scales apply to kv_cache_dtype='fp8' only (this one is 'auto').")
+                raise UserError(
+                    "TorchExecutor kv_scales apply to kv_cache_dtype='fp8' only (this one is 'auto')."
+                )
             return
         if isinstance(kv_scales, KVScales):
             if len(kv_scales.k) != layers or len(kv_scales.v) != layers:
@@ -196,7 +201,9 @@ class TorchExecutor:
     ) -> None:
         """The attention functions (`kernels`, unless given explicitly), and the fused layers where the
         Triton kernels run a Llama-style model that fits them (else ``fused_refusal`` says why not)."""
-        usable = triton_usable(self.device, self.dtype, self._block_size, self._adapter.head_dim, self.kv_dtype)
+        usable = triton_usable(
+            self.device, self.dtype, self._block_size, self._adapter.head_dim, self.kv_dtype
+        )
         if kernels is None:
             kernels = "triton" if usable and self.device.type == "cuda" else "torch"
         if kernels not in ("triton", "torch"):
@@ -205,7 +212,8 @@ class TorchExecutor:
             raise UserError(
                 "TorchExecutor kernels='triton' needs a CUDA model in float16/bfloat16 (its KV cache in that "
                 "dtype or FP8), a power-of-two block size and head dim <= 256, and Triton installed; got "
-                f"{self.device.type}, {self.dtype}, block size {self._block_size}, head dim {self._adapter.head_dim}"
+                f"{self.device.type}, {self.dtype}, block size {self._block_size}, head dim "
+                f"{self._adapter.head_dim}"
             )
         self.kernels = kernels
         default_decode = TritonDecodeAttention() if kernels == "triton" else paged_decode_reference
@@ -383,7 +391,13 @@ class TorchExecutor:
         writes_out = isinstance(attention, TritonPagedAttention)
 
         def attend(i: int, q: torch.Tensor, out: torch.Tensor) -> None:
-            kp, vp, scale, window, kv = self.k_pools[i], self.v_pools[i], a.scales[i], a.windows[i], self._kv_kwargs[i]
+            kp, vp, scale, window, kv = (
+                self.k_pools[i],
+                self.v_pools[i],
+                a.scales[i],
+                a.windows[i],
+                self._kv_kwargs[i],
+            )
             if writes_out:
                 attention(q, kp, vp, meta, scale, window, out=out, **kv)
             else:

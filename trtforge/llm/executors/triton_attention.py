@@ -32,7 +32,11 @@ _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def triton_usable(
-    device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int, kv_dtype: torch.dtype | None = None
+    device: torch.device,
+    dtype: torch.dtype,
+    block_size: int,
+    head_dim: int,
+    kv_dtype: torch.dtype | None = None,
 ) -> bool:
     """Whether the Triton kernels can serve a model of this device and dtype over pools of `kv_dtype`
     (default: the model's; else FP8 E4M3), block size and head dim (on the CPU only inside Triton's

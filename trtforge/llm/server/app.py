@@ -259,6 +259,8 @@ def create_app(state: ServerState) -> FastAPI:
             _check_key(state, request)
         except ApiError as e:
             return _error(e, "models", state)
+        facts = getattr(getattr(state.llm, "executor", None), "facts", None)
+        kv_dtype = getattr(facts, "kv_dtype", None)  # what the KV pools hold (float8_e4m3fn: FP8 KV)
         data = [
             {
                 "id": n,
@@ -266,6 +268,7 @@ def create_app(state: ServerState) -> FastAPI:
                 "created": 0,
                 "owned_by": "trtforge",
                 "max_model_len": state.max_model_len,
+                "kv_cache_dtype": kv_dtype,
             }
             for n in state.served_model_names
         ]
