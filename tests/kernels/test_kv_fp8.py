@@ -226,3 +226,30 @@ def test_mismatched_cache_dtypes_are_refused():
         write_kv_slots(
             q.transpose(1, 2), q.transpose(1, 2), kc.float(), kc.float(), torch.zeros(1, 1, dtype=torch.int32)
         )
+
+
+@pytest.mark.gpu
+def test_llama3_8b_shape_decode_and_prefill_over_fp8_on_the_gpu():
+    """Hq 32 / Hkv 8 / D 128, BF16 queries, contexts up to 4096 in 16-token blocks at random places: the
+    autotuned decode launch and a 256-token chunk over a prefix of up to 1024 tokens, against the FP32
+    reference of the same dequantized pools (TOL) and of the unquantized BF16 K/V (QUANT_TOL)."""
+    device = _device("cuda")
+    g = torch.Generator().manual_seed(6)
+    b, hq, hkv, d, page = 4, 32, 8, 128, 16
+    lens = torch.tensor([4096, 1000, 2500, 1280], dtype=torch.int32)
+    s_max = 4096
+    k = torch.randn(b, hkv, s_max, d, generator=g).bfloat16()
+    v = torch.randn(b, hkv, s_max, d, generator=g).bfloat16()
+    ks, vs = float(k.abs().max()) / 448, float(v.abs().max()) / 448
+    kq, vq = quantize_fp8(k, ks), quantize_fp8(v, vs)
+    kp, vp, table = _fp8_pools(kq, vq, lens, page, 10)
+    kp, vp, table, lens_d = kp.to(device), vp.to(device), table.to(device), lens.to(device)
+    kd, vd = dequantize(kq, ks).to(device), dequantize(vq, vs).to(device)
+    q = torch.randn(b, hq, 1, d, generator=g).bfloat16().to(device)
+    got = decode_attention(q, kp, vp, lens_d, table, k_scale=ks, v_scale=vs)
+    assert (got.float() - reference_decode(q, kd, vd, lens_d)).abs().max() < TOL[torch.bfloat16]
+    assert (got.float() - reference_decode(q, k.to(device), v.to(device), lens_d)).abs().max() < QUANT_TOL
+    chunk_lens = torch.clamp(lens_d, max=1280)  # a 256-token chunk after a prefix of 1024 (sequence 1: 744)
+    qc = torch.randn(b, hq, 256, d, generator=g).bfloat16().to(device)
+    got = chunked_prefill_attention(qc, kp, vp, chunk_lens, table, k_scale=ks, v_scale=vs)
+    assert (got.float() - reference_decode(qc, kd, vd, chunk_lens)).abs().max() < TOL[torch.bfloat16]
