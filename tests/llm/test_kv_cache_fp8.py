@@ -46,7 +46,10 @@ def test_fp8_pools_take_one_byte_an_element_and_report_real_bytes():
     assert fp8.facts.kv_bytes_per_token * 2 == bf16.facts.kv_bytes_per_token
     with ServingLLM(fp8) as llm:
         llm.generate([[5, 6, 7] * 7], max_new_tokens=4)
+        # n=2 forks the sequence: its partly filled last block is copied (copy-on-write) in the FP8 pools
+        twins = llm.completions([[5, 6, 7] * 7], SamplingParams(n=2, max_tokens=6, ignore_eos=True))
         mem = llm.memory_stats()
+    assert twins[0].token_ids == twins[1].token_ids  # greedy: both samples continue alike
     assert mem.kv_dtype == "float8_e4m3fn"
     assert mem.block_bytes == fp8.facts.kv_bytes_per_token * fp8.facts.block_size
     assert mem.total_bytes == 8 * mem.block_bytes and mem.bytes_per_token == fp8.facts.kv_bytes_per_token

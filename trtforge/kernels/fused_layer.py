@@ -20,7 +20,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtforge.kernels.gemv import pdl_supported
-from trtforge.kernels.kv_quant import inverse_scale, to_cache
+from trtforge.kernels.kv_quant import inverse_scale
+from trtforge.kernels.paged_cache import to_cache
 
 
 @triton.jit
@@ -100,7 +101,7 @@ def _rope_cache_kernel(
     writes keys and values to pool slot Slots[t] (block Slots[t] // PAGE, offset Slots[t] % PAGE).
     The rotation covers a head's first 2 * HALF channels; channels 2 * HALF .. D (a partial rotary's
     rest; none when D is 2 * HALF) pass through unrotated. FP8 pools get k * k_inv_scale and
-    v * v_inv_scale, saturated (:func:`~trtforge.kernels.kv_quant.to_cache`).
+    v * v_inv_scale, saturated (:func:`~trtforge.kernels.paged_cache.to_cache`).
     PDL: launched early (programmatic dependent launch), it waits for the previous kernel's writes."""
     if PDL:
         gdc_wait()

@@ -3,11 +3,12 @@
 A pool of ``torch.float8_e4m3fn`` stores ``x / scale`` rounded to nearest (even) and saturated to
 ±448 (E4M3's largest finite value); a read gives back ``stored * scale``. Each layer has one K scale
 and one V scale (float32, per tensor). The cache-write kernels quantize as they store
-(:func:`to_cache`), the attention kernels load FP8 tiles and widen them in registers: the K scale folds
-into the softmax scale (``q . (k * s_k) * sm = (q . k) * (sm * s_k)``) and the V scale multiplies the
-normalized output (the split partials combine linearly, so once at the end). No dequantized copy of
-a pool is ever made. :func:`quantize_fp8` / :func:`dequantize` are the same arithmetic in torch
-(the reference path and the kernels' oracle).
+(:func:`trtforge.kernels.paged_cache.to_cache`), the attention kernels load FP8 tiles and widen them
+in registers: the K scale folds into the softmax scale (``q . (k * s_k) * sm = (q . k) * (sm * s_k)``)
+and the V scale multiplies the normalized output (the split partials combine linearly, so once at
+the end). No dequantized copy of a pool is ever made. :func:`quantize_fp8` / :func:`dequantize` are
+the same arithmetic in torch (the reference path and the kernels' oracle); this module imports no
+Triton, so the CPU reference path runs where Triton is not installed.
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
-__all__ = ["FP8_KV_DTYPE", "FP8_MAX", "dequantize", "inverse_scale", "is_fp8", "quantize_fp8", "to_cache"]
+__all__ = ["FP8_KV_DTYPE", "FP8_MAX", "dequantize", "inverse_scale", "is_fp8", "quantize_fp8"]
 
 FP8_KV_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # E4M3 (fn: no infinities): the largest finite magnitude
@@ -39,17 +38,8 @@ def inverse_scale(scale: float) -> float:
     return float(np.float32(1.0 / scale))
 
 
-@triton.jit
-def to_cache(x, inv_scale, DST: tl.constexpr):
-    """`x` (float32) as a cache element of type DST: for FP8 ``x * inv_scale`` saturated to ±448, then
-    rounded to nearest even; other types just rounded."""
-    if tl.float8e4nv == DST:
-        x = tl.minimum(tl.maximum(x * inv_scale, -448.0), 448.0)
-    return x.to(DST)
-
-
 def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """`x` in E4M3 with per-tensor `scale` (torch; the kernels' :func:`to_cache` for FP8)."""
+    """`x` in E4M3 with per-tensor `scale` (torch; what the cache-write kernels store for FP8)."""
     return (x.float() * inverse_scale(scale)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_KV_DTYPE)
 
 

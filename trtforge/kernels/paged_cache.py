@@ -19,9 +19,19 @@ import triton
 import triton.language as tl
 
 from trtforge.kernels.device_tensor import pool_heads_major
-from trtforge.kernels.kv_quant import FP8_KV_DTYPE, inverse_scale, to_cache
+from trtforge.kernels.kv_quant import FP8_KV_DTYPE, inverse_scale
 
-__all__ = ["paged_attention_step", "write_kv_cache", "write_kv_slots"]
+__all__ = ["paged_attention_step", "to_cache", "write_kv_cache", "write_kv_slots"]
+
+
+@triton.jit
+def to_cache(x, inv_scale, DST: tl.constexpr):
+    """`x` (float32) as a cache element of type DST: for FP8 E4M3 ``x * inv_scale`` saturated to ±448,
+    then rounded to nearest even (:func:`trtforge.kernels.kv_quant.quantize_fp8` in torch); other
+    types just rounded."""
+    if tl.float8e4nv == DST:
+        x = tl.minimum(tl.maximum(x * inv_scale, -448.0), 448.0)
+    return x.to(DST)
 
 
 @triton.jit

@@ -4,6 +4,8 @@
 (:mod:`.onnxruntime_exec`, an exported paged step graph in exact ONNX Runtime) and ``tensorrt``
 (:mod:`.tensorrt_exec`, the paged step engine on a GPU); the graph executors share one feed mapping
 (:mod:`.paged_feeds`). :mod:`.onnxruntime_slot` runs slot-layout step graphs for the simple greedy loop.
+:mod:`.kv_cache` is the torch executor's KV cache element type (``kv_cache_dtype``: auto / fp8) and
+its FP8 scales.
 
 May import ``core``, ``kernels``, ``plugins``, ``runtime``, ``numerics``, ``llm.contract`` and ``llm.models``;
 never ``llm.compile`` (what both need is in ``llm.contract``).
