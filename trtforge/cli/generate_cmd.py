@@ -94,6 +94,22 @@ def _parse_ids(text: str) -> list[int]:
     help="torch executor: split the model over N ranks (worker processes; one GPU each on CUDA).",
 )
 @click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(["auto", "fp8"]),
+    default="auto",
+    show_default=True,
+    help="torch executor KV cache: auto = the model's dtype; fp8 = E4M3 pools with per-layer scales (half "
+    "BF16's bytes; GPUs of compute capability 8.9+, or the CPU).",
+)
+@click.option(
+    "--calib-data",
+    "calib_data",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Prompts calibrating the FP8 KV cache's scales: one per line, space-separated token ids "
+    "(default: seeded random ids).",
+)
+@click.option(
     "--stop",
     "stops",
     multiple=True,
@@ -121,6 +137,8 @@ def generate_cmd(
     executor: str,
     num_blocks: int | None,
     tensor_parallel_size: int,
+    kv_cache_dtype: str,
+    calib_data: str | None,
     stops: tuple[str, ...],
     speculative_method: str | None,
     speculative_model: str | None,
@@ -171,6 +189,9 @@ def generate_cmd(
     if executor == "auto":
         suffix = {".engine": "tensorrt", ".onnx": "onnxruntime"}
         executor = next((v for k, v in suffix.items() if model.endswith(k)), "torch")
+    from trtforge.cli.compile_generate import _read_prompts
+
+    calib = _read_prompts(calib_data) if calib_data else None
     spec = speculative_config(speculative_method, speculative_model, num_speculative_tokens)
     with load(
         model,
@@ -178,6 +199,8 @@ def generate_cmd(
         num_blocks=num_blocks,
         speculative=spec,
         tensor_parallel_size=tensor_parallel_size,
+        kv_cache_dtype=kv_cache_dtype,
+        calib_prompts=calib,
     ) as llm:
         if json_schema is not None:
             llm.engine.enable_structured_output(tok)

@@ -99,6 +99,22 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     help="torch executor: split the model over N ranks (worker processes; one GPU each on CUDA).",
 )
 @click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(["auto", "fp8"]),
+    default="auto",
+    show_default=True,
+    help="torch executor KV cache: auto = the model's dtype; fp8 = E4M3 pools with per-layer scales (half "
+    "BF16's bytes; GPUs of compute capability 8.9+, or the CPU).",
+)
+@click.option(
+    "--calib-data",
+    "calib_data",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Prompts calibrating the FP8 KV cache's scales: one per line, space-separated token ids "
+    "(default: seeded random ids).",
+)
+@click.option(
     "--log-level",
     default="warning",
     show_default=True,
@@ -125,6 +141,8 @@ def serve_cmd(
     device: str | None,
     dtype: str,
     tensor_parallel_size: int,
+    kv_cache_dtype: str,
+    calib_data: str | None,
     log_level: str,
     speculative_method: str | None,
     speculative_model: str | None,
@@ -162,9 +180,17 @@ def serve_cmd(
         "gpu_memory_utilization": gpu_memory_utilization,
         "speculative": speculative_config(speculative_method, speculative_model, num_speculative_tokens),
     }
+    from trtforge.cli.compile_generate import _read_prompts
+
+    calib = _read_prompts(calib_data) if calib_data else None
     if executor == "torch":
         llm = from_pretrained(
-            model, **_placement(device, dtype), **sizes, tensor_parallel_size=tensor_parallel_size
+            model,
+            **_placement(device, dtype),
+            **sizes,
+            tensor_parallel_size=tensor_parallel_size,
+            kv_cache_dtype=kv_cache_dtype,
+            calib_prompts=calib,
         )
     else:
         if device is not None or dtype != "auto" or tensor_parallel_size != 1:
@@ -172,7 +198,7 @@ def serve_cmd(
                 "--device, --dtype and --tensor-parallel-size apply to the torch executor; "
                 f"'{model}' runs on {executor}."
             )
-        llm = load(model, executor, **sizes)
+        llm = load(model, executor, kv_cache_dtype=kv_cache_dtype, calib_prompts=calib, **sizes)
     if not isinstance(llm, ServingLLM):
         raise UserError(
             f"'{model}' is a slot-layout step graph (the greedy loop); serving needs a paged model: "

@@ -70,6 +70,7 @@ def _chunked_prefill_kernel(
     seq_q,
     window,
     qk_scale,
+    v_scale,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -164,7 +165,7 @@ def _chunked_prefill_kernel(
         HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
     )  # fmt: skip
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc * (1.0 / l_safe)[:, None]
+    out = acc * (v_scale / l_safe)[:, None]  # v_scale: an FP8 pool's V scale (else 1)
     tl.store(Out + o_rows[:, None] + offs_d[None, :] * stride_od, out.to(Out.dtype.element_ty), mask=io_ok)
 
 
@@ -183,11 +184,14 @@ def chunked_prefill_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     window: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Attention of a prompt chunk q [B, Hq, S_q, D] over each sequence's first seq_lens[b] cached
     keys (prefix + chunk), LOWER_RIGHT causal, GQA; caches as in :func:`decode_attention`
     (contiguous [B, Hkv, S_max, D] or a block pool [num_blocks, block_size, Hkv, D] with
-    `block_table`). `q_lens` (int32 [B]) gives ragged chunk lengths (right-padded to S_q); rows past
+    `block_table`; q's dtype, or FP8 E4M3 with `k_scale` / `v_scale`, read in place).
+    `q_lens` (int32 [B]) gives ragged chunk lengths (right-padded to S_q); rows past
     them are left unwritten. `window` W (sliding-window layers): the query at position p sees only
     keys j with p - W < j <= p. Works on torch tensors and on DeviceTensor views (give `out`).
     Returns `out`."""
@@ -214,7 +218,7 @@ def chunked_prefill_attention(
     _chunked_prefill_kernel[(triton.cdiv(s_q * group, block_m), b * hkv)](
         q, k_cache, v_cache, seq_lens, q_lens if q_lens is not None else seq_lens, seq_lens, table, out,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), stride_tb,
-        hkv, s_q, window, d**-0.5 if scale is None else float(scale),
+        hkv, s_q, window, (d**-0.5 if scale is None else float(scale)) * float(k_scale), float(v_scale),
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_QLENS=q_lens is not None, DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
         WINDOW=window > 0, num_warps=num_warps, num_stages=num_stages,
@@ -239,16 +243,19 @@ def chunked_prefill_varlen(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Several prompt chunks in one launch: chunk b is rows ``[q_starts[b], q_starts[b] + q_lens[b])``
     of the flat q/out ``[T, Hq, D]``, over a block pool ``[num_blocks, block_size, Hkv, D]`` through
     ``block_table[b]`` (its first ``seq_lens[b]`` keys, LOWER_RIGHT causal, GQA). `max_q_len` bounds
-    q_lens (it sizes the grid); the int32 ``[B]`` tensors stay on the device. Returns `out`."""
+    q_lens (it sizes the grid); the int32 ``[B]`` tensors stay on the device. FP8 pools hold ``k /
+    k_scale`` and ``v / v_scale``. Returns `out`."""
     launch = prepare_chunked_prefill_varlen(
         q, k_pool, v_pool, seq_lens, block_table, q_starts, q_lens, max_q_len,
         out=out, window=window, block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    launch(q, k_pool, v_pool, out, float(scale))
+    launch(q, k_pool, v_pool, out, float(scale) * float(k_scale), float(v_scale))
     return out
 
 
@@ -271,7 +278,8 @@ def prepare_chunked_prefill_varlen(
 ) -> PreparedLaunch:
     """:func:`chunked_prefill_varlen`'s launch, checked and laid out once: called as ``launch(q,
     k_pool, v_pool, out, scale)`` with tensors of the geometry (dtype, shape, strides) of those given
-    here, it attends the same chunks (every layer of a step, each with its own pools)."""
+    here, it attends the same chunks (every layer of a step, each with its own pools); FP8 pools:
+    ``launch(q, k_pool, v_pool, out, scale * k_scale, v_scale)``."""
     if q.dim() != 3 or tuple(out.shape) != tuple(q.shape):
         raise ValueError(f"q and out must be one [T, Hq, D] shape; got {tuple(q.shape)}, {tuple(out.shape)}")
     b = int(seq_lens.shape[0])
@@ -287,6 +295,7 @@ def prepare_chunked_prefill_varlen(
         Operand((at("V"),), pool_heads_major),
         Operand((at("Out"),)),
         Operand((at("qk_scale"),), scalar=True),
+        Operand((at("v_scale"),), scalar=True),
     )
     if b == 0 or int(q.shape[0]) == 0:
         return PreparedLaunch(_chunked_prefill_kernel, (0,), (), operands)
@@ -307,7 +316,7 @@ def prepare_chunked_prefill_varlen(
         None, None, None, seq_lens, q_lens, q_starts, block_table, None,
         0, q.stride(1), q.stride(0), q.stride(2), *k_cache.stride(), *v_cache.stride(),
         0, out.stride(1), out.stride(0), out.stride(2), int(block_table.stride(0)),
-        hkv, int(max_q_len), window, None,
+        hkv, int(max_q_len), window, None, 1.0,
     )  # fmt: skip
     return PreparedLaunch(
         _chunked_prefill_kernel, grid, args, operands,

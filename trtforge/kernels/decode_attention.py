@@ -49,6 +49,7 @@ from trtforge.kernels.configs import (
     decode_counter_slots,
 )
 from trtforge.kernels.device_tensor import pool_heads_major
+from trtforge.kernels.kv_quant import FP8_KV_DTYPE
 from trtforge.kernels.prepared_launch import Operand, PreparedLaunch, arg_index
 
 __all__ = [
@@ -173,6 +174,9 @@ def _attend_tiles(
         else:
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
+        # FP8 pools: widened in registers to the query's type (exact); their scales are applied outside
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
         if DOT_F32:
             qk = tl.dot(q.to(tl.float32), tl.trans(k).to(tl.float32))
         else:
@@ -298,6 +302,7 @@ def _decode_split_kernel(
     num_splits,
     window,
     qk_scale,
+    v_scale,
     GROUP: tl.constexpr,
     SEQ_Q: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -398,7 +403,7 @@ def _decode_split_kernel(
     )  # fmt: skip
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc * (1.0 / l_safe)[:, None]
+    out = acc * (v_scale / l_safe)[:, None]  # v_scale: an FP8 pool's V scale (else 1)
     io_ok = row_ok[:, None] & d_ok[None, :]
     if DIRECT:
         o_ptrs = Out + b * stride_ob + hq[:, None] * stride_oh + qi[:, None] * stride_om
@@ -513,9 +518,13 @@ def _check(
         raise ValueError(f"head dim {d} is outside 1..{MAX_HEAD_DIM}")
     if tuple(out.shape) != (b, hq, s_q, d):
         raise ValueError(f"out must be [{b}, {hq}, {s_q}, {d}]; got {tuple(out.shape)}")
-    dtypes = {q.dtype, k.dtype, v.dtype, out.dtype}
+    dtypes = {q.dtype, out.dtype}
     if len(dtypes) != 1 or q.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"q, caches and out must share one dtype among {SUPPORTED_DTYPES}; got {dtypes}")
+        raise ValueError(f"q and out must share one dtype among {SUPPORTED_DTYPES}; got {dtypes}")
+    if k.dtype != v.dtype or k.dtype not in (q.dtype, FP8_KV_DTYPE):
+        raise ValueError(
+            f"caches must both be {q.dtype} (q's dtype) or {FP8_KV_DTYPE}; got {k.dtype}, {v.dtype}"
+        )
     if tuple(seq_lens.shape) != (b,) or seq_lens.dtype != torch.int32:
         raise ValueError(f"seq_lens must be int32 [B] = [{b}]; got {seq_lens.dtype} {tuple(seq_lens.shape)}")
     if block_table is None:
@@ -610,7 +619,8 @@ def _tma_descriptors(k: Any, v: Any, block_n: int) -> tuple[Any, Any] | None:
         return None
     rows, d = k.numel() // max(int(k.shape[-1]), 1), int(k.shape[-1])
     ok = (
-        k.is_contiguous()
+        k.dtype != FP8_KV_DTYPE  # FP8 caches: pointer loads (no bulk-copy tiles of 1-byte elements tuned)
+        and k.is_contiguous()
         and v.is_contiguous()
         and d & (d - 1) == 0
         and d * k.element_size() >= 16
@@ -674,13 +684,27 @@ def _own_scratch(device: torch.device, rows: int, d: int, counters: int, fused: 
 
 
 def _launch(
-    q, k, v, seq_lens, block_table, out, scale, cfg, splits, workspace, zeroed=True, window=0, pdl=False
+    q,
+    k,
+    v,
+    seq_lens,
+    block_table,
+    out,
+    scale,
+    cfg,
+    splits,
+    workspace,
+    zeroed=True,
+    window=0,
+    pdl=False,
+    v_scale=1.0,
 ) -> None:
     """Run the split kernel (and, unfused, the reduce kernel) with scratch from `workspace` (4-byte
     elements, at least workspace_elements(...); None: allocate, with this stream's counters).
     `zeroed` False: the workspace's counters hold anything, so the reduction runs unfused. `window`
     > 0: sliding-window attention over each query's last `window` keys. `pdl`: programmatic dependent
-    launches (each kernel waits for the previous one's writes on the device; Hopper and later)."""
+    launches (each kernel waits for the previous one's writes on the device; Hopper and later).
+    `scale` multiplies q . k (an FP8 pool's K scale folded in), `v_scale` the output (its V scale)."""
     b, hq, s_q, d = (int(n) for n in q.shape)
     hkv = int(k.shape[1])
     page = int(k.shape[2]) if block_table is not None else 0
@@ -710,7 +734,7 @@ def _launch(
     _decode_split_kernel[(splits, b * hkv)](
         q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,
-        hkv, splits, int(window), float(scale), **options,
+        hkv, splits, int(window), float(scale), float(v_scale), **options,
     )  # fmt: skip
     if not direct and not fused:
         _decode_reduce_kernel[(b * hq * s_q,)](
@@ -719,12 +743,12 @@ def _launch(
 
 
 def _key_of(q, k, block_table, max_len: int) -> tuple:
-    """Autotuning key: dtype, head dim, group, q_len, block size, buckets of B·Hkv and length, device."""
+    """Autotuning key: dtypes, head dim, group, q_len, block size, buckets of B·Hkv and length, device."""
     b, hq, s_q, d = (int(n) for n in q.shape)
     hkv = int(k.shape[1])
     page = int(k.shape[2]) if block_table is not None else 0
     device = q.device.index if q.is_cuda else -1
-    return (q.dtype, d, hq // hkv, s_q, page, _bucket(b * hkv), _bucket(max_len), device)
+    return (q.dtype, k.dtype, d, hq // hkv, s_q, page, _bucket(b * hkv), _bucket(max_len), device)
 
 
 def _kernel_ms(fn: Any) -> float:
@@ -737,7 +761,7 @@ def _kernel_ms(fn: Any) -> float:
         return float(triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median"))
 
 
-def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len, window=0) -> DecodeConfig:
+def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len, window=0, v_scale=1.0) -> DecodeConfig:
     """The fastest candidate for this problem's key, timed once per key (each compiled and run once,
     then timed as CUDA-graph replays)."""
     b, _, _, d = (int(n) for n in q.shape)
@@ -761,7 +785,7 @@ def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len, window=0) ->
         n = _resolve_splits(cfg, b * hkv, max_len)
 
         def fn(cfg: DecodeConfig = cfg, n: int = n) -> None:
-            _launch(q, k, v, seq_lens, block_table, out, scale, cfg, n, None, window=window)
+            _launch(q, k, v, seq_lens, block_table, out, scale, cfg, n, None, window=window, v_scale=v_scale)
 
         try:
             fn()
@@ -787,11 +811,15 @@ def decode_attention(
     max_seq_len: int | None = None,
     window: int | None = None,
     pdl: bool = False,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Attention of q [B, Hq, S_q<=8, D] over each sequence's first seq_lens[b] cached keys.
 
     Contiguous caches are [B, Hkv, S_max, D]; with `block_table` [B, max_blocks] the caches are a
-    block pool [num_blocks, block_size, Hkv, D]. Causal (LOWER_RIGHT) when S_q > 1. `max_seq_len`
+    block pool [num_blocks, block_size, Hkv, D]. The caches have q's dtype or are FP8 E4M3
+    (float8_e4m3fn) holding ``k / k_scale`` and ``v / v_scale`` (:mod:`.kv_quant`), read in place and
+    widened in registers. Causal (LOWER_RIGHT) when S_q > 1. `max_seq_len`
     (default: the cache capacity) sizes the split count; `seq_lens` stays on the device. With
     `config` None, a CUDA launch outside graph capture is autotuned once per problem bucket over
     :data:`AUTOTUNE_CANDIDATES` (and, on a contiguous cache that tensor descriptors can read,
@@ -815,18 +843,19 @@ def decode_attention(
     window = int(window) if window is not None and int(window) < capacity else 0
     s_q = int(q.shape[2])
     max_len = min(max_len, window + s_q + 128) if window else max_len  # + tile alignment
-    scale = d**-0.5 if scale is None else float(scale)
+    scale = (d**-0.5 if scale is None else float(scale)) * float(k_scale)
     if config is None:
         tune = not _interpreting() and q.is_cuda and not torch.cuda.is_current_stream_capturing()
         config = (
-            _autotuned(q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len, window)
+            _autotuned(q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len, window, v_scale)
             if tune
             else _CHOICE.get(_key_of(q, k_cache, block_table, max_len), default_decode_config(d))
         )
     splits = _resolve_splits(config, b * hkv, max_len)
     _launch(
-        q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, None, window=window, pdl=pdl
-    )
+        q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, None,
+        window=window, pdl=pdl, v_scale=v_scale,
+    )  # fmt: skip
     return out
 
 
@@ -883,11 +912,12 @@ def prepare_paged_decode(
     """:func:`decode_attention`'s launch over a block pool with a fixed `config`, one query per
     sequence, checked and laid out once: called as ``launch(q, k_pool, v_pool, out, scale)`` with
     tensors of the geometry of those given here, it attends the same sequences (every layer of a
-    serving step). q and out are ``[B, Hq, D]``, or flat ``[T, Hq, D]`` steps whose `rows` are the B
-    decode rows. With `q_len` > 1 (<= 8: speculative verification) each sequence has `q_len`
-    consecutive query rows (q and out ``[B * q_len, Hq, D]``, or `rows` spanning them), attended
-    LOWER_RIGHT causally. Scratch (partials; this stream's arrival counters, outside graph capture) is
-    taken here once and reused by every launch, so launches run in order on the stream current here."""
+    serving step); FP8 pools: ``launch(q, k_pool, v_pool, out, scale * k_scale, v_scale)``.
+    q and out are ``[B, Hq, D]``, or flat ``[T, Hq, D]`` steps whose `rows` are the B decode rows.
+    With `q_len` > 1 (<= 8: speculative verification) each sequence has `q_len` consecutive query rows
+    (q and out ``[B * q_len, Hq, D]``, or `rows` spanning them), attended LOWER_RIGHT causally.
+    Scratch (partials; this stream's arrival counters, outside graph capture) is taken here once and
+    reused by every launch, so launches run in order on the stream current here."""
     if q_len == 1:
         pick = (lambda t: t.unsqueeze(2)) if rows is None else (lambda t: t[rows].unsqueeze(2))
     else:
@@ -905,6 +935,7 @@ def prepare_paged_decode(
         Operand((at("V"), at("VDesc")), pool_heads_major),
         Operand((at("Out"),), pick),
         Operand((at("qk_scale"),), scalar=True),
+        Operand((at("v_scale"),), scalar=True),
     )
     if b == 0 or hq == 0:
         return PreparedLaunch(_decode_split_kernel, (0,), (), operands)
@@ -924,7 +955,7 @@ def prepare_paged_decode(
     args = (
         None, None, None, None, None, seq_lens, block_table, None, mid_o, mid_l, counters,
         *q4.stride(), *k.stride(), *v.stride(), *out4.stride(), int(block_table.stride(0)),
-        hkv, splits, window, None,
+        hkv, splits, window, None, 1.0,
     )  # fmt: skip
     reduce = None
     if not direct and not fused:

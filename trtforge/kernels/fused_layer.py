@@ -20,6 +20,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtforge.kernels.gemv import pdl_supported
+from trtforge.kernels.kv_quant import inverse_scale
+from trtforge.kernels.paged_cache import to_cache
 
 
 @triton.jit
@@ -85,6 +87,8 @@ def _rope_cache_kernel(
     stride_vh,
     num_heads,
     num_kv_heads,
+    k_inv_scale,
+    v_inv_scale,
     PAGE: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
@@ -96,7 +100,8 @@ def _rope_cache_kernel(
     """Grid (T, 2): program 0 ropes token t's query heads into QOut; program 1 ropes its key heads and
     writes keys and values to pool slot Slots[t] (block Slots[t] // PAGE, offset Slots[t] % PAGE).
     The rotation covers a head's first 2 * HALF channels; channels 2 * HALF .. D (a partial rotary's
-    rest; none when D is 2 * HALF) pass through unrotated.
+    rest; none when D is 2 * HALF) pass through unrotated. FP8 pools get k * k_inv_scale and
+    v * v_inv_scale, saturated (:func:`~trtforge.kernels.paged_cache.to_cache`).
     PDL: launched early (programmatic dependent launch), it waits for the previous kernel's writes."""
     if PDL:
         gdc_wait()
@@ -137,19 +142,30 @@ def _rope_cache_kernel(
         x1 = tl.load(kbase, mask=ok, other=0.0).to(tl.float32)
         x2 = tl.load(kbase + HALF, mask=ok, other=0.0).to(tl.float32)
         kd = KPool + blk * stride_kb + off * stride_kn + offs_h[:, None] * stride_kh + offs_d[None, :]
-        tl.store(kd, (x1 * c1[None, :] - x2 * s1[None, :]).to(KPool.dtype.element_ty), mask=ok)
-        tl.store(kd + HALF, (x2 * c2[None, :] + x1 * s2[None, :]).to(KPool.dtype.element_ty), mask=ok)
+        kt = KPool.dtype.element_ty
+        vt = VPool.dtype.element_ty
+        # K is rounded to the activations' type first, as the unfused path (and a 16-bit pool) has it
+        k1 = (x1 * c1[None, :] - x2 * s1[None, :]).to(QKV.dtype.element_ty).to(tl.float32)
+        k2 = (x2 * c2[None, :] + x1 * s2[None, :]).to(QKV.dtype.element_ty).to(tl.float32)
+        tl.store(kd, to_cache(k1, k_inv_scale, kt), mask=ok)
+        tl.store(kd + HALF, to_cache(k2, k_inv_scale, kt), mask=ok)
         vd = VPool + blk * stride_vb + off * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :]
-        tl.store(vd, tl.load(vbase, mask=ok, other=0.0), mask=ok)
-        tl.store(vd + HALF, tl.load(vbase + HALF, mask=ok, other=0.0), mask=ok)
+        v1 = tl.load(vbase, mask=ok, other=0.0).to(tl.float32)
+        v2 = tl.load(vbase + HALF, mask=ok, other=0.0).to(tl.float32)
+        tl.store(vd, to_cache(v1, v_inv_scale, vt), mask=ok)
+        tl.store(vd + HALF, to_cache(v2, v_inv_scale, vt), mask=ok)
         if D > 2 * HALF:
             pok = (offs_h < num_kv_heads)[:, None] & p_ok[None, :]
             kp = KPool + blk * stride_kb + off * stride_kn + offs_h[:, None] * stride_kh + offs_p[None, :]
             vp = VPool + blk * stride_vb + off * stride_vn + offs_h[:, None] * stride_vh + offs_p[None, :]
             ksrc = row + (num_heads + offs_h[:, None]) * d2 + offs_p[None, :]
             vsrc = row + (num_heads + num_kv_heads + offs_h[:, None]) * d2 + offs_p[None, :]
-            tl.store(kp, tl.load(ksrc, mask=pok, other=0.0), mask=pok)
-            tl.store(vp, tl.load(vsrc, mask=pok, other=0.0), mask=pok)
+            tl.store(
+                kp, to_cache(tl.load(ksrc, mask=pok, other=0.0).to(tl.float32), k_inv_scale, kt), mask=pok
+            )
+            tl.store(
+                vp, to_cache(tl.load(vsrc, mask=pok, other=0.0).to(tl.float32), v_inv_scale, vt), mask=pok
+            )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -198,10 +214,13 @@ def rope_and_cache(
     v_pool: torch.Tensor,
     num_heads: int,
     num_kv_heads: int,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Rotate q and k of ``qkv`` ``[T, (Hq + 2 Hkv) * D]`` by ``cos``/``sin`` ``[T, R]`` (rotate-half RoPE
     over each head's first R <= D channels, R even), write k and v at pool slots ``slots`` ``[T]`` (pools
-    ``[nb, bs, Hkv, D]``); return q ``[T, Hq, D]``."""
+    ``[nb, bs, Hkv, D]``: qkv's dtype, or FP8 E4M3 storing k / k_scale and v / v_scale); return q
+    ``[T, Hq, D]``."""
     t = int(qkv.shape[0])
     d, rot = int(k_pool.shape[-1]), int(cos.shape[-1])
     if rot % 2 or rot > d:
@@ -215,7 +234,7 @@ def rope_and_cache(
             qkv.stride(0), cos.stride(0), q.stride(0),
             k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
             v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
-            num_heads, num_kv_heads,
+            num_heads, num_kv_heads, inverse_scale(k_scale), inverse_scale(v_scale),
             PAGE=int(k_pool.shape[1]), HALF=half, BLOCK_HALF=triton.next_power_of_2(half),
             BLOCK_H=triton.next_power_of_2(max(num_heads, num_kv_heads)),
             D=d, BLOCK_PASS=triton.next_power_of_2(max(d - rot, 1)), PDL=pdl, num_warps=4,

@@ -19,8 +19,19 @@ import triton
 import triton.language as tl
 
 from trtforge.kernels.device_tensor import pool_heads_major
+from trtforge.kernels.kv_quant import FP8_KV_DTYPE, inverse_scale
 
-__all__ = ["paged_attention_step", "write_kv_cache", "write_kv_slots"]
+__all__ = ["paged_attention_step", "to_cache", "write_kv_cache", "write_kv_slots"]
+
+
+@triton.jit
+def to_cache(x, inv_scale, DST: tl.constexpr):
+    """`x` (float32) as a cache element of type DST: for FP8 E4M3 ``x * inv_scale`` saturated to ±448,
+    then rounded to nearest even (:func:`trtforge.kernels.kv_quant.quantize_fp8` in torch); other
+    types just rounded."""
+    if tl.float8e4nv == DST:
+        x = tl.minimum(tl.maximum(x * inv_scale, -448.0), 448.0)
+    return x.to(DST)
 
 
 @triton.jit
@@ -52,6 +63,8 @@ def _write_kv_kernel(
     num_kv_heads,
     seq_new,
     offset,
+    k_inv_scale,
+    v_inv_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -84,6 +97,8 @@ def _write_kv_kernel(
         else:
             k_dst = KC + b * stride_kcb + pos * stride_kcn
             v_dst = VC + b * stride_vcb + pos * stride_vcn
+        k = to_cache(k.to(tl.float32), k_inv_scale, KC.dtype.element_ty)
+        v = to_cache(v.to(tl.float32), v_inv_scale, VC.dtype.element_ty)
         tl.store(k_dst + h * stride_kch + d * stride_kcd, k, mask=ok)
         tl.store(v_dst + h * stride_vch + d * stride_vcd, v, mask=ok)
 
@@ -98,13 +113,17 @@ def write_kv_cache(
     *,
     offset: int = 0,
     counts: Any | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Copy k_new/v_new [B, Hkv, S_new, D] into the caches at positions start[b] + offset + i
     (start int32 [B]; pass the lengths after the append with offset = -S_new). With `counts`
     (int32 [B]) only rows i < counts[b] are written: ragged chunks padded to S_new.
 
     Contiguous caches are [B, Hkv, S_max, D]; with `block_table` (int32 [B, max_blocks]) they are a
-    block pool [num_blocks, block_size, Hkv, D]. Launches on the current stream; returns nothing.
+    block pool [num_blocks, block_size, Hkv, D]. FP8 caches (float8_e4m3fn) store ``x / k_scale`` and
+    ``x / v_scale``, saturated (:mod:`trtforge.kernels.kv_quant`); other caches ignore the scales.
+    Launches on the current stream; returns nothing.
     """
     if block_table is not None:
         k_cache, v_cache = pool_heads_major(k_cache), pool_heads_major(v_cache)
@@ -118,8 +137,7 @@ def write_kv_cache(
         raise ValueError(f"caches need one shape, {hkv} kv heads; got {k_cache.shape}, {v_cache.shape}")
     if int(k_cache.shape[3]) != d:
         raise ValueError(f"cache head dim {int(k_cache.shape[3])} differs from the new rows' {d}")
-    if len({k_new.dtype, v_new.dtype, k_cache.dtype, v_cache.dtype}) != 1:
-        raise ValueError("new rows and caches must share one dtype")
+    _check_dtypes(k_new, v_new, k_cache, v_cache, "caches")
     if tuple(start.shape) != (b,) or start.dtype != torch.int32:
         raise ValueError(f"start must be int32 [B] = [{b}]; got {start.dtype} {tuple(start.shape)}")
     page = 0
@@ -143,7 +161,7 @@ def write_kv_cache(
     _write_kv_kernel[(b * s_new, triton.cdiv(hkv, block_h))](
         k_new, v_new, k_cache, v_cache, start, counts if counts is not None else start, table,
         *k_new.stride(), *v_new.stride(), *k_cache.stride(), *v_cache.stride(), stride_tb,
-        hkv, s_new, int(offset),
+        hkv, s_new, int(offset), inverse_scale(k_scale), inverse_scale(v_scale),
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h, PAGE_SIZE=page, HAS_COUNTS=counts is not None,
         num_warps=4,
     )  # fmt: skip
@@ -176,6 +194,8 @@ def _write_slots_kernel(
     stride_sm,
     num_kv_heads,
     seq_new,
+    k_inv_scale,
+    v_inv_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -198,13 +218,23 @@ def _write_slots_kernel(
         v = tl.load(VN + b * stride_vnb + h * stride_vnh + i * stride_vnm + d * stride_vnd, mask=ok)
         k_dst = KC + blk * stride_kcb + slot * stride_kcn + h * stride_kch + d * stride_kcd
         v_dst = VC + blk * stride_vcb + slot * stride_vcn + h * stride_vch + d * stride_vcd
-        tl.store(k_dst, k, mask=ok)
-        tl.store(v_dst, v, mask=ok)
+        tl.store(k_dst, to_cache(k.to(tl.float32), k_inv_scale, KC.dtype.element_ty), mask=ok)
+        tl.store(v_dst, to_cache(v.to(tl.float32), v_inv_scale, VC.dtype.element_ty), mask=ok)
 
 
-def write_kv_slots(k_new: Any, v_new: Any, k_pool: Any, v_pool: Any, slot_mapping: Any) -> None:
+def write_kv_slots(
+    k_new: Any,
+    v_new: Any,
+    k_pool: Any,
+    v_pool: Any,
+    slot_mapping: Any,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
     """Copy k_new/v_new [B, Hkv, S_new, D] into pools [num_blocks, block_size, Hkv, D] at the flat
     slots slot_mapping[b, i] (int32 [B, S_new], block * block_size + offset; negative: skipped).
+    FP8 pools store ``x / k_scale`` and ``x / v_scale``, saturated, as :func:`write_kv_cache` does.
 
     Every row is written, right-padding rows too (the step graph points them at a scratch slot; where
     several share one, which lands is unspecified). Launches on the current stream; returns nothing.
@@ -219,8 +249,7 @@ def write_kv_slots(k_new: Any, v_new: Any, k_pool: Any, v_pool: Any, slot_mappin
         raise ValueError(
             f"pools must be [num_blocks, block_size, {hkv}, {d}] each; got {k_pool.shape}, {v_pool.shape}"
         )
-    if len({k_new.dtype, v_new.dtype, k_pool.dtype, v_pool.dtype}) != 1:
-        raise ValueError("new rows and pools must share one dtype")
+    _check_dtypes(k_new, v_new, k_pool, v_pool, "pools")
     if tuple(slot_mapping.shape) != (b, s_new) or slot_mapping.dtype != torch.int32:
         raise ValueError(
             f"slot_mapping must be int32 [B, S_new] = [{b}, {s_new}]; got {slot_mapping.dtype} "
@@ -236,9 +265,21 @@ def write_kv_slots(k_new: Any, v_new: Any, k_pool: Any, v_pool: Any, slot_mappin
     _write_slots_kernel[(b * s_new, triton.cdiv(hkv, block_h))](
         k_new, v_new, k_pool, v_pool, slot_mapping,
         *k_new.stride(), *v_new.stride(), *k_pool.stride(), *v_pool.stride(), *slot_mapping.stride(),
-        hkv, s_new,
+        hkv, s_new, inverse_scale(k_scale), inverse_scale(v_scale),
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h, PAGE_SIZE=page, num_warps=4,
     )  # fmt: skip
+
+
+def _check_dtypes(k_new: Any, v_new: Any, k_cache: Any, v_cache: Any, what: str) -> None:
+    """New rows share one dtype, and the caches either that one or FP8 E4M3 (both the same)."""
+    if k_new.dtype != v_new.dtype or k_cache.dtype != v_cache.dtype:
+        raise ValueError(
+            f"k and v must share one dtype; got {k_new.dtype}/{v_new.dtype}, {k_cache.dtype}/{v_cache.dtype}"
+        )
+    if k_cache.dtype not in (k_new.dtype, FP8_KV_DTYPE):
+        raise ValueError(
+            f"{what} must be {k_new.dtype} like the new rows, or {FP8_KV_DTYPE}; got {k_cache.dtype}"
+        )
 
 
 def paged_attention_step(

@@ -169,6 +169,8 @@ def load(
     gpu_memory_utilization: float = sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
     speculative: dict[str, Any] | SpeculativeConfig | None = None,
     tensor_parallel_size: int = 1,
+    kv_cache_dtype: str = "auto",
+    calib_prompts: Sequence[Sequence[int]] | None = None,
 ) -> ServingLLM:
     """Load a model for generation: always a :class:`ServingLLM`.
 
@@ -181,9 +183,12 @@ def load(
     - ``executor="torch"``: `path` is a save_pretrained directory or ``module:factory``; see
       :func:`from_pretrained` (and its `tensor_parallel_size`, for this executor only).
 
-    Sizes not given default to the machine's (:mod:`trtforge.llm.sizing`). `speculative`: see
-    :func:`from_pretrained` (the torch executor only).
+    Sizes not given default to the machine's (:mod:`trtforge.llm.sizing`). `speculative` and
+    `kv_cache_dtype` "fp8": see :func:`from_pretrained` (the torch executor only); step graphs and
+    engines keep their own cache dtype.
     """
+    from trtforge.llm.executors.kv_cache import kv_cache_dtype_name
+
     if executor not in EXECUTORS:
         raise UserError(f"executor {executor!r} is not available; choose one of {', '.join(EXECUTORS)}.")
     if speculative is not None and executor != "torch":
@@ -202,11 +207,21 @@ def load(
             gpu_memory_utilization=gpu_memory_utilization,
             speculative=speculative,
             tensor_parallel_size=tensor_parallel_size,
+            kv_cache_dtype=kv_cache_dtype,
+            calib_prompts=calib_prompts,
         )
     if tensor_parallel_size != 1:
         raise UserError(
             f"tensor_parallel_size {tensor_parallel_size} needs the torch executor (a save_pretrained "
             f"directory or module:factory); executor {executor!r} runs one process. Use executor='torch'."
+        )
+    if kv_cache_dtype_name(kv_cache_dtype) != "auto" or calib_prompts is not None:
+        runs = "TensorRT" if executor == "tensorrt" or str(path).endswith(".engine") else "ONNX Runtime"
+        raise UserError(
+            f"kv_cache_dtype (--kv-cache-dtype) {kv_cache_dtype!r} and its calibration prompts "
+            f"(--calib-data) are not supported by the {runs} executor yet: a step graph or engine keeps "
+            "the KV cache in the dtype it was compiled with. FP8 KV caches run on the torch executor: "
+            "trtforge.llm.from_pretrained(model_dir, kv_cache_dtype='fp8') or --executor torch."
         )
     from trtforge._fileio import as_path
     from trtforge.llm.executors.onnxruntime_exec import OrtPagedExecutor, read_generation
@@ -313,13 +328,19 @@ def from_pretrained(
     gpu_memory_utilization: float = sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
     speculative: dict[str, Any] | SpeculativeConfig | None = None,
     tensor_parallel_size: int = 1,
+    kv_cache_dtype: str = "auto",
+    calib_prompts: Sequence[Sequence[int]] | None = None,
 ) -> ServingLLM:
     """Serve a transformers causal LM (an nn.Module, a save_pretrained directory or ``module:factory``)
     with the torch paged executor (:class:`trtforge.llm.executors.torch_exec.TorchExecutor`).
 
     `num_blocks` None sizes the pool to the machine (:func:`trtforge.llm.sizing.torch_pool`: on a GPU
-    `gpu_memory_utilization` of the memory left after the weights and a measured step); `config` None
-    takes :func:`trtforge.llm.sizing.default_scheduler_config`.
+    `gpu_memory_utilization` of the memory left after the weights and a measured step, in the cache's
+    real bytes per token); `config` None takes :func:`trtforge.llm.sizing.default_scheduler_config`.
+
+    `kv_cache_dtype`: "auto" (the model's dtype) or "fp8" (E4M3 pools, half the bytes of BF16, with one
+    K and one V scale per layer calibrated on `calib_prompts`, token-id lists as ``--calib-data``
+    gives them; None: seeded random ids). FP8 needs a GPU of compute capability 8.9+ (or the CPU).
 
     `speculative`: speculative decoding (:class:`~trtforge.llm.spec.config.SpeculativeConfig`), e.g.
     ``{"method": "draft", "model": DIR, "num_tokens": 4}`` or ``{"method": "ngram", "num_tokens": 4}``.
@@ -330,10 +351,21 @@ def from_pretrained(
     heads and MLP width divided, :mod:`trtforge.llm.executors.tensor_parallel`): gloo on the CPU, one
     GPU per rank with NCCL on CUDA. Each worker loads `model` itself (a directory or factory; an
     nn.Module is pickled to it), so the weights never gather in this process."""
+    from trtforge.llm.executors.kv_cache import kv_cache_dtype_name
     from trtforge.llm.executors.torch_exec import TorchExecutor
     from trtforge.llm.models.loader import load_causal_lm
 
     spec = SpeculativeConfig.of(speculative)
+    kv_cache_dtype = kv_cache_dtype_name(kv_cache_dtype)  # refused before the model loads
+    if calib_prompts is not None and kv_cache_dtype == "auto":
+        raise UserError(
+            "calib_prompts (--calib-data) calibrate the FP8 KV cache's scales; with kv_cache_dtype='auto' "
+            "there is nothing to calibrate. Pass kv_cache_dtype='fp8' (--kv-cache-dtype fp8), or drop them."
+        )
+    if tensor_parallel_size != 1 and kv_cache_dtype != "auto":
+        raise UserError(
+            "kv_cache_dtype 'fp8' does not run with tensor_parallel_size > 1 yet; pass one of them."
+        )
     config = sizing.default_scheduler_config(config, max_num_seqs)
     if tensor_parallel_size != 1:
         if spec is not None:
@@ -368,6 +400,7 @@ def from_pretrained(
             max_model_len=max_model_len,
             config=config,
             gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_dtype=kv_cache_dtype,
         )
         num_blocks = pool.num_blocks
         if draft_lm is not None and spec.num_blocks is None:  # both pools, as many blocks, in one budget
@@ -380,6 +413,8 @@ def from_pretrained(
         device=device,
         dtype=dtype,
         max_model_len=max_model_len,
+        kv_cache_dtype=kv_cache_dtype,
+        calib_prompts=calib_prompts,
     )
     proposer = None if spec is None else make_proposer(spec, ex, draft_lm)
     return ServingLLM(ex, config, proposer=proposer, speculative=spec)

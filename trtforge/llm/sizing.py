@@ -7,7 +7,8 @@ sequences and batches as many tokens as fill an H200: 256 sequences, 4096 tokens
 of up to 1024 (measured on the H200: a step of more tokens than the torch executor's piecewise CUDA graphs
 cover, 4096, runs eagerly; 8192 / 512 gave 0.72x the throughput of 4096 / 1024 on the 8B burst).
 On the CPU the pool takes a bounded share of the available RAM. Neither pool holds more than
-``max_num_seqs`` full-length sequences.
+``max_num_seqs`` full-length sequences. Blocks are counted in the cache's real bytes per token: with
+``kv_cache_dtype="fp8"`` (1-byte E4M3 elements) the same bytes hold twice the BF16 blocks.
 ``from_pretrained``, ``load``, ``trtforge generate`` and ``trtforge serve`` all size through here.
 """
 
@@ -173,8 +174,10 @@ def torch_pool(
     gpu_memory_utilization: float,
     executor_kwargs: dict[str, Any] | None = None,
     tensor_parallel: Any = None,
+    kv_cache_dtype: str = "auto",
 ) -> PoolSize:
-    """Size the torch executor's pool for `lm` (moved to `device`/`dtype` here).
+    """Size the torch executor's pool for `lm` (moved to `device`/`dtype` here), in blocks of the real
+    bytes of `kv_cache_dtype` ("auto": the model's dtype; "fp8": 1 byte an element).
 
     On CUDA: load the weights, run one step of ``config.max_num_batched_tokens`` prompt tokens through
     an executor with a pool just large enough for it, and take the measured peak above the weights.
@@ -183,6 +186,7 @@ def torch_pool(
     """
     import torch
 
+    from trtforge.llm.executors.kv_cache import kv_element_bytes
     from trtforge.llm.executors.torch_exec import TorchExecutor
 
     check_utilization(gpu_memory_utilization)
@@ -200,7 +204,8 @@ def torch_pool(
     head_dim = int(
         getattr(cfg, "head_dim", None) or (getattr(cfg, "hidden_size", None) or cfg.n_embd) // heads
     )
-    block_bytes = kv_block_bytes(layers, kv_heads, head_dim, block_size, param.element_size())
+    itemsize = kv_element_bytes(kv_cache_dtype, param.dtype)
+    block_bytes = kv_block_bytes(layers, kv_heads, head_dim, block_size, itemsize)
     if param.device.type != "cuda":  # (ranks on one host share its RAM: each takes its share)
         return cpu_pool(available_ram() // world, block_bytes, need)
     tokens = config.max_num_batched_tokens
@@ -213,6 +218,9 @@ def torch_pool(
         static_decode=False,
         mixed_graphs=False,
         tensor_parallel=tensor_parallel,
+        # the probe's pools are the served ones' dtype; their scales do not matter to memory
+        kv_cache_dtype=kv_cache_dtype,
+        kv_scales=None if kv_cache_dtype == "auto" else 1.0,
         **(executor_kwargs or {}),
     )
     batch = profile_step(tokens, config.max_prefill_chunk, block_size)

@@ -5,6 +5,8 @@
 (:mod:`.tensorrt_exec`, the paged step engine on a GPU); the graph executors share one feed mapping
 (:mod:`.paged_feeds`). :mod:`.onnxruntime_slot` runs slot-layout step graphs for the simple greedy loop.
 :mod:`.tensor_parallel` drives N worker processes, each a rank of a sharded torch executor.
+:mod:`.kv_cache` is the torch executor's KV cache element type (``kv_cache_dtype``: auto / fp8) and
+its FP8 scales.
 
 May import ``core``, ``kernels``, ``plugins``, ``runtime``, ``numerics``, ``llm.contract`` and ``llm.models``;
 never ``llm.compile`` (what both need is in ``llm.contract``).

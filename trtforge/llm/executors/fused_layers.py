@@ -122,9 +122,11 @@ class FusedLayers:
         slots: torch.Tensor,
         k_pool: torch.Tensor,
         v_pool: torch.Tensor,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
-        """Norm, QKV projection, q/k head norms (Qwen3), RoPE and the K/V write of layer i; returns q
-        ``[T, Hq, D]``."""
+        """Norm, QKV projection, q/k head norms (Qwen3), RoPE and the K/V write of layer i (FP8 pools:
+        quantized with `k_scale` / `v_scale`); returns q ``[T, Hq, D]``."""
         layer = self.layers[i]
         norm = layer.input_layernorm
         w, b = self.qkv_w[i]
@@ -135,7 +137,9 @@ class FusedLayers:
         attn = layer.self_attn
         if getattr(attn, "q_norm", None) is not None:
             qk_norm_(qkv, attn.q_norm, attn.k_norm, self.num_heads, self.num_kv_heads)
-        return rope_and_cache(qkv, *rope, slots, k_pool, v_pool, self.num_heads, self.num_kv_heads)
+        return rope_and_cache(
+            qkv, *rope, slots, k_pool, v_pool, self.num_heads, self.num_kv_heads, k_scale, v_scale
+        )
 
     def finish(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """Output projection + residual, norm, gated MLP + residual."""

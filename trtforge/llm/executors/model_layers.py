@@ -4,6 +4,7 @@ attention (q out, K/V written into the layer's pool), each layer after it, and t
 It runs the family adapter's layer math (:mod:`trtforge.llm.models`) on the flat tokens ``[T, H]`` of
 a ragged step, or the fused Llama-style layers (:mod:`.fused_layers`) where the executor made them.
 It is :class:`~.piecewise.StepLayers`, so the same object serves eager steps and piecewise graphs.
+FP8 pools (``kv_scales`` given) get each layer's K/V quantized with its scales as they are written.
 """
 
 from __future__ import annotations
@@ -12,16 +13,26 @@ from typing import Any
 
 import torch
 
+from trtforge.llm.executors.kv_cache import KVScales, write_reference
 from trtforge.llm.models.base import DecoderAdapter
 
 
 class ModelLayers:
     """The model split at its attention calls (:class:`~.piecewise.StepLayers`), fused where it can be."""
 
-    def __init__(self, adapter: DecoderAdapter, fused: Any, k_pools: list, v_pools: list) -> None:
+    def __init__(
+        self,
+        adapter: DecoderAdapter,
+        fused: Any,
+        k_pools: list,
+        v_pools: list,
+        kv_scales: KVScales | None = None,
+    ) -> None:
         self.adapter, self.fused, self.k_pools, self.v_pools = adapter, fused, k_pools, v_pools
         self.num_layers = len(k_pools)
         self.hkv, self.d = adapter.num_kv_heads, adapter.head_dim
+        n = self.num_layers
+        self.kv_scales = [kv_scales.layer(i) for i in range(n)] if kv_scales is not None else [(1.0, 1.0)] * n
 
     def embed(
         self, ids: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None = None
@@ -39,13 +50,14 @@ class ModelLayers:
 
     def layer_in(self, i: int, h: torch.Tensor, extra: Any, slots: torch.Tensor) -> torch.Tensor:
         kp, vp = self.k_pools[i], self.v_pools[i]
+        k_scale, v_scale = self.kv_scales[i]
         if self.fused is not None:
-            return self.fused.attention_input(i, h, extra, slots, kp, vp)
+            return self.fused.attention_input(i, h, extra, slots, kp, vp, k_scale, v_scale)
         q, k, v = self.adapter.qkv(i, h)
         q, k = self.adapter.rotate(q, k, extra)
         slots = slots.long()
-        kp.view(-1, self.hkv, self.d).index_copy_(0, slots, k)
-        vp.view(-1, self.hkv, self.d).index_copy_(0, slots, v)
+        write_reference(kp, slots, k, k_scale)
+        write_reference(vp, slots, v, v_scale)
         return q
 
     def layer_out(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:

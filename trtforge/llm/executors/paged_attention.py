@@ -3,7 +3,9 @@
 The executor calls an attention function of this signature, so a fused paged kernel (a Triton
 decode kernel on CUDA) can replace it: ``fn(q, k_pool, v_pool, meta, scale, sliding_window) -> out``
 with ``q``/``out`` ``[T, Hq, D]`` (new tokens, sequence after sequence) and pools
-``[num_blocks, block_size, Hkv, D]`` that already hold this step's K/V.
+``[num_blocks, block_size, Hkv, D]`` that already hold this step's K/V. Over FP8 pools the executor
+also passes the layer's ``k_scale`` and ``v_scale`` (keywords); the references then attend in float32
+over the dequantized K/V (:mod:`.kv_cache`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+
+from trtforge.llm.executors.kv_cache import read_reference
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,9 @@ class DecodeAttentionFn(Protocol):
         context_lens: torch.Tensor,
         scale: float,
         sliding_window: int | None = None,
+        *,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor: ...
 
 
@@ -56,14 +63,18 @@ class AttentionFn(Protocol):
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        *,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor: ...
 
 
-def _gather(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """``[B, W]`` block ids -> ``[B, Hkv, W * block_size, D]`` keys or values."""
+def _gather(pool: torch.Tensor, table: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """``[B, W]`` block ids -> ``[B, Hkv, W * block_size, D]`` keys or values (FP8: dequantized with
+    `scale` to float32)."""
     num_seqs, width = table.shape
     _, bs, hkv, d = pool.shape
-    return pool[table].reshape(num_seqs, width * bs, hkv, d).transpose(1, 2)
+    return read_reference(pool[table].reshape(num_seqs, width * bs, hkv, d).transpose(1, 2), scale)
 
 
 def _sdpa(q, k, v, mask, scale):
@@ -94,23 +105,27 @@ def paged_decode_reference(
     context_lens: torch.Tensor,
     scale: float,
     sliding_window: int | None = None,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """One query per sequence (``q`` ``[B, Hq, D]``) over the first `context_lens` keys of its blocks.
 
     Shapes depend only on ``block_tables.shape`` (no host sync), so it can be captured in a CUDA graph.
+    FP8 pools: float32 attention over K/V dequantized with `k_scale` / `v_scale`.
     """
     num_seqs, hq, d = q.shape
     bs, hkv = k_pool.shape[1], k_pool.shape[2]
     table = block_tables.long()
-    k, v = _gather(k_pool, table), _gather(v_pool, table)
+    k, v = _gather(k_pool, table, k_scale), _gather(v_pool, table, v_scale)
     kpos = torch.arange(table.shape[1] * bs, device=q.device)
     ctx = context_lens.long()[:, None]
     mask = kpos[None, :] < ctx
     if sliding_window is not None:
         mask &= kpos[None, :] >= ctx - sliding_window
     # the query heads sharing a KV head become that head's query rows: GQA without repeating K/V
-    groups = q.reshape(num_seqs, hkv, hq // hkv, d)
-    return _sdpa(groups, k, v, mask[:, None, None, :], scale).reshape(num_seqs, hq, d)
+    groups = q.reshape(num_seqs, hkv, hq // hkv, d).to(k.dtype)
+    return _sdpa(groups, k, v, mask[:, None, None, :], scale).reshape(num_seqs, hq, d).to(q.dtype)
 
 
 def paged_attention_reference(
@@ -120,13 +135,17 @@ def paged_attention_reference(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Attend each new token to its sequence's cached keys at positions <= its own (bottom-right causal).
 
     Sequences with one new token go through :func:`paged_decode_reference` together; each longer one
     (a prompt chunk) gathers its blocks and runs SDPA with its own causal mask, so no padded
     ``[B, max_query, max_context]`` score tensor is ever formed. With `sliding_window` W a query at
-    position p sees keys at positions > p - W.
+    position p sees keys at positions > p - W. FP8 pools: float32 attention over K/V dequantized with
+    `k_scale` / `v_scale`.
     """
     out = torch.empty_like(q)
     qsl = meta.query_start_loc_host
@@ -145,6 +164,8 @@ def paged_attention_reference(
             meta.context_lens[sel],
             scale,
             sliding_window,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
     for i, n in enumerate(qlens):
         if n == 1:
@@ -152,11 +173,11 @@ def paged_attention_reference(
         lo, hi = int(qsl[i]), int(qsl[i + 1])
         ctx = int(meta.context_lens_host[i])
         table = meta.block_tables[i : i + 1, : -(-ctx // bs)].long()
-        k, v = _gather(k_pool, table)[:, :, :ctx], _gather(v_pool, table)[:, :, :ctx]
+        k, v = _gather(k_pool, table, k_scale)[:, :, :ctx], _gather(v_pool, table, v_scale)[:, :, :ctx]
         qpos = torch.arange(ctx - (hi - lo), ctx, device=q.device)[:, None]
         kpos = torch.arange(ctx, device=q.device)[None, :]
         mask = kpos <= qpos
         if sliding_window is not None:
             mask &= kpos > qpos - sliding_window
-        out[lo:hi] = _grouped_sdpa(q[lo:hi], k, v, mask, scale)
+        out[lo:hi] = _grouped_sdpa(q[lo:hi].to(k.dtype), k, v, mask, scale).to(q.dtype)
     return out

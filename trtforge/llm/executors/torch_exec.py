@@ -20,6 +20,11 @@ between (:mod:`trtforge.llm.executors.piecewise`). A decode step's inputs travel
 buffer (two, used in turn, so that filling one never waits for the copy out of the other) and one
 asynchronous copy.
 
+``kv_cache_dtype="fp8"`` keeps the pools in FP8 E4M3 with one K and one V scale per layer
+(:mod:`.kv_cache`): the kernels quantize as they write and dequantize in registers as they read; the
+torch references attend in float32 over the dequantized values. The scales are calibrated at
+construction (``calib_prompts``, else seeded random ids) unless ``kv_scales`` fixes them.
+
 :meth:`TorchExecutor.step_async` serves asynchronous scheduling: nothing in a step waits for the
 device (host inputs go through pinned memory), and the decode rows' input ids are gathered on the
 device from the previous step's sampled tokens, after the inputs' copy and before the graph replay.
@@ -27,6 +32,7 @@ device from the previous step's sampled tokens, after the inputs' copy and befor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +40,12 @@ import torch
 
 from trtforge.errors import UserError
 from trtforge.llm.executors.base import ExecutorFacts, StepBatch, TokenFeed
+from trtforge.llm.executors.kv_cache import (
+    KVScales,
+    calibrate_kv_scales,
+    kv_cache_dtype_name,
+    resolve_kv_cache_dtype,
+)
 from trtforge.llm.executors.model_layers import ModelLayers
 from trtforge.llm.executors.paged_attention import (
     AttentionFn,
@@ -81,7 +93,10 @@ class TorchExecutor:
 
     `model` is a transformers causal LM of a supported family (:data:`trtforge.llm.models.SUPPORTED`:
     Llama-style or GPT-2). With `device`/`dtype` given it is moved there (in place). The pools take
-    ``2 * layers * (num_blocks + 1) * block_size * Hkv * D`` elements of `dtype`.
+    ``2 * layers * (num_blocks + 1) * block_size * Hkv * D`` elements of `dtype`, or of FP8 E4M3 (1 byte)
+    with ``kv_cache_dtype="fp8"``: per-layer K/V scales `kv_scales` (a :class:`KVScales`, or one float for
+    every layer, e.g. vLLM's 1.0), by default calibrated on `calib_prompts` (token-id lists; None:
+    seeded random ids) before anything else touches the model.
     ``kernels`` picks the attention kernels: "triton" (the default on CUDA for FP16/BF16 pools with a
     power-of-two block size; Llama-style layers then also run fused, repointing the projections'
     weights at concatenated tensors) or "torch" (the references; the default elsewhere). Explicit
@@ -111,6 +126,9 @@ class TorchExecutor:
         mixed_graphs: bool | None = None,
         max_graph_tokens: int = 4096,
         tensor_parallel: TensorParallel | None = None,
+        kv_cache_dtype: str = "auto",
+        kv_scales: KVScales | float | None = None,
+        calib_prompts: Sequence[Sequence[int]] | None = None,
     ) -> None:
         adapter = adapter_for(model, _USER)
         self.tensor_parallel = tensor_parallel
@@ -129,13 +147,14 @@ class TorchExecutor:
         self.device, self.dtype = param.device, param.dtype
         self._num_blocks, self._block_size = num_blocks, block_size
         self._max_model_len = self._length_limit(max_model_len)
+        self._kv_cache(kv_cache_dtype, kv_scales, calib_prompts)
         self._pick_kernels(kernels, attention, decode_attention)
         # one scratch block past the pool's end takes the writes and reads of static-shape padding rows
         shape = (num_blocks + 1, block_size, adapter.num_kv_heads, adapter.head_dim)
-        self.k_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in adapter.layers]
-        self.v_pools = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in adapter.layers]
+        self.k_pools = [torch.zeros(shape, device=self.device, dtype=self.kv_dtype) for _ in adapter.layers]
+        self.v_pools = [torch.zeros(shape, device=self.device, dtype=self.kv_dtype) for _ in adapter.layers]
         self._plan_static_shapes(static_decode, max_decode_batch)
-        self._layers = ModelLayers(adapter, self._fused, self.k_pools, self.v_pools)
+        self._layers = ModelLayers(adapter, self._fused, self.k_pools, self.v_pools, self.kv_scales)
         self._piecewise = self._make_piecewise(mixed_graphs, max_graph_tokens)
         self.facts = self._facts()
 
@@ -151,21 +170,59 @@ class TorchExecutor:
             )
         return length
 
+    def _kv_cache(
+        self,
+        kv_cache_dtype: str,
+        kv_scales: KVScales | float | None,
+        calib_prompts: Sequence[Sequence[int]] | None,
+    ) -> None:
+        """The pools' dtype (`kv_dtype`), the FP8 scales (`kv_scales`, None for 16/32-bit pools) and the
+        keyword arguments each layer's attention call gets (`_kv_kwargs`: the layer's scales)."""
+        self.kv_cache_dtype = kv_cache_dtype_name(kv_cache_dtype)
+        self.kv_dtype = resolve_kv_cache_dtype(self.kv_cache_dtype, self.dtype, self.device)
+        layers = self._adapter.num_layers
+        self.kv_scales: KVScales | None = None
+        self._kv_kwargs: list[dict[str, float]] = [{} for _ in range(layers)]
+        if self.kv_cache_dtype == "auto":
+            if kv_scales is not None:
+                raise UserError(
+                    "TorchExecutor kv_scales apply to kv_cache_dtype='fp8' only (this one is 'auto')."
+                )
+            return
+        if isinstance(kv_scales, KVScales):
+            if len(kv_scales.k) != layers or len(kv_scales.v) != layers:
+                raise UserError(
+                    f"TorchExecutor kv_scales has {len(kv_scales.k)} K and {len(kv_scales.v)} V scales; the "
+                    f"model has {layers} layers."
+                )
+            scales = kv_scales
+        elif kv_scales is not None:
+            if isinstance(kv_scales, bool) or not isinstance(kv_scales, (int, float)):
+                raise UserError(f"TorchExecutor kv_scales must be a KVScales or a number, got {kv_scales!r}.")
+            scales = KVScales.fixed(kv_scales, layers)
+        else:
+            scales = calibrate_kv_scales(self.model, layers, calib_prompts, max_len=self._max_model_len)
+        self.kv_scales = scales
+        self._kv_kwargs = [{"k_scale": k, "v_scale": v} for k, v in zip(scales.k, scales.v)]
+
     def _pick_kernels(
         self, kernels: str | None, attention: AttentionFn | None, decode_attention: DecodeAttentionFn | None
     ) -> None:
         """The attention functions (`kernels`, unless given explicitly), and the fused layers where the
         Triton kernels run a Llama-style model that fits them (else ``fused_refusal`` says why not)."""
-        usable = triton_usable(self.device, self.dtype, self._block_size, self._adapter.head_dim)
+        usable = triton_usable(
+            self.device, self.dtype, self._block_size, self._adapter.head_dim, self.kv_dtype
+        )
         if kernels is None:
             kernels = "triton" if usable and self.device.type == "cuda" else "torch"
         if kernels not in ("triton", "torch"):
             raise UserError(f"TorchExecutor kernels must be 'triton' or 'torch', got {kernels!r}")
         if kernels == "triton" and not usable:
             raise UserError(
-                "TorchExecutor kernels='triton' needs a CUDA model in float16/bfloat16, a power-of-two "
-                f"block size and head dim <= 256, and Triton installed; got {self.device.type}, "
-                f"{self.dtype}, block size {self._block_size}, head dim {self._adapter.head_dim}"
+                "TorchExecutor kernels='triton' needs a CUDA model in float16/bfloat16 (its KV cache in that "
+                "dtype or FP8), a power-of-two block size and head dim <= 256, and Triton installed; got "
+                f"{self.device.type}, {self.dtype}, block size {self._block_size}, head dim "
+                f"{self._adapter.head_dim}"
             )
         self.kernels = kernels
         default_decode = TritonDecodeAttention() if kernels == "triton" else paged_decode_reference
@@ -225,7 +282,7 @@ class TorchExecutor:
             num_layers=a.num_layers,
             num_kv_heads=a.num_kv_heads,
             head_dim=a.head_dim,
-            kv_dtype=str(self.dtype).removeprefix("torch."),
+            kv_dtype=str(self.kv_dtype).removeprefix("torch."),
             kv_element_bytes=self.k_pools[0].element_size(),
             kv_pool_bytes=sum(p.numel() * p.element_size() for p in pools),
             kv_depends_on_prompt_len=a.dynamic,
@@ -269,7 +326,7 @@ class TorchExecutor:
         h, extra = layers.embed(ids, positions, rope_lens)
         for i, (kp, vp) in enumerate(zip(self.k_pools, self.v_pools)):
             q = layers.layer_in(i, h, extra, slots)
-            h = layers.layer_out(i, h, attend(q, kp, vp, a.scales[i], a.windows[i]))
+            h = layers.layer_out(i, h, attend(q, kp, vp, a.scales[i], a.windows[i], **self._kv_kwargs[i]))
         if rows is not None:
             h = h.index_select(0, rows)
         return layers.head(h)
@@ -306,7 +363,8 @@ class TorchExecutor:
         if len(batch.block_copies):
             src, dst = to_device(np.ascontiguousarray(batch.block_copies.T), dev)
             for pool in (*self.k_pools, *self.v_pools):
-                pool[dst] = pool[src]
+                raw = pool.view(torch.uint8) if pool.element_size() == 1 else pool  # (FP8: copy the bytes)
+                raw[dst] = raw[src]
         path = self.path_of(batch)
         if path == "decode":
             return self._static_decode(batch, feed)
@@ -323,7 +381,7 @@ class TorchExecutor:
             ids,
             to_device(batch.positions, dev),
             to_device(batch.slot_mapping, dev),
-            lambda q, kp, vp, scale, window: self.attention(q, kp, vp, meta, scale, window),
+            lambda q, kp, vp, scale, window, **kv: self.attention(q, kp, vp, meta, scale, window, **kv),
             to_device(batch.logits_indices, dev),
             to_device(self._rope_lens(batch), dev) if self._adapter.dynamic else None,
         )
@@ -343,11 +401,17 @@ class TorchExecutor:
         writes_out = isinstance(attention, TritonPagedAttention)
 
         def attend(i: int, q: torch.Tensor, out: torch.Tensor) -> None:
-            kp, vp, scale, window = self.k_pools[i], self.v_pools[i], a.scales[i], a.windows[i]
+            kp, vp, scale, window, kv = (
+                self.k_pools[i],
+                self.v_pools[i],
+                a.scales[i],
+                a.windows[i],
+                self._kv_kwargs[i],
+            )
             if writes_out:
-                attention(q, kp, vp, meta, scale, window, out=out)
+                attention(q, kp, vp, meta, scale, window, out=out, **kv)
             else:
-                out.copy_(attention(q, kp, vp, meta, scale, window))
+                out.copy_(attention(q, kp, vp, meta, scale, window, **kv))
 
         return attend
 
@@ -380,8 +444,8 @@ class TorchExecutor:
     def _static_body(self, nb: int, wb: int) -> None:
         ids, pos, slots, ctx, _, tables = self._static_views(nb, wb)
 
-        def attend(q, kp, vp, scale, window):
-            return self.decode_attention(q, kp, vp, tables, ctx, scale, window)
+        def attend(q, kp, vp, scale, window, **kv):
+            return self.decode_attention(q, kp, vp, tables, ctx, scale, window, **kv)
 
         self._static["logits"][:nb].copy_(self._forward(ids, pos, slots, attend))
 

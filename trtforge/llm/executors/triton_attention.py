@@ -7,7 +7,8 @@ its chunk). In a step both launches are prepared once, on the first layer, and r
 layer with its own tensors (``prepare_paged_decode``, ``prepare_chunked_prefill_varlen``): the
 per-layer host cost is the launches alone. The executor's pools are ``[num_blocks, block_size, Hkv,
 D]``, the layout the kernels' entry points take (they index it through strided views); no K/V is
-copied. Sliding-window layers pass their window to both kernels.
+copied. Sliding-window layers pass their window to both kernels. FP8 pools are read in place: each
+layer's K scale rides in the softmax scale and its V scale is one more launch argument.
 """
 
 from __future__ import annotations
@@ -30,12 +31,20 @@ from trtforge.llm.host_to_device import to_device
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def triton_usable(device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int) -> bool:
-    """Whether the Triton kernels can serve pools of this device, dtype, block size and head dim
-    (on the CPU only inside Triton's interpreter, ``TRITON_INTERPRET=1``: tests)."""
+def triton_usable(
+    device: torch.device,
+    dtype: torch.dtype,
+    block_size: int,
+    head_dim: int,
+    kv_dtype: torch.dtype | None = None,
+) -> bool:
+    """Whether the Triton kernels can serve a model of this device and dtype over pools of `kv_dtype`
+    (default: the model's; else FP8 E4M3), block size and head dim (on the CPU only inside Triton's
+    interpreter, ``TRITON_INTERPRET=1``: tests)."""
     return (
         (device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1")
         and dtype in _KERNEL_DTYPES
+        and kv_dtype in (None, dtype, torch.float8_e4m3fn)
         and block_size >= 1
         and block_size & (block_size - 1) == 0
         and 0 < head_dim <= 256
@@ -118,8 +127,12 @@ class TritonDecodeAttention:
         scale: float,
         sliding_window: int | None = None,
         out: torch.Tensor | None = None,
+        *,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
-        """Attention of `q` ``[B, Hq, D]``, into `out` (same shape) when given."""
+        """Attention of `q` ``[B, Hq, D]``, into `out` (same shape) when given (FP8 pools: with their
+        layer's `k_scale` / `v_scale`)."""
         from trtforge.kernels.decode_attention import decode_attention
         from trtforge.kernels.gemv import pdl_supported
 
@@ -135,6 +148,8 @@ class TritonDecodeAttention:
             window=sliding_window,
             out=None if out is None else out.unsqueeze(2),
             pdl=pdl_supported(q.device),
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
         return got.squeeze(2)
 
@@ -266,7 +281,7 @@ class TritonPagedAttention:
         window: int | None,
     ) -> tuple[Callable[..., None], ...]:
         """The step's launches for layers of this geometry: each called as ``(q, k_pool, v_pool, out,
-        scale)``."""
+        scale * k_scale, v_scale)``."""
         from trtforge.kernels.chunked_prefill import prepare_chunked_prefill_varlen
         from trtforge.kernels.decode_attention import prepare_paged_decode
         from trtforge.kernels.gemv import pdl_supported
@@ -288,8 +303,8 @@ class TritonPagedAttention:
                     scratch, k_pool, v_pool, lens, tables, scratch, config=config, window=window, pdl=pdl
                 )
 
-                def gathered(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, out: torch.Tensor, scale):
-                    launch(q.index_select(0, where), kp, vp, scratch, scale)
+                def gathered(q, kp, vp, out, scale, v_scale):  # (tensors, then the two floats)
+                    launch(q.index_select(0, where), kp, vp, scratch, scale, v_scale)
                     out.index_copy_(0, where, scratch)
 
                 launches.append(gathered)
@@ -331,8 +346,8 @@ class TritonPagedAttention:
             scratch, k_pool, v_pool, lens, tables, scratch, config=config, window=window, pdl=pdl, q_len=s
         )
 
-        def gathered(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, out: torch.Tensor, scale):
-            launch(q.index_select(0, where), kp, vp, scratch, scale)
+        def gathered(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, out: torch.Tensor, *scales):
+            launch(q.index_select(0, where), kp, vp, scratch, *scales)
             out.index_copy_(0, where, scratch)
 
         return gathered
@@ -346,8 +361,12 @@ class TritonPagedAttention:
         scale: float,
         sliding_window: int | None = None,
         out: torch.Tensor | None = None,
+        *,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
-        """Attention of the step's tokens `q` ``[T, Hq, D]``, into `out` (same shape) when given."""
+        """Attention of the step's tokens `q` ``[T, Hq, D]``, into `out` (same shape) when given (FP8
+        pools: with their layer's `k_scale` / `v_scale`)."""
         plan = self.plan_of(meta, q.device)
         if out is None:
             out = torch.empty_like(q)
@@ -355,7 +374,7 @@ class TritonPagedAttention:
         launches = plan.launches.get(key)
         if launches is None:
             launches = plan.launches[key] = self._prepare(plan, q, k_pool, v_pool, out, sliding_window)
-        scale = float(scale)
+        qk_scale, v_scale = float(scale) * float(k_scale), float(v_scale)
         for launch in launches:
-            launch(q, k_pool, v_pool, out, scale)
+            launch(q, k_pool, v_pool, out, qk_scale, v_scale)
         return out

@@ -34,7 +34,9 @@ class NoFreeBlocksError(TrtforgeError):
 
 @dataclass(frozen=True)
 class MemoryStats:
-    """Pool occupancy: blocks referenced by a sequence, free (cached or not), and slots wasted."""
+    """Pool occupancy: blocks referenced by a sequence, free (cached or not), and slots wasted; with the
+    real bytes a block takes over every layer's K and V (``block_bytes``, 0 where unknown) and the
+    cache's element type (``kv_dtype``, e.g. "bfloat16" or "float8_e4m3fn")."""
 
     total_blocks: int
     used_blocks: int
@@ -43,11 +45,28 @@ class MemoryStats:
     block_size: int
     tokens_held: int
     waste_slots: int
+    block_bytes: int = 0
+    kv_dtype: str = ""
 
     @property
     def usage(self) -> float:
         """Fraction of the pool's blocks that a live sequence references."""
         return self.used_blocks / self.total_blocks
+
+    @property
+    def bytes_per_token(self) -> float:
+        """K/V bytes one token takes over every layer."""
+        return self.block_bytes / self.block_size
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of the blocks the block manager hands out."""
+        return self.total_blocks * self.block_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of the blocks live sequences reference."""
+        return self.used_blocks * self.block_bytes
 
 
 @dataclass(slots=True)

@@ -21,6 +21,7 @@ fed on the device.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 from collections import deque
 from collections.abc import Hashable, Sequence
@@ -212,7 +213,13 @@ class Scheduler:
         return list(self._running)
 
     def memory_stats(self) -> MemoryStats:
-        return self.block_manager.memory_stats()
+        """The block manager's occupancy with the executor's real bytes per block and cache dtype."""
+        facts = self.facts
+        return dataclasses.replace(
+            self.block_manager.memory_stats(),
+            block_bytes=facts.kv_bytes_per_token * facts.block_size,
+            kv_dtype=facts.kv_dtype,
+        )
 
     # ---- one step: plan, then results ----------------------------------------------------------
     def schedule(self) -> StepPlan:

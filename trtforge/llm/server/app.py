@@ -264,6 +264,7 @@ def create_app(state: ServerState) -> FastAPI:
             return _error(e, "models", state)
         spec = getattr(state.llm, "speculative", None)
         facts = getattr(getattr(state.llm, "executor", None), "facts", None)
+        kv_dtype = getattr(facts, "kv_dtype", None)  # what the KV pools hold (float8_e4m3fn: FP8 KV)
         data = [
             {
                 "id": n,
@@ -273,6 +274,7 @@ def create_app(state: ServerState) -> FastAPI:
                 "max_model_len": state.max_model_len,
                 **({"speculative": spec.describe()} if spec is not None else {}),
                 "tensor_parallel_size": getattr(facts, "tensor_parallel_size", 1),
+                "kv_cache_dtype": kv_dtype,
             }
             for n in state.served_model_names
         ]

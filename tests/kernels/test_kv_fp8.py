@@ -1,0 +1,255 @@
+"""FP8 (E4M3) KV cache in the kernels: the cache writes quantize, decode and chunked prefill read FP8.
+
+Without CUDA they run in Triton's CPU interpreter (tests/kernels/conftest.py, whose FP8 conversions
+are torch's round-to-nearest-even casts); on a GPU (``-m gpu``) the same checks run for real.
+Tolerances:
+- writes: bit-exact against :func:`~trtforge.kernels.kv_quant.quantize_fp8` (same float32 product,
+  same rounding);
+- attention over FP8 pools against the FP32 SDPA reference over the *same dequantized values*: the
+  tolerances of the 16-bit kernels' own tests (TOL: p is rounded to the query's type before P.V;
+  widening FP8 to FP16/BF16 is exact);
+- against attention over the unquantized 16-bit K/V: the quantization error. E4M3 keeps 3 mantissa
+  bits (a relative rounding error of at most 2^-4 an element); for N(0, 1) K/V at D 32-64 over 5-70
+  keys the outputs (magnitude ~1) moved by up to 0.115 (measured, interpreter), the most over the
+  shortest contexts (least averaging); QUANT_TOL = 0.2.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton", reason="Triton is needed to run the kernel (pip install triton)")
+
+from tests.kernels.decode_reference import paged_from_contiguous, reference_decode  # noqa: E402
+from trtforge.kernels.chunked_prefill import chunked_prefill_attention, chunked_prefill_varlen  # noqa: E402
+from trtforge.kernels.decode_attention import DecodeConfig, decode_attention, prepare_paged_decode  # noqa: E402
+from trtforge.kernels.fused_layer import rope_and_cache  # noqa: E402
+from trtforge.kernels.kv_quant import FP8_KV_DTYPE, dequantize, quantize_fp8  # noqa: E402
+from trtforge.kernels.paged_cache import write_kv_cache, write_kv_slots  # noqa: E402
+
+DEVICES = [
+    pytest.param("cpu", id="interpreter"),
+    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
+]
+TOL = {torch.float16: 3e-3, torch.bfloat16: 2.5e-2}
+QUANT_TOL = 0.2
+
+
+def _device(device: str) -> str:
+    if device == "cpu" and torch.cuda.is_available():
+        pytest.skip("the interpreter run is for machines without CUDA (the kernels then run for real)")
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip(f"FP8 needs compute capability >= 8.9; {torch.cuda.get_device_name()} is below")
+    return device
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8).cpu()
+
+
+def _fp8_pools(kq, vq, lens, page, seed):
+    """FP8 K/V [B, Hkv, S, D] in pools of randomly placed blocks (spare blocks hold NaN: never read)."""
+    kp, vp, table = paged_from_contiguous(
+        kq.float(), vq.float(), lens, page, torch.Generator().manual_seed(seed)
+    )
+    return kp.to(FP8_KV_DTYPE), vp.to(FP8_KV_DTYPE), table
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_slot_write_quantizes_exactly_as_the_reference(device):
+    device = _device(device)
+    g = torch.Generator().manual_seed(0)
+    b, hkv, s_new, d, page, blocks = 2, 2, 5, 32, 4, 8
+    k = (torch.randn(b, hkv, s_new, d, generator=g) * 40).to(torch.bfloat16)  # some saturate at 448
+    v = torch.randn(b, hkv, s_new, d, generator=g).to(torch.bfloat16)
+    k[0, 0, 0, :4] = torch.tensor([1e4, -1e4, 1e-6, 0.0])
+    slots = torch.randperm(blocks * page, generator=g)[: b * s_new].view(b, s_new).to(torch.int32)
+    slots[1, -1] = -1  # skipped
+    kp = torch.zeros(blocks, page, hkv, d, dtype=FP8_KV_DTYPE)
+    vp = torch.zeros_like(kp)
+    dev = [t.to(device) for t in (k, v, kp, vp, slots)]
+    write_kv_slots(*dev, k_scale=0.25, v_scale=0.01)
+    want_k, want_v = torch.zeros_like(kp), torch.zeros_like(vp)
+    flat_k, flat_v = want_k.view(torch.uint8).view(-1, hkv, d), want_v.view(torch.uint8).view(-1, hkv, d)
+    for bi in range(b):
+        for i in range(s_new):
+            s = int(slots[bi, i])
+            if s >= 0:
+                flat_k[s] = quantize_fp8(k[bi, :, i], 0.25).view(torch.uint8)
+                flat_v[s] = quantize_fp8(v[bi, :, i], 0.01).view(torch.uint8)
+    assert torch.equal(_bits(dev[2]), _bits(want_k))
+    assert torch.equal(_bits(dev[3]), _bits(want_v))
+    assert float(dequantize(dev[2].cpu(), 0.25).abs().max()) == 448 * 0.25  # saturated, never NaN
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("page", [0, 8])
+def test_cache_write_then_decode_over_fp8(device, page):
+    device = _device(device)
+    g = torch.Generator().manual_seed(1)
+    b, hq, hkv, d, s_max = 2, 4, 2, 32, 40
+    lens = torch.tensor([40, 17], dtype=torch.int32)
+    k = torch.randn(b, hkv, s_max, d, generator=g).half()
+    v = torch.randn(b, hkv, s_max, d, generator=g).half()
+    q = torch.randn(b, hq, 1, d, generator=g).half()
+    ks, vs = 0.01, 0.02
+    if page:
+        table = torch.arange(b * (s_max // page), dtype=torch.int32).view(b, -1)
+        kc = torch.zeros(b * s_max // page, page, hkv, d, dtype=FP8_KV_DTYPE)
+    else:
+        table = None
+        kc = torch.zeros(b, hkv, s_max, d, dtype=FP8_KV_DTYPE)
+    vc = torch.zeros_like(kc)
+    on = [t.to(device) if t is not None else None for t in (q, k, v, kc, vc, lens, table)]
+    q_, k_, v_, kc_, vc_, lens_, table_ = on
+    write_kv_cache(k_, v_, kc_, vc_, torch.zeros_like(lens_), table_, k_scale=ks, v_scale=vs)
+    got = decode_attention(
+        q_, kc_, vc_, lens_, table_, config=DecodeConfig(num_splits=2), k_scale=ks, v_scale=vs
+    )
+    kq, vq = dequantize(quantize_fp8(k, ks), ks), dequantize(quantize_fp8(v, vs), vs)
+    want = reference_decode(q, kq, vq, lens)
+    assert (got.float().cpu() - want).abs().max() < TOL[torch.float16]
+    exact = reference_decode(q, k, v, lens)
+    assert (got.float().cpu() - exact).abs().max() < QUANT_TOL
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("hq", "hkv", "s_q", "splits"), [(8, 2, 1, 3), (4, 4, 2, 1), (8, 1, 4, 2)])
+def test_paged_decode_over_fp8_matches_the_dequantized_reference(device, dtype, hq, hkv, s_q, splits):
+    device = _device(device)
+    g = torch.Generator().manual_seed(2)
+    b, d, s_max, page = 3, 64, 70, 16
+    lens = torch.tensor([70, 33, 5], dtype=torch.int32)
+    q = torch.randn(b, hq, s_q, d, generator=g).to(dtype)
+    k = torch.randn(b, hkv, s_max, d, generator=g).to(dtype)
+    v = torch.randn(b, hkv, s_max, d, generator=g).to(dtype)
+    ks, vs = 4.0 / 448, 3.5 / 448
+    kq, vq = quantize_fp8(k, ks), quantize_fp8(v, vs)
+    kp, vp, table = _fp8_pools(kq, vq, lens, page, 7)
+    args = [t.to(device) for t in (q, kp, vp, lens, table)]
+    got = decode_attention(*args, config=DecodeConfig(num_splits=splits), k_scale=ks, v_scale=vs)
+    want = reference_decode(q, dequantize(kq, ks), dequantize(vq, vs), lens)
+    assert (got.float().cpu() - want).abs().max() < TOL[dtype]
+    assert (got.float().cpu() - reference_decode(q, k, v, lens)).abs().max() < QUANT_TOL
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prepared_decode_launch_takes_the_scales_per_call(device):
+    """A serving step's prepared launch: the same geometry, each layer with its own pools and scales."""
+    device = _device(device)
+    g = torch.Generator().manual_seed(3)
+    b, hq, hkv, d, page, s_max = 2, 4, 2, 32, 8, 32
+    lens = torch.tensor([32, 9], dtype=torch.int32)
+    q = torch.randn(b, hq, d, generator=g).half()
+    outs, wants = [], []
+    launch = None
+    qd, out = q.to(device), torch.empty(b, hq, d, dtype=torch.float16, device=device)
+    for ks, vs in ((0.01, 0.02), (0.05, 0.005)):  # two layers: the same block placement, own scales
+        k = torch.randn(b, hkv, s_max, d, generator=g).half()
+        v = torch.randn(b, hkv, s_max, d, generator=g).half()
+        kq, vq = quantize_fp8(k, ks), quantize_fp8(v, vs)
+        kp, vp, table = _fp8_pools(kq, vq, lens, page, 8)
+        kp, vp = kp.to(device), vp.to(device)
+        if launch is None:
+            launch = prepare_paged_decode(
+                qd, kp, vp, lens.to(device), table.to(device), out, config=DecodeConfig(num_splits=2)
+            )
+        launch(qd, kp, vp, out, d**-0.5 * ks, vs)
+        outs.append(out.float().cpu())
+        wants.append(reference_decode(q[:, :, None], dequantize(kq, ks), dequantize(vq, vs), lens)[:, :, 0])
+    for got, want in zip(outs, wants):
+        assert (got - want).abs().max() < TOL[torch.float16]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("varlen", [False, True])
+def test_chunked_prefill_over_fp8_matches_the_dequantized_reference(device, varlen):
+    device = _device(device)
+    g = torch.Generator().manual_seed(4)
+    b, hq, hkv, d, page, s_q = 2, 4, 2, 32, 16, 20
+    lens = torch.tensor([50, 20], dtype=torch.int32)  # a cached prefix of 30, then none
+    s_max = 64
+    q = torch.randn(b, hq, s_q, d, generator=g).bfloat16()
+    k = torch.randn(b, hkv, s_max, d, generator=g).bfloat16()
+    v = torch.randn(b, hkv, s_max, d, generator=g).bfloat16()
+    ks, vs = 0.01, 0.01
+    kq, vq = quantize_fp8(k, ks), quantize_fp8(v, vs)
+    kp, vp, table = _fp8_pools(kq, vq, lens, page, 9)
+    kp, vp = kp.to(device), vp.to(device)
+    qd, lens_d, table_d = q.to(device), lens.to(device), table.to(device)
+    if varlen:
+        flat = qd.permute(0, 2, 1, 3).reshape(b * s_q, hq, d).contiguous()
+        starts = torch.tensor([0, s_q], dtype=torch.int32, device=device)
+        qlens = torch.tensor([s_q, s_q], dtype=torch.int32, device=device)
+        out = torch.empty_like(flat)
+        chunked_prefill_varlen(
+            flat, kp, vp, lens_d, table_d, starts, qlens, s_q, scale=d**-0.5, out=out, k_scale=ks, v_scale=vs
+        )
+        got = out.view(b, s_q, hq, d).permute(0, 2, 1, 3)
+    else:
+        got = chunked_prefill_attention(qd, kp, vp, lens_d, table_d, k_scale=ks, v_scale=vs)
+    want = reference_decode(q, dequantize(kq, ks), dequantize(vq, vs), lens)
+    assert (got.float().cpu() - want).abs().max() < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rope_and_cache_writes_fp8_as_the_16_bit_write_then_quantize(device):
+    device = _device(device)
+    g = torch.Generator().manual_seed(5)
+    t, hq, hkv, d, page, blocks = 6, 4, 2, 32, 4, 4
+    qkv = (torch.randn(t, (hq + 2 * hkv) * d, generator=g) * 3).bfloat16().to(device)
+    ang = torch.rand(t, d // 2, generator=g) * 6
+    cos = torch.cat([ang.cos(), ang.cos()], -1).to(device)
+    sin = torch.cat([ang.sin(), ang.sin()], -1).to(device)
+    slots = torch.randperm(blocks * page, generator=g)[:t].to(torch.int32).to(device)
+    k16 = torch.zeros(blocks, page, hkv, d, dtype=torch.bfloat16, device=device)
+    v16 = torch.zeros_like(k16)
+    q16 = rope_and_cache(qkv, cos, sin, slots, k16, v16, hq, hkv)
+    k8 = torch.zeros(blocks, page, hkv, d, dtype=FP8_KV_DTYPE, device=device)
+    v8 = torch.zeros_like(k8)
+    q8 = rope_and_cache(qkv, cos, sin, slots, k8, v8, hq, hkv, 0.02, 0.03)
+    assert torch.equal(q8, q16)
+    assert torch.equal(_bits(k8), _bits(quantize_fp8(k16, 0.02)))
+    assert torch.equal(_bits(v8), _bits(quantize_fp8(v16, 0.03)))
+
+
+def test_mismatched_cache_dtypes_are_refused():
+    q = torch.zeros(1, 2, 1, 16, dtype=torch.float16)
+    kc = torch.zeros(1, 2, 8, 16, dtype=FP8_KV_DTYPE)
+    with pytest.raises(ValueError, match="caches must both be"):
+        decode_attention(q, kc, kc.half(), torch.ones(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="pools must be"):
+        write_kv_slots(
+            q.transpose(1, 2), q.transpose(1, 2), kc.float(), kc.float(), torch.zeros(1, 1, dtype=torch.int32)
+        )
+
+
+@pytest.mark.gpu
+def test_llama3_8b_shape_decode_and_prefill_over_fp8_on_the_gpu():
+    """Hq 32 / Hkv 8 / D 128, BF16 queries, contexts up to 4096 in 16-token blocks at random places: the
+    autotuned decode launch and a 256-token chunk over a prefix of up to 1024 tokens, against the FP32
+    reference of the same dequantized pools (TOL) and of the unquantized BF16 K/V (QUANT_TOL)."""
+    device = _device("cuda")
+    g = torch.Generator().manual_seed(6)
+    b, hq, hkv, d, page = 4, 32, 8, 128, 16
+    lens = torch.tensor([4096, 1000, 2500, 1280], dtype=torch.int32)
+    s_max = 4096
+    k = torch.randn(b, hkv, s_max, d, generator=g).bfloat16()
+    v = torch.randn(b, hkv, s_max, d, generator=g).bfloat16()
+    ks, vs = float(k.abs().max()) / 448, float(v.abs().max()) / 448
+    kq, vq = quantize_fp8(k, ks), quantize_fp8(v, vs)
+    kp, vp, table = _fp8_pools(kq, vq, lens, page, 10)
+    kp, vp, table, lens_d = kp.to(device), vp.to(device), table.to(device), lens.to(device)
+    kd, vd = dequantize(kq, ks).to(device), dequantize(vq, vs).to(device)
+    q = torch.randn(b, hq, 1, d, generator=g).bfloat16().to(device)
+    got = decode_attention(q, kp, vp, lens_d, table, k_scale=ks, v_scale=vs)
+    assert (got.float() - reference_decode(q, kd, vd, lens_d)).abs().max() < TOL[torch.bfloat16]
+    assert (got.float() - reference_decode(q, k.to(device), v.to(device), lens_d)).abs().max() < QUANT_TOL
+    chunk_lens = torch.clamp(lens_d, max=1280)  # a 256-token chunk after a prefix of 1024 (sequence 1: 744)
+    qc = torch.randn(b, hq, 256, d, generator=g).bfloat16().to(device)
+    got = chunked_prefill_attention(qc, kp, vp, chunk_lens, table, k_scale=ks, v_scale=vs)
+    assert (got.float() - reference_decode(qc, kd, vd, chunk_lens)).abs().max() < TOL[torch.bfloat16]

@@ -1,0 +1,48 @@
+"""FP8 (E4M3) K/V cache elements: the one definition of how a value enters and leaves an FP8 pool.
+
+A pool of ``torch.float8_e4m3fn`` stores ``x / scale`` rounded to nearest (even) and saturated to
+±448 (E4M3's largest finite value); a read gives back ``stored * scale``. Each layer has one K scale
+and one V scale (float32, per tensor). The cache-write kernels quantize as they store
+(:func:`trtforge.kernels.paged_cache.to_cache`), the attention kernels load FP8 tiles and widen them
+in registers: the K scale folds into the softmax scale (``q . (k * s_k) * sm = (q . k) * (sm * s_k)``)
+and the V scale multiplies the normalized output (the split partials combine linearly, so once at
+the end). No dequantized copy of a pool is ever made. :func:`quantize_fp8` / :func:`dequantize` are
+the same arithmetic in torch (the reference path and the kernels' oracle); this module imports no
+Triton, so the CPU reference path runs where Triton is not installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["FP8_KV_DTYPE", "FP8_MAX", "dequantize", "inverse_scale", "is_fp8", "quantize_fp8"]
+
+FP8_KV_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # E4M3 (fn: no infinities): the largest finite magnitude
+
+
+def is_fp8(t: Any) -> bool:
+    """Whether tensor `t` (or a DeviceTensor) holds FP8 E4M3 K/V."""
+    return t.dtype == FP8_KV_DTYPE
+
+
+def inverse_scale(scale: float) -> float:
+    """``1 / scale`` rounded to float32: what a kernel multiplies by (as its float32 argument), so that the
+    torch reference's ``x * inv`` is the very same product."""
+    scale = float(scale)
+    if not np.isfinite(scale) or scale <= 0:
+        raise ValueError(f"a KV-cache scale must be a positive finite number; got {scale}")
+    return float(np.float32(1.0 / scale))
+
+
+def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """`x` in E4M3 with per-tensor `scale` (torch; what the cache-write kernels store for FP8)."""
+    return (x.float() * inverse_scale(scale)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_KV_DTYPE)
+
+
+def dequantize(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """FP8 `x` back in float32: ``x * scale``."""
+    return x.float() * float(np.float32(scale))
