@@ -49,6 +49,10 @@ def load_tree(root: Path) -> SimpleNamespace:
         names["scheduler"] = "sched.scheduler" if moved else "scheduler"
         if split:
             names.update(plan="sched.plan", loop="loop")
+        if (root / "trtforge" / "llm" / "async_loop.py").exists():
+            names["async_loop"] = "async_loop"
+        if (root / "trtforge" / "llm" / "executors" / "base.py").exists():
+            names["executor"] = "executors.base"  # ExecutorFacts, which later trees' schedulers read
         mods = {short: importlib.import_module(f"trtforge.llm.{name}") for short, name in names.items()}
         mods["split"] = split
     finally:
@@ -101,6 +105,22 @@ class NullExecutor:
         return self._logits[: len(batch.logits_indices)]
 
 
+class AsyncNullExecutor(NullExecutor):
+    """The null executor offering ``step_async``, so the engine runs its asynchronous loop (one step in
+    flight, tokens fed "on the device"), the loop the GPU serving path runs; the logits are host tensors."""
+
+    def step_async(self, batch, feed):
+        return self._logits[: len(batch.logits_indices)]
+
+
+def facts_type(tree: SimpleNamespace) -> type | None:
+    """The tree's ExecutorFacts class, or None for trees from before it (executors read as attributes)."""
+    return getattr(getattr(tree, "executor", None), "ExecutorFacts", None)
+
+
+EXECUTOR: list[type] = [NullExecutor]  # the null executor class the cases run (main picks it)
+
+
 def make_stepper(tree: SimpleNamespace, executor, config):
     """What steps: the step loop over a scheduler (split layout) or the scheduler itself (before)."""
     if tree.split:
@@ -127,9 +147,16 @@ class PhaseTimer:
         else:
             sched._schedule = self._wrap(sched._schedule, "schedule")
             sched._build_batch = self._wrap(sched._build_batch, "build")
-        sched.executor.step = self._wrap(sched.executor.step, "launch")
+        launch = "step_async" if getattr(sched, "async_scheduling", False) else "step"
+        setattr(sched.executor, launch, self._wrap(getattr(sched.executor, launch), "launch"))
         self._sample_module = tree.loop if tree.split else tree.scheduler
-        self._sample = self._sample_module.sample
+        # the sampler the step calls: sample_async in the asynchronous loop, sample_with_logprobs in trees
+        # with logprobs, else sample
+        if launch == "step_async":
+            self._sample_module = tree.async_loop
+        names = ("sample_async", "sample_with_logprobs", "sample")
+        self._sample_name = next(n for n in names if hasattr(self._sample_module, n))
+        self._sample = getattr(self._sample_module, self._sample_name)
 
     def _wrap(self, fn, name):
         def timed(*args, **kwargs):
@@ -142,13 +169,13 @@ class PhaseTimer:
 
     def step(self, record: bool) -> list:
         self.cur.clear()
-        self._sample_module.sample = self._wrap(self._sample, "sample")
+        setattr(self._sample_module, self._sample_name, self._wrap(self._sample, "sample"))
         try:
             t0 = time.perf_counter()
             outs = self.sched.step()
             total = time.perf_counter() - t0
         finally:
-            self._sample_module.sample = self._sample
+            setattr(self._sample_module, self._sample_name, self._sample)
         if record:
             for k in ("schedule", "build", "launch", "sample"):
                 self.samples[k].append(self.cur[k])
@@ -185,7 +212,7 @@ def run_case(trees: dict, batch: int, kind: str, steps: int, prefill: bool, warm
         )
         sched = make_stepper(
             tree,
-            NullExecutor(num_blocks, batch + 1, facts_type=getattr(tree.executor, "ExecutorFacts", None)),
+            EXECUTOR[0](num_blocks, batch + 1, facts_type=facts_type(tree)),
             config,
         )
         inner = scheduler_of(tree, sched)
@@ -220,9 +247,7 @@ def run_engine_case(trees: dict, batch: int, steps: int) -> dict:
         for name, tree in trees.items():
             config = tree.scheduler.SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=4096)
             blocks = batch * (128 + steps + 32) // BLOCK_SIZE + 8
-            engine = tree.engine.LLMEngine(
-                NullExecutor(blocks, batch, facts_type=getattr(tree.executor, "ExecutorFacts", None)), config
-            )
+            engine = tree.engine.LLMEngine(EXECUTOR[0](blocks, batch, facts_type=facts_type(tree)), config)
             times: dict[str, list[float]] = defaultdict(list)
             stepper = engine._steps if tree.split else engine._scheduler
 
@@ -277,9 +302,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100, help="timed steps per greedy case")
     ap.add_argument("--sampled-steps", type=int, default=10, help="timed steps per sampled case")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--params", default="greedy,mixed-params,sampled", help="which sampling-params cases")
+    ap.add_argument(
+        "--async-loop",
+        action="store_true",
+        help="run the asynchronous loop (what the GPU serves with) instead of the synchronous one",
+    )
+    ap.add_argument(
+        "--vocab", type=int, default=VOCAB, help="logit columns (the CPU argmax grows with it; apart anyway)"
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    globals()["VOCAB"] = args.vocab
+    EXECUTOR[0] = AsyncNullExecutor if args.async_loop else NullExecutor
+    kinds = args.params.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         commit = extract_baseline(args.baseline, Path(tmp))
@@ -287,13 +324,25 @@ def main() -> None:
         head = subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip()
-        report = {"machine": machine(), "baseline": commit, "head": head, "cases": []}
+        report = {
+            "machine": machine(),
+            "baseline": commit,
+            "head": head,
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "cases": [],
+        }
         print(json.dumps(report["machine"]))
         print(f"before = {commit[:10]}, after = working tree at {head}")
-        cases = [("decode", "greedy", b, args.steps, False) for b in batches]
-        cases += [("decode", "mixed-params", b, args.sampled_steps, False) for b in batches]
-        cases += [("decode", "sampled", b, args.sampled_steps, False) for b in batches]
-        cases += [("prefill+decode", "greedy", b, args.steps, True) for b in batches if b > 1]
+        cases = [("decode", "greedy", b, args.steps, False) for b in batches if "greedy" in kinds]
+        cases += [
+            ("decode", k, b, args.sampled_steps, False)
+            for k in ("mixed-params", "sampled")
+            if k in kinds
+            for b in batches
+        ]
+        cases += [
+            ("prefill+decode", "greedy", b, args.steps, True) for b in batches if b > 1 and "greedy" in kinds
+        ]
         for label, kind, b, steps, prefill in cases:
             res = run_case(trees, b, kind, steps, prefill)
             row = {"case": label, "params": kind, "batch": b, "steps": steps, **res}

@@ -71,6 +71,7 @@ from trtforge.llm import sizing
 from trtforge.llm.engine import LLMEngine
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.sampling import SamplingParams
+from trtforge.llm.sched.scheduler import SchedulerConfig
 
 PEAK_FLOPS = 989e12  # dense BF16, H100 SXM and H200
 HBM_BYTES_PER_S = 4.8e12  # H200
@@ -242,7 +243,7 @@ class StepProbe:
         self.inner = inner
         self.cuda = cuda
         self.shape = shape
-        # per step: kind, tokens, decode rows, launch s, roofline s, events start / launched / sampled
+        # per step: kind, tokens, decode rows, launch s, roofline s, host time, events start/launched/sampled
         self.steps: list[list[Any]] = []
 
     @property
@@ -268,7 +269,7 @@ class StepProbe:
         out = self.inner.step_async(batch, feed)
         launch = time.perf_counter() - t
         roof = step_roofline(self.shape, q, batch.context_lens, len(batch.logits_indices))
-        self.steps.append([kind, batch.num_tokens, ones, launch, roof, start, self._event(), None])
+        self.steps.append([kind, batch.num_tokens, ones, launch, roof, t, start, self._event(), None])
         return out
 
     def sampled(self) -> None:
@@ -341,15 +342,18 @@ class HostTimers:
             undo()
 
 
-def breakdown(probe: StepProbe, host: dict[str, float], wall: float) -> dict:
+def breakdown(probe: StepProbe, host: dict[str, float], wall: float, end: float) -> dict:
     """Per step kind: count, tokens, device time (CUDA events), host launch time and the steps' own
-    roofline; the device's idle gaps between steps; the engine thread's host phases."""
+    roofline; the device's idle gaps between steps; the engine thread's host phases. Steps launched
+    after `end` (a truncated run's cancellations) are left out."""
     if probe.cuda:
         torch.cuda.synchronize()
     kinds: dict[str, dict] = {}
     spans, gaps = [], []
     prev_end = None
-    for kind, tokens, ones, launch, roof, ev0, ev1, ev2 in probe.steps:
+    for kind, tokens, ones, launch, roof, t_launch, ev0, ev1, ev2 in probe.steps:
+        if t_launch > end:
+            break
         row = kinds.setdefault(kind, dict.fromkeys(("steps", "tokens", "decode_rows"), 0))
         row.update({k: row.get(k, 0.0) for k in ("launch_s", "device_s", "roofline_s")})
         row["steps"] += 1
@@ -397,9 +401,9 @@ def breakdown(probe: StepProbe, host: dict[str, float], wall: float) -> dict:
 
 
 # ---- one workload --------------------------------------------------------------------------------------
-def run_workload(engine_args: dict, reqs, budget_s: float | None, cuda: bool) -> dict:
-    """Submit every request at t = 0, wait (at most budget_s), and measure."""
-    probe = engine_args["probe"]
+def run_workload(probe: StepProbe, config: SchedulerConfig, reqs, budget_s: float | None) -> dict:
+    """A fresh engine over the probe's executor: submit every request at t = 0, wait (at most budget_s),
+    and measure."""
     probe.steps.clear()
     series: list[tuple[float, int, int, int]] = []
 
@@ -408,7 +412,7 @@ def run_workload(engine_args: dict, reqs, budget_s: float | None, cuda: bool) ->
 
     times: list[list[float]] = [[] for _ in reqs]
     submitted = [0.0] * len(reqs)
-    with LLMEngine(probe, engine_args["config"], step_hook=hook) as engine:
+    with LLMEngine(probe, config, step_hook=hook) as engine:
         timers = HostTimers(engine, probe)
         pre0 = engine.stats.preemptions
         start = time.perf_counter()
@@ -435,6 +439,7 @@ def run_workload(engine_args: dict, reqs, budget_s: float | None, cuda: bool) ->
                 truncated = True
                 break
         end = time.perf_counter()
+        host_seconds = dict(timers.seconds)  # before the cancellations of a truncated run
         if truncated:
             for h in handles:
                 h.cancel()
@@ -479,7 +484,7 @@ def run_workload(engine_args: dict, reqs, budget_s: float | None, cuda: bool) ->
             "max": int(run.max()) if run.size else None,
         },
         "running_series": [[round(t - start, 4), r, w, n] for t, r, w, n in series[::stride]],
-        "breakdown": breakdown(probe, timers.seconds, wall),
+        "breakdown": breakdown(probe, host_seconds, wall, end),
     }
     return res
 
@@ -608,7 +613,14 @@ def main() -> None:
         type=int,
         nargs="+",
         default=[sizing.DEFAULT_MAX_NUM_SEQS],
-        help="one engine (pool, graphs, warm-up) per value, every workload on each",
+        help="scheduler variants: each workload runs once per value (one executor, graphs to the largest)",
+    )
+    ap.add_argument(
+        "--prefill-with-decodes",
+        type=int,
+        nargs="+",
+        default=[SchedulerConfig.max_prefill_tokens_with_decodes],
+        help="scheduler variants: prompt tokens a step while rows decode (max_prefill_tokens_with_decodes)",
     )
     ap.add_argument("--max-batched-tokens", type=int, default=sizing.DEFAULT_MAX_NUM_BATCHED_TOKENS)
     ap.add_argument("--prefill-chunk", type=int, default=sizing.DEFAULT_MAX_PREFILL_CHUNK)
@@ -652,7 +664,8 @@ def main() -> None:
         args.requests = args.requests or (None if args.waves else 24)
         args.mixed_requests = args.mixed_requests or 12
         args.max_model_len = min(args.max_model_len, 512)
-        args.max_num_seqs = [min(m, 8) for m in args.max_num_seqs]
+        args.max_num_seqs = [min(m, 8 * m // max(args.max_num_seqs)) for m in args.max_num_seqs]
+        args.prefill_with_decodes = [max(1, m // 16) for m in args.prefill_with_decodes]
         args.max_batched_tokens, args.prefill_chunk = (
             min(args.max_batched_tokens, 256),
             min(args.prefill_chunk, 64),
@@ -661,10 +674,9 @@ def main() -> None:
         args.waves = args.waves or (None if args.requests else 2)
         args.budget_s = args.budget_s or 60.0
     shape_name = "tiny" if tiny else "8b"
-    cfg_kw = SHAPES[shape_name]
     from transformers import LlamaConfig
 
-    shape = Shape.of(LlamaConfig(**cfg_kw), 4 if tiny else 2)
+    shape = Shape.of(LlamaConfig(**SHAPES[shape_name]), 4 if tiny else 2)
     results: dict[str, Any] = {
         "argv": sys.argv[1:],
         "shape": dataclasses.asdict(shape),
@@ -674,18 +686,14 @@ def main() -> None:
         "hbm_bytes_per_s": HBM_BYTES_PER_S,
         "published_peers": PUBLISHED,
         "targets": {**TARGETS, "mixed_wall_s": MIXED_TARGET_S, "roofline_fraction": ROOFLINE_TARGET},
-        "runs": [],
     }
+    variants = [(m, p) for m in args.max_num_seqs for p in args.prefill_with_decodes]
     if args.plan_only:
         kv_tokens = int(args.assume_kv_gb * 1e9 // shape.kv_bytes_per_token)
+        results["plan"] = {}
         for mns in args.max_num_seqs:
             print(f"max_num_seqs {mns}, an assumed {args.assume_kv_gb:g} GB pool ({kv_tokens:,} tokens):")
-            results["runs"].append(
-                {
-                    "max_num_seqs": mns,
-                    "plan": plan_table(args.workloads, args, shape, mns, kv_tokens, scale, shape.vocab),
-                }
-            )
+            results["plan"][mns] = plan_table(args.workloads, args, shape, mns, kv_tokens, scale, shape.vocab)
         save(results, args.out)
         return
     t = time.perf_counter()
@@ -694,18 +702,20 @@ def main() -> None:
     results["device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     results["torch"] = torch.__version__
     print(f"model built in {results['model_build_s']:.1f} s on {results['device']}", flush=True)
-    for mns in args.max_num_seqs:
-        run = run_config(model, mns, args, shape, scale, device)
-        results["runs"].append(run)
-        save(results, args.out)
-    save(results, args.out)
+    run_all(model, variants, args, shape, scale, device, results)
 
 
-def run_config(model, mns: int, args, shape: Shape, scale: float, device: str) -> dict:
-    """One engine configuration (`mns` sequences): pool, graphs, warm-up, then the workloads."""
+def variant_key(mns: int, pwd: int) -> str:
+    return f"seqs{mns}_pwd{pwd}"
+
+
+def run_all(model, variants, args, shape: Shape, scale: float, device: str, results: dict) -> None:
+    """One executor (pool, graphs up to the largest running batch, warm-up); then every workload under
+    every scheduler variant, variants interleaved per workload so that their comparison is side by side."""
     cuda = device == "cuda"
-    config = dataclasses.replace(
-        sizing.default_scheduler_config(None, mns),
+    widest = max(m for m, _ in variants)
+    base = dataclasses.replace(
+        sizing.default_scheduler_config(None, widest),
         max_num_batched_tokens=args.max_batched_tokens,
         max_prefill_chunk=args.prefill_chunk,
     )
@@ -721,7 +731,7 @@ def run_config(model, mns: int, args, shape: Shape, scale: float, device: str) -
             device=None,
             dtype=None,
             max_model_len=args.max_model_len,
-            config=config,
+            config=base,
             gpu_memory_utilization=args.gpu_memory_utilization,
         )
         num_blocks, how = pool.num_blocks, pool.how
@@ -730,67 +740,74 @@ def run_config(model, mns: int, args, shape: Shape, scale: float, device: str) -
         num_blocks=num_blocks,
         block_size=block,
         max_model_len=args.max_model_len,
-        max_decode_batch=mns,
+        max_decode_batch=widest,
         max_graph_tokens=args.max_batched_tokens,
     )
-    run: dict[str, Any] = {
-        "max_num_seqs": mns,
-        "scheduler": dataclasses.asdict(config),
+    kv_tokens = num_blocks * block
+    results["executor"] = {
         "num_blocks": num_blocks,
-        "kv_tokens": num_blocks * block,
+        "kv_tokens": kv_tokens,
         "kv_pool_gb": ex.facts.kv_pool_bytes / 1e9,
         "pool_how": how,
         "sizing_s": time.perf_counter() - t,
         "kernels": ex.kernels,
         "fused_layers": ex.fused_refusal is None,
         "decode_batch_buckets": list(ex._batch_buckets),
-        "workloads": {},
+        "max_graph_tokens": args.max_batched_tokens,
     }
-    kv_tokens = run["kv_tokens"]
     print(
-        f"max_num_seqs {mns}: {num_blocks:,} blocks = {kv_tokens:,} tokens "
-        f"({run['kv_pool_gb']:.1f} GB; {how})",
-        flush=True,
+        f"pool: {num_blocks:,} blocks = {kv_tokens:,} tokens ({ex.facts.kv_pool_bytes / 1e9:.1f} GB; {how})"
     )
     t = time.perf_counter()
-    run["decode_graphs"] = ex.capture_decode_graphs()
-    run["piecewise_graphs"] = ex.capture_mixed_graphs()
-    run["capture_s"] = time.perf_counter() - t
-    print(
-        f"  graphs: {run['decode_graphs']} decode, {run['piecewise_graphs']} piecewise "
-        f"in {run['capture_s']:.1f} s",
-        flush=True,
-    )
+    results["executor"]["decode_graphs"] = ex.capture_decode_graphs()
+    results["executor"]["piecewise_graphs"] = ex.capture_mixed_graphs()
+    results["executor"]["capture_s"] = capture = time.perf_counter() - t
+    print(f"graphs: {ex.num_cuda_graphs} decode, {ex.num_piecewise_graphs} piecewise in {capture:.1f} s")
     probe = StepProbe(ex, cuda, shape)
-    engine_args = {"probe": probe, "config": config}
-    # warm-up (untimed): prompts of every size the workloads bring, so Triton's compilations happen here
+    configs = {
+        variant_key(m, p): dataclasses.replace(base, max_num_seqs=m, max_prefill_tokens_with_decodes=p)
+        for m, p in variants
+    }
+    # warm-up (untimed): prompts of every size the workloads bring and a full running batch, so Triton's
+    # compilations happen here
     t = time.perf_counter()
     rng = np.random.default_rng(7)
     lens = [int(x * scale) for x in (16, 128, 1000, 2048, 64, 700, 1500, 2040)] * 4
     warm = [(rng.integers(3, shape.vocab, size=max(1, k)).tolist(), 4) for k in lens]
-    warm += [(rng.integers(3, shape.vocab, size=8).tolist(), 6) for _ in range(mns)]
-    run_workload(engine_args, warm, None, cuda)
-    run["warmup_s"] = time.perf_counter() - t
-    print(f"  warm-up {run['warmup_s']:.1f} s; plan at this pool:", flush=True)
-    run["plan"] = plan_table(args.workloads, args, shape, mns, kv_tokens, scale, shape.vocab)
+    warm += [(rng.integers(3, shape.vocab, size=8).tolist(), 6) for _ in range(widest)]
+    run_workload(probe, configs[variant_key(*variants[-1])], warm, None)
+    results["executor"]["warmup_s"] = time.perf_counter() - t
+    print(f"warm-up {results['executor']['warmup_s']:.1f} s", flush=True)
+    results["variants"] = {
+        k: {"scheduler": dataclasses.asdict(c), "workloads": {}} for k, c in configs.items()
+    }
+    for mns in sorted({m for m, _ in variants}):
+        print(f"plan at this pool, max_num_seqs {mns}:")
+        results["variants"][variant_key(mns, variants[0][1])]["plan"] = plan_table(
+            args.workloads, args, shape, mns, kv_tokens, scale, shape.vocab
+        )
+    save(results, args.out)
     for name in args.workloads:
-        reqs = make_requests(name, requests_for(name, args, mns, kv_tokens, scale), shape.vocab, scale)
-        res = run_workload(engine_args, reqs, args.budget_s, cuda)
-        prompts = [len(p) for p, _ in reqs]
-        res["roofline"] = roofline(shape, prompts, reqs[0][1], mns, kv_tokens)
-        rate = res["steady"]["output_tok_s"] if res["steady"] and res["truncated"] else res["output_tok_s"]
-        res["roofline_fraction"] = rate / res["roofline"]["output_tok_s"]
-        res["published"] = PUBLISHED.get(name)
-        res["target_output_tok_s"] = TARGETS.get(name)
-        if name == "mixed":
-            res["target_wall_s"] = MIXED_TARGET_S
-        run["workloads"][name] = res
-        print(line(name, res), flush=True)
-    del probe, engine_args, ex
+        for key, config in configs.items():
+            mns = config.max_num_seqs
+            reqs = make_requests(name, requests_for(name, args, mns, kv_tokens, scale), shape.vocab, scale)
+            res = run_workload(probe, config, reqs, args.budget_s)
+            prompts = [len(p) for p, _ in reqs]
+            res["roofline"] = roofline(shape, prompts, reqs[0][1], mns, kv_tokens)
+            steady = res["steady"] and res["truncated"]
+            rate = res["steady"]["output_tok_s"] if steady else res["output_tok_s"]
+            res["roofline_fraction"] = rate / res["roofline"]["output_tok_s"]
+            res["published"] = PUBLISHED.get(name)
+            res["target_output_tok_s"] = TARGETS.get(name)
+            if name == "mixed":
+                res["target_wall_s"] = MIXED_TARGET_S
+            results["variants"][key]["workloads"][name] = res
+            print(f"[{key}] " + line(name, res), flush=True)
+            save(results, args.out)
+    del probe, ex
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
-    return run
 
 
 if __name__ == "__main__":
