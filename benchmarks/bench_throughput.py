@@ -362,13 +362,13 @@ def breakdown(probe: StepProbe, host: dict[str, float], wall: float, end: float)
         row["launch_s"] += launch
         row["roofline_s"] += roof
         if ev0 is not None:
-            end = ev2 if ev2 is not None else ev1
-            span = ev0.elapsed_time(end) / 1e3
+            last = ev2 if ev2 is not None else ev1
+            span = ev0.elapsed_time(last) / 1e3
             row["device_s"] += span
             spans.append(span)
             if prev_end is not None:
                 gaps.append(prev_end.elapsed_time(ev0) / 1e3)
-            prev_end = end
+            prev_end = last
     steps = sum(r["steps"] for r in kinds.values())
     for row in kinds.values():
         n = row["steps"]
