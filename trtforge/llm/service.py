@@ -307,5 +307,6 @@ def from_pretrained(
         device=device,
         dtype=dtype,
         max_model_len=max_model_len,
+        max_decode_batch=config.max_num_seqs,  # decode graphs cover the whole running batch
     )
     return ServingLLM(ex, config)

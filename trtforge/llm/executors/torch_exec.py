@@ -56,7 +56,8 @@ from trtforge.llm.models.families import (
     refuse_unapplied_window,
 )
 
-_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+# decode graph batch sizes; the largest is max_decode_batch itself (from_pretrained: max_num_seqs)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 _WIDTH_BUCKETS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 _USER = "the torch executor"
 
@@ -86,7 +87,10 @@ class TorchExecutor:
     weights at concatenated tensors) or "torch" (the references; the default elsewhere). Explicit
     `attention` / `decode_attention` functions override either. Steps with prompt tokens of up to
     `max_graph_tokens` tokens run as piecewise graphs (:mod:`.piecewise`) where `mixed_graphs` is on
-    (by default wherever `static_decode` is); larger ones run eagerly.
+    (by default wherever `static_decode` is); larger ones run eagerly. Decode-only steps of up to
+    `max_decode_batch` sequences run on static shapes (a CUDA graph per batch bucket, the largest bucket
+    being `max_decode_batch`); larger ones run like steps with prompt tokens. Give it the scheduler's
+    ``max_num_seqs`` (:func:`trtforge.llm.service.from_pretrained` does).
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class TorchExecutor:
             block_size=block_size,
             max_graph_tokens=max_graph_tokens,
             max_model_len=max_model_len,
+            max_decode_batch=max_decode_batch,
         )
         if device is not None or dtype is not None:
             model.to(device=device, dtype=dtype)
