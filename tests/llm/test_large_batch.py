@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from tests.llm.serving_models import VOCAB, make_executor, solo_output, tiny_llama
 from trtforge.llm.engine import make_step_loop
@@ -85,3 +86,25 @@ def test_512_sequences_in_the_largest_bucket_match_their_solo_runs(async_schedul
         assert done[rid] == solo_output(
             prompt, SamplingParams(max_tokens=tokens, ignore_eos=True), solo_ex
         ), rid
+
+
+def test_step_returns_its_own_logits_and_step_async_lends_the_decode_buffer():
+    """step() logits survive later steps; step_async's decode logits are the executor's buffer (no copy of
+    [rows, vocab] a step), equal to step()'s."""
+    ex = TorchExecutor(tiny_llama(), num_blocks=8, block_size=4, static_decode=True, max_decode_batch=4)
+
+    def one(tokens, start, slot):
+        return StepBatch.build(
+            ["a"], [tokens], [start], [[0, 1]], [[slot + i for i in range(len(tokens))]], [True]
+        )
+
+    ex.step(one([5, 6, 7], 0, 0))
+    first = ex.step(one([8], 3, 3))
+    kept = first.clone()
+    lent = ex.step_async(one([9], 4, 4), None)
+    assert torch.equal(first, kept), "a later step overwrote step()'s logits"
+    assert lent.data_ptr() == ex._static["logits"].data_ptr()
+    twin = TorchExecutor(tiny_llama(), num_blocks=8, block_size=4, static_decode=False)
+    for batch in (one([5, 6, 7], 0, 0), one([8], 3, 3)):
+        twin.step(batch)
+    assert torch.equal(twin.step(one([9], 4, 4)), lent)
