@@ -112,19 +112,21 @@ class Scheduler:
             tokens = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)
         except TypeError:
             tokens = None
-        if tokens is None or not all(
-            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in tokens
-        ):
-            raise UserError(
-                f"request {request_id!r}: the prompt must be a flat sequence of integer token ids, "
-                f"got {type(prompt).__name__}"
-            )
-        tokens = [int(t) for t in tokens]
+        # the common prompt is plain ints: one pass in C (type() is exact: a bool is not an int here)
+        if tokens is None or set(map(type, tokens)) - {int}:
+            if tokens is None or not all(
+                isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in tokens
+            ):
+                raise UserError(
+                    f"request {request_id!r}: the prompt must be a flat sequence of integer token ids, "
+                    f"got {type(prompt).__name__}"
+                )
+            tokens = [int(t) for t in tokens]
         if not tokens:
             raise UserError(f"request {request_id!r}: the prompt is empty; give at least one token id")
         vocab = self.facts.vocab_size
-        bad = [t for t in tokens if not 0 <= t < vocab]
-        if bad:
+        if min(tokens) < 0 or max(tokens) >= vocab:
+            bad = [t for t in tokens if not 0 <= t < vocab]
             raise UserError(
                 f"request {request_id!r}: token id {bad[0]} is outside the vocabulary [0, {vocab})"
             )
