@@ -645,6 +645,7 @@ def main() -> None:
         "--out", default=None, help="write the results as JSON here (rewritten after each workload)"
     )
     args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # a run cut by the device's time limit keeps its lines
     args.counts = {}
     names = []
     for spec in args.workloads:
