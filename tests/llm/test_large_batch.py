@@ -108,3 +108,37 @@ def test_step_returns_its_own_logits_and_step_async_lends_the_decode_buffer():
     for batch in (one([5, 6, 7], 0, 0), one([8], 3, 3)):
         twin.step(batch)
     assert torch.equal(twin.step(one([9], 4, 4)), lent)
+
+
+@pytest.mark.gpu
+def test_512_sequences_replay_the_512_graph_and_match_eager_on_cuda():
+    """On the device: a decode step of 512 rows replays the captured 512-row CUDA graph (asynchronous
+    scheduling, ids fed on the device) and every request gets the eager executor's tokens."""
+    n = 512
+    rng = np.random.default_rng(30)
+    reqs = [
+        (i, rng.integers(0, VOCAB, size=int(rng.integers(1, 40))).tolist(), int(rng.integers(2, 12)))
+        for i in range(n)
+    ]
+    model = tiny_llama().to("cuda")
+    outs, graph_rows = [], []
+    try:
+        for static in (False, True):
+            ex = TorchExecutor(
+                model, num_blocks=n * 4, block_size=16, static_decode=static, max_decode_batch=n
+            )
+            config = SchedulerConfig(max_num_seqs=n, max_num_batched_tokens=8192, max_prefill_chunk=64)
+            loop = make_step_loop(ex, config)
+            for rid, prompt, tokens in reqs:
+                loop.add_request(rid, prompt, SamplingParams(max_tokens=tokens, ignore_eos=True))
+            done = {}
+            while loop.has_unfinished():
+                done.update({o.request_id: o.output_token_ids for o in loop.step() if o.finished})
+            outs.append(done)
+            graph_rows = [nb for nb, _ in ex._graphs]
+    finally:
+        tiny_llama().to("cpu")
+    assert n in graph_rows, (
+        f"no 512-row graph was captured (captured batch buckets: {sorted(set(graph_rows))})"
+    )
+    assert outs[0] == outs[1] and len(outs[0]) == n
