@@ -622,6 +622,13 @@ def main() -> None:
         default=[SchedulerConfig.max_prefill_tokens_with_decodes],
         help="scheduler variants: prompt tokens a step while rows decode (max_prefill_tokens_with_decodes)",
     )
+    ap.add_argument(
+        "--reserve-max-tokens",
+        nargs="+",
+        choices=("off", "on"),
+        default=["off"],
+        help="scheduler variants: admission reserving prompt + max_tokens (no preemption) off / on",
+    )
     ap.add_argument("--max-batched-tokens", type=int, default=sizing.DEFAULT_MAX_NUM_BATCHED_TOKENS)
     ap.add_argument("--prefill-chunk", type=int, default=sizing.DEFAULT_MAX_PREFILL_CHUNK)
     ap.add_argument("--max-model-len", type=int, default=4096, help="the longest request (2048 + 2048)")
@@ -688,7 +695,12 @@ def main() -> None:
         "published_peers": PUBLISHED,
         "targets": {**TARGETS, "mixed_wall_s": MIXED_TARGET_S, "roofline_fraction": ROOFLINE_TARGET},
     }
-    variants = [(m, p) for m in args.max_num_seqs for p in args.prefill_with_decodes]
+    variants = [
+        (m, p, r == "on")
+        for m in args.max_num_seqs
+        for p in args.prefill_with_decodes
+        for r in args.reserve_max_tokens
+    ]
     if args.plan_only:
         kv_tokens = int(args.assume_kv_gb * 1e9 // shape.kv_bytes_per_token)
         results["plan"] = {}
@@ -706,15 +718,15 @@ def main() -> None:
     run_all(model, variants, args, shape, scale, device, results)
 
 
-def variant_key(mns: int, pwd: int) -> str:
-    return f"seqs{mns}_pwd{pwd}"
+def variant_key(mns: int, pwd: int, reserve: bool) -> str:
+    return f"seqs{mns}_pwd{pwd}" + ("_reserve" if reserve else "")
 
 
 def run_all(model, variants, args, shape: Shape, scale: float, device: str, results: dict) -> None:
     """One executor (pool, graphs up to the largest running batch, warm-up); then every workload under
     every scheduler variant, variants interleaved per workload so that their comparison is side by side."""
     cuda = device == "cuda"
-    widest = max(m for m, _ in variants)
+    widest = max(m for m, _, _ in variants)
     base = dataclasses.replace(
         sizing.default_scheduler_config(None, widest),
         max_num_batched_tokens=args.max_batched_tokens,
@@ -766,8 +778,10 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     print(f"graphs: {ex.num_cuda_graphs} decode, {ex.num_piecewise_graphs} piecewise in {capture:.1f} s")
     probe = StepProbe(ex, cuda, shape)
     configs = {
-        variant_key(m, p): dataclasses.replace(base, max_num_seqs=m, max_prefill_tokens_with_decodes=p)
-        for m, p in variants
+        variant_key(m, p, r): dataclasses.replace(
+            base, max_num_seqs=m, max_prefill_tokens_with_decodes=p, reserve_max_tokens=r
+        )
+        for m, p, r in variants
     }
     # warm-up (untimed): prompts of every size the workloads bring and a full running batch, so Triton's
     # compilations happen here
@@ -782,9 +796,9 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     results["variants"] = {
         k: {"scheduler": dataclasses.asdict(c), "workloads": {}} for k, c in configs.items()
     }
-    for mns in sorted({m for m, _ in variants}):
+    for mns in sorted({m for m, _, _ in variants}):
         print(f"plan at this pool, max_num_seqs {mns}:")
-        results["variants"][variant_key(mns, variants[0][1])]["plan"] = plan_table(
+        results["variants"][variant_key(mns, *variants[0][1:])]["plan"] = plan_table(
             args.workloads, args, shape, mns, kv_tokens, scale, shape.vocab
         )
     save(results, args.out)
