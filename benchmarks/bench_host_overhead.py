@@ -12,6 +12,14 @@ launch (the null executor), sample (``sample``), bookkeeping (the rest of the st
 total, and total less sample (per step, then the median). Every step's sampled tokens of the two
 trees are checked equal. Either tree may have either layout (``trtforge.llm.scheduler`` stepping
 itself, or ``trtforge.llm.sched`` plans run by ``trtforge.llm.loop``).
+
+    PYTHONPATH=. python benchmarks/bench_host_overhead.py --baseline b24eb17 --batches 256,512,1024 \
+        --params greedy --async-loop --vocab 1024 --clock thread --out host_overhead_large.json
+
+``--async-loop`` runs the asynchronous loop the GPU serves with (one step in flight, tokens fed on the
+"device"; its sample phase is ``sample_async``), ``--clock thread`` times with the thread's CPU time (a
+loaded, shared machine preempts the process; CPU time counts the host work only), ``--vocab`` shrinks
+the null logits (their CPU argmax is no GPU cost), ``--params`` picks the sampling cases.
 """
 
 from __future__ import annotations
@@ -49,6 +57,10 @@ def load_tree(root: Path) -> SimpleNamespace:
         names["scheduler"] = "sched.scheduler" if moved else "scheduler"
         if split:
             names.update(plan="sched.plan", loop="loop")
+        if (root / "trtforge" / "llm" / "async_loop.py").exists():
+            names["async_loop"] = "async_loop"
+        if (root / "trtforge" / "llm" / "executors" / "base.py").exists():
+            names["executor"] = "executors.base"  # ExecutorFacts, which later trees' schedulers read
         mods = {short: importlib.import_module(f"trtforge.llm.{name}") for short, name in names.items()}
         mods["split"] = split
     finally:
@@ -101,6 +113,25 @@ class NullExecutor:
         return self._logits[: len(batch.logits_indices)]
 
 
+class AsyncNullExecutor(NullExecutor):
+    """The null executor offering ``step_async``, so the engine runs its asynchronous loop (one step in
+    flight, tokens fed "on the device"), the loop the GPU serving path runs; the logits are host tensors."""
+
+    def step_async(self, batch, feed):
+        return self._logits[: len(batch.logits_indices)]
+
+
+def facts_type(tree: SimpleNamespace) -> type | None:
+    """The tree's ExecutorFacts class, or None for trees from before it (executors read as attributes)."""
+    return getattr(getattr(tree, "executor", None), "ExecutorFacts", None)
+
+
+EXECUTOR: list[type] = [NullExecutor]  # the null executor class the cases run (main picks it)
+# the phase timers' clock: wall time, or this thread's CPU time (--clock thread: a shared, loaded machine
+# preempts the process; CPU time counts only the host work itself)
+CLOCK = [time.perf_counter]
+
+
 def make_stepper(tree: SimpleNamespace, executor, config):
     """What steps: the step loop over a scheduler (split layout) or the scheduler itself (before)."""
     if tree.split:
@@ -127,28 +158,35 @@ class PhaseTimer:
         else:
             sched._schedule = self._wrap(sched._schedule, "schedule")
             sched._build_batch = self._wrap(sched._build_batch, "build")
-        sched.executor.step = self._wrap(sched.executor.step, "launch")
+        launch = "step_async" if getattr(sched, "async_scheduling", False) else "step"
+        setattr(sched.executor, launch, self._wrap(getattr(sched.executor, launch), "launch"))
         self._sample_module = tree.loop if tree.split else tree.scheduler
-        self._sample = self._sample_module.sample
+        # the sampler the step calls: sample_async in the asynchronous loop, sample_with_logprobs in trees
+        # with logprobs, else sample
+        if launch == "step_async":
+            self._sample_module = tree.async_loop
+        names = ("sample_async", "sample_with_logprobs", "sample")
+        self._sample_name = next(n for n in names if hasattr(self._sample_module, n))
+        self._sample = getattr(self._sample_module, self._sample_name)
 
     def _wrap(self, fn, name):
         def timed(*args, **kwargs):
-            t0 = time.perf_counter()
+            t0 = CLOCK[0]()
             out = fn(*args, **kwargs)
-            self.cur[name] += time.perf_counter() - t0
+            self.cur[name] += CLOCK[0]() - t0
             return out
 
         return timed
 
     def step(self, record: bool) -> list:
         self.cur.clear()
-        self._sample_module.sample = self._wrap(self._sample, "sample")
+        setattr(self._sample_module, self._sample_name, self._wrap(self._sample, "sample"))
         try:
-            t0 = time.perf_counter()
+            t0 = CLOCK[0]()
             outs = self.sched.step()
-            total = time.perf_counter() - t0
+            total = CLOCK[0]() - t0
         finally:
-            self._sample_module.sample = self._sample
+            setattr(self._sample_module, self._sample_name, self._sample)
         if record:
             for k in ("schedule", "build", "launch", "sample"):
                 self.samples[k].append(self.cur[k])
@@ -185,7 +223,7 @@ def run_case(trees: dict, batch: int, kind: str, steps: int, prefill: bool, warm
         )
         sched = make_stepper(
             tree,
-            NullExecutor(num_blocks, batch + 1, facts_type=getattr(tree.executor, "ExecutorFacts", None)),
+            EXECUTOR[0](num_blocks, batch + 1, facts_type=facts_type(tree)),
             config,
         )
         inner = scheduler_of(tree, sched)
@@ -220,9 +258,7 @@ def run_engine_case(trees: dict, batch: int, steps: int) -> dict:
         for name, tree in trees.items():
             config = tree.scheduler.SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=4096)
             blocks = batch * (128 + steps + 32) // BLOCK_SIZE + 8
-            engine = tree.engine.LLMEngine(
-                NullExecutor(blocks, batch, facts_type=getattr(tree.executor, "ExecutorFacts", None)), config
-            )
+            engine = tree.engine.LLMEngine(EXECUTOR[0](blocks, batch, facts_type=facts_type(tree)), config)
             times: dict[str, list[float]] = defaultdict(list)
             stepper = engine._steps if tree.split else engine._scheduler
 
@@ -277,9 +313,28 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100, help="timed steps per greedy case")
     ap.add_argument("--sampled-steps", type=int, default=10, help="timed steps per sampled case")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--params", default="greedy,mixed-params,sampled", help="which sampling-params cases")
+    ap.add_argument(
+        "--async-loop",
+        action="store_true",
+        help="run the asynchronous loop (what the GPU serves with) instead of the synchronous one",
+    )
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="wall",
+        help="phase timers: wall time, or the thread's CPU time (steadier on a shared machine)",
+    )
+    ap.add_argument(
+        "--vocab", type=int, default=VOCAB, help="logit columns (the CPU argmax grows with it; apart anyway)"
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    globals()["VOCAB"] = args.vocab
+    EXECUTOR[0] = AsyncNullExecutor if args.async_loop else NullExecutor
+    CLOCK[0] = time.thread_time if args.clock == "thread" else time.perf_counter
+    kinds = args.params.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         commit = extract_baseline(args.baseline, Path(tmp))
@@ -287,13 +342,25 @@ def main() -> None:
         head = subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip()
-        report = {"machine": machine(), "baseline": commit, "head": head, "cases": []}
+        report = {
+            "machine": machine(),
+            "baseline": commit,
+            "head": head,
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "cases": [],
+        }
         print(json.dumps(report["machine"]))
         print(f"before = {commit[:10]}, after = working tree at {head}")
-        cases = [("decode", "greedy", b, args.steps, False) for b in batches]
-        cases += [("decode", "mixed-params", b, args.sampled_steps, False) for b in batches]
-        cases += [("decode", "sampled", b, args.sampled_steps, False) for b in batches]
-        cases += [("prefill+decode", "greedy", b, args.steps, True) for b in batches if b > 1]
+        cases = [("decode", "greedy", b, args.steps, False) for b in batches if "greedy" in kinds]
+        cases += [
+            ("decode", k, b, args.sampled_steps, False)
+            for k in ("mixed-params", "sampled")
+            if k in kinds
+            for b in batches
+        ]
+        cases += [
+            ("prefill+decode", "greedy", b, args.steps, True) for b in batches if b > 1 and "greedy" in kinds
+        ]
         for label, kind, b, steps, prefill in cases:
             res = run_case(trees, b, kind, steps, prefill)
             row = {"case": label, "params": kind, "batch": b, "steps": steps, **res}

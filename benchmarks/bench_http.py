@@ -55,18 +55,23 @@ SHAPES = {
 }
 
 
-def make_model():
-    """The factory `trtforge serve` loads: a random-weight Llama of BENCH_HTTP_SHAPE (BF16 on CUDA)."""
+def build_model(shape: str, device: str | None = None):
+    """A random-weight Llama of `shape` (a key of SHAPES), built on `device` (CUDA when there is one):
+    BF16 on CUDA, float32 on the CPU."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    shape = os.environ.get("BENCH_HTTP_SHAPE", "8b")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(LlamaConfig(**SHAPES[shape]))
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    return model.to(dtype).eval(), None
+    return model.to(dtype).eval()
+
+
+def make_model():
+    """The factory `trtforge serve` loads: a random-weight Llama of BENCH_HTTP_SHAPE (BF16 on CUDA)."""
+    return build_model(os.environ.get("BENCH_HTTP_SHAPE", "8b")), None
 
 
 def write_tokenizer(vocab: int, where: Path) -> Path:

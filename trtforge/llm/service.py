@@ -415,6 +415,7 @@ def from_pretrained(
         max_model_len=max_model_len,
         kv_cache_dtype=kv_cache_dtype,
         calib_prompts=calib_prompts,
+        max_decode_batch=config.max_num_seqs,  # decode graphs cover the whole running batch
     )
     proposer = None if spec is None else make_proposer(spec, ex, draft_lm)
     return ServingLLM(ex, config, proposer=proposer, speculative=spec)

@@ -166,6 +166,8 @@ def test_a_shared_prefix_is_held_once(async_scheduling):
         ([], "prompt is empty"),
         ([1] * 600, "maximum sequence length is 512"),
         ([1, VOCAB], f"token id {VOCAB} is outside the vocabulary"),
+        ([3, -1, 2], "token id -1 is outside the vocabulary"),
+        ([1, True], "integer token ids"),
         ("hello", "token id"),
         ([1.5, 2], "integer token ids"),
         ([[1, 2]], "integer token ids"),

@@ -65,5 +65,7 @@ class ModelLayers:
             return self.fused.finish(i, h, o)
         return self.adapter.finish_block(i, h, o.reshape(h.shape[0], -1))
 
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        return (self.adapter if self.fused is None else self.fused).logits(h).float()
+    def head(self, h: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """LM-head logits of `h`: float32, or in the model's dtype with `float32` False."""
+        logits = (self.adapter if self.fused is None else self.fused).logits(h)
+        return logits.float() if float32 else logits

@@ -69,7 +69,8 @@ from trtforge.llm.models.families import (
 )
 from trtforge.llm.models.parallel import TensorParallel
 
-_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+# decode graph batch sizes; the largest is max_decode_batch itself (from_pretrained: max_num_seqs)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 _WIDTH_BUCKETS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 _USER = "the torch executor"
 
@@ -102,7 +103,10 @@ class TorchExecutor:
     weights at concatenated tensors) or "torch" (the references; the default elsewhere). Explicit
     `attention` / `decode_attention` functions override either. Steps with prompt tokens of up to
     `max_graph_tokens` tokens run as piecewise graphs (:mod:`.piecewise`) where `mixed_graphs` is on
-    (by default wherever `static_decode` is); larger ones run eagerly.
+    (by default wherever `static_decode` is); larger ones run eagerly. Decode-only steps of up to
+    `max_decode_batch` sequences run on static shapes (a CUDA graph per batch bucket, the largest bucket
+    being `max_decode_batch`); larger ones run like steps with prompt tokens. Give it the scheduler's
+    ``max_num_seqs`` (:func:`trtforge.llm.service.from_pretrained` does).
     `tensor_parallel` makes it one rank of a tensor-parallel group (:mod:`trtforge.llm.models.parallel`,
     driven by :mod:`.tensor_parallel`): the model is sharded in place through its adapter, the pools hold
     this rank's KV heads, and every step (graphs included) runs the group's collectives, so all ranks
@@ -139,6 +143,7 @@ class TorchExecutor:
             block_size=block_size,
             max_graph_tokens=max_graph_tokens,
             max_model_len=max_model_len,
+            max_decode_batch=max_decode_batch,
         )
         if device is not None or dtype is not None:
             model.to(device=device, dtype=dtype)
@@ -318,10 +323,13 @@ class TorchExecutor:
             block_size=self._block_size,
         )
 
-    def _forward(self, ids, positions, slots, attend, rows=None, rope_lens=None) -> torch.Tensor:
+    def _forward(
+        self, ids, positions, slots, attend, rows=None, rope_lens=None, float32: bool = True
+    ) -> torch.Tensor:
         """Every layer over tokens `ids`; `attend(q, k_pool, v_pool, scale, window)`; logits of `rows`.
 
-        `rope_lens`: each token's dynamic-rotary length (dynamic rotary only)."""
+        `rope_lens`: each token's dynamic-rotary length (dynamic rotary only); `float32` False leaves the
+        logits in the model's dtype (a caller that copies them into a float32 buffer converts there)."""
         layers, a = self._layers, self._adapter
         h, extra = layers.embed(ids, positions, rope_lens)
         for i, (kp, vp) in enumerate(zip(self.k_pools, self.v_pools)):
@@ -329,20 +337,23 @@ class TorchExecutor:
             h = layers.layer_out(i, h, attend(q, kp, vp, a.scales[i], a.windows[i], **self._kv_kwargs[i]))
         if rows is not None:
             h = h.index_select(0, rows)
-        return layers.head(h)
+        return layers.head(h, float32)
 
     @torch.inference_mode()
     def step(self, batch: StepBatch) -> torch.Tensor:
         """Copy blocks, run every layer over the batch's new tokens, return float32 logits ``[N, vocab]``."""
-        return self._step(batch, None)
+        return self._step(batch, None, own=True)
 
     @torch.inference_mode()
     def step_async(self, batch: StepBatch, feed: TokenFeed | None) -> torch.Tensor:
         """:meth:`step` with the ids at ``feed.rows`` taken from ``feed.tokens`` on the device.
 
-        :meth:`step` never waits for the device either; this is the asynchronous scheduler's entry.
+        :meth:`step` never waits for the device either; this is the asynchronous scheduler's entry. A
+        decode step's logits here are a view of the executor's logits buffer, valid until the next step
+        is launched (the sampler reads them first, in stream order): at 512 rows of a 128k vocabulary a
+        copy would move half a gigabyte a step.
         """
-        return self._step(batch, feed if feed is not None and len(feed) else None)
+        return self._step(batch, feed if feed is not None and len(feed) else None, own=False)
 
     def path_of(self, batch: StepBatch) -> str:
         """How :meth:`step` runs `batch`: "decode" (static shapes, a CUDA graph where graphs are on),
@@ -358,7 +369,7 @@ class TorchExecutor:
             return "piecewise"
         return "eager"
 
-    def _step(self, batch: StepBatch, feed: TokenFeed | None) -> torch.Tensor:
+    def _step(self, batch: StepBatch, feed: TokenFeed | None, own: bool) -> torch.Tensor:
         dev = self.device
         if len(batch.block_copies):
             src, dst = to_device(np.ascontiguousarray(batch.block_copies.T), dev)
@@ -367,7 +378,8 @@ class TorchExecutor:
                 raw[dst] = raw[src]
         path = self.path_of(batch)
         if path == "decode":
-            return self._static_decode(batch, feed)
+            logits = self._static_decode(batch, feed)
+            return logits.clone() if own else logits
         meta = self._metadata(batch)
         if path == "piecewise":
             return self._piecewise.run(batch, feed, self._attend_into(meta))
@@ -447,7 +459,8 @@ class TorchExecutor:
         def attend(q, kp, vp, scale, window, **kv):
             return self.decode_attention(q, kp, vp, tables, ctx, scale, window, **kv)
 
-        self._static["logits"][:nb].copy_(self._forward(ids, pos, slots, attend))
+        # model-dtype logits converted by the copy itself: no float32 temporary of [nb, vocab]
+        self._static["logits"][:nb].copy_(self._forward(ids, pos, slots, attend, float32=False))
 
     def _static_decode(self, batch: StepBatch, feed: TokenFeed | None) -> torch.Tensor:
         """Decode on bucketed static shapes: padding rows use the scratch block; replays a CUDA graph."""
@@ -485,7 +498,7 @@ class TorchExecutor:
             self._static_body(nb, wb)
         else:
             graph.replay()
-        return st["logits"][:b].clone()
+        return st["logits"][:b]
 
     @torch.inference_mode()
     def capture_decode_graphs(self, max_batch: int | None = None) -> int:

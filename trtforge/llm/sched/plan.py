@@ -43,6 +43,8 @@ class StepPlan:
     samplers: list[Sequence_] = field(default_factory=list)  # the sequences of the sampled rows, in order
     batch: StepBatch | None = None
     speculative: bool = False  # some sequence brings proposals (``Sequence_.draft``) to verify
+    # (any sampled row has penalties, any has a grammar): one pass over the rows, on first use
+    _extras: tuple[bool, bool] | None = field(default=None, repr=False)
 
     def __bool__(self) -> bool:
         return bool(self.seqs)
@@ -117,20 +119,32 @@ class StepPlan:
         """Each sampled row's generator, in row order."""
         return [s.generator for s in self.samplers]
 
+    def _sampler_extras(self) -> tuple[bool, bool]:
+        """(any sampled row has penalties, any has a grammar), found in one pass and kept: the common
+        batch has neither, and its rows are then not walked again."""
+        if self._extras is None:
+            penalties = any(penalized(s.params) for s in self.samplers)
+            grammars = any(s.matcher is not None for s in self.samplers)
+            self._extras = (penalties, grammars)
+        return self._extras
+
     def needs_history(self) -> bool:
         """Whether a sampled row reads its request's tokens (penalties) or grammar state, so that a
         token still in flight must be applied before this plan's rows are sampled."""
-        return any(s.matcher is not None or penalized(s.params) for s in self.samplers)
+        return any(self._sampler_extras())
 
     def sampler_inputs(self, vocab_size: int) -> tuple[list[RowHistory] | None, Any]:
         """The sampled rows' token histories (None when no row has penalties) and the grammar bitmask
         of the rows (None when no row has a grammar), for :func:`trtforge.llm.sampling.sample`."""
         seqs = self.samplers
+        penalties, grammars = self._sampler_extras()
         histories = None
-        if any(penalized(s.params) for s in seqs):
+        if penalties:
             histories = [
                 RowHistory(s.tokens[: s.prompt_len], s.output) if penalized(s.params) else None for s in seqs
             ]
+        if not grammars:
+            return histories, None
         live = RequestStatus.FINISHED
         matchers = [s.matcher if s.status is not live else None for s in seqs]
         return histories, batch_bitmask(matchers, vocab_size)

@@ -89,6 +89,11 @@ class SchedulerConfig:
     ``async_scheduling``: keep one step in flight (:mod:`trtforge.llm.async_loop`). None, the default,
     turns it on for an executor with ``step_async`` (the torch executor) and off for the others (ONNX
     Runtime, TensorRT); False forces synchronous steps; True requires an executor with ``step_async``.
+
+    ``reserve_max_tokens``: admit a request only while the pool can hold every running sequence and it
+    grown to its whole length (prompt + ``max_tokens``), so that running sequences are never preempted
+    (TensorRT-LLM's "guaranteed no evict"); off, requests are admitted on their prompts and the newest
+    is preempted (recomputed later) when the pool runs out, which admits more of them at once.
     """
 
     max_num_seqs: int = 64
@@ -101,6 +106,7 @@ class SchedulerConfig:
     max_model_len: int | None = None
     seed: int = 0
     async_scheduling: bool | None = None
+    reserve_max_tokens: bool = False
 
     def validate(self) -> None:
         for name in (
@@ -118,6 +124,10 @@ class SchedulerConfig:
             not isinstance(self.max_model_len, int) or self.max_model_len < 2
         ):
             raise UserError(f"SchedulerConfig.max_model_len must be None or >= 2, got {self.max_model_len!r}")
+        if not isinstance(self.reserve_max_tokens, bool):
+            raise UserError(
+                f"SchedulerConfig.reserve_max_tokens must be a bool, got {self.reserve_max_tokens!r}"
+            )
         if self.async_scheduling not in (None, True, False):
             raise UserError(
                 f"SchedulerConfig.async_scheduling must be None, True or False, got {self.async_scheduling!r}"

@@ -113,19 +113,21 @@ class Scheduler:
             tokens = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)
         except TypeError:
             tokens = None
-        if tokens is None or not all(
-            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in tokens
-        ):
-            raise UserError(
-                f"request {request_id!r}: the prompt must be a flat sequence of integer token ids, "
-                f"got {type(prompt).__name__}"
-            )
-        tokens = [int(t) for t in tokens]
+        # the common prompt is plain ints: one pass in C (type() is exact: a bool is not an int here)
+        if tokens is None or set(map(type, tokens)) - {int}:
+            if tokens is None or not all(
+                isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in tokens
+            ):
+                raise UserError(
+                    f"request {request_id!r}: the prompt must be a flat sequence of integer token ids, "
+                    f"got {type(prompt).__name__}"
+                )
+            tokens = [int(t) for t in tokens]
         if not tokens:
             raise UserError(f"request {request_id!r}: the prompt is empty; give at least one token id")
         vocab = self.facts.vocab_size
-        bad = [t for t in tokens if not 0 <= t < vocab]
-        if bad:
+        if min(tokens) < 0 or max(tokens) >= vocab:
+            bad = [t for t in tokens if not 0 <= t < vocab]
             raise UserError(
                 f"request {request_id!r}: token id {bad[0]} is outside the vocabulary [0, {vocab})"
             )
@@ -471,6 +473,9 @@ class Scheduler:
             # admission below runs only when every running sequence was visited without preemption; then
             # the ones scheduled so far all had one token left, so the step has decodes
             prefill_budget = self.config.max_prefill_tokens_with_decodes
+        # blocks the running sequences will still take as they grow to their whole length (only kept when
+        # admission reserves them: reserve_max_tokens)
+        growth = self._growth_blocks() if self._waiting and self.config.reserve_max_tokens else 0
         while (
             self._waiting
             and not preempted
@@ -482,6 +487,9 @@ class Scheduler:
                 break  # preempted with a token in flight: its prompt is complete once that arrives
             needed = bm.free_blocks_needed(seq.tokens)
             reserve = self._watermark_blocks if running else 0
+            if self.config.reserve_max_tokens and running:
+                # its own growth past the prompt, and everyone else's
+                reserve += growth + bm.blocks_for(seq.length_limit) - bm.blocks_for(len(seq.tokens))
             if bm.num_free_blocks - needed < reserve or bm.prefix_in_flight(seq.tokens):
                 break
             self._waiting.popleft()
@@ -497,8 +505,16 @@ class Scheduler:
             self._count_tokens(seq, n)
             budget -= n
             prefill_budget -= n
+            if self.config.reserve_max_tokens:
+                growth += bm.blocks_for(seq.length_limit) - len(bm.block_table_view(seq.request_id))
         plan.finish()
         return plan
+
+    def _growth_blocks(self) -> int:
+        """Blocks the running sequences do not hold yet but will at their whole length (length_limit)."""
+        bm = self.block_manager
+        blocks_for, held = bm.blocks_for, bm.block_table_view
+        return sum(max(0, blocks_for(s.length_limit) - len(held(s.request_id))) for s in self._running)
 
     def _count_tokens(self, seq: Sequence_, n: int) -> None:
         known = len(seq.tokens) + (seq.pending_row >= 0)

@@ -1,0 +1,829 @@
+"""Benchmark: serving throughput of a Llama-3-8B shape on fixed-length workloads, with a roofline (issue #29).
+
+    PYTHONPATH=. python3 benchmarks/bench_throughput.py --plan-only                 # what each workload needs
+    PYTHONPATH=. python3 benchmarks/bench_throughput.py --workloads 128/128 mixed --out tp.json
+    PYTHONPATH=. python3 benchmarks/bench_throughput.py --tiny --out tiny.json      # CPU check of the script
+
+The model is the Llama-3-8B shape (32 layers, hidden 4096, GQA 32/8, vocab 128256) with random BF16
+weights, built on the GPU (``benchmarks.bench_http.build_model``). The KV pool is sized as the server
+sizes it (:func:`trtforge.llm.sizing.torch_pool`: ``--gpu-memory-utilization`` of what is free after
+the weights and a measured step), the scheduler takes the serving defaults
+(:func:`trtforge.llm.sizing.default_scheduler_config`) with ``--max-num-seqs``, and the torch
+executor's decode CUDA graphs cover the whole running batch (``max_decode_batch = max_num_seqs``).
+
+Workloads (``--workloads``): ISL/OSL 128/128, 128/2048, 2048/128, 2048/2048, 1000/1000 (random prompt
+ids, ``ignore_eos``, every request at t = 0: TensorRT-LLM's fixed-length throughput setting), and
+``mixed``: issue #29's burst (192 requests, prompts uniform in 64-2048, 256 new tokens). Requests per
+fixed workload: ``--requests`` (default 1000), or ``--waves`` x the running batch the pool holds;
+``--budget-s`` stops a workload after that many seconds (the requests left are cancelled and the run
+is marked truncated: its rates are then over the time it ran).
+
+Reported per workload: output and total (prompt + output) tok/s over the run and over the steady
+window (from the first completion to the last admission), TTFT and inter-token latency percentiles,
+the running batch over time (summary and a JSON series), preemptions, and the roofline beside it:
+
+    T_roof = sum_requests (2 N_lin I + 2 L Hq D I^2 + 2 V H) / P
+           + sum_decode_steps max(sum_rows (2 (N_lin + V H) + 4 L Hq D c) / P,
+                                  (W + sum_rows c * kv) / BW)
+
+with I the prompt length, c a decode row's context (prompt + tokens so far), N_lin the layers'
+parameters (everything but the embedding and the LM head), W the bytes of the weights one decode step
+reads (layers + LM head), kv the K/V bytes of one token, P = 989 TFLOP/s (H100/H200 dense BF16) and
+BW = 4.8 TB/s (H200 HBM3e). Decode steps run B rows at once, B = min(requests, max_num_seqs, tokens
+the pool holds / (ISL + OSL)): the best batch the configuration allows. Prefill and decode do not
+overlap in it (the issue's convention). The fraction printed is measured output tok/s over the
+roofline's.
+
+Where the wall time goes: CUDA events before each step's launch, after it, and after its sampling
+give each step's device span (GPU busy, including any wait inside the step for the host's launches)
+and the device's idle gap before the next step (host-bound time). Steps are split into decode-only,
+prefill-only and mixed (rows of one token vs more), with counts, tokens, device time and host launch
+time. The engine thread's host time is split into schedule (plan + batch), launch (executor),
+sample (sampler launch), wait (for the step in flight's tokens), update (applying them), dispatch
+(to the requests' handles) and the rest.
+
+Beside each result: TensorRT-LLM's published perf table (Llama-3-8B, TP1, output tok/s; not measured
+here) and the issue's acceptance targets. ``--tiny`` (or ``--device cpu``) runs a 2-layer model on the
+CPU with lengths scaled by 1/16 and few requests: it checks the script, its figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_http import SHAPES, build_model
+from trtforge.llm import sizing
+from trtforge.llm.engine import LLMEngine
+from trtforge.llm.executors.torch_exec import TorchExecutor
+from trtforge.llm.sampling import SamplingParams
+from trtforge.llm.sched.scheduler import SchedulerConfig
+
+PEAK_FLOPS = 989e12  # dense BF16, H100 SXM and H200
+HBM_BYTES_PER_S = 4.8e12  # H200
+
+FIXED = {
+    "128/128": (128, 128),
+    "128/2048": (128, 2048),
+    "2048/128": (2048, 128),
+    "2048/2048": (2048, 2048),
+    "1000/1000": (1000, 1000),
+}
+MIXED = {"requests": 192, "prompt": (64, 2048), "output": 256}
+WORKLOADS = (*FIXED, "mixed")
+# TensorRT-LLM's published perf table (Llama-3-8B, TP1, output tok/s), as quoted in issue #29
+PUBLISHED = {
+    "128/128": {"trtllm_v0.10_h100_fp16": 12086, "trtllm_v1.0_h200_fp8": 27911},
+    "128/2048": {"trtllm_v0.10_h100_fp16": 6208, "trtllm_v1.0_h200_fp8": 26221},
+    "2048/128": {"trtllm_v0.10_h100_fp16": 1605, "trtllm_v1.0_h200_fp8": 3538},
+    "2048/2048": {"trtllm_v0.10_h100_fp16": 2776, "trtllm_v1.0_h200_fp8": 12194},
+    "1000/1000": {"trtllm_v0.10_h100_fp16": None, "trtllm_v1.0_h200_fp8": 17744},
+}
+# issue #29's BF16 acceptance: output tok/s (1.4x / 1.25x the v0.10 H100 row), and the burst's wall time
+TARGETS = {"128/128": 17000, "128/2048": 8700, "2048/2048": 3900, "2048/128": 2000}
+MIXED_TARGET_S = 9.0
+ROOFLINE_TARGET = 0.6
+
+
+# ---- the roofline ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Shape:
+    """What the roofline needs of a Llama-style model."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    ffn: int
+    elem_bytes: int
+
+    @classmethod
+    def of(cls, cfg: Any, elem_bytes: int) -> Shape:
+        heads = cfg.num_attention_heads
+        return cls(
+            cfg.num_hidden_layers,
+            cfg.hidden_size,
+            heads,
+            cfg.num_key_value_heads,
+            getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            cfg.vocab_size,
+            cfg.intermediate_size,
+            elem_bytes,
+        )
+
+    @property
+    def linear_params(self) -> int:
+        """Parameters of the layers and the final norm (no embedding, no LM head)."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        per_layer = h * q + 2 * h * kv + q * h + 3 * h * self.ffn + 2 * h
+        return self.layers * per_layer + h
+
+    @property
+    def head_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def decode_weight_bytes(self) -> int:
+        """Bytes one decode step reads of the weights: the layers and the LM head (embedding rows only)."""
+        return (self.linear_params + self.head_params) * self.elem_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.elem_bytes
+
+
+def prefill_flops(shape: Shape, prompt_len: np.ndarray) -> float:
+    """FLOPs of prefilling prompts of these lengths: the layers' GEMMs, causal attention, one LM-head row."""
+    i = np.asarray(prompt_len, dtype=np.float64)
+    attn = 2.0 * shape.layers * shape.heads * shape.head_dim * i**2
+    return float((2.0 * shape.linear_params * i + attn + 2.0 * shape.head_params).sum())
+
+
+def decode_wave_time(shape: Shape, prompts: np.ndarray, out_len: int) -> tuple[float, float, float]:
+    """Roofline seconds of the decode steps of these rows decoding together (each makes out_len - 1
+    decode steps after the token the prefill samples); also the bytes and FLOPs summed over its steps."""
+    rows = np.asarray(prompts, dtype=np.float64)
+    j = np.arange(1, out_len, dtype=np.float64)  # decode step j: every row's context is I + j
+    ctx = rows.sum() + len(rows) * j  # sum over rows of their contexts, per step
+    flops = (
+        len(rows) * 2.0 * (shape.linear_params + shape.head_params)
+        + 4.0 * shape.layers * (shape.heads * shape.head_dim) * ctx
+    )
+    bytes_ = shape.decode_weight_bytes + ctx * shape.kv_bytes_per_token
+    t = np.maximum(flops / PEAK_FLOPS, bytes_ / HBM_BYTES_PER_S)
+    return float(t.sum()), float(bytes_.sum()), float(flops.sum())
+
+
+def roofline(shape: Shape, prompts: list[int], out_len: int, max_num_seqs: int, kv_tokens: int) -> dict:
+    """The workload's roofline (module docstring): seconds, output tok/s, and the decode batch it assumes."""
+    prompts_ = np.asarray(prompts, dtype=np.float64)
+    n = len(prompts_)
+    per_seq = float(prompts_.mean()) + out_len
+    batch = max(1, min(n, max_num_seqs, int(kv_tokens // per_seq)))
+    t_prefill = prefill_flops(shape, prompts_) / PEAK_FLOPS
+    t_decode = bytes_ = flops = 0.0
+    for lo in range(0, n, batch):  # waves of `batch` rows (the last one partial)
+        t, b, f = decode_wave_time(shape, prompts_[lo : lo + batch], out_len)
+        t_decode, bytes_, flops = t_decode + t, bytes_ + b, flops + f
+    total = t_prefill + t_decode
+    return {
+        "seconds": total,
+        "prefill_s": t_prefill,
+        "decode_s": t_decode,
+        "decode_batch": batch,
+        "decode_bytes": bytes_,
+        "output_tok_s": n * out_len / total,
+        "formula": "sum(2 N_lin I + 2 L Hq D I^2 + 2 V H)/989e12 + sum_steps max(FLOPs/989e12, "
+        "(W + sum c*kv)/4.8e12); decode batch = min(requests, max_num_seqs, pool tokens/(ISL+OSL))",
+    }
+
+
+# ---- workloads ---------------------------------------------------------------------------------------
+def make_requests(
+    name: str, n: int | None, vocab: int, scale: float, seed: int = 0
+) -> list[tuple[list[int], int]]:
+    """(prompt ids, output length) of each request of workload `name`; lengths times `scale` (--tiny)."""
+    rng = np.random.default_rng(seed)
+    if name == "mixed":
+        lo, hi = (max(1, int(x * scale)) for x in MIXED["prompt"])
+        count = n or MIXED["requests"]
+        lens = rng.integers(lo, hi + 1, size=count)
+        olen = [max(2, int(MIXED["output"] * scale))] * count
+    else:
+        isl, osl = FIXED[name]
+        count = n or 1000
+        lens = np.full(count, max(1, int(isl * scale)))
+        olen = [max(2, int(osl * scale))] * count
+    return [(rng.integers(3, vocab, size=int(k)).tolist(), o) for k, o in zip(lens, olen)]
+
+
+def requests_for(
+    name: str, args: argparse.Namespace, max_num_seqs: int, kv_tokens: int, scale: float
+) -> int | None:
+    """Requests of workload `name` (None: its default): NAME:N, --requests, or --waves x the running batch."""
+    if name in args.counts:
+        return args.counts[name]
+    if name == "mixed":
+        return args.mixed_requests
+    if args.requests:
+        return args.requests
+    if args.waves:
+        isl, osl = (max(1, int(x * scale)) for x in FIXED[name])
+        return args.waves * max(1, min(max_num_seqs, kv_tokens // (isl + osl)))
+    return None
+
+
+def pct(values: Any, qs=(50, 90, 99)) -> dict[str, float | None]:
+    arr = np.asarray(values, dtype=np.float64)
+    return {f"p{q}": (float(np.percentile(arr, q)) * 1e3 if arr.size else None) for q in qs}
+
+
+# ---- instrumentation -----------------------------------------------------------------------------------
+class StepProbe:
+    """The executor the engine runs, delegating to a TorchExecutor: it times each step's launch on the host
+    and brackets it with CUDA events (start, launched; the sampler's end is added by :meth:`sampled`)."""
+
+    def __init__(self, inner: TorchExecutor, cuda: bool, shape: Shape) -> None:
+        self.inner = inner
+        self.cuda = cuda
+        self.shape = shape
+        # per step: kind, tokens, decode rows, launch s, roofline s, host time, events start/launched/sampled
+        self.steps: list[list[Any]] = []
+
+    @property
+    def facts(self):
+        return self.inner.facts
+
+    def _event(self) -> Any:
+        if not self.cuda:
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def step(self, batch):
+        return self.step_async(batch, None)
+
+    def step_async(self, batch, feed):
+        q = np.diff(batch.query_start_loc)
+        ones = int((q == 1).sum())
+        kind = "decode" if ones == len(q) else "prefill" if ones == 0 else "mixed"
+        start = self._event()
+        t = time.perf_counter()
+        out = self.inner.step_async(batch, feed)
+        launch = time.perf_counter() - t
+        roof = step_roofline(self.shape, q, batch.context_lens, len(batch.logits_indices))
+        self.steps.append([kind, batch.num_tokens, ones, launch, roof, t, start, self._event(), None])
+        return out
+
+    def sampled(self) -> None:
+        if self.steps:
+            self.steps[-1][-1] = self._event()
+
+
+def step_roofline(shape: Shape, q: np.ndarray, ctx: np.ndarray, logits_rows: int) -> float:
+    """Roofline seconds of one step: rows of `q` new tokens with contexts `ctx` (cached + new), `logits_rows`
+    LM-head rows: max(FLOPs / peak, bytes / bandwidth), bytes = the weights once + every row's K/V."""
+    qf, cf = q.astype(np.float64), ctx.astype(np.float64)
+    attn = 4.0 * shape.layers * shape.heads * shape.head_dim * float((qf * (cf - (qf - 1) / 2)).sum())
+    flops = 2.0 * shape.linear_params * float(qf.sum()) + 2.0 * shape.head_params * logits_rows + attn
+    bytes_ = shape.decode_weight_bytes + float(cf.sum()) * shape.kv_bytes_per_token
+    return max(flops / PEAK_FLOPS, bytes_ / HBM_BYTES_PER_S)
+
+
+class HostTimers:
+    """Wraps the engine thread's phases with host timers (restored by :meth:`restore`)."""
+
+    def __init__(self, engine: LLMEngine, probe: StepProbe) -> None:
+        import trtforge.llm.async_loop as async_loop
+        from trtforge.llm.sampling import SampledTokens
+
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._undo: list[Any] = []
+        steps = engine._steps
+        sched = steps.scheduler
+        self._instance(sched, "schedule", "schedule")
+        self._instance(sched, "update", "update")
+        self._instance(steps, "step", "loop_step")
+        self._instance(engine, "_dispatch", "dispatch")
+        orig_sample = async_loop.sample_async
+
+        def sample_async(*a, **k):
+            t = time.perf_counter()
+            out = orig_sample(*a, **k)
+            probe.sampled()
+            self.seconds["sample"] += time.perf_counter() - t
+            return out
+
+        async_loop.sample_async = sample_async
+        self._undo.append(lambda: setattr(async_loop, "sample_async", orig_sample))
+        orig_result = SampledTokens.result
+
+        def result(tokens):
+            t = time.perf_counter()
+            out = orig_result(tokens)
+            self.seconds["wait"] += time.perf_counter() - t
+            return out
+
+        SampledTokens.result = result
+        self._undo.append(lambda: setattr(SampledTokens, "result", orig_result))
+
+    def _instance(self, obj: Any, attr: str, key: str) -> None:
+        fn = getattr(obj, attr)
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.seconds[key] += time.perf_counter() - t
+
+        setattr(obj, attr, timed)
+        self._undo.append(lambda: delattr(obj, attr))
+
+    def restore(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+
+
+def breakdown(probe: StepProbe, host: dict[str, float], wall: float, end: float) -> dict:
+    """Per step kind: count, tokens, device time (CUDA events), host launch time and the steps' own
+    roofline; the device's idle gaps between steps; the engine thread's host phases. Steps launched
+    after `end` (a truncated run's cancellations) are left out."""
+    if probe.cuda:
+        torch.cuda.synchronize()
+    kinds: dict[str, dict] = {}
+    spans, gaps = [], []
+    prev_end = None
+    for kind, tokens, ones, launch, roof, t_launch, ev0, ev1, ev2 in probe.steps:
+        if t_launch > end:
+            break
+        row = kinds.setdefault(kind, dict.fromkeys(("steps", "tokens", "decode_rows"), 0))
+        row.update({k: row.get(k, 0.0) for k in ("launch_s", "device_s", "roofline_s")})
+        row["steps"] += 1
+        row["tokens"] += tokens
+        row["decode_rows"] += ones
+        row["launch_s"] += launch
+        row["roofline_s"] += roof
+        if ev0 is not None:
+            last = ev2 if ev2 is not None else ev1
+            span = ev0.elapsed_time(last) / 1e3
+            row["device_s"] += span
+            spans.append(span)
+            if prev_end is not None:
+                gaps.append(prev_end.elapsed_time(ev0) / 1e3)
+            prev_end = last
+    steps = sum(r["steps"] for r in kinds.values())
+    for row in kinds.values():
+        n = row["steps"]
+        row["step_share"] = n / max(steps, 1)
+        row["mean_tokens"] = row["tokens"] / n
+        row["mean_decode_rows"] = row["decode_rows"] / n
+        row["launch_ms_per_step"] = row["launch_s"] / n * 1e3
+        row["roofline_ms_per_step"] = row["roofline_s"] / n * 1e3
+        cuda = probe.cuda and row["device_s"] > 0
+        row["device_ms_per_step"] = row["device_s"] / n * 1e3 if cuda else None
+        row["device_share_of_wall"] = row["device_s"] / wall if cuda else None
+        # the steps' own roofline over their device time: below 1 where kernels (or waits inside a step) lose
+        row["roofline_over_device"] = row["roofline_s"] / row["device_s"] if cuda else None
+    out: dict[str, Any] = {"steps": steps, "by_kind": kinds}
+    if probe.cuda:
+        out["gpu_busy_s"] = float(sum(spans))
+        out["gpu_busy_share_of_wall"] = out["gpu_busy_s"] / wall
+        out["gpu_idle_between_steps_s"] = float(sum(gaps))
+        out["gpu_idle_gap_ms"] = pct(gaps, (50, 99))
+    phases = ("schedule", "launch", "sample", "wait", "update", "dispatch")
+    host_ = {k: host.get(k, 0.0) for k in phases}
+    host_["launch"] = sum(r["launch_s"] for r in kinds.values())
+    loop_step = host.get("loop_step", 0.0)
+    host_["step_rest"] = max(0.0, loop_step - sum(host_[k] for k in phases if k != "dispatch"))
+    host_["idle_or_other"] = max(0.0, wall - loop_step - host_["dispatch"])
+    host_["busy_less_wait"] = loop_step + host_["dispatch"] - host_["wait"]
+    out["host_s"] = host_
+    out["host_ms_per_step"] = {k: v / max(steps, 1) * 1e3 for k, v in host_.items()}
+    return out
+
+
+# ---- one workload --------------------------------------------------------------------------------------
+def run_workload(probe: StepProbe, config: SchedulerConfig, reqs, budget_s: float | None) -> dict:
+    """A fresh engine over the probe's executor: submit every request at t = 0, wait (at most budget_s),
+    and measure."""
+    probe.steps.clear()
+    series: list[tuple[float, int, int, int]] = []
+
+    def hook(sched, batch):
+        series.append((time.perf_counter(), sched.num_running, sched.num_waiting, batch.num_tokens))
+
+    times: list[list[float]] = [[] for _ in reqs]
+    submitted = [0.0] * len(reqs)
+    with LLMEngine(probe, config, step_hook=hook) as engine:
+        timers = HostTimers(engine, probe)
+        pre0 = engine.stats.preemptions
+        start = time.perf_counter()
+        handles = []
+        for i, (prompt, olen) in enumerate(reqs):
+            rec = times[i]
+            submitted[i] = time.perf_counter()
+            handles.append(
+                engine.submit(
+                    prompt,
+                    SamplingParams(max_tokens=olen, ignore_eos=True),
+                    on_event=lambda e, rec=rec: (
+                        rec.extend([time.perf_counter()] * len(e)) if isinstance(e, tuple) else None
+                    ),
+                )
+            )
+        deadline = None if budget_s is None else start + budget_s
+        truncated = False
+        for h in handles:
+            left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            try:
+                h.completion(left)
+            except TimeoutError:
+                truncated = True
+                break
+        end = time.perf_counter()
+        host_seconds = dict(timers.seconds)  # before the cancellations of a truncated run
+        if truncated:
+            for h in handles:
+                h.cancel()
+        engine.wait_idle()
+        stats = engine.stats
+        preemptions = stats.preemptions - pre0
+        timers.restore()
+    wall = end - start
+    stamps = [np.asarray([s for s in t if s <= end]) for t in times]
+    out_tokens = int(sum(len(s) for s in stamps))
+    done = [len(s) == olen for s, (_, olen) in zip(stamps, reqs)]
+    in_tokens = sum(len(p) for (p, _), s in zip(reqs, stamps) if len(s))
+    ttft = [s[0] - sub for s, sub in zip(stamps, submitted) if len(s)]
+    itl = np.concatenate([np.diff(s) for s in stamps if len(s) > 1] or [np.zeros(0)])
+    # the steady window: from the first completion to the last step that still had requests waiting
+    finish = [s[-1] for s, d in zip(stamps, done) if d]
+    waiting_steps = [t for t, _, w, _ in series if w > 0 and t <= end]
+    steady = None
+    if finish and waiting_steps and waiting_steps[-1] - min(finish) >= 0.1 * wall:  # a window worth the name
+        a, b = min(finish), waiting_steps[-1]
+        all_t = np.concatenate(stamps)
+        count = int(((all_t >= a) & (all_t <= b)).sum())
+        steady = {"from_s": a - start, "to_s": b - start, "output_tok_s": count / (b - a)}
+    run = np.array([r for _, r, _, _ in series if _ <= end], dtype=np.float64)
+    stride = max(1, len(series) // 500)
+    res = {
+        "requests": len(reqs),
+        "completed": int(sum(done)),
+        "truncated": truncated,
+        "wall_s": wall,
+        "output_tokens": out_tokens,
+        "prompt_tokens": int(in_tokens),
+        "output_tok_s": out_tokens / wall,
+        "total_tok_s": (out_tokens + in_tokens) / wall,
+        "steady": steady,
+        "ttft_ms": pct(ttft),
+        "itl_ms": pct(itl),
+        "preemptions": preemptions,
+        "running": {
+            "mean_per_step": float(run.mean()) if run.size else None,
+            "p50": float(np.median(run)) if run.size else None,
+            "max": int(run.max()) if run.size else None,
+        },
+        "running_series": [[round(t - start, 4), r, w, n] for t, r, w, n in series[::stride]],
+        "breakdown": breakdown(probe, host_seconds, wall, end),
+    }
+    return res
+
+
+# ---- printing ---------------------------------------------------------------------------------------------
+def line(name: str, res: dict) -> str:
+    """The workload's result, its roofline, the published peers and targets, and where the time went."""
+    roof, b = res["roofline"], res["breakdown"]
+    steady = res["steady"]["output_tok_s"] if res["steady"] else None
+    ttft, itl, run = res["ttft_ms"], res["itl_ms"], res["running"]
+    head = [
+        f"{name:9s} output {res['output_tok_s']:8,.0f} tok/s"
+        + (f" (steady {steady:8,.0f})" if steady else ""),
+        f"total {res['total_tok_s']:8,.0f} tok/s",
+        f"wall {res['wall_s']:6.1f} s" + (" TRUNCATED" if res["truncated"] else ""),
+        f"roofline {roof['output_tok_s']:8,.0f} tok/s (B={roof['decode_batch']}): "
+        f"{res['roofline_fraction']:.0%}",
+    ]
+    lat = (
+        f"    TTFT p50/p90/p99 {ttft['p50'] or 0:.0f}/{ttft['p90'] or 0:.0f}/{ttft['p99'] or 0:.0f} ms, "
+        f"ITL p50/p90/p99 {itl['p50'] or 0:.2f}/{itl['p90'] or 0:.2f}/{itl['p99'] or 0:.2f} ms, running "
+        f"mean {run['mean_per_step'] or 0:.0f} p50 {run['p50'] or 0:.0f} max {run['max'] or 0}, "
+        f"preemptions {res['preemptions']}, {res['completed']}/{res['requests']} requests done"
+    )
+    peer = PUBLISHED.get(name)
+    ref = []
+    if peer:
+        ref.append(
+            "TRT-LLM published (not measured here): v0.10 H100 FP16 "
+            f"{peer['trtllm_v0.10_h100_fp16'] or '-'}, "
+            f"v1.0 H200 FP8 {peer['trtllm_v1.0_h200_fp8']} output tok/s"
+        )
+    if name in TARGETS:
+        ref.append(f"target BF16 >= {TARGETS[name]:,} tok/s and >= {ROOFLINE_TARGET:.0%} of the roofline")
+    if name == "mixed":
+        ref.append(f"target wall <= {MIXED_TARGET_S:g} s")
+    out = ["  ".join(head), lat]
+    if ref:
+        out.append("    " + "; ".join(ref))
+    if "gpu_busy_s" in b:
+        gap = b["gpu_idle_gap_ms"]
+        out.append(
+            f"    GPU busy {b['gpu_busy_s']:.2f} s = {b['gpu_busy_share_of_wall']:.0%} of wall; idle between "
+            f"steps {b['gpu_idle_between_steps_s']:.2f} s (gap p50/p99 {gap['p50'] or 0:.2f}/"
+            f"{gap['p99'] or 0:.2f} ms)"
+        )
+    for kind, r in b["by_kind"].items():
+        dev = (
+            f", device {r['device_ms_per_step']:.2f} ms/step ({r['device_share_of_wall']:.0%} of wall, "
+            f"roofline/device {r['roofline_over_device']:.0%})"
+            if r["device_ms_per_step"] is not None
+            else ""
+        )
+        out.append(
+            f"    {kind:7s} {r['steps']:6d} steps ({r['step_share']:.0%}), {r['mean_tokens']:.0f} tokens "
+            f"({r['mean_decode_rows']:.0f} decode rows)/step, roofline "
+            f"{r['roofline_ms_per_step']:.2f} ms/step"
+            f"{dev}, host launch {r['launch_ms_per_step']:.2f} ms/step"
+        )
+    out.append("    host ms/step: " + ", ".join(f"{k} {v:.2f}" for k, v in b["host_ms_per_step"].items()))
+    return "\n".join(out)
+
+
+def plan_table(
+    names, args, shape: Shape, max_num_seqs: int, kv_tokens: int, scale: float, vocab: int
+) -> list[dict]:
+    rows = []
+    for name in names:
+        reqs = make_requests(name, requests_for(name, args, max_num_seqs, kv_tokens, scale), vocab, scale)
+        prompts = [len(p) for p, _ in reqs]
+        olen = reqs[0][1]
+        roof = roofline(shape, prompts, olen, max_num_seqs, kv_tokens)
+        at_fraction = roof["seconds"] / args.assume_fraction
+        target = TARGETS.get(name)
+        at_target = len(reqs) * olen / target if target else None
+        rows.append(
+            {
+                "workload": name,
+                "requests": len(reqs),
+                "output_tokens": len(reqs) * olen,
+                "roofline_s": roof["seconds"],
+                "decode_batch": roof["decode_batch"],
+                f"est_s_at_{args.assume_fraction:g}_roofline": at_fraction,
+                "est_s_at_target": at_target,
+            }
+        )
+        tgt = f", {at_target:6.1f} s at the target rate" if at_target else ""
+        print(
+            f"  {name:10s} {len(reqs):5d} requests, {len(reqs) * olen:9,} output tokens, "
+            f"roofline {roof['seconds']:6.1f} s "
+            f"(B={roof['decode_batch']}): ~{at_fraction:6.1f} s at {args.assume_fraction:.0%} of it{tgt}",
+            flush=True,
+        )
+    return rows
+
+
+def save(results: dict, path: str | None) -> None:
+    """Rewrite the whole file after each workload, atomically, so a cut-off run keeps what it measured."""
+    if path:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(results, f, indent=1)
+        os.replace(tmp, path)
+
+
+# ---- main ------------------------------------------------------------------------------------------
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--workloads",
+        nargs="+",
+        default=list(WORKLOADS),
+        metavar="NAME[:REQUESTS]",
+        help=f"of {', '.join(WORKLOADS)}; ':N' gives that one N requests (over --requests / --waves)",
+    )
+    ap.add_argument("--requests", type=int, default=None, help="requests per fixed workload (default 1000)")
+    ap.add_argument(
+        "--waves", type=int, default=None, help="requests = this x the running batch the pool holds"
+    )
+    ap.add_argument(
+        "--mixed-requests", type=int, default=None, help=f"the burst's requests (default {MIXED['requests']})"
+    )
+    ap.add_argument("--budget-s", type=float, default=None, help="stop each workload after this many seconds")
+    ap.add_argument(
+        "--max-num-seqs",
+        type=int,
+        nargs="+",
+        default=[sizing.DEFAULT_MAX_NUM_SEQS],
+        help="scheduler variants: each workload runs once per value (one executor, graphs to the largest)",
+    )
+    ap.add_argument(
+        "--prefill-with-decodes",
+        type=int,
+        nargs="+",
+        default=[SchedulerConfig.max_prefill_tokens_with_decodes],
+        help="scheduler variants: prompt tokens a step while rows decode (max_prefill_tokens_with_decodes)",
+    )
+    ap.add_argument(
+        "--reserve-max-tokens",
+        nargs="+",
+        choices=("off", "on"),
+        default=["off"],
+        help="scheduler variants: admission reserving prompt + max_tokens (no preemption) off / on",
+    )
+    ap.add_argument("--max-batched-tokens", type=int, default=sizing.DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    ap.add_argument("--prefill-chunk", type=int, default=sizing.DEFAULT_MAX_PREFILL_CHUNK)
+    ap.add_argument("--max-model-len", type=int, default=4096, help="the longest request (2048 + 2048)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=sizing.DEFAULT_GPU_MEMORY_UTILIZATION)
+    ap.add_argument(
+        "--kv-gb", type=float, default=None, help="a KV pool of this size instead of the server's sizing"
+    )
+    ap.add_argument(
+        "--assume-fraction", type=float, default=0.5, help="--plan-only: the roofline share assumed"
+    )
+    ap.add_argument("--assume-kv-gb", type=float, default=105.0, help="--plan-only: the pool assumed (GB)")
+    ap.add_argument(
+        "--plan-only", action="store_true", help="print each workload's size and time estimate; run nothing"
+    )
+    ap.add_argument("--quick", action="store_true", help="2 waves per fixed workload, 60 s budget each")
+    ap.add_argument(
+        "--tiny", action="store_true", help="2-layer model on the CPU, lengths / 16 (checks the script)"
+    )
+    ap.add_argument("--device", choices=("cuda", "cpu"), default=None, help="cpu implies --tiny")
+    ap.add_argument(
+        "--out", default=None, help="write the results as JSON here (rewritten after each workload)"
+    )
+    args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # a run cut by the device's time limit keeps its lines
+    args.counts = {}
+    names = []
+    for spec in args.workloads:
+        name, _, count = spec.partition(":")
+        if name not in WORKLOADS or (count and not count.isdigit()):
+            ap.error(
+                f"--workloads takes NAME[:REQUESTS] with NAME one of {', '.join(WORKLOADS)}; got {spec!r}"
+            )
+        names.append(name)
+        if count:
+            args.counts[name] = int(count)
+    args.workloads = names
+    tiny = args.tiny or args.device == "cpu"
+    device = "cpu" if tiny else "cuda"
+    scale = 1 / 16 if tiny else 1.0
+    if tiny:
+        args.requests = args.requests or (None if args.waves else 24)
+        args.mixed_requests = args.mixed_requests or 12
+        args.max_model_len = min(args.max_model_len, 512)
+        args.max_num_seqs = [min(m, 8 * m // max(args.max_num_seqs)) for m in args.max_num_seqs]
+        args.prefill_with_decodes = [max(1, m // 16) for m in args.prefill_with_decodes]
+        args.max_batched_tokens, args.prefill_chunk = (
+            min(args.max_batched_tokens, 256),
+            min(args.prefill_chunk, 64),
+        )
+    if args.quick:
+        args.waves = args.waves or (None if args.requests else 2)
+        args.budget_s = args.budget_s or 60.0
+    shape_name = "tiny" if tiny else "8b"
+    from transformers import LlamaConfig
+
+    shape = Shape.of(LlamaConfig(**SHAPES[shape_name]), 4 if tiny else 2)
+    results: dict[str, Any] = {
+        "argv": sys.argv[1:],
+        "shape": dataclasses.asdict(shape),
+        "linear_params": shape.linear_params,
+        "decode_weight_bytes": shape.decode_weight_bytes,
+        "peak_flops": PEAK_FLOPS,
+        "hbm_bytes_per_s": HBM_BYTES_PER_S,
+        "published_peers": PUBLISHED,
+        "targets": {**TARGETS, "mixed_wall_s": MIXED_TARGET_S, "roofline_fraction": ROOFLINE_TARGET},
+    }
+    variants = [
+        (m, p, r == "on")
+        for m in args.max_num_seqs
+        for p in args.prefill_with_decodes
+        for r in args.reserve_max_tokens
+    ]
+    if args.plan_only:
+        kv_tokens = int(args.assume_kv_gb * 1e9 // shape.kv_bytes_per_token)
+        results["plan"] = {}
+        for mns in args.max_num_seqs:
+            print(f"max_num_seqs {mns}, an assumed {args.assume_kv_gb:g} GB pool ({kv_tokens:,} tokens):")
+            results["plan"][mns] = plan_table(args.workloads, args, shape, mns, kv_tokens, scale, shape.vocab)
+        save(results, args.out)
+        return
+    t = time.perf_counter()
+    model = build_model(shape_name, device)
+    results["model_build_s"] = time.perf_counter() - t
+    results["device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    results["torch"] = torch.__version__
+    print(f"model built in {results['model_build_s']:.1f} s on {results['device']}", flush=True)
+    run_all(model, variants, args, shape, scale, device, results)
+
+
+def variant_key(mns: int, pwd: int, reserve: bool) -> str:
+    return f"seqs{mns}_pwd{pwd}" + ("_reserve" if reserve else "")
+
+
+def run_all(model, variants, args, shape: Shape, scale: float, device: str, results: dict) -> None:
+    """One executor (pool, graphs up to the largest running batch, warm-up); then every workload under
+    every scheduler variant, variants interleaved per workload so that their comparison is side by side."""
+    cuda = device == "cuda"
+    widest = max(m for m, _, _ in variants)
+    base = dataclasses.replace(
+        sizing.default_scheduler_config(None, widest),
+        max_num_batched_tokens=args.max_batched_tokens,
+        max_prefill_chunk=args.prefill_chunk,
+    )
+    t = time.perf_counter()
+    block = 16
+    if args.kv_gb:
+        num_blocks = int(args.kv_gb * 1e9 // (shape.kv_bytes_per_token * block))
+        how = f"--kv-gb {args.kv_gb}"
+    else:
+        pool = sizing.torch_pool(
+            model,
+            block_size=block,
+            device=None,
+            dtype=None,
+            max_model_len=args.max_model_len,
+            config=base,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        )
+        num_blocks, how = pool.num_blocks, pool.how
+    ex = TorchExecutor(
+        model,
+        num_blocks=num_blocks,
+        block_size=block,
+        max_model_len=args.max_model_len,
+        max_decode_batch=widest,
+        max_graph_tokens=args.max_batched_tokens,
+    )
+    kv_tokens = num_blocks * block
+    results["executor"] = {
+        "num_blocks": num_blocks,
+        "kv_tokens": kv_tokens,
+        "kv_pool_gb": ex.facts.kv_pool_bytes / 1e9,
+        "pool_how": how,
+        "sizing_s": time.perf_counter() - t,
+        "kernels": ex.kernels,
+        "fused_layers": ex.fused_refusal is None,
+        "decode_batch_buckets": list(ex._batch_buckets),
+        "max_graph_tokens": args.max_batched_tokens,
+    }
+    print(
+        f"pool: {num_blocks:,} blocks = {kv_tokens:,} tokens ({ex.facts.kv_pool_bytes / 1e9:.1f} GB; {how})"
+    )
+    t = time.perf_counter()
+    results["executor"]["decode_graphs"] = ex.capture_decode_graphs()
+    results["executor"]["piecewise_graphs"] = ex.capture_mixed_graphs()
+    results["executor"]["capture_s"] = capture = time.perf_counter() - t
+    print(f"graphs: {ex.num_cuda_graphs} decode, {ex.num_piecewise_graphs} piecewise in {capture:.1f} s")
+    probe = StepProbe(ex, cuda, shape)
+    configs = {
+        variant_key(m, p, r): dataclasses.replace(
+            base, max_num_seqs=m, max_prefill_tokens_with_decodes=p, reserve_max_tokens=r
+        )
+        for m, p, r in variants
+    }
+    # warm-up (untimed): prompts of every size the workloads bring and a full running batch, so Triton's
+    # compilations happen here
+    t = time.perf_counter()
+    rng = np.random.default_rng(7)
+    lens = [int(x * scale) for x in (16, 128, 1000, 2048, 64, 700, 1500, 2040)] * 4
+    warm = [(rng.integers(3, shape.vocab, size=max(1, k)).tolist(), 4) for k in lens]
+    warm += [(rng.integers(3, shape.vocab, size=8).tolist(), 6) for _ in range(widest)]
+    run_workload(probe, configs[variant_key(*variants[-1])], warm, None)
+    results["executor"]["warmup_s"] = time.perf_counter() - t
+    print(f"warm-up {results['executor']['warmup_s']:.1f} s", flush=True)
+    results["variants"] = {
+        k: {"scheduler": dataclasses.asdict(c), "workloads": {}} for k, c in configs.items()
+    }
+    for mns in sorted({m for m, _, _ in variants}):
+        print(f"plan at this pool, max_num_seqs {mns}:")
+        results["variants"][variant_key(mns, *variants[0][1:])]["plan"] = plan_table(
+            args.workloads, args, shape, mns, kv_tokens, scale, shape.vocab
+        )
+    save(results, args.out)
+    for name in args.workloads:
+        for key, config in configs.items():
+            mns = config.max_num_seqs
+            reqs = make_requests(name, requests_for(name, args, mns, kv_tokens, scale), shape.vocab, scale)
+            res = run_workload(probe, config, reqs, args.budget_s)
+            prompts = [len(p) for p, _ in reqs]
+            res["roofline"] = roofline(shape, prompts, reqs[0][1], mns, kv_tokens)
+            steady = res["steady"] and res["truncated"]
+            rate = res["steady"]["output_tok_s"] if steady else res["output_tok_s"]
+            res["roofline_fraction"] = rate / res["roofline"]["output_tok_s"]
+            res["published"] = PUBLISHED.get(name)
+            res["target_output_tok_s"] = TARGETS.get(name)
+            if name == "mixed":
+                res["target_wall_s"] = MIXED_TARGET_S
+            results["variants"][key]["workloads"][name] = res
+            print(f"[{key}] " + line(name, res), flush=True)
+            save(results, args.out)
+    del probe, ex
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
