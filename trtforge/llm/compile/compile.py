@@ -31,8 +31,10 @@ from trtforge.llm.models.loader import load_causal_lm
 Log = Callable[[str], None]
 _VERIFIER_MIN_SEQ = 8
 _PASSES_ATOL = 1e-4
-GENERATE_PRECISIONS = ("fp16", "bf16", "fp32", "int8")
-_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "float16"}
+GENERATE_PRECISIONS = ("fp16", "bf16", "fp32", "int8", "fp8", "int4")
+QUANTIZED = ("int8", "fp8", "int4")  # Q/DQ step graphs; the rest of each is FP16
+_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "float16", "fp8": "float16"}
+_DTYPE["int4"] = "float16"
 
 
 def _low_precision(proto: onnx.ModelProto, mode: str, data: list[dict[str, np.ndarray]]) -> tuple[Any, dict]:
@@ -144,16 +146,23 @@ def compile_generate(
             "--generate --precision int8 needs calibration prompts: --calib-data FILE (token ids, one prompt "
             "per line) or calib_prompts=[[ids...], ...] in the API."
         )
+    if calib_prompts and precision not in ("int8", "fp8"):
+        raise UserError(
+            f"--calib-data only applies to --generate --precision int8 or fp8 (calibrated activations); "
+            f"--precision {precision} "
+            + ("is weight-only round-to-nearest and needs no data." if precision == "int4" else "has none.")
+        )
     from trtforge.compiler.build import BuildOptions
 
     if build:  # builder options checked before the export, as compile does
         opts = BuildOptions(targets=targets, backend=backend, opt_level=opt_level, workspace_mb=workspace_mb)
         targets, opt_level, workspace_mb = opts.targets, opts.opt_level, opts.workspace_mb
     pool_blocks = _check_cache_layout(cache_layout, block_size, num_blocks, max_seq, max_batch, build)
-    if precision == "int8" and cache_layout == "paged":
+    if precision in QUANTIZED and cache_layout == "paged":
         raise UserError(
-            "--generate --precision int8 --cache-layout paged: INT8 calibration runs the slot-layout step "
-            "graph only; use --cache-layout slot, or --precision fp16/bf16 for a paged step graph."
+            f"--generate --precision {precision} --cache-layout paged: quantized step graphs are made and "
+            "checked on the slot-layout step graph only; use --cache-layout slot, or --precision fp16/bf16 "
+            "for a paged step graph."
         )
     session = CompileSession(output, save_onnx=save_onnx, force=force, build=build, log=log)
     lm = load_causal_lm(model)
@@ -193,8 +202,24 @@ def compile_generate(
                 proto, records["int8"] = quantize_step(
                     proto, generation, calib_prompts or [], progress=progress
                 )
+        if precision in ("fp8", "int4"):
+            from trtforge.llm.compile import lowbit
+
+            if precision == "fp8":
+                n = len(calib_prompts or [])
+                message = f"FP8 E4M3 W8A8 Q/DQ, calibrated on {n or 'random-token'} prompts"
+            else:
+                message = f"INT4 weight-only, blocks of {lowbit.INT4_BLOCK} (blocked DequantizeLinear)"
+            with session.stage(precision, message):
+                before = proto
+                if precision == "fp8":
+                    proto, rec = lowbit.quantize_step_fp8(proto, generation, calib_prompts, progress=progress)
+                else:
+                    proto, rec = lowbit.quantize_step_int4(proto, generation)
+                rec["exact_check"] = lowbit.check_step_accuracy(before, proto, generation)
+                records[precision] = rec
         if precision != "fp32":
-            low = "fp16" if precision == "int8" else precision
+            low = "fp16" if precision in QUANTIZED else precision
             with session.stage(low, f"converting to {low}"):
                 data = [{k: v.numpy() for k, v in example_feeds(generation).items()}]
                 proto, records[low] = _low_precision(proto, low, data)
@@ -216,6 +241,7 @@ def compile_generate(
                 opt_level=opt_level,
                 workspace_mb=workspace_mb,
                 progress=progress,
+                precision=precision,
             )
         records["build"] = {
             k: v for k, v in build_record.items() if k not in ("inputs", "outputs", "profiles")
