@@ -48,6 +48,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "llm.executors": ("trtforge.llm.executors",),
     "llm.compile": ("trtforge.llm.compile",),
     "llm": ("trtforge.llm",),
+    "llm.report": ("trtforge.llm.report",),
     "cli": ("trtforge.cli",),
     "front": ("trtforge", "trtforge.demo"),
 }
@@ -90,6 +91,10 @@ ALLOWED: dict[str, set[str]] = {
         "llm.sched",
         "llm.executors",
     },
+    # The LLM comparison report measures every serving and step-graph variant and renders with the
+    # encoder report's machinery: the top floor of both wings.
+    "llm.report": _ENCODER | {"compiler", "reports", "llm.ground", "llm.models", "llm.sched", "llm.executors"}
+    | {"llm.compile", "llm"},
     "cli": set(ROOMS),
     "front": set(ROOMS),
 }
