@@ -372,11 +372,28 @@ def _serving_variant(
 
 
 # ---- step-graph variants ---------------------------------------------------------------------------
+def _fp32_step_graph(lm: Any, w: Windows, workdir: Path) -> Path:
+    """The all-logits FP32 step graph every step variant starts from (exported and fused once)."""
+    from trtforge.llm.compile.compile import compile_generate
+
+    path = workdir / "onnx-fp32.onnx"
+    if not path.exists():
+        length = w.tokens.shape[1]
+        compile_generate(
+            lm, None, build=False, save_onnx=path, precision="fp32", all_logits=True, max_seq=length,
+            max_batch=1, max_prefill=length, exporter="legacy", progress=False,
+        )  # fmt: skip
+    return path
+
+
 def _step_variant(
     lm: Any, name: str, w: Windows, workdir: Path, generation_kv: dict[str, int]
 ) -> tuple[TargetInfo, _Scores | None, dict[str, Any]]:
-    from trtforge.llm.compile.compile import compile_generate
-    from trtforge.llm.executors.onnxruntime_exec import read_generation
+    """A step-graph variant: the FP32 graph through compile's precision stages, scored in exact ORT."""
+    import onnx
+
+    from trtforge.llm.compile.compile import apply_precision
+    from trtforge.llm.contract import generation_metadata, set_generation_metadata
     from trtforge.numerics.sessions import exact_session
 
     precision = STEP_VARIANTS[name]
@@ -389,43 +406,32 @@ def _step_variant(
         f"compile --generate --precision {precision} step graph (all logits), exact ONNX Runtime",
     )
     length = w.tokens.shape[1]
-    path = workdir / f"{name}.onnx"
     t0 = time.perf_counter()
+    records: dict[str, Any] = {}
     try:
-        result = compile_generate(
-            lm,
-            None,
-            build=False,
-            save_onnx=path,
-            precision=precision,
-            all_logits=True,
-            max_seq=length,
-            max_batch=1,
-            max_prefill=length,
-            exporter="legacy",
-            progress=False,
-            calib_prompts=w.calibration if precision in ("int8", "fp8") else None,
-        )
+        base = _fp32_step_graph(lm, w, workdir)
+        proto = onnx.load(str(base))
+        g = generation_metadata(proto, str(base))
+        if precision != "fp32":
+            calib = w.calibration if precision in ("int8", "fp8") else None
+            proto = apply_precision(proto, g, precision, calib, records)
+            set_generation_metadata(proto, g)
     except UserError as e:
         info.status, info.reason = NOT_RUN, f"refused: {e}"
         return info, None, {}
     except Exception as e:
-        info.status, info.reason = (
-            FAILED,
-            f"could not make the step graph: {type(e).__name__}: {str(e)[:400]}",
-        )
+        info.status = FAILED
+        info.reason = f"could not make the step graph: {type(e).__name__}: {str(e)[:400]}"
         return info, None, {}
     info.prepare_seconds = time.perf_counter() - t0
-    info.records = {k: _summary(v) for k, v in result.records.items() if k in ("int8", "fp8", "int4", "fp16")}
-    g = read_generation(path)
-    sess = exact_session(path)
+    info.records = {k: _summary(v) for k, v in records.items()}
+    sess = exact_session(proto)
     cache = (1, int(g["num_kv_heads"]), int(g["max_seq"]), int(g["head_dim"]))
     dtype = np.float16 if g["cache"]["dtype"] == "float16" else np.float32
 
     def logits_of(i: int) -> np.ndarray:
-        row = w.tokens[i][None]
         feeds = {
-            "input_ids": row,
+            "input_ids": w.tokens[i][None],
             "position_ids": np.arange(length, dtype=np.int64)[None],
             "past_lens": np.zeros(1, np.int64),
             "new_lens": np.array([length], np.int64),

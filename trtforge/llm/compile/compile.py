@@ -8,6 +8,7 @@ the graph's low precision, logits stay FP32, numerically sensitive ops stay FP32
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -52,6 +53,54 @@ def _low_precision(proto: onnx.ModelProto, mode: str, data: list[dict[str, np.nd
         logits.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
     onnx.checker.check_model(out)
     return out, record.to_dict()
+
+
+def _no_stage(_name: str, _message: str) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+def apply_precision(
+    proto: onnx.ModelProto,
+    generation: dict[str, Any],
+    precision: str,
+    calib_prompts: Sequence[Sequence[int]] | None,
+    records: dict[str, Any],
+    *,
+    stage: Callable[[str, str], contextlib.AbstractContextManager[Any]] = _no_stage,
+    progress: bool = False,
+) -> onnx.ModelProto:
+    """The precision stages of an exported (and fused) FP32 step graph: Q/DQ for int8 / fp8 / int4,
+    then FP16/BF16 for the rest; each stage's record goes into `records` under its name, and the
+    cache dtype into `generation`. `stage(name, message)` times each (the compile session's)."""
+    if precision == "int8":
+        from trtforge.llm.compile.int8 import quantize_step
+
+        message = f"INT8 SmoothQuant W8A8, calibrated on {len(calib_prompts or [])} prompts"
+        with stage("int8", message):
+            proto, records["int8"] = quantize_step(proto, generation, calib_prompts or [], progress=progress)
+    if precision in ("fp8", "int4"):
+        from trtforge.llm.compile import lowbit
+
+        if precision == "fp8":
+            n = len(calib_prompts or [])
+            message = f"FP8 E4M3 W8A8 Q/DQ, calibrated on {n or 'random-token'} prompts"
+        else:
+            message = f"INT4 weight-only, blocks of {lowbit.INT4_BLOCK} (blocked DequantizeLinear)"
+        with stage(precision, message):
+            before = proto
+            if precision == "fp8":
+                proto, rec = lowbit.quantize_step_fp8(proto, generation, calib_prompts, progress=progress)
+            else:
+                proto, rec = lowbit.quantize_step_int4(proto, generation)
+            rec["exact_check"] = lowbit.check_step_accuracy(before, proto, generation)
+            records[precision] = rec
+    if precision != "fp32":
+        low = "fp16" if precision in QUANTIZED else precision
+        with stage(low, f"converting to {low}"):
+            data = [{k: v.numpy() for k, v in example_feeds(generation).items()}]
+            proto, records[low] = _low_precision(proto, low, data)
+    generation["cache"]["dtype"] = _DTYPE[precision]
+    return proto
 
 
 def _same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, generation: dict[str, Any]) -> float:
@@ -194,36 +243,9 @@ def compile_generate(
                 proto, ledger = optimize_model(proto, attention="none", verify=max_seq >= _VERIFIER_MIN_SEQ)
                 records["passes"] = ledger.to_dict()
                 records["passes"]["step_check_max_abs_error"] = _same_outputs(before, proto, generation)
-        if precision == "int8":
-            from trtforge.llm.compile.int8 import quantize_step
-
-            message = f"INT8 SmoothQuant W8A8, calibrated on {len(calib_prompts or [])} prompts"
-            with session.stage("int8", message):
-                proto, records["int8"] = quantize_step(
-                    proto, generation, calib_prompts or [], progress=progress
-                )
-        if precision in ("fp8", "int4"):
-            from trtforge.llm.compile import lowbit
-
-            if precision == "fp8":
-                n = len(calib_prompts or [])
-                message = f"FP8 E4M3 W8A8 Q/DQ, calibrated on {n or 'random-token'} prompts"
-            else:
-                message = f"INT4 weight-only, blocks of {lowbit.INT4_BLOCK} (blocked DequantizeLinear)"
-            with session.stage(precision, message):
-                before = proto
-                if precision == "fp8":
-                    proto, rec = lowbit.quantize_step_fp8(proto, generation, calib_prompts, progress=progress)
-                else:
-                    proto, rec = lowbit.quantize_step_int4(proto, generation)
-                rec["exact_check"] = lowbit.check_step_accuracy(before, proto, generation)
-                records[precision] = rec
-        if precision != "fp32":
-            low = "fp16" if precision in QUANTIZED else precision
-            with session.stage(low, f"converting to {low}"):
-                data = [{k: v.numpy() for k, v in example_feeds(generation).items()}]
-                proto, records[low] = _low_precision(proto, low, data)
-        generation["cache"]["dtype"] = _DTYPE[precision]
+        proto = apply_precision(
+            proto, generation, precision, calib_prompts, records, stage=session.stage, progress=progress
+        )
         if cache_layout == "paged" and build:
             generation["cache"]["num_blocks"] = pool_blocks
         generation["profiles"] = {"prefill": PREFILL, "decode": DECODE}
@@ -279,4 +301,4 @@ def compile_generate(
         )
 
 
-__all__ = ["compile_generate", "load_causal_lm"]
+__all__ = ["apply_precision", "compile_generate", "load_causal_lm"]
