@@ -195,3 +195,28 @@ def test_trained_21m_reference_perplexity(tmp_path):
     ppl = _hf_perplexity(model, result.windows.tokens)
     (q,) = result.report.lm_quality
     assert q.perplexity == pytest.approx(ppl, rel=1e-4) and 2 < q.perplexity < 40
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_reference_and_fp8_variants(tiny_dir, tmp_path):
+    """On a GPU: the BF16 reference tracks transformers' FP32 perplexity, and each FP8 variant either
+    runs (quality close to BF16, speed measured) or says why not."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    result = build_llm_report(
+        tiny_dir, text=TEXT, out_dir=tmp_path / "o", variants="fp8,kv-fp8,fp8+kv-fp8", device="cuda", **SMALL
+    )
+    ppl = _hf_perplexity(tiny_dir, result.windows.tokens)
+    q = {r.target: r for r in result.report.lm_quality}
+    assert result.report.reference == "bf16" and q["bf16"].perplexity == pytest.approx(ppl, rel=0.03)
+    for name in ("fp8", "kv-fp8", "fp8+kv-fp8"):
+        row = q[name]
+        print(f"{name}: {row.status} ppl={row.perplexity} delta={row.delta_ppl_pct} reason={row.reason}")
+        if row.status == "ok":
+            assert abs(row.delta_ppl_pct) < 10 and row.top1_agreement > 0.5
+            assert any(p.target == name and p.status == "ok" for p in result.report.lm_speed)
+        else:
+            assert row.status == "not_run" and row.reason
+    kv = {r.target: r.kv_bytes_per_token for r in result.report.lm_quality if r.status == "ok"}
+    if "kv-fp8" in kv:
+        assert kv["kv-fp8"] * 2 <= kv["bf16"] + 64  # E4M3 pools: half the bytes (scales aside)
