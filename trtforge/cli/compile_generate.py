@@ -100,7 +100,7 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
     """Compile MODEL with --generate from compile_cmd's parsed parameters and print the result."""
     from rich.console import Console
 
-    from trtforge.cli._render import manifest_tables, print_all, timings_table
+    from trtforge.cli._render import manifest_tables, print_all, stage_summary_table, timings_table
     from trtforge.llm.compile.compile import compile_generate
 
     flags = {p.name: max(p.opts, key=len) for p in ctx.command.params if p.opts}
@@ -140,7 +140,9 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
         progress=not quiet,
         log=lambda msg: console.print(f"[dim]•[/dim] {msg}"),
     )
-    print_all(console, [timings_table(result.timings), *manifest_tables(result.manifest)])
+    summary = stage_summary_table(result.records)
+    stages = [summary] if summary else []
+    print_all(console, [timings_table(result.timings), *stages, *manifest_tables(result.manifest)])
     g = result.manifest.generation
     c = g["cache"]
     if c["layout"] == "paged":
