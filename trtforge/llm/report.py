@@ -17,8 +17,9 @@ renderers, schema and atomic writes); this module only measures. For every varia
 
 Serving variants map onto ``from_pretrained(model, quantization=..., kv_cache_dtype=...)``; a variant
 whose option this trtforge does not accept, or that this machine cannot run (FP8 GEMMs need FP8
-tensor cores), keeps its row with the reason. Calibration prompts (the int8 / fp8 step graphs) come
-from the text's first half, disjoint from the evaluation windows.
+tensor cores: refused on a GPU older than compute capability 8.9; the CPU runs the float reference
+path), keeps its row with the reason. Calibration prompts (int8 / fp8 step graphs, int4-awq, the FP8
+KV cache's scales) come from the text's first half, disjoint from the evaluation windows.
 
 May import ``reports`` (its top floor) and everything ``llm`` and ``llm.compile`` may.
 """
@@ -188,17 +189,22 @@ def _unavailable(name: str, options: dict[str, Any], device: str) -> str | None:
             f"this trtforge's llm.from_pretrained has no {', '.join(missing)} option (asked: {spelled}); "
             "the serving-path quantization of issue #28 is not installed here"
         )
-    if options.get("quantization") == "fp8":
-        if not device.startswith("cuda") or not torch.cuda.is_available():
-            return (
-                "FP8 GEMMs need a GPU with FP8 tensor cores (compute capability 8.9+); this run is on the CPU"
-            )
+    fp8 = options.get("quantization") == "fp8" or options.get("kv_cache_dtype") == "fp8"
+    if fp8 and device.startswith("cuda") and torch.cuda.is_available():  # the CPU runs a float reference
         cc = torch.cuda.get_device_capability(torch.device(device))
         if cc < (8, 9):
-            return f"FP8 GEMMs need FP8 tensor cores (compute capability 8.9+); {device} is {cc[0]}.{cc[1]}"
+            return f"FP8 needs FP8 tensor cores (compute capability 8.9+); {device} is {cc[0]}.{cc[1]}"
     if name in ("bf16", "fp16") and not device.startswith("cuda"):
         return f"{name} serving is measured on a GPU; on the CPU the reference is fp32"
     return None
+
+
+def _calibration(options: dict[str, Any], w: Windows) -> dict[str, Any]:
+    """`calib_prompts` for the variants that calibrate (AWQ's scale search, the FP8 KV cache's scales):
+    prompts from the text's first half, disjoint from the evaluation windows."""
+    if options.get("quantization") == "int4-awq" or options.get("kv_cache_dtype") == "fp8":
+        return {"calib_prompts": w.calibration}
+    return {}
 
 
 def _blocks(n_tokens: int, block_size: int) -> int:
@@ -338,6 +344,7 @@ def _serving_variant(
             block_size=bs,
             max_model_len=max(length, speed_len, 2),
             **options,
+            **_calibration(options, w),
         )
     except UserError as e:
         info.status, info.reason = NOT_RUN, f"refused: {e}"
@@ -349,6 +356,7 @@ def _serving_variant(
     try:
         facts = llm.executor.facts
         info.records = {
+            "quantization": getattr(facts, "quantization", None),
             "executor": type(llm.executor).__name__,
             "kv_dtype": facts.kv_dtype,
             "kv_bytes_per_token": facts.kv_bytes_per_token,
@@ -581,10 +589,16 @@ def build_llm_report(
         f"variant; serving variants run each window in prompt chunks of {chunk} tokens (later chunks read "
         "the KV cache)."
     )
-    if any(n in ("onnx-int8", "onnx-fp8") for n in names):
+    calibrated = [n for n in names if n in ("onnx-int8", "onnx-fp8", "int4-awq", "kv-fp8", "fp8+kv-fp8")]
+    if calibrated:
         notes.append(
-            f"INT8/FP8 step graphs were calibrated on {len(w.calibration)} prompts of the text's first "
-            "half (disjoint from the evaluation windows)."
+            f"{', '.join(calibrated)} calibrated on {len(w.calibration)} prompts of the text's first half "
+            "(disjoint from the evaluation windows)."
+        )
+    if not device.startswith("cuda"):
+        notes.append(
+            "Measured on the CPU: the reference is FP32 and the serving speeds say nothing about a GPU "
+            "(quantized serving variants run their float reference path here, for quality)."
         )
     label = str(model) if isinstance(model, (str, os.PathLike)) else type(lm).__name__
     report = Report(
