@@ -14,6 +14,13 @@ pattern TensorRT (and TensorRT-RTX's weight-only GEMMs) reads as an INT4 weight-
 
 Both leave the LM head (the MatMul onto the vocabulary) in float, as TensorRT-LLM and AWQ do: it
 decides the next token and is one GEMM of many; and the cache write and attention stay in float.
+
+Measured with TensorRT-RTX 1.7.1 (CPU ahead-of-time builds of a 2-layer Llama step graph): FP8 builds
+for SM89 and for the builder's default targets; for SM80 it refuses ("Cannot compile for target(s)
+sm80, because the model contains HW-specific datatypes: fp8_e4m3"), which :mod:`.build` turns into a
+UserError naming the precision and targets; SM90 (Hopper, where datacenter TensorRT fuses FP8) is no
+TensorRT-RTX target at all (refused by ``--target`` checking). INT4 weight-only builds for SM80 and
+the default targets (8 DEQUANTIZE layers feeding MATRIX_MULTIPLY).
 """
 
 from __future__ import annotations
