@@ -49,6 +49,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "llm.compile": ("trtforge.llm.compile",),
     "llm.spec": ("trtforge.llm.spec",),
     "llm": ("trtforge.llm",),
+    "llm.report": ("trtforge.llm.report",),
     "cli": ("trtforge.cli",),
     "front": ("trtforge", "trtforge.demo"),
 }
@@ -94,6 +95,10 @@ ALLOWED: dict[str, set[str]] = {
         "llm.executors",
         "llm.spec",
     },
+    # The LLM comparison report measures every serving and step-graph variant and renders with the
+    # encoder report's machinery: the top floor of both wings.
+    "llm.report": _ENCODER | {"compiler", "reports", "llm.ground", "llm.models", "llm.sched", "llm.executors"}
+    | {"llm.compile", "llm"},
     "cli": set(ROOMS),
     "front": set(ROOMS),
 }

@@ -119,7 +119,9 @@ def test_native_attention_in_fp32_is_refused(precision: PrecisionOptions) -> Non
             "--precision-data only applies to FP16/BF16 graphs, but the unquantized rest stays FP32",
         ),
         (PrecisionOptions(mode="int8"), "needs calibration data"),
-        (PrecisionOptions(mode="fp8"), "expected one of fp32, fp16, bf16, int8"),
+        (PrecisionOptions(mode="fp4"), "expected one of fp32, fp16, bf16, int8, fp8, int4"),
+        (PrecisionOptions(mode="fp8"), "--precision fp8 is made for decoder step graphs only"),
+        (PrecisionOptions(mode="int4"), "--precision int4 is made for decoder step graphs only"),
     ],
 )
 def test_inapplicable_precision_options_refused(precision: PrecisionOptions, message: str) -> None:

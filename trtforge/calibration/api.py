@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtforge.calibration.cache import read_calibration_cache, write_calibration_cache
-from trtforge.calibration.methods import METHODS, compute_amax, scale_from_amax
+from trtforge.calibration.methods import FORMAT_MAX, METHODS, compute_amax, scale_from_amax
 from trtforge.calibration.placement import SUPPORTED_OP_TYPES, Decision, name_nodes, plan_placement
 from trtforge.errors import UserError
 
@@ -49,6 +49,7 @@ class CalibrationRecord:
     accuracy: dict[str, Any] | None = None
     smoothquant: dict[str, Any] | None = None
     cache: dict[str, Any] = field(default_factory=dict)
+    format: str = "int8"
     activation_scales: dict[str, float] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,10 +87,13 @@ def calibrate_model(
     batch_size: int = 8,
     tokenizer: Any = None,
     shuffle_seed: int | None = None,
+    fmt: str = "int8",
 ) -> tuple[onnx.ModelProto, CalibrationRecord]:
     """Quantize `model` to INT8 Q/DQ calibrated on `data` (a CalibrationDataset or anything
     `load_dataset` takes). `calib_cache`: read when the file exists (statistics are skipped for the
-    tensors it holds), else written after calibration. Returns (new model, record)."""
+    tensors it holds), else written after calibration. `fmt` "fp8" writes FP8 E4M3 Q/DQ instead
+    (scales amax / 448; no calibration cache: TensorRT's cache format is INT8's). Returns (new model,
+    record)."""
     import onnx
 
     from trtforge.calibration.calibrator import collect_statistics, has_mask_input
@@ -104,6 +108,11 @@ def calibrate_model(
     if not isinstance(model, onnx.ModelProto):
         raise UserError(f"model must be an onnx.ModelProto or an ONNX file path, got {type(model).__name__}.")
     _check_options(method, percentile, smoothquant, accuracy_target)
+    if fmt not in FORMAT_MAX:
+        raise UserError(f"Q/DQ format {fmt!r}: expected one of {', '.join(FORMAT_MAX)}.")
+    if fmt != "int8" and (calib_cache is not None or accuracy_target is not None):
+        what = "a calibration cache (it holds INT8 scales)" if calib_cache else "--accuracy-target"
+        raise UserError(f"{what} is INT8-only; it cannot be used for {fmt.upper()} Q/DQ.")
     qdq = [
         n.name or n.op_type for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
     ]
@@ -201,7 +210,7 @@ def calibrate_model(
         n_samples, n_batches = stats.samples, stats.batches
         dropped = sum(s.dropped for s in stats.tensors.values())
         for t, s in stats.tensors.items():
-            scales[t] = float(scale_from_amax(compute_amax(s, method, percentile=percentile)))
+            scales[t] = float(scale_from_amax(compute_amax(s, method, percentile=percentile), fmt))
     fallback, accuracy = [], None
     if holdout is not None:
         from trtforge.calibration.fallback import accuracy_fallback
@@ -210,7 +219,7 @@ def calibrate_model(
             work, targets, scales, holdout, accuracy_target, real_tokens=real_tokens, progress=progress
         )
         targets, fallback, accuracy = res.kept, res.returned, res.accuracy
-    quantized = insert_qdq(work, targets, scales)
+    quantized = insert_qdq(work, targets, scales, fmt)
     used_scales = {t: scales[t] for t in dict.fromkeys(a for x in targets for a in x.activations)}
     cache_info: dict[str, Any] = {
         "path": str(calib_cache) if calib_cache else None,
@@ -222,6 +231,7 @@ def calibrate_model(
     cache_info["written"] = bool(calib_cache and cache_in is None)
     by_op = Counter(t.op_type for t in targets)
     return quantized, CalibrationRecord(
+        format=fmt,
         method=method,
         percentile=percentile if method == "percentile" else None,
         samples=n_samples,

@@ -1,5 +1,5 @@
 """Range (amax) selection from an |x| histogram: max, percentile, entropy (TensorRT's classic KL
-calibrator) and MSE. Symmetric INT8: scale = amax / 127, zero point 0.
+calibrator) and MSE. Symmetric: scale = amax / 127 for INT8, amax / 448 for FP8 E4M3, zero point 0.
 
 Entropy follows TensorRT's IInt8EntropyCalibrator2 recipe as published in NVIDIA's
 pytorch-quantization (`_compute_amax_entropy`): for each candidate threshold bin i >= 128, fold the
@@ -15,6 +15,9 @@ from trtforge.calibration.histogram import TensorHistogram
 
 METHODS = ("max", "percentile", "entropy", "mse")
 INT8_MAX = 127
+FP8_E4M3_MAX = 448.0  # the largest finite E4M3 value (TensorRT's FP8)
+# Q/DQ formats: the largest quantized magnitude of each (the scale maps amax onto it).
+FORMAT_MAX = {"int8": float(INT8_MAX), "fp8": FP8_E4M3_MAX}
 _QUANT_LEVELS = 128
 _START_BIN = 128
 
@@ -91,8 +94,10 @@ def _mse(hist: np.ndarray, width: float) -> float:
     return best
 
 
-def scale_from_amax(amax: float | np.ndarray) -> np.ndarray:
-    """Symmetric INT8 scale(s) amax/127, float32, never zero (an all-zero tensor gets scale 1/127)."""
+def scale_from_amax(amax: float | np.ndarray, fmt: str = "int8") -> np.ndarray:
+    """Symmetric scale(s) amax / qmax of format `fmt` (int8: 127, fp8: 448), float32, never zero (an
+    all-zero tensor gets scale 1 / qmax)."""
+    qmax = FORMAT_MAX[fmt]
     a = np.asarray(amax, dtype=np.float64)
-    s = np.where(a > 0, a / INT8_MAX, 1.0 / INT8_MAX)
+    s = np.where(a > 0, a / qmax, 1.0 / qmax)
     return np.maximum(s, 1e-12).astype(np.float32)

@@ -1,9 +1,12 @@
 """Insert QuantizeLinear/DequantizeLinear into an ONNX model as TensorRT expects them (§2.1):
 
-- activations: Q -> DQ pair, per-tensor float32 scale, int8 zero point 0; one pair per tensor,
+- activations: Q -> DQ pair, per-tensor float32 scale, zero point 0; one pair per tensor,
   shared by all its quantized consumers (other consumers keep reading the float tensor);
-- weights: stored as int8 with a per-channel DQ (axis per placement.py), like ModelOpt's ``dq_only``
+- weights: stored quantized with a per-channel DQ (axis per placement.py), like ModelOpt's ``dq_only``
   output, so the file shrinks about 4x; the float weight is dropped when nothing else reads it.
+
+Formats (``fmt``): ``int8`` (opset 13+) and ``fp8`` = E4M3 (opset 19+; values round to nearest even
+and saturate at +-448, as TensorRT's FP8 QuantizeLinear does).
 """
 
 from __future__ import annotations
@@ -12,25 +15,40 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trtforge.calibration.methods import INT8_MAX, scale_from_amax
+from trtforge.calibration.methods import FORMAT_MAX, INT8_MAX, scale_from_amax
 from trtforge.calibration.placement import QuantTarget, constant_values
 from trtforge.errors import UserError
 
 if TYPE_CHECKING:
     import onnx
 
-MIN_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear
+MIN_OPSET = {"int8": 13, "fp8": 19}  # per-axis Q/DQ; FP8 types
 
 
-def quantize_weight(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """(int8 weight, per-channel float32 scale) with symmetric max calibration along `axis`."""
+def cast_to(values: np.ndarray, fmt: str) -> np.ndarray:
+    """Already-scaled values in format `fmt`: int8 rounds half to even and clips to +-127; fp8 clips
+    to +-448 and rounds to the nearest E4M3 value (ml_dtypes, which onnx depends on)."""
+    qmax = FORMAT_MAX[fmt]
+    if fmt == "int8":
+        return np.clip(np.rint(values), -INT8_MAX, INT8_MAX).astype(np.int8)
+    import ml_dtypes
+
+    return np.clip(values, -qmax, qmax).astype(ml_dtypes.float8_e4m3fn)
+
+
+def zero_point(fmt: str, shape: tuple[int, ...] = ()) -> np.ndarray:
+    """The zero point(s) of format `fmt` (always 0: TensorRT quantizes symmetrically)."""
+    return cast_to(np.zeros(shape, dtype=np.float32), fmt)
+
+
+def quantize_weight(w: np.ndarray, axis: int, fmt: str = "int8") -> tuple[np.ndarray, np.ndarray]:
+    """(quantized weight, per-channel float32 scale) with symmetric max calibration along `axis`."""
     reduce_axes = tuple(i for i in range(w.ndim) if i != axis)
     amax = np.abs(w).max(axis=reduce_axes) if reduce_axes else np.abs(w)
-    scale = scale_from_amax(amax)
+    scale = scale_from_amax(amax, fmt)
     shape = [1] * w.ndim
     shape[axis] = -1
-    q = np.clip(np.rint(w / scale.reshape(shape)), -INT8_MAX, INT8_MAX).astype(np.int8)
-    return q, scale
+    return cast_to(w / scale.reshape(shape), fmt), scale
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -38,16 +56,19 @@ def _opset(model: onnx.ModelProto) -> int:
 
 
 def insert_qdq(
-    model: onnx.ModelProto, targets: list[QuantTarget], act_scales: dict[str, float]
+    model: onnx.ModelProto, targets: list[QuantTarget], act_scales: dict[str, float], fmt: str = "int8"
 ) -> onnx.ModelProto:
-    """A copy of `model` with Q/DQ for `targets`; `act_scales` maps activation tensor -> scale."""
+    """A copy of `model` with `fmt` Q/DQ for `targets`; `act_scales` maps activation tensor -> scale."""
     import onnx
     from onnx import helper, numpy_helper
 
-    if _opset(model) < MIN_OPSET:
+    if fmt not in MIN_OPSET:
+        raise UserError(f"Q/DQ format {fmt!r}: expected one of {', '.join(MIN_OPSET)}.")
+    if _opset(model) < MIN_OPSET[fmt]:
+        need = MIN_OPSET[fmt]
         raise UserError(
-            f"the model uses ONNX opset {_opset(model)}; per-channel Q/DQ needs opset >= {MIN_OPSET}. "
-            "Re-export it with a newer opset (torch.onnx.export(..., opset_version=17))."
+            f"the model uses ONNX opset {_opset(model)}; per-channel {fmt.upper()} Q/DQ needs opset >= "
+            f"{need}. Re-export with a newer opset (torch.onnx.export(..., opset_version={max(need, 17)}))."
         )
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -78,7 +99,7 @@ def insert_qdq(
             s = fresh(f"{tensor}_scale")
             z = fresh(f"{tensor}_zero_point")
             g.initializer.append(numpy_helper.from_array(np.array(scale, dtype=np.float32), s))
-            g.initializer.append(numpy_helper.from_array(np.array(0, dtype=np.int8), z))
+            g.initializer.append(numpy_helper.from_array(zero_point(fmt), z))
             q, dq = fresh(f"{tensor}_quantized"), fresh(f"{tensor}_dequantized")
             emit(
                 at,
@@ -97,14 +118,14 @@ def insert_qdq(
     def weight_dq(tensor: str, axis: int, at: int) -> str:
         key = (tensor, axis)
         if key not in replaced:
-            qw, scale = quantize_weight(consts[tensor].astype(np.float32), axis)
-            wq, s = fresh(f"{tensor}_int8"), fresh(f"{tensor}_scale")
+            qw, scale = quantize_weight(consts[tensor].astype(np.float32), axis, fmt)
+            wq, s = fresh(f"{tensor}_{fmt}"), fresh(f"{tensor}_scale")
             z = fresh(f"{tensor}_zero_point")
             g.initializer.extend(
                 [
                     numpy_helper.from_array(qw, wq),
                     numpy_helper.from_array(scale, s),
-                    numpy_helper.from_array(np.zeros(scale.shape, dtype=np.int8), z),
+                    numpy_helper.from_array(zero_point(fmt, scale.shape), z),
                 ]
             )
             dq = fresh(f"{tensor}_dequantized")

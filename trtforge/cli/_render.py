@@ -107,4 +107,14 @@ def stage_summary_table(records: dict[str, Any]) -> Table | None:
             f"{rec.get('matmuls_quantized')}/{rec.get('matmuls_total')} MatMuls INT8 ({rec.get('method')}, "
             f"{rec.get('samples')} samples); {len(rec.get('fallback') or [])} fell back",
         )
+    for mode in ("fp8", "int4"):  # decoder step graphs (compile --generate)
+        rec = records.get(mode)
+        if rec:
+            check = rec.get("exact_check") or {}
+            table.add_row(
+                mode,
+                f"{rec.get('matmuls_quantized')}/{rec.get('matmuls_total')} MatMuls {mode.upper()}; "
+                f"vs FP32 in exact ORT: logits rel L2 {check.get('logits_rel_l2', float('nan')):.3g}, top-1 "
+                f"{check.get('top1_agreement', float('nan')):.3f}",
+            )
     return table if table.row_count else None

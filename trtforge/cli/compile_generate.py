@@ -41,7 +41,8 @@ def generate_options(fn: Any) -> Any:
             is_flag=True,
             help="MODEL is a Hugging Face causal LM (module:factory or save_pretrained dir) of family "
             f"{', '.join(SUPPORTED)}: build ONE KV-cache step engine with a prefill and a decode profile "
-            "(default precision fp16).",
+            "(default precision fp16; int8 = SmoothQuant W8A8 and fp8 = E4M3 W8A8, both calibrated on "
+            "--calib-data prompts (fp8: random tokens without); int4 = weight-only, blocks of 128).",
         ),
         click.option(
             "--max-seq",
@@ -99,7 +100,7 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
     """Compile MODEL with --generate from compile_cmd's parsed parameters and print the result."""
     from rich.console import Console
 
-    from trtforge.cli._render import manifest_tables, print_all, timings_table
+    from trtforge.cli._render import manifest_tables, print_all, stage_summary_table, timings_table
     from trtforge.llm.compile.compile import compile_generate
 
     flags = {p.name: max(p.opts, key=len) for p in ctx.command.params if p.opts}
@@ -139,7 +140,9 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
         progress=not quiet,
         log=lambda msg: console.print(f"[dim]•[/dim] {msg}"),
     )
-    print_all(console, [timings_table(result.timings), *manifest_tables(result.manifest)])
+    summary = stage_summary_table(result.records)
+    stages = [summary] if summary else []
+    print_all(console, [timings_table(result.timings), *stages, *manifest_tables(result.manifest)])
     g = result.manifest.generation
     c = g["cache"]
     if c["layout"] == "paged":
@@ -155,7 +158,7 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
 
 
 def _read_prompts(path: str) -> list[list[int]]:
-    """--calib-data for --generate --precision int8: one prompt per line, token ids separated by spaces."""
+    """--calib-data for --generate --precision int8/fp8: one prompt per line, space-separated token ids."""
     from pathlib import Path
 
     from trtforge.errors import UserError

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from trtforge._fileio import show_path
 from trtforge.cli._options import from_params, option_group
@@ -36,6 +37,19 @@ Examples:
   trtforge report model.onnx -o out --targets ort,ort-fp16 --data inputs.npz \\
       --tolerance logits:atol=1e-2,cosine=0.999 --batch 1,8,32 --seq 128
   trtforge report model.engine -o out --check
+  trtforge report ./llama-dir --generate -o out --text eval.txt \\
+      --variants fp8,int4-awq,kv-fp8,onnx-int8,onnx-fp8,onnx-int4
+\b
+--generate: MODEL is a causal LM (save_pretrained dir or module:factory). Its
+variants are compared with the reference (bf16 on a GPU, fp32 on the CPU):
+perplexity on --text (--windows windows of --window-len tokens from the text's
+second half, the same for every variant), greedy top-1 agreement, KV bytes per
+token, and TTFT / inter-token latency / throughput at each --batch through the
+serving engine. Variants: fp32, bf16, fp16, fp8, int4-awq, int4-rtn, kv-fp8,
+fp8+kv-fp8 (llm.from_pretrained(quantization=..., kv_cache_dtype=...)) and the
+step graphs onnx-fp32, onnx-int8, onnx-fp8, onnx-int4 (exact ONNX Runtime,
+quality only). A variant this trtforge or machine cannot run keeps its row with
+the reason.
 \b
 --data: .npz (input name -> array, leading sample axis), a directory of .npz/.npy,
 a text file of sentences (with --tokenizer), or module:function; default:
@@ -104,7 +118,48 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     help="Exit 3 when the reference or a target runnable here fails, or an output fails its tolerance.",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option(
+    "--generate", is_flag=True, help="MODEL is a causal LM: compare its precision variants (below)."
+)
+@click.option(
+    "--text", type=click.Path(dir_okay=False), default=None, help="--generate: text for perplexity."
+)
+@click.option("--variants", default=None, metavar="A,B,...", help="--generate: variants (default: all).")
+@click.option(
+    "--windows", type=click.IntRange(min=1), default=8, show_default=True, help="--generate: windows."
+)
+@click.option(
+    "--window-len",
+    type=click.IntRange(min=2),
+    default=256,
+    show_default=True,
+    help="--generate: window tokens.",
+)
+@click.option(
+    "--chunk",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="--generate: prompt chunk tokens.",
+)
+@click.option(
+    "--prompt-len",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="--generate: speed prompts.",
+)
+@click.option(
+    "--new-tokens",
+    type=click.IntRange(min=2),
+    default=32,
+    show_default=True,
+    help="--generate: tokens per request.",
+)
+@click.option("--device", default=None, help="--generate: torch device (default: cuda if present, else cpu).")
+@click.pass_context
 def report_cmd(
+    ctx: click.Context,
     model: str,
     out_dir: str,
     targets: tuple[str, ...],
@@ -120,9 +175,13 @@ def report_cmd(
     output_names: tuple[str, ...],
     check: bool,
     no_progress: bool,
+    generate: bool,
     **params: Any,
 ) -> None:
     """Compare accuracy and latency of MODEL_OR_ENGINE across runtimes and precisions."""
+    _refuse_other_mode(ctx, generate)
+    if generate:
+        return _run_generate(ctx, model, out_dir, batch, threads, check, params)
 
     from trtforge.compiler.sources import CHECKPOINT_SUFFIXES, unsupported_source
     from trtforge.reports.api import build_report
@@ -214,3 +273,63 @@ def _remove_written(result: Any, out_dir: str, existed: bool) -> None:
     if not existed:
         with contextlib.suppress(OSError):  # only when empty: anything else there stays
             Path(out_dir).rmdir()
+
+
+_LM_ONLY = ("text", "variants", "windows", "window_len", "chunk", "prompt_len", "new_tokens", "device")
+_ENCODER_ONLY = (
+    "targets", "reference", "data", "calibration_data", "calib_method", "smoothquant", "int8_rest", "seq",
+    "warmup", "runs", "tolerances", "output_names",
+)  # fmt: skip
+
+
+def _refuse_other_mode(ctx: click.Context, generate: bool) -> None:
+    """Options of the other kind of report are refused by name, never dropped."""
+    flags = {p.name: max(p.opts, key=len) for p in ctx.command.params if p.opts}
+    names = _ENCODER_ONLY if generate else _LM_ONLY
+    given = [flags[n] for n in names if ctx.get_parameter_source(n) not in (ParameterSource.DEFAULT, None)]
+    if given:
+        where = "an output comparison (no --generate)" if generate else "--generate (a causal LM report)"
+        raise click.UsageError(f"{', '.join(given)} only apply to {where}.")
+    if generate and not ctx.params.get("text"):
+        raise UserError("--generate needs --text FILE: the text the variants' perplexity is measured on.")
+
+
+def _run_generate(
+    ctx: click.Context, model: str, out_dir: str, batch: str, threads: int | None, check: bool, params: dict
+) -> None:
+    """`report MODEL --generate`: the LLM variant report."""
+    from trtforge.cli._options import from_params
+    from trtforge.llm.report import build_llm_report
+    from trtforge.reports.cells import headline
+
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise UserError(f"-o '{out_dir}' exists and is not a directory.")
+    p = ctx.params
+    tokenizer = from_params(PrecisionOptions, params).tokenizer
+    result = build_llm_report(
+        model,
+        text=p["text"],
+        out_dir=out_dir,
+        variants=p["variants"],
+        tokenizer=tokenizer,
+        windows=p["windows"],
+        window_len=p["window_len"],
+        chunk=p["chunk"],
+        batch_sizes=_ints(batch, "--batch"),
+        prompt_len=p["prompt_len"],
+        new_tokens=p["new_tokens"],
+        device=p["device"],
+        threads=threads,
+    )
+    click.echo(headline(result.report))
+    for note in result.report.notes:
+        click.echo(f"note: {note}")
+    for label, path in (
+        ("html", result.html_path),
+        ("markdown", result.markdown_path),
+        ("json", result.json_path),
+    ):
+        click.echo(f"{label:9s}{show_path(path)}")
+    problems = _failures(result.report)
+    if check and problems:
+        raise AccuracyCheckFailed("; ".join(problems) + " (see the report)")

@@ -19,8 +19,10 @@ from typing import Any
 
 from trtforge.errors import UserError
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "int4")
 FLOAT_PRECISIONS = ("fp32", "fp16", "bf16")
+# FP8 W8A8 and INT4 weight-only exist for decoder step graphs only (trtforge.llm.compile.lowbit).
+GENERATE_ONLY_PRECISIONS = ("fp8", "int4")
 ATTENTION = ("native", "plugin", "paged", "none")
 CALIB_METHODS = ("max", "percentile", "entropy", "mse")
 EXPORTERS = ("auto", "dynamo", "legacy")
@@ -99,7 +101,12 @@ class PrecisionOptions:
 
     mode: str = field(
         default="fp32",
-        metadata=cli("--precision", choices=PRECISIONS, help="Compute precision written into the graph."),
+        metadata=cli(
+            "--precision",
+            choices=PRECISIONS,
+            help="Compute precision written into the graph (fp8 = E4M3 W8A8 Q/DQ and int4 = weight-only "
+            "blocked INT4: --generate step graphs only).",
+        ),
     )
     keep_fp32: Sequence[str] = field(
         default=(),
@@ -236,6 +243,11 @@ def check_precision(precision: PrecisionOptions) -> None:
     """Refuse values and options that do not apply to the requested precision, naming them."""
     if precision.mode not in PRECISIONS:
         raise UserError(f"--precision {precision.mode!r}: expected one of {', '.join(PRECISIONS)}.")
+    if precision.mode in GENERATE_ONLY_PRECISIONS:
+        raise UserError(
+            f"--precision {precision.mode} is made for decoder step graphs only (compile MODEL --generate, "
+            "a causal LM); for other models use fp32, fp16, bf16 or int8."
+        )
     if precision.int8_rest not in FLOAT_PRECISIONS:
         raise UserError(f"--int8-rest {precision.int8_rest!r}: expected fp32, fp16 or bf16.")
     if precision.calib_method not in CALIB_METHODS:

@@ -7,7 +7,8 @@ always give a :class:`ServingLLM` (continuous batching, :class:`LLMEngine`):
 its per-step logits: a numerics tool.)
 
 The decoder wing: ``contract`` and ``models`` at its bottom, then ``sched`` and ``executors``, then the
-engine and the front door. It may import the encoder wing; only ``llm.compile`` imports ``compiler``.
+engine and the front door. It may import the encoder wing; only ``llm.compile`` (and ``llm.report``, the
+LLM comparison report at the top of both wings) imports ``compiler``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trtforge.reports.results import OK, AccuracyRow, LatencyPoint, Report, TargetInfo
+from trtforge.reports.results import OK, AccuracyRow, LatencyPoint, LmQuality, LmSpeed, Report, TargetInfo
 
 
 def fmt(value: Any, spec: str = ".3g", none: str = "–") -> str:
@@ -104,10 +104,47 @@ def latency_cells(p: LatencyPoint) -> list[str]:
     ]  # fmt: skip
 
 
+LM_QUALITY_HEADER = [
+    "variant", "perplexity", "Δ ppl %", "top-1 agreement", "predicted tokens", "KV bytes/token", "KV dtype",
+    "status",
+]  # fmt: skip
+LM_SPEED_HEADER = ["variant", "batch", "TTFT ms", "ITL ms", "tok/s", "prompt + new", "status"]
+
+
+def _status(status: str, reason: str | None) -> str:
+    return "ok" if status == OK else f"{status}: {reason}"
+
+
+def lm_quality_cells(q: LmQuality) -> list[str]:
+    """Cells of the LLM quality table."""
+    delta = "–" if q.delta_ppl_pct is None else f"{q.delta_ppl_pct:+.2f}"
+    return [
+        q.target, fmt(q.perplexity, ".4f"), delta, fmt(q.top1_agreement, ".4f"), str(q.tokens or "–"),
+        fmt(q.kv_bytes_per_token, "d"), q.kv_dtype or "–", _status(q.status, q.reason),
+    ]  # fmt: skip
+
+
+def lm_speed_cells(p: LmSpeed) -> list[str]:
+    """Cells of the LLM speed table."""
+    shape = "–" if p.prompt_tokens is None else f"{p.prompt_tokens} + {p.new_tokens}"
+    return [
+        p.target, str(p.batch or "–"), fmt(p.ttft_ms, ".4g"), fmt(p.itl_ms, ".4g"),
+        fmt(p.throughput_tok_s, ".4g"), shape, _status(p.status, p.reason),
+    ]  # fmt: skip
+
+
 def headline(report: Report) -> str:
     """One sentence: targets run and accuracy verdicts."""
     s = report.summary()
     t = s["targets"]
+    if report.is_lm:
+        best = [q for q in report.lm_quality if q.status == OK and q.delta_ppl_pct is not None]
+        worst = max(best, key=lambda q: q.delta_ppl_pct or 0.0, default=None)
+        tail = f"; largest perplexity change {worst.target} {worst.delta_ppl_pct:+.2f}%" if worst else ""
+        return (
+            f"{t['ok']} variant(s) ran, {t['failed']} failed, {t['not_run']} not runnable here; "
+            f"reference {report.reference}{tail}."
+        )
     return (
         f"{t['ok']} target(s) ran, {t['failed']} failed, {t['not_run']} not runnable here; "
         f"accuracy vs {report.reference}: {s['accuracy_passed']} passed, {s['accuracy_failed']} failed, "

@@ -9,13 +9,17 @@ import json
 from trtforge.reports.cells import (
     ACCURACY_HEADER,
     LATENCY_HEADER,
+    LM_QUALITY_HEADER,
+    LM_SPEED_HEADER,
     TARGET_HEADER,
     accuracy_cells,
     headline,
     latency_cells,
+    lm_quality_cells,
+    lm_speed_cells,
     target_cells,
 )
-from trtforge.reports.plots import error_histograms, latency_plot
+from trtforge.reports.plots import error_histograms, latency_plot, lm_quality_plot, lm_speed_plot
 from trtforge.reports.results import OK, Report
 
 _CSS = """
@@ -61,17 +65,52 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
 
 
-def render_html(report: Report) -> str:
-    """One HTML page holding everything (no external resources)."""
+def _lm_body(report: Report) -> list[str]:
+    """The LLM report's quality and speed sections, with their plots."""
     e = html.escape
     s = report.settings
     body = [
+        f"<h2>Quality vs {e(str(report.reference))}</h2>",
+        f'<p class="meta">Text: {e(str(s.get("accuracy_data")))}; {s.get("accuracy_iterations")} windows of '
+        f"{s.get('window_len')} tokens (starts {e(str(s.get('window_starts')))}). Δ ppl = perplexity / "
+        "reference − 1; top-1 agreement = positions whose argmax is the reference's.</p>",
+    ]
+    png = lm_quality_plot(report)
+    if png is not None:
+        body.append(_img(png, "perplexity and top-1 agreement per variant"))
+    body.append(_table("quality", LM_QUALITY_HEADER, [lm_quality_cells(q) for q in report.lm_quality], 7))
+    body.append(
+        f"<h2>Speed</h2><p class='meta'>B requests of {s.get('prompt_len')} prompt tokens submitted at once, "
+        f"{s.get('new_tokens')} greedy tokens each, on {e(str(s.get('device')))}. TTFT = median time to the "
+        "first token; ITL = mean time between a request's tokens; tok/s = generated tokens / wall time.</p>"
+    )
+    png = lm_speed_plot(report)
+    if png is not None:
+        body.append(_img(png, "TTFT, inter-token latency and throughput vs batch size"))
+    body.append(
+        _table("speed", LM_SPEED_HEADER, [lm_speed_cells(p) for p in report.lm_speed], 6)
+        if report.lm_speed
+        else "<p>No speed measurements.</p>"
+    )
+    return body
+
+
+def _head(report: Report) -> list[str]:
+    e = html.escape
+    return [
         f"<h1>{e(report.title)}</h1>",
         f'<p class="meta">Source: {e(report.source["kind"])} <code>{e(report.source["label"])}</code> · '
         f"reference <code>{e(str(report.reference))}</code> · created {e(report.created)}</p>",
         f"<p><strong>{e(headline(report))}</strong></p>",
         "<h2>Targets</h2>",
         _table("targets", TARGET_HEADER, [target_cells(t) for t in report.targets], 4),
+    ]
+
+
+def _encoder_body(report: Report) -> list[str]:
+    e = html.escape
+    s = report.settings
+    body = [
         f"<h2>Accuracy vs {e(str(report.reference))}</h2>",
         f'<p class="meta">Inputs: {e(str(s.get("accuracy_data")))}; '
         f"{s.get('accuracy_iterations')} iteration(s). Relative errors are relative to the reference; "
@@ -96,18 +135,33 @@ def render_html(report: Report) -> str:
         if report.latency
         else "<p>No latency measurements.</p>"
     )
+    return body
+
+
+def _tail(report: Report) -> list[str]:
+    e = html.escape
     threads = {t.name: t.threads for t in report.targets if t.threads}
     records = {t.name: t.records for t in report.targets if t.records}
+    body = []
     if report.notes:
         body.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in report.notes) + "</ul>")
     body.append("<h2>Environment and settings</h2>")
     for label, obj in (
         ("environment", report.environment),
-        ("settings", s),
+        ("settings", report.settings),
         ("threads", threads),
         ("preparation records", records),
     ):
         body.append(f"<h3>{label}</h3><pre>{e(json.dumps(obj, indent=2, default=str))}</pre>")
+    return body
+
+
+def render_html(report: Report) -> str:
+    """One HTML page holding everything (no external resources): an output comparison, or an LLM
+    report's quality and speed."""
+    e = html.escape
+    middle = _lm_body(report) if report.is_lm else _encoder_body(report)
+    body = [*_head(report), *middle, *_tail(report)]
     ok = sum(t.status == OK for t in report.targets)
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

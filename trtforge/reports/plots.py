@@ -73,3 +73,58 @@ def error_histograms(report: Report) -> list[tuple[str, bytes]]:
         ax.legend(fontsize=8)
         figures.append((output, _png(fig)))
     return figures
+
+
+def lm_quality_plot(report: Report) -> bytes | None:
+    """Perplexity (bars, reference dashed) and top-1 agreement with the reference, per LLM variant."""
+    rows = [q for q in report.lm_quality if q.status == OK and q.perplexity is not None]
+    if not rows:
+        return None
+    fig = _figure(11, 3.8)
+    ax_ppl, ax_agree = fig.subplots(1, 2)
+    names = [q.target for q in rows]
+    ax_ppl.bar(names, [q.perplexity for q in rows], color="#4c72b0")
+    ref = next((q.perplexity for q in rows if q.target == report.reference), None)
+    if ref is not None:
+        ax_ppl.axhline(ref, color="k", linestyle="--", linewidth=1, label=f"{report.reference} {ref:.3f}")
+        ax_ppl.legend(fontsize=8)
+        low, high = min(q.perplexity for q in rows), max(q.perplexity for q in rows)
+        ax_ppl.set_ylim(low - 0.2 * (high - low + 1e-3) - 0.02 * low, high + 0.2 * (high - low + 1e-3))
+    agree = [q for q in rows if q.top1_agreement is not None]
+    ax_agree.bar([q.target for q in agree], [q.top1_agreement for q in agree], color="#55a868")
+    ax_agree.set_ylim(0, 1)
+    ax_ppl.set_ylabel("perplexity")
+    ax_agree.set_ylabel(f"top-1 agreement with {report.reference}")
+    ax_ppl.set_title("Perplexity on the text")
+    ax_agree.set_title("Greedy top-1 agreement")
+    for ax in (ax_ppl, ax_agree):
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    return _png(fig)
+
+
+def lm_speed_plot(report: Report) -> bytes | None:
+    """TTFT, inter-token latency and throughput vs batch size, one line per serving variant."""
+    series: dict[str, list] = defaultdict(list)
+    for p in report.lm_speed:
+        if p.status == OK and p.throughput_tok_s is not None:
+            series[p.target].append(p)
+    if not series:
+        return None
+    fig = _figure(13, 3.8)
+    axes = fig.subplots(1, 3)
+    for label, points in sorted(series.items()):
+        points.sort(key=lambda p: p.batch)
+        xs = [p.batch for p in points]
+        for ax, values in zip(
+            axes,
+            ([p.ttft_ms for p in points], [p.itl_ms for p in points], [p.throughput_tok_s for p in points]),
+        ):
+            ax.plot(xs, values, marker="o", label=label)
+    for ax, ylabel in zip(axes, ("TTFT ms (median)", "inter-token latency ms", "output tokens/s")):
+        ax.set_xlabel("batch size (concurrent requests)")
+        ax.set_ylabel(ylabel)
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+    axes[2].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    return _png(fig)

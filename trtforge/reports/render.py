@@ -11,10 +11,14 @@ from trtforge._fileio import atomic_outputs, atomic_write_text
 from trtforge.reports.cells import (
     ACCURACY_HEADER,
     LATENCY_HEADER,
+    LM_QUALITY_HEADER,
+    LM_SPEED_HEADER,
     TARGET_HEADER,
     accuracy_cells,
     headline,
     latency_cells,
+    lm_quality_cells,
+    lm_speed_cells,
     target_cells,
 )
 from trtforge.reports.html import render_html
@@ -30,8 +34,41 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def lm_sections(report: Report) -> list[str]:
+    """The LLM report's quality and speed sections (Markdown)."""
+    s = report.settings
+    return [
+        f"## Quality (vs `{report.reference}`, text: {s.get('accuracy_data')})",
+        _md_table(LM_QUALITY_HEADER, [lm_quality_cells(q) for q in report.lm_quality]),
+        "",
+        f"## Speed (prompt {s.get('prompt_len')} + {s.get('new_tokens')} new tokens per request, greedy; "
+        f"device {s.get('device')})",
+        _md_table(LM_SPEED_HEADER, [lm_speed_cells(p) for p in report.lm_speed])
+        if report.lm_speed
+        else "none",
+        "",
+    ]
+
+
 def render_markdown(report: Report) -> str:
-    """The Markdown summary: headline, targets, accuracy and latency tables, notes."""
+    """The Markdown summary: headline, targets, accuracy and latency tables (or an LLM report's quality
+    and speed tables), notes."""
+    if report.is_lm:
+        middle = lm_sections(report)
+    else:
+        middle = [
+            f"## Accuracy (vs `{report.reference}`, inputs: {report.settings.get('accuracy_data')})",
+            _md_table(ACCURACY_HEADER, [accuracy_cells(r) for r in report.accuracy])
+            if report.accuracy
+            else "none",
+            "",
+            f"## Latency (warm-up {report.settings.get('warmup')}, "
+            f"{report.settings.get('runs')} timed runs per point)",
+            _md_table(LATENCY_HEADER, [latency_cells(p) for p in report.latency])
+            if report.latency
+            else "none",
+            "",
+        ]
     parts = [
         f"# {report.title}",
         "",
@@ -43,15 +80,7 @@ def render_markdown(report: Report) -> str:
         "## Targets",
         _md_table(TARGET_HEADER, [target_cells(t) for t in report.targets]),
         "",
-        f"## Accuracy (vs `{report.reference}`, inputs: {report.settings.get('accuracy_data')})",
-        _md_table(ACCURACY_HEADER, [accuracy_cells(r) for r in report.accuracy])
-        if report.accuracy
-        else "none",
-        "",
-        f"## Latency (warm-up {report.settings.get('warmup')}, "
-        f"{report.settings.get('runs')} timed runs per point)",
-        _md_table(LATENCY_HEADER, [latency_cells(p) for p in report.latency]) if report.latency else "none",
-        "",
+        *middle,
     ]
     if report.notes:
         parts += ["## Notes", *[f"- {n}" for n in report.notes], ""]

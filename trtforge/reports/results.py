@@ -109,6 +109,38 @@ class LatencyPoint:
 
 
 @dataclass
+class LmQuality:
+    """A causal LM variant's quality on a text against the reference variant (LLM reports)."""
+
+    target: str
+    status: str = OK
+    reason: str | None = None
+    perplexity: float | None = None
+    delta_ppl_pct: float | None = None  # 100 * (ppl / reference ppl - 1)
+    nll_per_token: float | None = None
+    tokens: int = 0  # predicted tokens the perplexity averages over
+    top1_agreement: float | None = None  # fraction of those positions whose argmax is the reference's
+    kv_bytes_per_token: int | None = None  # K and V of one token over every layer
+    kv_dtype: str | None = None
+
+
+@dataclass
+class LmSpeed:
+    """A serving variant's speed at one batch size (LLM reports): B requests submitted at once."""
+
+    target: str
+    batch: int
+    status: str = OK
+    reason: str | None = None
+    prompt_tokens: int | None = None
+    new_tokens: int | None = None
+    ttft_ms: float | None = None  # median time to first token over the batch's requests
+    itl_ms: float | None = None  # mean inter-token latency over the requests
+    throughput_tok_s: float | None = None  # generated tokens / wall time of the batch
+    wall_s: float | None = None
+
+
+@dataclass
 class Report:
     """Everything a report says; renderers (HTML, Markdown, JSON) read only this."""
 
@@ -123,10 +155,27 @@ class Report:
     latency: list[LatencyPoint]
     notes: list[str] = field(default_factory=list)
     format: str = REPORT_FORMAT
+    lm_quality: list[LmQuality] = field(default_factory=list)  # causal-LM reports only
+    lm_speed: list[LmSpeed] = field(default_factory=list)
+
+    @property
+    def is_lm(self) -> bool:
+        """A causal-LM variant report (quality and speed tables) rather than an output comparison."""
+        return self.source.get("kind") == "causal_lm"
 
     def summary(self) -> dict[str, Any]:
         """Counts for the headline: targets by status, accuracy rows passed/failed/not compared."""
         compared = [r for r in self.accuracy if r.status == OK]
+        if self.is_lm:
+            measured = [q for q in self.lm_quality if q.status == OK]
+            failed = any(t.status == FAILED for t in self.targets)
+            return {
+                "targets": {s: sum(t.status == s for t in self.targets) for s in (OK, FAILED, NOT_RUN)},
+                "accuracy_passed": 0,
+                "accuracy_failed": 0,
+                "accuracy_not_compared": sum(q.status != OK for q in self.lm_quality),
+                "all_passed": bool(measured) and not failed,
+            }
         return {
             "targets": {s: sum(t.status == s for t in self.targets) for s in (OK, FAILED, NOT_RUN)},
             "accuracy_passed": sum(r.passed is True for r in compared),
@@ -138,6 +187,8 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (validated against `report.schema.json` in tests)."""
         d = asdict(self)
+        if not self.is_lm:  # the encoder report's document is unchanged
+            del d["lm_quality"], d["lm_speed"]
         d["summary"] = self.summary()
         return d
 

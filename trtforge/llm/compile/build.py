@@ -44,6 +44,26 @@ def _head_dim_hint(generation: dict[str, Any]) -> str:
     )
 
 
+LOW_BIT = ("fp8", "int4")
+
+
+def refused_precision(be: Any, precision: str, targets: list[str], error: str) -> UserError:
+    """The builder's refusal of an FP8 / INT4 step graph as one paragraph naming precision and targets."""
+    where = ", ".join(targets) if targets else "its default targets"
+    lines = [ln.strip() for ln in error.splitlines()[1:] if ln.strip()][-3:]
+    hint = {
+        "fp8": "FP8 GEMMs need compute capability 8.9+ (Ada) on TensorRT-RTX, and Hopper (SM 9.0) or newer "
+        "on datacenter TensorRT; TensorRT-RTX does not target SM 9.0 at all",
+        "int4": "INT4 weight-only GEMMs need a builder with weight-only INT4 kernels for these targets",
+    }[precision]
+    return UserError(
+        f"{be.name} {be.version} cannot build the --precision {precision} step engine for {where}: "
+        f"{hint}. Builder said: {' | '.join(lines) or error.strip()[:300]}. The quantized step graph itself "
+        "is valid (checked in exact ONNX Runtime): write it with --save-onnx and build it with a TensorRT "
+        "that supports the target, or use --precision fp16/bf16/int8 here."
+    )
+
+
 def build_step_engine(
     onnx_path: Path,
     generation: dict[str, Any],
@@ -53,8 +73,12 @@ def build_step_engine(
     opt_level: int | None = None,
     workspace_mb: int | None = None,
     progress: bool = True,
+    precision: str = "fp16",
 ) -> tuple[bytes, dict[str, Any]]:
-    """Parse the step graph and build the two-profile engine; returns (engine bytes, build record)."""
+    """Parse the step graph and build the two-profile engine; returns (engine bytes, build record).
+
+    A builder that refuses a quantized (`precision` fp8 / int4) graph raises a UserError naming the
+    precision and the targets (see :func:`refused_precision`)."""
     be = get_backend(backend)
     if not be.capabilities.can_build:
         raise UserError(f"{be.name} cannot build engines here: {be.capabilities.build_reason}.")
@@ -89,6 +113,8 @@ def build_step_engine(
                 raise
             data, messages = serialize_network(be, builder, network, config, progress, "the step engine")
         except BuildError as e:
+            if precision in LOW_BIT:
+                raise refused_precision(be, precision, chosen, str(e)) from fused_error
             raise BuildError(f"{e}{_head_dim_hint(generation)}") from fused_error
     del parser
     record = {

@@ -8,6 +8,7 @@ the graph's low precision, logits stay FP32, numerically sensitive ops stay FP32
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,8 +32,10 @@ from trtforge.llm.models.loader import load_causal_lm
 Log = Callable[[str], None]
 _VERIFIER_MIN_SEQ = 8
 _PASSES_ATOL = 1e-4
-GENERATE_PRECISIONS = ("fp16", "bf16", "fp32", "int8")
-_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "float16"}
+GENERATE_PRECISIONS = ("fp16", "bf16", "fp32", "int8", "fp8", "int4")
+QUANTIZED = ("int8", "fp8", "int4")  # Q/DQ step graphs; the rest of each is FP16
+_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "float16", "fp8": "float16"}
+_DTYPE["int4"] = "float16"
 
 
 def _low_precision(proto: onnx.ModelProto, mode: str, data: list[dict[str, np.ndarray]]) -> tuple[Any, dict]:
@@ -50,6 +53,54 @@ def _low_precision(proto: onnx.ModelProto, mode: str, data: list[dict[str, np.nd
         logits.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
     onnx.checker.check_model(out)
     return out, record.to_dict()
+
+
+def _no_stage(_name: str, _message: str) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+def apply_precision(
+    proto: onnx.ModelProto,
+    generation: dict[str, Any],
+    precision: str,
+    calib_prompts: Sequence[Sequence[int]] | None,
+    records: dict[str, Any],
+    *,
+    stage: Callable[[str, str], contextlib.AbstractContextManager[Any]] = _no_stage,
+    progress: bool = False,
+) -> onnx.ModelProto:
+    """The precision stages of an exported (and fused) FP32 step graph: Q/DQ for int8 / fp8 / int4,
+    then FP16/BF16 for the rest; each stage's record goes into `records` under its name, and the
+    cache dtype into `generation`. `stage(name, message)` times each (the compile session's)."""
+    if precision == "int8":
+        from trtforge.llm.compile.int8 import quantize_step
+
+        message = f"INT8 SmoothQuant W8A8, calibrated on {len(calib_prompts or [])} prompts"
+        with stage("int8", message):
+            proto, records["int8"] = quantize_step(proto, generation, calib_prompts or [], progress=progress)
+    if precision in ("fp8", "int4"):
+        from trtforge.llm.compile import lowbit
+
+        if precision == "fp8":
+            n = len(calib_prompts or [])
+            message = f"FP8 E4M3 W8A8 Q/DQ, calibrated on {n or 'random-token'} prompts"
+        else:
+            message = f"INT4 weight-only, blocks of {lowbit.INT4_BLOCK} (blocked DequantizeLinear)"
+        with stage(precision, message):
+            before = proto
+            if precision == "fp8":
+                proto, rec = lowbit.quantize_step_fp8(proto, generation, calib_prompts, progress=progress)
+            else:
+                proto, rec = lowbit.quantize_step_int4(proto, generation)
+            rec["exact_check"] = lowbit.check_step_accuracy(before, proto, generation)
+            records[precision] = rec
+    if precision != "fp32":
+        low = "fp16" if precision in QUANTIZED else precision
+        with stage(low, f"converting to {low}"):
+            data = [{k: v.numpy() for k, v in example_feeds(generation).items()}]
+            proto, records[low] = _low_precision(proto, low, data)
+    generation["cache"]["dtype"] = _DTYPE[precision]
+    return proto
 
 
 def _same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, generation: dict[str, Any]) -> float:
@@ -144,16 +195,23 @@ def compile_generate(
             "--generate --precision int8 needs calibration prompts: --calib-data FILE (token ids, one prompt "
             "per line) or calib_prompts=[[ids...], ...] in the API."
         )
+    if calib_prompts and precision not in ("int8", "fp8"):
+        raise UserError(
+            f"--calib-data only applies to --generate --precision int8 or fp8 (calibrated activations); "
+            f"--precision {precision} "
+            + ("is weight-only round-to-nearest and needs no data." if precision == "int4" else "has none.")
+        )
     from trtforge.compiler.build import BuildOptions
 
     if build:  # builder options checked before the export, as compile does
         opts = BuildOptions(targets=targets, backend=backend, opt_level=opt_level, workspace_mb=workspace_mb)
         targets, opt_level, workspace_mb = opts.targets, opts.opt_level, opts.workspace_mb
     pool_blocks = _check_cache_layout(cache_layout, block_size, num_blocks, max_seq, max_batch, build)
-    if precision == "int8" and cache_layout == "paged":
+    if precision in QUANTIZED and cache_layout == "paged":
         raise UserError(
-            "--generate --precision int8 --cache-layout paged: INT8 calibration runs the slot-layout step "
-            "graph only; use --cache-layout slot, or --precision fp16/bf16 for a paged step graph."
+            f"--generate --precision {precision} --cache-layout paged: quantized step graphs are made and "
+            "checked on the slot-layout step graph only; use --cache-layout slot, or --precision fp16/bf16 "
+            "for a paged step graph."
         )
     session = CompileSession(output, save_onnx=save_onnx, force=force, build=build, log=log)
     lm = load_causal_lm(model)
@@ -185,20 +243,9 @@ def compile_generate(
                 proto, ledger = optimize_model(proto, attention="none", verify=max_seq >= _VERIFIER_MIN_SEQ)
                 records["passes"] = ledger.to_dict()
                 records["passes"]["step_check_max_abs_error"] = _same_outputs(before, proto, generation)
-        if precision == "int8":
-            from trtforge.llm.compile.int8 import quantize_step
-
-            message = f"INT8 SmoothQuant W8A8, calibrated on {len(calib_prompts or [])} prompts"
-            with session.stage("int8", message):
-                proto, records["int8"] = quantize_step(
-                    proto, generation, calib_prompts or [], progress=progress
-                )
-        if precision != "fp32":
-            low = "fp16" if precision == "int8" else precision
-            with session.stage(low, f"converting to {low}"):
-                data = [{k: v.numpy() for k, v in example_feeds(generation).items()}]
-                proto, records[low] = _low_precision(proto, low, data)
-        generation["cache"]["dtype"] = _DTYPE[precision]
+        proto = apply_precision(
+            proto, generation, precision, calib_prompts, records, stage=session.stage, progress=progress
+        )
         if cache_layout == "paged" and build:
             generation["cache"]["num_blocks"] = pool_blocks
         generation["profiles"] = {"prefill": PREFILL, "decode": DECODE}
@@ -216,6 +263,7 @@ def compile_generate(
                 opt_level=opt_level,
                 workspace_mb=workspace_mb,
                 progress=progress,
+                precision=precision,
             )
         records["build"] = {
             k: v for k, v in build_record.items() if k not in ("inputs", "outputs", "profiles")
@@ -253,4 +301,4 @@ def compile_generate(
         )
 
 
-__all__ = ["compile_generate", "load_causal_lm"]
+__all__ = ["apply_precision", "compile_generate", "load_causal_lm"]

@@ -1,0 +1,226 @@
+"""`trtforge report MODEL --generate`: the LLM variant report's numbers, schema, HTML and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.llm.tiny_models import tiny_model
+from tests.reports.test_render import CHROMIUM, _validator
+from trtforge.cli.main import main as cli_main
+from trtforge.llm.report import build_llm_report
+
+MODELS = Path(__file__).resolve().parents[2] / ".." / "shared" / "models"
+TEXT = Path(__file__).resolve().parents[2] / "trtforge" / "llm" / "engine.py"  # any Python source
+SMALL = {"windows": 3, "window_len": 32, "chunk": 8, "batch_sizes": (1, 2), "prompt_len": 8, "new_tokens": 4}
+
+
+def _tokenizer(vocab: int, text: str):
+    """A byte-level BPE tokenizer of `vocab` ids trained on `text` (in memory, a second or less)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([text], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A random tiny Llama (hidden 128: INT4 blocks of 128 apply) saved with its own tokenizer."""
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tok = _tokenizer(300, TEXT.read_text())
+    model = tiny_model("llama", hidden_size=128, intermediate_size=256, vocab_size=len(tok))
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def report(tiny_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("llm-report") / "out"
+    variants = "fp8,kv-fp8,onnx-fp32,onnx-fp8,onnx-int4"
+    return build_llm_report(tiny_dir, text=TEXT, out_dir=out, variants=variants, device="cpu", **SMALL)
+
+
+def _hf_perplexity(model_dir: Path, windows: np.ndarray) -> float:
+    """Perplexity of the windows straight from transformers' logits (FP32, one forward each)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for row in windows:
+            logits = model(torch.tensor(row)[None]).logits[0, :-1].double()
+            logp = torch.log_softmax(logits, -1)
+            nll -= float(logp[torch.arange(len(row) - 1), torch.tensor(row[1:])].sum())
+            count += len(row) - 1
+    return math.exp(nll / count)
+
+
+def test_json_validates_and_lists_every_variant(report):
+    doc = json.loads(report.json_path.read_text())
+    errors = sorted(_validator().iter_errors(doc), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors[:10])
+    assert doc["source"]["kind"] == "causal_lm" and doc["reference"] == "fp32"
+    assert [t["name"] for t in doc["targets"]] == [
+        "fp32",
+        "fp8",
+        "kv-fp8",
+        "onnx-fp32",
+        "onnx-fp8",
+        "onnx-int4",
+    ]
+    assert [q["target"] for q in doc["lm_quality"]] == [t["name"] for t in doc["targets"]]
+
+
+def test_reference_perplexity_matches_transformers(report, tiny_dir):
+    """The torch executor's perplexity (windows in prompt chunks through the paged cache) and the FP32
+    step graph's (exact ORT) both equal one computed from transformers' own logits."""
+    ppl = _hf_perplexity(tiny_dir, report.windows.tokens)
+    q = {r.target: r for r in report.report.lm_quality}
+    assert q["fp32"].perplexity == pytest.approx(ppl, rel=1e-4)
+    assert q["onnx-fp32"].perplexity == pytest.approx(ppl, rel=1e-4)
+    assert q["onnx-fp32"].top1_agreement == 1.0 and abs(q["onnx-fp32"].delta_ppl_pct) < 1e-2
+    assert q["fp32"].tokens == 3 * 31
+    starts = report.report.settings["window_starts"]
+    assert len(set(starts)) == 3 and min(starts) >= report.windows.text_tokens // 2
+
+
+def test_quantized_step_graphs_are_measured(report):
+    q = {r.target: r for r in report.report.lm_quality}
+    for name in ("onnx-fp8", "onnx-int4"):
+        assert q[name].status == "ok" and q[name].perplexity > 1
+        assert 0 < q[name].top1_agreement <= 1 and q[name].delta_ppl_pct != 0
+        assert q[name].kv_bytes_per_token == 2 * 2 * 2 * 32 * 2  # 2 layers, 2 KV heads, head_dim 32, FP16
+    assert q["fp32"].kv_bytes_per_token == 2 * 2 * 2 * 32 * 4 and q["fp32"].kv_dtype == "float32"
+    speed = [p for p in report.report.lm_speed if p.target.startswith("onnx-")]
+    assert {p.status for p in speed} == {"not_run"} and all("not a serving target" in p.reason for p in speed)
+
+
+def test_unavailable_serving_variants_carry_a_reason(report):
+    """fp8 / kv-fp8 run where the installed trtforge has quantization= / kv_cache_dtype= (on the CPU
+    through their float reference path), and otherwise keep their row with the reason."""
+    targets = {t.name: t for t in report.report.targets}
+    quality = {q.target: q for q in report.report.lm_quality}
+    for name, option in (("fp8", "quantization"), ("kv-fp8", "kv_cache_dtype")):
+        t = targets[name]
+        if t.status == "ok":
+            assert quality[name].perplexity > 1 and quality[name].top1_agreement > 0.5
+        else:
+            assert t.status == "not_run" and f"no {option} option" in t.reason, t.reason
+            assert quality[name].status == "not_run" and quality[name].reason == t.reason
+
+
+def test_speed_points(report):
+    points = {p.batch: p for p in report.report.lm_speed if p.target == "fp32"}
+    assert sorted(points) == [1, 2]
+    for b, p in points.items():
+        assert p.status == "ok" and p.ttft_ms > 0 and p.itl_ms > 0 and p.new_tokens == 4
+        assert p.throughput_tok_s == pytest.approx(b * 4 / p.wall_s)
+
+
+def test_markdown(report):
+    md = report.markdown_path.read_text()
+    assert "## Quality (vs `fp32`" in md and "## Speed" in md and "## Accuracy" not in md
+    assert md.count("\n| variant |") == 2
+
+
+@pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="headless Chromium not installed: apt-get install -y chromium (Debian package 'chromium')",
+)
+def test_html_in_headless_chromium(report):
+    html = report.html_path.read_text()
+    assert "http://" not in html and "https://" not in html
+    args = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    dom = subprocess.run(
+        [*args, "--dump-dom", report.html_path.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert set(re.findall(r'<table id="(\w+)"', dom)) == {"targets", "quality", "speed"}
+    # the quality figure (perplexity + agreement) and the speed figure (TTFT, ITL, throughput)
+    assert len(re.findall(r'<img src="data:image/png;base64,[A-Za-z0-9+/=]{1000,}"', dom)) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--text", "missing.txt"], "--text"),
+        (["--text", str(TEXT), "--variants", "fp8,int3"], "unknown variant"),
+        (["--text", str(TEXT), "--windows", "2", "--window-len", "100000"], "--window-len"),
+        (["--text", str(TEXT), "--targets", "ort"], "--targets"),
+        ([], "--generate needs --text"),
+    ],
+)
+def test_bad_input_exits_2_and_writes_nothing(args, message, tiny_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = cli_main(["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", *args])
+    assert rc == 2 and message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_model_that_is_not_a_causal_lm_exits_2(tmp_path, capsys):
+    from tests.reports._tiny import classifier_onnx, classifier_weights
+
+    src = classifier_onnx(tmp_path / "a.onnx", *classifier_weights(0))
+    out = tmp_path / "out"
+    rc = cli_main(["report", str(src), "--generate", "-o", str(out), "--text", str(TEXT)])
+    assert rc == 2 and "causal LM" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_trained_21m_reference_perplexity(tmp_path):
+    """On the trained model: the report's FP32 perplexity is transformers' on the same windows."""
+    model, text = MODELS / "code-llama-21m", MODELS / "eval_stdlib.txt"
+    if not (model / "config.json").is_file() or not text.is_file():
+        pytest.skip(f"trained models absent ({MODELS}): see ../shared/models/README.md")
+    small = SMALL | {"windows": 2, "window_len": 128, "chunk": 64, "batch_sizes": (1,)}
+    result = build_llm_report(
+        model, text=text, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small
+    )
+    ppl = _hf_perplexity(model, result.windows.tokens)
+    (q,) = result.report.lm_quality
+    assert q.perplexity == pytest.approx(ppl, rel=1e-4) and 2 < q.perplexity < 40
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_reference_and_fp8_variants(tiny_dir, tmp_path):
+    """On a GPU: the BF16 reference tracks transformers' FP32 perplexity, and each FP8 variant either
+    runs (quality close to BF16, speed measured) or says why not."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    result = build_llm_report(
+        tiny_dir, text=TEXT, out_dir=tmp_path / "o", variants="fp8,kv-fp8,fp8+kv-fp8", device="cuda", **SMALL
+    )
+    ppl = _hf_perplexity(tiny_dir, result.windows.tokens)
+    q = {r.target: r for r in result.report.lm_quality}
+    assert result.report.reference == "bf16" and q["bf16"].perplexity == pytest.approx(ppl, rel=0.03)
+    for name in ("fp8", "kv-fp8", "fp8+kv-fp8"):
+        row = q[name]
+        print(f"{name}: {row.status} ppl={row.perplexity} delta={row.delta_ppl_pct} reason={row.reason}")
+        if row.status == "ok":
+            assert abs(row.delta_ppl_pct) < 10 and row.top1_agreement > 0.5
+            assert any(p.target == name and p.status == "ok" for p in result.report.lm_speed)
+        else:
+            assert row.status == "not_run" and row.reason
+    kv = {r.target: r.kv_bytes_per_token for r in result.report.lm_quality if r.status == "ok"}
+    if "kv-fp8" in kv:
+        assert kv["kv-fp8"] * 2 <= kv["bf16"] + 64  # E4M3 pools: half the bytes (scales aside)

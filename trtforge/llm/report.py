@@ -1,0 +1,638 @@
+"""`trtforge report MODEL --generate`: a causal LM's precision variants compared on quality and speed.
+
+Written with the encoder report's machinery (:mod:`trtforge.reports`: the same :class:`Report`,
+renderers, schema and atomic writes); this module only measures. For every variant:
+
+- **perplexity** on a text file: ``windows`` windows of ``window_len`` tokens, evenly spaced over the
+  second half of the tokenized text (the same windows for every variant; their start offsets are in
+  the JSON). Serving variants run each window through their executor as prompt chunks of ``chunk``
+  tokens, asking it for the logits of every position, so later chunks attend to K/V read back from
+  the (possibly FP8) cache, as in serving. Step-graph variants run each window as one prefill of an
+  all-logits step graph in exact ONNX Runtime.
+- **greedy top-1 agreement**: the fraction of those positions whose argmax is the reference's.
+- **TTFT / ITL / throughput** (serving variants only) at each batch size, through the engine
+  (``llm.from_pretrained`` + :class:`~trtforge.llm.engine.LLMEngine`): B requests of ``prompt_len``
+  tokens of the text submitted at once, ``new_tokens`` greedy tokens each.
+- **KV bytes per token** from the executor's facts (step graphs: their cache dtype).
+
+Serving variants map onto ``from_pretrained(model, quantization=..., kv_cache_dtype=...)``; a variant
+whose option this trtforge does not accept, or that this machine cannot run (FP8 GEMMs need FP8
+tensor cores: refused on a GPU older than compute capability 8.9; the CPU runs the float reference
+path), keeps its row with the reason. Calibration prompts (int8 / fp8 step graphs, int4-awq, the FP8
+KV cache's scales) come from the text's first half, disjoint from the evaluation windows.
+
+May import ``reports`` (its top floor) and everything ``llm`` and ``llm.compile`` may.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as _dt
+import inspect
+import math
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtforge._fileio import as_path
+from trtforge.errors import UserError
+from trtforge.reports.results import FAILED, NOT_RUN, OK, LmQuality, LmSpeed, Report, TargetInfo
+
+# variant -> from_pretrained options (beyond dtype); the reference is "bf16" on a GPU, "fp32" on the CPU
+SERVING_VARIANTS: dict[str, dict[str, Any]] = {
+    "fp32": {},
+    "bf16": {},
+    "fp16": {},
+    "fp8": {"quantization": "fp8"},
+    "int4-awq": {"quantization": "int4-awq"},
+    "int4-rtn": {"quantization": "int4-rtn"},
+    "kv-fp8": {"kv_cache_dtype": "fp8"},
+    "fp8+kv-fp8": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+}
+# step-graph variants (exact ONNX Runtime, quality only) -> compile --generate --precision
+STEP_VARIANTS = {"onnx-fp32": "fp32", "onnx-int8": "int8", "onnx-fp8": "fp8", "onnx-int4": "int4"}
+VARIANTS = (*SERVING_VARIANTS, *STEP_VARIANTS)
+FLOAT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DEFAULT_WINDOWS = 8
+DEFAULT_WINDOW_LEN = 256
+DEFAULT_CHUNK = 64
+DEFAULT_PROMPT_LEN = 128
+DEFAULT_NEW_TOKENS = 32
+CALIB_PROMPTS, CALIB_LEN = 16, 128
+_STEP_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass
+class Windows:
+    """The evaluation windows (token ids) and the calibration prompts, both cut from one text."""
+
+    tokens: np.ndarray  # int64 [windows, window_len]
+    starts: list[int]
+    calibration: list[list[int]]
+    text_tokens: int
+
+
+@dataclass
+class _Scores:
+    nll: float
+    tokens: int
+    argmax: np.ndarray  # int64 [windows, window_len - 1]
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.nll / self.tokens)
+
+
+@dataclass
+class LmReportResult:
+    """Paths of the written report files and the report they were rendered from."""
+
+    html_path: Path
+    markdown_path: Path
+    json_path: Path
+    report: Report
+    windows: Windows = field(repr=False, default=None)  # type: ignore[assignment]
+
+
+def parse_variants(text: str | Sequence[str] | None, reference: str) -> list[str]:
+    """The variant list (reference first), refusing unknown names before any work."""
+    if text is None:
+        names = [reference, *(v for v in SERVING_VARIANTS if v not in FLOAT_DTYPES), *STEP_VARIANTS]
+    else:
+        raw = text.split(",") if isinstance(text, str) else [n for t in text for n in t.split(",")]
+        names = [n.strip() for n in raw if n.strip()]
+        unknown = [n for n in names if n not in VARIANTS]
+        if unknown or not names:
+            raise UserError(
+                f"--variants: unknown variant(s) {unknown or names}; expected a comma-separated list of "
+                f"{', '.join(VARIANTS)}."
+            )
+    return list(dict.fromkeys([reference, *names]))
+
+
+def cut_windows(ids: Sequence[int], windows: int, window_len: int, what: str) -> Windows:
+    """`windows` windows evenly spaced over the second half of `ids`; calibration from the first half."""
+    if windows < 1 or window_len < 2:
+        raise UserError(f"--windows must be >= 1 and --window-len >= 2; got {windows} and {window_len}.")
+    ids = np.asarray(ids, dtype=np.int64)
+    half = len(ids) // 2
+    if len(ids) - half < window_len:
+        raise UserError(
+            f"{what} has {len(ids)} tokens; the evaluation windows come from its second half, which needs at "
+            f"least --window-len {window_len} tokens (give a longer text or a shorter --window-len)."
+        )
+    span = len(ids) - half - window_len
+    starts = [half + (span * i // max(windows - 1, 1) if windows > 1 else 0) for i in range(windows)]
+    tokens = np.stack([ids[s : s + window_len] for s in starts])
+    calib_len = min(CALIB_LEN, window_len)
+    step = max(1, (half - calib_len) // CALIB_PROMPTS) if half > calib_len else 0
+    calibration = [ids[i * step : i * step + calib_len].tolist() for i in range(CALIB_PROMPTS)]
+    calibration = [c for c in calibration if c] or [ids[:calib_len].tolist()]
+    return Windows(tokens, starts, calibration, len(ids))
+
+
+def _tokenize(text_path: Path, tokenizer_dir: Any) -> list[int]:
+    from trtforge.llm.text import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
+    return list(
+        tok(text_path.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
+    )
+
+
+def _score(logits_of: Any, w: Windows) -> _Scores:
+    """NLL of each window's next tokens from `logits_of(window index) -> [window_len, V]`."""
+    nll, argmax = 0.0, []
+    for i, row in enumerate(w.tokens):
+        logits = np.asarray(logits_of(i), dtype=np.float64)[:-1]
+        logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+        nll += float((logz - logits[np.arange(len(row) - 1), row[1:]]).sum())
+        argmax.append(logits.argmax(-1))
+    return _Scores(nll, int(w.tokens.shape[0] * (w.tokens.shape[1] - 1)), np.stack(argmax))
+
+
+def _quality(
+    name: str, s: _Scores, ref: _Scores | None, kv_bytes: int | None, kv_dtype: str | None
+) -> LmQuality:
+    ppl = s.perplexity
+    return LmQuality(
+        target=name,
+        perplexity=ppl,
+        delta_ppl_pct=None if ref is None else 100.0 * (ppl / ref.perplexity - 1.0),
+        nll_per_token=s.nll / s.tokens,
+        tokens=s.tokens,
+        top1_agreement=None if ref is None else float((s.argmax == ref.argmax).mean()),
+        kv_bytes_per_token=kv_bytes,
+        kv_dtype=kv_dtype,
+    )
+
+
+# ---- serving variants ------------------------------------------------------------------------------
+def _unavailable(name: str, options: dict[str, Any], device: str) -> str | None:
+    """Why this machine or this trtforge cannot run serving variant `name` (None: try it)."""
+    import torch
+
+    from trtforge.llm.service import from_pretrained
+
+    accepted = inspect.signature(from_pretrained).parameters
+    missing = [k for k in options if k not in accepted]
+    if missing:
+        spelled = ", ".join(f"{k}={options[k]!r}" for k in missing)
+        return (
+            f"this trtforge's llm.from_pretrained has no {', '.join(missing)} option (asked: {spelled}); "
+            "the serving-path quantization of issue #28 is not installed here"
+        )
+    fp8 = options.get("quantization") == "fp8" or options.get("kv_cache_dtype") == "fp8"
+    if fp8 and device.startswith("cuda") and torch.cuda.is_available():  # the CPU runs a float reference
+        cc = torch.cuda.get_device_capability(torch.device(device))
+        if cc < (8, 9):
+            return f"FP8 needs FP8 tensor cores (compute capability 8.9+); {device} is {cc[0]}.{cc[1]}"
+    if name in ("bf16", "fp16") and not device.startswith("cuda"):
+        return f"{name} serving is measured on a GPU; on the CPU the reference is fp32"
+    return None
+
+
+def _calibration(options: dict[str, Any], w: Windows) -> dict[str, Any]:
+    """`calib_prompts` for the variants that calibrate (AWQ's scale search, the FP8 KV cache's scales):
+    prompts from the text's first half, disjoint from the evaluation windows."""
+    if options.get("quantization") == "int4-awq" or options.get("kv_cache_dtype") == "fp8":
+        return {"calib_prompts": w.calibration}
+    return {}
+
+
+def _blocks(n_tokens: int, block_size: int) -> int:
+    return -(-n_tokens // block_size)
+
+
+def _executor_logits(ex: Any, w: Windows, chunk: int) -> list[np.ndarray]:
+    """Every window's logits [window_len, V] from `ex.step`, prompt chunk by prompt chunk.
+
+    Each window is one sequence with its own blocks; every chunk asks for the logits of all its rows."""
+    from trtforge.llm.executors.base import StepBatch
+
+    facts = ex.facts
+    bs, n, length = facts.block_size, w.tokens.shape[0], w.tokens.shape[1]
+    per = _blocks(length, bs)
+    if n * per > facts.num_blocks:
+        raise UserError(f"the KV pool holds {facts.num_blocks} blocks; {n} windows need {n * per}.")
+    out: list[list[np.ndarray]] = [[] for _ in range(n)]
+    for start in range(0, length, chunk):
+        end = min(length, start + chunk)
+        tables = [list(range(b * per, (b + 1) * per)) for b in range(n)]
+        slots = [[tables[b][p // bs] * bs + p % bs for p in range(start, end)] for b in range(n)]
+        batch = StepBatch.build(
+            list(range(n)),
+            [w.tokens[b, start:end].tolist() for b in range(n)],
+            [start] * n,
+            tables,
+            slots,
+            [True] * n,
+        )
+        batch = dataclasses.replace(batch, logits_indices=np.arange(batch.num_tokens, dtype=np.int64))
+        logits = ex.step(batch)
+        logits = logits.float().cpu().numpy() if hasattr(logits, "cpu") else np.asarray(logits)
+        for b in range(n):
+            out[b].append(logits[b * (end - start) : (b + 1) * (end - start)])
+    return [np.concatenate(x) for x in out]
+
+
+class _Stamps:
+    """An engine event callback: appends the arrival time of each token of one request (the engine's
+    loop thread calls it; each request has its own list)."""
+
+    def __init__(self, into: list[float]) -> None:
+        self.into = into
+
+    def __call__(self, event: Any) -> None:
+        if isinstance(event, (list, tuple)):
+            self.into.extend([time.perf_counter()] * len(event))
+
+
+def _speed(
+    llm: Any, name: str, prompts: list[list[int]], batch_sizes: Sequence[int], new_tokens: int
+) -> list[LmSpeed]:
+    """TTFT / ITL / throughput at each batch size: B requests submitted at once, greedy, no early stop."""
+    from trtforge.llm.sampling import SamplingParams
+
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    engine = llm.engine
+    # warm-up: kernels, graphs and allocator caches of the largest batch
+    for h in [
+        engine.submit(prompts[i % len(prompts)], dataclasses.replace(params, max_tokens=2))
+        for i in range(max(batch_sizes))
+    ]:
+        h.result()
+    points = []
+    for b in batch_sizes:
+        times: list[list[float]] = [[] for _ in range(b)]
+        t0 = time.perf_counter()
+        handles = [
+            engine.submit(prompts[i % len(prompts)], params, on_event=_Stamps(times[i])) for i in range(b)
+        ]
+        done = [h.result() for h in handles]
+        wall = time.perf_counter() - t0
+        ttft = [t[0] - t0 for t in times if t]
+        itl = [(t[-1] - t[0]) / (len(t) - 1) for t in times if len(t) > 1 and t[-1] > t[0]]
+        generated = sum(len(c.token_ids) for c in done)
+        points.append(
+            LmSpeed(
+                target=name,
+                batch=int(b),
+                prompt_tokens=len(prompts[0]),
+                new_tokens=new_tokens,
+                ttft_ms=1e3 * float(np.median(ttft)) if ttft else None,
+                itl_ms=1e3 * float(np.mean(itl)) if itl else None,
+                throughput_tok_s=generated / wall,
+                wall_s=wall,
+            )
+        )
+    return points
+
+
+def _serving_variant(
+    model: Any,
+    name: str,
+    device: str,
+    ref_dtype: str,
+    w: Windows,
+    chunk: int,
+    speed_args: dict[str, Any] | None,
+) -> tuple[TargetInfo, _Scores | None, list[LmSpeed], dict[str, Any]]:
+    import torch
+
+    from trtforge.llm.service import from_pretrained
+
+    options = dict(SERVING_VARIANTS[name])
+    dtype = FLOAT_DTYPES.get(name, ref_dtype)
+    precision = " + ".join([*(f"{k}={v}" for k, v in options.items()), f"{dtype} rest" if options else dtype])
+    info = TargetInfo(
+        name,
+        "torch",
+        precision,
+        device,
+        f"llm.from_pretrained(model, dtype={dtype}"
+        + "".join(f", {k}={v!r}" for k, v in options.items())
+        + ") on the torch executor",
+    )
+    why = _unavailable(name, options, device)
+    if why:
+        info.status, info.reason = NOT_RUN, why
+        return info, None, [], {}
+    t0 = time.perf_counter()
+    length = w.tokens.shape[1]
+    speed_len = (speed_args or {}).get("prompt_len", 0) + (speed_args or {}).get("new_tokens", 0)
+    bs = 16
+    need = (
+        w.tokens.shape[0] * _blocks(length, bs)
+        + max((speed_args or {}).get("batch_sizes", [1])) * _blocks(speed_len, bs)
+        + 2
+    )
+    src = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
+    try:
+        llm = from_pretrained(
+            src,
+            device=device,
+            dtype=getattr(torch, dtype),
+            num_blocks=need,
+            block_size=bs,
+            max_model_len=max(length, speed_len, 2),
+            **options,
+            **_calibration(options, w),
+        )
+    except UserError as e:
+        info.status, info.reason = NOT_RUN, f"refused: {e}"
+        return info, None, [], {}
+    except Exception as e:
+        info.status, info.reason = FAILED, f"could not load: {type(e).__name__}: {str(e).strip()[:400]}"
+        return info, None, [], {}
+    info.prepare_seconds = time.perf_counter() - t0
+    try:
+        facts = llm.executor.facts
+        info.records = {
+            "quantization": getattr(facts, "quantization", None),
+            "executor": type(llm.executor).__name__,
+            "kv_dtype": facts.kv_dtype,
+            "kv_bytes_per_token": facts.kv_bytes_per_token,
+            "num_blocks": facts.num_blocks,
+        }
+        logits = _executor_logits(llm.executor, w, chunk)
+        scores = _score(lambda i: logits[i], w)
+        speed = []
+        if speed_args:
+            speed = _speed(
+                llm, name, speed_args["prompts"], speed_args["batch_sizes"], speed_args["new_tokens"]
+            )
+        return info, scores, speed, {"kv_bytes": facts.kv_bytes_per_token, "kv_dtype": facts.kv_dtype}
+    except UserError:
+        raise
+    except Exception as e:
+        info.status, info.reason = FAILED, f"run failed: {type(e).__name__}: {str(e).strip()[:400]}"
+        return info, None, [], {}
+    finally:
+        llm.close()
+
+
+# ---- step-graph variants ---------------------------------------------------------------------------
+def _fp32_step_graph(lm: Any, w: Windows, workdir: Path) -> Path:
+    """The all-logits FP32 step graph every step variant starts from (exported and fused once)."""
+    from trtforge.llm.compile.compile import compile_generate
+
+    path = workdir / "onnx-fp32.onnx"
+    if not path.exists():
+        length = w.tokens.shape[1]
+        compile_generate(
+            lm, None, build=False, save_onnx=path, precision="fp32", all_logits=True, max_seq=length,
+            max_batch=1, max_prefill=length, exporter="legacy", progress=False,
+        )  # fmt: skip
+    return path
+
+
+def _step_variant(
+    lm: Any, name: str, w: Windows, workdir: Path, generation_kv: dict[str, int]
+) -> tuple[TargetInfo, _Scores | None, dict[str, Any]]:
+    """A step-graph variant: the FP32 graph through compile's precision stages, scored in exact ORT."""
+    import onnx
+
+    from trtforge.llm.compile.compile import apply_precision
+    from trtforge.llm.contract import generation_metadata, set_generation_metadata
+    from trtforge.numerics.sessions import exact_session
+
+    precision = STEP_VARIANTS[name]
+    rest = "" if precision == "fp32" else " + fp16 rest"
+    info = TargetInfo(
+        name,
+        "onnxruntime",
+        f"{precision}{rest}",
+        "cpu",
+        f"compile --generate --precision {precision} step graph (all logits), exact ONNX Runtime",
+    )
+    length = w.tokens.shape[1]
+    t0 = time.perf_counter()
+    records: dict[str, Any] = {}
+    try:
+        base = _fp32_step_graph(lm, w, workdir)
+        proto = onnx.load(str(base))
+        g = generation_metadata(proto, str(base))
+        if precision != "fp32":
+            calib = w.calibration if precision in ("int8", "fp8") else None
+            proto = apply_precision(proto, g, precision, calib, records)
+            set_generation_metadata(proto, g)
+    except UserError as e:
+        info.status, info.reason = NOT_RUN, f"refused: {e}"
+        return info, None, {}
+    except Exception as e:
+        info.status = FAILED
+        info.reason = f"could not make the step graph: {type(e).__name__}: {str(e)[:400]}"
+        return info, None, {}
+    info.prepare_seconds = time.perf_counter() - t0
+    info.records = {k: _summary(v) for k, v in records.items()}
+    sess = exact_session(proto)
+    cache = (1, int(g["num_kv_heads"]), int(g["max_seq"]), int(g["head_dim"]))
+    dtype = np.float16 if g["cache"]["dtype"] == "float16" else np.float32
+
+    def logits_of(i: int) -> np.ndarray:
+        feeds = {
+            "input_ids": w.tokens[i][None],
+            "position_ids": np.arange(length, dtype=np.int64)[None],
+            "past_lens": np.zeros(1, np.int64),
+            "new_lens": np.array([length], np.int64),
+        }
+        feeds |= {n: np.zeros(cache, dtype) for n in g["cache"]["inputs"]}
+        return sess.run(["logits"], feeds)[0][0]
+
+    kv = 2 * generation_kv["layers"] * generation_kv["kv_heads"] * generation_kv["head_dim"]
+    kv_bytes = kv * _STEP_BYTES.get(g["cache"]["dtype"], 4)
+    return info, _score(logits_of, w), {"kv_bytes": kv_bytes, "kv_dtype": g["cache"]["dtype"]}
+
+
+def _summary(record: Any) -> Any:
+    """A manifest stage record without its long per-node lists (for the report's records)."""
+    if not isinstance(record, dict):
+        return record
+    drop = ("decisions", "fallback_decisions", "nodes", "casts", "kept")
+    return {k: v for k, v in record.items() if k not in drop and not (isinstance(v, list) and len(v) > 8)}
+
+
+# ---- the report ------------------------------------------------------------------------------------
+def build_llm_report(
+    model: Any,
+    *,
+    text: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    variants: str | Sequence[str] | None = None,
+    tokenizer: Any = None,
+    windows: int = DEFAULT_WINDOWS,
+    window_len: int = DEFAULT_WINDOW_LEN,
+    chunk: int = DEFAULT_CHUNK,
+    batch_sizes: Sequence[int] = (1, 4),
+    prompt_len: int = DEFAULT_PROMPT_LEN,
+    new_tokens: int = DEFAULT_NEW_TOKENS,
+    device: str | None = None,
+    threads: int | None = None,
+    title: str | None = None,
+) -> LmReportResult:
+    """Compare a causal LM's variants (see module doc); write report.html/.md/.json into `out_dir`.
+
+    `model`: a save_pretrained directory, ``module:factory`` or an nn.Module (then pass `tokenizer`).
+    Bad input (a missing text, an unknown variant, a model that is no causal LM) raises UserError
+    before anything is written; the three files are written together at the end, or none.
+    """
+    import torch
+
+    from trtforge.llm.models.loader import load_causal_lm
+    from trtforge.reports.api import _check_out_dir, _environment, _out_dir, _torch_threads
+    from trtforge.reports.render import write_report
+
+    text_path = as_path(text, "--text")
+    if not text_path.is_file():
+        raise UserError(f"--text '{text_path}' does not exist or is not a file; expected a UTF-8 text file.")
+    _check_out_dir(out_dir)
+    if not batch_sizes or min(int(b) for b in batch_sizes) < 1:
+        raise UserError(f"--batch: expected positive integers, got {list(batch_sizes)}.")
+    if chunk < 1 or prompt_len < 1 or new_tokens < 2:
+        raise UserError(
+            "--chunk and --prompt-len must be >= 1, --new-tokens >= 2 "
+            f"(got {chunk}, {prompt_len}, {new_tokens})."
+        )
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    reference = "bf16" if device.startswith("cuda") else "fp32"
+    names = parse_variants(variants, reference)
+    lm = load_causal_lm(model)
+    tok_dir = (
+        tokenizer if tokenizer is not None else (model if isinstance(model, (str, os.PathLike)) else None)
+    )
+    if tok_dir is None:
+        raise UserError("--text needs a tokenizer: the model directory's own, or --tokenizer DIR.")
+    ids = _tokenize(text_path, tok_dir)
+    w = cut_windows(ids, windows, window_len, f"--text '{text_path}'")
+    positions = getattr(lm.config, "max_position_embeddings", None) or getattr(lm.config, "n_positions", None)
+    if positions is not None and max(window_len, prompt_len + new_tokens) > positions:
+        raise UserError(
+            f"--window-len {window_len} / --prompt-len + --new-tokens {prompt_len + new_tokens} exceed the "
+            f"model's {positions} positions."
+        )
+    cfg = lm.config
+    heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
+    kv_geom = {
+        "layers": int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer),
+        "kv_heads": int(getattr(cfg, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
+    }
+    prompt_starts = np.linspace(0, max(0, len(ids) // 2 - prompt_len), num=max(batch_sizes), dtype=np.int64)
+    speed_prompts = [ids[s : s + prompt_len] for s in prompt_starts]
+    targets: list[TargetInfo] = []
+    scores: dict[str, tuple[_Scores, dict[str, Any]]] = {}
+    speed: list[LmSpeed] = []
+    notes: list[str] = []
+    workdir = Path(tempfile.mkdtemp(prefix="trtforge-llm-report-"))
+    src = model if isinstance(model, (str, os.PathLike)) else lm
+    try:
+        with _torch_threads(threads):
+            for n in names:
+                if n in SERVING_VARIANTS:
+                    speed_args = {
+                        "prompts": speed_prompts,
+                        "batch_sizes": list(batch_sizes),
+                        "prompt_len": prompt_len,
+                        "new_tokens": new_tokens,
+                    }
+                    info, s, sp, kv = _serving_variant(
+                        src, n, device, FLOAT_DTYPES[reference], w, chunk, speed_args
+                    )
+                    speed += sp
+                else:
+                    info, s, kv = _step_variant(lm, n, w, workdir, kv_geom)
+                targets.append(info)
+                if s is not None:
+                    scores[n] = (s, kv)
+    finally:
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+    ref = scores.get(reference, (None, None))[0]
+    if ref is None:
+        why = next((t.reason for t in targets if t.name == reference), "")
+        notes.append(f"the reference {reference} did not run ({why}); no deltas or agreement.")
+    quality = []
+    for t in targets:
+        if t.name in scores:
+            s, kv = scores[t.name]
+            quality.append(
+                _quality(
+                    t.name, s, None if t.name == reference else ref, kv.get("kv_bytes"), kv.get("kv_dtype")
+                )
+            )
+        else:
+            quality.append(LmQuality(target=t.name, status=t.status, reason=t.reason))
+    for t in targets:
+        if t.name in STEP_VARIANTS:
+            speed.append(
+                LmSpeed(
+                    target=t.name,
+                    batch=0,
+                    status=NOT_RUN,
+                    reason="not measured: ONNX Runtime on the CPU is not a serving target",
+                )
+            )
+        elif t.status != OK:
+            speed.append(LmSpeed(target=t.name, batch=0, status=t.status, reason=t.reason))
+    notes.append(
+        f"Perplexity: {windows} windows of {window_len} tokens evenly spaced over the second half of the "
+        f"text ({w.text_tokens} tokens), {w.tokens.shape[0] * (window_len - 1)} predicted tokens per "
+        f"variant; serving variants run each window in prompt chunks of {chunk} tokens (later chunks read "
+        "the KV cache)."
+    )
+    calibrated = [n for n in names if n in ("onnx-int8", "onnx-fp8", "int4-awq", "kv-fp8", "fp8+kv-fp8")]
+    if calibrated:
+        notes.append(
+            f"{', '.join(calibrated)} calibrated on {len(w.calibration)} prompts of the text's first half "
+            "(disjoint from the evaluation windows)."
+        )
+    if not device.startswith("cuda"):
+        notes.append(
+            "Measured on the CPU: the reference is FP32 and the serving speeds say nothing about a GPU "
+            "(quantized serving variants run their float reference path here, for quality)."
+        )
+    label = str(model) if isinstance(model, (str, os.PathLike)) else type(lm).__name__
+    report = Report(
+        title=title or f"trtforge LLM report: {Path(label).name}",
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        source={"kind": "causal_lm", "label": label},
+        reference=reference,
+        settings={
+            "targets": names,
+            "batch_sizes": [int(b) for b in batch_sizes],
+            "seq_lens": [int(prompt_len)],
+            "warmup": 1,
+            "runs": 1,
+            "threads": threads,
+            "accuracy_data": f"{text_path} ({w.text_tokens} tokens)",
+            "accuracy_iterations": int(w.tokens.shape[0]),
+            "text": str(text_path),
+            "window_len": int(window_len),
+            "window_starts": [int(s) for s in w.starts],
+            "chunk": int(chunk),
+            "prompt_len": int(prompt_len),
+            "new_tokens": int(new_tokens),
+            "device": device,
+        },
+        environment=_environment(threads),
+        targets=targets,
+        accuracy=[],
+        latency=[],
+        notes=notes,
+        lm_quality=quality,
+        lm_speed=speed,
+    )
+    html_path, md_path, json_path = write_report(report, _out_dir(out_dir))
+    return LmReportResult(html_path, md_path, json_path, report, w)
+
+
+__all__ = ["SERVING_VARIANTS", "STEP_VARIANTS", "VARIANTS", "LmReportResult", "build_llm_report"]
