@@ -294,7 +294,9 @@ def default_config(
     return GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3, dot=True)
 
 
-def _weight_args(w: torch.Tensor | QuantWeight) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
+def _weight_args(
+    w: torch.Tensor | QuantWeight,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
     """The kernel's view of a weight: codes, per-row (FP8) or per-group (INT4) scales and offsets, WFMT."""
     if isinstance(w, Fp8Weight):
         return w.data, w.scale, None, 1
@@ -346,6 +348,20 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
     )  # fmt: skip
 
 
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor | QuantWeight,
+    bias: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """``linear(x, weight, bias)`` for ``x`` ``[M, K]`` (M <= 16), ``weight`` ``[N, K]`` or quantized."""
+    _check(x, weight, "gemv")
+    n = int(weight.shape[0])
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    _launch(x, weight, out, n, bias=bias, config=config)
+    return out
+
+
 def norm_gemv(
     x: torch.Tensor,
     norm_weight: torch.Tensor,
@@ -381,7 +397,10 @@ def norm_gate_up_silu(
 
 
 def gemv_residual(
-    x: torch.Tensor, weight: torch.Tensor | QuantWeight, residual: torch.Tensor, config: GemvConfig | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor | QuantWeight,
+    residual: torch.Tensor,
+    config: GemvConfig | None = None,
 ) -> torch.Tensor:
     """``residual + x @ weight.T`` (one rounding, as ``addmm``); x ``[M, K]``, weight ``[N, K]``."""
     _check(x, weight, "gemv_residual")

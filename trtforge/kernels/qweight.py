@@ -92,7 +92,9 @@ def cat_weights(weights: list[QuantWeight]) -> QuantWeight:
     """The weights' rows concatenated (one format, one K)."""
     kinds = {type(w) for w in weights}
     if len(kinds) != 1:
-        raise ValueError(f"cannot concatenate weights of different formats {sorted(k.__name__ for k in kinds)}")
+        raise ValueError(
+            f"cannot concatenate weights of different formats {sorted(k.__name__ for k in kinds)}"
+        )
     if isinstance(weights[0], Fp8Weight):
         return Fp8Weight(torch.cat([w.data for w in weights]), torch.cat([w.scale for w in weights]))
     return Int4Weight(
