@@ -190,7 +190,7 @@ def main() -> None:
         "length": args.length,
         "eval_region": "first 4/5 of the tokenized text, evenly spaced starts",
         "calibration": f"{args.calib_prompts} prompts of {args.length} tokens from the last 1/5 of the text",
-        "machine": f"{platform.machine()} {platform.processor() or ''} {torch.get_num_threads()} threads".strip(),
+        "machine": f"{platform.node()} {platform.machine()}, {torch.get_num_threads()} torch threads",
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "results": results,
     }

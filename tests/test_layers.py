@@ -44,6 +44,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "trtforge.llm.executors.base",
     ),
     "llm.models": ("trtforge.llm.models",),
+    "llm.quant": ("trtforge.llm.quant",),
     "llm.sched": ("trtforge.llm.sched",),
     "llm.executors": ("trtforge.llm.executors",),
     "llm.compile": ("trtforge.llm.compile",),
@@ -67,6 +68,7 @@ ALLOWED: dict[str, set[str]] = {
     "reports": _ENCODER | {"compiler"},
     "llm.ground": {"base", "core"},
     "llm.models": {"base", "core", "kernels", "llm.ground"},
+    "llm.quant": {"base", "core", "kernels", "llm.ground", "llm.models"},
     "llm.sched": {"base", "llm.ground"},
     "llm.executors": {
         "base",
@@ -77,6 +79,7 @@ ALLOWED: dict[str, set[str]] = {
         "runtime",
         "llm.ground",
         "llm.models",
+        "llm.quant",
     },
     "llm.compile": _ENCODER | {"compiler", "llm.ground", "llm.models"},
     "llm": {
@@ -87,6 +90,7 @@ ALLOWED: dict[str, set[str]] = {
         "runtime",
         "llm.ground",
         "llm.models",
+        "llm.quant",
         "llm.sched",
         "llm.executors",
     },

@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from trtforge.cli.quant_options import quant_kwargs, quant_options
+
 EXAMPLES = """\b
 Examples:
   trtforge generate step.onnx --prompt-ids "1 15 27" --max-tokens 32
@@ -89,6 +91,7 @@ def _parse_ids(text: str) -> list[int]:
     multiple=True,
     help="Stop at this text (repeatable; matched on the decoded text and not printed; needs a tokenizer).",
 )
+@quant_options
 def generate_cmd(
     model: str,
     prompt_ids: tuple[str, ...],
@@ -110,6 +113,8 @@ def generate_cmd(
     executor: str,
     num_blocks: int | None,
     stops: tuple[str, ...],
+    quantization: str | None,
+    calib_data: str | None,
 ) -> None:
     """Generate continuations of prompts with MODEL, printing tokens as they come."""
     from trtforge.errors import UserError
@@ -156,7 +161,8 @@ def generate_cmd(
     if executor == "auto":
         suffix = {".engine": "tensorrt", ".onnx": "onnxruntime"}
         executor = next((v for k, v in suffix.items() if model.endswith(k)), "torch")
-    with load(model, executor, num_blocks=num_blocks) as llm:
+    quant = quant_kwargs(quantization, calib_data, executor)
+    with load(model, executor, num_blocks=num_blocks, **quant) as llm:
         if json_schema is not None:
             llm.engine.enable_structured_output(tok)
         handles = [h for r in rows for h in llm.engine.submit_n(r, params)]

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from trtforge.cli.quant_options import quant_kwargs, quant_options
+
 EXAMPLES = """\b
 Examples:
   trtforge serve ./llama-dir
@@ -94,6 +96,7 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
+@quant_options
 def serve_cmd(
     model: str,
     host: str,
@@ -114,6 +117,8 @@ def serve_cmd(
     device: str | None,
     dtype: str,
     log_level: str,
+    quantization: str | None,
+    calib_data: str | None,
 ) -> None:
     """Serve MODEL over OpenAI's HTTP API."""
     import dataclasses
@@ -146,8 +151,9 @@ def serve_cmd(
         "config": config,
         "gpu_memory_utilization": gpu_memory_utilization,
     }
+    quant = quant_kwargs(quantization, calib_data, executor)
     if executor == "torch":
-        llm = from_pretrained(model, **_placement(device, dtype), **sizes)
+        llm = from_pretrained(model, **_placement(device, dtype), **sizes, **quant)
     else:
         if device is not None or dtype != "auto":
             raise UserError(

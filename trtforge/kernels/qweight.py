@@ -50,7 +50,7 @@ class Fp8Weight:
 
 @dataclass(frozen=True)
 class Int4Weight:
-    """``packed`` uint8 ``[N, K/2]``, float16 ``scale`` and ``offset`` ``[N, K/G]``: ``w = q*scale + offset``."""
+    """``packed`` uint8 ``[N, K/2]``, float16 ``scale`` and ``offset`` ``[N, K/G]``: ``w = q*s + o``."""
 
     packed: torch.Tensor
     scale: torch.Tensor

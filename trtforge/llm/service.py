@@ -150,6 +150,8 @@ def load(
     config: SchedulerConfig | None = None,
     max_num_seqs: int | None = None,
     gpu_memory_utilization: float = sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
+    quantization: str | None = None,
+    calib_prompts: Sequence[Sequence[int]] | None = None,
 ) -> ServingLLM:
     """Load a model for generation: always a :class:`ServingLLM`.
 
@@ -174,6 +176,13 @@ def load(
             config=config,
             max_num_seqs=max_num_seqs,
             gpu_memory_utilization=gpu_memory_utilization,
+            quantization=quantization,
+            calib_prompts=calib_prompts,
+        )
+    if quantization is not None:
+        raise UserError(
+            f"quantization={quantization!r} applies to the torch executor (executor='torch' or "
+            "trtforge.llm.from_pretrained); compiled step graphs and engines carry their own precision."
         )
     from trtforge._fileio import as_path
     from trtforge.llm.executors.onnxruntime_exec import OrtPagedExecutor, read_generation
@@ -278,18 +287,32 @@ def from_pretrained(
     config: SchedulerConfig | None = None,
     max_num_seqs: int | None = None,
     gpu_memory_utilization: float = sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
+    quantization: str | None = None,
+    calib_prompts: Sequence[Sequence[int]] | None = None,
 ) -> ServingLLM:
     """Serve a transformers causal LM (an nn.Module, a save_pretrained directory or ``module:factory``)
     with the torch paged executor (:class:`trtforge.llm.executors.torch_exec.TorchExecutor`).
 
     `num_blocks` None sizes the pool to the machine (:func:`trtforge.llm.sizing.torch_pool`: on a GPU
     `gpu_memory_utilization` of the memory left after the weights and a measured step); `config` None
-    takes :func:`trtforge.llm.sizing.default_scheduler_config`."""
+    takes :func:`trtforge.llm.sizing.default_scheduler_config`.
+
+    `quantization` ("fp8", "int4-awq", "int4-rtn"; :mod:`trtforge.llm.quant`) quantizes the Llama-style
+    projections once the model is on its device, before the pool is sized (so the freed weight bytes
+    go to the KV cache); "int4-awq" searches its scales on `calib_prompts` (lists of token ids). The
+    executor's ``facts.quantization`` records it."""
     from trtforge.llm.executors.torch_exec import TorchExecutor
     from trtforge.llm.models.loader import load_causal_lm
+    from trtforge.llm.quant import quantize_model
+    from trtforge.llm.quant.apply import check_quantization
 
+    check_quantization(quantization)
     config = sizing.default_scheduler_config(config, max_num_seqs)
     lm = load_causal_lm(model)
+    if quantization is not None:
+        if device is not None or dtype is not None:
+            lm.to(device=device, dtype=dtype)
+        quantize_model(lm, quantization, calib_prompts, user="from_pretrained")
     if num_blocks is None:
         num_blocks = sizing.torch_pool(
             lm,

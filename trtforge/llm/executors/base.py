@@ -214,7 +214,9 @@ class ExecutorFacts:
     - ``kv_pool_bytes``: the bytes the executor's K/V pools take, scratch block and spare buffers
       included;
     - ``kv_depends_on_prompt_len``: a token's K/V depends on its prompt's length (dynamic NTK rotary),
-      so no prefix can be shared and the scheduler sends each batch's ``prompt_lens``.
+      so no prefix can be shared and the scheduler sends each batch's ``prompt_lens``;
+    - ``quantization``: the weight quantization the executor runs ("fp8", "int4-awq", "int4-rtn"), or
+      None for the model's own dtype.
     """
 
     num_blocks: int
@@ -229,6 +231,7 @@ class ExecutorFacts:
     kv_element_bytes: int
     kv_pool_bytes: int
     kv_depends_on_prompt_len: bool = False
+    quantization: str | None = None
 
     @property
     def eos_token_id(self) -> int | None:

@@ -55,6 +55,7 @@ from trtforge.llm.models.families import (
     eos_token_ids,
     refuse_unapplied_window,
 )
+from trtforge.llm.quant import model_quantization
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _WIDTH_BUCKETS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
@@ -86,7 +87,9 @@ class TorchExecutor:
     weights at concatenated tensors) or "torch" (the references; the default elsewhere). Explicit
     `attention` / `decode_attention` functions override either. Steps with prompt tokens of up to
     `max_graph_tokens` tokens run as piecewise graphs (:mod:`.piecewise`) where `mixed_graphs` is on
-    (by default wherever `static_decode` is); larger ones run eagerly.
+    (by default wherever `static_decode` is); larger ones run eagerly. A model quantized by
+    :func:`trtforge.llm.quant.quantize_model` (on its device) runs its quantized projections, fused
+    too; ``facts.quantization`` says which.
     """
 
     def __init__(
@@ -220,6 +223,7 @@ class TorchExecutor:
             kv_element_bytes=self.k_pools[0].element_size(),
             kv_pool_bytes=sum(p.numel() * p.element_size() for p in pools),
             kv_depends_on_prompt_len=a.dynamic,
+            quantization=model_quantization(self.model),
         )
 
     @property

@@ -15,6 +15,7 @@ the fused path's concatenated QKV and gate/up weights are the concatenations of 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,10 +148,8 @@ def _layer_inputs(model: nn.Module, layer: nn.Module, prompts: list[torch.Tensor
     hooks.append(layer.register_forward_hook(stop))
     try:
         for ids in prompts:
-            try:
+            with contextlib.suppress(_Stop):
                 model(input_ids=ids[None], use_cache=False)
-            except _Stop:
-                pass
     finally:
         for h in hooks:
             h.remove()
