@@ -14,8 +14,8 @@ keeps working unchanged and no weight is held twice. Quantized projections
 (:class:`~trtforge.llm.quant.linear.QuantLinear`) concatenate their quantized rows the same way; the
 GEMVs read them directly (FP8 at one token, INT4 up to 16: no INT4 tensor-core GEMM here), larger
 token counts go through :func:`~trtforge.llm.quant.linear.quant_linear` (FP8: ``torch._scaled_mm``).
-Phi-3's fused qkv_proj and gate_up_proj are used as they are. :func:`fusable` says which models fit (SiLU-gated MLP, RMSNorms, unbiased o/MLP
-projections, an even head dim).
+Phi-3's fused qkv_proj and gate_up_proj are used as they are. :func:`fusable` says which models fit
+(SiLU-gated MLP, RMSNorms, unbiased o/MLP projections, an even head dim).
 """
 
 from __future__ import annotations
