@@ -130,17 +130,22 @@ def fp8_linear_reference(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | Non
     return out if bias is None else out + bias.float()
 
 
-def quantize_int4(w: torch.Tensor, group_size: int = INT4_GROUP) -> Int4Weight:
+def quantize_int4(
+    w: torch.Tensor, group_size: int = INT4_GROUP, clip: torch.Tensor | None = None
+) -> Int4Weight:
     """Round-to-nearest asymmetric INT4 over groups of `group_size` along K (K must divide into them).
 
     Per group: ``scale = (max - min) / 15`` and ``offset = -zero * scale`` (zero the integer code of
-    0.0, so zero stays exact), both rounded to float16 first; codes ``round((w - offset) / scale)``."""
+    0.0, so zero stays exact), both rounded to float16 first; codes ``round((w - offset) / scale)``.
+    `clip` ``[N, K / group_size]`` (AWQ's clipping search) shrinks each group's min and max first."""
     n, k = w.shape
     if k % group_size or group_size % 2:
         raise ValueError(f"INT4 groups of {group_size} do not divide K={k}")
     g = w.detach().float().view(n, k // group_size, group_size)
     lo = g.amin(dim=-1).clamp(max=0.0)
     hi = g.amax(dim=-1).clamp(min=0.0)
+    if clip is not None:
+        lo, hi = lo * clip, hi * clip
     scale = ((hi - lo) / 15.0).clamp_min(1e-7).half()  # (above float16's smallest subnormal)
     s = scale.float()
     zero = torch.round(-lo / s).clamp(0, 15)

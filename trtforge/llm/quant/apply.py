@@ -9,8 +9,8 @@ the fused path's concatenated QKV and gate/up weights are the concatenations of 
 - ``"fp8"``: W8A8, E4M3 weights with per-output-channel scales, activations quantized per token at
   run time. On CUDA it needs FP8 tensor cores (compute capability 8.9+: Ada, Hopper and later).
 - ``"int4-rtn"``: INT4 weight-only, asymmetric (scale + offset per group of 128), round to nearest.
-- ``"int4-awq"``: the same format with AWQ's activation-aware scales (:mod:`.awq`), searched on
-  calibration prompts.
+- ``"int4-awq"``: the same format with AWQ's activation-aware scales and clipping ranges (:mod:`.awq`),
+  searched on calibration prompts.
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ from torch import nn
 from trtforge.errors import UserError
 from trtforge.kernels.qweight import INT4_GROUP, quantize_fp8, quantize_int4
 from trtforge.llm.models.families import LlamaStyle, adapter_for
-from trtforge.llm.quant.awq import search_scales
+from trtforge.llm.quant.awq import search_clip, search_scales
 from trtforge.llm.quant.linear import QuantLinear
 
 QUANTIZATIONS = ("fp8", "int4-awq", "int4-rtn")
 MAX_CALIB_TOKENS = 16384  # calibration tokens used at most (prompts in order, each cut to 2048)
+MAX_SEARCH_ROWS = 16384  # tokens (evenly spaced) whose Gram matrix scores each alpha
+MAX_CLIP_ROWS = 16384  # and each clipping ratio
 
 
 @dataclass
@@ -180,30 +182,45 @@ def _calibration(prompts: Any, device: torch.device, vocab: int, method: str) ->
 @torch.no_grad()
 def _awq_layer(
     model: nn.Module, layer: nn.Module, index: int, prompts: list[torch.Tensor], alphas: dict
-) -> None:
-    """Search and fold layer `index`'s scales (its projections then quantized by the caller)."""
-    inputs = _layer_inputs(model, layer, prompts)
+) -> dict[nn.Module, torch.Tensor]:
+    """Search and fold layer `index`'s scales, then search its projections' clip ratios (returned by
+    module; the caller quantizes). The model stays in float: later layers see the same inputs."""
+    inputs = {k: _rows(v, MAX_SEARCH_ROWS) for k, v in _layer_inputs(model, layer, prompts).items()}
     attn, mlp = layer.self_attn, layer.mlp
-    groups = dict(_groups(layer))
     v = getattr(attn, "v_proj", None)
-    up_rows = _up_rows(mlp)
+    o_folds = (
+        [("rows", v.weight)] if v is not None and v.weight.shape[0] == attn.o_proj.weight.shape[1] else []
+    )
     folds = {
         "qkv": [("norm", layer.input_layernorm.weight)],
         "gate_up": [("norm", layer.post_attention_layernorm.weight)],
-        "down": [("rows", up_rows)],
-        "o": [("rows", v.weight)]
-        if v is not None and v.weight.shape[0] == attn.o_proj.weight.shape[1]
-        else [],
+        "down": [("rows", _up_rows(mlp))],
+        "o": o_folds,
     }
-    for name, mods in groups.items():
-        if not folds[name]:
-            continue  # nowhere to fold the inverse scale: round to nearest
-        s, alpha, _ = search_scales(inputs[name], [m.weight for m in mods])
-        alphas[f"layers.{index}.{name}"] = alpha
+    clips: dict[nn.Module, torch.Tensor] = {}
+    for name, mods in _groups(layer):
+        x = inputs[name]
+        if folds[name]:
+            s, alpha, _ = search_scales(x, [m.weight for m in mods])
+            alphas[f"layers.{index}.{name}"] = alpha
+            for m in mods:
+                m.weight.mul_(s.to(m.weight.dtype)[None, :])
+            for kind, target in folds[name]:
+                target.div_((s if kind == "norm" else s[:, None]).to(target.dtype))
+            x = x / s.to(x.dtype)
+        xc = _rows(x, MAX_CLIP_ROWS)
         for m in mods:
-            m.weight.mul_(s.to(m.weight.dtype)[None, :])
-        for kind, target in folds[name]:
-            target.div_((s if kind == "norm" else s[:, None]).to(target.dtype))
+            if m is getattr(attn, "q_proj", None) or m is getattr(attn, "k_proj", None):
+                continue
+            clips[m] = search_clip(xc, m.weight, INT4_GROUP)
+    return clips
+
+
+def _rows(x: torch.Tensor, limit: int) -> torch.Tensor:
+    """At most `limit` rows of `x`, evenly spaced (the search's cost grows with the tokens)."""
+    if x.shape[0] <= limit:
+        return x
+    return x[torch.linspace(0, x.shape[0] - 1, limit, device=x.device).long()]
 
 
 def _up_rows(mlp: nn.Module) -> torch.Tensor:
@@ -236,19 +253,23 @@ def quantize_model(
     record.calib_tokens = sum(int(p.numel()) for p in prompts)
     was_training = model.training
     model.eval()
-    for i, layer in enumerate(adapter.layers):
-        if prompts:
-            _awq_layer(model, layer, i, prompts, record.alphas)
+    clips: dict[nn.Module, torch.Tensor] = {}
+    if prompts:  # every search on the float model first: each layer's inputs are the float model's
+        for i, layer in enumerate(adapter.layers):
+            clips.update(_awq_layer(model, layer, i, prompts, record.alphas))
+    for layer in adapter.layers:
         for _, mods in _groups(layer):
             for mod in mods:
-                _replace(model, mod, method, record)
+                _replace(model, mod, method, record, clips.get(mod))
     model.train(was_training)
     return record
 
 
-def _replace(model: nn.Module, mod: nn.Linear, method: str, record: QuantizationRecord) -> None:
-    quantize = quantize_fp8 if method == "fp8" else quantize_int4
-    q = quantize(mod.weight.detach())
+def _replace(
+    model: nn.Module, mod: nn.Linear, method: str, record: QuantizationRecord, clip: torch.Tensor | None
+) -> None:
+    w = mod.weight.detach()
+    q = quantize_fp8(w) if method == "fp8" else quantize_int4(w, INT4_GROUP, clip)
     new = QuantLinear(q, mod.bias, method)
     for parent in model.modules():
         for name, child in parent.named_children():
