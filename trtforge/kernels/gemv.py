@@ -54,12 +54,15 @@ def _round_e4m3(v):
     """float32 `v` rounded to the nearest E4M3 value (half to even, saturating at +-448), as float32.
 
     Bit arithmetic rather than a cast to float8: the same numbers on the GPU and in Triton's
-    interpreter (whose float8 cast does not carry a mantissa overflow into the exponent)."""
+    interpreter (whose float8 cast does not carry a mantissa overflow into the exponent). Below
+    E4M3's smallest normal 2^-6 the grid is 2^-9: adding 2^-6 moves a value into [2^-6, 2^-5),
+    where three mantissa bits are that grid."""
     a = tl.minimum(tl.abs(v), 448.0)
-    bits = a.to(tl.int32, bitcast=True)
-    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
-    sub = (a + 16384.0) - 16384.0  # below 2^-6: multiples of 2^-9 (fp32's ulp at 2^14)
-    r = tl.where(a < 0.015625, sub, normal)
+    small = a < 0.015625
+    b = tl.where(small, a + 0.015625, a)
+    bits = b.to(tl.int32, bitcast=True)
+    r = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
+    r = tl.where(small, r - 0.015625, r)
     return tl.where(v < 0, -r, r)
 
 
@@ -148,6 +151,7 @@ def _gemv_kernel(
     DOT: tl.constexpr,
     PDL: tl.constexpr,
     WFMT: tl.constexpr,
+    ACT_FP8: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -155,7 +159,7 @@ def _gemv_kernel(
 ):
     """Out[m, n] = epilogue(sum_k prologue(X)[m, k] * W[n, k]) for the BLOCK_N columns of this program.
 
-    WFMT 1 (FP8 W8A8): each x row is quantized to E4M3 with its own scale (a prologue pass finds its
+    WFMT 1 (FP8 W8A8, with ACT_FP8): each x row is quantized to E4M3 with its own scale (a pass finds its
     largest magnitude), the sum runs over the E4M3 values and the epilogue multiplies by the row's and
     the column's scales. WFMT 2 (INT4): the weights are dequantized chunk by chunk."""
     pid = tl.program_id(0)
@@ -169,7 +173,6 @@ def _gemv_kernel(
     s_rows = WScale + offs_n.to(tl.int64)[:, None] * stride_sn
     o_rows = WOffset + offs_n.to(tl.int64)[:, None] * stride_sn
     dtype = Out.dtype.element_ty
-    ACT_FP8: tl.constexpr = WFMT == 1
     if BLOCK_M == 1 and not DOT:
         # The first chunk's weights (independent of the previous kernel) are requested before waiting
         # for that kernel (PDL) and before the norm prologue, so their latency overlaps both.
@@ -342,7 +345,7 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
         out.stride(0), res.stride(0) if res is not None else 0,
         up_rows, float(eps),
         NORM=norm_w is not None, GATED=up_rows > 0, HAS_RES=res is not None, HAS_BIAS=bias is not None,
-        DOT=cfg.dot, PDL=pdl, WFMT=wfmt, GROUP=INT4_GROUP,
+        DOT=cfg.dot, PDL=pdl, WFMT=wfmt, ACT_FP8=wfmt == 1, GROUP=INT4_GROUP,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
