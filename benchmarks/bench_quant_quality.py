@@ -5,13 +5,16 @@ of L tokens at evenly spaced starts in the file's first four fifths; the perplex
 next-token prediction in them, the agreement is the share of positions whose argmax equals the
 reference's. INT4-AWQ calibrates on prompts from the file's LAST fifth (never scored).
 
-Variants (``--variants``, comma-separated; a new one is one entry in ``VARIANTS``):
+Variants (``--variants``, comma-separated; a new one is one entry in ``VARIANTS``; ``*-executor`` and
+``kv-fp8`` score every position through the torch executor's paged pools, one prefill step a batch):
 - ``bf16``: the reference: the model's BF16 weights, executed in float32 (exact);
 - ``fp8``: ``quantize_model(..., "fp8")``: W8A8 E4M3 per-channel weights, per-token activations,
   executed exactly (E4M3 products in float32: the CPU reference path of the serving executor);
 - ``int4-rtn`` / ``int4-awq``: INT4 group 128, asymmetric, dequantized to float32;
 - ``int8-sq``: the step-graph compile path's INT8 SmoothQuant W8A8 (``quantize_step``, alpha 0.8,
-  max calibration on the same calibration prompts), run in exact ONNX Runtime (optimizations off).
+  max calibration on the same calibration prompts), run in exact ONNX Runtime (optimizations off);
+- ``fp8-executor``: ``fp8`` through the serving executor (the same numbers, as a check of that path);
+- ``kv-fp8``: ``kv_cache_dtype="fp8"`` (wip/kvfp8), in the default list where the executor takes it.
 
 The quantized torch variants run the model's own forward with the :class:`QuantLinear` modules in
 place: the same modules and math the torch executor's CPU path runs.
@@ -54,6 +57,37 @@ def torch_logits(model: torch.nn.Module, evals: np.ndarray, batch: int) -> np.nd
         for b in range(0, len(evals), batch):
             ids = torch.as_tensor(evals[b : b + batch], dtype=torch.long)
             out.append(model(input_ids=ids, use_cache=False).logits.float().numpy())
+    return np.concatenate(out)
+
+
+def executor_logits(model: torch.nn.Module, evals: np.ndarray, batch: int, **executor_kwargs) -> np.ndarray:
+    """Every position's logits through the serving path: the torch executor's paged pools, one prefill
+    step of `batch` windows (each its own sequence and blocks), logits of every token."""
+    from trtforge.llm.executors.base import StepBatch
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    block = 16
+    length = evals.shape[1]
+    per_seq = -(-length // block)
+    ex = TorchExecutor(model, num_blocks=per_seq * batch, block_size=block, **executor_kwargs)
+    out = []
+    for b in range(0, len(evals), batch):
+        rows = evals[b : b + batch]
+        n = len(rows)
+        tables = np.arange(n * per_seq, dtype=np.int32).reshape(n, per_seq)
+        slots = (tables[:, :, None] * block + np.arange(block)).reshape(n, -1)[:, :length]
+        step = StepBatch(
+            input_ids=rows.reshape(-1).astype(np.int64),
+            positions=np.tile(np.arange(length, dtype=np.int64), n),
+            query_start_loc=(np.arange(n + 1) * length).astype(np.int32),
+            context_lens=np.full(n, length, np.int32),
+            block_tables=tables,
+            slot_mapping=slots.reshape(-1).astype(np.int64),
+            logits_indices=np.arange(n * length, dtype=np.int64),
+            block_copies=np.zeros((0, 2), np.int64),
+            seq_ids=tuple(range(n)),
+        )
+        out.append(ex.step(step).float().cpu().numpy().reshape(n, length, -1))
     return np.concatenate(out)
 
 
@@ -117,13 +151,32 @@ def quantized(method: str) -> Callable[[torch.nn.Module, list[list[int]]], torch
     return make
 
 
-VARIANTS: dict[str, tuple[str, Callable | None]] = {
-    "bf16": ("BF16 weights (fp32 execution, the reference)", None),
-    "fp8": ("FP8 W8A8 (E4M3, per-channel weights, per-token activations)", quantized("fp8")),
-    "int4-rtn": ("INT4 RTN (group 128, asymmetric)", quantized("int4-rtn")),
-    "int4-awq": ("INT4 AWQ (group 128, asymmetric, alpha grid of 21)", quantized("int4-awq")),
-    "int8-sq": ("INT8 SmoothQuant W8A8 (step graph, exact ORT)", None),
+def executor_supports(option: str) -> bool:
+    """Whether this tree's TorchExecutor takes `option` (kv_cache_dtype arrives with wip/kvfp8)."""
+    import inspect
+
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    return option in inspect.signature(TorchExecutor).parameters
+
+
+# name -> (label, how it runs, its argument): "torch": the model's forward after make(model, calib);
+# "executor": every position through the torch executor, (make or None, executor keywords); "sq": the
+# INT8 step graph. A new variant is one entry here.
+VARIANTS: dict[str, tuple[str, str, object]] = {
+    "bf16": ("BF16 weights (fp32 execution, the reference)", "torch", None),
+    "fp8": ("FP8 W8A8 (E4M3, per-channel weights, per-token activations)", "torch", quantized("fp8")),
+    "int4-rtn": ("INT4 RTN (group 128, asymmetric)", "torch", quantized("int4-rtn")),
+    "int4-awq": (
+        "INT4 AWQ (group 128, asymmetric, alpha grid of 21 + clipping)",
+        "torch",
+        quantized("int4-awq"),
+    ),
+    "int8-sq": ("INT8 SmoothQuant W8A8 (step graph, exact ORT)", "sq", None),
+    "fp8-executor": ("FP8 W8A8 through the torch executor (paged pools)", "executor", (quantized("fp8"), {})),
+    "kv-fp8": ("FP8 KV cache (torch executor)", "executor", (None, {"kv_cache_dtype": "fp8"})),
 }
+DEFAULT = ("bf16", "fp8", "int4-rtn", "int4-awq", "int8-sq")
 
 
 def main() -> None:
@@ -142,6 +195,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.windows, args.length, args.calib_prompts = 8, 256, 8
+    if args.variants is None:
+        args.variants = ",".join(DEFAULT + (("kv-fp8",) if executor_supports("kv_cache_dtype") else ()))
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -163,13 +218,22 @@ def main() -> None:
     if "bf16" not in variants:
         variants.insert(0, "bf16")  # every delta is against it
     for name in ["bf16", *[v for v in variants if v != "bf16"]]:
-        label, make = VARIANTS[name]
+        label, how, arg = VARIANTS[name]
         t0 = time.perf_counter()
-        if name == "int8-sq":
+        extra: dict = {}
+        if how == "sq":
             logits = int8_sq_logits(model, evals, calib, args.batch)
-            extra: dict = {}
+        elif how == "executor":
+            make, kwargs = arg  # type: ignore[misc]
+            if "kv_cache_dtype" in kwargs and not executor_supports("kv_cache_dtype"):
+                raise SystemExit(
+                    f"variant {name}: this tree's TorchExecutor has no kv_cache_dtype (wip/kvfp8)"
+                )
+            m = copy.deepcopy(model) if make is None else make(model, calib)
+            logits = executor_logits(m, evals, args.batch, **kwargs)
+            extra = {"quantization": getattr(m, "quant_record", None), "executor_kwargs": kwargs}
         else:
-            m = model if make is None else make(model, calib)
+            m = model if arg is None else arg(model, calib)  # type: ignore[operator]
             logits = torch_logits(m, evals, args.batch)
             extra = {"quantization": getattr(m, "quant_record", None)}
         r = score(logits, evals, ref_top1)
