@@ -166,3 +166,35 @@ def test_fp8_gemv_rounds_activations_as_torch_does(device):
     got = gemv_residual(x, eye, torch.zeros_like(x))
     xq, sx = quantize_rows_fp8(vals[None, :])
     torch.testing.assert_close(got.cpu(), xq.float() * sx, atol=0, rtol=1e-6)
+
+
+@needs_triton
+@pytest.mark.slow  # ~40-60 s: the interpreter runs every GEMV program of two layers one by one
+@pytest.mark.parametrize("method", ["fp8", "int4-rtn"])
+def test_fused_layers_over_quantized_weights_in_the_interpreter(method):
+    """The fused layer path (concatenated quantized QKV and gate/up, the GEMVs at decode, quant_linear
+    above) in float32 through Triton's interpreter, against the model's own forward on the same codes.
+    INT4 matches to float32 rounding; FP8's per-token rounding flips where the activations differ by
+    an ulp, so it is only close."""
+    import copy
+
+    from tests.llm.test_quant import _llama, _one_sequence_step, _prompts
+    from trtforge.llm.executors.fused_layers import FusedLayers
+    from trtforge.llm.executors.model_layers import ModelLayers
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+    from trtforge.llm.quant import quantize_model
+
+    _skip("cpu")
+    model = _llama(num_key_value_heads=2)
+    ref = copy.deepcopy(model)
+    quantize_model(model, method)
+    quantize_model(ref, method)
+    ex = TorchExecutor(model, num_blocks=4, block_size=16, kernels="torch")
+    ex._fused = FusedLayers(ex._adapter)  # the CUDA executor's layers, run by the interpreter here
+    ex._layers = ModelLayers(ex._adapter, ex._fused, ex.k_pools, ex.v_pools)
+    ids = _prompts(1, 4)[0]
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    got = torch.cat([ex.step(_one_sequence_step(ids[:3], 0)), ex.step(_one_sequence_step(ids[3:], 3))])
+    rel = (got - want).norm(dim=-1) / want.norm(dim=-1)
+    assert rel.max() < (0.06 if method == "fp8" else 1e-5), rel
