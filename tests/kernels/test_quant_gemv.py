@@ -16,6 +16,7 @@ from trtforge.kernels.qweight import (
     FP8_MAX,
     Int4Weight,
     cat_weights,
+    fake_quantize_int4,
     fp8_linear_reference,
     quantize_fp8,
     quantize_int4,
@@ -63,6 +64,8 @@ def test_int4_round_trip_codes_and_zero():
     assert torch.equal(deq[0, :128], torch.zeros(128))
     step = q.scale.float().repeat_interleave(128, dim=1)
     assert ((deq - w).abs() <= step * 0.5 + 1e-3).all()
+    clip = torch.full((6, 2), 0.8)
+    assert torch.equal(fake_quantize_int4(w, 128, clip), quantize_int4(w, 128, clip).dequantize())
     with pytest.raises(ValueError, match="do not divide"):
         quantize_int4(torch.randn(2, 200))
 

@@ -130,14 +130,10 @@ def fp8_linear_reference(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | Non
     return out if bias is None else out + bias.float()
 
 
-def quantize_int4(
-    w: torch.Tensor, group_size: int = INT4_GROUP, clip: torch.Tensor | None = None
-) -> Int4Weight:
-    """Round-to-nearest asymmetric INT4 over groups of `group_size` along K (K must divide into them).
-
-    Per group: ``scale = (max - min) / 15`` and ``offset = -zero * scale`` (zero the integer code of
-    0.0, so zero stays exact), both rounded to float16 first; codes ``round((w - offset) / scale)``.
-    `clip` ``[N, K / group_size]`` (AWQ's clipping search) shrinks each group's min and max first."""
+def _int4_groups(
+    w: torch.Tensor, group_size: int, clip: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes (float ``[N, K/G, G]``), float16 scales and offsets ``[N, K/G]`` of RTN asymmetric INT4."""
     n, k = w.shape
     if k % group_size or group_size % 2:
         raise ValueError(f"INT4 groups of {group_size} do not divide K={k}")
@@ -150,6 +146,27 @@ def quantize_int4(
     s = scale.float()
     zero = torch.round(-lo / s).clamp(0, 15)
     offset = (-zero * s).half()
-    q = torch.round((g - offset.float()[..., None]) / s[..., None]).clamp(0, 15).to(torch.uint8).view(n, k)
+    q = torch.round((g - offset.float()[..., None]) / s[..., None]).clamp(0, 15)
+    return q, scale, offset
+
+
+def quantize_int4(
+    w: torch.Tensor, group_size: int = INT4_GROUP, clip: torch.Tensor | None = None
+) -> Int4Weight:
+    """Round-to-nearest asymmetric INT4 over groups of `group_size` along K (K must divide into them).
+
+    Per group: ``scale = (max - min) / 15`` and ``offset = -zero * scale`` (zero the integer code of
+    0.0, so zero stays exact), both rounded to float16 first; codes ``round((w - offset) / scale)``.
+    `clip` ``[N, K / group_size]`` (AWQ's clipping search) shrinks each group's min and max first."""
+    q, scale, offset = _int4_groups(w, group_size, clip)
+    q = q.to(torch.uint8).view(w.shape[0], -1)
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
     return Int4Weight(packed, scale.contiguous(), offset.contiguous())
+
+
+def fake_quantize_int4(
+    w: torch.Tensor, group_size: int = INT4_GROUP, clip: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``quantize_int4(w, ...).dequantize()`` without packing: what the searches score (float32)."""
+    q, scale, offset = _int4_groups(w, group_size, clip)
+    return (q * scale.float()[..., None] + offset.float()[..., None]).view(w.shape)

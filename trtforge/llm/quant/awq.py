@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from trtforge.kernels.qweight import Int4Weight, quantize_int4
+from trtforge.kernels.qweight import INT4_GROUP, fake_quantize_int4
 
 ALPHA_GRID = tuple(i / 20 for i in range(21))
 
@@ -26,7 +26,7 @@ ALPHA_GRID = tuple(i / 20 for i in range(21))
 def search_scales(
     x: torch.Tensor,
     weights: list[torch.Tensor],
-    quantize: Callable[[torch.Tensor], Int4Weight] = quantize_int4,
+    quantize: Callable[[torch.Tensor], torch.Tensor] = fake_quantize_int4,
     grid: tuple[float, ...] = ALPHA_GRID,
 ) -> tuple[torch.Tensor, float, float]:
     """The per-input-channel scale ``s`` ``[K]`` for `weights` (each ``[N_i, K]``) reading `x` ``[T, K]``;
@@ -43,7 +43,7 @@ def search_scales(
     for alpha in grid:
         s = x_mean.pow(alpha)
         s = s / (s.max() * s.min()).sqrt()
-        d = quantize(w * s[None, :]).dequantize() / s[None, :] - w
+        d = quantize(w * s[None, :]) / s[None, :] - w
         err = float(((d @ gram) * d).sum())
         if base is None:
             base = err
@@ -57,7 +57,7 @@ CLIP_GRID = tuple(1.0 - i / 20 for i in range(11))  # 1.0 .. 0.5
 
 
 def search_clip(
-    x: torch.Tensor, w: torch.Tensor, group_size: int, grid: tuple[float, ...] = CLIP_GRID
+    x: torch.Tensor, w: torch.Tensor, group_size: int = INT4_GROUP, grid: tuple[float, ...] = CLIP_GRID
 ) -> torch.Tensor:
     """Per (output channel, group) clip ratios ``[N, K / G]`` for `w` ``[N, K]`` reading `x` ``[T, K]``:
     each minimizes its group's partial-dot-product error ``d^T G_g d`` (``G_g``: the group's Gram)."""
@@ -70,7 +70,7 @@ def search_clip(
     best = torch.ones((n, groups), device=w.device)
     for ratio in grid:
         clip = torch.full((n, groups), ratio, device=w.device)
-        d = (quantize_int4(wf, group_size, clip).dequantize() - wf).view(n, groups, group_size)
+        d = (fake_quantize_int4(wf, group_size, clip) - wf).view(n, groups, group_size)
         err = torch.einsum("ngk,gkl,ngl->ng", d, gram, d)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
