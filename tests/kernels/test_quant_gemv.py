@@ -201,3 +201,22 @@ def test_fused_layers_over_quantized_weights_in_the_interpreter(method):
     got = torch.cat([ex.step(_one_sequence_step(ids[:3], 0)), ex.step(_one_sequence_step(ids[3:], 3))])
     rel = (got - want).norm(dim=-1) / want.norm(dim=-1)
     assert rel.max() < (0.06 if method == "fp8" else 1e-5), rel
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_fp8_row_quantization_kernel_equals_torch(device, m):
+    """One-kernel per-token quantization: the same E4M3 codes and scales as the torch reference, rows
+    padded to 16 with zeros and scale 1."""
+    from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
+
+    _skip(device)
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 300, generator=g) * torch.logspace(-3, 2, m)[:, None]
+    x[0, :7] = 0.0
+    q, s = quantize_rows_fp8_padded(x.to(device))
+    want_q, want_s = quantize_rows_fp8(x)
+    assert q.shape == (16, 300) and s.shape == (16, 1)
+    assert torch.equal(q[:m].float().cpu(), want_q.float()) and torch.equal(s[:m].cpu(), want_s)
+    assert not q[m:].float().any() and torch.equal(s[m:].cpu(), torch.ones(16 - m, 1))

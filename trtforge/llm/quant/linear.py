@@ -2,7 +2,8 @@
 
 - CPU (and the exact reference): float32. FP8 quantizes the activations per token and multiplies the
   E4M3 values in float32 (their products are exact); INT4 dequantizes the weights to float32.
-- CUDA, FP8: ``torch._scaled_mm`` (cuBLASLt, row-wise scales, BF16 out) for every M; the fused layers
+- CUDA, FP8: ``torch._scaled_mm`` (cuBLASLt, row-wise scales, BF16 out) for every M, its input
+  quantized per token by one Triton kernel (:mod:`trtforge.kernels.fp8_rows`); the fused layers
   use the FP8 GEMV at one token (:mod:`trtforge.llm.executors.fused_layers`).
 - CUDA, INT4: the dequantizing Triton GEMV up to :data:`~trtforge.kernels.gemv.MAX_ROWS` tokens,
   above it dequantize + one BF16 GEMM (prefill: compute-bound, the dequantize is a small part).
@@ -18,18 +19,16 @@ from trtforge.kernels.qweight import (
     Int4Weight,
     QuantWeight,
     fp8_linear_reference,
-    quantize_rows_fp8,
 )
 
 
 def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
-    """W8A8 on the FP8 tensor cores: per-token activation scales, per-channel weight scales."""
-    xq, sx = quantize_rows_fp8(x)
-    m = int(xq.shape[0])
-    pad = -m % 16  # cuBLASLt's FP8 GEMMs take rows in multiples of 16: zero rows, sliced off below
-    if pad:
-        xq = torch.nn.functional.pad(xq.view(torch.uint8), (0, 0, 0, pad)).view(torch.float8_e4m3fn)
-        sx = torch.nn.functional.pad(sx, (0, 0, 0, pad), value=1.0)
+    """W8A8 on the FP8 tensor cores: per-token activation scales (one Triton kernel, rows padded to the
+    16 cuBLASLt's FP8 GEMMs take), per-channel weight scales."""
+    from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
+
+    m = int(x.shape[0])
+    xq, sx = quantize_rows_fp8_padded(x.contiguous())
     out = torch._scaled_mm(
         xq,
         w.data.t(),
