@@ -44,6 +44,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "trtforge.llm.executors.base",
     ),
     "llm.models": ("trtforge.llm.models",),
+    "llm.quant": ("trtforge.llm.quant",),
     "llm.sched": ("trtforge.llm.sched",),
     "llm.executors": ("trtforge.llm.executors",),
     "llm.compile": ("trtforge.llm.compile",),
@@ -69,6 +70,7 @@ ALLOWED: dict[str, set[str]] = {
     "reports": _ENCODER | {"compiler"},
     "llm.ground": {"base", "core"},
     "llm.models": {"base", "core", "kernels", "llm.ground"},
+    "llm.quant": {"base", "core", "kernels", "llm.ground", "llm.models"},
     "llm.sched": {"base", "llm.ground"},
     "llm.executors": {
         "base",
@@ -79,6 +81,7 @@ ALLOWED: dict[str, set[str]] = {
         "runtime",
         "llm.ground",
         "llm.models",
+        "llm.quant",
     },
     "llm.compile": _ENCODER | {"compiler", "llm.ground", "llm.models"},
     # speculative decoding's proposers (a draft model runs on an executor over its own block manager)
@@ -91,6 +94,7 @@ ALLOWED: dict[str, set[str]] = {
         "runtime",
         "llm.ground",
         "llm.models",
+        "llm.quant",
         "llm.sched",
         "llm.executors",
         "llm.spec",

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from trtforge.cli._speculative import speculative_config, speculative_options
+from trtforge.cli.quant_options import quant_kwargs, quant_options
 
 EXAMPLES = """\b
 Examples:
@@ -106,8 +107,9 @@ def _parse_ids(text: str) -> list[int]:
     "calib_data",
     default=None,
     type=click.Path(exists=True, dir_okay=False),
-    help="Prompts calibrating the FP8 KV cache's scales: one per line, space-separated token ids "
-    "(default: seeded random ids).",
+    help="Calibration prompts for --quantization int4-awq and the FP8 KV cache's scales: one per "
+    "line, space-separated token ids (the file `compile --generate --calib-data` takes; FP8 KV default: "
+    "seeded random ids).",
 )
 @click.option(
     "--stop",
@@ -116,6 +118,7 @@ def _parse_ids(text: str) -> list[int]:
     help="Stop at this text (repeatable; matched on the decoded text and not printed; needs a tokenizer).",
 )
 @speculative_options
+@quant_options
 def generate_cmd(
     model: str,
     prompt_ids: tuple[str, ...],
@@ -143,6 +146,7 @@ def generate_cmd(
     speculative_method: str | None,
     speculative_model: str | None,
     num_speculative_tokens: int | None,
+    quantization: str | None,
 ) -> None:
     """Generate continuations of prompts with MODEL, printing tokens as they come."""
     from trtforge.errors import UserError
@@ -192,6 +196,7 @@ def generate_cmd(
     from trtforge.cli.compile_generate import _read_prompts
 
     calib = _read_prompts(calib_data) if calib_data else None
+    quant = quant_kwargs(quantization, executor)
     spec = speculative_config(speculative_method, speculative_model, num_speculative_tokens)
     with load(
         model,
@@ -201,6 +206,7 @@ def generate_cmd(
         tensor_parallel_size=tensor_parallel_size,
         kv_cache_dtype=kv_cache_dtype,
         calib_prompts=calib,
+        **quant,
     ) as llm:
         if json_schema is not None:
             llm.engine.enable_structured_output(tok)

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from trtforge.cli._speculative import speculative_config, speculative_options
+from trtforge.cli.quant_options import quant_kwargs, quant_options
 
 EXAMPLES = """\b
 Examples:
@@ -111,8 +112,9 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     "calib_data",
     default=None,
     type=click.Path(exists=True, dir_okay=False),
-    help="Prompts calibrating the FP8 KV cache's scales: one per line, space-separated token ids "
-    "(default: seeded random ids).",
+    help="Calibration prompts for --quantization int4-awq and the FP8 KV cache's scales: one per "
+    "line, space-separated token ids (the file `compile --generate --calib-data` takes; FP8 KV default: "
+    "seeded random ids).",
 )
 @click.option(
     "--log-level",
@@ -121,6 +123,7 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
 @speculative_options
+@quant_options
 def serve_cmd(
     model: str,
     host: str,
@@ -147,6 +150,7 @@ def serve_cmd(
     speculative_method: str | None,
     speculative_model: str | None,
     num_speculative_tokens: int | None,
+    quantization: str | None,
 ) -> None:
     """Serve MODEL over OpenAI's HTTP API."""
     import dataclasses
@@ -183,6 +187,7 @@ def serve_cmd(
     from trtforge.cli.compile_generate import _read_prompts
 
     calib = _read_prompts(calib_data) if calib_data else None
+    quant = quant_kwargs(quantization, executor)
     if executor == "torch":
         llm = from_pretrained(
             model,
@@ -191,6 +196,7 @@ def serve_cmd(
             tensor_parallel_size=tensor_parallel_size,
             kv_cache_dtype=kv_cache_dtype,
             calib_prompts=calib,
+            **quant,
         )
     else:
         if device is not None or dtype != "auto" or tensor_parallel_size != 1:

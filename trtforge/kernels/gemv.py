@@ -32,6 +32,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from trtforge.kernels.qweight import INT4_GROUP, Fp8Weight, Int4Weight, QuantWeight
+
 MAX_ROWS = 16  # rows (tokens) one launch takes: the row block is at most 16
 
 
@@ -48,27 +50,77 @@ class GemvConfig:
 
 
 @triton.jit
-def _w_chunk(w_rows, offs_k, n_ok, K, stride_wn, up_rows, GATED: tl.constexpr):
-    """One K chunk of the weight rows (and of the up rows when gated); streamed, so evicted first."""
-    w_ok = n_ok[:, None] & (offs_k < K)[None, :]
-    w = tl.load(w_rows + offs_k[None, :], mask=w_ok, other=0.0, eviction_policy="evict_first")
-    wu = w
-    if GATED:
-        wu = tl.load(w_rows + up_rows * stride_wn + offs_k[None, :], mask=w_ok, other=0.0,
-                     eviction_policy="evict_first")  # fmt: skip
+def _round_e4m3(v):
+    """float32 `v` rounded to the nearest E4M3 value (half to even, saturating at +-448), as float32.
+
+    Bit arithmetic rather than a cast to float8: the same numbers on the GPU and in Triton's
+    interpreter (whose float8 cast does not carry a mantissa overflow into the exponent). Below
+    E4M3's smallest normal 2^-6 the grid is 2^-9: adding 2^-6 moves a value into [2^-6, 2^-5),
+    where three mantissa bits are that grid."""
+    a = tl.minimum(tl.abs(v), 448.0)
+    small = a < 0.015625
+    b = tl.where(small, a + 0.015625, a)
+    bits = b.to(tl.int32, bitcast=True)
+    r = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
+    r = tl.where(small, r - 0.015625, r)
+    return tl.where(v < 0, -r, r)
+
+
+@triton.jit
+def _w_chunk(w_rows, s_rows, o_rows, k0, arange_k, n_ok, K, stride_wn, stride_sn, up_rows,
+             GATED: tl.constexpr, WFMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             GROUP: tl.constexpr):  # fmt: skip
+    """One K chunk of the weight rows (and of the up rows when gated); streamed, so evicted first.
+
+    WFMT 0: the weights as stored; 1: E4M3 codes (their per-row scales apply in the epilogue); 2:
+    INT4 codes two per byte, dequantized here to float32 with their groups' scale and offset."""
+    if WFMT == 2:
+        half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        b_ok = n_ok[:, None] & (half < K // 2)[None, :]
+        groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        g_ok = n_ok[:, None] & (groups < K // GROUP)[None, :]
+        w = _int4_rows(w_rows, s_rows, o_rows, half, b_ok, groups, g_ok, BLOCK_N, BLOCK_K, GROUP)
+        wu = w
+        if GATED:
+            wu = _int4_rows(w_rows + up_rows * stride_wn, s_rows + up_rows * stride_sn,
+                            o_rows + up_rows * stride_sn, half, b_ok, groups, g_ok, BLOCK_N, BLOCK_K,
+                            GROUP)  # fmt: skip
+    else:  # one return after the constexpr branch: compiled Triton refuses returns of two types
+        offs_k = k0 + arange_k
+        w_ok = n_ok[:, None] & (offs_k < K)[None, :]
+        w = tl.load(w_rows + offs_k[None, :], mask=w_ok, other=0.0, eviction_policy="evict_first")
+        wu = w
+        if GATED:
+            wu = tl.load(w_rows + up_rows * stride_wn + offs_k[None, :], mask=w_ok, other=0.0,
+                         eviction_policy="evict_first")  # fmt: skip
     return w, wu
 
 
 @triton.jit
-def _x_chunk(x_rows, NormW, offs_k, m_ok, K, rstd, NORM: tl.constexpr, dtype: tl.constexpr):
+def _int4_rows(w_rows, s_rows, o_rows, half, b_ok, groups, g_ok,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr):  # fmt: skip
+    """float32 ``[BLOCK_N, BLOCK_K]`` weights of packed INT4 rows: ``q * scale + offset`` by group."""
+    q = tl.load(w_rows + half[None, :], mask=b_ok, other=0, eviction_policy="evict_first")
+    codes = tl.reshape(tl.join((q & 15).to(tl.float32), (q >> 4).to(tl.float32)), [BLOCK_N, BLOCK_K])
+    s = tl.load(s_rows + groups[None, :], mask=g_ok, other=0.0).to(tl.float32)
+    o = tl.load(o_rows + groups[None, :], mask=g_ok, other=0.0).to(tl.float32)
+    w = tl.reshape(codes, [BLOCK_N, BLOCK_K // GROUP, GROUP]) * s[:, :, None] + o[:, :, None]
+    return tl.reshape(w, [BLOCK_N, BLOCK_K])
+
+
+@triton.jit
+def _x_chunk(x_rows, NormW, offs_k, m_ok, K, rstd, inv, NORM: tl.constexpr, ACT_FP8: tl.constexpr,
+             dtype: tl.constexpr):  # fmt: skip
     """One K chunk of the x rows, normalized under NORM (x * rstd rounded to the dtype, times the
-    norm weight, rounded)."""
+    norm weight, rounded), and under ACT_FP8 quantized to E4M3 values of ``x * inv`` (float32)."""
     k_ok = offs_k < K
     x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
     if NORM:
         nw = tl.load(NormW + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         xn = (x.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)
         x = (xn * nw[None, :]).to(dtype)
+    if ACT_FP8:
+        x = _round_e4m3(x.to(tl.float32) * inv[:, None])
     return x
 
 
@@ -80,11 +132,14 @@ def _gemv_kernel(
     Res,
     Bias,
     NormW,
+    WScale,
+    WOffset,
     M,
     N,
     K,
     stride_xm,
     stride_wn,
+    stride_sn,
     stride_om,
     stride_rm,
     up_rows,
@@ -95,11 +150,18 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr,
     DOT: tl.constexpr,
     PDL: tl.constexpr,
+    WFMT: tl.constexpr,
+    ACT_FP8: tl.constexpr,
+    GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """Out[m, n] = epilogue(sum_k prologue(X)[m, k] * W[n, k]) for the BLOCK_N columns of this program."""
+    """Out[m, n] = epilogue(sum_k prologue(X)[m, k] * W[n, k]) for the BLOCK_N columns of this program.
+
+    WFMT 1 (FP8 W8A8, with ACT_FP8): each x row is quantized to E4M3 with its own scale (a pass finds its
+    largest magnitude), the sum runs over the E4M3 values and the epilogue multiplies by the row's and
+    the column's scales. WFMT 2 (INT4): the weights are dequantized chunk by chunk."""
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < M
@@ -108,11 +170,14 @@ def _gemv_kernel(
     arange_k = tl.arange(0, BLOCK_K)
     x_rows = X + offs_m[:, None] * stride_xm
     w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
-    dtype = W.dtype.element_ty
+    s_rows = WScale + offs_n.to(tl.int64)[:, None] * stride_sn
+    o_rows = WOffset + offs_n.to(tl.int64)[:, None] * stride_sn
+    dtype = Out.dtype.element_ty
     if BLOCK_M == 1 and not DOT:
         # The first chunk's weights (independent of the previous kernel) are requested before waiting
         # for that kernel (PDL) and before the norm prologue, so their latency overlaps both.
-        w0, wu0 = _w_chunk(w_rows, arange_k, n_ok, K, stride_wn, up_rows, GATED)
+        w0, wu0 = _w_chunk(w_rows, s_rows, o_rows, 0, arange_k, n_ok, K, stride_wn, stride_sn, up_rows,
+                           GATED, WFMT, BLOCK_N, BLOCK_K, GROUP)  # fmt: skip
     if PDL:
         gdc_wait()  # the previous kernel's writes (x, the residual) are visible from here on
         gdc_launch_dependents()  # the next kernel may start (and prefetch its own weights)
@@ -126,15 +191,24 @@ def _gemv_kernel(
         rstd = tl.rsqrt(sq / K + eps)
     else:
         rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    inv = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if ACT_FP8:  # each row's largest magnitude (after the norm): its E4M3 scale
+        amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            xa = _x_chunk(x_rows, NormW, k0 + arange_k, m_ok, K, rstd, inv, NORM, False, dtype)
+            amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), 1))
+        amax = tl.maximum(amax, 1e-12)
+        inv = 448.0 / amax
     if BLOCK_M == 1 and not DOT:
         # one row: keep [BLOCK_N, BLOCK_K] partial products in registers, reduce once after the loop
-        x0 = _x_chunk(x_rows, NormW, arange_k, m_ok, K, rstd, NORM, dtype)
+        x0 = _x_chunk(x_rows, NormW, arange_k, m_ok, K, rstd, inv, NORM, ACT_FP8, dtype)
         xf = x0.to(tl.float32)
         part = w0.to(tl.float32) * xf
         part_up = wu0.to(tl.float32) * xf
         for k0 in range(BLOCK_K, K, BLOCK_K):
-            w, wu = _w_chunk(w_rows, k0 + arange_k, n_ok, K, stride_wn, up_rows, GATED)
-            x = _x_chunk(x_rows, NormW, k0 + arange_k, m_ok, K, rstd, NORM, dtype)
+            w, wu = _w_chunk(w_rows, s_rows, o_rows, k0, arange_k, n_ok, K, stride_wn, stride_sn,
+                             up_rows, GATED, WFMT, BLOCK_N, BLOCK_K, GROUP)  # fmt: skip
+            x = _x_chunk(x_rows, NormW, k0 + arange_k, m_ok, K, rstd, inv, NORM, ACT_FP8, dtype)
             xf = x.to(tl.float32)
             part += w.to(tl.float32) * xf
             if GATED:
@@ -145,8 +219,9 @@ def _gemv_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            w, wu = _w_chunk(w_rows, k0 + arange_k, n_ok, K, stride_wn, up_rows, GATED)
-            x = _x_chunk(x_rows, NormW, k0 + arange_k, m_ok, K, rstd, NORM, dtype)
+            w, wu = _w_chunk(w_rows, s_rows, o_rows, k0, arange_k, n_ok, K, stride_wn, stride_sn,
+                             up_rows, GATED, WFMT, BLOCK_N, BLOCK_K, GROUP)  # fmt: skip
+            x = _x_chunk(x_rows, NormW, k0 + arange_k, m_ok, K, rstd, inv, NORM, ACT_FP8, dtype)
             if DOT:
                 acc += tl.dot(x, tl.trans(w))
                 if GATED:
@@ -156,6 +231,11 @@ def _gemv_kernel(
                 acc += tl.sum(xf * w.to(tl.float32)[None, :, :], 2)
                 if GATED:
                     acc_up += tl.sum(xf * wu.to(tl.float32)[None, :, :], 2)
+    if ACT_FP8:
+        sx = (amax / 448.0)[:, None]
+        acc = acc * sx * tl.load(WScale + offs_n, mask=n_ok, other=0.0)[None, :]
+        if GATED:
+            acc_up = acc_up * sx * tl.load(WScale + up_rows + offs_n, mask=n_ok, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(Bias + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
@@ -193,60 +273,108 @@ def pdl_supported(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def default_config(m: int, n: int, k: int, gated: bool, num_sms: int = 132) -> GemvConfig:
+def default_config(
+    m: int, n: int, k: int, gated: bool, num_sms: int = 132, weight_kind: str = "plain"
+) -> GemvConfig:
     """The launch parameters for an ``[m, k] x [n, k]^T`` projection (gated: n gate/up row pairs).
 
     One row: the widest column block of at most ``MAX_ROWS_PER_PROGRAM`` weight rows (gate and up count
     two) that still gives ``PROGRAMS_PER_SM`` programs per SM, and the longest K chunk (<= 1024) keeping
-    ~32 FP32 partials a thread. More rows: the tensor cores.
+    ~32 FP32 partials a thread. More rows: the tensor cores; quantized weights (`weight_kind` "fp8" or
+    "int4") take FP32 FMAs at every row count, INT4 in chunks of whole groups.
     """
-    if m == 1:
+    quant = weight_kind != "plain"
+    if m == 1 or quant:
         bn = MAX_ROWS_PER_PROGRAM // (2 if gated else 1)
         while bn > 1 and triton.cdiv(n, bn) < PROGRAMS_PER_SM * num_sms:
             bn //= 2
         bk = min(1024, triton.next_power_of_2(k), max(64, 16384 // (bn * (2 if gated else 1))))
-        return GemvConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=1, dot=False)
+        if m > 1:  # FMAs over [rows, columns, chunk]: a smaller chunk
+            bk = max(64, bk // triton.next_power_of_2(m))
+        if weight_kind == "int4":
+            bk = max(bk, INT4_GROUP)
+        return GemvConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=1 if m == 1 else 2, dot=False)
     return GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3, dot=True)
 
 
-def _check(x: torch.Tensor, w: torch.Tensor, what: str) -> None:
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
-        raise ValueError(f"{what}: x {tuple(x.shape)} and weight {tuple(w.shape)} are not [M, K] and [N, K]")
+def _weight_args(
+    w: torch.Tensor | QuantWeight,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
+    """The kernel's view of a weight: codes, per-row (FP8) or per-group (INT4) scales and offsets, WFMT."""
+    if isinstance(w, Fp8Weight):
+        return w.data, w.scale, None, 1
+    if isinstance(w, Int4Weight):
+        if w.group_size != INT4_GROUP:
+            raise ValueError(f"the INT4 GEMV takes groups of {INT4_GROUP}, got {w.group_size}")
+        return w.packed, w.scale, w.offset, 2
+    return w, None, None, 0
+
+
+def _check(x: torch.Tensor, w: torch.Tensor | QuantWeight, what: str) -> None:
+    shape = tuple(w.shape)
+    codes = _weight_args(w)[0]
+    if x.dim() != 2 or len(shape) != 2 or x.shape[1] != shape[1]:
+        raise ValueError(f"{what}: x {tuple(x.shape)} and weight {shape} are not [M, K] and [N, K]")
     if not 0 < x.shape[0] <= MAX_ROWS:
         raise ValueError(f"{what}: takes 1..{MAX_ROWS} rows, got {x.shape[0]}")
-    if x.stride(1) != 1 or w.stride(1) != 1:
+    if x.stride(1) != 1 or codes.stride(1) != 1:
         raise ValueError(f"{what}: x and weight need unit stride along K")
 
 
 def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=0, config=None) -> None:
     m, k = int(x.shape[0]), int(x.shape[1])
-    cfg = config or default_config(m, n, k, up_rows > 0, _num_sms(x.device))
+    codes, scale, offset, wfmt = _weight_args(w)
+    kind = ("plain", "fp8", "int4")[wfmt]
+    cfg = config or default_config(m, n, k, up_rows > 0, _num_sms(x.device), kind)
+    if wfmt and cfg.dot:
+        raise ValueError("quantized weights run on FP32 FMAs: GemvConfig(dot=False)")
+    if wfmt == 2 and cfg.block_k % INT4_GROUP:
+        raise ValueError(f"INT4 weights need block_k a multiple of {INT4_GROUP}, got {cfg.block_k}")
     block_m = 16 if cfg.dot else triton.next_power_of_2(m)
     pdl = pdl_supported(x.device)
     dummy = out
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
-        x, w, out,
+        x, codes, out,
         res if res is not None else dummy,
         bias if bias is not None else dummy,
         norm_w if norm_w is not None else dummy,
+        scale if scale is not None else dummy,
+        offset if offset is not None else dummy,
         m, n, k,
-        x.stride(0), w.stride(0), out.stride(0), res.stride(0) if res is not None else 0,
+        x.stride(0), codes.stride(0), scale.stride(0) if scale is not None and scale.dim() == 2 else 0,
+        out.stride(0), res.stride(0) if res is not None else 0,
         up_rows, float(eps),
         NORM=norm_w is not None, GATED=up_rows > 0, HAS_RES=res is not None, HAS_BIAS=bias is not None,
-        DOT=cfg.dot, PDL=pdl, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        DOT=cfg.dot, PDL=pdl, WFMT=wfmt, ACT_FP8=wfmt == 1, GROUP=INT4_GROUP,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
+
+
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor | QuantWeight,
+    bias: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """``linear(x, weight, bias)`` for ``x`` ``[M, K]`` (M <= 16), ``weight`` ``[N, K]`` or quantized."""
+    _check(x, weight, "gemv")
+    n = int(weight.shape[0])
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    _launch(x, weight, out, n, bias=bias, config=config)
+    return out
 
 
 def norm_gemv(
     x: torch.Tensor,
     norm_weight: torch.Tensor,
     eps: float,
-    weight: torch.Tensor,
+    weight: torch.Tensor | QuantWeight,
     bias: torch.Tensor | None = None,
     config: GemvConfig | None = None,
 ) -> torch.Tensor:
-    """``linear(rms_norm(x), weight, bias)`` for ``x`` ``[M, K]`` (M <= 16), ``weight`` ``[N, K]``."""
+    """``linear(rms_norm(x), weight, bias)`` for ``x`` ``[M, K]`` (M <= 16), ``weight`` ``[N, K]``
+    (or quantized: :mod:`trtforge.kernels.qweight`)."""
     _check(x, weight, "norm_gemv")
     n = int(weight.shape[0])
     out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
@@ -258,7 +386,7 @@ def norm_gate_up_silu(
     x: torch.Tensor,
     norm_weight: torch.Tensor,
     eps: float,
-    gate_up: torch.Tensor,
+    gate_up: torch.Tensor | QuantWeight,
     config: GemvConfig | None = None,
 ) -> torch.Tensor:
     """``silu(g) * u`` for ``[g | u] = linear(rms_norm(x), gate_up)``, gate_up ``[2I, K]`` -> ``[M, I]``."""
@@ -272,7 +400,10 @@ def norm_gate_up_silu(
 
 
 def gemv_residual(
-    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, config: GemvConfig | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor | QuantWeight,
+    residual: torch.Tensor,
+    config: GemvConfig | None = None,
 ) -> torch.Tensor:
     """``residual + x @ weight.T`` (one rounding, as ``addmm``); x ``[M, K]``, weight ``[N, K]``."""
     _check(x, weight, "gemv_residual")

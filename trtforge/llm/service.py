@@ -170,6 +170,7 @@ def load(
     speculative: dict[str, Any] | SpeculativeConfig | None = None,
     tensor_parallel_size: int = 1,
     kv_cache_dtype: str = "auto",
+    quantization: str | None = None,
     calib_prompts: Sequence[Sequence[int]] | None = None,
 ) -> ServingLLM:
     """Load a model for generation: always a :class:`ServingLLM`.
@@ -208,7 +209,13 @@ def load(
             speculative=speculative,
             tensor_parallel_size=tensor_parallel_size,
             kv_cache_dtype=kv_cache_dtype,
+            quantization=quantization,
             calib_prompts=calib_prompts,
+        )
+    if quantization is not None:
+        raise UserError(
+            f"quantization={quantization!r} applies to the torch executor (executor='torch' or "
+            "trtforge.llm.from_pretrained); compiled step graphs and engines carry their own precision."
         )
     if tensor_parallel_size != 1:
         raise UserError(
@@ -329,6 +336,7 @@ def from_pretrained(
     speculative: dict[str, Any] | SpeculativeConfig | None = None,
     tensor_parallel_size: int = 1,
     kv_cache_dtype: str = "auto",
+    quantization: str | None = None,
     calib_prompts: Sequence[Sequence[int]] | None = None,
 ) -> ServingLLM:
     """Serve a transformers causal LM (an nn.Module, a save_pretrained directory or ``module:factory``)
@@ -337,6 +345,11 @@ def from_pretrained(
     `num_blocks` None sizes the pool to the machine (:func:`trtforge.llm.sizing.torch_pool`: on a GPU
     `gpu_memory_utilization` of the memory left after the weights and a measured step, in the cache's
     real bytes per token); `config` None takes :func:`trtforge.llm.sizing.default_scheduler_config`.
+
+    `quantization` ("fp8", "int4-awq", "int4-rtn"; :mod:`trtforge.llm.quant`) quantizes the Llama-style
+    projections once the model is on its device, before the pool is sized (so the freed weight bytes
+    go to the KV cache); "int4-awq" searches its scales on `calib_prompts` (lists of token ids). The
+    executor's ``facts.quantization`` records it.
 
     `kv_cache_dtype`: "auto" (the model's dtype) or "fp8" (E4M3 pools, half the bytes of BF16, with one
     K and one V scale per layer calibrated on `calib_prompts`, token-id lists as ``--calib-data``
@@ -354,17 +367,22 @@ def from_pretrained(
     from trtforge.llm.executors.kv_cache import kv_cache_dtype_name
     from trtforge.llm.executors.torch_exec import TorchExecutor
     from trtforge.llm.models.loader import load_causal_lm
+    from trtforge.llm.quant import quantize_model
+    from trtforge.llm.quant.apply import check_quantization
 
     spec = SpeculativeConfig.of(speculative)
+    check_quantization(quantization)
     kv_cache_dtype = kv_cache_dtype_name(kv_cache_dtype)  # refused before the model loads
-    if calib_prompts is not None and kv_cache_dtype == "auto":
+    if calib_prompts is not None and kv_cache_dtype == "auto" and quantization != "int4-awq":
         raise UserError(
-            "calib_prompts (--calib-data) calibrate the FP8 KV cache's scales; with kv_cache_dtype='auto' "
-            "there is nothing to calibrate. Pass kv_cache_dtype='fp8' (--kv-cache-dtype fp8), or drop them."
+            "calib_prompts (--calib-data) calibrate int4-awq's scales and the FP8 KV cache's; with "
+            f"quantization={quantization!r} and kv_cache_dtype='auto' there is nothing to calibrate. Pass "
+            "quantization='int4-awq' or kv_cache_dtype='fp8' (--kv-cache-dtype fp8), or drop them."
         )
-    if tensor_parallel_size != 1 and kv_cache_dtype != "auto":
+    if tensor_parallel_size != 1 and (kv_cache_dtype != "auto" or quantization is not None):
         raise UserError(
-            "kv_cache_dtype 'fp8' does not run with tensor_parallel_size > 1 yet; pass one of them."
+            "kv_cache_dtype 'fp8' and quantization do not run with tensor_parallel_size > 1 yet; "
+            "pass tensor_parallel_size=1 or drop them."
         )
     config = sizing.default_scheduler_config(config, max_num_seqs)
     if tensor_parallel_size != 1:
@@ -386,6 +404,10 @@ def from_pretrained(
     if spec is not None and config.async_scheduling is None:
         config = dataclasses.replace(config, async_scheduling=False)
     lm = load_causal_lm(model)
+    if quantization is not None:
+        if device is not None or dtype is not None:
+            lm.to(device=device, dtype=dtype)
+        quantize_model(lm, quantization, calib_prompts, user="from_pretrained")
     draft_lm = None
     if spec is not None and spec.method == "draft":  # on the device before sizing: its weights count
         draft_lm = load_causal_lm(spec.model)

@@ -233,6 +233,8 @@ class ExecutorFacts:
       so no prefix can be shared and the scheduler sends each batch's ``prompt_lens``;
     - ``tensor_parallel_size``: the ranks the model is split over; one rank's executor counts its own
       share of the KV heads and pool bytes, the driver the scheduler reads counts the whole model's.
+    - ``quantization``: the weight quantization the executor runs ("fp8", "int4-awq", "int4-rtn"), or
+      None for the model's own dtype.
     """
 
     num_blocks: int
@@ -248,6 +250,7 @@ class ExecutorFacts:
     kv_pool_bytes: int
     kv_depends_on_prompt_len: bool = False
     tensor_parallel_size: int = 1
+    quantization: str | None = None
 
     @property
     def eos_token_id(self) -> int | None:

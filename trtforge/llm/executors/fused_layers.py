@@ -10,9 +10,12 @@ norms, SiLU*mul and residual adds folded in: norm+QKV, o_proj+residual, norm+gat
 down+residual, and norm+lm_head.
 
 The concatenated weights replace the modules' own parameters with views into them, so the model
-keeps working unchanged and no weight is held twice. Phi-3's fused qkv_proj and gate_up_proj are used
-as they are. :func:`fusable` says which models fit (SiLU-gated MLP, RMSNorms, unbiased o/MLP
-projections, an even head dim).
+keeps working unchanged and no weight is held twice. Quantized projections
+(:class:`~trtforge.llm.quant.linear.QuantLinear`) concatenate their quantized rows the same way; the
+GEMVs read them directly (FP8 at one token, INT4 up to 16: no INT4 tensor-core GEMM here), larger
+token counts go through :func:`~trtforge.llm.quant.linear.quant_linear` (FP8: ``torch._scaled_mm``).
+Phi-3's fused qkv_proj and gate_up_proj are used as they are. :func:`fusable` says which models fit
+(SiLU-gated MLP, RMSNorms, unbiased o/MLP projections, an even head dim).
 
 Under tensor parallelism (a ``tp`` group, :mod:`trtforge.llm.models.parallel`) the weights are the
 rank's shard: o_proj and down_proj multiply the rank's input columns, rank 0 alone folds the residual
@@ -33,7 +36,9 @@ from trtforge.kernels.gemv import (
     norm_gate_up_silu,
     norm_gemv,
 )
+from trtforge.kernels.qweight import Int4Weight, cat_weights
 from trtforge.llm.models.llama import LlamaStyle
+from trtforge.llm.quant.linear import QuantLinear, quant_linear
 
 # Token counts up to this run the projections as GEMVs (FusedLayers.gemv_max_tokens; at most
 # kernels.gemv.MAX_ROWS). On an H200 (TinyLlama-1.1B shapes, benchmarks/bench_decode_layer.py,
@@ -71,8 +76,29 @@ def fusable(adapter: LlamaStyle) -> str | None:
     return None
 
 
-def _concat_into_views(modules: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate the modules' weights (and biases) along dim 0; repoint each module at its slice."""
+def _weight(module: Any) -> Any:
+    """A projection's weight: its tensor, or its quantized weight (:mod:`trtforge.kernels.qweight`)."""
+    return module.qweight if isinstance(module, QuantLinear) else module.weight
+
+
+def _concat_into_views(modules: list[Any]) -> tuple[Any, torch.Tensor | None]:
+    """Concatenate the modules' weights (and biases) along dim 0; repoint each module at its slice.
+
+    Quantized projections concatenate their quantized rows (every format quantizes per output row)."""
+    if isinstance(modules[0], QuantLinear):
+        qweight = cat_weights([m.qweight for m in modules])
+        has_bias = [m.bias is not None for m in modules]
+        qbias = torch.cat([m.bias.data for m in modules]) if all(has_bias) else None
+        if any(has_bias) and qbias is None:
+            raise ValueError("either every projection has a bias or none does")
+        lo = 0
+        for m in modules:
+            hi = lo + int(m.out_features)
+            m.qweight = qweight.rows(lo, hi)
+            if qbias is not None:
+                m.bias.data = qbias[lo:hi]
+            lo = hi
+        return qweight, qbias
     weight = torch.cat([m.weight.data for m in modules])
     has_bias = [m.bias is not None for m in modules]
     bias = torch.cat([m.bias.data for m in modules]) if all(has_bias) else None
@@ -97,19 +123,26 @@ class FusedLayers:
         self.model, self.inner = adapter.model, adapter.body
         self.layers = adapter.layers
         self.qkv_w: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-        self.gate_up_w: list[torch.Tensor] = []
+        self.gate_up_w: list[Any] = []
+        self.o_w: list[Any] = []
+        self.down_w: list[Any] = []
         for layer in self.layers:
             a, m = layer.self_attn, layer.mlp
             fused = getattr(a, "qkv_proj", None)  # Phi-3: already [q; k; v] by heads
-            qkv = (fused.weight, fused.bias) if fused is not None else None
+            qkv = (_weight(fused), fused.bias) if fused is not None else None
             self.qkv_w.append(qkv or _concat_into_views([a.q_proj, a.k_proj, a.v_proj]))
             gate_up = getattr(m, "gate_up_proj", None)  # Phi-3: already [gate; up]
             self.gate_up_w.append(
-                gate_up.weight if gate_up is not None else _concat_into_views([m.gate_proj, m.up_proj])[0]
+                _weight(gate_up) if gate_up is not None else _concat_into_views([m.gate_proj, m.up_proj])[0]
             )
+            self.o_w.append(_weight(a.o_proj))
+            self.down_w.append(_weight(m.down_proj))
         self.head_dim, self.num_heads = adapter.head_dim, adapter.num_heads
         self.num_kv_heads = adapter.num_kv_heads
         self.gemv_max_tokens = min(GEMV_MAX_TOKENS, MAX_ROWS)
+        if isinstance(self.o_w[0], Int4Weight):  # no INT4 tensor-core GEMM: the dequantizing GEMV to 16 rows
+            self.gemv_max_tokens = MAX_ROWS
+        self.quantized = not isinstance(self.o_w[0], torch.Tensor)
 
     def _gemv(self, h: torch.Tensor) -> bool:
         return 0 < int(h.shape[0]) <= self.gemv_max_tokens
@@ -133,7 +166,7 @@ class FusedLayers:
         if self._gemv(h):
             qkv = norm_gemv(h, norm.weight, norm.variance_epsilon, w, b)
         else:
-            qkv = torch.nn.functional.linear(rms_norm(h, norm.weight, norm.variance_epsilon), w, b)
+            qkv = self._linear(rms_norm(h, norm.weight, norm.variance_epsilon), w, b)
         attn = layer.self_attn
         if getattr(attn, "q_norm", None) is not None:
             qk_norm_(qkv, attn.q_norm, attn.k_norm, self.num_heads, self.num_kv_heads)
@@ -146,15 +179,15 @@ class FusedLayers:
         layer = self.layers[i]
         norm = layer.post_attention_layernorm
         o = o.reshape(h.shape[0], -1)
-        h = self._row_parallel(o, layer.self_attn.o_proj.weight, h)
+        h = self._row_parallel(o, self.o_w[i], h)
         if self._gemv(h):
             a = norm_gate_up_silu(h, norm.weight, norm.variance_epsilon, self.gate_up_w[i])
         else:
             x = rms_norm(h, norm.weight, norm.variance_epsilon)
-            a = silu_mul(torch.nn.functional.linear(x, self.gate_up_w[i]))
-        return self._row_parallel(a, layer.mlp.down_proj.weight, h)
+            a = silu_mul(self._linear(x, self.gate_up_w[i], None))
+        return self._row_parallel(a, self.down_w[i], h)
 
-    def _row_parallel(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    def _row_parallel(self, x: torch.Tensor, w: Any, residual: torch.Tensor) -> torch.Tensor:
         """``residual + x @ w.T`` with the residual folded into the GEMM (GEMV). Under tensor parallelism
         `w` holds this rank's input columns: rank 0 folds the residual into its partial product, the
         others add zeros, and one all-reduce sums them, so the residual counts exactly once."""
@@ -162,9 +195,17 @@ class FusedLayers:
             residual = torch.zeros_like(residual)
         if self._gemv(residual):
             out = gemv_residual(x.contiguous(), w, residual)
-        else:
+        elif isinstance(w, torch.Tensor):
             out = torch.addmm(residual, x, w.t())
+        else:
+            out = residual + quant_linear(x, w)
         return out if self.tp is None else self.tp.all_reduce(out)
+
+    @staticmethod
+    def _linear(x: torch.Tensor, w: Any, b: torch.Tensor | None) -> torch.Tensor:
+        if isinstance(w, torch.Tensor):
+            return torch.nn.functional.linear(x, w, b)
+        return quant_linear(x, w, b)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """LM-head logits; under tensor parallelism the head holds this rank's vocabulary rows

@@ -68,6 +68,7 @@ from trtforge.llm.models.families import (
     refuse_unapplied_window,
 )
 from trtforge.llm.models.parallel import TensorParallel
+from trtforge.llm.quant import model_quantization
 
 # decode graph batch sizes; the largest is max_decode_batch itself (from_pretrained: max_num_seqs)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
@@ -106,7 +107,9 @@ class TorchExecutor:
     (by default wherever `static_decode` is); larger ones run eagerly. Decode-only steps of up to
     `max_decode_batch` sequences run on static shapes (a CUDA graph per batch bucket, the largest bucket
     being `max_decode_batch`); larger ones run like steps with prompt tokens. Give it the scheduler's
-    ``max_num_seqs`` (:func:`trtforge.llm.service.from_pretrained` does).
+    ``max_num_seqs`` (:func:`trtforge.llm.service.from_pretrained` does). A model quantized by
+    :func:`trtforge.llm.quant.quantize_model` (on its device) runs its quantized projections, fused
+    too; ``facts.quantization`` says which.
     `tensor_parallel` makes it one rank of a tensor-parallel group (:mod:`trtforge.llm.models.parallel`,
     driven by :mod:`.tensor_parallel`): the model is sharded in place through its adapter, the pools hold
     this rank's KV heads, and every step (graphs included) runs the group's collectives, so all ranks
@@ -292,6 +295,7 @@ class TorchExecutor:
             kv_pool_bytes=sum(p.numel() * p.element_size() for p in pools),
             kv_depends_on_prompt_len=a.dynamic,
             tensor_parallel_size=1 if self.tensor_parallel is None else self.tensor_parallel.world,
+            quantization=model_quantization(self.model),
         )
 
     @property

@@ -1,0 +1,267 @@
+"""Quantized serving speed on a GPU: Llama-3-8B shape, random weights built on the device.
+
+    python benchmarks/bench_quant_speed.py --out benchmarks/results/quant_speed.json [--quick]
+
+Parts (``--parts``, comma-separated; each records an error instead of ending the run):
+- ``kernels``: the 8B projections (QKV 6144x4096, o 4096x4096, gate/up 28672x4096, down 4096x14336):
+  FP8 ``torch._scaled_mm`` (activation quantization excluded, then included) and BF16 ``torch.mm`` in
+  TFLOP/s at M = 16..8192 (dense FP8 peak of an H200: ~1,979 TFLOP/s; BF16 ~989); and the M=1 GEMVs
+  (BF16, FP8 W8A8, INT4 group 128) in TB/s of weight bytes read (H200 HBM3e: 4.8 TB/s). Each kernel's
+  result is checked against the float32 reference of its format first.
+- ``single``: one request alone (512 prompt tokens, 256 output), CUDA graphs as the executor uses
+  them: ms/token for BF16, FP8 and INT4. The INT4 weights are round-to-nearest: AWQ's weights have the
+  same format, bytes and kernels (its search only changes the values), and random weights give AWQ
+  no activations worth calibrating on.
+- ``serving``: the same workload for BF16 and FP8: 256 requests of 512 prompt / 256 output tokens, all
+  submitted at once, one 28 GB BF16 K/V pool (13,351 blocks of 16: every sequence fits; the same for
+  both), scheduler 256 sequences, 4096 tokens a step, prompt chunks of 1024; output tokens/s.
+
+Targets (issue #28): single stream FP8 <= 0.6x and INT4 <= 0.4x BF16's ms/token; serving FP8 >= 1.6x BF16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SHAPE = {
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 2048,  # (8192 in Llama 3: fewer decode-graph width buckets to capture here)
+    "rope_theta": 500000.0,
+}
+# --tiny: the script's own check on a CPU (the single and serving parts, on the float32 reference path)
+TINY = {
+    "vocab_size": 512,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+    "head_dim": 32,
+}
+DEVICE = "cuda"
+PROJECTIONS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+
+
+def build(layers: int) -> torch.nn.Module:
+    """A random BF16 Llama-3-8B-shaped model, initialized on the GPU (std 0.02)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**(SHAPE | {"num_hidden_layers": layers}))
+    torch.set_default_dtype(torch.bfloat16 if DEVICE == "cuda" else torch.float32)
+    try:
+        with torch.device(DEVICE):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    return model.eval()
+
+
+def variant(method: str, layers: int) -> torch.nn.Module:
+    from trtforge.llm.quant import quantize_model
+
+    model = build(layers)
+    if method != "bf16":
+        quantize_model(model, "int4-rtn" if method == "int4" else method)
+    gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return model
+
+
+def _bench_ms(fn, rep: int = 100) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=rep))
+
+
+def _projection(n: int, k: int, ms: tuple[int, ...], g: torch.Generator) -> tuple[dict, dict]:
+    """One projection's GEMM rows (correctness, then TFLOP/s by M) and M=1 GEMVs (TB/s)."""
+    from trtforge.kernels.gemv import gemv
+    from trtforge.kernels.qweight import fp8_linear_reference, quantize_fp8, quantize_int4, quantize_rows_fp8
+    from trtforge.llm.quant.linear import quant_linear
+
+    w = torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16) * 0.02
+    q8, q4 = quantize_fp8(w), quantize_int4(w)
+    # correctness first: each kernel against its format's float32 reference
+    x = torch.randn(32, k, device="cuda", generator=g, dtype=torch.bfloat16)
+    ref8 = fp8_linear_reference(x, q8)
+    x1 = x[:1].contiguous()
+    ref4 = x1.float() @ q4.dequantize().t()
+    row: dict = {
+        "fp8_scaled_mm_rel_err": ((quant_linear(x, q8).float() - ref8).norm() / ref8.norm()).item(),
+        "fp8_gemv_rel_err": ((gemv(x1, q8).float() - ref8[:1]).norm() / ref8[:1].norm()).item(),
+        "int4_gemv_rel_err": ((gemv(x1, q4).float() - ref4).norm() / ref4.norm()).item(),
+    }
+    for m in ms:
+        xm = torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16)
+        xq, sx = quantize_rows_fp8(xm)
+        flops = 2 * m * n * k
+        t_mm = _bench_ms(lambda xm=xm: torch.mm(xm, w.t()))
+        t_8 = _bench_ms(
+            lambda xq=xq, sx=sx: torch._scaled_mm(
+                xq, q8.data.t(), scale_a=sx, scale_b=q8.scale[None, :], out_dtype=torch.bfloat16
+            )
+        )
+        t_8all = _bench_ms(lambda xm=xm: quant_linear(xm, q8))
+        row[f"M{m}"] = {
+            "bf16_tflops": flops / t_mm / 1e9,
+            "fp8_scaled_mm_tflops": flops / t_8 / 1e9,
+            "fp8_with_act_quant_tflops": flops / t_8all / 1e9,
+        }
+    gv = {}
+    for label, weight, nbytes in (
+        ("bf16", w, w.numel() * 2),
+        ("fp8", q8, q8.nbytes),
+        ("int4", q4, q4.nbytes),
+    ):
+        t = _bench_ms(lambda weight=weight: gemv(x1, weight), rep=200)
+        gv[label] = {"us": t * 1e3, "tb_per_s": nbytes / t / 1e9, "weight_mb": nbytes / 1e6}
+    return row, gv
+
+
+def kernels_part(quick: bool) -> dict:
+    out: dict = {"gemm": {}, "gemv": {}}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ms = (16, 256, 4096) if quick else (16, 64, 256, 1024, 4096, 8192)
+    for name, (n, k) in PROJECTIONS.items():
+        row, gv = _projection(n, k, ms, g)
+        out["gemm"][name], out["gemv"][name] = row, gv
+        errors = {key: v for key, v in row.items() if "err" in key}
+        print(name, json.dumps({"errors": errors, "gemv": gv}), flush=True)
+    return out
+
+
+def single_part(quick: bool, layers: int) -> dict:
+    from bench_serving import single_stream
+
+    prompt = torch.randint(
+        3, SHAPE["vocab_size"], (512,), generator=torch.Generator().manual_seed(0)
+    ).tolist()
+    olen = 128 if quick else 256
+    if DEVICE == "cpu":
+        prompt, olen = prompt[:32], 8
+    out: dict = {"prompt_tokens": len(prompt), "output_tokens": olen}
+    for method in ("bf16", "fp8", "int4"):
+        model = variant(method, layers)
+        r = single_stream(model, prompt, olen, graphs=True)
+        r.pop("tokens")
+        out[method] = r
+        print(
+            f"single stream {method}: {r['itl_ms_mean']:.3f} ms/token (p50 {r['itl_ms_p50']:.3f})", flush=True
+        )
+        del model
+        gc.collect()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    base = out["bf16"]["itl_ms_mean"]
+    out["ratio_to_bf16"] = {m: out[m]["itl_ms_mean"] / base for m in ("fp8", "int4")}
+    return out
+
+
+def serving_part(quick: bool, layers: int) -> dict:
+    from bench_serving import run_engine, workload
+
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+    from trtforge.llm.sched.scheduler import SchedulerConfig
+
+    n, plen, olen = (64, 512, 128) if quick else (256, 512, 256)
+    if DEVICE == "cpu":
+        n, plen, olen = 8, 32, 8
+    block = 16
+    head_dim = SHAPE.get("head_dim", SHAPE["hidden_size"] // SHAPE["num_attention_heads"])
+    per_token = 2 * layers * SHAPE["num_key_value_heads"] * head_dim * 2  # BF16 K/V bytes a token
+    num_blocks = int(28e9 / (per_token * block)) if DEVICE == "cuda" else 64
+    config = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=4096, max_prefill_chunk=1024)
+    out: dict = {
+        "workload": f"{n} requests, {plen} prompt / {olen} output tokens each, all submitted at once",
+        "num_blocks": num_blocks,
+        "block_size": block,
+    }
+    for method in ("bf16", "fp8"):
+        model = variant(method, layers)
+        ex = TorchExecutor(
+            model, num_blocks=num_blocks, block_size=block, max_decode_batch=256, max_model_len=1024
+        )
+        t = time.perf_counter()
+        ex.capture_decode_graphs()
+        ex.capture_mixed_graphs()
+        capture = time.perf_counter() - t
+        run_engine(ex, workload(32, (plen, plen), (16, 16), 0.0, SHAPE["vocab_size"], seed=1), config)
+        reqs = workload(n, (plen, plen), (olen, olen), 0.0, SHAPE["vocab_size"], seed=0)
+        r = run_engine(ex, reqs, config)
+        r["graph_capture_s"] = capture
+        r["quantization"] = ex.facts.quantization
+        out[method] = r
+        print(f"serving {method}: {r['output_tok_per_s']:.0f} output tok/s", flush=True)
+        del ex, model
+        gc.collect()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    out["fp8_over_bf16"] = out["fp8"]["output_tok_per_s"] / out["bf16"]["output_tok_per_s"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="kernels,single,serving")
+    ap.add_argument("--quick", action="store_true", help="fewer M values, 128 output tokens, 64 requests")
+    ap.add_argument("--layers", type=int, default=32, help="decoder layers (32: the 8B model)")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--tiny", action="store_true", help="check the script on a CPU (tiny model)")
+    args = ap.parse_args()
+    global DEVICE, SHAPE
+    if args.tiny:
+        DEVICE, SHAPE = "cpu", TINY
+        args.layers = TINY["num_hidden_layers"]
+        args.parts = ",".join(p for p in args.parts.split(",") if p.strip() != "kernels")
+    elif not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU (--tiny checks the script on the CPU)")
+    results: dict = {
+        "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
+        "capability": list(torch.cuda.get_device_capability()) if DEVICE == "cuda" else None,
+        "torch": torch.__version__,
+        "shape": SHAPE | {"num_hidden_layers": args.layers},
+        "quick": args.quick,
+    }
+    parts = {
+        "kernels": lambda: kernels_part(args.quick),
+        "single": lambda: single_part(args.quick, args.layers),
+        "serving": lambda: serving_part(args.quick, args.layers),
+    }
+    for name in [p.strip() for p in args.parts.split(",") if p.strip()]:
+        t = time.perf_counter()
+        try:
+            results[name] = parts[name]()
+        except Exception as e:  # recorded; the other parts still run
+            results[name] = {"error": repr(e), "traceback": traceback.format_exc()[-2000:]}
+            print(f"{name} failed: {e!r}", flush=True)
+        results[name + "_s"] = round(time.perf_counter() - t, 1)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(results, indent=1))
+    summary = {
+        "single_ratio_to_bf16": results.get("single", {}).get("ratio_to_bf16"),
+        "serving_fp8_over_bf16": results.get("serving", {}).get("fp8_over_bf16"),
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Quantized weight formats the kernels read, with their float32 references.
+
+- :class:`Fp8Weight` (W8A8): E4M3 weights ``[N, K]`` with one float32 scale per output channel; the
+  activations are quantized per token at run time (:func:`quantize_rows_fp8`). The product of two
+  E4M3 values is exact in float32, so :func:`fp8_linear_reference` is the exact execution the GPU
+  kernels (``torch._scaled_mm``, the FP8 GEMV) are checked against.
+- :class:`Int4Weight` (weight-only): asymmetric 4-bit codes ``q`` in 0..15 in groups of
+  :data:`INT4_GROUP` along K, two per byte (even k in the low nibble, odd k in the high one), and per
+  group a float16 scale and offset: ``w = q * scale + offset``.
+
+Both quantize row by row (per output channel, groups along K), so the rows of several projections
+concatenated (one QKV weight, one gate/up weight) are the concatenation of their quantized rows:
+:func:`cat_weights`, :meth:`rows`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FP8_MAX = 448.0  # the largest finite E4M3 (float8_e4m3fn) value
+INT4_GROUP = 128
+_TINY = 1e-12
+
+
+@dataclass(frozen=True)
+class Fp8Weight:
+    """E4M3 ``data`` ``[N, K]`` and float32 ``scale`` ``[N]``: ``w[n] ~ data[n] * scale[n]``."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    kind = "fp8"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.data.shape[0]), int(self.data.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() + self.scale.numel() * self.scale.element_size()
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 ``[N, K]``."""
+        return self.data.float() * self.scale.float()[:, None]
+
+    def rows(self, lo: int, hi: int) -> Fp8Weight:
+        return Fp8Weight(self.data[lo:hi], self.scale[lo:hi])
+
+
+@dataclass(frozen=True)
+class Int4Weight:
+    """``packed`` uint8 ``[N, K/2]``, float16 ``scale`` and ``offset`` ``[N, K/G]``: ``w = q*s + o``."""
+
+    packed: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor
+    kind = "int4"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.packed.shape[0]), 2 * int(self.packed.shape[1])
+
+    @property
+    def group_size(self) -> int:
+        return self.shape[1] // int(self.scale.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + 2 * self.scale.numel() * self.scale.element_size()
+
+    def codes(self) -> torch.Tensor:
+        """The 4-bit codes ``[N, K]`` as uint8."""
+        lo, hi = self.packed & 15, self.packed >> 4
+        return torch.stack((lo, hi), dim=-1).flatten(-2)
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 ``[N, K]``."""
+        n, k = self.shape
+        q = self.codes().float().view(n, -1, self.group_size)
+        w = q * self.scale.float()[:, :, None] + self.offset.float()[:, :, None]
+        return w.view(n, k)
+
+    def rows(self, lo: int, hi: int) -> Int4Weight:
+        return Int4Weight(self.packed[lo:hi], self.scale[lo:hi], self.offset[lo:hi])
+
+
+QuantWeight = Fp8Weight | Int4Weight
+
+
+def cat_weights(weights: list[QuantWeight]) -> QuantWeight:
+    """The weights' rows concatenated (one format, one K)."""
+    kinds = {type(w) for w in weights}
+    if len(kinds) != 1:
+        raise ValueError(
+            f"cannot concatenate weights of different formats {sorted(k.__name__ for k in kinds)}"
+        )
+    if isinstance(weights[0], Fp8Weight):
+        return Fp8Weight(torch.cat([w.data for w in weights]), torch.cat([w.scale for w in weights]))
+    return Int4Weight(
+        torch.cat([w.packed for w in weights]),
+        torch.cat([w.scale for w in weights]),
+        torch.cat([w.offset for w in weights]),
+    )
+
+
+def quantize_fp8(w: torch.Tensor) -> Fp8Weight:
+    """Per-output-channel E4M3: each row scaled so its largest magnitude is :data:`FP8_MAX`."""
+    wf = w.detach().float()
+    amax = wf.abs().amax(dim=1).clamp_min(_TINY)
+    data = (wf * (FP8_MAX / amax)[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return Fp8Weight(data.contiguous(), (amax / FP8_MAX).contiguous())
+
+
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token activation quantization: E4M3 ``[M, K]`` and float32 scales ``[M, 1]``.
+
+    ``inv = 448 / amax`` then ``round(x * inv)`` to E4M3 (round half to even), scale ``amax / 448``:
+    the FP8 GEMV computes the same numbers in its prologue."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1, keepdim=True).clamp_min(_TINY)
+    xq = (xf * (FP8_MAX / amax)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return xq, amax / FP8_MAX
+
+
+def fp8_linear_reference(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """W8A8 in float32 (exact products): ``(q(x) @ q(w)^T) * sx * sw (+ bias)``, float32 ``[M, N]``."""
+    xq, sx = quantize_rows_fp8(x)
+    out = (xq.float() @ w.data.float().t()) * sx * w.scale.float()[None, :]
+    return out if bias is None else out + bias.float()
+
+
+def _int4_groups(
+    w: torch.Tensor, group_size: int, clip: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes (float ``[N, K/G, G]``), float16 scales and offsets ``[N, K/G]`` of RTN asymmetric INT4."""
+    n, k = w.shape
+    if k % group_size or group_size % 2:
+        raise ValueError(f"INT4 groups of {group_size} do not divide K={k}")
+    g = w.detach().float().view(n, k // group_size, group_size)
+    lo = g.amin(dim=-1).clamp(max=0.0)
+    hi = g.amax(dim=-1).clamp(min=0.0)
+    if clip is not None:
+        lo, hi = lo * clip, hi * clip
+    scale = ((hi - lo) / 15.0).clamp_min(1e-7).half()  # (above float16's smallest subnormal)
+    s = scale.float()
+    zero = torch.round(-lo / s).clamp(0, 15)
+    offset = (-zero * s).half()
+    q = torch.round((g - offset.float()[..., None]) / s[..., None]).clamp(0, 15)
+    return q, scale, offset
+
+
+def quantize_int4(
+    w: torch.Tensor, group_size: int = INT4_GROUP, clip: torch.Tensor | None = None
+) -> Int4Weight:
+    """Round-to-nearest asymmetric INT4 over groups of `group_size` along K (K must divide into them).
+
+    Per group: ``scale = (max - min) / 15`` and ``offset = -zero * scale`` (zero the integer code of
+    0.0, so zero stays exact), both rounded to float16 first; codes ``round((w - offset) / scale)``.
+    `clip` ``[N, K / group_size]`` (AWQ's clipping search) shrinks each group's min and max first."""
+    q, scale, offset = _int4_groups(w, group_size, clip)
+    q = q.to(torch.uint8).view(w.shape[0], -1)
+    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+    return Int4Weight(packed, scale.contiguous(), offset.contiguous())
+
+
+def fake_quantize_int4(
+    w: torch.Tensor, group_size: int = INT4_GROUP, clip: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``quantize_int4(w, ...).dequantize()`` without packing: what the searches score (float32)."""
+    q, scale, offset = _int4_groups(w, group_size, clip)
+    return (q * scale.float()[..., None] + offset.float()[..., None]).view(w.shape)
