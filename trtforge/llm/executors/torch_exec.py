@@ -15,12 +15,12 @@ tables to a width bucket (padding rows write to and read from a scratch block), 
 width) bucket is one CUDA graph, captured on first use (or all up front:
 :meth:`TorchExecutor.capture_decode_graphs`) and replayed after; this removes the per-kernel launch
 cost that dominates small-batch decode. Speculative verification steps (every sequence brings 1 to 8
-tokens: decodes and runs of k+1) take the same path with each sequence padded to the step's longest
-run, q_len S: sequence b owns token rows ``[b*S, (b+1)*S)``, its tokens right-aligned and the rows
-before them padding (id 0, position 0, the scratch slot), so the split-KV decode kernel attends the
-rows LOWER_RIGHT causally with query length S; one graph per (batch, width, S) bucket, logits for
-every row, of which the step returns those ``logits_indices`` asks for. Steps with prompt tokens are
-padded to a token-count bucket
+tokens, decodes and runs of k+1, and some run wants logits for more than its last token) take the
+same path with each sequence padded to the step's longest run, q_len S: sequence b owns token rows
+``[b*S, (b+1)*S)``, its tokens right-aligned and the rows before them padding (id 0, position 0, the
+scratch slot), so the split-KV decode kernel attends the rows LOWER_RIGHT causally with query length
+S; one graph per (batch, width, S) bucket, logits for every row, of which the step returns those
+``logits_indices`` asks for. Other steps with prompt tokens are padded to a token-count bucket
 and run as one graph per stretch of layers between attention calls, attention launched eagerly in
 between (:mod:`trtforge.llm.executors.piecewise`). A decode step's inputs travel in one pinned host
 buffer (two, used in turn, so that filling one never waits for the copy out of the other) and one
