@@ -248,7 +248,9 @@ def step_costs(shape: dict, contexts: list[int], ks: tuple, repeats: int, name: 
     t0 = time.perf_counter()
     model = build_llama(shape, device)
     block_size = 16
-    ex = TorchExecutor(model, num_blocks=-(-max(contexts) // block_size) + 16, block_size=block_size)
+    blocks = -(-max(contexts) // block_size) + 16
+    # static shapes as on CUDA by default (in the CPU smoke run too: the paths are the GPU run's)
+    ex = TorchExecutor(model, num_blocks=blocks, block_size=block_size, static_decode=True)
     print(f"[{name}] built in {time.perf_counter() - t0:.1f} s; fused layers: {ex.fused_refusal or 'on'}")
     out: dict = {}
     vocab = shape["vocab_size"]
