@@ -130,7 +130,7 @@ class TritonDecodeAttention:
             return t.unflatten(0, (-1, q_len)).transpose(1, 2)
 
         if out is None:
-            out = torch.empty_like(q)
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         config = self.pool_config(int(q.shape[0]) // q_len, k_pool, block_tables, sliding_window, q.device)
         decode_attention(
             view(q),
