@@ -83,6 +83,11 @@ def make_engine(models: Path, spec: dict | None, device: str, dtype, num_blocks:
 
     ex = TorchExecutor(load_causal_lm(str(models / "code-llama-21m")), num_blocks, device=device, dtype=dtype)
     proposer = None if spec is None else make_proposer(SpeculativeConfig.of(spec), ex)
+    # CUDA: every decode and verification graph up front, so that no capture lands in a timed request
+    k = 0 if spec is None else spec["num_tokens"]
+    ex.capture_decode_graphs(max_batch=max_num_seqs, q_lens=range(1, k + 2))
+    if proposer is not None and hasattr(proposer, "executor"):
+        proposer.executor.capture_decode_graphs(max_batch=max_num_seqs)
     config = SchedulerConfig(max_num_seqs=max_num_seqs, async_scheduling=False if spec else None)
     return LLMEngine(ex, config, proposer=proposer)
 

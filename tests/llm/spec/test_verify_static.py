@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.llm.serving_models import tiny_llama
+from trtforge.errors import UserError
 from trtforge.llm.executors.base import StepBatch, TokenFeed
 from trtforge.llm.executors.torch_exec import TorchExecutor
 
@@ -154,3 +155,31 @@ def test_triton_verification_step_on_the_static_path_matches_the_torch_reference
         assert bool((got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9)
     if device == "cuda":
         assert {s for *_, s in static.decode_graph_buckets} == {5, 1}  # a graph per q_len: verify, decode
+
+
+def test_verification_graphs_to_capture_up_front_are_checked():
+    ex = TorchExecutor(copy.deepcopy(tiny_llama()), num_blocks=64, block_size=BS, static_decode=True)
+    with pytest.raises(UserError, match=r"q_lens must lie in 1\.\.8"):
+        ex.capture_decode_graphs(q_lens=(1, 9))
+    assert ex.capture_decode_graphs(q_lens=(1, 5)) == 0  # on the CPU nothing is captured
+
+
+@pytest.mark.gpu
+def test_verification_graphs_captured_up_front_are_replayed_on_cuda():
+    """Float64 (the torch reference attention with q_len inside the graphs): one sequence's
+    verification step replays the graph captured up front and gives the eager logits."""
+    rng = np.random.default_rng(5)
+    seqs = [(30, 5)]
+    tables = _tables(seqs)
+    kw = {"num_blocks": 64, "block_size": BS, "device": "cuda"}
+    static = TorchExecutor(copy.deepcopy(tiny_llama()), static_decode=True, max_decode_batch=8, **kw)
+    eager = TorchExecutor(copy.deepcopy(tiny_llama()), static_decode=False, **kw)
+    n = static.capture_decode_graphs(max_batch=1, q_lens=(1, 5))
+    assert n == len(static.decode_graph_buckets) and {s for *_, s in static.decode_graph_buckets} == {1, 5}
+    prefill, _ = _prefill(seqs, tables, rng)
+    verify = _verify(seqs, tables, rng)
+    for ex in (static, eager):
+        ex.step(prefill)
+    assert static.static_q_len(verify) == 5
+    torch.testing.assert_close(static.step(verify), eager.step(verify), rtol=1e-9, atol=1e-9)
+    assert static.num_cuda_graphs == n  # replayed, none captured on the way

@@ -33,6 +33,7 @@ device from the previous step's sampled tokens, after the inputs' copy and befor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -478,20 +479,31 @@ class TorchExecutor:
         return st["logits"].index_select(0, to_device(rows, self.device))
 
     @torch.inference_mode()
-    def capture_decode_graphs(self, max_batch: int | None = None) -> int:
-        """Capture every (batch, width) decode bucket now rather than on first use; return how many.
+    def capture_decode_graphs(self, max_batch: int | None = None, q_lens: Sequence[int] = (1,)) -> int:
+        """Capture every (batch, width) decode bucket now rather than on first use, for each query
+        length of `q_lens` (2..8: verification steps; buckets whose padded rows exceed the largest
+        batch bucket are skipped, as those steps never take this path); return how many graphs there are.
 
         Only on CUDA with static decode on. The captured warm-up runs touch the scratch block only.
         """
+        bad = [s for s in q_lens if not 1 <= s <= self.max_static_q_len]
+        if bad:
+            raise UserError(
+                f"TorchExecutor.capture_decode_graphs q_lens must lie in 1..{self.max_static_q_len} (the "
+                f"longest run a static step takes); got {bad}"
+            )
         if not self.use_cuda_graphs:
             return 0
         self._static_buffers()
         for nb in self._batch_buckets:
             if max_batch is not None and nb > max_batch:
                 break
-            for wb in self._width_buckets:
-                if (nb, wb, 1, self._gemv_rows()) not in self._graphs:
-                    self._capture(nb, wb, 1)
+            for s in q_lens:
+                if s > 1 and nb * s > self._batch_buckets[-1]:
+                    continue
+                for wb in self._width_buckets:
+                    if (nb, wb, s, self._gemv_rows()) not in self._graphs:
+                        self._capture(nb, wb, s)
         return len(self._graphs)
 
     @torch.inference_mode()
