@@ -83,6 +83,11 @@ def make_engine(models: Path, spec: dict | None, device: str, dtype, num_blocks:
 
     ex = TorchExecutor(load_causal_lm(str(models / "code-llama-21m")), num_blocks, device=device, dtype=dtype)
     proposer = None if spec is None else make_proposer(SpeculativeConfig.of(spec), ex)
+    # CUDA: every decode and verification graph up front, so that no capture lands in a timed request
+    k = 0 if spec is None else spec["num_tokens"]
+    ex.capture_decode_graphs(max_batch=max_num_seqs, q_lens=range(1, k + 2))
+    if proposer is not None and hasattr(proposer, "executor"):
+        proposer.executor.capture_decode_graphs(max_batch=max_num_seqs)
     config = SchedulerConfig(max_num_seqs=max_num_seqs, async_scheduling=False if spec else None)
     return LLMEngine(ex, config, proposer=proposer)
 
@@ -217,11 +222,26 @@ def time_step(ex, batch, repeats: int) -> dict:
         wall.append((time.perf_counter() - t) * 1e3)
     assert logits.shape[0] == len(batch.logits_indices) and bool(torch.isfinite(logits).all())
     wall_ms = statistics.median(wall)
+    q_len = ex.static_q_len(batch)
+    path = ex.path_of(batch)
     return {
         "gpu_ms": statistics.median(gpu) if gpu else wall_ms,
         "wall_ms": wall_ms,
-        "path": ex.path_of(batch),
+        "path": path if q_len is None else f"{path} q_len {q_len}",
     }
+
+
+def verify_variants(ex) -> list[tuple[str, object, str, object]]:
+    """The A/B runs of a verification step besides the default (the static decode path, projections
+    on cuBLAS past one row): (name, object, attribute, value) set for the run and put back after.
+    "gemv": the fused layers' Triton GEMVs over all k+1 rows (kernels/gemv.py's tensor-core variant);
+    "piecewise": the step as before the static path took verification (a graph per stretch of
+    layers, attention launched eagerly between them)."""
+    out: list[tuple[str, object, str, object]] = [("piecewise", ex, "max_static_q_len", 1)]
+    fused = getattr(ex, "_fused", None)  # (private: as bench_decode_layer.py sets the GEMV rows)
+    if fused is not None:
+        out.insert(0, ("gemv", fused, "gemv_max_tokens", 16))
+    return out
 
 
 def step_costs(shape: dict, contexts: list[int], ks: tuple, repeats: int, name: str, device: str) -> dict:
@@ -233,7 +253,9 @@ def step_costs(shape: dict, contexts: list[int], ks: tuple, repeats: int, name: 
     t0 = time.perf_counter()
     model = build_llama(shape, device)
     block_size = 16
-    ex = TorchExecutor(model, num_blocks=-(-max(contexts) // block_size) + 16, block_size=block_size)
+    blocks = -(-max(contexts) // block_size) + 16
+    # static shapes as on CUDA by default (in the CPU smoke run too: the paths are the GPU run's)
+    ex = TorchExecutor(model, num_blocks=blocks, block_size=block_size, static_decode=True)
     print(f"[{name}] built in {time.perf_counter() - t0:.1f} s; fused layers: {ex.fused_refusal or 'on'}")
     out: dict = {}
     vocab = shape["vocab_size"]
@@ -242,29 +264,36 @@ def step_costs(shape: dict, contexts: list[int], ks: tuple, repeats: int, name: 
         for k in ks:
             batch = one_seq_batch(ctx + k, k + 1, block_size, vocab)
             row[f"verify_k{k}"] = time_step(ex, batch, repeats)
-            if hasattr(ex.attention, "short_queries"):  # the same rows through the chunked-prefill kernel
-                ex.attention.short_queries = False
-                row[f"verify_k{k}_chunk_kernel"] = time_step(ex, batch, repeats)
-                ex.attention.short_queries = True
+            for variant, obj, attr, value in verify_variants(ex):
+                before = getattr(obj, attr)
+                setattr(obj, attr, value)
+                try:
+                    row[f"verify_k{k}_{variant}"] = time_step(ex, batch, repeats)
+                finally:
+                    setattr(obj, attr, before)
             row[f"verify_k{k}_over_decode_gpu"] = row[f"verify_k{k}"]["gpu_ms"] / row["decode"]["gpu_ms"]
             row[f"verify_k{k}_over_decode_wall"] = row[f"verify_k{k}"]["wall_ms"] / row["decode"]["wall_ms"]
         out[str(ctx)] = row
         print(f"[{name}] context {ctx}: " + json.dumps(row), flush=True)
     if ks:
         print(
-            f"\n[{name}] one sequence, wall ms per step (GPU-event ms); verify = k+1 tokens, logits for all"
+            f"\n[{name}] one sequence, wall ms per step (GPU-event ms) and the ratio to decode's wall ms;"
+            " verify = k+1 tokens, logits for all; path in brackets; A/B: gemv = Triton GEMVs over the"
+            " k+1 rows, piecewise = the path verification took before"
         )
-        print("| context | decode | " + " | ".join(f"verify k={k} (chunk kernel)" for k in ks) + " |")
+        print("| context | decode | " + " | ".join(f"verify k={k} (gemv; piecewise)" for k in ks) + " |")
         print("|---|---|" + "---|" * len(ks))
         for ctx, row in out.items():
             cells = []
             for k in ks:
-                v, c = row[f"verify_k{k}"], row.get(f"verify_k{k}_chunk_kernel")
-                extra = f" ({c['wall_ms']:.3f})" if c else ""
-                ratio = v["wall_ms"] / row["decode"]["wall_ms"]
-                cells.append(f"{v['wall_ms']:.3f} / {v['gpu_ms']:.3f}{extra}: {ratio:.2f}x")
+                v, d = row[f"verify_k{k}"], row["decode"]
+                ab = [row.get(f"verify_k{k}_{name}") for name in ("gemv", "piecewise")]
+                extra = "; ".join(f"{a['wall_ms']:.3f}: {a['wall_ms'] / d['wall_ms']:.2f}x" for a in ab if a)
+                ratio = v["wall_ms"] / d["wall_ms"]
+                cells.append(f"{v['wall_ms']:.3f} / {v['gpu_ms']:.3f}: {ratio:.2f}x [{v['path']}] ({extra})")
             d = row["decode"]
-            print(f"| {ctx} | {d['wall_ms']:.3f} / {d['gpu_ms']:.3f} | " + " | ".join(cells) + " |")
+            first = f"| {ctx} | {d['wall_ms']:.3f} / {d['gpu_ms']:.3f} [{d['path']}] | "
+            print(first + " | ".join(cells) + " |")
     del ex, model
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -87,7 +87,7 @@ class PhaseTimer:
 
 
 def graph_replay_ms(ex: TorchExecutor, nb: int, wb: int, reps: int = 50) -> float | None:
-    graph = ex._graphs.get((nb, wb))
+    graph = ex._graphs.get((nb, wb, 1, ex._gemv_rows()))  # a decode step's graph (query length 1)
     if graph is None:
         return None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -101,7 +101,8 @@ ALLOWED: dict[str, set[str]] = {
     },
     # The LLM comparison report measures every serving and step-graph variant and renders with the
     # encoder report's machinery: the top floor of both wings.
-    "llm.report": _ENCODER | {"compiler", "reports", "llm.ground", "llm.models", "llm.sched", "llm.executors"}
+    "llm.report": _ENCODER
+    | {"compiler", "reports", "llm.ground", "llm.models", "llm.sched", "llm.executors"}
     | {"llm.compile", "llm"},
     "cli": set(ROOMS),
     "front": set(ROOMS),

@@ -470,6 +470,7 @@ def make_proposer(spec: SpeculativeConfig, target: Any, draft_lm: Any = None) ->
         block_size=facts.block_size,
         device=str(target.device),
         dtype=target.dtype,
+        static_decode=getattr(target, "static_decode", None),  # its steps take the target's path
     )
     proposer = DraftModelProposer(draft, spec.num_tokens)
     proposer.check_target(facts)

@@ -23,13 +23,15 @@ CONFIG = SchedulerConfig(max_num_seqs=4, max_prefill_chunk=64, async_scheduling=
 NUM_BLOCKS = 20  # 320 slots for 4 sequences of up to 150 tokens: preemption is certain
 
 
-def _executor():
+def _executor(static_decode: bool | None = None):
     import torch
 
     from trtforge.llm.executors.torch_exec import TorchExecutor
     from trtforge.llm.models.loader import load_causal_lm
 
-    return TorchExecutor(load_causal_lm(str(TARGET)), num_blocks=NUM_BLOCKS, dtype=torch.float32)
+    return TorchExecutor(
+        load_causal_lm(str(TARGET)), num_blocks=NUM_BLOCKS, dtype=torch.float32, static_decode=static_decode
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,17 +63,22 @@ def workload():
     [{"method": "ngram", "num_tokens": 4}, {"method": "draft", "model": str(DRAFT), "num_tokens": 3}],
     ids=["ngram", "draft"],
 )
-def test_greedy_speculation_is_token_identical_with_batching_and_preemption(workload, spec):
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+def test_greedy_speculation_is_token_identical_with_batching_and_preemption(workload, spec, static):
+    """`static`: verification steps run on the static decode path (padded to their longest run, the
+    decode attention with that query length), as on CUDA, and the draft's steps too."""
     prompts, params, plain = workload
-    seen = {"mixed": False}
+    seen = {"mixed": False, "static_verify": 0}
 
     def hook(sched, batch):
         sched.block_manager.check_invariants()
         multi = len(batch.logits_indices) > batch.num_seqs  # some sequence verifies proposals
         if multi and (batch.query_lens == 1).any():
             seen["mixed"] = True  # ... in the same step as a plain decode
+        if multi and executor.path_of(batch) == "decode":
+            seen["static_verify"] += 1
 
-    executor = _executor()
+    executor = _executor(static)
     proposer = make_proposer(SpeculativeConfig.of(spec), executor)
     with LLMEngine(executor, CONFIG, step_hook=hook, proposer=proposer) as engine:
         got = [c.token_ids for c in engine.generate(prompts, params)]
@@ -80,6 +87,7 @@ def test_greedy_speculation_is_token_identical_with_batching_and_preemption(work
     assert got[:5] + got[6:] == plain[:5] + plain[6:]
     assert len(got[5]) == 30
     assert stats.preemptions > 0 and seen["mixed"]
+    assert (seen["static_verify"] > 0) == static
     assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens
     assert stats.spec_mean_accepted_length > 1.0
     assert mem.free_blocks == mem.total_blocks  # every rolled-back and finished block is back

@@ -105,27 +105,39 @@ def paged_decode_reference(
     context_lens: torch.Tensor,
     scale: float,
     sliding_window: int | None = None,
+    q_len: int = 1,
     *,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
     """One query per sequence (``q`` ``[B, Hq, D]``) over the first `context_lens` keys of its blocks.
 
-    Shapes depend only on ``block_tables.shape`` (no host sync), so it can be captured in a CUDA graph.
-    FP8 pools: float32 attention over K/V dequantized with `k_scale` / `v_scale`.
+    With `q_len` S > 1, ``q`` is ``[B * S, Hq, D]``: each sequence's last S positions, attended
+    LOWER_RIGHT causally (query i sees keys ``j <= L - S + i``); a query that sees no key gets zeros,
+    as from the kernel. Shapes depend only on ``block_tables.shape`` (no host sync), so it can be
+    captured in a CUDA graph. FP8 pools: float32 attention over K/V dequantized with `k_scale` /
+    `v_scale`.
     """
-    num_seqs, hq, d = q.shape
+    num_seqs, hq, d = q.shape[0] // q_len, q.shape[1], q.shape[2]
     bs, hkv = k_pool.shape[1], k_pool.shape[2]
     table = block_tables.long()
     k, v = _gather(k_pool, table, k_scale), _gather(v_pool, table, v_scale)
     kpos = torch.arange(table.shape[1] * bs, device=q.device)
-    ctx = context_lens.long()[:, None]
-    mask = kpos[None, :] < ctx
+    last = context_lens.long()[:, None] - q_len + torch.arange(q_len, device=q.device)[None, :]  # [B, S]
+    mask = kpos[None, None, :] <= last[:, :, None]
     if sliding_window is not None:
-        mask &= kpos[None, :] >= ctx - sliding_window
+        mask &= kpos[None, None, :] > last[:, :, None] - sliding_window
+    seen = mask.any(-1)  # [B, S]: a query with no key would be NaN in SDPA: it sees all, then gets zeros
+    mask |= ~seen[:, :, None]
     # the query heads sharing a KV head become that head's query rows: GQA without repeating K/V
-    groups = q.reshape(num_seqs, hkv, hq // hkv, d).to(k.dtype)
-    return _sdpa(groups, k, v, mask[:, None, None, :], scale).reshape(num_seqs, hq, d).to(q.dtype)
+    groups = q.reshape(num_seqs, q_len, hkv, hq // hkv, d).permute(0, 2, 3, 1, 4).to(k.dtype)
+    groups = groups.reshape(num_seqs, hkv, (hq // hkv) * q_len, d)
+    masks = mask[:, None, None].expand(-1, 1, hq // hkv, -1, -1).reshape(num_seqs, 1, -1, mask.shape[-1])
+    out = _sdpa(groups, k, v, masks, scale).reshape(num_seqs, hkv, hq // hkv, q_len, d)
+    out = out.permute(0, 3, 1, 2, 4).reshape(num_seqs * q_len, hq, d).to(q.dtype)
+    if q_len == 1:
+        return out
+    return out * seen.reshape(-1, 1, 1).to(out.dtype)
 
 
 def paged_attention_reference(

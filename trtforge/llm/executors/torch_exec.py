@@ -14,7 +14,13 @@ Decode-only steps can run on *static* shapes: the batch is padded to a size buck
 tables to a width bucket (padding rows write to and read from a scratch block), so each (batch,
 width) bucket is one CUDA graph, captured on first use (or all up front:
 :meth:`TorchExecutor.capture_decode_graphs`) and replayed after; this removes the per-kernel launch
-cost that dominates small-batch decode. Steps with prompt tokens are padded to a token-count bucket
+cost that dominates small-batch decode. Speculative verification steps (every sequence brings 1 to 8
+tokens, decodes and runs of k+1, and some run wants logits for more than its last token) take the
+same path with each sequence padded to the step's longest run, q_len S: sequence b owns token rows
+``[b*S, (b+1)*S)``, its tokens right-aligned and the rows before them padding (id 0, position 0, the
+scratch slot), so the split-KV decode kernel attends the rows LOWER_RIGHT causally with query length
+S; one graph per (batch, width, S) bucket, logits for every row, of which the step returns those
+``logits_indices`` asks for. Other steps with prompt tokens are padded to a token-count bucket
 and run as one graph per stretch of layers between attention calls, attention launched eagerly in
 between (:mod:`trtforge.llm.executors.piecewise`). A decode step's inputs travel in one pinned host
 buffer (two, used in turn, so that filling one never waits for the copy out of the other) and one
@@ -74,6 +80,9 @@ from trtforge.llm.quant import model_quantization
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 _WIDTH_BUCKETS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 _USER = "the torch executor"
+# The longest query a sequence brings to a static (decode-path) step: the split-KV decode kernel's
+# (kernels.decode_attention.MAX_Q_LEN; speculative verification of up to 7 proposals).
+MAX_STATIC_Q_LEN = 8
 
 
 def _bucket(n: int, buckets: Any) -> int:
@@ -237,6 +246,10 @@ class TorchExecutor:
         default_attention = TritonPagedAttention(default_decode) if kernels == "triton" else None
         self.attention: AttentionFn = attention or default_attention or paged_attention_reference
         self.decode_attention: DecodeAttentionFn = decode_attention or default_decode
+        # The longest run of new tokens a sequence may bring to a static step: both default decode
+        # functions take q_len (verification steps on the static path), a given one one query a row.
+        # Set it to 1 to run verification steps piecewise (benchmarks compare the two).
+        self.max_static_q_len = MAX_STATIC_Q_LEN if decode_attention is None else 1
         self._fused: Any = None
         self.fused_refusal: str | None = "kernels='torch'" if kernels == "torch" else "not Llama-style"
         if kernels == "triton" and isinstance(self._adapter, LlamaStyle):
@@ -256,7 +269,7 @@ class TorchExecutor:
         max_width = -(-self._max_model_len // self._block_size)
         self._width_buckets = (*(w for w in _WIDTH_BUCKETS if w < max_width), max_width)
         self._static: dict[str, torch.Tensor] = {}
-        self._graphs: dict[tuple[int, int], Any] = {}
+        self._graphs: dict[tuple[int, ...], Any] = {}
         self._graph_pool: Any = None
 
     def _make_piecewise(self, mixed_graphs: bool | None, max_graph_tokens: int) -> PiecewiseStep | None:
@@ -300,8 +313,14 @@ class TorchExecutor:
 
     @property
     def num_cuda_graphs(self) -> int:
-        """Decode graphs captured so far (one per batch-size and table-width bucket used)."""
+        """Decode graphs captured so far (one per batch-size, table-width and query-length bucket used)."""
         return len(self._graphs)
+
+    @property
+    def decode_graph_buckets(self) -> list[tuple[int, int, int]]:
+        """The (batch, width, q_len) buckets of the decode graphs captured so far (q_len > 1:
+        verification steps)."""
+        return sorted({key[:3] for key in self._graphs})
 
     @property
     def num_piecewise_graphs(self) -> int:
@@ -359,15 +378,26 @@ class TorchExecutor:
         """
         return self._step(batch, feed if feed is not None and len(feed) else None, own=False)
 
+    def static_q_len(self, batch: StepBatch) -> int | None:
+        """The query length S a step runs with on the static decode path (1: a decode step; 2..8: a
+        verification step, every sequence padded to S rows), or None where it does not take that path:
+        static decode off, a run of more than :attr:`max_static_q_len` tokens, more padded rows than
+        the largest batch bucket, or several tokens of a sequence in a step that verifies nothing (no
+        row but sequences' last wants logits: prompt chunks, which run piecewise)."""
+        if not self.static_decode or batch.num_seqs > self._batch_buckets[-1]:
+            return None
+        s = 1 if batch.is_decode_only else int(batch.query_lens.max())
+        if s > self.max_static_q_len or (s > 1 and len(batch.logits_indices) <= batch.num_seqs):
+            return None
+        if s > 1 and _bucket(batch.num_seqs, self._batch_buckets) * s > self._batch_buckets[-1]:
+            return None  # the padded rows must fit the logits buffer (largest batch bucket rows)
+        return s
+
     def path_of(self, batch: StepBatch) -> str:
-        """How :meth:`step` runs `batch`: "decode" (static shapes, a CUDA graph where graphs are on),
-        "piecewise" (bucket-padded pieces, graphs where on) or "eager"."""
-        if (
-            self.static_decode
-            and batch.is_decode_only
-            and len(batch.logits_indices) == batch.num_seqs
-            and batch.num_seqs <= self._batch_buckets[-1]
-        ):
+        """How :meth:`step` runs `batch`: "decode" (static shapes, a CUDA graph where graphs are on; also
+        verification steps, :meth:`static_q_len`), "piecewise" (bucket-padded pieces, graphs where on)
+        or "eager"."""
+        if self.static_q_len(batch) is not None:
             return "decode"
         if self._piecewise is not None and batch.num_tokens <= self._piecewise.max_tokens:
             return "piecewise"
@@ -382,7 +412,7 @@ class TorchExecutor:
                 raw[dst] = raw[src]
         path = self.path_of(batch)
         if path == "decode":
-            logits = self._static_decode(batch, feed)
+            logits = self._static_decode(batch, feed, self.static_q_len(batch))
             return logits.clone() if own else logits
         meta = self._metadata(batch)
         if path == "piecewise":
@@ -432,8 +462,9 @@ class TorchExecutor:
         return attend
 
     def _static_buffers(self) -> dict[str, Any]:
-        """One int32 device buffer holds a decode step's inputs; two pinned twins on the host stage them in
-        turn, each with the event of its last copy."""
+        """One int32 device buffer holds a static step's inputs; two pinned twins on the host stage them
+        in turn, each with the event of its last copy. Sized for the largest batch bucket's rows: a
+        verification step's padded tokens (batch bucket x q_len) are held to that many."""
         if not self._static:
             n, w, dev = self._batch_buckets[-1], self._width_buckets[-1], self.device
             size = 5 * n + n * w
@@ -448,77 +479,121 @@ class TorchExecutor:
             }
         return self._static
 
-    def _static_views(self, nb: int, wb: int) -> tuple[torch.Tensor, ...]:
-        """ids, positions, slots, lengths, id sources ``[nb]`` and the ``[nb, wb]`` table in the input buffer.
+    @staticmethod
+    def _static_size(nb: int, wb: int, s: int) -> int:
+        return 4 * nb * s + nb + nb * wb
 
-        Row b's input id is element ``sources[b]`` of (previous step's tokens, then these ids).
-        """
-        buf = self._static["inputs"]
-        ids, pos, slots, ctx, sources = buf[: 5 * nb].view(5, nb).unbind(0)
-        return ids, pos, slots, ctx, sources, buf[5 * nb : 5 * nb + nb * wb].view(nb, wb)
+    def _static_views(self, nb: int, wb: int, s: int = 1) -> tuple[torch.Tensor, ...]:
+        """ids, positions, slots ``[nb * s]``, lengths ``[nb]``, id sources ``[nb * s]`` and the
+        ``[nb, wb]`` table in the input buffer. Token row t's input id is element ``sources[t]`` of
+        (previous step's tokens, then these ids)."""
+        buf, t = self._static["inputs"], nb * s
+        ids, pos, slots, sources = buf[: 4 * t].view(4, t).unbind(0)
+        ctx = buf[4 * t : 4 * t + nb]
+        return ids, pos, slots, ctx, sources, buf[4 * t + nb : self._static_size(nb, wb, s)].view(nb, wb)
 
-    def _static_body(self, nb: int, wb: int) -> None:
-        ids, pos, slots, ctx, _, tables = self._static_views(nb, wb)
+    def _gemv_rows(self) -> int:
+        """The fused layers' GEMV row limit (a captured graph holds whichever projections it chose)."""
+        return 0 if self._fused is None else int(self._fused.gemv_max_tokens)
+
+    def _static_body(self, nb: int, wb: int, s: int) -> None:
+        ids, pos, slots, ctx, _, tables = self._static_views(nb, wb, s)
+        decode = self.decode_attention
 
         def attend(q, kp, vp, scale, window, **kv):
-            return self.decode_attention(q, kp, vp, tables, ctx, scale, window, **kv)
+            if s == 1:
+                return decode(q, kp, vp, tables, ctx, scale, window, **kv)
+            return decode(q, kp, vp, tables, ctx, scale, window, q_len=s, **kv)  # type: ignore[call-arg]
 
-        # model-dtype logits converted by the copy itself: no float32 temporary of [nb, vocab]
-        self._static["logits"][:nb].copy_(self._forward(ids, pos, slots, attend, float32=False))
+        # model-dtype logits converted by the copy itself: no float32 temporary of [rows, vocab]
+        self._static["logits"][: nb * s].copy_(self._forward(ids, pos, slots, attend, float32=False))
 
-    def _static_decode(self, batch: StepBatch, feed: TokenFeed | None) -> torch.Tensor:
-        """Decode on bucketed static shapes: padding rows use the scratch block; replays a CUDA graph."""
+    @staticmethod
+    def _padded_rows(batch: StepBatch, s: int) -> np.ndarray:
+        """Each of the batch's tokens' row in the static layout: sequence b's tokens are the last of
+        its `s` rows ``[b*s, (b+1)*s)`` (LOWER_RIGHT: its last token is the last row)."""
+        if s == 1:
+            return np.arange(batch.num_tokens, dtype=np.int64)
+        qlens, qsl = batch.query_lens.astype(np.int64), batch.query_start_loc.astype(np.int64)
+        first = np.arange(batch.num_seqs, dtype=np.int64) * s + s - qlens
+        return np.repeat(first - qsl[:-1], qlens) + np.arange(batch.num_tokens, dtype=np.int64)
+
+    def _static_decode(self, batch: StepBatch, feed: TokenFeed | None, s: int = 1) -> torch.Tensor:
+        """A step of decode rows (`s` 1) or verification rows (each sequence padded to `s` tokens) on
+        bucketed static shapes: padding uses the scratch block; replays a CUDA graph."""
         st = self._static_buffers()
         b, width = batch.num_seqs, batch.block_tables.shape[1]
         nb, wb = _bucket(b, self._batch_buckets), _bucket(width, self._width_buckets)
-        graph = self._graphs.get((nb, wb))
+        key = (nb, wb, s, self._gemv_rows())
+        graph = self._graphs.get(key)
         if graph is None and self.use_cuda_graphs:
-            graph = self._capture(nb, wb)  # before the inputs go in: capture resets them
+            graph = self._capture(nb, wb, s)  # before the inputs go in: capture resets them
         turn = st["turn"]
         st["turn"] = 1 - turn
         copied = st["copied"][turn]
         if copied is not None:
             copied.synchronize()  # the copy out of this buffer two steps ago is done (it long has)
-        host = st["host_np"][turn]
-        rows = host[: 5 * nb].reshape(5, nb)
-        rows[0, :b], rows[1, :b], rows[2, :b] = batch.input_ids, batch.positions, batch.slot_mapping
-        rows[3, :b] = batch.context_lens
-        rows[:4, b:] = np.array([[0], [0], [self._num_blocks * self._block_size], [1]], dtype=np.int32)
-        table = host[5 * nb : 5 * nb + nb * wb].reshape(nb, wb)
+        host, t = st["host_np"][turn], nb * s
+        size = self._static_size(nb, wb, s)
+        tokens = host[: 4 * t].reshape(4, t)
+        at = self._padded_rows(batch, s)
+        scratch = self._num_blocks * self._block_size
+        if s == 1:
+            tokens[0, :b], tokens[1, :b], tokens[2, :b] = batch.input_ids, batch.positions, batch.slot_mapping
+            tokens[:3, b:] = np.array([[0], [0], [scratch]], dtype=np.int32)
+        else:
+            tokens[:3] = np.array([[0], [0], [scratch]], dtype=np.int32)
+            tokens[0, at], tokens[1, at], tokens[2, at] = batch.input_ids, batch.positions, batch.slot_mapping
+        ctx = host[4 * t : 4 * t + nb]
+        ctx[:b], ctx[b:] = batch.context_lens, 1
+        table = host[4 * t + nb : size].reshape(nb, wb)
         table.fill(self._num_blocks)
         table[:b, :width] = batch.block_tables
-        size = 5 * nb + nb * wb
         if feed is not None:
-            rows[4] = np.arange(len(feed.tokens), len(feed.tokens) + nb, dtype=np.int32)
-            rows[4, feed.rows] = feed.sources
+            tokens[3] = np.arange(len(feed.tokens), len(feed.tokens) + t, dtype=np.int32)
+            tokens[3, at[feed.rows]] = feed.sources
         st["inputs"][:size].copy_(st["host"][turn][:size], non_blocking=True)
         if copied is not None:
             copied.record()
         if feed is not None:  # on the device, after the copy and before the graph reads the ids
-            ids, *_, sources, _ = self._static_views(nb, wb)
-            tokens = torch.as_tensor(feed.tokens, device=self.device)
-            ids.copy_(torch.cat((tokens, ids)).index_select(0, sources))
+            ids, *_, sources, _ = self._static_views(nb, wb, s)
+            fed = torch.as_tensor(feed.tokens, device=self.device)
+            ids.copy_(torch.cat((fed, ids)).index_select(0, sources))
         if graph is None:
-            self._static_body(nb, wb)
+            self._static_body(nb, wb, s)
         else:
             graph.replay()
-        return st["logits"][:b]
+        rows = at[batch.logits_indices]
+        if np.array_equal(rows, np.arange(len(rows))):
+            return st["logits"][: len(rows)]
+        return st["logits"].index_select(0, to_device(rows, self.device))
 
     @torch.inference_mode()
-    def capture_decode_graphs(self, max_batch: int | None = None) -> int:
-        """Capture every (batch, width) decode bucket now rather than on first use; return how many.
+    def capture_decode_graphs(self, max_batch: int | None = None, q_lens: Sequence[int] = (1,)) -> int:
+        """Capture every (batch, width) decode bucket now rather than on first use, for each query
+        length of `q_lens` (2..8: verification steps; buckets whose padded rows exceed the largest
+        batch bucket are skipped, as those steps never take this path); return how many graphs there are.
 
         Only on CUDA with static decode on. The captured warm-up runs touch the scratch block only.
         """
+        bad = [s for s in q_lens if not 1 <= s <= self.max_static_q_len]
+        if bad:
+            raise UserError(
+                f"TorchExecutor.capture_decode_graphs q_lens must lie in 1..{self.max_static_q_len} (the "
+                f"longest run a static step takes); got {bad}"
+            )
         if not self.use_cuda_graphs:
             return 0
         self._static_buffers()
         for nb in self._batch_buckets:
             if max_batch is not None and nb > max_batch:
                 break
-            for wb in self._width_buckets:
-                if (nb, wb) not in self._graphs:
-                    self._capture(nb, wb)
+            for s in q_lens:
+                if s > 1 and nb * s > self._batch_buckets[-1]:
+                    continue
+                for wb in self._width_buckets:
+                    if (nb, wb, s, self._gemv_rows()) not in self._graphs:
+                        self._capture(nb, wb, s)
         return len(self._graphs)
 
     @torch.inference_mode()
@@ -530,18 +605,18 @@ class TorchExecutor:
             return 0
         return self._piecewise.capture_all()
 
-    def _capture(self, nb: int, wb: int) -> Any:
-        ids, pos, slots, ctx, _, tables = self._static_views(nb, wb)
+    def _capture(self, nb: int, wb: int, s: int = 1) -> Any:
+        ids, pos, slots, ctx, _, tables = self._static_views(nb, wb, s)
         for t, value in ((ids, 0), (pos, 0), (slots, self._num_blocks * self._block_size), (ctx, 1)):
             t.fill_(value)
         tables.fill_(self._num_blocks)  # warm-up and capture touch only the scratch block
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self._static_body(nb, wb)  # warm-up outside capture: lazy inits, autotuning
+            self._static_body(nb, wb, s)  # warm-up outside capture: lazy inits, autotuning
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool()):
-            self._static_body(nb, wb)
-        self._graphs[(nb, wb)] = graph
+            self._static_body(nb, wb, s)
+        self._graphs[(nb, wb, s, self._gemv_rows())] = graph
         return graph

@@ -127,18 +127,25 @@ class TritonDecodeAttention:
         scale: float,
         sliding_window: int | None = None,
         out: torch.Tensor | None = None,
+        q_len: int = 1,
         *,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
     ) -> torch.Tensor:
         """Attention of `q` ``[B, Hq, D]``, into `out` (same shape) when given (FP8 pools: with their
-        layer's `k_scale` / `v_scale`)."""
+        layer's `k_scale` / `v_scale`). With `q_len` S > 1 (<= 8: verification rows) `q` is
+        ``[B * S, Hq, D]``, each sequence's last S positions, attended LOWER_RIGHT causally."""
         from trtforge.kernels.decode_attention import decode_attention
         from trtforge.kernels.gemv import pdl_supported
 
-        config = self.pool_config(int(q.shape[0]), k_pool, block_tables, sliding_window, q.device)
-        got = decode_attention(
-            q.unsqueeze(2),
+        def view(t: torch.Tensor) -> torch.Tensor:  # [B * S, Hq, D] -> a [B, Hq, S, D] view
+            return t.unflatten(0, (-1, q_len)).transpose(1, 2)
+
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        config = self.pool_config(int(q.shape[0]) // q_len, k_pool, block_tables, sliding_window, q.device)
+        decode_attention(
+            view(q),
             k_pool,
             v_pool,
             context_lens,
@@ -146,12 +153,12 @@ class TritonDecodeAttention:
             scale=scale,
             config=config,
             window=sliding_window,
-            out=None if out is None else out.unsqueeze(2),
+            out=view(out),
             pdl=pdl_supported(q.device),
             k_scale=k_scale,
             v_scale=v_scale,
         )
-        return got.squeeze(2)
+        return out
 
 
 @dataclass
