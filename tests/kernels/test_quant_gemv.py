@@ -218,5 +218,7 @@ def test_fp8_row_quantization_kernel_equals_torch(device, m):
     q, s = quantize_rows_fp8_padded(x.to(device))
     want_q, want_s = quantize_rows_fp8(x)
     assert q.shape == (16, 300) and s.shape == (16, 1)
-    assert torch.equal(q[:m].float().cpu(), want_q.float()) and torch.equal(s[:m].cpu(), want_s)
+    assert torch.equal(q[:m].float().cpu(), want_q.float())
+    # amax / 448 on the GPU may differ from torch's CPU division in the last bit (same codes above)
+    torch.testing.assert_close(s[:m].cpu(), want_s, rtol=1e-6, atol=0)
     assert not q[m:].float().any() and torch.equal(s[m:].cpu(), torch.ones(16 - m, 1))
