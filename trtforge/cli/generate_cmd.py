@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from trtforge.cli._speculative import speculative_config, speculative_options
-from trtforge.cli.quant_options import quant_kwargs, quant_options
+from trtforge.cli.torch_options import torch_executor_kwargs, torch_executor_options
 
 EXAMPLES = """\b
 Examples:
@@ -88,37 +88,13 @@ def _parse_ids(text: str) -> list[int]:
 )
 @click.option("--num-blocks", default=None, type=int, help="KV-cache blocks in the pool (slot graphs: rows).")
 @click.option(
-    "--tensor-parallel-size",
-    default=1,
-    show_default=True,
-    type=click.IntRange(1),
-    help="torch executor: split the model over N ranks (worker processes; one GPU each on CUDA).",
-)
-@click.option(
-    "--kv-cache-dtype",
-    type=click.Choice(["auto", "fp8"]),
-    default="auto",
-    show_default=True,
-    help="torch executor KV cache: auto = the model's dtype; fp8 = E4M3 pools with per-layer scales (half "
-    "BF16's bytes; GPUs of compute capability 8.9+, or the CPU).",
-)
-@click.option(
-    "--calib-data",
-    "calib_data",
-    default=None,
-    type=click.Path(exists=True, dir_okay=False),
-    help="Calibration prompts for --quantization int4-awq and the FP8 KV cache's scales: one per "
-    "line, space-separated token ids (the file `compile --generate --calib-data` takes; FP8 KV default: "
-    "seeded random ids).",
-)
-@click.option(
     "--stop",
     "stops",
     multiple=True,
     help="Stop at this text (repeatable; matched on the decoded text and not printed; needs a tokenizer).",
 )
 @speculative_options
-@quant_options
+@torch_executor_options
 def generate_cmd(
     model: str,
     prompt_ids: tuple[str, ...],
@@ -193,20 +169,20 @@ def generate_cmd(
     if executor == "auto":
         suffix = {".engine": "tensorrt", ".onnx": "onnxruntime"}
         executor = next((v for k, v in suffix.items() if model.endswith(k)), "torch")
-    from trtforge.cli.compile_generate import _read_prompts
-
-    calib = _read_prompts(calib_data) if calib_data else None
-    quant = quant_kwargs(quantization, executor)
+    torch_kw = torch_executor_kwargs(
+        executor,
+        quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
+        calib_data=calib_data,
+        tensor_parallel_size=tensor_parallel_size,
+    )
     spec = speculative_config(speculative_method, speculative_model, num_speculative_tokens)
     with load(
         model,
         executor,
         num_blocks=num_blocks,
         speculative=spec,
-        tensor_parallel_size=tensor_parallel_size,
-        kv_cache_dtype=kv_cache_dtype,
-        calib_prompts=calib,
-        **quant,
+        **torch_kw,
     ) as llm:
         if json_schema is not None:
             llm.engine.enable_structured_output(tok)

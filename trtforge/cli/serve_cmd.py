@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from trtforge.cli._speculative import speculative_config, speculative_options
-from trtforge.cli.quant_options import quant_kwargs, quant_options
+from trtforge.cli.torch_options import torch_executor_kwargs, torch_executor_options
 
 EXAMPLES = """\b
 Examples:
@@ -93,37 +93,13 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     help="torch executor weights and KV cache; auto: bfloat16 on a GPU, float32 on the CPU.",
 )
 @click.option(
-    "--tensor-parallel-size",
-    default=1,
-    show_default=True,
-    type=click.IntRange(1),
-    help="torch executor: split the model over N ranks (worker processes; one GPU each on CUDA).",
-)
-@click.option(
-    "--kv-cache-dtype",
-    type=click.Choice(["auto", "fp8"]),
-    default="auto",
-    show_default=True,
-    help="torch executor KV cache: auto = the model's dtype; fp8 = E4M3 pools with per-layer scales (half "
-    "BF16's bytes; GPUs of compute capability 8.9+, or the CPU).",
-)
-@click.option(
-    "--calib-data",
-    "calib_data",
-    default=None,
-    type=click.Path(exists=True, dir_okay=False),
-    help="Calibration prompts for --quantization int4-awq and the FP8 KV cache's scales: one per "
-    "line, space-separated token ids (the file `compile --generate --calib-data` takes; FP8 KV default: "
-    "seeded random ids).",
-)
-@click.option(
     "--log-level",
     default="warning",
     show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"]),
 )
 @speculative_options
-@quant_options
+@torch_executor_options
 def serve_cmd(
     model: str,
     host: str,
@@ -184,27 +160,22 @@ def serve_cmd(
         "gpu_memory_utilization": gpu_memory_utilization,
         "speculative": speculative_config(speculative_method, speculative_model, num_speculative_tokens),
     }
-    from trtforge.cli.compile_generate import _read_prompts
-
-    calib = _read_prompts(calib_data) if calib_data else None
-    quant = quant_kwargs(quantization, executor)
+    torch_kw = torch_executor_kwargs(
+        executor,
+        quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
+        calib_data=calib_data,
+        tensor_parallel_size=tensor_parallel_size,
+    )
     if executor == "torch":
-        llm = from_pretrained(
-            model,
-            **_placement(device, dtype),
-            **sizes,
-            tensor_parallel_size=tensor_parallel_size,
-            kv_cache_dtype=kv_cache_dtype,
-            calib_prompts=calib,
-            **quant,
-        )
+        llm = from_pretrained(model, **_placement(device, dtype), **sizes, **torch_kw)
     else:
         if device is not None or dtype != "auto" or tensor_parallel_size != 1:
             raise UserError(
                 "--device, --dtype and --tensor-parallel-size apply to the torch executor; "
                 f"'{model}' runs on {executor}."
             )
-        llm = load(model, executor, kv_cache_dtype=kv_cache_dtype, calib_prompts=calib, **sizes)
+        llm = load(model, executor, **sizes, **torch_kw)
     if not isinstance(llm, ServingLLM):
         raise UserError(
             f"'{model}' is a slot-layout step graph (the greedy loop); serving needs a paged model: "

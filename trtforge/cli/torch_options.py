@@ -1,0 +1,74 @@
+"""The torch executor's flags shared by `trtforge generate` and `trtforge serve`: --quantization,
+--kv-cache-dtype, --calib-data (the calibration prompts of both) and --tensor-parallel-size."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+QUANTIZATIONS = ("fp8", "int4-awq", "int4-rtn")  # trtforge.llm.quant.QUANTIZATIONS (kept light here)
+
+
+def torch_executor_options(fn: Callable) -> Callable:
+    """Add --quantization, --kv-cache-dtype, --calib-data and --tensor-parallel-size to a command."""
+    fn = click.option(
+        "--tensor-parallel-size",
+        default=1,
+        show_default=True,
+        type=click.IntRange(1),
+        help="torch executor: split the model over N ranks (worker processes; one GPU each on CUDA).",
+    )(fn)
+    fn = click.option(
+        "--calib-data",
+        "calib_data",
+        default=None,
+        type=click.Path(exists=True, dir_okay=False),
+        help="Calibration prompts for --quantization int4-awq and the FP8 KV cache's scales: one per "
+        "line, space-separated token ids (the file `compile --generate --calib-data` takes; FP8 KV "
+        "default: seeded random ids).",
+    )(fn)
+    fn = click.option(
+        "--kv-cache-dtype",
+        type=click.Choice(["auto", "fp8"]),
+        default="auto",
+        show_default=True,
+        help="torch executor KV cache: auto = the model's dtype; fp8 = E4M3 pools with per-layer scales "
+        "(half BF16's bytes; GPUs of compute capability 8.9+, or the CPU).",
+    )(fn)
+    return click.option(
+        "--quantization",
+        type=click.Choice(QUANTIZATIONS),
+        default=None,
+        help="Quantize the weights (torch executor, Llama-style models): fp8 (W8A8, needs compute "
+        "capability 8.9+ on CUDA), int4-awq (needs --calib-data) or int4-rtn; lm_head and embeddings stay.",
+    )(fn)
+
+
+def torch_executor_kwargs(
+    executor: str,
+    *,
+    quantization: str | None,
+    kv_cache_dtype: str,
+    calib_data: str | None,
+    tensor_parallel_size: int,
+) -> dict[str, Any]:
+    """The `llm.load` / `from_pretrained` keywords of the flags; `load` refuses those the executor does
+    not take, --quantization is refused here (by its flag's name)."""
+    from trtforge.cli.compile_generate import _read_prompts
+    from trtforge.errors import UserError
+
+    if quantization is not None and executor != "torch":
+        raise UserError(
+            f"--quantization applies to the torch executor; this MODEL runs on {executor} (compiled graphs "
+            "and engines carry their own --precision)."
+        )
+    kwargs: dict[str, Any] = {
+        "kv_cache_dtype": kv_cache_dtype,
+        "calib_prompts": _read_prompts(calib_data) if calib_data else None,
+        "tensor_parallel_size": tensor_parallel_size,
+    }
+    if quantization is not None:
+        kwargs["quantization"] = quantization
+    return kwargs
