@@ -21,6 +21,8 @@ Examples:
   trtforge generate ./llama-dir --prompt "x" --tokenizer ./llama-dir --temperature 0.7 --n 2 --seed 3
   trtforge generate ./llama-dir --prompt "{" --tokenizer ./llama-dir --json-schema item.schema.json
   trtforge generate ./llama-dir --prompt "def f(x):" --speculative-model ./draft-dir
+  trtforge generate ./llama-dir --prompt "x" --quantization int4-awq --calib-data prompts.txt
+  trtforge generate ./llama-dir --prompt "x" --tensor-parallel-size 2
 \b
 MODEL: a paged step engine from `trtforge compile --generate --cache-layout paged`
 (TensorRT, on a GPU it supports), a step graph written by `trtforge compile --generate

@@ -15,6 +15,7 @@ Examples:
   trtforge serve ./llama-dir --port 8000 --api-key sk-local --chat-template chat.jinja
   trtforge serve llm.engine --tokenizer ./llama-dir --served-model-name llama
   trtforge serve ./llama-dir --speculative-method ngram --num-speculative-tokens 4
+  trtforge serve ./llama-dir --quantization fp8 --kv-cache-dtype fp8
 \b
 Then any OpenAI client works against it:
   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
