@@ -47,6 +47,12 @@ def make_step_loop(
 
     With a `proposer` (speculative decoding, :mod:`trtforge.llm.spec_loop`) the loop is synchronous:
     a step's accepted tokens decide the next one's inputs (``async_scheduling=True`` is refused)."""
+    if proposer is not None and not getattr(executor, "supports_speculation", False):
+        raise UserError(
+            f"speculative decoding needs an executor that returns logits for every verified token (the "
+            f"torch executor: trtforge.llm.from_pretrained); {type(executor).__name__} returns one row of "
+            "logits per sequence. Drop the proposer or serve the model's directory."
+        )
     scheduler = Scheduler(executor, config)
     if proposer is not None:
         if scheduler.config.async_scheduling:

@@ -153,3 +153,16 @@ def test_speculation_refuses_asynchronous_scheduling():
     config = SchedulerConfig(async_scheduling=True)
     with pytest.raises(UserError, match="async_scheduling=True cannot run with speculative"):
         from_pretrained(str(TARGET), num_blocks=8, config=config, speculative={"method": "ngram"})
+
+
+def test_speculation_refuses_an_executor_without_verification_logits():
+    """An executor that returns one logits row per sequence (the ONNX Runtime and TensorRT step graphs)
+    is refused by name before anything runs, not at a logits-shape check mid-step."""
+    from trtforge.llm.engine import make_step_loop
+    from trtforge.llm.spec.proposers import NgramProposer
+
+    class OneRowPerSequence:  # stands in for OrtPagedExecutor / TrtPagedExecutor: no supports_speculation
+        pass
+
+    with pytest.raises(UserError, match="OneRowPerSequence returns one row of logits per sequence"):
+        make_step_loop(OneRowPerSequence(), proposer=NgramProposer(4, 1, 4))  # type: ignore[arg-type]

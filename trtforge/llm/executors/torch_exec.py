@@ -125,6 +125,9 @@ class TorchExecutor:
     must run the same steps.
     """
 
+    # logits for any rows a step asks for (StepBatch.logits_indices): speculative verification runs here
+    supports_speculation = True
+
     def __init__(
         self,
         model: Any,
