@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.bench_decode_attention import _graph_us, _pool
+from benchmarks.bench_http import build_model
 from benchmarks.bench_serving import run_engine, workload
 from trtforge.kernels.decode_attention import decode_attention
 from trtforge.kernels.kv_quant import FP8_MAX, dequantize, quantize_fp8
@@ -111,25 +112,6 @@ def attention_part(points) -> tuple[list[dict], list[str]]:
         gc.collect()
         torch.cuda.empty_cache()
     return rows, failures
-
-
-def llama3_8b():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HQ,
-        num_key_value_heads=HKV,
-        max_position_embeddings=8192,
-        rope_theta=500000.0,
-    )
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    return model.eval()
 
 
 def capacity_part(lm, budget_gib: float) -> tuple[dict, list[str]]:
@@ -219,7 +201,7 @@ def main() -> None:
     failures: list[str] = []
     results["attention"], fails = attention_part(QUICK_POINTS if args.quick else POINTS)
     failures += fails
-    lm = llama3_8b()
+    lm = build_model("8b", "cuda")  # the one 8B builder (random BF16, seed 0)
     results["capacity"], fails = capacity_part(lm, args.budget_gib)
     failures += fails
     if not args.skip_serving:
