@@ -20,6 +20,7 @@ it holds and stops. Nothing hangs on a dead peer, NCCL included.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import socket
@@ -180,20 +181,11 @@ class TensorParallelExecutor:
             for rank, proc in enumerate(self._procs):
                 if proc.sentinel in ready and rank not in facts and not self._conns[rank].poll():
                     raise ExecutorLostError(self._death(rank, "while starting"))
-        f = facts[0]
-        self.facts = ExecutorFacts(
-            num_blocks=f.num_blocks,
-            block_size=f.block_size,
-            vocab_size=f.vocab_size,
-            max_model_len=f.max_model_len,
-            eos_token_ids=f.eos_token_ids,
-            num_layers=f.num_layers,
+        # rank 0's facts with the whole model's KV heads and pool bytes (every other field is shared)
+        self.facts = dataclasses.replace(
+            facts[0],
             num_kv_heads=sum(x.num_kv_heads for x in facts.values()),
-            head_dim=f.head_dim,
-            kv_dtype=f.kv_dtype,
-            kv_element_bytes=f.kv_element_bytes,
             kv_pool_bytes=sum(x.kv_pool_bytes for x in facts.values()),
-            kv_depends_on_prompt_len=f.kv_depends_on_prompt_len,
             tensor_parallel_size=self.world,
         )
         self.rank_facts = [facts[r] for r in range(self.world)]
