@@ -26,6 +26,52 @@ def test_gpu_pool_takes_the_utilization_of_what_is_left():
     assert sizing.gpu_pool(120 * GiB, 0, 0.9, 4096, max_blocks_needed=32768).num_blocks == 32768
 
 
+def test_gpu_pool_reserves_the_cuda_graphs_before_the_utilization():
+    # issue #29: 0.9 of (118.19 GiB - 0.52 GiB) left 11.8 GiB, and capturing every graph then ran out
+    free, peak, graphs, block = 118 * GiB, GiB // 2, 3 * GiB, 2 << 20
+    p = sizing.gpu_pool(free, peak, 0.9, block, graph_bytes=graphs)
+    assert p.graph_bytes == graphs and p.budget_bytes == int(0.9 * (free - peak - graphs))
+    assert p.num_blocks == p.budget_bytes // block
+    assert free - p.num_blocks * block >= peak + graphs, "the pool leaves the step's peak and the graphs free"
+    assert "3.00 GiB measured CUDA graphs" in p.how and "0.50 GiB measured activation peak" in p.how
+    off = sizing.gpu_pool(free, peak, 0.9, block)
+    assert (
+        off.graph_bytes == 0 and off.num_blocks > p.num_blocks and "0.00 GiB measured CUDA graphs" in off.how
+    )
+    with pytest.raises(UserError, match=r"2\.98 GiB for its CUDA graphs: 9 KV blocks fit"):
+        sizing.gpu_pool(3 * GiB, 0, 0.9, block, graph_bytes=3 * GiB - (20 << 20))
+
+
+class _FakeExecutor:
+    """What capture_graphs calls, each capture taking `cost` bytes of a fake device's free memory."""
+
+    def __init__(self, device_free: list[int], cost: dict[str, int]) -> None:
+        self.free, self.cost, self.calls, self.num_cuda_graphs = device_free, cost, [], 0
+
+    def capture_mixed_graphs(self) -> int:
+        self.calls.append(("mixed",))
+        self.free[0] -= self.cost["mixed"]
+        return 33
+
+    def capture_decode_graphs(self, max_batch=None, q_lens=(1,)) -> int:
+        self.calls.append(("decode", max_batch, tuple(q_lens)))
+        self.free[0] -= self.cost["decode"]
+        self.num_cuda_graphs = 143
+        return self.num_cuda_graphs
+
+
+def test_graphs_are_measured_by_what_capturing_them_takes():
+    device_free = [100 * GiB]
+    plan = sizing.GraphCapture(max_decode_batch=512, max_graph_tokens=2048, q_lens=(1, 2, 3))
+    assert plan.executor_kwargs() == {"max_decode_batch": 512, "max_graph_tokens": 2048}
+    probe = _FakeExecutor(device_free, {"mixed": 3 * GiB, "decode": GiB})
+    assert sizing.measure_graphs(probe, plan, lambda: device_free[0]) == 4 * GiB
+    # piecewise first (their largest bucket's temporaries are the largest), then decode, with the plan's sizes
+    assert probe.calls == [("mixed",), ("decode", 512, (1, 2, 3))]
+    assert sizing.capture_graphs(_FakeExecutor([0], {"mixed": 0, "decode": 0}), plan) == 33 + 143
+    assert sizing.GraphCapture(max_decode_batch=256) == sizing.GraphCapture(256, 4096, (1,))
+
+
 def test_cpu_pool_is_a_bounded_share_of_ram():
     block = 1 << 20
     p = sizing.cpu_pool(available_bytes=20 * GiB, block_bytes=block, max_blocks_needed=10**9)
@@ -57,6 +103,14 @@ def test_from_pretrained_defaults_on_the_cpu():
         assert llm.engine._scheduler.config.max_num_seqs == 256
         assert llm.executor.facts.num_blocks >= sizing.MIN_BLOCKS
         assert llm.generate([[1, 2, 3]], max_new_tokens=3)
+        # the sizing is kept for the startup line; the CPU captures no graphs and reserves nothing for them
+        assert (
+            llm.pool_size.num_blocks == llm.executor.facts.num_blocks and "available RAM" in llm.pool_size.how
+        )
+        assert llm.pool_size.graph_bytes == 0 and llm.memory_stats().graph_bytes == 0
+        assert llm.executor.num_cuda_graphs == 0 and llm.executor.num_piecewise_graphs == 0
+    with from_pretrained(tiny_llama(), num_blocks=16) as given:
+        assert given.pool_size is None and given.memory_stats().graph_bytes == 0
 
 
 @pytest.mark.gpu

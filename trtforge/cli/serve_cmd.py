@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -181,6 +182,14 @@ def serve_cmd(
         raise UserError(
             f"'{model}' is a slot-layout step graph (the greedy loop); serving needs a paged model: "
             "export with cache_layout='paged' or serve the save_pretrained directory."
+        )
+    sized = getattr(llm, "pool_size", None)
+    if sized is not None:  # the startup line: the pool and what its sizing set aside (graphs included)
+        print(
+            f"trtforge serve: KV pool of {sized.num_blocks:,} blocks "
+            f"({sized.num_blocks * sized.block_bytes / 2**30:.2f} GiB) = {sized.how}",
+            file=sys.stderr,
+            flush=True,
         )
     name = Path(model.rstrip("/")).name or model
     options = ServeOptions(

@@ -43,6 +43,8 @@ class ServingLLM:
     ) -> None:
         self.executor = executor
         self.engine = LLMEngine(executor, config, proposer=proposer)
+        # how the KV pool was sized, where it was (:func:`trtforge.llm.sizing.torch_pool`), else None
+        self.pool_size: sizing.PoolSize | None = None
         # speculative decoding in force (None: off), as reported with the engine's configuration
         self.speculative = speculative
 
@@ -123,8 +125,12 @@ class ServingLLM:
         return self.engine.submit(prompt, params)
 
     def memory_stats(self) -> MemoryStats:
-        """KV pool occupancy (blocks used, free, cached, slots wasted)."""
-        return self.engine.memory_stats()
+        """KV pool occupancy (blocks used, free, cached, slots wasted), and the GPU memory the sizing set
+        aside for the executor's CUDA graphs (``graph_bytes``)."""
+        stats = self.engine.memory_stats()
+        if self.pool_size is None or not self.pool_size.graph_bytes:
+            return stats
+        return dataclasses.replace(stats, graph_bytes=self.pool_size.graph_bytes)
 
     @property
     def stats(self) -> SchedulerStats:
@@ -365,7 +371,7 @@ def from_pretrained(
     GPU per rank with NCCL on CUDA. Each worker loads `model` itself (a directory or factory; an
     nn.Module is pickled to it), so the weights never gather in this process."""
     from trtforge.llm.executors.kv_cache import kv_cache_dtype_name
-    from trtforge.llm.executors.torch_exec import TorchExecutor
+    from trtforge.llm.executors.torch_exec import MAX_STATIC_Q_LEN, TorchExecutor
     from trtforge.llm.models.loader import load_causal_lm
     from trtforge.llm.quant import quantize_model
     from trtforge.llm.quant.apply import check_quantization
@@ -413,6 +419,13 @@ def from_pretrained(
         draft_lm = load_causal_lm(spec.model)
         if device is not None or dtype is not None:
             draft_lm.to(device=device, dtype=dtype)
+    pool = None
+    # the CUDA graphs a sized pool reserves memory for, captured at load (with speculation: the
+    # verification steps' widths too)
+    graphs = sizing.GraphCapture(
+        max_decode_batch=config.max_num_seqs,
+        q_lens=(1,) if spec is None else tuple(range(1, min(spec.num_tokens + 1, MAX_STATIC_Q_LEN) + 1)),
+    )
     if num_blocks is None:
         pool = sizing.torch_pool(
             lm,
@@ -423,11 +436,14 @@ def from_pretrained(
             config=config,
             gpu_memory_utilization=gpu_memory_utilization,
             kv_cache_dtype=kv_cache_dtype,
+            graphs=graphs,
         )
         num_blocks = pool.num_blocks
         if draft_lm is not None and spec.num_blocks is None:  # both pools, as many blocks, in one budget
             draft_block = _kv_block_bytes(draft_lm, block_size)
             num_blocks = max(1, num_blocks * pool.block_bytes // (pool.block_bytes + draft_block))
+            how = f"{pool.how}, shared with the draft model's pool ({num_blocks} blocks each)"
+            pool = dataclasses.replace(pool, num_blocks=num_blocks, how=how)
     ex = TorchExecutor(
         lm,
         num_blocks=num_blocks,
@@ -437,10 +453,14 @@ def from_pretrained(
         max_model_len=max_model_len,
         kv_cache_dtype=kv_cache_dtype,
         calib_prompts=calib_prompts,
-        max_decode_batch=config.max_num_seqs,  # decode graphs cover the whole running batch
+        **graphs.executor_kwargs(),  # decode graphs cover the whole running batch
     )
+    if pool is not None:  # what the sizing measured and reserved, captured now rather than on first use
+        sizing.capture_graphs(ex, graphs)
     proposer = None if spec is None else make_proposer(spec, ex, draft_lm)
-    return ServingLLM(ex, config, proposer=proposer, speculative=spec)
+    served = ServingLLM(ex, config, proposer=proposer, speculative=spec)
+    served.pool_size = pool
+    return served
 
 
 def _kv_block_bytes(lm: Any, block_size: int) -> int:
@@ -514,6 +534,8 @@ def _tensor_parallel(
         max_model_len=max_model_len,
         config=config,
         gpu_memory_utilization=gpu_memory_utilization,
+        # the ranks capture their graphs on first use, with collectives in them: not measured here yet
+        graphs=False,
     )
     ex = TensorParallelExecutor(
         model,

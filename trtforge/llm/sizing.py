@@ -1,13 +1,18 @@
 """Default sizes of a served model, fitted to the machine it runs on (issue #27).
 
 A user who names no sizes should get the machine's worth: on a GPU the KV pool takes
-``gpu_memory_utilization`` of the memory left once the weights are loaded and one step of the
-largest size has run (its activation peak is measured, not guessed); the scheduler admits as many
-sequences and batches as many tokens as fill an H200: 256 sequences, 4096 tokens a step in prompt chunks
-of up to 1024 (measured on the H200: a step of more tokens than the torch executor's piecewise CUDA graphs
-cover, 4096, runs eagerly; 8192 / 512 gave 0.72x the throughput of 4096 / 1024 on the 8B burst).
-On the CPU the pool takes a bounded share of the available RAM. Neither pool holds more than
-``max_num_seqs`` full-length sequences. Blocks are counted in the cache's real bytes per token: with
+``gpu_memory_utilization`` of the memory left once the weights are loaded, one step of the largest size
+has run (its activation peak is measured, not guessed) and the executor's CUDA graphs are set aside:
+every decode and piecewise graph the served executor captures is captured once against a one-block pool
+and the free memory it took (graph pools, static buffers, the driver's graph objects) is reserved
+(:class:`GraphCapture`; vLLM profiles its graphs the same way, rather than extrapolating from a few); the
+served executor then captures the same graphs, in the same order (largest first, so smaller buckets reuse
+the larger ones' pool memory), at load (:func:`capture_graphs`). The scheduler admits as many sequences
+and batches as many tokens as fill an H200: 256 sequences, 4096 tokens a step in prompt chunks of up to
+1024 (measured on the H200: a step of more tokens than the torch executor's piecewise CUDA graphs cover,
+4096, runs eagerly; 8192 / 512 gave 0.72x the throughput of 4096 / 1024 on the 8B burst). On the CPU the
+pool takes a bounded share of the available RAM. Neither pool holds more than ``max_num_seqs``
+full-length sequences. Blocks are counted in the cache's real bytes per token: with
 ``kv_cache_dtype="fp8"`` (1-byte E4M3 elements) the same bytes hold twice the BF16 blocks.
 ``from_pretrained``, ``load``, ``trtforge generate`` and ``trtforge serve`` all size through here.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +47,33 @@ class PoolSize:
     budget_bytes: int
     activation_peak_bytes: int
     how: str
+    # free GPU memory the served executor's CUDA graphs take, measured and set aside (0: none captured)
+    graph_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class GraphCapture:
+    """The CUDA graphs a served torch executor captures at load: decode graphs up to `max_decode_batch`
+    sequences for each query length of `q_lens` (2..8: speculative verification), piecewise graphs of
+    steps with prompt tokens up to `max_graph_tokens`. The sizing measures what they take and reserves
+    it; :func:`capture_graphs` captures them."""
+
+    max_decode_batch: int
+    max_graph_tokens: int = 4096
+    q_lens: tuple[int, ...] = (1,)
+
+    def executor_kwargs(self) -> dict[str, int]:
+        """The TorchExecutor arguments that fix these graphs' buckets."""
+        return {"max_decode_batch": self.max_decode_batch, "max_graph_tokens": self.max_graph_tokens}
+
+
+def capture_graphs(executor: Any, graphs: GraphCapture) -> int:
+    """Capture `graphs` on a torch `executor` (built with ``graphs.executor_kwargs()``): the piecewise
+    buckets, then the decode buckets, each largest first; the order the sizing measured. Returns the
+    graphs captured (0 where the executor runs without CUDA graphs)."""
+    n = executor.capture_mixed_graphs()
+    executor.capture_decode_graphs(max_batch=graphs.max_decode_batch, q_lens=graphs.q_lens)
+    return n + executor.num_cuda_graphs
 
 
 def default_scheduler_config(
@@ -82,27 +115,31 @@ def gpu_pool(
     utilization: float,
     block_bytes: int,
     max_blocks_needed: int | None = None,
+    graph_bytes: int = 0,
 ) -> PoolSize:
-    """The GPU pool: `utilization` of what is free after the weights and the activation peak, and no more
-    blocks than `max_blocks_needed` (what max_num_seqs full sequences hold: a tiny model would
-    otherwise get tens of millions of blocks it can never fill)."""
+    """The GPU pool: `utilization` of what is free after the weights, the activation peak and the CUDA
+    graphs' `graph_bytes`, and no more blocks than `max_blocks_needed` (what max_num_seqs full
+    sequences hold: a tiny model would otherwise get tens of millions of blocks it can never fill).
+    What stays free beyond the pool is therefore at least the activation peak plus the graphs."""
     utilization = check_utilization(utilization)
-    budget = int(utilization * (free_bytes - activation_peak))
+    budget = int(utilization * (free_bytes - activation_peak - graph_bytes))
     blocks = budget // block_bytes
     if max_blocks_needed is not None:
         blocks = min(blocks, max_blocks_needed)
     if blocks < MIN_BLOCKS:
         raise UserError(
             f"the GPU has {free_bytes / 2**30:.2f} GiB free after the weights and needs "
-            f"{activation_peak / 2**30:.2f} GiB for a step's activations: {max(blocks, 0)} KV blocks fit at "
+            f"{activation_peak / 2**30:.2f} GiB for a step's activations and {graph_bytes / 2**30:.2f} GiB "
+            f"for its CUDA graphs: {max(blocks, 0)} KV blocks fit at "
             f"--gpu-memory-utilization {utilization} (at least {MIN_BLOCKS} needed). Free GPU memory, raise "
             "--gpu-memory-utilization, or lower --max-num-batched-tokens / --max-model-len."
         )
     how = (
         f"{utilization:g} x ({free_bytes / 2**30:.2f} GiB free after the weights - "
-        f"{activation_peak / 2**30:.2f} GiB measured activation peak)"
+        f"{activation_peak / 2**30:.2f} GiB measured activation peak - "
+        f"{graph_bytes / 2**30:.2f} GiB measured CUDA graphs)"
     )
-    return PoolSize(blocks, block_bytes, budget, activation_peak, how)
+    return PoolSize(blocks, block_bytes, budget, activation_peak, how, graph_bytes)
 
 
 def cpu_pool(available_bytes: int, block_bytes: int, max_blocks_needed: int) -> PoolSize:
@@ -163,6 +200,25 @@ def profile_step(num_tokens: int, chunk: int, block_size: int) -> Any:
     )
 
 
+def measure_graphs(probe: Any, graphs: GraphCapture, free: Callable[[], int]) -> int:
+    """Bytes of free memory (`free()`: the device's, settled) that capturing `graphs` on `probe` (an
+    executor over a one-block pool, built with ``graphs.executor_kwargs()``) takes: graph pools, static
+    buffers, the driver's graph objects, and the kernels and workspaces first loaded for them."""
+    before = free()
+    capture_graphs(probe, graphs)
+    return max(0, before - free())
+
+
+def _settled_free(dev: Any) -> int:
+    """Free bytes on `dev` once queued work is done, garbage is collected and the cache is emptied."""
+    import torch
+
+    torch.cuda.synchronize(dev)
+    gc.collect()
+    torch.cuda.empty_cache()
+    return int(torch.cuda.mem_get_info(dev)[0])
+
+
 def torch_pool(
     lm: Any,
     *,
@@ -175,12 +231,17 @@ def torch_pool(
     executor_kwargs: dict[str, Any] | None = None,
     tensor_parallel: Any = None,
     kv_cache_dtype: str = "auto",
+    graphs: GraphCapture | bool = True,
 ) -> PoolSize:
     """Size the torch executor's pool for `lm` (moved to `device`/`dtype` here), in blocks of the real
     bytes of `kv_cache_dtype` ("auto": the model's dtype; "fp8": 1 byte an element).
 
     On CUDA: load the weights, run one step of ``config.max_num_batched_tokens`` prompt tokens through
-    an executor with a pool just large enough for it, and take the measured peak above the weights.
+    an executor with a pool just large enough for it, and take the measured peak above the weights;
+    then, unless `graphs` is False, capture the served executor's CUDA graphs (`graphs`, or with True
+    the defaults for `config`: decode graphs to ``max_num_seqs``, piecewise graphs to 4096 tokens)
+    against a one-block pool and reserve the free memory they took. The caller captures the same
+    graphs at load (:func:`capture_graphs`); graphs captured later, on first use, are not covered.
     `tensor_parallel`: `lm` is one rank's shard (:mod:`trtforge.llm.models.parallel`); its blocks hold
     its share of the KV heads, and the probe step runs with the other ranks (each sizes at once).
     """
@@ -190,6 +251,8 @@ def torch_pool(
     from trtforge.llm.executors.torch_exec import TorchExecutor
 
     check_utilization(gpu_memory_utilization)
+    if graphs is True:
+        graphs = GraphCapture(max_decode_batch=config.max_num_seqs)
     if device is not None or dtype is not None:
         lm.to(device=device, dtype=dtype)
     param = next(lm.parameters())
@@ -210,23 +273,24 @@ def torch_pool(
         return cpu_pool(available_ram() // world, block_bytes, need)
     tokens = config.max_num_batched_tokens
     dev = param.device
+    common = {
+        "block_size": block_size,
+        "max_model_len": max_model_len,
+        "tensor_parallel": tensor_parallel,
+        # the probes' pools are the served ones' dtype; their scales do not matter to memory
+        "kv_cache_dtype": kv_cache_dtype,
+        "kv_scales": None if kv_cache_dtype == "auto" else 1.0,
+    }
     probe = TorchExecutor(
         lm,
         num_blocks=-(-tokens // block_size) + 1,
-        block_size=block_size,
-        max_model_len=max_model_len,
         static_decode=False,
         mixed_graphs=False,
-        tensor_parallel=tensor_parallel,
-        # the probe's pools are the served ones' dtype; their scales do not matter to memory
-        kv_cache_dtype=kv_cache_dtype,
-        kv_scales=None if kv_cache_dtype == "auto" else 1.0,
+        **common,
         **(executor_kwargs or {}),
     )
     batch = profile_step(tokens, config.max_prefill_chunk, block_size)
-    torch.cuda.synchronize(dev)
-    gc.collect()
-    torch.cuda.empty_cache()
+    _settled_free(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev)
     with torch.inference_mode():
@@ -234,7 +298,11 @@ def torch_pool(
     torch.cuda.synchronize(dev)
     peak = torch.cuda.max_memory_allocated(dev) - base
     del probe
-    gc.collect()
-    torch.cuda.empty_cache()
-    free, _ = torch.cuda.mem_get_info(dev)
-    return gpu_pool(free, peak, gpu_memory_utilization, block_bytes, need)
+    graph_bytes = 0
+    if graphs is not False:
+        kwargs = {**graphs.executor_kwargs(), **(executor_kwargs or {})}
+        probe = TorchExecutor(lm, num_blocks=1, **common, **kwargs)
+        graph_bytes = measure_graphs(probe, graphs, lambda: _settled_free(dev))
+        del probe
+    free = _settled_free(dev)
+    return gpu_pool(free, peak, gpu_memory_utilization, block_bytes, need, graph_bytes)

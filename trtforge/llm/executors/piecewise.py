@@ -186,8 +186,10 @@ class PiecewiseStep:
         self._records[tb] = record
 
     def capture_all(self) -> int:
-        """Prepare every bucket now rather than on first use; return the graphs captured."""
-        for tb in self.buckets:
+        """Prepare every bucket now rather than on first use, largest first (the graphs share one memory
+        pool: smaller buckets' temporaries then fit in the blocks the largest one's left free, where
+        smallest first would add a larger segment for every bucket); return the graphs captured."""
+        for tb in reversed(self.buckets):
             self.prepare(tb)
         return self.num_graphs
 

@@ -578,6 +578,7 @@ class TorchExecutor:
         batch bucket are skipped, as those steps never take this path); return how many graphs there are.
 
         Only on CUDA with static decode on. The captured warm-up runs touch the scratch block only.
+        Largest buckets first: the graphs share one memory pool, which the smaller ones then reuse.
         """
         bad = [s for s in q_lens if not 1 <= s <= self.max_static_q_len]
         if bad:
@@ -588,13 +589,13 @@ class TorchExecutor:
         if not self.use_cuda_graphs:
             return 0
         self._static_buffers()
-        for nb in self._batch_buckets:
+        for nb in reversed(self._batch_buckets):
             if max_batch is not None and nb > max_batch:
-                break
-            for s in q_lens:
+                continue
+            for s in sorted(q_lens, reverse=True):
                 if s > 1 and nb * s > self._batch_buckets[-1]:
                     continue
-                for wb in self._width_buckets:
+                for wb in reversed(self._width_buckets):
                     if (nb, wb, s, self._gemv_rows()) not in self._graphs:
                         self._capture(nb, wb, s)
         return len(self._graphs)

@@ -36,7 +36,8 @@ class NoFreeBlocksError(TrtforgeError):
 class MemoryStats:
     """Pool occupancy: blocks referenced by a sequence, free (cached or not), and slots wasted; with the
     real bytes a block takes over every layer's K and V (``block_bytes``, 0 where unknown) and the
-    cache's element type (``kv_dtype``, e.g. "bfloat16" or "float8_e4m3fn")."""
+    cache's element type (``kv_dtype``, e.g. "bfloat16" or "float8_e4m3fn"); ``graph_bytes``: GPU memory
+    the pool's sizing set aside for the executor's CUDA graphs (0 where none was)."""
 
     total_blocks: int
     used_blocks: int
@@ -47,6 +48,7 @@ class MemoryStats:
     waste_slots: int
     block_bytes: int = 0
     kv_dtype: str = ""
+    graph_bytes: int = 0
 
     @property
     def usage(self) -> float:
