@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,7 @@ import torch
 from tests.llm.serving_models import VOCAB, make_executor, solo_output, tiny_llama
 from trtforge.llm.engine import make_step_loop
 from trtforge.llm.executors.base import StepBatch
-from trtforge.llm.executors.torch_exec import TorchExecutor
+from trtforge.llm.executors.torch_exec import _BATCH_BUCKETS, TorchExecutor
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.scheduler import SchedulerConfig
 
@@ -50,11 +52,14 @@ def test_from_pretrained_sizes_the_decode_buckets_to_max_num_seqs():
         assert llm.executor._batch_buckets[-2:] == (384, 512)
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_512_sequences_in_the_largest_bucket_match_their_solo_runs(async_scheduling):
-    """512 requests decode together on static shapes in the 512 bucket; each output equals its solo run
-    (eager executor, alone)."""
-    n = 512
+@pytest.mark.parametrize(
+    ("n", "async_scheduling"),
+    [(512, False), (512, True), (1024, True)],
+    ids=["512-sync", "512-async", "1024"],
+)
+def test_a_full_batch_in_the_largest_bucket_matches_its_solo_runs(n, async_scheduling):
+    """n requests decode together on static shapes in the n bucket (1024: the largest of the default
+    buckets); each output equals its solo run (eager executor, alone)."""
     rng = np.random.default_rng(29)
     reqs = [
         (f"r{i}", rng.integers(0, VOCAB, size=int(rng.integers(1, 9))).tolist(), int(rng.integers(2, 5)))
@@ -80,7 +85,7 @@ def test_512_sequences_in_the_largest_bucket_match_their_solo_runs(async_schedul
         for out in loop.step():
             if out.finished:
                 done[out.request_id] = out.output_token_ids
-    assert full_static, "no step ran all 512 sequences in the 512 bucket"
+    assert full_static, f"no step ran all {n} sequences in the {n} bucket"
     solo_ex = make_executor()
     for rid, prompt, tokens in reqs:
         assert done[rid] == solo_output(
@@ -142,3 +147,44 @@ def test_512_sequences_replay_the_512_graph_and_match_eager_on_cuda():
         f"no 512-row graph was captured (captured batch buckets: {sorted(set(graph_rows))})"
     )
     assert outs[0] == outs[1] and len(outs[0]) == n
+
+
+@pytest.mark.gpu
+def test_1024_sequences_in_the_largest_graph_bucket_match_their_solo_runs_on_cuda():
+    """Issue #29's acceptance for the largest decode-graph bucket: 1024 requests (max_num_seqs = the largest
+    of the default buckets) decode together by replaying the captured 1024-row CUDA graph (asynchronous
+    scheduling), and every output equals the request's solo greedy run (eager, alone; float64 on the CPU,
+    so that 1024 solo runs take seconds)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    n = _BATCH_BUCKETS[-1]
+    rng = np.random.default_rng(31)
+    reqs = [
+        (i, rng.integers(0, VOCAB, size=int(rng.integers(1, 17))).tolist(), int(rng.integers(2, 6)))
+        for i in range(n)
+    ]
+    model = copy.deepcopy(tiny_llama()).to("cuda")  # float64: batching never flips a greedy tie
+    ex = TorchExecutor(model, num_blocks=n * 3, block_size=16, static_decode=True, max_decode_batch=n)
+    assert ex.use_cuda_graphs and ex._batch_buckets[-1] == n
+    config = SchedulerConfig(max_num_seqs=n, max_num_batched_tokens=16 * n, max_prefill_chunk=16)
+    full = []
+
+    def hook(sched, batch):
+        if batch.num_seqs == n and ex.path_of(batch) == "decode":
+            full.append(batch.num_seqs)
+
+    loop = make_step_loop(ex, config, hook)
+    for rid, prompt, tokens in reqs:
+        loop.add_request(rid, prompt, SamplingParams(max_tokens=tokens, ignore_eos=True))
+    done = {}
+    while loop.has_unfinished():
+        done.update({o.request_id: o.output_token_ids for o in loop.step() if o.finished})
+    assert full, f"no decode step ran all {n} sequences"
+    assert any(key[0] == n for key in ex._graphs), f"no {n}-row graph: {ex.decode_graph_buckets}"
+    solo_ex = make_executor()  # the same float64 weights, eager on the CPU: far below any greedy margin
+    wrong = [
+        rid
+        for rid, prompt, tokens in reqs
+        if done[rid] != solo_output(prompt, SamplingParams(max_tokens=tokens, ignore_eos=True), solo_ex)
+    ]
+    assert not wrong, f"{len(wrong)} of {n} outputs differ from their solo runs, e.g. request {wrong[0]}"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+
+import numpy as np
 import pytest
 
 from trtforge.errors import UserError
@@ -138,14 +141,95 @@ def test_gpu_pool_is_measured_on_the_device():
         max_model_len=None,
         config=config,
         gpu_memory_utilization=0.9,
+        graphs=False,  # an executor that captures no graphs: nothing reserved for them
     )
     assert 0 < pool.activation_peak_bytes < 8 * GiB, pool
+    assert pool.graph_bytes == 0, pool
     expected = 0.9 * (free_after_weights - pool.activation_peak_bytes) / pool.block_bytes
     assert abs(pool.num_blocks - expected) / expected < 0.02, (pool, expected)
     del lm
     torch.cuda.empty_cache()
     # a fresh model (tiny_llama() is cached, and moving it would move every later test's): capped by sequences
     with from_pretrained(tiny_llama.__wrapped__(), device="cuda", dtype=torch.bfloat16) as llm:
-        facts = llm.executor.facts
+        facts, ex = llm.executor.facts, llm.executor
         assert facts.num_blocks == sizing.blocks_for_sequences(256, facts.max_model_len, 16)
+        # the sized pool reserved the graphs, which were captured at load, before any step
+        decode, pieces = ex.num_cuda_graphs, ex.num_piecewise_graphs
+        assert decode > 0 and pieces > 0 and llm.pool_size.graph_bytes > 0, llm.pool_size
+        assert llm.memory_stats().graph_bytes == llm.pool_size.graph_bytes
         assert llm.generate([[1, 2, 3]] * 4, max_new_tokens=4)
+        assert (ex.num_cuda_graphs, ex.num_piecewise_graphs) == (decode, pieces), "a graph was captured late"
+
+
+@pytest.mark.gpu
+def test_a_pool_sized_at_090_leaves_room_for_every_graph_on_cuda():
+    """Issue #29's OOM, small: at --gpu-memory-utilization 0.9 with the memory binding (not the sequence
+    cap), the sized pool leaves what capturing every decode and piecewise graph takes; the served capture
+    takes no more than the sizing reserved, memory stays free beyond the step's peak, and steps run."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+    from trtforge.llm.service import ServingLLM
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    # 1 MiB blocks (8 layers x 16 KV heads x 128 x 16 tokens x K,V x 2 bytes): 1024 x 4096 tokens = 256 GiB
+    shape = {"hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 16}
+    cfg = LlamaConfig(
+        vocab_size=32000, num_hidden_layers=8, num_key_value_heads=16, max_position_embeddings=4096, **shape
+    )
+    with torch.device("cuda"):
+        lm = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    config = sizing.default_scheduler_config(None, 1024)
+    plan = sizing.GraphCapture(max_decode_batch=config.max_num_seqs)
+
+    def settled_free() -> int:
+        torch.cuda.synchronize()
+        gc.collect()
+        torch.cuda.empty_cache()
+        return torch.cuda.mem_get_info()[0]
+
+    pool = sizing.torch_pool(
+        lm,
+        block_size=16,
+        device=None,
+        dtype=None,
+        max_model_len=None,
+        config=config,
+        gpu_memory_utilization=0.9,
+        graphs=plan,
+    )
+    need = sizing.blocks_for_sequences(config.max_num_seqs, 4096, 16)
+    assert pool.num_blocks < need, f"the memory must bind for this test: {pool}"
+    assert 0 < pool.graph_bytes < 16 * GiB and "measured CUDA graphs" in pool.how, pool
+    ex = TorchExecutor(lm, num_blocks=pool.num_blocks, block_size=16, **plan.executor_kwargs())
+    before = settled_free()
+    captured = sizing.capture_graphs(ex, plan)
+    after = settled_free()
+    took = before - after
+    print(
+        f"pool {pool.num_blocks} blocks; {captured} graphs took {took / GiB:.2f} GiB, reserved "
+        f"{pool.graph_bytes / GiB:.2f} GiB; {after / GiB:.2f} GiB free after the capture"
+    )
+    assert captured == ex.num_cuda_graphs + ex.num_piecewise_graphs > 0
+    assert ex._batch_buckets[-1] == 1024 and any(key[0] == 1024 for key in ex._graphs)
+    assert took <= pool.graph_bytes + (64 << 20), (took, pool.graph_bytes)
+    assert after >= pool.activation_peak_bytes + GiB, (after, pool)
+    # the largest prefill step (4096 tokens, piecewise) and a decode batch run without running out
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 32000, size=1024).tolist() for _ in range(4)]
+    prompts += [rng.integers(3, 32000, size=8).tolist() for _ in range(60)]
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_reserved()
+    with ServingLLM(ex, config) as llm:
+        outs = llm.generate(prompts, max_new_tokens=4, stop_at_eos=False)
+    grew = torch.cuda.max_memory_reserved() - base
+    print(
+        f"the steps reserved up to {grew / GiB:.2f} GiB more "
+        f"(measured peak {pool.activation_peak_bytes / GiB:.2f} GiB)"
+    )
+    assert [len(o) for o in outs] == [4] * len(prompts)
+    assert captured == ex.num_cuda_graphs + ex.num_piecewise_graphs, (
+        "a step captured a graph the sizing missed"
+    )
