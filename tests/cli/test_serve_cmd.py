@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from trtforge.cli.main import main
@@ -31,3 +33,26 @@ def test_an_empty_chat_template_is_refused(tmp_path, capsys):
     empty.write_text("  \n")
     assert main(["serve", str(tmp_path), "--chat-template", str(empty)]) == 2
     assert "is empty" in capsys.readouterr().err
+
+
+MODEL = Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "code-llama-21m"
+
+
+@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
+def test_the_startup_line_says_how_the_pool_was_sized(monkeypatch, capsys):
+    """Before it listens, the server prints the sized pool and what the sizing counted (on a GPU: the
+    weights, the measured step peak and the measured CUDA graphs; on the CPU: the RAM share)."""
+    import importlib
+
+    server_run = importlib.import_module("trtforge.llm.server.run")  # (the package exports a function `run`)
+    served = []
+    monkeypatch.setattr(server_run, "run", lambda llm, *a, **k: served.append(llm))
+    assert main(["serve", str(MODEL), "--device", "cpu", "--max-num-seqs", "4"]) in (0, None)
+    err = capsys.readouterr().err
+    (llm,) = served
+    try:
+        sized = llm.pool_size
+        assert sized is not None and sized.num_blocks == llm.executor.facts.num_blocks
+        assert f"trtforge serve: KV pool of {sized.num_blocks:,} blocks" in err and sized.how in err
+    finally:
+        llm.close()

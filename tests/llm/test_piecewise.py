@@ -178,3 +178,12 @@ def test_engine_outputs_with_piecewise_graphs_equal_solo_runs_on_cuda():
             assert done[i].output_token_ids == run_to_completion(solo)["s"].output_token_ids, i
     finally:
         tiny_llama().to("cpu")
+
+
+def test_capture_all_prepares_the_largest_bucket_first():
+    """The buckets' graphs share one memory pool: captured largest first, the smaller buckets' temporaries
+    reuse the largest one's blocks (smallest first would grow the pool by a segment per bucket)."""
+    ex = TorchExecutor(tiny_llama(), num_blocks=8, block_size=4, static_decode=True, max_graph_tokens=300)
+    pieces = ex._piecewise
+    pieces.capture_all()  # on the CPU: the same pieces, prepared in the same order, without graphs
+    assert list(pieces._records) == sorted(pieces.buckets, reverse=True) and pieces.buckets[-1] == 300
