@@ -46,7 +46,8 @@ sample (sampler launch), wait (for the step in flight's tokens), update (applyin
 Warm-up (untimed, reported apart): a full running batch of short prompts and prompts of assorted lengths
 after the capture, then before each workload (and scheduler variant) a slice of it (``warm_slice``: its
 lengths, fresh ids, 8 new tokens, at most 64k prompt tokens), so that the Triton specializations its
-steps need compile before its timed window opens.
+steps need compile before its timed window opens; ``jit_compiles_in_window`` counts the entries Triton's
+on-disk cache gained during the timed run (0 expected: any other figure is printed beside the result).
 
 Beside each result: TensorRT-LLM's published perf table (Llama-3-8B, TP1, output tok/s; not measured
 here) and the issue's acceptance targets. ``--tiny`` (or ``--device cpu``) runs a 2-layer model on the
@@ -427,6 +428,17 @@ def warm_slice(
     return out
 
 
+def triton_cache_entries() -> int | None:
+    """Kernels in Triton's on-disk cache (``TRITON_CACHE_DIR``, else ``~/.triton/cache``; one entry per
+    compiled specialization), None where there is no cache yet: entries added inside a timed window are
+    compilations the warm-up missed."""
+    path = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    try:
+        return sum(1 for _ in os.scandir(path))
+    except OSError:
+        return None
+
+
 def free_gpu_bytes(cuda: bool) -> int | None:
     """Free GPU memory once queued work is done and the allocator's cache is emptied (None on the CPU)."""
     if not cuda:
@@ -538,7 +550,12 @@ def line(name: str, res: dict) -> str:
         f"total {res['total_tok_s']:8,.0f} tok/s",
         f"wall {res['wall_s']:6.1f} s"
         + (" TRUNCATED" if res["truncated"] else "")
-        + (f" (warm-up before it {res['warmup_s']:.1f} s, untimed)" if "warmup_s" in res else ""),
+        + (f" (warm-up before it {res['warmup_s']:.1f} s, untimed)" if "warmup_s" in res else "")
+        + (
+            f" [{res['jit_compiles_in_window']} Triton compilations inside the timed window]"
+            if res.get("jit_compiles_in_window")
+            else ""
+        ),
         f"roofline {roof['output_tok_s']:8,.0f} tok/s (B={roof['decode_batch']}): "
         f"{res['roofline_fraction']:.0%}",
     ]
@@ -863,8 +880,11 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
             t = time.perf_counter()
             run_workload(probe, config, warm_slice(reqs, mns, scale, shape.vocab), None)
             warm = time.perf_counter() - t
+            cached = triton_cache_entries()
             res = run_workload(probe, config, reqs, args.budget_s)
             res["warmup_s"] = warm
+            after = triton_cache_entries()
+            res["jit_compiles_in_window"] = None if None in (cached, after) else after - cached
             prompts = [len(p) for p, _ in reqs]
             res["roofline"] = roofline(shape, prompts, reqs[0][1], mns, kv_tokens)
             steady = res["steady"] and res["truncated"]
