@@ -527,10 +527,7 @@ class TorchExecutor:
         st = self._static_buffers()
         b, width = batch.num_seqs, batch.block_tables.shape[1]
         nb, wb = _bucket(b, self._batch_buckets), _bucket(width, self._width_buckets)
-        key = (nb, wb, s, self._gemv_rows())
-        graph = self._graphs.get(key)
-        if graph is None and self.use_cuda_graphs:
-            graph = self._capture(nb, wb, s)  # before the inputs go in: capture resets them
+        graph = self._decode_graph(nb, wb, s)  # before the inputs go in: capture resets them
         turn = st["turn"]
         st["turn"] = 1 - turn
         copied = st["copied"][turn]
@@ -570,6 +567,73 @@ class TorchExecutor:
         if np.array_equal(rows, np.arange(len(rows))):
             return st["logits"][: len(rows)]
         return st["logits"].index_select(0, to_device(rows, self.device))
+
+    def _decode_graph(self, nb: int, wb: int, s: int) -> Any:
+        """The decode graph of bucket (nb, wb, s), captured now on first use; None without graphs."""
+        graph = self._graphs.get((nb, wb, s, self._gemv_rows()))
+        if graph is None and self.use_cuda_graphs:
+            graph = self._capture(nb, wb, s)
+        return graph
+
+    def can_chain(self, rows: int) -> bool:
+        """Whether :meth:`decode_chain` runs `rows` sequences: the static decode path is on and they fit
+        its largest batch bucket."""
+        return self.static_decode and rows <= self._batch_buckets[-1]
+
+    @torch.inference_mode()
+    def decode_chain(
+        self,
+        tokens: torch.Tensor,
+        positions: np.ndarray,
+        slots: np.ndarray,
+        context_lens: np.ndarray,
+        block_tables: np.ndarray,
+        pick: Any,
+    ) -> list[torch.Tensor]:
+        """``len(positions)`` single-token decode steps of the same rows back to back, each step's input
+        ids the tokens `pick` chose from the step before: no host work between steps but launches, and
+        no wait for the device (a draft model's k proposals; :meth:`can_chain` says where it runs).
+
+        `tokens`: int64 ``[rows]`` on the device, the first step's ids. `positions`, `slots` (reserved
+        by the caller; -1: write nowhere, the scratch slot, for a row whose result is dropped) and
+        `context_lens`: ints ``[steps, rows]``, one row per step. `block_tables`: int32 ``[rows, width]``,
+        valid for every step. ``pick(logits, j)``: step j's next ids (int64 ``[rows]`` on the device)
+        from its float32 logits ``[rows, vocab]`` (a view valid until the next step is launched).
+        Returns every step's picked tokens. All the steps' inputs travel in one copy; each step copies
+        its slice into the static decode inputs (padding rows as in :meth:`step`), writes the previous
+        tokens into the ids and replays the (rows, width) decode graph (without graphs: runs its body).
+        """
+        st = self._static_buffers()
+        steps, b = positions.shape
+        width = block_tables.shape[1]
+        nb, wb = _bucket(b, self._batch_buckets), _bucket(width, self._width_buckets)
+        graph = self._decode_graph(nb, wb, 1)
+        head, size = 5 * nb, self._static_size(nb, wb, 1)
+        host = np.zeros(steps * head + nb * wb, dtype=np.int32)
+        per_step = host[: steps * head].reshape(steps, 5, nb)  # ids, positions, slots, sources, lengths
+        scratch = self._num_blocks * self._block_size
+        per_step[:, 1, :b] = positions
+        per_step[:, 2, :b] = np.where(slots < 0, scratch, slots)
+        per_step[:, 2, b:] = scratch
+        per_step[:, 4, :b] = context_lens
+        per_step[:, 4, b:] = 1
+        table = host[steps * head :].reshape(nb, wb)
+        table.fill(self._num_blocks)
+        table[:b, :width] = block_tables
+        chain = to_device(host, self.device)
+        inputs, ids = st["inputs"], self._static_views(nb, wb, 1)[0]
+        inputs[head:size].copy_(chain[steps * head :])
+        out = []
+        for j in range(steps):
+            inputs[:head].copy_(chain[j * head : (j + 1) * head])
+            ids[:b].copy_(tokens)
+            if graph is None:
+                self._static_body(nb, wb, 1)
+            else:
+                graph.replay()
+            tokens = pick(st["logits"][:b], j)
+            out.append(tokens)
+        return out
 
     @torch.inference_mode()
     def capture_decode_graphs(self, max_batch: int | None = None, q_lens: Sequence[int] = (1,)) -> int:
