@@ -21,11 +21,13 @@ GREEDY = SamplingParams(max_tokens=8)
 SAMPLED = SamplingParams(max_tokens=8, temperature=0.8)
 
 
-def _proposer(chain: bool, num_blocks: int = 64) -> DraftModelProposer:
+def _proposer(chain: bool, num_blocks: int = 64, device: str = "cpu") -> DraftModelProposer:
+    """The tiny float64 Llama as a draft on the static decode path (on CUDA: torch attention, graphs)."""
     ex = TorchExecutor(
         copy.deepcopy(tiny_llama()),
         num_blocks=num_blocks,
         block_size=BS,
+        device=device,
         static_decode=True,
         max_decode_batch=8,
     )
@@ -52,9 +54,13 @@ def _advance(seqs, proposals, rng) -> None:
         seq.tokens += [*p.tokens[:take], int(rng.integers(3, VOCAB))]
 
 
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)], ids=["cpu", "cuda-graphs"]
+)
 @pytest.mark.parametrize("sampled", [set(), {1, 3}], ids=["greedy", "mixed"])
-def test_chained_proposals_equal_step_by_step_ones(sampled):
-    chained, stepwise = _proposer(True), _proposer(False)
+def test_chained_proposals_equal_step_by_step_ones(sampled, device):
+    """On CUDA each chained step replays the captured (8, width, 1) decode graph."""
+    chained, stepwise = _proposer(True, device=device), _proposer(False, device=device)
     lengths = [9, 1, 14, 6, 3]  # 5 rows: the batch bucket of 8 pads 3
     a, b = _seqs(lengths, sampled), _seqs(lengths, sampled)
     rng_a, rng_b = np.random.default_rng(0), np.random.default_rng(0)
@@ -76,6 +82,8 @@ def test_chained_proposals_equal_step_by_step_ones(sampled):
         _advance(b, want, rng_b)
     assert chained.chain_steps == 3 + 3 + 0 + 3 + 3  # the longest proposal's further steps, per round
     assert stepwise.chain_steps == 0
+    if device == "cuda":
+        assert any(nb == 8 and q_len == 1 for nb, _, q_len in chained.executor.decode_graph_buckets)
     chained.forget([s.request_id for s in a])
     assert chained.blocks.num_free_blocks == chained.blocks.num_blocks
 
