@@ -82,8 +82,9 @@ def test_chained_proposals_equal_step_by_step_ones(sampled, device):
         _advance(b, want, rng_b)
     assert chained.chain_steps == 3 + 3 + 0 + 3 + 3  # the longest proposal's further steps, per round
     assert stepwise.chain_steps == 0
-    if device == "cuda":
+    if device == "cuda":  # greedy: each chain one captured graph; with sampled rows a replay per step
         assert any(nb == 8 and q_len == 1 for nb, _, q_len in chained.executor.decode_graph_buckets)
+        assert (chained.executor.num_chain_graphs > 0) == (not sampled)
     chained.forget([s.request_id for s in a])
     assert chained.blocks.num_free_blocks == chained.blocks.num_blocks
 

@@ -306,14 +306,17 @@ class DraftModelProposer:
                 qs.append(q)
                 return tokens
 
+            greedy = not any(i in pick.draws for i in live)  # argmax: the executor's own (one graph)
             chained += self.executor.decode_chain(  # type: ignore[attr-defined]
                 first,
                 nxt + upto - 1,
                 step_slots,
                 nxt + upto,
                 self.blocks.block_table_array(rids, width),
-                step_pick,
+                None if greedy else step_pick,
             )
+            if greedy:
+                qs += [None] * m
             self.chain_steps += m
         host = torch.stack(chained).tolist()  # the one wait for the device
         sampled = [r for r, i in enumerate(live) if i in pick.draws]
