@@ -102,6 +102,8 @@ def make_engine(
     if proposer is not None and hasattr(proposer, "executor"):
         proposer.executor.capture_decode_graphs(max_batch=max_num_seqs)
         proposer.chain = chain
+        if chain and k > 1:  # the draft's k-1 further steps: one graph per width bucket
+            proposer.executor.capture_chain_graphs(k - 1, max_batch=max_num_seqs)
     config = SchedulerConfig(max_num_seqs=max_num_seqs, async_scheduling=False if spec else None)
     return LLMEngine(ex, config, proposer=proposer)
 
@@ -358,12 +360,20 @@ def single_stream(models: Path, prompts: list[list[int]], new_tokens: int, devic
     return rows
 
 
+DRAFT_VARIANTS = {  # name: (proposer's chain, executor's chain_graphs)
+    "stepwise": (False, True),  # each further step a step of its own (the path before the chain)
+    "chain_steps": (True, False),  # chained, a decode-graph replay per step
+    "chain": (True, True),  # chained, the whole argmax chain one graph (the default)
+}
+
+
 def draft_proposal_cost(models: Path, device: str, rounds: int, warmup: int = 8) -> dict:
-    """The 3M draft's proposal alone, one sequence (BF16 on the GPU): wall ms of
-    ``DraftModelProposer.propose`` (host sync included) per k, its further steps chained
-    (``decode_chain``) and one by one. The sequence follows the held-out text: each round it takes the
-    leading proposals that match the text and the text's next token (as greedy verification would with
-    a target that wrote the text), so the catch-up step feeds 1..k+1 tokens as in serving."""
+    """The 3M draft's proposal alone, one sequence (BF16 on the GPU): median wall ms of
+    ``DraftModelProposer.propose`` (host sync included) per k and :data:`DRAFT_VARIANTS`. The sequence
+    follows the held-out text: each round it takes the leading proposals that match the text and the
+    text's next token (as greedy verification would with a target that wrote the text), so the
+    catch-up step feeds 1..k+1 tokens as in serving. Each variant's proposals are checked against the
+    step-by-step ones (``agree``: the share of equal tokens; BF16 may flip a near-tie)."""
     from types import SimpleNamespace
 
     import torch
@@ -378,14 +388,18 @@ def draft_proposal_cost(models: Path, device: str, rounds: int, warmup: int = 8)
         load_causal_lm(str(models / "code-llama-3m")), 64, device=device, dtype=dtype, static_decode=True
     )
     ex.capture_decode_graphs(max_batch=1)
+    for k in KS:
+        ex.capture_chain_graphs(k - 1, max_batch=1)
     text = prompts_from_eval(models, 1, 128 + (warmup + rounds) * (max(KS) + 1) + 8)[0]
     greedy = SamplingParams()
     out: dict = {}
     for k in KS:
-        for chain in (False, True):
+        reference = None
+        for name, (chain, graphs) in DRAFT_VARIANTS.items():
             prop = DraftModelProposer(ex, k, chain=chain)
+            ex.chain_graphs = graphs
             seq = SimpleNamespace(request_id=0, tokens=text[:128], params=greedy, generator=None)
-            times, accepted = [], []
+            times, accepted, proposed = [], [], []
             for r in range(warmup + rounds):
                 t = time.perf_counter()
                 tokens = prop.propose([seq], [k])[0].tokens
@@ -394,34 +408,38 @@ def draft_proposal_cost(models: Path, device: str, rounds: int, warmup: int = 8)
                 n = len(seq.tokens)
                 take = next((j for j, tok in enumerate(tokens) if tok != text[n + j]), len(tokens))
                 accepted.append(take)
+                proposed.extend(tokens)
                 seq.tokens = text[: n + take + 1]
             prop.forget([0])
-            name = "chain" if chain else "stepwise"
+            reference = reference or proposed
             ms = statistics.median(times)
-            out[f"k{k}_{name}"] = {
+            out[f"k{k}_{name}"] = row = {
                 "ms_per_proposal": ms,
                 "ms_per_draft_token": ms / k,
                 "chained_steps": prop.chain_steps,
                 "mean_matching_text": statistics.mean(accepted),
+                "agree": sum(a == b for a, b in zip(proposed, reference)) / max(len(reference), 1),
             }
-            print(f"[3M draft proposal] k={k} {name}: " + json.dumps(out[f"k{k}_{name}"]), flush=True)
+            print(f"[3M draft proposal] k={k} {name}: " + json.dumps(row), flush=True)
+    ex.chain_graphs = True
     lo, hi = min(KS), max(KS)
-    for name in ("stepwise", "chain"):  # the cost of one more draft step: slope over k
+    for name in DRAFT_VARIANTS:  # the cost of one more draft step: the slope over k
         at = [out[f"k{k}_{name}"]["ms_per_proposal"] for k in (lo, hi)]
         out[f"ms_per_further_step_{name}"] = (at[1] - at[0]) / (hi - lo)
+    out["chain_graphs"] = ex.num_chain_graphs
     print("\n[3M draft proposal] one sequence, median wall ms per proposal (per draft token); further")
-    print("step = slope over k (the catch-up step's cost drops out)")
-    print("| k | step by step | chained | chained / step by step |")
-    print("|---|---|---|---|")
+    print("step = slope over k (the catch-up step's cost drops out); agree = tokens equal to step by step")
+    print("| k | step by step | chained, a replay per step | chained, one graph | one graph / step by step |")
+    print("|---|---|---|---|---|")
     for k in KS:
-        a, b = out[f"k{k}_stepwise"], out[f"k{k}_chain"]
-        print(
-            f"| {k} | {a['ms_per_proposal']:.3f} ({a['ms_per_draft_token']:.3f}) | "
-            f"{b['ms_per_proposal']:.3f} ({b['ms_per_draft_token']:.3f}) | "
-            f"{b['ms_per_proposal'] / a['ms_per_proposal']:.2f} |"
-        )
-    a, b = out["ms_per_further_step_stepwise"], out["ms_per_further_step_chain"]
-    print(f"| further step | {a:.3f} | {b:.3f} | {b / a:.2f} |")
+        a, b, c = (out[f"k{k}_{name}"] for name in DRAFT_VARIANTS)
+        cells = [
+            f"{v['ms_per_proposal']:.3f} ({v['ms_per_draft_token']:.3f}; agree {v['agree']:.2f})"
+            for v in (a, b, c)
+        ]
+        print(f"| {k} | " + " | ".join(cells) + f" | {c['ms_per_proposal'] / a['ms_per_proposal']:.2f} |")
+    a, b, c = (out[f"ms_per_further_step_{name}"] for name in DRAFT_VARIANTS)
+    print(f"| further step | {a:.3f} | {b:.3f} | {c:.3f} | {c / a:.2f} |")
     del ex
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -113,3 +113,12 @@ def test_without_the_static_path_the_proposer_steps_one_by_one():
     assert not ex.can_chain(1)
     out = prop.propose(_seqs([5, 8], set()), [3, 3])
     assert [len(p.tokens) for p in out] == [3, 3] and prop.chain_steps == 0
+
+
+def test_chain_graphs_to_capture_up_front_are_checked():
+    from trtforge.errors import UserError
+
+    ex = _proposer(True).executor
+    with pytest.raises(UserError, match="steps must lie in 1..16"):
+        ex.capture_chain_graphs(0)
+    assert ex.capture_chain_graphs(3) == 0  # no CUDA graphs on the CPU

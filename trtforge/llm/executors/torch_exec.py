@@ -743,6 +743,25 @@ class TorchExecutor:
         return len(self._graphs)
 
     @torch.inference_mode()
+    def capture_chain_graphs(self, steps: int, max_batch: int | None = None) -> int:
+        """Capture the whole argmax chain of `steps` decode steps (:meth:`decode_chain`) of every
+        (batch, width) bucket up to `max_batch` now rather than on first use; return how many chain
+        graphs there are. Only on CUDA with static decode and ``chain_graphs`` on."""
+        if not 1 <= steps <= MAX_CHAIN_STEPS:
+            raise UserError(
+                f"TorchExecutor.capture_chain_graphs steps must lie in 1..{MAX_CHAIN_STEPS}; got {steps}"
+            )
+        if not (self.use_cuda_graphs and self.chain_graphs):
+            return 0
+        self._chain_buffers()
+        for nb in self._batch_buckets:
+            if max_batch is not None and nb > max_batch:
+                break
+            for wb in self._width_buckets:
+                self._chain_graph(nb, wb, steps)
+        return len(self._chain_graphs)
+
+    @torch.inference_mode()
     def capture_mixed_graphs(self) -> int:
         """Capture the piecewise graphs of every token bucket (steps with prompt tokens) now rather
         than on first use; return how many. Only on CUDA with piecewise steps on; runs touch the
