@@ -100,7 +100,8 @@ def make_engine(
     k = 0 if spec is None else spec["num_tokens"]
     ex.capture_decode_graphs(max_batch=max_num_seqs, q_lens=range(1, k + 2))
     if proposer is not None and hasattr(proposer, "executor"):
-        proposer.executor.capture_decode_graphs(max_batch=max_num_seqs)
+        # its catch-up steps: 1 token, or 2 after a fully accepted proposal (DraftModelProposer.short_run)
+        proposer.executor.capture_decode_graphs(max_batch=max_num_seqs, q_lens=(1, 2, 3))
         proposer.chain = chain
         if chain and k > 1:  # the draft's k-1 further steps: one graph per width bucket
             proposer.executor.capture_chain_graphs(k - 1, max_batch=max_num_seqs)
@@ -387,7 +388,7 @@ def draft_proposal_cost(models: Path, device: str, rounds: int, warmup: int = 8)
     ex = TorchExecutor(
         load_causal_lm(str(models / "code-llama-3m")), 64, device=device, dtype=dtype, static_decode=True
     )
-    ex.capture_decode_graphs(max_batch=1)
+    ex.capture_decode_graphs(max_batch=1, q_lens=(1, 2, 3))
     for k in KS:
         ex.capture_chain_graphs(k - 1, max_batch=1)
     text = prompts_from_eval(models, 1, 128 + (warmup + rounds) * (max(KS) + 1) + 8)[0]

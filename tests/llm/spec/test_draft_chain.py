@@ -47,11 +47,15 @@ def _seqs(lengths: list[int], sampled: set[int]) -> list[SimpleNamespace]:
     ]
 
 
-def _advance(seqs, proposals, rng) -> None:
-    """Each sequence takes a random number of its proposals (a partial acceptance) and one token more."""
+def _advance(seqs, proposals, rng) -> int:
+    """Each sequence takes a random number of its proposals (a partial acceptance) and one token more;
+    returns how many took all theirs (their next catch-up runs 2 tokens)."""
+    full = 0
     for seq, p in zip(seqs, proposals):
         take = int(rng.integers(0, len(p.tokens) + 1))
         seq.tokens += [*p.tokens[:take], int(rng.integers(3, VOCAB))]
+        full += bool(p.tokens) and take == len(p.tokens)
+    return full
 
 
 @pytest.mark.parametrize(
@@ -59,11 +63,16 @@ def _advance(seqs, proposals, rng) -> None:
 )
 @pytest.mark.parametrize("sampled", [set(), {1, 3}], ids=["greedy", "mixed"])
 def test_chained_proposals_equal_step_by_step_ones(sampled, device):
-    """On CUDA each chained step replays the captured (8, width, 1) decode graph."""
+    """On CUDA each chained step replays the captured (8, width, 1) decode graph. The step-by-step
+    proposer also runs its catch-up steps as before (logits of each run's last token only: a run of 2
+    after a fully accepted proposal goes the prompt-chunk path), checking the chained proposer's
+    short catch-up runs on the static path (logits of every row, the last ones picked)."""
     chained, stepwise = _proposer(True, device=device), _proposer(False, device=device)
+    stepwise.short_run = 1
     lengths = [9, 1, 14, 6, 3]  # 5 rows: the batch bucket of 8 pads 3
     a, b = _seqs(lengths, sampled), _seqs(lengths, sampled)
     rng_a, rng_b = np.random.default_rng(0), np.random.default_rng(0)
+    full = 0
     for ks in ([4, 4, 4, 4, 4], [4, 2, 3, 1, 4], [1, 1, 1, 1, 1], [3, 4, 0, 2, 4], [4, 4, 4, 4, 4]):
         got, want = chained.propose(a, ks), stepwise.propose(b, ks)
         assert [p.tokens for p in got] == [p.tokens for p in want]
@@ -78,10 +87,11 @@ def test_chained_proposals_equal_step_by_step_ones(sampled, device):
             assert chained.blocks.num_tokens(s.request_id) == stepwise.blocks.num_tokens(s.request_id)
         assert chained.blocks.num_free_blocks == stepwise.blocks.num_free_blocks
         chained.blocks.check_invariants()
-        _advance(a, got, rng_a)
+        full += _advance(a, got, rng_a)
         _advance(b, want, rng_b)
     assert chained.chain_steps == 3 + 3 + 0 + 3 + 3  # the longest proposal's further steps, per round
     assert stepwise.chain_steps == 0
+    assert full >= 3  # short catch-up runs happened
     if device == "cuda":  # greedy: each chain one captured graph; with sampled rows a replay per step
         assert any(nb == 8 and q_len == 1 for nb, _, q_len in chained.executor.decode_graph_buckets)
         assert (chained.executor.num_chain_graphs > 0) == (not sampled)

@@ -10,6 +10,7 @@ releases what it keeps for finished requests.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -173,6 +174,8 @@ class DraftModelProposer:
     """
 
     method = "draft"
+    # the longest catch-up run that asks for every row's logits (the torch executor's static q_len)
+    short_run = 8
 
     def __init__(self, executor: StepExecutor, num_tokens: int, chain: bool = True) -> None:
         self.executor = executor
@@ -232,8 +235,11 @@ class DraftModelProposer:
     def _step(
         self, rids: list[Hashable], runs: list[list[int]], starts: list[int], slots, copies, feed
     ) -> Any:
-        """One draft step; with `feed` (an executor with ``step_async``) its single-token rows take their
-        ids from the previous step's tokens on the device, so the host never waits between steps."""
+        """One draft step, the logits of each sequence's last token; with `feed` (an executor with
+        ``step_async``) its single-token rows take their ids from the previous step's tokens on the
+        device, so the host never waits between steps. A catch-up of short runs (2 to 8 tokens, as after
+        a fully accepted proposal) asks for every row's logits, as a verification step does, so that
+        it takes the executor's static decode path (one graph) rather than the prompt chunks' one."""
         batch = StepBatch.build(
             rids,
             runs,
@@ -243,9 +249,19 @@ class DraftModelProposer:
             [True] * len(rids),
             copies,
         )
+        longest = int(batch.query_lens.max())
         if feed is not None:
             return self.executor.step_async(batch, feed)  # type: ignore[attr-defined]
-        return self.executor.step(batch)
+        if not 1 < longest <= self.short_run:
+            return self.executor.step(batch)
+        import torch
+
+        from trtforge.llm.host_to_device import to_device
+
+        every_row = replace(batch, logits_indices=np.arange(batch.num_tokens))
+        logits = torch.as_tensor(self.executor.step(every_row))
+        last = batch.query_start_loc[1:].astype(np.int64) - 1
+        return logits.index_select(0, to_device(last, logits.device))
 
     def propose(self, seqs: Sequence[Sequence_], ks: Sequence[int]) -> list[Proposal]:
         pick = _Picker(seqs, ks)
