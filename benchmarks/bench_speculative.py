@@ -14,11 +14,15 @@ and checks every output equals plain greedy decoding's token for token.
 (b) On the GPU: (1) at the Llama-3-8B shape with random BF16 weights (built on the GPU, trtforge's
 kernels), the time of a (k+1)-token verification step vs a 1-token decode step for one sequence at
 a few context lengths, k = 2, 4, 6 (CUDA events and wall time, median); (2) the same 1-token step of
-a Llama-3.2-1B shape (a cheap draft for 8B); (3) single-stream ms/token (first token to last) of the
-21M/3M pair on the GPU, plain and with each method; (4) the projection of 8B single-stream latency
-from (1), (2) and the acceptance measured in (3):
+a Llama-3.2-1B shape (a cheap draft for 8B); (2b) the 3M draft's proposal alone (one sequence following
+the held-out text; ``DraftModelProposer.propose`` wall time, its further k-1 steps chained on the device
+vs one by one, and the cost of one more step: the slope over k); (3) single-stream ms/token (first
+token to last) of the 21M/3M pair on the GPU, plain and with each method (the draft chained, and at
+k=4 also step by step); (4) the projection of 8B single-stream latency from (1), (2), (2b) and the
+acceptance measured in (3):
 
-    draft:  t/token = (k * t_draft + t_verify(k+1)) / E[accepted + 1]
+    draft:     t/token = (k * t_draft + t_verify(k+1)) / E[accepted + 1]    (t_draft: the 1B shape's step)
+    draft-3m:  t/token = (t_propose(k) + t_verify(k+1)) / E[accepted + 1]  (the 3M's measured proposal)
     ngram:  t/token = (f * (t_verify(k+1) + t_lookup) + (1 - f) * t_decode) / (f * E[accepted + 1] + 1 - f)
 
 with f the share of decode steps that had a proposal (prompt lookup finds no match in the others,
@@ -68,12 +72,21 @@ def prompts_from_eval(models: Path, n: int, length: int) -> list[list[int]]:
 def spec_dict(method: str, k: int, models: Path) -> dict | None:
     if method == "plain":
         return None
-    if method == "draft":
+    if method in ("draft", "draft-stepwise"):
         return {"method": "draft", "model": str(models / "code-llama-3m"), "num_tokens": k}
     return {"method": "ngram", "num_tokens": k}
 
 
-def make_engine(models: Path, spec: dict | None, device: str, dtype, num_blocks: int, max_num_seqs: int):
+def make_engine(
+    models: Path,
+    spec: dict | None,
+    device: str,
+    dtype,
+    num_blocks: int,
+    max_num_seqs: int,
+    chain: bool = True,
+):
+    """The 21M target with `spec`'s proposer; `chain` False: the draft's further steps one by one."""
     from trtforge.llm.engine import LLMEngine
     from trtforge.llm.executors.torch_exec import TorchExecutor
     from trtforge.llm.models.loader import load_causal_lm
@@ -87,7 +100,11 @@ def make_engine(models: Path, spec: dict | None, device: str, dtype, num_blocks:
     k = 0 if spec is None else spec["num_tokens"]
     ex.capture_decode_graphs(max_batch=max_num_seqs, q_lens=range(1, k + 2))
     if proposer is not None and hasattr(proposer, "executor"):
-        proposer.executor.capture_decode_graphs(max_batch=max_num_seqs)
+        # its catch-up steps: 1 token, or 2 after a fully accepted proposal (DraftModelProposer.short_run)
+        proposer.executor.capture_decode_graphs(max_batch=max_num_seqs, q_lens=(1, 2, 3))
+        proposer.chain = chain
+        if chain and k > 1:  # the draft's k-1 further steps: one graph per width bucket
+            proposer.executor.capture_chain_graphs(k - 1, max_batch=max_num_seqs)
     config = SchedulerConfig(max_num_seqs=max_num_seqs, async_scheduling=False if spec else None)
     return LLMEngine(ex, config, proposer=proposer)
 
@@ -309,8 +326,10 @@ def single_stream(models: Path, prompts: list[list[int]], new_tokens: int, devic
 
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     rows, plain = [], None
-    for method, k in [("plain", 0)] + [(m, k) for m in ("ngram", "draft") for k in KS]:
-        with make_engine(models, spec_dict(method, k, models), device, dtype, 512, 1) as eng:
+    runs = [("plain", 0)] + [(m, k) for m in ("ngram", "draft") for k in KS] + [("draft-stepwise", 4)]
+    for method, k in runs:
+        chain = method != "draft-stepwise"  # (A/B: the draft's further steps one by one, as before)
+        with make_engine(models, spec_dict(method, k, models), device, dtype, 512, 1, chain) as eng:
             eng.generate([prompts[0]], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
             per_token, outs = [], []
             base = _stats_snapshot(eng.stats)
@@ -326,17 +345,106 @@ def single_stream(models: Path, prompts: list[list[int]], new_tokens: int, devic
                 per_token.append((last - first) * 1e3 / max(len(got) - 1, 1))
                 outs.append(got)
             stats = _stats_delta(eng.stats, base)
+            proposer = getattr(eng._steps, "proposer", None)  # (private: the loop's proposer)
         if method == "plain":
             plain = outs
         same = sum(a == b for a, b in zip(outs, plain)) / len(outs)
         row = {"method": method, "k": k, "ms_per_token": statistics.mean(per_token), "same_as_plain": same}
         row.update(acceptance(stats) if method != "plain" else {})
+        if method.startswith("draft"):
+            row["chained_draft_steps"] = proposer.chain_steps
         rows.append(row)
         print("[21M/3M single stream] " + json.dumps(row), flush=True)
     base_ms = rows[0]["ms_per_token"]
     for r in rows:
         r["speedup"] = base_ms / r["ms_per_token"]
     return rows
+
+
+DRAFT_VARIANTS = {  # name: (proposer's chain, executor's chain_graphs)
+    "stepwise": (False, True),  # each further step a step of its own (the path before the chain)
+    "chain_steps": (True, False),  # chained, a decode-graph replay per step
+    "chain": (True, True),  # chained, the whole argmax chain one graph (the default)
+}
+
+
+def draft_proposal_cost(models: Path, device: str, rounds: int, warmup: int = 8) -> dict:
+    """The 3M draft's proposal alone, one sequence (BF16 on the GPU): median wall ms of
+    ``DraftModelProposer.propose`` (host sync included) per k and :data:`DRAFT_VARIANTS`. The sequence
+    follows the held-out text: each round it takes the leading proposals that match the text and the
+    text's next token (as greedy verification would with a target that wrote the text), so the
+    catch-up step feeds 1..k+1 tokens as in serving. Each variant's proposals are checked against the
+    step-by-step ones (``agree``: the share of equal tokens; BF16 may flip a near-tie)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+    from trtforge.llm.models.loader import load_causal_lm
+    from trtforge.llm.sampling import SamplingParams
+    from trtforge.llm.spec.proposers import DraftModelProposer
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    ex = TorchExecutor(
+        load_causal_lm(str(models / "code-llama-3m")), 64, device=device, dtype=dtype, static_decode=True
+    )
+    ex.capture_decode_graphs(max_batch=1, q_lens=(1, 2, 3))
+    for k in KS:
+        ex.capture_chain_graphs(k - 1, max_batch=1)
+    text = prompts_from_eval(models, 1, 128 + (warmup + rounds) * (max(KS) + 1) + 8)[0]
+    greedy = SamplingParams()
+    out: dict = {}
+    for k in KS:
+        reference = None
+        for name, (chain, graphs) in DRAFT_VARIANTS.items():
+            prop = DraftModelProposer(ex, k, chain=chain)
+            ex.chain_graphs = graphs
+            seq = SimpleNamespace(request_id=0, tokens=text[:128], params=greedy, generator=None)
+            times, accepted, proposed = [], [], []
+            for r in range(warmup + rounds):
+                t = time.perf_counter()
+                tokens = prop.propose([seq], [k])[0].tokens
+                if r >= warmup:
+                    times.append((time.perf_counter() - t) * 1e3)
+                n = len(seq.tokens)
+                take = next((j for j, tok in enumerate(tokens) if tok != text[n + j]), len(tokens))
+                accepted.append(take)
+                proposed.extend(tokens)
+                seq.tokens = text[: n + take + 1]
+            prop.forget([0])
+            reference = reference or proposed
+            ms = statistics.median(times)
+            out[f"k{k}_{name}"] = row = {
+                "ms_per_proposal": ms,
+                "ms_per_draft_token": ms / k,
+                "chained_steps": prop.chain_steps,
+                "mean_matching_text": statistics.mean(accepted),
+                "agree": sum(a == b for a, b in zip(proposed, reference)) / max(len(reference), 1),
+            }
+            print(f"[3M draft proposal] k={k} {name}: " + json.dumps(row), flush=True)
+    ex.chain_graphs = True
+    lo, hi = min(KS), max(KS)
+    for name in DRAFT_VARIANTS:  # the cost of one more draft step: the slope over k
+        at = [out[f"k{k}_{name}"]["ms_per_proposal"] for k in (lo, hi)]
+        out[f"ms_per_further_step_{name}"] = (at[1] - at[0]) / (hi - lo)
+    out["chain_graphs"] = ex.num_chain_graphs
+    print("\n[3M draft proposal] one sequence, median wall ms per proposal (per draft token); further")
+    print("step = slope over k (the catch-up step's cost drops out); agree = tokens equal to step by step")
+    print("| k | step by step | chained, a replay per step | chained, one graph | one graph / step by step |")
+    print("|---|---|---|---|---|")
+    for k in KS:
+        a, b, c = (out[f"k{k}_{name}"] for name in DRAFT_VARIANTS)
+        cells = [
+            f"{v['ms_per_proposal']:.3f} ({v['ms_per_draft_token']:.3f}; agree {v['agree']:.2f})"
+            for v in (a, b, c)
+        ]
+        print(f"| {k} | " + " | ".join(cells) + f" | {c['ms_per_proposal'] / a['ms_per_proposal']:.2f} |")
+    a, b, c = (out[f"ms_per_further_step_{name}"] for name in DRAFT_VARIANTS)
+    print(f"| further step | {a:.3f} | {b:.3f} | {c:.3f} | {c / a:.2f} |")
+    del ex
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
 
 
 _FIELDS = ("spec_draft_tokens", "spec_accepted_tokens", "spec_verify_rows", "decode_tokens")
@@ -353,22 +461,36 @@ def _stats_delta(stats, base: dict):
 
 
 def project(
-    costs_8b: dict, costs_1b: dict, accept_rows: list[dict], lookup_us: float, source: str
+    costs_8b: dict,
+    costs_1b: dict,
+    accept_rows: list[dict],
+    lookup_us: float,
+    source: str,
+    draft_3m: dict | None = None,
 ) -> list[dict]:
     """8B single-stream ms/token per method, k and context, from the step costs and the acceptance
-    measured in `source`."""
+    measured in `source`. Draft rows twice where `draft_3m` (:func:`draft_proposal_cost`) is given:
+    "draft" with k steps of the 1B shape, "draft-3m" with the 3M draft's measured chained proposal
+    (``(t_propose(k) + t_verify(k+1)) / E``: the catch-up step and the host's share included)."""
     out = []
     for ctx, c in costs_8b.items():
         t_dec = c["decode"]["wall_ms"]
         t_draft = costs_1b[ctx]["decode"]["wall_ms"]
         for r in accept_rows:
-            if r["method"] == "plain":
+            if r["method"] not in ("ngram", "draft"):
                 continue
             k, e = r["k"], r["mean_accepted_length"]
             t_ver = c[f"verify_k{k}"]["wall_ms"]
+            variants = []
             if r["method"] == "draft":
-                per_token = (k * t_draft + t_ver) / e
-                formula = f"({k} * {t_draft:.3f} + {t_ver:.3f}) / {e:.3f}"
+                variants.append(
+                    ("draft", (k * t_draft + t_ver) / e, f"({k} * {t_draft:.3f} + {t_ver:.3f}) / {e:.3f}")
+                )
+                if draft_3m is not None and f"k{k}_chain" in draft_3m:
+                    t_prop = draft_3m[f"k{k}_chain"]["ms_per_proposal"]
+                    variants.append(
+                        ("draft-3m", (t_prop + t_ver) / e, f"({t_prop:.3f} + {t_ver:.3f}) / {e:.3f}")
+                    )
             else:
                 f = r["verify_share"]
                 per_token = (f * (t_ver + lookup_us / 1e3) + (1 - f) * t_dec) / (f * e + 1 - f)
@@ -376,18 +498,22 @@ def project(
                     f"({f:.3f} * ({t_ver:.3f} + {lookup_us / 1e3:.3f}) + {1 - f:.3f} * {t_dec:.3f})"
                     f" / ({f:.3f} * {e:.3f} + {1 - f:.3f})"
                 )
-            row = {
-                "context": int(ctx),
-                "method": r["method"],
-                "k": k,
-                "ms_per_token": per_token,
-                "plain_ms_per_token": t_dec,
-                "ratio_to_plain": per_token / t_dec,
-                "formula": formula,
-                "acceptance_from": source,
-            }
-            out.append(row)
+                variants.append(("ngram", per_token, formula))
+            for method, per_token, formula in variants:
+                out.append(
+                    {
+                        "context": int(ctx),
+                        "method": method,
+                        "k": k,
+                        "ms_per_token": per_token,
+                        "plain_ms_per_token": t_dec,
+                        "ratio_to_plain": per_token / t_dec,
+                        "formula": formula,
+                        "acceptance_from": source,
+                    }
+                )
     print(f"\nprojection with the acceptance of {source}")
+    print("(draft: k steps of the 1B shape; draft-3m: the 3M draft's measured chained proposal)")
     print("| context | method | k | projected 8B ms/token | plain | ratio | formula (ms) |")
     print("|---|---|---|---|---|---|---|")
     for r in out:
@@ -417,15 +543,17 @@ def run_gpu(args: argparse.Namespace, models: Path) -> dict:
         return result
     n, new = (2, 16) if args.smoke else (4, 64) if args.quick else (8, 128)
     prompts = prompts_from_eval(models, n, args.prompt_len)
+    result["draft_3m_proposal"] = d3 = draft_proposal_cost(models, device, 10 if args.smoke else 40)
     result["single_stream_21m"] = rows = single_stream(models, prompts, new, device)
     lookup = ngram_lookup_us(prompts, 4)
     result["ngram_lookup_us"] = lookup
     costs = (result["step_costs_8b"], result["step_costs_1b_draft"])
-    result["projection_8b"] = project(*costs, rows, lookup, f"this run's single stream ({n} prompts, BF16)")
+    source = f"this run's single stream ({n} prompts, BF16)"
+    result["projection_8b"] = project(*costs, rows, lookup, source, d3)
     cpu = Path(args.acceptance_json)
     if cpu.is_file():  # the larger CPU table (32 prompts, FP32) as a second estimate
         table = json.loads(cpu.read_text(encoding="utf-8"))["rows"]
-        result["projection_8b_cpu_acceptance"] = project(*costs, table, lookup, f"{cpu.name} (CPU table)")
+        result["projection_8b_cpu_acceptance"] = project(*costs, table, lookup, f"{cpu.name} (CPU table)", d3)
     return result
 
 

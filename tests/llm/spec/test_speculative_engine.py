@@ -92,6 +92,8 @@ def test_greedy_speculation_is_token_identical_with_batching_and_preemption(work
     assert stats.spec_mean_accepted_length > 1.0
     assert mem.free_blocks == mem.total_blocks  # every rolled-back and finished block is back
     if spec["method"] == "draft":
+        # on the static path the draft's further steps ran chained (DraftModelProposer.chain)
+        assert (proposer.chain_steps > 0) == static
         assert proposer.blocks.num_free_blocks == proposer.blocks.num_blocks
         proposer.blocks.check_invariants()
 

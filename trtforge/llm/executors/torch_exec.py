@@ -83,6 +83,8 @@ _USER = "the torch executor"
 # The longest query a sequence brings to a static (decode-path) step: the split-KV decode kernel's
 # (kernels.decode_attention.MAX_Q_LEN; speculative verification of up to 7 proposals).
 MAX_STATIC_Q_LEN = 8
+# The longest chain of decode steps (TorchExecutor.decode_chain; a draft's k - 1 further steps, k <= 16).
+MAX_CHAIN_STEPS = 16
 
 
 def _bucket(n: int, buckets: Any) -> int:
@@ -273,6 +275,9 @@ class TorchExecutor:
         self._width_buckets = (*(w for w in _WIDTH_BUCKETS if w < max_width), max_width)
         self._static: dict[str, torch.Tensor] = {}
         self._graphs: dict[tuple[int, ...], Any] = {}
+        # decode_chain: an argmax chain of steps as one graph per (batch, width, steps) bucket
+        self.chain_graphs = True
+        self._chain_graphs: dict[tuple[int, ...], Any] = {}
         self._graph_pool: Any = None
 
     def _make_piecewise(self, mixed_graphs: bool | None, max_graph_tokens: int) -> PiecewiseStep | None:
@@ -324,6 +329,11 @@ class TorchExecutor:
         """The (batch, width, q_len) buckets of the decode graphs captured so far (q_len > 1:
         verification steps)."""
         return sorted({key[:3] for key in self._graphs})
+
+    @property
+    def num_chain_graphs(self) -> int:
+        """Whole argmax chains of decode steps captured so far (:meth:`decode_chain`)."""
+        return len(self._chain_graphs)
 
     @property
     def num_piecewise_graphs(self) -> int:
@@ -527,10 +537,7 @@ class TorchExecutor:
         st = self._static_buffers()
         b, width = batch.num_seqs, batch.block_tables.shape[1]
         nb, wb = _bucket(b, self._batch_buckets), _bucket(width, self._width_buckets)
-        key = (nb, wb, s, self._gemv_rows())
-        graph = self._graphs.get(key)
-        if graph is None and self.use_cuda_graphs:
-            graph = self._capture(nb, wb, s)  # before the inputs go in: capture resets them
+        graph = self._decode_graph(nb, wb, s)  # before the inputs go in: capture resets them
         turn = st["turn"]
         st["turn"] = 1 - turn
         copied = st["copied"][turn]
@@ -571,6 +578,142 @@ class TorchExecutor:
             return st["logits"][: len(rows)]
         return st["logits"].index_select(0, to_device(rows, self.device))
 
+    def _decode_graph(self, nb: int, wb: int, s: int) -> Any:
+        """The decode graph of bucket (nb, wb, s), captured now on first use; None without graphs."""
+        graph = self._graphs.get((nb, wb, s, self._gemv_rows()))
+        if graph is None and self.use_cuda_graphs:
+            graph = self._capture(nb, wb, s)
+        return graph
+
+    def can_chain(self, rows: int) -> bool:
+        """Whether :meth:`decode_chain` runs `rows` sequences: the static decode path is on and they fit
+        its largest batch bucket."""
+        return self.static_decode and rows <= self._batch_buckets[-1]
+
+    @torch.inference_mode()
+    def decode_chain(
+        self,
+        tokens: torch.Tensor,
+        positions: np.ndarray,
+        slots: np.ndarray,
+        context_lens: np.ndarray,
+        block_tables: np.ndarray,
+        pick: Any = None,
+    ) -> list[torch.Tensor]:
+        """``len(positions)`` single-token decode steps of the same rows back to back, each step's input
+        ids the tokens picked from the step before: no host work between steps but launches, and no
+        wait for the device (a draft model's k proposals; :meth:`can_chain` says where it runs).
+
+        `tokens`: int64 ``[rows]`` on the device, the first step's ids. `positions`, `slots` (reserved
+        by the caller; -1: write nowhere, the scratch slot, for a row whose result is dropped) and
+        `context_lens`: ints ``[steps, rows]`` (at most :data:`MAX_CHAIN_STEPS`), one row per step.
+        `block_tables`: int32 ``[rows, width]``, valid for every step. ``pick(logits, j)``: step j's next
+        ids (int64 ``[rows]`` on the device) from its float32 logits ``[rows, vocab]`` (a view valid
+        until the next step is launched); None: each row's argmax. Returns every step's tokens (with
+        `pick` None, views valid until the next chain).
+
+        All the steps' inputs travel in one copy; each step copies its slice into the static decode
+        inputs (padding rows as in :meth:`step`), writes the previous tokens into the ids and runs the
+        (rows, width) decode body. With CUDA graphs an argmax chain is one graph per (rows, width,
+        steps) bucket (``chain_graphs`` False: one decode-graph replay per step), a chain with `pick`
+        replays the decode graph per step.
+        """
+        steps, b = positions.shape
+        if steps > MAX_CHAIN_STEPS:
+            raise ValueError(f"decode_chain runs at most {MAX_CHAIN_STEPS} steps, got {steps}")
+        st = self._chain_buffers()
+        width = block_tables.shape[1]
+        nb, wb = _bucket(b, self._batch_buckets), _bucket(width, self._width_buckets)
+        host = self._chain_inputs(nb, wb, positions, slots, context_lens, block_tables)
+        whole = self._chain_graph(nb, wb, steps) if pick is None else None  # (capture resets the inputs)
+        step_graph = None if whole is not None else self._decode_graph(nb, wb, 1)
+        st["chain"][: host.size].copy_(to_device(host, self.device))
+        st["chain_tokens"][0, :b].copy_(tokens)
+        if whole is not None:
+            whole.replay()
+            return list(st["chain_tokens"][1 : steps + 1, :b].unbind(0))
+        return self._chain_body(nb, wb, steps, b, pick, step_graph)
+
+    def _chain_buffers(self) -> dict[str, Any]:
+        """The static buffers, and a chain's inputs (`chain`, laid out by :meth:`_chain_inputs`) and
+        tokens (`chain_tokens` ``[steps + 1, rows]``: the first step's ids, then each step's picks)."""
+        st = self._static_buffers()
+        if "chain" not in st:
+            n, w, dev = self._batch_buckets[-1], self._width_buckets[-1], self.device
+            st["chain"] = torch.zeros(MAX_CHAIN_STEPS * 5 * n + n * w, dtype=torch.int32, device=dev)
+            st["chain_tokens"] = torch.zeros(MAX_CHAIN_STEPS + 1, n, dtype=torch.int64, device=dev)
+        return st
+
+    def _chain_inputs(self, nb: int, wb: int, positions, slots, context_lens, block_tables) -> np.ndarray:
+        """int32: per step the ``5 * nb`` head of the static decode inputs (ids left 0, positions, slots,
+        sources, lengths; rows past the given ones padding), then the ``[nb, wb]`` table."""
+        steps, b = positions.shape
+        head, scratch = 5 * nb, self._num_blocks * self._block_size
+        host = np.zeros(steps * head + nb * wb, dtype=np.int32)
+        per_step = host[: steps * head].reshape(steps, 5, nb)
+        per_step[:, 1, :b] = positions
+        per_step[:, 2, :b] = np.where(slots < 0, scratch, slots)
+        per_step[:, 2, b:] = scratch
+        per_step[:, 4, :b] = context_lens
+        per_step[:, 4, b:] = 1
+        table = host[steps * head :].reshape(nb, wb)
+        table.fill(self._num_blocks)
+        table[:b, : block_tables.shape[1]] = block_tables
+        return host
+
+    def _chain_body(
+        self, nb: int, wb: int, steps: int, b: int, pick: Any = None, graph: Any = None
+    ) -> list[torch.Tensor]:
+        """The chain on the inputs in the chain buffers: per step its inputs, the previous tokens as
+        ids, the decode body (or `graph`, its captured replay), the picks (argmax where `pick` is None)."""
+        st = self._static
+        chain, toks, logits = st["chain"], st["chain_tokens"], st["logits"]
+        head, size = 5 * nb, self._static_size(nb, wb, 1)
+        inputs, ids = st["inputs"], self._static_views(nb, wb, 1)[0]
+        inputs[head:size].copy_(chain[steps * head : steps * head + nb * wb])
+        out = []
+        for j in range(steps):
+            inputs[:head].copy_(chain[j * head : (j + 1) * head])
+            ids.copy_(toks[j, :nb])
+            if graph is None:
+                self._static_body(nb, wb, 1)
+            else:
+                graph.replay()
+            if pick is None:
+                toks[j + 1, :b].copy_(logits[:b].argmax(-1))
+                out.append(toks[j + 1, :b])
+            else:
+                picked = pick(logits[:b], j)
+                toks[j + 1, :b].copy_(picked)
+                out.append(picked)
+        return out
+
+    def _chain_graph(self, nb: int, wb: int, steps: int) -> Any:
+        """The graph of a whole argmax chain of bucket (nb, wb, steps), captured now on first use (its
+        warm-up and capture touch the scratch block only); None without graphs or ``chain_graphs``."""
+        if not (self.use_cuda_graphs and self.chain_graphs):
+            return None
+        key = (nb, wb, steps, self._gemv_rows())
+        graph = self._chain_graphs.get(key)
+        if graph is not None:
+            return graph
+        self._decode_graph(nb, wb, 1)  # the body's lazy inits and autotuning, outside this capture
+        empty = np.zeros((steps, 0), dtype=np.int64)
+        safe = self._chain_inputs(nb, wb, empty, empty, empty, np.zeros((0, 1), dtype=np.int32))
+        st = self._static
+        st["chain"][: safe.size].copy_(torch.from_numpy(safe))
+        st["chain_tokens"].zero_()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._chain_body(nb, wb, steps, nb)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool()):
+            self._chain_body(nb, wb, steps, nb)
+        self._chain_graphs[key] = graph
+        return graph
+
     @torch.inference_mode()
     def capture_decode_graphs(self, max_batch: int | None = None, q_lens: Sequence[int] = (1,)) -> int:
         """Capture every (batch, width) decode bucket now rather than on first use, for each query
@@ -599,6 +742,25 @@ class TorchExecutor:
                     if (nb, wb, s, self._gemv_rows()) not in self._graphs:
                         self._capture(nb, wb, s)
         return len(self._graphs)
+
+    @torch.inference_mode()
+    def capture_chain_graphs(self, steps: int, max_batch: int | None = None) -> int:
+        """Capture the whole argmax chain of `steps` decode steps (:meth:`decode_chain`) of every
+        (batch, width) bucket up to `max_batch` now rather than on first use; return how many chain
+        graphs there are. Only on CUDA with static decode and ``chain_graphs`` on."""
+        if not 1 <= steps <= MAX_CHAIN_STEPS:
+            raise UserError(
+                f"TorchExecutor.capture_chain_graphs steps must lie in 1..{MAX_CHAIN_STEPS}; got {steps}"
+            )
+        if not (self.use_cuda_graphs and self.chain_graphs):
+            return 0
+        self._chain_buffers()
+        for nb in self._batch_buckets:
+            if max_batch is not None and nb > max_batch:
+                break
+            for wb in self._width_buckets:
+                self._chain_graph(nb, wb, steps)
+        return len(self._chain_graphs)
 
     @torch.inference_mode()
     def capture_mixed_graphs(self) -> int:

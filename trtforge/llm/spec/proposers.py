@@ -10,6 +10,7 @@ releases what it keeps for finished requests.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -101,6 +102,59 @@ class NgramProposer:
             self._arrays.pop(rid, None)
 
 
+class _Picker:
+    """Each draft step's tokens from its logits: argmax for greedy rows; a sampled row draws from the
+    draft's softmax at its request's temperature with the uniforms it drew up front from its own
+    generator (k per proposal: reproducible). The uniforms and temperatures go to the device once per
+    set of rows, so a chain of steps adds no host copy."""
+
+    def __init__(self, seqs: Sequence[Sequence_], ks: Sequence[int]) -> None:
+        self.seqs = seqs
+        pairs = enumerate(zip(seqs, ks))
+        self.draws = {i: s.generator.random(k) for i, (s, k) in pairs if k > 0 and not s.params.greedy}
+        self.steps = max(ks, default=0)  # (a chained row past its own k draws zeros: its tokens are dropped)
+        self._inputs: dict[tuple[int, ...], tuple[Any, Any, Any]] = {}
+
+    def _device_inputs(self, live: list[int], device: Any) -> tuple[Any, Any, Any] | None:
+        """(rows of `live` that sample, their temperatures, their uniforms ``[rows, k]``), or None."""
+        from trtforge.llm.host_to_device import to_device
+
+        rows = [r for r, i in enumerate(live) if i in self.draws]
+        if not rows:
+            return None
+        key = tuple(live)
+        if key not in self._inputs:
+            sampled = [live[r] for r in rows]
+            u = np.zeros((len(rows), self.steps), dtype=np.float64)
+            for j, i in enumerate(sampled):
+                u[j, : len(self.draws[i])] = self.draws[i]
+            temps = np.array([self.seqs[i].params.temperature for i in sampled], dtype=np.float64)
+            self._inputs[key] = (
+                to_device(np.array(rows, dtype=np.int64), device),
+                to_device(temps, device),
+                to_device(u, device),
+            )
+        return self._inputs[key]
+
+    def __call__(self, logits: Any, live: list[int], step: int) -> tuple[Any, Any]:
+        """The tokens of rows `live` (indices of the proposal's sequences; int64 on the logits' device)
+        at draft step `step`, and the distributions of the sampled rows (``[rows, vocab]`` float64 on the
+        device, None when every row is greedy)."""
+        import torch
+
+        logits = torch.as_tensor(logits)
+        tokens = logits.argmax(-1)
+        got = self._device_inputs(live, logits.device)
+        if got is None:
+            return tokens, None
+        rows, temps, u = got
+        q = torch.softmax(logits.index_select(0, rows).double() / temps[:, None], dim=-1)
+        cum = q.cumsum(-1)
+        picked = torch.searchsorted(cum, (u[:, step] * cum[:, -1])[:, None], right=True)[:, 0]
+        tokens.index_copy_(0, rows, picked.clamp(max=q.shape[1] - 1))
+        return tokens, q
+
+
 class DraftModelProposer:
     """A draft causal LM run by its own step executor over its own paged KV pool (its own
     :class:`BlockManager`), kept in step with the target's tokens.
@@ -108,16 +162,26 @@ class DraftModelProposer:
     Per sequence it holds the tokens whose K/V its pool has. At each proposal it cuts them back to the
     longest prefix the sequence still has (the rolled-back rejected proposals), runs the tokens it
     lacks plus the last one in one batched step (a catch-up chunk: the whole prompt at first) and then
-    one batched step per further token. Greedy requests draft by argmax; sampled ones draw from the
-    draft's softmax at the request's temperature with the request's generator, returning those
-    distributions as q. A sequence whose blocks do not fit the draft pool simply gets no proposal.
+    one batched step per further token. Where the executor chains decode steps
+    (``decode_chain``, ``can_chain``: the torch executor's static decode path) and `chain` is on,
+    those further k-1 steps run back to back on the device: their slots reserved with the catch-up's,
+    their inputs built once, each step's ids the previous step's tokens, one wait for the device at
+    the end. Otherwise each further step is a step of its own (a batch built on the host).
+    Greedy requests draft by argmax; sampled ones draw from the draft's softmax at the request's
+    temperature with the request's generator, returning those distributions as q. A sequence whose
+    blocks do not fit the draft pool simply gets no proposal (or a shorter one).
+    ``chain_steps`` counts the steps run chained.
     """
 
     method = "draft"
+    # the longest catch-up run that asks for every row's logits (the torch executor's static q_len)
+    short_run = 8
 
-    def __init__(self, executor: StepExecutor, num_tokens: int) -> None:
+    def __init__(self, executor: StepExecutor, num_tokens: int, chain: bool = True) -> None:
         self.executor = executor
         self.num_tokens = num_tokens
+        self.chain = chain
+        self.chain_steps = 0
         f = executor.facts
         self.blocks = BlockManager(f.num_blocks, f.block_size, enable_prefix_caching=False)
         self._max_len = f.max_model_len
@@ -131,8 +195,17 @@ class DraftModelProposer:
                 f"the target's has {target.vocab_size}; a draft model must share the target's tokenizer"
             )
 
-    def _sync(self, seq: Sequence_, k: int) -> tuple[list[int], int, list[int], list[tuple[int, int]]] | None:
-        """Bring the pool's copy of `seq` to its tokens: (run to feed, its first position, slots, copies)."""
+    def _chains(self, rows: int) -> bool:
+        """Whether this proposal's further steps run as one chain on the executor."""
+        can = getattr(self.executor, "can_chain", None)  # (an executor with it has decode_chain)
+        return self.chain and callable(can) and bool(can(rows))
+
+    def _sync(
+        self, seq: Sequence_, k: int, ahead: int
+    ) -> tuple[list[int], int, list[int], list[tuple[int, int]]] | None:
+        """Bring the pool's copy of `seq` to its tokens: (run to feed, its first position, slots,
+        copies). With `ahead`, the slots of that many further tokens are reserved too where the pool
+        has room (their slots follow the run's)."""
         rid, tokens = seq.request_id, seq.tokens
         if len(tokens) + k > self._max_len:
             return None
@@ -147,9 +220,13 @@ class DraftModelProposer:
             self.blocks.truncate(rid, c)
             del written[c:]
         run = tokens[c:]
-        try:
-            slots, copies = self.blocks.append_slots(rid, run)
-        except NoFreeBlocksError:
+        for extra in dict.fromkeys((ahead, 0)):  # (the further tokens' values are placeholders)
+            try:
+                slots, copies = self.blocks.append_slots(rid, run + [0] * extra)
+                break
+            except NoFreeBlocksError:
+                continue
+        else:
             self.forget([rid])
             return None
         written.extend(run)
@@ -158,8 +235,11 @@ class DraftModelProposer:
     def _step(
         self, rids: list[Hashable], runs: list[list[int]], starts: list[int], slots, copies, feed
     ) -> Any:
-        """One draft step; with `feed` (an executor with ``step_async``) its single-token rows take their
-        ids from the previous step's tokens on the device, so the host never waits between steps."""
+        """One draft step, the logits of each sequence's last token; with `feed` (an executor with
+        ``step_async``) its single-token rows take their ids from the previous step's tokens on the
+        device, so the host never waits between steps. A catch-up of short runs (2 to 8 tokens, as after
+        a fully accepted proposal) asks for every row's logits, as a verification step does, so that
+        it takes the executor's static decode path (one graph) rather than the prompt chunks' one."""
         batch = StepBatch.build(
             rids,
             runs,
@@ -169,52 +249,114 @@ class DraftModelProposer:
             [True] * len(rids),
             copies,
         )
+        longest = int(batch.query_lens.max())
         if feed is not None:
             return self.executor.step_async(batch, feed)  # type: ignore[attr-defined]
-        return self.executor.step(batch)
-
-    @staticmethod
-    def _pick(logits: Any, seqs: list[Sequence_], draws: dict[int, np.ndarray], step: int) -> tuple[Any, Any]:
-        """Each row's draft token (int64 on the logits' device) and the distributions of the sampled
-        rows (``[rows, vocab]`` float64 on the device, None when every row is greedy)."""
+        if not 1 < longest <= self.short_run:
+            return self.executor.step(batch)
         import torch
 
-        logits = torch.as_tensor(logits)
-        tokens = logits.argmax(-1)
-        sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
-        if not sampled:
-            return tokens, None
-        dev = logits.device
-        temps = torch.tensor([seqs[i].params.temperature for i in sampled], dtype=torch.float64, device=dev)
-        u = torch.tensor([draws[id(seqs[i])][step] for i in sampled], dtype=torch.float64, device=dev)
-        rows = torch.tensor(sampled, device=dev)
-        q = torch.softmax(logits.index_select(0, rows).double() / temps[:, None], dim=-1)
-        cum = q.cumsum(-1)
-        picked = torch.searchsorted(cum, (u * cum[:, -1])[:, None], right=True)[:, 0]
-        tokens.index_copy_(0, rows, picked.clamp(max=q.shape[1] - 1))
-        return tokens, q
+        from trtforge.llm.host_to_device import to_device
+
+        every_row = replace(batch, logits_indices=np.arange(batch.num_tokens))
+        logits = torch.as_tensor(self.executor.step(every_row))
+        last = batch.query_start_loc[1:].astype(np.int64) - 1
+        return logits.index_select(0, to_device(last, logits.device))
 
     def propose(self, seqs: Sequence[Sequence_], ks: Sequence[int]) -> list[Proposal]:
-        from trtforge.llm.executors.base import TokenFeed, supports_async
-
-        on_device = supports_async(self.executor)
-        # a sampled request draws its k uniforms up front, from its own generator (reproducible)
-        draws = {id(s): s.generator.random(k) for s, k in zip(seqs, ks) if k > 0 and not s.params.greedy}
+        pick = _Picker(seqs, ks)
+        chain = self._chains(len(seqs))
         live, runs, starts, slots, copies = [], [], [], [], []
         for i, (seq, k) in enumerate(zip(seqs, ks)):
-            got = self._sync(seq, k) if k > 0 else None
+            got = self._sync(seq, k, k - 1 if chain else 0) if k > 0 else None
             if got is not None:
                 live.append(i)
                 runs.append(got[0])
                 starts.append(got[1])
                 slots.append(got[2])
                 copies.extend(got[3])
-        steps: list[tuple[list[int], Any, Any]] = []  # per step: its sequences, tokens, distributions
+        if not live:
+            return [Proposal([]) for _ in seqs]
+        if chain:
+            steps = self._propose_chained(seqs, pick, live, runs, starts, slots, copies)
+        else:
+            steps = self._propose_stepwise(seqs, ks, pick, live, runs, starts, slots, copies)
+        drafts: list[list[int]] = [[] for _ in seqs]
+        dists: list[list[np.ndarray]] = [[] for _ in seqs]
+        for rows, tokens, q in steps:
+            sampled = [i for i in rows if i in pick.draws]
+            for i, t in zip(rows, tokens):
+                drafts[i].append(int(t))
+            for j, i in enumerate(sampled):
+                dists[i].append(q[j])
+        out = []
+        for seq, d, q in zip(seqs, drafts, dists):
+            if d:
+                # the pool's copy: its tokens, then the proposals whose K/V it wrote (all but the last)
+                self._written[seq.request_id].extend(d[:-1])
+            out.append(Proposal(d, np.stack(q) if q else None))
+        return out
+
+    def _propose_chained(self, seqs, pick: _Picker, live, runs, starts, slots, copies) -> list[tuple]:
+        """The catch-up step, then the further steps as one :meth:`decode_chain` on reserved slots;
+        per step (its sequences, their tokens, the sampled rows' distributions), on the host."""
+        import torch
+
+        rids = [seqs[i].request_id for i in live]
+        fed = [len(r) for r in runs]
+        logits = self._step(rids, runs, starts, [s[:n] for s, n in zip(slots, fed)], copies, None)
+        first, q0 = pick(logits, live, 0)
+        ahead = np.array([len(s) - n for s, n in zip(slots, fed)], dtype=np.int64)
+        chained, qs = [first], [q0]
+        m = int(ahead.max())
+        if m:
+            nxt = np.array([p + n for p, n in zip(starts, fed)], dtype=np.int64)  # first proposal's position
+            upto = np.minimum(np.arange(1, m + 1)[:, None], ahead[None, :])  # a row past its last repeats it
+            step_slots = np.full((m, len(live)), -1, dtype=np.int64)  # (-1: its K/V goes nowhere)
+            for r, (s, n) in enumerate(zip(slots, fed)):
+                step_slots[: ahead[r], r] = s[n:]
+            width = max(len(self.blocks.block_table_view(r)) for r in rids)
+
+            def step_pick(step_logits: Any, j: int) -> Any:
+                tokens, q = pick(step_logits, live, j + 1)
+                qs.append(q)
+                return tokens
+
+            greedy = not any(i in pick.draws for i in live)  # argmax: the executor's own (one graph)
+            chained += self.executor.decode_chain(  # type: ignore[attr-defined]
+                first,
+                nxt + upto - 1,
+                step_slots,
+                nxt + upto,
+                self.blocks.block_table_array(rids, width),
+                None if greedy else step_pick,
+            )
+            if greedy:
+                qs += [None] * m
+            self.chain_steps += m
+        host = torch.stack(chained).tolist()  # the one wait for the device
+        sampled = [r for r, i in enumerate(live) if i in pick.draws]
+        steps = []
+        for j, (tokens, q) in enumerate(zip(host, qs)):
+            keep = [r for r in range(len(live)) if ahead[r] >= j]  # rows still proposing at step j
+            if q is not None:
+                q = q.cpu().numpy()[[n for n, r in enumerate(sampled) if ahead[r] >= j]]
+            steps.append(([live[r] for r in keep], [tokens[r] for r in keep], q))
+        return steps
+
+    def _propose_stepwise(self, seqs, ks, pick: _Picker, live, runs, starts, slots, copies) -> list[tuple]:
+        """The catch-up step, then one step per further token, each a batch built on the host (its ids
+        fed from the previous step's tokens on the device where the executor steps asynchronously); per
+        step (its sequences, their tokens, the sampled rows' distributions), on the host."""
+        from trtforge.llm.executors.base import TokenFeed, supports_async
+
+        on_device = supports_async(self.executor)
+        steps: list[tuple[list[int], Any, Any]] = []
         feed = None
         while live:
             rids = [seqs[i].request_id for i in live]
             logits = self._step(rids, runs, starts, slots, copies, feed)
-            tokens, q = self._pick(logits, [seqs[i] for i in live], draws, len(steps))
+            tokens, q = pick(logits, live, len(steps))
             steps.append((live, tokens, q))
             if not on_device:
                 tokens = tokens.tolist()
@@ -238,23 +380,8 @@ class DraftModelProposer:
                 n = len(nxt)
                 feed = TokenFeed(np.arange(n, dtype=np.int64), np.asarray(sources, dtype=np.int64), tokens)
             live = nxt
-        drafts: list[list[int]] = [[] for _ in seqs]
-        dists: list[list[np.ndarray]] = [[] for _ in seqs]
-        for live, tokens, q in steps:  # (the first copy waits for the device, once)
-            host = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
-            qs = None if q is None else q.cpu().numpy()
-            sampled = [i for i in live if not seqs[i].params.greedy]
-            for i, t in zip(live, host):
-                drafts[i].append(int(t))
-            for j, i in enumerate(sampled):
-                dists[i].append(qs[j])
-        out = []
-        for seq, d, q in zip(seqs, drafts, dists):
-            if d:
-                # the pool's copy: its tokens, then the proposals whose K/V it wrote (all but the last)
-                self._written[seq.request_id].extend(d[:-1])
-            out.append(Proposal(d, np.stack(q) if q else None))
-        return out
+        # (the first copy waits for the device, once)
+        return [(rows, tokens.tolist(), None if q is None else q.cpu().numpy()) for rows, tokens, q in steps]
 
     def forget(self, request_ids: Iterable[Hashable]) -> None:
         for rid in request_ids:

@@ -1,0 +1,134 @@
+"""The draft model's further steps chained on the device (TorchExecutor.decode_chain, on the static
+decode path; run eagerly here on the CPU) propose what its step-by-step proposals do: the same tokens,
+the same distributions for sampled rows, the same draft pool, through rounds of partial acceptance,
+uneven k, padding rows and a pool too small to reserve every slot ahead."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tests.llm.serving_models import VOCAB, tiny_llama
+from trtforge.llm.executors.torch_exec import TorchExecutor
+from trtforge.llm.sampling import SamplingParams
+from trtforge.llm.spec.proposers import DraftModelProposer
+
+BS = 4
+GREEDY = SamplingParams(max_tokens=8)
+SAMPLED = SamplingParams(max_tokens=8, temperature=0.8)
+
+
+def _proposer(chain: bool, num_blocks: int = 64, device: str = "cpu") -> DraftModelProposer:
+    """The tiny float64 Llama as a draft on the static decode path (on CUDA: torch attention, graphs)."""
+    ex = TorchExecutor(
+        copy.deepcopy(tiny_llama()),
+        num_blocks=num_blocks,
+        block_size=BS,
+        device=device,
+        static_decode=True,
+        max_decode_batch=8,
+    )
+    return DraftModelProposer(ex, 4, chain=chain)
+
+
+def _seqs(lengths: list[int], sampled: set[int]) -> list[SimpleNamespace]:
+    rng = np.random.default_rng(7)
+    return [
+        SimpleNamespace(
+            request_id=f"r{i}",
+            tokens=rng.integers(3, VOCAB, size=n).tolist(),
+            params=SAMPLED if i in sampled else GREEDY,
+            generator=np.random.default_rng(100 + i),
+        )
+        for i, n in enumerate(lengths)
+    ]
+
+
+def _advance(seqs, proposals, rng) -> int:
+    """Each sequence takes a random number of its proposals (a partial acceptance) and one token more;
+    returns how many took all theirs (their next catch-up runs 2 tokens)."""
+    full = 0
+    for seq, p in zip(seqs, proposals):
+        take = int(rng.integers(0, len(p.tokens) + 1))
+        seq.tokens += [*p.tokens[:take], int(rng.integers(3, VOCAB))]
+        full += bool(p.tokens) and take == len(p.tokens)
+    return full
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)], ids=["cpu", "cuda-graphs"]
+)
+@pytest.mark.parametrize("sampled", [set(), {1, 3}], ids=["greedy", "mixed"])
+def test_chained_proposals_equal_step_by_step_ones(sampled, device):
+    """On CUDA each chained step replays the captured (8, width, 1) decode graph. The step-by-step
+    proposer also runs its catch-up steps as before (logits of each run's last token only: a run of 2
+    after a fully accepted proposal goes the prompt-chunk path), checking the chained proposer's
+    short catch-up runs on the static path (logits of every row, the last ones picked)."""
+    chained, stepwise = _proposer(True, device=device), _proposer(False, device=device)
+    stepwise.short_run = 1
+    lengths = [9, 1, 14, 6, 3]  # 5 rows: the batch bucket of 8 pads 3
+    a, b = _seqs(lengths, sampled), _seqs(lengths, sampled)
+    rng_a, rng_b = np.random.default_rng(0), np.random.default_rng(0)
+    full = 0
+    for ks in ([4, 4, 4, 4, 4], [4, 2, 3, 1, 4], [1, 1, 1, 1, 1], [3, 4, 0, 2, 4], [4, 4, 4, 4, 4]):
+        got, want = chained.propose(a, ks), stepwise.propose(b, ks)
+        assert [p.tokens for p in got] == [p.tokens for p in want]
+        assert [len(p.tokens) for p in got] == list(ks)
+        for g, w, seq in zip(got, want, a):
+            if seq.params.greedy or not g.tokens:
+                assert g.probs is None and w.probs is None
+            else:
+                assert g.probs.shape == (len(g.tokens), VOCAB)
+                np.testing.assert_allclose(g.probs, w.probs, rtol=1e-12, atol=1e-15)
+        for s in a:
+            assert chained.blocks.num_tokens(s.request_id) == stepwise.blocks.num_tokens(s.request_id)
+        assert chained.blocks.num_free_blocks == stepwise.blocks.num_free_blocks
+        chained.blocks.check_invariants()
+        full += _advance(a, got, rng_a)
+        _advance(b, want, rng_b)
+    assert chained.chain_steps == 3 + 3 + 0 + 3 + 3  # the longest proposal's further steps, per round
+    assert stepwise.chain_steps == 0
+    assert full >= 3  # short catch-up runs happened
+    if device == "cuda":  # greedy: each chain one captured graph; with sampled rows a replay per step
+        assert any(nb == 8 and q_len == 1 for nb, _, q_len in chained.executor.decode_graph_buckets)
+        assert (chained.executor.num_chain_graphs > 0) == (not sampled)
+    chained.forget([s.request_id for s in a])
+    assert chained.blocks.num_free_blocks == chained.blocks.num_blocks
+
+
+def test_a_row_without_room_ahead_proposes_one_token_and_the_pool_stays_exact():
+    """A pool of 8 blocks of 4: the first two sequences take 2 + 5 blocks with their 3 slots ahead; the
+    last fits its run of 3 but not 3 slots more. Its chained rows write nowhere (the scratch slot) and
+    its proposal is its catch-up token; the others chain on."""
+    prop = _proposer(True, num_blocks=8)
+    seqs = _seqs([4, 17, 3], set())
+    out = prop.propose(seqs, [4, 4, 4])
+    assert [len(p.tokens) for p in out] == [4, 4, 1]
+    assert prop.blocks.num_tokens("r2") == 3 and prop.blocks.num_free_blocks == 0
+    prop.blocks.check_invariants()
+    wide = _proposer(False, num_blocks=64)  # enough room: its first tokens are the same
+    assert [
+        p.tokens[: len(q.tokens)] for p, q in zip(wide.propose(_seqs([4, 17, 3], set()), [4, 4, 4]), out)
+    ] == [q.tokens for q in out]
+    prop.forget(["r0", "r1", "r2"])
+    assert prop.blocks.num_free_blocks == prop.blocks.num_blocks
+
+
+def test_without_the_static_path_the_proposer_steps_one_by_one():
+    ex = TorchExecutor(copy.deepcopy(tiny_llama()), num_blocks=32, block_size=BS, static_decode=False)
+    prop = DraftModelProposer(ex, 3)
+    assert not ex.can_chain(1)
+    out = prop.propose(_seqs([5, 8], set()), [3, 3])
+    assert [len(p.tokens) for p in out] == [3, 3] and prop.chain_steps == 0
+
+
+def test_chain_graphs_to_capture_up_front_are_checked():
+    from trtforge.errors import UserError
+
+    ex = _proposer(True).executor
+    with pytest.raises(UserError, match="steps must lie in 1..16"):
+        ex.capture_chain_graphs(0)
+    assert ex.capture_chain_graphs(3) == 0  # no CUDA graphs on the CPU
