@@ -16,6 +16,15 @@ the eager FP16 path (HF): ``x * rstd`` is rounded to the input dtype before the 
 multiply, the norm output to the input dtype before the GEMV, gate and up to the dtype before SiLU,
 SiLU's output before the multiply; sums are FP32 and the residual is added to the FP32 sum.
 
+Quantized weights (:mod:`trtforge.kernels.qweight`) are weight-only here: the activations stay 16-bit
+and the float reference is float32 ``x @ dequantize(W)^T``. FP8 (W8A16): E4M3 codes widened to FP32
+in registers (a hardware conversion on Hopper, exact), FMAs with x, each row's scale applied to the
+FP32 sum. INT4: the packed bytes read as int32 words of eight codes; per group of 128,
+``scale * sum(q * x) + offset * sum(x)``, the codes turned into floats by OR-ing them into the
+mantissa of 2^23 and subtracting it (no int-to-float conversion), so an element costs its unpack and
+one FMA. (W8A8, the FP8 tensor cores' path for more tokens, is ``torch._scaled_mm``:
+:mod:`trtforge.llm.quant.linear`.)
+
 On Hopper and later the launches are programmatic dependent launches (:func:`pdl_supported`): a
 one-row program requests its first weight chunk, then waits (``griddepcontrol.wait``) for the previous
 kernel's writes before it reads x or the residual, so the weight stream overlaps that kernel's tail.

@@ -1,9 +1,11 @@
 """Quantized weight formats the kernels read, with their float32 references.
 
-- :class:`Fp8Weight` (W8A8): E4M3 weights ``[N, K]`` with one float32 scale per output channel; the
-  activations are quantized per token at run time (:func:`quantize_rows_fp8`). The product of two
-  E4M3 values is exact in float32, so :func:`fp8_linear_reference` is the exact execution the GPU
-  kernels (``torch._scaled_mm``, the FP8 GEMV) are checked against.
+- :class:`Fp8Weight`: E4M3 weights ``[N, K]`` with one float32 scale per output channel. Two uses
+  (the boundary: :func:`trtforge.llm.quant.linear.weight_only_max_tokens`): at decode, weight-only
+  (W8A16): the GEMV widens the codes in registers and multiplies the 16-bit activations, checked
+  against float32 ``x @ dequantize()^T``; above it W8A8: the activations quantized per token at run
+  time (:func:`quantize_rows_fp8`) for ``torch._scaled_mm``. The product of two E4M3 values is exact
+  in float32, so :func:`fp8_linear_reference` is the exact execution W8A8 is checked against.
 - :class:`Int4Weight` (weight-only): asymmetric 4-bit codes ``q`` in 0..15 in groups of
   :data:`INT4_GROUP` along K, two per byte (even k in the low nibble, odd k in the high one), and per
   group a float16 scale and offset: ``w = q * scale + offset``.
@@ -116,7 +118,7 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-token activation quantization: E4M3 ``[M, K]`` and float32 scales ``[M, 1]``.
 
     ``inv = 448 / amax`` then ``round(x * inv)`` to E4M3 (round half to even), scale ``amax / 448``:
-    the FP8 GEMV computes the same numbers in its prologue."""
+    the Triton kernel of :mod:`trtforge.kernels.fp8_rows` computes the same codes on the GPU."""
     xf = x.float()
     amax = xf.abs().amax(dim=-1, keepdim=True).clamp_min(_TINY)
     xq = (xf * (FP8_MAX / amax)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
