@@ -86,54 +86,73 @@ def _x_at(x_ptrs, ok, NormW, offs_k, k_ok, rstd, NORM: tl.constexpr, dtype: tl.c
 
 @triton.jit
 def _int4_load(w_rows, s_rows, o_rows, g0, n_ok, NG, G: tl.constexpr, GROUP: tl.constexpr):
-    """G groups of the weight rows from group g0: the INT4 codes as int32 words ``[BLOCK_N, G, GROUP/8]``
-    (word j of a group holds its k = 8j .. 8j+7, nibble i k = 8j+i: the bytes' order, little-endian)
-    and float32 scales and offsets ``[BLOCK_N, G]``."""
+    """G groups of the weight rows from group g0: the INT4 codes as int32 words ``[G, BLOCK_N, GROUP/8]``
+    (nibble i of a group's word j holds its k = i * GROUP/8 + j: :func:`~trtforge.kernels.qweight.
+    pack_int4`) and float32 scales and offsets ``[G, BLOCK_N]``. Groups lead, rows in the middle: the
+    x chunk ``[G, 1, GROUP/8]`` then gets the words' register layout (no shuffles between them)."""
     groups = g0 + tl.arange(0, G)
-    g_ok = n_ok[:, None] & (groups < NG)[None, :]
-    words = groups[:, None] * (GROUP // 8) + tl.arange(0, GROUP // 8)[None, :]
-    q = tl.load(w_rows[:, :, None] + words[None, :, :], mask=g_ok[:, :, None], other=0,
-                eviction_policy="evict_first")  # fmt: skip
-    s = tl.load(s_rows + groups[None, :], mask=g_ok, other=0.0).to(tl.float32)
-    o = tl.load(o_rows + groups[None, :], mask=g_ok, other=0.0).to(tl.float32)
+    g_ok = (groups < NG)[:, None] & n_ok[None, :]
+    words = groups[:, None, None] * (GROUP // 8) + tl.arange(0, GROUP // 8)[None, None, :]
+    q = tl.load(w_rows[None, :, :] + words, mask=g_ok[:, :, None], other=0, eviction_policy="evict_first")
+    s = tl.load(s_rows[None, :] + groups[:, None], mask=g_ok, other=0.0).to(tl.float32)
+    o = tl.load(o_rows[None, :] + groups[:, None], mask=g_ok, other=0.0).to(tl.float32)
     return q, s, o
 
 
 @triton.jit
-def _int4_nibble(q, i: tl.constexpr):
-    """Nibble `i` of the int32 words `q` as float32 (exact): 2^23 + nibble by bits (one OR into the
-    exponent of 2^23), minus 2^23: an integer op and an add instead of an int-to-float conversion."""
-    return (((q >> (4 * i)) & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+def _int4_nibble(q, q12, i: tl.constexpr, ASM: tl.constexpr):
+    """Nibble `i` of the int32 words `q` (`q12`: the words shifted right by 12) as float32, times
+    2^(4p): the nibble kept in place at bits 4p..4p+3 (p = i for i < 5, i - 3 from `q12`), OR-ed into
+    the mantissa of 2^23, minus 2^23 (exact). A logic op and an add, no shift or int-to-float
+    conversion per element; the x it multiplies is pre-scaled by 2^-4p (:func:`_int4_chunk`). ASM
+    (CUDA): the mask and the OR as one ``lop3`` (ptxas splits ``(w & m) | c`` with two immediates)."""
+    w = q if i < 5 else q12
+    mask = 15 << (4 * (i if i < 5 else i - 3))
+    if ASM:
+        bits = tl.inline_asm_elementwise(
+            "lop3.b32 $0, $1, $2, 0x4B000000, 0xEA;", "=r,r,r", [w, tl.full(w.shape, mask, tl.int32)],
+            dtype=tl.int32, is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        bits = (w & mask) | 0x4B000000
+    return bits.to(tl.float32, bitcast=True) - 8388608.0
 
 
 @triton.jit
-def _int4_chunk(q, s, o, qu, su, ou, x_rows, NormW, g0, m_ok, NG, rstd, GATED: tl.constexpr,
+def _int4_chunk(q, s, o, qu, su, ou, acc, acc_up, X, stride_xm, NormW, g0, M, NG, rstd, GATED: tl.constexpr,
                 NORM: tl.constexpr, dtype: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                G: tl.constexpr, GROUP: tl.constexpr):  # fmt: skip
-    """``[BLOCK_M, BLOCK_N]`` products of x with G groups of INT4 rows (and of the up rows when gated).
-
-    Per group: ``scale * sum(q * x) + offset * sum(x)``, so an element costs its unpack and one FMA:
-    nibble i of every word meets the x elements 8j + i (a strided load, shared by all the rows)."""
+                G: tl.constexpr, GROUP: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """`acc` (`acc_up`) ``[BLOCK_M, BLOCK_N]`` plus the products of x with G groups of INT4 rows (of the
+    up rows when gated). Per row of x and group: ``scale * sum(q * x) + offset * sum(x)``, so an
+    element costs its unpack and one FMA; nibble i of the words meets x[i * GROUP/8 + j], contiguous
+    in j (loaded 4 at a time, as the words are, so both share one register layout)."""
+    WPG: tl.constexpr = GROUP // 8  # words a group
     groups = g0 + tl.arange(0, G)
-    cols = groups[:, None] * GROUP + tl.arange(0, GROUP // 8)[None, :] * 8  # k of each word's nibble 0
-    k_ok = (groups < NG)[:, None]
-    ok = m_ok[:, None, None] & k_ok[None, :, :]
-    dot = tl.zeros([BLOCK_M, BLOCK_N, G, GROUP // 8], dtype=tl.float32)
-    dot_up = tl.zeros([BLOCK_M, BLOCK_N, G, GROUP // 8], dtype=tl.float32)
-    xsum = tl.zeros([BLOCK_M, G, GROUP // 8], dtype=tl.float32)
-    for i in tl.static_range(8):
-        offs = cols + i
-        x = _x_at(x_rows[:, None, None] + offs[None, :, :], ok, NormW, offs, k_ok, rstd[:, None, None],
-                  NORM, dtype).to(tl.float32)  # fmt: skip
-        xsum += x
-        dot += _int4_nibble(q, i)[None, :, :, :] * x[:, None, :, :]
+    cols = groups[:, None, None] * GROUP + tl.arange(0, WPG)[None, None, :]  # k of each word's nibble 0
+    k_ok = (groups < NG)[:, None, None]
+    offs_m = tl.arange(0, BLOCK_M)
+    q12 = q >> 12
+    qu12 = qu >> 12
+    for m in tl.static_range(BLOCK_M):
+        rstd_m = tl.sum(tl.where(offs_m == m, rstd, 0.0), 0)
+        dot = tl.zeros([G, BLOCK_N, WPG], dtype=tl.float32)
+        dot_up = tl.zeros([G, BLOCK_N, WPG], dtype=tl.float32)
+        xsum = tl.zeros([G, 1, WPG], dtype=tl.float32)
+        for i in tl.static_range(8):
+            offs = tl.max_contiguous(cols + i * WPG, [1, 1, 4])
+            x = _x_at(X + m * stride_xm + offs, k_ok & (m < M), NormW, offs, k_ok, rstd_m, NORM,
+                      dtype).to(tl.float32)  # fmt: skip
+            xsum += x
+            xp = x * (1.0 / (1 << (4 * (i if i < 5 else i - 3))))  # exact: a power of two
+            dot += _int4_nibble(q, q12, i, ASM) * xp
+            if GATED:
+                dot_up += _int4_nibble(qu, qu12, i, ASM) * xp
+        xg = tl.sum(xsum, 2)  # [G, 1]: x summed over each group
+        part = tl.sum(tl.sum(dot, 2) * s + o * xg, 0)
+        acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
         if GATED:
-            dot_up += _int4_nibble(qu, i)[None, :, :, :] * x[:, None, :, :]
-    xg = tl.sum(xsum, 2)[:, None, :]  # [BLOCK_M, 1, G]: sum of x over each group
-    acc = tl.sum(tl.sum(dot, 3) * s[None, :, :] + o[None, :, :] * xg, 2)
-    acc_up = acc
-    if GATED:
-        acc_up = tl.sum(tl.sum(dot_up, 3) * su[None, :, :] + ou[None, :, :] * xg, 2)
+            part_up = tl.sum(tl.sum(dot_up, 2) * su + ou * xg, 0)
+            acc_up = tl.where(offs_m[:, None] == m, acc_up + part_up[None, :], acc_up)
     return acc, acc_up
 
 
@@ -165,6 +184,7 @@ def _gemv_kernel(
     PDL: tl.constexpr,
     WFMT: tl.constexpr,
     GROUP: tl.constexpr,
+    ASM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -186,8 +206,8 @@ def _gemv_kernel(
     G: tl.constexpr = BLOCK_K // GROUP  # INT4 groups a chunk
     NG = K // GROUP
     if WFMT == 2:  # the first chunk's weights are requested before the wait (PDL) and the norm prologue
-        s_rows = WScale + offs_n.to(tl.int64)[:, None] * stride_sn
-        o_rows = WOffset + offs_n.to(tl.int64)[:, None] * stride_sn
+        s_rows = WScale + offs_n.to(tl.int64) * stride_sn
+        o_rows = WOffset + offs_n.to(tl.int64) * stride_sn
         q0, s0, o0 = _int4_load(w_rows, s_rows, o_rows, 0, n_ok, NG, G, GROUP)
         qu0, su0, ou0 = q0, s0, o0
         if GATED:
@@ -209,8 +229,9 @@ def _gemv_kernel(
     else:
         rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if WFMT == 2:
-        acc, acc_up = _int4_chunk(q0, s0, o0, qu0, su0, ou0, x_rows, NormW, 0, m_ok, NG, rstd, GATED,
-                                  NORM, dtype, BLOCK_M, BLOCK_N, G, GROUP)  # fmt: skip
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc, acc_up = _int4_chunk(q0, s0, o0, qu0, su0, ou0, acc, acc, X, stride_xm, NormW, 0, M, NG, rstd,
+                                  GATED, NORM, dtype, BLOCK_M, BLOCK_N, G, GROUP, ASM)  # fmt: skip
         for k0 in range(BLOCK_K, K, BLOCK_K):
             g0 = k0 // GROUP
             q, s, o = _int4_load(w_rows, s_rows, o_rows, g0, n_ok, NG, G, GROUP)
@@ -218,11 +239,8 @@ def _gemv_kernel(
             if GATED:
                 qu, su, ou = _int4_load(w_rows + up_rows * stride_wn, s_rows + up_rows * stride_sn,
                                         o_rows + up_rows * stride_sn, g0, n_ok, NG, G, GROUP)  # fmt: skip
-            a, au = _int4_chunk(q, s, o, qu, su, ou, x_rows, NormW, g0, m_ok, NG, rstd, GATED, NORM,
-                                dtype, BLOCK_M, BLOCK_N, G, GROUP)  # fmt: skip
-            acc += a
-            if GATED:
-                acc_up += au
+            acc, acc_up = _int4_chunk(q, s, o, qu, su, ou, acc, acc_up, X, stride_xm, NormW, g0, M, NG, rstd,
+                                      GATED, NORM, dtype, BLOCK_M, BLOCK_N, G, GROUP, ASM)  # fmt: skip
     elif BLOCK_M == 1 and not DOT:
         # one row: keep [BLOCK_N, BLOCK_K] partial products in registers, reduce once after the loop
         k_ok = arange_k < K
@@ -302,12 +320,20 @@ def pdl_supported(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-# Quantized one-row GEMVs: weight bytes a program requests per K chunk. Chosen by reasoning, before a
-# sweep (benchmarks/sweep_quant_gemv.py): to keep an H200 streaming at 4.8 TB/s with ~1 us of memory
-# latency, each SM needs ~36 KB in flight; 4+ resident programs of 8 KB each give that, at 64 bytes
-# (four 16-byte loads) per thread of 4 warps.
-QUANT_CHUNK_BYTES = 8192
-QUANT_MAX_ROWS_PER_PROGRAM = {"fp8": 4, "int4": 8}  # INT4: more rows share each x element's loads
+@functools.cache
+def _asm_ok(device: torch.device) -> bool:
+    """Whether kernels on `device` may use inline PTX (CUDA, not Triton's interpreter)."""
+    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
+# Quantized GEMVs (chosen by reasoning and the compiled SASS for sm_90, before an H200 sweep:
+# benchmarks/sweep_quant_gemv.py). An H200 streaming 4.8 TB/s with ~1 us of memory latency needs ~36 KB
+# in flight per SM. FP8: 4 rows x 2048 per chunk (8 KB) over 8 warps, ~32 FP32 partials a thread.
+# INT4: 8 rows x 4096 per chunk (16 KB): more rows share each x element's load and norm; 4096 columns
+# (32 groups) give every one of 4 warps' threads four x values per nibble position, the words' layout,
+# so no shuffles between them.
+QUANT_ROWS_PER_PROGRAM = {"fp8": 4, "int4": 8}
+QUANT_BLOCK_K = {"fp8": 2048, "int4": 4096}
 
 
 def default_config(
@@ -318,21 +344,20 @@ def default_config(
     16-bit weights, one row: the widest column block of at most ``MAX_ROWS_PER_PROGRAM`` weight rows
     (gate and up count two) that still gives ``PROGRAMS_PER_SM`` programs per SM, and the longest K
     chunk (<= 1024) keeping ~32 FP32 partials a thread; more rows: the tensor cores. Quantized weights
-    (`weight_kind` "fp8" or "int4") take FP32 FMAs at every row count: up to
-    ``QUANT_MAX_ROWS_PER_PROGRAM`` rows a program (the same program-count rule) and K chunks of
-    ``QUANT_CHUNK_BYTES`` weight bytes (INT4: whole groups, a power of two of them), shorter per row
-    past one (the partial products grow with the rows).
+    (`weight_kind` "fp8" or "int4") take FP32 FMAs at every row count: ``QUANT_ROWS_PER_PROGRAM`` rows
+    (halved while programs are too few) and ``QUANT_BLOCK_K`` columns a chunk (FP8: shorter per row
+    of x past one).
     """
     rows_per_pair = 2 if gated else 1
-    if weight_kind in QUANT_MAX_ROWS_PER_PROGRAM:
-        bn = QUANT_MAX_ROWS_PER_PROGRAM[weight_kind] // rows_per_pair
+    if weight_kind in QUANT_ROWS_PER_PROGRAM:
+        bn = QUANT_ROWS_PER_PROGRAM[weight_kind] // rows_per_pair
         while bn > 1 and triton.cdiv(n, bn) < PROGRAMS_PER_SM * num_sms:
             bn //= 2
-        per_byte = 2 if weight_kind == "int4" else 1  # weights a byte holds
-        bk = QUANT_CHUNK_BYTES * per_byte // (bn * rows_per_pair)
-        bk = min(bk, triton.next_power_of_2(k)) // triton.next_power_of_2(m)
-        bk = max(bk, INT4_GROUP if weight_kind == "int4" else 64)
-        warps = 8 if weight_kind == "fp8" and bn * rows_per_pair * bk > 8192 else 4  # ~32 partials a thread
+        bk = min(QUANT_BLOCK_K[weight_kind], triton.next_power_of_2(k))
+        if weight_kind == "int4":  # one row of x at a time: the registers do not grow with m
+            return GemvConfig(block_n=bn, block_k=max(bk, INT4_GROUP), num_warps=4, num_stages=1, dot=False)
+        bk = max(64, bk // triton.next_power_of_2(m))  # FMAs over [m, rows, chunk]
+        warps = 8 if bn * rows_per_pair * bk >= 8192 else 4
         return GemvConfig(block_n=bn, block_k=bk, num_warps=warps, num_stages=1 if m == 1 else 2, dot=False)
     if m == 1:
         bn = MAX_ROWS_PER_PROGRAM // rows_per_pair
@@ -392,7 +417,7 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
         out.stride(0), res.stride(0) if res is not None else 0,
         up_rows, float(eps),
         NORM=norm_w is not None, GATED=up_rows > 0, HAS_RES=res is not None, HAS_BIAS=bias is not None,
-        DOT=cfg.dot, PDL=pdl, WFMT=wfmt, GROUP=INT4_GROUP,
+        DOT=cfg.dot, PDL=pdl, WFMT=wfmt, GROUP=INT4_GROUP, ASM=_asm_ok(x.device),
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
