@@ -350,7 +350,10 @@ def default_config(
     """
     rows_per_pair = 2 if gated else 1
     if weight_kind in QUANT_ROWS_PER_PROGRAM:
-        bn = QUANT_ROWS_PER_PROGRAM[weight_kind] // rows_per_pair
+        rows = QUANT_ROWS_PER_PROGRAM[weight_kind]
+        if weight_kind == "int4" and m > 1:  # each row of x re-reads the unpacked words: 4 rows fit
+            rows = 4  # in registers (sm_90: 220 of them at 4 rows; 8 rows spill)
+        bn = rows // rows_per_pair
         while bn > 1 and triton.cdiv(n, bn) < PROGRAMS_PER_SM * num_sms:
             bn //= 2
         bk = min(QUANT_BLOCK_K[weight_kind], triton.next_power_of_2(k))
