@@ -3,16 +3,18 @@
     python -m benchmarks.sweep_quant_gemv --quick --out benchmarks/results/sweep_quant_gemv.json
 
 Shapes (the fused layer's four projections; the lm_head stays BF16 and is not swept):
-qkv [6144, 4096] with the RMSNorm prologue, o [4096, 4096] + residual, gate_up [2 x 14336, 4096] with
-norm and SiLU*mul, down [4096, 14336] + residual. M = 1 for every format, and M = 2, 4, 8 for INT4 (the
-GEMV serves INT4 up to 16 tokens; --quick: M = 4). Each (shape, format, M, config) is first checked against its float
-reference (float32 ``x @ dequantize(W)^T`` with the same norm rounding, SiLU and residual), then timed
-as a CUDA graph of 20 launches that rotate over enough weight copies to defeat the 60 MB L2 (median of
-the replays), as us per launch and TB/s of weight bytes (codes + scales + offsets; H200 HBM3e peak
-4.8 TB/s). Prints a table, the best config per (shape, format, M) next to ``default_config``'s, and
-the per-token FP8 activation quantization kernel (:mod:`trtforge.kernels.fp8_rows`) with
-``torch._scaled_mm`` at M = 1..4096 (graph-timed: no host overhead). ``--quick``: a smaller grid
-(~3 min on an H200 including Triton compiles); ``--budget-s`` stops starting new configs past it.
+qkv [6144, 4096] with the RMSNorm prologue, o [4096, 4096] + residual, gate_up [2 x 14336, 4096]
+with norm and SiLU*mul, down [4096, 14336] + residual. M = 1 for every format, and M = 2, 4, 8 for
+INT4 (the GEMV serves INT4 up to 16 tokens; --quick: M = 4).
+
+Each (shape, format, M, config) is first checked against its float reference (float32
+``x @ dequantize(W)^T``, the same norm rounding, SiLU and residual), then timed as a CUDA graph of 20
+launches rotating over enough weight copies to defeat the L2 (median of the replays): us per launch
+and TB/s of weight bytes (codes + scales + offsets; H200 HBM3e peak 4.8 TB/s). Prints a table, the
+best config per (shape, format, M) next to ``default_config``'s, then the per-token FP8 activation
+quantization kernel (:mod:`trtforge.kernels.fp8_rows`) and ``torch._scaled_mm`` at M = 1..4096
+(graph-timed: no host overhead). ``--quick``: a smaller grid (~3 min on an H200 with Triton's
+compiles); ``--budget-s`` stops starting new configs past it.
 """
 
 from __future__ import annotations
