@@ -6,8 +6,9 @@ Parts (``--parts``, comma-separated; each records an error instead of ending the
 - ``kernels``: the 8B projections (QKV 6144x4096, o 4096x4096, gate/up 28672x4096, down 4096x14336):
   FP8 ``torch._scaled_mm`` (activation quantization excluded, then included) and BF16 ``torch.mm`` in
   TFLOP/s at M = 16..8192 (dense FP8 peak of an H200: ~1,979 TFLOP/s; BF16 ~989); and the M=1 GEMVs
-  (BF16, FP8 W8A8, INT4 group 128) in TB/s of weight bytes read (H200 HBM3e: 4.8 TB/s). Each kernel's
-  result is checked against the float32 reference of its format first.
+  (BF16, FP8 weight-only W8A16, INT4 group 128) in TB/s of weight bytes read (H200 HBM3e: 4.8 TB/s;
+  timed by do_bench, launch overhead included: benchmarks/sweep_quant_gemv.py times them in CUDA
+  graphs). Each kernel's result is checked against the float32 reference of its format first.
 - ``single``: one request alone (512 prompt tokens, 256 output), CUDA graphs as the executor uses
   them: ms/token for BF16, FP8 and INT4. The INT4 weights are round-to-nearest: AWQ's weights have the
   same format, bytes and kernels (its search only changes the values), and random weights give AWQ
@@ -103,10 +104,11 @@ def _projection(n: int, k: int, ms: tuple[int, ...], g: torch.Generator) -> tupl
     x = torch.randn(32, k, device="cuda", generator=g, dtype=torch.bfloat16)
     ref8 = fp8_linear_reference(x, q8)
     x1 = x[:1].contiguous()
+    ref1 = x1.float() @ q8.dequantize().t()  # the FP8 GEMV is weight-only (W8A16)
     ref4 = x1.float() @ q4.dequantize().t()
     row: dict = {
         "fp8_scaled_mm_rel_err": ((quant_linear(x, q8).float() - ref8).norm() / ref8.norm()).item(),
-        "fp8_gemv_rel_err": ((gemv(x1, q8).float() - ref8[:1]).norm() / ref8[:1].norm()).item(),
+        "fp8_gemv_rel_err": ((gemv(x1, q8).float() - ref1).norm() / ref1.norm()).item(),
         "int4_gemv_rel_err": ((gemv(x1, q4).float() - ref4).norm() / ref4.norm()).item(),
     }
     for m in ms:

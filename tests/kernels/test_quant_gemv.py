@@ -1,8 +1,9 @@
-"""The quantized weight formats (trtforge.kernels.qweight) and the GEMV kernels reading them.
+"""The quantized weight formats (trtforge.kernels.qweight) and the kernels reading them.
 
-FP8 (W8A8, per-token activation scales computed in the kernel's prologue) and INT4 (group 128,
-dequantized in the kernel) against the float32 references of the formats: in Triton's CPU
-interpreter without CUDA, for real on a GPU (``-m gpu``), where ``torch._scaled_mm`` is checked too.
+The GEMVs are weight-only: FP8 (W8A16: E4M3 codes widened in registers, per-row scales at the end) and
+INT4 (group 128, interleaved words), both against float32 ``x @ dequantize(W)^T``; the per-token FP8
+activation quantization kernel (W8A8's input for ``torch._scaled_mm``) against its torch reference.
+In Triton's CPU interpreter without CUDA, for real on a GPU (``-m gpu``).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def test_int4_round_trip_codes_and_zero():
     q = quantize_int4(w)
     assert q.packed.shape == (6, 128) and q.scale.shape == (6, 2) and q.scale.dtype == torch.float16
     codes = q.codes()
-    assert codes.max() <= 15 and torch.equal(codes[:, 0::2], q.packed & 15)
+    words = q.packed.view(torch.int32)  # group 1's word 3, nibble 2: k = 128 + 2 * 16 + 3
+    assert codes.max() <= 15 and torch.equal(((words[:, 16 + 3] >> 8) & 15).to(torch.uint8), codes[:, 163])
     deq = q.dequantize()
     assert torch.equal(deq[0, :128], torch.zeros(128))
     step = q.scale.float().repeat_interleave(128, dim=1)
@@ -116,10 +118,7 @@ def test_quantized_norm_gemv(device, fmt, m):
     x, w, nw = _fp8_operands(device, m, 40, 256, seed=m)
     q = quantize_fp8(w) if fmt == "fp8" else quantize_int4(w)
     xn = _rms_ref(x, nw, 1e-6)
-    if fmt == "fp8":
-        want = fp8_linear_reference(xn.float().cpu().to(x.dtype), q)
-    else:
-        want = xn.float().cpu() @ q.dequantize().t()
+    want = xn.float().cpu() @ q.dequantize().t()  # weight-only: the 16-bit x times the weights
     got = norm_gemv(x, nw, 1e-6, _to(q, device))
     torch.testing.assert_close(got.float().cpu(), want.to(x.dtype).float(), atol=2e-2, rtol=2e-2)
 
@@ -135,7 +134,7 @@ def test_quantized_gate_up_and_residual(device, fmt):
     x, w, nw = _fp8_operands(device, 1, 2 * inter, k, seed=7)
     q = quantize_fp8(w) if fmt == "fp8" else quantize_int4(w)
     xn = _rms_ref(x, nw, 1e-6).cpu()
-    lin = fp8_linear_reference(xn, q) if fmt == "fp8" else xn.float() @ q.dequantize().t()
+    lin = xn.float() @ q.dequantize().t()
     g, u = lin.to(x.dtype).float().split(inter, dim=1)
     want = (torch.nn.functional.silu(g.to(x.dtype).float()).to(x.dtype).float() * u).to(x.dtype)
     got = norm_gate_up_silu(x, nw, 1e-6, _to(q, device))
@@ -147,7 +146,7 @@ def test_quantized_gate_up_and_residual(device, fmt):
     if fmt == "int4":  # K must hold whole groups: the activations padded with zeros to 128
         a = torch.nn.functional.pad(a, (0, 104))
     res = x.clone()
-    lin = fp8_linear_reference(a.cpu(), qd) if fmt == "fp8" else a.cpu().float() @ qd.dequantize().t()
+    lin = a.cpu().float() @ qd.dequantize().t()
     want = (lin + res.cpu().float()).to(x.dtype)
     got = gemv_residual(a.contiguous(), _to(qd, device), res)
     torch.testing.assert_close(got.float().cpu(), want.float(), atol=3e-2, rtol=2e-2)
@@ -155,20 +154,107 @@ def test_quantized_gate_up_and_residual(device, fmt):
 
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
-def test_fp8_gemv_rounds_activations_as_torch_does(device):
-    """The kernel's bit-arithmetic E4M3 rounding equals torch's cast over every binade and subnormals:
-    a diagonal of unit weights returns the quantized activations themselves."""
-    from trtforge.kernels.gemv import gemv_residual
+def test_fp8_gemv_is_weight_only(device):
+    """W8A16: x is not rounded to E4M3. With one-hot weight rows the GEMV returns x's own 16-bit values
+    (times the rows' scales), which an E4M3 rounding of x would change."""
+    from trtforge.kernels.gemv import gemv
     from trtforge.kernels.qweight import Fp8Weight
 
     _skip(device)
-    k = 512
-    vals = torch.cat([torch.logspace(-12, 8.7, k // 2, base=2), -torch.rand(k // 2) * 300]).float()
-    x = vals[None, :].to(device)
-    eye = Fp8Weight(torch.eye(k).to(torch.float8_e4m3fn).to(device), torch.ones(k, device=device))
-    got = gemv_residual(x, eye, torch.zeros_like(x))
-    xq, sx = quantize_rows_fp8(vals[None, :])
-    torch.testing.assert_close(got.cpu(), xq.float() * sx, atol=0, rtol=1e-6)
+    k = 256
+    x = (torch.linspace(-3, 3, k) + 0.01).half()[None, :]  # mostly not E4M3 values
+    eye = torch.eye(k).to(torch.float8_e4m3fn)
+    scale = torch.full((k,), 2.0)
+    got = gemv(x.to(device), Fp8Weight(eye.to(device), scale.to(device))).cpu()
+    assert torch.equal(got, (x.float() * 2).half())
+    xq, sx = quantize_rows_fp8(x)
+    assert not torch.equal((xq.float() * sx).half(), x)  # (so the check above can tell them apart)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_quant_linear_is_weight_only_at_one_token_and_w8a8_above(device):
+    """quant_linear's FP8 boundary (weight_only_max_tokens): one token against x @ dequantized W, more
+    against the W8A8 reference (per-token E4M3 activations); the CPU path computes the same split."""
+    from trtforge.llm.quant.linear import FP8_WEIGHT_ONLY_MAX_TOKENS, quant_linear
+
+    if device == "cuda":
+        _skip(device)
+        if torch.cuda.get_device_capability() < (8, 9):
+            pytest.skip("W8A8 needs FP8 tensor cores (compute capability 8.9+)")
+    assert FP8_WEIGHT_ONLY_MAX_TOKENS == 1
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    g = torch.Generator().manual_seed(12)
+    w = torch.randn(48, 256, generator=g) / 16
+    q = quantize_fp8(w)
+    x = torch.randn(5, 256, generator=g).to(dtype)
+    one = quant_linear(x[:1].to(device), _to(q, device)).float().cpu()
+    want_one = x[:1].float() @ q.dequantize().t()
+    many = quant_linear(x.to(device), _to(q, device)).float().cpu()
+    want_many = fp8_linear_reference(x, q)
+    tol = 1e-2 if device == "cuda" else 1e-5
+    torch.testing.assert_close(one, want_one, atol=tol, rtol=tol)
+    torch.testing.assert_close(many, want_many, atol=tol, rtol=tol)
+    assert (many[:1] - want_one).abs().max() > 10 * tol  # the two references differ: the split is seen
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m", [1, 4])
+def test_int4_gemv_odd_rows_several_chunks(device, m):
+    """INT4 at 1 and 4 rows of x, 37 output rows (no multiple of the row block), K of 5 groups over
+    chunks of 2 (a masked last chunk), norm prologue and residual epilogue; FP16 x."""
+    from trtforge.kernels.gemv import GemvConfig, gemv_residual, norm_gemv
+
+    _skip(device)
+    g = torch.Generator().manual_seed(11 + m)
+    n, k = 37, 640
+    x = (torch.randn(m, k, generator=g) * 2).half()
+    nw = (torch.rand(k, generator=g) + 0.5).half()
+    q = quantize_int4(torch.randn(n, k, generator=g) / k**0.5)
+    cfg = GemvConfig(block_n=8, block_k=256, num_warps=4, num_stages=1)
+    want = _rms_ref(x, nw, 1e-5).float() @ q.dequantize().t()
+    got = norm_gemv(x.to(device), nw.to(device), 1e-5, _to(q, device), config=cfg).cpu()
+    torch.testing.assert_close(got.float(), want.half().float(), atol=2e-3, rtol=2e-3)
+    res = torch.randn(m, n, generator=g).half()
+    want = (x.float() @ q.dequantize().t() + res.float()).half()
+    got = gemv_residual(x.to(device), _to(q, device), res.to(device), config=cfg).cpu()
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-3, rtol=2e-3)
+
+
+def test_int4_packing_mutations_are_caught():
+    """The GEMV tests would see a wrong nibble order or a lost offset: both move x @ W^T far beyond the
+    tolerances above (the same reference the kernels are held to)."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(16, 256, generator=g)
+    x = torch.randn(2, 256, generator=g)
+    q = quantize_int4(w)
+    want = x @ q.dequantize().t()
+    b = q.packed.view(16, 2, 16, 4)
+    swapped = Int4Weight(((b & 15) << 4 | (b >> 4)).view(16, 128), q.scale, q.offset)  # nibbles swapped
+    no_offset = Int4Weight(q.packed, q.scale, torch.zeros_like(q.offset))
+    for bad in (swapped, no_offset):
+        rel = (x @ bad.dequantize().t() - want).norm() / want.norm()
+        assert rel > 0.1, rel
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+def test_int4_gemv_catches_a_swapped_nibble_order(device):
+    """Mutation check through the kernel itself: weights packed with the nibbles of every byte swapped
+    give a result far from the reference of the true codes."""
+    from trtforge.kernels.gemv import gemv
+
+    _skip(device)
+    g = torch.Generator().manual_seed(4)
+    q = quantize_int4(torch.randn(8, 256, generator=g))
+    x = torch.randn(1, 256, generator=g).half()
+    b = q.packed
+    bad = Int4Weight(((b & 15) << 4 | (b >> 4)).contiguous(), q.scale, q.offset)
+    want = x.float() @ q.dequantize().t()
+    good = gemv(x.to(device), _to(q, device)).float().cpu()
+    wrong = gemv(x.to(device), _to(bad, device)).float().cpu()
+    assert (good - want).norm() / want.norm() < 2e-3
+    assert (wrong - want).norm() / want.norm() > 0.1
 
 
 @needs_triton
@@ -222,3 +308,50 @@ def test_fp8_row_quantization_kernel_equals_torch(device, m):
     # amax / 448 on the GPU may differ from torch's CPU division in the last bit (same codes above)
     torch.testing.assert_close(s[:m].cpu(), want_s, rtol=1e-6, atol=0)
     assert not q[m:].float().any() and torch.equal(s[m:].cpu(), torch.ones(16 - m, 1))
+
+
+def _e4m3_boundaries() -> torch.Tensor:
+    """Values at and next to E4M3 rounding boundaries: midpoints between neighbours (ties to even),
+    one float32 ulp either side, the mantissa overflow into the next binade, subnormals, 448."""
+    grid = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # 0 .. 448
+    mid = (grid[:-1] + grid[1:]) / 2
+    ulp_up = torch.nextafter(mid, torch.full_like(mid, 1e9))
+    ulp_dn = torch.nextafter(mid, torch.zeros_like(mid))
+    v = torch.cat([grid, mid, ulp_up, ulp_dn, torch.tensor([448.0, 447.9, 464.0])])
+    return torch.cat([v, -v])
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("hw_cast", [False, True])
+def test_fp8_row_quantization_rounds_boundaries_as_torch(device, hw_cast):
+    """Ties to even, mantissa carries into the exponent, subnormals and saturation: the kernel's codes
+    equal torch's at every rounding boundary, by the bit-arithmetic rounding and by the hardware cast
+    (in the interpreter the float8 cast is torch's, as tests/kernels/conftest.py arranges). A row whose
+    peak is 448 has scale 1, so the values are rounded exactly as given."""
+    from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
+
+    _skip(device)
+    v = _e4m3_boundaries()
+    x = torch.stack([v, v * 2.0**-6, v * 3.0])  # unit scale, smaller binades, a scale of 3
+    x[0, 0] = 448.0
+    q, s = quantize_rows_fp8_padded(x.to(device), hw_cast=hw_cast)
+    want_q, want_s = quantize_rows_fp8(x)
+    assert torch.equal(q[:3].float().cpu(), want_q.float())  # (the bit arithmetic may give +0 for -0)
+    torch.testing.assert_close(s[:3].cpu(), want_s, rtol=1e-6, atol=0)
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_row_quantization_two_passes_past_the_register_row(device, monkeypatch):
+    """Rows longer than SINGLE_PASS_K take the two-pass path: the same codes."""
+    from trtforge.kernels import fp8_rows
+
+    _skip(device)
+    monkeypatch.setattr(fp8_rows, "SINGLE_PASS_K", 64)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(3, 300, generator=g) * 5
+    q, s = fp8_rows.quantize_rows_fp8_padded(x.to(device))
+    want_q, want_s = quantize_rows_fp8(x)
+    assert torch.equal(q[:3].float().cpu(), want_q.float())
+    torch.testing.assert_close(s[:3].cpu(), want_s, rtol=1e-6, atol=0)

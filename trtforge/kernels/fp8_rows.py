@@ -2,50 +2,105 @@
 
 :func:`quantize_rows_fp8_padded` computes what :func:`trtforge.kernels.qweight.quantize_rows_fp8`
 does (each row's largest magnitude -> scale ``amax / 448``, values ``round(x * 448 / amax)`` to E4M3,
-half to even) in one launch instead of six elementwise ones, and writes the rows out padded to a
-multiple of 16 (zero rows, scale 1), the row granularity of cuBLASLt's FP8 GEMMs.
+half to even, saturated to +-448) in one launch, and writes the rows out padded to a multiple of 16
+(zero rows, scale 1), the row granularity of cuBLASLt's FP8 GEMMs (``torch._scaled_mm``).
+
+One program per row, enough warps that a row of up to :data:`SINGLE_PASS_K` elements sits in
+registers (~32 a thread): the row is read once, its peak found, and the same registers quantized and
+stored, so a call costs one read of x and one write of the codes at any M. Longer rows take a second
+pass over K. On a GPU the rounding is the hardware's float32 -> E4M3 conversion (``cvt.rn.satfinite``:
+nearest even, finite); Triton's interpreter converts to float8 by rounding half up without carrying
+into the exponent, so there the value is first rounded exactly by bit arithmetic (:func:`round_e4m3`)
+and the cast only changes the type.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
-from trtforge.kernels.gemv import _round_e4m3
+SINGLE_PASS_K = 16384  # rows up to this long are quantized from registers in one pass
 
 
 @triton.jit
-def _quant_rows_kernel(X, Q, S, M, K, stride_xm, stride_qm, BLOCK_K: tl.constexpr):
+def round_e4m3(v):
+    """float32 `v` rounded to the nearest E4M3 value (half to even, saturating at +-448), as float32.
+
+    Bit arithmetic rather than a cast to float8: exact in Triton's interpreter too (whose float8 cast
+    does not carry a mantissa overflow into the exponent). Below E4M3's smallest normal 2^-6 the grid
+    is 2^-9: adding 2^-6 moves a value into [2^-6, 2^-5), where three mantissa bits are that grid."""
+    a = tl.minimum(tl.abs(v), 448.0)
+    small = a < 0.015625
+    b = tl.where(small, a + 0.015625, a)
+    bits = b.to(tl.int32, bitcast=True)
+    r = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
+    r = tl.where(small, r - 0.015625, r)
+    return tl.where(v < 0, -r, r)
+
+
+@triton.jit
+def _to_e4m3(v, DST: tl.constexpr, HW_CAST: tl.constexpr):
+    """float32 `v` (already scaled) as E4M3 of type DST: the hardware conversion after a clamp to the
+    finite range, or (HW_CAST off) the exact bit-arithmetic rounding first."""
+    if HW_CAST:
+        return tl.minimum(tl.maximum(v, -448.0), 448.0).to(DST)
+    return round_e4m3(v).to(DST)
+
+
+@triton.jit
+def _quant_rows_kernel(
+    X, Q, S, M, K, stride_xm, stride_qm, BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr, HW_CAST: tl.constexpr
+):
     row = tl.program_id(0)
     live = row < M
     arange = tl.arange(0, BLOCK_K)
-    peak = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs = k0 + arange
-        x = tl.load(X + row * stride_xm + offs, mask=(offs < K) & live, other=0.0).to(tl.float32)
-        peak = tl.maximum(peak, tl.abs(x))
-    amax = tl.maximum(tl.max(peak, 0), 1e-12)
-    inv = 448.0 / amax
-    for k0 in range(0, K, BLOCK_K):
-        offs = k0 + arange
-        x = tl.load(X + row * stride_xm + offs, mask=(offs < K) & live, other=0.0).to(tl.float32)
-        q = _round_e4m3(x * inv)  # exact E4M3 values: the cast below does not round
-        tl.store(Q + row * stride_qm + offs, q.to(Q.dtype.element_ty), mask=offs < K)
+    x_row = X + row.to(tl.int64) * stride_xm
+    q_row = Q + row.to(tl.int64) * stride_qm
+    dst = Q.dtype.element_ty
+    if ONE_PASS:  # the whole row in registers: one read
+        ok = arange < K
+        x = tl.load(x_row + arange, mask=ok & live, other=0.0).to(tl.float32)
+        amax = tl.maximum(tl.max(tl.abs(x), 0), 1e-12)
+        tl.store(q_row + arange, _to_e4m3(x * (448.0 / amax), dst, HW_CAST), mask=ok)
+    else:
+        peak = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs = k0 + arange
+            x = tl.load(x_row + offs, mask=(offs < K) & live, other=0.0).to(tl.float32)
+            peak = tl.maximum(peak, tl.abs(x))
+        amax = tl.maximum(tl.max(peak, 0), 1e-12)
+        inv = 448.0 / amax
+        for k0 in range(0, K, BLOCK_K):
+            offs = k0 + arange
+            x = tl.load(x_row + offs, mask=(offs < K) & live, other=0.0).to(tl.float32)
+            tl.store(q_row + offs, _to_e4m3(x * inv, dst, HW_CAST), mask=offs < K)
     tl.store(S + row, tl.where(live, amax / 448.0, 1.0))
 
 
-def quantize_rows_fp8_padded(x: torch.Tensor, multiple: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows_fp8_padded(
+    x: torch.Tensor, multiple: int = 16, hw_cast: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """E4M3 rows ``[Mp, K]`` and float32 scales ``[Mp, 1]`` of `x` ``[M, K]``, Mp = M rounded up to
-    `multiple` (rows past M: zeros, scale 1)."""
+    `multiple` (rows past M: zeros, scale 1). `hw_cast` (default: on a GPU outside the interpreter)
+    picks the hardware float8 conversion over the bit-arithmetic rounding; both give the same codes."""
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(
             f"quantize_rows_fp8_padded: x must be [M, K] with unit stride along K, got {tuple(x.shape)}"
         )
+    if hw_cast is None:
+        hw_cast = x.device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
     m, k = int(x.shape[0]), int(x.shape[1])
     mp = -(-max(m, 1) // multiple) * multiple
     q = torch.empty((mp, k), dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((mp, 1), dtype=torch.float32, device=x.device)
-    block = min(triton.next_power_of_2(k), 4096)
-    _quant_rows_kernel[(mp,)](x, q, s, m, k, x.stride(0), q.stride(0), BLOCK_K=block, num_warps=4)
+    one_pass = k <= SINGLE_PASS_K
+    block = triton.next_power_of_2(k) if one_pass else 4096
+    warps = max(4, min(16, block // 1024))  # ~32 elements a thread
+    _quant_rows_kernel[(mp,)](
+        x, q, s, m, k, x.stride(0), q.stride(0), BLOCK_K=block, ONE_PASS=one_pass, HW_CAST=hw_cast,
+        num_warps=warps,
+    )  # fmt: skip
     return q, s

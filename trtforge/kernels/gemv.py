@@ -16,6 +16,15 @@ the eager FP16 path (HF): ``x * rstd`` is rounded to the input dtype before the 
 multiply, the norm output to the input dtype before the GEMV, gate and up to the dtype before SiLU,
 SiLU's output before the multiply; sums are FP32 and the residual is added to the FP32 sum.
 
+Quantized weights (:mod:`trtforge.kernels.qweight`) are weight-only here: the activations stay 16-bit
+and the float reference is float32 ``x @ dequantize(W)^T``. FP8 (W8A16): E4M3 codes widened to FP32
+in registers (a hardware conversion on Hopper, exact), FMAs with x, each row's scale applied to the
+FP32 sum. INT4: the packed bytes read as int32 words of eight codes; per group of 128,
+``scale * sum(q * x) + offset * sum(x)``, the codes turned into floats by OR-ing them into the
+mantissa of 2^23 and subtracting it (no int-to-float conversion), so an element costs its unpack and
+one FMA. (W8A8, the FP8 tensor cores' path for more tokens, is ``torch._scaled_mm``:
+:mod:`trtforge.llm.quant.linear`.)
+
 On Hopper and later the launches are programmatic dependent launches (:func:`pdl_supported`): a
 one-row program requests its first weight chunk, then waits (``griddepcontrol.wait``) for the previous
 kernel's writes before it reads x or the residual, so the weight stream overlaps that kernel's tail.
@@ -50,78 +59,102 @@ class GemvConfig:
 
 
 @triton.jit
-def _round_e4m3(v):
-    """float32 `v` rounded to the nearest E4M3 value (half to even, saturating at +-448), as float32.
-
-    Bit arithmetic rather than a cast to float8: the same numbers on the GPU and in Triton's
-    interpreter (whose float8 cast does not carry a mantissa overflow into the exponent). Below
-    E4M3's smallest normal 2^-6 the grid is 2^-9: adding 2^-6 moves a value into [2^-6, 2^-5),
-    where three mantissa bits are that grid."""
-    a = tl.minimum(tl.abs(v), 448.0)
-    small = a < 0.015625
-    b = tl.where(small, a + 0.015625, a)
-    bits = b.to(tl.int32, bitcast=True)
-    r = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
-    r = tl.where(small, r - 0.015625, r)
-    return tl.where(v < 0, -r, r)
-
-
-@triton.jit
-def _w_chunk(w_rows, s_rows, o_rows, k0, arange_k, n_ok, K, stride_wn, stride_sn, up_rows,
-             GATED: tl.constexpr, WFMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-             GROUP: tl.constexpr):  # fmt: skip
-    """One K chunk of the weight rows (and of the up rows when gated); streamed, so evicted first.
-
-    WFMT 0: the weights as stored; 1: E4M3 codes (their per-row scales apply in the epilogue); 2:
-    INT4 codes two per byte, dequantized here to float32 with their groups' scale and offset."""
-    if WFMT == 2:
-        half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        b_ok = n_ok[:, None] & (half < K // 2)[None, :]
-        groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-        g_ok = n_ok[:, None] & (groups < K // GROUP)[None, :]
-        w = _int4_rows(w_rows, s_rows, o_rows, half, b_ok, groups, g_ok, BLOCK_N, BLOCK_K, GROUP)
-        wu = w
-        if GATED:
-            wu = _int4_rows(w_rows + up_rows * stride_wn, s_rows + up_rows * stride_sn,
-                            o_rows + up_rows * stride_sn, half, b_ok, groups, g_ok, BLOCK_N, BLOCK_K,
-                            GROUP)  # fmt: skip
-    else:  # one return after the constexpr branch: compiled Triton refuses returns of two types
-        offs_k = k0 + arange_k
-        w_ok = n_ok[:, None] & (offs_k < K)[None, :]
-        w = tl.load(w_rows + offs_k[None, :], mask=w_ok, other=0.0, eviction_policy="evict_first")
-        wu = w
-        if GATED:
-            wu = tl.load(w_rows + up_rows * stride_wn + offs_k[None, :], mask=w_ok, other=0.0,
-                         eviction_policy="evict_first")  # fmt: skip
+def _w_chunk(w_rows, k0, arange_k, n_ok, K, stride_wn, up_rows, GATED: tl.constexpr):
+    """One K chunk of the weight rows (and of the up rows when gated), as stored (16-bit floats or
+    E4M3 codes); streamed, so evicted first. Loaded 8 elements at a time, as x is: E4M3 codes in
+    16-byte vectors would get a register layout of their own and a shuffle through shared memory."""
+    offs_k = k0 + (arange_k // 8) * 8 + arange_k % 8  # (contiguous in runs of 8 for the analysis)
+    w_ok = n_ok[:, None] & (offs_k < K)[None, :]
+    w = tl.load(w_rows + offs_k[None, :], mask=w_ok, other=0.0, eviction_policy="evict_first")
+    wu = w
+    if GATED:
+        wu = tl.load(w_rows + up_rows * stride_wn + offs_k[None, :], mask=w_ok, other=0.0,
+                     eviction_policy="evict_first")  # fmt: skip
     return w, wu
 
 
 @triton.jit
-def _int4_rows(w_rows, s_rows, o_rows, half, b_ok, groups, g_ok,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr):  # fmt: skip
-    """float32 ``[BLOCK_N, BLOCK_K]`` weights of packed INT4 rows: ``q * scale + offset`` by group."""
-    q = tl.load(w_rows + half[None, :], mask=b_ok, other=0, eviction_policy="evict_first")
-    codes = tl.reshape(tl.join((q & 15).to(tl.float32), (q >> 4).to(tl.float32)), [BLOCK_N, BLOCK_K])
-    s = tl.load(s_rows + groups[None, :], mask=g_ok, other=0.0).to(tl.float32)
-    o = tl.load(o_rows + groups[None, :], mask=g_ok, other=0.0).to(tl.float32)
-    w = tl.reshape(codes, [BLOCK_N, BLOCK_K // GROUP, GROUP]) * s[:, :, None] + o[:, :, None]
-    return tl.reshape(w, [BLOCK_N, BLOCK_K])
+def _x_at(x_ptrs, ok, NormW, offs_k, k_ok, rstd, NORM: tl.constexpr, dtype: tl.constexpr):
+    """x at `x_ptrs` (columns `offs_k`, valid where `k_ok`), normalized under NORM as the eager path
+    rounds it: x * rstd rounded to the dtype, times the norm weight, rounded; `rstd` broadcasts."""
+    x = tl.load(x_ptrs, mask=ok, other=0.0)
+    if NORM:
+        nw = tl.load(NormW + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        xn = (x.to(tl.float32) * rstd).to(dtype).to(tl.float32)
+        x = (xn * nw).to(dtype)
+    return x
 
 
 @triton.jit
-def _x_chunk(x_rows, NormW, offs_k, m_ok, K, rstd, inv, NORM: tl.constexpr, ACT_FP8: tl.constexpr,
-             dtype: tl.constexpr):  # fmt: skip
-    """One K chunk of the x rows, normalized under NORM (x * rstd rounded to the dtype, times the
-    norm weight, rounded), and under ACT_FP8 quantized to E4M3 values of ``x * inv`` (float32)."""
-    k_ok = offs_k < K
-    x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-    if NORM:
-        nw = tl.load(NormW + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-        xn = (x.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)
-        x = (xn * nw[None, :]).to(dtype)
-    if ACT_FP8:
-        x = _round_e4m3(x.to(tl.float32) * inv[:, None])
-    return x
+def _int4_load(w_rows, s_rows, o_rows, g0, n_ok, NG, G: tl.constexpr, GROUP: tl.constexpr):
+    """G groups of the weight rows from group g0: the INT4 codes as int32 words ``[G, BLOCK_N, GROUP/8]``
+    (nibble i of a group's word j holds its k = i * GROUP/8 + j: :func:`~trtforge.kernels.qweight.
+    pack_int4`) and float32 scales and offsets ``[G, BLOCK_N]``. Groups lead, rows in the middle: the
+    x chunk ``[G, 1, GROUP/8]`` then gets the words' register layout (no shuffles between them)."""
+    groups = g0 + tl.arange(0, G)
+    g_ok = (groups < NG)[:, None] & n_ok[None, :]
+    words = groups[:, None, None] * (GROUP // 8) + tl.arange(0, GROUP // 8)[None, None, :]
+    q = tl.load(w_rows[None, :, :] + words, mask=g_ok[:, :, None], other=0, eviction_policy="evict_first")
+    s = tl.load(s_rows[None, :] + groups[:, None], mask=g_ok, other=0.0).to(tl.float32)
+    o = tl.load(o_rows[None, :] + groups[:, None], mask=g_ok, other=0.0).to(tl.float32)
+    return q, s, o
+
+
+@triton.jit
+def _int4_nibble(q, q12, i: tl.constexpr, ASM: tl.constexpr):
+    """Nibble `i` of the int32 words `q` (`q12`: the words shifted right by 12) as float32, times
+    2^(4p): the nibble kept in place at bits 4p..4p+3 (p = i for i < 5, i - 3 from `q12`), OR-ed into
+    the mantissa of 2^23, minus 2^23 (exact). A logic op and an add, no shift or int-to-float
+    conversion per element; the x it multiplies is pre-scaled by 2^-4p (:func:`_int4_chunk`). ASM
+    (CUDA): the mask and the OR as one ``lop3`` (ptxas splits ``(w & m) | c`` with two immediates)."""
+    w = q if i < 5 else q12
+    mask = 15 << (4 * (i if i < 5 else i - 3))
+    if ASM:
+        bits = tl.inline_asm_elementwise(
+            "lop3.b32 $0, $1, $2, 0x4B000000, 0xEA;", "=r,r,r", [w, tl.full(w.shape, mask, tl.int32)],
+            dtype=tl.int32, is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        bits = (w & mask) | 0x4B000000
+    return bits.to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _int4_chunk(q, s, o, qu, su, ou, acc, acc_up, X, stride_xm, NormW, g0, M, NG, rstd, GATED: tl.constexpr,
+                NORM: tl.constexpr, dtype: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                G: tl.constexpr, GROUP: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """`acc` (`acc_up`) ``[BLOCK_M, BLOCK_N]`` plus the products of x with G groups of INT4 rows (of the
+    up rows when gated). Per row of x and group: ``scale * sum(q * x) + offset * sum(x)``, so an
+    element costs its unpack and one FMA; nibble i of the words meets x[i * GROUP/8 + j], contiguous
+    in j (loaded 4 at a time, as the words are, so both share one register layout)."""
+    WPG: tl.constexpr = GROUP // 8  # words a group
+    groups = g0 + tl.arange(0, G)
+    cols = groups[:, None, None] * GROUP + tl.arange(0, WPG)[None, None, :]  # k of each word's nibble 0
+    k_ok = (groups < NG)[:, None, None]
+    offs_m = tl.arange(0, BLOCK_M)
+    q12 = q >> 12
+    qu12 = qu >> 12
+    for m in tl.static_range(BLOCK_M):
+        rstd_m = tl.sum(tl.where(offs_m == m, rstd, 0.0), 0)
+        dot = tl.zeros([G, BLOCK_N, WPG], dtype=tl.float32)
+        dot_up = tl.zeros([G, BLOCK_N, WPG], dtype=tl.float32)
+        xsum = tl.zeros([G, 1, WPG], dtype=tl.float32)
+        for i in tl.static_range(8):
+            offs = tl.max_contiguous(cols + i * WPG, [1, 1, 4])
+            x = _x_at(X + m * stride_xm + offs, k_ok & (m < M), NormW, offs, k_ok, rstd_m, NORM,
+                      dtype).to(tl.float32)  # fmt: skip
+            xsum += x
+            xp = x * (1.0 / (1 << (4 * (i if i < 5 else i - 3))))  # exact: a power of two
+            dot += _int4_nibble(q, q12, i, ASM) * xp
+            if GATED:
+                dot_up += _int4_nibble(qu, qu12, i, ASM) * xp
+        xg = tl.sum(xsum, 2)  # [G, 1]: x summed over each group
+        part = tl.sum(tl.sum(dot, 2) * s + o * xg, 0)
+        acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+        if GATED:
+            part_up = tl.sum(tl.sum(dot_up, 2) * su + ou * xg, 0)
+            acc_up = tl.where(offs_m[:, None] == m, acc_up + part_up[None, :], acc_up)
+    return acc, acc_up
 
 
 @triton.jit
@@ -151,33 +184,38 @@ def _gemv_kernel(
     DOT: tl.constexpr,
     PDL: tl.constexpr,
     WFMT: tl.constexpr,
-    ACT_FP8: tl.constexpr,
     GROUP: tl.constexpr,
+    ASM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """Out[m, n] = epilogue(sum_k prologue(X)[m, k] * W[n, k]) for the BLOCK_N columns of this program.
 
-    WFMT 1 (FP8 W8A8, with ACT_FP8): each x row is quantized to E4M3 with its own scale (a pass finds its
-    largest magnitude), the sum runs over the E4M3 values and the epilogue multiplies by the row's and
-    the column's scales. WFMT 2 (INT4): the weights are dequantized chunk by chunk."""
+    WFMT 0: 16-bit weights. WFMT 1 (FP8 weight-only): E4M3 codes widened to float32 in registers, the
+    sum over the (normalized) 16-bit x, times each row's scale in the epilogue. WFMT 2 (INT4): int32
+    words of eight codes, ``BLOCK_K // GROUP`` groups a chunk (:func:`_int4_chunk`)."""
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < M
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     arange_k = tl.arange(0, BLOCK_K)
-    x_rows = X + offs_m[:, None] * stride_xm
+    x_rows = X + offs_m * stride_xm
     w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
-    s_rows = WScale + offs_n.to(tl.int64)[:, None] * stride_sn
-    o_rows = WOffset + offs_n.to(tl.int64)[:, None] * stride_sn
     dtype = Out.dtype.element_ty
-    if BLOCK_M == 1 and not DOT:
-        # The first chunk's weights (independent of the previous kernel) are requested before waiting
-        # for that kernel (PDL) and before the norm prologue, so their latency overlaps both.
-        w0, wu0 = _w_chunk(w_rows, s_rows, o_rows, 0, arange_k, n_ok, K, stride_wn, stride_sn, up_rows,
-                           GATED, WFMT, BLOCK_N, BLOCK_K, GROUP)  # fmt: skip
+    G: tl.constexpr = BLOCK_K // GROUP  # INT4 groups a chunk
+    NG = K // GROUP
+    if WFMT == 2:  # the first chunk's weights are requested before the wait (PDL) and the norm prologue
+        s_rows = WScale + offs_n.to(tl.int64) * stride_sn
+        o_rows = WOffset + offs_n.to(tl.int64) * stride_sn
+        q0, s0, o0 = _int4_load(w_rows, s_rows, o_rows, 0, n_ok, NG, G, GROUP)
+        qu0, su0, ou0 = q0, s0, o0
+        if GATED:
+            qu0, su0, ou0 = _int4_load(w_rows + up_rows * stride_wn, s_rows + up_rows * stride_sn,
+                                       o_rows + up_rows * stride_sn, 0, n_ok, NG, G, GROUP)  # fmt: skip
+    elif BLOCK_M == 1 and not DOT:
+        w0, wu0 = _w_chunk(w_rows, 0, arange_k, n_ok, K, stride_wn, up_rows, GATED)
     if PDL:
         gdc_wait()  # the previous kernel's writes (x, the residual) are visible from here on
         gdc_launch_dependents()  # the next kernel may start (and prefetch its own weights)
@@ -185,30 +223,39 @@ def _gemv_kernel(
         sq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + arange_k
-            xs = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & (offs_k < K)[None, :], other=0.0)
-            xs = xs.to(tl.float32)
+            xs = tl.load(x_rows[:, None] + offs_k[None, :], mask=m_ok[:, None] & (offs_k < K)[None, :],
+                         other=0.0).to(tl.float32)  # fmt: skip
             sq += tl.sum(xs * xs, 1)
         rstd = tl.rsqrt(sq / K + eps)
     else:
         rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    inv = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if ACT_FP8:  # each row's largest magnitude (after the norm): its E4M3 scale
-        amax = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            xa = _x_chunk(x_rows, NormW, k0 + arange_k, m_ok, K, rstd, inv, NORM, False, dtype)
-            amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), 1))
-        amax = tl.maximum(amax, 1e-12)
-        inv = 448.0 / amax
-    if BLOCK_M == 1 and not DOT:
+    if WFMT == 2:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc, acc_up = _int4_chunk(q0, s0, o0, qu0, su0, ou0, acc, acc, X, stride_xm, NormW, 0, M, NG, rstd,
+                                  GATED, NORM, dtype, BLOCK_M, BLOCK_N, G, GROUP, ASM)  # fmt: skip
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            g0 = k0 // GROUP
+            q, s, o = _int4_load(w_rows, s_rows, o_rows, g0, n_ok, NG, G, GROUP)
+            qu, su, ou = q, s, o
+            if GATED:
+                qu, su, ou = _int4_load(w_rows + up_rows * stride_wn, s_rows + up_rows * stride_sn,
+                                        o_rows + up_rows * stride_sn, g0, n_ok, NG, G, GROUP)  # fmt: skip
+            acc, acc_up = _int4_chunk(q, s, o, qu, su, ou, acc, acc_up, X, stride_xm, NormW, g0, M, NG, rstd,
+                                      GATED, NORM, dtype, BLOCK_M, BLOCK_N, G, GROUP, ASM)  # fmt: skip
+    elif BLOCK_M == 1 and not DOT:
         # one row: keep [BLOCK_N, BLOCK_K] partial products in registers, reduce once after the loop
-        x0 = _x_chunk(x_rows, NormW, arange_k, m_ok, K, rstd, inv, NORM, ACT_FP8, dtype)
+        k_ok = arange_k < K
+        x0 = _x_at(x_rows[:, None] + arange_k[None, :], k_ok[None, :], NormW, arange_k[None, :],
+                   k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
         xf = x0.to(tl.float32)
         part = w0.to(tl.float32) * xf
         part_up = wu0.to(tl.float32) * xf
         for k0 in range(BLOCK_K, K, BLOCK_K):
-            w, wu = _w_chunk(w_rows, s_rows, o_rows, k0, arange_k, n_ok, K, stride_wn, stride_sn,
-                             up_rows, GATED, WFMT, BLOCK_N, BLOCK_K, GROUP)  # fmt: skip
-            x = _x_chunk(x_rows, NormW, k0 + arange_k, m_ok, K, rstd, inv, NORM, ACT_FP8, dtype)
+            w, wu = _w_chunk(w_rows, k0, arange_k, n_ok, K, stride_wn, up_rows, GATED)
+            offs_k = k0 + arange_k
+            k_ok = offs_k < K
+            x = _x_at(x_rows[:, None] + offs_k[None, :], k_ok[None, :], NormW, offs_k[None, :],
+                      k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
             xf = x.to(tl.float32)
             part += w.to(tl.float32) * xf
             if GATED:
@@ -219,9 +266,11 @@ def _gemv_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            w, wu = _w_chunk(w_rows, s_rows, o_rows, k0, arange_k, n_ok, K, stride_wn, stride_sn,
-                             up_rows, GATED, WFMT, BLOCK_N, BLOCK_K, GROUP)  # fmt: skip
-            x = _x_chunk(x_rows, NormW, k0 + arange_k, m_ok, K, rstd, inv, NORM, ACT_FP8, dtype)
+            w, wu = _w_chunk(w_rows, k0, arange_k, n_ok, K, stride_wn, up_rows, GATED)
+            offs_k = k0 + arange_k
+            k_ok = offs_k < K
+            x = _x_at(x_rows[:, None] + offs_k[None, :], m_ok[:, None] & k_ok[None, :], NormW,
+                      offs_k[None, :], k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
             if DOT:
                 acc += tl.dot(x, tl.trans(w))
                 if GATED:
@@ -231,11 +280,10 @@ def _gemv_kernel(
                 acc += tl.sum(xf * w.to(tl.float32)[None, :, :], 2)
                 if GATED:
                     acc_up += tl.sum(xf * wu.to(tl.float32)[None, :, :], 2)
-    if ACT_FP8:
-        sx = (amax / 448.0)[:, None]
-        acc = acc * sx * tl.load(WScale + offs_n, mask=n_ok, other=0.0)[None, :]
+    if WFMT == 1:  # the per-row E4M3 scales
+        acc = acc * tl.load(WScale + offs_n, mask=n_ok, other=0.0)[None, :]
         if GATED:
-            acc_up = acc_up * sx * tl.load(WScale + up_rows + offs_n, mask=n_ok, other=0.0)[None, :]
+            acc_up = acc_up * tl.load(WScale + up_rows + offs_n, mask=n_ok, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(Bias + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
@@ -273,40 +321,68 @@ def pdl_supported(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
+@functools.cache
+def _asm_ok(device: torch.device) -> bool:
+    """Whether kernels on `device` may use inline PTX (CUDA, not Triton's interpreter)."""
+    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
+# Quantized GEMVs (chosen by reasoning and the compiled SASS for sm_90, before an H200 sweep:
+# benchmarks/sweep_quant_gemv.py). An H200 streaming 4.8 TB/s with ~1 us of memory latency needs ~36 KB
+# in flight per SM. FP8: 4 rows x 2048 per chunk (8 KB) over 8 warps, ~32 FP32 partials a thread.
+# INT4: 8 rows x 4096 per chunk (16 KB): more rows share each x element's load and norm; 4096 columns
+# (32 groups) give every one of 4 warps' threads four x values per nibble position, the words' layout,
+# so no shuffles between them.
+QUANT_ROWS_PER_PROGRAM = {"fp8": 4, "int4": 8}
+QUANT_BLOCK_K = {"fp8": 2048, "int4": 4096}
+
+
 def default_config(
     m: int, n: int, k: int, gated: bool, num_sms: int = 132, weight_kind: str = "plain"
 ) -> GemvConfig:
     """The launch parameters for an ``[m, k] x [n, k]^T`` projection (gated: n gate/up row pairs).
 
-    One row: the widest column block of at most ``MAX_ROWS_PER_PROGRAM`` weight rows (gate and up count
-    two) that still gives ``PROGRAMS_PER_SM`` programs per SM, and the longest K chunk (<= 1024) keeping
-    ~32 FP32 partials a thread. More rows: the tensor cores; quantized weights (`weight_kind` "fp8" or
-    "int4") take FP32 FMAs at every row count, INT4 in chunks of whole groups.
+    16-bit weights, one row: the widest column block of at most ``MAX_ROWS_PER_PROGRAM`` weight rows
+    (gate and up count two) that still gives ``PROGRAMS_PER_SM`` programs per SM, and the longest K
+    chunk (<= 1024) keeping ~32 FP32 partials a thread; more rows: the tensor cores. Quantized weights
+    (`weight_kind` "fp8" or "int4") take FP32 FMAs at every row count: ``QUANT_ROWS_PER_PROGRAM`` rows
+    (halved while programs are too few) and ``QUANT_BLOCK_K`` columns a chunk (FP8: shorter per row
+    of x past one).
     """
-    quant = weight_kind != "plain"
-    if m == 1 or quant:
-        bn = MAX_ROWS_PER_PROGRAM // (2 if gated else 1)
+    rows_per_pair = 2 if gated else 1
+    if weight_kind in QUANT_ROWS_PER_PROGRAM:
+        rows = QUANT_ROWS_PER_PROGRAM[weight_kind]
+        if weight_kind == "int4" and m > 1:  # each row of x re-reads the unpacked words: 4 rows fit
+            rows = 4  # in registers (sm_90: 220 of them at 4 rows; 8 rows spill)
+        bn = rows // rows_per_pair
         while bn > 1 and triton.cdiv(n, bn) < PROGRAMS_PER_SM * num_sms:
             bn //= 2
-        bk = min(1024, triton.next_power_of_2(k), max(64, 16384 // (bn * (2 if gated else 1))))
-        if m > 1:  # FMAs over [rows, columns, chunk]: a smaller chunk
-            bk = max(64, bk // triton.next_power_of_2(m))
-        if weight_kind == "int4":
-            bk = max(bk, INT4_GROUP)
-        return GemvConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=1 if m == 1 else 2, dot=False)
+        bk = min(QUANT_BLOCK_K[weight_kind], triton.next_power_of_2(k))
+        if weight_kind == "int4":  # one row of x at a time: the registers do not grow with m
+            return GemvConfig(block_n=bn, block_k=max(bk, INT4_GROUP), num_warps=4, num_stages=1, dot=False)
+        bk = max(64, bk // triton.next_power_of_2(m))  # FMAs over [m, rows, chunk]
+        warps = 8 if bn * rows_per_pair * bk >= 8192 else 4
+        return GemvConfig(block_n=bn, block_k=bk, num_warps=warps, num_stages=1 if m == 1 else 2, dot=False)
+    if m == 1:
+        bn = MAX_ROWS_PER_PROGRAM // rows_per_pair
+        while bn > 1 and triton.cdiv(n, bn) < PROGRAMS_PER_SM * num_sms:
+            bn //= 2
+        bk = min(1024, triton.next_power_of_2(k), max(64, 16384 // (bn * rows_per_pair)))
+        return GemvConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=1, dot=False)
     return GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3, dot=True)
 
 
 def _weight_args(
     w: torch.Tensor | QuantWeight,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
-    """The kernel's view of a weight: codes, per-row (FP8) or per-group (INT4) scales and offsets, WFMT."""
+    """The kernel's view of a weight: codes (INT4: the packed bytes as int32 words of eight codes),
+    per-row (FP8) or per-group (INT4) scales and offsets, WFMT."""
     if isinstance(w, Fp8Weight):
         return w.data, w.scale, None, 1
     if isinstance(w, Int4Weight):
         if w.group_size != INT4_GROUP:
             raise ValueError(f"the INT4 GEMV takes groups of {INT4_GROUP}, got {w.group_size}")
-        return w.packed, w.scale, w.offset, 2
+        return w.packed.view(torch.int32), w.scale, w.offset, 2
     return w, None, None, 0
 
 
@@ -328,8 +404,8 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
     cfg = config or default_config(m, n, k, up_rows > 0, _num_sms(x.device), kind)
     if wfmt and cfg.dot:
         raise ValueError("quantized weights run on FP32 FMAs: GemvConfig(dot=False)")
-    if wfmt == 2 and cfg.block_k % INT4_GROUP:
-        raise ValueError(f"INT4 weights need block_k a multiple of {INT4_GROUP}, got {cfg.block_k}")
+    if wfmt == 2 and (cfg.block_k % INT4_GROUP or cfg.block_k & (cfg.block_k - 1)):
+        raise ValueError(f"INT4 weights need block_k a power of two >= {INT4_GROUP}, got {cfg.block_k}")
     block_m = 16 if cfg.dot else triton.next_power_of_2(m)
     pdl = pdl_supported(x.device)
     dummy = out
@@ -345,7 +421,7 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
         out.stride(0), res.stride(0) if res is not None else 0,
         up_rows, float(eps),
         NORM=norm_w is not None, GATED=up_rows > 0, HAS_RES=res is not None, HAS_BIAS=bias is not None,
-        DOT=cfg.dot, PDL=pdl, WFMT=wfmt, ACT_FP8=wfmt == 1, GROUP=INT4_GROUP,
+        DOT=cfg.dot, PDL=pdl, WFMT=wfmt, GROUP=INT4_GROUP, ASM=_asm_ok(x.device),
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip

@@ -1,12 +1,16 @@
 """Quantized weight formats the kernels read, with their float32 references.
 
-- :class:`Fp8Weight` (W8A8): E4M3 weights ``[N, K]`` with one float32 scale per output channel; the
-  activations are quantized per token at run time (:func:`quantize_rows_fp8`). The product of two
-  E4M3 values is exact in float32, so :func:`fp8_linear_reference` is the exact execution the GPU
-  kernels (``torch._scaled_mm``, the FP8 GEMV) are checked against.
+- :class:`Fp8Weight`: E4M3 weights ``[N, K]`` with one float32 scale per output channel. Two uses
+  (the boundary: :func:`trtforge.llm.quant.linear.weight_only_max_tokens`): at decode, weight-only
+  (W8A16): the GEMV widens the codes in registers and multiplies the 16-bit activations, checked
+  against float32 ``x @ dequantize()^T``; above it W8A8: the activations quantized per token at run
+  time (:func:`quantize_rows_fp8`) for ``torch._scaled_mm``. The product of two E4M3 values is exact
+  in float32, so :func:`fp8_linear_reference` is the exact execution W8A8 is checked against.
 - :class:`Int4Weight` (weight-only): asymmetric 4-bit codes ``q`` in 0..15 in groups of
-  :data:`INT4_GROUP` along K, two per byte (even k in the low nibble, odd k in the high one), and per
-  group a float16 scale and offset: ``w = q * scale + offset``.
+  :data:`INT4_GROUP` along K, and per group a float16 scale and offset: ``w = q * scale + offset``.
+  Eight codes a 32-bit word (little-endian bytes), interleaved within a group of G: nibble i of
+  the group's word j holds k = i * G/8 + j, so that the GEMV's loads of the x elements meeting one
+  nibble position are contiguous (:func:`pack_int4`, :meth:`Int4Weight.codes`).
 
 Both quantize row by row (per output channel, groups along K), so the rows of several projections
 concatenated (one QKV weight, one gate/up weight) are the concatenation of their quantized rows:
@@ -70,9 +74,12 @@ class Int4Weight:
         return self.packed.numel() + 2 * self.scale.numel() * self.scale.element_size()
 
     def codes(self) -> torch.Tensor:
-        """The 4-bit codes ``[N, K]`` as uint8."""
-        lo, hi = self.packed & 15, self.packed >> 4
-        return torch.stack((lo, hi), dim=-1).flatten(-2)
+        """The 4-bit codes ``[N, K]`` as uint8 (undoing :func:`pack_int4`)."""
+        n, k = self.shape
+        g = self.group_size
+        b = self.packed.view(n, k // g, g // 8, 4)  # [n, group, word j, byte]
+        nib = torch.stack((b & 15, b >> 4), dim=-1).flatten(-2)  # [n, group, j, nibble i]
+        return nib.transpose(-1, -2).reshape(n, k)  # k = i * G/8 + j
 
     def dequantize(self) -> torch.Tensor:
         """float32 ``[N, K]``."""
@@ -116,7 +123,7 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-token activation quantization: E4M3 ``[M, K]`` and float32 scales ``[M, 1]``.
 
     ``inv = 448 / amax`` then ``round(x * inv)`` to E4M3 (round half to even), scale ``amax / 448``:
-    the FP8 GEMV computes the same numbers in its prologue."""
+    the Triton kernel of :mod:`trtforge.kernels.fp8_rows` computes the same codes on the GPU."""
     xf = x.float()
     amax = xf.abs().amax(dim=-1, keepdim=True).clamp_min(_TINY)
     xq = (xf * (FP8_MAX / amax)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
@@ -135,7 +142,7 @@ def _int4_groups(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Codes (float ``[N, K/G, G]``), float16 scales and offsets ``[N, K/G]`` of RTN asymmetric INT4."""
     n, k = w.shape
-    if k % group_size or group_size % 2:
+    if k % group_size or group_size % 8:
         raise ValueError(f"INT4 groups of {group_size} do not divide K={k}")
     g = w.detach().float().view(n, k // group_size, group_size)
     lo = g.amin(dim=-1).clamp(max=0.0)
@@ -159,9 +166,16 @@ def quantize_int4(
     0.0, so zero stays exact), both rounded to float16 first; codes ``round((w - offset) / scale)``.
     `clip` ``[N, K / group_size]`` (AWQ's clipping search) shrinks each group's min and max first."""
     q, scale, offset = _int4_groups(w, group_size, clip)
-    q = q.to(torch.uint8).view(w.shape[0], -1)
-    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
-    return Int4Weight(packed, scale.contiguous(), offset.contiguous())
+    return Int4Weight(pack_int4(q.to(torch.uint8).view(w.shape), group_size), scale.contiguous(),
+                      offset.contiguous())  # fmt: skip
+
+
+def pack_int4(codes: torch.Tensor, group_size: int = INT4_GROUP) -> torch.Tensor:
+    """uint8 ``[N, K/2]`` of 4-bit `codes` ``[N, K]``: per group of `group_size`, 32-bit words j of
+    nibbles i (bits 4i..4i+3, little-endian bytes) holding k = i * group_size/8 + j."""
+    n, k = codes.shape
+    q = codes.view(n, k // group_size, 8, group_size // 8).transpose(-1, -2)  # [n, group, j, i]
+    return (q[..., 0::2] | (q[..., 1::2] << 4)).reshape(n, k // 2).contiguous()
 
 
 def fake_quantize_int4(

@@ -12,8 +12,10 @@ down+residual, and norm+lm_head.
 The concatenated weights replace the modules' own parameters with views into them, so the model
 keeps working unchanged and no weight is held twice. Quantized projections
 (:class:`~trtforge.llm.quant.linear.QuantLinear`) concatenate their quantized rows the same way; the
-GEMVs read them directly (FP8 at one token, INT4 up to 16: no INT4 tensor-core GEMM here), larger
-token counts go through :func:`~trtforge.llm.quant.linear.quant_linear` (FP8: ``torch._scaled_mm``).
+GEMVs read them directly up to :func:`~trtforge.llm.quant.linear.weight_only_max_tokens` (FP8 at one
+token, weight-only: E4M3 widened in registers against the 16-bit activations; INT4 up to 16: no INT4
+tensor-core GEMM here), larger token counts go through :func:`~trtforge.llm.quant.linear.quant_linear`
+(FP8: W8A8, per-token activation scales and ``torch._scaled_mm``).
 Phi-3's fused qkv_proj and gate_up_proj are used as they are. :func:`fusable` says which models fit
 (SiLU-gated MLP, RMSNorms, unbiased o/MLP projections, an even head dim).
 
@@ -36,9 +38,9 @@ from trtforge.kernels.gemv import (
     norm_gate_up_silu,
     norm_gemv,
 )
-from trtforge.kernels.qweight import Int4Weight, cat_weights
+from trtforge.kernels.qweight import cat_weights
 from trtforge.llm.models.llama import LlamaStyle
-from trtforge.llm.quant.linear import QuantLinear, quant_linear
+from trtforge.llm.quant.linear import QuantLinear, quant_linear, weight_only_max_tokens
 
 # Token counts up to this run the projections as GEMVs (FusedLayers.gemv_max_tokens; at most
 # kernels.gemv.MAX_ROWS). On an H200 (TinyLlama-1.1B shapes, benchmarks/bench_decode_layer.py,
@@ -140,9 +142,9 @@ class FusedLayers:
         self.head_dim, self.num_heads = adapter.head_dim, adapter.num_heads
         self.num_kv_heads = adapter.num_kv_heads
         self.gemv_max_tokens = min(GEMV_MAX_TOKENS, MAX_ROWS)
-        if isinstance(self.o_w[0], Int4Weight):  # no INT4 tensor-core GEMM: the dequantizing GEMV to 16 rows
-            self.gemv_max_tokens = MAX_ROWS
         self.quantized = not isinstance(self.o_w[0], torch.Tensor)
+        if self.quantized:  # the same boundary as quant_linear's (INT4: no tensor-core GEMM, 16 rows)
+            self.gemv_max_tokens = weight_only_max_tokens(self.o_w[0])
 
     def _gemv(self, h: torch.Tensor) -> bool:
         return 0 < int(h.shape[0]) <= self.gemv_max_tokens

@@ -6,8 +6,9 @@ stay in the model's dtype (the LM head is a tenth of an 8B model's weights and t
 projection). Every method quantizes per output channel (INT4 in groups of 128 along K within it), so
 the fused path's concatenated QKV and gate/up weights are the concatenations of the quantized rows.
 
-- ``"fp8"``: W8A8, E4M3 weights with per-output-channel scales, activations quantized per token at
-  run time. On CUDA it needs FP8 tensor cores (compute capability 8.9+: Ada, Hopper and later).
+- ``"fp8"``: E4M3 weights with per-output-channel scales: W8A8 (activations quantized per token at
+  run time) above one token, weight-only at one token (:mod:`.linear`). On CUDA it needs FP8 tensor
+  cores (compute capability 8.9+: Ada, Hopper and later).
 - ``"int4-rtn"``: INT4 weight-only, asymmetric (scale + offset per group of 128), round to nearest.
 - ``"int4-awq"``: the same format with AWQ's activation-aware scales and clipping ranges (:mod:`.awq`),
   searched on calibration prompts.

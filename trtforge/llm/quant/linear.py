@@ -1,12 +1,19 @@
 """The quantized projection: :class:`QuantLinear` and the one dispatch :func:`quant_linear`.
 
-- CPU (and the exact reference): float32. FP8 quantizes the activations per token and multiplies the
-  E4M3 values in float32 (their products are exact); INT4 dequantizes the weights to float32.
-- CUDA, FP8: ``torch._scaled_mm`` (cuBLASLt, row-wise scales, BF16 out) for every M, its input
-  quantized per token by one Triton kernel (:mod:`trtforge.kernels.fp8_rows`); the fused layers
-  use the FP8 GEMV at one token (:mod:`trtforge.llm.executors.fused_layers`).
-- CUDA, INT4: the dequantizing Triton GEMV up to :data:`~trtforge.kernels.gemv.MAX_ROWS` tokens,
-  above it dequantize + one BF16 GEMM (prefill: compute-bound, the dequantize is a small part).
+What runs at ``M`` tokens (:func:`weight_only_max_tokens` is the boundary, shared with the fused
+layers of :mod:`trtforge.llm.executors.fused_layers`):
+
+- FP8, M <= 1 (decode): weight-only (W8A16). CUDA: the Triton GEMV widens the E4M3 codes in registers,
+  multiplies the 16-bit activations in FP32 and applies the per-row scales at the end; CPU: float32
+  ``x @ dequantized(W)^T``, the same numbers up to float32 summation order.
+- FP8, more tokens (prefill, batched decode): W8A8. CUDA: ``torch._scaled_mm`` (cuBLASLt, row-wise
+  scales, BF16 out), its input quantized per token by one Triton kernel
+  (:mod:`trtforge.kernels.fp8_rows`); CPU: :func:`~trtforge.kernels.qweight.fp8_linear_reference`
+  (the same E4M3 activations, products exact in float32). The CPU differs from CUDA only where cuBLASLt
+  rounds its FP32 sum to BF16 before a non-BF16 model's dtype, and in summation order.
+- INT4: weight-only at every M. CUDA: the dequantizing Triton GEMV up to
+  :data:`~trtforge.kernels.gemv.MAX_ROWS` tokens, above it dequantize + one 16-bit GEMM (prefill:
+  compute-bound, the dequantize is a small part); CPU: float32 ``x @ dequantized(W)^T``.
 """
 
 from __future__ import annotations
@@ -41,26 +48,40 @@ def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torc
     return out if bias is None else out + bias
 
 
+FP8_WEIGHT_ONLY_MAX_TOKENS = 1  # FP8 runs W8A16 (the GEMV) up to this many tokens, W8A8 above
+
+
+def weight_only_max_tokens(w: QuantWeight) -> int:
+    """Token counts up to which `w`'s projection runs on the GEMV (CUDA), its weights widened in
+    registers: FP8 weight-only (W8A16; above it W8A8 on the FP8 tensor cores); INT4 the GEMV's row
+    limit :data:`~trtforge.kernels.gemv.MAX_ROWS`."""
+    if isinstance(w, Fp8Weight):
+        return FP8_WEIGHT_ONLY_MAX_TOKENS
+    from trtforge.kernels.gemv import MAX_ROWS  # (imports Triton: not at module level)
+
+    return MAX_ROWS
+
+
 def quant_linear(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``linear(x, w, bias)`` for quantized `w` ``[N, K]`` and `x` ``[..., K]``, in `x`'s dtype."""
     lead, k = x.shape[:-1], int(x.shape[-1])
     x2 = x.reshape(-1, k)
+    m = int(x2.shape[0])
     if x2.device.type == "cuda":
-        from trtforge.kernels.gemv import MAX_ROWS, gemv
-
-        m = int(x2.shape[0])
         if m == 0:
             out = x2.new_zeros((0, w.shape[0]))
+        elif m <= weight_only_max_tokens(w):
+            from trtforge.kernels.gemv import gemv
+
+            out = gemv(x2.contiguous(), w, bias)
         elif isinstance(w, Fp8Weight):
             out = _scaled_mm(x2, w, bias)
-        elif m <= MAX_ROWS:
-            out = gemv(x2.contiguous(), w, bias)
         else:
             out = torch.nn.functional.linear(x2, w.dequantize().to(x2.dtype), bias)
     else:
-        if isinstance(w, Fp8Weight):
+        if isinstance(w, Fp8Weight) and m > FP8_WEIGHT_ONLY_MAX_TOKENS:
             out = fp8_linear_reference(x2, w)
-        else:
+        else:  # weight-only: what the GEMV computes
             out = x2.float() @ w.dequantize().t()
         out = (out if bias is None else out + bias.float()).to(x.dtype)
     return out.reshape(*lead, w.shape[0])
@@ -87,4 +108,4 @@ class QuantLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.method} ({kind})"
 
 
-__all__ = ["Fp8Weight", "Int4Weight", "QuantLinear", "quant_linear"]
+__all__ = ["Fp8Weight", "Int4Weight", "QuantLinear", "quant_linear", "weight_only_max_tokens"]
