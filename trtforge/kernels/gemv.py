@@ -327,15 +327,14 @@ def _asm_ok(device: torch.device) -> bool:
     return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
-# Quantized GEMVs (chosen by reasoning and the compiled SASS for sm_90, before an H200 sweep:
-# benchmarks/sweep_quant_gemv.py). An H200 streaming 4.8 TB/s with ~1 us of memory latency needs ~36 KB
-# in flight per SM. FP8: 4 rows x 2048 per chunk (8 KB) over 8 warps, ~32 FP32 partials a thread.
-# INT4: 8 rows x 4096 per chunk (16 KB): more rows share each x element's load and norm; 4096 columns
-# (32 groups) give every one of 4 warps' threads four x values per nibble position, the words' layout,
-# so no shuffles between them.
+# Quantized GEMVs at one row, from the H200 sweep (benchmarks/sweep_quant_gemv.py --quick,
+# results/sweep_quant_gemv_s13.json; Llama-3-8B shapes, CUDA-graph timed, L2 defeated). FP8: 4 weight
+# rows (or 4 gate/up pairs) x 1024 columns over 4 warps: gate_up 38.7 us (3.04 TB/s) against 48.5 at
+# 2 pairs x 2048 over 8 warps, down 16.0 us (3.67 TB/s), o 6.0, qkv 12.0 (11.1 at 2048). INT4: 8 rows x
+# 4096 columns (4 pairs gated), not halved for want of programs: o 5.5 us against 6.5 at 4 rows, down
+# 16.8 against 19.0; chunks of 2048 took twice as long at every shape.
 QUANT_ROWS_PER_PROGRAM = {"fp8": 4, "int4": 8}
-QUANT_BLOCK_K = {"fp8": 2048, "int4": 4096}
-
+QUANT_BLOCK_K = {"fp8": 1024, "int4": 4096}
 
 def default_config(
     m: int, n: int, k: int, gated: bool, num_sms: int = 132, weight_kind: str = "plain"
@@ -346,23 +345,25 @@ def default_config(
     (gate and up count two) that still gives ``PROGRAMS_PER_SM`` programs per SM, and the longest K
     chunk (<= 1024) keeping ~32 FP32 partials a thread; more rows: the tensor cores. Quantized weights
     (`weight_kind` "fp8" or "int4") take FP32 FMAs at every row count: ``QUANT_ROWS_PER_PROGRAM`` rows
-    (halved while programs are too few) and ``QUANT_BLOCK_K`` columns a chunk (FP8: shorter per row
-    of x past one).
+    (FP8: rows or gate/up pairs, halved while programs are too few) and ``QUANT_BLOCK_K`` columns a
+    chunk (FP8: shorter per row of x past one).
     """
     rows_per_pair = 2 if gated else 1
     if weight_kind in QUANT_ROWS_PER_PROGRAM:
         rows = QUANT_ROWS_PER_PROGRAM[weight_kind]
         if weight_kind == "int4" and m > 1:  # each row of x re-reads the unpacked words: 4 rows fit
             rows = 4  # in registers (sm_90: 220 of them at 4 rows; 8 rows spill)
-        bn = rows // rows_per_pair
-        while bn > 1 and triton.cdiv(n, bn) < PROGRAMS_PER_SM * num_sms:
-            bn //= 2
+        if weight_kind == "fp8":  # FP8 counts gate/up pairs (the sweep: 4 pairs beat 2)
+            bn = rows
+            while bn > 1 and triton.cdiv(n, bn) < PROGRAMS_PER_SM * num_sms:
+                bn //= 2
+        else:
+            bn = rows // rows_per_pair
         bk = min(QUANT_BLOCK_K[weight_kind], triton.next_power_of_2(k))
         if weight_kind == "int4":  # one row of x at a time: the registers do not grow with m
             return GemvConfig(block_n=bn, block_k=max(bk, INT4_GROUP), num_warps=4, num_stages=1, dot=False)
         bk = max(64, bk // triton.next_power_of_2(m))  # FMAs over [m, rows, chunk]
-        warps = 8 if bn * rows_per_pair * bk >= 8192 else 4
-        return GemvConfig(block_n=bn, block_k=bk, num_warps=warps, num_stages=1 if m == 1 else 2, dot=False)
+        return GemvConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=1 if m == 1 else 2, dot=False)
     if m == 1:
         bn = MAX_ROWS_PER_PROGRAM // rows_per_pair
         while bn > 1 and triton.cdiv(n, bn) < PROGRAMS_PER_SM * num_sms:
