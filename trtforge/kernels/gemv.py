@@ -336,6 +336,7 @@ def _asm_ok(device: torch.device) -> bool:
 QUANT_ROWS_PER_PROGRAM = {"fp8": 4, "int4": 8}
 QUANT_BLOCK_K = {"fp8": 1024, "int4": 4096}
 
+
 def default_config(
     m: int, n: int, k: int, gated: bool, num_sms: int = 132, weight_kind: str = "plain"
 ) -> GemvConfig:
