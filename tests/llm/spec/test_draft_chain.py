@@ -29,7 +29,7 @@ def _proposer(chain: bool, num_blocks: int = 64, device: str = "cpu") -> DraftMo
         block_size=BS,
         device=device,
         static_decode=True,
-        max_decode_batch=8,
+        max_decode_batch=64,  # (a catch-up folds where its padded rows, 8 x q_len, fit the largest bucket)
     )
     return DraftModelProposer(ex, 4, chain=chain)
 
@@ -91,10 +91,15 @@ def test_chained_proposals_equal_step_by_step_ones(sampled, device):
         _advance(b, want, rng_b)
     assert chained.chain_steps == 3 + 3 + 0 + 3 + 3  # the longest proposal's further steps, per round
     assert stepwise.chain_steps == 0
+    # rounds 2-5 fold the catch-up into the chain (round 1's runs of 9 and 14 tokens exceed q_len 8)
+    assert chained.folded_catch_ups == 4 and stepwise.folded_catch_ups == 0
     assert full >= 3  # short catch-up runs happened
     if device == "cuda":  # greedy: each chain one captured graph; with sampled rows a replay per step
         assert any(nb == 8 and q_len == 1 for nb, _, q_len in chained.executor.decode_graph_buckets)
         assert (chained.executor.num_chain_graphs > 0) == (not sampled)
+        if not sampled:  # a chain with a catch-up first (round 3: k 1, a catch-up alone: 0 steps)
+            buckets = chained.executor.chain_graph_buckets
+            assert any(q_len > 1 for *_, q_len in buckets) and any(steps == 0 for _, _, steps, _ in buckets)
     chained.forget([s.request_id for s in a])
     assert chained.blocks.num_free_blocks == chained.blocks.num_blocks
 
@@ -131,4 +136,61 @@ def test_chain_graphs_to_capture_up_front_are_checked():
     ex = _proposer(True).executor
     with pytest.raises(UserError, match="steps must lie in 1..16"):
         ex.capture_chain_graphs(0)
+    with pytest.raises(UserError, match="first_q_lens must lie in 1..8"):
+        ex.capture_chain_graphs(3, first_q_lens=(2, 9))
     assert ex.capture_chain_graphs(3) == 0  # no CUDA graphs on the CPU
+    assert ex.capture_chain_graphs(0, first_q_lens=(1, 2)) == 0
+
+
+def test_a_catch_up_folded_into_the_chain_equals_the_step_then_the_chain():
+    """decode_chain with a first step (runs of 1, 3 and 2 tokens, q_len 3, padded to the batch bucket
+    of 4) gives the same tokens as that step run on its own (last rows' argmax) and then the chain, and
+    writes the same K/V; a first step the static path does not take is refused."""
+    import torch
+
+    from trtforge.llm.executors.base import StepBatch
+
+    def run(folded: bool):
+        prop = _proposer(True)
+        ex = prop.executor
+        seqs = _seqs([5, 7, 10], set())
+        prop.fold = False
+        prop.propose(seqs, [1, 1, 1])  # the prompts in the pool; then runs of 1, 3 and 2 tokens
+        for seq, extra in zip(seqs, ([], [11, 12], [13])):
+            seq.tokens += [*extra, 14]
+        rids = [s.request_id for s in seqs]
+        runs, starts, slots = [], [], []
+        for rid, seq in zip(rids, seqs):
+            start = prop.blocks.num_tokens(rid)
+            run_ = seq.tokens[start:]
+            got, _ = prop.blocks.append_slots(rid, [*run_, 0, 0])  # two further steps' slots ahead
+            runs.append(run_), starts.append(start), slots.append(got)
+        first = prop._batch(rids, runs, starts, [s[: len(r)] for s, r in zip(slots, runs)], [])
+        assert ex.chain_q_len(first) == 3
+        nxt = np.array([p + len(r) for p, r in zip(starts, runs)])
+        positions = nxt[None, :] + np.arange(2)[:, None]
+        step_slots = np.array([s[len(r) :] for s, r in zip(slots, runs)]).T
+        table = prop.blocks.block_table_array(rids, max(len(prop.blocks.block_table_view(r)) for r in rids))
+        if folded:
+            toks = ex.decode_chain(None, positions, step_slots, positions + 1, table, first=first)
+        else:
+            every = ex.step(StepBatch(**{**first.__dict__, "logits_indices": np.arange(first.num_tokens)}))
+            head = every.index_select(0, torch.as_tensor(first.query_start_loc[1:] - 1)).argmax(-1)
+            toks = [head, *ex.decode_chain(head, positions, step_slots, positions + 1, table)]
+        pools = [p.clone() for p in (*ex.k_pools, *ex.v_pools)]
+        return ex, first, torch.stack(toks).tolist(), pools
+
+    ex, first, want, want_pools = run(False)
+    _, _, got, got_pools = run(True)
+    assert got == want and len(got) == 3
+    for g, w in zip(got_pools, want_pools):
+        assert torch.equal(g, w)
+    with pytest.raises(ValueError, match="first step"):
+        ex.decode_chain(
+            None,
+            np.zeros((1, 2), dtype=np.int64),
+            np.zeros((1, 2)),
+            np.ones((1, 2)),
+            np.zeros((2, 4), dtype=np.int32),
+            first=first,
+        )  # 2 rows, the first step's 3

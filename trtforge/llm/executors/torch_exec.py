@@ -39,6 +39,7 @@ device from the previous step's sampled tokens, after the inputs' copy and befor
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -336,6 +337,12 @@ class TorchExecutor:
         return len(self._chain_graphs)
 
     @property
+    def chain_graph_buckets(self) -> list[tuple[int, int, int, int]]:
+        """The (batch, width, steps, first q_len) buckets of the chain graphs captured so far (first
+        q_len 0: no catch-up step)."""
+        return sorted({key[:4] for key in self._chain_graphs})
+
+    @property
     def num_piecewise_graphs(self) -> int:
         """Graphs of steps with prompt tokens captured so far (layers + 1 per token bucket used)."""
         return 0 if self._piecewise is None else self._piecewise.num_graphs
@@ -531,6 +538,24 @@ class TorchExecutor:
         first = np.arange(batch.num_seqs, dtype=np.int64) * s + s - qlens
         return np.repeat(first - qsl[:-1], qlens) + np.arange(batch.num_tokens, dtype=np.int64)
 
+    def _static_head(self, batch: StepBatch, nb: int, s: int, host: np.ndarray) -> np.ndarray:
+        """Write the head of `batch`'s static inputs (bucket `nb`, q_len `s`) into int32 `host`: ids,
+        positions and slots ``[nb * s]`` each (padding rows: id 0, position 0, the scratch slot), the id
+        sources left as they are, then lengths ``[nb]`` (padding 1); return the tokens' rows."""
+        b, t = batch.num_seqs, nb * s
+        tokens = host[: 4 * t].reshape(4, t)
+        at = self._padded_rows(batch, s)
+        scratch = self._num_blocks * self._block_size
+        if s == 1:
+            tokens[0, :b], tokens[1, :b], tokens[2, :b] = batch.input_ids, batch.positions, batch.slot_mapping
+            tokens[:3, b:] = np.array([[0], [0], [scratch]], dtype=np.int32)
+        else:
+            tokens[:3] = np.array([[0], [0], [scratch]], dtype=np.int32)
+            tokens[0, at], tokens[1, at], tokens[2, at] = batch.input_ids, batch.positions, batch.slot_mapping
+        ctx = host[4 * t : 4 * t + nb]
+        ctx[:b], ctx[b:] = batch.context_lens, 1
+        return at
+
     def _static_decode(self, batch: StepBatch, feed: TokenFeed | None, s: int = 1) -> torch.Tensor:
         """A step of decode rows (`s` 1) or verification rows (each sequence padded to `s` tokens) on
         bucketed static shapes: padding uses the scratch block; replays a CUDA graph."""
@@ -546,16 +571,7 @@ class TorchExecutor:
         host, t = st["host_np"][turn], nb * s
         size = self._static_size(nb, wb, s)
         tokens = host[: 4 * t].reshape(4, t)
-        at = self._padded_rows(batch, s)
-        scratch = self._num_blocks * self._block_size
-        if s == 1:
-            tokens[0, :b], tokens[1, :b], tokens[2, :b] = batch.input_ids, batch.positions, batch.slot_mapping
-            tokens[:3, b:] = np.array([[0], [0], [scratch]], dtype=np.int32)
-        else:
-            tokens[:3] = np.array([[0], [0], [scratch]], dtype=np.int32)
-            tokens[0, at], tokens[1, at], tokens[2, at] = batch.input_ids, batch.positions, batch.slot_mapping
-        ctx = host[4 * t : 4 * t + nb]
-        ctx[:b], ctx[b:] = batch.context_lens, 1
+        at = self._static_head(batch, nb, s, host)
         table = host[4 * t + nb : size].reshape(nb, wb)
         table.fill(self._num_blocks)
         table[:b, :width] = batch.block_tables
@@ -590,15 +606,26 @@ class TorchExecutor:
         its largest batch bucket."""
         return self.static_decode and rows <= self._batch_buckets[-1]
 
+    def chain_q_len(self, first: StepBatch) -> int | None:
+        """The query length S at which :meth:`decode_chain` runs `first` as its first step (every row's
+        logits computed, each sequence's last picked), or None where it cannot: `first` would not take
+        the static decode path (runs of more than :attr:`max_static_q_len` tokens, too many padded rows)
+        or copies blocks."""
+        if len(first.block_copies) or not self.can_chain(first.num_seqs):
+            return None
+        every_row = replace(first, logits_indices=np.arange(first.num_tokens))
+        return self.static_q_len(every_row)
+
     @torch.inference_mode()
     def decode_chain(
         self,
-        tokens: torch.Tensor,
+        tokens: torch.Tensor | None,
         positions: np.ndarray,
         slots: np.ndarray,
         context_lens: np.ndarray,
         block_tables: np.ndarray,
         pick: Any = None,
+        first: StepBatch | None = None,
     ) -> list[torch.Tensor]:
         """``len(positions)`` single-token decode steps of the same rows back to back, each step's input
         ids the tokens picked from the step before: no host work between steps but launches, and no
@@ -612,27 +639,44 @@ class TorchExecutor:
         until the next step is launched); None: each row's argmax. Returns every step's tokens (with
         `pick` None, views valid until the next chain).
 
+        With `first` (a catch-up step of the same rows, in the same order, with the same block tables:
+        runs of 1..8 tokens, :meth:`chain_q_len` not None; `tokens` None) the chain begins with it: it
+        runs on the static decode path at q_len S, each row's last token's logits give the ids of the
+        single-token steps (``pick`` step 0), and its picks come first in the result. So a draft's
+        catch-up and further steps are one host preparation, one copy and (argmax) one graph.
+
         All the steps' inputs travel in one copy; each step copies its slice into the static decode
         inputs (padding rows as in :meth:`step`), writes the previous tokens into the ids and runs the
         (rows, width) decode body. With CUDA graphs an argmax chain is one graph per (rows, width,
-        steps) bucket (``chain_graphs`` False: one decode-graph replay per step), a chain with `pick`
+        steps, S) bucket (``chain_graphs`` False: one decode-graph replay per step), a chain with `pick`
         replays the decode graph per step.
         """
         steps, b = positions.shape
         if steps > MAX_CHAIN_STEPS:
             raise ValueError(f"decode_chain runs at most {MAX_CHAIN_STEPS} steps, got {steps}")
+        s = 0
+        if first is not None:
+            s = self.chain_q_len(first) or 0
+            if not s or first.num_seqs != b:
+                raise ValueError("decode_chain's first step must be a static catch-up of the chain's rows")
         st = self._chain_buffers()
         width = block_tables.shape[1]
         nb, wb = _bucket(b, self._batch_buckets), _bucket(width, self._width_buckets)
-        host = self._chain_inputs(nb, wb, positions, slots, context_lens, block_tables)
-        whole = self._chain_graph(nb, wb, steps) if pick is None else None  # (capture resets the inputs)
+        head = None
+        if first is not None:
+            head = np.zeros(4 * nb * s + nb, dtype=np.int32)
+            self._static_head(first, nb, s, head)
+        host = self._chain_inputs(nb, wb, positions, slots, context_lens, block_tables, head)
+        whole = self._chain_graph(nb, wb, steps, s) if pick is None else None  # (capture resets inputs)
         step_graph = None if whole is not None else self._decode_graph(nb, wb, 1)
         st["chain"][: host.size].copy_(to_device(host, self.device))
-        st["chain_tokens"][0, :b].copy_(tokens)
+        if first is None:
+            st["chain_tokens"][0, :b].copy_(tokens)
         if whole is not None:
             whole.replay()
-            return list(st["chain_tokens"][1 : steps + 1, :b].unbind(0))
-        return self._chain_body(nb, wb, steps, b, pick, step_graph)
+            return list(st["chain_tokens"][int(not s) : steps + 1, :b].unbind(0))
+        first_graph = self._decode_graph(nb, wb, s) if s and whole is None else None
+        return self._chain_body(nb, wb, steps, b, pick, step_graph, s, first_graph)
 
     def _chain_buffers(self) -> dict[str, Any]:
         """The static buffers, and a chain's inputs (`chain`, laid out by :meth:`_chain_inputs`) and
@@ -640,40 +684,74 @@ class TorchExecutor:
         st = self._static_buffers()
         if "chain" not in st:
             n, w, dev = self._batch_buckets[-1], self._width_buckets[-1], self.device
-            st["chain"] = torch.zeros(MAX_CHAIN_STEPS * 5 * n + n * w, dtype=torch.int32, device=dev)
+            # (a first step's head, 4 * nb * S + nb, fits in 5 * n: nb * S <= n)
+            st["chain"] = torch.zeros((MAX_CHAIN_STEPS + 1) * 5 * n + n * w, dtype=torch.int32, device=dev)
             st["chain_tokens"] = torch.zeros(MAX_CHAIN_STEPS + 1, n, dtype=torch.int64, device=dev)
         return st
 
-    def _chain_inputs(self, nb: int, wb: int, positions, slots, context_lens, block_tables) -> np.ndarray:
-        """int32: per step the ``5 * nb`` head of the static decode inputs (ids left 0, positions, slots,
-        sources, lengths; rows past the given ones padding), then the ``[nb, wb]`` table."""
+    def _chain_inputs(
+        self, nb: int, wb: int, positions, slots, context_lens, block_tables, first: np.ndarray | None = None
+    ) -> np.ndarray:
+        """int32: the `first` step's static head where given, then per step the ``5 * nb`` head of the
+        static decode inputs (ids left 0, positions, slots, sources, lengths; rows past the given ones
+        padding), then the ``[nb, wb]`` table."""
         steps, b = positions.shape
         head, scratch = 5 * nb, self._num_blocks * self._block_size
-        host = np.zeros(steps * head + nb * wb, dtype=np.int32)
-        per_step = host[: steps * head].reshape(steps, 5, nb)
+        off = 0 if first is None else first.size
+        host = np.zeros(off + steps * head + nb * wb, dtype=np.int32)
+        if first is not None:
+            host[:off] = first
+        per_step = host[off : off + steps * head].reshape(steps, 5, nb)
         per_step[:, 1, :b] = positions
         per_step[:, 2, :b] = np.where(slots < 0, scratch, slots)
         per_step[:, 2, b:] = scratch
         per_step[:, 4, :b] = context_lens
         per_step[:, 4, b:] = 1
-        table = host[steps * head :].reshape(nb, wb)
+        table = host[off + steps * head :].reshape(nb, wb)
         table.fill(self._num_blocks)
         table[:b, : block_tables.shape[1]] = block_tables
         return host
 
     def _chain_body(
-        self, nb: int, wb: int, steps: int, b: int, pick: Any = None, graph: Any = None
+        self,
+        nb: int,
+        wb: int,
+        steps: int,
+        b: int,
+        pick: Any = None,
+        graph: Any = None,
+        s: int = 0,
+        first_graph: Any = None,
     ) -> list[torch.Tensor]:
-        """The chain on the inputs in the chain buffers: per step its inputs, the previous tokens as
-        ids, the decode body (or `graph`, its captured replay), the picks (argmax where `pick` is None)."""
+        """The chain on the inputs in the chain buffers: with `s`, first the catch-up step at q_len `s`
+        (or `first_graph`, its captured replay) whose rows' last logits give the first ids; then per step
+        its inputs, the previous tokens as ids, the decode body (or `graph`, its captured replay), the
+        picks (argmax where `pick` is None)."""
         st = self._static
         chain, toks, logits = st["chain"], st["chain_tokens"], st["logits"]
         head, size = 5 * nb, self._static_size(nb, wb, 1)
         inputs, ids = st["inputs"], self._static_views(nb, wb, 1)[0]
-        inputs[head:size].copy_(chain[steps * head : steps * head + nb * wb])
+        off = 4 * nb * s + nb if s else 0
+        table = chain[off + steps * head : off + steps * head + nb * wb]
         out = []
+        if s:
+            inputs[:off].copy_(chain[:off])
+            inputs[off : self._static_size(nb, wb, s)].copy_(table)
+            if first_graph is None:
+                self._static_body(nb, wb, s)
+            else:
+                first_graph.replay()
+            last = logits[: nb * s].view(nb, s, -1)[:, s - 1]  # each sequence's last row
+            if pick is None:
+                toks[0, :nb].copy_(last.argmax(-1))
+                out.append(toks[0, :b])
+            else:
+                picked = pick(last[:b], 0)
+                toks[0, :b].copy_(picked)
+                out.append(picked)
+        inputs[head:size].copy_(table)
         for j in range(steps):
-            inputs[:head].copy_(chain[j * head : (j + 1) * head])
+            inputs[:head].copy_(chain[off + j * head : off + (j + 1) * head])
             ids.copy_(toks[j, :nb])
             if graph is None:
                 self._static_body(nb, wb, 1)
@@ -683,34 +761,41 @@ class TorchExecutor:
                 toks[j + 1, :b].copy_(logits[:b].argmax(-1))
                 out.append(toks[j + 1, :b])
             else:
-                picked = pick(logits[:b], j)
+                picked = pick(logits[:b], j + bool(s))
                 toks[j + 1, :b].copy_(picked)
                 out.append(picked)
         return out
 
-    def _chain_graph(self, nb: int, wb: int, steps: int) -> Any:
-        """The graph of a whole argmax chain of bucket (nb, wb, steps), captured now on first use (its
-        warm-up and capture touch the scratch block only); None without graphs or ``chain_graphs``."""
+    def _chain_graph(self, nb: int, wb: int, steps: int, s: int = 0) -> Any:
+        """The graph of a whole argmax chain of bucket (nb, wb, steps), with a first step at q_len `s`
+        where `s` > 0, captured now on first use (its warm-up and capture touch the scratch block only);
+        None without graphs or ``chain_graphs``."""
         if not (self.use_cuda_graphs and self.chain_graphs):
             return None
-        key = (nb, wb, steps, self._gemv_rows())
+        key = (nb, wb, steps, s, self._gemv_rows())
         graph = self._chain_graphs.get(key)
         if graph is not None:
             return graph
-        self._decode_graph(nb, wb, 1)  # the body's lazy inits and autotuning, outside this capture
+        for q in {1, s} - {0}:
+            self._decode_graph(nb, wb, q)  # the bodies' lazy inits and autotuning, outside this capture
         empty = np.zeros((steps, 0), dtype=np.int64)
-        safe = self._chain_inputs(nb, wb, empty, empty, empty, np.zeros((0, 1), dtype=np.int32))
+        head = None
+        if s:  # padding rows only: ids 0, positions 0, the scratch slot, lengths 1
+            head = np.zeros(4 * nb * s + nb, dtype=np.int32)
+            head[2 * nb * s : 3 * nb * s] = self._num_blocks * self._block_size
+            head[4 * nb * s :] = 1
+        safe = self._chain_inputs(nb, wb, empty, empty, empty, np.zeros((0, 1), dtype=np.int32), head)
         st = self._static
         st["chain"][: safe.size].copy_(torch.from_numpy(safe))
         st["chain_tokens"].zero_()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self._chain_body(nb, wb, steps, nb)
+            self._chain_body(nb, wb, steps, nb, s=s)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool()):
-            self._chain_body(nb, wb, steps, nb)
+            self._chain_body(nb, wb, steps, nb, s=s)
         self._chain_graphs[key] = graph
         return graph
 
@@ -744,13 +829,24 @@ class TorchExecutor:
         return len(self._graphs)
 
     @torch.inference_mode()
-    def capture_chain_graphs(self, steps: int, max_batch: int | None = None) -> int:
+    def capture_chain_graphs(
+        self, steps: int, max_batch: int | None = None, first_q_lens: Sequence[int] = ()
+    ) -> int:
         """Capture the whole argmax chain of `steps` decode steps (:meth:`decode_chain`) of every
-        (batch, width) bucket up to `max_batch` now rather than on first use; return how many chain
-        graphs there are. Only on CUDA with static decode and ``chain_graphs`` on."""
-        if not 1 <= steps <= MAX_CHAIN_STEPS:
+        (batch, width) bucket up to `max_batch` now rather than on first use, and those beginning with a
+        catch-up step of each query length of `first_q_lens` (1..8; buckets whose padded rows exceed the
+        largest batch bucket are skipped; `steps` may then be 0); return how many chain graphs there are.
+        Only on CUDA with static decode and ``chain_graphs`` on."""
+        lo = 0 if first_q_lens else 1
+        if not lo <= steps <= MAX_CHAIN_STEPS:
             raise UserError(
-                f"TorchExecutor.capture_chain_graphs steps must lie in 1..{MAX_CHAIN_STEPS}; got {steps}"
+                f"TorchExecutor.capture_chain_graphs steps must lie in {lo}..{MAX_CHAIN_STEPS}; got {steps}"
+            )
+        bad = [s for s in first_q_lens if not 1 <= s <= self.max_static_q_len]
+        if bad:
+            raise UserError(
+                f"TorchExecutor.capture_chain_graphs first_q_lens must lie in 1..{self.max_static_q_len} "
+                f"(the longest run a static step takes); got {bad}"
             )
         if not (self.use_cuda_graphs and self.chain_graphs):
             return 0
@@ -758,8 +854,11 @@ class TorchExecutor:
         for nb in self._batch_buckets:
             if max_batch is not None and nb > max_batch:
                 break
-            for wb in self._width_buckets:
-                self._chain_graph(nb, wb, steps)
+            for s in [0] * (steps > 0) + sorted(set(first_q_lens)):
+                if nb * s > self._batch_buckets[-1]:
+                    continue
+                for wb in self._width_buckets:
+                    self._chain_graph(nb, wb, steps, s)
         return len(self._chain_graphs)
 
     @torch.inference_mode()

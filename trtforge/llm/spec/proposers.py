@@ -166,11 +166,24 @@ class DraftModelProposer:
     (``decode_chain``, ``can_chain``: the torch executor's static decode path) and `chain` is on,
     those further k-1 steps run back to back on the device: their slots reserved with the catch-up's,
     their inputs built once, each step's ids the previous step's tokens, one wait for the device at
-    the end. Otherwise each further step is a step of its own (a batch built on the host).
+    the end; where the catch-up's runs are short (1..8 tokens, as after a verification: the executor's
+    ``chain_q_len``) and ``fold`` is on, the catch-up is the chain's first step, so that a proposal is
+    one host preparation, one copy and (greedy) one CUDA graph. Otherwise each further step is a step
+    of its own (a batch built on the host).
     Greedy requests draft by argmax; sampled ones draw from the draft's softmax at the request's
     temperature with the request's generator, returning those distributions as q. A sequence whose
     blocks do not fit the draft pool simply gets no proposal (or a shorter one).
-    ``chain_steps`` counts the steps run chained.
+    ``chain_steps`` counts the steps run chained, ``folded_catch_ups`` the catch-ups run as a chain's
+    first step.
+
+    What this buys depends on the draft. The 3M draft's steps take ~20 us of GPU time each, so its
+    proposal was nearly all host work (the catch-up, built and launched as a step of its own, was
+    ~0.7 ms of a 0.74-0.81 ms chained proposal on the H200); folded, a proposal is one preparation and
+    one launch. A Llama-3.2-1B draft for an 8B target spends ~0.85 ms of GPU time per step (measured:
+    decode at 512-4096 context), so its k steps cost ~0.85 k ms whatever the host does: chaining and
+    folding remove only the host gaps between steps and the catch-up's own launch work (tens of us
+    each, and partly hidden wherever the host runs ahead of a GPU-bound step), a few percent of its
+    proposal. There the draft's own GEMVs set the cost, and a smaller or quantized draft is the lever.
     """
 
     method = "draft"
@@ -181,7 +194,9 @@ class DraftModelProposer:
         self.executor = executor
         self.num_tokens = num_tokens
         self.chain = chain
+        self.fold = True  # the catch-up as the chain's first step, where the executor takes it
         self.chain_steps = 0
+        self.folded_catch_ups = 0
         f = executor.facts
         self.blocks = BlockManager(f.num_blocks, f.block_size, enable_prefix_caching=False)
         self._max_len = f.max_model_len
@@ -232,6 +247,11 @@ class DraftModelProposer:
         written.extend(run)
         return run, c, slots, copies
 
+    def _batch(self, rids: list[Hashable], runs, starts, slots, copies) -> StepBatch:
+        """A draft step's batch: each sequence's run from its start, logits of its last token."""
+        tables = [self.blocks.block_table_view(r) for r in rids]
+        return StepBatch.build(rids, runs, starts, tables, slots, [True] * len(rids), copies)
+
     def _step(
         self, rids: list[Hashable], runs: list[list[int]], starts: list[int], slots, copies, feed
     ) -> Any:
@@ -240,15 +260,7 @@ class DraftModelProposer:
         device, so the host never waits between steps. A catch-up of short runs (2 to 8 tokens, as after
         a fully accepted proposal) asks for every row's logits, as a verification step does, so that
         it takes the executor's static decode path (one graph) rather than the prompt chunks' one."""
-        batch = StepBatch.build(
-            rids,
-            runs,
-            starts,
-            [self.blocks.block_table_view(r) for r in rids],
-            slots,
-            [True] * len(rids),
-            copies,
-        )
+        batch = self._batch(rids, runs, starts, slots, copies)
         longest = int(batch.query_lens.max())
         if feed is not None:
             return self.executor.step_async(batch, feed)  # type: ignore[attr-defined]
@@ -299,41 +311,53 @@ class DraftModelProposer:
 
     def _propose_chained(self, seqs, pick: _Picker, live, runs, starts, slots, copies) -> list[tuple]:
         """The catch-up step, then the further steps as one :meth:`decode_chain` on reserved slots;
-        per step (its sequences, their tokens, the sampled rows' distributions), on the host."""
+        where the executor takes the catch-up as the chain's first step (``chain_q_len``: runs of up to
+        8 tokens, as after a verification) the whole proposal is that one chain (one host preparation,
+        one copy, one graph when greedy). Per step (its sequences, their tokens, the sampled rows'
+        distributions), on the host."""
         import torch
 
         rids = [seqs[i].request_id for i in live]
         fed = [len(r) for r in runs]
-        logits = self._step(rids, runs, starts, [s[:n] for s, n in zip(slots, fed)], copies, None)
-        first, q0 = pick(logits, live, 0)
+        first = self._batch(rids, runs, starts, [s[:n] for s, n in zip(slots, fed)], copies)
+        q_len = getattr(self.executor, "chain_q_len", None)
+        fold = self.fold and callable(q_len) and q_len(first) is not None
         ahead = np.array([len(s) - n for s, n in zip(slots, fed)], dtype=np.int64)
-        chained, qs = [first], [q0]
         m = int(ahead.max())
-        if m:
+        greedy = not any(i in pick.draws for i in live)  # argmax: the executor's own (one graph)
+        chained: list[Any] = []
+        qs: list[Any] = []
+        if not fold:
+            logits = self._step(rids, runs, starts, [s[:n] for s, n in zip(slots, fed)], copies, None)
+            tokens, q0 = pick(logits, live, 0)
+            chained, qs = [tokens], [q0]
+        if m or fold:
             nxt = np.array([p + n for p, n in zip(starts, fed)], dtype=np.int64)  # first proposal's position
             upto = np.minimum(np.arange(1, m + 1)[:, None], ahead[None, :])  # a row past its last repeats it
             step_slots = np.full((m, len(live)), -1, dtype=np.int64)  # (-1: its K/V goes nowhere)
             for r, (s, n) in enumerate(zip(slots, fed)):
                 step_slots[: ahead[r], r] = s[n:]
             width = max(len(self.blocks.block_table_view(r)) for r in rids)
+            done = len(chained)  # (steps run before the chain: its step j is the proposal's j + done)
 
             def step_pick(step_logits: Any, j: int) -> Any:
-                tokens, q = pick(step_logits, live, j + 1)
+                tokens, q = pick(step_logits, live, j + done)
                 qs.append(q)
                 return tokens
 
-            greedy = not any(i in pick.draws for i in live)  # argmax: the executor's own (one graph)
             chained += self.executor.decode_chain(  # type: ignore[attr-defined]
-                first,
+                None if fold else chained[0],
                 nxt + upto - 1,
                 step_slots,
                 nxt + upto,
                 self.blocks.block_table_array(rids, width),
                 None if greedy else step_pick,
+                first if fold else None,
             )
             if greedy:
-                qs += [None] * m
+                qs += [None] * (m + fold)
             self.chain_steps += m
+            self.folded_catch_ups += fold
         host = torch.stack(chained).tolist()  # the one wait for the device
         sampled = [r for r, i in enumerate(live) if i in pick.draws]
         steps = []
