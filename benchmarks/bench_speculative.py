@@ -16,7 +16,8 @@ kernels), the time of a (k+1)-token verification step vs a 1-token decode step f
 a few context lengths, k = 2, 4, 6 (CUDA events and wall time, median); (2) the same 1-token step of
 a Llama-3.2-1B shape (a cheap draft for 8B); (2b) the 3M draft's proposal alone (one sequence following
 the held-out text; ``DraftModelProposer.propose`` wall time, its further k-1 steps chained on the device
-vs one by one, and the cost of one more step: the slope over k); (3) single-stream ms/token (first
+vs one by one, the catch-up step apart or folded into the chain, the catch-up alone (k=1) and the cost
+of one more step: the slope over k); (3) single-stream ms/token (first
 token to last) of the 21M/3M pair on the GPU, plain and with each method (the draft chained, and at
 k=4 also step by step); (4) the projection of 8B single-stream latency from (1), (2), (2b) and the
 acceptance measured in (3):
@@ -100,11 +101,13 @@ def make_engine(
     k = 0 if spec is None else spec["num_tokens"]
     ex.capture_decode_graphs(max_batch=max_num_seqs, q_lens=range(1, k + 2))
     if proposer is not None and hasattr(proposer, "executor"):
-        # its catch-up steps: 1 token, or 2 after a fully accepted proposal (DraftModelProposer.short_run)
-        proposer.executor.capture_decode_graphs(max_batch=max_num_seqs, q_lens=(1, 2, 3))
+        # its catch-up steps: runs of 1..k+1 tokens (the accepted proposals and the bonus token)
+        proposer.executor.capture_decode_graphs(max_batch=max_num_seqs, q_lens=range(1, k + 2))
         proposer.chain = chain
-        if chain and k > 1:  # the draft's k-1 further steps: one graph per width bucket
-            proposer.executor.capture_chain_graphs(k - 1, max_batch=max_num_seqs)
+        if chain:  # the catch-up and the k-1 further steps: one graph per width bucket and run length
+            proposer.executor.capture_chain_graphs(
+                k - 1, max_batch=max_num_seqs, first_q_lens=range(1, k + 2)
+            )
     config = SchedulerConfig(max_num_seqs=max_num_seqs, async_scheduling=False if spec else None)
     return LLMEngine(ex, config, proposer=proposer)
 
@@ -353,6 +356,7 @@ def single_stream(models: Path, prompts: list[list[int]], new_tokens: int, devic
         row.update(acceptance(stats) if method != "plain" else {})
         if method.startswith("draft"):
             row["chained_draft_steps"] = proposer.chain_steps
+            row["folded_catch_ups"] = proposer.folded_catch_ups
         rows.append(row)
         print("[21M/3M single stream] " + json.dumps(row), flush=True)
     base_ms = rows[0]["ms_per_token"]
@@ -361,11 +365,14 @@ def single_stream(models: Path, prompts: list[list[int]], new_tokens: int, devic
     return rows
 
 
-DRAFT_VARIANTS = {  # name: (proposer's chain, executor's chain_graphs)
-    "stepwise": (False, True),  # each further step a step of its own (the path before the chain)
-    "chain_steps": (True, False),  # chained, a decode-graph replay per step
-    "chain": (True, True),  # chained, the whole argmax chain one graph (the default)
+DRAFT_VARIANTS = {  # name: (proposer's chain, executor's chain_graphs, proposer's fold)
+    "stepwise": (False, True, False),  # each further step a step of its own (the path before the chain)
+    "chain_steps": (True, False, False),  # chained, a decode-graph replay per step, the catch-up apart
+    "chain": (True, True, False),  # chained, the further steps one graph, the catch-up a step apart
+    "folded": (True, True, True),  # the catch-up the chain's first step: one graph (the default)
 }
+# k = 1: the catch-up alone (no further step); the further steps' slope is taken over KS
+PROPOSAL_KS = (1, *KS)
 
 
 def draft_proposal_cost(models: Path, device: str, rounds: int, warmup: int = 8) -> dict:
@@ -373,8 +380,11 @@ def draft_proposal_cost(models: Path, device: str, rounds: int, warmup: int = 8)
     ``DraftModelProposer.propose`` (host sync included) per k and :data:`DRAFT_VARIANTS`. The sequence
     follows the held-out text: each round it takes the leading proposals that match the text and the
     text's next token (as greedy verification would with a target that wrote the text), so the
-    catch-up step feeds 1..k+1 tokens as in serving. Each variant's proposals are checked against the
-    step-by-step ones (``agree``: the share of equal tokens; BF16 may flip a near-tie)."""
+    catch-up step feeds 1..k+1 tokens as in serving. k = 1 is the catch-up alone (run as a step apart,
+    or as a chain of no further steps where folded); the slope over k = 2..6 the cost of one further
+    step, and a proposal less its further steps (the intercept) what the catch-up and the proposal's
+    fixed host work cost. Each variant's proposals are checked against the step-by-step ones (``agree``:
+    the share of equal tokens; BF16 may flip a near-tie)."""
     from types import SimpleNamespace
 
     import torch
@@ -388,16 +398,18 @@ def draft_proposal_cost(models: Path, device: str, rounds: int, warmup: int = 8)
     ex = TorchExecutor(
         load_causal_lm(str(models / "code-llama-3m")), 64, device=device, dtype=dtype, static_decode=True
     )
-    ex.capture_decode_graphs(max_batch=1, q_lens=(1, 2, 3))
-    for k in KS:
-        ex.capture_chain_graphs(k - 1, max_batch=1)
+    runs = range(1, max(KS) + 2)  # catch-up runs: 1..k+1 tokens
+    ex.capture_decode_graphs(max_batch=1, q_lens=runs)
+    for k in PROPOSAL_KS:
+        ex.capture_chain_graphs(k - 1, max_batch=1, first_q_lens=range(1, k + 2))
     text = prompts_from_eval(models, 1, 128 + (warmup + rounds) * (max(KS) + 1) + 8)[0]
     greedy = SamplingParams()
     out: dict = {}
-    for k in KS:
+    for k in PROPOSAL_KS:
         reference = None
-        for name, (chain, graphs) in DRAFT_VARIANTS.items():
+        for name, (chain, graphs, fold) in DRAFT_VARIANTS.items():
             prop = DraftModelProposer(ex, k, chain=chain)
+            prop.fold = fold
             ex.chain_graphs = graphs
             seq = SimpleNamespace(request_id=0, tokens=text[:128], params=greedy, generator=None)
             times, accepted, proposed = [], [], []
@@ -418,29 +430,41 @@ def draft_proposal_cost(models: Path, device: str, rounds: int, warmup: int = 8)
                 "ms_per_proposal": ms,
                 "ms_per_draft_token": ms / k,
                 "chained_steps": prop.chain_steps,
+                "folded_catch_ups": prop.folded_catch_ups,
                 "mean_matching_text": statistics.mean(accepted),
                 "agree": sum(a == b for a, b in zip(proposed, reference)) / max(len(reference), 1),
             }
             print(f"[3M draft proposal] k={k} {name}: " + json.dumps(row), flush=True)
     ex.chain_graphs = True
     lo, hi = min(KS), max(KS)
-    for name in DRAFT_VARIANTS:  # the cost of one more draft step: the slope over k
+    for name in DRAFT_VARIANTS:  # the cost of one more draft step: the slope over k; the rest: intercept
         at = [out[f"k{k}_{name}"]["ms_per_proposal"] for k in (lo, hi)]
-        out[f"ms_per_further_step_{name}"] = (at[1] - at[0]) / (hi - lo)
+        slope = out[f"ms_per_further_step_{name}"] = (at[1] - at[0]) / (hi - lo)
+        out[f"ms_catch_up_intercept_{name}"] = at[0] - (lo - 1) * slope
+        out[f"ms_catch_up_alone_{name}"] = out[f"k1_{name}"]["ms_per_proposal"]
     out["chain_graphs"] = ex.num_chain_graphs
-    print("\n[3M draft proposal] one sequence, median wall ms per proposal (per draft token); further")
-    print("step = slope over k (the catch-up step's cost drops out); agree = tokens equal to step by step")
-    print("| k | step by step | chained, a replay per step | chained, one graph | one graph / step by step |")
-    print("|---|---|---|---|---|")
-    for k in KS:
-        a, b, c = (out[f"k{k}_{name}"] for name in DRAFT_VARIANTS)
+    print("\n[3M draft proposal] one sequence, median wall ms per proposal (per draft token); k=1: the")
+    print("catch-up alone; further step = slope over k=2..6; catch-up (intercept) = a proposal less its")
+    print("further steps; agree = tokens equal to step by step")
+    names = list(DRAFT_VARIANTS)
+    print("| k | " + " | ".join(names) + " | folded / chain | folded / stepwise |")
+    print("|---|" + "---|" * (len(names) + 2))
+    for k in PROPOSAL_KS:
+        v = {name: out[f"k{k}_{name}"] for name in names}
         cells = [
-            f"{v['ms_per_proposal']:.3f} ({v['ms_per_draft_token']:.3f}; agree {v['agree']:.2f})"
-            for v in (a, b, c)
+            f"{r['ms_per_proposal']:.3f} ({r['ms_per_draft_token']:.3f}; agree {r['agree']:.2f})"
+            for r in v.values()
         ]
-        print(f"| {k} | " + " | ".join(cells) + f" | {c['ms_per_proposal'] / a['ms_per_proposal']:.2f} |")
-    a, b, c = (out[f"ms_per_further_step_{name}"] for name in DRAFT_VARIANTS)
-    print(f"| further step | {a:.3f} | {b:.3f} | {c:.3f} | {c / a:.2f} |")
+        f = v["folded"]["ms_per_proposal"]
+        ratios = f"{f / v['chain']['ms_per_proposal']:.2f} | {f / v['stepwise']['ms_per_proposal']:.2f}"
+        print(f"| {k} | " + " | ".join(cells) + f" | {ratios} |")
+    for label, key in (
+        ("further step", "ms_per_further_step"),
+        ("catch-up (intercept)", "ms_catch_up_intercept"),
+        ("catch-up alone (k=1)", "ms_catch_up_alone"),
+    ):
+        vals = [out[f"{key}_{name}"] for name in names]
+        print(f"| {label} | " + " | ".join(f"{x:.3f}" for x in vals) + " | | |")
     del ex
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -470,8 +494,9 @@ def project(
 ) -> list[dict]:
     """8B single-stream ms/token per method, k and context, from the step costs and the acceptance
     measured in `source`. Draft rows twice where `draft_3m` (:func:`draft_proposal_cost`) is given:
-    "draft" with k steps of the 1B shape, "draft-3m" with the 3M draft's measured chained proposal
-    (``(t_propose(k) + t_verify(k+1)) / E``: the catch-up step and the host's share included)."""
+    "draft" with k steps of the 1B shape, "draft-3m" with the 3M draft's measured proposal, the
+    catch-up folded into the chain (``(t_propose(k) + t_verify(k+1)) / E``: the catch-up step and the
+    host's share included)."""
     out = []
     for ctx, c in costs_8b.items():
         t_dec = c["decode"]["wall_ms"]
@@ -486,8 +511,8 @@ def project(
                 variants.append(
                     ("draft", (k * t_draft + t_ver) / e, f"({k} * {t_draft:.3f} + {t_ver:.3f}) / {e:.3f}")
                 )
-                if draft_3m is not None and f"k{k}_chain" in draft_3m:
-                    t_prop = draft_3m[f"k{k}_chain"]["ms_per_proposal"]
+                if draft_3m is not None and f"k{k}_folded" in draft_3m:
+                    t_prop = draft_3m[f"k{k}_folded"]["ms_per_proposal"]
                     variants.append(
                         ("draft-3m", (t_prop + t_ver) / e, f"({t_prop:.3f} + {t_ver:.3f}) / {e:.3f}")
                     )

@@ -72,7 +72,7 @@ def test_cuda_speculative_greedy_equals_plain_greedy(method):
 @needs_models
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
 def test_cuda_chained_draft_proposals_match_step_by_step_ones(dtype_name):
-    """The trained 3M draft on CUDA, its further steps chained (decode graphs replayed back to back) or
+    """The trained 3M draft on CUDA, its catch-up and further steps chained (one graph each proposal) or
     one by one, over rounds that follow the held-out text. The chain's steps read one table width, the
     stepwise ones their own, so a reduction may round a near-tie differently: FP32 (torch attention) at
     least 97% of the tokens equal (a wrong input or slot gives far fewer), BF16 (Triton kernels, fused
@@ -113,6 +113,9 @@ def test_cuda_chained_draft_proposals_match_step_by_step_ones(dtype_name):
         runs.append(got)
         assert prop.blocks.num_free_blocks < prop.blocks.num_blocks
     assert props[0].chain_steps == 8 * 3 and props[1].chain_steps == 0
+    # rounds 2-8: catch-up runs of 1..5 tokens, each the first step of its chain (round 1's: 50 tokens)
+    assert props[0].folded_catch_ups == 7 and props[1].folded_catch_ups == 0
+    assert any(q_len > 0 for *_, q_len in props[0].executor.chain_graph_buckets)
     assert len(runs[0]) == len(runs[1]) == 8 * 4 * len(texts)
     same = sum(a == b for a, b in zip(*runs)) / len(runs[0])
     assert same >= (0.97 if dtype == torch.float32 else 0.9), same
