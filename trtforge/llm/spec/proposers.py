@@ -179,11 +179,14 @@ class DraftModelProposer:
     What this buys depends on the draft. The 3M draft's steps take ~20 us of GPU time each, so its
     proposal was nearly all host work (the catch-up, built and launched as a step of its own, was
     ~0.7 ms of a 0.74-0.81 ms chained proposal on the H200); folded, a proposal is one preparation and
-    one launch. A Llama-3.2-1B draft for an 8B target spends ~0.85 ms of GPU time per step (measured:
-    decode at 512-4096 context), so its k steps cost ~0.85 k ms whatever the host does: chaining and
-    folding remove only the host gaps between steps and the catch-up's own launch work (tens of us
-    each, and partly hidden wherever the host runs ahead of a GPU-bound step), a few percent of its
-    proposal. There the draft's own GEMVs set the cost, and a smaller or quantized draft is the lever.
+    one launch. A real 8B target with a Llama-3.2-1B draft is another matter: the 1B's decode step is
+    GPU-bound at ~0.85 ms (measured at 512-4096 context), its catch-up of up to k+1 tokens ~1.2-1.3x
+    that (as the 8B's verification steps are), so a proposal costs ~(k + 0.3) x 0.85 ms of GPU time
+    whatever the host does. The host's per-step work (~0.3 ms) already hides behind such steps where
+    it runs ahead; chaining and folding save the launch gaps and the one wait between the catch-up
+    and the chain, tens of us a proposal, a few percent. The 8B projection's "draft" rows
+    (k x t_draft + t_verify) assume exactly that no-host-share proposal; there the draft's own GEMVs
+    set the cost, and a smaller or quantized draft is the lever.
     """
 
     method = "draft"
