@@ -2,7 +2,7 @@
 
 ``whole_gpu`` tests measure or fill the device's free memory, which other processes on the GPU change:
 under pytest-xdist with more than one worker they skip with the reason (``make test-gpu`` runs them
-after the parallel pass, alone). ``--live-report=SECONDS`` prints each failure or error the moment it
+alone, before the parallel pass). ``--live-report=SECONDS`` prints each failure or error the moment it
 is reported, and each test that took longer than SECONDS, so a run cut short still names them
 (``make test-gpu`` turns it on).
 """
@@ -101,5 +101,5 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("whole_gpu") is not None and workers > 1:
         pytest.skip(
             f"[whole_gpu] measures or fills the GPU's free memory, which the other {workers - 1} xdist "
-            "workers change: `make test-gpu` runs it after the parallel pass, alone (or run it without -n)"
+            "workers change: `make test-gpu` runs it alone, before the parallel pass (or run it without -n)"
         )
