@@ -26,11 +26,26 @@ test: $(STAMP)
 # GPU tests run on a machine with CUDA torch already installed (the H200 device: torch 2.11 + Triton),
 # with the system python and this checkout on PYTHONPATH. Pure-Python dependencies that machine lacks
 # (polygraphy, for the reports test) travel as wheels in .whl/ (README: "GPU tests").
+# Two passes: the `whole_gpu` tests (they measure or fill the device's free memory) alone, then the
+# other GPU tests over GPU_WORKERS xdist workers (empty: none). Failures and tests slower than GPU_SLOW_S are
+# named as they happen (--live-report), a test running past GPU_STACK_S dumps its stack, and with
+# pytest-timeout installed a test past GPU_TIMEOUT_S fails; so a run cut short still says what failed.
 GPU_SITE ?= /tmp/trtforge-gpu-site
+GPU_TESTS ?= tests
+GPU_WORKERS ?= 16
+GPU_SLOW_S ?= 30
+GPU_STACK_S ?= 120
+GPU_TIMEOUT_S ?= 300
+GPU_PYTEST = PYTHONPATH=$(CURDIR):$(GPU_SITE) python3 -m pytest -p no:cacheprovider \
+  --live-report=$(GPU_SLOW_S) --durations=15 \
+  $(shell python3 -c "import pytest_timeout" 2>/dev/null && echo --timeout=$(GPU_TIMEOUT_S) \
+    || echo -o faulthandler_timeout=$(GPU_STACK_S)) $(PYTEST_ARGS)
 test-gpu:
 	@if ls .whl/*.whl >/dev/null 2>&1; then \
 	  python3 -m pip install -q --no-index --no-deps --no-compile --target $(GPU_SITE) .whl/*.whl; fi
-	PYTHONPATH=$(CURDIR):$(GPU_SITE) python3 -m pytest -m gpu -p no:cacheprovider $(PYTEST_ARGS) tests
+	$(GPU_PYTEST) -m "gpu and whole_gpu" $(GPU_TESTS); a=$$?; \
+	$(GPU_PYTEST) -m "gpu and not whole_gpu" $(if $(GPU_WORKERS),-n $(GPU_WORKERS)) $(GPU_TESTS); b=$$?; \
+	[ $$a -eq 0 -o $$a -eq 5 ] && [ $$b -eq 0 -o $$b -eq 5 ]  # (5: no test selected in that pass)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,10 +1,54 @@
-"""Shared test setup: hardware markers skip with a stated reason, never pass vacuously."""
+"""Shared test setup: hardware markers skip with a stated reason, never pass vacuously.
+
+``whole_gpu`` tests measure or fill the device's free memory, which other processes on the GPU change:
+under pytest-xdist with more than one worker they skip with the reason (``make test-gpu`` runs them
+alone, before the parallel pass). ``--live-report=SECONDS`` prints each failure or error the moment it
+is reported, and each test that took longer than SECONDS, so a run cut short still names them
+(``make test-gpu`` turns it on).
+"""
 
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
+
+_live: dict[str, object] = {}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--live-report",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="print each failure when it happens and each test slower than SECONDS (0: off)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    seconds = config.getoption("--live-report", 0.0)
+    if seconds and not hasattr(config, "workerinput"):  # the controller prints (xdist workers have no tty)
+        _live.update(seconds=seconds, config=config)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    config = _live.get("config")
+    if config is None or report.skipped:
+        return
+    terminal = config.pluginmanager.get_plugin("terminalreporter")  # type: ignore[attr-defined]
+    if terminal is None:
+        return
+    node = getattr(report, "node", None)  # (under xdist: the worker that ran it)
+    where = f"[{node.gateway.id}] " if node is not None else ""
+    if report.failed:
+        kind = "FAILED" if report.when == "call" else f"ERROR at {report.when}"
+        terminal.write("\n")  # (off the progress dots' line)
+        terminal.write_line(f"{where}{kind} {report.nodeid} ({report.duration:.1f} s)", red=True, bold=True)
+    elif report.when == "call" and report.duration > float(_live["seconds"]):  # type: ignore[arg-type]
+        terminal.write("\n")
+        terminal.write_line(f"{where}SLOW {report.nodeid} ({report.duration:.1f} s)", yellow=True)
 
 
 @functools.lru_cache(maxsize=1)
@@ -53,3 +97,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             reason = reason_fn()
             if reason:
                 pytest.skip(f"[{marker}] {reason}")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if item.get_closest_marker("whole_gpu") is not None and workers > 1:
+        pytest.skip(
+            f"[whole_gpu] measures or fills the GPU's free memory, which the other {workers - 1} xdist "
+            "workers change: `make test-gpu` runs it alone, before the parallel pass (or run it without -n)"
+        )

@@ -11,7 +11,9 @@ stored, so a call costs one read of x and one write of the codes at any M. Longe
 pass over K. On a GPU the rounding is the hardware's float32 -> E4M3 conversion (``cvt.rn.satfinite``:
 nearest even, finite); Triton's interpreter converts to float8 by rounding half up without carrying
 into the exponent, so there the value is first rounded exactly by bit arithmetic (:func:`round_e4m3`)
-and the cast only changes the type.
+and the cast only changes the type. Both divisions are IEEE (``tl.div_rn``): Triton's ``/`` on
+float32 is ``div.full.f32`` on the GPU (up to 2 ulp off), so ``448 / 448`` need not be 1 and values on
+a rounding boundary would round away from torch's codes.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def _quant_rows_kernel(
         ok = arange < K
         x = tl.load(x_row + arange, mask=ok & live, other=0.0).to(tl.float32)
         amax = tl.maximum(tl.max(tl.abs(x), 0), 1e-12)
-        tl.store(q_row + arange, _to_e4m3(x * (448.0 / amax), dst, HW_CAST), mask=ok)
+        tl.store(q_row + arange, _to_e4m3(x * tl.div_rn(448.0, amax), dst, HW_CAST), mask=ok)
     else:
         peak = tl.zeros([BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -72,12 +74,12 @@ def _quant_rows_kernel(
             x = tl.load(x_row + offs, mask=(offs < K) & live, other=0.0).to(tl.float32)
             peak = tl.maximum(peak, tl.abs(x))
         amax = tl.maximum(tl.max(peak, 0), 1e-12)
-        inv = 448.0 / amax
+        inv = tl.div_rn(448.0, amax)
         for k0 in range(0, K, BLOCK_K):
             offs = k0 + arange
             x = tl.load(x_row + offs, mask=(offs < K) & live, other=0.0).to(tl.float32)
             tl.store(q_row + offs, _to_e4m3(x * inv, dst, HW_CAST), mask=offs < K)
-    tl.store(S + row, tl.where(live, amax / 448.0, 1.0))
+    tl.store(S + row, tl.where(live, tl.div_rn(amax, 448.0), 1.0))
 
 
 def quantize_rows_fp8_padded(
