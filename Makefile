@@ -40,10 +40,12 @@ GPU_PYTEST = PYTHONPATH=$(CURDIR):$(GPU_SITE) python3 -m pytest -p no:cacheprovi
   --live-report=$(GPU_SLOW_S) --durations=15 \
   $(shell python3 -c "import pytest_timeout" 2>/dev/null && echo --timeout=$(GPU_TIMEOUT_S) \
     || echo -o faulthandler_timeout=$(GPU_STACK_S)) $(PYTEST_ARGS)
+# (pass 1 alone even when PYTEST_ARGS carries -n: a later -n 0 wins)
+XDIST_OFF = $(shell python3 -c "import xdist" 2>/dev/null && printf -- '-n 0')
 test-gpu:
 	@if ls .whl/*.whl >/dev/null 2>&1; then \
 	  python3 -m pip install -q --no-index --no-deps --no-compile --target $(GPU_SITE) .whl/*.whl; fi
-	$(GPU_PYTEST) -m "gpu and whole_gpu" $(GPU_TESTS); a=$$?; \
+	$(GPU_PYTEST) $(XDIST_OFF) -m "gpu and whole_gpu" $(GPU_TESTS); a=$$?; \
 	$(GPU_PYTEST) -m "gpu and not whole_gpu" $(if $(GPU_WORKERS),-n $(GPU_WORKERS)) $(GPU_TESTS); b=$$?; \
 	[ $$a -eq 0 -o $$a -eq 5 ] && [ $$b -eq 0 -o $$b -eq 5 ]  # (5: no test selected in that pass)
 

@@ -36,23 +36,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-SHAPES: dict[str, dict[str, int]] = {
-    "tiny": {
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-    },
-    "8b": {
-        "vocab_size": 128256,
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-    },
+from benchmarks.bench_http import SHAPES as _SERVING_SHAPES
+
+# the serving benchmarks' 8B and tiny shapes (bench_http: the one 8B builder's), and a 70B one
+SHAPES: dict[str, dict[str, Any]] = {
+    **_SERVING_SHAPES,
     "70b": {
         "vocab_size": 128256,
         "hidden_size": 8192,
@@ -70,9 +58,7 @@ def _config(shape: str) -> Any:
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        **SHAPES[shape],
-        max_position_embeddings=4096,
-        rope_theta=500000.0,
+        **{**SHAPES[shape], "max_position_embeddings": 4096, "rope_theta": 500000.0},
         tie_word_embeddings=False,
         bos_token_id=0,
         eos_token_id=1,

@@ -24,7 +24,7 @@ def _fresh_plans(monkeypatch):
 def sm90(monkeypatch):
     """A CUDA machine with an sm_90 GPU and a proven Triton, as far as the eligibility check sees."""
     monkeypatch.setattr(kernel, "_HOPPER_TRITON", True)
-    monkeypatch.setattr(kernel, "_interpreting", lambda: False)
+    monkeypatch.setattr(kernel, "interpreting", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     capability = {"value": (9, 0)}

@@ -191,7 +191,7 @@ def _bench():
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_fp8_kv_keeps_the_trained_models_perplexity(device):
+def test_fp8_kv_keeps_the_trained_models_perplexity(device, request):
     """code-llama-21m, FP32 on the CPU: 6 windows of 384 held-out tokens, each one prefill step reading its
     K/V back from the pool. FP8 KV (default calibration) within 1% of the FP32 cache's perplexity, and
     greedy continuations of 4 prompts agree on most tokens. The 0.5% acceptance figure is measured by
@@ -210,6 +210,8 @@ def test_fp8_kv_keeps_the_trained_models_perplexity(device):
 
     from trtforge.llm.models.loader import load_causal_lm
 
+    threads = torch.get_num_threads()
+    request.addfinalizer(lambda: torch.set_num_threads(threads))  # (restored after this test)
     torch.set_num_threads(2)
     tokens = AutoTokenizer.from_pretrained(model_dir)(text.read_text(encoding="utf-8")[:400_000])["input_ids"]
     starts = np.linspace(0, len(tokens) - 400, 6).astype(int)

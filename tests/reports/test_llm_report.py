@@ -112,18 +112,14 @@ def test_quantized_step_graphs_are_measured(report):
     assert {p.status for p in speed} == {"not_run"} and all("not a serving target" in p.reason for p in speed)
 
 
-def test_unavailable_serving_variants_carry_a_reason(report):
-    """fp8 / kv-fp8 run where the installed trtforge has quantization= / kv_cache_dtype= (on the CPU
-    through their float reference path), and otherwise keep their row with the reason."""
+def test_serving_variants_run_on_the_cpu(report):
+    """fp8 / kv-fp8 run on the CPU through the serving executor's float reference path
+    (``from_pretrained(quantization=..., kv_cache_dtype=...)``): a row, not a refusal."""
     targets = {t.name: t for t in report.report.targets}
     quality = {q.target: q for q in report.report.lm_quality}
-    for name, option in (("fp8", "quantization"), ("kv-fp8", "kv_cache_dtype")):
-        t = targets[name]
-        if t.status == "ok":
-            assert quality[name].perplexity > 1 and quality[name].top1_agreement > 0.5
-        else:
-            assert t.status == "not_run" and f"no {option} option" in t.reason, t.reason
-            assert quality[name].status == "not_run" and quality[name].reason == t.reason
+    for name in ("fp8", "kv-fp8"):
+        assert targets[name].status == "ok", targets[name].reason
+        assert quality[name].perplexity > 1 and quality[name].top1_agreement > 0.5
 
 
 def test_speed_points(report):
@@ -213,15 +209,17 @@ def test_gpu_bf16_reference_and_fp8_variants(tiny_dir, tmp_path):
     ppl = _hf_perplexity(tiny_dir, result.windows.tokens)
     q = {r.target: r for r in result.report.lm_quality}
     assert result.report.reference == "bf16" and q["bf16"].perplexity == pytest.approx(ppl, rel=0.03)
+    fp8_gpu = torch.cuda.get_device_capability() >= (8, 9)  # FP8 tensor cores: the variants must run
     for name in ("fp8", "kv-fp8", "fp8+kv-fp8"):
         row = q[name]
         print(f"{name}: {row.status} ppl={row.perplexity} delta={row.delta_ppl_pct} reason={row.reason}")
-        if row.status == "ok":  # random tiny weights: quantization noise alone moves ppl ~10% (the
-            # trained model's quality bounds are in benchmarks/bench_quant_quality.py)
+        if fp8_gpu or row.status == "ok":  # random tiny weights: quantization noise alone moves ppl
+            # ~10% (the trained model's quality bounds are in benchmarks/bench_quant_quality.py)
+            assert row.status == "ok", row.reason
             assert abs(row.delta_ppl_pct) < 25 and row.top1_agreement > 0.5
             assert any(p.target == name and p.status == "ok" for p in result.report.lm_speed)
         else:
-            assert row.status == "not_run" and row.reason
-    kv = {r.target: r.kv_bytes_per_token for r in result.report.lm_quality if r.status == "ok"}
-    if "kv-fp8" in kv:
+            assert row.status == "not_run" and "FP8" in row.reason, row.reason
+    if fp8_gpu:
+        kv = {r.target: r.kv_bytes_per_token for r in result.report.lm_quality}
         assert kv["kv-fp8"] * 2 <= kv["bf16"] + 64  # E4M3 pools: half the bytes (scales aside)

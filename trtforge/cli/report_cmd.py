@@ -298,13 +298,10 @@ def _run_generate(
     ctx: click.Context, model: str, out_dir: str, batch: str, threads: int | None, check: bool, params: dict
 ) -> None:
     """`report MODEL --generate`: the LLM variant report."""
-    from trtforge.cli._options import from_params
     from trtforge.llm.report import build_llm_report
     from trtforge.reports.cells import headline
 
-    if Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise UserError(f"-o '{out_dir}' exists and is not a directory.")
-    p = ctx.params
+    p = ctx.params  # (build_llm_report refuses an -o that names a file before any work)
     tokenizer = from_params(PrecisionOptions, params).tokenizer
     result = build_llm_report(
         model,

@@ -41,8 +41,9 @@ def torch_executor_options(fn: Callable) -> Callable:
         "--quantization",
         type=click.Choice(QUANTIZATIONS),
         default=None,
-        help="Quantize the weights (torch executor, Llama-style models): fp8 (W8A8, needs compute "
-        "capability 8.9+ on CUDA), int4-awq (needs --calib-data) or int4-rtn; lm_head and embeddings stay.",
+        help="Quantize the weights (torch executor, Llama-style models): fp8 (E4M3 weights: weight-only "
+        "at one token, W8A8 above; needs compute capability 8.9+ on CUDA), int4-awq (needs --calib-data) "
+        "or int4-rtn; lm_head and embeddings stay.",
     )(fn)
 
 

@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from trtforge.kernels.decode_attention import _attend_tiles, _check, _interpreting
+from trtforge.kernels import interpreting
+from trtforge.kernels.decode_attention import _attend_tiles, _check
 from trtforge.kernels.device_tensor import pool_heads_major
 from trtforge.kernels.prepared_launch import Operand, PreparedLaunch, arg_index
 
@@ -220,7 +221,7 @@ def chunked_prefill_attention(
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), stride_tb,
         hkv, s_q, window, (d**-0.5 if scale is None else float(scale)) * float(k_scale), float(v_scale),
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page,
-        HAS_QLENS=q_lens is not None, DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
+        HAS_QLENS=q_lens is not None, DOT_F32=interpreting() and q.dtype == torch.bfloat16,
         WINDOW=window > 0, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
@@ -321,6 +322,6 @@ def prepare_chunked_prefill_varlen(
     return PreparedLaunch(
         _chunked_prefill_kernel, grid, args, operands,
         GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n,
-        PAGE_SIZE=page, HAS_QLENS=True, DOT_F32=_interpreting() and q.dtype == torch.bfloat16,
+        PAGE_SIZE=page, HAS_QLENS=True, DOT_F32=interpreting() and q.dtype == torch.bfloat16,
         WINDOW=window > 0, HAS_QSTARTS=True, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

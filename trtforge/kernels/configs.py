@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+# The longest query a sequence may bring to the split-KV decode kernel (speculative verification rows of
+# up to 7 proposals + 1; kernels.decode_attention, and the torch executor's static decode path).
+MAX_Q_LEN = 8
+
 
 @dataclass(frozen=True)
 class KernelConfig:

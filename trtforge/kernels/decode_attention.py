@@ -34,7 +34,6 @@ Caches (strides in elements, so either axis order of the pool works):
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,9 +42,11 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from trtforge.kernels import interpreting
 from trtforge.kernels.configs import (
     DECODE_CANDIDATES,
     DECODE_TMA_CANDIDATES,
+    MAX_Q_LEN,
     decode_counter_slots,
 )
 from trtforge.kernels.device_tensor import pool_heads_major
@@ -64,7 +65,6 @@ __all__ = [
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
-MAX_Q_LEN = 8
 MAX_SPLITS = 256
 MIN_SPLIT_TOKENS = 256  # fewer keys per split than this costs more in the reduction than it gains
 
@@ -482,17 +482,13 @@ def _decode_reduce_kernel(
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 @functools.lru_cache(maxsize=8)
 def _sm_count(device: int) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def _num_sms() -> int:
-    if _interpreting() or not torch.cuda.is_available():
+    if interpreting() or not torch.cuda.is_available():
         return 132  # an H100/H200: the interpreter then exercises the same split counts
     return _sm_count(torch.cuda.current_device())
 
@@ -659,7 +655,7 @@ def _split_options(
         "BLOCK_M": max(16, triton.next_power_of_2(group * s_q)), "BLOCK_N": cfg.block_n, "PAGE_SIZE": page,
         "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
-        "DOT_F32": _interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
+        "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
 
@@ -845,7 +841,7 @@ def decode_attention(
     max_len = min(max_len, window + s_q + 128) if window else max_len  # + tile alignment
     scale = (d**-0.5 if scale is None else float(scale)) * float(k_scale)
     if config is None:
-        tune = not _interpreting() and q.is_cuda and not torch.cuda.is_current_stream_capturing()
+        tune = not interpreting() and q.is_cuda and not torch.cuda.is_current_stream_capturing()
         config = (
             _autotuned(q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len, window, v_scale)
             if tune

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from typing import Any
 
 import torch
@@ -52,6 +51,7 @@ import triton.language as tl
 import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from trtforge.kernels import interpreting
 from trtforge.kernels.configs import (
     AUTOTUNE_CONFIGS,
     HOPPER_HEAD_DIMS,
@@ -385,10 +385,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def _check(q: Any, k: Any, v: Any, out: Any, mask: Any) -> tuple[int, int, int, int, int]:
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         if len(t.shape) != 4:
@@ -428,7 +424,7 @@ def _hopper_eligible(q: Any, k: Any, v: Any, out: Any, mask: Any) -> bool:
     """Whether the warp-specialized Hopper kernel (kernel_hopper.py) can run this problem: no
     key-padding mask, head dim 64 or 128, a proven Triton release, an sm_90 GPU, and tensors the
     copy engine can address (the same conditions as the portable kernel's TMA variant)."""
-    if mask is not None or int(q.shape[-1]) not in HOPPER_HEAD_DIMS or not _HOPPER_TRITON or _interpreting():
+    if mask is not None or int(q.shape[-1]) not in HOPPER_HEAD_DIMS or not _HOPPER_TRITON or interpreting():
         return False
     if not torch.cuda.is_available() or _capability(torch.cuda.current_device())[0] != 9:
         return False
@@ -444,7 +440,7 @@ def _tma_eligible(*tensors: Any) -> bool:
             return False
         if t.data_ptr() % 16 or any((int(st) * 2) % 16 for st in t.stride()[:-1]):
             return False
-    return _interpreting() or (torch.cuda.is_available() and _has_tma(torch.cuda.current_device()))
+    return interpreting() or (torch.cuda.is_available() and _has_tma(torch.cuda.current_device()))
 
 
 def _descriptor(t: Any, rows: int, block_d: int) -> TensorDescriptor:
@@ -510,8 +506,8 @@ def _launch(
     meta = {"HEAD_DIM": d, "BLOCK_D": block_d, "CAUSAL": bool(causal), "HAS_KMASK": mask is not None}
     # Triton's CPU interpreter multiplies BF16 operands wrongly (raw bits); there, and only there,
     # the products run on FP32 copies of the (already rounded) operands.
-    meta["DOT_F32"] = _interpreting() and q.dtype == torch.bfloat16
-    if config is None and _interpreting():
+    meta["DOT_F32"] = interpreting() and q.dtype == torch.bfloat16
+    if config is None and interpreting():
         config = default_config(d, _dtype_name(q.dtype))
     tma_ok = _tma_eligible(q, k, v, out)
 
@@ -563,7 +559,7 @@ def _geometry(q: Any, k: Any, v: Any, out: Any, causal: bool, config: Any, varia
         tuple(q.stride()), tuple(k.stride()), tuple(v.stride()), tuple(out.stride()),
         q.dtype, k.dtype, v.dtype, out.dtype,
         q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, out.data_ptr() % 16,
-        bool(causal), config, variant, device, _interpreting(),
+        bool(causal), config, variant, device, interpreting(),
     )  # fmt: skip
 
 

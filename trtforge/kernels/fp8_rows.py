@@ -18,11 +18,11 @@ a rounding boundary would round away from torch's codes.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from trtforge.kernels import interpreting
 
 SINGLE_PASS_K = 16384  # rows up to this long are quantized from registers in one pass
 
@@ -93,7 +93,7 @@ def quantize_rows_fp8_padded(
             f"quantize_rows_fp8_padded: x must be [M, K] with unit stride along K, got {tuple(x.shape)}"
         )
     if hw_cast is None:
-        hw_cast = x.device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+        hw_cast = x.device.type == "cuda" and not interpreting()
     m, k = int(x.shape[0]), int(x.shape[1])
     mp = -(-max(m, 1) // multiple) * multiple
     q = torch.empty((mp, k), dtype=torch.float8_e4m3fn, device=x.device)

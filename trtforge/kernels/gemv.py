@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from trtforge.kernels import interpreting
 from trtforge.kernels.qweight import INT4_GROUP, Fp8Weight, Int4Weight, QuantWeight
 
 MAX_ROWS = 16  # rows (tokens) one launch takes: the row block is at most 16
@@ -321,12 +322,6 @@ def pdl_supported(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-@functools.cache
-def _asm_ok(device: torch.device) -> bool:
-    """Whether kernels on `device` may use inline PTX (CUDA, not Triton's interpreter)."""
-    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
-
-
 # Quantized GEMVs at one row, from the H200 sweep (benchmarks/sweep_quant_gemv.py --quick,
 # results/sweep_quant_gemv_s13.json; Llama-3-8B shapes, CUDA-graph timed, L2 defeated). FP8: 4 weight
 # rows (or 4 gate/up pairs) x 1024 columns over 4 warps: gate_up 38.7 us (3.04 TB/s) against 48.5 at
@@ -423,7 +418,7 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
         out.stride(0), res.stride(0) if res is not None else 0,
         up_rows, float(eps),
         NORM=norm_w is not None, GATED=up_rows > 0, HAS_RES=res is not None, HAS_BIAS=bias is not None,
-        DOT=cfg.dot, PDL=pdl, WFMT=wfmt, GROUP=INT4_GROUP, ASM=_asm_ok(x.device),
+        DOT=cfg.dot, PDL=pdl, WFMT=wfmt, GROUP=INT4_GROUP, ASM=x.device.type == "cuda" and not interpreting(),
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-FP8_MAX = 448.0  # the largest finite E4M3 (float8_e4m3fn) value
+from trtforge.kernels.kv_quant import FP8_MAX
+
 INT4_GROUP = 128
 _TINY = 1e-12
 
@@ -143,7 +144,7 @@ def _int4_groups(
     """Codes (float ``[N, K/G, G]``), float16 scales and offsets ``[N, K/G]`` of RTN asymmetric INT4."""
     n, k = w.shape
     if k % group_size or group_size % 8:
-        raise ValueError(f"INT4 groups of {group_size} do not divide K={k}")
+        raise ValueError(f"INT4 groups of {group_size} must be a multiple of 8 (a word) dividing K={k}")
     g = w.detach().float().view(n, k // group_size, group_size)
     lo = g.amin(dim=-1).clamp(max=0.0)
     hi = g.amax(dim=-1).clamp(min=0.0)

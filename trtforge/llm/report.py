@@ -16,10 +16,10 @@ renderers, schema and atomic writes); this module only measures. For every varia
 - **KV bytes per token** from the executor's facts (step graphs: their cache dtype).
 
 Serving variants map onto ``from_pretrained(model, quantization=..., kv_cache_dtype=...)``; a variant
-whose option this trtforge does not accept, or that this machine cannot run (FP8 GEMMs need FP8
-tensor cores: refused on a GPU older than compute capability 8.9; the CPU runs the float reference
-path), keeps its row with the reason. Calibration prompts (int8 / fp8 step graphs, int4-awq, the FP8
-KV cache's scales) come from the text's first half, disjoint from the evaluation windows.
+this machine cannot run (``from_pretrained`` refuses it by name: FP8 needs FP8 tensor cores, compute
+capability 8.9+; the CPU runs the float reference path) keeps its row with the reason. Calibration
+prompts (int8 / fp8 step graphs, int4-awq, the FP8 KV cache's scales) come from the text's first half,
+disjoint from the evaluation windows.
 
 May import ``reports`` (its top floor) and everything ``llm`` and ``llm.compile`` may.
 """
@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as _dt
-import inspect
 import math
 import os
 import tempfile
@@ -175,25 +174,9 @@ def _quality(
 
 
 # ---- serving variants ------------------------------------------------------------------------------
-def _unavailable(name: str, options: dict[str, Any], device: str) -> str | None:
-    """Why this machine or this trtforge cannot run serving variant `name` (None: try it)."""
-    import torch
-
-    from trtforge.llm.service import from_pretrained
-
-    accepted = inspect.signature(from_pretrained).parameters
-    missing = [k for k in options if k not in accepted]
-    if missing:
-        spelled = ", ".join(f"{k}={options[k]!r}" for k in missing)
-        return (
-            f"this trtforge's llm.from_pretrained has no {', '.join(missing)} option (asked: {spelled}); "
-            "the serving-path quantization of issue #28 is not installed here"
-        )
-    fp8 = options.get("quantization") == "fp8" or options.get("kv_cache_dtype") == "fp8"
-    if fp8 and device.startswith("cuda") and torch.cuda.is_available():  # the CPU runs a float reference
-        cc = torch.cuda.get_device_capability(torch.device(device))
-        if cc < (8, 9):
-            return f"FP8 needs FP8 tensor cores (compute capability 8.9+); {device} is {cc[0]}.{cc[1]}"
+def _unavailable(name: str, device: str) -> str | None:
+    """Why serving variant `name` is not measured on `device` (None: try it; what the machine cannot run,
+    such as FP8 on a GPU older than compute capability 8.9, ``from_pretrained`` refuses by name)."""
     if name in ("bf16", "fp16") and not device.startswith("cuda"):
         return f"{name} serving is measured on a GPU; on the CPU the reference is fp32"
     return None
@@ -321,7 +304,7 @@ def _serving_variant(
         + "".join(f", {k}={v!r}" for k, v in options.items())
         + ") on the torch executor",
     )
-    why = _unavailable(name, options, device)
+    why = _unavailable(name, device)
     if why:
         info.status, info.reason = NOT_RUN, why
         return info, None, [], {}

@@ -228,8 +228,14 @@ def load(
             f"tensor_parallel_size {tensor_parallel_size} needs the torch executor (a save_pretrained "
             f"directory or module:factory); executor {executor!r} runs one process. Use executor='torch'."
         )
+    runs = "TensorRT" if executor == "tensorrt" or str(path).endswith(".engine") else "ONNX Runtime"
+    if calib_prompts is not None and kv_cache_dtype_name(kv_cache_dtype) == "auto":
+        raise UserError(
+            f"calibration prompts (--calib-data) feed the torch executor's quantization and FP8 KV scales; "
+            f"the {runs} executor runs a compiled step graph or engine, calibrated when it was compiled "
+            "(trtforge compile --generate --calib-data). Drop --calib-data, or use --executor torch."
+        )
     if kv_cache_dtype_name(kv_cache_dtype) != "auto" or calib_prompts is not None:
-        runs = "TensorRT" if executor == "tensorrt" or str(path).endswith(".engine") else "ONNX Runtime"
         raise UserError(
             f"kv_cache_dtype (--kv-cache-dtype) {kv_cache_dtype!r} and its calibration prompts "
             f"(--calib-data) are not supported by the {runs} executor yet: a step graph or engine keeps "
@@ -440,7 +446,9 @@ def from_pretrained(
         )
         num_blocks = pool.num_blocks
         if draft_lm is not None and spec.num_blocks is None:  # both pools, as many blocks, in one budget
-            draft_block = _kv_block_bytes(draft_lm, block_size)
+            draft_block = sizing.model_kv_block_bytes(
+                draft_lm, block_size, next(draft_lm.parameters()).element_size()
+            )
             num_blocks = max(1, num_blocks * pool.block_bytes // (pool.block_bytes + draft_block))
             how = f"{pool.how}, shared with the draft model's pool ({num_blocks} blocks each)"
             pool = dataclasses.replace(pool, num_blocks=num_blocks, how=how)
@@ -461,15 +469,6 @@ def from_pretrained(
     served = ServingLLM(ex, config, proposer=proposer, speculative=spec)
     served.pool_size = pool
     return served
-
-
-def _kv_block_bytes(lm: Any, block_size: int) -> int:
-    """One KV block of `lm` over all its layers, in its parameters' dtype."""
-    from trtforge.llm.models.families import adapter_for
-
-    a = adapter_for(lm, "speculative decoding's draft model")
-    itemsize = next(lm.parameters()).element_size()
-    return sizing.kv_block_bytes(a.num_layers, a.num_kv_heads, a.head_dim, block_size, itemsize)
 
 
 def make_proposer(spec: SpeculativeConfig, target: Any, draft_lm: Any = None) -> Proposer:

@@ -200,6 +200,20 @@ def profile_step(num_tokens: int, chunk: int, block_size: int) -> Any:
     )
 
 
+def model_kv_block_bytes(lm: Any, block_size: int, itemsize: int, world: int = 1) -> int:
+    """One KV block of causal LM `lm` (its config: Llama-style or GPT-2 names) over all its layers, at
+    `itemsize` bytes an element; under tensor parallelism of `world` ranks, one rank's share of the KV
+    heads."""
+    cfg = lm.config
+    layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
+    heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads) // world
+    head_dim = int(
+        getattr(cfg, "head_dim", None) or (getattr(cfg, "hidden_size", None) or cfg.n_embd) // heads
+    )
+    return kv_block_bytes(layers, kv_heads, head_dim, block_size, itemsize)
+
+
 def measure_graphs(probe: Any, graphs: GraphCapture, free: Callable[[], int]) -> int:
     """Bytes of free memory (`free()`: the device's, settled) that capturing `graphs` on `probe` (an
     executor over a one-block pool, built with ``graphs.executor_kwargs()``) takes: graph pools, static
@@ -259,16 +273,9 @@ def torch_pool(
     cfg = lm.config
     positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048)
     need = blocks_for_sequences(config.max_num_seqs, int(max_model_len or positions), block_size)
-    layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
-    heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
     world = 1 if tensor_parallel is None else int(tensor_parallel.world)
-    kv_heads //= world
-    head_dim = int(
-        getattr(cfg, "head_dim", None) or (getattr(cfg, "hidden_size", None) or cfg.n_embd) // heads
-    )
     itemsize = kv_element_bytes(kv_cache_dtype, param.dtype)
-    block_bytes = kv_block_bytes(layers, kv_heads, head_dim, block_size, itemsize)
+    block_bytes = model_kv_block_bytes(lm, block_size, itemsize, world)
     if param.device.type != "cuda":  # (ranks on one host share its RAM: each takes its share)
         return cpu_pool(available_ram() // world, block_bytes, need)
     tokens = config.max_num_batched_tokens

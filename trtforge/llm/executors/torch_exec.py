@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from trtforge.errors import UserError
+from trtforge.kernels.configs import MAX_Q_LEN
 from trtforge.llm.executors.base import ExecutorFacts, StepBatch, TokenFeed
 from trtforge.llm.executors.kv_cache import (
     KVScales,
@@ -82,8 +83,8 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 7
 _WIDTH_BUCKETS = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 _USER = "the torch executor"
 # The longest query a sequence brings to a static (decode-path) step: the split-KV decode kernel's
-# (kernels.decode_attention.MAX_Q_LEN; speculative verification of up to 7 proposals).
-MAX_STATIC_Q_LEN = 8
+# (speculative verification of up to 7 proposals).
+MAX_STATIC_Q_LEN = MAX_Q_LEN
 # The longest chain of decode steps (TorchExecutor.decode_chain; a draft's k - 1 further steps, k <= 16).
 MAX_CHAIN_STEPS = 16
 
@@ -430,12 +431,12 @@ class TorchExecutor:
             for pool in (*self.k_pools, *self.v_pools):
                 raw = pool.view(torch.uint8) if pool.element_size() == 1 else pool  # (FP8: copy the bytes)
                 raw[dst] = raw[src]
-        path = self.path_of(batch)
-        if path == "decode":
-            logits = self._static_decode(batch, feed, self.static_q_len(batch))
+        s = self.static_q_len(batch)  # (path_of's first question, asked once per step)
+        if s is not None:
+            logits = self._static_decode(batch, feed, s)
             return logits.clone() if own else logits
         meta = self._metadata(batch)
-        if path == "piecewise":
+        if self.path_of(batch) == "piecewise":
             return self._piecewise.run(batch, feed, self._attend_into(meta))
         ids = to_device(batch.input_ids, dev)
         if feed is not None:
@@ -675,7 +676,7 @@ class TorchExecutor:
         if whole is not None:
             whole.replay()
             return list(st["chain_tokens"][int(not s) : steps + 1, :b].unbind(0))
-        first_graph = self._decode_graph(nb, wb, s) if s and whole is None else None
+        first_graph = self._decode_graph(nb, wb, s) if s else None
         return self._chain_body(nb, wb, steps, b, pick, step_graph, s, first_graph)
 
     def _chain_buffers(self) -> dict[str, Any]:
@@ -836,7 +837,8 @@ class TorchExecutor:
         (batch, width) bucket up to `max_batch` now rather than on first use, and those beginning with a
         catch-up step of each query length of `first_q_lens` (1..8; buckets whose padded rows exceed the
         largest batch bucket are skipped; `steps` may then be 0); return how many chain graphs there are.
-        Only on CUDA with static decode and ``chain_graphs`` on."""
+        Only on CUDA with static decode and ``chain_graphs`` on; largest buckets first, as
+        :meth:`capture_decode_graphs` (the graphs share one memory pool)."""
         lo = 0 if first_q_lens else 1
         if not lo <= steps <= MAX_CHAIN_STEPS:
             raise UserError(
@@ -851,13 +853,13 @@ class TorchExecutor:
         if not (self.use_cuda_graphs and self.chain_graphs):
             return 0
         self._chain_buffers()
-        for nb in self._batch_buckets:
+        for nb in reversed(self._batch_buckets):
             if max_batch is not None and nb > max_batch:
-                break
-            for s in [0] * (steps > 0) + sorted(set(first_q_lens)):
+                continue
+            for s in sorted(set(first_q_lens), reverse=True) + [0] * (steps > 0):
                 if nb * s > self._batch_buckets[-1]:
                     continue
-                for wb in self._width_buckets:
+                for wb in reversed(self._width_buckets):
                     self._chain_graph(nb, wb, steps, s)
         return len(self._chain_graphs)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trtforge.kernels import interpreting
 from trtforge.llm.executors.paged_attention import (
     AttentionMetadata,
 )
@@ -42,7 +42,7 @@ def triton_usable(
     (default: the model's; else FP8 E4M3), block size and head dim (on the CPU only inside Triton's
     interpreter, ``TRITON_INTERPRET=1``: tests)."""
     return (
-        (device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1")
+        (device.type == "cuda" or interpreting())
         and dtype in _KERNEL_DTYPES
         and kv_dtype in (None, dtype, torch.float8_e4m3fn)
         and block_size >= 1
@@ -212,7 +212,7 @@ class TritonPagedAttention:
         self._plan: _StepPlan | None = None
 
     def _make_plan(self, meta: AttentionMetadata, device: torch.device) -> _StepPlan:
-        from trtforge.kernels.decode_attention import MAX_Q_LEN
+        from trtforge.kernels.configs import MAX_Q_LEN
 
         qsl = meta.query_start_loc_host
         qlens = qsl[1:] - qsl[:-1]

@@ -91,7 +91,7 @@ def _check_model(model: nn.Module, method: str, user: str) -> LlamaStyle:
             "qwen2, qwen3, phi3). Serve this model without quantization."
         )
     for i, layer in enumerate(adapter.layers):
-        mlp, attn = layer.mlp, layer.self_attn
+        mlp = layer.mlp
         if not hasattr(mlp, "down_proj") or not (hasattr(mlp, "gate_proj") or hasattr(mlp, "gate_up_proj")):
             raise UserError(
                 f"quantization={method!r}: {model.config.model_type} layer {i} has no gated MLP "
@@ -110,7 +110,6 @@ def _check_model(model: nn.Module, method: str, user: str) -> LlamaStyle:
                         f"quantization={method!r}: layer {i}'s {name} projection has {k} input features, "
                         f"not a multiple of the INT4 group size {INT4_GROUP}."
                     )
-    del attn
     return adapter
 
 

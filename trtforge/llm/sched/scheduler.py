@@ -270,7 +270,7 @@ class Scheduler:
         value, and the late write puts there that token's true K/V. (If the step before failed instead,
         nothing is filled, so nothing of it is cached.)
         """
-        finished, running = RequestStatus.FINISHED, RequestStatus.RUNNING
+        finished = RequestStatus.FINISHED
         fill = self.block_manager.fill_token
         outputs: list[RequestOutput] = []
         generated = 0
@@ -282,8 +282,7 @@ class Scheduler:
                 deferred = False
             if seq.status is finished:
                 continue  # aborted or failed meanwhile: its blocks are already free
-            seq_tokens = seq.tokens
-            seq_tokens.append(token)
+            reason = self._append(seq, token)
             if deferred:
                 fill(seq.request_id, token)  # the next step reserved this token's slot, valueless
             generated += 1
@@ -291,24 +290,10 @@ class Scheduler:
             if seq.logprobs is not None and logprobs is not None:
                 lp = (logprobs[row],)
                 seq.logprobs.append(logprobs[row])
-            if seq.matcher is not None:
-                seq.matcher.accept(token)
-            if (
-                token in seq.stop_ids
-                or len(seq_tokens) >= seq.length_limit
-                or seq.params.stop_sequences
-                or seq.matcher is not None
-            ):
-                reason = self._stop_reason(seq)
-                if reason is not None:
-                    if seq.status is running:
-                        self._running.remove(seq)
-                    else:  # preempted while its token was in flight
-                        self._waiting.remove(seq)
-                    self._finish(seq, reason)
-                    outputs.append(self._output(seq, (token,), finished=True)._replace(logprobs=lp))
-                    continue
-            outputs.append(RequestOutput(seq.request_id, (token,), (), False, logprobs=lp))
+            if reason is not None:
+                outputs.append(self._retire(seq, reason, (token,), lp))
+            else:
+                outputs.append(RequestOutput(seq.request_id, (token,), (), False, logprobs=lp))
         self.stats.generated_tokens += generated
         return outputs
 
@@ -324,7 +309,7 @@ class Scheduler:
         by the next step), and the accepted ones count as computed. Then the tokens are appended one by
         one with the stop checks; a stop ends the sequence there and drops the tokens after it.
         """
-        finished, running = RequestStatus.FINISHED, RequestStatus.RUNNING
+        finished = RequestStatus.FINISHED
         bm, stats = self.block_manager, self.stats
         outputs: list[RequestOutput] = []
         generated = 0
@@ -348,27 +333,13 @@ class Scheduler:
             emitted: list[int] = []
             reason = None
             for token in new:
-                seq.tokens.append(token)
                 emitted.append(token)
-                if seq.matcher is not None:
-                    seq.matcher.accept(token)
-                if (
-                    token in seq.stop_ids
-                    or len(seq.tokens) >= seq.length_limit
-                    or seq.params.stop_sequences
-                    or seq.matcher is not None
-                ):
-                    reason = self._stop_reason(seq)
-                    if reason is not None:
-                        break
+                reason = self._append(seq, token)
+                if reason is not None:
+                    break
             generated += len(emitted)
             if reason is not None:
-                if seq.status is running:
-                    self._running.remove(seq)
-                else:
-                    self._waiting.remove(seq)
-                self._finish(seq, reason)
-                outputs.append(self._output(seq, tuple(emitted), finished=True)._replace(logprobs=lp))
+                outputs.append(self._retire(seq, reason, tuple(emitted), lp))
             else:
                 outputs.append(RequestOutput(seq.request_id, tuple(emitted), (), False, logprobs=lp))
         stats.generated_tokens += generated
@@ -532,6 +503,31 @@ class Scheduler:
         seq.num_preemptions += 1
         self.stats.preemptions += 1
         self._waiting.appendleft(seq)
+
+    def _append(self, seq: Sequence_, token: int) -> str | None:
+        """Append a sampled `token` to `seq` and advance its grammar; the reason it stops there, if it
+        does (the full check runs only where a stop is possible)."""
+        seq.tokens.append(token)
+        if seq.matcher is not None:
+            seq.matcher.accept(token)
+        if (
+            token in seq.stop_ids
+            or len(seq.tokens) >= seq.length_limit
+            or seq.params.stop_sequences
+            or seq.matcher is not None
+        ):
+            return self._stop_reason(seq)
+        return None
+
+    def _retire(self, seq: Sequence_, reason: str, new: tuple[int, ...], lp: Any) -> RequestOutput:
+        """Finish `seq` (running, or preempted while its tokens were in flight) for `reason`: its final
+        output carrying the `new` tokens and their logprobs `lp`."""
+        if seq.status is RequestStatus.RUNNING:
+            self._running.remove(seq)
+        else:
+            self._waiting.remove(seq)
+        self._finish(seq, reason)
+        return self._output(seq, new, finished=True)._replace(logprobs=lp)
 
     def _stop_reason(self, seq: Sequence_) -> str | None:
         token = seq.tokens[-1]
