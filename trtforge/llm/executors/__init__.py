@@ -8,7 +8,8 @@
 :mod:`.kv_cache` is the torch executor's KV cache element type (``kv_cache_dtype``: auto / fp8) and
 its FP8 scales.
 
-May import ``core``, ``kernels``, ``plugins``, ``runtime``, ``numerics``, ``llm.contract`` and ``llm.models``;
+May import ``core``, ``kernels``, ``plugins``, ``runtime``, ``numerics``, ``llm.contract``, ``llm.models`` and
+``llm.quant``;
 never ``llm.compile`` (what both need is in ``llm.contract``).
 """
 
