@@ -32,13 +32,13 @@ test: $(STAMP)
 # pytest-timeout installed a test past GPU_TIMEOUT_S fails; so a run cut short still says what failed.
 GPU_SITE ?= /tmp/trtforge-gpu-site
 GPU_TESTS ?= tests
-GPU_WORKERS ?= 16
+GPU_WORKERS ?= 8
 GPU_SLOW_S ?= 30
 GPU_STACK_S ?= 120
-GPU_TIMEOUT_S ?= 300
+GPU_TIMEOUT_S ?= 150
 GPU_PYTEST = PYTHONPATH=$(CURDIR):$(GPU_SITE) python3 -m pytest -p no:cacheprovider \
   --live-report=$(GPU_SLOW_S) --durations=15 \
-  $(shell python3 -c "import pytest_timeout" 2>/dev/null && echo --timeout=$(GPU_TIMEOUT_S) \
+  $(shell python3 -c "import pytest_timeout" 2>/dev/null && echo --timeout=$(GPU_TIMEOUT_S) --timeout-method=thread \
     || echo -o faulthandler_timeout=$(GPU_STACK_S)) $(PYTEST_ARGS)
 # (pass 1 alone even when PYTEST_ARGS carries -n: a later -n 0 wins)
 XDIST_OFF = $(shell python3 -c "import xdist" 2>/dev/null && printf -- '-n 0')

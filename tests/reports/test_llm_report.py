@@ -214,9 +214,11 @@ def test_gpu_bf16_reference_and_fp8_variants(tiny_dir, tmp_path):
         row = q[name]
         print(f"{name}: {row.status} ppl={row.perplexity} delta={row.delta_ppl_pct} reason={row.reason}")
         if fp8_gpu or row.status == "ok":  # random tiny weights: quantization noise alone moves ppl
-            # ~10% (the trained model's quality bounds are in benchmarks/bench_quant_quality.py)
+            # 16-28% over these 93 tokens (FP8: CPU 16, H200 28; FP8 + FP8 KV: CPU 26), so the bound
+            # only catches a broken variant (wrong scales: hundreds of %, agreement near chance). The
+            # trained model's quality bounds are in benchmarks/bench_quant_quality.py.
             assert row.status == "ok", row.reason
-            assert abs(row.delta_ppl_pct) < 25 and row.top1_agreement > 0.5
+            assert abs(row.delta_ppl_pct) < 60 and row.top1_agreement > 0.5
             assert any(p.target == name and p.status == "ok" for p in result.report.lm_speed)
         else:
             assert row.status == "not_run" and "FP8" in row.reason, row.reason

@@ -121,40 +121,60 @@ def _int4_nibble(q, q12, i: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _int4_row(m, q, s, o, qu, su, ou, q12, qu12, acc, acc_up, X, stride_xm, NormW, cols, k_ok, M, rstd,
+              GATED: tl.constexpr, NORM: tl.constexpr, dtype: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, G: tl.constexpr, GROUP: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    """Row `m` of x against G groups of INT4 rows (:func:`_int4_chunk`): its products added to row m
+    of `acc` (`acc_up`)."""
+    WPG: tl.constexpr = GROUP // 8
+    offs_m = tl.arange(0, BLOCK_M)
+    rstd_m = tl.sum(tl.where(offs_m == m, rstd, 0.0), 0)
+    dot = tl.zeros([G, BLOCK_N, WPG], dtype=tl.float32)
+    dot_up = tl.zeros([G, BLOCK_N, WPG], dtype=tl.float32)
+    xsum = tl.zeros([G, 1, WPG], dtype=tl.float32)
+    for i in tl.static_range(8):
+        offs = tl.max_contiguous(cols + i * WPG, [1, 1, 4])
+        x = _x_at(X + m * stride_xm + offs, k_ok & (m < M), NormW, offs, k_ok, rstd_m, NORM,
+                  dtype).to(tl.float32)  # fmt: skip
+        xsum += x
+        xp = x * (1.0 / (1 << (4 * (i if i < 5 else i - 3))))  # exact: a power of two
+        dot += _int4_nibble(q, q12, i, ASM) * xp
+        if GATED:
+            dot_up += _int4_nibble(qu, qu12, i, ASM) * xp
+    xg = tl.sum(xsum, 2)  # [G, 1]: x summed over each group
+    part = tl.sum(tl.sum(dot, 2) * s + o * xg, 0)
+    acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+    if GATED:
+        part_up = tl.sum(tl.sum(dot_up, 2) * su + ou * xg, 0)
+        acc_up = tl.where(offs_m[:, None] == m, acc_up + part_up[None, :], acc_up)
+    return acc, acc_up
+
+
+@triton.jit
 def _int4_chunk(q, s, o, qu, su, ou, acc, acc_up, X, stride_xm, NormW, g0, M, NG, rstd, GATED: tl.constexpr,
                 NORM: tl.constexpr, dtype: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 G: tl.constexpr, GROUP: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
     """`acc` (`acc_up`) ``[BLOCK_M, BLOCK_N]`` plus the products of x with G groups of INT4 rows (of the
     up rows when gated). Per row of x and group: ``scale * sum(q * x) + offset * sum(x)``, so an
     element costs its unpack and one FMA; nibble i of the words meets x[i * GROUP/8 + j], contiguous
-    in j (loaded 4 at a time, as the words are, so both share one register layout)."""
+    in j (loaded 4 at a time, as the words are, so both share one register layout). Rows of x past
+    the first run in a loop, not unrolled: 16 unrolled rows (x 8 nibbles, x 2 when gated) took
+    minutes of compilation on sm_90."""
     WPG: tl.constexpr = GROUP // 8  # words a group
     groups = g0 + tl.arange(0, G)
     cols = groups[:, None, None] * GROUP + tl.arange(0, WPG)[None, None, :]  # k of each word's nibble 0
     k_ok = (groups < NG)[:, None, None]
-    offs_m = tl.arange(0, BLOCK_M)
     q12 = q >> 12
     qu12 = qu >> 12
-    for m in tl.static_range(BLOCK_M):
-        rstd_m = tl.sum(tl.where(offs_m == m, rstd, 0.0), 0)
-        dot = tl.zeros([G, BLOCK_N, WPG], dtype=tl.float32)
-        dot_up = tl.zeros([G, BLOCK_N, WPG], dtype=tl.float32)
-        xsum = tl.zeros([G, 1, WPG], dtype=tl.float32)
-        for i in tl.static_range(8):
-            offs = tl.max_contiguous(cols + i * WPG, [1, 1, 4])
-            x = _x_at(X + m * stride_xm + offs, k_ok & (m < M), NormW, offs, k_ok, rstd_m, NORM,
-                      dtype).to(tl.float32)  # fmt: skip
-            xsum += x
-            xp = x * (1.0 / (1 << (4 * (i if i < 5 else i - 3))))  # exact: a power of two
-            dot += _int4_nibble(q, q12, i, ASM) * xp
-            if GATED:
-                dot_up += _int4_nibble(qu, qu12, i, ASM) * xp
-        xg = tl.sum(xsum, 2)  # [G, 1]: x summed over each group
-        part = tl.sum(tl.sum(dot, 2) * s + o * xg, 0)
-        acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
-        if GATED:
-            part_up = tl.sum(tl.sum(dot_up, 2) * su + ou * xg, 0)
-            acc_up = tl.where(offs_m[:, None] == m, acc_up + part_up[None, :], acc_up)
+    if BLOCK_M == 1:
+        acc, acc_up = _int4_row(0, q, s, o, qu, su, ou, q12, qu12, acc, acc_up, X, stride_xm, NormW, cols,
+                                k_ok, M, rstd, GATED, NORM, dtype, BLOCK_M, BLOCK_N, G, GROUP,
+                                ASM)  # fmt: skip
+    else:
+        for m in range(M):
+            acc, acc_up = _int4_row(m, q, s, o, qu, su, ou, q12, qu12, acc, acc_up, X, stride_xm, NormW, cols,
+                                    k_ok, M, rstd, GATED, NORM, dtype, BLOCK_M, BLOCK_N, G, GROUP,
+                                    ASM)  # fmt: skip
     return acc, acc_up
 
 
