@@ -57,7 +57,7 @@ def torch_executor_kwargs(
 ) -> dict[str, Any]:
     """The `llm.load` / `from_pretrained` keywords of the flags; `load` refuses those the executor does
     not take, --quantization is refused here (by its flag's name)."""
-    from trtforge.cli.compile_generate import _read_prompts
+    from trtforge.cli._options import read_prompt_ids
     from trtforge.errors import UserError
 
     if quantization is not None and executor != "torch":
@@ -67,7 +67,7 @@ def torch_executor_kwargs(
         )
     kwargs: dict[str, Any] = {
         "kv_cache_dtype": kv_cache_dtype,
-        "calib_prompts": _read_prompts(calib_data) if calib_data else None,
+        "calib_prompts": read_prompt_ids(calib_data) if calib_data else None,
         "tensor_parallel_size": tensor_parallel_size,
     }
     if quantization is not None:
