@@ -470,13 +470,13 @@ def build_llm_report(
     import torch
 
     from trtforge.llm.models.loader import load_causal_lm
-    from trtforge.reports.api import _check_out_dir, _environment, _out_dir, _torch_threads
+    from trtforge.reports.api import check_out_dir, create_out_dir, environment, torch_threads
     from trtforge.reports.render import write_report
 
     text_path = as_path(text, "--text")
     if not text_path.is_file():
         raise UserError(f"--text '{text_path}' does not exist or is not a file; expected a UTF-8 text file.")
-    _check_out_dir(out_dir)
+    check_out_dir(out_dir)
     if not batch_sizes or min(int(b) for b in batch_sizes) < 1:
         raise UserError(f"--batch: expected positive integers, got {list(batch_sizes)}.")
     if chunk < 1 or prompt_len < 1 or new_tokens < 2:
@@ -517,7 +517,7 @@ def build_llm_report(
     workdir = Path(tempfile.mkdtemp(prefix="trtforge-llm-report-"))
     src = model if isinstance(model, (str, os.PathLike)) else lm
     try:
-        with _torch_threads(threads):
+        with torch_threads(threads):
             for n in names:
                 if n in SERVING_VARIANTS:
                     speed_args = {
@@ -606,7 +606,7 @@ def build_llm_report(
             "new_tokens": int(new_tokens),
             "device": device,
         },
-        environment=_environment(threads),
+        environment=environment(threads),
         targets=targets,
         accuracy=[],
         latency=[],
@@ -614,7 +614,7 @@ def build_llm_report(
         lm_quality=quality,
         lm_speed=speed,
     )
-    html_path, md_path, json_path = write_report(report, _out_dir(out_dir))
+    html_path, md_path, json_path = write_report(report, create_out_dir(out_dir))
     return LmReportResult(html_path, md_path, json_path, report, w)
 
 
