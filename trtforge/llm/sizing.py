@@ -201,17 +201,13 @@ def profile_step(num_tokens: int, chunk: int, block_size: int) -> Any:
 
 
 def model_kv_block_bytes(lm: Any, block_size: int, itemsize: int, world: int = 1) -> int:
-    """One KV block of causal LM `lm` (its config: Llama-style or GPT-2 names) over all its layers, at
-    `itemsize` bytes an element; under tensor parallelism of `world` ranks, one rank's share of the KV
-    heads."""
-    cfg = lm.config
-    layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
-    heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads) // world
-    head_dim = int(
-        getattr(cfg, "head_dim", None) or (getattr(cfg, "hidden_size", None) or cfg.n_embd) // heads
-    )
-    return kv_block_bytes(layers, kv_heads, head_dim, block_size, itemsize)
+    """One KV block of causal LM `lm` over all its layers (the geometry its family adapter reads, as
+    the executor's pools do), at `itemsize` bytes an element; under tensor parallelism of `world`
+    ranks, one rank's share of the KV heads."""
+    from trtforge.llm.models.families import adapter_for
+
+    a = adapter_for(lm, "the torch executor")  # (whose pool this sizes)
+    return kv_block_bytes(a.num_layers, a.num_kv_heads // world, a.head_dim, block_size, itemsize)
 
 
 def measure_graphs(probe: Any, graphs: GraphCapture, free: Callable[[], int]) -> int:
