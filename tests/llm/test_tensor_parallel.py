@@ -157,6 +157,7 @@ def test_a_shard_holds_its_share_and_the_row_parallel_bias_once():
     """Rank 1 of 2 of a model with q/k/v biases (qwen2), in this process (slicing only, no collective):
     its heads' rows and bias slices, o_proj's and down_proj's input columns, its half of the vocabulary,
     the embedding whole; sharding the same model again changes nothing."""
+    from trtforge.llm import sizing
     from trtforge.llm.models.families import adapter_for
     from trtforge.llm.models.parallel import RowParallelLinear, TensorParallel, VocabParallelHead
 
@@ -176,7 +177,14 @@ def test_a_shard_holds_its_share_and_the_row_parallel_bias_once():
     head = part.lm_head
     assert isinstance(head, VocabParallelHead) and head.weight.shape[0] == 150
     assert torch.equal(head.weight, whole.lm_head.weight[150:])
-    adapter_for(part).shard(TensorParallel(1, 2))  # a second executor over the same shard: counts only
+    again = adapter_for(part)  # a second executor's adapter over the same shard: this rank's heads
+    assert (again.num_heads, again.num_kv_heads) == (2, 1)
+    again.shard(TensorParallel(1, 2))  # already sharded for this rank: nothing changes
+    assert (again.num_heads, again.num_kv_heads) == (2, 1)
+    with pytest.raises(ValueError, match="already sharded as rank 1 of 2"):
+        again.shard(TensorParallel(0, 2))
+    # the pool sizing reads the same adapter: a rank's block holds its half of the KV heads
+    assert 2 * sizing.model_kv_block_bytes(part, 16, 2) == sizing.model_kv_block_bytes(whole, 16, 2)
     assert part.model.layers[0].self_attn.q_proj.weight.shape[0] == 2 * d
     assert torch.equal(part.model.embed_tokens.weight, whole.model.embed_tokens.weight)  # replicated
 
