@@ -146,3 +146,16 @@ def test_stop_text_ends_the_line_and_is_not_printed(capsys):
     assert capsys.readouterr().out.rstrip("\n") == whole[: whole.index(stop)]
     assert main([*args, "--stop", b"\xff".decode("utf-8", "surrogateescape")]) == 2
     assert "--stop is not valid UTF-8" in capsys.readouterr().err
+
+
+def test_the_cli_executor_flags_name_the_librarys_choices():
+    """generate and serve share --executor and --quantization (cli.torch_options, kept light): their
+    choices are the library's, and auto picks by MODEL's kind."""
+    from trtforge.cli.torch_options import EXECUTORS, QUANTIZATIONS, resolve_executor
+    from trtforge.llm import service
+    from trtforge.llm.quant.apply import QUANTIZATIONS as LIBRARY_QUANTIZATIONS
+
+    assert EXECUTORS == service.EXECUTORS and QUANTIZATIONS == LIBRARY_QUANTIZATIONS
+    models = ("m.engine", "step.onnx", "llama-dir", "pkg.mod:make")
+    assert [resolve_executor(m, "auto") for m in models] == ["tensorrt", "onnxruntime", "torch", "torch"]
+    assert resolve_executor("step.onnx", "torch") == "torch"

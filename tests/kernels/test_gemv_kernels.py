@@ -12,12 +12,10 @@ import importlib.util
 import pytest
 import torch
 
+from tests._devices import DEVICES, skip_unless_runs_here
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
 
-DEVICES = [
-    pytest.param("cpu", id="interpreter"),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
-]
 # the FMA paths (also one column a program) at shapes no multiple of the blocks, and the tensor-core path
 CONFIGS = [
     pytest.param({"block_n": 8, "block_k": 32, "dot": False}, id="fma"),
@@ -25,11 +23,6 @@ CONFIGS = [
     pytest.param({"block_n": 4, "block_k": 256, "dot": False}, id="fma-1chunk"),  # K in the first chunk
     pytest.param({"block_n": 16, "block_k": 32, "dot": True}, id="dot"),
 ]
-
-
-def _skip_cpu_with_cuda(device: str) -> None:
-    if device == "cpu" and torch.cuda.is_available():
-        pytest.skip("the interpreter run is for machines without CUDA (the kernels then run for real)")
 
 
 def _rms_norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -58,7 +51,7 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
 def test_norm_gemv_matches_norm_then_linear(device, cfg, m):
     from trtforge.kernels.gemv import GemvConfig, norm_gemv
 
-    _skip_cpu_with_cuda(device)
+    skip_unless_runs_here(device)
     n, k = 45, 100  # neither a multiple of the blocks
     g, x, w, nw = _operands(device, m, n, k, seed=m)
     bias = torch.randn(n, generator=g).half().to(device)
@@ -75,7 +68,7 @@ def test_norm_gemv_matches_norm_then_linear(device, cfg, m):
 def test_norm_gate_up_silu_matches_the_eager_mlp_input(device, cfg, m):
     from trtforge.kernels.gemv import GemvConfig, norm_gate_up_silu
 
-    _skip_cpu_with_cuda(device)
+    skip_unless_runs_here(device)
     inter, k = 37, 72
     _, x, w, nw = _operands(device, m, 2 * inter, k, seed=10 + m)
     xn = _rms_norm_ref(x, nw, 1e-6)  # fp16 all along, as the eager model
@@ -91,7 +84,7 @@ def test_norm_gate_up_silu_matches_the_eager_mlp_input(device, cfg, m):
 def test_gemv_residual_matches_addmm(device, cfg, m):
     from trtforge.kernels.gemv import GemvConfig, gemv_residual
 
-    _skip_cpu_with_cuda(device)
+    skip_unless_runs_here(device)
     n, k = 70, 130
     g, x, w, _ = _operands(device, m, n, k, seed=20 + m)
     res = torch.randn(m, n, generator=g).half().to(device)
@@ -178,7 +171,7 @@ def _decode_logits(ex, prompts: list[list[int]], steps: int) -> tuple[torch.Tens
 def test_fused_gemv_decode_logits_match_the_hf_model(device, batch, family):
     from trtforge.llm.executors.torch_exec import TorchExecutor
 
-    _skip_cpu_with_cuda(device)
+    skip_unless_runs_here(device)
     sizes = (320, 864) if device == "cuda" else (160, 216)  # the interpreter: small
     model = _model(family, *sizes).to(device)
     ref_model = copy.deepcopy(model)

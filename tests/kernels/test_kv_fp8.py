@@ -21,6 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="Triton is needed to run the kernel (pip install triton)")
 
+from tests._devices import DEVICES, skip_unless_runs_here  # noqa: E402
 from tests.kernels.decode_reference import paged_from_contiguous, reference_decode  # noqa: E402
 from trtforge.kernels.chunked_prefill import chunked_prefill_attention, chunked_prefill_varlen  # noqa: E402
 from trtforge.kernels.decode_attention import DecodeConfig, decode_attention, prepare_paged_decode  # noqa: E402
@@ -28,19 +29,12 @@ from trtforge.kernels.fused_layer import rope_and_cache  # noqa: E402
 from trtforge.kernels.kv_quant import FP8_KV_DTYPE, dequantize, quantize_fp8  # noqa: E402
 from trtforge.kernels.paged_cache import write_kv_cache, write_kv_slots  # noqa: E402
 
-DEVICES = [
-    pytest.param("cpu", id="interpreter"),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
-]
 TOL = {torch.float16: 3e-3, torch.bfloat16: 2.5e-2}
 QUANT_TOL = 0.2
 
 
 def _device(device: str) -> str:
-    if device == "cpu" and torch.cuda.is_available():
-        pytest.skip("the interpreter run is for machines without CUDA (the kernels then run for real)")
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
+    skip_unless_runs_here(device)
     if device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip(f"FP8 needs compute capability >= 8.9; {torch.cuda.get_device_name()} is below")
     return device

@@ -13,6 +13,7 @@ import importlib.util
 import pytest
 import torch
 
+from tests._devices import DEVICES, skip_unless_runs_here
 from trtforge.kernels.qweight import (
     FP8_MAX,
     Int4Weight,
@@ -25,17 +26,6 @@ from trtforge.kernels.qweight import (
 )
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
-DEVICES = [
-    pytest.param("cpu", id="interpreter"),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
-]
-
-
-def _skip(device: str) -> None:
-    if device == "cpu" and torch.cuda.is_available():
-        pytest.skip("the interpreter run is for machines without CUDA (the kernels then run for real)")
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
 
 
 def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -114,7 +104,7 @@ def _to(q, device):
 def test_quantized_norm_gemv(device, fmt, m):
     from trtforge.kernels.gemv import norm_gemv
 
-    _skip(device)
+    skip_unless_runs_here(device)
     x, w, nw = _fp8_operands(device, m, 40, 256, seed=m)
     q = quantize_fp8(w) if fmt == "fp8" else quantize_int4(w)
     xn = _rms_ref(x, nw, 1e-6)
@@ -129,7 +119,7 @@ def test_quantized_norm_gemv(device, fmt, m):
 def test_quantized_gate_up_and_residual(device, fmt):
     from trtforge.kernels.gemv import gemv_residual, norm_gate_up_silu
 
-    _skip(device)
+    skip_unless_runs_here(device)
     inter, k = 24, 384  # three INT4 groups: K no power of two
     x, w, nw = _fp8_operands(device, 1, 2 * inter, k, seed=7)
     q = quantize_fp8(w) if fmt == "fp8" else quantize_int4(w)
@@ -160,7 +150,7 @@ def test_fp8_gemv_is_weight_only(device):
     from trtforge.kernels.gemv import gemv
     from trtforge.kernels.qweight import Fp8Weight
 
-    _skip(device)
+    skip_unless_runs_here(device)
     k = 256
     x = (torch.linspace(-3, 3, k) + 0.01).half()[None, :]  # mostly not E4M3 values
     eye = torch.eye(k).to(torch.float8_e4m3fn)
@@ -178,7 +168,7 @@ def test_fp8_quant_linear_is_weight_only_at_one_token_and_w8a8_above(device):
     from trtforge.llm.quant.linear import FP8_WEIGHT_ONLY_MAX_TOKENS, quant_linear
 
     if device == "cuda":
-        _skip(device)
+        skip_unless_runs_here(device)
         if torch.cuda.get_device_capability() < (8, 9):
             pytest.skip("W8A8 needs FP8 tensor cores (compute capability 8.9+)")
     assert FP8_WEIGHT_ONLY_MAX_TOKENS == 1
@@ -209,7 +199,7 @@ def test_int4_gemv_odd_rows_several_chunks(device, m):
     chunks of 2 (a masked last chunk), norm prologue and residual epilogue; FP16 x."""
     from trtforge.kernels.gemv import GemvConfig, gemv_residual, norm_gemv
 
-    _skip(device)
+    skip_unless_runs_here(device)
     g = torch.Generator().manual_seed(11 + m)
     n, k = 37, 640
     x = (torch.randn(m, k, generator=g) * 2).half()
@@ -248,7 +238,7 @@ def test_int4_gemv_catches_a_swapped_nibble_order(device):
     give a result far from the reference of the true codes."""
     from trtforge.kernels.gemv import gemv
 
-    _skip(device)
+    skip_unless_runs_here(device)
     g = torch.Generator().manual_seed(4)
     q = quantize_int4(torch.randn(8, 256, generator=g))
     x = torch.randn(1, 256, generator=g).half()
@@ -277,7 +267,7 @@ def test_fused_layers_over_quantized_weights_in_the_interpreter(method):
     from trtforge.llm.executors.torch_exec import TorchExecutor
     from trtforge.llm.quant import quantize_model
 
-    _skip("cpu")
+    skip_unless_runs_here("cpu")
     model = _llama(num_key_value_heads=2)
     ref = copy.deepcopy(model)
     quantize_model(model, method)
@@ -301,7 +291,7 @@ def test_fp8_row_quantization_kernel_equals_torch(device, m):
     padded to 16 with zeros and scale 1."""
     from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
 
-    _skip(device)
+    skip_unless_runs_here(device)
     g = torch.Generator().manual_seed(m)
     x = torch.randn(m, 300, generator=g) * torch.logspace(-3, 2, m)[:, None]
     x[0, :7] = 0.0
@@ -335,7 +325,7 @@ def test_fp8_row_quantization_rounds_boundaries_as_torch(device, hw_cast):
     peak is 448 has scale 1, so the values are rounded exactly as given."""
     from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
 
-    _skip(device)
+    skip_unless_runs_here(device)
     v = _e4m3_boundaries()
     x = torch.stack([v, v * 2.0**-6, v * 3.0])  # unit scale, smaller binades, a scale of 3
     x[0, 0] = 448.0
@@ -351,7 +341,7 @@ def test_fp8_row_quantization_two_passes_past_the_register_row(device, monkeypat
     """Rows longer than SINGLE_PASS_K take the two-pass path: the same codes."""
     from trtforge.kernels import fp8_rows
 
-    _skip(device)
+    skip_unless_runs_here(device)
     monkeypatch.setattr(fp8_rows, "SINGLE_PASS_K", 64)
     g = torch.Generator().manual_seed(9)
     x = torch.randn(3, 300, generator=g) * 5

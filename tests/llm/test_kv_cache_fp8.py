@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from tests._devices import DEVICES, skip_unless_runs_here
 from tests.llm.serving_models import run_to_completion, tiny_llama
-from tests.llm.test_triton_executor import DEVICES, _Lockstep, _skip_cpu_with_cuda
+from tests.llm.test_triton_executor import _Lockstep
 from trtforge.errors import UserError
 from trtforge.llm import sizing
 from trtforge.llm.engine import make_step_loop
@@ -125,7 +126,7 @@ def test_triton_fp8_executor_matches_the_fp8_reference(device):
     rounds a rotated key to FP16 once, HF's rotation three times: a key can then land one FP8 step
     (6%) apart on the two paths, which this random model's sharp attention (initializer 0.2) turns
     into logit errors of several percent; its queries are scaled by 1/4 to soften the scores."""
-    _skip_cpu_with_cuda(device)
+    skip_unless_runs_here(device)
     if device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("FP8 KV needs compute capability >= 8.9")
     base = _tiny(torch.float16)

@@ -112,6 +112,9 @@ def test_from_pretrained_defaults_on_the_cpu():
             llm.pool_size.num_blocks == llm.executor.facts.num_blocks and "available RAM" in llm.pool_size.how
         )
         assert llm.pool_size.graph_bytes == 0 and llm.memory_stats().graph_bytes == 0
+        # the sizing's block is the executor's (one geometry: the family adapter's)
+        facts = llm.executor.facts
+        assert llm.pool_size.block_bytes == facts.kv_bytes_per_token * facts.block_size
         assert llm.executor.num_cuda_graphs == 0 and llm.executor.num_piecewise_graphs == 0
     with from_pretrained(tiny_llama(), num_blocks=16) as given:
         assert given.pool_size is None and given.memory_stats().graph_bytes == 0

@@ -2,7 +2,8 @@
 
 Each engine here starts two worker processes (each imports torch and transformers: ~10-25 s on the
 2-core CI machine), so the engines are few and shared: one tiny random Llama (GQA) engine serves the
-equality test and then the worker-death test; the trained code model gets one more. The refusals run
+equality test and then the worker-death test, which ends it (run in another order, a second one
+starts); the trained code model gets one more. The refusals run
 before any worker starts.
 """
 
@@ -30,12 +31,44 @@ def tiny():
     return tiny_model("llama", **GQA)
 
 
+class _SharedTP2:
+    """The tiny model over two gloo ranks (at most 2 sequences at once, so a burst waits), started on
+    first use and shared. A test that ends its engine takes it (:meth:`take`): the next test to ask starts a
+    new one. In file order one engine serves both tests; in any other order each still gets a live one."""
+
+    def __init__(self, tiny) -> None:
+        self.tiny, self.live, self.made = tiny, None, []
+
+    def get(self):
+        if self.live is None:
+            config = SchedulerConfig(max_num_seqs=2)
+            self.live = from_pretrained(self.tiny, num_blocks=64, tensor_parallel_size=2, config=config)
+            self.made.append(self.live)
+        return self.live
+
+    def take(self):
+        llm, self.live = self.get(), None
+        return llm
+
+
 @pytest.fixture(scope="module")
-def tp2(tiny):
-    """The tiny model over two gloo ranks; at most 2 sequences run at once, so a burst waits."""
-    llm = from_pretrained(tiny, num_blocks=64, tensor_parallel_size=2, config=SchedulerConfig(max_num_seqs=2))
-    yield llm
-    llm.close()
+def shared_tp2(tiny):
+    shared = _SharedTP2(tiny)
+    yield shared
+    for llm in shared.made:
+        llm.close()
+
+
+@pytest.fixture
+def tp2(shared_tp2):
+    """The shared live engine."""
+    return shared_tp2.get()
+
+
+@pytest.fixture
+def tp2_to_end(shared_tp2):
+    """The shared engine, for a test that ends it (later tests get a new one)."""
+    return shared_tp2.take()
 
 
 def test_tp2_greedy_equals_tp1_on_a_gqa_llama(tiny, tp2):
@@ -51,9 +84,10 @@ def test_tp2_greedy_equals_tp1_on_a_gqa_llama(tiny, tp2):
     assert facts.kv_pool_bytes == 2 * tp2.executor.rank_facts[0].kv_pool_bytes
 
 
-def test_a_dead_worker_fails_every_request_and_the_engine_stops(tp2):
+def test_a_dead_worker_fails_every_request_and_the_engine_stops(tp2_to_end):
     """SIGKILL rank 1 while two requests run and four wait: all six end with an error naming the dead
-    rank, within seconds, and the engine refuses new work. (Runs after the equality test: it ends `tp2`.)"""
+    rank, within seconds, and the engine refuses new work."""
+    tp2 = tp2_to_end
     params = SamplingParams(max_tokens=200, ignore_eos=True)
     handles = [tp2.submit([1, 2, 3, i], params) for i in range(6)]
     first = iter(handles[0])
@@ -123,6 +157,7 @@ def test_a_shard_holds_its_share_and_the_row_parallel_bias_once():
     """Rank 1 of 2 of a model with q/k/v biases (qwen2), in this process (slicing only, no collective):
     its heads' rows and bias slices, o_proj's and down_proj's input columns, its half of the vocabulary,
     the embedding whole; sharding the same model again changes nothing."""
+    from trtforge.llm import sizing
     from trtforge.llm.models.families import adapter_for
     from trtforge.llm.models.parallel import RowParallelLinear, TensorParallel, VocabParallelHead
 
@@ -142,7 +177,14 @@ def test_a_shard_holds_its_share_and_the_row_parallel_bias_once():
     head = part.lm_head
     assert isinstance(head, VocabParallelHead) and head.weight.shape[0] == 150
     assert torch.equal(head.weight, whole.lm_head.weight[150:])
-    adapter_for(part).shard(TensorParallel(1, 2))  # a second executor over the same shard: counts only
+    again = adapter_for(part)  # a second executor's adapter over the same shard: this rank's heads
+    assert (again.num_heads, again.num_kv_heads) == (2, 1)
+    again.shard(TensorParallel(1, 2))  # already sharded for this rank: nothing changes
+    assert (again.num_heads, again.num_kv_heads) == (2, 1)
+    with pytest.raises(ValueError, match="already sharded as rank 1 of 2"):
+        again.shard(TensorParallel(0, 2))
+    # the pool sizing reads the same adapter: a rank's block holds its half of the KV heads
+    assert 2 * sizing.model_kv_block_bytes(part, 16, 2) == sizing.model_kv_block_bytes(whole, 16, 2)
     assert part.model.layers[0].self_attn.q_proj.weight.shape[0] == 2 * d
     assert torch.equal(part.model.embed_tokens.weight, whole.model.embed_tokens.weight)  # replicated
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests._devices import DEVICES, skip_unless_runs_here
 from tests.llm.paged_metadata import mixed_metadata
 from tests.llm.serving_models import run_to_completion, tiny_llama
 from trtforge.llm.engine import make_step_loop
@@ -22,16 +23,6 @@ from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.scheduler import SchedulerConfig
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
-
-DEVICES = [
-    pytest.param("cpu", id="interpreter"),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
-]
-
-
-def _skip_cpu_with_cuda(device: str) -> None:
-    if device == "cpu" and torch.cuda.is_available():
-        pytest.skip("the interpreter run is for machines without CUDA (the kernels then run for real)")
 
 
 LAYOUTS = {
@@ -49,7 +40,7 @@ LAYOUTS = {
 def test_triton_attention_matches_the_reference_on_a_mixed_batch(device, layout, into):
     from trtforge.llm.executors.triton_attention import TritonPagedAttention
 
-    _skip_cpu_with_cuda(device)
+    skip_unless_runs_here(device)
     g = torch.Generator().manual_seed(0)
     bs, hq, hkv, d, nblocks = 16, 8, 2, 32, 64
     ctx_lens, q_lens = LAYOUTS[layout]
@@ -75,7 +66,7 @@ def test_fused_layer_kernels_match_the_eager_modules(device):
 
     from trtforge.kernels.fused_layer import rms_norm, rope_and_cache, silu_mul
 
-    _skip_cpu_with_cuda(device)
+    skip_unless_runs_here(device)
     g = torch.Generator().manual_seed(1)
     t, hidden, hq, hkv, d, bs, nblocks = 7, 96, 6, 2, 16, 4, 9
     x = (torch.randn(t, hidden, generator=g) * 3).half().to(device)
@@ -119,7 +110,7 @@ def test_qk_norm_and_partial_rotary_kernels_match_the_eager_modules(device):
 
     from trtforge.kernels.fused_layer import qk_norm_, rope_and_cache
 
-    _skip_cpu_with_cuda(device)
+    skip_unless_runs_here(device)
     g = torch.Generator().manual_seed(2)
     t, hq, hkv, d, bs, nblocks = 5, 8, 2, 24, 4, 6
     qkv = (torch.randn(t, (hq + 2 * hkv) * d, generator=g) * 3).half().to(device)
@@ -209,7 +200,7 @@ def _family_model(family: str) -> torch.nn.Module:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
 def test_triton_executor_gives_the_torch_reference_greedy_tokens(device, family):
-    _skip_cpu_with_cuda(device)
+    skip_unless_runs_here(device)
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, 300, size=int(rng.integers(1, 70))).tolist() for _ in range(9)]
     params = [SamplingParams(max_tokens=int(rng.integers(2, 14)), ignore_eos=True) for _ in prompts]
@@ -272,7 +263,7 @@ def test_small_decode_splits_match_the_reference_with_short_and_empty_splits(dev
     from trtforge.llm.executors.paged_attention import paged_decode_reference
     from trtforge.llm.executors.triton_attention import TritonDecodeAttention
 
-    _skip_cpu_with_cuda(device)
+    skip_unless_runs_here(device)
     g = torch.Generator().manual_seed(7)
     bs, hq, hkv, d, nblocks, width = 16, 8, 2, 32, 64, 16
     # 256 keys of capacity: 4 splits of one tile; the 5- and 70-key sequences leave splits empty
@@ -322,7 +313,7 @@ def test_a_step_is_prepared_once_for_all_its_layers_and_again_for_the_next_step(
     reference; a sliding-window layer gets launches of its own; the next step, another batch, a new plan."""
     from trtforge.llm.executors.triton_attention import TritonPagedAttention
 
-    _skip_cpu_with_cuda(device)
+    skip_unless_runs_here(device)
     g = torch.Generator().manual_seed(5)
     bs, hq, hkv, d, nblocks, layers = 16, 8, 2, 32, 64, 3
     attention = TritonPagedAttention()

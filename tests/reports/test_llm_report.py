@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,8 @@ import pytest
 import torch
 
 from tests.llm.tiny_models import tiny_model
-from tests.reports.test_render import CHROMIUM, _validator
+from tests.reports._chromium import dump_dom, needs_chromium
+from tests.reports.test_render import _validator
 from trtforge.cli.main import main as cli_main
 from trtforge.llm.report import build_llm_report
 
@@ -136,21 +136,11 @@ def test_markdown(report):
     assert md.count("\n| variant |") == 2
 
 
-@pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason="headless Chromium not installed: apt-get install -y chromium (Debian package 'chromium')",
-)
+@needs_chromium
 def test_html_in_headless_chromium(report):
     html = report.html_path.read_text()
     assert "http://" not in html and "https://" not in html
-    args = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
-    dom = subprocess.run(
-        [*args, "--dump-dom", report.html_path.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    dom = dump_dom(report.html_path)
     assert set(re.findall(r'<table id="(\w+)"', dom)) == {"targets", "quality", "speed"}
     # the quality figure (perplexity + agreement) and the speed figure (TTFT, ITL, throughput)
     assert len(re.findall(r'<img src="data:image/png;base64,[A-Za-z0-9+/=]{1000,}"', dom)) == 2

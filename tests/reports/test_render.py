@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.reports._chromium import HEADLESS, dump_dom, needs_chromium
 from tests.reports._tiny import classifier_onnx, classifier_weights, token_model_onnx
 from trtforge.reports.api import build_report
 from trtforge.reports.results import SCHEMA_FILE
 
-CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts" / "reports"
 
 
@@ -75,21 +75,11 @@ def test_markdown_summary(report):
     assert "| ort-fp16 | y (real tokens) |" in md  # generated masks pad; padded positions left out
 
 
-@pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason="headless Chromium not installed: apt-get install -y chromium (Debian package 'chromium')",
-)
+@needs_chromium
 def test_html_in_headless_chromium(report):
     html = report.html_path.read_text()
     assert "http://" not in html and "https://" not in html  # self-contained
-    args = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
-    dom = subprocess.run(
-        [*args, "--dump-dom", report.html_path.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    dom = dump_dom(report.html_path)
     assert len(re.findall(r"<table\b", dom)) == 3
     assert set(re.findall(r'<table id="(\w+)"', dom)) == {"targets", "accuracy", "latency"}
     # one latency figure, one error histogram (the one output y)
@@ -99,7 +89,7 @@ def test_html_in_headless_chromium(report):
     shot = ARTIFACTS / "report.png"
     shot.unlink(missing_ok=True)
     subprocess.run(
-        [*args, "--window-size=1400,2400", f"--screenshot={shot}", report.html_path.as_uri()],
+        [*HEADLESS, "--window-size=1400,2400", f"--screenshot={shot}", report.html_path.as_uri()],
         capture_output=True,
         timeout=120,
         check=True,

@@ -1,5 +1,6 @@
 """Click options generated from the policy's option dataclasses, so every command shows the same
-flags, help and defaults as the API (`trtforge.core.policy`, `trtforge.compiler.build`).
+flags, help and defaults as the API (`trtforge.core.policy`, `trtforge.compiler.build`), and what the
+commands share about reading them: which options were given, the token-id prompt files.
 
     @option_group(PassOptions, only=("attention", "verify"))
     def cmd(attention, verify): opts = from_params(PassOptions, locals())
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 
 def _click_type(meta: Mapping[str, Any], default: Any) -> Any:
@@ -94,6 +96,34 @@ def from_params(cls: type, params: Mapping[str, Any], **overrides: Any) -> Any:
             value = None
         values[f.name] = value
     return cls(**(values | overrides))
+
+
+def given_flags(ctx: click.Context, names: Iterable[str]) -> list[str]:
+    """The flags (longest spelling) of those parameters in `names` the user set (on the command line or
+    through the environment, not by default): what a command refuses by name when they do not apply."""
+    flags = {p.name: max(p.opts, key=len) for p in ctx.command.params if p.opts}
+    return [
+        flags.get(name, name)
+        for name in names
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
+    ]
+
+
+def read_prompt_ids(path: str) -> list[list[int]]:
+    """A --calib-data prompt file (`compile --generate`, `generate`, `serve`): one prompt per line,
+    space-separated token ids."""
+    from pathlib import Path
+
+    from trtforge.errors import UserError
+
+    try:
+        lines = [ln.split() for ln in Path(path).read_text().splitlines() if ln.strip()]
+        return [[int(t) for t in ln] for ln in lines]
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"--calib-data '{path}': expected a text file with one prompt per line as space-separated "
+            f"token ids ({e})."
+        ) from e
 
 
 def fields_of(obj: Any) -> dict[str, Any]:

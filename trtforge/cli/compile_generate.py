@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from click.core import ParameterSource
 
+from trtforge.cli._options import given_flags, read_prompt_ids
 from trtforge.llm.models.families import SUPPORTED
 
 # compile options a step engine has no use for (profiles and precision come from --generate's own).
@@ -103,18 +103,11 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
     from trtforge.cli._render import manifest_tables, print_all, stage_summary_table, timings_table
     from trtforge.llm.compile.compile import compile_generate
 
-    flags = {p.name: max(p.opts, key=len) for p in ctx.command.params if p.opts}
-    given = [
-        flags.get(name, name)
-        for name in _UNUSED
-        if name in params and ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
-    ]
+    given = given_flags(ctx, [name for name in _UNUSED if name in params])
     if given:
         raise click.UsageError(f"{', '.join(given)} cannot be combined with --generate.")
-    precision = params.get("mode", "fp16")
-    if ctx.get_parameter_source("mode") in (ParameterSource.DEFAULT, None):
-        precision = "fp16"
-    prompts = _read_prompts(params["calib_data"]) if params.get("calib_data") else None
+    precision = params.get("mode", "fp16") if given_flags(ctx, ["mode"]) else "fp16"
+    prompts = read_prompt_ids(params["calib_data"]) if params.get("calib_data") else None
     quiet = bool(params.get("quiet"))
     console = Console(quiet=quiet)
     result = compile_generate(
@@ -157,22 +150,6 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
     console.print(f"[green]wrote[/green] {result.engine_path} and {result.manifest_path}")
 
 
-def _read_prompts(path: str) -> list[list[int]]:
-    """--calib-data for --generate --precision int8/fp8: one prompt per line, space-separated token ids."""
-    from pathlib import Path
-
-    from trtforge.errors import UserError
-
-    try:
-        lines = [ln.split() for ln in Path(path).read_text().splitlines() if ln.strip()]
-        return [[int(t) for t in ln] for ln in lines]
-    except (OSError, ValueError) as e:
-        raise UserError(
-            f"--calib-data '{path}': expected a text file with one prompt per line as space-separated "
-            f"token ids ({e})."
-        ) from e
-
-
 _GENERATE_ONLY = (
     "max_seq",
     "max_batch",
@@ -186,11 +163,6 @@ _GENERATE_ONLY = (
 
 def refuse_generate_options(ctx: click.Context) -> None:
     """Without --generate, the step-engine options do not apply: refuse them by name, never drop them."""
-    flags = {p.name: max(p.opts, key=len) for p in ctx.command.params if p.opts}
-    given = [
-        flags.get(name, name)
-        for name in _GENERATE_ONLY
-        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
-    ]
+    given = given_flags(ctx, _GENERATE_ONLY)
     if given:
         raise click.UsageError(f"{', '.join(given)} only apply with --generate (a KV-cache step engine).")

@@ -9,7 +9,12 @@ from typing import Any
 import click
 
 from trtforge.cli._speculative import speculative_config, speculative_options
-from trtforge.cli.torch_options import torch_executor_kwargs, torch_executor_options
+from trtforge.cli.torch_options import (
+    executor_option,
+    resolve_executor,
+    torch_executor_kwargs,
+    torch_executor_options,
+)
 
 EXAMPLES = """\b
 Examples:
@@ -81,13 +86,7 @@ def _parse_ids(text: str) -> list[int]:
     default=None,
     help="A JSON Schema file: the output is JSON valid against it (needs a tokenizer).",
 )
-@click.option(
-    "--executor",
-    type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch"]),
-    default="auto",
-    show_default=True,
-    help="auto: tensorrt for a .engine MODEL, onnxruntime for a .onnx, torch otherwise.",
-)
+@executor_option
 @click.option("--num-blocks", default=None, type=int, help="KV-cache blocks in the pool (slot graphs: rows).")
 @click.option(
     "--stop",
@@ -168,9 +167,7 @@ def generate_cmd(
     )
     if json_schema is not None and tok is None:
         raise UserError("--json-schema constrains text: it needs the model's tokenizer (--tokenizer DIR).")
-    if executor == "auto":
-        suffix = {".engine": "tensorrt", ".onnx": "onnxruntime"}
-        executor = next((v for k, v in suffix.items() if model.endswith(k)), "torch")
+    executor = resolve_executor(model, executor)
     torch_kw = torch_executor_kwargs(
         executor,
         quantization=quantization,

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-from click.core import ParameterSource
 
 from trtforge._fileio import show_path
-from trtforge.cli._options import from_params, option_group
+from trtforge.cli._options import from_params, given_flags, option_group
 from trtforge.core.policy import ExportOptions, PrecisionOptions
 from trtforge.errors import UserError
 from trtforge.reports.results import FAILED, Report
@@ -284,9 +283,7 @@ _ENCODER_ONLY = (
 
 def _refuse_other_mode(ctx: click.Context, generate: bool) -> None:
     """Options of the other kind of report are refused by name, never dropped."""
-    flags = {p.name: max(p.opts, key=len) for p in ctx.command.params if p.opts}
-    names = _ENCODER_ONLY if generate else _LM_ONLY
-    given = [flags[n] for n in names if ctx.get_parameter_source(n) not in (ParameterSource.DEFAULT, None)]
+    given = given_flags(ctx, _ENCODER_ONLY if generate else _LM_ONLY)
     if given:
         where = "an output comparison (no --generate)" if generate else "--generate (a causal LM report)"
         raise click.UsageError(f"{', '.join(given)} only apply to {where}.")

@@ -8,7 +8,12 @@ from pathlib import Path
 import click
 
 from trtforge.cli._speculative import speculative_config, speculative_options
-from trtforge.cli.torch_options import torch_executor_kwargs, torch_executor_options
+from trtforge.cli.torch_options import (
+    executor_option,
+    resolve_executor,
+    torch_executor_kwargs,
+    torch_executor_options,
+)
 
 EXAMPLES = """\b
 Examples:
@@ -77,13 +82,7 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     type=click.FloatRange(0),
     help="Seconds SIGTERM waits for requests in flight.",
 )
-@click.option(
-    "--executor",
-    type=click.Choice(["auto", "onnxruntime", "tensorrt", "torch"]),
-    default="auto",
-    show_default=True,
-    help="auto: tensorrt for a .engine MODEL, onnxruntime for a .onnx, torch otherwise.",
-)
+@executor_option
 @click.option(
     "--device", default=None, help="torch executor: cuda or cpu (default: cuda where there is a GPU)."
 )
@@ -147,9 +146,7 @@ def serve_cmd(
         raise UserError(
             f"'{model}' holds no tokenizer; name one with --tokenizer DIR (the server returns text)."
         )
-    if executor == "auto":
-        suffix = {".engine": "tensorrt", ".onnx": "onnxruntime"}
-        executor = next((v for k, v in suffix.items() if model.endswith(k)), "torch")
+    executor = resolve_executor(model, executor)
     config = sizing.default_scheduler_config(None, max_num_seqs)
     if max_num_batched_tokens is not None:
         config = dataclasses.replace(config, max_num_batched_tokens=max_num_batched_tokens)

@@ -1,5 +1,6 @@
-"""The torch executor's flags shared by `trtforge generate` and `trtforge serve`: --quantization,
---kv-cache-dtype, --calib-data (the calibration prompts of both) and --tensor-parallel-size."""
+"""The executor flags shared by `trtforge generate` and `trtforge serve`: --executor (and what its
+auto picks), and the torch executor's --quantization, --kv-cache-dtype, --calib-data (the calibration
+prompts of both) and --tensor-parallel-size."""
 
 from __future__ import annotations
 
@@ -9,6 +10,27 @@ from typing import Any
 import click
 
 QUANTIZATIONS = ("fp8", "int4-awq", "int4-rtn")  # trtforge.llm.quant.QUANTIZATIONS (kept light here)
+EXECUTORS = ("auto", "onnxruntime", "tensorrt", "torch")  # trtforge.llm.service.EXECUTORS
+_BY_SUFFIX = {".engine": "tensorrt", ".onnx": "onnxruntime"}
+
+
+def executor_option(fn: Callable) -> Callable:
+    """Add --executor to a command (read it with :func:`resolve_executor`)."""
+    return click.option(
+        "--executor",
+        type=click.Choice(EXECUTORS),
+        default="auto",
+        show_default=True,
+        help="auto: tensorrt for a .engine MODEL, onnxruntime for a .onnx, torch otherwise.",
+    )(fn)
+
+
+def resolve_executor(model: str, executor: str) -> str:
+    """The executor --executor names; auto: tensorrt for a .engine MODEL, onnxruntime for a .onnx, torch
+    for anything else (a save_pretrained directory or module:factory)."""
+    if executor != "auto":
+        return executor
+    return next((v for k, v in _BY_SUFFIX.items() if model.endswith(k)), "torch")
 
 
 def torch_executor_options(fn: Callable) -> Callable:
@@ -57,7 +79,7 @@ def torch_executor_kwargs(
 ) -> dict[str, Any]:
     """The `llm.load` / `from_pretrained` keywords of the flags; `load` refuses those the executor does
     not take, --quantization is refused here (by its flag's name)."""
-    from trtforge.cli.compile_generate import _read_prompts
+    from trtforge.cli._options import read_prompt_ids
     from trtforge.errors import UserError
 
     if quantization is not None and executor != "torch":
@@ -67,7 +89,7 @@ def torch_executor_kwargs(
         )
     kwargs: dict[str, Any] = {
         "kv_cache_dtype": kv_cache_dtype,
-        "calib_prompts": _read_prompts(calib_data) if calib_data else None,
+        "calib_prompts": read_prompt_ids(calib_data) if calib_data else None,
         "tensor_parallel_size": tensor_parallel_size,
     }
     if quantization is not None:

@@ -378,11 +378,13 @@ def _fp32_step_graph(lm: Any, w: Windows, workdir: Path) -> Path:
 
 
 def _step_variant(
-    lm: Any, name: str, w: Windows, workdir: Path, generation_kv: dict[str, int]
+    lm: Any, name: str, w: Windows, workdir: Path
 ) -> tuple[TargetInfo, _Scores | None, dict[str, Any]]:
-    """A step-graph variant: the FP32 graph through compile's precision stages, scored in exact ORT."""
+    """A step-graph variant: the FP32 graph through compile's precision stages, scored in exact ORT;
+    its KV bytes a token from the graph's own generation record (the adapter's geometry at export)."""
     import onnx
 
+    from trtforge.llm import sizing
     from trtforge.llm.compile.compile import apply_precision
     from trtforge.llm.contract import generation_metadata, set_generation_metadata
     from trtforge.numerics.sessions import exact_session
@@ -430,8 +432,8 @@ def _step_variant(
         feeds |= {n: np.zeros(cache, dtype) for n in g["cache"]["inputs"]}
         return sess.run(["logits"], feeds)[0][0]
 
-    kv = 2 * generation_kv["layers"] * generation_kv["kv_heads"] * generation_kv["head_dim"]
-    kv_bytes = kv * _STEP_BYTES.get(g["cache"]["dtype"], 4)
+    layers, kv_heads, head_dim = int(g["num_layers"]), int(g["num_kv_heads"]), int(g["head_dim"])
+    kv_bytes = sizing.kv_block_bytes(layers, kv_heads, head_dim, 1, _STEP_BYTES.get(g["cache"]["dtype"], 4))
     return info, _score(logits_of, w), {"kv_bytes": kv_bytes, "kv_dtype": g["cache"]["dtype"]}
 
 
@@ -470,13 +472,13 @@ def build_llm_report(
     import torch
 
     from trtforge.llm.models.loader import load_causal_lm
-    from trtforge.reports.api import _check_out_dir, _environment, _out_dir, _torch_threads
+    from trtforge.reports.api import check_out_dir, create_out_dir, environment, torch_threads
     from trtforge.reports.render import write_report
 
     text_path = as_path(text, "--text")
     if not text_path.is_file():
         raise UserError(f"--text '{text_path}' does not exist or is not a file; expected a UTF-8 text file.")
-    _check_out_dir(out_dir)
+    check_out_dir(out_dir)
     if not batch_sizes or min(int(b) for b in batch_sizes) < 1:
         raise UserError(f"--batch: expected positive integers, got {list(batch_sizes)}.")
     if chunk < 1 or prompt_len < 1 or new_tokens < 2:
@@ -501,13 +503,6 @@ def build_llm_report(
             f"--window-len {window_len} / --prompt-len + --new-tokens {prompt_len + new_tokens} exceed the "
             f"model's {positions} positions."
         )
-    cfg = lm.config
-    heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
-    kv_geom = {
-        "layers": int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer),
-        "kv_heads": int(getattr(cfg, "num_key_value_heads", None) or heads),
-        "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
-    }
     prompt_starts = np.linspace(0, max(0, len(ids) // 2 - prompt_len), num=max(batch_sizes), dtype=np.int64)
     speed_prompts = [ids[s : s + prompt_len] for s in prompt_starts]
     targets: list[TargetInfo] = []
@@ -517,7 +512,7 @@ def build_llm_report(
     workdir = Path(tempfile.mkdtemp(prefix="trtforge-llm-report-"))
     src = model if isinstance(model, (str, os.PathLike)) else lm
     try:
-        with _torch_threads(threads):
+        with torch_threads(threads):
             for n in names:
                 if n in SERVING_VARIANTS:
                     speed_args = {
@@ -531,7 +526,7 @@ def build_llm_report(
                     )
                     speed += sp
                 else:
-                    info, s, kv = _step_variant(lm, n, w, workdir, kv_geom)
+                    info, s, kv = _step_variant(lm, n, w, workdir)
                 targets.append(info)
                 if s is not None:
                     scores[n] = (s, kv)
@@ -606,7 +601,7 @@ def build_llm_report(
             "new_tokens": int(new_tokens),
             "device": device,
         },
-        environment=_environment(threads),
+        environment=environment(threads),
         targets=targets,
         accuracy=[],
         latency=[],
@@ -614,7 +609,7 @@ def build_llm_report(
         lm_quality=quality,
         lm_speed=speed,
     )
-    html_path, md_path, json_path = write_report(report, _out_dir(out_dir))
+    html_path, md_path, json_path = write_report(report, create_out_dir(out_dir))
     return LmReportResult(html_path, md_path, json_path, report, w)
 
 

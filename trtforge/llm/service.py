@@ -511,19 +511,8 @@ def _tensor_parallel(
     """`model` over `world` tensor-parallel workers (see :func:`from_pretrained`)."""
     import functools
 
-    from trtforge.llm.executors.tensor_parallel import TensorParallelExecutor, check_model
+    from trtforge.llm.executors.tensor_parallel import TensorParallelExecutor
 
-    if isinstance(model, (str, os.PathLike)) and (Path(model) / "config.json").is_file():
-        import transformers
-
-        try:  # the workers' loader reports an unreadable directory
-            hf_config = transformers.AutoConfig.from_pretrained(str(model), local_files_only=True)
-        except Exception:
-            hf_config = None
-        if hf_config is not None:  # refuse an indivisible model before any worker starts
-            check_model(hf_config, world)
-    elif hasattr(model, "config"):
-        check_model(model.config, world)
     sizing.check_utilization(gpu_memory_utilization)
     size_pool = functools.partial(
         sizing.torch_pool,

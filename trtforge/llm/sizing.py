@@ -200,18 +200,14 @@ def profile_step(num_tokens: int, chunk: int, block_size: int) -> Any:
     )
 
 
-def model_kv_block_bytes(lm: Any, block_size: int, itemsize: int, world: int = 1) -> int:
-    """One KV block of causal LM `lm` (its config: Llama-style or GPT-2 names) over all its layers, at
-    `itemsize` bytes an element; under tensor parallelism of `world` ranks, one rank's share of the KV
-    heads."""
-    cfg = lm.config
-    layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
-    heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads) // world
-    head_dim = int(
-        getattr(cfg, "head_dim", None) or (getattr(cfg, "hidden_size", None) or cfg.n_embd) // heads
-    )
-    return kv_block_bytes(layers, kv_heads, head_dim, block_size, itemsize)
+def model_kv_block_bytes(lm: Any, block_size: int, itemsize: int) -> int:
+    """One KV block of causal LM `lm` over all its layers (the geometry its family adapter reads, as
+    the executor's pools do), at `itemsize` bytes an element; of one rank's shard, that rank's share
+    of the KV heads."""
+    from trtforge.llm.models.families import adapter_for
+
+    a = adapter_for(lm, "the torch executor")  # (whose pool this sizes)
+    return kv_block_bytes(a.num_layers, a.num_kv_heads, a.head_dim, block_size, itemsize)
 
 
 def measure_graphs(probe: Any, graphs: GraphCapture, free: Callable[[], int]) -> int:
@@ -275,7 +271,7 @@ def torch_pool(
     need = blocks_for_sequences(config.max_num_seqs, int(max_model_len or positions), block_size)
     world = 1 if tensor_parallel is None else int(tensor_parallel.world)
     itemsize = kv_element_bytes(kv_cache_dtype, param.dtype)
-    block_bytes = model_kv_block_bytes(lm, block_size, itemsize, world)
+    block_bytes = model_kv_block_bytes(lm, block_size, itemsize)
     if param.device.type != "cuda":  # (ranks on one host share its RAM: each takes its share)
         return cpu_pool(available_ram() // world, block_bytes, need)
     tokens = config.max_num_batched_tokens

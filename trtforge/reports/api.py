@@ -62,7 +62,7 @@ def _check_args(batch_sizes: Sequence[int], seq_lens: Sequence[int], warmup: int
         raise UserError(f"warmup must be >= 0 and runs >= 1, got warmup={warmup}, runs={runs}.")
 
 
-def _check_out_dir(out_dir: str | os.PathLike[str]) -> Path:
+def check_out_dir(out_dir: str | os.PathLike[str]) -> Path:
     """Refuse a report directory path that names a file, before any work (created only at the end)."""
     p = as_path(out_dir, "out_dir (the report directory)")
     if p.exists() and not p.is_dir():
@@ -70,9 +70,9 @@ def _check_out_dir(out_dir: str | os.PathLike[str]) -> Path:
     return p
 
 
-def _out_dir(out_dir: str | os.PathLike[str]) -> Path:
+def create_out_dir(out_dir: str | os.PathLike[str]) -> Path:
     """Create the report directory, once the report is ready: a failed run leaves no empty directory."""
-    p = _check_out_dir(out_dir)
+    p = check_out_dir(out_dir)
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -111,7 +111,8 @@ class _Progress:
             self._bar.update(self._task, description=description, advance=advance)
 
 
-def _environment(threads: int | None) -> dict[str, Any]:
+def environment(threads: int | None) -> dict[str, Any]:
+    """Where a report ran: Python, platform, CPU and its ISA, the threads asked for, package versions."""
     import importlib.metadata as md
 
     versions = {}
@@ -254,14 +255,14 @@ def build_report(
     names = validate_names(list(targets) if targets else default_targets(src))
     names, reference = _pick_reference(names, reference, src.kind)
     validate_names([reference])
-    _check_out_dir(out_dir)
+    check_out_dir(out_dir)
     _check_data_path(data, "--data")
     _check_data_path(calibration_data, "--calibration-data")
     notes: list[str] = []
     workdir = Path(tempfile.mkdtemp(prefix="trtforge-report-"))
     bar = _Progress(progress, 2 * len(names))
     try:
-        with bar.running(), _torch_threads(threads), quiet_polygraphy():
+        with bar.running(), torch_threads(threads), quiet_polygraphy():
             prep = Preparer(
                 src,
                 workdir,
@@ -332,7 +333,7 @@ def build_report(
             "padding_mask": padding_mask,
             "accuracy_input_shapes": [{k: list(v.shape) for k, v in f.items()} for f in feeds[:4]],
         },
-        environment=_environment(threads),
+        environment=environment(threads),
         targets=[prepared[n].info for n in names],
         accuracy=accuracy,
         latency=latency,
@@ -340,12 +341,13 @@ def build_report(
     )
     from trtforge.reports.render import write_report
 
-    html_path, md_path, json_path = write_report(report, _out_dir(out_dir))
+    html_path, md_path, json_path = write_report(report, create_out_dir(out_dir))
     return ReportResult(html_path, md_path, json_path, report, runs_by_name)
 
 
 @contextlib.contextmanager
-def _torch_threads(threads: int | None) -> Iterator[None]:
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with torch on `threads` threads (None or 0: as it is), restoring the count after."""
     if not threads:
         yield
         return

@@ -53,3 +53,5 @@ def test_speculative_server_matches_plain_greedy_and_reports_acceptance(server):
     drafted = m["trtforge_spec_decode_num_draft_tokens_total"]
     assert 0 < m["trtforge_spec_decode_num_accepted_tokens_total"] <= drafted
     assert 0 < m["trtforge_spec_decode_acceptance_rate"] <= 1
+    accepted = m["trtforge_spec_decode_num_accepted_tokens_total"]
+    assert m["trtforge_spec_decode_acceptance_rate"] == pytest.approx(accepted / drafted)

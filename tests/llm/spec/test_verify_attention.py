@@ -9,6 +9,7 @@ import importlib.util
 import pytest
 import torch
 
+from tests._devices import DEVICES, skip_unless_runs_here
 from tests.llm.paged_metadata import mixed_metadata
 from trtforge.llm.executors.paged_attention import paged_attention_reference
 
@@ -22,16 +23,13 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize(
-    "device", [pytest.param("cpu", id="interpreter"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
-)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("window", [None, 24])
 def test_verification_rows_run_the_decode_kernel_and_match_the_reference(device, layout, window):
     from trtforge.llm.executors.triton_attention import TritonPagedAttention
 
-    if device == "cpu" and torch.cuda.is_available():
-        pytest.skip("the interpreter run is for machines without CUDA (the kernels then run for real)")
+    skip_unless_runs_here(device)
     g = torch.Generator().manual_seed(3)
     bs, hq, hkv, d, nblocks = 16, 8, 2, 32, 64
     ctx_lens, q_lens = LAYOUTS[layout]

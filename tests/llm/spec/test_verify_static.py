@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests._devices import DEVICES, skip_unless_runs_here
 from tests.llm.serving_models import tiny_llama
 from trtforge.errors import UserError
 from trtforge.llm.executors.base import StepBatch, TokenFeed
@@ -128,14 +129,11 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 
 
 @needs_triton
-@pytest.mark.parametrize(
-    "device", [pytest.param("cpu", id="interpreter"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
-)
+@pytest.mark.parametrize("device", DEVICES)
 def test_triton_verification_step_on_the_static_path_matches_the_torch_reference(device):
     """Triton's decode kernel with q_len, the fused layers (GEMVs at one row), and on CUDA the CUDA
     graph of the (batch, width, q_len) bucket, against the eager torch reference in float32."""
-    if device == "cpu" and torch.cuda.is_available():
-        pytest.skip("the interpreter run is for machines without CUDA (the kernels then run for real)")
+    skip_unless_runs_here(device)
     rng = np.random.default_rng(3)
     tables = _tables(SEQS)
     base = copy.deepcopy(tiny_llama()).float()

@@ -189,15 +189,18 @@ def check_step_accuracy(
 ) -> dict[str, float]:
     """The quantized step graph against the float one in exact ONNX Runtime, on a ragged prefill of
     the export's example feeds (8 rows of random tokens): max abs and relative-L2 error of the logits,
-    and top-1 agreement (a coarse check on random tokens: the perplexity report is the real one)."""
+    and top-1 agreement (a coarse check on random tokens: the perplexity report is the real one), as
+    :mod:`trtforge.numerics.compare` defines them."""
     from trtforge.llm.compile.export import example_feeds
+    from trtforge.numerics.compare import compare_arrays, topk_agreement
     from trtforge.numerics.sessions import exact_session
 
     feeds = {k: v.numpy() for k, v in example_feeds(generation, batch=8, seq=16).items()}
-    ref = exact_session(before).run(["logits"], feeds)[0].astype(np.float64)
-    got = exact_session(after).run(["logits"], feeds)[0].astype(np.float64)
+    ref = exact_session(before).run(["logits"], feeds)[0]
+    got = exact_session(after).run(["logits"], feeds)[0]
+    metrics = compare_arrays(ref, got)
     return {
-        "logits_max_abs_error": float(np.abs(got - ref).max()),
-        "logits_rel_l2": float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)),
-        "top1_agreement": float((got.argmax(-1) == ref.argmax(-1)).mean()),
+        "logits_max_abs_error": metrics.max_abs,
+        "logits_rel_l2": metrics.rel_l2,
+        "top1_agreement": topk_agreement(ref, got)[0],
     }

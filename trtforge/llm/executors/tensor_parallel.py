@@ -51,11 +51,25 @@ def check_world(world: Any) -> None:
         )
 
 
-def check_model(config: Any, world: int) -> None:
-    """UserError, before any worker starts, when `world` ranks cannot split `config`'s heads evenly."""
+def check_model(model: Any, world: int) -> None:
+    """UserError, before any worker starts, when `world` is no integer >= 2 or `world` ranks cannot split
+    the heads of `model` evenly: an nn.Module's config, or a save_pretrained directory's config.json (a
+    factory, or a directory whose config does not load, is checked by the workers' loader and adapter)."""
     from trtforge.llm.models.parallel import check_divisible
 
     check_world(world)
+    config = getattr(model, "config", None)
+    if (
+        config is None
+        and isinstance(model, (str, os.PathLike))
+        and os.path.isfile(os.path.join(model, "config.json"))
+    ):
+        import transformers
+
+        try:
+            config = transformers.AutoConfig.from_pretrained(str(model), local_files_only=True)
+        except Exception:  # the workers' loader reports an unreadable directory
+            return
     heads = getattr(config, "num_attention_heads", None)
     if heads is None:
         return  # a family the workers' adapter refuses with its own message
@@ -115,10 +129,7 @@ class TensorParallelExecutor:
     ) -> None:
         import torch.multiprocessing as mp
 
-        check_world(world)
-        config = getattr(model, "config", None)
-        if config is not None:
-            check_model(config, world)
+        check_model(model, world)
         kind, backend = pick_device(device, world)
         self.world, self.device, self.backend = world, kind, backend
         self.step_timeout = float(step_timeout)

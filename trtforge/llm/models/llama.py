@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from trtforge.errors import UserError
+from trtforge.llm.models import parallel
 from trtforge.llm.models.base import DecoderAdapter, DecoderSpec
 
 
@@ -28,6 +29,10 @@ class LlamaStyle(DecoderAdapter):
         c, attn = self.config, self.layers[0].self_attn
         self.num_heads = int(c.num_attention_heads)
         self.num_kv_heads = int(c.num_key_value_heads or c.num_attention_heads)
+        done = parallel.sharded(model)
+        if done is not None:  # one rank's shard already: this rank's heads
+            self.num_heads //= done.world
+            self.num_kv_heads //= done.world
         self.head_dim = int(attn.head_dim)
         self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
         self.rope_type = str(getattr(self.body.rotary_emb, "rope_type", "default"))
@@ -122,21 +127,19 @@ class LlamaStyle(DecoderAdapter):
         """Rank ``tp.rank``'s share (:mod:`.parallel`): its query and KV heads of q/k/v, its rows of
         gate/up (c_fc), the matching columns of o_proj and down_proj (c_proj) made row-parallel, a
         vocab-parallel LM head. UserError when `tp.world` does not divide the heads, the KV heads or the
-        MLP width. In place, once: a model already sharded for `tp` only has its heads counted."""
-        from trtforge.llm.models import parallel
-
-        world, done = tp.world, parallel.sharded(self.model)
-        if done is not None and (done.rank, done.world) != (tp.rank, tp.world):
-            raise ValueError(f"model already sharded as rank {done.rank} of {done.world}")
-        if done is None:
-            self._shard_weights(tp)
-            parallel.mark_sharded(self.model, tp)
-        self.num_heads //= world
-        self.num_kv_heads //= world
+        MLP width. In place, once per model: the shard is marked on the model, and every adapter made
+        of it later counts this rank's heads from that mark (sharding it again for `tp` does nothing)."""
+        done = parallel.sharded(self.model)
+        if done is not None:
+            if (done.rank, done.world) != (tp.rank, tp.world):
+                raise ValueError(f"model already sharded as rank {done.rank} of {done.world}")
+            return
+        self._shard_weights(tp)
+        parallel.mark_sharded(self.model, tp)
+        self.num_heads //= tp.world
+        self.num_kv_heads //= tp.world
 
     def _shard_weights(self, tp: Any) -> None:
-        from trtforge.llm.models import parallel
-
         c, world = self.config, tp.world
         if any(getattr(layer.self_attn, "qkv_proj", None) is not None for layer in self.layers) or any(
             getattr(layer.mlp, "gate_up_proj", None) is not None for layer in self.layers

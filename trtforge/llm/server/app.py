@@ -66,17 +66,18 @@ class ServerState:
         return self.llm.engine
 
     def engine_stats(self) -> dict[str, Any]:
-        mem = self.llm.memory_stats()
+        mem, stats = self.llm.memory_stats(), self.llm.stats
         return {
             "running": self.engine.num_running,
             "waiting": self.engine.num_waiting,
             "usage": mem.usage,
             "used_blocks": mem.used_blocks,
             "blocks": mem.total_blocks,
-            "preemptions": self.llm.stats.preemptions,
-            "spec_draft_tokens": self.llm.stats.spec_draft_tokens,
-            "spec_accepted_tokens": self.llm.stats.spec_accepted_tokens,
-            "spec_verify_rows": self.llm.stats.spec_verify_rows,
+            "preemptions": stats.preemptions,
+            "spec_draft_tokens": stats.spec_draft_tokens,
+            "spec_accepted_tokens": stats.spec_accepted_tokens,
+            "spec_verify_rows": stats.spec_verify_rows,
+            "spec_acceptance_rate": stats.spec_acceptance_rate,
         }
 
 

@@ -34,8 +34,7 @@ class _EngineCollector:
         yield GaugeMetricFamily("trtforge_kv_cache_blocks_used", "KV-cache blocks held.", s["used_blocks"])
         yield GaugeMetricFamily("trtforge_kv_cache_blocks_total", "KV-cache blocks in the pool.", s["blocks"])
         yield CounterMetricFamily("trtforge_num_preemptions", "Sequences preempted.", s["preemptions"])
-        # speculative decoding (all 0 without it): acceptance rate = accepted / draft tokens; tokens per
-        # verified row = (accepted + verify rows) / verify rows
+        # speculative decoding (all 0 without it); the acceptance rate is SchedulerStats'
         yield CounterMetricFamily(
             "trtforge_spec_decode_num_draft_tokens", "Proposed tokens verified.", s["spec_draft_tokens"]
         )
@@ -45,9 +44,10 @@ class _EngineCollector:
         yield CounterMetricFamily(
             "trtforge_spec_decode_num_verify_rows", "Rows that verified proposals.", s["spec_verify_rows"]
         )
-        rate = s["spec_accepted_tokens"] / s["spec_draft_tokens"] if s["spec_draft_tokens"] else 0.0
         yield GaugeMetricFamily(
-            "trtforge_spec_decode_acceptance_rate", "Accepted / proposed tokens since start.", rate
+            "trtforge_spec_decode_acceptance_rate",
+            "Accepted / proposed tokens since start.",
+            s["spec_acceptance_rate"],
         )
 
 
