@@ -195,8 +195,9 @@ def test_fp8_quant_linear_is_weight_only_at_one_token_and_w8a8_above(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("m", [1, 4, 9])
 def test_int4_gemv_odd_rows_several_chunks(device, m):
-    """INT4 at 1, 4 and 9 rows of x (past one, rows run in a loop, the last row block part full), 37 output rows (no multiple of the row block), K of 5 groups over
-    chunks of 2 (a masked last chunk), norm prologue and residual epilogue; FP16 x."""
+    """INT4 at 1, 4 and 9 rows of x (past one, rows run in a loop; the last row block part full), 37
+    output rows (no multiple of the row block), K of 5 groups over chunks of 2 (a masked last chunk),
+    norm prologue and residual epilogue; FP16 x."""
     from trtforge.kernels.gemv import GemvConfig, gemv_residual, norm_gemv
 
     skip_unless_runs_here(device)
