@@ -14,7 +14,10 @@ Variants (``--variants``, comma-separated; a new one is one entry in ``VARIANTS`
 - ``int8-sq``: the step-graph compile path's INT8 SmoothQuant W8A8 (``quantize_step``, alpha 0.8,
   max calibration on the same calibration prompts), run in exact ONNX Runtime (optimizations off);
 - ``fp8-executor``: ``fp8`` through the serving executor (the same numbers, as a check of that path);
-- ``kv-fp8``: ``kv_cache_dtype="fp8"`` (wip/kvfp8), in the default list where the executor takes it.
+- ``kv-fp8``: ``kv_cache_dtype="fp8"`` (wip/kvfp8), in the default list where the executor takes it;
+- ``head-fp8``, ``fp8+head-fp8``, ``int4-awq+head-fp8``: ``lm_head_quantization="fp8"`` alone and with
+  those projections: the LM head in E4M3 with per-row scales, W8A8 here as every position is scored
+  (serving decode runs it weight-only at one token: the more exact of the two).
 
 The quantized torch variants run the model's own forward with the :class:`QuantLinear` modules in
 place: the same modules and math the torch executor's CPU path runs.
@@ -139,12 +142,15 @@ def score(logits: np.ndarray, evals: np.ndarray, ref_top1: np.ndarray | None) ->
     return {"ppl": math.exp(float(nll)), "top1_agreement": agree}
 
 
-def quantized(method: str) -> Callable[[torch.nn.Module, list[list[int]]], torch.nn.Module]:
+def quantized(
+    method: str | None, lm_head: str | None = None
+) -> Callable[[torch.nn.Module, list[list[int]]], torch.nn.Module]:
     def make(model: torch.nn.Module, calib: list[list[int]]) -> torch.nn.Module:
         from trtforge.llm.quant import quantize_model
 
         m = copy.deepcopy(model)
-        record = quantize_model(m, method, calib if method == "int4-awq" else None)
+        prompts = calib if method == "int4-awq" else None
+        record = quantize_model(m, method, prompts, lm_head_quantization=lm_head)
         m.quant_record = record.to_dict()  # type: ignore[attr-defined]
         return m
 
@@ -172,6 +178,9 @@ VARIANTS: dict[str, tuple[str, str, object]] = {
         "torch",
         quantized("int4-awq"),
     ),
+    "head-fp8": ("FP8 LM head alone (E4M3 per-row, W8A8)", "torch", quantized(None, "fp8")),
+    "fp8+head-fp8": ("FP8 W8A8 + FP8 LM head", "torch", quantized("fp8", "fp8")),
+    "int4-awq+head-fp8": ("INT4 AWQ + FP8 LM head", "torch", quantized("int4-awq", "fp8")),
     "int8-sq": ("INT8 SmoothQuant W8A8 (step graph, exact ORT)", "sq", None),
     "fp8-executor": ("FP8 W8A8 through the torch executor (paged pools)", "executor", (quantized("fp8"), {})),
     "kv-fp8": ("FP8 KV cache (torch executor)", "executor", (None, {"kv_cache_dtype": "fp8"})),
@@ -243,7 +252,7 @@ def main() -> None:
         results[name] = r
         base = results["bf16"]["ppl"]
         print(
-            f"{name:9s} ppl {r['ppl']:.4f}  dPPL {100 * (r['ppl'] / base - 1):+.2f}%  "
+            f"{name:17s} ppl {r['ppl']:.4f}  dPPL {100 * (r['ppl'] / base - 1):+.2f}%  "
             f"top-1 agreement {100 * r['top1_agreement']:.2f}%  ({r['seconds']} s)",
             flush=True,
         )

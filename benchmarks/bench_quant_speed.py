@@ -3,19 +3,25 @@
     python benchmarks/bench_quant_speed.py --out benchmarks/results/quant_speed.json [--quick]
 
 Parts (``--parts``, comma-separated; each records an error instead of ending the run):
-- ``kernels``: the 8B projections (QKV 6144x4096, o 4096x4096, gate/up 28672x4096, down 4096x14336):
+- ``kernels``: the 8B projections (QKV 6144x4096, o 4096x4096, gate/up 28672x4096, down 4096x14336,
+  lm_head 128256x4096):
   FP8 ``torch._scaled_mm`` (activation quantization excluded, then included) and BF16 ``torch.mm`` in
   TFLOP/s at M = 16..8192 (dense FP8 peak of an H200: ~1,979 TFLOP/s; BF16 ~989); and the M=1 GEMVs
   (BF16, FP8 weight-only W8A16, INT4 group 128) in TB/s of weight bytes read (H200 HBM3e: 4.8 TB/s;
   timed by do_bench, launch overhead included: benchmarks/sweep_quant_gemv.py times them in CUDA
   graphs). Each kernel's result is checked against the float32 reference of its format first.
 - ``single``: one request alone (512 prompt tokens, 256 output), CUDA graphs as the executor uses
-  them: ms/token for BF16, FP8 and INT4. The INT4 weights are round-to-nearest: AWQ's weights have the
-  same format, bytes and kernels (its search only changes the values), and random weights give AWQ
-  no activations worth calibrating on.
-- ``serving``: the same workload for BF16 and FP8: 256 requests of 512 prompt / 256 output tokens, all
-  submitted at once, one 28 GB BF16 K/V pool (13,351 blocks of 16: every sequence fits; the same for
-  both), scheduler 256 sequences, 4096 tokens a step, prompt chunks of 1024; output tokens/s.
+  them: ms/token for BF16, FP8, FP8 + FP8 LM head, INT4 and INT4 + FP8 LM head (``+head-fp8``:
+  ``lm_head_quantization="fp8"``, the 1.05 GB BF16 head read as 0.53 GB of E4M3). The INT4 weights are
+  round-to-nearest: AWQ's weights have the same format, bytes and kernels (its search only changes the
+  values), and random weights give AWQ no activations worth calibrating on.
+- ``serving``: the same workload for BF16, FP8 and FP8 + FP8 LM head: 256 requests of 512 prompt / 256
+  output tokens, all submitted at once, one 28 GB BF16 K/V pool (13,351 blocks of 16: every sequence
+  fits; the same for all), scheduler 256 sequences, 4096 tokens a step, prompt chunks of 1024; output
+  tokens/s.
+
+``--variants`` picks among them (default: all); ``--quick`` (128 output tokens, 64 requests, 3 GEMM
+sizes) took about a minute a part on the H200 in session 13 with three variants.
 
 Targets (issue #28): single stream FP8 <= 0.6x and INT4 <= 0.4x BF16's ms/token; serving FP8 >= 1.6x BF16.
 """
@@ -56,7 +62,22 @@ TINY = {
     "head_dim": 32,
 }
 DEVICE = "cuda"
-PROJECTIONS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+PROJECTIONS = {
+    "qkv": (6144, 4096),
+    "o": (4096, 4096),
+    "gate_up": (28672, 4096),
+    "down": (4096, 14336),
+    "lm_head": (128256, 4096),
+}
+# variant -> (projection quantization, LM head quantization); "int4" is int4-rtn (see `single` above)
+VARIANTS = {
+    "bf16": (None, None),
+    "fp8": ("fp8", None),
+    "fp8+head-fp8": ("fp8", "fp8"),
+    "int4": ("int4-rtn", None),
+    "int4+head-fp8": ("int4-rtn", "fp8"),
+}
+SERVING_VARIANTS = ("bf16", "fp8", "fp8+head-fp8")
 
 
 def build(layers: int) -> torch.nn.Module:
@@ -74,12 +95,12 @@ def build(layers: int) -> torch.nn.Module:
     return model.eval()
 
 
-def variant(method: str, layers: int) -> torch.nn.Module:
+def variant(name: str, layers: int) -> torch.nn.Module:
     from trtforge.llm.quant import quantize_model
 
     model = build(layers)
-    if method != "bf16":
-        quantize_model(model, "int4-rtn" if method == "int4" else method)
+    method, lm_head = VARIANTS[name]
+    quantize_model(model, method, lm_head_quantization=lm_head)
     gc.collect()
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
@@ -150,7 +171,7 @@ def kernels_part(quick: bool) -> dict:
     return out
 
 
-def single_part(quick: bool, layers: int) -> dict:
+def single_part(quick: bool, layers: int, variants: list[str]) -> dict:
     from bench_serving import single_stream
 
     prompt = torch.randint(
@@ -160,7 +181,7 @@ def single_part(quick: bool, layers: int) -> dict:
     if DEVICE == "cpu":
         prompt, olen = prompt[:32], 8
     out: dict = {"prompt_tokens": len(prompt), "output_tokens": olen}
-    for method in ("bf16", "fp8", "int4"):
+    for method in variants:
         model = variant(method, layers)
         r = single_stream(model, prompt, olen, graphs=True)
         r.pop("tokens")
@@ -172,12 +193,13 @@ def single_part(quick: bool, layers: int) -> dict:
         gc.collect()
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
-    base = out["bf16"]["itl_ms_mean"]
-    out["ratio_to_bf16"] = {m: out[m]["itl_ms_mean"] / base for m in ("fp8", "int4")}
+    if "bf16" in out:
+        base = out["bf16"]["itl_ms_mean"]
+        out["ratio_to_bf16"] = {m: out[m]["itl_ms_mean"] / base for m in variants if m != "bf16"}
     return out
 
 
-def serving_part(quick: bool, layers: int) -> dict:
+def serving_part(quick: bool, layers: int, variants: list[str]) -> dict:
     from bench_serving import run_engine, workload
 
     from trtforge.llm.executors.torch_exec import TorchExecutor
@@ -196,7 +218,7 @@ def serving_part(quick: bool, layers: int) -> dict:
         "num_blocks": num_blocks,
         "block_size": block,
     }
-    for method in ("bf16", "fp8"):
+    for method in [v for v in variants if v in SERVING_VARIANTS]:
         model = variant(method, layers)
         ex = TorchExecutor(
             model, num_blocks=num_blocks, block_size=block, max_decode_batch=256, max_model_len=1024
@@ -210,13 +232,19 @@ def serving_part(quick: bool, layers: int) -> dict:
         r = run_engine(ex, reqs, config)
         r["graph_capture_s"] = capture
         r["quantization"] = ex.facts.quantization
+        r["lm_head_quantization"] = ex.facts.lm_head_quantization
         out[method] = r
         print(f"serving {method}: {r['output_tok_per_s']:.0f} output tok/s", flush=True)
         del ex, model
         gc.collect()
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
-    out["fp8_over_bf16"] = out["fp8"]["output_tok_per_s"] / out["bf16"]["output_tok_per_s"]
+    if "bf16" in out:
+        base = out["bf16"]["output_tok_per_s"]
+        out["over_bf16"] = {
+            m: out[m]["output_tok_per_s"] / base for m in SERVING_VARIANTS if m in out and m != "bf16"
+        }
+        out["fp8_over_bf16"] = out["over_bf16"].get("fp8")
     return out
 
 
@@ -226,9 +254,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer M values, 128 output tokens, 64 requests")
     ap.add_argument("--layers", type=int, default=32, help="decoder layers (32: the 8B model)")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated, of {', '.join(VARIANTS)} (serving: {', '.join(SERVING_VARIANTS)})",
+    )
     ap.add_argument("--tiny", action="store_true", help="check the script on a CPU (tiny model)")
     args = ap.parse_args()
     global DEVICE, SHAPE
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     if args.tiny:
         DEVICE, SHAPE = "cpu", TINY
         args.layers = TINY["num_hidden_layers"]
@@ -244,8 +281,8 @@ def main() -> None:
     }
     parts = {
         "kernels": lambda: kernels_part(args.quick),
-        "single": lambda: single_part(args.quick, args.layers),
-        "serving": lambda: serving_part(args.quick, args.layers),
+        "single": lambda: single_part(args.quick, args.layers, variants),
+        "serving": lambda: serving_part(args.quick, args.layers, variants),
     }
     for name in [p.strip() for p in args.parts.split(",") if p.strip()]:
         t = time.perf_counter()
@@ -260,7 +297,7 @@ def main() -> None:
             Path(args.out).write_text(json.dumps(results, indent=1))
     summary = {
         "single_ratio_to_bf16": results.get("single", {}).get("ratio_to_bf16"),
-        "serving_fp8_over_bf16": results.get("serving", {}).get("fp8_over_bf16"),
+        "serving_over_bf16": results.get("serving", {}).get("over_bf16"),
     }
     print(json.dumps(summary))
 

@@ -149,13 +149,14 @@ def test_stop_text_ends_the_line_and_is_not_printed(capsys):
 
 
 def test_the_cli_executor_flags_name_the_librarys_choices():
-    """generate and serve share --executor and --quantization (cli.torch_options, kept light): their
-    choices are the library's, and auto picks by MODEL's kind."""
-    from trtforge.cli.torch_options import EXECUTORS, QUANTIZATIONS, resolve_executor
+    """generate and serve share --executor, --quantization and --lm-head-quantization
+    (cli.torch_options, kept light): their choices are the library's, and auto picks by MODEL's kind."""
+    from trtforge.cli.torch_options import EXECUTORS, LM_HEAD_QUANTIZATIONS, QUANTIZATIONS, resolve_executor
     from trtforge.llm import service
-    from trtforge.llm.quant.apply import QUANTIZATIONS as LIBRARY_QUANTIZATIONS
+    from trtforge.llm.quant import apply
 
-    assert EXECUTORS == service.EXECUTORS and QUANTIZATIONS == LIBRARY_QUANTIZATIONS
+    assert EXECUTORS == service.EXECUTORS and QUANTIZATIONS == apply.QUANTIZATIONS
+    assert LM_HEAD_QUANTIZATIONS == apply.LM_HEAD_QUANTIZATIONS
     models = ("m.engine", "step.onnx", "llama-dir", "pkg.mod:make")
     assert [resolve_executor(m, "auto") for m in models] == ["tensorrt", "onnxruntime", "torch", "torch"]
     assert resolve_executor("step.onnx", "torch") == "torch"

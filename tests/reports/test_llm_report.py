@@ -53,7 +53,7 @@ def tiny_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def report(tiny_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("llm-report") / "out"
-    variants = "fp8,kv-fp8,onnx-fp32,onnx-fp8,onnx-int4"
+    variants = "fp8,fp8+head-fp8,kv-fp8,onnx-fp32,onnx-fp8,onnx-int4"
     return build_llm_report(tiny_dir, text=TEXT, out_dir=out, variants=variants, device="cpu", **SMALL)
 
 
@@ -80,6 +80,7 @@ def test_json_validates_and_lists_every_variant(report):
     assert [t["name"] for t in doc["targets"]] == [
         "fp32",
         "fp8",
+        "fp8+head-fp8",
         "kv-fp8",
         "onnx-fp32",
         "onnx-fp8",
@@ -113,13 +114,18 @@ def test_quantized_step_graphs_are_measured(report):
 
 
 def test_serving_variants_run_on_the_cpu(report):
-    """fp8 / kv-fp8 run on the CPU through the serving executor's float reference path
-    (``from_pretrained(quantization=..., kv_cache_dtype=...)``): a row, not a refusal."""
+    """fp8 / fp8+head-fp8 / kv-fp8 run on the CPU through the serving executor's float reference path
+    (``from_pretrained(quantization=..., lm_head_quantization=..., kv_cache_dtype=...)``): a row, not
+    a refusal, and the records say what was quantized."""
     targets = {t.name: t for t in report.report.targets}
     quality = {q.target: q for q in report.report.lm_quality}
-    for name in ("fp8", "kv-fp8"):
+    for name in ("fp8", "fp8+head-fp8", "kv-fp8"):
         assert targets[name].status == "ok", targets[name].reason
         assert quality[name].perplexity > 1 and quality[name].top1_agreement > 0.5
+    assert targets["fp8"].records["lm_head_quantization"] is None
+    assert targets["fp8+head-fp8"].records["quantization"] == "fp8"
+    assert targets["fp8+head-fp8"].records["lm_head_quantization"] == "fp8"
+    assert quality["fp8+head-fp8"].perplexity != quality["fp8"].perplexity
 
 
 def test_speed_points(report):

@@ -27,6 +27,7 @@ Examples:
   trtforge generate ./llama-dir --prompt "{" --tokenizer ./llama-dir --json-schema item.schema.json
   trtforge generate ./llama-dir --prompt "def f(x):" --speculative-model ./draft-dir
   trtforge generate ./llama-dir --prompt "x" --quantization int4-awq --calib-data prompts.txt
+  trtforge generate ./llama-dir --prompt "x" --quantization fp8 --lm-head-quantization fp8
   trtforge generate ./llama-dir --prompt "x" --tensor-parallel-size 2
 \b
 MODEL: a paged step engine from `trtforge compile --generate --cache-layout paged`
@@ -124,6 +125,7 @@ def generate_cmd(
     speculative_model: str | None,
     num_speculative_tokens: int | None,
     quantization: str | None,
+    lm_head_quantization: str | None,
 ) -> None:
     """Generate continuations of prompts with MODEL, printing tokens as they come."""
     from trtforge.errors import UserError
@@ -174,6 +176,7 @@ def generate_cmd(
         kv_cache_dtype=kv_cache_dtype,
         calib_data=calib_data,
         tensor_parallel_size=tensor_parallel_size,
+        lm_head_quantization=lm_head_quantization,
     )
     spec = speculative_config(speculative_method, speculative_model, num_speculative_tokens)
     with load(

@@ -128,6 +128,7 @@ def serve_cmd(
     speculative_model: str | None,
     num_speculative_tokens: int | None,
     quantization: str | None,
+    lm_head_quantization: str | None,
 ) -> None:
     """Serve MODEL over OpenAI's HTTP API."""
     import dataclasses
@@ -165,6 +166,7 @@ def serve_cmd(
         kv_cache_dtype=kv_cache_dtype,
         calib_data=calib_data,
         tensor_parallel_size=tensor_parallel_size,
+        lm_head_quantization=lm_head_quantization,
     )
     if executor == "torch":
         llm = from_pretrained(model, **_placement(device, dtype), **sizes, **torch_kw)

@@ -1,6 +1,6 @@
 """The executor flags shared by `trtforge generate` and `trtforge serve`: --executor (and what its
-auto picks), and the torch executor's --quantization, --kv-cache-dtype, --calib-data (the calibration
-prompts of both) and --tensor-parallel-size."""
+auto picks), and the torch executor's --quantization, --lm-head-quantization, --kv-cache-dtype,
+--calib-data (the calibration prompts of both) and --tensor-parallel-size."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 QUANTIZATIONS = ("fp8", "int4-awq", "int4-rtn")  # trtforge.llm.quant.QUANTIZATIONS (kept light here)
+LM_HEAD_QUANTIZATIONS = ("fp8",)  # trtforge.llm.quant.LM_HEAD_QUANTIZATIONS
 EXECUTORS = ("auto", "onnxruntime", "tensorrt", "torch")  # trtforge.llm.service.EXECUTORS
 _BY_SUFFIX = {".engine": "tensorrt", ".onnx": "onnxruntime"}
 
@@ -34,7 +35,8 @@ def resolve_executor(model: str, executor: str) -> str:
 
 
 def torch_executor_options(fn: Callable) -> Callable:
-    """Add --quantization, --kv-cache-dtype, --calib-data and --tensor-parallel-size to a command."""
+    """Add --quantization, --lm-head-quantization, --kv-cache-dtype, --calib-data and
+    --tensor-parallel-size to a command."""
     fn = click.option(
         "--tensor-parallel-size",
         default=1,
@@ -59,13 +61,22 @@ def torch_executor_options(fn: Callable) -> Callable:
         help="torch executor KV cache: auto = the model's dtype; fp8 = E4M3 pools with per-layer scales "
         "(half BF16's bytes; GPUs of compute capability 8.9+, or the CPU).",
     )(fn)
+    fn = click.option(
+        "--lm-head-quantization",
+        type=click.Choice(LM_HEAD_QUANTIZATIONS),
+        default=None,
+        help="Quantize the LM head too (torch executor, Llama-style models; with any --quantization or "
+        "none): fp8 = E4M3 with per-row scales, weight-only at one token, W8A8 above (compute capability "
+        "8.9+ on CUDA). Saves half of a BF16 head's bytes read per decoded token (Llama-3-8B: 1.05 -> "
+        "0.53 GB); costs some perplexity (BENCHMARKS.md, session 14). A tied input embedding stays exact.",
+    )(fn)
     return click.option(
         "--quantization",
         type=click.Choice(QUANTIZATIONS),
         default=None,
         help="Quantize the weights (torch executor, Llama-style models): fp8 (E4M3 weights: weight-only "
         "at one token, W8A8 above; needs compute capability 8.9+ on CUDA), int4-awq (needs --calib-data) "
-        "or int4-rtn; lm_head and embeddings stay.",
+        "or int4-rtn; embeddings stay, and lm_head unless --lm-head-quantization.",
     )(fn)
 
 
@@ -76,17 +87,19 @@ def torch_executor_kwargs(
     kv_cache_dtype: str,
     calib_data: str | None,
     tensor_parallel_size: int,
+    lm_head_quantization: str | None = None,
 ) -> dict[str, Any]:
     """The `llm.load` / `from_pretrained` keywords of the flags; `load` refuses those the executor does
-    not take, --quantization is refused here (by its flag's name)."""
+    not take, --quantization and --lm-head-quantization are refused here (by their flags' names)."""
     from trtforge.cli._options import read_prompt_ids
     from trtforge.errors import UserError
 
-    if quantization is not None and executor != "torch":
-        raise UserError(
-            f"--quantization applies to the torch executor; this MODEL runs on {executor} (compiled graphs "
-            "and engines carry their own --precision)."
-        )
+    for flag, value in (("--quantization", quantization), ("--lm-head-quantization", lm_head_quantization)):
+        if value is not None and executor != "torch":
+            raise UserError(
+                f"{flag} applies to the torch executor; this MODEL runs on {executor} (compiled graphs "
+                "and engines carry their own --precision)."
+            )
     kwargs: dict[str, Any] = {
         "kv_cache_dtype": kv_cache_dtype,
         "calib_prompts": read_prompt_ids(calib_data) if calib_data else None,
@@ -94,4 +107,6 @@ def torch_executor_kwargs(
     }
     if quantization is not None:
         kwargs["quantization"] = quantization
+    if lm_head_quantization is not None:
+        kwargs["lm_head_quantization"] = lm_head_quantization
     return kwargs

@@ -15,7 +15,8 @@ renderers, schema and atomic writes); this module only measures. For every varia
   tokens of the text submitted at once, ``new_tokens`` greedy tokens each.
 - **KV bytes per token** from the executor's facts (step graphs: their cache dtype).
 
-Serving variants map onto ``from_pretrained(model, quantization=..., kv_cache_dtype=...)``; a variant
+Serving variants map onto ``from_pretrained(model, quantization=..., kv_cache_dtype=...,
+lm_head_quantization=...)`` (``+head-fp8``: the LM head in FP8 too); a variant
 this machine cannot run (``from_pretrained`` refuses it by name: FP8 needs FP8 tensor cores, compute
 capability 8.9+; the CPU runs the float reference path) keeps its row with the reason. Calibration
 prompts (int8 / fp8 step graphs, int4-awq, the FP8 KV cache's scales) come from the text's first half,
@@ -52,6 +53,8 @@ SERVING_VARIANTS: dict[str, dict[str, Any]] = {
     "fp8": {"quantization": "fp8"},
     "int4-awq": {"quantization": "int4-awq"},
     "int4-rtn": {"quantization": "int4-rtn"},
+    "fp8+head-fp8": {"quantization": "fp8", "lm_head_quantization": "fp8"},
+    "int4-awq+head-fp8": {"quantization": "int4-awq", "lm_head_quantization": "fp8"},
     "kv-fp8": {"kv_cache_dtype": "fp8"},
     "fp8+kv-fp8": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
 }
@@ -340,6 +343,7 @@ def _serving_variant(
         facts = llm.executor.facts
         info.records = {
             "quantization": getattr(facts, "quantization", None),
+            "lm_head_quantization": getattr(facts, "lm_head_quantization", None),
             "executor": type(llm.executor).__name__,
             "kv_dtype": facts.kv_dtype,
             "kv_bytes_per_token": facts.kv_bytes_per_token,

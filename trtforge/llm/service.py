@@ -178,6 +178,7 @@ def load(
     kv_cache_dtype: str = "auto",
     quantization: str | None = None,
     calib_prompts: Sequence[Sequence[int]] | None = None,
+    lm_head_quantization: str | None = None,
 ) -> ServingLLM:
     """Load a model for generation: always a :class:`ServingLLM`.
 
@@ -217,12 +218,14 @@ def load(
             kv_cache_dtype=kv_cache_dtype,
             quantization=quantization,
             calib_prompts=calib_prompts,
+            lm_head_quantization=lm_head_quantization,
         )
-    if quantization is not None:
-        raise UserError(
-            f"quantization={quantization!r} applies to the torch executor (executor='torch' or "
-            "trtforge.llm.from_pretrained); compiled step graphs and engines carry their own precision."
-        )
+    for name, value in (("quantization", quantization), ("lm_head_quantization", lm_head_quantization)):
+        if value is not None:
+            raise UserError(
+                f"{name}={value!r} applies to the torch executor (executor='torch' or "
+                "trtforge.llm.from_pretrained); compiled step graphs and engines carry their own precision."
+            )
     if tensor_parallel_size != 1:
         raise UserError(
             f"tensor_parallel_size {tensor_parallel_size} needs the torch executor (a save_pretrained "
@@ -350,6 +353,7 @@ def from_pretrained(
     kv_cache_dtype: str = "auto",
     quantization: str | None = None,
     calib_prompts: Sequence[Sequence[int]] | None = None,
+    lm_head_quantization: str | None = None,
 ) -> ServingLLM:
     """Serve a transformers causal LM (an nn.Module, a save_pretrained directory or ``module:factory``)
     with the torch paged executor (:class:`trtforge.llm.executors.torch_exec.TorchExecutor`).
@@ -362,6 +366,12 @@ def from_pretrained(
     projections once the model is on its device, before the pool is sized (so the freed weight bytes
     go to the KV cache); "int4-awq" searches its scales on `calib_prompts` (lists of token ids). The
     executor's ``facts.quantization`` records it.
+
+    `lm_head_quantization` "fp8" quantizes the LM head too (with any `quantization`, or none): E4M3
+    weights with per-row scales, the fp8 projections' format and kernels (weight-only at one token,
+    W8A8 above). It halves the bytes of a BF16 head, which every decoded token reads (1.05 GB at
+    Llama-3-8B), and costs some perplexity (BENCHMARKS.md, session 14); an input embedding tied to the
+    head stays exact (the FP8 head is then an extra copy). ``facts.lm_head_quantization`` records it.
 
     `kv_cache_dtype`: "auto" (the model's dtype) or "fp8" (E4M3 pools, half the bytes of BF16, with one
     K and one V scale per layer calibrated on `calib_prompts`, token-id lists as ``--calib-data``
@@ -380,10 +390,11 @@ def from_pretrained(
     from trtforge.llm.executors.torch_exec import MAX_STATIC_Q_LEN, TorchExecutor
     from trtforge.llm.models.loader import load_causal_lm
     from trtforge.llm.quant import quantize_model
-    from trtforge.llm.quant.apply import check_quantization
+    from trtforge.llm.quant.apply import check_lm_head_quantization, check_quantization
 
     spec = SpeculativeConfig.of(speculative)
     check_quantization(quantization)
+    check_lm_head_quantization(lm_head_quantization)
     kv_cache_dtype = kv_cache_dtype_name(kv_cache_dtype)  # refused before the model loads
     if calib_prompts is not None and kv_cache_dtype == "auto" and quantization != "int4-awq":
         raise UserError(
@@ -391,10 +402,11 @@ def from_pretrained(
             f"quantization={quantization!r} and kv_cache_dtype='auto' there is nothing to calibrate. Pass "
             "quantization='int4-awq' or kv_cache_dtype='fp8' (--kv-cache-dtype fp8), or drop them."
         )
-    if tensor_parallel_size != 1 and (kv_cache_dtype != "auto" or quantization is not None):
+    quantized = quantization is not None or lm_head_quantization is not None
+    if tensor_parallel_size != 1 and (kv_cache_dtype != "auto" or quantized):
         raise UserError(
-            "kv_cache_dtype 'fp8' and quantization do not run with tensor_parallel_size > 1 yet; "
-            "pass tensor_parallel_size=1 or drop them."
+            "kv_cache_dtype 'fp8', quantization and lm_head_quantization do not run with "
+            "tensor_parallel_size > 1 yet; pass tensor_parallel_size=1 or drop them."
         )
     config = sizing.default_scheduler_config(config, max_num_seqs)
     if tensor_parallel_size != 1:
@@ -416,10 +428,12 @@ def from_pretrained(
     if spec is not None and config.async_scheduling is None:
         config = dataclasses.replace(config, async_scheduling=False)
     lm = load_causal_lm(model)
-    if quantization is not None:
+    if quantized:
         if device is not None or dtype is not None:
             lm.to(device=device, dtype=dtype)
-        quantize_model(lm, quantization, calib_prompts, user="from_pretrained")
+        quantize_model(
+            lm, quantization, calib_prompts, user="from_pretrained", lm_head_quantization=lm_head_quantization
+        )
     draft_lm = None
     if spec is not None and spec.method == "draft":  # on the device before sizing: its weights count
         draft_lm = load_causal_lm(spec.model)

@@ -234,7 +234,7 @@ class ExecutorFacts:
     - ``tensor_parallel_size``: the ranks the model is split over; one rank's executor counts its own
       share of the KV heads and pool bytes, the driver the scheduler reads counts the whole model's.
     - ``quantization``: the weight quantization the executor runs ("fp8", "int4-awq", "int4-rtn"), or
-      None for the model's own dtype.
+      None for the model's own dtype; ``lm_head_quantization``: the LM head's ("fp8"), or None.
     """
 
     num_blocks: int
@@ -251,6 +251,7 @@ class ExecutorFacts:
     kv_depends_on_prompt_len: bool = False
     tensor_parallel_size: int = 1
     quantization: str | None = None
+    lm_head_quantization: str | None = None
 
     @property
     def eos_token_id(self) -> int | None:

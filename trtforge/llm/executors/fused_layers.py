@@ -15,7 +15,9 @@ keeps working unchanged and no weight is held twice. Quantized projections
 GEMVs read them directly up to :func:`~trtforge.llm.quant.linear.weight_only_max_tokens` (FP8 at one
 token, weight-only: E4M3 widened in registers against the 16-bit activations; INT4 up to 16: no INT4
 tensor-core GEMM here), larger token counts go through :func:`~trtforge.llm.quant.linear.quant_linear`
-(FP8: W8A8, per-token activation scales and ``torch._scaled_mm``).
+(FP8: W8A8, per-token activation scales and ``torch._scaled_mm``). A quantized LM head
+(``lm_head_quantization="fp8"``) takes the same norm + GEMV at up to its own weight-only limit (one
+token), whatever the projections' limit (INT4's 16 rows), so it runs what the CPU's ``quant_linear`` runs.
 Phi-3's fused qkv_proj and gate_up_proj are used as they are. :func:`fusable` says which models fit
 (SiLU-gated MLP, RMSNorms, unbiased o/MLP projections, an even head dim).
 
@@ -145,6 +147,11 @@ class FusedLayers:
         self.quantized = not isinstance(self.o_w[0], torch.Tensor)
         if self.quantized:  # the same boundary as quant_linear's (INT4: no tensor-core GEMM, 16 rows)
             self.gemv_max_tokens = weight_only_max_tokens(self.o_w[0])
+        head = self.model.lm_head
+        self.head_w = _weight(head)
+        self.head_gemv_max_tokens = self.gemv_max_tokens
+        if isinstance(head, QuantLinear):  # (FP8: weight-only at one token, W8A8 above)
+            self.head_gemv_max_tokens = min(self.gemv_max_tokens, weight_only_max_tokens(self.head_w))
 
     def _gemv(self, h: torch.Tensor) -> bool:
         return 0 < int(h.shape[0]) <= self.gemv_max_tokens
@@ -210,10 +217,11 @@ class FusedLayers:
         return quant_linear(x, w, b)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """LM-head logits; under tensor parallelism the head holds this rank's vocabulary rows
+        """LM-head logits (a quantized head: its quantized weight, through the same norm + GEMV); under
+        tensor parallelism the head holds this rank's vocabulary rows
         (:class:`~trtforge.llm.models.parallel.VocabParallelHead`) and the shares are gathered."""
         norm, head = self.inner.norm, self.model.lm_head
-        if self._gemv(h):
-            out = norm_gemv(h, norm.weight, norm.variance_epsilon, head.weight, head.bias)
+        if 0 < int(h.shape[0]) <= self.head_gemv_max_tokens:
+            out = norm_gemv(h, norm.weight, norm.variance_epsilon, self.head_w, head.bias)
             return out if self.tp is None else head.gather(out)
         return head(rms_norm(h, norm.weight, norm.variance_epsilon))

@@ -76,7 +76,7 @@ from trtforge.llm.models.families import (
     refuse_unapplied_window,
 )
 from trtforge.llm.models.parallel import TensorParallel
-from trtforge.llm.quant import model_quantization
+from trtforge.llm.quant import model_lm_head_quantization, model_quantization
 
 # decode graph batch sizes; the largest is max_decode_batch itself (from_pretrained: max_num_seqs)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
@@ -122,7 +122,7 @@ class TorchExecutor:
     being `max_decode_batch`); larger ones run like steps with prompt tokens. Give it the scheduler's
     ``max_num_seqs`` (:func:`trtforge.llm.service.from_pretrained` does). A model quantized by
     :func:`trtforge.llm.quant.quantize_model` (on its device) runs its quantized projections, fused
-    too; ``facts.quantization`` says which.
+    too; ``facts.quantization`` (and ``facts.lm_head_quantization``) says which.
     `tensor_parallel` makes it one rank of a tensor-parallel group (:mod:`trtforge.llm.models.parallel`,
     driven by :mod:`.tensor_parallel`): the model is sharded in place through its adapter, the pools hold
     this rank's KV heads, and every step (graphs included) runs the group's collectives, so all ranks
@@ -319,6 +319,7 @@ class TorchExecutor:
             kv_depends_on_prompt_len=a.dynamic,
             tensor_parallel_size=1 if self.tensor_parallel is None else self.tensor_parallel.world,
             quantization=model_quantization(self.model),
+            lm_head_quantization=model_lm_head_quantization(self.model),
         )
 
     @property

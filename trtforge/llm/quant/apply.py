@@ -1,10 +1,11 @@
 """`quantize_model`: the checks and the rewrite behind ``from_pretrained(..., quantization=...)``.
 
 The Llama-style projections (q/k/v or Phi-3's qkv_proj, o_proj, gate/up or gate_up_proj, down_proj)
-become :class:`~trtforge.llm.quant.linear.QuantLinear` modules; the embeddings, norms and LM head
-stay in the model's dtype (the LM head is a tenth of an 8B model's weights and the most sensitive
-projection). Every method quantizes per output channel (INT4 in groups of 128 along K within it), so
-the fused path's concatenated QKV and gate/up weights are the concatenations of the quantized rows.
+become :class:`~trtforge.llm.quant.linear.QuantLinear` modules; the embeddings and norms stay in the
+model's dtype, and so does the LM head unless ``lm_head_quantization="fp8"`` asks for it (it is the
+most sensitive projection, but at Llama-3-8B its 1.05 GB of BF16 are read at every decoded token).
+Every method quantizes per output channel (INT4 in groups of 128 along K within it), so the fused
+path's concatenated QKV and gate/up weights are the concatenations of the quantized rows.
 
 - ``"fp8"``: E4M3 weights with per-output-channel scales: W8A8 (activations quantized per token at
   run time) above one token, weight-only at one token (:mod:`.linear`). On CUDA it needs FP8 tensor
@@ -12,6 +13,10 @@ the fused path's concatenated QKV and gate/up weights are the concatenations of 
 - ``"int4-rtn"``: INT4 weight-only, asymmetric (scale + offset per group of 128), round to nearest.
 - ``"int4-awq"``: the same format with AWQ's activation-aware scales and clipping ranges (:mod:`.awq`),
   searched on calibration prompts.
+
+``lm_head_quantization="fp8"`` (with any of these, or none): the LM head in the same FP8 format and
+dispatch as the fp8 projections (weight-only at one token: the fused path's norm + GEMV; W8A8 above).
+A head tied to the input embedding leaves the embedding exact: the FP8 head is a copy beside it.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ import torch
 from torch import nn
 
 from trtforge.errors import UserError
-from trtforge.kernels.qweight import INT4_GROUP, quantize_fp8, quantize_int4
+from trtforge.kernels.qweight import INT4_GROUP, QuantWeight, quantize_fp8, quantize_int4
 from trtforge.llm.models.families import LlamaStyle, adapter_for
 from trtforge.llm.quant.awq import search_clip, search_scales
 from trtforge.llm.quant.linear import QuantLinear
 
 QUANTIZATIONS = ("fp8", "int4-awq", "int4-rtn")
+LM_HEAD_QUANTIZATIONS = ("fp8",)
+FP8_GEMM_MULTIPLE = 16  # torch._scaled_mm (the FP8 W8A8 GEMM on CUDA) takes weights whose N and K it divides
 MAX_CALIB_TOKENS = 16384  # calibration tokens used at most (prompts in order, each cut to 2048)
 MAX_SEARCH_ROWS = 16384  # tokens (evenly spaced) whose Gram matrix scores each alpha
 MAX_CLIP_ROWS = 16384  # and each clipping ratio
@@ -37,16 +44,29 @@ MAX_CLIP_ROWS = 16384  # and each clipping ratio
 
 @dataclass
 class QuantizationRecord:
-    """What :func:`quantize_model` did: the method, which projections, their bytes before and after,
-    and for AWQ the calibration tokens and each scaled group's alpha."""
+    """What :func:`quantize_model` did: the method of the layers' projections (None: left in the model's
+    dtype), how many and their bytes before and after, for AWQ the calibration tokens and each scaled
+    group's alpha; the LM head's method (None: kept), its bytes before and after and whether it was
+    tied to the input embedding (which then stays, exact, beside the FP8 copy)."""
 
-    method: str
+    method: str | None
     projections: int
     bytes_before: int
     bytes_after: int
-    unquantized: str = "embeddings, norms and lm_head (model dtype)"
     calib_tokens: int = 0
     alphas: dict[str, float] = field(default_factory=dict)
+    lm_head: str | None = None
+    lm_head_bytes_before: int = 0
+    lm_head_bytes_after: int = 0
+    lm_head_tied: bool = False
+
+    @property
+    def unquantized(self) -> str:
+        """What stayed in the model's dtype."""
+        if self.lm_head is None:
+            return "embeddings, norms and lm_head (model dtype)"
+        tied = "; the input embedding tied to lm_head stays exact" if self.lm_head_tied else ""
+        return f"embeddings and norms (model dtype){tied}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,12 +77,23 @@ class QuantizationRecord:
             "unquantized": self.unquantized,
             "calib_tokens": self.calib_tokens,
             "alphas": dict(self.alphas),
+            "lm_head": self.lm_head,
+            "lm_head_bytes_before": self.lm_head_bytes_before,
+            "lm_head_bytes_after": self.lm_head_bytes_after,
+            "lm_head_tied": self.lm_head_tied,
         }
 
 
 def model_quantization(model: nn.Module) -> str | None:
-    """The method of the model's quantized projections, or None when it has none."""
-    return next((m.method for m in model.modules() if isinstance(m, QuantLinear)), None)
+    """The method of the model's quantized layer projections (the LM head aside), or None."""
+    head = getattr(model, "lm_head", None)
+    return next((m.method for m in model.modules() if isinstance(m, QuantLinear) and m is not head), None)
+
+
+def model_lm_head_quantization(model: nn.Module) -> str | None:
+    """The method of the model's quantized LM head, or None when it is in the model's dtype."""
+    head = getattr(model, "lm_head", None)
+    return head.method if isinstance(head, QuantLinear) else None
 
 
 def check_quantization(quantization: Any, where: str = "quantization") -> str | None:
@@ -74,6 +105,16 @@ def check_quantization(quantization: Any, where: str = "quantization") -> str | 
     )
 
 
+def check_lm_head_quantization(value: Any, where: str = "lm_head_quantization") -> str | None:
+    """`value` itself (None, or one of :data:`LM_HEAD_QUANTIZATIONS`), else a UserError."""
+    if value is None or value in LM_HEAD_QUANTIZATIONS:
+        return value
+    raise UserError(
+        f"{where} {value!r} is not supported; choose {', '.join(LM_HEAD_QUANTIZATIONS)} (E4M3 with per-row "
+        "scales) or none (the LM head in the model's dtype)."
+    )
+
+
 def _groups(layer: nn.Module) -> list[tuple[str, list[nn.Module]]]:
     """The layer's projections by shared input: qkv, o, gate/up, down (names of the module attributes)."""
     a, m = layer.self_attn, layer.mlp
@@ -82,50 +123,79 @@ def _groups(layer: nn.Module) -> list[tuple[str, list[nn.Module]]]:
     return [("qkv", qkv), ("o", [a.o_proj]), ("gate_up", gate_up), ("down", [m.down_proj])]
 
 
-def _check_model(model: nn.Module, method: str, user: str) -> LlamaStyle:
+def _check_model(model: nn.Module, method: str | None, user: str, what: str) -> LlamaStyle:
+    """The model's adapter when `what` (the option asked for, for the messages) applies to it; the layer
+    projections are checked when `method` quantizes them."""
     adapter = adapter_for(model, user)
     if not isinstance(adapter, LlamaStyle):
         raise UserError(
-            f"quantization={method!r}: the {model.config.model_type} family ({type(model).__name__}) has no "
+            f"{what}: the {model.config.model_type} family ({type(model).__name__}) has no "
             "quantized path yet; quantization covers the Llama-style families (llama, mistral, ministral, "
             "qwen2, qwen3, phi3). Serve this model without quantization."
         )
+    if method is None:
+        return adapter
     for i, layer in enumerate(adapter.layers):
         mlp = layer.mlp
         if not hasattr(mlp, "down_proj") or not (hasattr(mlp, "gate_proj") or hasattr(mlp, "gate_up_proj")):
             raise UserError(
-                f"quantization={method!r}: {model.config.model_type} layer {i} has no gated MLP "
+                f"{what}: {model.config.model_type} layer {i} has no gated MLP "
                 "(gate/up/down projections); the quantized path covers gated-MLP Llama-style models."
             )
         for name, mods in _groups(layer):
             for mod in mods:
                 if not isinstance(mod, nn.Linear):
                     raise UserError(
-                        f"quantization={method!r}: layer {i}'s {name} projection is a {type(mod).__name__}, "
+                        f"{what}: layer {i}'s {name} projection is a {type(mod).__name__}, "
                         "not an nn.Linear (already quantized?); quantize the original model once."
                     )
                 k = int(mod.in_features)
                 if method.startswith("int4") and k % INT4_GROUP:
                     raise UserError(
-                        f"quantization={method!r}: layer {i}'s {name} projection has {k} input features, "
+                        f"{what}: layer {i}'s {name} projection has {k} input features, "
                         f"not a multiple of the INT4 group size {INT4_GROUP}."
                     )
     return adapter
 
 
-def _check_device(model: nn.Module, method: str) -> None:
+def _check_head(model: nn.Module, what: str) -> nn.Linear:
+    """The LM head `what` (``lm_head_quantization=...``) quantizes: an nn.Linear whose shape the FP8
+    GEMM on CUDA takes."""
+    head = model.lm_head
+    if not isinstance(head, nn.Linear):
+        raise UserError(
+            f"{what}: the model's lm_head is a {type(head).__name__}, not an nn.Linear (already quantized, "
+            "or a tensor-parallel share?); quantize the original model once, with tensor_parallel_size=1."
+        )
+    n, k = (int(d) for d in head.weight.shape)
+    device = head.weight.device
+    if device.type == "cuda" and (n % FP8_GEMM_MULTIPLE or k % FP8_GEMM_MULTIPLE):
+        raise UserError(
+            f"{what}: the LM head is [{n}, {k}] (vocabulary x hidden); on CUDA its FP8 GEMM "
+            f"(torch._scaled_mm) needs both multiples of {FP8_GEMM_MULTIPLE}. Keep the head in the model's "
+            "dtype (lm_head_quantization=None)."
+        )
+    return head
+
+
+def _check_device(model: nn.Module, method: str, what: str | None = None) -> None:
+    what = what or f"quantization={method!r}"
     device = next(model.parameters()).device
     if method == "fp8" and device.type == "cuda":
         cap = torch.cuda.get_device_capability(device)
         if cap < (8, 9):
             name = torch.cuda.get_device_name(device)
+            other = (
+                "Use quantization='int4-awq' or 'int4-rtn', or no quantization."
+                if what.startswith("quantization")
+                else "Keep the LM head in the model's dtype (lm_head_quantization=None)."
+            )
             raise UserError(
-                f"quantization='fp8' needs FP8 tensor cores (compute capability 8.9 or later: Ada, Hopper, "
-                f"Blackwell); {name} has {cap[0]}.{cap[1]}. Use quantization='int4-awq' or 'int4-rtn', or "
-                "no quantization."
+                f"{what} needs FP8 tensor cores (compute capability 8.9 or later: Ada, Hopper, "
+                f"Blackwell); {name} has {cap[0]}.{cap[1]}. {other}"
             )
     if device.type not in ("cuda", "cpu"):
-        raise UserError(f"quantization={method!r} runs on CUDA or the CPU, not on {device.type}.")
+        raise UserError(f"{what} runs on CUDA or the CPU, not on {device.type}.")
 
 
 class _Stop(Exception):
@@ -232,17 +302,30 @@ def _up_rows(mlp: nn.Module) -> torch.Tensor:
 
 
 def quantize_model(
-    model: nn.Module, method: str | None, calib_prompts: Any = None, user: str = "quantization"
+    model: nn.Module,
+    method: str | None,
+    calib_prompts: Any = None,
+    user: str = "quantization",
+    lm_head_quantization: str | None = None,
 ) -> QuantizationRecord | None:
-    """Quantize `model`'s Llama-style projections in place with `method` (None: leave it as is).
+    """Quantize `model`'s Llama-style projections in place with `method` and, with
+    `lm_head_quantization` ("fp8"), its LM head (None, None: leave it as is and return None).
 
     Run it after the model is on its device and in its dtype. ``"int4-awq"`` needs `calib_prompts`
-    (lists of token ids)."""
+    (lists of token ids); its search runs on the float model, LM head included."""
     method = check_quantization(method)
-    if method is None:
+    lm_head_quantization = check_lm_head_quantization(lm_head_quantization)
+    if method is None and lm_head_quantization is None:
         return None
-    adapter = _check_model(model, method, user)
-    _check_device(model, method)
+    what = f"quantization={method!r}" if method else f"lm_head_quantization={lm_head_quantization!r}"
+    adapter = _check_model(model, method, user, what)
+    if method is not None:
+        _check_device(model, method)
+    head = None
+    if lm_head_quantization is not None:
+        head_what = f"lm_head_quantization={lm_head_quantization!r}"
+        head = _check_head(model, head_what)
+        _check_device(model, lm_head_quantization, head_what)
     device = next(model.parameters()).device
     record = QuantizationRecord(method, 0, 0, 0)
     prompts = (
@@ -257,17 +340,26 @@ def quantize_model(
     if prompts:  # every search on the float model first: each layer's inputs are the float model's
         for i, layer in enumerate(adapter.layers):
             clips.update(_awq_layer(model, layer, i, prompts, record.alphas))
-    for layer in adapter.layers:
-        for _, mods in _groups(layer):
-            for mod in mods:
-                _replace(model, mod, method, record, clips.get(mod))
+    if method is not None:
+        for layer in adapter.layers:
+            for _, mods in _groups(layer):
+                for mod in mods:
+                    q = _replace(model, mod, method, clips.get(mod))
+                    record.projections += 1
+                    record.bytes_before += mod.weight.numel() * mod.weight.element_size()
+                    record.bytes_after += q.nbytes
+    if head is not None:
+        embed = model.get_input_embeddings()
+        record.lm_head = lm_head_quantization
+        record.lm_head_tied = embed is not None and head.weight is embed.weight
+        record.lm_head_bytes_before = head.weight.numel() * head.weight.element_size()
+        record.lm_head_bytes_after = _replace(model, head, lm_head_quantization, None).nbytes
     model.train(was_training)
     return record
 
 
-def _replace(
-    model: nn.Module, mod: nn.Linear, method: str, record: QuantizationRecord, clip: torch.Tensor | None
-) -> None:
+def _replace(model: nn.Module, mod: nn.Linear, method: str, clip: torch.Tensor | None) -> QuantWeight:
+    """Put a :class:`QuantLinear` of `mod` in its place (every parent that holds it); its weight."""
     w = mod.weight.detach()
     q = quantize_fp8(w) if method == "fp8" else quantize_int4(w, INT4_GROUP, clip)
     new = QuantLinear(q, mod.bias, method)
@@ -275,6 +367,4 @@ def _replace(
         for name, child in parent.named_children():
             if child is mod:
                 setattr(parent, name, new)
-    record.projections += 1
-    record.bytes_before += mod.weight.numel() * mod.weight.element_size()
-    record.bytes_after += q.nbytes
+    return q
