@@ -52,6 +52,32 @@ def test_from_pretrained_sizes_the_decode_buckets_to_max_num_seqs():
         assert llm.executor._batch_buckets[-2:] == (384, 512)
 
 
+def _serve_full_bucket(executor: TorchExecutor, config: SchedulerConfig, reqs: list, n: int) -> dict:
+    """Run `reqs` (id, prompt, max tokens) to completion through a step loop; assert some step decoded all
+    `n` sequences on the static path (the n bucket); return each request's output tokens."""
+    full = []
+
+    def hook(sched, batch):
+        if batch.num_seqs == n and executor.path_of(batch) == "decode":
+            full.append(batch.num_seqs)
+
+    loop = make_step_loop(executor, config, hook)
+    for rid, prompt, tokens in reqs:
+        loop.add_request(rid, prompt, SamplingParams(max_tokens=tokens, ignore_eos=True))
+    done = {}
+    while loop.has_unfinished():
+        done.update({o.request_id: o.output_token_ids for o in loop.step() if o.finished})
+    assert full, f"no step ran all {n} sequences in the {n} bucket"
+    return done
+
+
+def _not_solo(reqs: list, done: dict) -> list:
+    """The requests whose output differs from their solo greedy run (eager executor, alone)."""
+    solo_ex = make_executor()
+    params = [SamplingParams(max_tokens=tokens, ignore_eos=True) for _, _, tokens in reqs]
+    return [rid for (rid, prompt, _), p in zip(reqs, params) if done[rid] != solo_output(prompt, p, solo_ex)]
+
+
 @pytest.mark.parametrize(
     ("n", "async_scheduling"),
     [(512, False), (512, True), (1024, True)],
@@ -71,26 +97,9 @@ def test_a_full_batch_in_the_largest_bucket_matches_its_solo_runs(n, async_sched
     config = SchedulerConfig(
         max_num_seqs=n, max_num_batched_tokens=8192, max_prefill_chunk=16, async_scheduling=async_scheduling
     )
-    full_static = []
-
-    def hook(sched, batch):
-        if batch.num_seqs == n and executor.path_of(batch) == "decode":
-            full_static.append(batch.num_seqs)
-
-    loop = make_step_loop(executor, config, hook)
-    for rid, prompt, tokens in reqs:
-        loop.add_request(rid, prompt, SamplingParams(max_tokens=tokens, ignore_eos=True))
-    done = {}
-    while loop.has_unfinished():
-        for out in loop.step():
-            if out.finished:
-                done[out.request_id] = out.output_token_ids
-    assert full_static, f"no step ran all {n} sequences in the {n} bucket"
-    solo_ex = make_executor()
-    for rid, prompt, tokens in reqs:
-        assert done[rid] == solo_output(
-            prompt, SamplingParams(max_tokens=tokens, ignore_eos=True), solo_ex
-        ), rid
+    done = _serve_full_bucket(executor, config, reqs, n)
+    wrong = _not_solo(reqs, done)
+    assert not wrong, f"{len(wrong)} of {n} outputs differ from their solo runs, e.g. request {wrong[0]}"
 
 
 def test_step_returns_its_own_logits_and_step_async_lends_the_decode_buffer():
@@ -167,24 +176,8 @@ def test_1024_sequences_in_the_largest_graph_bucket_match_their_solo_runs_on_cud
     ex = TorchExecutor(model, num_blocks=n * 3, block_size=16, static_decode=True, max_decode_batch=n)
     assert ex.use_cuda_graphs and ex._batch_buckets[-1] == n
     config = SchedulerConfig(max_num_seqs=n, max_num_batched_tokens=16 * n, max_prefill_chunk=16)
-    full = []
-
-    def hook(sched, batch):
-        if batch.num_seqs == n and ex.path_of(batch) == "decode":
-            full.append(batch.num_seqs)
-
-    loop = make_step_loop(ex, config, hook)
-    for rid, prompt, tokens in reqs:
-        loop.add_request(rid, prompt, SamplingParams(max_tokens=tokens, ignore_eos=True))
-    done = {}
-    while loop.has_unfinished():
-        done.update({o.request_id: o.output_token_ids for o in loop.step() if o.finished})
-    assert full, f"no decode step ran all {n} sequences"
+    done = _serve_full_bucket(ex, config, reqs, n)
     assert any(key[0] == n for key in ex._graphs), f"no {n}-row graph: {ex.decode_graph_buckets}"
-    solo_ex = make_executor()  # the same float64 weights, eager on the CPU: far below any greedy margin
-    wrong = [
-        rid
-        for rid, prompt, tokens in reqs
-        if done[rid] != solo_output(prompt, SamplingParams(max_tokens=tokens, ignore_eos=True), solo_ex)
-    ]
+    # the solo runs: the same float64 weights, eager on the CPU (far below any greedy margin)
+    wrong = _not_solo(reqs, done)
     assert not wrong, f"{len(wrong)} of {n} outputs differ from their solo runs, e.g. request {wrong[0]}"

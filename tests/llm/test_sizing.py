@@ -120,6 +120,21 @@ def test_from_pretrained_defaults_on_the_cpu():
         assert given.pool_size is None and given.memory_stats().graph_bytes == 0
 
 
+def _pool_at_090(lm, config, graphs):
+    """The pool `sizing.torch_pool` sizes for `lm` on its device at --gpu-memory-utilization 0.9 (16-token
+    blocks, the model's dtype and length), with `graphs` (False: no CUDA graphs to reserve)."""
+    return sizing.torch_pool(
+        lm,
+        block_size=16,
+        device=None,
+        dtype=None,
+        max_model_len=None,
+        config=config,
+        gpu_memory_utilization=0.9,
+        graphs=graphs,
+    )
+
+
 @pytest.mark.gpu
 @pytest.mark.whole_gpu  # (its 2% bound is on the device's free memory, which other processes change)
 def test_gpu_pool_is_measured_on_the_device():
@@ -138,16 +153,7 @@ def test_gpu_pool_is_measured_on_the_device():
         lm = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     free_after_weights = torch.cuda.mem_get_info()[0]
     config = SchedulerConfig(max_num_seqs=4096, max_num_batched_tokens=8192)  # the memory binds, not the cap
-    pool = sizing.torch_pool(
-        lm,
-        block_size=16,
-        device=None,
-        dtype=None,
-        max_model_len=None,
-        config=config,
-        gpu_memory_utilization=0.9,
-        graphs=False,  # an executor that captures no graphs: nothing reserved for them
-    )
+    pool = _pool_at_090(lm, config, graphs=False)  # an executor capturing no graphs: nothing reserved
     assert 0 < pool.activation_peak_bytes < 8 * GiB, pool
     assert pool.graph_bytes == 0, pool
     expected = 0.9 * (free_after_weights - pool.activation_peak_bytes) / pool.block_bytes
@@ -195,16 +201,7 @@ def test_a_pool_sized_at_090_leaves_room_for_every_graph_on_cuda():
         torch.cuda.empty_cache()
         return torch.cuda.mem_get_info()[0]
 
-    pool = sizing.torch_pool(
-        lm,
-        block_size=16,
-        device=None,
-        dtype=None,
-        max_model_len=None,
-        config=config,
-        gpu_memory_utilization=0.9,
-        graphs=plan,
-    )
+    pool = _pool_at_090(lm, config, graphs=plan)
     need = sizing.blocks_for_sequences(config.max_num_seqs, 4096, 16)
     assert pool.num_blocks < need, f"the memory must bind for this test: {pool}"
     assert 0 < pool.graph_bytes < 16 * GiB and "measured CUDA graphs" in pool.how, pool
