@@ -136,11 +136,19 @@ def run_engine(executor, reqs, config: SchedulerConfig) -> dict:
     # host time from each step's launch to the next one's, by path (one step stays in flight: roughly
     # the device time of the step before, once the device is the bottleneck)
     paths: dict[str, dict] = {}
+    spans = []
     for (t, path, tokens), nxt in zip(marks, [m[0] for m in marks[1:]] + [end]):
-        row = paths.setdefault(path, {"steps": 0, "tokens": 0, "seconds": 0.0})
+        row = paths.setdefault(path, {"steps": 0, "tokens": 0, "seconds": 0.0, "max_s": 0.0})
         row["steps"] += 1
         row["tokens"] += tokens
         row["seconds"] += nxt - t
+        row["max_s"] = max(row["max_s"], nxt - t)
+        spans.append((nxt - t, t - start, path, tokens))
+    # the slowest steps (a stall, e.g. a JIT compilation, shows as one long step rather than many slow ones)
+    slowest = [
+        {"seconds": d, "at_s": at, "path": path, "tokens": tokens}
+        for d, at, path, tokens in sorted(spans, reverse=True)[:8]
+    ]
     facts = executor.facts
     bpt = facts.kv_bytes_per_token
     used = np.array([m[0] for m in mem_samples]) * facts.block_size
@@ -152,6 +160,7 @@ def run_engine(executor, reqs, config: SchedulerConfig) -> dict:
         **latency_summary(ttft, itl),
         "steps": stats.steps,
         "step_paths": paths,
+        "slowest_steps": slowest,
         "preemptions": stats.preemptions,
         "max_running": stats.max_running,
         "cuda_graphs": executor.num_cuda_graphs,

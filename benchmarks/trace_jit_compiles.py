@@ -27,9 +27,27 @@ def _before(**kwargs) -> None:
 def _after(**kwargs) -> None:
     now = time.perf_counter()
     took = now - _started.pop() if _started else float("nan")
-    print(
-        f"[jit +{now - _T0:.2f} s] {took:.3f}s {kwargs.get('repr', '?')[:300]}", file=sys.stderr, flush=True
-    )
+    name = kwargs.get("repr", "?").split("(")[0]
+    print(f"[jit +{now - _T0:.2f} s] {took:.3f}s {name} {_difference(kwargs)}", file=sys.stderr, flush=True)
+
+
+_first: dict[str, dict] = {}
+
+
+def _difference(kwargs: dict) -> str:
+    """What this compilation's constexprs and argument specializations (the key's types and 1 /
+    divisible-by-16 / aligned marks) have that the same kernel's first compilation did not."""
+    fn, key = kwargs.get("fn"), kwargs.get("key")
+    compile_ = kwargs.get("compile", {})
+    params = [p.name for p in getattr(getattr(fn, "jit_function", None), "params", [])]
+    spec = dict(zip(params, key[1])) if key is not None and len(key) > 1 and params else {}
+    now = {**{f"{k}": v for k, v in dict(compile_.get("constants", {})).items()}, **spec}
+    name = getattr(fn, "name", "?")
+    if name not in _first:
+        _first[name] = now
+        return "(first)"
+    was = _first[name]
+    return "; ".join(f"{k}={now[k]!r} (first {was.get(k)!r})" for k in now if now[k] != was.get(k))[:600]
 
 
 def main() -> None:

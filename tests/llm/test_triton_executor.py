@@ -344,3 +344,63 @@ def test_a_step_is_prepared_once_for_all_its_layers_and_again_for_the_next_step(
     assert plans[1] is not plans[0] and plans[1].decode[1].shape[0] == 1  # one decode row, not two
     prompt_only = attention.plan_of(mixed_metadata(device, g, bs, nblocks, [5], [5])[0], torch.device(device))
     assert prompt_only is not plans[1] and prompt_only.decode is None and not prompt_only.launches
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_warm_up_steps_hold_every_query_length_and_write_only_the_scratch_block(device):
+    """The steps capture_mixed_graphs runs so that Triton compiles the mixed steps' attention at load
+    (not inside a served step): decode rows, each short query length 2..8 (the split-KV kernel's
+    per-length variants) and a prompt chunk, over one key tile (one split) and over many (several);
+    they run as served mixed steps do and write nothing but the scratch block."""
+    skip_unless_runs_here(device)
+    ex = TorchExecutor(
+        copy.deepcopy(tiny_llama()).half(), num_blocks=16, block_size=16, device=device,
+        kernels="triton", max_decode_batch=8, max_model_len=512, static_decode=True,
+    )  # fmt: skip
+    batches = ex.mixed_warm_up_batches()
+    assert [sorted(set(b.query_lens.tolist())) for b in batches] == [[*range(1, 9), 24]] * 2
+    assert int(batches[0].context_lens.max()) <= 64 < int(batches[1].context_lens.min()) == 512
+    pools = (*ex.k_pools, *ex.v_pools)
+    before = [p.clone() for p in pools]
+    for batch in batches:
+        assert ex.path_of(batch) == "piecewise"
+        logits = ex.step(batch)
+        assert logits.shape == (batch.num_seqs, ex.facts.vocab_size) and torch.isfinite(logits).all()
+    for old, new in zip(before, pools):
+        assert torch.equal(old[:-1], new[:-1]) and not torch.equal(old[-1], new[-1])
+    assert ex.warm_up_mixed_attention() == (2 if device == "cuda" else 0)
+
+
+@pytest.mark.gpu
+def test_served_mixed_steps_compile_no_triton_kernel_after_capture():
+    """After the load-time capture (decode graphs, piecewise graphs and the mixed attention warm-up), a
+    served run whose steps carry prompt pieces of every short length compiles no Triton kernel: each
+    compilation inside a step stalled it for about a second (BENCHMARKS.md, session 15)."""
+    from triton import knobs
+
+    base = copy.deepcopy(tiny_llama()).half().to("cuda")
+    ex = TorchExecutor(base, num_blocks=128, block_size=16, max_decode_batch=8, max_graph_tokens=64)
+    ex.capture_decode_graphs()
+    ex.capture_mixed_graphs()
+    seen: set[int] = set()
+    step, step_async = ex.step, ex.step_async
+    ex.step = lambda batch: (seen.update(batch.query_lens.tolist()), step(batch))[1]
+    ex.step_async = lambda batch, feed: (seen.update(batch.query_lens.tolist()), step_async(batch, feed))[1]
+    rng = np.random.default_rng(6)
+    config = SchedulerConfig(
+        max_num_batched_tokens=48, max_prefill_chunk=24, max_prefill_tokens_with_decodes=16
+    )
+    sched = make_step_loop(ex, config)
+    for i in range(40):
+        prompt = rng.integers(3, 290, size=int(rng.integers(1, 70))).tolist()
+        sched.add_request(i, prompt, SamplingParams(max_tokens=int(rng.integers(1, 12)), ignore_eos=True))
+    compiled: list[str] = []
+    hook = knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(kw["repr"].split("[")[0])
+    try:
+        done = run_to_completion(sched)
+    finally:
+        knobs.runtime.jit_post_compile_hook = hook
+    assert len(done) == 40 and not [o.error for o in done.values() if o.error is not None]
+    assert set(range(1, 9)) <= seen, sorted(seen)  # decode rows and every short piece length ran
+    assert compiled == []

@@ -867,11 +867,52 @@ class TorchExecutor:
     @torch.inference_mode()
     def capture_mixed_graphs(self) -> int:
         """Capture the piecewise graphs of every token bucket (steps with prompt tokens) now rather
-        than on first use; return how many. Only on CUDA with piecewise steps on; runs touch the
-        scratch slot only."""
+        than on first use, then compile their eager attention (:meth:`warm_up_mixed_attention`);
+        return how many graphs. Only on CUDA with piecewise steps on; runs touch the scratch slot only."""
         if self._piecewise is None or not self.use_cuda_graphs:
             return 0
-        return self._piecewise.capture_all()
+        n = self._piecewise.capture_all()
+        self.warm_up_mixed_attention()
+        return n
+
+    def mixed_warm_up_batches(self) -> list[StepBatch]:
+        """Steps with prompt tokens whose attention meets every kernel variant a served mixed step can
+        launch: decode rows, rows of each short query length 2..:attr:`max_static_q_len` (the split-KV
+        decode kernel compiles one variant per length) and a prompt chunk, once with a few keys each
+        (one split) and once with many (several); every token on the scratch slot, every table entry the
+        scratch block."""
+        bs, scratch, longest = self._block_size, self._num_blocks, self._max_model_len
+        every = (1, 1, *range(2, self.max_static_q_len + 1), self.max_static_q_len + 16)
+        q_lens = [q for q in every if q <= longest]
+        batches = []
+        for keys in sorted({q_lens[-1], max(q_lens[-1], min(longest, 1024))}):
+            starts = [keys - q for q in q_lens]
+            tables = np.full((len(q_lens), -(-keys // bs)), scratch, dtype=np.int32)
+            batches.append(
+                StepBatch.from_flat(
+                    seq_ids=tuple(range(len(q_lens))),
+                    input_ids=[0] * sum(q_lens),
+                    counts=q_lens,
+                    starts=starts,
+                    slot_mapping=[scratch * bs] * sum(q_lens),
+                    want_logits=[True] * len(q_lens),
+                    block_tables=tables,
+                )
+            )
+        return batches
+
+    @torch.inference_mode()
+    def warm_up_mixed_attention(self) -> int:
+        """Run :meth:`mixed_warm_up_batches` with the Triton kernels on CUDA, so that Triton compiles
+        the mixed steps' attention variants now: met first inside a served step, each compilation
+        stalled it for about a second (BENCHMARKS.md, session 15). Returns the steps run (0 elsewhere)."""
+        if self.device.type != "cuda" or self.kernels != "triton" or self._adapter.dynamic:
+            return 0
+        batches = self.mixed_warm_up_batches()
+        for batch in batches:
+            self.step(batch)
+        torch.cuda.synchronize(self.device)
+        return len(batches)
 
     def _capture(self, nb: int, wb: int, s: int = 1) -> Any:
         ids, pos, slots, ctx, _, tables = self._static_views(nb, wb, s)
