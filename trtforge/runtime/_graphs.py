@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from trtforge.core.cuda_capture import gc_paused
 from trtforge.runtime._graph_state import GraphAction, decide, record_failed
 
 _CAPTURE_LOCK = threading.Lock()  # one stream capture at a time in this process (see above)
@@ -68,7 +69,7 @@ def _record(lane: Any, feeds: dict, outputs: dict, key: tuple, failures: list[st
     ok = lane.context.graph_capturable(lane.stream.cuda_stream)
     if ok:
         try:
-            with _CAPTURE_LOCK, torch.cuda.stream(lane.stream):
+            with _CAPTURE_LOCK, gc_paused(), torch.cuda.stream(lane.stream):
                 graph.capture_begin(capture_error_mode="thread_local")
                 try:
                     ok = lane.context.execute_async(lane.stream.cuda_stream)

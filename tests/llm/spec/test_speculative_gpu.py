@@ -21,9 +21,11 @@ def _run(spec, dtype, prompts, params):
     proposer = None if spec is None else make_proposer(SpeculativeConfig.of(spec), ex)
     config = SchedulerConfig(max_num_seqs=4, async_scheduling=False)
     with LLMEngine(ex, config, proposer=proposer) as engine:
-        out = [c.token_ids for c in engine.generate(prompts, params)]
+        completions = engine.generate(prompts, params)
+        out = [c.token_ids for c in completions]
         stats, mem = engine.stats, engine.memory_stats()
     assert mem.free_blocks == mem.total_blocks
+    assert [repr(c.error) for c in completions if c.error is not None] == []  # (a failed step's requests)
     return out, stats, ex
 
 

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from trtforge.core.cuda_capture import gc_paused
 from trtforge.llm.executors.base import StepBatch, TokenFeed
 from trtforge.llm.host_to_device import to_device
 
@@ -175,7 +176,7 @@ class PiecewiseStep:
             # allocator's cache around every capture, which for L + 1 pieces a bucket dominates capture time
             for piece in record.pieces:
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.stream(side):
+                with gc_paused(), torch.cuda.stream(side):
                     graph.capture_begin(pool=pool)
                     try:
                         piece()

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trtforge.core.cuda_capture import gc_paused
 from trtforge.errors import UserError
 from trtforge.kernels.configs import MAX_Q_LEN
 from trtforge.llm.executors.base import ExecutorFacts, StepBatch, TokenFeed
@@ -796,7 +797,7 @@ class TorchExecutor:
             self._chain_body(nb, wb, steps, nb, s=s)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool()):
+        with gc_paused(), torch.cuda.graph(graph, pool=self._pool()):
             self._chain_body(nb, wb, steps, nb, s=s)
         self._chain_graphs[key] = graph
         return graph
@@ -925,7 +926,7 @@ class TorchExecutor:
             self._static_body(nb, wb, s)  # warm-up outside capture: lazy inits, autotuning
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool()):
+        with gc_paused(), torch.cuda.graph(graph, pool=self._pool()):
             self._static_body(nb, wb, s)
         self._graphs[(nb, wb, s, self._gemv_rows())] = graph
         return graph
