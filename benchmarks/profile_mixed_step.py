@@ -1,0 +1,173 @@
+"""Where a mixed step's GPU time goes at the Llama-3-8B shape: kernels by category against the roofline.
+
+    PYTHONPATH=. python3 benchmarks/profile_mixed_step.py --out profile_mixed.json
+    PYTHONPATH=. python3 benchmarks/profile_mixed_step.py --tiny      # checks the script on the CPU
+
+Issue #29's mixed steps (prompt chunks beside decode rows) run at about half their roofline. For each
+step layout (decode rows of a given context next to fresh prompt chunks; by default those the 8B runs
+of bench_throughput.py average), this measures on the served path (piecewise CUDA graphs, trtforge's
+kernels, fused layers) the step's GPU time between CUDA events (median of ``--repeats``), then runs the
+same step eagerly (``mixed_graphs=False``: the same kernels, launched one by one) under torch.profiler
+and sums the kernels' device time by category: GEMM (cuBLAS / CUTLASS), prompt attention (the
+chunked-prefill kernel), decode attention (the split-KV kernel), the fused layer kernels (norms, rotary
++ cache write, SiLU), copies and the rest; the top kernels by time are listed too. Beside it: the
+step's roofline (its linear layers' FLOPs at 989 TFLOP/s, attention FLOPs, and the bytes of weights
+and K/V at 4.8 TB/s, whichever binds), so each category's share of the gap shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from collections import defaultdict
+
+import torch
+
+from benchmarks.bench_http import SHAPES, build_model
+from benchmarks.bench_mixed_step import make_batch, timed
+from trtforge.llm.executors.torch_exec import TorchExecutor
+
+PEAK_FLOPS, HBM = 989e12, 4.8e12
+# (decode rows, their context, prompt chunks): bench_throughput's 8B mixed steps held about 1,100-1,200
+# tokens with 100-190 decode rows (session 15); and a prompt-only step of the largest budget
+LAYOUTS = [(100, 1000, (1024,)), (190, 1000, (1024,)), (0, 0, (2048, 2048))]
+CATEGORIES = (
+    ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "xmma")),
+    ("prompt attention", ("chunked_prefill",)),
+    ("decode attention", ("decode_split", "decode_reduce")),
+    ("norm / rotary / cache / silu", ("rms", "rope", "silu", "norm", "cache", "fused")),
+    ("copies", ("copy", "memcpy", "memset", "fill", "index", "gather", "scatter", "cat")),
+)
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other"
+
+
+def roofline_ms(cfg, decodes: int, ctx: int, chunks: tuple) -> dict:
+    """The step's floor: linear FLOPs of every token plus attention FLOPs, against the weights' and K/V
+    bytes read (BF16), each at the H200's peak."""
+    h, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    d = h // hq
+    n_lin = layers * (h * (hq + 2 * hkv) * d + hq * d * h + 3 * h * inter)
+    tokens = decodes + sum(chunks)
+    rows = decodes + len(chunks)  # rows whose logits are computed
+    flops = 2 * n_lin * tokens + 2 * cfg.vocab_size * h * rows
+    attn = 4 * layers * hq * d * (decodes * ctx + sum(c * (c + 1) / 2 for c in chunks))
+    kv_bytes = 2 * layers * hkv * d * 2 * (decodes * ctx + sum(chunks))
+    weight_bytes = 2 * (n_lin + cfg.vocab_size * h)
+    compute = (flops + attn) / PEAK_FLOPS * 1e3
+    memory = (weight_bytes + kv_bytes) / HBM * 1e3
+    return {"compute_ms": compute, "memory_ms": memory, "roofline_ms": max(compute, memory)}
+
+
+def profile_eager(ex: TorchExecutor, batch, steps: int) -> tuple[dict, list, float]:
+    """Kernel device time per step by category, the top kernels, and the total (eager launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        ex.step(batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            ex.step(batch)
+        torch.cuda.synchronize()
+    by_kernel: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0:
+            by_kernel[ev.name] += ev.device_time / 1e3 / steps  # us -> ms, per step
+    by_cat: dict[str, float] = defaultdict(float)
+    for name, ms in by_kernel.items():
+        by_cat[category(name)] += ms
+    top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:15]
+    return (
+        dict(by_cat),
+        [{"kernel": n[:120], "ms": ms, "category": category(n)} for n, ms in top],
+        sum(by_kernel.values()),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=32, help="decoder layers of the 8B shape (fewer: faster)")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--profile-steps", type=int, default=3)
+    ap.add_argument("--tiny", action="store_true", help="small model on the CPU (checks the script only)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    shape = dict(SHAPES["tiny" if args.tiny else "8b"])
+    if not args.tiny:
+        shape["num_hidden_layers"] = args.layers
+    if not args.tiny and not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU (--tiny checks the script on the CPU)")
+    SHAPES["profiled"] = shape
+    device = "cpu" if args.tiny else "cuda"
+    model = build_model("profiled", device)
+    cfg = model.config
+    layouts = (
+        [(min(d, 4), min(c, 40), tuple(min(x, 32) for x in ch)) for d, c, ch in LAYOUTS]
+        if args.tiny
+        else LAYOUTS
+    )
+    block = 16
+    needed = max(d * -(-c // block) + sum(-(-n // block) for n in ch) for d, c, ch in layouts)
+    kwargs = {"num_blocks": needed + 8, "block_size": block, "static_decode": True, "max_graph_tokens": 4096}
+    served = TorchExecutor(model, **kwargs)
+    eager = TorchExecutor(model, mixed_graphs=False, **kwargs)
+    rows = []
+    for decodes, ctx, chunks in layouts:
+        batch = make_batch(decodes, ctx, chunks, block, cfg.vocab_size)
+        row: dict = {
+            "decode_rows": decodes,
+            "context": ctx,
+            "chunks": list(chunks),
+            "tokens": batch.num_tokens,
+        }
+        row |= roofline_ms(cfg, decodes, ctx, chunks)
+        if args.tiny:
+            served.step(batch)
+            eager.step(batch)
+            rows.append(row)
+            continue
+        for _ in range(3):
+            timed(served, batch)  # compiles, captures the bucket's graphs
+        row["served_gpu_ms"] = statistics.median(timed(served, batch)[2] for _ in range(args.repeats))
+        row["eager_kernels_ms_by_category"], row["top_kernels"], row["eager_kernel_sum_ms"] = profile_eager(
+            eager, batch, args.profile_steps
+        )
+        row["roofline_over_served"] = row["roofline_ms"] / row["served_gpu_ms"]
+        rows.append(row)
+        cats = ", ".join(
+            f"{k} {v:.2f}"
+            for k, v in sorted(row["eager_kernels_ms_by_category"].items(), key=lambda kv: -kv[1])
+        )
+        print(
+            f"{decodes} decode rows @ {ctx} + chunks {list(chunks)}: served {row['served_gpu_ms']:.2f} ms, "
+            f"roofline {row['roofline_ms']:.2f} ms ({row['roofline_over_served']:.0%}); eager kernels "
+            f"{row['eager_kernel_sum_ms']:.2f} ms: {cats}",
+            flush=True,
+        )
+    result = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "layers": cfg.num_hidden_layers,
+        "rows": rows,
+    }
+    text = json.dumps(result, indent=1)
+    if args.out:
+        with open(args.out + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(args.out + ".tmp", args.out)
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()
