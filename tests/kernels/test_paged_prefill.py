@@ -189,3 +189,59 @@ def test_varlen_launch_equals_one_launch_per_chunk(window):
         torch.testing.assert_close(out[s : s + n], want, atol=0, rtol=0)
         untouched[s : s + n] = False
     assert out[untouched].isnan().all()
+
+
+def test_chunk_prefill_config_takes_the_last_entry_that_applies():
+    from trtforge.kernels.configs import CHUNK_PREFILL_CONFIGS, KernelConfig, chunk_prefill_config
+
+    small, mid, big = KernelConfig(64, 64, 4, 2), KernelConfig(128, 64, 8, 2), KernelConfig(128, 128, 8, 3)
+    table = ((1, small), (256, mid), (1024, big))
+    got = [chunk_prefill_config(n, table) for n in (0, 1, 255, 256, 1023, 1024, 8192)]
+    assert got == [small, small, small, mid, mid, big, big]
+    lengths = [shortest for shortest, _ in CHUNK_PREFILL_CONFIGS]
+    assert lengths == sorted(lengths) and lengths[0] == 1
+
+
+@pytest.mark.parametrize("max_q_len", [9, 2048])
+def test_the_served_launch_takes_its_tiles_from_the_config_table(max_q_len):
+    from trtforge.kernels.chunked_prefill import prepare_chunked_prefill_varlen
+    from trtforge.kernels.configs import chunk_prefill_config
+
+    gen = torch.Generator().manual_seed(3)
+    k_pool = v_pool = _rand(gen, 4, 16, 2, 32)
+    i32 = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    q = _rand(gen, 8, 4, 32)
+    launch = prepare_chunked_prefill_varlen(
+        q, k_pool, v_pool, i32, i32.view(1, 1), i32 * 0, i32, max_q_len, out=q
+    )
+    want = chunk_prefill_config(max_q_len)
+    assert (launch.kwargs["BLOCK_M"], launch.kwargs["BLOCK_N"]) == (want.block_m, want.block_n)
+    assert (launch.kwargs["num_warps"], launch.kwargs["num_stages"]) == (want.num_warps, want.num_stages)
+
+
+def test_every_chunk_prefill_candidate_gives_the_default_tiles_result():
+    """The sweep's candidates (benchmarks/sweep_chunked_prefill.py) are only times to compare: each
+    computes what the default tiles compute, over chunks with and without a cached prefix."""
+    from trtforge.kernels.chunked_prefill import chunked_prefill_varlen
+    from trtforge.kernels.configs import CHUNK_PREFILL_CANDIDATES
+
+    gen = torch.Generator().manual_seed(12)
+    hq, hkv, d, page, nblocks = 8, 2, 32, 16, 12
+    k_pool, v_pool = _rand(gen, nblocks, page, hkv, d), _rand(gen, nblocks, page, hkv, d)
+    starts, q_lens, lens = [0, 70], [70, 9], [70, 41]
+    table = torch.randperm(nblocks, generator=gen)[:10].view(2, 5).to(torch.int32).to(DEVICE)
+    q = _rand(gen, 79, hq, d)
+    i32 = {
+        n: torch.tensor(x, dtype=torch.int32, device=DEVICE)
+        for n, x in (("s", starts), ("q", q_lens), ("l", lens))
+    }
+    results = []
+    for c in CHUNK_PREFILL_CANDIDATES:
+        out = torch.empty_like(q)
+        chunked_prefill_varlen(
+            q, k_pool, v_pool, i32["l"], table, i32["s"], i32["q"], max(q_lens), scale=0.2, out=out,
+            block_m=c.block_m, block_n=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages,
+        )  # fmt: skip
+        results.append(out)
+    for c, got in zip(CHUNK_PREFILL_CANDIDATES[1:], results[1:]):
+        torch.testing.assert_close(got, results[0], atol=2e-3, rtol=2e-3, msg=lambda m, c=c: f"{c}: {m}")

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from trtforge.kernels import interpreting
+from trtforge.kernels.configs import chunk_prefill_config
 from trtforge.kernels.decode_attention import _attend_tiles, _check
 from trtforge.kernels.device_tensor import pool_heads_major
 from trtforge.kernels.prepared_launch import Operand, PreparedLaunch, arg_index
@@ -240,10 +241,10 @@ def chunked_prefill_varlen(
     scale: float,
     out: torch.Tensor,
     window: int | None = None,
-    block_m: int = 64,
-    block_n: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 2,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
@@ -251,7 +252,8 @@ def chunked_prefill_varlen(
     of the flat q/out ``[T, Hq, D]``, over a block pool ``[num_blocks, block_size, Hkv, D]`` through
     ``block_table[b]`` (its first ``seq_lens[b]`` keys, LOWER_RIGHT causal, GQA). `max_q_len` bounds
     q_lens (it sizes the grid); the int32 ``[B]`` tensors stay on the device. FP8 pools hold ``k /
-    k_scale`` and ``v / v_scale``. Returns `out`."""
+    k_scale`` and ``v / v_scale``. Launch parameters left None come from :func:`~trtforge.kernels.
+    configs.chunk_prefill_config` for `max_q_len`. Returns `out`."""
     launch = prepare_chunked_prefill_varlen(
         q, k_pool, v_pool, seq_lens, block_table, q_starts, q_lens, max_q_len,
         out=out, window=window, block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
@@ -272,15 +274,21 @@ def prepare_chunked_prefill_varlen(
     *,
     out: torch.Tensor,
     window: int | None = None,
-    block_m: int = 64,
-    block_n: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 2,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> PreparedLaunch:
     """:func:`chunked_prefill_varlen`'s launch, checked and laid out once: called as ``launch(q,
     k_pool, v_pool, out, scale)`` with tensors of the geometry (dtype, shape, strides) of those given
     here, it attends the same chunks (every layer of a step, each with its own pools); FP8 pools:
-    ``launch(q, k_pool, v_pool, out, scale * k_scale, v_scale)``."""
+    ``launch(q, k_pool, v_pool, out, scale * k_scale, v_scale)``. Launch parameters left None come
+    from :func:`~trtforge.kernels.configs.chunk_prefill_config` for `max_q_len`."""
+    chosen = chunk_prefill_config(max_q_len)
+    block_m = chosen.block_m if block_m is None else block_m
+    block_n = chosen.block_n if block_n is None else block_n
+    num_warps = chosen.num_warps if num_warps is None else num_warps
+    num_stages = chosen.num_stages if num_stages is None else num_stages
     if q.dim() != 3 or tuple(out.shape) != tuple(q.shape):
         raise ValueError(f"q and out must be one [T, Hq, D] shape; got {tuple(q.shape)}, {tuple(out.shape)}")
     b = int(seq_lens.shape[0])

@@ -40,6 +40,36 @@ AUTOTUNE_CONFIGS: tuple[KernelConfig, ...] = (
 )
 
 
+# The chunked-prefill kernel's launch (kernels.chunked_prefill: paged prompt chunks, BLOCK_M rows of
+# (query token, group head)) by the step's longest chunk: (shortest chunk it applies to, config),
+# ascending. Session 10's tiles at every length so far; benchmarks/sweep_chunked_prefill.py times the
+# candidates below on the H200 (session 15's profile: 210 TFLOP/s on 2,048-token chunks with these).
+CHUNK_PREFILL_CONFIGS: tuple[tuple[int, KernelConfig], ...] = ((1, KernelConfig(64, 64, 4, 2)),)
+CHUNK_PREFILL_CANDIDATES: tuple[KernelConfig, ...] = (
+    KernelConfig(64, 64, 4, 2),
+    KernelConfig(64, 64, 4, 3),
+    KernelConfig(64, 32, 4, 3),
+    KernelConfig(128, 64, 4, 2),
+    KernelConfig(128, 64, 4, 3),
+    KernelConfig(128, 64, 8, 2),
+    KernelConfig(128, 64, 8, 3),
+    KernelConfig(128, 128, 8, 2),
+    KernelConfig(256, 64, 8, 2),
+)
+
+
+def chunk_prefill_config(
+    max_q_len: int, table: tuple[tuple[int, KernelConfig], ...] = CHUNK_PREFILL_CONFIGS
+) -> KernelConfig:
+    """The chunked-prefill launch for a step whose longest prompt chunk has `max_q_len` tokens: the
+    last entry of `table` (ascending by shortest chunk) that applies, else its first."""
+    chosen = table[0][1]
+    for shortest, config in table:
+        if max_q_len >= shortest:
+            chosen = config
+    return chosen
+
+
 # Hopper's per-block shared-memory limit (227 KB), less a margin for barriers and scratch.
 SHARED_MEMORY_PER_BLOCK = 232448  # what an sm_90 block may opt into
 SHARED_MEMORY_BUDGET = SHARED_MEMORY_PER_BLOCK - 2048
