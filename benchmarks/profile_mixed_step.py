@@ -6,13 +6,15 @@
 Issue #29's mixed steps (prompt chunks beside decode rows) run at about half their roofline. For each
 step layout (decode rows of a given context next to fresh prompt chunks; by default those the 8B runs
 of bench_throughput.py average), this measures on the served path (piecewise CUDA graphs, trtforge's
-kernels, fused layers) the step's GPU time between CUDA events (median of ``--repeats``), then runs the
-same step eagerly (``mixed_graphs=False``: the same kernels, launched one by one) under torch.profiler
-and sums the kernels' device time by category: GEMM (cuBLAS / CUTLASS), prompt attention (the
-chunked-prefill kernel), decode attention (the split-KV kernel), the fused layer kernels (norms, rotary
-+ cache write, SiLU), copies and the rest; the top kernels by time are listed too. Beside it: the
-step's roofline (its linear layers' FLOPs at 989 TFLOP/s, attention FLOPs, and the bytes of weights
-and K/V at 4.8 TB/s, whichever binds), so each category's share of the gap shows.
+kernels, fused layers) the step's GPU time between CUDA events (median of ``--repeats``), with
+``TritonPagedAttention.concurrent`` off (today's default) and on (decode and chunk attention on two
+streams), alternately. Then it runs the same step eagerly (``mixed_graphs=False``: the same kernels,
+launched one by one) under torch.profiler and sums the kernels' device time by category: GEMM (cuBLAS /
+CUTLASS), prompt attention (the chunked-prefill kernel), decode attention (the split-KV kernel), the
+fused layer kernels (norms, rotary + cache write, SiLU), copies and the rest; the top kernels by time
+are listed too. Beside it: the step's roofline (its linear layers' FLOPs at 989 TFLOP/s, attention
+FLOPs, and the bytes of weights and K/V at 4.8 TB/s, whichever binds), so each category's share of
+the gap shows.
 """
 
 from __future__ import annotations
@@ -136,9 +138,18 @@ def main() -> None:
             eager.step(batch)
             rows.append(row)
             continue
-        for _ in range(3):
-            timed(served, batch)  # compiles, captures the bucket's graphs
-        row["served_gpu_ms"] = statistics.median(timed(served, batch)[2] for _ in range(args.repeats))
+        for concurrent in (False, True):
+            served.attention.concurrent = concurrent
+            for _ in range(3):
+                timed(served, batch)  # compiles, captures the bucket's graphs
+        samples: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(args.repeats):  # alternately, so that drift hits both alike
+            for concurrent in (False, True):
+                served.attention.concurrent = concurrent
+                samples[concurrent].append(timed(served, batch)[2])
+        served.attention.concurrent = False
+        row["served_gpu_ms"] = statistics.median(samples[False])
+        row["served_concurrent_attention_gpu_ms"] = statistics.median(samples[True])
         row["eager_kernels_ms_by_category"], row["top_kernels"], row["eager_kernel_sum_ms"] = profile_eager(
             eager, batch, args.profile_steps
         )
@@ -149,7 +160,8 @@ def main() -> None:
             for k, v in sorted(row["eager_kernels_ms_by_category"].items(), key=lambda kv: -kv[1])
         )
         print(
-            f"{decodes} decode rows @ {ctx} + chunks {list(chunks)}: served {row['served_gpu_ms']:.2f} ms, "
+            f"{decodes} decode rows @ {ctx} + chunks {list(chunks)}: served {row['served_gpu_ms']:.2f} ms "
+            f"(concurrent attention {row['served_concurrent_attention_gpu_ms']:.2f}), "
             f"roofline {row['roofline_ms']:.2f} ms ({row['roofline_over_served']:.0%}); eager kernels "
             f"{row['eager_kernel_sum_ms']:.2f} ms: {cats}",
             flush=True,

@@ -404,3 +404,32 @@ def test_served_mixed_steps_compile_no_triton_kernel_after_capture():
     assert len(done) == 40 and not [o.error for o in done.values() if o.error is not None]
     assert set(range(1, 9)) <= seen, sorted(seen)  # decode rows and every short piece length ran
     assert compiled == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["interleaved", "decodes-first"])
+def test_concurrent_decode_and_chunk_launches_give_the_sequential_result(layout):
+    """``concurrent``: the decode-kernel launches (decode rows, a 5-token row) on a side stream beside the
+    chunk launch, over two layers of one step; the same kernels, so the same bits as one stream."""
+    from trtforge.llm.executors.triton_attention import TritonPagedAttention
+
+    g = torch.Generator().manual_seed(1)
+    bs, hq, hkv, d, nblocks = 16, 8, 2, 64, 64
+    ctx_lens, q_lens = LAYOUTS[layout]
+    meta, _ = mixed_metadata("cuda", g, bs, nblocks, ctx_lens, q_lens)
+    layers = [
+        [
+            torch.randn(*shape, generator=g).half().cuda()
+            for shape in ((nblocks, bs, hkv, d),) * 2 + ((sum(q_lens), hq, d),)
+        ]
+        for _ in range(2)
+    ]
+    got = {}
+    for concurrent in (False, True):
+        attention = TritonPagedAttention(concurrent=concurrent)
+        got[concurrent] = [attention(q, k, v, meta, d**-0.5) for k, v, q in layers]
+        plan = attention.plan_of(meta, torch.device("cuda"))
+        assert (attention._side_stream(plan, layers[0][2]) is not None) == concurrent
+    torch.cuda.synchronize()
+    for seq, con in zip(got[False], got[True]):
+        assert torch.equal(seq, con)

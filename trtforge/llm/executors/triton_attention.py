@@ -203,13 +203,38 @@ class TritonPagedAttention:
     built once from the host-side metadata, and both launches are prepared once per step (checks,
     split count, grid, arguments, scratch; :mod:`trtforge.kernels.prepared_launch`):
     each layer then only launches the kernels with its own q, pools, output and scale.
+
+    ``concurrent`` (CUDA, off by default until measured faster on the H200: benchmarks/
+    profile_mixed_step.py A/Bs it): in a step with both prompt chunks and decode-kernel rows, the
+    decode-kernel launches run on a side stream beside the chunk launch, so the decode rows' K/V reads
+    (bandwidth-bound) overlap the chunks' attention (compute-bound); the layer waits for both. The
+    decode launches are then prepared on the side stream (their arrival counters are that stream's).
     """
 
-    def __init__(self, decode: TritonDecodeAttention | None = None, short_queries: bool = True) -> None:
+    def __init__(
+        self,
+        decode: TritonDecodeAttention | None = None,
+        short_queries: bool = True,
+        concurrent: bool = False,
+    ) -> None:
         self.decode = decode or TritonDecodeAttention()
         self.short_queries = short_queries
+        self.concurrent = concurrent
         self._plan_for: AttentionMetadata | None = None
         self._plan: _StepPlan | None = None
+        self._side: dict[int, Any] = {}
+
+    def _side_stream(self, plan: _StepPlan, q: torch.Tensor) -> Any:
+        """The side stream the step's decode-kernel launches run on (see ``concurrent``), or None: off,
+        not CUDA, a step without both kinds of launch, or inside a graph capture."""
+        if not (self.concurrent and q.is_cuda and plan.chunks is not None):
+            return None
+        if (plan.decode is None and not plan.short) or torch.cuda.is_current_stream_capturing():
+            return None
+        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        if index not in self._side:
+            self._side[index] = torch.cuda.Stream(q.device)
+        return self._side[index]
 
     def _make_plan(self, meta: AttentionMetadata, device: torch.device) -> _StepPlan:
         from trtforge.kernels.configs import MAX_Q_LEN
@@ -378,10 +403,25 @@ class TritonPagedAttention:
         if out is None:
             out = torch.empty_like(q)
         key = _layer_key(q, k_pool, v_pool, out, sliding_window)
+        side = self._side_stream(plan, q)
         launches = plan.launches.get(key)
         if launches is None:
-            launches = plan.launches[key] = self._prepare(plan, q, k_pool, v_pool, out, sliding_window)
+            if side is None:
+                launches = self._prepare(plan, q, k_pool, v_pool, out, sliding_window)
+            else:  # (the chunk launch, last, holds no per-stream state)
+                with torch.cuda.stream(side):
+                    launches = self._prepare(plan, q, k_pool, v_pool, out, sliding_window)
+            plan.launches[key] = launches
         qk_scale, v_scale = float(scale) * float(k_scale), float(v_scale)
-        for launch in launches:
-            launch(q, k_pool, v_pool, out, qk_scale, v_scale)
+        if side is None:
+            for launch in launches:
+                launch(q, k_pool, v_pool, out, qk_scale, v_scale)
+            return out
+        current = torch.cuda.current_stream(q.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for launch in launches[:-1]:
+                launch(q, k_pool, v_pool, out, qk_scale, v_scale)
+        launches[-1](q, k_pool, v_pool, out, qk_scale, v_scale)
+        current.wait_stream(side)
         return out
