@@ -35,6 +35,9 @@ PEAK_FLOPS, HBM = 989e12, 4.8e12
 # (decode rows, their context, prompt chunks): bench_throughput's 8B mixed steps held about 1,100-1,200
 # tokens with 100-190 decode rows (session 15); and a prompt-only step of the largest budget
 LAYOUTS = [(100, 1000, (1024,)), (190, 1000, (1024,)), (0, 0, (2048, 2048))]
+# decode-only steps (the static decode path when served): bench_quant_speed's serving workload (64 rows)
+# and a full running batch
+DECODE_LAYOUTS = [(64, 600, ()), (256, 1000, ())]
 CATEGORIES = (
     ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "xmma")),
     ("prompt attention", ("chunked_prefill",)),
@@ -52,9 +55,10 @@ def category(name: str) -> str:
     return "other"
 
 
-def roofline_ms(cfg, decodes: int, ctx: int, chunks: tuple) -> dict:
+def roofline_ms(cfg, decodes: int, ctx: int, chunks: tuple, quantization: str | None = None) -> dict:
     """The step's floor: linear FLOPs of every token plus attention FLOPs, against the weights' and K/V
-    bytes read (BF16), each at the H200's peak."""
+    bytes read (BF16 K/V; the layers' weights at 1 byte (FP8) or 0.5 (INT4) where quantized, the
+    embedding and LM head at 2), each at the H200's peak (FP8's linear FLOPs at 2x BF16's)."""
     h, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
     d = h // hq
@@ -64,8 +68,10 @@ def roofline_ms(cfg, decodes: int, ctx: int, chunks: tuple) -> dict:
     flops = 2 * n_lin * tokens + 2 * cfg.vocab_size * h * rows
     attn = 4 * layers * hq * d * (decodes * ctx + sum(c * (c + 1) / 2 for c in chunks))
     kv_bytes = 2 * layers * hkv * d * 2 * (decodes * ctx + sum(chunks))
-    weight_bytes = 2 * (n_lin + cfg.vocab_size * h)
-    compute = (flops + attn) / PEAK_FLOPS * 1e3
+    per_weight = {None: 2.0, "fp8": 1.0, "int4-rtn": 0.5}[quantization]
+    weight_bytes = per_weight * n_lin + 2 * cfg.vocab_size * h
+    linear_peak = 2 * PEAK_FLOPS if quantization == "fp8" else PEAK_FLOPS
+    compute = (flops / linear_peak + attn / PEAK_FLOPS) * 1e3
     memory = (weight_bytes + kv_bytes) / HBM * 1e3
     return {"compute_ms": compute, "memory_ms": memory, "roofline_ms": max(compute, memory)}
 
@@ -101,6 +107,13 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=32, help="decoder layers of the 8B shape (fewer: faster)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--profile-steps", type=int, default=3)
+    ap.add_argument(
+        "--quantization",
+        choices=("fp8", "int4-rtn"),
+        default=None,
+        help="quantize the projections (issue #28)",
+    )
+    ap.add_argument("--decode", action="store_true", help="also decode-only steps (64 and 256 rows)")
     ap.add_argument("--tiny", action="store_true", help="small model on the CPU (checks the script only)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -112,17 +125,24 @@ def main() -> None:
     SHAPES["profiled"] = shape
     device = "cpu" if args.tiny else "cuda"
     model = build_model("profiled", device)
+    if args.quantization is not None:
+        from trtforge.llm.quant import quantize_model
+
+        quantize_model(model, args.quantization)
     cfg = model.config
-    layouts = (
-        [(min(d, 4), min(c, 40), tuple(min(x, 32) for x in ch)) for d, c, ch in LAYOUTS]
-        if args.tiny
-        else LAYOUTS
-    )
+    layouts = LAYOUTS + (DECODE_LAYOUTS if args.decode else [])
+    if args.tiny:
+        layouts = [(min(d, 4), min(c, 40), tuple(min(x, 32) for x in ch)) for d, c, ch in layouts]
     block = 16
     needed = max(d * -(-c // block) + sum(-(-n // block) for n in ch) for d, c, ch in layouts)
-    kwargs = {"num_blocks": needed + 8, "block_size": block, "static_decode": True, "max_graph_tokens": 4096}
-    served = TorchExecutor(model, **kwargs)
-    eager = TorchExecutor(model, mixed_graphs=False, **kwargs)
+    kwargs = {
+        "num_blocks": needed + 8,
+        "block_size": block,
+        "max_graph_tokens": 4096,
+        "max_decode_batch": 256,
+    }
+    served = TorchExecutor(model, static_decode=True, **kwargs)
+    eager = TorchExecutor(model, static_decode=False, **kwargs)  # every kernel launched on its own
     rows = []
     for decodes, ctx, chunks in layouts:
         batch = make_batch(decodes, ctx, chunks, block, cfg.vocab_size)
@@ -132,7 +152,7 @@ def main() -> None:
             "chunks": list(chunks),
             "tokens": batch.num_tokens,
         }
-        row |= roofline_ms(cfg, decodes, ctx, chunks)
+        row |= roofline_ms(cfg, decodes, ctx, chunks, args.quantization)
         if args.tiny:
             served.step(batch)
             eager.step(batch)
@@ -170,6 +190,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
         "layers": cfg.num_hidden_layers,
+        "quantization": args.quantization,
         "rows": rows,
     }
     text = json.dumps(result, indent=1)
