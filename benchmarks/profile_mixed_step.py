@@ -33,8 +33,9 @@ from trtforge.llm.executors.torch_exec import TorchExecutor
 
 PEAK_FLOPS, HBM = 989e12, 4.8e12
 # (decode rows, their context, prompt chunks): bench_throughput's 8B mixed steps held about 1,100-1,200
-# tokens with 100-190 decode rows (session 15); and a prompt-only step of the largest budget
-LAYOUTS = [(100, 1000, (1024,)), (190, 1000, (1024,)), (0, 0, (2048, 2048))]
+# tokens with 100-190 decode rows (session 15); a step of the prefill-bound 2048/128 workload (about
+# 4,080 tokens, the decode rows at ~2,100 keys: session 13); and a prompt-only step of the largest budget
+LAYOUTS = [(100, 1000, (1024,)), (190, 1000, (1024,)), (180, 2100, (2048, 1856)), (0, 0, (2048, 2048))]
 # decode-only steps (the static decode path when served): bench_quant_speed's serving workload (64 rows)
 # and a full running batch
 DECODE_LAYOUTS = [(64, 600, ()), (256, 1000, ())]
