@@ -685,6 +685,14 @@ def main() -> None:
         default=["off"],
         help="scheduler variants: admission reserving prompt + max_tokens (no preemption) off / on",
     )
+    ap.add_argument(
+        "--concurrent-attention",
+        nargs="+",
+        choices=("off", "on"),
+        default=["off"],
+        help="executor variants: decode and prompt-chunk attention of a mixed step on two streams "
+        "(TritonPagedAttention.concurrent) off / on",
+    )
     ap.add_argument("--max-batched-tokens", type=int, default=sizing.DEFAULT_MAX_NUM_BATCHED_TOKENS)
     ap.add_argument("--prefill-chunk", type=int, default=sizing.DEFAULT_MAX_PREFILL_CHUNK)
     ap.add_argument("--max-model-len", type=int, default=4096, help="the longest request (2048 + 2048)")
@@ -752,10 +760,11 @@ def main() -> None:
         "targets": {**TARGETS, "mixed_wall_s": MIXED_TARGET_S, "roofline_fraction": ROOFLINE_TARGET},
     }
     variants = [
-        (m, p, r == "on")
+        (m, p, r == "on", c == "on")
         for m in args.max_num_seqs
         for p in args.prefill_with_decodes
         for r in args.reserve_max_tokens
+        for c in args.concurrent_attention
     ]
     if args.plan_only:
         kv_tokens = int(args.assume_kv_gb * 1e9 // shape.kv_bytes_per_token)
@@ -774,15 +783,15 @@ def main() -> None:
     run_all(model, variants, args, shape, scale, device, results)
 
 
-def variant_key(mns: int, pwd: int, reserve: bool) -> str:
-    return f"seqs{mns}_pwd{pwd}" + ("_reserve" if reserve else "")
+def variant_key(mns: int, pwd: int, reserve: bool, concurrent: bool = False) -> str:
+    return f"seqs{mns}_pwd{pwd}" + ("_reserve" if reserve else "") + ("_concurrent" if concurrent else "")
 
 
 def run_all(model, variants, args, shape: Shape, scale: float, device: str, results: dict) -> None:
     """One executor (pool, graphs up to the largest running batch, warm-up); then every workload under
     every scheduler variant, variants interleaved per workload so that their comparison is side by side."""
     cuda = device == "cuda"
-    widest = max(m for m, _, _ in variants)
+    widest = max(m for m, *_ in variants)
     base = dataclasses.replace(
         sizing.default_scheduler_config(None, widest),
         max_num_batched_tokens=args.max_batched_tokens,
@@ -849,11 +858,16 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     )
     probe = StepProbe(ex, cuda, shape)
     configs = {
-        variant_key(m, p, r): dataclasses.replace(
+        variant_key(m, p, r, c): dataclasses.replace(
             base, max_num_seqs=m, max_prefill_tokens_with_decodes=p, reserve_max_tokens=r
         )
-        for m, p, r in variants
+        for m, p, r, c in variants
     }
+    concurrent = {variant_key(*v): v[3] for v in variants}  # the executor's attention, per variant
+    if any(concurrent.values()) and not hasattr(ex.attention, "concurrent"):
+        raise SystemExit(
+            f"--concurrent-attention on needs the Triton attention; this executor runs {ex.kernels}"
+        )
     # warm-up (untimed): prompts of every size the workloads bring and a full running batch, so Triton's
     # compilations happen here
     t = time.perf_counter()
@@ -861,13 +875,17 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     lens = [int(x * scale) for x in (16, 128, 1000, 2048, 64, 700, 1500, 2040)] * 4
     warm = [(rng.integers(3, shape.vocab, size=max(1, k)).tolist(), 4) for k in lens]
     warm += [(rng.integers(3, shape.vocab, size=8).tolist(), 6) for _ in range(widest)]
-    run_workload(probe, configs[variant_key(*variants[-1])], warm, None)
+    for flag in sorted(set(concurrent.values())):  # each attention variant meets its kernels here
+        if hasattr(ex.attention, "concurrent"):
+            ex.attention.concurrent = flag
+        run_workload(probe, configs[variant_key(*variants[-1])], warm, None)
     results["executor"]["warmup_s"] = time.perf_counter() - t
     print(f"warm-up {results['executor']['warmup_s']:.1f} s", flush=True)
     results["variants"] = {
-        k: {"scheduler": dataclasses.asdict(c), "workloads": {}} for k, c in configs.items()
+        k: {"scheduler": dataclasses.asdict(c), "concurrent_attention": concurrent[k], "workloads": {}}
+        for k, c in configs.items()
     }
-    for mns in sorted({m for m, _, _ in variants}):
+    for mns in sorted({m for m, *_ in variants}):
         print(f"plan at this pool, max_num_seqs {mns}:")
         results["variants"][variant_key(mns, *variants[0][1:])]["plan"] = plan_table(
             args.workloads, args, shape, mns, kv_tokens, scale, shape.vocab
@@ -876,6 +894,8 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     for name in args.workloads:
         for key, config in configs.items():
             mns = config.max_num_seqs
+            if hasattr(ex.attention, "concurrent"):
+                ex.attention.concurrent = concurrent[key]
             reqs = make_requests(name, requests_for(name, args, mns, kv_tokens, scale), shape.vocab, scale)
             t = time.perf_counter()
             run_workload(probe, config, warm_slice(reqs, mns, scale, shape.vocab), None)
