@@ -20,12 +20,26 @@ rounding to ``out_dtype``. It equals :func:`trtforge.kernels.qweight.fp8_linear_
 codes up to FP32 summation order. On sm_90 Triton lets FP8 wgmma chains accumulate at the tensor
 cores' reduced internal precision by default (``max_num_imprecise_acc``); unless
 ``SkinnyConfig.fast_accum`` is set, the partial sum is instead added into the FP32 accumulator every
-:data:`PRECISE_ACC_K` products, as cuBLASLt does for ``_scaled_mm(use_fast_accum=False)``.
+:data:`PRECISE_ACC_K` products, as cuBLASLt does for ``_scaled_mm(use_fast_accum=False)``. Those adds
+read the wgmma results, so ptxas waits for each chunk's wgmma before them (its note C7517); the
+sweep times ``fast_accum`` beside the best config to price that.
+
+On sm_90 (compiled on the CPU: tests/kernels/test_fp8_skinny.py) the default config at one row of the
+QKV shape is four ``wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3`` a 128-wide chunk, its x
+and weight tiles brought by 16-byte ``cp.async`` through a 4-stage pipeline (48 KB of shared memory),
+no conversion of the codes, 56 registers, no spills.
 
 Orientation (``SkinnyConfig.swap_ab``): by default x is the wgmma's A operand, a 64-row tile
 (rows past M loaded as zeros) times ``block_n`` weight rows. Swapped, the weight tile is A
 (``block_n`` >= 64 rows) and x, padded only to 16/32/64 rows, is B (wgmma N): a quarter of the
 x tile's shared-memory traffic at up to 16 rows. Both are candidates for the sweep.
+
+Split-K (``split_k`` > 1, for N too narrow to give every SM a program): each program sums a K slice of
+whole chunks into an FP32 workspace ``[slices, M, N]`` and a second small kernel adds the slices in
+order and applies the epilogue. Chosen over ``tl.atomic_add`` into an FP32 buffer, which would need a
+zeroing launch and a cast launch as well and sums in whatever order the programs finish: the
+workspace costs the same two extra passes over an ``[M, N]`` tile (small beside the weights) and
+gives bitwise-reproducible outputs, inside CUDA graphs too.
 """
 
 from __future__ import annotations
