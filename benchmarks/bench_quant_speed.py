@@ -15,10 +15,13 @@ Parts (``--parts``, comma-separated; each records an error instead of ending the
   ``lm_head_quantization="fp8"``, the 1.05 GB BF16 head read as 0.53 GB of E4M3). The INT4 weights are
   round-to-nearest: AWQ's weights have the same format, bytes and kernels (its search only changes the
   values), and random weights give AWQ no activations worth calibrating on.
-- ``serving``: the same workload for BF16, FP8 and FP8 + FP8 LM head: 256 requests of 512 prompt / 256
-  output tokens, all submitted at once, one 28 GB BF16 K/V pool (13,351 blocks of 16: every sequence
-  fits; the same for all), scheduler 256 sequences, 4096 tokens a step, prompt chunks of 1024; output
-  tokens/s.
+- ``fp8-skinny`` / ``fp8-skinny-all``: FP8 with W8A8 at 2..64 tokens (and, ``-all``, at one token too)
+  on trtforge's skinny wgmma GEMM (:mod:`trtforge.kernels.fp8_skinny`) instead of cuBLASLt / the
+  weight-only GEMV: ``trtforge.llm.quant.linear``'s dispatch limits set for that variant only.
+- ``serving``: the same workload for BF16, FP8, FP8 + FP8 LM head and the skinny variants: 256
+  requests of 512 prompt / 256 output tokens, all submitted at once, one 28 GB BF16 K/V pool (13,351
+  blocks of 16: every sequence fits; the same for all), scheduler 256 sequences, 4096 tokens a step,
+  prompt chunks of 1024; output tokens/s.
 
 ``--variants`` picks among them (default: all); ``--quick`` (128 output tokens, 64 requests, 3 GEMM
 sizes) took about a minute a part on the H200 in session 13 with three variants.
@@ -29,6 +32,7 @@ Targets (issue #28): single stream FP8 <= 0.6x and INT4 <= 0.4x BF16's ms/token;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import sys
@@ -76,8 +80,32 @@ VARIANTS = {
     "fp8+head-fp8": ("fp8", "fp8"),
     "int4": ("int4-rtn", None),
     "int4+head-fp8": ("int4-rtn", "fp8"),
+    "fp8-skinny": ("fp8", None),
+    "fp8-skinny-all": ("fp8", None),
 }
-SERVING_VARIANTS = ("bf16", "fp8", "fp8+head-fp8")
+SERVING_VARIANTS = ("bf16", "fp8", "fp8+head-fp8", "fp8-skinny", "fp8-skinny-all")
+# FP8 dispatch settings of trtforge.llm.quant.linear a variant runs under (set before its executor is
+# built: the fused layers read the limits then): W8A8 at 2..64 tokens on the skinny wgmma GEMM instead of
+# cuBLASLt; "-all": one token too (no weight-only GEMV)
+DISPATCH = {
+    "fp8-skinny": {"FP8_SKINNY_MAX_TOKENS": 64},
+    "fp8-skinny-all": {"FP8_SKINNY_MAX_TOKENS": 64, "FP8_WEIGHT_ONLY_MAX_TOKENS": 0},
+}
+
+
+@contextlib.contextmanager
+def dispatch(name: str):
+    """trtforge's FP8 dispatch limits as variant `name` wants them, restored after."""
+    import trtforge.llm.quant.linear as linear
+
+    saved = {k: getattr(linear, k) for k in DISPATCH.get(name, {})}
+    for k, v in DISPATCH.get(name, {}).items():
+        setattr(linear, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(linear, k, v)
 
 
 def build(layers: int) -> torch.nn.Module:
@@ -182,8 +210,9 @@ def single_part(quick: bool, layers: int, variants: list[str]) -> dict:
         prompt, olen = prompt[:32], 8
     out: dict = {"prompt_tokens": len(prompt), "output_tokens": olen}
     for method in variants:
-        model = variant(method, layers)
-        r = single_stream(model, prompt, olen, graphs=True)
+        with dispatch(method):
+            model = variant(method, layers)
+            r = single_stream(model, prompt, olen, graphs=True)
         r.pop("tokens")
         out[method] = r
         print(
@@ -219,17 +248,18 @@ def serving_part(quick: bool, layers: int, variants: list[str]) -> dict:
         "block_size": block,
     }
     for method in [v for v in variants if v in SERVING_VARIANTS]:
-        model = variant(method, layers)
-        ex = TorchExecutor(
-            model, num_blocks=num_blocks, block_size=block, max_decode_batch=256, max_model_len=1024
-        )
-        t = time.perf_counter()
-        ex.capture_decode_graphs()
-        ex.capture_mixed_graphs()
-        capture = time.perf_counter() - t
-        run_engine(ex, workload(32, (plen, plen), (16, 16), 0.0, SHAPE["vocab_size"], seed=1), config)
-        reqs = workload(n, (plen, plen), (olen, olen), 0.0, SHAPE["vocab_size"], seed=0)
-        r = run_engine(ex, reqs, config)
+        with dispatch(method):
+            model = variant(method, layers)
+            ex = TorchExecutor(
+                model, num_blocks=num_blocks, block_size=block, max_decode_batch=256, max_model_len=1024
+            )
+            t = time.perf_counter()
+            ex.capture_decode_graphs()
+            ex.capture_mixed_graphs()
+            capture = time.perf_counter() - t
+            run_engine(ex, workload(32, (plen, plen), (16, 16), 0.0, SHAPE["vocab_size"], seed=1), config)
+            reqs = workload(n, (plen, plen), (olen, olen), 0.0, SHAPE["vocab_size"], seed=0)
+            r = run_engine(ex, reqs, config)
         r["graph_capture_s"] = capture
         r["quantization"] = ex.facts.quantization
         r["lm_head_quantization"] = ex.facts.lm_head_quantization

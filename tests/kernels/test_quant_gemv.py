@@ -350,3 +350,31 @@ def test_fp8_row_quantization_two_passes_past_the_register_row(device, monkeypat
     want_q, want_s = quantize_rows_fp8(x)
     assert torch.equal(q[:3].float().cpu(), want_q.float())
     torch.testing.assert_close(s[:3].cpu(), want_s, rtol=1e-6, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5, 64])
+def test_fp8_quant_linear_on_the_skinny_gemm_when_turned_on(monkeypatch, m):
+    """FP8_SKINNY_MAX_TOKENS (off by default until the H200 sweep): W8A8 up to that many tokens on
+    trtforge's skinny wgmma GEMM instead of cuBLASLt, one token too with the weight-only limit at 0;
+    against the W8A8 reference and the cuBLASLt path, with a bias, in BF16 and FP16."""
+    import trtforge.llm.quant.linear as linear
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the skinny GEMM runs wgmma (Hopper, compute capability 9.0)")
+    g = torch.Generator().manual_seed(13)
+    w = torch.randn(96, 512, generator=g) / 16
+    bias = torch.randn(96, generator=g)
+    q = quantize_fp8(w)
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.randn(m, 512, generator=g).to(dtype)
+        b = bias.to(dtype)
+        monkeypatch.setattr(linear, "FP8_WEIGHT_ONLY_MAX_TOKENS", 0)
+        monkeypatch.setattr(linear, "FP8_SKINNY_MAX_TOKENS", 0)
+        cublas = linear.quant_linear(x.cuda(), _to(q, "cuda"), b.cuda()).float().cpu()
+        monkeypatch.setattr(linear, "FP8_SKINNY_MAX_TOKENS", 64)
+        skinny = linear.quant_linear(x.cuda(), _to(q, "cuda"), b.cuda())
+        assert skinny.dtype == dtype and skinny.shape == (m, 96)
+        want = (fp8_linear_reference(x.float(), q) + bias).float()
+        torch.testing.assert_close(skinny.float().cpu(), want, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(skinny.float().cpu(), cublas, atol=2e-2, rtol=2e-2)

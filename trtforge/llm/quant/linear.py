@@ -31,11 +31,19 @@ from trtforge.kernels.qweight import (
 
 def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
     """W8A8 on the FP8 tensor cores: per-token activation scales (one Triton kernel, rows padded to the
-    16 cuBLASLt's FP8 GEMMs take), per-channel weight scales."""
+    16 cuBLASLt's FP8 GEMMs take), per-channel weight scales; up to :data:`FP8_SKINNY_MAX_TOKENS` rows
+    trtforge's skinny wgmma GEMM (:mod:`trtforge.kernels.fp8_skinny`) instead of cuBLASLt."""
     from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
 
     m = int(x.shape[0])
     xq, sx = quantize_rows_fp8_padded(x.contiguous())
+    if m <= FP8_SKINNY_MAX_TOKENS:
+        from trtforge.kernels.fp8_skinny import fp8_skinny_gemm
+
+        direct = x.dtype in (torch.bfloat16, torch.float16, torch.float32)  # rounded once, to x's dtype
+        kind = x.dtype if direct else torch.bfloat16
+        out = fp8_skinny_gemm(xq[:m], sx[:m], w.data, w.scale, out_dtype=kind).to(x.dtype)
+        return out if bias is None else out + bias
     out = torch._scaled_mm(
         xq,
         w.data.t(),
@@ -49,6 +57,10 @@ def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torc
 
 
 FP8_WEIGHT_ONLY_MAX_TOKENS = 1  # FP8 runs W8A16 (the GEMV) up to this many tokens, W8A8 above
+# W8A8 up to this many tokens runs the skinny FP8 GEMM rather than cuBLASLt's (CUDA; at most
+# fp8_skinny.MAX_ROWS). 0, off: not measured on the H200 yet (benchmarks/sweep_fp8_skinny.py;
+# bench_quant_speed.py's fp8-skinny variants turn it on for their runs).
+FP8_SKINNY_MAX_TOKENS = 0
 
 
 def weight_only_max_tokens(w: QuantWeight) -> int:
