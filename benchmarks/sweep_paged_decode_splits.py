@@ -6,7 +6,8 @@ The served path launches decode attention through :func:`trtforge.kernels.decode
 prepare_paged_decode` with the default configuration and :func:`~trtforge.kernels.decode_attention.
 num_splits_for`'s split count, which gives one split from B·Hkv = 4 per SM up. For B decode rows
 (Hq 32, Hkv 8, D 128, BF16, blocks of 16 scattered over the pool) at context L, each split count is
-timed as the served mixed step launches it (eager, fused reduction: median of CUDA-event timings,
+timed as the served mixed step launches it (eager, fused reduction, programmatic dependent launch
+where the GPU has it: median of CUDA-event timings,
 triton.testing.do_bench) and checked against split count 1; the bytes of K/V read give the TB/s
 (H200 HBM3e: 4.8). The heuristic's choice is marked.
 """
@@ -25,6 +26,7 @@ from trtforge.kernels.decode_attention import (
     num_splits_for,
     prepare_paged_decode,
 )
+from trtforge.kernels.gemv import pdl_supported
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
 CASES = [(100, 1000), (190, 1000), (256, 600), (256, 2000), (192, 3000), (64, 4000)]
@@ -66,6 +68,7 @@ def main() -> None:
                 tables,
                 out,
                 config=DecodeConfig(base.block_n, base.num_warps, base.num_stages, n),
+                pdl=pdl_supported(dev),  # as the served step launches it
             )
 
             def fn(launch=launch, q=q, k=k, v=v, out=out) -> None:

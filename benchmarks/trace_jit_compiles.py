@@ -5,7 +5,9 @@
 A kernel launched with arguments of a specialization not met before (an integer that is now 1 or a
 multiple of 16, a pointer now 16-byte aligned, a new constexpr) is compiled (or loaded from Triton's
 disk cache) during that launch. Each one prints a line ``[jit +T s] Ns kernel(args)`` to stderr, so
-that compilations inside a timed region show up between the script's own output.
+that compilations inside a timed region show up between the script's own output, with what set this
+one apart from the kernel's first compilation: constexprs (``NAME=``), argument types (``NAME:``) and
+Triton's specialization marks (``NAME@``: divisible by 16, 16-byte aligned).
 """
 
 from __future__ import annotations
@@ -35,19 +37,31 @@ _first: dict[str, dict] = {}
 
 
 def _difference(kwargs: dict) -> str:
-    """What this compilation's constexprs and argument specializations (the key's types and 1 /
-    divisible-by-16 / aligned marks) have that the same kernel's first compilation did not."""
-    fn, key = kwargs.get("fn"), kwargs.get("key")
+    """What this compilation's constexprs, argument types and specialization marks (divisible by 16,
+    aligned: Triton's per-argument attributes) have that the same kernel's first compilation did not."""
     compile_ = kwargs.get("compile", {})
+    fn = kwargs.get("fn")
     params = [p.name for p in getattr(getattr(fn, "jit_function", None), "params", [])]
-    spec = dict(zip(params, key[1])) if key is not None and len(key) > 1 and params else {}
-    now = {**{f"{k}": v for k, v in dict(compile_.get("constants", {})).items()}, **spec}
+
+    def named(path: object) -> str:  # Triton keys arguments by index paths, e.g. (3,)
+        first = path[0] if isinstance(path, tuple) and path else path
+        return params[first] if isinstance(first, int) and first < len(params) else str(path)
+
+    now: dict[str, object] = {}
+    for path, value in dict(compile_.get("constants", {})).items():
+        now[f"{named(path)}="] = value
+    for name, kind in dict(compile_.get("signature", {})).items():
+        now[f"{name}:"] = kind
+    configs = compile_.get("configs") or [{}]
+    for path, marks in dict(configs[0]).items():
+        now[f"{named(path)}@"] = marks
     name = getattr(fn, "name", "?")
     if name not in _first:
         _first[name] = now
         return "(first)"
     was = _first[name]
-    return "; ".join(f"{k}={now[k]!r} (first {was.get(k)!r})" for k in now if now[k] != was.get(k))[:600]
+    changed = [k for k in sorted(set(now) | set(was)) if now.get(k) != was.get(k)]
+    return "; ".join(f"{k}{now.get(k)!r} (first {was.get(k)!r})" for k in changed)[:600]
 
 
 def main() -> None:

@@ -202,21 +202,29 @@ def test_chunk_prefill_config_takes_the_last_entry_that_applies():
     assert lengths == sorted(lengths) and lengths[0] == 1
 
 
-@pytest.mark.parametrize("max_q_len", [9, 2048])
-def test_the_served_launch_takes_its_tiles_from_the_config_table(max_q_len):
+def test_the_served_launch_takes_its_tiles_from_the_config_table(monkeypatch):
+    """prepare_chunked_prefill_varlen reads CHUNK_PREFILL_CONFIGS when it is called, by the step's
+    longest chunk: a two-entry table gives short and long steps their own tiles."""
+    import trtforge.kernels.configs as configs
     from trtforge.kernels.chunked_prefill import prepare_chunked_prefill_varlen
-    from trtforge.kernels.configs import chunk_prefill_config
 
+    short, long = configs.KernelConfig(32, 16, 4, 2), configs.KernelConfig(128, 32, 8, 3)
+    monkeypatch.setattr(configs, "CHUNK_PREFILL_CONFIGS", ((1, short), (512, long)))
     gen = torch.Generator().manual_seed(3)
     k_pool = v_pool = _rand(gen, 4, 16, 2, 32)
     i32 = torch.ones(1, dtype=torch.int32, device=DEVICE)
     q = _rand(gen, 8, 4, 32)
-    launch = prepare_chunked_prefill_varlen(
-        q, k_pool, v_pool, i32, i32.view(1, 1), i32 * 0, i32, max_q_len, out=q
-    )
-    want = chunk_prefill_config(max_q_len)
-    assert (launch.kwargs["BLOCK_M"], launch.kwargs["BLOCK_N"]) == (want.block_m, want.block_n)
-    assert (launch.kwargs["num_warps"], launch.kwargs["num_stages"]) == (want.num_warps, want.num_stages)
+    for max_q_len, want in ((9, short), (511, short), (512, long), (2048, long)):
+        launch = prepare_chunked_prefill_varlen(
+            q, k_pool, v_pool, i32, i32.view(1, 1), i32 * 0, i32, max_q_len, out=q
+        )
+        got = (launch.kwargs["BLOCK_M"], launch.kwargs["BLOCK_N"], launch.kwargs["num_warps"])
+        assert (*got, launch.kwargs["num_stages"]) == (
+            want.block_m,
+            want.block_n,
+            want.num_warps,
+            want.num_stages,
+        )
 
 
 def test_every_chunk_prefill_candidate_gives_the_default_tiles_result():

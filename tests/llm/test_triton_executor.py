@@ -347,28 +347,46 @@ def test_a_step_is_prepared_once_for_all_its_layers_and_again_for_the_next_step(
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_mixed_warm_up_steps_hold_every_query_length_and_write_only_the_scratch_block(device):
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_mixed_warm_up_steps_hold_every_query_length_and_write_only_the_scratch_block(device, family):
     """The steps capture_mixed_graphs runs so that Triton compiles the mixed steps' attention at load
     (not inside a served step): decode rows, each short query length 2..8 (the split-KV kernel's
-    per-length variants) and a prompt chunk, over one key tile (one split) and over many (several);
-    they run as served mixed steps do and write nothing but the scratch block."""
+    per-length variants) and a prompt chunk; over one key tile, over 512 keys and (a sliding window of
+    100) over 101, the window then in force; one sequence of each length, or enough of each for one
+    split. They run as served mixed steps do and write nothing but the scratch block."""
     skip_unless_runs_here(device)
+    if family == "llama":
+        model = copy.deepcopy(tiny_llama())
+    else:
+        from tests.llm.tiny_models import tiny_model
+
+        model = tiny_model("mistral", sliding_window=100, max_position_embeddings=512)
     ex = TorchExecutor(
-        copy.deepcopy(tiny_llama()).half(), num_blocks=16, block_size=16, device=device,
+        model.half(), num_blocks=16, block_size=16, device=device,
         kernels="triton", max_decode_batch=8, max_model_len=512, static_decode=True,
     )  # fmt: skip
     batches = ex.mixed_warm_up_batches()
-    assert [sorted(set(b.query_lens.tolist())) for b in batches] == [[*range(1, 9), 24]] * 2
-    assert int(batches[0].context_lens.max()) <= 64 < int(batches[1].context_lens.min()) == 512
+    keys = [64, 512] if family == "llama" else [64, 101, 512]
+    assert sorted({int(b.context_lens.max()) for b in batches}) == keys
+    assert all(sorted(set(b.query_lens.tolist())) == [*range(1, 9), 24] for b in batches)
+    many = -(-4 * 132 // 2) + 1 if device != "cuda" else None  # kv heads 2; an H100/H200's SMs off CUDA
+    sizes = sorted({b.num_seqs for b in batches})
+    assert len(sizes) == 2 and sizes[0] == 9 and (many is None or sizes[1] == 8 * min(256, many) + 1)
+    assert all(len(b.logits_indices) == 1 for b in batches)  # the chunk's logits only
     pools = (*ex.k_pools, *ex.v_pools)
     before = [p.clone() for p in pools]
-    for batch in batches:
+    for batch in [b for b in batches if b.num_seqs == 9]:  # (the many-row steps: on CUDA, below)
         assert ex.path_of(batch) == "piecewise"
         logits = ex.step(batch)
-        assert logits.shape == (batch.num_seqs, ex.facts.vocab_size) and torch.isfinite(logits).all()
+        assert logits.shape == (1, ex.facts.vocab_size) and torch.isfinite(logits).all()
     for old, new in zip(before, pools):
         assert torch.equal(old[:-1], new[:-1]) and not torch.equal(old[-1], new[-1])
-    assert ex.warm_up_mixed_attention() == (2 if device == "cuda" else 0)
+    if device == "cuda":
+        assert ex.warm_up_mixed_attention() == len(batches)
+        for old, new in zip(before, pools):
+            assert torch.equal(old[:-1], new[:-1])
+    else:
+        assert ex.warm_up_mixed_attention() == 0
 
 
 @pytest.mark.gpu

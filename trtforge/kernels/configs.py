@@ -59,10 +59,12 @@ CHUNK_PREFILL_CANDIDATES: tuple[KernelConfig, ...] = (
 
 
 def chunk_prefill_config(
-    max_q_len: int, table: tuple[tuple[int, KernelConfig], ...] = CHUNK_PREFILL_CONFIGS
+    max_q_len: int, table: tuple[tuple[int, KernelConfig], ...] | None = None
 ) -> KernelConfig:
     """The chunked-prefill launch for a step whose longest prompt chunk has `max_q_len` tokens: the
-    last entry of `table` (ascending by shortest chunk) that applies, else its first."""
+    last entry of `table` (ascending by shortest chunk; default :data:`CHUNK_PREFILL_CONFIGS`, read at
+    call time) that applies, else its first."""
+    table = CHUNK_PREFILL_CONFIGS if table is None else table
     chosen = table[0][1]
     for shortest, config in table:
         if max_q_len >= shortest:

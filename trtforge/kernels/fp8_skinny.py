@@ -9,9 +9,10 @@ token ``torch._scaled_mm`` (cuBLASLt) after the activation quantization
 each weight tile once, straight into the tensor cores (no conversion of the codes), with the rows of
 x zero-padded to one wgmma tile.
 
-Not dispatched to yet: :func:`trtforge.llm.quant.linear.quant_linear` and the fused layers still run
-the GEMV and ``_scaled_mm``. ``benchmarks/sweep_fp8_skinny.py`` times it against them on the H200,
-and it is wired in only where it beats them. :func:`default_skinny_config` is a guess until then.
+Dispatched only where asked: :func:`trtforge.llm.quant.linear.quant_linear` routes W8A8 at up to
+``linear.FP8_SKINNY_MAX_TOKENS`` tokens here, 0 (off) until ``benchmarks/sweep_fp8_skinny.py`` and
+``bench_quant_speed.py``'s fp8-skinny variants show it beating the GEMV and ``_scaled_mm`` on the
+H200. :func:`default_skinny_config` is a guess until then.
 
 Numerics: W8A8 with per-token x scales and per-channel w scales, as the ``_scaled_mm`` path:
 ``out = (xq @ w_data^T) * sx[:, None] * w_scale[None, :] (+ bias)``, the products of E4M3 codes

@@ -505,6 +505,7 @@ def make_proposer(spec: SpeculativeConfig, target: Any, draft_lm: Any = None) ->
         dtype=target.dtype,
         static_decode=getattr(target, "static_decode", None),  # its steps take the target's path
     )
+    draft.warm_up_mixed_attention()  # its prompt steps' attention compiled now, not mid-serve (CUDA)
     proposer = DraftModelProposer(draft, spec.num_tokens)
     proposer.check_target(facts)
     return proposer

@@ -878,28 +878,51 @@ class TorchExecutor:
 
     def mixed_warm_up_batches(self) -> list[StepBatch]:
         """Steps with prompt tokens whose attention meets every kernel variant a served mixed step can
-        launch: decode rows, rows of each short query length 2..:attr:`max_static_q_len` (the split-KV
-        decode kernel compiles one variant per length) and a prompt chunk, once with a few keys each
-        (one split) and once with many (several); every token on the scratch slot, every table entry the
-        scratch block."""
+        launch, every token on the scratch slot and every table entry the scratch block.
+
+        The split-KV decode kernel compiles a variant per query length (decode rows, rows of 2..8 new
+        tokens), per split mode (one split or several, from the work: few keys or many rows give one)
+        and per sliding window in force (a window shorter than the table's keys); the chunk kernel one
+        per window mode and per tile config (:data:`~trtforge.kernels.configs.CHUNK_PREFILL_CONFIGS`,
+        chosen by the step's longest chunk). So: for key counts of one tile, of 1,024 and of each
+        window + 1 (up to ``max_model_len``), and for each chunk length the tile table tells apart, a
+        step with one sequence of each short length and a chunk, and the same with enough sequences of
+        each length for a single split."""
+        from trtforge.kernels.configs import CHUNK_PREFILL_CONFIGS
+
         bs, scratch, longest = self._block_size, self._num_blocks, self._max_model_len
-        every = (1, 1, *range(2, self.max_static_q_len + 1), self.max_static_q_len + 16)
-        q_lens = [q for q in every if q <= longest]
+        short = MAX_Q_LEN if getattr(self.attention, "short_queries", False) else self.max_static_q_len
+        lengths = [q for q in range(1, short + 1) if q <= longest]
+        chunk_lens = sorted(
+            {min(max(first, short + 16), longest) for first, _ in CHUNK_PREFILL_CONFIGS} - set(lengths)
+        )
+        keys_set = {min(longest, max(lengths[-1], 64)), min(longest, 1024)}
+        keys_set |= {min(longest, w + 1) for w in self._adapter.windows if w is not None and w < longest}
+        hkv = int(self.k_pools[0].shape[2]) if self.k_pools else 1
+        sms = (
+            torch.cuda.get_device_properties(self.device).multi_processor_count
+            if self.device.type == "cuda"
+            else 132
+        )
+        many = min(256, -(-4 * sms // max(hkv, 1)) + 1)  # B·Hkv past 4 programs an SM: one split
         batches = []
-        for keys in sorted({q_lens[-1], max(q_lens[-1], min(longest, 1024))}):
-            starts = [keys - q for q in q_lens]
-            tables = np.full((len(q_lens), -(-keys // bs)), scratch, dtype=np.int32)
-            batches.append(
-                StepBatch.from_flat(
-                    seq_ids=tuple(range(len(q_lens))),
-                    input_ids=[0] * sum(q_lens),
-                    counts=q_lens,
-                    starts=starts,
-                    slot_mapping=[scratch * bs] * sum(q_lens),
-                    want_logits=[True] * len(q_lens),
-                    block_tables=tables,
-                )
-            )
+        for keys in sorted(keys_set):
+            for chunk in [c for c in chunk_lens if c <= keys] or [None]:
+                for copies in (1, many):
+                    q_lens = [q for q in lengths for _ in range(copies)] + ([chunk] if chunk else [])
+                    # logits of the last sequence only (a decode-only step: every row's, as served)
+                    want = [i == len(q_lens) - 1 or max(q_lens) == 1 for i in range(len(q_lens))]
+                    batches.append(
+                        StepBatch.from_flat(
+                            seq_ids=tuple(range(len(q_lens))),
+                            input_ids=[0] * sum(q_lens),
+                            counts=q_lens,
+                            starts=[keys - q for q in q_lens],
+                            slot_mapping=[scratch * bs] * sum(q_lens),
+                            want_logits=want,
+                            block_tables=np.full((len(q_lens), -(-keys // bs)), scratch, dtype=np.int32),
+                        )
+                    )
         return batches
 
     @torch.inference_mode()
@@ -913,6 +936,7 @@ class TorchExecutor:
         for batch in batches:
             self.step(batch)
         torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # (its temporaries: not held as if the graphs took them, when sizing)
         return len(batches)
 
     def _capture(self, nb: int, wb: int, s: int = 1) -> Any:

@@ -37,7 +37,9 @@ def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torc
 
     m = int(x.shape[0])
     xq, sx = quantize_rows_fp8_padded(x.contiguous())
-    if m <= FP8_SKINNY_MAX_TOKENS:
+    from trtforge.kernels.fp8_skinny import MAX_ROWS as SKINNY_ROWS
+
+    if m <= min(FP8_SKINNY_MAX_TOKENS, SKINNY_ROWS):
         from trtforge.kernels.fp8_skinny import fp8_skinny_gemm
 
         direct = x.dtype in (torch.bfloat16, torch.float16, torch.float32)  # rounded once, to x's dtype
