@@ -67,6 +67,7 @@ from trtforge.llm.executors.piecewise import PiecewiseStep
 from trtforge.llm.executors.triton_attention import (
     TritonDecodeAttention,
     TritonPagedAttention,
+    _num_sms,
     triton_usable,
 )
 from trtforge.llm.host_to_device import to_device
@@ -899,12 +900,8 @@ class TorchExecutor:
         keys_set = {min(longest, max(lengths[-1], 64)), min(longest, 1024)}
         keys_set |= {min(longest, w + 1) for w in self._adapter.windows if w is not None and w < longest}
         hkv = int(self.k_pools[0].shape[2]) if self.k_pools else 1
-        sms = (
-            torch.cuda.get_device_properties(self.device).multi_processor_count
-            if self.device.type == "cuda"
-            else 132
-        )
-        many = min(256, -(-4 * sms // max(hkv, 1)) + 1)  # B·Hkv past 4 programs an SM: one split
+        # B·Hkv past 4 programs an SM: one split (kernels.decode_attention.num_splits_for)
+        many = min(256, -(-4 * _num_sms(self.device) // max(hkv, 1)) + 1)
         batches = []
         for keys in sorted(keys_set):
             for chunk in [c for c in chunk_lens if c <= keys] or [None]:

@@ -37,15 +37,12 @@ def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torc
 
     m = int(x.shape[0])
     xq, sx = quantize_rows_fp8_padded(x.contiguous())
-    from trtforge.kernels.fp8_skinny import MAX_ROWS as SKINNY_ROWS
+    if m <= FP8_SKINNY_MAX_TOKENS:  # (0: off, and nothing imported)
+        from trtforge.kernels.fp8_skinny import MAX_ROWS, fp8_skinny_gemm
 
-    if m <= min(FP8_SKINNY_MAX_TOKENS, SKINNY_ROWS):
-        from trtforge.kernels.fp8_skinny import fp8_skinny_gemm
-
-        direct = x.dtype in (torch.bfloat16, torch.float16, torch.float32)  # rounded once, to x's dtype
-        kind = x.dtype if direct else torch.bfloat16
-        out = fp8_skinny_gemm(xq[:m], sx[:m], w.data, w.scale, out_dtype=kind).to(x.dtype)
-        return out if bias is None else out + bias
+        if m <= MAX_ROWS:  # the bias joins the FP32 sum; one rounding, to x's dtype where it can
+            kind = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
+            return fp8_skinny_gemm(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind).to(x.dtype)
     out = torch._scaled_mm(
         xq,
         w.data.t(),
