@@ -46,14 +46,23 @@ def _operands(m: int, n: int, k: int, seed: int, device: str):
     return x, q, bias, xq[:m], sx[:m]
 
 
+def _reference_on_codes(xq, sx, q: Fp8Weight, bias) -> torch.Tensor:
+    """fp8_linear_reference's float32 W8A8 on the given activation codes and scales (the GPU's own)."""
+    out = (xq.cpu().float() @ q.data.cpu().float().t()) * sx.cpu().reshape(-1, 1) * q.scale.cpu()[None, :]
+    return out if bias is None else out + bias.float().cpu()
+
+
 def _assert_matches(got, x, q: Fp8Weight, bias, xq, sx, out_dtype: torch.dtype) -> None:
-    """`got` is fp8_linear_reference's float32 result rounded once to out_dtype, up to the summation:
+    """`got` is the float32 W8A8 result on the codes xq, sx (in the interpreter also
+    fp8_linear_reference's on x) rounded once to out_dtype, up to the summation:
     per element ``|got - want| <= half an ulp of out_dtype + acc_rel * sum_k |products|`` (+ |bias|).
     acc_rel: float32 summation order in the interpreter (2^-16); on a GPU the FP8 tensor cores sum each
     128 products at a reduced internal precision before they join the float32 accumulator (2^-10).
     Triton's interpreter truncates float32 to BF16 (a whole ulp), the GPU rounds to nearest."""
     assert got.dtype == out_dtype and tuple(got.shape) == (xq.shape[0], q.data.shape[0])
-    want = fp8_linear_reference(x, q, bias)
+    want = _reference_on_codes(xq, sx, q, bias)
+    if not got.is_cuda:  # (the interpreter's quantizer gives the reference's codes: check x's too)
+        torch.testing.assert_close(want, fp8_linear_reference(x, q, bias), rtol=0, atol=0)
     codes = q.data.cpu().float()
     sw = q.scale.cpu()[None, :]
     mag = (xq.cpu().float().abs() @ codes.abs().t()) * sx.cpu().reshape(-1, 1) * sw
@@ -194,17 +203,25 @@ def test_config_values_are_checked():
 
 
 @needs_triton
-def test_default_config_gives_about_a_program_per_sm():
-    """The guess's rule: N 4096 -> 32 columns (128 programs on 132 SMs), 28672 -> 128 (224), a narrow
-    N splits K; never fewer than 2 chunks a slice."""
+def test_default_config_follows_the_h200_sweep():
+    """The rule the session-16 H200 sweep fits (Llama-3-8B projections): gate/up (N 28672) swapped with
+    64 columns and no split; up to 16 rows swapped, chunks of 256; 17..64 rows x as the 64-row tile, 32
+    columns, chunks of 256 only for down's K; two K slices while programs are few; none for a short K."""
     from trtforge.kernels.fp8_skinny import default_skinny_config
 
-    assert default_skinny_config(1, 4096, 4096).block_n == 32
-    assert default_skinny_config(16, 6144, 4096).block_n == 32
-    assert default_skinny_config(64, 28672, 4096).block_n == 128
-    assert default_skinny_config(1, 4096, 14336).split_k == 1
-    assert default_skinny_config(1, 512, 4096).split_k == 4  # 32 programs of 16 columns
-    assert default_skinny_config(1, 512, 256).split_k == 1  # two chunks of K: no slices of one
+    gate_up = default_skinny_config(64, 28672, 4096)
+    assert (gate_up.swap_ab, gate_up.block_n, gate_up.block_k, gate_up.num_stages, gate_up.split_k) == (
+        True, 64, 128, 3, 1,
+    )  # fmt: skip
+    one = default_skinny_config(1, 4096, 14336)
+    assert (one.swap_ab, one.block_n, one.block_k, one.split_k) == (True, 64, 256, 2)
+    qkv = default_skinny_config(64, 6144, 4096)
+    assert (qkv.swap_ab, qkv.block_n, qkv.block_k, qkv.split_k) == (False, 32, 128, 2)
+    assert default_skinny_config(40, 4096, 14336).block_k == 256
+    assert (
+        default_skinny_config(16, 96, 512).block_k == 256 and default_skinny_config(16, 96, 512).split_k == 1
+    )
+    assert default_skinny_config(1, 512, 100).block_k == 128  # (no chunk wider than a short K)
 
 
 # ---------------------------------------------------------------- sm_90 compile on the CPU
@@ -298,14 +315,15 @@ def _needs_compiler() -> None:
 
 
 def test_default_config_compiles_to_fp8_wgmma_with_16_byte_weight_copies():
-    """M = 1 on the qkv shape: the products are wgmma on E4M3 operands (the codes go from shared memory
-    to the tensor cores: no conversion to f16, no mma.sync fallback), the x and weight tiles arrive by
-    16-byte cp.async (vectorized, pipelined), and ptxas assembles it without spills."""
+    """M = 64 on the qkv shape (x the A tile): the products are wgmma on E4M3 operands (the codes go
+    from shared memory to the tensor cores: no conversion to f16, no mma.sync fallback), the x and
+    weight tiles arrive by 16-byte cp.async (vectorized, pipelined), and ptxas assembles it without
+    spills."""
     from trtforge.kernels.fp8_skinny import default_skinny_config
 
     _needs_compiler()
-    cfg = default_skinny_config(1, 6144, 4096)
-    facts = _child_compile(cfg.__dict__, 1, 6144, 4096)
+    cfg = default_skinny_config(64, 6144, 4096)
+    facts = _child_compile(cfg.__dict__, 64, 6144, 4096)
     counts = facts["counts"]
     wgmma = {op: c for op, c in counts.items() if op.startswith("wgmma.mma_async")}
     assert wgmma and all(op.endswith(".f32.e4m3.e4m3") for op in wgmma), wgmma

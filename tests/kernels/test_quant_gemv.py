@@ -336,6 +336,28 @@ def test_fp8_row_quantization_rounds_boundaries_as_torch(device, hw_cast):
     torch.testing.assert_close(s[:3].cpu(), want_s, rtol=1e-6, atol=0)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("hw_cast", [False, True])
+def test_fp8_row_codes_on_the_gpu_equal_the_reference_on_a_llama_sized_batch(hw_cast):
+    """64 rows of 4096 BF16 activations (as the 8B model's projections get them): every code and scale
+    of the Triton quantizer equals quantize_rows_fp8's, by the bit-arithmetic rounding and by the
+    hardware conversion."""
+    from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(64, 4096, device="cuda", generator=g).bfloat16()
+    x[3, :100] *= 1e-4  # small values: E4M3 subnormals
+    q, s = quantize_rows_fp8_padded(x, hw_cast=hw_cast)
+    want_q, want_s = quantize_rows_fp8(x.cpu())
+    diff = q.float().cpu() != want_q.float()
+    scaled = x.cpu().float() * 448 / x.cpu().float().abs().amax(1, keepdim=True)
+    assert not diff.any(), (
+        f"{int(diff.sum())} codes differ, e.g. at x * 448 / amax = {scaled[diff][:5].tolist()}: "
+        f"got {q.float().cpu()[diff][:5].tolist()}, want {want_q.float()[diff][:5].tolist()}"
+    )
+    assert torch.equal(s.cpu(), want_s)
+
+
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
 def test_fp8_row_quantization_two_passes_past_the_register_row(device, monkeypatch):
@@ -355,10 +377,11 @@ def test_fp8_row_quantization_two_passes_past_the_register_row(device, monkeypat
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 5, 64])
 def test_fp8_quant_linear_on_the_skinny_gemm_when_turned_on(monkeypatch, m):
-    """FP8_SKINNY_MAX_TOKENS (off by default until the H200 sweep): W8A8 up to that many tokens on
-    trtforge's skinny wgmma GEMM instead of cuBLASLt, one token too with the weight-only limit at 0;
-    against the W8A8 reference and the cuBLASLt path, with a bias, in BF16 and FP16."""
+    """FP8_SKINNY_MAX_TOKENS (64 by default): W8A8 up to that many tokens on trtforge's skinny wgmma
+    GEMM instead of cuBLASLt, one token too with the weight-only limit at 0; against the W8A8
+    reference on the same activation codes and the cuBLASLt path, with a bias, in BF16 and FP16."""
     import trtforge.llm.quant.linear as linear
+    from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the skinny GEMM runs wgmma (Hopper, compute capability 9.0)")
@@ -375,6 +398,7 @@ def test_fp8_quant_linear_on_the_skinny_gemm_when_turned_on(monkeypatch, m):
         monkeypatch.setattr(linear, "FP8_SKINNY_MAX_TOKENS", 64)
         skinny = linear.quant_linear(x.cuda(), _to(q, "cuda"), b.cuda())
         assert skinny.dtype == dtype and skinny.shape == (m, 96)
-        want = (fp8_linear_reference(x.float(), q) + bias).float()
-        torch.testing.assert_close(skinny.float().cpu(), want, atol=2e-2, rtol=2e-2)
+        xq, sx = quantize_rows_fp8_padded(x.cuda())  # the codes both paths multiply
+        want = (xq[:m].float() @ q.data.float().t().cuda()) * sx[:m] * q.scale.cuda() + bias.cuda()
+        torch.testing.assert_close(skinny.float(), want, atol=2e-2, rtol=2e-2)
         torch.testing.assert_close(skinny.float().cpu(), cublas, atol=2e-2, rtol=2e-2)

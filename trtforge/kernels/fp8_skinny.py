@@ -10,9 +10,10 @@ each weight tile once, straight into the tensor cores (no conversion of the code
 x zero-padded to one wgmma tile.
 
 Dispatched only where asked: :func:`trtforge.llm.quant.linear.quant_linear` routes W8A8 at up to
-``linear.FP8_SKINNY_MAX_TOKENS`` tokens here, 0 (off) until ``benchmarks/sweep_fp8_skinny.py`` and
-``bench_quant_speed.py``'s fp8-skinny variants show it beating the GEMV and ``_scaled_mm`` on the
-H200. :func:`default_skinny_config` is a guess until then.
+``linear.FP8_SKINNY_MAX_TOKENS`` (64) tokens here on Hopper: on the H200 it beat quantize +
+``_scaled_mm`` by 1.1-1.6x per 8B projection at 64 rows (``benchmarks/sweep_fp8_skinny.py``,
+session 16); at one token the weight-only GEMV is faster still and keeps it.
+:func:`default_skinny_config` is the rule that sweep fits.
 
 Numerics: W8A8 with per-token x scales and per-channel w scales, as the ``_scaled_mm`` path:
 ``out = (xq @ w_data^T) * sx[:, None] * w_scale[None, :] (+ bias)``, the products of E4M3 codes
@@ -25,10 +26,10 @@ cores' reduced internal precision by default (``max_num_imprecise_acc``); unless
 read the wgmma results, so ptxas waits for each chunk's wgmma before them (its note C7517); the
 sweep times ``fast_accum`` beside the best config to price that.
 
-On sm_90 (compiled on the CPU: tests/kernels/test_fp8_skinny.py) the default config at one row of the
+On sm_90 (compiled on the CPU: tests/kernels/test_fp8_skinny.py) the default config at 64 rows of the
 QKV shape is four ``wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3`` a 128-wide chunk, its x
 and weight tiles brought by 16-byte ``cp.async`` through a 4-stage pipeline (48 KB of shared memory),
-no conversion of the codes, 56 registers, no spills.
+no conversion of the codes, no spills.
 
 Orientation (``SkinnyConfig.swap_ab``): by default x is the wgmma's A operand, a 64-row tile
 (rows past M loaded as zeros) times ``block_n`` weight rows. Swapped, the weight tile is A
@@ -98,22 +99,27 @@ def block_rows(m: int, config: SkinnyConfig) -> int:
 
 
 def default_skinny_config(m: int, n: int, k: int, num_sms: int = 132) -> SkinnyConfig:
-    """The launch parameters for ``[m, k] x [n, k]^T`` (m <= 64). Guesses, not measurements:
-    ``benchmarks/sweep_fp8_skinny.py`` times the candidates on the H200, and this is to follow it.
+    """The launch parameters for ``[m, k] x [n, k]^T`` (m <= 64), the rule the H200 sweep
+    (``benchmarks/sweep_fp8_skinny.py``, session 16: Llama-3-8B's projections at 1 and 64 rows) fits
+    within 3% of the fastest of 40 candidates on every shape:
 
-    block_n: the widest of 128/64/32 that still gives about one program per SM (at least 7/8 of
-    `num_sms`: N 4096 -> 32, 128 programs; N 6144 -> 32; N 28672 -> 128), else 16. split_k: doubled
-    (up to 4) while the programs cover fewer than half the SMs and each K slice keeps >= 2 chunks.
-    block_k 128 and 4 stages: ~4 chunks of each program's weight rows in flight (48 KB of shared
-    memory at block_n 32). The 64-row x tile (``swap_ab`` off); `m` does not change the guess."""
-    target = num_sms * 7 // 8
-    bn = next((c for c in (128, 64, 32) if triton.cdiv(n, c) >= target), 16)
-    bk = 128
-    chunks = triton.cdiv(k, bk)
-    split = 1
-    while split < 4 and triton.cdiv(n, bn) * split < num_sms // 2 and chunks >= 4 * split:
-        split *= 2
-    return SkinnyConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=4, split_k=split)
+    - N wide enough for two programs of 64 columns per SM (gate/up, 28672): swapped, 64 columns, K
+      chunks of 128, 3 stages, no split (x at 64 rows as well as at one).
+    - Otherwise up to 16 rows: swapped (x is the narrow wgmma N), 64 columns, chunks of 256, 4 stages.
+    - Otherwise (17..64 rows): x the 64-row A tile, 32 columns, chunks of 256 for K >= 8192 (down)
+      else 128, 4 stages.
+
+    K is split in two while the programs number fewer than three per SM and each slice keeps >= 2
+    chunks (N 4096 or 6144: 64-192 programs, two slices measured fastest)."""
+    if triton.cdiv(n, 64) >= 2 * num_sms:
+        bn, bk, stages, swap = 64, 128, 3, True
+    elif m <= 16:
+        bn, bk, stages, swap = 64, 256, 4, True
+    else:
+        bn, bk, stages, swap = 32, 256 if k >= 8192 else 128, 4, False
+    bk = min(bk, max(64, triton.next_power_of_2(k)))  # (a short K: no chunk wider than it)
+    split = 2 if triton.cdiv(n, bn) < 3 * num_sms and triton.cdiv(k, bk) >= 4 else 1
+    return SkinnyConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=stages, split_k=split, swap_ab=swap)
 
 
 @triton.jit

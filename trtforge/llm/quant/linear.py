@@ -6,17 +6,21 @@ layers of :mod:`trtforge.llm.executors.fused_layers`):
 - FP8, M <= 1 (decode): weight-only (W8A16). CUDA: the Triton GEMV widens the E4M3 codes in registers,
   multiplies the 16-bit activations in FP32 and applies the per-row scales at the end; CPU: float32
   ``x @ dequantized(W)^T``, the same numbers up to float32 summation order.
-- FP8, more tokens (prefill, batched decode): W8A8. CUDA: ``torch._scaled_mm`` (cuBLASLt, row-wise
-  scales, BF16 out), its input quantized per token by one Triton kernel
-  (:mod:`trtforge.kernels.fp8_rows`); CPU: :func:`~trtforge.kernels.qweight.fp8_linear_reference`
-  (the same E4M3 activations, products exact in float32). The CPU differs from CUDA only where cuBLASLt
-  rounds its FP32 sum to BF16 before a non-BF16 model's dtype, and in summation order.
+- FP8, more tokens (prefill, batched decode): W8A8, its input quantized per token by one Triton kernel
+  (:mod:`trtforge.kernels.fp8_rows`). CUDA: up to :data:`FP8_SKINNY_MAX_TOKENS` tokens on Hopper
+  trtforge's skinny wgmma GEMM (:mod:`trtforge.kernels.fp8_skinny`), above it (or on Ada)
+  ``torch._scaled_mm`` (cuBLASLt, row-wise scales, BF16 out); CPU:
+  :func:`~trtforge.kernels.qweight.fp8_linear_reference` (the same E4M3 activations, products exact in
+  float32). The CPU differs from CUDA only where cuBLASLt rounds its FP32 sum to BF16 before a non-BF16
+  model's dtype, and in summation order.
 - INT4: weight-only at every M. CUDA: the dequantizing Triton GEMV up to
   :data:`~trtforge.kernels.gemv.MAX_ROWS` tokens, above it dequantize + one 16-bit GEMM (prefill:
   compute-bound, the dequantize is a small part); CPU: float32 ``x @ dequantized(W)^T``.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -37,7 +41,7 @@ def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torc
 
     m = int(x.shape[0])
     xq, sx = quantize_rows_fp8_padded(x.contiguous())
-    if m <= FP8_SKINNY_MAX_TOKENS:  # (0: off, and nothing imported)
+    if m <= FP8_SKINNY_MAX_TOKENS and _has_wgmma(x.device):  # (0: off, and nothing imported)
         from trtforge.kernels.fp8_skinny import MAX_ROWS, fp8_skinny_gemm
 
         if m <= MAX_ROWS:  # the bias joins the FP32 sum; one rounding, to x's dtype where it can
@@ -55,11 +59,19 @@ def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torc
     return out if bias is None else out + bias
 
 
+@functools.cache
+def _has_wgmma(device: torch.device) -> bool:
+    """Whether `device` has Hopper's wgmma (compute capability 9.x), which the skinny GEMM is written
+    in; Ada's FP8 tensor cores (8.9) take cuBLASLt's GEMM instead."""
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
 FP8_WEIGHT_ONLY_MAX_TOKENS = 1  # FP8 runs W8A16 (the GEMV) up to this many tokens, W8A8 above
 # W8A8 up to this many tokens runs the skinny FP8 GEMM rather than cuBLASLt's (CUDA; at most
-# fp8_skinny.MAX_ROWS). 0, off: not measured on the H200 yet (benchmarks/sweep_fp8_skinny.py;
-# bench_quant_speed.py's fp8-skinny variants turn it on for their runs).
-FP8_SKINNY_MAX_TOKENS = 0
+# fp8_skinny.MAX_ROWS; 0 turns it off). On the H200 (session 16, benchmarks/sweep_fp8_skinny.py) it
+# beat quantize + _scaled_mm by 1.1-1.6x per 8B projection at 64 rows and 1.4-1.8x at one; FP8 serving
+# (bench_quant_speed.py) went from 1.22x to 1.26x BF16 in the same run. One token stays on the GEMV.
+FP8_SKINNY_MAX_TOKENS = 64
 
 
 def weight_only_max_tokens(w: QuantWeight) -> int:
