@@ -33,13 +33,14 @@ def round_e4m3(v):
 
     Bit arithmetic rather than a cast to float8: exact in Triton's interpreter too (whose float8 cast
     does not carry a mantissa overflow into the exponent). Below E4M3's smallest normal 2^-6 the grid
-    is 2^-9: adding 2^-6 moves a value into [2^-6, 2^-5), where three mantissa bits are that grid."""
+    is 2^-9: there the value times 2^9 (exact) is rounded to an integer in one IEEE addition of 2^23
+    (nearest even) and scaled back. (Adding 2^-6 first, as an earlier version did, rounded twice: a
+    value a hair off a subnormal tie lost the hair in the addition and then rounded as the tie.)"""
     a = tl.minimum(tl.abs(v), 448.0)
-    small = a < 0.015625
-    b = tl.where(small, a + 0.015625, a)
-    bits = b.to(tl.int32, bitcast=True)
+    bits = a.to(tl.int32, bitcast=True)
     r = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
-    r = tl.where(small, r - 0.015625, r)
+    sub = ((a * 512.0 + 8388608.0) - 8388608.0) * 0.001953125
+    r = tl.where(a < 0.015625, sub, r)
     return tl.where(v < 0, -r, r)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["FP8_KV_DTYPE", "FP8_MAX", "dequantize", "inverse_scale", "is_fp8", "quantize_fp8"]
+__all__ = ["FP8_KV_DTYPE", "FP8_MAX", "dequantize", "inverse_scale", "is_fp8", "quantize_fp8", "to_e4m3"]
 
 FP8_KV_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # E4M3 (fn: no infinities): the largest finite magnitude
@@ -38,9 +38,25 @@ def inverse_scale(scale: float) -> float:
     return float(np.float32(1.0 / scale))
 
 
+def to_e4m3(v: torch.Tensor) -> torch.Tensor:
+    """`v` as E4M3 (``torch.float8_e4m3fn``), rounded to nearest even and saturated at +-448 exactly,
+    on any machine: the value is rounded in float32 first (bit arithmetic on normals, ``torch.round``
+    on the 2^-9 grid of subnormals), so the cast only changes the type. torch's own CPU cast of a large
+    tensor (its vectorized path) rounds ties away from zero on some CPUs (seen on the H200 host, torch
+    2.11): a reference built on it would depend on the machine that computes it."""
+    v = v.float()
+    a = v.abs().clamp(max=FP8_MAX)
+    bits = a.view(torch.int32)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).view(torch.float32)
+    subnormal = torch.round(a * 512.0) / 512.0  # (half to even; scaling by 2^9 is exact)
+    r = torch.where(a < 2.0**-6, subnormal, normal)
+    r = torch.where(v < 0, -r, r)
+    return torch.where(v.isnan(), v, r).to(FP8_KV_DTYPE)
+
+
 def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
     """`x` in E4M3 with per-tensor `scale` (torch; what the cache-write kernels store for FP8)."""
-    return (x.float() * inverse_scale(scale)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_KV_DTYPE)
+    return to_e4m3(x.float() * inverse_scale(scale))
 
 
 def dequantize(x: torch.Tensor, scale: float) -> torch.Tensor:

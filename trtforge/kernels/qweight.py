@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trtforge.kernels.kv_quant import FP8_MAX
+from trtforge.kernels.kv_quant import FP8_MAX, to_e4m3
 
 INT4_GROUP = 128
 _TINY = 1e-12
@@ -116,7 +116,7 @@ def quantize_fp8(w: torch.Tensor) -> Fp8Weight:
     """Per-output-channel E4M3: each row scaled so its largest magnitude is :data:`FP8_MAX`."""
     wf = w.detach().float()
     amax = wf.abs().amax(dim=1).clamp_min(_TINY)
-    data = (wf * (FP8_MAX / amax)[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    data = to_e4m3(wf * (FP8_MAX / amax)[:, None])
     return Fp8Weight(data.contiguous(), (amax / FP8_MAX).contiguous())
 
 
@@ -127,7 +127,7 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     the Triton kernel of :mod:`trtforge.kernels.fp8_rows` computes the same codes on the GPU."""
     xf = x.float()
     amax = xf.abs().amax(dim=-1, keepdim=True).clamp_min(_TINY)
-    xq = (xf * (FP8_MAX / amax)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    xq = to_e4m3(xf * (FP8_MAX / amax))
     return xq, amax / FP8_MAX
 
 
