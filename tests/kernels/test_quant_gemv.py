@@ -336,18 +336,22 @@ def test_fp8_row_quantization_rounds_boundaries_as_torch(device, hw_cast):
     torch.testing.assert_close(s[:3].cpu(), want_s, rtol=1e-6, atol=0)
 
 
-@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("hw_cast", [False, True])
-def test_fp8_row_codes_on_the_gpu_equal_the_reference_on_a_llama_sized_batch(hw_cast):
-    """64 rows of 4096 BF16 activations (as the 8B model's projections get them): every code and scale
-    of the Triton quantizer equals quantize_rows_fp8's, by the bit-arithmetic rounding and by the
-    hardware conversion."""
+def test_fp8_row_codes_equal_the_reference_on_a_llama_sized_batch(device, hw_cast):
+    """64 rows of 4096 BF16 activations (as the 8B model's projections get them; BF16 values times
+    448 / amax land on E4M3 ties often): every code and scale of the Triton quantizer equals
+    quantize_rows_fp8's, by the bit-arithmetic rounding and by the hardware conversion. The H200 run of
+    session 16 found 294 codes apart: the reference's ``448 / amax`` was torch's reciprocal-multiply, an
+    ulp off the kernel's IEEE quotient a quarter of the time; it now divides as IEEE."""
     from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
 
-    g = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randn(64, 4096, device="cuda", generator=g).bfloat16()
+    skip_unless_runs_here(device)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 4096, generator=g).bfloat16()
     x[3, :100] *= 1e-4  # small values: E4M3 subnormals
-    q, s = quantize_rows_fp8_padded(x, hw_cast=hw_cast)
+    q, s = quantize_rows_fp8_padded(x.to(device), hw_cast=hw_cast)
     want_q, want_s = quantize_rows_fp8(x.cpu())
     diff = q.float().cpu() != want_q.float()
     scaled = x.cpu().float() * 448 / x.cpu().float().abs().amax(1, keepdim=True)

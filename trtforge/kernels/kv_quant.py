@@ -41,17 +41,16 @@ def inverse_scale(scale: float) -> float:
 def to_e4m3(v: torch.Tensor) -> torch.Tensor:
     """`v` as E4M3 (``torch.float8_e4m3fn``), rounded to nearest even and saturated at +-448 exactly,
     on any machine: the value is rounded in float32 first (bit arithmetic on normals, ``torch.round``
-    on the 2^-9 grid of subnormals), so the cast only changes the type. torch's own CPU cast of a large
-    tensor (its vectorized path) rounds ties away from zero on some CPUs (seen on the H200 host, torch
-    2.11): a reference built on it would depend on the machine that computes it."""
+    on the 2^-9 grid of subnormals), so the cast only changes the type and the codes do not depend on
+    how torch's float8 conversion is implemented on this machine's CPU or GPU path."""
     v = v.float()
-    a = v.abs().clamp(max=FP8_MAX)
-    bits = a.view(torch.int32)
-    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).view(torch.float32)
-    subnormal = torch.round(a * 512.0) / 512.0  # (half to even; scaling by 2^9 is exact)
-    r = torch.where(a < 2.0**-6, subnormal, normal)
-    r = torch.where(v < 0, -r, r)
-    return torch.where(v.isnan(), v, r).to(FP8_KV_DTYPE)
+    a = v.abs().clamp_(max=FP8_MAX)
+    r = (a.view(torch.int32) >> 20).bitwise_and_(1).add_(0x7FFFF).add_(a.view(torch.int32))
+    r = r.bitwise_and_(-1048576).view(torch.float32)  # normals: nearest even at 3 mantissa bits
+    sub = torch.round(a * 512.0).div_(512.0)  # subnormals: the 2^-9 grid (half to even; 2^9 is exact)
+    r = torch.where(a < 2.0**-6, sub, r)  # (no data-dependent branch: it may run in a graph capture)
+    r.copysign_(v)
+    return r.masked_fill_(v.isnan(), float("nan")).to(FP8_KV_DTYPE)
 
 
 def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:

@@ -27,6 +27,7 @@ from trtforge.kernels.kv_quant import FP8_MAX, to_e4m3
 
 INT4_GROUP = 128
 _TINY = 1e-12
+_QUANT_ELEMENTS = 1 << 26  # elements a weight is quantized by at once (256 MB of float32 each temporary)
 
 
 @dataclass(frozen=True)
@@ -112,12 +113,23 @@ def cat_weights(weights: list[QuantWeight]) -> QuantWeight:
     )
 
 
+def _ieee_ratio(numerator: float, t: torch.Tensor) -> torch.Tensor:
+    """``numerator / t`` as one correctly rounded float32 division per element, as the kernels' ``div_rn``.
+    torch computes ``scalar / tensor`` as ``reciprocal(t) * scalar``, two roundings: about a quarter of
+    the quotients then differ by an ulp, and so do the codes of values near a rounding tie."""
+    return torch.div(torch.full_like(t, numerator), t)
+
+
 def quantize_fp8(w: torch.Tensor) -> Fp8Weight:
     """Per-output-channel E4M3: each row scaled so its largest magnitude is :data:`FP8_MAX`."""
-    wf = w.detach().float()
-    amax = wf.abs().amax(dim=1).clamp_min(_TINY)
-    data = to_e4m3(wf * (FP8_MAX / amax)[:, None])
-    return Fp8Weight(data.contiguous(), (amax / FP8_MAX).contiguous())
+    w = w.detach()
+    amax = w.abs().amax(dim=1).float().clamp_min(_TINY)
+    ratio = _ieee_ratio(FP8_MAX, amax)
+    data = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
+    rows = max(1, _QUANT_ELEMENTS // max(1, int(w.shape[1])))  # bounds the float32 temporaries
+    for lo in range(0, int(w.shape[0]), rows):
+        data[lo : lo + rows] = to_e4m3(w[lo : lo + rows].float() * ratio[lo : lo + rows, None])
+    return Fp8Weight(data, (amax / FP8_MAX).contiguous())
 
 
 def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +139,7 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     the Triton kernel of :mod:`trtforge.kernels.fp8_rows` computes the same codes on the GPU."""
     xf = x.float()
     amax = xf.abs().amax(dim=-1, keepdim=True).clamp_min(_TINY)
-    xq = to_e4m3(xf * (FP8_MAX / amax))
+    xq = to_e4m3(xf * _ieee_ratio(FP8_MAX, amax))
     return xq, amax / FP8_MAX
 
 
