@@ -29,7 +29,9 @@ the running batch over time (summary and a JSON series), preemptions, and the ro
 
 with I the prompt length, c a decode row's context (prompt + tokens so far), N_lin the layers'
 parameters (everything but the embedding and the LM head), W the bytes of the weights one decode step
-reads (layers + LM head), kv the K/V bytes of one token, P = 989 TFLOP/s (H100/H200 dense BF16) and
+reads (layers + LM head), kv the K/V bytes of one token, P = 989 TFLOP/s (H100/H200 dense BF16; with
+``--quantization fp8`` the layers' GEMM FLOPs count at 2P and their weights at 1 byte, with
+``--kv-cache-dtype fp8`` kv at 1 byte an element) and
 BW = 4.8 TB/s (H200 HBM3e). Decode steps run B rows at once, B = min(requests, max_num_seqs, tokens
 the pool holds / (ISL + OSL)): the best batch the configuration allows. Prefill and decode do not
 overlap in it (the issue's convention). The fraction printed is measured output tok/s over the
@@ -121,7 +123,10 @@ class Shape:
     head_dim: int
     vocab: int
     ffn: int
-    elem_bytes: int
+    elem_bytes: int  # the model's dtype: embedding, LM head, activations
+    linear_bytes: float = 0.0  # bytes of a layer weight (0: elem_bytes; FP8 W8A8: 1)
+    kv_elem_bytes: float = 0.0  # bytes of a cached K/V element (0: elem_bytes; FP8 KV cache: 1)
+    linear_speedup: float = 1.0  # the layers' GEMM peak over BF16's (FP8 tensor cores: 2)
 
     @classmethod
     def of(cls, cfg: Any, elem_bytes: int) -> Shape:
@@ -151,11 +156,18 @@ class Shape:
     @property
     def decode_weight_bytes(self) -> int:
         """Bytes one decode step reads of the weights: the layers and the LM head (embedding rows only)."""
-        return (self.linear_params + self.head_params) * self.elem_bytes
+        return int(
+            self.linear_params * (self.linear_bytes or self.elem_bytes) + self.head_params * self.elem_bytes
+        )
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.elem_bytes
+        return int(2 * self.layers * self.kv_heads * self.head_dim * (self.kv_elem_bytes or self.elem_bytes))
+
+    def compute_s(self, linear_flops: float, other_flops: float) -> float:
+        """Seconds of these FLOPs at peak: the layers' GEMMs at ``linear_speedup`` x the BF16 peak, the
+        rest (attention, LM head) at the BF16 peak."""
+        return linear_flops / (PEAK_FLOPS * self.linear_speedup) + other_flops / PEAK_FLOPS
 
 
 def prefill_flops(shape: Shape, prompt_len: np.ndarray) -> float:
@@ -176,7 +188,8 @@ def decode_wave_time(shape: Shape, prompts: np.ndarray, out_len: int) -> tuple[f
         + 4.0 * shape.layers * (shape.heads * shape.head_dim) * ctx
     )
     bytes_ = shape.decode_weight_bytes + ctx * shape.kv_bytes_per_token
-    t = np.maximum(flops / PEAK_FLOPS, bytes_ / HBM_BYTES_PER_S)
+    linear = len(rows) * 2.0 * shape.linear_params
+    t = np.maximum(shape.compute_s(linear, flops - linear), bytes_ / HBM_BYTES_PER_S)
     return float(t.sum()), float(bytes_.sum()), float(flops.sum())
 
 
@@ -186,7 +199,8 @@ def roofline(shape: Shape, prompts: list[int], out_len: int, max_num_seqs: int, 
     n = len(prompts_)
     per_seq = float(prompts_.mean()) + out_len
     batch = max(1, min(n, max_num_seqs, int(kv_tokens // per_seq)))
-    t_prefill = prefill_flops(shape, prompts_) / PEAK_FLOPS
+    linear = 2.0 * shape.linear_params * float(prompts_.sum())
+    t_prefill = shape.compute_s(linear, prefill_flops(shape, prompts_) - linear)
     t_decode = bytes_ = flops = 0.0
     for lo in range(0, n, batch):  # waves of `batch` rows (the last one partial)
         t, b, f = decode_wave_time(shape, prompts_[lo : lo + batch], out_len)
@@ -294,7 +308,8 @@ def step_roofline(shape: Shape, q: np.ndarray, ctx: np.ndarray, logits_rows: int
     attn = 4.0 * shape.layers * shape.heads * shape.head_dim * float((qf * (cf - (qf - 1) / 2)).sum())
     flops = 2.0 * shape.linear_params * float(qf.sum()) + 2.0 * shape.head_params * logits_rows + attn
     bytes_ = shape.decode_weight_bytes + float(cf.sum()) * shape.kv_bytes_per_token
-    return max(flops / PEAK_FLOPS, bytes_ / HBM_BYTES_PER_S)
+    linear = 2.0 * shape.linear_params * float(qf.sum())
+    return max(shape.compute_s(linear, flops - linear), bytes_ / HBM_BYTES_PER_S)
 
 
 class HostTimers:
@@ -556,7 +571,6 @@ def line(name: str, res: dict) -> str:
             if res.get("jit_compiles_in_window")
             else ""
         ),
-        f"{'BF16 ' if res.get('quantization', 'none') != 'none' else ''}"
         f"roofline {roof['output_tok_s']:8,.0f} tok/s (B={roof['decode_batch']}): "
         f"{res['roofline_fraction']:.0%}",
     ]
@@ -764,6 +778,10 @@ def main() -> None:
     from transformers import LlamaConfig
 
     shape = Shape.of(LlamaConfig(**SHAPES[shape_name]), 4 if tiny else 2)
+    if args.quantization == "fp8":  # 1-byte layer weights on FP8 tensor cores (2x BF16's peak)
+        shape = dataclasses.replace(shape, linear_bytes=1, linear_speedup=2.0)
+    if args.kv_cache_dtype == "fp8":
+        shape = dataclasses.replace(shape, kv_elem_bytes=1)
     results: dict[str, Any] = {
         "argv": sys.argv[1:],
         "shape": dataclasses.asdict(shape),
@@ -827,8 +845,7 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     graphs = sizing.GraphCapture(max_decode_batch=widest, max_graph_tokens=args.max_batched_tokens)
     graph_reserve = None
     if args.kv_gb:
-        kv_token_bytes = shape.kv_bytes_per_token // (shape.elem_bytes if args.kv_cache_dtype == "fp8" else 1)
-        num_blocks = int(args.kv_gb * 1e9 // (kv_token_bytes * block))
+        num_blocks = int(args.kv_gb * 1e9 // (shape.kv_bytes_per_token * block))
         how = f"--kv-gb {args.kv_gb}"
     else:
         pool = sizing.torch_pool(
