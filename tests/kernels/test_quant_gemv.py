@@ -43,6 +43,39 @@ def test_fp8_weight_round_trip_is_per_channel():
     assert rel.max() <= 2**-4  # E4M3: 3 mantissa bits, half an ulp of the row's largest binade at most
 
 
+def test_e4m3_rounding_is_exact_nearest_even_at_every_boundary_and_size():
+    """kv_quant.to_e4m3 (every E4M3 reference rounds with it): ties to even, a float32 ulp either side of
+    each tie (subnormal ties too), saturation, NaN; equal to torch's cast of one element at a time, and
+    the same on a tensor large enough for torch's vectorized paths."""
+    from trtforge.kernels.kv_quant import to_e4m3
+
+    v = torch.cat([_e4m3_boundaries(), torch.tensor([1e6, -1e6, 0.0, -1e-9, 3e-4])])
+    one_by_one = torch.stack([t.clamp(-448, 448).reshape(1).to(torch.float8_e4m3fn)[0] for t in v])
+    assert torch.equal(to_e4m3(v).float(), one_by_one.float())
+    assert torch.equal(to_e4m3(torch.cat([v] * 300)).float(), one_by_one.float().repeat(300))
+    assert to_e4m3(torch.tensor([float("nan")])).float().isnan().all()
+
+
+def test_fp8_references_divide_as_ieee_and_weights_quantize_in_slices(monkeypatch):
+    """The per-token ratio 448 / amax is one IEEE float32 division (the kernels' div_rn), not torch's
+    reciprocal-multiply (which moves 154 of these 131,072 codes); a weight quantized in slices of rows equals one quantized at once."""
+    import numpy as np
+
+    import trtforge.kernels.qweight as qw
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(512, 256, generator=g).bfloat16().float()  # BF16 values: x * 448 / amax is often a tie
+    xq, _ = quantize_rows_fp8(x)
+    amax = x.abs().amax(dim=1, keepdim=True).numpy()
+    inv = torch.from_numpy(np.float32(448.0) / amax)  # numpy: IEEE float32 division
+    assert torch.equal(xq.float(), qw.to_e4m3(x * inv).float())
+    w = torch.randn(300, 200, generator=g)
+    whole = quantize_fp8(w)
+    monkeypatch.setattr(qw, "_QUANT_ELEMENTS", 1000)  # slices of 5 rows
+    sliced = quantize_fp8(w)
+    assert torch.equal(sliced.data.float(), whole.data.float()) and torch.equal(sliced.scale, whole.scale)
+
+
 def test_int4_round_trip_codes_and_zero():
     g = torch.Generator().manual_seed(1)
     w = torch.randn(6, 256, generator=g)
