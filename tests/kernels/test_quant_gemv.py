@@ -58,7 +58,8 @@ def test_e4m3_rounding_is_exact_nearest_even_at_every_boundary_and_size():
 
 def test_fp8_references_divide_as_ieee_and_weights_quantize_in_slices(monkeypatch):
     """The per-token ratio 448 / amax is one IEEE float32 division (the kernels' div_rn), not torch's
-    reciprocal-multiply (which moves 154 of these 131,072 codes); a weight quantized in slices of rows equals one quantized at once."""
+    reciprocal-multiply (which moves 154 of these 131,072 codes); a weight quantized in slices of rows
+    equals one quantized at once."""
     import numpy as np
 
     import trtforge.kernels.qweight as qw
