@@ -36,11 +36,12 @@ PEAK_FLOPS, HBM = 989e12, 4.8e12
 # tokens with 100-190 decode rows (session 15); a step of the prefill-bound 2048/128 workload (about
 # 4,080 tokens, the decode rows at ~2,100 keys: session 13); and a prompt-only step of the largest budget
 LAYOUTS = [(100, 1000, (1024,)), (190, 1000, (1024,)), (180, 2100, (2048, 1856)), (0, 0, (2048, 2048))]
-# decode-only steps (the static decode path when served): bench_quant_speed's serving workload (64 rows)
-# and a full running batch
-DECODE_LAYOUTS = [(64, 600, ()), (256, 1000, ())]
+# decode-only steps (the static decode path when served): single stream (issue #28's ms/token), bench_quant_
+# speed's serving workload (64 rows) and a full running batch
+DECODE_LAYOUTS = [(1, 1000, ()), (64, 600, ()), (256, 1000, ())]
 CATEGORIES = (
-    ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "xmma")),
+    ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "xmma", "gemv", "skinny")),
+    ("fp8 quantize", ("quant_rows",)),
     ("prompt attention", ("chunked_prefill",)),
     ("decode attention", ("decode_split", "decode_reduce")),
     ("norm / rotary / cache / silu", ("rms", "rope", "silu", "norm", "cache", "fused")),
@@ -77,8 +78,9 @@ def roofline_ms(cfg, decodes: int, ctx: int, chunks: tuple, quantization: str | 
     return {"compute_ms": compute, "memory_ms": memory, "roofline_ms": max(compute, memory)}
 
 
-def profile_eager(ex: TorchExecutor, batch, steps: int) -> tuple[dict, list, float]:
-    """Kernel device time per step by category, the top kernels, and the total (eager launches)."""
+def profile_eager(ex: TorchExecutor, batch, steps: int) -> tuple[dict, list, float, float]:
+    """Kernel device time per step by category, the top kernels, the total and the kernels launched per
+    step (eager launches)."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(2):
@@ -89,9 +91,11 @@ def profile_eager(ex: TorchExecutor, batch, steps: int) -> tuple[dict, list, flo
             ex.step(batch)
         torch.cuda.synchronize()
     by_kernel: dict[str, float] = defaultdict(float)
+    launches = 0
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0:
             by_kernel[ev.name] += ev.device_time / 1e3 / steps  # us -> ms, per step
+            launches += 1
     by_cat: dict[str, float] = defaultdict(float)
     for name, ms in by_kernel.items():
         by_cat[category(name)] += ms
@@ -100,6 +104,7 @@ def profile_eager(ex: TorchExecutor, batch, steps: int) -> tuple[dict, list, flo
         dict(by_cat),
         [{"kernel": n[:120], "ms": ms, "category": category(n)} for n, ms in top],
         sum(by_kernel.values()),
+        launches / steps,
     )
 
 
@@ -114,7 +119,8 @@ def main() -> None:
         default=None,
         help="quantize the projections (issue #28)",
     )
-    ap.add_argument("--decode", action="store_true", help="also decode-only steps (64 and 256 rows)")
+    ap.add_argument("--decode", action="store_true", help="also decode-only steps (1, 64 and 256 rows)")
+    ap.add_argument("--only-decode", action="store_true", help="the decode-only steps alone")
     ap.add_argument("--tiny", action="store_true", help="small model on the CPU (checks the script only)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -131,7 +137,9 @@ def main() -> None:
 
         quantize_model(model, args.quantization)
     cfg = model.config
-    layouts = LAYOUTS + (DECODE_LAYOUTS if args.decode else [])
+    layouts = ([] if args.only_decode else LAYOUTS) + (
+        DECODE_LAYOUTS if args.decode or args.only_decode else []
+    )
     if args.tiny:
         layouts = [(min(d, 4), min(c, 40), tuple(min(x, 32) for x in ch)) for d, c, ch in layouts]
     block = 16
@@ -171,9 +179,12 @@ def main() -> None:
         served.attention.concurrent = False
         row["served_gpu_ms"] = statistics.median(samples[False])
         row["served_concurrent_attention_gpu_ms"] = statistics.median(samples[True])
-        row["eager_kernels_ms_by_category"], row["top_kernels"], row["eager_kernel_sum_ms"] = profile_eager(
-            eager, batch, args.profile_steps
-        )
+        (
+            row["eager_kernels_ms_by_category"],
+            row["top_kernels"],
+            row["eager_kernel_sum_ms"],
+            row["kernels_per_step"],
+        ) = profile_eager(eager, batch, args.profile_steps)
         row["roofline_over_served"] = row["roofline_ms"] / row["served_gpu_ms"]
         rows.append(row)
         cats = ", ".join(
@@ -184,7 +195,7 @@ def main() -> None:
             f"{decodes} decode rows @ {ctx} + chunks {list(chunks)}: served {row['served_gpu_ms']:.2f} ms "
             f"(concurrent attention {row['served_concurrent_attention_gpu_ms']:.2f}), "
             f"roofline {row['roofline_ms']:.2f} ms ({row['roofline_over_served']:.0%}); eager kernels "
-            f"{row['eager_kernel_sum_ms']:.2f} ms: {cats}",
+            f"{row['eager_kernel_sum_ms']:.2f} ms in {row['kernels_per_step']:.0f} kernels: {cats}",
             flush=True,
         )
     result = {
