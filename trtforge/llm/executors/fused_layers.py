@@ -29,11 +29,13 @@ LM head's vocabulary shares are all-gathered.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
 from trtforge.kernels.fused_layer import qk_norm_, rms_norm, rope_and_cache, silu_mul
+from trtforge.kernels.gemm_mid import mid_gemm
 from trtforge.kernels.gemv import (
     MAX_ROWS,
     gemv_residual,
@@ -50,8 +52,35 @@ from trtforge.llm.quant.linear import QuantLinear, quant_linear, weight_only_max
 # separate norm/SiLU kernels, and the batch-1 decode graph 1.03 ms against 1.32 ms; from two rows on
 # cuBLAS is as fast or faster (45.3 vs 44.4 us at two rows, 106.6 vs 44.5 at eight), so one token only.
 GEMV_MAX_TOKENS = 1
+# 16-bit projections of MID_GEMM_MIN_TOKENS..MID_GEMM_MAX_TOKENS tokens run trtforge's Triton GEMM
+# (trtforge.kernels.gemm_mid; Hopper only) instead of cuBLAS: decode-sized batches, where cuBLAS's
+# BF16 GEMMs ran at 350-600 TFLOP/s on the H200 (session 13). 0 and 0, off: not measured on the H200
+# yet (benchmarks/sweep_mid_gemm.py times both).
+MID_GEMM_MIN_TOKENS = 0
+MID_GEMM_MAX_TOKENS = 0
 
 _RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Phi3RMSNorm")
+
+
+def _use_mid_gemm(x: torch.Tensor, w: Any) -> bool:
+    """Whether ``x @ w^T`` goes to trtforge's mid-sized GEMM (see MID_GEMM_MIN_TOKENS)."""
+    m = int(x.shape[0])
+    if not (MID_GEMM_MIN_TOKENS <= m <= MID_GEMM_MAX_TOKENS and m > 0 and isinstance(w, torch.Tensor)):
+        return False
+    return (
+        x.is_cuda
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and w.dtype == x.dtype
+        and x.stride(1) == 1
+        and w.stride(1) == 1
+        and _is_hopper(x.device)
+    )
+
+
+@functools.cache
+def _is_hopper(device: torch.device) -> bool:
+    """Compute capability 9.x (the mid-sized GEMM's tiles are tuned for Hopper's wgmma)."""
+    return torch.cuda.get_device_capability(device)[0] == 9
 
 
 def _mlp_projections(mlp: Any) -> list[Any]:
@@ -204,6 +233,8 @@ class FusedLayers:
             residual = torch.zeros_like(residual)
         if self._gemv(residual):
             out = gemv_residual(x.contiguous(), w, residual)
+        elif _use_mid_gemm(x, w):
+            out = mid_gemm(x, w, residual=residual)
         elif isinstance(w, torch.Tensor):
             out = torch.addmm(residual, x, w.t())
         else:
@@ -212,6 +243,8 @@ class FusedLayers:
 
     @staticmethod
     def _linear(x: torch.Tensor, w: Any, b: torch.Tensor | None) -> torch.Tensor:
+        if _use_mid_gemm(x, w):
+            return mid_gemm(x, w, bias=b)
         if isinstance(w, torch.Tensor):
             return torch.nn.functional.linear(x, w, b)
         return quant_linear(x, w, b)

@@ -1,0 +1,375 @@
+"""The mid-sized 16-bit GEMM (trtforge.kernels.gemm_mid): ``x @ w^T`` (+ bias or + residual) for
+decode-sized batches.
+
+Against the float32 product rounded once: M from 1 to 260, N and K on and off the tiles, BF16 and FP16,
+each epilogue, split-K 1/2/3, in Triton's CPU interpreter without CUDA and for real on a GPU (``-m
+gpu``); the refusals; the default config's rule; an sm_90 compile on the CPU (the products are BF16
+wgmma, no spills); on a GPU, cuBLAS's ``F.linear`` / ``addmm`` as the peers, a CUDA graph, and the
+fused layer's dispatch when turned on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests._devices import DEVICES, skip_unless_runs_here
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+REPO = Path(__file__).resolve().parents[2]
+_ULP = {torch.bfloat16: 2**-7, torch.float16: 2**-10}  # one ulp at 1.0
+
+
+def _cfg(**kw):
+    from trtforge.kernels.gemm_mid import MidConfig
+
+    return MidConfig(**kw)
+
+
+def _operands(m: int, n: int, k: int, dtype: torch.dtype, seed: int):
+    """x [m, k] with rows of different magnitudes, w [n, k], a bias [n] and a residual [m, n]."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, k, generator=g) * torch.logspace(-1, 1, m)[:, None]).to(dtype)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype)
+    residual = torch.randn(m, n, generator=g).to(dtype)
+    return x, w, bias, residual
+
+
+def _assert_matches(got: torch.Tensor, x, w, bias, residual) -> None:
+    """`got` is the float32 product (+ epilogue) rounded once to x's dtype, up to FP32 summation order:
+    per element ``|got - want| <= one ulp of |want| + 2^-14 sum_k |products|`` (a whole ulp: the
+    interpreter truncates float32 to BF16)."""
+    assert got.dtype == x.dtype and tuple(got.shape) == (x.shape[0], w.shape[0])
+    xf, wf = x.float().cpu(), w.float().cpu()
+    want = xf @ wf.t()
+    mag = xf.abs() @ wf.abs().t()
+    if bias is not None:
+        want, mag = want + bias.float().cpu(), mag + bias.float().cpu().abs()
+    if residual is not None:
+        want, mag = want + residual.float().cpu(), mag + residual.float().cpu().abs()
+    tol = _ULP[x.dtype] * want.abs() + 2**-14 * mag + 1e-6
+    err = (got.float().cpu() - want).abs()
+    worst = int((err - tol).argmax())
+    assert (err <= tol).all(), (
+        f"{int((err > tol).sum())} of {err.numel()} outputs off; worst at {divmod(worst, err.shape[1])}: "
+        f"got {got.flatten()[worst].item()} want {want.flatten()[worst].item()} tol {tol.flatten()[worst]}"
+    )
+
+
+# (m, n, k, config fields, epilogue, dtype): M, N and K on and off the tiles; split-K 1/2/3
+CASES = [
+    (1, 32, 64, {"block_m": 64, "block_n": 32, "block_k": 32}, "residual", torch.bfloat16),
+    (5, 48, 200, {"block_m": 64, "block_n": 32, "block_k": 32}, "bias", torch.bfloat16),
+    (70, 96, 256, {"block_m": 64, "block_n": 64, "block_k": 64, "split_k": 2}, "residual", torch.float16),
+    (130, 64, 192, {"block_m": 128, "block_n": 64, "block_k": 32, "split_k": 3}, None, torch.bfloat16),
+    (200, 160, 96, {"block_m": 128, "block_n": 128, "block_k": 32, "split_k": 2}, "bias", torch.float16),
+    (260, 40, 128, {"block_m": 128, "block_n": 32, "block_k": 64}, "residual", torch.bfloat16),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("m", "n", "k", "fields", "epilogue", "dtype"), CASES, ids=str)
+def test_matches_the_float32_product(device, m, n, k, fields, epilogue, dtype):
+    from trtforge.kernels.gemm_mid import mid_gemm
+
+    skip_unless_runs_here(device)
+    x, w, bias, residual = _operands(m, n, k, dtype, seed=m * 1000 + n + k)
+    b = bias if epilogue == "bias" else None
+    r = residual if epilogue == "residual" else None
+    got = mid_gemm(
+        x.to(device),
+        w.to(device),
+        None if b is None else b.to(device),
+        None if r is None else r.to(device),
+        config=_cfg(**fields),
+    )
+    _assert_matches(got, x, w, b, r)
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+def test_default_config_strided_rows_and_split_slices(device):
+    """The default config; x and the residual as row views of wider tensors (stride along M not K);
+    split_k 1, 2, 3 and more slices asked than K has chunks agree within an ulp."""
+    from trtforge.kernels.gemm_mid import mid_gemm
+
+    skip_unless_runs_here(device)
+    x, w, _, residual = _operands(9, 72, 512, torch.bfloat16, seed=2)
+    wide_x = torch.zeros(9, 600, dtype=torch.bfloat16)
+    wide_x[:, 20:532] = x
+    wide_r = torch.zeros(9, 80, dtype=torch.bfloat16)
+    wide_r[:, 3:75] = residual
+    xs, rs = wide_x.to(device)[:, 20:532], wide_r.to(device)[:, 3:75]
+    got = mid_gemm(xs, w.to(device), residual=rs)
+    _assert_matches(got, x, w, None, residual)
+    outs = [mid_gemm(xs, w.to(device), config=_cfg(block_m=64, block_k=64, split_k=s)) for s in (1, 2, 3, 4)]
+    for o in outs[1:]:
+        torch.testing.assert_close(o.float(), outs[0].float(), rtol=2**-7, atol=1e-3)
+
+
+def test_default_config_rule():
+    """About one program per SM: wide tiles where the output has many (gate/up at 256 rows), 64 columns
+    where it has few, K split while fewer than half the SMs have a tile; 64-row tiles up to 64 rows."""
+    from trtforge.kernels.gemm_mid import default_mid_config
+
+    gate_up = default_mid_config(256, 28672, 4096)
+    assert (gate_up.block_m, gate_up.block_n, gate_up.num_warps, gate_up.split_k) == (128, 256, 8, 1)
+    o = default_mid_config(256, 4096, 4096)  # 2 x 64 tiles of 64 columns: 128, a wave
+    assert (o.block_n, o.split_k) == (64, 1)
+    small = default_mid_config(64, 4096, 4096)  # 64 tiles: K in three slices
+    assert (small.block_m, small.block_n, small.split_k) == (64, 64, 2)
+    assert default_mid_config(16, 1024, 256).split_k == 1  # 4 chunks of K: no slices of them
+    assert default_mid_config(512, 6144, 4096).block_n == 128
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    ("change", "name"),
+    [
+        ({"x": torch.zeros(0, 64, dtype=torch.bfloat16)}, "x must be a BF16 or FP16"),
+        ({"x": torch.zeros(2, 64)}, "x must be a BF16 or FP16"),
+        ({"x": torch.zeros(64, 2, dtype=torch.bfloat16).t()}, "x must be a BF16 or FP16"),
+        ({"w": torch.zeros(8, 64, dtype=torch.float16)}, r"w must be torch.bfloat16 \[N, 64\]"),
+        ({"w": torch.zeros(8, 48, dtype=torch.bfloat16)}, r"w must be torch.bfloat16 \[N, 64\]"),
+        ({"bias": torch.zeros(7)}, r"bias must be a contiguous float \[8\]"),
+        ({"residual": torch.zeros(2, 7)}, r"residual must be a float \[2, 8\]"),
+        ({"bias": torch.zeros(8), "residual": torch.zeros(2, 8)}, "a bias or a residual, not both"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_refuses_what_it_cannot_take(change, name):
+    from trtforge.kernels.gemm_mid import mid_gemm
+
+    args = {"x": torch.zeros(2, 64, dtype=torch.bfloat16), "w": torch.zeros(8, 64, dtype=torch.bfloat16)}
+    args |= {"bias": None, "residual": None} | change
+    with pytest.raises(ValueError, match=name):
+        mid_gemm(**args)
+
+
+@needs_triton
+def test_config_values_are_checked():
+    with pytest.raises(ValueError, match="block_m must be one of"):
+        _cfg(block_m=32)
+    with pytest.raises(ValueError, match="split_k must be one of"):
+        _cfg(split_k=5)
+
+
+def test_off_by_default_and_never_on_the_cpu(monkeypatch):
+    """The fused layer's dispatch: off until measured (both limits 0); turned on, still not for CPU
+    tensors, quantized weights or another dtype than x's."""
+    import trtforge.llm.executors.fused_layers as fl
+
+    assert fl.MID_GEMM_MIN_TOKENS == fl.MID_GEMM_MAX_TOKENS == 0
+    x = torch.zeros(128, 64, dtype=torch.bfloat16)
+    w = torch.zeros(32, 64, dtype=torch.bfloat16)
+    assert not fl._use_mid_gemm(x, w)
+    monkeypatch.setattr(fl, "MID_GEMM_MIN_TOKENS", 2)
+    monkeypatch.setattr(fl, "MID_GEMM_MAX_TOKENS", 512)
+    assert not fl._use_mid_gemm(x, w)  # CPU
+    assert not fl._use_mid_gemm(x, object())  # a quantized weight
+    assert not fl._use_mid_gemm(x, w.float())
+
+
+# ---------------------------------------------------------------- sm_90 compile on the CPU
+
+
+def _compile_facts(config_fields: dict, m: int, n: int, k: int) -> dict:
+    """Compile the kernel for sm_90 as the launcher specializes it (16-byte aligned pointers, the ints
+    divisible by 16 marked so) and count its PTX instructions."""
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from trtforge.kernels import gemm_mid as gm
+
+    cfg = gm.MidConfig(**config_fields)
+    bk = cfg.block_k
+    k_split = triton.cdiv(triton.cdiv(k, bk), cfg.split_k) * bk
+    pointers = {"X": "*bf16", "W": "*bf16", "Bias": "*bf16", "Res": "*bf16", "Out": "*bf16", "Part": "*fp32"}
+    ints = {
+        "M": m,
+        "N": n,
+        "K": k,
+        "stride_xm": k,
+        "stride_wn": k,
+        "stride_rm": n,
+        "stride_om": n,
+        "k_split": k_split,
+    }
+    consts = {
+        "EPILOGUE": 2,
+        "SPLIT": triton.cdiv(k, k_split),
+        "EVEN_K": k % bk == 0,
+        "DOT_F32": False,
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": bk,
+    }
+    names = gm._mid_gemm_kernel.arg_names
+    sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in names}
+    aligned = [a for a in names if a in pointers or (a in ints and ints[a] % 16 == 0)]
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    src = ASTSource(fn=gm._mid_gemm_kernel, signature=sig, constexprs=consts, attrs=attrs)
+    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    ptx = kernel.asm["ptx"]
+    counts: dict[str, int] = {}
+    for op in re.findall(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.:]*)", ptx, flags=re.M):
+        counts[op] = counts.get(op, 0) + 1
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        Path(path).write_text(ptx)
+        run = subprocess.run(
+            [ptxas, "-v", "-arch=sm_90a", path, "-o", os.devnull], capture_output=True, text=True
+        )
+    return {
+        "counts": counts,
+        "shared": kernel.metadata.shared,
+        "ptxas_rc": run.returncode,
+        "ptxas": run.stderr[-800:],
+        "spills": [int(s) for s in re.findall(r"(\d+) bytes spill stores", run.stderr)],
+    }
+
+
+def _child_compile(config_fields: dict, m: int, n: int, k: int) -> dict:
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    run = subprocess.run(
+        [sys.executable, __file__, json.dumps([config_fields, m, n, k])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_default_config_compiles_to_bf16_wgmma_without_spills():
+    """The default config of a 256-row o projection (128 x 64 tiles, 4 stages): the products are
+    ``wgmma ... .f32.bf16.bf16`` (no mma.sync fallback), the pipeline's tiles fit in shared memory and
+    ptxas assembles it without spills."""
+    triton = pytest.importorskip("triton")
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not (os.path.exists(ptxas) or shutil.which("ptxas")):
+        pytest.skip("Triton's ptxas is not installed: nothing assembles sm_90 here")
+    from trtforge.kernels.gemm_mid import default_mid_config
+
+    cfg = default_mid_config(256, 4096, 4096)
+    facts = _child_compile(cfg.__dict__, 256, 4096, 4096)
+    wgmma = {op: c for op, c in facts["counts"].items() if op.startswith("wgmma.mma_async")}
+    assert wgmma and all(op.endswith(".f32.bf16.bf16") for op in wgmma), wgmma
+    assert not any(op.startswith("mma.sync") for op in facts["counts"]), facts["counts"]
+    assert facts["shared"] >= (cfg.num_stages - 1) * (cfg.block_m + cfg.block_n) * cfg.block_k * 2
+    assert facts["ptxas_rc"] == 0, facts["ptxas"]
+    assert facts["spills"] == [0], facts["ptxas"]
+
+
+# ---------------------------------------------------------------- GPU only
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [64, 256, 300])
+def test_gpu_agrees_with_cublas_at_llama_shapes(m):
+    """BF16 at Llama-3-8B's o and gate/up shapes against ``F.linear`` and ``addmm`` (cuBLAS), the
+    default config and a split one; and inside a CUDA graph, bit-equal to the eager launch."""
+    from trtforge.kernels.gemm_mid import mid_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(m)
+    for n, k in ((4096, 4096), (28672, 4096)):
+        x = torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", generator=g, dtype=torch.bfloat16) * 0.02
+        res = torch.randn(m, n, device="cuda", generator=g, dtype=torch.bfloat16)
+        for cfg in (None, _cfg(block_m=64, block_n=64, split_k=2)):
+            got = mid_gemm(x, w, residual=res, config=cfg).float()
+            ref = torch.addmm(res, x, w.t()).float()
+            assert ((got - ref).norm() / ref.norm()).item() < 5e-3, (n, k, cfg)
+        plain = mid_gemm(x, w).float()
+        ref = torch.nn.functional.linear(x, w).float()
+        assert ((plain - ref).norm() / ref.norm()).item() < 5e-3
+    eager = mid_gemm(x, w, residual=res, config=_cfg(block_m=64, split_k=2))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mid_gemm(x, w, residual=res, config=_cfg(block_m=64, split_k=2))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
+@pytest.mark.gpu
+def test_gpu_fused_layers_take_the_mid_gemm_when_turned_on(monkeypatch):
+    """Served steps (prompt chunks, mixed steps, decode graphs) of a small Llama in FP16 with the
+    dispatch on for every token count from 2, in lockstep with the same executor on cuBLAS: the logits
+    agree within the Triton executor test's tolerance, no clear greedy pick flips, and the kernel ran."""
+    import copy
+
+    import numpy as np
+
+    import trtforge.llm.executors.fused_layers as fl
+    from tests.llm.serving_models import run_to_completion, tiny_llama
+    from tests.llm.test_triton_executor import _Lockstep
+    from trtforge.llm.engine import make_step_loop
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+    from trtforge.llm.sampling import SamplingParams
+    from trtforge.llm.sched.scheduler import SchedulerConfig
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the mid-sized GEMM is dispatched on Hopper only")
+    calls = []
+    real = fl.mid_gemm
+    monkeypatch.setattr(fl, "mid_gemm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+
+    class MidOn:  # the tested executor's steps (and graph captures) run with the dispatch on
+        def __init__(self, ex: TorchExecutor) -> None:
+            self.ex = ex
+
+        def __getattr__(self, name):
+            return getattr(self.ex, name)
+
+        def step(self, batch):
+            fl.MID_GEMM_MIN_TOKENS, fl.MID_GEMM_MAX_TOKENS = 2, 4096
+            try:
+                return self.ex.step(batch)
+            finally:
+                fl.MID_GEMM_MIN_TOKENS = fl.MID_GEMM_MAX_TOKENS = 0
+
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, 300, size=int(rng.integers(1, 70))).tolist() for _ in range(9)]
+    params = [SamplingParams(max_tokens=int(rng.integers(2, 14)), ignore_eos=True) for _ in prompts]
+    base = copy.deepcopy(tiny_llama()).half()
+    kwargs = {"num_blocks": 96, "block_size": 16, "device": "cuda", "max_decode_batch": 8}
+    ref = TorchExecutor(copy.deepcopy(base), kernels="triton", **kwargs)
+    test = TorchExecutor(copy.deepcopy(base), kernels="triton", **kwargs)
+    both = _Lockstep(ref, MidOn(test), rel_tol=2e-2)
+    config = SchedulerConfig(
+        max_num_batched_tokens=48, max_prefill_chunk=24, max_prefill_tokens_with_decodes=16
+    )
+    loop = make_step_loop(both, config)
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        loop.add_request(i, p, sp)
+    done = run_to_completion(loop)
+    assert not [v.error for v in done.values() if v.error is not None]
+    assert calls, "the mid-sized GEMM never ran"
+    assert both.mixed_steps > 0 and both.decode_steps > 0
+    assert both.max_rel_err < both.rel_tol
+    assert both.flipped == 0
+
+
+if __name__ == "__main__":
+    fields, m_, n_, k_ = json.loads(sys.argv[1])
+    print(json.dumps(_compile_facts(fields, m_, n_, k_)))

@@ -1,0 +1,263 @@
+"""A 16-bit GEMM for decode-sized batches (tens to hundreds of rows) on Hopper, in Triton: ``x @ w^T``
+with the bias or the residual add folded into its FP32 epilogue.
+
+Why: a served decode step of an 8B model multiplies 64-512 rows by each projection. There cuBLAS's
+BF16 GEMMs ran far below their large-M rate on the H200 (``bench_quant_speed.py``, session 13, at
+M = 256: qkv 456, o 346, gate_up 601, down 565 TFLOP/s, against 700-750 at M = 4096). The narrow
+projections give few output tiles: at M = 256 and N = 4096, 128 x 128 tiles make 64 programs for
+132 SMs. The decode steps of issue #29's decode-bound rows (128/128: 241 rows, 9.8 ms against a
+4.4 ms roofline) are mostly these GEMMs. This kernel picks tiles by the output's size, so the programs
+fill the SMs (:func:`default_mid_config`), and splits K where even small tiles cannot.
+
+Dispatched only where asked: ``trtforge.llm.executors.fused_layers`` routes 16-bit projections of
+``MID_GEMM_MIN_TOKENS..MID_GEMM_MAX_TOKENS`` tokens here on Hopper. Both are 0 (off) until
+``benchmarks/sweep_mid_gemm.py`` shows it beating cuBLAS on the H200; :func:`default_mid_config` is a
+guess until then.
+
+Numerics: the products of the 16-bit inputs summed in FP32 on the tensor cores (wgmma on sm_90), the
+bias or residual (16-bit) added to the FP32 sum, one rounding to the output dtype. Split-K
+(``MidConfig.split_k`` > 1) sums each K slice into an FP32 workspace ``[slices, M, N]`` and a second
+small kernel adds the slices in order and applies the epilogue: bitwise reproducible, in CUDA graphs
+too (the same choice as :mod:`trtforge.kernels.fp8_skinny`).
+
+Program order: the output tiles of one weight tile (its column block, every row block) are
+consecutive program ids, so the row blocks that read the same weights run together and the second
+read of a weight tile comes from L2.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from trtforge.kernels import interpreting
+
+_DTYPES = (torch.bfloat16, torch.float16)
+_REDUCE_BLOCK = 1024  # elements per program of the split-K reduction
+
+
+@dataclass(frozen=True)
+class MidConfig:
+    """Launch parameters: output rows and columns per program, K chunk, warps, pipeline stages, K
+    splits (each a program of its own; FP32 partials summed by a second kernel)."""
+
+    block_m: int = 128
+    block_n: int = 64
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 4
+    split_k: int = 1
+
+    def __post_init__(self) -> None:
+        allowed = {
+            "block_m": (64, 128),
+            "block_n": (32, 64, 128, 256),
+            "block_k": (32, 64, 128),
+            "num_warps": (4, 8),
+            "num_stages": (2, 3, 4, 5),
+            "split_k": (1, 2, 3, 4),
+        }
+        for name, values in allowed.items():
+            if getattr(self, name) not in values:
+                raise ValueError(f"MidConfig.{name} must be one of {values}, got {getattr(self, name)}")
+
+
+def default_mid_config(m: int, n: int, k: int, num_sms: int = 132) -> MidConfig:
+    """The launch parameters for ``[m, k] x [n, k]^T``. A guess, not a measurement (the module says so):
+
+    block_m 128 (64 for at most 64 rows); block_n the widest of 256/128/64 whose tiles still number
+    at least `num_sms` (about one program per SM; else 64); K split in two or three while the tiles
+    fill fewer than half the SMs and each slice keeps >= 8 chunks. block_k 64, 4 stages, 4 warps
+    (8 for 256 columns): the usual Hopper BF16 pipeline."""
+    bm = 64 if m <= 64 else 128
+    rows = triton.cdiv(m, bm)
+    bn = next((c for c in (256, 128) if rows * triton.cdiv(n, c) >= num_sms), 64)
+    tiles = rows * triton.cdiv(n, bn)
+    chunks = triton.cdiv(k, 64)
+    split = 1
+    while split < 3 and tiles * split < num_sms // 2 and chunks >= 8 * (split + 1):
+        split += 1
+    return MidConfig(block_m=bm, block_n=bn, block_k=64, num_warps=8 if bn == 256 else 4, split_k=split)
+
+
+@triton.jit
+def _mid_gemm_kernel(
+    X,
+    W,
+    Bias,
+    Res,
+    Out,
+    Part,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_rm,
+    stride_om,
+    k_split,
+    EPILOGUE: tl.constexpr,
+    SPLIT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Grid (row blocks x column blocks, SPLIT): program (id, s) makes output tile id over K slice s;
+    ids run over the row blocks first, so the programs sharing a weight tile are neighbours.
+
+    EPILOGUE 0: none, 1: + bias[n], 2: + residual[m, n]. Rows past M and columns past N wrap to valid
+    addresses (no masks on the loads along M and N); their outputs are not stored. SPLIT 1: the
+    epilogue here; more: the FP32 sum of this K slice into Part[slice, :M, :N]. DOT_F32 (the interpreter
+    with BF16, whose dot multiplies BF16's raw bits): the tiles widened to FP32 first, exactly."""
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    row_blocks = tl.cdiv(M, BLOCK_M)
+    pid_m = pid % row_blocks
+    pid_n = pid // row_blocks
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    arange_k = tl.arange(0, BLOCK_K)
+    x_rows = X + (offs_m % M).to(tl.int64)[:, None] * stride_xm
+    w_rows = W + (offs_n % N).to(tl.int64)[:, None] * stride_wn
+    k_lo = pid_k * k_split
+    k_hi = tl.minimum(k_lo + k_split, K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + arange_k
+        if EVEN_K:
+            x = tl.load(x_rows + offs_k[None, :])
+            w = tl.load(w_rows + offs_k[None, :])
+        else:
+            k_ok = offs_k[None, :] < K
+            x = tl.load(x_rows + offs_k[None, :], mask=k_ok, other=0.0)
+            w = tl.load(w_rows + offs_k[None, :], mask=k_ok, other=0.0)
+        if DOT_F32:
+            x, w = x.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc)
+    ok = m_ok[:, None] & n_ok[None, :]
+    if SPLIT == 1:
+        if EPILOGUE == 1:
+            acc += tl.load(Bias + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if EPILOGUE == 2:
+            res = Res + offs_m.to(tl.int64)[:, None] * stride_rm + offs_n[None, :]
+            acc += tl.load(res, mask=ok, other=0.0).to(tl.float32)
+        out = Out + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        tl.store(out, acc.to(Out.dtype.element_ty), mask=ok)
+    else:
+        part = Part + (pid_k * M + offs_m).to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(part, acc, mask=ok)
+
+
+@triton.jit
+def _mid_reduce_kernel(
+    Part,
+    Bias,
+    Res,
+    Out,
+    M,
+    N,
+    stride_rm,
+    stride_om,
+    EPILOGUE: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The SPLIT FP32 partials ``[SPLIT, M, N]`` summed in slice order, then the epilogue."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < M * N
+    m = offs // N
+    n = offs % N
+    acc = tl.load(Part + offs, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT):
+        acc += tl.load(Part + s * M * N + offs, mask=ok, other=0.0)
+    if EPILOGUE == 1:
+        acc += tl.load(Bias + n, mask=ok, other=0.0).to(tl.float32)
+    if EPILOGUE == 2:
+        acc += tl.load(Res + m * stride_rm + n, mask=ok, other=0.0).to(tl.float32)
+    tl.store(Out + m * stride_om + n, acc.to(Out.dtype.element_ty), mask=ok)
+
+
+def _refuse(name: str, want: str, t: torch.Tensor) -> ValueError:
+    return ValueError(f"mid_gemm: {name} must be {want}, got {t.dtype} {tuple(t.shape)}")
+
+
+def _check(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None
+) -> None:
+    """ValueError naming the argument that is not what the kernel takes."""
+    if x.dim() != 2 or x.dtype not in _DTYPES or x.shape[0] == 0 or x.stride(1) != 1:
+        raise _refuse("x", "a BF16 or FP16 [M >= 1, K] with unit stride along K", x)
+    m, k = int(x.shape[0]), int(x.shape[1])
+    if w.dim() != 2 or w.dtype != x.dtype or int(w.shape[1]) != k or w.stride(1) != 1:
+        raise _refuse("w", f"{x.dtype} [N, {k}] (x's dtype and K) with unit stride along K", w)
+    n = int(w.shape[0])
+    if bias is not None and residual is not None:
+        raise ValueError("mid_gemm: give a bias or a residual, not both")
+    if bias is not None and (
+        tuple(bias.shape) != (n,) or not bias.is_contiguous() or not bias.is_floating_point()
+    ):
+        raise _refuse("bias", f"a contiguous float [{n}]", bias)
+    if residual is not None and (
+        tuple(residual.shape) != (m, n) or residual.stride(1) != 1 or not residual.is_floating_point()
+    ):
+        raise _refuse("residual", f"a float [{m}, {n}] with unit stride along N", residual)
+    tensors = {"x": x, "w": w, "bias": bias, "residual": residual}
+    devices = {name: str(t.device) for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) != 1:
+        raise ValueError(f"mid_gemm: the tensors are on different devices: {devices}")
+
+
+def mid_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    *,
+    config: MidConfig | None = None,
+) -> torch.Tensor:
+    """``x @ w^T`` (+ `bias` ``[N]``, or + `residual` ``[M, N]``) in `x`'s dtype: x ``[M, K]`` and w
+    ``[N, K]`` BF16 or FP16 (the same), summed in FP32, one rounding (what ``F.linear`` and
+    ``torch.addmm(residual, x, w.t())`` compute, up to FP32 summation order)."""
+    _check(x, w, bias, residual)
+    m, k = int(x.shape[0]), int(x.shape[1])
+    n = int(w.shape[0])
+    cfg = config or default_mid_config(m, n, k, _num_sms(x.device))
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    bk = cfg.block_k
+    k_split = triton.cdiv(triton.cdiv(k, bk), cfg.split_k) * bk  # whole chunks per K slice
+    split = triton.cdiv(k, k_split)  # (fewer slices than asked when K holds fewer chunks)
+    part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
+    epilogue = 1 if bias is not None else 2 if residual is not None else 0
+    b = bias if bias is not None else out
+    r = residual if residual is not None else out
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
+    _mid_gemm_kernel[grid](
+        x, w, b, r, out, part, m, n, k, x.stride(0), w.stride(0), r.stride(0), out.stride(0), k_split,
+        EPILOGUE=epilogue, SPLIT=split, EVEN_K=k % bk == 0,
+        DOT_F32=interpreting() and x.dtype == torch.bfloat16,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if split > 1:
+        _mid_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
+            part, b, r, out, m, n, r.stride(0), out.stride(0),
+            EPILOGUE=epilogue, SPLIT=split, BLOCK=_REDUCE_BLOCK, num_warps=4,
+        )  # fmt: skip
+    return out
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    """SMs of a CUDA device (the default config's program count); 132 elsewhere (an H100/H200's count,
+    so the interpreter runs the configs a GPU would)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
