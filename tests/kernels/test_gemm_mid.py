@@ -260,18 +260,19 @@ def _child_compile(config_fields: dict, m: int, n: int, k: int) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def test_default_config_compiles_to_bf16_wgmma_without_spills():
-    """The default config of a 256-row o projection (128 x 64 tiles, 4 stages): the products are
-    ``wgmma ... .f32.bf16.bf16`` (no mma.sync fallback), the pipeline's tiles fit in shared memory and
-    ptxas assembles it without spills."""
+@pytest.mark.parametrize(("m", "n", "k"), [(256, 4096, 4096), (256, 28672, 4096)], ids=["o", "gate_up"])
+def test_default_config_compiles_to_bf16_wgmma_without_spills(m, n, k):
+    """The default config at 256 rows of the o projection (128 x 64 tiles, 4 warps) and of gate/up
+    (128 x 256, 8 warps): the products are ``wgmma ... .f32.bf16.bf16`` (no mma.sync fallback), the
+    pipeline's tiles fit in shared memory and ptxas assembles it without spills."""
     triton = pytest.importorskip("triton")
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     if not (os.path.exists(ptxas) or shutil.which("ptxas")):
         pytest.skip("Triton's ptxas is not installed: nothing assembles sm_90 here")
     from trtforge.kernels.gemm_mid import default_mid_config
 
-    cfg = default_mid_config(256, 4096, 4096)
-    facts = _child_compile(cfg.__dict__, 256, 4096, 4096)
+    cfg = default_mid_config(m, n, k)
+    facts = _child_compile(cfg.__dict__, m, n, k)
     wgmma = {op: c for op, c in facts["counts"].items() if op.startswith("wgmma.mma_async")}
     assert wgmma and all(op.endswith(".f32.bf16.bf16") for op in wgmma), wgmma
     assert not any(op.startswith("mma.sync") for op in facts["counts"]), facts["counts"]
