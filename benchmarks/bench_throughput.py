@@ -706,9 +706,9 @@ def main() -> None:
         "--concurrent-attention",
         nargs="+",
         choices=("off", "on"),
-        default=["off"],
+        default=["on"],
         help="executor variants: decode and prompt-chunk attention of a mixed step on two streams "
-        "(TritonPagedAttention.concurrent) off / on",
+        "(TritonPagedAttention.concurrent, on when served) off / on",
     )
     ap.add_argument(
         "--quantization",
