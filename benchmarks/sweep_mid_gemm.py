@@ -9,13 +9,15 @@ residual (``addmm``); M = 64, 128, 256, 384, 512 rows of BF16 (``--quick``: 128,
 candidate (:func:`grid`, ``default_mid_config``'s first) is checked against cuBLAS's result (relative
 error of the norm; above 1e-2 it is marked WRONG and not ranked) and timed as a CUDA graph of 10
 launches rotating over enough weight copies to defeat the H200's 50 MB L2 (>= 256 MB in all), median of
-the replays: us per launch and TFLOP/s (BF16 dense peak ~989). cuBLAS is timed the same way in the same
-run. Prints every row, then per (shape, M) the best config and cuBLAS's time over it (> 1: the Triton
-kernel is faster), and what the whole layer's four GEMMs would take with the best of both.
+the replays: us per launch and TFLOP/s (BF16 dense peak ~989; ``--fp8``: W8A8 on E4M3 codes,
+``mid_gemm_fp8`` against ``torch._scaled_mm`` plus the residual add, dense FP8 peak ~1,979). cuBLAS is
+timed the same way in the same run. Prints every row, then per (shape, M) the best config and cuBLAS's
+time over it (> 1: the Triton kernel is faster), and what the whole layer's four GEMMs would take with
+the best of both.
 
 ``--budget-s`` splits a time budget evenly over the (shape, M) pairs; a device command runs at most 10
-minutes. The result decides ``fused_layers.MID_GEMM_MIN_TOKENS`` / ``MID_GEMM_MAX_TOKENS`` (today 0:
-off) and ``default_mid_config``.
+minutes. The result decides ``fused_layers.MID_GEMM_MIN_TOKENS`` / ``MID_GEMM_MAX_TOKENS`` and, with
+``--fp8``, ``quant.linear.FP8_MID_MAX_TOKENS`` (today 0: off), and ``default_mid_config``.
 """
 
 from __future__ import annotations
@@ -48,19 +50,20 @@ SHARED_LIMIT = 232448  # bytes of shared memory one Hopper block may use
 WRONG = 1e-2
 
 
-def grid(quick: bool) -> list:
+def grid(quick: bool, fp8: bool = False) -> list:
     """Candidate configs whose pipeline fits a block's shared memory, in a fixed shuffled order (a budget
     cut leaves a sample of the whole grid)."""
     from trtforge.kernels.gemm_mid import MidConfig
 
-    bms, bns, bks = (64, 128), (64, 128, 256), (64,) if quick else (32, 64, 128)
+    bms, bns = (64, 128), (64, 128, 256)
+    bks = ((128,) if quick else (64, 128)) if fp8 else ((64,) if quick else (32, 64, 128))
     stages, splits = ((3, 4), (1, 2)) if quick else ((3, 4, 5), (1, 2, 3, 4))
     out = []
     for bm, bn, bk, st, sk in itertools.product(bms, bns, bks, stages, splits):
         # quick: 8 warps for tiles of 128 x 128 and more, else 4
         for warps in ((8 if bm * bn >= 128 * 128 else 4),) if quick else (4, 8):
             cfg = MidConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=st, split_k=sk)
-            if st * (bm + bn) * bk * 2 <= SHARED_LIMIT:
+            if st * (bm + bn) * bk * (1 if fp8 else 2) <= SHARED_LIMIT:
                 out.append(cfg)
     random.Random(0).shuffle(out)
     return out
@@ -82,29 +85,43 @@ def timed(fn) -> float:
     return graph_us(lambda: [fn(i) for i in range(LAUNCHES)], LAUNCHES, reps=7, inner=3)
 
 
-def sweep_pair(shape: str, m: int, copies: list, quick: bool, deadline: float) -> dict:
-    """Every candidate and cuBLAS at one (shape, M); the pair's rows and its summary."""
-    from trtforge.kernels.gemm_mid import _num_sms, default_mid_config, mid_gemm
+def sweep_pair(shape: str, m: int, copies: list, quick: bool, deadline: float, fp8: bool = False) -> dict:
+    """Every candidate and cuBLAS at one (shape, M); the pair's rows and its summary. `fp8`: W8A8 on
+    E4M3 weights (`copies` are Fp8Weights) and per-row E4M3 activations quantized once; the peer is
+    ``torch._scaled_mm`` on the same codes (+ the residual, as the served path adds it)."""
+    from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
+    from trtforge.kernels.gemm_mid import _num_sms, default_mid_config, mid_gemm, mid_gemm_fp8
 
     n, k, epilogue = SHAPES[shape]
-    dev = copies[0].device
+    dev = copies[0].data.device if fp8 else copies[0].device
     g = torch.Generator(device=dev).manual_seed(1000 * m + n)
     x = torch.randn(m, k, device=dev, generator=g, dtype=torch.bfloat16)
     res = torch.randn(m, n, device=dev, generator=g, dtype=torch.bfloat16) if epilogue else None
     flops = 2.0 * m * n * k
+    xq_p, sx_p = quantize_rows_fp8_padded(x)
 
     def cublas(i: int) -> torch.Tensor:
         w = copies[i % len(copies)]
+        if fp8:
+            out = torch._scaled_mm(
+                xq_p, w.data.t(), scale_a=sx_p, scale_b=w.scale[None, :], out_dtype=torch.bfloat16
+            )[:m]
+            return out if res is None else res + out
         return torch.addmm(res, x, w.t()) if res is not None else torch.nn.functional.linear(x, w)
 
     def triton_(cfg):
+        if fp8:
+            return lambda i: mid_gemm_fp8(
+                xq_p[:m], sx_p[:m], copies[i % len(copies)].data, copies[i % len(copies)].scale,
+                residual=res, config=cfg,
+            )  # fmt: skip
         return lambda i: mid_gemm(x, copies[i % len(copies)], residual=res, config=cfg)
 
     ref = cublas(0)
     peer = timed(cublas)
     print(f"{shape:8s} M={m:3d} cuBLAS {peer:8.2f} us {flops / peer / 1e6:6.0f} TFLOP/s", flush=True)
-    dflt = default_mid_config(m, n, k, _num_sms(dev))
-    cands = [dflt] + [c for c in grid(quick) if c != dflt]
+    dflt = default_mid_config(m, n, k, _num_sms(dev), fp8=fp8)
+    cands = [dflt] + [c for c in grid(quick, fp8) if c != dflt]
     rows = []
     for cfg in cands:
         if time.perf_counter() > deadline and rows:
@@ -173,6 +190,7 @@ def main() -> None:
         "--ms", default=None, help="comma-separated row counts (default 64..512; quick 128,256,512)"
     )
     ap.add_argument("--budget-s", type=float, default=None, help="time budget (quick: 240 s, else 480 s)")
+    ap.add_argument("--fp8", action="store_true", help="W8A8 (mid_gemm_fp8) against torch._scaled_mm")
     ap.add_argument("--out", default=None, help="JSON of every row and the summaries")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -191,12 +209,18 @@ def main() -> None:
     for index, shape in enumerate(shapes):
         n, k, _ = SHAPES[shape]
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        count = min(LAUNCHES, math.ceil(L2_DEFEAT_BYTES / (w.numel() * 2)))
-        copies = [w] + [w.clone() for _ in range(count - 1)]
+        count = min(LAUNCHES, math.ceil(L2_DEFEAT_BYTES / (w.numel() * (1 if args.fp8 else 2))))
+        if args.fp8:
+            from trtforge.kernels.qweight import Fp8Weight, quantize_fp8
+
+            q = quantize_fp8(w)
+            copies = [q] + [Fp8Weight(q.data.clone(), q.scale.clone()) for _ in range(count - 1)]
+        else:
+            copies = [w] + [w.clone() for _ in range(count - 1)]
         for m in ms:
             done = index * len(ms) + ms.index(m)
             share = (budget - (time.perf_counter() - start)) / max(1, len(pairs) - done)
-            out = sweep_pair(shape, m, copies, args.quick, time.perf_counter() + share)
+            out = sweep_pair(shape, m, copies, args.quick, time.perf_counter() + share, args.fp8)
             results.extend(out["rows"])
             summaries.append(out["summary"])
         del copies, w
@@ -207,6 +231,7 @@ def main() -> None:
             "device": torch.cuda.get_device_name(),
             "torch": torch.__version__,
             "quick": args.quick,
+            "fp8": args.fp8,
             "seconds": time.perf_counter() - start,
             "rows": results,
             "summaries": summaries,

@@ -157,6 +157,83 @@ def test_refuses_what_it_cannot_take(change, name):
         mid_gemm(**args)
 
 
+FP8_CASES = [
+    (3, 48, 200, {"block_m": 64, "block_n": 32, "block_k": 64}, "bias", torch.bfloat16),
+    (70, 96, 256, {"block_m": 64, "block_n": 64, "block_k": 128, "split_k": 2}, "residual", torch.bfloat16),
+    (130, 64, 384, {"block_m": 128, "block_n": 64, "block_k": 128, "split_k": 3}, None, torch.float16),
+    (65, 40, 128, {"block_m": 64, "block_n": 32, "block_k": 64}, "residual", torch.float32),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("m", "n", "k", "fields", "epilogue", "out_dtype"), FP8_CASES, ids=str)
+def test_fp8_matches_the_w8a8_product_on_the_same_codes(device, m, n, k, fields, epilogue, out_dtype):
+    """W8A8 (E4M3 activations quantized per row by fp8_rows, per-channel E4M3 weights): the FP32 product
+    of the codes times both scales, + the bias or residual, rounded once to out_dtype; within FP32
+    summation (2^-16 of the products' magnitude) in the interpreter, the tensor cores' reduced-precision
+    chains of 128 products (2^-10) on a GPU."""
+    from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
+    from trtforge.kernels.gemm_mid import mid_gemm_fp8
+    from trtforge.kernels.qweight import quantize_fp8
+
+    skip_unless_runs_here(device)
+    x, w, bias, residual = _operands(m, n, k, torch.bfloat16, seed=m + 7 * n + k)
+    q = quantize_fp8(w.float())
+    xq, sx = quantize_rows_fp8_padded(x.to(device))
+    xq, sx = xq[:m], sx[:m]
+    b = bias if epilogue == "bias" else None
+    r = residual if epilogue == "residual" else None
+    got = mid_gemm_fp8(
+        xq,
+        sx,
+        q.data.to(device),
+        q.scale.to(device),
+        None if b is None else b.to(device),
+        None if r is None else r.to(device),
+        out_dtype=out_dtype,
+        config=_cfg(**fields),
+    )
+    assert got.dtype == out_dtype and tuple(got.shape) == (m, n)
+    a = xq.cpu().float() * sx.cpu().reshape(m, 1)
+    wf = q.data.float() * q.scale[:, None]
+    want, mag = a @ wf.t(), a.abs() @ wf.abs().t()
+    for extra in (b, r):
+        if extra is not None:
+            want, mag = want + extra.float(), mag + extra.float().abs()
+    acc_rel = 2**-10 if got.is_cuda else 2**-16
+    ulp = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 2**-22}[out_dtype]
+    tol = ulp * want.abs() + acc_rel * mag + 1e-6
+    err = (got.float().cpu() - want).abs()
+    assert (err <= tol).all(), (
+        f"{int((err > tol).sum())} of {err.numel()} off, worst {float((err - tol).max())}"
+    )
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    ("change", "name"),
+    [
+        ({"xq": torch.zeros(2, 64, dtype=torch.bfloat16)}, "xq must be float8_e4m3fn"),
+        ({"w_data": torch.zeros(8, 64, dtype=torch.bfloat16)}, "w_data must be float8_e4m3fn"),
+        ({"sx": torch.ones(3)}, r"sx must be contiguous float32 \[2\]"),
+        ({"w_scale": torch.ones(8, dtype=torch.float16)}, "w_scale must be contiguous float32"),
+        ({"out_dtype": torch.int8}, "out_dtype must be BF16, FP16 or FP32"),
+        ({"residual": torch.zeros(3, 8)}, r"residual must be a float \[2, 8\]"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_fp8_refuses_what_it_cannot_take(change, name):
+    from trtforge.kernels.gemm_mid import mid_gemm_fp8
+
+    e4m3 = torch.float8_e4m3fn
+    args = {"xq": torch.zeros(2, 64).to(e4m3), "sx": torch.ones(2), "w_data": torch.zeros(8, 64).to(e4m3)}
+    args |= {"w_scale": torch.ones(8), "bias": None, "residual": None, "out_dtype": torch.bfloat16} | change
+    out_dtype = args.pop("out_dtype")
+    with pytest.raises(ValueError, match=name):
+        mid_gemm_fp8(**args, out_dtype=out_dtype)
+
+
 @needs_triton
 def test_config_values_are_checked():
     with pytest.raises(ValueError, match="block_m must be one of"):
@@ -169,8 +246,10 @@ def test_off_by_default_and_never_on_the_cpu(monkeypatch):
     """The fused layer's dispatch: off until measured (both limits 0); turned on, still not for CPU
     tensors, quantized weights or another dtype than x's."""
     import trtforge.llm.executors.fused_layers as fl
+    import trtforge.llm.quant.linear as linear
 
     assert fl.MID_GEMM_MIN_TOKENS == fl.MID_GEMM_MAX_TOKENS == 0
+    assert linear.FP8_MID_MAX_TOKENS == 0
     x = torch.zeros(128, 64, dtype=torch.bfloat16)
     w = torch.zeros(32, 64, dtype=torch.bfloat16)
     assert not fl._use_mid_gemm(x, w)
@@ -184,7 +263,7 @@ def test_off_by_default_and_never_on_the_cpu(monkeypatch):
 # ---------------------------------------------------------------- sm_90 compile on the CPU
 
 
-def _compile_facts(config_fields: dict, m: int, n: int, k: int) -> dict:
+def _compile_facts(config_fields: dict, m: int, n: int, k: int, fp8: bool = False) -> dict:
     """Compile the kernel for sm_90 as the launcher specializes it (16-byte aligned pointers, the ints
     divisible by 16 marked so) and count its PTX instructions."""
     import tempfile
@@ -198,7 +277,9 @@ def _compile_facts(config_fields: dict, m: int, n: int, k: int) -> dict:
     cfg = gm.MidConfig(**config_fields)
     bk = cfg.block_k
     k_split = triton.cdiv(triton.cdiv(k, bk), cfg.split_k) * bk
-    pointers = {"X": "*bf16", "W": "*bf16", "Bias": "*bf16", "Res": "*bf16", "Out": "*bf16", "Part": "*fp32"}
+    elem = "*fp8e4nv" if fp8 else "*bf16"
+    pointers = {"X": elem, "W": elem, "SX": "*fp32", "WS": "*fp32", "Bias": "*bf16", "Res": "*bf16"}
+    pointers |= {"Out": "*bf16", "Part": "*fp32"}
     ints = {
         "M": m,
         "N": n,
@@ -214,6 +295,8 @@ def _compile_facts(config_fields: dict, m: int, n: int, k: int) -> dict:
         "SPLIT": triton.cdiv(k, k_split),
         "EVEN_K": k % bk == 0,
         "DOT_F32": False,
+        "SCALED": fp8,
+        "IMPRECISE": min(gm.PRECISE_ACC_K, bk) if fp8 else None,
         "BLOCK_M": cfg.block_m,
         "BLOCK_N": cfg.block_n,
         "BLOCK_K": bk,
@@ -245,11 +328,11 @@ def _compile_facts(config_fields: dict, m: int, n: int, k: int) -> dict:
     }
 
 
-def _child_compile(config_fields: dict, m: int, n: int, k: int) -> dict:
+def _child_compile(config_fields: dict, m: int, n: int, k: int, fp8: bool = False) -> dict:
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     run = subprocess.run(
-        [sys.executable, __file__, json.dumps([config_fields, m, n, k])],
+        [sys.executable, __file__, json.dumps([config_fields, m, n, k, fp8])],
         capture_output=True,
         text=True,
         env=env,
@@ -260,15 +343,33 @@ def _child_compile(config_fields: dict, m: int, n: int, k: int) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def _needs_ptxas() -> None:
+    triton = pytest.importorskip("triton")
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not (os.path.exists(ptxas) or shutil.which("ptxas")):
+        pytest.skip("Triton's ptxas is not installed: nothing assembles sm_90 here")
+
+
+def test_fp8_default_config_compiles_to_e4m3_wgmma_without_spills():
+    """W8A8 at 256 rows of the o projection: the products are ``wgmma ... .f32.e4m3.e4m3`` (the codes go
+    from shared memory to the tensor cores unconverted), ptxas assembles it without spills."""
+    _needs_ptxas()
+    from trtforge.kernels.gemm_mid import default_mid_config
+
+    cfg = default_mid_config(256, 4096, 4096, fp8=True)
+    facts = _child_compile(cfg.__dict__, 256, 4096, 4096, True)
+    wgmma = {op: c for op, c in facts["counts"].items() if op.startswith("wgmma.mma_async")}
+    assert wgmma and all(op.endswith(".f32.e4m3.e4m3") for op in wgmma), wgmma
+    assert not any(op.startswith("mma.sync") or "f16x2.e4m3" in op for op in facts["counts"]), facts["counts"]
+    assert facts["ptxas_rc"] == 0 and facts["spills"] == [0], facts["ptxas"]
+
+
 @pytest.mark.parametrize(("m", "n", "k"), [(256, 4096, 4096), (256, 28672, 4096)], ids=["o", "gate_up"])
 def test_default_config_compiles_to_bf16_wgmma_without_spills(m, n, k):
     """The default config at 256 rows of the o projection (128 x 64 tiles, 4 warps) and of gate/up
     (128 x 256, 8 warps): the products are ``wgmma ... .f32.bf16.bf16`` (no mma.sync fallback), the
     pipeline's tiles fit in shared memory and ptxas assembles it without spills."""
-    triton = pytest.importorskip("triton")
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not (os.path.exists(ptxas) or shutil.which("ptxas")):
-        pytest.skip("Triton's ptxas is not installed: nothing assembles sm_90 here")
+    _needs_ptxas()
     from trtforge.kernels.gemm_mid import default_mid_config
 
     cfg = default_mid_config(m, n, k)
@@ -310,6 +411,33 @@ def test_gpu_agrees_with_cublas_at_llama_shapes(m):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [65, 256])
+def test_gpu_fp8_agrees_with_scaled_mm_and_quant_linear_dispatches_to_it(monkeypatch, m):
+    """W8A8 at Llama-3-8B's o shape against ``torch._scaled_mm`` on the same codes (default config and a
+    split one); ``quant_linear`` with FP8_MID_MAX_TOKENS turned on gives the same as the kernel."""
+    import trtforge.llm.quant.linear as linear
+    from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
+    from trtforge.kernels.gemm_mid import mid_gemm_fp8
+    from trtforge.kernels.qweight import quantize_fp8
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("wgmma needs Hopper (sm_90)")
+    g = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, 4096, device="cuda", generator=g, dtype=torch.bfloat16)
+    q = quantize_fp8(torch.randn(4096, 4096, device="cuda", generator=g) * 0.02)
+    xq, sx = quantize_rows_fp8_padded(x)
+    ref = torch._scaled_mm(
+        xq, q.data.t(), scale_a=sx, scale_b=q.scale[None, :], out_dtype=torch.float32, use_fast_accum=False
+    )[:m]
+    for cfg in (None, _cfg(block_m=64, block_n=64, block_k=128, split_k=2)):
+        got = mid_gemm_fp8(xq[:m], sx[:m], q.data, q.scale, out_dtype=torch.float32, config=cfg)
+        assert ((got - ref).norm() / ref.norm()).item() < 1e-4, cfg
+    monkeypatch.setattr(linear, "FP8_MID_MAX_TOKENS", 512)
+    via = linear.quant_linear(x, q)
+    assert torch.equal(via, mid_gemm_fp8(xq[:m], sx[:m], q.data, q.scale, out_dtype=torch.bfloat16))
 
 
 @pytest.mark.gpu
@@ -372,5 +500,5 @@ def test_gpu_fused_layers_take_the_mid_gemm_when_turned_on(monkeypatch):
 
 
 if __name__ == "__main__":
-    fields, m_, n_, k_ = json.loads(sys.argv[1])
-    print(json.dumps(_compile_facts(fields, m_, n_, k_)))
+    fields, m_, n_, k_, fp8_ = json.loads(sys.argv[1])
+    print(json.dumps(_compile_facts(fields, m_, n_, k_, fp8_)))

@@ -9,10 +9,14 @@ projections give few output tiles: at M = 256 and N = 4096, 128 x 128 tiles make
 4.4 ms roofline) are mostly these GEMMs. This kernel picks tiles by the output's size, so the programs
 fill the SMs (:func:`default_mid_config`), and splits K where even small tiles cannot.
 
+:func:`mid_gemm_fp8` is the same kernel on E4M3 codes (W8A8, per-row activation and weight scales in
+the epilogue), for the batches above the skinny FP8 GEMM's 64 rows, where cuBLASLt's FP8 GEMMs reached
+480-990 TFLOP/s at 256 rows (session 13) against a ~1,979 peak.
+
 Dispatched only where asked: ``trtforge.llm.executors.fused_layers`` routes 16-bit projections of
-``MID_GEMM_MIN_TOKENS..MID_GEMM_MAX_TOKENS`` tokens here on Hopper. Both are 0 (off) until
-``benchmarks/sweep_mid_gemm.py`` shows it beating cuBLAS on the H200; :func:`default_mid_config` is a
-guess until then.
+``MID_GEMM_MIN_TOKENS..MID_GEMM_MAX_TOKENS`` tokens here on Hopper, and ``trtforge.llm.quant.linear``
+W8A8 up to ``FP8_MID_MAX_TOKENS``. All are 0 (off) until ``benchmarks/sweep_mid_gemm.py`` (``--fp8``)
+shows the kernel beating cuBLAS on the H200; :func:`default_mid_config` is a guess until then.
 
 Numerics: the products of the 16-bit inputs summed in FP32 on the tensor cores (wgmma on sm_90), the
 bias or residual (16-bit) added to the FP32 sum, one rounding to the output dtype. Split-K
@@ -37,6 +41,7 @@ import triton.language as tl
 from trtforge.kernels import interpreting
 
 _DTYPES = (torch.bfloat16, torch.float16)
+PRECISE_ACC_K = 128  # FP8: products a wgmma chain sums before they join the FP32 accumulator
 _REDUCE_BLOCK = 1024  # elements per program of the split-K reduction
 
 
@@ -66,28 +71,32 @@ class MidConfig:
                 raise ValueError(f"MidConfig.{name} must be one of {values}, got {getattr(self, name)}")
 
 
-def default_mid_config(m: int, n: int, k: int, num_sms: int = 132) -> MidConfig:
+def default_mid_config(m: int, n: int, k: int, num_sms: int = 132, fp8: bool = False) -> MidConfig:
     """The launch parameters for ``[m, k] x [n, k]^T``. A guess, not a measurement (the module says so):
 
     block_m 128 (64 for at most 64 rows); block_n the widest of 256/128/64 whose tiles still number
     at least `num_sms` (about one program per SM; else 64); K split in two or three while the tiles
     fill fewer than half the SMs and each slice keeps >= 8 chunks. block_k 64, 4 stages, 4 warps
-    (8 for 256 columns): the usual Hopper BF16 pipeline."""
+    (8 for 256 columns): the usual Hopper BF16 pipeline. `fp8` (one-byte operands): chunks of 128, the
+    same bytes a stage."""
     bm = 64 if m <= 64 else 128
     rows = triton.cdiv(m, bm)
     bn = next((c for c in (256, 128) if rows * triton.cdiv(n, c) >= num_sms), 64)
     tiles = rows * triton.cdiv(n, bn)
-    chunks = triton.cdiv(k, 64)
+    bk = 128 if fp8 else 64
+    chunks = triton.cdiv(k, bk)
     split = 1
     while split < 3 and tiles * split < num_sms // 2 and chunks >= 8 * (split + 1):
         split += 1
-    return MidConfig(block_m=bm, block_n=bn, block_k=64, num_warps=8 if bn == 256 else 4, split_k=split)
+    return MidConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=8 if bn == 256 else 4, split_k=split)
 
 
 @triton.jit
 def _mid_gemm_kernel(
     X,
     W,
+    SX,
+    WS,
     Bias,
     Res,
     Out,
@@ -104,6 +113,8 @@ def _mid_gemm_kernel(
     SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr,
     DOT_F32: tl.constexpr,
+    SCALED: tl.constexpr,
+    IMPRECISE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -114,7 +125,9 @@ def _mid_gemm_kernel(
     EPILOGUE 0: none, 1: + bias[n], 2: + residual[m, n]. Rows past M and columns past N wrap to valid
     addresses (no masks on the loads along M and N); their outputs are not stored. SPLIT 1: the
     epilogue here; more: the FP32 sum of this K slice into Part[slice, :M, :N]. DOT_F32 (the interpreter
-    with BF16, whose dot multiplies BF16's raw bits): the tiles widened to FP32 first, exactly."""
+    with BF16, whose dot multiplies BF16's raw bits): the tiles widened to FP32 first, exactly. SCALED
+    (W8A8: E4M3 x and w): the FP32 sum times SX[m] * WS[n] before the bias or residual; IMPRECISE: the
+    products a wgmma chain sums before they join the FP32 accumulator (None: the whole K)."""
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     row_blocks = tl.cdiv(M, BLOCK_M)
@@ -141,9 +154,12 @@ def _mid_gemm_kernel(
             w = tl.load(w_rows + offs_k[None, :], mask=k_ok, other=0.0)
         if DOT_F32:
             x, w = x.to(tl.float32), w.to(tl.float32)
-        acc = tl.dot(x, tl.trans(w), acc)
+        acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=IMPRECISE)
     ok = m_ok[:, None] & n_ok[None, :]
     if SPLIT == 1:
+        if SCALED:
+            sx = tl.load(SX + offs_m, mask=m_ok, other=0.0)
+            acc = acc * sx[:, None] * tl.load(WS + offs_n, mask=n_ok, other=0.0)[None, :]
         if EPILOGUE == 1:
             acc += tl.load(Bias + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         if EPILOGUE == 2:
@@ -159,6 +175,8 @@ def _mid_gemm_kernel(
 @triton.jit
 def _mid_reduce_kernel(
     Part,
+    SX,
+    WS,
     Bias,
     Res,
     Out,
@@ -168,6 +186,7 @@ def _mid_reduce_kernel(
     stride_om,
     EPILOGUE: tl.constexpr,
     SPLIT: tl.constexpr,
+    SCALED: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """The SPLIT FP32 partials ``[SPLIT, M, N]`` summed in slice order, then the epilogue."""
@@ -178,6 +197,8 @@ def _mid_reduce_kernel(
     acc = tl.load(Part + offs, mask=ok, other=0.0)
     for s in tl.static_range(1, SPLIT):
         acc += tl.load(Part + s * M * N + offs, mask=ok, other=0.0)
+    if SCALED:
+        acc = acc * tl.load(SX + m, mask=ok, other=0.0) * tl.load(WS + n, mask=ok, other=0.0)
     if EPILOGUE == 1:
         acc += tl.load(Bias + n, mask=ok, other=0.0).to(tl.float32)
     if EPILOGUE == 2:
@@ -198,7 +219,13 @@ def _check(
     m, k = int(x.shape[0]), int(x.shape[1])
     if w.dim() != 2 or w.dtype != x.dtype or int(w.shape[1]) != k or w.stride(1) != 1:
         raise _refuse("w", f"{x.dtype} [N, {k}] (x's dtype and K) with unit stride along K", w)
-    n = int(w.shape[0])
+    _check_epilogue(m, int(w.shape[0]), bias, residual, {"x": x, "w": w})
+
+
+def _check_epilogue(
+    m: int, n: int, bias: torch.Tensor | None, residual: torch.Tensor | None, tensors: dict
+) -> None:
+    """The bias or residual's shape, and every tensor on one device."""
     if bias is not None and residual is not None:
         raise ValueError("mid_gemm: give a bias or a residual, not both")
     if bias is not None and (
@@ -209,7 +236,7 @@ def _check(
         tuple(residual.shape) != (m, n) or residual.stride(1) != 1 or not residual.is_floating_point()
     ):
         raise _refuse("residual", f"a float [{m}, {n}] with unit stride along N", residual)
-    tensors = {"x": x, "w": w, "bias": bias, "residual": residual}
+    tensors = tensors | {"bias": bias, "residual": residual}
     devices = {name: str(t.device) for name, t in tensors.items() if t is not None}
     if len(set(devices.values())) != 1:
         raise ValueError(f"mid_gemm: the tensors are on different devices: {devices}")
@@ -227,10 +254,55 @@ def mid_gemm(
     ``[N, K]`` BF16 or FP16 (the same), summed in FP32, one rounding (what ``F.linear`` and
     ``torch.addmm(residual, x, w.t())`` compute, up to FP32 summation order)."""
     _check(x, w, bias, residual)
-    m, k = int(x.shape[0]), int(x.shape[1])
-    n = int(w.shape[0])
+    m, k, n = int(x.shape[0]), int(x.shape[1]), int(w.shape[0])
     cfg = config or default_mid_config(m, n, k, _num_sms(x.device))
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    dot_f32 = interpreting() and x.dtype == torch.bfloat16
+    return _launch(x, w, None, None, bias, residual, x.dtype, cfg, dot_f32=dot_f32, imprecise=None)
+
+
+def mid_gemm_fp8(
+    xq: torch.Tensor,
+    sx: torch.Tensor,
+    w_data: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    config: MidConfig | None = None,
+) -> torch.Tensor:
+    """W8A8: ``(xq * sx) @ (w_data * w_scale)^T`` (+ bias or + residual) as `out_dtype`: E4M3 codes
+    xq ``[M, K]`` with float32 per-row scales sx ``[M]`` (or ``[M, 1]``; :mod:`trtforge.kernels.fp8_rows`)
+    and w_data ``[N, K]`` with per-row scales w_scale ``[N]`` (an :class:`~trtforge.kernels.qweight.
+    Fp8Weight`), the products summed in FP32 (every :data:`PRECISE_ACC_K` of them joining the FP32
+    accumulator, as ``_scaled_mm(use_fast_accum=False)``), scaled, one rounding."""
+    e4m3 = torch.float8_e4m3fn
+    if xq.dim() != 2 or xq.dtype != e4m3 or xq.shape[0] == 0 or xq.stride(1) != 1:
+        raise _refuse("xq", "float8_e4m3fn [M >= 1, K] with unit stride along K", xq)
+    m, k = int(xq.shape[0]), int(xq.shape[1])
+    if w_data.dim() != 2 or w_data.dtype != e4m3 or int(w_data.shape[1]) != k or w_data.stride(1) != 1:
+        raise _refuse("w_data", f"float8_e4m3fn [N, {k}] with unit stride along K", w_data)
+    n = int(w_data.shape[0])
+    if sx.dtype != torch.float32 or tuple(sx.shape) not in ((m,), (m, 1)) or not sx.is_contiguous():
+        raise _refuse("sx", f"contiguous float32 [{m}] (or [{m}, 1])", sx)
+    if w_scale.dtype != torch.float32 or tuple(w_scale.shape) != (n,) or not w_scale.is_contiguous():
+        raise _refuse("w_scale", f"contiguous float32 [{n}]", w_scale)
+    if out_dtype not in (*_DTYPES, torch.float32):
+        raise ValueError(f"mid_gemm_fp8: out_dtype must be BF16, FP16 or FP32, got {out_dtype}")
+    _check_epilogue(m, n, bias, residual, {"xq": xq, "sx": sx, "w_data": w_data, "w_scale": w_scale})
+    cfg = config or default_mid_config(m, n, k, _num_sms(xq.device), fp8=True)
+    return _launch(
+        xq, w_data, sx.reshape(m), w_scale, bias, residual, out_dtype, cfg, dot_f32=False,
+        imprecise=min(PRECISE_ACC_K, cfg.block_k),
+    )  # fmt: skip
+
+
+def _launch(
+    x, w, sx, ws, bias, residual, out_dtype, cfg: MidConfig, *, dot_f32: bool, imprecise
+) -> torch.Tensor:
+    """Both kernels' launch: the GEMM (and, split, the ordered reduction); sx/ws None: unscaled."""
+    m, k, n = int(x.shape[0]), int(x.shape[1]), int(w.shape[0])
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     bk = cfg.block_k
     k_split = triton.cdiv(triton.cdiv(k, bk), cfg.split_k) * bk  # whole chunks per K slice
     split = triton.cdiv(k, k_split)  # (fewer slices than asked when K holds fewer chunks)
@@ -238,18 +310,19 @@ def mid_gemm(
     epilogue = 1 if bias is not None else 2 if residual is not None else 0
     b = bias if bias is not None else out
     r = residual if residual is not None else out
+    scaled = sx is not None
+    sx_, ws_ = (sx, ws) if scaled else (part, part)  # (unused pointers)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
     _mid_gemm_kernel[grid](
-        x, w, b, r, out, part, m, n, k, x.stride(0), w.stride(0), r.stride(0), out.stride(0), k_split,
-        EPILOGUE=epilogue, SPLIT=split, EVEN_K=k % bk == 0,
-        DOT_F32=interpreting() and x.dtype == torch.bfloat16,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk,
+        x, w, sx_, ws_, b, r, out, part, m, n, k, x.stride(0), w.stride(0), r.stride(0), out.stride(0),
+        k_split, EPILOGUE=epilogue, SPLIT=split, EVEN_K=k % bk == 0, DOT_F32=dot_f32, SCALED=scaled,
+        IMPRECISE=imprecise, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=bk,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if split > 1:
         _mid_reduce_kernel[(triton.cdiv(m * n, _REDUCE_BLOCK),)](
-            part, b, r, out, m, n, r.stride(0), out.stride(0),
-            EPILOGUE=epilogue, SPLIT=split, BLOCK=_REDUCE_BLOCK, num_warps=4,
+            part, sx_, ws_, b, r, out, m, n, r.stride(0), out.stride(0),
+            EPILOGUE=epilogue, SPLIT=split, SCALED=scaled, BLOCK=_REDUCE_BLOCK, num_warps=4,
         )  # fmt: skip
     return out
 

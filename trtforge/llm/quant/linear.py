@@ -47,6 +47,11 @@ def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torc
         if m <= MAX_ROWS:  # the bias joins the FP32 sum; one rounding, to x's dtype where it can
             kind = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
             return fp8_skinny_gemm(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind).to(x.dtype)
+    if m <= FP8_MID_MAX_TOKENS and _has_wgmma(x.device):  # (0: off, and nothing imported)
+        from trtforge.kernels.gemm_mid import mid_gemm_fp8
+
+        kind = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
+        return mid_gemm_fp8(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind).to(x.dtype)
     out = torch._scaled_mm(
         xq,
         w.data.t(),
@@ -72,6 +77,11 @@ FP8_WEIGHT_ONLY_MAX_TOKENS = 1  # FP8 runs W8A16 (the GEMV) up to this many toke
 # beat quantize + _scaled_mm by 1.1-1.6x per 8B projection at 64 rows and 1.4-1.8x at one; FP8 serving
 # (bench_quant_speed.py) went from 1.22x to 1.26x BF16 in the same run. One token stays on the GEMV.
 FP8_SKINNY_MAX_TOKENS = 64
+# W8A8 above the skinny GEMM's rows and up to this many tokens runs trtforge's mid-sized GEMM
+# (trtforge.kernels.gemm_mid.mid_gemm_fp8; Hopper) instead of cuBLASLt, whose FP8 GEMMs reached only
+# 480-990 TFLOP/s at 256 rows on the H200 (session 13). 0, off: not measured on the H200 yet
+# (benchmarks/sweep_mid_gemm.py --fp8).
+FP8_MID_MAX_TOKENS = 0
 
 
 def weight_only_max_tokens(w: QuantWeight) -> int:
