@@ -121,8 +121,9 @@ def fp8_copies(w) -> list:
 
 def sweep_pair(shape: str, m: int, w, copies: list, bf16_copies: list, quick: bool, deadline: float) -> dict:
     """Every candidate and the peers at one (shape, M); the pair's rows and its summary."""
+    from trtforge.kernels import num_sms
     from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
-    from trtforge.kernels.fp8_skinny import _num_sms, default_skinny_config, fp8_skinny_gemm
+    from trtforge.kernels.fp8_skinny import default_skinny_config, fp8_skinny_gemm
     from trtforge.kernels.gemv import gemv
     from trtforge.llm.quant.linear import _scaled_mm
 
@@ -156,7 +157,7 @@ def sweep_pair(shape: str, m: int, w, copies: list, bf16_copies: list, quick: bo
         print(f"{shape:8s} M={m:2d} peer {name:16s} {us:8.2f} us {size / us / 1e6:5.2f} TB/s of FP8 bytes",
               flush=True)  # fmt: skip
 
-    dflt = default_skinny_config(m, n, k, _num_sms(x.device))
+    dflt = default_skinny_config(m, n, k, num_sms(x.device))
     cands = [dflt] + [c for c in grid(m, quick) if c != dflt]
     rows = []
     for cfg in cands:

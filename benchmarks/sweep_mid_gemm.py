@@ -89,8 +89,9 @@ def sweep_pair(shape: str, m: int, copies: list, quick: bool, deadline: float, f
     """Every candidate and cuBLAS at one (shape, M); the pair's rows and its summary. `fp8`: W8A8 on
     E4M3 weights (`copies` are Fp8Weights) and per-row E4M3 activations quantized once; the peer is
     ``torch._scaled_mm`` on the same codes (+ the residual, as the served path adds it)."""
+    from trtforge.kernels import num_sms
     from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
-    from trtforge.kernels.gemm_mid import _num_sms, default_mid_config, mid_gemm, mid_gemm_fp8
+    from trtforge.kernels.gemm_mid import default_mid_config, mid_gemm, mid_gemm_fp8
 
     n, k, epilogue = SHAPES[shape]
     dev = copies[0].data.device if fp8 else copies[0].device
@@ -120,7 +121,7 @@ def sweep_pair(shape: str, m: int, copies: list, quick: bool, deadline: float, f
     ref = cublas(0)
     peer = timed(cublas)
     print(f"{shape:8s} M={m:3d} cuBLAS {peer:8.2f} us {flops / peer / 1e6:6.0f} TFLOP/s", flush=True)
-    dflt = default_mid_config(m, n, k, _num_sms(dev), fp8=fp8)
+    dflt = default_mid_config(m, n, k, num_sms(dev), fp8=fp8)
     cands = [dflt] + [c for c in grid(quick, fp8) if c != dflt]
     rows = []
     for cfg in cands:

@@ -5,6 +5,7 @@ May import ``trtforge.errors`` and ``trtforge.core`` only; never TensorRT. Impor
 cheap: each module loads torch/Triton itself.
 """
 
+import functools
 import os
 
 
@@ -12,3 +13,14 @@ def interpreting() -> bool:
     """Whether Triton kernels run in its CPU interpreter (``TRITON_INTERPRET=1``: the tests), where
     inline PTX, hardware float8 casts and TMA are unavailable."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.cache
+def num_sms(device) -> int:
+    """SMs of a CUDA `device` (a ``torch.device``): the program counts the kernels' default launch
+    rules aim at; 132 elsewhere (an H100/H200's count), so the interpreter runs the configs a GPU would."""
+    if device.type != "cuda":
+        return 132
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count

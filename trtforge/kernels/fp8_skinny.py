@@ -46,12 +46,13 @@ gives bitwise-reproducible outputs, inside CUDA graphs too.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+from trtforge.kernels import num_sms
 
 MAX_ROWS = 64  # rows of x one launch takes: one wgmma tile
 PRECISE_ACC_K = 128  # products a wgmma chain sums before they join the FP32 accumulator (not fast_accum)
@@ -276,7 +277,7 @@ def fp8_skinny_gemm(
     _check(xq, sx, w_data, w_scale, bias, out_dtype)
     m, k = int(xq.shape[0]), int(xq.shape[1])
     n = int(w_data.shape[0])
-    cfg = config or default_skinny_config(m, n, k, _num_sms(xq.device))
+    cfg = config or default_skinny_config(m, n, k, num_sms(xq.device))
     out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     sxf = sx.reshape(m)
     bk = cfg.block_k
@@ -299,12 +300,3 @@ def fp8_skinny_gemm(
             HAS_BIAS=has_bias, SPLIT=split, BLOCK=_REDUCE_BLOCK, num_warps=4,
         )  # fmt: skip
     return out
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    """SMs of a CUDA device (the default's program count); 132 elsewhere (an H100/H200's count, so the
-    interpreter runs the configs a GPU would)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132

@@ -31,14 +31,13 @@ read of a weight tile comes from L2.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from trtforge.kernels import interpreting
+from trtforge.kernels import interpreting, num_sms
 
 _DTYPES = (torch.bfloat16, torch.float16)
 PRECISE_ACC_K = 128  # FP8: products a wgmma chain sums before they join the FP32 accumulator
@@ -255,7 +254,7 @@ def mid_gemm(
     ``torch.addmm(residual, x, w.t())`` compute, up to FP32 summation order)."""
     _check(x, w, bias, residual)
     m, k, n = int(x.shape[0]), int(x.shape[1]), int(w.shape[0])
-    cfg = config or default_mid_config(m, n, k, _num_sms(x.device))
+    cfg = config or default_mid_config(m, n, k, num_sms(x.device))
     dot_f32 = interpreting() and x.dtype == torch.bfloat16
     return _launch(x, w, None, None, bias, residual, x.dtype, cfg, dot_f32=dot_f32, imprecise=None)
 
@@ -290,7 +289,7 @@ def mid_gemm_fp8(
     if out_dtype not in (*_DTYPES, torch.float32):
         raise ValueError(f"mid_gemm_fp8: out_dtype must be BF16, FP16 or FP32, got {out_dtype}")
     _check_epilogue(m, n, bias, residual, {"xq": xq, "sx": sx, "w_data": w_data, "w_scale": w_scale})
-    cfg = config or default_mid_config(m, n, k, _num_sms(xq.device), fp8=True)
+    cfg = config or default_mid_config(m, n, k, num_sms(xq.device), fp8=True)
     return _launch(
         xq, w_data, sx.reshape(m), w_scale, bias, residual, out_dtype, cfg, dot_f32=False,
         imprecise=min(PRECISE_ACC_K, cfg.block_k),
@@ -325,12 +324,3 @@ def _launch(
             EPILOGUE=epilogue, SPLIT=split, SCALED=scaled, BLOCK=_REDUCE_BLOCK, num_warps=4,
         )  # fmt: skip
     return out
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    """SMs of a CUDA device (the default config's program count); 132 elsewhere (an H100/H200's count,
-    so the interpreter runs the configs a GPU would)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132

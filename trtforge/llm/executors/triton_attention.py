@@ -13,7 +13,6 @@ layer's K scale rides in the softmax scale and its V scale is one more launch ar
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 
 from trtforge.kernels import interpreting
+from trtforge.kernels import num_sms as _num_sms
 from trtforge.llm.executors.paged_attention import (
     AttentionMetadata,
 )
@@ -67,13 +67,6 @@ def small_decode_splits(batch_kv_heads: int, max_keys: int, num_sms: int) -> int
     """Splits of a small decode launch: one 64-key tile each, at most about 2 programs per SM."""
     tiles = max(1, -(-max(max_keys, 1) // SMALL_DECODE_TILE))
     return max(1, min(tiles, (2 * num_sms) // max(batch_kv_heads, 1), 256))
-
-
-@functools.lru_cache(maxsize=16)
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132  # an H100/H200: the interpreter then exercises the same split counts
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class TritonDecodeAttention:
