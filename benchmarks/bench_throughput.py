@@ -706,9 +706,9 @@ def main() -> None:
         "--concurrent-attention",
         nargs="+",
         choices=("off", "on"),
-        default=["on"],
+        default=None,
         help="executor variants: decode and prompt-chunk attention of a mixed step on two streams "
-        "(TritonPagedAttention.concurrent, on when served) off / on",
+        "(TritonPagedAttention.concurrent) off / on; default on as served (off for --tiny: CPU attention)",
     )
     ap.add_argument(
         "--quantization",
@@ -721,6 +721,22 @@ def main() -> None:
         choices=("auto", "fp8"),
         default="auto",
         help="the paged pools: the model's dtype (auto) or FP8 E4M3 (per-layer scales, calibrated)",
+    )
+    ap.add_argument(
+        "--mid-gemm",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        default=None,
+        help="16-bit projections of MIN..MAX tokens on trtforge's mid-sized GEMM (fused_layers."
+        "MID_GEMM_MIN/MAX_TOKENS; default: the module's, today off); set before the graphs are captured",
+    )
+    ap.add_argument(
+        "--fp8-mid-max",
+        type=int,
+        default=None,
+        help="W8A8 above 64 and up to this many tokens on the mid-sized GEMM "
+        "(quant.linear.FP8_MID_MAX_TOKENS)",
     )
     ap.add_argument("--max-batched-tokens", type=int, default=sizing.DEFAULT_MAX_NUM_BATCHED_TOKENS)
     ap.add_argument("--prefill-chunk", type=int, default=sizing.DEFAULT_MAX_PREFILL_CHUNK)
@@ -759,6 +775,8 @@ def main() -> None:
             args.counts[name] = int(count)
     args.workloads = names
     tiny = args.tiny or args.device == "cpu"
+    if args.concurrent_attention is None:
+        args.concurrent_attention = ["off"] if tiny else ["on"]
     device = "cpu" if tiny else "cuda"
     scale = 1 / 16 if tiny else 1.0
     if tiny:
@@ -794,6 +812,15 @@ def main() -> None:
         "quantization": args.quantization,
         "kv_cache_dtype": args.kv_cache_dtype,
     }
+    import trtforge.llm.executors.fused_layers as fused_layers
+    import trtforge.llm.quant.linear as quant_linear
+
+    if args.mid_gemm is not None:
+        fused_layers.MID_GEMM_MIN_TOKENS, fused_layers.MID_GEMM_MAX_TOKENS = args.mid_gemm
+    if args.fp8_mid_max is not None:
+        quant_linear.FP8_MID_MAX_TOKENS = args.fp8_mid_max
+    results["mid_gemm_tokens"] = [fused_layers.MID_GEMM_MIN_TOKENS, fused_layers.MID_GEMM_MAX_TOKENS]
+    results["fp8_mid_max_tokens"] = quant_linear.FP8_MID_MAX_TOKENS
     variants = [
         (m, p, r == "on", c == "on")
         for m in args.max_num_seqs
