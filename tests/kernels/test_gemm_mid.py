@@ -138,6 +138,10 @@ def test_default_config_rule():
     ("change", "name"),
     [
         ({"x": torch.zeros(0, 64, dtype=torch.bfloat16)}, "x must be a BF16 or FP16"),
+        (
+            {"x": torch.zeros(2, 0, dtype=torch.bfloat16), "w": torch.zeros(8, 0, dtype=torch.bfloat16)},
+            "K >= 1",
+        ),
         ({"x": torch.zeros(2, 64)}, "x must be a BF16 or FP16"),
         ({"x": torch.zeros(64, 2, dtype=torch.bfloat16).t()}, "x must be a BF16 or FP16"),
         ({"w": torch.zeros(8, 64, dtype=torch.float16)}, r"w must be torch.bfloat16 \[N, 64\]"),

@@ -230,8 +230,8 @@ def _check(
 ) -> None:
     """ValueError naming the argument that is not what the kernel takes."""
     e4m3 = torch.float8_e4m3fn
-    if xq.dim() != 2 or xq.dtype != e4m3:
-        raise _refuse("xq", "float8_e4m3fn [M, K]", xq)
+    if xq.dim() != 2 or xq.dtype != e4m3 or int(xq.shape[1]) == 0:
+        raise _refuse("xq", "float8_e4m3fn [M, K >= 1]", xq)
     m, k = int(xq.shape[0]), int(xq.shape[1])
     if not 1 <= m <= MAX_ROWS:
         raise _refuse("xq", f"1..{MAX_ROWS} rows (one wgmma tile)", xq)

@@ -213,8 +213,8 @@ def _check(
     x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None
 ) -> None:
     """ValueError naming the argument that is not what the kernel takes."""
-    if x.dim() != 2 or x.dtype not in _DTYPES or x.shape[0] == 0 or x.stride(1) != 1:
-        raise _refuse("x", "a BF16 or FP16 [M >= 1, K] with unit stride along K", x)
+    if x.dim() != 2 or x.dtype not in _DTYPES or 0 in x.shape or x.stride(1) != 1:
+        raise _refuse("x", "a BF16 or FP16 [M >= 1, K >= 1] with unit stride along K", x)
     m, k = int(x.shape[0]), int(x.shape[1])
     if w.dim() != 2 or w.dtype != x.dtype or int(w.shape[1]) != k or w.stride(1) != 1:
         raise _refuse("w", f"{x.dtype} [N, {k}] (x's dtype and K) with unit stride along K", w)
@@ -276,8 +276,8 @@ def mid_gemm_fp8(
     Fp8Weight`), the products summed in FP32 (every :data:`PRECISE_ACC_K` of them joining the FP32
     accumulator, as ``_scaled_mm(use_fast_accum=False)``), scaled, one rounding."""
     e4m3 = torch.float8_e4m3fn
-    if xq.dim() != 2 or xq.dtype != e4m3 or xq.shape[0] == 0 or xq.stride(1) != 1:
-        raise _refuse("xq", "float8_e4m3fn [M >= 1, K] with unit stride along K", xq)
+    if xq.dim() != 2 or xq.dtype != e4m3 or 0 in xq.shape or xq.stride(1) != 1:
+        raise _refuse("xq", "float8_e4m3fn [M >= 1, K >= 1] with unit stride along K", xq)
     m, k = int(xq.shape[0]), int(xq.shape[1])
     if w_data.dim() != 2 or w_data.dtype != e4m3 or int(w_data.shape[1]) != k or w_data.stride(1) != 1:
         raise _refuse("w_data", f"float8_e4m3fn [N, {k}] with unit stride along K", w_data)
