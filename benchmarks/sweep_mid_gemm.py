@@ -34,6 +34,7 @@ import time
 import torch
 
 from benchmarks.bench_decode_layer import graph_us
+from benchmarks.sweep_fp8_skinny import rel_err
 
 SHAPES = {  # N, K, the epilogue the fused layer gives it
     "qkv": (6144, 4096, None),
@@ -74,10 +75,6 @@ def describe(cfg) -> str:
         f"bm={cfg.block_m:3d} bn={cfg.block_n:3d} bk={cfg.block_k:3d} w={cfg.num_warps} "
         f"st={cfg.num_stages} sk={cfg.split_k}"
     )
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
 def timed(fn) -> float:

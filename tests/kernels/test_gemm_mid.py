@@ -127,7 +127,7 @@ def test_default_config_rule():
     assert (gate_up.block_m, gate_up.block_n, gate_up.num_warps, gate_up.split_k) == (128, 256, 8, 1)
     o = default_mid_config(256, 4096, 4096)  # 2 x 64 tiles of 64 columns: 128, a wave
     assert (o.block_n, o.split_k) == (64, 1)
-    small = default_mid_config(64, 4096, 4096)  # 64 tiles: K in three slices
+    small = default_mid_config(64, 4096, 4096)  # 64 tiles of 64 x 64: K in two slices
     assert (small.block_m, small.block_n, small.split_k) == (64, 64, 2)
     assert default_mid_config(16, 1024, 256).split_k == 1  # 4 chunks of K: no slices of them
     assert default_mid_config(512, 6144, 4096).block_n == 128

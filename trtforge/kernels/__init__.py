@@ -24,3 +24,14 @@ def num_sms(device) -> int:
     import torch
 
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def has_wgmma(device) -> bool:
+    """Whether CUDA `device` has Hopper's wgmma (compute capability 9.x), which the skinny FP8 and the
+    mid-sized GEMMs are written in (Ada's 8.9 FP8 tensor cores take cuBLASLt instead)."""
+    if device.type != "cuda":
+        return False
+    import torch
+
+    return torch.cuda.get_device_capability(device)[0] == 9

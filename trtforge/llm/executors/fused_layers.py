@@ -29,11 +29,11 @@ LM head's vocabulary shares are all-gathered.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 
+from trtforge.kernels import has_wgmma
 from trtforge.kernels.fused_layer import qk_norm_, rms_norm, rope_and_cache, silu_mul
 from trtforge.kernels.gemm_mid import mid_gemm
 from trtforge.kernels.gemv import (
@@ -73,14 +73,8 @@ def _use_mid_gemm(x: torch.Tensor, w: Any) -> bool:
         and w.dtype == x.dtype
         and x.stride(1) == 1
         and w.stride(1) == 1
-        and _is_hopper(x.device)
+        and has_wgmma(x.device)
     )
-
-
-@functools.cache
-def _is_hopper(device: torch.device) -> bool:
-    """Compute capability 9.x (the mid-sized GEMM's tiles are tuned for Hopper's wgmma)."""
-    return torch.cuda.get_device_capability(device)[0] == 9
 
 
 def _mlp_projections(mlp: Any) -> list[Any]:

@@ -20,11 +20,10 @@ layers of :mod:`trtforge.llm.executors.fused_layers`):
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
+from trtforge.kernels import has_wgmma
 from trtforge.kernels.qweight import (
     Fp8Weight,
     Int4Weight,
@@ -41,13 +40,13 @@ def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torc
 
     m = int(x.shape[0])
     xq, sx = quantize_rows_fp8_padded(x.contiguous())
-    if m <= FP8_SKINNY_MAX_TOKENS and _has_wgmma(x.device):  # (0: off, and nothing imported)
+    if m <= FP8_SKINNY_MAX_TOKENS and has_wgmma(x.device):  # (0: off, and nothing imported)
         from trtforge.kernels.fp8_skinny import MAX_ROWS, fp8_skinny_gemm
 
         if m <= MAX_ROWS:  # the bias joins the FP32 sum; one rounding, to x's dtype where it can
             kind = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
             return fp8_skinny_gemm(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind).to(x.dtype)
-    if m <= FP8_MID_MAX_TOKENS and _has_wgmma(x.device):  # (0: off, and nothing imported)
+    if m <= FP8_MID_MAX_TOKENS and has_wgmma(x.device):  # (0: off, and nothing imported)
         from trtforge.kernels.gemm_mid import mid_gemm_fp8
 
         kind = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
@@ -62,13 +61,6 @@ def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torc
     )
     out = out[:m].to(x.dtype)
     return out if bias is None else out + bias
-
-
-@functools.cache
-def _has_wgmma(device: torch.device) -> bool:
-    """Whether `device` has Hopper's wgmma (compute capability 9.x), which the skinny GEMM is written
-    in; Ada's FP8 tensor cores (8.9) take cuBLASLt's GEMM instead."""
-    return torch.cuda.get_device_capability(device)[0] == 9
 
 
 FP8_WEIGHT_ONLY_MAX_TOKENS = 1  # FP8 runs W8A16 (the GEMV) up to this many tokens, W8A8 above
