@@ -133,6 +133,33 @@ def test_default_config_rule():
     assert default_mid_config(512, 6144, 4096).block_n == 128
 
 
+def test_fp8_config_rule_follows_the_h200_sweep():
+    """W8A8: the best configs of session 17's sweep at 8B shapes. 64-row tiles of 64 columns, K in two
+    slices, where the output is small (o at 128 rows); 128 columns with K split for the long down
+    projection; one slice once the tiles fill 1.5x the SMs (o at 256 rows); 128 columns for wide outputs."""
+    from trtforge.kernels.gemm_mid import default_mid_config
+
+    def key(c):
+        return (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.split_k)
+
+    assert key(default_mid_config(128, 4096, 4096, fp8=True)) == (64, 64, 128, 4, 4, 2)
+    assert key(default_mid_config(256, 4096, 4096, fp8=True)) == (64, 64, 128, 4, 4, 1)
+    assert key(default_mid_config(128, 4096, 14336, fp8=True)) == (64, 128, 128, 4, 4, 2)
+    assert key(default_mid_config(256, 4096, 14336, fp8=True)) == (64, 128, 128, 4, 4, 2)
+    assert key(default_mid_config(128, 28672, 4096, fp8=True)) == (64, 128, 128, 4, 4, 1)
+    assert default_mid_config(16, 1024, 1024, fp8=True).split_k == 1  # 8 chunks of K: too few to split
+
+
+def test_fp8_mid_dispatch_only_where_the_output_leaves_sms_idle():
+    """``fp8_mid_wins``: 64 x 64 output tiles under 2x the SMs (the sweep's o and down at 128 and 256
+    rows won); gate/up, and everything at 512 rows, stay on cuBLASLt. The SM count scales the bound."""
+    from trtforge.kernels.gemm_mid import fp8_mid_wins
+
+    assert fp8_mid_wins(128, 4096) and fp8_mid_wins(256, 4096)
+    assert not fp8_mid_wins(256, 6144) and not fp8_mid_wins(128, 28672) and not fp8_mid_wins(512, 4096)
+    assert not fp8_mid_wins(256, 4096, num_sms=64) and fp8_mid_wins(512, 4096, num_sms=264)
+
+
 @needs_triton
 @pytest.mark.parametrize(
     ("change", "name"),

@@ -15,8 +15,9 @@ the epilogue), for the batches above the skinny FP8 GEMM's 64 rows, where cuBLAS
 
 Dispatched only where asked: ``trtforge.llm.executors.fused_layers`` routes 16-bit projections of
 ``MID_GEMM_MIN_TOKENS..MID_GEMM_MAX_TOKENS`` tokens here on Hopper, and ``trtforge.llm.quant.linear``
-W8A8 up to ``FP8_MID_MAX_TOKENS``. All are 0 (off) until ``benchmarks/sweep_mid_gemm.py`` (``--fp8``)
-shows the kernel beating cuBLAS on the H200; :func:`default_mid_config` is a guess until then.
+W8A8 up to ``FP8_MID_MAX_TOKENS`` where :func:`fp8_mid_wins`. On the H200 (session 17,
+``benchmarks/sweep_mid_gemm.py``) the 16-bit kernel lost to cuBLAS on every 8B projection at 128-512
+rows (0.73-0.99x), so the 16-bit dispatch stays off; the FP8 one won on the narrow outputs.
 
 Numerics: the products of the 16-bit inputs summed in FP32 on the tensor cores (wgmma on sm_90), the
 bias or residual (16-bit) added to the FP32 sum, one rounding to the output dtype. Split-K
@@ -71,23 +72,41 @@ class MidConfig:
 
 
 def default_mid_config(m: int, n: int, k: int, num_sms: int = 132, fp8: bool = False) -> MidConfig:
-    """The launch parameters for ``[m, k] x [n, k]^T``. A guess, not a measurement (the module says so):
+    """The launch parameters for ``[m, k] x [n, k]^T``.
 
-    block_m 128 (64 for at most 64 rows); block_n the widest of 256/128/64 whose tiles still number
-    at least `num_sms` (about one program per SM; else 64); K split in two or three while the tiles
-    fill fewer than half the SMs and each slice keeps >= 8 chunks. block_k 64, 4 stages, 4 warps
-    (8 for 256 columns): the usual Hopper BF16 pipeline. `fp8` (one-byte operands): chunks of 128, the
-    same bytes a stage."""
+    `fp8` (measured: the H200 sweep of session 17, ``sweep_mid_gemm.py --fp8 --quick``; within 8% of
+    the best config on every 8B projection and row count that :func:`fp8_mid_wins` sends here): 64-row
+    tiles, chunks of 128, 4 warps, 4 stages; 128 columns where K is long (>= 8192: a wider tile reads
+    each row of x for more outputs) or the 64-column tiles would number 2x the SMs, else 64; K split
+    in two while the tiles number under 1.5x the SMs. 16-bit: a guess (the same sweep found cuBLAS
+    faster on every shape, so nothing dispatches to it): block_m 128 (64 for at most 64 rows), block_n
+    the widest of 256/128/64 whose tiles still number at least `num_sms`, K split while the tiles fill
+    under half the SMs."""
+    if fp8:
+        rows = triton.cdiv(m, 64)
+        wide = k >= 8192 or rows * triton.cdiv(n, 64) >= 2 * num_sms
+        bn = 128 if wide else 64
+        tiles = rows * triton.cdiv(n, bn)
+        split = 2 if tiles * 2 < 3 * num_sms and triton.cdiv(k, 128) >= 16 else 1
+        return MidConfig(block_m=64, block_n=bn, block_k=128, num_warps=4, num_stages=4, split_k=split)
     bm = 64 if m <= 64 else 128
     rows = triton.cdiv(m, bm)
     bn = next((c for c in (256, 128) if rows * triton.cdiv(n, c) >= num_sms), 64)
     tiles = rows * triton.cdiv(n, bn)
-    bk = 128 if fp8 else 64
-    chunks = triton.cdiv(k, bk)
+    chunks = triton.cdiv(k, 64)
     split = 1
     while split < 3 and tiles * split < num_sms // 2 and chunks >= 8 * (split + 1):
         split += 1
-    return MidConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=8 if bn == 256 else 4, split_k=split)
+    return MidConfig(block_m=bm, block_n=bn, block_k=64, num_warps=8 if bn == 256 else 4, split_k=split)
+
+
+def fp8_mid_wins(m: int, n: int, num_sms: int = 132) -> bool:
+    """Whether :func:`mid_gemm_fp8` beats cuBLASLt's FP8 GEMM (``torch._scaled_mm``) at this output size:
+    where 64 x 64 tiles of the ``[m, n]`` output number under 2x the SMs, cuBLASLt leaves SMs idle and
+    this kernel's small tiles and split K fill them. On the H200 (session 17 sweep, 8B projections)
+    that held for o and down at 128 and 256 rows (1.09-1.68x); qkv at 128 rows lost 4%; every wider
+    output (gate_up; qkv at 256, everything at 512) lost 3-24%."""
+    return triton.cdiv(m, 64) * triton.cdiv(n, 64) < 2 * num_sms
 
 
 @triton.jit

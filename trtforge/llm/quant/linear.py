@@ -47,10 +47,12 @@ def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torc
             kind = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
             return fp8_skinny_gemm(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind).to(x.dtype)
     if m <= FP8_MID_MAX_TOKENS and has_wgmma(x.device):  # (0: off, and nothing imported)
-        from trtforge.kernels.gemm_mid import mid_gemm_fp8
+        from trtforge.kernels import num_sms
+        from trtforge.kernels.gemm_mid import fp8_mid_wins, mid_gemm_fp8
 
-        kind = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
-        return mid_gemm_fp8(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind).to(x.dtype)
+        if fp8_mid_wins(m, w.data.shape[0], num_sms(x.device)):
+            kind = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
+            return mid_gemm_fp8(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind).to(x.dtype)
     out = torch._scaled_mm(
         xq,
         w.data.t(),
