@@ -10,14 +10,9 @@ plugin tests' conftest switches Triton to its CPU interpreter, under which nothi
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import subprocess
-import sys
-
 import pytest
 
+from tests.kernels._sm90 import assemble, run_in_child
 from trtforge.kernels.configs import (
     HOPPER_TRITON_RELEASES,
     SHARED_MEMORY_PER_BLOCK,
@@ -63,31 +58,16 @@ def _compile(config, head_dim: int, causal: bool, dtype: str = "fp16"):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def _check_case(d: int, config: HopperConfig, causal: bool) -> dict:
+def _check_case(d: int, fields: dict, causal: bool) -> dict:
     """Compile one case and assemble it with ptxas; the facts the test asserts."""
-    import tempfile
-
-    import triton
-
-    kernel = _compile(config, d, causal, "bf16" if causal else "fp16")
+    kernel = _compile(HopperConfig(**fields), d, causal, "bf16" if causal else "fp16")
     ptx = kernel.asm["ptx"]
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        run = subprocess.run(
-            [ptxas, "-v", "-arch=sm_90a", path, "-o", os.devnull], capture_output=True, text=True
-        )
     return {
         "wgmma": "wgmma.mma_async" in ptx,
         "mma_sync": "mma.sync" in ptx,
         "setmaxnreg": "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx,
         "shared": kernel.metadata.shared,
-        "ptxas_rc": run.returncode,
-        "ptxas": run.stderr[-600:],
-        "spills": [int(n) for n in re.findall(r"(\d+) bytes spill stores", run.stderr)],
-    }
+    } | assemble(ptx)
 
 
 @pytest.mark.parametrize(("d", "config", "causal"), CASES, ids=str)
@@ -97,23 +77,12 @@ def test_compiles_for_sm90a_with_wgmma_and_register_reallocation(d, config, caus
         pytest.skip(
             f"the Hopper kernel is proven on Triton {HOPPER_TRITON_RELEASES}; this is {triton.__version__}"
         )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = json.dumps([d, config.__dict__, causal])
-    run = subprocess.run(
-        [sys.executable, __file__, args], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    facts = json.loads(run.stdout.strip().splitlines()[-1])
+    facts = run_in_child(f"{__name__}:_check_case", d, config.__dict__, causal)
     assert facts["wgmma"] and not facts["mma_sync"], "products must be Hopper wgmma"
     assert facts["setmaxnreg"], "warp specialization must reallocate registers"
     assert facts["shared"] <= hopper_shared_bytes(config, d) <= SHARED_MEMORY_PER_BLOCK
     assert facts["ptxas_rc"] == 0, facts["ptxas"]
     assert facts["spills"] and max(facts["spills"]) <= 64, facts["ptxas"]
-
-
-if __name__ == "__main__":
-    d, fields, causal = json.loads(sys.argv[1])
-    print(json.dumps(_check_case(d, HopperConfig(**fields), causal)))
 
 
 def test_descriptor_cache_is_keyed_on_address_shape_and_strides():

@@ -10,23 +10,16 @@ interpreter without CUDA, for real on a GPU (``-m gpu``). The refusals, and an s
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests._devices import DEVICES, skip_unless_runs_here
+from tests.kernels._sm90 import compile_facts, needs_ptxas, run_in_child
 from trtforge.kernels.qweight import Fp8Weight, fp8_linear_reference, quantize_fp8
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
 
-REPO = Path(__file__).resolve().parents[2]
 # half an ulp of the output dtype, relative: the one rounding of the kernel's float32 result
 _HALF_ULP = {torch.bfloat16: 2**-8, torch.float16: 2**-11, torch.float32: 2**-24}
 
@@ -228,33 +221,20 @@ def test_default_config_follows_the_h200_sweep():
 
 
 def _compile_facts(config_fields: dict, m: int, n: int, k: int) -> dict:
-    """Compile the skinny kernel for sm_90 as the launcher would specialize it (16-byte aligned
-    pointers, the ints divisible by 16 marked so, M = 1 a constant) and count its PTX instructions."""
-    import tempfile
-
+    """Compile the skinny kernel for sm_90 as the launcher would specialize it (M = 1 a constant)."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from trtforge.kernels import fp8_skinny as fs
 
     cfg = fs.SkinnyConfig(**config_fields)
     bk = cfg.block_k
     k_split = triton.cdiv(triton.cdiv(k, bk), cfg.split_k) * bk
-    split = triton.cdiv(k, k_split)
-    pointers = {
-        "X": "*fp8e4nv",
-        "SX": "*fp32",
-        "W": "*fp8e4nv",
-        "WS": "*fp32",
-        "Bias": "*fp32",
-        "Out": "*bf16",
-        "Part": "*fp32",
-    }
+    pointers = {"X": "*fp8e4nv", "SX": "*fp32", "W": "*fp8e4nv", "WS": "*fp32", "Bias": "*fp32"}
+    pointers |= {"Out": "*bf16", "Part": "*fp32"}
     ints = {"M": m, "N": n, "K": k, "stride_xm": k, "stride_wn": k, "stride_om": n, "k_split": k_split}
     consts = {
         "HAS_BIAS": False,
-        "SPLIT": split,
+        "SPLIT": triton.cdiv(k, k_split),
         "EVEN_K": k % bk == 0,
         "SWAP": cfg.swap_ab,
         "IMPRECISE": None if cfg.fast_accum else min(fs.PRECISE_ACC_K, bk),
@@ -264,54 +244,11 @@ def _compile_facts(config_fields: dict, m: int, n: int, k: int) -> dict:
     }
     if m == 1:
         consts["M"] = 1
-    names = fs._skinny_kernel.arg_names
-    sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in names}
-    aligned = [a for a in names if a in pointers or (a in ints and a not in consts and ints[a] % 16 == 0)]
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    src = ASTSource(fn=fs._skinny_kernel, signature=sig, constexprs=consts, attrs=attrs)
-    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
-    ptx = kernel.asm["ptx"]
-    counts: dict[str, int] = {}
-    for op in re.findall(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.:]*)", ptx, flags=re.M):
-        counts[op] = counts.get(op, 0) + 1
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.ptx")
-        Path(path).write_text(ptx)
-        run = subprocess.run(
-            [ptxas, "-v", "-arch=sm_90a", path, "-o", os.devnull], capture_output=True, text=True
-        )
-    return {
-        "counts": counts,
-        "cp_async_16": len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", ptx)),
-        "shared": kernel.metadata.shared,
-        "ptxas_rc": run.returncode,
-        "ptxas": run.stderr[-800:],
-        "spills": [int(s) for s in re.findall(r"(\d+) bytes spill stores", run.stderr)],
-    }
+    return compile_facts(fs._skinny_kernel, pointers, ints, consts, cfg.num_warps, cfg.num_stages)
 
 
 def _child_compile(config_fields: dict, m: int, n: int, k: int) -> dict:
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    run = subprocess.run(
-        [sys.executable, __file__, json.dumps([config_fields, m, n, k])],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        cwd=REPO,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
-
-
-def _needs_compiler() -> None:
-    triton = pytest.importorskip("triton")
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not (os.path.exists(ptxas) or shutil.which("ptxas")):
-        pytest.skip("Triton's ptxas is not installed: nothing assembles sm_90 here")
+    return run_in_child(f"{__name__}:_compile_facts", config_fields, m, n, k)
 
 
 def test_default_config_compiles_to_fp8_wgmma_with_16_byte_weight_copies():
@@ -321,7 +258,7 @@ def test_default_config_compiles_to_fp8_wgmma_with_16_byte_weight_copies():
     spills."""
     from trtforge.kernels.fp8_skinny import default_skinny_config
 
-    _needs_compiler()
+    needs_ptxas()
     cfg = default_skinny_config(64, 6144, 4096)
     facts = _child_compile(cfg.__dict__, 64, 6144, 4096)
     counts = facts["counts"]
@@ -339,7 +276,7 @@ def test_default_config_compiles_to_fp8_wgmma_with_16_byte_weight_copies():
 
 def test_swapped_orientation_compiles_to_fp8_wgmma_over_16_rows_of_x():
     """swap_ab at M = 1: the weight tile is the wgmma's A (64 rows), x its 16-wide B: m64n16k32."""
-    _needs_compiler()
+    needs_ptxas()
     fields = {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4, "swap_ab": True}
     facts = _child_compile(fields, 1, 6144, 4096)
     wgmma = {op: c for op, c in facts["counts"].items() if op.startswith("wgmma.mma_async")}
@@ -398,8 +335,3 @@ def test_gpu_weight_object_and_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)  # split-K sums its slices in a fixed order: bitwise reproducible
-
-
-if __name__ == "__main__":
-    fields, m_, n_, k_ = json.loads(sys.argv[1])
-    print(json.dumps(_compile_facts(fields, m_, n_, k_)))

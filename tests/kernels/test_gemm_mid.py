@@ -11,21 +11,14 @@ fused layer's dispatch when turned on.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests._devices import DEVICES, skip_unless_runs_here
+from tests.kernels._sm90 import compile_facts, needs_ptxas, run_in_child
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
-REPO = Path(__file__).resolve().parents[2]
 _ULP = {torch.bfloat16: 2**-7, torch.float16: 2**-10}  # one ulp at 1.0
 
 
@@ -295,13 +288,8 @@ def test_off_by_default_and_never_on_the_cpu(monkeypatch):
 
 
 def _compile_facts(config_fields: dict, m: int, n: int, k: int, fp8: bool = False) -> dict:
-    """Compile the kernel for sm_90 as the launcher specializes it (16-byte aligned pointers, the ints
-    divisible by 16 marked so) and count its PTX instructions."""
-    import tempfile
-
+    """Compile the kernel for sm_90 as the launcher specializes it, the residual epilogue on."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from trtforge.kernels import gemm_mid as gm
 
@@ -311,16 +299,8 @@ def _compile_facts(config_fields: dict, m: int, n: int, k: int, fp8: bool = Fals
     elem = "*fp8e4nv" if fp8 else "*bf16"
     pointers = {"X": elem, "W": elem, "SX": "*fp32", "WS": "*fp32", "Bias": "*bf16", "Res": "*bf16"}
     pointers |= {"Out": "*bf16", "Part": "*fp32"}
-    ints = {
-        "M": m,
-        "N": n,
-        "K": k,
-        "stride_xm": k,
-        "stride_wn": k,
-        "stride_rm": n,
-        "stride_om": n,
-        "k_split": k_split,
-    }
+    ints = {"M": m, "N": n, "K": k, "stride_xm": k, "stride_wn": k, "stride_rm": n, "stride_om": n}
+    ints["k_split"] = k_split
     consts = {
         "EPILOGUE": 2,
         "SPLIT": triton.cdiv(k, k_split),
@@ -332,59 +312,17 @@ def _compile_facts(config_fields: dict, m: int, n: int, k: int, fp8: bool = Fals
         "BLOCK_N": cfg.block_n,
         "BLOCK_K": bk,
     }
-    names = gm._mid_gemm_kernel.arg_names
-    sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in names}
-    aligned = [a for a in names if a in pointers or (a in ints and ints[a] % 16 == 0)]
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    src = ASTSource(fn=gm._mid_gemm_kernel, signature=sig, constexprs=consts, attrs=attrs)
-    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
-    ptx = kernel.asm["ptx"]
-    counts: dict[str, int] = {}
-    for op in re.findall(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.:]*)", ptx, flags=re.M):
-        counts[op] = counts.get(op, 0) + 1
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.ptx")
-        Path(path).write_text(ptx)
-        run = subprocess.run(
-            [ptxas, "-v", "-arch=sm_90a", path, "-o", os.devnull], capture_output=True, text=True
-        )
-    return {
-        "counts": counts,
-        "shared": kernel.metadata.shared,
-        "ptxas_rc": run.returncode,
-        "ptxas": run.stderr[-800:],
-        "spills": [int(s) for s in re.findall(r"(\d+) bytes spill stores", run.stderr)],
-    }
+    return compile_facts(gm._mid_gemm_kernel, pointers, ints, consts, cfg.num_warps, cfg.num_stages)
 
 
 def _child_compile(config_fields: dict, m: int, n: int, k: int, fp8: bool = False) -> dict:
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    run = subprocess.run(
-        [sys.executable, __file__, json.dumps([config_fields, m, n, k, fp8])],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        cwd=REPO,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
-
-
-def _needs_ptxas() -> None:
-    triton = pytest.importorskip("triton")
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not (os.path.exists(ptxas) or shutil.which("ptxas")):
-        pytest.skip("Triton's ptxas is not installed: nothing assembles sm_90 here")
+    return run_in_child(f"{__name__}:_compile_facts", config_fields, m, n, k, fp8)
 
 
 def test_fp8_default_config_compiles_to_e4m3_wgmma_without_spills():
     """W8A8 at 256 rows of the o projection: the products are ``wgmma ... .f32.e4m3.e4m3`` (the codes go
     from shared memory to the tensor cores unconverted), ptxas assembles it without spills."""
-    _needs_ptxas()
+    needs_ptxas()
     from trtforge.kernels.gemm_mid import default_mid_config
 
     cfg = default_mid_config(256, 4096, 4096, fp8=True)
@@ -400,7 +338,7 @@ def test_default_config_compiles_to_bf16_wgmma_without_spills(m, n, k):
     """The default config at 256 rows of the o projection (128 x 64 tiles, 4 warps) and of gate/up
     (128 x 256, 8 warps): the products are ``wgmma ... .f32.bf16.bf16`` (no mma.sync fallback), the
     pipeline's tiles fit in shared memory and ptxas assembles it without spills."""
-    _needs_ptxas()
+    needs_ptxas()
     from trtforge.kernels.gemm_mid import default_mid_config
 
     cfg = default_mid_config(m, n, k)
@@ -528,8 +466,3 @@ def test_gpu_fused_layers_take_the_mid_gemm_when_turned_on(monkeypatch):
     assert both.mixed_steps > 0 and both.decode_steps > 0
     assert both.max_rel_err < both.rel_tol
     assert both.flipped == 0
-
-
-if __name__ == "__main__":
-    fields, m_, n_, k_, fp8_ = json.loads(sys.argv[1])
-    print(json.dumps(_compile_facts(fields, m_, n_, k_, fp8_)))

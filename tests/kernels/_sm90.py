@@ -1,0 +1,108 @@
+"""Compile a Triton kernel for sm_90 on a machine without a GPU and say what its code holds.
+
+Triton compiles ahead of time for a named target and its bundled ptxas assembles the PTX, so CI can
+check that a kernel's products are wgmma on the operands we meant, its tiles fit in shared memory and
+ptxas spills nothing, before the H200 ever runs it. The kernel tests' conftest switches Triton to its
+CPU interpreter, under which nothing compiles: each case runs in a child process
+(:func:`run_in_child`, which calls ``module:function`` through this module's ``__main__``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def ptxas_path() -> str:
+    """Triton's bundled ptxas (the one its compiler targets)."""
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def needs_ptxas() -> None:
+    """Skip, with the reason, where nothing can assemble sm_90 code."""
+    pytest.importorskip("triton")
+    if not (os.path.exists(ptxas_path()) or shutil.which("ptxas")):
+        pytest.skip("Triton's ptxas is not installed: nothing assembles sm_90 here")
+
+
+def assemble(ptx: str) -> dict:
+    """Assemble `ptx` for sm_90a with ``ptxas -v``: its return code, the tail of its report and the
+    spill stores it reports per function."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        Path(path).write_text(ptx)
+        run = subprocess.run(
+            [ptxas_path(), "-v", "-arch=sm_90a", path, "-o", os.devnull], capture_output=True, text=True
+        )
+    return {
+        "ptxas_rc": run.returncode,
+        "ptxas": run.stderr[-800:],
+        "spills": [int(s) for s in re.findall(r"(\d+) bytes spill stores", run.stderr)],
+    }
+
+
+def count_ops(ptx: str) -> dict[str, int]:
+    """How many times each PTX instruction (with its type suffixes) occurs, predicated or not."""
+    counts: dict[str, int] = {}
+    for op in re.findall(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.:]*)", ptx, flags=re.M):
+        counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+def compile_facts(fn, pointers: dict, ints: dict, consts: dict, num_warps: int, num_stages: int) -> dict:
+    """Compile the ``@triton.jit`` kernel `fn` for sm_90 as its launcher specializes it: pointers
+    (name -> Triton type) 16-byte aligned, the runtime ints divisible by 16 marked so, `consts` as
+    constexprs, every other argument an i32. Returns the instruction counts, the number of 16-byte
+    ``cp.async`` copies, the shared memory and :func:`assemble`'s facts."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = fn.arg_names
+    sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in names}
+    aligned = [a for a in names if a in pointers or (a in ints and a not in consts and ints[a] % 16 == 0)]
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    opts = {"num_warps": num_warps, "num_stages": num_stages}
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    ptx = kernel.asm["ptx"]
+    return {
+        "counts": count_ops(ptx),
+        "cp_async_16": len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", ptx)),
+        "shared": kernel.metadata.shared,
+    } | assemble(ptx)
+
+
+def run_in_child(target: str, *args) -> dict:
+    """Call ``target`` (``"package.module:function"``) with `args` in a fresh Python without
+    ``TRITON_INTERPRET``, and return the JSON it prints."""
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.kernels._sm90", target, json.dumps(list(args))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    module, _, function = sys.argv[1].partition(":")
+    print(json.dumps(getattr(importlib.import_module(module), function)(*json.loads(sys.argv[2]))))
