@@ -107,3 +107,34 @@ def quantize_rows_fp8_padded(
         num_warps=warps,
     )  # fmt: skip
     return q, s
+
+
+def check_w8a8(
+    fn: str,
+    xq: torch.Tensor,
+    sx: torch.Tensor,
+    w_data: torch.Tensor,
+    w_scale: torch.Tensor,
+    max_rows: int | None = None,
+) -> tuple[int, int, int]:
+    """The W8A8 GEMMs' operand contract (this module's codes and scales times an ``Fp8Weight``'s),
+    checked once for every kernel that takes it: ValueError naming `fn` and the argument otherwise.
+    Returns ``(M, N, K)``."""
+
+    def refuse(name: str, want: str, t: torch.Tensor) -> ValueError:
+        return ValueError(f"{fn}: {name} must be {want}, got {t.dtype} {tuple(t.shape)}")
+
+    e4m3 = torch.float8_e4m3fn
+    if xq.dim() != 2 or xq.dtype != e4m3 or 0 in xq.shape or xq.stride(1) != 1:
+        raise refuse("xq", "float8_e4m3fn [M >= 1, K >= 1] with unit stride along K", xq)
+    m, k = int(xq.shape[0]), int(xq.shape[1])
+    if max_rows is not None and m > max_rows:
+        raise refuse("xq", f"1..{max_rows} rows", xq)
+    if w_data.dim() != 2 or w_data.dtype != e4m3 or int(w_data.shape[1]) != k or w_data.stride(1) != 1:
+        raise refuse("w_data", f"float8_e4m3fn [N, {k}] (xq's K) with unit stride along K", w_data)
+    n = int(w_data.shape[0])
+    if sx.dtype != torch.float32 or tuple(sx.shape) not in ((m,), (m, 1)) or not sx.is_contiguous():
+        raise refuse("sx", f"contiguous float32 [{m}] (or [{m}, 1])", sx)
+    if w_scale.dtype != torch.float32 or tuple(w_scale.shape) != (n,) or not w_scale.is_contiguous():
+        raise refuse("w_scale", f"contiguous float32 [{n}]", w_scale)
+    return m, n, k

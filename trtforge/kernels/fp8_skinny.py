@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from trtforge.kernels import num_sms
+from trtforge.kernels.fp8_rows import check_w8a8
 
 MAX_ROWS = 64  # rows of x one launch takes: one wgmma tile
 PRECISE_ACC_K = 128  # products a wgmma chain sums before they join the FP32 accumulator (not fast_accum)
@@ -229,25 +230,7 @@ def _check(
     out_dtype: torch.dtype,
 ) -> None:
     """ValueError naming the argument that is not what the kernel takes."""
-    e4m3 = torch.float8_e4m3fn
-    if xq.dim() != 2 or xq.dtype != e4m3 or int(xq.shape[1]) == 0:
-        raise _refuse("xq", "float8_e4m3fn [M, K >= 1]", xq)
-    m, k = int(xq.shape[0]), int(xq.shape[1])
-    if not 1 <= m <= MAX_ROWS:
-        raise _refuse("xq", f"1..{MAX_ROWS} rows (one wgmma tile)", xq)
-    if w_data.dim() != 2 or w_data.dtype != e4m3:
-        raise _refuse("w_data", "float8_e4m3fn [N, K]", w_data)
-    n = int(w_data.shape[0])
-    if int(w_data.shape[1]) != k:
-        raise _refuse("w_data", f"[N, {k}] (xq's K)", w_data)
-    if xq.stride(1) != 1:
-        raise _refuse("xq", f"unit stride along K (strides {xq.stride()})", xq)
-    if w_data.stride(1) != 1:
-        raise _refuse("w_data", f"unit stride along K (strides {w_data.stride()})", w_data)
-    if sx.dtype != torch.float32 or tuple(sx.shape) not in ((m,), (m, 1)) or not sx.is_contiguous():
-        raise _refuse("sx", f"contiguous float32 [{m}] (or [{m}, 1])", sx)
-    if w_scale.dtype != torch.float32 or tuple(w_scale.shape) != (n,) or not w_scale.is_contiguous():
-        raise _refuse("w_scale", f"contiguous float32 [{n}]", w_scale)
+    _, n, _ = check_w8a8("fp8_skinny_gemm", xq, sx, w_data, w_scale, max_rows=MAX_ROWS)
     if bias is not None and (
         tuple(bias.shape) != (n,) or not bias.is_contiguous() or not bias.is_floating_point()
     ):

@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from trtforge.kernels import interpreting, num_sms
+from trtforge.kernels.fp8_rows import check_w8a8
 
 _DTYPES = (torch.bfloat16, torch.float16)
 PRECISE_ACC_K = 128  # FP8: products a wgmma chain sums before they join the FP32 accumulator
@@ -294,17 +295,7 @@ def mid_gemm_fp8(
     and w_data ``[N, K]`` with per-row scales w_scale ``[N]`` (an :class:`~trtforge.kernels.qweight.
     Fp8Weight`), the products summed in FP32 (every :data:`PRECISE_ACC_K` of them joining the FP32
     accumulator, as ``_scaled_mm(use_fast_accum=False)``), scaled, one rounding."""
-    e4m3 = torch.float8_e4m3fn
-    if xq.dim() != 2 or xq.dtype != e4m3 or 0 in xq.shape or xq.stride(1) != 1:
-        raise _refuse("xq", "float8_e4m3fn [M >= 1, K >= 1] with unit stride along K", xq)
-    m, k = int(xq.shape[0]), int(xq.shape[1])
-    if w_data.dim() != 2 or w_data.dtype != e4m3 or int(w_data.shape[1]) != k or w_data.stride(1) != 1:
-        raise _refuse("w_data", f"float8_e4m3fn [N, {k}] with unit stride along K", w_data)
-    n = int(w_data.shape[0])
-    if sx.dtype != torch.float32 or tuple(sx.shape) not in ((m,), (m, 1)) or not sx.is_contiguous():
-        raise _refuse("sx", f"contiguous float32 [{m}] (or [{m}, 1])", sx)
-    if w_scale.dtype != torch.float32 or tuple(w_scale.shape) != (n,) or not w_scale.is_contiguous():
-        raise _refuse("w_scale", f"contiguous float32 [{n}]", w_scale)
+    m, n, k = check_w8a8("mid_gemm_fp8", xq, sx, w_data, w_scale)
     if out_dtype not in (*_DTYPES, torch.float32):
         raise ValueError(f"mid_gemm_fp8: out_dtype must be BF16, FP16 or FP32, got {out_dtype}")
     _check_epilogue(m, n, bias, residual, {"xq": xq, "sx": sx, "w_data": w_data, "w_scale": w_scale})
