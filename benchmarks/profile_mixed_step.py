@@ -30,6 +30,7 @@ import torch
 from benchmarks.bench_http import SHAPES, build_model
 from benchmarks.bench_mixed_step import make_batch, timed
 from trtforge.llm.executors.torch_exec import TorchExecutor
+from trtforge.llm.quant import linear as quant_linear
 
 PEAK_FLOPS, HBM = 989e12, 4.8e12
 # (decode rows, their context, prompt chunks): bench_throughput's 8B mixed steps held about 1,100-1,200
@@ -121,9 +122,17 @@ def main() -> None:
     )
     ap.add_argument("--decode", action="store_true", help="also decode-only steps (1, 64 and 256 rows)")
     ap.add_argument("--only-decode", action="store_true", help="the decode-only steps alone")
+    ap.add_argument(
+        "--fp8-mid-max",
+        type=int,
+        default=None,
+        help="W8A8 up to this many tokens on the mid-sized GEMM where it wins (FP8_MID_MAX_TOKENS)",
+    )
     ap.add_argument("--tiny", action="store_true", help="small model on the CPU (checks the script only)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.fp8_mid_max is not None:
+        quant_linear.FP8_MID_MAX_TOKENS = args.fp8_mid_max
     shape = dict(SHAPES["tiny" if args.tiny else "8b"])
     if not args.tiny:
         shape["num_hidden_layers"] = args.layers
@@ -203,6 +212,7 @@ def main() -> None:
         "torch": torch.__version__,
         "layers": cfg.num_hidden_layers,
         "quantization": args.quantization,
+        "fp8_mid_max_tokens": quant_linear.FP8_MID_MAX_TOKENS,
         "rows": rows,
     }
     text = json.dumps(result, indent=1)
