@@ -386,8 +386,10 @@ def test_gpu_agrees_with_cublas_at_llama_shapes(m):
 @pytest.mark.parametrize("m", [65, 256])
 def test_gpu_fp8_agrees_with_scaled_mm_and_quant_linear_dispatches_to_it(monkeypatch, m):
     """W8A8 at Llama-3-8B's o shape against ``torch._scaled_mm`` on the same codes (default config and a
-    split one); ``quant_linear`` with FP8_MID_MAX_TOKENS turned on gives the same as the kernel."""
+    split one); ``quant_linear`` with FP8_MID_MAX_TOKENS turned on gives the same as the kernel, and
+    cuBLASLt's result where ``fp8_mid_wins`` says no."""
     import trtforge.llm.quant.linear as linear
+    from trtforge.kernels import gemm_mid
     from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
     from trtforge.kernels.gemm_mid import mid_gemm_fp8
     from trtforge.kernels.qweight import quantize_fp8
@@ -404,9 +406,13 @@ def test_gpu_fp8_agrees_with_scaled_mm_and_quant_linear_dispatches_to_it(monkeyp
     for cfg in (None, _cfg(block_m=64, block_n=64, block_k=128, split_k=2)):
         got = mid_gemm_fp8(xq[:m], sx[:m], q.data, q.scale, out_dtype=torch.float32, config=cfg)
         assert ((got - ref).norm() / ref.norm()).item() < 1e-4, cfg
+    monkeypatch.setattr(linear, "FP8_MID_MAX_TOKENS", 0)
+    cublas = linear.quant_linear(x, q)
     monkeypatch.setattr(linear, "FP8_MID_MAX_TOKENS", 512)
     via = linear.quant_linear(x, q)
     assert torch.equal(via, mid_gemm_fp8(xq[:m], sx[:m], q.data, q.scale, out_dtype=torch.bfloat16))
+    monkeypatch.setattr(gemm_mid, "fp8_mid_wins", lambda *_: False)  # an output too wide for it
+    assert torch.equal(linear.quant_linear(x, q), cublas)
 
 
 @pytest.mark.gpu
