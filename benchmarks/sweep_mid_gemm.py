@@ -17,7 +17,8 @@ the best of both.
 
 ``--budget-s`` splits a time budget evenly over the (shape, M) pairs; a device command runs at most 10
 minutes. The result decides ``fused_layers.MID_GEMM_MIN_TOKENS`` / ``MID_GEMM_MAX_TOKENS`` and, with
-``--fp8``, ``quant.linear.FP8_MID_MAX_TOKENS`` (today 0: off), and ``default_mid_config``.
+``--fp8``, ``quant.linear.FP8_MID_MAX_TOKENS`` with ``gemm_mid.fp8_mid_wins``, and ``default_mid_config``
+(session 17: the 16-bit dispatch off, the FP8 one on up to 256 rows for narrow outputs).
 """
 
 from __future__ import annotations

@@ -267,13 +267,11 @@ def test_config_values_are_checked():
 
 
 def test_off_by_default_and_never_on_the_cpu(monkeypatch):
-    """The fused layer's dispatch: off until measured (both limits 0); turned on, still not for CPU
-    tensors, quantized weights or another dtype than x's."""
+    """The fused layer's 16-bit dispatch: off (both limits 0: cuBLAS won every 8B shape on the H200);
+    turned on, still not for CPU tensors, quantized weights or another dtype than x's."""
     import trtforge.llm.executors.fused_layers as fl
-    import trtforge.llm.quant.linear as linear
 
     assert fl.MID_GEMM_MIN_TOKENS == fl.MID_GEMM_MAX_TOKENS == 0
-    assert linear.FP8_MID_MAX_TOKENS == 0
     x = torch.zeros(128, 64, dtype=torch.bfloat16)
     w = torch.zeros(32, 64, dtype=torch.bfloat16)
     assert not fl._use_mid_gemm(x, w)

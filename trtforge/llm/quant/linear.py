@@ -34,8 +34,9 @@ from trtforge.kernels.qweight import (
 
 def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
     """W8A8 on the FP8 tensor cores: per-token activation scales (one Triton kernel, rows padded to the
-    16 cuBLASLt's FP8 GEMMs take), per-channel weight scales; up to :data:`FP8_SKINNY_MAX_TOKENS` rows
-    trtforge's skinny wgmma GEMM (:mod:`trtforge.kernels.fp8_skinny`) instead of cuBLASLt."""
+    16 cuBLASLt's FP8 GEMMs take), per-channel weight scales; on Hopper up to :data:`FP8_SKINNY_MAX_TOKENS`
+    rows trtforge's skinny wgmma GEMM (:mod:`trtforge.kernels.fp8_skinny`), and up to
+    :data:`FP8_MID_MAX_TOKENS` its mid-sized one where the output is narrow, instead of cuBLASLt."""
     from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
 
     m = int(x.shape[0])
@@ -72,10 +73,12 @@ FP8_WEIGHT_ONLY_MAX_TOKENS = 1  # FP8 runs W8A16 (the GEMV) up to this many toke
 # (bench_quant_speed.py) went from 1.22x to 1.26x BF16 in the same run. One token stays on the GEMV.
 FP8_SKINNY_MAX_TOKENS = 64
 # W8A8 above the skinny GEMM's rows and up to this many tokens runs trtforge's mid-sized GEMM
-# (trtforge.kernels.gemm_mid.mid_gemm_fp8; Hopper) instead of cuBLASLt, whose FP8 GEMMs reached only
-# 480-990 TFLOP/s at 256 rows on the H200 (session 13). 0, off: not measured on the H200 yet
-# (benchmarks/sweep_mid_gemm.py --fp8).
-FP8_MID_MAX_TOKENS = 0
+# (trtforge.kernels.gemm_mid.mid_gemm_fp8; Hopper) instead of cuBLASLt where gemm_mid.fp8_mid_wins: the
+# narrow outputs (8B's o and down), whose 64 x 64 tiles number under 2x the SMs. H200, session 17: a
+# layer's four GEMMs at 128 rows 92 us against 115 (sweep_mid_gemm.py --fp8), at 256 rows the decode
+# step's GEMMs 4.18 -> 4.01 ms (profile_mixed_step.py), and 128/128 FP8 serving 19,796 -> 19,836 tok/s
+# side by side (within noise, never slower). 0 turns it off.
+FP8_MID_MAX_TOKENS = 256
 
 
 def weight_only_max_tokens(w: QuantWeight) -> int:
