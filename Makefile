@@ -20,8 +20,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m trtforge.demo --out $(DEMO_DIR)
 
+# The CPU suite over TEST_WORKERS pytest-xdist workers (default: the cores, at most 4; 0: in one process).
+TEST_WORKERS ?= $(shell python3 -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
+
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # GPU tests run on a machine with CUDA torch already installed (the H200 device: torch 2.11 + Triton),
 # with the system python and this checkout on PYTHONPATH. Pure-Python dependencies that machine lacks
