@@ -38,8 +38,9 @@ PEAK_FLOPS, HBM = 989e12, 4.8e12
 # 4,080 tokens, the decode rows at ~2,100 keys: session 13); and a prompt-only step of the largest budget
 LAYOUTS = [(100, 1000, (1024,)), (190, 1000, (1024,)), (180, 2100, (2048, 1856)), (0, 0, (2048, 2048))]
 # decode-only steps (the static decode path when served): single stream (issue #28's ms/token), bench_quant_
-# speed's serving workload (64 rows) and a full running batch
-DECODE_LAYOUTS = [(1, 1000, ()), (64, 600, ()), (256, 1000, ())]
+# speed's serving workload (64 rows), a full running batch, and 128/128's decode steps (241 rows at ~190
+# keys: compute-bound, 9.8 ms against a 4.4 ms roofline in session 16)
+DECODE_LAYOUTS = [(1, 1000, ()), (64, 600, ()), (256, 1000, ()), (241, 190, ())]
 CATEGORIES = (
     ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "xmma", "gemv", "skinny")),
     ("fp8 quantize", ("quant_rows",)),
