@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.trtforge-installed
 DEMO_DIR ?= build/demo
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-gpu lint clean
+.PHONY: venv demo test test-gpu gpu-wheels lint clean
 
 venv: $(STAMP)
 
@@ -34,6 +34,10 @@ test: $(STAMP)
 # named as they happen (--live-report), a test running past GPU_STACK_S dumps its stack, and with
 # pytest-timeout installed a test past GPU_TIMEOUT_S fails; so a run cut short still says what failed.
 GPU_SITE ?= /tmp/trtforge-gpu-site
+# What the GPU machine's python lacks, with every dependency resolved for it (CPython GPU_PYTHON on
+# manylinux x86_64), into .whl/: run `make gpu-wheels` once where PyPI is reachable, then carry .whl.
+GPU_PYTHON ?= 3.12
+GPU_WHEELS ?= polygraphy fastapi uvicorn openai jsonschema
 GPU_TESTS ?= tests
 GPU_WORKERS ?= 8
 GPU_SLOW_S ?= 30
@@ -45,6 +49,11 @@ GPU_PYTEST = PYTHONPATH=$(CURDIR):$(GPU_SITE) python3 -m pytest -p no:cacheprovi
     || echo -o faulthandler_timeout=$(GPU_STACK_S)) $(PYTEST_ARGS)
 # (pass 1 alone even when PYTEST_ARGS carries -n: a later -n 0 wins)
 XDIST_OFF = $(shell python3 -c "import xdist" 2>/dev/null && printf -- '-n 0')
+gpu-wheels:
+	python3 -m pip download -q --only-binary=:all: --python-version $(GPU_PYTHON) --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d .whl $(GPU_WHEELS)
+
 test-gpu:
 	@if ls .whl/*.whl >/dev/null 2>&1; then \
 	  python3 -m pip install -q --no-index --no-deps --no-compile --target $(GPU_SITE) .whl/*.whl; fi
