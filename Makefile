@@ -21,7 +21,7 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m trtforge.demo --out $(DEMO_DIR)
 
 # The CPU suite over TEST_WORKERS pytest-xdist workers (default: the cores, at most 4; 0: in one process).
-TEST_WORKERS ?= $(shell python3 -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
+TEST_WORKERS ?= $(shell python3 -c "import os; a = getattr(os, 'sched_getaffinity', None); print(min(4, len(a(0)) if a else os.cpu_count() or 1))")
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
