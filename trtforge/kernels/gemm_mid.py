@@ -105,8 +105,9 @@ def fp8_mid_wins(m: int, n: int, num_sms: int = 132) -> bool:
     """Whether :func:`mid_gemm_fp8` beats cuBLASLt's FP8 GEMM (``torch._scaled_mm``) at this output size:
     where 64 x 64 tiles of the ``[m, n]`` output number under 2x the SMs, cuBLASLt leaves SMs idle and
     this kernel's small tiles and split K fill them. On the H200 (session 17 sweep, 8B projections)
-    that held for o and down at 128 and 256 rows (1.09-1.68x); qkv at 128 rows lost 4%; every wider
-    output (gate_up; qkv at 256, everything at 512) lost 3-24%."""
+    that held for o and down at 128 and 256 rows (1.09-1.68x, with their residual add folded here
+    against ``_scaled_mm`` and a separate add); qkv at 128 rows lost 4%; every wider output (gate_up;
+    qkv at 256, everything at 512) lost 3-24%."""
     return triton.cdiv(m, 64) * triton.cdiv(n, 64) < 2 * num_sms
 
 

@@ -75,9 +75,10 @@ FP8_SKINNY_MAX_TOKENS = 64
 # W8A8 above the skinny GEMM's rows and up to this many tokens runs trtforge's mid-sized GEMM
 # (trtforge.kernels.gemm_mid.mid_gemm_fp8; Hopper) instead of cuBLASLt where gemm_mid.fp8_mid_wins: the
 # narrow outputs (8B's o and down), whose 64 x 64 tiles number under 2x the SMs. H200, session 17: a
-# layer's four GEMMs at 128 rows 92 us against 115 (sweep_mid_gemm.py --fp8), at 256 rows the decode
-# step's GEMMs 4.18 -> 4.01 ms (profile_mixed_step.py), and 128/128 FP8 serving 19,796 -> 19,836 tok/s
-# side by side (within noise, never slower). 0 turns it off.
+# layer's four GEMMs at 128 rows 92 us against 115 (sweep_mid_gemm.py --fp8, which folds o's and down's
+# residual adds into this kernel; the served path adds them after it), at 256 rows the decode step's
+# GEMMs 4.18 -> 4.01 ms (profile_mixed_step.py), and 128/128 FP8 serving 19,796 -> 19,836 tok/s side by
+# side (within noise, never slower). 0 turns it off.
 FP8_MID_MAX_TOKENS = 256
 
 
