@@ -738,6 +738,13 @@ def main() -> None:
         help="W8A8 above 64 and up to this many tokens on the mid-sized GEMM "
         "(quant.linear.FP8_MID_MAX_TOKENS)",
     )
+    ap.add_argument(
+        "--fp8-mid-fold-residual",
+        choices=("on", "off"),
+        default=None,
+        help="fold o's and down's residual add into the mid-sized FP8 GEMM's epilogue "
+        "(quant.linear.FP8_MID_FOLD_RESIDUAL; default: the module's, today off)",
+    )
     ap.add_argument("--max-batched-tokens", type=int, default=sizing.DEFAULT_MAX_NUM_BATCHED_TOKENS)
     ap.add_argument("--prefill-chunk", type=int, default=sizing.DEFAULT_MAX_PREFILL_CHUNK)
     ap.add_argument("--max-model-len", type=int, default=4096, help="the longest request (2048 + 2048)")
@@ -819,8 +826,11 @@ def main() -> None:
         fused_layers.MID_GEMM_MIN_TOKENS, fused_layers.MID_GEMM_MAX_TOKENS = args.mid_gemm
     if args.fp8_mid_max is not None:
         quant_linear.FP8_MID_MAX_TOKENS = args.fp8_mid_max
+    if args.fp8_mid_fold_residual is not None:
+        quant_linear.FP8_MID_FOLD_RESIDUAL = args.fp8_mid_fold_residual == "on"
     results["mid_gemm_tokens"] = [fused_layers.MID_GEMM_MIN_TOKENS, fused_layers.MID_GEMM_MAX_TOKENS]
     results["fp8_mid_max_tokens"] = quant_linear.FP8_MID_MAX_TOKENS
+    results["fp8_mid_fold_residual"] = quant_linear.FP8_MID_FOLD_RESIDUAL
     variants = [
         (m, p, r == "on", c == "on")
         for m in args.max_num_seqs

@@ -129,11 +129,19 @@ def main() -> None:
         default=None,
         help="W8A8 up to this many tokens on the mid-sized GEMM where it wins (FP8_MID_MAX_TOKENS)",
     )
+    ap.add_argument(
+        "--fp8-mid-fold-residual",
+        choices=("on", "off"),
+        default=None,
+        help="fold o's and down's residual add into that GEMM's epilogue (FP8_MID_FOLD_RESIDUAL)",
+    )
     ap.add_argument("--tiny", action="store_true", help="small model on the CPU (checks the script only)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.fp8_mid_max is not None:
         quant_linear.FP8_MID_MAX_TOKENS = args.fp8_mid_max
+    if args.fp8_mid_fold_residual is not None:
+        quant_linear.FP8_MID_FOLD_RESIDUAL = args.fp8_mid_fold_residual == "on"
     shape = dict(SHAPES["tiny" if args.tiny else "8b"])
     if not args.tiny:
         shape["num_hidden_layers"] = args.layers
@@ -214,6 +222,7 @@ def main() -> None:
         "layers": cfg.num_hidden_layers,
         "quantization": args.quantization,
         "fp8_mid_max_tokens": quant_linear.FP8_MID_MAX_TOKENS,
+        "fp8_mid_fold_residual": quant_linear.FP8_MID_FOLD_RESIDUAL,
         "rows": rows,
     }
     text = json.dumps(result, indent=1)

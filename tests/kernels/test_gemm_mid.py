@@ -266,6 +266,22 @@ def test_config_values_are_checked():
         _cfg(split_k=5)
 
 
+@pytest.mark.parametrize("method", ["fp8", "int4"])
+def test_quant_linear_adds_the_residual_as_the_fused_layer_did(method):
+    """``quant_linear(x, w, residual=r)`` is ``r + quant_linear(x, w)`` bit for bit where nothing folds it
+    (the CPU, FP8 at 1 and 9 rows): the fused layers moved the add into it without changing a value."""
+    from trtforge.kernels.qweight import quantize_fp8, quantize_int4
+    from trtforge.llm.quant.linear import quant_linear
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(96, 128, generator=g) * 0.05
+    q = quantize_fp8(w) if method == "fp8" else quantize_int4(w)
+    for m in (1, 9):
+        x = torch.randn(2, m, 128, generator=g).to(torch.bfloat16)
+        r = torch.randn(2, m, 96, generator=g).to(torch.bfloat16)
+        assert torch.equal(quant_linear(x, q, residual=r), r + quant_linear(x, q))
+
+
 def test_off_by_default_and_never_on_the_cpu(monkeypatch):
     """The fused layer's 16-bit dispatch: off (both limits 0: cuBLAS won every 8B shape on the H200);
     turned on, still not for CPU tensors, quantized weights or another dtype than x's."""
@@ -384,8 +400,9 @@ def test_gpu_agrees_with_cublas_at_llama_shapes(m):
 @pytest.mark.parametrize("m", [65, 256])
 def test_gpu_fp8_agrees_with_scaled_mm_and_quant_linear_dispatches_to_it(monkeypatch, m):
     """W8A8 at Llama-3-8B's o shape against ``torch._scaled_mm`` on the same codes (default config and a
-    split one); ``quant_linear`` with FP8_MID_MAX_TOKENS turned on gives the same as the kernel, and
-    cuBLASLt's result where ``fp8_mid_wins`` says no."""
+    split one); ``quant_linear`` with FP8_MID_MAX_TOKENS turned on gives the same as the kernel, adds a
+    residual after it or (FP8_MID_FOLD_RESIDUAL) in its epilogue, and gives cuBLASLt's result where
+    ``fp8_mid_wins`` says no."""
     import trtforge.llm.quant.linear as linear
     from trtforge.kernels import gemm_mid
     from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
@@ -409,6 +426,14 @@ def test_gpu_fp8_agrees_with_scaled_mm_and_quant_linear_dispatches_to_it(monkeyp
     monkeypatch.setattr(linear, "FP8_MID_MAX_TOKENS", 512)
     via = linear.quant_linear(x, q)
     assert torch.equal(via, mid_gemm_fp8(xq[:m], sx[:m], q.data, q.scale, out_dtype=torch.bfloat16))
+    res = torch.randn(m, 4096, device="cuda", generator=g, dtype=torch.bfloat16)
+    assert torch.equal(linear.quant_linear(x, q, residual=res), res + via)  # not folded: an add after
+    monkeypatch.setattr(linear, "FP8_MID_FOLD_RESIDUAL", True)  # folded: into the FP32 sum
+    folded = linear.quant_linear(x, q, residual=res)
+    want = mid_gemm_fp8(xq[:m], sx[:m], q.data, q.scale, residual=res, out_dtype=torch.bfloat16)
+    assert torch.equal(folded, want)
+    exact = ref + res.float()
+    assert ((folded.float() - exact).norm() / exact.norm()).item() < 4e-3  # one BF16 rounding
     monkeypatch.setattr(gemm_mid, "fp8_mid_wins", lambda *_: False)  # an output too wide for it
     assert torch.equal(linear.quant_linear(x, q), cublas)
 

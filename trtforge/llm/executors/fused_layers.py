@@ -232,7 +232,7 @@ class FusedLayers:
         elif isinstance(w, torch.Tensor):
             out = torch.addmm(residual, x, w.t())
         else:
-            out = residual + quant_linear(x, w)
+            out = quant_linear(x, w, residual=residual)
         return out if self.tp is None else self.tp.all_reduce(out)
 
     @staticmethod

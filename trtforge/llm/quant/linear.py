@@ -32,11 +32,14 @@ from trtforge.kernels.qweight import (
 )
 
 
-def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
-    """W8A8 on the FP8 tensor cores: per-token activation scales (one Triton kernel, rows padded to the
-    16 cuBLASLt's FP8 GEMMs take), per-channel weight scales; on Hopper up to :data:`FP8_SKINNY_MAX_TOKENS`
-    rows trtforge's skinny wgmma GEMM (:mod:`trtforge.kernels.fp8_skinny`), and up to
-    :data:`FP8_MID_MAX_TOKENS` its mid-sized one where the output is narrow, instead of cuBLASLt."""
+def _scaled_mm(
+    x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, residual: torch.Tensor | None
+) -> torch.Tensor:
+    """W8A8 on the FP8 tensor cores (+ `residual`): per-token activation scales (one Triton kernel, rows
+    padded to the 16 cuBLASLt's FP8 GEMMs take), per-channel weight scales; on Hopper up to
+    :data:`FP8_SKINNY_MAX_TOKENS` rows trtforge's skinny wgmma GEMM (:mod:`trtforge.kernels.fp8_skinny`),
+    and up to :data:`FP8_MID_MAX_TOKENS` its mid-sized one where the output is narrow, instead of
+    cuBLASLt; that one takes the residual into its FP32 epilogue with :data:`FP8_MID_FOLD_RESIDUAL`."""
     from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
 
     m = int(x.shape[0])
@@ -46,14 +49,18 @@ def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torc
 
         if m <= MAX_ROWS:  # the bias joins the FP32 sum; one rounding, to x's dtype where it can
             kind = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
-            return fp8_skinny_gemm(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind).to(x.dtype)
+            out = fp8_skinny_gemm(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind).to(x.dtype)
+            return out if residual is None else residual + out
     if m <= FP8_MID_MAX_TOKENS and has_wgmma(x.device):  # (0: off, and nothing imported)
         from trtforge.kernels import num_sms
         from trtforge.kernels.gemm_mid import fp8_mid_wins, mid_gemm_fp8
 
         if fp8_mid_wins(m, w.data.shape[0], num_sms(x.device)):
             kind = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
-            return mid_gemm_fp8(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind).to(x.dtype)
+            if residual is not None and bias is None and FP8_MID_FOLD_RESIDUAL and residual.dtype == kind:
+                return mid_gemm_fp8(xq[:m], sx[:m], w.data, w.scale, residual=residual, out_dtype=kind)
+            out = mid_gemm_fp8(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind).to(x.dtype)
+            return out if residual is None else residual + out
     out = torch._scaled_mm(
         xq,
         w.data.t(),
@@ -63,7 +70,8 @@ def _scaled_mm(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torc
         use_fast_accum=False,
     )
     out = out[:m].to(x.dtype)
-    return out if bias is None else out + bias
+    out = out if bias is None else out + bias
+    return out if residual is None else residual + out
 
 
 FP8_WEIGHT_ONLY_MAX_TOKENS = 1  # FP8 runs W8A16 (the GEMV) up to this many tokens, W8A8 above
@@ -80,6 +88,10 @@ FP8_SKINNY_MAX_TOKENS = 64
 # GEMMs 4.18 -> 4.01 ms (profile_mixed_step.py), and 128/128 FP8 serving 19,796 -> 19,836 tok/s side by
 # side (within noise, never slower). 0 turns it off.
 FP8_MID_MAX_TOKENS = 256
+# On that GEMM, a residual (o and down in the fused layers) joins its FP32 sum instead of an add after
+# the rounding: one kernel and one rounding fewer. The sweep's o/down wins above counted the fold; the
+# served path does not fold until this is measured on the H200 (False: off).
+FP8_MID_FOLD_RESIDUAL = False
 
 
 def weight_only_max_tokens(w: QuantWeight) -> int:
@@ -93,11 +105,19 @@ def weight_only_max_tokens(w: QuantWeight) -> int:
     return MAX_ROWS
 
 
-def quant_linear(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``linear(x, w, bias)`` for quantized `w` ``[N, K]`` and `x` ``[..., K]``, in `x`'s dtype."""
+def quant_linear(
+    x: torch.Tensor,
+    w: QuantWeight,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``linear(x, w, bias)`` for quantized `w` ``[N, K]`` and `x` ``[..., K]``, in `x`'s dtype, plus
+    `residual` (``[..., N]``, x's dtype) where given: added to the rounded product, or, on the FP8
+    mid-sized GEMM with :data:`FP8_MID_FOLD_RESIDUAL`, to its FP32 sum before the one rounding."""
     lead, k = x.shape[:-1], int(x.shape[-1])
     x2 = x.reshape(-1, k)
     m = int(x2.shape[0])
+    r2 = None if residual is None else residual.reshape(m, w.shape[0])
     if x2.device.type == "cuda":
         if m == 0:
             out = x2.new_zeros((0, w.shape[0]))
@@ -106,7 +126,7 @@ def quant_linear(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = No
 
             out = gemv(x2.contiguous(), w, bias)
         elif isinstance(w, Fp8Weight):
-            out = _scaled_mm(x2, w, bias)
+            return _scaled_mm(x2, w, bias, r2).reshape(*lead, w.shape[0])
         else:
             out = torch.nn.functional.linear(x2, w.dequantize().to(x2.dtype), bias)
     else:
@@ -115,6 +135,7 @@ def quant_linear(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = No
         else:  # weight-only: what the GEMV computes
             out = x2.float() @ w.dequantize().t()
         out = (out if bias is None else out + bias.float()).to(x.dtype)
+    out = out if r2 is None else r2 + out
     return out.reshape(*lead, w.shape[0])
 
 
