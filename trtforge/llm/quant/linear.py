@@ -44,33 +44,33 @@ def _scaled_mm(
 
     m = int(x.shape[0])
     xq, sx = quantize_rows_fp8_padded(x.contiguous())
+    kind = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
+    out = None
     if m <= FP8_SKINNY_MAX_TOKENS and has_wgmma(x.device):  # (0: off, and nothing imported)
         from trtforge.kernels.fp8_skinny import MAX_ROWS, fp8_skinny_gemm
 
         if m <= MAX_ROWS:  # the bias joins the FP32 sum; one rounding, to x's dtype where it can
-            kind = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
-            out = fp8_skinny_gemm(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind).to(x.dtype)
-            return out if residual is None else residual + out
-    if m <= FP8_MID_MAX_TOKENS and has_wgmma(x.device):  # (0: off, and nothing imported)
+            out = fp8_skinny_gemm(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind)
+    if out is None and m <= FP8_MID_MAX_TOKENS and has_wgmma(x.device):  # (0: off, and nothing imported)
         from trtforge.kernels import num_sms
         from trtforge.kernels.gemm_mid import fp8_mid_wins, mid_gemm_fp8
 
         if fp8_mid_wins(m, w.data.shape[0], num_sms(x.device)):
-            kind = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
-            if residual is not None and bias is None and FP8_MID_FOLD_RESIDUAL and residual.dtype == kind:
+            fold = FP8_MID_FOLD_RESIDUAL and residual is not None and bias is None
+            if fold and residual.dtype == x.dtype == kind:  # the residual joins the FP32 sum: done
                 return mid_gemm_fp8(xq[:m], sx[:m], w.data, w.scale, residual=residual, out_dtype=kind)
-            out = mid_gemm_fp8(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind).to(x.dtype)
-            return out if residual is None else residual + out
-    out = torch._scaled_mm(
-        xq,
-        w.data.t(),
-        scale_a=sx,
-        scale_b=w.scale[None, :],
-        out_dtype=torch.bfloat16,
-        use_fast_accum=False,
-    )
-    out = out[:m].to(x.dtype)
-    out = out if bias is None else out + bias
+            out = mid_gemm_fp8(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind)
+    if out is None:
+        out = torch._scaled_mm(
+            xq,
+            w.data.t(),
+            scale_a=sx,
+            scale_b=w.scale[None, :],
+            out_dtype=torch.bfloat16,
+            use_fast_accum=False,
+        )[:m].to(x.dtype)
+        out = out if bias is None else out + bias
+    out = out.to(x.dtype)  # (a bias of another dtype promoted the sum)
     return out if residual is None else residual + out
 
 
