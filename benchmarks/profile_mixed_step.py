@@ -121,7 +121,7 @@ def main() -> None:
         default=None,
         help="quantize the projections (issue #28)",
     )
-    ap.add_argument("--decode", action="store_true", help="also decode-only steps (1, 64 and 256 rows)")
+    ap.add_argument("--decode", action="store_true", help="also decode-only steps (1, 64, 241 and 256 rows)")
     ap.add_argument("--only-decode", action="store_true", help="the decode-only steps alone")
     ap.add_argument(
         "--fp8-mid-max",
