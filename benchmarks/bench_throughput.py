@@ -714,7 +714,8 @@ def main() -> None:
         "--quantization",
         choices=("none", "fp8"),
         default="none",
-        help="the layers' weights: BF16 (none) or FP8 W8A8 (trtforge.llm.quant); the roofline stays BF16's",
+        help="the layers' weights: BF16 (none) or FP8 W8A8 (trtforge.llm.quant); the roofline then counts "
+        "the layers' weights at 1 byte and their FLOPs at 2x the peak",
     )
     ap.add_argument(
         "--kv-cache-dtype",

@@ -59,10 +59,12 @@ def category(name: str) -> str:
     return "other"
 
 
-def roofline_ms(cfg, decodes: int, ctx: int, chunks: tuple, quantization: str | None = None) -> dict:
+def roofline_ms(
+    cfg, decodes: int, ctx: int, chunks: tuple, quantization: str | None = None, kv_bytes_per_elem: int = 2
+) -> dict:
     """The step's floor: linear FLOPs of every token plus attention FLOPs, against the weights' and K/V
-    bytes read (BF16 K/V; the layers' weights at 1 byte (FP8) or 0.5 (INT4) where quantized, the
-    embedding and LM head at 2), each at the H200's peak (FP8's linear FLOPs at 2x BF16's)."""
+    bytes read (K/V at `kv_bytes_per_elem`; the layers' weights at 1 byte (FP8) or 0.5 (INT4) where
+    quantized, the embedding and LM head at 2), each at the H200's peak (FP8's linear FLOPs at 2x BF16's)."""
     h, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
     d = h // hq
@@ -71,7 +73,7 @@ def roofline_ms(cfg, decodes: int, ctx: int, chunks: tuple, quantization: str | 
     rows = decodes + len(chunks)  # rows whose logits are computed
     flops = 2 * n_lin * tokens + 2 * cfg.vocab_size * h * rows
     attn = 4 * layers * hq * d * (decodes * ctx + sum(c * (c + 1) / 2 for c in chunks))
-    kv_bytes = 2 * layers * hkv * d * 2 * (decodes * ctx + sum(chunks))
+    kv_bytes = 2 * layers * hkv * d * kv_bytes_per_elem * (decodes * ctx + sum(chunks))
     per_weight = {None: 2.0, "fp8": 1.0, "int4-rtn": 0.5}[quantization]
     weight_bytes = per_weight * n_lin + 2 * cfg.vocab_size * h
     linear_peak = 2 * PEAK_FLOPS if quantization == "fp8" else PEAK_FLOPS
@@ -121,6 +123,12 @@ def main() -> None:
         default=None,
         help="quantize the projections (issue #28)",
     )
+    ap.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "fp8"),
+        default="auto",
+        help="the paged pools: the model's dtype (auto) or FP8 E4M3 (per-layer scales, calibrated)",
+    )
     ap.add_argument("--decode", action="store_true", help="also decode-only steps (1, 64, 241 and 256 rows)")
     ap.add_argument("--only-decode", action="store_true", help="the decode-only steps alone")
     ap.add_argument(
@@ -167,6 +175,7 @@ def main() -> None:
         "block_size": block,
         "max_graph_tokens": 4096,
         "max_decode_batch": 256,
+        "kv_cache_dtype": args.kv_cache_dtype,
     }
     served = TorchExecutor(model, static_decode=True, **kwargs)
     eager = TorchExecutor(model, static_decode=False, **kwargs)  # every kernel launched on its own
@@ -179,7 +188,8 @@ def main() -> None:
             "chunks": list(chunks),
             "tokens": batch.num_tokens,
         }
-        row |= roofline_ms(cfg, decodes, ctx, chunks, args.quantization)
+        kv_elem = 1 if args.kv_cache_dtype == "fp8" else 2
+        row |= roofline_ms(cfg, decodes, ctx, chunks, args.quantization, kv_elem)
         if args.tiny:
             served.step(batch)
             eager.step(batch)
@@ -221,6 +231,7 @@ def main() -> None:
         "torch": torch.__version__,
         "layers": cfg.num_hidden_layers,
         "quantization": args.quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "fp8_mid_max_tokens": quant_linear.FP8_MID_MAX_TOKENS,
         "fp8_mid_fold_residual": quant_linear.FP8_MID_FOLD_RESIDUAL,
         "rows": rows,

@@ -14,7 +14,8 @@ and TB/s of weight bytes (codes + scales + offsets; H200 HBM3e peak 4.8 TB/s). P
 best config per (shape, format, M) next to ``default_config``'s, then the per-token FP8 activation
 quantization kernel (:mod:`trtforge.kernels.fp8_rows`) and ``torch._scaled_mm`` at M = 1..4096
 (graph-timed: no host overhead). ``--quick``: a smaller grid (~3 min on an H200 with Triton's
-compiles); ``--budget-s`` stops starting new configs past it.
+compiles); ``--budget-s`` is split evenly over the (shape, format, M) entries, each trying the configs
+nearest its default first and starting no new one past its share.
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ def grid(fmt: str, m: int, gated: bool, quick: bool) -> list:
         if bn >= 1:
             out.append(GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=st, dot=False))
     return list(dict.fromkeys(out))
+
+
+def nearest_first(cands: list, dflt) -> list:
+    """`cands` ordered by how many launch parameters differ from `dflt` (stable): under a time budget
+    the default's neighbours are timed before the far corners of the grid."""
+    fields = [f.name for f in dataclasses.fields(dflt)]
+    return sorted(cands, key=lambda c: sum(getattr(c, f) != getattr(dflt, f) for f in fields))
 
 
 def weights(fmt: str, n_rows: int, k: int, g: torch.Generator):
@@ -125,26 +133,40 @@ def timed(shape: str, x, nw, res, copies: list, cfg) -> float:
     )  # fmt: skip
 
 
-def sweep_gemv(quick: bool, formats: list[str], deadline: float) -> tuple[list[dict], list[dict]]:
+def ms_for(fmt: str, quick: bool) -> tuple[int, ...]:
+    """The row counts swept for a format: M = 1 for every format; INT4 (served up to 16 tokens) more."""
+    return ((1, 4) if quick else (1, 2, 4, 8)) if fmt == "int4" else (1,)
+
+
+def sweep_gemv(
+    quick: bool, formats: list[str], t0: float, budget: float, shapes: list[str]
+) -> tuple[list[dict], list[dict]]:
+    """Every (shape, format, M) of `shapes` x `formats`, its configs nearest the default first; the budget
+    is split evenly over them, so a long grid on one shape does not starve the next."""
     from trtforge.kernels.gemv import _num_sms, default_config
 
     rows: list[dict] = []
     best: list[dict] = []
     g = torch.Generator(device="cuda").manual_seed(0)
     sms = _num_sms(torch.device("cuda"))
-    for shape, (n, k, _norm, gated, _res) in SHAPES.items():
+    entries = sum(len(ms_for(f, quick)) for f in formats) * len(shapes)
+    done = 0
+    for shape in shapes:
+        n, k, _norm, gated, _res = SHAPES[shape]
         for fmt in formats:
             w, wf = weights(fmt, 2 * n if gated else n, k, g)
             size = nbytes(w)
             copies = [w] + [clone(w) for _ in range(min(LAUNCHES, math.ceil(L2_DEFEAT_BYTES / size)) - 1)]
-            for m in ((1, 4) if quick else (1, 2, 4, 8)) if fmt == "int4" else (1,):
+            for m in ms_for(fmt, quick):
+                done += 1
+                deadline = t0 + budget * done / entries
                 x = torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16)
                 nw = (torch.rand(k, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
                 res = torch.randn(m, n, device="cuda", generator=g, dtype=torch.bfloat16)
                 want = reference(shape, x, nw, res, wf)
                 kind = "plain" if fmt == "bf16" else fmt
                 dflt = default_config(m, n, k, gated, sms, kind)
-                cands = [dflt] + [c for c in grid(fmt, m, gated, quick) if c != dflt]
+                cands = [dflt, *nearest_first([c for c in grid(fmt, m, gated, quick) if c != dflt], dflt)]
                 results = []
                 for cfg in cands:
                     if time.perf_counter() > deadline and results:
@@ -226,13 +248,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smaller config grid (~3 min)")
     ap.add_argument("--formats", default="bf16,fp8,int4")
     ap.add_argument("--budget-s", type=float, default=None, help="GEMV sweep time budget (quick: 150 s)")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
+    ap.add_argument("--no-act-quant", action="store_true", help="skip the FP8 activation-quantization part")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    shapes = args.shapes.split(",")
+    if unknown := [s for s in shapes if s not in SHAPES]:
+        raise SystemExit(f"--shapes: unknown {unknown}; expected a comma-separated subset of {list(SHAPES)}")
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     budget = args.budget_s if args.budget_s is not None else (150.0 if args.quick else 900.0)
     t0 = time.perf_counter()
-    rows, best = sweep_gemv(args.quick, args.formats.split(","), t0 + budget)
+    rows, best = sweep_gemv(args.quick, args.formats.split(","), t0, budget, shapes)
     print("\nbest per (shape, format, M):")
     for b in best:
         t = b["best"]
@@ -241,7 +268,7 @@ def main() -> None:
             f"  {b['shape']:8s} {b['format']:5s} M={b['m']}: {t['us']:8.2f} us {t['tb_per_s']:5.2f} TB/s "
             f"{t['config']} (default {d} us)"
         )
-    aq = act_quant(args.quick) if "fp8" in args.formats else []
+    aq = act_quant(args.quick) if "fp8" in args.formats and not args.no_act_quant else []
     result = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
