@@ -11,7 +11,8 @@ Three parts, each self-checking (a failed check exits non-zero after the JSON is
    timed as CUDA-graph replays (median). TB/s = the pool bytes the attention must read
    (2·B·Hkv·L·D·bytes per element) / time. Checks: FP8 output vs the FP32 reference over the same
    dequantized K/V (max |err| < 2.5e-2, the BF16 kernel's own tolerance) and vs the BF16 output
-   (quantization error, reported).
+   (quantization error, reported). A third variant times the FP8 pools with the kernel's products in
+   BF16 (``decode_attention.FP8_KV_F16 = False``, the kernel before session 18) beside the FP16 ones.
 2. capacity: ``sizing.torch_pool`` (what ``from_pretrained`` runs) on the loaded 8B model for each
    cache dtype, then a fixed budget of pool bytes allocated for each: tokens held. Check: FP8 holds
    2x the BF16 tokens in the same bytes (>= 1.99x).
@@ -37,6 +38,7 @@ import torch
 from benchmarks.bench_decode_attention import _graph_us, _pool
 from benchmarks.bench_http import build_model
 from benchmarks.bench_serving import run_engine, workload
+from trtforge.kernels import decode_attention as da
 from trtforge.kernels.decode_attention import decode_attention
 from trtforge.kernels.kv_quant import FP8_MAX, dequantize, quantize_fp8
 
@@ -68,10 +70,13 @@ def _point(b: int, length: int, serving, failures: list[str]) -> dict:
     q3, out = q[:, :, 0], torch.empty(b, HQ, D, dtype=torch.bfloat16, device="cuda")
     row: dict = {"B": b, "L": length}
     outs = {}
+    fp8 = {"k_scale": ks, "v_scale": vs}
     for name, kp, vp, scales, elem in (
         ("bf16", k16, v16, {}, 2),
-        ("fp8", k8, v8, {"k_scale": ks, "v_scale": vs}, 1),
+        ("fp8", k8, v8, fp8, 1),
+        ("fp8_bf16_products", k8, v8, fp8, 1),  # FP8_KV_F16 off: the kernel before session 18
     ):
+        da.FP8_KV_F16 = name != "fp8_bf16_products"
         outs[name] = decode_attention(q, kp, vp, lens, table, **scales)  # autotunes on this first call
 
         def tuned(kp=kp, vp=vp, s=scales):
@@ -97,6 +102,10 @@ def _point(b: int, length: int, serving, failures: list[str]) -> dict:
     row["fp8_vs_bf16_max_err"] = float((outs["fp8"].float() - outs["bf16"].float()).abs().max())
     row["speedup_autotuned"] = round(row["bf16"]["us_autotuned"] / row["fp8"]["us_autotuned"], 3)
     row["speedup_serving"] = round(row["bf16"]["us_serving"] / row["fp8"]["us_serving"], 3)
+    row["fp16_products_speedup_serving"] = round(
+        row["fp8_bf16_products"]["us_serving"] / row["fp8"]["us_serving"], 3
+    )
+    da.FP8_KV_F16 = True
     return row
 
 
@@ -186,6 +195,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="JSON results path")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-serving", action="store_true")
+    ap.add_argument("--attention-only", action="store_true", help="the decode-attention part alone")
     ap.add_argument("--budget-gib", type=float, default=64.0, help="pool bytes of the capacity check")
     ap.add_argument("--pool-gib", type=float, default=4.0, help="the serving runs' KV pool")
     ap.add_argument("--requests", type=int, default=192)
@@ -201,26 +211,40 @@ def main() -> None:
     failures: list[str] = []
     results["attention"], fails = attention_part(QUICK_POINTS if args.quick else POINTS)
     failures += fails
+    if args.attention_only:
+        _save_and_report(results, failures, start, args.out)
+        return
     lm = build_model("8b", "cuda")  # the one 8B builder (random BF16, seed 0)
     results["capacity"], fails = capacity_part(lm, args.budget_gib)
     failures += fails
     if not args.skip_serving:
         results["serving"] = serving_part(lm, args)
+    _save_and_report(results, failures, start, args.out)
+
+
+def _save_and_report(results: dict, failures: list[str], start: float, out: str) -> None:
+    """Write the JSON (failures included), print the tables; exit 1 on a failed check."""
     results["wall_s"] = round(time.perf_counter() - start, 1)
     results["failures"] = failures
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(results, indent=2))
     print(
-        "\n| B x L | BF16 us (TB/s) | FP8 us (TB/s) | speedup | serving-path BF16 / FP8 us | FP8 err vs ref |"
+        "\n| B x L | BF16 us (TB/s) | FP8 us (TB/s) | speedup | serving-path BF16 / FP8 / FP8 with BF16 "
+        "products us | FP8 err vs ref |"
     )
     print("|---|---|---|---|---|---|")
     for r in results["attention"]:
-        b16, f8 = r["bf16"], r["fp8"]
+        b16, f8, old = r["bf16"], r["fp8"], r["fp8_bf16_products"]
         print(
             f"| {r['B']} x {r['L']} | {b16['us_autotuned']} ({b16['tbs_autotuned']}) | {f8['us_autotuned']} "
             f"({f8['tbs_autotuned']}) | {r['speedup_autotuned']}x | {b16['us_serving']} / {f8['us_serving']} "
-            f"| {r.get('fp8_vs_dequantized_ref_max_err', '-')} |"
+            f"/ {old['us_serving']} | {r.get('fp8_vs_dequantized_ref_max_err', '-')} |"
         )
+    if "capacity" not in results:
+        print(f"wall {results['wall_s']} s; failures: {failures or 'none'}")
+        if failures:
+            raise SystemExit(1)
+        return
     cap = results["capacity"]
     print(f"\ncapacity in {cap['budget_gib']} GiB: BF16 {cap['auto']['budget_tokens']} tokens, FP8 "
           f"{cap['fp8']['budget_tokens']} ({cap['tokens_ratio_fp8_over_bf16']:.3f}x)")  # fmt: skip

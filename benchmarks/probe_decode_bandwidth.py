@@ -143,7 +143,7 @@ def _stamp_run(p: dict, cfg: DecodeConfig, shift: int) -> list:
     hkv = k.shape[1]
     stamps = torch.zeros(b * hkv * 3, dtype=torch.int64, device="cuda")
     kd, vd = dk._tma_descriptors(k, v, cfg.block_n)
-    opts = dk._split_options(cfg, hq // hkv, s_q, d, 0, True, False, True, 0, False, q.dtype)
+    opts = dk._split_options(cfg, hq // hkv, s_q, d, 0, True, False, True, 0, False, q.dtype, k.dtype)
     opts["STAMP"] = True
     dk._decode_split_kernel[(1, b * hkv)](
         q, k, v, kd, vd, p["lens"], p["lens"], out, stamps, out, p["lens"],

@@ -62,17 +62,21 @@ def count_ops(ptx: str) -> dict[str, int]:
     return counts
 
 
-def compile_facts(fn, pointers: dict, ints: dict, consts: dict, num_warps: int, num_stages: int) -> dict:
+def compile_facts(
+    fn, pointers: dict, ints: dict, consts: dict, num_warps: int, num_stages: int, scalars: dict | None = None
+) -> dict:
     """Compile the ``@triton.jit`` kernel `fn` for sm_90 as its launcher specializes it: pointers
     (name -> Triton type) 16-byte aligned, the runtime ints divisible by 16 marked so, `consts` as
-    constexprs, every other argument an i32. Returns the instruction counts, the number of 16-byte
-    ``cp.async`` copies, the shared memory and :func:`assemble`'s facts."""
+    constexprs, `scalars` (name -> Triton type, e.g. ``"fp32"``) as given, every other argument an
+    i32. Returns the instruction counts, the number of 16-byte ``cp.async`` copies, the shared memory
+    and :func:`assemble`'s facts."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     names = fn.arg_names
-    sig = {a: "constexpr" if a in consts else pointers.get(a, "i32") for a in names}
+    scalars = scalars or {}
+    sig = {a: "constexpr" if a in consts else pointers.get(a, scalars.get(a, "i32")) for a in names}
     aligned = [a for a in names if a in pointers or (a in ints and a not in consts and ints[a] % 16 == 0)]
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)

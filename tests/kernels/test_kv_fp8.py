@@ -247,3 +247,63 @@ def test_llama3_8b_shape_decode_and_prefill_over_fp8_on_the_gpu():
     qc = torch.randn(b, hq, 256, d, generator=g).bfloat16().to(device)
     got = chunked_prefill_attention(qc, kp, vp, chunk_lens, table, k_scale=ks, v_scale=vs)
     assert (got.float() - reference_decode(qc, kd, vd, chunk_lens)).abs().max() < TOL[torch.bfloat16]
+
+
+# ------------------------------------------------------- sm_90 code (compiled here, no GPU needed)
+
+
+def _decode_compile_facts(kv_f16: bool) -> dict:
+    """The paged split-KV decode kernel over FP8 pools with a BF16 query, as the serving path launches
+    it at the Llama-3-8B shape (GQA 32/8, D 128, 16-token pages), compiled for sm_90."""
+    from tests.kernels._sm90 import compile_facts
+    from trtforge.kernels import decode_attention as da
+
+    cfg = da.default_decode_config(128)
+    old = da.FP8_KV_F16
+    da.FP8_KV_F16 = kv_f16
+    try:
+        opts = da._split_options(
+            cfg, 4, 1, 128, 16, False, False, False, 0, False, torch.bfloat16, FP8_KV_DTYPE
+        )
+    finally:
+        da.FP8_KV_F16 = old
+    consts = {k: v for k, v in opts.items() if k not in ("num_warps", "num_stages", "launch_pdl")}
+    # unit strides: the launcher specializes an int argument equal to 1 as a constant (contiguous D)
+    consts |= {"STAMP": False, "stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od": 1}
+    pointers = dict.fromkeys(("K", "V", "KDesc", "VDesc"), "*fp8e4nv")
+    pointers |= {"Q": "*bf16", "Out": "*bf16", "MidO": "*fp32", "MidL": "*fp32"}
+    pointers |= dict.fromkeys(("SeqLens", "Table", "Counters"), "*i32")
+    ints = {"stride_qb": 4096, "stride_qh": 128, "stride_qm": 4096, "stride_qd": 1, "stride_kb": 16384,
+            "stride_kh": 128, "stride_kn": 1024, "stride_kd": 1, "stride_vb": 16384, "stride_vh": 128,
+            "stride_vn": 1024, "stride_vd": 1, "stride_ob": 4096, "stride_oh": 128, "stride_om": 4096,
+            "stride_od": 1, "stride_tb": 256, "num_kv_heads": 8, "num_splits": 2, "window": 0}  # fmt: skip
+    facts = compile_facts(
+        da._decode_split_kernel, pointers, ints, consts, cfg.num_warps, cfg.num_stages,
+        scalars={"qk_scale": "fp32", "v_scale": "fp32"},
+    )  # fmt: skip
+    return facts
+
+
+def test_fp8_pools_widen_to_fp16_in_one_conversion_a_pair_on_sm90():
+    """Hopper issues conversions at a quarter of the ALU rate, and with BF16 products the FP8 decode
+    kernel was bound by them (E4M3 -> FP16 pair, then two FP16 -> BF16 each): FP8 pools read no faster
+    than BF16 ones. With FP16 products (FP8_KV_F16) the codes widen in one ``cvt.rn.f16x2.e4m3x2`` a
+    pair, nothing converts to BF16 in the loop, both products are FP16 MMAs, and the conversions per
+    key tile drop to a third."""
+    from tests.kernels._sm90 import needs_ptxas, run_in_child
+
+    needs_ptxas()
+    new = run_in_child(f"{__name__}:_decode_compile_facts", True)
+    old = run_in_child(f"{__name__}:_decode_compile_facts", False)
+
+    widen = "cvt.rn.f16x2.e4m3x2"
+    assert new["counts"].get(widen, 0) > 0, new["counts"]
+    assert not any(".bf16.f16" in op for op in new["counts"]), new["counts"]
+    mma = {op for op in new["counts"] if op.startswith(("mma.sync", "wgmma.mma_async"))}
+    assert mma and all(".f16.f16" in op for op in mma), mma
+    # the BF16 products: the same widening, then two conversions to BF16 an element pair
+    assert old["counts"].get(widen, 0) == new["counts"][widen]
+    assert old["counts"].get("cvt.bf16.f16", 0) == 2 * new["counts"][widen], old["counts"]
+    # K/V tiles arrive by pipelined 16-byte cp.async, as the BF16 pools' do
+    assert new["cp_async_16"] > 0 and new["counts"].get("cp.async.wait_group", 0) > 0, new["counts"]
+    assert new["ptxas_rc"] == 0 and new["spills"] == [0], new["ptxas"]

@@ -20,6 +20,15 @@ Causal alignment is LOWER_RIGHT: with context length L (the new tokens included)
 query i sees keys j <= L - S_q + i. A row that sees no key gets zeros. With a sliding window W it
 also sees only keys j > L - S_q + i - W, and the splits share out only those keys.
 
+FP8 (E4M3) pools: their codes are widened in registers and both products run in FP16 (the query is
+scaled by the softmax scale, times the pool's K scale, and rounded to FP16; p is rounded to FP16 before
+P.V), whatever the query's type. Hopper widens two E4M3 codes to FP16 in one ``cvt.rn.f16x2.e4m3x2``;
+reaching BF16 costs two more conversions an element pair, and conversions issue at a quarter of the
+ALU rate: with BF16 products the kernel was bound by them and read FP8 pools no faster than BF16 ones
+(1.6-2.3 TB/s, session 12). FP16 holds every E4M3 value exactly and rounds the scaled query and p
+more finely than BF16; the scaled query is clamped to FP16's range (a logit beyond it saturates
+the softmax either way). ``FP8_KV_F16 = False`` restores the BF16 products (a benchmark's A/B).
+
 Contiguous caches that TMA can read (``DecodeConfig.tma``) load their whole tiles through tensor
 descriptors of the ``[B·Hkv·S_max, D]`` view; ragged and causal-tail tiles keep masked pointer loads.
 
@@ -67,6 +76,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 MAX_SPLITS = 256
 MIN_SPLIT_TOKENS = 256  # fewer keys per split than this costs more in the reduction than it gains
+FP8_KV_F16 = True  # FP8 pools: products in FP16 (module docstring); False: in the query's type
 
 
 @dataclass(frozen=True)
@@ -317,6 +327,7 @@ def _decode_split_kernel(
     DOT_F32: tl.constexpr,
     TMA: tl.constexpr,
     WINDOW: tl.constexpr,
+    KV_F16: tl.constexpr = False,
     PDL: tl.constexpr = False,
     STAMP: tl.constexpr = False,
 ):
@@ -327,7 +338,8 @@ def _decode_split_kernel(
     out [B·Hkv·S_max, D]): KDesc/VDesc are that 2-D view's tensor descriptors, one tile per load.
     STAMP (a diagnostic for benchmarks/probe_decode_bandwidth.py; DIRECT contiguous launches only):
     MidO is an int64 [B·Hkv, 3] buffer that receives each pair's (start ns, end ns, SM id), and
-    stride_tb (unread there) rotates the pairs over the programs."""
+    stride_tb (unread there) rotates the pairs over the programs. KV_F16 (FP8 pools): the query is
+    scaled and rounded to FP16 up front, and the products run in FP16 (module docstring)."""
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes
         gdc_wait()
         gdc_launch_dependents()
@@ -376,6 +388,9 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     qk_scale = qk_scale * 1.4426950408889634  # softmax in base 2
+    if KV_F16:  # the scale goes into q, so the FP8 codes widen straight to FP16 (one cvt a pair)
+        q = tl.clamp(q.to(tl.float32) * qk_scale, -65504.0, 65504.0).to(tl.float16)  # FP16's range
+        qk_scale = 1.0
 
     if PAGE_SIZE > 0:
         k_base = K + hkv * stride_kh
@@ -643,10 +658,12 @@ def _split_options(
     window: int,
     pdl: bool,
     dtype: torch.dtype,
+    kv_dtype: torch.dtype,
 ) -> dict[str, Any]:
     """The split kernel's constexprs and launch options: one definition for :func:`_launch` and the
     prepared launches of :func:`prepare_paged_decode`. The last program's reduction works on tiles
-    of about 32 FP32 values a thread (TAIL_ROWS x TAIL_SPLITS partials at a time)."""
+    of about 32 FP32 values a thread (TAIL_ROWS x TAIL_SPLITS partials at a time). `dtype` is the
+    query's, `kv_dtype` the pools' (FP8 pools take FP16 products: ``FP8_KV_F16``)."""
     block_d = max(16, triton.next_power_of_2(d))
     tail = 1024 * cfg.num_warps
     tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
@@ -656,6 +673,7 @@ def _split_options(
         "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
+        "KV_F16": FP8_KV_F16 and kv_dtype == FP8_KV_DTYPE,
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
 
@@ -725,7 +743,7 @@ def _launch(
     descs = _tma_descriptors(k, v, cfg.block_n) if cfg.tma and page == 0 else None
     k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
     options = _split_options(
-        cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype
+        cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype, k.dtype
     )
     _decode_split_kernel[(splits, b * hkv)](
         q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
@@ -962,5 +980,7 @@ def prepare_paged_decode(
             (Operand(), Operand(), Operand(), Operand((2,), pick), Operand()),
             **_reduce_options(s_q, d, splits, pdl),
         )
-    options = _split_options(config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype)
+    options = _split_options(
+        config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype, k.dtype
+    )
     return PreparedLaunch(_decode_split_kernel, (splits, b * hkv), args, operands, reduce, **options)
