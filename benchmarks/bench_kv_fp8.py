@@ -13,6 +13,8 @@ Three parts, each self-checking (a failed check exits non-zero after the JSON is
    dequantized K/V (max |err| < 2.5e-2, the BF16 kernel's own tolerance) and vs the BF16 output
    (quantization error, reported). A third variant times the FP8 pools with the kernel's products in
    BF16 (``decode_attention.FP8_KV_F16 = False``, the kernel before session 18) beside the FP16 ones.
+``--serving-sweep`` instead times the serving path's fixed launch over FP8 pools for a few configs at
+the served shapes (what ``decode_attention.FP8_KV_DECODE_CONFIG`` is chosen from).
 2. capacity: ``sizing.torch_pool`` (what ``from_pretrained`` runs) on the loaded 8B model for each
    cache dtype, then a fixed budget of pool bytes allocated for each: tokens held. Check: FP8 holds
    2x the BF16 tokens in the same bytes (>= 1.99x).
@@ -28,8 +30,10 @@ Triton compiles, graph captures and the 8B model's random init; run it under a 6
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
+import math
 import time
 from pathlib import Path
 
@@ -123,6 +127,66 @@ def attention_part(points) -> tuple[list[dict], list[str]]:
     return rows, failures
 
 
+# the serving path's decode steps: 128/128's (241 rows at ~190-300 keys), 1000/1000's (241 at ~1,500),
+# full batches at 1,024 and 2,048 keys, bench_quant_speed's 64 x 8,192-ish, and one long sequence
+SWEEP_POINTS = [(241, 256), (256, 1024), (241, 1536), (256, 2048), (64, 8192), (1, 32768)]
+SWEEP_CONFIGS = [  # (block_n, num_warps, num_stages): FP8 tiles are half the bytes of BF16's
+    (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 2), (128, 4, 3), (128, 8, 2), (128, 8, 3), (128, 4, 4),
+    (256, 8, 2),
+]  # fmt: skip
+
+
+def serving_sweep(points=SWEEP_POINTS, configs=SWEEP_CONFIGS) -> dict:
+    """The serving path's fixed launch (``TritonDecodeAttention`` with a given DecodeConfig, split count
+    by the heuristic) over FP8 pools, per (B, L) and config, graph-timed; checked against the default
+    config's output. The best config by the geometric mean of its time over the default's."""
+    from trtforge.kernels.decode_attention import DecodeConfig, _fits, default_decode_config
+    from trtforge.llm.executors.triton_attention import TritonDecodeAttention
+
+    default = default_decode_config(D, torch.float8_e4m3fn)
+    cands = [DecodeConfig(bn, w, st) for bn, w, st in configs if _fits(bn, st, D)]
+    cands = [default] + [c for c in cands if c != default]
+    rows: list[dict] = []
+    for b, length in points:
+        gen = torch.Generator().manual_seed(b + length)
+        k = torch.randn(b, HKV, length, D, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(b, HKV, length, D, dtype=torch.bfloat16, device="cuda")
+        ks, vs = float(k.abs().amax()) / FP8_MAX, float(v.abs().amax()) / FP8_MAX
+        k16, v16, table = _pool(k, v, 16, gen)
+        del k, v
+        k8, v8 = quantize_fp8(k16, ks), quantize_fp8(v16, vs)
+        del k16, v16
+        q = torch.randn(b, HQ, D, generator=gen).bfloat16().cuda()
+        lens = torch.full((b,), length, dtype=torch.int32, device="cuda")
+        out = torch.empty_like(q)
+        want = None
+        for cfg in cands:
+            attn = TritonDecodeAttention(config=cfg)
+            fn = functools.partial(attn, q, k8, v8, table, lens, D**-0.5, out=out, k_scale=ks, v_scale=vs)
+            got = fn().float().clone()
+            want = got if want is None else want
+            us = _graph_us(fn)
+            row = {"B": b, "L": length, "config": [cfg.block_n, cfg.num_warps, cfg.num_stages], "us": us,
+                   "tb_per_s": 2 * b * HKV * length * D / us / 1e6,
+                   "max_diff_vs_default": float((got - want).abs().max())}  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del k8, v8
+        gc.collect()
+        torch.cuda.empty_cache()
+    base = {(r["B"], r["L"]): r["us"] for r in rows if r["config"] == rows[0]["config"]}
+    score: dict[tuple, list[float]] = {}
+    for r in rows:
+        score.setdefault(tuple(r["config"]), []).append(r["us"] / base[(r["B"], r["L"])])
+    gmean = {c: math.exp(sum(map(math.log, v)) / len(v)) for c, v in score.items() if len(v) == len(base)}
+    best = min(gmean, key=gmean.get)
+    print(
+        "configs by geometric-mean time over the default's:",
+        {str(c): round(g, 3) for c, g in gmean.items()},
+    )
+    return {"rows": rows, "gmean_over_default": {str(c): g for c, g in gmean.items()}, "best": list(best)}
+
+
 def capacity_part(lm, budget_gib: float) -> tuple[dict, list[str]]:
     from trtforge.llm import sizing
     from trtforge.llm.executors.torch_exec import TorchExecutor
@@ -196,6 +260,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-serving", action="store_true")
     ap.add_argument("--attention-only", action="store_true", help="the decode-attention part alone")
+    ap.add_argument(
+        "--serving-sweep",
+        action="store_true",
+        help="only sweep the serving path's fixed launch configs over FP8 pools (SWEEP_POINTS x "
+        "SWEEP_CONFIGS)",
+    )
     ap.add_argument("--budget-gib", type=float, default=64.0, help="pool bytes of the capacity check")
     ap.add_argument("--pool-gib", type=float, default=4.0, help="the serving runs' KV pool")
     ap.add_argument("--requests", type=int, default=192)
@@ -209,6 +279,18 @@ def main() -> None:
     start = time.perf_counter()
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args)}
     failures: list[str] = []
+    if args.serving_sweep:
+        results["serving_sweep"] = serving_sweep()
+        failures += [
+            f"B={r['B']} L={r['L']} config {r['config']}: differs from the default's output by "
+            f"{r['max_diff_vs_default']:.3g}"
+            for r in results["serving_sweep"]["rows"]
+            if r["max_diff_vs_default"] > 2e-2
+        ]
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=2))
+        print(json.dumps({"best": results["serving_sweep"]["best"], "failures": failures}))
+        raise SystemExit(1 if failures else 0)
     results["attention"], fails = attention_part(QUICK_POINTS if args.quick else POINTS)
     failures += fails
     if args.attention_only:

@@ -740,6 +740,14 @@ def main() -> None:
         "(quant.linear.FP8_MID_MAX_TOKENS)",
     )
     ap.add_argument(
+        "--fp8-decode-config",
+        type=int,
+        nargs=3,
+        metavar=("BLOCK_N", "WARPS", "STAGES"),
+        default=None,
+        help="the decode attention's fixed launch over FP8 pools (decode_attention.FP8_KV_DECODE_CONFIG)",
+    )
+    ap.add_argument(
         "--fp8-mid-fold-residual",
         choices=("on", "off"),
         default=None,
@@ -820,6 +828,7 @@ def main() -> None:
         "quantization": args.quantization,
         "kv_cache_dtype": args.kv_cache_dtype,
     }
+    import trtforge.kernels.decode_attention as decode_attention
     import trtforge.llm.executors.fused_layers as fused_layers
     import trtforge.llm.quant.linear as quant_linear
 
@@ -829,6 +838,9 @@ def main() -> None:
         quant_linear.FP8_MID_MAX_TOKENS = args.fp8_mid_max
     if args.fp8_mid_fold_residual is not None:
         quant_linear.FP8_MID_FOLD_RESIDUAL = args.fp8_mid_fold_residual == "on"
+    if args.fp8_decode_config is not None:
+        decode_attention.FP8_KV_DECODE_CONFIG = decode_attention.DecodeConfig(*args.fp8_decode_config)
+    results["fp8_kv_decode_config"] = dataclasses.asdict(decode_attention.FP8_KV_DECODE_CONFIG)
     results["mid_gemm_tokens"] = [fused_layers.MID_GEMM_MIN_TOKENS, fused_layers.MID_GEMM_MAX_TOKENS]
     results["fp8_mid_max_tokens"] = quant_linear.FP8_MID_MAX_TOKENS
     results["fp8_mid_fold_residual"] = quant_linear.FP8_MID_FOLD_RESIDUAL

@@ -93,8 +93,16 @@ class DecodeConfig:
     tma: bool = False  # full tiles of a contiguous cache through tensor descriptors (Hopper's TMA)
 
 
-def default_decode_config(head_dim: int) -> DecodeConfig:
-    """The configuration used without an explicit one (smaller tiles where a wide D fills registers)."""
+# The fixed launch over FP8 pools (the serving path's, graph-captured) for head dims up to 128; a
+# module setting so that a benchmark can try another before the graphs are captured.
+FP8_KV_DECODE_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=3)
+
+
+def default_decode_config(head_dim: int, kv_dtype: torch.dtype | None = None) -> DecodeConfig:
+    """The configuration used without an explicit one (smaller tiles where a wide D fills registers;
+    FP8 pools: :data:`FP8_KV_DECODE_CONFIG`)."""
+    if kv_dtype == FP8_KV_DTYPE and head_dim <= 128:
+        return FP8_KV_DECODE_CONFIG
     if head_dim > 128:
         return DecodeConfig(block_n=32, num_warps=4, num_stages=2)
     return DecodeConfig(block_n=64, num_warps=4, num_stages=3)

@@ -81,15 +81,24 @@ class TritonDecodeAttention:
     def __init__(self, config: Any = None, small_work: int = SMALL_DECODE_WORK) -> None:
         self.config, self.small_work = config, small_work
 
-    def config_for(self, batch: int, kv_heads: int, head_dim: int, max_keys: int, num_sms: int = 132) -> Any:
-        """The DecodeConfig for `batch` sequences of `kv_heads` heads over up to `max_keys` keys."""
+    def config_for(
+        self,
+        batch: int,
+        kv_heads: int,
+        head_dim: int,
+        max_keys: int,
+        num_sms: int = 132,
+        kv_dtype: torch.dtype | None = None,
+    ) -> Any:
+        """The DecodeConfig for `batch` sequences of `kv_heads` heads over up to `max_keys` keys in pools
+        of `kv_dtype` (None: the query's type)."""
         from dataclasses import replace
 
         from trtforge.kernels.decode_attention import default_decode_config
 
         if self.config is not None:
             return self.config
-        config = default_decode_config(head_dim)
+        config = default_decode_config(head_dim, kv_dtype)
         if batch * kv_heads * max_keys <= self.small_work and config.block_n == SMALL_DECODE_TILE:
             config = replace(config, num_splits=small_decode_splits(batch * kv_heads, max_keys, num_sms))
         return config
@@ -108,7 +117,7 @@ class TritonDecodeAttention:
         if sliding_window is not None:  # the kernel splits only the keys a window shows (+ tile alignment)
             max_keys = min(max_keys, int(sliding_window) + 1 + 128)
         kv_heads, head_dim = int(k_pool.shape[2]), int(k_pool.shape[3])
-        return self.config_for(batch, kv_heads, head_dim, max_keys, _num_sms(device))
+        return self.config_for(batch, kv_heads, head_dim, max_keys, _num_sms(device), k_pool.dtype)
 
     def __call__(
         self,
