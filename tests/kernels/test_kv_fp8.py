@@ -258,7 +258,7 @@ def _decode_compile_facts(kv_f16: bool) -> dict:
     from tests.kernels._sm90 import compile_facts
     from trtforge.kernels import decode_attention as da
 
-    cfg = da.default_decode_config(128)
+    cfg = da.default_decode_config(128, FP8_KV_DTYPE)
     old = da.FP8_KV_F16
     da.FP8_KV_F16 = kv_f16
     try:

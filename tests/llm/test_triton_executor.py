@@ -257,6 +257,23 @@ def test_small_decode_buckets_take_one_tile_a_split():
     assert TritonDecodeAttention(fixed).config_for(1, 4, 64, 512) == fixed
 
 
+def test_fp8_pools_take_their_own_decode_launch():
+    """FP8 pools launch FP8_KV_DECODE_CONFIG (128-key tiles: the bytes of a 64-key BF16 tile; the H200
+    sweep's best at every served shape), chosen from the pool's dtype wherever the step plans it."""
+    from trtforge.kernels import decode_attention as da
+    from trtforge.kernels.kv_quant import FP8_KV_DTYPE
+    from trtforge.llm.executors.triton_attention import TritonDecodeAttention
+
+    assert (da.FP8_KV_DECODE_CONFIG.block_n, da.FP8_KV_DECODE_CONFIG.num_stages) == (128, 2)
+    attn = TritonDecodeAttention()
+    bf16 = da.default_decode_config(128)
+    for dtype, want in ((FP8_KV_DTYPE, da.FP8_KV_DECODE_CONFIG), (torch.bfloat16, bf16)):
+        pool = torch.zeros(64, 16, 8, 128, dtype=dtype)
+        tables = torch.zeros(256, 64, dtype=torch.int32)
+        assert attn.pool_config(256, pool, tables, None, torch.device("cpu")) == want
+    assert da.default_decode_config(256, FP8_KV_DTYPE) == da.default_decode_config(256)  # wide D: as BF16
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("window", [None, 50])
 def test_small_decode_splits_match_the_reference_with_short_and_empty_splits(device, window):

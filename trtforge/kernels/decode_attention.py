@@ -94,8 +94,12 @@ class DecodeConfig:
 
 
 # The fixed launch over FP8 pools (the serving path's, graph-captured) for head dims up to 128; a
-# module setting so that a benchmark can try another before the graphs are captured.
-FP8_KV_DECODE_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=3)
+# module setting so that a benchmark can try another before the graphs are captured. An FP8 tile of
+# 128 keys holds the bytes of a BF16 one of 64. H200 sweep (benchmarks/bench_kv_fp8.py --serving-sweep,
+# results/kv_fp8_sweep_s18.json; Hq 32 / Hkv 8 / D 128, 16-token pages): best at all six served shapes,
+# 0.65x the BF16 default's time (geometric mean): 256 x 1,024 keys 175 us (3.06 TB/s of FP8 bytes)
+# against 271, 241 x 256 54 against 82, 64 x 8,192 324 against 521 (3.32 TB/s), 1 x 32,768 32 against 41.
+FP8_KV_DECODE_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2)
 
 
 def default_decode_config(head_dim: int, kv_dtype: torch.dtype | None = None) -> DecodeConfig:
