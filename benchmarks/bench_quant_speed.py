@@ -289,9 +289,19 @@ def main() -> None:
         default=",".join(VARIANTS),
         help=f"comma-separated, of {', '.join(VARIANTS)} (serving: {', '.join(SERVING_VARIANTS)})",
     )
+    ap.add_argument(
+        "--gemv-prefetch",
+        choices=("off", "on"),
+        default=None,
+        help="one-row GEMVs request each weight chunk before the previous one's FMAs (gemv.GEMV_PREFETCH)",
+    )
     ap.add_argument("--tiny", action="store_true", help="check the script on a CPU (tiny model)")
     args = ap.parse_args()
     global DEVICE, SHAPE
+    from trtforge.kernels import gemv as gemv_mod
+
+    if args.gemv_prefetch is not None:
+        gemv_mod.GEMV_PREFETCH = args.gemv_prefetch == "on"
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -308,6 +318,7 @@ def main() -> None:
         "torch": torch.__version__,
         "shape": SHAPE | {"num_hidden_layers": args.layers},
         "quick": args.quick,
+        "gemv_prefetch": gemv_mod.GEMV_PREFETCH,
     }
     parts = {
         "kernels": lambda: kernels_part(args.quick),

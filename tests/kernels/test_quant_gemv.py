@@ -440,3 +440,38 @@ def test_fp8_quant_linear_on_the_skinny_gemm_when_turned_on(monkeypatch, m):
         want = (xq[:m].float() @ q.data.float().t().cuda()) * sx[:m] * q.scale.cuda() + bias.cuda()
         torch.testing.assert_close(skinny.float(), want, atol=2e-2, rtol=2e-2)
         torch.testing.assert_close(skinny.float().cpu(), cublas, atol=2e-2, rtol=2e-2)
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["fp16", "fp8"])
+def test_prefetching_one_row_gemvs_return_the_same_bits(device, fmt, monkeypatch):
+    """GEMV_PREFETCH requests chunk c + 1 before chunk c's FMAs; the sums are the same FMAs in the same
+    order, so the norm, gated and residual GEMVs return the same bits with it on or off (K in three
+    chunks and a ragged fourth, so the prefetch crosses chunks and runs past K)."""
+    from trtforge.kernels import gemv as gemv_mod
+
+    skip_unless_runs_here(device)
+    inter, k = 24, 448
+    x, w, nw = _fp8_operands(device, 1, 2 * inter, k, seed=13)
+    wd = torch.randn(k, inter, generator=torch.Generator().manual_seed(14)) / inter**0.5
+    if fmt == "fp8":
+        q, qd = _to(quantize_fp8(w), device), _to(quantize_fp8(wd), device)
+    else:
+        q, qd = w.to(device=device, dtype=x.dtype), wd.to(device=device, dtype=x.dtype)
+    cfg = gemv_mod.GemvConfig(block_n=2, block_k=128, num_warps=4, num_stages=1, dot=False)
+    cfg_d = gemv_mod.GemvConfig(block_n=4, block_k=16, num_warps=4, num_stages=1, dot=False)
+    runs = {}
+    for on in (False, True):
+        monkeypatch.setattr(gemv_mod, "GEMV_PREFETCH", on)
+        a = gemv_mod.norm_gate_up_silu(x, nw, 1e-6, q, config=cfg)
+        runs[on] = (
+            gemv_mod.norm_gemv(x, nw, 1e-6, q, config=cfg),
+            a,
+            gemv_mod.gemv_residual(a.contiguous(), qd, x, config=cfg_d),
+        )
+    for off, on in zip(runs[False], runs[True]):
+        assert torch.equal(off.cpu(), on.cpu())
+    dq = q.dequantize().cpu() if fmt == "fp8" else q.float().cpu()
+    want = _rms_ref(x, nw, 1e-6).float().cpu() @ dq.t()
+    torch.testing.assert_close(runs[True][0].float().cpu(), want.to(x.dtype).float(), atol=2e-2, rtol=2e-2)

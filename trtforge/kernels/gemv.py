@@ -45,6 +45,12 @@ from trtforge.kernels import interpreting
 from trtforge.kernels.qweight import INT4_GROUP, Fp8Weight, Int4Weight, QuantWeight
 
 MAX_ROWS = 16  # rows (tokens) one launch takes: the row block is at most 16
+# One-row GEMVs over 16-bit or FP8 weights: request chunk c + 1 before chunk c's FMAs, so that each
+# program has two chunks of weights in flight rather than one (its loop loads, then computes). Opt-in
+# until an H200 run times it (benchmarks/sweep_quant_gemv.py --prefetch): the FP8 GEMVs read 2.3-3.7 TB/s
+# with every launch config of the full grid (results/sweep_quant_gemv_fp8_s18.json), and their sm_90
+# code widens a code in 1.5 instructions (F2FP a pair, HADD2.F32 each) beside its FFMA, too few to bind.
+GEMV_PREFETCH = False
 
 
 @dataclass(frozen=True)
@@ -210,8 +216,11 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     """Out[m, n] = epilogue(sum_k prologue(X)[m, k] * W[n, k]) for the BLOCK_N columns of this program.
+    PREFETCH (one row, 16-bit or FP8 weights): each chunk's weights are requested before the previous
+    chunk's FMAs (:data:`GEMV_PREFETCH`).
 
     WFMT 0: 16-bit weights. WFMT 1 (FP8 weight-only): E4M3 codes widened to float32 in registers, the
     sum over the (normalized) 16-bit x, times each row's scale in the epilogue. WFMT 2 (INT4): int32
@@ -266,21 +275,37 @@ def _gemv_kernel(
     elif BLOCK_M == 1 and not DOT:
         # one row: keep [BLOCK_N, BLOCK_K] partial products in registers, reduce once after the loop
         k_ok = arange_k < K
-        x0 = _x_at(x_rows[:, None] + arange_k[None, :], k_ok[None, :], NormW, arange_k[None, :],
-                   k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
-        xf = x0.to(tl.float32)
-        part = w0.to(tl.float32) * xf
-        part_up = wu0.to(tl.float32) * xf
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            w, wu = _w_chunk(w_rows, k0, arange_k, n_ok, K, stride_wn, up_rows, GATED)
-            offs_k = k0 + arange_k
-            k_ok = offs_k < K
-            x = _x_at(x_rows[:, None] + offs_k[None, :], k_ok[None, :], NormW, offs_k[None, :],
-                      k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
-            xf = x.to(tl.float32)
-            part += w.to(tl.float32) * xf
-            if GATED:
-                part_up += wu.to(tl.float32) * xf
+        if PREFETCH:  # chunk c + 1's weights are requested before chunk c's FMAs: two chunks in flight
+            w, wu = w0, wu0
+            part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            part_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                w_next, wu_next = _w_chunk(w_rows, k0 + BLOCK_K, arange_k, n_ok, K, stride_wn, up_rows, GATED)
+                offs_k = k0 + arange_k
+                k_ok = offs_k < K
+                x = _x_at(x_rows[:, None] + offs_k[None, :], k_ok[None, :], NormW, offs_k[None, :],
+                          k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
+                xf = x.to(tl.float32)
+                part += w.to(tl.float32) * xf
+                if GATED:
+                    part_up += wu.to(tl.float32) * xf
+                w, wu = w_next, wu_next
+        else:
+            x0 = _x_at(x_rows[:, None] + arange_k[None, :], k_ok[None, :], NormW, arange_k[None, :],
+                       k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
+            xf = x0.to(tl.float32)
+            part = w0.to(tl.float32) * xf
+            part_up = wu0.to(tl.float32) * xf
+            for k0 in range(BLOCK_K, K, BLOCK_K):
+                w, wu = _w_chunk(w_rows, k0, arange_k, n_ok, K, stride_wn, up_rows, GATED)
+                offs_k = k0 + arange_k
+                k_ok = offs_k < K
+                x = _x_at(x_rows[:, None] + offs_k[None, :], k_ok[None, :], NormW, offs_k[None, :],
+                          k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
+                xf = x.to(tl.float32)
+                part += w.to(tl.float32) * xf
+                if GATED:
+                    part_up += wu.to(tl.float32) * xf
         acc = tl.sum(part, 1)[None, :]
         acc_up = tl.sum(part_up, 1)[None, :]
     else:
@@ -439,7 +464,7 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
         up_rows, float(eps),
         NORM=norm_w is not None, GATED=up_rows > 0, HAS_RES=res is not None, HAS_BIAS=bias is not None,
         DOT=cfg.dot, PDL=pdl, WFMT=wfmt, GROUP=INT4_GROUP, ASM=x.device.type == "cuda" and not interpreting(),
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=GEMV_PREFETCH and wfmt < 2,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
 
