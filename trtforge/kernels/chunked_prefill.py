@@ -28,7 +28,7 @@ import triton.language as tl
 
 from trtforge.kernels import interpreting
 from trtforge.kernels.configs import chunk_prefill_config
-from trtforge.kernels.decode_attention import _attend_tiles, _check
+from trtforge.kernels.decode_attention import _attend_tiles, _check, fp16_products
 from trtforge.kernels.device_tensor import pool_heads_major
 from trtforge.kernels.prepared_launch import Operand, PreparedLaunch, arg_index
 
@@ -83,11 +83,13 @@ def _chunked_prefill_kernel(
     DOT_F32: tl.constexpr,
     WINDOW: tl.constexpr,
     HAS_QSTARTS: tl.constexpr = False,
+    KV_F16: tl.constexpr = False,
 ):
     """Grid (cdiv(S_q·G, BLOCK_M), B·Hkv): BLOCK_M (query position, group head) rows of one kv head;
     WINDOW: the query at position p sees only keys j > p - window. With HAS_QSTARTS, sequence b's
     queries and outputs start at row QStarts[b] of flat [T, Hq, D] tensors (stride_*m between rows;
-    the batch strides are unused)."""
+    the batch strides are unused). KV_F16 (FP8 pools): the scaled query in FP16 and FP16 products, as in
+    the decode kernel (:data:`~trtforge.kernels.decode_attention.FP8_KV_F16`)."""
     pid_m = tl.program_id(0)
     pid = tl.program_id(1)
     b = (pid // num_kv_heads).to(tl.int64)
@@ -142,6 +144,9 @@ def _chunked_prefill_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     qk_scale = qk_scale * 1.4426950408889634
+    if KV_F16:  # the scale goes into q, so the FP8 codes widen straight to FP16 (one cvt a pair)
+        q = tl.clamp(q.to(tl.float32) * qk_scale, -65504.0, 65504.0).to(tl.float16)  # FP16's range
+        qk_scale = 1.0
     if PAGE_SIZE > 0:
         k_base = K + hkv * stride_kh
         v_base = V + hkv * stride_vh
@@ -223,7 +228,7 @@ def chunked_prefill_attention(
         hkv, s_q, window, (d**-0.5 if scale is None else float(scale)) * float(k_scale), float(v_scale),
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_QLENS=q_lens is not None, DOT_F32=interpreting() and q.dtype == torch.bfloat16,
-        WINDOW=window > 0, num_warps=num_warps, num_stages=num_stages,
+        WINDOW=window > 0, KV_F16=fp16_products(k_cache.dtype), num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
 
@@ -331,5 +336,6 @@ def prepare_chunked_prefill_varlen(
         _chunked_prefill_kernel, grid, args, operands,
         GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n,
         PAGE_SIZE=page, HAS_QLENS=True, DOT_F32=interpreting() and q.dtype == torch.bfloat16,
-        WINDOW=window > 0, HAS_QSTARTS=True, num_warps=num_warps, num_stages=num_stages,
+        WINDOW=window > 0, HAS_QSTARTS=True, KV_F16=fp16_products(k_cache.dtype), num_warps=num_warps,
+        num_stages=num_stages,
     )  # fmt: skip

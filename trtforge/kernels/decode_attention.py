@@ -27,7 +27,8 @@ reaching BF16 costs two more conversions an element pair, and conversions issue 
 ALU rate: with BF16 products the kernel was bound by them and read FP8 pools no faster than BF16 ones
 (1.6-2.3 TB/s, session 12). FP16 holds every E4M3 value exactly and rounds the scaled query and p
 more finely than BF16; the scaled query is clamped to FP16's range (a logit beyond it saturates
-the softmax either way). ``FP8_KV_F16 = False`` restores the BF16 products (a benchmark's A/B).
+the softmax either way). ``FP8_KV_F16 = False`` restores the BF16 products (a benchmark's A/B). The
+chunked-prefill kernel, which shares the tile loop, does the same over FP8 pools (:func:`fp16_products`).
 
 Contiguous caches that TMA can read (``DecodeConfig.tma``) load their whole tiles through tensor
 descriptors of the ``[B·Hkv·S_max, D]`` view; ragged and causal-tail tiles keep masked pointer loads.
@@ -100,6 +101,12 @@ class DecodeConfig:
 # 0.65x the BF16 default's time (geometric mean): 256 x 1,024 keys 175 us (3.06 TB/s of FP8 bytes)
 # against 271, 241 x 256 54 against 82, 64 x 8,192 324 against 521 (3.32 TB/s), 1 x 32,768 32 against 41.
 FP8_KV_DECODE_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2)
+
+
+def fp16_products(kv_dtype: torch.dtype) -> bool:
+    """Whether attention over pools of `kv_dtype` runs its products in FP16 (FP8 pools, ``FP8_KV_F16``):
+    the decode and chunked-prefill kernels' KV_F16."""
+    return FP8_KV_F16 and kv_dtype == FP8_KV_DTYPE
 
 
 def default_decode_config(head_dim: int, kv_dtype: torch.dtype | None = None) -> DecodeConfig:
@@ -685,7 +692,7 @@ def _split_options(
         "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
-        "KV_F16": FP8_KV_F16 and kv_dtype == FP8_KV_DTYPE,
+        "KV_F16": fp16_products(kv_dtype),
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
 
