@@ -132,7 +132,7 @@ def attention_part(points) -> tuple[list[dict], list[str]]:
 SWEEP_POINTS = [(241, 256), (256, 1024), (241, 1536), (256, 2048), (64, 8192), (1, 32768)]
 SWEEP_CONFIGS = [  # (block_n, num_warps, num_stages): FP8 tiles are half the bytes of BF16's
     (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 2), (128, 4, 3), (128, 8, 2), (128, 8, 3), (128, 4, 4),
-    (256, 8, 2),
+    (256, 8, 2), (256, 4, 2), (128, 2, 2), (128, 2, 3),
 ]  # fmt: skip
 
 
@@ -144,7 +144,7 @@ def serving_sweep(points=SWEEP_POINTS, configs=SWEEP_CONFIGS) -> dict:
     from trtforge.llm.executors.triton_attention import TritonDecodeAttention
 
     default = default_decode_config(D, torch.float8_e4m3fn)
-    cands = [DecodeConfig(bn, w, st) for bn, w, st in configs if _fits(bn, st, D)]
+    cands = [DecodeConfig(bn, w, st) for bn, w, st in configs if _fits(bn, st, D, elem_bytes=1)]
     cands = [default] + [c for c in cands if c != default]
     rows: list[dict] = []
     for b, length in points:

@@ -272,6 +272,8 @@ def test_fp8_pools_take_their_own_decode_launch():
         tables = torch.zeros(256, 64, dtype=torch.int32)
         assert attn.pool_config(256, pool, tables, None, torch.device("cpu")) == want
     assert da.default_decode_config(256, FP8_KV_DTYPE) == da.default_decode_config(256)  # wide D: as BF16
+    # shared memory counts the pools' bytes: two stages of 256-key FP8 tiles fit, of BF16 ones not
+    assert da._fits(256, 2, 128, elem_bytes=1) and not da._fits(256, 2, 128)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -581,12 +581,12 @@ _CHOICE: dict[tuple, DecodeConfig] = {}
 TUNING_TIMES: dict[tuple, dict[DecodeConfig, float]] = {}  # per key: each candidate's median ms
 
 
-def _fits(block_n: int, stages: int, block_d: int, tma: bool = False) -> bool:
-    """Whether the pipelined K/V tiles fit in shared memory. Triton's pipeliner gives bulk tensor
-    copies `stages - 1` buffers (sm_90 compiles: 128-key tiles, D 128, 4 stages = 3 buffers, 200 KB
-    with 8 KB of scratch); pointer loads are bounded by `stages` buffers."""
+def _fits(block_n: int, stages: int, block_d: int, tma: bool = False, elem_bytes: int = 2) -> bool:
+    """Whether the pipelined K/V tiles (`elem_bytes` an element: 1 for FP8 pools) fit in shared memory.
+    Triton's pipeliner gives bulk tensor copies `stages - 1` buffers (sm_90 compiles: 128-key tiles, D
+    128, 4 stages = 3 buffers, 200 KB with 8 KB of scratch); pointer loads are bounded by `stages`."""
     buffers = stages - 1 if tma else stages
-    return buffers * 2 * block_n * block_d * 2 + (8 * 1024 if tma else 0) <= SHARED_MEMORY_BUDGET
+    return buffers * 2 * block_n * block_d * elem_bytes + (8 * 1024 if tma else 0) <= SHARED_MEMORY_BUDGET
 
 
 def _bucket(n: int) -> int:
@@ -809,7 +809,7 @@ def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len, window=0, v_
     candidates += [(c, True) for c in TMA_AUTOTUNE_CANDIDATES] if tma else []
     times = {}
     for (bn, warps, stages, mult), use_tma in candidates:
-        if not _fits(bn, stages, block_d, use_tma):
+        if not _fits(bn, stages, block_d, use_tma, k.element_size()):
             continue
         splits = 0 if mult == 1.0 else max(1, min(MAX_SPLITS, round(base * mult)))
         cfg = DecodeConfig(bn, warps, stages, splits, tma=use_tma)
@@ -825,7 +825,7 @@ def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len, window=0, v_
         except triton.runtime.errors.OutOfResources:
             continue
         times[cfg] = _kernel_ms(fn)
-    best = min(times, key=times.get) if times else default_decode_config(d)
+    best = min(times, key=times.get) if times else default_decode_config(d, k.dtype)
     _CHOICE[key] = best
     TUNING_TIMES[key] = times
     return best
@@ -879,10 +879,11 @@ def decode_attention(
     scale = (d**-0.5 if scale is None else float(scale)) * float(k_scale)
     if config is None:
         tune = not interpreting() and q.is_cuda and not torch.cuda.is_current_stream_capturing()
+        fallback = default_decode_config(d, k_cache.dtype)
         config = (
             _autotuned(q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len, window, v_scale)
             if tune
-            else _CHOICE.get(_key_of(q, k_cache, block_table, max_len), default_decode_config(d))
+            else _CHOICE.get(_key_of(q, k_cache, block_table, max_len), fallback)
         )
     splits = _resolve_splits(config, b * hkv, max_len)
     _launch(
