@@ -307,3 +307,44 @@ def test_fp8_pools_widen_to_fp16_in_one_conversion_a_pair_on_sm90():
     # K/V tiles arrive by pipelined 16-byte cp.async, as the BF16 pools' do
     assert new["cp_async_16"] > 0 and new["counts"].get("cp.async.wait_group", 0) > 0, new["counts"]
     assert new["ptxas_rc"] == 0 and new["spills"] == [0], new["ptxas"]
+
+
+def _chunked_compile_facts(kv_f16: bool) -> dict:
+    """The served chunked-prefill launch (prepared, varlen, paged) of a 1,024-token chunk over FP8 pools
+    with a BF16 query at the Llama-3-8B shape, compiled for sm_90."""
+    from tests.kernels._sm90 import compile_facts
+    from trtforge.kernels import chunked_prefill as cp
+    from trtforge.kernels.configs import chunk_prefill_config
+
+    cfg = chunk_prefill_config(1024)
+    consts = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+              "PAGE_SIZE": 16, "HAS_QLENS": True, "DOT_F32": False, "WINDOW": False, "HAS_QSTARTS": True,
+              "KV_F16": kv_f16, "stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od": 1}  # fmt: skip
+    pointers = {"Q": "*bf16", "Out": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv"}
+    pointers |= dict.fromkeys(("SeqLens", "QLens", "QStarts", "Table"), "*i32")
+    ints = {"stride_qb": 0, "stride_qh": 128, "stride_qm": 4096, "stride_kb": 16384, "stride_kh": 128,
+            "stride_kn": 1024, "stride_vb": 16384, "stride_vh": 128, "stride_vn": 1024, "stride_ob": 0,
+            "stride_oh": 128, "stride_om": 4096, "stride_tb": 256, "num_kv_heads": 8, "seq_q": 1024,
+            "window": 0}  # fmt: skip
+    return compile_facts(
+        cp._chunked_prefill_kernel, pointers, ints, consts, cfg.num_warps, cfg.num_stages,
+        scalars={"qk_scale": "fp32", "v_scale": "fp32"},
+    )  # fmt: skip
+
+
+def test_chunked_prefill_over_fp8_pools_runs_fp16_products_on_sm90():
+    """The chunked-prefill kernel shares the decode kernel's tile loop: over FP8 pools its codes widen in
+    one ``cvt.rn.f16x2.e4m3x2`` a pair and its products are FP16 MMAs, with no BF16 conversion of K or V
+    (the BF16 products convert each pair twice more)."""
+    from tests.kernels._sm90 import needs_ptxas, run_in_child
+
+    needs_ptxas()
+    new = run_in_child(f"{__name__}:_chunked_compile_facts", True)
+    old = run_in_child(f"{__name__}:_chunked_compile_facts", False)
+    widen = "cvt.rn.f16x2.e4m3x2"
+    assert new["counts"].get(widen, 0) > 0, new["counts"]
+    assert not any(".bf16.f16" in op for op in new["counts"]), new["counts"]
+    mma = {op for op in new["counts"] if op.startswith(("mma.sync", "wgmma.mma_async"))}
+    assert mma and all(".f16.f16" in op for op in mma), mma
+    assert old["counts"].get("cvt.bf16.f16", 0) == 2 * old["counts"][widen], old["counts"]
+    assert new["ptxas_rc"] == 0, new["ptxas"]
