@@ -23,12 +23,14 @@ also sees only keys j > L - S_q + i - W, and the splits share out only those key
 FP8 (E4M3) pools: their codes are widened in registers and both products run in FP16 (the query is
 scaled by the softmax scale, times the pool's K scale, and rounded to FP16; p is rounded to FP16 before
 P.V), whatever the query's type. Hopper widens two E4M3 codes to FP16 in one ``cvt.rn.f16x2.e4m3x2``;
-reaching BF16 costs two more conversions an element pair, and conversions issue at a quarter of the
-ALU rate: with BF16 products the kernel was bound by them and read FP8 pools no faster than BF16 ones
-(1.6-2.3 TB/s, session 12). FP16 holds every E4M3 value exactly and rounds the scaled query and p
-more finely than BF16; the scaled query is clamped to FP16's range (a logit beyond it saturates
-the softmax either way). ``FP8_KV_F16 = False`` restores the BF16 products (a benchmark's A/B). The
-chunked-prefill kernel, which shares the tile loop, does the same over FP8 pools (:func:`fp16_products`).
+reaching BF16 costs two more conversions an element pair, at the conversion units' lower rate. With
+BF16 products the kernel read FP8 pools no faster than BF16 ones (1.6-2.3 TB/s, session 12); FP16
+products took 16% off the serving launch at 256 x 1,024 keys, and with 128-key tiles
+(:data:`FP8_KV_DECODE_CONFIG`) it runs 1.6x faster than over BF16 pools (session 18, H200). FP16 holds
+every E4M3 value exactly and rounds the scaled query and p more finely than BF16; the scaled query is
+clamped to FP16's range (a logit beyond it saturates the softmax either way). ``FP8_KV_F16 = False``
+restores the BF16 products (a benchmark's A/B). The chunked-prefill kernel, which shares the tile
+loop, does the same over FP8 pools (:func:`fp16_products`).
 
 Contiguous caches that TMA can read (``DecodeConfig.tma``) load their whole tiles through tensor
 descriptors of the ``[B·Hkv·S_max, D]`` view; ragged and causal-tail tiles keep masked pointer loads.
