@@ -290,18 +290,20 @@ def main() -> None:
         help=f"comma-separated, of {', '.join(VARIANTS)} (serving: {', '.join(SERVING_VARIANTS)})",
     )
     ap.add_argument(
-        "--gemv-prefetch",
-        choices=("off", "on"),
+        "--gemv-loop",
+        choices=("plain", "prefetch", "reduce", "prefetch+reduce"),
         default=None,
-        help="one-row GEMVs request each weight chunk before the previous one's FMAs (gemv.GEMV_PREFETCH)",
+        help="the one-row GEMVs' loop: each weight chunk requested before the previous one's FMAs "
+        "(gemv.GEMV_PREFETCH), each chunk summed as it comes (gemv.GEMV_REDUCE_EACH_CHUNK), or both",
     )
     ap.add_argument("--tiny", action="store_true", help="check the script on a CPU (tiny model)")
     args = ap.parse_args()
     global DEVICE, SHAPE
     from trtforge.kernels import gemv as gemv_mod
 
-    if args.gemv_prefetch is not None:
-        gemv_mod.GEMV_PREFETCH = args.gemv_prefetch == "on"
+    if args.gemv_loop is not None:
+        gemv_mod.GEMV_PREFETCH = "prefetch" in args.gemv_loop
+        gemv_mod.GEMV_REDUCE_EACH_CHUNK = "reduce" in args.gemv_loop
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -319,6 +321,7 @@ def main() -> None:
         "shape": SHAPE | {"num_hidden_layers": args.layers},
         "quick": args.quick,
         "gemv_prefetch": gemv_mod.GEMV_PREFETCH,
+        "gemv_reduce_each_chunk": gemv_mod.GEMV_REDUCE_EACH_CHUNK,
     }
     parts = {
         "kernels": lambda: kernels_part(args.quick),

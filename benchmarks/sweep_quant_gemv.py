@@ -14,9 +14,10 @@ and TB/s of weight bytes (codes + scales + offsets; H200 HBM3e peak 4.8 TB/s). P
 best config per (shape, format, M) next to ``default_config``'s, then the per-token FP8 activation
 quantization kernel (:mod:`trtforge.kernels.fp8_rows`) and ``torch._scaled_mm`` at M = 1..4096
 (graph-timed: no host overhead). ``--quick``: a smaller grid (~3 min on an H200 with Triton's
-compiles); ``--prefetch both`` times each one-row 16-bit / FP8 config with ``gemv.GEMV_PREFETCH`` off
-and on; ``--budget-s`` is split evenly over the (shape, format, M) entries, each trying the configs
-nearest its default first and starting no new one past its share.
+compiles); ``--loops plain,prefetch,reduce,prefetch+reduce`` times each one-row 16-bit / FP8 config
+under each of those loops (``gemv.GEMV_PREFETCH``, ``gemv.GEMV_REDUCE_EACH_CHUNK``); ``--budget-s`` is
+split evenly over the (shape, format, M) entries, each trying the configs nearest its default first and
+starting no new one past its share.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ SHAPES = {  # name: (output rows (gate/up: pairs), K, norm, gated, residual)
     "down": (4096, 14336, False, False, True),
 }
 LAUNCHES = 20  # per graph
+# one-row GEMV loops: (gemv.GEMV_PREFETCH, gemv.GEMV_REDUCE_EACH_CHUNK)
+LOOPS = {"plain": (False, False), "prefetch": (True, False), "reduce": (False, True),
+         "prefetch+reduce": (True, True)}  # fmt: skip
 L2_DEFEAT_BYTES = 256e6  # weight copies rotated per graph: at least this many bytes in all
 
 
@@ -145,11 +149,11 @@ def sweep_gemv(
     t0: float,
     budget: float,
     shapes: list[str],
-    prefetch: tuple[bool, ...] = (False,),
+    loops: tuple[str, ...] = ("plain",),
 ) -> tuple[list[dict], list[dict]]:
-    """Every (shape, format, M) of `shapes` x `formats`, its configs nearest the default first, each with
-    ``gemv.GEMV_PREFETCH`` at every value of `prefetch` (one-row 16-bit and FP8 GEMVs only); the budget
-    is split evenly over them, so a long grid on one shape does not starve the next."""
+    """Every (shape, format, M) of `shapes` x `formats`, its configs nearest the default first, each under
+    every one-row loop of `loops` (:data:`LOOPS`; one-row 16-bit and FP8 GEMVs only, the others run
+    "plain"); the budget is split evenly over them, so a long grid on one shape does not starve the next."""
     from trtforge.kernels import gemv as gemv_mod
     from trtforge.kernels.gemv import _num_sms, default_config
 
@@ -176,14 +180,15 @@ def sweep_gemv(
                 dflt = default_config(m, n, k, gated, sms, kind)
                 cands = [dflt, *nearest_first([c for c in grid(fmt, m, gated, quick) if c != dflt], dflt)]
                 results = []
-                runs = [(c, p) for c in cands for p in prefetch if not (p and (m > 1 or fmt == "int4"))]
-                for cfg, pf in runs:
+                one_row = m == 1 and fmt != "int4"
+                runs = [(c, lp) for c in cands for lp in loops if one_row or lp == "plain"]
+                for cfg, lp in runs:
                     if time.perf_counter() > deadline and results:
                         print(f"  (budget spent: {shape} {fmt} M={m} stops after {len(results)} configs)")
                         break
-                    gemv_mod.GEMV_PREFETCH = pf
+                    gemv_mod.GEMV_PREFETCH, gemv_mod.GEMV_REDUCE_EACH_CHUNK = LOOPS[lp]
                     row = {"shape": shape, "format": fmt, "m": m, "config": dataclasses.asdict(cfg),
-                           "prefetch": pf, "default": cfg == dflt and not pf,
+                           "loop": lp, "default": cfg == dflt and lp == "plain",
                            "weight_mb": size / 1e6}  # fmt: skip
                     try:
                         got = op(shape, x, nw, res, w, cfg).float()
@@ -198,7 +203,7 @@ def sweep_gemv(
                     c = cfg
                     print(
                         f"{shape:8s} {fmt:5s} M={m} bn={c.block_n:2d} bk={c.block_k:5d} w={c.num_warps} "
-                        f"st={c.num_stages} pf={int(pf)} {'(default)' if row['default'] else '         '} "
+                        f"st={c.num_stages} {lp:15s} {'(default)' if row['default'] else '         '} "
                         + (
                             f"{row['us']:8.2f} us {row['tb_per_s']:5.2f} TB/s err {row['rel_err']:.1e}{flag}"
                             if "us" in row
@@ -206,16 +211,16 @@ def sweep_gemv(
                         ),
                         flush=True,
                     )
-                gemv_mod.GEMV_PREFETCH = False
+                gemv_mod.GEMV_PREFETCH, gemv_mod.GEMV_REDUCE_EACH_CHUNK = LOOPS["plain"]
                 ok = [r for r in results if "us" in r and r["rel_err"] < 2e-2]
                 if ok:
                     top = min(ok, key=lambda r: r["us"])
                     d = next((r for r in ok if r["default"]), None)
-                    by_pf = {str(p): min((r["us"] for r in ok if r["prefetch"] == p), default=None)
-                             for p in prefetch}  # fmt: skip
+                    by_loop = {lp: min((r["us"] for r in ok if r["loop"] == lp), default=None)
+                               for lp in loops}  # fmt: skip
                     best.append({"shape": shape, "format": fmt, "m": m, "best": top,
                                  "default_us": d["us"] if d else None,
-                                 "best_us_by_prefetch": by_pf})  # fmt: skip
+                                 "best_us_by_loop": by_loop})  # fmt: skip
             del copies, w, wf
             torch.cuda.empty_cache()
     return rows, best
@@ -266,10 +271,9 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
     ap.add_argument("--no-act-quant", action="store_true", help="skip the FP8 activation-quantization part")
     ap.add_argument(
-        "--prefetch",
-        choices=("off", "on", "both"),
-        default="off",
-        help="gemv.GEMV_PREFETCH for the one-row 16-bit and FP8 GEMVs (both: each config twice)",
+        "--loops",
+        default="plain",
+        help=f"comma-separated one-row GEMV loops to time each config under, of {', '.join(LOOPS)}",
     )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -280,16 +284,17 @@ def main() -> None:
         raise SystemExit("needs a CUDA GPU")
     budget = args.budget_s if args.budget_s is not None else (150.0 if args.quick else 900.0)
     t0 = time.perf_counter()
-    prefetch = {"off": (False,), "on": (True,), "both": (False, True)}[args.prefetch]
-    rows, best = sweep_gemv(args.quick, args.formats.split(","), t0, budget, shapes, prefetch)
+    loops = tuple(args.loops.split(","))
+    if unknown := [lp for lp in loops if lp not in LOOPS]:
+        raise SystemExit(f"--loops: unknown {unknown}; expected a comma-separated subset of {list(LOOPS)}")
+    rows, best = sweep_gemv(args.quick, args.formats.split(","), t0, budget, shapes, loops)
     print("\nbest per (shape, format, M):")
     for b in best:
         t = b["best"]
         d = f"{b['default_us']:.2f}" if b["default_us"] else "-"
         print(
             f"  {b['shape']:8s} {b['format']:5s} M={b['m']}: {t['us']:8.2f} us {t['tb_per_s']:5.2f} TB/s "
-            f"{t['config']} prefetch {t['prefetch']} (default {d} us; best by prefetch "
-            f"{b['best_us_by_prefetch']})"
+            f"{t['config']} {t['loop']} (default {d} us; best by loop {b['best_us_by_loop']})"
         )
     aq = act_quant(args.quick) if "fp8" in args.formats and not args.no_act_quant else []
     result = {

@@ -47,10 +47,15 @@ from trtforge.kernels.qweight import INT4_GROUP, Fp8Weight, Int4Weight, QuantWei
 MAX_ROWS = 16  # rows (tokens) one launch takes: the row block is at most 16
 # One-row GEMVs over 16-bit or FP8 weights: request chunk c + 1 before chunk c's FMAs, so that each
 # program has two chunks of weights in flight rather than one (its loop loads, then computes). Opt-in
-# until an H200 run times it (benchmarks/sweep_quant_gemv.py --prefetch): the FP8 GEMVs read 2.3-3.7 TB/s
+# until an H200 run times it (benchmarks/sweep_quant_gemv.py --loops): the FP8 GEMVs read 2.3-3.7 TB/s
 # with every launch config of the full grid (results/sweep_quant_gemv_fp8_s18.json), and their sm_90
 # code widens a code in 1.5 instructions (F2FP a pair, HADD2.F32 each) beside its FFMA, too few to bind.
 GEMV_PREFETCH = False
+# One-row GEMVs: sum each chunk's products into [BLOCK_N] as it comes rather than keeping [BLOCK_N,
+# BLOCK_K] partials to the end (64 of the gated FP8 GEMV's 94 registers a thread): more programs an SM,
+# so more loads in flight; the sums' order changes (not bit-identical). Opt-in until an H200 run times it
+# (benchmarks/sweep_quant_gemv.py --loop).
+GEMV_REDUCE_EACH_CHUNK = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,18 @@ def _w_chunk(w_rows, k0, arange_k, n_ok, K, stride_wn, up_rows, GATED: tl.conste
         wu = tl.load(w_rows + up_rows * stride_wn + offs_k[None, :], mask=w_ok, other=0.0,
                      eviction_policy="evict_first")  # fmt: skip
     return w, wu
+
+
+@triton.jit
+def _add_chunk(part, w, xf, REDUCE: tl.constexpr):
+    """`part` plus one chunk's products ``w * x``: the ``[BLOCK_N, BLOCK_K]`` partials, or (REDUCE) their
+    sums over the chunk, ``[BLOCK_N]``: fewer registers, so more programs (and loads in flight) an SM."""
+    prod = w.to(tl.float32) * xf
+    if REDUCE:
+        out = part + tl.sum(prod, 1)
+    else:
+        out = part + prod
+    return out
 
 
 @triton.jit
@@ -217,10 +234,12 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PREFETCH: tl.constexpr = False,
+    REDUCE: tl.constexpr = False,
 ):
     """Out[m, n] = epilogue(sum_k prologue(X)[m, k] * W[n, k]) for the BLOCK_N columns of this program.
     PREFETCH (one row, 16-bit or FP8 weights): each chunk's weights are requested before the previous
-    chunk's FMAs (:data:`GEMV_PREFETCH`).
+    chunk's FMAs (:data:`GEMV_PREFETCH`); REDUCE (one row): each chunk's products are summed as they come
+    (:data:`GEMV_REDUCE_EACH_CHUNK`).
 
     WFMT 0: 16-bit weights. WFMT 1 (FP8 weight-only): E4M3 codes widened to float32 in registers, the
     sum over the (normalized) 16-bit x, times each row's scale in the epilogue. WFMT 2 (INT4): int32
@@ -274,11 +293,16 @@ def _gemv_kernel(
                                       GATED, NORM, dtype, BLOCK_M, BLOCK_N, G, GROUP, ASM)  # fmt: skip
     elif BLOCK_M == 1 and not DOT:
         # one row: keep [BLOCK_N, BLOCK_K] partial products in registers, reduce once after the loop
+        # (REDUCE: sum each chunk into [BLOCK_N] as it goes)
         k_ok = arange_k < K
         if PREFETCH:  # chunk c + 1's weights are requested before chunk c's FMAs: two chunks in flight
             w, wu = w0, wu0
-            part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-            part_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            if REDUCE:
+                part = tl.zeros([BLOCK_N], dtype=tl.float32)
+                part_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+            else:
+                part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+                part_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
                 w_next, wu_next = _w_chunk(w_rows, k0 + BLOCK_K, arange_k, n_ok, K, stride_wn, up_rows, GATED)
                 offs_k = k0 + arange_k
@@ -286,9 +310,9 @@ def _gemv_kernel(
                 x = _x_at(x_rows[:, None] + offs_k[None, :], k_ok[None, :], NormW, offs_k[None, :],
                           k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
                 xf = x.to(tl.float32)
-                part += w.to(tl.float32) * xf
+                part = _add_chunk(part, w, xf, REDUCE)
                 if GATED:
-                    part_up += wu.to(tl.float32) * xf
+                    part_up = _add_chunk(part_up, wu, xf, REDUCE)
                 w, wu = w_next, wu_next
         else:  # the measured loop, kept apart: one loop loading chunk c + 1 after chunk c's FMAs compiles
             # to the prefetching code (ptxas hoists that load: 156 registers, not 94)
@@ -297,6 +321,9 @@ def _gemv_kernel(
             xf = x0.to(tl.float32)
             part = w0.to(tl.float32) * xf
             part_up = wu0.to(tl.float32) * xf
+            if REDUCE:
+                part = tl.sum(part, 1)
+                part_up = tl.sum(part_up, 1)
             for k0 in range(BLOCK_K, K, BLOCK_K):
                 w, wu = _w_chunk(w_rows, k0, arange_k, n_ok, K, stride_wn, up_rows, GATED)
                 offs_k = k0 + arange_k
@@ -304,11 +331,15 @@ def _gemv_kernel(
                 x = _x_at(x_rows[:, None] + offs_k[None, :], k_ok[None, :], NormW, offs_k[None, :],
                           k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
                 xf = x.to(tl.float32)
-                part += w.to(tl.float32) * xf
+                part = _add_chunk(part, w, xf, REDUCE)
                 if GATED:
-                    part_up += wu.to(tl.float32) * xf
-        acc = tl.sum(part, 1)[None, :]
-        acc_up = tl.sum(part_up, 1)[None, :]
+                    part_up = _add_chunk(part_up, wu, xf, REDUCE)
+        if REDUCE:
+            acc = part[None, :]
+            acc_up = part_up[None, :]
+        else:
+            acc = tl.sum(part, 1)[None, :]
+            acc_up = tl.sum(part_up, 1)[None, :]
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -466,6 +497,7 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
         NORM=norm_w is not None, GATED=up_rows > 0, HAS_RES=res is not None, HAS_BIAS=bias is not None,
         DOT=cfg.dot, PDL=pdl, WFMT=wfmt, GROUP=INT4_GROUP, ASM=x.device.type == "cuda" and not interpreting(),
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=GEMV_PREFETCH and wfmt < 2,
+        REDUCE=GEMV_REDUCE_EACH_CHUNK and wfmt < 2,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
 
