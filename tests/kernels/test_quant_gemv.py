@@ -9,6 +9,7 @@ In Triton's CPU interpreter without CUDA, for real on a GPU (``-m gpu``).
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 import torch
@@ -485,3 +486,37 @@ def test_one_row_gemv_loops_prefetch_bit_identically_and_reduce_within_tolerance
     for reduced in (runs[False, True], runs[True, True]):  # the residual GEMV, against the plain loop's
         torch.testing.assert_close(reduced[2].float().cpu(), runs[False, False][2].float().cpu(),
                                    atol=3e-2, rtol=2e-2)  # fmt: skip
+
+
+def _gate_up_compile_facts(prefetch: bool, reduce: bool) -> dict:
+    """The one-row gated FP8 GEMV (Llama-3-8B gate_up, the default config) compiled for sm_90."""
+    from tests.kernels._sm90 import compile_facts
+    from trtforge.kernels import gemv as g
+
+    cfg = g.default_config(1, 14336, 4096, True, 132, "fp8")
+    pointers = {"X": "*bf16", "W": "*fp8e4nv", "Out": "*bf16", "Res": "*bf16", "Bias": "*bf16",
+                "NormW": "*bf16", "WScale": "*fp32", "WOffset": "*fp32"}  # fmt: skip
+    ints = {"N": 14336, "K": 4096, "stride_xm": 4096, "stride_wn": 4096, "stride_sn": 0, "stride_om": 14336,
+            "stride_rm": 14336, "up_rows": 14336}  # fmt: skip
+    consts = {"M": 1, "NORM": True, "GATED": True, "HAS_RES": False, "HAS_BIAS": False, "DOT": False,
+              "PDL": True, "WFMT": 1, "GROUP": 128, "ASM": True, "BLOCK_M": 1, "BLOCK_N": cfg.block_n,
+              "BLOCK_K": cfg.block_k, "PREFETCH": prefetch, "REDUCE": reduce}  # fmt: skip
+    facts = compile_facts(g._gemv_kernel, pointers, ints, consts, cfg.num_warps, cfg.num_stages,
+                          scalars={"eps": "fp32"})  # fmt: skip
+    facts["registers"] = int(re.search(r"Used (\d+) registers", facts["ptxas"]).group(1))
+    return facts
+
+
+def test_one_row_gemv_loops_trade_registers_for_loads_in_flight_on_sm90():
+    """What the opt-in loops change in sm_90 code (the H200 decides which wins): REDUCE keeps no
+    [BLOCK_N, BLOCK_K] partials, so it takes fewer registers (more programs an SM); PREFETCH holds a
+    second chunk of weights, so more. None spills."""
+    from tests.kernels._sm90 import needs_ptxas, run_in_child
+
+    needs_ptxas()
+    regs = {}
+    for loop in ((False, False), (True, False), (False, True)):
+        facts = run_in_child(f"{__name__}:_gate_up_compile_facts", *loop)
+        assert facts["ptxas_rc"] == 0 and facts["spills"] == [0], facts["ptxas"]
+        regs[loop] = facts["registers"]
+    assert regs[False, True] < regs[False, False] < regs[True, False], regs
