@@ -285,11 +285,11 @@ def _decode_compile_facts(kv_f16: bool) -> dict:
 
 
 def test_fp8_pools_widen_to_fp16_in_one_conversion_a_pair_on_sm90():
-    """Hopper issues conversions at a quarter of the ALU rate, and with BF16 products the FP8 decode
-    kernel was bound by them (E4M3 -> FP16 pair, then two FP16 -> BF16 each): FP8 pools read no faster
-    than BF16 ones. With FP16 products (FP8_KV_F16) the codes widen in one ``cvt.rn.f16x2.e4m3x2`` a
-    pair, nothing converts to BF16 in the loop, both products are FP16 MMAs, and the conversions per
-    key tile drop to a third."""
+    """With BF16 products the FP8 decode kernel converted each pair of codes three times (E4M3 -> FP16
+    pair, then two FP16 -> BF16), at the conversion units' lower rate, and read FP8 pools no faster than
+    BF16 ones. With FP16 products (FP8_KV_F16) the codes widen in one ``cvt.rn.f16x2.e4m3x2`` a pair,
+    nothing converts to BF16 in the loop, both products are FP16 MMAs: a third of the conversions a key
+    tile. (On the H200 the serving launch got 16% faster from this alone: BENCHMARKS.md, session 18.)"""
     from tests.kernels._sm90 import needs_ptxas, run_in_child
 
     needs_ptxas()

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from trtforge.kernels import interpreting
 from trtforge.kernels.configs import chunk_prefill_config
-from trtforge.kernels.decode_attention import _attend_tiles, _check, fp16_products
+from trtforge.kernels.decode_attention import _attend_tiles, _check, fp16_products, fp16_query
 from trtforge.kernels.device_tensor import pool_heads_major
 from trtforge.kernels.prepared_launch import Operand, PreparedLaunch, arg_index
 
@@ -144,8 +144,8 @@ def _chunked_prefill_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     qk_scale = qk_scale * 1.4426950408889634
-    if KV_F16:  # the scale goes into q, so the FP8 codes widen straight to FP16 (one cvt a pair)
-        q = tl.clamp(q.to(tl.float32) * qk_scale, -65504.0, 65504.0).to(tl.float16)  # FP16's range
+    if KV_F16:
+        q = fp16_query(q, qk_scale)
         qk_scale = 1.0
     if PAGE_SIZE > 0:
         k_base = K + hkv * stride_kh

@@ -139,6 +139,13 @@ def num_splits_for(batch_kv_heads: int, max_len: int, num_sms: int, block_n: int
 
 
 @triton.jit
+def fp16_query(q, qk_scale):
+    """The query times `qk_scale`, clamped to FP16's range and rounded to FP16: over FP8 pools the scale
+    rides in q, so the codes widen straight to FP16 (one cvt a pair) and both products run in FP16."""
+    return tl.clamp(q.to(tl.float32) * qk_scale, -65504.0, 65504.0).to(tl.float16)
+
+
+@triton.jit
 def _attend_tiles(
     acc,
     l_i,
@@ -409,8 +416,8 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     qk_scale = qk_scale * 1.4426950408889634  # softmax in base 2
-    if KV_F16:  # the scale goes into q, so the FP8 codes widen straight to FP16 (one cvt a pair)
-        q = tl.clamp(q.to(tl.float32) * qk_scale, -65504.0, 65504.0).to(tl.float16)  # FP16's range
+    if KV_F16:
+        q = fp16_query(q, qk_scale)
         qk_scale = 1.0
 
     if PAGE_SIZE > 0:

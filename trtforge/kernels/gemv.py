@@ -49,12 +49,12 @@ MAX_ROWS = 16  # rows (tokens) one launch takes: the row block is at most 16
 # program has two chunks of weights in flight rather than one (its loop loads, then computes). Opt-in
 # until an H200 run times it (benchmarks/sweep_quant_gemv.py --loops): the FP8 GEMVs read 2.3-3.7 TB/s
 # with every launch config of the full grid (results/sweep_quant_gemv_fp8_s18.json), and their sm_90
-# code widens a code in 1.5 instructions (F2FP a pair, HADD2.F32 each) beside its FFMA, too few to bind.
+# code widens a code in 1.5 instructions (F2FP a pair, HADD2.F32 each) beside its FFMA: likely not binding.
 GEMV_PREFETCH = False
 # One-row GEMVs: sum each chunk's products into [BLOCK_N] as it comes rather than keeping [BLOCK_N,
 # BLOCK_K] partials to the end (64 of the gated FP8 GEMV's 94 registers a thread): more programs an SM,
 # so more loads in flight; the sums' order changes (not bit-identical). Opt-in until an H200 run times it
-# (benchmarks/sweep_quant_gemv.py --loop).
+# (benchmarks/sweep_quant_gemv.py --loops).
 GEMV_REDUCE_EACH_CHUNK = False
 
 
@@ -95,6 +95,22 @@ def _add_chunk(part, w, xf, REDUCE: tl.constexpr):
     else:
         out = part + prod
     return out
+
+
+@triton.jit
+def _row_chunk(part, part_up, w, wu, x_rows, k0, arange_k, NormW, K, rstd, NORM: tl.constexpr,
+               GATED: tl.constexpr, REDUCE: tl.constexpr, dtype: tl.constexpr):  # fmt: skip
+    """One K chunk of the one-row loop: x's columns from `k0` (normalized under NORM) times the weight
+    rows `w` (and the up rows `wu`, GATED), added to `part` (`part_up`) by :func:`_add_chunk`."""
+    offs_k = k0 + arange_k
+    k_ok = offs_k < K
+    x = _x_at(x_rows[:, None] + offs_k[None, :], k_ok[None, :], NormW, offs_k[None, :], k_ok[None, :],
+              rstd[:, None], NORM, dtype)  # fmt: skip
+    xf = x.to(tl.float32)
+    part = _add_chunk(part, w, xf, REDUCE)
+    if GATED:
+        part_up = _add_chunk(part_up, wu, xf, REDUCE)
+    return part, part_up
 
 
 @triton.jit
@@ -305,14 +321,8 @@ def _gemv_kernel(
                 part_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
                 w_next, wu_next = _w_chunk(w_rows, k0 + BLOCK_K, arange_k, n_ok, K, stride_wn, up_rows, GATED)
-                offs_k = k0 + arange_k
-                k_ok = offs_k < K
-                x = _x_at(x_rows[:, None] + offs_k[None, :], k_ok[None, :], NormW, offs_k[None, :],
-                          k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
-                xf = x.to(tl.float32)
-                part = _add_chunk(part, w, xf, REDUCE)
-                if GATED:
-                    part_up = _add_chunk(part_up, wu, xf, REDUCE)
+                part, part_up = _row_chunk(part, part_up, w, wu, x_rows, k0, arange_k, NormW, K, rstd, NORM,
+                                           GATED, REDUCE, dtype)  # fmt: skip
                 w, wu = w_next, wu_next
         else:  # the measured loop, kept apart: one loop loading chunk c + 1 after chunk c's FMAs compiles
             # to the prefetching code (ptxas hoists that load: 156 registers, not 94)
@@ -326,14 +336,8 @@ def _gemv_kernel(
                 part_up = tl.sum(part_up, 1)
             for k0 in range(BLOCK_K, K, BLOCK_K):
                 w, wu = _w_chunk(w_rows, k0, arange_k, n_ok, K, stride_wn, up_rows, GATED)
-                offs_k = k0 + arange_k
-                k_ok = offs_k < K
-                x = _x_at(x_rows[:, None] + offs_k[None, :], k_ok[None, :], NormW, offs_k[None, :],
-                          k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
-                xf = x.to(tl.float32)
-                part = _add_chunk(part, w, xf, REDUCE)
-                if GATED:
-                    part_up = _add_chunk(part_up, wu, xf, REDUCE)
+                part, part_up = _row_chunk(part, part_up, w, wu, x_rows, k0, arange_k, NormW, K, rstd, NORM,
+                                           GATED, REDUCE, dtype)  # fmt: skip
         if REDUCE:
             acc = part[None, :]
             acc_up = part_up[None, :]
