@@ -199,8 +199,14 @@ def kernels_part(quick: bool) -> dict:
     return out
 
 
-def single_part(quick: bool, layers: int, variants: list[str]) -> dict:
+def single_part(quick: bool, layers: int, variants: list[str], reduce: tuple[str, ...] = ("on",)) -> dict:
+    """Single-stream ms/token of each variant; FP8 variants once per one-row reducing-loop setting of
+    `reduce` ("on": the default rule, "off": never; keys ``"<variant> (reduce off)"``), same model."""
     from bench_serving import single_stream
+
+    from trtforge.kernels import gemv as gemv_mod
+
+    rule = gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM
 
     prompt = torch.randint(
         3, SHAPE["vocab_size"], (512,), generator=torch.Generator().manual_seed(0)
@@ -212,19 +218,26 @@ def single_part(quick: bool, layers: int, variants: list[str]) -> dict:
     for method in variants:
         with dispatch(method):
             model = variant(method, layers)
-            r = single_stream(model, prompt, olen, graphs=True)
-        r.pop("tokens")
-        out[method] = r
-        print(
-            f"single stream {method}: {r['itl_ms_mean']:.3f} ms/token (p50 {r['itl_ms_p50']:.3f})", flush=True
-        )
+            for setting in reduce if method.startswith("fp8") else ("on",):
+                gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = rule if setting == "on" else float("inf")
+                r = single_stream(model, prompt, olen, graphs=True)
+                r.pop("tokens")
+                name = method if setting == reduce[0] else f"{method} (reduce {setting})"
+                out[name] = r
+                print(
+                    f"single stream {name}: {r['itl_ms_mean']:.3f} ms/token (p50 {r['itl_ms_p50']:.3f})",
+                    flush=True,
+                )
+            gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = rule
         del model
         gc.collect()
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
     if "bf16" in out:
         base = out["bf16"]["itl_ms_mean"]
-        out["ratio_to_bf16"] = {m: out[m]["itl_ms_mean"] / base for m in variants if m != "bf16"}
+        out["ratio_to_bf16"] = {
+            m: r["itl_ms_mean"] / base for m, r in out.items() if isinstance(r, dict) and m != "bf16"
+        }
     return out
 
 
@@ -290,20 +303,18 @@ def main() -> None:
         help=f"comma-separated, of {', '.join(VARIANTS)} (serving: {', '.join(SERVING_VARIANTS)})",
     )
     ap.add_argument(
-        "--gemv-loop",
-        choices=("plain", "prefetch", "reduce", "prefetch+reduce"),
-        default=None,
-        help="the one-row GEMVs' loop: each weight chunk requested before the previous one's FMAs "
-        "(gemv.GEMV_PREFETCH), each chunk summed as it comes (gemv.GEMV_REDUCE_EACH_CHUNK), or both",
+        "--fp8-gemv-reduce",
+        nargs="+",
+        choices=("on", "off"),
+        default=["on"],
+        help="single stream: one-row FP8 GEMVs with many programs sum each chunk as it comes (on: the "
+        "default, gemv.FP8_REDUCE_MIN_PROGRAMS_PER_SM) or keep their partials to the end (off); "
+        "'on off' times both on the same model, the first named is the variant's figure",
     )
     ap.add_argument("--tiny", action="store_true", help="check the script on a CPU (tiny model)")
     args = ap.parse_args()
     global DEVICE, SHAPE
-    from trtforge.kernels import gemv as gemv_mod
 
-    if args.gemv_loop is not None:
-        gemv_mod.GEMV_PREFETCH = "prefetch" in args.gemv_loop
-        gemv_mod.GEMV_REDUCE_EACH_CHUNK = "reduce" in args.gemv_loop
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -320,12 +331,11 @@ def main() -> None:
         "torch": torch.__version__,
         "shape": SHAPE | {"num_hidden_layers": args.layers},
         "quick": args.quick,
-        "gemv_prefetch": gemv_mod.GEMV_PREFETCH,
-        "gemv_reduce_each_chunk": gemv_mod.GEMV_REDUCE_EACH_CHUNK,
+        "fp8_gemv_reduce": args.fp8_gemv_reduce,
     }
     parts = {
         "kernels": lambda: kernels_part(args.quick),
-        "single": lambda: single_part(args.quick, args.layers, variants),
+        "single": lambda: single_part(args.quick, args.layers, variants, tuple(args.fp8_gemv_reduce)),
         "serving": lambda: serving_part(args.quick, args.layers, variants),
     }
     for name in [p.strip() for p in args.parts.split(",") if p.strip()]:

@@ -2,10 +2,10 @@
 
     python -m benchmarks.sweep_quant_gemv --quick --out benchmarks/results/sweep_quant_gemv.json
 
-Shapes (the fused layer's four projections; the lm_head stays BF16 and is not swept):
-qkv [6144, 4096] with the RMSNorm prologue, o [4096, 4096] + residual, gate_up [2 x 14336, 4096]
-with norm and SiLU*mul, down [4096, 14336] + residual. M = 1 for every format, and M = 2, 4, 8 for
-INT4 (the GEMV serves INT4 up to 16 tokens; --quick: M = 4).
+Shapes: the fused layer's four projections, qkv [6144, 4096] with the RMSNorm prologue, o [4096,
+4096] + residual, gate_up [2 x 14336, 4096] with norm and SiLU*mul, down [4096, 14336] + residual;
+and lm_head [128256, 4096] with the final norm (BF16 unless quantized: ``--shapes`` picks). M = 1 for
+every format, and M = 2, 4, 8 for INT4 (the GEMV serves INT4 up to 16 tokens; --quick: M = 4).
 
 Each (shape, format, M, config) is first checked against its float reference (float32
 ``x @ dequantize(W)^T``, the same norm rounding, SiLU and residual), then timed as a CUDA graph of 20
@@ -14,8 +14,8 @@ and TB/s of weight bytes (codes + scales + offsets; H200 HBM3e peak 4.8 TB/s). P
 best config per (shape, format, M) next to ``default_config``'s, then the per-token FP8 activation
 quantization kernel (:mod:`trtforge.kernels.fp8_rows`) and ``torch._scaled_mm`` at M = 1..4096
 (graph-timed: no host overhead). ``--quick``: a smaller grid (~3 min on an H200 with Triton's
-compiles); ``--loops plain,prefetch,reduce,prefetch+reduce`` times each one-row 16-bit / FP8 config
-under each of those loops (``gemv.GEMV_PREFETCH``, ``gemv.GEMV_REDUCE_EACH_CHUNK``); ``--budget-s`` is
+compiles); ``--loops plain,reduce`` (the default) times each one-row 16-bit / FP8 config with partials
+kept to the end and summed each chunk (``GemvConfig.reduce``); ``--budget-s`` is
 split evenly over the (shape, format, M) entries, each trying the configs nearest its default first and
 starting no new one past its share.
 """
@@ -39,11 +39,11 @@ SHAPES = {  # name: (output rows (gate/up: pairs), K, norm, gated, residual)
     "o": (4096, 4096, False, False, True),
     "gate_up": (14336, 4096, True, True, False),
     "down": (4096, 14336, False, False, True),
+    "lm_head": (128256, 4096, True, False, False),
 }
+DEFAULT_SHAPES = ("qkv", "o", "gate_up", "down")
 LAUNCHES = 20  # per graph
-# one-row GEMV loops: (gemv.GEMV_PREFETCH, gemv.GEMV_REDUCE_EACH_CHUNK)
-LOOPS = {"plain": (False, False), "prefetch": (True, False), "reduce": (False, True),
-         "prefetch+reduce": (True, True)}  # fmt: skip
+LOOPS = {"plain": False, "reduce": True}  # one-row GEMV loops: GemvConfig.reduce
 L2_DEFEAT_BYTES = 256e6  # weight copies rotated per graph: at least this many bytes in all
 
 
@@ -149,12 +149,11 @@ def sweep_gemv(
     t0: float,
     budget: float,
     shapes: list[str],
-    loops: tuple[str, ...] = ("plain",),
+    loops: tuple[str, ...] = tuple(LOOPS),
 ) -> tuple[list[dict], list[dict]]:
     """Every (shape, format, M) of `shapes` x `formats`, its configs nearest the default first, each under
     every one-row loop of `loops` (:data:`LOOPS`; one-row 16-bit and FP8 GEMVs only, the others run
     "plain"); the budget is split evenly over them, so a long grid on one shape does not starve the next."""
-    from trtforge.kernels import gemv as gemv_mod
     from trtforge.kernels.gemv import _num_sms, default_config
 
     rows: list[dict] = []
@@ -181,14 +180,16 @@ def sweep_gemv(
                 cands = [dflt, *nearest_first([c for c in grid(fmt, m, gated, quick) if c != dflt], dflt)]
                 results = []
                 one_row = m == 1 and fmt != "int4"
-                runs = [(c, lp) for c in cands for lp in loops if one_row or lp == "plain"]
-                for cfg, lp in runs:
+                runs = [dataclasses.replace(c, reduce=LOOPS[lp]) for c in cands for lp in loops
+                        if one_row or lp == "plain"]  # fmt: skip
+                runs = list(dict.fromkeys([dflt, *runs]))
+                for cfg in runs:
+                    lp = "reduce" if cfg.reduce else "plain"
                     if time.perf_counter() > deadline and results:
                         print(f"  (budget spent: {shape} {fmt} M={m} stops after {len(results)} configs)")
                         break
-                    gemv_mod.GEMV_PREFETCH, gemv_mod.GEMV_REDUCE_EACH_CHUNK = LOOPS[lp]
                     row = {"shape": shape, "format": fmt, "m": m, "config": dataclasses.asdict(cfg),
-                           "loop": lp, "default": cfg == dflt and lp == "plain",
+                           "loop": lp, "default": cfg == dflt,
                            "weight_mb": size / 1e6}  # fmt: skip
                     try:
                         got = op(shape, x, nw, res, w, cfg).float()
@@ -211,13 +212,12 @@ def sweep_gemv(
                         ),
                         flush=True,
                     )
-                gemv_mod.GEMV_PREFETCH, gemv_mod.GEMV_REDUCE_EACH_CHUNK = LOOPS["plain"]
                 ok = [r for r in results if "us" in r and r["rel_err"] < 2e-2]
                 if ok:
                     top = min(ok, key=lambda r: r["us"])
                     d = next((r for r in ok if r["default"]), None)
                     by_loop = {lp: min((r["us"] for r in ok if r["loop"] == lp), default=None)
-                               for lp in loops}  # fmt: skip
+                               for lp in LOOPS}  # fmt: skip
                     best.append({"shape": shape, "format": fmt, "m": m, "best": top,
                                  "default_us": d["us"] if d else None,
                                  "best_us_by_loop": by_loop})  # fmt: skip
@@ -268,11 +268,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smaller config grid (~3 min)")
     ap.add_argument("--formats", default="bf16,fp8,int4")
     ap.add_argument("--budget-s", type=float, default=None, help="GEMV sweep time budget (quick: 150 s)")
-    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
+    ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help=f"of {', '.join(SHAPES)}")
     ap.add_argument("--no-act-quant", action="store_true", help="skip the FP8 activation-quantization part")
     ap.add_argument(
         "--loops",
-        default="plain",
+        default=",".join(LOOPS),
         help=f"comma-separated one-row GEMV loops to time each config under, of {', '.join(LOOPS)}",
     )
     ap.add_argument("--out", default=None)

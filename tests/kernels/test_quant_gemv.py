@@ -446,11 +446,10 @@ def test_fp8_quant_linear_on_the_skinny_gemm_when_turned_on(monkeypatch, m):
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", ["fp16", "fp8"])
-def test_one_row_gemv_loops_prefetch_bit_identically_and_reduce_within_tolerance(device, fmt, monkeypatch):
-    """GEMV_PREFETCH requests chunk c + 1 before chunk c's FMAs; the sums are the same FMAs in the same
-    order, so the norm, gated and residual GEMVs return the same bits with it on or off (K in three
-    chunks and a ragged fourth, so the prefetch crosses chunks and runs past K). GEMV_REDUCE_EACH_CHUNK
-    (alone or with the prefetch) sums in another order: the float reference's tolerance."""
+def test_one_row_gemv_reducing_loop_matches_the_reference(device, fmt):
+    """GemvConfig.reduce sums each chunk's products as they come rather than at the end: another order
+    of the same sums, so the norm, gated and residual GEMVs stay within the float reference's tolerance
+    of it and of the plain loop (K in three chunks and a ragged fourth)."""
     from trtforge.kernels import gemv as gemv_mod
 
     skip_unless_runs_here(device)
@@ -461,35 +460,51 @@ def test_one_row_gemv_loops_prefetch_bit_identically_and_reduce_within_tolerance
         q, qd = _to(quantize_fp8(w), device), _to(quantize_fp8(wd), device)
     else:
         q, qd = w.to(device=device, dtype=x.dtype), wd.to(device=device, dtype=x.dtype)
-    cfg = gemv_mod.GemvConfig(block_n=2, block_k=128, num_warps=4, num_stages=1, dot=False)
-    cfg_d = gemv_mod.GemvConfig(block_n=4, block_k=16, num_warps=4, num_stages=1, dot=False)
     runs = {}
-    for loop in ((False, False), (True, False), (False, True), (True, True)):
-        monkeypatch.setattr(gemv_mod, "GEMV_PREFETCH", loop[0])
-        monkeypatch.setattr(gemv_mod, "GEMV_REDUCE_EACH_CHUNK", loop[1])
+    for reduce in (False, True):
+        cfg = gemv_mod.GemvConfig(block_n=2, block_k=128, num_stages=1, reduce=reduce)
+        cfg_d = gemv_mod.GemvConfig(block_n=4, block_k=16, num_stages=1, reduce=reduce)
         a = gemv_mod.norm_gate_up_silu(x, nw, 1e-6, q, config=cfg)
-        runs[loop] = (
+        runs[reduce] = (
             gemv_mod.norm_gemv(x, nw, 1e-6, q, config=cfg),
             a,
             gemv_mod.gemv_residual(a.contiguous(), qd, x, config=cfg_d),
         )
-    for off, on in zip(runs[False, False], runs[True, False]):
-        assert torch.equal(off.cpu(), on.cpu())
     dq = q.dequantize().cpu() if fmt == "fp8" else q.float().cpu()
     xn = _rms_ref(x, nw, 1e-6).float().cpu()
     want = xn @ dq.t()
     g, u = want.to(x.dtype).float().split(inter, dim=1)
     want_a = (torch.nn.functional.silu(g.to(x.dtype).float()).to(x.dtype).float() * u).to(x.dtype).float()
-    for loop, (norm_out, gated, _) in runs.items():
+    for reduce, (norm_out, gated, _) in runs.items():
         torch.testing.assert_close(norm_out.float().cpu(), want.to(x.dtype).float(), atol=2e-2, rtol=2e-2)
-        torch.testing.assert_close(gated.float().cpu(), want_a, atol=2e-2, rtol=2e-2, msg=str(loop))
-    for reduced in (runs[False, True], runs[True, True]):  # the residual GEMV, against the plain loop's
-        torch.testing.assert_close(reduced[2].float().cpu(), runs[False, False][2].float().cpu(),
-                                   atol=3e-2, rtol=2e-2)  # fmt: skip
+        torch.testing.assert_close(gated.float().cpu(), want_a, atol=2e-2, rtol=2e-2, msg=f"reduce={reduce}")
+    plain, reduced = runs[False][2].float().cpu(), runs[True][2].float().cpu()
+    torch.testing.assert_close(reduced, plain, atol=3e-2, rtol=2e-2)
 
 
-def _gate_up_compile_facts(prefetch: bool, reduce: bool) -> dict:
-    """The one-row gated FP8 GEMV (Llama-3-8B gate_up, the default config) compiled for sm_90."""
+def test_one_row_fp8_gemvs_reduce_where_programs_are_many():
+    """default_config's loop rule at the Llama-3-8B shapes on 132 SMs (the H200 loop sweeps): qkv,
+    gate_up and the lm_head (>= 10 programs an SM) sum each 16,384-code chunk as it comes, over 4 rows
+    x 4,096 (qkv: 8 rows would leave too few programs), 4 pairs x 2,048 and 8 rows x 2,048; o and down
+    keep the plain loop; 16-bit weights, INT4 and FP8 at more than one row never reduce."""
+    from trtforge.kernels.gemv import default_config
+
+    for n, k, gated, bn, bk in ((6144, 4096, False, 4, 4096), (14336, 4096, True, 4, 2048),
+                                (128256, 4096, False, 8, 2048)):  # fmt: skip
+        cfg = default_config(1, n, k, gated, 132, "fp8")
+        assert cfg.reduce and (cfg.block_n, cfg.block_k, cfg.num_warps) == (bn, bk, 4), (n, cfg)
+    for n, k in ((4096, 4096), (4096, 14336)):
+        cfg = default_config(1, n, k, False, 132, "fp8")
+        assert not cfg.reduce and cfg.block_k == 1024, cfg
+    assert default_config(1, 4096, 100, False, 1, "fp8").block_k == 128  # K shorter than a chunk
+    assert not default_config(2, 14336, 4096, True, 132, "fp8").reduce
+    assert not default_config(1, 14336, 4096, True, 132, "plain").reduce
+    assert not default_config(1, 14336, 4096, True, 132, "int4").reduce
+
+
+def _gate_up_compile_facts(reduce: bool) -> dict:
+    """The one-row gated FP8 GEMV (Llama-3-8B gate_up, the default config but for the loop) compiled for
+    sm_90."""
     from tests.kernels._sm90 import compile_facts
     from trtforge.kernels import gemv as g
 
@@ -500,23 +515,23 @@ def _gate_up_compile_facts(prefetch: bool, reduce: bool) -> dict:
             "stride_rm": 14336, "up_rows": 14336}  # fmt: skip
     consts = {"M": 1, "NORM": True, "GATED": True, "HAS_RES": False, "HAS_BIAS": False, "DOT": False,
               "PDL": True, "WFMT": 1, "GROUP": 128, "ASM": True, "BLOCK_M": 1, "BLOCK_N": cfg.block_n,
-              "BLOCK_K": cfg.block_k, "PREFETCH": prefetch, "REDUCE": reduce}  # fmt: skip
+              "BLOCK_K": cfg.block_k, "REDUCE": reduce}  # fmt: skip
     facts = compile_facts(g._gemv_kernel, pointers, ints, consts, cfg.num_warps, cfg.num_stages,
                           scalars={"eps": "fp32"})  # fmt: skip
     facts["registers"] = int(re.search(r"Used (\d+) registers", facts["ptxas"]).group(1))
     return facts
 
 
-def test_one_row_gemv_loops_trade_registers_for_loads_in_flight_on_sm90():
-    """What the opt-in loops change in sm_90 code (the H200 decides which wins): REDUCE keeps no
-    [BLOCK_N, BLOCK_K] partials, so it takes fewer registers (more programs an SM); PREFETCH holds a
-    second chunk of weights, so more. None spills."""
+def test_one_row_gemv_reducing_loop_takes_fewer_registers_on_sm90():
+    """Why the reducing loop wins where programs are many: it keeps no [BLOCK_N, BLOCK_K] partials, so
+    the default gate_up launch (2,048-column chunks) takes fewer registers than the plain loop would at
+    the same chunk (more programs an SM, more loads in flight). Neither spills."""
     from tests.kernels._sm90 import needs_ptxas, run_in_child
 
     needs_ptxas()
     regs = {}
-    for loop in ((False, False), (True, False), (False, True)):
-        facts = run_in_child(f"{__name__}:_gate_up_compile_facts", *loop)
+    for reduce in (False, True):
+        facts = run_in_child(f"{__name__}:_gate_up_compile_facts", reduce)
         assert facts["ptxas_rc"] == 0 and facts["spills"] == [0], facts["ptxas"]
-        regs[loop] = facts["registers"]
-    assert regs[False, True] < regs[False, False] < regs[True, False], regs
+        regs[reduce] = facts["registers"]
+    assert regs[True] < regs[False], regs

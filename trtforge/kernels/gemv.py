@@ -45,29 +45,22 @@ from trtforge.kernels import interpreting
 from trtforge.kernels.qweight import INT4_GROUP, Fp8Weight, Int4Weight, QuantWeight
 
 MAX_ROWS = 16  # rows (tokens) one launch takes: the row block is at most 16
-# One-row GEMVs over 16-bit or FP8 weights: request chunk c + 1 before chunk c's FMAs, so that each
-# program has two chunks of weights in flight rather than one (its loop loads, then computes). Opt-in
-# until an H200 run times it (benchmarks/sweep_quant_gemv.py --loops): the FP8 GEMVs read 2.3-3.7 TB/s
-# with every launch config of the full grid (results/sweep_quant_gemv_fp8_s18.json), and their sm_90
-# code widens a code in 1.5 instructions (F2FP a pair, HADD2.F32 each) beside its FFMA: likely not binding.
-GEMV_PREFETCH = False
-# One-row GEMVs: sum each chunk's products into [BLOCK_N] as it comes rather than keeping [BLOCK_N,
-# BLOCK_K] partials to the end (64 of the gated FP8 GEMV's 94 registers a thread): more programs an SM,
-# so more loads in flight; the sums' order changes (not bit-identical). Opt-in until an H200 run times it
-# (benchmarks/sweep_quant_gemv.py --loops).
-GEMV_REDUCE_EACH_CHUNK = False
 
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """Launch parameters: output columns per program, K chunk, warps, pipeline stages, and whether the
-    chunk product runs on the tensor cores (``tl.dot`` over rows padded to 16) or as FP32 FMAs."""
+    """Launch parameters: output columns per program, K chunk, warps, pipeline stages, whether the
+    chunk product runs on the tensor cores (``tl.dot`` over rows padded to 16) or as FP32 FMAs, and
+    (one row, 16-bit or FP8 weights) whether each chunk's products are summed as they come (`reduce`:
+    ``[BLOCK_N]`` partials rather than ``[BLOCK_N, BLOCK_K]``, so fewer registers and more programs an
+    SM; the sums' order differs, not bit-identical)."""
 
     block_n: int = 16
     block_k: int = 256
     num_warps: int = 4
     num_stages: int = 3
     dot: bool = False
+    reduce: bool = False
 
 
 @triton.jit
@@ -249,13 +242,11 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
     REDUCE: tl.constexpr = False,
 ):
     """Out[m, n] = epilogue(sum_k prologue(X)[m, k] * W[n, k]) for the BLOCK_N columns of this program.
-    PREFETCH (one row, 16-bit or FP8 weights): each chunk's weights are requested before the previous
-    chunk's FMAs (:data:`GEMV_PREFETCH`); REDUCE (one row): each chunk's products are summed as they come
-    (:data:`GEMV_REDUCE_EACH_CHUNK`).
+    REDUCE (one row, 16-bit or FP8 weights): each chunk's products are summed as they come
+    (:attr:`GemvConfig.reduce`).
 
     WFMT 0: 16-bit weights. WFMT 1 (FP8 weight-only): E4M3 codes widened to float32 in registers, the
     sum over the (normalized) 16-bit x, times each row's scale in the epilogue. WFMT 2 (INT4): int32
@@ -311,33 +302,18 @@ def _gemv_kernel(
         # one row: keep [BLOCK_N, BLOCK_K] partial products in registers, reduce once after the loop
         # (REDUCE: sum each chunk into [BLOCK_N] as it goes)
         k_ok = arange_k < K
-        if PREFETCH:  # chunk c + 1's weights are requested before chunk c's FMAs: two chunks in flight
-            w, wu = w0, wu0
-            if REDUCE:
-                part = tl.zeros([BLOCK_N], dtype=tl.float32)
-                part_up = tl.zeros([BLOCK_N], dtype=tl.float32)
-            else:
-                part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-                part_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                w_next, wu_next = _w_chunk(w_rows, k0 + BLOCK_K, arange_k, n_ok, K, stride_wn, up_rows, GATED)
-                part, part_up = _row_chunk(part, part_up, w, wu, x_rows, k0, arange_k, NormW, K, rstd, NORM,
-                                           GATED, REDUCE, dtype)  # fmt: skip
-                w, wu = w_next, wu_next
-        else:  # the measured loop, kept apart: one loop loading chunk c + 1 after chunk c's FMAs compiles
-            # to the prefetching code (ptxas hoists that load: 156 registers, not 94)
-            x0 = _x_at(x_rows[:, None] + arange_k[None, :], k_ok[None, :], NormW, arange_k[None, :],
-                       k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
-            xf = x0.to(tl.float32)
-            part = w0.to(tl.float32) * xf
-            part_up = wu0.to(tl.float32) * xf
-            if REDUCE:
-                part = tl.sum(part, 1)
-                part_up = tl.sum(part_up, 1)
-            for k0 in range(BLOCK_K, K, BLOCK_K):
-                w, wu = _w_chunk(w_rows, k0, arange_k, n_ok, K, stride_wn, up_rows, GATED)
-                part, part_up = _row_chunk(part, part_up, w, wu, x_rows, k0, arange_k, NormW, K, rstd, NORM,
-                                           GATED, REDUCE, dtype)  # fmt: skip
+        x0 = _x_at(x_rows[:, None] + arange_k[None, :], k_ok[None, :], NormW, arange_k[None, :],
+                   k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
+        xf = x0.to(tl.float32)
+        part = w0.to(tl.float32) * xf
+        part_up = wu0.to(tl.float32) * xf
+        if REDUCE:
+            part = tl.sum(part, 1)
+            part_up = tl.sum(part_up, 1)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            w, wu = _w_chunk(w_rows, k0, arange_k, n_ok, K, stride_wn, up_rows, GATED)
+            part, part_up = _row_chunk(part, part_up, w, wu, x_rows, k0, arange_k, NormW, K, rstd, NORM,
+                                       GATED, REDUCE, dtype)  # fmt: skip
         if REDUCE:
             acc = part[None, :]
             acc_up = part_up[None, :]
@@ -411,6 +387,16 @@ def pdl_supported(device: torch.device) -> bool:
 # 16.8 against 19.0; chunks of 2048 took twice as long at every shape.
 QUANT_ROWS_PER_PROGRAM = {"fp8": 4, "int4": 8}
 QUANT_BLOCK_K = {"fp8": 1024, "int4": 4096}
+# One-row FP8 GEMVs with at least this many programs an SM (at 4 weight rows a program) sum each chunk as
+# it comes (GemvConfig.reduce), over chunks of FP8_REDUCE_CHUNK_CODES codes: 8 weight rows a program (gate
+# and up count two) where that still leaves as many programs, else 4. The H200 loop sweeps (results/
+# sweep_quant_gemv_loops_s19.json, sweep_quant_gemv_head_s19.json; 4 warps): qkv (11.6 programs an SM) 9.74
+# us at 4 rows x 4,096 against the plain loop's best 11.03; gate_up (27) 30.9 at 4 pairs x 2,048 against
+# 38.6; the FP8 lm_head 115 us at 8 rows x 2,048 (4.56 TB/s) against 143 at 4 x 2,048 and 147 plain. o and
+# down (7.8) lose with it (6.15 against 5.91, 17.0 against 15.9). 16-bit weights: no loop wins beyond
+# noise, so they stay plain.
+FP8_REDUCE_MIN_PROGRAMS_PER_SM = 10
+FP8_REDUCE_CHUNK_CODES = 16384
 
 
 def default_config(
@@ -423,7 +409,8 @@ def default_config(
     chunk (<= 1024) keeping ~32 FP32 partials a thread; more rows: the tensor cores. Quantized weights
     (`weight_kind` "fp8" or "int4") take FP32 FMAs at every row count: ``QUANT_ROWS_PER_PROGRAM`` rows
     (FP8: rows or gate/up pairs, halved while programs are too few) and ``QUANT_BLOCK_K`` columns a
-    chunk (FP8: shorter per row of x past one).
+    chunk (FP8: shorter per row of x past one; one row with many programs: the reducing loop over
+    chunks of ``FP8_REDUCE_CHUNK_CODES`` codes, 8 rows a program where programs stay many).
     """
     rows_per_pair = 2 if gated else 1
     if weight_kind in QUANT_ROWS_PER_PROGRAM:
@@ -439,6 +426,12 @@ def default_config(
         bk = min(QUANT_BLOCK_K[weight_kind], triton.next_power_of_2(k))
         if weight_kind == "int4":  # one row of x at a time: the registers do not grow with m
             return GemvConfig(block_n=bn, block_k=max(bk, INT4_GROUP), num_warps=4, num_stages=1, dot=False)
+        many = FP8_REDUCE_MIN_PROGRAMS_PER_SM * num_sms
+        if m == 1 and triton.cdiv(n, bn) >= many:
+            if not gated and triton.cdiv(n, 2 * bn) >= many:
+                bn *= 2  # 8 rows a program, as gate_up's 4 pairs
+            bk = min(FP8_REDUCE_CHUNK_CODES // (bn * rows_per_pair), triton.next_power_of_2(k))
+            return GemvConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=1, dot=False, reduce=True)
         bk = max(64, bk // triton.next_power_of_2(m))  # FMAs over [m, rows, chunk]
         return GemvConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=1 if m == 1 else 2, dot=False)
     if m == 1:
@@ -500,8 +493,8 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
         up_rows, float(eps),
         NORM=norm_w is not None, GATED=up_rows > 0, HAS_RES=res is not None, HAS_BIAS=bias is not None,
         DOT=cfg.dot, PDL=pdl, WFMT=wfmt, GROUP=INT4_GROUP, ASM=x.device.type == "cuda" and not interpreting(),
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=GEMV_PREFETCH and wfmt < 2,
-        REDUCE=GEMV_REDUCE_EACH_CHUNK and wfmt < 2,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        REDUCE=cfg.reduce and wfmt < 2 and block_m == 1 and not cfg.dot,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
 
