@@ -14,7 +14,8 @@ Three parts, each self-checking (a failed check exits non-zero after the JSON is
    (quantization error, reported). A third variant times the FP8 pools with the kernel's products in
    BF16 (``decode_attention.FP8_KV_F16 = False``, the kernel before session 18) beside the FP16 ones.
 ``--serving-sweep`` instead times the serving path's fixed launch over FP8 pools for a few configs at
-the served shapes (what ``decode_attention.FP8_KV_DECODE_CONFIG`` is chosen from).
+the served shapes (what ``decode_attention.FP8_KV_DECODE_CONFIG`` is chosen from); ``--page-sizes 16 32
+64`` over pools of those block sizes too (``--default-config-only``: that launch alone).
 2. capacity: ``sizing.torch_pool`` (what ``from_pretrained`` runs) on the loaded 8B model for each
    cache dtype, then a fixed budget of pool bytes allocated for each: tokens held. Check: FP8 holds
    2x the BF16 tokens in the same bytes (>= 1.99x).
@@ -138,52 +139,56 @@ SWEEP_CONFIGS = [  # (block_n, num_warps, num_stages): FP8 tiles are half the by
 ]  # fmt: skip
 
 
-def serving_sweep(points=SWEEP_POINTS, configs=SWEEP_CONFIGS) -> dict:
+def serving_sweep(points=SWEEP_POINTS, configs=SWEEP_CONFIGS, pages=(16,), default_only=False) -> dict:
     """The serving path's fixed launch (``TritonDecodeAttention`` with a given DecodeConfig, split count
-    by the heuristic) over FP8 pools, per (B, L) and config, graph-timed; checked against the default
-    config's output. The best config by the geometric mean of its time over the default's."""
+    by the heuristic) over FP8 pools of each block size of `pages` (the same K/V), per (B, L), config and
+    block size, graph-timed; checked against the first one's output (the default config over
+    ``pages[0]``). The best (config, block size) by the geometric mean of its time over that first one's."""
     from trtforge.kernels.decode_attention import DecodeConfig, _fits, default_decode_config
     from trtforge.llm.executors.triton_attention import TritonDecodeAttention
 
     default = default_decode_config(D, torch.float8_e4m3fn)
     cands = [DecodeConfig(bn, w, st) for bn, w, st in configs if _fits(bn, st, D, elem_bytes=1)]
-    cands = [default] + [c for c in cands if c != default]
+    cands = [default] if default_only else [default] + [c for c in cands if c != default]
     rows: list[dict] = []
     for b, length in points:
         gen = torch.Generator().manual_seed(b + length)
         k = torch.randn(b, HKV, length, D, dtype=torch.bfloat16, device="cuda")
         v = torch.randn(b, HKV, length, D, dtype=torch.bfloat16, device="cuda")
         ks, vs = float(k.abs().amax()) / FP8_MAX, float(v.abs().amax()) / FP8_MAX
-        k16, v16, table = _pool(k, v, 16, gen)
-        del k, v
-        k8, v8 = quantize_fp8(k16, ks), quantize_fp8(v16, vs)
-        del k16, v16
         q = torch.randn(b, HQ, D, generator=gen).bfloat16().cuda()
         lens = torch.full((b,), length, dtype=torch.int32, device="cuda")
         out = torch.empty_like(q)
         want = None
-        for cfg in cands:
-            attn = TritonDecodeAttention(config=cfg)
-            fn = functools.partial(attn, q, k8, v8, table, lens, D**-0.5, out=out, k_scale=ks, v_scale=vs)
-            got = fn().float().clone()
-            want = got if want is None else want
-            us = _graph_us(fn)
-            row = {"B": b, "L": length, "config": [cfg.block_n, cfg.num_warps, cfg.num_stages], "us": us,
-                   "tb_per_s": 2 * b * HKV * length * D / us / 1e6,
-                   "max_diff_vs_default": float((got - want).abs().max())}  # fmt: skip
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        del k8, v8
+        for page in pages:
+            k16, v16, table = _pool(k, v, page, gen)
+            k8, v8 = quantize_fp8(k16, ks), quantize_fp8(v16, vs)
+            del k16, v16
+            for cfg in cands:
+                attn = TritonDecodeAttention(config=cfg)
+                fn = functools.partial(attn, q, k8, v8, table, lens, D**-0.5, out=out, k_scale=ks, v_scale=vs)
+                got = fn().float().clone()
+                want = got if want is None else want
+                us = _graph_us(fn)
+                row = {"B": b, "L": length, "page": page,
+                       "config": [cfg.block_n, cfg.num_warps, cfg.num_stages], "us": us,
+                       "tb_per_s": 2 * b * HKV * length * D / us / 1e6,
+                       "max_diff_vs_default": float((got - want).abs().max())}  # fmt: skip
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            del k8, v8
+        del k, v
         gc.collect()
         torch.cuda.empty_cache()
-    base = {(r["B"], r["L"]): r["us"] for r in rows if r["config"] == rows[0]["config"]}
+    first = (tuple(rows[0]["config"]), rows[0]["page"])
+    base = {(r["B"], r["L"]): r["us"] for r in rows if (tuple(r["config"]), r["page"]) == first}
     score: dict[tuple, list[float]] = {}
     for r in rows:
-        score.setdefault(tuple(r["config"]), []).append(r["us"] / base[(r["B"], r["L"])])
+        score.setdefault((*r["config"], r["page"]), []).append(r["us"] / base[(r["B"], r["L"])])
     gmean = {c: math.exp(sum(map(math.log, v)) / len(v)) for c, v in score.items() if len(v) == len(base)}
     best = min(gmean, key=gmean.get)
     print(
-        "configs by geometric-mean time over the default's:",
+        "(block_n, warps, stages, page) by geometric-mean time over the default's:",
         {str(c): round(g, 3) for c, g in gmean.items()},
     )
     return {"rows": rows, "gmean_over_default": {str(c): g for c, g in gmean.items()}, "best": list(best)}
@@ -268,6 +273,12 @@ def main() -> None:
         help="only sweep the serving path's fixed launch configs over FP8 pools (SWEEP_POINTS x "
         "SWEEP_CONFIGS)",
     )
+    ap.add_argument(
+        "--page-sizes", type=int, nargs="+", default=[16], help="--serving-sweep: the pools' block sizes"
+    )
+    ap.add_argument(
+        "--default-config-only", action="store_true", help="--serving-sweep: the default launch alone"
+    )
     ap.add_argument("--budget-gib", type=float, default=64.0, help="pool bytes of the capacity check")
     ap.add_argument("--pool-gib", type=float, default=4.0, help="the serving runs' KV pool")
     ap.add_argument("--requests", type=int, default=192)
@@ -282,7 +293,9 @@ def main() -> None:
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args)}
     failures: list[str] = []
     if args.serving_sweep:
-        results["serving_sweep"] = serving_sweep()
+        results["serving_sweep"] = serving_sweep(
+            pages=tuple(args.page_sizes), default_only=args.default_config_only
+        )
         failures += [
             f"B={r['B']} L={r['L']} config {r['config']}: differs from the default's output by "
             f"{r['max_diff_vs_default']:.3g}"

@@ -754,6 +754,7 @@ def main() -> None:
         help="fold o's and down's residual add into the mid-sized FP8 GEMM's epilogue "
         "(quant.linear.FP8_MID_FOLD_RESIDUAL; default: the module's, today off)",
     )
+    ap.add_argument("--block-size", type=int, default=16, help="tokens a KV block (page) holds")
     ap.add_argument("--max-batched-tokens", type=int, default=sizing.DEFAULT_MAX_NUM_BATCHED_TOKENS)
     ap.add_argument("--prefill-chunk", type=int, default=sizing.DEFAULT_MAX_PREFILL_CHUNK)
     ap.add_argument("--max-model-len", type=int, default=4096, help="the longest request (2048 + 2048)")
@@ -890,7 +891,7 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
         max_prefill_chunk=args.prefill_chunk,
     )
     t = time.perf_counter()
-    block = 16
+    block = args.block_size
     # the graphs this executor captures: the sizing measures and reserves them (issue #29's OOM at 0.9)
     graphs = sizing.GraphCapture(max_decode_batch=widest, max_graph_tokens=args.max_batched_tokens)
     graph_reserve = None
@@ -922,6 +923,7 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     results["executor"] = {
         "num_blocks": num_blocks,
         "kv_tokens": kv_tokens,
+        "block_size": block,
         "kv_pool_gb": ex.facts.kv_pool_bytes / 1e9,
         "pool_how": how,
         "sizing_s": time.perf_counter() - t,
