@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.trtforge-installed
 DEMO_DIR ?= build/demo
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-gpu gpu-wheels lint clean
+.PHONY: venv demo test test-gpu gpu-wheels gpu-carry lint clean
 
 venv: $(STAMP)
 
@@ -53,6 +53,15 @@ gpu-wheels:
 	python3 -m pip download -q --only-binary=:all: --python-version $(GPU_PYTHON) --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	  -d .whl $(GPU_WHEELS)
+
+# The trained models for the device tool's carry (the working tree travels, ../shared does not): copied
+# into the git-excluded .gpu/models; benchmarks/device_env.sh puts them back at ../shared/models there.
+SHARED_MODELS ?= ../shared/models
+gpu-carry:
+	@test -d $(SHARED_MODELS) || { echo "gpu-carry: $(SHARED_MODELS) is absent" >&2; exit 2; }
+	@mkdir -p .git/info && grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+	rm -rf .gpu/models.tmp && mkdir -p .gpu && cp -r $(SHARED_MODELS) .gpu/models.tmp
+	rm -f .gpu/models.tmp/*.py && rm -rf .gpu/models && mv .gpu/models.tmp .gpu/models
 
 test-gpu:
 	@if ls .whl/*.whl >/dev/null 2>&1; then \
