@@ -85,8 +85,9 @@ FP8_KV_F16 = True  # FP8 pools: products in FP16 (module docstring); False: in t
 # consecutive keys a register) one byte at a time from shared memory: the sm_90 code of the served launch
 # (128-key tiles) spends 128 LDS.U8 a thread a tile. Widened first, the FP16 tile goes through shared memory
 # once (16 STS.128) and comes back by ldmatrix.trans (16 LDSM.T): the unmasked tile loop compiles to 914
-# instructions rather than 1,033, but takes 72 KB of shared memory rather than 40 (fewer programs an SM).
-# Opt-in until an H200 run times it (bench_kv_fp8.py --serving-sweep --v-words off on).
+# instructions rather than 1,033, in 72 KB of shared memory rather than 40 (168 registers a thread either
+# way, which alone hold an SM to 3 programs). Opt-in until an H200 run times it (bench_kv_fp8.py
+# --serving-sweep --v-words off on).
 FP8_KV_V_WORDS = False
 
 
