@@ -155,6 +155,7 @@ def serving_sweep(
     cands = [DecodeConfig(bn, w, st) for bn, w, st in configs if _fits(bn, st, D, elem_bytes=1)]
     cands = [default] if default_only else [default] + [c for c in cands if c != default]
     rows: list[dict] = []
+    words_before = da.FP8_KV_V_WORDS
     for b, length in points:
         gen = torch.Generator().manual_seed(b + length)
         k = torch.randn(b, HKV, length, D, dtype=torch.bfloat16, device="cuda")
@@ -182,7 +183,7 @@ def serving_sweep(
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             del k8, v8
-        da.FP8_KV_V_WORDS = False
+        da.FP8_KV_V_WORDS = words_before
         del k, v
         gc.collect()
         torch.cuda.empty_cache()

@@ -84,7 +84,7 @@ FP8_KV_F16 = True  # FP8 pools: products in FP16 (module docstring); False: in t
 # layout (:func:`_fp8_v_words`). Otherwise Triton reads V's [keys, D] tile for P.V's B operand (pairs of
 # consecutive keys a register) one byte at a time from shared memory: the sm_90 code of the served launch
 # (128-key tiles) spends 128 LDS.U8 a thread a tile. Widened first, the FP16 tile goes through shared memory
-# once (16 STS.128) and comes back by ldmatrix.trans (16 LDSM.T): the unmasked tile loop compiles to 914
+# once (16 STS.128) and comes back by ldmatrix.trans (16 LDSM.T): the unmasked tile loop compiles to 899
 # instructions rather than 1,033, in 72 KB of shared memory rather than 40 (168 registers a thread either
 # way, which alone hold an SM to 3 programs). Opt-in until an H200 run times it (bench_kv_fp8.py
 # --serving-sweep --v-words off on).
@@ -734,18 +734,18 @@ def _split_options(
         "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
-        "KV_F16": fp16_products(kv_dtype), "V_WORDS": v_words and fp16_products(kv_dtype) and not tma,
+        "KV_F16": fp16_products(kv_dtype), "V_WORDS": v_words and not tma,
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
 
 
 def _v_words(v: torch.Tensor, d: int) -> bool:
     """Whether the split kernel loads `v`'s whole tiles as int32 words (:data:`FP8_KV_V_WORDS`): on, FP8
-    codes, D a power of two (no masked columns) and contiguous, every other stride and the base whole
-    words, and a compiled kernel (Triton's interpreter runs no inline PTX)."""
+    codes with FP16 products, D a power of two (no masked columns) and contiguous, every other stride and
+    the base whole words, and a compiled kernel (Triton's interpreter runs no inline PTX)."""
     return (
         FP8_KV_V_WORDS
-        and v.dtype == FP8_KV_DTYPE
+        and fp16_products(v.dtype)
         and not interpreting()
         and d == triton.next_power_of_2(d) >= 16
         and v.stride(-1) == 1
