@@ -15,8 +15,7 @@ Three parts, each self-checking (a failed check exits non-zero after the JSON is
    BF16 (``decode_attention.FP8_KV_F16 = False``, the kernel before session 18) beside the FP16 ones.
 ``--serving-sweep`` instead times the serving path's fixed launch over FP8 pools for a few configs at
 the served shapes (what ``decode_attention.FP8_KV_DECODE_CONFIG`` is chosen from); ``--page-sizes 16 32
-64`` over pools of those block sizes too (``--default-config-only``: that launch alone), ``--v-words off
-on`` with V tiles loaded as words and without (``decode_attention.FP8_KV_V_WORDS``).
+64`` over pools of those block sizes too (``--default-config-only``: that launch alone).
 2. capacity: ``sizing.torch_pool`` (what ``from_pretrained`` runs) on the loaded 8B model for each
    cache dtype, then a fixed budget of pool bytes allocated for each: tokens held. Check: FP8 holds
    2x the BF16 tokens in the same bytes (>= 1.99x).
@@ -140,14 +139,11 @@ SWEEP_CONFIGS = [  # (block_n, num_warps, num_stages): FP8 tiles are half the by
 ]  # fmt: skip
 
 
-def serving_sweep(
-    points=SWEEP_POINTS, configs=SWEEP_CONFIGS, pages=(16,), default_only=False, v_words=(False,)
-) -> dict:
+def serving_sweep(points=SWEEP_POINTS, configs=SWEEP_CONFIGS, pages=(16,), default_only=False) -> dict:
     """The serving path's fixed launch (``TritonDecodeAttention`` with a given DecodeConfig, split count
     by the heuristic) over FP8 pools of each block size of `pages` (the same K/V), per (B, L), config and
-    block size, under each ``decode_attention.FP8_KV_V_WORDS`` of `v_words`, graph-timed; checked against
-    the first one's output (the default config over ``pages[0]``). The best (config, block size, words) by
-    the geometric mean of its time over that first one's."""
+    block size, graph-timed; checked against the first one's output (the default config over
+    ``pages[0]``). The best (config, block size) by the geometric mean of its time over that first one's."""
     from trtforge.kernels.decode_attention import DecodeConfig, _fits, default_decode_config
     from trtforge.llm.executors.triton_attention import TritonDecodeAttention
 
@@ -155,7 +151,6 @@ def serving_sweep(
     cands = [DecodeConfig(bn, w, st) for bn, w, st in configs if _fits(bn, st, D, elem_bytes=1)]
     cands = [default] if default_only else [default] + [c for c in cands if c != default]
     rows: list[dict] = []
-    words_before = da.FP8_KV_V_WORDS
     for b, length in points:
         gen = torch.Generator().manual_seed(b + length)
         k = torch.randn(b, HKV, length, D, dtype=torch.bfloat16, device="cuda")
@@ -169,36 +164,31 @@ def serving_sweep(
             k16, v16, table = _pool(k, v, page, gen)
             k8, v8 = quantize_fp8(k16, ks), quantize_fp8(v16, vs)
             del k16, v16
-            for cfg, words in ((c, w) for c in cands for w in v_words):
-                da.FP8_KV_V_WORDS = words
+            for cfg in cands:
                 attn = TritonDecodeAttention(config=cfg)
                 fn = functools.partial(attn, q, k8, v8, table, lens, D**-0.5, out=out, k_scale=ks, v_scale=vs)
                 got = fn().float().clone()
                 want = got if want is None else want
                 us = _graph_us(fn)
-                row = {"B": b, "L": length, "page": page, "v_words": words,
+                row = {"B": b, "L": length, "page": page,
                        "config": [cfg.block_n, cfg.num_warps, cfg.num_stages], "us": us,
                        "tb_per_s": 2 * b * HKV * length * D / us / 1e6,
                        "max_diff_vs_default": float((got - want).abs().max())}  # fmt: skip
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             del k8, v8
-        da.FP8_KV_V_WORDS = words_before
         del k, v
         gc.collect()
         torch.cuda.empty_cache()
-
-    def key(r: dict) -> tuple:
-        return (*r["config"], r["page"], r["v_words"])
-
-    base = {(r["B"], r["L"]): r["us"] for r in rows if key(r) == key(rows[0])}
+    first = (tuple(rows[0]["config"]), rows[0]["page"])
+    base = {(r["B"], r["L"]): r["us"] for r in rows if (tuple(r["config"]), r["page"]) == first}
     score: dict[tuple, list[float]] = {}
     for r in rows:
-        score.setdefault(key(r), []).append(r["us"] / base[(r["B"], r["L"])])
+        score.setdefault((*r["config"], r["page"]), []).append(r["us"] / base[(r["B"], r["L"])])
     gmean = {c: math.exp(sum(map(math.log, v)) / len(v)) for c, v in score.items() if len(v) == len(base)}
     best = min(gmean, key=gmean.get)
     print(
-        "(block_n, warps, stages, page, v_words) by geometric-mean time over the first's:",
+        "(block_n, warps, stages, page) by geometric-mean time over the default's:",
         {str(c): round(g, 3) for c, g in gmean.items()},
     )
     return {"rows": rows, "gmean_over_default": {str(c): g for c, g in gmean.items()}, "best": list(best)}
@@ -289,14 +279,6 @@ def main() -> None:
     ap.add_argument(
         "--default-config-only", action="store_true", help="--serving-sweep: the default launch alone"
     )
-    ap.add_argument(
-        "--v-words",
-        nargs="+",
-        choices=("off", "on"),
-        default=["off"],
-        help="--serving-sweep: V tiles as int32 words widened in the load layout "
-        "(decode_attention.FP8_KV_V_WORDS) off / on",
-    )
     ap.add_argument("--budget-gib", type=float, default=64.0, help="pool bytes of the capacity check")
     ap.add_argument("--pool-gib", type=float, default=4.0, help="the serving runs' KV pool")
     ap.add_argument("--requests", type=int, default=192)
@@ -312,9 +294,7 @@ def main() -> None:
     failures: list[str] = []
     if args.serving_sweep:
         results["serving_sweep"] = serving_sweep(
-            pages=tuple(args.page_sizes),
-            default_only=args.default_config_only,
-            v_words=tuple(w == "on" for w in args.v_words),
+            pages=tuple(args.page_sizes), default_only=args.default_config_only
         )
         failures += [
             f"B={r['B']} L={r['L']} config {r['config']}: differs from the default's output by "

@@ -755,13 +755,6 @@ def main() -> None:
         "(quant.linear.FP8_MID_FOLD_RESIDUAL; default: the module's, today off)",
     )
     ap.add_argument("--block-size", type=int, default=16, help="tokens a KV block (page) holds")
-    ap.add_argument(
-        "--fp8-kv-v-words",
-        choices=("on", "off"),
-        default=None,
-        help="FP8 pools: decode attention loads V tiles as int32 words, widened in the load layout "
-        "(decode_attention.FP8_KV_V_WORDS; default: the module's, today off)",
-    )
     ap.add_argument("--max-batched-tokens", type=int, default=sizing.DEFAULT_MAX_NUM_BATCHED_TOKENS)
     ap.add_argument("--prefill-chunk", type=int, default=sizing.DEFAULT_MAX_PREFILL_CHUNK)
     ap.add_argument("--max-model-len", type=int, default=4096, help="the longest request (2048 + 2048)")
@@ -848,10 +841,7 @@ def main() -> None:
         quant_linear.FP8_MID_FOLD_RESIDUAL = args.fp8_mid_fold_residual == "on"
     if args.fp8_decode_config is not None:
         decode_attention.FP8_KV_DECODE_CONFIG = decode_attention.DecodeConfig(*args.fp8_decode_config)
-    if args.fp8_kv_v_words is not None:
-        decode_attention.FP8_KV_V_WORDS = args.fp8_kv_v_words == "on"
     results["fp8_kv_decode_config"] = dataclasses.asdict(decode_attention.FP8_KV_DECODE_CONFIG)
-    results["fp8_kv_v_words"] = decode_attention.FP8_KV_V_WORDS
     results["mid_gemm_tokens"] = [fused_layers.MID_GEMM_MIN_TOKENS, fused_layers.MID_GEMM_MAX_TOKENS]
     results["fp8_mid_max_tokens"] = quant_linear.FP8_MID_MAX_TOKENS
     results["fp8_mid_fold_residual"] = quant_linear.FP8_MID_FOLD_RESIDUAL

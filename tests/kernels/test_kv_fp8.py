@@ -249,50 +249,12 @@ def test_llama3_8b_shape_decode_and_prefill_over_fp8_on_the_gpu():
     assert (got.float() - reference_decode(qc, kd, vd, chunk_lens)).abs().max() < TOL[torch.bfloat16]
 
 
-@pytest.mark.gpu
-def test_fp8_v_tiles_loaded_as_words_match_the_byte_path_on_the_gpu(monkeypatch):
-    """decode_attention.FP8_KV_V_WORDS (whole V tiles as int32 words, widened in the load layout) against
-    the default path over the same FP8 pools at the Llama-3-8B shape, through the autotuned launch and
-    the serving path's prepared one (ragged lengths: masked tail tiles stay on the byte path), and
-    against the FP32 reference of the dequantized pools."""
-    from trtforge.kernels import decode_attention as da
-    from trtforge.llm.executors.triton_attention import TritonDecodeAttention
-
-    device = _device("cuda")
-    g = torch.Generator().manual_seed(7)
-    b, hq, hkv, d, page = 6, 32, 8, 128, 16
-    lens = torch.tensor([4096, 1000, 2500, 1281, 129, 3333], dtype=torch.int32)
-    k = torch.randn(b, hkv, 4096, d, generator=g).bfloat16()
-    v = torch.randn(b, hkv, 4096, d, generator=g).bfloat16()
-    ks, vs = float(k.abs().max()) / 448, float(v.abs().max()) / 448
-    kq, vq = quantize_fp8(k, ks), quantize_fp8(v, vs)
-    kp, vp, table = _fp8_pools(kq, vq, lens, page, 10)
-    kp, vp, table, lens_d = kp.to(device), vp.to(device), table.to(device), lens.to(device)
-    q = torch.randn(b, hq, 1, d, generator=g).bfloat16().to(device)
-    want = reference_decode(q, dequantize(kq, ks).to(device), dequantize(vq, vs).to(device), lens_d)
-    runs = {}
-    for on in (False, True):
-        monkeypatch.setattr(da, "FP8_KV_V_WORDS", on)
-        assert da._v_words(da.pool_heads_major(vp), d) == on
-        tuned = da.decode_attention(q, kp, vp, lens_d, table, k_scale=ks, v_scale=vs)
-        out = torch.empty(b, hq, d, dtype=torch.bfloat16, device=device)
-        served = TritonDecodeAttention()(
-            q[:, :, 0], kp, vp, table, lens_d, d**-0.5, out=out, k_scale=ks, v_scale=vs
-        )
-        runs[on] = (tuned.float(), served.float().clone())
-    for got in (*runs[False], *runs[True]):
-        assert (got.reshape(want.shape) - want).abs().max() < TOL[torch.bfloat16]
-    for off, on in zip(runs[False], runs[True]):
-        assert (off - on).abs().max() < 2e-2
-
-
 # ------------------------------------------------------- sm_90 code (compiled here, no GPU needed)
 
 
-def _decode_compile_facts(kv_f16: bool, v_words: bool = False) -> dict:
+def _decode_compile_facts(kv_f16: bool) -> dict:
     """The paged split-KV decode kernel over FP8 pools with a BF16 query, as the serving path launches
-    it at the Llama-3-8B shape (GQA 32/8, D 128, 16-token pages), compiled for sm_90 (`v_words`: whole V
-    tiles as int32 words, decode_attention.FP8_KV_V_WORDS)."""
+    it at the Llama-3-8B shape (GQA 32/8, D 128, 16-token pages), compiled for sm_90."""
     from tests.kernels._sm90 import compile_facts
     from trtforge.kernels import decode_attention as da
 
@@ -301,7 +263,7 @@ def _decode_compile_facts(kv_f16: bool, v_words: bool = False) -> dict:
     da.FP8_KV_F16 = kv_f16
     try:
         opts = da._split_options(
-            cfg, 4, 1, 128, 16, False, False, False, 0, False, torch.bfloat16, FP8_KV_DTYPE, v_words
+            cfg, 4, 1, 128, 16, False, False, False, 0, False, torch.bfloat16, FP8_KV_DTYPE
         )
     finally:
         da.FP8_KV_F16 = old
@@ -345,27 +307,6 @@ def test_fp8_pools_widen_to_fp16_in_one_conversion_a_pair_on_sm90():
     # K/V tiles arrive by pipelined 16-byte cp.async, as the BF16 pools' do
     assert new["cp_async_16"] > 0 and new["counts"].get("cp.async.wait_group", 0) > 0, new["counts"]
     assert new["ptxas_rc"] == 0 and new["spills"] == [0], new["ptxas"]
-
-
-def test_fp8_v_tiles_as_words_reach_p_v_by_ldmatrix_trans_on_sm90():
-    """Why FP8_KV_V_WORDS: P.V wants pairs of consecutive keys of V a register, and V's tile is [keys,
-    D], so by default the FP8 codes come back from shared memory a byte at a time (``ld.shared.b8``, 128
-    a thread a 128-key tile, in each of the masked and unmasked loops). Widened to FP16 in the load
-    layout first, the unmasked loop's tile returns by ``ldmatrix.trans`` instead: half the byte loads
-    (the masked tail's remain), the same conversions a pair, more shared memory, no spills."""
-    from tests.kernels._sm90 import needs_ptxas, run_in_child
-
-    needs_ptxas()
-    plain = run_in_child(f"{__name__}:_decode_compile_facts", True, False)
-    words = run_in_child(f"{__name__}:_decode_compile_facts", True, True)
-    trans = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
-    assert plain["counts"].get(trans, 0) == 0 and words["counts"].get(trans, 0) > 0, words["counts"]
-    assert words["counts"]["ld.shared.b8"] * 2 == plain["counts"]["ld.shared.b8"], (plain, words)
-    # two FP8 -> FP16 conversions a word, one a pair, as before (the masked loop keeps its own)
-    widen = "cvt.rn.f16x2.e4m3x2"
-    assert words["counts"][widen] <= plain["counts"][widen], (plain["counts"][widen], words["counts"][widen])
-    assert plain["shared"] < words["shared"] <= 228 * 1024, (plain["shared"], words["shared"])
-    assert words["ptxas_rc"] == 0 and words["spills"] == [0], words["ptxas"]
 
 
 def _chunked_compile_facts(kv_f16: bool) -> dict:

@@ -80,15 +80,6 @@ MAX_HEAD_DIM = 256
 MAX_SPLITS = 256
 MIN_SPLIT_TOKENS = 256  # fewer keys per split than this costs more in the reduction than it gains
 FP8_KV_F16 = True  # FP8 pools: products in FP16 (module docstring); False: in the query's type
-# FP8 pools, FP16 products: load whole V tiles as int32 words of four codes and widen them in the load
-# layout (:func:`_fp8_v_words`). Otherwise Triton reads V's [keys, D] tile for P.V's B operand (pairs of
-# consecutive keys a register) one byte at a time from shared memory: the sm_90 code of the served launch
-# (128-key tiles) spends 128 LDS.U8 a thread a tile. Widened first, the FP16 tile goes through shared memory
-# once (16 STS.128) and comes back by ldmatrix.trans (16 LDSM.T): the unmasked tile loop compiles to 899
-# instructions rather than 1,033, in 72 KB of shared memory rather than 40 (168 registers a thread either
-# way, which alone hold an SM to 3 programs). Opt-in until an H200 run times it (bench_kv_fp8.py
-# --serving-sweep --v-words off on).
-FP8_KV_V_WORDS = False
 
 
 @dataclass(frozen=True)
@@ -155,21 +146,6 @@ def fp16_query(q, qk_scale):
 
 
 @triton.jit
-def _fp8_v_words(v_base, v_rows, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """A whole V tile of E4M3 codes ``[BLOCK_N, BLOCK_D]`` (rows at `v_rows` from `v_base`, D contiguous)
-    loaded as int32 words of four codes and widened to FP16 in the load layout: two
-    ``cvt.rn.f16x2.e4m3x2`` a word (:data:`FP8_KV_V_WORDS`)."""
-    words = tl.arange(0, BLOCK_D // 4)
-    w = tl.load(v_base.to(tl.pointer_type(tl.int32), bitcast=True) + (v_rows // 4)[:, None] + words[None, :])
-    c0, c1, c2, c3 = tl.inline_asm_elementwise(
-        "{ .reg .b16 l, h; .reg .b32 x, y; mov.b32 {l, h}, $4; cvt.rn.f16x2.e4m3x2 x, l; "
-        "cvt.rn.f16x2.e4m3x2 y, h; mov.b32 {$0, $1}, x; mov.b32 {$2, $3}, y; }",
-        "=h,=h,=h,=h,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1,
-    )  # fmt: skip
-    return tl.reshape(tl.join(tl.join(c0, c1), tl.join(c2, c3)), [BLOCK_N, BLOCK_D])  # code 4w + 2i + j
-
-
-@triton.jit
 def _attend_tiles(
     acc,
     l_i,
@@ -200,14 +176,11 @@ def _attend_tiles(
     DOT_F32: tl.constexpr,
     TMA: tl.constexpr,
     WINDOW: tl.constexpr,
-    V_WORDS: tl.constexpr,
 ):
     """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED tiles bound loads by `hi` and hide keys past
     each row's `last_key` (LOWER_RIGHT causal) and, WINDOW, before its `first_key`; unmasked ones
     are wholly visible to every row. TMA:
-    unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n.
-    V_WORDS (FP8 pools, FP16 products, D a power of two, contiguous): unmasked V tiles by
-    :func:`_fp8_v_words`."""
+    unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
@@ -236,9 +209,6 @@ def _attend_tiles(
         elif BLOCK_D != HEAD_DIM:
             k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
             v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        elif V_WORDS:
-            k = tl.load(k_ptrs)
-            v = _fp8_v_words(v_base, v_rows, BLOCK_N, BLOCK_D)
         else:
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
@@ -388,7 +358,6 @@ def _decode_split_kernel(
     KV_F16: tl.constexpr = False,
     PDL: tl.constexpr = False,
     STAMP: tl.constexpr = False,
-    V_WORDS: tl.constexpr = False,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
     WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
@@ -463,17 +432,17 @@ def _decode_split_kernel(
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, lo, head_end,
             last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True, False,
+            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
         )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, head_end, full_end,
         last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False, V_WORDS,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, full_end, hi,
         last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW, False,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
     )  # fmt: skip
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -718,13 +687,11 @@ def _split_options(
     pdl: bool,
     dtype: torch.dtype,
     kv_dtype: torch.dtype,
-    v_words: bool = False,
 ) -> dict[str, Any]:
     """The split kernel's constexprs and launch options: one definition for :func:`_launch` and the
     prepared launches of :func:`prepare_paged_decode`. The last program's reduction works on tiles
     of about 32 FP32 values a thread (TAIL_ROWS x TAIL_SPLITS partials at a time). `dtype` is the
-    query's, `kv_dtype` the pools' (FP8 pools take FP16 products: ``FP8_KV_F16``); `v_words`:
-    :func:`_v_words` of the V cache."""
+    query's, `kv_dtype` the pools' (FP8 pools take FP16 products: ``FP8_KV_F16``)."""
     block_d = max(16, triton.next_power_of_2(d))
     tail = 1024 * cfg.num_warps
     tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
@@ -734,24 +701,9 @@ def _split_options(
         "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
-        "KV_F16": fp16_products(kv_dtype), "V_WORDS": v_words and not tma,
+        "KV_F16": fp16_products(kv_dtype),
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
-
-
-def _v_words(v: torch.Tensor, d: int) -> bool:
-    """Whether the split kernel loads `v`'s whole tiles as int32 words (:data:`FP8_KV_V_WORDS`): on, FP8
-    codes with FP16 products, D a power of two (no masked columns) and contiguous, every other stride and
-    the base whole words, and a compiled kernel (Triton's interpreter runs no inline PTX)."""
-    return (
-        FP8_KV_V_WORDS
-        and fp16_products(v.dtype)
-        and not interpreting()
-        and d == triton.next_power_of_2(d) >= 16
-        and v.stride(-1) == 1
-        and all(st % 4 == 0 for st in v.stride()[:-1])
-        and v.data_ptr() % 4 == 0
-    )
 
 
 def _reduce_options(s_q: int, d: int, splits: int, pdl: bool) -> dict[str, Any]:
@@ -819,9 +771,8 @@ def _launch(
     descs = _tma_descriptors(k, v, cfg.block_n) if cfg.tma and page == 0 else None
     k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
     options = _split_options(
-        cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype, k.dtype,
-        _v_words(v, d),
-    )  # fmt: skip
+        cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype, k.dtype
+    )
     _decode_split_kernel[(splits, b * hkv)](
         q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,
@@ -1059,6 +1010,6 @@ def prepare_paged_decode(
             **_reduce_options(s_q, d, splits, pdl),
         )
     options = _split_options(
-        config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype, k.dtype, _v_words(v, d)
+        config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype, k.dtype
     )
     return PreparedLaunch(_decode_split_kernel, (splits, b * hkv), args, operands, reduce, **options)
