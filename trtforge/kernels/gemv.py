@@ -22,8 +22,9 @@ in registers (a hardware conversion on Hopper, exact), FMAs with x, each row's s
 FP32 sum. INT4: the packed bytes read as int32 words of eight codes; per group of 128,
 ``scale * sum(q * x) + offset * sum(x)``, the codes turned into floats by OR-ing them into the
 mantissa of 2^23 and subtracting it (no int-to-float conversion), so an element costs its unpack and
-one FMA. (W8A8, the FP8 tensor cores' path for more tokens, is ``torch._scaled_mm``:
-:mod:`trtforge.llm.quant.linear`.)
+one FMA; at one row most INT4 projections run on the tensor cores instead
+(:mod:`trtforge.kernels.int4_mma`, chosen in :func:`_launch`). (W8A8, the FP8 tensor cores' path for
+more tokens, is ``torch._scaled_mm``: :mod:`trtforge.llm.quant.linear`.)
 
 On Hopper and later the launches are programmatic dependent launches (:func:`pdl_supported`): a
 one-row program requests its first weight chunk, then waits (``griddepcontrol.wait``) for the previous
@@ -41,7 +42,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtforge.kernels import interpreting
+from trtforge.kernels import int4_mma, interpreting
 from trtforge.kernels.qweight import INT4_GROUP, Fp8Weight, Int4Weight, QuantWeight
 
 MAX_ROWS = 16  # rows (tokens) one launch takes: the row block is at most 16
@@ -468,8 +469,30 @@ def _check(x: torch.Tensor, w: torch.Tensor | QuantWeight, what: str) -> None:
         raise ValueError(f"{what}: x and weight need unit stride along K")
 
 
+# One-row INT4 GEMVs run on the tensor cores (:mod:`trtforge.kernels.int4_mma`) where it takes them and no
+# config is given; False: always the FMA kernel here (for A/B timing).
+INT4_MMA = True
+
+
+def prepare(weight: torch.Tensor | QuantWeight) -> None:
+    """Ready `weight` for the one-row kernels before a CUDA graph captures them: an INT4 weight on a GPU
+    gets its tensor-core packing (:func:`trtforge.kernels.int4_mma.mma_words`) now, not mid-capture."""
+    if INT4_MMA and isinstance(weight, Int4Weight) and weight.packed.is_cuda:
+        int4_mma.mma_words(weight)
+
+
 def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=0, config=None) -> None:
     m, k = int(x.shape[0]), int(x.shape[1])
+    if (
+        INT4_MMA
+        and config is None
+        and bias is None
+        and isinstance(w, Int4Weight)
+        and not interpreting()
+        and int4_mma.supported(x, w, n, up_rows > 0, norm_w is not None)
+    ):
+        int4_mma.launch(x, w, out, n, res=res, norm_w=norm_w, eps=eps, up_rows=up_rows)
+        return
     codes, scale, offset, wfmt = _weight_args(w)
     kind = ("plain", "fp8", "int4")[wfmt]
     cfg = config or default_config(m, n, k, up_rows > 0, _num_sms(x.device), kind)

@@ -36,12 +36,8 @@ import torch
 from trtforge.kernels import has_wgmma
 from trtforge.kernels.fused_layer import qk_norm_, rms_norm, rope_and_cache, silu_mul
 from trtforge.kernels.gemm_mid import mid_gemm
-from trtforge.kernels.gemv import (
-    MAX_ROWS,
-    gemv_residual,
-    norm_gate_up_silu,
-    norm_gemv,
-)
+from trtforge.kernels.gemv import MAX_ROWS, gemv_residual, norm_gate_up_silu, norm_gemv
+from trtforge.kernels.gemv import prepare as prepare_gemv_weight
 from trtforge.kernels.qweight import cat_weights
 from trtforge.llm.models.llama import LlamaStyle
 from trtforge.llm.quant.linear import QuantLinear, quant_linear, weight_only_max_tokens
@@ -173,6 +169,8 @@ class FusedLayers:
         head = self.model.lm_head
         self.head_w = _weight(head)
         self.head_gemv_max_tokens = self.gemv_max_tokens
+        for w in [w for w, _ in self.qkv_w] + self.gate_up_w + self.o_w + self.down_w + [self.head_w]:
+            prepare_gemv_weight(w)
         if isinstance(head, QuantLinear):  # (FP8: weight-only at one token, W8A8 above)
             self.head_gemv_max_tokens = min(self.gemv_max_tokens, weight_only_max_tokens(self.head_w))
 

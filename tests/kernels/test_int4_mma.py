@@ -1,0 +1,152 @@
+"""The one-row INT4 GEMV on the tensor cores (trtforge.kernels.int4_mma).
+
+On the CPU: the packed words hold each code where the ``mma.m16n8k16`` fragment tables (PTX ISA) put
+its row and k for the x fragments the kernel loads (:func:`~trtforge.kernels.int4_mma.emulate`, written
+from the tables, not from the packing); the kernel compiles for sm_90a with ``mma.sync`` and no
+spills. On a GPU (``-m gpu``): the three forms (norm, gated SiLU, residual) against float32
+``x @ dequantize(W)^T`` and the FMA kernel, in BF16 and FP16, and the dispatch from :mod:`gemv`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from tests._devices import skip_unless_runs_here
+from tests.kernels._sm90 import assemble, needs_ptxas, run_in_child
+from trtforge.kernels.qweight import quantize_int4
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+
+
+@needs_triton
+@pytest.mark.parametrize(("n", "k"), [(16, 128), (48, 384), (32, 1024)])
+def test_packed_words_sit_where_the_mma_fragment_tables_put_them(n, k):
+    from trtforge.kernels.int4_mma import emulate, pack_int4_mma
+
+    g = torch.Generator().manual_seed(n + k)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    x = torch.randn(k, generator=g, dtype=torch.float64)
+    words = pack_int4_mma(codes)
+    assert words.shape == (n // 16, k // 128, 32, 8) and words.dtype == torch.int32
+    assert torch.allclose(emulate(words, x), codes.double() @ x, rtol=0, atol=1e-9)
+    swapped = codes.clone()
+    swapped[:, [0, 1]] = swapped[:, [1, 0]]  # two k of one row exchanged: the sums must notice
+    if not torch.equal(swapped, codes):
+        assert not torch.allclose(emulate(pack_int4_mma(swapped), x), codes.double() @ x, atol=1e-6)
+
+
+@needs_triton
+def test_packing_refuses_partial_tiles_and_groups():
+    from trtforge.kernels.int4_mma import pack_int4_mma
+
+    with pytest.raises(ValueError, match="tiles of 16"):
+        pack_int4_mma(torch.zeros(40, 128, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="groups of 128"):
+        pack_int4_mma(torch.zeros(32, 192, dtype=torch.uint8))
+
+
+def _compile_case(norm: bool, gated: bool, res: bool, bf16: bool) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from trtforge.kernels import int4_mma as m
+
+    fn = m._int4_mma_kernel
+    dt = "bf16" if bf16 else "fp16"
+    ptrs = {"X": f"*{dt}", "Wm": "*i32", "Scales": "*fp16", "Offsets": "*fp16", "Out": f"*{dt}",
+            "Res": f"*{dt}", "NormW": f"*{dt}"}  # fmt: skip
+    warps, u = m.launch_rule(4096 if norm else 14336, gated, norm)
+    consts = {"NORM": norm, "GATED": gated, "HAS_RES": res, "NW": warps, "R": 2 if gated else 1,
+              "BF16": bf16, "KW": 2048 if norm else 0, "U": u}  # fmt: skip
+    names = fn.arg_names
+    sig = {a: "constexpr" if a in consts else ptrs.get(a, "fp32" if a == "eps" else "i32") for a in names}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs}
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    ptx = kernel.asm["ptx"]
+    return {"mma": ptx.count("mma.sync.aligned.m16n8k16"), "shared": kernel.metadata.shared} | assemble(ptx)
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    ("norm", "gated", "res"), [(True, False, False), (True, True, False), (False, False, True)]
+)
+@pytest.mark.parametrize("bf16", [True, False])
+def test_compiles_for_sm90_with_mma_and_no_spills(norm, gated, res, bf16):
+    needs_ptxas()
+    facts = run_in_child(f"{__name__}:_compile_case", norm, gated, res, bf16)
+    assert facts["ptxas_rc"] == 0, facts["ptxas"]
+    # a group: 8 k-tiles of each tile (2 when gated) and of the ones tile (x's sums)
+    assert facts["mma"] >= 8 * ((2 if gated else 1) + 1), facts
+    assert not any(facts["spills"]), facts["ptxas"]
+    assert facts["shared"] <= (8192 if norm else 1024)  # the staged row (K = 4096) or the warps' sums
+
+
+def _operands(n: int, k: int, dtype: torch.dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(1, k, generator=g) * 2).to(dtype)
+    nw = (torch.rand(k, generator=g) + 0.5).to(dtype)
+    q = quantize_int4(torch.randn(n, k, generator=g) / k**0.5)
+    return x, nw, q
+
+
+def _on(q, device):
+    from trtforge.kernels.qweight import Int4Weight
+
+    return Int4Weight(q.packed.to(device), q.scale.to(device), q.offset.to(device))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(dtype):
+    from trtforge.kernels import int4_mma
+    from trtforge.kernels.gemv import default_config, gemv_residual, norm_gate_up_silu, norm_gemv
+
+    skip_unless_runs_here("cuda")
+    n, inter, k, kd = 96, 64, 2048, 8192  # K: 16 groups (norm: 8 warps; gated: 4) and 64 (residual: 8 x 2)
+    x, nw, q = _operands(n, k, dtype, seed=1)
+    xc, nwc, qc = x.cuda(), nw.cuda(), _on(q, "cuda")
+    assert int4_mma.supported(xc, qc, n, gated=False, norm=True)
+    xn = ((x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype) * nw).to(dtype)
+    want = (xn.float() @ q.dequantize().t()).to(dtype)
+    got = norm_gemv(xc, nwc, 1e-5, qc).cpu()
+    fma = norm_gemv(xc, nwc, 1e-5, qc, config=default_config(1, n, k, False, 132, "int4")).cpu()
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(got.float(), fma.float(), atol=2e-3, rtol=2e-3)
+
+    _, _, qg = _operands(2 * inter, k, dtype, seed=2)
+    lin = (xn.float() @ qg.dequantize().t()).to(dtype).float()
+    gate, up = lin.split(inter, dim=1)
+    want = (torch.nn.functional.silu(gate).to(dtype).float() * up).to(dtype)
+    got = norm_gate_up_silu(xc, nwc, 1e-5, _on(qg, "cuda")).cpu()
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-3, rtol=2e-3)
+
+    assert int4_mma.supported(xc, qc, inter, gated=True, norm=True)
+    xd, _, qd = _operands(n, kd, dtype, seed=3)
+    assert int4_mma.supported(xd.cuda(), _on(qd, "cuda"), n, gated=False, norm=False)
+    res = torch.randn(1, n, generator=torch.Generator().manual_seed(4)).to(dtype)
+    want = (xd.float() @ qd.dequantize().t() + res.float()).to(dtype)
+    got = gemv_residual(xd.cuda(), _on(qd, "cuda"), res.cuda()).cpu()
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-3, rtol=2e-3)
+
+
+@pytest.mark.gpu
+def test_a_swapped_code_is_caught_on_the_gpu():
+    """One code changed in one row changes that row's output only: the kernel reads every code."""
+    from trtforge.kernels.gemv import gemv_residual
+    from trtforge.kernels.qweight import Int4Weight, pack_int4
+
+    skip_unless_runs_here("cuda")
+    x, _, q = _operands(32, 8192, torch.bfloat16, seed=5)
+    codes = q.codes()
+    codes[17, 7000] = (codes[17, 7000] + 8) % 16
+    q2 = Int4Weight(pack_int4(codes), q.scale, q.offset)
+    zero = torch.zeros(1, 32, dtype=torch.bfloat16, device="cuda")
+    a = gemv_residual(x.cuda(), _on(q, "cuda"), zero).float().cpu()
+    b = gemv_residual(x.cuda(), _on(q2, "cuda"), zero).float().cpu()
+    changed = (a - b).abs()[0] > 0
+    assert changed[17] and changed.sum() == 1
