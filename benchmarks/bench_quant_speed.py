@@ -199,9 +199,17 @@ def kernels_part(quick: bool) -> dict:
     return out
 
 
-def single_part(quick: bool, layers: int, variants: list[str], reduce: tuple[str, ...] = ("on",)) -> dict:
+def single_part(
+    quick: bool,
+    layers: int,
+    variants: list[str],
+    reduce: tuple[str, ...] = ("on",),
+    int4_mma: tuple[str, ...] = ("on",),
+) -> dict:
     """Single-stream ms/token of each variant; FP8 variants once per one-row reducing-loop setting of
-    `reduce` ("on": the default rule, "off": never; keys ``"<variant> (reduce off)"``), same model."""
+    `reduce` ("on": the default rule, "off": never; keys ``"<variant> (reduce off)"``), INT4 variants
+    once per `int4_mma` setting (the one-row tensor-core GEMV, gemv.INT4_MMA; keys ``"<variant> (mma
+    off)"``), same model."""
     from bench_serving import single_stream
 
     from trtforge.kernels import gemv as gemv_mod
@@ -218,17 +226,23 @@ def single_part(quick: bool, layers: int, variants: list[str], reduce: tuple[str
     for method in variants:
         with dispatch(method):
             model = variant(method, layers)
-            for setting in reduce if method.startswith("fp8") else ("on",):
-                gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = rule if setting == "on" else float("inf")
+            settings, label = (reduce, "reduce") if method.startswith("fp8") else (("on",), "")
+            if method.startswith("int4"):
+                settings, label = int4_mma, "mma"
+            for setting in settings:
+                off = label == "reduce" and setting == "off"
+                gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = float("inf") if off else rule
+                gemv_mod.INT4_MMA = label != "mma" or setting == "on"
                 r = single_stream(model, prompt, olen, graphs=True)
                 r.pop("tokens")
-                name = method if setting == reduce[0] else f"{method} (reduce {setting})"
+                name = method if setting == settings[0] else f"{method} ({label} {setting})"
                 out[name] = r
                 print(
                     f"single stream {name}: {r['itl_ms_mean']:.3f} ms/token (p50 {r['itl_ms_p50']:.3f})",
                     flush=True,
                 )
             gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = rule
+            gemv_mod.INT4_MMA = True
         del model
         gc.collect()
         if DEVICE == "cuda":
@@ -311,6 +325,14 @@ def main() -> None:
         "default, gemv.FP8_REDUCE_MIN_PROGRAMS_PER_SM) or keep their partials to the end (off); "
         "'on off' times both on the same model, the first named is the variant's figure",
     )
+    ap.add_argument(
+        "--int4-mma",
+        nargs="+",
+        choices=("on", "off"),
+        default=["on"],
+        help="single stream: one-row INT4 GEMVs on the tensor cores (on: the default, gemv.INT4_MMA) or "
+        "the FMA kernel (off); 'on off' times both on the same model, the first named is the figure",
+    )
     ap.add_argument("--tiny", action="store_true", help="check the script on a CPU (tiny model)")
     args = ap.parse_args()
     global DEVICE, SHAPE
@@ -332,10 +354,13 @@ def main() -> None:
         "shape": SHAPE | {"num_hidden_layers": args.layers},
         "quick": args.quick,
         "fp8_gemv_reduce": args.fp8_gemv_reduce,
+        "int4_mma": args.int4_mma,
     }
     parts = {
         "kernels": lambda: kernels_part(args.quick),
-        "single": lambda: single_part(args.quick, args.layers, variants, tuple(args.fp8_gemv_reduce)),
+        "single": lambda: single_part(
+            args.quick, args.layers, variants, tuple(args.fp8_gemv_reduce), tuple(args.int4_mma)
+        ),
         "serving": lambda: serving_part(args.quick, args.layers, variants),
     }
     for name in [p.strip() for p in args.parts.split(",") if p.strip()]:
