@@ -213,10 +213,8 @@ def single_part(
     from bench_serving import single_stream
 
     from trtforge.kernels import gemv as gemv_mod
-    from trtforge.kernels import int4_mma as int4_mma_mod
 
     rule = gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM
-    stages = int4_mma_mod.STAGES
 
     prompt = torch.randint(
         3, SHAPE["vocab_size"], (512,), generator=torch.Generator().manual_seed(0)
@@ -234,8 +232,7 @@ def single_part(
             for setting in settings:
                 off = label == "reduce" and setting == "off"
                 gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = float("inf") if off else rule
-                gemv_mod.INT4_MMA = label != "mma" or setting != "off"
-                int4_mma_mod.STAGES = 4 if label == "mma" and setting == "staged" else stages
+                gemv_mod.INT4_MMA = label != "mma" or setting == "on"
                 r = single_stream(model, prompt, olen, graphs=True)
                 r.pop("tokens")
                 name = method if setting == settings[0] else f"{method} ({label} {setting})"
@@ -246,7 +243,6 @@ def single_part(
                 )
             gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = rule
             gemv_mod.INT4_MMA = True
-            int4_mma_mod.STAGES = stages
         del model
         gc.collect()
         if DEVICE == "cuda":
@@ -332,11 +328,10 @@ def main() -> None:
     ap.add_argument(
         "--int4-mma",
         nargs="+",
-        choices=("on", "off", "staged"),
+        choices=("on", "off"),
         default=["on"],
-        help="single stream: one-row INT4 GEMVs on the tensor cores (on: the default, gemv.INT4_MMA; "
-        "staged: with int4_mma.STAGES = 4, the cp.async ring) or the FMA kernel (off); 'on off' times "
-        "both on the same model, the first named is the figure",
+        help="single stream: one-row INT4 GEMVs on the tensor cores (on: the default, gemv.INT4_MMA) or "
+        "the FMA kernel (off); 'on off' times both on the same model, the first named is the figure",
     )
     ap.add_argument("--tiny", action="store_true", help="check the script on a CPU (tiny model)")
     args = ap.parse_args()

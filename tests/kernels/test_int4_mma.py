@@ -48,7 +48,7 @@ def test_packing_refuses_partial_tiles_and_groups():
         pack_int4_mma(torch.zeros(32, 192, dtype=torch.uint8))
 
 
-def _compile_case(norm: bool, gated: bool, res: bool, bf16: bool, stages: int) -> dict:
+def _compile_case(norm: bool, gated: bool, res: bool, bf16: bool) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -59,36 +59,31 @@ def _compile_case(norm: bool, gated: bool, res: bool, bf16: bool, stages: int) -
     dt = "bf16" if bf16 else "fp16"
     ptrs = {"X": f"*{dt}", "Wm": "*i32", "Scales": "*fp16", "Offsets": "*fp16", "Out": f"*{dt}",
             "Res": f"*{dt}", "NormW": f"*{dt}"}  # fmt: skip
-    ptrs |= {"Sc": "*fp16"}
     warps, u = m.launch_rule(4096 if norm else 14336, gated, norm)
-    k = 4096 if norm else 14336
     consts = {"NORM": norm, "GATED": gated, "HAS_RES": res, "NW": warps, "R": 2 if gated else 1,
-              "BF16": bf16, "KW": k // 2 if norm or stages else 0, "U": u, "STAGES": stages}  # fmt: skip
+              "BF16": bf16, "KW": 2048 if norm else 0, "U": u}  # fmt: skip
     names = fn.arg_names
     sig = {a: "constexpr" if a in consts else ptrs.get(a, "fp32" if a == "eps" else "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs}
     src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     ptx = kernel.asm["ptx"]
-    return {"mma": ptx.count("mma.sync.aligned.m16n8k16"), "cp_async": "cp.async" in ptx,
-            "shared": kernel.metadata.shared} | assemble(ptx)  # fmt: skip
+    return {"mma": ptx.count("mma.sync.aligned.m16n8k16"), "shared": kernel.metadata.shared} | assemble(ptx)
 
 
 @needs_triton
 @pytest.mark.parametrize(
     ("norm", "gated", "res"), [(True, False, False), (True, True, False), (False, False, True)]
 )
-@pytest.mark.parametrize(("bf16", "stages"), [(True, 0), (False, 0), (True, 4)])
-def test_compiles_for_sm90_with_mma_and_no_spills(norm, gated, res, bf16, stages):
+@pytest.mark.parametrize("bf16", [True, False])
+def test_compiles_for_sm90_with_mma_and_no_spills(norm, gated, res, bf16):
     needs_ptxas()
-    facts = run_in_child(f"{__name__}:_compile_case", norm, gated, res, bf16, stages)
+    facts = run_in_child(f"{__name__}:_compile_case", norm, gated, res, bf16)
     assert facts["ptxas_rc"] == 0, facts["ptxas"]
     # a group: 8 k-tiles of each tile (2 when gated) and of the ones tile (x's sums)
     assert facts["mma"] >= 8 * ((2 if gated else 1) + 1), facts
     assert not any(facts["spills"]), facts["ptxas"]
-    assert facts["cp_async"] == (stages > 0)
-    if not stages:  # the staged row (K = 4096, 8 KB) or the warps' sums
-        assert facts["shared"] <= (8192 + 64 if norm else 1024)
+    assert facts["shared"] <= (8192 if norm else 1024)  # the staged row (K = 4096) or the warps' sums
 
 
 def _operands(n: int, k: int, dtype: torch.dtype, seed: int):
@@ -107,13 +102,11 @@ def _on(q, device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("stages", [0, 4])
-def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(dtype, stages, monkeypatch):
+def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(dtype):
     from trtforge.kernels import int4_mma
     from trtforge.kernels.gemv import default_config, gemv_residual, norm_gate_up_silu, norm_gemv
 
     skip_unless_runs_here("cuda")
-    monkeypatch.setattr(int4_mma, "STAGES", stages)
     n, inter, k, kd = 96, 64, 2048, 8192  # K: 16 groups (norm: 8 warps; gated: 4) and 64 (residual: 8 x 2)
     x, nw, q = _operands(n, k, dtype, seed=1)
     xc, nwc, qc = x.cuda(), nw.cuda(), _on(q, "cuda")
@@ -142,15 +135,12 @@ def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(dty
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("stages", [0, 4])
-def test_a_swapped_code_is_caught_on_the_gpu(stages, monkeypatch):
+def test_a_swapped_code_is_caught_on_the_gpu():
     """One code changed in one row changes that row's output only: the kernel reads every code."""
-    from trtforge.kernels import int4_mma
     from trtforge.kernels.gemv import gemv_residual
     from trtforge.kernels.qweight import Int4Weight, pack_int4
 
     skip_unless_runs_here("cuda")
-    monkeypatch.setattr(int4_mma, "STAGES", stages)
     x, _, q = _operands(32, 8192, torch.bfloat16, seed=5)
     codes = q.codes()
     codes[17, 7000] = (codes[17, 7000] + 8) % 16
@@ -160,18 +150,3 @@ def test_a_swapped_code_is_caught_on_the_gpu(stages, monkeypatch):
     b = gemv_residual(x.cuda(), _on(q2, "cuda"), zero).float().cpu()
     changed = (a - b).abs()[0] > 0
     assert changed[17] and changed.sum() == 1
-
-
-@needs_triton
-def test_packed_scales_give_each_lane_its_rows_g_and_g_plus_8():
-    from trtforge.kernels.int4_mma import pack_scales_mma
-
-    g = torch.Generator().manual_seed(3)
-    s = torch.rand(32, 3, generator=g).half()
-    o = torch.rand(32, 3, generator=g).half()
-    sc = pack_scales_mma(s, o)
-    assert sc.shape == (2, 3, 8, 4) and sc.dtype == torch.float16
-    for tile, grp, lane_g in ((0, 0, 0), (1, 2, 7), (1, 1, 3)):
-        row = 16 * tile + lane_g
-        want = torch.stack((s[row, grp], o[row, grp], s[row + 8, grp], o[row + 8, grp]))
-        assert torch.equal(sc[tile, grp, lane_g], want)

@@ -35,12 +35,10 @@ k-tile]``, so the 32 lanes of a warp hold one tile's fragments in the same regis
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from trtforge.kernels.qweight import INT4_GROUP, Int4Weight
 
@@ -51,14 +49,12 @@ WORDS_PER_GROUP = INT4_GROUP // 16  # k-tiles of 16 a group: one 32-bit word a l
 # 4 warps, a group at a time, 24.0 (FMA 34.7); qkv + norm 8 warps, one group, 7.87 (9.65); down +
 # residual 8 warps, two groups, 14.1 (17.0); o + residual (4 groups a warp) is slower here at best (6.52
 # against 5.32), so it stays on the FMA kernel. Four groups at once took 150-230 registers (one program
-# an SM) and lost everywhere. None: the module's rule; a tuple (warps, groups): forced, for sweeps.
+# an SM) and lost everywhere; so did a cp.async ring of 3, 4 or 6 groups in shared memory (commit 7eb9a6b,
+# removed after: a layer's three 50.5-56.2 us against 46.1, results/int4_mma_stages_s20.json). None: the
+# module's rule; a tuple (warps, groups): forced, for sweeps.
 MMA_WARPS: int | None = None
 GROUPS_PER_ITERATION: int | None = None
 MIN_GROUPS_PER_WARP_RESIDUAL = 8  # residual form: fewer groups a warp than this go to the FMA kernel
-# > 0: the words and scales come through a ring of this many groups a warp in shared memory, filled by
-# cp.async that many groups minus one ahead (registers stay free); 0: requested one iteration ahead into
-# registers. Not yet measured: 0 (the measured rule) unless TRTFORGE_INT4_MMA_STAGES says otherwise.
-STAGES = int(os.environ.get("TRTFORGE_INT4_MMA_STAGES", "0"))
 
 
 def launch_rule(k: int, gated: bool, norm: bool) -> tuple[int, int] | None:
@@ -107,28 +103,13 @@ def pack_int4_mma(codes: torch.Tensor, group_size: int = INT4_GROUP) -> torch.Te
     return words.reshape(n // 16, k // 128, 32, 8).contiguous()
 
 
-def pack_scales_mma(scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """float16 ``[N/16, K/128, 8, 4]``: for each tile, group and g, the scale and offset of row g and of
-    row g + 8, so that lane (g, t) reads its group's four in one 8-byte copy (:data:`STAGES`)."""
-    n, groups = scale.shape
-    s, o = scale.view(n // 16, 2, 8, groups), offset.view(n // 16, 2, 8, groups)
-    return torch.stack((s[:, 0], o[:, 0], s[:, 1], o[:, 1]), dim=-1).permute(0, 2, 1, 3).contiguous()
-
-
 def mma_words(w: Int4Weight) -> torch.Tensor:
     """`w`'s codes in :func:`pack_int4_mma`'s order, made once and kept on the weight."""
     words = w.__dict__.get("_mma_words")
     if words is None:
         words = pack_int4_mma(w.codes(), w.group_size)
         object.__setattr__(w, "_mma_words", words)  # (a cache, not a field: rows() and cat start afresh)
-        object.__setattr__(w, "_mma_scales", pack_scales_mma(w.scale, w.offset))
     return words
-
-
-def mma_scales(w: Int4Weight) -> torch.Tensor:
-    """`w`'s scales and offsets in :func:`pack_scales_mma`'s order (made with :func:`mma_words`)."""
-    mma_words(w)
-    return w.__dict__["_mma_scales"]
 
 
 @functools.cache
@@ -149,7 +130,7 @@ def supported(x: torch.Tensor, w: Int4Weight, n: int, gated: bool, norm: bool) -
         and n % TILE_ROWS == 0
         and launch_rule(k, gated, norm) is not None
         and k % INT4_GROUP == 0
-        and (not (norm or STAGES) or k <= MAX_NORM_K)
+        and (not norm or k <= MAX_NORM_K)
         and x.stride(1) == 1
         and (x.data_ptr() % 16 == 0)
     )
@@ -284,9 +265,9 @@ def _group_mma(loads, xs, gi, tot0, tot2, ones, zero, zero1, L4: gl.constexpr, L
 
 @gluon.jit
 def _int4_mma_kernel(
-    X, Wm, Scales, Offsets, Sc, Out, Res, NormW, NG, stride_sn, up_tiles, eps, K,
+    X, Wm, Scales, Offsets, Out, Res, NormW, NG, stride_sn, up_tiles, eps, K,
     NORM: gl.constexpr, GATED: gl.constexpr, HAS_RES: gl.constexpr, NW: gl.constexpr, R: gl.constexpr,
-    BF16: gl.constexpr, KW: gl.constexpr, U: gl.constexpr, STAGES: gl.constexpr = 0,
+    BF16: gl.constexpr, KW: gl.constexpr, U: gl.constexpr,
 ):  # fmt: skip
     """Out[n] = epilogue(sum_k prologue(x)[k] * W[n, k]) for R tiles of 16 rows (gated: the gate tile
     ``pid`` and the up tile ``up_tiles + pid``)."""
@@ -315,28 +296,22 @@ def _int4_mma_kernel(
         tile = pid * R + r_i
     word_off = (tile * NG * 32 + g_i * 4 + t_i) * 8 + j_i  # + group * 256
     xw_i = _iota(NW, 0, LX) * 64 + _iota(4, 3, LX) * 16 + _iota(16, 4, LX)  # + it * NW * 64
-    XSMEM: gl.constexpr = NORM or STAGES > 0  # x's row from shared memory (normalized under NORM)
-    if XSMEM:  # the row into shared memory, in chunks of CH (NORM: normalized as the eager path rounds)
+    if NORM:  # the normalized row into shared memory, in chunks of CH
         CH: gl.constexpr = 4 * 32 * NW
         XL: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
         offs = gl.arange(0, CH, layout=XL)
-        KWP: gl.constexpr = 1 << (KW - 1).bit_length()  # (shapes are powers of two: the tail unused)
-        smem = gl.allocate_shared_memory(X.dtype.element_ty, [KWP * 2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        if NORM:
-            sq = gl.zeros([CH], gl.float32, layout=XL)
-            for c in gl.static_range(KW * 2 // CH):
-                xv = gl.load(X + c * CH + offs).to(gl.float32)
-                sq += xv * xv
-            rstd = gl.rsqrt(gl.sum(sq, 0) / K + eps)
-            for c in gl.static_range(KW * 2 // CH):
-                xv = gl.load(X + c * CH + offs).to(gl.float32)
-                nw = gl.load(NormW + c * CH + offs)
-                smem.slice(c * CH, CH).store(((xv * rstd).to(X.dtype.element_ty) * nw).to(X.dtype.element_ty))
-        else:
-            for c in gl.static_range(KW * 2 // CH):
-                smem.slice(c * CH, CH).store(gl.load(X + c * CH + offs))
+        sq = gl.zeros([CH], gl.float32, layout=XL)
+        for c in gl.static_range(KW * 2 // CH):
+            xv = gl.load(X + c * CH + offs).to(gl.float32)
+            sq += xv * xv
+        rstd = gl.rsqrt(gl.sum(sq, 0) / K + eps)
+        smem = gl.allocate_shared_memory(X.dtype.element_ty, [KW * 2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        for c in gl.static_range(KW * 2 // CH):
+            xv = gl.load(X + c * CH + offs).to(gl.float32)
+            nw = gl.load(NormW + c * CH + offs)
+            smem.slice(c * CH, CH).store(((xv * rstd).to(X.dtype.element_ty) * nw).to(X.dtype.element_ty))
         gl.thread_barrier()
-        xs = smem._reinterpret(gl.int32, [KWP // (64 * NW), NW, 1, 1, 4, 16],
+        xs = smem._reinterpret(gl.int32, [KW // (64 * NW), NW, 1, 1, 4, 16],
                                gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))  # fmt: skip
     else:
         xs = 0  # (unused: x comes from global memory)
@@ -349,97 +324,45 @@ def _int4_mma_kernel(
     tot0 = zero
     tot2 = zero
     w4 = gl.max(w_i + j_i * 0, 4)  # [NW, 1, 1, 1]
-    if STAGES > 0:
-        # a ring of STAGES groups a warp in shared memory, filled by cp.async STAGES - 1 groups ahead:
-        # the words and each lane's four scale/offset values (Sc: [tile, group, g, 4] float16); a thread
-        # reads back only what it copied, so its own wait_group is all the synchronization it needs
-        LS: gl.constexpr = gl.BlockedLayout(
-            [1, R, 1, 1, 4], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1], [4, 3, 2, 1, 0]
+    # U groups a warp an iteration, all requested one iteration ahead (a group's loads alone do not
+    # cover HBM's latency): the next iteration's are in flight while this one's MMAs run
+    GI = NG // NW  # groups a warp
+    ITERS = GI // U
+    w_ptrs = Wm + word_off + w_i * 256
+    x_ptrs = xp + xw_i
+    row_off = row_g * stride_sn
+    l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, NORM)
+    l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, NORM)
+    l2 = _group_loads(2, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 2, NW, NORM)
+    l3 = _group_loads(3, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 3, NW, NORM)
+    for it in range(ITERS):
+        g0 = (it + 1) * U
+        more = it + 1 < ITERS
+        n0 = _group_loads(g0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more, NW, NORM)
+        n1 = _group_loads(
+            g0 + 1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 1), NW, NORM
         )
-        GI = NG // NW
-        wbuf = gl.allocate_shared_memory(gl.int32, [STAGES, NW, R, 8, 4, 8],
-                                         gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))  # fmt: skip
-        sbuf = gl.allocate_shared_memory(Scales.dtype.element_ty, [STAGES, NW, R, 8, 4, 4],
-                                         gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))  # fmt: skip
-        w_ptrs = Wm + word_off + w_i * 256
-        if GATED:
-            tile_s = pid + _iota(R, 1, LS) * up_tiles
-        else:
-            tile_s = pid * R + _iota(R, 1, LS)
-        s_ptrs = (
-            Sc
-            + ((tile_s * NG + _iota(NW, 0, LS)) * 8 + _iota(8, 2, LS)) * 4
-            + _iota(4, 4, LS)
-            + _iota(4, 3, LS) * 0
+        n2 = _group_loads(
+            g0 + 2, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 2), NW, NORM
         )
-        for st in gl.static_range(STAGES - 1):
-            ok = gl.to_tensor(st < GI)
-            async_copy.async_copy_global_to_shared(wbuf.index(st), w_ptrs + st * NW * 256, mask=ok)
-            async_copy.async_copy_global_to_shared(sbuf.index(st), s_ptrs + st * NW * 32, mask=ok)
-            async_copy.commit_group()
-        for it in range(GI):
-            async_copy.wait_group(STAGES - 2)
-            slot = it % STAGES
-            words = wbuf.index(slot).load(L)
-            sc = sbuf.index(slot).load(LS)
-            sa, sb = gl.split(gl.reshape(sc, [NW, R, 8, 4, 2, 2]))  # e = 2 i0 + i1: sa e 0, 2; sb e 1, 3
-            s_g, s_g8 = gl.split(sa)
-            o_g, o_g8 = gl.split(sb)
-            s_g = gl.convert_layout(s_g, L4, assert_trivial=True)
-            o_g = gl.convert_layout(o_g, L4, assert_trivial=True)
-            s_g8 = gl.convert_layout(s_g8, L4, assert_trivial=True)
-            o_g8 = gl.convert_layout(o_g8, L4, assert_trivial=True)
-            loads = (words, words, s_g, o_g, s_g8, o_g8)
+        n3 = _group_loads(
+            g0 + 3, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 3), NW, NORM
+        )
+        tot0, tot2 = _group_mma(
+            l0, xs, it * U, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
+        )
+        if U > 1:
             tot0, tot2 = _group_mma(
-                loads, xs, it, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, True
+                l1, xs, it * U + 1, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
             )
-            # this group's slot is read: refill the one read last iteration with group it + STAGES - 1
-            nxt = it + STAGES - 1
-            ok = nxt < GI
-            async_copy.async_copy_global_to_shared(wbuf.index(nxt % STAGES), w_ptrs + nxt * NW * 256, mask=ok)
-            async_copy.async_copy_global_to_shared(sbuf.index(nxt % STAGES), s_ptrs + nxt * NW * 32, mask=ok)
-            async_copy.commit_group()
-        async_copy.wait_group(0)
-    else:
-        # U groups a warp an iteration, all requested one iteration ahead (a group's loads alone do not
-        # cover HBM's latency): the next iteration's are in flight while this one's MMAs run
-        GI = NG // NW  # groups a warp
-        ITERS = GI // U
-        w_ptrs = Wm + word_off + w_i * 256
-        x_ptrs = xp + xw_i
-        row_off = row_g * stride_sn
-        l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, XSMEM)
-        l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, XSMEM)
-        l2 = _group_loads(2, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 2, NW, XSMEM)
-        l3 = _group_loads(3, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 3, NW, XSMEM)
-        for it in range(ITERS):
-            g0 = (it + 1) * U
-            more = it + 1 < ITERS
-            n0 = _group_loads(g0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more, NW, XSMEM)
-            n1 = _group_loads(
-                g0 + 1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 1), NW, NORM
-            )
-            n2 = _group_loads(
-                g0 + 2, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 2), NW, NORM
-            )
-            n3 = _group_loads(
-                g0 + 3, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 3), NW, NORM
+        if U > 2:
+            tot0, tot2 = _group_mma(
+                l2, xs, it * U + 2, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
             )
             tot0, tot2 = _group_mma(
-                l0, xs, it * U, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
+                l3, xs, it * U + 3, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
             )
-            if U > 1:
-                tot0, tot2 = _group_mma(
-                    l1, xs, it * U + 1, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
-                )
-            if U > 2:
-                tot0, tot2 = _group_mma(
-                    l2, xs, it * U + 2, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
-                )
-                tot0, tot2 = _group_mma(
-                    l3, xs, it * U + 3, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
-                )
-            l0, l1, l2, l3 = n0, n1, n2, n3
+        l0, l1, l2, l3 = n0, n1, n2, n3
     tot0 = gl.sum(tot0, 0)  # [R, 8, 4]: the warps' partials summed
     tot2 = gl.sum(tot2, 0)
     L3: gl.constexpr = gl.SliceLayout(0, L4)
@@ -524,13 +447,12 @@ def launch(
         raise ValueError(f"int4_mma: no launch for K={k} here (see supported())")
     warps, u = rule
     grid = (n // TILE_ROWS,)
-    xsmem = norm_w is not None or STAGES > 0
     _int4_mma_kernel[grid](
-        x, words, w.scale, w.offset, mma_scales(w), out,
+        x, words, w.scale, w.offset, out,
         res if res is not None else out,
         norm_w if norm_w is not None else out,
         k // INT4_GROUP, w.scale.stride(0), up_rows // TILE_ROWS, float(eps), k,
         NORM=norm_w is not None, GATED=gated, HAS_RES=res is not None, NW=warps, R=tiles_per_program,
-        BF16=x.dtype == torch.bfloat16, KW=k // 2 if xsmem else 0, U=u, STAGES=STAGES,
+        BF16=x.dtype == torch.bfloat16, KW=k // 2 if norm_w is not None else 0, U=u,
         num_warps=warps,
     )  # fmt: skip
