@@ -272,3 +272,24 @@ def test_fp8_head_keeps_the_trained_models_perplexity():
     assert abs(ppl["fp8"] / ppl["ref"] - 1) < 0.005, ppl
     same = sum(a == b for g, r in zip(greedy["fp8"], greedy["ref"]) for a, b in zip(g, r))
     assert same >= 0.75 * 4 * 16, (greedy, ppl)
+
+
+def test_a_second_fused_layers_reuses_the_first_concatenation():
+    """The pool sizing builds a probe executor, then the served one, over the same modules: the second
+    FusedLayers must take the first's concatenated QKV and gate/up weights (and so whatever was made for
+    them, such as the INT4 tensor-core packing, which the sizing has then already seen in free memory),
+    not concatenate afresh; a module whose weight was replaced since is concatenated anew."""
+    from trtforge.llm.executors import fused_layers
+    from trtforge.llm.models.families import adapter_for
+
+    model = _llama()
+    quantize_model(model, "int4-rtn")
+    first = fused_layers.FusedLayers(adapter_for(model))
+    second = fused_layers.FusedLayers(adapter_for(model))
+    assert second.qkv_w[0][0] is first.qkv_w[0][0]
+    assert second.gate_up_w[0] is first.gate_up_w[0]
+    attn = model.model.layers[0].self_attn
+    attn.k_proj.qweight = attn.k_proj.qweight.rows(0, attn.k_proj.out_features)  # a new object, same rows
+    third = fused_layers.FusedLayers(adapter_for(model))
+    assert third.qkv_w[0][0] is not first.qkv_w[0][0]
+    assert torch.equal(third.qkv_w[0][0].packed, first.qkv_w[0][0].packed)

@@ -107,7 +107,13 @@ def _weight(module: Any) -> Any:
 def _concat_into_views(modules: list[Any]) -> tuple[Any, torch.Tensor | None]:
     """Concatenate the modules' weights (and biases) along dim 0; repoint each module at its slice.
 
-    Quantized projections concatenate their quantized rows (every format quantizes per output row)."""
+    Quantized projections concatenate their quantized rows (every format quantizes per output row), once:
+    a second FusedLayers over the same modules (the pool sizing's probe executor, then the served one)
+    reuses the first's concatenation, with whatever :func:`prepare_gemv_weight` made for it (the INT4
+    tensor-core packing), so the sizing's free-memory reading already holds it."""
+    cached = getattr(modules[0], "_trtforge_concat", None)
+    if cached is not None and all(m.qweight is w for m, w in zip(modules, cached[2], strict=True)):
+        return cached[0], cached[1]
     if isinstance(modules[0], QuantLinear):
         qweight = cat_weights([m.qweight for m in modules])
         has_bias = [m.bias is not None for m in modules]
@@ -121,6 +127,7 @@ def _concat_into_views(modules: list[Any]) -> tuple[Any, torch.Tensor | None]:
             if qbias is not None:
                 m.bias.data = qbias[lo:hi]
             lo = hi
+        modules[0]._trtforge_concat = (qweight, qbias, [m.qweight for m in modules])
         return qweight, qbias
     weight = torch.cat([m.weight.data for m in modules])
     has_bias = [m.bias is not None for m in modules]
