@@ -39,6 +39,14 @@ def main() -> None:
     ap.add_argument(
         "--groups", type=int, nargs="*", default=[1], help="with --warps: int4_mma.GROUPS_PER_ITERATION"
     )
+    ap.add_argument(
+        "--early",
+        nargs="+",
+        choices=("off", "on"),
+        default=["off"],
+        help="int4_mma.EARLY_WEIGHTS (PDL launch, first words prefetched before the wait); 'off on' times "
+        "both, the first named is the 'mma' row",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -61,9 +69,12 @@ def main() -> None:
         nw = (torch.rand(k, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
         res = torch.randn(1, n, device="cuda", generator=g, dtype=torch.bfloat16)
         want = reference(shape, x, nw, res, wf)
-        runs = [("fma", default_config(1, n, k, gated, sms, "int4"), None), ("mma", None, (None, None))]
-        runs += [(f"mma-w{wp}-u{u}", None, (wp, u)) for wp in args.warps for u in args.groups]
-        for name, cfg, setting in runs:
+        runs = [("fma", default_config(1, n, k, gated, sms, "int4"), None, None)]
+        runs += [("mma" if e == args.early[0] else f"mma-early-{e}", None, (None, None), e)
+                 for e in args.early]  # fmt: skip
+        runs += [(f"mma-w{wp}-u{u}", None, (wp, u), args.early[0]) for wp in args.warps for u in args.groups]
+        for name, cfg, setting, early in runs:
+            int4_mma.EARLY_WEIGHTS = early == "on"
             if setting is not None:
                 int4_mma.MMA_WARPS, int4_mma.GROUPS_PER_ITERATION = setting
                 if not int4_mma.supported(x, w, n, gated, _norm):
@@ -74,9 +85,10 @@ def main() -> None:
             us = timed(shape, x, nw, res, copies, cfg)
             row = {"shape": shape, "kernel": name, "us": us, "tb_per_s": size / us / 1e6, "rel_err": err,
                    "weight_mb": size / 1e6}  # fmt: skip
-            rows.append(row | {"warps_groups": setting})
+            rows.append(row | {"warps_groups": setting, "early_weights": early})
             print(f"{shape:8s} {name}: {us:8.2f} us {row['tb_per_s']:5.2f} TB/s err {err:.1e}", flush=True)
         int4_mma.MMA_WARPS, int4_mma.GROUPS_PER_ITERATION = None, None
+        int4_mma.EARLY_WEIGHTS = False
         del copies, w, wf
         torch.cuda.empty_cache()
     per_layer = {kern: sum(r["us"] for r in rows if r["kernel"] == kern) for kern in ("fma", "mma")}

@@ -213,6 +213,7 @@ def single_part(
     from bench_serving import single_stream
 
     from trtforge.kernels import gemv as gemv_mod
+    from trtforge.kernels import int4_mma as int4_mma_mod
 
     rule = gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM
 
@@ -232,7 +233,8 @@ def single_part(
             for setting in settings:
                 off = label == "reduce" and setting == "off"
                 gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = float("inf") if off else rule
-                gemv_mod.INT4_MMA = label != "mma" or setting == "on"
+                gemv_mod.INT4_MMA = label != "mma" or setting != "off"
+                int4_mma_mod.EARLY_WEIGHTS = label == "mma" and setting == "early"
                 r = single_stream(model, prompt, olen, graphs=True)
                 r.pop("tokens")
                 name = method if setting == settings[0] else f"{method} ({label} {setting})"
@@ -243,6 +245,7 @@ def single_part(
                 )
             gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = rule
             gemv_mod.INT4_MMA = True
+            int4_mma_mod.EARLY_WEIGHTS = False
         del model
         gc.collect()
         if DEVICE == "cuda":
@@ -328,10 +331,11 @@ def main() -> None:
     ap.add_argument(
         "--int4-mma",
         nargs="+",
-        choices=("on", "off"),
+        choices=("on", "off", "early"),
         default=["on"],
-        help="single stream: one-row INT4 GEMVs on the tensor cores (on: the default, gemv.INT4_MMA) or "
-        "the FMA kernel (off); 'on off' times both on the same model, the first named is the figure",
+        help="single stream: one-row INT4 GEMVs on the tensor cores (on: the default, gemv.INT4_MMA; "
+        "early: with int4_mma.EARLY_WEIGHTS, a PDL launch prefetching its first words) or the FMA kernel "
+        "(off); 'on off' times both on the same model, the first named is the figure",
     )
     ap.add_argument("--tiny", action="store_true", help="check the script on a CPU (tiny model)")
     args = ap.parse_args()

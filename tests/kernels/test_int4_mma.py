@@ -48,7 +48,7 @@ def test_packing_refuses_partial_tiles_and_groups():
         pack_int4_mma(torch.zeros(32, 192, dtype=torch.uint8))
 
 
-def _compile_case(norm: bool, gated: bool, res: bool, bf16: bool) -> dict:
+def _compile_case(norm: bool, gated: bool, res: bool, bf16: bool, pdl: bool) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -61,29 +61,34 @@ def _compile_case(norm: bool, gated: bool, res: bool, bf16: bool) -> dict:
             "Res": f"*{dt}", "NormW": f"*{dt}"}  # fmt: skip
     warps, u = m.launch_rule(4096 if norm else 14336, gated, norm)
     consts = {"NORM": norm, "GATED": gated, "HAS_RES": res, "NW": warps, "R": 2 if gated else 1,
-              "BF16": bf16, "KW": 2048 if norm else 0, "U": u}  # fmt: skip
+              "BF16": bf16, "KW": 2048 if norm else 0, "U": u, "PDL": pdl}  # fmt: skip
     names = fn.arg_names
     sig = {a: "constexpr" if a in consts else ptrs.get(a, "fp32" if a == "eps" else "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs}
     src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     ptx = kernel.asm["ptx"]
-    return {"mma": ptx.count("mma.sync.aligned.m16n8k16"), "shared": kernel.metadata.shared} | assemble(ptx)
+    facts = {"mma": ptx.count("mma.sync.aligned.m16n8k16"), "shared": kernel.metadata.shared,
+             "griddep": ptx.count("griddepcontrol."),
+             "prefetch": ptx.count("prefetch.global.L2")}  # fmt: skip
+    return facts | assemble(ptx)
 
 
 @needs_triton
 @pytest.mark.parametrize(
     ("norm", "gated", "res"), [(True, False, False), (True, True, False), (False, False, True)]
 )
-@pytest.mark.parametrize("bf16", [True, False])
-def test_compiles_for_sm90_with_mma_and_no_spills(norm, gated, res, bf16):
+@pytest.mark.parametrize(("bf16", "pdl"), [(True, False), (False, False), (True, True)])
+def test_compiles_for_sm90_with_mma_and_no_spills(norm, gated, res, bf16, pdl):
     needs_ptxas()
-    facts = run_in_child(f"{__name__}:_compile_case", norm, gated, res, bf16)
+    facts = run_in_child(f"{__name__}:_compile_case", norm, gated, res, bf16, pdl)
     assert facts["ptxas_rc"] == 0, facts["ptxas"]
     # a group: 8 k-tiles of each tile (2 when gated) and of the ones tile (x's sums)
     assert facts["mma"] >= 8 * ((2 if gated else 1) + 1), facts
     assert not any(facts["spills"]), facts["ptxas"]
     assert facts["shared"] <= (8192 if norm else 1024)  # the staged row (K = 4096) or the warps' sums
+    # PDL: the wait and the early trigger, after a prefetch of the first group(s) of words
+    assert facts["griddep"] == (2 if pdl else 0) and (facts["prefetch"] > 0) == pdl
 
 
 def _operands(n: int, k: int, dtype: torch.dtype, seed: int):
@@ -102,11 +107,13 @@ def _on(q, device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(dtype):
+@pytest.mark.parametrize("early", [False, True])
+def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(dtype, early, monkeypatch):
     from trtforge.kernels import int4_mma
     from trtforge.kernels.gemv import default_config, gemv_residual, norm_gate_up_silu, norm_gemv
 
     skip_unless_runs_here("cuda")
+    monkeypatch.setattr(int4_mma, "EARLY_WEIGHTS", early)
     n, inter, k, kd = 96, 64, 2048, 8192  # K: 16 groups (norm: 8 warps; gated: 4) and 64 (residual: 8 x 2)
     x, nw, q = _operands(n, k, dtype, seed=1)
     xc, nwc, qc = x.cuda(), nw.cuda(), _on(q, "cuda")
@@ -135,12 +142,15 @@ def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(dty
 
 
 @pytest.mark.gpu
-def test_a_swapped_code_is_caught_on_the_gpu():
+@pytest.mark.parametrize("early", [False, True])
+def test_a_swapped_code_is_caught_on_the_gpu(early, monkeypatch):
     """One code changed in one row changes that row's output only: the kernel reads every code."""
+    from trtforge.kernels import int4_mma
     from trtforge.kernels.gemv import gemv_residual
     from trtforge.kernels.qweight import Int4Weight, pack_int4
 
     skip_unless_runs_here("cuda")
+    monkeypatch.setattr(int4_mma, "EARLY_WEIGHTS", early)
     x, _, q = _operands(32, 8192, torch.bfloat16, seed=5)
     codes = q.codes()
     codes[17, 7000] = (codes[17, 7000] + 8) % 16

@@ -491,7 +491,9 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
         and not interpreting()
         and int4_mma.supported(x, w, n, up_rows > 0, norm_w is not None)
     ):
-        int4_mma.launch(x, w, out, n, res=res, norm_w=norm_w, eps=eps, up_rows=up_rows)
+        int4_mma.launch(
+            x, w, out, n, res=res, norm_w=norm_w, eps=eps, up_rows=up_rows, pdl=pdl_supported(x.device)
+        )
         return
     codes, scale, offset, wfmt = _weight_args(w)
     kind = ("plain", "fp8", "int4")[wfmt]

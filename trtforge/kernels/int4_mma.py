@@ -55,6 +55,11 @@ WORDS_PER_GROUP = INT4_GROUP // 16  # k-tiles of 16 a group: one 32-bit word a l
 MMA_WARPS: int | None = None
 GROUPS_PER_ITERATION: int | None = None
 MIN_GROUPS_PER_WARP_RESIDUAL = 8  # residual form: fewer groups a warp than this go to the FMA kernel
+# True: launched as a programmatic dependent launch (where the caller says the GPU has it), each program
+# prefetches its first groups' words into L2, then waits for the previous kernel (as the
+# FMA kernels do: they request their first weight chunk before griddepcontrol.wait). Off until the H200
+# has timed it (bench_int4_mma.py --early on off); the GPU tests run it both ways.
+EARLY_WEIGHTS = False
 
 
 def launch_rule(k: int, gated: bool, norm: bool) -> tuple[int, int] | None:
@@ -264,10 +269,30 @@ def _group_mma(loads, xs, gi, tot0, tot2, ones, zero, zero1, L4: gl.constexpr, L
 
 
 @gluon.jit
+def _prefetch_l2(ptrs):
+    """``prefetch.global.L2`` of every address in `ptrs` (no registers, no wait)."""
+    gl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; // dummy $0",
+        "=r,l",
+        [ptrs.to(gl.int64)],
+        dtype=gl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@gluon.jit
+def _griddep(op: gl.constexpr):
+    """A programmatic-dependent-launch control instruction (``griddepcontrol.wait`` or
+    ``.launch_dependents``; both no-ops when the launch is not PDL)."""
+    gl.inline_asm_elementwise(op + " // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _int4_mma_kernel(
     X, Wm, Scales, Offsets, Out, Res, NormW, NG, stride_sn, up_tiles, eps, K,
     NORM: gl.constexpr, GATED: gl.constexpr, HAS_RES: gl.constexpr, NW: gl.constexpr, R: gl.constexpr,
-    BF16: gl.constexpr, KW: gl.constexpr, U: gl.constexpr,
+    BF16: gl.constexpr, KW: gl.constexpr, U: gl.constexpr, PDL: gl.constexpr = False,
 ):  # fmt: skip
     """Out[n] = epilogue(sum_k prologue(x)[k] * W[n, k]) for R tiles of 16 rows (gated: the gate tile
     ``pid`` and the up tile ``up_tiles + pid``)."""
@@ -296,6 +321,14 @@ def _int4_mma_kernel(
         tile = pid * R + r_i
     word_off = (tile * NG * 32 + g_i * 4 + t_i) * 8 + j_i  # + group * 256
     xw_i = _iota(NW, 0, LX) * 64 + _iota(4, 3, LX) * 16 + _iota(16, 4, LX)  # + it * NW * 64
+    if PDL:
+        # before the previous kernel's writes are waited for: its first U groups' words (each lane's 32
+        # bytes) into L2 (constants: safe to read early; the scales' lines are left to the loop)
+        first = gl.max(word_off, 4) + gl.max(w_i + j_i * 0, 4) * 256  # [NW, R, 8, 4]: each lane's word 0
+        for u in gl.static_range(U):
+            _prefetch_l2(Wm + first + u * NW * 256)
+        _griddep("griddepcontrol.wait;")  # x and the residual: the previous kernel's, visible from here
+        _griddep("griddepcontrol.launch_dependents;")  # the next kernel may start its own prefetching
     if NORM:  # the normalized row into shared memory, in chunks of CH
         CH: gl.constexpr = 4 * 32 * NW
         XL: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
@@ -432,10 +465,14 @@ def launch(
     norm_w: torch.Tensor | None = None,
     eps: float = 0.0,
     up_rows: int = 0,
+    pdl: bool = False,
 ) -> None:
     """Write ``epilogue(prologue(x) @ dequantize(w)^T)`` ``[1, n]`` into `out` (the forms of
     :mod:`trtforge.kernels.gemv`: RMSNorm prologue with `norm_w`, gated with `up_rows` (the up rows
-    start there; `out` then holds ``silu(gate) * up``), residual with `res`); see :func:`supported`."""
+    start there; `out` then holds ``silu(gate) * up``), residual with `res`); see :func:`supported`.
+    `pdl` (Hopper and later: :func:`trtforge.kernels.gemv.pdl_supported`) with :data:`EARLY_WEIGHTS`:
+    a programmatic dependent launch that prefetches its first weights before it waits for the previous
+    kernel."""
     k = int(x.shape[1])
     words = mma_words(w)
     gated = up_rows > 0
@@ -446,6 +483,7 @@ def launch(
     if rule is None:
         raise ValueError(f"int4_mma: no launch for K={k} here (see supported())")
     warps, u = rule
+    early = bool(pdl and EARLY_WEIGHTS)
     grid = (n // TILE_ROWS,)
     _int4_mma_kernel[grid](
         x, words, w.scale, w.offset, out,
@@ -453,6 +491,6 @@ def launch(
         norm_w if norm_w is not None else out,
         k // INT4_GROUP, w.scale.stride(0), up_rows // TILE_ROWS, float(eps), k,
         NORM=norm_w is not None, GATED=gated, HAS_RES=res is not None, NW=warps, R=tiles_per_program,
-        BF16=x.dtype == torch.bfloat16, KW=k // 2 if norm_w is not None else 0, U=u,
-        num_warps=warps,
+        BF16=x.dtype == torch.bfloat16, KW=k // 2 if norm_w is not None else 0, U=u, PDL=early,
+        num_warps=warps, **({"launch_pdl": True} if early else {}),
     )  # fmt: skip
