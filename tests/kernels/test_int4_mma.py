@@ -48,7 +48,7 @@ def test_packing_refuses_partial_tiles_and_groups():
         pack_int4_mma(torch.zeros(32, 192, dtype=torch.uint8))
 
 
-def _compile_case(norm: bool, gated: bool, res: bool, bf16: bool, pdl: bool) -> dict:
+def _compile_case(norm: bool, gated: bool, res: bool, bf16: bool, pdl: bool, k: int = 0) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -59,9 +59,10 @@ def _compile_case(norm: bool, gated: bool, res: bool, bf16: bool, pdl: bool) -> 
     dt = "bf16" if bf16 else "fp16"
     ptrs = {"X": f"*{dt}", "Wm": "*i32", "Scales": "*fp16", "Offsets": "*fp16", "Out": f"*{dt}",
             "Res": f"*{dt}", "NormW": f"*{dt}"}  # fmt: skip
-    warps, u = m.launch_rule(4096 if norm else 14336, gated, norm)
+    k = k or (4096 if norm else 14336)
+    warps, u = m.launch_rule(k, gated, norm)
     consts = {"NORM": norm, "GATED": gated, "HAS_RES": res, "NW": warps, "R": 2 if gated else 1,
-              "BF16": bf16, "KW": 2048 if norm else 0, "U": u, "PDL": pdl}  # fmt: skip
+              "BF16": bf16, "KW": k // 2 if norm else 0, "U": u, "PDL": pdl}  # fmt: skip
     names = fn.arg_names
     sig = {a: "constexpr" if a in consts else ptrs.get(a, "fp32" if a == "eps" else "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs}
@@ -89,6 +90,16 @@ def test_compiles_for_sm90_with_mma_and_no_spills(norm, gated, res, bf16, pdl):
     assert facts["shared"] <= (8192 if norm else 1024)  # the staged row (K = 4096) or the warps' sums
     # PDL: the wait and the early trigger, after a prefetch of the first group(s) of words
     assert facts["griddep"] == (2 if pdl else 0) and (facts["prefetch"] > 0) == pdl
+
+
+@needs_triton
+@pytest.mark.parametrize("k", [3072, 5120])
+def test_the_normalized_row_of_any_whole_k_compiles(k):
+    """Hidden sizes that are no power of two (3072: Llama-3.2-3B, 5120: 13B-class): the staged row is
+    padded to one, as every Triton shape must be."""
+    needs_ptxas()
+    facts = run_in_child(f"{__name__}:_compile_case", True, False, False, True, False, k)
+    assert facts["ptxas_rc"] == 0 and not any(facts["spills"]), facts["ptxas"]
 
 
 def _operands(n: int, k: int, dtype: torch.dtype, seed: int):
@@ -124,6 +135,15 @@ def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(dty
     fma = norm_gemv(xc, nwc, 1e-5, qc, config=default_config(1, n, k, False, 132, "int4")).cpu()
     torch.testing.assert_close(got.float(), want.float(), atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(got.float(), fma.float(), atol=2e-3, rtol=2e-3)
+
+    x3, nw3, q3 = _operands(n, 3072, dtype, seed=6)  # K no power of two: the staged row is padded
+    xn3 = ((x3.float() * torch.rsqrt(x3.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype) * nw3).to(
+        dtype
+    )
+    got = norm_gemv(x3.cuda(), nw3.cuda(), 1e-5, _on(q3, "cuda")).cpu()
+    torch.testing.assert_close(
+        got.float(), (xn3.float() @ q3.dequantize().t()).to(dtype).float(), atol=2e-3, rtol=2e-3
+    )
 
     _, _, qg = _operands(2 * inter, k, dtype, seed=2)
     lin = (xn.float() @ qg.dequantize().t()).to(dtype).float()

@@ -4,8 +4,8 @@ The FMA GEMV (:mod:`trtforge.kernels.gemv`) spends about three instructions on e
 (unpack, subtract the float bias, FMA), so at one token it is bound by instruction issue, not by
 HBM: 1.5-1.9 TB/s of INT4 bytes on an H200. Here each warp turns a 32-bit word of eight codes into
 its share of a 16 x 16 weight tile in four ``lop3`` ops and three shifts, and one ``mma.sync
-m16n8k16`` (16-bit operands, FP32 accumulation) multiplies the tile by x, about one instruction an
-element:
+m16n8k16`` (16-bit operands, FP32 accumulation) multiplies the tile by x: one instruction an element
+in the inner loop, 1.4-1.9 with the loads and each group's epilogue (sm_90 SASS):
 
 - a code q becomes the 16-bit float ``BIAS + q`` by OR-ing it into the mantissa of ``BIAS`` (bf16:
   128, fp16: 1024; exact), so the product sums ``BIAS * sum(x) + sum(q * x)``, in FP32;
@@ -43,7 +43,6 @@ from triton.experimental.gluon import language as gl
 from trtforge.kernels.qweight import INT4_GROUP, Int4Weight
 
 TILE_ROWS = 16  # weight rows an MMA tile holds
-WORDS_PER_GROUP = INT4_GROUP // 16  # k-tiles of 16 a group: one 32-bit word a lane each
 # Launch rule from the H200 sweep (benchmarks/bench_int4_mma.py --warps 8 4 --groups 4 2 1,
 # results/int4_mma_sweep_s20.json; Llama-3-8B shapes, us against the FMA kernel's default): gate_up + SiLU
 # 4 warps, a group at a time, 24.0 (FMA 34.7); qkv + norm 8 warps, one group, 7.87 (9.65); down +
@@ -83,7 +82,7 @@ def launch_rule(k: int, gated: bool, norm: bool) -> tuple[int, int] | None:
     return warps, u
 
 
-MAX_NORM_K = 16384  # the normalized row is staged in shared memory (2 bytes an element)
+MAX_NORM_K = 16384  # the normalized row is staged in shared memory (2 bytes an element, to a power of 2)
 
 
 def pack_int4_mma(codes: torch.Tensor, group_size: int = INT4_GROUP) -> torch.Tensor:
@@ -338,13 +337,14 @@ def _int4_mma_kernel(
             xv = gl.load(X + c * CH + offs).to(gl.float32)
             sq += xv * xv
         rstd = gl.rsqrt(gl.sum(sq, 0) / K + eps)
-        smem = gl.allocate_shared_memory(X.dtype.element_ty, [KW * 2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        KWP: gl.constexpr = 1 << (KW - 1).bit_length()  # (shapes are powers of two: the tail unused)
+        smem = gl.allocate_shared_memory(X.dtype.element_ty, [KWP * 2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         for c in gl.static_range(KW * 2 // CH):
             xv = gl.load(X + c * CH + offs).to(gl.float32)
             nw = gl.load(NormW + c * CH + offs)
             smem.slice(c * CH, CH).store(((xv * rstd).to(X.dtype.element_ty) * nw).to(X.dtype.element_ty))
         gl.thread_barrier()
-        xs = smem._reinterpret(gl.int32, [KW // (64 * NW), NW, 1, 1, 4, 16],
+        xs = smem._reinterpret(gl.int32, [KWP // (64 * NW), NW, 1, 1, 4, 16],
                                gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))  # fmt: skip
     else:
         xs = 0  # (unused: x comes from global memory)
