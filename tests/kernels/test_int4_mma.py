@@ -110,6 +110,12 @@ def _operands(n: int, k: int, dtype: torch.dtype, seed: int):
     return x, nw, q
 
 
+def _rms(x: torch.Tensor, nw: torch.Tensor) -> torch.Tensor:
+    """RMSNorm (eps 1e-5) rounded as the eager path: x * rstd to x's dtype, times the weight, rounded."""
+    xf = x.float()
+    return ((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * nw).to(x.dtype)
+
+
 def _on(q, device):
     from trtforge.kernels.qweight import Int4Weight
 
@@ -129,7 +135,7 @@ def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(dty
     x, nw, q = _operands(n, k, dtype, seed=1)
     xc, nwc, qc = x.cuda(), nw.cuda(), _on(q, "cuda")
     assert int4_mma.supported(xc, qc, n, gated=False, norm=True)
-    xn = ((x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype) * nw).to(dtype)
+    xn = _rms(x, nw)
     want = (xn.float() @ q.dequantize().t()).to(dtype)
     got = norm_gemv(xc, nwc, 1e-5, qc).cpu()
     fma = norm_gemv(xc, nwc, 1e-5, qc, config=default_config(1, n, k, False, 132, "int4")).cpu()
@@ -137,13 +143,9 @@ def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(dty
     torch.testing.assert_close(got.float(), fma.float(), atol=2e-3, rtol=2e-3)
 
     x3, nw3, q3 = _operands(n, 3072, dtype, seed=6)  # K no power of two: the staged row is padded
-    xn3 = ((x3.float() * torch.rsqrt(x3.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype) * nw3).to(
-        dtype
-    )
+    want = (_rms(x3, nw3).float() @ q3.dequantize().t()).to(dtype)
     got = norm_gemv(x3.cuda(), nw3.cuda(), 1e-5, _on(q3, "cuda")).cpu()
-    torch.testing.assert_close(
-        got.float(), (xn3.float() @ q3.dequantize().t()).to(dtype).float(), atol=2e-3, rtol=2e-3
-    )
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-3, rtol=2e-3)
 
     _, _, qg = _operands(2 * inter, k, dtype, seed=2)
     lin = (xn.float() @ qg.dequantize().t()).to(dtype).float()
