@@ -127,6 +127,7 @@ def supported(x: torch.Tensor, w: Int4Weight, n: int, gated: bool, norm: bool) -
     k = int(x.shape[1])
     return (
         x.device.type == "cuda"
+        and torch.version.hip is None  # (inline PTX: NVIDIA GPUs only)
         and _capability(x.device) >= (8, 0)
         and int(x.shape[0]) == 1
         and x.dtype in (torch.bfloat16, torch.float16)
