@@ -116,16 +116,39 @@ def _rms(x: torch.Tensor, nw: torch.Tensor) -> torch.Tensor:
     return ((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * nw).to(x.dtype)
 
 
-def _on(q, device):
+def _on(q, device, *, gated: bool = False, norm: bool = False):
+    """`q` on `device`, prepared for the one-row kernels in that form (the tensor-core packing)."""
+    from trtforge.kernels.gemv import prepare
     from trtforge.kernels.qweight import Int4Weight
 
-    return Int4Weight(q.packed.to(device), q.scale.to(device), q.offset.to(device))
+    w = Int4Weight(q.packed.to(device), q.scale.to(device), q.offset.to(device))
+    prepare(w, gated=gated, norm=norm)
+    return w
+
+
+def _ulp_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Within one 16-bit ulp of the reference (a sum rounded to BF16 / FP16 may land on either side)."""
+    rtol = 2**-7 if want.dtype == torch.bfloat16 else 2**-10
+    torch.testing.assert_close(got.float(), want.float(), atol=1e-3, rtol=rtol)
+
+
+@pytest.fixture
+def mma_launches(monkeypatch):
+    """Counts the tensor-core kernel's launches (so a test can tell it ran, not the FMA kernel)."""
+    from trtforge.kernels import int4_mma
+
+    calls = []
+    launch = int4_mma.launch
+    monkeypatch.setattr(int4_mma, "launch", lambda *a, **kw: calls.append(1) or launch(*a, **kw))
+    return calls
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("early", [False, True])
-def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(dtype, early, monkeypatch):
+def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(
+    dtype, early, monkeypatch, mma_launches
+):
     from trtforge.kernels import int4_mma
     from trtforge.kernels.gemv import default_config, gemv_residual, norm_gate_up_silu, norm_gemv
 
@@ -133,39 +156,62 @@ def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(dty
     monkeypatch.setattr(int4_mma, "EARLY_WEIGHTS", early)
     n, inter, k, kd = 96, 64, 2048, 8192  # K: 16 groups (norm: 8 warps; gated: 4) and 64 (residual: 8 x 2)
     x, nw, q = _operands(n, k, dtype, seed=1)
-    xc, nwc, qc = x.cuda(), nw.cuda(), _on(q, "cuda")
+    xc, nwc, qc = x.cuda(), nw.cuda(), _on(q, "cuda", norm=True)
     assert int4_mma.supported(xc, qc, n, gated=False, norm=True)
     xn = _rms(x, nw)
     want = (xn.float() @ q.dequantize().t()).to(dtype)
     got = norm_gemv(xc, nwc, 1e-5, qc).cpu()
     fma = norm_gemv(xc, nwc, 1e-5, qc, config=default_config(1, n, k, False, 132, "int4")).cpu()
-    torch.testing.assert_close(got.float(), want.float(), atol=2e-3, rtol=2e-3)
-    torch.testing.assert_close(got.float(), fma.float(), atol=2e-3, rtol=2e-3)
+    assert len(mma_launches) == 1  # (the explicit config took the FMA kernel)
+    _ulp_close(got, want)
+    _ulp_close(got, fma)
 
     x3, nw3, q3 = _operands(n, 3072, dtype, seed=6)  # K no power of two: the staged row is padded
-    want = (_rms(x3, nw3).float() @ q3.dequantize().t()).to(dtype)
-    got = norm_gemv(x3.cuda(), nw3.cuda(), 1e-5, _on(q3, "cuda")).cpu()
-    torch.testing.assert_close(got.float(), want.float(), atol=2e-3, rtol=2e-3)
+    q3c = _on(q3, "cuda", norm=True)
+    assert int4_mma.supported(x3.cuda(), q3c, n, gated=False, norm=True)
+    _ulp_close(
+        norm_gemv(x3.cuda(), nw3.cuda(), 1e-5, q3c).cpu(),
+        (_rms(x3, nw3).float() @ q3.dequantize().t()).to(dtype),
+    )
 
     _, _, qg = _operands(2 * inter, k, dtype, seed=2)
+    qgc = _on(qg, "cuda", gated=True, norm=True)
+    assert int4_mma.supported(xc, qgc, inter, gated=True, norm=True)
     lin = (xn.float() @ qg.dequantize().t()).to(dtype).float()
     gate, up = lin.split(inter, dim=1)
     want = (torch.nn.functional.silu(gate).to(dtype).float() * up).to(dtype)
-    got = norm_gate_up_silu(xc, nwc, 1e-5, _on(qg, "cuda")).cpu()
-    torch.testing.assert_close(got.float(), want.float(), atol=2e-3, rtol=2e-3)
+    _ulp_close(norm_gate_up_silu(xc, nwc, 1e-5, qgc).cpu(), want)
 
-    assert int4_mma.supported(xc, qc, inter, gated=True, norm=True)
     xd, _, qd = _operands(n, kd, dtype, seed=3)
-    assert int4_mma.supported(xd.cuda(), _on(qd, "cuda"), n, gated=False, norm=False)
+    qdc = _on(qd, "cuda")
+    assert int4_mma.supported(xd.cuda(), qdc, n, gated=False, norm=False)
     res = torch.randn(1, n, generator=torch.Generator().manual_seed(4)).to(dtype)
     want = (xd.float() @ qd.dequantize().t() + res.float()).to(dtype)
-    got = gemv_residual(xd.cuda(), _on(qd, "cuda"), res.cuda()).cpu()
-    torch.testing.assert_close(got.float(), want.float(), atol=3e-3, rtol=2e-3)
+    _ulp_close(gemv_residual(xd.cuda(), qdc, res.cuda()).cpu(), want)
+    assert len(mma_launches) == 4
+
+
+@pytest.mark.gpu
+def test_only_prepared_weights_take_the_tensor_cores_on_the_gpu(mma_launches):
+    """The dispatch never packs in the hot path (a CUDA graph may be capturing): an unprepared INT4
+    weight runs on the FMA kernel, and gives the same result."""
+    from trtforge.kernels.gemv import gemv_residual
+    from trtforge.kernels.qweight import Int4Weight
+
+    skip_unless_runs_here("cuda")
+    x, _, q = _operands(32, 8192, torch.bfloat16, seed=7)
+    zero = torch.zeros(1, 32, dtype=torch.bfloat16, device="cuda")
+    raw = Int4Weight(q.packed.cuda(), q.scale.cuda(), q.offset.cuda())
+    a = gemv_residual(x.cuda(), raw, zero).cpu()
+    assert not mma_launches and "_mma_words" not in raw.__dict__
+    b = gemv_residual(x.cuda(), _on(q, "cuda"), zero).cpu()
+    assert len(mma_launches) == 1
+    _ulp_close(b, a)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("early", [False, True])
-def test_a_swapped_code_is_caught_on_the_gpu(early, monkeypatch):
+def test_a_swapped_code_is_caught_on_the_gpu(early, monkeypatch, mma_launches):
     """One code changed in one row changes that row's output only: the kernel reads every code."""
     from trtforge.kernels import int4_mma
     from trtforge.kernels.gemv import gemv_residual
@@ -180,5 +226,14 @@ def test_a_swapped_code_is_caught_on_the_gpu(early, monkeypatch):
     zero = torch.zeros(1, 32, dtype=torch.bfloat16, device="cuda")
     a = gemv_residual(x.cuda(), _on(q, "cuda"), zero).float().cpu()
     b = gemv_residual(x.cuda(), _on(q2, "cuda"), zero).float().cpu()
+    assert len(mma_launches) == 2
     changed = (a - b).abs()[0] > 0
     assert changed[17] and changed.sum() == 1
+
+
+def test_prepare_leaves_cpu_weights_and_ineligible_forms_unpacked():
+    from trtforge.kernels.gemv import prepare
+
+    q = quantize_int4(torch.randn(40, 256))  # 40 rows: no whole tiles of 16 either
+    prepare(q, norm=True)
+    assert "_mma_words" not in q.__dict__

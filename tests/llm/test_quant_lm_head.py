@@ -293,3 +293,12 @@ def test_a_second_fused_layers_reuses_the_first_concatenation():
     third = fused_layers.FusedLayers(adapter_for(model))
     assert third.qkv_w[0][0] is not first.qkv_w[0][0]
     assert torch.equal(third.qkv_w[0][0].packed, first.qkv_w[0][0].packed)
+
+    biased = _llama(attention_bias=True)
+    quantize_model(biased, "int4-rtn")
+    first = fused_layers.FusedLayers(adapter_for(biased))
+    assert fused_layers.FusedLayers(adapter_for(biased)).qkv_w[0][1] is first.qkv_w[0][1]
+    q_proj = biased.model.layers[0].self_attn.q_proj
+    q_proj.bias.data = torch.ones_like(q_proj.bias)  # a bias reassigned: the cached concatenation misses
+    again = fused_layers.FusedLayers(adapter_for(biased))
+    assert torch.equal(again.qkv_w[0][1][: q_proj.out_features], torch.ones(q_proj.out_features))

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtforge.kernels import int4_mma, interpreting
+from trtforge.kernels import interpreting
 from trtforge.kernels.qweight import INT4_GROUP, Fp8Weight, Int4Weight, QuantWeight
 
 MAX_ROWS = 16  # rows (tokens) one launch takes: the row block is at most 16
@@ -474,11 +474,29 @@ def _check(x: torch.Tensor, w: torch.Tensor | QuantWeight, what: str) -> None:
 INT4_MMA = True
 
 
-def prepare(weight: torch.Tensor | QuantWeight) -> None:
-    """Ready `weight` for the one-row kernels before a CUDA graph captures them: an INT4 weight on a GPU
-    gets its tensor-core packing (:func:`trtforge.kernels.int4_mma.mma_words`) now, not mid-capture."""
-    if INT4_MMA and isinstance(weight, Int4Weight) and weight.packed.is_cuda:
-        int4_mma.mma_words(weight)
+@functools.cache
+def _int4_mma():
+    """:mod:`trtforge.kernels.int4_mma`, imported on first use; None where Triton has no Gluon (before
+    3.4): the FMA kernel then serves every INT4 projection."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton.experimental.gluon") is None:
+        return None
+    from trtforge.kernels import int4_mma
+
+    return int4_mma
+
+
+def prepare(weight: torch.Tensor | QuantWeight, *, gated: bool = False, norm: bool = False) -> None:
+    """Ready `weight` for the one-row kernels before a CUDA graph captures them: an INT4 weight that the
+    tensor-core kernel takes in this form (`gated`: gate/up rows; `norm`: RMSNorm prologue) on its GPU
+    gets its packing now (:func:`trtforge.kernels.int4_mma.mma_words`); the dispatch never packs."""
+    if not (INT4_MMA and isinstance(weight, Int4Weight) and weight.packed.is_cuda):
+        return
+    mod = _int4_mma()
+    n = int(weight.shape[0]) // (2 if gated else 1)
+    if mod is not None and mod.eligible(weight, n, gated, norm, weight.packed.device):
+        mod.mma_words(weight)
 
 
 def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=0, config=None) -> None:
@@ -489,9 +507,10 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
         and bias is None
         and isinstance(w, Int4Weight)
         and not interpreting()
-        and int4_mma.supported(x, w, n, up_rows > 0, norm_w is not None)
+        and (mma := _int4_mma()) is not None
+        and mma.supported(x, w, n, up_rows > 0, norm_w is not None)
     ):
-        int4_mma.launch(
+        mma.launch(
             x, w, out, n, res=res, norm_w=norm_w, eps=eps, up_rows=up_rows, pdl=pdl_supported(x.device)
         )
         return

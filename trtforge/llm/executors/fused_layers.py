@@ -104,6 +104,16 @@ def _weight(module: Any) -> Any:
     return module.qweight if isinstance(module, QuantLinear) else module.weight
 
 
+def _concat_key(modules: list[Any]) -> list[tuple[Any, int | None]]:
+    """What a cached concatenation of quantized `modules` must still match: each module's quantized-weight
+    object (compared by identity) and its bias's storage (a moved, cast or reassigned bias misses)."""
+    return [(m.qweight, None if m.bias is None else m.bias.data.data_ptr()) for m in modules]
+
+
+def _same_key(a: list[tuple[Any, int | None]], b: list[tuple[Any, int | None]]) -> bool:
+    return len(a) == len(b) and all(wa is wb and pa == pb for (wa, pa), (wb, pb) in zip(a, b, strict=True))
+
+
 def _concat_into_views(modules: list[Any]) -> tuple[Any, torch.Tensor | None]:
     """Concatenate the modules' weights (and biases) along dim 0; repoint each module at its slice.
 
@@ -112,7 +122,7 @@ def _concat_into_views(modules: list[Any]) -> tuple[Any, torch.Tensor | None]:
     reuses the first's concatenation, with whatever :func:`prepare_gemv_weight` made for it (the INT4
     tensor-core packing), so the sizing's free-memory reading already holds it."""
     cached = getattr(modules[0], "_trtforge_concat", None)
-    if cached is not None and all(m.qweight is w for m, w in zip(modules, cached[2], strict=True)):
+    if cached is not None and _same_key(cached[2], _concat_key(modules)):
         return cached[0], cached[1]
     if isinstance(modules[0], QuantLinear):
         qweight = cat_weights([m.qweight for m in modules])
@@ -127,7 +137,7 @@ def _concat_into_views(modules: list[Any]) -> tuple[Any, torch.Tensor | None]:
             if qbias is not None:
                 m.bias.data = qbias[lo:hi]
             lo = hi
-        modules[0]._trtforge_concat = (qweight, qbias, [m.qweight for m in modules])
+        modules[0]._trtforge_concat = (qweight, qbias, _concat_key(modules))
         return qweight, qbias
     weight = torch.cat([m.weight.data for m in modules])
     has_bias = [m.bias is not None for m in modules]
@@ -176,8 +186,12 @@ class FusedLayers:
         head = self.model.lm_head
         self.head_w = _weight(head)
         self.head_gemv_max_tokens = self.gemv_max_tokens
-        for w in [w for w, _ in self.qkv_w] + self.gate_up_w + self.o_w + self.down_w + [self.head_w]:
-            prepare_gemv_weight(w)
+        for i in range(len(self.layers)):  # (the forms each weight is used in: norm, gated, residual)
+            prepare_gemv_weight(self.qkv_w[i][0], norm=True)
+            prepare_gemv_weight(self.gate_up_w[i], gated=True, norm=True)
+            prepare_gemv_weight(self.o_w[i])
+            prepare_gemv_weight(self.down_w[i])
+        prepare_gemv_weight(self.head_w, norm=True)
         if isinstance(head, QuantLinear):  # (FP8: weight-only at one token, W8A8 above)
             self.head_gemv_max_tokens = min(self.gemv_max_tokens, weight_only_max_tokens(self.head_w))
 
