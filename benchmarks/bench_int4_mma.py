@@ -47,6 +47,9 @@ def main() -> None:
         help="int4_mma.EARLY_WEIGHTS (PDL launch, first words prefetched before the wait); 'off on' times "
         "both, the first named is the 'mma' row",
     )
+    ap.add_argument(
+        "--maxnreg", type=int, nargs="*", default=[], help="int4_mma.MAXNREG values to time besides ptxas's"
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -73,8 +76,10 @@ def main() -> None:
         runs += [("mma" if e == args.early[0] else f"mma-early-{e}", None, (None, None), e)
                  for e in args.early]  # fmt: skip
         runs += [(f"mma-w{wp}-u{u}", None, (wp, u), args.early[0]) for wp in args.warps for u in args.groups]
+        runs += [(f"mma-r{r}", None, (None, None), args.early[0]) for r in args.maxnreg if r]
         for name, cfg, setting, early in runs:
             int4_mma.EARLY_WEIGHTS = early == "on"
+            int4_mma.MAXNREG = int(name[len("mma-r") :]) if name.startswith("mma-r") else None
             if setting is not None:
                 int4_mma.MMA_WARPS, int4_mma.GROUPS_PER_ITERATION = setting
                 if not int4_mma.supported(x, w, n, gated, _norm):
@@ -89,6 +94,7 @@ def main() -> None:
             print(f"{shape:8s} {name}: {us:8.2f} us {row['tb_per_s']:5.2f} TB/s err {err:.1e}", flush=True)
         int4_mma.MMA_WARPS, int4_mma.GROUPS_PER_ITERATION = None, None
         int4_mma.EARLY_WEIGHTS = False
+        int4_mma.MAXNREG = None
         del copies, w, wf
         torch.cuda.empty_cache()
     per_layer = {kern: sum(r["us"] for r in rows if r["kernel"] == kern) for kern in ("fma", "mma")}

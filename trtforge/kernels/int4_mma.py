@@ -61,6 +61,10 @@ MIN_GROUPS_PER_WARP_RESIDUAL = 8  # residual form: fewer groups a warp than this
 # FMA kernels do: they request their first weight chunk before griddepcontrol.wait). Off until the H200
 # has timed it (bench_int4_mma.py --early on off); the GPU tests run it both ways.
 EARLY_WEIGHTS = False
+# A register cap for sweeps (None: ptxas's choice). gate_up's 896 programs of 4 warps take 96 registers,
+# so 5 fit an SM (660 at once on 132 SMs: two waves, the second 36% full); at 72 (ptxas: 71, 16 bytes
+# spilled on sm_90) 7 fit and they run in one. Not yet timed: bench_int4_mma.py --maxnreg 0 72.
+MAXNREG: int | None = None
 
 
 def launch_rule(k: int, gated: bool, norm: bool) -> tuple[int, int] | None:
@@ -505,6 +509,7 @@ def launch(
         raise ValueError(f"int4_mma: no launch for K={k} here (see supported())")
     warps, u = rule
     early = bool(pdl and EARLY_WEIGHTS)
+    options = ({"launch_pdl": True} if early else {}) | ({"maxnreg": MAXNREG} if MAXNREG else {})
     grid = (n // TILE_ROWS,)
     _int4_mma_kernel[grid](
         x, words, w.scale, w.offset, out,
@@ -513,5 +518,5 @@ def launch(
         k // INT4_GROUP, w.scale.stride(0), up_rows // TILE_ROWS, float(eps), k,
         NORM=norm_w is not None, GATED=gated, HAS_RES=res is not None, NW=warps, R=tiles_per_program,
         BF16=x.dtype == torch.bfloat16, KW=k // 2 if norm_w is not None else 0, U=u, PDL=early,
-        num_warps=warps, **({"launch_pdl": True} if early else {}),
+        num_warps=warps, **options,
     )  # fmt: skip
