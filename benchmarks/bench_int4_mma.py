@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="qkv,o,gate_up,down")
     ap.add_argument("--warps", type=int, nargs="*", default=[], help="int4_mma.MMA_WARPS values to force")
     ap.add_argument(
-        "--groups", type=int, nargs="*", default=[1], help="with --warps: int4_mma.GROUPS_PER_ITERATION"
+        "--groups", type=int, nargs="*", default=[1], help="with --warps: GROUPS_PER_ITERATION, 1 or 2"
     )
     ap.add_argument(
         "--early",

@@ -50,9 +50,9 @@ TILE_ROWS = 16  # weight rows an MMA tile holds
 # 4 warps, a group at a time, 24.0 (FMA 34.7); qkv + norm 8 warps, one group, 7.87 (9.65); down +
 # residual 8 warps, two groups, 14.1 (17.0); o + residual (4 groups a warp) is slower here at best (6.52
 # against 5.32), so it stays on the FMA kernel. Four groups at once took 150-230 registers (one program
-# an SM) and lost everywhere; so did a cp.async ring of 3, 4 or 6 groups in shared memory (commit 7eb9a6b,
-# removed after: a layer's three 50.5-56.2 us against 46.1, results/int4_mma_stages_s20.json). None: the
-# module's rule; a tuple (warps, groups): forced, for sweeps.
+# an SM) and lost everywhere (the kernel now takes one or two); so did a cp.async ring of 3, 4 or 6
+# groups in shared memory (commit 7eb9a6b, removed after: a layer's three 50.5-56.2 us against 46.1,
+# results/int4_mma_stages_s20.json). None: the module's rule; a tuple (warps, groups): forced, for sweeps.
 MMA_WARPS: int | None = None
 GROUPS_PER_ITERATION: int | None = None
 MIN_GROUPS_PER_WARP_RESIDUAL = 8  # residual form: fewer groups a warp than this go to the FMA kernel
@@ -63,7 +63,7 @@ MIN_GROUPS_PER_WARP_RESIDUAL = 8  # residual form: fewer groups a warp than this
 EARLY_WEIGHTS = False
 # A register cap for sweeps (None: ptxas's choice). gate_up's 896 programs of 4 warps take 96 registers,
 # so 5 fit an SM (660 at once on 132 SMs: two waves, the second 36% full); at 72 (ptxas: 71, 16 bytes
-# spilled on sm_90) 7 fit and they run in one. Not yet timed: bench_int4_mma.py --maxnreg 0 72.
+# spilled on sm_90) 7 fit and they run in one. Not yet timed: bench_int4_mma.py --maxnreg 72.
 MAXNREG: int | None = None
 
 
@@ -83,7 +83,7 @@ def launch_rule(k: int, gated: bool, norm: bool) -> tuple[int, int] | None:
             return None
     if groups % warps:
         return None
-    u = 1 << (max(1, min(u, 4)).bit_length() - 1)  # 1, 2 or 4: the kernel's loads come in those
+    u = 2 if u >= 2 else 1  # the kernel takes one or two groups at once
     while (groups // warps) % u:
         u //= 2
     return warps, u
@@ -382,7 +382,7 @@ def _int4_mma_kernel(
     tot0 = zero
     tot2 = zero
     w4 = gl.max(w_i + j_i * 0, 4)  # [NW, 1, 1, 1]
-    # U groups a warp an iteration, all requested one iteration ahead (a group's loads alone do not
+    # U (1 or 2) groups a warp an iteration, all requested one iteration ahead (a group's loads alone do not
     # cover HBM's latency): the next iteration's are in flight while this one's MMAs run
     GI = NG // NW  # groups a warp
     ITERS = GI // U
@@ -391,20 +391,12 @@ def _int4_mma_kernel(
     row_off = row_g * stride_sn
     l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, NORM)
     l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, NORM)
-    l2 = _group_loads(2, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 2, NW, NORM)
-    l3 = _group_loads(3, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 3, NW, NORM)
     for it in range(ITERS):
         g0 = (it + 1) * U
         more = it + 1 < ITERS
         n0 = _group_loads(g0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more, NW, NORM)
         n1 = _group_loads(
             g0 + 1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 1), NW, NORM
-        )
-        n2 = _group_loads(
-            g0 + 2, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 2), NW, NORM
-        )
-        n3 = _group_loads(
-            g0 + 3, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 3), NW, NORM
         )
         tot0, tot2 = _group_mma(
             l0, xs, it * U, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
@@ -413,14 +405,7 @@ def _int4_mma_kernel(
             tot0, tot2 = _group_mma(
                 l1, xs, it * U + 1, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
             )
-        if U > 2:
-            tot0, tot2 = _group_mma(
-                l2, xs, it * U + 2, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
-            )
-            tot0, tot2 = _group_mma(
-                l3, xs, it * U + 3, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
-            )
-        l0, l1, l2, l3 = n0, n1, n2, n3
+        l0, l1 = n0, n1
     tot0 = gl.sum(tot0, 0)  # [R, 8, 4]: the warps' partials summed
     tot2 = gl.sum(tot2, 0)
     L3: gl.constexpr = gl.SliceLayout(0, L4)
