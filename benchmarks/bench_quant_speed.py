@@ -199,17 +199,32 @@ def kernels_part(quick: bool) -> dict:
     return out
 
 
+def _int4_mma_setting(text: str) -> str:
+    """--int4-mma's value: on, off, or knobs joined by + (early, pfN, pfall)."""
+    knobs = text.split("+")
+    ok = text in ("on", "off") or all(
+        kn == "early" or kn == "pfall" or (kn.startswith("pf") and kn[2:].isdigit()) for kn in knobs
+    )
+    if not ok:
+        raise argparse.ArgumentTypeError(
+            f"--int4-mma takes on, off, or early / pfN / pfall joined by '+' (e.g. early+pf4), not {text!r}"
+        )
+    return text
+
+
 def single_part(
     quick: bool,
     layers: int,
     variants: list[str],
     reduce: tuple[str, ...] = ("on",),
     int4_mma: tuple[str, ...] = ("on",),
+    gemv_prefetch: tuple[int, ...] = (),
 ) -> dict:
     """Single-stream ms/token of each variant; FP8 variants once per one-row reducing-loop setting of
     `reduce` ("on": the default rule, "off": never; keys ``"<variant> (reduce off)"``), INT4 variants
     once per `int4_mma` setting (the one-row tensor-core GEMV, gemv.INT4_MMA; keys ``"<variant> (mma
-    off)"``), same model."""
+    off)"``), FP8 variants also once per `gemv_prefetch` depth (gemv.PREFETCH_CHUNKS; keys
+    ``"<variant> (prefetch N)"``), same model."""
     from bench_serving import single_stream
 
     from trtforge.kernels import gemv as gemv_mod
@@ -230,14 +245,22 @@ def single_part(
             settings, label = (reduce, "reduce") if method.startswith("fp8") else (("on",), "")
             if method.startswith("int4"):
                 settings, label = int4_mma, "mma"
+            if label == "reduce":
+                settings = tuple(settings) + tuple(f"prefetch {d}" for d in gemv_prefetch)
             for setting in settings:
+                gemv_mod.PREFETCH_CHUNKS = int(setting.split()[1]) if setting.startswith("prefetch") else 0
                 off = label == "reduce" and setting == "off"
                 gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = float("inf") if off else rule
                 gemv_mod.INT4_MMA = label != "mma" or setting != "off"
-                int4_mma_mod.EARLY_WEIGHTS = label == "mma" and setting == "early"
+                knobs = setting.split("+") if label == "mma" else []
+                int4_mma_mod.EARLY_WEIGHTS = "early" in knobs
+                pf = [int(kn[2:].replace("all", "-1")) for kn in knobs if kn.startswith("pf")]
+                int4_mma_mod.PREFETCH_GROUPS = pf[0] if pf else 0
                 r = single_stream(model, prompt, olen, graphs=True)
                 r.pop("tokens")
                 name = method if setting == settings[0] else f"{method} ({label} {setting})"
+                if setting.startswith("prefetch"):
+                    name = f"{method} ({setting})"
                 out[name] = r
                 print(
                     f"single stream {name}: {r['itl_ms_mean']:.3f} ms/token (p50 {r['itl_ms_p50']:.3f})",
@@ -246,6 +269,8 @@ def single_part(
             gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = rule
             gemv_mod.INT4_MMA = True
             int4_mma_mod.EARLY_WEIGHTS = False
+            int4_mma_mod.PREFETCH_GROUPS = 0
+            gemv_mod.PREFETCH_CHUNKS = 0
         del model
         gc.collect()
         if DEVICE == "cuda":
@@ -331,11 +356,20 @@ def main() -> None:
     ap.add_argument(
         "--int4-mma",
         nargs="+",
-        choices=("on", "off", "early"),
+        type=_int4_mma_setting,
         default=["on"],
         help="single stream: one-row INT4 GEMVs on the tensor cores (on: the default, gemv.INT4_MMA; "
-        "early: with int4_mma.EARLY_WEIGHTS, a PDL launch prefetching its first words) or the FMA kernel "
-        "(off); 'on off' times both on the same model, the first named is the figure",
+        "early: with int4_mma.EARLY_WEIGHTS, a PDL launch prefetching its first words; pfN / pfall: "
+        "int4_mma.PREFETCH_GROUPS, N groups a warp bulk-prefetched; joined with +, e.g. early+pfall) or "
+        "the FMA kernel (off); 'on off' times both on the same model, the first named is the figure",
+    )
+    ap.add_argument(
+        "--gemv-prefetch",
+        type=int,
+        nargs="*",
+        default=[],
+        help="single stream: FP8 variants also timed with gemv.PREFETCH_CHUNKS at each depth (one-row "
+        "GEMVs request that many chunks of their rows into L2 ahead of the loop), same model",
     )
     ap.add_argument("--tiny", action="store_true", help="check the script on a CPU (tiny model)")
     args = ap.parse_args()
@@ -359,11 +393,17 @@ def main() -> None:
         "quick": args.quick,
         "fp8_gemv_reduce": args.fp8_gemv_reduce,
         "int4_mma": args.int4_mma,
+        "gemv_prefetch": args.gemv_prefetch,
     }
     parts = {
         "kernels": lambda: kernels_part(args.quick),
         "single": lambda: single_part(
-            args.quick, args.layers, variants, tuple(args.fp8_gemv_reduce), tuple(args.int4_mma)
+            args.quick,
+            args.layers,
+            variants,
+            tuple(args.fp8_gemv_reduce),
+            tuple(args.int4_mma),
+            tuple(args.gemv_prefetch),
         ),
         "serving": lambda: serving_part(args.quick, args.layers, variants),
     }
