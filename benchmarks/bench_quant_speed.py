@@ -199,6 +199,29 @@ def kernels_part(quick: bool) -> dict:
     return out
 
 
+def kernel_profile(model, prompt: list[int], tokens: int = 32) -> dict:
+    """Where a single-stream token's GPU time goes: `tokens` streamed tokens through the CUDA-graph
+    executor under torch.profiler, kernels summed by name (us a token, top 12) beside the total."""
+    from bench_serving import LLMEngine, SamplingParams, TorchExecutor
+    from torch.profiler import ProfilerActivity, profile
+
+    ex = TorchExecutor(model, num_blocks=256, block_size=16, static_decode=True, max_decode_batch=1)
+    ex.capture_decode_graphs()
+    with LLMEngine(ex) as engine:
+        engine.generate([prompt[::-1]], SamplingParams(max_tokens=8, ignore_eos=True))
+        stream = engine.stream(prompt, SamplingParams(max_tokens=tokens + 1, ignore_eos=True))
+        next(stream)  # the prefill's token: not profiled
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in stream:
+                pass
+    sums: dict[str, float] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            sums[ev.name] = sums.get(ev.name, 0.0) + ev.device_time / tokens  # us a token
+    top = sorted(sums.items(), key=lambda kv: -kv[1])[:12]
+    return {"kernel_us_per_token": sum(sums.values()), "top": [[n[:90], round(us, 2)] for n, us in top]}
+
+
 def _int4_mma_setting(text: str) -> str:
     """--int4-mma's value: on, off, or knobs joined by + (early, pfN, pfall)."""
     knobs = text.split("+")
@@ -219,6 +242,7 @@ def single_part(
     reduce: tuple[str, ...] = ("on",),
     int4_mma: tuple[str, ...] = ("on",),
     gemv_prefetch: tuple[int, ...] = (),
+    profile_kernels: bool = False,
 ) -> dict:
     """Single-stream ms/token of each variant; FP8 variants once per one-row reducing-loop setting of
     `reduce` ("on": the default rule, "off": never; keys ``"<variant> (reduce off)"``), INT4 variants
@@ -266,6 +290,17 @@ def single_part(
                     f"single stream {name}: {r['itl_ms_mean']:.3f} ms/token (p50 {r['itl_ms_p50']:.3f})",
                     flush=True,
                 )
+                if profile_kernels and DEVICE == "cuda" and setting == settings[0]:
+                    try:
+                        prof = kernel_profile(model, prompt)
+                    except Exception as e:  # recorded; the timings go on
+                        out[f"{method} profile"] = {"error": repr(e)}
+                        print(f"profile {method} failed: {e!r}", flush=True)
+                        continue
+                    out[f"{method} profile"] = prof
+                    print(f"profile {method}: {prof['kernel_us_per_token']:.1f} us of kernels a token")
+                    for kname, us in prof["top"]:
+                        print(f"    {us:8.2f} us  {kname}", flush=True)
             gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = rule
             gemv_mod.INT4_MMA = True
             int4_mma_mod.EARLY_WEIGHTS = False
@@ -371,6 +406,12 @@ def main() -> None:
         help="single stream: FP8 variants also timed with gemv.PREFETCH_CHUNKS at each depth (one-row "
         "GEMVs request that many chunks of their rows into L2 ahead of the loop), same model",
     )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="single stream: also profile each variant's kernels (torch.profiler over 32 graph-replayed "
+        "tokens at the first setting): us a token by kernel name",
+    )
     ap.add_argument("--tiny", action="store_true", help="check the script on a CPU (tiny model)")
     args = ap.parse_args()
     global DEVICE, SHAPE
@@ -404,6 +445,7 @@ def main() -> None:
             tuple(args.fp8_gemv_reduce),
             tuple(args.int4_mma),
             tuple(args.gemv_prefetch),
+            args.profile,
         ),
         "serving": lambda: serving_part(args.quick, args.layers, variants),
     }
