@@ -50,14 +50,6 @@ def main() -> None:
     ap.add_argument(
         "--maxnreg", type=int, nargs="*", default=[], help="int4_mma.MAXNREG values to time besides ptxas's"
     )
-    ap.add_argument(
-        "--prefetch",
-        type=int,
-        nargs="*",
-        default=[],
-        help="int4_mma.PREFETCH_GROUPS values to time (groups a warp bulk-prefetched into L2 at the start; "
-        "-1: all), each with every --early setting",
-    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -65,6 +57,7 @@ def main() -> None:
     from trtforge.kernels import int4_mma
     from trtforge.kernels.gemv import _num_sms, default_config
 
+    early_default = int4_mma.EARLY_WEIGHTS
     g = torch.Generator(device="cuda").manual_seed(0)
     sms = _num_sms(torch.device("cuda"))
     rows = []
@@ -85,11 +78,9 @@ def main() -> None:
                  for e in args.early]  # fmt: skip
         runs += [(f"mma-w{wp}-u{u}", None, (wp, u), args.early[0]) for wp in args.warps for u in args.groups]
         runs += [(f"mma-r{r}", None, (None, None), args.early[0]) for r in args.maxnreg if r]
-        runs += [(f"mma-pf{p}-early-{e}", None, (None, None), e) for p in args.prefetch for e in args.early]
         for name, cfg, setting, early in runs:
             int4_mma.EARLY_WEIGHTS = early == "on"
             int4_mma.MAXNREG = int(name[len("mma-r") :]) if name.startswith("mma-r") else None
-            int4_mma.PREFETCH_GROUPS = int(name[len("mma-pf") :].split("-early")[0]) if "-pf" in name else 0
             if setting is not None:
                 int4_mma.MMA_WARPS, int4_mma.GROUPS_PER_ITERATION = setting
                 if not int4_mma.supported(x, w, n, gated, _norm):
@@ -103,9 +94,8 @@ def main() -> None:
             rows.append(row | {"warps_groups": setting, "early_weights": early})
             print(f"{shape:8s} {name}: {us:8.2f} us {row['tb_per_s']:5.2f} TB/s err {err:.1e}", flush=True)
         int4_mma.MMA_WARPS, int4_mma.GROUPS_PER_ITERATION = None, None
-        int4_mma.EARLY_WEIGHTS = False
+        int4_mma.EARLY_WEIGHTS = early_default
         int4_mma.MAXNREG = None
-        int4_mma.PREFETCH_GROUPS = 0
         del copies, w, wf
         torch.cuda.empty_cache()
     per_layer = {kern: sum(r["us"] for r in rows if r["kernel"] == kern) for kern in ("fma", "mma")}

@@ -223,14 +223,10 @@ def kernel_profile(model, prompt: list[int], tokens: int = 32) -> dict:
 
 
 def _int4_mma_setting(text: str) -> str:
-    """--int4-mma's value: on, off, or knobs joined by + (early, pfN, pfall)."""
-    knobs = text.split("+")
-    ok = text in ("on", "off") or all(
-        kn == "early" or kn == "pfall" or (kn.startswith("pf") and kn[2:].isdigit()) for kn in knobs
-    )
-    if not ok:
+    """--int4-mma's value: on, off, or knobs joined by + (early, late, gr72)."""
+    if not (text in ("on", "off") or all(kn in ("early", "late", "gr72") for kn in text.split("+"))):
         raise argparse.ArgumentTypeError(
-            f"--int4-mma takes on, off, or early / pfN / pfall joined by '+' (e.g. early+pf4), not {text!r}"
+            f"--int4-mma takes on, off, or early / late / gr72 joined by '+' (e.g. early+gr72), not {text!r}"
         )
     return text
 
@@ -241,20 +237,24 @@ def single_part(
     variants: list[str],
     reduce: tuple[str, ...] = ("on",),
     int4_mma: tuple[str, ...] = ("on",),
-    gemv_prefetch: tuple[int, ...] = (),
+    graph_counters: tuple[str, ...] = ("on",),
     profile_kernels: bool = False,
 ) -> dict:
     """Single-stream ms/token of each variant; FP8 variants once per one-row reducing-loop setting of
     `reduce` ("on": the default rule, "off": never; keys ``"<variant> (reduce off)"``), INT4 variants
     once per `int4_mma` setting (the one-row tensor-core GEMV, gemv.INT4_MMA; keys ``"<variant> (mma
-    off)"``), FP8 variants also once per `gemv_prefetch` depth (gemv.PREFETCH_CHUNKS; keys
-    ``"<variant> (prefetch N)"``), same model."""
+    off)"``), same model; with "off" in `graph_counters` every variant also with the captured decode
+    attention's splits reduced in a second kernel (decode_attention.GRAPH_COUNTERS off; keys
+    ``"<variant> (graph counters off)"``)."""
     from bench_serving import single_stream
 
+    from trtforge.kernels import decode_attention as decode_mod
     from trtforge.kernels import gemv as gemv_mod
     from trtforge.kernels import int4_mma as int4_mma_mod
 
     rule = gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM
+    early_default, gated_maxnreg = int4_mma_mod.EARLY_WEIGHTS, int4_mma_mod.GATED_MAXNREG
+    graph_off = ("off",) if "off" in graph_counters else ()
 
     prompt = torch.randint(
         3, SHAPE["vocab_size"], (512,), generator=torch.Generator().manual_seed(0)
@@ -269,28 +269,26 @@ def single_part(
             settings, label = (reduce, "reduce") if method.startswith("fp8") else (("on",), "")
             if method.startswith("int4"):
                 settings, label = int4_mma, "mma"
-            if label == "reduce":
-                settings = tuple(settings) + tuple(f"prefetch {d}" for d in gemv_prefetch)
-            for setting in settings:
-                gemv_mod.PREFETCH_CHUNKS = int(setting.split()[1]) if setting.startswith("prefetch") else 0
-                off = label == "reduce" and setting == "off"
+            runs = [(label, s, True) for s in settings] + [(label, settings[0], False) for _ in graph_off]
+            for label_, setting, counters in runs:
+                off = label_ == "reduce" and setting == "off"
                 gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = float("inf") if off else rule
-                gemv_mod.INT4_MMA = label != "mma" or setting != "off"
-                knobs = setting.split("+") if label == "mma" else []
-                int4_mma_mod.EARLY_WEIGHTS = "early" in knobs
-                pf = [int(kn[2:].replace("all", "-1")) for kn in knobs if kn.startswith("pf")]
-                int4_mma_mod.PREFETCH_GROUPS = pf[0] if pf else 0
+                gemv_mod.INT4_MMA = label_ != "mma" or setting != "off"
+                knobs = setting.split("+") if label_ == "mma" else []
+                int4_mma_mod.EARLY_WEIGHTS = "late" not in knobs and ("early" in knobs or early_default)
+                int4_mma_mod.GATED_MAXNREG = 72 if "gr72" in knobs else gated_maxnreg
+                decode_mod.GRAPH_COUNTERS = counters
                 r = single_stream(model, prompt, olen, graphs=True)
                 r.pop("tokens")
-                name = method if setting == settings[0] else f"{method} ({label} {setting})"
-                if setting.startswith("prefetch"):
-                    name = f"{method} ({setting})"
+                name = method if setting == settings[0] else f"{method} ({label_} {setting})"
+                if not counters:
+                    name = f"{method} (graph counters off)"
                 out[name] = r
                 print(
                     f"single stream {name}: {r['itl_ms_mean']:.3f} ms/token (p50 {r['itl_ms_p50']:.3f})",
                     flush=True,
                 )
-                if profile_kernels and DEVICE == "cuda" and setting == settings[0]:
+                if profile_kernels and DEVICE == "cuda" and setting == settings[0] and counters:
                     try:
                         prof = kernel_profile(model, prompt)
                     except Exception as e:  # recorded; the timings go on
@@ -303,9 +301,9 @@ def single_part(
                         print(f"    {us:8.2f} us  {kname}", flush=True)
             gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = rule
             gemv_mod.INT4_MMA = True
-            int4_mma_mod.EARLY_WEIGHTS = False
-            int4_mma_mod.PREFETCH_GROUPS = 0
-            gemv_mod.PREFETCH_CHUNKS = 0
+            int4_mma_mod.EARLY_WEIGHTS = early_default
+            int4_mma_mod.GATED_MAXNREG = gated_maxnreg
+            decode_mod.GRAPH_COUNTERS = True
         del model
         gc.collect()
         if DEVICE == "cuda":
@@ -313,7 +311,9 @@ def single_part(
     if "bf16" in out:
         base = out["bf16"]["itl_ms_mean"]
         out["ratio_to_bf16"] = {
-            m: r["itl_ms_mean"] / base for m, r in out.items() if isinstance(r, dict) and m != "bf16"
+            m: r["itl_ms_mean"] / base
+            for m, r in out.items()
+            if isinstance(r, dict) and "itl_ms_mean" in r and m != "bf16"
         }
     return out
 
@@ -393,18 +393,19 @@ def main() -> None:
         nargs="+",
         type=_int4_mma_setting,
         default=["on"],
-        help="single stream: one-row INT4 GEMVs on the tensor cores (on: the default, gemv.INT4_MMA; "
-        "early: with int4_mma.EARLY_WEIGHTS, a PDL launch prefetching its first words; pfN / pfall: "
-        "int4_mma.PREFETCH_GROUPS, N groups a warp bulk-prefetched; joined with +, e.g. early+pfall) or "
-        "the FMA kernel (off); 'on off' times both on the same model, the first named is the figure",
+        help="single stream: one-row INT4 GEMVs on the tensor cores (on: the module defaults, gemv.INT4_MMA; "
+        "early / late: int4_mma.EARLY_WEIGHTS on / off, a PDL launch prefetching its first words; gr72: "
+        "int4_mma.GATED_MAXNREG = 72; joined with +, e.g. early+gr72) or the FMA kernel (off); 'on off' "
+        "times both on the same model, the first named is the figure",
     )
     ap.add_argument(
-        "--gemv-prefetch",
-        type=int,
-        nargs="*",
-        default=[],
-        help="single stream: FP8 variants also timed with gemv.PREFETCH_CHUNKS at each depth (one-row "
-        "GEMVs request that many chunks of their rows into L2 ahead of the loop), same model",
+        "--graph-counters",
+        nargs="+",
+        choices=("on", "off"),
+        default=["on"],
+        help="single stream: captured decode attention reduces its splits in the last program on reserved "
+        "counters (on: the default, decode_attention.GRAPH_COUNTERS) or in a second kernel (off); 'on off' "
+        "times every variant both ways on the same model",
     )
     ap.add_argument(
         "--profile",
@@ -434,7 +435,7 @@ def main() -> None:
         "quick": args.quick,
         "fp8_gemv_reduce": args.fp8_gemv_reduce,
         "int4_mma": args.int4_mma,
-        "gemv_prefetch": args.gemv_prefetch,
+        "graph_counters": args.graph_counters,
     }
     parts = {
         "kernels": lambda: kernels_part(args.quick),
@@ -444,7 +445,7 @@ def main() -> None:
             variants,
             tuple(args.fp8_gemv_reduce),
             tuple(args.int4_mma),
-            tuple(args.gemv_prefetch),
+            tuple(args.graph_counters),
             args.profile,
         ),
         "serving": lambda: serving_part(args.quick, args.layers, variants),

@@ -86,7 +86,6 @@ def compile_facts(
     return {
         "counts": count_ops(ptx),
         "cp_async_16": len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", ptx)),
-        "bulk_prefetch_l2": ptx.count("cp.async.bulk.prefetch.L2.global"),  # (inline asm: not line-leading)
         "shared": kernel.metadata.shared,
     } | assemble(ptx)
 

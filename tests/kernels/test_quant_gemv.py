@@ -502,7 +502,7 @@ def test_one_row_fp8_gemvs_reduce_where_programs_are_many():
     assert not default_config(1, 14336, 4096, True, 132, "int4").reduce
 
 
-def _gate_up_compile_facts(reduce: bool, pfc: int = 0) -> dict:
+def _gate_up_compile_facts(reduce: bool) -> dict:
     """The one-row gated FP8 GEMV (Llama-3-8B gate_up, the default config but for the loop) compiled for
     sm_90."""
     from tests.kernels._sm90 import compile_facts
@@ -515,7 +515,7 @@ def _gate_up_compile_facts(reduce: bool, pfc: int = 0) -> dict:
             "stride_rm": 14336, "up_rows": 14336}  # fmt: skip
     consts = {"M": 1, "NORM": True, "GATED": True, "HAS_RES": False, "HAS_BIAS": False, "DOT": False,
               "PDL": True, "WFMT": 1, "GROUP": 128, "ASM": True, "BLOCK_M": 1, "BLOCK_N": cfg.block_n,
-              "BLOCK_K": cfg.block_k, "REDUCE": reduce, "PFC": pfc}  # fmt: skip
+              "BLOCK_K": cfg.block_k, "REDUCE": reduce}  # fmt: skip
     facts = compile_facts(g._gemv_kernel, pointers, ints, consts, cfg.num_warps, cfg.num_stages,
                           scalars={"eps": "fp32"})  # fmt: skip
     facts["registers"] = int(re.search(r"Used (\d+) registers", facts["ptxas"]).group(1))
@@ -535,40 +535,3 @@ def test_one_row_gemv_reducing_loop_takes_fewer_registers_on_sm90():
         assert facts["ptxas_rc"] == 0 and facts["spills"] == [0], facts["ptxas"]
         regs[reduce] = facts["registers"]
     assert regs[True] < regs[False], regs
-
-
-def test_one_row_gemv_bulk_prefetch_compiles_on_sm90():
-    """gemv.PREFETCH_CHUNKS: the rows' next chunks requested into L2 by one bulk prefetch at the start
-    and one in the loop (threads own rows, so no registers: the count and spills stay as without)."""
-    from tests.kernels._sm90 import needs_ptxas, run_in_child
-
-    needs_ptxas()
-    base = run_in_child(f"{__name__}:_gate_up_compile_facts", True, 0)
-    facts = run_in_child(f"{__name__}:_gate_up_compile_facts", True, 2)
-    assert facts["ptxas_rc"] == 0 and facts["spills"] == [0], facts["ptxas"]
-    assert facts["bulk_prefetch_l2"] == 2 and base["bulk_prefetch_l2"] == 0, facts
-    assert facts["registers"] <= base["registers"] + 8, (facts["registers"], base["registers"])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["fp8", "plain"])
-def test_one_row_prefetch_changes_no_bit_on_the_gpu(kind, monkeypatch):
-    """The L2 prefetch only moves bytes earlier: every one-row form gives the same bits with it as
-    without (K of one chunk, of several and with a partial last one)."""
-    from trtforge.kernels import gemv as g
-
-    skip_unless_runs_here("cuda")
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    for n, k in ((96, 4096), (64, 14336), (48, 1536)):
-        x = torch.randn(1, k, device="cuda", generator=gen, dtype=torch.bfloat16)
-        nw = torch.rand(k, device="cuda", generator=gen, dtype=torch.bfloat16) + 0.5
-        wf = torch.randn(2 * n, k, device="cuda", generator=gen) / k**0.5
-        w = quantize_fp8(wf) if kind == "fp8" else wf.to(torch.bfloat16)
-        res = torch.randn(1, n, device="cuda", generator=gen, dtype=torch.bfloat16)
-        outs = []
-        for pfc in (0, 2):
-            monkeypatch.setattr(g, "PREFETCH_CHUNKS", pfc)
-            outs.append((g.norm_gemv(x, nw, 1e-5, w), g.norm_gate_up_silu(x, nw, 1e-5, w),
-                         g.gemv_residual(x, w, torch.cat([res, res], 1))))  # fmt: skip
-        for a, b in zip(*outs):
-            assert torch.equal(a, b), (n, k)

@@ -80,25 +80,6 @@ def _w_chunk(w_rows, k0, arange_k, n_ok, K, stride_wn, up_rows, GATED: tl.conste
 
 
 @triton.jit
-def _prefetch_rows(w_rows0, stride_bytes, nbytes, up_bytes, ROWS: tl.constexpr, GATED: tl.constexpr):
-    """``cp.async.bulk.prefetch.L2`` (sm_90+) of `nbytes` (a multiple of 16; 0: none) from each of ROWS
-    weight rows starting at the byte address `w_rows0` (and, GATED, the up rows `up_bytes` further):
-    thread t < ROWS takes row t, thread ROWS + t its up row; the others issue nothing."""
-    rows = nbytes * 0 + ROWS
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p, q; .reg .b32 t; .reg .b64 a, o; mov.u32 t, %tid.x; "
-        "setp.lt.u32 p, t, $6; setp.ge.u32 q, t, $5; @q sub.u32 t, t, $5; "
-        "mul.wide.u32 o, t, $2; add.s64 a, $1, o; @q add.s64 a, a, $4; "
-        "setp.ne.and.u32 p, $3, 0, p; @p cp.async.bulk.prefetch.L2.global [a], $3; } // dummy $0",
-        "=r,l,r,r,l,r,r",
-        [w_rows0, stride_bytes, nbytes, up_bytes, rows, rows * (2 if GATED else 1)],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit
 def _add_chunk(part, w, xf, REDUCE: tl.constexpr):
     """`part` plus one chunk's products ``w * x``: the ``[BLOCK_N, BLOCK_K]`` partials, or (REDUCE) their
     sums over the chunk, ``[BLOCK_N]``: fewer registers, so more programs (and loads in flight) an SM."""
@@ -263,7 +244,6 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     REDUCE: tl.constexpr = False,
-    PFC: tl.constexpr = 0,
 ):
     """Out[m, n] = epilogue(sum_k prologue(X)[m, k] * W[n, k]) for the BLOCK_N columns of this program.
     REDUCE (one row, 16-bit or FP8 weights): each chunk's products are summed as they come
@@ -293,14 +273,6 @@ def _gemv_kernel(
                                        o_rows + up_rows * stride_sn, 0, n_ok, NG, G, GROUP)  # fmt: skip
     elif BLOCK_M == 1 and not DOT:
         w0, wu0 = _w_chunk(w_rows, 0, arange_k, n_ok, K, stride_wn, up_rows, GATED)
-    if PFC > 0:  # (one row, WFMT 0/1) the next PFC chunks of every row into L2, then one chunk a step
-        ELT: tl.constexpr = 1 if WFMT == 1 else 2
-        one = tl.zeros([1], dtype=tl.int32)
-        pf_rows = (W + pid.to(tl.int64) * BLOCK_N * stride_wn + one).to(tl.int64)
-        pf_stride = one + stride_wn * ELT
-        pf_up = (one + up_rows).to(tl.int64) * stride_wn * ELT
-        ahead = tl.maximum(tl.minimum(PFC * BLOCK_K, K - BLOCK_K), 0)
-        _prefetch_rows(pf_rows + BLOCK_K * ELT, pf_stride, one + ahead * ELT, pf_up, BLOCK_N, GATED)
     if PDL:
         gdc_wait()  # the previous kernel's writes (x, the residual) are visible from here on
         gdc_launch_dependents()  # the next kernel may start (and prefetch its own weights)
@@ -340,10 +312,6 @@ def _gemv_kernel(
             part = tl.sum(part, 1)
             part_up = tl.sum(part_up, 1)
         for k0 in range(BLOCK_K, K, BLOCK_K):
-            if PFC > 0:
-                k_pf = k0 + PFC * BLOCK_K
-                nb = tl.where(k_pf < K, tl.minimum(BLOCK_K, K - k_pf) * ELT, 0)
-                _prefetch_rows(pf_rows + k_pf * ELT, pf_stride, one + nb, pf_up, BLOCK_N, GATED)
             w, wu = _w_chunk(w_rows, k0, arange_k, n_ok, K, stride_wn, up_rows, GATED)
             part, part_up = _row_chunk(part, part_up, w, wu, x_rows, k0, arange_k, NormW, K, rstd, NORM,
                                        GATED, REDUCE, dtype)  # fmt: skip
@@ -429,11 +397,6 @@ QUANT_BLOCK_K = {"fp8": 1024, "int4": 4096}
 # down (7.8) lose with it (6.15 against 5.91, 17.0 against 15.9). 16-bit weights: no loop wins beyond
 # noise, so they stay plain.
 FP8_REDUCE_MIN_PROGRAMS_PER_SM = 10
-# One-row GEMVs of 16-bit or FP8 weights on sm_90+: chunks of every row requested into L2 ahead of the loop
-# (``cp.async.bulk.prefetch.L2``, one thread a row, no registers): the PREFETCH_CHUNKS after the first at
-# the start (before the PDL wait: the stream goes on while the previous kernel drains), then one chunk that
-# far ahead each step. 0: none. Not yet timed (bench_quant_speed.py --gemv-prefetch).
-PREFETCH_CHUNKS = 0
 FP8_REDUCE_CHUNK_CODES = 16384
 
 
@@ -560,23 +523,6 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
         raise ValueError(f"INT4 weights need block_k a power of two >= {INT4_GROUP}, got {cfg.block_k}")
     block_m = 16 if cfg.dot else triton.next_power_of_2(m)
     pdl = pdl_supported(x.device)
-    elt = codes.element_size()
-    pfc = (
-        PREFETCH_CHUNKS
-        if PREFETCH_CHUNKS > 0
-        and block_m == 1
-        and not cfg.dot
-        and wfmt < 2
-        and not interpreting()
-        and x.device.type == "cuda"
-        and torch.cuda.get_device_capability(x.device) >= (9, 0)
-        and codes.data_ptr() % 16 == 0
-        and (codes.stride(0) * elt) % 16 == 0
-        and (cfg.block_k * elt) % 16 == 0
-        and (k * elt) % 16 == 0
-        and cfg.block_n * (2 if up_rows else 1) <= cfg.num_warps * 32
-        else 0
-    )
     dummy = out
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         x, codes, out,
@@ -592,7 +538,7 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
         NORM=norm_w is not None, GATED=up_rows > 0, HAS_RES=res is not None, HAS_BIAS=bias is not None,
         DOT=cfg.dot, PDL=pdl, WFMT=wfmt, GROUP=INT4_GROUP, ASM=x.device.type == "cuda" and not interpreting(),
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        REDUCE=cfg.reduce and wfmt < 2 and block_m == 1 and not cfg.dot, PFC=pfc,
+        REDUCE=cfg.reduce and wfmt < 2 and block_m == 1 and not cfg.dot,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
 

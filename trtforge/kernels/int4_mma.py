@@ -57,20 +57,20 @@ MMA_WARPS: int | None = None
 GROUPS_PER_ITERATION: int | None = None
 MIN_GROUPS_PER_WARP_RESIDUAL = 8  # residual form: fewer groups a warp than this go to the FMA kernel
 # True: launched as a programmatic dependent launch (where the caller says the GPU has it), each program
-# prefetches its first groups' words into L2, then waits for the previous kernel (as the
-# FMA kernels do: they request their first weight chunk before griddepcontrol.wait). Off until the H200
-# has timed it (bench_int4_mma.py --early on off); the GPU tests run it both ways.
-EARLY_WEIGHTS = False
+# prefetches its first groups' words into L2, then waits for the previous kernel (as the FMA kernels do:
+# they request their first weight chunk before griddepcontrol.wait). H200, session 21 (results/
+# int4_mma_s21.json, quant_speed_s21_single.json): gate_up 23.35 us against 24.02, down 13.27 against
+# 13.99, qkv 8.23 against 7.95; 8B INT4 + FP8 head single stream 2.111 ms/token against 2.175.
+# Deeper prefetches (a bulk L2 prefetch of 1-8 groups a warp ahead, or all of them) measured slower in
+# every form (commit 9962b22, results/int4_mma_pf_s21.json: gate_up 25.3-30.5 us).
+EARLY_WEIGHTS = True
 # A register cap for sweeps (None: ptxas's choice). gate_up's 896 programs of 4 warps take 96 registers,
 # so 5 fit an SM (660 at once on 132 SMs: two waves, the second 36% full); at 72 (ptxas: 71, 16 bytes
 # spilled on sm_90) 7 fit and they run in one. Not yet timed: bench_int4_mma.py --maxnreg 72.
 MAXNREG: int | None = None
-# L2 prefetch depth in groups a warp (sm_90+: ``cp.async.bulk.prefetch.L2``, issued by one lane, no
-# registers): 0 none; D > 0: each warp requests its first D groups of every tile at the start (before the
-# PDL wait with EARLY_WEIGHTS, so weights stream while the previous kernel drains), then one group D ahead
-# of its loop each iteration; -1: all of the program's groups at the start. Not yet timed:
-# bench_int4_mma --prefetch.
-PREFETCH_GROUPS = 0
+# The gated form's register cap (None: ptxas's 96). Candidate 72 (one wave, see MAXNREG): gate_up 23.10 us
+# against 24.02 without early weights (results/int4_mma_s21.json); not yet timed with them or in a model.
+GATED_MAXNREG: int | None = None
 
 
 def launch_rule(k: int, gated: bool, norm: bool) -> tuple[int, int] | None:
@@ -312,21 +312,6 @@ def _prefetch_l2(ptrs):
 
 
 @gluon.jit
-def _bulk_prefetch_l2(ptrs, nbytes):
-    """``cp.async.bulk.prefetch.L2`` of `nbytes` (a multiple of 16; 0: none) from each warp's address in
-    `ptrs` (every lane of a warp holds the same one; lane 0 issues it)."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p, q; .reg .b32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0; "
-        "setp.ne.and.u32 q, $2, 0, p; @q cp.async.bulk.prefetch.L2.global [$1], $2; } // dummy $0",
-        "=r,l,r",
-        [ptrs.to(gl.int64), nbytes],
-        dtype=gl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@gluon.jit
 def _griddep(op: gl.constexpr):
     """A programmatic-dependent-launch control instruction (``griddepcontrol.wait`` or
     ``.launch_dependents``; both no-ops when the launch is not PDL)."""
@@ -337,7 +322,7 @@ def _griddep(op: gl.constexpr):
 def _int4_mma_kernel(
     X, Wm, Scales, Offsets, Out, Res, NormW, NG, stride_sn, up_tiles, eps, K,
     NORM: gl.constexpr, GATED: gl.constexpr, HAS_RES: gl.constexpr, NW: gl.constexpr, R: gl.constexpr,
-    BF16: gl.constexpr, KW: gl.constexpr, U: gl.constexpr, PDL: gl.constexpr = False, PF: gl.constexpr = 0,
+    BF16: gl.constexpr, KW: gl.constexpr, U: gl.constexpr, PDL: gl.constexpr = False,
 ):  # fmt: skip
     """Out[n] = epilogue(sum_k prologue(x)[k] * W[n, k]) for R tiles of 16 rows (gated: the gate tile
     ``pid`` and the up tile ``up_tiles + pid``)."""
@@ -366,28 +351,12 @@ def _int4_mma_kernel(
         tile = pid * R + r_i
     word_off = (tile * NG * 32 + g_i * 4 + t_i) * 8 + j_i  # + group * 256
     xw_i = _iota(NW, 0, LX) * 64 + _iota(4, 3, LX) * 16 + _iota(16, 4, LX)  # + it * NW * 64
-    # bulk prefetches: each warp's address in one thread a lane (tile_w[r]: tile r's words)
-    LP: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
-    wp = gl.arange(0, NW, layout=gl.SliceLayout(1, LP))[:, None] + gl.zeros([NW, 32], gl.int32, layout=LP)
-    if GATED:
-        tile_w = (Wm + pid * NG * 256, Wm + (pid + up_tiles) * NG * 256)
-    else:
-        tile_w = (Wm + pid * R * NG * 256,)
-    if PF != 0:
-        # warp w requests groups [w * chunk, (w + 1) * chunk) of each of its tiles (1 KB a group): together
-        # the first chunk groups of every warp's loop
-        chunk = NG // NW
-        if PF > 0:
-            chunk = gl.minimum(chunk, PF)
-        for r in gl.static_range(R):
-            _bulk_prefetch_l2(tile_w[r] + wp * chunk * 256, wp * 0 + chunk * 1024)
     if PDL:
-        if PF == 0:
-            # before the previous kernel's writes are waited for: its first U groups' words (each lane's 32
-            # bytes) into L2 (constants: safe to read early; the scales' lines are left to the loop)
-            first = gl.min(word_off, 4) + gl.max(w_i + j_i * 0, 4) * 256  # [NW, R, 8, 4]: each lane's word 0
-            for u in gl.static_range(U):
-                _prefetch_l2(Wm + first + u * NW * 256)
+        # before the previous kernel's writes are waited for: its first U groups' words (each lane's 32
+        # bytes) into L2 (constants: safe to read early; the scales' lines are left to the loop)
+        first = gl.min(word_off, 4) + gl.max(w_i + j_i * 0, 4) * 256  # [NW, R, 8, 4]: each lane's word 0
+        for u in gl.static_range(U):
+            _prefetch_l2(Wm + first + u * NW * 256)
         _griddep("griddepcontrol.wait;")  # x and the residual: the previous kernel's, visible from here
         _griddep("griddepcontrol.launch_dependents;")  # the next kernel may start its own prefetching
     if NORM:  # the normalized row into shared memory, in chunks of CH
@@ -431,12 +400,6 @@ def _int4_mma_kernel(
     for it in range(ITERS):
         g0 = (it + 1) * U
         more = it + 1 < ITERS
-        if PF > 0:  # the window moves on: each warp requests its group PF iterations of groups ahead
-            for u in gl.static_range(U):
-                ahead = it * U + PF + u
-                nb = gl.where(ahead < GI, 1024, 0)
-                for r in gl.static_range(R):
-                    _bulk_prefetch_l2(tile_w[r] + (ahead * NW + wp) * 256, wp * 0 + nb)
         n0 = _group_loads(g0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more, NW, NORM)
         n1 = _group_loads(
             g0 + 1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 1), NW, NORM
@@ -537,8 +500,8 @@ def launch(
         raise ValueError(f"int4_mma: no launch for K={k} here (see supported())")
     warps, u = rule
     early = bool(pdl and EARLY_WEIGHTS)
-    options = ({"launch_pdl": True} if early else {}) | ({"maxnreg": MAXNREG} if MAXNREG else {})
-    pf = PREFETCH_GROUPS if _capability(x.device) >= (9, 0) else 0  # (the bulk prefetch is sm_90's)
+    maxnreg = MAXNREG or (GATED_MAXNREG if gated else None)
+    options = ({"launch_pdl": True} if early else {}) | ({"maxnreg": maxnreg} if maxnreg else {})
     grid = (n // TILE_ROWS,)
     _int4_mma_kernel[grid](
         x, words, w.scale, w.offset, out,
@@ -546,6 +509,6 @@ def launch(
         norm_w if norm_w is not None else out,
         k // INT4_GROUP, w.scale.stride(0), up_rows // TILE_ROWS, float(eps), k,
         NORM=norm_w is not None, GATED=gated, HAS_RES=res is not None, NW=warps, R=tiles_per_program,
-        BF16=x.dtype == torch.bfloat16, KW=k // 2 if norm_w is not None else 0, U=u, PDL=early, PF=pf,
+        BF16=x.dtype == torch.bfloat16, KW=k // 2 if norm_w is not None else 0, U=u, PDL=early,
         num_warps=warps, **options,
     )  # fmt: skip
