@@ -222,11 +222,15 @@ def kernel_profile(model, prompt: list[int], tokens: int = 32) -> dict:
     return {"kernel_us_per_token": sum(sums.values()), "top": [[n[:90], round(us, 2)] for n, us in top]}
 
 
+INT4_MMA_KNOBS = ("early", "late", "gr72", "nogr", "first", "nofirst")
+
+
 def _int4_mma_setting(text: str) -> str:
-    """--int4-mma's value: on, off, or knobs joined by + (early, late, gr72)."""
-    if not (text in ("on", "off") or all(kn in ("early", "late", "gr72") for kn in text.split("+"))):
+    """--int4-mma's value: on, off, or knobs joined by + (INT4_MMA_KNOBS)."""
+    if not (text in ("on", "off") or all(kn in INT4_MMA_KNOBS for kn in text.split("+"))):
         raise argparse.ArgumentTypeError(
-            f"--int4-mma takes on, off, or early / late / gr72 joined by '+' (e.g. early+gr72), not {text!r}"
+            f"--int4-mma takes on, off, or {' / '.join(INT4_MMA_KNOBS)} joined by '+' (e.g. early+gr72), "
+            f"not {text!r}"
         )
     return text
 
@@ -237,24 +241,20 @@ def single_part(
     variants: list[str],
     reduce: tuple[str, ...] = ("on",),
     int4_mma: tuple[str, ...] = ("on",),
-    graph_counters: tuple[str, ...] = ("on",),
     profile_kernels: bool = False,
 ) -> dict:
     """Single-stream ms/token of each variant; FP8 variants once per one-row reducing-loop setting of
     `reduce` ("on": the default rule, "off": never; keys ``"<variant> (reduce off)"``), INT4 variants
     once per `int4_mma` setting (the one-row tensor-core GEMV, gemv.INT4_MMA; keys ``"<variant> (mma
-    off)"``), same model; with "off" in `graph_counters` every variant also with the captured decode
-    attention's splits reduced in a second kernel (decode_attention.GRAPH_COUNTERS off; keys
-    ``"<variant> (graph counters off)"``)."""
+    off)"``), same model."""
     from bench_serving import single_stream
 
-    from trtforge.kernels import decode_attention as decode_mod
     from trtforge.kernels import gemv as gemv_mod
     from trtforge.kernels import int4_mma as int4_mma_mod
 
     rule = gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM
     early_default, gated_maxnreg = int4_mma_mod.EARLY_WEIGHTS, int4_mma_mod.GATED_MAXNREG
-    graph_off = ("off",) if "off" in graph_counters else ()
+    first_default = int4_mma_mod.FIRST_LOADS_EARLY
 
     prompt = torch.randint(
         3, SHAPE["vocab_size"], (512,), generator=torch.Generator().manual_seed(0)
@@ -269,26 +269,25 @@ def single_part(
             settings, label = (reduce, "reduce") if method.startswith("fp8") else (("on",), "")
             if method.startswith("int4"):
                 settings, label = int4_mma, "mma"
-            runs = [(label, s, True) for s in settings] + [(label, settings[0], False) for _ in graph_off]
-            for label_, setting, counters in runs:
-                off = label_ == "reduce" and setting == "off"
+            for setting in settings:
+                off = label == "reduce" and setting == "off"
                 gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = float("inf") if off else rule
-                gemv_mod.INT4_MMA = label_ != "mma" or setting != "off"
-                knobs = setting.split("+") if label_ == "mma" else []
+                gemv_mod.INT4_MMA = label != "mma" or setting != "off"
+                knobs = setting.split("+") if label == "mma" else []
                 int4_mma_mod.EARLY_WEIGHTS = "late" not in knobs and ("early" in knobs or early_default)
-                int4_mma_mod.GATED_MAXNREG = 72 if "gr72" in knobs else gated_maxnreg
-                decode_mod.GRAPH_COUNTERS = counters
+                cap = None if "nogr" in knobs else gated_maxnreg
+                int4_mma_mod.GATED_MAXNREG = 72 if "gr72" in knobs else cap
+                first = "first" in knobs or ("nofirst" not in knobs and first_default)
+                int4_mma_mod.FIRST_LOADS_EARLY = first
                 r = single_stream(model, prompt, olen, graphs=True)
                 r.pop("tokens")
-                name = method if setting == settings[0] else f"{method} ({label_} {setting})"
-                if not counters:
-                    name = f"{method} (graph counters off)"
+                name = method if setting == settings[0] else f"{method} ({label} {setting})"
                 out[name] = r
                 print(
                     f"single stream {name}: {r['itl_ms_mean']:.3f} ms/token (p50 {r['itl_ms_p50']:.3f})",
                     flush=True,
                 )
-                if profile_kernels and DEVICE == "cuda" and setting == settings[0] and counters:
+                if profile_kernels and DEVICE == "cuda" and setting == settings[0]:
                     try:
                         prof = kernel_profile(model, prompt)
                     except Exception as e:  # recorded; the timings go on
@@ -303,7 +302,7 @@ def single_part(
             gemv_mod.INT4_MMA = True
             int4_mma_mod.EARLY_WEIGHTS = early_default
             int4_mma_mod.GATED_MAXNREG = gated_maxnreg
-            decode_mod.GRAPH_COUNTERS = True
+            int4_mma_mod.FIRST_LOADS_EARLY = first_default
         del model
         gc.collect()
         if DEVICE == "cuda":
@@ -394,18 +393,10 @@ def main() -> None:
         type=_int4_mma_setting,
         default=["on"],
         help="single stream: one-row INT4 GEMVs on the tensor cores (on: the module defaults, gemv.INT4_MMA; "
-        "early / late: int4_mma.EARLY_WEIGHTS on / off, a PDL launch prefetching its first words; gr72: "
-        "int4_mma.GATED_MAXNREG = 72; joined with +, e.g. early+gr72) or the FMA kernel (off); 'on off' "
+        "early / late: int4_mma.EARLY_WEIGHTS on / off, a PDL launch prefetching its first words; gr72 / "
+        "nogr: int4_mma.GATED_MAXNREG 72 / none; first / nofirst: int4_mma.FIRST_LOADS_EARLY on / off; "
+        "joined with +, e.g. early+gr72) or the FMA kernel (off); 'on off' "
         "times both on the same model, the first named is the figure",
-    )
-    ap.add_argument(
-        "--graph-counters",
-        nargs="+",
-        choices=("on", "off"),
-        default=["on"],
-        help="single stream: captured decode attention reduces its splits in the last program on reserved "
-        "counters (on: the default, decode_attention.GRAPH_COUNTERS) or in a second kernel (off); 'on off' "
-        "times every variant both ways on the same model",
     )
     ap.add_argument(
         "--profile",
@@ -435,7 +426,6 @@ def main() -> None:
         "quick": args.quick,
         "fp8_gemv_reduce": args.fp8_gemv_reduce,
         "int4_mma": args.int4_mma,
-        "graph_counters": args.graph_counters,
     }
     parts = {
         "kernels": lambda: kernels_part(args.quick),
@@ -445,7 +435,6 @@ def main() -> None:
             variants,
             tuple(args.fp8_gemv_reduce),
             tuple(args.int4_mma),
-            tuple(args.graph_counters),
             args.profile,
         ),
         "serving": lambda: serving_part(args.quick, args.layers, variants),

@@ -90,17 +90,11 @@ def test_any_split_count_gives_the_same_result(splits, fused):
     assert all(int(c.abs().sum()) == 0 for c in decode_kernel._COUNTERS.values())
 
 
-@pytest.mark.parametrize("graph_counters", [True, False])
 @pytest.mark.parametrize("page", [0, 16])
-def test_cuda_graph_replays_between_eager_launches(page, graph_counters, monkeypatch):
-    """A captured decode (32 splits, GQA 4, q_len 4) replayed with new queries and lengths each time,
-    with eager launches (fused, the stream's counters) on the same stream in between, matches FP32
-    SDPA every time. Captured, the splits reduce in the last program on a slice of the device's
-    reserved counters (GRAPH_COUNTERS; left zero by every replay), or in a second kernel."""
-    monkeypatch.setattr(decode_kernel, "GRAPH_COUNTERS", graph_counters)
-    decode_kernel.reserve_graph_counters(torch.device("cuda"))
-    reserved = decode_kernel._GRAPH_COUNTERS[torch.cuda.current_device()]
-    taken = reserved[1]
+def test_cuda_graph_replays_between_eager_launches(page):
+    """A captured decode (32 splits, GQA 4, q_len 4: two kernels) replayed with new queries and
+    lengths each time, with eager launches (fused, the stream's counters) on the same stream in
+    between, matches FP32 SDPA every time."""
     gen = torch.Generator().manual_seed(41 + page)
     b, hq, hkv, s_q, d = 4, 16, 4, 4, 128
     k = torch.randn(b, hkv, 4096, d, generator=gen).half().cuda()
@@ -129,8 +123,6 @@ def test_cuda_graph_replays_between_eager_launches(page, graph_counters, monkeyp
             ref = reference_decode(q, k, v, lens, table)
             _check(out, ref, torch.float16)
             _check(eager, ref, torch.float16)
-    assert reserved[1] - taken == (b * hkv if graph_counters else 0)  # the captured launch's slice
-    assert int(reserved[0].abs().sum()) == 0
 
 
 @pytest.mark.parametrize("zeroed", [False, True])

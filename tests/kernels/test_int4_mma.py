@@ -48,7 +48,9 @@ def test_packing_refuses_partial_tiles_and_groups():
         pack_int4_mma(torch.zeros(32, 192, dtype=torch.uint8))
 
 
-def _compile_case(norm: bool, gated: bool, res: bool, bf16: bool, pdl: bool, k: int = 0) -> dict:
+def _compile_case(
+    norm: bool, gated: bool, res: bool, bf16: bool, pdl: bool, k: int = 0, first_early: bool = False
+) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -62,7 +64,8 @@ def _compile_case(norm: bool, gated: bool, res: bool, bf16: bool, pdl: bool, k: 
     k = k or (4096 if norm else 14336)
     warps, u = m.launch_rule(k, gated, norm)
     consts = {"NORM": norm, "GATED": gated, "HAS_RES": res, "NW": warps, "R": 2 if gated else 1,
-              "BF16": bf16, "KW": k // 2 if norm else 0, "U": u, "PDL": pdl}  # fmt: skip
+              "BF16": bf16, "KW": k // 2 if norm else 0, "U": u, "PDL": pdl,
+              "FIRST_EARLY": first_early}  # fmt: skip
     names = fn.arg_names
     sig = {a: "constexpr" if a in consts else ptrs.get(a, "fp32" if a == "eps" else "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs}
@@ -90,6 +93,19 @@ def test_compiles_for_sm90_with_mma_and_no_spills(norm, gated, res, bf16, pdl):
     assert facts["shared"] <= (8192 if norm else 1024)  # the staged row (K = 4096) or the warps' sums
     # PDL: the wait and the early trigger, after a prefetch of the first group(s) of words
     assert facts["griddep"] == (2 if pdl else 0) and (facts["prefetch"] > 0) == pdl
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    ("norm", "gated", "res"), [(True, False, False), (True, True, False), (False, False, True)]
+)
+def test_first_loads_before_the_wait_compile_for_sm90(norm, gated, res):
+    """FIRST_LOADS_EARLY: the first groups' words go to registers before the PDL wait, so no L2
+    prefetch of them is issued; no spills in any form."""
+    needs_ptxas()
+    facts = run_in_child(f"{__name__}:_compile_case", norm, gated, res, True, True, 0, True)
+    assert facts["ptxas_rc"] == 0 and not any(facts["spills"]), facts["ptxas"]
+    assert facts["griddep"] == 2 and facts["prefetch"] == 0, facts
 
 
 @needs_triton
@@ -145,15 +161,16 @@ def mma_launches(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("early", [False, True])
+@pytest.mark.parametrize(("early", "first"), [(False, False), (True, False), (True, True), (False, True)])
 def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(
-    dtype, early, monkeypatch, mma_launches
+    dtype, early, first, monkeypatch, mma_launches
 ):
     from trtforge.kernels import int4_mma
     from trtforge.kernels.gemv import default_config, gemv_residual, norm_gate_up_silu, norm_gemv
 
     skip_unless_runs_here("cuda")
     monkeypatch.setattr(int4_mma, "EARLY_WEIGHTS", early)
+    monkeypatch.setattr(int4_mma, "FIRST_LOADS_EARLY", first)
     n, inter, k, kd = 96, 64, 2048, 8192  # K: 16 groups (norm: 8 warps; gated: 4) and 64 (residual: 8 x 2)
     x, nw, q = _operands(n, k, dtype, seed=1)
     xc, nwc, qc = x.cuda(), nw.cuda(), _on(q, "cuda", norm=True)
@@ -210,8 +227,8 @@ def test_only_prepared_weights_take_the_tensor_cores_on_the_gpu(mma_launches):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("early", [False, True])
-def test_a_swapped_code_is_caught_on_the_gpu(early, monkeypatch, mma_launches):
+@pytest.mark.parametrize(("early", "first"), [(False, False), (True, False), (True, True)])
+def test_a_swapped_code_is_caught_on_the_gpu(early, first, monkeypatch, mma_launches):
     """One code changed in one row changes that row's output only: the kernel reads every code."""
     from trtforge.kernels import int4_mma
     from trtforge.kernels.gemv import gemv_residual
@@ -219,6 +236,7 @@ def test_a_swapped_code_is_caught_on_the_gpu(early, monkeypatch, mma_launches):
 
     skip_unless_runs_here("cuda")
     monkeypatch.setattr(int4_mma, "EARLY_WEIGHTS", early)
+    monkeypatch.setattr(int4_mma, "FIRST_LOADS_EARLY", first)
     x, _, q = _operands(32, 8192, torch.bfloat16, seed=5)
     codes = q.codes()
     codes[17, 7000] = (codes[17, 7000] + 8) % 16

@@ -622,48 +622,12 @@ def workspace_elements(batch: int, num_heads: int, q_len: int, head_dim: int, sp
 _COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
 
 
-# Counters for launches captured into CUDA graphs: one zeroed buffer a device, made outside any capture
-# (a capture records kernels, it does not run them, so counters zeroed inside one would hold garbage until
-# that graph first replays), handed out in disjoint slices, one a captured launch (or prepared launch):
-# no two captured launches share a counter, whatever streams their graphs replay on, and each launch
-# leaves its slice zero for its next replay. GRAPH_COUNTERS False (or the buffer used up): captured
-# launches reduce in a second kernel, as before. Not yet timed against that (bench_quant_speed.py
-# --decode-fused-in-graphs).
-GRAPH_COUNTERS = True
-GRAPH_COUNTER_SLOTS = 1 << 22  # int32s a device (16 MiB); a captured launch takes batch x KV heads of them
-_GRAPH_COUNTERS: dict[int, list] = {}  # device index -> [buffer, slots handed out]
-
-
-def reserve_graph_counters(device: torch.device) -> None:
-    """Make `device`'s zeroed counters for captured launches (call outside graph capture; once is
-    enough: later calls do nothing). Eager launches on the device make them too."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _GRAPH_COUNTERS:
-        _GRAPH_COUNTERS[index] = [torch.zeros(GRAPH_COUNTER_SLOTS, dtype=torch.int32, device=device), 0]
-
-
-def _graph_counters(device: torch.device, n: int) -> torch.Tensor | None:
-    """A fresh slice of `n` zeroed counters for a launch being captured, or None (none reserved on
-    the device, the buffer used up, or GRAPH_COUNTERS off)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    entry = _GRAPH_COUNTERS.get(index)
-    if not GRAPH_COUNTERS or entry is None or entry[1] + n > entry[0].numel():
-        return None
-    buf, start = entry
-    entry[1] = start + n
-    return buf[start : start + n]
-
-
 def _stream_counters(device: torch.device, n: int) -> torch.Tensor | None:
-    """`n` zeroed int32 counters for a launch on the current stream; under CUDA-graph capture a slice
-    of the device's reserved counters (:func:`reserve_graph_counters`), or None: the reduction then
-    runs as a second kernel (a graph's own counters would need a captured memset at each replay, which
-    measured slower than the reduce kernel: results/decode_attention.md)."""
+    """`n` zeroed int32 counters for a launch on the current stream; None under CUDA-graph capture,
+    where the reduction runs as a second kernel: counters of a graph's own would need a captured
+    memset at each replay, which measured slower than the reduce kernel (results/decode_attention.md)."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return _graph_counters(device, n)
-    reserve_graph_counters(device)
+        return None
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device.index if device.index is not None else -1, stream)
     buf = _COUNTERS.get(key)

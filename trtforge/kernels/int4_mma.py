@@ -68,9 +68,15 @@ EARLY_WEIGHTS = True
 # so 5 fit an SM (660 at once on 132 SMs: two waves, the second 36% full); at 72 (ptxas: 71, 16 bytes
 # spilled on sm_90) 7 fit and they run in one. Not yet timed: bench_int4_mma.py --maxnreg 72.
 MAXNREG: int | None = None
-# The gated form's register cap (None: ptxas's 96). Candidate 72 (one wave, see MAXNREG): gate_up 23.10 us
-# against 24.02 without early weights (results/int4_mma_s21.json); not yet timed with them or in a model.
-GATED_MAXNREG: int | None = None
+# True: each warp's first U groups of words, scales and offsets are loaded into registers at the start,
+# before the PDL wait and the RMSNorm prologue (x's words after the wait), not prefetched into L2 there
+# and loaded after the prologue. Not yet timed (bench_quant_speed.py --int4-mma early+first).
+FIRST_LOADS_EARLY = False
+# The gated form's register cap (None: ptxas's 99 with PDL, 5 programs an SM, two waves of 896). At 72 7 fit
+# (one wave; ptxas spills 204 bytes to L1): gate_up 23.10 us against 24.02 (early weights off,
+# results/int4_mma_s21.json); 8B INT4 + FP8 head single stream 2.046 ms/token against 2.097
+# (quant_speed_s21_graphfused.json).
+GATED_MAXNREG: int | None = 72
 
 
 def launch_rule(k: int, gated: bool, norm: bool) -> tuple[int, int] | None:
@@ -323,6 +329,7 @@ def _int4_mma_kernel(
     X, Wm, Scales, Offsets, Out, Res, NormW, NG, stride_sn, up_tiles, eps, K,
     NORM: gl.constexpr, GATED: gl.constexpr, HAS_RES: gl.constexpr, NW: gl.constexpr, R: gl.constexpr,
     BF16: gl.constexpr, KW: gl.constexpr, U: gl.constexpr, PDL: gl.constexpr = False,
+    FIRST_EARLY: gl.constexpr = False,
 ):  # fmt: skip
     """Out[n] = epilogue(sum_k prologue(x)[k] * W[n, k]) for R tiles of 16 rows (gated: the gate tile
     ``pid`` and the up tile ``up_tiles + pid``)."""
@@ -351,12 +358,34 @@ def _int4_mma_kernel(
         tile = pid * R + r_i
     word_off = (tile * NG * 32 + g_i * 4 + t_i) * 8 + j_i  # + group * 256
     xw_i = _iota(NW, 0, LX) * 64 + _iota(4, 3, LX) * 16 + _iota(16, 4, LX)  # + it * NW * 64
+    xp = X.to(gl.pointer_type(gl.int32))
+    # (rows g and g + 8 of each tile: scales and offsets at [row, group])
+    row_g = gl.max(tile * 16 + g_i + j_i * 0, 4)  # [NW, R, 8, 4] (constant along j)
+    ones = gl.full([NW, 1, 8, 4], ONE, gl.int32, layout=L4)
+    zero = gl.zeros([NW, R, 8, 4], gl.float32, layout=L4)
+    zero1 = gl.zeros([NW, 1, 8, 4], gl.float32, layout=L4)
+    tot0 = zero
+    tot2 = zero
+    w4 = gl.max(w_i + j_i * 0, 4)  # [NW, 1, 1, 1]
+    # U (1 or 2) groups a warp an iteration, all requested one iteration ahead (a group's loads alone do not
+    # cover HBM's latency): the next iteration's are in flight while this one's MMAs run
+    GI = NG // NW  # groups a warp
+    ITERS = GI // U
+    w_ptrs = Wm + word_off + w_i * 256
+    x_ptrs = xp + xw_i
+    row_off = row_g * stride_sn
+    if FIRST_EARLY:
+        # the first U groups' words, scales and offsets into registers before anything waits (constants:
+        # safe to read before the previous kernel ends) or the RMSNorm prologue runs; x's words after
+        l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, True)
+        l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, True)
     if PDL:
-        # before the previous kernel's writes are waited for: its first U groups' words (each lane's 32
-        # bytes) into L2 (constants: safe to read early; the scales' lines are left to the loop)
-        first = gl.min(word_off, 4) + gl.max(w_i + j_i * 0, 4) * 256  # [NW, R, 8, 4]: each lane's word 0
-        for u in gl.static_range(U):
-            _prefetch_l2(Wm + first + u * NW * 256)
+        if not FIRST_EARLY:
+            # before the previous kernel's writes are waited for: its first U groups' words (each lane's 32
+            # bytes) into L2 (constants: safe to read early; the scales' lines are left to the loop)
+            first = gl.min(word_off, 4) + gl.max(w_i + j_i * 0, 4) * 256  # [NW, R, 8, 4]: each lane's word 0
+            for u in gl.static_range(U):
+                _prefetch_l2(Wm + first + u * NW * 256)
         _griddep("griddepcontrol.wait;")  # x and the residual: the previous kernel's, visible from here
         _griddep("griddepcontrol.launch_dependents;")  # the next kernel may start its own prefetching
     if NORM:  # the normalized row into shared memory, in chunks of CH
@@ -379,24 +408,14 @@ def _int4_mma_kernel(
                                gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))  # fmt: skip
     else:
         xs = 0  # (unused: x comes from global memory)
-    xp = X.to(gl.pointer_type(gl.int32))
-    # (rows g and g + 8 of each tile: scales and offsets at [row, group])
-    row_g = gl.max(tile * 16 + g_i + j_i * 0, 4)  # [NW, R, 8, 4] (constant along j)
-    ones = gl.full([NW, 1, 8, 4], ONE, gl.int32, layout=L4)
-    zero = gl.zeros([NW, R, 8, 4], gl.float32, layout=L4)
-    zero1 = gl.zeros([NW, 1, 8, 4], gl.float32, layout=L4)
-    tot0 = zero
-    tot2 = zero
-    w4 = gl.max(w_i + j_i * 0, 4)  # [NW, 1, 1, 1]
-    # U (1 or 2) groups a warp an iteration, all requested one iteration ahead (a group's loads alone do not
-    # cover HBM's latency): the next iteration's are in flight while this one's MMAs run
-    GI = NG // NW  # groups a warp
-    ITERS = GI // U
-    w_ptrs = Wm + word_off + w_i * 256
-    x_ptrs = xp + xw_i
-    row_off = row_g * stride_sn
-    l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, NORM)
-    l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, NORM)
+    if not FIRST_EARLY:
+        l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, NORM)
+        l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, NORM)
+    elif not NORM:
+        x0 = gl.load(x_ptrs, mask=gl.to_tensor(True))
+        x1 = gl.load(x_ptrs + NW * 64, mask=gl.to_tensor(U > 1))
+        l0 = (l0[0], x0, l0[2], l0[3], l0[4], l0[5])
+        l1 = (l1[0], x1, l1[2], l1[3], l1[4], l1[5])
     for it in range(ITERS):
         g0 = (it + 1) * U
         more = it + 1 < ITERS
@@ -510,5 +529,6 @@ def launch(
         k // INT4_GROUP, w.scale.stride(0), up_rows // TILE_ROWS, float(eps), k,
         NORM=norm_w is not None, GATED=gated, HAS_RES=res is not None, NW=warps, R=tiles_per_program,
         BF16=x.dtype == torch.bfloat16, KW=k // 2 if norm_w is not None else 0, U=u, PDL=early,
+        FIRST_EARLY=FIRST_LOADS_EARLY,
         num_warps=warps, **options,
     )  # fmt: skip
