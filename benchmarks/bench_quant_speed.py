@@ -222,7 +222,7 @@ def kernel_profile(model, prompt: list[int], tokens: int = 32) -> dict:
     return {"kernel_us_per_token": sum(sums.values()), "top": [[n[:90], round(us, 2)] for n, us in top]}
 
 
-INT4_MMA_KNOBS = ("early", "late", "gr72", "nogr", "first", "nofirst")
+INT4_MMA_KNOBS = ("early", "late", "gr72", "nogr", "first", "nofirst", "onepass", "twopass")
 
 
 def _int4_mma_setting(text: str) -> str:
@@ -254,7 +254,7 @@ def single_part(
 
     rule = gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM
     early_default, gated_maxnreg = int4_mma_mod.EARLY_WEIGHTS, int4_mma_mod.GATED_MAXNREG
-    first_default = int4_mma_mod.FIRST_LOADS_EARLY
+    first_default, one_pass_default = int4_mma_mod.FIRST_LOADS_EARLY, int4_mma_mod.ONE_PASS_NORM
 
     prompt = torch.randint(
         3, SHAPE["vocab_size"], (512,), generator=torch.Generator().manual_seed(0)
@@ -279,6 +279,8 @@ def single_part(
                 int4_mma_mod.GATED_MAXNREG = 72 if "gr72" in knobs else cap
                 first = "first" in knobs or ("nofirst" not in knobs and first_default)
                 int4_mma_mod.FIRST_LOADS_EARLY = first
+                one = "onepass" in knobs or ("twopass" not in knobs and one_pass_default)
+                int4_mma_mod.ONE_PASS_NORM = one
                 r = single_stream(model, prompt, olen, graphs=True)
                 r.pop("tokens")
                 name = method if setting == settings[0] else f"{method} ({label} {setting})"
@@ -303,6 +305,7 @@ def single_part(
             int4_mma_mod.EARLY_WEIGHTS = early_default
             int4_mma_mod.GATED_MAXNREG = gated_maxnreg
             int4_mma_mod.FIRST_LOADS_EARLY = first_default
+            int4_mma_mod.ONE_PASS_NORM = one_pass_default
         del model
         gc.collect()
         if DEVICE == "cuda":
@@ -395,6 +398,7 @@ def main() -> None:
         help="single stream: one-row INT4 GEMVs on the tensor cores (on: the module defaults, gemv.INT4_MMA; "
         "early / late: int4_mma.EARLY_WEIGHTS on / off, a PDL launch prefetching its first words; gr72 / "
         "nogr: int4_mma.GATED_MAXNREG 72 / none; first / nofirst: int4_mma.FIRST_LOADS_EARLY on / off; "
+        "onepass / twopass: int4_mma.ONE_PASS_NORM on / off; "
         "joined with +, e.g. early+gr72) or the FMA kernel (off); 'on off' "
         "times both on the same model, the first named is the figure",
     )

@@ -49,7 +49,14 @@ def test_packing_refuses_partial_tiles_and_groups():
 
 
 def _compile_case(
-    norm: bool, gated: bool, res: bool, bf16: bool, pdl: bool, k: int = 0, first_early: bool = False
+    norm: bool,
+    gated: bool,
+    res: bool,
+    bf16: bool,
+    pdl: bool,
+    k: int = 0,
+    first_early: bool = False,
+    one_pass: bool = False,
 ) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -65,7 +72,7 @@ def _compile_case(
     warps, u = m.launch_rule(k, gated, norm)
     consts = {"NORM": norm, "GATED": gated, "HAS_RES": res, "NW": warps, "R": 2 if gated else 1,
               "BF16": bf16, "KW": k // 2 if norm else 0, "U": u, "PDL": pdl,
-              "FIRST_EARLY": first_early}  # fmt: skip
+              "FIRST_EARLY": first_early, "ONE_PASS": one_pass}  # fmt: skip
     names = fn.arg_names
     sig = {a: "constexpr" if a in consts else ptrs.get(a, "fp32" if a == "eps" else "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs}
@@ -99,11 +106,13 @@ def test_compiles_for_sm90_with_mma_and_no_spills(norm, gated, res, bf16, pdl):
 @pytest.mark.parametrize(
     ("norm", "gated", "res"), [(True, False, False), (True, True, False), (False, False, True)]
 )
-def test_first_loads_before_the_wait_compile_for_sm90(norm, gated, res):
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_first_loads_before_the_wait_compile_for_sm90(norm, gated, res, one_pass):
     """FIRST_LOADS_EARLY: the first groups' words go to registers before the PDL wait, so no L2
-    prefetch of them is issued; no spills in any form."""
+    prefetch of them is issued; ONE_PASS_NORM: the prologue's row read once; no spills in any form
+    (at ptxas's own register count)."""
     needs_ptxas()
-    facts = run_in_child(f"{__name__}:_compile_case", norm, gated, res, True, True, 0, True)
+    facts = run_in_child(f"{__name__}:_compile_case", norm, gated, res, True, True, 0, True, one_pass)
     assert facts["ptxas_rc"] == 0 and not any(facts["spills"]), facts["ptxas"]
     assert facts["griddep"] == 2 and facts["prefetch"] == 0, facts
 
@@ -161,16 +170,20 @@ def mma_launches(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("early", "first"), [(False, False), (True, False), (True, True), (False, True)])
+@pytest.mark.parametrize(
+    ("early", "first", "one_pass"),
+    [(0, 0, 0), (1, 0, 0), (1, 1, 0), (0, 1, 1), (1, 1, 1)],
+)
 def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(
-    dtype, early, first, monkeypatch, mma_launches
+    dtype, early, first, one_pass, monkeypatch, mma_launches
 ):
     from trtforge.kernels import int4_mma
     from trtforge.kernels.gemv import default_config, gemv_residual, norm_gate_up_silu, norm_gemv
 
     skip_unless_runs_here("cuda")
-    monkeypatch.setattr(int4_mma, "EARLY_WEIGHTS", early)
-    monkeypatch.setattr(int4_mma, "FIRST_LOADS_EARLY", first)
+    monkeypatch.setattr(int4_mma, "EARLY_WEIGHTS", bool(early))
+    monkeypatch.setattr(int4_mma, "FIRST_LOADS_EARLY", bool(first))
+    monkeypatch.setattr(int4_mma, "ONE_PASS_NORM", bool(one_pass))
     n, inter, k, kd = 96, 64, 2048, 8192  # K: 16 groups (norm: 8 warps; gated: 4) and 64 (residual: 8 x 2)
     x, nw, q = _operands(n, k, dtype, seed=1)
     xc, nwc, qc = x.cuda(), nw.cuda(), _on(q, "cuda", norm=True)

@@ -72,6 +72,10 @@ MAXNREG: int | None = None
 # before the PDL wait and the RMSNorm prologue (x's words after the wait), not prefetched into L2 there
 # and loaded after the prologue. Not yet timed (bench_quant_speed.py --int4-mma early+first).
 FIRST_LOADS_EARLY = False
+# True: the RMSNorm prologue reads x once, a whole row a program in registers (up to ONE_PASS_MAX_K), rather
+# than twice in chunks (sum of squares, then the normalized row). Not yet timed (--int4-mma onepass).
+ONE_PASS_NORM = False
+ONE_PASS_MAX_K = 8192
 # The gated form's register cap (None: ptxas's 99 with PDL, 5 programs an SM, two waves of 896). At 72 7 fit
 # (one wave; ptxas spills 204 bytes to L1): gate_up 23.10 us against 24.02 (early weights off,
 # results/int4_mma_s21.json); 8B INT4 + FP8 head single stream 2.046 ms/token against 2.097
@@ -329,7 +333,7 @@ def _int4_mma_kernel(
     X, Wm, Scales, Offsets, Out, Res, NormW, NG, stride_sn, up_tiles, eps, K,
     NORM: gl.constexpr, GATED: gl.constexpr, HAS_RES: gl.constexpr, NW: gl.constexpr, R: gl.constexpr,
     BF16: gl.constexpr, KW: gl.constexpr, U: gl.constexpr, PDL: gl.constexpr = False,
-    FIRST_EARLY: gl.constexpr = False,
+    FIRST_EARLY: gl.constexpr = False, ONE_PASS: gl.constexpr = False,
 ):  # fmt: skip
     """Out[n] = epilogue(sum_k prologue(x)[k] * W[n, k]) for R tiles of 16 rows (gated: the gate tile
     ``pid`` and the up tile ``up_tiles + pid``)."""
@@ -388,7 +392,21 @@ def _int4_mma_kernel(
                 _prefetch_l2(Wm + first + u * NW * 256)
         _griddep("griddepcontrol.wait;")  # x and the residual: the previous kernel's, visible from here
         _griddep("griddepcontrol.launch_dependents;")  # the next kernel may start its own prefetching
-    if NORM:  # the normalized row into shared memory, in chunks of CH
+    KWP: gl.constexpr = 1 << (KW - 1).bit_length()  # (shapes are powers of two: the tail unused)
+    if NORM and ONE_PASS:  # the normalized row into shared memory, x read once (a whole row a program)
+        XL1: gl.constexpr = gl.BlockedLayout([KWP * 2 // (32 * NW)], [32], [NW], [0])
+        offs1 = gl.arange(0, KWP * 2, layout=XL1)
+        ok1 = offs1 < K
+        xv1 = gl.load(X + offs1, mask=ok1, other=0.0)
+        xf1 = xv1.to(gl.float32)
+        rstd = gl.rsqrt(gl.sum(xf1 * xf1, 0) / K + eps)
+        nw1 = gl.load(NormW + offs1, mask=ok1, other=0.0)
+        smem = gl.allocate_shared_memory(X.dtype.element_ty, [KWP * 2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        smem.store(((xf1 * rstd).to(X.dtype.element_ty) * nw1).to(X.dtype.element_ty))
+        gl.thread_barrier()
+        xs = smem._reinterpret(gl.int32, [KWP // (64 * NW), NW, 1, 1, 4, 16],
+                               gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))  # fmt: skip
+    elif NORM:  # the normalized row into shared memory, in chunks of CH (x read twice)
         CH: gl.constexpr = 4 * 32 * NW
         XL: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
         offs = gl.arange(0, CH, layout=XL)
@@ -397,7 +415,6 @@ def _int4_mma_kernel(
             xv = gl.load(X + c * CH + offs).to(gl.float32)
             sq += xv * xv
         rstd = gl.rsqrt(gl.sum(sq, 0) / K + eps)
-        KWP: gl.constexpr = 1 << (KW - 1).bit_length()  # (shapes are powers of two: the tail unused)
         smem = gl.allocate_shared_memory(X.dtype.element_ty, [KWP * 2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         for c in gl.static_range(KW * 2 // CH):
             xv = gl.load(X + c * CH + offs).to(gl.float32)
@@ -529,6 +546,6 @@ def launch(
         k // INT4_GROUP, w.scale.stride(0), up_rows // TILE_ROWS, float(eps), k,
         NORM=norm_w is not None, GATED=gated, HAS_RES=res is not None, NW=warps, R=tiles_per_program,
         BF16=x.dtype == torch.bfloat16, KW=k // 2 if norm_w is not None else 0, U=u, PDL=early,
-        FIRST_EARLY=FIRST_LOADS_EARLY,
+        FIRST_EARLY=FIRST_LOADS_EARLY, ONE_PASS=ONE_PASS_NORM and k <= ONE_PASS_MAX_K,
         num_warps=warps, **options,
     )  # fmt: skip
