@@ -43,12 +43,18 @@ def main() -> None:
         "--early",
         nargs="+",
         choices=("off", "on"),
-        default=["off"],
-        help="int4_mma.EARLY_WEIGHTS (PDL launch, first words prefetched before the wait); 'off on' times "
-        "both, the first named is the 'mma' row",
+        default=["on"],
+        help="int4_mma.EARLY_WEIGHTS (PDL launch, first words prefetched before the wait; on by default); "
+        "'on off' times both, the first named is the 'mma' row",
     )
     ap.add_argument(
         "--maxnreg", type=int, nargs="*", default=[], help="int4_mma.MAXNREG values to time besides ptxas's"
+    )
+    ap.add_argument(
+        "--prologue",
+        action="store_true",
+        help="also time int4_mma.FIRST_LOADS_EARLY and ONE_PASS_NORM, each alone and both "
+        "(rows mma-first, mma-onepass, mma-first-onepass)",
     )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -58,6 +64,7 @@ def main() -> None:
     from trtforge.kernels.gemv import _num_sms, default_config
 
     early_default = int4_mma.EARLY_WEIGHTS
+    first_default, one_pass_default = int4_mma.FIRST_LOADS_EARLY, int4_mma.ONE_PASS_NORM
     g = torch.Generator(device="cuda").manual_seed(0)
     sms = _num_sms(torch.device("cuda"))
     rows = []
@@ -78,9 +85,16 @@ def main() -> None:
                  for e in args.early]  # fmt: skip
         runs += [(f"mma-w{wp}-u{u}", None, (wp, u), args.early[0]) for wp in args.warps for u in args.groups]
         runs += [(f"mma-r{r}", None, (None, None), args.early[0]) for r in args.maxnreg if r]
+        if args.prologue:
+            runs += [
+                (n, None, (None, None), args.early[0])
+                for n in ("mma-first", "mma-onepass", "mma-first-onepass")
+            ]
         for name, cfg, setting, early in runs:
             int4_mma.EARLY_WEIGHTS = early == "on"
             int4_mma.MAXNREG = int(name[len("mma-r") :]) if name.startswith("mma-r") else None
+            int4_mma.FIRST_LOADS_EARLY = "-first" in name or first_default
+            int4_mma.ONE_PASS_NORM = "onepass" in name or one_pass_default
             if setting is not None:
                 int4_mma.MMA_WARPS, int4_mma.GROUPS_PER_ITERATION = setting
                 if not int4_mma.supported(x, w, n, gated, _norm):
@@ -96,6 +110,7 @@ def main() -> None:
         int4_mma.MMA_WARPS, int4_mma.GROUPS_PER_ITERATION = None, None
         int4_mma.EARLY_WEIGHTS = early_default
         int4_mma.MAXNREG = None
+        int4_mma.FIRST_LOADS_EARLY, int4_mma.ONE_PASS_NORM = first_default, one_pass_default
         del copies, w, wf
         torch.cuda.empty_cache()
     per_layer = {kern: sum(r["us"] for r in rows if r["kernel"] == kern) for kern in ("fma", "mma")}
