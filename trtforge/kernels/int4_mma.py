@@ -64,16 +64,18 @@ MIN_GROUPS_PER_WARP_RESIDUAL = 8  # residual form: fewer groups a warp than this
 # Deeper prefetches (a bulk L2 prefetch of 1-8 groups a warp ahead, or all of them) measured slower in
 # every form (commit 9962b22, results/int4_mma_pf_s21.json: gate_up 25.3-30.5 us).
 EARLY_WEIGHTS = True
-# A register cap for sweeps (None: ptxas's choice). gate_up's 896 programs of 4 warps take 96 registers,
-# so 5 fit an SM (660 at once on 132 SMs: two waves, the second 36% full); at 72 (ptxas: 71, 16 bytes
-# spilled on sm_90) 7 fit and they run in one. Not yet timed: bench_int4_mma.py --maxnreg 72.
+# A register cap on every form, for sweeps (None: ptxas's choice, or GATED_MAXNREG for the gated form).
+# At 72 (results/int4_mma_s21.json): gate_up 23.10 us against 24.02, qkv 7.93 against 7.95, down 20.71
+# against 13.99 (it spills in the loop), hence the gated form's own cap below.
 MAXNREG: int | None = None
 # True: each warp's first U groups of words, scales and offsets are loaded into registers at the start,
 # before the PDL wait and the RMSNorm prologue (x's words after the wait), not prefetched into L2 there
-# and loaded after the prologue. Not yet timed (bench_quant_speed.py --int4-mma early+first).
+# and loaded after the prologue. Not yet timed (bench_quant_speed.py --int4-mma first; bench_int4_mma.py
+# --prologue); its GPU tests have not run either.
 FIRST_LOADS_EARLY = False
 # True: the RMSNorm prologue reads x once, a whole row a program in registers (up to ONE_PASS_MAX_K), rather
-# than twice in chunks (sum of squares, then the normalized row). Not yet timed (--int4-mma onepass).
+# than twice in chunks (sum of squares, then the normalized row). Not yet timed (--int4-mma onepass), nor
+# GPU-tested.
 ONE_PASS_NORM = False
 ONE_PASS_MAX_K = 8192
 # The gated form's register cap (None: ptxas's 99 with PDL, 5 programs an SM, two waves of 896). At 72 7 fit
