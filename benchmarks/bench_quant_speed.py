@@ -199,27 +199,51 @@ def kernels_part(quick: bool) -> dict:
     return out
 
 
-def kernel_profile(model, prompt: list[int], tokens: int = 32) -> dict:
+def kernel_profile(model, prompt: list[int], tokens: int = 32, pdl: bool = True) -> dict:
     """Where a single-stream token's GPU time goes: `tokens` streamed tokens through the CUDA-graph
-    executor under torch.profiler, kernels summed by name (us a token, top 12) beside the total."""
+    executor under torch.profiler, kernels summed by name (us a token, top 12) beside the total. With
+    `pdl` False the graphs are captured without programmatic dependent launches (``TRTFORGE_PDL=0``), so
+    no kernel's span includes waiting for the one before: its own duration, at some cost in speed."""
+    import os
+
     from bench_serving import LLMEngine, SamplingParams, TorchExecutor
     from torch.profiler import ProfilerActivity, profile
 
-    ex = TorchExecutor(model, num_blocks=256, block_size=16, static_decode=True, max_decode_batch=1)
-    ex.capture_decode_graphs()
-    with LLMEngine(ex) as engine:
-        engine.generate([prompt[::-1]], SamplingParams(max_tokens=8, ignore_eos=True))
-        stream = engine.stream(prompt, SamplingParams(max_tokens=tokens + 1, ignore_eos=True))
-        next(stream)  # the prefill's token: not profiled
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in stream:
-                pass
+    from trtforge.kernels.gemv import pdl_supported
+
+    before = os.environ.get("TRTFORGE_PDL")
+    if not pdl:
+        os.environ["TRTFORGE_PDL"] = "0"
+    pdl_supported.cache_clear()
+    try:
+        ex = TorchExecutor(model, num_blocks=256, block_size=16, static_decode=True, max_decode_batch=1)
+        ex.capture_decode_graphs()
+        with LLMEngine(ex) as engine:
+            engine.generate([prompt[::-1]], SamplingParams(max_tokens=8, ignore_eos=True))
+            stream = engine.stream(prompt, SamplingParams(max_tokens=tokens + 1, ignore_eos=True))
+            next(stream)  # the prefill's token: not profiled
+            t0 = time.perf_counter()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in stream:
+                    pass
+            wall_us = (time.perf_counter() - t0) * 1e6 / tokens
+    finally:
+        if before is None:
+            os.environ.pop("TRTFORGE_PDL", None)
+        else:
+            os.environ["TRTFORGE_PDL"] = before
+        pdl_supported.cache_clear()
     sums: dict[str, float] = {}
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             sums[ev.name] = sums.get(ev.name, 0.0) + ev.device_time / tokens  # us a token
     top = sorted(sums.items(), key=lambda kv: -kv[1])[:12]
-    return {"kernel_us_per_token": sum(sums.values()), "top": [[n[:90], round(us, 2)] for n, us in top]}
+    return {
+        "pdl": pdl,
+        "wall_us_per_token_profiled": wall_us,
+        "kernel_us_per_token": sum(sums.values()),
+        "top": [[n[:90], round(us, 2)] for n, us in top],
+    }
 
 
 INT4_MMA_KNOBS = ("early", "late", "gr72", "nogr", "first", "nofirst", "onepass", "twopass")
@@ -290,16 +314,21 @@ def single_part(
                     flush=True,
                 )
                 if profile_kernels and DEVICE == "cuda" and setting == settings[0]:
-                    try:
-                        prof = kernel_profile(model, prompt)
-                    except Exception as e:  # recorded; the timings go on
-                        out[f"{method} profile"] = {"error": repr(e)}
-                        print(f"profile {method} failed: {e!r}", flush=True)
-                        continue
-                    out[f"{method} profile"] = prof
-                    print(f"profile {method}: {prof['kernel_us_per_token']:.1f} us of kernels a token")
-                    for kname, us in prof["top"]:
-                        print(f"    {us:8.2f} us  {kname}", flush=True)
+                    for pdl in (True, False):
+                        key = f"{method} profile" + ("" if pdl else " (no PDL)")
+                        try:
+                            prof = kernel_profile(model, prompt, pdl=pdl)
+                        except Exception as e:  # recorded; the timings go on
+                            out[key] = {"error": repr(e)}
+                            print(f"{key} failed: {e!r}", flush=True)
+                            continue
+                        out[key] = prof
+                        print(
+                            f"{key}: {prof['kernel_us_per_token']:.1f} us of kernels a token "
+                            f"({prof['wall_us_per_token_profiled']:.1f} us a token of wall while profiled)"
+                        )
+                        for kname, us in prof["top"]:
+                            print(f"    {us:8.2f} us  {kname}", flush=True)
             gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = rule
             gemv_mod.INT4_MMA = True
             int4_mma_mod.EARLY_WEIGHTS = early_default
@@ -406,7 +435,8 @@ def main() -> None:
         "--profile",
         action="store_true",
         help="single stream: also profile each variant's kernels (torch.profiler over 32 graph-replayed "
-        "tokens at the first setting): us a token by kernel name",
+        "tokens at the first setting, with PDL as served and again without it, where no kernel's span "
+        "includes waiting for the previous one): us a token by kernel name",
     )
     ap.add_argument("--tiny", action="store_true", help="check the script on a CPU (tiny model)")
     args = ap.parse_args()
