@@ -266,17 +266,21 @@ def single_part(
     reduce: tuple[str, ...] = ("on",),
     int4_mma: tuple[str, ...] = ("on",),
     profile_kernels: bool = False,
+    fast_argmax: tuple[str, ...] = ("off",),
 ) -> dict:
     """Single-stream ms/token of each variant; FP8 variants once per one-row reducing-loop setting of
     `reduce` ("on": the default rule, "off": never; keys ``"<variant> (reduce off)"``), INT4 variants
     once per `int4_mma` setting (the one-row tensor-core GEMV, gemv.INT4_MMA; keys ``"<variant> (mma
-    off)"``), same model."""
+    off)"``), and once per further `fast_argmax` setting (kernels.argmax.FAST_ARGMAX; keys ``"<variant>
+    (fast argmax on)"``), same model."""
     from bench_serving import single_stream
 
+    from trtforge.kernels import argmax as argmax_mod
     from trtforge.kernels import gemv as gemv_mod
     from trtforge.kernels import int4_mma as int4_mma_mod
 
     rule = gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM
+    argmax_default = argmax_mod.FAST_ARGMAX
     early_default, gated_maxnreg = int4_mma_mod.EARLY_WEIGHTS, int4_mma_mod.GATED_MAXNREG
     first_default, one_pass_default = int4_mma_mod.FIRST_LOADS_EARLY, int4_mma_mod.ONE_PASS_NORM
 
@@ -293,7 +297,9 @@ def single_part(
             settings, label = (reduce, "reduce") if method.startswith("fp8") else (("on",), "")
             if method.startswith("int4"):
                 settings, label = int4_mma, "mma"
-            for setting in settings:
+            runs = [(st, fast_argmax[0]) for st in settings] + [(settings[0], fa) for fa in fast_argmax[1:]]
+            for setting, fast in runs:
+                argmax_mod.FAST_ARGMAX = fast == "on"
                 off = label == "reduce" and setting == "off"
                 gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = float("inf") if off else rule
                 gemv_mod.INT4_MMA = label != "mma" or setting != "off"
@@ -308,12 +314,14 @@ def single_part(
                 r = single_stream(model, prompt, olen, graphs=True)
                 r.pop("tokens")
                 name = method if setting == settings[0] else f"{method} ({label} {setting})"
+                if fast != fast_argmax[0]:
+                    name = f"{method} (fast argmax {fast})"
                 out[name] = r
                 print(
                     f"single stream {name}: {r['itl_ms_mean']:.3f} ms/token (p50 {r['itl_ms_p50']:.3f})",
                     flush=True,
                 )
-                if profile_kernels and DEVICE == "cuda" and setting == settings[0]:
+                if profile_kernels and DEVICE == "cuda" and setting == settings[0] and fast == fast_argmax[0]:
                     for pdl in (True, False):
                         key = f"{method} profile" + ("" if pdl else " (no PDL)")
                         try:
@@ -335,6 +343,7 @@ def single_part(
             int4_mma_mod.GATED_MAXNREG = gated_maxnreg
             int4_mma_mod.FIRST_LOADS_EARLY = first_default
             int4_mma_mod.ONE_PASS_NORM = one_pass_default
+            argmax_mod.FAST_ARGMAX = argmax_default
         del model
         gc.collect()
         if DEVICE == "cuda":
@@ -438,6 +447,15 @@ def main() -> None:
         "tokens at the first setting, with PDL as served and again without it, where no kernel's span "
         "includes waiting for the previous one): us a token by kernel name",
     )
+    ap.add_argument(
+        "--fast-argmax",
+        nargs="+",
+        choices=("on", "off"),
+        default=["off"],
+        help="single stream: greedy argmax split over many programs (kernels.argmax.FAST_ARGMAX) or "
+        "torch.argmax (off: the default); 'off on' times each variant both ways, the first named is the "
+        "figure",
+    )
     ap.add_argument("--tiny", action="store_true", help="check the script on a CPU (tiny model)")
     args = ap.parse_args()
     global DEVICE, SHAPE
@@ -460,6 +478,7 @@ def main() -> None:
         "quick": args.quick,
         "fp8_gemv_reduce": args.fp8_gemv_reduce,
         "int4_mma": args.int4_mma,
+        "fast_argmax": args.fast_argmax,
     }
     parts = {
         "kernels": lambda: kernels_part(args.quick),
@@ -470,6 +489,7 @@ def main() -> None:
             tuple(args.fp8_gemv_reduce),
             tuple(args.int4_mma),
             args.profile,
+            tuple(args.fast_argmax),
         ),
         "serving": lambda: serving_part(args.quick, args.layers, variants),
     }

@@ -288,9 +288,19 @@ def _process(logits: Any, params: Sequence[SamplingParams], histories: Any, bitm
     return apply_penalties(logits, params, histories)
 
 
+def device_argmax(logits: Any) -> Any:
+    """``logits.argmax(-1)``; on a CUDA device through :func:`trtforge.kernels.argmax.argmax_rows` (a few
+    wide rows split over many programs where its FAST_ARGMAX is on)."""
+    if getattr(logits, "is_cuda", False):
+        from trtforge.kernels.argmax import argmax_rows
+
+        return argmax_rows(logits)
+    return logits.argmax(dim=-1)
+
+
 def _sample_device(logits: Any, draws: Any) -> Any:
     """Token ids ``[N]`` (int64) left on the logits' device: one argmax, then the sampled rows' kernels."""
-    out = logits.argmax(dim=-1)
+    out = device_argmax(logits)
     if draws is not None:
         out.index_copy_(0, *_sample_torch(logits, *draws))
     return out

@@ -731,6 +731,8 @@ class TorchExecutor:
         (or `first_graph`, its captured replay) whose rows' last logits give the first ids; then per step
         its inputs, the previous tokens as ids, the decode body (or `graph`, its captured replay), the
         picks (argmax where `pick` is None)."""
+        from trtforge.kernels.argmax import argmax_rows  # (Triton: imported where CUDA graphs run)
+
         st = self._static
         chain, toks, logits = st["chain"], st["chain_tokens"], st["logits"]
         head, size = 5 * nb, self._static_size(nb, wb, 1)
@@ -747,7 +749,7 @@ class TorchExecutor:
                 first_graph.replay()
             last = logits[: nb * s].view(nb, s, -1)[:, s - 1]  # each sequence's last row
             if pick is None:
-                toks[0, :nb].copy_(last.argmax(-1))
+                toks[0, :nb].copy_(argmax_rows(last))
                 out.append(toks[0, :b])
             else:
                 picked = pick(last[:b], 0)
@@ -762,7 +764,7 @@ class TorchExecutor:
             else:
                 graph.replay()
             if pick is None:
-                toks[j + 1, :b].copy_(logits[:b].argmax(-1))
+                toks[j + 1, :b].copy_(argmax_rows(logits[:b]))
                 out.append(toks[j + 1, :b])
             else:
                 picked = pick(logits[:b], j + bool(s))
