@@ -23,7 +23,6 @@ FAST_ARGMAX = False
 BLOCK = 4096  # elements a program: 32 programs a row at 128,256
 MAX_ROWS = 64  # more rows: torch's reduction already spreads over CTAs
 MIN_WIDTH = 16384  # narrower rows: one CTA is enough
-_BIG = 2**31 - 1
 
 
 @triton.jit
