@@ -40,3 +40,36 @@ def test_cuda_sampling_with_every_option_matches_the_cpu():
                 assert a.token_id == b.token_id and a.rank == b.rank
                 assert [t for t, _ in a.top] == [t for t, _ in b.top]
                 assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
+
+
+@pytest.mark.gpu
+def test_an_executors_argmax_picks_the_greedy_rows_on_cuda(monkeypatch):
+    """The loops hand the executor's argmax to the sampler: the torch executor's split kernel
+    (kernels.argmax, FAST_ARGMAX on) picks what the CPU picks for greedy rows at a 128,256 vocabulary,
+    and the sampled rows still draw as on the CPU."""
+    from trtforge.kernels import argmax as am
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    monkeypatch.setattr(am, "FAST_ARGMAX", True)
+    calls = []
+    monkeypatch.setattr(am, "_argmax_final", _counting(am._argmax_final, calls))
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy(rng.normal(size=(3, 128256)).astype(np.float32))
+    x[1, 77777] = x[1, 1234] = 50.0  # a tie: the first index
+    params = [SamplingParams(), SamplingParams(), SamplingParams(temperature=0.7, seed=5)]
+    want, _ = sample_with_logprobs(x, params, [p.make_generator(0) for p in params])
+    argmax = TorchExecutor.argmax.__get__(object())  # (the method reads nothing of its executor)
+    got = sample_async(x.cuda(), params, [p.make_generator(0) for p in params], argmax=argmax)
+    assert got.result().tolist() == want.tolist() and want[1] == 1234
+    assert calls, "the split argmax did not run"
+
+
+class _counting:
+    """A Triton kernel stand-in that records each launch and forwards it."""
+
+    def __init__(self, kernel, calls):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        self.calls.append(grid)
+        return self.kernel[grid]

@@ -106,7 +106,12 @@ class StepLoop:
         """Sample the plan's rows and apply the tokens."""
         histories, bitmask = plan.sampler_inputs(self.executor.facts.vocab_size)
         tokens, logprobs = sample_with_logprobs(
-            logits, plan.sampling_params, plan.generators, histories, bitmask
+            logits,
+            plan.sampling_params,
+            plan.generators,
+            histories,
+            bitmask,
+            getattr(self.executor, "argmax", None),
         )
         return self.scheduler.update(plan, tokens.tolist(), logprobs)
 

@@ -10,7 +10,7 @@ share the batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -288,19 +288,10 @@ def _process(logits: Any, params: Sequence[SamplingParams], histories: Any, bitm
     return apply_penalties(logits, params, histories)
 
 
-def device_argmax(logits: Any) -> Any:
-    """``logits.argmax(-1)``; on a CUDA device through :func:`trtforge.kernels.argmax.argmax_rows` (a few
-    wide rows split over many programs where its FAST_ARGMAX is on)."""
-    if getattr(logits, "is_cuda", False):
-        from trtforge.kernels.argmax import argmax_rows
-
-        return argmax_rows(logits)
-    return logits.argmax(dim=-1)
-
-
-def _sample_device(logits: Any, draws: Any) -> Any:
-    """Token ids ``[N]`` (int64) left on the logits' device: one argmax, then the sampled rows' kernels."""
-    out = device_argmax(logits)
+def _sample_device(logits: Any, draws: Any, argmax: Callable[[Any], Any] | None = None) -> Any:
+    """Token ids ``[N]`` (int64) left on the logits' device: one argmax (`argmax`: the executor's, e.g. a
+    kernel of its device; else torch's), then the sampled rows' kernels."""
+    out = argmax(logits) if argmax is not None else logits.argmax(dim=-1)
     if draws is not None:
         out.index_copy_(0, *_sample_torch(logits, *draws))
     return out
@@ -338,12 +329,12 @@ def _logprobs(x: Any, params: Sequence[SamplingParams], tokens: Any) -> list[Tok
     return out
 
 
-def _sample_host(logits, params, generators, histories, bitmask) -> tuple[np.ndarray, Any]:
+def _sample_host(logits, params, generators, histories, bitmask, argmax=None) -> tuple[np.ndarray, Any]:
     draws = _draws(logits, params, generators)
     x = _process(logits, params, histories, bitmask)
     host = _host_view(x)
     if host is None:  # a device tensor
-        return _sample_device(x, draws).cpu().numpy().astype(np.int64, copy=False), x
+        return _sample_device(x, draws, argmax).cpu().numpy().astype(np.int64, copy=False), x
     out = np.argmax(host, axis=-1).astype(np.int64, copy=False)
     if draws is not None:
         rows = draws[0]
@@ -378,9 +369,11 @@ def sample_with_logprobs(
     generators: Sequence[np.random.Generator],
     histories: Sequence[RowHistory] | None = None,
     bitmask: Any = None,
+    argmax: Callable[[Any], Any] | None = None,
 ) -> tuple[np.ndarray, list[TokenLogprobs | None] | None]:
-    """:func:`sample`, plus each row's :class:`TokenLogprobs` (None when no row asked for logprobs)."""
-    out, x = _sample_host(logits, params, generators, histories, bitmask)
+    """:func:`sample`, plus each row's :class:`TokenLogprobs` (None when no row asked for logprobs).
+    `argmax`: the greedy pick of device logits (the executor's; default torch's)."""
+    out, x = _sample_host(logits, params, generators, histories, bitmask, argmax)
     return out, _logprobs(x, params, out)
 
 
@@ -417,12 +410,13 @@ def sample_async(
     generators: Sequence[np.random.Generator],
     histories: Sequence[RowHistory] | None = None,
     bitmask: Any = None,
+    argmax: Callable[[Any], Any] | None = None,
 ) -> SampledTokens:
     """:func:`sample` without waiting for the device: the tokens stay on it, and a copy to pinned host
     memory plus an event start behind them. The same draws and the same tokens as :func:`sample`.
     Rows that ask for logprobs make it wait for them (they are copied to the host here)."""
     if _host_view(logits) is not None:
-        out, lps = sample_with_logprobs(logits, params, generators, histories, bitmask)
+        out, lps = sample_with_logprobs(logits, params, generators, histories, bitmask, argmax)
         if isinstance(logits, np.ndarray):
             return SampledTokens(out, out, logprobs=lps)
         import torch
@@ -432,7 +426,7 @@ def sample_async(
 
     draws = _draws(logits, params, generators)
     x = _process(logits, params, histories, bitmask)
-    tokens = _sample_device(x, draws)
+    tokens = _sample_device(x, draws, argmax)
     lps = _logprobs(x, params, tokens)
     if tokens.device.type != "cuda":
         return SampledTokens(tokens, tokens.cpu().numpy(), logprobs=lps)
