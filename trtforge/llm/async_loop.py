@@ -54,14 +54,7 @@ class AsyncStepLoop(StepLoop):
         # penalties and grammars read the tokens so far: the step in flight is applied first for them
         outputs = self._resolve() if plan.needs_history() else []
         histories, bitmask = plan.sampler_inputs(self.executor.facts.vocab_size)
-        sampled = sample_async(
-            logits,
-            plan.sampling_params,
-            plan.generators,
-            histories,
-            bitmask,
-            getattr(self.executor, "argmax", None),
-        )
+        sampled = sample_async(logits, plan.sampling_params, plan.generators, histories, bitmask, self.argmax)
         outputs += self._resolve()
         self.scheduler.defer(plan)  # (after the step before cleared its own rows)
         self._inflight = (plan, sampled)

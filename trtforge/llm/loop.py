@@ -39,6 +39,7 @@ class StepLoop:
         self.executor = executor
         self.scheduler = scheduler
         self.step_hook = step_hook
+        self.argmax = getattr(executor, "argmax", None)  # the sampler's greedy pick (None: torch's)
 
     # ---- the scheduler's front, for callers that hold only the loop --------------------------
     def add_request(
@@ -111,7 +112,7 @@ class StepLoop:
             plan.generators,
             histories,
             bitmask,
-            getattr(self.executor, "argmax", None),
+            self.argmax,
         )
         return self.scheduler.update(plan, tokens.tolist(), logprobs)
 

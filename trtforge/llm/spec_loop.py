@@ -101,6 +101,7 @@ class SpeculativeStepLoop(StepLoop):
                 [samplers[i].generator for i in plain],
                 None if histories is None else [histories[i] for i in plain],
                 None if bitmask is None else bitmask[plain],
+                self.argmax,
             )
             for j, i in enumerate(plain):
                 new[i] = [int(tokens[j])]

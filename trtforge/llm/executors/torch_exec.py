@@ -805,7 +805,6 @@ class TorchExecutor:
         self._chain_graphs[key] = graph
         return graph
 
-    @torch.inference_mode()
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """The greedy pick of this executor's logits ``[N, V]`` (the loops' sampler calls it):
         :func:`trtforge.kernels.argmax.argmax_rows`, torch's argmax unless its FAST_ARGMAX is on."""
@@ -813,6 +812,7 @@ class TorchExecutor:
 
         return argmax_rows(logits)
 
+    @torch.inference_mode()
     def capture_decode_graphs(self, max_batch: int | None = None, q_lens: Sequence[int] = (1,)) -> int:
         """Capture every (batch, width) decode bucket now rather than on first use, for each query
         length of `q_lens` (2..8: verification steps; buckets whose padded rows exceed the largest
