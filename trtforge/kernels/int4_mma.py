@@ -79,7 +79,7 @@ FIRST_LOADS_EARLY = False
 ONE_PASS_NORM = False
 ONE_PASS_MAX_K = 8192
 # The gated form's register cap (None: ptxas's 99 with PDL, 5 programs an SM, two waves of 896). At 72 7 fit
-# (one wave; ptxas spills 204 bytes to L1): gate_up 23.10 us against 24.02 (early weights off,
+# (one wave; ptxas spills 16 bytes to L1): gate_up 23.10 us against 24.02 (early weights off,
 # results/int4_mma_s21.json); 8B INT4 + FP8 head single stream 2.046 ms/token against 2.097
 # (quant_speed_s21_graphfused.json).
 GATED_MAXNREG: int | None = 72
@@ -331,6 +331,21 @@ def _griddep(op: gl.constexpr):
 
 
 @gluon.jit
+def _loop_setup(X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE: gl.constexpr, L4: gl.constexpr,
+                NW: gl.constexpr, R: gl.constexpr):  # fmt: skip
+    """The main loop's constants: the ones tile (x's sums), zeroed accumulators, each warp's index, the
+    word / x-word pointers and the rows' offsets into the scales and offsets (rows g and g + 8 of a tile)."""
+    ones = gl.full([NW, 1, 8, 4], ONE, gl.int32, layout=L4)
+    zero = gl.zeros([NW, R, 8, 4], gl.float32, layout=L4)
+    zero1 = gl.zeros([NW, 1, 8, 4], gl.float32, layout=L4)
+    w4 = gl.max(w_i + j_i * 0, 4)  # [NW, 1, 1, 1]
+    w_ptrs = Wm + word_off + w_i * 256
+    x_ptrs = X.to(gl.pointer_type(gl.int32)) + xw_i
+    row_off = gl.max(tile * 16 + g_i + j_i * 0, 4) * stride_sn  # [NW, R, 8, 4] (constant along j)
+    return ones, zero, zero1, w4, w_ptrs, x_ptrs, row_off
+
+
+@gluon.jit
 def _int4_mma_kernel(
     X, Wm, Scales, Offsets, Out, Res, NormW, NG, stride_sn, up_tiles, eps, K,
     NORM: gl.constexpr, GATED: gl.constexpr, HAS_RES: gl.constexpr, NW: gl.constexpr, R: gl.constexpr,
@@ -364,25 +379,12 @@ def _int4_mma_kernel(
         tile = pid * R + r_i
     word_off = (tile * NG * 32 + g_i * 4 + t_i) * 8 + j_i  # + group * 256
     xw_i = _iota(NW, 0, LX) * 64 + _iota(4, 3, LX) * 16 + _iota(16, 4, LX)  # + it * NW * 64
-    xp = X.to(gl.pointer_type(gl.int32))
-    # (rows g and g + 8 of each tile: scales and offsets at [row, group])
-    row_g = gl.max(tile * 16 + g_i + j_i * 0, 4)  # [NW, R, 8, 4] (constant along j)
-    ones = gl.full([NW, 1, 8, 4], ONE, gl.int32, layout=L4)
-    zero = gl.zeros([NW, R, 8, 4], gl.float32, layout=L4)
-    zero1 = gl.zeros([NW, 1, 8, 4], gl.float32, layout=L4)
-    tot0 = zero
-    tot2 = zero
-    w4 = gl.max(w_i + j_i * 0, 4)  # [NW, 1, 1, 1]
-    # U (1 or 2) groups a warp an iteration, all requested one iteration ahead (a group's loads alone do not
-    # cover HBM's latency): the next iteration's are in flight while this one's MMAs run
-    GI = NG // NW  # groups a warp
-    ITERS = GI // U
-    w_ptrs = Wm + word_off + w_i * 256
-    x_ptrs = xp + xw_i
-    row_off = row_g * stride_sn
     if FIRST_EARLY:
         # the first U groups' words, scales and offsets into registers before anything waits (constants:
         # safe to read before the previous kernel ends) or the RMSNorm prologue runs; x's words after
+        ones, zero, zero1, w4, w_ptrs, x_ptrs, row_off = _loop_setup(
+            X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE, L4, NW, R
+        )
         l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, True)
         l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, True)
     if PDL:
@@ -428,6 +430,11 @@ def _int4_mma_kernel(
     else:
         xs = 0  # (unused: x comes from global memory)
     if not FIRST_EARLY:
+        # (set up only here, after the wait and the prologue: set up before them, the gated form's registers
+        # at GATED_MAXNREG spilled 204 bytes, not 16, and INT4 single stream ran 2.88 ms/token, not 2.05)
+        ones, zero, zero1, w4, w_ptrs, x_ptrs, row_off = _loop_setup(
+            X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE, L4, NW, R
+        )
         l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, NORM)
         l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, NORM)
     elif not NORM:
@@ -435,6 +442,11 @@ def _int4_mma_kernel(
         x1 = gl.load(x_ptrs + NW * 64, mask=gl.to_tensor(U > 1))
         l0 = (l0[0], x0, l0[2], l0[3], l0[4], l0[5])
         l1 = (l1[0], x1, l1[2], l1[3], l1[4], l1[5])
+    tot0 = zero
+    tot2 = zero
+    # U (1 or 2) groups a warp an iteration, all requested one iteration ahead (a group's loads alone do not
+    # cover HBM's latency): the next iteration's are in flight while this one's MMAs run
+    ITERS = (NG // NW) // U
     for it in range(ITERS):
         g0 = (it + 1) * U
         more = it + 1 < ITERS
