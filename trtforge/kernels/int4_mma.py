@@ -78,7 +78,7 @@ FIRST_LOADS_EARLY = False
 # GPU-tested.
 ONE_PASS_NORM = False
 ONE_PASS_MAX_K = 8192
-# The gated form's register cap (None: ptxas's 99 with PDL, 5 programs an SM, two waves of 896). At 72 7 fit
+# The gated form's register cap (None: ptxas's 96 with PDL, 5 programs an SM, two waves of 896). At 72 7 fit
 # (one wave; ptxas spills 16 bytes to L1): gate_up 23.10 us against 24.02 (early weights off,
 # results/int4_mma_s21.json); 8B INT4 + FP8 head single stream 2.046 ms/token against 2.097
 # (quant_speed_s21_graphfused.json).
