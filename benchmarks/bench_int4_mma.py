@@ -53,8 +53,8 @@ def main() -> None:
     ap.add_argument(
         "--prologue",
         action="store_true",
-        help="also time int4_mma.FIRST_LOADS_EARLY and ONE_PASS_NORM, each alone and both "
-        "(rows mma-first, mma-onepass, mma-first-onepass)",
+        help="also time int4_mma.FIRST_LOADS_EARLY off (on by default) and ONE_PASS_NORM on, each alone "
+        "and both (rows mma-nofirst, mma-onepass, mma-nofirst-onepass)",
     )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -88,12 +88,12 @@ def main() -> None:
         if args.prologue:
             runs += [
                 (n, None, (None, None), args.early[0])
-                for n in ("mma-first", "mma-onepass", "mma-first-onepass")
+                for n in ("mma-nofirst", "mma-onepass", "mma-nofirst-onepass")
             ]
         for name, cfg, setting, early in runs:
             int4_mma.EARLY_WEIGHTS = early == "on"
             int4_mma.MAXNREG = int(name[len("mma-r") :]) if name.startswith("mma-r") else None
-            int4_mma.FIRST_LOADS_EARLY = "-first" in name or first_default
+            int4_mma.FIRST_LOADS_EARLY = "-nofirst" not in name and ("-first" in name or first_default)
             int4_mma.ONE_PASS_NORM = "onepass" in name or one_pass_default
             if setting is not None:
                 int4_mma.MMA_WARPS, int4_mma.GROUPS_PER_ITERATION = setting

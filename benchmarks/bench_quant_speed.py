@@ -266,7 +266,7 @@ def single_part(
     reduce: tuple[str, ...] = ("on",),
     int4_mma: tuple[str, ...] = ("on",),
     profile_kernels: bool = False,
-    fast_argmax: tuple[str, ...] = ("off",),
+    fast_argmax: tuple[str, ...] = ("on",),
 ) -> dict:
     """Single-stream ms/token of each variant; FP8 variants once per one-row reducing-loop setting of
     `reduce` ("on": the default rule, "off": never; keys ``"<variant> (reduce off)"``), INT4 variants
@@ -280,6 +280,7 @@ def single_part(
     from trtforge.kernels import int4_mma as int4_mma_mod
 
     rule = gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM
+    fp8_cap = gemv_mod.FP8_REDUCE_MAXNREG
     argmax_default = argmax_mod.FAST_ARGMAX
     early_default, gated_maxnreg = int4_mma_mod.EARLY_WEIGHTS, int4_mma_mod.GATED_MAXNREG
     first_default, one_pass_default = int4_mma_mod.FIRST_LOADS_EARLY, int4_mma_mod.ONE_PASS_NORM
@@ -302,6 +303,8 @@ def single_part(
                 argmax_mod.FAST_ARGMAX = fast == "on"
                 off = label == "reduce" and setting == "off"
                 gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = float("inf") if off else rule
+                capped = label == "reduce" and setting.startswith("r")
+                gemv_mod.FP8_REDUCE_MAXNREG = int(setting[1:]) if capped else fp8_cap
                 gemv_mod.INT4_MMA = label != "mma" or setting != "off"
                 knobs = setting.split("+") if label == "mma" else []
                 int4_mma_mod.EARLY_WEIGHTS = "late" not in knobs and ("early" in knobs or early_default)
@@ -338,6 +341,7 @@ def single_part(
                         for kname, us in prof["top"]:
                             print(f"    {us:8.2f} us  {kname}", flush=True)
             gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = rule
+            gemv_mod.FP8_REDUCE_MAXNREG = fp8_cap
             gemv_mod.INT4_MMA = True
             int4_mma_mod.EARLY_WEIGHTS = early_default
             int4_mma_mod.GATED_MAXNREG = gated_maxnreg
@@ -422,10 +426,11 @@ def main() -> None:
     ap.add_argument(
         "--fp8-gemv-reduce",
         nargs="+",
-        choices=("on", "off"),
+        choices=("on", "off", "r64", "r72", "r80", "r88"),
         default=["on"],
         help="single stream: one-row FP8 GEMVs with many programs sum each chunk as it comes (on: the "
-        "default, gemv.FP8_REDUCE_MIN_PROGRAMS_PER_SM) or keep their partials to the end (off); "
+        "default, gemv.FP8_REDUCE_MIN_PROGRAMS_PER_SM) or keep their partials to the end (off); rN: on, "
+        "with those GEMVs capped at N registers (gemv.FP8_REDUCE_MAXNREG); "
         "'on off' times both on the same model, the first named is the variant's figure",
     )
     ap.add_argument(
@@ -451,9 +456,9 @@ def main() -> None:
         "--fast-argmax",
         nargs="+",
         choices=("on", "off"),
-        default=["off"],
-        help="single stream: greedy argmax split over many programs (kernels.argmax.FAST_ARGMAX) or "
-        "torch.argmax (off: the default); 'off on' times each variant both ways, the first named is the "
+        default=["on"],
+        help="single stream: greedy argmax split over many programs (kernels.argmax.FAST_ARGMAX, on: the "
+        "default) or torch.argmax (off); 'on off' times each variant both ways, the first named is the "
         "figure",
     )
     ap.add_argument("--tiny", action="store_true", help="check the script on a CPU (tiny model)")

@@ -70,12 +70,12 @@ EARLY_WEIGHTS = True
 MAXNREG: int | None = None
 # True: each warp's first U groups of words, scales and offsets are loaded into registers at the start,
 # before the PDL wait and the RMSNorm prologue (x's words after the wait), not prefetched into L2 there
-# and loaded after the prologue. Not yet timed (bench_quant_speed.py --int4-mma first; bench_int4_mma.py
-# --prologue); its GPU tests have not run either.
-FIRST_LOADS_EARLY = False
+# and loaded after the prologue. H200 (results/int4_mma_s22.json, quant_speed_s22_fix.json): gate_up 22.59
+# -> 21.43 us, down 13.46 -> 12.62; 8B INT4 + FP8 head single stream 2.062 -> 2.004 ms/token.
+FIRST_LOADS_EARLY = True
 # True: the RMSNorm prologue reads x once, a whole row a program in registers (up to ONE_PASS_MAX_K), rather
-# than twice in chunks (sum of squares, then the normalized row). Not yet timed (--int4-mma onepass), nor
-# GPU-tested.
+# than twice in chunks (sum of squares, then the normalized row). Measured no better (same files): gate_up
+# 22.29 alone, 21.58 with the first loads early; single stream 2.032 alone, 2.006 with them (2.004 without).
 ONE_PASS_NORM = False
 ONE_PASS_MAX_K = 8192
 # The gated form's register cap (None: ptxas's 96 with PDL, 5 programs an SM, two waves of 896). At 72 7 fit
