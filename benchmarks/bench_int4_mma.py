@@ -56,9 +56,6 @@ def main() -> None:
         help="also time int4_mma.FIRST_LOADS_EARLY off (on by default) and ONE_PASS_NORM on, each alone "
         "and both (rows mma-nofirst, mma-onepass, mma-nofirst-onepass)",
     )
-    ap.add_argument(
-        "--packed", action="store_true", help="also time int4_mma.PACKED_SCALES on (row mma-packed)"
-    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -68,7 +65,6 @@ def main() -> None:
 
     early_default = int4_mma.EARLY_WEIGHTS
     first_default, one_pass_default = int4_mma.FIRST_LOADS_EARLY, int4_mma.ONE_PASS_NORM
-    packed_default = int4_mma.PACKED_SCALES
     g = torch.Generator(device="cuda").manual_seed(0)
     sms = _num_sms(torch.device("cuda"))
     rows = []
@@ -94,14 +90,11 @@ def main() -> None:
                 (n, None, (None, None), args.early[0])
                 for n in ("mma-nofirst", "mma-onepass", "mma-nofirst-onepass")
             ]
-        if args.packed:
-            runs += [("mma-packed", None, (None, None), args.early[0])]
         for name, cfg, setting, early in runs:
             int4_mma.EARLY_WEIGHTS = early == "on"
             int4_mma.MAXNREG = int(name[len("mma-r") :]) if name.startswith("mma-r") else None
             int4_mma.FIRST_LOADS_EARLY = "-nofirst" not in name and ("-first" in name or first_default)
             int4_mma.ONE_PASS_NORM = "onepass" in name or one_pass_default
-            int4_mma.PACKED_SCALES = "-packed" in name or packed_default
             if setting is not None:
                 int4_mma.MMA_WARPS, int4_mma.GROUPS_PER_ITERATION = setting
                 if not int4_mma.supported(x, w, n, gated, _norm):
@@ -118,7 +111,6 @@ def main() -> None:
         int4_mma.EARLY_WEIGHTS = early_default
         int4_mma.MAXNREG = None
         int4_mma.FIRST_LOADS_EARLY, int4_mma.ONE_PASS_NORM = first_default, one_pass_default
-        int4_mma.PACKED_SCALES = packed_default
         del copies, w, wf
         torch.cuda.empty_cache()
     per_layer = {kern: sum(r["us"] for r in rows if r["kernel"] == kern) for kern in ("fma", "mma")}

@@ -246,10 +246,7 @@ def kernel_profile(model, prompt: list[int], tokens: int = 32, pdl: bool = True)
     }
 
 
-INT4_MMA_KNOBS = (
-    *("early", "late", "gr72", "nogr", "first", "nofirst"),
-    *("onepass", "twopass", "packed", "gathered"),
-)
+INT4_MMA_KNOBS = ("early", "late", "gr72", "nogr", "first", "nofirst", "onepass", "twopass")
 
 
 def _int4_mma_setting(text: str) -> str:
@@ -287,7 +284,6 @@ def single_part(
     argmax_default = argmax_mod.FAST_ARGMAX
     early_default, gated_maxnreg = int4_mma_mod.EARLY_WEIGHTS, int4_mma_mod.GATED_MAXNREG
     first_default, one_pass_default = int4_mma_mod.FIRST_LOADS_EARLY, int4_mma_mod.ONE_PASS_NORM
-    packed_default = int4_mma_mod.PACKED_SCALES
 
     prompt = torch.randint(
         3, SHAPE["vocab_size"], (512,), generator=torch.Generator().manual_seed(0)
@@ -318,7 +314,6 @@ def single_part(
                 int4_mma_mod.FIRST_LOADS_EARLY = first
                 one = "onepass" in knobs or ("twopass" not in knobs and one_pass_default)
                 int4_mma_mod.ONE_PASS_NORM = one
-                int4_mma_mod.PACKED_SCALES = "packed" in knobs or ("gathered" not in knobs and packed_default)
                 r = single_stream(model, prompt, olen, graphs=True)
                 r.pop("tokens")
                 name = method if setting == settings[0] else f"{method} ({label} {setting})"
@@ -352,7 +347,6 @@ def single_part(
             int4_mma_mod.GATED_MAXNREG = gated_maxnreg
             int4_mma_mod.FIRST_LOADS_EARLY = first_default
             int4_mma_mod.ONE_PASS_NORM = one_pass_default
-            int4_mma_mod.PACKED_SCALES = packed_default
             argmax_mod.FAST_ARGMAX = argmax_default
         del model
         gc.collect()
@@ -447,8 +441,7 @@ def main() -> None:
         help="single stream: one-row INT4 GEMVs on the tensor cores (on: the module defaults, gemv.INT4_MMA; "
         "early / late: int4_mma.EARLY_WEIGHTS on / off, a PDL launch prefetching its first words; gr72 / "
         "nogr: int4_mma.GATED_MAXNREG 72 / none; first / nofirst: int4_mma.FIRST_LOADS_EARLY on / off; "
-        "onepass / twopass: int4_mma.ONE_PASS_NORM on / off; packed / gathered: int4_mma.PACKED_SCALES "
-        "on / off; "
+        "onepass / twopass: int4_mma.ONE_PASS_NORM on / off; "
         "joined with +, e.g. early+gr72) or the FMA kernel (off); 'on off' "
         "times both on the same model, the first named is the figure",
     )

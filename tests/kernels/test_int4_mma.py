@@ -10,7 +10,6 @@ spills. On a GPU (``-m gpu``): the three forms (norm, gated SiLU, residual) agai
 from __future__ import annotations
 
 import importlib.util
-import re
 
 import pytest
 import torch
@@ -59,7 +58,6 @@ def _compile_case(
     first_early: bool = False,
     one_pass: bool = False,
     maxnreg: int | None = None,
-    packed: bool = False,
 ) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -69,13 +67,13 @@ def _compile_case(
 
     fn = m._int4_mma_kernel
     dt = "bf16" if bf16 else "fp16"
-    ptrs = {"X": f"*{dt}", "Wm": "*i32", "Scales": "*i64" if packed else "*fp16", "Offsets": "*fp16",
-            "Out": f"*{dt}", "Res": f"*{dt}", "NormW": f"*{dt}"}  # fmt: skip
+    ptrs = {"X": f"*{dt}", "Wm": "*i32", "Scales": "*fp16", "Offsets": "*fp16", "Out": f"*{dt}",
+            "Res": f"*{dt}", "NormW": f"*{dt}"}  # fmt: skip
     k = k or (4096 if norm else 14336)
     warps, u = m.launch_rule(k, gated, norm)
     consts = {"NORM": norm, "GATED": gated, "HAS_RES": res, "NW": warps, "R": 2 if gated else 1,
               "BF16": bf16, "KW": k // 2 if norm else 0, "U": u, "PDL": pdl,
-              "FIRST_EARLY": first_early, "ONE_PASS": one_pass, "PACKED": packed}  # fmt: skip
+              "FIRST_EARLY": first_early, "ONE_PASS": one_pass}  # fmt: skip
     names = fn.arg_names
     sig = {a: "constexpr" if a in consts else ptrs.get(a, "fp32" if a == "eps" else "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs}
@@ -85,9 +83,7 @@ def _compile_case(
     ptx = kernel.asm["ptx"]
     facts = {"mma": ptx.count("mma.sync.aligned.m16n8k16"), "shared": kernel.metadata.shared,
              "griddep": ptx.count("griddepcontrol."),
-             "prefetch": ptx.count("prefetch.global.L2"),
-             "b16_loads": len(re.findall(r"ld\.global(?:\.[a-z0-9_:]+)*\.b16\b", ptx)),
-             "b64_loads": len(re.findall(r"ld\.global(?:\.[a-z0-9_:]+)*\.b64\b", ptx))}  # fmt: skip
+             "prefetch": ptx.count("prefetch.global.L2")}  # fmt: skip
     return facts | assemble(ptx)
 
 
@@ -137,29 +133,6 @@ def test_the_gated_form_at_its_register_cap_barely_spills():
     )
     assert facts["ptxas_rc"] == 0, facts["ptxas"]
     assert max(facts["spills"]) <= 32, facts["ptxas"]
-
-
-@needs_triton
-@pytest.mark.parametrize(
-    ("norm", "gated", "res"), [(True, False, False), (True, True, False), (False, False, True)]
-)
-def test_packed_scales_take_one_load_a_group_and_compile_for_sm90(norm, gated, res):
-    """PACKED_SCALES: each group's four float16 values a lane come from one 8-byte load, the gathered
-    2-byte loads gone; no spills at ptxas's count, none beyond 32 bytes at the
-    gated form's cap."""
-    from trtforge.kernels import int4_mma as m
-
-    needs_ptxas()
-    cap = m.GATED_MAXNREG if gated else None
-    facts = run_in_child(f"{__name__}:_compile_case", norm, gated, res, True, True, 0, True, False, cap, True)
-    plain = run_in_child(
-        f"{__name__}:_compile_case", norm, gated, res, True, True, 0, True, False, cap, False
-    )
-    assert facts["ptxas_rc"] == 0, facts["ptxas"]
-    assert max(facts["spills"]) <= (32 if cap else 0), facts["ptxas"]
-    # each 8-byte load stands for four 2-byte ones (the residual's own 2-byte loads stay in both)
-    assert facts["b64_loads"] > 0 and plain["b64_loads"] == 0, (facts, plain)
-    assert plain["b16_loads"] - facts["b16_loads"] == 4 * facts["b64_loads"], (facts, plain)
 
 
 @needs_triton
@@ -216,11 +189,11 @@ def mma_launches(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
-    ("early", "first", "one_pass", "packed"),
-    [(0, 0, 0, 0), (1, 0, 0, 0), (1, 1, 0, 0), (0, 1, 1, 0), (1, 1, 1, 0), (0, 0, 0, 1), (1, 1, 0, 1)],
+    ("early", "first", "one_pass"),
+    [(0, 0, 0), (1, 0, 0), (1, 1, 0), (0, 1, 1), (1, 1, 1)],
 )
 def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(
-    dtype, early, first, one_pass, packed, monkeypatch, mma_launches
+    dtype, early, first, one_pass, monkeypatch, mma_launches
 ):
     from trtforge.kernels import int4_mma
     from trtforge.kernels.gemv import default_config, gemv_residual, norm_gate_up_silu, norm_gemv
@@ -229,7 +202,6 @@ def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(
     monkeypatch.setattr(int4_mma, "EARLY_WEIGHTS", bool(early))
     monkeypatch.setattr(int4_mma, "FIRST_LOADS_EARLY", bool(first))
     monkeypatch.setattr(int4_mma, "ONE_PASS_NORM", bool(one_pass))
-    monkeypatch.setattr(int4_mma, "PACKED_SCALES", bool(packed))
     n, inter, k, kd = 96, 64, 2048, 8192  # K: 16 groups (norm: 8 warps; gated: 4) and 64 (residual: 8 x 2)
     x, nw, q = _operands(n, k, dtype, seed=1)
     xc, nwc, qc = x.cuda(), nw.cuda(), _on(q, "cuda", norm=True)
@@ -306,29 +278,6 @@ def test_a_swapped_code_is_caught_on_the_gpu(early, first, monkeypatch, mma_laun
     assert len(mma_launches) == 2
     changed = (a - b).abs()[0] > 0
     assert changed[17] and changed.sum() == 1
-
-
-def test_packed_scales_hold_each_lanes_four_values_of_a_group():
-    """pack_scales_mma: entry [t, g, r] is row 16 t + r's scale and offset, then row 16 t + r + 8's, as
-    float16 bits in that order (little-endian int64), for every tile, group and lane row."""
-    from trtforge.kernels.int4_mma import pack_scales_mma
-
-    g = torch.Generator().manual_seed(0)
-    scale = torch.rand(48, 5, generator=g).half()
-    offset = -torch.rand(48, 5, generator=g).half()
-    packed = pack_scales_mma(scale, offset)
-    assert packed.dtype == torch.int64 and tuple(packed.shape) == (3, 5, 8)
-    halves = packed.view(torch.float16).reshape(3, 5, 8, 4)
-    for t in range(3):
-        for grp in range(5):
-            for r in range(8):
-                want = [scale[16 * t + r, grp], offset[16 * t + r, grp]]
-                want += [scale[16 * t + r + 8, grp], offset[16 * t + r + 8, grp]]
-                assert torch.equal(halves[t, grp, r], torch.stack(want)), (t, grp, r)
-    with pytest.raises(ValueError, match="whole tiles"):
-        pack_scales_mma(scale[:40], offset[:40])
-    with pytest.raises(ValueError, match="float16"):
-        pack_scales_mma(scale.float(), offset)
 
 
 def test_prepare_leaves_cpu_weights_and_ineligible_forms_unpacked():

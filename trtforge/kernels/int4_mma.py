@@ -78,11 +78,6 @@ FIRST_LOADS_EARLY = True
 # 22.29 alone, 21.58 with the first loads early; single stream 2.032 alone, 2.006 with them (2.004 without).
 ONE_PASS_NORM = False
 ONE_PASS_MAX_K = 8192
-# True: a group's scales and offsets for a lane's rows g and g + 8 come as one 8-byte load from a copy
-# packed per (tile, group) (:func:`mma_scales`), not four 2-byte loads gathered from 16 rows (8 sectors each).
-# ncu on gate_up (results/ncu_int4_gate_up_s22.csv): L1/TEX 75% busy, the busiest unit, DRAM 46%. Not yet
-# timed (bench_quant_speed.py --int4-mma packed).
-PACKED_SCALES = False
 # The gated form's register cap (None: ptxas's 96 with PDL, 5 programs an SM, two waves of 896). At 72 7 fit
 # (one wave; ptxas spills 16 bytes to L1): gate_up 23.10 us against 24.02 (early weights off,
 # results/int4_mma_s21.json); 8B INT4 + FP8 head single stream 2.046 ms/token against 2.097
@@ -138,37 +133,12 @@ def pack_int4_mma(codes: torch.Tensor, group_size: int = INT4_GROUP) -> torch.Te
 
 
 def mma_words(w: Int4Weight) -> torch.Tensor:
-    """`w`'s codes in :func:`pack_int4_mma`'s order, made once and kept on the weight (with its
-    :func:`mma_scales`)."""
+    """`w`'s codes in :func:`pack_int4_mma`'s order, made once and kept on the weight."""
     words = w.__dict__.get("_mma_words")
     if words is None:
         words = pack_int4_mma(w.codes(), w.group_size)
-        object.__setattr__(w, "_mma_scales", pack_scales_mma(w.scale, w.offset))
         object.__setattr__(w, "_mma_words", words)  # (a cache, not a field: rows() and cat start afresh)
     return words
-
-
-def pack_scales_mma(scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """float16 scales and offsets ``[N, G]`` (N a multiple of 16) as int64 ``[N / 16, G, 8]``: entry
-    ``[t, g, r]`` holds row ``16 t + r``'s scale and offset, then row ``16 t + r + 8``'s, as float16 bits
-    (a lane's four values of a group, one 8-byte load, a tile's group 64 contiguous bytes)."""
-    if scale.dtype != torch.float16 or offset.dtype != torch.float16 or scale.shape != offset.shape:
-        raise ValueError(
-            f"pack_scales_mma: float16 scales and offsets alike, got {scale.dtype} {offset.dtype}"
-        )
-    n, g = int(scale.shape[0]), int(scale.shape[1])
-    if n % TILE_ROWS:
-        raise ValueError(f"pack_scales_mma: rows in whole tiles of {TILE_ROWS}, got {n}")
-    s = scale.reshape(n // TILE_ROWS, 2, 8, g)
-    o = offset.reshape(n // TILE_ROWS, 2, 8, g)
-    four = torch.stack([s[:, 0], o[:, 0], s[:, 1], o[:, 1]], dim=-1)  # [T, 8, G, 4]
-    return four.permute(0, 2, 1, 3).contiguous().view(torch.int64).reshape(n // TILE_ROWS, g, 8)
-
-
-def mma_scales(w: Int4Weight) -> torch.Tensor:
-    """`w`'s :func:`pack_scales_mma` copy, made with its :func:`mma_words`."""
-    mma_words(w)
-    return w.__dict__["_mma_scales"]
 
 
 @functools.cache
@@ -298,27 +268,18 @@ def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, TY: gl.constexpr):
 
 @gluon.jit
 def _group_loads(it, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, ok, NW: gl.constexpr,
-                 NORM: gl.constexpr, PACKED: gl.constexpr = False):  # fmt: skip
+                 NORM: gl.constexpr):  # fmt: skip
     """The global loads of a warp's group `it` (warp w takes group ``it * NW + w``), none unless `ok`:
     its words, x's words (unless NORM: then from shared memory), rows g and g + 8's float16 scales and
-    offsets (PACKED: one int64 of them from :func:`pack_scales_mma`'s copy, at `Scales`)."""
+    offsets."""
     grp = it * NW + w4
     ok = gl.to_tensor(ok)
     words = gl.load(w_ptrs + it * NW * 256, mask=ok)
     x = gl.load(x_ptrs + it * NW * 64, mask=ok) if not NORM else words
-    if PACKED:
-        v = gl.load(Scales + row_off + grp * 8, mask=ok)
-        lo = v.to(gl.int32)
-        hi = (v >> 32).to(gl.int32)
-        s_g = lo.to(gl.int16).to(gl.float16, bitcast=True)
-        o_g = (lo >> 16).to(gl.int16).to(gl.float16, bitcast=True)
-        s_g8 = hi.to(gl.int16).to(gl.float16, bitcast=True)
-        o_g8 = (hi >> 16).to(gl.int16).to(gl.float16, bitcast=True)
-    else:
-        s_g = gl.load(Scales + row_off + grp, mask=ok)
-        o_g = gl.load(Offsets + row_off + grp, mask=ok)
-        s_g8 = gl.load(Scales + row_off + 8 * stride_sn + grp, mask=ok)
-        o_g8 = gl.load(Offsets + row_off + 8 * stride_sn + grp, mask=ok)
+    s_g = gl.load(Scales + row_off + grp, mask=ok)
+    o_g = gl.load(Offsets + row_off + grp, mask=ok)
+    s_g8 = gl.load(Scales + row_off + 8 * stride_sn + grp, mask=ok)
+    o_g8 = gl.load(Offsets + row_off + 8 * stride_sn + grp, mask=ok)
     return words, x, s_g, o_g, s_g8, o_g8
 
 
@@ -371,20 +332,16 @@ def _griddep(op: gl.constexpr):
 
 @gluon.jit
 def _loop_setup(X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE: gl.constexpr, L4: gl.constexpr,
-                NW: gl.constexpr, R: gl.constexpr, NG, PACKED: gl.constexpr):  # fmt: skip
+                NW: gl.constexpr, R: gl.constexpr):  # fmt: skip
     """The main loop's constants: the ones tile (x's sums), zeroed accumulators, each warp's index, the
-    word / x-word pointers and the rows' offsets into the scales and offsets (rows g and g + 8 of a tile;
-    PACKED: lane g's entry of its tile's group 0 in :func:`pack_scales_mma`'s copy)."""
+    word / x-word pointers and the rows' offsets into the scales and offsets (rows g and g + 8 of a tile)."""
     ones = gl.full([NW, 1, 8, 4], ONE, gl.int32, layout=L4)
     zero = gl.zeros([NW, R, 8, 4], gl.float32, layout=L4)
     zero1 = gl.zeros([NW, 1, 8, 4], gl.float32, layout=L4)
     w4 = gl.max(w_i + j_i * 0, 4)  # [NW, 1, 1, 1]
     w_ptrs = Wm + word_off + w_i * 256
     x_ptrs = X.to(gl.pointer_type(gl.int32)) + xw_i
-    if PACKED:
-        row_off = gl.max(tile * NG * 8 + g_i + j_i * 0, 4)  # [NW, R, 8, 4] (constant along j)
-    else:
-        row_off = gl.max(tile * 16 + g_i + j_i * 0, 4) * stride_sn
+    row_off = gl.max(tile * 16 + g_i + j_i * 0, 4) * stride_sn  # [NW, R, 8, 4] (constant along j)
     return ones, zero, zero1, w4, w_ptrs, x_ptrs, row_off
 
 
@@ -393,7 +350,7 @@ def _int4_mma_kernel(
     X, Wm, Scales, Offsets, Out, Res, NormW, NG, stride_sn, up_tiles, eps, K,
     NORM: gl.constexpr, GATED: gl.constexpr, HAS_RES: gl.constexpr, NW: gl.constexpr, R: gl.constexpr,
     BF16: gl.constexpr, KW: gl.constexpr, U: gl.constexpr, PDL: gl.constexpr = False,
-    FIRST_EARLY: gl.constexpr = False, ONE_PASS: gl.constexpr = False, PACKED: gl.constexpr = False,
+    FIRST_EARLY: gl.constexpr = False, ONE_PASS: gl.constexpr = False,
 ):  # fmt: skip
     """Out[n] = epilogue(sum_k prologue(x)[k] * W[n, k]) for R tiles of 16 rows (gated: the gate tile
     ``pid`` and the up tile ``up_tiles + pid``)."""
@@ -426,10 +383,10 @@ def _int4_mma_kernel(
         # the first U groups' words, scales and offsets into registers before anything waits (constants:
         # safe to read before the previous kernel ends) or the RMSNorm prologue runs; x's words after
         ones, zero, zero1, w4, w_ptrs, x_ptrs, row_off = _loop_setup(
-            X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE, L4, NW, R, NG, PACKED
+            X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE, L4, NW, R
         )
-        l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, True, PACKED)
-        l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, True, PACKED)
+        l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, True)
+        l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, True)
     if PDL:
         if not FIRST_EARLY:
             # before the previous kernel's writes are waited for: its first U groups' words (each lane's 32
@@ -476,10 +433,10 @@ def _int4_mma_kernel(
         # (set up only here, after the wait and the prologue: set up before them, the gated form's registers
         # at GATED_MAXNREG spilled 204 bytes, not 16, and INT4 single stream ran 2.88 ms/token, not 2.05)
         ones, zero, zero1, w4, w_ptrs, x_ptrs, row_off = _loop_setup(
-            X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE, L4, NW, R, NG, PACKED
+            X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE, L4, NW, R
         )
-        l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, NORM, PACKED)
-        l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, NORM, PACKED)
+        l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, NORM)
+        l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, NORM)
     elif not NORM:
         x0 = gl.load(x_ptrs, mask=gl.to_tensor(True))
         x1 = gl.load(x_ptrs + NW * 64, mask=gl.to_tensor(U > 1))
@@ -493,9 +450,9 @@ def _int4_mma_kernel(
     for it in range(ITERS):
         g0 = (it + 1) * U
         more = it + 1 < ITERS
-        n0 = _group_loads(g0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more, NW, NORM, PACKED)
+        n0 = _group_loads(g0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more, NW, NORM)
         n1 = _group_loads(
-            g0 + 1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 1), NW, NORM, PACKED
+            g0 + 1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 1), NW, NORM
         )
         tot0, tot2 = _group_mma(
             l0, xs, it * U, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
@@ -596,14 +553,13 @@ def launch(
     maxnreg = MAXNREG or (GATED_MAXNREG if gated else None)
     options = ({"launch_pdl": True} if early else {}) | ({"maxnreg": maxnreg} if maxnreg else {})
     grid = (n // TILE_ROWS,)
-    scales = mma_scales(w) if PACKED_SCALES else w.scale
     _int4_mma_kernel[grid](
-        x, words, scales, w.offset, out,
+        x, words, w.scale, w.offset, out,
         res if res is not None else out,
         norm_w if norm_w is not None else out,
         k // INT4_GROUP, w.scale.stride(0), up_rows // TILE_ROWS, float(eps), k,
         NORM=norm_w is not None, GATED=gated, HAS_RES=res is not None, NW=warps, R=tiles_per_program,
         BF16=x.dtype == torch.bfloat16, KW=k // 2 if norm_w is not None else 0, U=u, PDL=early,
-        FIRST_EARLY=FIRST_LOADS_EARLY, ONE_PASS=ONE_PASS_NORM and k <= ONE_PASS_MAX_K, PACKED=PACKED_SCALES,
+        FIRST_EARLY=FIRST_LOADS_EARLY, ONE_PASS=ONE_PASS_NORM and k <= ONE_PASS_MAX_K,
         num_warps=warps, **options,
     )  # fmt: skip
