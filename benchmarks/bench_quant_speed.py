@@ -280,7 +280,6 @@ def single_part(
     from trtforge.kernels import int4_mma as int4_mma_mod
 
     rule = gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM
-    fp8_cap = gemv_mod.FP8_REDUCE_MAXNREG
     argmax_default = argmax_mod.FAST_ARGMAX
     early_default, gated_maxnreg = int4_mma_mod.EARLY_WEIGHTS, int4_mma_mod.GATED_MAXNREG
     first_default, one_pass_default = int4_mma_mod.FIRST_LOADS_EARLY, int4_mma_mod.ONE_PASS_NORM
@@ -303,8 +302,6 @@ def single_part(
                 argmax_mod.FAST_ARGMAX = fast == "on"
                 off = label == "reduce" and setting == "off"
                 gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = float("inf") if off else rule
-                capped = label == "reduce" and setting.startswith("r")
-                gemv_mod.FP8_REDUCE_MAXNREG = int(setting[1:]) if capped else fp8_cap
                 gemv_mod.INT4_MMA = label != "mma" or setting != "off"
                 knobs = setting.split("+") if label == "mma" else []
                 int4_mma_mod.EARLY_WEIGHTS = "late" not in knobs and ("early" in knobs or early_default)
@@ -341,7 +338,6 @@ def single_part(
                         for kname, us in prof["top"]:
                             print(f"    {us:8.2f} us  {kname}", flush=True)
             gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = rule
-            gemv_mod.FP8_REDUCE_MAXNREG = fp8_cap
             gemv_mod.INT4_MMA = True
             int4_mma_mod.EARLY_WEIGHTS = early_default
             int4_mma_mod.GATED_MAXNREG = gated_maxnreg
@@ -426,11 +422,10 @@ def main() -> None:
     ap.add_argument(
         "--fp8-gemv-reduce",
         nargs="+",
-        choices=("on", "off", "r64", "r72", "r80", "r88"),
+        choices=("on", "off"),
         default=["on"],
         help="single stream: one-row FP8 GEMVs with many programs sum each chunk as it comes (on: the "
-        "default, gemv.FP8_REDUCE_MIN_PROGRAMS_PER_SM) or keep their partials to the end (off); rN: on, "
-        "with those GEMVs capped at N registers (gemv.FP8_REDUCE_MAXNREG); "
+        "default, gemv.FP8_REDUCE_MIN_PROGRAMS_PER_SM) or keep their partials to the end (off); "
         "'on off' times both on the same model, the first named is the variant's figure",
     )
     ap.add_argument(

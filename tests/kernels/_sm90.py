@@ -63,20 +63,13 @@ def count_ops(ptx: str) -> dict[str, int]:
 
 
 def compile_facts(
-    fn,
-    pointers: dict,
-    ints: dict,
-    consts: dict,
-    num_warps: int,
-    num_stages: int,
-    scalars: dict | None = None,
-    maxnreg: int | None = None,
+    fn, pointers: dict, ints: dict, consts: dict, num_warps: int, num_stages: int, scalars: dict | None = None
 ) -> dict:
     """Compile the ``@triton.jit`` kernel `fn` for sm_90 as its launcher specializes it: pointers
     (name -> Triton type) 16-byte aligned, the runtime ints divisible by 16 marked so, `consts` as
     constexprs, `scalars` (name -> Triton type, e.g. ``"fp32"``) as given, every other argument an
-    i32; `maxnreg` caps the registers a thread. Returns the instruction counts, the number of 16-byte
-    ``cp.async`` copies, the shared memory and :func:`assemble`'s facts."""
+    i32. Returns the instruction counts, the number of 16-byte ``cp.async`` copies, the shared memory
+    and :func:`assemble`'s facts."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -87,7 +80,7 @@ def compile_facts(
     aligned = [a for a in names if a in pointers or (a in ints and a not in consts and ints[a] % 16 == 0)]
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    opts = {"num_warps": num_warps, "num_stages": num_stages} | ({"maxnreg": maxnreg} if maxnreg else {})
+    opts = {"num_warps": num_warps, "num_stages": num_stages}
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     ptx = kernel.asm["ptx"]
     return {

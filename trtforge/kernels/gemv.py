@@ -62,7 +62,6 @@ class GemvConfig:
     num_stages: int = 3
     dot: bool = False
     reduce: bool = False
-    maxnreg: int | None = None  # a cap on each thread's registers (None: ptxas's choice)
 
 
 @triton.jit
@@ -399,10 +398,6 @@ QUANT_BLOCK_K = {"fp8": 1024, "int4": 4096}
 # noise, so they stay plain.
 FP8_REDUCE_MIN_PROGRAMS_PER_SM = 10
 FP8_REDUCE_CHUNK_CODES = 16384
-# A register cap for the reducing one-row FP8 GEMVs (None: ptxas's; sm_90: qkv 92, so 5 programs an SM and
-# its 1,536 programs in 2.3 waves; at 80 / 72 6 / 7 fit with nothing spilled). Not yet timed:
-# bench_quant_speed.py --fp8-gemv-reduce on r80 r72.
-FP8_REDUCE_MAXNREG: int | None = None
 
 
 def default_config(
@@ -437,15 +432,7 @@ def default_config(
             if not gated and triton.cdiv(n, 2 * bn) >= many:
                 bn *= 2  # 8 rows a program, as gate_up's 4 pairs
             bk = min(FP8_REDUCE_CHUNK_CODES // (bn * rows_per_pair), triton.next_power_of_2(k))
-            return GemvConfig(
-                block_n=bn,
-                block_k=bk,
-                num_warps=4,
-                num_stages=1,
-                dot=False,
-                reduce=True,
-                maxnreg=FP8_REDUCE_MAXNREG,
-            )
+            return GemvConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=1, dot=False, reduce=True)
         bk = max(64, bk // triton.next_power_of_2(m))  # FMAs over [m, rows, chunk]
         return GemvConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=1 if m == 1 else 2, dot=False)
     if m == 1:
@@ -553,7 +540,6 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         REDUCE=cfg.reduce and wfmt < 2 and block_m == 1 and not cfg.dot,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
-        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )  # fmt: skip
 
 
