@@ -85,7 +85,7 @@ ONE_PASS_MAX_K = 8192
 # (results/sweep_quant_gemv_loops_s19.json). Not yet timed (bench_quant_speed.py --fp8-gemv-reduce on mma),
 # nor GPU-tested.
 FP8_MMA = False
-# ...up to this many output rows: the FP8 lm_head (128,256 rows) already streams at 4.56 TB/s on the FMA kernel
+# ...up to this many output rows (the FP8 lm_head, 128,256 rows, streams at 4.56 TB/s on the FMA kernel)
 FP8_MMA_MAX_ROWS = 65536
 # The gated form's register cap (None: ptxas's 96 with PDL, 5 programs an SM, two waves of 896). At 72 7 fit
 # (one wave; ptxas spills 16 bytes to L1): gate_up 23.10 us against 24.02 (early weights off,
