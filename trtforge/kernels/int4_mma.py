@@ -32,6 +32,9 @@ and 16 of 256 outputs rounded to the neighbouring 16-bit value (BF16's BIAS of 1
 The MMAs and the unpacking are inline PTX (``mma.sync`` on registers the layout puts in each lane),
 written in Gluon for its explicit layouts: the tensors are indexed ``[warp, tile, lane/4, lane%4,
 k-tile]``, so the 32 lanes of a warp hold one tile's fragments in the same registers.
+
+With :data:`FP8_MMA` the RMSNorm forms also take E4M3 weights (:func:`pack_fp8_mma`: the same k order, two
+words a lane a k-tile): FP16 MMAs over E4M3 pairs converted in registers, no x sums, row scales at the end.
 """
 
 from __future__ import annotations
