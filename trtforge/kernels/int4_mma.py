@@ -85,7 +85,9 @@ ONE_PASS_MAX_K = 8192
 # MMAs: each E4M3 pair becomes an FP16 pair in one ``cvt.rn.f16x2.e4m3x2`` (sm_89+, exact), the staged row
 # is the normalized x (rounded to x's dtype, as the FMA kernel does) in FP16, and each row's scale multiplies
 # its FP32 sum at the end; the packed copy sits beside the codes (prefill reads those), so those weights take
-# twice their bytes. The FMA kernel's FP8 qkv ran at 2.6 TB/s (9.74 us) against gate_up's 3.8 TB/s
+# twice their bytes. A normalized element is at most sqrt(K) times the norm weight's magnitude, so FP16's
+# range holds it while that stays below ~1,000 at K = 4,096 (before flipping this on, check it where the model
+# is loaded). The FMA kernel's FP8 qkv ran at 2.6 TB/s (9.74 us) against gate_up's 3.8 TB/s
 # (results/sweep_quant_gemv_loops_s19.json). Not yet timed (bench_quant_speed.py --fp8-gemv-reduce on mma),
 # nor GPU-tested.
 FP8_MMA = False
