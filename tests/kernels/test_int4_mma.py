@@ -308,7 +308,7 @@ def test_fp8_norm_forms_match_the_reference_and_the_fma_kernel_on_the_gpu(
     def on(w: torch.Tensor, *, gated: bool = False) -> tuple[Fp8Weight, Fp8Weight]:
         q = quantize_fp8(w)
         qc = Fp8Weight(q.data.cuda(), q.scale.cuda())
-        prepare(qc, gated=gated, norm=True)
+        prepare(qc, gated=gated, norm=True, norm_weight=nw.cuda())
         return q, qc
 
     q, qc = on(torch.randn(n, k, generator=g) * 0.02)
@@ -329,6 +329,10 @@ def test_fp8_norm_forms_match_the_reference_and_the_fma_kernel_on_the_gpu(
     want = (torch.nn.functional.silu(gate).to(dtype).float() * up).to(dtype)
     _ulp_close(norm_gate_up_silu(xc, nwc, 1e-5, qgc).cpu(), want)
     assert len(mma_launches) == 2
+
+    big = Fp8Weight(qc.data.clone(), qc.scale.clone())  # a norm weight whose rows could overflow FP16
+    prepare(big, norm=True, norm_weight=torch.full((k,), 2048.0, dtype=dtype, device="cuda"))
+    assert int4_mma.prepared_words(big) is None and not int4_mma.supported(xc, big, n, False, True)
 
     monkeypatch.setattr(int4_mma, "FP8_MMA", False)
     assert not int4_mma.supported(xc, qc, n, gated=False, norm=True)
@@ -375,6 +379,16 @@ def test_a_swapped_code_is_caught_on_the_gpu(early, first, monkeypatch, mma_laun
     assert len(mma_launches) == 2
     changed = (a - b).abs()[0] > 0
     assert changed[17] and changed.sum() == 1
+
+
+def test_fp8_rows_are_staged_in_fp16_only_where_the_norm_cannot_overflow_it():
+    """fp16_row_fits: RMSNorm's output is at most sqrt(K) times the norm weight's largest magnitude."""
+    from trtforge.kernels.int4_mma import fp16_row_fits
+
+    assert fp16_row_fits(torch.ones(4096), 4096)
+    assert fp16_row_fits(torch.full((4096,), -1000.0), 4096)  # 64,000 < 65,504
+    assert not fp16_row_fits(torch.full((4096,), 1024.0), 4096)  # 65,536
+    assert not fp16_row_fits(None, 4096)
 
 
 def test_prepare_leaves_cpu_weights_and_ineligible_forms_unpacked():

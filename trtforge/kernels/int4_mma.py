@@ -40,6 +40,7 @@ words a lane a k-tile): FP16 MMAs over E4M3 pairs converted in registers, no x s
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from triton.experimental import gluon
@@ -85,9 +86,9 @@ ONE_PASS_MAX_K = 8192
 # MMAs: each E4M3 pair becomes an FP16 pair in one ``cvt.rn.f16x2.e4m3x2`` (sm_89+, exact), the staged row
 # is the normalized x (rounded to x's dtype, as the FMA kernel does) in FP16, and each row's scale multiplies
 # its FP32 sum at the end; the packed copy sits beside the codes (prefill reads those), so those weights take
-# twice their bytes. A normalized element is at most sqrt(K) times the norm weight's magnitude, so FP16's
-# range holds it while that stays below ~1,000 at K = 4,096 (before flipping this on, check it where the model
-# is loaded). The FMA kernel's FP8 qkv ran at 2.6 TB/s (9.74 us) against gate_up's 3.8 TB/s
+# twice their bytes. A normalized element is at most sqrt(K) times the norm weight's magnitude; a weight whose
+# norm could overflow FP16 is not packed (:func:`fp16_row_fits`, at preparation), so the FMA kernel keeps it.
+# The FMA kernel's FP8 qkv ran at 2.6 TB/s (9.74 us) against gate_up's 3.8 TB/s
 # (results/sweep_quant_gemv_loops_s19.json). Not yet timed (bench_quant_speed.py --fp8-gemv-reduce on mma),
 # nor GPU-tested.
 FP8_MMA = False
@@ -211,6 +212,15 @@ def eligible(w: Int4Weight | Fp8Weight, n: int, gated: bool, norm: bool, device:
         and w.scale.stride(1) == 1
         and tuple(w.offset.stride()) == tuple(w.scale.stride())
     )
+
+
+def fp16_row_fits(norm_weight: torch.Tensor | None, k: int) -> bool:
+    """Whether any RMSNorm output over `k` elements with `norm_weight` fits FP16 (the FP8 path's staged
+    row): ``|x / rms(x)| <= sqrt(k)``, so ``sqrt(k) * max|norm_weight|`` below FP16's largest finite value.
+    Reads the weight once (a device sync: at preparation, never in a captured step); None: unknown, no."""
+    if norm_weight is None:
+        return False
+    return float(norm_weight.detach().abs().max()) * math.sqrt(k) < torch.finfo(torch.float16).max
 
 
 def prepared_words(w: Int4Weight | Fp8Weight) -> torch.Tensor | None:
