@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from tests.kernels._sm90 import assemble  # (ptxas -v on sm_90a: its report and the spill bytes)
 
 REPO = Path(__file__).resolve().parents[1]
 KERNEL = "trtforge/kernels/int4_mma.py"
@@ -68,17 +69,10 @@ def compile_form(mod, norm: bool, gated: bool, res: bool, k: int, bf16: bool = T
         options["maxnreg"] = cap
     src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.ptx")
-        Path(path).write_text(ptx)
-        run = subprocess.run(
-            [ptxas, "-v", "-arch=sm_90a", path, "-o", os.devnull], capture_output=True, text=True
-        )
-    if run.returncode:
-        raise RuntimeError(f"ptxas failed on {mod.__name__}: {run.stderr[-600:]}")
-    regs = re.findall(r"Used (\d+) registers", run.stderr)
-    spills = re.findall(r"(\d+) bytes spill stores", run.stderr)
+    facts = assemble(ptx)
+    if facts["ptxas_rc"]:
+        raise RuntimeError(f"ptxas failed on {mod.__name__}: {facts['ptxas']}")
+    regs = re.findall(r"Used (\d+) registers", facts["ptxas"])
     code = []
     in_debug = False
     for line in ptx.splitlines():
@@ -89,7 +83,7 @@ def compile_form(mod, norm: bool, gated: bool, res: bool, k: int, bf16: bool = T
         code.append(re.sub(r"int4_mma\w*", "K", line))
     return {
         "registers": int(regs[0]) if regs else None,
-        "spill": int(spills[0]) if spills else 0,
+        "spill": max(facts["spills"], default=0),
         "code": code,
     }
 

@@ -185,30 +185,23 @@ def eligible(w: Int4Weight | Fp8Weight, n: int, gated: bool, norm: bool, device:
     for its K (:func:`launch_rule`), a staged row that fits, scales and offsets laid out alike. FP8
     weights: with :data:`FP8_MMA`, the RMSNorm forms on sm_89+ (E4M3 conversions), float32 row scales."""
     k = int(w.shape[1])
-    if isinstance(w, Fp8Weight):
-        return (
-            FP8_MMA
-            and norm
-            and n <= FP8_MMA_MAX_ROWS
-            and device.type == "cuda"
-            and torch.version.hip is None
-            and _capability(device) >= (8, 9)
-            and n % TILE_ROWS == 0
-            and k % INT4_GROUP == 0
-            and k <= MAX_NORM_K
-            and launch_rule(k, gated, norm) is not None
-            and w.scale.dtype == torch.float32
-            and w.scale.is_contiguous()
-        )
-    return (
+    fp8 = isinstance(w, Fp8Weight)
+    if fp8 and not (FP8_MMA and norm and n <= FP8_MMA_MAX_ROWS):
+        return False
+    shape_ok = (
         device.type == "cuda"
         and torch.version.hip is None  # (inline PTX: NVIDIA GPUs only)
-        and _capability(device) >= (8, 0)
-        and w.group_size == INT4_GROUP
+        and _capability(device) >= ((8, 9) if fp8 else (8, 0))
         and n % TILE_ROWS == 0
         and k % INT4_GROUP == 0
         and launch_rule(k, gated, norm) is not None
         and (not norm or k <= MAX_NORM_K)
+    )
+    if fp8:
+        return shape_ok and w.scale.dtype == torch.float32 and w.scale.stride(0) == 1
+    return (
+        shape_ok
+        and w.group_size == INT4_GROUP
         and w.scale.stride(1) == 1
         and tuple(w.offset.stride()) == tuple(w.scale.stride())
     )
@@ -220,7 +213,9 @@ def fp16_row_fits(norm_weight: torch.Tensor | None, k: int) -> bool:
     Reads the weight once (a device sync: at preparation, never in a captured step); None: unknown, no."""
     if norm_weight is None:
         return False
-    return float(norm_weight.detach().abs().max()) * math.sqrt(k) < torch.finfo(torch.float16).max
+    # (x's dtype rounds x * rstd and the product with the weight first: up to 2^-8 each for BF16)
+    bound = float(norm_weight.detach().abs().max()) * math.sqrt(k) * (1 + 2**-7)
+    return bound < torch.finfo(torch.float16).max
 
 
 def prepared_words(w: Int4Weight | Fp8Weight) -> torch.Tensor | None:
