@@ -465,9 +465,52 @@ def free_gpu_bytes(cuda: bool) -> int | None:
 
 
 # ---- one workload --------------------------------------------------------------------------------------
-def run_workload(probe: StepProbe, config: SchedulerConfig, reqs, budget_s: float | None) -> dict:
+def gpu_trace_summary(prof: Any) -> dict:
+    """The device's activity in a profiled window of serving: busy (the union of its kernels and copies)
+    against the window's span, the idle rest split by gap size, and the largest gaps with the operations
+    around them. Idle inside steps is what the step events cannot see (they count it as the step's)."""
+    evs = sorted(
+        (ev.time_range.start, ev.time_range.end, ev.name)
+        for ev in prof.events()
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0
+    )
+    if not evs:
+        return {}
+    busy, end, prev, gaps = 0.0, evs[0][0], "", []
+    for s, e, name in evs:
+        if s > end:
+            gaps.append((s - end, prev[:70], name[:70]))
+        busy += max(0.0, e - max(s, end))
+        if e > end:
+            end, prev = e, name
+    span = end - evs[0][0]
+    sizes = np.asarray([g for g, _, _ in gaps]) if gaps else np.zeros(0)
+    buckets = {"under_5us": (0, 5), "5_50us": (5, 50), "50_500us": (50, 500), "over_500us": (500, 1e12)}
+    return {
+        "span_ms": span / 1e3,
+        "busy_ms": busy / 1e3,
+        "idle_share": 1.0 - busy / span if span > 0 else None,
+        "events": len(evs),
+        "idle_ms_by_gap": {
+            k: float(sizes[(sizes >= lo) & (sizes < hi)].sum() / 1e3) for k, (lo, hi) in buckets.items()
+        },
+        "largest_gaps_us": [
+            {"us": round(g, 1), "after": a, "before": b} for g, a, b in sorted(gaps, reverse=True)[:10]
+        ],
+    }
+
+
+def run_workload(
+    probe: StepProbe,
+    config: SchedulerConfig,
+    reqs,
+    budget_s: float | None,
+    trace: tuple[float, float] | None = None,
+) -> dict:
     """A fresh engine over the probe's executor: submit every request at t = 0, wait (at most budget_s),
-    and measure."""
+    and measure. ``trace`` (start s, length s) profiles that window of the device's activity
+    (:func:`gpu_trace_summary`); the profiler's stop costs the engine some host time, so a traced run's
+    throughput reads a little low."""
     probe.steps.clear()
     series: list[tuple[float, int, int, int]] = []
 
@@ -495,6 +538,13 @@ def run_workload(probe: StepProbe, config: SchedulerConfig, reqs, budget_s: floa
             )
         deadline = None if budget_s is None else start + budget_s
         truncated = False
+        prof = None
+        if trace is not None and probe.cuda:
+            from torch.profiler import ProfilerActivity, profile
+
+            time.sleep(max(0.0, start + trace[0] - time.perf_counter()))
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                time.sleep(trace[1])
         for h in handles:
             left = None if deadline is None else max(0.0, deadline - time.perf_counter())
             try:
@@ -550,6 +600,8 @@ def run_workload(probe: StepProbe, config: SchedulerConfig, reqs, budget_s: floa
         "running_series": [[round(t - start, 4), r, w, n] for t, r, w, n in series[::stride]],
         "breakdown": breakdown(probe, host_seconds, wall, end),
     }
+    if prof is not None:
+        res["gpu_trace"] = {"at_s": trace[0], "length_s": trace[1], **gpu_trace_summary(prof)}
     return res
 
 
@@ -618,6 +670,17 @@ def line(name: str, res: dict) -> str:
             f"{dev}, host launch {r['launch_ms_per_step']:.2f} ms/step"
         )
     out.append("    host ms/step: " + ", ".join(f"{k} {v:.2f}" for k, v in b["host_ms_per_step"].items()))
+    tr = res.get("gpu_trace")
+    if tr:
+        out.append(
+            f"    device trace {tr['at_s']:g}-{tr['at_s'] + tr['length_s']:g} s: busy {tr['busy_ms']:.1f} of "
+            f"{tr['span_ms']:.1f} ms (idle {tr['idle_share']:.1%}: "
+            + ", ".join(f"{k} {v:.1f} ms" for k, v in tr["idle_ms_by_gap"].items())
+            + "); largest: "
+            + "; ".join(
+                f"{g['us']} us {g['after'][:40]} -> {g['before'][:40]}" for g in tr["largest_gaps_us"][:3]
+            )
+        )
     return "\n".join(out)
 
 
@@ -753,6 +816,15 @@ def main() -> None:
         default=None,
         help="fold o's and down's residual add into the mid-sized FP8 GEMM's epilogue "
         "(quant.linear.FP8_MID_FOLD_RESIDUAL; default: the module's, today off)",
+    )
+    ap.add_argument(
+        "--gpu-trace",
+        type=float,
+        nargs=2,
+        metavar=("AT_S", "LENGTH_S"),
+        default=None,
+        help="profile the device for LENGTH_S seconds from AT_S into each timed workload: busy vs idle "
+        "inside steps and the largest gaps (a diagnostic: the traced run's throughput reads a little low)",
     )
     ap.add_argument("--block-size", type=int, default=16, help="tokens a KV block (page) holds")
     ap.add_argument("--max-batched-tokens", type=int, default=sizing.DEFAULT_MAX_NUM_BATCHED_TOKENS)
@@ -997,7 +1069,7 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
             run_workload(probe, config, warm_slice(reqs, mns, scale, shape.vocab), None)
             warm = time.perf_counter() - t
             cached = triton_cache_entries()
-            res = run_workload(probe, config, reqs, args.budget_s)
+            res = run_workload(probe, config, reqs, args.budget_s, args.gpu_trace)
             res["warmup_s"] = warm
             after = triton_cache_entries()
             res["jit_compiles_in_window"] = None if None in (cached, after) else after - cached
