@@ -766,6 +766,14 @@ def main() -> None:
         help="scheduler variants: admission reserving prompt + max_tokens (no preemption) off / on",
     )
     ap.add_argument(
+        "--fill-step-buckets",
+        nargs="+",
+        choices=("off", "on"),
+        default=["on"],
+        help="scheduler variants: a step with decodes takes prompt tokens up to the piecewise graphs' "
+        "token bucket it pads to (SchedulerConfig.fill_step_buckets; on by default)",
+    )
+    ap.add_argument(
         "--concurrent-attention",
         nargs="+",
         choices=("off", "on"),
@@ -918,11 +926,12 @@ def main() -> None:
     results["fp8_mid_max_tokens"] = quant_linear.FP8_MID_MAX_TOKENS
     results["fp8_mid_fold_residual"] = quant_linear.FP8_MID_FOLD_RESIDUAL
     variants = [
-        (m, p, r == "on", c == "on")
+        (m, p, r == "on", c == "on", f == "on")
         for m in args.max_num_seqs
         for p in args.prefill_with_decodes
         for r in args.reserve_max_tokens
         for c in args.concurrent_attention
+        for f in args.fill_step_buckets
     ]
     if args.plan_only:
         kv_tokens = int(args.assume_kv_gb * 1e9 // shape.kv_bytes_per_token)
@@ -948,8 +957,13 @@ def main() -> None:
     run_all(model, variants, args, shape, scale, device, results)
 
 
-def variant_key(mns: int, pwd: int, reserve: bool, concurrent: bool = False) -> str:
-    return f"seqs{mns}_pwd{pwd}" + ("_reserve" if reserve else "") + ("_concurrent" if concurrent else "")
+def variant_key(mns: int, pwd: int, reserve: bool, concurrent: bool = False, fill: bool = True) -> str:
+    return (
+        f"seqs{mns}_pwd{pwd}"
+        + ("_reserve" if reserve else "")
+        + ("_concurrent" if concurrent else "")
+        + ("" if fill else "_nofill")
+    )
 
 
 def run_all(model, variants, args, shape: Shape, scale: float, device: str, results: dict) -> None:
@@ -1026,10 +1040,10 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     )
     probe = StepProbe(ex, cuda, shape)
     configs = {
-        variant_key(m, p, r, c): dataclasses.replace(
-            base, max_num_seqs=m, max_prefill_tokens_with_decodes=p, reserve_max_tokens=r
+        variant_key(m, p, r, c, f): dataclasses.replace(
+            base, max_num_seqs=m, max_prefill_tokens_with_decodes=p, reserve_max_tokens=r, fill_step_buckets=f
         )
-        for m, p, r, c in variants
+        for m, p, r, c, f in variants
     }
     concurrent = {variant_key(*v): v[3] for v in variants}  # the executor's attention, per variant
     if any(concurrent.values()) and not hasattr(ex.attention, "concurrent"):

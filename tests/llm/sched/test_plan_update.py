@@ -137,3 +137,60 @@ def test_stepbatch_build_and_from_flat_are_one_flattening():
     assert per_seq.context_lens.tolist() == [5, 10]
     with pytest.raises(ValueError, match="at least one new token"):
         StepBatch.build(["x", "y"], [[], [1, 2]], [0, 0], [[0], [1]], [[], [4, 5]], [True, True])
+
+
+@pytest.mark.parametrize("fill", [True, False])
+def test_a_step_with_decodes_fills_the_executors_padding_bucket_with_prompt_tokens(fill):
+    import dataclasses
+
+    class Padded:  # an executor that pads steps with prompt tokens to 8, 16 or 32 tokens
+        facts = dataclasses.replace(Facts.facts, step_token_buckets=(8, 16, 32))
+
+    config = SchedulerConfig(
+        max_num_batched_tokens=32,
+        max_prefill_chunk=32,
+        max_prefill_tokens_with_decodes=8,
+        enable_prefix_caching=False,
+        fill_step_buckets=fill,
+    )
+    sched = Scheduler(Padded(), config)
+    sched.add_request("a", [1, 2, 3, 4], SamplingParams(max_tokens=10))
+    plan = sched.schedule()
+    sched.computed(plan)
+    sched.update(plan, [11])
+    sched.add_request("b", list(range(10, 50)), SamplingParams(max_tokens=2))
+    # a decodes; b is admitted beside it: 8 prompt tokens would make 9, which the executor pads to 16
+    plan = sched.schedule()
+    assert plan.batch.query_lens.tolist() == [1, 15 if fill else 8]
+    sched.computed(plan)
+    sched.update(plan, [12])
+    # b is running with its prompt unfinished: the same rule while the running sequences are planned
+    plan = sched.schedule()
+    assert plan.batch.query_lens.tolist() == [1, 15 if fill else 8]
+    assert plan.batch.num_tokens == (16 if fill else 9)
+
+
+def test_filling_the_bucket_never_passes_the_step_budget_nor_shrinks_the_cap():
+    import dataclasses
+
+    class Padded:
+        facts = dataclasses.replace(Facts.facts, step_token_buckets=(8, 16, 64))
+
+    def prompt_tokens(cap, budget):
+        config = SchedulerConfig(
+            max_num_batched_tokens=budget,
+            max_prefill_chunk=64,
+            max_prefill_tokens_with_decodes=cap,
+            enable_prefix_caching=False,
+        )
+        sched = Scheduler(Padded(), config)
+        sched.add_request("a", [1, 2, 3, 4], SamplingParams(max_tokens=10))
+        plan = sched.schedule()
+        sched.computed(plan)
+        sched.update(plan, [11])
+        sched.add_request("b", [10 + i % 30 for i in range(48)], SamplingParams(max_tokens=2))
+        return sched.schedule().batch.query_lens.tolist()[1]
+
+    assert prompt_tokens(15, 64) == 15  # 1 + 15 is a bucket already
+    assert prompt_tokens(16, 40) == 39  # the next bucket (64) is past the budget: filled to the budget
+    assert prompt_tokens(16, 64) == 48  # ... or to the bucket when the budget allows

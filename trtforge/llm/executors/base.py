@@ -235,6 +235,9 @@ class ExecutorFacts:
       share of the KV heads and pool bytes, the driver the scheduler reads counts the whole model's.
     - ``quantization``: the weight quantization the executor runs ("fp8", "int4-awq", "int4-rtn"), or
       None for the model's own dtype; ``lm_head_quantization``: the LM head's ("fp8"), or None.
+    - ``step_token_buckets``: ascending token counts a step with prompt tokens is padded to (the padded
+      rows run through the linear layers like real ones); empty: no padding. The scheduler fills a
+      step's padding with prompt tokens (``SchedulerConfig.fill_step_buckets``).
     """
 
     num_blocks: int
@@ -252,6 +255,7 @@ class ExecutorFacts:
     tensor_parallel_size: int = 1
     quantization: str | None = None
     lm_head_quantization: str | None = None
+    step_token_buckets: tuple[int, ...] = ()
 
     @property
     def eos_token_id(self) -> int | None:

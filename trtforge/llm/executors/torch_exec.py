@@ -322,6 +322,7 @@ class TorchExecutor:
             tensor_parallel_size=1 if self.tensor_parallel is None else self.tensor_parallel.world,
             quantization=model_quantization(self.model),
             lm_head_quantization=model_lm_head_quantization(self.model),
+            step_token_buckets=() if self._piecewise is None else tuple(self._piecewise.buckets),
         )
 
     @property

@@ -107,6 +107,7 @@ class SchedulerConfig:
     seed: int = 0
     async_scheduling: bool | None = None
     reserve_max_tokens: bool = False
+    fill_step_buckets: bool = True
 
     def validate(self) -> None:
         for name in (
@@ -124,10 +125,9 @@ class SchedulerConfig:
             not isinstance(self.max_model_len, int) or self.max_model_len < 2
         ):
             raise UserError(f"SchedulerConfig.max_model_len must be None or >= 2, got {self.max_model_len!r}")
-        if not isinstance(self.reserve_max_tokens, bool):
-            raise UserError(
-                f"SchedulerConfig.reserve_max_tokens must be a bool, got {self.reserve_max_tokens!r}"
-            )
+        for name in ("reserve_max_tokens", "fill_step_buckets"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"SchedulerConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.async_scheduling not in (None, True, False):
             raise UserError(
                 f"SchedulerConfig.async_scheduling must be None, True or False, got {self.async_scheduling!r}"

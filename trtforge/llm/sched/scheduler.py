@@ -365,6 +365,20 @@ class Scheduler:
             outputs.append(self._output(seq, (), finished=True))
         return outputs
 
+    def _prefill_budget_with_decodes(self, ones: int) -> int:
+        """Prompt tokens a step with `ones` one-token rows (decodes) takes: the configured cap, raised so
+        that the step's tokens reach the executor's next padding bucket (``fill_step_buckets``), since
+        the padding would be computed anyway; never past ``max_num_batched_tokens``."""
+        cap = self.config.max_prefill_tokens_with_decodes
+        buckets = self.facts.step_token_buckets
+        if not (self.config.fill_step_buckets and buckets):
+            return cap
+        want = ones + cap
+        for b in buckets:
+            if b >= want:
+                return max(cap, min(b, self.config.max_num_batched_tokens) - ones)
+        return cap
+
     def _plan(self) -> StepPlan:
         bm = self.block_manager
         append_token = bm.append_token
@@ -403,8 +417,9 @@ class Scheduler:
             if left > 1 and not decode_checked:
                 # with any decode in the step, prompt tokens are capped so that decodes are not stalled long
                 decode_checked = True
-                if any(len(s.tokens) + (s.pending_row >= 0) - s.num_computed == 1 for s in running):
-                    prefill_budget = self.config.max_prefill_tokens_with_decodes
+                ones = sum(1 for s in running if len(s.tokens) + (s.pending_row >= 0) - s.num_computed == 1)
+                if ones:
+                    prefill_budget = self._prefill_budget_with_decodes(ones)
             if draft:  # speculative verification: the last token and its proposals, within the budget
                 del draft[budget - 1 :]
                 run: list = [tokens[-1], *draft]
@@ -443,7 +458,7 @@ class Scheduler:
         if not decode_checked and seqs:
             # admission below runs only when every running sequence was visited without preemption; then
             # the ones scheduled so far all had one token left, so the step has decodes
-            prefill_budget = self.config.max_prefill_tokens_with_decodes
+            prefill_budget = self._prefill_budget_with_decodes(len(seqs))
         # blocks the running sequences will still take as they grow to their whole length (only kept when
         # admission reserves them: reserve_max_tokens)
         growth = self._growth_blocks() if self._waiting and self.config.reserve_max_tokens else 0
