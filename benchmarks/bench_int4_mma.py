@@ -56,13 +56,6 @@ def main() -> None:
         help="also time int4_mma.FIRST_LOADS_EARLY off (on by default) and ONE_PASS_NORM on, each alone "
         "and both (rows mma-nofirst, mma-onepass, mma-nofirst-onepass)",
     )
-    ap.add_argument(
-        "--format",
-        choices=("int4", "fp8"),
-        default="int4",
-        help="the weights: INT4 (group 128), or FP8 E4M3 with per-row scales (int4_mma.FP8_MMA on for the "
-        "mma rows; the RMSNorm shapes qkv and gate_up only; the fma row is the FP8 GEMV's default)",
-    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -72,17 +65,13 @@ def main() -> None:
 
     early_default = int4_mma.EARLY_WEIGHTS
     first_default, one_pass_default = int4_mma.FIRST_LOADS_EARLY, int4_mma.ONE_PASS_NORM
-    fp8_default, fmt = int4_mma.FP8_MMA, args.format
     g = torch.Generator(device="cuda").manual_seed(0)
     sms = _num_sms(torch.device("cuda"))
     rows = []
     t0 = time.perf_counter()
     for shape in args.shapes.split(","):
         n, k, _norm, gated, _res = SHAPES[shape]
-        if fmt == "fp8" and not _norm:
-            print(f"{shape:8s}: FP8 on the tensor cores takes the RMSNorm forms only (qkv, gate_up)")
-            continue
-        w, wf = weights(fmt, 2 * n if gated else n, k, g)
+        w, wf = weights("int4", 2 * n if gated else n, k, g)
         size = nbytes(w)
         copies = [w] + [clone(w) for _ in range(min(LAUNCHES, math.ceil(L2_DEFEAT_BYTES / size)) - 1)]
         for c in copies:
@@ -91,7 +80,7 @@ def main() -> None:
         nw = (torch.rand(k, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
         res = torch.randn(1, n, device="cuda", generator=g, dtype=torch.bfloat16)
         want = reference(shape, x, nw, res, wf)
-        runs = [("fma", default_config(1, n, k, gated, sms, fmt), None, None)]
+        runs = [("fma", default_config(1, n, k, gated, sms, "int4"), None, None)]
         runs += [("mma" if e == args.early[0] else f"mma-early-{e}", None, (None, None), e)
                  for e in args.early]  # fmt: skip
         runs += [(f"mma-w{wp}-u{u}", None, (wp, u), args.early[0]) for wp in args.warps for u in args.groups]
@@ -106,7 +95,6 @@ def main() -> None:
             int4_mma.MAXNREG = int(name[len("mma-r") :]) if name.startswith("mma-r") else None
             int4_mma.FIRST_LOADS_EARLY = "-nofirst" not in name and ("-first" in name or first_default)
             int4_mma.ONE_PASS_NORM = "onepass" in name or one_pass_default
-            int4_mma.FP8_MMA = fmt == "fp8" and name != "fma"
             if setting is not None:
                 int4_mma.MMA_WARPS, int4_mma.GROUPS_PER_ITERATION = setting
                 if not int4_mma.supported(x, w, n, gated, _norm):
@@ -117,13 +105,12 @@ def main() -> None:
             us = timed(shape, x, nw, res, copies, cfg)
             row = {"shape": shape, "kernel": name, "us": us, "tb_per_s": size / us / 1e6, "rel_err": err,
                    "weight_mb": size / 1e6}  # fmt: skip
-            rows.append(row | {"warps_groups": setting, "early_weights": early, "format": fmt})
+            rows.append(row | {"warps_groups": setting, "early_weights": early})
             print(f"{shape:8s} {name}: {us:8.2f} us {row['tb_per_s']:5.2f} TB/s err {err:.1e}", flush=True)
         int4_mma.MMA_WARPS, int4_mma.GROUPS_PER_ITERATION = None, None
         int4_mma.EARLY_WEIGHTS = early_default
         int4_mma.MAXNREG = None
         int4_mma.FIRST_LOADS_EARLY, int4_mma.ONE_PASS_NORM = first_default, one_pass_default
-        int4_mma.FP8_MMA = fp8_default
         del copies, w, wf
         torch.cuda.empty_cache()
     per_layer = {kern: sum(r["us"] for r in rows if r["kernel"] == kern) for kern in ("fma", "mma")}

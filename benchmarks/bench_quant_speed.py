@@ -283,7 +283,6 @@ def single_part(
     argmax_default = argmax_mod.FAST_ARGMAX
     early_default, gated_maxnreg = int4_mma_mod.EARLY_WEIGHTS, int4_mma_mod.GATED_MAXNREG
     first_default, one_pass_default = int4_mma_mod.FIRST_LOADS_EARLY, int4_mma_mod.ONE_PASS_NORM
-    fp8_mma_default, fp8_mma_rows = int4_mma_mod.FP8_MMA, int4_mma_mod.FP8_MMA_MAX_ROWS
 
     prompt = torch.randint(
         3, SHAPE["vocab_size"], (512,), generator=torch.Generator().manual_seed(0)
@@ -302,9 +301,6 @@ def single_part(
             for setting, fast in runs:
                 argmax_mod.FAST_ARGMAX = fast == "on"
                 off = label == "reduce" and setting == "off"
-                int4_mma_mod.FP8_MMA = (label == "reduce" and setting.startswith("mma")) or fp8_mma_default
-                # mma-qkv: qkv (6,144 rows) on the tensor cores, gate_up (14,336 pairs) on the FMA kernel
-                int4_mma_mod.FP8_MMA_MAX_ROWS = 8192 if setting == "mma-qkv" else fp8_mma_rows
                 gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = float("inf") if off else rule
                 gemv_mod.INT4_MMA = label != "mma" or setting != "off"
                 knobs = setting.split("+") if label == "mma" else []
@@ -347,7 +343,6 @@ def single_part(
             int4_mma_mod.GATED_MAXNREG = gated_maxnreg
             int4_mma_mod.FIRST_LOADS_EARLY = first_default
             int4_mma_mod.ONE_PASS_NORM = one_pass_default
-            int4_mma_mod.FP8_MMA, int4_mma_mod.FP8_MMA_MAX_ROWS = fp8_mma_default, fp8_mma_rows
             argmax_mod.FAST_ARGMAX = argmax_default
         del model
         gc.collect()
@@ -427,12 +422,10 @@ def main() -> None:
     ap.add_argument(
         "--fp8-gemv-reduce",
         nargs="+",
-        choices=("on", "off", "mma", "mma-qkv"),
+        choices=("on", "off"),
         default=["on"],
         help="single stream: one-row FP8 GEMVs with many programs sum each chunk as it comes (on: the "
-        "default, gemv.FP8_REDUCE_MIN_PROGRAMS_PER_SM) or keep their partials to the end (off); mma: on, "
-        "with the RMSNorm forms (qkv, gate_up) on the tensor cores (int4_mma.FP8_MMA); mma-qkv: qkv only "
-        "(int4_mma.FP8_MMA_MAX_ROWS 8192); "
+        "default, gemv.FP8_REDUCE_MIN_PROGRAMS_PER_SM) or keep their partials to the end (off); "
         "'on off' times both on the same model, the first named is the variant's figure",
     )
     ap.add_argument(

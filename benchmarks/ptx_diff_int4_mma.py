@@ -59,8 +59,9 @@ def compile_form(mod, norm: bool, gated: bool, res: bool, k: int, bf16: bool = T
         consts["FIRST_EARLY"] = bool(getattr(mod, "FIRST_LOADS_EARLY", False))
     if "ONE_PASS" in names:
         consts["ONE_PASS"] = bool(getattr(mod, "ONE_PASS_NORM", False)) and k <= mod.ONE_PASS_MAX_K
-    if "FP8" in names:
-        consts["FP8"] = False
+    for param in fn.params:  # (a revision's other opt-in constexprs: their defaults, as launch leaves them)
+        if param.is_constexpr and param.has_default and param.name not in consts:
+            consts[param.name] = param.default
     sig = {a: "constexpr" if a in consts else ptrs.get(a, "fp32" if a == "eps" else "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs}
     options = {"num_warps": warps}

@@ -39,30 +39,6 @@ def test_packed_words_sit_where_the_mma_fragment_tables_put_them(n, k):
 
 
 @needs_triton
-@pytest.mark.parametrize(("n", "k"), [(16, 128), (48, 384), (32, 1024)])
-def test_fp8_words_sit_where_the_mma_fragment_tables_put_them(n, k):
-    """pack_fp8_mma: each lane's E4M3 bytes are the A registers the MMA pairs with the kernel's x words
-    (pack_int4_mma's k order), so the fragment-table emulation sums to codes @ x; a swap of two k is seen."""
-    from trtforge.kernels.int4_mma import emulate, pack_fp8_mma
-
-    g = torch.Generator().manual_seed(n + k)
-    codes = (torch.randn(n, k, generator=g) * 40).to(torch.float8_e4m3fn)
-    x = torch.randn(k, generator=g, dtype=torch.float64)
-    words = pack_fp8_mma(codes)
-    assert words.shape == (n // 16, k // 128, 32, 16) and words.dtype == torch.int32
-    want = codes.double() @ x
-    assert torch.allclose(emulate(words, x), want, rtol=1e-12, atol=1e-9)
-    assert torch.equal(pack_fp8_mma(codes.view(torch.uint8)), words)  # the bits, as uint8, pack alike
-    swapped = codes.view(torch.uint8).clone()
-    swapped[:, [0, 1]] = swapped[:, [1, 0]]
-    swapped[:, [5, 130 % k]] = swapped[:, [130 % k, 5]]
-    if not torch.equal(swapped, codes.view(torch.uint8)):
-        assert not torch.allclose(emulate(pack_fp8_mma(swapped), x), want, atol=1e-6)
-    with pytest.raises(ValueError, match="tiles of 16"):
-        pack_fp8_mma(codes[:8])
-
-
-@needs_triton
 def test_packing_refuses_partial_tiles_and_groups():
     from trtforge.kernels.int4_mma import pack_int4_mma
 
@@ -82,7 +58,6 @@ def _compile_case(
     first_early: bool = False,
     one_pass: bool = False,
     maxnreg: int | None = None,
-    fp8: bool = False,
 ) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -92,14 +67,13 @@ def _compile_case(
 
     fn = m._int4_mma_kernel
     dt = "bf16" if bf16 else "fp16"
-    sc = "*fp32" if fp8 else "*fp16"
-    ptrs = {"X": f"*{dt}", "Wm": "*i32", "Scales": sc, "Offsets": sc, "Out": f"*{dt}",
+    ptrs = {"X": f"*{dt}", "Wm": "*i32", "Scales": "*fp16", "Offsets": "*fp16", "Out": f"*{dt}",
             "Res": f"*{dt}", "NormW": f"*{dt}"}  # fmt: skip
     k = k or (4096 if norm else 14336)
     warps, u = m.launch_rule(k, gated, norm)
     consts = {"NORM": norm, "GATED": gated, "HAS_RES": res, "NW": warps, "R": 2 if gated else 1,
               "BF16": bf16, "KW": k // 2 if norm else 0, "U": u, "PDL": pdl,
-              "FIRST_EARLY": first_early, "ONE_PASS": one_pass, "FP8": fp8}  # fmt: skip
+              "FIRST_EARLY": first_early, "ONE_PASS": one_pass}  # fmt: skip
     names = fn.arg_names
     sig = {a: "constexpr" if a in consts else ptrs.get(a, "fp32" if a == "eps" else "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs}
@@ -109,8 +83,7 @@ def _compile_case(
     ptx = kernel.asm["ptx"]
     facts = {"mma": ptx.count("mma.sync.aligned.m16n8k16"), "shared": kernel.metadata.shared,
              "griddep": ptx.count("griddepcontrol."),
-             "prefetch": ptx.count("prefetch.global.L2"), "cvt_e4m3": ptx.count("cvt.rn.f16x2.e4m3x2"),
-             "mma_f16": ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")}  # fmt: skip
+             "prefetch": ptx.count("prefetch.global.L2")}  # fmt: skip
     return facts | assemble(ptx)
 
 
@@ -160,22 +133,6 @@ def test_the_gated_form_at_its_register_cap_barely_spills():
     )
     assert facts["ptxas_rc"] == 0, facts["ptxas"]
     assert max(facts["spills"]) <= 32, facts["ptxas"]
-
-
-@needs_triton
-@pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize(("bf16", "first"), [(True, False), (True, True), (False, True)])
-def test_fp8_norm_forms_compile_for_sm90_on_f16_mmas(gated, bf16, first):
-    """FP8_MMA: the RMSNorm forms (qkv, gate_up) run FP16 MMAs on E4M3 pairs converted by
-    cvt.rn.f16x2.e4m3x2 (two a word), 8 MMAs a group a tile, no x-sum MMAs, no spills."""
-    needs_ptxas()
-    case = (True, gated, False, bf16, True, 0, first, False, None, True)
-    facts = run_in_child(f"{__name__}:_compile_case", *case)
-    assert facts["ptxas_rc"] == 0 and not any(facts["spills"]), facts["ptxas"]
-    tiles = 2 if gated else 1
-    assert facts["mma"] == facts["mma_f16"] == 8 * tiles, facts
-    assert facts["cvt_e4m3"] == 4 * 8 * tiles, facts  # (an asm block of two per word, two words a k-tile)
-    assert facts["griddep"] == 2 and facts["shared"] <= 8192, facts
 
 
 @needs_triton
@@ -283,64 +240,6 @@ def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("early", "first", "one_pass"), [(0, 0, 0), (1, 1, 0), (1, 1, 1)])
-def test_fp8_norm_forms_match_the_reference_and_the_fma_kernel_on_the_gpu(
-    dtype, early, first, one_pass, monkeypatch, mma_launches
-):
-    """FP8_MMA on: qkv-like (RMSNorm) and gate_up-like (RMSNorm, SiLU) one-row FP8 GEMVs on the tensor cores
-    agree with the float reference of the FMA kernel's rounding (the normalized x in x's dtype, E4M3 times
-    the row scale) and with the FMA kernel itself; off, FP8 weights never reach this kernel."""
-    from trtforge.kernels import int4_mma
-    from trtforge.kernels.gemv import default_config, norm_gate_up_silu, norm_gemv, prepare
-    from trtforge.kernels.qweight import Fp8Weight, quantize_fp8
-
-    skip_unless_runs_here("cuda")
-    monkeypatch.setattr(int4_mma, "EARLY_WEIGHTS", bool(early))
-    monkeypatch.setattr(int4_mma, "FIRST_LOADS_EARLY", bool(first))
-    monkeypatch.setattr(int4_mma, "ONE_PASS_NORM", bool(one_pass))
-    monkeypatch.setattr(int4_mma, "FP8_MMA", True)
-    n, inter, k = 96, 64, 2048
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(1, k, generator=g).to(dtype)
-    nw = (torch.rand(k, generator=g) + 0.5).to(dtype)
-
-    def on(w: torch.Tensor, *, gated: bool = False) -> tuple[Fp8Weight, Fp8Weight]:
-        q = quantize_fp8(w)
-        qc = Fp8Weight(q.data.cuda(), q.scale.cuda())
-        prepare(qc, gated=gated, norm=True, norm_weight=nw.cuda())
-        return q, qc
-
-    q, qc = on(torch.randn(n, k, generator=g) * 0.02)
-    xc, nwc = x.cuda(), nw.cuda()
-    assert int4_mma.supported(xc, qc, n, gated=False, norm=True)
-    xn = _rms(x, nw)
-    want = (xn.float() @ q.dequantize().t()).to(dtype)
-    got = norm_gemv(xc, nwc, 1e-5, qc).cpu()
-    fma = norm_gemv(xc, nwc, 1e-5, qc, config=default_config(1, n, k, False, 132, "fp8")).cpu()
-    assert len(mma_launches) == 1
-    _ulp_close(got, want)
-    _ulp_close(got, fma)
-
-    qg, qgc = on(torch.randn(2 * inter, k, generator=g) * 0.02, gated=True)
-    assert int4_mma.supported(xc, qgc, inter, gated=True, norm=True)
-    lin = (xn.float() @ qg.dequantize().t()).to(dtype).float()
-    gate, up = lin.split(inter, dim=1)
-    want = (torch.nn.functional.silu(gate).to(dtype).float() * up).to(dtype)
-    _ulp_close(norm_gate_up_silu(xc, nwc, 1e-5, qgc).cpu(), want)
-    assert len(mma_launches) == 2
-
-    big = Fp8Weight(qc.data.clone(), qc.scale.clone())  # a norm weight whose rows could overflow FP16
-    prepare(big, norm=True, norm_weight=torch.full((k,), 2048.0, dtype=dtype, device="cuda"))
-    assert int4_mma.prepared_words(big) is None and not int4_mma.supported(xc, big, n, False, True)
-
-    monkeypatch.setattr(int4_mma, "FP8_MMA", False)
-    assert not int4_mma.supported(xc, qc, n, gated=False, norm=True)
-    _ulp_close(norm_gemv(xc, nwc, 1e-5, qc).cpu(), fma)
-    assert len(mma_launches) == 2
-
-
-@pytest.mark.gpu
 def test_only_prepared_weights_take_the_tensor_cores_on_the_gpu(mma_launches):
     """The dispatch never packs in the hot path (a CUDA graph may be capturing): an unprepared INT4
     weight runs on the FMA kernel, and gives the same result."""
@@ -379,16 +278,6 @@ def test_a_swapped_code_is_caught_on_the_gpu(early, first, monkeypatch, mma_laun
     assert len(mma_launches) == 2
     changed = (a - b).abs()[0] > 0
     assert changed[17] and changed.sum() == 1
-
-
-def test_fp8_rows_are_staged_in_fp16_only_where_the_norm_cannot_overflow_it():
-    """fp16_row_fits: RMSNorm's output is at most sqrt(K) times the norm weight's largest magnitude."""
-    from trtforge.kernels.int4_mma import fp16_row_fits
-
-    assert fp16_row_fits(torch.ones(4096), 4096)
-    assert fp16_row_fits(torch.full((4096,), -1000.0), 4096)  # 64,000 < 65,504
-    assert not fp16_row_fits(torch.full((4096,), 1024.0), 4096)  # 65,536
-    assert not fp16_row_fits(None, 4096)
 
 
 def test_prepare_leaves_cpu_weights_and_ineligible_forms_unpacked():

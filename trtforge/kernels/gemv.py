@@ -487,27 +487,16 @@ def _int4_mma():
     return int4_mma
 
 
-def prepare(
-    weight: torch.Tensor | QuantWeight,
-    *,
-    gated: bool = False,
-    norm: bool = False,
-    norm_weight: torch.Tensor | None = None,
-) -> None:
-    """Ready `weight` for the one-row kernels before a CUDA graph captures them: an INT4 (or, with
-    ``int4_mma.FP8_MMA``, FP8) weight that the tensor-core kernel takes in this form (`gated`: gate/up rows;
-    `norm`: RMSNorm prologue, whose weight FP8 needs as `norm_weight`) on its GPU gets its packing now
-    (:func:`trtforge.kernels.int4_mma.mma_words`); the dispatch never packs."""
-    codes = _weight_args(weight)[0]
-    if not (INT4_MMA and isinstance(weight, (Int4Weight, Fp8Weight)) and codes.is_cuda):
+def prepare(weight: torch.Tensor | QuantWeight, *, gated: bool = False, norm: bool = False) -> None:
+    """Ready `weight` for the one-row kernels before a CUDA graph captures them: an INT4 weight that the
+    tensor-core kernel takes in this form (`gated`: gate/up rows; `norm`: RMSNorm prologue) on its GPU
+    gets its packing now (:func:`trtforge.kernels.int4_mma.mma_words`); the dispatch never packs."""
+    if not (INT4_MMA and isinstance(weight, Int4Weight) and weight.packed.is_cuda):
         return
     mod = _int4_mma()
     n = int(weight.shape[0]) // (2 if gated else 1)
-    if mod is None or not mod.eligible(weight, n, gated, norm, codes.device):
-        return
-    if isinstance(weight, Fp8Weight) and not mod.fp16_row_fits(norm_weight, int(weight.shape[1])):
-        return  # (the FP8 path stages the normalized row in FP16: left unpacked, the FMA kernel serves it)
-    mod.mma_words(weight)
+    if mod is not None and mod.eligible(weight, n, gated, norm, weight.packed.device):
+        mod.mma_words(weight)
 
 
 def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=0, config=None) -> None:
@@ -516,7 +505,7 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
         INT4_MMA
         and config is None
         and bias is None
-        and isinstance(w, (Int4Weight, Fp8Weight))
+        and isinstance(w, Int4Weight)
         and not interpreting()
         and (mma := _int4_mma()) is not None
         and mma.supported(x, w, n, up_rows > 0, norm_w is not None)

@@ -32,21 +32,17 @@ and 16 of 256 outputs rounded to the neighbouring 16-bit value (BF16's BIAS of 1
 The MMAs and the unpacking are inline PTX (``mma.sync`` on registers the layout puts in each lane),
 written in Gluon for its explicit layouts: the tensors are indexed ``[warp, tile, lane/4, lane%4,
 k-tile]``, so the 32 lanes of a warp hold one tile's fragments in the same registers.
-
-With :data:`FP8_MMA` the RMSNorm forms also take E4M3 weights (:func:`pack_fp8_mma`: the same k order, two
-words a lane a k-tile): FP16 MMAs over E4M3 pairs converted in registers, no x sums, row scales at the end.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from trtforge.kernels.qweight import INT4_GROUP, Fp8Weight, Int4Weight
+from trtforge.kernels.qweight import INT4_GROUP, Int4Weight
 
 TILE_ROWS = 16  # weight rows an MMA tile holds
 # Launch rule from the H200 sweep (benchmarks/bench_int4_mma.py --warps 8 4 --groups 4 2 1,
@@ -82,18 +78,6 @@ FIRST_LOADS_EARLY = True
 # 22.29 alone, 21.58 with the first loads early; single stream 2.032 alone, 2.006 with them (2.004 without).
 ONE_PASS_NORM = False
 ONE_PASS_MAX_K = 8192
-# True: one-row FP8 (E4M3 weight-only) GEMVs with the RMSNorm prologue (qkv, gate_up) run here too, on FP16
-# MMAs: each E4M3 pair becomes an FP16 pair in one ``cvt.rn.f16x2.e4m3x2`` (sm_89+, exact), the staged row
-# is the normalized x (rounded to x's dtype, as the FMA kernel does) in FP16, and each row's scale multiplies
-# its FP32 sum at the end; the packed copy sits beside the codes (prefill reads those), so those weights take
-# twice their bytes. A normalized element is at most sqrt(K) times the norm weight's magnitude; a weight whose
-# norm could overflow FP16 is not packed (:func:`fp16_row_fits`, at preparation), so the FMA kernel keeps it.
-# The FMA kernel's FP8 qkv ran at 2.6 TB/s (9.74 us) against gate_up's 3.8 TB/s
-# (results/sweep_quant_gemv_loops_s19.json). Not yet timed (bench_quant_speed.py --fp8-gemv-reduce on mma),
-# nor GPU-tested.
-FP8_MMA = False
-# ...up to this many output rows (the FP8 lm_head, 128,256 rows, streams at 4.56 TB/s on the FMA kernel)
-FP8_MMA_MAX_ROWS = 65536
 # The gated form's register cap (None: ptxas's 96 with PDL, 5 programs an SM, two waves of 896). At 72 7 fit
 # (one wave; ptxas spills 16 bytes to L1): gate_up 23.10 us against 24.02 (early weights off,
 # results/int4_mma_s21.json); 8B INT4 + FP8 head single stream 2.046 ms/token against 2.097
@@ -148,28 +132,11 @@ def pack_int4_mma(codes: torch.Tensor, group_size: int = INT4_GROUP) -> torch.Te
     return words.reshape(n // 16, k // 128, 32, 8).contiguous()
 
 
-def pack_fp8_mma(codes: torch.Tensor) -> torch.Tensor:
-    """int32 ``[N/16, K/128, 32, 16]`` of E4M3 `codes` ``[N, K]`` (float8_e4m3fn or their uint8 bits) in the
-    MMA fragment order of :func:`pack_int4_mma`'s k permutation: lane l = 4g + t's words 2j and 2j + 1 (k-tile
-    j of a group of 128) hold, byte by byte, rows g, g, g + 8, g + 8 at ``k = 128c + 32t + 4j`` and ``+ 1``
-    (word 2j), then at ``+ 2`` and ``+ 3`` (word 2j + 1): each 16-bit half is one A register's pair."""
-    n, k = codes.shape
-    if n % TILE_ROWS or k % INT4_GROUP:
-        raise ValueError(
-            f"the FP8 MMA packing takes rows in tiles of {TILE_ROWS} and K in chunks of {INT4_GROUP}; "
-            f"got [{n}, {k}]"
-        )
-    b = codes.contiguous().view(torch.uint8).view(n // 16, 2, 8, k // 128, 4, 8, 2, 2)  # [r,hi8,g,c,t,j,h,e]
-    b = b.permute(0, 3, 2, 4, 5, 6, 1, 7).contiguous()  # [r, c, g, t, j, h, hi8, e]: a word's bytes last
-    return b.reshape(n // 16, k // 128, 32, 16, 4).view(torch.int32).reshape(n // 16, k // 128, 32, 16)
-
-
-def mma_words(w: Int4Weight | Fp8Weight) -> torch.Tensor:
-    """`w`'s codes in :func:`pack_int4_mma`'s (or :func:`pack_fp8_mma`'s) order, made once and kept on the
-    weight."""
+def mma_words(w: Int4Weight) -> torch.Tensor:
+    """`w`'s codes in :func:`pack_int4_mma`'s order, made once and kept on the weight."""
     words = w.__dict__.get("_mma_words")
     if words is None:
-        words = pack_fp8_mma(w.data) if isinstance(w, Fp8Weight) else pack_int4_mma(w.codes(), w.group_size)
+        words = pack_int4_mma(w.codes(), w.group_size)
         object.__setattr__(w, "_mma_words", words)  # (a cache, not a field: rows() and cat start afresh)
     return words
 
@@ -179,51 +146,31 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def eligible(w: Int4Weight | Fp8Weight, n: int, gated: bool, norm: bool, device: torch.device) -> bool:
+def eligible(w: Int4Weight, n: int, gated: bool, norm: bool, device: torch.device) -> bool:
     """Whether this kernel takes a one-row projection of `w` in that form (`n` output columns; gated:
     gate/up pairs) on `device`: an NVIDIA GPU with 16-bit MMAs (sm_80+), whole tiles of rows, a launch
-    for its K (:func:`launch_rule`), a staged row that fits, scales and offsets laid out alike. FP8
-    weights: with :data:`FP8_MMA`, the RMSNorm forms on sm_89+ (E4M3 conversions), float32 row scales."""
+    for its K (:func:`launch_rule`), a staged row that fits, scales and offsets laid out alike."""
     k = int(w.shape[1])
-    fp8 = isinstance(w, Fp8Weight)
-    if fp8 and not (FP8_MMA and norm and n <= FP8_MMA_MAX_ROWS):
-        return False
-    shape_ok = (
+    return (
         device.type == "cuda"
         and torch.version.hip is None  # (inline PTX: NVIDIA GPUs only)
-        and _capability(device) >= ((8, 9) if fp8 else (8, 0))
+        and _capability(device) >= (8, 0)
+        and w.group_size == INT4_GROUP
         and n % TILE_ROWS == 0
         and k % INT4_GROUP == 0
         and launch_rule(k, gated, norm) is not None
         and (not norm or k <= MAX_NORM_K)
-    )
-    if fp8:
-        return shape_ok and w.scale.dtype == torch.float32 and w.scale.stride(0) == 1
-    return (
-        shape_ok
-        and w.group_size == INT4_GROUP
         and w.scale.stride(1) == 1
         and tuple(w.offset.stride()) == tuple(w.scale.stride())
     )
 
 
-def fp16_row_fits(norm_weight: torch.Tensor | None, k: int) -> bool:
-    """Whether any RMSNorm output over `k` elements with `norm_weight` fits FP16 (the FP8 path's staged
-    row): ``|x / rms(x)| <= sqrt(k)``, so ``sqrt(k) * max|norm_weight|`` below FP16's largest finite value.
-    Reads the weight once (a device sync: at preparation, never in a captured step); None: unknown, no."""
-    if norm_weight is None:
-        return False
-    # (x's dtype rounds x * rstd and the product with the weight first: up to 2^-8 each for BF16)
-    bound = float(norm_weight.detach().abs().max()) * math.sqrt(k) * (1 + 2**-7)
-    return bound < torch.finfo(torch.float16).max
-
-
-def prepared_words(w: Int4Weight | Fp8Weight) -> torch.Tensor | None:
+def prepared_words(w: Int4Weight) -> torch.Tensor | None:
     """`w`'s packing if :func:`mma_words` made it (the dispatch never packs in the hot path)."""
     return w.__dict__.get("_mma_words")
 
 
-def supported(x: torch.Tensor, w: Int4Weight | Fp8Weight, n: int, gated: bool, norm: bool) -> bool:
+def supported(x: torch.Tensor, w: Int4Weight, n: int, gated: bool, norm: bool) -> bool:
     """Whether this kernel runs ``x @ w^T`` now: one row of a 16-bit x, `w` :func:`eligible` for the form
     and already packed (:func:`trtforge.kernels.gemv.prepare`)."""
     return (
@@ -306,19 +253,6 @@ def _unpack(w, MAGIC: gl.constexpr):
 
 
 @gluon.jit
-def _cvt_e4m3(w):
-    """A word of four E4M3 codes as two FP16-pair registers (bytes 0-1, then 2-3), exactly."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.rn.f16x2.e4m3x2 $0, l; cvt.rn.f16x2.e4m3x2 $1, h; }",
-        "=r,=r,r",
-        [w],
-        dtype=(gl.int32, gl.int32),
-        is_pure=True,
-        pack=1,
-    )
-
-
-@gluon.jit
 def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, TY: gl.constexpr):
     """``c + A @ B`` for one m16n8k16 tile a lane's fragments at a time (FP32 accumulators)."""
     return gl.inline_asm_elementwise(
@@ -334,59 +268,45 @@ def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, TY: gl.constexpr):
 
 @gluon.jit
 def _group_loads(it, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, ok, NW: gl.constexpr,
-                 NORM: gl.constexpr, FP8: gl.constexpr = False):  # fmt: skip
+                 NORM: gl.constexpr):  # fmt: skip
     """The global loads of a warp's group `it` (warp w takes group ``it * NW + w``), none unless `ok`:
     its words, x's words (unless NORM: then from shared memory), rows g and g + 8's float16 scales and
-    offsets (FP8: none, a row's scale comes at the end)."""
+    offsets."""
     grp = it * NW + w4
     ok = gl.to_tensor(ok)
-    if FP8:
-        words = gl.load(w_ptrs + it * NW * 512, mask=ok)
-        x, s_g, o_g, s_g8, o_g8 = words, words, words, words, words
-    else:
-        words = gl.load(w_ptrs + it * NW * 256, mask=ok)
-        x = gl.load(x_ptrs + it * NW * 64, mask=ok) if not NORM else words
-        s_g = gl.load(Scales + row_off + grp, mask=ok)
-        o_g = gl.load(Offsets + row_off + grp, mask=ok)
-        s_g8 = gl.load(Scales + row_off + 8 * stride_sn + grp, mask=ok)
-        o_g8 = gl.load(Offsets + row_off + 8 * stride_sn + grp, mask=ok)
+    words = gl.load(w_ptrs + it * NW * 256, mask=ok)
+    x = gl.load(x_ptrs + it * NW * 64, mask=ok) if not NORM else words
+    s_g = gl.load(Scales + row_off + grp, mask=ok)
+    o_g = gl.load(Offsets + row_off + grp, mask=ok)
+    s_g8 = gl.load(Scales + row_off + 8 * stride_sn + grp, mask=ok)
+    o_g8 = gl.load(Offsets + row_off + 8 * stride_sn + grp, mask=ok)
     return words, x, s_g, o_g, s_g8, o_g8
 
 
 @gluon.jit
 def _group_mma(loads, xs, gi, tot0, tot2, ones, zero, zero1, L4: gl.constexpr, LX: gl.constexpr,
                R: gl.constexpr, MAGIC: gl.constexpr, TY: gl.constexpr, BIAS: gl.constexpr,
-               NORM: gl.constexpr, FP8: gl.constexpr = False):  # fmt: skip
+               NORM: gl.constexpr):  # fmt: skip
     """`tot0` / `tot2` (rows g / g + 8 of each tile) plus one group's products, its scales and offsets
-    folded in: ``scale * sum((BIAS + q) x) + (offset - BIAS * scale) * sum(x)`` (FP8: the plain products,
-    each E4M3 pair converted to FP16)."""
+    folded in: ``scale * sum((BIAS + q) x) + (offset - BIAS * scale) * sum(x)``."""
     words, x, s_g, o_g, s_g8, o_g8 = loads
     if NORM:
         xc = xs.index(gi).load(LX)
     else:
         xc = x
+    ws = _split8(words, L4)
     xb0, xb1 = _split2(xc)
     b0s = _split8(xb0, L4, R == 1)  # (R > 1: L4 repeats x's registers along the tiles)
     b1s = _split8(xb1, L4, R == 1)
-    if FP8:
-        w_lo, w_hi = _split2(words)  # words 2j (k + 0, 1) and 2j + 1 (k + 2, 3) of each k-tile j
-        los = _split8(w_lo, L4)
-        his = _split8(w_hi, L4)
-        for j in gl.static_range(8):
-            a0, a1 = _cvt_e4m3(los[j])
-            a2, a3 = _cvt_e4m3(his[j])
-            tot0, c1, tot2, c3 = _mma(a0, a1, a2, a3, b0s[j], b1s[j], tot0, zero, tot2, zero, TY)
-    else:
-        ws = _split8(words, L4)
-        c0, c1, c2, c3 = zero, zero, zero, zero
-        x0, x1, x2, x3 = zero1, zero1, zero1, zero1
-        for j in gl.static_range(8):
-            a0, a1, a2, a3 = _unpack(ws[j], MAGIC)
-            c0, c1, c2, c3 = _mma(a0, a1, a2, a3, b0s[j], b1s[j], c0, c1, c2, c3, TY)
-            x0, x1, x2, x3 = _mma(ones, ones, ones, ones, b0s[j], b1s[j], x0, x1, x2, x3, TY)
-        sf, sf8 = s_g.to(gl.float32), s_g8.to(gl.float32)
-        tot0 += sf * c0 + (o_g.to(gl.float32) - BIAS * sf) * x0
-        tot2 += sf8 * c2 + (o_g8.to(gl.float32) - BIAS * sf8) * x0
+    c0, c1, c2, c3 = zero, zero, zero, zero
+    x0, x1, x2, x3 = zero1, zero1, zero1, zero1
+    for j in gl.static_range(8):
+        a0, a1, a2, a3 = _unpack(ws[j], MAGIC)
+        c0, c1, c2, c3 = _mma(a0, a1, a2, a3, b0s[j], b1s[j], c0, c1, c2, c3, TY)
+        x0, x1, x2, x3 = _mma(ones, ones, ones, ones, b0s[j], b1s[j], x0, x1, x2, x3, TY)
+    sf, sf8 = s_g.to(gl.float32), s_g8.to(gl.float32)
+    tot0 += sf * c0 + (o_g.to(gl.float32) - BIAS * sf) * x0
+    tot2 += sf8 * c2 + (o_g8.to(gl.float32) - BIAS * sf8) * x0
     return tot0, tot2
 
 
@@ -412,14 +332,14 @@ def _griddep(op: gl.constexpr):
 
 @gluon.jit
 def _loop_setup(X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE: gl.constexpr, L4: gl.constexpr,
-                NW: gl.constexpr, R: gl.constexpr, WPG: gl.constexpr = 256):  # fmt: skip
+                NW: gl.constexpr, R: gl.constexpr):  # fmt: skip
     """The main loop's constants: the ones tile (x's sums), zeroed accumulators, each warp's index, the
     word / x-word pointers and the rows' offsets into the scales and offsets (rows g and g + 8 of a tile)."""
     ones = gl.full([NW, 1, 8, 4], ONE, gl.int32, layout=L4)
     zero = gl.zeros([NW, R, 8, 4], gl.float32, layout=L4)
     zero1 = gl.zeros([NW, 1, 8, 4], gl.float32, layout=L4)
     w4 = gl.max(w_i + j_i * 0, 4)  # [NW, 1, 1, 1]
-    w_ptrs = Wm + word_off + w_i * WPG
+    w_ptrs = Wm + word_off + w_i * 256
     x_ptrs = X.to(gl.pointer_type(gl.int32)) + xw_i
     row_off = gl.max(tile * 16 + g_i + j_i * 0, 4) * stride_sn  # [NW, R, 8, 4] (constant along j)
     return ones, zero, zero1, w4, w_ptrs, x_ptrs, row_off
@@ -430,25 +350,14 @@ def _int4_mma_kernel(
     X, Wm, Scales, Offsets, Out, Res, NormW, NG, stride_sn, up_tiles, eps, K,
     NORM: gl.constexpr, GATED: gl.constexpr, HAS_RES: gl.constexpr, NW: gl.constexpr, R: gl.constexpr,
     BF16: gl.constexpr, KW: gl.constexpr, U: gl.constexpr, PDL: gl.constexpr = False,
-    FIRST_EARLY: gl.constexpr = False, ONE_PASS: gl.constexpr = False, FP8: gl.constexpr = False,
+    FIRST_EARLY: gl.constexpr = False, ONE_PASS: gl.constexpr = False,
 ):  # fmt: skip
     """Out[n] = epilogue(sum_k prologue(x)[k] * W[n, k]) for R tiles of 16 rows (gated: the gate tile
-    ``pid`` and the up tile ``up_tiles + pid``; FP8: E4M3 words, 16 a lane a group, and float32 row scales
-    at `Scales`)."""
-    if FP8:
-        WL: gl.constexpr = 16  # words a lane a group
-    else:
-        WL: gl.constexpr = 8
-    WPG: gl.constexpr = 32 * WL  # words a tile a group
-    L: gl.constexpr = gl.BlockedLayout([1, R, 1, 1, WL], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    ``pid`` and the up tile ``up_tiles + pid``)."""
+    L: gl.constexpr = gl.BlockedLayout([1, R, 1, 1, 8], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1], [4, 3, 2, 1, 0])
     LX: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 16], [1, 1, 8, 4, 1], [NW, 1, 1, 1, 1], [4, 3, 2, 1, 0])
     L4: gl.constexpr = gl.SliceLayout(4, L)
-    if FP8:  # (the staged row and the converted codes: FP16; MAGIC, BIAS and ONE unused)
-        MAGIC: gl.constexpr = "0x64006400"
-        BIAS: gl.constexpr = 1024.0
-        TY: gl.constexpr = "f16"
-        ONE: gl.constexpr = 0x3C003C00
-    elif BF16:
+    if BF16:
         MAGIC: gl.constexpr = "0x43004300"
         BIAS: gl.constexpr = 128.0
         TY: gl.constexpr = "bf16"
@@ -462,29 +371,29 @@ def _int4_mma_kernel(
     w_i = _iota(NW, 0, L)
     g_i = _iota(8, 2, L)
     t_i = _iota(4, 3, L)
-    j_i = _iota(WL, 4, L)
+    j_i = _iota(8, 4, L)
     r_i = _iota(R, 1, L)
     if GATED:
         tile = pid + r_i * up_tiles
     else:
         tile = pid * R + r_i
-    word_off = (tile * NG * 32 + g_i * 4 + t_i) * WL + j_i  # + group * WPG
+    word_off = (tile * NG * 32 + g_i * 4 + t_i) * 8 + j_i  # + group * 256
     xw_i = _iota(NW, 0, LX) * 64 + _iota(4, 3, LX) * 16 + _iota(16, 4, LX)  # + it * NW * 64
     if FIRST_EARLY:
         # the first U groups' words, scales and offsets into registers before anything waits (constants:
         # safe to read before the previous kernel ends) or the RMSNorm prologue runs; x's words after
         ones, zero, zero1, w4, w_ptrs, x_ptrs, row_off = _loop_setup(
-            X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE, L4, NW, R, WPG
+            X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE, L4, NW, R
         )
-        l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, True, FP8)
-        l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, True, FP8)
+        l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, True)
+        l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, True)
     if PDL:
         if not FIRST_EARLY:
             # before the previous kernel's writes are waited for: its first U groups' words (each lane's 32
             # bytes) into L2 (constants: safe to read early; the scales' lines are left to the loop)
-            first = gl.min(word_off, 4) + gl.max(w_i + j_i * 0, 4) * WPG  # [NW, R, 8, 4]: a lane's word 0
+            first = gl.min(word_off, 4) + gl.max(w_i + j_i * 0, 4) * 256  # [NW, R, 8, 4]: each lane's word 0
             for u in gl.static_range(U):
-                _prefetch_l2(Wm + first + u * NW * WPG)
+                _prefetch_l2(Wm + first + u * NW * 256)
         _griddep("griddepcontrol.wait;")  # x and the residual: the previous kernel's, visible from here
         _griddep("griddepcontrol.launch_dependents;")  # the next kernel may start its own prefetching
     KWP: gl.constexpr = 1 << (KW - 1).bit_length()  # (shapes are powers of two: the tail unused)
@@ -496,11 +405,8 @@ def _int4_mma_kernel(
         xf1 = xv1.to(gl.float32)
         rstd = gl.rsqrt(gl.sum(xf1 * xf1, 0) / K + eps)
         nw1 = gl.load(NormW + offs1, mask=ok1, other=0.0)
-        xn1 = ((xf1 * rstd).to(X.dtype.element_ty) * nw1).to(X.dtype.element_ty)
-        if FP8:
-            xn1 = xn1.to(gl.float16)
-        smem = gl.allocate_shared_memory(xn1.dtype, [KWP * 2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        smem.store(xn1)
+        smem = gl.allocate_shared_memory(X.dtype.element_ty, [KWP * 2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        smem.store(((xf1 * rstd).to(X.dtype.element_ty) * nw1).to(X.dtype.element_ty))
         gl.thread_barrier()
         xs = smem._reinterpret(gl.int32, [KWP // (64 * NW), NW, 1, 1, 4, 16],
                                gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))  # fmt: skip
@@ -513,19 +419,11 @@ def _int4_mma_kernel(
             xv = gl.load(X + c * CH + offs).to(gl.float32)
             sq += xv * xv
         rstd = gl.rsqrt(gl.sum(sq, 0) / K + eps)
-        if FP8:
-            smem = gl.allocate_shared_memory(gl.float16, [KWP * 2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        else:
-            smem = gl.allocate_shared_memory(
-                X.dtype.element_ty, [KWP * 2], gl.SwizzledSharedLayout(1, 1, 1, [0])
-            )
+        smem = gl.allocate_shared_memory(X.dtype.element_ty, [KWP * 2], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         for c in gl.static_range(KW * 2 // CH):
             xv = gl.load(X + c * CH + offs).to(gl.float32)
             nw = gl.load(NormW + c * CH + offs)
-            xn = ((xv * rstd).to(X.dtype.element_ty) * nw).to(X.dtype.element_ty)
-            if FP8:
-                xn = xn.to(gl.float16)
-            smem.slice(c * CH, CH).store(xn)
+            smem.slice(c * CH, CH).store(((xv * rstd).to(X.dtype.element_ty) * nw).to(X.dtype.element_ty))
         gl.thread_barrier()
         xs = smem._reinterpret(gl.int32, [KWP // (64 * NW), NW, 1, 1, 4, 16],
                                gl.SwizzledSharedLayout(1, 1, 1, [4, 3, 2, 1, 0]))  # fmt: skip
@@ -535,10 +433,10 @@ def _int4_mma_kernel(
         # (set up only here, after the wait and the prologue: set up before them, the gated form's registers
         # at GATED_MAXNREG spilled 204 bytes, not 16, and INT4 single stream ran 2.88 ms/token, not 2.05)
         ones, zero, zero1, w4, w_ptrs, x_ptrs, row_off = _loop_setup(
-            X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE, L4, NW, R, WPG
+            X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE, L4, NW, R
         )
-        l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, NORM, FP8)
-        l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, NORM, FP8)
+        l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, NORM)
+        l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, NORM)
     elif not NORM:
         x0 = gl.load(x_ptrs, mask=gl.to_tensor(True))
         x1 = gl.load(x_ptrs + NW * 64, mask=gl.to_tensor(U > 1))
@@ -552,22 +450,18 @@ def _int4_mma_kernel(
     for it in range(ITERS):
         g0 = (it + 1) * U
         more = it + 1 < ITERS
-        n0 = _group_loads(g0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more, NW, NORM, FP8)
+        n0 = _group_loads(g0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more, NW, NORM)
         n1 = _group_loads(
-            g0 + 1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 1), NW, NORM, FP8
+            g0 + 1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 1), NW, NORM
         )
         tot0, tot2 = _group_mma(
-            l0, xs, it * U, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM, FP8
+            l0, xs, it * U, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
         )
         if U > 1:
             tot0, tot2 = _group_mma(
-                l1, xs, it * U + 1, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM, FP8
+                l1, xs, it * U + 1, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
             )
         l0, l1 = n0, n1
-    if FP8:  # each row's scale (rows g and g + 8 of each tile)
-        row_g = gl.max(tile * 16 + g_i + j_i * 0, 4)
-        tot0 = tot0 * gl.load(Scales + row_g)
-        tot2 = tot2 * gl.load(Scales + row_g + 8)
     tot0 = gl.sum(tot0, 0)  # [R, 8, 4]: the warps' partials summed
     tot2 = gl.sum(tot2, 0)
     L3: gl.constexpr = gl.SliceLayout(0, L4)
@@ -603,20 +497,14 @@ def _int4_mma_kernel(
 
 
 def emulate(words: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """float64 ``sum_k x[k] * q[n, k]`` ``[N]`` from packed `words` (INT4 codes, or FP8 values from
-    :func:`pack_fp8_mma`) and x ``[K]``, through the PTX
+    """float64 ``sum_k x[k] * q[n, k]`` ``[N]`` from packed `words` and x ``[K]``, through the PTX
     fragment tables of ``mma.m16n8k16`` (A: {a0,a1} row g, k 2t..2t+1; {a2,a3} row g+8; {a4,a5} row
     g, k 2t+8..; {a6,a7} row g+8, k 2t+8..; B: {b0,b1} k 2t..2t+1, {b2,b3} k 2t+8.., column g) and
     the kernel's choice of B (lane t's x words ``64c + 16t + 2j`` and ``+ 1``): what the kernel's
     products sum, computed independently of :func:`pack_int4_mma`, so a test can hold one to the other."""
     tiles, groups = int(words.shape[0]), int(words.shape[1])
-    if int(words.shape[-1]) == 16:  # FP8: register s is word 2j + (s >> 1), bytes 2 (s & 1) + e
-        b = words.contiguous().view(torch.uint8).view(torch.float8_e4m3fn).double()
-        b = b.view(tiles, groups, 8, 4, 8, 2, 4)  # [r, c, g, t, j, word 2j / 2j + 1, byte]
-        nib = [(b[..., s >> 1, 2 * (s & 1)], b[..., s >> 1, 2 * (s & 1) + 1]) for s in range(4)]
-    else:
-        w = words.to(torch.int64).view(tiles, groups, 8, 4, 8)  # [r, c, g, t, j]
-        nib = [((w >> (4 * s)) & 15, (w >> (16 + 4 * s)) & 15) for s in range(4)]  # reg s: (lo, hi)
+    w = words.to(torch.int64).view(tiles, groups, 8, 4, 8)  # [r, c, g, t, j]
+    nib = [((w >> (4 * s)) & 15, (w >> (16 + 4 * s)) & 15) for s in range(4)]  # reg s: (lo, hi)
     a = torch.zeros(tiles, groups, 8, 16, 16, dtype=torch.float64)  # [r, c, j, row, k in the tile]
     g = torch.arange(8)[:, None]
     t = torch.arange(4)[None, :]
@@ -635,7 +523,7 @@ def emulate(words: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def launch(
     x: torch.Tensor,
-    w: Int4Weight | Fp8Weight,
+    w: Int4Weight,
     out: torch.Tensor,
     n: int,
     *,
@@ -662,17 +550,16 @@ def launch(
         raise ValueError(f"int4_mma: no launch for K={k} here (see supported())")
     warps, u = rule
     early = bool(pdl and EARLY_WEIGHTS)
-    fp8 = isinstance(w, Fp8Weight)
-    maxnreg = MAXNREG or (GATED_MAXNREG if gated and not fp8 else None)  # (the cap was measured on INT4)
+    maxnreg = MAXNREG or (GATED_MAXNREG if gated else None)
     options = ({"launch_pdl": True} if early else {}) | ({"maxnreg": maxnreg} if maxnreg else {})
     grid = (n // TILE_ROWS,)
     _int4_mma_kernel[grid](
-        x, words, w.scale, w.scale if fp8 else w.offset, out,
+        x, words, w.scale, w.offset, out,
         res if res is not None else out,
         norm_w if norm_w is not None else out,
-        k // INT4_GROUP, 0 if fp8 else w.scale.stride(0), up_rows // TILE_ROWS, float(eps), k,
+        k // INT4_GROUP, w.scale.stride(0), up_rows // TILE_ROWS, float(eps), k,
         NORM=norm_w is not None, GATED=gated, HAS_RES=res is not None, NW=warps, R=tiles_per_program,
         BF16=x.dtype == torch.bfloat16, KW=k // 2 if norm_w is not None else 0, U=u, PDL=early,
-        FIRST_EARLY=FIRST_LOADS_EARLY, ONE_PASS=ONE_PASS_NORM and k <= ONE_PASS_MAX_K, FP8=fp8,
+        FIRST_EARLY=FIRST_LOADS_EARLY, ONE_PASS=ONE_PASS_NORM and k <= ONE_PASS_MAX_K,
         num_warps=warps, **options,
     )  # fmt: skip

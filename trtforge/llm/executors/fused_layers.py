@@ -187,10 +187,8 @@ class FusedLayers:
         self.head_w = _weight(head)
         self.head_gemv_max_tokens = self.gemv_max_tokens
         for i in range(len(self.layers)):  # (the forms each weight is used in: norm, gated, residual)
-            layer = self.layers[i]
-            prepare_gemv_weight(self.qkv_w[i][0], norm=True, norm_weight=layer.input_layernorm.weight)
-            norm_w = layer.post_attention_layernorm.weight
-            prepare_gemv_weight(self.gate_up_w[i], gated=True, norm=True, norm_weight=norm_w)
+            prepare_gemv_weight(self.qkv_w[i][0], norm=True)
+            prepare_gemv_weight(self.gate_up_w[i], gated=True, norm=True)
             prepare_gemv_weight(self.o_w[i])
             prepare_gemv_weight(self.down_w[i])
         prepare_gemv_weight(self.head_w, norm=True)
