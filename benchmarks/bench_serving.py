@@ -18,6 +18,7 @@ JSON says which ran.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import itertools
 import json
@@ -315,6 +316,14 @@ def main() -> None:
     ap.add_argument(
         "--max-prefill-with-decodes", type=int, default=1024, help="prompt tokens per step while decoding"
     )
+    ap.add_argument(
+        "--fill-step-buckets",
+        nargs="+",
+        choices=("off", "on"),
+        default=["on"],
+        help="SchedulerConfig.fill_step_buckets values, each load run once per value (interleaved; keys of "
+        "'off' runs end in _nofill)",
+    )
     ap.add_argument("--kv-gb", type=float, default=16.0, help="KV pool size")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=256)
@@ -411,12 +420,19 @@ def main() -> None:
     run_engine(ex, workload(args.requests, args.prompt, args.output, 0.0, cfg.vocab_size, seed=1), config)
     save = functools.partial(_save, results, args.out)
     results["engine"] = {}
+    runs: dict[str, int] = {}
     for rate in args.rates:
         # the same prompts and output lengths at every load; only the arrival times differ
         load = workload(args.requests, args.prompt, args.output, rate, cfg.vocab_size, seed=0)
-        key = f"poisson_{rate:g}_per_s" if rate > 0 else "all_at_once"
-        results["engine"][key] = run_engine(ex, load, config)
-        save("engine")
+        for fill in args.fill_step_buckets:
+            key = f"poisson_{rate:g}_per_s" if rate > 0 else "all_at_once"
+            key += "" if fill == "on" else "_nofill"
+            runs[key] = runs.get(key, 0) + 1
+            key += f"_run{runs[key]}" if runs[key] > 1 else ""  # a repeated variant keeps every run
+            results["engine"][key] = run_engine(
+                ex, load, dataclasses.replace(config, fill_step_buckets=fill == "on")
+            )
+            save("engine")
     del ex
     single_stream_part(results, model, reqs, device, args)
     save("single_stream")
