@@ -834,6 +834,14 @@ def main() -> None:
         help="profile the device for LENGTH_S seconds from AT_S into each timed workload: busy vs idle "
         "inside steps and the largest gaps (a diagnostic: the traced run's throughput reads a little low)",
     )
+    ap.add_argument(
+        "--decode-batch-buckets",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the decode graphs' batch buckets (torch_exec._BATCH_BUCKETS; default: the module's): a "
+        "decode step of B rows runs padded to the first bucket >= B",
+    )
     ap.add_argument("--block-size", type=int, default=16, help="tokens a KV block (page) holds")
     ap.add_argument("--max-batched-tokens", type=int, default=sizing.DEFAULT_MAX_NUM_BATCHED_TOKENS)
     ap.add_argument("--prefill-chunk", type=int, default=sizing.DEFAULT_MAX_PREFILL_CHUNK)
@@ -913,6 +921,10 @@ def main() -> None:
     import trtforge.llm.executors.fused_layers as fused_layers
     import trtforge.llm.quant.linear as quant_linear
 
+    if args.decode_batch_buckets is not None:
+        import trtforge.llm.executors.torch_exec as torch_exec
+
+        torch_exec._BATCH_BUCKETS = tuple(sorted(set(args.decode_batch_buckets)))
     if args.mid_gemm is not None:
         fused_layers.MID_GEMM_MIN_TOKENS, fused_layers.MID_GEMM_MAX_TOKENS = args.mid_gemm
     if args.fp8_mid_max is not None:
