@@ -238,7 +238,7 @@ class TensorParallelExecutor:
             proc.join(timeout=2.0)
             if proc.is_alive():
                 proc.kill()
-                proc.join(timeout=2.0)
+                proc.join(timeout=10.0)  # SIGKILL cannot be ignored: only a loaded machine's reaping waits
         for conn in self._conns:
             conn.close()
         self._closed = True
