@@ -104,6 +104,40 @@ def test_piecewise_steps_match_eager_steps(family, async_scheduling):
         assert not a[-1].any() and b[-1].any()
 
 
+@pytest.mark.parametrize("fill", [True, False], ids=["fill", "nofill"])
+def test_the_scheduler_fills_piecewise_steps_with_decodes_to_their_bucket(fill):
+    """The piecewise executor tells its buckets (ExecutorFacts.step_token_buckets); with fill_step_buckets
+    a step with decodes and prompt tokens left takes prompt tokens up to its bucket (off: 12 prompt
+    tokens beside the decodes, padded), and the logits and K/V still equal the eager executor's."""
+    import dataclasses
+
+    model = tiny_llama()
+    kwargs = {"num_blocks": 64, "block_size": 4, "max_decode_batch": 8}
+    eager = TorchExecutor(model, static_decode=False, **kwargs)
+    pieces = TorchExecutor(model, static_decode=True, max_graph_tokens=32, **kwargs)
+    assert eager.facts.step_token_buckets == () and pieces.facts.step_token_buckets == (8, 16, 32)
+    tokens: list[int] = []
+
+    class Filled(_Lockstep):
+        facts = dataclasses.replace(pieces.facts, step_token_buckets=() if not fill else (8, 16, 32))
+
+        def _compare(self, batch, want, got):
+            if (batch.query_lens > 1).any() and (batch.query_lens == 1).any():
+                tokens.append(batch.num_tokens)
+            return super()._compare(batch, want, got)
+
+    both = Filled(eager, pieces)
+    _serve(both, async_scheduling=False, seed=2)
+    assert both.max_rel_err < 1e-9 and len(tokens) > 8 and max(tokens) <= 48
+    on_bucket = sum(t in (8, 16, 32) for t in tokens)
+    if fill:  # every mixed step but the one taking the last prompt tokens
+        assert on_bucket >= len(tokens) - 1, tokens
+    else:
+        assert on_bucket < len(tokens) // 2, tokens
+    for a, b in zip((*eager.k_pools, *eager.v_pools), (*pieces.k_pools, *pieces.v_pools)):
+        torch.testing.assert_close(b[:-1], a[:-1], rtol=1e-12, atol=1e-12)
+
+
 def test_steps_above_the_largest_bucket_run_eagerly():
     model = tiny_llama()
     kwargs = {"num_blocks": 64, "block_size": 4, "static_decode": True}
