@@ -29,6 +29,7 @@ import time
 import numpy as np
 import torch
 
+from benchmarks.bench_throughput import triton_cache_entries
 from trtforge.llm.engine import LLMEngine
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.sampling import SamplingParams
@@ -429,9 +430,12 @@ def main() -> None:
             key += "" if fill == "on" else "_nofill"
             runs[key] = runs.get(key, 0) + 1
             key += f"_run{runs[key]}" if runs[key] > 1 else ""  # a repeated variant keeps every run
-            results["engine"][key] = run_engine(
-                ex, load, dataclasses.replace(config, fill_step_buckets=fill == "on")
-            )
+            cached = triton_cache_entries()
+            res = run_engine(ex, load, dataclasses.replace(config, fill_step_buckets=fill == "on"))
+            after = triton_cache_entries()
+            # Triton specializations compiled inside the timed run (the warm-up should have met them all)
+            res["jit_compiles_in_window"] = None if None in (cached, after) else after - cached
+            results["engine"][key] = res
             save("engine")
     del ex
     single_stream_part(results, model, reqs, device, args)
