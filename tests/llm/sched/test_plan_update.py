@@ -194,3 +194,10 @@ def test_filling_the_bucket_never_passes_the_step_budget_nor_shrinks_the_cap():
     assert prompt_tokens(15, 64) == 15  # 1 + 15 is a bucket already
     assert prompt_tokens(16, 40) == 39  # the next bucket (64) is past the budget: filled to the budget
     assert prompt_tokens(16, 64) == 48  # ... or to the bucket when the budget allows
+
+
+def test_fill_step_buckets_must_be_a_bool():
+    from trtforge.errors import UserError
+
+    with pytest.raises(UserError, match="fill_step_buckets must be a bool, got 'yes'"):
+        SchedulerConfig(fill_step_buckets="yes").validate()
