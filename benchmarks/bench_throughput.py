@@ -466,9 +466,10 @@ def free_gpu_bytes(cuda: bool) -> int | None:
 
 # ---- one workload --------------------------------------------------------------------------------------
 def gpu_trace_summary(prof: Any) -> dict:
-    """The device's activity in a profiled window of serving: busy (the union of its kernels and copies)
-    against the window's span, the idle rest split by gap size, and the largest gaps with the operations
-    around them. Idle inside steps is what the step events cannot see (they count it as the step's)."""
+    """The device's activity in a profiled window (of serving, or of one step): busy (the union of its
+    kernels and copies) against the window's span, the idle rest split by gap size, and the largest gaps
+    with the operations around them. Idle inside steps is what the step events cannot see (they count it
+    as the step's)."""
     evs = sorted(
         (ev.time_range.start, ev.time_range.end, ev.name)
         for ev in prof.events()
@@ -489,8 +490,10 @@ def gpu_trace_summary(prof: Any) -> dict:
     return {
         "span_ms": span / 1e3,
         "busy_ms": busy / 1e3,
+        "idle_ms": (span - busy) / 1e3,
         "idle_share": 1.0 - busy / span if span > 0 else None,
         "events": len(evs),
+        "gaps": len(gaps),
         "idle_ms_by_gap": {
             k: float(sizes[(sizes >= lo) & (sizes < hi)].sum() / 1e3) for k, (lo, hi) in buckets.items()
         },

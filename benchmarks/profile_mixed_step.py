@@ -29,16 +29,17 @@ import torch
 
 from benchmarks.bench_http import SHAPES, build_model
 from benchmarks.bench_mixed_step import make_batch, timed
+from benchmarks.bench_throughput import gpu_trace_summary
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.quant import linear as quant_linear
 
 PEAK_FLOPS, HBM = 989e12, 4.8e12
 # (decode rows, their context, prompt chunks): bench_throughput's 8B mixed steps held about 1,100-1,200
 # tokens with 100-190 decode rows (session 15); a step of the prefill-bound 2048/128 workload (about
-# 4,080 tokens, the decode rows at ~2,100 keys: session 13); and a prompt-only step of the largest budget
-LAYOUTS = [(100, 1000, (1024,)), (190, 1000, (1024,)), (180, 2100, (2048, 1856)), (0, 0, (2048, 2048))]
+# 4,080 tokens, the decode rows at ~2,100 keys: session 13); a prompt-only step of the largest budget; and
 # 2048/128's mixed steps (session 16: ~1,086 tokens, ~60 decode rows at ~2,100 keys beside a 1,024 chunk)
-LAYOUTS.append((62, 2100, (1024,)))
+LAYOUTS = [(100, 1000, (1024,)), (190, 1000, (1024,)), (180, 2100, (2048, 1856)), (0, 0, (2048, 2048)),
+           (62, 2100, (1024,))]  # fmt: skip
 # decode-only steps (the static decode path when served): single stream (issue #28's ms/token), bench_quant_
 # speed's serving workload (64 rows), a full running batch, and 128/128's decode steps (241 rows at ~190
 # keys: compute-bound, 9.8 ms against a 4.4 ms roofline in session 16)
@@ -115,49 +116,20 @@ def profile_eager(ex: TorchExecutor, batch, steps: int) -> tuple[dict, list, flo
 
 
 def profile_served_gaps(ex: TorchExecutor, batch, steps: int) -> dict:
-    """Where the served step's GPU waits: one profiled step at a time, the device events' union against
-    their span (first start to last end); the idle rest and its largest gaps with the kernels around them.
-    Tells launch gaps or syncs inside the piecewise step from slow kernels."""
+    """Where the served step's GPU waits: each of `steps` steps profiled alone
+    (:func:`benchmarks.bench_throughput.gpu_trace_summary`: busy against span, the idle rest by gap size and
+    the largest gaps); the step of median span. Tells launch gaps or syncs inside a step from slow kernels."""
     from torch.profiler import ProfilerActivity, profile
 
-    spans, busies, gaps_all = [], [], []
+    summaries = []
     for _ in range(steps):
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             ex.step(batch)
             torch.cuda.synchronize()
-        evs = sorted(
-            (ev.time_range.start, ev.time_range.end, ev.name)
-            for ev in prof.events()
-            if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0
-        )
-        if not evs:
-            continue
-        busy, end, gaps = 0.0, evs[0][0], []
-        prev = ""
-        for s, e, name in evs:
-            if s > end:
-                gaps.append((s - end, prev[:60], name[:60]))
-            busy += max(0.0, e - max(s, end))
-            if e > end:
-                end, prev = e, name
-        spans.append((end - evs[0][0]) / 1e3)
-        busies.append(busy / 1e3)
-        gaps_all.append(gaps)
-    if not spans:
-        return {}
-    mid = sorted(range(len(spans)), key=lambda i: spans[i])[len(spans) // 2]
-    gaps = gaps_all[mid]
-    return {
-        "span_ms": spans[mid],
-        "busy_ms": busies[mid],
-        "idle_ms": spans[mid] - busies[mid],
-        "gaps": len(gaps),
-        "gaps_over_20us": sum(1 for g in gaps if g[0] > 20),
-        "largest_gaps_us": [
-            {"us": round(g, 1), "after": a, "before": b} for g, a, b in sorted(gaps, reverse=True)[:8]
-        ],
-    }
+        if summary := gpu_trace_summary(prof):
+            summaries.append(summary)
+    return sorted(summaries, key=lambda x: x["span_ms"])[len(summaries) // 2] if summaries else {}
 
 
 def main() -> None:
@@ -279,7 +251,9 @@ def main() -> None:
         if sp:
             print(
                 f"  served under the profiler: span {sp['span_ms']:.2f} ms, busy {sp['busy_ms']:.2f}, idle "
-                f"{sp['idle_ms']:.2f} in {sp['gaps']} gaps ({sp['gaps_over_20us']} over 20 us); largest: "
+                f"{sp['idle_ms']:.2f} in {sp['gaps']} gaps ("
+                + ", ".join(f"{k} {v:.2f} ms" for k, v in sp["idle_ms_by_gap"].items())
+                + "); largest: "
                 + "; ".join(f"{g['us']} us {g['after']} -> {g['before']}" for g in sp["largest_gaps_us"][:4]),
                 flush=True,
             )

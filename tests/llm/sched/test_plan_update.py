@@ -139,28 +139,34 @@ def test_stepbatch_build_and_from_flat_are_one_flattening():
         StepBatch.build(["x", "y"], [[], [1, 2]], [0, 0], [[0], [1]], [[], [4, 5]], [True, True])
 
 
-@pytest.mark.parametrize("fill", [True, False])
-def test_a_step_with_decodes_fills_the_executors_padding_bucket_with_prompt_tokens(fill):
+def _beside_a_decode(buckets: tuple[int, ...], prompt_len: int, **config) -> tuple[Scheduler, object]:
+    """A scheduler over an executor that pads steps with prompt tokens to `buckets`: request "a" decodes
+    (its prompt done) when request "b" of `prompt_len` tokens arrives; returns it and the next plan."""
     import dataclasses
 
-    class Padded:  # an executor that pads steps with prompt tokens to 8, 16 or 32 tokens
-        facts = dataclasses.replace(Facts.facts, step_token_buckets=(8, 16, 32))
+    class Padded:
+        facts = dataclasses.replace(Facts.facts, step_token_buckets=buckets)
 
-    config = SchedulerConfig(
-        max_num_batched_tokens=32,
-        max_prefill_chunk=32,
-        max_prefill_tokens_with_decodes=8,
-        enable_prefix_caching=False,
-        fill_step_buckets=fill,
-    )
-    sched = Scheduler(Padded(), config)
+    sched = Scheduler(Padded(), SchedulerConfig(enable_prefix_caching=False, **config))
     sched.add_request("a", [1, 2, 3, 4], SamplingParams(max_tokens=10))
     plan = sched.schedule()
     sched.computed(plan)
     sched.update(plan, [11])
-    sched.add_request("b", list(range(10, 50)), SamplingParams(max_tokens=2))
+    sched.add_request("b", [10 + i % 30 for i in range(prompt_len)], SamplingParams(max_tokens=2))
+    return sched, sched.schedule()
+
+
+@pytest.mark.parametrize("fill", [True, False])
+def test_a_step_with_decodes_fills_the_executors_padding_bucket_with_prompt_tokens(fill):
+    sched, plan = _beside_a_decode(
+        (8, 16, 32),
+        40,
+        max_num_batched_tokens=32,
+        max_prefill_chunk=32,
+        max_prefill_tokens_with_decodes=8,
+        fill_step_buckets=fill,
+    )
     # a decodes; b is admitted beside it: 8 prompt tokens would make 9, which the executor pads to 16
-    plan = sched.schedule()
     assert plan.batch.query_lens.tolist() == [1, 15 if fill else 8]
     sched.computed(plan)
     sched.update(plan, [12])
@@ -171,25 +177,15 @@ def test_a_step_with_decodes_fills_the_executors_padding_bucket_with_prompt_toke
 
 
 def test_filling_the_bucket_never_passes_the_step_budget_nor_shrinks_the_cap():
-    import dataclasses
-
-    class Padded:
-        facts = dataclasses.replace(Facts.facts, step_token_buckets=(8, 16, 64))
-
     def prompt_tokens(cap, budget):
-        config = SchedulerConfig(
+        _, plan = _beside_a_decode(
+            (8, 16, 64),
+            48,
             max_num_batched_tokens=budget,
             max_prefill_chunk=64,
             max_prefill_tokens_with_decodes=cap,
-            enable_prefix_caching=False,
         )
-        sched = Scheduler(Padded(), config)
-        sched.add_request("a", [1, 2, 3, 4], SamplingParams(max_tokens=10))
-        plan = sched.schedule()
-        sched.computed(plan)
-        sched.update(plan, [11])
-        sched.add_request("b", [10 + i % 30 for i in range(48)], SamplingParams(max_tokens=2))
-        return sched.schedule().batch.query_lens.tolist()[1]
+        return plan.batch.query_lens.tolist()[1]
 
     assert prompt_tokens(15, 64) == 15  # 1 + 15 is a bucket already
     assert prompt_tokens(16, 40) == 39  # the next bucket (64) is past the budget: filled to the budget
