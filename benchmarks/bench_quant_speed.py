@@ -207,6 +207,7 @@ def kernel_profile(model, prompt: list[int], tokens: int = 32, pdl: bool = True)
     import os
 
     from bench_serving import LLMEngine, SamplingParams, TorchExecutor
+    from bench_throughput import gpu_trace_summary
     from torch.profiler import ProfilerActivity, profile
 
     from trtforge.kernels.gemv import pdl_supported
@@ -238,12 +239,34 @@ def kernel_profile(model, prompt: list[int], tokens: int = 32, pdl: bool = True)
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             sums[ev.name] = sums.get(ev.name, 0.0) + ev.device_time / tokens  # us a token
     top = sorted(sums.items(), key=lambda kv: -kv[1])[:12]
+    trace = gpu_trace_summary(prof)
     return {
         "pdl": pdl,
         "wall_us_per_token_profiled": wall_us,
         "kernel_us_per_token": sum(sums.values()),
+        "busy_us_per_token_profiled": trace["busy_ms"] * 1e3 / tokens if trace else None,
+        "graph_replay_us": _graph_replay_us(ex),
+        "trace": trace,
         "top": [[n[:90], round(us, 2)] for n, us in top],
     }
+
+
+def _graph_replay_us(ex, reps: int = 100) -> dict[str, float]:
+    """The device time of each captured decode graph alone: `reps` back-to-back replays between CUDA
+    events, us a replay (its kernels and the launch gaps inside it; no host work, no eager kernels).
+    Beside the served ms/token it tells a device-bound step from one that waits for the host."""
+    out = {}
+    for key, graph in sorted(ex._graphs.items()):  # (batch bucket, width bucket, q_len, gemv rows)
+        graph.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        out["x".join(map(str, key))] = start.elapsed_time(end) * 1e3 / reps
+    return out
 
 
 INT4_MMA_KNOBS = ("early", "late", "gr72", "nogr", "first", "nofirst", "onepass", "twopass")
@@ -333,7 +356,9 @@ def single_part(
                         out[key] = prof
                         print(
                             f"{key}: {prof['kernel_us_per_token']:.1f} us of kernels a token "
-                            f"({prof['wall_us_per_token_profiled']:.1f} us a token of wall while profiled)"
+                            f"({prof['wall_us_per_token_profiled']:.1f} us a token of wall while profiled; "
+                            f"device busy {prof['busy_us_per_token_profiled']:.1f} us a token; decode graphs "
+                            f"alone, us a replay: {json.dumps(prof['graph_replay_us'])})"
                         )
                         for kname, us in prof["top"]:
                             print(f"    {us:8.2f} us  {kname}", flush=True)
