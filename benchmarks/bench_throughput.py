@@ -785,6 +785,15 @@ def main() -> None:
         "(TritonPagedAttention.concurrent) off / on; default on as served (off for --tiny: CPU attention)",
     )
     ap.add_argument(
+        "--decode-tiles-by-keys",
+        nargs="+",
+        choices=("off", "on"),
+        default=["on"],
+        help="executor variants: 16-bit decode attention's tile by the keys a launch may see "
+        "(decode_attention.DECODE_CONFIG_BY_KEYS; on by default) or 64-key tiles everywhere (off); the "
+        "decode graphs are captured again whenever it changes between runs",
+    )
+    ap.add_argument(
         "--quantization",
         choices=("none", "fp8"),
         default="none",
@@ -941,12 +950,13 @@ def main() -> None:
     results["fp8_mid_max_tokens"] = quant_linear.FP8_MID_MAX_TOKENS
     results["fp8_mid_fold_residual"] = quant_linear.FP8_MID_FOLD_RESIDUAL
     variants = [
-        (m, p, r == "on", c == "on", f == "on")
+        (m, p, r == "on", c == "on", f == "on", t == "on")
         for m in args.max_num_seqs
         for p in args.prefill_with_decodes
         for r in args.reserve_max_tokens
         for c in args.concurrent_attention
         for f in args.fill_step_buckets
+        for t in args.decode_tiles_by_keys
     ]
     if args.plan_only:
         kv_tokens = int(args.assume_kv_gb * 1e9 // shape.kv_bytes_per_token)
@@ -972,13 +982,31 @@ def main() -> None:
     run_all(model, variants, args, shape, scale, device, results)
 
 
-def variant_key(mns: int, pwd: int, reserve: bool, concurrent: bool = False, fill: bool = True) -> str:
+def variant_key(
+    mns: int, pwd: int, reserve: bool, concurrent: bool = False, fill: bool = True, tiles: bool = True
+) -> str:
     return (
         f"seqs{mns}_pwd{pwd}"
         + ("_reserve" if reserve else "")
         + ("_concurrent" if concurrent else "")
         + ("" if fill else "_nofill")
+        + ("" if tiles else "_tiles64")
     )
+
+
+def set_decode_tiles_by_keys(ex: TorchExecutor, graphs: Any, on: bool) -> None:
+    """Switch decode_attention.DECODE_CONFIG_BY_KEYS; the decode graphs, which hold the launches they
+    captured, are captured again (mixed steps plan their attention each step)."""
+    import trtforge.kernels.decode_attention as decode_attention
+
+    current = decode_attention.DECODE_CONFIG_BY_KEYS
+    if current == on:
+        return
+    decode_attention.DECODE_CONFIG_BY_KEYS = on
+    if ex.num_cuda_graphs:
+        ex._graphs.clear()
+        gc.collect()
+        ex.capture_decode_graphs(max_batch=graphs.max_decode_batch, q_lens=graphs.q_lens)
 
 
 def run_all(model, variants, args, shape: Shape, scale: float, device: str, results: dict) -> None:
@@ -1055,12 +1083,13 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     )
     probe = StepProbe(ex, cuda, shape)
     configs = {
-        variant_key(m, p, r, c, f): dataclasses.replace(
+        variant_key(m, p, r, c, f, t): dataclasses.replace(
             base, max_num_seqs=m, max_prefill_tokens_with_decodes=p, reserve_max_tokens=r, fill_step_buckets=f
         )
-        for m, p, r, c, f in variants
+        for m, p, r, c, f, t in variants
     }
     concurrent = {variant_key(*v): v[3] for v in variants}  # the executor's attention, per variant
+    tiles = {variant_key(*v): v[5] for v in variants}
     if any(concurrent.values()) and not hasattr(ex.attention, "concurrent"):
         raise SystemExit(
             f"--concurrent-attention on needs the Triton attention; this executor runs {ex.kernels}"
@@ -1072,14 +1101,20 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     lens = [int(x * scale) for x in (16, 128, 1000, 2048, 64, 700, 1500, 2040)] * 4
     warm = [(rng.integers(3, shape.vocab, size=max(1, k)).tolist(), 4) for k in lens]
     warm += [(rng.integers(3, shape.vocab, size=8).tolist(), 6) for _ in range(widest)]
-    for flag in sorted(set(concurrent.values())):  # each attention variant meets its kernels here
-        if hasattr(ex.attention, "concurrent"):
+    for flag, by_keys in sorted({(concurrent[k], tiles[k]) for k in configs}):  # each attention variant
+        if hasattr(ex.attention, "concurrent"):  # meets its kernels here
             ex.attention.concurrent = flag
+        set_decode_tiles_by_keys(ex, graphs, by_keys)
         run_workload(probe, configs[variant_key(*variants[-1])], warm, None)
     results["executor"]["warmup_s"] = time.perf_counter() - t
     print(f"warm-up {results['executor']['warmup_s']:.1f} s", flush=True)
     results["variants"] = {
-        k: {"scheduler": dataclasses.asdict(c), "concurrent_attention": concurrent[k], "workloads": {}}
+        k: {
+            "scheduler": dataclasses.asdict(c),
+            "concurrent_attention": concurrent[k],
+            "decode_tiles_by_keys": tiles[k],
+            "workloads": {},
+        }
         for k, c in configs.items()
     }
     for mns in sorted({m for m, *_ in variants}):
@@ -1093,6 +1128,7 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
             mns = config.max_num_seqs
             if hasattr(ex.attention, "concurrent"):
                 ex.attention.concurrent = concurrent[key]
+            set_decode_tiles_by_keys(ex, graphs, tiles[key])
             reqs = make_requests(name, requests_for(name, args, mns, kv_tokens, scale), shape.vocab, scale)
             t = time.perf_counter()
             run_workload(probe, config, warm_slice(reqs, mns, scale, shape.vocab), None)

@@ -257,6 +257,30 @@ def test_small_decode_buckets_take_one_tile_a_split():
     assert TritonDecodeAttention(fixed).config_for(1, 4, 64, 512) == fixed
 
 
+def test_decode_tiles_follow_the_keys_a_launch_may_see(monkeypatch):
+    """16-bit pools past the small work: 32-key tiles up to SHORT_DECODE_KEYS keys (the table's width in
+    keys), 128-key tiles from LONG_DECODE_KEYS, 64 between; DECODE_CONFIG_BY_KEYS off keeps 64."""
+    from trtforge.kernels import decode_attention as da
+    from trtforge.llm.executors.triton_attention import TritonDecodeAttention
+
+    attn = TritonDecodeAttention()
+    pool = torch.zeros(64, 16, 8, 128, dtype=torch.bfloat16)
+    block_n = {}
+    for width in (8, 16, 17, 47, 48, 96, 192):  # blocks of 16 keys
+        tables = torch.zeros(256, width, dtype=torch.int32)
+        block_n[width * 16] = attn.pool_config(256, pool, tables, None, torch.device("cpu")).block_n
+    assert da.SHORT_DECODE_KEYS == 256 and da.LONG_DECODE_KEYS == 768
+    assert block_n == {128: 32, 256: 32, 272: 64, 752: 64, 768: 128, 1536: 128, 3072: 128}
+    # a sliding window bounds the keys: 100 + 1 + 128 keys of a 3,072-key table take short tiles
+    wide = torch.zeros(256, 192, dtype=torch.int32)
+    assert attn.pool_config(256, pool, wide, 100, torch.device("cpu")) == da.SHORT_KEYS_DECODE_CONFIG
+    # small work (one sequence) still splits 64-key tiles, whatever its keys
+    assert attn.config_for(1, 8, 128, 3072, num_sms=132).block_n == 64
+    assert da.default_decode_config(256, max_keys=3072).block_n == 32  # wide D: registers rule
+    monkeypatch.setattr(da, "DECODE_CONFIG_BY_KEYS", False)
+    assert attn.config_for(256, 8, 128, 3072) == da.default_decode_config(128) == da.DecodeConfig(64, 4, 3)
+
+
 def test_fp8_pools_take_their_own_decode_launch():
     """FP8 pools launch FP8_KV_DECODE_CONFIG (128-key tiles: the bytes of a 64-key BF16 tile; the H200
     sweep's best at every served shape), chosen from the pool's dtype wherever the step plans it."""
@@ -266,7 +290,7 @@ def test_fp8_pools_take_their_own_decode_launch():
 
     assert (da.FP8_KV_DECODE_CONFIG.block_n, da.FP8_KV_DECODE_CONFIG.num_stages) == (128, 2)
     attn = TritonDecodeAttention()
-    bf16 = da.default_decode_config(128)
+    bf16 = da.default_decode_config(128, max_keys=64 * 16)
     for dtype, want in ((FP8_KV_DTYPE, da.FP8_KV_DECODE_CONFIG), (torch.bfloat16, bf16)):
         pool = torch.zeros(64, 16, 8, 128, dtype=dtype)
         tables = torch.zeros(256, 64, dtype=torch.int32)

@@ -111,13 +111,35 @@ def fp16_products(kv_dtype: torch.dtype) -> bool:
     return FP8_KV_F16 and kv_dtype == FP8_KV_DTYPE
 
 
-def default_decode_config(head_dim: int, kv_dtype: torch.dtype | None = None) -> DecodeConfig:
-    """The configuration used without an explicit one (smaller tiles where a wide D fills registers;
-    FP8 pools: :data:`FP8_KV_DECODE_CONFIG`)."""
+# 16-bit pools, head dims up to 128: the tile follows the keys a launch may see (its block table's
+# width), when the caller passes them. H200 sweep (benchmarks/sweep_paged_decode_splits.py, results/
+# paged_decode_configs_s24.json; Hq 32 / Hkv 8 / D 128, pages of 16, heuristic splits): at 190 keys
+# 32-key tiles over 4 stages took 64.4 us for 241 rows and 106.8 for 425 against 64-key tiles' 67.8 and
+# 110.3; at 1,000 keys 128-key tiles over 2 stages took 196.8 us for 190 rows and 264.1 for 256 against
+# 208.6 and 288.7, and at 2,100 keys 147.7 for 62 rows against 159.9. DECODE_CONFIG_BY_KEYS False keeps
+# 64-key tiles everywhere (a module setting, for benchmarks to compare before the graphs are captured).
+SHORT_KEYS_DECODE_CONFIG = DecodeConfig(block_n=32, num_warps=4, num_stages=4)
+LONG_KEYS_DECODE_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2)
+SHORT_DECODE_KEYS = 256  # up to this many keys: SHORT_KEYS_DECODE_CONFIG
+LONG_DECODE_KEYS = 768  # from this many keys: LONG_KEYS_DECODE_CONFIG
+DECODE_CONFIG_BY_KEYS = True
+
+
+def default_decode_config(
+    head_dim: int, kv_dtype: torch.dtype | None = None, max_keys: int | None = None
+) -> DecodeConfig:
+    """The configuration used without an explicit one: smaller tiles where a wide D fills registers;
+    FP8 pools: :data:`FP8_KV_DECODE_CONFIG`; 16-bit pools over up to `max_keys` keys (when given):
+    short tiles for short contexts and long ones for long (:data:`DECODE_CONFIG_BY_KEYS`)."""
     if kv_dtype == FP8_KV_DTYPE and head_dim <= 128:
         return FP8_KV_DECODE_CONFIG
     if head_dim > 128:
         return DecodeConfig(block_n=32, num_warps=4, num_stages=2)
+    if max_keys is not None and DECODE_CONFIG_BY_KEYS:
+        if max_keys <= SHORT_DECODE_KEYS:
+            return SHORT_KEYS_DECODE_CONFIG
+        if max_keys >= LONG_DECODE_KEYS:
+            return LONG_KEYS_DECODE_CONFIG
     return DecodeConfig(block_n=64, num_warps=4, num_stages=3)
 
 

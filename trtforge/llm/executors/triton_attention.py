@@ -91,7 +91,8 @@ class TritonDecodeAttention:
         kv_dtype: torch.dtype | None = None,
     ) -> Any:
         """The DecodeConfig for `batch` sequences of `kv_heads` heads over up to `max_keys` keys in pools
-        of `kv_dtype` (None: the query's type)."""
+        of `kv_dtype` (None: the query's type): small work splits 64-key tiles, the rest takes the
+        kernel's default for `max_keys`."""
         from dataclasses import replace
 
         from trtforge.kernels.decode_attention import default_decode_config
@@ -100,8 +101,8 @@ class TritonDecodeAttention:
             return self.config
         config = default_decode_config(head_dim, kv_dtype)
         if batch * kv_heads * max_keys <= self.small_work and config.block_n == SMALL_DECODE_TILE:
-            config = replace(config, num_splits=small_decode_splits(batch * kv_heads, max_keys, num_sms))
-        return config
+            return replace(config, num_splits=small_decode_splits(batch * kv_heads, max_keys, num_sms))
+        return default_decode_config(head_dim, kv_dtype, max_keys)
 
     def pool_config(
         self,
