@@ -272,18 +272,6 @@ def _graph_replay_us(ex, reps: int = 100) -> dict[str, float]:
 INT4_MMA_KNOBS = ("early", "late", "gr72", "nogr", "first", "nofirst", "onepass", "twopass")
 
 
-def _fp8_gemv_setting(text: str) -> str:
-    """--fp8-gemv-reduce's value: on, off or persist-ROWS-WARPS-PROGRAMS_PER_SM."""
-    parts = text.split("-")
-    if text in ("on", "off") or (
-        parts[0] == "persist" and len(parts) == 4 and all(p.isdigit() for p in parts[1:])
-    ):
-        return text
-    raise argparse.ArgumentTypeError(
-        f"--fp8-gemv-reduce takes on, off or persist-R-W-P (e.g. persist-2-4-4), not {text!r}"
-    )
-
-
 def _int4_mma_setting(text: str) -> str:
     """--int4-mma's value: on, off, or knobs joined by + (INT4_MMA_KNOBS)."""
     if not (text in ("on", "off") or all(kn in INT4_MMA_KNOBS for kn in text.split("+"))):
@@ -315,7 +303,7 @@ def single_part(
     from trtforge.kernels import int4_mma as int4_mma_mod
 
     rule = gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM
-    persist_default = gemv_mod.FP8_PERSIST
+    wide = gemv_mod.FP8_REDUCE_WIDE_MIN_PROGRAMS_PER_SM
     argmax_default = argmax_mod.FAST_ARGMAX
     early_default, gated_maxnreg = int4_mma_mod.EARLY_WEIGHTS, int4_mma_mod.GATED_MAXNREG
     first_default, one_pass_default = int4_mma_mod.FIRST_LOADS_EARLY, int4_mma_mod.ONE_PASS_NORM
@@ -338,8 +326,8 @@ def single_part(
                 argmax_mod.FAST_ARGMAX = fast == "on"
                 off = label == "reduce" and setting == "off"
                 gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = float("inf") if off else rule
-                persist = label == "reduce" and setting.startswith("persist-")
-                gemv_mod.FP8_PERSIST = tuple(map(int, setting.split("-")[1:])) if persist else persist_default
+                rows4 = label == "reduce" and setting == "rows4"
+                gemv_mod.FP8_REDUCE_WIDE_MIN_PROGRAMS_PER_SM = float("inf") if rows4 else wide
                 gemv_mod.INT4_MMA = label != "mma" or setting != "off"
                 knobs = setting.split("+") if label == "mma" else []
                 int4_mma_mod.EARLY_WEIGHTS = "late" not in knobs and ("early" in knobs or early_default)
@@ -378,7 +366,7 @@ def single_part(
                         for kname, us in prof["top"]:
                             print(f"    {us:8.2f} us  {kname}", flush=True)
             gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = rule
-            gemv_mod.FP8_PERSIST = persist_default
+            gemv_mod.FP8_REDUCE_WIDE_MIN_PROGRAMS_PER_SM = wide
             gemv_mod.INT4_MMA = True
             int4_mma_mod.EARLY_WEIGHTS = early_default
             int4_mma_mod.GATED_MAXNREG = gated_maxnreg
@@ -463,12 +451,13 @@ def main() -> None:
     ap.add_argument(
         "--fp8-gemv-reduce",
         nargs="+",
-        type=_fp8_gemv_setting,
+        choices=("on", "off", "rows4"),
         default=["on"],
         help="single stream: one-row FP8 GEMVs with many programs sum each chunk as it comes (on: the "
-        "default, gemv.FP8_REDUCE_MIN_PROGRAMS_PER_SM) or keep their partials to the end (off), or those "
-        "with K in one chunk run the persistent kernel (persist-ROWS-WARPS-PROGRAMS_PER_SM: gemv."
-        "FP8_PERSIST); 'on off' times both on the same model, the first named is the variant's figure",
+        "default, gemv.FP8_REDUCE_MIN_PROGRAMS_PER_SM; rows4: 8 weight rows a program only past that many "
+        "programs at 8 rows, the rule before gemv.FP8_REDUCE_WIDE_MIN_PROGRAMS_PER_SM) or keep their "
+        "partials to the end (off); "
+        "'on off' times both on the same model, the first named is the variant's figure",
     )
     ap.add_argument(
         "--int4-mma",

@@ -14,9 +14,8 @@ and TB/s of weight bytes (codes + scales + offsets; H200 HBM3e peak 4.8 TB/s). P
 best config per (shape, format, M) next to ``default_config``'s, then the per-token FP8 activation
 quantization kernel (:mod:`trtforge.kernels.fp8_rows`) and ``torch._scaled_mm`` at M = 1..4096
 (graph-timed: no host overhead). ``--quick``: a smaller grid (~3 min on an H200 with Triton's
-compiles); ``--loops plain,reduce,persist`` (the default) times each one-row 16-bit / FP8 config with
-partials kept to the end and summed each chunk (``GemvConfig.reduce``), and where K fits one chunk the
-persistent kernel at 1-6 programs an SM (``GemvConfig.persist``, timed first); ``--budget-s`` is
+compiles); ``--loops plain,reduce`` (the default) times each one-row 16-bit / FP8 config with partials
+kept to the end and summed each chunk (``GemvConfig.reduce``); ``--budget-s`` is
 split evenly over the (shape, format, M) entries, each trying the configs nearest its default first and
 starting no new one past its share.
 """
@@ -44,8 +43,7 @@ SHAPES = {  # name: (output rows (gate/up: pairs), K, norm, gated, residual)
 }
 DEFAULT_SHAPES = ("qkv", "o", "gate_up", "down")
 LAUNCHES = 20  # per graph
-LOOPS = {"plain": False, "reduce": True, "persist": True}  # one-row loops: GemvConfig.reduce / .persist
-PERSIST = (1, 2, 3, 4, 6)  # programs an SM of the persistent one-row kernel
+LOOPS = {"plain": False, "reduce": True}  # one-row GEMV loops: GemvConfig.reduce
 L2_DEFEAT_BYTES = 256e6  # weight copies rotated per graph: at least this many bytes in all
 
 
@@ -71,25 +69,6 @@ def grid(fmt: str, m: int, gated: bool, quick: bool) -> list:
         if bn >= 1:
             out.append(GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=st, dot=False))
     return list(dict.fromkeys(out))
-
-
-def persist_grid(fmt: str, k: int, gated: bool, quick: bool) -> list:
-    """Configs of the persistent one-row kernel (GemvConfig.persist; K in one chunk), 16-bit or FP8."""
-    from trtforge.kernels.gemv import GemvConfig
-
-    rows = (2, 4) if quick else (2, 4, 8)
-    bk = triton_next_pow2(k)
-    out = []
-    for r, w, p in itertools.product(rows, (4, 8), PERSIST):
-        bn = r // (2 if gated else 1)
-        if bn >= 1 and bk <= 4096 and fmt in ("bf16", "fp8"):
-            out.append(GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=1, reduce=True, persist=p))
-    return out
-
-
-def triton_next_pow2(n: int) -> int:
-    """The smallest power of two >= n (triton.next_power_of_2, without importing Triton here)."""
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def nearest_first(cands: list, dflt) -> list:
@@ -202,11 +181,10 @@ def sweep_gemv(
                 results = []
                 one_row = m == 1 and fmt != "int4"
                 runs = [dataclasses.replace(c, reduce=LOOPS[lp]) for c in cands for lp in loops
-                        if lp != "persist" and (one_row or lp == "plain")]  # fmt: skip
-                persist = persist_grid(fmt, k, gated, quick) if one_row and "persist" in loops else []
-                runs = list(dict.fromkeys([dflt, *persist, *runs]))  # (persist first: the new kernel)
+                        if one_row or lp == "plain"]  # fmt: skip
+                runs = list(dict.fromkeys([dflt, *runs]))
                 for cfg in runs:
-                    lp = "persist" if cfg.persist else "reduce" if cfg.reduce else "plain"
+                    lp = "reduce" if cfg.reduce else "plain"
                     if time.perf_counter() > deadline and results:
                         print(f"  (budget spent: {shape} {fmt} M={m} stops after {len(results)} configs)")
                         break
@@ -224,10 +202,9 @@ def sweep_gemv(
                     results.append(row)
                     flag = "" if row.get("rel_err", 1) < 2e-2 else "  <-- WRONG"
                     c = cfg
-                    lp_text = f"{lp} {c.persist}" if c.persist else lp
                     print(
                         f"{shape:8s} {fmt:5s} M={m} bn={c.block_n:2d} bk={c.block_k:5d} w={c.num_warps} "
-                        f"st={c.num_stages} {lp_text:15s} {'(default)' if row['default'] else '         '} "
+                        f"st={c.num_stages} {lp:15s} {'(default)' if row['default'] else '         '} "
                         + (
                             f"{row['us']:8.2f} us {row['tb_per_s']:5.2f} TB/s err {row['rel_err']:.1e}{flag}"
                             if "us" in row

@@ -482,58 +482,15 @@ def test_one_row_gemv_reducing_loop_matches_the_reference(device, fmt):
     torch.testing.assert_close(reduced, plain, atol=3e-2, rtol=2e-2)
 
 
-@needs_triton
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fmt", ["fp16", "fp8"])
-def test_persistent_one_row_gemv_matches_the_reducing_loop(device, fmt):
-    """GemvConfig.persist: a few programs, each looping over column blocks (the last one ragged, K
-    shorter than the chunk) with the next block's weights prefetched. The norm, gated and residual forms
-    equal the reducing loop's one-chunk sums to a rounding, and the float reference within tolerance;
-    configs it cannot serve are refused by name."""
-    from trtforge.kernels import gemv as gemv_mod
-
-    skip_unless_runs_here(device)
-    inter, k = 22, 200
-    x, w, nw = _fp8_operands(device, 1, 2 * inter, k, seed=17)
-    wd = torch.randn(k, inter, generator=torch.Generator().manual_seed(18)) / inter**0.5
-    if fmt == "fp8":
-        q, qd = _to(quantize_fp8(w), device), _to(quantize_fp8(wd), device)
-    else:
-        q, qd = w.to(device=device, dtype=x.dtype), wd.to(device=device, dtype=x.dtype)
-    runs = {}
-    for persist in (0, 3):
-        cfg = gemv_mod.GemvConfig(block_n=4, block_k=256, num_stages=1, reduce=True, persist=persist)
-        cfg_d = gemv_mod.GemvConfig(block_n=4, block_k=32, num_stages=1, reduce=True, persist=persist)
-        a = gemv_mod.norm_gate_up_silu(x, nw, 1e-6, q, config=cfg)
-        runs[persist] = (
-            gemv_mod.norm_gemv(x, nw, 1e-6, q, config=cfg),
-            a,
-            gemv_mod.gemv_residual(a.contiguous(), qd, x[:, :k], config=cfg_d),
-        )
-    dq = q.dequantize().cpu() if fmt == "fp8" else q.float().cpu()
-    want = _rms_ref(x, nw, 1e-6).float().cpu() @ dq.t()
-    g, u = want.to(x.dtype).float().split(inter, dim=1)
-    want_a = (torch.nn.functional.silu(g.to(x.dtype).float()).to(x.dtype).float() * u).to(x.dtype).float()
-    dqd = qd.dequantize().cpu() if fmt == "fp8" else qd.float().cpu()
-    want_d = (runs[3][1].float().cpu() @ dqd.t() + x[:, :k].float().cpu()).to(x.dtype).float()
-    norm_out, gated, resid = (t.float().cpu() for t in runs[3])
-    torch.testing.assert_close(norm_out, want.to(x.dtype).float(), atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(gated, want_a, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(resid, want_d, atol=2e-2, rtol=2e-2)
-    for got, ref in zip(runs[3], runs[0]):
-        torch.testing.assert_close(got.float().cpu(), ref.float().cpu(), atol=1e-2, rtol=1e-2)
-    with pytest.raises(ValueError, match=r"persist=2.*one row of x.*K 200 over chunks of 128"):
-        gemv_mod.norm_gemv(x, nw, 1e-6, q, config=gemv_mod.GemvConfig(block_k=128, persist=2))
-
-
 def test_one_row_fp8_gemvs_reduce_where_programs_are_many():
     """default_config's loop rule at the Llama-3-8B shapes on 132 SMs (the H200 loop sweeps): qkv,
-    gate_up and the lm_head (>= 10 programs an SM) sum each 16,384-code chunk as it comes, over 4 rows
-    x 4,096 (qkv: 8 rows would leave too few programs), 4 pairs x 2,048 and 8 rows x 2,048; o and down
-    keep the plain loop; 16-bit weights, INT4 and FP8 at more than one row never reduce."""
+    gate_up and the lm_head (>= 10 programs an SM at 4 rows) sum each 16,384-code chunk as it comes, over
+    8 rows x 2,048 (qkv: 5.8 programs an SM at 8 rows, FP8_REDUCE_WIDE_MIN_PROGRAMS_PER_SM), 4 pairs x
+    2,048 and 8 rows x 2,048; o and down keep the plain loop; 16-bit weights, INT4 and FP8 at more than
+    one row never reduce."""
     from trtforge.kernels.gemv import default_config
 
-    for n, k, gated, bn, bk in ((6144, 4096, False, 4, 4096), (14336, 4096, True, 4, 2048),
+    for n, k, gated, bn, bk in ((6144, 4096, False, 8, 2048), (14336, 4096, True, 4, 2048),
                                 (128256, 4096, False, 8, 2048)):  # fmt: skip
         cfg = default_config(1, n, k, gated, 132, "fp8")
         assert cfg.reduce and (cfg.block_n, cfg.block_k, cfg.num_warps) == (bn, bk, 4), (n, cfg)

@@ -250,7 +250,7 @@ def test_small_decode_buckets_take_one_tile_a_split():
     assert attn.config_for(16, 4, 64, 512, num_sms=132).num_splits == 4  # 264 programs // 64
     assert attn.config_for(2, 4, 64, 40, num_sms=132).num_splits == 1  # under one tile
     # past the small work, and for head dims whose default tiles are not 64 keys: the kernel's default
-    assert attn.config_for(64, 4, 64, 512, num_sms=132) == default_decode_config(64)
+    assert attn.config_for(64, 4, 64, 512, num_sms=132) == default_decode_config(64, max_keys=512)
     assert SMALL_DECODE_WORK < 64 * 4 * 512
     assert attn.config_for(1, 4, 256, 512, num_sms=132) == default_decode_config(256)
     fixed = DecodeConfig(32, 4, 2, 3)
@@ -259,7 +259,7 @@ def test_small_decode_buckets_take_one_tile_a_split():
 
 def test_decode_tiles_follow_the_keys_a_launch_may_see(monkeypatch):
     """16-bit pools past the small work: 32-key tiles up to SHORT_DECODE_KEYS keys (the table's width in
-    keys), 128-key tiles from LONG_DECODE_KEYS, 64 between; DECODE_CONFIG_BY_KEYS off keeps 64."""
+    keys), 128-key tiles past it; DECODE_CONFIG_BY_KEYS off keeps 64."""
     from trtforge.kernels import decode_attention as da
     from trtforge.llm.executors.triton_attention import TritonDecodeAttention
 
@@ -269,8 +269,8 @@ def test_decode_tiles_follow_the_keys_a_launch_may_see(monkeypatch):
     for width in (8, 16, 17, 47, 48, 96, 192):  # blocks of 16 keys
         tables = torch.zeros(256, width, dtype=torch.int32)
         block_n[width * 16] = attn.pool_config(256, pool, tables, None, torch.device("cpu")).block_n
-    assert da.SHORT_DECODE_KEYS == 256 and da.LONG_DECODE_KEYS == 768
-    assert block_n == {128: 32, 256: 32, 272: 64, 752: 64, 768: 128, 1536: 128, 3072: 128}
+    assert da.SHORT_DECODE_KEYS == 256
+    assert block_n == {128: 32, 256: 32, 272: 128, 752: 128, 768: 128, 1536: 128, 3072: 128}
     # a sliding window bounds the keys: 100 + 1 + 128 keys of a 3,072-key table take short tiles
     wide = torch.zeros(256, 192, dtype=torch.int32)
     assert attn.pool_config(256, pool, wide, 100, torch.device("cpu")) == da.SHORT_KEYS_DECODE_CONFIG

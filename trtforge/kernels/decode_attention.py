@@ -112,16 +112,16 @@ def fp16_products(kv_dtype: torch.dtype) -> bool:
 
 
 # 16-bit pools, head dims up to 128: the tile follows the keys a launch may see (its block table's
-# width), when the caller passes them. H200 sweep (benchmarks/sweep_paged_decode_splits.py, results/
-# paged_decode_configs_s24.json; Hq 32 / Hkv 8 / D 128, pages of 16, heuristic splits): at 190 keys
-# 32-key tiles over 4 stages took 64.4 us for 241 rows and 106.8 for 425 against 64-key tiles' 67.8 and
-# 110.3; at 1,000 keys 128-key tiles over 2 stages took 196.8 us for 190 rows and 264.1 for 256 against
-# 208.6 and 288.7, and at 2,100 keys 147.7 for 62 rows against 159.9. DECODE_CONFIG_BY_KEYS False keeps
-# 64-key tiles everywhere (a module setting, for benchmarks to compare before the graphs are captured).
+# width), when the caller passes them. H200 sweeps (benchmarks/sweep_paged_decode_splits.py, results/
+# paged_decode_configs_s24.json and _s24_mid.json; Hq 32 / Hkv 8 / D 128, pages of 16, heuristic splits),
+# against the 64-key tiles over 3 stages that served every length before: at 190 keys 32-key tiles over
+# 4 stages took 64.4 us for 241 rows and 106.8 for 425 (64-key: 67.8, 110.3; 128-key: 71.3, 111.5); from
+# 300 keys 128-key tiles over 2 stages win: 256 rows at 300 keys 101.0 us (105.0), at 600 166.4 (187.7),
+# at 1,000 264.1 (288.7), 62 rows at 2,100 keys 147.7 (159.9). DECODE_CONFIG_BY_KEYS False keeps 64-key
+# tiles everywhere (a module setting, for benchmarks to compare before the graphs are captured).
 SHORT_KEYS_DECODE_CONFIG = DecodeConfig(block_n=32, num_warps=4, num_stages=4)
 LONG_KEYS_DECODE_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2)
-SHORT_DECODE_KEYS = 256  # up to this many keys: SHORT_KEYS_DECODE_CONFIG
-LONG_DECODE_KEYS = 768  # from this many keys: LONG_KEYS_DECODE_CONFIG
+SHORT_DECODE_KEYS = 256  # up to this many keys: SHORT_KEYS_DECODE_CONFIG; past it LONG_KEYS_DECODE_CONFIG
 DECODE_CONFIG_BY_KEYS = True
 
 
@@ -136,10 +136,7 @@ def default_decode_config(
     if head_dim > 128:
         return DecodeConfig(block_n=32, num_warps=4, num_stages=2)
     if max_keys is not None and DECODE_CONFIG_BY_KEYS:
-        if max_keys <= SHORT_DECODE_KEYS:
-            return SHORT_KEYS_DECODE_CONFIG
-        if max_keys >= LONG_DECODE_KEYS:
-            return LONG_KEYS_DECODE_CONFIG
+        return SHORT_KEYS_DECODE_CONFIG if max_keys <= SHORT_DECODE_KEYS else LONG_KEYS_DECODE_CONFIG
     return DecodeConfig(block_n=64, num_warps=4, num_stages=3)
 
 

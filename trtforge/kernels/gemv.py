@@ -54,9 +54,7 @@ class GemvConfig:
     chunk product runs on the tensor cores (``tl.dot`` over rows padded to 16) or as FP32 FMAs, and
     (one row, 16-bit or FP8 weights) whether each chunk's products are summed as they come (`reduce`:
     ``[BLOCK_N]`` partials rather than ``[BLOCK_N, BLOCK_K]``, so fewer registers and more programs an
-    SM; the sums' order differs, not bit-identical). `persist` > 0 (one row, 16-bit or FP8 weights, K in
-    one chunk, no bias): that many programs an SM, each looping over column blocks with the next
-    block's weights requested before this block's products (:func:`_gemv_row_kernel`)."""
+    SM; the sums' order differs, not bit-identical)."""
 
     block_n: int = 16
     block_k: int = 256
@@ -64,7 +62,6 @@ class GemvConfig:
     num_stages: int = 3
     dot: bool = False
     reduce: bool = False
-    persist: int = 0
 
 
 @triton.jit
@@ -342,17 +339,6 @@ def _gemv_kernel(
                 acc += tl.sum(xf * w.to(tl.float32)[None, :, :], 2)
                 if GATED:
                     acc_up += tl.sum(xf * wu.to(tl.float32)[None, :, :], 2)
-    _epilogue(acc, acc_up, Out, Res, Bias, WScale, offs_m, m_ok, offs_n, n_ok, up_rows, stride_om, stride_rm,
-              WFMT, HAS_BIAS, GATED, HAS_RES)  # fmt: skip
-
-
-@triton.jit
-def _epilogue(acc, acc_up, Out, Res, Bias, WScale, offs_m, m_ok, offs_n, n_ok, up_rows, stride_om, stride_rm,
-              WFMT: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-              HAS_RES: tl.constexpr):  # fmt: skip
-    """Store ``[BLOCK_M, BLOCK_N]`` sums: FP8 rows times their scales, the bias, ``silu(gate) * up``
-    (GATED, rounded as the eager path), the residual added to the FP32 sum."""
-    dtype = Out.dtype.element_ty
     if WFMT == 1:  # the per-row E4M3 scales
         acc = acc * tl.load(WScale + offs_n, mask=n_ok, other=0.0)[None, :]
         if GATED:
@@ -367,69 +353,7 @@ def _epilogue(acc, acc_up, Out, Res, Bias, WScale, offs_m, m_ok, offs_n, n_ok, u
         r = tl.load(Res + offs_m[:, None] * stride_rm + offs_n[None, :], mask=m_ok[:, None] & n_ok[None, :])
         acc += r.to(tl.float32)
     out = Out + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def _gemv_row_kernel(
-    X,
-    W,
-    Out,
-    Res,
-    NormW,
-    WScale,
-    N,
-    K,
-    stride_wn,
-    up_rows,
-    eps,
-    NORM: tl.constexpr,
-    GATED: tl.constexpr,
-    HAS_RES: tl.constexpr,
-    PDL: tl.constexpr,
-    WFMT: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """One row of x (K <= BLOCK_K: one chunk) against column blocks pid, pid + P, ... (P programs).
-    x is read, and normalized under NORM, once a program rather than once a block, and the next
-    block's weights are requested before this block's products, so each program keeps a block's loads
-    in flight while it computes (registers hold two blocks). Sums, roundings and the epilogue are the
-    reducing loop's (:func:`_gemv_kernel` with REDUCE) over one chunk. WFMT 0: 16-bit, 1: FP8 weights."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    nblocks = tl.cdiv(N, BLOCK_N)
-    arange_n = tl.arange(0, BLOCK_N)
-    arange_k = tl.arange(0, BLOCK_K)
-    offs_m = tl.arange(0, 1)
-    m_ok = offs_m < 1
-    k_ok = arange_k < K
-    dtype = Out.dtype.element_ty
-    offs_n = pid * BLOCK_N + arange_n
-    w, wu = _w_chunk(W + offs_n.to(tl.int64)[:, None] * stride_wn, 0, arange_k, offs_n < N, K, stride_wn,
-                     up_rows, GATED)  # fmt: skip
-    if PDL:
-        gdc_wait()  # the previous kernel's writes (x, the residual) are visible from here on
-        gdc_launch_dependents()
-    x_ptrs = X + offs_m[:, None] * 0 + arange_k[None, :]
-    rstd = tl.zeros([1], dtype=tl.float32)
-    if NORM:
-        xs = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(xs * xs, 1) / K + eps)
-    xf = _x_at(x_ptrs, k_ok[None, :], NormW, arange_k[None, :], k_ok[None, :], rstd[:, None], NORM,
-               dtype).to(tl.float32)  # fmt: skip
-    for blk in range(pid, nblocks, nprog):
-        offs_n = blk * BLOCK_N + arange_n
-        nxt = offs_n + nprog * BLOCK_N  # the next block's rows: masked off past the last
-        w_next, wu_next = _w_chunk(W + nxt.to(tl.int64)[:, None] * stride_wn, 0, arange_k, nxt < N, K,
-                                   stride_wn, up_rows, GATED)  # fmt: skip
-        acc = tl.sum(w.to(tl.float32) * xf, 1)[None, :]
-        acc_up = acc
-        if GATED:
-            acc_up = tl.sum(wu.to(tl.float32) * xf, 1)[None, :]
-        _epilogue(acc, acc_up, Out, Res, Out, WScale, offs_m, m_ok, offs_n, offs_n < N, up_rows, 0, 0, WFMT,
-                  False, GATED, HAS_RES)  # fmt: skip
-        w, wu = w_next, wu_next
+    tl.store(out, acc.to(Out.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 PROGRAMS_PER_SM = 4  # one-row GEMVs: enough programs that every SM has loads in flight
@@ -474,10 +398,10 @@ QUANT_BLOCK_K = {"fp8": 1024, "int4": 4096}
 # noise, so they stay plain.
 FP8_REDUCE_MIN_PROGRAMS_PER_SM = 10
 FP8_REDUCE_CHUNK_CODES = 16384
-# One-row FP8 GEMVs whose K fits one chunk of at most 4,096 codes, with up to 16,384 output columns (not an
-# LM head), on the persistent kernel (GemvConfig.persist): (weight rows a block (gate/up pairs count two),
-# warps, programs an SM), or None.
-FP8_PERSIST: tuple[int, int, int] | None = None
+# A reducing one-row FP8 GEMV (not gated) takes 8 weight rows a program where that still leaves this many
+# programs an SM. H200 sweep (sweep_quant_gemv.py, results/sweep_quant_gemv_fp8_s24.json): qkv (5.8 programs
+# an SM at 8 rows) 8.27 us at 8 rows x 2,048 against 9.83 at 4 x 4,096.
+FP8_REDUCE_WIDE_MIN_PROGRAMS_PER_SM = 5
 
 
 def default_config(
@@ -507,16 +431,9 @@ def default_config(
         bk = min(QUANT_BLOCK_K[weight_kind], triton.next_power_of_2(k))
         if weight_kind == "int4":  # one row of x at a time: the registers do not grow with m
             return GemvConfig(block_n=bn, block_k=max(bk, INT4_GROUP), num_warps=4, num_stages=1, dot=False)
-        if weight_kind == "fp8" and m == 1 and FP8_PERSIST is not None and k <= 4096 and n <= 16384:
-            rows_p, warps_p, per_sm = FP8_PERSIST
-            bk = triton.next_power_of_2(k)
-            bn = max(1, rows_p // rows_per_pair)
-            return GemvConfig(
-                block_n=bn, block_k=bk, num_warps=warps_p, num_stages=1, reduce=True, persist=per_sm
-            )
         many = FP8_REDUCE_MIN_PROGRAMS_PER_SM * num_sms
         if m == 1 and triton.cdiv(n, bn) >= many:
-            if not gated and triton.cdiv(n, 2 * bn) >= many:
+            if not gated and triton.cdiv(n, 2 * bn) >= FP8_REDUCE_WIDE_MIN_PROGRAMS_PER_SM * num_sms:
                 bn *= 2  # 8 rows a program, as gate_up's 4 pairs
             bk = min(FP8_REDUCE_CHUNK_CODES // (bn * rows_per_pair), triton.next_power_of_2(k))
             return GemvConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=1, dot=False, reduce=True)
@@ -604,22 +521,6 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
     codes, scale, offset, wfmt = _weight_args(w)
     kind = ("plain", "fp8", "int4")[wfmt]
     cfg = config or default_config(m, n, k, up_rows > 0, _num_sms(x.device), kind)
-    if cfg.persist:
-        if not (m == 1 and wfmt < 2 and not cfg.dot and bias is None and k <= cfg.block_k):
-            raise ValueError(
-                f"GemvConfig(persist={cfg.persist}) takes one row of x over 16-bit or FP8 weights, K in one "
-                f"chunk and no bias; got {m} rows, {kind} weights, K {k} over chunks of {cfg.block_k}"
-                + (", a bias" if bias is not None else "")
-            )
-        pdl = pdl_supported(x.device)
-        grid = min(triton.cdiv(n, cfg.block_n), cfg.persist * _num_sms(x.device))
-        _gemv_row_kernel[(grid,)](
-            x, codes, out, res if res is not None else out, norm_w if norm_w is not None else out,
-            scale if scale is not None else out, n, k, codes.stride(0), up_rows, float(eps),
-            NORM=norm_w is not None, GATED=up_rows > 0, HAS_RES=res is not None, PDL=pdl, WFMT=wfmt,
-            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=1, launch_pdl=pdl,
-        )  # fmt: skip
-        return
     if wfmt and cfg.dot:
         raise ValueError("quantized weights run on FP32 FMAs: GemvConfig(dot=False)")
     if wfmt == 2 and (cfg.block_k % INT4_GROUP or cfg.block_k & (cfg.block_k - 1)):
