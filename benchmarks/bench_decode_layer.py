@@ -38,6 +38,20 @@ from trtforge.llm.executors.torch_exec import TorchExecutor
 BLOCK = 16
 
 
+def replay_ms(graph: torch.cuda.CUDAGraph, reps: int) -> float:
+    """Device time of one replay of a captured `graph`: once to warm, then `reps` back to back between
+    CUDA events (its kernels and the launch gaps inside it; no host work), ms a replay."""
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
 def graph_us(fn: Callable[[], object], per_call: int, reps: int = 15, inner: int = 5) -> float:
     """Median GPU time of one of the `per_call` ops `fn` runs, from CUDA-graph replays (events)."""
     cur = torch.cuda.current_stream()
@@ -280,15 +294,7 @@ def e2e(
             tables.copy_(torch.arange(b * wb, dtype=torch.int32, device=ex.device).view(b, wb))
             slots.copy_(tables[:, width - 1] * BLOCK + (ctx - 1) % BLOCK)
             lens.fill_(ctx)
-            graph.replay()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(reps):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end) / reps
+            ms = replay_ms(graph, reps)
             logits[(on, b)] = ex._static["logits"][:b].clone()
             res[f"{'gemv' if on else 'cublas'}/b{b}"] = ms
             print(f"decode graph b={b:3d} gemv={'on ' if on else 'off'}: {ms:.4f} ms/step")

@@ -255,18 +255,10 @@ def _graph_replay_us(ex, reps: int = 100) -> dict[str, float]:
     """The device time of each captured decode graph alone: `reps` back-to-back replays between CUDA
     events, us a replay (its kernels and the launch gaps inside it; no host work, no eager kernels).
     Beside the served ms/token it tells a device-bound step from one that waits for the host."""
-    out = {}
-    for key, graph in sorted(ex._graphs.items()):  # (batch bucket, width bucket, q_len, gemv rows)
-        graph.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        out["x".join(map(str, key))] = start.elapsed_time(end) * 1e3 / reps
-    return out
+    from bench_decode_layer import replay_ms
+
+    graphs = sorted(ex._graphs.items())  # (batch bucket, width bucket, q_len, gemv rows)
+    return {"x".join(map(str, key)): replay_ms(graph, reps) * 1e3 for key, graph in graphs}
 
 
 INT4_MMA_KNOBS = ("early", "late", "gr72", "nogr", "first", "nofirst", "onepass", "twopass")
