@@ -58,7 +58,11 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     help="Share of the GPU memory left after weights and activations that the KV cache takes.",
 )
 @click.option(
-    "--max-num-seqs", default=None, type=click.IntRange(1), help="Sequences per batch (default 256)."
+    "--max-num-seqs",
+    default=None,
+    type=click.IntRange(1),
+    help="Sequences per batch (default 256). More raise throughput on short requests where the KV pool "
+    "holds them (an 8B model on an H200: 512 gave 5% more at 128 in / 128 out), at some latency per token.",
 )
 @click.option(
     "--max-num-batched-tokens", default=None, type=click.IntRange(1), help="Tokens per step (default 4096)."
