@@ -458,11 +458,10 @@ def main() -> None:
         choices=("on", "off", "rows4", "gate4096"),
         default=["on"],
         help="single stream: one-row FP8 GEMVs with many programs sum each chunk as it comes (on: the "
-        "default, gemv.FP8_REDUCE_MIN_PROGRAMS_PER_SM; gate4096: the gated GEMV's chunks of 4,096 codes, not "
-        "2,048; rows4: 8 weight rows a program only past that many "
-        "gate_up at 4 pairs x 4,096; rows4: 8 weight rows a program only past that many "
-        "programs at 8 rows, the rule before gemv.FP8_REDUCE_WIDE_MIN_PROGRAMS_PER_SM) or keep their "
-        "partials to the end (off); "
+        "default, gemv.FP8_REDUCE_MIN_PROGRAMS_PER_SM) or keep their partials to the end (off); rows4: on, "
+        "but 8 weight rows a program only past that many programs at 8 rows (the rule before gemv."
+        "FP8_REDUCE_WIDE_MIN_PROGRAMS_PER_SM); gate4096: on, with the gated GEMV's chunks of 4,096 codes "
+        "rather than 2,048; "
         "'on off' times both on the same model, the first named is the variant's figure",
     )
     ap.add_argument(

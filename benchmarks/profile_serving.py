@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 import trtforge.llm.loop as loop_module
+from benchmarks.bench_decode_layer import replay_ms
 from benchmarks.bench_serving import build_model
 from trtforge.llm.engine import LLMEngine, make_step_loop
 from trtforge.llm.executors.torch_exec import TorchExecutor
@@ -87,17 +88,9 @@ class PhaseTimer:
 
 
 def graph_replay_ms(ex: TorchExecutor, nb: int, wb: int, reps: int = 50) -> float | None:
+    """Device time of the (nb, wb) decode graph alone, ms a replay; None if it was not captured."""
     graph = ex._graphs.get((nb, wb, 1, ex._gemv_rows()))  # a decode step's graph (query length 1)
-    if graph is None:
-        return None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+    return None if graph is None else replay_ms(graph, reps)
 
 
 def kernels_per_step(sched: StepLoop, steps: int = 5) -> dict:
