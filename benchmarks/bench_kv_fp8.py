@@ -15,8 +15,7 @@ Three parts, each self-checking (a failed check exits non-zero after the JSON is
    BF16 (``decode_attention.FP8_KV_F16 = False``, the kernel before session 18) beside the FP16 ones.
 ``--serving-sweep`` instead times the serving path's fixed launch over FP8 pools for a few configs at
 the served shapes (what ``decode_attention.FP8_KV_DECODE_CONFIG`` is chosen from); ``--page-sizes 16 32
-64`` over pools of those block sizes too (``--default-config-only``: that launch alone; ``--v-widen asm
-cast``: with V's codes widened in registers and by the plain cast, each).
+64`` over pools of those block sizes too (``--default-config-only``: that launch alone).
 2. capacity: ``sizing.torch_pool`` (what ``from_pretrained`` runs) on the loaded 8B model for each
    cache dtype, then a fixed budget of pool bytes allocated for each: tokens held. Check: FP8 holds
    2x the BF16 tokens in the same bytes (>= 1.99x).
@@ -140,21 +139,16 @@ SWEEP_CONFIGS = [  # (block_n, num_warps, num_stages): FP8 tiles are half the by
 ]  # fmt: skip
 
 
-def serving_sweep(
-    points=SWEEP_POINTS, configs=SWEEP_CONFIGS, pages=(16,), default_only=False, widen=("asm",)
-) -> dict:
+def serving_sweep(points=SWEEP_POINTS, configs=SWEEP_CONFIGS, pages=(16,), default_only=False) -> dict:
     """The serving path's fixed launch (``TritonDecodeAttention`` with a given DecodeConfig, split count
-    by the heuristic) over FP8 pools of each block size of `pages` (the same K/V), per (B, L), config,
-    block size and V widening of `widen` ("asm": in registers as loaded, "cast": the plain cast;
-    ``decode_attention.FP8_V_WIDEN_ASM``), graph-timed; checked against the first one's output (the
-    default config over ``pages[0]``, first widening). The best (config, block size, widening) by the
-    geometric mean of its time over that first one's."""
+    by the heuristic) over FP8 pools of each block size of `pages` (the same K/V), per (B, L), config and
+    block size, graph-timed; checked against the first one's output (the default config over
+    ``pages[0]``). The best (config, block size) by the geometric mean of its time over that first one's."""
     from trtforge.kernels.decode_attention import DecodeConfig, _fits, default_decode_config
     from trtforge.llm.executors.triton_attention import TritonDecodeAttention
 
     default = default_decode_config(D, torch.float8_e4m3fn)
-    widen_default = da.FP8_V_WIDEN_ASM
-    cands = [DecodeConfig(bn, w, st) for bn, w, st in configs]
+    cands = [DecodeConfig(bn, w, st) for bn, w, st in configs if _fits(bn, st, D, elem_bytes=1)]
     cands = [default] if default_only else [default] + [c for c in cands if c != default]
     rows: list[dict] = []
     for b, length in points:
@@ -170,35 +164,31 @@ def serving_sweep(
             k16, v16, table = _pool(k, v, page, gen)
             k8, v8 = quantize_fp8(k16, ks), quantize_fp8(v16, vs)
             del k16, v16
-            for cfg, how in [(c, w) for c in cands for w in widen]:
-                da.FP8_V_WIDEN_ASM = how == "asm"
-                if not _fits(cfg.block_n, cfg.num_stages, D, elem_bytes=1):
-                    continue
+            for cfg in cands:
                 attn = TritonDecodeAttention(config=cfg)
                 fn = functools.partial(attn, q, k8, v8, table, lens, D**-0.5, out=out, k_scale=ks, v_scale=vs)
                 got = fn().float().clone()
                 want = got if want is None else want
                 us = _graph_us(fn)
                 row = {"B": b, "L": length, "page": page,
-                       "config": [cfg.block_n, cfg.num_warps, cfg.num_stages], "widen": how, "us": us,
+                       "config": [cfg.block_n, cfg.num_warps, cfg.num_stages], "us": us,
                        "tb_per_s": 2 * b * HKV * length * D / us / 1e6,
                        "max_diff_vs_default": float((got - want).abs().max())}  # fmt: skip
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-            da.FP8_V_WIDEN_ASM = widen_default
             del k8, v8
         del k, v
         gc.collect()
         torch.cuda.empty_cache()
-    first = (tuple(rows[0]["config"]), rows[0]["page"], rows[0]["widen"])
-    base = {(r["B"], r["L"]): r["us"] for r in rows if (tuple(r["config"]), r["page"], r["widen"]) == first}
+    first = (tuple(rows[0]["config"]), rows[0]["page"])
+    base = {(r["B"], r["L"]): r["us"] for r in rows if (tuple(r["config"]), r["page"]) == first}
     score: dict[tuple, list[float]] = {}
     for r in rows:
-        score.setdefault((*r["config"], r["page"], r["widen"]), []).append(r["us"] / base[(r["B"], r["L"])])
+        score.setdefault((*r["config"], r["page"]), []).append(r["us"] / base[(r["B"], r["L"])])
     gmean = {c: math.exp(sum(map(math.log, v)) / len(v)) for c, v in score.items() if len(v) == len(base)}
     best = min(gmean, key=gmean.get)
     print(
-        "(block_n, warps, stages, page, widen) by geometric-mean time over the default's:",
+        "(block_n, warps, stages, page) by geometric-mean time over the default's:",
         {str(c): round(g, 3) for c, g in gmean.items()},
     )
     return {"rows": rows, "gmean_over_default": {str(c): g for c, g in gmean.items()}, "best": list(best)}
@@ -289,14 +279,6 @@ def main() -> None:
     ap.add_argument(
         "--default-config-only", action="store_true", help="--serving-sweep: the default launch alone"
     )
-    ap.add_argument(
-        "--v-widen",
-        nargs="+",
-        choices=("asm", "cast"),
-        default=["asm"],
-        help="--serving-sweep: how V's codes widen (decode_attention.FP8_V_WIDEN_ASM): in registers as "
-        "loaded (asm, the default) and/or by the plain cast (cast: byte-wide shared loads), each timed",
-    )
     ap.add_argument("--budget-gib", type=float, default=64.0, help="pool bytes of the capacity check")
     ap.add_argument("--pool-gib", type=float, default=4.0, help="the serving runs' KV pool")
     ap.add_argument("--requests", type=int, default=192)
@@ -312,7 +294,7 @@ def main() -> None:
     failures: list[str] = []
     if args.serving_sweep:
         results["serving_sweep"] = serving_sweep(
-            pages=tuple(args.page_sizes), default_only=args.default_config_only, widen=tuple(args.v_widen)
+            pages=tuple(args.page_sizes), default_only=args.default_config_only
         )
         failures += [
             f"B={r['B']} L={r['L']} config {r['config']}: differs from the default's output by "

@@ -794,15 +794,6 @@ def main() -> None:
         "decode graphs are captured again whenever it changes between runs",
     )
     ap.add_argument(
-        "--fp8-v-widen",
-        nargs="+",
-        choices=("asm", "cast"),
-        default=["asm"],
-        help="executor variants (FP8 KV cache): the decode kernel widens V's codes in registers as loaded "
-        "(asm, the default) or by the plain cast (cast: byte-wide shared loads; "
-        "decode_attention.FP8_V_WIDEN_ASM); the decode graphs are captured again whenever it changes",
-    )
-    ap.add_argument(
         "--quantization",
         choices=("none", "fp8"),
         default="none",
@@ -959,14 +950,13 @@ def main() -> None:
     results["fp8_mid_max_tokens"] = quant_linear.FP8_MID_MAX_TOKENS
     results["fp8_mid_fold_residual"] = quant_linear.FP8_MID_FOLD_RESIDUAL
     variants = [
-        (m, p, r == "on", c == "on", f == "on", t == "on", w == "asm")
+        (m, p, r == "on", c == "on", f == "on", t == "on")
         for m in args.max_num_seqs
         for p in args.prefill_with_decodes
         for r in args.reserve_max_tokens
         for c in args.concurrent_attention
         for f in args.fill_step_buckets
         for t in args.decode_tiles_by_keys
-        for w in args.fp8_v_widen
     ]
     if args.plan_only:
         kv_tokens = int(args.assume_kv_gb * 1e9 // shape.kv_bytes_per_token)
@@ -993,13 +983,7 @@ def main() -> None:
 
 
 def variant_key(
-    mns: int,
-    pwd: int,
-    reserve: bool,
-    concurrent: bool = False,
-    fill: bool = True,
-    tiles: bool = True,
-    v_asm: bool = True,
+    mns: int, pwd: int, reserve: bool, concurrent: bool = False, fill: bool = True, tiles: bool = True
 ) -> str:
     return (
         f"seqs{mns}_pwd{pwd}"
@@ -1007,21 +991,18 @@ def variant_key(
         + ("_concurrent" if concurrent else "")
         + ("" if fill else "_nofill")
         + ("" if tiles else "_tiles64")
-        + ("" if v_asm else "_vcast")
     )
 
 
-def set_decode_switches(ex: TorchExecutor, graphs: Any, by_keys: bool, v_asm: bool) -> None:
-    """Set decode_attention.DECODE_CONFIG_BY_KEYS and FP8_V_WIDEN_ASM; where either changes, the decode
-    graphs, which hold the launches they captured, are captured again (mixed steps plan their attention
-    each step)."""
+def set_decode_tiles_by_keys(ex: TorchExecutor, graphs: Any, on: bool) -> None:
+    """Switch decode_attention.DECODE_CONFIG_BY_KEYS; the decode graphs, which hold the launches they
+    captured, are captured again (mixed steps plan their attention each step)."""
     import trtforge.kernels.decode_attention as decode_attention
 
-    current = (decode_attention.DECODE_CONFIG_BY_KEYS, decode_attention.FP8_V_WIDEN_ASM)
-    if current == (by_keys, v_asm):
+    current = decode_attention.DECODE_CONFIG_BY_KEYS
+    if current == on:
         return
-    decode_attention.DECODE_CONFIG_BY_KEYS = by_keys
-    decode_attention.FP8_V_WIDEN_ASM = v_asm
+    decode_attention.DECODE_CONFIG_BY_KEYS = on
     if ex.num_cuda_graphs:
         ex._graphs.clear()
         gc.collect()
@@ -1102,14 +1083,13 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     )
     probe = StepProbe(ex, cuda, shape)
     configs = {
-        variant_key(m, p, r, c, f, t, w): dataclasses.replace(
+        variant_key(m, p, r, c, f, t): dataclasses.replace(
             base, max_num_seqs=m, max_prefill_tokens_with_decodes=p, reserve_max_tokens=r, fill_step_buckets=f
         )
-        for m, p, r, c, f, t, w in variants
+        for m, p, r, c, f, t in variants
     }
     concurrent = {variant_key(*v): v[3] for v in variants}  # the executor's attention, per variant
     tiles = {variant_key(*v): v[5] for v in variants}
-    v_asm = {variant_key(*v): v[6] for v in variants}
     if any(concurrent.values()) and not hasattr(ex.attention, "concurrent"):
         raise SystemExit(
             f"--concurrent-attention on needs the Triton attention; this executor runs {ex.kernels}"
@@ -1121,10 +1101,10 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     lens = [int(x * scale) for x in (16, 128, 1000, 2048, 64, 700, 1500, 2040)] * 4
     warm = [(rng.integers(3, shape.vocab, size=max(1, k)).tolist(), 4) for k in lens]
     warm += [(rng.integers(3, shape.vocab, size=8).tolist(), 6) for _ in range(widest)]
-    for flag, by_keys, asm in sorted({(concurrent[k], tiles[k], v_asm[k]) for k in configs}):  # each variant
+    for flag, by_keys in sorted({(concurrent[k], tiles[k]) for k in configs}):  # each attention variant
         if hasattr(ex.attention, "concurrent"):  # meets its kernels here
             ex.attention.concurrent = flag
-        set_decode_switches(ex, graphs, by_keys, asm)
+        set_decode_tiles_by_keys(ex, graphs, by_keys)
         run_workload(probe, configs[variant_key(*variants[-1])], warm, None)
     results["executor"]["warmup_s"] = time.perf_counter() - t
     print(f"warm-up {results['executor']['warmup_s']:.1f} s", flush=True)
@@ -1133,7 +1113,6 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
             "scheduler": dataclasses.asdict(c),
             "concurrent_attention": concurrent[k],
             "decode_tiles_by_keys": tiles[k],
-            "fp8_v_widen": "asm" if v_asm[k] else "cast",
             "workloads": {},
         }
         for k, c in configs.items()
@@ -1149,7 +1128,7 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
             mns = config.max_num_seqs
             if hasattr(ex.attention, "concurrent"):
                 ex.attention.concurrent = concurrent[key]
-            set_decode_switches(ex, graphs, tiles[key], v_asm[key])
+            set_decode_tiles_by_keys(ex, graphs, tiles[key])
             reqs = make_requests(name, requests_for(name, args, mns, kv_tokens, scale), shape.vocab, scale)
             t = time.perf_counter()
             run_workload(probe, config, warm_slice(reqs, mns, scale, shape.vocab), None)

@@ -55,15 +55,10 @@ def assemble(ptx: str) -> dict:
 
 
 def count_ops(ptx: str) -> dict[str, int]:
-    """How many times each PTX instruction (with its type suffixes) occurs, predicated or not, inline
-    assembly's included (one line of ``{ ...; ...; }`` statements)."""
+    """How many times each PTX instruction (with its type suffixes) occurs, predicated or not."""
     counts: dict[str, int] = {}
-    statements = (part.strip(" \t{}") for line in ptx.splitlines() for part in line.split(";"))
-    for statement in statements:
-        found = re.match(r"(?:@!?%p\d+\s+)?([a-z][\w.:]*)", statement)
-        if found:
-            op = found.group(1)
-            counts[op] = counts.get(op, 0) + 1
+    for op in re.findall(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.:]*)", ptx, flags=re.M):
+        counts[op] = counts.get(op, 0) + 1
     return counts
 
 

@@ -249,58 +249,24 @@ def test_llama3_8b_shape_decode_and_prefill_over_fp8_on_the_gpu():
     assert (got.float() - reference_decode(qc, kd, vd, chunk_lens)).abs().max() < TOL[torch.bfloat16]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("config", [(128, 4, 2), (64, 4, 3), (32, 4, 4), (128, 8, 2)])
-def test_fp8_v_widened_in_registers_is_bitwise_the_cast(config):
-    """V's codes widened by inline PTX where they were loaded (decode_attention.FP8_V_WIDEN_ASM) feed the
-    same FP16 products as the plain cast: every output bit agrees, split and unsplit, at the Llama-3-8B
-    shape over 16-token pages at random places."""
-    from trtforge.kernels import decode_attention as da
-
-    device = _device("cuda")
-    g = torch.Generator().manual_seed(11)
-    b, hq, hkv, d, page = 6, 32, 8, 128, 16
-    lens = torch.tensor([1, 17, 300, 1024, 2047, 129], dtype=torch.int32)
-    k = torch.randn(b, hkv, 2048, d, generator=g).bfloat16()
-    v = torch.randn(b, hkv, 2048, d, generator=g).bfloat16()
-    ks, vs = float(k.abs().max()) / 448, float(v.abs().max()) / 448
-    kp, vp, table = _fp8_pools(quantize_fp8(k, ks), quantize_fp8(v, vs), lens, page, 12)
-    kp, vp, table, lens = kp.to(device), vp.to(device), table.to(device), lens.to(device)
-    q = torch.randn(b, hq, 1, d, generator=g).bfloat16().to(device)
-    old = da.FP8_V_WIDEN_ASM
-    try:
-        outs = {}
-        for asm in (True, False):
-            da.FP8_V_WIDEN_ASM = asm
-            for splits in (1, 3):
-                cfg = DecodeConfig(*config, num_splits=splits)
-                got = decode_attention(q, kp, vp, lens, table, config=cfg, k_scale=ks, v_scale=vs)
-                outs[asm, splits] = got
-    finally:
-        da.FP8_V_WIDEN_ASM = old
-    for splits in (1, 3):
-        assert torch.equal(_bits(outs[True, splits]), _bits(outs[False, splits])), splits
-
-
 # ------------------------------------------------------- sm_90 code (compiled here, no GPU needed)
 
 
-def _decode_compile_facts(kv_f16: bool, v_asm: bool = True) -> dict:
+def _decode_compile_facts(kv_f16: bool) -> dict:
     """The paged split-KV decode kernel over FP8 pools with a BF16 query, as the serving path launches
-    it at the Llama-3-8B shape (GQA 32/8, D 128, 16-token pages), compiled for sm_90; `v_asm`:
-    decode_attention.FP8_V_WIDEN_ASM."""
+    it at the Llama-3-8B shape (GQA 32/8, D 128, 16-token pages), compiled for sm_90."""
     from tests.kernels._sm90 import compile_facts
     from trtforge.kernels import decode_attention as da
 
     cfg = da.default_decode_config(128, FP8_KV_DTYPE)
-    old = da.FP8_KV_F16, da.FP8_V_WIDEN_ASM
-    da.FP8_KV_F16, da.FP8_V_WIDEN_ASM = kv_f16, v_asm
+    old = da.FP8_KV_F16
+    da.FP8_KV_F16 = kv_f16
     try:
         opts = da._split_options(
             cfg, 4, 1, 128, 16, False, False, False, 0, False, torch.bfloat16, FP8_KV_DTYPE
         )
     finally:
-        da.FP8_KV_F16, da.FP8_V_WIDEN_ASM = old
+        da.FP8_KV_F16 = old
     consts = {k: v for k, v in opts.items() if k not in ("num_warps", "num_stages", "launch_pdl")}
     # unit strides: the launcher specializes an int argument equal to 1 as a constant (contiguous D)
     consts |= {"STAMP": False, "stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od": 1}
@@ -341,30 +307,6 @@ def test_fp8_pools_widen_to_fp16_in_one_conversion_a_pair_on_sm90():
     # K/V tiles arrive by pipelined 16-byte cp.async, as the BF16 pools' do
     assert new["cp_async_16"] > 0 and new["counts"].get("cp.async.wait_group", 0) > 0, new["counts"]
     assert new["ptxas_rc"] == 0 and new["spills"] == [0], new["ptxas"]
-
-
-def test_fp8_v_widens_in_registers_not_by_byte_wide_shared_loads_on_sm90():
-    """V is P.V's transposed operand. Cast after the load, its FP8 codes were moved past the shared-memory
-    stage and gathered into the MMA's operand layout one byte a load (ldmatrix cannot transpose 8-bit
-    elements): 256 byte-wide shared loads in the tile loops. Widened by inline PTX as loaded
-    (FP8_V_WIDEN_ASM), the codes are read by 16-byte shared loads, widened, and the FP16 tile reaches the
-    MMAs through ldmatrix.trans, as a BF16 pool's V does. _fits counts the extra FP16 tile."""
-    from tests.kernels._sm90 import needs_ptxas, run_in_child
-    from trtforge.kernels import decode_attention as da
-
-    needs_ptxas()
-    asm = run_in_child(f"{__name__}:_decode_compile_facts", True, True)
-    cast = run_in_child(f"{__name__}:_decode_compile_facts", True, False)
-    byte_loads = ("ld.shared.b8", "ld.shared.u8")
-    trans = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
-    assert sum(cast["counts"].get(op, 0) for op in byte_loads) >= 128, cast["counts"]
-    assert sum(asm["counts"].get(op, 0) for op in byte_loads) == 0, asm["counts"]
-    assert asm["counts"].get(trans, 0) > 0 and cast["counts"].get(trans, 0) == 0
-    # every pair of codes still widens in one conversion: K's in the loop, V's in the inline PTX
-    assert asm["counts"]["cvt.rn.f16x2.e4m3x2"] == cast["counts"]["cvt.rn.f16x2.e4m3x2"]
-    assert asm["ptxas_rc"] == 0 and asm["spills"] == [0], asm["ptxas"]
-    cfg = da.default_decode_config(128, FP8_KV_DTYPE)
-    assert asm["shared"] > cast["shared"] and da._fits(cfg.block_n, cfg.num_stages, 128, elem_bytes=1)
 
 
 def _chunked_compile_facts(kv_f16: bool) -> dict:

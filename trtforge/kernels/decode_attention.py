@@ -80,11 +80,6 @@ MAX_HEAD_DIM = 256
 MAX_SPLITS = 256
 MIN_SPLIT_TOKENS = 256  # fewer keys per split than this costs more in the reduction than it gains
 FP8_KV_F16 = True  # FP8 pools: products in FP16 (module docstring); False: in the query's type
-# FP8 pools with FP16 products: V's codes widen in registers as loaded (vectorized shared loads, then
-# FP16 tiles through ldmatrix.trans), not byte by byte in the P.V operand's layout (:func:`widen_e4m3`).
-# A module setting so that benchmarks can compare both before graphs are captured; the interpreter
-# (no inline PTX) always casts.
-FP8_V_WIDEN_ASM = True
 
 
 @dataclass(frozen=True)
@@ -114,12 +109,6 @@ def fp16_products(kv_dtype: torch.dtype) -> bool:
     """Whether attention over pools of `kv_dtype` runs its products in FP16 (FP8 pools, ``FP8_KV_F16``):
     the decode and chunked-prefill kernels' KV_F16."""
     return FP8_KV_F16 and kv_dtype == FP8_KV_DTYPE
-
-
-def widen_v_in_registers(kv_dtype: torch.dtype) -> bool:
-    """The decode and chunked-prefill kernels' V_ASM: V tiles of `kv_dtype` pools widen to FP16 by
-    :func:`widen_e4m3` (FP8 pools with FP16 products, compiled code, ``FP8_V_WIDEN_ASM``)."""
-    return fp16_products(kv_dtype) and FP8_V_WIDEN_ASM and not interpreting()
 
 
 # 16-bit pools, head dims up to 128: the tile follows the keys a launch may see (its block table's
@@ -176,22 +165,6 @@ def fp16_query(q, qk_scale):
 
 
 @triton.jit
-def widen_e4m3(x):
-    """E4M3 codes to FP16, four a register (two ``cvt.rn.f16x2.e4m3x2``), by inline PTX marked impure so
-    that the compiler keeps the conversion where the codes were loaded: a plain ``x.to(tl.float16)``
-    feeding a product as its transposed operand (V in P.V) is moved past the shared-memory stage and
-    becomes one byte-wide shared load an element (:data:`FP8_V_WIDEN_ASM`). Exact, as the cast is."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
-        "=r,=r,r",
-        [x.to(tl.uint8, bitcast=True)],
-        dtype=tl.float16,
-        is_pure=False,
-        pack=4,
-    )
-
-
-@triton.jit
 def _attend_tiles(
     acc,
     l_i,
@@ -222,7 +195,6 @@ def _attend_tiles(
     DOT_F32: tl.constexpr,
     TMA: tl.constexpr,
     WINDOW: tl.constexpr,
-    V_ASM: tl.constexpr = False,
 ):
     """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED tiles bound loads by `hi` and hide keys past
     each row's `last_key` (LOWER_RIGHT causal) and, WINDOW, before its `first_key`; unmasked ones
@@ -261,10 +233,7 @@ def _attend_tiles(
             v = tl.load(v_ptrs)
         # FP8 pools: widened in registers to the query's type (exact); their scales are applied outside
         k = k.to(q.dtype)
-        if V_ASM:
-            v = widen_e4m3(v)
-        else:
-            v = v.to(q.dtype)
+        v = v.to(q.dtype)
         if DOT_F32:
             qk = tl.dot(q.to(tl.float32), tl.trans(k).to(tl.float32))
         else:
@@ -408,7 +377,6 @@ def _decode_split_kernel(
     KV_F16: tl.constexpr = False,
     PDL: tl.constexpr = False,
     STAMP: tl.constexpr = False,
-    V_ASM: tl.constexpr = False,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
     WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
@@ -483,17 +451,17 @@ def _decode_split_kernel(
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, lo, head_end,
             last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True, V_ASM,
+            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
         )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, head_end, full_end,
         last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False, V_ASM,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, full_end, hi,
         last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW, V_ASM,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
     )  # fmt: skip
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -644,13 +612,9 @@ TUNING_TIMES: dict[tuple, dict[DecodeConfig, float]] = {}  # per key: each candi
 def _fits(block_n: int, stages: int, block_d: int, tma: bool = False, elem_bytes: int = 2) -> bool:
     """Whether the pipelined K/V tiles (`elem_bytes` an element: 1 for FP8 pools) fit in shared memory.
     Triton's pipeliner gives bulk tensor copies `stages - 1` buffers (sm_90 compiles: 128-key tiles, D
-    128, 4 stages = 3 buffers, 200 KB with 8 KB of scratch); pointer loads are bounded by `stages`.
-    FP8 tiles whose V widens in registers (:data:`FP8_V_WIDEN_ASM`) add one FP16 V tile (sm_90, 128-key
-    tiles, 2 stages: 72 KB)."""
+    128, 4 stages = 3 buffers, 200 KB with 8 KB of scratch); pointer loads are bounded by `stages`."""
     buffers = stages - 1 if tma else stages
-    staged = block_n * block_d * 2 if elem_bytes == 1 and FP8_V_WIDEN_ASM else 0
-    need = buffers * 2 * block_n * block_d * elem_bytes + staged + (8 * 1024 if tma else 0)
-    return need <= SHARED_MEMORY_BUDGET
+    return buffers * 2 * block_n * block_d * elem_bytes + (8 * 1024 if tma else 0) <= SHARED_MEMORY_BUDGET
 
 
 def _bucket(n: int) -> int:
@@ -756,7 +720,7 @@ def _split_options(
         "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
-        "KV_F16": fp16_products(kv_dtype), "V_ASM": widen_v_in_registers(kv_dtype),
+        "KV_F16": fp16_products(kv_dtype),
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
 
