@@ -6,10 +6,10 @@ A mixed serving step runs every projection at M = its tokens (prompt chunk + dec
 piecewise graphs' bucket). cuBLAS tiles M in blocks (128 rows on Hopper for these shapes), and o and down
 (N = 4,096) have few column tiles, so M just past a multiple of the tile may start a second wave of
 tiles for little work. This times the cuBLAS calls the fused layer makes (``x @ w.T`` for qkv and
-gate_up, ``addmm`` with the residual for o and down), each token count of ``--tokens`` (default 960..2,048), and
-prints us per layer, us per token and TFLOP/s (dense BF16 peak ~989): which step sizes are cheap per
-token. CUDA-graph replays of 10 launches rotating over weight copies (>= 256 MB, past the 50 MB L2),
-median.
+gate_up, ``addmm`` with the residual for o and down), each token count of ``--tokens`` (default
+960..2,048), and prints us per layer, us per token and TFLOP/s (dense BF16 peak ~989): which step
+sizes are cheap per token. CUDA-graph replays of 10 launches rotating over weight copies (>= 256 MB,
+past the 50 MB L2), median.
 """
 
 from __future__ import annotations
@@ -23,8 +23,12 @@ import torch
 
 from benchmarks.bench_decode_layer import graph_us
 
-SHAPES = {"qkv": (6144, 4096, False), "o": (4096, 4096, True), "gate_up": (28672, 4096, False),
-          "down": (4096, 14336, True)}  # fmt: skip  (N, K, residual epilogue)
+SHAPES = {
+    "qkv": (6144, 4096, False),
+    "o": (4096, 4096, True),
+    "gate_up": (28672, 4096, False),
+    "down": (4096, 14336, True),
+}  # fmt: skip  (N, K, residual epilogue)
 TOKENS = (960, 1024, 1056, 1088, 1152, 1216, 1280, 1408, 1536, 1792, 2048)
 LAUNCHES = 10
 L2_DEFEAT_BYTES = 256e6
@@ -73,7 +77,8 @@ def main() -> None:
         )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+        result = {"device": torch.cuda.get_device_name(), "rows": rows}
+        Path(args.out).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
