@@ -279,6 +279,13 @@ def main() -> None:
     ap.add_argument(
         "--default-config-only", action="store_true", help="--serving-sweep: the default launch alone"
     )
+    ap.add_argument(
+        "--configs",
+        nargs="+",
+        default=None,
+        metavar="BLOCK_N,WARPS,STAGES",
+        help="--serving-sweep: these candidates beside the default (default: SWEEP_CONFIGS)",
+    )
     ap.add_argument("--budget-gib", type=float, default=64.0, help="pool bytes of the capacity check")
     ap.add_argument("--pool-gib", type=float, default=4.0, help="the serving runs' KV pool")
     ap.add_argument("--requests", type=int, default=192)
@@ -293,8 +300,11 @@ def main() -> None:
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args)}
     failures: list[str] = []
     if args.serving_sweep:
+        configs = SWEEP_CONFIGS
+        if args.configs:
+            configs = [tuple(int(v) for v in c.split(",")) for c in args.configs]
         results["serving_sweep"] = serving_sweep(
-            pages=tuple(args.page_sizes), default_only=args.default_config_only
+            configs=configs, pages=tuple(args.page_sizes), default_only=args.default_config_only
         )
         failures += [
             f"B={r['B']} L={r['L']} config {r['config']}: differs from the default's output by "
