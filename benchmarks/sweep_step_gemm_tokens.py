@@ -3,13 +3,13 @@
     python -m benchmarks.sweep_step_gemm_tokens --out benchmarks/results/step_gemm_tokens.json
 
 A mixed serving step runs every projection at M = its tokens (prompt chunk + decode rows, padded to the
-piecewise graphs' bucket). cuBLAS tiles M in blocks (128 rows on Hopper for these shapes), and o and down
-(N = 4,096) have few column tiles, so M just past a multiple of the tile may start a second wave of
-tiles for little work. This times the cuBLAS calls the fused layer makes (``x @ w.T`` for qkv and
-gate_up, ``addmm`` with the residual for o and down), each token count of ``--tokens`` (default
-960..2,048), and prints us per layer, us per token and TFLOP/s (dense BF16 peak ~989): which step
-sizes are cheap per token. CUDA-graph replays of 10 launches rotating over weight copies (>= 256 MB,
-past the 50 MB L2), median.
+piecewise graphs' bucket). cuBLAS tiles M in blocks (128 rows on Hopper for these shapes), and o and down (N
+= 4,096) have few column tiles, so M just past a multiple of the tile may start a second wave of tiles for
+little work. This times the cuBLAS calls the fused layer makes (``x @ w.T`` for qkv and gate_up, ``addmm``
+with the residual for o and down), each token count of ``--tokens`` (default 256..2,048: decode and mixed
+steps), and prints us per layer, us per token and TFLOP/s (dense BF16 peak ~989): which step sizes are cheap
+per token. CUDA-graph replays of 10 launches rotating over weight copies (>= 256 MB, past the 50 MB L2),
+median.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ SHAPES = {
     "gate_up": (28672, 4096, False),
     "down": (4096, 14336, True),
 }  # fmt: skip  (N, K, residual epilogue)
-TOKENS = (960, 1024, 1056, 1088, 1152, 1216, 1280, 1408, 1536, 1792, 2048)
+TOKENS = (256, 384, 448, 512, 960, 1024, 1056, 1088, 1152, 1216, 1280, 1408, 1536, 1792, 2048)
 LAUNCHES = 10
 L2_DEFEAT_BYTES = 256e6
 PEAK_TFLOPS = 989.0
