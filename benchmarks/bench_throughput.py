@@ -762,14 +762,6 @@ def main() -> None:
         help="scheduler variants: prompt tokens a step while rows decode (max_prefill_tokens_with_decodes)",
     )
     ap.add_argument(
-        "--align-step-tokens",
-        type=int,
-        nargs="+",
-        default=[SchedulerConfig.align_step_tokens],
-        help="scheduler variants: a step with decodes takes prompt tokens down to a multiple of this many "
-        "tokens (SchedulerConfig.align_step_tokens; 0: off, the bucket fill)",
-    )
-    ap.add_argument(
         "--reserve-max-tokens",
         nargs="+",
         choices=("off", "on"),
@@ -958,14 +950,13 @@ def main() -> None:
     results["fp8_mid_max_tokens"] = quant_linear.FP8_MID_MAX_TOKENS
     results["fp8_mid_fold_residual"] = quant_linear.FP8_MID_FOLD_RESIDUAL
     variants = [
-        (m, p, r == "on", c == "on", f == "on", t == "on", a)
+        (m, p, r == "on", c == "on", f == "on", t == "on")
         for m in args.max_num_seqs
         for p in args.prefill_with_decodes
         for r in args.reserve_max_tokens
         for c in args.concurrent_attention
         for f in args.fill_step_buckets
         for t in args.decode_tiles_by_keys
-        for a in args.align_step_tokens
     ]
     if args.plan_only:
         kv_tokens = int(args.assume_kv_gb * 1e9 // shape.kv_bytes_per_token)
@@ -992,13 +983,7 @@ def main() -> None:
 
 
 def variant_key(
-    mns: int,
-    pwd: int,
-    reserve: bool,
-    concurrent: bool = False,
-    fill: bool = True,
-    tiles: bool = True,
-    align: int = 0,
+    mns: int, pwd: int, reserve: bool, concurrent: bool = False, fill: bool = True, tiles: bool = True
 ) -> str:
     return (
         f"seqs{mns}_pwd{pwd}"
@@ -1006,7 +991,6 @@ def variant_key(
         + ("_concurrent" if concurrent else "")
         + ("" if fill else "_nofill")
         + ("" if tiles else "_tiles64")
-        + (f"_align{align}" if align else "")
     )
 
 
@@ -1099,15 +1083,10 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     )
     probe = StepProbe(ex, cuda, shape)
     configs = {
-        variant_key(m, p, r, c, f, t, a): dataclasses.replace(
-            base,
-            max_num_seqs=m,
-            max_prefill_tokens_with_decodes=p,
-            reserve_max_tokens=r,
-            fill_step_buckets=f,
-            align_step_tokens=a,
+        variant_key(m, p, r, c, f, t): dataclasses.replace(
+            base, max_num_seqs=m, max_prefill_tokens_with_decodes=p, reserve_max_tokens=r, fill_step_buckets=f
         )
-        for m, p, r, c, f, t, a in variants
+        for m, p, r, c, f, t in variants
     }
     concurrent = {variant_key(*v): v[3] for v in variants}  # the executor's attention, per variant
     tiles = {variant_key(*v): v[5] for v in variants}

@@ -197,30 +197,3 @@ def test_fill_step_buckets_must_be_a_bool():
 
     with pytest.raises(UserError, match="fill_step_buckets must be a bool, got 'yes'"):
         SchedulerConfig(fill_step_buckets="yes").validate()
-
-
-def test_aligned_steps_take_prompt_tokens_down_to_a_multiple_of_the_alignment():
-    def prompt_tokens(cap, budget=64, align=16):
-        _, plan = _beside_a_decode(
-            (8, 16, 32, 64),
-            48,
-            max_num_batched_tokens=budget,
-            max_prefill_chunk=64,
-            max_prefill_tokens_with_decodes=cap,
-            align_step_tokens=align,
-        )
-        return plan.batch.query_lens.tolist()[1]
-
-    assert prompt_tokens(20) == 15  # 1 decode + 20 would pass 16 by 5: 1 + 15 is a multiple of 16
-    assert prompt_tokens(40) == 31  # 1 + 40 -> 32
-    assert prompt_tokens(40, budget=20) == 15  # within the step budget too
-    assert prompt_tokens(10) == 15  # 1 + 10 holds no multiple of 16 past the decode: the bucket fill (16)
-    assert prompt_tokens(20, align=0) == 31  # off: the cap, filled to the next bucket (32)
-
-
-def test_align_step_tokens_must_be_a_non_negative_integer():
-    from trtforge.errors import UserError
-
-    for bad in (-1, True, 1.5):
-        with pytest.raises(UserError, match="align_step_tokens must be an integer >= 0"):
-            SchedulerConfig(align_step_tokens=bad).validate()

@@ -108,9 +108,6 @@ class SchedulerConfig:
     async_scheduling: bool | None = None
     reserve_max_tokens: bool = False
     fill_step_buckets: bool = True
-    # > 0: a step with decodes takes prompt tokens so that its tokens total the largest multiple of this
-    # within decodes + max_prefill_tokens_with_decodes (the GEMMs' row tile: no step just past a tile)
-    align_step_tokens: int = 0
 
     def validate(self) -> None:
         for name in (
@@ -128,9 +125,6 @@ class SchedulerConfig:
             not isinstance(self.max_model_len, int) or self.max_model_len < 2
         ):
             raise UserError(f"SchedulerConfig.max_model_len must be None or >= 2, got {self.max_model_len!r}")
-        align = self.align_step_tokens
-        if not isinstance(align, int) or isinstance(align, bool) or align < 0:
-            raise UserError(f"SchedulerConfig.align_step_tokens must be an integer >= 0, got {align!r}")
         for name in ("reserve_max_tokens", "fill_step_buckets"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"SchedulerConfig.{name} must be a bool, got {getattr(self, name)!r}")

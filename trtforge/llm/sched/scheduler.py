@@ -368,15 +368,8 @@ class Scheduler:
     def _prefill_budget_with_decodes(self, ones: int) -> int:
         """Prompt tokens a step with `ones` one-token rows (decodes) takes: the configured cap, raised so
         that the step's tokens reach the executor's next padding bucket (``fill_step_buckets``), since
-        the padding would be computed anyway; never past ``max_num_batched_tokens``. With
-        ``align_step_tokens`` A, instead as many as bring the step to the largest multiple of A within
-        `ones` + the cap (and the budget), where that leaves room for a prompt token."""
+        the padding would be computed anyway; never past ``max_num_batched_tokens``."""
         cap = self.config.max_prefill_tokens_with_decodes
-        align = self.config.align_step_tokens
-        if align:
-            total = (min(ones + cap, self.config.max_num_batched_tokens) // align) * align
-            if total > ones:
-                return total - ones
         buckets = self.facts.step_token_buckets
         if not (self.config.fill_step_buckets and buckets):
             return cap
