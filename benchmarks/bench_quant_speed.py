@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import gc
 import json
 import sys
@@ -297,13 +296,6 @@ def single_part(
 
     rule = gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM
     wide = gemv_mod.FP8_REDUCE_WIDE_MIN_PROGRAMS_PER_SM
-    default_config = gemv_mod.default_config
-
-    def gate_up_4096(m, n, k, gated, num_sms=132, weight_kind="plain"):  # --fp8-gemv-reduce gate4096
-        cfg = default_config(m, n, k, gated, num_sms, weight_kind)
-        if gated and weight_kind == "fp8" and cfg.reduce:
-            cfg = dataclasses.replace(cfg, block_k=min(4096, 1 << (k - 1).bit_length()))
-        return cfg
 
     argmax_default = argmax_mod.FAST_ARGMAX
     early_default, gated_maxnreg = int4_mma_mod.EARLY_WEIGHTS, int4_mma_mod.GATED_MAXNREG
@@ -329,8 +321,6 @@ def single_part(
                 gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = float("inf") if off else rule
                 rows4 = label == "reduce" and setting == "rows4"
                 gemv_mod.FP8_REDUCE_WIDE_MIN_PROGRAMS_PER_SM = float("inf") if rows4 else wide
-                gate4096 = label == "reduce" and setting == "gate4096"
-                gemv_mod.default_config = gate_up_4096 if gate4096 else default_config
                 gemv_mod.INT4_MMA = label != "mma" or setting != "off"
                 knobs = setting.split("+") if label == "mma" else []
                 int4_mma_mod.EARLY_WEIGHTS = "late" not in knobs and ("early" in knobs or early_default)
@@ -370,7 +360,6 @@ def single_part(
                             print(f"    {us:8.2f} us  {kname}", flush=True)
             gemv_mod.FP8_REDUCE_MIN_PROGRAMS_PER_SM = rule
             gemv_mod.FP8_REDUCE_WIDE_MIN_PROGRAMS_PER_SM = wide
-            gemv_mod.default_config = default_config
             gemv_mod.INT4_MMA = True
             int4_mma_mod.EARLY_WEIGHTS = early_default
             int4_mma_mod.GATED_MAXNREG = gated_maxnreg
@@ -455,13 +444,12 @@ def main() -> None:
     ap.add_argument(
         "--fp8-gemv-reduce",
         nargs="+",
-        choices=("on", "off", "rows4", "gate4096"),
+        choices=("on", "off", "rows4"),
         default=["on"],
         help="single stream: one-row FP8 GEMVs with many programs sum each chunk as it comes (on: the "
         "default, gemv.FP8_REDUCE_MIN_PROGRAMS_PER_SM) or keep their partials to the end (off); rows4: on, "
         "but 8 weight rows a program only past that many programs at 8 rows (the rule before gemv."
-        "FP8_REDUCE_WIDE_MIN_PROGRAMS_PER_SM); gate4096: on, with the gated GEMV's chunks of 4,096 codes "
-        "rather than 2,048; "
+        "FP8_REDUCE_WIDE_MIN_PROGRAMS_PER_SM); "
         "'on off' times both on the same model, the first named is the variant's figure",
     )
     ap.add_argument(
