@@ -828,7 +828,9 @@ def main() -> None:
         nargs=3,
         metavar=("BLOCK_N", "WARPS", "STAGES"),
         default=None,
-        help="the decode attention's fixed launch over FP8 pools (decode_attention.FP8_KV_DECODE_CONFIG)",
+        help="the decode attention's launch over FP8 pools at every batch (decode_attention."
+        "FP8_KV_DECODE_CONFIG, with the 2-warp launch for many pairs off: '128 4 2' is the rule before "
+        "session 25)",
     )
     ap.add_argument(
         "--fp8-mid-fold-residual",
@@ -943,9 +945,11 @@ def main() -> None:
         quant_linear.FP8_MID_MAX_TOKENS = args.fp8_mid_max
     if args.fp8_mid_fold_residual is not None:
         quant_linear.FP8_MID_FOLD_RESIDUAL = args.fp8_mid_fold_residual == "on"
-    if args.fp8_decode_config is not None:
+    if args.fp8_decode_config is not None:  # one launch everywhere: no 2-warp launch for many pairs
         decode_attention.FP8_KV_DECODE_CONFIG = decode_attention.DecodeConfig(*args.fp8_decode_config)
+        decode_attention.FP8_KV_TWO_WARPS_MIN_PAIRS = float("inf")
     results["fp8_kv_decode_config"] = dataclasses.asdict(decode_attention.FP8_KV_DECODE_CONFIG)
+    results["fp8_kv_two_warps_min_pairs"] = decode_attention.FP8_KV_TWO_WARPS_MIN_PAIRS
     results["mid_gemm_tokens"] = [fused_layers.MID_GEMM_MIN_TOKENS, fused_layers.MID_GEMM_MAX_TOKENS]
     results["fp8_mid_max_tokens"] = quant_linear.FP8_MID_MAX_TOKENS
     results["fp8_mid_fold_residual"] = quant_linear.FP8_MID_FOLD_RESIDUAL

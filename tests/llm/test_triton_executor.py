@@ -281,20 +281,40 @@ def test_decode_tiles_follow_the_keys_a_launch_may_see(monkeypatch):
     assert attn.config_for(256, 8, 128, 3072) == da.default_decode_config(128) == da.DecodeConfig(64, 4, 3)
 
 
-def test_fp8_pools_take_their_own_decode_launch():
-    """FP8 pools launch FP8_KV_DECODE_CONFIG (128-key tiles: the bytes of a 64-key BF16 tile; the H200
-    sweep's best at every served shape), chosen from the pool's dtype wherever the step plans it."""
+def test_fp8_pools_take_their_own_decode_launch(monkeypatch):
+    """FP8 pools launch 128-key tiles (the bytes of a 64-key BF16 tile), chosen from the pool's dtype
+    wherever the step plans it: on 2 warps for many (sequence, kv head) pairs over more than
+    SHORT_DECODE_KEYS keys (FP8_KV_MANY_PAIRS_DECODE_CONFIG), else on 4 (FP8_KV_DECODE_CONFIG)."""
     from trtforge.kernels import decode_attention as da
     from trtforge.kernels.kv_quant import FP8_KV_DTYPE
     from trtforge.llm.executors.triton_attention import TritonDecodeAttention
 
     assert (da.FP8_KV_DECODE_CONFIG.block_n, da.FP8_KV_DECODE_CONFIG.num_stages) == (128, 2)
+    many = da.FP8_KV_MANY_PAIRS_DECODE_CONFIG
+    assert (many.block_n, many.num_warps, many.num_stages) == (128, 2, 2)
     attn = TritonDecodeAttention()
     bf16 = da.default_decode_config(128, max_keys=64 * 16)
-    for dtype, want in ((FP8_KV_DTYPE, da.FP8_KV_DECODE_CONFIG), (torch.bfloat16, bf16)):
+    for dtype, want in ((FP8_KV_DTYPE, da.FP8_KV_MANY_PAIRS_DECODE_CONFIG), (torch.bfloat16, bf16)):
         pool = torch.zeros(64, 16, 8, 128, dtype=dtype)
         tables = torch.zeros(256, 64, dtype=torch.int32)
         assert attn.pool_config(256, pool, tables, None, torch.device("cpu")) == want
+    fp8 = torch.zeros(64, 16, 8, 128, dtype=FP8_KV_DTYPE)
+
+    def warps(batch: int, width: int, window: int | None = None) -> int:
+        tables = torch.zeros(batch, width, dtype=torch.int32)
+        return attn.pool_config(batch, fp8, tables, window, torch.device("cpu")).num_warps
+
+    assert da.FP8_KV_TWO_WARPS_MIN_PAIRS == 512 and da.SHORT_DECODE_KEYS == 256
+    assert warps(64, 17) == 2  # 512 pairs over 272 keys
+    assert warps(63, 512) == 4  # 504 pairs: too few
+    assert warps(256, 16) == 4  # 256 keys: short
+    assert warps(256, 64, window=100) == 4  # a window of 100 keys bounds them to 229: short
+    assert warps(1, 2048) == 4  # one sequence over 32,768 keys
+    # verification rows (2..8 queries a sequence) keep 4 warps: on 2 they spill
+    tables = torch.zeros(256, 64, dtype=torch.int32)
+    assert attn.pool_config(256, fp8, tables, None, torch.device("cpu"), q_len=4).num_warps == 4
+    monkeypatch.setattr(da, "FP8_KV_TWO_WARPS_MIN_PAIRS", float("inf"))
+    assert warps(256, 64) == 4
     assert da.default_decode_config(256, FP8_KV_DTYPE) == da.default_decode_config(256)  # wide D: as BF16
     # shared memory counts the pools' bytes: two stages of 256-key FP8 tiles fit, of BF16 ones not
     assert da._fits(256, 2, 128, elem_bytes=1) and not da._fits(256, 2, 128)

@@ -103,6 +103,15 @@ class DecodeConfig:
 # 0.65x the BF16 default's time (geometric mean): 256 x 1,024 keys 175 us (3.06 TB/s of FP8 bytes)
 # against 271, 241 x 256 54 against 82, 64 x 8,192 324 against 521 (3.32 TB/s), 1 x 32,768 32 against 41.
 FP8_KV_DECODE_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2)
+# ... and, over more than SHORT_DECODE_KEYS keys with at least FP8_KV_TWO_WARPS_MIN_PAIRS (sequence, kv
+# head) pairs, the same tiles on 2 warps. H200, same call (bench_kv_fp8.py --serving-sweep --configs
+# 128,2,2; results/kv_fp8_sweep_s25.json), us, 4 warps -> 2: 256 x 1,024 keys 178.2 -> 170.2, 241 x 1,536
+# 241.1 -> 238.4, 256 x 2,048 341.9 -> 325.5, 64 x 8,192 334.1 -> 321.5; not at 241 x 256 (53.9 -> 55.4) nor
+# for one sequence (1 x 32,768: 32.3 -> 41.4). On sm_90 it spills 32 bytes at one query a sequence (timed
+# so) and 904 at 8, so verification rows keep 4 warps (TritonDecodeAttention.config_for). End to end not
+# yet measured. FP8_KV_TWO_WARPS_MIN_PAIRS = inf keeps 4 warps everywhere.
+FP8_KV_MANY_PAIRS_DECODE_CONFIG = DecodeConfig(block_n=128, num_warps=2, num_stages=2)
+FP8_KV_TWO_WARPS_MIN_PAIRS = 512
 
 
 def fp16_products(kv_dtype: torch.dtype) -> bool:
@@ -126,12 +135,20 @@ DECODE_CONFIG_BY_KEYS = True
 
 
 def default_decode_config(
-    head_dim: int, kv_dtype: torch.dtype | None = None, max_keys: int | None = None
+    head_dim: int,
+    kv_dtype: torch.dtype | None = None,
+    max_keys: int | None = None,
+    batch_kv_heads: int | None = None,
 ) -> DecodeConfig:
     """The configuration used without an explicit one: smaller tiles where a wide D fills registers;
-    FP8 pools: :data:`FP8_KV_DECODE_CONFIG`; 16-bit pools over up to `max_keys` keys (when given):
-    short tiles for short contexts and long ones for long (:data:`DECODE_CONFIG_BY_KEYS`)."""
+    FP8 pools: :data:`FP8_KV_DECODE_CONFIG`, on 2 warps for many (sequence, kv head) pairs over long
+    keys (:data:`FP8_KV_MANY_PAIRS_DECODE_CONFIG`, when both are given); 16-bit pools over up to
+    `max_keys` keys (when given): short tiles for short contexts and long ones for long
+    (:data:`DECODE_CONFIG_BY_KEYS`)."""
     if kv_dtype == FP8_KV_DTYPE and head_dim <= 128:
+        many = batch_kv_heads is not None and batch_kv_heads >= FP8_KV_TWO_WARPS_MIN_PAIRS
+        if many and max_keys is not None and max_keys > SHORT_DECODE_KEYS:
+            return FP8_KV_MANY_PAIRS_DECODE_CONFIG
         return FP8_KV_DECODE_CONFIG
     if head_dim > 128:
         return DecodeConfig(block_n=32, num_warps=4, num_stages=2)

@@ -89,10 +89,13 @@ class TritonDecodeAttention:
         max_keys: int,
         num_sms: int = 132,
         kv_dtype: torch.dtype | None = None,
+        q_len: int = 1,
     ) -> Any:
         """The DecodeConfig for `batch` sequences of `kv_heads` heads over up to `max_keys` keys in pools
-        of `kv_dtype` (None: the query's type): small work splits 64-key tiles, the rest takes the
-        kernel's default for `max_keys`."""
+        of `kv_dtype` (None: the query's type), `q_len` queries a sequence: small work splits 64-key
+        tiles, the rest takes the kernel's default for `max_keys` keys and, one query a sequence, `batch`
+        x `kv_heads` (sequence, kv head) pairs (FP8 pools' 2-warp launch: with more query rows it spills,
+        904 bytes at 8 on sm_90)."""
         from dataclasses import replace
 
         from trtforge.kernels.decode_attention import default_decode_config
@@ -102,7 +105,7 @@ class TritonDecodeAttention:
         config = default_decode_config(head_dim, kv_dtype)
         if batch * kv_heads * max_keys <= self.small_work and config.block_n == SMALL_DECODE_TILE:
             return replace(config, num_splits=small_decode_splits(batch * kv_heads, max_keys, num_sms))
-        return default_decode_config(head_dim, kv_dtype, max_keys)
+        return default_decode_config(head_dim, kv_dtype, max_keys, batch * kv_heads if q_len == 1 else None)
 
     def pool_config(
         self,
@@ -111,14 +114,16 @@ class TritonDecodeAttention:
         block_tables: torch.Tensor,
         sliding_window: int | None,
         device: torch.device,
+        q_len: int = 1,
     ) -> Any:
-        """:meth:`config_for` a launch of `batch` rows over `k_pool` ``[N, block_size, Hkv, D]`` through
-        `block_tables` (their width is the key capacity; a window bounds the keys split)."""
+        """:meth:`config_for` a launch of `batch` sequences of `q_len` queries over `k_pool` ``[N,
+        block_size, Hkv, D]`` through `block_tables` (their width is the key capacity; a window bounds
+        the keys split)."""
         max_keys = int(block_tables.shape[1]) * int(k_pool.shape[1])
         if sliding_window is not None:  # the kernel splits only the keys a window shows (+ tile alignment)
             max_keys = min(max_keys, int(sliding_window) + 1 + 128)
         kv_heads, head_dim = int(k_pool.shape[2]), int(k_pool.shape[3])
-        return self.config_for(batch, kv_heads, head_dim, max_keys, _num_sms(device), k_pool.dtype)
+        return self.config_for(batch, kv_heads, head_dim, max_keys, _num_sms(device), k_pool.dtype, q_len)
 
     def __call__(
         self,
@@ -146,7 +151,9 @@ class TritonDecodeAttention:
 
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        config = self.pool_config(int(q.shape[0]) // q_len, k_pool, block_tables, sliding_window, q.device)
+        config = self.pool_config(
+            int(q.shape[0]) // q_len, k_pool, block_tables, sliding_window, q.device, q_len
+        )
         decode_attention(
             view(q),
             k_pool,
@@ -362,7 +369,7 @@ class TritonPagedAttention:
         from trtforge.kernels.gemv import pdl_supported
 
         n = int(tables.shape[0])
-        config = self.decode.pool_config(n, k_pool, tables, window, q.device)
+        config = self.decode.pool_config(n, k_pool, tables, window, q.device, s)
         pdl = pdl_supported(q.device)
         if isinstance(where, slice):
             return prepare_paged_decode(
