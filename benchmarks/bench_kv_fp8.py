@@ -286,6 +286,14 @@ def main() -> None:
         metavar="BLOCK_N,WARPS,STAGES",
         help="--serving-sweep: these candidates beside the default (default: SWEEP_CONFIGS)",
     )
+    ap.add_argument(
+        "--keys-as-m",
+        choices=("off", "16", "4"),
+        default="off",
+        help="the decode kernel's experiment switches for this run: q.k^T computed with the keys as the "
+        "product's M (decode_attention.DECODE_QK_KEYS_AS_M), the query rows padded to 16 or only to 4 "
+        "(DECODE_MIN_ROWS); off: the default launch",
+    )
     ap.add_argument("--budget-gib", type=float, default=64.0, help="pool bytes of the capacity check")
     ap.add_argument("--pool-gib", type=float, default=4.0, help="the serving runs' KV pool")
     ap.add_argument("--requests", type=int, default=192)
@@ -297,6 +305,8 @@ def main() -> None:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
         raise SystemExit("needs a CUDA GPU with FP8 support (compute capability >= 8.9)")
     start = time.perf_counter()
+    if args.keys_as_m != "off":
+        da.DECODE_QK_KEYS_AS_M, da.DECODE_MIN_ROWS = True, int(args.keys_as_m)
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args)}
     failures: list[str] = []
     if args.serving_sweep:

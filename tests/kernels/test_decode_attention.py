@@ -271,3 +271,30 @@ def test_bad_inputs_are_rejected(kw, message):
     lens = torch.ones(2, dtype=kw.get("lens_dtype", torch.int32))
     with pytest.raises(ValueError, match=message):
         decode_attention(q, k, k, lens)
+
+
+@pytest.mark.parametrize("min_rows", [16, 4, 1])
+@pytest.mark.parametrize(
+    ("hq", "hkv", "s_q", "page", "splits", "dtype"),
+    [(8, 2, 1, 16, 3, torch.bfloat16), (4, 1, 4, 0, 0, torch.float16), (8, 8, 2, 16, 2, torch.float16)],
+)
+def test_keys_as_the_products_m_match_fp32_sdpa(monkeypatch, min_rows, hq, hkv, s_q, page, splits, dtype):
+    """The experiment switches (DECODE_QK_KEYS_AS_M: q.k^T as (k.q^T)^T; DECODE_MIN_ROWS: fewer padded
+    query rows) attend as the default launch does, with GQA, causal query rows, pages and splits."""
+    monkeypatch.setattr(decode_kernel, "DECODE_QK_KEYS_AS_M", True)
+    monkeypatch.setattr(decode_kernel, "DECODE_MIN_ROWS", min_rows)
+    gen = torch.Generator().manual_seed(hq + s_q + min_rows)
+    lens = [5, 40, 17]
+    b, d, s_max = len(lens), 64, max(lens) + 3
+    q, k, v = _caches(b, hq, hkv, s_q, s_max, d, dtype, gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    poison_past_lengths(k, seq_lens)
+    poison_past_lengths(v, seq_lens)
+    table = None
+    if page:
+        k, v, table = paged_from_contiguous(k, v, seq_lens.cpu(), page, gen)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, k, v, seq_lens, table, out=out, config=DecodeConfig(block_n=16, num_splits=splits))
+    assert not torch.isnan(out).any()
+    err = (out.float() - reference_decode(q, k, v, seq_lens, table)).abs().max().item()
+    assert err < TOL[dtype]

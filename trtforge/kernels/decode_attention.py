@@ -80,6 +80,15 @@ MAX_HEAD_DIM = 256
 MAX_SPLITS = 256
 MIN_SPLIT_TOKENS = 256  # fewer keys per split than this costs more in the reduction than it gains
 FP8_KV_F16 = True  # FP8 pools: products in FP16 (module docstring); False: in the query's type
+# Experiments for a later session (off: the launches as measured), module settings read when a launch is
+# prepared: DECODE_QK_KEYS_AS_M computes q.k^T as (k.q^T)^T, the keys as the product's M and the query
+# rows its N; DECODE_MIN_ROWS pads the query group's rows (GQA 4 x q_len) to at least this many rather
+# than 16 (Triton pads a small M or N of a product itself). GQA's 4 rows padded to 16 give the MMAs 4x
+# the work; with the keys as M the padding falls on N. sm_90 compiles at 128-key FP8 tiles, 4 warps:
+# keys as M at 16 rows turns q.k^T into wgmma m64n16k16 (16 bytes spilled); at 4 rows all stays mma.sync
+# with no spill. Not yet timed: benchmarks/bench_kv_fp8.py --serving-sweep --keys-as-m.
+DECODE_QK_KEYS_AS_M = False
+DECODE_MIN_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -212,11 +221,13 @@ def _attend_tiles(
     DOT_F32: tl.constexpr,
     TMA: tl.constexpr,
     WINDOW: tl.constexpr,
+    KEYS_M: tl.constexpr = False,
 ):
     """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED tiles bound loads by `hi` and hide keys past
     each row's `last_key` (LOWER_RIGHT causal) and, WINDOW, before its `first_key`; unmasked ones
     are wholly visible to every row. TMA:
-    unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n."""
+    unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n.
+    KEYS_M: q.k^T is computed as (k.q^T)^T (:data:`DECODE_QK_KEYS_AS_M`)."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
@@ -251,7 +262,11 @@ def _attend_tiles(
         # FP8 pools: widened in registers to the query's type (exact); their scales are applied outside
         k = k.to(q.dtype)
         v = v.to(q.dtype)
-        if DOT_F32:
+        if KEYS_M and DOT_F32:
+            qk = tl.trans(tl.dot(k.to(tl.float32), tl.trans(q).to(tl.float32)))
+        elif KEYS_M:  # K.q^T: the keys are the product's M, the query rows its N
+            qk = tl.trans(tl.dot(k, tl.trans(q)))
+        elif DOT_F32:
             qk = tl.dot(q.to(tl.float32), tl.trans(k).to(tl.float32))
         else:
             qk = tl.dot(q, tl.trans(k))
@@ -394,6 +409,7 @@ def _decode_split_kernel(
     KV_F16: tl.constexpr = False,
     PDL: tl.constexpr = False,
     STAMP: tl.constexpr = False,
+    KEYS_M: tl.constexpr = False,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
     WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
@@ -468,17 +484,17 @@ def _decode_split_kernel(
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, lo, head_end,
             last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
+            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True, KEYS_M,
         )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, head_end, full_end,
         last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False, KEYS_M,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, full_end, hi,
         last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW, KEYS_M,
     )  # fmt: skip
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -733,11 +749,12 @@ def _split_options(
     tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
     return {
         "GROUP": group, "SEQ_Q": s_q, "HEAD_DIM": d, "BLOCK_D": block_d,
-        "BLOCK_M": max(16, triton.next_power_of_2(group * s_q)), "BLOCK_N": cfg.block_n, "PAGE_SIZE": page,
+        "BLOCK_M": max(DECODE_MIN_ROWS, triton.next_power_of_2(group * s_q)), "BLOCK_N": cfg.block_n,
+        "PAGE_SIZE": page,
         "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
-        "KV_F16": fp16_products(kv_dtype),
+        "KV_F16": fp16_products(kv_dtype), "KEYS_M": DECODE_QK_KEYS_AS_M,
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
 
