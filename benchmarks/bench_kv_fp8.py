@@ -14,8 +14,10 @@ Three parts, each self-checking (a failed check exits non-zero after the JSON is
    (quantization error, reported). A third variant times the FP8 pools with the kernel's products in
    BF16 (``decode_attention.FP8_KV_F16 = False``, the kernel before session 18) beside the FP16 ones.
 ``--serving-sweep`` instead times the serving path's fixed launch over FP8 pools for a few configs at
-the served shapes (what ``decode_attention.FP8_KV_DECODE_CONFIG`` is chosen from); ``--page-sizes 16 32
-64`` over pools of those block sizes too (``--default-config-only``: that launch alone).
+the served shapes (what ``decode_attention.FP8_KV_DECODE_CONFIG`` and ``FP8_KV_MANY_PAIRS_DECODE_CONFIG``
+are chosen from; ``--configs`` names the candidates); ``--page-sizes 16 32 64`` over pools of those block
+sizes too (``--default-config-only``: that launch alone); ``--keys-as-m 16|4`` with the kernel's
+experiment switches on (``decode_attention.DECODE_QK_KEYS_AS_M``, ``DECODE_MIN_ROWS``).
 2. capacity: ``sizing.torch_pool`` (what ``from_pretrained`` runs) on the loaded 8B model for each
    cache dtype, then a fixed budget of pool bytes allocated for each: tokens held. Check: FP8 holds
    2x the BF16 tokens in the same bytes (>= 1.99x).
