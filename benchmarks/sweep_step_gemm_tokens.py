@@ -22,17 +22,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.bench_decode_layer import graph_us
+from benchmarks.sweep_mid_gemm import L2_DEFEAT_BYTES, LAUNCHES, SHAPES  # (N, K, epilogue) a projection
 
-SHAPES = {
-    "qkv": (6144, 4096, False),
-    "o": (4096, 4096, True),
-    "gate_up": (28672, 4096, False),
-    "down": (4096, 14336, True),
-}  # fmt: skip  (N, K, residual epilogue)
 TOKENS = (256, 384, 448, 512, 960, 1024, 1056, 1088, 1152, 1216, 1280, 1408, 1536, 1792, 2048)
-LAUNCHES = 10
-L2_DEFEAT_BYTES = 256e6
-PEAK_TFLOPS = 989.0
 
 
 def time_shape(m: int, n: int, k: int, residual: bool) -> float:
@@ -63,7 +55,7 @@ def main() -> None:
         raise SystemExit("needs a CUDA GPU: it times cuBLAS")
     rows = []
     for m in args.tokens:
-        per = {name: time_shape(m, n, k, res) for name, (n, k, res) in SHAPES.items()}
+        per = {name: time_shape(m, n, k, epi == "residual") for name, (n, k, epi) in SHAPES.items()}
         total = sum(per.values())
         flops = sum(2 * m * n * k for n, k, _ in SHAPES.values())
         row = {"tokens": m, "us": per, "layer_us": total, "us_per_token": total / m,

@@ -53,7 +53,12 @@ def _caches(b, hq, hkv, s_q, s_max, d, dtype, gen):
     ],
 )
 def test_matches_fp32_sdpa(hq, hkv, s_q, d, lens, page, splits, dtype):
-    gen = torch.Generator().manual_seed(sum(lens) + d)
+    _check_against_sdpa(hq, hkv, s_q, d, lens, page, splits, dtype, sum(lens) + d)
+
+
+def _check_against_sdpa(hq, hkv, s_q, d, lens, page, splits, dtype, seed):
+    """16-key tiles (several a sequence) over caches poisoned past each length, against FP32 SDPA."""
+    gen = torch.Generator().manual_seed(seed)
     b, s_max = len(lens), max(lens) + 3
     q, k, v = _caches(b, hq, hkv, s_q, s_max, d, dtype, gen)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
@@ -283,18 +288,4 @@ def test_keys_as_the_products_m_match_fp32_sdpa(monkeypatch, min_rows, hq, hkv, 
     query rows) attend as the default launch does, with GQA, causal query rows, pages and splits."""
     monkeypatch.setattr(decode_kernel, "DECODE_QK_KEYS_AS_M", True)
     monkeypatch.setattr(decode_kernel, "DECODE_MIN_ROWS", min_rows)
-    gen = torch.Generator().manual_seed(hq + s_q + min_rows)
-    lens = [5, 40, 17]
-    b, d, s_max = len(lens), 64, max(lens) + 3
-    q, k, v = _caches(b, hq, hkv, s_q, s_max, d, dtype, gen)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    poison_past_lengths(k, seq_lens)
-    poison_past_lengths(v, seq_lens)
-    table = None
-    if page:
-        k, v, table = paged_from_contiguous(k, v, seq_lens.cpu(), page, gen)
-    out = torch.full_like(q, float("nan"))
-    decode_attention(q, k, v, seq_lens, table, out=out, config=DecodeConfig(block_n=16, num_splits=splits))
-    assert not torch.isnan(out).any()
-    err = (out.float() - reference_decode(q, k, v, seq_lens, table)).abs().max().item()
-    assert err < TOL[dtype]
+    _check_against_sdpa(hq, hkv, s_q, 64, [5, 40, 17], page, splits, dtype, hq + s_q + min_rows)

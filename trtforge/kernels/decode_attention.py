@@ -117,7 +117,7 @@ FP8_KV_DECODE_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2)
 # 128,2,2; results/kv_fp8_sweep_s25.json), us, 4 warps -> 2: 256 x 1,024 keys 178.2 -> 170.2, 241 x 1,536
 # 241.1 -> 238.4, 256 x 2,048 341.9 -> 325.5, 64 x 8,192 334.1 -> 321.5; not at 241 x 256 (53.9 -> 55.4) nor
 # for one sequence (1 x 32,768: 32.3 -> 41.4). On sm_90 it spills 32 bytes at one query a sequence (timed
-# so) and 904 at 8, so verification rows keep 4 warps (TritonDecodeAttention.config_for). End to end not
+# so) and 904 at 8, so verification rows keep 4 warps (default_decode_config's q_len). End to end not
 # yet measured. FP8_KV_TWO_WARPS_MIN_PAIRS = inf keeps 4 warps everywhere.
 FP8_KV_MANY_PAIRS_DECODE_CONFIG = DecodeConfig(block_n=128, num_warps=2, num_stages=2)
 FP8_KV_TWO_WARPS_MIN_PAIRS = 512
@@ -148,14 +148,16 @@ def default_decode_config(
     kv_dtype: torch.dtype | None = None,
     max_keys: int | None = None,
     batch_kv_heads: int | None = None,
+    q_len: int = 1,
 ) -> DecodeConfig:
     """The configuration used without an explicit one: smaller tiles where a wide D fills registers;
     FP8 pools: :data:`FP8_KV_DECODE_CONFIG`, on 2 warps for many (sequence, kv head) pairs over long
-    keys (:data:`FP8_KV_MANY_PAIRS_DECODE_CONFIG`, when both are given); 16-bit pools over up to
-    `max_keys` keys (when given): short tiles for short contexts and long ones for long
-    (:data:`DECODE_CONFIG_BY_KEYS`)."""
+    keys at one query a sequence (:data:`FP8_KV_MANY_PAIRS_DECODE_CONFIG`, when both are given; more
+    query rows spill on 2 warps); 16-bit pools over up to `max_keys` keys (when given): short tiles for
+    short contexts and long ones for long (:data:`DECODE_CONFIG_BY_KEYS`)."""
     if kv_dtype == FP8_KV_DTYPE and head_dim <= 128:
-        many = batch_kv_heads is not None and batch_kv_heads >= FP8_KV_TWO_WARPS_MIN_PAIRS
+        pairs = batch_kv_heads if q_len == 1 else None
+        many = pairs is not None and pairs >= FP8_KV_TWO_WARPS_MIN_PAIRS
         if many and max_keys is not None and max_keys > SHORT_DECODE_KEYS:
             return FP8_KV_MANY_PAIRS_DECODE_CONFIG
         return FP8_KV_DECODE_CONFIG
@@ -262,14 +264,11 @@ def _attend_tiles(
         # FP8 pools: widened in registers to the query's type (exact); their scales are applied outside
         k = k.to(q.dtype)
         v = v.to(q.dtype)
-        if KEYS_M and DOT_F32:
-            qk = tl.trans(tl.dot(k.to(tl.float32), tl.trans(q).to(tl.float32)))
-        elif KEYS_M:  # K.q^T: the keys are the product's M, the query rows its N
-            qk = tl.trans(tl.dot(k, tl.trans(q)))
-        elif DOT_F32:
-            qk = tl.dot(q.to(tl.float32), tl.trans(k).to(tl.float32))
+        q_op, k_op = (q.to(tl.float32), k.to(tl.float32)) if DOT_F32 else (q, k)
+        if KEYS_M:  # K.q^T: the keys are the product's M, the query rows its N
+            qk = tl.trans(tl.dot(k_op, tl.trans(q_op)))
         else:
-            qk = tl.dot(q, tl.trans(k))
+            qk = tl.dot(q_op, tl.trans(k_op))
         qk = qk * qk_scale
         if MASKED:
             keep = (offs_n[None, :] <= last_key[:, None]) & n_ok[None, :]

@@ -93,9 +93,8 @@ class TritonDecodeAttention:
     ) -> Any:
         """The DecodeConfig for `batch` sequences of `kv_heads` heads over up to `max_keys` keys in pools
         of `kv_dtype` (None: the query's type), `q_len` queries a sequence: small work splits 64-key
-        tiles, the rest takes the kernel's default for `max_keys` keys and, one query a sequence, `batch`
-        x `kv_heads` (sequence, kv head) pairs (FP8 pools' 2-warp launch: with more query rows it spills,
-        904 bytes at 8 on sm_90)."""
+        tiles, the rest takes the kernel's default for `max_keys` keys, `batch` x `kv_heads` (sequence,
+        kv head) pairs and `q_len`."""
         from dataclasses import replace
 
         from trtforge.kernels.decode_attention import default_decode_config
@@ -105,7 +104,7 @@ class TritonDecodeAttention:
         config = default_decode_config(head_dim, kv_dtype)
         if batch * kv_heads * max_keys <= self.small_work and config.block_n == SMALL_DECODE_TILE:
             return replace(config, num_splits=small_decode_splits(batch * kv_heads, max_keys, num_sms))
-        return default_decode_config(head_dim, kv_dtype, max_keys, batch * kv_heads if q_len == 1 else None)
+        return default_decode_config(head_dim, kv_dtype, max_keys, batch * kv_heads, q_len)
 
     def pool_config(
         self,
