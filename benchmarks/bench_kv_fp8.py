@@ -16,8 +16,7 @@ Three parts, each self-checking (a failed check exits non-zero after the JSON is
 ``--serving-sweep`` instead times the serving path's fixed launch over FP8 pools for a few configs at
 the served shapes (what ``decode_attention.FP8_KV_DECODE_CONFIG`` and ``FP8_KV_MANY_PAIRS_DECODE_CONFIG``
 are chosen from; ``--configs`` names the candidates); ``--page-sizes 16 32 64`` over pools of those block
-sizes too (``--default-config-only``: that launch alone); ``--keys-as-m 16|4`` with the kernel's
-experiment switches on (``decode_attention.DECODE_QK_KEYS_AS_M``, ``DECODE_MIN_ROWS``).
+sizes too (``--default-config-only``: that launch alone).
 2. capacity: ``sizing.torch_pool`` (what ``from_pretrained`` runs) on the loaded 8B model for each
    cache dtype, then a fixed budget of pool bytes allocated for each: tokens held. Check: FP8 holds
    2x the BF16 tokens in the same bytes (>= 1.99x).
@@ -288,14 +287,6 @@ def main() -> None:
         metavar="BLOCK_N,WARPS,STAGES",
         help="--serving-sweep: these candidates beside the default (default: SWEEP_CONFIGS)",
     )
-    ap.add_argument(
-        "--keys-as-m",
-        choices=("off", "16", "4"),
-        default="off",
-        help="the decode kernel's experiment switches for this run: q.k^T computed with the keys as the "
-        "product's M (decode_attention.DECODE_QK_KEYS_AS_M), the query rows padded to 16 or only to 4 "
-        "(DECODE_MIN_ROWS); off: the default launch",
-    )
     ap.add_argument("--budget-gib", type=float, default=64.0, help="pool bytes of the capacity check")
     ap.add_argument("--pool-gib", type=float, default=4.0, help="the serving runs' KV pool")
     ap.add_argument("--requests", type=int, default=192)
@@ -307,8 +298,6 @@ def main() -> None:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
         raise SystemExit("needs a CUDA GPU with FP8 support (compute capability >= 8.9)")
     start = time.perf_counter()
-    if args.keys_as_m != "off":
-        da.DECODE_QK_KEYS_AS_M, da.DECODE_MIN_ROWS = True, int(args.keys_as_m)
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args)}
     failures: list[str] = []
     if args.serving_sweep:

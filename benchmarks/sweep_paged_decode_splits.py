@@ -58,20 +58,8 @@ def main() -> None:
         help="BLOCK_N,WARPS,STAGES candidates (default: default_decode_config's for BF16, D 128)",
     )
     ap.add_argument("--cases", type=lambda t: _pair(t, ":", 2), nargs="+", default=None, help="B:L shapes")
-    ap.add_argument(
-        "--keys-as-m",
-        choices=("off", "16", "4"),
-        default="off",
-        help="the kernel's experiment switches for this run: q.k^T with the keys as the product's M "
-        "(decode_attention.DECODE_QK_KEYS_AS_M), query rows padded to 16 or only 4 (DECODE_MIN_ROWS)",
-    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    if args.keys_as_m != "off":
-        from trtforge.kernels import decode_attention
-
-        decode_attention.DECODE_QK_KEYS_AS_M = True
-        decode_attention.DECODE_MIN_ROWS = int(args.keys_as_m)
     if not torch.cuda.is_available():
         raise SystemExit(
             "needs a CUDA GPU (the kernel's correctness is tested in the interpreter: tests/kernels)"
@@ -133,7 +121,7 @@ def main() -> None:
         row["heuristic_over_best"] = row["ms"][chosen] / row["ms"][best]
         rows.append(row)
         torch.cuda.empty_cache()
-    result = {"device": torch.cuda.get_device_name(), "sms": sms, "keys_as_m": args.keys_as_m, "rows": rows}
+    result = {"device": torch.cuda.get_device_name(), "sms": sms, "rows": rows}
     if args.out:
         with open(args.out + ".tmp", "w") as f:
             json.dump(result, f, indent=1)

@@ -276,16 +276,3 @@ def test_bad_inputs_are_rejected(kw, message):
     lens = torch.ones(2, dtype=kw.get("lens_dtype", torch.int32))
     with pytest.raises(ValueError, match=message):
         decode_attention(q, k, k, lens)
-
-
-@pytest.mark.parametrize("min_rows", [16, 4, 1])
-@pytest.mark.parametrize(
-    ("hq", "hkv", "s_q", "page", "splits", "dtype"),
-    [(8, 2, 1, 16, 3, torch.bfloat16), (4, 1, 4, 0, 0, torch.float16), (8, 8, 2, 16, 2, torch.float16)],
-)
-def test_keys_as_the_products_m_match_fp32_sdpa(monkeypatch, min_rows, hq, hkv, s_q, page, splits, dtype):
-    """The experiment switches (DECODE_QK_KEYS_AS_M: q.k^T as (k.q^T)^T; DECODE_MIN_ROWS: fewer padded
-    query rows) attend as the default launch does, with GQA, causal query rows, pages and splits."""
-    monkeypatch.setattr(decode_kernel, "DECODE_QK_KEYS_AS_M", True)
-    monkeypatch.setattr(decode_kernel, "DECODE_MIN_ROWS", min_rows)
-    _check_against_sdpa(hq, hkv, s_q, 64, [5, 40, 17], page, splits, dtype, hq + s_q + min_rows)

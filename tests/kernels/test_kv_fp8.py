@@ -132,30 +132,6 @@ def test_paged_decode_over_fp8_matches_the_dequantized_reference(device, dtype, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("min_rows", [16, 4])
-def test_keys_as_the_products_m_over_fp8_match_the_dequantized_reference(device, min_rows, monkeypatch):
-    """The experiment switches (decode_attention.DECODE_QK_KEYS_AS_M, DECODE_MIN_ROWS) over FP8 pools."""
-    from trtforge.kernels import decode_attention as da
-
-    device = _device(device)
-    monkeypatch.setattr(da, "DECODE_QK_KEYS_AS_M", True)
-    monkeypatch.setattr(da, "DECODE_MIN_ROWS", min_rows)
-    g = torch.Generator().manual_seed(9)
-    b, hq, hkv, d, page = 3, 8, 2, 64, 16
-    lens = torch.tensor([70, 33, 5], dtype=torch.int32)
-    q = torch.randn(b, hq, 1, d, generator=g).bfloat16()
-    k = torch.randn(b, hkv, 70, d, generator=g).bfloat16()
-    v = torch.randn(b, hkv, 70, d, generator=g).bfloat16()
-    ks, vs = 4.0 / 448, 3.5 / 448
-    kq, vq = quantize_fp8(k, ks), quantize_fp8(v, vs)
-    kp, vp, table = _fp8_pools(kq, vq, lens, page, 3)
-    args = [t.to(device) for t in (q, kp, vp, lens, table)]
-    got = decode_attention(*args, config=DecodeConfig(num_splits=2), k_scale=ks, v_scale=vs)
-    want = reference_decode(q, dequantize(kq, ks), dequantize(vq, vs), lens)
-    assert (got.float().cpu() - want).abs().max() < TOL[torch.bfloat16]
-
-
-@pytest.mark.parametrize("device", DEVICES)
 def test_prepared_decode_launch_takes_the_scales_per_call(device):
     """A serving step's prepared launch: the same geometry, each layer with its own pools and scales."""
     device = _device(device)
@@ -276,22 +252,21 @@ def test_llama3_8b_shape_decode_and_prefill_over_fp8_on_the_gpu():
 # ------------------------------------------------------- sm_90 code (compiled here, no GPU needed)
 
 
-def _decode_compile_facts(kv_f16: bool, keys_m: bool = False, min_rows: int = 16) -> dict:
+def _decode_compile_facts(kv_f16: bool) -> dict:
     """The paged split-KV decode kernel over FP8 pools with a BF16 query, as the serving path launches
-    it at the Llama-3-8B shape (GQA 32/8, D 128, 16-token pages), compiled for sm_90; `keys_m`,
-    `min_rows`: decode_attention.DECODE_QK_KEYS_AS_M and DECODE_MIN_ROWS."""
+    it at the Llama-3-8B shape (GQA 32/8, D 128, 16-token pages), compiled for sm_90."""
     from tests.kernels._sm90 import compile_facts
     from trtforge.kernels import decode_attention as da
 
     cfg = da.default_decode_config(128, FP8_KV_DTYPE)
-    old = da.FP8_KV_F16, da.DECODE_QK_KEYS_AS_M, da.DECODE_MIN_ROWS
-    da.FP8_KV_F16, da.DECODE_QK_KEYS_AS_M, da.DECODE_MIN_ROWS = kv_f16, keys_m, min_rows
+    old = da.FP8_KV_F16
+    da.FP8_KV_F16 = kv_f16
     try:
         opts = da._split_options(
             cfg, 4, 1, 128, 16, False, False, False, 0, False, torch.bfloat16, FP8_KV_DTYPE
         )
     finally:
-        da.FP8_KV_F16, da.DECODE_QK_KEYS_AS_M, da.DECODE_MIN_ROWS = old
+        da.FP8_KV_F16 = old
     consts = {k: v for k, v in opts.items() if k not in ("num_warps", "num_stages", "launch_pdl")}
     # unit strides: the launcher specializes an int argument equal to 1 as a constant (contiguous D)
     consts |= {"STAMP": False, "stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od": 1}
@@ -332,21 +307,6 @@ def test_fp8_pools_widen_to_fp16_in_one_conversion_a_pair_on_sm90():
     # K/V tiles arrive by pipelined 16-byte cp.async, as the BF16 pools' do
     assert new["cp_async_16"] > 0 and new["counts"].get("cp.async.wait_group", 0) > 0, new["counts"]
     assert new["ptxas_rc"] == 0 and new["spills"] == [0], new["ptxas"]
-
-
-def test_keys_as_the_products_m_compile_for_sm90():
-    """The experiment switches as their comment says (decode_attention.DECODE_QK_KEYS_AS_M): at 16 rows
-    q.k^T becomes wgmma (the keys fill its M of 64); at the GQA group's 4 rows every product stays
-    mma.sync and nothing spills."""
-    from tests.kernels._sm90 import needs_ptxas, run_in_child
-
-    needs_ptxas()
-    rows16 = run_in_child(f"{__name__}:_decode_compile_facts", True, True, 16)
-    rows4 = run_in_child(f"{__name__}:_decode_compile_facts", True, True, 4)
-    assert any(op.startswith("wgmma.mma_async") for op in rows16["counts"]), rows16["counts"]
-    assert not any(op.startswith("wgmma.mma_async") for op in rows4["counts"]), rows4["counts"]
-    assert rows16["ptxas_rc"] == 0 and rows4["ptxas_rc"] == 0
-    assert rows4["spills"] == [0], rows4["ptxas"]
 
 
 def _chunked_compile_facts(kv_f16: bool) -> dict:
