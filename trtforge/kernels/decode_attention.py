@@ -80,15 +80,6 @@ MAX_HEAD_DIM = 256
 MAX_SPLITS = 256
 MIN_SPLIT_TOKENS = 256  # fewer keys per split than this costs more in the reduction than it gains
 FP8_KV_F16 = True  # FP8 pools: products in FP16 (module docstring); False: in the query's type
-# Experiments for a later session (off: the launches as measured), module settings read when a launch is
-# prepared: DECODE_QK_KEYS_AS_M computes q.k^T as (k.q^T)^T, the keys as the product's M and the query
-# rows its N; DECODE_MIN_ROWS pads the query group's rows (GQA 4 x q_len) to at least this many rather
-# than 16 (Triton pads a small M or N of a product itself). GQA's 4 rows padded to 16 give the MMAs 4x
-# the work; with the keys as M the padding falls on N. sm_90 compiles at 128-key FP8 tiles, 4 warps:
-# keys as M at 16 rows turns q.k^T into wgmma m64n16k16 (16 bytes spilled); at 4 rows all stays mma.sync
-# with no spill. Not yet timed: benchmarks/bench_kv_fp8.py --serving-sweep --keys-as-m.
-DECODE_QK_KEYS_AS_M = False
-DECODE_MIN_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -117,8 +108,10 @@ FP8_KV_DECODE_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2)
 # 128,2,2; results/kv_fp8_sweep_s25.json), us, 4 warps -> 2: 256 x 1,024 keys 178.2 -> 170.2, 241 x 1,536
 # 241.1 -> 238.4, 256 x 2,048 341.9 -> 325.5, 64 x 8,192 334.1 -> 321.5; not at 241 x 256 (53.9 -> 55.4) nor
 # for one sequence (1 x 32,768: 32.3 -> 41.4). On sm_90 it spills 32 bytes at one query a sequence (timed
-# so) and 904 at 8, so verification rows keep 4 warps (default_decode_config's q_len). End to end not
-# yet measured. FP8_KV_TWO_WARPS_MIN_PAIRS = inf keeps 4 warps everywhere.
+# so) and 904 at 8, so verification rows keep 4 warps (default_decode_config's q_len). End to end
+# (8B FP8 + FP8 KV, 128/2048 at 512 sequences, first 40 s; results/throughput_s26_fp8kv_*) within noise:
+# 22,809 tok/s, decode steps 21.73 ms, against 22,745 and 21.89 with 4 warps forced (the next call).
+# FP8_KV_TWO_WARPS_MIN_PAIRS = inf keeps 4 warps everywhere.
 FP8_KV_MANY_PAIRS_DECODE_CONFIG = DecodeConfig(block_n=128, num_warps=2, num_stages=2)
 FP8_KV_TWO_WARPS_MIN_PAIRS = 512
 
@@ -223,13 +216,11 @@ def _attend_tiles(
     DOT_F32: tl.constexpr,
     TMA: tl.constexpr,
     WINDOW: tl.constexpr,
-    KEYS_M: tl.constexpr = False,
 ):
     """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED tiles bound loads by `hi` and hide keys past
     each row's `last_key` (LOWER_RIGHT causal) and, WINDOW, before its `first_key`; unmasked ones
     are wholly visible to every row. TMA:
-    unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n.
-    KEYS_M: q.k^T is computed as (k.q^T)^T (:data:`DECODE_QK_KEYS_AS_M`)."""
+    unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
@@ -265,10 +256,7 @@ def _attend_tiles(
         k = k.to(q.dtype)
         v = v.to(q.dtype)
         q_op, k_op = (q.to(tl.float32), k.to(tl.float32)) if DOT_F32 else (q, k)
-        if KEYS_M:  # K.q^T: the keys are the product's M, the query rows its N
-            qk = tl.trans(tl.dot(k_op, tl.trans(q_op)))
-        else:
-            qk = tl.dot(q_op, tl.trans(k_op))
+        qk = tl.dot(q_op, tl.trans(k_op))
         qk = qk * qk_scale
         if MASKED:
             keep = (offs_n[None, :] <= last_key[:, None]) & n_ok[None, :]
@@ -408,7 +396,6 @@ def _decode_split_kernel(
     KV_F16: tl.constexpr = False,
     PDL: tl.constexpr = False,
     STAMP: tl.constexpr = False,
-    KEYS_M: tl.constexpr = False,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
     WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
@@ -483,17 +470,17 @@ def _decode_split_kernel(
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, lo, head_end,
             last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True, KEYS_M,
+            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
         )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, head_end, full_end,
         last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False, KEYS_M,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, full_end, hi,
         last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW, KEYS_M,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
     )  # fmt: skip
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -748,12 +735,11 @@ def _split_options(
     tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
     return {
         "GROUP": group, "SEQ_Q": s_q, "HEAD_DIM": d, "BLOCK_D": block_d,
-        "BLOCK_M": max(DECODE_MIN_ROWS, triton.next_power_of_2(group * s_q)), "BLOCK_N": cfg.block_n,
-        "PAGE_SIZE": page,
+        "BLOCK_M": max(16, triton.next_power_of_2(group * s_q)), "BLOCK_N": cfg.block_n, "PAGE_SIZE": page,
         "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
-        "KV_F16": fp16_products(kv_dtype), "KEYS_M": DECODE_QK_KEYS_AS_M,
+        "KV_F16": fp16_products(kv_dtype),
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
 
