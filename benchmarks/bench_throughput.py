@@ -580,7 +580,7 @@ def run_workload(
         all_t = np.concatenate(stamps)
         count = int(((all_t >= a) & (all_t <= b)).sum())
         steady = {"from_s": a - start, "to_s": b - start, "output_tok_s": count / (b - a)}
-    run = np.array([r for _, r, _, _ in series if _ <= end], dtype=np.float64)
+    run = np.array([r for t, r, _, _ in series if t <= end], dtype=np.float64)
     stride = max(1, len(series) // 500)
     res = {
         "requests": len(reqs),
