@@ -1,0 +1,103 @@
+"""Probe: does the paged pool's physical layout bind decode attention's bandwidth over FP8 pools?
+
+    PYTHONPATH=. python3 benchmarks/probe_pool_layout.py --out build/pool_layout.json
+
+The serving pools are [num_blocks, block_size, Hkv, D]: within a block, one kv head's key rows are
+Hkv·D elements apart, so over FP8 a program gathers 128-byte rows (256 over BF16). This times the
+serving path's fixed decode launch (``TritonDecodeAttention``, graph-replayed, median) over the same
+K/V stored slot-major (the serving layout) and heads-major ([num_blocks, Hkv, block_size, D] in memory,
+the same logical pool through a permuted view: one head's block is contiguous), at 16- and 64-token
+blocks, for FP8 and BF16 pools, Hq 32 / Hkv 8 / D 128, q_len 1, every sequence at full length.
+Check: each layout's output equals the slot-major one's bit for bit (same kernel, same order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks.bench_decode_attention import _graph_us, _pool
+from trtforge.kernels.kv_quant import FP8_MAX, quantize_fp8
+
+HQ, HKV, D = 32, 8, 128
+POINTS = [(241, 256), (256, 1024), (256, 2048), (64, 8192)]
+
+
+def heads_major_storage(pool: torch.Tensor) -> torch.Tensor:
+    """The same logical [num_blocks, block_size, Hkv, D] pool, stored [num_blocks, Hkv, block_size, D]."""
+    return pool.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="JSON results")
+    ap.add_argument("--pages", type=int, nargs="+", default=[16, 64], help="block sizes")
+    args = ap.parse_args()
+    from trtforge.llm.executors.triton_attention import TritonDecodeAttention
+
+    attn = TritonDecodeAttention()
+    rows, failures = [], []
+    for b, length in POINTS:
+        for page in args.pages:
+            gen = torch.Generator().manual_seed(b + length + page)
+            k = torch.randn(b, HKV, length, D, dtype=torch.bfloat16, device="cuda")
+            v = torch.randn(b, HKV, length, D, dtype=torch.bfloat16, device="cuda")
+            q = torch.randn(b, HQ, D, generator=gen).bfloat16().cuda()
+            lens = torch.full((b,), length, dtype=torch.int32, device="cuda")
+            out = torch.empty_like(q)
+            k16, v16, table = _pool(k, v, page, gen)
+            del k, v
+            ks, vs = float(k16.abs().amax()) / FP8_MAX, float(v16.abs().amax()) / FP8_MAX
+            for kv in ("bf16", "fp8"):
+                kp, vp, scales, elem = k16, v16, {}, 2
+                if kv == "fp8":
+                    kp, vp, scales, elem = (
+                        quantize_fp8(k16, ks),
+                        quantize_fp8(v16, vs),
+                        {"k_scale": ks, "v_scale": vs},
+                        1,
+                    )
+                ref = None
+                for layout in ("slot_major", "heads_major"):
+                    if layout == "heads_major":
+                        kp, vp = heads_major_storage(kp), heads_major_storage(vp)
+
+                    fn = functools.partial(attn, q, kp, vp, table, lens, D**-0.5, out=out, **scales)
+
+                    got = fn().clone()
+                    ref = got if ref is None else ref
+                    us = _graph_us(fn)
+                    same = bool(torch.equal(got, ref))
+                    row = {"B": b, "L": length, "page": page, "kv": kv, "layout": layout}
+                    row |= {
+                        "us": round(us, 1),
+                        "tb_per_s": round(2 * b * HKV * length * D * elem / us / 1e6, 3),
+                    }
+                    row["equal"] = same
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    if not same:
+                        failures.append(f"{kv} B={b} L={length} page={page}: heads-major output differs")
+                del kp, vp
+            del k16, v16
+            gc.collect()
+            torch.cuda.empty_cache()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps({"device": torch.cuda.get_device_name(), "rows": rows, "failures": failures}, indent=1)
+    )
+    tmp.replace(args.out)
+    for f in failures:
+        print("FAILED:", f, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
