@@ -1,14 +1,22 @@
 """Probe: does the paged pool's physical layout bind decode attention's bandwidth over FP8 pools?
 
-    PYTHONPATH=. python3 benchmarks/probe_pool_layout.py --out build/pool_layout.json
+    PYTHONPATH=. python3 benchmarks/probe_pool_layout.py --out build/pool_layout.json [--layouts ...]
 
 The serving pools are [num_blocks, block_size, Hkv, D]: within a block, one kv head's key rows are
 Hkv·D elements apart, so over FP8 a program gathers 128-byte rows (256 over BF16). This times the
 serving path's fixed decode launch (``TritonDecodeAttention``, graph-replayed, median) over the same
-K/V stored slot-major (the serving layout) and heads-major ([num_blocks, Hkv, block_size, D] in memory,
-the same logical pool through a permuted view: one head's block is contiguous), at 16- and 64-token
-blocks, for FP8 and BF16 pools, Hq 32 / Hkv 8 / D 128, q_len 1, every sequence at full length.
-Check: each layout's output equals the slot-major one's bit for bit (same kernel, same order).
+K/V in other physical layouts of the same logical pool (permuted views, so the kernel only sees other
+strides), at 16- and 64-token blocks, for FP8 and BF16 pools, Hq 32 / Hkv 8 / D 128, q_len 1, every
+sequence at full length:
+- ``slot_major``: the serving layout;
+- ``heads_major``: K and V stored [num_blocks, Hkv, block_size, D] (one head's block contiguous);
+- ``v_keys_major``: V stored [num_blocks, Hkv, D, block_size] (a block's keys contiguous per channel).
+  P.V reads V with the keys as its reduction axis; over FP8 the slot-major tile reaches the MMA one
+  byte a shared load (``ldmatrix`` cannot transpose 8-bit elements), keys-major through ``ldmatrix``
+  (sm_90 compile: 256 ``ld.shared.b8`` in the tile loops -> 0, shared memory unchanged).
+FP8 pools also run each layout with 4 warps forced (``--fp8-four-warps``; the default launch takes 2
+at these batches, and 2 warps spill over a keys-major V). Check: every layout's output matches the
+slot-major one's (max |diff| < 1e-3; the same values reach the same MMAs).
 """
 
 from __future__ import annotations
@@ -34,14 +42,34 @@ def heads_major_storage(pool: torch.Tensor) -> torch.Tensor:
     return pool.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
 
 
+def keys_major_storage(pool: torch.Tensor) -> torch.Tensor:
+    """The same logical [num_blocks, block_size, Hkv, D] pool, stored [num_blocks, Hkv, D, block_size]."""
+    return pool.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+
+
+LAYOUTS = {
+    "slot_major": lambda k, v: (k, v),
+    "heads_major": lambda k, v: (heads_major_storage(k), heads_major_storage(v)),
+    "v_keys_major": lambda k, v: (k, keys_major_storage(v)),
+}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="JSON results")
     ap.add_argument("--pages", type=int, nargs="+", default=[16, 64], help="block sizes")
+    ap.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=list(LAYOUTS), help="layouts")
+    ap.add_argument(
+        "--fp8-four-warps", choices=("on", "off"), default="on", help="FP8 pools: also time 4 warps forced"
+    )
     args = ap.parse_args()
+    from trtforge.kernels.decode_attention import FP8_KV_DECODE_CONFIG
     from trtforge.llm.executors.triton_attention import TritonDecodeAttention
 
-    attn = TritonDecodeAttention()
+    launches = {
+        "default": TritonDecodeAttention(),
+        "4warps": TritonDecodeAttention(config=FP8_KV_DECODE_CONFIG),
+    }
     rows, failures = [], []
     for b, length in POINTS:
         for page in args.pages:
@@ -64,26 +92,38 @@ def main() -> int:
                         1,
                     )
                 ref = None
-                for layout in ("slot_major", "heads_major"):
-                    if layout == "heads_major":
-                        kp, vp = heads_major_storage(kp), heads_major_storage(vp)
-
-                    fn = functools.partial(attn, q, kp, vp, table, lens, D**-0.5, out=out, **scales)
-
-                    got = fn().clone()
-                    ref = got if ref is None else ref
-                    us = _graph_us(fn)
-                    same = bool(torch.equal(got, ref))
-                    row = {"B": b, "L": length, "page": page, "kv": kv, "layout": layout}
-                    row |= {
-                        "us": round(us, 1),
-                        "tb_per_s": round(2 * b * HKV * length * D * elem / us / 1e6, 3),
-                    }
-                    row["equal"] = same
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-                    if not same:
-                        failures.append(f"{kv} B={b} L={length} page={page}: heads-major output differs")
+                for layout in ["slot_major"] + [x for x in args.layouts if x != "slot_major"]:
+                    lk, lv = LAYOUTS[layout](kp, vp)
+                    names = (
+                        ["default", "4warps"] if kv == "fp8" and args.fp8_four_warps == "on" else ["default"]
+                    )
+                    for launch in names:
+                        attn = launches[launch]
+                        fn = functools.partial(attn, q, lk, lv, table, lens, D**-0.5, out=out, **scales)
+                        got = fn().float().clone()
+                        ref = got if ref is None else ref
+                        us = _graph_us(fn)
+                        diff = float((got - ref).abs().max())
+                        row = {
+                            "B": b,
+                            "L": length,
+                            "page": page,
+                            "kv": kv,
+                            "layout": layout,
+                            "launch": launch,
+                        }
+                        row |= {
+                            "us": round(us, 1),
+                            "tb_per_s": round(2 * b * HKV * length * D * elem / us / 1e6, 3),
+                            "max_diff": diff,
+                        }
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+                        if diff >= 1e-3:
+                            failures.append(
+                                f"{kv} B={b} L={length} page={page} {layout} {launch}: differs by {diff}"
+                            )
+                    del lk, lv
                 del kp, vp
             del k16, v16
             gc.collect()

@@ -132,6 +132,38 @@ def test_paged_decode_over_fp8_matches_the_dequantized_reference(device, dtype, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fp8", [True, False])
+def test_paged_decode_reads_pools_stored_in_other_layouts(device, fp8):
+    """The kernels index pools by strides, so the same logical [blocks, slot, head, D] pool stored
+    heads-major (K) or with a block's keys contiguous per channel (V, as benchmarks/probe_pool_layout.py
+    times it) attends as the serving layout does."""
+    device = _device(device)
+    g = torch.Generator().manual_seed(5)
+    b, hq, hkv, d, page = 3, 8, 2, 64, 16
+    lens = torch.tensor([70, 33, 5], dtype=torch.int32)
+    q = torch.randn(b, hq, 1, d, generator=g).bfloat16()
+    k = torch.randn(b, hkv, 70, d, generator=g).bfloat16()
+    v = torch.randn(b, hkv, 70, d, generator=g).bfloat16()
+    ks, vs = 4.0 / 448, 3.5 / 448
+    if fp8:
+        kp, vp, table = _fp8_pools(quantize_fp8(k, ks), quantize_fp8(v, vs), lens, page, 3)
+        scales = {"k_scale": ks, "v_scale": vs}
+    else:
+        kp, vp, table = paged_from_contiguous(k, v, lens, page, torch.Generator().manual_seed(3))
+        scales = {}
+    k_heads = kp.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+    v_keys = vp.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    assert k_heads.shape == kp.shape and v_keys.shape == vp.shape and v_keys.stride(1) == 1
+    q_, lens_, table_ = (t.to(device) for t in (q, lens, table))
+    cfg = DecodeConfig(num_splits=2)
+    want = decode_attention(q_, kp.to(device), vp.to(device), lens_, table_, config=cfg, **scales)
+    got = decode_attention(q_, k_heads.to(device), v_keys.to(device), lens_, table_, config=cfg, **scales)
+    assert (got.float() - want.float()).abs().max() < 1e-3
+    ref = reference_decode(q, k, v, lens)
+    assert (want.float().cpu() - ref).abs().max() < (QUANT_TOL if fp8 else TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_prepared_decode_launch_takes_the_scales_per_call(device):
     """A serving step's prepared launch: the same geometry, each layer with its own pools and scales."""
     device = _device(device)

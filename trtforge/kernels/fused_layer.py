@@ -82,9 +82,11 @@ def _rope_cache_kernel(
     stride_kb,
     stride_kn,
     stride_kh,
+    stride_kd,
     stride_vb,
     stride_vn,
     stride_vh,
+    stride_vd,
     num_heads,
     num_kv_heads,
     k_inv_scale,
@@ -141,23 +143,25 @@ def _rope_cache_kernel(
         vbase = row + (num_heads + num_kv_heads + offs_h[:, None]) * d2 + offs_d[None, :]
         x1 = tl.load(kbase, mask=ok, other=0.0).to(tl.float32)
         x2 = tl.load(kbase + HALF, mask=ok, other=0.0).to(tl.float32)
-        kd = KPool + blk * stride_kb + off * stride_kn + offs_h[:, None] * stride_kh + offs_d[None, :]
+        k_row = KPool + blk * stride_kb + off * stride_kn + offs_h[:, None] * stride_kh
+        v_row = VPool + blk * stride_vb + off * stride_vn + offs_h[:, None] * stride_vh
+        kd = k_row + offs_d[None, :] * stride_kd
         kt = KPool.dtype.element_ty
         vt = VPool.dtype.element_ty
         # K is rounded to the activations' type first, as the unfused path (and a 16-bit pool) has it
         k1 = (x1 * c1[None, :] - x2 * s1[None, :]).to(QKV.dtype.element_ty).to(tl.float32)
         k2 = (x2 * c2[None, :] + x1 * s2[None, :]).to(QKV.dtype.element_ty).to(tl.float32)
         tl.store(kd, to_cache(k1, k_inv_scale, kt), mask=ok)
-        tl.store(kd + HALF, to_cache(k2, k_inv_scale, kt), mask=ok)
-        vd = VPool + blk * stride_vb + off * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :]
+        tl.store(kd + HALF * stride_kd, to_cache(k2, k_inv_scale, kt), mask=ok)
+        vd = v_row + offs_d[None, :] * stride_vd
         v1 = tl.load(vbase, mask=ok, other=0.0).to(tl.float32)
         v2 = tl.load(vbase + HALF, mask=ok, other=0.0).to(tl.float32)
         tl.store(vd, to_cache(v1, v_inv_scale, vt), mask=ok)
-        tl.store(vd + HALF, to_cache(v2, v_inv_scale, vt), mask=ok)
+        tl.store(vd + HALF * stride_vd, to_cache(v2, v_inv_scale, vt), mask=ok)
         if D > 2 * HALF:
             pok = (offs_h < num_kv_heads)[:, None] & p_ok[None, :]
-            kp = KPool + blk * stride_kb + off * stride_kn + offs_h[:, None] * stride_kh + offs_p[None, :]
-            vp = VPool + blk * stride_vb + off * stride_vn + offs_h[:, None] * stride_vh + offs_p[None, :]
+            kp = k_row + offs_p[None, :] * stride_kd
+            vp = v_row + offs_p[None, :] * stride_vd
             ksrc = row + (num_heads + offs_h[:, None]) * d2 + offs_p[None, :]
             vsrc = row + (num_heads + num_kv_heads + offs_h[:, None]) * d2 + offs_p[None, :]
             tl.store(
@@ -219,8 +223,8 @@ def rope_and_cache(
 ) -> torch.Tensor:
     """Rotate q and k of ``qkv`` ``[T, (Hq + 2 Hkv) * D]`` by ``cos``/``sin`` ``[T, R]`` (rotate-half RoPE
     over each head's first R <= D channels, R even), write k and v at pool slots ``slots`` ``[T]`` (pools
-    ``[nb, bs, Hkv, D]``: qkv's dtype, or FP8 E4M3 storing k / k_scale and v / v_scale); return q
-    ``[T, Hq, D]``."""
+    ``[nb, bs, Hkv, D]`` of any strides: qkv's dtype, or FP8 E4M3 storing k / k_scale and v / v_scale);
+    return q ``[T, Hq, D]``."""
     t = int(qkv.shape[0])
     d, rot = int(k_pool.shape[-1]), int(cos.shape[-1])
     if rot % 2 or rot > d:
@@ -232,8 +236,7 @@ def rope_and_cache(
         _rope_cache_kernel[(t, 2)](
             qkv, cos, sin, slots, q, k_pool, v_pool,
             qkv.stride(0), cos.stride(0), q.stride(0),
-            k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
-            v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
+            *k_pool.stride(), *v_pool.stride(),
             num_heads, num_kv_heads, inverse_scale(k_scale), inverse_scale(v_scale),
             PAGE=int(k_pool.shape[1]), HALF=half, BLOCK_HALF=triton.next_power_of_2(half),
             BLOCK_H=triton.next_power_of_2(max(num_heads, num_kv_heads)),

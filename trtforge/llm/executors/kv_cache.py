@@ -136,16 +136,35 @@ def calibrate_kv_scales(
     return KVScales(tuple(to_scale(a) for a in k_amax), tuple(to_scale(a) for a in v_amax), how)
 
 
+# An experiment, off by default (the serving layout as measured), read when an executor allocates its
+# pools: FP8 V pools stored with each block's keys contiguous per channel ([N, Hkv, D, block_size] in
+# memory; the same logical [N, block_size, Hkv, D] pool through a permuted view, so every kernel only
+# sees other strides). P.V reduces over the keys: over the serving layout an FP8 V tile reaches the MMA
+# one byte a shared load (ldmatrix cannot transpose 8-bit elements); keys-major, through ldmatrix (sm_90
+# compile of the decode kernel: 256 ld.shared.b8 in its tile loops -> 0, shared memory unchanged; a
+# masked tail tile loads V a byte at a time from global memory). Timed by
+# benchmarks/probe_pool_layout.py (kernel) and bench_throughput.py --fp8-v-keys-major (served).
+FP8_V_KEYS_MAJOR = False
+
+
+def new_pool(shape: tuple[int, int, int, int], dtype: torch.dtype, device: Any, values: bool) -> torch.Tensor:
+    """A zeroed K (`values` False) or V pool ``[N, block_size, Hkv, D]``; an FP8 V pool is stored keys-major
+    where :data:`FP8_V_KEYS_MAJOR` is on."""
+    if values and dtype == FP8_KV_DTYPE and FP8_V_KEYS_MAJOR:
+        n, bs, hkv, d = shape
+        return torch.zeros((n, hkv, d, bs), dtype=dtype, device=device).permute(0, 3, 1, 2)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
 def write_reference(pool: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, scale: float) -> None:
-    """The torch path's cache write: rows `x` ``[T, Hkv, D]`` into `pool` ``[N, block_size, Hkv, D]`` at
-    flat `slots` (int64 ``[T]``), quantized with `scale` where the pool is FP8."""
-    hkv, d = int(pool.shape[2]), int(pool.shape[3])
-    if pool.dtype == FP8_KV_DTYPE:  # (index_copy_ has no FP8 kernel: copy the bytes)
-        pool.view(torch.uint8).view(-1, hkv, d).index_copy_(
-            0, slots, quantize_fp8(x, scale).view(torch.uint8)
-        )
+    """The torch path's cache write: rows `x` ``[T, Hkv, D]`` into `pool` ``[N, block_size, Hkv, D]`` (any
+    strides) at flat `slots` (int64 ``[T]``), quantized with `scale` where the pool is FP8."""
+    bs = int(pool.shape[1])
+    blk, off = slots // bs, slots % bs
+    if pool.dtype == FP8_KV_DTYPE:  # (index_put_ has no FP8 kernel: copy the bytes)
+        pool.view(torch.uint8)[blk, off] = quantize_fp8(x, scale).view(torch.uint8)
     else:
-        pool.view(-1, hkv, d).index_copy_(0, slots, x)
+        pool[blk, off] = x
 
 
 def read_reference(gathered: torch.Tensor, scale: float) -> torch.Tensor:
