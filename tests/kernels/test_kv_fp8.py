@@ -284,9 +284,10 @@ def test_llama3_8b_shape_decode_and_prefill_over_fp8_on_the_gpu():
 # ------------------------------------------------------- sm_90 code (compiled here, no GPU needed)
 
 
-def _decode_compile_facts(kv_f16: bool) -> dict:
+def _decode_compile_facts(kv_f16: bool, v_keys_major: bool = False) -> dict:
     """The paged split-KV decode kernel over FP8 pools with a BF16 query, as the serving path launches
-    it at the Llama-3-8B shape (GQA 32/8, D 128, 16-token pages), compiled for sm_90."""
+    it at the Llama-3-8B shape (GQA 32/8, D 128, 16-token pages, 4 warps), compiled for sm_90;
+    `v_keys_major`: the V pool stored keys-major (kv_cache.FP8_V_KEYS_MAJOR's strides)."""
     from tests.kernels._sm90 import compile_facts
     from trtforge.kernels import decode_attention as da
 
@@ -309,6 +310,9 @@ def _decode_compile_facts(kv_f16: bool) -> dict:
             "stride_kh": 128, "stride_kn": 1024, "stride_kd": 1, "stride_vb": 16384, "stride_vh": 128,
             "stride_vn": 1024, "stride_vd": 1, "stride_ob": 4096, "stride_oh": 128, "stride_om": 4096,
             "stride_od": 1, "stride_tb": 256, "num_kv_heads": 8, "num_splits": 2, "window": 0}  # fmt: skip
+    if v_keys_major:  # V stored [blocks, Hkv, D, 16]: its keys are the unit stride, its channels 16 apart
+        consts = {k: v for k, v in consts.items() if k != "stride_vd"} | {"stride_vn": 1}
+        ints |= {"stride_vn": 1, "stride_vh": 2048, "stride_vd": 16}
     facts = compile_facts(
         da._decode_split_kernel, pointers, ints, consts, cfg.num_warps, cfg.num_stages,
         scalars={"qk_scale": "fp32", "v_scale": "fp32"},
@@ -339,6 +343,25 @@ def test_fp8_pools_widen_to_fp16_in_one_conversion_a_pair_on_sm90():
     # K/V tiles arrive by pipelined 16-byte cp.async, as the BF16 pools' do
     assert new["cp_async_16"] > 0 and new["counts"].get("cp.async.wait_group", 0) > 0, new["counts"]
     assert new["ptxas_rc"] == 0 and new["spills"] == [0], new["ptxas"]
+
+
+def test_fp8_v_stored_keys_major_reaches_the_mma_without_byte_loads_on_sm90():
+    """kv_cache.FP8_V_KEYS_MAJOR's premise: over the serving layout P.V's FP8 V tile reaches the MMA one
+    byte a shared load (ldmatrix cannot transpose 8-bit elements); stored keys-major it goes through
+    ldmatrix, in the same shared memory and with the same conversions and MMAs."""
+    from tests.kernels._sm90 import needs_ptxas, run_in_child
+
+    needs_ptxas()
+    slot = run_in_child(f"{__name__}:_decode_compile_facts", True, False)
+    keys = run_in_child(f"{__name__}:_decode_compile_facts", True, True)
+    ldm = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
+    assert slot["counts"].get("ld.shared.b8", 0) >= 128, slot["counts"]
+    assert keys["counts"].get("ld.shared.b8", 0) == 0, keys["counts"]
+    assert keys["counts"].get(ldm, 0) > slot["counts"].get(ldm, 0)
+    assert keys["shared"] == slot["shared"]
+    for op in ("cvt.rn.f16x2.e4m3x2", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"):
+        assert keys["counts"].get(op) == slot["counts"].get(op), op
+    assert keys["ptxas_rc"] == 0 and keys["spills"] == [0], keys["ptxas"]
 
 
 def _chunked_compile_facts(kv_f16: bool) -> dict:
