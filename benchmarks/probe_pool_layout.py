@@ -15,7 +15,7 @@ sequence at full length:
   byte a shared load (``ldmatrix`` cannot transpose 8-bit elements), keys-major through ``ldmatrix``
   (sm_90 compile: 256 ``ld.shared.b8`` in the tile loops -> 0, shared memory unchanged).
 FP8 pools also run each layout with 4 warps forced (``--fp8-four-warps``; the default launch takes 2
-at these batches, and 2 warps spill over a keys-major V). Check: every layout's output matches the
+at these batches). Check: every layout's output matches the
 slot-major one's (max |diff| < 1e-3; the same values reach the same MMAs).
 """
 

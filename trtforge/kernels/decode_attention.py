@@ -216,11 +216,18 @@ def _attend_tiles(
     DOT_F32: tl.constexpr,
     TMA: tl.constexpr,
     WINDOW: tl.constexpr,
+    V_KEYS_MAJOR: tl.constexpr = False,
 ):
     """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED tiles bound loads by `hi` and hide keys past
     each row's `last_key` (LOWER_RIGHT causal) and, WINDOW, before its `first_key`; unmasked ones
     are wholly visible to every row. TMA:
-    unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n."""
+    unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n.
+    V_KEYS_MAJOR (a paged V pool whose keys are its unit stride): masked tiles bound their table and V
+    loads by whole pages, so the block index stays constant over a page and V's loads stay 16-byte
+    vectors (a per-key mask splits them into bytes). The keys past `hi` in the last page are read, and
+    their p is exactly 0: their codes must be finite, which the GPU's FP8 cache writes guarantee (their
+    saturating min/max map NaN to a bound, :func:`~trtforge.kernels.paged_cache.to_cache`); FP8 pools
+    are the ones stored so (kv_cache.FP8_V_KEYS_MAJOR)."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
@@ -228,7 +235,11 @@ def _attend_tiles(
         n_ok = offs_n < hi
         if PAGE_SIZE > 0:
             if MASKED:
-                blk = tl.load(table_base + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+                if V_KEYS_MAJOR:  # whole pages: the block index stays constant over each
+                    pages_ok = (offs_n // PAGE_SIZE) * PAGE_SIZE < hi
+                    blk = tl.load(table_base + offs_n // PAGE_SIZE, mask=pages_ok, other=0).to(tl.int64)
+                else:
+                    blk = tl.load(table_base + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
             else:
                 blk = tl.load(table_base + offs_n // PAGE_SIZE).to(tl.int64)
             slot = offs_n % PAGE_SIZE
@@ -242,7 +253,11 @@ def _attend_tiles(
         if MASKED:
             kv_ok = n_ok[:, None] & d_ok[None, :]
             k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
-            v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+            if V_KEYS_MAJOR:
+                v_ok = ((offs_n // PAGE_SIZE) * PAGE_SIZE < hi)[:, None] & d_ok[None, :]
+                v = tl.load(v_ptrs, mask=v_ok, other=0.0)
+            else:
+                v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
         elif TMA:
             k = k_desc.load([desc_row + start_n, 0])
             v = v_desc.load([desc_row + start_n, 0])
@@ -396,6 +411,7 @@ def _decode_split_kernel(
     KV_F16: tl.constexpr = False,
     PDL: tl.constexpr = False,
     STAMP: tl.constexpr = False,
+    V_KEYS_MAJOR: tl.constexpr = False,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
     WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
@@ -470,7 +486,7 @@ def _decode_split_kernel(
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, lo, head_end,
             last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
+            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True, V_KEYS_MAJOR,
         )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, head_end, full_end,
@@ -480,7 +496,7 @@ def _decode_split_kernel(
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, full_end, hi,
         last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW, V_KEYS_MAJOR,
     )  # fmt: skip
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -725,11 +741,13 @@ def _split_options(
     pdl: bool,
     dtype: torch.dtype,
     kv_dtype: torch.dtype,
+    v_keys_major: bool = False,
 ) -> dict[str, Any]:
     """The split kernel's constexprs and launch options: one definition for :func:`_launch` and the
     prepared launches of :func:`prepare_paged_decode`. The last program's reduction works on tiles
     of about 32 FP32 values a thread (TAIL_ROWS x TAIL_SPLITS partials at a time). `dtype` is the
-    query's, `kv_dtype` the pools' (FP8 pools take FP16 products: ``FP8_KV_F16``)."""
+    query's, `kv_dtype` the pools' (FP8 pools take FP16 products: ``FP8_KV_F16``); `v_keys_major`: the
+    V pool's keys are its unit stride (kv_cache.FP8_V_KEYS_MAJOR's pools)."""
     block_d = max(16, triton.next_power_of_2(d))
     tail = 1024 * cfg.num_warps
     tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
@@ -739,7 +757,7 @@ def _split_options(
         "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
-        "KV_F16": fp16_products(kv_dtype),
+        "KV_F16": fp16_products(kv_dtype), "V_KEYS_MAJOR": v_keys_major and page > 0,
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
 
@@ -809,8 +827,9 @@ def _launch(
     descs = _tma_descriptors(k, v, cfg.block_n) if cfg.tma and page == 0 else None
     k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
     options = _split_options(
-        cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype, k.dtype
-    )
+        cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype, k.dtype,
+        v_keys_major=int(v.stride(2)) == 1,
+    )  # fmt: skip
     _decode_split_kernel[(splits, b * hkv)](
         q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,
@@ -1048,6 +1067,7 @@ def prepare_paged_decode(
             **_reduce_options(s_q, d, splits, pdl),
         )
     options = _split_options(
-        config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype, k.dtype
-    )
+        config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype, k.dtype,
+        v_keys_major=int(v.stride(2)) == 1,
+    )  # fmt: skip
     return PreparedLaunch(_decode_split_kernel, (splits, b * hkv), args, operands, reduce, **options)

@@ -141,11 +141,12 @@ def calibrate_kv_scales(
 # memory; the same logical [N, block_size, Hkv, D] pool through a permuted view, so every kernel only
 # sees other strides). P.V reduces over the keys: over the serving layout an FP8 V tile reaches the MMA
 # one byte a shared load (ldmatrix cannot transpose 8-bit elements); keys-major, through ldmatrix (sm_90
-# compile of the decode kernel: 256 ld.shared.b8 in its tile loops -> 0, shared memory unchanged). Its
-# costs: masked tiles (a sequence's last) load V a byte at a time from global memory, in the decode and
-# the chunked-prefill kernel (whose wgmma path reads the serving layout without byte loads), because
-# the block table's per-key mask leaves the block index unknown to be constant over a page. Not yet
-# timed: benchmarks/probe_pool_layout.py (kernel), bench_throughput.py --fp8-v-keys-major (served).
+# compile of the decode kernel at 4 warps: 256 ld.shared.b8 -> 0, the same shared memory, no spills; at
+# 2 warps 8 bytes spilled against 32). The kernels' masked tiles then bound V by whole pages
+# (decode_attention._attend_tiles' V_KEYS_MAJOR), so they read a last page's stale slots, weighted by
+# p = 0: that needs finite codes, which the GPU's saturating cache writes give (a NaN is stored as a
+# bound; tests/kernels/test_kv_fp8.py). Not yet timed: benchmarks/probe_pool_layout.py (kernel),
+# bench_throughput.py --fp8-v-keys-major (served).
 FP8_V_KEYS_MAJOR = False
 
 
