@@ -187,6 +187,20 @@ def test_paged_decode_reads_pools_stored_in_other_layouts(device, fp8):
     assert (want.float().cpu() - ref).abs().max() < (QUANT_TOL if fp8 else TOL[torch.bfloat16])
 
 
+def test_whole_page_tiles_are_for_fp8_v_pools_stored_keys_major_only():
+    """The kernels' V_KEYS_MAJOR reads stale slots that only FP8's saturating writes keep finite."""
+    from trtforge.kernels.decode_attention import fp8_v_keys_major
+    from trtforge.kernels.device_tensor import pool_heads_major
+
+    def keys_major(dtype):
+        return torch.zeros(4, 2, 8, 16, dtype=dtype).permute(0, 3, 1, 2)  # logical [4, 16, 2, 8]
+
+    assert fp8_v_keys_major(pool_heads_major(keys_major(FP8_KV_DTYPE)), 16)
+    assert not fp8_v_keys_major(pool_heads_major(keys_major(torch.bfloat16)), 16)
+    assert not fp8_v_keys_major(pool_heads_major(torch.zeros(4, 16, 2, 8, dtype=FP8_KV_DTYPE)), 16)
+    assert not fp8_v_keys_major(torch.zeros(2, 2, 16, 8, dtype=FP8_KV_DTYPE).transpose(2, 3), 0)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_prepared_decode_launch_takes_the_scales_per_call(device):
     """A serving step's prepared launch: the same geometry, each layer with its own pools and scales."""

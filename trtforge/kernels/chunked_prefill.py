@@ -28,7 +28,13 @@ import triton.language as tl
 
 from trtforge.kernels import interpreting
 from trtforge.kernels.configs import chunk_prefill_config
-from trtforge.kernels.decode_attention import _attend_tiles, _check, fp16_products, fp16_query
+from trtforge.kernels.decode_attention import (
+    _attend_tiles,
+    _check,
+    fp8_v_keys_major,
+    fp16_products,
+    fp16_query,
+)
 from trtforge.kernels.device_tensor import pool_heads_major
 from trtforge.kernels.prepared_launch import Operand, PreparedLaunch, arg_index
 
@@ -231,7 +237,7 @@ def chunked_prefill_attention(
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_QLENS=q_lens is not None, DOT_F32=interpreting() and q.dtype == torch.bfloat16,
         WINDOW=window > 0, KV_F16=fp16_products(k_cache.dtype), num_warps=num_warps, num_stages=num_stages,
-        V_KEYS_MAJOR=page > 0 and int(v_cache.stride(2)) == 1,
+        V_KEYS_MAJOR=fp8_v_keys_major(v_cache, page),
     )  # fmt: skip
     return out
 
@@ -340,5 +346,5 @@ def prepare_chunked_prefill_varlen(
         GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n,
         PAGE_SIZE=page, HAS_QLENS=True, DOT_F32=interpreting() and q.dtype == torch.bfloat16,
         WINDOW=window > 0, HAS_QSTARTS=True, KV_F16=fp16_products(k_cache.dtype), num_warps=num_warps,
-        num_stages=num_stages, V_KEYS_MAJOR=page > 0 and int(v_cache.stride(2)) == 1,
+        num_stages=num_stages, V_KEYS_MAJOR=fp8_v_keys_major(v_cache, page),
     )  # fmt: skip

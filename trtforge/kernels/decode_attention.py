@@ -116,6 +116,13 @@ FP8_KV_MANY_PAIRS_DECODE_CONFIG = DecodeConfig(block_n=128, num_warps=2, num_sta
 FP8_KV_TWO_WARPS_MIN_PAIRS = 512
 
 
+def fp8_v_keys_major(v: Any, page: int) -> bool:
+    """Whether paged V (the kernels' ``[blocks, Hkv, block_size, D]`` view) is an FP8 pool stored keys-major
+    (``kv_cache.FP8_V_KEYS_MAJOR``): the kernels' V_KEYS_MAJOR, which bounds masked tiles by whole pages
+    and so reads stale slots that only FP8's saturating cache writes keep finite."""
+    return page > 0 and v.dtype == FP8_KV_DTYPE and int(v.stride(2)) == 1
+
+
 def fp16_products(kv_dtype: torch.dtype) -> bool:
     """Whether attention over pools of `kv_dtype` runs its products in FP16 (FP8 pools, ``FP8_KV_F16``):
     the decode and chunked-prefill kernels' KV_F16."""
@@ -226,8 +233,8 @@ def _attend_tiles(
     loads by whole pages, so the block index stays constant over a page and V's loads stay 16-byte
     vectors (a per-key mask splits them into bytes). The keys past `hi` in the last page are read, and
     their p is exactly 0: their codes must be finite, which the GPU's FP8 cache writes guarantee (their
-    saturating min/max map NaN to a bound, :func:`~trtforge.kernels.paged_cache.to_cache`); FP8 pools
-    are the ones stored so (kv_cache.FP8_V_KEYS_MAJOR)."""
+    saturating min/max map NaN to a bound, :func:`~trtforge.kernels.paged_cache.to_cache`), so it is
+    set for FP8 pools only (:func:`fp8_v_keys_major`)."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
@@ -746,8 +753,8 @@ def _split_options(
     """The split kernel's constexprs and launch options: one definition for :func:`_launch` and the
     prepared launches of :func:`prepare_paged_decode`. The last program's reduction works on tiles
     of about 32 FP32 values a thread (TAIL_ROWS x TAIL_SPLITS partials at a time). `dtype` is the
-    query's, `kv_dtype` the pools' (FP8 pools take FP16 products: ``FP8_KV_F16``); `v_keys_major`: the
-    V pool's keys are its unit stride (kv_cache.FP8_V_KEYS_MAJOR's pools)."""
+    query's, `kv_dtype` the pools' (FP8 pools take FP16 products: ``FP8_KV_F16``); `v_keys_major`:
+    :func:`fp8_v_keys_major` of the V pool."""
     block_d = max(16, triton.next_power_of_2(d))
     tail = 1024 * cfg.num_warps
     tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
@@ -757,7 +764,7 @@ def _split_options(
         "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
-        "KV_F16": fp16_products(kv_dtype), "V_KEYS_MAJOR": v_keys_major and page > 0,
+        "KV_F16": fp16_products(kv_dtype), "V_KEYS_MAJOR": v_keys_major,
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
 
@@ -828,7 +835,7 @@ def _launch(
     k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
     options = _split_options(
         cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype, k.dtype,
-        v_keys_major=int(v.stride(2)) == 1,
+        v_keys_major=fp8_v_keys_major(v, page),
     )  # fmt: skip
     _decode_split_kernel[(splits, b * hkv)](
         q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
@@ -1068,6 +1075,6 @@ def prepare_paged_decode(
         )
     options = _split_options(
         config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype, k.dtype,
-        v_keys_major=int(v.stride(2)) == 1,
+        v_keys_major=fp8_v_keys_major(v, page),
     )  # fmt: skip
     return PreparedLaunch(_decode_split_kernel, (splits, b * hkv), args, operands, reduce, **options)
