@@ -785,6 +785,15 @@ def main() -> None:
         "(TritonPagedAttention.concurrent) off / on; default on as served (off for --tiny: CPU attention)",
     )
     ap.add_argument(
+        "--hopper-chunks",
+        nargs="+",
+        choices=("off", "on"),
+        default=["on"],
+        help="executor variants: prompt chunks of at least chunked_prefill.HOPPER_CHUNK_MIN_TOKENS on the "
+        "warp-specialized Hopper flash-attention kernel over their gathered K/V (TritonPagedAttention."
+        "hopper_chunks; on by default, used on sm_90 with 16-bit pools) or all on the varlen kernel (off)",
+    )
+    ap.add_argument(
         "--decode-tiles-by-keys",
         nargs="+",
         choices=("off", "on"),
@@ -964,13 +973,14 @@ def main() -> None:
     results["fp8_mid_max_tokens"] = quant_linear.FP8_MID_MAX_TOKENS
     results["fp8_mid_fold_residual"] = quant_linear.FP8_MID_FOLD_RESIDUAL
     variants = [
-        (m, p, r == "on", c == "on", f == "on", t == "on")
+        (m, p, r == "on", c == "on", f == "on", t == "on", h == "on")
         for m in args.max_num_seqs
         for p in args.prefill_with_decodes
         for r in args.reserve_max_tokens
         for c in args.concurrent_attention
         for f in args.fill_step_buckets
         for t in args.decode_tiles_by_keys
+        for h in args.hopper_chunks
     ]
     if args.plan_only:
         kv_tokens = int(args.assume_kv_gb * 1e9 // shape.kv_bytes_per_token)
@@ -997,7 +1007,13 @@ def main() -> None:
 
 
 def variant_key(
-    mns: int, pwd: int, reserve: bool, concurrent: bool = False, fill: bool = True, tiles: bool = True
+    mns: int,
+    pwd: int,
+    reserve: bool,
+    concurrent: bool = False,
+    fill: bool = True,
+    tiles: bool = True,
+    hopper: bool = True,
 ) -> str:
     return (
         f"seqs{mns}_pwd{pwd}"
@@ -1005,6 +1021,7 @@ def variant_key(
         + ("_concurrent" if concurrent else "")
         + ("" if fill else "_nofill")
         + ("" if tiles else "_tiles64")
+        + ("" if hopper else "_varlenchunks")
     )
 
 
@@ -1097,13 +1114,14 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     )
     probe = StepProbe(ex, cuda, shape)
     configs = {
-        variant_key(m, p, r, c, f, t): dataclasses.replace(
+        variant_key(m, p, r, c, f, t, h): dataclasses.replace(
             base, max_num_seqs=m, max_prefill_tokens_with_decodes=p, reserve_max_tokens=r, fill_step_buckets=f
         )
-        for m, p, r, c, f, t in variants
+        for m, p, r, c, f, t, h in variants
     }
     concurrent = {variant_key(*v): v[3] for v in variants}  # the executor's attention, per variant
     tiles = {variant_key(*v): v[5] for v in variants}
+    hopper = {variant_key(*v): v[6] for v in variants}
     if any(concurrent.values()) and not hasattr(ex.attention, "concurrent"):
         raise SystemExit(
             f"--concurrent-attention on needs the Triton attention; this executor runs {ex.kernels}"
@@ -1115,9 +1133,10 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     lens = [int(x * scale) for x in (16, 128, 1000, 2048, 64, 700, 1500, 2040)] * 4
     warm = [(rng.integers(3, shape.vocab, size=max(1, k)).tolist(), 4) for k in lens]
     warm += [(rng.integers(3, shape.vocab, size=8).tolist(), 6) for _ in range(widest)]
-    for flag, by_keys in sorted({(concurrent[k], tiles[k]) for k in configs}):  # each attention variant
-        if hasattr(ex.attention, "concurrent"):  # meets its kernels here
+    for flag, by_keys, long in sorted({(concurrent[k], tiles[k], hopper[k]) for k in configs}):
+        if hasattr(ex.attention, "concurrent"):  # each attention variant meets its kernels here
             ex.attention.concurrent = flag
+            ex.attention.hopper_chunks = long
         set_decode_tiles_by_keys(ex, graphs, by_keys)
         run_workload(probe, configs[variant_key(*variants[-1])], warm, None)
     results["executor"]["warmup_s"] = time.perf_counter() - t
@@ -1127,6 +1146,7 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
             "scheduler": dataclasses.asdict(c),
             "concurrent_attention": concurrent[k],
             "decode_tiles_by_keys": tiles[k],
+            "hopper_chunks": hopper[k],
             "workloads": {},
         }
         for k, c in configs.items()
@@ -1142,6 +1162,7 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
             mns = config.max_num_seqs
             if hasattr(ex.attention, "concurrent"):
                 ex.attention.concurrent = concurrent[key]
+                ex.attention.hopper_chunks = hopper[key]
             set_decode_tiles_by_keys(ex, graphs, tiles[key])
             reqs = make_requests(name, requests_for(name, args, mns, kv_tokens, scale), shape.vocab, scale)
             t = time.perf_counter()

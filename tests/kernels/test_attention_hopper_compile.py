@@ -25,7 +25,7 @@ from trtforge.kernels.configs import (
 CASES = [(d, c, c.pairs or i % 2 == 1) for d in (64, 128) for i, c in enumerate(hopper_configs(d))]
 
 
-def _compile(config, head_dim: int, causal: bool, dtype: str = "fp16"):
+def _compile(config, head_dim: int, causal: bool, dtype: str = "fp16", chunk: bool = False):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -51,6 +51,7 @@ def _compile(config, head_dim: int, causal: bool, dtype: str = "fp16"):
         "PAIRS": config.pairs,
         "SPLIT_Q": config.split_q,
         "O_IN_K": config.o_in_k,
+        "CHUNK": chunk,
     }
     sig.update(dict.fromkeys(consts, "constexpr"))
     src = GluonASTSource(fn=kh._attn_fwd_ws, signature=sig, constexprs=consts)
@@ -58,9 +59,9 @@ def _compile(config, head_dim: int, causal: bool, dtype: str = "fp16"):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def _check_case(d: int, fields: dict, causal: bool) -> dict:
+def _check_case(d: int, fields: dict, causal: bool, chunk: bool = False) -> dict:
     """Compile one case and assemble it with ptxas; the facts the test asserts."""
-    kernel = _compile(HopperConfig(**fields), d, causal, "bf16" if causal else "fp16")
+    kernel = _compile(HopperConfig(**fields), d, causal, "bf16" if causal else "fp16", chunk)
     ptx = kernel.asm["ptx"]
     return {
         "wgmma": "wgmma.mma_async" in ptx,
@@ -81,6 +82,25 @@ def test_compiles_for_sm90a_with_wgmma_and_register_reallocation(d, config, caus
     assert facts["wgmma"] and not facts["mma_sync"], "products must be Hopper wgmma"
     assert facts["setmaxnreg"], "warp specialization must reallocate registers"
     assert facts["shared"] <= hopper_shared_bytes(config, d) <= SHARED_MEMORY_PER_BLOCK
+    assert facts["ptxas_rc"] == 0, facts["ptxas"]
+    assert facts["spills"] and max(facts["spills"]) <= 64, facts["ptxas"]
+
+
+# (with 3 consumer warpgroups, at D=64, CHUNK's offset spills 300 bytes: serving's chunks take 2)
+CHUNK_CASES = [(d, c) for d in (64, 128) for c in hopper_configs(d, causal=True) if c.num_wg == 2]
+
+
+@pytest.mark.parametrize(("d", "config"), CHUNK_CASES, ids=str)
+def test_the_chunk_variant_compiles_as_the_plain_kernel_does(d, config):
+    """CHUNK (grouped-query heads, a causal mask from a chunk's cached keys on: serving's long prompt
+    chunks) keeps wgmma, register reallocation and the spill bound on two consumer warpgroups."""
+    triton = pytest.importorskip("triton")
+    if not hopper_triton_supported(triton.__version__):
+        pytest.skip(
+            f"the Hopper kernel is proven on Triton {HOPPER_TRITON_RELEASES}; this is {triton.__version__}"
+        )
+    facts = run_in_child(f"{__name__}:_check_case", d, config.__dict__, True, True)
+    assert facts["wgmma"] and not facts["mma_sync"] and facts["setmaxnreg"]
     assert facts["ptxas_rc"] == 0, facts["ptxas"]
     assert facts["spills"] and max(facts["spills"]) <= 64, facts["ptxas"]
 

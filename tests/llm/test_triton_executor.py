@@ -514,3 +514,63 @@ def test_concurrent_decode_and_chunk_launches_give_the_sequential_result(layout)
     torch.cuda.synchronize()
     for seq, con in zip(got[False], got[True]):
         assert torch.equal(seq, con)
+
+
+@pytest.mark.gpu
+def test_long_chunks_on_the_hopper_kernel_match_the_reference_beside_decodes_and_short_chunks():
+    """``hopper_chunks``: in a step with decode rows, a 5-token row, a short chunk and two long ones
+    (fresh, and after cached keys), the long chunks run the Hopper kernel and the rest the varlen and
+    decode kernels (concurrently), over two layers; the result matches the reference and the all-varlen
+    launch's."""
+    from trtforge.llm.executors.triton_attention import TritonPagedAttention
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Hopper kernel needs an sm_90 GPU")
+    g = torch.Generator().manual_seed(2)
+    bs, hq, hkv, d = 16, 32, 8, 128
+    ctx_lens, q_lens = [700, 40, 1300, 90, 300, 33], [1, 1, 600, 20, 300, 5]
+    nblocks = sum(-(-c // bs) for c in ctx_lens) + 4
+    meta, _ = mixed_metadata("cuda", g, bs, nblocks, ctx_lens, q_lens)
+    layers = [
+        [
+            torch.randn(*shape, generator=g).bfloat16().cuda()
+            for shape in ((nblocks, bs, hkv, d),) * 2 + ((sum(q_lens), hq, d),)
+        ]
+        for _ in range(2)
+    ]
+    got = {}
+    for hopper in (False, True):
+        attention = TritonPagedAttention(hopper_chunks=hopper)
+        got[hopper] = [attention(q, k, v, meta, d**-0.5) for k, v, q in layers]
+        plan = attention.plan_of(meta, torch.device("cuda"))
+        assert (plan.long_chunks is not None) == hopper
+        if hopper:
+            assert plan.long_chunks[0] == [(2, 600, 1300), (622, 300, 300)]
+            assert plan.short_chunks is not None and int(plan.short_chunks[1].tolist()[0]) == 20
+    torch.cuda.synchronize()
+    for (k, v, q), varlen, hop in zip(layers, got[False], got[True]):
+        want = paged_attention_reference(q.double(), k.double(), v.double(), meta, d**-0.5)
+        torch.testing.assert_close(hop.double(), want, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(hop.float(), varlen.float(), atol=2e-2, rtol=2e-2)
+    (held,) = attention._gather.values()  # one gather scratch, kept for the next steps
+    assert held[0].shape[0] >= sum(-(-c // bs) for c in (1300, 300)) and held[0].shape[0] % 1024 == 0
+
+
+@pytest.mark.gpu
+def test_long_chunks_stay_on_the_varlen_kernel_past_the_key_cap(monkeypatch):
+    """A step whose long chunks see more than HOPPER_CHUNK_MAX_KEYS keys in all gathers nothing (its
+    scratch would grow without bound): all its chunks go to the varlen kernel."""
+    from trtforge.kernels import chunked_prefill
+    from trtforge.llm.executors.triton_attention import TritonPagedAttention
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Hopper chunk path is planned on sm_90 GPUs only")
+    device = "cuda"
+    g = torch.Generator().manual_seed(4)
+    meta, _ = mixed_metadata(device, g, 16, 200, [700, 1300], [300, 600])
+    attention = TritonPagedAttention()
+    assert attention.plan_of(meta, torch.device(device)).long_chunks is not None
+    monkeypatch.setattr(chunked_prefill, "HOPPER_CHUNK_MAX_KEYS", 1999)
+    attention = TritonPagedAttention()
+    plan = attention.plan_of(meta, torch.device(device))
+    assert plan.long_chunks is None and plan.chunks is not None

@@ -348,3 +348,97 @@ def prepare_chunked_prefill_varlen(
         WINDOW=window > 0, HAS_QSTARTS=True, KV_F16=fp16_products(k_cache.dtype), num_warps=num_warps,
         num_stages=num_stages, V_KEYS_MAJOR=fp8_v_keys_major(v_cache, page),
     )  # fmt: skip
+
+
+# Prompt chunks of at least this many tokens go to the Hopper kernel (prepare_chunked_prefill_hopper);
+# shorter ones stay on the varlen kernel: a 128-row query block would be mostly padding.
+HOPPER_CHUNK_MIN_TOKENS = 256
+# ... while a step's long chunks see at most this many keys in all: their K/V are gathered into scratch
+# (at 8 kv heads of 128 BF16 channels, 32 K keys are 128 MB), so longer contexts stay on the varlen kernel.
+HOPPER_CHUNK_MAX_KEYS = 32768
+
+
+def hopper_chunks_eligible(
+    q: torch.Tensor, k_pool: torch.Tensor, window: int | None, out: torch.Tensor | None = None
+) -> bool:
+    """Whether a step's long prompt chunks can run the warp-specialized Hopper flash-attention kernel
+    (:mod:`trtforge.kernels.flash_attention_hopper`) over their gathered K/V: an sm_90 GPU and its proven
+    Triton release, 16-bit pools, head dim 64 or 128, no sliding window, and a query (and output) the
+    copy engine can address (16-byte-aligned base and strides, unit head-dim stride)."""
+    from trtforge.kernels.configs import HOPPER_HEAD_DIMS, hopper_triton_supported
+
+    if interpreting() or not q.is_cuda or window is not None:
+        return False
+    if not hopper_triton_supported(triton.__version__):
+        return False
+    if torch.cuda.get_device_capability(q.device)[0] != 9 or int(q.shape[-1]) not in HOPPER_HEAD_DIMS:
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or k_pool.dtype != q.dtype:
+        return False
+    for t in (q,) if out is None else (q, out):
+        if t.dtype != q.dtype or int(t.stride(-1)) != 1 or t.data_ptr() % 16:
+            return False
+        if any((int(s) * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def prepare_chunked_prefill_hopper(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    chunks: list[tuple[int, int, int]],
+    pages: torch.Tensor,
+    config: object | None = None,
+    scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> object:
+    """Long prompt chunks through the Hopper flash-attention kernel: `chunks` are (first row of q,
+    query tokens, keys incl. the chunk) on the host, `pages` the chunks' pool blocks in order (device,
+    int). Each call ``launch(q, k_pool, v_pool, out, scale)`` gathers those blocks' K and V into
+    contiguous scratch (one copy each), then runs the kernel once per chunk with its query rows aligned
+    to the last keys (causal, bottom-right) and its query heads grouped over the kv heads. Why: the
+    varlen kernel's ``tl`` tile loop holds chunk attention at ~270-290 TFLOP/s; the warp-specialized
+    kernel overlaps its softmax with the tensor cores (1.2-1.7x on serving's chunks, H200). `scratch`:
+    two [>= pages, page, Hkv, D] buffers to gather into (a caller's, kept across steps), else new ones."""
+    from trtforge.kernels import flash_attention_hopper as fh
+    from trtforge.kernels.configs import CHUNK_HOPPER_CONFIG
+
+    config = config or CHUNK_HOPPER_CONFIG
+    if config.num_wg != 2:  # (3 warpgroups spill the chunk variant's offset at D=64: sm_90 compile test)
+        raise ValueError(f"long prompt chunks run on 2 consumer warpgroups; got {config}")
+    if k_pool.dim() != 4 or tuple(v_pool.shape) != tuple(k_pool.shape):
+        raise ValueError(
+            "k_pool and v_pool must share one [blocks, page, Hkv, D] shape; "
+            f"got {tuple(k_pool.shape)} and {tuple(v_pool.shape)}"
+        )
+    page, hkv, d = (int(n) for n in k_pool.shape[1:])
+    n_pages = int(pages.shape[0])
+    need = sum(-(-ctx // page) for _, _, ctx in chunks)
+    if need != n_pages or any(ql < 1 or ctx < ql for _, ql, ctx in chunks):
+        raise ValueError(f"chunks {chunks} need {need} pages of {page} keys; got {n_pages}")
+    if scratch is None:
+        scratch = (k_pool.new_empty((n_pages, page, hkv, d)), v_pool.new_empty((n_pages, page, hkv, d)))
+    for s in scratch:
+        if s.dtype != k_pool.dtype or tuple(s.shape[1:]) != (page, hkv, d) or int(s.shape[0]) < n_pages:
+            raise ValueError(
+                f"scratch {s.dtype} {tuple(s.shape)} cannot hold {n_pages} blocks of {k_pool.dtype} K/V"
+            )
+        if not s.is_contiguous():
+            raise ValueError("scratch must be contiguous")
+    scratch = (scratch[0][:n_pages], scratch[1][:n_pages])
+    views, p0 = [], 0
+    for start, ql, ctx in chunks:
+        n = -(-ctx // page)
+        k, v = (s[p0 : p0 + n].view(n * page, hkv, d)[:ctx].permute(1, 0, 2)[None] for s in scratch)
+        views.append((start, ql, ctx - ql, k, v))
+        p0 += n
+
+    def launch(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, out: torch.Tensor, scale: float, *_):
+        torch.index_select(kp, 0, pages, out=scratch[0])
+        torch.index_select(vp, 0, pages, out=scratch[1])
+        for start, ql, offset, kc, vc in views:
+            qc = q[start : start + ql].permute(1, 0, 2)[None]
+            oc = out[start : start + ql].permute(1, 0, 2)[None]
+            fh.launch(qc, kc, vc, oc, scale, True, config, q_offset=offset)
+
+    return launch

@@ -164,6 +164,12 @@ _HOPPER_CONFIGS = {
           HopperConfig(2, 128, 3, 1, pairs=True, split_q=True, o_in_k=True)),
 }  # fmt: skip
 
+# Serving's long prompt chunks on the Hopper kernel (chunked_prefill.prepare_chunked_prefill_hopper):
+# causal from the chunk's cached keys on. The fastest config without pairs on all six chunk sets of
+# benchmarks/bench_chunk_hopper.py (H200, session 27, 1-3% over the plain one); pairs win fresh chunks
+# but lose a step's two-prompt set by 30%.
+CHUNK_HOPPER_CONFIG = HopperConfig(2, 128, 3, 1, split_q=True, o_in_k=True)
+
 
 def hopper_configs(head_dim: int, causal: bool | None = None) -> tuple[HopperConfig, ...]:
     """The Hopper kernel's candidates for a head dim (empty where it does not apply); with `causal`

@@ -55,7 +55,7 @@ __all__ = ["HopperConfig", "hopper_configs", "launch"]
 # Integer arguments are not specialized on their values (== 1, multiples of 16): the compiled
 # kernel then depends only on the config, dtype, head dim and causal flag, which is what lets
 # launch() reuse it without Triton's per-call argument binding.
-_INT_ARGS = ("batch", "num_heads", "seq_q", "seq_kv")
+_INT_ARGS = ("batch", "num_heads", "seq_q", "seq_kv", "q_offset", "kv_group")
 
 
 @gluon.jit
@@ -98,9 +98,11 @@ def _unit_block(unit, half, n_m, num_heads, CAUSAL: gl.constexpr, PAIRED: gl.con
 
 
 @gluon.jit
-def _kv_tiles(m0, seq_kv, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+def _kv_tiles(m0, seq_kv, q_offset, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """K/V tiles query block `m0` reads: all of them, or causally up to its last row's position
+    (query row i sits at key position i + q_offset)."""
     if CAUSAL:
-        kv_end = gl.minimum(seq_kv, m0 + BLOCK_M)
+        kv_end = gl.minimum(seq_kv, m0 + BLOCK_M + q_offset)
     else:
         kv_end = seq_kv
     return gl.cdiv(kv_end, BLOCK_N)
@@ -122,13 +124,16 @@ def _consumer(
     PINGPONG: gl.constexpr,
     PAIRS: gl.constexpr,
     O_IN_K: gl.constexpr,
+    CHUNK: gl.constexpr,
 ):
     """One consumer warpgroup: for each of its program's query blocks, 64 rows through every K/V
     tile, then the normalized output, stored by the copy engine from shared memory: staged in its Q
     tile, or with O_IN_K in its 64 rows of the block's last K tile, which lets it hand Q back right
     after the last Q·Kᵀ (the producer loads the next block's Q during the last P·V and the store)."""
     q_smem, k_smem, v_smem, q_ready, q_empty, kv_ready, kv_empty, turn, k_done = smem
-    batch, num_heads, seq_q, seq_kv = dims
+    batch, num_heads, seq_q, seq_kv, q_offset, _ = dims
+    if not CHUNK:  # the plain kernel: no offset, at compile time
+        q_offset = 0
     dtype: gl.constexpr = q_smem.dtype
     BLOCK_M: gl.constexpr = NUM_WG * 64
     # one warpgroup's wgmma accumulators: S is [64, BLOCK_N], O is [64, HEAD_DIM]; K=16 per instruction
@@ -153,13 +158,13 @@ def _consumer(
             pid_m, b, h = _unit_block(unit, half, n_m, num_heads, CAUSAL, PAIRED)
             m0 = pid_m * BLOCK_M
             r0 = m0 + WG * 64  # first query row of this warpgroup
-            n_tiles = _kv_tiles(m0, seq_kv, BLOCK_M, BLOCK_N, CAUSAL)
+            n_tiles = _kv_tiles(m0, seq_kv, q_offset, BLOCK_M, BLOCK_N, CAUSAL)
             # tiles from this index on need a mask: the ragged end, or keys past this warpgroup's first row
             if CAUSAL:
-                first_masked = gl.minimum(seq_kv // BLOCK_N, r0 // BLOCK_N)
+                first_masked = gl.minimum(seq_kv // BLOCK_N, (r0 + q_offset) // BLOCK_N)
             else:
                 first_masked = seq_kv // BLOCK_N
-            rows = r0 + gl.arange(0, 64, layout=row_s)
+            rows = r0 + q_offset + gl.arange(0, 64, layout=row_s)  # the rows' key positions
             qb = local % Q_BUFS
             q_wg = q_smem.index(qb * NUM_WG + WG)
             acc = gl.zeros([64, HEAD_DIM], gl.float32, o_layout)
@@ -268,11 +273,12 @@ def _consumer_default(
     PINGPONG: gl.constexpr,
     PAIRS: gl.constexpr,
     O_IN_K: gl.constexpr,
+    CHUNK: gl.constexpr,
 ):
     """The first consumer warpgroup (warp_specialize's default partition takes no index)."""
     _consumer(
         desc_o, smem, dims, qk_scale, 0, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, CAUSAL, PINGPONG, PAIRS,
-        O_IN_K,
+        O_IN_K, CHUNK,
     )  # fmt: skip
 
 
@@ -301,13 +307,17 @@ def _producer(
     CAUSAL: gl.constexpr,
     PAIRS: gl.constexpr,
     SPLIT_Q: gl.constexpr,
+    CHUNK: gl.constexpr,
 ):
     """The load warp: per query block, its Q tiles (each once its warpgroup handed the slot back),
     then its K/V tiles into the ring as consumers free stages; the ring runs ahead into the
     program's next block. SPLIT_Q loads the later warpgroups' Q tiles after the first K/V tile, so
     the first warpgroup starts its next block without waiting for the others to finish theirs."""
     q_smem, k_smem, v_smem, q_ready, q_empty, kv_ready, kv_empty, _, _ = smem
-    batch, num_heads, seq_q, seq_kv = dims
+    batch, num_heads, seq_q, seq_kv, q_offset, kv_group = dims
+    if not CHUNK:  # the plain kernel: no offset, one kv head per query head, at compile time
+        q_offset = 0
+        kv_group = 1
     BLOCK_M: gl.constexpr = NUM_WG * 64
     PAIRED: gl.constexpr = CAUSAL and PAIRS
     n_m = gl.cdiv(seq_q, BLOCK_M)
@@ -318,7 +328,7 @@ def _producer(
         for half in range(_unit_size(unit, n_m, PAIRED)):
             pid_m, b, h = _unit_block(unit, half, n_m, num_heads, CAUSAL, PAIRED)
             m0 = pid_m * BLOCK_M
-            n_tiles = _kv_tiles(m0, seq_kv, BLOCK_M, BLOCK_N, CAUSAL)
+            n_tiles = _kv_tiles(m0, seq_kv, q_offset, BLOCK_M, BLOCK_N, CAUSAL)
             slot = (local % Q_BUFS) * NUM_WG  # this block's first Q tile
             # a fresh barrier counts as having completed the phase before 0: first passes wait for nothing
             q_phase = ((local // Q_BUFS) & 1) ^ 1
@@ -332,13 +342,13 @@ def _producer(
                 mbarrier.expect(bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
                 tma.async_copy_global_to_shared(
                     desc_k,
-                    [b, h, j * BLOCK_N, 0],
+                    [b, h // kv_group, j * BLOCK_N, 0],
                     bar,
                     k_smem.index(stage).reshape([1, 1, BLOCK_N, HEAD_DIM]),
                 )
                 tma.async_copy_global_to_shared(
                     desc_v,
-                    [b, h, j * BLOCK_N, 0],
+                    [b, h // kv_group, j * BLOCK_N, 0],
                     bar,
                     v_smem.index(stage).reshape([1, 1, BLOCK_N, HEAD_DIM]),
                 )
@@ -361,6 +371,8 @@ def _attn_fwd_ws(
     num_heads,
     seq_q,
     seq_kv,
+    q_offset,
+    kv_group,
     qk_scale,
     NUM_WG: gl.constexpr,
     HEAD_DIM: gl.constexpr,
@@ -372,10 +384,13 @@ def _attn_fwd_ws(
     PAIRS: gl.constexpr,
     SPLIT_Q: gl.constexpr,
     O_IN_K: gl.constexpr,
+    CHUNK: gl.constexpr,
 ):
     """Grid (programs,): program p handles work units p, p + programs, ... (a unit is a query block of
     BLOCK_M rows, or a pair of them: _unit_block), one program per unit when not persistent;
-    launched with num_warps=4 (the first consumer)."""
+    launched with num_warps=4 (the first consumer). CHUNK reads q_offset and kv_group (grouped-query
+    heads, a causal mask aligned to the last keys: a prompt chunk after its cached keys); without it
+    they are 0 and 1 at compile time, the plain kernel's code."""
     dtype: gl.constexpr = desc_q.dtype
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
@@ -405,16 +420,16 @@ def _attn_fwd_ws(
     # sizes are written out in each partition's literal argument list: an argument tuple built
     # elsewhere (assigned, or joined with +) loses their constexpr-ness in Triton 3.6's Gluon.
     smem = (q_smem, k_smem, v_smem, q_ready, q_empty, kv_ready, kv_empty, turn, k_done)
-    dims = (batch, num_heads, seq_q, seq_kv)
+    dims = (batch, num_heads, seq_q, seq_kv, q_offset, kv_group)
     if NUM_WG == 2:
         gl.warp_specialize(
             [
                 (_consumer_default, (desc_o, smem, dims, qk_scale, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
-                                     CAUSAL, PINGPONG, PAIRS, O_IN_K)),
+                                     CAUSAL, PINGPONG, PAIRS, O_IN_K, CHUNK)),
                 (_consumer, (desc_o, smem, dims, qk_scale, 1, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
-                             CAUSAL, PINGPONG, PAIRS, O_IN_K)),
+                             CAUSAL, PINGPONG, PAIRS, O_IN_K, CHUNK)),
                 (_producer, (desc_q, desc_k, desc_v, smem, dims, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
-                             CAUSAL, PAIRS, SPLIT_Q)),
+                             CAUSAL, PAIRS, SPLIT_Q, CHUNK)),
             ],
             [4, 1],
             [240, 24],
@@ -423,13 +438,13 @@ def _attn_fwd_ws(
         gl.warp_specialize(
             [
                 (_consumer_default, (desc_o, smem, dims, qk_scale, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
-                                     CAUSAL, PINGPONG, PAIRS, O_IN_K)),
+                                     CAUSAL, PINGPONG, PAIRS, O_IN_K, CHUNK)),
                 (_consumer, (desc_o, smem, dims, qk_scale, 1, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
-                             CAUSAL, PINGPONG, PAIRS, O_IN_K)),
+                             CAUSAL, PINGPONG, PAIRS, O_IN_K, CHUNK)),
                 (_consumer, (desc_o, smem, dims, qk_scale, 2, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
-                             CAUSAL, PINGPONG, PAIRS, O_IN_K)),
+                             CAUSAL, PINGPONG, PAIRS, O_IN_K, CHUNK)),
                 (_producer, (desc_q, desc_k, desc_v, smem, dims, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS,
-                             CAUSAL, PAIRS, SPLIT_Q)),
+                             CAUSAL, PAIRS, SPLIT_Q, CHUNK)),
             ],
             [4, 4, 1],
             [160, 160, 24],
@@ -470,7 +485,7 @@ def _sm_count(device: int) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-# Compiled kernels by (config, dtype, head dim, causal, device): all the compiled code depends on
+# Compiled kernels by (config, dtype, head dim, causal, chunk, device): all the compiled code depends on
 # (the descriptors' types follow from dtype, head dim and config; integers are not specialized).
 _COMPILED: dict[tuple, Any] = {}
 _I32 = 2**31
@@ -482,15 +497,28 @@ def _no_launch_hooks() -> bool:
     return all(hook is None or not getattr(hook, "calls", True) for hook in hooks)
 
 
-def launch(q: Any, k: Any, v: Any, out: Any, scale: float, causal: bool, config: HopperConfig) -> None:
+def launch(
+    q: Any, k: Any, v: Any, out: Any, scale: float, causal: bool, config: HopperConfig, q_offset: int = 0
+) -> None:
     """Launch one configuration on torch's current stream; q/k/v/out are [B, H, S, D] views that
     the caller checked (kernel._hopper_eligible: FP16/BF16, D 64/128, copy-engine-aligned strides).
+    K/V may have fewer heads than q (grouped-query attention: query head h reads kv head h // (H /
+    Hkv)). Causal masks align query row i with key position i + `q_offset` (0: the top-left corner;
+    seq_kv - seq_q: the bottom-right one, a prompt chunk after its cached keys).
 
     The first launch of a compiled variant goes through Triton's JIT; later ones call the compiled
     kernel directly, skipping the JIT's per-call argument binding (~65 us of Python per launch).
     """
     b, h, s_q, d = (int(n) for n in q.shape)
-    s_kv = int(k.shape[2])
+    s_kv, h_kv = int(k.shape[2]), int(k.shape[1])
+    if h_kv < 1 or h % h_kv or tuple(v.shape[:3]) != tuple(k.shape[:3]):
+        raise ValueError(
+            f"K {tuple(k.shape)} and V {tuple(v.shape)} must share [B, Hkv, S], "
+            f"with q's {h} heads a multiple of Hkv"
+        )
+    if q_offset < 0:
+        raise ValueError(f"q_offset must be >= 0; got {q_offset}")
+    chunk = bool(q_offset) or h_kv != h  # else the plain kernel, compiled without either
     device = driver.active.get_current_device()
     n_m = triton.cdiv(s_q, config.block_m)
     units = (n_m + 1) // 2 * h * b if causal and config.pairs else n_m * h * b  # _units_per_head
@@ -504,6 +532,8 @@ def launch(q: Any, k: Any, v: Any, out: Any, scale: float, causal: bool, config:
         h,
         s_q,
         s_kv,
+        int(q_offset),
+        h // h_kv,
         float(scale),
         config.num_wg,
         d,
@@ -515,10 +545,11 @@ def launch(q: Any, k: Any, v: Any, out: Any, scale: float, causal: bool, config:
         config.pairs,
         config.split_q,
         config.o_in_k,
+        chunk,
     )
-    key = (config, q.dtype, d, bool(causal), device)
+    key = (config, q.dtype, d, bool(causal), chunk, device)
     kernel = _COMPILED.get(key)
-    direct = _no_launch_hooks() and all(-_I32 <= x < _I32 for x in args[4:8])
+    direct = _no_launch_hooks() and all(-_I32 <= x < _I32 for x in args[4:10])
     if kernel is None or not direct:
         kernel = _attn_fwd_ws[(programs,)](*args, num_warps=4, maxnreg=_MAXNREG[config.num_wg])
         if direct and hasattr(kernel, "run") and not hasattr(kernel, "result"):

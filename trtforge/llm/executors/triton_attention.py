@@ -13,6 +13,8 @@ layer's K scale rides in the softmax scale and its V scale is one more launch ar
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -182,6 +184,10 @@ class _StepPlan:
     # sequences of 2..8 new tokens (speculative verification rows), per query length: (q_len, their
     # rows (a slice or indices), tables, lengths), attended by the split-KV decode kernel
     short: tuple[tuple[int, Any, torch.Tensor, torch.Tensor], ...] = ()
+    # with hopper_chunks: the long chunks as (first row, query tokens, keys) and their pool blocks, and
+    # the other chunks' varlen plan (None: none), for layers the Hopper kernel can run
+    long_chunks: tuple[list[tuple[int, int, int]], torch.Tensor] | None = None
+    short_chunks: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
 
 
 def _layer_key(
@@ -213,6 +219,11 @@ class TritonPagedAttention:
     split count, grid, arguments, scratch; :mod:`trtforge.kernels.prepared_launch`):
     each layer then only launches the kernels with its own q, pools, output and scale.
 
+    ``hopper_chunks`` (on by default; used where ``chunked_prefill.hopper_chunks_eligible`` holds: sm_90,
+    16-bit pools, no sliding window): prompt chunks of at least ``HOPPER_CHUNK_MIN_TOKENS`` tokens run
+    the warp-specialized Hopper flash-attention kernel over their gathered K/V instead of the varlen
+    kernel (``bench_throughput.py --hopper-chunks`` A/Bs it).
+
     ``concurrent`` (CUDA, on by default: on the H200 it made 8B 2048/128 serving 1.7% faster and the mixed
     burst 1.7%, measured side by side in session 16; benchmarks/profile_mixed_step.py and
     bench_throughput.py --concurrent-attention A/B it): in a step with both prompt chunks and decode-
@@ -227,10 +238,13 @@ class TritonPagedAttention:
         decode: TritonDecodeAttention | None = None,
         short_queries: bool = True,
         concurrent: bool = True,
+        hopper_chunks: bool = True,
     ) -> None:
         self.decode = decode or TritonDecodeAttention()
         self.short_queries = short_queries
         self.concurrent = concurrent
+        self.hopper_chunks = hopper_chunks
+        self._gather: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._plan_for: AttentionMetadata | None = None
         self._plan: _StepPlan | None = None
         self._side: dict[int, Any] = {}
@@ -257,10 +271,16 @@ class TritonPagedAttention:
         decode, chunks = np.flatnonzero(qlens == 1), np.flatnonzero(qlens > longest_short)
         short = np.flatnonzero((qlens > 1) & (qlens <= longest_short))
         gather = 0 < len(decode) < len(qlens)  # decode rows' tables and lengths are a selection
+        long, rest, pages = self._long_chunks(meta, chunks, device)
         # one copy to the device: the decode rows' sequences (where selected), then the chunks' starts,
-        # lengths and sequences (int32: the kernels read them, index_select takes them)
+        # lengths and sequences, then those of the chunks left to the varlen kernel beside the long ones,
+        # then the long ones' flat block-table indices (int32: the kernels read them, index_select takes
+        # them)
         parts = [decode] if gather else []
-        packed = np.concatenate([*parts, qsl[chunks], qlens[chunks], chunks]).astype(np.int32)
+        parts += [qsl[chunks], qlens[chunks], chunks]
+        if long is not None:
+            parts += [qsl[rest], qlens[rest], rest, pages]
+        packed = np.concatenate(parts).astype(np.int32)
         indices = to_device(packed, device) if len(packed) else None
         decode_plan = None
         if len(decode):
@@ -286,7 +306,53 @@ class TritonPagedAttention:
             tables = meta.block_tables.index_select(0, seqs)[:, :width]
             lens = meta.context_lens.index_select(0, seqs)
             chunk_plan = (starts, lens_q, tables, lens, int(qlens[chunks].max()))
-        return _StepPlan(decode_plan, chunk_plan, short=self._short_plan(meta, short, device))
+        plan = _StepPlan(decode_plan, chunk_plan, short=self._short_plan(meta, short, device))
+        if long is not None:
+            first, n = (len(decode) if gather else 0) + 3 * len(chunks), len(rest)
+            if n:
+                starts, lens_q, seqs = indices[first : first + 3 * n].view(3, n).unbind(0)
+                width = -(-int(meta.context_lens_host[rest].max()) // bs)
+                tables = meta.block_tables.index_select(0, seqs)[:, :width]
+                lens = meta.context_lens.index_select(0, seqs)
+                plan.short_chunks = (starts, lens_q, tables, lens, int(qlens[rest].max()))
+            flat = meta.block_tables if meta.block_tables.is_contiguous() else meta.block_tables.contiguous()
+            plan.long_chunks = (long, flat.view(-1).index_select(0, indices[first + 3 * n :]))
+        return plan
+
+    def _long_chunks(self, meta: AttentionMetadata, chunks: np.ndarray, device: torch.device) -> tuple:
+        """With ``hopper_chunks`` on an sm_90 GPU, the step's chunks of at least HOPPER_CHUNK_MIN_TOKENS
+        (while they see at most HOPPER_CHUNK_MAX_KEYS keys in all):
+        ([(first row, query tokens, keys)], the other chunks, the long ones' flat block-table indices);
+        else (None, None, None)."""
+        from trtforge.kernels.chunked_prefill import HOPPER_CHUNK_MAX_KEYS, HOPPER_CHUNK_MIN_TOKENS
+
+        if not (self.hopper_chunks and device.type == "cuda" and len(chunks)):
+            return None, None, None
+        if torch.cuda.get_device_capability(device)[0] != 9:
+            return None, None, None
+        qsl, ctx, bs = meta.query_start_loc_host, meta.context_lens_host, meta.block_size
+        qlens = qsl[1:] - qsl[:-1]
+        long = chunks[qlens[chunks] >= HOPPER_CHUNK_MIN_TOKENS]
+        if not len(long) or int(ctx[long].sum()) > HOPPER_CHUNK_MAX_KEYS:
+            return None, None, None
+        row = int(meta.block_tables.shape[1])  # (the flat view below is of a contiguous table)
+        pages = [s * row + np.arange(-(-int(ctx[s]) // bs)) for s in long]
+        spans = [(int(qsl[s]), int(qlens[s]), int(ctx[s])) for s in long]
+        return spans, chunks[qlens[chunks] < HOPPER_CHUNK_MIN_TOKENS], np.concatenate(pages)
+
+    def _gather_scratch(self, pool: torch.Tensor, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V buffers of at least `blocks` pool blocks for the long chunks' gather, kept across steps
+        and grown (to a multiple of 1,024 blocks) only when a step needs more: a new size every step would
+        send the allocator to the driver mid-serving. (Only the current stream uses them, in step order.)"""
+        key = (pool.device, pool.dtype, *pool.shape[1:])
+        held = self._gather.get(key)
+        if held is None or int(held[0].shape[0]) < blocks:
+            if held is not None:
+                blocks = max(blocks, 2 * int(held[0].shape[0]))
+            n = -(-blocks // 1024) * 1024
+            held = tuple(pool.new_empty((n, *pool.shape[1:])) for _ in range(2))
+            self._gather[key] = held
+        return held
 
     @staticmethod
     def _short_plan(meta: AttentionMetadata, short: np.ndarray, device: torch.device) -> tuple:
@@ -322,10 +388,24 @@ class TritonPagedAttention:
         v_pool: torch.Tensor,
         out: torch.Tensor,
         window: int | None,
+        side: Any = None,
     ) -> tuple[Callable[..., None], ...]:
         """The step's launches for layers of this geometry: each called as ``(q, k_pool, v_pool, out,
-        scale * k_scale, v_scale)``."""
-        from trtforge.kernels.chunked_prefill import prepare_chunked_prefill_varlen
+        scale * k_scale, v_scale)``. With a `side` stream, all but the last are prepared on it (their
+        arrival counters and scratch are that stream's), the last on the current stream."""
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            launches, last = self._prepare_side(plan, q, k_pool, v_pool, out, window)
+        if last is not None:  # the Hopper chunk launch: its gather scratch is the current stream's
+            launches.append(last())
+        return tuple(launches)
+
+    def _prepare_side(self, plan, q, k_pool, v_pool, out, window) -> tuple[list, Callable | None]:
+        """:meth:`_prepare`'s launches, less the Hopper chunk launch's preparation (returned to call)."""
+        from trtforge.kernels.chunked_prefill import (
+            hopper_chunks_eligible,
+            prepare_chunked_prefill_hopper,
+            prepare_chunked_prefill_varlen,
+        )
         from trtforge.kernels.decode_attention import prepare_paged_decode
         from trtforge.kernels.gemv import pdl_supported
 
@@ -353,14 +433,23 @@ class TritonPagedAttention:
                 launches.append(gathered)
         for short in plan.short:  # (not unpacked here: the decode closure above reads `where`)
             launches.append(self._prepare_short(*short, q, k_pool, v_pool, out, window))
-        if plan.chunks is not None:
-            starts, lens_q, tables, lens, max_q_len = plan.chunks
+        varlen = plan.chunks
+        hopper = plan.long_chunks is not None and hopper_chunks_eligible(q, k_pool, window, out)
+        if hopper:
+            varlen = plan.short_chunks
+        if varlen is not None:
+            starts, lens_q, tables, lens, max_q_len = varlen
             launches.append(
                 prepare_chunked_prefill_varlen(
                     q, k_pool, v_pool, lens, tables, starts, lens_q, max_q_len, out=out, window=window
                 )
             )
-        return tuple(launches)
+        if hopper:  # last: the concurrent path runs the last launch on the current stream
+            spans, pages = plan.long_chunks
+            scratch = self._gather_scratch(k_pool, int(pages.shape[0]))
+            prepare = functools.partial(prepare_chunked_prefill_hopper, q, k_pool, v_pool, spans, pages)
+            return launches, functools.partial(prepare, scratch=scratch)
+        return launches, None
 
     def _prepare_short(self, s, where, tables, lens, q, k_pool, v_pool, out, window) -> Callable[..., None]:
         """The decode kernel's launch over sequences of `s` query rows each (rows `where`)."""
@@ -417,11 +506,7 @@ class TritonPagedAttention:
         side = self._side_stream(plan, q)
         launches = plan.launches.get(key)
         if launches is None:
-            if side is None:
-                launches = self._prepare(plan, q, k_pool, v_pool, out, sliding_window)
-            else:  # (the chunk launch, last, holds no per-stream state)
-                with torch.cuda.stream(side):
-                    launches = self._prepare(plan, q, k_pool, v_pool, out, sliding_window)
+            launches = self._prepare(plan, q, k_pool, v_pool, out, sliding_window, side)
             plan.launches[key] = launches
         qk_scale, v_scale = float(scale) * float(k_scale), float(v_scale)
         if side is None:
