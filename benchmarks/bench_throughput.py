@@ -842,12 +842,6 @@ def main() -> None:
         "session 25)",
     )
     ap.add_argument(
-        "--fp8-v-keys-major",
-        choices=("on", "off"),
-        default=None,
-        help="FP8 V pools stored keys-major (kv_cache.FP8_V_KEYS_MAJOR, an experiment; default off)",
-    )
-    ap.add_argument(
         "--fp8-mid-fold-residual",
         choices=("on", "off"),
         default=None,
@@ -948,7 +942,6 @@ def main() -> None:
     }
     import trtforge.kernels.decode_attention as decode_attention
     import trtforge.llm.executors.fused_layers as fused_layers
-    import trtforge.llm.executors.kv_cache as kv_cache
     import trtforge.llm.quant.linear as quant_linear
 
     if args.decode_batch_buckets is not None:
@@ -964,9 +957,6 @@ def main() -> None:
     if args.fp8_decode_config is not None:  # one launch everywhere: no 2-warp launch for many pairs
         decode_attention.FP8_KV_DECODE_CONFIG = decode_attention.DecodeConfig(*args.fp8_decode_config)
         decode_attention.FP8_KV_TWO_WARPS_MIN_PAIRS = float("inf")
-    if args.fp8_v_keys_major is not None:
-        kv_cache.FP8_V_KEYS_MAJOR = args.fp8_v_keys_major == "on"
-    results["fp8_v_keys_major"] = kv_cache.FP8_V_KEYS_MAJOR
     results["fp8_kv_decode_config"] = dataclasses.asdict(decode_attention.FP8_KV_DECODE_CONFIG)
     results["fp8_kv_two_warps_min_pairs"] = decode_attention.FP8_KV_TWO_WARPS_MIN_PAIRS
     results["mid_gemm_tokens"] = [fused_layers.MID_GEMM_MIN_TOKENS, fused_layers.MID_GEMM_MAX_TOKENS]

@@ -52,30 +52,6 @@ def _fp8_pools(kq, vq, lens, page, seed):
     return kp.to(FP8_KV_DTYPE), vp.to(FP8_KV_DTYPE), table
 
 
-@pytest.mark.gpu
-def test_gpu_cache_writes_store_no_nan_codes():
-    """The GPU's FP8 cache writes saturate with min/max that return the non-NaN operand, so a NaN
-    activation is stored as a bound, never as a NaN code. FP8 V pools stored keys-major rely on it:
-    their masked tiles read a page's stale slots past a sequence's length (weighted by p = 0)."""
-    skip_unless_runs_here("cuda")
-    if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("FP8 KV needs compute capability >= 8.9")
-    b, hkv, s_new, d, page, blocks = 1, 2, 3, 32, 4, 2
-    k = torch.full((b, hkv, s_new, d), float("nan"), dtype=torch.bfloat16, device="cuda")
-    v = k.clone()
-    kp = torch.zeros(blocks, page, hkv, d, dtype=FP8_KV_DTYPE, device="cuda")
-    vp = torch.zeros_like(kp)
-    slots = torch.arange(s_new, dtype=torch.int32, device="cuda").view(b, s_new)
-    write_kv_slots(k, v, kp, vp, slots, k_scale=0.25, v_scale=0.01)
-    qkv = torch.full((s_new, (2 + 2 * hkv) * d), float("nan"), dtype=torch.bfloat16, device="cuda")
-    cos = torch.ones(s_new, d, device="cuda")
-    kr, vr = torch.zeros_like(kp), torch.zeros_like(vp)
-    rope_and_cache(qkv, cos, torch.zeros_like(cos), slots[0], kr, vr, 2, hkv, 0.25, 0.01)
-    for pool in (kp, vp, kr, vr):
-        written = pool.view(-1, hkv, d)[:s_new].float()
-        assert torch.isfinite(written).all() and (written.abs() == 448).all()
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_slot_write_quantizes_exactly_as_the_reference(device):
     device = _device(device)
@@ -185,20 +161,6 @@ def test_paged_decode_reads_pools_stored_in_other_layouts(device, fp8):
     assert (got.float() - want.float()).abs().max() < 1e-3
     ref = reference_decode(q, k, v, lens)
     assert (want.float().cpu() - ref).abs().max() < (QUANT_TOL if fp8 else TOL[torch.bfloat16])
-
-
-def test_whole_page_tiles_are_for_fp8_v_pools_stored_keys_major_only():
-    """The kernels' V_KEYS_MAJOR reads stale slots that only FP8's saturating writes keep finite."""
-    from trtforge.kernels.decode_attention import fp8_v_keys_major
-    from trtforge.kernels.device_tensor import pool_heads_major
-
-    def keys_major(dtype):
-        return torch.zeros(4, 2, 8, 16, dtype=dtype).permute(0, 3, 1, 2)  # logical [4, 16, 2, 8]
-
-    assert fp8_v_keys_major(pool_heads_major(keys_major(FP8_KV_DTYPE)), 16)
-    assert not fp8_v_keys_major(pool_heads_major(keys_major(torch.bfloat16)), 16)
-    assert not fp8_v_keys_major(pool_heads_major(torch.zeros(4, 16, 2, 8, dtype=FP8_KV_DTYPE)), 16)
-    assert not fp8_v_keys_major(torch.zeros(2, 2, 16, 8, dtype=FP8_KV_DTYPE).transpose(2, 3), 0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -322,10 +284,9 @@ def test_llama3_8b_shape_decode_and_prefill_over_fp8_on_the_gpu():
 # ------------------------------------------------------- sm_90 code (compiled here, no GPU needed)
 
 
-def _decode_compile_facts(kv_f16: bool, v_keys_major: bool = False) -> dict:
+def _decode_compile_facts(kv_f16: bool) -> dict:
     """The paged split-KV decode kernel over FP8 pools with a BF16 query, as the serving path launches
-    it at the Llama-3-8B shape (GQA 32/8, D 128, 16-token pages, 4 warps), compiled for sm_90;
-    `v_keys_major`: the V pool stored keys-major (kv_cache.FP8_V_KEYS_MAJOR's strides)."""
+    it at the Llama-3-8B shape (GQA 32/8, D 128, 16-token pages), compiled for sm_90."""
     from tests.kernels._sm90 import compile_facts
     from trtforge.kernels import decode_attention as da
 
@@ -334,7 +295,7 @@ def _decode_compile_facts(kv_f16: bool, v_keys_major: bool = False) -> dict:
     da.FP8_KV_F16 = kv_f16
     try:
         opts = da._split_options(
-            cfg, 4, 1, 128, 16, False, False, False, 0, False, torch.bfloat16, FP8_KV_DTYPE, v_keys_major
+            cfg, 4, 1, 128, 16, False, False, False, 0, False, torch.bfloat16, FP8_KV_DTYPE
         )
     finally:
         da.FP8_KV_F16 = old
@@ -348,9 +309,6 @@ def _decode_compile_facts(kv_f16: bool, v_keys_major: bool = False) -> dict:
             "stride_kh": 128, "stride_kn": 1024, "stride_kd": 1, "stride_vb": 16384, "stride_vh": 128,
             "stride_vn": 1024, "stride_vd": 1, "stride_ob": 4096, "stride_oh": 128, "stride_om": 4096,
             "stride_od": 1, "stride_tb": 256, "num_kv_heads": 8, "num_splits": 2, "window": 0}  # fmt: skip
-    if v_keys_major:  # V stored [blocks, Hkv, D, 16]: its keys are the unit stride, its channels 16 apart
-        consts = {k: v for k, v in consts.items() if k != "stride_vd"} | {"stride_vn": 1}
-        ints |= {"stride_vn": 1, "stride_vh": 2048, "stride_vd": 16}
     facts = compile_facts(
         da._decode_split_kernel, pointers, ints, consts, cfg.num_warps, cfg.num_stages,
         scalars={"qk_scale": "fp32", "v_scale": "fp32"},
@@ -383,28 +341,6 @@ def test_fp8_pools_widen_to_fp16_in_one_conversion_a_pair_on_sm90():
     assert new["ptxas_rc"] == 0 and new["spills"] == [0], new["ptxas"]
 
 
-def test_fp8_v_stored_keys_major_reaches_the_mma_without_byte_loads_on_sm90():
-    """kv_cache.FP8_V_KEYS_MAJOR's premise: over the serving layout P.V's FP8 V tile reaches the MMA one
-    byte a shared load (ldmatrix cannot transpose 8-bit elements); stored keys-major it goes through
-    ldmatrix, in the same shared memory and with the same conversions and MMAs, and its masked tiles
-    (whole pages: V_KEYS_MAJOR) still load 16 bytes at a time."""
-    from tests.kernels._sm90 import needs_ptxas, run_in_child
-
-    needs_ptxas()
-    slot = run_in_child(f"{__name__}:_decode_compile_facts", True, False)
-    keys = run_in_child(f"{__name__}:_decode_compile_facts", True, True)
-    ldm = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
-    assert slot["counts"].get("ld.shared.b8", 0) >= 128, slot["counts"]
-    assert keys["counts"].get("ld.shared.b8", 0) == 0, keys["counts"]
-    assert not any(op.startswith(("ld.global.b8", "ld.global.u8")) for op in keys["counts"]), keys["counts"]
-    assert keys["cp_async_16"] > slot["cp_async_16"]
-    assert keys["counts"].get(ldm, 0) > slot["counts"].get(ldm, 0)
-    assert keys["shared"] == slot["shared"]
-    for op in ("cvt.rn.f16x2.e4m3x2", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"):
-        assert keys["counts"].get(op) == slot["counts"].get(op), op
-    assert keys["ptxas_rc"] == 0 and keys["spills"] == [0], keys["ptxas"]
-
-
 def _chunked_compile_facts(kv_f16: bool) -> dict:
     """The served chunked-prefill launch (prepared, varlen, paged) of a 1,024-token chunk over FP8 pools
     with a BF16 query at the Llama-3-8B shape, compiled for sm_90."""
@@ -415,8 +351,7 @@ def _chunked_compile_facts(kv_f16: bool) -> dict:
     cfg = chunk_prefill_config(1024)
     consts = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
               "PAGE_SIZE": 16, "HAS_QLENS": True, "DOT_F32": False, "WINDOW": False, "HAS_QSTARTS": True,
-              "KV_F16": kv_f16, "V_KEYS_MAJOR": False, "stride_qd": 1, "stride_kd": 1, "stride_vd": 1,
-              "stride_od": 1}  # fmt: skip
+              "KV_F16": kv_f16, "stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od": 1}  # fmt: skip
     pointers = {"Q": "*bf16", "Out": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv"}
     pointers |= dict.fromkeys(("SeqLens", "QLens", "QStarts", "Table"), "*i32")
     ints = {"stride_qb": 0, "stride_qh": 128, "stride_qm": 4096, "stride_kb": 16384, "stride_kh": 128,

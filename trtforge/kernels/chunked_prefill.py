@@ -28,13 +28,7 @@ import triton.language as tl
 
 from trtforge.kernels import interpreting
 from trtforge.kernels.configs import chunk_prefill_config
-from trtforge.kernels.decode_attention import (
-    _attend_tiles,
-    _check,
-    fp8_v_keys_major,
-    fp16_products,
-    fp16_query,
-)
+from trtforge.kernels.decode_attention import _attend_tiles, _check, fp16_products, fp16_query
 from trtforge.kernels.device_tensor import pool_heads_major
 from trtforge.kernels.prepared_launch import Operand, PreparedLaunch, arg_index
 
@@ -90,14 +84,12 @@ def _chunked_prefill_kernel(
     WINDOW: tl.constexpr,
     HAS_QSTARTS: tl.constexpr = False,
     KV_F16: tl.constexpr = False,
-    V_KEYS_MAJOR: tl.constexpr = False,
 ):
     """Grid (cdiv(S_q·G, BLOCK_M), B·Hkv): BLOCK_M (query position, group head) rows of one kv head;
     WINDOW: the query at position p sees only keys j > p - window. With HAS_QSTARTS, sequence b's
     queries and outputs start at row QStarts[b] of flat [T, Hq, D] tensors (stride_*m between rows;
     the batch strides are unused). KV_F16 (FP8 pools): the scaled query in FP16 and FP16 products, as in
-    the decode kernel (:data:`~trtforge.kernels.decode_attention.FP8_KV_F16`). V_KEYS_MAJOR: a paged V
-    pool whose keys are its unit stride (the decode kernel's tile loop, ``_attend_tiles``)."""
+    the decode kernel (:data:`~trtforge.kernels.decode_attention.FP8_KV_F16`)."""
     pid_m = tl.program_id(0)
     pid = tl.program_id(1)
     b = (pid // num_kv_heads).to(tl.int64)
@@ -167,7 +159,7 @@ def _chunked_prefill_kernel(
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, lo, head_end, last_key,
             first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-            HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True, V_KEYS_MAJOR,
+            HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
         )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, head_end, full_end, last_key,
@@ -177,7 +169,7 @@ def _chunked_prefill_kernel(
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, full_end, hi, last_key,
         first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW, V_KEYS_MAJOR,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
     )  # fmt: skip
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc * (v_scale / l_safe)[:, None]  # v_scale: an FP8 pool's V scale (else 1)
@@ -237,7 +229,6 @@ def chunked_prefill_attention(
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_QLENS=q_lens is not None, DOT_F32=interpreting() and q.dtype == torch.bfloat16,
         WINDOW=window > 0, KV_F16=fp16_products(k_cache.dtype), num_warps=num_warps, num_stages=num_stages,
-        V_KEYS_MAJOR=fp8_v_keys_major(v_cache, page),
     )  # fmt: skip
     return out
 
@@ -346,7 +337,7 @@ def prepare_chunked_prefill_varlen(
         GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n,
         PAGE_SIZE=page, HAS_QLENS=True, DOT_F32=interpreting() and q.dtype == torch.bfloat16,
         WINDOW=window > 0, HAS_QSTARTS=True, KV_F16=fp16_products(k_cache.dtype), num_warps=num_warps,
-        num_stages=num_stages, V_KEYS_MAJOR=fp8_v_keys_major(v_cache, page),
+        num_stages=num_stages,
     )  # fmt: skip
 
 

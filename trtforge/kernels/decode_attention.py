@@ -116,13 +116,6 @@ FP8_KV_MANY_PAIRS_DECODE_CONFIG = DecodeConfig(block_n=128, num_warps=2, num_sta
 FP8_KV_TWO_WARPS_MIN_PAIRS = 512
 
 
-def fp8_v_keys_major(v: Any, page: int) -> bool:
-    """Whether paged V (the kernels' ``[blocks, Hkv, block_size, D]`` view) is an FP8 pool stored keys-major
-    (``kv_cache.FP8_V_KEYS_MAJOR``): the kernels' V_KEYS_MAJOR, which bounds masked tiles by whole pages
-    and so reads stale slots that only FP8's saturating cache writes keep finite."""
-    return page > 0 and v.dtype == FP8_KV_DTYPE and int(v.stride(2)) == 1
-
-
 def fp16_products(kv_dtype: torch.dtype) -> bool:
     """Whether attention over pools of `kv_dtype` runs its products in FP16 (FP8 pools, ``FP8_KV_F16``):
     the decode and chunked-prefill kernels' KV_F16."""
@@ -223,18 +216,11 @@ def _attend_tiles(
     DOT_F32: tl.constexpr,
     TMA: tl.constexpr,
     WINDOW: tl.constexpr,
-    V_KEYS_MAJOR: tl.constexpr = False,
 ):
     """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED tiles bound loads by `hi` and hide keys past
     each row's `last_key` (LOWER_RIGHT causal) and, WINDOW, before its `first_key`; unmasked ones
     are wholly visible to every row. TMA:
-    unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n.
-    V_KEYS_MAJOR (a paged V pool whose keys are its unit stride): masked tiles bound their table and V
-    loads by whole pages, so the block index stays constant over a page and V's loads stay 16-byte
-    vectors (a per-key mask splits them into bytes). The keys past `hi` in the last page are read, and
-    their p is exactly 0: their codes must be finite, which the GPU's FP8 cache writes guarantee (their
-    saturating min/max map NaN to a bound, :func:`~trtforge.kernels.paged_cache.to_cache`), so it is
-    set for FP8 pools only (:func:`fp8_v_keys_major`)."""
+    unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
@@ -242,11 +228,7 @@ def _attend_tiles(
         n_ok = offs_n < hi
         if PAGE_SIZE > 0:
             if MASKED:
-                if V_KEYS_MAJOR:  # whole pages: the block index stays constant over each
-                    pages_ok = (offs_n // PAGE_SIZE) * PAGE_SIZE < hi
-                    blk = tl.load(table_base + offs_n // PAGE_SIZE, mask=pages_ok, other=0).to(tl.int64)
-                else:
-                    blk = tl.load(table_base + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+                blk = tl.load(table_base + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
             else:
                 blk = tl.load(table_base + offs_n // PAGE_SIZE).to(tl.int64)
             slot = offs_n % PAGE_SIZE
@@ -260,11 +242,7 @@ def _attend_tiles(
         if MASKED:
             kv_ok = n_ok[:, None] & d_ok[None, :]
             k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
-            if V_KEYS_MAJOR:
-                v_ok = ((offs_n // PAGE_SIZE) * PAGE_SIZE < hi)[:, None] & d_ok[None, :]
-                v = tl.load(v_ptrs, mask=v_ok, other=0.0)
-            else:
-                v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+            v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
         elif TMA:
             k = k_desc.load([desc_row + start_n, 0])
             v = v_desc.load([desc_row + start_n, 0])
@@ -418,7 +396,6 @@ def _decode_split_kernel(
     KV_F16: tl.constexpr = False,
     PDL: tl.constexpr = False,
     STAMP: tl.constexpr = False,
-    V_KEYS_MAJOR: tl.constexpr = False,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
     WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
@@ -493,7 +470,7 @@ def _decode_split_kernel(
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, lo, head_end,
             last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True, V_KEYS_MAJOR,
+            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
         )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, head_end, full_end,
@@ -503,7 +480,7 @@ def _decode_split_kernel(
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, full_end, hi,
         last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW, V_KEYS_MAJOR,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
     )  # fmt: skip
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -748,13 +725,11 @@ def _split_options(
     pdl: bool,
     dtype: torch.dtype,
     kv_dtype: torch.dtype,
-    v_keys_major: bool = False,
 ) -> dict[str, Any]:
     """The split kernel's constexprs and launch options: one definition for :func:`_launch` and the
     prepared launches of :func:`prepare_paged_decode`. The last program's reduction works on tiles
     of about 32 FP32 values a thread (TAIL_ROWS x TAIL_SPLITS partials at a time). `dtype` is the
-    query's, `kv_dtype` the pools' (FP8 pools take FP16 products: ``FP8_KV_F16``); `v_keys_major`:
-    :func:`fp8_v_keys_major` of the V pool."""
+    query's, `kv_dtype` the pools' (FP8 pools take FP16 products: ``FP8_KV_F16``)."""
     block_d = max(16, triton.next_power_of_2(d))
     tail = 1024 * cfg.num_warps
     tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
@@ -764,7 +739,7 @@ def _split_options(
         "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
-        "KV_F16": fp16_products(kv_dtype), "V_KEYS_MAJOR": v_keys_major,
+        "KV_F16": fp16_products(kv_dtype),
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
 
@@ -834,9 +809,8 @@ def _launch(
     descs = _tma_descriptors(k, v, cfg.block_n) if cfg.tma and page == 0 else None
     k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
     options = _split_options(
-        cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype, k.dtype,
-        v_keys_major=fp8_v_keys_major(v, page),
-    )  # fmt: skip
+        cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype, k.dtype
+    )
     _decode_split_kernel[(splits, b * hkv)](
         q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,
@@ -1074,7 +1048,6 @@ def prepare_paged_decode(
             **_reduce_options(s_q, d, splits, pdl),
         )
     options = _split_options(
-        config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype, k.dtype,
-        v_keys_major=fp8_v_keys_major(v, page),
-    )  # fmt: skip
+        config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype, k.dtype
+    )
     return PreparedLaunch(_decode_split_kernel, (splits, b * hkv), args, operands, reduce, **options)

@@ -136,26 +136,9 @@ def calibrate_kv_scales(
     return KVScales(tuple(to_scale(a) for a in k_amax), tuple(to_scale(a) for a in v_amax), how)
 
 
-# An experiment, off by default (the serving layout as measured), read when an executor allocates its
-# pools: FP8 V pools stored with each block's keys contiguous per channel ([N, Hkv, D, block_size] in
-# memory; the same logical [N, block_size, Hkv, D] pool through a permuted view, so every kernel only
-# sees other strides). P.V reduces over the keys: over the serving layout an FP8 V tile reaches the MMA
-# one byte a shared load (ldmatrix cannot transpose 8-bit elements); keys-major, through ldmatrix (sm_90
-# compile of the decode kernel at 4 warps: 256 ld.shared.b8 -> 0, the same shared memory, no spills; at
-# 2 warps 8 bytes spilled against 32). The kernels' masked tiles then bound V by whole pages
-# (decode_attention._attend_tiles' V_KEYS_MAJOR), so they read a last page's stale slots, weighted by
-# p = 0: that needs finite codes, which the GPU's saturating cache writes give (a NaN is stored as a
-# bound; tests/kernels/test_kv_fp8.py). Not yet timed: benchmarks/probe_pool_layout.py (kernel),
-# bench_throughput.py --fp8-v-keys-major (served).
-FP8_V_KEYS_MAJOR = False
-
-
 def new_pool(shape: tuple[int, int, int, int], dtype: torch.dtype, device: Any, values: bool) -> torch.Tensor:
-    """A zeroed K (`values` False) or V pool ``[N, block_size, Hkv, D]``; an FP8 V pool is stored keys-major
-    where :data:`FP8_V_KEYS_MAJOR` is on."""
-    if values and dtype == FP8_KV_DTYPE and FP8_V_KEYS_MAJOR:
-        n, bs, hkv, d = shape
-        return torch.zeros((n, hkv, d, bs), dtype=dtype, device=device).permute(0, 3, 1, 2)
+    """A zeroed K (`values` False) or V pool ``[N, block_size, Hkv, D]``. (FP8 V pools stored keys-major
+    measured 5-9% slower in decode on the H200, session 27: benchmarks/probe_pool_layout.py.)"""
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
