@@ -63,6 +63,8 @@ import dataclasses
 import gc
 import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -452,6 +454,31 @@ def triton_cache_entries() -> int | None:
         return sum(1 for _ in os.scandir(path))
     except OSError:
         return None
+
+
+GPU_STATE_FIELDS = (
+    "clocks.sm",
+    "clocks.mem",
+    "temperature.gpu",
+    "power.draw",
+    "clocks_throttle_reasons.active",
+)
+
+
+def gpu_state() -> dict[str, str] | None:
+    """The GPU's SM / memory clocks, temperature, power and active throttle reasons (nvidia-smi), taken
+    after each workload: the same code has read 3.5% apart in two processes, and clocks tell whether the
+    GPU, not the code, moved. None where nvidia-smi is absent or fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    query = ["--query-gpu=" + ",".join(GPU_STATE_FIELDS), "--format=csv,noheader", "--id=0"]
+    try:
+        out = subprocess.run([exe, *query], capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    values = [v.strip() for v in out.strip().splitlines()[0].split(",")] if out.strip() else []
+    return dict(zip(GPU_STATE_FIELDS, values)) if len(values) == len(GPU_STATE_FIELDS) else None
 
 
 def free_gpu_bytes(cuda: bool) -> int | None:
@@ -1174,8 +1201,11 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
             res["target_output_tok_s"] = fp8_row if args.quantization != "none" else TARGETS.get(name)
             if name == "mixed":
                 res["target_wall_s"] = MIXED_TARGET_S
+            res["gpu_state_after"] = gpu_state() if cuda else None
             results["variants"][key]["workloads"][name] = res
             print(f"[{key}] " + line(name, res), flush=True)
+            if res["gpu_state_after"]:
+                print("    GPU after: " + ", ".join(f"{k} {v}" for k, v in res["gpu_state_after"].items()))
             save(results, args.out)
     del probe, ex
     gc.collect()
