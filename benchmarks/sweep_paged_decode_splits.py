@@ -14,6 +14,9 @@ triton.testing.do_bench) and checked against split count 1; the bytes of K/V rea
 (H200 HBM3e: 4.8). The heuristic's choice is marked. ``--configs BLOCK_N,WARPS,STAGES ...`` times
 each configuration (the first is the reference the others are checked against; default: today's BF16
 default) at every split count; ``--cases B:L ...`` picks the shapes (default: the served ones below).
+``--ragged LO`` draws each sequence's length uniformly from [LO, L] instead (seeded), as in the mixed
+burst's decode tail (prompts of 64-2,048 plus their outputs): the heuristic sees only B·Hkv and the
+longest, so one split a sequence leaves the longest sequences' programs as the launch's tail.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ def main() -> None:
         help="BLOCK_N,WARPS,STAGES candidates (default: default_decode_config's for BF16, D 128)",
     )
     ap.add_argument("--cases", type=lambda t: _pair(t, ":", 2), nargs="+", default=None, help="B:L shapes")
+    ap.add_argument(
+        "--ragged", type=int, default=None, help="lengths drawn uniformly from [RAGGED, L] per sequence"
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -76,11 +82,16 @@ def main() -> None:
         k = torch.randn(pool_blocks, BLOCK, HKV, D, device=dev, dtype=torch.bfloat16, generator=g)
         v = torch.randn_like(k)
         tables = torch.randperm(pool_blocks - 1, device=dev, generator=g)[: b * width].view(b, width).int()
-        lens = torch.full((b,), ctx, device=dev, dtype=torch.int32)
+        if args.ragged is None:
+            lens = torch.full((b,), ctx, device=dev, dtype=torch.int32)
+        else:
+            lo = min(args.ragged, ctx)
+            lens = torch.randint(lo, ctx + 1, (b,), device=dev, generator=g, dtype=torch.int32)
         q = torch.randn(b, HQ, D, device=dev, dtype=torch.bfloat16, generator=g)
         chosen = num_splits_for(b * HKV, width * BLOCK, sms, configs[0][0])  # the reference's rule
-        kv_bytes = 2 * b * ctx * HKV * D * 2
+        kv_bytes = 2 * int(lens.sum()) * HKV * D * 2
         row = {"batch": b, "context": ctx, "heuristic_splits": chosen, "kv_gb": kv_bytes / 1e9, "ms": {}}
+        row["ragged_from"] = args.ragged
         ref = None
         for bn, warps, stages in configs:
             rule = num_splits_for(b * HKV, width * BLOCK, sms, bn)
