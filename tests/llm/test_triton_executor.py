@@ -574,3 +574,44 @@ def test_long_chunks_stay_on_the_varlen_kernel_past_the_key_cap(monkeypatch):
     attention = TritonPagedAttention()
     plan = attention.plan_of(meta, torch.device(device))
     assert plan.long_chunks is None and plan.chunks is not None
+
+
+def test_long_chunk_plan_picks_the_long_chunks_and_their_blocks(monkeypatch):
+    """The Hopper chunk path's plan (host arrays only): chunks of 256+ tokens, with their first rows,
+    query tokens and keys, the shorter chunks left to the varlen kernel, and flat table indices that
+    name exactly the long chunks' blocks in order; none past the key cap."""
+    from trtforge.kernels import chunked_prefill
+    from trtforge.llm.executors.triton_attention import long_chunk_plan
+
+    g = torch.Generator().manual_seed(2)
+    ctx_lens, q_lens = [700, 40, 1300, 90, 300, 33], [1, 1, 600, 20, 300, 5]
+    meta, tables = mixed_metadata("cpu", g, 16, 200, ctx_lens, q_lens)
+    chunks = np.array([2, 3, 4, 5])
+    spans, rest, pages = long_chunk_plan(meta, chunks)
+    assert spans == [(2, 600, 1300), (622, 300, 300)]
+    assert rest.tolist() == [3, 5]
+    assert meta.block_tables.reshape(-1)[torch.from_numpy(pages)].tolist() == tables[2] + tables[4]
+    assert long_chunk_plan(meta, np.array([3, 5])) == (None, None, None)
+    monkeypatch.setattr(chunked_prefill, "HOPPER_CHUNK_MAX_KEYS", 1599)
+    assert long_chunk_plan(meta, chunks) == (None, None, None)
+
+
+def test_the_hopper_chunk_launch_refuses_what_it_cannot_run():
+    """Mismatched block lists, configs that spill the chunk variant, and scratch that cannot hold the
+    blocks are refused when the launch is prepared, naming what was expected."""
+    pytest.importorskip("triton.experimental.gluon")
+    from trtforge.kernels.chunked_prefill import hopper_chunks_eligible, prepare_chunked_prefill_hopper
+    from trtforge.kernels.configs import HopperConfig
+
+    k = torch.zeros(40, 16, 2, 64, dtype=torch.bfloat16)
+    q = torch.zeros(600, 8, 64, dtype=torch.bfloat16)
+    spans, pages = [(0, 300, 500)], torch.arange(32, dtype=torch.int32)
+    assert not hopper_chunks_eligible(q, k, None)  # (no sm_90 GPU here)
+    with pytest.raises(ValueError, match="need 32 pages of 16 keys; got 31"):
+        prepare_chunked_prefill_hopper(q, k, k, spans, pages[:31])
+    with pytest.raises(ValueError, match="2 consumer warpgroups"):
+        prepare_chunked_prefill_hopper(q, k, k, spans, pages, HopperConfig(3, 128, 4, 1))
+    with pytest.raises(ValueError, match="cannot hold 32 blocks"):
+        prepare_chunked_prefill_hopper(q, k, k, spans, pages, scratch=(k[:8], k[:8]))
+    with pytest.raises(ValueError, match="share one"):
+        prepare_chunked_prefill_hopper(q, k, k[:, :8], spans, pages)

@@ -204,6 +204,25 @@ def _layer_key(
     )
 
 
+def long_chunk_plan(meta: AttentionMetadata, chunks: np.ndarray) -> tuple:
+    """Which of a step's prompt chunks (sequence indices `chunks`) run the Hopper kernel: those of at least
+    HOPPER_CHUNK_MIN_TOKENS query tokens, while they see at most HOPPER_CHUNK_MAX_KEYS keys in all.
+    Returns ([(first row, query tokens, keys)] of those, the other chunks, the long ones' block-table
+    entries as flat indices into the contiguous [B, W] table, in order), or (None, None, None). Host
+    arrays only: no device work."""
+    from trtforge.kernels.chunked_prefill import HOPPER_CHUNK_MAX_KEYS, HOPPER_CHUNK_MIN_TOKENS
+
+    qsl, ctx, bs = meta.query_start_loc_host, meta.context_lens_host, meta.block_size
+    qlens = qsl[1:] - qsl[:-1]
+    long = chunks[qlens[chunks] >= HOPPER_CHUNK_MIN_TOKENS]
+    if not len(long) or int(ctx[long].sum()) > HOPPER_CHUNK_MAX_KEYS:
+        return None, None, None
+    row = int(meta.block_tables.shape[1])
+    pages = [s * row + np.arange(-(-int(ctx[s]) // bs)) for s in long]
+    spans = [(int(qsl[s]), int(qlens[s]), int(ctx[s])) for s in long]
+    return spans, chunks[qlens[chunks] < HOPPER_CHUNK_MIN_TOKENS], np.concatenate(pages)
+
+
 class TritonPagedAttention:
     """Mixed prefill/decode attention: all decode rows in one decode launch, all prompt chunks in one.
 
@@ -320,25 +339,13 @@ class TritonPagedAttention:
         return plan
 
     def _long_chunks(self, meta: AttentionMetadata, chunks: np.ndarray, device: torch.device) -> tuple:
-        """With ``hopper_chunks`` on an sm_90 GPU, the step's chunks of at least HOPPER_CHUNK_MIN_TOKENS
-        (while they see at most HOPPER_CHUNK_MAX_KEYS keys in all):
-        ([(first row, query tokens, keys)], the other chunks, the long ones' flat block-table indices);
-        else (None, None, None)."""
-        from trtforge.kernels.chunked_prefill import HOPPER_CHUNK_MAX_KEYS, HOPPER_CHUNK_MIN_TOKENS
-
+        """:func:`long_chunk_plan` where ``hopper_chunks`` is on and the device is an sm_90 GPU, else
+        (None, None, None)."""
         if not (self.hopper_chunks and device.type == "cuda" and len(chunks)):
             return None, None, None
         if torch.cuda.get_device_capability(device)[0] != 9:
             return None, None, None
-        qsl, ctx, bs = meta.query_start_loc_host, meta.context_lens_host, meta.block_size
-        qlens = qsl[1:] - qsl[:-1]
-        long = chunks[qlens[chunks] >= HOPPER_CHUNK_MIN_TOKENS]
-        if not len(long) or int(ctx[long].sum()) > HOPPER_CHUNK_MAX_KEYS:
-            return None, None, None
-        row = int(meta.block_tables.shape[1])  # (the flat view below is of a contiguous table)
-        pages = [s * row + np.arange(-(-int(ctx[s]) // bs)) for s in long]
-        spans = [(int(qsl[s]), int(qlens[s]), int(ctx[s])) for s in long]
-        return spans, chunks[qlens[chunks] < HOPPER_CHUNK_MIN_TOKENS], np.concatenate(pages)
+        return long_chunk_plan(meta, chunks)
 
     def _gather_scratch(self, pool: torch.Tensor, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V buffers of at least `blocks` pool blocks for the long chunks' gather, kept across steps
