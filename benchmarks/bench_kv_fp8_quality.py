@@ -17,11 +17,19 @@ windows' first 64 tokens as prompts, 32 greedy tokens each, the share of positio
 
 The perplexity through the executor is :func:`window_nll` (usable for any executor variant, e.g. a
 weight-quantized one).
+
+``--fp8-native-attention`` adds a variant that asks whether an FP8-native attention kernel would keep
+the quality: over the default FP8 pools (as served), the reference attention quantizes each query row
+(per head, amax / 448) and the softmax numerators (times 448) to E4M3 before their products, as a kernel
+feeding Q·Kᵀ and P·V to FP8 tensor cores would (no FP8 -> FP16 conversions of K and V); row sums stay
+FP32. Emulated in float32 on the torch reference path (``paged_attention._sdpa``), so it needs
+``--device cpu`` or the torch kernels.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
@@ -49,6 +57,40 @@ def window_nll(executor: Any, ids: list[int]) -> tuple[float, int]:
     return float(nll), n - 1
 
 
+def fp8_native_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, scale: float
+) -> torch.Tensor:
+    """SDPA as an FP8-native kernel would compute it (see the module docstring): E4M3 query rows with
+    per-row scales, E4M3 softmax numerators scaled by 448, FP32 scores, row maxima and row sums; `k` / `v`
+    are the FP8 pools' values already (codes times their scales, exact in float32)."""
+    fp8 = torch.float8_e4m3fn
+    group = q.shape[-3] // k.shape[-3]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    q, k, v = q.float(), k.float(), v.float()
+    sq = q.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 448.0
+    qq = (q / sq).to(fp8).float() * sq
+    s = (qq @ k.transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    pq = (p * 448.0).to(fp8).float() / 448.0
+    return (pq @ v) / p.sum(-1, keepdim=True)
+
+
+@contextlib.contextmanager
+def fp8_native_attention():
+    """Route the torch reference attention through :func:`fp8_native_sdpa` while inside."""
+    from trtforge.llm.executors import paged_attention
+
+    saved = paged_attention._sdpa
+    paged_attention._sdpa = fp8_native_sdpa
+    try:
+        yield
+    finally:
+        paged_attention._sdpa = saved
+
+
 def _windows(tokens: list[int], count: int, length: int) -> list[list[int]]:
     usable = int(0.9 * len(tokens)) - length
     return [tokens[s : s + length] for s in np.linspace(0, usable, count).astype(int).tolist()]
@@ -65,6 +107,11 @@ def main() -> None:
         "--dtype", default=None, help="model dtype (default: float32 on the CPU, bfloat16 on CUDA)"
     )
     ap.add_argument("--quick", action="store_true", help="8 windows of 256 tokens")
+    ap.add_argument(
+        "--fp8-native-attention",
+        action="store_true",
+        help="also the default FP8 pools with E4M3 queries and softmax numerators (emulated)",
+    )
     ap.add_argument("--out", default=None, help="JSON results path")
     args = ap.parse_args()
     if args.quick:
@@ -98,6 +145,9 @@ def main() -> None:
         "fp8 (calibrated on held-out prompts)": {"kv_cache_dtype": "fp8", "calib_prompts": calib},
         "fp8 (fixed scale 1.0, vLLM's default)": {"kv_cache_dtype": "fp8", "kv_scales": 1.0},
     }
+    native = "fp8 (default) + E4M3 Q and P (emulated FP8-native attention)"
+    if args.fp8_native_attention:
+        variants[native] = {"kv_cache_dtype": "fp8"}
     prompts = [w[:64] for w in windows[:8]]
     results: dict[str, Any] = {
         "model": args.model,
@@ -111,11 +161,14 @@ def main() -> None:
         ex = TorchExecutor(lm, num_blocks=num_blocks, **kw)
         built = time.perf_counter() - t0
         total, count = 0.0, 0
-        for w in windows:
-            s, c = window_nll(ex, w)
-            total, count = total + s, count + c
-        with ServingLLM(ex) as llm:
-            greedy = llm.generate(prompts, max_new_tokens=32, stop_at_eos=False)
+        with fp8_native_attention() if name == native else contextlib.nullcontext():
+            if name == native and getattr(ex, "kernels", "torch") != "torch":
+                raise SystemExit("--fp8-native-attention emulates on the torch path: use --device cpu")
+            for w in windows:
+                s, c = window_nll(ex, w)
+                total, count = total + s, count + c
+            with ServingLLM(ex) as llm:
+                greedy = llm.generate(prompts, max_new_tokens=32, stop_at_eos=False)
         row: dict[str, Any] = {
             "ppl": math.exp(total / count),
             "tokens": count,
