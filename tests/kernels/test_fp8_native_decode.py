@@ -1,0 +1,125 @@
+"""The FP8-native decode kernel (E4M3 queries and softmax numerators, both products on FP8 tensor cores):
+against the FP32 reference over the same dequantized K/V, in Triton's CPU interpreter (its FP8 casts are
+torch's, tests/kernels/conftest.py) and on a GPU; and its sm_90 code.
+
+Tolerance: beyond the FP8 K/V (whose values the reference shares), the kernel rounds each query row and
+each softmax numerator to E4M3 (a relative error of at most 2^-4 an element), and stores BF16. Over
+N(0, 1) K/V at D 64 and 1..700 keys the outputs (up to 2.7 in magnitude) moved by at most 0.057
+(measured, interpreter); TOL 0.1. Mutations (a wrong kv head, a halved P scale) fail it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton", reason="Triton is needed to run the kernel (pip install triton)")
+
+from tests._devices import DEVICES, skip_unless_runs_here  # noqa: E402
+from tests.kernels._sm90 import assemble, count_ops, needs_ptxas, run_in_child  # noqa: E402
+from tests.kernels.decode_reference import paged_from_contiguous, reference_decode  # noqa: E402
+from trtforge.kernels.fp8_native_decode import fp8_native_paged_decode  # noqa: E402
+from trtforge.kernels.kv_quant import FP8_KV_DTYPE, dequantize, quantize_fp8  # noqa: E402
+
+TOL = 0.1
+
+
+def _case(device, b, hq, hkv, d, lens, page, seed):
+    gen = torch.Generator().manual_seed(seed)
+    s_max = max(lens)
+    k = torch.randn(b, hkv, s_max, d, generator=gen)
+    v = torch.randn(b, hkv, s_max, d, generator=gen)
+    q = torch.randn(b, hq, d, generator=gen).bfloat16()
+    ks, vs = float(k.abs().amax()) / 448, float(v.abs().amax()) / 448
+    kd, vd = dequantize(quantize_fp8(k, ks), ks), dequantize(quantize_fp8(v, vs), vs)  # the FP8 values
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    kp, vp, table = paged_from_contiguous(kd / ks, vd / vs, lens_t, page, gen)  # codes, exact in float32
+    kp, vp = kp.to(FP8_KV_DTYPE).to(device), vp.to(FP8_KV_DTYPE).to(device)
+    ref = reference_decode(q.float()[:, :, None], kd, vd, lens_t, scale=d**-0.5)[:, :, 0]
+    return q.to(device), kp, vp, lens_t.to(device), table.to(device), ks, vs, ref
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("hq", "hkv", "lens", "page", "splits"), [
+    (8, 2, [1, 17, 300, 700], 16, None),
+    (8, 2, [1, 17, 300, 700], 16, 3),
+    (4, 4, [129, 256], 64, 1),
+    (16, 2, [500, 40], 16, 2),
+])  # fmt: skip
+def test_matches_the_reference_over_the_same_fp8_values(device, hq, hkv, lens, page, splits):
+    skip_unless_runs_here(device)
+    if device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability >= 8.9")
+    d = 64
+    q, kp, vp, lens_t, table, ks, vs, ref = _case(
+        device, len(lens), hq, hkv, d, lens, page, seed=len(lens) + hq
+    )
+    out = torch.full_like(q, float("nan"))
+    got = fp8_native_paged_decode(
+        q, kp, vp, lens_t, table, d**-0.5, k_scale=ks, v_scale=vs, out=out, num_splits=splits
+    )
+    assert got.data_ptr() == out.data_ptr() and not torch.isnan(got).any()
+    err = (got.float().cpu() - ref).abs().max().item()
+    assert err <= TOL, err
+
+
+def test_bad_inputs_are_refused():
+    q = torch.zeros(2, 8, 64, dtype=torch.bfloat16)
+    pool = torch.zeros(4, 16, 2, 64, dtype=FP8_KV_DTYPE)
+    lens, table = torch.ones(2, dtype=torch.int32), torch.zeros(2, 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="pools must be"):
+        fp8_native_paged_decode(q, pool.bfloat16(), pool, lens, table, 0.1)
+    with pytest.raises(ValueError, match="power of two"):
+        fp8_native_paged_decode(q[..., :48], pool[..., :48], pool[..., :48], lens, table, 0.1)
+    with pytest.raises(ValueError, match="whole number"):
+        fp8_native_paged_decode(q[:, :7], pool, pool, lens, table, 0.1)
+    with pytest.raises(ValueError, match="seq_lens"):
+        fp8_native_paged_decode(q, pool, pool, lens[:1], table, 0.1)
+
+
+def _sm90_facts(num_warps: int = 8, block_n: int = 64) -> dict:
+    """Compile the kernel for sm_90 (child process: no interpreter) at the 8B shape's launch."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from trtforge.kernels import fp8_native_decode as m
+
+    fn = m._fp8_native_decode_kernel
+    sig = dict.fromkeys(fn.arg_names, "i32")
+    ptrs = {
+        "Q": "*bf16",
+        "K": "*fp8e4nv",
+        "V": "*fp8e4nv",
+        "SeqLens": "*i32",
+        "Table": "*i32",
+        "Out": "*bf16",
+    }
+    sig |= ptrs | {"MidO": "*fp32", "MidL": "*fp32", "qk_scale": "fp32", "v_scale": "fp32"}
+    consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "BLOCK_N": block_n, "PAGE": 16}
+    consts |= {"BLOCK_M": m.BLOCK_M, "Q_MAX": m.Q_CODE_MAX, "P_SCALE": m.P_CODE_SCALE}
+    sig |= dict.fromkeys(consts, "constexpr")
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    kernel = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 2}
+    )
+    ptx = kernel.asm["ptx"]
+    ops = count_ops(ptx)
+    products = [op for op in ops if "mma" in op and not any(w in op for w in ("fence", "commit", "wait"))]
+    return {
+        "wgmma_e4m3": sum(ops[op] for op in products if op.startswith("wgmma") and "e4m3.e4m3" in op),
+        "other_mma": sum(ops[op] for op in products if "e4m3.e4m3" not in op),
+        "widening": sum(n for op, n in ops.items() if op.startswith("cvt") and "f16x2.e4m3x2" in op),
+        "shared": kernel.metadata.shared,
+    } | assemble(ptx)
+
+
+def test_both_products_are_fp8_wgmma_without_widening_on_sm90():
+    """The kernel's premise on sm_90: Q·Kᵀ and P·V are wgmma on E4M3 operands, and no K or V code is
+    widened to FP16 (the serving decode kernel's cvt.rn.f16x2.e4m3x2); nothing spills."""
+    needs_ptxas()
+    facts = run_in_child(f"{__name__}:_sm90_facts", 8, 64)  # the default launch
+    assert facts["ptxas_rc"] == 0, facts["ptxas"]
+    assert facts["wgmma_e4m3"] >= 4, facts
+    assert facts["widening"] == 0 and facts["other_mma"] == 0, facts
+    assert not facts["spills"] or max(facts["spills"]) == 0, facts["ptxas"]
