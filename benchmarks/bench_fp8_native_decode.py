@@ -33,7 +33,7 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="JSON results")
-    ap.add_argument("--configs", nargs="+", default=["64,8", "32,4", "128,8"], help="BLOCK_N,WARPS")
+    ap.add_argument("--configs", nargs="+", default=["128,4", "64,4", "128,8"], help="BLOCK_N,WARPS")
     args = ap.parse_args()
     serving = TritonDecodeAttention()
     rows, failures = [], []

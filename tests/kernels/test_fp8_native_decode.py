@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="Triton is needed to run the kernel (pip install triton)")
 
 from tests._devices import DEVICES, skip_unless_runs_here  # noqa: E402
-from tests.kernels._sm90 import assemble, count_ops, needs_ptxas, run_in_child  # noqa: E402
+from tests.kernels._sm90 import needs_ptxas, run_in_child  # noqa: E402
 from tests.kernels.decode_reference import paged_from_contiguous, reference_decode  # noqa: E402
 from trtforge.kernels.fp8_native_decode import fp8_native_paged_decode  # noqa: E402
 from trtforge.kernels.kv_quant import FP8_KV_DTYPE, dequantize, quantize_fp8  # noqa: E402
@@ -77,49 +77,38 @@ def test_bad_inputs_are_refused():
         fp8_native_paged_decode(q, pool, pool, lens[:1], table, 0.1)
 
 
-def _sm90_facts(num_warps: int = 8, block_n: int = 64) -> dict:
-    """Compile the kernel for sm_90 (child process: no interpreter) at the 8B shape's launch."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+def _sm90_facts(num_warps: int = 4, block_n: int = 128) -> dict:
+    """Compile the kernel for sm_90 as its launcher specializes it at the 8B shape (child process: no
+    interpreter): Hq 32 / Hkv 8 / D 128, 16-token pages."""
+    from tests.kernels._sm90 import compile_facts
     from trtforge.kernels import fp8_native_decode as m
 
-    fn = m._fp8_native_decode_kernel
-    sig = dict.fromkeys(fn.arg_names, "i32")
-    ptrs = {
-        "Q": "*bf16",
-        "K": "*fp8e4nv",
-        "V": "*fp8e4nv",
-        "SeqLens": "*i32",
-        "Table": "*i32",
-        "Out": "*bf16",
-    }
-    sig |= ptrs | {"MidO": "*fp32", "MidL": "*fp32", "qk_scale": "fp32", "v_scale": "fp32"}
+    pointers = {"Q": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv", "SeqLens": "*i32", "Table": "*i32"}
+    pointers |= {"Out": "*bf16", "MidO": "*fp32", "MidL": "*fp32"}
+    ints = {"stride_qb": 4096, "stride_qh": 128, "stride_kn": 16384, "stride_kp": 1024, "stride_kh": 128}
+    ints |= {"stride_vn": 16384, "stride_vp": 1024, "stride_vh": 128, "stride_ob": 4096, "stride_oh": 128}
     consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "BLOCK_N": block_n, "PAGE": 16}
     consts |= {"BLOCK_M": m.BLOCK_M, "Q_MAX": m.Q_CODE_MAX, "P_SCALE": m.P_CODE_SCALE}
-    sig |= dict.fromkeys(consts, "constexpr")
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
-    kernel = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 2}
-    )
-    ptx = kernel.asm["ptx"]
-    ops = count_ops(ptx)
+    scalars = {"qk_scale": "fp32", "v_scale": "fp32"}
+    facts = compile_facts(m._fp8_native_decode_kernel, pointers, ints, consts, num_warps, 2, scalars)
+    ops = facts["counts"]
     products = [op for op in ops if "mma" in op and not any(w in op for w in ("fence", "commit", "wait"))]
-    return {
+    return facts | {
         "wgmma_e4m3": sum(ops[op] for op in products if op.startswith("wgmma") and "e4m3.e4m3" in op),
         "other_mma": sum(ops[op] for op in products if "e4m3.e4m3" not in op),
         "widening": sum(n for op, n in ops.items() if op.startswith("cvt") and "f16x2.e4m3x2" in op),
-        "shared": kernel.metadata.shared,
-    } | assemble(ptx)
+        "byte_loads": ops.get("ld.global.b8", 0) + ops.get("ld.global.nc.b8", 0),
+    }
 
 
 def test_both_products_are_fp8_wgmma_without_widening_on_sm90():
-    """The kernel's premise on sm_90: Q·Kᵀ and P·V are wgmma on E4M3 operands, and no K or V code is
-    widened to FP16 (the serving decode kernel's cvt.rn.f16x2.e4m3x2); nothing spills."""
+    """The kernel's premise on sm_90, at the default launch: Q·Kᵀ and P·V are wgmma on E4M3 operands, no
+    K or V code is widened to FP16 (the serving decode kernel's cvt.rn.f16x2.e4m3x2), K tiles arrive
+    by 16-byte cp.async and nothing is loaded from global memory a byte at a time; nothing spills."""
     needs_ptxas()
-    facts = run_in_child(f"{__name__}:_sm90_facts", 8, 64)  # the default launch
+    facts = run_in_child(f"{__name__}:_sm90_facts", 4, 128)
     assert facts["ptxas_rc"] == 0, facts["ptxas"]
-    assert facts["wgmma_e4m3"] >= 4, facts
+    assert facts["wgmma_e4m3"] >= 8, facts  # 128 keys x 128 channels, k = 32 a wgmma
     assert facts["widening"] == 0 and facts["other_mma"] == 0, facts
+    assert facts["cp_async_16"] >= 8 and facts["byte_loads"] == 0, facts
     assert not facts["spills"] or max(facts["spills"]) == 0, facts["ptxas"]

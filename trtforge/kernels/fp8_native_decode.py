@@ -6,10 +6,11 @@ before its products: over FP8 pools it reads ~3.35 TB/s on the H200 against ~4.3
 converts nothing: each query row is quantized to E4M3 with its own scale (amax / 448), Q·Kᵀ runs on the
 K codes as they are, and the softmax numerators (times 448) are quantized to E4M3 for P·V on the V
 codes. On sm_90, with 64 query rows (a kv head's group padded) and 4 warps, Triton emits ``wgmma ...
-e4m3.e4m3`` for both products (tests/kernels/test_fp8_native_decode.py checks the sm_90 code). The
-default launch, 64-key tiles on 8 warps, is the one of (4 or 8 warps) x (32, 64 or 128 keys) that
-compiles without spills (4 warps spill 16-2,420 bytes at 255 registers); its K/V loads are not
-pipelined through shared memory (32 KB of it, the operands' staging), which may cost bandwidth.
+e4m3.e4m3`` for both products (tests/kernels/test_fp8_native_decode.py checks the sm_90 code). At
+the default launch (128-key tiles, 4 warps; no config of 4 or 8 warps x 32-128 keys spills) K tiles
+arrive by 16-byte ``cp.async``, pipelined; V tiles by 16-byte loads that are then stored transposed into
+shared memory a byte at a time (128 ``st.shared.b8`` a tile), because FP8 wgmma takes its B operand
+K-major only: a V pool stored keys-major (session 26's layout) would remove that.
 
 Quality: the same rounding, emulated on the reference path over the trained 21M model, costs +0.06%
 perplexity over the served FP8 cache (``benchmarks/bench_kv_fp8_quality.py --fp8-native-attention``:
@@ -148,8 +149,8 @@ def fp8_native_paged_decode(
     v_scale: float = 1.0,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
-    block_n: int = 64,
-    num_warps: int = 8,
+    block_n: int = 128,
+    num_warps: int = 4,
     num_stages: int = 2,
 ) -> torch.Tensor:
     """Decode attention of ``q`` ``[B, Hq, D]`` (one query a sequence) over its first `seq_lens` keys in
