@@ -112,3 +112,23 @@ def test_both_products_are_fp8_wgmma_without_widening_on_sm90():
     assert facts["widening"] == 0 and facts["other_mma"] == 0, facts
     assert facts["cp_async_16"] >= 8 and facts["byte_loads"] == 0, facts
     assert not facts["spills"] or max(facts["spills"]) == 0, facts["ptxas"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_serving_decode_takes_it_when_switched_on(device, monkeypatch):
+    """triton_attention.FP8_NATIVE_DECODE (off by default) sends decode launches over FP8 pools to this
+    kernel: the same bits as calling it, within TOL of the reference; off, the split-KV kernel runs."""
+    from trtforge.llm.executors import triton_attention
+
+    skip_unless_runs_here(device)
+    if device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability >= 8.9")
+    d, lens = 64, [33, 300]
+    q, kp, vp, lens_t, table, ks, vs, ref = _case(device, 2, 8, 2, d, lens, 16, seed=9)
+    direct = fp8_native_paged_decode(q, kp, vp, lens_t, table, d**-0.5, k_scale=ks, v_scale=vs)
+    attention = triton_attention.TritonDecodeAttention()
+    off = attention(q, kp, vp, table, lens_t, d**-0.5, k_scale=ks, v_scale=vs)
+    monkeypatch.setattr(triton_attention, "FP8_NATIVE_DECODE", True)
+    on = attention(q, kp, vp, table, lens_t, d**-0.5, k_scale=ks, v_scale=vs)
+    assert torch.equal(on, direct) and not torch.equal(on, off)
+    assert (on.float().cpu() - ref).abs().max().item() <= TOL
