@@ -5,15 +5,18 @@
 Over E4M3 pools of the Llama-3-8B shape (Hq 32 / Hkv 8 / D 128, 16-token pages at random places, every
 sequence at full length), per served shape B x keys: the serving launch (``TritonDecodeAttention``,
 widening K/V to FP16) and :func:`~trtforge.kernels.fp8_native_decode.fp8_native_paged_decode` at each
-``--configs BLOCK_N,WARPS`` (its split heuristic), graph-replayed medians, the K/V bytes over the time in
-TB/s (H200: 4.8 peak; BF16 pools read ~4.3 with the serving kernel). Check: every output within 0.1 of
-the serving one (both against the same FP8 values; the native kernel also rounds Q and P to E4M3).
+``--configs BLOCK_N,WARPS`` (its split heuristic), with V as served and stored keys-major ([N, Hkv, D,
+page]: K-major for the FP8 wgmma, so no byte-wide transpose; serving does not allocate that layout),
+graph-replayed medians, the K/V bytes over the time in TB/s (H200: 4.8 peak; BF16 pools read ~4.3 with
+the serving kernel). Check: every output within 0.1 of the serving one (both against the same FP8
+values; the native kernel also rounds Q and P to E4M3).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -57,22 +60,23 @@ def main() -> int:
         row["tb_per_s"] = round(gb / us * 1e3, 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
-        for config in args.configs:
+        layouts = {"served": vp, "v-keys-major": vp.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)}
+        for config, (layout, v_pool) in itertools.product(args.configs, layouts.items()):
             bn, warps = (int(x) for x in config.split(","))
             nat = torch.empty_like(q)
             fn = functools.partial(
-                fp8_native_paged_decode, q, kp, vp, lens, table, D**-0.5,
+                fp8_native_paged_decode, q, kp, v_pool, lens, table, D**-0.5,
                 k_scale=ks, v_scale=vs, out=nat, block_n=bn, num_warps=warps,
             )  # fmt: skip
             diff = float((fn().float() - ref).abs().max())
             us_n = _graph_us(fn)
-            r = {"B": b, "L": length, "kernel": f"native {bn}x{warps}", "us": round(us_n, 1)}
+            r = {"B": b, "L": length, "kernel": f"native {bn}x{warps} {layout}", "us": round(us_n, 1)}
             r |= {"tb_per_s": round(gb / us_n * 1e3, 3), "vs_serving": round(us / us_n, 3), "max_diff": diff}
             rows.append(r)
             print(json.dumps(r), flush=True)
             if not diff < 0.1:
-                failures.append(f"B={b} L={length} native {config}: {diff} from the serving launch")
-        del kp, vp
+                failures.append(f"B={b} L={length} {r['kernel']}: {diff} from the serving launch")
+        del kp, vp, layouts, v_pool
         torch.cuda.empty_cache()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")

@@ -46,7 +46,8 @@ def _case(device, b, hq, hkv, d, lens, page, seed):
     (4, 4, [129, 256], 64, 1),
     (16, 2, [500, 40], 16, 2),
 ])  # fmt: skip
-def test_matches_the_reference_over_the_same_fp8_values(device, hq, hkv, lens, page, splits):
+@pytest.mark.parametrize("v_keys_major", [False, True], ids=["v-served", "v-keys-major"])
+def test_matches_the_reference_over_the_same_fp8_values(device, hq, hkv, lens, page, splits, v_keys_major):
     skip_unless_runs_here(device)
     if device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("FP8 needs compute capability >= 8.9")
@@ -54,6 +55,9 @@ def test_matches_the_reference_over_the_same_fp8_values(device, hq, hkv, lens, p
     q, kp, vp, lens_t, table, ks, vs, ref = _case(
         device, len(lens), hq, hkv, d, lens, page, seed=len(lens) + hq
     )
+    if v_keys_major:  # the same logical pool stored [N, Hkv, D, page]
+        vp = vp.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        assert vp.stride(1) == 1
     out = torch.full_like(q, float("nan"))
     got = fp8_native_paged_decode(
         q, kp, vp, lens_t, table, d**-0.5, k_scale=ks, v_scale=vs, out=out, num_splits=splits
@@ -77,18 +81,22 @@ def test_bad_inputs_are_refused():
         fp8_native_paged_decode(q, pool, pool, lens[:1], table, 0.1)
 
 
-def _sm90_facts(num_warps: int = 4, block_n: int = 128) -> dict:
+def _sm90_facts(num_warps: int = 4, block_n: int = 128, v_keys_major: bool = False) -> dict:
     """Compile the kernel for sm_90 as its launcher specializes it at the 8B shape (child process: no
-    interpreter): Hq 32 / Hkv 8 / D 128, 16-token pages."""
+    interpreter): Hq 32 / Hkv 8 / D 128, 16-token pages; V stored as served, or keys-major."""
     from tests.kernels._sm90 import compile_facts
     from trtforge.kernels import fp8_native_decode as m
 
     pointers = {"Q": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv", "SeqLens": "*i32", "Table": "*i32"}
     pointers |= {"Out": "*bf16", "MidO": "*fp32", "MidL": "*fp32"}
     ints = {"stride_qb": 4096, "stride_qh": 128, "stride_kn": 16384, "stride_kp": 1024, "stride_kh": 128}
-    ints |= {"stride_vn": 16384, "stride_vp": 1024, "stride_vh": 128, "stride_ob": 4096, "stride_oh": 128}
+    ints |= {"stride_vn": 16384, "stride_vp": 1024, "stride_vh": 128, "stride_vd": 1}
+    if v_keys_major:  # [N, Hkv, D, page] behind the logical [N, page, Hkv, D]
+        ints |= {"stride_vp": 1, "stride_vh": 2048, "stride_vd": 16}
+    ints |= {"stride_ob": 4096, "stride_oh": 128}
     consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "BLOCK_N": block_n, "PAGE": 16}
     consts |= {"BLOCK_M": m.BLOCK_M, "Q_MAX": m.Q_CODE_MAX, "P_SCALE": m.P_CODE_SCALE}
+    consts["V_KEYS_MAJOR"] = v_keys_major
     scalars = {"qk_scale": "fp32", "v_scale": "fp32"}
     facts = compile_facts(m._fp8_native_decode_kernel, pointers, ints, consts, num_warps, 2, scalars)
     ops = facts["counts"]
@@ -98,6 +106,7 @@ def _sm90_facts(num_warps: int = 4, block_n: int = 128) -> dict:
         "other_mma": sum(ops[op] for op in products if "e4m3.e4m3" not in op),
         "widening": sum(n for op, n in ops.items() if op.startswith("cvt") and "f16x2.e4m3x2" in op),
         "byte_loads": ops.get("ld.global.b8", 0) + ops.get("ld.global.nc.b8", 0),
+        "byte_stores": ops.get("st.shared.b8", 0),
     }
 
 
@@ -132,3 +141,17 @@ def test_serving_decode_takes_it_when_switched_on(device, monkeypatch):
     on = attention(q, kp, vp, table, lens_t, d**-0.5, k_scale=ks, v_scale=vs)
     assert torch.equal(on, direct) and not torch.equal(on, off)
     assert (on.float().cpu() - ref).abs().max().item() <= TOL
+
+
+def test_a_keys_major_v_pool_reaches_the_fp8_wgmma_without_a_byte_transpose_on_sm90():
+    """V stored keys-major ([N, Hkv, D, page]: each channel's keys of a page contiguous) is K-major for
+    P·V's FP8 wgmma: its tiles arrive by 16-byte cp.async like K's, and the byte-wide transposing stores
+    of the served layout (128 a tile) are gone; nothing spills."""
+    needs_ptxas()
+    served = run_in_child(f"{__name__}:_sm90_facts", 4, 128, False)
+    keys_major = run_in_child(f"{__name__}:_sm90_facts", 4, 128, True)
+    assert keys_major["ptxas_rc"] == 0, keys_major["ptxas"]
+    assert served["byte_stores"] >= 128 and keys_major["byte_stores"] == 0, (served, keys_major)
+    assert keys_major["cp_async_16"] > served["cp_async_16"] and keys_major["byte_loads"] == 0, keys_major
+    assert keys_major["wgmma_e4m3"] >= 8 and keys_major["widening"] == 0, keys_major
+    assert not keys_major["spills"] or max(keys_major["spills"]) == 0, keys_major["ptxas"]

@@ -10,7 +10,11 @@ e4m3.e4m3`` for both products (tests/kernels/test_fp8_native_decode.py checks th
 the default launch (128-key tiles, 4 warps; no config of 4 or 8 warps x 32-128 keys spills) K tiles
 arrive by 16-byte ``cp.async``, pipelined; V tiles by 16-byte loads that are then stored transposed into
 shared memory a byte at a time (128 ``st.shared.b8`` a tile), because FP8 wgmma takes its B operand
-K-major only: a V pool stored keys-major (session 26's layout) would remove that.
+K-major only. A V pool stored keys-major (``[N, Hkv, D, page]`` behind the logical view: session 26's
+layout, which serving does not allocate) is read as it lies: V^T tiles by 16-byte ``cp.async``, no
+transpose. Its masks then cover whole pages (the block index stays constant over each, which keeps
+those loads wide), so a sequence's last page is read past its length: weighted by P = 0, which needs
+finite codes there (the FP8 cache writes saturate; pools start zeroed).
 
 Quality: the same rounding, emulated on the reference path over the trained 21M model, costs +0.06%
 perplexity over the served FP8 cache (``benchmarks/bench_kv_fp8_quality.py --fp8-native-attention``:
@@ -56,6 +60,7 @@ def _fp8_native_decode_kernel(
     stride_vn,
     stride_vp,
     stride_vh,
+    stride_vd,
     stride_tb,
     stride_ob,
     stride_oh,
@@ -70,6 +75,7 @@ def _fp8_native_decode_kernel(
     BLOCK_M: tl.constexpr,
     Q_MAX: tl.constexpr,
     P_SCALE: tl.constexpr,
+    V_KEYS_MAJOR: tl.constexpr = False,
 ):
     """Grid (num_splits, B·Hkv): one program attends kv head h's query group of sequence b to one
     contiguous run of whole BLOCK_N-key tiles. `qk_scale` is softmax scale x k_scale x log2(e).
@@ -104,11 +110,15 @@ def _fp8_native_decode_kernel(
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         key_ok = offs_n < seq_len
-        block = tl.load(table + offs_n // PAGE, mask=key_ok, other=0).to(tl.int64)
+        if V_KEYS_MAJOR:  # whole pages, so the block index is constant over each and V loads stay wide
+            load_ok = (offs_n // PAGE) * PAGE < seq_len
+        else:
+            load_ok = key_ok
+        block = tl.load(table + offs_n // PAGE, mask=load_ok, other=0).to(tl.int64)
         slot = offs_n % PAGE
         k = tl.load(
             K + block[:, None] * stride_kn + slot[:, None] * stride_kp + h * stride_kh + offs_d[None, :],
-            mask=key_ok[:, None],
+            mask=load_ok[:, None],
             other=0.0,
         )
         s = tl.dot(q8, tl.trans(k)) * row_scale[:, None]
@@ -117,11 +127,20 @@ def _fp8_native_decode_kernel(
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            V + block[:, None] * stride_vn + slot[:, None] * stride_vp + h * stride_vh + offs_d[None, :],
-            mask=key_ok[:, None],
-            other=0.0,
-        )
+        v_base = V + h * stride_vh
+        if V_KEYS_MAJOR:  # V^T [D, BLOCK_N] with the keys contiguous: K-major for the FP8 wgmma's B
+            vt = tl.load(
+                v_base + block[None, :] * stride_vn + slot[None, :] + offs_d[:, None] * stride_vd,
+                mask=load_ok[None, :],
+                other=0.0,
+            )
+            v = tl.trans(vt)
+        else:
+            v = tl.load(
+                v_base + block[:, None] * stride_vn + slot[:, None] * stride_vp + offs_d[None, :],
+                mask=load_ok[:, None],
+                other=0.0,
+            )
         acc = acc * alpha[:, None] + tl.dot((p * P_SCALE).to(tl.float8e4nv), v)
         m_i = m_new
 
@@ -170,8 +189,10 @@ def fp8_native_paged_decode(
             f"head dim {d} (pools: {dk}) must be a power of two in 16..256 and the group Hq / Hkv = "
             f"{hq} / {hkv} a whole number up to {BLOCK_M}"
         )
-    if int(q.stride(2)) != 1 or int(k_pool.stride(3)) != 1 or int(v_pool.stride(3)) != 1:
-        raise ValueError("q and the pools need a unit head-dim stride")
+    v_keys_major = int(v_pool.stride(1)) == 1 and page > 1  # V stored [N, Hkv, D, page]: keys innermost
+    v_ok = int(v_pool.stride(3)) == 1 or v_keys_major
+    if int(q.stride(2)) != 1 or int(k_pool.stride(3)) != 1 or not v_ok:
+        raise ValueError("q and K need a unit head-dim stride, V a unit head-dim or slot stride")
     if tuple(seq_lens.shape) != (b,) or block_table.dim() != 2 or int(block_table.shape[0]) != b:
         raise ValueError(f"seq_lens must be [{b}] and block_table [{b}, W]")
     out = torch.empty_like(q) if out is None else out
@@ -186,10 +207,11 @@ def fp8_native_paged_decode(
     _fp8_native_decode_kernel[(splits, b * hkv)](
         q, k_pool, v_pool, seq_lens, block_table, out, mid_o, mid_l,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
-        v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), block_table.stride(0),
+        v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), v_pool.stride(3), block_table.stride(0),
         out.stride(0), out.stride(1), float(scale) * float(k_scale) * 1.4426950408889634, float(v_scale),
         splits, NUM_KV_HEADS=hkv, GROUP=hq // hkv, HEAD_DIM=d, BLOCK_N=block_n, PAGE=page,
-        BLOCK_M=BLOCK_M, Q_MAX=Q_CODE_MAX, P_SCALE=P_CODE_SCALE, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=BLOCK_M, Q_MAX=Q_CODE_MAX, P_SCALE=P_CODE_SCALE, V_KEYS_MAJOR=v_keys_major,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if splits > 1:
         out4 = out.view(b, hq, 1, d)
