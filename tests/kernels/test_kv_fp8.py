@@ -52,6 +52,30 @@ def _fp8_pools(kq, vq, lens, page, seed):
     return kp.to(FP8_KV_DTYPE), vp.to(FP8_KV_DTYPE), table
 
 
+@pytest.mark.gpu
+def test_gpu_cache_writes_store_no_nan_codes():
+    """The GPU's FP8 cache writes saturate with min/max that return the non-NaN operand, so a NaN
+    activation is stored as a bound, never as a NaN code. The FP8-native decode kernel over a V pool
+    stored keys-major relies on it: its tiles read a last page's stale slots (weighted by P = 0)."""
+    skip_unless_runs_here("cuda")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 KV needs compute capability >= 8.9")
+    b, hkv, s_new, d, page, blocks = 1, 2, 3, 32, 4, 2
+    k = torch.full((b, hkv, s_new, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    v = k.clone()
+    kp = torch.zeros(blocks, page, hkv, d, dtype=FP8_KV_DTYPE, device="cuda")
+    vp = torch.zeros_like(kp)
+    slots = torch.arange(s_new, dtype=torch.int32, device="cuda").view(b, s_new)
+    write_kv_slots(k, v, kp, vp, slots, k_scale=0.25, v_scale=0.01)
+    qkv = torch.full((s_new, (2 + 2 * hkv) * d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    cos = torch.ones(s_new, d, device="cuda")
+    kr, vr = torch.zeros_like(kp), torch.zeros_like(vp)
+    rope_and_cache(qkv, cos, torch.zeros_like(cos), slots[0], kr, vr, 2, hkv, 0.25, 0.01)
+    for pool in (kp, vp, kr, vr):
+        written = pool.view(-1, hkv, d)[:s_new].float()
+        assert torch.isfinite(written).all() and (written.abs() == 448).all()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_slot_write_quantizes_exactly_as_the_reference(device):
     device = _device(device)
