@@ -869,6 +869,13 @@ def main() -> None:
         "session 25)",
     )
     ap.add_argument(
+        "--fp8-v-keys-major",
+        choices=("on", "off"),
+        default=None,
+        help="FP8 V pools stored keys-major (kv_cache.FP8_V_KEYS_MAJOR, an experiment for the FP8-native "
+        "decode kernel; default off)",
+    )
+    ap.add_argument(
         "--fp8-native-decode",
         choices=("on", "off"),
         default=None,
@@ -988,6 +995,11 @@ def main() -> None:
         quant_linear.FP8_MID_MAX_TOKENS = args.fp8_mid_max
     if args.fp8_mid_fold_residual is not None:
         quant_linear.FP8_MID_FOLD_RESIDUAL = args.fp8_mid_fold_residual == "on"
+    if args.fp8_v_keys_major is not None:
+        import trtforge.llm.executors.kv_cache as kv_cache
+
+        kv_cache.FP8_V_KEYS_MAJOR = args.fp8_v_keys_major == "on"
+        results["fp8_v_keys_major"] = kv_cache.FP8_V_KEYS_MAJOR
     if args.fp8_native_decode is not None:
         import trtforge.llm.executors.triton_attention as triton_attention
 
