@@ -22,8 +22,9 @@ perplexity over the served FP8 cache (``benchmarks/bench_kv_fp8_quality.py --fp8
 
 Scope: one query per sequence, paged pools ``[N, page, Hkv, D]`` in E4M3, GQA groups of up to 64 query
 heads, head dims 16..256 (powers of two), no sliding window. Grid (splits, B·Hkv); with more than one
-split the partials are combined by the decode kernel's reduction. Not used by serving yet: its speed
-on the H200 is unmeasured (``benchmarks/bench_kv_fp8.py`` does not time it yet).
+split the partials are combined by the decode kernel's reduction. Serving uses it only where
+``triton_attention.FP8_NATIVE_DECODE`` is set (off): its speed on the H200 is unmeasured
+(``benchmarks/bench_fp8_native_decode.py`` times it against the serving launch).
 """
 
 from __future__ import annotations
