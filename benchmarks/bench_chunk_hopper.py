@@ -68,6 +68,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="JSON results")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit(
+            "bench_chunk_hopper.py: needs an sm_90 GPU (the Hopper kernel); its correctness is tested in "
+            "tests/kernels"
+        )
     configs = [c for c in hopper_configs(D, causal=True) if c.num_wg == 2]
     rows, failures = [], []
     for name, chunks in SETS.items():

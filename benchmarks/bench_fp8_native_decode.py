@@ -38,6 +38,11 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True, help="JSON results")
     ap.add_argument("--configs", nargs="+", default=["128,4", "64,4", "128,8"], help="BLOCK_N,WARPS")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit(
+            "bench_fp8_native_decode.py: needs a CUDA GPU with FP8 (sm_89+; FP8 wgmma on sm_90); the "
+            "kernel is tested in the interpreter in tests/kernels"
+        )
     serving = TritonDecodeAttention()
     rows, failures = [], []
     for b, length in POINTS:
