@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtforge.kernels.decode_attention import _decode_reduce_kernel, _reduce_options, num_splits_for
 from trtforge.kernels.kv_quant import FP8_KV_DTYPE
@@ -77,11 +78,15 @@ def _fp8_native_decode_kernel(
     Q_MAX: tl.constexpr,
     P_SCALE: tl.constexpr,
     V_KEYS_MAJOR: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """Grid (num_splits, B·Hkv): one program attends kv head h's query group of sequence b to one
     contiguous run of whole BLOCK_N-key tiles. `qk_scale` is softmax scale x k_scale x log2(e).
     One split: the normalized output goes to Out; more: the partial and its log2-sum-exp to MidO / MidL
     (rows ((b·Hq + hq)·num_splits + split), as the decode kernel's reduction reads them)."""
+    if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes
+        gdc_wait()
+        gdc_launch_dependents()
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // NUM_KV_HEADS
@@ -172,10 +177,12 @@ def fp8_native_paged_decode(
     block_n: int = 128,
     num_warps: int = 4,
     num_stages: int = 2,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """Decode attention of ``q`` ``[B, Hq, D]`` (one query a sequence) over its first `seq_lens` keys in
     E4M3 pools ``[N, page, Hkv, D]`` through `block_table` ``[B, W]``, into `out` (same shape as q).
-    `num_splits` None: the decode kernel's heuristic (:func:`num_splits_for`)."""
+    `num_splits` None: the decode kernel's heuristic (:func:`num_splits_for`). `pdl` None: programmatic
+    dependent launches where the GPU has them (as the serving decode launch does)."""
     if k_pool.dtype != FP8_KV_DTYPE or v_pool.dtype != FP8_KV_DTYPE:
         raise ValueError(f"pools must be {FP8_KV_DTYPE}; got {k_pool.dtype} and {v_pool.dtype}")
     if q.dim() != 3 or k_pool.dim() != 4 or tuple(v_pool.shape) != tuple(k_pool.shape):
@@ -201,6 +208,10 @@ def fp8_native_paged_decode(
         raise ValueError(f"out must be [{b}, {hq}, {d}] with a unit last stride; got {tuple(out.shape)}")
     if b == 0:
         return out
+    if pdl is None:
+        from trtforge.kernels.gemv import pdl_supported
+
+        pdl = pdl_supported(q.device)
     max_keys = int(block_table.shape[1]) * page
     splits = int(num_splits) if num_splits else num_splits_for(b * hkv, max_keys, _sm_count(q), block_n)
     mid_o = q.new_empty((b * hq * splits, d), dtype=torch.float32) if splits > 1 else out
@@ -211,13 +222,13 @@ def fp8_native_paged_decode(
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), v_pool.stride(3), block_table.stride(0),
         out.stride(0), out.stride(1), float(scale) * float(k_scale) * 1.4426950408889634, float(v_scale),
         splits, NUM_KV_HEADS=hkv, GROUP=hq // hkv, HEAD_DIM=d, BLOCK_N=block_n, PAGE=page,
-        BLOCK_M=BLOCK_M, Q_MAX=Q_CODE_MAX, P_SCALE=P_CODE_SCALE, V_KEYS_MAJOR=v_keys_major,
-        num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=BLOCK_M, Q_MAX=Q_CODE_MAX, P_SCALE=P_CODE_SCALE, V_KEYS_MAJOR=v_keys_major, PDL=bool(pdl),
+        num_warps=num_warps, num_stages=num_stages, launch_pdl=bool(pdl),
     )  # fmt: skip
     if splits > 1:
         out4 = out.view(b, hq, 1, d)
         _decode_reduce_kernel[(b * hq,)](
-            mid_o, mid_l, out4, *out4.stride(), hq, splits, **_reduce_options(1, d, splits, False)
+            mid_o, mid_l, out4, *out4.stride(), hq, splits, **_reduce_options(1, d, splits, bool(pdl))
         )
     return out
 
