@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 import triton
 
+from trtforge._fileio import atomic_write_text
+
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 # chunk sets as (query tokens, keys incl. the chunk)
 SETS = {
@@ -138,9 +140,8 @@ def main() -> int:
             if not diff < 0.05:
                 failures.append(f"{name} {config}: differs from the varlen kernel by {diff}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows, "failures": failures}))
-    tmp.replace(args.out)
+    result = {"device": torch.cuda.get_device_name(), "rows": rows, "failures": failures}
+    atomic_write_text(args.out, json.dumps(result))
     for f in failures:
         print("FAILED:", f, file=sys.stderr)
     return 1 if failures else 0

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.bench_decode_attention import _graph_us, _pool
+from trtforge._fileio import atomic_write_text
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 POINTS = [(241, 256), (256, 1024), (256, 2048), (64, 8192), (751, 1152)]  # (751 x 1,152: 128/2048 FP8)
@@ -84,9 +85,8 @@ def main() -> int:
         del kp, vp, layouts, v_pool
         torch.cuda.empty_cache()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows, "failures": failures}))
-    tmp.replace(args.out)
+    result = {"device": torch.cuda.get_device_name(), "rows": rows, "failures": failures}
+    atomic_write_text(args.out, json.dumps(result))
     for f in failures:
         print("FAILED:", f, file=sys.stderr)
     return 1 if failures else 0

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.bench_decode_attention import _graph_us, _pool
+from trtforge._fileio import atomic_write_text
 from trtforge.kernels.kv_quant import FP8_MAX, quantize_fp8
 
 HQ, HKV, D = 32, 8, 128
@@ -130,11 +131,8 @@ def main() -> int:
             gc.collect()
             torch.cuda.empty_cache()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps({"device": torch.cuda.get_device_name(), "rows": rows, "failures": failures}, indent=1)
-    )
-    tmp.replace(args.out)
+    result = {"device": torch.cuda.get_device_name(), "rows": rows, "failures": failures}
+    atomic_write_text(args.out, json.dumps(result, indent=1))
     for f in failures:
         print("FAILED:", f, file=sys.stderr)
     return 1 if failures else 0

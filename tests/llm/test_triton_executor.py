@@ -487,6 +487,12 @@ def test_served_mixed_steps_compile_no_triton_kernel_after_capture():
     assert compiled == []
 
 
+def _two_cuda_layers(g, pool_shape, q_shape, dtype) -> list[list[torch.Tensor]]:
+    """Two layers' random [K pool, V pool, q] on the GPU."""
+    return [[torch.randn(*shape, generator=g).to(dtype).cuda() for shape in (pool_shape, pool_shape, q_shape)]
+            for _ in range(2)]  # fmt: skip
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["interleaved", "decodes-first"])
 def test_concurrent_decode_and_chunk_launches_give_the_sequential_result(layout):
@@ -498,13 +504,7 @@ def test_concurrent_decode_and_chunk_launches_give_the_sequential_result(layout)
     bs, hq, hkv, d, nblocks = 16, 8, 2, 64, 64
     ctx_lens, q_lens = LAYOUTS[layout]
     meta, _ = mixed_metadata("cuda", g, bs, nblocks, ctx_lens, q_lens)
-    layers = [
-        [
-            torch.randn(*shape, generator=g).half().cuda()
-            for shape in ((nblocks, bs, hkv, d),) * 2 + ((sum(q_lens), hq, d),)
-        ]
-        for _ in range(2)
-    ]
+    layers = _two_cuda_layers(g, (nblocks, bs, hkv, d), (sum(q_lens), hq, d), torch.float16)
     got = {}
     for concurrent in (False, True):
         attention = TritonPagedAttention(concurrent=concurrent)
@@ -531,13 +531,7 @@ def test_long_chunks_on_the_hopper_kernel_match_the_reference_beside_decodes_and
     ctx_lens, q_lens = [700, 40, 1300, 90, 300, 33], [1, 1, 600, 20, 300, 5]
     nblocks = sum(-(-c // bs) for c in ctx_lens) + 4
     meta, _ = mixed_metadata("cuda", g, bs, nblocks, ctx_lens, q_lens)
-    layers = [
-        [
-            torch.randn(*shape, generator=g).bfloat16().cuda()
-            for shape in ((nblocks, bs, hkv, d),) * 2 + ((sum(q_lens), hq, d),)
-        ]
-        for _ in range(2)
-    ]
+    layers = _two_cuda_layers(g, (nblocks, bs, hkv, d), (sum(q_lens), hq, d), torch.bfloat16)
     got = {}
     for hopper in (False, True):
         attention = TritonPagedAttention(hopper_chunks=hopper)

@@ -21,13 +21,14 @@ Correctness is tested in Triton's interpreter and against FP32 SDPA; it was not 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
 from trtforge.kernels import interpreting
-from trtforge.kernels.configs import chunk_prefill_config
+from trtforge.kernels.configs import HopperConfig, chunk_prefill_config
 from trtforge.kernels.decode_attention import _attend_tiles, _check, fp16_products, fp16_query
 from trtforge.kernels.device_tensor import pool_heads_major
 from trtforge.kernels.prepared_launch import Operand, PreparedLaunch, arg_index
@@ -353,25 +354,14 @@ def hopper_chunks_eligible(
     q: torch.Tensor, k_pool: torch.Tensor, window: int | None, out: torch.Tensor | None = None
 ) -> bool:
     """Whether a step's long prompt chunks can run the warp-specialized Hopper flash-attention kernel
-    (:mod:`trtforge.kernels.flash_attention_hopper`) over their gathered K/V: an sm_90 GPU and its proven
-    Triton release, 16-bit pools, head dim 64 or 128, no sliding window, and a query (and output) the
-    copy engine can address (16-byte-aligned base and strides, unit head-dim stride)."""
-    from trtforge.kernels.configs import HOPPER_HEAD_DIMS, hopper_triton_supported
+    (:mod:`trtforge.kernels.flash_attention_hopper`) over their gathered K/V: no sliding window, pools
+    of the query's 16-bit type, and what the flash-attention dispatch asks of the kernel (an sm_90 GPU,
+    its proven Triton release, head dim 64 or 128, tensors the copy engine can address)."""
+    from trtforge.kernels.flash_attention import _hopper_eligible
 
-    if interpreting() or not q.is_cuda or window is not None:
+    if window is not None or not q.is_cuda or k_pool.dtype != q.dtype:
         return False
-    if not hopper_triton_supported(triton.__version__):
-        return False
-    if torch.cuda.get_device_capability(q.device)[0] != 9 or int(q.shape[-1]) not in HOPPER_HEAD_DIMS:
-        return False
-    if q.dtype not in (torch.float16, torch.bfloat16) or k_pool.dtype != q.dtype:
-        return False
-    for t in (q,) if out is None else (q, out):
-        if t.dtype != q.dtype or int(t.stride(-1)) != 1 or t.data_ptr() % 16:
-            return False
-        if any((int(s) * t.element_size()) % 16 for s in t.stride()[:-1]):
-            return False
-    return True
+    return _hopper_eligible(q, k_pool, k_pool, q if out is None else out, None)
 
 
 def prepare_chunked_prefill_hopper(
@@ -380,9 +370,9 @@ def prepare_chunked_prefill_hopper(
     v_pool: torch.Tensor,
     chunks: list[tuple[int, int, int]],
     pages: torch.Tensor,
-    config: object | None = None,
+    config: HopperConfig | None = None,
     scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> object:
+) -> Callable[..., None]:
     """Long prompt chunks through the Hopper flash-attention kernel: `chunks` are (first row of q,
     query tokens, keys incl. the chunk) on the host, `pages` the chunks' pool blocks in order (device,
     int). Each call ``launch(q, k_pool, v_pool, out, scale)`` gathers those blocks' K and V into

@@ -34,7 +34,12 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtforge.kernels.decode_attention import _decode_reduce_kernel, _reduce_options, num_splits_for
+from trtforge.kernels.decode_attention import (
+    _decode_reduce_kernel,
+    _num_sms,
+    _reduce_options,
+    num_splits_for,
+)
 from trtforge.kernels.kv_quant import FP8_KV_DTYPE
 
 __all__ = ["BLOCK_M", "fp8_native_paged_decode"]
@@ -213,7 +218,7 @@ def fp8_native_paged_decode(
 
         pdl = pdl_supported(q.device)
     max_keys = int(block_table.shape[1]) * page
-    splits = int(num_splits) if num_splits else num_splits_for(b * hkv, max_keys, _sm_count(q), block_n)
+    splits = int(num_splits) if num_splits else num_splits_for(b * hkv, max_keys, _num_sms(), block_n)
     mid_o = q.new_empty((b * hq * splits, d), dtype=torch.float32) if splits > 1 else out
     mid_l = q.new_empty((b * hq * splits,), dtype=torch.float32) if splits > 1 else out
     _fp8_native_decode_kernel[(splits, b * hkv)](
@@ -231,9 +236,3 @@ def fp8_native_paged_decode(
             mid_o, mid_l, out4, *out4.stride(), hq, splits, **_reduce_options(1, d, splits, bool(pdl))
         )
     return out
-
-
-def _sm_count(q: torch.Tensor) -> int:
-    if not q.is_cuda:
-        return 132  # an H100/H200: the interpreter then exercises the same split counts
-    return int(torch.cuda.get_device_properties(q.device).multi_processor_count)

@@ -14,7 +14,6 @@ layer's K scale rides in the softmax scale and its V scale is one more launch ar
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -413,21 +412,24 @@ class TritonPagedAttention:
         side: Any = None,
     ) -> tuple[Callable[..., None], ...]:
         """The step's launches for layers of this geometry: each called as ``(q, k_pool, v_pool, out,
-        scale * k_scale, v_scale)``. With a `side` stream, all but the last are prepared on it (their
-        arrival counters and scratch are that stream's), the last on the current stream."""
+        scale * k_scale, v_scale)``. With a `side` stream they are prepared on it (their arrival counters
+        and scratch are that stream's), but for the Hopper chunk launch: it runs last, on the current
+        stream, which its gather scratch then belongs to."""
+        from trtforge.kernels.chunked_prefill import hopper_chunks_eligible, prepare_chunked_prefill_hopper
+
+        hopper = plan.long_chunks is not None and hopper_chunks_eligible(q, k_pool, window, out)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            launches, last = self._prepare_side(plan, q, k_pool, v_pool, out, window)
-        if last is not None:  # the Hopper chunk launch: its gather scratch is the current stream's
-            launches.append(last())
+            launches = self._prepare_side(plan, q, k_pool, v_pool, out, window, hopper)
+        if hopper:  # last, run on the current stream: its gather scratch is that stream's
+            spans, pages = plan.long_chunks
+            scratch = self._gather_scratch(k_pool, int(pages.shape[0]))
+            launches.append(prepare_chunked_prefill_hopper(q, k_pool, v_pool, spans, pages, scratch=scratch))
         return tuple(launches)
 
-    def _prepare_side(self, plan, q, k_pool, v_pool, out, window) -> tuple[list, Callable | None]:
-        """:meth:`_prepare`'s launches, less the Hopper chunk launch's preparation (returned to call)."""
-        from trtforge.kernels.chunked_prefill import (
-            hopper_chunks_eligible,
-            prepare_chunked_prefill_hopper,
-            prepare_chunked_prefill_varlen,
-        )
+    def _prepare_side(self, plan, q, k_pool, v_pool, out, window, hopper: bool) -> list[Callable[..., None]]:
+        """:meth:`_prepare`'s launches but the Hopper chunk launch (`hopper`: the long chunks take it, so
+        the varlen kernel gets only the others)."""
+        from trtforge.kernels.chunked_prefill import prepare_chunked_prefill_varlen
         from trtforge.kernels.decode_attention import prepare_paged_decode
         from trtforge.kernels.gemv import pdl_supported
 
@@ -455,10 +457,7 @@ class TritonPagedAttention:
                 launches.append(gathered)
         for short in plan.short:  # (not unpacked here: the decode closure above reads `where`)
             launches.append(self._prepare_short(*short, q, k_pool, v_pool, out, window))
-        varlen = plan.chunks
-        hopper = plan.long_chunks is not None and hopper_chunks_eligible(q, k_pool, window, out)
-        if hopper:
-            varlen = plan.short_chunks
+        varlen = plan.short_chunks if hopper else plan.chunks
         if varlen is not None:
             starts, lens_q, tables, lens, max_q_len = varlen
             launches.append(
@@ -466,12 +465,7 @@ class TritonPagedAttention:
                     q, k_pool, v_pool, lens, tables, starts, lens_q, max_q_len, out=out, window=window
                 )
             )
-        if hopper:  # last: the concurrent path runs the last launch on the current stream
-            spans, pages = plan.long_chunks
-            scratch = self._gather_scratch(k_pool, int(pages.shape[0]))
-            prepare = functools.partial(prepare_chunked_prefill_hopper, q, k_pool, v_pool, spans, pages)
-            return launches, functools.partial(prepare, scratch=scratch)
-        return launches, None
+        return launches
 
     def _prepare_short(self, s, where, tables, lens, q, k_pool, v_pool, out, window) -> Callable[..., None]:
         """The decode kernel's launch over sequences of `s` query rows each (rows `where`)."""
