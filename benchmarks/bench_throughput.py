@@ -869,20 +869,6 @@ def main() -> None:
         "session 25)",
     )
     ap.add_argument(
-        "--fp8-v-keys-major",
-        choices=("on", "off"),
-        default=None,
-        help="FP8 V pools stored keys-major (kv_cache.FP8_V_KEYS_MAJOR, an experiment for the FP8-native "
-        "decode kernel; default off)",
-    )
-    ap.add_argument(
-        "--fp8-native-decode",
-        choices=("on", "off"),
-        default=None,
-        help="decode steps over FP8 pools on the FP8-native kernel (E4M3 Q and P on FP8 wgmma; "
-        "triton_attention.FP8_NATIVE_DECODE, an experiment; default off)",
-    )
-    ap.add_argument(
         "--fp8-mid-fold-residual",
         choices=("on", "off"),
         default=None,
@@ -995,16 +981,6 @@ def main() -> None:
         quant_linear.FP8_MID_MAX_TOKENS = args.fp8_mid_max
     if args.fp8_mid_fold_residual is not None:
         quant_linear.FP8_MID_FOLD_RESIDUAL = args.fp8_mid_fold_residual == "on"
-    if args.fp8_v_keys_major is not None:
-        import trtforge.llm.executors.kv_cache as kv_cache
-
-        kv_cache.FP8_V_KEYS_MAJOR = args.fp8_v_keys_major == "on"
-        results["fp8_v_keys_major"] = kv_cache.FP8_V_KEYS_MAJOR
-    if args.fp8_native_decode is not None:
-        import trtforge.llm.executors.triton_attention as triton_attention
-
-        triton_attention.FP8_NATIVE_DECODE = args.fp8_native_decode == "on"
-        results["fp8_native_decode"] = triton_attention.FP8_NATIVE_DECODE
     if args.fp8_decode_config is not None:  # one launch everywhere: no 2-warp launch for many pairs
         decode_attention.FP8_KV_DECODE_CONFIG = decode_attention.DecodeConfig(*args.fp8_decode_config)
         decode_attention.FP8_KV_TWO_WARPS_MIN_PAIRS = float("inf")

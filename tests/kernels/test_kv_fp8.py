@@ -55,8 +55,8 @@ def _fp8_pools(kq, vq, lens, page, seed):
 @pytest.mark.gpu
 def test_gpu_cache_writes_store_no_nan_codes():
     """The GPU's FP8 cache writes saturate with min/max that return the non-NaN operand, so a NaN
-    activation is stored as a bound, never as a NaN code. The FP8-native decode kernel over a V pool
-    stored keys-major relies on it: its tiles read a last page's stale slots (weighted by P = 0)."""
+    activation is stored as a bound, never as a NaN code (a kernel that reads a last page's stale slots
+    and weights them by P = 0 would otherwise turn 0 * NaN into NaN outputs)."""
     skip_unless_runs_here("cuda")
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("FP8 KV needs compute capability >= 8.9")

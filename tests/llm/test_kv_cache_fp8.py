@@ -150,48 +150,6 @@ def test_triton_fp8_executor_matches_the_fp8_reference(device):
     assert both.flipped == 0 and both.clear_rows >= both.rows // 3
 
 
-@pytest.mark.parametrize(
-    ("kernels", "native"), [("torch", False), ("triton", False), ("triton", True)], ids=str
-)
-@pytest.mark.parametrize("device", DEVICES)
-def test_fp8_v_pools_stored_keys_major_serve_as_the_default_layout(device, kernels, native, monkeypatch):
-    """kv_cache.FP8_V_KEYS_MAJOR (an experiment, off by default) stores each FP8 V pool keys-major behind
-    the same logical view: every writer and reader goes by strides, so the logits match the default
-    layout's over mixed steps (decode steps on the split-KV kernel, or with FP8_NATIVE_DECODE on the
-    FP8-native one in both runs), and forked sequences' block copies keep working."""
-    from trtforge.kernels import fp8_native_decode
-    from trtforge.llm.executors import kv_cache, triton_attention
-
-    skip_unless_runs_here(device)
-    if device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("FP8 KV needs compute capability >= 8.9")
-    monkeypatch.setattr(triton_attention, "FP8_NATIVE_DECODE", native)
-    calls = []
-    kernel = fp8_native_decode.fp8_native_paged_decode
-    monkeypatch.setattr(
-        fp8_native_decode, "fp8_native_paged_decode", lambda *a, **k: calls.append(1) or kernel(*a, **k)
-    )
-    base = _tiny(torch.float16)
-    kwargs = {"num_blocks": 96, "device": device, "max_decode_batch": 8, "kv_cache_dtype": "fp8"}
-    kwargs |= {"kv_scales": calibrate_kv_scales(base, 2), "kernels": kernels}
-    if native:  # decode steps on static shapes (as on CUDA) go through TritonDecodeAttention
-        kwargs["static_decode"] = True
-    ref = TorchExecutor(copy.deepcopy(base), **kwargs)
-    monkeypatch.setattr(kv_cache, "FP8_V_KEYS_MAJOR", True)
-    test = TorchExecutor(copy.deepcopy(base), **kwargs)
-    assert all(v.stride(1) == 1 and v.shape == k.shape for k, v in zip(test.k_pools, test.v_pools))
-    assert all(k.is_contiguous() for k in test.k_pools)
-    assert test.facts.kv_pool_bytes == ref.facts.kv_pool_bytes
-    both = _Lockstep(ref, test, rel_tol=1e-3)
-    _run_mixed(both, seed=2)
-    assert both.mixed_steps > 0 and both.decode_steps > 0
-    assert both.max_rel_err < 1e-3 and both.flipped == 0
-    assert bool(calls) == native
-    with ServingLLM(test) as llm:  # n=2 forks a sequence: its partly filled last block is copied
-        twins = llm.completions([[5, 6, 7] * 7], SamplingParams(n=2, max_tokens=6, ignore_eos=True))
-    assert twins[0].token_ids == twins[1].token_ids
-
-
 def test_bad_kv_cache_options_are_refused(monkeypatch):
     with pytest.raises(UserError, match="'fp16' is not supported; choose 'auto'"):
         TorchExecutor(_tiny(), num_blocks=4, kv_cache_dtype="fp16")

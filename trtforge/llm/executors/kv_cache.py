@@ -136,21 +136,10 @@ def calibrate_kv_scales(
     return KVScales(tuple(to_scale(a) for a in k_amax), tuple(to_scale(a) for a in v_amax), how)
 
 
-# An experiment, off, read when an executor allocates its pools: FP8 V pools stored with each block's
-# keys contiguous per channel ([N, Hkv, D, block_size] in memory, behind the same logical [N, block_size,
-# Hkv, D] view, so every kernel only sees other strides). For the FP8-native decode kernel
-# (kernels/fp8_native_decode.py, triton_attention.FP8_NATIVE_DECODE), whose FP8 wgmma takes V K-major: it
-# then reads V by cp.async with no byte-wide transpose. The split-KV decode and chunked-prefill kernels
-# read it too (correct, but 5-9% slower in decode on the H200, session 27: probe_pool_layout.py).
-FP8_V_KEYS_MAJOR = False
-
-
 def new_pool(shape: tuple[int, int, int, int], dtype: torch.dtype, device: Any, values: bool) -> torch.Tensor:
-    """A zeroed K (`values` False) or V pool ``[N, block_size, Hkv, D]``; an FP8 V pool is stored keys-major
-    where :data:`FP8_V_KEYS_MAJOR` is on."""
-    if values and dtype == FP8_KV_DTYPE and FP8_V_KEYS_MAJOR:
-        n, bs, hkv, d = shape
-        return torch.zeros((n, hkv, d, bs), dtype=dtype, device=device).permute(0, 3, 1, 2)
+    """A zeroed K (`values` False) or V pool ``[N, block_size, Hkv, D]``. (FP8 V pools stored keys-major
+    measured 5-9% slower in decode on the H200, session 27: benchmarks/probe_pool_layout.py; the FP8-native
+    decode kernel that read them as they lie measured 1.3-1.5x slower still, session 28.)"""
     return torch.zeros(shape, dtype=dtype, device=device)
 
 

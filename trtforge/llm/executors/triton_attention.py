@@ -70,14 +70,6 @@ def small_decode_splits(batch_kv_heads: int, max_keys: int, num_sms: int) -> int
     return max(1, min(tiles, (2 * num_sms) // max(batch_kv_heads, 1), 256))
 
 
-# An experiment, off (unmeasured on the H200): decode launches of one query a sequence over FP8 pools
-# without a window run the FP8-native kernel (kernels/fp8_native_decode.py: E4M3 Q and P, both products
-# on FP8 wgmma) instead of the split-KV kernel that widens the codes to FP16. Read at call time, so a
-# benchmark sets it before the decode graphs are captured (bench_throughput.py --fp8-native-decode).
-# Steps with prompt chunks keep the split-KV kernel for their decode rows.
-FP8_NATIVE_DECODE = False
-
-
 class TritonDecodeAttention:
     """Decode attention (one query per sequence) through trtforge's split-KV kernel; CUDA-graph safe.
 
@@ -153,13 +145,6 @@ class TritonDecodeAttention:
         ``[B * S, Hq, D]``, each sequence's last S positions, attended LOWER_RIGHT causally."""
         from trtforge.kernels.decode_attention import decode_attention
         from trtforge.kernels.gemv import pdl_supported
-        from trtforge.kernels.kv_quant import FP8_KV_DTYPE
-
-        if FP8_NATIVE_DECODE and q_len == 1 and sliding_window is None and k_pool.dtype == FP8_KV_DTYPE:
-            from trtforge.kernels.fp8_native_decode import fp8_native_paged_decode
-
-            scales = {"k_scale": k_scale, "v_scale": v_scale, "out": out}
-            return fp8_native_paged_decode(q, k_pool, v_pool, context_lens, block_tables, scale, **scales)
 
         def view(t: torch.Tensor) -> torch.Tensor:  # [B * S, Hq, D] -> a [B, Hq, S, D] view
             return t.unflatten(0, (-1, q_len)).transpose(1, 2)
