@@ -7,12 +7,13 @@ layer's attention is two kernels: the split-KV decode kernel (bandwidth-bound, ~
 kernel (compute-bound; the persistent Hopper kernel holds a whole SM per program). On two streams they
 overlap only where the GPU places both kernels' programs at once. This times, per layer, through
 ``TritonPagedAttention`` as served (Hq 32 / Hkv 8 / D 128, BF16, 16-token pages at random places):
-the decode rows alone, the chunks alone, both serial, both on two streams as served (decode launched
-first), the chunk launch issued first (``chunks_first``), and that with the persistent Hopper kernel's
-grid capped at ``--caps`` programs (``hopper_programs``), leaving the other SMs to the decode kernel.
-Each figure is the median over rounds of 32 back-to-back layers queued behind a sleep kernel (so the
-host's launches never starve the GPU), the variants interleaved round by round. Check: every variant's
-output equals the serial one's (max |diff| < 0.02).
+the decode rows alone, the chunks alone (Hopper and varlen kernels), both serial, and both on two
+streams as served; "alone" against "two streams" is what overlap could still win. (Session 28 also
+timed the chunk launch issued first, and the Hopper grid capped at 48-100 programs to leave SMs to the
+decode kernel, at commit bac65b7: neither helped, see BENCHMARKS.md.) Each figure is the median over
+rounds of 32 back-to-back layers queued behind a sleep kernel (so the host's launches never starve the
+GPU), the variants interleaved round by round. Check: every variant's output equals the serial one's
+(max |diff| < 0.02).
 """
 
 from __future__ import annotations
@@ -101,20 +102,15 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="JSON results")
-    ap.add_argument("--caps", type=int, nargs="*", default=[100, 80, 64, 48], help="Hopper grid caps")
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_mixed_attention.py: needs a CUDA GPU (sm_90 for the Hopper chunk kernel)")
     variants = {
         "serial": {"concurrent": False},
-        "two streams, decode first (served)": {},
-        "two streams, chunks first": {"chunks_first": True},
-        **{f"chunks first, Hopper grid {c}": {"chunks_first": True, "hopper_programs": c} for c in args.caps},
-        "decode first, Hopper grid 64": {"hopper_programs": 64},
+        "two streams (served)": {},
         "serial, varlen chunks": {"concurrent": False, "hopper_chunks": False},
         "two streams, varlen chunks": {"hopper_chunks": False},
-        "two streams, varlen chunks first": {"hopper_chunks": False, "chunks_first": True},
     }
     rows, failures = [], []
     for name, (dec_ctx, chunks) in LAYOUTS.items():

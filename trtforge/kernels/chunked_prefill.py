@@ -372,7 +372,6 @@ def prepare_chunked_prefill_hopper(
     pages: torch.Tensor,
     config: HopperConfig | None = None,
     scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
-    max_programs: int | None = None,
 ) -> Callable[..., None]:
     """Long prompt chunks through the Hopper flash-attention kernel: `chunks` are (first row of q,
     query tokens, keys incl. the chunk) on the host, `pages` the chunks' pool blocks in order (device,
@@ -381,8 +380,7 @@ def prepare_chunked_prefill_hopper(
     to the last keys (causal, bottom-right) and its query heads grouped over the kv heads. Why: the
     varlen kernel's ``tl`` tile loop holds chunk attention at ~270-290 TFLOP/s; the warp-specialized
     kernel overlaps its softmax with the tensor cores (1.2-1.7x on serving's chunks, H200). `scratch`:
-    two [>= pages, page, Hkv, D] buffers to gather into (a caller's, kept across steps), else new ones.
-    `max_programs`: the persistent kernel's grid cap (None: one program an SM)."""
+    two [>= pages, page, Hkv, D] buffers to gather into (a caller's, kept across steps), else new ones."""
     from trtforge.kernels import flash_attention_hopper as fh
     from trtforge.kernels.configs import CHUNK_HOPPER_CONFIG
 
@@ -422,6 +420,6 @@ def prepare_chunked_prefill_hopper(
         for start, ql, offset, kc, vc in views:
             qc = q[start : start + ql].permute(1, 0, 2)[None]
             oc = out[start : start + ql].permute(1, 0, 2)[None]
-            fh.launch(qc, kc, vc, oc, scale, True, config, q_offset=offset, max_programs=max_programs)
+            fh.launch(qc, kc, vc, oc, scale, True, config, q_offset=offset)
 
     return launch

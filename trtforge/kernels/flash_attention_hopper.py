@@ -498,22 +498,13 @@ def _no_launch_hooks() -> bool:
 
 
 def launch(
-    q: Any,
-    k: Any,
-    v: Any,
-    out: Any,
-    scale: float,
-    causal: bool,
-    config: HopperConfig,
-    q_offset: int = 0,
-    max_programs: int | None = None,
+    q: Any, k: Any, v: Any, out: Any, scale: float, causal: bool, config: HopperConfig, q_offset: int = 0
 ) -> None:
     """Launch one configuration on torch's current stream; q/k/v/out are [B, H, S, D] views that
     the caller checked (kernel._hopper_eligible: FP16/BF16, D 64/128, copy-engine-aligned strides).
     K/V may have fewer heads than q (grouped-query attention: query head h reads kv head h // (H /
     Hkv)). Causal masks align query row i with key position i + `q_offset` (0: the top-left corner;
-    seq_kv - seq_q: the bottom-right one, a prompt chunk after its cached keys). `max_programs` caps a
-    persistent launch's grid below the SM count (the rest of the SMs stay free for a concurrent kernel).
+    seq_kv - seq_q: the bottom-right one, a prompt chunk after its cached keys).
 
     The first launch of a compiled variant goes through Triton's JIT; later ones call the compiled
     kernel directly, skipping the JIT's per-call argument binding (~65 us of Python per launch).
@@ -531,8 +522,7 @@ def launch(
     device = driver.active.get_current_device()
     n_m = triton.cdiv(s_q, config.block_m)
     units = (n_m + 1) // 2 * h * b if causal and config.pairs else n_m * h * b  # _units_per_head
-    cap = _sm_count(device) if max_programs is None else min(int(max_programs), _sm_count(device))
-    programs = max(1, min(units, cap)) if config.persistent else units
+    programs = max(1, min(units, _sm_count(device))) if config.persistent else units
     args = (
         _desc(q, WG_ROWS, d),
         _desc(k, config.block_n, d),

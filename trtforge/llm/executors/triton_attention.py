@@ -248,10 +248,7 @@ class TritonPagedAttention:
     kernel rows, the decode-kernel launches run on a side stream beside the chunk launch, so the decode
     rows' K/V reads (bandwidth-bound) overlap the chunks' attention (compute-bound); the layer waits for
     both. The decode launches are then prepared on the side stream (their arrival counters are that
-    stream's). ``chunks_first`` issues the chunk launch before the decode launches (the GPU hands out a
-    kernel's programs in the order kernels arrive), and ``hopper_programs`` caps the persistent Hopper
-    chunk kernel's grid, so that the decode kernel keeps the other SMs while it runs
-    (benchmarks/bench_mixed_attention.py measures both).
+    stream's).
     """
 
     def __init__(
@@ -260,15 +257,11 @@ class TritonPagedAttention:
         short_queries: bool = True,
         concurrent: bool = True,
         hopper_chunks: bool = True,
-        chunks_first: bool = False,
-        hopper_programs: int | None = None,
     ) -> None:
         self.decode = decode or TritonDecodeAttention()
         self.short_queries = short_queries
         self.concurrent = concurrent
         self.hopper_chunks = hopper_chunks
-        self.chunks_first = chunks_first
-        self.hopper_programs = hopper_programs
         self._gather: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._plan_for: AttentionMetadata | None = None
         self._plan: _StepPlan | None = None
@@ -415,11 +408,7 @@ class TritonPagedAttention:
         if hopper:  # last, run on the current stream: its gather scratch is that stream's
             spans, pages = plan.long_chunks
             scratch = self._gather_scratch(k_pool, int(pages.shape[0]))
-            launches.append(
-                prepare_chunked_prefill_hopper(
-                    q, k_pool, v_pool, spans, pages, scratch=scratch, max_programs=self.hopper_programs
-                )
-            )
+            launches.append(prepare_chunked_prefill_hopper(q, k_pool, v_pool, spans, pages, scratch=scratch))
         return tuple(launches)
 
     def _prepare_side(self, plan, q, k_pool, v_pool, out, window, hopper: bool) -> list[Callable[..., None]]:
@@ -527,12 +516,9 @@ class TritonPagedAttention:
             return out
         current = torch.cuda.current_stream(q.device)
         side.wait_stream(current)
-        if self.chunks_first:
-            launches[-1](q, k_pool, v_pool, out, qk_scale, v_scale)
         with torch.cuda.stream(side):
             for launch in launches[:-1]:
                 launch(q, k_pool, v_pool, out, qk_scale, v_scale)
-        if not self.chunks_first:
-            launches[-1](q, k_pool, v_pool, out, qk_scale, v_scale)
+        launches[-1](q, k_pool, v_pool, out, qk_scale, v_scale)
         current.wait_stream(side)
         return out
