@@ -138,8 +138,8 @@ def calibrate_kv_scales(
 
 def new_pool(shape: tuple[int, int, int, int], dtype: torch.dtype, device: Any, values: bool) -> torch.Tensor:
     """A zeroed K (`values` False) or V pool ``[N, block_size, Hkv, D]``. (FP8 V pools stored keys-major
-    measured 5-9% slower in decode on the H200, session 27: benchmarks/probe_pool_layout.py; the FP8-native
-    decode kernel that read them as they lie measured 1.3-1.5x slower still, session 28.)"""
+    measured 5-9% slower in decode on the H200, session 27: benchmarks/probe_pool_layout.py; an FP8-native
+    decode kernel reading them as they lie took 1.3-1.5x the serving launch's time, session 28.)"""
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
