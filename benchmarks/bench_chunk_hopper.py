@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import triton
 
-from trtforge._fileio import atomic_write_text
+from benchmarks._rows import finish
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 # chunk sets as (query tokens, keys incl. the chunk)
@@ -139,12 +139,7 @@ def main() -> int:
             print(json.dumps(r), flush=True)
             if not diff < 0.05:
                 failures.append(f"{name} {config}: differs from the varlen kernel by {diff}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"device": torch.cuda.get_device_name(), "rows": rows, "failures": failures}
-    atomic_write_text(args.out, json.dumps(result))
-    for f in failures:
-        print("FAILED:", f, file=sys.stderr)
-    return 1 if failures else 0
+    return finish(args.out, rows, failures)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trtforge._fileio import atomic_write_text
+from benchmarks._rows import finish
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 LAYERS = 32
@@ -56,31 +56,12 @@ LAYOUTS = {
 
 
 def _metadata(ctx_lens: list[int], q_lens: list[int], gen: torch.Generator):
-    """Paged metadata of sequences (decode rows first, as the scheduler orders them) over a pool whose
-    blocks are placed by a random permutation; the number of blocks."""
-    from trtforge.llm.executors.paged_attention import AttentionMetadata
+    """Paged metadata of sequences (decode rows first, as the scheduler orders them) over a pool just
+    large enough, blocks placed by a random permutation; the number of blocks."""
+    from tests.llm.paged_metadata import mixed_metadata
 
-    need = [-(-c // PAGE) for c in ctx_lens]
-    nblocks = sum(need) + 1
-    perm = torch.randperm(nblocks, generator=gen).tolist()
-    tables, used = [], 0
-    for n in need:
-        tables.append(perm[used : used + n])
-        used += n
-    width = max(need)
-    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device="cuda")
-    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    meta = AttentionMetadata(
-        query_start_loc=torch.from_numpy(qsl).cuda(),
-        context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device="cuda"),
-        block_tables=table,
-        query_start_loc_host=qsl,
-        context_lens_host=np.array(ctx_lens, dtype=np.int32),
-        max_query_len=max(q_lens),
-        max_context_len=max(ctx_lens),
-        block_size=PAGE,
-    )
-    return meta, nblocks
+    nblocks = sum(-(-c // PAGE) for c in ctx_lens) + 1
+    return mixed_metadata("cuda", gen, PAGE, nblocks, ctx_lens, q_lens)[0], nblocks
 
 
 def _round(attn, q, kp, vp, meta, out) -> float:
@@ -153,12 +134,7 @@ def main() -> int:
                     failures.append(f"{name} / {v}: differs from serial by {diff}")
             rows.append(row)
             print(json.dumps(row), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"device": torch.cuda.get_device_name(), "sms": _sm_count(0), "rows": rows, "failures": failures}
-    atomic_write_text(args.out, json.dumps(result))
-    for f in failures:
-        print("FAILED:", f, file=sys.stderr)
-    return 1 if failures else 0
+    return finish(args.out, rows, failures, sms=_sm_count(0))
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._rows import finish
 from benchmarks.bench_decode_attention import _graph_us, _pool
-from trtforge._fileio import atomic_write_text
 from trtforge.kernels.kv_quant import FP8_MAX, quantize_fp8
 
 HQ, HKV, D = 32, 8, 128
@@ -65,6 +65,8 @@ def main() -> int:
         "--fp8-four-warps", choices=("on", "off"), default="on", help="FP8 pools: also time 4 warps forced"
     )
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("probe_pool_layout.py: needs a CUDA GPU with FP8 (sm_89+)")
     from trtforge.kernels.decode_attention import FP8_KV_DECODE_CONFIG
     from trtforge.llm.executors.triton_attention import TritonDecodeAttention
 
@@ -130,12 +132,7 @@ def main() -> int:
             del k16, v16
             gc.collect()
             torch.cuda.empty_cache()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"device": torch.cuda.get_device_name(), "rows": rows, "failures": failures}
-    atomic_write_text(args.out, json.dumps(result, indent=1))
-    for f in failures:
-        print("FAILED:", f, file=sys.stderr)
-    return 1 if failures else 0
+    return finish(args.out, rows, failures)
 
 
 if __name__ == "__main__":
