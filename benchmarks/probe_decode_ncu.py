@@ -1,9 +1,9 @@
 """Probe: the serving decode launch over BF16 and FP8 pools, for Nsight Compute's hardware counters.
 
-    ncu --clock-control none --profile-from-start off --kernel-name regex:_decode_split \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-        --section WarpStateStats --section LaunchStats --csv --page details \
-        python3 benchmarks/probe_decode_ncu.py > build/decode_ncu.csv
+    ncu --clock-control none --profile-from-start off --kernel-name regex:_decode_split --set full \
+        -f -o build/decode_ncu python3 benchmarks/probe_decode_ncu.py
+    ncu --import build/decode_ncu.ncu-rep --csv --page raw > build/decode_ncu_raw.csv
+    python3 benchmarks/probe_decode_ncu.py --summarize build/decode_ncu_raw.csv
 
 Over FP8 pools the split-KV decode kernel reads K/V at ~3.35-3.5 TB/s against ~4.0 over BF16 pools
 (bench_kv_fp8.py, probe_pool_layout.py), though it moves half the bytes per key: what holds it? This

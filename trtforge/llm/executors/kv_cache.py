@@ -136,13 +136,6 @@ def calibrate_kv_scales(
     return KVScales(tuple(to_scale(a) for a in k_amax), tuple(to_scale(a) for a in v_amax), how)
 
 
-def new_pool(shape: tuple[int, int, int, int], dtype: torch.dtype, device: Any, values: bool) -> torch.Tensor:
-    """A zeroed K (`values` False) or V pool ``[N, block_size, Hkv, D]``. (FP8 V pools stored keys-major
-    measured 5-9% slower in decode on the H200, session 27: benchmarks/probe_pool_layout.py; an FP8-native
-    decode kernel reading them as they lie took 1.3-1.5x the serving launch's time, session 28.)"""
-    return torch.zeros(shape, dtype=dtype, device=device)
-
-
 def write_reference(pool: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, scale: float) -> None:
     """The torch path's cache write: rows `x` ``[T, Hkv, D]`` into `pool` ``[N, block_size, Hkv, D]`` (any
     strides) at flat `slots` (int64 ``[T]``), quantized with `scale` where the pool is FP8."""

@@ -53,7 +53,6 @@ from trtforge.llm.executors.kv_cache import (
     KVScales,
     calibrate_kv_scales,
     kv_cache_dtype_name,
-    new_pool,
     resolve_kv_cache_dtype,
 )
 from trtforge.llm.executors.model_layers import ModelLayers
@@ -178,8 +177,8 @@ class TorchExecutor:
         self._pick_kernels(kernels, attention, decode_attention)
         # one scratch block past the pool's end takes the writes and reads of static-shape padding rows
         shape = (num_blocks + 1, block_size, adapter.num_kv_heads, adapter.head_dim)
-        self.k_pools = [new_pool(shape, self.kv_dtype, self.device, False) for _ in adapter.layers]
-        self.v_pools = [new_pool(shape, self.kv_dtype, self.device, True) for _ in adapter.layers]
+        self.k_pools = [torch.zeros(shape, device=self.device, dtype=self.kv_dtype) for _ in adapter.layers]
+        self.v_pools = [torch.zeros(shape, device=self.device, dtype=self.kv_dtype) for _ in adapter.layers]
         self._plan_static_shapes(static_decode, max_decode_batch)
         self._layers = ModelLayers(adapter, self._fused, self.k_pools, self.v_pools, self.kv_scales)
         self._piecewise = self._make_piecewise(mixed_graphs, max_graph_tokens)
