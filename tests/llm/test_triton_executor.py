@@ -102,6 +102,56 @@ def test_fused_layer_kernels_match_the_eager_modules(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_rope_and_cache_writes_q_into_a_given_buffer(device):
+    """A piecewise step's static q buffer (rows of a larger buffer) receives the rotated q as the
+    allocated result would hold it; a buffer of the wrong shape, dtype or layout is refused by name."""
+    from trtforge.kernels.fused_layer import rope_and_cache
+
+    skip_unless_runs_here(device)
+    g = torch.Generator().manual_seed(4)
+    t, hq, hkv, d, bs, nblocks = 6, 4, 2, 16, 4, 5
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g).half().to(device)
+    angles = torch.rand(t, d // 2, generator=g) * 6
+    cos = torch.cat([angles.cos()] * 2, -1).half().to(device)
+    sin = torch.cat([angles.sin()] * 2, -1).half().to(device)
+    slots = torch.tensor([1, 7, 12, 3, 19, 8], dtype=torch.int32, device=device)
+    pools = [torch.zeros(nblocks, bs, hkv, d, dtype=torch.float16, device=device) for _ in range(4)]
+    want = rope_and_cache(qkv, cos, sin, slots, pools[0], pools[1], hq, hkv)
+    static = torch.full((t + 3, hq, d), float("nan"), dtype=torch.float16, device=device)
+    got = rope_and_cache(qkv, cos, sin, slots, pools[2], pools[3], hq, hkv, out=static[:t])
+    assert got.data_ptr() == static.data_ptr()
+    assert torch.equal(static[:t], want) and static[t:].isnan().all(), "wrote outside its rows"
+    assert torch.equal(pools[2], pools[0]) and torch.equal(pools[3], pools[1])
+    for bad in (static[: t - 1], static[:t].float(), static[:t].transpose(1, 2)):
+        with pytest.raises(ValueError, match="rope_and_cache: out must be"):
+            rope_and_cache(qkv, cos, sin, slots, pools[2], pools[3], hq, hkv, out=bad)
+
+
+@pytest.mark.parametrize("tokens", [1, 5], ids=["gemv", "gemm"])
+def test_the_fused_layer_updates_the_residual_stream_in_place(tokens):
+    """``FusedLayers.finish(out=h)`` (a piecewise step's residual stream: cuBLAS accumulates into it at
+    GEMM sizes, the GEMV's result is copied in) equals the result in a new tensor; here in Triton's CPU
+    interpreter."""
+    pytest.importorskip("triton")
+    from tests.llm.tiny_models import tiny_model
+    from trtforge.llm.executors.fused_layers import FusedLayers
+    from trtforge.llm.models.families import adapter_for
+
+    fused = FusedLayers(adapter_for(tiny_model("llama", num_key_value_heads=2).half()))
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(tokens, 64, generator=g).half()
+    o = torch.randn(tokens, 64, generator=g).half()
+    want = fused.finish(0, h, o)
+    stream = h.clone()
+    got = fused.finish(0, stream, o, out=stream)
+    assert got is stream
+    torch.testing.assert_close(stream, want, atol=2e-3, rtol=2e-3)
+    other = torch.zeros_like(h)
+    fused.finish(0, h, o, out=other)
+    torch.testing.assert_close(other, want, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_qk_norm_and_partial_rotary_kernels_match_the_eager_modules(device):
     """Qwen3's per-head q/k RMSNorm (in place, other heads untouched) and a partial rotary (Phi-4-mini:
     the first 3/4 of each head rotated, the rest passed through to q and the pools) against HF's code."""

@@ -220,16 +220,26 @@ def rope_and_cache(
     num_kv_heads: int,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rotate q and k of ``qkv`` ``[T, (Hq + 2 Hkv) * D]`` by ``cos``/``sin`` ``[T, R]`` (rotate-half RoPE
     over each head's first R <= D channels, R even), write k and v at pool slots ``slots`` ``[T]`` (pools
     ``[nb, bs, Hkv, D]`` of any strides: qkv's dtype, or FP8 E4M3 storing k / k_scale and v / v_scale);
-    return q ``[T, Hq, D]``."""
+    return q ``[T, Hq, D]``, written into `out` when given (a piecewise step's static buffer: no copy)."""
     t = int(qkv.shape[0])
     d, rot = int(k_pool.shape[-1]), int(cos.shape[-1])
     if rot % 2 or rot > d:
         raise ValueError(f"rope_and_cache: rotary width {rot} must be even and at most the head dim {d}")
-    q = torch.empty((t, num_heads, d), dtype=qkv.dtype, device=qkv.device)
+    shape = (t, num_heads, d)
+    if out is None:
+        q = torch.empty(shape, dtype=qkv.dtype, device=qkv.device)
+    elif tuple(out.shape) != shape or out.dtype != qkv.dtype or out.stride()[1:] != (d, 1):
+        raise ValueError(
+            f"rope_and_cache: out must be {list(shape)} {qkv.dtype} with rows of contiguous heads, got "
+            f"{list(out.shape)} {out.dtype} strides {out.stride()}"
+        )
+    else:
+        q = out
     if t:
         half = rot // 2
         pdl = pdl_supported(qkv.device)

@@ -208,9 +208,10 @@ class FusedLayers:
         v_pool: torch.Tensor,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Norm, QKV projection, q/k head norms (Qwen3), RoPE and the K/V write of layer i (FP8 pools:
-        quantized with `k_scale` / `v_scale`); returns q ``[T, Hq, D]``."""
+        quantized with `k_scale` / `v_scale`); returns q ``[T, Hq, D]``, written into `out` when given."""
         layer = self.layers[i]
         norm = layer.input_layernorm
         w, b = self.qkv_w[i]
@@ -222,37 +223,50 @@ class FusedLayers:
         if getattr(attn, "q_norm", None) is not None:
             qk_norm_(qkv, attn.q_norm, attn.k_norm, self.num_heads, self.num_kv_heads)
         return rope_and_cache(
-            qkv, *rope, slots, k_pool, v_pool, self.num_heads, self.num_kv_heads, k_scale, v_scale
+            qkv, *rope, slots, k_pool, v_pool, self.num_heads, self.num_kv_heads, k_scale, v_scale, out=out
         )
 
-    def finish(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-        """Output projection + residual, norm, gated MLP + residual."""
+    def finish(
+        self, i: int, h: torch.Tensor, o: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Output projection + residual, norm, gated MLP + residual; into `out` when given, which may be
+        `h` itself (a piecewise step's residual stream, updated in place: 16-bit GEMMs accumulate into it,
+        other paths copy their result in)."""
         layer = self.layers[i]
         norm = layer.post_attention_layernorm
         o = o.reshape(h.shape[0], -1)
-        h = self._row_parallel(o, self.o_w[i], h)
+        h = self._row_parallel(o, self.o_w[i], h, out)
         if self._gemv(h):
             a = norm_gate_up_silu(h, norm.weight, norm.variance_epsilon, self.gate_up_w[i])
         else:
             x = rms_norm(h, norm.weight, norm.variance_epsilon)
             a = silu_mul(self._linear(x, self.gate_up_w[i], None))
-        return self._row_parallel(a, self.down_w[i], h)
+        return self._row_parallel(a, self.down_w[i], h, out)
 
-    def _row_parallel(self, x: torch.Tensor, w: Any, residual: torch.Tensor) -> torch.Tensor:
-        """``residual + x @ w.T`` with the residual folded into the GEMM (GEMV). Under tensor parallelism
+    def _row_parallel(
+        self, x: torch.Tensor, w: Any, residual: torch.Tensor, into: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``residual + x @ w.T`` with the residual folded into the GEMM (GEMV), written into `into` when
+        given (which may alias `residual`: cuBLAS then accumulates in place). Under tensor parallelism
         `w` holds this rank's input columns: rank 0 folds the residual into its partial product, the
         others add zeros, and one all-reduce sums them, so the residual counts exactly once."""
         if self.tp is not None and self.tp.rank != 0:
             residual = torch.zeros_like(residual)
+        gemm = not self._gemv(residual) and not _use_mid_gemm(x, w) and isinstance(w, torch.Tensor)
+        if into is not None and gemm and self.tp is None:
+            if into is not residual:
+                into.copy_(residual)
+            return into.addmm_(x, w.t())
         if self._gemv(residual):
             out = gemv_residual(x.contiguous(), w, residual)
         elif _use_mid_gemm(x, w):
             out = mid_gemm(x, w, residual=residual)
-        elif isinstance(w, torch.Tensor):
+        elif gemm:
             out = torch.addmm(residual, x, w.t())
         else:
             out = quant_linear(x, w, residual=residual)
-        return out if self.tp is None else self.tp.all_reduce(out)
+        out = out if self.tp is None else self.tp.all_reduce(out)
+        return out if into is None else into.copy_(out)
 
     @staticmethod
     def _linear(x: torch.Tensor, w: Any, b: torch.Tensor | None) -> torch.Tensor:

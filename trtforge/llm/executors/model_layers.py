@@ -48,22 +48,27 @@ class ModelLayers:
             return h, rope
         return h, (rope[0][:, None], rope[1][:, None])
 
-    def layer_in(self, i: int, h: torch.Tensor, extra: Any, slots: torch.Tensor) -> torch.Tensor:
+    def layer_in(
+        self, i: int, h: torch.Tensor, extra: Any, slots: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         kp, vp = self.k_pools[i], self.v_pools[i]
         k_scale, v_scale = self.kv_scales[i]
         if self.fused is not None:
-            return self.fused.attention_input(i, h, extra, slots, kp, vp, k_scale, v_scale)
+            return self.fused.attention_input(i, h, extra, slots, kp, vp, k_scale, v_scale, out=out)
         q, k, v = self.adapter.qkv(i, h)
         q, k = self.adapter.rotate(q, k, extra)
         slots = slots.long()
         write_reference(kp, slots, k, k_scale)
         write_reference(vp, slots, v, v_scale)
-        return q
+        return q if out is None else out.copy_(q)
 
-    def layer_out(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    def layer_out(
+        self, i: int, h: torch.Tensor, o: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.fused is not None:
-            return self.fused.finish(i, h, o)
-        return self.adapter.finish_block(i, h, o.reshape(h.shape[0], -1))
+            return self.fused.finish(i, h, o, out=out)
+        x = self.adapter.finish_block(i, h, o.reshape(h.shape[0], -1))
+        return x if out is None else out.copy_(x)
 
     def head(self, h: torch.Tensor, float32: bool = True) -> torch.Tensor:
         """LM-head logits of `h`: float32, or in the model's dtype with `float32` False."""
