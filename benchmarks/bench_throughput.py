@@ -830,15 +830,6 @@ def main() -> None:
         "hopper_chunks; on by default, used on sm_90 with 16-bit pools) or all on the varlen kernel (off)",
     )
     ap.add_argument(
-        "--piecewise-in-place",
-        nargs="+",
-        choices=("off", "on"),
-        default=["on"],
-        help="executor variants: a mixed step's pieces write q and the residual stream straight into "
-        "their static buffers (PiecewiseStep.in_place; on by default) or copy them there (off); the "
-        "piecewise graphs are captured again whenever it changes between runs",
-    )
-    ap.add_argument(
         "--decode-tiles-by-keys",
         nargs="+",
         choices=("off", "on"),
@@ -1008,7 +999,7 @@ def main() -> None:
     results["fp8_mid_max_tokens"] = quant_linear.FP8_MID_MAX_TOKENS
     results["fp8_mid_fold_residual"] = quant_linear.FP8_MID_FOLD_RESIDUAL
     variants = [
-        (m, p, r == "on", c == "on", f == "on", t == "on", h == "on", ip == "on")
+        (m, p, r == "on", c == "on", f == "on", t == "on", h == "on")
         for m in args.max_num_seqs
         for p in args.prefill_with_decodes
         for r in args.reserve_max_tokens
@@ -1016,7 +1007,6 @@ def main() -> None:
         for f in args.fill_step_buckets
         for t in args.decode_tiles_by_keys
         for h in args.hopper_chunks
-        for ip in args.piecewise_in_place
     ]
     if args.plan_only:
         kv_tokens = int(args.assume_kv_gb * 1e9 // shape.kv_bytes_per_token)
@@ -1050,7 +1040,6 @@ def variant_key(
     fill: bool = True,
     tiles: bool = True,
     hopper: bool = True,
-    in_place: bool = True,
 ) -> str:
     return (
         f"seqs{mns}_pwd{pwd}"
@@ -1059,7 +1048,6 @@ def variant_key(
         + ("" if fill else "_nofill")
         + ("" if tiles else "_tiles64")
         + ("" if hopper else "_varlenchunks")
-        + ("" if in_place else "_copies")
     )
 
 
@@ -1076,16 +1064,6 @@ def set_decode_tiles_by_keys(ex: TorchExecutor, graphs: Any, on: bool) -> None:
         ex._graphs.clear()
         gc.collect()
         ex.capture_decode_graphs(max_batch=graphs.max_decode_batch, q_lens=graphs.q_lens)
-
-
-def set_piecewise_in_place(ex: TorchExecutor, on: bool) -> None:
-    """Switch PiecewiseStep.in_place; its graphs, dropped on a change, are captured again here."""
-    pw = ex._piecewise
-    if pw is None or pw.in_place == on:
-        return
-    pw.set_in_place(on)
-    gc.collect()
-    ex.capture_mixed_graphs()
 
 
 def run_all(model, variants, args, shape: Shape, scale: float, device: str, results: dict) -> None:
@@ -1162,15 +1140,14 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     )
     probe = StepProbe(ex, cuda, shape)
     configs = {
-        variant_key(m, p, r, c, f, t, h, ip): dataclasses.replace(
+        variant_key(m, p, r, c, f, t, h): dataclasses.replace(
             base, max_num_seqs=m, max_prefill_tokens_with_decodes=p, reserve_max_tokens=r, fill_step_buckets=f
         )
-        for m, p, r, c, f, t, h, ip in variants
+        for m, p, r, c, f, t, h in variants
     }
     concurrent = {variant_key(*v): v[3] for v in variants}  # the executor's attention, per variant
     tiles = {variant_key(*v): v[5] for v in variants}
     hopper = {variant_key(*v): v[6] for v in variants}
-    in_place = {variant_key(*v): v[7] for v in variants}
     if any(concurrent.values()) and not hasattr(ex.attention, "concurrent"):
         raise SystemExit(
             f"--concurrent-attention on needs the Triton attention; this executor runs {ex.kernels}"
@@ -1182,14 +1159,11 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
     lens = [int(x * scale) for x in (16, 128, 1000, 2048, 64, 700, 1500, 2040)] * 4
     warm = [(rng.integers(3, shape.vocab, size=max(1, k)).tolist(), 4) for k in lens]
     warm += [(rng.integers(3, shape.vocab, size=8).tolist(), 6) for _ in range(widest)]
-    for flag, by_keys, long, ip in sorted(
-        {(concurrent[k], tiles[k], hopper[k], in_place[k]) for k in configs}
-    ):
+    for flag, by_keys, long in sorted({(concurrent[k], tiles[k], hopper[k]) for k in configs}):
         if hasattr(ex.attention, "concurrent"):  # each attention variant meets its kernels here
             ex.attention.concurrent = flag
             ex.attention.hopper_chunks = long
         set_decode_tiles_by_keys(ex, graphs, by_keys)
-        set_piecewise_in_place(ex, ip)
         run_workload(probe, configs[variant_key(*variants[-1])], warm, None)
     results["executor"]["warmup_s"] = time.perf_counter() - t
     print(f"warm-up {results['executor']['warmup_s']:.1f} s", flush=True)
@@ -1199,7 +1173,6 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
             "concurrent_attention": concurrent[k],
             "decode_tiles_by_keys": tiles[k],
             "hopper_chunks": hopper[k],
-            "piecewise_in_place": in_place[k],
             "workloads": {},
         }
         for k, c in configs.items()
@@ -1217,7 +1190,6 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
                 ex.attention.concurrent = concurrent[key]
                 ex.attention.hopper_chunks = hopper[key]
             set_decode_tiles_by_keys(ex, graphs, tiles[key])
-            set_piecewise_in_place(ex, in_place[key])
             reqs = make_requests(name, requests_for(name, args, mns, kv_tokens, scale), shape.vocab, scale)
             t = time.perf_counter()
             run_workload(probe, config, warm_slice(reqs, mns, scale, shape.vocab), None)

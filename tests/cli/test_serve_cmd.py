@@ -19,6 +19,7 @@ pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (f
         (["serve", ".", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
         (["serve", ".", "--port", "70000"], "--port"),
         (["serve", ".", "--max-num-seqs", "0"], "--max-num-seqs"),
+        (["serve", ".", "--max-prefill-tokens-with-decodes", "0"], "--max-prefill-tokens-with-decodes"),
         (["serve", ".", "--chat-template", "/no/such.jinja"], "--chat-template"),
     ],
 )
@@ -47,10 +48,21 @@ def test_the_startup_line_says_how_the_pool_was_sized(monkeypatch, capsys):
     server_run = importlib.import_module("trtforge.llm.server.run")  # (the package exports a function `run`)
     served = []
     monkeypatch.setattr(server_run, "run", lambda llm, *a, **k: served.append(llm))
-    assert main(["serve", str(MODEL), "--device", "cpu", "--max-num-seqs", "4"]) in (0, None)
+    argv = [
+        "serve",
+        str(MODEL),
+        "--device",
+        "cpu",
+        "--max-num-seqs",
+        "4",
+        "--max-prefill-tokens-with-decodes",
+        "96",
+    ]
+    assert main(argv) in (0, None)
     err = capsys.readouterr().err
     (llm,) = served
     try:
+        assert llm.engine.config.max_num_seqs == 4 and llm.engine.config.max_prefill_tokens_with_decodes == 96
         sized = llm.pool_size
         assert sized is not None and sized.num_blocks == llm.executor.facts.num_blocks
         assert f"trtforge serve: KV pool of {sized.num_blocks:,} blocks" in err and sized.how in err

@@ -67,6 +67,15 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
 @click.option(
     "--max-num-batched-tokens", default=None, type=click.IntRange(1), help="Tokens per step (default 4096)."
 )
+@click.option(
+    "--max-prefill-tokens-with-decodes",
+    default=None,
+    type=click.IntRange(1),
+    help="Prompt tokens a step takes while requests decode (default 1024). It bounds the time between a "
+    "running request's tokens; raising it toward --max-num-batched-tokens trades that for throughput (an "
+    "8B model on an H200, 2048 in / 128 out: 4096 gave 3.5% more output tokens a second at 3.4x the time "
+    "between tokens).",
+)
 @click.option("--max-model-len", default=None, type=click.IntRange(2), help="Longest prompt + output.")
 @click.option(
     "--max-waiting",
@@ -116,6 +125,7 @@ def serve_cmd(
     gpu_memory_utilization: float,
     max_num_seqs: int | None,
     max_num_batched_tokens: int | None,
+    max_prefill_tokens_with_decodes: int | None,
     max_model_len: int | None,
     max_waiting: int,
     num_blocks: int | None,
@@ -155,7 +165,10 @@ def serve_cmd(
     config = sizing.default_scheduler_config(None, max_num_seqs)
     if max_num_batched_tokens is not None:
         config = dataclasses.replace(config, max_num_batched_tokens=max_num_batched_tokens)
-    if executor == "tensorrt" and max_num_seqs is None and max_num_batched_tokens is None:
+    if max_prefill_tokens_with_decodes is not None:
+        config = dataclasses.replace(config, max_prefill_tokens_with_decodes=max_prefill_tokens_with_decodes)
+    limits = (max_num_seqs, max_num_batched_tokens, max_prefill_tokens_with_decodes)
+    if executor == "tensorrt" and all(x is None for x in limits):
         config = None  # a step engine's profiles bound the batch: its own limits are the defaults
     sizes = {
         "num_blocks": num_blocks,

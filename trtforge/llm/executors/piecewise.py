@@ -95,7 +95,6 @@ class PiecewiseStep:
         scratch_slot: int,
         graphs: bool,
         pool: Callable[[], Any] | None = None,
-        in_place: bool = True,
     ) -> None:
         self.layers = layers
         self.buckets = (*(b for b in TOKEN_BUCKETS if b < max_tokens), max_tokens)
@@ -105,7 +104,6 @@ class PiecewiseStep:
         self.scratch_slot = scratch_slot
         self.use_graphs = graphs
         self._pool = pool
-        self.in_place = in_place
         self._bufs: dict[str, torch.Tensor] = {}
         self._records: dict[int, _Bucket] = {}
 
@@ -134,49 +132,29 @@ class PiecewiseStep:
             }
         return self._bufs
 
-    def set_in_place(self, on: bool) -> None:
-        """Whether the pieces write q and the residual stream straight into the static buffers (the
-        default) or copy them there (as before; for side-by-side benchmarks). Changing it drops the
-        captured graphs, which the next steps capture again."""
-        if bool(on) != self.in_place:
-            self.in_place = bool(on)
-            self._records.clear()
-
     def _make_pieces(self, tb: int) -> _Bucket:
-        buf, layers, in_place = self._buffers(), self.layers, self.in_place
+        """Bucket `tb`'s pieces. The RoPE kernel writes q straight into its static buffer and the
+        projections accumulate into the residual stream ``h`` in place: copying both in instead cost
+        2.5% of 2048/128's output rate at 8B (BENCHMARKS.md, session 29)."""
+        buf, layers = self._buffers(), self.layers
         ids, pos, slots = buf["inputs"][:, :tb].unbind(0)
         h, q, o = buf["h"][:tb], buf["q"][:tb], buf["o"][:tb]
         state: dict[str, Any] = {}
 
-        # In place (the default), the RoPE kernel writes q into its static buffer and the projections
-        # accumulate into the residual stream h; otherwise both are copied there (at 8B and 1,152 tokens
-        # the two copies took ~11 us a layer).
-        def attention_input(i: int) -> None:
-            if in_place:
-                layers.layer_in(i, h, state["extra"], slots, out=q)
-            else:
-                q.copy_(layers.layer_in(i, h, state["extra"], slots))
-
-        def attention_output(i: int) -> None:
-            if in_place:
-                layers.layer_out(i, h, o, out=h)
-            else:
-                h.copy_(layers.layer_out(i, h, o))
-
         def first() -> None:
             x, state["extra"] = layers.embed(ids, pos)
             h.copy_(x)
-            attention_input(0)
+            layers.layer_in(0, h, state["extra"], slots, out=q)
 
         def middle(i: int) -> Callable[[], None]:
             def piece() -> None:
-                attention_output(i - 1)
-                attention_input(i)
+                layers.layer_out(i - 1, h, o, out=h)
+                layers.layer_in(i, h, state["extra"], slots, out=q)
 
             return piece
 
         def last() -> None:
-            attention_output(layers.num_layers - 1)
+            layers.layer_out(layers.num_layers - 1, h, o, out=h)
 
         pieces = [first, *(middle(i) for i in range(1, layers.num_layers)), last]
         return _Bucket(pieces=pieces)
