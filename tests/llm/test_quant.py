@@ -218,3 +218,27 @@ def test_generate_cli_quantizes_and_refuses_by_name(tmp_path, capsys):
     assert "space-separated token ids" in capsys.readouterr().err
     assert main([*base, "--quantization", "int3"]) == 2
     assert "int3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", ["fp8", "int4-rtn"])
+def test_quant_linear_writes_into_out_and_sums_a_residual_in_place(method):
+    """``quant_linear(out=...)``: the result lands in `out`; `out` may be the residual itself, which then
+    takes the sum in place (a piecewise step's residual stream); the values equal the plain call's."""
+    from trtforge.llm.quant import quant_linear
+
+    model = _llama()
+    quantize_model(model, method)
+    w = model.model.layers[0].self_attn.o_proj.qweight
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(5, 128, generator=g)
+    residual = torch.randn(5, 128, generator=g)
+    want = quant_linear(x, w, residual=residual)
+    other = torch.full_like(residual, float("nan"))
+    assert quant_linear(x, w, residual=residual, out=other).data_ptr() == other.data_ptr()
+    torch.testing.assert_close(other, want, atol=0, rtol=0)
+    stream = residual.clone()
+    quant_linear(x, w, residual=stream, out=stream)
+    torch.testing.assert_close(stream, want, atol=0, rtol=0)
+    plain = torch.empty_like(residual)
+    quant_linear(x, w, out=plain)
+    torch.testing.assert_close(plain, quant_linear(x, w), atol=0, rtol=0)

@@ -127,17 +127,24 @@ def test_rope_and_cache_writes_q_into_a_given_buffer(device):
             rope_and_cache(qkv, cos, sin, slots, pools[2], pools[3], hq, hkv, out=bad)
 
 
-@pytest.mark.parametrize("tokens", [1, 5], ids=["gemv", "gemm"])
-def test_the_fused_layer_updates_the_residual_stream_in_place(tokens):
+@pytest.mark.parametrize(
+    ("tokens", "quantization"), [(1, None), (5, None), (5, "fp8")], ids=["gemv", "gemm", "fp8-w8a8"]
+)
+def test_the_fused_layer_updates_the_residual_stream_in_place(tokens, quantization):
     """``FusedLayers.finish(out=h)`` (a piecewise step's residual stream: cuBLAS accumulates into it at
-    GEMM sizes, the GEMV's result is copied in) equals the result in a new tensor; here in Triton's CPU
-    interpreter."""
+    GEMM sizes, a quantized product is added to it, the GEMV's result is copied in) equals the result
+    in a new tensor; here in Triton's CPU interpreter."""
     pytest.importorskip("triton")
     from tests.llm.tiny_models import tiny_model
     from trtforge.llm.executors.fused_layers import FusedLayers
     from trtforge.llm.models.families import adapter_for
+    from trtforge.llm.quant import quantize_model
 
-    fused = FusedLayers(adapter_for(tiny_model("llama", num_key_value_heads=2).half()))
+    model = tiny_model("llama", num_key_value_heads=2, initializer_range=0.02).half()
+    if quantization is not None:
+        quantize_model(model, quantization)
+    fused = FusedLayers(adapter_for(model))
+    assert fused.quantized == (quantization is not None)
     g = torch.Generator().manual_seed(0)
     h = torch.randn(tokens, 64, generator=g).half()
     o = torch.randn(tokens, 64, generator=g).half()

@@ -230,8 +230,8 @@ class FusedLayers:
         self, i: int, h: torch.Tensor, o: torch.Tensor, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Output projection + residual, norm, gated MLP + residual; into `out` when given, which may be
-        `h` itself (a piecewise step's residual stream, updated in place: 16-bit GEMMs accumulate into it,
-        other paths copy their result in)."""
+        `h` itself (a piecewise step's residual stream, updated in place: 16-bit GEMMs accumulate into
+        it, quantized ones add their product to it, GEMVs copy their result in)."""
         layer = self.layers[i]
         norm = layer.post_attention_layernorm
         o = o.reshape(h.shape[0], -1)
@@ -247,13 +247,17 @@ class FusedLayers:
         self, x: torch.Tensor, w: Any, residual: torch.Tensor, into: torch.Tensor | None = None
     ) -> torch.Tensor:
         """``residual + x @ w.T`` with the residual folded into the GEMM (GEMV), written into `into` when
-        given (which may alias `residual`: cuBLAS then accumulates in place). Under tensor parallelism
-        `w` holds this rank's input columns: rank 0 folds the residual into its partial product, the
-        others add zeros, and one all-reduce sums them, so the residual counts exactly once."""
+        given (which may be `residual`: cuBLAS then accumulates in place, a quantized product is added
+        in place). Under tensor parallelism `w` holds this rank's input columns: rank 0 folds the
+        residual into its partial product, the others add zeros, and one all-reduce sums them, so the
+        residual counts exactly once."""
         if self.tp is not None and self.tp.rank != 0:
             residual = torch.zeros_like(residual)
-        gemm = not self._gemv(residual) and not _use_mid_gemm(x, w) and isinstance(w, torch.Tensor)
+        gemm = not self._gemv(residual) and not _use_mid_gemm(x, w)
         if into is not None and gemm and self.tp is None:
+            if not isinstance(w, torch.Tensor):  # the product, then one add into `into`
+                quant_linear(x, w, residual=residual, out=into)
+                return into
             if into is not residual:
                 into.copy_(residual)
             return into.addmm_(x, w.t())
@@ -261,7 +265,7 @@ class FusedLayers:
             out = gemv_residual(x.contiguous(), w, residual)
         elif _use_mid_gemm(x, w):
             out = mid_gemm(x, w, residual=residual)
-        elif gemm:
+        elif isinstance(w, torch.Tensor):
             out = torch.addmm(residual, x, w.t())
         else:
             out = quant_linear(x, w, residual=residual)

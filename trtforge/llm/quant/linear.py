@@ -33,7 +33,11 @@ from trtforge.kernels.qweight import (
 
 
 def _scaled_mm(
-    x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None, residual: torch.Tensor | None
+    x: torch.Tensor,
+    w: Fp8Weight,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    into: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """W8A8 on the FP8 tensor cores (+ `residual`): per-token activation scales (one Triton kernel, rows
     padded to the 16 cuBLASLt's FP8 GEMMs take), per-channel weight scales; on Hopper up to
@@ -58,7 +62,8 @@ def _scaled_mm(
         if fp8_mid_wins(m, w.data.shape[0], num_sms(x.device)):
             fold = FP8_MID_FOLD_RESIDUAL and residual is not None and bias is None
             if fold and residual.dtype == x.dtype == kind:  # the residual joins the FP32 sum: done
-                return mid_gemm_fp8(xq[:m], sx[:m], w.data, w.scale, residual=residual, out_dtype=kind)
+                out = mid_gemm_fp8(xq[:m], sx[:m], w.data, w.scale, residual=residual, out_dtype=kind)
+                return out if into is None else into.copy_(out)
             out = mid_gemm_fp8(xq[:m], sx[:m], w.data, w.scale, bias, out_dtype=kind)
     if out is None:
         out = torch._scaled_mm(
@@ -71,7 +76,15 @@ def _scaled_mm(
         )[:m].to(x.dtype)
         out = out if bias is None else out + bias
     out = out.to(x.dtype)  # (a bias of another dtype promoted the sum)
-    return out if residual is None else residual + out
+    return _add_into(residual, out, into)
+
+
+def _add_into(residual: torch.Tensor | None, out: torch.Tensor, into: torch.Tensor | None) -> torch.Tensor:
+    """``residual + out`` (just `out` without a residual), written into `into` where given; `into` may
+    be `residual` itself, which then takes the sum in place."""
+    if residual is None:
+        return out if into is None else into.copy_(out)
+    return residual + out if into is None else torch.add(residual, out, out=into)
 
 
 FP8_WEIGHT_ONLY_MAX_TOKENS = 1  # FP8 runs W8A16 (the GEMV) up to this many tokens, W8A8 above
@@ -110,33 +123,36 @@ def quant_linear(
     w: QuantWeight,
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``linear(x, w, bias)`` for quantized `w` ``[N, K]`` and `x` ``[..., K]``, in `x`'s dtype, plus
     `residual` (``[..., N]``, x's dtype) where given: added to the rounded product, or, on the FP8
-    mid-sized GEMM with :data:`FP8_MID_FOLD_RESIDUAL`, to its FP32 sum before the one rounding."""
+    mid-sized GEMM with :data:`FP8_MID_FOLD_RESIDUAL`, to its FP32 sum before the one rounding. `out`
+    (contiguous, ``[..., N]``) receives the result where given and may be `residual` itself (a
+    piecewise step's residual stream, summed in place)."""
     lead, k = x.shape[:-1], int(x.shape[-1])
     x2 = x.reshape(-1, k)
     m = int(x2.shape[0])
     r2 = None if residual is None else residual.reshape(m, w.shape[0])
+    o2 = None if out is None else out.view(m, w.shape[0])
     if x2.device.type == "cuda":
         if m == 0:
-            out = x2.new_zeros((0, w.shape[0]))
+            y = x2.new_zeros((0, w.shape[0]))
         elif m <= weight_only_max_tokens(w):
             from trtforge.kernels.gemv import gemv
 
-            out = gemv(x2.contiguous(), w, bias)
+            y = gemv(x2.contiguous(), w, bias)
         elif isinstance(w, Fp8Weight):
-            return _scaled_mm(x2, w, bias, r2).reshape(*lead, w.shape[0])
+            return _scaled_mm(x2, w, bias, r2, o2).reshape(*lead, w.shape[0])
         else:
-            out = torch.nn.functional.linear(x2, w.dequantize().to(x2.dtype), bias)
+            y = torch.nn.functional.linear(x2, w.dequantize().to(x2.dtype), bias)
     else:
         if isinstance(w, Fp8Weight) and m > FP8_WEIGHT_ONLY_MAX_TOKENS:
-            out = fp8_linear_reference(x2, w)
+            y = fp8_linear_reference(x2, w)
         else:  # weight-only: what the GEMV computes
-            out = x2.float() @ w.dequantize().t()
-        out = (out if bias is None else out + bias.float()).to(x.dtype)
-    out = out if r2 is None else r2 + out
-    return out.reshape(*lead, w.shape[0])
+            y = x2.float() @ w.dequantize().t()
+        y = (y if bias is None else y + bias.float()).to(x.dtype)
+    return _add_into(r2, y, o2).reshape(*lead, w.shape[0])
 
 
 class QuantLinear(nn.Module):
