@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.trtforge-installed
 DEMO_DIR ?= build/demo
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-gpu gpu-wheels gpu-carry lint clean
+.PHONY: venv demo test test-gpu gpu-wheels gpu-carry old-tree lint clean
 
 venv: $(STAMP)
 
@@ -62,6 +62,15 @@ gpu-carry:
 	@mkdir -p .git/info && grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 	rm -rf .gpu/models.tmp && mkdir -p .gpu && cp -r $(SHARED_MODELS) .gpu/models.tmp
 	rm -f .gpu/models.tmp/*.py && rm -rf .gpu/models && mv .gpu/models.tmp .gpu/models
+
+# A previous revision's package for a same-call A/B on the device (issue #29's no-regression check):
+# `make old-tree REV=abc123` puts REV's trtforge/ in the git-excluded .old; carry ".old" too, and there
+# `with_old python3 benchmarks/...` (benchmarks/device_env.sh) runs the old package.
+REV ?= HEAD~1
+old-tree:
+	@mkdir -p .git/info && grep -qx '/.old/' .git/info/exclude 2>/dev/null || echo '/.old/' >> .git/info/exclude
+	rm -rf .old.tmp && mkdir -p .old.tmp && git archive $(REV) trtforge | tar -x -C .old.tmp
+	git rev-parse $(REV) > .old.tmp/REV && rm -rf .old && mv .old.tmp .old
 
 test-gpu:
 	@if ls .whl/*.whl >/dev/null 2>&1; then \

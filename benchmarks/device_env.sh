@@ -1,8 +1,11 @@
 # Source at the start of a device-tool command (bash): `source benchmarks/device_env.sh; make test-gpu ...`
 # with carry [".gpu", ".whl"] (made here by `make gpu-wheels gpu-carry`). It installs the carried wheels into
 # /tmp/site, puts this checkout and them on PYTHONPATH, copies the carried trained models to ../shared/models
-# (where the tests and benchmarks look), unbuffers Python's output, and defines `el`, which prints its
-# arguments after the seconds since sourcing (so a command cut at its time limit still says how far it got).
+# where there is none (where the tests and benchmarks look), unbuffers Python's output, and defines `el`,
+# which prints its arguments after the seconds since sourcing (a command cut at its time limit still says
+# how far it got),
+# and `with_old CMD...`, which runs CMD on the previous revision's package carried in .old (`make old-tree`;
+# run scripts by path: `python3 -m` and `-c` put the current directory, this checkout, first).
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -10,9 +13,14 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 if [ -d .gpu/models ]; then
-  mkdir -p ../shared && rm -rf ../shared/models && cp -r .gpu/models ../shared/models
+  # never over an existing ../shared/models (a development checkout's own, which holds more than the carry)
+  if [ ! -e ../shared/models ]; then mkdir -p ../shared && cp -r .gpu/models ../shared/models; fi
 else
   echo "device_env: no .gpu/models carried: the trained-model tests will skip"
 fi
 DEVICE_ENV_T0=$(date +%s)
 el() { echo "[+$(( $(date +%s) - DEVICE_ENV_T0 ))s] $*"; }
+with_old() {
+  if [ ! -f .old/REV ]; then echo "with_old: no .old carried (make old-tree REV=..., carry .old)" >&2; return 2; fi
+  PYTHONPATH="$PWD/.old:$PYTHONPATH" "$@"
+}
