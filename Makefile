@@ -64,13 +64,13 @@ gpu-carry:
 	rm -f .gpu/models.tmp/*.py && rm -rf .gpu/models && mv .gpu/models.tmp .gpu/models
 
 # A previous revision's package for a same-call A/B on the device (issue #29's no-regression check):
-# `make old-tree REV=abc123` puts REV's trtforge/ in the git-excluded .old; carry ".old" too, and there
-# `with_old python3 benchmarks/...` (benchmarks/device_env.sh) runs the old package.
-REV ?= HEAD~1
+# `make old-tree OLD_REV=abc123` puts that revision's trtforge/ in the git-excluded .old; carry ".old"
+# too, and there `with_old python3 benchmarks/...` (benchmarks/device_env.sh) runs the old package.
+OLD_REV ?= HEAD~1
 old-tree:
 	@mkdir -p .git/info && grep -qx '/.old/' .git/info/exclude 2>/dev/null || echo '/.old/' >> .git/info/exclude
-	rm -rf .old.tmp && mkdir -p .old.tmp && git archive $(REV) trtforge | tar -x -C .old.tmp
-	git rev-parse $(REV) > .old.tmp/REV && rm -rf .old && mv .old.tmp .old
+	rm -rf .old.tmp && mkdir -p .old.tmp && git archive $(OLD_REV) trtforge | tar -x -C .old.tmp
+	git rev-parse $(OLD_REV) > .old.tmp/REV && rm -rf .old && mv .old.tmp .old
 
 test-gpu:
 	@if ls .whl/*.whl >/dev/null 2>&1; then \

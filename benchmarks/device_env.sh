@@ -21,6 +21,6 @@ fi
 DEVICE_ENV_T0=$(date +%s)
 el() { echo "[+$(( $(date +%s) - DEVICE_ENV_T0 ))s] $*"; }
 with_old() {
-  if [ ! -f .old/REV ]; then echo "with_old: no .old carried (make old-tree REV=..., carry .old)" >&2; return 2; fi
+  if [ ! -f .old/REV ]; then echo "with_old: no .old carried (make old-tree OLD_REV=..., carry .old)" >&2; return 2; fi
   PYTHONPATH="$PWD/.old:$PYTHONPATH" "$@"
 }

@@ -253,18 +253,17 @@ class FusedLayers:
         residual counts exactly once."""
         if self.tp is not None and self.tp.rank != 0:
             residual = torch.zeros_like(residual)
-        gemm = not self._gemv(residual) and not _use_mid_gemm(x, w)
-        if into is not None and gemm and self.tp is None:
-            if not isinstance(w, torch.Tensor):  # the product, then one add into `into`
-                quant_linear(x, w, residual=residual, out=into)
-                return into
-            if into is not residual:
-                into.copy_(residual)
-            return into.addmm_(x, w.t())
         if self._gemv(residual):
             out = gemv_residual(x.contiguous(), w, residual)
         elif _use_mid_gemm(x, w):
             out = mid_gemm(x, w, residual=residual)
+        elif into is not None and self.tp is None:  # in place: no result tensor to copy in
+            if not isinstance(w, torch.Tensor):
+                quant_linear(x, w, residual=residual, out=into)  # the product, then one add into `into`
+                return into
+            if into is not residual:
+                into.copy_(residual)
+            return into.addmm_(x, w.t())
         elif isinstance(w, torch.Tensor):
             out = torch.addmm(residual, x, w.t())
         else:
