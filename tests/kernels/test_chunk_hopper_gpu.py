@@ -75,11 +75,13 @@ def test_the_offset_and_groups_leave_the_default_launch_unchanged():
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16-pool", "fp8-pool"])
 @pytest.mark.parametrize("page", [16, 64])
-def test_serving_launch_matches_the_varlen_kernel(page):
+def test_serving_launch_matches_the_varlen_kernel(page, fp8):
     """prepare_chunked_prefill_hopper over chunks of a flat [T, Hq, D] query (a fresh one, one after
     its cached keys, one ragged against the page) with their blocks scattered in the pool, against
-    the varlen kernel on the same pool; rows outside the chunks stay untouched."""
+    the varlen kernel on the same pool; rows outside the chunks stay untouched. FP8 pools (E4M3 codes
+    with a K and a V scale, as served) are gathered widened to BF16 and give the varlen kernel's output."""
     from trtforge.kernels.chunked_prefill import (
         hopper_chunks_eligible,
         prepare_chunked_prefill_hopper,
@@ -101,6 +103,12 @@ def test_serving_launch_matches_the_varlen_kernel(page):
     table = torch.stack([torch.cat([t, t.new_zeros(width - len(t))]) for t in tables]).int().cuda()
     k_pool = torch.randn(nblocks, page, hkv, d, generator=gen).bfloat16().cuda()
     v_pool = torch.randn(nblocks, page, hkv, d, generator=gen).bfloat16().cuda()
+    k_scale, v_scale = (0.05, 0.02) if fp8 else (1.0, 1.0)
+    if fp8:  # codes of k / k_scale and v / v_scale, as the cache writes store them
+        from trtforge.kernels.kv_quant import FP8_KV_DTYPE
+
+        k_pool = (k_pool.float() / k_scale).to(FP8_KV_DTYPE)
+        v_pool = (v_pool.float() / v_scale).to(FP8_KV_DTYPE)
     t = spans[-1][0] + spans[-1][1] + 5  # 5 rows (decode rows, say) belong to no chunk
     qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).bfloat16().cuda()
     q = qkv[:, : hq * d].view(t, hq, d)  # the projection's view, rows (hq + 2 hkv) * d apart
@@ -108,13 +116,13 @@ def test_serving_launch_matches_the_varlen_kernel(page):
     starts, lens_q, ctx = (torch.tensor(x, dtype=torch.int32, device="cuda") for x in zip(*spans))
     want = torch.zeros(t, hq, d, dtype=torch.bfloat16, device="cuda")
     prepare_chunked_prefill_varlen(q, k_pool, v_pool, ctx, table, starts, lens_q, 962, out=want)(
-        q, k_pool, v_pool, want, d**-0.5
+        q, k_pool, v_pool, want, d**-0.5 * k_scale, v_scale
     )
     pages = torch.cat(tables).int().cuda()
     got = torch.zeros_like(want)
     launch = prepare_chunked_prefill_hopper(q, k_pool, v_pool, spans, pages)
     for _ in range(2):  # a second layer's call reuses the gather scratch
-        launch(q, k_pool, v_pool, got, d**-0.5)
+        launch(q, k_pool, v_pool, got, d**-0.5 * k_scale, v_scale)
     torch.cuda.synchronize()
     torch.testing.assert_close(got.float(), want.float(), atol=1.6e-2, rtol=1.6e-2)
     assert not got[-5:].any()

@@ -666,3 +666,8 @@ def test_the_hopper_chunk_launch_refuses_what_it_cannot_run():
         prepare_chunked_prefill_hopper(q, k, k, spans, pages, scratch=(k[:8], k[:8]))
     with pytest.raises(ValueError, match="share one"):
         prepare_chunked_prefill_hopper(q, k, k[:, :8], spans, pages)
+    # FP8 pools are gathered widened to the query's type: scratch of FP8 codes cannot take them
+    fp8 = k.to(torch.float8_e4m3fn)
+    prepare_chunked_prefill_hopper(q, fp8, fp8, spans, pages, scratch=(k, k))
+    with pytest.raises(ValueError, match="cannot hold 32 blocks of torch.bfloat16"):
+        prepare_chunked_prefill_hopper(q, fp8, fp8, spans, pages, scratch=(fp8, fp8))

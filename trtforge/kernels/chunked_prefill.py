@@ -31,6 +31,7 @@ from trtforge.kernels import interpreting
 from trtforge.kernels.configs import HopperConfig, chunk_prefill_config
 from trtforge.kernels.decode_attention import _attend_tiles, _check, fp16_products, fp16_query
 from trtforge.kernels.device_tensor import pool_heads_major
+from trtforge.kernels.kv_quant import FP8_KV_DTYPE
 from trtforge.kernels.prepared_launch import Operand, PreparedLaunch, arg_index
 
 __all__ = ["chunked_prefill_attention", "chunked_prefill_varlen", "prepare_chunked_prefill_varlen"]
@@ -348,6 +349,10 @@ HOPPER_CHUNK_MIN_TOKENS = 256
 # ... while a step's long chunks see at most this many keys in all: their K/V are gathered into scratch
 # (at 8 kv heads of 128 BF16 channels, 32 K keys are 128 MB), so longer contexts stay on the varlen kernel.
 HOPPER_CHUNK_MAX_KEYS = 32768
+# FP8 pools too: the long chunks' blocks are gathered widened to the query's type (E4M3 codes are exact
+# in BF16 and FP16; V times its scale, K's scale rides in the softmax scale), then the same kernel runs.
+# False keeps them on the varlen kernel (a benchmark's A/B; read when a step's launches are prepared).
+FP8_HOPPER_CHUNKS = True
 
 
 def hopper_chunks_eligible(
@@ -355,13 +360,15 @@ def hopper_chunks_eligible(
 ) -> bool:
     """Whether a step's long prompt chunks can run the warp-specialized Hopper flash-attention kernel
     (:mod:`trtforge.kernels.flash_attention_hopper`) over their gathered K/V: no sliding window, pools
-    of the query's 16-bit type, and what the flash-attention dispatch asks of the kernel (an sm_90 GPU,
-    its proven Triton release, head dim 64 or 128, tensors the copy engine can address)."""
+    of the query's 16-bit type or FP8 (gathered widened to it: :data:`FP8_HOPPER_CHUNKS`), and what the
+    flash-attention dispatch asks of the kernel (an sm_90 GPU, its proven Triton release, head dim 64 or
+    128, tensors the copy engine can address)."""
     from trtforge.kernels.flash_attention import _hopper_eligible
 
-    if window is not None or not q.is_cuda or k_pool.dtype != q.dtype:
+    fp8 = k_pool.dtype == FP8_KV_DTYPE and FP8_HOPPER_CHUNKS
+    if window is not None or not q.is_cuda or not (k_pool.dtype == q.dtype or fp8):
         return False
-    return _hopper_eligible(q, k_pool, k_pool, q if out is None else out, None)
+    return _hopper_eligible(q, q if fp8 else k_pool, q if fp8 else k_pool, q if out is None else out, None)
 
 
 def prepare_chunked_prefill_hopper(
@@ -380,7 +387,9 @@ def prepare_chunked_prefill_hopper(
     to the last keys (causal, bottom-right) and its query heads grouped over the kv heads. Why: the
     varlen kernel's ``tl`` tile loop holds chunk attention at ~270-290 TFLOP/s; the warp-specialized
     kernel overlaps its softmax with the tensor cores (1.2-1.7x on serving's chunks, H200). `scratch`:
-    two [>= pages, page, Hkv, D] buffers to gather into (a caller's, kept across steps), else new ones."""
+    two [>= pages, page, Hkv, D] buffers to gather into (a caller's, kept across steps), else new ones.
+    FP8 pools (``launch(q, k_pool, v_pool, out, scale * k_scale, v_scale)``): the scratch has q's dtype;
+    K's codes are widened into it exactly, V's widened and times `v_scale`."""
     from trtforge.kernels import flash_attention_hopper as fh
     from trtforge.kernels.configs import CHUNK_HOPPER_CONFIG
 
@@ -397,13 +406,13 @@ def prepare_chunked_prefill_hopper(
     need = sum(-(-ctx // page) for _, _, ctx in chunks)
     if need != n_pages or any(ql < 1 or ctx < ql for _, ql, ctx in chunks):
         raise ValueError(f"chunks {chunks} need {need} pages of {page} keys; got {n_pages}")
+    fp8 = k_pool.dtype == FP8_KV_DTYPE
+    kind = q.dtype if fp8 else k_pool.dtype
     if scratch is None:
-        scratch = (k_pool.new_empty((n_pages, page, hkv, d)), v_pool.new_empty((n_pages, page, hkv, d)))
+        scratch = tuple(q.new_empty((n_pages, page, hkv, d), dtype=kind) for _ in range(2))
     for s in scratch:
-        if s.dtype != k_pool.dtype or tuple(s.shape[1:]) != (page, hkv, d) or int(s.shape[0]) < n_pages:
-            raise ValueError(
-                f"scratch {s.dtype} {tuple(s.shape)} cannot hold {n_pages} blocks of {k_pool.dtype} K/V"
-            )
+        if s.dtype != kind or tuple(s.shape[1:]) != (page, hkv, d) or int(s.shape[0]) < n_pages:
+            raise ValueError(f"scratch {s.dtype} {tuple(s.shape)} cannot hold {n_pages} blocks of {kind} K/V")
         if not s.is_contiguous():
             raise ValueError("scratch must be contiguous")
     scratch = (scratch[0][:n_pages], scratch[1][:n_pages])
@@ -414,9 +423,15 @@ def prepare_chunked_prefill_hopper(
         views.append((start, ql, ctx - ql, k, v))
         p0 += n
 
-    def launch(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, out: torch.Tensor, scale: float, *_):
-        torch.index_select(kp, 0, pages, out=scratch[0])
-        torch.index_select(vp, 0, pages, out=scratch[1])
+    def launch(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, out: torch.Tensor, scale: float, *rest):
+        if fp8:  # widened into q's dtype (exact); V's scale applied here, K's rides in `scale`
+            scratch[0].copy_(kp.view(torch.uint8).index_select(0, pages).view(kp.dtype))
+            scratch[1].copy_(vp.view(torch.uint8).index_select(0, pages).view(vp.dtype))
+            if rest and float(rest[0]) != 1.0:
+                scratch[1].mul_(float(rest[0]))
+        else:
+            torch.index_select(kp, 0, pages, out=scratch[0])
+            torch.index_select(vp, 0, pages, out=scratch[1])
         for start, ql, offset, kc, vc in views:
             qc = q[start : start + ql].permute(1, 0, 2)[None]
             oc = out[start : start + ql].permute(1, 0, 2)[None]
