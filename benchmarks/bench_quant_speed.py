@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import gc
 import json
+import statistics
 import sys
 import time
 import traceback
@@ -274,6 +275,90 @@ def _int4_mma_setting(text: str) -> str:
     return text
 
 
+def parse_setting(text: str) -> dict[tuple[str, str], object]:
+    """--ab's value: ``base`` (nothing changed) or ``module.NAME=value`` assignments joined by ``+``, each a
+    module of ``trtforge.kernels`` and one of its upper-case settings; the value a Python literal."""
+    import ast
+    import importlib
+
+    if text == "base":
+        return {}
+    out: dict[tuple[str, str], object] = {}
+    for part in text.split("+"):
+        target, eq, value = part.partition("=")
+        mod, dot, name = target.strip().rpartition(".")
+        if not (eq and dot and name.isupper()):
+            raise argparse.ArgumentTypeError(
+                f"--ab takes base or module.NAME=value joined by '+', not {part!r}"
+            )
+        module = importlib.import_module(f"trtforge.kernels.{mod}")
+        if not hasattr(module, name):
+            raise argparse.ArgumentTypeError(f"trtforge.kernels.{mod} has no setting {name}")
+        out[(f"trtforge.kernels.{mod}", name)] = ast.literal_eval(value.strip())
+    return out
+
+
+@contextlib.contextmanager
+def applied(setting: dict[tuple[str, str], object]):
+    """Module settings of `setting` (:func:`parse_setting`) in force inside the block, restored after."""
+    import importlib
+
+    old = {key: getattr(importlib.import_module(key[0]), key[1]) for key in setting}
+    try:
+        for (mod, name), value in setting.items():
+            setattr(importlib.import_module(mod), name, value)
+        yield
+    finally:
+        for (mod, name), value in old.items():
+            setattr(importlib.import_module(mod), name, value)
+
+
+def single_ab(quick: bool, layers: int, variants: list[str], ab: list[str], rounds: int) -> dict:
+    """Single-stream ms/token of each variant under each --ab setting, alternating the settings for
+    `rounds` rounds on one model (graphs captured again at each run); per setting the median of its
+    rounds and its ratio to the first setting's, and each setting's median ratio to BF16's."""
+    from bench_serving import single_stream
+
+    prompt = torch.randint(
+        3, SHAPE["vocab_size"], (512,), generator=torch.Generator().manual_seed(0)
+    ).tolist()
+    olen = 128 if quick else 256
+    if DEVICE == "cpu":
+        prompt, olen = prompt[:32], 8
+    parsed = {text: parse_setting(text) for text in ab}
+    out: dict = {"prompt_tokens": len(prompt), "output_tokens": olen, "settings": ab, "rounds": rounds}
+    for method in variants:
+        runs: dict[str, list[float]] = {text: [] for text in ab}
+        with dispatch(method):
+            model = variant(method, layers)
+            for r in range(rounds):
+                for text in ab:
+                    with applied(parsed[text]):
+                        res = single_stream(model, prompt, olen, graphs=True)
+                    runs[text].append(res["itl_ms_mean"])
+                    print(
+                        f"single stream {method} [{text}] round {r}: {res['itl_ms_mean']:.4f} ms/token",
+                        flush=True,
+                    )
+        med = {text: statistics.median(v) for text, v in runs.items()}
+        out[method] = {
+            "ms_per_token": runs,
+            "median": med,
+            "over_first": {t: med[t] / med[ab[0]] for t in ab},
+        }
+        del model
+        gc.collect()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    if "bf16" in out:
+        out["ratio_to_bf16"] = {
+            f"{m} [{t}]": out[m]["median"][t] / out["bf16"]["median"][t]
+            for m in variants if m != "bf16" for t in ab
+        }  # fmt: skip
+        print("ratio to bf16, same setting:", json.dumps(out["ratio_to_bf16"], indent=1), flush=True)
+    return out
+
+
 def single_part(
     quick: bool,
     layers: int,
@@ -480,9 +565,21 @@ def main() -> None:
         "default) or torch.argmax (off); 'on off' times each variant both ways, the first named is the "
         "figure",
     )
+    ap.add_argument(
+        "--ab",
+        nargs="+",
+        default=None,
+        metavar="SETTING",
+        help="single stream instead of the knobs above: each variant under each SETTING (base, or "
+        "module.NAME=value of trtforge.kernels joined by '+', e.g. decode_attention.PDL_EARLY_DEPENDENTS=True"
+        "+gemv.EARLY_BYTES=128), alternating for --ab-rounds rounds on one model; medians and ratios",
+    )
+    ap.add_argument("--ab-rounds", type=int, default=3, help="rounds of --ab (default 3)")
     ap.add_argument("--tiny", action="store_true", help="check the script on a CPU (tiny model)")
     args = ap.parse_args()
     global DEVICE, SHAPE
+    for text in args.ab or []:
+        parse_setting(text)  # a bad --ab ends the run before the model is built
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -506,14 +603,18 @@ def main() -> None:
     }
     parts = {
         "kernels": lambda: kernels_part(args.quick),
-        "single": lambda: single_part(
-            args.quick,
-            args.layers,
-            variants,
-            tuple(args.fp8_gemv_reduce),
-            tuple(args.int4_mma),
-            args.profile,
-            tuple(args.fast_argmax),
+        "single": lambda: (
+            single_ab(args.quick, args.layers, variants, args.ab, args.ab_rounds)
+            if args.ab
+            else single_part(
+                args.quick,
+                args.layers,
+                variants,
+                tuple(args.fp8_gemv_reduce),
+                tuple(args.int4_mma),
+                args.profile,
+                tuple(args.fast_argmax),
+            )
         ),
         "serving": lambda: serving_part(args.quick, args.layers, variants),
     }

@@ -163,6 +163,14 @@ def main() -> None:
         default=None,
         help="fold o's and down's residual add into that GEMM's epilogue (FP8_MID_FOLD_RESIDUAL)",
     )
+    ap.add_argument(
+        "--decode-rows",
+        nargs="+",
+        default=None,
+        metavar="ROWS@KEYS",
+        help="decode-only steps of these rows at this context each, e.g. 751@1152 (128/2048's FP8 steps), "
+        "instead of the built-in layouts",
+    )
     ap.add_argument("--tiny", action="store_true", help="small model on the CPU (checks the script only)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -186,6 +194,11 @@ def main() -> None:
     layouts = ([] if args.only_decode else LAYOUTS) + (
         DECODE_LAYOUTS if args.decode or args.only_decode else []
     )
+    if args.decode_rows:
+        try:
+            layouts = [(int(r), int(c), ()) for r, _, c in (t.partition("@") for t in args.decode_rows)]
+        except ValueError:
+            raise SystemExit(f"--decode-rows takes ROWS@KEYS (e.g. 751@1152): {args.decode_rows}") from None
     if args.tiny:
         layouts = [(min(d, 4), min(c, 40), tuple(min(x, 32) for x in ch)) for d, c, ch in layouts]
     block = 16
@@ -194,7 +207,7 @@ def main() -> None:
         "num_blocks": needed + 8,
         "block_size": block,
         "max_graph_tokens": 4096,
-        "max_decode_batch": 256,
+        "max_decode_batch": max(256, max(d for d, _, _ in layouts)),
         "kv_cache_dtype": args.kv_cache_dtype,
     }
     served = TorchExecutor(model, static_decode=True, **kwargs)
