@@ -313,18 +313,25 @@ def applied(setting: dict[tuple[str, str], object]):
             setattr(importlib.import_module(mod), name, value)
 
 
-def single_ab(quick: bool, layers: int, variants: list[str], ab: list[str], rounds: int) -> dict:
-    """Single-stream ms/token of each variant under each --ab setting, alternating the settings for
-    `rounds` rounds on one model (graphs captured again at each run); per setting the median of its
-    rounds and its ratio to the first setting's, and each setting's median ratio to BF16's."""
-    from bench_serving import single_stream
-
+def single_workload(quick: bool) -> tuple[list[int], int]:
+    """The single-stream request: a 512-token random prompt (fixed seed) and 256 output tokens (128
+    quick); on the CPU (--tiny) 32 and 8."""
     prompt = torch.randint(
         3, SHAPE["vocab_size"], (512,), generator=torch.Generator().manual_seed(0)
     ).tolist()
     olen = 128 if quick else 256
     if DEVICE == "cpu":
         prompt, olen = prompt[:32], 8
+    return prompt, olen
+
+
+def single_ab(quick: bool, layers: int, variants: list[str], ab: list[str], rounds: int) -> dict:
+    """Single-stream ms/token of each variant under each --ab setting, alternating the settings for
+    `rounds` rounds on one model (graphs captured again at each run); per setting the median of its
+    rounds and its ratio to the first setting's, and each setting's median ratio to BF16's."""
+    from bench_serving import single_stream
+
+    prompt, olen = single_workload(quick)
     parsed = {text: parse_setting(text) for text in ab}
     out: dict = {"prompt_tokens": len(prompt), "output_tokens": olen, "settings": ab, "rounds": rounds}
     for method in variants:
@@ -386,12 +393,7 @@ def single_part(
     early_default, gated_maxnreg = int4_mma_mod.EARLY_WEIGHTS, int4_mma_mod.GATED_MAXNREG
     first_default, one_pass_default = int4_mma_mod.FIRST_LOADS_EARLY, int4_mma_mod.ONE_PASS_NORM
 
-    prompt = torch.randint(
-        3, SHAPE["vocab_size"], (512,), generator=torch.Generator().manual_seed(0)
-    ).tolist()
-    olen = 128 if quick else 256
-    if DEVICE == "cpu":
-        prompt, olen = prompt[:32], 8
+    prompt, olen = single_workload(quick)
     out: dict = {"prompt_tokens": len(prompt), "output_tokens": olen}
     for method in variants:
         with dispatch(method):
@@ -578,8 +580,11 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="check the script on a CPU (tiny model)")
     args = ap.parse_args()
     global DEVICE, SHAPE
-    for text in args.ab or []:
-        parse_setting(text)  # a bad --ab ends the run before the model is built
+    for text in args.ab or []:  # a bad --ab ends the run before the model is built
+        try:
+            parse_setting(text)
+        except (argparse.ArgumentTypeError, ImportError, ValueError, SyntaxError) as e:
+            ap.error(f"--ab {text!r}: {e}")
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
