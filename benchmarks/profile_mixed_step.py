@@ -47,7 +47,7 @@ DECODE_LAYOUTS = [(1, 1000, ()), (64, 600, ()), (256, 1000, ()), (241, 190, ())]
 CATEGORIES = (
     ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "xmma", "gemv", "skinny")),
     ("fp8 quantize", ("quant_rows",)),
-    ("prompt attention", ("chunked_prefill",)),
+    ("prompt attention", ("chunked_prefill", "attn_fwd_ws")),  # the varlen and the Hopper chunk kernel
     ("decode attention", ("decode_split", "decode_reduce")),
     ("norm / rotary / cache / silu", ("rms", "rope", "silu", "norm", "cache", "fused")),
     ("copies", ("copy", "memcpy", "memset", "fill", "index", "gather", "scatter", "cat")),
@@ -198,7 +198,7 @@ def main() -> None:
         try:
             layouts = [(int(r), int(c), ()) for r, _, c in (t.partition("@") for t in args.decode_rows)]
         except ValueError:
-            raise SystemExit(f"--decode-rows takes ROWS@KEYS (e.g. 751@1152): {args.decode_rows}") from None
+            ap.error(f"--decode-rows takes ROWS@KEYS (e.g. 751@1152): {args.decode_rows}")
     if args.tiny:
         layouts = [(min(d, 4), min(c, 40), tuple(min(x, 32) for x in ch)) for d, c, ch in layouts]
     block = 16

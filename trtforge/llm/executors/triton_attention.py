@@ -411,8 +411,7 @@ class TritonPagedAttention:
             launches = self._prepare_side(plan, q, k_pool, v_pool, out, window, hopper)
         if hopper:  # last, run on the current stream: its gather scratch is that stream's
             spans, pages = plan.long_chunks
-            kind = k_pool.dtype if k_pool.dtype == q.dtype else q.dtype  # FP8 pools: gathered widened
-            scratch = self._gather_scratch(k_pool, int(pages.shape[0]), kind)
+            scratch = self._gather_scratch(k_pool, int(pages.shape[0]), q.dtype)  # FP8 pools: widened
             launches.append(prepare_chunked_prefill_hopper(q, k_pool, v_pool, spans, pages, scratch=scratch))
         return tuple(launches)
 
