@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import itertools
 import json
 import math
 import time
@@ -43,6 +44,7 @@ import torch
 
 from benchmarks.bench_decode_attention import _graph_us, _pool
 from benchmarks.bench_http import build_model
+from benchmarks.bench_quant_speed import applied, parse_setting
 from benchmarks.bench_serving import run_engine, workload
 from trtforge.kernels import decode_attention as da
 from trtforge.kernels.decode_attention import decode_attention
@@ -140,11 +142,15 @@ SWEEP_CONFIGS = [  # (block_n, num_warps, num_stages): FP8 tiles are half the by
 ]  # fmt: skip
 
 
-def serving_sweep(points=SWEEP_POINTS, configs=SWEEP_CONFIGS, pages=(16,), default_only=False) -> dict:
+def serving_sweep(
+    points=SWEEP_POINTS, configs=SWEEP_CONFIGS, pages=(16,), default_only=False, settings=("base",)
+) -> dict:
     """The serving path's fixed launch (``TritonDecodeAttention`` with a given DecodeConfig, split count
-    by the heuristic) over FP8 pools of each block size of `pages` (the same K/V), per (B, L), config and
-    block size, graph-timed; checked against the first one's output (the default config over
-    ``pages[0]``). The best (config, block size) by the geometric mean of its time over that first one's."""
+    by the heuristic) over FP8 pools of each block size of `pages` (the same K/V), per (B, L), config,
+    block size and module setting of `settings` (``bench_quant_speed.parse_setting``'s form, side by
+    side), graph-timed; checked against the first one's output (the default config over ``pages[0]``
+    under ``settings[0]``). The best (config, block size, setting) by the geometric mean of its time
+    over that first one's."""
     from trtforge.kernels.decode_attention import DecodeConfig, _fits, default_decode_config
     from trtforge.llm.executors.triton_attention import TritonDecodeAttention
 
@@ -165,13 +171,14 @@ def serving_sweep(points=SWEEP_POINTS, configs=SWEEP_CONFIGS, pages=(16,), defau
             k16, v16, table = _pool(k, v, page, gen)
             k8, v8 = quantize_fp8(k16, ks), quantize_fp8(v16, vs)
             del k16, v16
-            for cfg in cands:
+            for cfg, setting in itertools.product(cands, settings):
                 attn = TritonDecodeAttention(config=cfg)
                 fn = functools.partial(attn, q, k8, v8, table, lens, D**-0.5, out=out, k_scale=ks, v_scale=vs)
-                got = fn().float().clone()
+                with applied(parse_setting(setting)):
+                    got = fn().float().clone()
+                    us = _graph_us(fn)
                 want = got if want is None else want
-                us = _graph_us(fn)
-                row = {"B": b, "L": length, "page": page,
+                row = {"B": b, "L": length, "page": page, "setting": setting,
                        "config": [cfg.block_n, cfg.num_warps, cfg.num_stages], "us": us,
                        "tb_per_s": 2 * b * HKV * length * D / us / 1e6,
                        "max_diff_vs_default": float((got - want).abs().max())}  # fmt: skip
@@ -181,15 +188,15 @@ def serving_sweep(points=SWEEP_POINTS, configs=SWEEP_CONFIGS, pages=(16,), defau
         del k, v
         gc.collect()
         torch.cuda.empty_cache()
-    first = (tuple(rows[0]["config"]), rows[0]["page"])
-    base = {(r["B"], r["L"]): r["us"] for r in rows if (tuple(r["config"]), r["page"]) == first}
+    first = (tuple(rows[0]["config"]), rows[0]["page"], rows[0]["setting"])
+    base = {(r["B"], r["L"]): r["us"] for r in rows if (tuple(r["config"]), r["page"], r["setting"]) == first}
     score: dict[tuple, list[float]] = {}
     for r in rows:
-        score.setdefault((*r["config"], r["page"]), []).append(r["us"] / base[(r["B"], r["L"])])
+        score.setdefault((*r["config"], r["page"], r["setting"]), []).append(r["us"] / base[(r["B"], r["L"])])
     gmean = {c: math.exp(sum(map(math.log, v)) / len(v)) for c, v in score.items() if len(v) == len(base)}
     best = min(gmean, key=gmean.get)
     print(
-        "(block_n, warps, stages, page) by geometric-mean time over the default's:",
+        "(block_n, warps, stages, page, setting) by geometric-mean time over the default's:",
         {str(c): round(g, 3) for c, g in gmean.items()},
     )
     return {"rows": rows, "gmean_over_default": {str(c): g for c, g in gmean.items()}, "best": list(best)}
@@ -287,12 +294,25 @@ def main() -> None:
         metavar="BLOCK_N,WARPS,STAGES",
         help="--serving-sweep: these candidates beside the default (default: SWEEP_CONFIGS)",
     )
+    ap.add_argument(
+        "--ab",
+        nargs="+",
+        default=["base"],
+        metavar="SETTING",
+        help="--serving-sweep: each launch under each of these module settings of trtforge.kernels, side "
+        "by side (base, or module.NAME=value joined by '+', e.g. decode_attention.FP8_V_PAIRS=False)",
+    )
     ap.add_argument("--budget-gib", type=float, default=64.0, help="pool bytes of the capacity check")
     ap.add_argument("--pool-gib", type=float, default=4.0, help="the serving runs' KV pool")
     ap.add_argument("--requests", type=int, default=192)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=256)
     args = ap.parse_args()
+    for text in args.ab:  # a bad --ab ends the run before any GPU work
+        try:
+            parse_setting(text)
+        except argparse.ArgumentTypeError as e:
+            ap.error(f"--ab {text!r}: {e}")
     if args.quick:
         args.requests, args.output_len = min(args.requests, 64), min(args.output_len, 128)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
@@ -305,8 +325,9 @@ def main() -> None:
         if args.configs:
             configs = [tuple(int(v) for v in c.split(",")) for c in args.configs]
         results["serving_sweep"] = serving_sweep(
-            configs=configs, pages=tuple(args.page_sizes), default_only=args.default_config_only
-        )
+            configs=configs, pages=tuple(args.page_sizes), default_only=args.default_config_only,
+            settings=args.ab,
+        )  # fmt: skip
         failures += [
             f"B={r['B']} L={r['L']} config {r['config']}: differs from the default's output by "
             f"{r['max_diff_vs_default']:.3g}"

@@ -62,14 +62,28 @@ def count_ops(ptx: str) -> dict[str, int]:
     return counts
 
 
+def inline_ops(ptx: str) -> dict[str, int]:
+    """How many times each instruction occurs inside inline-PTX blocks (``{ op ...; op ...; }`` lines,
+    which :func:`count_ops` does not see), with ``prmt.b32`` keyed by its selector too."""
+    counts: dict[str, int] = {}
+    for block in re.findall(r"^\s*\{([^}]*)\}", ptx, flags=re.M):
+        for stmt in block.split(";"):
+            words = stmt.split()
+            if not words or words[0].startswith("."):
+                continue
+            op = words[0] + (" " + words[-1] if words[0] == "prmt.b32" else "")
+            counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
 def compile_facts(
     fn, pointers: dict, ints: dict, consts: dict, num_warps: int, num_stages: int, scalars: dict | None = None
 ) -> dict:
     """Compile the ``@triton.jit`` kernel `fn` for sm_90 as its launcher specializes it: pointers
     (name -> Triton type) 16-byte aligned, the runtime ints divisible by 16 marked so, `consts` as
     constexprs, `scalars` (name -> Triton type, e.g. ``"fp32"``) as given, every other argument an
-    i32. Returns the instruction counts, the number of 16-byte ``cp.async`` copies, the shared memory
-    and :func:`assemble`'s facts."""
+    i32. Returns the instruction counts (outside and inside inline PTX), the number of 16-byte
+    ``cp.async`` copies, the shared memory and :func:`assemble`'s facts."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -85,6 +99,7 @@ def compile_facts(
     ptx = kernel.asm["ptx"]
     return {
         "counts": count_ops(ptx),
+        "inline": inline_ops(ptx),
         "cp_async_16": len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", ptx)),
         "shared": kernel.metadata.shared,
     } | assemble(ptx)

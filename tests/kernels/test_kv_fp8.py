@@ -156,6 +156,68 @@ def test_paged_decode_over_fp8_matches_the_dequantized_reference(device, dtype, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("block_n", "num_warps", "splits", "s_q"), [(64, 4, 2, 1), (128, 2, 1, 1), (128, 4, 3, 3)]
+)
+def test_fp8_v_read_as_16_bit_pairs_matches_v_read_as_bytes(
+    device, monkeypatch, block_n, num_warps, splits, s_q
+):
+    """FP8_V_PAIRS reads V as int16 pairs of adjacent channels and runs P.V as an even-channel and an
+    odd-channel product, interleaved back after the tile loop: a swapped half or a wrong interleave
+    permutes the output's channels, which random V shows. Against the byte reads (the same FP16
+    products) and the FP32 reference over the dequantized pools, over whole and ragged tiles (lengths
+    200, 77, 5 in 16-token pages), several splits and causal verification rows."""
+    from trtforge.kernels import decode_attention as da
+
+    device = _device(device)
+    g = torch.Generator().manual_seed(11)
+    b, hq, hkv, d, s_max, page = 3, 8, 2, 128, 200, 16
+    lens = torch.tensor([200, 77, 5], dtype=torch.int32)
+    q = torch.randn(b, hq, s_q, d, generator=g).bfloat16()
+    k = torch.randn(b, hkv, s_max, d, generator=g).bfloat16()
+    v = torch.randn(b, hkv, s_max, d, generator=g).bfloat16() * torch.linspace(0.5, 2.0, d).bfloat16()
+    ks, vs = 4.0 / 448, 7.0 / 448
+    kq, vq = quantize_fp8(k, ks), quantize_fp8(v, vs)
+    kp, vp, table = _fp8_pools(kq, vq, lens, page, 3)
+    args = [t.to(device) for t in (q, kp, vp, lens, table)]
+    cfg = DecodeConfig(block_n=block_n, num_warps=num_warps, num_stages=2, num_splits=splits)
+    assert da.v_pairs_options(FP8_KV_DTYPE, d, da.pool_heads_major(args[2]))["V_PAIRS"]
+    pairs = decode_attention(*args, config=cfg, k_scale=ks, v_scale=vs).float().cpu()
+    monkeypatch.setattr(da, "FP8_V_PAIRS", False)
+    nbytes = decode_attention(*args, config=cfg, k_scale=ks, v_scale=vs).float().cpu()
+    want = reference_decode(q, dequantize(kq, ks), dequantize(vq, vs), lens)
+    assert (nbytes - want).abs().max() < TOL[torch.bfloat16]
+    assert (pairs - want).abs().max() < TOL[torch.bfloat16]
+    assert (pairs - nbytes).abs().max() < 4e-3
+
+
+def test_fp8_v_pairs_apply_only_where_v_reads_as_pairs(monkeypatch):
+    """V is read as 16-bit pairs only over FP8 pools with FP16 products, a power-of-two head dim whose
+    channels are contiguous and other strides even; the inline-PTX split only outside the interpreter."""
+    from trtforge.kernels import decode_attention as da
+
+    pool = da.pool_heads_major(torch.zeros(8, 16, 2, 128, dtype=FP8_KV_DTYPE))
+    assert da.v_pairs_options(FP8_KV_DTYPE, 128, pool) == {"V_PAIRS": True, "PAIRS_ASM": False}
+    assert not da.v_pairs_options(torch.bfloat16, 128, pool.view(torch.bfloat16)[..., :64])["V_PAIRS"]
+    odd = da.pool_heads_major(torch.zeros(8, 16, 2, 96, dtype=FP8_KV_DTYPE))
+    assert not da.v_pairs_options(FP8_KV_DTYPE, 96, odd)["V_PAIRS"]  # 96 channels: no power of two
+    strided = torch.zeros(8, 2, 16, 256, dtype=FP8_KV_DTYPE)[..., ::2]
+    assert not da.v_pairs_options(FP8_KV_DTYPE, 128, strided)["V_PAIRS"]  # channels 2 bytes apart
+    shifted = torch.zeros(8 * 2 * 16 * 128 + 1, dtype=FP8_KV_DTYPE)[1:].view(8, 2, 16, 128)
+    assert not da.v_pairs_options(FP8_KV_DTYPE, 128, shifted)["V_PAIRS"]  # an odd base address
+    monkeypatch.setattr(da, "FP8_KV_F16", False)
+    assert not da.v_pairs_options(FP8_KV_DTYPE, 128, pool)["V_PAIRS"]  # BF16 products
+    monkeypatch.setattr(da, "FP8_KV_F16", True)
+    monkeypatch.setattr(da, "FP8_V_PAIRS", False)
+    assert not da.v_pairs_options(FP8_KV_DTYPE, 128, pool)["V_PAIRS"]
+    opts = da._split_options(
+        da.FP8_KV_DECODE_CONFIG, 4, 1, 128, 0, True, False, True, 0, False, torch.bfloat16, FP8_KV_DTYPE,
+        {"V_PAIRS": True, "PAIRS_ASM": True},
+    )  # fmt: skip
+    assert not opts["V_PAIRS"] and not opts["PAIRS_ASM"]  # TMA tiles arrive whole, as bytes
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fp8", [True, False])
 def test_paged_decode_reads_pools_stored_in_other_layouts(device, fp8):
     """The kernels index pools by strides, so the same logical [blocks, slot, head, D] pool stored
@@ -308,10 +370,11 @@ def test_llama3_8b_shape_decode_and_prefill_over_fp8_on_the_gpu():
 # ------------------------------------------------------- sm_90 code (compiled here, no GPU needed)
 
 
-def _decode_compile_facts(kv_f16: bool, many_pairs: bool = False) -> dict:
+def _decode_compile_facts(kv_f16: bool, many_pairs: bool = False, v_pairs: bool = False) -> dict:
     """The paged split-KV decode kernel over FP8 pools with a BF16 query, as the serving path launches
     it at the Llama-3-8B shape (GQA 32/8, D 128, 16-token pages), compiled for sm_90; `many_pairs`: the
-    launch for many (sequence, kv head) pairs over long keys."""
+    launch for many (sequence, kv head) pairs over long keys; `v_pairs`: V read as 16-bit pairs (the
+    served form, FP8_V_PAIRS), else as bytes."""
     from tests.kernels._sm90 import compile_facts
     from trtforge.kernels import decode_attention as da
 
@@ -321,8 +384,9 @@ def _decode_compile_facts(kv_f16: bool, many_pairs: bool = False) -> dict:
     da.FP8_KV_F16 = kv_f16
     try:
         opts = da._split_options(
-            cfg, 4, 1, 128, 16, False, False, False, 0, False, torch.bfloat16, FP8_KV_DTYPE
-        )
+            cfg, 4, 1, 128, 16, False, False, False, 0, False, torch.bfloat16, FP8_KV_DTYPE,
+            {"V_PAIRS": v_pairs, "PAIRS_ASM": v_pairs},
+        )  # fmt: skip
     finally:
         da.FP8_KV_F16 = old
     consts = {k: v for k, v in opts.items() if k not in ("num_warps", "num_stages", "launch_pdl")}
@@ -367,20 +431,30 @@ def test_fp8_pools_widen_to_fp16_in_one_conversion_a_pair_on_sm90():
     assert new["ptxas_rc"] == 0 and new["spills"] == [0], new["ptxas"]
 
 
-def test_the_fp8_launch_for_many_pairs_stays_within_its_spill_on_sm90():
-    """Serving's FP8 decode launch for many (sequence, kv head) pairs (2 warps, 128-key tiles) sits at the
-    register file's 255 a thread and spills 32 bytes. On the H200 it is bound by issuing instructions,
-    not by DRAM (Nsight Compute, session 28: 46% issue-active on 2 warps a scheduler, 3.4 TB/s against
-    BF16 pools' 4.3); more spill would add local-memory instructions to exactly that. It fails above 32
-    bytes, as the INT4 kernel's capped form does (a change to the tile loop that raised it to 488 bytes
-    was measured here and dropped)."""
+def test_fp8_v_is_read_as_16_bit_pairs_and_nothing_spills_on_sm90():
+    """Serving's FP8 decode launch for many (sequence, kv head) pairs (2 warps, 128-key tiles). With V read
+    as bytes its P.V operand took 256 one-byte loads from shared memory a tile (two consecutive keys of
+    one channel a register), it sat at the register file's 255 a thread and spilled 32 bytes; on the
+    H200 it was bound by issuing instructions (Nsight Compute, session 28: 46% issue-active, 3.4 TB/s
+    against BF16 pools' 4.3). Read as 16-bit pairs of adjacent channels, V reaches the MMA layout by
+    ``ldmatrix.trans`` with no byte load, each pair of keys splits by a byte permute a half (even
+    channels: selector 0x0020, odd: 0x0031) and one widening, and nothing spills (4.09 TB/s at 256 x
+    2,048 keys on the H200, session 31)."""
     from tests.kernels._sm90 import needs_ptxas, run_in_child
 
     needs_ptxas()
-    facts = run_in_child(f"{__name__}:_decode_compile_facts", True, True)
-    assert facts["ptxas_rc"] == 0, facts["ptxas"]
-    assert max(facts["spills"]) <= 32, facts["ptxas"]
-    assert facts["counts"].get("cvt.rn.f16x2.e4m3x2", 0) > 0, facts["counts"]
+    pairs = run_in_child(f"{__name__}:_decode_compile_facts", True, True, True)
+    nbytes = run_in_child(f"{__name__}:_decode_compile_facts", True, True, False)
+    assert pairs["ptxas_rc"] == 0 and nbytes["ptxas_rc"] == 0, (pairs["ptxas"], nbytes["ptxas"])
+    assert nbytes["counts"].get("ld.shared.b8", 0) >= 256, nbytes["counts"]
+    assert not any(op.startswith("ld.shared") and op.endswith("8") for op in pairs["counts"]), pairs["counts"]
+    trans = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
+    assert pairs["counts"].get(trans, 0) > nbytes["counts"].get(trans, 0), (pairs["counts"], nbytes["counts"])
+    inline = pairs["inline"]
+    assert inline.get("prmt.b32 0x0020", 0) == inline.get("prmt.b32 0x0031", 0) > 0, inline
+    assert inline.get("cvt.rn.f16x2.e4m3x2", 0) == 2 * inline["prmt.b32 0x0020"], inline
+    assert max(pairs["spills"]) == 0, pairs["ptxas"]
+    assert max(nbytes["spills"]) <= 32, nbytes["ptxas"]
 
 
 def _chunked_compile_facts(kv_f16: bool) -> dict:

@@ -340,8 +340,9 @@ def test_decode_tiles_follow_the_keys_a_launch_may_see(monkeypatch):
 
 def test_fp8_pools_take_their_own_decode_launch(monkeypatch):
     """FP8 pools launch 128-key tiles (the bytes of a 64-key BF16 tile), chosen from the pool's dtype
-    wherever the step plans it: on 2 warps for many (sequence, kv head) pairs over more than
-    SHORT_DECODE_KEYS keys (FP8_KV_MANY_PAIRS_DECODE_CONFIG), else on 4 (FP8_KV_DECODE_CONFIG)."""
+    wherever the step plans it: on 2 warps for many (sequence, kv head) pairs at one query a sequence,
+    short contexts included since V is read as 16-bit pairs (FP8_KV_MANY_PAIRS_DECODE_CONFIG), else on 4
+    (FP8_KV_DECODE_CONFIG)."""
     from trtforge.kernels import decode_attention as da
     from trtforge.kernels.kv_quant import FP8_KV_DTYPE
     from trtforge.llm.executors.triton_attention import TritonDecodeAttention
@@ -361,11 +362,11 @@ def test_fp8_pools_take_their_own_decode_launch(monkeypatch):
         tables = torch.zeros(batch, width, dtype=torch.int32)
         return attn.pool_config(batch, fp8, tables, window, torch.device("cpu")).num_warps
 
-    assert da.FP8_KV_TWO_WARPS_MIN_PAIRS == 512 and da.SHORT_DECODE_KEYS == 256
+    assert da.FP8_KV_TWO_WARPS_MIN_PAIRS == 512
     assert warps(64, 17) == 2  # 512 pairs over 272 keys
     assert warps(63, 512) == 4  # 504 pairs: too few
-    assert warps(256, 16) == 4  # 256 keys: short
-    assert warps(256, 64, window=100) == 4  # a window of 100 keys bounds them to 229: short
+    assert warps(256, 16) == 2  # 256 keys: short, still many pairs
+    assert warps(256, 64, window=100) == 2  # a window of 100 keys bounds them to 229
     assert warps(1, 2048) == 4  # one sequence over 32,768 keys
     # verification rows (2..8 queries a sequence) keep 4 warps: on 2 they spill
     tables = torch.zeros(256, 64, dtype=torch.int32)

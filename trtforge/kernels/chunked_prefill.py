@@ -156,22 +156,23 @@ def _chunked_prefill_kernel(
         k_base = K + b * stride_kb + hkv * stride_kh
         v_base = V + b * stride_vb + hkv * stride_vh
     table_base = Table + b * stride_tb
-    # the decode kernel's tile loop with pointer loads (no TMA descriptors: k/v bases stand in)
+    # the decode kernel's tile loop with pointer loads (no TMA descriptors: k/v bases stand in), FP8 V
+    # read as bytes (the decode kernel's 16-bit pairs were not measured here, where a wgmma takes V)
     if WINDOW:
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, lo, head_end, last_key,
             first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-            HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
+            HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True, False, False,
         )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, head_end, full_end, last_key,
         first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, False, False,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, False, False, False, False,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, full_end, hi, last_key,
         first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW, False, False,
     )  # fmt: skip
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc * (v_scale / l_safe)[:, None]  # v_scale: an FP8 pool's V scale (else 1)

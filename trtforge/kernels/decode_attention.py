@@ -32,6 +32,17 @@ clamped to FP16's range (a logit beyond it saturates the softmax either way). ``
 restores the BF16 products (a benchmark's A/B). The chunked-prefill kernel, which shares the tile
 loop, does the same over FP8 pools (:func:`fp16_products`).
 
+FP8 V as 16-bit pairs (:data:`FP8_V_PAIRS`): P.V's B operand wants two consecutive keys of one channel
+in a register, which one-byte codes laid out channels-last give only by byte loads from shared memory
+(256 of them a 128-key tile a thread on 2 warps, and as many byte packs). Read as int16, each element
+holds one key's even and odd channel; 16-bit elements reach the MMA layout by ``ldmatrix.trans``, and two
+of them (consecutive keys) split into an even-channel and an odd-channel FP16 pair by one byte permute
+and one ``cvt.rn.f16x2.e4m3x2`` each (:func:`fp8_pair_halves`). P.V then runs as two products of half
+the width whose columns are the even and the odd channels, interleaved back once after the tile loop.
+On the H200 (benchmarks/bench_kv_fp8.py --serving-sweep --ab, results/kv_fp8_pairs_s31.json) the served
+launch took 263 us at 256 x 2,048 keys (4.09 TB/s) against 310 as bytes, 0.83x geometric mean over six
+served shapes; on sm_90 the 2-warp launch no longer spills.
+
 Contiguous caches that TMA can read (``DecodeConfig.tma``) load their whole tiles through tensor
 descriptors of the ``[B·Hkv·S_max, D]`` view; ragged and causal-tail tiles keep masked pointer loads.
 
@@ -80,6 +91,7 @@ MAX_HEAD_DIM = 256
 MAX_SPLITS = 256
 MIN_SPLIT_TOKENS = 256  # fewer keys per split than this costs more in the reduction than it gains
 FP8_KV_F16 = True  # FP8 pools: products in FP16 (module docstring); False: in the query's type
+FP8_V_PAIRS = True  # FP8 V read as 16-bit pairs of adjacent channels (module docstring); False: as bytes
 
 
 @dataclass(frozen=True)
@@ -103,15 +115,14 @@ class DecodeConfig:
 # 0.65x the BF16 default's time (geometric mean): 256 x 1,024 keys 175 us (3.06 TB/s of FP8 bytes)
 # against 271, 241 x 256 54 against 82, 64 x 8,192 324 against 521 (3.32 TB/s), 1 x 32,768 32 against 41.
 FP8_KV_DECODE_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2)
-# ... and, over more than SHORT_DECODE_KEYS keys with at least FP8_KV_TWO_WARPS_MIN_PAIRS (sequence, kv
-# head) pairs, the same tiles on 2 warps. H200, same call (bench_kv_fp8.py --serving-sweep --configs
-# 128,2,2; results/kv_fp8_sweep_s25.json), us, 4 warps -> 2: 256 x 1,024 keys 178.2 -> 170.2, 241 x 1,536
-# 241.1 -> 238.4, 256 x 2,048 341.9 -> 325.5, 64 x 8,192 334.1 -> 321.5; not at 241 x 256 (53.9 -> 55.4) nor
-# for one sequence (1 x 32,768: 32.3 -> 41.4). On sm_90 it spills 32 bytes at one query a sequence (timed
-# so) and 904 at 8, so verification rows keep 4 warps (default_decode_config's q_len). End to end
-# (8B FP8 + FP8 KV, 128/2048 at 512 sequences, first 40 s; results/throughput_s26_fp8kv_*) within noise:
-# 22,809 tok/s, decode steps 21.73 ms, against 22,745 and 21.89 with 4 warps forced (the next call).
-# FP8_KV_TWO_WARPS_MIN_PAIRS = inf keeps 4 warps everywhere.
+# ... and, with at least FP8_KV_TWO_WARPS_MIN_PAIRS (sequence, kv head) pairs at one query a sequence, the
+# same tiles on 2 warps. H200 (bench_kv_fp8.py --serving-sweep; results/kv_fp8_sweep_s25.json), us, 4 warps
+# -> 2, V as bytes: 256 x 1,024 keys 178.2 -> 170.2, 256 x 2,048 341.9 -> 325.5, 64 x 8,192 334.1 -> 321.5,
+# but 241 x 256 53.9 -> 55.4, so up to SHORT_DECODE_KEYS keys kept 4 warps then. With V as 16-bit pairs
+# (results/kv_fp8_pairs_s31.json, same call) 2 warps win there too (241 x 256: 47.1 -> 44.6; 256 x 2,048:
+# 298.1 -> 262.7); not for one sequence (1 x 32,768: 28.5 -> 33.7, below the pair count). Verification
+# rows keep 4 warps (default_decode_config's q_len): on sm_90 2 warps spilled 904 bytes at 8 queries a
+# sequence (bytes V). FP8_KV_TWO_WARPS_MIN_PAIRS = inf keeps 4 warps everywhere.
 FP8_KV_MANY_PAIRS_DECODE_CONFIG = DecodeConfig(block_n=128, num_warps=2, num_stages=2)
 FP8_KV_TWO_WARPS_MIN_PAIRS = 512
 
@@ -144,14 +155,13 @@ def default_decode_config(
     q_len: int = 1,
 ) -> DecodeConfig:
     """The configuration used without an explicit one: smaller tiles where a wide D fills registers;
-    FP8 pools: :data:`FP8_KV_DECODE_CONFIG`, on 2 warps for many (sequence, kv head) pairs over long
-    keys at one query a sequence (:data:`FP8_KV_MANY_PAIRS_DECODE_CONFIG`, when both are given; more
-    query rows spill on 2 warps); 16-bit pools over up to `max_keys` keys (when given): short tiles for
-    short contexts and long ones for long (:data:`DECODE_CONFIG_BY_KEYS`)."""
+    FP8 pools: :data:`FP8_KV_DECODE_CONFIG`, on 2 warps for many (sequence, kv head) pairs at one query a
+    sequence (:data:`FP8_KV_MANY_PAIRS_DECODE_CONFIG`, when `batch_kv_heads` is given; more query rows
+    spill on 2 warps); 16-bit pools over up to `max_keys` keys (when given): short tiles for short
+    contexts and long ones for long (:data:`DECODE_CONFIG_BY_KEYS`)."""
     if kv_dtype == FP8_KV_DTYPE and head_dim <= 128:
         pairs = batch_kv_heads if q_len == 1 else None
-        many = pairs is not None and pairs >= FP8_KV_TWO_WARPS_MIN_PAIRS
-        if many and max_keys is not None and max_keys > SHORT_DECODE_KEYS:
+        if pairs is not None and pairs >= FP8_KV_TWO_WARPS_MIN_PAIRS:
             return FP8_KV_MANY_PAIRS_DECODE_CONFIG
         return FP8_KV_DECODE_CONFIG
     if head_dim > 128:
@@ -186,6 +196,37 @@ def fp16_query(q, qk_scale):
 
 
 @triton.jit
+def fp8_pair_halves(v16, ASM: tl.constexpr):
+    """Each int16 of `v16` holds two adjacent E4M3 codes (a head dim's even and odd channel of one key):
+    their FP16 values as two tensors of `v16`'s shape (even, odd). ASM (CUDA): two elements at a time,
+    one byte permute and one ``cvt.rn.f16x2.e4m3x2`` per output pair; else integer ops and casts (the
+    interpreter, which runs no PTX)."""
+    if ASM:
+        even = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; .reg .b16 lo, hi; prmt.b32 t, $1, 0, 0x0020; mov.b32 {lo, hi}, t; "
+            "cvt.rn.f16x2.e4m3x2 $0, lo; }",
+            "=r,r",
+            [v16],
+            dtype=tl.float16,
+            is_pure=True,
+            pack=2,
+        )
+        odd = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; .reg .b16 lo, hi; prmt.b32 t, $1, 0, 0x0031; mov.b32 {lo, hi}, t; "
+            "cvt.rn.f16x2.e4m3x2 $0, lo; }",
+            "=r,r",
+            [v16],
+            dtype=tl.float16,
+            is_pure=True,
+            pack=2,
+        )
+    else:
+        even = (v16 & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        odd = ((v16 >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    return even, odd
+
+
+@triton.jit
 def _attend_tiles(
     acc,
     l_i,
@@ -216,6 +257,8 @@ def _attend_tiles(
     DOT_F32: tl.constexpr,
     TMA: tl.constexpr,
     WINDOW: tl.constexpr,
+    V_PAIRS: tl.constexpr,
+    PAIRS_ASM: tl.constexpr,
 ):
     """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED tiles bound loads by `hi` and hide keys past
     each row's `last_key` (LOWER_RIGHT causal) and, WINDOW, before its `first_key`; unmasked ones
@@ -223,6 +266,10 @@ def _attend_tiles(
     unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
+    if V_PAIRS:
+        acc_even, acc_odd = tl.split(tl.reshape(acc, [acc.shape[0], BLOCK_D // 2, 2]))
+        v16_base = v_base.to(tl.pointer_type(tl.int16))
+        offs_j = tl.arange(0, BLOCK_D // 2)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
@@ -238,23 +285,37 @@ def _attend_tiles(
             k_rows = offs_n.to(tl.int64) * stride_kn
             v_rows = offs_n.to(tl.int64) * stride_vn
         k_ptrs = k_base + k_rows[:, None] + offs_d[None, :] * stride_kd
-        v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd
         if MASKED:
-            kv_ok = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
-            v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+            k = tl.load(k_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         elif TMA:
             k = k_desc.load([desc_row + start_n, 0])
-            v = v_desc.load([desc_row + start_n, 0])
         elif BLOCK_D != HEAD_DIM:
             k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
         else:
             k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+        if V_PAIRS:  # whole rows of 16-bit code pairs (BLOCK_D == HEAD_DIM, no TMA)
+            if PAGE_SIZE > 0:
+                v16_rows = blk * (stride_vb // 2) + slot * (stride_vn // 2)
+            else:
+                v16_rows = offs_n.to(tl.int64) * (stride_vn // 2)
+            v16_ptrs = v16_base + v16_rows[:, None] + offs_j[None, :]
+            if MASKED:
+                v16 = tl.load(v16_ptrs, mask=n_ok[:, None], other=0)
+            else:
+                v16 = tl.load(v16_ptrs)
+        else:
+            v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd
+            if MASKED:
+                v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            elif TMA:
+                v = v_desc.load([desc_row + start_n, 0])
+            elif BLOCK_D != HEAD_DIM:
+                v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+            else:
+                v = tl.load(v_ptrs)
+            v = v.to(q.dtype)
         # FP8 pools: widened in registers to the query's type (exact); their scales are applied outside
         k = k.to(q.dtype)
-        v = v.to(q.dtype)
         q_op, k_op = (q.to(tl.float32), k.to(tl.float32)) if DOT_F32 else (q, k)
         qk = tl.dot(q_op, tl.trans(k_op))
         qk = qk * qk_scale
@@ -271,11 +332,18 @@ def _attend_tiles(
         p = tl.math.exp2(qk - m_sub[:, None])
         alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if DOT_F32:
+        if V_PAIRS:
+            v_even, v_odd = fp8_pair_halves(v16, PAIRS_ASM)
+            p16 = p.to(tl.float16)
+            acc_even = tl.dot(p16, v_even, acc_even * alpha[:, None])
+            acc_odd = tl.dot(p16, v_odd, acc_odd * alpha[:, None])
+        elif DOT_F32:
             acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc * alpha[:, None])
         else:
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_ij
+    if V_PAIRS:
+        acc = tl.reshape(tl.join(acc_even, acc_odd), [acc.shape[0], BLOCK_D])
     return acc, l_i, m_i
 
 
@@ -394,6 +462,8 @@ def _decode_split_kernel(
     TMA: tl.constexpr,
     WINDOW: tl.constexpr,
     KV_F16: tl.constexpr = False,
+    V_PAIRS: tl.constexpr = False,
+    PAIRS_ASM: tl.constexpr = False,
     PDL: tl.constexpr = False,
     STAMP: tl.constexpr = False,
 ):
@@ -470,17 +540,17 @@ def _decode_split_kernel(
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, lo, head_end,
             last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True,
+            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True, V_PAIRS, PAIRS_ASM,
         )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, head_end, full_end,
         last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False, V_PAIRS, PAIRS_ASM,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, full_end, hi,
         last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW,
+        stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW, V_PAIRS, PAIRS_ASM,
     )  # fmt: skip
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -712,6 +782,22 @@ def _tma_descriptors(k: Any, v: Any, block_n: int) -> tuple[Any, Any] | None:
     return tuple(TensorDescriptor(t, [rows, d], [d, 1], [block_n, d]) for t in (k, v))
 
 
+def v_pairs_options(kv_dtype: torch.dtype, d: int, v: Any) -> dict[str, bool]:
+    """The V_PAIRS / PAIRS_ASM constexprs of the decode and chunked-prefill kernels for a V cache `v`
+    (4-D, channels last) of `kv_dtype` and head dim `d`: FP8 V is read as 16-bit pairs of adjacent
+    channels (:data:`FP8_V_PAIRS`) where the products run in FP16, D is a power of two, the channels are
+    contiguous and every other stride and the base address even; PAIRS_ASM on CUDA (inline PTX)."""
+    pairs = (
+        FP8_V_PAIRS
+        and fp16_products(kv_dtype)
+        and d == max(16, triton.next_power_of_2(d))
+        and v.stride(3) == 1
+        and all(st % 2 == 0 for st in v.stride()[:3])
+        and v.data_ptr() % 2 == 0
+    )
+    return {"V_PAIRS": pairs, "PAIRS_ASM": pairs and not interpreting()}
+
+
 def _split_options(
     cfg: DecodeConfig,
     group: int,
@@ -725,12 +811,15 @@ def _split_options(
     pdl: bool,
     dtype: torch.dtype,
     kv_dtype: torch.dtype,
+    v_pairs: dict[str, bool] | None = None,
 ) -> dict[str, Any]:
     """The split kernel's constexprs and launch options: one definition for :func:`_launch` and the
     prepared launches of :func:`prepare_paged_decode`. The last program's reduction works on tiles
     of about 32 FP32 values a thread (TAIL_ROWS x TAIL_SPLITS partials at a time). `dtype` is the
-    query's, `kv_dtype` the pools' (FP8 pools take FP16 products: ``FP8_KV_F16``)."""
+    query's, `kv_dtype` the pools' (FP8 pools take FP16 products: ``FP8_KV_F16``); `v_pairs`: the V cache's
+    :func:`v_pairs_options` (None: off), unused with TMA."""
     block_d = max(16, triton.next_power_of_2(d))
+    v_pairs = v_pairs if v_pairs is not None and not tma else {"V_PAIRS": False, "PAIRS_ASM": False}
     tail = 1024 * cfg.num_warps
     tail_rows = min(triton.next_power_of_2(group * s_q), max(1, tail // block_d))
     return {
@@ -739,7 +828,7 @@ def _split_options(
         "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
-        "KV_F16": fp16_products(kv_dtype),
+        "KV_F16": fp16_products(kv_dtype), **v_pairs,
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
 
@@ -809,7 +898,19 @@ def _launch(
     descs = _tma_descriptors(k, v, cfg.block_n) if cfg.tma and page == 0 else None
     k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
     options = _split_options(
-        cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype, k.dtype
+        cfg,
+        hq // hkv,
+        s_q,
+        d,
+        page,
+        direct,
+        fused,
+        descs is not None,
+        window,
+        pdl,
+        q.dtype,
+        k.dtype,
+        v_pairs_options(k.dtype, d, v),
     )
     _decode_split_kernel[(splits, b * hkv)](
         q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
@@ -1048,6 +1149,7 @@ def prepare_paged_decode(
             **_reduce_options(s_q, d, splits, pdl),
         )
     options = _split_options(
-        config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype, k.dtype
-    )
+        config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype, k.dtype,
+        v_pairs_options(k.dtype, d, v),
+    )  # fmt: skip
     return PreparedLaunch(_decode_split_kernel, (splits, b * hkv), args, operands, reduce, **options)
