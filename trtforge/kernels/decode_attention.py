@@ -227,6 +227,22 @@ def fp8_pair_halves(v16, ASM: tl.constexpr):
 
 
 @triton.jit
+def _load_tile(ptrs, desc, row, n_ok, d_ok, MASKED: tl.constexpr, TMA: tl.constexpr, FULL_D: tl.constexpr):
+    """One K or V tile of keys x channels: MASKED bounds the keys (`n_ok`) and channels (`d_ok`); TMA
+    takes it whole from the descriptor `desc` at `row`; else only channels past the head dim are masked
+    (none when FULL_D)."""
+    if MASKED:
+        tile = tl.load(ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    elif TMA:
+        tile = desc.load([row, 0])
+    elif not FULL_D:
+        tile = tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
 def _attend_tiles(
     acc,
     l_i,
@@ -285,14 +301,7 @@ def _attend_tiles(
             k_rows = offs_n.to(tl.int64) * stride_kn
             v_rows = offs_n.to(tl.int64) * stride_vn
         k_ptrs = k_base + k_rows[:, None] + offs_d[None, :] * stride_kd
-        if MASKED:
-            k = tl.load(k_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        elif TMA:
-            k = k_desc.load([desc_row + start_n, 0])
-        elif BLOCK_D != HEAD_DIM:
-            k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
+        k = _load_tile(k_ptrs, k_desc, desc_row + start_n, n_ok, d_ok, MASKED, TMA, BLOCK_D == HEAD_DIM)
         if V_PAIRS:  # whole rows of 16-bit code pairs (BLOCK_D == HEAD_DIM, no TMA)
             if PAGE_SIZE > 0:
                 v16_rows = blk * (stride_vb // 2) + slot * (stride_vn // 2)
@@ -305,14 +314,7 @@ def _attend_tiles(
                 v16 = tl.load(v16_ptrs)
         else:
             v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd
-            if MASKED:
-                v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-            elif TMA:
-                v = v_desc.load([desc_row + start_n, 0])
-            elif BLOCK_D != HEAD_DIM:
-                v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-            else:
-                v = tl.load(v_ptrs)
+            v = _load_tile(v_ptrs, v_desc, desc_row + start_n, n_ok, d_ok, MASKED, TMA, BLOCK_D == HEAD_DIM)
             v = v.to(q.dtype)
         # FP8 pools: widened in registers to the query's type (exact); their scales are applied outside
         k = k.to(q.dtype)
