@@ -192,8 +192,9 @@ def test_fp8_v_read_as_16_bit_pairs_matches_v_read_as_bytes(
 
 
 def test_fp8_v_pairs_apply_only_where_v_reads_as_pairs(monkeypatch):
-    """V is read as 16-bit pairs only over FP8 pools with FP16 products, a power-of-two head dim whose
-    channels are contiguous and other strides even; the inline-PTX split only outside the interpreter."""
+    """V is read as 16-bit pairs only over FP8 pools with FP16 products, a power-of-two head dim of 32 or
+    more whose channels are contiguous and other strides even; the inline-PTX split only outside the
+    interpreter."""
     from trtforge.kernels import decode_attention as da
 
     pool = da.pool_heads_major(torch.zeros(8, 16, 2, 128, dtype=FP8_KV_DTYPE))
@@ -201,6 +202,9 @@ def test_fp8_v_pairs_apply_only_where_v_reads_as_pairs(monkeypatch):
     assert not da.v_pairs_options(torch.bfloat16, 128, pool.view(torch.bfloat16)[..., :64])["V_PAIRS"]
     odd = da.pool_heads_major(torch.zeros(8, 16, 2, 96, dtype=FP8_KV_DTYPE))
     assert not da.v_pairs_options(FP8_KV_DTYPE, 96, odd)["V_PAIRS"]  # 96 channels: no power of two
+    for d in (16, 32):  # 16: halves of 8 channels, below the MMA's N
+        narrow = da.pool_heads_major(torch.zeros(8, 16, 2, d, dtype=FP8_KV_DTYPE))
+        assert da.v_pairs_options(FP8_KV_DTYPE, d, narrow)["V_PAIRS"] == (d == 32)
     strided = torch.zeros(8, 2, 16, 256, dtype=FP8_KV_DTYPE)[..., ::2]
     assert not da.v_pairs_options(FP8_KV_DTYPE, 128, strided)["V_PAIRS"]  # channels 2 bytes apart
     shifted = torch.zeros(8 * 2 * 16 * 128 + 1, dtype=FP8_KV_DTYPE)[1:].view(8, 2, 16, 128)

@@ -787,12 +787,14 @@ def _tma_descriptors(k: Any, v: Any, block_n: int) -> tuple[Any, Any] | None:
 def v_pairs_options(kv_dtype: torch.dtype, d: int, v: Any) -> dict[str, bool]:
     """The V_PAIRS / PAIRS_ASM constexprs of the decode and chunked-prefill kernels for a V cache `v`
     (4-D, channels last) of `kv_dtype` and head dim `d`: FP8 V is read as 16-bit pairs of adjacent
-    channels (:data:`FP8_V_PAIRS`) where the products run in FP16, D is a power of two, the channels are
-    contiguous and every other stride and the base address even; PAIRS_ASM on CUDA (inline PTX)."""
+    channels (:data:`FP8_V_PAIRS`) where the products run in FP16, D is a power of two of at least 32 (each
+    half-width product's N must reach the MMA's 16), the channels are contiguous and every other stride and
+    the base address even; PAIRS_ASM on CUDA (inline PTX)."""
     pairs = (
         FP8_V_PAIRS
         and fp16_products(kv_dtype)
-        and d == max(16, triton.next_power_of_2(d))
+        and d >= 32
+        and d == triton.next_power_of_2(d)
         and v.stride(3) == 1
         and all(st % 2 == 0 for st in v.stride()[:3])
         and v.data_ptr() % 2 == 0
