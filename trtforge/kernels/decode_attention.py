@@ -279,7 +279,9 @@ def _attend_tiles(
     """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED tiles bound loads by `hi` and hide keys past
     each row's `last_key` (LOWER_RIGHT causal) and, WINDOW, before its `first_key`; unmasked ones
     are wholly visible to every row. TMA:
-    unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n."""
+    unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n.
+    V_PAIRS (FP8 V, :func:`v_pairs_options`): V read as int16 pairs of adjacent channels and P.V as an
+    even- and an odd-channel product (PAIRS_ASM: split by inline PTX), interleaved back into acc."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     if V_PAIRS:
@@ -477,7 +479,8 @@ def _decode_split_kernel(
     STAMP (a diagnostic for benchmarks/probe_decode_bandwidth.py; DIRECT contiguous launches only):
     MidO is an int64 [B·Hkv, 3] buffer that receives each pair's (start ns, end ns, SM id), and
     stride_tb (unread there) rotates the pairs over the programs. KV_F16 (FP8 pools): the query is
-    scaled and rounded to FP16 up front, and the products run in FP16 (module docstring)."""
+    scaled and rounded to FP16 up front, and the products run in FP16 (module docstring); V_PAIRS /
+    PAIRS_ASM: FP8 V read as 16-bit pairs (:func:`v_pairs_options`)."""
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes
         gdc_wait()
         gdc_launch_dependents()
