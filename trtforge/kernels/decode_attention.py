@@ -195,6 +195,22 @@ def fp16_query(q, qk_scale):
     return tl.clamp(q.to(tl.float32) * qk_scale, -65504.0, 65504.0).to(tl.float16)
 
 
+# One output half of fp8_pair_halves, two int16 elements at a time: the byte permute picks both keys'
+# even (0x0020) or odd (0x0031) channel codes into one 16-bit pair, which one cvt widens to FP16.
+_PAIR_HALF_PTX = (
+    "{{ .reg .b32 t; .reg .b16 lo, hi; prmt.b32 t, $1, 0, {}; mov.b32 {{lo, hi}}, t; "
+    "cvt.rn.f16x2.e4m3x2 $0, lo; }}"
+)
+EVEN_PAIR_PTX = tl.constexpr(_PAIR_HALF_PTX.format("0x0020"))
+ODD_PAIR_PTX = tl.constexpr(_PAIR_HALF_PTX.format("0x0031"))
+
+
+@triton.jit
+def _pair_half(v16, PTX: tl.constexpr):
+    """The FP16 values of one channel of each int16 code pair of `v16`, by the inline PTX `PTX`."""
+    return tl.inline_asm_elementwise(PTX, "=r,r", [v16], dtype=tl.float16, is_pure=True, pack=2)
+
+
 @triton.jit
 def fp8_pair_halves(v16, ASM: tl.constexpr):
     """Each int16 of `v16` holds two adjacent E4M3 codes (a head dim's even and odd channel of one key):
@@ -202,24 +218,8 @@ def fp8_pair_halves(v16, ASM: tl.constexpr):
     one byte permute and one ``cvt.rn.f16x2.e4m3x2`` per output pair; else integer ops and casts (the
     interpreter, which runs no PTX)."""
     if ASM:
-        even = tl.inline_asm_elementwise(
-            "{ .reg .b32 t; .reg .b16 lo, hi; prmt.b32 t, $1, 0, 0x0020; mov.b32 {lo, hi}, t; "
-            "cvt.rn.f16x2.e4m3x2 $0, lo; }",
-            "=r,r",
-            [v16],
-            dtype=tl.float16,
-            is_pure=True,
-            pack=2,
-        )
-        odd = tl.inline_asm_elementwise(
-            "{ .reg .b32 t; .reg .b16 lo, hi; prmt.b32 t, $1, 0, 0x0031; mov.b32 {lo, hi}, t; "
-            "cvt.rn.f16x2.e4m3x2 $0, lo; }",
-            "=r,r",
-            [v16],
-            dtype=tl.float16,
-            is_pure=True,
-            pack=2,
-        )
+        even = _pair_half(v16, EVEN_PAIR_PTX)
+        odd = _pair_half(v16, ODD_PAIR_PTX)
     else:
         even = (v16 & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
         odd = ((v16 >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
