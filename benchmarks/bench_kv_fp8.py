@@ -16,7 +16,8 @@ Three parts, each self-checking (a failed check exits non-zero after the JSON is
 ``--serving-sweep`` instead times the serving path's fixed launch over FP8 pools for a few configs at
 the served shapes (what ``decode_attention.FP8_KV_DECODE_CONFIG`` and ``FP8_KV_MANY_PAIRS_DECODE_CONFIG``
 are chosen from; ``--configs`` names the candidates); ``--page-sizes 16 32 64`` over pools of those block
-sizes too (``--default-config-only``: that launch alone).
+sizes too (``--default-config-only``: that launch alone; ``--ab base decode_attention.FP8_V_PAIRS=False``:
+each launch under each module setting, side by side).
 2. capacity: ``sizing.torch_pool`` (what ``from_pretrained`` runs) on the loaded 8B model for each
    cache dtype, then a fixed budget of pool bytes allocated for each: tokens held. Check: FP8 holds
    2x the BF16 tokens in the same bytes (>= 1.99x).
