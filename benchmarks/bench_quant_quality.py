@@ -14,6 +14,9 @@ Variants (``--variants``, comma-separated; a new one is one entry in ``VARIANTS`
 - ``int8-sq``: the step-graph compile path's INT8 SmoothQuant W8A8 (``quantize_step``, alpha 0.8,
   max calibration on the same calibration prompts), run in exact ONNX Runtime (optimizations off);
 - ``fp8-executor``: ``fp8`` through the serving executor (the same numbers, as a check of that path);
+- ``bf16-gpu``, ``fp8-gpu``, ``fp8-gpu-fast``: the model served on a CUDA GPU in BF16 through the torch
+  executor, unquantized or FP8 W8A8 (cuBLASLt with exact accumulation, or with fast accumulation:
+  ``FP8_FAST_ACCUM``), against the same float32 reference;
 - ``kv-fp8``: ``kv_cache_dtype="fp8"`` (wip/kvfp8), in the default list where the executor takes it;
 - ``head-fp8``, ``fp8+head-fp8``, ``int4-awq+head-fp8``: ``lm_head_quantization="fp8"`` alone and with
   those projections: the LM head in E4M3 with per-row scales, W8A8 here as every position is scored
@@ -92,6 +95,26 @@ def executor_logits(model: torch.nn.Module, evals: np.ndarray, batch: int, **exe
         )
         out.append(ex.step(step).float().cpu().numpy().reshape(n, length, -1))
     return np.concatenate(out)
+
+
+def gpu_executor_logits(
+    model: torch.nn.Module, evals: np.ndarray, batch: int, quantization: str | None, fast_accum: bool
+) -> np.ndarray:
+    """:func:`executor_logits` on the GPU as served: the model in BF16 on CUDA, quantized there (FP8: the
+    W8A8 GEMMs on cuBLASLt, ``FP8_FAST_ACCUM`` = `fast_accum` while it runs)."""
+    from trtforge.llm.quant import linear, quantize_model
+
+    if not torch.cuda.is_available():
+        raise SystemExit("the *-gpu variants need a CUDA GPU")
+    m = copy.deepcopy(model).to("cuda", torch.bfloat16)
+    if quantization is not None:
+        quantize_model(m, quantization)
+    old = linear.FP8_FAST_ACCUM
+    linear.FP8_FAST_ACCUM = fast_accum
+    try:
+        return executor_logits(m, evals, batch)
+    finally:
+        linear.FP8_FAST_ACCUM = old
 
 
 def int8_sq_logits(
@@ -184,6 +207,9 @@ VARIANTS: dict[str, tuple[str, str, object]] = {
     "int8-sq": ("INT8 SmoothQuant W8A8 (step graph, exact ORT)", "sq", None),
     "fp8-executor": ("FP8 W8A8 through the torch executor (paged pools)", "executor", (quantized("fp8"), {})),
     "kv-fp8": ("FP8 KV cache (torch executor)", "executor", (None, {"kv_cache_dtype": "fp8"})),
+    "bf16-gpu": ("BF16 served on the GPU (torch executor, BF16 activations)", "gpu", (None, False)),
+    "fp8-gpu": ("FP8 W8A8 served on the GPU (cuBLASLt, exact accumulation)", "gpu", ("fp8", False)),
+    "fp8-gpu-fast": ("FP8 W8A8 served on the GPU (cuBLASLt, fast accumulation)", "gpu", ("fp8", True)),
 }
 DEFAULT = ("bf16", "fp8", "int4-rtn", "int4-awq", "int8-sq")
 
@@ -197,7 +223,9 @@ def main() -> None:
     ap.add_argument("--calib-prompts", type=int, default=32)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument(
-        "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}"
+        "--variants",
+        default=",".join(v for v, (_, how, _) in VARIANTS.items() if how != "gpu"),
+        help=f"comma-separated, of {', '.join(VARIANTS)} (default: all but the *-gpu ones, which need CUDA)",
     )
     ap.add_argument("--quick", action="store_true", help="8 windows of 256 tokens, 8 calibration prompts")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
@@ -232,6 +260,10 @@ def main() -> None:
         extra: dict = {}
         if how == "sq":
             logits = int8_sq_logits(model, evals, calib, args.batch)
+        elif how == "gpu":
+            quantization, fast = arg  # type: ignore[misc]
+            logits = gpu_executor_logits(model, evals, args.batch, quantization, fast)
+            extra = {"device": torch.cuda.get_device_name(), "fp8_fast_accum": fast}
         elif how == "executor":
             make, kwargs = arg  # type: ignore[misc]
             if "kv_cache_dtype" in kwargs and not executor_supports("kv_cache_dtype"):

@@ -276,8 +276,10 @@ def _int4_mma_setting(text: str) -> str:
 
 
 def parse_setting(text: str) -> dict[tuple[str, str], object]:
-    """--ab's value: ``base`` (nothing changed) or ``module.NAME=value`` assignments joined by ``+``, each a
-    module of ``trtforge.kernels`` and one of its upper-case settings; the value a Python literal."""
+    """--ab's value: ``base`` (nothing changed) or ``module.NAME=value`` assignments joined by ``+``, each
+    an upper-case setting of a module of ``trtforge.kernels`` (``decode_attention.FP8_V_PAIRS=False``) or
+    of any trtforge module named in full (``trtforge.llm.quant.linear.FP8_FAST_ACCUM=True``); the value a
+    Python literal."""
     import ast
     import importlib
 
@@ -291,10 +293,14 @@ def parse_setting(text: str) -> dict[tuple[str, str], object]:
             raise argparse.ArgumentTypeError(
                 f"--ab takes base or module.NAME=value joined by '+', not {part!r}"
             )
-        module = importlib.import_module(f"trtforge.kernels.{mod}")
+        full = mod if mod.startswith("trtforge.") else f"trtforge.kernels.{mod}"
+        try:
+            module = importlib.import_module(full)
+        except ModuleNotFoundError as exc:
+            raise argparse.ArgumentTypeError(f"--ab {part!r}: no module {full}") from exc
         if not hasattr(module, name):
-            raise argparse.ArgumentTypeError(f"trtforge.kernels.{mod} has no setting {name}")
-        out[(f"trtforge.kernels.{mod}", name)] = ast.literal_eval(value.strip())
+            raise argparse.ArgumentTypeError(f"{full} has no setting {name}")
+        out[(full, name)] = ast.literal_eval(value.strip())
     return out
 
 

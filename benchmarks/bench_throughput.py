@@ -885,6 +885,14 @@ def main() -> None:
         "(quant.linear.FP8_MID_FOLD_RESIDUAL; default: the module's, today off)",
     )
     ap.add_argument(
+        "--set",
+        dest="settings",
+        default=None,
+        metavar="SETTING",
+        help="module settings for the whole run, as bench_quant_speed.py --ab takes them (module.NAME=value "
+        "joined by '+', e.g. trtforge.llm.executors.fused_layers.FUSED_FP8_QUANT=False), kept in the JSON",
+    )
+    ap.add_argument(
         "--gpu-trace",
         type=float,
         nargs=2,
@@ -990,6 +998,16 @@ def main() -> None:
         quant_linear.FP8_MID_MAX_TOKENS = args.fp8_mid_max
     if args.fp8_mid_fold_residual is not None:
         quant_linear.FP8_MID_FOLD_RESIDUAL = args.fp8_mid_fold_residual == "on"
+    if args.settings:
+        from benchmarks.bench_quant_speed import parse_setting
+
+        try:
+            setting = parse_setting(args.settings)
+        except argparse.ArgumentTypeError as exc:
+            ap.error(str(exc).replace("--ab", "--set"))
+        for (mod, name), value in setting.items():
+            setattr(sys.modules[mod], name, value)
+        results["settings"] = args.settings
     if args.fp8_decode_config is not None:  # one launch everywhere: no 2-warp launch for many pairs
         decode_attention.FP8_KV_DECODE_CONFIG = decode_attention.DecodeConfig(*args.fp8_decode_config)
         decode_attention.FP8_KV_TWO_WARPS_MIN_PAIRS = float("inf")

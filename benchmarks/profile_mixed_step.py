@@ -29,6 +29,7 @@ import torch
 
 from benchmarks.bench_http import SHAPES, build_model
 from benchmarks.bench_mixed_step import make_batch, timed
+from benchmarks.bench_quant_speed import applied, parse_setting
 from benchmarks.bench_throughput import gpu_trace_summary
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.quant import linear as quant_linear
@@ -168,12 +169,28 @@ def main() -> None:
         nargs="+",
         default=None,
         metavar="ROWS@KEYS",
-        help="decode-only steps of these rows at this context each, e.g. 751@1152 (128/2048's FP8 steps), "
-        "instead of the built-in layouts",
+        help="steps of these decode rows at this context each, e.g. 751@1152 (128/2048's FP8 steps), with "
+        "prompt chunks after '+' (376@1500+1063: a mixed step of 1000/1000), instead of the built-in layouts",
+    )
+    ap.add_argument(
+        "--ab",
+        nargs="+",
+        default=None,
+        metavar="SETTING",
+        help="instead of the profile: each step's served GPU time under each module setting (base, or "
+        "module.NAME=value joined by '+', as bench_quant_speed.py --ab; e.g. "
+        "trtforge.llm.executors.fused_layers.FUSED_FP8_QUANT=False), one served executor a setting, "
+        "the settings timed alternately",
     )
     ap.add_argument("--tiny", action="store_true", help="small model on the CPU (checks the script only)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.ab:
+        for text in args.ab:
+            try:
+                parse_setting(text)
+            except argparse.ArgumentTypeError as exc:
+                ap.error(str(exc))
     if args.fp8_mid_max is not None:
         quant_linear.FP8_MID_MAX_TOKENS = args.fp8_mid_max
     if args.fp8_mid_fold_residual is not None:
@@ -196,9 +213,9 @@ def main() -> None:
     )
     if args.decode_rows:
         try:
-            layouts = [(int(r), int(c), ()) for r, _, c in (t.partition("@") for t in args.decode_rows)]
+            layouts = [parse_layout(text) for text in args.decode_rows]
         except ValueError:
-            ap.error(f"--decode-rows takes ROWS@KEYS (e.g. 751@1152): {args.decode_rows}")
+            ap.error(f"--decode-rows takes ROWS@KEYS[+CHUNK...], e.g. 376@1500+1063: {args.decode_rows}")
     if args.tiny:
         layouts = [(min(d, 4), min(c, 40), tuple(min(x, 32) for x in ch)) for d, c, ch in layouts]
     block = 16
@@ -210,6 +227,12 @@ def main() -> None:
         "max_decode_batch": max(256, max(d for d, _, _ in layouts)),
         "kv_cache_dtype": args.kv_cache_dtype,
     }
+    if args.ab:
+        rows = ab_rows(model, kwargs, layouts, args, block)
+        save_json({"device": device_name(device), "torch": torch.__version__, "layers": cfg.num_hidden_layers,
+                   "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype, "ab": args.ab,
+                   "repeats": args.repeats, "rows": rows}, args.out)  # fmt: skip
+        return
     served = TorchExecutor(model, static_decode=True, **kwargs)
     eager = TorchExecutor(model, static_decode=False, **kwargs)  # every kernel launched on its own
     rows = []
@@ -271,7 +294,7 @@ def main() -> None:
                 flush=True,
             )
     result = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "device": device_name(device),
         "torch": torch.__version__,
         "layers": cfg.num_hidden_layers,
         "quantization": args.quantization,
@@ -280,13 +303,68 @@ def main() -> None:
         "fp8_mid_fold_residual": quant_linear.FP8_MID_FOLD_RESIDUAL,
         "rows": rows,
     }
+    save_json(result, args.out)
+
+
+def parse_layout(text: str) -> tuple[int, int, tuple[int, ...]]:
+    """``ROWS@KEYS[+CHUNK...]``: decode rows at that context, then prompt chunks of those lengths."""
+    head, *chunks = text.split("+")
+    rows, at, keys = head.partition("@")
+    if not at:
+        raise ValueError(text)
+    return int(rows), int(keys), tuple(int(c) for c in chunks)
+
+
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device == "cuda" else "cpu"
+
+
+def save_json(result: dict, out: str | None) -> None:
+    """`result` as JSON into `out` (written whole: a temporary file, then renamed), or printed."""
     text = json.dumps(result, indent=1)
-    if args.out:
-        with open(args.out + ".tmp", "w") as f:
+    if out:
+        with open(out + ".tmp", "w") as f:
             f.write(text)
-        os.replace(args.out + ".tmp", args.out)
+        os.replace(out + ".tmp", out)
     else:
         print(text)
+
+
+def ab_rows(model, kwargs: dict, layouts: list, args, block: int) -> list[dict]:
+    """--ab: one served executor per module setting (its graphs are captured under it, and its steps run
+    under it), then for each layout the settings' steps alternately, `args.repeats` each; the medians of
+    their GPU time between CUDA events and each one's ratio to the first setting's."""
+    settings = {text: parse_setting(text) for text in args.ab}
+    executors = {}
+    for text, setting in settings.items():
+        with applied(setting):
+            executors[text] = TorchExecutor(model, static_decode=True, **kwargs)
+    rows = []
+    for decodes, ctx, chunks in layouts:
+        batch = make_batch(decodes, ctx, chunks, block, model.config.vocab_size)
+        samples: dict[str, list[float]] = {text: [] for text in settings}
+        for text, ex in executors.items():
+            with applied(settings[text]):
+                for _ in range(3):
+                    ex.step(batch)  # compiles, captures the bucket's graphs under the setting
+        if args.tiny:
+            rows.append({"decode_rows": decodes, "context": ctx, "chunks": list(chunks)})
+            continue
+        for _ in range(args.repeats):
+            for text, ex in executors.items():
+                with applied(settings[text]):
+                    samples[text].append(timed(ex, batch)[2])
+        ms = {text: statistics.median(v) for text, v in samples.items()}
+        first = ms[args.ab[0]]
+        rows.append({"decode_rows": decodes, "context": ctx, "chunks": list(chunks),
+                     "tokens": batch.num_tokens, "served_gpu_ms": ms,
+                     "ratio_to_first": {t: v / first for t, v in ms.items()}})  # fmt: skip
+        print(
+            f"{decodes} decode rows @ {ctx} + chunks {list(chunks)} ({batch.num_tokens} tokens): "
+            + ", ".join(f"{t} {v:.3f} ms ({v / first:.3f}x)" for t, v in ms.items()),
+            flush=True,
+        )
+    return rows
 
 
 if __name__ == "__main__":

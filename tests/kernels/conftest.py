@@ -5,8 +5,9 @@ decoration time), hence here, at collection. Triton 3.6's interpreter converts s
 ``int(array)``, which NumPy >= 2.4 rejects for 1-element 1-D arrays; the same fix as upstream
 Triton (``.item()``) is applied to the interpreter only. Its float conversions to and from FP8 E4M3
 (``float8e4nv``) are bit arithmetic that rounds half-up without carrying into the exponent (31.94 ->
-16, not 32); those conversions go through torch's round-to-nearest-even casts instead, which is what
-the GPU's ``cvt.rn.satfinite`` does to the in-range values the kernels convert.
+16, not 32), and its float32 -> BF16 conversion truncates; those conversions go through torch's
+round-to-nearest-even casts instead, which is what the GPU's ``cvt.rn`` (``.satfinite`` for E4M3) does
+to the in-range values the kernels convert.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ if importlib.util.find_spec("triton") is not None and not _cuda_available():
         import torch
         import triton.language as tl
 
-        if tl.float8e4nv not in (input_dtype, output_dtype):
+        if not {tl.float8e4nv, tl.bfloat16} & {input_dtype, output_dtype}:
             return _original_convert(input, input_dtype, output_dtype, rounding_mode)
         as_torch = {
             tl.float8e4nv: (np.uint8, torch.uint8, torch.float8_e4m3fn),

@@ -158,6 +158,55 @@ def test_the_fused_layer_updates_the_residual_stream_in_place(tokens, quantizati
     torch.testing.assert_close(other, want, atol=2e-3, rtol=2e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("in_place", [False, True], ids=["new", "in-place"])
+def test_fp8_layers_quantize_their_gemm_inputs_in_the_producing_kernels(monkeypatch, dtype, in_place):
+    """FUSED_FP8_QUANT: a W8A8 layer's norms, residual add and SiLU*up hand E4M3 rows straight to the
+    GEMMs (rms_norm_fp8 for qkv, rms_norm_fp8 with o_proj's product as its delta for gate_up,
+    silu_mul_fp8 for down; no 16-bit norm or SiLU kernel runs) and the layer's q, pools and residual
+    stream equal the separate kernels' exactly (the same codes); here in Triton's CPU interpreter."""
+    pytest.importorskip("triton")
+    from tests.llm.tiny_models import tiny_model
+    from trtforge.llm.executors import fused_layers
+    from trtforge.llm.executors.fused_layers import FusedLayers
+    from trtforge.llm.models.families import adapter_for
+    from trtforge.llm.quant import quantize_model
+
+    model = tiny_model("llama", num_key_value_heads=2, initializer_range=0.02).to(dtype)
+    quantize_model(model, "fp8")
+    fused = FusedLayers(adapter_for(model))
+    g = torch.Generator().manual_seed(3)
+    t, d, hkv = 6, 16, 2
+    h = torch.randn(t, 64, generator=g).to(dtype)
+    o = torch.randn(t, 64, generator=g).to(dtype)
+    angles = torch.rand(t, d // 2, generator=g) * 6
+    rope = (torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype))
+    slots = torch.tensor([1, 7, 12, 3, 19, 8], dtype=torch.int32)
+
+    def layer(fuse: bool) -> tuple[torch.Tensor, ...]:
+        monkeypatch.setattr(fused_layers, "FUSED_FP8_QUANT", fuse)
+        pools = [torch.zeros(6, 4, hkv, d, dtype=dtype) for _ in range(2)]
+        q = fused.attention_input(0, h, rope, slots, *pools)
+        stream = h.clone()
+        out = fused.finish(0, stream, o, out=stream if in_place else None)
+        assert (out is stream) == in_place
+        return q, *pools, out
+
+    calls: list[str] = []
+    for name in ("rms_norm", "silu_mul", "rms_norm_fp8", "silu_mul_fp8"):
+        real = getattr(fused_layers, name)
+        monkeypatch.setattr(
+            fused_layers, name, lambda *a, _n=name, _f=real, **k: calls.append(_n) or _f(*a, **k)
+        )
+    want = layer(False)
+    assert calls == ["rms_norm", "rms_norm", "silu_mul"]
+    calls.clear()
+    got = layer(True)
+    assert calls == ["rms_norm_fp8", "rms_norm_fp8", "silu_mul_fp8"]
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_qk_norm_and_partial_rotary_kernels_match_the_eager_modules(device):
     """Qwen3's per-head q/k RMSNorm (in place, other heads untouched) and a partial rotary (Phi-4-mini:

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from trtforge.kernels import interpreting
+from trtforge.kernels.qweight import Fp8Rows
 
 SINGLE_PASS_K = 16384  # rows up to this long are quantized from registers in one pass
 
@@ -45,12 +46,22 @@ def round_e4m3(v):
 
 
 @triton.jit
-def _to_e4m3(v, DST: tl.constexpr, HW_CAST: tl.constexpr):
+def cast_e4m3(v, DST: tl.constexpr, HW_CAST: tl.constexpr):
     """float32 `v` (already scaled) as E4M3 of type DST: the hardware conversion after a clamp to the
     finite range, or (HW_CAST off) the exact bit-arithmetic rounding first."""
     if HW_CAST:
         return tl.minimum(tl.maximum(v, -448.0), 448.0).to(DST)
     return round_e4m3(v).to(DST)
+
+
+@triton.jit
+def quantize_row_store(y, Q_row, S_row, offs, ok, live, HW_CAST: tl.constexpr):
+    """Store one row `y` (float32, zeros where masked) as E4M3 codes at ``Q_row + offs`` and its scale
+    ``amax / 448`` at `S_row` (1 for a padding row: `live` false). The fused producers
+    (:mod:`trtforge.kernels.fused_layer`) end in this, so their codes are this module's."""
+    amax = tl.maximum(tl.max(tl.abs(y), 0), 1e-12)
+    tl.store(Q_row + offs, cast_e4m3(y * tl.div_rn(448.0, amax), Q_row.dtype.element_ty, HW_CAST), mask=ok)
+    tl.store(S_row, tl.where(live, tl.div_rn(amax, 448.0), 1.0))
 
 
 @triton.jit
@@ -66,8 +77,7 @@ def _quant_rows_kernel(
     if ONE_PASS:  # the whole row in registers: one read
         ok = arange < K
         x = tl.load(x_row + arange, mask=ok & live, other=0.0).to(tl.float32)
-        amax = tl.maximum(tl.max(tl.abs(x), 0), 1e-12)
-        tl.store(q_row + arange, _to_e4m3(x * tl.div_rn(448.0, amax), dst, HW_CAST), mask=ok)
+        quantize_row_store(x, q_row, S + row, arange, ok, live, HW_CAST)
     else:
         peak = tl.zeros([BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -79,8 +89,20 @@ def _quant_rows_kernel(
         for k0 in range(0, K, BLOCK_K):
             offs = k0 + arange
             x = tl.load(x_row + offs, mask=(offs < K) & live, other=0.0).to(tl.float32)
-            tl.store(q_row + offs, _to_e4m3(x * inv, dst, HW_CAST), mask=offs < K)
-    tl.store(S + row, tl.where(live, tl.div_rn(amax, 448.0), 1.0))
+            tl.store(q_row + offs, cast_e4m3(x * inv, dst, HW_CAST), mask=offs < K)
+        tl.store(S + row, tl.where(live, tl.div_rn(amax, 448.0), 1.0))
+
+
+def empty_rows(m: int, k: int, dtype: torch.dtype, device: torch.device, multiple: int = 16) -> Fp8Rows:
+    """Uninitialized :class:`Fp8Rows` for `m` rows of `k` (padded to `multiple` rows) that a kernel fills."""
+    mp = -(-max(m, 1) // multiple) * multiple
+    q = torch.empty((mp, k), dtype=torch.float8_e4m3fn, device=device)
+    return Fp8Rows(q, torch.empty((mp, 1), dtype=torch.float32, device=device), m, dtype)
+
+
+def hw_cast_default(device: torch.device) -> bool:
+    """Whether kernels on `device` take the hardware float8 conversion (a GPU outside the interpreter)."""
+    return device.type == "cuda" and not interpreting()
 
 
 def quantize_rows_fp8_padded(
@@ -94,11 +116,10 @@ def quantize_rows_fp8_padded(
             f"quantize_rows_fp8_padded: x must be [M, K] with unit stride along K, got {tuple(x.shape)}"
         )
     if hw_cast is None:
-        hw_cast = x.device.type == "cuda" and not interpreting()
+        hw_cast = hw_cast_default(x.device)
     m, k = int(x.shape[0]), int(x.shape[1])
-    mp = -(-max(m, 1) // multiple) * multiple
-    q = torch.empty((mp, k), dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty((mp, 1), dtype=torch.float32, device=x.device)
+    rows = empty_rows(m, k, x.dtype, x.device, multiple)
+    q, s, mp = rows.q, rows.s, int(rows.q.shape[0])
     one_pass = k <= SINGLE_PASS_K
     block = triton.next_power_of_2(k) if one_pass else 4096
     warps = max(4, min(16, block // 1024))  # ~32 elements a thread

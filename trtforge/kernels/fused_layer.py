@@ -19,9 +19,27 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from trtforge.kernels.fp8_rows import (
+    SINGLE_PASS_K,
+    cast_e4m3,
+    empty_rows,
+    hw_cast_default,
+    quantize_row_store,
+)
 from trtforge.kernels.gemv import pdl_supported
 from trtforge.kernels.kv_quant import inverse_scale
 from trtforge.kernels.paged_cache import to_cache
+from trtforge.kernels.qweight import Fp8Rows
+
+
+@triton.jit
+def _rms_norm_row(x, W, offs, ok, n_cols, eps, DT: tl.constexpr):
+    """RMSNorm of one float32 row `x` as transformers' LlamaRMSNorm rounds it: ``x * rsqrt(mean(x^2) +
+    eps)`` rounded to the activations' dtype DT, times the weight, rounded again; float32."""
+    rstd = tl.rsqrt(tl.sum(x * x, 0) / n_cols + eps)
+    y = (x * rstd).to(DT).to(tl.float32)
+    w = tl.load(W + offs, mask=ok, other=0.0).to(tl.float32)
+    return (y * w).to(DT).to(tl.float32)
 
 
 @triton.jit
@@ -31,10 +49,32 @@ def _rms_norm_kernel(X, W, Out, stride_x, stride_o, n_cols, eps, BLOCK: tl.const
     offs = tl.arange(0, BLOCK)
     ok = offs < n_cols
     x = tl.load(X + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, 0) / n_cols + eps)
-    y = (x * rstd).to(Out.dtype.element_ty).to(tl.float32)
-    w = tl.load(W + offs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(Out + row * stride_o + offs, (y * w).to(Out.dtype.element_ty), mask=ok)
+    y = _rms_norm_row(x, W, offs, ok, n_cols, eps, Out.dtype.element_ty)
+    tl.store(Out + row * stride_o + offs, y, mask=ok)
+
+
+@triton.jit
+def _norm_quant_kernel(
+    X, Delta, W, H, Q, S, M, n_cols, eps, stride_x, stride_d, stride_h, stride_q,
+    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, HW_CAST: tl.constexpr,
+):  # fmt: skip
+    """Grid (Mp,): row r's RMSNorm quantized per token into Q / S (the next W8A8 GEMM's input); with
+    HAS_DELTA the row is first ``x + delta`` rounded to x's dtype (a residual add) and stored to H (may
+    be X: each program reads its row before it writes it). Rows M.. of the padding: zero codes, scale 1."""
+    row = tl.program_id(0)
+    live = row < M
+    r = row.to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < n_cols
+    x = tl.load(X + r * stride_x + offs, mask=ok & live, other=0.0).to(tl.float32)
+    if HAS_DELTA:
+        x = (x + tl.load(Delta + r * stride_d + offs, mask=ok & live, other=0.0).to(tl.float32)).to(
+            H.dtype.element_ty
+        )
+        tl.store(H + r * stride_h + offs, x, mask=ok & live)
+        x = x.to(tl.float32)
+    y = _rms_norm_row(x, W, offs, ok, n_cols, eps, X.dtype.element_ty)
+    quantize_row_store(y, Q + r * stride_q, S + row, offs, ok, live, HW_CAST)
 
 
 @triton.jit
@@ -56,15 +96,56 @@ def _qk_norm_kernel(QKV, WQ, WK, stride_t, num_heads, eps_q, eps_k, D: tl.conste
 
 
 @triton.jit
+def _silu_mul_part(GU_row, offs, mask, inter, DT: tl.constexpr):
+    """``silu(gate) * up`` at columns `offs` of one ``[gate | up]`` row, each op rounded to DT as eager
+    16-bit torch rounds it; float32."""
+    g = tl.load(GU_row + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(GU_row + inter + offs, mask=mask, other=0.0).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(DT).to(tl.float32)
+    return (act * u).to(DT).to(tl.float32)
+
+
+@triton.jit
 def _silu_mul_kernel(GU, Out, stride_gu, stride_o, inter, BLOCK: tl.constexpr):
     """out = silu(gate) * up over [T, 2I] rows holding gate then up; each rounded like eager fp16 ops."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < inter
-    g = tl.load(GU + row * stride_gu + offs, mask=ok, other=0.0).to(tl.float32)
-    u = tl.load(GU + row * stride_gu + inter + offs, mask=ok, other=0.0).to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(Out.dtype.element_ty).to(tl.float32)
-    tl.store(Out + row * stride_o + offs, (act * u).to(Out.dtype.element_ty), mask=ok)
+    y = _silu_mul_part(GU + row * stride_gu, offs, ok, inter, Out.dtype.element_ty)
+    tl.store(Out + row * stride_o + offs, y.to(Out.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _silu_mul_quant_kernel(
+    GU, Q, S, M, inter, stride_gu, stride_q, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr,
+    HW_CAST: tl.constexpr,
+):  # fmt: skip
+    """Grid (Mp,): row r's ``silu(gate) * up`` (as :func:`_silu_mul_kernel` rounds it) quantized per token
+    into Q / S. ONE_PASS: the row in registers; longer rows find the peak in a first pass and compute the
+    products again in the second (they are cheap; the row comes back from L2)."""
+    row = tl.program_id(0)
+    live = row < M
+    r = row.to(tl.int64)
+    gu_row = GU + r * stride_gu
+    q_row = Q + r * stride_q
+    arange = tl.arange(0, BLOCK)
+    dt = GU.dtype.element_ty
+    if ONE_PASS:
+        ok = arange < inter
+        y = _silu_mul_part(gu_row, arange, ok & live, inter, dt)
+        quantize_row_store(y, q_row, S + row, arange, ok, live, HW_CAST)
+    else:
+        peak = tl.zeros([BLOCK], dtype=tl.float32)
+        for k0 in range(0, inter, BLOCK):
+            offs = k0 + arange
+            peak = tl.maximum(peak, tl.abs(_silu_mul_part(gu_row, offs, (offs < inter) & live, inter, dt)))
+        amax = tl.maximum(tl.max(peak, 0), 1e-12)
+        inv = tl.div_rn(448.0, amax)
+        for k0 in range(0, inter, BLOCK):
+            offs = k0 + arange
+            y = _silu_mul_part(gu_row, offs, (offs < inter) & live, inter, dt)
+            tl.store(q_row + offs, cast_e4m3(y * inv, Q.dtype.element_ty, HW_CAST), mask=offs < inter)
+        tl.store(S + row, tl.where(live, tl.div_rn(amax, 448.0), 1.0))
 
 
 @triton.jit
@@ -207,6 +288,68 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
             gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4
         )
     return out
+
+
+def _check_rows(fn: str, name: str, t: torch.Tensor, cols: int | None = None) -> None:
+    if t.dim() != 2 or t.stride(1) != 1 or t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(
+            f"{fn}: {name} must be a float [T, N] tensor with unit stride along N, got {t.dtype} "
+            f"{tuple(t.shape)} strides {t.stride()}"
+        )
+    if cols is not None and int(t.shape[1]) != cols:
+        raise ValueError(f"{fn}: {name} must have {cols} columns, got {tuple(t.shape)}")
+
+
+def rms_norm_fp8(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    delta: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Fp8Rows]:
+    """RMSNorm of the rows of `x` ``[T, H]`` (as :func:`rms_norm`) quantized per token for a W8A8 GEMM,
+    in one kernel: the codes equal ``quantize_rows_fp8_padded(rms_norm(h))``. With `delta` the rows are
+    first ``h = x + delta`` (a residual add, rounded as torch's), written into `out` (a new tensor if
+    None; `x` itself to update the residual stream in place). Returns ``(h, rows)`` (h is `x` without
+    a delta)."""
+    _check_rows("rms_norm_fp8", "x", x)
+    t, n = int(x.shape[0]), int(x.shape[1])
+    if tuple(weight.shape) != (n,):
+        raise ValueError(f"rms_norm_fp8: weight must be [{n}] (x's columns), got {tuple(weight.shape)}")
+    h = x
+    if delta is not None:
+        _check_rows("rms_norm_fp8", "delta", delta, n)
+        h = torch.empty_like(x) if out is None else out
+        _check_rows("rms_norm_fp8", "out", h, n)
+        if delta.dtype != x.dtype or h.dtype != x.dtype or int(delta.shape[0]) != t or int(h.shape[0]) != t:
+            raise ValueError(f"rms_norm_fp8: delta and out must be {x.dtype} [{t}, {n}] like x")
+    rows = empty_rows(t, n, x.dtype, x.device)
+    block = triton.next_power_of_2(n)
+    _norm_quant_kernel[(int(rows.q.shape[0]),)](
+        x, x if delta is None else delta, weight, h, rows.q, rows.s, t, n, float(eps),
+        x.stride(0), 0 if delta is None else delta.stride(0), h.stride(0), rows.q.stride(0),
+        HAS_DELTA=delta is not None, BLOCK=block, HW_CAST=hw_cast_default(x.device),
+        num_warps=8 if n >= 2048 else 4,
+    )  # fmt: skip
+    return h, rows
+
+
+def silu_mul_fp8(gate_up: torch.Tensor) -> Fp8Rows:
+    """``silu(gate) * up`` of ``gate_up`` ``[T, 2I]`` (as :func:`silu_mul`) quantized per token for a W8A8
+    GEMM, in one kernel: the codes equal ``quantize_rows_fp8_padded(silu_mul(gate_up))``."""
+    _check_rows("silu_mul_fp8", "gate_up", gate_up)
+    t, inter = int(gate_up.shape[0]), int(gate_up.shape[1]) // 2
+    if int(gate_up.shape[1]) % 2:
+        raise ValueError(f"silu_mul_fp8: gate_up [T, 2I] needs an even width, got {tuple(gate_up.shape)}")
+    rows = empty_rows(t, inter, gate_up.dtype, gate_up.device)
+    one_pass = inter <= SINGLE_PASS_K
+    block = triton.next_power_of_2(inter) if one_pass else 4096
+    _silu_mul_quant_kernel[(int(rows.q.shape[0]),)](
+        gate_up, rows.q, rows.s, t, inter, gate_up.stride(0), rows.q.stride(0),
+        BLOCK=block, ONE_PASS=one_pass, HW_CAST=hw_cast_default(gate_up.device),
+        num_warps=max(4, min(16, block // 1024)),
+    )  # fmt: skip
+    return rows
 
 
 def rope_and_cache(

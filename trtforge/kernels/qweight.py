@@ -6,6 +6,8 @@
   against float32 ``x @ dequantize()^T``; above it W8A8: the activations quantized per token at run
   time (:func:`quantize_rows_fp8`) for ``torch._scaled_mm``. The product of two E4M3 values is exact
   in float32, so :func:`fp8_linear_reference` is the exact execution W8A8 is checked against.
+- :class:`Fp8Rows`: activations quantized per token (E4M3 rows and their scales) handed from a kernel
+  that quantizes as it computes straight to a W8A8 GEMM.
 - :class:`Int4Weight` (weight-only): asymmetric 4-bit codes ``q`` in 0..15 in groups of
   :data:`INT4_GROUP` along K, and per group a float16 scale and offset: ``w = q * scale + offset``.
   Eight codes a 32-bit word (little-endian bytes), interleaved within a group of G: nibble i of
@@ -52,6 +54,27 @@ class Fp8Weight:
 
     def rows(self, lo: int, hi: int) -> Fp8Weight:
         return Fp8Weight(self.data[lo:hi], self.scale[lo:hi])
+
+
+@dataclass(frozen=True)
+class Fp8Rows:
+    """Activations quantized per token, the input of a W8A8 GEMM: E4M3 codes `q` ``[Mp, K]`` and float32
+    scales `s` ``[Mp, 1]`` (Mp: `m` rounded up to 16; rows past `m` zero codes, scale 1), and the 16-bit
+    `dtype` the rows stand for (the GEMM's output type). A producer that quantizes as it computes (a
+    fused norm or activation) hands these on, so no 16-bit copy of the rows is written and read again."""
+
+    q: torch.Tensor
+    s: torch.Tensor
+    m: int
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.m, int(self.q.shape[1])
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
 
 
 @dataclass(frozen=True)
@@ -145,8 +168,15 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def fp8_linear_reference(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """W8A8 in float32 (exact products): ``(q(x) @ q(w)^T) * sx * sw (+ bias)``, float32 ``[M, N]``."""
-    xq, sx = quantize_rows_fp8(x)
-    out = (xq.float() @ w.data.float().t()) * sx * w.scale.float()[None, :]
+    return fp8_codes_linear_reference(*quantize_rows_fp8(x), w, bias)
+
+
+def fp8_codes_linear_reference(
+    xq: torch.Tensor, sx: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`fp8_linear_reference` of activations already quantized (E4M3 `xq` ``[M, K]``, float32
+    scales `sx` ``[M, 1]``): float32 ``[M, N]``."""
+    out = (xq.float() @ w.data.float().t()) * sx.float() * w.scale.float()[None, :]
     return out if bias is None else out + bias.float()
 
 

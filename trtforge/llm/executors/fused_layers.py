@@ -34,11 +34,18 @@ from typing import Any
 import torch
 
 from trtforge.kernels import has_wgmma
-from trtforge.kernels.fused_layer import qk_norm_, rms_norm, rope_and_cache, silu_mul
+from trtforge.kernels.fused_layer import (
+    qk_norm_,
+    rms_norm,
+    rms_norm_fp8,
+    rope_and_cache,
+    silu_mul,
+    silu_mul_fp8,
+)
 from trtforge.kernels.gemm_mid import mid_gemm
 from trtforge.kernels.gemv import MAX_ROWS, gemv_residual, norm_gate_up_silu, norm_gemv
 from trtforge.kernels.gemv import prepare as prepare_gemv_weight
-from trtforge.kernels.qweight import cat_weights
+from trtforge.kernels.qweight import Fp8Weight, cat_weights
 from trtforge.llm.models.llama import LlamaStyle
 from trtforge.llm.quant.linear import QuantLinear, quant_linear, weight_only_max_tokens
 
@@ -54,6 +61,12 @@ GEMV_MAX_TOKENS = 1
 # yet (benchmarks/sweep_mid_gemm.py times both).
 MID_GEMM_MIN_TOKENS = 0
 MID_GEMM_MAX_TOKENS = 0
+
+# W8A8 layers (FP8 weights above their weight-only token count) take their GEMMs' inputs quantized by
+# the kernel that produces them: RMSNorm + quantize, residual add + RMSNorm + quantize (after o_proj),
+# SiLU*up + quantize; the rows are never written in 16 bits and read back for a separate quantize.
+# Same codes as the unfused kernels. False: the separate kernels.
+FUSED_FP8_QUANT = True
 
 _RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Phi3RMSNorm")
 
@@ -198,6 +211,11 @@ class FusedLayers:
     def _gemv(self, h: torch.Tensor) -> bool:
         return 0 < int(h.shape[0]) <= self.gemv_max_tokens
 
+    def _fp8_rows(self, h: torch.Tensor, w: Any) -> bool:
+        """Whether `w`'s product at h's token count is W8A8 and takes its input from a fused quantizing
+        kernel (:data:`FUSED_FP8_QUANT`)."""
+        return FUSED_FP8_QUANT and isinstance(w, Fp8Weight) and int(h.shape[0]) > weight_only_max_tokens(w)
+
     def attention_input(
         self,
         i: int,
@@ -217,6 +235,8 @@ class FusedLayers:
         w, b = self.qkv_w[i]
         if self._gemv(h):
             qkv = norm_gemv(h, norm.weight, norm.variance_epsilon, w, b)
+        elif self._fp8_rows(h, w):
+            qkv = quant_linear(rms_norm_fp8(h, norm.weight, norm.variance_epsilon)[1], w, b)
         else:
             qkv = self._linear(rms_norm(h, norm.weight, norm.variance_epsilon), w, b)
         attn = layer.self_attn
@@ -235,12 +255,20 @@ class FusedLayers:
         layer = self.layers[i]
         norm = layer.post_attention_layernorm
         o = o.reshape(h.shape[0], -1)
+        gate_up = self.gate_up_w[i]
+        if self.tp is None and self._fp8_rows(h, self.o_w[i]) and self._fp8_rows(h, gate_up):
+            # o_proj's product joins the residual inside the norm's kernel, which quantizes for gate_up
+            y = quant_linear(o, self.o_w[i])
+            h, x = rms_norm_fp8(h, norm.weight, norm.variance_epsilon, delta=y, out=out)
+            a = silu_mul_fp8(quant_linear(x, gate_up))
+            return self._row_parallel(a, self.down_w[i], h, out)
         h = self._row_parallel(o, self.o_w[i], h, out)
         if self._gemv(h):
-            a = norm_gate_up_silu(h, norm.weight, norm.variance_epsilon, self.gate_up_w[i])
+            a = norm_gate_up_silu(h, norm.weight, norm.variance_epsilon, gate_up)
+        elif self._fp8_rows(h, gate_up):
+            a = silu_mul_fp8(quant_linear(rms_norm_fp8(h, norm.weight, norm.variance_epsilon)[1], gate_up))
         else:
-            x = rms_norm(h, norm.weight, norm.variance_epsilon)
-            a = silu_mul(self._linear(x, self.gate_up_w[i], None))
+            a = silu_mul(self._linear(rms_norm(h, norm.weight, norm.variance_epsilon), gate_up, None))
         return self._row_parallel(a, self.down_w[i], h, out)
 
     def _row_parallel(

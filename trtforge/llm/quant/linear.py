@@ -25,15 +25,17 @@ from torch import nn
 
 from trtforge.kernels import has_wgmma
 from trtforge.kernels.qweight import (
+    Fp8Rows,
     Fp8Weight,
     Int4Weight,
     QuantWeight,
+    fp8_codes_linear_reference,
     fp8_linear_reference,
 )
 
 
 def _scaled_mm(
-    x: torch.Tensor,
+    x: torch.Tensor | Fp8Rows,
     w: Fp8Weight,
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
@@ -43,11 +45,16 @@ def _scaled_mm(
     padded to the 16 cuBLASLt's FP8 GEMMs take), per-channel weight scales; on Hopper up to
     :data:`FP8_SKINNY_MAX_TOKENS` rows trtforge's skinny wgmma GEMM (:mod:`trtforge.kernels.fp8_skinny`),
     and up to :data:`FP8_MID_MAX_TOKENS` its mid-sized one where the output is narrow, instead of
-    cuBLASLt; that one takes the residual into its FP32 epilogue with :data:`FP8_MID_FOLD_RESIDUAL`."""
-    from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
-
+    cuBLASLt; that one takes the residual into its FP32 epilogue with :data:`FP8_MID_FOLD_RESIDUAL`.
+    `x` may come quantized already (:class:`~trtforge.kernels.qweight.Fp8Rows`, from a fused norm or
+    activation): then its codes are multiplied as they are."""
     m = int(x.shape[0])
-    xq, sx = quantize_rows_fp8_padded(x.contiguous())
+    if isinstance(x, Fp8Rows):
+        xq, sx = x.q, x.s
+    else:
+        from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
+
+        xq, sx = quantize_rows_fp8_padded(x.contiguous())
     kind = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
     out = None
     if m <= FP8_SKINNY_MAX_TOKENS and has_wgmma(x.device):  # (0: off, and nothing imported)
@@ -72,7 +79,7 @@ def _scaled_mm(
             scale_a=sx,
             scale_b=w.scale[None, :],
             out_dtype=torch.bfloat16,
-            use_fast_accum=False,
+            use_fast_accum=FP8_FAST_ACCUM,
         )[:m].to(x.dtype)
         out = out if bias is None else out + bias
     out = out.to(x.dtype)  # (a bias of another dtype promoted the sum)
@@ -105,6 +112,11 @@ FP8_MID_MAX_TOKENS = 256
 # the rounding: one kernel and one rounding fewer. The sweep's o/down wins above counted the fold; the
 # served path does not fold until this is measured on the H200 (False: off).
 FP8_MID_FOLD_RESIDUAL = False
+# cuBLASLt's FP8 GEMMs sum the tensor cores' products without its periodic promotion to an FP32
+# accumulator (use_fast_accum: vLLM's CUTLASS W8A8 kernels' schedule). H200, session 30: 5-11% faster
+# at serving's token counts, with 2-4x the accumulation error against the float32 product of the same
+# E4M3 operands. Off until that error is weighed against FP8's own rounding (bench_fp8_gemm.py).
+FP8_FAST_ACCUM = False
 
 
 def weight_only_max_tokens(w: QuantWeight) -> int:
@@ -119,7 +131,7 @@ def weight_only_max_tokens(w: QuantWeight) -> int:
 
 
 def quant_linear(
-    x: torch.Tensor,
+    x: torch.Tensor | Fp8Rows,
     w: QuantWeight,
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
@@ -129,7 +141,10 @@ def quant_linear(
     `residual` (``[..., N]``, x's dtype) where given: added to the rounded product, or, on the FP8
     mid-sized GEMM with :data:`FP8_MID_FOLD_RESIDUAL`, to its FP32 sum before the one rounding. `out`
     (contiguous, ``[..., N]``) receives the result where given and may be `residual` itself (a
-    piecewise step's residual stream, summed in place)."""
+    piecewise step's residual stream, summed in place). `x` may be pre-quantized
+    :class:`~trtforge.kernels.qweight.Fp8Rows` for an FP8 `w`: that is W8A8 at any token count."""
+    if isinstance(x, Fp8Rows):
+        return _quantized_rows_linear(x, w, bias, residual, out)
     lead, k = x.shape[:-1], int(x.shape[-1])
     x2 = x.reshape(-1, k)
     m = int(x2.shape[0])
@@ -153,6 +168,29 @@ def quant_linear(
             y = x2.float() @ w.dequantize().t()
         y = (y if bias is None else y + bias.float()).to(x.dtype)
     return _add_into(r2, y, o2).reshape(*lead, w.shape[0])
+
+
+def _quantized_rows_linear(
+    x: Fp8Rows,
+    w: QuantWeight,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`quant_linear` of pre-quantized rows: W8A8 (CUDA: :func:`_scaled_mm`; CPU: the float32
+    reference of the same codes)."""
+    if not isinstance(w, Fp8Weight) or x.shape[1] != w.shape[1]:
+        raise ValueError(
+            f"quant_linear: pre-quantized FP8 rows {list(x.shape)} need an FP8 weight [N, {x.shape[1]}], "
+            f"got {type(w).__name__} {list(w.shape)}"
+        )
+    m, n = x.m, w.shape[0]
+    r2 = None if residual is None else residual.reshape(m, n)
+    o2 = None if out is None else out.view(m, n)
+    if x.device.type == "cuda":
+        return _scaled_mm(x, w, bias, r2, o2)
+    y = fp8_codes_linear_reference(x.q[:m], x.s[:m], w, bias).to(x.dtype)
+    return _add_into(r2, y, o2)
 
 
 class QuantLinear(nn.Module):

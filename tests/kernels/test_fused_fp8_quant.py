@@ -1,0 +1,132 @@
+"""Kernels that quantize the W8A8 GEMMs' inputs as they produce them (trtforge.kernels.fused_layer):
+RMSNorm + quantize, residual add + RMSNorm + quantize, SiLU*up + quantize.
+
+Each must give exactly the codes and scales of its unfused pair (the 16-bit kernel, then
+``quantize_rows_fp8_padded``), and the residual add exactly torch's. In Triton's CPU interpreter
+without CUDA, for real on a GPU (``-m gpu``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from tests._devices import DEVICES, skip_unless_runs_here
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+
+DTYPES = [
+    pytest.param(torch.bfloat16, id="bf16"),
+    pytest.param(torch.float16, id="fp16"),
+    pytest.param(torch.float32, id="fp32"),
+]
+
+
+def _rows(t: int, n: int, dtype: torch.dtype, seed: int, device: str) -> torch.Tensor:
+    """Activations with rows of very different sizes (one near zero, one with an outlier channel)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, n, generator=g) * torch.logspace(-2, 1, t)[:, None]
+    x[0, 3] = 40.0
+    return x.to(dtype).to(device)
+
+
+def _assert_same_rows(rows, want_q: torch.Tensor, want_s: torch.Tensor, m: int) -> None:
+    assert rows.m == m and rows.q.shape == want_q.shape and rows.s.shape == want_s.shape
+    diff = rows.q.float() != want_q.float()
+    assert not diff.any(), f"{int(diff.sum())} codes differ from the unfused kernels'"
+    assert torch.equal(rows.s, want_s)
+    assert not rows.q[m:].float().any() and bool((rows.s[m:] == 1).all()), "padding rows: zeros, scale 1"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("t", "n"), [(5, 320), (17, 4096)])
+def test_rms_norm_fp8_equals_the_norm_then_the_quantizer(device, dtype, t, n):
+    """Without a delta: the codes and scales of rms_norm then quantize_rows_fp8_padded; x untouched."""
+    from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
+    from trtforge.kernels.fused_layer import rms_norm, rms_norm_fp8
+
+    skip_unless_runs_here(device)
+    x = _rows(t, n, dtype, 1, device)
+    w = (torch.rand(n, generator=torch.Generator().manual_seed(2)) + 0.5).to(dtype).to(device)
+    before = x.clone()
+    h, rows = rms_norm_fp8(x, w, 1e-5)
+    assert h is x and torch.equal(x, before)
+    assert rows.dtype == dtype and rows.shape == (t, n)
+    _assert_same_rows(rows, *quantize_rows_fp8_padded(rms_norm(x, w, 1e-5)), t)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("where", ["new", "in_place", "given"])
+def test_residual_add_rms_norm_fp8_equals_torch_add_then_norm_then_quantizer(device, dtype, where):
+    """With a delta: h = x + delta exactly as torch adds two 16-bit tensors, written where asked (a new
+    tensor, x itself, or a given buffer), and the codes of rms_norm(h) quantized."""
+    from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
+    from trtforge.kernels.fused_layer import rms_norm, rms_norm_fp8
+
+    skip_unless_runs_here(device)
+    t, n = 19, 512
+    x = _rows(t, n, dtype, 3, device)
+    delta = _rows(t, n, dtype, 4, device) * 3
+    w = (torch.rand(n, generator=torch.Generator().manual_seed(5)) + 0.5).to(dtype).to(device)
+    want_h = x + delta
+    want = quantize_rows_fp8_padded(rms_norm(want_h, w, 1e-6))
+    out = {"new": None, "in_place": x, "given": torch.full_like(x, float("nan"))}[where]
+    h, rows = rms_norm_fp8(x, w, 1e-6, delta=delta, out=out)
+    if out is not None:
+        assert h is out
+    assert torch.equal(h, want_h)
+    _assert_same_rows(rows, *want, t)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("t", "inter"), [(3, 200), (18, 1376)])
+def test_silu_mul_fp8_equals_silu_mul_then_the_quantizer(device, dtype, t, inter):
+    from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
+    from trtforge.kernels.fused_layer import silu_mul, silu_mul_fp8
+
+    skip_unless_runs_here(device)
+    gate_up = _rows(t, 2 * inter, dtype, 6, device)
+    rows = silu_mul_fp8(gate_up)
+    assert rows.dtype == dtype and rows.shape == (t, inter)
+    _assert_same_rows(rows, *quantize_rows_fp8_padded(silu_mul(gate_up)), t)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_silu_mul_fp8_two_passes_past_the_register_row(device, monkeypatch):
+    """Rows wider than SINGLE_PASS_K find their peak in a first pass and quantize in a second: the same
+    codes (a strided gate_up view too: rows of a wider buffer)."""
+    from trtforge.kernels import fused_layer
+    from trtforge.kernels.fp8_rows import quantize_rows_fp8_padded
+
+    skip_unless_runs_here(device)
+    monkeypatch.setattr(fused_layer, "SINGLE_PASS_K", 64)
+    wide = _rows(4, 2 * 300 + 40, torch.bfloat16, 7, device)
+    gate_up = wide[:, : 2 * 300]
+    rows = fused_layer.silu_mul_fp8(gate_up)
+    _assert_same_rows(rows, *quantize_rows_fp8_padded(fused_layer.silu_mul(gate_up)), 4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_fused_quantizers_refuse_what_they_cannot_read(device):
+    from trtforge.kernels.fused_layer import rms_norm_fp8, silu_mul_fp8
+
+    skip_unless_runs_here(device)
+    x = torch.zeros(4, 64, dtype=torch.bfloat16, device=device)
+    w = torch.ones(64, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match="rms_norm_fp8: x must be a float"):
+        rms_norm_fp8(x.to(torch.int16), w, 1e-5)
+    with pytest.raises(ValueError, match="rms_norm_fp8: x must be a float"):
+        rms_norm_fp8(x.t(), w, 1e-5)
+    with pytest.raises(ValueError, match=r"rms_norm_fp8: weight must be \[64\]"):
+        rms_norm_fp8(x, w[:32], 1e-5)
+    with pytest.raises(ValueError, match="delta and out must be"):
+        rms_norm_fp8(x, w, 1e-5, delta=x.half())
+    with pytest.raises(ValueError, match="rms_norm_fp8: delta must have 64 columns"):
+        rms_norm_fp8(x, w, 1e-5, delta=x[:, :32])
+    with pytest.raises(ValueError, match="silu_mul_fp8: gate_up .* even width"):
+        silu_mul_fp8(x[:, :63])
