@@ -33,10 +33,16 @@ def _rows(t: int, n: int, dtype: torch.dtype, seed: int, device: str) -> torch.T
 
 
 def _assert_same_rows(rows, want_q: torch.Tensor, want_s: torch.Tensor, m: int) -> None:
+    """The same codes and scales. A float32 row's scale may be an ulp off: its norm is not rounded to 16
+    bits, so a last-bit difference of rsqrt(mean(x^2)) between the two kernels' summation orders on the
+    GPU (each compiles its own layout) reaches the peak (H200, session 32: codes equal, scales not)."""
     assert rows.m == m and rows.q.shape == want_q.shape and rows.s.shape == want_s.shape
     diff = rows.q.float() != want_q.float()
     assert not diff.any(), f"{int(diff.sum())} codes differ from the unfused kernels'"
-    assert torch.equal(rows.s, want_s)
+    if rows.dtype == torch.float32:
+        torch.testing.assert_close(rows.s, want_s, rtol=3e-7, atol=0)
+    else:
+        assert torch.equal(rows.s, want_s)
     assert not rows.q[m:].float().any() and bool((rows.s[m:] == 1).all()), "padding rows: zeros, scale 1"
 
 
