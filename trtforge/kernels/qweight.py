@@ -59,9 +59,10 @@ class Fp8Weight:
 @dataclass(frozen=True)
 class Fp8Rows:
     """Activations quantized per token, the input of a W8A8 GEMM: E4M3 codes `q` ``[Mp, K]`` and float32
-    scales `s` ``[Mp, 1]`` (Mp: `m` rounded up to 16; rows past `m` zero codes, scale 1), and the 16-bit
-    `dtype` the rows stand for (the GEMM's output type). A producer that quantizes as it computes (a
-    fused norm or activation) hands these on, so no 16-bit copy of the rows is written and read again."""
+    scales `s` ``[Mp, 1]`` (Mp: `m` rounded up to 16; rows past `m` zero codes, scale 1), and the
+    `dtype` of the activations the rows stand for (the GEMM's output type). A producer that quantizes
+    as it computes (a fused norm or activation) hands these on, so no 16-bit copy of the rows is written
+    and read again."""
 
     q: torch.Tensor
     s: torch.Tensor
