@@ -136,3 +136,46 @@ def test_the_fused_quantizers_refuse_what_they_cannot_read(device):
         rms_norm_fp8(x, w, 1e-5, delta=x[:, :32])
     with pytest.raises(ValueError, match="silu_mul_fp8: gate_up .* even width"):
         silu_mul_fp8(x[:, :63])
+
+
+def _sm90_facts(kernel: str, has_delta: bool) -> dict:
+    """The kernel compiled for sm_90 at the Llama-3-8B widths (norms of 4,096 on 8 warps, SiLU*up of
+    14,336 on 16), as the wrappers launch them (run in a child: the interpreter compiles nothing)."""
+    from tests.kernels._sm90 import compile_facts
+    from trtforge.kernels import fused_layer as fl
+
+    if kernel == "norm":
+        ptrs = {"X": "*bf16", "Delta": "*bf16", "W": "*bf16", "H": "*bf16", "Q": "*fp8e4nv", "S": "*fp32"}
+        ints = {"n_cols": 4096, "stride_x": 4096, "stride_d": 4096, "stride_h": 4096, "stride_q": 4096}
+        consts = {"HAS_DELTA": has_delta, "BLOCK": 4096, "HW_CAST": True}
+        return compile_facts(fl._norm_quant_kernel, ptrs, ints, consts, 8, 1, {"eps": "fp32"}) | {
+            "threads": 256
+        }
+    ptrs = {"GU": "*bf16", "Q": "*fp8e4nv", "S": "*fp32"}
+    ints = {"inter": 14336, "stride_gu": 28672, "stride_q": 14336}
+    consts = {"BLOCK": 16384, "ONE_PASS": True, "HW_CAST": True}
+    return compile_facts(fl._silu_mul_quant_kernel, ptrs, ints, consts, 16, 1) | {"threads": 512}
+
+
+@pytest.mark.parametrize(
+    ("kernel", "has_delta", "row_bytes"),
+    [("norm", False, 4096), ("norm", True, 4096 * 3), ("silu", False, 16384)],
+    ids=["norm", "add-norm", "silu-mul"],
+)
+def test_fused_quantizers_write_only_codes_on_sm90(kernel, has_delta, row_bytes):
+    """What the GPU runs: 16-byte stores that add up to one E4M3 code an element (plus the 16-bit
+    residual row with a delta) and one scale, so no 16-bit copy of the row is written; the paired
+    hardware conversion (cvt.rn.satfinite.e4m3x2); nothing spilled (H200 session 32: 55, 64 and 128
+    registers)."""
+    from tests.kernels._sm90 import needs_ptxas, run_in_child
+
+    needs_ptxas()
+    facts = run_in_child(f"{__name__}:_sm90_facts", kernel, has_delta)
+    counts = facts["counts"]
+    assert facts["ptxas_rc"] == 0 and facts["spills"] == [0], facts["ptxas"]
+    assert counts.get("cvt.rn.satfinite.e4m3x2.f32", 0) > 0
+    assert 16 * counts.get("st.global.v4.b32", 0) * facts["threads"] == row_bytes
+    assert counts.get("st.global.b32", 0) == 1  # the row's scale
+    assert not [
+        op for op in counts if op.startswith("st.global") and op not in ("st.global.v4.b32", "st.global.b32")
+    ]
