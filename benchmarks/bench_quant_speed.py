@@ -276,10 +276,11 @@ def _int4_mma_setting(text: str) -> str:
 
 
 def parse_setting(text: str) -> dict[tuple[str, str], object]:
-    """--ab's value: ``base`` (nothing changed) or ``module.NAME=value`` assignments joined by ``+``, each
-    an upper-case setting of a module of ``trtforge.kernels`` (``decode_attention.FP8_V_PAIRS=False``) or
-    of any trtforge module named in full (``trtforge.llm.quant.linear.FP8_FAST_ACCUM=True``); the value a
-    Python literal."""
+    """A module setting (--ab, --set): ``base`` (nothing changed) or ``module.NAME=value`` assignments
+    joined by ``+``, each an upper-case setting of a module of ``trtforge.kernels``
+    (``decode_attention.FP8_V_PAIRS=False``) or of any trtforge module named in full
+    (``trtforge.llm.quant.linear.FP8_FAST_ACCUM=True``); the value a Python literal. Anything else:
+    ``argparse.ArgumentTypeError`` saying what (the caller names its option)."""
     import ast
     import importlib
 
@@ -290,18 +291,27 @@ def parse_setting(text: str) -> dict[tuple[str, str], object]:
         target, eq, value = part.partition("=")
         mod, dot, name = target.strip().rpartition(".")
         if not (eq and dot and name.isupper()):
-            raise argparse.ArgumentTypeError(
-                f"--ab takes base or module.NAME=value joined by '+', not {part!r}"
-            )
+            raise argparse.ArgumentTypeError(f"base or module.NAME=value joined by '+', not {part!r}")
         full = mod if mod.startswith("trtforge.") else f"trtforge.kernels.{mod}"
         try:
             module = importlib.import_module(full)
         except ModuleNotFoundError as exc:
-            raise argparse.ArgumentTypeError(f"--ab {part!r}: no module {full}") from exc
+            raise argparse.ArgumentTypeError(f"no module {full}") from exc
         if not hasattr(module, name):
             raise argparse.ArgumentTypeError(f"{full} has no setting {name}")
-        out[(full, name)] = ast.literal_eval(value.strip())
+        try:
+            out[(full, name)] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError) as exc:
+            raise argparse.ArgumentTypeError(f"{name}: {value.strip()!r} is not a Python literal") from exc
     return out
+
+
+def set_setting(setting: dict[tuple[str, str], object]) -> None:
+    """Put the module settings of `setting` (:func:`parse_setting`) in force."""
+    import importlib
+
+    for (mod, name), value in setting.items():
+        setattr(importlib.import_module(mod), name, value)
 
 
 @contextlib.contextmanager
@@ -311,12 +321,10 @@ def applied(setting: dict[tuple[str, str], object]):
 
     old = {key: getattr(importlib.import_module(key[0]), key[1]) for key in setting}
     try:
-        for (mod, name), value in setting.items():
-            setattr(importlib.import_module(mod), name, value)
+        set_setting(setting)
         yield
     finally:
-        for (mod, name), value in old.items():
-            setattr(importlib.import_module(mod), name, value)
+        set_setting(old)
 
 
 def single_workload(quick: bool) -> tuple[list[int], int]:
@@ -589,7 +597,7 @@ def main() -> None:
     for text in args.ab or []:  # a bad --ab ends the run before the model is built
         try:
             parse_setting(text)
-        except (argparse.ArgumentTypeError, ImportError, ValueError, SyntaxError) as e:
+        except argparse.ArgumentTypeError as e:
             ap.error(f"--ab {text!r}: {e}")
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]

@@ -999,14 +999,12 @@ def main() -> None:
     if args.fp8_mid_fold_residual is not None:
         quant_linear.FP8_MID_FOLD_RESIDUAL = args.fp8_mid_fold_residual == "on"
     if args.settings:
-        from benchmarks.bench_quant_speed import parse_setting
+        from benchmarks.bench_quant_speed import parse_setting, set_setting
 
         try:
-            setting = parse_setting(args.settings)
+            set_setting(parse_setting(args.settings))
         except argparse.ArgumentTypeError as exc:
-            ap.error(str(exc).replace("--ab", "--set"))
-        for (mod, name), value in setting.items():
-            setattr(sys.modules[mod], name, value)
+            ap.error(f"--set {args.settings!r}: {exc}")
         results["settings"] = args.settings
     if args.fp8_decode_config is not None:  # one launch everywhere: no 2-warp launch for many pairs
         decode_attention.FP8_KV_DECODE_CONFIG = decode_attention.DecodeConfig(*args.fp8_decode_config)

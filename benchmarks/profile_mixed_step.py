@@ -190,7 +190,7 @@ def main() -> None:
             try:
                 parse_setting(text)
             except argparse.ArgumentTypeError as exc:
-                ap.error(str(exc))
+                ap.error(f"--ab {text!r}: {exc}")
     if args.fp8_mid_max is not None:
         quant_linear.FP8_MID_MAX_TOKENS = args.fp8_mid_max
     if args.fp8_mid_fold_residual is not None:

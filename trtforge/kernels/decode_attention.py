@@ -905,20 +905,9 @@ def _launch(
     descs = _tma_descriptors(k, v, cfg.block_n) if cfg.tma and page == 0 else None
     k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
     options = _split_options(
-        cfg,
-        hq // hkv,
-        s_q,
-        d,
-        page,
-        direct,
-        fused,
-        descs is not None,
-        window,
-        pdl,
-        q.dtype,
-        k.dtype,
+        cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype, k.dtype,
         v_pairs_options(k.dtype, d, v),
-    )
+    )  # fmt: skip
     _decode_split_kernel[(splits, b * hkv)](
         q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,

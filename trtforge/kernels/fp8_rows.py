@@ -55,13 +55,19 @@ def cast_e4m3(v, DST: tl.constexpr, HW_CAST: tl.constexpr):
 
 
 @triton.jit
+def store_row_scale(S_row, amax, live):
+    """A row's scale ``amax / 448`` (IEEE division) at `S_row`; 1 for a padding row (`live` false)."""
+    tl.store(S_row, tl.where(live, tl.div_rn(amax, 448.0), 1.0))
+
+
+@triton.jit
 def quantize_row_store(y, Q_row, S_row, offs, ok, live, HW_CAST: tl.constexpr):
-    """Store one row `y` (float32, zeros where masked) as E4M3 codes at ``Q_row + offs`` and its scale
-    ``amax / 448`` at `S_row` (1 for a padding row: `live` false). The fused producers
-    (:mod:`trtforge.kernels.fused_layer`) end in this, so their codes are this module's."""
+    """Store one row `y` (float32, zeros where masked) as E4M3 codes at ``Q_row + offs`` and its scale at
+    `S_row` (:func:`store_row_scale`). The fused producers (:mod:`trtforge.kernels.fused_layer`) end in
+    this, so their codes are this module's."""
     amax = tl.maximum(tl.max(tl.abs(y), 0), 1e-12)
     tl.store(Q_row + offs, cast_e4m3(y * tl.div_rn(448.0, amax), Q_row.dtype.element_ty, HW_CAST), mask=ok)
-    tl.store(S_row, tl.where(live, tl.div_rn(amax, 448.0), 1.0))
+    store_row_scale(S_row, amax, live)
 
 
 @triton.jit
@@ -90,7 +96,7 @@ def _quant_rows_kernel(
             offs = k0 + arange
             x = tl.load(x_row + offs, mask=(offs < K) & live, other=0.0).to(tl.float32)
             tl.store(q_row + offs, cast_e4m3(x * inv, dst, HW_CAST), mask=offs < K)
-        tl.store(S + row, tl.where(live, tl.div_rn(amax, 448.0), 1.0))
+        store_row_scale(S + row, amax, live)
 
 
 def empty_rows(m: int, k: int, dtype: torch.dtype, device: torch.device, multiple: int = 16) -> Fp8Rows:

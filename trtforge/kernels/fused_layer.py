@@ -25,6 +25,7 @@ from trtforge.kernels.fp8_rows import (
     empty_rows,
     hw_cast_default,
     quantize_row_store,
+    store_row_scale,
 )
 from trtforge.kernels.gemv import pdl_supported
 from trtforge.kernels.kv_quant import inverse_scale
@@ -145,7 +146,7 @@ def _silu_mul_quant_kernel(
             offs = k0 + arange
             y = _silu_mul_part(gu_row, offs, (offs < inter) & live, inter, dt)
             tl.store(q_row + offs, cast_e4m3(y * inv, Q.dtype.element_ty, HW_CAST), mask=offs < inter)
-        tl.store(S + row, tl.where(live, tl.div_rn(amax, 448.0), 1.0))
+        store_row_scale(S + row, amax, live)
 
 
 @triton.jit

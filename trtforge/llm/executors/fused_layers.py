@@ -211,9 +211,9 @@ class FusedLayers:
     def _gemv(self, h: torch.Tensor) -> bool:
         return 0 < int(h.shape[0]) <= self.gemv_max_tokens
 
-    def _fp8_rows(self, h: torch.Tensor, w: Any) -> bool:
-        """Whether `w`'s product at h's token count is W8A8 and takes its input from a fused quantizing
-        kernel (:data:`FUSED_FP8_QUANT`)."""
+    def _fused_fp8_input(self, h: torch.Tensor, w: Any) -> bool:
+        """Whether `w`'s product at h's token count is W8A8 with its input quantized by the kernel that
+        produces it (:data:`FUSED_FP8_QUANT`): the norm or SiLU before it hands over ``Fp8Rows``."""
         return FUSED_FP8_QUANT and isinstance(w, Fp8Weight) and int(h.shape[0]) > weight_only_max_tokens(w)
 
     def attention_input(
@@ -235,7 +235,7 @@ class FusedLayers:
         w, b = self.qkv_w[i]
         if self._gemv(h):
             qkv = norm_gemv(h, norm.weight, norm.variance_epsilon, w, b)
-        elif self._fp8_rows(h, w):
+        elif self._fused_fp8_input(h, w):
             qkv = quant_linear(rms_norm_fp8(h, norm.weight, norm.variance_epsilon)[1], w, b)
         else:
             qkv = self._linear(rms_norm(h, norm.weight, norm.variance_epsilon), w, b)
@@ -256,7 +256,7 @@ class FusedLayers:
         norm = layer.post_attention_layernorm
         o = o.reshape(h.shape[0], -1)
         gate_up = self.gate_up_w[i]
-        if self.tp is None and self._fp8_rows(h, self.o_w[i]) and self._fp8_rows(h, gate_up):
+        if self.tp is None and self._fused_fp8_input(h, self.o_w[i]) and self._fused_fp8_input(h, gate_up):
             # o_proj's product joins the residual inside the norm's kernel, which quantizes for gate_up
             y = quant_linear(o, self.o_w[i])
             h, x = rms_norm_fp8(h, norm.weight, norm.variance_epsilon, delta=y, out=out)
@@ -265,7 +265,7 @@ class FusedLayers:
         h = self._row_parallel(o, self.o_w[i], h, out)
         if self._gemv(h):
             a = norm_gate_up_silu(h, norm.weight, norm.variance_epsilon, gate_up)
-        elif self._fp8_rows(h, gate_up):
+        elif self._fused_fp8_input(h, gate_up):
             a = silu_mul_fp8(quant_linear(rms_norm_fp8(h, norm.weight, norm.variance_epsilon)[1], gate_up))
         else:
             a = silu_mul(self._linear(rms_norm(h, norm.weight, norm.variance_epsilon), gate_up, None))
