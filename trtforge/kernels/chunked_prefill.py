@@ -354,6 +354,60 @@ HOPPER_CHUNK_MAX_KEYS = 32768
 # in BF16 and FP16; V times its scale, K's scale rides in the softmax scale), then the same kernel runs.
 # False keeps them on the varlen kernel (a benchmark's A/B; read when a step's launches are prepared).
 FP8_HOPPER_CHUNKS = True
+# ... gathered and widened by one kernel (:func:`gather_widened`) rather than torch's byte gather, dtype
+# copy and V-scale multiply (five launches and a byte copy of the blocks; read at each launch).
+FUSED_FP8_GATHER = True
+# Elements of one block a gather program widens (a block of 16 keys x 8 kv heads x 128 channels is 4).
+_GATHER_BLOCK = 4096
+
+
+@triton.jit
+def _gather_widen_kernel(
+    KPool, VPool, Pages, KOut, VOut, v_scale, PAGE_ELEMS: tl.constexpr, BLOCK: tl.constexpr
+):
+    """Program (i, part): elements [part * BLOCK, +BLOCK) of pool block Pages[i]'s K and V codes, widened
+    to the outputs' type at row block i (V times `v_scale` in float32, then rounded to nearest even)."""
+    i = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < PAGE_ELEMS
+    src = tl.load(Pages + i).to(tl.int64) * PAGE_ELEMS + offs
+    dst = i.to(tl.int64) * PAGE_ELEMS + offs
+    k = tl.load(KPool + src, mask=ok)
+    tl.store(KOut + dst, k.to(tl.float32).to(KOut.dtype.element_ty), mask=ok)
+    v = tl.load(VPool + src, mask=ok)
+    tl.store(VOut + dst, (v.to(tl.float32) * v_scale).to(VOut.dtype.element_ty), mask=ok)
+
+
+def gather_widened(
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    pages: torch.Tensor,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    v_scale: float = 1.0,
+) -> None:
+    """Blocks `pages` (int, device) of FP8 pools `k_pool` / `v_pool` ``[N, page, Hkv, D]`` into the first
+    ``len(pages)`` blocks of the 16-bit `k_out` / `v_out` ``[>= len(pages), page, Hkv, D]``, in one launch:
+    K's codes widened exactly, V's times `v_scale` (float32) and rounded to nearest even, the values
+    torch's gather, widening copy and multiply give."""
+    n = int(pages.shape[0])
+    shape = tuple(k_pool.shape[1:])
+    for name, t in (("k_pool", k_pool), ("v_pool", v_pool), ("k_out", k_out), ("v_out", v_out)):
+        if t.dim() != 4 or tuple(t.shape[1:]) != shape or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous [blocks, {', '.join(map(str, shape))}] tensor; "
+                             f"got {tuple(t.shape)}")  # fmt: skip
+    if k_pool.dtype != FP8_KV_DTYPE or v_pool.dtype != FP8_KV_DTYPE:
+        raise ValueError(f"the pools must hold FP8 E4M3 codes; got {k_pool.dtype} and {v_pool.dtype}")
+    if k_out.dtype not in (torch.float16, torch.bfloat16) or v_out.dtype != k_out.dtype:
+        raise ValueError(f"the outputs must share a 16-bit float type; got {k_out.dtype} and {v_out.dtype}")
+    if int(k_out.shape[0]) < n or int(v_out.shape[0]) < n:
+        raise ValueError(f"{n} blocks do not fit outputs of {int(k_out.shape[0])} and {int(v_out.shape[0])}")
+    if n == 0:
+        return
+    elems = shape[0] * shape[1] * shape[2]
+    block = min(_GATHER_BLOCK, triton.next_power_of_2(elems))
+    grid = (n, triton.cdiv(elems, block))
+    _gather_widen_kernel[grid](k_pool, v_pool, pages, k_out, v_out, float(v_scale), elems, block, num_warps=4)
 
 
 def hopper_chunks_eligible(
@@ -425,7 +479,9 @@ def prepare_chunked_prefill_hopper(
         p0 += n
 
     def launch(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, out: torch.Tensor, scale: float, *rest):
-        if fp8:  # widened into q's dtype (exact); V's scale applied here, K's rides in `scale`
+        if fp8 and FUSED_FP8_GATHER and kp.is_contiguous() and vp.is_contiguous():
+            gather_widened(kp, vp, pages, scratch[0], scratch[1], float(rest[0]) if rest else 1.0)
+        elif fp8:  # widened into q's dtype (exact); V's scale applied here, K's rides in `scale`
             scratch[0].copy_(kp.view(torch.uint8).index_select(0, pages).view(kp.dtype))
             scratch[1].copy_(vp.view(torch.uint8).index_select(0, pages).view(vp.dtype))
             if rest and float(rest[0]) != 1.0:
