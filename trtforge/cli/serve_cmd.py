@@ -65,7 +65,12 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     "holds them (an 8B model on an H200: 512 gave 5% more at 128 in / 128 out), at some latency per token.",
 )
 @click.option(
-    "--max-num-batched-tokens", default=None, type=click.IntRange(1), help="Tokens per step (default 4096)."
+    "--max-num-batched-tokens",
+    default=None,
+    type=click.IntRange(1),
+    help="Tokens per step (default 4096). More make fewer, larger prompt steps (more output per second on "
+    "long prompts) and take more GPU memory for the steps' CUDA graphs (an 8B model: 20 GB at 8192 against "
+    "7 GB at 4096, which the KV pool then lacks).",
 )
 @click.option(
     "--max-prefill-tokens-with-decodes",
@@ -74,7 +79,7 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     help="Prompt tokens a step takes while requests decode (default 1024). It bounds the time between a "
     "running request's tokens; raising it toward --max-num-batched-tokens trades that for throughput (an "
     "8B model on an H200, 2048 in / 128 out: 4096 gave 3.5% more output tokens a second at 3.4x the time "
-    "between tokens).",
+    "between tokens; in FP8, 8192 with --max-num-batched-tokens 8192 gave 17% more at 6x).",
 )
 @click.option("--max-model-len", default=None, type=click.IntRange(2), help="Longest prompt + output.")
 @click.option(
