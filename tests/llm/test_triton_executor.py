@@ -207,6 +207,87 @@ def test_fp8_layers_quantize_their_gemm_inputs_in_the_producing_kernels(monkeypa
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("in_place", [False, True], ids=["new", "in-place"])
+def test_deferred_down_residual_gives_the_same_stream_q_and_pools(monkeypatch, dtype, in_place):
+    """DEFER_DOWN_RESIDUAL: between(i) leaves layer i's down product to layer i + 1's input norm kernel
+    (its delta) instead of an add of its own, and the residual stream, layer i + 1's q and its pools
+    equal finish + attention_input's exactly; here in Triton's CPU interpreter."""
+    pytest.importorskip("triton")
+    from tests.llm.tiny_models import tiny_model
+    from trtforge.llm.executors import fused_layers
+    from trtforge.llm.executors.fused_layers import FusedLayers
+    from trtforge.llm.models.families import adapter_for
+    from trtforge.llm.quant import linear as quant_linear_module
+    from trtforge.llm.quant import quantize_model
+
+    model = tiny_model("llama", num_key_value_heads=2, initializer_range=0.02).to(dtype)
+    quantize_model(model, "fp8")
+    fused = FusedLayers(adapter_for(model))
+    assert len(fused.layers) >= 2
+    g = torch.Generator().manual_seed(4)
+    t, d, hkv = 6, 16, 2
+    h = torch.randn(t, 64, generator=g).to(dtype)
+    o = torch.randn(t, 64, generator=g).to(dtype)
+    angles = torch.rand(t, d // 2, generator=g) * 6
+    rope = (torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype))
+    slots = torch.tensor([1, 7, 12, 3, 19, 8], dtype=torch.int32)
+    adds: list[bool] = []
+    real = fused_layers.quant_linear
+    monkeypatch.setattr(
+        fused_layers,
+        "quant_linear",
+        lambda *a, **k: adds.append(k.get("residual") is not None) or real(*a, **k),
+    )
+
+    def between(defer: bool) -> tuple[torch.Tensor, ...]:
+        monkeypatch.setattr(fused_layers, "DEFER_DOWN_RESIDUAL", defer)
+        adds.clear()
+        pools = [torch.zeros(6, 4, hkv, d, dtype=dtype) for _ in range(2)]
+        stream = h.clone()
+        out, q = fused.between(0, stream, o, rope, slots, *pools, 0.5, 2.0, out=stream if in_place else None)
+        assert (out is stream) == in_place
+        return out, q, *pools
+
+    want = between(False)
+    assert adds.count(True) == 1, "the separate path adds down's product to the stream in quant_linear"
+    assert fused._defers_down(0, h) is False
+    got = between(True)
+    assert fused._defers_down(0, h) and not any(adds), "the deferred path adds no residual after a GEMM"
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    assert not fused._defers_down(len(fused.layers) - 1, h), "the last layer has no next norm to take it"
+    assert not fused._defers_down(0, h[:1]), "one token runs the GEMVs, which fold the residual already"
+    monkeypatch.setattr(quant_linear_module, "FP8_MID_FOLD_RESIDUAL", True)
+    assert not fused._defers_down(0, h), "a GEMM that folds the residual keeps it"
+
+
+def test_model_layers_between_equals_layer_out_then_layer_in():
+    """The unfused split (torch layer math): layer_between is layer_out then layer_in, into the buffers."""
+    from trtforge.llm.executors.model_layers import ModelLayers
+    from trtforge.llm.models.families import adapter_for
+
+    model = tiny_llama()
+    adapter = adapter_for(model)
+    pools = [torch.zeros(8, 4, adapter.num_kv_heads, adapter.head_dim, dtype=torch.float64) for _ in range(4)]
+    layers = ModelLayers(adapter, None, pools[:2], pools[2:])
+    g = torch.Generator().manual_seed(5)
+    ids, positions = torch.tensor([3, 9, 14, 2]), torch.arange(4)
+    h, extra = layers.embed(ids, positions)
+    o = torch.randn(4, adapter.num_heads, adapter.head_dim, generator=g, dtype=torch.float64)
+    slots = torch.tensor([0, 1, 2, 5], dtype=torch.int32)
+    want_h = layers.layer_out(0, h, o)
+    want_q = layers.layer_in(1, want_h, extra, slots)
+    want_pools = [p.clone() for p in pools]
+    for p in pools:
+        p.zero_()
+    stream, q_buf = h.clone(), torch.empty_like(want_q)
+    got_h, got_q = layers.layer_between(0, stream, o, extra, slots, out=stream, q_out=q_buf)
+    assert got_h is stream and got_q is q_buf
+    assert torch.equal(got_h, want_h) and torch.equal(got_q, want_q)
+    assert all(torch.equal(a, b) for a, b in zip(pools, want_pools))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_qk_norm_and_partial_rotary_kernels_match_the_eager_modules(device):
     """Qwen3's per-head q/k RMSNorm (in place, other heads untouched) and a partial rotary (Phi-4-mini:
