@@ -262,30 +262,48 @@ def test_deferred_down_residual_gives_the_same_stream_q_and_pools(monkeypatch, d
     assert not fused._defers_down(0, h), "a GEMM that folds the residual keeps it"
 
 
-def test_model_layers_between_equals_layer_out_then_layer_in():
-    """The unfused split (torch layer math): layer_between is layer_out then layer_in, into the buffers."""
+@pytest.mark.parametrize("variant", ["torch", "fused-fp16", "fused-fp8", "fused-fp8-deferred"])
+def test_model_layers_between_equals_layer_out_then_layer_in(monkeypatch, variant):
+    """layer_between is layer_out then layer_in, into the given buffers: the torch layer math (float64),
+    and the fused layers (Triton's interpreter here; what the CUDA executor runs), FP16 or FP8 W8A8 with
+    the down residual deferred or not."""
+    from tests.llm.tiny_models import tiny_model
+    from trtforge.llm.executors import fused_layers
+    from trtforge.llm.executors.fused_layers import FusedLayers
     from trtforge.llm.executors.model_layers import ModelLayers
     from trtforge.llm.models.families import adapter_for
+    from trtforge.llm.quant import quantize_model
 
-    model = tiny_llama()
+    monkeypatch.setattr(fused_layers, "DEFER_DOWN_RESIDUAL", variant.endswith("deferred"))
+    if variant == "torch":
+        model, dtype = tiny_llama(), torch.float64
+    else:
+        dtype = torch.float16
+        model = tiny_model("llama", num_key_value_heads=2, initializer_range=0.02).to(dtype)
+        if "fp8" in variant:
+            quantize_model(model, "fp8")
     adapter = adapter_for(model)
-    pools = [torch.zeros(8, 4, adapter.num_kv_heads, adapter.head_dim, dtype=torch.float64) for _ in range(4)]
-    layers = ModelLayers(adapter, None, pools[:2], pools[2:])
+    fused = None if variant == "torch" else FusedLayers(adapter)
+    pools = [torch.zeros(8, 4, adapter.num_kv_heads, adapter.head_dim, dtype=dtype) for _ in range(4)]
+    layers = ModelLayers(adapter, fused, pools[:2], pools[2:])
     g = torch.Generator().manual_seed(5)
-    ids, positions = torch.tensor([3, 9, 14, 2]), torch.arange(4)
-    h, extra = layers.embed(ids, positions)
-    o = torch.randn(4, adapter.num_heads, adapter.head_dim, generator=g, dtype=torch.float64)
-    slots = torch.tensor([0, 1, 2, 5], dtype=torch.int32)
-    want_h = layers.layer_out(0, h, o)
-    want_q = layers.layer_in(1, want_h, extra, slots)
-    want_pools = [p.clone() for p in pools]
-    for p in pools:
-        p.zero_()
-    stream, q_buf = h.clone(), torch.empty_like(want_q)
-    got_h, got_q = layers.layer_between(0, stream, o, extra, slots, out=stream, q_out=q_buf)
+    ids, positions = torch.tensor([3, 9, 14, 2, 40, 7]), torch.arange(6)
+    slots = torch.tensor([0, 1, 2, 5, 9, 30], dtype=torch.int32)
+    with torch.inference_mode():  # as the executor runs (in-place adds refuse tensors that need grad)
+        h, extra = layers.embed(ids, positions)
+        o = torch.randn(6, adapter.num_heads, adapter.head_dim, generator=g).to(dtype)
+        want_h = layers.layer_out(0, h.clone(), o)
+        want_q = layers.layer_in(1, want_h, extra, slots)
+        want_pools = [p.clone() for p in pools]
+        for p in pools:
+            p.zero_()
+        stream, q_buf = h.clone(), torch.empty_like(want_q)
+        got_h, got_q = layers.layer_between(0, stream, o, extra, slots, out=stream, q_out=q_buf)
     assert got_h is stream and got_q is q_buf
     assert torch.equal(got_h, want_h) and torch.equal(got_q, want_q)
     assert all(torch.equal(a, b) for a, b in zip(pools, want_pools))
+    if fused is not None:
+        assert fused._defers_down(0, h) == (variant == "fused-fp8-deferred")
 
 
 @pytest.mark.parametrize("device", DEVICES)
