@@ -158,6 +158,26 @@ def test_the_fused_layer_updates_the_residual_stream_in_place(tokens, quantizati
     torch.testing.assert_close(other, want, atol=2e-3, rtol=2e-3)
 
 
+def _fp8_layer_inputs(dtype: torch.dtype, seed: int) -> tuple:
+    """FusedLayers of a tiny FP8 Llama (hidden 64, 2 kv heads of 16) in `dtype`, and a 6-token layer's
+    residual stream, attention output, rotary tables and pool slots."""
+    from tests.llm.tiny_models import tiny_model
+    from trtforge.llm.executors.fused_layers import FusedLayers
+    from trtforge.llm.models.families import adapter_for
+    from trtforge.llm.quant import quantize_model
+
+    model = tiny_model("llama", num_key_value_heads=2, initializer_range=0.02).to(dtype)
+    quantize_model(model, "fp8")
+    fused = FusedLayers(adapter_for(model))
+    g = torch.Generator().manual_seed(seed)
+    t, d = 6, fused.head_dim
+    h = torch.randn(t, 64, generator=g).to(dtype)
+    o = torch.randn(t, 64, generator=g).to(dtype)
+    angles = torch.rand(t, d // 2, generator=g) * 6
+    rope = (torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype))
+    return fused, h, o, rope, torch.tensor([1, 7, 12, 3, 19, 8], dtype=torch.int32)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("in_place", [False, True], ids=["new", "in-place"])
 def test_fp8_layers_quantize_their_gemm_inputs_in_the_producing_kernels(monkeypatch, dtype, in_place):
@@ -166,22 +186,10 @@ def test_fp8_layers_quantize_their_gemm_inputs_in_the_producing_kernels(monkeypa
     silu_mul_fp8 for down; no 16-bit norm or SiLU kernel runs) and the layer's q, pools and residual
     stream equal the separate kernels' exactly (the same codes); here in Triton's CPU interpreter."""
     pytest.importorskip("triton")
-    from tests.llm.tiny_models import tiny_model
     from trtforge.llm.executors import fused_layers
-    from trtforge.llm.executors.fused_layers import FusedLayers
-    from trtforge.llm.models.families import adapter_for
-    from trtforge.llm.quant import quantize_model
 
-    model = tiny_model("llama", num_key_value_heads=2, initializer_range=0.02).to(dtype)
-    quantize_model(model, "fp8")
-    fused = FusedLayers(adapter_for(model))
-    g = torch.Generator().manual_seed(3)
-    t, d, hkv = 6, 16, 2
-    h = torch.randn(t, 64, generator=g).to(dtype)
-    o = torch.randn(t, 64, generator=g).to(dtype)
-    angles = torch.rand(t, d // 2, generator=g) * 6
-    rope = (torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype))
-    slots = torch.tensor([1, 7, 12, 3, 19, 8], dtype=torch.int32)
+    fused, h, o, rope, slots = _fp8_layer_inputs(dtype, 3)
+    d, hkv = fused.head_dim, fused.num_kv_heads
 
     def layer(fuse: bool) -> tuple[torch.Tensor, ...]:
         monkeypatch.setattr(fused_layers, "FUSED_FP8_QUANT", fuse)
@@ -214,24 +222,12 @@ def test_deferred_down_residual_gives_the_same_stream_q_and_pools(monkeypatch, d
     (its delta) instead of an add of its own, and the residual stream, layer i + 1's q and its pools
     equal finish + attention_input's exactly; here in Triton's CPU interpreter."""
     pytest.importorskip("triton")
-    from tests.llm.tiny_models import tiny_model
     from trtforge.llm.executors import fused_layers
-    from trtforge.llm.executors.fused_layers import FusedLayers
-    from trtforge.llm.models.families import adapter_for
     from trtforge.llm.quant import linear as quant_linear_module
-    from trtforge.llm.quant import quantize_model
 
-    model = tiny_model("llama", num_key_value_heads=2, initializer_range=0.02).to(dtype)
-    quantize_model(model, "fp8")
-    fused = FusedLayers(adapter_for(model))
+    fused, h, o, rope, slots = _fp8_layer_inputs(dtype, 4)
+    d, hkv = fused.head_dim, fused.num_kv_heads
     assert len(fused.layers) >= 2
-    g = torch.Generator().manual_seed(4)
-    t, d, hkv = 6, 16, 2
-    h = torch.randn(t, 64, generator=g).to(dtype)
-    o = torch.randn(t, 64, generator=g).to(dtype)
-    angles = torch.rand(t, d // 2, generator=g) * 6
-    rope = (torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype))
-    slots = torch.tensor([1, 7, 12, 3, 19, 8], dtype=torch.int32)
     adds: list[bool] = []
     real = fused_layers.quant_linear
     monkeypatch.setattr(
