@@ -49,6 +49,7 @@ from trtforge.kernels.gemv import MAX_ROWS, gemv_residual, norm_gate_up_silu, no
 from trtforge.kernels.gemv import prepare as prepare_gemv_weight
 from trtforge.kernels.qweight import Fp8Rows, Fp8Weight, cat_weights
 from trtforge.llm.models.llama import LlamaStyle
+from trtforge.llm.quant import linear as quant_linear_module
 from trtforge.llm.quant.linear import QuantLinear, quant_linear, weight_only_max_tokens
 
 # Token counts up to this run the projections as GEMVs (FusedLayers.gemv_max_tokens; at most
@@ -299,9 +300,7 @@ class FusedLayers:
         """Whether :meth:`between` leaves layer i's down residual to layer i + 1's norm kernel: the knob,
         one process (no tensor parallelism), W8A8 with fused inputs for o, gate/up, down and the next
         qkv, and no fold of the residual into the down GEMM that the separate add would replace."""
-        from trtforge.llm.quant import linear as ql
-
-        if not DEFER_DOWN_RESIDUAL or self.tp is not None or ql.FP8_MID_FOLD_RESIDUAL:
+        if not DEFER_DOWN_RESIDUAL or self.tp is not None or quant_linear_module.FP8_MID_FOLD_RESIDUAL:
             return False
         if i + 1 >= len(self.layers) or self._gemv(h):
             return False
