@@ -357,7 +357,7 @@ FP8_HOPPER_CHUNKS = True
 # ... gathered and widened by one kernel (:func:`gather_widened`) rather than torch's byte gather, dtype
 # copy and V-scale multiply (five launches and a byte copy of the blocks; read at each launch).
 FUSED_FP8_GATHER = True
-# Elements of one block a gather program widens (a block of 16 keys x 8 kv heads x 128 channels is 4).
+# Elements of a pool block one gather program widens (16 keys x 8 kv heads x 128 channels: 4 programs).
 _GATHER_BLOCK = 4096
 
 
