@@ -79,7 +79,7 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     help="Prompt tokens a step takes while requests decode (default 1024). It bounds the time between a "
     "running request's tokens; raising it toward --max-num-batched-tokens trades that for throughput (an "
     "8B model on an H200, 2048 in / 128 out: 4096 gave 3.5% more output tokens a second at 3.4x the time "
-    "between tokens; in FP8, 8192 with --max-num-batched-tokens 8192 gave 17% more at 6x).",
+    "between tokens; in FP8, 8192 with --max-num-batched-tokens 8192 gave about 17% more at 6x).",
 )
 @click.option("--max-model-len", default=None, type=click.IntRange(2), help="Longest prompt + output.")
 @click.option(

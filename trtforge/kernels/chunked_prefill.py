@@ -402,9 +402,23 @@ def gather_widened(
         raise ValueError(f"the outputs must share a 16-bit float type; got {k_out.dtype} and {v_out.dtype}")
     if int(k_out.shape[0]) < n or int(v_out.shape[0]) < n:
         raise ValueError(f"{n} blocks do not fit outputs of {int(k_out.shape[0])} and {int(v_out.shape[0])}")
+    _launch_gather_widen(k_pool, v_pool, pages, k_out, v_out, v_scale)
+
+
+def _launch_gather_widen(
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    pages: torch.Tensor,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    v_scale: float,
+) -> None:
+    """:func:`gather_widened` without its checks: for a prepared launch, whose tensors were checked when
+    it was prepared (it runs once a layer a step)."""
+    n = int(pages.shape[0])
     if n == 0:
         return
-    elems = shape[0] * shape[1] * shape[2]
+    elems = int(k_pool.shape[1]) * int(k_pool.shape[2]) * int(k_pool.shape[3])
     block = min(_GATHER_BLOCK, triton.next_power_of_2(elems))
     grid = (n, triton.cdiv(elems, block))
     _gather_widen_kernel[grid](k_pool, v_pool, pages, k_out, v_out, float(v_scale), elems, block, num_warps=4)
@@ -480,7 +494,7 @@ def prepare_chunked_prefill_hopper(
 
     def launch(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, out: torch.Tensor, scale: float, *rest):
         if fp8 and FUSED_FP8_GATHER and kp.is_contiguous() and vp.is_contiguous():
-            gather_widened(kp, vp, pages, scratch[0], scratch[1], float(rest[0]) if rest else 1.0)
+            _launch_gather_widen(kp, vp, pages, scratch[0], scratch[1], float(rest[0]) if rest else 1.0)
         elif fp8:  # widened into q's dtype (exact); V's scale applied here, K's rides in `scale`
             scratch[0].copy_(kp.view(torch.uint8).index_select(0, pages).view(kp.dtype))
             scratch[1].copy_(vp.view(torch.uint8).index_select(0, pages).view(vp.dtype))
