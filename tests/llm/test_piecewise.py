@@ -188,50 +188,6 @@ def test_piecewise_cuda_graphs_match_eager_steps_on_cuda(family):
         torch.testing.assert_close(b[:-1], a[:-1], rtol=2e-2, atol=2e-2)
 
 
-class _DeferredDown(_Lockstep):
-    """Lockstep whose second executor launches (and captures its graphs) with the fused layers'
-    DEFER_DOWN_RESIDUAL on, the first with it off."""
-
-    def _deferred(self, fn, *args):
-        from trtforge.llm.executors import fused_layers
-
-        fused_layers.DEFER_DOWN_RESIDUAL = True
-        try:
-            return fn(*args)
-        finally:
-            fused_layers.DEFER_DOWN_RESIDUAL = False
-
-    def step(self, batch):
-        return self._compare(batch, self.eager.step(batch), self._deferred(self.pieces.step, batch))
-
-    def step_async(self, batch, feed):
-        got = self._deferred(self.pieces.step_async, batch, feed)
-        return self._compare(batch, self.eager.step_async(batch, feed), got)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
-def test_deferred_down_residual_steps_equal_the_separate_add_on_cuda():
-    """FP8 W8A8 fused layers, piecewise and decode graphs: with layer i's down product added inside layer
-    i + 1's norm kernel, every step's logits and the pools equal those of the separate add, bit for bit."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("needs a CUDA GPU with FP8 tensor cores (compute capability 8.9+)")
-    from trtforge.llm.quant import quantize_model
-
-    base = copy.deepcopy(tiny_llama()).to(torch.bfloat16).to("cuda")
-    quantize_model(base, "fp8")
-    kwargs = {"num_blocks": 64, "block_size": 16, "max_decode_batch": 8, "static_decode": True}
-    separate = TorchExecutor(copy.deepcopy(base), max_graph_tokens=64, **kwargs)
-    deferred = TorchExecutor(copy.deepcopy(base), max_graph_tokens=64, **kwargs)
-    assert separate.fused_refusal is None and separate.facts.quantization == "fp8"
-    both = _DeferredDown(separate, deferred)
-    _serve(both, async_scheduling=False, seed=3, n=20)
-    assert both.mixed_steps > 0 and "decode" in both.paths and "piecewise" in both.paths
-    assert both.max_rel_err == 0.0
-    for a, b in zip((*separate.k_pools, *separate.v_pools), (*deferred.k_pools, *deferred.v_pools)):
-        assert torch.equal(a[:-1], b[:-1])
-
-
 @pytest.mark.gpu
 def test_engine_outputs_with_piecewise_graphs_equal_solo_runs_on_cuda():
     """Float64 tiny Llama on CUDA (torch kernels, graphs for both kinds of steps): every greedy output

@@ -18,8 +18,6 @@ tensor-core GEMM here), larger token counts go through :func:`~trtforge.llm.quan
 (FP8: W8A8, per-token activation scales and ``torch._scaled_mm``). A quantized LM head
 (``lm_head_quantization="fp8"``) takes the same norm + GEMV at up to its own weight-only limit (one
 token), whatever the projections' limit (INT4's 16 rows), so it runs what the CPU's ``quant_linear`` runs.
-:meth:`FusedLayers.between` runs one layer's end and the next one's start as one call, so that a W8A8
-layer's last residual add can ride in the next layer's first kernel (:data:`DEFER_DOWN_RESIDUAL`).
 Phi-3's fused qkv_proj and gate_up_proj are used as they are. :func:`fusable` says which models fit
 (SiLU-gated MLP, RMSNorms, unbiased o/MLP projections, an even head dim).
 
@@ -47,9 +45,8 @@ from trtforge.kernels.fused_layer import (
 from trtforge.kernels.gemm_mid import mid_gemm
 from trtforge.kernels.gemv import MAX_ROWS, gemv_residual, norm_gate_up_silu, norm_gemv
 from trtforge.kernels.gemv import prepare as prepare_gemv_weight
-from trtforge.kernels.qweight import Fp8Rows, Fp8Weight, cat_weights
+from trtforge.kernels.qweight import Fp8Weight, cat_weights
 from trtforge.llm.models.llama import LlamaStyle
-from trtforge.llm.quant import linear as quant_linear_module
 from trtforge.llm.quant.linear import QuantLinear, quant_linear, weight_only_max_tokens
 
 # Token counts up to this run the projections as GEMVs (FusedLayers.gemv_max_tokens; at most
@@ -70,11 +67,6 @@ MID_GEMM_MAX_TOKENS = 0
 # SiLU*up + quantize; the rows are never written in 16 bits and read back for a separate quantize.
 # Same codes as the unfused kernels. False: the separate kernels.
 FUSED_FP8_QUANT = True
-# ... and a W8A8 layer's down product joins the residual stream inside the next layer's norm kernel
-# (rms_norm_fp8's delta, FusedLayers.between) rather than in an add of its own: the same values, one pass
-# over the stream and one launch a layer fewer. Not yet timed on the H200 (an 8B 4,096-token FP8 step
-# spent 0.73 ms in those adds, session 33): False keeps the add.
-DEFER_DOWN_RESIDUAL = False
 
 _RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Phi3RMSNorm")
 
@@ -238,7 +230,8 @@ class FusedLayers:
     ) -> torch.Tensor:
         """Norm, QKV projection, q/k head norms (Qwen3), RoPE and the K/V write of layer i (FP8 pools:
         quantized with `k_scale` / `v_scale`); returns q ``[T, Hq, D]``, written into `out` when given."""
-        norm = self.layers[i].input_layernorm
+        layer = self.layers[i]
+        norm = layer.input_layernorm
         w, b = self.qkv_w[i]
         if self._gemv(h):
             qkv = norm_gemv(h, norm.weight, norm.variance_epsilon, w, b)
@@ -246,66 +239,12 @@ class FusedLayers:
             qkv = quant_linear(rms_norm_fp8(h, norm.weight, norm.variance_epsilon)[1], w, b)
         else:
             qkv = self._linear(rms_norm(h, norm.weight, norm.variance_epsilon), w, b)
-        return self._rotate_and_cache(i, qkv, rope, slots, k_pool, v_pool, k_scale, v_scale, out)
-
-    def _rotate_and_cache(
-        self,
-        i: int,
-        qkv: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        slots: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        k_scale: float,
-        v_scale: float,
-        out: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Layer i's QKV product to q: the head norms (Qwen3), RoPE and the K/V write."""
-        attn = self.layers[i].self_attn
+        attn = layer.self_attn
         if getattr(attn, "q_norm", None) is not None:
             qk_norm_(qkv, attn.q_norm, attn.k_norm, self.num_heads, self.num_kv_heads)
         return rope_and_cache(
             qkv, *rope, slots, k_pool, v_pool, self.num_heads, self.num_kv_heads, k_scale, v_scale, out=out
         )
-
-    def between(
-        self,
-        i: int,
-        h: torch.Tensor,
-        o: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        slots: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        k_scale: float = 1.0,
-        v_scale: float = 1.0,
-        out: torch.Tensor | None = None,
-        q_out: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer i after attention and layer i + 1 up to it (`k_pool` ... are layer i + 1's): the
-        residual stream (into `out` when given, which may be `h`) and layer i + 1's q (into `q_out`), as
-        :meth:`finish` then :meth:`attention_input` give them. With :data:`DEFER_DOWN_RESIDUAL` on the
-        W8A8 path, layer i's down product joins the stream in layer i + 1's norm kernel."""
-        if not self._defers_down(i, h):
-            h = self.finish(i, h, o, out=out)
-            return h, self.attention_input(i + 1, h, rope, slots, k_pool, v_pool, k_scale, v_scale, q_out)
-        h, a = self._finish_fp8(i, h, o, out)
-        norm = self.layers[i + 1].input_layernorm
-        down = quant_linear(a, self.down_w[i])
-        h, rows = rms_norm_fp8(h, norm.weight, norm.variance_epsilon, delta=down, out=h)
-        qkv = quant_linear(rows, *self.qkv_w[i + 1])
-        return h, self._rotate_and_cache(i + 1, qkv, rope, slots, k_pool, v_pool, k_scale, v_scale, q_out)
-
-    def _defers_down(self, i: int, h: torch.Tensor) -> bool:
-        """Whether :meth:`between` leaves layer i's down residual to layer i + 1's norm kernel: the knob,
-        one process (no tensor parallelism), W8A8 with fused inputs for o, gate/up, down and the next
-        qkv, and no fold of the residual into the down GEMM that the separate add would replace."""
-        if not DEFER_DOWN_RESIDUAL or self.tp is not None or quant_linear_module.FP8_MID_FOLD_RESIDUAL:
-            return False
-        if i + 1 >= len(self.layers) or self._gemv(h):
-            return False
-        weights = (self.o_w[i], self.gate_up_w[i], self.down_w[i], self.qkv_w[i + 1][0])
-        return all(self._fused_fp8_input(h, w) for w in weights)
 
     def finish(
         self, i: int, h: torch.Tensor, o: torch.Tensor, out: torch.Tensor | None = None
@@ -318,7 +257,10 @@ class FusedLayers:
         o = o.reshape(h.shape[0], -1)
         gate_up = self.gate_up_w[i]
         if self.tp is None and self._fused_fp8_input(h, self.o_w[i]) and self._fused_fp8_input(h, gate_up):
-            h, a = self._finish_fp8(i, h, o, out)
+            # o_proj's product joins the residual inside the norm's kernel, which quantizes for gate_up
+            y = quant_linear(o, self.o_w[i])
+            h, x = rms_norm_fp8(h, norm.weight, norm.variance_epsilon, delta=y, out=out)
+            a = silu_mul_fp8(quant_linear(x, gate_up))
             return self._row_parallel(a, self.down_w[i], h, out)
         h = self._row_parallel(o, self.o_w[i], h, out)
         if self._gemv(h):
@@ -328,17 +270,6 @@ class FusedLayers:
         else:
             a = silu_mul(self._linear(rms_norm(h, norm.weight, norm.variance_epsilon), gate_up, None))
         return self._row_parallel(a, self.down_w[i], h, out)
-
-    def _finish_fp8(
-        self, i: int, h: torch.Tensor, o: torch.Tensor, out: torch.Tensor | None
-    ) -> tuple[torch.Tensor, Fp8Rows]:
-        """Layer i's o projection, residual and norm on the W8A8 path whose inputs the producing kernels
-        quantize (o_proj's product joins the stream inside the norm's kernel, which quantizes for
-        gate_up), then gate_up and SiLU: the stream (into `out` when given) and down's input rows."""
-        norm = self.layers[i].post_attention_layernorm
-        y = quant_linear(o.reshape(h.shape[0], -1), self.o_w[i])
-        h, x = rms_norm_fp8(h, norm.weight, norm.variance_epsilon, delta=y, out=out)
-        return h, silu_mul_fp8(quant_linear(x, self.gate_up_w[i]))
 
     def _row_parallel(
         self, x: torch.Tensor, w: Any, residual: torch.Tensor, into: torch.Tensor | None = None

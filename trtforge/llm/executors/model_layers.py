@@ -70,26 +70,6 @@ class ModelLayers:
         x = self.adapter.finish_block(i, h, o.reshape(h.shape[0], -1))
         return x if out is None else out.copy_(x)
 
-    def layer_between(
-        self,
-        i: int,
-        h: torch.Tensor,
-        o: torch.Tensor,
-        extra: Any,
-        slots: torch.Tensor,
-        out: torch.Tensor | None = None,
-        q_out: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`layer_out` of layer i then :meth:`layer_in` of layer i + 1: the hidden states and layer
-        i + 1's q. One call, so that the fused layers may hand layer i's last residual add to layer
-        i + 1's first kernel (:meth:`~.fused_layers.FusedLayers.between`)."""
-        if self.fused is None:
-            h = self.layer_out(i, h, o, out=out)
-            return h, self.layer_in(i + 1, h, extra, slots, out=q_out)
-        kp, vp = self.k_pools[i + 1], self.v_pools[i + 1]
-        k_scale, v_scale = self.kv_scales[i + 1]
-        return self.fused.between(i, h, o, extra, slots, kp, vp, k_scale, v_scale, out=out, q_out=q_out)
-
     def head(self, h: torch.Tensor, float32: bool = True) -> torch.Tensor:
         """LM-head logits of `h`: float32, or in the model's dtype with `float32` False."""
         logits = (self.adapter if self.fused is None else self.fused).logits(h)

@@ -52,20 +52,6 @@ class StepLayers(Protocol):
         into `out` when given, which may be `h` itself)."""
         ...
 
-    def layer_between(
-        self,
-        i: int,
-        h: torch.Tensor,
-        o: torch.Tensor,
-        extra: Any,
-        slots: torch.Tensor,
-        out: torch.Tensor | None = None,
-        q_out: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``layer_out(i)`` then ``layer_in(i + 1)`` (the same results): the next hidden states (into
-        `out`, which may be `h`) and layer i + 1's q (into `q_out`)."""
-        ...
-
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Float32 logits of hidden states `h`."""
         ...
@@ -162,7 +148,8 @@ class PiecewiseStep:
 
         def middle(i: int) -> Callable[[], None]:
             def piece() -> None:
-                layers.layer_between(i - 1, h, o, state["extra"], slots, out=h, q_out=q)
+                layers.layer_out(i - 1, h, o, out=h)
+                layers.layer_in(i, h, state["extra"], slots, out=q)
 
             return piece
 

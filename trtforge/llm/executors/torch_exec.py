@@ -380,14 +380,9 @@ class TorchExecutor:
         logits in the model's dtype (a caller that copies them into a float32 buffer converts there)."""
         layers, a = self._layers, self._adapter
         h, extra = layers.embed(ids, positions, rope_lens)
-        q = layers.layer_in(0, h, extra, slots)
-        last = len(self.k_pools) - 1
         for i, (kp, vp) in enumerate(zip(self.k_pools, self.v_pools)):
-            o = attend(q, kp, vp, a.scales[i], a.windows[i], **self._kv_kwargs[i])
-            if i < last:
-                h, q = layers.layer_between(i, h, o, extra, slots)
-            else:
-                h = layers.layer_out(i, h, o)
+            q = layers.layer_in(i, h, extra, slots)
+            h = layers.layer_out(i, h, attend(q, kp, vp, a.scales[i], a.windows[i], **self._kv_kwargs[i]))
         if rows is not None:
             h = h.index_select(0, rows)
         return layers.head(h, float32)
