@@ -69,8 +69,8 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     default=None,
     type=click.IntRange(1),
     help="Tokens per step (default 4096). More make fewer, larger prompt steps (more output per second on "
-    "long prompts) and take more GPU memory for the steps' CUDA graphs (an 8B model: 20 GB at 8192 against "
-    "7 GB at 4096, which the KV pool then lacks).",
+    "long prompts) and a larger activation peak and CUDA graphs, which the KV pool then lacks (an 8B model: "
+    "about 2 GB at 8192).",
 )
 @click.option(
     "--max-prefill-tokens-with-decodes",

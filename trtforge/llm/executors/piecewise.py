@@ -79,7 +79,9 @@ class PiecewiseStep:
     """Runs steps of up to `max_tokens` tokens as pieces on static buffers; CUDA graphs when `graphs`.
 
     `scratch_slot` is the pool slot padding tokens write to; `pool` returns the memory pool the
-    graphs share (with the decode graphs: one step runs at a time, on one stream).
+    graphs share (with the decode graphs: one step runs at a time, on one stream), `stream` the side
+    stream they warm up and are captured on (one for all: freed blocks are reused on their own stream
+    only); each defaults to one of this runner's own.
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class PiecewiseStep:
         scratch_slot: int,
         graphs: bool,
         pool: Callable[[], Any] | None = None,
+        stream: Callable[[], Any] | None = None,
     ) -> None:
         self.layers = layers
         self.buckets = (*(b for b in TOKEN_BUCKETS if b < max_tokens), max_tokens)
@@ -104,6 +107,8 @@ class PiecewiseStep:
         self.scratch_slot = scratch_slot
         self.use_graphs = graphs
         self._pool = pool
+        self._stream = stream
+        self._own_stream: Any = None
         self._bufs: dict[str, torch.Tensor] = {}
         self._records: dict[int, _Bucket] = {}
 
@@ -173,12 +178,15 @@ class PiecewiseStep:
         if self.use_graphs:
             self._fill_padding(tb)
             cur = torch.cuda.current_stream(self.device)
-            side = torch.cuda.Stream(self.device)
+            side = self._side_stream()
             side.wait_stream(cur)
             with torch.cuda.stream(side):
                 for piece in record.pieces:  # warm-up outside capture: lazy inits, workspaces
                     piece()
             side.synchronize()
+            # a capture cannot release cached blocks to make room, and the sizing measured the graphs
+            # after emptying the cache: the warm-up's temporaries go back before capturing
+            torch.cuda.empty_cache()
             pool = self._pool() if self._pool is not None else None
             # capture_begin/end rather than torch.cuda.graph(): that one collects garbage and empties the
             # allocator's cache around every capture, which for L + 1 pieces a bucket dominates capture time
@@ -193,6 +201,13 @@ class PiecewiseStep:
                 record.graphs.append(graph)
             cur.wait_stream(side)
         self._records[tb] = record
+
+    def _side_stream(self) -> Any:
+        if self._stream is not None:
+            return self._stream()
+        if self._own_stream is None:
+            self._own_stream = torch.cuda.Stream(self.device)
+        return self._own_stream
 
     def capture_all(self) -> int:
         """Prepare every bucket now rather than on first use, largest first (the graphs share one memory

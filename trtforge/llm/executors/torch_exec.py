@@ -283,6 +283,7 @@ class TorchExecutor:
         self.chain_graphs = True
         self._chain_graphs: dict[tuple[int, ...], Any] = {}
         self._graph_pool: Any = None
+        self._graph_stream: Any = None
 
     def _make_piecewise(self, mixed_graphs: bool | None, max_graph_tokens: int) -> PiecewiseStep | None:
         """The piecewise runner of steps with prompt tokens, where on (never with dynamic rotary: its
@@ -302,6 +303,7 @@ class TorchExecutor:
             scratch_slot=self._num_blocks * self._block_size,
             graphs=self.use_cuda_graphs,
             pool=self._pool,
+            stream=self._stream,
         )
 
     def _facts(self) -> ExecutorFacts:
@@ -356,6 +358,14 @@ class TorchExecutor:
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         return self._graph_pool
+
+    def _stream(self) -> Any:
+        """The one side stream every graph of this executor warms up and is captured on. The caching
+        allocator reuses a freed block only on the stream that allocated it, in the graphs' shared pool
+        too: a stream a capture left every bucket's temporaries to that bucket alone."""
+        if self._graph_stream is None:
+            self._graph_stream = torch.cuda.Stream(self.device)
+        return self._graph_stream
 
     def _metadata(self, batch: StepBatch) -> AttentionMetadata:
         dev = self.device
@@ -795,13 +805,13 @@ class TorchExecutor:
         st = self._static
         st["chain"][: safe.size].copy_(torch.from_numpy(safe))
         st["chain_tokens"].zero_()
-        side = torch.cuda.Stream(self.device)
+        side = self._stream()
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             self._chain_body(nb, wb, steps, nb, s=s)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with gc_paused(), torch.cuda.graph(graph, pool=self._pool()):
+        with gc_paused(), torch.cuda.graph(graph, pool=self._pool(), stream=side):
             self._chain_body(nb, wb, steps, nb, s=s)
         self._chain_graphs[key] = graph
         return graph
@@ -951,13 +961,13 @@ class TorchExecutor:
         for t, value in ((ids, 0), (pos, 0), (slots, self._num_blocks * self._block_size), (ctx, 1)):
             t.fill_(value)
         tables.fill_(self._num_blocks)  # warm-up and capture touch only the scratch block
-        side = torch.cuda.Stream(self.device)
+        side = self._stream()
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             self._static_body(nb, wb, s)  # warm-up outside capture: lazy inits, autotuning
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with gc_paused(), torch.cuda.graph(graph, pool=self._pool()):
+        with gc_paused(), torch.cuda.graph(graph, pool=self._pool(), stream=side):
             self._static_body(nb, wb, s)
         self._graphs[(nb, wb, s, self._gemv_rows())] = graph
         return graph
