@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/bench_submit_contention.py                  # 1,000 prompts of 2,048 ids
     PYTHONPATH=. python3 benchmarks/bench_submit_contention.py --requests 8 --out contention.json
+    PYTHONPATH=. python3 benchmarks/bench_submit_contention.py --submit many    # one submit_many call
 
 Why: in bench_throughput.py's 8B runs every request is submitted at t = 0 from the main thread, and each
 run's first step takes several times its size's device time while the host launches it (session 33). A
@@ -14,6 +15,8 @@ Python, then ``time.sleep(0)``, which releases the GIL as the launchers do) and 
 script submits ``--requests`` prompts of ``--prompt-len`` random ids from the main thread while the engine
 steps, and reports the submission loop's time, the first steps' host time and the host time of a step
 with nothing submitted (the median of the later steps). The figures are this CPU's; the ratio is the point.
+``--submit many`` queues the same prompts in one ``LLMEngine.submit_many`` call instead: the engine
+sleeps while they are checked and its first step schedules from all of them.
 """
 
 from __future__ import annotations
@@ -56,15 +59,20 @@ class LaunchingExecutor:
         return np.zeros((len(batch.logits_indices), VOCAB), np.float32)
 
 
-def run(requests: int, prompt_len: int, launches: int, seed: int = 0) -> dict:
-    """Submit `requests` prompts while the engine steps; the submission's and the steps' host times."""
+def run(requests: int, prompt_len: int, launches: int, submit: str = "one", seed: int = 0) -> dict:
+    """Submit `requests` prompts (`submit`: "one" a call each while the engine steps, "many" in one
+    submit_many call); the submission's and the steps' host times."""
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(3, VOCAB, size=prompt_len).tolist() for _ in range(requests)]
     executor = LaunchingExecutor(launches, max_model_len=prompt_len + 64)
     config = SchedulerConfig(max_num_seqs=512, max_num_batched_tokens=8192, max_prefill_chunk=1024)
     with LLMEngine(executor, config) as engine:
         t = time.perf_counter()
-        handles = [engine.submit(p, SamplingParams(max_tokens=32, ignore_eos=True)) for p in prompts]
+        params = SamplingParams(max_tokens=32, ignore_eos=True)
+        if submit == "many":
+            handles = engine.submit_many(prompts, params)
+        else:
+            handles = [engine.submit(p, params) for p in prompts]
         submit_s = time.perf_counter() - t
         deadline = time.perf_counter() + 30
         while len(executor.host_s) < 12 and time.perf_counter() < deadline:
@@ -76,6 +84,7 @@ def run(requests: int, prompt_len: int, launches: int, seed: int = 0) -> dict:
         raise SystemExit(f"the engine ran {len(steps)} steps in 30 s; expected at least 12")
     alone = statistics.median(steps[6:12])
     return {
+        "submit": submit,
         "requests": requests,
         "prompt_len": prompt_len,
         "launches_per_step": launches,
@@ -92,17 +101,20 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1000, help="prompts submitted at once (default 1000)")
     ap.add_argument("--prompt-len", type=int, default=2048, help="ids a prompt (default 2048)")
     ap.add_argument("--launches", type=int, default=300, help="GIL-releasing launches a step (default 300)")
+    ap.add_argument(
+        "--submit", choices=("one", "many"), default="one", help="a submit call each (default) or submit_many"
+    )
     ap.add_argument("--out", help="write the result here as JSON (whole: a temporary file, then renamed)")
     args = ap.parse_args()
     for name in ("requests", "prompt_len", "launches"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    result = run(args.requests, args.prompt_len, args.launches)
+    result = run(args.requests, args.prompt_len, args.launches, args.submit)
     result["python"] = sys.version.split()[0]
     result["switch_interval_ms"] = sys.getswitchinterval() * 1e3
     print(
-        f"{result['requests']} prompts of {result['prompt_len']} ids submitted in "
-        f"{result['submit_loop_ms']:.0f} ms "
+        f"[submit {result['submit']}] {result['requests']} prompts of {result['prompt_len']} ids submitted "
+        f"in {result['submit_loop_ms']:.0f} ms "
         f"({result['submit_us_per_request']:.0f} us each); steps of {result['launches_per_step']} launches: "
         f"first {result['first_steps_host_ms']} ms of host time, {result['step_host_ms_alone']:.1f} ms with "
         f"nothing submitted ({result['first_step_over_alone']:.1f}x)"

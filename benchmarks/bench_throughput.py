@@ -543,11 +543,13 @@ def run_workload(
     reqs,
     budget_s: float | None,
     trace: tuple[float, float] | None = None,
+    submit: str = "many",
 ) -> dict:
     """A fresh engine over the probe's executor: submit every request at t = 0, wait (at most budget_s),
-    and measure. ``trace`` (start s, length s) profiles that window of the device's activity
-    (:func:`gpu_trace_summary`); the profiler's stop costs the engine some host time, so a traced run's
-    throughput reads a little low."""
+    and measure. `submit`: "many" queues them in one :meth:`LLMEngine.submit_many` call, "one" one
+    :meth:`LLMEngine.submit` each while the engine already steps (as a server receives them).
+    ``trace`` (start s, length s) profiles that window of the device's activity (:func:`gpu_trace_summary`);
+    the profiler's stop costs the engine some host time, so a traced run's throughput reads a little low."""
     probe.steps.clear()
     series: list[tuple[float, int, int, int]] = []
 
@@ -560,19 +562,19 @@ def run_workload(
         timers = HostTimers(engine, probe)
         pre0 = engine.stats.preemptions
         start = time.perf_counter()
-        handles = []
-        for i, (prompt, olen) in enumerate(reqs):
-            rec = times[i]
-            submitted[i] = time.perf_counter()
-            handles.append(
-                engine.submit(
-                    prompt,
-                    SamplingParams(max_tokens=olen, ignore_eos=True),
-                    on_event=lambda e, rec=rec: (
-                        rec.extend([time.perf_counter()] * len(e)) if isinstance(e, tuple) else None
-                    ),
-                )
-            )
+        params = [SamplingParams(max_tokens=olen, ignore_eos=True) for _, olen in reqs]
+        events = [
+            lambda e, rec=rec: rec.extend([time.perf_counter()] * len(e)) if isinstance(e, tuple) else None
+            for rec in times
+        ]
+        if submit == "many":  # every request at t = 0 in one call (its checks count in each TTFT)
+            submitted = [start] * len(reqs)
+            handles = engine.submit_many([p for p, _ in reqs], params, on_events=events)
+        else:
+            handles = []
+            for i, (prompt, _) in enumerate(reqs):
+                submitted[i] = time.perf_counter()
+                handles.append(engine.submit(prompt, params[i], on_event=events[i]))
         deadline = None if budget_s is None else start + budget_s
         truncated = False
         prof = None
@@ -618,6 +620,7 @@ def run_workload(
     stride = max(1, len(series) // 500)
     res = {
         "requests": len(reqs),
+        "submit": submit,
         "completed": int(sum(done)),
         "truncated": truncated,
         "wall_s": wall,
@@ -783,6 +786,13 @@ def main() -> None:
         "--mixed-requests", type=int, default=None, help=f"the burst's requests (default {MIXED['requests']})"
     )
     ap.add_argument("--budget-s", type=float, default=None, help="stop each workload after this many seconds")
+    ap.add_argument(
+        "--submit",
+        choices=("many", "one"),
+        default="many",
+        help="queue each workload's requests in one submit_many call (default), or one submit each while "
+        "the engine steps (a server's arrival; the first steps then wait on the GIL: BENCHMARKS.md, s33)",
+    )
     ap.add_argument(
         "--max-num-seqs",
         type=int,
@@ -1211,7 +1221,7 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
             run_workload(probe, config, warm_slice(reqs, mns, scale, shape.vocab), None)
             warm = time.perf_counter() - t
             cached = triton_cache_entries()
-            res = run_workload(probe, config, reqs, args.budget_s, args.gpu_trace)
+            res = run_workload(probe, config, reqs, args.budget_s, args.gpu_trace, args.submit)
             res["warmup_s"] = warm
             after = triton_cache_entries()
             res["jit_compiles_in_window"] = None if None in (cached, after) else after - cached

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -97,6 +98,54 @@ def test_bad_requests_raise_in_the_caller_and_leave_nothing_behind(checked_engin
     with pytest.raises(UserError, match="prompt is empty"):
         engine.generate([[1, 2, 3], []])  # nothing of this call runs
     assert engine.wait_idle(timeout=10)
+    assert engine.memory_stats().free_blocks == executor.facts.num_blocks
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_submit_many_queues_all_at_once_and_each_gets_its_solo_output(async_scheduling):
+    """submit_many: one params for all or one each, per-request event callbacks; the first step after it
+    sees every request (none arrives after the engine started stepping), and each output equals the
+    request run alone."""
+    seen: list[int] = []
+    executor = make_executor(num_blocks=96)
+    config = SchedulerConfig(max_num_seqs=16, max_prefill_chunk=32, async_scheduling=async_scheduling)
+    prompts = _prompts(12, seed=8)
+    rng = np.random.default_rng(9)
+    params = [SamplingParams(max_tokens=int(m), ignore_eos=True) for m in rng.integers(1, 9, 12)]
+    events: list[list[int]] = [[] for _ in prompts]
+    callbacks = [lambda e, rec=rec: rec.extend(e) if isinstance(e, tuple) else None for rec in events]
+    hook = lambda sched, batch: seen.append(sched.num_running + sched.num_waiting)  # noqa: E731
+    with LLMEngine(executor, config, step_hook=hook) as engine:
+        check = engine._scheduler.make_sequence  # slowed: one by one, the engine would start in between
+        engine._scheduler.make_sequence = lambda *a: time.sleep(0.003) or check(*a)
+        handles = engine.submit_many(prompts, params, on_events=callbacks)
+        results = [h.result(timeout=120).token_ids for h in handles]
+        assert seen[0] == 12
+        same = engine.submit_many(prompts[:3], SamplingParams(max_tokens=4, ignore_eos=True))
+        assert [len(h.result(timeout=60).token_ids) for h in same] == [4, 4, 4]
+        assert engine.wait_idle(timeout=10)
+        assert engine.memory_stats().free_blocks == executor.facts.num_blocks
+    solo_exec = make_executor()
+    for i in range(12):
+        assert results[i] == solo_output(prompts[i], params[i], solo_exec), i
+        assert events[i] == list(results[i]), i
+
+
+def test_submit_many_is_all_or_none_and_names_the_bad_prompt(checked_engine):
+    engine, executor = checked_engine
+    good = _prompts(3, seed=4)
+    with pytest.raises(UserError, match=r"prompts\[2\]: .*the prompt is empty"):
+        engine.submit_many([*good[:2], [], good[2]])
+    with pytest.raises(UserError, match=r"prompts\[1\]: .*outside the vocabulary"):
+        engine.submit_many([good[0], [VOCAB + 5]])
+    with pytest.raises(UserError, match="got 3 prompts but 2 params"):
+        engine.submit_many(good, [SamplingParams(), SamplingParams()])
+    with pytest.raises(UserError, match="got 3 prompts but 1 on_events"):
+        engine.submit_many(good, on_events=[None])
+    with pytest.raises(UserError, match=r"prompts\[0\]: .*must be a SamplingParams"):
+        engine.submit_many(good, [{"max_tokens": 3}, None, None])
+    assert engine.wait_idle(timeout=10)
+    assert engine._handles == {} and engine._inbox == []
     assert engine.memory_stats().free_blocks == executor.facts.num_blocks
 
 

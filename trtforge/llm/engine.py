@@ -173,6 +173,18 @@ class RequestHandle:
             raise self._completion.error
 
 
+# a request to queue: (label for its errors or None, prompt, params, request id or None, on_event or None)
+_Request = tuple[str | None, Any, Any, Hashable | None, Callable[[Any], None] | None]
+
+
+def _expand(params: Any) -> list[SamplingParams]:
+    """The single-sample requests of `params` (:meth:`SamplingParams.expand`); UserError if it is not
+    a SamplingParams."""
+    if not isinstance(params, SamplingParams):
+        raise UserError(f"sampling params must be a SamplingParams, got {params!r}")
+    return params.expand()
+
+
 class LLMEngine:
     """Serves requests over `executor` with continuous batching; safe to call from many threads.
 
@@ -212,30 +224,71 @@ class LLMEngine:
         on_event: Callable[[Any], None] | None = None,
     ) -> RequestHandle:
         """Queue one request and return its handle; a bad prompt or params raise UserError here."""
+        return self._queue([(None, prompt, params, request_id, on_event)])[0]
+
+    def submit_many(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams | None] | None = None,
+        *,
+        on_events: Sequence[Callable[[Any], None] | None] | None = None,
+    ) -> list[RequestHandle]:
+        """Queue many requests together, all or none: every one is checked first (a bad one raises
+        UserError naming its index, and none is queued), then all join the queue at once, so the next
+        step schedules from all of them. `params` is one SamplingParams for all or one per prompt, each
+        with ``n == 1`` (:meth:`generate` expands n); `on_events` one callback (or None) per prompt.
+
+        For requests in hand (an offline batch): submitted one by one while the engine steps, each
+        check waits for the GIL behind the step's kernel launches and the step behind the checks; a
+        step launched while 1,000 long prompts were submitted took 10x its time (BENCHMARKS.md,
+        session 33). The checks hold the queue, so a running batch waits for them at its next step."""
+        per = self._per_prompt("params", params, len(prompts))
+        events = self._per_prompt("on_events", on_events, len(prompts), one=False)
+        return self._queue(
+            [(f"prompts[{i}]", p, q, None, e) for i, (p, q, e) in enumerate(zip(prompts, per, events))]
+        )
+
+    @staticmethod
+    def _per_prompt(name: str, value: Any, count: int, one: bool = True) -> list[Any]:
+        """`value` for each of `count` prompts: None, one value for all (where `one`), or one each."""
+        if value is None or (one and isinstance(value, SamplingParams)):
+            return [value] * count
+        values = list(value)
+        if len(values) != count:
+            raise UserError(f"got {count} prompts but {len(values)} {name}: give one for all or one each")
+        return values
+
+    def _queue(self, requests: list[_Request]) -> list[RequestHandle]:
+        """Check every (label, prompt, params, request id, on_event) and queue them all, or raise the
+        first one's UserError (prefixed by its label) and queue none."""
         with self._inbox_lock:
             self._check_open()
-            rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-            if rid in self._handles:
-                raise UserError(f"request id {rid!r} is already in use by an unfinished request")
-            seq = self._scheduler.make_sequence(rid, prompt, params)
-            handle = RequestHandle(self, rid, tuple(seq.tokens), on_event)
-            self._handles[rid] = handle
-            self._inbox.append(seq)
+            seqs, rids = [], set()
+            for label, prompt, params, request_id, _ in requests:
+                rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+                try:
+                    if rid in self._handles or rid in rids:
+                        raise UserError(f"request id {rid!r} is already in use by an unfinished request")
+                    seqs.append(self._scheduler.make_sequence(rid, prompt, params))
+                except UserError as exc:
+                    if label is None:
+                        raise
+                    raise UserError(f"{label}: {exc}") from exc
+                rids.add(rid)
+            handles = []
+            for seq, (*_, on_event) in zip(seqs, requests):
+                handle = RequestHandle(self, seq.request_id, tuple(seq.tokens), on_event)
+                self._handles[seq.request_id] = handle
+                handles.append(handle)
+            self._inbox.extend(seqs)
             self._wake.notify()
-        return handle
+        return handles
 
     def submit_n(self, prompt: Sequence[int], params: SamplingParams) -> list[RequestHandle]:
         """Queue the ``params.n`` samples of one prompt (:meth:`SamplingParams.expand`), one handle each;
         they share the prompt's cached prefix blocks once its first copy has computed them."""
-        handles: list[RequestHandle] = []
-        try:
-            for p in params.expand():
-                handles.append(self.submit(prompt, p))
-        except BaseException:
-            for h in handles:
-                h.cancel()
-            raise
-        return handles
+        samples = _expand(params)
+        return self._queue([(None, prompt, p, None, None) for p in samples])
 
     def enable_structured_output(self, tokenizer: Any) -> None:
         """Accept requests with ``response_format``, compiling their grammars over `tokenizer`'s
@@ -256,20 +309,13 @@ class LLMEngine:
         ``n > 1`` contributes its n completions in a row. If any request is invalid, UserError is
         raised and none of them runs. Failed requests come back with `error` set.
         """
-        if isinstance(params, SamplingParams) or params is None:
-            per = [params] * len(prompts)
-        else:
-            per = list(params)
-            if len(per) != len(prompts):
-                raise UserError(f"generate got {len(prompts)} prompts but {len(per)} SamplingParams")
-        handles: list[RequestHandle] = []
-        try:
-            for prompt, p in zip(prompts, per):
-                handles.extend(self.submit_n(prompt, p if p is not None else SamplingParams()))
-        except BaseException:
-            for h in handles:
-                h.cancel()
-            raise
+        per = self._per_prompt("SamplingParams", params, len(prompts))
+        requests = [
+            (f"prompts[{i}]", prompt, sample, None, None)
+            for i, (prompt, p) in enumerate(zip(prompts, per))
+            for sample in _expand(SamplingParams() if p is None else p)
+        ]
+        handles = self._queue(requests)
         return [h.completion() for h in handles]
 
     def stream(self, prompt: Sequence[int], params: SamplingParams | None = None) -> Iterator[int]:
