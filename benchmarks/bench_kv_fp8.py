@@ -43,9 +43,9 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._settings import applied, parse_setting
 from benchmarks.bench_decode_attention import _graph_us, _pool
 from benchmarks.bench_http import build_model
-from benchmarks.bench_quant_speed import applied, parse_setting
 from benchmarks.bench_serving import run_engine, workload
 from trtforge.kernels import decode_attention as da
 from trtforge.kernels.decode_attention import decode_attention
@@ -148,7 +148,7 @@ def serving_sweep(
 ) -> dict:
     """The serving path's fixed launch (``TritonDecodeAttention`` with a given DecodeConfig, split count
     by the heuristic) over FP8 pools of each block size of `pages` (the same K/V), per (B, L), config,
-    block size and module setting of `settings` (``bench_quant_speed.parse_setting``'s form, side by
+    block size and module setting of `settings` (``benchmarks._settings.parse_setting``'s form, side by
     side), graph-timed; checked against the first one's output (the default config over ``pages[0]``
     under ``settings[0]``). The best (config, block size, setting) by the geometric mean of its time
     over that first one's."""

@@ -1009,7 +1009,7 @@ def main() -> None:
     if args.fp8_mid_fold_residual is not None:
         quant_linear.FP8_MID_FOLD_RESIDUAL = args.fp8_mid_fold_residual == "on"
     if args.settings:
-        from benchmarks.bench_quant_speed import parse_setting, set_setting
+        from benchmarks._settings import parse_setting, set_setting
 
         try:
             set_setting(parse_setting(args.settings))

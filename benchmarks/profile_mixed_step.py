@@ -27,9 +27,9 @@ from collections import defaultdict
 
 import torch
 
+from benchmarks._settings import applied, parse_setting
 from benchmarks.bench_http import SHAPES, build_model
 from benchmarks.bench_mixed_step import make_batch, timed
-from benchmarks.bench_quant_speed import applied, parse_setting
 from benchmarks.bench_throughput import gpu_trace_summary
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.quant import linear as quant_linear
