@@ -144,6 +144,13 @@ def test_submit_many_is_all_or_none_and_names_the_bad_prompt(checked_engine):
         engine.submit_many(good, on_events=[None])
     with pytest.raises(UserError, match=r"prompts\[0\]: .*must be a SamplingParams"):
         engine.submit_many(good, [{"max_tokens": 3}, None, None])
+    with pytest.raises(UserError, match="on_events takes one value for each prompt, got builtin_function"):
+        engine.submit_many(good, on_events=print)
+    with pytest.raises(UserError, match="a sequence of prompts"):
+        engine.submit_many(5)
+    with pytest.raises(UserError, match=r"prompts\[0\]: .*flat sequence of integer token ids"):
+        engine.submit_many([1, 2, 3])  # one prompt, not wrapped in a list
+    assert engine.submit_many([]) == [] and engine.submit_many(iter([])) == []
     assert engine.wait_idle(timeout=10)
     assert engine._handles == {} and engine._inbox == []
     assert engine.memory_stats().free_blocks == executor.facts.num_blocks

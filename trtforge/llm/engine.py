@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -242,6 +242,11 @@ class LLMEngine:
         check waits for the GIL behind the step's kernel launches and the step behind the checks; a
         step launched while 1,000 long prompts were submitted took 10x its time (BENCHMARKS.md,
         session 33). The checks hold the queue, so a running batch waits for them at its next step."""
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Iterable):
+            raise UserError(
+                f"submit_many takes a sequence of prompts (token id lists), got {type(prompts).__name__}"
+            )
+        prompts = list(prompts)
         per = self._per_prompt("params", params, len(prompts))
         events = self._per_prompt("on_events", on_events, len(prompts), one=False)
         return self._queue(
@@ -253,6 +258,8 @@ class LLMEngine:
         """`value` for each of `count` prompts: None, one value for all (where `one`), or one each."""
         if value is None or (one and isinstance(value, SamplingParams)):
             return [value] * count
+        if not isinstance(value, Iterable) or isinstance(value, (str, bytes)):
+            raise UserError(f"{name} takes one value for each prompt, got {type(value).__name__}")
         values = list(value)
         if len(values) != count:
             raise UserError(f"got {count} prompts but {len(values)} {name}: give one for all or one each")
