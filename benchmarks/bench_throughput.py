@@ -789,9 +789,11 @@ def main() -> None:
     ap.add_argument(
         "--submit",
         choices=("many", "one"),
-        default="many",
+        nargs="+",
+        default=["many"],
         help="queue each workload's requests in one submit_many call (default), or one submit each while "
-        "the engine steps (a server's arrival; the first steps then wait on the GIL: BENCHMARKS.md, s33)",
+        "the engine steps (a server's arrival; the first steps then wait on the GIL: BENCHMARKS.md, s33); "
+        "both: each workload runs once each way, side by side",
     )
     ap.add_argument(
         "--max-num-seqs",
@@ -1217,35 +1219,46 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
                 ex.attention.hopper_chunks = hopper[key]
             set_decode_tiles_by_keys(ex, graphs, tiles[key])
             reqs = make_requests(name, requests_for(name, args, mns, kv_tokens, scale), shape.vocab, scale)
-            t = time.perf_counter()
-            run_workload(probe, config, warm_slice(reqs, mns, scale, shape.vocab), None)
-            warm = time.perf_counter() - t
-            cached = triton_cache_entries()
-            res = run_workload(probe, config, reqs, args.budget_s, args.gpu_trace, args.submit)
-            res["warmup_s"] = warm
-            after = triton_cache_entries()
-            res["jit_compiles_in_window"] = None if None in (cached, after) else after - cached
-            prompts = [len(p) for p, _ in reqs]
-            res["roofline"] = roofline(shape, prompts, reqs[0][1], mns, kv_tokens)
-            steady = res["steady"] and res["truncated"]
-            rate = res["steady"]["output_tok_s"] if steady else res["output_tok_s"]
-            res["roofline_fraction"] = rate / res["roofline"]["output_tok_s"]
-            res["published"] = PUBLISHED.get(name)
-            res["quantization"], res["kv_cache_dtype"] = args.quantization, args.kv_cache_dtype
-            fp8_row = (PUBLISHED.get(name) or {}).get("trtllm_v1.0_h200_fp8")
-            res["target_output_tok_s"] = fp8_row if args.quantization != "none" else TARGETS.get(name)
-            if name == "mixed":
-                res["target_wall_s"] = MIXED_TARGET_S
-            res["gpu_state_after"] = gpu_state() if cuda else None
-            results["variants"][key]["workloads"][name] = res
-            print(f"[{key}] " + line(name, res), flush=True)
-            if res["gpu_state_after"]:
-                print("    GPU after: " + ", ".join(f"{k} {v}" for k, v in res["gpu_state_after"].items()))
-            save(results, args.out)
+            for submit in args.submit:
+                run_one(probe, config, key, name, reqs, submit, args, results, shape, scale, kv_tokens)
     del probe, ex
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
+
+
+def run_one(probe, config, key, name, reqs, submit, args, results, shape, scale, kv_tokens) -> None:
+    """Workload `name` (`reqs`) under scheduler variant `key`, submitted `submit`'s way, after its
+    untimed warm-up slice; its result is printed and saved (keyed by the submission too when
+    --submit names both)."""
+    mns = config.max_num_seqs
+    t = time.perf_counter()
+    run_workload(probe, config, warm_slice(reqs, mns, scale, shape.vocab), None)
+    warm = time.perf_counter() - t
+    cached = triton_cache_entries()
+    res = run_workload(probe, config, reqs, args.budget_s, args.gpu_trace, submit)
+    res["warmup_s"] = warm
+    after = triton_cache_entries()
+    res["jit_compiles_in_window"] = None if None in (cached, after) else after - cached
+    prompts = [len(p) for p, _ in reqs]
+    res["roofline"] = roofline(shape, prompts, reqs[0][1], mns, kv_tokens)
+    steady = res["steady"] and res["truncated"]
+    rate = res["steady"]["output_tok_s"] if steady else res["output_tok_s"]
+    res["roofline_fraction"] = rate / res["roofline"]["output_tok_s"]
+    res["published"] = PUBLISHED.get(name)
+    res["quantization"], res["kv_cache_dtype"] = args.quantization, args.kv_cache_dtype
+    fp8_row = (PUBLISHED.get(name) or {}).get("trtllm_v1.0_h200_fp8")
+    res["target_output_tok_s"] = fp8_row if args.quantization != "none" else TARGETS.get(name)
+    if name == "mixed":
+        res["target_wall_s"] = MIXED_TARGET_S
+    res["gpu_state_after"] = gpu_state() if probe.cuda else None
+    label = name if len(args.submit) == 1 else f"{name} (submit {submit})"
+    results["variants"][key]["workloads"][label] = res
+    tag = key if len(args.submit) == 1 else f"{key} submit {submit}"
+    print(f"[{tag}] " + line(name, res), flush=True)
+    if res["gpu_state_after"]:
+        print("    GPU after: " + ", ".join(f"{k} {v}" for k, v in res["gpu_state_after"].items()))
+    save(results, args.out)
 
 
 if __name__ == "__main__":
