@@ -232,11 +232,13 @@ class LLMEngine:
         params: SamplingParams | Sequence[SamplingParams | None] | None = None,
         *,
         on_events: Sequence[Callable[[Any], None] | None] | None = None,
+        labels: Sequence[str | None] | None = None,
     ) -> list[RequestHandle]:
         """Queue many requests together, all or none: every one is checked first (a bad one raises
-        UserError naming its index, and none is queued), then all join the queue at once, so the next
-        step schedules from all of them. `params` is one SamplingParams for all or one per prompt, each
-        with ``n == 1`` (:meth:`generate` expands n); `on_events` one callback (or None) per prompt.
+        UserError naming it, and none is queued), then all join the queue at once, so the next step
+        schedules from all of them. `params` is one SamplingParams for all or one per prompt, each with
+        ``n == 1`` (:meth:`generate` expands n); `on_events` one callback (or None) per prompt; `labels`
+        how an error names each prompt (default ``prompts[i]``; None: by its request id alone).
 
         For requests in hand (an offline batch): submitted one by one while the engine steps, each
         check waits for the GIL behind the step's kernel launches and the step behind the checks; a
@@ -249,9 +251,9 @@ class LLMEngine:
         prompts = list(prompts)
         per = self._per_prompt("params", params, len(prompts))
         events = self._per_prompt("on_events", on_events, len(prompts), one=False)
-        return self._queue(
-            [(f"prompts[{i}]", p, q, None, e) for i, (p, q, e) in enumerate(zip(prompts, per, events))]
-        )
+        names = [f"prompts[{i}]" for i in range(len(prompts))] if labels is None else labels
+        names = self._per_prompt("labels", names, len(prompts), one=False)
+        return self._queue([(n, p, q, None, e) for n, p, q, e in zip(names, prompts, per, events)])
 
     @staticmethod
     def _per_prompt(name: str, value: Any, count: int, one: bool = True) -> list[Any]:

@@ -257,6 +257,23 @@ def test_malformed_bodies_are_400_naming_the_field(server, body, field):
         assert err["param"] == field and field in err["message"]
 
 
+def test_a_refused_prompt_in_a_list_names_its_index_and_none_of_the_list_runs(server, client):
+    """The choices of one request are queued together, all or none: a bad second prompt is a 400 naming
+    prompt[1], and the first (n=2 of it) never started (the server stays idle and serves the next)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"model": "code-llama-21m", "prompt": [[5, 6, 7], [5, 99999]], "max_tokens": 4, "n": 2}
+    r = httpx.post(server.url + "/v1/completions", json=body, headers=headers, timeout=30)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "prompt[1]" in message and "outside the vocabulary" in message, message
+    metrics = httpx.get(server.url + "/metrics", timeout=30).text
+    running = [line for line in metrics.splitlines() if line.startswith("trtforge_num_requests_running")]
+    assert running and all(line.split()[-1] in ("0", "0.0") for line in running), running
+    assert greedy(client, max_tokens=4).choices[0].text
+
+
 def test_unknown_model_or_path_is_404_in_openais_schema(server):
     import httpx
 

@@ -209,18 +209,15 @@ def _make_choices(
 ) -> list[Choice]:
     stops = req.stops()
     choices: list[Choice] = []
+    labels: list[str | None] = []
     try:
-        for ids, budget in zip(prompts, max_tokens):
+        for i, (ids, budget) in enumerate(zip(prompts, max_tokens)):
             for j in range(req.n):
                 choices.append(Choice(state, ids, sampling_params(req, budget, lp, j), stops))
+                labels.append(f"prompt[{i}]" if len(prompts) > 1 else None)
+        Choice.submit_all(state, choices, labels)  # all or none
     except UserError as e:  # the engine refused the request (a token id outside the vocabulary, ...)
-        for c in choices:
-            c.handle.cancel()
         raise ApiError(400, str(e)) from None
-    except BaseException:
-        for c in choices:
-            c.handle.cancel()
-        raise
     return choices
 
 

@@ -50,7 +50,8 @@ class Dispatcher:
 
 
 class Choice:
-    """One generated sequence: submit it, iterate its text pieces, read how it finished."""
+    """One generated sequence: iterate its text pieces, read how it finished (:meth:`submit_all`
+    queues a request's choices)."""
 
     def __init__(
         self, state: Any, prompt: Sequence[int], params: SamplingParams, stops: Sequence[str]
@@ -65,10 +66,24 @@ class Choice:
         self.completion: Any = None
         self.start = time.perf_counter()
         self.last: float | None = None
+        self.prompt, self.params = list(prompt), params
+        self.handle: Any = None
+
+    @staticmethod
+    def submit_all(state: Any, choices: Sequence[Choice], labels: Sequence[str | None]) -> None:
+        """Queue `choices` in one engine call, all or none (a refused one raises UserError naming its
+        label; a closing engine, ApiError 503), so that a request's choices start in the same step."""
         try:
-            self.handle = state.engine.submit(list(prompt), params, on_event=self._forward)
+            handles = state.engine.submit_many(
+                [c.prompt for c in choices],
+                [c.params for c in choices],
+                on_events=[c._forward for c in choices],
+                labels=labels,
+            )
         except EngineClosedError as e:
             raise ApiError(503, f"the server is shutting down ({e})") from None
+        for choice, handle in zip(choices, handles):
+            choice.handle = handle
 
     def _forward(self, event: Any) -> None:  # the engine's thread
         self.state.dispatcher.put(self.events, event)
