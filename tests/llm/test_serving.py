@@ -151,6 +151,12 @@ def test_submit_many_is_all_or_none_and_names_the_bad_prompt(checked_engine):
     with pytest.raises(UserError, match=r"prompts\[0\]: .*flat sequence of integer token ids"):
         engine.submit_many([1, 2, 3])  # one prompt, not wrapped in a list
     assert engine.submit_many([]) == [] and engine.submit_many(iter([])) == []
+    with pytest.raises(UserError, match=r"^second: request 'req-\d+': the prompt is empty"):
+        engine.submit_many([good[0], []], labels=["first", "second"])
+    with pytest.raises(UserError, match=r"^request 'req-\d+': the prompt is empty"):
+        engine.submit_many([good[0], []], labels=["first", None])
+    with pytest.raises(UserError, match="got 2 prompts but 1 labels"):
+        engine.submit_many([good[0], []], labels=["first"])
     assert engine.wait_idle(timeout=10)
     assert engine._handles == {} and engine._inbox == []
     assert engine.memory_stats().free_blocks == executor.facts.num_blocks
