@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
 import numpy as np
 
+from trtforge._fileio import atomic_write_text
 from trtforge.llm.engine import LLMEngine
 from trtforge.llm.executors.base import ExecutorFacts
 from trtforge.llm.sampling import SamplingParams
@@ -120,9 +120,7 @@ def main() -> None:
         f"nothing submitted ({result['first_step_over_alone']:.1f}x)"
     )
     if args.out:
-        with open(args.out + ".tmp", "w") as f:
-            json.dump(result, f, indent=1)
-        os.replace(args.out + ".tmp", args.out)
+        atomic_write_text(args.out, json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
