@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from trtforge.errors import TrtforgeError, UserError
+from trtforge.llm import gc_heap
 from trtforge.llm.async_loop import AsyncStepLoop
 from trtforge.llm.executors.base import (
     AsyncStepExecutor,
@@ -189,7 +190,10 @@ class LLMEngine:
     """Serves requests over `executor` with continuous batching; safe to call from many threads.
 
     Use as a context manager or call :meth:`close`. `step_hook` runs inside every step (tests use it
-    to check invariants). `proposer`: speculative decoding (:mod:`trtforge.llm.spec`).
+    to check invariants). `proposer`: speculative decoding (:mod:`trtforge.llm.spec`). `freeze_gc`:
+    collect, then freeze the Python heap alive at the start until :meth:`close`
+    (:mod:`trtforge.llm.gc_heap`), so that a full garbage collection, which holds the GIL while it
+    walks every object, does not stall the step launches for 0.1 s or more.
     """
 
     def __init__(
@@ -199,6 +203,7 @@ class LLMEngine:
         *,
         step_hook: StepHook | None = None,
         proposer: Proposer | None = None,
+        freeze_gc: bool = True,
     ) -> None:
         self._steps = make_step_loop(executor, config, step_hook, proposer)
         self._scheduler = self._steps.scheduler
@@ -212,7 +217,14 @@ class LLMEngine:
         self._closed = False
         self._fatal: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="trtforge-llm-engine", daemon=True)
-        self._thread.start()
+        self._frozen = freeze_gc
+        if freeze_gc:
+            gc_heap.freeze()
+        try:
+            self._thread.start()
+        except BaseException:
+            self._thaw()
+            raise
 
     # ---- submission ----------------------------------------------------------------------------
     def submit(
@@ -403,6 +415,13 @@ class LLMEngine:
             self._closed = True
             self._wake.notify_all()
         self._thread.join()
+        self._thaw()
+
+    def _thaw(self) -> None:
+        with self._inbox_lock:
+            frozen, self._frozen = self._frozen, False
+        if frozen:
+            gc_heap.thaw()
 
     def __enter__(self) -> LLMEngine:
         return self
