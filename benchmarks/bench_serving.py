@@ -29,6 +29,7 @@ import time
 import numpy as np
 import torch
 
+from benchmarks._gcwatch import GcWatch
 from benchmarks.bench_throughput import triton_cache_entries
 from trtforge.llm.engine import LLMEngine
 from trtforge.llm.executors.torch_exec import TorchExecutor
@@ -105,7 +106,7 @@ def run_engine(executor, reqs, config: SchedulerConfig) -> dict:
     times: list[list[float]] = [[] for _ in reqs]
     submitted = [0.0] * len(reqs)
     handles = [None] * len(reqs)
-    with LLMEngine(executor, config, step_hook=hook) as engine:
+    with LLMEngine(executor, config, step_hook=hook) as engine, GcWatch() as watch:
 
         def feeder():
             t0 = time.perf_counter()
@@ -170,6 +171,7 @@ def run_engine(executor, reqs, config: SchedulerConfig) -> dict:
         "kv_held_gb_peak": float(used.max() * bpt / 1e9) if len(used) else None,
         "kv_tokens_held_peak": int(held.max()) if len(held) else None,
         "kv_slot_utilisation_mean": float((held / np.maximum(used, 1)).mean()) if len(used) else None,
+        "gc": watch.summary(until_s=end - start),
     }
 
 

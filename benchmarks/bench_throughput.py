@@ -77,6 +77,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._gcwatch import GcWatch, describe
 from benchmarks.bench_http import SHAPES, build_model
 from trtforge.llm import sizing
 from trtforge.llm.engine import LLMEngine
@@ -544,10 +545,13 @@ def run_workload(
     budget_s: float | None,
     trace: tuple[float, float] | None = None,
     submit: str = "many",
+    gc_freeze: bool = True,
 ) -> dict:
     """A fresh engine over the probe's executor: submit every request at t = 0, wait (at most budget_s),
     and measure. `submit`: "many" queues them in one :meth:`LLMEngine.submit_many` call, "one" one
-    :meth:`LLMEngine.submit` each while the engine already steps (as a server receives them).
+    :meth:`LLMEngine.submit` each while the engine already steps (as a server receives them). `gc_freeze`:
+    the engine's ``freeze_gc`` (the heap alive at its start left out of garbage collections); the
+    collections inside the timed window are recorded either way (``gc``).
     ``trace`` (start s, length s) profiles that window of the device's activity (:func:`gpu_trace_summary`);
     the profiler's stop costs the engine some host time, so a traced run's throughput reads a little low."""
     probe.steps.clear()
@@ -558,7 +562,9 @@ def run_workload(
 
     times: list[list[float]] = [[] for _ in reqs]
     submitted = [0.0] * len(reqs)
-    with LLMEngine(probe, config, step_hook=hook) as engine:
+    # freeze_gc only where off: a previous revision's package (with_old) has no such argument
+    options = {} if gc_freeze else {"freeze_gc": False}
+    with LLMEngine(probe, config, step_hook=hook, **options) as engine, GcWatch() as watch:
         timers = HostTimers(engine, probe)
         pre0 = engine.stats.preemptions
         start = time.perf_counter()
@@ -639,6 +645,8 @@ def run_workload(
         },
         "running_series": [[round(t - start, 4), r, w, n] for t, r, w, n in series[::stride]],
         "breakdown": breakdown(probe, host_seconds, wall, end),
+        "gc_freeze": gc_freeze,
+        "gc": watch.summary(until_s=wall),
     }
     if prof is not None:
         res["gpu_trace"] = {"at_s": trace[0], "length_s": trace[1], **gpu_trace_summary(prof)}
@@ -689,6 +697,9 @@ def line(name: str, res: dict) -> str:
     out = ["  ".join(head), lat]
     if ref:
         out.append("    " + "; ".join(ref))
+    if "gc" in res:
+        off = "" if res.get("gc_freeze", True) else " [--gc-freeze off]"
+        out.append("    " + describe(res["gc"]) + off)
     if "gpu_busy_s" in b:
         gap = b["gpu_idle_gap_ms"]
         out.append(
@@ -794,6 +805,15 @@ def main() -> None:
         help="queue each workload's requests in one submit_many call (default), or one submit each while "
         "the engine steps (a server's arrival; the first steps then wait on the GIL: BENCHMARKS.md, s33); "
         "both: each workload runs once each way, side by side",
+    )
+    ap.add_argument(
+        "--gc-freeze",
+        choices=("on", "off"),
+        nargs="+",
+        default=["on"],
+        help="whether each run's engine freezes the Python heap alive at its start (LLMEngine(freeze_gc=); "
+        "on, the default, as served): a full garbage collection otherwise walks the whole heap, holding the "
+        "GIL for 0.1 s or more; both: each workload runs once each way, side by side",
     )
     ap.add_argument(
         "--max-num-seqs",
@@ -1220,23 +1240,26 @@ def run_all(model, variants, args, shape: Shape, scale: float, device: str, resu
             set_decode_tiles_by_keys(ex, graphs, tiles[key])
             reqs = make_requests(name, requests_for(name, args, mns, kv_tokens, scale), shape.vocab, scale)
             for submit in args.submit:
-                run_one(probe, config, key, name, reqs, submit, args, results, shape, scale, kv_tokens)
+                for freeze in args.gc_freeze:
+                    mode = (submit, freeze == "on")
+                    run_one(probe, config, key, name, reqs, mode, args, results, shape, scale, kv_tokens)
     del probe, ex
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
 
 
-def run_one(probe, config, key, name, reqs, submit, args, results, shape, scale, kv_tokens) -> None:
-    """Workload `name` (`reqs`) under scheduler variant `key`, submitted `submit`'s way, after its
-    untimed warm-up slice; its result is printed and saved (keyed by the submission too when
-    --submit names both)."""
+def run_one(probe, config, key, name, reqs, mode, args, results, shape, scale, kv_tokens) -> None:
+    """Workload `name` (`reqs`) under scheduler variant `key`, `mode` = (how it is submitted, whether the
+    engine freezes the heap), after its untimed warm-up slice; its result is printed and saved (keyed by
+    the mode too where --submit or --gc-freeze names both)."""
+    submit, freeze = mode
     mns = config.max_num_seqs
     t = time.perf_counter()
     run_workload(probe, config, warm_slice(reqs, mns, scale, shape.vocab), None)
     warm = time.perf_counter() - t
     cached = triton_cache_entries()
-    res = run_workload(probe, config, reqs, args.budget_s, args.gpu_trace, submit)
+    res = run_workload(probe, config, reqs, args.budget_s, args.gpu_trace, submit, freeze)
     res["warmup_s"] = warm
     after = triton_cache_entries()
     res["jit_compiles_in_window"] = None if None in (cached, after) else after - cached
@@ -1252,9 +1275,11 @@ def run_one(probe, config, key, name, reqs, submit, args, results, shape, scale,
     if name == "mixed":
         res["target_wall_s"] = MIXED_TARGET_S
     res["gpu_state_after"] = gpu_state() if probe.cuda else None
-    label = name if len(args.submit) == 1 else f"{name} (submit {submit})"
+    named = [f"submit {submit}"] if len(args.submit) > 1 else []
+    named += [f"gc-freeze {'on' if freeze else 'off'}"] if len(args.gc_freeze) > 1 else []
+    label = f"{name} ({', '.join(named)})" if named else name
     results["variants"][key]["workloads"][label] = res
-    tag = key if len(args.submit) == 1 else f"{key} submit {submit}"
+    tag = " ".join([key, *named])
     print(f"[{tag}] " + line(name, res), flush=True)
     if res["gpu_state_after"]:
         print("    GPU after: " + ", ".join(f"{k} {v}" for k, v in res["gpu_state_after"].items()))
