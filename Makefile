@@ -66,11 +66,15 @@ gpu-carry:
 # A previous revision's package for a same-call A/B on the device (issue #29's no-regression check):
 # `make old-tree OLD_REV=abc123` puts that revision's trtforge/ in the git-excluded .old; carry ".old"
 # too, and there `with_old python3 benchmarks/...` (benchmarks/device_env.sh) runs the old package.
+# Several revisions (a bisection in one call): `make old-tree OLD_REV=abc123 OLD_DIR=.old-abc`, carry
+# each folder, and there `OLD_DIR=.old-abc with_old python3 ...`.
 OLD_REV ?= HEAD~1
+OLD_DIR ?= .old
 old-tree:
-	@mkdir -p .git/info && grep -qx '/.old/' .git/info/exclude 2>/dev/null || echo '/.old/' >> .git/info/exclude
-	rm -rf .old.tmp && mkdir -p .old.tmp && git archive $(OLD_REV) trtforge | tar -x -C .old.tmp
-	git rev-parse $(OLD_REV) > .old.tmp/REV && rm -rf .old && mv .old.tmp .old
+	@case "$(OLD_DIR)" in .old|.old-*) ;; *) echo "old-tree: OLD_DIR must be .old or .old-NAME" >&2; exit 2;; esac
+	@mkdir -p .git/info && grep -qx '/.old\*/' .git/info/exclude 2>/dev/null || echo '/.old*/' >> .git/info/exclude
+	rm -rf $(OLD_DIR).tmp && mkdir -p $(OLD_DIR).tmp && git archive $(OLD_REV) trtforge | tar -x -C $(OLD_DIR).tmp
+	git rev-parse $(OLD_REV) > $(OLD_DIR).tmp/REV && rm -rf $(OLD_DIR) && mv $(OLD_DIR).tmp $(OLD_DIR)
 
 test-gpu:
 	@if ls .whl/*.whl >/dev/null 2>&1; then \

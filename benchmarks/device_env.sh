@@ -4,8 +4,9 @@
 # where there is none (where the tests and benchmarks look), unbuffers Python's output, and defines `el`,
 # which prints its arguments after the seconds since sourcing (a command cut at its time limit still says
 # how far it got),
-# and `with_old CMD...`, which runs CMD on the previous revision's package carried in .old (`make old-tree`;
-# run scripts by path: `python3 -m` and `-c` put the current directory, this checkout, first).
+# and `with_old CMD...`, which runs CMD on the previous revision's package carried in .old, or in $OLD_DIR
+# (`make old-tree [OLD_DIR=.old-NAME]`; run scripts by path: `python3 -m` and `-c` put the current
+# directory, this checkout, first).
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -21,6 +22,9 @@ fi
 DEVICE_ENV_T0=$(date +%s)
 el() { echo "[+$(( $(date +%s) - DEVICE_ENV_T0 ))s] $*"; }
 with_old() {
-  if [ ! -f .old/REV ]; then echo "with_old: no .old carried (make old-tree OLD_REV=..., carry .old)" >&2; return 2; fi
-  PYTHONPATH="$PWD/.old:$PYTHONPATH" "$@"
+  local dir="${OLD_DIR:-.old}"
+  if [ ! -f "$dir/REV" ]; then
+    echo "with_old: no $dir carried (make old-tree OLD_REV=... OLD_DIR=$dir, carry $dir)" >&2; return 2
+  fi
+  PYTHONPATH="$PWD/$dir:$PYTHONPATH" "$@"
 }
