@@ -138,3 +138,23 @@ def _fields(p):
 def test_response_format_without_a_tokenizer_is_refused(engine):
     with pytest.raises(UserError, match="response_format needs the model's tokenizer"):
         engine.submit([5, 6], SamplingParams(response_format={"type": "json_object"}))
+
+
+def test_only_sampled_requests_make_their_random_stream_and_seeded_ones_stay_reproducible(engine):
+    made: list = []
+    sched = engine._scheduler
+    original = sched.make_sequence
+
+    def spy(*args, **kwargs):
+        seq = original(*args, **kwargs)
+        made.append(seq)
+        return seq
+
+    sched.make_sequence = spy
+    greedy = SamplingParams(max_tokens=5, ignore_eos=True)
+    seeded = SamplingParams(max_tokens=5, ignore_eos=True, temperature=0.9, seed=17)
+    outs = engine.generate(_prompts(3, seed=4), [greedy, seeded, greedy])
+    assert all(o.error is None and len(o.token_ids) == 5 for o in outs)
+    assert [s._generator is None for s in made] == [True, False, True], "a greedy request made a generator"
+    again = engine.generate([_prompts(3, seed=4)[1]], seeded)[0]
+    assert again.token_ids == outs[1].token_ids

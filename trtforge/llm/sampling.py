@@ -155,9 +155,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
+    def stream_seed(self, fallback_seed: int) -> int:
+        """The seed of the request's own random stream: `seed`, else `fallback_seed` (the engine's)."""
+        return self.seed if self.seed is not None else fallback_seed
+
     def make_generator(self, fallback_seed: int) -> np.random.Generator:
-        """The request's own random stream: from `seed`, else from `fallback_seed` (the engine's)."""
-        return np.random.default_rng(self.seed if self.seed is not None else fallback_seed)
+        """The request's own random stream (:meth:`stream_seed`)."""
+        return np.random.default_rng(self.stream_seed(fallback_seed))
 
     def expand(self) -> list[SamplingParams]:
         """The `n` independent single-sample requests of these params (n=1: itself).
@@ -268,7 +272,7 @@ def _host_view(logits: Any) -> np.ndarray | None:
     return None
 
 
-def _draws(logits: Any, params: Sequence[SamplingParams], generators: Sequence[np.random.Generator]):
+def _draws(logits: Any, params: Sequence[SamplingParams], generators: Sequence[np.random.Generator | None]):
     """Check the sizes; return the sampled (non-greedy) rows with their settings and uniform draws."""
     n = len(params)
     if len(generators) != n or logits.shape[0] != n:
@@ -348,13 +352,14 @@ def _sample_host(logits, params, generators, histories, bitmask, argmax=None) ->
 def sample(
     logits: Any,
     params: Sequence[SamplingParams],
-    generators: Sequence[np.random.Generator],
+    generators: Sequence[np.random.Generator | None],
     histories: Sequence[RowHistory] | None = None,
     bitmask: Any = None,
 ) -> np.ndarray:
     """Pick one token per row of `logits` ``[N, vocab]`` (torch tensor or numpy array); row i uses params[i].
 
-    Greedy rows take the first maximum; the others consume one uniform draw from generators[i].
+    Greedy rows take the first maximum (their generators may be None); the others consume one uniform
+    draw from generators[i].
     `histories` (one :class:`RowHistory` per row) feed the penalties, needed when a row has any;
     `bitmask` (int32 ``[N, ceil(vocab/32)]``, see :mod:`trtforge.llm.structured`) masks tokens.
     Returns int64 token ids ``[N]``. On a device: one argmax over all rows, the sampled rows'
@@ -366,7 +371,7 @@ def sample(
 def sample_with_logprobs(
     logits: Any,
     params: Sequence[SamplingParams],
-    generators: Sequence[np.random.Generator],
+    generators: Sequence[np.random.Generator | None],
     histories: Sequence[RowHistory] | None = None,
     bitmask: Any = None,
     argmax: Callable[[Any], Any] | None = None,
@@ -407,7 +412,7 @@ class SampledTokens:
 def sample_async(
     logits: Any,
     params: Sequence[SamplingParams],
-    generators: Sequence[np.random.Generator],
+    generators: Sequence[np.random.Generator | None],
     histories: Sequence[RowHistory] | None = None,
     bitmask: Any = None,
     argmax: Callable[[Any], Any] | None = None,

@@ -98,7 +98,7 @@ class SpeculativeStepLoop(StepLoop):
             tokens, got = sample_with_logprobs(
                 rows,
                 [samplers[i].params for i in plain],
-                [samplers[i].generator for i in plain],
+                [samplers[i].sampling_generator for i in plain],
                 None if histories is None else [histories[i] for i in plain],
                 None if bitmask is None else bitmask[plain],
                 self.argmax,

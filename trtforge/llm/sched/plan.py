@@ -115,9 +115,9 @@ class StepPlan:
         return [s.params for s in self.samplers]
 
     @property
-    def generators(self) -> list[np.random.Generator]:
-        """Each sampled row's generator, in row order."""
-        return [s.generator for s in self.samplers]
+    def generators(self) -> list[np.random.Generator | None]:
+        """Each sampled row's generator, in row order (None for a greedy request's: it draws nothing)."""
+        return [s.sampling_generator for s in self.samplers]
 
     def _sampler_extras(self) -> tuple[bool, bool]:
         """(any sampled row has penalties, any has a grammar), found in one pass and kept: the common

@@ -163,7 +163,7 @@ class Scheduler:
             prompt_len=len(tokens),
             params=params,
             eos_token_id=eos,
-            generator=params.make_generator(int(self._seed_source.integers(2**63))),
+            seed=params.stream_seed(int(self._seed_source.integers(2**63))),
             arrival=next(self._arrivals),
             stop_ids=frozenset(params.stop_token_ids) | frozenset(eos_ids),
             length_limit=min(len(tokens) + params.max_tokens, self.max_model_len),
