@@ -48,6 +48,7 @@ import torch
 from trtforge.core.cuda_capture import gc_paused
 from trtforge.errors import UserError
 from trtforge.kernels.configs import MAX_Q_LEN
+from trtforge.llm.executors import decode_overlap
 from trtforge.llm.executors.base import ExecutorFacts, StepBatch, TokenFeed
 from trtforge.llm.executors.kv_cache import (
     KVScales,
@@ -284,6 +285,7 @@ class TorchExecutor:
         self._chain_graphs: dict[tuple[int, ...], Any] = {}
         self._graph_pool: Any = None
         self._graph_stream: Any = None
+        self._overlap_stream: Any = None
 
     def _make_piecewise(self, mixed_graphs: bool | None, max_graph_tokens: int) -> PiecewiseStep | None:
         """The piecewise runner of steps with prompt tokens, where on (never with dynamic rotary: its
@@ -540,8 +542,35 @@ class TorchExecutor:
                 return decode(q, kp, vp, tables, ctx, scale, window, **kv)
             return decode(q, kp, vp, tables, ctx, scale, window, q_len=s, **kv)  # type: ignore[call-arg]
 
+        overlap = decode_overlap.MIN_ROWS and nb >= max(2, decode_overlap.MIN_ROWS)
+        if s == 1 and overlap and self.tensor_parallel is None:
+            h = self._overlapped_hidden(ids, pos, slots, tables, ctx)
+            if h is not None:
+                self._static["logits"][:nb].copy_(self._layers.head(h, False))
+                return
         # model-dtype logits converted by the copy itself: no float32 temporary of [rows, vocab]
         self._static["logits"][: nb * s].copy_(self._forward(ids, pos, slots, attend, float32=False))
+
+    def _overlapped_hidden(self, ids, pos, slots, tables, ctx) -> torch.Tensor | None:
+        """A decode step's hidden states with its two halves' attention and products overlapped
+        (:mod:`.decode_overlap`), or None where its layer inputs do not split (the plain step runs)."""
+        a, decode = self._adapter, self.decode_attention
+
+        def attend(i: int, rows: slice, q: torch.Tensor, out: torch.Tensor) -> None:
+            args = (q, self.k_pools[i], self.v_pools[i], tables[rows], ctx[rows], a.scales[i], a.windows[i])
+            if isinstance(decode, TritonDecodeAttention):
+                decode(*args, out=out, **self._kv_kwargs[i])
+            else:
+                out.copy_(decode(*args, **self._kv_kwargs[i]))
+
+        if self.device.type == "cuda" and self._overlap_stream is None:
+            self._overlap_stream = torch.cuda.Stream(self.device)
+        try:
+            return decode_overlap.forward(
+                self._layers, self.k_pools, self.v_pools, attend, ids, pos, slots, self._overlap_stream
+            )
+        except decode_overlap.Unsplittable:
+            return None
 
     @staticmethod
     def _padded_rows(batch: StepBatch, s: int) -> np.ndarray:
