@@ -346,8 +346,23 @@ def main() -> None:
     ap.add_argument(
         "--sync", action="store_true", help="schedule synchronously (default: one step in flight)"
     )
+    ap.add_argument(
+        "--set",
+        dest="settings",
+        default=None,
+        metavar="SETTING",
+        help="module settings for the whole run (module.NAME=value joined by '+', as bench_throughput.py "
+        "--set takes them, e.g. trtforge.llm.executors.torch_exec.ONE_CAPTURE_STREAM=False); in the JSON",
+    )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
+    if args.settings:  # before the model and executor exist: graphs capture under the settings
+        from benchmarks._settings import parse_setting, set_setting
+
+        try:
+            set_setting(parse_setting(args.settings))
+        except argparse.ArgumentTypeError as exc:
+            ap.error(f"--set {args.settings!r}: {exc}")
     device = "cpu" if args.tiny else "cuda"
     dtype = torch.float32 if args.tiny else torch.float16
     model = build_model(args.tiny, device, dtype)
@@ -370,6 +385,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
         "scheduling": "sync" if args.sync else "async",
+        "settings": args.settings,
         "model": {
             "layers": cfg.num_hidden_layers,
             "hidden": cfg.hidden_size,

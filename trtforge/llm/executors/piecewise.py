@@ -28,6 +28,12 @@ from trtforge.llm.host_to_device import to_device
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 192, *range(256, 8193, 128))
 
 
+# Empty the allocator's cache between a bucket's warm-up and its capture (session 34, with one capture
+# stream: 8B FP8 graphs at 8,192-token steps 20.6 -> 1.2 GB). A setting while session 35's 1.1B
+# all-at-once drop (-11% against session 33's tree) is bisected: False restores the old order for an A/B.
+EMPTY_CACHE_BEFORE_CAPTURE = True
+
+
 class StepLayers(Protocol):
     """What the pieces run: the model split at its attention calls (the torch executor provides it)."""
 
@@ -186,7 +192,8 @@ class PiecewiseStep:
             side.synchronize()
             # a capture cannot release cached blocks to make room, and the sizing measured the graphs
             # after emptying the cache: the warm-up's temporaries go back before capturing
-            torch.cuda.empty_cache()
+            if EMPTY_CACHE_BEFORE_CAPTURE:
+                torch.cuda.empty_cache()
             pool = self._pool() if self._pool is not None else None
             # capture_begin/end rather than torch.cuda.graph(): that one collects garbage and empties the
             # allocator's cache around every capture, which for L + 1 pieces a bucket dominates capture time

@@ -90,6 +90,10 @@ _USER = "the torch executor"
 MAX_STATIC_Q_LEN = MAX_Q_LEN
 # The longest chain of decode steps (TorchExecutor.decode_chain; a draft's k - 1 further steps, k <= 16).
 MAX_CHAIN_STEPS = 16
+# Every graph of an executor warms up and is captured on one side stream (session 34: the allocator reuses
+# freed blocks on their own stream only). A setting while session 35's 1.1B all-at-once drop is bisected:
+# False gives each capture a fresh stream again, as before, for an A/B.
+ONE_CAPTURE_STREAM = True
 
 
 def _bucket(n: int, buckets: Any) -> int:
@@ -365,6 +369,8 @@ class TorchExecutor:
         """The one side stream every graph of this executor warms up and is captured on. The caching
         allocator reuses a freed block only on the stream that allocated it, in the graphs' shared pool
         too: a stream a capture left every bucket's temporaries to that bucket alone."""
+        if not ONE_CAPTURE_STREAM:  # a stream of its own each time, as before session 34 (an A/B)
+            return torch.cuda.Stream(self.device)
         if self._graph_stream is None:
             self._graph_stream = torch.cuda.Stream(self.device)
         return self._graph_stream
@@ -840,7 +846,8 @@ class TorchExecutor:
             self._chain_body(nb, wb, steps, nb, s=s)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with gc_paused(), torch.cuda.graph(graph, pool=self._pool(), stream=side):
+        capture_on = side if ONE_CAPTURE_STREAM else None  # (None: torch's own capture stream, as before)
+        with gc_paused(), torch.cuda.graph(graph, pool=self._pool(), stream=capture_on):
             self._chain_body(nb, wb, steps, nb, s=s)
         self._chain_graphs[key] = graph
         return graph
@@ -996,7 +1003,8 @@ class TorchExecutor:
             self._static_body(nb, wb, s)  # warm-up outside capture: lazy inits, autotuning
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with gc_paused(), torch.cuda.graph(graph, pool=self._pool(), stream=side):
+        capture_on = side if ONE_CAPTURE_STREAM else None  # (None: torch's own capture stream, as before)
+        with gc_paused(), torch.cuda.graph(graph, pool=self._pool(), stream=capture_on):
             self._static_body(nb, wb, s)
         self._graphs[(nb, wb, s, self._gemv_rows())] = graph
         return graph
