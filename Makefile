@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.trtforge-installed
 DEMO_DIR ?= build/demo
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-gpu gpu-wheels gpu-carry old-tree lint clean
+.PHONY: venv demo test test-gpu gpu-wheels gpu-carry old-tree triton-cache lint clean
 
 venv: $(STAMP)
 
@@ -75,6 +75,15 @@ old-tree:
 	@mkdir -p .git/info && grep -qx '/.old\*/' .git/info/exclude 2>/dev/null || echo '/.old*/' >> .git/info/exclude
 	rm -rf $(OLD_DIR).tmp && mkdir -p $(OLD_DIR).tmp && git archive $(OLD_REV) trtforge | tar -x -C $(OLD_DIR).tmp
 	git rev-parse $(OLD_REV) > $(OLD_DIR).tmp/REV && rm -rf $(OLD_DIR) && mv $(OLD_DIR).tmp $(OLD_DIR)
+
+# Triton's kernel cache from a device call (`save_triton_cache` in benchmarks/device_env.sh wrote it to
+# $OUT): `make triton-cache FROM=/work/.device/N/triton-cache.tgz` puts it in the git-excluded .triton; carry
+# ".triton" and the next machine starts with those kernels compiled.
+triton-cache:
+	@test -f "$(FROM)" || { echo "triton-cache: FROM=path/to/triton-cache.tgz (save_triton_cache's output)" >&2; exit 2; }
+	@mkdir -p .git/info && grep -qx '/.triton/' .git/info/exclude 2>/dev/null || echo '/.triton/' >> .git/info/exclude
+	rm -rf .triton.tmp && mkdir -p .triton.tmp && tar -xzf "$(FROM)" -C .triton.tmp
+	rm -rf .triton && mv .triton.tmp .triton && du -sh .triton
 
 test-gpu:
 	@if ls .whl/*.whl >/dev/null 2>&1; then \

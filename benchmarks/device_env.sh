@@ -7,7 +7,22 @@
 # and `with_old CMD...`, which runs CMD on the previous revision's package carried in .old, or in $OLD_DIR
 # (`make old-tree [OLD_DIR=.old-NAME]`; run scripts by path: `python3 -m` and `-c` put the current
 # directory, this checkout, first).
+# Triton's compiled kernels: a fresh machine compiles them all again (an 8B benchmark's sizing took 94 s
+# on a fresh machine against 22 s on a warm one, session 35). `save_triton_cache` writes the cache to
+# $OUT/triton-cache.tgz (when it is under 56 MiB); `make triton-cache FROM=that.tgz` here puts it in the
+# git-excluded .triton, and carrying ".triton" seeds the next machine's cache (TRITON_CACHE_DIR below).
 export PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR=/tmp/triton-cache
+mkdir -p "$TRITON_CACHE_DIR"
+if [ -d .triton ]; then cp -r .triton/. "$TRITON_CACHE_DIR"/ 2>/dev/null && chmod -R u+w "$TRITON_CACHE_DIR"; fi
+save_triton_cache() {
+  local out="${OUT:?save_triton_cache: no OUT}/triton-cache.tgz"
+  tar -czf "$out" -C "$TRITON_CACHE_DIR" . || return 1
+  if [ "$(stat -c %s "$out")" -gt $((56 * 1024 * 1024)) ]; then
+    echo "save_triton_cache: $(du -h "$out" | cut -f1) is over 56 MiB: not kept" >&2; rm -f "$out"; return 1
+  fi
+  echo "save_triton_cache: $(du -h "$out" | cut -f1), $(ls "$TRITON_CACHE_DIR" | wc -l) entries"
+}
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl >/dev/null 2>&1 || echo "device_env: installing .whl/*.whl failed"
