@@ -60,3 +60,26 @@ def applied(setting: dict[tuple[str, str], object]):
         yield
     finally:
         set_setting(old)
+
+
+def add_set_option(ap: argparse.ArgumentParser) -> None:
+    """``--set SETTING``: module settings for a benchmark's whole run (:func:`parse_setting`'s form)."""
+    ap.add_argument(
+        "--set",
+        dest="settings",
+        default=None,
+        metavar="SETTING",
+        help="module settings for the whole run, put in force before the model and executor exist (so "
+        "graphs capture under them): module.NAME=value joined by '+', e.g. "
+        "trtforge.llm.executors.fused_layers.FUSED_FP8_QUANT=False; kept in the JSON",
+    )
+
+
+def apply_set_option(ap: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """Put ``--set``'s settings in force (a bad one: the parser's usage error, exit 2); return the text."""
+    if args.settings:
+        try:
+            set_setting(parse_setting(args.settings))
+        except argparse.ArgumentTypeError as exc:
+            ap.error(f"--set {args.settings!r}: {exc}")
+    return args.settings

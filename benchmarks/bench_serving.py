@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from benchmarks._gcwatch import GcWatch
+from benchmarks._settings import add_set_option, apply_set_option
 from benchmarks.bench_throughput import triton_cache_entries
 from trtforge.llm.engine import LLMEngine
 from trtforge.llm.executors.torch_exec import TorchExecutor
@@ -346,23 +347,10 @@ def main() -> None:
     ap.add_argument(
         "--sync", action="store_true", help="schedule synchronously (default: one step in flight)"
     )
-    ap.add_argument(
-        "--set",
-        dest="settings",
-        default=None,
-        metavar="SETTING",
-        help="module settings for the whole run (module.NAME=value joined by '+', as bench_throughput.py "
-        "--set takes them, e.g. trtforge.llm.executors.torch_exec.ONE_CAPTURE_STREAM=False); in the JSON",
-    )
+    add_set_option(ap)
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
-    if args.settings:  # before the model and executor exist: graphs capture under the settings
-        from benchmarks._settings import parse_setting, set_setting
-
-        try:
-            set_setting(parse_setting(args.settings))
-        except argparse.ArgumentTypeError as exc:
-            ap.error(f"--set {args.settings!r}: {exc}")
+    apply_set_option(ap, args)  # before the model and executor exist: graphs capture under the settings
     device = "cpu" if args.tiny else "cuda"
     dtype = torch.float32 if args.tiny else torch.float16
     model = build_model(args.tiny, device, dtype)

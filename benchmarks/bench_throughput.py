@@ -78,6 +78,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._gcwatch import GcWatch, describe
+from benchmarks._settings import add_set_option, apply_set_option
 from benchmarks.bench_http import SHAPES, build_model
 from trtforge.llm import sizing
 from trtforge.llm.engine import LLMEngine
@@ -916,14 +917,7 @@ def main() -> None:
         help="fold o's and down's residual add into the mid-sized FP8 GEMM's epilogue "
         "(quant.linear.FP8_MID_FOLD_RESIDUAL; default: the module's, today off)",
     )
-    ap.add_argument(
-        "--set",
-        dest="settings",
-        default=None,
-        metavar="SETTING",
-        help="module settings for the whole run, as bench_quant_speed.py --ab takes them (module.NAME=value "
-        "joined by '+', e.g. trtforge.llm.executors.fused_layers.FUSED_FP8_QUANT=False), kept in the JSON",
-    )
+    add_set_option(ap)
     ap.add_argument(
         "--gpu-trace",
         type=float,
@@ -1030,13 +1024,7 @@ def main() -> None:
         quant_linear.FP8_MID_MAX_TOKENS = args.fp8_mid_max
     if args.fp8_mid_fold_residual is not None:
         quant_linear.FP8_MID_FOLD_RESIDUAL = args.fp8_mid_fold_residual == "on"
-    if args.settings:
-        from benchmarks._settings import parse_setting, set_setting
-
-        try:
-            set_setting(parse_setting(args.settings))
-        except argparse.ArgumentTypeError as exc:
-            ap.error(f"--set {args.settings!r}: {exc}")
+    if apply_set_option(ap, args):
         results["settings"] = args.settings
     if args.fp8_decode_config is not None:  # one launch everywhere: no 2-warp launch for many pairs
         decode_attention.FP8_KV_DECODE_CONFIG = decode_attention.DecodeConfig(*args.fp8_decode_config)
