@@ -29,6 +29,11 @@ import torch
 # as two overlapping halves; 0: never (the default until the H200 measures it: profile_mixed_step.py --ab
 # base trtforge.llm.executors.decode_overlap.MIN_ROWS=128 --decode-rows ...).
 MIN_ROWS = 0
+# Mixed steps (decode rows and prompt chunks) with at least this many decode rows run eagerly as two
+# overlapping regions, the decode rows' attention beside the prompt rows' products and the prompt rows'
+# attention beside the decode rows' (TorchExecutor reorders the step's sequences, decodes first); 0:
+# never (the piecewise graphs run them; the default until the H200 measures it).
+MIXED_MIN_DECODE_ROWS = 0
 
 
 class Unsplittable(Exception):
@@ -86,12 +91,16 @@ def forward(
     positions: torch.Tensor,
     slots: torch.Tensor,
     side_stream: Any,
+    split: int | None = None,
 ) -> torch.Tensor:
-    """The hidden states after every layer of a decode step over `ids` (one token a row), its rows in two
-    overlapping halves. ``attend(i, half, q, out)`` writes layer i's attention of rows `half` (a slice)
-    of q into `out`. Raises :class:`Unsplittable` before any layer runs where the inputs do not split."""
+    """The hidden states after every layer of a step over tokens `ids`, its rows in two overlapping
+    regions: ``[0, split)`` and the rest (default: halves). ``attend(i, rows, q, out)`` writes layer
+    i's attention of region `rows` (a slice; `q` is that region's) into `out`. Raises
+    :class:`Unsplittable` before any layer runs where the inputs do not split."""
     t = int(ids.shape[0])
-    m = t // 2
+    m = t // 2 if split is None else int(split)
+    if not 0 < m < t:
+        raise Unsplittable(f"a split at row {m} of {t}")
     h, extra = layers.embed(ids, positions)
     halves = (slice(0, m), slice(m, t))
     extras = [rows_of(extra, s.start, s.stop, t) for s in halves]

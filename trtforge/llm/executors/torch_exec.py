@@ -442,6 +442,8 @@ class TorchExecutor:
         or "eager"."""
         if self.static_q_len(batch) is not None:
             return "decode"
+        if self._overlaps_mixed(batch):
+            return "overlapped"
         if self._piecewise is not None and batch.num_tokens <= self._piecewise.max_tokens:
             return "piecewise"
         return "eager"
@@ -457,6 +459,10 @@ class TorchExecutor:
         if s is not None:
             logits = self._static_decode(batch, feed, s)
             return logits.clone() if own else logits
+        if self._overlaps_mixed(batch):
+            logits = self._overlapped_mixed(batch, feed)
+            if logits is not None:
+                return logits
         meta = self._metadata(batch)
         if self.path_of(batch) == "piecewise":
             return self._piecewise.run(batch, feed, self._attend_into(meta))
@@ -556,6 +562,80 @@ class TorchExecutor:
                 return
         # model-dtype logits converted by the copy itself: no float32 temporary of [rows, vocab]
         self._static["logits"][: nb * s].copy_(self._forward(ids, pos, slots, attend, float32=False))
+
+    def _overlaps_mixed(self, batch: StepBatch) -> bool:
+        """Whether `batch` runs as two overlapping regions (:data:`.decode_overlap.MIXED_MIN_DECODE_ROWS`):
+        decode rows and prompt rows both, enough decode rows, one process, no dynamic rotary."""
+        least = decode_overlap.MIXED_MIN_DECODE_ROWS
+        if not least or batch.is_decode_only or self.tensor_parallel is not None or self._adapter.dynamic:
+            return False
+        decodes = int((batch.query_lens == 1).sum())
+        return decodes >= least and decodes < batch.num_seqs
+
+    def _overlapped_mixed(self, batch: StepBatch, feed: TokenFeed | None) -> torch.Tensor | None:
+        """A mixed step as two overlapping regions (:mod:`.decode_overlap`): its sequences reordered,
+        decodes first, so that the decode rows are rows ``[0, d)``; their attention runs beside the prompt
+        rows' products and the prompt rows' attention beside theirs. Float32 logits of
+        ``batch.logits_indices``, in that order; None where the layer inputs do not split (before any
+        layer ran: the caller runs the step its usual way)."""
+        dev, a = self.device, self._adapter
+        qlens, qsl = batch.query_lens, batch.query_start_loc
+        order = np.concatenate([np.flatnonzero(qlens == 1), np.flatnonzero(qlens != 1)])
+        d = int((qlens == 1).sum())
+        rows = np.concatenate([np.arange(qsl[s], qsl[s + 1]) for s in order])  # new row -> old row
+        new_row = np.empty_like(rows)
+        new_row[rows] = np.arange(len(rows))
+        ids = to_device(batch.input_ids[rows], dev)
+        if feed is not None:
+            at, sources = to_device(np.stack([new_row[feed.rows], feed.sources]).astype(np.int64), dev)
+            ids.index_copy_(0, at, torch.as_tensor(feed.tokens, device=dev).index_select(0, sources))
+        tables, lens = batch.block_tables[order], batch.context_lens[order]
+        dec_tables, dec_lens = to_device(tables[:d], dev), to_device(lens[:d], dev)
+        chunk_qsl = np.concatenate([[0], np.cumsum(qlens[order][d:])]).astype(qsl.dtype)
+        meta = AttentionMetadata(
+            query_start_loc=to_device(chunk_qsl, dev),
+            context_lens=to_device(lens[d:], dev),
+            block_tables=to_device(tables[d:], dev),
+            query_start_loc_host=chunk_qsl,
+            context_lens_host=lens[d:],
+            max_query_len=int(np.diff(chunk_qsl).max()),
+            max_context_len=int(lens[d:].max()),
+            block_size=self._block_size,
+        )
+        decode, attention, kvs = self.decode_attention, self.attention, self._kv_kwargs
+
+        def attend(i: int, region: slice, q: torch.Tensor, out: torch.Tensor) -> None:
+            kp, vp, scale, window, kv = self.k_pools[i], self.v_pools[i], a.scales[i], a.windows[i], kvs[i]
+            if region.start == 0:
+                args = (q, kp, vp, dec_tables, dec_lens, scale, window)
+                writes_out = isinstance(decode, TritonDecodeAttention)
+                fn = decode
+            else:
+                args = (q, kp, vp, meta, scale, window)
+                writes_out = isinstance(attention, TritonPagedAttention)
+                fn = attention
+            if writes_out:
+                fn(*args, out=out, **kv)
+            else:
+                out.copy_(fn(*args, **kv))
+
+        if dev.type == "cuda" and self._overlap_stream is None:
+            self._overlap_stream = torch.cuda.Stream(dev)
+        try:
+            h = decode_overlap.forward(
+                self._layers,
+                self.k_pools,
+                self.v_pools,
+                attend,
+                ids,
+                to_device(batch.positions[rows], dev),
+                to_device(batch.slot_mapping[rows], dev),
+                self._overlap_stream,
+                split=d,
+            )
+        except decode_overlap.Unsplittable:
+            return None
+        return self._layers.head(h.index_select(0, to_device(new_row[batch.logits_indices], dev)))
 
     def _overlapped_hidden(self, ids, pos, slots, tables, ctx) -> torch.Tensor | None:
         """A decode step's hidden states with its two halves' attention and products overlapped
