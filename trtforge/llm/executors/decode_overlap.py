@@ -1,4 +1,6 @@
-"""Decode steps as two halves whose attention and layer products overlap (opt-in, :data:`MIN_ROWS`).
+"""A step's rows as two regions whose attention and layer products overlap (opt-in): a decode step in
+halves (:data:`MIN_ROWS`, in its CUDA graph), a mixed step as its decode rows and its prompt rows
+(:data:`MIXED_MIN_DECODE_ROWS`, eagerly; ``TorchExecutor`` orders the decodes first).
 
 A decode step's attention reads every row's K/V (memory-bound); its projections multiply hundreds of rows
 by the weights (compute-bound). In one stream they take turns: at 8B FP8 with 422 rows of ~3,000 keys a
