@@ -438,8 +438,9 @@ class TorchExecutor:
 
     def path_of(self, batch: StepBatch) -> str:
         """How :meth:`step` runs `batch`: "decode" (static shapes, a CUDA graph where graphs are on; also
-        verification steps, :meth:`static_q_len`), "piecewise" (bucket-padded pieces, graphs where on)
-        or "eager"."""
+        verification steps, :meth:`static_q_len`), "overlapped" (a mixed step as two overlapping
+        regions, :data:`.decode_overlap.MIXED_MIN_DECODE_ROWS`), "piecewise" (bucket-padded pieces, graphs
+        where on) or "eager"."""
         if self.static_q_len(batch) is not None:
             return "decode"
         if self._overlaps_mixed(batch):
