@@ -88,15 +88,14 @@ def main() -> None:
         print(json.dumps(child(args)))
         return
     runs: list[dict] = []
+    workload = [
+        f"--{name.replace('_', '-')}={getattr(args, name)}"
+        for name in ("heap", "requests", "prompt_len", "max_tokens", "max_num_seqs", "launches")
+    ]
     for r in range(args.rounds):
         for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
-            argv = [a for a in sys.argv[1:] if not a.startswith("--out")]
-            if "--out" in sys.argv:
-                i = sys.argv.index("--out")
-                argv = sys.argv[1:i] + sys.argv[i + 2 :]
-            out = subprocess.run(
-                [sys.executable, __file__, *argv, "--child", mode], capture_output=True, text=True, check=True
-            )
+            cmd = [sys.executable, __file__, *workload, "--child", mode]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True)
             res = json.loads(out.stdout.strip().splitlines()[-1])
             runs.append(res)
             print(

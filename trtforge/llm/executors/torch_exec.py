@@ -376,16 +376,19 @@ class TorchExecutor:
         return self._graph_stream
 
     def _metadata(self, batch: StepBatch) -> AttentionMetadata:
+        return self._metadata_of(batch.query_start_loc, batch.context_lens, batch.block_tables)
+
+    def _metadata_of(self, qsl: np.ndarray, lens: np.ndarray, tables: np.ndarray) -> AttentionMetadata:
+        """The attention metadata of sequences with these query starts, context lengths and tables."""
         dev = self.device
-        qsl = batch.query_start_loc
         return AttentionMetadata(
             query_start_loc=to_device(qsl, dev),
-            context_lens=to_device(batch.context_lens, dev),
-            block_tables=to_device(batch.block_tables, dev),
+            context_lens=to_device(lens, dev),
+            block_tables=to_device(tables, dev),
             query_start_loc_host=qsl,
-            context_lens_host=batch.context_lens,
+            context_lens_host=lens,
             max_query_len=int(np.diff(qsl).max()),
-            max_context_len=int(batch.context_lens.max()),
+            max_context_len=int(lens.max()),
             block_size=self._block_size,
         )
 
@@ -579,7 +582,7 @@ class TorchExecutor:
         rows' products and the prompt rows' attention beside theirs. Float32 logits of
         ``batch.logits_indices``, in that order; None where the layer inputs do not split (before any
         layer ran: the caller runs the step its usual way)."""
-        dev, a = self.device, self._adapter
+        dev = self.device
         qlens, qsl = batch.query_lens, batch.query_start_loc
         order = np.concatenate([np.flatnonzero(qlens == 1), np.flatnonzero(qlens != 1)])
         d = int((qlens == 1).sum())
@@ -591,37 +594,13 @@ class TorchExecutor:
             at, sources = to_device(np.stack([new_row[feed.rows], feed.sources]).astype(np.int64), dev)
             ids.index_copy_(0, at, torch.as_tensor(feed.tokens, device=dev).index_select(0, sources))
         tables, lens = batch.block_tables[order], batch.context_lens[order]
-        dec_tables, dec_lens = to_device(tables[:d], dev), to_device(lens[:d], dev)
+        decode_into = self._decode_into(to_device(tables[:d], dev), to_device(lens[:d], dev))
         chunk_qsl = np.concatenate([[0], np.cumsum(qlens[order][d:])]).astype(qsl.dtype)
-        meta = AttentionMetadata(
-            query_start_loc=to_device(chunk_qsl, dev),
-            context_lens=to_device(lens[d:], dev),
-            block_tables=to_device(tables[d:], dev),
-            query_start_loc_host=chunk_qsl,
-            context_lens_host=lens[d:],
-            max_query_len=int(np.diff(chunk_qsl).max()),
-            max_context_len=int(lens[d:].max()),
-            block_size=self._block_size,
-        )
-        decode, attention, kvs = self.decode_attention, self.attention, self._kv_kwargs
+        chunks_into = self._attend_into(self._metadata_of(chunk_qsl, lens[d:], tables[d:]))
 
         def attend(i: int, region: slice, q: torch.Tensor, out: torch.Tensor) -> None:
-            kp, vp, scale, window, kv = self.k_pools[i], self.v_pools[i], a.scales[i], a.windows[i], kvs[i]
-            if region.start == 0:
-                args = (q, kp, vp, dec_tables, dec_lens, scale, window)
-                writes_out = isinstance(decode, TritonDecodeAttention)
-                fn = decode
-            else:
-                args = (q, kp, vp, meta, scale, window)
-                writes_out = isinstance(attention, TritonPagedAttention)
-                fn = attention
-            if writes_out:
-                fn(*args, out=out, **kv)
-            else:
-                out.copy_(fn(*args, **kv))
+            (decode_into if region.start == 0 else chunks_into)(i, q, out)
 
-        if dev.type == "cuda" and self._overlap_stream is None:
-            self._overlap_stream = torch.cuda.Stream(dev)
         try:
             h = decode_overlap.forward(
                 self._layers,
@@ -631,7 +610,7 @@ class TorchExecutor:
                 ids,
                 to_device(batch.positions[rows], dev),
                 to_device(batch.slot_mapping[rows], dev),
-                self._overlap_stream,
+                self._overlap_side(),
                 split=d,
             )
         except decode_overlap.Unsplittable:
@@ -641,23 +620,37 @@ class TorchExecutor:
     def _overlapped_hidden(self, ids, pos, slots, tables, ctx) -> torch.Tensor | None:
         """A decode step's hidden states with its two halves' attention and products overlapped
         (:mod:`.decode_overlap`), or None where its layer inputs do not split (the plain step runs)."""
-        a, decode = self._adapter, self.decode_attention
 
         def attend(i: int, rows: slice, q: torch.Tensor, out: torch.Tensor) -> None:
-            args = (q, self.k_pools[i], self.v_pools[i], tables[rows], ctx[rows], a.scales[i], a.windows[i])
-            if isinstance(decode, TritonDecodeAttention):
+            self._decode_into(tables[rows], ctx[rows])(i, q, out)
+
+        try:
+            return decode_overlap.forward(
+                self._layers, self.k_pools, self.v_pools, attend, ids, pos, slots, self._overlap_side()
+            )
+        except decode_overlap.Unsplittable:
+            return None
+
+    def _overlap_side(self) -> Any:
+        """The side stream of the overlapped steps' attention (:mod:`.decode_overlap`); None off CUDA."""
+        if self.device.type == "cuda" and self._overlap_stream is None:
+            self._overlap_stream = torch.cuda.Stream(self.device)
+        return self._overlap_stream
+
+    def _decode_into(self, tables: torch.Tensor, lens: torch.Tensor) -> Any:
+        """Layer i's decode attention (one query a row) over these tables and lengths, written into `out`:
+        the decode-row counterpart of :meth:`_attend_into`."""
+        a, decode = self._adapter, self.decode_attention
+        writes_out = isinstance(decode, TritonDecodeAttention)
+
+        def attend(i: int, q: torch.Tensor, out: torch.Tensor) -> None:
+            args = (q, self.k_pools[i], self.v_pools[i], tables, lens, a.scales[i], a.windows[i])
+            if writes_out:
                 decode(*args, out=out, **self._kv_kwargs[i])
             else:
                 out.copy_(decode(*args, **self._kv_kwargs[i]))
 
-        if self.device.type == "cuda" and self._overlap_stream is None:
-            self._overlap_stream = torch.cuda.Stream(self.device)
-        try:
-            return decode_overlap.forward(
-                self._layers, self.k_pools, self.v_pools, attend, ids, pos, slots, self._overlap_stream
-            )
-        except decode_overlap.Unsplittable:
-            return None
+        return attend
 
     @staticmethod
     def _padded_rows(batch: StepBatch, s: int) -> np.ndarray:
