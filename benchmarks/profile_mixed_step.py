@@ -227,6 +227,18 @@ def main() -> None:
         "max_decode_batch": max(256, max(d for d, _, _ in layouts)),
         "kv_cache_dtype": args.kv_cache_dtype,
     }
+    if args.ab and not args.tiny:
+        # --ab keeps one executor (and its pools) per setting alive at once
+        hkv, d = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+        elem = 1 if args.kv_cache_dtype == "fp8" else 2
+        pools = len(args.ab) * kwargs["num_blocks"] * block * cfg.num_hidden_layers * 2 * hkv * d * elem
+        free = torch.cuda.mem_get_info()[0]
+        if pools > 0.8 * free:
+            raise SystemExit(
+                f"--ab: {len(args.ab)} executors' KV pools for these layouts need {pools / 2**30:.1f} GiB of "
+                f"the {free / 2**30:.1f} GiB free; pass fewer --layers (the A/B's ratios are per layer) or "
+                "smaller --decode-rows"
+            )
     if args.ab:
         rows = ab_rows(model, kwargs, layouts, args, block)
         save_json({"device": device_name(device), "torch": torch.__version__, "layers": cfg.num_hidden_layers,
