@@ -17,15 +17,12 @@ from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.scheduler import SchedulerConfig
 
 
-def _lockstep(
-    model, monkeypatch, setting=("MIN_ROWS", 2), **executor_kwargs
-) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+def _lockstep(model, monkeypatch, **executor_kwargs) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
     """Serve a fixed batch of requests on a plain executor (a synchronous loop), recording each step's
-    batch and logits; then run the same batches, in order, on an executor with `setting` (a
-    decode_overlap setting and its value) in force, so that its pools see what the first one's did.
+    batch and logits; then run the same batches, in order, on an executor that splits decode steps of 2 rows
+    or more, so that its pools see what the first one's did.
     Returns both executors' logits and how many steps took the overlapped path."""
     monkeypatch.setattr(decode_overlap, "MIN_ROWS", 0)
-    monkeypatch.setattr(decode_overlap, "MIXED_MIN_DECODE_ROWS", 0)
     plain = TorchExecutor(model, **executor_kwargs)
     batches, want = [], []
     step = plain.step
@@ -48,7 +45,7 @@ def _lockstep(
     run_to_completion(loop)
     del plain, loop
 
-    monkeypatch.setattr(decode_overlap, setting[0], setting[1])
+    monkeypatch.setattr(decode_overlap, "MIN_ROWS", 2)
     calls = []
     real = decode_overlap.forward
 
@@ -71,43 +68,6 @@ def test_overlapped_decode_steps_give_the_plain_steps_logits_on_the_cpu(monkeypa
         torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
 
 
-def test_overlapped_mixed_steps_give_the_plain_steps_logits_on_the_cpu(monkeypatch):
-    """Mixed steps (decode rows and prompt chunks, in whatever order the scheduler put them) reordered,
-    decodes first, and run as two regions: the plain step's logits of the same rows, in the same order."""
-    kwargs = {"num_blocks": 128, "block_size": 4, "max_decode_batch": 16, "static_decode": True}
-    want, got, split = _lockstep(tiny_llama(), monkeypatch, ("MIXED_MIN_DECODE_ROWS", 1), **kwargs)
-    assert split > 0, "no mixed step took the overlapped path"
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
-
-
-def test_overlapped_mixed_steps_serve_the_same_tokens_with_fed_ids(monkeypatch):
-    """The engine's asynchronous loop (decode rows take their ids from the previous step's tokens on the
-    device, which the reordering must follow): the same greedy tokens with the mixed overlap on as off."""
-    from trtforge.llm.engine import LLMEngine
-
-    rng = np.random.default_rng(5)
-    prompts = [rng.integers(3, 300, size=int(rng.integers(2, 50))).tolist() for _ in range(20)]
-    params = [SamplingParams(max_tokens=int(rng.integers(3, 16)), ignore_eos=True) for _ in prompts]
-    outs, overlapped = [], []
-    for least in (0, 1):
-        monkeypatch.setattr(decode_overlap, "MIXED_MIN_DECODE_ROWS", least)
-        ex = TorchExecutor(tiny_llama(), num_blocks=256, block_size=4, max_decode_batch=16)
-        paths: list[str] = []
-
-        def hook(sched, batch, paths=paths, path_of=ex.path_of):
-            paths.append(path_of(batch))
-
-        config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=48, max_prefill_chunk=16)
-        with LLMEngine(ex, config, step_hook=hook) as engine:
-            assert engine._steps.async_scheduling
-            outs.append([c.token_ids for c in engine.generate(prompts, params)])
-        overlapped.append(paths.count("overlapped"))
-    assert overlapped[0] == 0 and overlapped[1] > 0, overlapped
-    assert outs[0] == outs[1]
-
-
 def test_rows_of_slices_per_token_inputs_and_refuses_other_forms():
     cos, sin = torch.arange(12.0).view(6, 2), torch.arange(6.0).view(6, 1, 1)
     got = decode_overlap.rows_of((cos, sin), 2, 5, 6)
@@ -121,14 +81,13 @@ def test_rows_of_slices_per_token_inputs_and_refuses_other_forms():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-@pytest.mark.parametrize("setting", [("MIN_ROWS", 2), ("MIXED_MIN_DECODE_ROWS", 1)], ids=["decode", "mixed"])
-def test_overlapped_steps_give_the_plain_steps_logits_on_cuda(monkeypatch, kv_cache_dtype, setting):
+def test_overlapped_steps_give_the_plain_steps_logits_on_cuda(monkeypatch, kv_cache_dtype):
     """Fused layers and the Triton attention on two streams: decode steps in CUDA graphs (13 rows, bucket
-    16: halves of 8) or mixed steps eagerly (decode rows beside prompt chunks), the plain steps' logits
-    within float16 rounding (a region's GEMMs may tile differently from the whole batch's)."""
+    16: halves of 8), the plain steps' logits within float16 rounding (a half's GEMMs may tile
+    differently from the whole batch's)."""
     model = copy.deepcopy(tiny_llama()).to(device="cuda", dtype=torch.float16)
     kwargs = {"num_blocks": 256, "block_size": 16, "max_decode_batch": 16, "kv_cache_dtype": kv_cache_dtype}
-    want, got, split = _lockstep(model, monkeypatch, setting, **kwargs)
-    assert split > 0, "no step took the overlapped path"
+    want, got, split = _lockstep(model, monkeypatch, **kwargs)
+    assert split > 0, "no decode step took the overlapped path"
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)

@@ -1,6 +1,5 @@
-"""A step's rows as two regions whose attention and layer products overlap (opt-in): a decode step in
-halves (:data:`MIN_ROWS`, in its CUDA graph), a mixed step as its decode rows and its prompt rows
-(:data:`MIXED_MIN_DECODE_ROWS`, eagerly; ``TorchExecutor`` orders the decodes first).
+"""A decode step's rows as two halves whose attention and layer products overlap (opt-in,
+:data:`MIN_ROWS`, in the step's CUDA graph).
 
 A decode step's attention reads every row's K/V (memory-bound); its projections multiply hundreds of rows
 by the weights (compute-bound). In one stream they take turns: at 8B FP8 with 422 rows of ~3,000 keys a
@@ -31,11 +30,9 @@ import torch
 # as two overlapping halves; 0: never (the default until the H200 measures it: profile_mixed_step.py --ab
 # base trtforge.llm.executors.decode_overlap.MIN_ROWS=128 --decode-rows ...).
 MIN_ROWS = 0
-# Mixed steps (decode rows and prompt chunks) with at least this many decode rows run eagerly as two
-# overlapping regions, the decode rows' attention beside the prompt rows' products and the prompt rows'
-# attention beside the decode rows' (TorchExecutor reorders the step's sequences, decodes first); 0:
-# never (the piecewise graphs run them; the default until the H200 measures it).
-MIXED_MIN_DECODE_ROWS = 0
+# (Mixed steps, a step's decode rows beside its prompt rows, were tried the same way and removed: on the
+# H200 a layer's decode attention beside 1,063 prompt rows' FP8 products hid 0% of either, since those
+# GEMMs fill every SM; BENCHMARKS.md, session 36.)
 
 
 class Unsplittable(Exception):
@@ -93,14 +90,13 @@ def forward(
     positions: torch.Tensor,
     slots: torch.Tensor,
     side_stream: Any,
-    split: int | None = None,
 ) -> torch.Tensor:
     """The hidden states after every layer of a step over tokens `ids`, its rows in two overlapping
-    regions: ``[0, split)`` and the rest (default: halves). ``attend(i, rows, q, out)`` writes layer
-    i's attention of region `rows` (a slice; `q` is that region's) into `out`. Raises
+    halves. ``attend(i, rows, q, out)`` writes layer i's attention of half `rows` (a slice; `q` is that
+    half's) into `out`. Raises
     :class:`Unsplittable` before any layer runs where the inputs do not split."""
     t = int(ids.shape[0])
-    m = t // 2 if split is None else int(split)
+    m = t // 2
     if not 0 < m < t:
         raise Unsplittable(f"a split at row {m} of {t}")
     h, extra = layers.embed(ids, positions)

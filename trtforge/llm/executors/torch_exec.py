@@ -376,11 +376,9 @@ class TorchExecutor:
         return self._graph_stream
 
     def _metadata(self, batch: StepBatch) -> AttentionMetadata:
-        return self._metadata_of(batch.query_start_loc, batch.context_lens, batch.block_tables)
-
-    def _metadata_of(self, qsl: np.ndarray, lens: np.ndarray, tables: np.ndarray) -> AttentionMetadata:
-        """The attention metadata of sequences with these query starts, context lengths and tables."""
+        """The attention metadata of `batch`'s sequences: query starts, context lengths and tables."""
         dev = self.device
+        qsl, lens, tables = batch.query_start_loc, batch.context_lens, batch.block_tables
         return AttentionMetadata(
             query_start_loc=to_device(qsl, dev),
             context_lens=to_device(lens, dev),
@@ -441,13 +439,10 @@ class TorchExecutor:
 
     def path_of(self, batch: StepBatch) -> str:
         """How :meth:`step` runs `batch`: "decode" (static shapes, a CUDA graph where graphs are on; also
-        verification steps, :meth:`static_q_len`), "overlapped" (a mixed step as two overlapping
-        regions, :data:`.decode_overlap.MIXED_MIN_DECODE_ROWS`), "piecewise" (bucket-padded pieces, graphs
-        where on) or "eager"."""
+        verification steps, :meth:`static_q_len`), "piecewise" (bucket-padded pieces, graphs where on)
+        or "eager"."""
         if self.static_q_len(batch) is not None:
             return "decode"
-        if self._overlaps_mixed(batch):
-            return "overlapped"
         if self._piecewise is not None and batch.num_tokens <= self._piecewise.max_tokens:
             return "piecewise"
         return "eager"
@@ -463,10 +458,6 @@ class TorchExecutor:
         if s is not None:
             logits = self._static_decode(batch, feed, s)
             return logits.clone() if own else logits
-        if self._overlaps_mixed(batch):
-            logits = self._overlapped_mixed(batch, feed)
-            if logits is not None:
-                return logits
         meta = self._metadata(batch)
         if self.path_of(batch) == "piecewise":
             return self._piecewise.run(batch, feed, self._attend_into(meta))
@@ -566,56 +557,6 @@ class TorchExecutor:
                 return
         # model-dtype logits converted by the copy itself: no float32 temporary of [rows, vocab]
         self._static["logits"][: nb * s].copy_(self._forward(ids, pos, slots, attend, float32=False))
-
-    def _overlaps_mixed(self, batch: StepBatch) -> bool:
-        """Whether `batch` runs as two overlapping regions (:data:`.decode_overlap.MIXED_MIN_DECODE_ROWS`):
-        decode rows and prompt rows both, enough decode rows, one process, no dynamic rotary."""
-        least = decode_overlap.MIXED_MIN_DECODE_ROWS
-        if not least or batch.is_decode_only or self.tensor_parallel is not None or self._adapter.dynamic:
-            return False
-        decodes = int((batch.query_lens == 1).sum())
-        return decodes >= least and decodes < batch.num_seqs
-
-    def _overlapped_mixed(self, batch: StepBatch, feed: TokenFeed | None) -> torch.Tensor | None:
-        """A mixed step as two overlapping regions (:mod:`.decode_overlap`): its sequences reordered,
-        decodes first, so that the decode rows are rows ``[0, d)``; their attention runs beside the prompt
-        rows' products and the prompt rows' attention beside theirs. Float32 logits of
-        ``batch.logits_indices``, in that order; None where the layer inputs do not split (before any
-        layer ran: the caller runs the step its usual way)."""
-        dev = self.device
-        qlens, qsl = batch.query_lens, batch.query_start_loc
-        order = np.concatenate([np.flatnonzero(qlens == 1), np.flatnonzero(qlens != 1)])
-        d = int((qlens == 1).sum())
-        rows = np.concatenate([np.arange(qsl[s], qsl[s + 1]) for s in order])  # new row -> old row
-        new_row = np.empty_like(rows)
-        new_row[rows] = np.arange(len(rows))
-        ids = to_device(batch.input_ids[rows], dev)
-        if feed is not None:
-            at, sources = to_device(np.stack([new_row[feed.rows], feed.sources]).astype(np.int64), dev)
-            ids.index_copy_(0, at, torch.as_tensor(feed.tokens, device=dev).index_select(0, sources))
-        tables, lens = batch.block_tables[order], batch.context_lens[order]
-        decode_into = self._decode_into(to_device(tables[:d], dev), to_device(lens[:d], dev))
-        chunk_qsl = np.concatenate([[0], np.cumsum(qlens[order][d:])]).astype(qsl.dtype)
-        chunks_into = self._attend_into(self._metadata_of(chunk_qsl, lens[d:], tables[d:]))
-
-        def attend(i: int, region: slice, q: torch.Tensor, out: torch.Tensor) -> None:
-            (decode_into if region.start == 0 else chunks_into)(i, q, out)
-
-        try:
-            h = decode_overlap.forward(
-                self._layers,
-                self.k_pools,
-                self.v_pools,
-                attend,
-                ids,
-                to_device(batch.positions[rows], dev),
-                to_device(batch.slot_mapping[rows], dev),
-                self._overlap_side(),
-                split=d,
-            )
-        except decode_overlap.Unsplittable:
-            return None
-        return self._layers.head(h.index_select(0, to_device(new_row[batch.logits_indices], dev)))
 
     def _overlapped_hidden(self, ids, pos, slots, tables, ctx) -> torch.Tensor | None:
         """A decode step's hidden states with its two halves' attention and products overlapped
