@@ -5,9 +5,11 @@
 Why: a decode step's attention reads every row's K/V (memory-bound) and its projections are compute-bound
 at hundreds of rows; served steps run them in turn. At 8B FP8 2048/2048, decode steps ran at 67% of their
 roofline and mixed steps at 44% (session 35). Running one set of rows' attention on a side stream beside
-another set's GEMMs (``trtforge.llm.executors.decode_overlap`` for decode steps, split in halves; a mixed
-step's decode rows beside its prompt rows would be the same pairing) can only pay as far as the two share
-the GPU well. This measures that on one layer of the Llama-3-8B shape (Hq 32, Hkv 8, D 128, hidden 4,096,
+another set's GEMMs (a decode step split in halves, or a mixed step's decode rows beside its prompt rows)
+can only pay as far as the two share the GPU well. Session 36 measured both here and end to end, and
+removed both executor paths: the mixed pairing hid 0-1%, and the decode halves, though a layer hid 20-22%
+of its attention here, made whole served decode steps 8-21% slower (profile_mixed_step.py --ab).
+This measures that on one layer of the Llama-3-8B shape (Hq 32, Hkv 8, D 128, hidden 4,096,
 MLP 14,336), graph-replayed, medians:
 
 - ``attention``: the serving decode launch (``TritonDecodeAttention``) of B rows over L keys each, over

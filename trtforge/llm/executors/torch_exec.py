@@ -48,7 +48,6 @@ import torch
 from trtforge.core.cuda_capture import gc_paused
 from trtforge.errors import UserError
 from trtforge.kernels.configs import MAX_Q_LEN
-from trtforge.llm.executors import decode_overlap
 from trtforge.llm.executors.base import ExecutorFacts, StepBatch, TokenFeed
 from trtforge.llm.executors.kv_cache import (
     KVScales,
@@ -289,7 +288,6 @@ class TorchExecutor:
         self._chain_graphs: dict[tuple[int, ...], Any] = {}
         self._graph_pool: Any = None
         self._graph_stream: Any = None
-        self._overlap_stream: Any = None
 
     def _make_piecewise(self, mixed_graphs: bool | None, max_graph_tokens: int) -> PiecewiseStep | None:
         """The piecewise runner of steps with prompt tokens, where on (never with dynamic rotary: its
@@ -549,49 +547,8 @@ class TorchExecutor:
                 return decode(q, kp, vp, tables, ctx, scale, window, **kv)
             return decode(q, kp, vp, tables, ctx, scale, window, q_len=s, **kv)  # type: ignore[call-arg]
 
-        overlap = decode_overlap.MIN_ROWS and nb >= max(2, decode_overlap.MIN_ROWS)
-        if s == 1 and overlap and self.tensor_parallel is None:
-            h = self._overlapped_hidden(ids, pos, slots, tables, ctx)
-            if h is not None:
-                self._static["logits"][:nb].copy_(self._layers.head(h, False))
-                return
         # model-dtype logits converted by the copy itself: no float32 temporary of [rows, vocab]
         self._static["logits"][: nb * s].copy_(self._forward(ids, pos, slots, attend, float32=False))
-
-    def _overlapped_hidden(self, ids, pos, slots, tables, ctx) -> torch.Tensor | None:
-        """A decode step's hidden states with its two halves' attention and products overlapped
-        (:mod:`.decode_overlap`), or None where its layer inputs do not split (the plain step runs)."""
-
-        def attend(i: int, rows: slice, q: torch.Tensor, out: torch.Tensor) -> None:
-            self._decode_into(tables[rows], ctx[rows])(i, q, out)
-
-        try:
-            return decode_overlap.forward(
-                self._layers, self.k_pools, self.v_pools, attend, ids, pos, slots, self._overlap_side()
-            )
-        except decode_overlap.Unsplittable:
-            return None
-
-    def _overlap_side(self) -> Any:
-        """The side stream of the overlapped steps' attention (:mod:`.decode_overlap`); None off CUDA."""
-        if self.device.type == "cuda" and self._overlap_stream is None:
-            self._overlap_stream = torch.cuda.Stream(self.device)
-        return self._overlap_stream
-
-    def _decode_into(self, tables: torch.Tensor, lens: torch.Tensor) -> Any:
-        """Layer i's decode attention (one query a row) over these tables and lengths, written into `out`:
-        the decode-row counterpart of :meth:`_attend_into`."""
-        a, decode = self._adapter, self.decode_attention
-        writes_out = isinstance(decode, TritonDecodeAttention)
-
-        def attend(i: int, q: torch.Tensor, out: torch.Tensor) -> None:
-            args = (q, self.k_pools[i], self.v_pools[i], tables, lens, a.scales[i], a.windows[i])
-            if writes_out:
-                decode(*args, out=out, **self._kv_kwargs[i])
-            else:
-                out.copy_(decode(*args, **self._kv_kwargs[i]))
-
-        return attend
 
     @staticmethod
     def _padded_rows(batch: StepBatch, s: int) -> np.ndarray:
