@@ -69,8 +69,8 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     default=None,
     type=click.IntRange(1),
     help="Tokens per step (default 4096). More make fewer, larger prompt steps (more output per second on "
-    "long prompts) and a larger activation peak and CUDA graphs, which the KV pool then lacks (an 8B model: "
-    "about 2 GB at 8192).",
+    "long prompts) and a larger activation peak and CUDA graphs, which the KV pool then lacks (the sizing "
+    "measures both and prints them).",
 )
 @click.option(
     "--max-prefill-tokens-with-decodes",

@@ -6,8 +6,8 @@ has run (its activation peak is measured, not guessed) and the executor's CUDA g
 every decode and piecewise graph the served executor captures is captured once against a one-block pool
 and the free memory it took (graph pools, static buffers, the driver's graph objects) is reserved
 (:class:`GraphCapture`; vLLM profiles its graphs the same way, rather than extrapolating from a few); the
-served executor then captures the same graphs, in the same order (largest first, so smaller buckets reuse
-the larger ones' pool memory), at load (:func:`capture_graphs`). The scheduler admits as many sequences
+served executor then captures the same graphs, in the same order (largest first), at load
+(:func:`capture_graphs`). The scheduler admits as many sequences
 and batches as many tokens as fill an H200: 256 sequences, 4096 tokens a step in prompt chunks of up to
 1024 (measured on the H200: a step of more tokens than the torch executor's piecewise CUDA graphs cover,
 4096, runs eagerly; 8192 / 512 gave 0.72x the throughput of 4096 / 1024 on the 8B burst). On the CPU the

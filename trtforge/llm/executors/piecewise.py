@@ -28,9 +28,10 @@ from trtforge.llm.host_to_device import to_device
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 192, *range(256, 8193, 128))
 
 
-# Empty the allocator's cache between a bucket's warm-up and its capture (session 34, with one capture
-# stream: 8B FP8 graphs at 8,192-token steps 20.6 -> 1.2 GB). A setting while session 35's 1.1B
-# all-at-once drop (-11% against session 33's tree) is bisected: False restores the old order for an A/B.
+# Empty the allocator's cache between a bucket's warm-up and its capture (session 34): a capture cannot
+# release cached blocks to make room, and warm-ups on fresh streams left theirs cached where no later
+# allocation could reuse them (an 8B FP8 capture at 8,192-token steps ran out of memory beside its sized
+# pool). False (for an A/B) skips it.
 EMPTY_CACHE_BEFORE_CAPTURE = True
 
 
@@ -86,8 +87,9 @@ class PiecewiseStep:
 
     `scratch_slot` is the pool slot padding tokens write to; `pool` returns the memory pool the
     graphs share (with the decode graphs: one step runs at a time, on one stream), `stream` the side
-    stream they warm up and are captured on (one for all: freed blocks are reused on their own stream
-    only); each defaults to one of this runner's own.
+    stream each bucket warms up and is captured on (called once a bucket: the same stream each time lets
+    buckets reuse each other's freed blocks, which the allocator reuses on their own stream only); each
+    defaults to one of this runner's own.
     """
 
     def __init__(

@@ -89,10 +89,16 @@ _USER = "the torch executor"
 MAX_STATIC_Q_LEN = MAX_Q_LEN
 # The longest chain of decode steps (TorchExecutor.decode_chain; a draft's k - 1 further steps, k <= 16).
 MAX_CHAIN_STEPS = 16
-# Every graph of an executor warms up and is captured on one side stream (session 34: the allocator reuses
-# freed blocks on their own stream only). A setting while session 35's 1.1B all-at-once drop is bisected:
-# False gives each capture a fresh stream again, as before, for an A/B.
-ONE_CAPTURE_STREAM = True
+# True: every graph of an executor warms up and is captured on one side stream, so that the allocator
+# (which reuses a freed block only on its own stream) lets each piecewise bucket reuse the others'
+# temporaries: session 34's 8B FP8 graphs at 8,192-token steps took 1.2 GB against 20.6. False (the
+# default): each capture warms up on a fresh stream and decode graphs are captured on torch's own capture
+# stream. Measured in one process each, alternated on the H200 (session 36, 1.1B bench_serving.py all at
+# once), one stream read 0.75-0.91x the tok/s of fresh streams in all five comparisons (prompt-carrying
+# steps 11.2-14.7 ms against 8.1-13.1): the 11% drop session 35 found against session 33's tree. Why is
+# not known yet; the sizing measures whichever graphs the executor captures, so False costs KV pool (at
+# large steps), not correctness.
+ONE_CAPTURE_STREAM = False
 
 
 def _bucket(n: int, buckets: Any) -> int:
@@ -364,10 +370,9 @@ class TorchExecutor:
         return self._graph_pool
 
     def _stream(self) -> Any:
-        """The one side stream every graph of this executor warms up and is captured on. The caching
-        allocator reuses a freed block only on the stream that allocated it, in the graphs' shared pool
-        too: a stream a capture left every bucket's temporaries to that bucket alone."""
-        if not ONE_CAPTURE_STREAM:  # a stream of its own each time, as before session 34 (an A/B)
+        """The side stream a graph warms up (and with :data:`ONE_CAPTURE_STREAM`, is captured) on: a fresh
+        one each time, or with that setting one for every graph of this executor."""
+        if not ONE_CAPTURE_STREAM:
             return torch.cuda.Stream(self.device)
         if self._graph_stream is None:
             self._graph_stream = torch.cuda.Stream(self.device)
@@ -818,7 +823,7 @@ class TorchExecutor:
             self._chain_body(nb, wb, steps, nb, s=s)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        capture_on = side if ONE_CAPTURE_STREAM else None  # (None: torch's own capture stream, as before)
+        capture_on = side if ONE_CAPTURE_STREAM else None  # (None: torch's own capture stream)
         with gc_paused(), torch.cuda.graph(graph, pool=self._pool(), stream=capture_on):
             self._chain_body(nb, wb, steps, nb, s=s)
         self._chain_graphs[key] = graph
@@ -975,7 +980,7 @@ class TorchExecutor:
             self._static_body(nb, wb, s)  # warm-up outside capture: lazy inits, autotuning
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        capture_on = side if ONE_CAPTURE_STREAM else None  # (None: torch's own capture stream, as before)
+        capture_on = side if ONE_CAPTURE_STREAM else None  # (None: torch's own capture stream)
         with gc_paused(), torch.cuda.graph(graph, pool=self._pool(), stream=capture_on):
             self._static_body(nb, wb, s)
         self._graphs[(nb, wb, s, self._gemv_rows())] = graph
