@@ -30,13 +30,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 
 import torch
 
 from benchmarks.bench_mixed_step import make_batch
 from benchmarks.bench_serving import build_model
-from benchmarks.profile_mixed_step import profile_served_gaps
+from benchmarks.profile_mixed_step import kernel_ms, profile_served_gaps
 
 MODES = {"one": True, "fresh": False}  # ONE_CAPTURE_STREAM per mode
 # (decode rows, their context, prompt chunks): 1.1B all-at-once steps held ~1,234 tokens with prompt
@@ -66,22 +65,6 @@ def step_times(ex, batch, repeats: int, cuda: bool) -> dict:
     if gpu:
         row["gpu_ms"] = statistics.median(gpu)
     return row
-
-
-def kernel_ms(ex, batch, steps: int) -> dict[str, float]:
-    """Each kernel's device time per served step (ms), summed by name over `steps` profiled steps."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            ex.step(batch)
-        torch.cuda.synchronize()
-    by_name: dict[str, float] = defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0:
-            by_name[ev.name[:160]] += ev.device_time / 1e3 / steps
-    return dict(by_name)
 
 
 def child(mode: str, args: argparse.Namespace) -> dict:
@@ -123,7 +106,7 @@ def child(mode: str, args: argparse.Namespace) -> dict:
         }
         row |= step_times(ex, batch, args.repeats, cuda)
         if cuda and args.profile_steps:
-            row["kernels_ms"] = kernel_ms(ex, batch, args.profile_steps)
+            row["kernels_ms"] = kernel_ms(ex, batch, args.profile_steps)[0]
             row["gaps"] = profile_served_gaps(ex, batch, args.profile_steps)
         out["layouts"].append(row)
     return out

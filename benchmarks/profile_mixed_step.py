@@ -86,13 +86,11 @@ def roofline_ms(
     return {"compute_ms": compute, "memory_ms": memory, "roofline_ms": max(compute, memory)}
 
 
-def profile_eager(ex: TorchExecutor, batch, steps: int) -> tuple[dict, list, float, float]:
-    """Kernel device time per step by category, the top kernels, the total and the kernels launched per
-    step (eager launches)."""
+def kernel_ms(ex: TorchExecutor, batch, steps: int) -> tuple[dict[str, float], float]:
+    """Each kernel's device time per step (ms) over `steps` profiled steps, by name, and the kernels
+    launched per step (graph replays included)."""
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(2):
-        ex.step(batch)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
@@ -104,6 +102,15 @@ def profile_eager(ex: TorchExecutor, batch, steps: int) -> tuple[dict, list, flo
         if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time > 0:
             by_kernel[ev.name] += ev.device_time / 1e3 / steps  # us -> ms, per step
             launches += 1
+    return dict(by_kernel), launches / steps
+
+
+def profile_eager(ex: TorchExecutor, batch, steps: int) -> tuple[dict, list, float, float]:
+    """Kernel device time per step by category, the top kernels, the total and the kernels launched per
+    step (eager launches)."""
+    for _ in range(2):
+        ex.step(batch)
+    by_kernel, per_step = kernel_ms(ex, batch, steps)
     by_cat: dict[str, float] = defaultdict(float)
     for name, ms in by_kernel.items():
         by_cat[category(name)] += ms
@@ -112,7 +119,7 @@ def profile_eager(ex: TorchExecutor, batch, steps: int) -> tuple[dict, list, flo
         dict(by_cat),
         [{"kernel": n[:120], "ms": ms, "category": category(n)} for n, ms in top],
         sum(by_kernel.values()),
-        launches / steps,
+        per_step,
     )
 
 
