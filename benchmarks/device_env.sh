@@ -23,6 +23,15 @@ save_triton_cache() {
   fi
   echo "save_triton_cache: $(du -h "$out" | cut -f1), $(ls "$TRITON_CACHE_DIR" | wc -l) entries"
 }
+# At most 8 files come back from $OUT a call (the device tool's limit): `pack_out` at the end of a command
+# puts every other file there (not *.tgz) into $OUT/results.tgz; here, `tar -xzf .../results.tgz -C DIR`.
+pack_out() {
+  local files
+  files=$(cd "${OUT:?pack_out: no OUT}" && find . -maxdepth 1 -type f ! -name '*.tgz' -printf '%P\n')
+  [ "$(echo "$files" | grep -c .)" -le 7 ] && return 0
+  (cd "$OUT" && echo "$files" | tar -czf results.tgz --remove-files -T -) \
+    && echo "pack_out: $(echo "$files" | grep -c .) files in results.tgz"
+}
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl >/dev/null 2>&1 || echo "device_env: installing .whl/*.whl failed"
