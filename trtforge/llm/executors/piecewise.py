@@ -220,8 +220,9 @@ class PiecewiseStep:
 
     def capture_all(self) -> int:
         """Prepare every bucket now rather than on first use, largest first (the graphs share one memory
-        pool: smaller buckets' temporaries then fit in the blocks the largest one's left free, where
-        smallest first would add a larger segment for every bucket); return the graphs captured."""
+        pool: where they are captured on one stream, smaller buckets' temporaries then fit in the blocks
+        the largest one's left free, where smallest first would add a larger segment for every bucket);
+        return the graphs captured."""
         for tb in reversed(self.buckets):
             self.prepare(tb)
         return self.num_graphs
