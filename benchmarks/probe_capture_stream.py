@@ -10,6 +10,8 @@ prompt-carrying steps 11.2-14.7 ms launch to launch against 8.1-13.1 (session 36
 same kernels on the same stream; what differs is where the graphs' memory lies (one stream: the buckets
 share blocks) and which cuBLAS workspace their GEMMs captured (one per stream). This tells which one
 matters: GEMMs alone slower points at the workspace, every kernel at memory placement, idle gaps at the host.
+A third mode, ``PIECEWISE_ONE_STREAM``, shares one stream among the piecewise buckets alone (the decode
+graphs as served): if it runs at fresh streams' speed it keeps most of one stream's memory saving.
 
 Each mode runs in its own process (the streams and the allocator's state are per process), alternated for
 ``--rounds`` rounds. A process builds bench_serving.py's 1.1B model (FP16) and executor (a 16 GB pool, 256
@@ -17,7 +19,8 @@ sequences, piecewise graphs up to 4,096 tokens), captures every decode and piece
 bench_serving.py does, and then for each step layout times ``--repeats`` served steps (host launch time
 and GPU time between CUDA events; medians), then profiles ``--profile-steps`` more: each kernel's device
 time per step, summed by name, and the median step's span, busy time and idle gaps. The parent prints each
-layout's GPU time by mode and, for the prompt-carrying layouts, the kernels whose time differs most.
+layout's GPU time by mode, the kernels whose time differs most between one stream and fresh streams, and
+the memory each mode's capture added to the allocator's reservation.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ from benchmarks.bench_mixed_step import make_batch
 from benchmarks.bench_serving import build_model
 from benchmarks.profile_mixed_step import kernel_ms, profile_served_gaps
 
-MODES = {"one": True, "fresh": False}  # ONE_CAPTURE_STREAM per mode
+# (ONE_CAPTURE_STREAM, PIECEWISE_ONE_STREAM) per mode: fresh streams (served), one stream for every graph
+# (session 34), one stream for the piecewise buckets alone
+MODES = {"fresh": (False, False), "one": (True, False), "piecewise": (False, True)}
 # (decode rows, their context, prompt chunks): 1.1B all-at-once steps held ~1,234 tokens with prompt
 # chunks, or only decode rows (256 sequences, prompts 128-1,024, outputs 64-512)
 LAYOUTS = [(100, 600, (1024,)), (0, 0, (1280,)), (30, 400, (1024, 200)), (200, 600, ()), (256, 300, ())]
@@ -71,7 +76,8 @@ def child(mode: str, args: argparse.Namespace) -> dict:
     """One process's measurements under `mode`."""
     from trtforge.llm.executors import torch_exec
 
-    torch_exec.ONE_CAPTURE_STREAM = MODES[mode]  # before the executor exists: its graphs capture under it
+    # before the executor exists: its graphs capture under them
+    torch_exec.ONE_CAPTURE_STREAM, torch_exec.PIECEWISE_ONE_STREAM = MODES[mode]
     cuda = not args.tiny
     device, dtype = ("cuda", torch.float16) if cuda else ("cpu", torch.float32)
     model = build_model(args.tiny, device, dtype)
@@ -89,11 +95,12 @@ def child(mode: str, args: argparse.Namespace) -> dict:
         model, num_blocks=num_blocks, block_size=BLOCK, max_decode_batch=256, mixed_graphs=True,
         max_graph_tokens=4096,
     )  # fmt: skip
+    before = torch.cuda.memory_reserved() if cuda else 0
     t = time.perf_counter()
     captured = ex.capture_decode_graphs() + ex.capture_mixed_graphs()
     out: dict = {"mode": mode, "graphs": captured, "capture_s": time.perf_counter() - t, "layouts": []}
     if cuda:
-        out["memory_reserved_gb"] = torch.cuda.memory_reserved() / 1e9
+        out["capture_reserved_gb"] = (torch.cuda.memory_reserved() - before) / 1e9
     for decodes, ctx, chunks in layouts:
         batch = make_batch(decodes, ctx, chunks, BLOCK, cfg.vocab_size)
         for _ in range(3):
@@ -113,38 +120,61 @@ def child(mode: str, args: argparse.Namespace) -> dict:
 
 
 def compare(runs: list[dict], top: int) -> list[dict]:
-    """Per layout: each mode's median GPU (or total) ms over its runs, the ratio one/fresh, and where
-    profiled the kernels whose mean time a step differs most between the modes."""
+    """Per layout: each mode's median GPU (or total) ms and host ms over its runs, each mode's ratio to
+    fresh streams, and where profiled each mode's kernel sum and idle time and the kernels whose mean time a
+    step differs most between one stream and fresh streams."""
+    modes = [m for m in MODES if any(r["mode"] == m for r in runs)]
     rows = []
     for i, first in enumerate(runs[0]["layouts"]):
         key = "gpu_ms" if "gpu_ms" in first else "total_ms"
-        ms = {m: statistics.median(r["layouts"][i][key] for r in runs if r["mode"] == m) for m in MODES}
-        host = {
-            m: statistics.median(r["layouts"][i]["host_ms"] for r in runs if r["mode"] == m) for m in MODES
-        }
+        mine = {m: [r["layouts"][i] for r in runs if r["mode"] == m] for m in modes}
+        ms = {m: statistics.median(x[key] for x in mine[m]) for m in modes}
         row = {k: first[k] for k in ("decode_rows", "context", "chunks", "path")}
-        row |= {"measure": key, "ms": ms, "host_ms": host, "one_over_fresh": ms["one"] / ms["fresh"]}
+        row |= {
+            "measure": key,
+            "ms": ms,
+            "host_ms": {m: statistics.median(x["host_ms"] for x in mine[m]) for m in modes},
+        }
+        if "fresh" in ms:
+            row["over_fresh"] = {m: v / ms["fresh"] for m, v in ms.items()}
         if "kernels_ms" in first:
-            mean: dict[str, dict[str, float]] = {}
-            for m in MODES:
-                mine = [r["layouts"][i]["kernels_ms"] for r in runs if r["mode"] == m]
-                names = set().union(*mine)
-                mean[m] = {n: sum(k.get(n, 0.0) for k in mine) / len(mine) for n in names}
-            names = set(mean["one"]) | set(mean["fresh"])
-            diffs = sorted(names, key=lambda n: -abs(mean["one"].get(n, 0) - mean["fresh"].get(n, 0)))
-            row["kernel_sum_ms"] = {m: sum(mean[m].values()) for m in MODES}
-            row["kernels_differing"] = [
-                {"kernel": n, "one_ms": mean["one"].get(n, 0.0), "fresh_ms": mean["fresh"].get(n, 0.0)}
-                for n in diffs[:top]
-            ]
+            mean = {}
+            for m in modes:
+                names = set().union(*(x["kernels_ms"] for x in mine[m]))
+                mean[m] = {n: sum(x["kernels_ms"].get(n, 0.0) for x in mine[m]) / len(mine[m]) for n in names}
+            row["kernel_sum_ms"] = {m: sum(mean[m].values()) for m in modes}
             row["idle_ms"] = {
-                m: statistics.median(
-                    r["layouts"][i]["gaps"].get("idle_ms", 0.0) for r in runs if r["mode"] == m
-                )
-                for m in MODES
+                m: statistics.median(x["gaps"].get("idle_ms", 0.0) for x in mine[m]) for m in modes
             }
+            if "one" in mean and "fresh" in mean:
+                one, fresh = mean["one"], mean["fresh"]
+                diffs = sorted(set(one) | set(fresh), key=lambda n: -abs(one.get(n, 0) - fresh.get(n, 0)))
+                row["kernels_differing"] = [
+                    {"kernel": n, "one_ms": one.get(n, 0.0), "fresh_ms": fresh.get(n, 0.0)}
+                    for n in diffs[:top]
+                ]
         rows.append(row)
     return rows
+
+
+def report(rows: list[dict]) -> None:
+    """Each layout's times by mode, then where profiled the kernel sums, idle time and differing kernels."""
+    for row in rows:
+        ratios = row.get("over_fresh", {})
+        modes = ", ".join(
+            f"{m} {v:.3f} ms"
+            + (f" ({ratios[m]:.3f}x)" if m in ratios else "")
+            + f" host {row['host_ms'][m]:.2f}"
+            for m, v in row["ms"].items()
+        )
+        print(
+            f"{row['decode_rows']} decode rows @ {row['context']} + {row['chunks']} ({row['path']}): {modes}"
+        )
+        if "kernel_sum_ms" in row:
+            sums, idle = row["kernel_sum_ms"], row["idle_ms"]
+            print("  kernel sum / idle ms: " + ", ".join(f"{m} {sums[m]:.3f} / {idle[m]:.3f}" for m in sums))
+        for k in row.get("kernels_differing", []):
+            print(f"    one {k['one_ms']:.4f} / fresh {k['fresh_ms']:.4f} ms  {k['kernel'][:100]}")
 
 
 def main() -> int:
@@ -158,6 +188,7 @@ def main() -> int:
     ap.add_argument(
         "--out", default=None, help="JSON results (written whole: a temporary file, then renamed)"
     )
+    ap.add_argument("--modes", nargs="+", choices=tuple(MODES), default=list(MODES), help="capture modes")
     ap.add_argument("--child", choices=tuple(MODES), help=argparse.SUPPRESS)
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -178,7 +209,7 @@ def main() -> int:
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for mode in MODES if r % 2 == 0 else reversed(MODES):
+            for mode in args.modes[r % len(args.modes) :] + args.modes[: r % len(args.modes)]:  # rotated
                 path = os.path.join(tmp, f"{mode}{r}.json")
                 cmd = [sys.executable, __file__, "--child", mode, "--child-out", path, *passed]
                 subprocess.run(cmd + (["--tiny"] if args.tiny else []), check=True)
@@ -187,22 +218,15 @@ def main() -> int:
                 times = [f"{x['path']} {x.get('gpu_ms', x['total_ms']):.3f} ms" for x in runs[-1]["layouts"]]
                 print(f"round {r} {mode}: " + ", ".join(times), flush=True)
     rows = compare(runs, args.top)
-    for row in rows:
-        ms, host = row["ms"], row["host_ms"]
+    report(rows)
+    if all("capture_reserved_gb" in r for r in runs):
+        reserved = {
+            m: statistics.median(r["capture_reserved_gb"] for r in runs if r["mode"] == m) for m in args.modes
+        }
         print(
-            f"{row['decode_rows']} decode rows @ {row['context']} + {row['chunks']} ({row['path']}): "
-            f"one stream {ms['one']:.3f} ms, fresh {ms['fresh']:.3f} ({row['one_over_fresh']:.3f}x; "
-            f"host {host['one']:.2f} / {host['fresh']:.2f} ms)",
-            flush=True,
+            "allocator memory the capture added (GB): "
+            + ", ".join(f"{m} {v:.2f}" for m, v in reserved.items())
         )
-        if "kernels_differing" in row:
-            sums, idle = row["kernel_sum_ms"], row["idle_ms"]
-            print(
-                f"  kernel sums {sums['one']:.3f} / {sums['fresh']:.3f} ms, "
-                f"idle {idle['one']:.3f} / {idle['fresh']:.3f} ms"
-            )
-            for k in row["kernels_differing"]:
-                print(f"    {k['one_ms']:.4f} / {k['fresh_ms']:.4f} ms  {k['kernel'][:100]}")
     result = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "torch": torch.__version__, "runs": runs, "compare": rows}  # fmt: skip
     if args.out:

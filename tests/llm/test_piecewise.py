@@ -150,6 +150,22 @@ def test_steps_above_the_largest_bucket_run_eagerly():
     assert set(both.paths) == {"decode", "piecewise", "eager"}  # steps of over 12 tokens ran eagerly
 
 
+@pytest.mark.parametrize(
+    ("one", "piecewise_one", "own"), [(False, False, False), (False, True, True), (True, True, False)]
+)
+def test_the_capture_stream_settings_choose_the_piecewise_buckets_stream(
+    monkeypatch, one, piecewise_one, own
+):
+    """PIECEWISE_ONE_STREAM (with ONE_CAPTURE_STREAM off) gives the buckets the runner's own stream, one for
+    all; otherwise they take the executor's (a fresh stream each, or its one stream for every graph)."""
+    from trtforge.llm.executors import torch_exec
+
+    monkeypatch.setattr(torch_exec, "ONE_CAPTURE_STREAM", one)
+    monkeypatch.setattr(torch_exec, "PIECEWISE_ONE_STREAM", piecewise_one)
+    ex = TorchExecutor(tiny_llama(), num_blocks=16, block_size=4, static_decode=True)
+    assert (ex._piecewise._stream is None) == own
+
+
 def test_token_buckets_and_bad_sizes():
     step = PiecewiseStep(
         None, max_tokens=300, hidden=8, num_heads=2, head_dim=4, dtype=torch.float32,

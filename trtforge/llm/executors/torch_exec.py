@@ -99,6 +99,10 @@ MAX_CHAIN_STEPS = 16
 # not known yet; the sizing measures whichever graphs the executor captures, so False costs KV pool (at
 # large steps), not correctness.
 ONE_CAPTURE_STREAM = False
+# With ONE_CAPTURE_STREAM off: True warms up and captures the piecewise buckets on one stream of their own
+# (they then share their temporaries, where the memory is at large steps), the decode graphs as above. An
+# A/B setting for the mechanism (benchmarks/probe_capture_stream.py); not yet measured.
+PIECEWISE_ONE_STREAM = False
 
 
 def _bucket(n: int, buckets: Any) -> int:
@@ -313,7 +317,8 @@ class TorchExecutor:
             scratch_slot=self._num_blocks * self._block_size,
             graphs=self.use_cuda_graphs,
             pool=self._pool,
-            stream=self._stream,
+            # None: the runner's own stream, one for all its buckets
+            stream=None if PIECEWISE_ONE_STREAM and not ONE_CAPTURE_STREAM else self._stream,
         )
 
     def _facts(self) -> ExecutorFacts:
