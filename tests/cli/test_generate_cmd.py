@@ -88,6 +88,17 @@ def test_bad_input_exits_2_with_a_message(paged, capsys, argv, message):
     assert message in err and "Traceback" not in err
 
 
+def test_an_output_cut_by_the_context_length_is_noted_on_stderr(paged, capsys):
+    args = ["generate", paged, "--prompt-ids", "1 2 3", "--ignore-eos"]
+    assert main([*args, "--max-tokens", "100"]) == 0
+    out = capsys.readouterr()
+    assert len(out.out.split()) == 64 - 3  # the graph's max_seq holds the prompt and 61 new tokens
+    assert "output 1 stopped after 61 new tokens at the model's context length (64 tokens" in out.err
+    assert "--max-tokens 100" in out.err
+    assert main([*args, "--max-tokens", "5"]) == 0
+    assert "context length" not in capsys.readouterr().err
+
+
 def test_missing_or_non_step_model_exits_2(tmp_path, capsys):
     assert main(["generate", str(tmp_path / "none.onnx"), "--prompt-ids", "1"]) == 2
     assert "does not exist" in capsys.readouterr().err

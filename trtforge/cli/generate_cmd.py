@@ -189,15 +189,29 @@ def generate_cmd(
         if json_schema is not None:
             llm.engine.enable_structured_output(tok)
         handles = [h for r in rows for h in llm.engine.submit_n(r, params)]
-        for h in handles:
+        for number, h in enumerate(handles, 1):
             printer = _Printer(tok, stops)
             for token in h:
                 if printer.emit([token]).stopped:
                     h.cancel()  # its blocks return; the tokens already sampled are not printed
                     break
             printer.close()
+            completion = h.completion()
+            _note_context_cut(number, completion, max_tokens, llm.engine.max_model_len)
             if logprobs is not None:
-                _print_logprobs(h.completion())
+                _print_logprobs(completion)
+
+
+def _note_context_cut(number: int, completion: Any, max_tokens: int, max_model_len: int) -> None:
+    """Say on stderr when output `number` ended at the model's context length before --max-tokens: the
+    line is shorter than asked for, and the user should know it was not the model's choice."""
+    made = len(completion.token_ids)
+    if completion.finish_reason == "length" and made < max_tokens:
+        click.echo(
+            f"note: output {number} stopped after {made} new tokens at the model's context length "
+            f"({max_model_len} tokens, prompt included), before --max-tokens {max_tokens}.",
+            err=True,
+        )
 
 
 def _response_format(path: str) -> dict[str, Any]:
