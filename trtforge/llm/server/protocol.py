@@ -130,6 +130,8 @@ def parse(model: type[_Base], raw: bytes) -> Any:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+    except RecursionError:  # arrays or objects nested past the parser's depth: the client's mistake
+        raise ApiError(400, "the request body nests arrays or objects too deeply to parse") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
     try:

@@ -1,0 +1,46 @@
+"""`trtforge serve` against hostile and malformed clients: each gets a 4xx in OpenAI's error schema that
+names the field, never a 500, and the server keeps serving with every KV block returned.
+
+One small server for the module (4 running + 4 waiting sequences), over the trained 21M model with a
+chat template of our own; bodies are sent raw, as a client that is not an OpenAI SDK may send them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.llm.server.harness import CHAT_TEMPLATE, Server, need_model
+
+NAME = "code-llama-21m"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model = need_model()
+    tmp = tmp_path_factory.mktemp("hostile")
+    (tmp / "chat.jinja").write_text(CHAT_TEMPLATE)
+    args = ["--chat-template", str(tmp / "chat.jinja"), "--num-blocks", "256"]
+    s = Server(str(model), [*args, "--max-num-seqs", "4", "--max-waiting", "4"], tmp / "server.log")
+    yield s
+    assert s.stop() == 0, s.log()
+    assert "Traceback" not in s.log(), s.log()
+
+
+def _post(server, body: bytes, path: str = "/v1/completions"):
+    import httpx
+
+    headers = {"Content-Type": "application/json"}
+    return httpx.post(server.url + path, content=body, headers=headers, timeout=60)
+
+
+def _error(r, status: int = 400) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"], err
+    return err
+
+
+def test_json_nested_past_the_parsers_depth_is_400(server):
+    err = _error(_post(server, b'{"model": "%s", "prompt": %s}' % (NAME.encode(), b"[" * 5000 + b"]" * 5000)))
+    assert "nest" in err["message"]
+    server.wait_blocks_free()
