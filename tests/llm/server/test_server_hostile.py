@@ -44,3 +44,24 @@ def test_json_nested_past_the_parsers_depth_is_400(server):
     err = _error(_post(server, b'{"model": "%s", "prompt": %s}' % (NAME.encode(), b"[" * 5000 + b"]" * 5000)))
     assert "nest" in err["message"]
     server.wait_blocks_free()
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        (rb'"prompt": "a\ud800b"', "prompt"),
+        (rb'"prompt": ["ok", "\udc80"]', "prompt.1"),
+        (rb'"messages": [{"role": "user", "content": "\udfff"}]', "messages.0.content"),
+        (rb'"messages": [{"role": "\ud800", "content": "hi"}]', "messages.0.role"),
+        (
+            rb'"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]',
+            "messages.0.content.0.text",
+        ),
+    ],
+)
+def test_lone_surrogates_are_400_naming_the_field(server, fields, param):
+    """JSON's \\u escapes can spell a lone surrogate, which no UTF-8 text holds: a 400, not a 500."""
+    path = "/v1/chat/completions" if fields.startswith(b'"messages"') else "/v1/completions"
+    err = _error(_post(server, b'{"model": "%s", "max_tokens": 2, %s}' % (NAME.encode(), fields), path))
+    assert "Unicode" in err["message"] and err["param"] == param and param in err["message"]
+    server.wait_blocks_free()

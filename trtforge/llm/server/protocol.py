@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -124,6 +125,49 @@ class ChatCompletionRequest(_Sampling):
     add_generation_prompt: bool = True
 
 
+# a \\u escape of a surrogate (D800-DFFF), or the raw bytes of one (json.loads decodes with surrogatepass)
+_MAY_HOLD_SURROGATES = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def _check_unicode(data: Any) -> None:
+    """ApiError 400 naming the first string of `data` (key or value) that holds a lone surrogate.
+
+    JSON can spell one (``"\\ud800"``) though no UTF-8 text holds it; the tokenizer and the response's
+    encoder then fail on it. Iterative, so a deeply nested body costs no recursion.
+    """
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            _check_text(value, where)
+            continue
+        children = []
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            name = f"{where}.{_printable(key)}" if where else _printable(key)
+            if isinstance(key, str):
+                _check_text(key, name)
+            if isinstance(item, (str, dict, list)):
+                children.append((name, item))
+        stack.extend(reversed(children))
+
+
+def _printable(key: str | int) -> str:
+    """`key` as a field path part that encodes as UTF-8 (a lone surrogate as its escape)."""
+    return str(key).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _check_text(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(
+            400,
+            f"{where}: not valid Unicode text (a lone surrogate {text[e.start]!r} at character {e.start}); "
+            "send UTF-8 text",
+            where,
+        ) from None
+
+
 def parse(model: type[_Base], raw: bytes) -> Any:
     """`raw` JSON as `model`, or ApiError 400 naming the first bad field."""
     try:
@@ -134,6 +178,8 @@ def parse(model: type[_Base], raw: bytes) -> Any:
         raise ApiError(400, "the request body nests arrays or objects too deeply to parse") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
+    if _MAY_HOLD_SURROGATES.search(raw):
+        _check_unicode(data)
     try:
         return model.model_validate(data)
     except ValidationError as e:
