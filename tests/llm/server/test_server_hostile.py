@@ -65,3 +65,21 @@ def test_lone_surrogates_are_400_naming_the_field(server, fields, param):
     err = _error(_post(server, b'{"model": "%s", "max_tokens": 2, %s}' % (NAME.encode(), fields), path))
     assert "Unicode" in err["message"] and err["param"] == param and param in err["message"]
     server.wait_blocks_free()
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        (b'"prompt": "def f(x):", "n": 9', "n"),
+        (b'"prompt": [[5], [6], [7], [8], [9]], "n": 2', "prompt"),
+        (b'"messages": [{"role": "user", "content": "hi"}], "n": 9', "n"),
+    ],
+)
+def test_a_request_larger_than_the_server_ever_holds_is_400_not_429(server, fields, param):
+    """4 running + 4 waiting sequences: 9 can never be admitted, so "retry" (429) would loop forever."""
+    path = "/v1/chat/completions" if fields.startswith(b'"messages"') else "/v1/completions"
+    err = _error(_post(server, b'{"model": "%s", "max_tokens": 2, %s}' % (NAME.encode(), fields), path))
+    assert err["param"] == param and "8" in err["message"] and "--max-waiting" in err["message"]
+    ok = _post(server, b'{"model": "%s", "max_tokens": 2, "prompt": "x", "n": 8}' % NAME.encode())
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 8
+    server.wait_blocks_free()

@@ -102,14 +102,33 @@ def _check_model(state: ServerState, name: str) -> str:
     return name
 
 
-def _prompt_ids(state: ServerState, prompt: Any) -> list[list[int]]:
-    """The token ids of each prompt of a completions request (text, texts, ids or lists of ids)."""
+def _prompt_list(prompt: Any) -> list[Any]:
+    """The prompts of a completions request, each a text or a list of ids (400 if there is none)."""
     if isinstance(prompt, str):
         prompt = [prompt]
     if prompt and all(isinstance(t, int) for t in prompt):
         prompt = [prompt]
     if not prompt:
         raise ApiError(400, "prompt: give at least one prompt", "prompt")
+    return prompt
+
+
+def _check_fits(state: ServerState, prompts: int, n: int) -> None:
+    """400 for a request of more sequences than the server ever holds: 429 would have it retry forever."""
+    limit = state.max_num_seqs + state.max_waiting
+    if prompts * n > limit:
+        param = "n" if prompts == 1 else "prompt"
+        raise ApiError(
+            400,
+            f"{param}: {prompts} prompt(s) x n={n} is {prompts * n} sequences, more than this server ever "
+            f"holds ({limit}: --max-num-seqs {state.max_num_seqs} + --max-waiting {state.max_waiting}); "
+            "send fewer per request",
+            param,
+        )
+
+
+def _prompt_ids(state: ServerState, prompt: list[Any]) -> list[list[int]]:
+    """The token ids of each prompt of :func:`_prompt_list` (texts are tokenized)."""
     out = []
     for p in prompt:
         if isinstance(p, str):
@@ -295,13 +314,16 @@ def create_app(state: ServerState) -> FastAPI:
             req = parse(kind, await request.body())
             name = _check_model(state, req.model)
             if endpoint == "chat":
+                _check_fits(state, 1, req.n)
                 prompts, lp = _chat_prompt(req), (req.top_logprobs or 0) if req.logprobs else None
                 asked = req.max_completion_tokens or req.max_tokens
                 budgets = [_budget(state, prompts[0], asked, None)]
             else:
                 if req.echo:
                     raise ApiError(400, "echo: echoing the prompt is not supported", "echo")
-                prompts, lp = _prompt_ids(state, req.prompt), req.logprobs
+                items = _prompt_list(req.prompt)
+                _check_fits(state, len(items), req.n)
+                prompts, lp = _prompt_ids(state, items), req.logprobs
                 budgets = [_budget(state, p, req.max_tokens, 16) for p in prompts]
             fmt = req.response_format
             if fmt is not None and fmt.type != "text" and state.structured_error is not None:
