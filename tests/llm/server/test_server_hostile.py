@@ -83,3 +83,23 @@ def test_a_request_larger_than_the_server_ever_holds_is_400_not_429(server, fiel
     ok = _post(server, b'{"model": "%s", "max_tokens": 2, "prompt": "x", "n": 8}' % NAME.encode())
     assert ok.status_code == 200 and len(ok.json()["choices"]) == 8
     server.wait_blocks_free()
+
+
+def test_a_client_gone_before_its_body_arrived_is_no_server_error(server):
+    """A body cut short (the client closed the connection) is the client's leaving, not a server bug:
+    no traceback in the log, counted as 499, and the server keeps serving."""
+    import socket
+    import time
+
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"model":')
+        time.sleep(0.2)
+    key = 'trtforge_requests_total{endpoint="completions",status="499"}'
+    end = time.monotonic() + 10
+    while server.metrics().get(key, 0) < 1:
+        assert time.monotonic() < end, f"the cut-short request was not answered as 499:\n{server.log()}"
+        time.sleep(0.1)
+    assert "Traceback" not in server.log(), server.log()
+    ok = _post(server, b'{"model": "%s", "max_tokens": 2, "prompt": "x"}' % NAME.encode())
+    assert ok.status_code == 200

@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from trtforge.errors import UserError
 from trtforge.llm.server.generation import Choice, Dispatcher
@@ -190,6 +191,14 @@ class _Admission:
             self.n = 0
 
 
+async def _body(request: Request) -> bytes:
+    """The request's body; ApiError 499 if the client closes the connection before it is all here."""
+    try:
+        return await request.body()
+    except ClientDisconnect:
+        raise ApiError(499, "the client closed the connection before its request body arrived") from None
+
+
 async def _watch_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
@@ -311,7 +320,7 @@ def create_app(state: ServerState) -> FastAPI:
             _check_key(state, request)
             if state.draining:
                 raise ApiError(503, "the server is shutting down; retry on another replica")
-            req = parse(kind, await request.body())
+            req = parse(kind, await _body(request))
             name = _check_model(state, req.model)
             if endpoint == "chat":
                 _check_fits(state, 1, req.n)
