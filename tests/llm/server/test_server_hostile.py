@@ -103,3 +103,22 @@ def test_a_client_gone_before_its_body_arrived_is_no_server_error(server):
     assert "Traceback" not in server.log(), server.log()
     ok = _post(server, b'{"model": "%s", "max_tokens": 2, "prompt": "x"}' % NAME.encode())
     assert ok.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "expected"),
+    [
+        (b'"prompt": 5', "prompt", "an array of token ids"),
+        (b'"prompt": [1.5]', "prompt", "an array of token ids"),
+        (b'"prompt": "x", "stop": [1, 2]', "stop", "an array of strings"),
+        (b'"prompt": "x", "stop": {"a": 1}', "stop", "an array of strings"),
+        (b'"messages": [{"role": "user", "content": 5}]', "messages.0.content", "an array of content parts"),
+    ],
+)
+def test_a_field_of_several_types_is_named_with_what_it_takes(server, fields, param, expected):
+    """prompt, stop and content take one of several types: the error names the field as the client
+    spelled it (not pydantic's "prompt.str") and every type it takes."""
+    path = "/v1/chat/completions" if fields.startswith(b'"messages"') else "/v1/completions"
+    err = _error(_post(server, b'{"model": "%s", "max_tokens": 2, %s}' % (NAME.encode(), fields), path))
+    assert err["param"] == param and err["message"].startswith(f"{param}: ") and "a string" in err["message"]
+    assert expected in err["message"], err

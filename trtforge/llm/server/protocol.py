@@ -183,9 +183,33 @@ def parse(model: type[_Base], raw: bytes) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        field = ".".join(str(x) for x in err["loc"]) or None
-        raise ApiError(400, f"{field}: {err['msg']}", field) from None
+        raise _validation_error(e.errors()) from None
+
+
+# pydantic's names of the members of the unions above (a member that fails adds its name to the error's
+# field path) and what each takes, in the API's words
+_UNION_MEMBERS = {
+    "str": "a string",
+    "list[str]": "an array of strings",
+    "list[int]": "an array of token ids (integers)",
+    "list[list[int]]": "an array of token-id arrays",
+    "list[dict[str,any]]": "an array of content parts (objects)",
+}
+
+
+def _validation_error(errors: list[Any]) -> ApiError:
+    """ApiError 400 for the first of pydantic's `errors`; a field of several types (prompt, stop, content)
+    is named as the client spells it, with every type it takes."""
+    loc = errors[0]["loc"]
+    at = next((i for i, x in enumerate(loc) if x in _UNION_MEMBERS), None)
+    if at is None:
+        field = ".".join(str(x) for x in loc) or None
+        return ApiError(400, f"{field}: {errors[0]['msg']}", field)
+    field = ".".join(str(x) for x in loc[:at])
+    members = [e["loc"][at] for e in errors if e["loc"][:at] == loc[:at] and len(e["loc"]) > at]
+    kinds = list(dict.fromkeys(_UNION_MEMBERS[m] for m in members if m in _UNION_MEMBERS))
+    expected = kinds[0] if len(kinds) == 1 else f"{', '.join(kinds[:-1])} or {kinds[-1]}"
+    return ApiError(400, f"{field}: expected {expected}", field)
 
 
 def response_format(fmt: ResponseFormat | None) -> dict[str, Any] | None:
