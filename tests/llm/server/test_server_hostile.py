@@ -122,3 +122,41 @@ def test_a_field_of_several_types_is_named_with_what_it_takes(server, fields, pa
     err = _error(_post(server, b'{"model": "%s", "max_tokens": 2, %s}' % (NAME.encode(), fields), path))
     assert err["param"] == param and err["message"].startswith(f"{param}: ") and "a string" in err["message"]
     assert expected in err["message"], err
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_a_huge_text_is_refused_without_holding_the_server(server, endpoint):
+    """8 MB of text is about 3M tokens, far past the model's 2048: the 400 must come before the whole text
+    is tokenized (on the event loop, that took 11 s, and every other client waited that long)."""
+    import json
+    import threading
+    import time
+
+    import httpx
+
+    text = "def f(x): return x\n" * 420_000
+    if endpoint == "chat":
+        path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}
+    else:
+        path, body = "/v1/completions", {"prompt": text}
+    waits, done = [], threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            t = time.monotonic()
+            httpx.get(server.url + "/health", timeout=60)
+            waits.append(time.monotonic() - t)
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        start = time.monotonic()
+        r = _post(server, json.dumps({"model": NAME, "max_tokens": 2, **body}).encode(), path)
+        took = time.monotonic() - start
+    finally:
+        done.set()
+        poller.join()
+    err = _error(r)
+    assert err["param"] == ("messages" if endpoint == "chat" else "prompt") and "2048" in err["message"]
+    assert took < 4 and max(waits) < 2, (took, max(waits))

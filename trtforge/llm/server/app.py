@@ -128,6 +128,23 @@ def _check_fits(state: ServerState, prompts: int, n: int) -> None:
         )
 
 
+def _refuse_huge(state: ServerState, text: str, param: str) -> None:
+    """400 for a text far past the model's context, found by tokenizing prefixes of it (growing 4x) rather
+    than all of it: the tokenizer runs on the event loop, where 10 MB of text held every client for 14 s."""
+    limit = state.max_model_len
+    cut = 8 * (limit + 1)
+    while cut < len(text):
+        n = len(state.tokenizer(text[:cut], add_special_tokens=False)["input_ids"])
+        if n > 2 * limit:
+            raise ApiError(
+                400,
+                f"{param}: {len(text):,} characters, far past this model's maximum context length of {limit} "
+                f"tokens (the first {cut:,} characters alone are {n:,} tokens)",
+                param,
+            )
+        cut *= 4
+
+
 def _prompt_ids(state: ServerState, prompt: list[Any]) -> list[list[int]]:
     """The token ids of each prompt of :func:`_prompt_list` (texts are tokenized)."""
     out = []
@@ -135,6 +152,7 @@ def _prompt_ids(state: ServerState, prompt: list[Any]) -> list[list[int]]:
         if isinstance(p, str):
             if state.tokenizer is None:
                 raise ApiError(400, "prompt: this model has no tokenizer; send token ids", "prompt")
+            _refuse_huge(state, p, "prompt")
             ids = [
                 int(t) for t in state.tokenizer(check_text(p, "prompt"), add_special_tokens=True)["input_ids"]
             ]
@@ -374,6 +392,7 @@ def create_app(state: ServerState) -> FastAPI:
         if state.tokenizer is None:
             raise ApiError(400, "messages: this model has no tokenizer to format a chat", "messages")
         messages = [{"role": m.role, "content": check_text(m.text(), "messages")} for m in req.messages]
+        _refuse_huge(state, "\n".join(f"{m['role']}: {m['content']}" for m in messages), "messages")
         try:
             return [
                 apply_chat_template(state.tokenizer, messages, state.chat_template, req.add_generation_prompt)
