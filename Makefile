@@ -77,13 +77,13 @@ old-tree:
 	git rev-parse $(OLD_REV) > $(OLD_DIR).tmp/REV && rm -rf $(OLD_DIR) && mv $(OLD_DIR).tmp $(OLD_DIR)
 
 # Triton's kernel cache from a device call (`save_triton_cache` in benchmarks/device_env.sh wrote it to
-# $OUT): `make triton-cache FROM=/work/.device/N/triton-cache.tgz` puts it in the git-excluded .triton; carry
+# $OUT): `make triton-cache FROM=/work/.device/N/triton-cache.txz` keeps it in the git-excluded .triton; carry
 # ".triton" and the next machine starts with those kernels compiled.
 triton-cache:
-	@test -f "$(FROM)" || { echo "triton-cache: FROM=path/to/triton-cache.tgz (save_triton_cache's output)" >&2; exit 2; }
+	@test -f "$(FROM)" || { echo "triton-cache: FROM=path/to/triton-cache.txz (save_triton_cache's output)" >&2; exit 2; }
 	@mkdir -p .git/info && grep -qx '/.triton/' .git/info/exclude 2>/dev/null || echo '/.triton/' >> .git/info/exclude
-	rm -rf .triton.tmp && mkdir -p .triton.tmp && tar -xzf "$(FROM)" -C .triton.tmp
-	rm -rf .triton && mv .triton.tmp .triton && du -sh .triton
+	mkdir -p .triton && cp "$(FROM)" .triton/triton-cache.txz.tmp && mv .triton/triton-cache.txz.tmp .triton/triton-cache.txz
+	@du -h .triton/triton-cache.txz
 
 test-gpu:
 	@if ls .whl/*.whl >/dev/null 2>&1; then \

@@ -7,27 +7,25 @@
 # and `with_old CMD...`, which runs CMD on the previous revision's package carried in .old, or in $OLD_DIR
 # (`make old-tree [OLD_DIR=.old-NAME]`; run scripts by path: `python3 -m` and `-c` put the current
 # directory, this checkout, first).
-# Triton's compiled kernels: a fresh machine compiles them all again (an 8B benchmark's sizing took 94 s
-# on a fresh machine against 22 s on a warm one, session 35). `save_triton_cache` writes the cache to
-# $OUT/triton-cache.tgz (when it is under 56 MiB); `make triton-cache FROM=that.tgz` here puts it in the
-# git-excluded .triton, and carrying ".triton" seeds the next machine's cache (TRITON_CACHE_DIR below).
+# Triton's compiled kernels: a fresh machine compiles them all again (the GPU suite took 250 s cold against
+# 61 s warm, session 24; an 8B benchmark's sizing 94 s against 22, session 35). `save_triton_cache` writes
+# the cache's binaries and metadata, without the IR a cache hit never reads, as $OUT/triton-cache.txz
+# (benchmarks/triton_cache.py); `make triton-cache FROM=that.txz` here keeps it in the git-excluded .triton,
+# and a later call that carries ".triton" starts with those kernels compiled (TRITON_CACHE_DIR below).
 export PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=/tmp/triton-cache
 mkdir -p "$TRITON_CACHE_DIR"
-if [ -d .triton ]; then cp -r .triton/. "$TRITON_CACHE_DIR"/ 2>/dev/null && chmod -R u+w "$TRITON_CACHE_DIR"; fi
+if [ -f .triton/triton-cache.txz ]; then
+  python3 benchmarks/triton_cache.py load .triton/triton-cache.txz || echo "device_env: the Triton cache did not load"
+fi
 save_triton_cache() {
-  local out="${OUT:?save_triton_cache: no OUT}/triton-cache.tgz"
-  tar -czf "$out" -C "$TRITON_CACHE_DIR" . || return 1
-  if [ "$(stat -c %s "$out")" -gt $((56 * 1024 * 1024)) ]; then
-    echo "save_triton_cache: $(du -h "$out" | cut -f1) is over 56 MiB: not kept" >&2; rm -f "$out"; return 1
-  fi
-  echo "save_triton_cache: $(du -h "$out" | cut -f1), $(ls "$TRITON_CACHE_DIR" | wc -l) entries"
+  python3 benchmarks/triton_cache.py save "${OUT:?save_triton_cache: no OUT}/triton-cache.txz" "$@"
 }
 # At most 8 files come back from $OUT a call (the device tool's limit): `pack_out` at the end of a command
-# puts every other file there (not *.tgz) into $OUT/results.tgz; here, `tar -xzf .../results.tgz -C DIR`.
+# puts every other file there (not *.tgz, *.txz) into $OUT/results.tgz; here, `tar -xzf .../results.tgz -C DIR`.
 pack_out() {
   local files
-  files=$(cd "${OUT:?pack_out: no OUT}" && find . -maxdepth 1 -type f ! -name '*.tgz' -printf '%P\n')
+  files=$(cd "${OUT:?pack_out: no OUT}" && find . -maxdepth 1 -type f ! -name '*.tgz' ! -name '*.txz' -printf '%P\n')
   [ "$(echo "$files" | grep -c .)" -le 7 ] && return 0
   (cd "$OUT" && echo "$files" | tar -czf results.tgz --remove-files -T -) \
     && echo "pack_out: $(echo "$files" | grep -c .) files in results.tgz"

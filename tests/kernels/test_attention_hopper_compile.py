@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.kernels._sm90 import assemble, run_in_child
+from tests.kernels._sm90 import assemble, compile_sm90, run_in_child
 from trtforge.kernels.configs import (
     HOPPER_TRITON_RELEASES,
     SHARED_MEMORY_PER_BLOCK,
@@ -26,8 +26,6 @@ CASES = [(d, c, c.pairs or i % 2 == 1) for d in (64, 128) for i, c in enumerate(
 
 
 def _compile(config, head_dim: int, causal: bool, dtype: str = "fp16", chunk: bool = False):
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -56,7 +54,7 @@ def _compile(config, head_dim: int, causal: bool, dtype: str = "fp16", chunk: bo
     sig.update(dict.fromkeys(consts, "constexpr"))
     src = GluonASTSource(fn=kh._attn_fwd_ws, signature=sig, constexprs=consts)
     options = {"num_warps": 4, "maxnreg": kh._MAXNREG[config.num_wg]}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return compile_sm90(src, options)
 
 
 def _check_case(d: int, fields: dict, causal: bool, chunk: bool = False) -> dict:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests._devices import skip_unless_runs_here
-from tests.kernels._sm90 import assemble, needs_ptxas, run_in_child
+from tests.kernels._sm90 import assemble, compile_sm90, needs_ptxas, run_in_child
 from trtforge.kernels.qweight import quantize_int4
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
@@ -59,8 +59,6 @@ def _compile_case(
     one_pass: bool = False,
     maxnreg: int | None = None,
 ) -> dict:
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from trtforge.kernels import int4_mma as m
@@ -79,7 +77,7 @@ def _compile_case(
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs}
     src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     options = {"num_warps": warps} | ({"maxnreg": maxnreg} if maxnreg else {})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    kernel = compile_sm90(src, options)
     ptx = kernel.asm["ptx"]
     facts = {"mma": ptx.count("mma.sync.aligned.m16n8k16"), "shared": kernel.metadata.shared,
              "griddep": ptx.count("griddepcontrol."),
