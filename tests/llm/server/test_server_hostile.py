@@ -160,3 +160,26 @@ def test_a_huge_text_is_refused_without_holding_the_server(server, endpoint):
     err = _error(r)
     assert err["param"] == ("messages" if endpoint == "chat" else "prompt") and "2048" in err["message"]
     assert took < 4 and max(waits) < 2, (took, max(waits))
+
+
+@pytest.mark.parametrize(
+    ("stop", "ok"),
+    [
+        ([f"zq{i}" for i in range(16)], True),
+        ([f"zq{i}" for i in range(17)], False),
+        (["z" * 256], True),
+        (["z" * 257], False),
+        ("z" * 257, False),
+    ],
+)
+def test_stop_strings_are_bounded(server, stop, ok):
+    """Every stop string is matched against every text piece on the event loop: 300,000 of them held
+    every other client for 12 s, so their number and length are bounded."""
+    import json
+
+    r = _post(server, json.dumps({"model": NAME, "prompt": "x", "max_tokens": 2, "stop": stop}).encode())
+    if ok:
+        assert r.status_code == 200, r.text
+    else:
+        err = _error(r)
+        assert err["param"] == "stop" and ("16" in err["message"] or "256" in err["message"]), err

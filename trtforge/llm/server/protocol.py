@@ -49,6 +49,10 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     }
 
 
+MAX_STOPS = 16  # stop strings per request
+MAX_STOP_CHARS = 256  # characters per stop string
+
+
 class _Base(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -90,9 +94,18 @@ class _Sampling(_Base):
     response_format: ResponseFormat | None = None
 
     def stops(self) -> list[str]:
+        """The stop strings, bounded: each is matched against every text piece on the event loop, at a
+        cost that grows with their number times their length (300,000 held every client for 12 s)."""
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not s for s in stops):
             raise ApiError(400, "stop: stop strings must be non-empty", "stop")
+        if len(stops) > MAX_STOPS:
+            raise ApiError(400, f"stop: at most {MAX_STOPS} stop strings, got {len(stops)}", "stop")
+        longest = max(stops, key=len, default="")
+        if len(longest) > MAX_STOP_CHARS:
+            raise ApiError(
+                400, f"stop: a stop string is at most {MAX_STOP_CHARS} characters, got {len(longest)}", "stop"
+            )
         return stops
 
 
