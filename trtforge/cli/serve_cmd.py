@@ -94,6 +94,13 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     "--request-timeout", default=None, type=click.FloatRange(0, min_open=True), help="Seconds per request."
 )
 @click.option(
+    "--max-request-bytes",
+    default=16 * 2**20,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Largest request body accepted; larger ones get 413 before they are parsed.",
+)
+@click.option(
     "--shutdown-grace",
     default=30.0,
     show_default=True,
@@ -135,6 +142,7 @@ def serve_cmd(
     max_waiting: int,
     num_blocks: int | None,
     request_timeout: float | None,
+    max_request_bytes: int,
     shutdown_grace: float,
     executor: str,
     device: str | None,
@@ -221,6 +229,7 @@ def serve_cmd(
         chat_template=template,
         max_waiting=max_waiting,
         request_timeout=request_timeout,
+        max_request_bytes=max_request_bytes,
         shutdown_grace=shutdown_grace,
         log_level=log_level,
     )

@@ -32,6 +32,7 @@ class ServeOptions:
     chat_template: str | None = None
     max_waiting: int = 256
     request_timeout: float | None = None
+    max_request_bytes: int = 16 * 2**20
     shutdown_grace: float = 30.0
     log_level: str = "warning"
 
@@ -62,6 +63,7 @@ def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int
         api_key=options.api_key,
         chat_template=options.chat_template,
         request_timeout=options.request_timeout,
+        max_request_bytes=options.max_request_bytes,
     )
     try:  # response_format requests compile grammars over the tokenizer (the structured extra)
         llm.engine.enable_structured_output(tokenizer)
