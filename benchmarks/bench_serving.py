@@ -20,9 +20,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import gc
 import itertools
 import json
 import os
+import sys
 import threading
 import time
 
@@ -351,9 +353,13 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     apply_set_option(ap, args)  # before the model and executor exist: graphs capture under the settings
+    # objects gc.freeze() has set aside, by stage: old trees (no engine freeze) read ~467k in their timed
+    # windows on the device (session 36), so something else in the process freezes; this says what stage
+    frozen = {"start": gc.get_freeze_count()}
     device = "cpu" if args.tiny else "cuda"
     dtype = torch.float32 if args.tiny else torch.float16
     model = build_model(args.tiny, device, dtype)
+    frozen["model_built"] = gc.get_freeze_count()
     cfg = model.config
     per_token = (
         2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
@@ -372,6 +378,7 @@ def main() -> None:
     results: dict = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
+        "trtforge": os.path.dirname(sys.modules["trtforge"].__file__),  # which tree ran (with_old: .old)
         "scheduling": "sync" if args.sync else "async",
         "settings": args.settings,
         "model": {
@@ -395,6 +402,7 @@ def main() -> None:
             "max_prefill_tokens_with_decodes": args.max_prefill_with_decodes,
             "max_graph_tokens": args.max_graph_tokens,
         },
+        "gc_frozen_by_stage": frozen,
     }
     if args.single_only:
         single_stream_part(results, model, reqs, device, args)
@@ -413,6 +421,7 @@ def main() -> None:
         del ex
         ex = TorchExecutor(model, **{**ex_kwargs, "static_decode": False, "mixed_graphs": False})
     results["graph_capture_s"] = time.perf_counter() - t
+    frozen["graphs_captured"] = gc.get_freeze_count()
     config = SchedulerConfig(
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_batched_tokens,
@@ -425,6 +434,7 @@ def main() -> None:
     # growth fall outside every timed run, whichever loads are asked for. With only 8 warm-up requests a
     # saturated run measured first lost 8 s to them (results/serving.md).
     run_engine(ex, workload(args.requests, args.prompt, args.output, 0.0, cfg.vocab_size, seed=1), config)
+    frozen["warmed_up"] = gc.get_freeze_count()
     save = functools.partial(_save, results, args.out)
     results["engine"] = {}
     runs: dict[str, int] = {}
