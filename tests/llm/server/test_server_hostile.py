@@ -206,3 +206,17 @@ def test_a_body_past_the_limit_is_413_before_it_is_parsed(server, chunked):
     assert server.metrics().get(key, 0) >= 1
     ok = _post(server, b'{"model": "%s", "max_tokens": 2, "prompt": "x"}' % NAME.encode())
     assert ok.status_code == 200
+
+
+def test_a_long_token_id_array_under_the_body_limit_is_refused_quickly(server):
+    """15 MB of token ids (5M, under --max-request-bytes): pydantic first tried them as strings, one
+    error each, which held the event loop for 6 s before the 400."""
+    import json
+    import time
+
+    body = json.dumps({"model": NAME, "prompt": [5] * 5_000_000}).encode()
+    start = time.monotonic()
+    err = _error(_post(server, body))
+    took = time.monotonic() - start
+    assert err["param"] == "prompt" and "2048" in err["message"]
+    assert took < 3, took
