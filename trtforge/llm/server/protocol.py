@@ -182,6 +182,7 @@ def _printable(key: str | int) -> str:
 
 
 def _check_text(text: str, where: str) -> None:
+    """ApiError 400 naming `where` if `text` does not encode as UTF-8 (it holds a lone surrogate)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
