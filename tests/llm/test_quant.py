@@ -53,21 +53,67 @@ def test_quantize_model_replaces_the_projections_only(method):
         }
 
 
+def _search_layers(model, prompts, alphas: dict, keep: list | None = None) -> None:
+    """AWQ's scale search and folds over every layer, as quantize_model runs them (each layer on the
+    cached outputs of the one before); `keep` collects each layer's group inputs."""
+    from trtforge.llm.quant.apply import _awq_layer, _layer_calls, _layer_inputs
+
+    layers = list(model.model.layers)
+    calls = [_layer_calls(model, layers, torch.tensor(p)) for p in prompts]
+    hidden = [c[0].hidden for c in calls]
+    for i, layer in enumerate(layers):
+        inputs, hidden = _layer_inputs(layer, [c[i] for c in calls], hidden)
+        if keep is not None:
+            keep.append({k: v.clone() for k, v in inputs.items()})
+        _awq_layer(layer, i, inputs, alphas)
+
+
 def test_awq_folding_keeps_the_float_model():
     """The searched scales multiply the weights' columns and divide the previous op: before any
     rounding the model computes the same logits (v->o folds where shapes match, up->down always)."""
-    from trtforge.llm.quant.apply import _awq_layer
-
     model = _llama()
     ids = torch.tensor(_prompts(2, 16))
     with torch.no_grad():
         before = model(ids).logits
         alphas: dict = {}
-        for i, layer in enumerate(model.model.layers):
-            _awq_layer(model, layer, i, [torch.tensor(p) for p in _prompts()], alphas)
+        _search_layers(model, _prompts(), alphas)
         after = model(ids).logits
     assert any(a > 0 for a in alphas.values())  # some group is scaled
     torch.testing.assert_close(after, before, atol=1e-4, rtol=1e-4)
+
+
+def test_awq_layer_inputs_from_cached_states_are_the_whole_models():
+    """The search runs the layers one at a time on cached hidden states, each before its own fold:
+    every projection group sees what it sees in a forward of the whole unfolded model, prompts of
+    different lengths included."""
+    from trtforge.llm.quant.apply import _groups
+
+    model = _llama(num_hidden_layers=3)
+    ref = copy.deepcopy(model)
+    prompts = [p[:n] for p, n in zip(_prompts(3, 24), (24, 17, 9))]
+    got: list = []
+    alphas: dict = {}
+    _search_layers(model, prompts, alphas, keep=got)
+    assert any(a > 0 for a in alphas.values())  # the layers were folded as the search went
+    seen: list[dict] = [{} for _ in ref.model.layers]
+
+    def hook(i: int, name: str):
+        return lambda _m, a: seen[i].setdefault(name, []).append(a[0].reshape(-1, a[0].shape[-1]))
+
+    hooks = [
+        mods[0].register_forward_pre_hook(hook(i, name))
+        for i, layer in enumerate(ref.model.layers)
+        for name, mods in _groups(layer)
+    ]
+    with torch.no_grad():
+        for p in prompts:
+            ref(torch.tensor([p]), use_cache=False)
+    for h in hooks:
+        h.remove()
+    for i, groups in enumerate(seen):
+        assert set(groups) == set(got[i]) == {"qkv", "o", "gate_up", "down"}
+        for name, rows in groups.items():
+            torch.testing.assert_close(got[i][name], torch.cat(rows), atol=1e-5, rtol=1e-5)
 
 
 def test_awq_beats_round_to_nearest_on_outlier_channels():

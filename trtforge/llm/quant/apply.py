@@ -199,12 +199,62 @@ def _check_device(model: nn.Module, method: str, what: str | None = None) -> Non
 
 
 class _Stop(Exception):
-    """Raised by a hook to end a calibration forward after the layer of interest."""
+    """Raised by a hook to end a calibration forward after the last decoder layer (the LM head unrun)."""
+
+
+@dataclass
+class _LayerCall:
+    """One prompt's call of one decoder layer: its positional and keyword arguments (attention mask,
+    position embeddings: what the model computed once for every layer), the hidden states first."""
+
+    args: tuple
+    kwargs: dict[str, Any]
+
+    def run(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """`layer` on `hidden` with this call's other arguments; its output hidden states."""
+        if self.args:
+            out = layer(hidden, *self.args[1:], **self.kwargs)
+        else:
+            out = layer(**{**self.kwargs, "hidden_states": hidden})
+        return out[0] if isinstance(out, tuple) else out
+
+    @property
+    def hidden(self) -> torch.Tensor:
+        return self.args[0] if self.args else self.kwargs["hidden_states"]
 
 
 @torch.no_grad()
-def _layer_inputs(model: nn.Module, layer: nn.Module, prompts: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Each group's input ``[T, K]`` over the prompts, running the model only up to `layer`."""
+def _layer_calls(model: nn.Module, layers: list[nn.Module], ids: torch.Tensor) -> list[_LayerCall]:
+    """Every decoder layer's call as the model makes it for prompt `ids`, from one forward that stops
+    after the last layer. The search then runs the layers one at a time on cached hidden states: one
+    layer forward per layer and prompt, not the whole prefix again for each layer (L(L+1)/2 forwards)."""
+    seen: list[_LayerCall] = []
+
+    def grab(_mod: Any, args: tuple, kwargs: dict) -> None:
+        seen.append(_LayerCall(tuple(args), dict(kwargs)))
+
+    def stop(*_: Any) -> None:
+        raise _Stop
+
+    hooks = [layer.register_forward_pre_hook(grab, with_kwargs=True) for layer in layers]
+    hooks.append(layers[-1].register_forward_hook(stop))
+    try:
+        with contextlib.suppress(_Stop):
+            model(input_ids=ids[None], use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    if len(seen) != len(layers):
+        raise RuntimeError(f"a calibration forward called {len(seen)} of the model's {len(layers)} layers")
+    return seen
+
+
+@torch.no_grad()
+def _layer_inputs(
+    layer: nn.Module, calls: list[_LayerCall], hidden: list[torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """Run `layer` on each prompt's `hidden` (with that prompt's `calls` arguments): each projection
+    group's input ``[T, K]`` over the prompts, and the layer's outputs (the next layer's inputs)."""
     seen: dict[str, list[torch.Tensor]] = {}
     hooks = []
     for name, mods in _groups(layer):
@@ -213,19 +263,12 @@ def _layer_inputs(model: nn.Module, layer: nn.Module, prompts: list[torch.Tensor
             seen.setdefault(name, []).append(args[0].detach().reshape(-1, args[0].shape[-1]))
 
         hooks.append(mods[0].register_forward_pre_hook(grab))
-
-    def stop(*_: Any) -> None:
-        raise _Stop
-
-    hooks.append(layer.register_forward_hook(stop))
     try:
-        for ids in prompts:
-            with contextlib.suppress(_Stop):
-                model(input_ids=ids[None], use_cache=False)
+        outputs = [call.run(layer, h) for call, h in zip(calls, hidden)]
     finally:
         for h in hooks:
             h.remove()
-    return {k: torch.cat(v) for k, v in seen.items()}
+    return {k: torch.cat(v) for k, v in seen.items()}, outputs
 
 
 def _calibration(prompts: Any, device: torch.device, vocab: int, method: str) -> list[torch.Tensor]:
@@ -251,11 +294,12 @@ def _calibration(prompts: Any, device: torch.device, vocab: int, method: str) ->
 
 @torch.no_grad()
 def _awq_layer(
-    model: nn.Module, layer: nn.Module, index: int, prompts: list[torch.Tensor], alphas: dict
+    layer: nn.Module, index: int, inputs: dict[str, torch.Tensor], alphas: dict
 ) -> dict[nn.Module, torch.Tensor]:
-    """Search and fold layer `index`'s scales, then search its projections' clip ratios (returned by
-    module; the caller quantizes). The model stays in float: later layers see the same inputs."""
-    inputs = {k: _rows(v, MAX_SEARCH_ROWS) for k, v in _layer_inputs(model, layer, prompts).items()}
+    """Search and fold layer `index`'s scales on its groups' `inputs` (:func:`_layer_inputs`), then
+    search its projections' clip ratios (returned by module; the caller quantizes). The folds keep the
+    float model's function: later layers see the same inputs."""
+    inputs = {k: _rows(v, MAX_SEARCH_ROWS) for k, v in inputs.items()}
     attn, mlp = layer.self_attn, layer.mlp
     v = getattr(attn, "v_proj", None)
     o_folds = (
@@ -338,8 +382,12 @@ def quantize_model(
     model.eval()
     clips: dict[nn.Module, torch.Tensor] = {}
     if prompts:  # every search on the float model first: each layer's inputs are the float model's
-        for i, layer in enumerate(adapter.layers):
-            clips.update(_awq_layer(model, layer, i, prompts, record.alphas))
+        layers = list(adapter.layers)
+        calls = [_layer_calls(model, layers, ids) for ids in prompts]
+        hidden = [c[0].hidden for c in calls]
+        for i, layer in enumerate(layers):
+            inputs, hidden = _layer_inputs(layer, [c[i] for c in calls], hidden)
+            clips.update(_awq_layer(layer, i, inputs, record.alphas))
     if method is not None:
         for layer in adapter.layers:
             for _, mods in _groups(layer):
