@@ -93,3 +93,68 @@ def test_bitmask_rows_without_a_grammar_allow_everything(model_and_tokenizer):
     allowed = np.unpackbits(mask[1].view(np.uint8), bitorder="little")[:4096].astype(bool)
     assert 0 < allowed.sum() < 4096
     assert batch_bitmask([None, None], 4096) is None
+
+
+@pytest.mark.parametrize(
+    ("pattern", "repeat"),
+    [
+        ("[a-z]{1,20000}", 20000),
+        ("(a{1,50}){1,40}", 2000),
+        ("((a{1,100}){1,100}){1,100}", 1_000_000),
+        ("(?:x{10}|y){10}", 100),
+        ("a*b+c?d{5,}", 5),
+        (r"\{1,99999\}[{1,9999}]", 1),  # escaped braces and a class hold no quantifier
+        ("[]{1,9}]{1,7}", 7),  # a leading ] is a literal inside a class
+        ("a)b{1,9999}", 9999),  # an unbalanced ) does not end the scan
+    ],
+)
+def test_pattern_repeat_multiplies_nested_bounded_repetitions(pattern, repeat):
+    from trtforge.llm.structured import pattern_repeat
+
+    assert pattern_repeat(pattern) == repeat
+
+
+def test_schemas_too_costly_to_compile_are_refused_naming_the_place(model_and_tokenizer):
+    from trtforge.llm.structured import MAX_SCHEMA_BYTES, GrammarCompiler
+
+    g = GrammarCompiler(model_and_tokenizer[1], 4096)
+
+    def fmt(schema):
+        return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+    deep = {"type": "object", "properties": {"a": {"type": "string", "pattern": "[a-z]{1,20000}"}}}
+    with pytest.raises(UserError, match=r"\$\.properties\.a\.pattern repeats a piece up to 20,000 times"):
+        g.compile(fmt(deep))
+    keys = {"type": "object", "patternProperties": {"^(x{1,100}){1,100}$": {"type": "integer"}}}
+    with pytest.raises(UserError, match=r"patternProperties\['\^\(x\{1,100\}\)\{1,100\}\$'\] repeats"):
+        g.compile(fmt(keys))
+    wide = {
+        "type": "object",
+        "properties": {f"f{i}": {"type": "integer"} for i in range(MAX_SCHEMA_BYTES // 20)},
+    }
+    with pytest.raises(UserError, match="at most 131,072 compile"):
+        g.compile(fmt(wide))
+    assert g.compile(fmt({"type": "string", "pattern": "[a-z]{1,40}"})) is not None
+
+
+def test_a_slow_compile_times_out_and_the_cache_stays_bounded(model_and_tokenizer, monkeypatch):
+    from trtforge.llm import structured
+
+    monkeypatch.setattr(structured, "CACHE_SIZE", 2)
+    g = structured.GrammarCompiler(model_and_tokenizer[1], 4096, timeout_s=0.001)
+    slow = {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a{1,4000}"}},
+    }
+    with pytest.raises(UserError, match="did not compile to a grammar within 0.001 s"):
+        g.compile(slow)
+    g.timeout_s = 60.0
+    assert g.compile(slow) is not None  # the compile went on: the next request finds it
+    for n in range(4):
+        g.compile(
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "string", "maxLength": n + 1}},
+            }
+        )
+    assert len(g._cache) <= 2

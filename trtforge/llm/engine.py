@@ -319,6 +319,15 @@ class LLMEngine:
         with self._inbox_lock:
             self._scheduler.grammar = GrammarCompiler(tokenizer, self._scheduler.facts.vocab_size)
 
+    def compile_response_format(self, response_format: dict[str, Any]) -> None:
+        """Compile `response_format`'s grammar now, for the requests that use it to find cached: a
+        server calls this off its event loop before submitting, so no compile runs under the engine's
+        lock (UserError for a schema refused, failing or too slow to compile; a no-op without
+        :meth:`enable_structured_output`, where submitting refuses the request)."""
+        grammar = self._scheduler.grammar
+        if grammar is not None:
+            grammar.compile(response_format)
+
     def generate(
         self,
         prompts: Sequence[Sequence[int]],

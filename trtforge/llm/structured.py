@@ -11,12 +11,27 @@ bitmask layout is what vLLM and SGLang apply, and it compiles a schema once for 
 from __future__ import annotations
 
 import json
+import re
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
 
 from trtforge.errors import UserError
+
+# A served schema is a client's input: bound what one can cost. xgrammar compiles outside the GIL, but its
+# time grows faster than the schema (CPU box: 72 KB of properties 3 s, 300 KB 102 s) and with a pattern's
+# bounded repetitions ("[a-z]{1,2000}" 0.17 s, {1,5000} 1.1 s, {1,20000} 32 s; nested ones multiply).
+MAX_SCHEMA_BYTES = 128 * 1024
+MAX_PATTERN_REPEAT = 4096
+COMPILE_TIMEOUT_S = 30.0
+COMPILE_WORKERS = 2
+CACHE_SIZE = 128  # compiled grammars kept (least recently used dropped first)
+_QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
 
 
 def _xgrammar() -> Any:
@@ -54,41 +69,143 @@ class GrammarMatcher:
         return bool(self._m.is_terminated())
 
 
-class GrammarCompiler:
-    """Compiles response formats for one tokenizer (cached per schema), makes a matcher per request.
+def pattern_repeat(pattern: str) -> int:
+    """The largest product of nested bounded repetition counts in regex `pattern` (``(a{1,50}){1,40}``:
+    2,000): how many copies of a piece a grammar compiler unrolls. ``*``, ``+``, ``?`` and ``{m,}``
+    loop rather than unroll (counted as ``max(m, 1)``); escapes and character classes are skipped."""
+    worst, i = 1, 0
+    while i < len(pattern):  # an unbalanced ")" ends a top-level sequence, not the scan
+        part, i = _repeat_seq(pattern, i)
+        worst, i = max(worst, part), i + 1
+    return worst
 
-    `vocab_size` is the model's (its logits' width), which may exceed the tokenizer's.
+
+def _repeat_seq(p: str, i: int) -> tuple[int, int]:
+    """The worst factor of the sequence (and alternatives) from `i` to its closing ``)``; the index after."""
+    worst = 1
+    while i < len(p) and p[i] != ")":
+        inner = 1
+        if p[i] == "\\":
+            i += 2
+        elif p[i] == "[":
+            j = i + 1 + (p[i + 1 : i + 2] == "^")
+            j += p[j : j + 1] == "]"  # a leading ] is a literal
+            while j < len(p) and p[j] != "]":
+                j += 2 if p[j] == "\\" else 1
+            i = j + 1
+        elif p[i] == "(":
+            inner, i = _repeat_seq(p, i + 1)
+            i += 1  # past ")"
+        else:
+            i += 1
+        m = _QUANTIFIER.match(p, i)
+        if m:
+            hi = m.group(3)
+            count = int(hi) if hi else max(int(m.group(1)), 1)  # {n}, {m,n}; {m,} loops
+            i = m.end()
+        else:
+            count = 1
+        worst = max(worst, inner * count)
+    return worst, i
+
+
+def check_schema(schema: Any, text: str) -> None:
+    """Refuse (UserError naming the place) a JSON schema too costly to compile: over
+    :data:`MAX_SCHEMA_BYTES` as JSON (`text`), or a ``pattern`` unrolling more than
+    :data:`MAX_PATTERN_REPEAT` copies (:func:`pattern_repeat`)."""
+    if len(text.encode()) > MAX_SCHEMA_BYTES:
+        raise UserError(
+            f"response_format: the JSON schema is {len(text.encode()):,} bytes; at most {MAX_SCHEMA_BYTES:,} "
+            "compile to a grammar in reasonable time."
+        )
+    stack: list[tuple[Any, str]] = [(schema, "$")]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, dict):
+            patterns = [(node.get("pattern"), f"{where}.pattern")]
+            props = node.get("patternProperties")
+            if isinstance(props, dict):
+                patterns += [(k, f"{where}.patternProperties[{k!r}]") for k in props]
+            for pat, at in patterns:
+                if isinstance(pat, str) and (n := pattern_repeat(pat)) > MAX_PATTERN_REPEAT:
+                    raise UserError(
+                        f"response_format: the schema's {at} repeats a piece up to {n:,} times (nested "
+                        f"bounded repetitions multiply); at most {MAX_PATTERN_REPEAT:,} compile in "
+                        "reasonable time: use * or + for long runs, or smaller bounds."
+                    )
+            stack += [(v, f"{where}.{k}") for k, v in node.items()]
+        elif isinstance(node, list):
+            stack += [(v, f"{where}[{i}]") for i, v in enumerate(node)]
+
+
+class GrammarCompiler:
+    """Compiles response formats for one tokenizer, makes a matcher per request.
+
+    `vocab_size` is the model's (its logits' width), which may exceed the tokenizer's. Compiles run on
+    :data:`COMPILE_WORKERS` threads (xgrammar releases the GIL), each waited for at most `timeout_s`;
+    the grammars of the last :data:`CACHE_SIZE` schemas are kept. Thread-safe: a server compiles a
+    request's schema (:meth:`compile`) before queuing it, off its event loop and the engine's lock.
     """
 
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, timeout_s: float = COMPILE_TIMEOUT_S) -> None:
         xgr = _xgrammar()
         self.vocab_size = int(vocab_size)
+        self.timeout_s = float(timeout_s)
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size)
-        self._compiler = xgr.GrammarCompiler(info)
+        self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # (our cache is bounded)
         self._xgr = xgr
-        self._cache: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, Future] = OrderedDict()
+        self._pool = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="grammar")
 
-    def _compiled(self, response_format: dict[str, Any]) -> Any:
+    def _key(self, response_format: dict[str, Any]) -> str:
         kind = response_format.get("type")
         if kind == "json_object":  # OpenAI's JSON mode: an object (xgrammar's builtin grammar is any value)
-            key = json.dumps({"type": "object"})
-        elif kind == "json_schema":
-            key = json.dumps(response_format["json_schema"]["schema"], sort_keys=True)
-        else:
-            raise UserError(f"response_format type {kind!r} has no grammar (json_object or json_schema)")
-        if key not in self._cache:
-            try:
-                # compact JSON: free whitespace lets a model loop on blanks until max_tokens
-                compiled = self._compiler.compile_json_schema(key, any_whitespace=False)
-            except Exception as exc:  # xgrammar raises RuntimeError/ValueError for a schema it cannot use
-                msg = f"response_format: the JSON schema cannot be compiled to a grammar: {exc}"
-                raise UserError(msg) from exc
-            self._cache[key] = compiled
-        return self._cache[key]
+            return json.dumps({"type": "object"})
+        if kind == "json_schema":
+            schema = response_format["json_schema"]["schema"]
+            key = json.dumps(schema, sort_keys=True)
+            check_schema(schema, key)
+            return key
+        raise UserError(f"response_format type {kind!r} has no grammar (json_object or json_schema)")
+
+    def _compile_now(self, key: str) -> Any:
+        try:
+            # compact JSON: free whitespace lets a model loop on blanks until max_tokens
+            return self._compiler.compile_json_schema(key, any_whitespace=False)
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError for a schema it cannot use
+            msg = f"response_format: the JSON schema cannot be compiled to a grammar: {exc}"
+            raise UserError(msg) from exc
+
+    def compile(self, response_format: dict[str, Any]) -> Any:
+        """`response_format`'s compiled grammar (from the cache, or compiled now on a worker thread);
+        UserError when the schema is refused, fails to compile, or takes over ``timeout_s``."""
+        key = self._key(response_format)
+        with self._lock:
+            future = self._cache.get(key)
+            if future is None:
+                future = self._cache[key] = self._pool.submit(self._compile_now, key)
+                done = [k for k, f in self._cache.items() if f.done()]
+                for k in done[: max(0, len(self._cache) - CACHE_SIZE)]:
+                    del self._cache[k]
+            else:
+                self._cache.move_to_end(key)
+        try:
+            return future.result(timeout=self.timeout_s)
+        except FutureTimeout:
+            with self._lock:
+                if future.cancel():  # still queued behind other compiles: it never runs
+                    self._cache.pop(key, None)
+            raise UserError(
+                f"response_format: the JSON schema did not compile to a grammar within {self.timeout_s:g} s "
+                "(the compiler was busy, or the schema is too large); simplify it or retry."
+            ) from None
+        except UserError as exc:
+            raise UserError(str(exc)) from None  # a fresh error each time the cached failure is met
 
     def matcher(self, response_format: dict[str, Any]) -> GrammarMatcher:
         """A fresh matcher at the start of `response_format`'s grammar."""
-        return GrammarMatcher(self._xgr.GrammarMatcher(self._compiled(response_format)), self.vocab_size)
+        return GrammarMatcher(self._xgr.GrammarMatcher(self.compile(response_format)), self.vocab_size)
 
 
 def batch_bitmask(matchers: Sequence[GrammarMatcher | None], vocab_size: int) -> np.ndarray | None:

@@ -220,3 +220,47 @@ def test_a_long_token_id_array_under_the_body_limit_is_refused_quickly(server):
     took = time.monotonic() - start
     assert err["param"] == "prompt" and "2048" in err["message"]
     assert took < 3, took
+
+
+def _schema_body(schema: dict) -> bytes:
+    import json
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    return json.dumps({"model": NAME, "prompt": "{", "max_tokens": 4, "response_format": fmt}).encode()
+
+
+def test_a_schema_that_would_compile_for_minutes_is_a_400_at_once(server):
+    import time
+
+    t0 = time.perf_counter()
+    err = _error(_post(server, _schema_body({"type": "string", "pattern": "[a-z]{1,20000}"})))
+    assert err["param"] == "response_format" and "repeats a piece up to 20,000 times" in err["message"]
+    assert time.perf_counter() - t0 < 5
+    server.wait_blocks_free()
+
+
+def test_other_clients_are_served_while_a_schema_compiles(server):
+    """A legal but slow schema (six 4,000-character patterns: seconds to compile) compiles off the event
+    loop and the engine's lock: a health check and a plain completion answer meanwhile."""
+    import threading
+    import time
+
+    import httpx
+
+    slow = {
+        "type": "object",
+        "properties": {k: {"type": "string", "pattern": "[a-z]{1,4000}"} for k in "abcdef"},
+    }
+    got: dict = {}
+    th = threading.Thread(target=lambda: got.setdefault("r", _post(server, _schema_body(slow))))
+    th.start()
+    time.sleep(0.5)
+    t0 = time.perf_counter()
+    assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+    plain = _post(server, b'{"model": "%s", "prompt": "def f(", "max_tokens": 2}' % NAME.encode())
+    waited = time.perf_counter() - t0
+    th.join(timeout=120)
+    assert plain.status_code == 200, plain.text
+    assert got["r"].status_code == 200, got["r"].text
+    assert waited < 2.0, waited  # the compile itself takes seconds
+    server.wait_blocks_free()

@@ -31,6 +31,7 @@ from trtforge.llm.server.protocol import (
     CompletionRequest,
     error_body,
     parse,
+    response_format,
     sampling_params,
 )
 from trtforge.llm.server.responses import Pumps, full_body, stream
@@ -375,6 +376,11 @@ def create_app(state: ServerState) -> FastAPI:
             if state.tokenizer is None:
                 raise ApiError(400, "this model has no tokenizer: the server needs one to return text")
             admission = _Admission(state, len(prompts) * req.n)
+            if fmt is not None and fmt.type != "text":  # compiled off the event loop and the engine's lock
+                try:
+                    await asyncio.to_thread(state.engine.compile_response_format, response_format(fmt))
+                except UserError as e:
+                    raise ApiError(400, str(e), "response_format") from None
             choices = _make_choices(state, req, prompts, budgets, lp)
             state.metrics.prompt_tokens.inc(sum(len(p) for p in prompts) * req.n)
         except ApiError as e:
