@@ -5,6 +5,7 @@ The model is ``<repo root>/../shared/models/code-llama-21m``; tests skip with th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -108,3 +110,15 @@ class Server:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+@contextlib.contextmanager
+def chat_server(tmp: Path, args: list[str]) -> Iterator[Server]:
+    """A server over the trained model with :data:`CHAT_TEMPLATE` and `args`, its files in `tmp`; on
+    leaving, it must stop with exit code 0 and have logged no traceback."""
+    model = need_model()
+    (tmp / "chat.jinja").write_text(CHAT_TEMPLATE)
+    s = Server(str(model), ["--chat-template", str(tmp / "chat.jinja"), *args], tmp / "server.log")
+    yield s
+    assert s.stop() == 0, s.log()
+    assert "Traceback" not in s.log(), s.log()

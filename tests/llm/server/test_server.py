@@ -12,21 +12,15 @@ import json
 
 import pytest
 
-from tests.llm.server.harness import API_KEY, CHAT_TEMPLATE, Server, need_model
+from tests.llm.server.harness import API_KEY, chat_server
 
 PROMPT = "def read_json(path):"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = need_model()
-    tmp = tmp_path_factory.mktemp("serve")
-    (tmp / "chat.jinja").write_text(CHAT_TEMPLATE)
-    args = ["--api-key", API_KEY, "--chat-template", str(tmp / "chat.jinja"), "--num-blocks", "1024"]
-    s = Server(str(model), args, tmp / "server.log")
-    yield s
-    assert s.stop() == 0, s.log()
-    assert "Traceback" not in s.log(), s.log()
+    with chat_server(tmp_path_factory.mktemp("serve"), ["--api-key", API_KEY, "--num-blocks", "1024"]) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

@@ -9,21 +9,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.llm.server.harness import CHAT_TEMPLATE, Server, need_model
+from tests.llm.server.harness import chat_server
 
 NAME = "code-llama-21m"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = need_model()
-    tmp = tmp_path_factory.mktemp("hostile")
-    (tmp / "chat.jinja").write_text(CHAT_TEMPLATE)
-    args = ["--chat-template", str(tmp / "chat.jinja"), "--num-blocks", "256"]
-    s = Server(str(model), [*args, "--max-num-seqs", "4", "--max-waiting", "4"], tmp / "server.log")
-    yield s
-    assert s.stop() == 0, s.log()
-    assert "Traceback" not in s.log(), s.log()
+    args = ["--num-blocks", "256", "--max-num-seqs", "4", "--max-waiting", "4"]
+    with chat_server(tmp_path_factory.mktemp("hostile"), args) as s:
+        yield s
 
 
 def _post(server, body: bytes, path: str = "/v1/completions"):
