@@ -60,6 +60,9 @@ def _search_layers(model, prompts, alphas: dict, keep: list | None = None) -> No
 
     layers = list(model.model.layers)
     calls = [_layer_calls(model, layers, torch.tensor(p)) for p in prompts]
+    for c in calls:  # only the first layer's hidden states are held (the rest come from the search)
+        for call in c[1:]:
+            assert (call.args[:1] or (None,))[0] is None and "hidden_states" not in call.kwargs
     hidden = [c[0].hidden for c in calls]
     for i, layer in enumerate(layers):
         inputs, hidden = _layer_inputs(layer, [c[i] for c in calls], hidden)

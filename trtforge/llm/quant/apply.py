@@ -231,6 +231,9 @@ def _layer_calls(model: nn.Module, layers: list[nn.Module], ids: torch.Tensor) -
     seen: list[_LayerCall] = []
 
     def grab(_mod: Any, args: tuple, kwargs: dict) -> None:
+        if seen:  # past the first layer only the other arguments are kept: hidden states come from the search
+            args = (None, *args[1:]) if args else args
+            kwargs = {k: v for k, v in kwargs.items() if k != "hidden_states"}
         seen.append(_LayerCall(tuple(args), dict(kwargs)))
 
     def stop(*_: Any) -> None:
