@@ -215,8 +215,10 @@ def _note_context_cut(number: int, completion: Any, max_tokens: int, max_model_l
 
 
 def _response_format(path: str) -> dict[str, Any]:
-    """``--json-schema FILE`` as an OpenAI json_schema response format (UserError naming the file)."""
+    """``--json-schema FILE`` as an OpenAI json_schema response format (UserError naming the file: a
+    missing, non-JSON or absurdly nested file is the user's to fix, not a traceback)."""
     import json
+    import sys
 
     from trtforge.errors import UserError
 
@@ -227,6 +229,11 @@ def _response_format(path: str) -> dict[str, Any]:
         raise UserError(f"--json-schema {path!r}: cannot read it ({exc.strerror or exc}).") from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"--json-schema {path!r} is not a JSON file: {exc}.") from exc
+    except RecursionError:  # json's parser recurses once per level: a hostile file nests thousands deep
+        raise UserError(
+            f"--json-schema {path!r} nests its JSON deeper than the parser's {sys.getrecursionlimit()} "
+            "levels; expected a JSON Schema object of ordinary depth."
+        ) from None
     if not isinstance(schema, (dict, bool)):
         raise UserError(f"--json-schema {path!r}: a JSON Schema is an object, got {type(schema).__name__}.")
     return {"type": "json_schema", "json_schema": {"name": "cli", "schema": schema}}

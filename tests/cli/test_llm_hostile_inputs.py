@@ -1,0 +1,42 @@
+"""Hostile input to the decoder-LLM commands (`generate`, `compile --generate`, `report --generate`): each
+exits 2 with one message naming what is wrong, no traceback, nothing left behind. Same harness as
+test_bad_inputs (its `workdir` fixture and snapshot rule)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_bad_inputs import Setup, assert_exits_2_cleanly, workdir  # noqa: F401 - a fixture
+
+
+def _file(name: str, content: bytes, *argv: str) -> Setup:
+    """Write `content` to `name` in the work directory; the command is `argv`."""
+
+    def setup(d: Path) -> list[str]:
+        (d / name).write_bytes(content)
+        return list(argv)
+
+    return setup
+
+
+CASES: dict[str, tuple[Setup, str]] = {
+    "generate --json-schema nested past the parser's depth": (
+        _file(
+            "deep.json",
+            b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+            *("generate", "step.onnx", "--prompt-ids", "1 2", "--json-schema", "deep.json"),
+        ),
+        r"--json-schema 'deep\.json' nests its JSON deeper than the parser's \d+ levels",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_llm_hostile_input_exits_2_cleanly(
+    case: str,
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    assert_exits_2_cleanly(*CASES[case], workdir, capfd)
