@@ -10,6 +10,9 @@ import pytest
 
 from tests.cli.test_bad_inputs import Setup, assert_exits_2_cleanly, workdir  # noqa: F401 - a fixture
 
+GENERATE = ["compile", "tests.llm.tiny_models:llama_factory", "--generate", "--max-seq", "64", "-q"]
+GENERATE += ["-o", "s.engine"]
+
 
 def _file(name: str, content: bytes, *argv: str) -> Setup:
     """Write `content` to `name` in the work directory; the command is `argv`."""
@@ -29,6 +32,24 @@ CASES: dict[str, tuple[Setup, str]] = {
             *("generate", "step.onnx", "--prompt-ids", "1 2", "--json-schema", "deep.json"),
         ),
         r"--json-schema 'deep\.json' nests its JSON deeper than the parser's \d+ levels",
+    ),
+    # before: fp8 calibrated on random tokens instead, as if no --calib-data had been given
+    "compile --generate fp8 --calib-data of blank lines": (
+        _file("blank.txt", b"\n  \n\n", *GENERATE, "--precision", "fp8", "--calib-data", "blank.txt"),
+        r"--calib-data 'blank\.txt' holds no prompts \(it is empty or blank\)",
+    ),
+    "compile --generate fp8 --calib-data ''": (
+        lambda d: [*GENERATE, "--precision", "fp8", "--calib-data", ""],
+        r"--calib-data '': the path is empty",
+    ),
+    "generate --kv-cache-dtype fp8 --calib-data empty": (
+        _file(
+            "empty.txt",
+            b"",
+            *("generate", "tests.llm.tiny_models:llama_factory", "--prompt-ids", "1 2"),
+            *("--kv-cache-dtype", "fp8", "--calib-data", "empty.txt"),
+        ),
+        r"--calib-data 'empty\.txt' holds no prompts",
     ),
 }
 

@@ -111,19 +111,23 @@ def given_flags(ctx: click.Context, names: Iterable[str]) -> list[str]:
 
 def read_prompt_ids(path: str) -> list[list[int]]:
     """A --calib-data prompt file (`compile --generate`, `generate`, `serve`): one prompt per line,
-    space-separated token ids."""
+    space-separated token ids. A file that holds no prompt is refused: calibrating on nothing would
+    silently fall back to random tokens (fp8) or to no calibration at all."""
     from pathlib import Path
 
     from trtforge.errors import UserError
 
+    expected = "expected a text file with one prompt per line as space-separated token ids"
+    if not str(path):
+        raise UserError(f"--calib-data '': the path is empty; {expected}.")
     try:
         lines = [ln.split() for ln in Path(path).read_text().splitlines() if ln.strip()]
-        return [[int(t) for t in ln] for ln in lines]
+        prompts = [[int(t) for t in ln] for ln in lines]
     except (OSError, ValueError) as e:
-        raise UserError(
-            f"--calib-data '{path}': expected a text file with one prompt per line as space-separated "
-            f"token ids ({e})."
-        ) from e
+        raise UserError(f"--calib-data '{path}': {expected} ({e}).") from e
+    if not prompts:
+        raise UserError(f"--calib-data '{path}' holds no prompts (it is empty or blank); {expected}.")
+    return prompts
 
 
 def fields_of(obj: Any) -> dict[str, Any]:

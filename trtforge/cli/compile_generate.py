@@ -107,7 +107,7 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
     if given:
         raise click.UsageError(f"{', '.join(given)} cannot be combined with --generate.")
     precision = params.get("mode", "fp16") if given_flags(ctx, ["mode"]) else "fp16"
-    prompts = read_prompt_ids(params["calib_data"]) if params.get("calib_data") else None
+    prompts = read_prompt_ids(params["calib_data"]) if params.get("calib_data") is not None else None
     quiet = bool(params.get("quiet"))
     console = Console(quiet=quiet)
     result = compile_generate(
