@@ -61,3 +61,23 @@ def test_llm_hostile_input_exits_2_cleanly(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     assert_exits_2_cleanly(*CASES[case], workdir, capfd)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "tok-dir"])
+def test_generate_tokenizer_is_a_local_directory(
+    name: str,
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--tokenizer names a directory, read offline as serve reads it: a Hub name or a directory without
+    tokenizer files is one message naming it (before: the Hub was asked, a minute of retries offline,
+    and the message was the Hub client's, cut mid-word over several lines)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # (before the fix: fail at once rather than retry)
+
+    def setup(d: Path) -> list[str]:
+        (d / "tok-dir").mkdir()
+        return ["generate", "step.onnx", "--prompt", "x", "--tokenizer", name]
+
+    message = rf"'{name}' holds no tokenizer \(tokenizer\.json, .*--tokenizer DIR"
+    assert_exits_2_cleanly(setup, message, workdir, capfd)

@@ -281,6 +281,10 @@ class _Printer:
 
 
 def _tokenizer(name: str) -> Any:
-    from trtforge.calibration.data import resolve_tokenizer
+    """The --tokenizer directory's tokenizer, read offline as serve reads it (a name that is no local
+    directory is refused at once, not looked up on the Hugging Face Hub for a minute of retries);
+    ``demo`` is the bundled MiniLM tokenizer."""
+    from trtforge.calibration.data import DEMO_TOKENIZER, resolve_tokenizer
+    from trtforge.llm.text import load_tokenizer
 
-    return resolve_tokenizer(name)
+    return resolve_tokenizer(name) if name == DEMO_TOKENIZER else load_tokenizer(name)
