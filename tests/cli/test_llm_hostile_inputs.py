@@ -81,3 +81,19 @@ def test_generate_tokenizer_is_a_local_directory(
 
     message = rf"'{name}' holds no tokenizer \(tokenizer\.json, .*--tokenizer DIR"
     assert_exits_2_cleanly(setup, message, workdir, capfd)
+
+
+def test_generate_refuses_more_cpu_ranks_than_cpus(
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Before: a module:factory model's heads are checked only inside the workers, so every one of
+    --tensor-parallel-size N worker processes started first (N = 1,000,000 started processes until
+    killed)."""
+    import os
+
+    ranks = len(os.sched_getaffinity(0)) + 1
+    argv = ["generate", "tests.llm.tiny_models:llama_factory", "--prompt-ids", "1 2"]
+    argv += ["--tensor-parallel-size", str(ranks)]
+    message = rf"--tensor-parallel-size {ranks}: on the CPU each rank is a worker process"
+    assert_exits_2_cleanly(lambda d: argv, message, workdir, capfd)
