@@ -14,6 +14,25 @@ GENERATE = ["compile", "tests.llm.tiny_models:llama_factory", "--generate", "--m
 GENERATE += ["-o", "s.engine"]
 
 
+TINY_IDS = ["generate", "tests.llm.tiny_models:llama_factory", "--prompt-ids", "1 2"]
+
+
+def _paged_graph(d: Path) -> str:
+    """The tiny Llama's paged step graph (blocks of 8 tokens), written into `d`."""
+    import onnx
+
+    from tests.llm.tiny_models import tiny_model
+    from trtforge.llm.compile.export import export_step
+
+    work = d.parent / "export"
+    work.mkdir()
+    exp = export_step(
+        tiny_model("llama"), max_seq=64, max_batch=2, exporter="legacy", workdir=work, cache_layout="paged"
+    )
+    onnx.save(exp.model, str(d / "paged.onnx"))
+    return "paged.onnx"
+
+
 def _file(name: str, content: bytes, *argv: str) -> Setup:
     """Write `content` to `name` in the work directory; the command is `argv`."""
 
@@ -50,6 +69,19 @@ CASES: dict[str, tuple[Setup, str]] = {
             *("--kv-cache-dtype", "fp8", "--calib-data", "empty.txt"),
         ),
         r"--calib-data 'empty\.txt' holds no prompts",
+    ),
+    # before: the allocator's trace as an internal error (torch: RuntimeError / TypeError; ORT: OverflowError)
+    "generate --num-blocks past RAM (torch)": (
+        lambda d: [*TINY_IDS, "--num-blocks", str(10**15)],
+        r"--num-blocks 1000000000000000: the KV-cache pool of that many blocks cannot be allocated",
+    ),
+    "generate --num-blocks past int64 (torch)": (
+        lambda d: [*TINY_IDS, "--num-blocks", str(10**23)],
+        r"--num-blocks 10{23}: the KV-cache pool of that many blocks cannot be allocated",
+    ),
+    "generate --num-blocks past int64 (onnxruntime)": (
+        lambda d: ["generate", _paged_graph(d), "--prompt-ids", "1 2", "--num-blocks", str(10**23)],
+        r"--num-blocks 10{23}: the KV-cache pool of that many blocks cannot be allocated",
     ),
 }
 

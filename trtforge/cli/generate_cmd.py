@@ -179,13 +179,7 @@ def generate_cmd(
         lm_head_quantization=lm_head_quantization,
     )
     spec = speculative_config(speculative_method, speculative_model, num_speculative_tokens)
-    with load(
-        model,
-        executor,
-        num_blocks=num_blocks,
-        speculative=spec,
-        **torch_kw,
-    ) as llm:
+    with _load(load, model, executor, num_blocks, spec, torch_kw) as llm:
         if json_schema is not None:
             llm.engine.enable_structured_output(tok)
         handles = [h for r in rows for h in llm.engine.submit_n(r, params)]
@@ -200,6 +194,37 @@ def generate_cmd(
             _note_context_cut(number, completion, max_tokens, llm.engine.max_model_len)
             if logprobs is not None:
                 _print_logprobs(completion)
+
+
+def _load(load: Any, model: str, executor: str, num_blocks: int | None, spec: Any, torch_kw: dict) -> Any:
+    """`llm.load`, with a --num-blocks pool too large to allocate, or whose size overflows the allocator's
+    integers, refused as the user's number (not the allocator's trace as an internal error)."""
+    from trtforge.errors import UserError
+
+    try:
+        return load(model, executor, num_blocks=num_blocks, speculative=spec, **torch_kw)
+    except (MemoryError, RuntimeError, TypeError, OverflowError) as exc:
+        if num_blocks is None or not _allocation_failure(exc):
+            raise
+        raise UserError(
+            f"--num-blocks {num_blocks}: the KV-cache pool of that many blocks cannot be allocated on this "
+            f"machine ({str(exc).strip().splitlines()[0][:200]}); give fewer blocks, or leave --num-blocks "
+            "out to size the pool to the machine."
+        ) from exc
+
+
+# how torch (CPU and CUDA) and numpy word a size they cannot allocate or represent
+_ALLOCATION_FAILURES = ("can't allocate memory", "out of memory", "overflow", "too large to convert")
+
+
+def _allocation_failure(exc: BaseException) -> bool:
+    """Whether `exc` is an allocator's refusal of a size: out of memory, or a size past int64."""
+    import torch
+
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(exc).lower()
+    return any(s in text for s in _ALLOCATION_FAILURES)
 
 
 def _note_context_cut(number: int, completion: Any, max_tokens: int, max_model_len: int) -> None:
