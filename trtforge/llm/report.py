@@ -140,13 +140,32 @@ def cut_windows(ids: Sequence[int], windows: int, window_len: int, what: str) ->
     return Windows(tokens, starts, calibration, len(ids))
 
 
-def _tokenize(text_path: Path, tokenizer_dir: Any) -> list[int]:
+def _read_text(text_path: Path) -> str:
+    """The --text file's text; UserError for one that is not UTF-8 text (a binary file, or another
+    encoding), whose perplexity would be measured on replacement characters and say nothing."""
+    try:
+        data = text_path.read_bytes()
+    except OSError as e:
+        raise UserError(f"--text '{text_path}': cannot read it ({e.strerror or e}).") from e
+    if b"\0" in data:
+        raise UserError(
+            f"--text '{text_path}' holds NUL bytes (the first at offset {data.index(0)}): a binary file, "
+            "not text; expected a UTF-8 text file."
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"--text '{text_path}' is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+            "expected a UTF-8 text file."
+        ) from None
+
+
+def _tokenize(text: str, tokenizer_dir: Any) -> list[int]:
     from trtforge.llm.text import load_tokenizer
 
     tok = load_tokenizer(tokenizer_dir)
-    return list(
-        tok(text_path.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
-    )
+    return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
 def _score(logits_of: Any, w: Windows) -> _Scores:
@@ -482,6 +501,7 @@ def build_llm_report(
     text_path = as_path(text, "--text")
     if not text_path.is_file():
         raise UserError(f"--text '{text_path}' does not exist or is not a file; expected a UTF-8 text file.")
+    content = _read_text(text_path)
     check_out_dir(out_dir)
     if not batch_sizes or min(int(b) for b in batch_sizes) < 1:
         raise UserError(f"--batch: expected positive integers, got {list(batch_sizes)}.")
@@ -499,7 +519,7 @@ def build_llm_report(
     )
     if tok_dir is None:
         raise UserError("--text needs a tokenizer: the model directory's own, or --tokenizer DIR.")
-    ids = _tokenize(text_path, tok_dir)
+    ids = _tokenize(content, tok_dir)
     w = cut_windows(ids, windows, window_len, f"--text '{text_path}'")
     positions = getattr(lm.config, "max_position_embeddings", None) or getattr(lm.config, "n_positions", None)
     if positions is not None and max(window_len, prompt_len + new_tokens) > positions:
