@@ -95,6 +95,15 @@ CASES: dict[str, tuple[Setup, str]] = {
         _file("latin1.txt", "café = 1\n".encode("latin-1") * 500, *REPORT, "--text", "latin1.txt"),
         r"--text 'latin1\.txt' is not UTF-8 text \(byte 0xe9 at offset 3\)",
     ),
+    # before: every variant failed to load (torch's error in the report), exit 3 with the report written
+    "report --generate --device bogus": (
+        lambda d: [*REPORT, "--text", str(TRAINED.parent / "eval_stdlib.txt"), "--device", "bogus"],
+        r"--device 'bogus': .*expected cpu, cuda or cuda:N",
+    ),
+    "report --generate --device cuda:7": (
+        lambda d: [*REPORT, "--text", str(TRAINED.parent / "eval_stdlib.txt"), "--device", "cuda:7"],
+        r"--device 'cuda:7': this machine has \d usable CUDA device\(s\)",
+    ),
 }
 
 

@@ -161,6 +161,28 @@ def _read_text(text_path: Path) -> str:
         ) from None
 
 
+def _device(device: str | None) -> str:
+    """The torch device of the serving variants (None: cuda if present, else cpu). UserError, before any
+    work, for a string torch does not parse, a kind other than cpu/cuda, or a GPU this machine lacks:
+    otherwise every variant failed to load and the report said so with exit 3."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise UserError(f"--device {device!r}: {e}; expected cpu, cuda or cuda:N.") from None
+    if kind.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {device!r}: the torch executor runs on cpu or cuda (cuda:N).")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind.type == "cuda" and (kind.index or 0) >= gpus:
+        raise UserError(
+            f"--device {device!r}: this machine has {gpus} usable CUDA device(s); pass cpu or a GPU it has."
+        )
+    return device
+
+
 def _tokenize(text: str, tokenizer_dir: Any) -> list[int]:
     from trtforge.llm.text import load_tokenizer
 
@@ -492,8 +514,6 @@ def build_llm_report(
     Bad input (a missing text, an unknown variant, a model that is no causal LM) raises UserError
     before anything is written; the three files are written together at the end, or none.
     """
-    import torch
-
     from trtforge.llm.models.loader import load_causal_lm
     from trtforge.reports.api import check_out_dir, create_out_dir, environment, torch_threads
     from trtforge.reports.render import write_report
@@ -510,7 +530,7 @@ def build_llm_report(
             "--chunk and --prompt-len must be >= 1, --new-tokens >= 2 "
             f"(got {chunk}, {prompt_len}, {new_tokens})."
         )
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device(device)
     reference = "bf16" if device.startswith("cuda") else "fp32"
     names = parse_variants(variants, reference)
     lm = load_causal_lm(model)
