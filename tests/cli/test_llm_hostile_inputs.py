@@ -104,6 +104,12 @@ CASES: dict[str, tuple[Setup, str]] = {
         lambda d: [*REPORT, "--text", str(TRAINED.parent / "eval_stdlib.txt"), "--device", "cuda:7"],
         r"--device 'cuda:7': this machine has \d usable CUDA device\(s\)",
     ),
+    # before: cut 10**8 windows and ran them as one batch, killed for memory (exit 137)
+    "report --generate --windows past RAM": (
+        lambda d: [*REPORT, "--text", str(TRAINED.parent / "eval_stdlib.txt"), "--windows", str(10**8)],
+        r"--windows 100000000 x --window-len 16 x the vocabulary's 4096 logits take .* GiB, more than this "
+        r"machine's .* GiB of available RAM",
+    ),
 }
 
 

@@ -161,6 +161,20 @@ def _read_text(text_path: Path) -> str:
         ) from None
 
 
+def _check_logits_fit(windows: int, window_len: int, vocab: int) -> None:
+    """UserError when the logits of every window, held at once for scoring (float32 [windows, window_len,
+    vocab]), exceed this machine's available RAM: a large --windows was killed for memory (exit 137)."""
+    from trtforge.llm.sizing import available_ram
+
+    need, ram = 4 * windows * window_len * vocab, available_ram()
+    if need > ram:
+        raise UserError(
+            f"--windows {windows} x --window-len {window_len} x the vocabulary's {vocab} logits take "
+            f"{need / 2**30:.3g} GiB, more than this machine's {ram / 2**30:.3g} GiB of available RAM; "
+            "lower --windows or --window-len."
+        )
+
+
 def _device(device: str | None) -> str:
     """The torch device of the serving variants (None: cuda if present, else cpu). UserError, before any
     work, for a string torch does not parse, a kind other than cpu/cuda, or a GPU this machine lacks:
@@ -539,6 +553,7 @@ def build_llm_report(
     )
     if tok_dir is None:
         raise UserError("--text needs a tokenizer: the model directory's own, or --tokenizer DIR.")
+    _check_logits_fit(windows, window_len, int(lm.config.vocab_size))
     ids = _tokenize(content, tok_dir)
     w = cut_windows(ids, windows, window_len, f"--text '{text_path}'")
     positions = getattr(lm.config, "max_position_embeddings", None) or getattr(lm.config, "n_positions", None)
