@@ -161,3 +161,17 @@ def test_generate_refuses_more_cpu_ranks_than_cpus(
     argv += ["--tensor-parallel-size", str(ranks)]
     message = rf"--tensor-parallel-size {ranks}: on the CPU each rank is a worker process"
     assert_exits_2_cleanly(lambda d: argv, message, workdir, capfd)
+
+
+@pytest.mark.trt_build
+@pytest.mark.parametrize("blocks", [10**12, 10**20])
+def test_compile_generate_refuses_a_pool_tensorrt_cannot_hold(
+    blocks: int,
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Before: TensorRT's profile refused the pool range with a RuntimeError (10**12 blocks: "inconsistent")
+    or a TypeError (10**20: past int64), shown as an internal error with its trace."""
+    argv = [*GENERATE, "--cache-layout", "paged", "--num-blocks", str(blocks)]
+    message = rf"cannot take the step engine's range of input 'key_pool\.0' .*max \[{blocks}, 16, 2, 16\]"
+    assert_exits_2_cleanly(lambda d: argv, message + r".*--num-blocks, --max-batch", workdir, capfd)

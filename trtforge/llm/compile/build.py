@@ -64,6 +64,21 @@ def refused_precision(be: Any, precision: str, targets: list[str], error: str) -
     )
 
 
+def _set_shape(profile: Any, name: str, rng: Any) -> None:
+    """One input's range in an optimization profile; a range TensorRT cannot hold (a dimension past
+    int64, a pool it calls inconsistent) is the cache options' fault, named as such, not a trace."""
+    try:
+        profile.set_shape(name, rng.min, rng.opt, rng.max)
+    except (TypeError, ValueError, RuntimeError) as e:
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        first = "a dimension past int64" if isinstance(e, TypeError) else lines[0][:200].rstrip(".:")
+        raise UserError(
+            f"TensorRT cannot take the step engine's range of input '{name}' (min {list(rng.min)}, max "
+            f"{list(rng.max)}): {first}. --num-blocks, --max-batch, --max-seq and --block-size size it; "
+            "lower them."
+        ) from e
+
+
 def build_step_engine(
     onnx_path: Path,
     generation: dict[str, Any],
@@ -93,7 +108,7 @@ def build_step_engine(
     for prof in profiles:
         p = builder.create_optimization_profile()
         for name, rng in prof.items():
-            p.set_shape(name, rng.min, rng.opt, rng.max)
+            _set_shape(p, name, rng)
         if config.add_optimization_profile(p) < 0:
             raise UserError(f"TensorRT rejected the step-graph optimization profile {prof}.")
     if opt_level is not None:
