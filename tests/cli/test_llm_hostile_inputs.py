@@ -110,6 +110,15 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"--windows 100000000 x --window-len 16 x the vocabulary's 4096 logits take .* GiB, more than this "
         r"machine's .* GiB of available RAM",
     ),
+    # before: found only when writing, after every variant had run (here: the model's error came first)
+    "report --generate -o under a file": (
+        _file(
+            "text.txt",
+            b"def f(x):\n    return x\n" * 50,
+            *("report", "no-such-model", "--generate", "--text", "text.txt", "-o", "text.txt/rep"),
+        ),
+        r"cannot create report directory 'text\.txt/rep': 'text\.txt' is a file, not a directory",
+    ),
 }
 
 

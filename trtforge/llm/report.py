@@ -175,6 +175,19 @@ def _check_logits_fit(windows: int, window_len: int, vocab: int) -> None:
         )
 
 
+def _check_can_create(out: Path) -> None:
+    """UserError, before any work, when the report directory cannot be made: its nearest existing
+    ancestor is a file, or a directory this process may not write (the files are written only at the
+    end, after every variant has run)."""
+    parent = out
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"cannot create report directory '{out}': '{parent}' is a file, not a directory.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"cannot create report directory '{out}': directory '{parent}' is not writable.")
+
+
 def _device(device: str | None) -> str:
     """The torch device of the serving variants (None: cuda if present, else cpu). UserError, before any
     work, for a string torch does not parse, a kind other than cpu/cuda, or a GPU this machine lacks:
@@ -536,7 +549,7 @@ def build_llm_report(
     if not text_path.is_file():
         raise UserError(f"--text '{text_path}' does not exist or is not a file; expected a UTF-8 text file.")
     content = _read_text(text_path)
-    check_out_dir(out_dir)
+    _check_can_create(check_out_dir(out_dir))
     if not batch_sizes or min(int(b) for b in batch_sizes) < 1:
         raise UserError(f"--batch: expected positive integers, got {list(batch_sizes)}.")
     if chunk < 1 or prompt_len < 1 or new_tokens < 2:
