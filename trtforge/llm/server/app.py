@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -91,9 +92,12 @@ def _error(e: ApiError, endpoint: str, state: ServerState) -> JSONResponse:
 
 
 def _check_key(state: ServerState, request: Request) -> None:
+    """401 unless the request carries ``Authorization: Bearer KEY`` (compared in constant time, so the
+    answer's timing does not tell a client how much of a guess was right)."""
     if state.api_key is None:
         return
-    if request.headers.get("authorization", "") != f"Bearer {state.api_key}":
+    sent = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+    if not hmac.compare_digest(sent, f"Bearer {state.api_key}".encode("utf-8", "surrogateescape")):
         raise ApiError(401, "invalid or missing API key (send Authorization: Bearer KEY)")
 
 
