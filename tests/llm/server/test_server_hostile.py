@@ -259,3 +259,12 @@ def test_other_clients_are_served_while_a_schema_compiles(server):
     assert got["r"].status_code == 200, got["r"].text
     assert waited < 2.0, waited  # the compile itself takes seconds
     server.wait_blocks_free()
+
+
+def test_top_logprobs_without_logprobs_is_400(server):
+    chat = b'"messages": [{"role": "user", "content": "hi"}]'
+    body = b'{"model": "%s", %s, "top_logprobs": 3}' % (NAME.encode(), chat)
+    assert _error(_post(server, body, "/v1/chat/completions"))["param"] == "top_logprobs"
+    ok = body.replace(b'"top_logprobs": 3', b'"top_logprobs": 3, "logprobs": true, "max_tokens": 2')
+    assert _post(server, ok, "/v1/chat/completions").status_code == 200
+    server.wait_blocks_free()

@@ -360,6 +360,8 @@ def create_app(state: ServerState) -> FastAPI:
             name = _check_model(state, req.model)
             if endpoint == "chat":
                 _check_fits(state, 1, req.n)
+                if req.top_logprobs is not None and not req.logprobs:  # as OpenAI and vLLM refuse it
+                    raise ApiError(400, "top_logprobs: needs logprobs set to true", "top_logprobs")
                 prompts, lp = _chat_prompt(req), (req.top_logprobs or 0) if req.logprobs else None
                 asked = req.max_completion_tokens or req.max_tokens
                 budgets = [_budget(state, prompts[0], asked, None)]
