@@ -74,6 +74,12 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"--calib-data 'empty\.txt' holds no prompts",
     ),
     # before: the allocator's trace as an internal error (torch: RuntimeError / TypeError; ORT: OverflowError)
+    # before: the engine's "maximum sequence length is 48", a length the user never set
+    "generate --num-blocks too few for the prompt": (
+        lambda d: [*TINY_IDS[:-1], " ".join(["5"] * 100), "--num-blocks", "3"],
+        r"--num-blocks 3: 3 block\(s\) of 16 tokens hold 48 tokens of a sequence, and a prompt has 100 .*"
+        r"give --num-blocks 7 or more",
+    ),
     "generate --num-blocks past RAM (torch)": (
         lambda d: [*TINY_IDS, "--num-blocks", str(10**15)],
         r"--num-blocks 1000000000000000: the KV-cache pool of that many blocks cannot be allocated",

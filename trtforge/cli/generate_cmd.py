@@ -180,6 +180,8 @@ def generate_cmd(
     )
     spec = speculative_config(speculative_method, speculative_model, num_speculative_tokens)
     with _load(load, model, executor, num_blocks, spec, torch_kw) as llm:
+        if num_blocks is not None:
+            _check_pool_holds(llm.executor.facts, num_blocks, max(len(r) for r in rows))
         if json_schema is not None:
             llm.engine.enable_structured_output(tok)
         handles = [h for r in rows for h in llm.engine.submit_n(r, params)]
@@ -211,6 +213,21 @@ def _load(load: Any, model: str, executor: str, num_blocks: int | None, spec: An
             f"machine ({str(exc).strip().splitlines()[0][:200]}); give fewer blocks, or leave --num-blocks "
             "out to size the pool to the machine."
         ) from exc
+
+
+def _check_pool_holds(facts: Any, num_blocks: int, longest: int) -> None:
+    """UserError naming --num-blocks when the pool it sized is what keeps the longest prompt out (the
+    engine's own refusal speaks of a maximum sequence length the user never set)."""
+    from trtforge.errors import UserError
+
+    capacity = facts.num_blocks * facts.block_size
+    if capacity < facts.max_model_len and longest >= capacity:
+        need = longest // facts.block_size + 1  # the prompt and one new token
+        raise UserError(
+            f"--num-blocks {num_blocks}: {facts.num_blocks} block(s) of {facts.block_size} tokens hold "
+            f"{capacity} tokens of a sequence, and a prompt has {longest} (plus at least one new token); "
+            f"give --num-blocks {need} or more, or leave it out."
+        )
 
 
 # how torch (CPU and CUDA) and numpy word a size they cannot allocate or represent
