@@ -73,6 +73,19 @@ CASES: dict[str, tuple[Setup, str]] = {
         ),
         r"--calib-data 'empty\.txt' holds no prompts",
     ),
+    # before: "'nodir' is not a model file ...", after the target had loaded, not naming the flag
+    "generate --speculative-model missing": (
+        lambda d: [*TINY_IDS, "--speculative-model", "nodir"],
+        r"--speculative-model 'nodir' does not exist; expected the draft model's save_pretrained directory",
+    ),
+    "generate --speculative-model ''": (  # before: "'.' is a directory without config.json"
+        lambda d: [*TINY_IDS, "--speculative-model", ""],
+        r"--speculative-model '': the path is empty",
+    ),
+    "generate --speculative-model a file": (
+        _file("draft.bin", b"x", *TINY_IDS, "--speculative-model", "draft.bin"),
+        r"--speculative-model 'draft\.bin' is a file; expected",
+    ),
     # before: the allocator's trace as an internal error (torch: RuntimeError / TypeError; ORT: OverflowError)
     # before: the engine's "maximum sequence length is 48", a length the user never set
     "generate --num-blocks too few for the prompt": (

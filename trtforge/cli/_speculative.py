@@ -49,5 +49,23 @@ def speculative_config(method: str | None, model: str | None, num_tokens: int | 
         raise UserError("--speculative-model names a draft model; --speculative-method ngram uses none.")
     spec: dict[str, Any] = {"method": method, "num_tokens": num_tokens or 4}
     if model is not None:
-        spec["model"] = model
+        spec["model"] = _draft_source(model)
     return spec
+
+
+def _draft_source(model: str) -> str:
+    """`model` if it can name a draft model (a directory, or module:factory); else a UserError naming
+    --speculative-model, before the target model loads (the loader's message named neither the flag
+    nor, for '', the path given: it spoke of '.')."""
+    from pathlib import Path
+
+    from trtforge.errors import UserError
+
+    expected = "expected the draft model's save_pretrained directory or module:factory"
+    if not model:
+        raise UserError(f"--speculative-model '': the path is empty; {expected}.")
+    path = Path(model)
+    if path.is_dir() or (":" in model and not path.exists()):
+        return model
+    what = "is a file" if path.exists() else "does not exist"
+    raise UserError(f"--speculative-model '{model}' {what}; {expected}.")
