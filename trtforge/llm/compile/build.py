@@ -9,6 +9,7 @@ B 4, prefill 128): one two-profile engine 15.7 MB vs 13.6 MB prefill-only + 11.7
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from pathlib import Path
@@ -64,9 +65,23 @@ def refused_precision(be: Any, precision: str, targets: list[str], error: str) -
     )
 
 
+# TensorRT-RTX refuses a profile shape of more elements than this ("tensor volume exceeds 1099511627776");
+# it is 2 TiB of FP16, more than any GPU holds, so it bounds every backend's usable shapes as well
+MAX_TENSOR_VOLUME = 2**40
+
+
 def _set_shape(profile: Any, name: str, rng: Any) -> None:
     """One input's range in an optimization profile; a range TensorRT cannot hold (a dimension past
-    int64, a pool it calls inconsistent) is the cache options' fault, named as such, not a trace."""
+    int64, a pool it calls inconsistent, more elements than a tensor may have) is the cache options'
+    fault, named as such, not a trace or a builder error after the export."""
+    for label, dims in (("opt", rng.opt), ("max", rng.max)):
+        volume = math.prod(int(d) for d in dims)
+        if volume > MAX_TENSOR_VOLUME:
+            raise UserError(
+                f"the step engine's input '{name}' would hold {volume:,} elements at its {label} shape "
+                f"{list(dims)}, past the {MAX_TENSOR_VOLUME:,} a TensorRT tensor may have. --num-blocks, "
+                "--max-batch, --max-seq and --block-size size it; lower them."
+            )
     try:
         profile.set_shape(name, rng.min, rng.opt, rng.max)
     except (TypeError, ValueError, RuntimeError) as e:
