@@ -38,8 +38,14 @@ def greedy(client, prompt=PROMPT, max_tokens=24, **kw):
 
 def test_models_and_health(server, client):
     import httpx
+    import openai
 
     assert [m.id for m in client.models.list().data] == ["code-llama-21m"]
+    card = client.models.retrieve("code-llama-21m")
+    assert card.id == "code-llama-21m" and card.owned_by == "trtforge" and card.max_model_len == 2048
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client.models.retrieve("gpt-4o")
+    assert httpx.get(server.url + "/v1/models/code-llama-21m").status_code == 401  # no key
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
 
 

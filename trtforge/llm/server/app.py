@@ -318,29 +318,38 @@ def create_app(state: ServerState) -> FastAPI:
         body = await asyncio.to_thread(state.metrics.render)
         return PlainTextResponse(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def _model_card(name: str) -> dict[str, Any]:
+        """OpenAI's model object for served name `name`, with what this server runs it with."""
+        spec = getattr(state.llm, "speculative", None)
+        facts = getattr(getattr(state.llm, "executor", None), "facts", None)
+        return {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "trtforge",
+            "max_model_len": state.max_model_len,
+            **({"speculative": spec.describe()} if spec is not None else {}),
+            "tensor_parallel_size": getattr(facts, "tensor_parallel_size", 1),
+            # what the KV pools hold (float8_e4m3fn: FP8 KV)
+            "kv_cache_dtype": getattr(facts, "kv_dtype", None),
+        }
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         try:
             _check_key(state, request)
         except ApiError as e:
             return _error(e, "models", state)
-        spec = getattr(state.llm, "speculative", None)
-        facts = getattr(getattr(state.llm, "executor", None), "facts", None)
-        kv_dtype = getattr(facts, "kv_dtype", None)  # what the KV pools hold (float8_e4m3fn: FP8 KV)
-        data = [
-            {
-                "id": n,
-                "object": "model",
-                "created": 0,
-                "owned_by": "trtforge",
-                "max_model_len": state.max_model_len,
-                **({"speculative": spec.describe()} if spec is not None else {}),
-                "tensor_parallel_size": getattr(facts, "tensor_parallel_size", 1),
-                "kv_cache_dtype": kv_dtype,
-            }
-            for n in state.served_model_names
-        ]
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": [_model_card(n) for n in state.served_model_names]})
+
+    @app.get("/v1/models/{name:path}")
+    async def model(request: Request, name: str) -> Response:
+        """One model (``client.models.retrieve(name)``); a name not served is a 404 naming it."""
+        try:
+            _check_key(state, request)
+            return JSONResponse(_model_card(_check_model(state, name)))
+        except ApiError as e:
+            return _error(e, "models", state)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
