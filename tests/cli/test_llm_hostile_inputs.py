@@ -188,7 +188,7 @@ def test_generate_refuses_more_cpu_ranks_than_cpus(
     ranks = len(os.sched_getaffinity(0)) + 1
     argv = ["generate", "tests.llm.tiny_models:llama_factory", "--prompt-ids", "1 2"]
     argv += ["--tensor-parallel-size", str(ranks)]
-    message = rf"--tensor-parallel-size {ranks}: on the CPU each rank is a worker process"
+    message = rf"tensor_parallel_size {ranks}: on the CPU each rank is a worker process"
     assert_exits_2_cleanly(lambda d: argv, message, workdir, capfd)
 
 

@@ -151,6 +151,10 @@ def test_refusals_of_the_adapter_and_the_device():
     if torch.cuda.device_count() < 8:
         with pytest.raises(UserError, match="one GPU per rank"):
             pick_device("cuda", 8)
+    cpus = len(os.sched_getaffinity(0))
+    assert pick_device("cpu", cpus) == ("cpu", "gloo")
+    with pytest.raises(UserError, match=rf"tensor_parallel_size {cpus + 1}: on the CPU .* gives {cpus}"):
+        pick_device("cpu", cpus + 1)
 
 
 def test_a_shard_holds_its_share_and_the_row_parallel_bias_once():

@@ -100,11 +100,9 @@ def torch_executor_kwargs(
                 f"{flag} applies to the torch executor; this MODEL runs on {executor} (compiled graphs "
                 "and engines carry their own --precision)."
             )
-    if executor == "torch" and tensor_parallel_size > 1:
-        _check_ranks_fit(tensor_parallel_size)
     kwargs: dict[str, Any] = {
         "kv_cache_dtype": kv_cache_dtype,
-        "calib_prompts": read_prompt_ids(calib_data) if calib_data else None,
+        "calib_prompts": read_prompt_ids(calib_data) if calib_data is not None else None,
         "tensor_parallel_size": tensor_parallel_size,
     }
     if quantization is not None:
@@ -112,24 +110,3 @@ def torch_executor_kwargs(
     if lm_head_quantization is not None:
         kwargs["lm_head_quantization"] = lm_head_quantization
     return kwargs
-
-
-def _check_ranks_fit(ranks: int) -> None:
-    """Refuse more CPU ranks than this machine has CPUs, before any worker process starts: each rank is a
-    process of its own, and the heads of a module:factory model are only checked inside the workers, so
-    an absurd --tensor-parallel-size started that many processes. (On CUDA the executor refuses more
-    ranks than GPUs before starting any.)"""
-    import os
-
-    import torch
-
-    from trtforge.errors import UserError
-
-    if torch.cuda.is_available():
-        return
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if ranks > cpus:
-        raise UserError(
-            f"--tensor-parallel-size {ranks}: on the CPU each rank is a worker process with a CPU of its "
-            f"own, and this machine gives {cpus}; pass at most {cpus}."
-        )

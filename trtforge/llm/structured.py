@@ -158,15 +158,15 @@ class GrammarCompiler:
         self._cache: OrderedDict[str, Future] = OrderedDict()
         self._pool = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="grammar")
 
-    def _key(self, response_format: dict[str, Any]) -> str:
+    def _key(self, response_format: dict[str, Any]) -> tuple[str, Any]:
+        """The cache key of `response_format` (its schema as sorted JSON) and the schema itself."""
         kind = response_format.get("type")
         if kind == "json_object":  # OpenAI's JSON mode: an object (xgrammar's builtin grammar is any value)
-            return json.dumps({"type": "object"})
+            schema = {"type": "object"}
+            return json.dumps(schema), schema
         if kind == "json_schema":
             schema = response_format["json_schema"]["schema"]
-            key = json.dumps(schema, sort_keys=True)
-            check_schema(schema, key)
-            return key
+            return json.dumps(schema, sort_keys=True), schema
         raise UserError(f"response_format type {kind!r} has no grammar (json_object or json_schema)")
 
     def _compile_now(self, key: str) -> Any:
@@ -180,16 +180,20 @@ class GrammarCompiler:
     def compile(self, response_format: dict[str, Any]) -> Any:
         """`response_format`'s compiled grammar (from the cache, or compiled now on a worker thread);
         UserError when the schema is refused, fails to compile, or takes over ``timeout_s``."""
-        key = self._key(response_format)
+        key, schema = self._key(response_format)
         with self._lock:
             future = self._cache.get(key)
-            if future is None:
-                future = self._cache[key] = self._pool.submit(self._compile_now, key)
-                done = [k for k, f in self._cache.items() if f.done()]
-                for k in done[: max(0, len(self._cache) - CACHE_SIZE)]:
-                    del self._cache[k]
-            else:
+            if future is not None:
                 self._cache.move_to_end(key)
+        if future is None:  # a schema not seen (or evicted): checked once, then compiled
+            check_schema(schema, key)
+            with self._lock:
+                future = self._cache.get(key)
+                if future is None:
+                    future = self._cache[key] = self._pool.submit(self._compile_now, key)
+                    done = [k for k, f in self._cache.items() if f.done()]
+                    for k in done[: max(0, len(self._cache) - CACHE_SIZE)]:
+                        del self._cache[k]
         try:
             return future.result(timeout=self.timeout_s)
         except FutureTimeout:

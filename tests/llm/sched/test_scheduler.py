@@ -500,3 +500,12 @@ def test_async_and_sync_agree_on_sampling_stops_eos_and_lengths():
             sched = make_step_loop(executor, SchedulerConfig(max_model_len=36, async_scheduling=False))
             sched.add_request(rid, prompt, params)
             assert run_to_completion(sched)[rid].output_token_ids == runs[True][rid][0], rid
+
+
+def test_a_prompt_past_a_pool_bound_length_is_told_the_pool_bounds_it():
+    executor = make_executor(num_blocks=4)  # 4 blocks hold less than the model's max_model_len
+    sched = make_step_loop(executor)
+    cap = 4 * executor.facts.block_size
+    assert cap < executor.facts.max_model_len
+    with pytest.raises(UserError, match=rf"maximum sequence length is {cap} \(the KV pool's 4 blocks of"):
+        sched.add_request("long", [1] * cap)

@@ -83,12 +83,21 @@ def check_model(model: Any, world: int) -> None:
 
 
 def pick_device(device: str | None, world: int) -> tuple[str, str]:
-    """(device kind, backend): "cpu" + gloo, or "cuda" + NCCL with one GPU per rank (UserError when the
-    host has fewer GPUs than ranks)."""
+    """(device kind, backend): "cpu" + gloo with at most one rank per CPU, or "cuda" + NCCL with one GPU
+    per rank (UserError, before any worker starts, when the host has fewer CPUs or GPUs than ranks: a
+    factory model's heads are only checked inside the workers, so 10**6 ranks started that many)."""
+    import os
+
     import torch
 
     kind = "cuda" if device is None and torch.cuda.is_available() else str(device or "cpu").split(":")[0]
     if kind == "cpu":
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if world > cpus:
+            raise UserError(
+                f"tensor_parallel_size {world}: on the CPU each rank is a worker process with its share of "
+                f"the CPUs, and this machine gives {cpus}; use tensor_parallel_size <= {cpus}."
+            )
         return "cpu", "gloo"
     if kind != "cuda":
         raise UserError(f"tensor parallelism runs on 'cpu' or 'cuda', got device {device!r}.")

@@ -132,9 +132,15 @@ class Scheduler:
                 f"request {request_id!r}: token id {bad[0]} is outside the vocabulary [0, {vocab})"
             )
         if len(tokens) >= self.max_model_len:
+            f = self.facts
+            why = (
+                f" (the KV pool's {f.num_blocks} blocks of {f.block_size} tokens bound it)"
+                if self.max_model_len == f.num_blocks * f.block_size < f.max_model_len
+                else ""
+            )
             raise UserError(
                 f"request {request_id!r}: the prompt has {len(tokens)} tokens but the maximum sequence "
-                f"length is {self.max_model_len} (prompt + at least one generated token)"
+                f"length is {self.max_model_len}{why} (prompt + at least one generated token)"
             )
         if params.eos_token_id is not None:
             eos_ids: tuple[int, ...] = (params.eos_token_id,)
