@@ -66,7 +66,7 @@ def test_logprobs_lines_follow_each_output(paged, capsys):
     ("argv", "message"),
     [
         (["--min-p", "2"], "SamplingParams.min_p"),
-        (["--n", "0"], "SamplingParams.n"),
+        (["--n", "0"], "--n 0: expected 1 to 65,536 samples per prompt"),
         (["--logprobs", "50"], "SamplingParams.logprobs"),
         (["--repetition-penalty", "0"], "SamplingParams.repetition_penalty"),
         (["--presence-penalty", "3"], "SamplingParams.presence_penalty"),

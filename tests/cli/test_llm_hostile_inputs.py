@@ -87,6 +87,31 @@ CASES: dict[str, tuple[Setup, str]] = {
         _file("draft.bin", b"x", *TINY_IDS, "--speculative-model", "draft.bin"),
         r"--speculative-model 'draft\.bin' is a file; expected",
     ),
+    # before: never finished (SamplingParams.expand built 10**23 requests, filling the memory)
+    "generate --n 10**23": (
+        lambda d: [*TINY_IDS, "--n", str(10**23), "--temperature", "1"],
+        r"--n 10{23}: expected 1 to 65,536 samples per prompt\. Each sample is its own sequence",
+    ),
+    "generate --n 65537": (
+        lambda d: [*TINY_IDS, "--n", "65537"],
+        r"--n 65537: expected 1 to 65,536 samples per prompt",
+    ),
+    # before: "'.' is a directory without config.json", a path the user never gave
+    "generate MODEL ''": (
+        lambda d: ["generate", "", "--prompt-ids", "1 2"],
+        r"MODEL is empty \(''\); expected a model file, a directory or package\.module:factory \(see "
+        r"`trtforge generate -h`\)",
+    ),
+    "compile MODEL '' --generate": (
+        lambda d: ["compile", "", "--generate", "-o", "s.engine"],
+        r"MODEL is empty \(''\).*`trtforge compile -h`",
+    ),
+    "compile MODEL ''": (lambda d: ["compile", "", "-o", "s.engine"], r"MODEL is empty \(''\)"),
+    "report MODEL '' --generate": (
+        _file("text.txt", b"x = 1\n" * 50, "report", "", "--generate", "--text", "text.txt", "-o", "rep"),
+        r"MODEL is empty \(''\).*`trtforge report -h`",
+    ),
+    "serve MODEL ''": (lambda d: ["serve", ""], r"MODEL is empty \(''\)"),
     # before: the allocator's trace as an internal error (torch: RuntimeError / TypeError; ORT: OverflowError)
     # before: the engine's "maximum sequence length is 48", a length the user never set
     "generate --num-blocks too few for the prompt": (

@@ -152,6 +152,7 @@ def generate_cmd(
             "token ids with --prompt-ids)."
         )
     rows = [_parse_ids(p) for p in prompt_ids] + [encode_prompt(tok, p, "--prompt") for p in prompts]
+    _check_n(n)
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -196,6 +197,20 @@ def generate_cmd(
             _note_context_cut(number, completion, max_tokens, llm.engine.max_model_len)
             if logprobs is not None:
                 _print_logprobs(completion)
+
+
+def _check_n(n: int) -> None:
+    """UserError naming --n outside [1, MAX_N]: every sample is queued at once as its own sequence and
+    printed on its own line, so --n 10**23 would fill the memory for hours rather than fail."""
+    from trtforge.errors import UserError
+    from trtforge.llm.sampling import MAX_N
+
+    if not 1 <= n <= MAX_N:
+        raise UserError(
+            f"--n {n}: expected 1 to {MAX_N:,} samples per prompt. Each sample is its own sequence, all "
+            "queued at once (a few KB of memory each before it runs, then its own KV-cache blocks) and "
+            "printed on its own line; for more, run again with another --seed."
+        )
 
 
 def _load(load: Any, model: str, executor: str, num_blocks: int | None, spec: Any, torch_kw: dict) -> Any:

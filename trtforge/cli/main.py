@@ -69,7 +69,32 @@ def _refuse_empty_paths(command: click.Command) -> click.Command:
 
             param.callback = check
             param._trtforge_no_empty = True  # type: ignore[attr-defined]
+        elif _is_model_argument(param) and not getattr(param, "_trtforge_no_empty", False):
+            param.callback = _refuse_empty_model(command.name or "", param.callback)
+            param._trtforge_no_empty = True  # type: ignore[attr-defined]
     return command
+
+
+def _is_model_argument(param: click.Parameter) -> bool:
+    """Whether `param` is a command's MODEL argument given as plain text (a file, a directory or
+    module:factory; a click.Path argument is refused above)."""
+    return isinstance(param, click.Argument) and param.name == "model" and param.type is click.STRING
+
+
+def _refuse_empty_model(command: str, inner: Any) -> Any:
+    """A callback refusing an empty MODEL by name: the loaders read '' as Path('') == '.', the current
+    directory, and said "'.' is a directory", a path the user never gave."""
+    from trtforge.errors import UserError
+
+    def check(ctx: click.Context, p: click.Parameter, value: Any) -> Any:
+        if value is not None and str(value) == "":
+            raise UserError(
+                "MODEL is empty (''); expected a model file, a directory or package.module:factory (see "
+                f"`trtforge {command} -h`)."
+            )
+        return inner(ctx, p, value) if inner is not None else value
+
+    return check
 
 
 EPILOG = """\b

@@ -29,6 +29,10 @@ from trtforge.llm.penalties import (
 
 # vLLM's default max_logprobs (and OpenAI's top_logprobs limit)
 MAX_LOGPROBS = 20
+# samples of one prompt at most: each is its own queued sequence (a few KB of host memory before it
+# runs, then its own KV blocks), all created at once, so a typo such as n=10**23 must be refused rather
+# than fill the memory for hours; 65,536 samples of a small model take about a minute on a CPU
+MAX_N = 2**16
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
@@ -115,8 +119,8 @@ class SamplingParams:
         self._check_openai_fields(bad)
 
     def _check_openai_fields(self, bad: Any) -> None:
-        if not _is_int(self.n) or self.n < 1:
-            raise bad("n", "an integer >= 1 (samples per prompt)", self.n)
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise bad("n", f"an integer in [1, {MAX_N}] (samples per prompt)", self.n)
         lp = self.logprobs
         if lp is not None and (not _is_int(lp) or not 0 <= lp <= MAX_LOGPROBS):
             raise bad("logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]", self.logprobs)

@@ -250,6 +250,8 @@ def load(
     from trtforge.llm.executors.onnxruntime_slot import OrtSlotPoolExecutor
 
     p = as_path(path, "the model to load")
+    if not os.fspath(path):  # Path('') is '.', the current directory: not what was given
+        raise UserError("the model to load is an empty path (''); expected a step graph (.onnx) or engine.")
     if executor == "auto":
         executor = "tensorrt" if p.suffix == ".engine" else "onnxruntime"
     if executor == "tensorrt":
@@ -388,10 +390,11 @@ def from_pretrained(
     nn.Module is pickled to it), so the weights never gather in this process."""
     from trtforge.llm.executors.kv_cache import kv_cache_dtype_name
     from trtforge.llm.executors.torch_exec import MAX_STATIC_Q_LEN, TorchExecutor
-    from trtforge.llm.models.loader import load_causal_lm
+    from trtforge.llm.models.loader import load_causal_lm, refuse_empty_path
     from trtforge.llm.quant import quantize_model
     from trtforge.llm.quant.apply import check_lm_head_quantization, check_quantization
 
+    refuse_empty_path(model)  # (before tensor-parallel workers start, each to fail on it)
     spec = SpeculativeConfig.of(speculative)
     check_quantization(quantization)
     check_lm_head_quantization(lm_head_quantization)

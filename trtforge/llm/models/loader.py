@@ -26,6 +26,7 @@ def load_causal_lm(source: Any) -> Any:
             f"expected a Hugging Face causal LM (an nn.Module, a save_pretrained directory or "
             f"module:factory), got {type(source).__name__}."
         )
+    refuse_empty_path(source)
     path = Path(source)
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -74,6 +75,16 @@ def load_causal_lm(source: Any) -> Any:
         )
     model, _ = load_factory(str(source))
     return model
+
+
+def refuse_empty_path(source: Any, what: str = "the model") -> None:
+    """UserError for an empty path: Path('') is '.', which the checks below would report as the current
+    directory, a path the caller never gave."""
+    if isinstance(source, (str, bytes, os.PathLike)) and not os.fspath(source):
+        raise UserError(
+            f"{what} is an empty path (''); expected a Hugging Face causal LM: a save_pretrained directory "
+            "or module:factory."
+        )
 
 
 def _first_line(e: BaseException) -> str:

@@ -77,6 +77,12 @@ class SpeculativeConfig:
             )
         if self.method == "draft" and self.model is None:
             raise bad("method 'draft' needs a 'model': the draft model's directory (or nn.Module)")
+        if (
+            self.method == "draft"
+            and isinstance(self.model, (str, os.PathLike))
+            and not os.fspath(self.model)
+        ):
+            raise bad("'model' is an empty path (''); expected the draft model's directory (or nn.Module)")
         if self.method == "ngram" and self.model is not None:
             raise bad("method 'ngram' takes no 'model' (it proposes from the sequence's own tokens)")
         n = self.num_blocks
