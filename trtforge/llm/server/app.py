@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -61,9 +62,14 @@ class ServerState:
     requests: int = 0
     metrics: Metrics = field(init=False)
     dispatcher: Any = None  # set on the event loop's start (generation.Dispatcher)
+    # held around each encode: texts are tokenized on worker threads, and a Hugging Face fast tokenizer
+    # raises "Already borrowed" when one thread changes its settings while another encodes
+    tokenizer_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.engine_stats)
+        if self.tokenizer is not None:  # the first encode resets a tokenizer.json's padding/truncation
+            self.tokenizer("", add_special_tokens=False)  # (a write): done here, before any decode runs
 
     @property
     def engine(self) -> Any:
@@ -134,13 +140,20 @@ def _check_fits(state: ServerState, prompts: int, n: int) -> None:
         )
 
 
+def _encode(state: ServerState, text: str, special: bool) -> list[int]:
+    """`text`'s token ids, under the tokenizer's lock; a worker thread's work, never the event loop's
+    (the Rust tokenizer releases the GIL, so the loop keeps answering other clients meanwhile)."""
+    with state.tokenizer_lock:
+        return [int(t) for t in state.tokenizer(text, add_special_tokens=special)["input_ids"]]
+
+
 def _refuse_huge(state: ServerState, text: str, param: str) -> None:
     """400 for a text far past the model's context, found by tokenizing prefixes of it (growing 4x) rather
-    than all of it: the tokenizer runs on the event loop, where 10 MB of text held every client for 14 s."""
+    than all of it: 10 MB of text is 10 s of tokenizing, and the request's answer would wait for it."""
     limit = state.max_model_len
     cut = 8 * (limit + 1)
     while cut < len(text):
-        n = len(state.tokenizer(text[:cut], add_special_tokens=False)["input_ids"])
+        n = len(_encode(state, text[:cut], False))
         if n > 2 * limit:
             raise ApiError(
                 400,
@@ -151,23 +164,44 @@ def _refuse_huge(state: ServerState, text: str, param: str) -> None:
         cut *= 4
 
 
+def _check_draining(state: ServerState) -> None:
+    """503 once the server drains: a batch still being tokenized stops there rather than hold up the exit."""
+    if state.draining:
+        raise ApiError(503, "the server is shutting down; retry on another replica")
+
+
 def _prompt_ids(state: ServerState, prompt: list[Any]) -> list[list[int]]:
-    """The token ids of each prompt of :func:`_prompt_list` (texts are tokenized)."""
+    """The token ids of each prompt of :func:`_prompt_list` (texts are tokenized). Blocking: run it on a
+    worker thread (a batch of long texts is seconds of tokenizing)."""
     out = []
     for p in prompt:
         if isinstance(p, str):
             if state.tokenizer is None:
                 raise ApiError(400, "prompt: this model has no tokenizer; send token ids", "prompt")
+            _check_draining(state)
             _refuse_huge(state, p, "prompt")
-            ids = [
-                int(t) for t in state.tokenizer(check_text(p, "prompt"), add_special_tokens=True)["input_ids"]
-            ]
+            ids = _encode(state, check_text(p, "prompt"), True)
         else:
             ids = list(p)
         if not ids:
             raise ApiError(400, "prompt: a prompt tokenizes to no tokens", "prompt")
         out.append(ids)
     return out
+
+
+def _chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[list[int]]:
+    """The token ids of a chat's messages, rendered by the chat template. Blocking, as :func:`_prompt_ids`."""
+    if state.tokenizer is None:
+        raise ApiError(400, "messages: this model has no tokenizer to format a chat", "messages")
+    messages = [{"role": m.role, "content": check_text(m.text(), "messages")} for m in req.messages]
+    _refuse_huge(state, "\n".join(f"{m['role']}: {m['content']}" for m in messages), "messages")
+    try:
+        with state.tokenizer_lock:
+            return [
+                apply_chat_template(state.tokenizer, messages, state.chat_template, req.add_generation_prompt)
+            ]
+    except UserError as e:
+        raise ApiError(400, str(e), "messages") from None
 
 
 def _budget(state: ServerState, ids: list[int], asked: int | None, default: int | None) -> int:
@@ -188,6 +222,17 @@ def _budget(state: ServerState, ids: list[int], asked: int | None, default: int 
             "max_tokens",
         )
     return asked if asked is not None else min(default or room, room)
+
+
+def _check_request(state: ServerState, req: Any, lp: int | None) -> None:
+    """The refusals that need no tokenizing, made before a request's texts are tokenized."""
+    fmt = req.response_format
+    if fmt is not None and fmt.type != "text" and state.structured_error is not None:
+        raise ApiError(400, f"response_format: {state.structured_error}", "response_format")
+    if lp is not None and req.stream:
+        raise ApiError(400, "logprobs: not served with stream=true yet; ask without streaming", "logprobs")
+    if state.tokenizer is None:
+        raise ApiError(400, "this model has no tokenizer: the server needs one to return text")
 
 
 class _Admission:
@@ -371,7 +416,9 @@ def create_app(state: ServerState) -> FastAPI:
                 _check_fits(state, 1, req.n)
                 if req.top_logprobs is not None and not req.logprobs:  # as OpenAI and vLLM refuse it
                     raise ApiError(400, "top_logprobs: needs logprobs set to true", "top_logprobs")
-                prompts, lp = _chat_prompt(req), (req.top_logprobs or 0) if req.logprobs else None
+                lp = (req.top_logprobs or 0) if req.logprobs else None
+                _check_request(state, req, lp)
+                prompts = await asyncio.to_thread(_chat_prompt, state, req)
                 asked = req.max_completion_tokens or req.max_tokens
                 budgets = [_budget(state, prompts[0], asked, None)]
             else:
@@ -379,17 +426,11 @@ def create_app(state: ServerState) -> FastAPI:
                     raise ApiError(400, "echo: echoing the prompt is not supported", "echo")
                 items = _prompt_list(req.prompt)
                 _check_fits(state, len(items), req.n)
-                prompts, lp = _prompt_ids(state, items), req.logprobs
+                lp = req.logprobs
+                _check_request(state, req, lp)
+                prompts = await asyncio.to_thread(_prompt_ids, state, items)
                 budgets = [_budget(state, p, req.max_tokens, 16) for p in prompts]
             fmt = req.response_format
-            if fmt is not None and fmt.type != "text" and state.structured_error is not None:
-                raise ApiError(400, f"response_format: {state.structured_error}", "response_format")
-            if lp is not None and req.stream:
-                raise ApiError(
-                    400, "logprobs: not served with stream=true yet; ask without streaming", "logprobs"
-                )
-            if state.tokenizer is None:
-                raise ApiError(400, "this model has no tokenizer: the server needs one to return text")
             admission = _Admission(state, len(prompts) * req.n)
             if fmt is not None and fmt.type != "text":  # compiled off the event loop and the engine's lock
                 try:
@@ -421,17 +462,5 @@ def create_app(state: ServerState) -> FastAPI:
             admission.release()
         state.metrics.requests.labels(endpoint, "200").inc()
         return JSONResponse(full_body(state, endpoint, rid, name, req, choices, texts, prompt_tokens, lp))
-
-    def _chat_prompt(req: ChatCompletionRequest) -> list[list[int]]:
-        if state.tokenizer is None:
-            raise ApiError(400, "messages: this model has no tokenizer to format a chat", "messages")
-        messages = [{"role": m.role, "content": check_text(m.text(), "messages")} for m in req.messages]
-        _refuse_huge(state, "\n".join(f"{m['role']}: {m['content']}" for m in messages), "messages")
-        try:
-            return [
-                apply_chat_template(state.tokenizer, messages, state.chat_template, req.add_generation_prompt)
-            ]
-        except UserError as e:
-            raise ApiError(400, str(e), "messages") from None
 
     return app

@@ -1,0 +1,70 @@
+"""`trtforge serve` tokenizes texts off its event loop: a batch of long prompts (seconds of tokenizing)
+holds no other client.
+
+A server of its own, with a waiting queue long enough (1,024) for a batch of a thousand prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from tests.llm.server.harness import chat_server
+
+NAME = "code-llama-21m"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    args = ["--num-blocks", "256", "--max-num-seqs", "4", "--max-waiting", "1024"]
+    with chat_server(tmp_path_factory.mktemp("tokenize"), args) as s:
+        yield s
+
+
+def _health_waits_during(server, send) -> tuple[object, float, list[float]]:
+    """`send()`'s answer and time, and how long each /health check waited while it was in flight."""
+    import httpx
+
+    waits: list[float] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            t = time.monotonic()
+            httpx.get(server.url + "/health", timeout=60)
+            waits.append(time.monotonic() - t)
+            time.sleep(0.02)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        start = time.monotonic()
+        r = send()
+        took = time.monotonic() - start
+    finally:
+        done.set()
+        poller.join()
+    return r, took, waits
+
+
+def test_a_batch_of_long_prompts_is_tokenized_without_holding_the_server(server):
+    """1,000 prompts of ~2,000 tokens each, all legal, are seconds of tokenizing; a health check answers
+    promptly meanwhile. max_tokens 100 makes each prompt too long only once tokenized: a 400 naming it."""
+    import httpx
+
+    prompt = "def f(x): return x\n" * 250  # 2,000 tokens, under the model's 2,048
+    body = json.dumps({"model": NAME, "prompt": [prompt] * 1000, "max_tokens": 100}).encode()
+
+    def send():
+        return httpx.post(server.url + "/v1/completions", content=body, timeout=120)
+
+    r, took, waits = _health_waits_during(server, send)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "max_tokens" and "2048" in err["message"], err
+    assert took > 1.0, f"the batch tokenized in {took:.2f} s: too fast to show the event loop held"
+    assert len(waits) > 3 and max(waits) < 0.5, (took, waits)
+    server.wait_blocks_free()
