@@ -125,7 +125,8 @@ class GraphBuilder:
         else:
             self.x = self.op("Sigmoid", x)
 
-    def attention(self, key="bhsd", scale="qk_div", mask="none", bias=True, complete=True):
+    def attention(self, key="bhsd", scale="qk_div", mask="none", bias=True, complete=True, score_bias=False):
+        """One attention block; `score_bias` adds a per-head bias to the scores before the mask (MPNet)."""
         x = self.x
 
         def proj(stem):
@@ -151,6 +152,9 @@ class GraphBuilder:
             scores = self.op("Div", self.op("MatMul", q, kt), self.const(math.sqrt(D)))
         else:
             scores = self.op("Mul", self.op("MatMul", q, kt), self.const(1 / math.sqrt(D)))
+        if score_bias:
+            per_head = self.rng.standard_normal((1, H, 1, 1)).astype(np.float32)
+            scores = self.op("Add", scores, self.const(per_head, "score_bias"))
         if mask != "none":
             m = self.op("Cast", self.mask_input(), to=TensorProto.FLOAT)
             m = self.op("Mul", self.op("Sub", self.const(1.0), m), self.const(-10000.0))

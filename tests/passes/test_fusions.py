@@ -124,6 +124,27 @@ def test_attention_variants_fuse(key, scale, mask):
     assert ledger.opset_after == 23
 
 
+@pytest.mark.parametrize("mask", ["right", "left"])
+def test_attention_with_score_bias_and_mask_fuses_both_into_attn_mask(mask):
+    # MPNet: scores / sqrt(d) + relative-position bias + padding mask (two Adds before Softmax).
+    g = GraphBuilder()
+    g.attention(mask=mask, score_bias=True)
+    out, _ = _fuse(g.build())
+    ops = op_counts(out)
+    assert ops.get("Attention") == 1 and "Softmax" not in ops
+    att = next(n for n in out.graph.node if n.op_type == "Attention")
+    assert len(att.input) == 4
+    assert "is_causal" not in {a.name for a in att.attribute}
+
+
+def test_attention_with_score_bias_is_refused_by_the_plugin_strategy():
+    pytest.importorskip("trtforge.plugins.attention.onnx_node")
+    g = GraphBuilder()
+    g.attention(mask="right", score_bias=True)
+    out, _ = _fuse(g.build(), attention="plugin")
+    assert "Softmax" in op_counts(out)
+
+
 def test_attention_softmax_on_other_axis_is_left_alone():
     g = GraphBuilder()
     g.attention(complete=False)

@@ -2,6 +2,8 @@
 
     S = (Q * qs) @ (Kᵀ * ks) * s      (each scale a Mul, a Div or absent)
     S = S + mask                      (optional; any additive mask: padding, causal, both)
+    S = (S + bias) + mask             (or a bias and a mask: MPNet's relative-position bias, then
+                                       padding; fused as one attn_mask `bias + mask`)
     P = Softmax(S, axis=-1)           (optionally Where(IsNaN(P), 0, P), as torch exports SDPA)
     O = P @ V                         Q, V: [B, H, S, D]; K: [B, H, S, D] or [B, S, H, D]
 
@@ -162,7 +164,7 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
         super().__init__(name=f"AttentionFusion[{strategy}]")
         self.strategy = strategy
 
-    def pattern(self, op, query, key, value, mask, query_scale, key_scale, qk_scale, nan_fill):
+    def pattern(self, op, query, key, value, mask, bias, query_scale, key_scale, qk_scale, nan_fill):
         key_t = pattern.OrValue(
             [
                 op.Transpose(key, perm=[0, 1, 3, 2]),  # BHSd -> BHdS
@@ -190,16 +192,17 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
             tag_var="qk_scaling",
             tag_values=["Mul", "Div", "None"],
         )
+        biased = pattern.OrValue([op.Add(score, bias), op.Add(bias, score)])
         score = pattern.OrValue(
-            [op.Add(score, mask), op.Add(mask, score), score],
+            [op.Add(biased, mask), op.Add(mask, biased), op.Add(score, mask), op.Add(mask, score), score],
             tag_var="mask_side",
-            tag_values=["right", "left", "none"],
+            tag_values=["bias_right", "bias_left", "right", "left", "none"],
         )
         weights = op.Softmax(score, axis=-1)
         weights = pattern.OrValue([op.Where(op.IsNaN(weights), nan_fill, weights), weights])
         return op.MatMul(weights, value)  # P V
 
-    def check(self, context, query, key, value, mask, nan_fill, **b) -> pattern.MatchResult:
+    def check(self, context, query, key, value, mask, bias, nan_fill, **b) -> pattern.MatchResult:
         result = pattern.MatchResult()
         for name, v in (("query", query), ("key", key), ("value", value)):
             if _rank(v) != 4:
@@ -219,12 +222,16 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
         ):
             if _scale(kind, val) is None:
                 return result.fail("a score scale is not a constant scalar", val)
-        if mask is not None:
-            if _rank(mask) is None or _rank(mask) > 4:
-                return result.fail(f"mask rank {_rank(mask)} is unknown or above 4", mask)
-            if mask.dtype != query.dtype:
-                return result.fail(f"additive mask dtype {mask.dtype} != query dtype {query.dtype}", mask)
+        for what, m in (("mask", mask), ("score bias", bias)):
+            if m is None:
+                continue
+            if _rank(m) is None or _rank(m) > 4:
+                return result.fail(f"{what} rank {_rank(m)} is unknown or above 4", m)
+            if m.dtype != query.dtype:
+                return result.fail(f"additive {what} dtype {m.dtype} != query dtype {query.dtype}", m)
         if self.strategy == "plugin":
+            if bias is not None:
+                return result.fail("plugin: the scores carry an additive bias besides the mask", bias)
             if _head_count(query) is None:
                 return result.fail("plugin needs a known head count (query dim 1 / head Reshape)", query)
             if mask is not None:
@@ -234,7 +241,7 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
                     return result.fail(f"plugin: mask reads {names}, not one [B, S] padding input", mask)
         return result
 
-    def rewrite(self, op, query, key, value, mask, key_format, **b):
+    def rewrite(self, op, query, key, value, mask, bias, key_format, **b):
         scale = 1.0
         for kind, val in (
             (b.get("query_scaling"), b.get("query_scale")),
@@ -247,6 +254,9 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
         info = analyze_mask(mask, mask.graph or query.graph) if mask is not None else None
         if self.strategy == "plugin":
             return self._plugin(op, query, key, value, info, scale)
+        if bias is not None:  # (S + bias) + mask == S + (bias + mask): one additive attn_mask, no is_causal
+            combined = _full_mask(op, op.Add(bias, mask), query, key)
+            return op.Attention(query, key, value, combined, scale=scale)
         if info is not None and info.causal and not info.data_inputs:
             return op.Attention(query, key, value, is_causal=1, scale=scale)
         if mask is None:
