@@ -21,3 +21,7 @@ class ExportError(TrtforgeError):
 
 class BuildError(TrtforgeError):
     """The TensorRT parser or builder rejected the network."""
+
+
+class TrtforgeWarning(UserWarning):
+    """Something the user should know that does not stop the run (the CLI prints it as one line)."""

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 from tests.llm.tiny_models import hf_greedy, tiny_model
@@ -67,3 +72,82 @@ def test_self_drafting_accepts_every_greedy_proposal():
     assert [list(c.token_ids) for c in got] == [hf_greedy(tiny_model("llama"), p, 12)[0] for p in prompts]
     assert stats.spec_draft_tokens > 20 and stats.spec_acceptance_rate == 1.0
     assert draft.blocks.num_free_blocks == draft.blocks.num_blocks
+
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "models"
+TARGET, DRAFT = SHARED / "code-llama-21m", SHARED / "code-llama-3m"
+NEEDS_TRAINED = pytest.mark.skipif(not DRAFT.is_dir(), reason=f"the trained models are absent: {SHARED}")
+
+
+def draft_with_tokenizer(dest: Path, edit: Callable[[dict], None]) -> Path:
+    """The trained draft model (its files linked) in `dest`, with its tokenizer.json edited by `edit`
+    (and the pad token of tokenizer_config.json following a renamed '<|pad|>')."""
+    dest.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        (dest / name).symlink_to(DRAFT / name)
+    tok = json.loads((DRAFT / "tokenizer.json").read_text())
+    edit(tok)
+    (dest / "tokenizer.json").write_text(json.dumps(tok))
+    cfg = json.loads((DRAFT / "tokenizer_config.json").read_text())
+    cfg["pad_token"] = tok["added_tokens"][1]["content"]
+    (dest / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return dest
+
+
+def permute_regular_ids(tok: dict) -> None:
+    """Another tokenizer of the same size: every regular token at another id (the added 0 and 1 stay)."""
+    vocab = tok["model"]["vocab"]
+    top = max(vocab.values())
+    tok["model"]["vocab"] = {t: i if i < 2 else 2 + top - i for t, i in vocab.items()}
+
+
+def rename_pad(tok: dict) -> None:
+    """The same vocabulary with one added token named otherwise (a family sibling's special token)."""
+    tok["added_tokens"][1]["content"] = "<|padding|>"
+    tok["model"]["vocab"]["<|padding|>"] = tok["model"]["vocab"].pop("<|pad|>")
+
+
+def swap_two_regular_ids(tok: dict) -> None:
+    """Two regular tokens exchanged: a near-identical tokenizer (2 of 4,094 ids differ)."""
+    vocab = tok["model"]["vocab"]
+    vocab["ro"], vocab["Ġin"] = vocab["Ġin"], vocab["ro"]
+
+
+PROMPT = ["--prompt", "def read_json(path):", "--max-tokens", "12"]
+
+
+@NEEDS_TRAINED
+def test_a_draft_with_another_tokenizer_of_the_same_size_is_refused(capfd, tmp_path):
+    """Before: accepted (same vocabulary size), the output exact but nearly every proposal rejected."""
+    draft = draft_with_tokenizer(tmp_path / "draft", permute_regular_ids)
+    assert main(["generate", str(TARGET), *PROMPT, "--speculative-model", str(draft)]) == 2
+    out, err = capfd.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert re.search(
+        rf"the speculative draft model '{re.escape(str(draft))}' and the target '{re.escape(str(TARGET))}' "
+        r"have different tokenizers: 4094 of the target's 4094 regular token ids mean other tokens",
+        err,
+    ), err
+
+
+@NEEDS_TRAINED
+def test_a_draft_differing_in_added_tokens_only_runs_with_a_warning(capfd, tmp_path):
+    """A family sibling whose special tokens differ is a legitimate draft: it runs, the output is the
+    target's own greedy output, and one warning line says which tokens differ."""
+    draft = draft_with_tokenizer(tmp_path / "draft", rename_pad)
+    assert main(["generate", str(TARGET), *PROMPT]) == 0
+    plain = capfd.readouterr().out
+    assert main(["generate", str(TARGET), *PROMPT, "--speculative-model", str(draft)]) == 0
+    out, err = capfd.readouterr()
+    assert out == plain
+    warned = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "id 1 is '<|pad|>' in the target, '<|padding|>' in the draft" in warned[0], (
+        err
+    )
+
+
+@NEEDS_TRAINED
+def test_the_trained_pair_shares_its_tokenizer_without_a_warning(capfd):
+    assert main(["generate", str(TARGET), *PROMPT, "--speculative-model", str(DRAFT)]) == 0
+    err = capfd.readouterr().err
+    assert "warning" not in err and "tokenizer" not in err, err

@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ import click
 
 from trtforge._fileio import USER_ERRNOS, os_error
 from trtforge._usercode import describe, user_frame
-from trtforge.errors import TrtforgeError, UserError
+from trtforge.errors import TrtforgeError, TrtforgeWarning, UserError
 
 EXIT_SIGINT = 128 + signal.SIGINT
 EXIT_SIGTERM = 128 + signal.SIGTERM
@@ -51,6 +52,24 @@ def _signals_as_interrupts(received: list[int]) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def _warnings_as_lines() -> Iterator[None]:
+    """Show trtforge's own warnings (:class:`TrtforgeWarning`) as one ``warning: ...`` line on stderr,
+    every time, rather than Python's file:line form once per place; others as Python shows them."""
+    show = warnings.showwarning
+
+    def on_warning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, TrtforgeWarning):
+            click.secho(f"warning: {message}", fg="yellow", err=True)
+        else:
+            show(message, category, *args, **kwargs)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", TrtforgeWarning)
+        warnings.showwarning = on_warning
+        yield
+
+
 def _safe_streams() -> None:
     """Never fail to print a message: undecodable bytes (a non-UTF-8 path) are shown escaped."""
     for stream in (sys.stdout, sys.stderr):
@@ -68,7 +87,7 @@ def run_cli(group: click.Group, argv: list[str] | None) -> int:
     _safe_streams()
     received: list[int] = []
     try:
-        with _signals_as_interrupts(received):
+        with _signals_as_interrupts(received), _warnings_as_lines():
             rv = group.main(args=argv, prog_name="trtforge", standalone_mode=False)
     except BaseException as e:
         if isinstance(e, click.exceptions.Abort) and isinstance(e.__cause__, KeyboardInterrupt):

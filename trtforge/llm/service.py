@@ -393,6 +393,7 @@ def from_pretrained(
     from trtforge.llm.models.loader import load_causal_lm, refuse_empty_path
     from trtforge.llm.quant import quantize_model
     from trtforge.llm.quant.apply import check_lm_head_quantization, check_quantization
+    from trtforge.llm.spec.tokenizers import check_draft_directories
 
     refuse_empty_path(model)  # (before tensor-parallel workers start, each to fail on it)
     spec = SpeculativeConfig.of(speculative)
@@ -430,6 +431,8 @@ def from_pretrained(
         )
     if spec is not None and config.async_scheduling is None:
         config = dataclasses.replace(config, async_scheduling=False)
+    if spec is not None and spec.method == "draft":  # before either model's weights load
+        check_draft_directories(model, spec.model)
     lm = load_causal_lm(model)
     if quantized:
         if device is not None or dtype is not None:
