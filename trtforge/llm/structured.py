@@ -34,11 +34,16 @@ CACHE_SIZE = 128  # compiled grammars kept (least recently used dropped first)
 _QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
 
 
+class GrammarError(UserError):
+    """A request's response_format cannot be served: refused, failed or too slow to compile (a server
+    names ``response_format`` as the field at fault)."""
+
+
 def _xgrammar() -> Any:
     try:
         import xgrammar
     except ImportError as exc:
-        raise UserError(
+        raise GrammarError(
             "response_format (structured output) needs xgrammar: pip install 'trtforge[structured]'."
         ) from exc
     return xgrammar
@@ -110,11 +115,11 @@ def _repeat_seq(p: str, i: int) -> tuple[int, int]:
 
 
 def check_schema(schema: Any, text: str) -> None:
-    """Refuse (UserError naming the place) a JSON schema too costly to compile: over
+    """Refuse (GrammarError naming the place) a JSON schema too costly to compile: over
     :data:`MAX_SCHEMA_BYTES` as JSON (`text`), or a ``pattern`` unrolling more than
     :data:`MAX_PATTERN_REPEAT` copies (:func:`pattern_repeat`)."""
     if len(text.encode()) > MAX_SCHEMA_BYTES:
-        raise UserError(
+        raise GrammarError(
             f"response_format: the JSON schema is {len(text.encode()):,} bytes; at most {MAX_SCHEMA_BYTES:,} "
             "compile to a grammar in reasonable time."
         )
@@ -128,7 +133,7 @@ def check_schema(schema: Any, text: str) -> None:
                 patterns += [(k, f"{where}.patternProperties[{k!r}]") for k in props]
             for pat, at in patterns:
                 if isinstance(pat, str) and (n := pattern_repeat(pat)) > MAX_PATTERN_REPEAT:
-                    raise UserError(
+                    raise GrammarError(
                         f"response_format: the schema's {at} repeats a piece up to {n:,} times (nested "
                         f"bounded repetitions multiply); at most {MAX_PATTERN_REPEAT:,} compile in "
                         "reasonable time: use * or + for long runs, or smaller bounds."
@@ -167,7 +172,7 @@ class GrammarCompiler:
         if kind == "json_schema":
             schema = response_format["json_schema"]["schema"]
             return json.dumps(schema, sort_keys=True), schema
-        raise UserError(f"response_format type {kind!r} has no grammar (json_object or json_schema)")
+        raise GrammarError(f"response_format type {kind!r} has no grammar (json_object or json_schema)")
 
     def _compile_now(self, key: str) -> Any:
         try:
@@ -175,11 +180,11 @@ class GrammarCompiler:
             return self._compiler.compile_json_schema(key, any_whitespace=False)
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError for a schema it cannot use
             msg = f"response_format: the JSON schema cannot be compiled to a grammar: {exc}"
-            raise UserError(msg) from exc
+            raise GrammarError(msg) from exc
 
     def compile(self, response_format: dict[str, Any]) -> Any:
         """`response_format`'s compiled grammar (from the cache, or compiled now on a worker thread);
-        UserError when the schema is refused, fails to compile, or takes over ``timeout_s``."""
+        GrammarError when the schema is refused, fails to compile, or takes over ``timeout_s``."""
         key, schema = self._key(response_format)
         with self._lock:
             future = self._cache.get(key)
@@ -200,12 +205,12 @@ class GrammarCompiler:
             with self._lock:
                 if future.cancel():  # still queued behind other compiles: it never runs
                     self._cache.pop(key, None)
-            raise UserError(
+            raise GrammarError(
                 f"response_format: the JSON schema did not compile to a grammar within {self.timeout_s:g} s "
                 "(the compiler was busy, or the schema is too large); simplify it or retry."
             ) from None
-        except UserError as exc:
-            raise UserError(str(exc)) from None  # a fresh error each time the cached failure is met
+        except GrammarError as exc:
+            raise GrammarError(str(exc)) from None  # a fresh error each time the cached failure is met
 
     def matcher(self, response_format: dict[str, Any]) -> GrammarMatcher:
         """A fresh matcher at the start of `response_format`'s grammar."""

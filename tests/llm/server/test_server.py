@@ -240,7 +240,8 @@ def test_bad_key_is_401(server):
         ),
         (json.dumps({"model": "code-llama-21m", "prompt": "x", "top_p": 0}).encode(), "top_p"),
         (json.dumps({"model": "code-llama-21m", "prompt": "x", "n": 0}).encode(), "n"),
-        (json.dumps({"model": "code-llama-21m", "prompt": [[5, 99999]]}).encode(), None),
+        (json.dumps({"model": "code-llama-21m", "prompt": [[5, 99999]]}).encode(), "prompt"),
+        (json.dumps({"model": "code-llama-21m", "prompt": [5, -1]}).encode(), "prompt"),
         (json.dumps({"model": "code-llama-21m", "prompt": "x " * 3000}).encode(), "prompt"),
         (json.dumps({"model": "code-llama-21m", "prompt": "x", "max_tokens": 5000}).encode(), "max_tokens"),
     ],
@@ -268,6 +269,7 @@ def test_a_refused_prompt_in_a_list_names_its_index_and_none_of_the_list_runs(se
     assert r.status_code == 400, r.text
     message = r.json()["error"]["message"]
     assert "prompt[1]" in message and "outside the vocabulary" in message, message
+    assert r.json()["error"]["param"] == "prompt"
     metrics = httpx.get(server.url + "/metrics", timeout=30).text
     running = [line for line in metrics.splitlines() if line.startswith("trtforge_num_requests_running")]
     assert running and all(line.split()[-1] in ("0", "0.0") for line in running), running

@@ -37,6 +37,7 @@ from trtforge.llm.server.protocol import (
     sampling_params,
 )
 from trtforge.llm.server.responses import Pumps, full_body, stream
+from trtforge.llm.structured import GrammarError
 from trtforge.llm.text import apply_chat_template, check_text
 
 log = logging.getLogger("trtforge.serve")
@@ -56,6 +57,7 @@ class ServerState:
     chat_template: str | None = None
     request_timeout: float | None = None
     max_request_bytes: int = 16 * 2**20
+    vocab_size: int | None = None  # the model's: token ids of a prompt are checked against it
     draining: bool = False
     structured_error: str | None = None  # why response_format cannot be served, if it cannot
     sequences: int = 0
@@ -183,10 +185,21 @@ def _prompt_ids(state: ServerState, prompt: list[Any]) -> list[list[int]]:
             ids = _encode(state, check_text(p, "prompt"), True)
         else:
             ids = list(p)
+            _check_vocab(state, ids, f"prompt[{len(out)}]" if len(prompt) > 1 else "prompt")
         if not ids:
             raise ApiError(400, "prompt: a prompt tokenizes to no tokens", "prompt")
         out.append(ids)
     return out
+
+
+def _check_vocab(state: ServerState, ids: list[int], where: str) -> None:
+    """400 naming `where` for a token id outside the model's vocabulary (its embedding would fail)."""
+    vocab = state.vocab_size
+    if vocab is not None and ids and (min(ids) < 0 or max(ids) >= vocab):
+        bad = next(t for t in ids if not 0 <= t < vocab)
+        raise ApiError(
+            400, f"{where}: token id {bad} is outside the vocabulary [0, {vocab}) of this model", "prompt"
+        )
 
 
 def _chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[list[int]]:
@@ -314,8 +327,10 @@ async def _run_all(state: ServerState, request: Request, choices: list[Choice]) 
 
 
 def _make_choices(
-    state: ServerState, req: Any, prompts: list[list[int]], max_tokens: list[int], lp: int | None
+    state: ServerState, req: Any, prompts: list[list[int]], max_tokens: list[int], lp: int | None, param: str
 ) -> list[Choice]:
+    """Queue every choice of `req` in the engine, all or none; a refusal is a 400 naming `param` (the
+    field its prompts came from), or response_format when its grammar failed."""
     stops = req.stops()
     choices: list[Choice] = []
     labels: list[str | None] = []
@@ -326,7 +341,8 @@ def _make_choices(
                 labels.append(f"prompt[{i}]" if len(prompts) > 1 else None)
         Choice.submit_all(state, choices, labels)  # all or none
     except UserError as e:  # the engine refused the request (a token id outside the vocabulary, ...)
-        raise ApiError(400, str(e)) from None
+        grammar = isinstance(e, GrammarError) or isinstance(e.__cause__, GrammarError)
+        raise ApiError(400, str(e), "response_format" if grammar else param) from None
     return choices
 
 
@@ -437,7 +453,9 @@ def create_app(state: ServerState) -> FastAPI:
                     await asyncio.to_thread(state.engine.compile_response_format, response_format(fmt))
                 except UserError as e:
                     raise ApiError(400, str(e), "response_format") from None
-            choices = _make_choices(state, req, prompts, budgets, lp)
+            choices = _make_choices(
+                state, req, prompts, budgets, lp, "messages" if endpoint == "chat" else "prompt"
+            )
             state.metrics.prompt_tokens.inc(sum(len(p) for p in prompts) * req.n)
         except ApiError as e:
             if admission is not None:

@@ -64,6 +64,7 @@ def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int
         chat_template=options.chat_template,
         request_timeout=options.request_timeout,
         max_request_bytes=options.max_request_bytes,
+        vocab_size=getattr(getattr(getattr(llm, "executor", None), "facts", None), "vocab_size", None),
     )
     try:  # response_format requests compile grammars over the tokenizer (the structured extra)
         llm.engine.enable_structured_output(tokenizer)

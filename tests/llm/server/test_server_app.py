@@ -1,0 +1,63 @@
+"""The server app's helpers in process, where a real server cannot reach a case on demand: an engine
+that refuses a request at submission names the field at fault."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.llm.server.harness import need_model
+
+
+@pytest.fixture(scope="module")
+def engine_and_tokenizer():
+    model_dir = need_model()
+    pytest.importorskip("xgrammar", reason="structured output needs the `structured` extra (xgrammar)")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trtforge.llm.engine import LLMEngine
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    engine = LLMEngine(TorchExecutor(model, num_blocks=32, block_size=16))
+    engine.enable_structured_output(tok)
+    yield engine, tok
+    engine.close()
+
+
+def _state(engine, tok):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(engine=engine, tokenizer=tok)
+
+
+@pytest.mark.parametrize("prompts", [[[5, 6]], [[5, 6], [7]]])
+def test_a_grammar_failing_at_submission_is_a_400_naming_response_format(engine_and_tokenizer, prompts):
+    """The server compiles a schema before queuing its request; one compiled only at submission (its
+    grammar evicted from the cache meanwhile) fails in the engine, and the 400 still names the field."""
+    from trtforge.llm.server.app import _make_choices
+    from trtforge.llm.server.protocol import ApiError, CompletionRequest, parse
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "("}}}
+    body = {"model": "m", "prompt": prompts, "max_tokens": 2, "response_format": fmt}
+    req = parse(CompletionRequest, json.dumps(body).encode())
+    with pytest.raises(ApiError) as e:
+        _make_choices(_state(*engine_and_tokenizer), req, prompts, [2] * len(prompts), None, "prompt")
+    assert e.value.status == 400 and e.value.param == "response_format", e.value.message
+    assert "cannot be compiled to a grammar" in e.value.message
+
+
+def test_a_prompt_the_engine_refuses_names_the_prompts_field(engine_and_tokenizer):
+    """A chat's template can write ids the model lacks (a tokenizer's added tokens past its embedding):
+    the engine refuses them, and the 400 names messages, where the ids came from."""
+    from trtforge.llm.server.app import _make_choices
+    from trtforge.llm.server.protocol import ApiError, ChatCompletionRequest, parse
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    req = parse(ChatCompletionRequest, json.dumps(body).encode())
+    with pytest.raises(ApiError) as e:
+        _make_choices(_state(*engine_and_tokenizer), req, [[5, 99999]], [2], None, "messages")
+    assert e.value.status == 400 and e.value.param == "messages" and "99999" in e.value.message
