@@ -285,3 +285,77 @@ def test_unknown_model_or_path_is_404_in_openais_schema(server):
     r = httpx.post(server.url + "/v1/nothing", json={}, headers=headers)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     assert httpx.get(server.url + "/v1/completions", headers=headers).json()["error"]["code"] == 405
+
+
+def test_what_the_openai_client_sends_is_accepted(client):
+    """Strict types refuse no value the openai client sends as its users write it: integers for number
+    fields (temperature=1), explicit None (sent as null: the default), booleans, integer logprobs."""
+    r = client.completions.create(
+        model="code-llama-21m",
+        prompt=[PROMPT, "import os"],
+        max_tokens=3,
+        temperature=1,
+        top_p=1,
+        presence_penalty=0,
+        frequency_penalty=None,
+        n=None,
+        seed=3,
+        stop=None,
+        logprobs=1,
+        echo=False,
+        stream=False,
+        user=None,
+        extra_body={"top_k": 5, "ignore_eos": True, "stop_token_ids": None},
+    )
+    assert len(r.choices) == 2 and all(c.logprobs is not None for c in r.choices)
+    chunks = list(
+        client.chat.completions.create(
+            model="code-llama-21m",
+            messages=[{"role": "system", "content": None}, {"role": "user", "content": "hi"}],
+            max_completion_tokens=3,
+            temperature=None,
+            n=1,
+            stream=True,
+            stream_options={"include_usage": True},
+            response_format={"type": "text"},
+        )
+    )
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("max_tokens", True, "an integer, got a boolean"),
+        ("max_tokens", "2", "an integer, got a string"),
+        ("n", 2.0, "an integer, got a number"),
+        ("stream", "yes", "a boolean (true or false), got a string"),
+        ("echo", 0, "a boolean (true or false), got a number"),
+        ("temperature", False, "a number, got a boolean"),
+        ("seed", "7", "an integer, got a string"),
+        ("stop_token_ids", [True], "an integer, got a boolean"),
+    ],
+)
+def test_a_value_of_the_wrong_json_type_is_400_naming_the_field(server, field, value, expected):
+    """pydantic's lax mode took max_tokens true as 1, stream "yes" as true and n 2.0 as 2; OpenAI
+    refuses a value of the wrong JSON type, and so does this server, naming the field and the type."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"model": "code-llama-21m", "prompt": "x", "max_tokens": 2, field: value}
+    r = httpx.post(server.url + "/v1/completions", json=body, headers=headers, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"].split(".")[0] == field and f"expected {expected}" in err["message"], err
+
+
+def test_chat_fields_are_strictly_typed_too(server):
+    import httpx
+
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    chat = {"model": "code-llama-21m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for field, value in [("logprobs", 1), ("stream_options", {"include_usage": "yes"})]:
+        r = httpx.post(server.url + "/v1/chat/completions", json={**chat, field: value}, headers=headers)
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith(field), r.text
+    r = httpx.post(server.url + "/v1/chat/completions", json={**chat, "temperature": None}, headers=headers)
+    assert r.status_code == 200, r.text

@@ -1,8 +1,11 @@
 """The OpenAI request bodies the server accepts, and their mapping onto :class:`SamplingParams`.
 
 Field names and ranges follow OpenAI's API, plus vLLM's extensions (top_k, min_p, repetition_penalty,
-ignore_eos, stop_token_ids). Unknown fields are ignored, as OpenAI's SDKs send some (``user``). A bad
-field becomes :class:`ApiError` 400 naming it; OpenAI's error schema is :func:`error_body`.
+ignore_eos, stop_token_ids). Unknown fields are ignored, as OpenAI's SDKs send some (``user``). Types are
+strict, as OpenAI's are: an integer field takes no ``true``, ``"2"`` or ``2.0``, a boolean no ``"yes"`` or
+``1`` (a number field does take an integer: ``temperature: 1``); NaN and infinities are refused. ``null``
+for an optional field means its default, as OpenAI's nullable fields do. A bad field becomes
+:class:`ApiError` 400 naming it; OpenAI's error schema is :func:`error_body`.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import json
 import re
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trtforge.llm.sampling import SamplingParams
 
@@ -55,7 +58,24 @@ MAX_STOP_CHARS = 256  # characters per stop string
 
 
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """Strict types (pydantic's lax mode took ``max_tokens: true`` as 1 and ``stream: "yes"`` as true)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """``null`` for a field with a default is that default (OpenAI's optional fields are nullable,
+        and clients send ``"temperature": null`` for "unset"); a required field's null stays an error."""
+        if isinstance(data, dict) and any(v is None for v in data.values()):
+            optional = _optional_fields(cls)
+            data = {k: v for k, v in data.items() if v is not None or k not in optional}
+        return data
+
+
+def _optional_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The names (as the JSON spells them) of `model`'s fields that have a default."""
+    return frozenset(f.alias or name for name, f in model.model_fields.items() if not f.is_required())
 
 
 class StreamOptions(_Base):
@@ -223,14 +243,44 @@ _UNION_MEMBERS = {
 }
 
 
+# pydantic's error types for a value of the wrong JSON type, and the type the field takes
+_EXPECTED = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "a boolean (true or false)",
+    "string_type": "a string",
+    "list_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+}
+
+
+def _json_type(value: Any) -> str:
+    """`value`'s type as JSON names it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({json.dumps(value)})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    if isinstance(value, str):
+        return f"a string ({value[:40]!r}{'...' if len(value) > 40 else ''})"
+    return "an array" if isinstance(value, list) else "an object"
+
+
 def _validation_error(errors: list[Any]) -> ApiError:
     """ApiError 400 for the first of pydantic's `errors`; a field of several types (prompt, stop, content)
     is named as the client spells it, with every type it takes."""
-    loc = errors[0]["loc"]
+    first = errors[0]
+    loc = first["loc"]
     at = next((i for i, x in enumerate(loc) if x in _UNION_MEMBERS), None)
     if at is None:
         field = ".".join(str(x) for x in loc) or None
-        return ApiError(400, f"{field}: {errors[0]['msg']}", field)
+        if first["type"] in _EXPECTED:
+            return ApiError(
+                400, f"{field}: expected {_EXPECTED[first['type']]}, got {_json_type(first['input'])}", field
+            )
+        return ApiError(400, f"{field}: {first['msg']}", field)
     field = ".".join(str(x) for x in loc[:at])
     members = [e["loc"][at] for e in errors if e["loc"][:at] == loc[:at] and len(e["loc"]) > at]
     kinds = list(dict.fromkeys(_UNION_MEMBERS[m] for m in members if m in _UNION_MEMBERS))
