@@ -8,7 +8,7 @@ What a request means (defaults, attention by precision, inapplicable options) is
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,16 +24,24 @@ from trtforge.core.policy import (
 __all__ = ["PRECISIONS", "GraphStage", "PassOptions", "PrecisionOptions", "build_stages", "default_attention"]
 
 
+# Concrete shapes of the graph inputs the model runs at (the build profile's OPT), or None.
+FeedShapes = Mapping[str, Sequence[int]] | None
+
+
 @dataclass
 class GraphStage:
-    """A named ONNX -> ONNX transform run between export and build; `fn(model) -> (model, record)`."""
+    """A named ONNX -> ONNX transform run between export and build; `fn(model, shapes) -> (model, record)`.
+
+    `shapes` (the build profile's OPT shapes) is what stages that run the graph on generated inputs
+    fall back to when the model cannot run at their small default sizes.
+    """
 
     name: str
-    fn: Callable[[Any], tuple[Any, dict[str, Any]]]
+    fn: Callable[[Any, FeedShapes], tuple[Any, dict[str, Any]]]
 
 
 def _passes_stage(opts: PassOptions, attention: str) -> GraphStage:
-    def run(model: Any) -> tuple[Any, dict[str, Any]]:
+    def run(model: Any, shapes: FeedShapes = None) -> tuple[Any, dict[str, Any]]:
         from trtforge.passes.pipeline import optimize_model
 
         out, ledger = optimize_model(
@@ -42,6 +50,7 @@ def _passes_stage(opts: PassOptions, attention: str) -> GraphStage:
             attention=attention,
             verify=opts.verify,
             debug=opts.debug,
+            feed_shapes=shapes,
         )
         return out, ledger.to_dict()
 
@@ -59,12 +68,17 @@ def _load_data(spec: Any, model: Any, tokenizer: Any) -> Any:
 
 
 def _float_stage(opts: PrecisionOptions, precision: str) -> GraphStage:
-    def run(model: Any) -> tuple[Any, dict[str, Any]]:
+    def run(model: Any, shapes: FeedShapes = None) -> tuple[Any, dict[str, Any]]:
         from trtforge.passes.precision import convert_precision
 
         data = _load_data(opts.data, model, opts.tokenizer)
         out, record = convert_precision(
-            model, precision, keep_fp32=tuple(opts.keep_fp32), data=data, keep_io_types=opts.keep_io_types
+            model,
+            precision,
+            keep_fp32=tuple(opts.keep_fp32),
+            data=data,
+            keep_io_types=opts.keep_io_types,
+            feed_shapes=shapes,
         )
         return out, record.to_dict()
 
@@ -72,7 +86,7 @@ def _float_stage(opts: PrecisionOptions, precision: str) -> GraphStage:
 
 
 def _int8_stage(opts: PrecisionOptions) -> GraphStage:
-    def run(model: Any) -> tuple[Any, dict[str, Any]]:
+    def run(model: Any, shapes: FeedShapes = None) -> tuple[Any, dict[str, Any]]:
         from trtforge.calibration.api import calibrate_model
 
         out, record = calibrate_model(

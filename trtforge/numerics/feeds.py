@@ -159,10 +159,11 @@ def model_feed(
     sizes: Sequence[int] = DEFAULT_SIZES,
     seed: int = 0,
     max_sizes: Mapping[str, Mapping[int, int]] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> Feed:
     """One deterministic feed for the model's inputs (dims sized by `concrete_shapes`, capped by
-    `max_sizes`)."""
+    `max_sizes`); `shapes` gives named inputs exact shapes instead (e.g. a build profile's OPT)."""
     inputs = graph_inputs(model)
     vocab = embedding_rows(model)
-    shapes = concrete_shapes(inputs, sizes, max_sizes)
+    shapes = {**concrete_shapes(inputs, sizes, max_sizes), **{k: tuple(v) for k, v in (shapes or {}).items()}}
     return synthetic_feed(((d.name, d.np_dtype, shapes[d.name], vocab.get(d.name)) for d in inputs), seed)

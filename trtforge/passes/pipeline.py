@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import onnx
 import onnx_ir as ir
@@ -129,6 +129,7 @@ def optimize_model(
     attention: str = "native",
     verify: bool = True,
     debug: bool = False,
+    feed_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[onnx.ModelProto, PassLedger]:
     """Run the pass pipeline on `model` and return the rewritten model plus its ledger.
 
@@ -138,6 +139,8 @@ def optimize_model(
         attention: "native" (ONNX Attention), "plugin" (trtforge flash-attention node) or "none".
         verify: run ONNX Runtime before/after each pass and raise `VerificationError` on a change.
         debug: record why candidate matches were rejected.
+        feed_shapes: input shapes verification falls back to when the model cannot run at the small
+            generated sizes (compile passes the build profile's OPT shapes).
 
     Raises:
         UserError: unknown pass / strategy, a model failing ONNX checking, an opset that cannot be raised.
@@ -159,7 +162,7 @@ def optimize_model(
             f"weights exceed {VERIFY_MAX_BYTES / 1024**3:.0f} GiB; ONNX checking and ORT verification skipped"
         )
     elif verify:
-        verifier = Verifier(ir_model)
+        verifier = Verifier(ir_model, fallback_shapes=feed_shapes)
 
     target = max((PASSES[n].min_opset(ctx) or 0 for n in names), default=0)
     if (ledger.opset_before or 0) < target:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -103,13 +103,15 @@ def convert_precision(
     keep_io_types: bool = True,
     data_max: float = DEFAULT_DATA_MAX,
     init_max: float | None = None,
+    feed_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[onnx.ModelProto, PrecisionRecord]:
     """Convert an FP32 model to mixed `precision` ("fp32" is a no-op); returns the new model and its record.
 
     keep_fp32: node names or op types to keep in FP32. data: feed dicts for the value check (None:
     generated from the input specs). keep_io_types: graph inputs/outputs stay FP32. data_max: largest
     activation magnitude allowed in a low-precision node. init_max: largest weight magnitude (None: the
-    target format's largest finite value). The input model is not modified.
+    target format's largest finite value). feed_shapes: input shapes generated data falls back to when
+    the model cannot run at the small generated sizes. The input model is not modified.
     """
     start = time.perf_counter()
     precision = precision.lower()
@@ -143,7 +145,7 @@ def convert_precision(
         record.opset_after = target
         record.notes.append(f"opset raised {opset} -> {target}: {why}")
     work = onnx.shape_inference.infer_shapes(work)
-    obs = observe(work, data)
+    obs = observe(work, data, feed_shapes)
     record.data_source, record.sample_batches = obs.source, obs.batches
 
     m = ir.from_proto(work)

@@ -9,7 +9,7 @@ is EXACT (graph optimizations off): the statistics are of the graph as written, 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -106,10 +106,22 @@ def _check_feed(feed: dict, input_names: list[str], index: int) -> dict[str, np.
     return {n: np.asarray(feed[n]) for n in input_names}
 
 
-def observe(model: onnx.ModelProto, data: Iterable[dict[str, np.ndarray]] | None) -> Observation:
-    """Run the FP32 model on every batch and gather the statistics of each float tensor."""
+def _fallback_feeds(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], seed: int = 0) -> list:
+    """Generated batches at `shapes` (a model too large for `_GENERATED_SIZES`' small dims)."""
+    return [model_feed(model, shapes=shapes, seed=seed + k) for k in range(len(_GENERATED_SIZES))]
+
+
+def observe(
+    model: onnx.ModelProto,
+    data: Iterable[dict[str, np.ndarray]] | None,
+    fallback_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> Observation:
+    """Run the FP32 model on every batch and gather the statistics of each float tensor.
+
+    Generated data (`data` None) that the model cannot run, e.g. 16 audio samples for a convolution
+    stack, is regenerated at `fallback_shapes` (compile: the build profile's OPT) when given."""
     probe, names = _with_all_float_outputs(model)
-    sess = exact_session(probe)
+    sess = exact_session(probe, quiet=True)
     input_names = [i.name for i in sess.get_inputs()]
     graph_outputs = [o.name for o in model.graph.output]
     source = "generated from input specs" if data is None else "user data"
@@ -121,7 +133,12 @@ def observe(model: onnx.ModelProto, data: Iterable[dict[str, np.ndarray]] | None
         try:
             results = sess.run(names, feed)
         except Exception as e:
-            raise UserError(f"precision sample data: ONNX Runtime failed on batch {i}: {e}") from e
+            if data is None and fallback_shapes:
+                retry = observe(model, _fallback_feeds(model, fallback_shapes))
+                retry.source = f"generated at {dict(fallback_shapes)} (the model fails at the default sizes)"
+                return retry
+            shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in feed.items())
+            raise UserError(f"precision sample data: ONNX Runtime failed on batch {i} ({shapes}): {e}") from e
         for name, arr in [*feed.items(), *zip(names, results)]:
             if name not in stats:
                 stats[name] = ValueStats(arr.dtype)
