@@ -269,3 +269,24 @@ def test_tuple_outputs_and_key_clashing_with_an_input_keep_positional_names(tmp_
 
     art = export_module(Pair(), {"x": torch.randn(2, 5)}, tmp_path / "b")
     assert art.record.output_names == ["output_0", "output_1"]
+
+
+def test_export_failure_names_the_root_cause_without_colour_codes() -> None:
+    # torch's dynamo ConversionError says which export step failed (in ANSI colour); the cause says why.
+    from trtforge.compiler.export import export_failure
+
+    class ConversionError(RuntimeError):
+        pass
+
+    try:
+        try:
+            raise ValueError("Cannot view a tensor with shape [s43, s53, 2, 16] as (s43, s53, 32)!")
+        except ValueError as inner:
+            message = "Failed to decompose. \x1b[96mThis is step 2/3\x1b[0m.\nNext steps: ..."
+            raise ConversionError(message) from inner
+    except ConversionError as e:
+        line = export_failure(e)
+    assert "\x1b" not in line and "Next steps" not in line
+    assert line.startswith("ConversionError: Failed to decompose. This is step 2/3.")
+    assert "(caused by ValueError: Cannot view a tensor" in line
+    assert export_failure(ValueError("plain")) == "ValueError: plain"

@@ -13,6 +13,7 @@ import inspect
 import io
 import logging
 import os
+import re
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -300,7 +301,7 @@ def export_module(
             record.exporter = which
             break
         except Exception as e:
-            reason = f"{which} exporter failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+            reason = f"{which} exporter failed: {export_failure(e)}"
             if i == len(attempts) - 1:
                 prior = f" (after: {record.fallback_reason})" if record.fallback_reason else ""
                 raise ExportError(f"could not export {type(module).__name__} to ONNX; {reason}{prior}") from e
@@ -308,6 +309,26 @@ def export_module(
     record.seconds = time.perf_counter() - t0
     finish_artifact(path, record, feeds, reference, rtol=rtol, atol=atol, verify=verify)
     return OnnxArtifact(path, record)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _first_line(e: BaseException) -> str:
+    text = _ANSI.sub("", str(e)).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300] if text else '(no message)'}"
+
+
+def export_failure(e: BaseException) -> str:
+    """One line on why an exporter failed: the exception's first line without terminal colour codes,
+    plus the root cause it wraps (torch's ConversionError says only which export step failed; the
+    cause says what in the model did)."""
+    root, seen = e, {id(e)}
+    while (nxt := root.__cause__ or root.__context__) is not None and id(nxt) not in seen:
+        seen.add(id(nxt))
+        root = nxt
+    line = _first_line(e)
+    return line if root is e else f"{line} (caused by {_first_line(root)})"
 
 
 def _check_exportable(module: Any, feeds: Mapping[str, Any]) -> None:
