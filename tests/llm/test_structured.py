@@ -158,3 +158,115 @@ def test_a_slow_compile_times_out_and_the_cache_stays_bounded(model_and_tokenize
             }
         )
     assert len(g._cache) <= 2
+
+
+def _slow(n_patterns: int, tag: str = "") -> dict:
+    """A legal schema of `n_patterns` 4,000-repeat patterns: about a second each to compile here."""
+    props = {f"{tag}{i}": {"type": "string", "pattern": "[a-z]{1,4000}"} for i in range(n_patterns)}
+    schema = {"type": "object", "properties": props}
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def test_a_process_ending_while_a_compile_runs_exits_with_its_code(tmp_path):
+    """The compile threads are not daemons: one returning to Python while the interpreter finalizes
+    aborts the process (exit 134, "terminate called without an active exception"), so the exit waits
+    for a compile already running, after close() has cancelled the queued ones."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "exit.py"
+    script.write_text(
+        "import threading, time\n"
+        "from transformers import AutoTokenizer\n"
+        "from tests.llm.test_structured import _slow\n"
+        "from trtforge.llm.structured import GrammarCompiler, GrammarError\n"
+        f"g = GrammarCompiler(AutoTokenizer.from_pretrained({str(MODEL)!r}), 4096)\n"
+        "def wait():\n"
+        "    try:\n"
+        "        g.compile(_slow(1))\n"
+        "    except GrammarError as e:\n"
+        "        print(e, flush=True)\n"
+        "t = threading.Thread(target=wait)\n"
+        "t.start()\n"
+        "time.sleep(0.3)\n"
+        "g.close()\n"
+        "t.join()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, str(script)], cwd=root, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert "shut down before this schema compiled" in r.stdout, r.stdout
+
+
+def test_close_ends_every_wait_cancels_the_queued_and_refuses_later_compiles(model_and_tokenizer):
+    """Two compiles run (two worker threads) and two are queued: close() ends all four waits at once,
+    the queued two never run, and a later compile is refused."""
+    import threading
+    import time
+
+    from trtforge.llm.structured import COMPILE_WORKERS, GrammarCompiler, GrammarError
+
+    g = GrammarCompiler(model_and_tokenizer[1], 4096, timeout_s=120)
+    ran: list[str] = []
+    compile_now = g._compile_now
+
+    def counting(key: str):
+        ran.append(key)
+        return compile_now(key)
+
+    g._compile_now = counting
+    errors: list[BaseException] = []
+
+    def wait(fmt: dict) -> None:
+        try:
+            g.compile(fmt)
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiters = [threading.Thread(target=wait, args=(_slow(2, tag),)) for tag in "abcd"]
+    for t in waiters:
+        t.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    g.close()
+    for t in waiters:
+        t.join(10)
+    assert time.monotonic() - start < 1.0 and not any(t.is_alive() for t in waiters)
+    assert len(errors) == 4 and all(isinstance(e, GrammarError) for e in errors), errors
+    assert all("shut down" in str(e) for e in errors), errors
+    with pytest.raises(GrammarError, match="shut down"):
+        g.compile({"type": "json_object"})
+    g.close()  # idempotent
+    g._pool.shutdown(wait=True)  # the running compiles end on their own
+    assert len(ran) == COMPILE_WORKERS, ran
+
+
+def test_closing_the_engine_ends_a_compile_wait(model_and_tokenizer):
+    """A server thread waiting on compile_response_format is released when the engine closes."""
+    import threading
+    import time
+
+    from trtforge.llm.engine import LLMEngine
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    model, tok = model_and_tokenizer
+    eng = LLMEngine(TorchExecutor(model, num_blocks=16, block_size=16))
+    eng.enable_structured_output(tok)
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            eng.compile_response_format(_slow(4, "e"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    eng.close()
+    waiter.join(10)
+    assert time.monotonic() - start < 1.0 and len(errors) == 1, errors
+    assert isinstance(errors[0], UserError) and "shut down" in str(errors[0])

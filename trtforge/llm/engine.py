@@ -419,7 +419,11 @@ class LLMEngine:
             )
 
     def close(self) -> None:
-        """Stop the loop; unfinished requests end with EngineClosedError."""
+        """Stop the loop; unfinished requests end with EngineClosedError. The grammar compiler closes
+        first, outside the queue's lock: a submission waiting there on a compile ends at once."""
+        grammar = self._scheduler.grammar
+        if grammar is not None:
+            grammar.close()
         with self._inbox_lock:
             self._closed = True
             self._wake.notify_all()

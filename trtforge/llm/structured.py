@@ -15,8 +15,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -150,6 +149,10 @@ class GrammarCompiler:
     :data:`COMPILE_WORKERS` threads (xgrammar releases the GIL), each waited for at most `timeout_s`;
     the grammars of the last :data:`CACHE_SIZE` schemas are kept. Thread-safe: a server compiles a
     request's schema (:meth:`compile`) before queuing it, off its event loop and the engine's lock.
+    :meth:`close` (the engine's close calls it) cancels queued compiles and ends every wait at once. A
+    compile already running cannot be stopped (xgrammar's C++ runs it) and the process's exit waits for
+    it: its threads are not daemons, since one returning to Python while the interpreter finalizes
+    aborts the process ("terminate called without an active exception", exit 134).
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, timeout_s: float = COMPILE_TIMEOUT_S) -> None:
@@ -162,6 +165,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, Future] = OrderedDict()
         self._pool = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="grammar")
+        self._closing: Future = Future()  # done once close() runs: ends every wait for a compile
 
     def _key(self, response_format: dict[str, Any]) -> tuple[str, Any]:
         """The cache key of `response_format` (its schema as sorted JSON) and the schema itself."""
@@ -187,30 +191,51 @@ class GrammarCompiler:
         GrammarError when the schema is refused, fails to compile, or takes over ``timeout_s``."""
         key, schema = self._key(response_format)
         with self._lock:
+            self._check_open()
             future = self._cache.get(key)
             if future is not None:
                 self._cache.move_to_end(key)
         if future is None:  # a schema not seen (or evicted): checked once, then compiled
             check_schema(schema, key)
             with self._lock:
+                self._check_open()
                 future = self._cache.get(key)
                 if future is None:
                     future = self._cache[key] = self._pool.submit(self._compile_now, key)
                     done = [k for k, f in self._cache.items() if f.done()]
                     for k in done[: max(0, len(self._cache) - CACHE_SIZE)]:
                         del self._cache[k]
-        try:
-            return future.result(timeout=self.timeout_s)
-        except FutureTimeout:
-            with self._lock:
-                if future.cancel():  # still queued behind other compiles: it never runs
-                    self._cache.pop(key, None)
+        ready, _ = wait((future, self._closing), timeout=self.timeout_s, return_when=FIRST_COMPLETED)
+        if future not in ready or future.cancelled():  # timed out or closed (or another waiter timed out)
+            if not ready:
+                with self._lock:
+                    if future.cancel():  # still queued behind other compiles: it never runs
+                        self._cache.pop(key, None)
+            if self._closing.done():
+                raise GrammarError("response_format: structured output shut down before this schema compiled")
             raise GrammarError(
                 f"response_format: the JSON schema did not compile to a grammar within {self.timeout_s:g} s "
                 "(the compiler was busy, or the schema is too large); simplify it or retry."
-            ) from None
+            )
+        try:
+            return future.result()
         except GrammarError as exc:
             raise GrammarError(str(exc)) from None  # a fresh error each time the cached failure is met
+
+    def _check_open(self) -> None:
+        if self._closing.done():
+            raise GrammarError("response_format: structured output is shut down (the engine is closing)")
+
+    def close(self) -> None:
+        """Stop compiling: queued compiles are cancelled, whoever waits on a compile gets GrammarError at
+        once, and later :meth:`compile` calls raise it. Returns without waiting for a running compile.
+        Idempotent."""
+        with self._lock:
+            if self._closing.done():
+                return
+            self._closing.set_result(None)
+            self._cache.clear()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def matcher(self, response_format: dict[str, Any]) -> GrammarMatcher:
         """A fresh matcher at the start of `response_format`'s grammar."""
