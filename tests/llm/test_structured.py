@@ -115,7 +115,7 @@ def test_pattern_repeat_multiplies_nested_bounded_repetitions(pattern, repeat):
 
 
 def test_schemas_too_costly_to_compile_are_refused_naming_the_place(model_and_tokenizer):
-    from trtforge.llm.structured import MAX_SCHEMA_BYTES, GrammarCompiler
+    from trtforge.llm.structured import MAX_SCHEMA_BYTES, GrammarCompiler, check_schema
 
     g = GrammarCompiler(model_and_tokenizer[1], 4096)
 
@@ -134,6 +134,12 @@ def test_schemas_too_costly_to_compile_are_refused_naming_the_place(model_and_to
     }
     with pytest.raises(UserError, match="at most 131,072 compile"):
         g.compile(fmt(wide))
+    many = _slow(9)["json_schema"]["schema"]  # each pattern alone is legal; 36,000 repeats in all are not
+    with pytest.raises(
+        UserError, match=r"repeat pieces 36,000 times in all \(up to \$\.properties\.\d\.pattern"
+    ):
+        g.compile(fmt(many))
+    check_schema(_slow(8)["json_schema"]["schema"], "{}")  # 32,000: within the bound (seconds to compile)
     assert g.compile(fmt({"type": "string", "pattern": "[a-z]{1,40}"})) is not None
 
 

@@ -27,6 +27,9 @@ from trtforge.errors import UserError
 # bounded repetitions ("[a-z]{1,2000}" 0.17 s, {1,5000} 1.1 s, {1,20000} 32 s; nested ones multiply).
 MAX_SCHEMA_BYTES = 128 * 1024
 MAX_PATTERN_REPEAT = 4096
+# all of a schema's patterns together: each unrolls on its own (CPU box: 0.7 s a 4,096-repeat pattern), so
+# 128 KB of them was half an hour of a compile thread, which no timeout stops and the exit waits for
+MAX_TOTAL_PATTERN_REPEAT = 8 * MAX_PATTERN_REPEAT
 COMPILE_TIMEOUT_S = 30.0
 COMPILE_WORKERS = 2
 CACHE_SIZE = 128  # compiled grammars kept (least recently used dropped first)
@@ -115,14 +118,16 @@ def _repeat_seq(p: str, i: int) -> tuple[int, int]:
 
 def check_schema(schema: Any, text: str) -> None:
     """Refuse (GrammarError naming the place) a JSON schema too costly to compile: over
-    :data:`MAX_SCHEMA_BYTES` as JSON (`text`), or a ``pattern`` unrolling more than
-    :data:`MAX_PATTERN_REPEAT` copies (:func:`pattern_repeat`)."""
+    :data:`MAX_SCHEMA_BYTES` as JSON (`text`), a ``pattern`` unrolling more than
+    :data:`MAX_PATTERN_REPEAT` copies (:func:`pattern_repeat`), or all its patterns together more than
+    :data:`MAX_TOTAL_PATTERN_REPEAT`."""
     if len(text.encode()) > MAX_SCHEMA_BYTES:
         raise GrammarError(
             f"response_format: the JSON schema is {len(text.encode()):,} bytes; at most {MAX_SCHEMA_BYTES:,} "
             "compile to a grammar in reasonable time."
         )
     stack: list[tuple[Any, str]] = [(schema, "$")]
+    total = 0
     while stack:
         node, where = stack.pop()
         if isinstance(node, dict):
@@ -131,11 +136,21 @@ def check_schema(schema: Any, text: str) -> None:
             if isinstance(props, dict):
                 patterns += [(k, f"{where}.patternProperties[{k!r}]") for k in props]
             for pat, at in patterns:
-                if isinstance(pat, str) and (n := pattern_repeat(pat)) > MAX_PATTERN_REPEAT:
+                if not isinstance(pat, str):
+                    continue
+                n = pattern_repeat(pat)
+                if n > MAX_PATTERN_REPEAT:
                     raise GrammarError(
                         f"response_format: the schema's {at} repeats a piece up to {n:,} times (nested "
                         f"bounded repetitions multiply); at most {MAX_PATTERN_REPEAT:,} compile in "
                         "reasonable time: use * or + for long runs, or smaller bounds."
+                    )
+                total += n
+                if total > MAX_TOTAL_PATTERN_REPEAT:
+                    raise GrammarError(
+                        f"response_format: the schema's patterns repeat pieces {total:,} times in all (up to "
+                        f"{at}); at most {MAX_TOTAL_PATTERN_REPEAT:,} compile in reasonable time: use * or + "
+                        "for long runs, or smaller bounds."
                     )
             stack += [(v, f"{where}.{k}") for k, v in node.items()]
         elif isinstance(node, list):

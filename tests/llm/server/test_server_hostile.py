@@ -234,6 +234,22 @@ def test_a_schema_that_would_compile_for_minutes_is_a_400_at_once(server):
     server.wait_blocks_free()
 
 
+def test_a_schema_of_many_slow_patterns_is_a_400_at_once(server):
+    """Each 4,000-repeat pattern alone is legal and about 0.7 s to compile; 400 of them (30 KB) were five
+    minutes of a compile thread that no timeout stops. All of a schema's patterns are bounded together."""
+    import time
+
+    many = {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "string", "pattern": "[a-z]{1,4000}"} for i in range(400)},
+    }
+    t0 = time.perf_counter()
+    err = _error(_post(server, _schema_body(many)))
+    assert err["param"] == "response_format" and "36,000 times in all" in err["message"], err
+    assert time.perf_counter() - t0 < 5
+    server.wait_blocks_free()
+
+
 def test_other_clients_are_served_while_a_schema_compiles(server):
     """A legal but slow schema (six 4,000-character patterns: seconds to compile) compiles off the event
     loop and the engine's lock: a health check and a plain completion answer meanwhile."""
