@@ -207,7 +207,9 @@ class Classifier:
         return self.init_checks[v]
 
     def run(self) -> dict[ir.Node, Decision]:
-        return {node: self.decide(node) for node in float_nodes(self.graph)}
+        decisions = {node: self.decide(node) for node in float_nodes(self.graph)}
+        match_quantized_operands(self.graph, decisions)
+        return decisions
 
     def decide(self, node: ir.Node) -> Decision:
         d = Decision()
@@ -290,3 +292,43 @@ class Classifier:
             st = self.stats.get(v.name)
             if st is not None and st.absmax > limit:
                 d.reasons.append(f"range: output {v.name} reaches |x| = {st.absmax:.4g} > data_max {limit:g}")
+
+
+def _dq_inputs(node: ir.Node) -> list[ir.Node]:
+    return [
+        v.producer()
+        for v in node.inputs
+        if v is not None and v.producer() is not None and v.producer().op_type == "DequantizeLinear"
+    ]
+
+
+def match_quantized_operands(graph: ir.Graph, decisions: dict[ir.Node, Decision]) -> int:
+    """Keep every Q/DQ of one quantized op in one scale type: when a DQ stays FP32 (a weight scale
+    FP16 cannot hold), the DQs of the other operands of the ops it feeds, and the Q each of those DQs
+    dequantizes, stay FP32 too. TensorRT fuses DQ(-> Cast) -> MatMul into an INT8 MatMul and refuses
+    operand scales of different types ("type mismatch between matmul operand scales": MobileBERT
+    after SmoothQuant). Returns the nodes moved to FP32."""
+    moved = 0
+    changed = True
+    while changed:
+        changed = False
+        for node in graph:
+            dqs = [dq for dq in _dq_inputs(node) if dq in decisions]
+            lows = [decisions[dq].low for dq in dqs]
+            if len(dqs) < 2 or all(lows) or not any(lows):
+                continue
+            kept = next(dq for dq in dqs if not decisions[dq].low)
+            for dq in dqs:
+                pair = [dq]
+                q = dq.inputs[0].producer() if dq.inputs[0] is not None else None
+                if q is not None and q.op_type == "QuantizeLinear" and q in decisions:
+                    pair.append(q)
+                for n in pair:
+                    if decisions[n].low:
+                        decisions[n].reasons.append(
+                            f"quantized operand: '{kept.name}' feeding '{node.name}' keeps an FP32 scale, "
+                            "and TensorRT needs one scale type across a quantized op's operands"
+                        )
+                        moved += 1
+                        changed = True
+    return moved
