@@ -72,3 +72,39 @@ def test_error_inside_a_compiled_extension_is_not_blamed_on_the_user(capsys, mon
     assert run_cli(_group(lambda: feeds.synthetic_array("x", np.float32, (10**5,) * 3, rng)), ["go"]) == 1
     err = capsys.readouterr().err
     assert "_common.pyx" in err and "your code raised" not in err and "internal error" in err
+
+
+class _InterruptedFinalizer:
+    """Garbage whose finalizer is running when the signal arrives (a closed engine, a weight loader's
+    thread pool being collected)."""
+
+    def __init__(self, signum: int | None) -> None:
+        self.signum = signum
+
+    def __del__(self) -> None:
+        import os
+        import time
+
+        if self.signum is not None:
+            os.kill(os.getpid(), self.signum)
+            time.sleep(0.05)  # (the handler runs here, in the finalizer)
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, EXIT_SIGINT), (signal.SIGTERM, EXIT_SIGTERM)])
+def test_an_interrupt_swallowed_by_a_finalizer_still_stops_the_command(signum, code, capsys) -> None:
+    """Python ignores an exception raised inside __del__ or a weakref callback ("Exception ignored
+    in ..."): a Ctrl-C that landed there was lost, the run went on to its end and wrote its outputs,
+    then exited 130. It is raised again where the command's own code runs."""
+    import time
+
+    done: list[int] = []
+
+    def work() -> None:
+        for i in range(40):  # 2 s of the command's own work
+            _InterruptedFinalizer(signum if i == 3 else None)
+            time.sleep(0.05)
+            done.append(i)
+
+    assert run_cli(_group(work), ["go"]) == code
+    assert len(done) <= 5, f"the command ran on after the signal: {len(done)} of 40 steps"
+    assert "Exception ignored" not in capsys.readouterr().err

@@ -40,14 +40,43 @@ def _signals_as_interrupts(received: list[int]) -> Iterator[None]:
         yield
         return
 
+    active = [True]  # False once the command has ended: a late signal is recorded, not raised
+
     def on_signal(signum: int, _frame: Any) -> None:
         received.append(signum)
-        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        if active[0]:
+            raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    def on_alarm(_signum: int, frame: Any) -> None:
+        if received:
+            on_signal(received[-1], frame)
+
+    hook = sys.unraisablehook
+    alarm: list[Any] = []  # SIGALRM's own handler, once ours replaced it
+
+    def on_unraisable(unraisable: Any) -> None:
+        """An interrupt raised inside a finalizer (__del__, a weakref callback: a closed engine or a
+        loader's thread pool collected) is ignored by Python, and the command ran on to its end. Raise
+        it again, 10 ms later, where the main thread runs (a timer signal: raised here, it would be
+        ignored again)."""
+        swallowed = received and active[0] and isinstance(unraisable.exc_value, KeyboardInterrupt)
+        if not swallowed or not hasattr(signal, "setitimer"):
+            hook(unraisable)
+            return
+        if not alarm:
+            alarm.append(signal.signal(signal.SIGALRM, on_alarm))
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
 
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    sys.unraisablehook = on_unraisable
     try:
         yield
     finally:
+        active[0] = False
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, alarm[0])
+        sys.unraisablehook = hook
         for sig, handler in old.items():
             signal.signal(sig, handler)
 
