@@ -68,3 +68,40 @@ def test_a_batch_of_long_prompts_is_tokenized_without_holding_the_server(server)
     assert took > 1.0, f"the batch tokenized in {took:.2f} s: too fast to show the event loop held"
     assert len(waits) > 3 and max(waits) < 0.5, (took, waits)
     server.wait_blocks_free()
+
+
+def test_texts_are_tokenized_while_requests_wait_on_schema_compiles(server):
+    """A request waiting on its schema's compile holds a thread of the event loop's default executor (at
+    most 32); with every one of them waiting, a plain text request must still be tokenized at once."""
+    import os
+
+    import httpx
+
+    waiting = min(32, (os.cpu_count() or 1) + 4) + 4  # more than the server's default executor has threads
+
+    def slow(i: int) -> bytes:
+        schema = {"type": "object", "properties": {f"k{i}": {"type": "string", "pattern": "[a-z]{1,4000}"}}}
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+        return json.dumps({"model": NAME, "prompt": "{", "max_tokens": 2, "response_format": fmt}).encode()
+
+    answers: list = []
+
+    def send(body: bytes) -> None:
+        answers.append(httpx.post(server.url + "/v1/completions", content=body, timeout=120))
+
+    senders = [threading.Thread(target=send, args=(slow(i),)) for i in range(waiting)]
+    for t in senders:
+        t.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    plain = json.dumps({"model": NAME, "prompt": "def f(x):", "max_tokens": 2}).encode()
+    r = httpx.post(server.url + "/v1/completions", content=plain, timeout=120)
+    took = time.monotonic() - start
+    for t in senders:
+        t.join(120)
+    assert r.status_code == 200, r.text
+    assert [a.status_code for a in answers] == [200] * waiting, [
+        a.text for a in answers if a.status_code != 200
+    ]
+    assert took < 1.5, f"a plain request waited {took:.1f} s behind the schema compiles"
+    server.wait_blocks_free()

@@ -15,7 +15,8 @@ import hmac
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,9 @@ from trtforge.llm.text import apply_chat_template, check_text
 log = logging.getLogger("trtforge.serve")
 
 
+TOKENIZE_THREADS = 4  # encodes take the tokenizer's lock in turn: more threads only wait
+
+
 @dataclass
 class ServerState:
     """What the routes share: the model, its text side, limits and the drain flag."""
@@ -67,6 +71,12 @@ class ServerState:
     # held around each encode: texts are tokenized on worker threads, and a Hugging Face fast tokenizer
     # raises "Already borrowed" when one thread changes its settings while another encodes
     tokenizer_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    # the threads that tokenize (:func:`_off_loop`): not the loop's default executor, whose threads
+    # requests waiting on a schema's compile can all hold
+    tokenize_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize"),
+        init=False,
+    )
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.engine_stats)
@@ -140,6 +150,11 @@ def _check_fits(state: ServerState, prompts: int, n: int) -> None:
             "send fewer per request",
             param,
         )
+
+
+async def _off_loop(state: ServerState, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(state, *args)` on a tokenizing thread, awaited: tokenizer work never runs on the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(state.tokenize_pool, fn, state, *args)
 
 
 def _encode(state: ServerState, text: str, special: bool) -> list[int]:
@@ -352,7 +367,10 @@ def create_app(state: ServerState) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.dispatcher = Dispatcher(asyncio.get_running_loop())
-        yield
+        try:
+            yield
+        finally:
+            state.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="trtforge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.trtforge = state
@@ -434,7 +452,7 @@ def create_app(state: ServerState) -> FastAPI:
                     raise ApiError(400, "top_logprobs: needs logprobs set to true", "top_logprobs")
                 lp = (req.top_logprobs or 0) if req.logprobs else None
                 _check_request(state, req, lp)
-                prompts = await asyncio.to_thread(_chat_prompt, state, req)
+                prompts = await _off_loop(state, _chat_prompt, req)
                 asked = req.max_completion_tokens or req.max_tokens
                 budgets = [_budget(state, prompts[0], asked, None)]
             else:
@@ -444,7 +462,7 @@ def create_app(state: ServerState) -> FastAPI:
                 _check_fits(state, len(items), req.n)
                 lp = req.logprobs
                 _check_request(state, req, lp)
-                prompts = await asyncio.to_thread(_prompt_ids, state, items)
+                prompts = await _off_loop(state, _prompt_ids, items)
                 budgets = [_budget(state, p, req.max_tokens, 16) for p in prompts]
             fmt = req.response_format
             admission = _Admission(state, len(prompts) * req.n)
