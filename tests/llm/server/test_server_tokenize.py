@@ -71,8 +71,9 @@ def test_a_batch_of_long_prompts_is_tokenized_without_holding_the_server(server)
 
 
 def test_texts_are_tokenized_while_requests_wait_on_schema_compiles(server):
-    """A request waiting on its schema's compile holds a thread of the event loop's default executor (at
-    most 32); with every one of them waiting, a plain text request must still be tokenized at once."""
+    """A request waiting on its schema's compile held a thread of the event loop's default executor (at
+    most 32); with every one of them waiting, a plain text request is still tokenized at once, and
+    /metrics (rendered on that executor) answers."""
     import os
 
     import httpx
@@ -97,6 +98,9 @@ def test_texts_are_tokenized_while_requests_wait_on_schema_compiles(server):
     plain = json.dumps({"model": NAME, "prompt": "def f(x):", "max_tokens": 2}).encode()
     r = httpx.post(server.url + "/v1/completions", content=plain, timeout=120)
     took = time.monotonic() - start
+    start = time.monotonic()
+    metrics = httpx.get(server.url + "/metrics", timeout=120)
+    metrics_took = time.monotonic() - start
     for t in senders:
         t.join(120)
     assert r.status_code == 200, r.text
@@ -104,4 +108,5 @@ def test_texts_are_tokenized_while_requests_wait_on_schema_compiles(server):
         a.text for a in answers if a.status_code != 200
     ]
     assert took < 1.5, f"a plain request waited {took:.1f} s behind the schema compiles"
+    assert metrics.status_code == 200 and metrics_took < 1.0, f"/metrics waited {metrics_took:.1f} s"
     server.wait_blocks_free()

@@ -45,6 +45,7 @@ log = logging.getLogger("trtforge.serve")
 
 
 TOKENIZE_THREADS = 4  # encodes take the tokenizer's lock in turn: more threads only wait
+COMPILE_WAIT_THREADS = 32  # each waits on a schema's compile (the compiler's own threads do the work)
 
 
 @dataclass
@@ -75,6 +76,11 @@ class ServerState:
     # requests waiting on a schema's compile can all hold
     tokenize_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize"),
+        init=False,
+    )
+    # the threads that wait on schema compiles, for the same reason: /metrics renders on the default one
+    compile_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(COMPILE_WAIT_THREADS, thread_name_prefix="compile-wait"),
         init=False,
     )
 
@@ -371,6 +377,7 @@ def create_app(state: ServerState) -> FastAPI:
             yield
         finally:
             state.tokenize_pool.shutdown(wait=False, cancel_futures=True)
+            state.compile_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="trtforge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.trtforge = state
@@ -468,7 +475,9 @@ def create_app(state: ServerState) -> FastAPI:
             admission = _Admission(state, len(prompts) * req.n)
             if fmt is not None and fmt.type != "text":  # compiled off the event loop and the engine's lock
                 try:
-                    await asyncio.to_thread(state.engine.compile_response_format, response_format(fmt))
+                    await asyncio.get_running_loop().run_in_executor(
+                        state.compile_pool, state.engine.compile_response_format, response_format(fmt)
+                    )
                 except UserError as e:
                     raise ApiError(400, str(e), "response_format") from None
             choices = _make_choices(
