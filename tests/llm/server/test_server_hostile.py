@@ -284,3 +284,45 @@ def test_top_logprobs_without_logprobs_is_400(server):
     ok = body.replace(b'"top_logprobs": 3', b'"top_logprobs": 3, "logprobs": true, "max_tokens": 2')
     assert _post(server, ok, "/v1/chat/completions").status_code == 200
     server.wait_blocks_free()
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        (b'"prompt": "x", "logit_bias": {"5": -100}', "logit_bias"),
+        (b'"prompt": "x", "best_of": 3', "best_of"),
+        (b'"prompt": "x", "suffix": "return y"', "suffix"),
+        (b'"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]', "tools"),
+        (b'"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]', "functions"),
+        (b'"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"', "tool_choice"),
+    ],
+)
+def test_a_field_that_would_change_the_answer_but_is_not_served_is_400(server, fields, param):
+    """Unknown fields are ignored, but these change what the client gets (tool calls, biased tokens, an
+    insertion, the best of several): ignored, the answer would silently be something else."""
+    path = "/v1/chat/completions" if fields.startswith(b'"messages"') else "/v1/completions"
+    err = _error(_post(server, b'{"model": "%s", "max_tokens": 2, %s}' % (NAME.encode(), fields), path))
+    assert err["param"] == param and err["message"].startswith(f"{param}: "), err
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        b'"prompt": "x", "logit_bias": {}, "best_of": 1, "suffix": null',
+        b'"prompt": "x", "n": 2, "best_of": 2',
+        b'"messages": [{"role": "user", "content": "hi"}], "tools": [], "tool_choice": "none"',
+    ],
+)
+def test_those_fields_at_their_neutral_values_are_served(server, fields):
+    path = "/v1/chat/completions" if fields.startswith(b'"messages"') else "/v1/completions"
+    r = _post(server, b'{"model": "%s", "max_tokens": 2, %s}' % (NAME.encode(), fields), path)
+    assert r.status_code == 200, r.text
+
+
+def test_a_negative_seed_is_an_int64_seed_as_openai_takes_it(server):
+    body = (
+        b'{"model": "%s", "prompt": "def f(", "max_tokens": 8, "temperature": 1, "seed": -1}' % NAME.encode()
+    )
+    a, b = _post(server, body), _post(server, body)
+    assert a.status_code == 200, a.text
+    assert a.json()["choices"][0]["text"] == b.json()["choices"][0]["text"]

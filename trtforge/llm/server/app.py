@@ -453,6 +453,7 @@ def create_app(state: ServerState) -> FastAPI:
                 raise ApiError(503, "the server is shutting down; retry on another replica")
             req = parse(kind, await _body(request, state.max_request_bytes))
             name = _check_model(state, req.model)
+            req.refuse_unserved()
             if endpoint == "chat":
                 _check_fits(state, 1, req.n)
                 if req.top_logprobs is not None and not req.logprobs:  # as OpenAI and vLLM refuse it

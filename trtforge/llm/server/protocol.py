@@ -107,12 +107,21 @@ class _Sampling(_Base):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = Field(default_factory=list)
-    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # OpenAI's: any int64
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     ignore_eos: bool = False
     response_format: ResponseFormat | None = None
+    logit_bias: dict[str, float] | None = None  # refused unless empty (:meth:`refuse_unserved`)
+
+    def refuse_unserved(self) -> None:
+        """400 naming a field that would change the answer but that this server cannot serve: ignoring it
+        (as unknown fields are) would answer something else than what was asked, with no sign of it."""
+        if self.logit_bias:
+            raise ApiError(
+                400, "logit_bias: not supported by this server; send the request without it", "logit_bias"
+            )
 
     def stops(self) -> list[str]:
         """The stop strings, bounded: each is matched against every text piece on the event loop, at a
@@ -145,6 +154,24 @@ class CompletionRequest(_Sampling):
     prompt: _Prompt
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
+    best_of: int | None = Field(default=None, ge=1)
+    suffix: str | None = None
+
+    def refuse_unserved(self) -> None:
+        super().refuse_unserved()
+        if self.best_of is not None and self.best_of not in (1, self.n):
+            raise ApiError(
+                400,
+                f"best_of: {self.best_of} is not served (choosing the best of several samples); send "
+                f"best_of equal to n ({self.n}) or leave it out",
+                "best_of",
+            )
+        if self.suffix:
+            raise ApiError(
+                400,
+                "suffix: text insertion is not supported by this server; send it without suffix",
+                "suffix",
+            )
 
 
 class ChatMessage(_Base):
@@ -168,6 +195,24 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     add_generation_prompt: bool = True
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    def refuse_unserved(self) -> None:
+        super().refuse_unserved()
+        for name in ("tools", "functions"):
+            if getattr(self, name):
+                raise ApiError(
+                    400,
+                    f"{name}: tool calling is not supported by this server (its answers hold no tool calls); "
+                    f"send the request without {name}",
+                    name,
+                )
+        if self.tool_choice not in (None, "none", "auto"):
+            raise ApiError(
+                400, "tool_choice: tool calling is not supported by this server; leave it out", "tool_choice"
+            )
 
 
 # a \\u escape of a surrogate (D800-DFFF), or the raw bytes of one (json.loads decodes with surrogatepass)
