@@ -326,3 +326,40 @@ def test_a_negative_seed_is_an_int64_seed_as_openai_takes_it(server):
     a, b = _post(server, body), _post(server, body)
     assert a.status_code == 200, a.text
     assert a.json()["choices"][0]["text"] == b.json()["choices"][0]["text"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        (
+            b'"messages": [{"role": "user", "content": "%s"}], "max_tokens": 2' % (b"x " * 3000),
+            "messages",
+            "messages:",
+        ),
+        (
+            b'"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2040',
+            "max_completion_tokens",
+            "after a",
+        ),
+        (b'"prompt": ["x", "%s"], "max_tokens": 2' % (b"x " * 3000), "prompt", "prompt[1]:"),
+        (b'"prompt": "x", "max_tokens": 2048', "max_tokens", "leave no room"),
+    ],
+)
+def test_a_request_past_the_context_names_the_field_it_came_from(server, fields, param, words):
+    """A chat's too-long prompt came from messages, not prompt; a chat's budget from max_completion_tokens
+    when that is what the client sent; a batch's too-long prompt is named by its index."""
+    path = "/v1/chat/completions" if fields.startswith(b'"messages"') else "/v1/completions"
+    err = _error(_post(server, b'{"model": "%s", %s}' % (NAME.encode(), fields), path))
+    assert err["param"] == param and words in err["message"] and "2048" in err["message"], err
+
+
+def test_max_tokens_past_the_context_is_refused_before_a_batch_is_tokenized(server):
+    """No prompt fits beside 2,048 new tokens: the 400 comes before a long batch is tokenized."""
+    import json
+    import time
+
+    body = json.dumps({"model": NAME, "prompt": ["def f(x): return x\n" * 250] * 8, "max_tokens": 5000})
+    start = time.monotonic()
+    err = _error(_post(server, body.encode()))
+    assert err["param"] == "max_tokens" and "leave no room" in err["message"], err
+    assert time.monotonic() - start < 1.0

@@ -238,28 +238,48 @@ def _chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[list[in
         raise ApiError(400, str(e), "messages") from None
 
 
-def _budget(state: ServerState, ids: list[int], asked: int | None, default: int | None) -> int:
-    """max_tokens for a prompt: as asked (400 past the model length), else `default` or what is left."""
+def _asked(req: Any) -> tuple[int | None, str]:
+    """The new tokens `req` asks for, and the field it named them in (chat's max_completion_tokens, which
+    OpenAI prefers, else max_tokens)."""
+    if getattr(req, "max_completion_tokens", None) is not None:
+        return req.max_completion_tokens, "max_completion_tokens"
+    return req.max_tokens, "max_tokens"
+
+
+def _budget(
+    state: ServerState, ids: list[int], req: Any, default: int | None, where: str, prompt_param: str
+) -> int:
+    """max_tokens for a prompt (`where`, from field `prompt_param`): as `req` asks (400 past the model
+    length), else `default` or what is left."""
+    asked, field_name = _asked(req)
     room = state.max_model_len - len(ids)
     if room < 1:
         raise ApiError(
             400,
-            f"prompt: {len(ids)} tokens, but this model's maximum context length is {state.max_model_len} "
+            f"{where}: {len(ids)} tokens, but this model's maximum context length is {state.max_model_len} "
             "tokens (prompt plus at least one new token)",
-            "prompt",
+            prompt_param,
         )
     if asked is not None and asked > room:
         raise ApiError(
             400,
-            f"max_tokens: {asked} new tokens after a {len(ids)}-token prompt exceed this model's maximum "
+            f"{field_name}: {asked} new tokens after a {len(ids)}-token prompt exceed this model's maximum "
             f"context length {state.max_model_len}",
-            "max_tokens",
+            field_name,
         )
     return asked if asked is not None else min(default or room, room)
 
 
 def _check_request(state: ServerState, req: Any, lp: int | None) -> None:
     """The refusals that need no tokenizing, made before a request's texts are tokenized."""
+    asked, field_name = _asked(req)
+    if asked is not None and asked >= state.max_model_len:
+        raise ApiError(
+            400,
+            f"{field_name}: {asked} new tokens leave no room for a prompt in this model's maximum context "
+            f"length of {state.max_model_len} tokens",
+            field_name,
+        )
     fmt = req.response_format
     if fmt is not None and fmt.type != "text" and state.structured_error is not None:
         raise ApiError(400, f"response_format: {state.structured_error}", "response_format")
@@ -461,8 +481,7 @@ def create_app(state: ServerState) -> FastAPI:
                 lp = (req.top_logprobs or 0) if req.logprobs else None
                 _check_request(state, req, lp)
                 prompts = await _off_loop(state, _chat_prompt, req)
-                asked = req.max_completion_tokens or req.max_tokens
-                budgets = [_budget(state, prompts[0], asked, None)]
+                budgets = [_budget(state, prompts[0], req, None, "messages", "messages")]
             else:
                 if req.echo:
                     raise ApiError(400, "echo: echoing the prompt is not supported", "echo")
@@ -471,7 +490,10 @@ def create_app(state: ServerState) -> FastAPI:
                 lp = req.logprobs
                 _check_request(state, req, lp)
                 prompts = await _off_loop(state, _prompt_ids, items)
-                budgets = [_budget(state, p, req.max_tokens, 16) for p in prompts]
+                budgets = [
+                    _budget(state, p, req, 16, f"prompt[{i}]" if len(prompts) > 1 else "prompt", "prompt")
+                    for i, p in enumerate(prompts)
+                ]
             fmt = req.response_format
             admission = _Admission(state, len(prompts) * req.n)
             if fmt is not None and fmt.type != "text":  # compiled off the event loop and the engine's lock
