@@ -181,7 +181,7 @@ def report_cmd(
     """Compare accuracy and latency of MODEL_OR_ENGINE across runtimes and precisions."""
     _refuse_other_mode(ctx, generate)
     if generate:
-        return _run_generate(ctx, model, out_dir, batch, threads, check, params)
+        return _run_generate(ctx, model, out_dir, batch, threads, check, not no_progress, params)
 
     from trtforge.compiler.sources import CHECKPOINT_SUFFIXES, unsupported_source
     from trtforge.reports.api import build_report
@@ -293,7 +293,14 @@ def _refuse_other_mode(ctx: click.Context, generate: bool) -> None:
 
 
 def _run_generate(
-    ctx: click.Context, model: str, out_dir: str, batch: str, threads: int | None, check: bool, params: dict
+    ctx: click.Context,
+    model: str,
+    out_dir: str,
+    batch: str,
+    threads: int | None,
+    check: bool,
+    progress: bool,
+    params: dict,
 ) -> None:
     """`report MODEL --generate`: the LLM variant report."""
     from trtforge.llm.report import build_llm_report
@@ -315,6 +322,7 @@ def _run_generate(
         new_tokens=p["new_tokens"],
         device=p["device"],
         threads=threads,
+        progress=progress,
     )
     click.echo(headline(result.report))
     for note in result.report.notes:

@@ -27,6 +27,7 @@ May import ``reports`` (its top floor) and everything ``llm`` and ``llm.compile`
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import datetime as _dt
@@ -34,7 +35,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -518,6 +519,60 @@ def _summary(record: Any) -> Any:
 
 
 # ---- the report ------------------------------------------------------------------------------------
+class _Progress:
+    """A rich bar on stderr advancing once per variant (or nothing), naming the variant that runs."""
+
+    def __init__(self, enabled: bool, names: Sequence[str]) -> None:
+        self._bar: Any = None
+        self._task: Any = None
+        self._total = len(names)
+        self._started = 0
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
+
+    def __enter__(self) -> _Progress:
+        if self._bar is not None:
+            self._bar.__enter__()
+            self._task = self._bar.add_task("variants", total=self._total)
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if self._bar is not None:
+            if exc_type is None:
+                self._bar.update(self._task, description="variants", advance=int(self._started > 0))
+            self._bar.__exit__(exc_type, *exc)
+
+    def start(self, name: str) -> None:
+        """Mark the previous variant done (if any) and `name` as the one running."""
+        if self._bar is not None:
+            self._bar.update(self._task, description=f"variant {name}", advance=int(self._started > 0))
+        self._started += 1
+
+
+@contextlib.contextmanager
+def _transformers_bars(enabled: bool) -> Iterator[None]:
+    """transformers' own progress bars ("Loading weights") on or off while the block runs."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not enabled:
+            hf_logging.enable_progress_bar()
+
+
 def build_llm_report(
     model: Any,
     *,
@@ -534,12 +589,14 @@ def build_llm_report(
     device: str | None = None,
     threads: int | None = None,
     title: str | None = None,
+    progress: bool = False,
 ) -> LmReportResult:
     """Compare a causal LM's variants (see module doc); write report.html/.md/.json into `out_dir`.
 
     `model`: a save_pretrained directory, ``module:factory`` or an nn.Module (then pass `tokenizer`).
     Bad input (a missing text, an unknown variant, a model that is no causal LM) raises UserError
     before anything is written; the three files are written together at the end, or none.
+    `progress`: a bar on stderr, one step per variant.
     """
     from trtforge.llm.models.loader import load_causal_lm
     from trtforge.reports.api import check_out_dir, create_out_dir, environment, torch_threads
@@ -560,7 +617,8 @@ def build_llm_report(
     device = _device(device)
     reference = "bf16" if device.startswith("cuda") else "fp32"
     names = parse_variants(variants, reference)
-    lm = load_causal_lm(model)
+    with _transformers_bars(progress):  # (the one read of the weights: the variants copy the model)
+        lm = load_causal_lm(model)
     tok_dir = (
         tokenizer if tokenizer is not None else (model if isinstance(model, (str, os.PathLike)) else None)
     )
@@ -582,10 +640,10 @@ def build_llm_report(
     speed: list[LmSpeed] = []
     notes: list[str] = []
     workdir = Path(tempfile.mkdtemp(prefix="trtforge-llm-report-"))
-    src = model if isinstance(model, (str, os.PathLike)) else lm
     try:
-        with torch_threads(threads):
+        with torch_threads(threads), _Progress(progress, names) as bar:
             for n in names:
+                bar.start(n)
                 if n in SERVING_VARIANTS:
                     speed_args = {
                         "prompts": speed_prompts,
@@ -593,8 +651,10 @@ def build_llm_report(
                         "prompt_len": prompt_len,
                         "new_tokens": new_tokens,
                     }
+                    # the model loaded once, above: each serving variant takes a copy of it, not
+                    # another read of its weights (transformers' loading bar once per variant)
                     info, s, sp, kv = _serving_variant(
-                        src, n, device, FLOAT_DTYPES[reference], w, chunk, speed_args
+                        lm, n, device, FLOAT_DTYPES[reference], w, chunk, speed_args
                     )
                     speed += sp
                 else:
