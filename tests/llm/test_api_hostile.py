@@ -83,3 +83,113 @@ def test_tokenizers_that_agree_compare_equal(tmp_path) -> None:
 
     same = draft_with_tokenizer(tmp_path / "draft", lambda tok: None)  # loaded, not skipped as same files
     assert compare_vocabularies(load_tokenizer(TARGET), load_tokenizer(same)) == ([], [])
+
+
+FACTORY = "tests.llm.tiny_models:llama_factory"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"block_size": 0}, r"block_size must be an integer >= 1, got 0"),  # was ZeroDivisionError
+        ({"block_size": "16"}, r"block_size must be an integer >= 1, got '16'"),  # was TypeError from //
+        ({"block_size": 1.5}, r"block_size must be an integer >= 1, got 1\.5"),  # was "num_blocks 43776.0"
+        ({"num_blocks": 10**30}, r"num_blocks 10{30}: the KV-cache pool of that many blocks cannot be alloc"),
+        ({"device": "bogus"}, r"device 'bogus': .*expected None .*'cpu', 'cuda' or 'cuda:N'"),  # RuntimeError
+        ({"device": ""}, r"device '': Device string must not be empty"),
+        ({"device": 5}, r"device must be a string or torch\.device, got int 5"),
+        ({"device": "meta"}, r"device 'meta': the torch executor runs on cpu or cuda"),  # was accepted
+        ({"dtype": "bogus"}, r"dtype must be None or a floating torch\.dtype .* got 'bogus'"),  # to()'s dump
+        ({"dtype": 5}, r"dtype must be None or a floating torch\.dtype"),
+        ({"max_model_len": 1}, r"max_model_len must be None or an integer >= 2"),  # was accepted, unusable
+        ({"max_model_len": -1}, r"max_model_len must be None or an integer >= 2"),  # spoke of RAM
+        ({"tensor_parallel_size": True}, r"tensor_parallel_size must be an integer >= 1 .*got True"),
+        (  # was RuntimeError from torch's embedding ("Expected tensor for argument #1 'indices'")
+            {"kv_cache_dtype": "fp8", "calib_prompts": [[1.5]]},
+            r"calib_prompts\[0\] holds float 1\.5; expected None or a list of prompts",
+        ),
+        (  # was ValueError: invalid literal for int()
+            {"kv_cache_dtype": "fp8", "calib_prompts": "1 2 3"},
+            r"calib_prompts must be a list of token-id lists, got str",
+        ),
+        ({"kv_cache_dtype": "fp8", "calib_prompts": 5}, r"calib_prompts must be a list .*got int"),
+    ],
+    ids=lambda v: repr(v) if isinstance(v, dict) else "",
+)
+def test_from_pretrained_refuses_options_by_name(options, message) -> None:
+    import trtforge.llm
+
+    with pytest.raises(UserError, match=message):
+        trtforge.llm.from_pretrained(FACTORY, **options)
+
+
+def test_from_pretrained_takes_a_dtype_by_name() -> None:
+    import torch
+
+    import trtforge.llm
+
+    with trtforge.llm.from_pretrained(FACTORY, dtype="float64", num_blocks=8) as llm:
+        assert llm.executor.dtype == torch.float64
+
+
+def test_from_pretrained_refuses_a_module_that_is_no_transformers_model() -> None:
+    """Before: AttributeError: 'Linear' object has no attribute 'config', from deep in the adapter."""
+    import torch
+
+    import trtforge.llm
+
+    with pytest.raises(UserError, match=r"with its \.config\), got a Linear without one"):
+        trtforge.llm.from_pretrained(torch.nn.Linear(2, 2))
+
+
+@pytest.fixture(scope="module")
+def llm():
+    import trtforge.llm
+
+    with trtforge.llm.from_pretrained(FACTORY, num_blocks=32) as served:
+        yield served
+
+
+def test_a_temperature_too_small_to_scale_by_samples_greedily(llm) -> None:
+    """Before: logits / 1e-320 overflowed to inf, inf - inf is NaN, and the sampler returned tokens
+    0, 1, 2, ... (silently wrong) with NaN logprobs. Below 1e-5 a request is greedy, as in vLLM."""
+    import math
+
+    prompt = [[5, 6, 7, 5, 6, 7]]
+    greedy = llm.generate(prompt, SamplingParams(max_tokens=8))
+    assert llm.generate(prompt, SamplingParams(max_tokens=8, temperature=1e-320, seed=1)) == greedy
+    assert llm.generate(prompt, SamplingParams(max_tokens=8, temperature=1e-6, seed=1)) == greedy
+    done = llm.completions(prompt, SamplingParams(max_tokens=3, temperature=1e-320, logprobs=2, seed=1))
+    assert all(math.isfinite(lp.logprob) for lp in done[0].logprobs)
+    assert [lp.logprob for lp in done[0].logprobs] == [
+        lp.logprob for lp in llm.completions(prompt, SamplingParams(max_tokens=3, logprobs=2))[0].logprobs
+    ]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (  # before: TypeError: object of type 'NoneType' has no len()
+            lambda llm: llm.completions(None),
+            r"prompts must be a list of token-id lists, e\.g\. \[\[1, 2, 3\]\], got NoneType",
+        ),
+        (lambda llm: llm.engine.generate(5), r"prompts must be a list of token-id lists.*got int"),
+        (  # before: accepted; "no" is truthy, so it stopped at EOS
+            lambda llm: llm.generate([[1, 2]], max_new_tokens=2, stop_at_eos="no"),
+            r"stop_at_eos must be True or False, got 'no'",
+        ),
+        (  # before: "... integer token ids, got list" (the list was right, its element was not)
+            lambda llm: llm.generate([[1, 2.0]]),
+            r"prompts\[0\]: .*flat sequence of integer token ids, got float 2\.0 at position 1",
+        ),
+        (lambda llm: llm.generate([[1, True]]), r"got bool True at position 1"),
+        (lambda llm: llm.generate([[300]]), r"token id 300 is outside the vocabulary \[0, 300\)"),
+        (lambda llm: llm.generate([[]]), r"the prompt is empty"),
+        (lambda llm: llm.generate([]), r"prompts must be a non-empty list of token-id lists"),
+        (lambda llm: llm.generate(""), r"prompts must be a non-empty list of token-id lists"),
+        (lambda llm: llm.generate([[1]], max_new_tokens=0), r"SamplingParams\.max_tokens must be an integer"),
+    ],
+)
+def test_generate_refuses_bad_inputs_by_name(llm, call, message) -> None:
+    with pytest.raises(UserError, match=message):
+        call(llm)

@@ -217,17 +217,23 @@ def _load(load: Any, model: str, executor: str, num_blocks: int | None, spec: An
     """`llm.load`, with a --num-blocks pool too large to allocate, or whose size overflows the allocator's
     integers, refused as the user's number (not the allocator's trace as an internal error)."""
     from trtforge.errors import UserError
+    from trtforge.llm.service import PoolAllocationError, allocation_failure
+
+    def refused(detail: str) -> UserError:
+        return UserError(
+            f"--num-blocks {num_blocks}: the KV-cache pool of that many blocks cannot be allocated on this "
+            f"machine ({detail}); give fewer blocks, or leave --num-blocks out to size the pool to the "
+            "machine."
+        )
 
     try:
         return load(model, executor, num_blocks=num_blocks, speculative=spec, **torch_kw)
+    except PoolAllocationError as exc:  # the torch executor's refusal, worded for the API
+        raise refused(exc.detail) from exc
     except (MemoryError, RuntimeError, TypeError, OverflowError) as exc:
-        if num_blocks is None or not _allocation_failure(exc):
+        if num_blocks is None or not allocation_failure(exc):
             raise
-        raise UserError(
-            f"--num-blocks {num_blocks}: the KV-cache pool of that many blocks cannot be allocated on this "
-            f"machine ({str(exc).strip().splitlines()[0][:200]}); give fewer blocks, or leave --num-blocks "
-            "out to size the pool to the machine."
-        ) from exc
+        raise refused(str(exc).strip().splitlines()[0][:200]) from exc
 
 
 def _check_pool_holds(facts: Any, num_blocks: int, longest: int) -> None:
@@ -243,20 +249,6 @@ def _check_pool_holds(facts: Any, num_blocks: int, longest: int) -> None:
             f"{capacity} tokens of a sequence, and a prompt has {longest} (plus at least one new token); "
             f"give --num-blocks {need} or more, or leave it out."
         )
-
-
-# how torch (CPU and CUDA) and numpy word a size they cannot allocate or represent
-_ALLOCATION_FAILURES = ("can't allocate memory", "out of memory", "overflow", "too large to convert")
-
-
-def _allocation_failure(exc: BaseException) -> bool:
-    """Whether `exc` is an allocator's refusal of a size: out of memory, or a size past int64."""
-    import torch
-
-    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
-        return True
-    text = str(exc).lower()
-    return any(s in text for s in _ALLOCATION_FAILURES)
 
 
 def _note_context_cut(number: int, completion: Any, max_tokens: int, max_model_len: int) -> None:

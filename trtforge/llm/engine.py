@@ -339,6 +339,11 @@ class LLMEngine:
         ``n > 1`` contributes its n completions in a row. If any request is invalid, UserError is
         raised and none of them runs. Failed requests come back with `error` set.
         """
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Iterable):
+            raise UserError(
+                f"prompts must be a list of token-id lists, e.g. [[1, 2, 3]], got {type(prompts).__name__}"
+            )
+        prompts = prompts if hasattr(prompts, "__len__") else list(prompts)
         per = self._per_prompt("SamplingParams", params, len(prompts))
         requests = [
             (f"prompts[{i}]", prompt, sample, None, None)

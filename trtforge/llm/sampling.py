@@ -33,6 +33,9 @@ MAX_LOGPROBS = 20
 # runs, then its own KV blocks), all created at once, so a typo such as n=10**23 must be refused rather
 # than fill the memory for hours; 65,536 samples of a small model take about a minute on a CPU
 MAX_N = 2**16
+# a temperature below this samples greedily (vLLM's _SAMPLING_EPS): the scaled logits of 1e-320 overflowed
+# to inf, inf - inf is NaN, and the sampler returned token 0, 1, 2, ... with NaN logprobs
+GREEDY_TEMPERATURE = 1e-5
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
@@ -46,7 +49,7 @@ def _is_number(x: object) -> bool:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request generates: greedy by default (temperature 0).
+    """How one request generates: greedy by default (temperature 0, or any below 1e-5, as vLLM).
 
     ``stop_token_ids`` and ``eos_token_id`` end generation when sampled; ``stop_sequences`` are
     token-id sequences that end it once the output ends with one. The token(s) that stopped
@@ -157,7 +160,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     def stream_seed(self, fallback_seed: int) -> int:
         """The seed of the request's own random stream: `seed`, else `fallback_seed` (the engine's)."""
@@ -311,7 +314,7 @@ def _logprobs(x: Any, params: Sequence[SamplingParams], tokens: Any) -> list[Tok
     if not want:
         return None
     k = min(max(params[i].logprobs for i in want), int(x.shape[1]))
-    temps = np.array([params[i].temperature or 1.0 for i in want], dtype=np.float64)
+    temps = np.array([_logprob_temperature(params[i]) for i in want], dtype=np.float64)
     rows = np.array(want, dtype=np.int64)
     if isinstance(x, np.ndarray):
         host_tokens = np.asarray(tokens)
@@ -335,6 +338,12 @@ def _logprobs(x: Any, params: Sequence[SamplingParams], tokens: Any) -> list[Tok
         top = tuple(zip(ids[j, :m].tolist(), lps[j, :m].tolist()))
         out[i] = TokenLogprobs(token, float(chosen[j]), int(rank[j]), top)
     return out
+
+
+def _logprob_temperature(p: SamplingParams) -> float:
+    """The temperature a row's logprobs are scaled by: its own, 1 where it samples greedily by
+    temperature (0, or below :data:`GREEDY_TEMPERATURE`)."""
+    return 1.0 if p.temperature < GREEDY_TEMPERATURE else float(p.temperature)
 
 
 def _sample_host(logits, params, generators, histories, bitmask, argmax=None) -> tuple[np.ndarray, Any]:

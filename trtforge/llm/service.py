@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from trtforge.errors import UserError
 from trtforge.llm import sizing
 from trtforge.llm.engine import Completion, LLMEngine, RequestHandle
@@ -54,6 +56,8 @@ class ServingLLM:
     ) -> SamplingParams:
         if params is not None and not isinstance(params, SamplingParams):
             raise UserError(f"params must be a SamplingParams, got {type(params).__name__}.")
+        if not isinstance(stop_at_eos, bool):  # (a string such as "no" is truthy: it would stop at EOS)
+            raise UserError(f"stop_at_eos must be True or False, got {stop_at_eos!r}.")
         changes: dict[str, Any] = {}
         if max_new_tokens is not None:
             changes["max_tokens"] = max_new_tokens
@@ -396,6 +400,15 @@ def from_pretrained(
     from trtforge.llm.spec.tokenizers import check_draft_directories
 
     refuse_empty_path(model)  # (before tensor-parallel workers start, each to fail on it)
+    dtype = check_torch_options(
+        device=device,
+        dtype=dtype,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_model_len=max_model_len,
+        tensor_parallel_size=tensor_parallel_size,
+        calib_prompts=calib_prompts,
+    )
     spec = SpeculativeConfig.of(speculative)
     check_quantization(quantization)
     check_lm_head_quantization(lm_head_quantization)
@@ -472,23 +485,147 @@ def from_pretrained(
             num_blocks = max(1, num_blocks * pool.block_bytes // (pool.block_bytes + draft_block))
             how = f"{pool.how}, shared with the draft model's pool ({num_blocks} blocks each)"
             pool = dataclasses.replace(pool, num_blocks=num_blocks, how=how)
-    ex = TorchExecutor(
-        lm,
-        num_blocks=num_blocks,
-        block_size=block_size,
-        device=device,
-        dtype=dtype,
-        max_model_len=max_model_len,
-        kv_cache_dtype=kv_cache_dtype,
-        calib_prompts=calib_prompts,
-        **graphs.executor_kwargs(),  # decode graphs cover the whole running batch
-    )
+    try:
+        ex = TorchExecutor(
+            lm,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            device=device,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            kv_cache_dtype=kv_cache_dtype,
+            calib_prompts=calib_prompts,
+            **graphs.executor_kwargs(),  # decode graphs cover the whole running batch
+        )
+    except (MemoryError, RuntimeError, TypeError, OverflowError) as exc:
+        if pool is not None or not allocation_failure(exc):  # (a pool sized here fits by construction)
+            raise
+        raise PoolAllocationError(num_blocks, exc) from exc
     if pool is not None:  # what the sizing measured and reserved, captured now rather than on first use
         sizing.capture_graphs(ex, graphs)
     proposer = None if spec is None else make_proposer(spec, ex, draft_lm)
     served = ServingLLM(ex, config, proposer=proposer, speculative=spec)
     served.pool_size = pool
     return served
+
+
+class PoolAllocationError(UserError):
+    """`num_blocks` names a KV-cache pool this machine cannot allocate (or whose size overflows)."""
+
+    def __init__(self, num_blocks: int, cause: BaseException) -> None:
+        self.num_blocks = num_blocks
+        self.detail = str(cause).strip().splitlines()[0][:200] if str(cause).strip() else type(cause).__name__
+        super().__init__(
+            f"num_blocks {num_blocks}: the KV-cache pool of that many blocks cannot be allocated on this "
+            f"machine ({self.detail}); pass fewer, or num_blocks=None to size the pool to the machine."
+        )
+
+
+# how torch (CPU and CUDA) and numpy word a size they cannot allocate or represent
+_ALLOCATION_FAILURES = ("can't allocate memory", "out of memory", "overflow", "too large to convert")
+
+
+def allocation_failure(exc: BaseException) -> bool:
+    """Whether `exc` is an allocator's refusal of a size: out of memory, or a size past int64."""
+    import torch
+
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(exc).lower()
+    return any(s in text for s in _ALLOCATION_FAILURES)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_torch_options(
+    *,
+    device: Any,
+    dtype: Any,
+    block_size: Any,
+    num_blocks: Any,
+    max_model_len: Any,
+    tensor_parallel_size: Any,
+    calib_prompts: Any,
+) -> Any:
+    """UserError naming the first :func:`from_pretrained` option of the wrong kind or range, before the
+    model loads (torch's own errors named none: a ZeroDivisionError for block_size 0, an internal
+    RuntimeError for device 'bogus' or a float calibration prompt, to()'s signature dump for a dtype
+    given as a string). Returns `dtype` as a torch.dtype (a name such as "bfloat16" is accepted)."""
+    for name, value, low in (("block_size", block_size, 1), ("num_blocks", num_blocks, 1)):
+        if value is not None and (not _is_int(value) or value < low):
+            raise UserError(f"{name} must be an integer >= {low}, got {value!r}.")
+    if max_model_len is not None and (not _is_int(max_model_len) or max_model_len < 2):
+        raise UserError(
+            f"max_model_len must be None or an integer >= 2 (a prompt token and a new one), got "
+            f"{max_model_len!r}."
+        )
+    if not _is_int(tensor_parallel_size) or tensor_parallel_size < 1:
+        raise UserError(
+            f"tensor_parallel_size must be an integer >= 1 (2 or more splits the model), got "
+            f"{tensor_parallel_size!r}."
+        )
+    _check_device(device)
+    _check_prompts(calib_prompts, "calib_prompts")
+    return _torch_dtype(dtype)
+
+
+def _check_device(device: Any) -> None:
+    """UserError unless `device` is None, cpu, or a CUDA device this machine has."""
+    import torch
+
+    if device is None:
+        return
+    expected = "expected None (cuda if present, else cpu), 'cpu', 'cuda' or 'cuda:N'"
+    if not isinstance(device, (str, torch.device)):
+        raise UserError(f"device must be a string or torch.device, got {type(device).__name__} {device!r}.")
+    try:
+        kind = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise UserError(f"device {str(device)!r}: {str(e).splitlines()[0]}; {expected}.") from None
+    if kind.type not in ("cpu", "cuda"):
+        raise UserError(f"device {str(device)!r}: the torch executor runs on cpu or cuda; {expected}.")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind.type == "cuda" and (kind.index or 0) >= gpus:
+        raise UserError(
+            f"device {str(device)!r}: this machine has {gpus} usable CUDA device(s); pass 'cpu' or a GPU "
+            "it has."
+        )
+
+
+def _torch_dtype(dtype: Any) -> Any:
+    """`dtype` as a floating torch.dtype (None stays None: the model's own, BF16 on a GPU)."""
+    import torch
+
+    if dtype is None:
+        return None
+    value = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise UserError(
+            f"dtype must be None or a floating torch.dtype (torch.bfloat16, torch.float16, torch.float32) "
+            f"or its name, got {dtype!r}."
+        )
+    return value
+
+
+def _check_prompts(prompts: Any, what: str) -> None:
+    """UserError unless `prompts` is None or a list of lists of integer token ids (the vocabulary is
+    checked where the model's is known)."""
+    if prompts is None:
+        return
+    expected = "expected None or a list of prompts, each a list of integer token ids"
+    if hasattr(prompts, "tolist"):
+        prompts = prompts.tolist()
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise UserError(f"{what} must be a list of token-id lists, got {type(prompts).__name__}; {expected}.")
+    for i, row in enumerate(prompts):
+        row = row.tolist() if hasattr(row, "tolist") else row
+        if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
+            raise UserError(f"{what}[{i}] must be a list of token ids, got {type(row).__name__}; {expected}.")
+        bad = next((t for t in row if not isinstance(t, (int, np.integer)) or isinstance(t, bool)), None)
+        if bad is not None:
+            raise UserError(f"{what}[{i}] holds {type(bad).__name__} {bad!r}; {expected}.")
 
 
 def make_proposer(spec: SpeculativeConfig, target: Any, draft_lm: Any = None) -> Proposer:

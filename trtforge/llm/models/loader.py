@@ -20,6 +20,11 @@ def load_causal_lm(source: Any) -> Any:
     import torch
 
     if isinstance(source, torch.nn.Module):
+        if not hasattr(source, "config"):  # (else an AttributeError deep inside the adapter)
+            raise UserError(
+                f"expected a Hugging Face causal LM (a transformers model with its .config), got a "
+                f"{type(source).__name__} without one."
+            )
         return source
     if not isinstance(source, (str, os.PathLike)):
         raise UserError(

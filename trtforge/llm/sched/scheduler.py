@@ -55,6 +55,11 @@ __all__ = [
 ]
 
 
+def _token(t: object) -> bool:
+    """Whether `t` can be a token id: an int or numpy integer, not a bool."""
+    return isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+
+
 class Scheduler:
     """Owns the requests and the block manager; plans steps and applies their results.
 
@@ -115,12 +120,14 @@ class Scheduler:
             tokens = None
         # the common prompt is plain ints: one pass in C (type() is exact: a bool is not an int here)
         if tokens is None or set(map(type, tokens)) - {int}:
-            if tokens is None or not all(
-                isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in tokens
-            ):
+            bad = None if tokens is None else next((i for i, t in enumerate(tokens) if not _token(t)), None)
+            if tokens is None or bad is not None:
+                got = type(prompt).__name__  # (else: the first element that is no token id, by position)
+                if tokens is not None and bad is not None:
+                    got = f"{type(tokens[bad]).__name__} {tokens[bad]!r} at position {bad}"
                 raise UserError(
                     f"request {request_id!r}: the prompt must be a flat sequence of integer token ids, "
-                    f"got {type(prompt).__name__}"
+                    f"got {got}"
                 )
             tokens = [int(t) for t in tokens]
         if not tokens:
