@@ -61,3 +61,47 @@ def test_a_prompt_the_engine_refuses_names_the_prompts_field(engine_and_tokenize
     with pytest.raises(ApiError) as e:
         _make_choices(_state(*engine_and_tokenizer), req, [[5, 99999]], [2], None, "messages")
     assert e.value.status == 400 and e.value.param == "messages" and "99999" in e.value.message
+
+
+def test_a_streamed_choice_failing_on_a_server_bug_ends_the_stream_with_a_500():
+    """A choice whose text fails with an unexpected error (a server bug, not an ApiError) must end its
+    stream with an error event and [DONE]: the stream waited on it forever (no --request-timeout)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (fastapi)")
+    from trtforge.llm.server.responses import Pumps, stream
+
+    class Broken:
+        finish_reason = None
+        num_tokens = 0
+        handle = SimpleNamespace(cancel=lambda: None)
+
+        async def pieces(self):
+            yield "def"
+            raise RuntimeError("a bug")
+
+    class Admission:
+        released = 0
+
+        def release(self) -> None:
+            self.released += 1
+
+    async def run() -> list[str]:
+        admission = Admission()
+        choices = [Broken()]
+        pumps = Pumps(choices, admission)
+        state = SimpleNamespace(request_timeout=None)
+        req = SimpleNamespace(stream_options=None)
+        gen = stream(state, "completions", "cmpl-1", "m", req, choices, 1, pumps)
+        out = await asyncio.wait_for(_collect(gen), 10)
+        assert admission.released >= 1
+        return out
+
+    async def _collect(gen) -> list[str]:
+        return [chunk async for chunk in gen]
+
+    out = asyncio.run(run())
+    assert out[-1] == "data: [DONE]\n\n", out
+    error = json.loads(out[-2].removeprefix("data: "))["error"]
+    assert error["code"] == 500 and "RuntimeError" in error["message"], error

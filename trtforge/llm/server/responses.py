@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from trtforge.llm.server.generation import Choice
 from trtforge.llm.server.protocol import ApiError
+
+log = logging.getLogger("trtforge.serve")
 
 
 def _sse(obj: Any) -> str:
@@ -113,6 +116,9 @@ class Pumps:
             self.queue.put_nowait((i, None, c.finish_reason))
         except ApiError as e:
             self.queue.put_nowait((i, None, e))
+        except Exception as e:  # a server bug: logged with its trace; the stream ends with a 500, not waits
+            log.error("internal error streaming a choice", exc_info=e)
+            self.queue.put_nowait((i, None, ApiError(500, f"internal server error ({type(e).__name__})")))
 
 
 async def stream(
