@@ -70,16 +70,16 @@ def test_slot_graph_is_served_greedy_and_sampled(tmp_path, capsys):
         (["--prompt-ids", ""], "--prompt-ids"),
         (["--prompt", "hello"], "--tokenizer"),
         (["--prompt-ids", "1 2", "--temperature", "-1"], "temperature"),
-        (["--prompt-ids", "1 2", "--top-p", "0"], "top_p"),
-        (["--prompt-ids", "1 2", "--max-tokens", "0"], "max_tokens"),
-        (["--prompt-ids", "1 999"], "outside the vocabulary"),
+        (["--prompt-ids", "1 2", "--top-p", "0"], "--top-p must be a number in (0, 1]"),
+        (["--prompt-ids", "1 2", "--max-tokens", "0"], "--max-tokens must be an integer >= 1"),
+        (["--prompt-ids", "1 999"], "--prompt-ids: token id 999 is outside the model's vocabulary of 300"),
         (["--prompt-ids", " ".join(["5"] * 80)], "maximum sequence length"),
         (["--prompt-ids", "1 2", "--num-blocks", "0"], "num_blocks"),
         # before: the tokenizer's special tokens alone ([CLS] [SEP]) were generated from
         (["--prompt", " ", "--tokenizer", "demo"], "--prompt ' ' is empty"),
-        (["--prompt-ids", "1 2", "--top-k", "-1"], "top_k"),
-        (["--prompt-ids", "1 2", "--top-p", "1.5"], "top_p"),
-        (["--prompt-ids", "1 2", "--max-tokens", "-3"], "max_tokens"),
+        (["--prompt-ids", "1 2", "--top-k", "-1"], "--top-k must be an integer >= 0"),
+        (["--prompt-ids", "1 2", "--top-p", "1.5"], "--top-p must be a number in (0, 1], got 1.5"),
+        (["--prompt-ids", "1 2", "--max-tokens", "-3"], "--max-tokens must be an integer >= 1, got -3"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(paged, capsys, argv, message):
@@ -122,7 +122,7 @@ def test_text_prompt_is_tokenized_and_the_output_decoded(paged, capsys):
     want = tok.decode(hf_greedy(wide_vocab_factory()[0], ids, 6)[0], skip_special_tokens=True)
     assert out.out == want + "\n" and want.strip()
     assert main(["generate", paged, *args]) == 2  # MiniLM ids exceed the 300-token vocabulary
-    assert "outside the vocabulary" in capsys.readouterr().err
+    assert "--tokenizer 'demo' gave token id" in capsys.readouterr().err
 
 
 def test_text_prompt_with_undecodable_bytes_exits_2_with_one_message(paged, capsys):

@@ -65,11 +65,11 @@ def test_logprobs_lines_follow_each_output(paged, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--min-p", "2"], "SamplingParams.min_p"),
+        (["--min-p", "2"], "--min-p must be a number in [0, 1]"),
         (["--n", "0"], "--n 0: expected 1 to 65,536 samples per prompt"),
-        (["--logprobs", "50"], "SamplingParams.logprobs"),
-        (["--repetition-penalty", "0"], "SamplingParams.repetition_penalty"),
-        (["--presence-penalty", "3"], "SamplingParams.presence_penalty"),
+        (["--logprobs", "50"], "--logprobs must be None or an integer in [0, 20]"),
+        (["--repetition-penalty", "0"], "--repetition-penalty must be a finite number > 0"),
+        (["--presence-penalty", "3"], "--presence-penalty must be a number in [-2, 2]"),
         (["--json-schema", "/nonexistent/s.json"], "--json-schema"),
     ],
 )

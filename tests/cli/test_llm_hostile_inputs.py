@@ -96,6 +96,17 @@ CASES: dict[str, tuple[Setup, str]] = {
         lambda d: [*TINY_IDS, "--n", "65537"],
         r"--n 65537: expected 1 to 65,536 samples per prompt",
     ),
+    # before: "request 'req-0': token id ... outside the vocabulary", an id the user never gave
+    "generate --prompt-ids past the vocabulary": (
+        lambda d: [*TINY_IDS[:-1], "1 " + "9" * 20],
+        r"--prompt-ids: token id 9{20} is outside the model's vocabulary of 300 ids \(0\.\.299\)",
+    ),
+    # before: "SamplingParams.seed must be ...", a name the command line never showed
+    "generate --seed -1": (lambda d: [*TINY_IDS, "--seed", "-1"], r"--seed must be None or an integer"),
+    "generate --temperature nan": (
+        lambda d: [*TINY_IDS, "--temperature", "nan"],
+        r"--temperature must be a finite number >= 0 \(0 means greedy\), got nan",
+    ),
     # before: "'.' is a directory without config.json", a path the user never gave
     "generate MODEL ''": (
         lambda d: ["generate", "", "--prompt-ids", "1 2"],

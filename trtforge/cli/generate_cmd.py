@@ -153,7 +153,8 @@ def generate_cmd(
         )
     rows = [_parse_ids(p) for p in prompt_ids] + [encode_prompt(tok, p, "--prompt") for p in prompts]
     _check_n(n)
-    params = SamplingParams(
+    params = _sampling_params(
+        SamplingParams,
         max_tokens=max_tokens,
         temperature=temperature,
         top_k=top_k,
@@ -181,6 +182,7 @@ def generate_cmd(
     )
     spec = speculative_config(speculative_method, speculative_model, num_speculative_tokens)
     with _load(load, model, executor, num_blocks, spec, torch_kw) as llm:
+        _check_vocabulary(rows, len(prompt_ids), llm.executor.facts.vocab_size, tokenizer)
         if num_blocks is not None:
             _check_pool_holds(llm.executor.facts, num_blocks, max(len(r) for r in rows))
         if json_schema is not None:
@@ -197,6 +199,44 @@ def generate_cmd(
             _note_context_cut(number, completion, max_tokens, llm.engine.max_model_len)
             if logprobs is not None:
                 _print_logprobs(completion)
+
+
+def _sampling_params(cls: Any, **fields: Any) -> Any:
+    """``cls(**fields)`` (SamplingParams), its refusal of a field worded as the flag that set it: the
+    message named ``SamplingParams.top_p``, a name the command line never showed."""
+    from trtforge.errors import UserError
+
+    try:
+        return cls(**fields)
+    except UserError as exc:
+        text = str(exc)
+        for name in fields:
+            prefix = f"SamplingParams.{name} "
+            if text.startswith(prefix):
+                flag = "--json-schema" if name == "response_format" else "--" + name.replace("_", "-")
+                raise UserError(f"{flag} {text[len(prefix) :]}.") from exc
+        raise
+
+
+def _check_vocabulary(rows: list[list[int]], given_ids: int, vocab: int, tokenizer: str | None) -> None:
+    """UserError naming --prompt-ids (the first `given_ids` rows) or the tokenizer for a token id past
+    the model's vocabulary (the engine's message named an internal request id)."""
+    from trtforge.errors import UserError
+
+    for i, row in enumerate(rows):
+        bad = [t for t in row if t >= vocab]
+        if not bad:
+            continue
+        if i < given_ids:
+            raise UserError(
+                f"--prompt-ids: token id {bad[0]} is outside the model's vocabulary of {vocab} ids "
+                f"(0..{vocab - 1})."
+            )
+        source = f"--tokenizer '{tokenizer}'" if tokenizer is not None else "the model's tokenizer"
+        raise UserError(
+            f"--prompt: {source} gave token id {bad[0]}, outside the model's vocabulary of {vocab} ids "
+            f"(0..{vocab - 1}): it is not this model's tokenizer."
+        )
 
 
 def _check_n(n: int) -> None:
