@@ -111,10 +111,17 @@ def _raise_opset(model: ir.Model, target: int) -> None:
     from onnxscript import version_converter
 
     before = opset_of(model)
+    # onnxscript warns on stderr each time it hands a conversion to onnx's C converter (every legacy
+    # export at opset 17): the fallback is intended, and the ledger's opset step records the result.
+    converter_log = logging.getLogger("onnxscript.version_converter")
+    level = converter_log.level
+    converter_log.setLevel(logging.ERROR)
     try:
         version_converter.convert_version(model, target, fallback=True)
     except Exception as e:
         raise UserError(f"cannot raise the model's ONNX opset from {before} to {target}: {e}") from e
+    finally:
+        converter_log.setLevel(level)
     if (opset_of(model) or 0) < target:
         raise UserError(
             f"cannot raise the model's ONNX opset from {before} to {target} (the version converter "
