@@ -290,3 +290,14 @@ def test_export_failure_names_the_root_cause_without_colour_codes() -> None:
     assert line.startswith("ConversionError: Failed to decompose. This is step 2/3.")
     assert "(caused by ValueError: Cannot view a tensor" in line
     assert export_failure(ValueError("plain")) == "ValueError: plain"
+
+
+def test_dynamic_string_keeps_positions_of_empty_entries() -> None:
+    # "batch,,height,width" on NCHW images: channels static; empty entries used to be dropped, which
+    # named H "width" and left W static.
+    import torch
+
+    feeds = {"x": torch.zeros(2, 3, 32, 32)}
+    assert resolve_dynamic("batch,,height,width", feeds) == {"x": {0: "batch", 2: "height", 3: "width"}}
+    assert resolve_dynamic(["batch", "", "h"], feeds) == {"x": {0: "batch", 2: "h"}}
+    assert resolve_dynamic("batch,seq,", {"ids": torch.zeros(2, 8)}) == {"ids": {0: "batch", 1: "seq"}}

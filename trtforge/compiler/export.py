@@ -25,7 +25,8 @@ from trtforge._usercode import user_code
 from trtforge.core import onnx_io
 from trtforge.errors import ExportError, UserError
 
-# A dynamic-axes spec: None (static), "batch", "batch,seq" (dim 0 / dims 0,1 of every input), or
+# A dynamic-axes spec: None (static), "batch", "batch,seq" (dim 0 / dims 0,1 of every input; an empty
+# entry keeps its axis static: "batch,,height,width"), or
 # {input_name: {axis: dim_name}} / {input_name: [dim_name or None per axis]}.
 DynamicSpec = None | str | Sequence[str] | Mapping[str, Mapping[int, str] | Sequence[str | None]]
 
@@ -104,9 +105,10 @@ def resolve_dynamic(spec: DynamicSpec, inputs: Mapping[str, Any]) -> dict[str, d
     if spec is None:
         return {}
     if isinstance(spec, str) or (isinstance(spec, Sequence) and all(isinstance(s, str) for s in spec)):
-        names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+        # positional: an empty entry keeps that axis static ("batch,,height,width": NCHW, C fixed)
+        names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec)]
         return {
-            name: {axis: dim for axis, dim in enumerate(names) if axis < t.dim()}
+            name: {axis: dim for axis, dim in enumerate(names) if dim and axis < t.dim()}
             for name, t in inputs.items()
         }
     out: dict[str, dict[int, str]] = {}
