@@ -193,3 +193,33 @@ def test_a_temperature_too_small_to_scale_by_samples_greedily(llm) -> None:
 def test_generate_refuses_bad_inputs_by_name(llm, call, message) -> None:
     with pytest.raises(UserError, match=message):
         call(llm)
+
+
+@pytest.fixture(scope="module")
+def paged_graph(tmp_path_factory) -> str:
+    """The tiny Llama's paged step graph (ONNX Runtime)."""
+    import onnx
+
+    from tests.llm.tiny_models import tiny_model
+    from trtforge.llm.compile.export import export_step
+
+    d = tmp_path_factory.mktemp("paged")
+    (d / "export").mkdir()
+    options = {"max_seq": 64, "max_batch": 2, "exporter": "legacy", "cache_layout": "paged"}
+    exp = export_step(tiny_model("llama"), workdir=d / "export", **options)
+    onnx.save(exp.model, str(d / "paged.onnx"))
+    return str(d / "paged.onnx")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [  # before: OverflowError: Python int too large to convert to C long (numpy's prod of the pool shape)
+        ({"num_blocks": 10**30}, r"num_blocks=10{30} needs 7\.63e\+24 GiB of KV pools .* more than this"),
+        ({"gpu_memory_utilization": float("nan")}, r"--gpu-memory-utilization must be a fraction in"),
+    ],
+)
+def test_load_refuses_options_by_name(paged_graph, options, message) -> None:
+    import trtforge.llm
+
+    with pytest.raises(UserError, match=message):
+        trtforge.llm.load(paged_graph, **options)

@@ -19,7 +19,7 @@ import numpy as np
 from trtforge.errors import UserError
 from trtforge.llm import sizing
 from trtforge.llm.engine import Completion, LLMEngine, RequestHandle
-from trtforge.llm.executors.base import StepExecutor
+from trtforge.llm.executors.base import PoolAllocationError, StepExecutor
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.blocks import MemoryStats
 from trtforge.llm.sched.scheduler import SchedulerConfig, SchedulerStats
@@ -203,6 +203,7 @@ def load(
 
     if executor not in EXECUTORS:
         raise UserError(f"executor {executor!r} is not available; choose one of {', '.join(EXECUTORS)}.")
+    sizing.check_utilization(gpu_memory_utilization)  # (NaN was accepted where no pool is sized by it)
     if speculative is not None and executor != "torch":
         raise UserError(
             f"speculative decoding runs on the torch executor (a save_pretrained directory or "
@@ -500,25 +501,14 @@ def from_pretrained(
     except (MemoryError, RuntimeError, TypeError, OverflowError) as exc:
         if pool is not None or not allocation_failure(exc):  # (a pool sized here fits by construction)
             raise
-        raise PoolAllocationError(num_blocks, exc) from exc
+        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise PoolAllocationError(num_blocks, detail) from exc
     if pool is not None:  # what the sizing measured and reserved, captured now rather than on first use
         sizing.capture_graphs(ex, graphs)
     proposer = None if spec is None else make_proposer(spec, ex, draft_lm)
     served = ServingLLM(ex, config, proposer=proposer, speculative=spec)
     served.pool_size = pool
     return served
-
-
-class PoolAllocationError(UserError):
-    """`num_blocks` names a KV-cache pool this machine cannot allocate (or whose size overflows)."""
-
-    def __init__(self, num_blocks: int, cause: BaseException) -> None:
-        self.num_blocks = num_blocks
-        self.detail = str(cause).strip().splitlines()[0][:200] if str(cause).strip() else type(cause).__name__
-        super().__init__(
-            f"num_blocks {num_blocks}: the KV-cache pool of that many blocks cannot be allocated on this "
-            f"machine ({self.detail}); pass fewer, or num_blocks=None to size the pool to the machine."
-        )
 
 
 # how torch (CPU and CUDA) and numpy word a size they cannot allocate or represent

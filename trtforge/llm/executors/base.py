@@ -22,7 +22,21 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from trtforge.errors import TrtforgeError
+from trtforge.errors import TrtforgeError, UserError
+
+
+class PoolAllocationError(UserError):
+    """`num_blocks` names a KV-cache pool this machine cannot allocate (or whose size overflows the
+    allocator's integers); `detail` says why, for a caller that words it as its own option."""
+
+    def __init__(self, num_blocks: int, detail: str, message: str | None = None) -> None:
+        self.num_blocks = num_blocks
+        self.detail = detail
+        super().__init__(
+            message
+            or f"num_blocks {num_blocks}: the KV-cache pool of that many blocks cannot be allocated on this "
+            f"machine ({detail}); pass fewer, or leave num_blocks out."
+        )
 
 
 @dataclass(frozen=True)

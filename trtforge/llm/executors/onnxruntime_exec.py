@@ -7,6 +7,7 @@ steps and serves :class:`trtforge.llm.engine.LLMEngine` like the torch executor.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from trtforge.errors import UserError
-from trtforge.llm.executors.base import ExecutorFacts, StepBatch
+from trtforge.llm.executors.base import ExecutorFacts, PoolAllocationError, StepBatch
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
 
 ORT_TYPES = {
@@ -123,18 +124,19 @@ def allocate_pools(
 ) -> dict[str, np.ndarray]:
     """Zeroed KV pools in host memory; UserError naming num_blocks when they cannot fit this machine's
     RAM (numpy's zeros are lazily committed, so an oversized pool would otherwise fail mid-generation)."""
-    total = len(names) * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    total = len(names) * math.prod(shape) * np.dtype(dtype).itemsize  # (Python ints: 10**30 blocks too)
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # no sysconf (not POSIX): rely on the allocator
         ram = None
-    message = (
-        f"num_blocks={num_blocks} needs {total / 2**30:.3g} GiB of KV pools ({len(names)} pools of "
-        f"{list(shape)} {np.dtype(dtype).name})"
-    )
+    need = f"{total / 2**30:.3g} GiB of KV pools ({len(names)} pools of {list(shape)} {np.dtype(dtype).name})"
     if ram is not None and total > ram:
-        raise UserError(f"{message}, more than this machine's {ram / 2**30:.3g} GiB of RAM; lower it.")
+        detail = f"{need}, more than this machine's {ram / 2**30:.3g} GiB of RAM"
+        raise PoolAllocationError(num_blocks, detail, f"num_blocks={num_blocks} needs {detail}; lower it.")
     try:
         return {n: np.zeros(shape, dtype) for n in names}
-    except MemoryError as e:
-        raise UserError(f"{message}, which could not be allocated; lower num_blocks.") from e
+    except (MemoryError, ValueError, OverflowError) as e:  # (numpy: "array is too big" past its sizes)
+        detail = f"{need}, which could not be allocated: {type(e).__name__}: {e}"
+        raise PoolAllocationError(
+            num_blocks, detail, f"num_blocks={num_blocks} needs {detail}; lower it."
+        ) from e
