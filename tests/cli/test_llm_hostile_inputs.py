@@ -92,6 +92,10 @@ CASES: dict[str, tuple[Setup, str]] = {
         lambda d: [*TINY_IDS, "--n", str(10**23), "--temperature", "1"],
         r"--n 10{23}: expected 1 to 65,536 samples per prompt\. Each sample is its own sequence",
     ),
+    "generate --n 40000 x 2 prompts": (
+        lambda d: [*TINY_IDS, "--prompt-ids", "3", "--n", "40000"],
+        r"--n 40000 x 2 prompts is 80,000 sequences, more than 65,536 in one run",
+    ),
     "generate --n 65537": (
         lambda d: [*TINY_IDS, "--n", "65537"],
         r"--n 65537: expected 1 to 65,536 samples per prompt",

@@ -152,7 +152,7 @@ def generate_cmd(
             "token ids with --prompt-ids)."
         )
     rows = [_parse_ids(p) for p in prompt_ids] + [encode_prompt(tok, p, "--prompt") for p in prompts]
-    _check_n(n)
+    _check_n(n, len(rows))
     params = _sampling_params(
         SamplingParams,
         max_tokens=max_tokens,
@@ -239,17 +239,26 @@ def _check_vocabulary(rows: list[list[int]], given_ids: int, vocab: int, tokeniz
         )
 
 
-def _check_n(n: int) -> None:
-    """UserError naming --n outside [1, MAX_N]: every sample is queued at once as its own sequence and
-    printed on its own line, so --n 10**23 would fill the memory for hours rather than fail."""
+def _check_n(n: int, prompts: int) -> None:
+    """UserError naming --n outside [1, MAX_N], or past MAX_N sequences over all prompts: every sample is
+    queued at once as its own sequence and printed on its own line, so --n 10**23 would fill the memory
+    for hours rather than fail."""
     from trtforge.errors import UserError
     from trtforge.llm.sampling import MAX_N
 
+    why = (
+        "Each sample is its own sequence, all queued at once (a few KB of memory each before it runs, then "
+        "its own KV-cache blocks) and printed on its own line"
+    )
     if not 1 <= n <= MAX_N:
         raise UserError(
-            f"--n {n}: expected 1 to {MAX_N:,} samples per prompt. Each sample is its own sequence, all "
-            "queued at once (a few KB of memory each before it runs, then its own KV-cache blocks) and "
-            "printed on its own line; for more, run again with another --seed."
+            f"--n {n}: expected 1 to {MAX_N:,} samples per prompt. {why}; for more, run again with another "
+            "--seed."
+        )
+    if n * prompts > MAX_N:
+        raise UserError(
+            f"--n {n} x {prompts} prompts is {n * prompts:,} sequences, more than {MAX_N:,} in one run. "
+            f"{why}; give fewer prompts or samples per run."
         )
 
 
