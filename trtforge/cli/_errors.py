@@ -60,7 +60,8 @@ def _signals_as_interrupts(received: list[int]) -> Iterator[None]:
         it again, 10 ms later, where the main thread runs (a timer signal: raised here, it would be
         ignored again)."""
         swallowed = received and active[0] and isinstance(unraisable.exc_value, KeyboardInterrupt)
-        if not swallowed or not hasattr(signal, "setitimer"):
+        main = threading.current_thread() is threading.main_thread()  # (where signal handlers are set)
+        if not swallowed or not main or not hasattr(signal, "setitimer"):
             hook(unraisable)
             return
         if not alarm:
