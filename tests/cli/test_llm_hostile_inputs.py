@@ -170,6 +170,12 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"--windows 100000000 x --window-len 16 x the vocabulary's 4096 logits take .* GiB, more than this "
         r"machine's .* GiB of available RAM",
     ),
+    # before: built 10**9 speed prompts and a KV pool for them: never finished (killed by `timeout`)
+    "report --generate --batch past memory": (
+        lambda d: [*REPORT, "--text", str(TRAINED.parent / "eval_stdlib.txt"), "--batch", f"1,{10**9}"],
+        r"--batch 1000000000: 1000000000 requests of --prompt-len 4 \+ --new-tokens 2 tokens, submitted at "
+        r"once, hold .* GiB of KV cache \(float32\), more than this machine's .* GiB of available RAM",
+    ),
     # before: found only when writing, after every variant had run (here: the model's error came first)
     "report --generate -o under a file": (
         _file(

@@ -68,6 +68,7 @@ DEFAULT_WINDOW_LEN = 256
 DEFAULT_CHUNK = 64
 DEFAULT_PROMPT_LEN = 128
 DEFAULT_NEW_TOKENS = 32
+_BLOCK_SIZE = 16  # tokens a KV block of the serving variants' pools
 CALIB_PROMPTS, CALIB_LEN = 16, 128
 _STEP_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -173,6 +174,29 @@ def _check_logits_fit(windows: int, window_len: int, vocab: int) -> None:
             f"--windows {windows} x --window-len {window_len} x the vocabulary's {vocab} logits take "
             f"{need / 2**30:.3g} GiB, more than this machine's {ram / 2**30:.3g} GiB of available RAM; "
             "lower --windows or --window-len."
+        )
+
+
+def _check_batch_fits(batch: int, prompt_len: int, new_tokens: int, lm: Any, device: str) -> None:
+    """UserError when the largest --batch, all its requests submitted at once, needs a KV cache larger
+    than this machine's memory (float32, the widest a variant keeps): --batch 10**9 built a prompt list
+    and a pool of that size and never finished."""
+    import torch
+
+    from trtforge.llm.sizing import available_ram, model_kv_block_bytes
+
+    blocks = -(-(prompt_len + new_tokens) // _BLOCK_SIZE)
+    need = batch * blocks * model_kv_block_bytes(lm, _BLOCK_SIZE, 4)
+    if device.startswith("cuda"):
+        index = torch.device(device).index or 0
+        have, where = torch.cuda.get_device_properties(index).total_memory, f"GPU {index}'s memory"
+    else:
+        have, where = available_ram(), "available RAM"
+    if need > have:
+        raise UserError(
+            f"--batch {batch}: {batch} requests of --prompt-len {prompt_len} + --new-tokens {new_tokens} "
+            f"tokens, submitted at once, hold {need / 2**30:.3g} GiB of KV cache (float32), more than this "
+            f"machine's {have / 2**30:.3g} GiB of {where}; lower --batch."
         )
 
 
@@ -383,7 +407,7 @@ def _serving_variant(
     t0 = time.perf_counter()
     length = w.tokens.shape[1]
     speed_len = (speed_args or {}).get("prompt_len", 0) + (speed_args or {}).get("new_tokens", 0)
-    bs = 16
+    bs = _BLOCK_SIZE
     need = (
         w.tokens.shape[0] * _blocks(length, bs)
         + max((speed_args or {}).get("batch_sizes", [1])) * _blocks(speed_len, bs)
@@ -625,6 +649,7 @@ def build_llm_report(
     if tok_dir is None:
         raise UserError("--text needs a tokenizer: the model directory's own, or --tokenizer DIR.")
     _check_logits_fit(windows, window_len, int(lm.config.vocab_size))
+    _check_batch_fits(max(int(b) for b in batch_sizes), prompt_len, new_tokens, lm, device)
     ids = _tokenize(content, tok_dir)
     w = cut_windows(ids, windows, window_len, f"--text '{text_path}'")
     positions = getattr(lm.config, "max_position_embeddings", None) or getattr(lm.config, "n_positions", None)
