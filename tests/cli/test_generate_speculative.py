@@ -151,3 +151,22 @@ def test_the_trained_pair_shares_its_tokenizer_without_a_warning(capfd):
     assert main(["generate", str(TARGET), *PROMPT, "--speculative-model", str(DRAFT)]) == 0
     err = capfd.readouterr().err
     assert "warning" not in err and "tokenizer" not in err, err
+
+
+def trained_target_factory():
+    """The trained target as module:factory: a model without a tokenizer directory of its own."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(TARGET)), None
+
+
+@NEEDS_TRAINED
+def test_a_factory_target_is_compared_through_its_tokenizer_option(capfd, tmp_path):
+    """A module:factory target has no directory to read a tokenizer from: --tokenizer names it, and the
+    draft's is compared with that one (before: accepted, every proposal of the draft rejected)."""
+    draft = draft_with_tokenizer(tmp_path / "draft", permute_regular_ids)
+    argv = ["generate", "tests.cli.test_generate_speculative:trained_target_factory", *PROMPT]
+    argv += ["--tokenizer", str(TARGET), "--speculative-model", str(draft)]
+    assert main(argv) == 2
+    out, err = capfd.readouterr()
+    assert out == "" and f"and the target '--tokenizer {TARGET}' have different tokenizers" in err, err

@@ -130,7 +130,8 @@ def generate_cmd(
     """Generate continuations of prompts with MODEL, printing tokens as they come."""
     from trtforge.errors import UserError
     from trtforge.llm import SamplingParams, load
-    from trtforge.llm.text import check_text, encode_prompt, model_tokenizer
+    from trtforge.llm.spec.tokenizers import check_draft_against
+    from trtforge.llm.text import check_text, encode_prompt, has_tokenizer, model_tokenizer
 
     if not prompt_ids and not prompts:
         raise UserError('give at least one prompt: --prompt-ids "1 2 3" or --prompt TEXT.')
@@ -181,6 +182,9 @@ def generate_cmd(
         lm_head_quantization=lm_head_quantization,
     )
     spec = speculative_config(speculative_method, speculative_model, num_speculative_tokens)
+    if spec is not None and tok is not None and tokenizer is not None and not has_tokenizer(model):
+        # (a target directory with its own tokenizer is compared with the draft's where it loads)
+        check_draft_against(tok, f"--tokenizer {tokenizer}", spec.get("model"))
     with _load(load, model, executor, num_blocks, spec, torch_kw) as llm:
         _check_vocabulary(rows, len(prompt_ids), llm.executor.facts.vocab_size, tokenizer)
         if num_blocks is not None:

@@ -104,6 +104,15 @@ def check_draft_directories(target: Any, draft: Any) -> None:
     check_draft_tokenizer(load_tokenizer(target), load_tokenizer(draft), str(target), str(draft))
 
 
+def check_draft_against(target: Any, target_name: str, draft: Any) -> None:
+    """:func:`check_draft_tokenizer` of a target's tokenizer given as an object (``generate --tokenizer
+    DIR`` for a target without its own, such as module:factory) and a draft directory holding one."""
+    from trtforge.llm.text import has_tokenizer, load_tokenizer
+
+    if isinstance(draft, (str, os.PathLike)) and has_tokenizer(draft):
+        check_draft_tokenizer(target, load_tokenizer(draft), target_name, str(draft))
+
+
 def _same_files(a: Any, b: Any) -> bool:
     """Whether two directories hold the same tokenizer files, byte for byte."""
     from pathlib import Path
