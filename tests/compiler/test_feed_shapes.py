@@ -43,3 +43,27 @@ def test_conv_frontend_compiles_with_verification_at_the_profile_opt(tmp_path, p
     assert ledger["passes"] and all(p["verification"] is not None for p in ledger["passes"])
     if precision == "fp16":
         assert "400" in result.manifest.records["fp16"]["data_source"]
+
+
+def test_derived_range_narrows_to_what_the_model_runs(tmp_path) -> None:
+    # no --shape: the derived MIN x 1x1 is too short for the kernel-10 convolution; compile narrows the
+    # range it chose itself (it used to exit 2 asking for --shape) and records the narrowed range
+    import trtforge
+
+    module, inputs = _conv_audio()
+    printed = []
+    result = trtforge.compile(module, inputs, tmp_path / "a.engine", dynamic="batch,seq", log=printed.append)
+    profile = result.manifest.records["build"]["profiles"][0]["x"]
+    assert profile["min"][0] == 1 and 10 <= profile["min"][1] <= 400 and profile["max"] == [32, 512]
+    assert sum("derived profile --shape x:" in line for line in printed) == 2
+
+
+def test_user_range_the_model_cannot_run_is_not_narrowed(tmp_path) -> None:
+    import trtforge
+    from trtforge.errors import UserError
+
+    module, inputs = _conv_audio()
+    with pytest.raises(UserError, match=r"cannot run at the profile's MIN shapes \(x 1x2\).*--shape x:1x"):
+        trtforge.compile(
+            module, inputs, tmp_path / "a.engine", dynamic="batch,seq", shapes=["x:1x2:2x400:4x800"]
+        )

@@ -302,6 +302,29 @@ def serialize_network(
     return bytes(memoryview(plan)), messages
 
 
+def _check_narrowing_derived(
+    check_profile: Callable[[dict[str, ShapeRange]], dict[str, Any]],
+    profile: dict[str, ShapeRange],
+    derived: Mapping[str, ShapeRange],
+) -> tuple[dict[str, ShapeRange], dict[str, Any], dict[str, ShapeRange]]:
+    """Run `check_profile`; where the model cannot run at an end of ranges trtforge derived itself
+    (no --shape: a Wav2Vec2 conv front end needs more than 1 sample), narrow those ranges to the
+    furthest shapes that ran and check again. A range the user gave is never changed: its failure
+    raises, naming a --shape to pass. Returns (profile, check record, the narrowed ranges)."""
+    from trtforge.compiler.shape_check import ProfileRangeError
+
+    narrowed: dict[str, ShapeRange] = {}
+    for _ in range(2):  # MIN, then MAX
+        try:
+            return profile, check_profile(profile), narrowed
+        except ProfileRangeError as e:
+            if not e.runs or any(name not in derived for name in e.runs):
+                raise
+            profile = e.narrowed(profile)
+            narrowed.update({name: profile[name] for name in e.runs})
+    return profile, check_profile(profile), narrowed
+
+
 def build_engine(
     onnx_path: str | os.PathLike[str],
     options: BuildOptions | None = None,
@@ -342,7 +365,13 @@ def build_engine(
     if derived and on_derived is not None:
         on_derived(derived)
     dynamic = any(-1 in d.shape for d in descs)
-    checked = check_profile(profile) if check_profile is not None and dynamic else None
+    checked = None
+    if check_profile is not None and dynamic:
+        profile, checked, narrowed = _check_narrowing_derived(check_profile, profile, derived)
+        if narrowed:
+            derived.update(narrowed)
+            if on_derived is not None:
+                on_derived(narrowed)
 
     config = builder.create_builder_config()
     needs_profile = any(-1 in t.shape for t in inputs)

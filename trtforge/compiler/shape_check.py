@@ -65,6 +65,24 @@ class _Unsupported(Exception):
     """The graph cannot be checked here (not a problem of the shapes)."""
 
 
+class ProfileRangeError(UserError):
+    """The model cannot run at the profile's `end` ("min"/"max"); `runs` holds, per ranged input, the
+    furthest shapes toward that end that ran, so a caller may narrow ranges it chose itself."""
+
+    def __init__(self, message: str, end: str, runs: Mapping[str, list[int]]) -> None:
+        super().__init__(message)
+        self.end, self.runs = end, dict(runs)
+
+    def narrowed(self, profile: Mapping[str, ShapeRange]) -> dict[str, ShapeRange]:
+        """`profile` with the failing end of each ranged input moved to the shapes that ran."""
+        out = dict(profile)
+        for name, shape in self.runs.items():
+            r = profile[name]
+            lo, hi = (shape, r.max) if self.end == "min" else (r.min, shape)
+            out[name] = ShapeRange(list(lo), list(r.opt), list(hi))
+        return out
+
+
 def _weight_bytes(path: Path) -> int:
     import onnx
 
@@ -150,7 +168,8 @@ def check_profile(onnx_path: str | Path, profile: Mapping[str, ShapeRange]) -> d
                 )
                 return record
             end = "max" if "MAX" in failures else "min"
-            raise UserError(_message(failures, dynamic, _furthest(session, dynamic, end)))
+            runs = _furthest(session, dynamic, end)
+            raise ProfileRangeError(_message(failures, dynamic, runs), end, runs)
     except _Unsupported as e:
         record["skipped"] = f"no synthetic inputs for this graph: {e}"
     finally:
