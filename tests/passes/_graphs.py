@@ -155,7 +155,9 @@ class GraphBuilder:
         if score_bias:
             per_head = self.rng.standard_normal((1, H, 1, 1)).astype(np.float32)
             scores = self.op("Add", scores, self.const(per_head, "score_bias"))
-        if mask != "none":
+        if mask in ("causal", "causal_window"):
+            scores = self.op("Add", scores, self.position_mask(window=3 if mask == "causal_window" else None))
+        elif mask != "none":
             m = self.op("Cast", self.mask_input(), to=TensorProto.FLOAT)
             m = self.op("Mul", self.op("Sub", self.const(1.0), m), self.const(-10000.0))
             m = self.op("Unsqueeze", m, self.const(np.array([1, 2], dtype=np.int64), "axes"))
@@ -165,6 +167,20 @@ class GraphBuilder:
         o = self.op("Transpose", o, perm=[0, 2, 1, 3])
         self.x = self.op("Reshape", o, self.const(np.array([0, 0, E], dtype=np.int64), "shape"))
         self.count("Attention" if complete else "attention_incomplete")
+
+    def position_mask(self, window: int | None = None) -> str:
+        """Additive [S, S] mask from positions: causal (k <= q), with `window` also k > q - window."""
+        seq = self.op("Gather", self.op("Shape", self.x), self.const(np.array(1, dtype=np.int64)), axis=0)
+        idx = self.op(
+            "Range", self.const(np.array(0, dtype=np.int64)), seq, self.const(np.array(1, dtype=np.int64))
+        )
+        q = self.op("Unsqueeze", idx, self.const(np.array([1], dtype=np.int64), "axes"))  # [S, 1]
+        k = self.op("Unsqueeze", idx, self.const(np.array([0], dtype=np.int64), "axes"))  # [1, S]
+        keep = self.op("LessOrEqual", k, q)
+        if window is not None:
+            lowest = self.op("Sub", q, self.const(np.array(window, dtype=np.int64)))
+            keep = self.op("And", keep, self.op("Greater", k, lowest))
+        return self.op("Where", keep, self.const(0.0), self.const(-1e9))
 
     def build(self) -> onnx.ModelProto:
         out = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", E])

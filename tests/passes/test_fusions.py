@@ -145,6 +145,18 @@ def test_attention_with_score_bias_is_refused_by_the_plugin_strategy():
     assert "Softmax" in op_counts(out)
 
 
+@pytest.mark.parametrize("window", [False, True])
+def test_position_only_mask_is_causal_only_without_a_window(window):
+    # Mistral's sliding window adds `k > q - window` to the causal `k <= q`: is_causal=1 would drop it
+    # (verification at 7 positions caught a window of 3; a window longer than that would go unseen).
+    g = GraphBuilder()
+    g.attention(mask="causal_window" if window else "causal")
+    out, _ = _fuse(g.build())
+    att = next(n for n in out.graph.node if n.op_type == "Attention")
+    causal = {a.name: a.i for a in att.attribute}.get("is_causal", 0)
+    assert (causal, len(att.input)) == ((0, 4) if window else (1, 3))
+
+
 def test_attention_softmax_on_other_axis_is_left_alone():
     g = GraphBuilder()
     g.attention(complete=False)

@@ -5,9 +5,11 @@ finfo.min)`, eager `(1 - mask) * -inf`, `Trilu`), so the analysis is structural,
 
 - *data inputs*: the graph inputs whose values (not just shapes) reach the mask; ancestors are
   walked but not through `Shape`/`Size`, whose outputs depend on shapes only.
-- *causal*: a `LessOrEqual(k_idx, q_idx)` / `GreaterOrEqual(q_idx, k_idx)` (or the strict forms
-  with the sides swapped) between two non-constant position tensors, the key index laid out along
-  the last axis and the query index along the one before; or a `Trilu` in the mask.
+- *causal*: exactly one causal marker: a `LessOrEqual(k_idx, q_idx)` / `GreaterOrEqual(q_idx, k_idx)`
+  (or the strict forms with the sides swapped) between two non-constant position tensors, the key
+  index laid out along the last axis and the query index along the one before; or a `Trilu` in the
+  mask. A second marker is another ordering constraint between the positions, e.g. a sliding window
+  (`k_idx > q_idx - window`, Mistral): the mask is then more than causal and stays a mask.
 
 The native strategy only replaces a mask by `is_causal=1` when it is causal and reads no graph
 input; otherwise the mask is kept as `attn_mask`, which is exact whatever the mask means. The
@@ -75,11 +77,21 @@ def _is_causal_compare(node: ir.Node) -> bool:
     return (a_row and b_col) if key_first else (a_col and b_row)
 
 
+def _is_plain_tril(node: ir.Node) -> bool:
+    """Trilu keeping the lower triangle with the diagonal (upper=0, k absent or 0)."""
+    if node.attributes.get_int("upper", 1) != 0:
+        return False
+    if len(node.inputs) < 2 or node.inputs[1] is None:
+        return True
+    k = node.inputs[1].const_value
+    return k is not None and int(k.numpy().reshape(-1)[0]) == 0
+
+
 def analyze_mask(mask: ir.Value, graph: ir.Graph) -> MaskInfo:
     """Walk the mask's ancestors (see module docstring) and summarise them."""
     graph_inputs = {id(v) for v in graph.inputs}
     data_inputs: list[ir.Value] = []
-    causal = False
+    markers = 0
     seen: set[int] = set()
     stack = [mask]
     while stack:
@@ -95,7 +107,9 @@ def analyze_mask(mask: ir.Value, graph: ir.Graph) -> MaskInfo:
             continue
         if node.op_type in _SHAPE_ONLY:
             continue
-        if node.op_type == "Trilu" or _is_causal_compare(node):
-            causal = True
+        if node.op_type == "Trilu":
+            markers += 1 if _is_plain_tril(node) else 2  # a shifted or upper Trilu is no plain causal mask
+        elif _is_causal_compare(node):
+            markers += 1
         stack.extend(node.inputs)
-    return MaskInfo(tuple(data_inputs), causal)
+    return MaskInfo(tuple(data_inputs), markers == 1)
