@@ -131,6 +131,26 @@ def _sentence_embedding() -> tuple:
     return MeanPool(), _text_inputs(), "batch,seq"
 
 
+def _mistral_sliding_window() -> tuple:
+    """A decoder as a feature extractor, ids only: its mask is causal AND a sliding window of 4."""
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.MistralConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        sliding_window=4,
+        use_cache=False,
+    )
+    return _wrap(T.MistralModel(cfg), "input_ids"), (_text_inputs()["input_ids"],), "batch,seq"
+
+
 VIT = dict(image_size=32, patch_size=8, hidden_size=32, **LAYERS)
 ZOO: dict[str, Callable[[], tuple]] = {
     "distilbert": _text(
@@ -215,4 +235,5 @@ ZOO: dict[str, Callable[[], tuple]] = {
     ),
     "whisper_encoder": _whisper,
     "wav2vec2": _audio,
+    "mistral_sliding_window": _mistral_sliding_window,
 }

@@ -68,3 +68,11 @@ def test_zoo_architecture_fuses_and_verifies(name, exporter, tmp_path):
     assert {k: ops[k] for k in EXPECTED[name]} == EXPECTED[name]
     if EXPECTED[name].get("Attention"):
         assert "Softmax" not in ops
+
+
+def test_sliding_window_mask_stays_a_mask(tmp_path):
+    # causal + window, no padding input: is_causal=1 would drop the window (verification at 7
+    # positions sees a window of 4; a model's real window of 4096 it would not)
+    fused, _ = _fuse("mistral_sliding_window", "dynamo", tmp_path)
+    att = next(n for n in fused.graph.node if n.op_type == "Attention")
+    assert len(att.input) == 4 and "is_causal" not in {a.name for a in att.attribute}
