@@ -67,3 +67,32 @@ def test_user_range_the_model_cannot_run_is_not_narrowed(tmp_path) -> None:
         trtforge.compile(
             module, inputs, tmp_path / "a.engine", dynamic="batch,seq", shapes=["x:1x2:2x400:4x800"]
         )
+
+
+def test_derived_range_is_not_collapsed_to_the_example_size(tmp_path) -> None:
+    # the legacy exporter bakes nn.MultiheadAttention's sequence length into its reshapes: the graph
+    # runs at the example's length only, so narrowing would turn a dynamic axis static; refused, saying why
+    import torch
+
+    import trtforge
+    from trtforge.errors import UserError
+
+    torch.manual_seed(0)
+
+    class Mha(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mha = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+
+        def forward(self, x):
+            return self.mha(x, x, x, need_weights=False)[0]
+
+    with pytest.raises(UserError, match=r"ran at no other size of x axis 1 .*--exporter dynamo"):
+        trtforge.compile(
+            Mha().eval(),
+            (torch.randn(2, 8, 16),),
+            tmp_path / "m.engine",
+            dynamic="batch,seq",
+            exporter="legacy",
+        )
+    assert not (tmp_path / "m.engine").exists()

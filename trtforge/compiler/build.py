@@ -302,6 +302,17 @@ def serialize_network(
     return bytes(memoryview(plan)), messages
 
 
+def _collapsed_axes(before: Mapping[str, ShapeRange], after: Mapping[str, ShapeRange]) -> list[str]:
+    """'input axis k' for each axis that had a range before and has a single size after narrowing."""
+    out = []
+    for name, r in after.items():
+        b = before[name]
+        out += [
+            f"{name} axis {k}" for k in range(len(r.min)) if b.min[k] != b.max[k] and r.min[k] == r.max[k]
+        ]
+    return out
+
+
 def _check_narrowing_derived(
     check_profile: Callable[[dict[str, ShapeRange]], dict[str, Any]],
     profile: dict[str, ShapeRange],
@@ -320,7 +331,15 @@ def _check_narrowing_derived(
         except ProfileRangeError as e:
             if not e.runs or any(name not in derived for name in e.runs):
                 raise
-            profile = e.narrowed(profile)
+            before, profile = profile, e.narrowed(profile)
+            collapsed = _collapsed_axes(before, profile)
+            if collapsed:
+                raise UserError(
+                    f"{e} The graph ran at no other size of {', '.join(collapsed)} than the example's: the "
+                    "export fixed that size (the legacy exporter traces Python ints, e.g. in "
+                    "nn.MultiheadAttention's reshapes); export with --exporter dynamo, or drop that axis "
+                    "from --dynamic."
+                ) from e
             narrowed.update({name: profile[name] for name in e.runs})
     return profile, check_profile(profile), narrowed
 
