@@ -20,6 +20,10 @@ from trtforge.llm.executors.base import ExecutorFacts, StepBatch, StepExecutor
 from trtforge.llm.sched.blocks import BlockManager, NoFreeBlocksError
 from trtforge.llm.sched.request import Sequence_
 
+# how much smaller than the target's a draft's vocabulary may be: families pad one tokenizer to sizes a
+# little apart (Qwen2.5: 151,936 and 152,064 ids, 0.08%); further apart, they are two tokenizers
+MAX_PADDING_GAP = 0.01
+
 
 class Proposal(NamedTuple):
     """Draft tokens for one sequence and, when drawn at random, the distributions they came from."""
@@ -204,14 +208,28 @@ class DraftModelProposer:
         self.blocks = BlockManager(f.num_blocks, f.block_size, enable_prefix_caching=False)
         self._max_len = f.max_model_len
         self._written: dict[Hashable, list[int]] = {}
+        self.target_vocab = f.vocab_size  # (check_target sets the target's, when larger)
 
     def check_target(self, target: ExecutorFacts) -> None:
-        """UserError unless the draft shares the target's vocabulary."""
-        if self.executor.facts.vocab_size != target.vocab_size:
-            raise UserError(
-                f"speculative draft model has a vocabulary of {self.executor.facts.vocab_size} tokens but "
-                f"the target's has {target.vocab_size}; a draft model must share the target's tokenizer"
+        """UserError unless the draft speaks the target's ids: the same vocabulary, or one padded to a
+        size at most :data:`MAX_PADDING_GAP` smaller (Qwen2.5's 0.5B-3B models pad their shared
+        tokenizer to 151,936 ids, the 7B-72B to 152,064). The target's size is kept: a smaller draft's
+        distributions are widened to it, and target ids past the draft's vocabulary (padding ids no text
+        tokenizes to) reach the draft as id 0."""
+        draft, vocab = self.executor.facts.vocab_size, target.vocab_size
+        if draft > vocab or draft < vocab * (1 - MAX_PADDING_GAP):
+            why = (
+                "it could propose ids the target has no logits for"
+                if draft > vocab
+                else f"sizes that far apart (more than {MAX_PADDING_GAP:.0%}) are different tokenizers, not "
+                "one padded to two sizes"
             )
+            raise UserError(
+                f"speculative draft model has a vocabulary of {draft} tokens but the target's has {vocab}: "
+                f"{why}. A draft model must share the target's tokenizer, with a vocabulary no larger than "
+                "the target's."
+            )
+        self.target_vocab = vocab
 
     def _chains(self, rows: int) -> bool:
         """Whether this proposal's further steps run as one chain on the executor."""
@@ -286,7 +304,7 @@ class DraftModelProposer:
             got = self._sync(seq, k, k - 1 if chain else 0) if k > 0 else None
             if got is not None:
                 live.append(i)
-                runs.append(got[0])
+                runs.append(self._draft_ids(got[0]))
                 starts.append(got[1])
                 slots.append(got[2])
                 copies.extend(got[3])
@@ -309,8 +327,23 @@ class DraftModelProposer:
             if d:
                 # the pool's copy: its tokens, then the proposals whose K/V it wrote (all but the last)
                 self._written[seq.request_id].extend(d[:-1])
-            out.append(Proposal(d, np.stack(q) if q else None))
+            out.append(Proposal(d, self._widened(np.stack(q)) if q else None))
         return out
+
+    def _draft_ids(self, run: list[int]) -> list[int]:
+        """`run` (target ids) as the draft may embed them: ids past its vocabulary (a padded target's
+        padding ids, which the target can still sample) become 0, which only costs that proposal's
+        acceptance; verification keeps the output exact."""
+        vocab = self.executor.facts.vocab_size
+        if not run or max(run) < vocab:
+            return run
+        return [t if t < vocab else 0 for t in run]
+
+    def _widened(self, q: np.ndarray) -> np.ndarray:
+        """Draft distributions ``[k, draft vocab]`` over the target's vocabulary (zero past the draft's),
+        as rejection sampling compares them with the target's."""
+        extra = self.target_vocab - q.shape[1]
+        return np.pad(q, ((0, 0), (0, extra))) if extra > 0 else q
 
     def _propose_chained(self, seqs, pick: _Picker, live, runs, starts, slots, copies) -> list[tuple]:
         """The catch-up step, then the further steps as one :meth:`decode_chain` on reserved slots;
