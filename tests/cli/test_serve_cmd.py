@@ -20,6 +20,8 @@ pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (f
         (["serve", ".", "--port", "70000"], "--port"),
         (["serve", ".", "--max-num-seqs", "0"], "--max-num-seqs"),
         (["serve", ".", "--max-prefill-tokens-with-decodes", "0"], "--max-prefill-tokens-with-decodes"),
+        (["serve", ".", "--max-num-seqs", str(10**23)], "'--max-num-seqs': 1000000000000000000000"),
+        (["serve", ".", "--max-num-batched-tokens", str(2**21)], "2097152 is more than 1,048,576"),
         (["serve", ".", "--chat-template", "/no/such.jinja"], "--chat-template"),
     ],
 )

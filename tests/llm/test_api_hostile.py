@@ -113,6 +113,10 @@ FACTORY = "tests.llm.tiny_models:llama_factory"
             r"calib_prompts must be a list of token-id lists, got str",
         ),
         ({"kv_cache_dtype": "fp8", "calib_prompts": 5}, r"calib_prompts must be a list .*got int"),
+        (  # static buffers and CUDA graphs are sized by it: 10**23 failed inside the allocator on CUDA
+            {"max_num_seqs": 10**23},
+            r"max_num_seqs must be an integer in \[1, 65,536\], got 100000000000000000000000",
+        ),
     ],
     ids=lambda v: repr(v) if isinstance(v, dict) else "",
 )

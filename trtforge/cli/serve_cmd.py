@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -35,6 +36,25 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
 """
 
 
+def _at_most(bound: str) -> Any:
+    """A click callback refusing a value past ``trtforge.llm.sched.request.<bound>`` by the option's name
+    (imported when the option is given: the scheduler's module is not for `trtforge --help` to load)."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+        from trtforge.llm.sched import request
+
+        most = getattr(request, bound)
+        if value is not None and value > most:
+            raise click.BadParameter(
+                f"{value} is more than {most:,}, the most it can be (buffers and CUDA graphs are sized by it).",
+                ctx,
+                param,
+            )
+        return value
+
+    return check
+
+
 @click.command("serve", epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -61,6 +81,7 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     "--max-num-seqs",
     default=None,
     type=click.IntRange(1),
+    callback=_at_most("MAX_NUM_SEQS"),
     help="Sequences per batch (default 256). More raise throughput on short requests where the KV pool "
     "holds them (an 8B model on an H200: 512 gave 5% more at 128 in / 128 out), at some latency per token.",
 )
@@ -68,6 +89,7 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     "--max-num-batched-tokens",
     default=None,
     type=click.IntRange(1),
+    callback=_at_most("MAX_BATCHED_TOKENS"),
     help="Tokens per step (default 4096). More make fewer, larger prompt steps (more output per second on "
     "long prompts) and a larger activation peak and CUDA graphs, which the KV pool then lacks (the sizing "
     "measures both and prints them).",
@@ -76,6 +98,7 @@ MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/
     "--max-prefill-tokens-with-decodes",
     default=None,
     type=click.IntRange(1),
+    callback=_at_most("MAX_BATCHED_TOKENS"),
     help="Prompt tokens a step takes while requests decode (default 1024). It bounds the time between a "
     "running request's tokens; raising it toward --max-num-batched-tokens trades that for throughput (an "
     "8B model on an H200, 2048 in / 128 out: 4096 gave 3.5% more output tokens a second at 3.4x the time "

@@ -96,6 +96,14 @@ class RequestOutput(NamedTuple):
     output_logprobs: tuple[Any, ...] | None = None
 
 
+# Upper bounds of a step's size. The torch executor sizes static buffers and CUDA graphs by them (decode
+# graphs up to max_num_seqs rows, piecewise graphs up to max_num_batched_tokens), so a typo such as
+# 10**23 must be refused by name rather than fail inside an allocator; both are far past what any model
+# fills (an 8B model on an H200 holds ~1,000 sequences of 1,000 tokens in FP8).
+MAX_NUM_SEQS = 2**16
+MAX_BATCHED_TOKENS = 2**20
+
+
 @dataclass
 class SchedulerConfig:
     """Batching limits. ``max_model_len=None`` takes the executor's, capped at what the pool holds.
@@ -124,15 +132,15 @@ class SchedulerConfig:
     fill_step_buckets: bool = True
 
     def validate(self) -> None:
-        for name in (
-            "max_num_seqs",
-            "max_num_batched_tokens",
-            "max_prefill_chunk",
-            "max_prefill_tokens_with_decodes",
+        for name, most in (
+            ("max_num_seqs", MAX_NUM_SEQS),
+            ("max_num_batched_tokens", MAX_BATCHED_TOKENS),
+            ("max_prefill_chunk", MAX_BATCHED_TOKENS),
+            ("max_prefill_tokens_with_decodes", MAX_BATCHED_TOKENS),
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise UserError(f"SchedulerConfig.{name} must be an integer >= 1, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+                raise UserError(f"SchedulerConfig.{name} must be an integer in [1, {most:,}], got {value!r}")
         if not isinstance(self.watermark, (int, float)) or not 0 <= self.watermark < 1:
             raise UserError(f"SchedulerConfig.watermark must be a fraction in [0, 1), got {self.watermark!r}")
         if self.max_model_len is not None and (
