@@ -218,6 +218,24 @@ def test_a_client_that_leaves_a_non_streaming_request_cancels_it(server):
     server.wait_blocks_free(timeout=10)  # 1500 tokens would take far longer than that on this CPU
 
 
+@pytest.mark.parametrize(
+    ("header", "status"),
+    [
+        (f"bearer {API_KEY}", 200),  # the scheme's name is case-insensitive (RFC 7235)
+        (f"BEARER  {API_KEY}", 200),
+        (f"Basic {API_KEY}", 401),
+        (f"Bearer {API_KEY.upper()}x", 401),
+        (API_KEY, 401),
+        ("Bearer", 401),
+    ],
+)
+def test_the_key_is_matched_and_the_scheme_in_any_case(server, header, status):
+    import httpx
+
+    got = httpx.get(server.url + "/v1/models", headers={"Authorization": header}, timeout=10)
+    assert got.status_code == status
+
+
 def test_bad_key_is_401(server):
     import openai
 

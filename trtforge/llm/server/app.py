@@ -120,8 +120,10 @@ def _check_key(state: ServerState, request: Request) -> None:
     answer's timing does not tell a client how much of a guess was right)."""
     if state.api_key is None:
         return
-    sent = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
-    if not hmac.compare_digest(sent, f"Bearer {state.api_key}".encode("utf-8", "surrogateescape")):
+    scheme, _, key = request.headers.get("authorization", "").strip().partition(" ")
+    # the scheme's name is case-insensitive (RFC 7235: curl users write "bearer"), the key is not
+    sent = key.lstrip(" ").encode("utf-8", "surrogateescape") if scheme.lower() == "bearer" else b""
+    if not hmac.compare_digest(sent, state.api_key.encode("utf-8", "surrogateescape")):
         raise ApiError(401, "invalid or missing API key (send Authorization: Bearer KEY)")
 
 
