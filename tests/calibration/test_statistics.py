@@ -92,3 +92,12 @@ def test_entropy_keeps_the_full_range_of_a_uniform_distribution():
 
 def test_scales_are_symmetric_int8_and_never_zero():
     np.testing.assert_allclose(scale_from_amax(np.array([127.0, 0.0])), [1.0, 1.0 / 127])
+
+
+def test_histogram_starting_from_subnormal_magnitudes_keeps_every_value() -> None:
+    # the first batch's max sets the range: a subnormal one overflowed float32 in the bin index
+    # (num_bins / range ~ 1e48 -> inf -> a negative int64) and bincount raised (MobileViT int8)
+    h = TensorHistogram()
+    h.update(np.array([1e-45, 0.0, -1e-45], np.float32))
+    h.update(np.array([0.5, -2.0, 3.0], np.float32))
+    assert h.hist.sum() == 6 and h.amax == 3.0 and h.range >= 3.0

@@ -58,7 +58,10 @@ class TensorHistogram:
             self.range = m
         while m > self.range:
             self._double()
-        idx = np.minimum((vals * (self.num_bins / self.range)).astype(np.int64), self.num_bins - 1)
+        # in float64: a first batch of subnormal magnitudes (MobileViT) makes num_bins / range ~1e48,
+        # which overflows float32 to inf, and inf cast to int64 is a negative bin index
+        scaled = np.multiply(vals, self.num_bins / self.range, dtype=np.float64)
+        idx = np.minimum(scaled.astype(np.int64), self.num_bins - 1)
         self.hist += np.bincount(idx, minlength=self.num_bins)
 
     def _double(self) -> None:
