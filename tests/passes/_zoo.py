@@ -101,6 +101,24 @@ def _audio() -> tuple:
     return _wrap(T.Wav2Vec2Model(cfg), "input_values"), (torch.randn(2, 400),), "batch,seq"
 
 
+def _ast() -> tuple:
+    """Audio Spectrogram Transformer: a ViT over [batch, frames, mel bins]."""
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.ASTConfig(
+        num_mel_bins=16,
+        max_length=32,
+        patch_size=8,
+        frequency_stride=8,
+        time_stride=8,
+        hidden_size=32,
+        **LAYERS,
+    )
+    return _wrap(T.ASTModel(cfg), "input_values"), (torch.randn(2, 32, 16),), "batch"
+
+
 def _whisper() -> tuple:
     import torch
     import transformers as T
@@ -233,6 +251,17 @@ ZOO: dict[str, Callable[[], tuple]] = {
     "resnet": _image(
         lambda T: T.ResNetModel(T.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1]))
     ),
+    "mobilevit": _image(
+        lambda T: T.MobileViTModel(
+            T.MobileViTConfig(
+                image_size=32,
+                hidden_sizes=[16, 16, 16],
+                neck_hidden_sizes=[8, 8, 16, 16, 16, 16, 32],
+                num_attention_heads=2,
+            )
+        )
+    ),
+    "audio_spectrogram": _ast,
     "whisper_encoder": _whisper,
     "wav2vec2": _audio,
     "mistral_sliding_window": _mistral_sliding_window,

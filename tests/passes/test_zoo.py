@@ -42,6 +42,8 @@ EXPECTED: dict[str, dict[str, int]] = {
     "segformer": {"LayerNormalization": 9, "Gelu": 2, "Attention": 2, "Split": 2},
     "convnext": {"LayerNormalization": 4, "Gelu": 2},
     "resnet": {},
+    "mobilevit": {"LayerNormalization": 21, "Attention": 9, "Split": 9},
+    "audio_spectrogram": {"LayerNormalization": 5, "Gelu": 2, "Attention": 2, "Split": 2},
     "whisper_encoder": {"LayerNormalization": 5, "Gelu": 4, "Attention": 2, "Split": 2},
     "wav2vec2": {"LayerNormalization": 6, "Gelu": 5, "Attention": 2, "Split": 2},
 }
