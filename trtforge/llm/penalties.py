@@ -1,7 +1,16 @@
-"""Batched logits processing before sampling: repetition / presence / frequency penalties, a grammar
-bitmask, min_p, and the logprobs a request asked for; torch (CPU or CUDA) or numpy, one pass for all rows.
+"""Batched logits processing before sampling: a grammar bitmask, OpenAI's logit bias, repetition /
+presence / frequency penalties, min_p, and the logprobs a request asked for; torch (CPU or CUDA) or
+numpy, one pass for all rows.
 
-Semantics are vLLM's (and OpenAI's for presence/frequency):
+The order is vLLM's: the grammar mask (its allowed tokens), then the logit bias, then the penalties,
+then temperature and min_p / top-k / top-p. So a banned or masked token stays out whatever its bias
+(``-inf + 100`` is ``-inf``), and a penalty scales a biased logit (a repeated token with +5 and
+repetition penalty 2 gets ``(x + 5) / 2`` when positive). Greedy rows take the argmax of the
+processed logits, and the logprobs (:class:`TokenLogprobs`) are of them too.
+
+Semantics are vLLM's (and OpenAI's for presence/frequency and logit_bias):
+- ``logit_bias`` {token id: b}, b in [-100, 100]: ``logit += b`` for those ids (one scatter-add of
+  every biased row's entries; the ids are checked against the vocabulary when the request is queued);
 - ``repetition_penalty`` r over the prompt *and* output tokens: a seen token's logit is divided by r
   when positive and multiplied by r when not;
 - ``frequency_penalty`` f and ``presence_penalty`` p over the output tokens only:
@@ -36,8 +45,9 @@ class TokenLogprobs(NamedTuple):
     """The sampled token's logprob and rank (1 = likeliest) and the `top` likeliest (id, logprob) pairs.
 
     Logprobs are of the distribution the sampler draws from before truncation: the logits after the
-    penalties, the grammar mask and the temperature (temperature 0 counts as 1), log-softmaxed over
-    the whole vocabulary; top-k, top-p and min_p do not change them (vLLM's "processed_logprobs").
+    grammar mask, the logit bias, the penalties and the temperature (temperature 0 counts as 1),
+    log-softmaxed over the whole vocabulary; top-k, top-p and min_p do not change them (vLLM's
+    "processed_logprobs"). A greedy row's token is the argmax of the same logits: rank 1.
     """
 
     token_id: int
@@ -49,6 +59,46 @@ class TokenLogprobs(NamedTuple):
 def penalized(p: Any) -> bool:
     """Whether SamplingParams `p` has any penalty set (so its row needs its token history)."""
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+
+def biased(p: Any) -> bool:
+    """Whether SamplingParams `p` carries a logit bias (its row's logits change before sampling)."""
+    return bool(getattr(p, "logit_bias", None))
+
+
+def apply_logit_bias(logits: Any, params: Sequence[Any]) -> Any:
+    """`logits` ``[N, vocab]`` with each row's ``logit_bias`` added; the same object when no row has one.
+
+    Every biased row's (flat position, bias) pairs are concatenated on the host and added in one
+    scatter on the logits' device; a changed batch comes back as a new contiguous tensor/array of
+    float32 (float64 stays float64), so rows without a bias keep their values bit for bit.
+    """
+    rows = [i for i, p in enumerate(params) if biased(p)]
+    if not rows:
+        return logits
+    vocab = int(logits.shape[1])
+    flat, values = [], []
+    for i in rows:
+        ids, bias = params[i].logit_bias_arrays
+        if int(ids.max()) >= vocab:
+            raise ValueError(
+                f"row {i}: logit_bias holds token id {int(ids.max())}, outside the vocabulary [0, {vocab})"
+            )
+        flat.append(ids + i * vocab)
+        values.append(bias)
+    idx, val = np.concatenate(flat), np.concatenate(values)
+    if isinstance(logits, np.ndarray):
+        x = np.array(logits, dtype=np.result_type(logits.dtype, np.float32), order="C")
+        x.reshape(-1)[idx] += val.astype(x.dtype)  # (ids are unique within a row: no repeated position)
+        return x
+    import torch
+
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    x = logits.to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
+    dev = x.device
+    host_val = val.astype(np.float64 if dtype == torch.float64 else np.float32)
+    x.view(-1).index_add_(0, to_device(idx, dev), to_device(host_val, dev))
+    return x
 
 
 def _counts_index(

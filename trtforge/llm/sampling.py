@@ -1,8 +1,9 @@
 """Per-request sampling parameters and a batched sampler over a logits batch (torch or numpy).
 
 Each request draws from its own seeded generator, exactly one uniform number per sampled token, and
-sampling is inverse-CDF over the stably sorted, min_p/top-k/top-p filtered distribution. Penalties and
-a grammar bitmask are applied to the whole batch first (:mod:`trtforge.llm.penalties`), row-wise. So a
+sampling is inverse-CDF over the stably sorted, min_p/top-k/top-p filtered distribution. A grammar
+bitmask, the logit bias and the penalties are applied to the whole batch first, in that order
+(:mod:`trtforge.llm.penalties`), row-wise; greedy rows take the argmax of the result. So a
 request's tokens depend only on its logits, its history and its seed, never on which other requests
 share the batch.
 """
@@ -10,8 +11,9 @@ share the batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,7 @@ from trtforge.llm.penalties import (
     RowHistory,
     TokenLogprobs,
     apply_bitmask,
+    apply_logit_bias,
     apply_penalties,
     compute_logprobs,
     min_p_floor,
@@ -37,6 +40,11 @@ MAX_N = 2**16
 # to inf, inf - inf is NaN, and the sampler returned token 0, 1, 2, ... with NaN logprobs
 GREEDY_TEMPERATURE = 1e-5
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+# logit_bias entries at most: one per token id of the largest vocabularies (Gemma 3's 262,144) with room;
+# the engine refuses an id past its model's vocabulary, so a request's map is at most that in practice
+MAX_LOGIT_BIAS = 2**20
+# OpenAI's range of a logit_bias value: -100 bans a token, +100 all but forces it
+LOGIT_BIAS_LIMIT = 100.0
 
 
 def _is_int(x: object) -> bool:
@@ -57,9 +65,11 @@ class SamplingParams:
     ``ignore_eos`` disables it. The other fields carry vLLM's names and meanings: ``n`` samples per
     prompt (see :meth:`expand`), ``logprobs`` top logprobs per token (0: the sampled token's only;
     see :class:`~trtforge.llm.penalties.TokenLogprobs`), the penalties and ``min_p`` of
-    :mod:`trtforge.llm.penalties`, ``stop`` strings (matched on the text by the text layer), and
+    :mod:`trtforge.llm.penalties`, ``stop`` strings (matched on the text by the text layer),
     ``response_format`` (OpenAI's: ``{"type": "json_object"}`` or ``{"type": "json_schema",
-    "json_schema": {"schema": {...}}}``) for grammar-constrained output.
+    "json_schema": {"schema": {...}}}``) for grammar-constrained output, and ``logit_bias`` (OpenAI's:
+    token id -> a bias in [-100, 100] added to that token's logit before sampling; -100 bans it, +100
+    all but forces it; an empty map is None).
     """
 
     max_tokens: int = 16
@@ -79,6 +89,7 @@ class SamplingParams:
     min_p: float = 0.0
     stop: tuple[str, ...] = ()
     response_format: dict[str, Any] | None = field(default=None, hash=False)
+    logit_bias: dict[int, float] | None = field(default=None, hash=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -140,6 +151,7 @@ class SamplingParams:
         if not isinstance(stop, (list, tuple)) or not all(isinstance(x, str) and x for x in stop):
             raise bad("stop", "a string or a list of non-empty strings", self.stop)
         object.__setattr__(self, "stop", tuple(stop))
+        self._check_logit_bias(bad)
         rf = self.response_format
         if rf is None:
             return
@@ -157,6 +169,39 @@ class SamplingParams:
                     'of type json_schema a dict with "json_schema": {"schema": {...}}',
                     rf,
                 )
+
+    def _check_logit_bias(self, bad: Any) -> None:
+        """Normalise ``logit_bias`` to a new ``{int: float}`` (None when empty), or refuse it naming the
+        first bad entry (not the whole map: it may hold a vocabulary's worth)."""
+        lb = self.logit_bias
+        if lb is None:
+            return
+        expected = (
+            f"None or a dict of token id (an integer >= 0) to a bias in [-{LOGIT_BIAS_LIMIT:g}, "
+            f"{LOGIT_BIAS_LIMIT:g}]"
+        )
+        if not isinstance(lb, Mapping):
+            raise bad("logit_bias", expected, lb)
+        if len(lb) > MAX_LOGIT_BIAS:
+            most = f"{expected}, of at most {MAX_LOGIT_BIAS:,} entries"
+            raise bad("logit_bias", most, f"{len(lb):,} entries")
+        norm: dict[int, float] = {}
+        for k, v in lb.items():
+            ok = _is_int(k) and k >= 0 and _is_number(v) and math.isfinite(v)
+            if not ok or not -LOGIT_BIAS_LIMIT <= v <= LOGIT_BIAS_LIMIT:
+                raise bad("logit_bias", expected, {k: v})
+            norm[int(k)] = float(v)
+        object.__setattr__(self, "logit_bias", norm or None)
+
+    @cached_property
+    def logit_bias_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``logit_bias`` as (int64 token ids, float64 biases), built once per params (the sampler
+        reads them every step); None without a bias."""
+        lb = self.logit_bias
+        if not lb:
+            return None
+        ids = np.fromiter(lb.keys(), dtype=np.int64, count=len(lb))
+        return ids, np.fromiter(lb.values(), dtype=np.float64, count=len(lb))
 
     @property
     def greedy(self) -> bool:
@@ -226,7 +271,8 @@ def _sample_numpy(logits: np.ndarray, rows: np.ndarray, temps, top_k, top_p, min
 
 def probabilities(logits: np.ndarray, params: Sequence[SamplingParams]) -> np.ndarray:
     """float64 ``[N, vocab]``: the distribution :func:`sample` draws row i from under params[i]
-    (temperature, min_p, top-k, top-p; no penalties or grammar), for sampled (non-greedy) params only.
+    (temperature, min_p, top-k, top-p; no logit bias, penalties or grammar), for sampled (non-greedy)
+    params only.
 
     Speculative decoding's rejection sampler verifies proposals against it, so that its output has
     exactly plain sampling's distribution."""
@@ -293,9 +339,11 @@ def _draws(logits: Any, params: Sequence[SamplingParams], generators: Sequence[n
 
 
 def _process(logits: Any, params: Sequence[SamplingParams], histories: Any, bitmask: Any) -> Any:
-    """The logits the sampler draws from: grammar mask, then penalties (`logits` itself when neither)."""
+    """The logits the sampler draws from: grammar mask, logit bias, then penalties (vLLM's order;
+    `logits` itself when none applies). Greedy rows take the argmax of these too."""
     if bitmask is not None:
         logits = apply_bitmask(logits, bitmask)
+    logits = apply_logit_bias(logits, params)
     return apply_penalties(logits, params, histories)
 
 

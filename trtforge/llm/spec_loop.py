@@ -9,7 +9,8 @@ sampling) and :meth:`Scheduler.update_speculative` rolls the rejected proposals'
 
 Synchronous only: a step's accepted tokens decide the next step's inputs and proposals, so there is
 no step in flight (asynchronous scheduling is off with speculation). Rows that do not speculate:
-a request with a grammar (``response_format``), logprobs or penalties, a sequence still prefilling,
+a request with a grammar (``response_format``), logprobs, penalties or a logit bias (the proposals
+and their verification read the model's own distribution), a sequence still prefilling,
 one within a token of its length limit, or one the proposer found nothing for. Those decode plainly
 in the same step, sampled exactly as without speculation.
 """
@@ -23,7 +24,7 @@ import numpy as np
 
 from trtforge.llm.executors.base import StepExecutor
 from trtforge.llm.loop import StepHook, StepLoop
-from trtforge.llm.penalties import penalized
+from trtforge.llm.penalties import biased, penalized
 from trtforge.llm.sampling import probabilities, sample_with_logprobs
 from trtforge.llm.sched.plan import StepPlan
 from trtforge.llm.sched.request import RequestOutput, Sequence_
@@ -63,6 +64,7 @@ class SpeculativeStepLoop(StepLoop):
             or seq.matcher is not None
             or seq.logprobs is not None
             or penalized(seq.params)
+            or biased(seq.params)
         ):
             return 0
         return min(self.num_tokens, seq.length_limit - len(seq.tokens) - 1)

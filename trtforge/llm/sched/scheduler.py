@@ -138,6 +138,12 @@ class Scheduler:
             raise UserError(
                 f"request {request_id!r}: token id {bad[0]} is outside the vocabulary [0, {vocab})"
             )
+        bias = params.logit_bias_arrays
+        if bias is not None and int(bias[0].max()) >= vocab:
+            raise UserError(
+                f"request {request_id!r}: SamplingParams.logit_bias holds token id {int(bias[0].max())}, "
+                f"outside the model's vocabulary [0, {vocab}); bias only ids below {vocab}"
+            )
         if len(tokens) >= self.max_model_len:
             f = self.facts
             why = (
