@@ -46,7 +46,8 @@ def _at_most(bound: str) -> Any:
         most = getattr(request, bound)
         if value is not None and value > most:
             raise click.BadParameter(
-                f"{value} is more than {most:,}, the most it can be (buffers and CUDA graphs are sized by it).",
+                f"{value} is more than {most:,}, the most it can be (buffers and CUDA graphs are sized "
+                "by it).",
                 ctx,
                 param,
             )

@@ -22,7 +22,8 @@ class SpeculativeConfig:
     - ``num_tokens``: proposals per step and sequence (k; each verified row runs k+1 tokens);
     - ``model``: the draft model (a save_pretrained directory, an nn.Module or ``module:factory``),
       with the target's tokenizer (its vocabulary the target's or padded up to 1% smaller:
-      :meth:`~trtforge.llm.spec.proposers.DraftModelProposer.check_target`); ``num_blocks``: its KV pool (default: the target's block count);
+      :meth:`~trtforge.llm.spec.proposers.DraftModelProposer.check_target`); ``num_blocks``: its KV
+      pool (default: the target's block count);
     - ``prompt_lookup_min`` / ``prompt_lookup_max``: the n-gram lengths tried, longest first.
     """
 
