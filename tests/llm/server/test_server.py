@@ -160,6 +160,38 @@ def test_penalties_change_a_repetitive_output(client):  # wip/sampling: penaltie
         assert greedy(client, max_tokens=48, **kw).choices[0].text != base, kw
 
 
+def test_logit_bias_bans_and_forces_tokens_through_the_openai_client(client):
+    """OpenAI's logit_bias (string token ids): -100 on every id that reads as the greedy first token
+    makes it another, +100 on one id makes every token that one, on completions and chat; sampled
+    choices never write "(" once every id that writes it is banned."""
+    from transformers import AutoTokenizer
+
+    from tests.llm.server.harness import MODEL
+
+    tok = AutoTokenizer.from_pretrained(str(MODEL))
+    first = greedy(client, max_tokens=1).choices[0].text
+    same = {str(i): -100 for i in range(len(tok)) if tok.decode([i]) == first}
+    assert same, first
+    assert greedy(client, max_tokens=1, logit_bias=same).choices[0].text != first
+    forced_id = tok.encode("return", add_special_tokens=False)[0]
+    forced = greedy(client, max_tokens=4, logit_bias={str(forced_id): 100}).choices[0].text
+    assert forced == tok.decode([forced_id] * 4)
+    chat = client.chat.completions.create(
+        model="code-llama-21m",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        temperature=0,
+        logit_bias={str(forced_id): 100},
+    )
+    assert chat.choices[0].message.content == tok.decode([forced_id] * 3)
+    paren = {str(i): -100 for i in range(len(tok)) if "(" in tok.decode([i])}  # every id that writes "("
+    kw = {"model": "code-llama-21m", "prompt": PROMPT, "max_tokens": 32, "temperature": 1.0, "n": 4}
+    kw["seed"] = 4
+    assert any("(" in c.text for c in client.completions.create(**kw).choices)
+    assert not any("(" in c.text for c in client.completions.create(**kw, logit_bias=paren).choices)
+    assert greedy(client, logit_bias={}).choices[0].text == greedy(client).choices[0].text
+
+
 def test_64_concurrent_streams_complete_and_return_every_block(server):
     import openai
 

@@ -289,7 +289,6 @@ def test_top_logprobs_without_logprobs_is_400(server):
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        (b'"prompt": "x", "logit_bias": {"5": -100}', "logit_bias"),
         (b'"prompt": "x", "best_of": 3', "best_of"),
         (b'"prompt": "x", "suffix": "return y"', "suffix"),
         (b'"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]', "tools"),
@@ -298,8 +297,8 @@ def test_top_logprobs_without_logprobs_is_400(server):
     ],
 )
 def test_a_field_that_would_change_the_answer_but_is_not_served_is_400(server, fields, param):
-    """Unknown fields are ignored, but these change what the client gets (tool calls, biased tokens, an
-    insertion, the best of several): ignored, the answer would silently be something else."""
+    """Unknown fields are ignored, but these change what the client gets (tool calls, an insertion, the
+    best of several): ignored, the answer would silently be something else."""
     path = "/v1/chat/completions" if fields.startswith(b'"messages"') else "/v1/completions"
     err = _error(_post(server, b'{"model": "%s", "max_tokens": 2, %s}' % (NAME.encode(), fields), path))
     assert err["param"] == param and err["message"].startswith(f"{param}: "), err
@@ -363,3 +362,45 @@ def test_max_tokens_past_the_context_is_refused_before_a_batch_is_tokenized(serv
     err = _error(_post(server, body.encode()))
     assert err["param"] == "max_tokens" and "leave no room" in err["message"], err
     assert time.monotonic() - start < 1.0
+
+
+CHAT = b'"messages": [{"role": "user", "content": "hi"}]'
+
+
+@pytest.mark.parametrize("fields", [b'"prompt": "x"', CHAT])
+@pytest.mark.parametrize(
+    ("bias", "words"),
+    [
+        (b'{"x": 1}', "is not a token id"),
+        (b'{"-1": 1}', "is not a token id"),
+        (b'{"1.0": 1}', "is not a token id"),
+        (b'{" 13": 1}', "is not a token id"),
+        (b'{"1234567890123": 1}', "is not a token id"),
+        (b'{"13": 100.5}', "expected a number in [-100, 100]"),
+        (b'{"13": -101}', "expected a number in [-100, 100]"),
+        (b'{"13": 1, "4096": -100}', "outside the model's vocabulary [0, 4096)"),
+        (b"[13]", "expected an object"),
+    ],
+)
+def test_a_bad_logit_bias_is_400_naming_it(server, fields, bias, words):
+    path = "/v1/chat/completions" if fields == CHAT else "/v1/completions"
+    body = b'{"model": "%s", "max_tokens": 2, %s, "logit_bias": %s}' % (NAME.encode(), fields, bias)
+    err = _error(_post(server, body, path))
+    assert err["param"] == "logit_bias" and err["message"].startswith("logit_bias"), err
+    assert words in err["message"], err
+    server.wait_blocks_free()
+
+
+def test_a_logit_bias_is_served_on_both_endpoints(server):
+    """A +100 bias makes every token the biased one (greedy), on completions and chat alike."""
+    for fields, path in ((b'"prompt": "x"', "/v1/completions"), (CHAT, "/v1/chat/completions")):
+        body = b'{"model": "%s", "max_tokens": 3, "temperature": 0, %s, "logit_bias": {"300": 100, "7": 0}}'
+        r = _post(server, body % (NAME.encode(), fields), path)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        text = choice["text"] if "text" in choice else choice["message"]["content"]
+        assert choice["finish_reason"] == "length" and text, r.text
+        unbiased = _post(server, (body % (NAME.encode(), fields)).replace(b'"300": 100', b'"300": 0'), path)
+        other = unbiased.json()["choices"][0]
+        assert (other["text"] if "text" in other else other["message"]["content"]) != text
+    server.wait_blocks_free()

@@ -373,7 +373,8 @@ def _make_choices(
     state: ServerState, req: Any, prompts: list[list[int]], max_tokens: list[int], lp: int | None, param: str
 ) -> list[Choice]:
     """Queue every choice of `req` in the engine, all or none; a refusal is a 400 naming `param` (the
-    field its prompts came from), or response_format when its grammar failed."""
+    field its prompts came from), response_format when its grammar failed, or logit_bias for an id past
+    the model's vocabulary."""
     stops = req.stops()
     choices: list[Choice] = []
     labels: list[str | None] = []
@@ -385,6 +386,9 @@ def _make_choices(
         Choice.submit_all(state, choices, labels)  # all or none
     except UserError as e:  # the engine refused the request (a token id outside the vocabulary, ...)
         grammar = isinstance(e, GrammarError) or isinstance(e.__cause__, GrammarError)
+        _, bias, why = str(e).partition("SamplingParams.logit_bias ")
+        if bias:  # (the engine's message names an internal request id: worded as the field instead)
+            raise ApiError(400, f"logit_bias {why}", "logit_bias") from None
         raise ApiError(400, str(e), "response_format" if grammar else param) from None
     return choices
 

@@ -113,15 +113,11 @@ class _Sampling(_Base):
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     ignore_eos: bool = False
     response_format: ResponseFormat | None = None
-    logit_bias: dict[str, float] | None = None  # refused unless empty (:meth:`refuse_unserved`)
+    logit_bias: dict[str, float] | None = None  # token id (a decimal string) -> bias (:func:`logit_bias`)
 
     def refuse_unserved(self) -> None:
         """400 naming a field that would change the answer but that this server cannot serve: ignoring it
         (as unknown fields are) would answer something else than what was asked, with no sign of it."""
-        if self.logit_bias:
-            raise ApiError(
-                400, "logit_bias: not supported by this server; send the request without it", "logit_bias"
-            )
 
     def stops(self) -> list[str]:
         """The stop strings, bounded: each is matched against every text piece on the event loop, at a
@@ -342,6 +338,37 @@ def response_format(fmt: ResponseFormat | None) -> dict[str, Any] | None:
     return fmt.model_dump(by_alias=True, exclude_none=True)
 
 
+# digits of a logit_bias key at most: any vocabulary's ids fit, and int() never meets a 4,300-digit string
+MAX_TOKEN_ID_DIGITS = 12
+_TOKEN_ID = re.compile(f"[0-9]{{1,{MAX_TOKEN_ID_DIGITS}}}")
+
+
+def logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias`` (``{"13": -100}``: token ids as decimal strings, biases in [-100, 100])
+    as SamplingParams takes it, None when empty; ApiError 400 naming ``logit_bias`` and the bad entry.
+    Ids past the model's vocabulary are refused when the request is queued (the engine knows it)."""
+    if not bias:
+        return None
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        if not _TOKEN_ID.fullmatch(key):
+            raise ApiError(
+                400,
+                f"logit_bias: key {_printable(key)[:40]!r} is not a token id; expected token ids as decimal "
+                f'strings (up to {MAX_TOKEN_ID_DIGITS} digits) mapped to biases, e.g. {{"13": -100}}',
+                "logit_bias",
+            )
+        if not -100.0 <= value <= 100.0:
+            raise ApiError(
+                400,
+                f"logit_bias: the bias of token {key} is {value!r}; expected a number in [-100, 100] "
+                "(-100 bans the token, 100 all but forces it)",
+                "logit_bias",
+            )
+        out[int(key)] = value
+    return out
+
+
 def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choice: int) -> SamplingParams:
     """The :class:`SamplingParams` of choice `choice` of `req` (choice i of n draws with seed + i).
 
@@ -364,6 +391,7 @@ def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choic
         "repetition_penalty": (req.repetition_penalty, 1.0),
         "logprobs": (logprobs, None),
         "response_format": (response_format(req.response_format), None),
+        "logit_bias": (logit_bias(req.logit_bias), None),
     }
     kwargs.update({k: v for k, (v, neutral) in optional.items() if v != neutral})
     known = {f.name for f in dataclasses.fields(SamplingParams)}
