@@ -1,4 +1,5 @@
-"""`trtforge generate` sampling options: --n, --logprobs, the penalties, --min-p, --json-schema."""
+"""`trtforge generate` sampling options: --n, --logprobs, the penalties, --min-p, --logit-bias,
+--json-schema."""
 
 from __future__ import annotations
 
@@ -62,9 +63,29 @@ def test_logprobs_lines_follow_each_output(paged, capsys):
             assert r["logprob"] <= tops[0] + 1e-9 and r["rank"] >= 1
 
 
+def test_logit_bias_bans_and_forces_alike_on_numpy_and_torch_logits(paged, capsys):
+    plain = _ids(_run(capsys, paged, *BASE))
+    ban = [f"--logit-bias={plain[0][0]}=-100", "--logit-bias", f"{plain[1][0]}=-100"]
+    banned = _ids(_run(capsys, paged, *BASE, *ban))
+    assert banned[0][0] != plain[0][0] and banned[1][0] != plain[1][0]
+    assert plain[0][0] not in banned[0] and plain[1][0] not in banned[1]
+    torch_out = _ids(_run(capsys, "tests.llm.tiny_models:llama_factory", *BASE, *ban, "--num-blocks", "16"))
+    assert torch_out == banned
+    forced = _ids(_run(capsys, paged, *BASE, "--logit-bias", "123=100", "--temperature", "1", "--seed", "2"))
+    assert forced == [[123] * 10, [123] * 10]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["--logit-bias", "13"], "Invalid value for '--logit-bias': '13': expected ID=BIAS"),
+        (["--logit-bias", "x=1"], "'x=1': expected ID=BIAS, a token id >= 0 and a number in [-100, 100]"),
+        (["--logit-bias", "-1=1"], "'-1=1': expected ID=BIAS"),
+        (["--logit-bias", "13=abc"], "'13=abc': expected ID=BIAS"),
+        (["--logit-bias", "13=101"], "'13=101': expected ID=BIAS"),
+        (["--logit-bias", "13=nan"], "'13=nan': expected ID=BIAS"),
+        (["--logit-bias", "13=1", "--logit-bias", "13=2"], "token 13 is biased twice"),
+        (["--logit-bias", "300=1"], "--logit-bias: token id 300 is outside the model's vocabulary of 300"),
         (["--min-p", "2"], "--min-p must be a number in [0, 1]"),
         (["--n", "0"], "--n 0: expected 1 to 65,536 samples per prompt"),
         (["--logprobs", "50"], "--logprobs must be None or an integer in [0, 20]"),

@@ -29,6 +29,7 @@ Examples:
   trtforge generate ./llama-dir --prompt "x" --quantization int4-awq --calib-data prompts.txt
   trtforge generate ./llama-dir --prompt "x" --quantization fp8 --lm-head-quantization fp8
   trtforge generate ./llama-dir --prompt "x" --tensor-parallel-size 2
+  trtforge generate step.onnx --prompt-ids "1 2 3" --logit-bias 13=-100 --logit-bias 42=5
 \b
 MODEL: a paged step engine from `trtforge compile --generate --cache-layout paged`
 (TensorRT, on a GPU it supports), a step graph written by `trtforge compile --generate
@@ -82,6 +83,18 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--repetition-penalty", default=1.0, show_default=True, type=float, help="> 0; 1 disables it.")
 @click.option("--min-p", default=0.0, show_default=True, type=float, help="In [0, 1]; 0 disables it.")
 @click.option(
+    "--logit-bias",
+    "logit_bias",
+    multiple=True,
+    metavar="ID=BIAS",
+    callback=lambda ctx, param, value: _parse_logit_bias(value),
+    help=(
+        "Add BIAS (a number in [-100, 100]) to token ID's logit before sampling, as OpenAI's logit_bias "
+        "(repeatable): --logit-bias 13=-100 bans token 13, --logit-bias 13=100 all but forces it, small "
+        "values (+-1..5) nudge it. Greedy decoding takes the biased argmax."
+    ),
+)
+@click.option(
     "--json-schema",
     "json_schema",
     default=None,
@@ -114,6 +127,7 @@ def generate_cmd(
     frequency_penalty: float,
     repetition_penalty: float,
     min_p: float,
+    logit_bias: dict[int, float] | None,
     json_schema: str | None,
     executor: str,
     num_blocks: int | None,
@@ -168,6 +182,7 @@ def generate_cmd(
         frequency_penalty=frequency_penalty,
         repetition_penalty=repetition_penalty,
         min_p=min_p,
+        logit_bias=logit_bias,
         response_format=_response_format(json_schema) if json_schema is not None else None,
     )
     if json_schema is not None and tok is None:
@@ -187,6 +202,7 @@ def generate_cmd(
         check_draft_against(tok, f"--tokenizer {tokenizer}", spec.get("model"))
     with _load(load, model, executor, num_blocks, spec, torch_kw) as llm:
         _check_vocabulary(rows, len(prompt_ids), llm.executor.facts.vocab_size, tokenizer)
+        _check_bias_vocabulary(logit_bias, llm.executor.facts.vocab_size)
         if num_blocks is not None:
             _check_pool_holds(llm.executor.facts, num_blocks, max(len(r) for r in rows))
         if json_schema is not None:
@@ -240,6 +256,45 @@ def _check_vocabulary(rows: list[list[int]], given_ids: int, vocab: int, tokeniz
         raise UserError(
             f"--prompt: {source} gave token id {bad[0]}, outside the model's vocabulary of {vocab} ids "
             f"(0..{vocab - 1}): it is not this model's tokenizer."
+        )
+
+
+def _parse_logit_bias(values: tuple[str, ...]) -> dict[int, float] | None:
+    """``--logit-bias ID=BIAS`` flags as {id: bias} (None when none); click.BadParameter (exit 2) naming
+    the flag for a malformed or repeated entry (the range is SamplingParams', worded as the flag)."""
+    out: dict[int, float] = {}
+    for text in values:
+        key, sep, value = text.partition("=")
+        try:
+            bias: float | None = float(value)
+        except ValueError:
+            bias = None
+        in_range = bias is not None and -100.0 <= bias <= 100.0  # (NaN is not)
+        if not sep or not re.fullmatch(r"\s*[0-9]{1,12}\s*", key) or not in_range:
+            raise click.BadParameter(
+                f"{text!r}: expected ID=BIAS, a token id >= 0 and a number in [-100, 100], e.g. 13=-100 "
+                "(bans token 13) or 13=100 (all but forces it)",
+                param_hint="'--logit-bias'",
+            )
+        if int(key) in out:
+            raise click.BadParameter(
+                f"{text!r}: token {int(key)} is biased twice; give each token id once",
+                param_hint="'--logit-bias'",
+            )
+        out[int(key)] = bias
+    return out or None
+
+
+def _check_bias_vocabulary(bias: dict[int, float] | None, vocab: int) -> None:
+    """UserError naming --logit-bias for a token id past the model's vocabulary (the engine's message
+    named an internal request id)."""
+    from trtforge.errors import UserError
+
+    bad = [t for t in bias or () if t >= vocab]
+    if bad:
+        raise UserError(
+            f"--logit-bias: token id {bad[0]} is outside the model's vocabulary of {vocab} ids "
+            f"(0..{vocab - 1})."
         )
 
 
