@@ -16,13 +16,15 @@ Examples:
   trtforge optimize bert.onnx -o out.onnx --passes cleanup,gelu,attention --precision fp16
   trtforge optimize big.onnx -o big.fused.onnx --no-verify --ledger big.passes.json
   trtforge optimize bert.onnx -o bert.fp16.onnx --precision fp16 --keep-fp32 Gelu
+  trtforge optimize wav2vec2.onnx -o w2v.fused.onnx --verify-shape input_values:1x16000
 \b
 Passes (default order): cleanup, layernorm, rmsnorm, gelu, swiglu, qkv, rotary, attention,
 gqa, cleanup.
-Verification runs ONNX Runtime before and after every pass with generated inputs and
-stops with exit code 2 if a pass changes an output; it is skipped for models whose
-weights exceed 2 GiB. --precision fp16/bf16 then converts the fused graph (FP32
-islands decided by op type, by values seen on sample data, and by --keep-fp32).
+Verification runs ONNX Runtime before and after every pass with generated inputs (small
+sizes, or --verify-shape's) and stops with exit code 2 if a pass changes an output; it is
+skipped for models whose weights exceed 2 GiB. --precision fp16/bf16 then converts the
+fused graph (FP32 islands decided by op type, by values seen on sample data, and by
+--keep-fp32).
 Attention becomes ONNX Attention (--attention native) only in an FP16/BF16 graph:
 TensorRT's fused attention does not build in FP32, so FP32 keeps the decomposed form.
 """
@@ -35,9 +37,20 @@ TensorRT's fused attention does not build in FP32, so FP32 keeps the decomposed 
 @click.option(
     "--ledger", type=click.Path(dir_okay=False), default=None, help="Also write the pass ledger JSON."
 )
+@click.option(
+    "--verify-shape",
+    "verify_shapes",
+    multiple=True,
+    metavar="NAME:DIMS",
+    help="Feed input NAME at DIMS (e.g. input_values:1x16000) when verifying, for a model that cannot run "
+    "at the small generated sizes (a convolution front end over audio) or whose behaviour shows only "
+    "at longer ones. Repeatable; inputs not named stay generated.",
+)
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
 @option_group(PrecisionOptions, only=("mode", "keep_fp32", "keep_io_types", "data", "tokenizer"))
-def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **params: Any) -> None:
+def optimize_cmd(
+    model: str, output: str, ledger: str | None, verify_shapes: tuple[str, ...], force: bool, **params: Any
+) -> None:
     """Fuse LayerNorm, GELU, QKV projections and attention in MODEL; every pass verified by execution."""
     import json
 
@@ -69,6 +82,12 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
     check_distinct_outputs({"-o": out_path, "--ledger": ledger_path})
     proto = load_onnx(model)
     check_model(model, where=f"ONNX model '{show_path(model)}'")  # names the file; the pipeline's does not
+    feed_shapes = None
+    if verify_shapes:
+        from trtforge.core.shapes import parse_feed_shapes
+        from trtforge.core.tensor_spec import graph_inputs
+
+        feed_shapes = parse_feed_shapes(verify_shapes, graph_inputs(proto), "--verify-shape")
     refuse_overwriting_inputs(
         {"-o": out_path, "-o's external data file": f"{out_path}.data", "--ledger": ledger_path},
         model_files(model) | _data_file(precision.data),
@@ -88,6 +107,7 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
         attention=attention,
         verify=passes.verify,
         debug=passes.debug,
+        verify_shapes=feed_shapes,
     )
     precision_record = None
     if precision.low_precision():
@@ -100,6 +120,7 @@ def optimize_cmd(model: str, output: str, ledger: str | None, force: bool, **par
             keep_io_types=precision.keep_io_types,
             precision_data=precision.data,
             tokenizer=precision.tokenizer,
+            feed_shapes=feed_shapes,
         )
     with atomic_outputs():  # the model and its ledger together or not at all
         save_onnx_atomic(result, out_path)

@@ -9,6 +9,7 @@ input's element count by `MAX_VOLUME`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,42 @@ def parse_shape_option(spec: str) -> tuple[str, ShapeRange]:
     return name, ShapeRange(
         parse_dims(lo, where=where), parse_dims(mid, where=where), parse_dims(hi, where=where)
     )
+
+
+def parse_feed_shapes(
+    specs: Sequence[str], inputs: Sequence[TensorSpec], option: str
+) -> dict[str, list[int]]:
+    """`NAME:DIMS` option values (e.g. ``input_values:1x16000``) -> {name: dims}: each an input of the
+    model (`inputs`), of its rank and its fixed dims, at most MAX_VOLUME elements, given once; UserError
+    naming `option` otherwise."""
+    by_name = {t.name: t for t in inputs}
+    out: dict[str, list[int]] = {}
+    for spec in specs:
+        name, sep, text = spec.rpartition(":")
+        if not sep or not name:
+            raise UserError(f"{option} '{spec}' is not NAME:DIMS (e.g. input_values:1x16000).")
+        where = f"{option} {name}"
+        if name not in by_name:
+            raise UserError(f"{where}: the model has no input '{name}'; its inputs: {', '.join(by_name)}.")
+        if name in out:
+            raise UserError(f"{where}: given twice; one {option} per input.")
+        dims = parse_dims(text, where=where)
+        desc = by_name[name]
+        axis = shape_mismatch(desc.shape, dims)
+        if axis == -1:
+            raise UserError(
+                f"{where}: {_fmt(dims)} has rank {len(dims)}, but input '{name}' has rank {len(desc.shape)} "
+                f"(shape {_fmt(desc.shape)})."
+            )
+        if axis is not None:
+            raise UserError(
+                f"{where}: dim {axis} is {dims[axis]} but the model fixes it to {desc.shape[axis]} "
+                f"(shape {_fmt(desc.shape)})."
+            )
+        if math.prod(dims) > MAX_VOLUME:
+            raise UserError(f"{where}: {_fmt(dims)} holds more than 2**31 - 1 elements; give a smaller one.")
+        out[name] = dims
+    return out
 
 
 def normalize_shapes(

@@ -137,6 +137,7 @@ def optimize_model(
     verify: bool = True,
     debug: bool = False,
     feed_shapes: Mapping[str, Sequence[int]] | None = None,
+    verify_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[onnx.ModelProto, PassLedger]:
     """Run the pass pipeline on `model` and return the rewritten model plus its ledger.
 
@@ -148,6 +149,7 @@ def optimize_model(
         debug: record why candidate matches were rejected.
         feed_shapes: input shapes verification falls back to when the model cannot run at the small
             generated sizes (compile passes the build profile's OPT shapes).
+        verify_shapes: input shapes verification feeds from the start (`optimize --verify-shape`).
 
     Raises:
         UserError: unknown pass / strategy, a model failing ONNX checking, an opset that cannot be raised.
@@ -169,7 +171,7 @@ def optimize_model(
             f"weights exceed {VERIFY_MAX_BYTES / 1024**3:.0f} GiB; ONNX checking and ORT verification skipped"
         )
     elif verify:
-        verifier = Verifier(ir_model, fallback_shapes=feed_shapes)
+        verifier = Verifier(ir_model, fallback_shapes=feed_shapes, shapes=verify_shapes)
 
     target = max((PASSES[n].min_opset(ctx) or 0 for n in names), default=0)
     if (ledger.opset_before or 0) < target:

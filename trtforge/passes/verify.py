@@ -58,7 +58,8 @@ class Verifier:
 
     Inputs are generated at `DEFAULT_SIZES`; a model that cannot run that small (a convolution stack
     over audio samples needs hundreds) is fed at `fallback_shapes` instead when the caller knows
-    shapes it runs at (compile: the build profile's OPT, i.e. the example inputs).
+    shapes it runs at (compile: the build profile's OPT, i.e. the example inputs). `shapes` (the
+    user's, `optimize --verify-shape`) are fed from the start, with no fallback.
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class Verifier:
         model: ir.Model,
         tolerance: Tolerance | None = None,
         fallback_shapes: Mapping[str, Sequence[int]] | None = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         self.tolerance = tolerance or FP32_REWRITE
         _check_declared(model)
@@ -76,16 +78,20 @@ class Verifier:
             "Every pass is verified by running the graph in ONNX Runtime: run the passes with verify off "
             "(--no-verify), or give ONNX Runtime the op as an ONNX local function.",
         )
-        self.feeds = model_feed(proto, sizes=DEFAULT_SIZES)
+        self.feeds = model_feed(proto, sizes=DEFAULT_SIZES, shapes=shapes)
         self.output_names = [v.name for v in model.graph.outputs]
         try:
             self.reference = self._run(proto, "the input model")
         except VerificationError as e:
+            if shapes:
+                fed = _shapes(self.feeds)
+                raise VerificationError(f"{e} (verification fed inputs of shapes {fed})") from e
             if not fallback_shapes:
                 raise VerificationError(
                     f"{e} (verification fed generated inputs of shapes {_shapes(self.feeds)}; for a model "
-                    "that cannot run at those sizes, compile with --shape OPT shapes it runs at, which "
-                    "verification then uses, or turn verification off: --no-verify)"
+                    "that cannot run at those sizes, give shapes it runs at: `compile --shape` (its OPT "
+                    "shapes feed verification) or `optimize --verify-shape NAME:DIMS`; or turn "
+                    "verification off: --no-verify)"
                 ) from e
             first = _shapes(self.feeds)
             self.feeds = model_feed(proto, sizes=DEFAULT_SIZES, shapes=fallback_shapes)

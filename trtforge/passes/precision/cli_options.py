@@ -6,7 +6,7 @@ The options themselves are declared once in :class:`trtforge.core.policy.Precisi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,8 +23,10 @@ def convert_with_options(
     keep_io_types: bool = True,
     precision_data: str | None = None,
     tokenizer: Any = None,
+    feed_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[onnx.ModelProto, PrecisionRecord]:
-    """Run `convert_precision` with the option values (loads `precision_data` for the FP16 range check)."""
+    """Run `convert_precision` with the option values (loads `precision_data` for the FP16 range check;
+    `feed_shapes`: the input shapes generated data falls back to, as in `convert_precision`)."""
     from trtforge.passes.precision.convert import convert_precision
 
     data = None
@@ -35,5 +37,10 @@ def convert_with_options(
             precision_data, input_specs_from_model(model), tokenizer=tokenizer, what="--precision-data"
         )
     return convert_precision(
-        model, precision, keep_fp32=tuple(keep_fp32), data=data, keep_io_types=keep_io_types
+        model,
+        precision,
+        keep_fp32=tuple(keep_fp32),
+        data=data,
+        keep_io_types=keep_io_types,
+        feed_shapes=feed_shapes,
     )
