@@ -158,10 +158,19 @@ CASES: dict[str, tuple[Setup, str]] = {
     # before: every variant failed to load (torch's error in the report), exit 3 with the report written
     "report --generate --device bogus": (
         lambda d: [*REPORT, "--text", str(TRAINED.parent / "eval_stdlib.txt"), "--device", "bogus"],
-        r"--device 'bogus': .*expected cpu, cuda or cuda:N",
+        r"--device 'bogus': .*expected 'cpu', 'cuda' or 'cuda:N'",
     ),
     "report --generate --device cuda:7": (
         lambda d: [*REPORT, "--text", str(TRAINED.parent / "eval_stdlib.txt"), "--device", "cuda:7"],
+        r"--device 'cuda:7': this machine has \d usable CUDA device\(s\)",
+    ),
+    # before: torch's parse error under the API's name ("device 'bogus'"), not the flag's
+    "serve --device bogus": (
+        lambda d: ["serve", str(TRAINED), "--device", "bogus"],
+        r"--device 'bogus': .*expected 'cpu', 'cuda' or 'cuda:N'",
+    ),
+    "serve --device cuda:7": (
+        lambda d: ["serve", str(TRAINED), "--device", "cuda:7"],
         r"--device 'cuda:7': this machine has \d usable CUDA device\(s\)",
     ),
     # before: cut 10**8 windows and ran them as one batch, killed for memory (exit 137)
@@ -192,7 +201,11 @@ NEEDS_TRAINED = pytest.mark.skipif(not TRAINED.is_dir(), reason=f"the trained mo
 
 
 @pytest.mark.parametrize(
-    "case", [pytest.param(c, marks=[NEEDS_TRAINED] if c.startswith("report") else [], id=c) for c in CASES]
+    "case",
+    [
+        pytest.param(c, marks=[NEEDS_TRAINED] if c.startswith(("report", "serve --device")) else [], id=c)
+        for c in CASES
+    ],
 )
 def test_llm_hostile_input_exits_2_cleanly(
     case: str,

@@ -264,12 +264,11 @@ def _placement(device: str | None, dtype: str) -> dict:
     """The torch executor's device and dtype: a GPU in bfloat16 where there is one, else the CPU in FP32."""
     import torch
 
-    from trtforge.errors import UserError
+    from trtforge.llm.service import check_device
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {device}: torch sees no CUDA device here; use --device cpu.")
+    check_device(device, "--device")
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
     return {"device": device, "dtype": getattr(torch, dtype)}

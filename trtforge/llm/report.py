@@ -219,19 +219,11 @@ def _device(device: str | None) -> str:
     otherwise every variant failed to load and the report said so with exit 3."""
     import torch
 
+    from trtforge.llm.service import check_device
+
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        kind = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise UserError(f"--device {device!r}: {e}; expected cpu, cuda or cuda:N.") from None
-    if kind.type not in ("cpu", "cuda"):
-        raise UserError(f"--device {device!r}: the torch executor runs on cpu or cuda (cuda:N).")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if kind.type == "cuda" and (kind.index or 0) >= gpus:
-        raise UserError(
-            f"--device {device!r}: this machine has {gpus} usable CUDA device(s); pass cpu or a GPU it has."
-        )
+    check_device(device, "--device")
     return device
 
 

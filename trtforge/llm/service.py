@@ -556,30 +556,31 @@ def check_torch_options(
             f"tensor_parallel_size must be an integer >= 1 (2 or more splits the model), got "
             f"{tensor_parallel_size!r}."
         )
-    _check_device(device)
+    check_device(device)
     _check_prompts(calib_prompts, "calib_prompts")
     return _torch_dtype(dtype)
 
 
-def _check_device(device: Any) -> None:
-    """UserError unless `device` is None, cpu, or a CUDA device this machine has."""
+def check_device(device: Any, what: str = "device") -> None:
+    """UserError naming `what` (the argument or flag) unless `device` is None, cpu, or a CUDA device this
+    machine has: torch's own errors say neither which argument nor what would do."""
     import torch
 
     if device is None:
         return
-    expected = "expected None (cuda if present, else cpu), 'cpu', 'cuda' or 'cuda:N'"
+    expected = "expected 'cpu', 'cuda' or 'cuda:N' (or none: cuda if present, else cpu)"
     if not isinstance(device, (str, torch.device)):
-        raise UserError(f"device must be a string or torch.device, got {type(device).__name__} {device!r}.")
+        raise UserError(f"{what} must be a string or torch.device, got {type(device).__name__} {device!r}.")
     try:
         kind = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise UserError(f"device {str(device)!r}: {str(e).splitlines()[0]}; {expected}.") from None
+        raise UserError(f"{what} {str(device)!r}: {str(e).splitlines()[0]}; {expected}.") from None
     if kind.type not in ("cpu", "cuda"):
-        raise UserError(f"device {str(device)!r}: the torch executor runs on cpu or cuda; {expected}.")
+        raise UserError(f"{what} {str(device)!r}: the torch executor runs on cpu or cuda; {expected}.")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if kind.type == "cuda" and (kind.index or 0) >= gpus:
         raise UserError(
-            f"device {str(device)!r}: this machine has {gpus} usable CUDA device(s); pass 'cpu' or a GPU "
+            f"{what} {str(device)!r}: this machine has {gpus} usable CUDA device(s); pass 'cpu' or a GPU "
             "it has."
         )
 
