@@ -179,6 +179,18 @@ def test_the_bias_comes_before_the_penalties(kind):
     assert [got[i] for i in range(4)] == pytest.approx(want.tolist(), abs=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_a_token_the_grammar_masks_stays_out_whatever_its_bias(kind):
+    """The grammar mask comes first (vLLM's allowed tokens): -inf + 100 is -inf, so +100 on a masked
+    token does not bring it back, and the greedy pick is the best allowed one."""
+    x = np.array([[0.0, 5.0, 1.0, 2.0] + [0.0] * 28], dtype=np.float32)
+    mask = np.array([[0b1101]], dtype=np.int32)  # tokens 0, 2, 3 allowed; 1 (the maximum) masked
+    p = SamplingParams(logit_bias={1: 100, 2: 1.5}, logprobs=2)
+    logits = x if kind == "numpy" else torch.from_numpy(x)
+    tokens, lps = sample_with_logprobs(logits, [p], [None], None, mask)
+    assert tokens.tolist() == [2] and [t for t, _ in lps[0].top] == [2, 3]
+
+
 # ---- the engine ----------------------------------------------------------------------------------
 
 
