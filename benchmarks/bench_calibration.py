@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # after PYTHONPATH: with_old's .old tree must come first
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 OURS = [

@@ -211,7 +211,7 @@ def theirs(name: str, cfg, path: Path) -> tuple[onnx.ModelProto | None, str | No
 
 def trt_build(fused: onnx.ModelProto) -> dict:
     """Cast the fused model to FP16 (test helper), parse and build it with TensorRT(-RTX) on the CPU."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.append(str(Path(__file__).resolve().parents[1]))
     from tests.passes._fp16 import cast_model_fp16
     from trtforge.core.backend import get_backend
 

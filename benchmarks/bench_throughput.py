@@ -75,7 +75,7 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH: with_old's .old first
 
 from benchmarks._gcwatch import GcWatch, describe
 from benchmarks._settings import add_set_option, apply_set_option
