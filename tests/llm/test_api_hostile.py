@@ -69,7 +69,8 @@ def test_from_pretrained_refuses_a_draft_with_another_tokenizer(tmp_path) -> Non
 )
 def test_a_nearly_identical_draft_tokenizer_warns(tmp_path, edit, said) -> None:
     """Added tokens only, or a few regular ones (under 1% of the vocabulary): a legitimate pair, warned."""
-    from trtforge.llm.spec.tokenizers import DraftTokenizerWarning, check_draft_directories
+    from trtforge.llm.spec.tokenizers import DraftTokenizerWarning
+    from trtforge.llm.text import check_draft_directories
 
     draft = draft_with_tokenizer(tmp_path / "draft", edit)
     with pytest.warns(DraftTokenizerWarning, match=said):

@@ -144,8 +144,13 @@ def generate_cmd(
     """Generate continuations of prompts with MODEL, printing tokens as they come."""
     from trtforge.errors import UserError
     from trtforge.llm import SamplingParams, load
-    from trtforge.llm.spec.tokenizers import check_draft_against
-    from trtforge.llm.text import check_text, encode_prompt, has_tokenizer, model_tokenizer
+    from trtforge.llm.text import (
+        check_draft_against,
+        check_text,
+        encode_prompt,
+        has_tokenizer,
+        model_tokenizer,
+    )
 
     if not prompt_ids and not prompts:
         raise UserError('give at least one prompt: --prompt-ids "1 2 3" or --prompt TEXT.')

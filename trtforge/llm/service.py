@@ -398,7 +398,7 @@ def from_pretrained(
     from trtforge.llm.models.loader import load_causal_lm, refuse_empty_path
     from trtforge.llm.quant import quantize_model
     from trtforge.llm.quant.apply import check_lm_head_quantization, check_quantization
-    from trtforge.llm.spec.tokenizers import check_draft_directories
+    from trtforge.llm.text import check_draft_directories
 
     refuse_empty_path(model)  # (before tensor-parallel workers start, each to fail on it)
     dtype = check_torch_options(

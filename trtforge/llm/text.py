@@ -218,3 +218,36 @@ class TextStream:
         piece += self.matcher.finish()
         self.text += piece
         return piece
+
+
+def check_draft_directories(target: Any, draft: Any) -> None:
+    """A speculative draft's tokenizer against the target's
+    (:func:`~trtforge.llm.spec.tokenizers.check_draft_tokenizer`), both given as directories that hold
+    one (read offline); nothing to compare otherwise (an nn.Module, module:factory, or a directory
+    without tokenizer files: the vocabulary sizes are still compared once loaded)."""
+    paths = [x for x in (target, draft) if isinstance(x, (str, os.PathLike))]
+    if len(paths) != 2 or not all(has_tokenizer(p) for p in paths):
+        return
+    if _same_tokenizer_files(target, draft):  # (a family's models often carry byte-identical files)
+        return
+    from trtforge.llm.spec.tokenizers import check_draft_tokenizer
+
+    check_draft_tokenizer(load_tokenizer(target), load_tokenizer(draft), str(target), str(draft))
+
+
+def check_draft_against(target: Any, target_name: str, draft: Any) -> None:
+    """A draft directory's tokenizer against a target's given as an object (``generate --tokenizer DIR``
+    for a target without its own, such as module:factory): see :func:`check_draft_directories`."""
+    from trtforge.llm.spec.tokenizers import check_draft_tokenizer
+
+    if isinstance(draft, (str, os.PathLike)) and has_tokenizer(draft):
+        check_draft_tokenizer(target, load_tokenizer(draft), target_name, str(draft))
+
+
+def _same_tokenizer_files(a: Any, b: Any) -> bool:
+    """Whether two directories hold the same tokenizer files, byte for byte."""
+    for name in TOKENIZER_FILES:
+        fa, fb = Path(a) / name, Path(b) / name
+        if fa.is_file() != fb.is_file() or (fa.is_file() and fa.read_bytes() != fb.read_bytes()):
+            return False
+    return True

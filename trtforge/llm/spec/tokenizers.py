@@ -17,7 +17,6 @@ reads the target's ids), so the maps are compared, not the merges or normalizers
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any
 
@@ -88,39 +87,3 @@ def check_draft_tokenizer(target: Any, draft: Any, target_name: str, draft_name:
             DraftTokenizerWarning,
             stacklevel=4,
         )
-
-
-def check_draft_directories(target: Any, draft: Any) -> None:
-    """:func:`check_draft_tokenizer` for a target and a draft given as directories that both hold a
-    tokenizer (read offline); nothing to compare otherwise (an nn.Module, module:factory, or a
-    directory without tokenizer files: the vocabulary sizes are still compared once loaded)."""
-    from trtforge.llm.text import has_tokenizer, load_tokenizer
-
-    paths = [x for x in (target, draft) if isinstance(x, (str, os.PathLike))]
-    if len(paths) != 2 or not all(has_tokenizer(p) for p in paths):
-        return
-    if _same_files(target, draft):  # (a family's models often carry byte-identical tokenizer files)
-        return
-    check_draft_tokenizer(load_tokenizer(target), load_tokenizer(draft), str(target), str(draft))
-
-
-def check_draft_against(target: Any, target_name: str, draft: Any) -> None:
-    """:func:`check_draft_tokenizer` of a target's tokenizer given as an object (``generate --tokenizer
-    DIR`` for a target without its own, such as module:factory) and a draft directory holding one."""
-    from trtforge.llm.text import has_tokenizer, load_tokenizer
-
-    if isinstance(draft, (str, os.PathLike)) and has_tokenizer(draft):
-        check_draft_tokenizer(target, load_tokenizer(draft), target_name, str(draft))
-
-
-def _same_files(a: Any, b: Any) -> bool:
-    """Whether two directories hold the same tokenizer files, byte for byte."""
-    from pathlib import Path
-
-    from trtforge.llm.text import TOKENIZER_FILES
-
-    for name in TOKENIZER_FILES:
-        fa, fb = Path(a) / name, Path(b) / name
-        if fa.is_file() != fb.is_file() or (fa.is_file() and fa.read_bytes() != fb.read_bytes()):
-            return False
-    return True
