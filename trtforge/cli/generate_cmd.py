@@ -267,6 +267,8 @@ def _check_vocabulary(rows: list[list[int]], given_ids: int, vocab: int, tokeniz
 def _parse_logit_bias(values: tuple[str, ...]) -> dict[int, float] | None:
     """``--logit-bias ID=BIAS`` flags as {id: bias} (None when none); click.BadParameter (exit 2) naming
     the flag for a malformed or repeated entry (the range is SamplingParams', worded as the flag)."""
+    from trtforge.llm.sampling import LOGIT_BIAS_LIMIT
+
     out: dict[int, float] = {}
     for text in values:
         key, sep, value = text.partition("=")
@@ -274,7 +276,7 @@ def _parse_logit_bias(values: tuple[str, ...]) -> dict[int, float] | None:
             bias: float | None = float(value)
         except ValueError:
             bias = None
-        in_range = bias is not None and -100.0 <= bias <= 100.0  # (NaN is not)
+        in_range = bias is not None and -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT  # (NaN is not)
         if not sep or not re.fullmatch(r"\s*[0-9]{1,12}\s*", key) or not in_range:
             raise click.BadParameter(
                 f"{text!r}: expected ID=BIAS, a token id >= 0 and a number in [-100, 100], e.g. 13=-100 "

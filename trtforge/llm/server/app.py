@@ -33,6 +33,7 @@ from trtforge.llm.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     error_body,
+    logit_bias,
     parse,
     response_format,
     sampling_params,
@@ -287,6 +288,13 @@ def _check_request(state: ServerState, req: Any, lp: int | None) -> None:
         raise ApiError(400, f"response_format: {state.structured_error}", "response_format")
     if lp is not None and req.stream:
         raise ApiError(400, "logprobs: not served with stream=true yet; ask without streaming", "logprobs")
+    bias, vocab = logit_bias(req.logit_bias), state.vocab_size
+    if bias and vocab is not None and max(bias) >= vocab:
+        raise ApiError(
+            400,
+            f"logit_bias: token id {max(bias)} is outside the model's vocabulary [0, {vocab})",
+            "logit_bias",
+        )
     if state.tokenizer is None:
         raise ApiError(400, "this model has no tokenizer: the server needs one to return text")
 
@@ -373,8 +381,7 @@ def _make_choices(
     state: ServerState, req: Any, prompts: list[list[int]], max_tokens: list[int], lp: int | None, param: str
 ) -> list[Choice]:
     """Queue every choice of `req` in the engine, all or none; a refusal is a 400 naming `param` (the
-    field its prompts came from), response_format when its grammar failed, or logit_bias for an id past
-    the model's vocabulary."""
+    field its prompts came from), or response_format when its grammar failed."""
     stops = req.stops()
     choices: list[Choice] = []
     labels: list[str | None] = []
@@ -386,9 +393,6 @@ def _make_choices(
         Choice.submit_all(state, choices, labels)  # all or none
     except UserError as e:  # the engine refused the request (a token id outside the vocabulary, ...)
         grammar = isinstance(e, GrammarError) or isinstance(e.__cause__, GrammarError)
-        _, bias, why = str(e).partition("SamplingParams.logit_bias ")
-        if bias:  # (the engine's message names an internal request id: worded as the field instead)
-            raise ApiError(400, f"logit_bias {why}", "logit_bias") from None
         raise ApiError(400, str(e), "response_format" if grammar else param) from None
     return choices
 

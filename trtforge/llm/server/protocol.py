@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from trtforge.llm.sampling import SamplingParams
+from trtforge.llm.sampling import LOGIT_BIAS_LIMIT, SamplingParams
 
 
 class ApiError(Exception):
@@ -358,11 +358,12 @@ def logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
                 f'strings (up to {MAX_TOKEN_ID_DIGITS} digits) mapped to biases, e.g. {{"13": -100}}',
                 "logit_bias",
             )
-        if not -100.0 <= value <= 100.0:
+        if not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
             raise ApiError(
                 400,
-                f"logit_bias: the bias of token {key} is {value!r}; expected a number in [-100, 100] "
-                "(-100 bans the token, 100 all but forces it)",
+                f"logit_bias: the bias of token {key} is {value!r}; expected a number in "
+                f"[-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}] (-{LOGIT_BIAS_LIMIT:g} bans the token, "
+                f"{LOGIT_BIAS_LIMIT:g} all but forces it)",
                 "logit_bias",
             )
         out[int(key)] = value
