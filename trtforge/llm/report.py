@@ -535,45 +535,6 @@ def _summary(record: Any) -> Any:
 
 
 # ---- the report ------------------------------------------------------------------------------------
-class _Progress:
-    """A rich bar on stderr advancing once per variant (or nothing), naming the variant that runs."""
-
-    def __init__(self, enabled: bool, names: Sequence[str]) -> None:
-        self._bar: Any = None
-        self._task: Any = None
-        self._total = len(names)
-        self._started = 0
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-            )
-
-    def __enter__(self) -> _Progress:
-        if self._bar is not None:
-            self._bar.__enter__()
-            self._task = self._bar.add_task("variants", total=self._total)
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        if self._bar is not None:
-            if exc_type is None:
-                self._bar.update(self._task, description="variants", advance=int(self._started > 0))
-            self._bar.__exit__(exc_type, *exc)
-
-    def start(self, name: str) -> None:
-        """Mark the previous variant done (if any) and `name` as the one running."""
-        if self._bar is not None:
-            self._bar.update(self._task, description=f"variant {name}", advance=int(self._started > 0))
-        self._started += 1
-
-
 @contextlib.contextmanager
 def _transformers_bars(enabled: bool) -> Iterator[None]:
     """transformers' own progress bars ("Loading weights") on or off while the block runs."""
@@ -615,7 +576,13 @@ def build_llm_report(
     `progress`: a bar on stderr, one step per variant.
     """
     from trtforge.llm.models.loader import load_causal_lm
-    from trtforge.reports.api import check_out_dir, create_out_dir, environment, torch_threads
+    from trtforge.reports.api import (
+        StepProgress,
+        check_out_dir,
+        create_out_dir,
+        environment,
+        torch_threads,
+    )
     from trtforge.reports.render import write_report
 
     text_path = as_path(text, "--text")
@@ -658,9 +625,10 @@ def build_llm_report(
     notes: list[str] = []
     workdir = Path(tempfile.mkdtemp(prefix="trtforge-llm-report-"))
     try:
-        with torch_threads(threads), _Progress(progress, names) as bar:
+        bar = StepProgress(progress, len(names))
+        with torch_threads(threads), bar.running():
             for n in names:
-                bar.start(n)
+                bar.step(f"variant {n}")
                 if n in SERVING_VARIANTS:
                     speed_args = {
                         "prompts": speed_prompts,
@@ -679,6 +647,8 @@ def build_llm_report(
                 targets.append(info)
                 if s is not None:
                     scores[n] = (s, kv)
+                bar.step(f"variant {n}", advance=1)
+            bar.step("variants")
     finally:
         import shutil
 

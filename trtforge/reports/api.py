@@ -80,8 +80,9 @@ def create_out_dir(out_dir: str | os.PathLike[str]) -> Path:
     return p
 
 
-class _Progress:
-    """rich progress bar on stderr (or nothing)."""
+class StepProgress:
+    """A rich progress bar on stderr (or nothing): :meth:`step` names what runs and advances it (the
+    encoder report and the LLM report share it)."""
 
     def __init__(self, enabled: bool, total: int):
         self._bar = self._task = None
@@ -99,7 +100,7 @@ class _Progress:
             self._task = self._bar.add_task("report", total=total)
 
     @contextlib.contextmanager
-    def running(self) -> Iterator[_Progress]:
+    def running(self) -> Iterator[StepProgress]:
         if self._bar is None:
             yield self
             return
@@ -260,7 +261,7 @@ def build_report(
     _check_data_path(calibration_data, "--calibration-data")
     notes: list[str] = []
     workdir = Path(tempfile.mkdtemp(prefix="trtforge-report-"))
-    bar = _Progress(progress, 2 * len(names))
+    bar = StepProgress(progress, 2 * len(names))
     try:
         with bar.running(), torch_threads(threads), quiet_polygraphy():
             prep = Preparer(
