@@ -547,12 +547,14 @@ def run_workload(
     trace: tuple[float, float] | None = None,
     submit: str = "many",
     gc_freeze: bool = True,
+    gc_diagnose: bool = False,
 ) -> dict:
     """A fresh engine over the probe's executor: submit every request at t = 0, wait (at most budget_s),
     and measure. `submit`: "many" queues them in one :meth:`LLMEngine.submit_many` call, "one" one
     :meth:`LLMEngine.submit` each while the engine already steps (as a server receives them). `gc_freeze`:
     the engine's ``freeze_gc`` (the heap alive at its start left out of garbage collections); the
-    collections inside the timed window are recorded either way (``gc``).
+    collections inside the timed window are recorded either way (``gc``); `gc_diagnose` adds what each full
+    one walked and freed (:class:`benchmarks._gcwatch.GcWatch`).
     ``trace`` (start s, length s) profiles that window of the device's activity (:func:`gpu_trace_summary`);
     the profiler's stop costs the engine some host time, so a traced run's throughput reads a little low."""
     probe.steps.clear()
@@ -565,7 +567,7 @@ def run_workload(
     submitted = [0.0] * len(reqs)
     # freeze_gc only where off: a previous revision's package (with_old) has no such argument
     options = {} if gc_freeze else {"freeze_gc": False}
-    with LLMEngine(probe, config, step_hook=hook, **options) as engine, GcWatch() as watch:
+    with LLMEngine(probe, config, step_hook=hook, **options) as engine, GcWatch(gc_diagnose) as watch:
         timers = HostTimers(engine, probe)
         pre0 = engine.stats.preemptions
         start = time.perf_counter()
@@ -815,6 +817,13 @@ def main() -> None:
         help="whether each run's engine freezes the Python heap alive at its start (LLMEngine(freeze_gc=); "
         "on, the default, as served): a full garbage collection otherwise walks the whole heap, holding the "
         "GIL for 0.1 s or more; both: each workload runs once each way, side by side",
+    )
+    ap.add_argument(
+        "--gc-diagnose",
+        action="store_true",
+        help="say what each full garbage collection in a timed window walked (unfrozen objects) and freed "
+        "(by type); the garbage is freed after each pause is timed, so set the pauses beside a run without "
+        "it to see what deallocation costs",
     )
     ap.add_argument(
         "--max-num-seqs",
@@ -1247,7 +1256,9 @@ def run_one(probe, config, key, name, reqs, mode, args, results, shape, scale, k
     run_workload(probe, config, warm_slice(reqs, mns, scale, shape.vocab), None)
     warm = time.perf_counter() - t
     cached = triton_cache_entries()
-    res = run_workload(probe, config, reqs, args.budget_s, args.gpu_trace, submit, freeze)
+    res = run_workload(
+        probe, config, reqs, args.budget_s, args.gpu_trace, submit, freeze, gc_diagnose=args.gc_diagnose
+    )
     res["warmup_s"] = warm
     after = triton_cache_entries()
     res["jit_compiles_in_window"] = None if None in (cached, after) else after - cached
