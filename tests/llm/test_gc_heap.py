@@ -109,3 +109,58 @@ def test_an_engine_made_with_freeze_gc_off_leaves_the_heap_alone(unfrozen):
     with LLMEngine(make_executor(num_blocks=64), freeze_gc=False) as engine:
         assert gc_heap.holders() == 0 and gc.get_freeze_count() == 0
         assert engine.generate([[7, 7, 7]], SamplingParams(max_tokens=2, ignore_eos=True))[0].error is None
+
+
+def _full_collections_while(allocations: int) -> int:
+    """Full collections CPython runs by itself while `allocations` long-lived containers are made."""
+    full: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(1)
+
+    kept: list[list[int]] = []
+    gc.callbacks.append(count)
+    try:
+        for i in range(allocations):
+            kept.append([i])  # survives: a request's token list, say
+    finally:
+        gc.callbacks.remove(count)
+    del kept
+    return len(full)
+
+
+def test_a_held_freeze_spaces_full_collections_out_and_the_thaw_puts_the_thresholds_back(unfrozen):
+    before = gc.get_threshold()
+    gc_heap.freeze()
+    try:
+        assert gc.get_threshold() == (before[0], before[1], gc_heap.MIDDLE_COLLECTIONS_PER_FULL)
+        gc_heap.freeze()  # a second holder changes nothing more
+        gc_heap.thaw()
+        assert gc.get_threshold()[2] == gc_heap.MIDDLE_COLLECTIONS_PER_FULL
+        spaced = _full_collections_while(600_000)
+        gc.set_threshold(*before)
+        default = _full_collections_while(600_000)
+        gc.set_threshold(before[0], before[1], gc_heap.MIDDLE_COLLECTIONS_PER_FULL)
+    finally:
+        gc_heap.thaw()
+    assert gc.get_threshold() == before
+    # each full collection walks every young container element by element (a request's token lists):
+    # the serving heap's pauses of 40-150 ms on the H200, one every few seconds at CPython's 10
+    assert default >= 3 and spaced <= default // 3, (spaced, default)
+
+
+def test_thresholds_set_by_someone_else_meanwhile_are_kept(unfrozen):
+    before = gc.get_threshold()
+    try:
+        gc_heap.freeze()
+        gc.set_threshold(2000, 20, 30)  # the application's own choice, made while an engine serves
+        gc_heap.thaw()
+        assert gc.get_threshold() == (2000, 20, 30)
+        gc.set_threshold(before[0], before[1], 500)  # already spaced further than ours: left alone
+        gc_heap.freeze()
+        assert gc.get_threshold()[2] == 500
+        gc_heap.thaw()
+        assert gc.get_threshold()[2] == 500
+    finally:
+        gc.set_threshold(*before)
