@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import signal
 import sys
+import time
 
 import click
 import pytest
@@ -95,8 +96,6 @@ def test_an_interrupt_swallowed_by_a_finalizer_still_stops_the_command(signum, c
     """Python ignores an exception raised inside __del__ or a weakref callback ("Exception ignored
     in ..."): a Ctrl-C that landed there was lost, the run went on to its end and wrote its outputs,
     then exited 130. It is raised again where the command's own code runs."""
-    import time
-
     done: list[int] = []
 
     def work() -> None:
@@ -108,3 +107,103 @@ def test_an_interrupt_swallowed_by_a_finalizer_still_stops_the_command(signum, c
     assert run_cli(_group(work), ["go"]) == code
     assert len(done) <= 5, f"the command ran on after the signal: {len(done)} of 40 steps"
     assert "Exception ignored" not in capsys.readouterr().err
+
+
+def _import_module_that_signals(tmp_path, monkeypatch, name: str, body: str):
+    """A command that imports a fresh module `name` (top-level code `body`), then works 2 s."""
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    done: list[int] = []
+
+    def work() -> None:
+        importlib.import_module(name)
+        for i in range(40):
+            time.sleep(0.05)
+            done.append(i)
+
+    return work, done
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, EXIT_SIGINT), (signal.SIGTERM, EXIT_SIGTERM)])
+def test_an_interrupt_inside_an_import_is_raised_once_the_import_ends(
+    tmp_path, monkeypatch, signum, code, capsys
+) -> None:
+    """A native extension's initialization calls back into Python (torch's does, importing its Python
+    half); an exception thrown through it aborted the process (SIGABRT from pybind11, or SIGSEGV),
+    instead of exit 130/143 after the cleanup. The interrupt waits for the import, then stops the
+    command before its own work goes on."""
+    body = (
+        "import os, time\n"
+        f"os.kill(os.getpid(), {int(signum)})\n"
+        "time.sleep(0.2)\n"  # the handler runs in here: inside the import
+        "COMPLETE = True\n"
+    )
+    work, done = _import_module_that_signals(tmp_path, monkeypatch, "signals_at_import_mod", body)
+    assert run_cli(_group(work), ["go"]) == code
+    assert getattr(sys.modules.get("signals_at_import_mod"), "COMPLETE", False), "the import was cut short"
+    assert len(done) <= 1, f"the command ran on after the import: {len(done)} of 40 steps"
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_second_interrupt_inside_an_import_is_raised_at_once(tmp_path, monkeypatch, capsys) -> None:
+    """A user's module doing long work at import time stays interruptible: the second Ctrl-C stops it."""
+    body = (
+        "import os, signal, time\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(0.1)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(3)\n"
+        "COMPLETE = True\n"
+    )
+    work, done = _import_module_that_signals(tmp_path, monkeypatch, "signals_twice_at_import_mod", body)
+    t = time.monotonic()
+    assert run_cli(_group(work), ["go"]) == EXIT_SIGINT
+    assert time.monotonic() - t < 1.5 and not done
+    assert not getattr(sys.modules.get("signals_twice_at_import_mod"), "COMPLETE", False)
+
+
+def test_no_timer_is_left_to_interrupt_the_cleanup(tmp_path, monkeypatch) -> None:
+    """The interrupt raised by a second signal cancels the first one's timer: the cleanup after it
+    (finally blocks, rollbacks) is not interrupted a second time."""
+    body = "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.05)\n" + (
+        "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(1)\n"
+    )
+    work, _ = _import_module_that_signals(tmp_path, monkeypatch, "signals_cleanup_mod", body)
+    cleaned: list[bool] = []
+
+    def command() -> None:
+        try:
+            work()
+        finally:
+            time.sleep(0.1)  # 10 timer periods
+            cleaned.append(True)
+
+    assert run_cli(_group(command), ["go"]) == EXIT_SIGINT
+    assert cleaned == [True]
+
+
+def test_a_native_crash_prints_where_it_happened(tmp_path) -> None:
+    """A segfault inside a native library ends the process by the signal, which nothing can turn into an
+    exit code; the Python stack of each thread is on stderr, so the report names where it crashed."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    (tmp_path / "crashing_factory_mod.py").write_text(
+        "import ctypes\n\ndef make():\n    return ctypes.string_at(0)  # a native crash\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{root}")
+    proc = subprocess.run(
+        [sys.executable, "-m", "trtforge.cli.main", "compile", "crashing_factory_mod:make", "-o", "x.engine"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stderr[-2000:])
+    assert "Segmentation fault" in proc.stderr and "crashing_factory_mod.py" in proc.stderr, proc.stderr
+    assert not (tmp_path / "x.engine").exists()

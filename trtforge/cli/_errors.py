@@ -30,43 +30,80 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (what `timeout`, docker and systemd send), raised like Ctrl-C so the same cleanup runs."""
 
 
+def _importing(frame: Any) -> bool:
+    """Whether `frame` runs inside an import: a module's top-level code under importlib's machinery."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextlib.contextmanager
 def _signals_as_interrupts(received: list[int]) -> Iterator[None]:
     """While the command runs (main thread only), record SIGINT/SIGTERM in `received` and raise
-    KeyboardInterrupt / :class:`Terminated`. The record matters because an interrupt that lands inside
-    an import of a C extension can come out as an unrelated error (a half-initialized numpy) or be
-    swallowed by a library's optional-import guard; the exit code still says it was interrupted."""
+    KeyboardInterrupt / :class:`Terminated`. The record matters because an interrupt can be swallowed
+    on the way (a library's optional-import guard); the exit code still says it was interrupted.
+
+    Two places are unsafe to raise in, so the interrupt is raised again 10 ms later (a timer signal)
+    until the command's own code runs:
+    - an import: a native extension's module initialization calls back into Python, and an exception
+      thrown through it aborts or crashes the process (torch's, mid-import: `terminate called after
+      throwing pybind11::error_already_set`, exit by SIGABRT). A second signal during an import is raised
+      at once: a user's module doing long work at import time stays interruptible.
+    - a finalizer (__del__, a weakref callback: a closed engine, a loader's thread pool collected),
+      where Python ignores the exception and the command ran on to its end."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     active = [True]  # False once the command has ended: a late signal is recorded, not raised
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        received.append(signum)
-        if active[0]:
-            raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-
-    def on_alarm(_signum: int, frame: Any) -> None:
-        if received:
-            on_signal(received[-1], frame)
-
-    hook = sys.unraisablehook
     alarm: list[Any] = []  # SIGALRM's own handler, once ours replaced it
+    pending = [False]  # an interrupt is due at the next timer signal
+    held = [False]  # ... held back by an import
 
-    def on_unraisable(unraisable: Any) -> None:
-        """An interrupt raised inside a finalizer (__del__, a weakref callback: a closed engine or a
-        loader's thread pool collected) is ignored by Python, and the command ran on to its end. Raise
-        it again, 10 ms later, where the main thread runs (a timer signal: raised here, it would be
-        ignored again)."""
-        swallowed = received and active[0] and isinstance(unraisable.exc_value, KeyboardInterrupt)
-        main = threading.current_thread() is threading.main_thread()  # (where signal handlers are set)
-        if not swallowed or not main or not hasattr(signal, "setitimer"):
-            hook(unraisable)
-            return
+    def later() -> bool:
+        """Raise the recorded interrupt in 10 ms (False where this platform has no timer signal)."""
+        if not hasattr(signal, "setitimer"):
+            return False
         if not alarm:
             alarm.append(signal.signal(signal.SIGALRM, on_alarm))
+        pending[0] = True
         signal.setitimer(signal.ITIMER_REAL, 0.01)
+        return True
+
+    def raise_now(signum: int) -> None:
+        held[0] = pending[0] = False
+        if alarm:  # no timer left to raise a second time inside the cleanup
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if not active[0]:
+            return
+        if not held[0] and _importing(frame) and later():
+            held[0] = True
+            return
+        raise_now(signum)  # (a second signal while one is held: at once)
+
+    def on_alarm(_signum: int, frame: Any) -> None:
+        if not (pending[0] and active[0] and received):
+            return
+        if held[0] and _importing(frame):
+            later()
+            return
+        raise_now(received[-1])
+
+    hook = sys.unraisablehook
+
+    def on_unraisable(unraisable: Any) -> None:
+        """An interrupt raised inside a finalizer is ignored by Python: raise it again where the main
+        thread runs (raised here, it would be ignored again)."""
+        swallowed = received and active[0] and isinstance(unraisable.exc_value, KeyboardInterrupt)
+        main = threading.current_thread() is threading.main_thread()  # (where signal handlers are set)
+        if not swallowed or not main or not later():
+            hook(unraisable)
 
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     sys.unraisablehook = on_unraisable

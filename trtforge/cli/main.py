@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the group and maps trtforge errors to exit codes (2 user, 1 internal)."""
     from trtforge.cli._errors import EXIT_SIGINT, EXIT_SIGTERM, build_thread_alive, run_cli
 
+    if argv is None:
+        _enable_faulthandler()
     rc = run_cli(cli, argv)
     if rc in (EXIT_SIGINT, EXIT_SIGTERM) and (argv is None or build_thread_alive()):
         # Interrupted, and cleanup is done. Leave now: interpreter shutdown would wait on (or crash in) a
@@ -132,6 +134,19 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(rc)
     return rc
+
+
+def _enable_faulthandler() -> None:
+    """A crash inside a native library (TensorRT, torch, ONNX Runtime) prints the Python stack of every
+    thread on stderr before the process dies, so a bug report says where; a stderr that has no file
+    descriptor (an embedding host's stream object) leaves the handler off."""
+    import faulthandler
+    import io
+
+    try:
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return
 
 
 if __name__ == "__main__":
