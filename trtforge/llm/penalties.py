@@ -12,7 +12,11 @@ Semantics are vLLM's (and OpenAI's for presence/frequency and logit_bias):
 - ``logit_bias`` {token id: b}, b in [-100, 100]: ``logit += b`` for those ids (one scatter-add of
   every biased row's entries; the ids are checked against the vocabulary when the request is queued);
 - ``repetition_penalty`` r over the prompt *and* output tokens: a seen token's logit is divided by r
-  when positive and multiplied by r when not;
+  when positive and multiplied by r when not; any r > 0 is served (vLLM's range): where a penalised
+  logit would leave float32 (a tiny r dividing, a huge one multiplying; an r float32 cannot hold is
+  taken as its nearest normal float32) it saturates at float32's largest magnitude, so a tiny r all but
+  forces the seen tokens with a positive logit (tied) and a huge one puts the seen ones last, finite
+  (inf - inf was NaN: NaN logprobs and a garbage token, even one the grammar forbids);
 - ``frequency_penalty`` f and ``presence_penalty`` p over the output tokens only:
   ``logit -= f * count + p * (count > 0)``;
 - ``min_p`` (after temperature): tokens whose probability is below ``min_p`` times the largest one's
@@ -32,6 +36,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from trtforge.llm.host_to_device import to_device
+
+_F32 = np.finfo(np.float32)
+# float32's largest finite magnitude: penalised logits saturate there (see the module docstring)
+F32_MAX = float(_F32.max)
 
 
 class RowHistory(NamedTuple):
@@ -117,7 +125,8 @@ def _counts_index(
 def apply_penalties(logits: Any, params: Sequence[Any], histories: Sequence[RowHistory] | None) -> Any:
     """`logits` ``[N, vocab]`` with each row's penalties applied; the same object when no row has any.
 
-    A changed batch comes back as a new float32 tensor/array (the input is never written).
+    A changed batch comes back as a new float32 tensor/array (the input is never written); a finite
+    logit stays finite (saturating at :data:`F32_MAX`), a masked (-inf) one stays -inf.
     """
     rows = np.array([i for i, p in enumerate(params) if penalized(p)], dtype=np.int64)
     if not len(rows):
@@ -125,13 +134,15 @@ def apply_penalties(logits: Any, params: Sequence[Any], histories: Sequence[RowH
     if histories is None or len(histories) != len(params):
         raise ValueError("penalties need one RowHistory per row")
     n, vocab = int(logits.shape[0]), int(logits.shape[1])
-    rep = np.ones(n, dtype=np.float32)
+    rep64 = np.ones(n, dtype=np.float64)
     freq = np.zeros(n, dtype=np.float32)
     pres = np.zeros(n, dtype=np.float32)
     for i in rows.tolist():
-        rep[i] = params[i].repetition_penalty
+        rep64[i] = params[i].repetition_penalty
         freq[i] = params[i].frequency_penalty
         pres[i] = params[i].presence_penalty
+    # a penalty that float32 rounds to 0 or inf would make -inf * 0 and 0 * inf NaN
+    rep = np.clip(rep64, _F32.tiny, _F32.max).astype(np.float32)
     seen_idx = _counts_index(histories, rows[rep[rows] != 1.0], vocab, outputs_only=False)
     out_idx = _counts_index(histories, rows[(freq[rows] != 0) | (pres[rows] != 0)], vocab, outputs_only=True)
     if isinstance(logits, np.ndarray):
@@ -139,8 +150,10 @@ def apply_penalties(logits: Any, params: Sequence[Any], histories: Sequence[RowH
         seen = np.bincount(seen_idx, minlength=n * vocab).reshape(n, vocab) > 0
         counts = np.bincount(out_idx, minlength=n * vocab).reshape(n, vocab).astype(np.float32)
         factor = np.where(seen, rep[:, None], np.float32(1.0))
-        x = np.where(x > 0, x / factor, x * factor)
-        return x - freq[:, None] * counts - pres[:, None] * (counts > 0)
+        with np.errstate(over="ignore"):
+            y = np.where(x > 0, x / factor, x * factor)
+        y = y - freq[:, None] * counts - pres[:, None] * (counts > 0)
+        return np.where(np.isfinite(x), np.clip(y, -F32_MAX, F32_MAX), y)
     import torch
 
     dev = logits.device
@@ -153,8 +166,9 @@ def apply_penalties(logits: Any, params: Sequence[Any], histories: Sequence[RowH
     counts.index_add_(0, to_device(out_idx, dev), torch.ones(len(out_idx), device=dev))
     seen, counts = seen.view(n, vocab), counts.view(n, vocab)
     factor = torch.where(seen > 0, rep_t[:, None], torch.ones((), device=dev))
-    x = torch.where(x > 0, x / factor, x * factor)
-    return x - freq_t[:, None] * counts - pres_t[:, None] * (counts > 0)
+    y = torch.where(x > 0, x / factor, x * factor)
+    y = y - freq_t[:, None] * counts - pres_t[:, None] * (counts > 0)
+    return torch.where(x.isfinite(), y.clamp(-F32_MAX, F32_MAX), y)
 
 
 def apply_bitmask(logits: Any, bitmask: Any) -> Any:
