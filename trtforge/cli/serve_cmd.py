@@ -125,6 +125,13 @@ def _at_most(bound: str) -> Any:
     help="Largest request body accepted; larger ones get 413 before they are parsed.",
 )
 @click.option(
+    "--max-intake",
+    default=None,
+    type=click.IntRange(1),
+    help="Requests whose bodies are read, parsed and tokenized at once (default: 4 per CPU, 8 to 64); "
+    "more wait with their bodies unread, so many large bodies are never all in memory together.",
+)
+@click.option(
     "--shutdown-grace",
     default=30.0,
     show_default=True,
@@ -167,6 +174,7 @@ def serve_cmd(
     num_blocks: int | None,
     request_timeout: float | None,
     max_request_bytes: int,
+    max_intake: int | None,
     shutdown_grace: float,
     executor: str,
     device: str | None,
@@ -254,6 +262,7 @@ def serve_cmd(
         max_waiting=max_waiting,
         request_timeout=request_timeout,
         max_request_bytes=max_request_bytes,
+        max_intake=max_intake,
         shutdown_grace=shutdown_grace,
         log_level=log_level,
     )

@@ -4,7 +4,8 @@
 Streaming is server-sent events as OpenAI sends them: ``data: {chunk}`` lines, ``finish_reason`` in
 each choice's last chunk, a usage chunk with ``stream_options.include_usage``, then ``data: [DONE]``.
 Load is bounded: past ``max_num_seqs + max_waiting`` sequences in flight a request gets 429 with
-Retry-After; while the server drains (SIGTERM) new requests get 503.
+Retry-After; while the server drains (SIGTERM) new requests get 503. Before that, at most ``max_intake``
+requests at once have their bodies read, parsed and tokenized; the others wait with their bodies unread.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -49,6 +51,13 @@ TOKENIZE_THREADS = 4  # encodes take the tokenizer's lock in turn: more threads 
 COMPILE_WAIT_THREADS = 32  # each waits on a schema's compile (the compiler's own threads do the work)
 
 
+def default_intake() -> int:
+    """Requests read, parsed and tokenized at once unless --max-intake says: 4 per CPU, 8 to 64. The work
+    is the event loop's parse and TOKENIZE_THREADS' encodes, so more at once mostly overlap bodies still
+    arriving; each can hold ~10x its 16 MiB as Python objects (64 of them: ~10 GB)."""
+    return max(8, min(64, 4 * (os.cpu_count() or 1)))
+
+
 @dataclass
 class ServerState:
     """What the routes share: the model, its text side, limits and the drain flag."""
@@ -63,12 +72,14 @@ class ServerState:
     chat_template: str | None = None
     request_timeout: float | None = None
     max_request_bytes: int = 16 * 2**20
+    max_intake: int | None = None  # requests read, parsed and tokenized at once; None: default_intake()
     vocab_size: int | None = None  # the model's: token ids of a prompt are checked against it
     draining: bool = False
     structured_error: str | None = None  # why response_format cannot be served, if it cannot
     sequences: int = 0
     requests: int = 0
     metrics: Metrics = field(init=False)
+    intake: asyncio.Semaphore = field(init=False)  # max_intake slots (:func:`_intake`)
     dispatcher: Any = None  # set on the event loop's start (generation.Dispatcher)
     # held around each encode: texts are tokenized on worker threads, and a Hugging Face fast tokenizer
     # raises "Already borrowed" when one thread changes its settings while another encodes
@@ -87,6 +98,9 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.engine_stats)
+        if self.max_intake is None:
+            self.max_intake = default_intake()
+        self.intake = asyncio.Semaphore(self.max_intake)
         if self.tokenizer is not None:  # the first encode resets a tokenizer.json's padding/truncation
             self.tokenizer("", add_special_tokens=False)  # (a write): done here, before any decode runs
 
@@ -324,6 +338,25 @@ class _Admission:
             self.n = 0
 
 
+@contextlib.asynccontextmanager
+async def _intake(state: ServerState) -> AsyncIterator[None]:
+    """One of ``max_intake`` slots, held from reading a request's body to its admission or refusal: bodies
+    of up to 16 MiB (token ids ~10x that once parsed) on hundreds of connections would otherwise all be
+    in memory at once. A request waits for its slot with its body unread (uvicorn stops reading it)."""
+    m = state.metrics
+    m.intake_waiting.inc()
+    try:
+        await state.intake.acquire()  # cancelled while waiting: no slot taken, none to give back
+    finally:
+        m.intake_waiting.dec()
+    m.intake.inc()
+    try:
+        yield
+    finally:
+        m.intake.dec()
+        state.intake.release()
+
+
 async def _body(request: Request, limit: int) -> bytes:
     """The request's body, refused (413) as soon as it is known to exceed `limit` bytes: parsing is where
     a big body costs (200 MB of token ids took 48 s of the event loop and 18 GB). ApiError 499 if the
@@ -342,6 +375,36 @@ async def _body(request: Request, limit: int) -> bytes:
     except ClientDisconnect:
         raise ApiError(499, "the client closed the connection before its request body arrived") from None
     return b"".join(chunks)
+
+
+async def _read_request(
+    state: ServerState, request: Request, endpoint: str, kind: type
+) -> tuple[Any, str, list[list[int]], list[int], int | None]:
+    """`request` read, parsed, checked and tokenized (under an :func:`_intake` slot): the parsed request,
+    the model name it asked for, its prompts' ids, each prompt's max_tokens and the logprobs it asked for."""
+    req = parse(kind, await _body(request, state.max_request_bytes))
+    name = _check_model(state, req.model)
+    req.refuse_unserved()
+    if endpoint == "chat":
+        _check_fits(state, 1, req.n)
+        if req.top_logprobs is not None and not req.logprobs:  # as OpenAI and vLLM refuse it
+            raise ApiError(400, "top_logprobs: needs logprobs set to true", "top_logprobs")
+        lp = (req.top_logprobs or 0) if req.logprobs else None
+        _check_request(state, req, lp)
+        prompts = await _off_loop(state, _chat_prompt, req)
+        return req, name, prompts, [_budget(state, prompts[0], req, None, "messages", "messages")], lp
+    if req.echo:
+        raise ApiError(400, "echo: echoing the prompt is not supported", "echo")
+    items = _prompt_list(req.prompt)
+    _check_fits(state, len(items), req.n)
+    lp = req.logprobs
+    _check_request(state, req, lp)
+    prompts = await _off_loop(state, _prompt_ids, items)
+    budgets = [
+        _budget(state, p, req, 16, f"prompt[{i}]" if len(prompts) > 1 else "prompt", "prompt")
+        for i, p in enumerate(prompts)
+    ]
+    return req, name, prompts, budgets, lp
 
 
 async def _watch_disconnect(request: Request) -> None:
@@ -479,33 +542,12 @@ def create_app(state: ServerState) -> FastAPI:
         admission = None
         try:
             _check_key(state, request)
-            if state.draining:
-                raise ApiError(503, "the server is shutting down; retry on another replica")
-            req = parse(kind, await _body(request, state.max_request_bytes))
-            name = _check_model(state, req.model)
-            req.refuse_unserved()
-            if endpoint == "chat":
-                _check_fits(state, 1, req.n)
-                if req.top_logprobs is not None and not req.logprobs:  # as OpenAI and vLLM refuse it
-                    raise ApiError(400, "top_logprobs: needs logprobs set to true", "top_logprobs")
-                lp = (req.top_logprobs or 0) if req.logprobs else None
-                _check_request(state, req, lp)
-                prompts = await _off_loop(state, _chat_prompt, req)
-                budgets = [_budget(state, prompts[0], req, None, "messages", "messages")]
-            else:
-                if req.echo:
-                    raise ApiError(400, "echo: echoing the prompt is not supported", "echo")
-                items = _prompt_list(req.prompt)
-                _check_fits(state, len(items), req.n)
-                lp = req.logprobs
-                _check_request(state, req, lp)
-                prompts = await _off_loop(state, _prompt_ids, items)
-                budgets = [
-                    _budget(state, p, req, 16, f"prompt[{i}]" if len(prompts) > 1 else "prompt", "prompt")
-                    for i, p in enumerate(prompts)
-                ]
+            _check_draining(state)
+            async with _intake(state):
+                _check_draining(state)  # it may have begun while this request waited for its slot
+                req, name, prompts, budgets, lp = await _read_request(state, request, endpoint, kind)
+                admission = _Admission(state, len(prompts) * req.n)
             fmt = req.response_format
-            admission = _Admission(state, len(prompts) * req.n)
             if fmt is not None and fmt.type != "text":  # compiled off the event loop and the engine's lock
                 try:
                     await asyncio.get_running_loop().run_in_executor(

@@ -75,6 +75,16 @@ class Metrics:
         self.in_flight = Gauge(
             "trtforge_http_requests_in_flight", "Generation requests being served.", registry=r
         )
+        self.intake = Gauge(
+            "trtforge_http_requests_intake",
+            "Generation requests being read, parsed and tokenized (at most --max-intake).",
+            registry=r,
+        )
+        self.intake_waiting = Gauge(
+            "trtforge_http_requests_intake_waiting",
+            "Generation requests waiting to be read (their bodies unread).",
+            registry=r,
+        )
         r.register(_EngineCollector(read_engine))
 
     def render(self) -> bytes:

@@ -1,0 +1,156 @@
+"""`trtforge serve --max-intake 2`: at most two requests have their bodies read, parsed and tokenized at
+once; a third waits with its body unread (no ``100 Continue`` for it) while /health, /metrics and
+/v1/models still answer, and every slot comes back however a request ends.
+
+Clients here are raw sockets sending ``Expect: 100-continue``: uvicorn answers ``100 Continue`` when the
+app first reads the body, which is how a test sees whether a request's body is being read.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from tests.llm.server.harness import chat_server
+from tests.llm.server.test_server_hostile import NAME, _error, _post
+
+BODY = json.dumps({"model": NAME, "prompt": "def f(", "max_tokens": 2}).encode()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    args = ["--num-blocks", "256", "--max-num-seqs", "4", "--max-waiting", "4", "--max-intake", "2"]
+    with chat_server(tmp_path_factory.mktemp("intake"), args) as s:
+        yield s
+
+
+@pytest.fixture
+def open_request(server):
+    """Opens a completions request sending only its headers, with ``Expect: 100-continue`` (its body is
+    the test's to send); whatever a test leaves open is closed after it, failed or not."""
+    opened: list[socket.socket] = []
+
+    def open_one() -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        opened.append(s)
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+        )
+        return s
+
+    yield open_one
+    for s in opened:
+        s.close()
+
+
+def _continued(s: socket.socket, timeout: float) -> bool:
+    """Whether the server answered ``100 Continue`` (began reading the body) within `timeout` seconds."""
+    s.settimeout(timeout)
+    head = b""
+    try:
+        while b"\r\n\r\n" not in head:
+            chunk = s.recv(1)
+            assert chunk, f"the server closed the connection: {head!r}"
+            head += chunk
+    except TimeoutError:
+        assert not head, head
+        return False
+    assert head.startswith(b"HTTP/1.1 100 "), head
+    return True
+
+
+def _response(s: socket.socket) -> tuple[int, bytes]:
+    """The final response's status and body (the request said Connection: close)."""
+    s.settimeout(60)
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+def _intake(server) -> tuple[float, float]:
+    m = server.metrics()
+    return m["trtforge_http_requests_intake"], m["trtforge_http_requests_intake_waiting"]
+
+
+def _wait_for(cond, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.05)
+
+
+def _others_answer(server) -> None:
+    """/health, /metrics and /v1/models take no intake slot: they answer at once while all are held."""
+    import httpx
+
+    for path in ("/health", "/metrics", "/v1/models"):
+        start = time.monotonic()
+        assert httpx.get(server.url + path, timeout=10).status_code == 200, path
+        assert time.monotonic() - start < 2, path
+
+
+def test_a_request_past_the_bound_waits_unread_until_a_slot_frees(server, open_request):
+    """Two bodies arriving slowly hold both slots: the third request's body is not read (no 100 Continue)
+    until one of them is answered, then it is read and served."""
+    a, b = open_request(), open_request()
+    assert _continued(a, 10) and _continued(b, 10)
+    half = len(BODY) // 2
+    a.sendall(BODY[:half])
+    b.sendall(BODY[:half])
+    c = open_request()
+    assert not _continued(c, 1.0), "a third body was read while two held the slots"
+    _wait_for(lambda: _intake(server) == (2, 1))
+    _others_answer(server)
+    assert _intake(server) == (2, 1) and not _continued(c, 0.2)
+    a.sendall(BODY[half:])
+    assert _response(a)[0] == 200
+    assert _continued(c, 10), "the waiting request was not read once a slot freed"
+    c.sendall(BODY)
+    b.sendall(BODY[half:])
+    assert _response(c)[0] == 200 and _response(b)[0] == 200
+    _wait_for(lambda: _intake(server) == (0, 0))
+    server.wait_blocks_free()
+
+
+def test_slots_come_back_after_refusals_disconnects_and_successes(server, open_request):
+    """More 400s, 499s (cut short while read, or gone while waiting for a slot) and 200s than there are
+    slots, one after another: afterwards both slots are free (two bodies are read at once again)."""
+    for body in (b"{", b'{"model": "%s", "prompt": "x", "n": 0}' % NAME.encode()) * 2:
+        _error(_post(server, body))
+    long = json.dumps({"model": NAME, "prompt": "def f(x): return x\n" * 400, "max_tokens": 2}).encode()
+    for _ in range(3):  # refused after tokenizing (past the context)
+        assert _error(_post(server, long))["param"] == "prompt"
+    key = 'trtforge_requests_total{endpoint="completions",status="499"}'
+    before = server.metrics().get(key, 0)
+    for _ in range(3):  # cut short while its body is read
+        s = open_request()
+        assert _continued(s, 10)
+        s.sendall(BODY[:10])
+        s.close()
+    held = [open_request(), open_request()]
+    for s in held:
+        assert _continued(s, 10)
+    gone = open_request()  # leaves while waiting for a slot: it is refused (499) once it has one
+    _wait_for(lambda: _intake(server) == (2, 1))
+    gone.close()
+    for s in held:
+        s.sendall(BODY)
+        assert _response(s)[0] == 200
+    _wait_for(lambda: server.metrics().get(key, 0) >= before + 4)
+    for _ in range(3):
+        assert _post(server, BODY).status_code == 200
+    _wait_for(lambda: _intake(server) == (0, 0))
+    both = [open_request(), open_request()]
+    assert all(_continued(s, 10) for s in both), "a slot was not given back"
+    for s in both:
+        s.sendall(BODY)
+        assert _response(s)[0] == 200
+    assert "Traceback" not in server.log(), server.log()
+    server.wait_blocks_free()
