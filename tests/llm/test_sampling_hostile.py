@@ -11,7 +11,7 @@ import torch
 
 from tests.llm.serving_models import VOCAB, make_executor
 from trtforge.llm.engine import LLMEngine
-from trtforge.llm.penalties import RowHistory, apply_penalties
+from trtforge.llm.penalties import LOGPROB_FLOOR, RowHistory, apply_penalties
 from trtforge.llm.sampling import SamplingParams, sample_with_logprobs
 from trtforge.llm.sched.scheduler import SchedulerConfig
 
@@ -100,6 +100,22 @@ def test_sane_repetition_penalties_are_unchanged_bit_for_bit():
         for kind in ("numpy", "torch"):
             got = np.asarray(apply_penalties(_as(kind, x), [p], hist))
             assert got.tobytes() == want.astype(np.float32).tobytes()
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_top_logprobs_of_masked_tokens_are_finite(kind):
+    """Before: the top logprobs of tokens the grammar forbids were -inf (a JSON-schema request with
+    top_logprobs 20 at a position where fewer than 20 tokens are allowed: the server answered 500).
+    Now they are -9999.0, OpenAI's and vLLM's value for an impossible token."""
+    x = _logits()
+    mask = np.zeros((1, 2), dtype=np.int32)
+    mask[0, 0] = 0b111
+    p = SamplingParams(logprobs=20)
+    tokens, lps = sample_with_logprobs(_as(kind, x), [p], [None], None, mask)
+    lp = lps[0]
+    assert tokens[0] in (0, 1, 2) and lp.rank == 1 and _finite(lp)
+    assert LOGPROB_FLOOR == -9999.0 and [v for _, v in lp.top][3:] == [LOGPROB_FLOOR] * 17
+    assert {t for t, _ in lp.top[:3]} == {0, 1, 2} and all(v > LOGPROB_FLOOR for _, v in lp.top[:3])
 
 
 @pytest.fixture(scope="module")

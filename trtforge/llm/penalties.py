@@ -40,6 +40,9 @@ from trtforge.llm.host_to_device import to_device
 _F32 = np.finfo(np.float32)
 # float32's largest finite magnitude: penalised logits saturate there (see the module docstring)
 F32_MAX = float(_F32.max)
+# the least logprob reported (:class:`TokenLogprobs`): OpenAI's API and vLLM's server report an
+# impossible token (-inf) as -9999.0
+LOGPROB_FLOOR = -9999.0
 
 
 class RowHistory(NamedTuple):
@@ -55,7 +58,9 @@ class TokenLogprobs(NamedTuple):
     Logprobs are of the distribution the sampler draws from before truncation: the logits after the
     grammar mask, the logit bias, the penalties and the temperature (temperature 0 counts as 1),
     log-softmaxed over the whole vocabulary; top-k, top-p and min_p do not change them (vLLM's
-    "processed_logprobs"). A greedy row's token is the argmax of the same logits: rank 1.
+    "processed_logprobs"). A greedy row's token is the argmax of the same logits: rank 1. Logprobs are
+    at least :data:`LOGPROB_FLOOR` (OpenAI's and vLLM's server's -9999.0), so a token the grammar
+    forbids, -inf, is listed as -9999.0: JSON has no infinities (the OpenAI server answered 500).
     """
 
     token_id: int
@@ -201,18 +206,20 @@ def min_p_floor(x: Any, min_p: Any) -> Any:
 
 def compute_logprobs(x: Any, tokens: Any, k: int) -> tuple[Any, Any, Any, Any]:
     """Logprobs of `x` ``[N, vocab]`` (already processed and scaled): per row the sampled `tokens`' logprob
-    and rank, and the top `k` ids and logprobs (ties by lower id), all on x's device."""
+    and rank, and the top `k` ids and logprobs (ties by lower id), all on x's device; the logprobs
+    floored at :data:`LOGPROB_FLOOR` (the ranks are of the exact ones)."""
     if isinstance(x, np.ndarray):
         shifted = x - x.max(-1, keepdims=True)
         lp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
         chosen = np.take_along_axis(lp, tokens[:, None], 1)[:, 0]
         rank = (lp > chosen[:, None]).sum(-1) + 1
         order = np.argsort(-lp, axis=-1, kind="stable")[:, :k]
-        return chosen, rank, order, np.take_along_axis(lp, order, 1)
+        top = np.take_along_axis(lp, order, 1)
+        return np.maximum(chosen, LOGPROB_FLOOR), rank, order, np.maximum(top, LOGPROB_FLOOR)
     import torch
 
     lp = torch.log_softmax(x.double(), dim=-1)
     chosen = lp.gather(1, tokens[:, None])[:, 0]
     rank = (lp > chosen[:, None]).sum(-1) + 1
     top, order = torch.sort(lp, dim=-1, descending=True, stable=True)
-    return chosen, rank, order[:, :k], top[:, :k]
+    return chosen.clamp(min=LOGPROB_FLOOR), rank, order[:, :k], top[:, :k].clamp(min=LOGPROB_FLOOR)
