@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.llm.serving_models import VOCAB, make_executor
+from trtforge.errors import UserError
 from trtforge.llm.engine import LLMEngine
 from trtforge.llm.penalties import LOGPROB_FLOOR, RowHistory, apply_penalties
 from trtforge.llm.sampling import SamplingParams, sample_with_logprobs
@@ -139,3 +140,44 @@ def test_an_extreme_repetition_penalty_through_the_engine(engine, rp):
         assert all(_finite(lp) for lp in c.logprobs), c.logprobs
         if rp < 1:  # every token but 0, 1, 2 is seen: a positive seen one is all but forced
             assert all(t >= 3 for t in c.token_ids), c.token_ids
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [  # before: OverflowError (int too large to convert to float), naming nothing
+        ({"temperature": 10**400}, "temperature"),
+        ({"repetition_penalty": 10**400}, "repetition_penalty"),
+        ({"logit_bias": {3: 10**400}}, "logit_bias"),
+        ({"logit_bias": {3: -(10**400)}}, "logit_bias"),
+        # before: accepted, then OverflowError building the int64 ids when the request was queued
+        ({"logit_bias": {2**64: 1.0}}, "logit_bias"),
+        ({"logit_bias": {2**63: 1.0}}, "logit_bias"),
+        # before: ValueError (Exceeds the limit (4300 digits) for integer string conversion) writing
+        # the message
+        ({"n": 10**5000}, "n"),
+        ({"seed": -(10**5000)}, "seed"),
+        ({"top_k": -(10**5000)}, "top_k"),
+        ({"max_tokens": -(10**5000)}, "max_tokens"),
+        ({"logprobs": 10**5000}, "logprobs"),
+        ({"stop_token_ids": [10**5000, -1]}, "stop_token_ids"),
+        ({"presence_penalty": 10**5000}, "presence_penalty"),
+    ],
+)
+def test_huge_integers_are_refused_naming_the_field(kwargs, field):
+    with pytest.raises(UserError, match=rf"^SamplingParams\.{field} must be .*, got ") as e:
+        SamplingParams(**kwargs)
+    assert len(str(e.value)) < 400, str(e.value)
+
+
+def test_a_refused_long_list_is_shown_shortened():
+    """Before: the message held the whole list (a million ids: 8 MB)."""
+    shortened = r"SamplingParams\.stop_token_ids must be .*, got \[0, 1, 2, .*\.\.\. \(1,000,001 entries\)$"
+    with pytest.raises(UserError, match=shortened) as e:
+        SamplingParams(stop_token_ids=[*range(1_000_000), -1])
+    assert len(str(e.value)) < 400
+
+
+def test_the_largest_int64_token_id_and_huge_integer_settings_still_work():
+    assert SamplingParams(logit_bias={2**63 - 1: 1.0}).logit_bias_arrays[0].tolist() == [2**63 - 1]
+    p = SamplingParams(max_tokens=10**30, top_k=10**30, temperature=10**300, stop_token_ids=[10**30])
+    assert p.max_tokens == 10**30 and p.temperature == 10**300 and not p.greedy

@@ -11,7 +11,7 @@ share the batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -45,6 +45,11 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 MAX_LOGIT_BIAS = 2**20
 # OpenAI's range of a logit_bias value: -100 bans a token, +100 all but forces it
 LOGIT_BIAS_LIMIT = 100.0
+# logit_bias ids are int64 on the host and the device (an id of 2**64 raised OverflowError when the
+# request was queued); the engine then refuses one past its model's vocabulary
+MAX_TOKEN_ID = 2**63 - 1
+# characters of a refused value a message shows (a list of a million ids made a 7 MB message)
+SHOWN_CHARS = 120
 
 
 def _is_int(x: object) -> bool:
@@ -53,6 +58,34 @@ def _is_int(x: object) -> bool:
 
 def _is_number(x: object) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def _finite(x: Any) -> bool:
+    """Whether number `x` is a finite float: NaN, infinities and an integer too large for a float (whose
+    float() raised OverflowError) are not."""
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
+
+
+def _show(value: object) -> str:
+    """`value` as a message shows it: its repr, cut at :data:`SHOWN_CHARS` characters (a list says how
+    many entries it has); an integer past that, by its number of digits (Python refuses to write one of
+    more than 4300)."""
+    try:
+        text: str | None = repr(value)
+    except ValueError:  # an integer of more than 4300 digits, perhaps inside a list
+        text = None
+    if _is_int(value) and (text is None or len(text) > SHOWN_CHARS):
+        digits = int(abs(int(value)).bit_length() * math.log10(2)) + 1
+        return f"{'a negative' if value < 0 else 'an'} integer of about {digits:,} digits"
+    size = ""
+    if isinstance(value, Sized):
+        size = f" ({len(value):,} entr{'y' if len(value) == 1 else 'ies'})"
+    if text is None:
+        return f"a {type(value).__name__}{size} holding an integer of more than 4300 digits"
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}...{size}"
 
 
 @dataclass(frozen=True)
@@ -94,11 +127,11 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str, value: object) -> UserError:
-            return UserError(f"SamplingParams.{name} must be {expected}, got {value!r}")
+            return UserError(f"SamplingParams.{name} must be {expected}, got {_show(value)}")
 
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise bad("max_tokens", "an integer >= 1", self.max_tokens)
-        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+        if not _is_number(self.temperature) or not _finite(self.temperature) or self.temperature < 0:
             raise bad("temperature", "a finite number >= 0 (0 means greedy)", self.temperature)
         if not _is_int(self.top_k) or self.top_k < 0:
             raise bad("top_k", "an integer >= 0 (0 keeps every token)", self.top_k)
@@ -143,7 +176,7 @@ class SamplingParams:
             if not _is_number(v) or not -2.0 <= v <= 2.0:
                 raise bad(name, "a number in [-2, 2] (0 disables it)", v)
         rp = self.repetition_penalty
-        if not _is_number(rp) or not math.isfinite(rp) or rp <= 0:
+        if not _is_number(rp) or not _finite(rp) or rp <= 0:
             raise bad("repetition_penalty", "a finite number > 0 (1 disables it)", rp)
         if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "a number in [0, 1] (0 disables it)", self.min_p)
@@ -177,7 +210,7 @@ class SamplingParams:
         if lb is None:
             return
         expected = (
-            f"None or a dict of token id (an integer >= 0) to a bias in [-{LOGIT_BIAS_LIMIT:g}, "
+            f"None or a dict of token id (an integer in [0, 2**63)) to a bias in [-{LOGIT_BIAS_LIMIT:g}, "
             f"{LOGIT_BIAS_LIMIT:g}]"
         )
         if not isinstance(lb, Mapping):
@@ -187,7 +220,7 @@ class SamplingParams:
             raise bad("logit_bias", most, f"{len(lb):,} entries")
         norm: dict[int, float] = {}
         for k, v in lb.items():
-            ok = _is_int(k) and k >= 0 and _is_number(v) and math.isfinite(v)
+            ok = _is_int(k) and 0 <= k <= MAX_TOKEN_ID and _is_number(v) and _finite(v)
             if not ok or not -LOGIT_BIAS_LIMIT <= v <= LOGIT_BIAS_LIMIT:
                 raise bad("logit_bias", expected, {k: v})
             norm[int(k)] = float(v)
