@@ -105,3 +105,65 @@ def test_a_streamed_choice_failing_on_a_server_bug_ends_the_stream_with_a_500():
     assert out[-1] == "data: [DONE]\n\n", out
     error = json.loads(out[-2].removeprefix("data: "))["error"]
     assert error["code"] == 500 and "RuntimeError" in error["message"], error
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(need_model())
+
+
+def test_a_logit_bias_is_built_once_per_request_and_shared_by_its_choices(tokenizer, monkeypatch):
+    """2 prompts x n=3: the map is parsed and checked once for the request, not once per choice (256
+    choices of a 4,096-entry map were 0.9 s of the event loop); every choice's params are unchanged."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from trtforge.llm import sampling
+    from trtforge.llm.server import protocol
+    from trtforge.llm.server.app import _check_request, _make_choices
+    from trtforge.llm.server.protocol import CompletionRequest, parse, sampling_params
+
+    prompts = [[5, 6], [7]]
+    bias = {str(i): float(i % 201 - 100) for i in range(4096)}
+    body = {"model": "m", "prompt": prompts, "n": 3, "temperature": 1, "seed": 7, "logit_bias": bias}
+    raw = json.dumps(body).encode()
+    calls = {"parse": 0, "check": 0}
+    parse_bias, check_bias = protocol.logit_bias, sampling.SamplingParams._check_logit_bias
+
+    def counted_parse(value):
+        calls["parse"] += 1
+        return parse_bias(value)
+
+    def counted_check(self, bad):
+        calls["check"] += self.logit_bias is not None
+        return check_bias(self, bad)
+
+    class Engine:
+        def submit_many(self, prompts, params, on_events, labels):
+            self.params = params
+            return [SimpleNamespace(cancel=lambda: None) for _ in params]
+
+    monkeypatch.setattr(protocol, "logit_bias", counted_parse)
+    monkeypatch.setattr(sampling.SamplingParams, "_check_logit_bias", counted_check)
+    engine, req = Engine(), parse(CompletionRequest, raw)
+    state = SimpleNamespace(
+        engine=engine, tokenizer=tokenizer, max_model_len=2048, vocab_size=4096, structured_error=None
+    )
+    _check_request(state, req, None)
+    choices = _make_choices(state, req, prompts, [2, 2], None, "prompt")
+    assert calls == {"parse": 1, "check": 1}, calls
+    params = [c.params for c in choices]
+    assert len(params) == 6 and engine.params == params
+    first = params[0]
+    assert all(
+        p.logit_bias is first.logit_bias and p.logit_bias_arrays is first.logit_bias_arrays for p in params
+    )
+    monkeypatch.undo()
+    alone = parse(CompletionRequest, raw)  # each choice's params built on their own, as before
+    expected = [sampling_params(alone, 2, None, j) for _ in prompts for j in range(3)]
+    assert params == expected and len({p.seed for p in params}) == 3
+    for p, e in zip(params, expected):
+        assert all(np.array_equal(a, b) for a, b in zip(p.logit_bias_arrays, e.logit_bias_arrays))

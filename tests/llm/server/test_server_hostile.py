@@ -404,3 +404,22 @@ def test_a_logit_bias_is_served_on_both_endpoints(server):
         other = unbiased.json()["choices"][0]
         assert (other["text"] if "text" in other else other["message"]["content"]) != text
     server.wait_blocks_free()
+
+
+def test_a_logit_bias_biases_every_choice_of_a_request(server):
+    """The map is built once and shared by every choice (2 prompts x n=3): each choice is biased, and
+    sampled with its own seed (seed + i), exactly as a request of its own with that seed is."""
+    import json
+
+    def texts(prompt, n: int, bias: dict, seed: int = 3) -> list[str]:
+        body = {"model": NAME, "prompt": prompt, "max_tokens": 3, "temperature": 1, "seed": seed, "n": n}
+        r = _post(server, json.dumps({**body, "logit_bias": bias}).encode())
+        assert r.status_code == 200, r.text
+        return [c["text"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
+
+    forced = texts(["x", "def f("], 3, {"300": 100, "7": -100})
+    assert len(forced) == 6 and set(forced) == set(texts("x", 1, {"300": 100}))
+    banned = {str(i): -100 for i in range(0, 4096, 2)}  # every even id
+    free = texts("def f(", 3, banned)
+    assert free == [texts("def f(", 1, banned, 3 + j)[0] for j in range(3)] and len(set(free)) > 1, free
+    server.wait_blocks_free()

@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from trtforge.errors import UserError
+from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.server.generation import Choice, Dispatcher
 from trtforge.llm.server.metrics import Metrics
 from trtforge.llm.server.protocol import (
@@ -35,7 +36,6 @@ from trtforge.llm.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     error_body,
-    logit_bias,
     parse,
     response_format,
     sampling_params,
@@ -302,7 +302,7 @@ def _check_request(state: ServerState, req: Any, lp: int | None) -> None:
         raise ApiError(400, f"response_format: {state.structured_error}", "response_format")
     if lp is not None and req.stream:
         raise ApiError(400, "logprobs: not served with stream=true yet; ask without streaming", "logprobs")
-    bias, vocab = logit_bias(req.logit_bias), state.vocab_size
+    bias, vocab = req.logit_bias_map, state.vocab_size
     if bias and vocab is not None and max(bias) >= vocab:
         raise ApiError(
             400,
@@ -448,10 +448,13 @@ def _make_choices(
     stops = req.stops()
     choices: list[Choice] = []
     labels: list[str | None] = []
+    first: SamplingParams | None = None  # its logit_bias is every other choice's (built once)
     try:
         for i, (ids, budget) in enumerate(zip(prompts, max_tokens)):
             for j in range(req.n):
-                choices.append(Choice(state, ids, sampling_params(req, budget, lp, j), stops))
+                params = sampling_params(req, budget, lp, j, first)
+                first = params if first is None else first
+                choices.append(Choice(state, ids, params, stops))
                 labels.append(f"prompt[{i}]" if len(prompts) > 1 else None)
         Choice.submit_all(state, choices, labels)  # all or none
     except UserError as e:  # the engine refused the request (a token id outside the vocabulary, ...)

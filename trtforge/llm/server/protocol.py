@@ -11,6 +11,7 @@ for an optional field means its default, as OpenAI's nullable fields do. A bad f
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from typing import Annotated, Any, ClassVar, Literal
@@ -114,6 +115,12 @@ class _Sampling(_Base):
     ignore_eos: bool = False
     response_format: ResponseFormat | None = None
     logit_bias: dict[str, float] | None = None  # token id (a decimal string) -> bias (:func:`logit_bias`)
+
+    @functools.cached_property
+    def logit_bias_map(self) -> dict[int, float] | None:
+        """:func:`logit_bias` of this request, built on first use only: its checks and every choice's
+        params read it, and a map may hold a vocabulary's worth of entries."""
+        return logit_bias(self.logit_bias)
 
     def refuse_unserved(self) -> None:
         """400 naming a field that would change the answer but that this server cannot serve: ignoring it
@@ -370,11 +377,14 @@ def logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     return out
 
 
-def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choice: int) -> SamplingParams:
+def sampling_params(
+    req: _Sampling, max_tokens: int, logprobs: int | None, choice: int, like: SamplingParams | None = None
+) -> SamplingParams:
     """The :class:`SamplingParams` of choice `choice` of `req` (choice i of n draws with seed + i).
 
     Options at their neutral values are left out, so a SamplingParams without a field for them still
-    serves requests that do not use them; one that is asked for and missing is a 400 naming it.
+    serves requests that do not use them; one that is asked for and missing is a 400 naming it. `like`,
+    the params of another choice of `req`, lends these its logit_bias (:func:`_share_logit_bias`).
     """
     kwargs: dict[str, Any] = {
         "max_tokens": max_tokens,
@@ -392,7 +402,7 @@ def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choic
         "repetition_penalty": (req.repetition_penalty, 1.0),
         "logprobs": (logprobs, None),
         "response_format": (response_format(req.response_format), None),
-        "logit_bias": (logit_bias(req.logit_bias), None),
+        "logit_bias": (None if like is not None else req.logit_bias_map, None),
     }
     kwargs.update({k: v for k, (v, neutral) in optional.items() if v != neutral})
     known = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -407,7 +417,17 @@ def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choic
     from trtforge.errors import UserError
 
     try:
-        return SamplingParams(**kwargs)
+        params = SamplingParams(**kwargs)
     except UserError as e:
         field = next((k for k in kwargs if f"SamplingParams.{k} " in str(e)), None)
         raise ApiError(400, str(e), field) from None
+    return params if like is None or like.logit_bias is None else _share_logit_bias(params, like)
+
+
+def _share_logit_bias(params: SamplingParams, like: SamplingParams) -> SamplingParams:
+    """`params` holding `like`'s logit_bias map and its arrays, the same objects: SamplingParams copies and
+    checks a map it is given, and per choice that was 0.9 s of the event loop for 256 choices of a
+    4,096-entry map. Shared safely: SamplingParams is frozen and the engine only reads both."""
+    object.__setattr__(params, "logit_bias", like.logit_bias)
+    vars(params)["logit_bias_arrays"] = like.logit_bias_arrays  # the cached_property's slot: built once
+    return params
