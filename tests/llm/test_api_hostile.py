@@ -228,3 +228,22 @@ def test_load_refuses_options_by_name(paged_graph, options, message) -> None:
 
     with pytest.raises(UserError, match=message):
         trtforge.llm.load(paged_graph, **options)
+
+
+def test_text_stop_strings_are_refused_by_the_token_engine_not_ignored() -> None:
+    """SamplingParams.stop holds text; the engine speaks token ids and has no tokenizer. Before, a Python
+    API user's stop strings were accepted and silently never matched: the output ran past them."""
+    from tests.llm.serving_models import make_executor
+    from trtforge.llm.engine import LLMEngine
+
+    with LLMEngine(make_executor(num_blocks=64)) as engine:
+        with pytest.raises(
+            UserError,
+            match=r"SamplingParams\.stop holds text stop strings \['\\n'\].*"
+            r"stop_sequences",
+        ):
+            engine.submit([1, 2, 3], SamplingParams(stop="\n", max_tokens=4))
+        with pytest.raises(UserError, match=r"prompts\[1\]: .*SamplingParams\.stop"):
+            engine.generate([[1, 2], [3, 4]], [SamplingParams(), SamplingParams(stop=["x"])])
+        out = engine.generate([[1, 2, 3]], SamplingParams(stop_sequences=[[5, 6]], max_tokens=3))[0]
+        assert out.error is None and len(out.token_ids) <= 3

@@ -98,7 +98,8 @@ class SamplingParams:
     ``ignore_eos`` disables it. The other fields carry vLLM's names and meanings: ``n`` samples per
     prompt (see :meth:`expand`), ``logprobs`` top logprobs per token (0: the sampled token's only;
     see :class:`~trtforge.llm.penalties.TokenLogprobs`), the penalties and ``min_p`` of
-    :mod:`trtforge.llm.penalties`, ``stop`` strings (matched on the text by the text layer),
+    :mod:`trtforge.llm.penalties`, ``stop`` strings (for the layers that hold a tokenizer and match them
+    on the decoded text: ``trtforge serve`` and ``generate``; the token engine refuses them),
     ``response_format`` (OpenAI's: ``{"type": "json_object"}`` or ``{"type": "json_schema",
     "json_schema": {"schema": {...}}}``) for grammar-constrained output, and ``logit_bias`` (OpenAI's:
     token id -> a bias in [-100, 100] added to that token's logit before sampling; -100 bans it, +100

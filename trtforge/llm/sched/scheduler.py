@@ -114,6 +114,12 @@ class Scheduler:
             )
         if isinstance(prompt, (str, bytes)):
             raise UserError(f"request {request_id!r}: the prompt must be a sequence of token ids, got text")
+        if params.stop:
+            raise UserError(
+                f"request {request_id!r}: SamplingParams.stop holds text stop strings {list(params.stop)!r}, "
+                "which the token engine cannot match (it has no tokenizer; `trtforge serve` and `trtforge "
+                "generate` match them on the decoded text); give their token ids as stop_sequences instead"
+            )
         try:
             tokens = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)
         except TypeError:
