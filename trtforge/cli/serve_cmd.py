@@ -125,6 +125,14 @@ def _at_most(bound: str) -> Any:
     help="Largest request body accepted; larger ones get 413 before they are parsed.",
 )
 @click.option(
+    "--body-timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds a request's body may take to arrive; a slower one gets 408 and frees its intake slot "
+    "(a client trickling bytes would otherwise hold it for as long as it likes).",
+)
+@click.option(
     "--max-intake",
     default=None,
     type=click.IntRange(1),
@@ -174,6 +182,7 @@ def serve_cmd(
     num_blocks: int | None,
     request_timeout: float | None,
     max_request_bytes: int,
+    body_timeout: float,
     max_intake: int | None,
     shutdown_grace: float,
     executor: str,
@@ -262,6 +271,7 @@ def serve_cmd(
         max_waiting=max_waiting,
         request_timeout=request_timeout,
         max_request_bytes=max_request_bytes,
+        body_timeout=body_timeout,
         max_intake=max_intake,
         shutdown_grace=shutdown_grace,
         log_level=log_level,

@@ -154,3 +154,32 @@ def test_slots_come_back_after_refusals_disconnects_and_successes(server, open_r
         assert _response(s)[0] == 200
     assert "Traceback" not in server.log(), server.log()
     server.wait_blocks_free()
+
+
+@pytest.fixture(scope="module")
+def impatient(tmp_path_factory):
+    args = ["--num-blocks", "256", "--max-num-seqs", "4", "--max-intake", "1", "--body-timeout", "1"]
+    with chat_server(tmp_path_factory.mktemp("impatient"), args) as s:
+        yield s
+
+
+def test_a_body_trickling_past_body_timeout_is_a_408_and_frees_its_slot(impatient):
+    """Under an intake bound, a client that sends its body a byte at a time would hold its slot as long
+    as it likes (here the only one): past --body-timeout it gets a 408 and the next request is read."""
+    s = socket.create_connection(("127.0.0.1", impatient.port), timeout=30)
+    try:
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+        )
+        start = time.monotonic()
+        s.sendall(BODY[:5])
+        status, body = _response(s)
+    finally:
+        s.close()
+    assert status == 408 and 0.9 < time.monotonic() - start < 10
+    error = json.loads(body)["error"]
+    assert error["type"] == "timeout_error" and "--body-timeout 1 s" in error["message"]
+    assert _post(impatient, BODY).status_code == 200  # the slot came back
+    m = impatient.metrics()
+    assert (m["trtforge_http_requests_intake"], m["trtforge_http_requests_intake_waiting"]) == (0, 0)

@@ -72,6 +72,7 @@ class ServerState:
     chat_template: str | None = None
     request_timeout: float | None = None
     max_request_bytes: int = 16 * 2**20
+    body_timeout: float = 60.0  # seconds a body may take to arrive (408 past them)
     max_intake: int | None = None  # requests read, parsed and tokenized at once; None: default_intake()
     vocab_size: int | None = None  # the model's: token ids of a prompt are checked against it
     draining: bool = False
@@ -357,23 +358,33 @@ async def _intake(state: ServerState) -> AsyncIterator[None]:
         state.intake.release()
 
 
-async def _body(request: Request, limit: int) -> bytes:
+async def _body(request: Request, limit: int, timeout: float) -> bytes:
     """The request's body, refused (413) as soon as it is known to exceed `limit` bytes: parsing is where
     a big body costs (200 MB of token ids took 48 s of the event loop and 18 GB). ApiError 499 if the
-    client closes the connection before it is all here."""
+    client closes the connection before it is all here, 408 if it is not all here within `timeout`
+    seconds (the body is read under an intake slot, which a trickling client would hold forever)."""
     too_big = ApiError(413, f"the request body exceeds --max-request-bytes {limit:,}; send a smaller one")
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise too_big
-    chunks, size = [], 0
-    try:
+    chunks: list[bytes] = []
+
+    async def read() -> None:
+        size = 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
                 raise too_big
             chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), timeout)
     except ClientDisconnect:
         raise ApiError(499, "the client closed the connection before its request body arrived") from None
+    except asyncio.TimeoutError:
+        raise ApiError(
+            408, f"the request body did not arrive within --body-timeout {timeout:g} s; send it faster"
+        ) from None
     return b"".join(chunks)
 
 
@@ -382,7 +393,7 @@ async def _read_request(
 ) -> tuple[Any, str, list[list[int]], list[int], int | None]:
     """`request` read, parsed, checked and tokenized (under an :func:`_intake` slot): the parsed request,
     the model name it asked for, its prompts' ids, each prompt's max_tokens and the logprobs it asked for."""
-    req = parse(kind, await _body(request, state.max_request_bytes))
+    req = parse(kind, await _body(request, state.max_request_bytes, state.body_timeout))
     name = _check_model(state, req.model)
     req.refuse_unserved()
     if endpoint == "chat":

@@ -33,6 +33,7 @@ class ServeOptions:
     max_waiting: int = 256
     request_timeout: float | None = None
     max_request_bytes: int = 16 * 2**20
+    body_timeout: float = 60.0
     max_intake: int | None = None  # None: app.default_intake()
     shutdown_grace: float = 30.0
     log_level: str = "warning"
@@ -65,6 +66,7 @@ def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int
         chat_template=options.chat_template,
         request_timeout=options.request_timeout,
         max_request_bytes=options.max_request_bytes,
+        body_timeout=options.body_timeout,
         max_intake=options.max_intake,
         vocab_size=getattr(getattr(getattr(llm, "executor", None), "facts", None), "vocab_size", None),
     )
