@@ -276,3 +276,75 @@ def test_closing_the_engine_ends_a_compile_wait(model_and_tokenizer):
     waiter.join(10)
     assert time.monotonic() - start < 1.0 and len(errors) == 1, errors
     assert isinstance(errors[0], UserError) and "shut down" in str(errors[0])
+
+
+def _string_schema(n: int) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "maxLength": n}}}
+
+
+def test_a_held_schema_stays_cached_past_evictions_until_let_go(model_and_tokenizer, monkeypatch):
+    """A server holds a request's schema from its compile to its submission: other clients' schemas
+    evicting it between made the submission compile it again under the engine's lock."""
+    from trtforge.llm import structured
+
+    monkeypatch.setattr(structured, "CACHE_SIZE", 1)
+    g = structured.GrammarCompiler(model_and_tokenizer[1], 4096)
+    compiles: list[str] = []
+    compile_now = g._compile_now
+    monkeypatch.setattr(g, "_compile_now", lambda key: compiles.append(key) or compile_now(key))
+    held = _string_schema(1)
+    release = g.hold(held)
+    for n in range(2, 6):  # four other schemas through a cache of one
+        g.compile(_string_schema(n))
+    before = len(compiles)
+    assert g.matcher(held) is not None and len(compiles) == before, "the held grammar was compiled again"
+    release()
+    release()  # a second call lets go of nothing more
+    assert not g._held
+    g.compile(_string_schema(7))
+    g.compile(_string_schema(8))
+    g.matcher(held)
+    assert len(compiles) == before + 3, "let go, it is evicted as any other"
+
+
+def test_a_schema_that_fails_to_compile_is_not_held(model_and_tokenizer):
+    from trtforge.llm import structured
+
+    g = structured.GrammarCompiler(model_and_tokenizer[1], 4096)
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}
+    with pytest.raises(UserError, match="response_format"):
+        g.hold(bad)
+    assert not g._held
+
+
+def test_a_request_cancelled_during_its_compile_lets_the_grammar_go():
+    """The server's hold is let go when its request is cancelled (the client left) mid-compile."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from trtforge.llm.server import app
+
+    started, finish, released = threading.Event(), threading.Event(), threading.Event()
+
+    def hold(fmt):
+        started.set()
+        finish.wait(10)
+        return released.set
+
+    pool = ThreadPoolExecutor(1)
+    state = SimpleNamespace(compile_pool=pool, engine=SimpleNamespace(hold_response_format=hold))
+
+    async def main() -> None:
+        task = asyncio.ensure_future(app._hold_grammar(state, {"type": "json_object"}))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert not released.is_set()
+    finish.set()
+    assert released.wait(10), "the hold taken for a cancelled request was never let go"
+    pool.shutdown()

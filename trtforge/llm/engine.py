@@ -328,6 +328,16 @@ class LLMEngine:
         if grammar is not None:
             grammar.compile(response_format)
 
+    def hold_response_format(self, response_format: dict[str, Any]) -> Callable[[], None]:
+        """:meth:`compile_response_format`, and the grammar kept cached until the returned function is
+        called: hold it from the compile to the submission of the requests that use it, so that no
+        eviction between (other clients' schemas) puts its compile back under the engine's lock
+        (:meth:`trtforge.llm.structured.GrammarCompiler.hold`)."""
+        grammar = self._scheduler.grammar
+        if grammar is None:
+            return lambda: None
+        return grammar.hold(response_format)
+
     def generate(
         self,
         prompts: Sequence[Sequence[int]],

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -179,6 +179,7 @@ class GrammarCompiler:
         self._xgr = xgr
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, Future] = OrderedDict()
+        self._held: Counter[str] = Counter()  # schemas :meth:`hold` keeps in the cache (never evicted)
         self._pool = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="grammar")
         self._closing: Future = Future()  # done once close() runs: ends every wait for a compile
 
@@ -217,7 +218,7 @@ class GrammarCompiler:
                 future = self._cache.get(key)
                 if future is None:
                     future = self._cache[key] = self._pool.submit(self._compile_now, key)
-                    done = [k for k, f in self._cache.items() if f.done()]
+                    done = [k for k, f in self._cache.items() if f.done() and not self._held[k]]
                     for k in done[: max(0, len(self._cache) - CACHE_SIZE)]:
                         del self._cache[k]
         ready, _ = wait((future, self._closing), timeout=self.timeout_s, return_when=FIRST_COMPLETED)
@@ -236,6 +237,32 @@ class GrammarCompiler:
             return future.result()
         except GrammarError as exc:
             raise GrammarError(str(exc)) from None  # a fresh error each time the cached failure is met
+
+    def hold(self, response_format: dict[str, Any]) -> Callable[[], None]:
+        """Compile `response_format` (:meth:`compile`) and keep its grammar in the cache until the
+        returned function is called (once; later calls do nothing). A server holds a request's schema
+        from its compile, off the engine's lock, to the request's submission: evicted between the two
+        (by other clients' schemas), it was compiled again inside submission, under the engine's lock,
+        which held every running request for up to the compile's time limit."""
+        key, _ = self._key(response_format)
+        with self._lock:
+            self._held[key] += 1
+        released = [False]
+
+        def release() -> None:
+            with self._lock:
+                if not released[0]:
+                    released[0] = True
+                    self._held[key] -= 1
+                    if self._held[key] <= 0:
+                        del self._held[key]
+
+        try:
+            self.compile(response_format)
+        except BaseException:
+            release()
+            raise
+        return release
 
     def _check_open(self) -> None:
         if self._closing.done():

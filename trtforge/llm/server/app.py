@@ -451,6 +451,26 @@ async def _run_all(state: ServerState, request: Request, choices: list[Choice]) 
             c.handle.cancel()
 
 
+async def _hold_grammar(state: ServerState, fmt: dict[str, Any]) -> Callable[[], None]:
+    """`fmt`'s grammar compiled on a worker thread (off the event loop and the engine's lock) and held in
+    the cache until the returned function is called (:meth:`LLMEngine.hold_response_format`); a 400
+    naming response_format when it does not compile. A request cancelled meanwhile lets go of it once
+    the compile ends."""
+    future = state.compile_pool.submit(state.engine.hold_response_format, fmt)
+    try:
+        return await asyncio.wrap_future(future)
+    except UserError as e:
+        raise ApiError(400, str(e), "response_format") from None
+    except asyncio.CancelledError:
+        future.add_done_callback(_release_held)
+        raise
+
+
+def _release_held(future: Any) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result()()
+
+
 def _make_choices(
     state: ServerState, req: Any, prompts: list[list[int]], max_tokens: list[int], lp: int | None, param: str
 ) -> list[Choice]:
@@ -562,16 +582,16 @@ def create_app(state: ServerState) -> FastAPI:
                 req, name, prompts, budgets, lp = await _read_request(state, request, endpoint, kind)
                 admission = _Admission(state, len(prompts) * req.n)
             fmt = req.response_format
+            release = None
             if fmt is not None and fmt.type != "text":  # compiled off the event loop and the engine's lock
-                try:
-                    await asyncio.get_running_loop().run_in_executor(
-                        state.compile_pool, state.engine.compile_response_format, response_format(fmt)
-                    )
-                except UserError as e:
-                    raise ApiError(400, str(e), "response_format") from None
-            choices = _make_choices(
-                state, req, prompts, budgets, lp, "messages" if endpoint == "chat" else "prompt"
-            )
+                release = await _hold_grammar(state, response_format(fmt))
+            try:
+                choices = _make_choices(
+                    state, req, prompts, budgets, lp, "messages" if endpoint == "chat" else "prompt"
+                )
+            finally:
+                if release is not None:
+                    release()
             state.metrics.prompt_tokens.inc(sum(len(p) for p in prompts) * req.n)
         except ApiError as e:
             if admission is not None:
