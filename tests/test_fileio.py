@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,53 @@ def test_save_onnx_atomic_joins_the_group_and_leaves_no_temp_dir(tmp_path) -> No
         atomic_write_text(tmp_path / "ledger.json", "{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.json", "out.onnx", "src.onnx"]
     assert onnx.load(str(tmp_path / "out.onnx")).graph.node
+
+
+def _mkdtemp_then_interrupted(made: list[Path], monkeypatch) -> None:
+    """tempfile.mkdtemp that makes its directory, then receives SIGINT before it returns: the moment a
+    Ctrl-C or `timeout`'s SIGTERM left a work directory behind in TMPDIR."""
+    import os
+    import signal
+    import tempfile
+    import time
+
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*args, **kwargs):
+        path = real(*args, **kwargs)
+        made.append(Path(path))
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # (an unheld signal is raised in here, before the path is returned)
+        return path
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+
+
+def test_a_work_directory_is_removed_even_if_an_interrupt_lands_as_it_is_made(tmp_path, monkeypatch) -> None:
+    from trtforge._fileio import work_directory
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    made: list[Path] = []
+    _mkdtemp_then_interrupted(made, monkeypatch)
+    with pytest.raises(KeyboardInterrupt), work_directory("trtforge-") as d:
+        (d / "x.onnx").write_bytes(b"x")
+    assert made and not made[0].exists() and not list(tmp_path.iterdir())
+
+
+def test_a_compile_sessions_work_directory_outlives_no_interrupt(tmp_path, monkeypatch) -> None:
+    from trtforge.compiler.session import CompileSession
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr("tempfile.tempdir", None)
+    made: list[Path] = []
+    _mkdtemp_then_interrupted(made, monkeypatch)
+    with pytest.raises(KeyboardInterrupt), CompileSession(tmp_path / "m.engine"):
+        pass
+    assert made and not list((tmp_path / "tmp").iterdir())
+    monkeypatch.undo()
+    with CompileSession(tmp_path / "m.engine") as session:  # (the next one, uninterrupted, as before)
+        assert session.workdir.is_dir()
+        workdir = session.workdir
+    assert not workdir.exists()

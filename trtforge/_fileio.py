@@ -243,16 +243,42 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
 
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM back (delivered when the block ends) so a group of renames is not split."""
-    sigs = {signal.SIGINT, signal.SIGTERM}
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+    """Hold SIGINT/SIGTERM back (delivered when the block ends) so a group of renames is not split.
+
+    The Python handlers are swapped for one that only records (main thread only, where handlers run and
+    can be set). Blocking the signals with pthread_sigmask instead held nothing once the process had
+    other threads (torch's, ONNX Runtime's): the kernel hands a process's signal to any thread that does
+    not block it, and Python then runs the handler in the main thread, inside the block."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    held: list[int] = []
+    old = {
+        s: signal.signal(s, lambda signum, _frame: held.append(signum))
+        for s in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if held:  # once, to the handler the block found (a Ctrl-C pressed twice is one interrupt)
+            signal.raise_signal(held[0])
+
+
+@contextlib.contextmanager
+def work_directory(prefix: str) -> Iterator[Path]:
+    """A fresh temporary directory (named `prefix` + random), removed with what is in it when the block
+    ends, however it ends. It is made with SIGINT/SIGTERM held back, so no interrupt lands between its
+    creation and the point from which its removal is certain: one that did left it behind in TMPDIR."""
+    path: Path | None = None
+    try:
+        with signals_deferred():
+            path = Path(tempfile.mkdtemp(prefix=prefix))
+        yield path
+    finally:
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class _Group(threading.local):

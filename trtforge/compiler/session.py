@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +25,7 @@ from trtforge._fileio import (
     check_output_path,
     refuse_overwriting_inputs,
     sha256_bytes,
+    work_directory,
 )
 from trtforge.core.manifest import Manifest, manifest_path_for, publish_engine, resolve_pending
 from trtforge.core.version import __version__
@@ -46,11 +45,6 @@ class CompileResult:
     timings: dict[str, float]
     records: dict[str, Any] = field(default_factory=dict)
     onnx_path: Path | None = None
-
-
-def new_workdir() -> Path:
-    """A fresh temporary directory for intermediate ONNX files."""
-    return Path(tempfile.mkdtemp(prefix="trtforge-"))
 
 
 def source_files(model: Any) -> dict[str, str | os.PathLike[str] | None]:
@@ -115,6 +109,7 @@ class CompileSession:
         self.timings: dict[str, float] = {}
         self.records: dict[str, Any] = {}
         self._workdir: Path | None = None
+        self._cleanup = contextlib.ExitStack()
 
     def refuse_overwriting(
         self, inputs: Mapping[str, PathArg], rewritten: Mapping[str, PathArg] | None = None
@@ -130,13 +125,17 @@ class CompileSession:
         return self._workdir
 
     def __enter__(self) -> CompileSession:
-        self._workdir = new_workdir()
+        self._cleanup = contextlib.ExitStack()
+        try:  # (an interrupt raised here would skip __exit__: the directory is let go of here instead)
+            self._workdir = self._cleanup.enter_context(work_directory("trtforge-"))
+        except BaseException:
+            self._cleanup.close()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
+        self._workdir = None
+        self._cleanup.close()
 
     @contextlib.contextmanager
     def stage(self, name: str, message: str | None = None) -> Iterator[None]:
@@ -186,4 +185,4 @@ class CompileSession:
         return Path(self.save_onnx) if self.save_onnx is not None else None
 
 
-__all__ = ["CompileResult", "CompileSession", "new_workdir", "source_files"]
+__all__ = ["CompileResult", "CompileSession", "source_files"]

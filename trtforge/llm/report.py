@@ -33,7 +33,6 @@ import dataclasses
 import datetime as _dt
 import math
 import os
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge._fileio import as_path
+from trtforge._fileio import as_path, work_directory
 from trtforge.errors import UserError
 from trtforge.reports.results import FAILED, NOT_RUN, OK, LmQuality, LmSpeed, Report, TargetInfo
 
@@ -623,8 +622,7 @@ def build_llm_report(
     scores: dict[str, tuple[_Scores, dict[str, Any]]] = {}
     speed: list[LmSpeed] = []
     notes: list[str] = []
-    workdir = Path(tempfile.mkdtemp(prefix="trtforge-llm-report-"))
-    try:
+    with work_directory("trtforge-llm-report-") as workdir:
         bar = StepProgress(progress, len(names))
         with torch_threads(threads), bar.running():
             for n in names:
@@ -649,10 +647,6 @@ def build_llm_report(
                     scores[n] = (s, kv)
                 bar.step(f"variant {n}", advance=1)
             bar.step("variants")
-    finally:
-        import shutil
-
-        shutil.rmtree(workdir, ignore_errors=True)
     ref = scores.get(reference, (None, None))[0]
     if ref is None:
         why = next((t.reason for t in targets if t.name == reference), "")

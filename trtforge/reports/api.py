@@ -12,14 +12,12 @@ import datetime as _dt
 import os
 import platform
 import re
-import shutil
-import tempfile
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtforge._fileio import as_path, show_path
+from trtforge._fileio import as_path, show_path, work_directory
 from trtforge.core.policy import PrecisionOptions
 from trtforge.errors import UserError
 from trtforge.reports.compare import compare_target
@@ -260,9 +258,8 @@ def build_report(
     _check_data_path(data, "--data")
     _check_data_path(calibration_data, "--calibration-data")
     notes: list[str] = []
-    workdir = Path(tempfile.mkdtemp(prefix="trtforge-report-"))
-    bar = StepProgress(progress, 2 * len(names))
-    try:
+    with work_directory("trtforge-report-") as workdir:
+        bar = StepProgress(progress, 2 * len(names))
         with bar.running(), torch_threads(threads), quiet_polygraphy():
             prep = Preparer(
                 src,
@@ -301,8 +298,6 @@ def build_report(
                 runs_by_name[n], lat = _run_target(t, feeds, points, warmup, runs)
                 latency.extend(lat)
                 bar.step(f"ran {n}", advance=1)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
     ref_run = runs_by_name[reference]
     if ref_run.outputs:
         _check_tolerance_keys(tolerances, names, list(ref_run.outputs[0]))
