@@ -138,3 +138,55 @@ def test_a_compile_sessions_work_directory_outlives_no_interrupt(tmp_path, monke
         assert session.workdir.is_dir()
         workdir = session.workdir
     assert not workdir.exists()
+
+
+def test_signals_deferred_holds_the_clis_timer_reraise_too() -> None:
+    """The CLI raises a held interrupt again from a SIGALRM handler (trtforge.cli._errors): inside a
+    deferred block it must wait for the block's end like SIGINT itself."""
+    import signal
+
+    from trtforge._fileio import signals_deferred
+
+    class Late(Exception):
+        pass
+
+    def on_alarm(_signum, _frame):
+        raise Late()
+
+    inside: list[bool] = []
+
+    def block() -> None:
+        with signals_deferred():
+            signal.raise_signal(signal.SIGALRM)
+            signal.raise_signal(signal.SIGALRM)
+            inside.append(True)  # reached: nothing was raised in the block
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        with pytest.raises(Late):
+            block()
+        assert inside == [True]
+    finally:
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_the_write_probe_leaves_nothing_when_interrupted(tmp_path, monkeypatch) -> None:
+    import os
+    import signal
+    import tempfile
+    import time
+
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, **kwargs):
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        return made
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    with pytest.raises(KeyboardInterrupt):
+        check_output_path(tmp_path / "m.engine", force=False)
+    with pytest.raises(KeyboardInterrupt), atomic_open(tmp_path / "m.json", "w") as f:
+        f.write("{}")
+    assert not list(tmp_path.iterdir())

@@ -184,15 +184,16 @@ def check_output_path(path: str | os.PathLike[str], *, force: bool, what: str = 
         raise UserError(
             f"cannot write {what} '{show_path(p)}': directory '{show_path(parent)}' does not exist."
         )
-    try:  # a real probe: os.access says yes to root even on read-only or special filesystems
-        fd, probe = tempfile.mkstemp(prefix=".trtforge-probe-", dir=parent)
+    try:  # a real probe (os.access says yes to root even on read-only or special filesystems), made and
+        with signals_deferred():  # removed with interrupts held: one between the two left it behind
+            fd, probe = tempfile.mkstemp(prefix=".trtforge-probe-", dir=parent)
+            os.close(fd)
+            os.unlink(probe)
     except OSError as e:
         raise UserError(
             f"cannot write {what} '{show_path(p)}': directory '{show_path(parent)}' is not writable "
             f"({e.strerror})."
         ) from e
-    os.close(fd)
-    os.unlink(probe)
     return p
 
 
@@ -221,12 +222,14 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
     """Open a temp file next to `path` for writing; rename it onto `path` only if the block succeeds."""
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
+    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=parent)
-    except OSError as e:
-        # a missing directory is the user's path too (the caller's check may not have seen this path)
-        raise (os_error(e, p) if e.errno in USER_ERRNOS or e.errno == errno.ENOENT else e) from e
-    try:
+        try:  # (interrupts held: one between the file's creation and this block's cleanup left it behind)
+            with signals_deferred():
+                fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=parent)
+        except OSError as e:
+            # a missing directory is the user's path too (the caller's check may not have seen this path)
+            raise (os_error(e, p) if e.errno in USER_ERRNOS or e.errno == errno.ENOENT else e) from e
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
@@ -234,8 +237,9 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
         staged_rename(Path(tmp), p)
     except BaseException as e:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
         if isinstance(e, OSError) and e.errno in USER_ERRNOS:
             raise os_error(e, p) from e
         raise
@@ -252,18 +256,19 @@ def signals_deferred() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    sigs = [signal.SIGINT, signal.SIGTERM]
+    alarm = getattr(signal, "SIGALRM", None)
+    if alarm is not None and callable(signal.getsignal(alarm)):  # the CLI re-raises a held interrupt by it
+        sigs.append(alarm)
     held: list[int] = []
-    old = {
-        s: signal.signal(s, lambda signum, _frame: held.append(signum))
-        for s in (signal.SIGINT, signal.SIGTERM)
-    }
+    old = {s: signal.signal(s, lambda signum, _frame: held.append(signum)) for s in sigs}
     try:
         yield
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-        if held:  # once, to the handler the block found (a Ctrl-C pressed twice is one interrupt)
-            signal.raise_signal(held[0])
+        for s in dict.fromkeys(held):  # each once, to the handler the block found
+            signal.raise_signal(s)
 
 
 @contextlib.contextmanager

@@ -170,11 +170,13 @@ def save_onnx_atomic(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Pa
     import shutil
     import tempfile
 
-    from trtforge._fileio import atomic_outputs, remove_tree, staged_rename
+    from trtforge._fileio import atomic_outputs, remove_tree, signals_deferred, staged_rename
 
     p = Path(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.", dir=p.parent))
+    tmp = None
     try:
+        with signals_deferred():  # (an interrupt between its creation and this block's cleanup left it)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.", dir=p.parent))
         with atomic_outputs():  # the model and its data file together (with the caller's other outputs)
             save_onnx(model, tmp / p.name)
             data = tmp / (p.name + ".data")
@@ -182,7 +184,8 @@ def save_onnx_atomic(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Pa
                 staged_rename(data, p.parent / data.name)
             staged_rename(tmp / p.name, p, cleanup=remove_tree(tmp))
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return p
 
