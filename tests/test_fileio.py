@@ -90,6 +90,17 @@ def test_save_onnx_atomic_joins_the_group_and_leaves_no_temp_dir(tmp_path) -> No
     assert onnx.load(str(tmp_path / "out.onnx")).graph.node
 
 
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt here, as in a command's main thread (a pytest-xdist worker
+    ignores it)."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def _mkdtemp_then_interrupted(made: list[Path], monkeypatch) -> None:
     """tempfile.mkdtemp that makes its directory, then receives SIGINT before it returns: the moment a
     Ctrl-C or `timeout`'s SIGTERM left a work directory behind in TMPDIR."""
@@ -110,7 +121,9 @@ def _mkdtemp_then_interrupted(made: list[Path], monkeypatch) -> None:
     monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
 
 
-def test_a_work_directory_is_removed_even_if_an_interrupt_lands_as_it_is_made(tmp_path, monkeypatch) -> None:
+def test_a_work_directory_is_removed_even_if_an_interrupt_lands_as_it_is_made(
+    tmp_path, monkeypatch, sigint_raises
+) -> None:
     from trtforge._fileio import work_directory
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
@@ -122,7 +135,9 @@ def test_a_work_directory_is_removed_even_if_an_interrupt_lands_as_it_is_made(tm
     assert made and not made[0].exists() and not list(tmp_path.iterdir())
 
 
-def test_a_compile_sessions_work_directory_outlives_no_interrupt(tmp_path, monkeypatch) -> None:
+def test_a_compile_session_leaves_no_work_directory_when_interrupted(
+    tmp_path, monkeypatch, sigint_raises
+) -> None:
     from trtforge.compiler.session import CompileSession
 
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
@@ -170,7 +185,7 @@ def test_signals_deferred_holds_the_clis_timer_reraise_too() -> None:
         signal.signal(signal.SIGALRM, old)
 
 
-def test_the_write_probe_leaves_nothing_when_interrupted(tmp_path, monkeypatch) -> None:
+def test_the_write_probe_leaves_nothing_when_interrupted(tmp_path, monkeypatch, sigint_raises) -> None:
     import os
     import signal
     import tempfile
