@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from trtforge.llm.engine import make_step_loop
+from trtforge.llm.engine import LLMEngine, make_step_loop
 from trtforge.llm.executors.base import ExecutorFacts
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.loop import StepLoop
@@ -60,6 +60,13 @@ def model_free_facts(
 
 def make_executor(num_blocks: int = 256, block_size: int = 8) -> TorchExecutor:
     return TorchExecutor(tiny_llama(), num_blocks=num_blocks, block_size=block_size)
+
+
+def small_engine(async_scheduling: bool) -> LLMEngine:
+    """An engine over the tiny model with 128 blocks, 16 sequences and 16-token prefill chunks (small enough
+    that a few prompts exercise chunking, preemption-free), on either loop."""
+    config = SchedulerConfig(max_num_seqs=16, max_prefill_chunk=16, async_scheduling=async_scheduling)
+    return LLMEngine(make_executor(num_blocks=128), config)
 
 
 def run_to_completion(loop: StepLoop) -> dict:

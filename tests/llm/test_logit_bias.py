@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.llm.serving_models import VOCAB, make_executor, tiny_llama
+from tests.llm.serving_models import VOCAB, make_executor, small_engine, tiny_llama
 from trtforge.errors import UserError
 from trtforge.llm.engine import LLMEngine
 from trtforge.llm.penalties import RowHistory, apply_logit_bias
@@ -21,10 +21,8 @@ PROMPTS = [[5, 17, 42, 99, 7, 3], [250, 11, 11, 60], [8, 9, 10, 11, 12, 13, 14]]
 
 @pytest.fixture(params=[False, True], ids=["sync", "async"])
 def engine(request):
-    config = SchedulerConfig(max_num_seqs=16, max_prefill_chunk=16, async_scheduling=request.param)
-    eng = LLMEngine(make_executor(num_blocks=128), config)
-    yield eng
-    eng.close()
+    with small_engine(request.param) as eng:
+        yield eng
 
 
 def _greedy(max_tokens: int = 10, **kw) -> SamplingParams:

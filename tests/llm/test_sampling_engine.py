@@ -6,11 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.llm.serving_models import VOCAB, make_executor, tiny_llama
+from tests.llm.serving_models import VOCAB, small_engine, tiny_llama
 from trtforge.errors import UserError
-from trtforge.llm.engine import LLMEngine
 from trtforge.llm.sampling import SamplingParams
-from trtforge.llm.sched.scheduler import SchedulerConfig
 
 
 def _prompts(n, seed, lo=2, hi=30):
@@ -20,10 +18,8 @@ def _prompts(n, seed, lo=2, hi=30):
 
 @pytest.fixture(params=[False, True], ids=["sync", "async"])
 def engine(request):
-    config = SchedulerConfig(max_num_seqs=16, max_prefill_chunk=16, async_scheduling=request.param)
-    eng = LLMEngine(make_executor(num_blocks=128), config)
-    yield eng
-    eng.close()
+    with small_engine(request.param) as eng:
+        yield eng
 
 
 def _reference_greedy(prompt, p, max_tokens):

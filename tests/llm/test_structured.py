@@ -250,7 +250,7 @@ def test_close_ends_every_wait_cancels_the_queued_and_refuses_later_compiles(mod
 
 
 def test_closing_the_engine_ends_a_compile_wait(model_and_tokenizer):
-    """A server thread waiting on compile_response_format is released when the engine closes."""
+    """A server thread waiting on hold_response_format is released when the engine closes."""
     import threading
     import time
 
@@ -264,7 +264,7 @@ def test_closing_the_engine_ends_a_compile_wait(model_and_tokenizer):
 
     def wait() -> None:
         try:
-            eng.compile_response_format(_slow(4, "e"))
+            eng.hold_response_format(_slow(4, "e"))
         except BaseException as exc:
             errors.append(exc)
 

@@ -92,18 +92,7 @@ def parse_feed_shapes(
         if name in out:
             raise UserError(f"{where}: given twice; one {option} per input.")
         dims = parse_dims(text, where=where)
-        desc = by_name[name]
-        axis = shape_mismatch(desc.shape, dims)
-        if axis == -1:
-            raise UserError(
-                f"{where}: {_fmt(dims)} has rank {len(dims)}, but input '{name}' has rank {len(desc.shape)} "
-                f"(shape {_fmt(desc.shape)})."
-            )
-        if axis is not None:
-            raise UserError(
-                f"{where}: dim {axis} is {dims[axis]} but the model fixes it to {desc.shape[axis]} "
-                f"(shape {_fmt(desc.shape)})."
-            )
+        _check_fits(by_name[name], dims, where)
         if math.prod(dims) > MAX_VOLUME:
             raise UserError(f"{where}: {_fmt(dims)} holds more than 2**31 - 1 elements; give a smaller one.")
         out[name] = dims
@@ -153,21 +142,27 @@ def _is_dims(value: Any) -> bool:
     )
 
 
+def _check_fits(desc: TensorSpec, dims: tuple[int, ...], where: str, label: str = "") -> None:
+    """UserError naming `where` when `dims` (`label`: which of a range's shapes) has another rank than
+    input `desc`, or another size on an axis the model fixes."""
+    axis = shape_mismatch(desc.shape, dims)
+    if axis == -1:
+        raise UserError(
+            f"{where}: {label}{_fmt(dims)} has rank {len(dims)}, but input '{desc.name}' has rank "
+            f"{len(desc.shape)} (shape {_fmt(desc.shape)})."
+        )
+    if axis is not None:
+        raise UserError(
+            f"{where}: {label}dim {axis} is {dims[axis]} but the model fixes it to {desc.shape[axis]} "
+            f"(shape {_fmt(desc.shape)})."
+        )
+
+
 def validate_range(desc: TensorSpec, rng: ShapeRange) -> None:
     """Check rank, static dims and MIN <= OPT <= MAX for one input; UserError naming it otherwise."""
     where = f"--shape {desc.name}"
     for label, dims in (("MIN", rng.min), ("OPT", rng.opt), ("MAX", rng.max)):
-        axis = shape_mismatch(desc.shape, dims)
-        if axis == -1:
-            raise UserError(
-                f"{where}: {label} {_fmt(dims)} has rank {len(dims)}, but input '{desc.name}' has rank "
-                f"{len(desc.shape)} (shape {_fmt(desc.shape)})."
-            )
-        if axis is not None:
-            raise UserError(
-                f"{where}: {label} dim {axis} is {dims[axis]} but the model fixes it to "
-                f"{desc.shape[axis]} (shape {_fmt(desc.shape)})."
-            )
+        _check_fits(desc, dims, where, f"{label} ")
     for axis, (lo, mid, hi) in enumerate(zip(rng.min, rng.opt, rng.max)):
         if not lo <= mid <= hi:
             raise UserError(

@@ -319,20 +319,13 @@ class LLMEngine:
         with self._inbox_lock:
             self._scheduler.grammar = GrammarCompiler(tokenizer, self._scheduler.facts.vocab_size)
 
-    def compile_response_format(self, response_format: dict[str, Any]) -> None:
-        """Compile `response_format`'s grammar now, for the requests that use it to find cached: a
-        server calls this off its event loop before submitting, so no compile runs under the engine's
-        lock (UserError for a schema refused, failing or too slow to compile; a no-op without
-        :meth:`enable_structured_output`, where submitting refuses the request)."""
-        grammar = self._scheduler.grammar
-        if grammar is not None:
-            grammar.compile(response_format)
-
     def hold_response_format(self, response_format: dict[str, Any]) -> Callable[[], None]:
-        """:meth:`compile_response_format`, and the grammar kept cached until the returned function is
-        called: hold it from the compile to the submission of the requests that use it, so that no
-        eviction between (other clients' schemas) puts its compile back under the engine's lock
-        (:meth:`trtforge.llm.structured.GrammarCompiler.hold`)."""
+        """Compile `response_format`'s grammar now and keep it cached until the returned function is
+        called. A server calls this off its event loop before submitting and lets go after: no compile
+        then runs under the engine's lock, not even for a grammar other clients' schemas would have
+        evicted meanwhile (:meth:`trtforge.llm.structured.GrammarCompiler.hold`). UserError for a schema
+        refused, failing or too slow to compile; a no-op without :meth:`enable_structured_output`, where
+        submitting refuses the request."""
         grammar = self._scheduler.grammar
         if grammar is None:
             return lambda: None
