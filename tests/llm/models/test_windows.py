@@ -205,3 +205,11 @@ def test_windows_transformers_cannot_apply_are_refused_by_both_consumers(family,
     except (AttributeError, KeyError, RuntimeError, TypeError, ValueError):
         return
     assert not torch.isfinite(logits).all()
+
+
+def test_every_supported_family_has_an_adapter():
+    """base.STYLES (what errors list) and families.ADAPTERS (what runs) name the same families."""
+    from trtforge.llm.models import base, families
+
+    assert set(families.ADAPTERS) == set(base.SUPPORTED)
+    assert len(base.SUPPORTED) == len(set(base.SUPPORTED)), "a family listed under two styles"

@@ -19,7 +19,12 @@ from trtforge.errors import UserError
 
 LLAMA_STYLE = ("llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "starcoder2")
 GPT2_STYLE = ("gpt2",)
-SUPPORTED = (*LLAMA_STYLE, *GPT2_STYLE)
+# each adapter's families and what sets them apart, as errors list them (one entry per adapter module)
+STYLES: dict[tuple[str, ...], str] = {
+    LLAMA_STYLE: "Llama-style: RoPE, pre-norm blocks, GQA",
+    GPT2_STYLE: "learned positions, LayerNorm, GELU",
+}
+SUPPORTED = tuple(t for types in STYLES for t in types)
 # families whose attention applies no sliding window or chunk, whatever the config says
 UNWINDOWED = ("llama", "gpt2")
 # families whose forward picks each layer's mask by config.layer_types (the others: one mask for all)
@@ -78,10 +83,10 @@ def model_type_of(model: Any, user: str = "--generate") -> str:
             f"{type(model).__name__}. Supported families: {', '.join(SUPPORTED)}."
         )
     if model_type not in SUPPORTED:
+        styles = "; ".join(f"{', '.join(types)} ({what})" for types, what in STYLES.items())
         raise UserError(
             f"model family '{model_type}' ({type(model).__name__}) is not supported by {user}. Supported "
-            f"families: {', '.join(LLAMA_STYLE)} (Llama-style: RoPE, pre-norm blocks, GQA) and "
-            f"{', '.join(GPT2_STYLE)} (learned positions, LayerNorm, GELU)."
+            f"families: {styles}."
         )
     if getattr(model, "lm_head", None) is None:
         raise UserError(

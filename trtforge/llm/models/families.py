@@ -23,15 +23,21 @@ from trtforge.llm.models.base import (
 from trtforge.llm.models.gpt2 import Gpt2Style
 from trtforge.llm.models.llama import LlamaStyle
 
+# model_type -> its adapter class (every family of base.STYLES has one)
+ADAPTERS: dict[str, type[DecoderAdapter]] = {
+    **dict.fromkeys(LLAMA_STYLE, LlamaStyle),
+    **dict.fromkeys(GPT2_STYLE, Gpt2Style),
+}
 
-def adapter_for(model: Any, user: str = "--generate") -> LlamaStyle | Gpt2Style:
+
+def adapter_for(model: Any, user: str = "--generate") -> DecoderAdapter:
     """The adapter for `model`'s family (UserError listing the supported families otherwise); `user`
     names the consumer in errors."""
-    model_type = model_type_of(model, user)
-    return Gpt2Style(model, user) if model_type in GPT2_STYLE else LlamaStyle(model, user)
+    return ADAPTERS[model_type_of(model, user)](model, user)
 
 
 __all__ = [
+    "ADAPTERS",
     "GPT2_STYLE",
     "LLAMA_STYLE",
     "SUPPORTED",
