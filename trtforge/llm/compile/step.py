@@ -66,7 +66,7 @@ class DecoderStep(nn.Module):
     def _heads(self, i: int, x: Tensor, rope: Any) -> tuple[Tensor, Tensor, Tensor]:
         """Layer i's rotated q, k and v [B, heads, S, D]."""
         q, k, v = (t.transpose(1, 2) for t in self.adapter.qkv(i, x))
-        q, k = self.adapter.rotate(q, k, rope)
+        q, k = self.adapter.rotate(i, q, k, rope)
         return q, k, v
 
     def _finish(self, i: int, x: Tensor, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:

@@ -56,7 +56,7 @@ class ModelLayers:
         if self.fused is not None:
             return self.fused.attention_input(i, h, extra, slots, kp, vp, k_scale, v_scale, out=out)
         q, k, v = self.adapter.qkv(i, h)
-        q, k = self.adapter.rotate(q, k, extra)
+        q, k = self.adapter.rotate(i, q, k, extra)
         slots = slots.long()
         write_reference(kp, slots, k, k_scale)
         write_reference(vp, slots, v, v_scale)

@@ -228,8 +228,12 @@ class DecoderAdapter(ABC):
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Layer i's q, k, v ``[..., heads, D]`` from the block input `x` ``[..., H]``, before rotary."""
 
-    def rotate(self, q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-        """q and k rotated by `rope` (tables shaped to broadcast against them), or as they are."""
+    def rotate(
+        self, i: int, q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor]:
+        """Layer i's q and k rotated by `rope` (tables shaped to broadcast against them), or as they are.
+        A family whose layers rotate by different tables returns what picks them from :meth:`rotary`
+        and overrides this."""
         if rope is None:
             return q, k
         cos, sin = rope
