@@ -1,5 +1,6 @@
-"""The GPT-2 adapter: learned positions, pre-norm LayerNorm blocks, fused c_attn (Conv1D), GELU MLP,
-multi-head attention (as many key/value heads as query heads), no window."""
+"""The GPT-2 adapter (learned positions, pre-norm LayerNorm blocks, fused c_attn (Conv1D), GELU MLP,
+multi-head attention, no window) and its relatives that differ only in the attention's projections,
+scale and windows: GPT-Neo and GPT-BigCode."""
 
 from __future__ import annotations
 
@@ -59,3 +60,62 @@ def conv1d(module: nn.Module, x: Tensor) -> Tensor:
     if x.dim() == 2:
         return module(x)
     return torch.matmul(x, module.weight) + module.bias
+
+
+class GptNeoStyle(Gpt2Style):
+    """GPT-Neo (``GPTNeoForCausalLM``): GPT-2's embeddings, blocks and head with separate unbiased q/k/v
+    projections, attention scores left unscaled (as EleutherAI trained it), and the "local" layers of
+    ``config.attention_layers`` attending to the last ``window_size`` keys
+    (:func:`~trtforge.llm.models.base.sliding_windows`)."""
+
+    family = "gpt_neo"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        DecoderAdapter.__init__(self, model, list(model.transformer.h), user)
+        self.body = model.transformer
+        attn = self.layers[0].attn.attention
+        self.num_heads = self.num_kv_heads = int(attn.num_heads)
+        self.head_dim = int(attn.head_dim)
+        self.scales = [1.0] * len(self.layers)
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        attn = self.layers[i].attn.attention
+        h = self.layers[i].ln_1(x)
+        return tuple(p(h).unflatten(-1, (-1, self.head_dim)) for p in (attn.q_proj, attn.k_proj, attn.v_proj))  # type: ignore[return-value]
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        layer = self.layers[i]
+        x = x + layer.attn.attention.out_proj(attn_out)
+        return x + layer.mlp(layer.ln_2(x))
+
+
+class GptBigCodeStyle(Gpt2Style):
+    """GPT-BigCode (``GPTBigCodeForCausalLM``: StarCoder 1, SantaCoder): GPT-2's embeddings, blocks and head
+    with a linear c_attn that yields one key/value head after the queries (``multi_query``), or per head
+    [q, k, v] otherwise."""
+
+    family = "gpt_bigcode"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        DecoderAdapter.__init__(self, model, list(model.transformer.h), user)
+        self.body = model.transformer
+        attn = self.layers[0].attn
+        self.num_heads = int(attn.num_heads)
+        self.num_kv_heads = int(attn.kv_heads)
+        self.head_dim = int(attn.head_dim)
+        self.scales = [float(layer.attn.scaling) for layer in self.layers]
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        attn = self.layers[i].attn
+        y = attn.c_attn(self.layers[i].ln_1(x))
+        d = self.head_dim
+        if attn.multi_query:
+            q, k, v = y.split((attn.embed_dim, attn.kv_dim, attn.kv_dim), dim=-1)
+            return q.unflatten(-1, (-1, d)), k.unflatten(-1, (-1, d)), v.unflatten(-1, (-1, d))
+        q, k, v = y.unflatten(-1, (self.num_heads, 3 * d)).split(d, dim=-1)
+        return q, k, v
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        layer = self.layers[i]
+        x = x + layer.attn.c_proj(attn_out)
+        return x + layer.mlp(layer.ln_2(x))
