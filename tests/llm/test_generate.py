@@ -173,7 +173,7 @@ def test_dynamic_rotary_is_refused_by_the_step_graph_pointing_at_the_torch_execu
         export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "phi"])
 def test_a_window_the_attention_does_not_apply_is_refused_when_it_would_bite(family, tmp_path):
     """Llama and GPT-2 attention apply no window, yet HF generate()'s cache truncates to a configured
     sliding_window: shorter than the cache it is refused by name on every path; at least as long it is
@@ -244,6 +244,40 @@ def test_ministral_and_starcoder2_match_hf_on_the_step_graph_and_the_torch_execu
         path, result = _step_file(model, tmp_path / layout, "legacy", cache_layout=layout)
         windows = result.generation["sliding_windows"]
         assert windows == ([5, None] if family == "ministral" else [overrides["sliding_window"]] * 2)
+        with trtforge.llm.load(path, num_blocks=64 if layout == "paged" else None) as llm:
+            assert llm.generate(batch, max_new_tokens=10, stop_at_eos=False) == want, layout
+    served = service.from_pretrained(model, num_blocks=64, block_size=4, max_model_len=64)
+    assert served.generate(batch, max_new_tokens=10, stop_at_eos=False) == want
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [
+        ("gpt_neox", {"use_parallel_residual": False, "rotary_pct": 0.5}),  # sequential residual
+        ("gpt_neox", {"rope_scaling": {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.25}}),
+        ("phi", {"qk_layernorm": True, "partial_rotary_factor": 0.75}),
+        ("phi", {"qk_layernorm": True, "num_key_value_heads": 4, "partial_rotary_factor": 0.5}),  # MHA
+    ],
+)
+def test_gpt_neox_and_phi_match_hf_on_the_step_graph_and_the_torch_executor(family, overrides, tmp_path):
+    """GPT-NeoX (parallel residual in the default config, sequential here; partial and linearly scaled
+    rotary) and Phi (q/k LayerNorm, partial rotary, GQA by default and MHA here): the slot and paged step
+    graphs and the torch executor, batched, give HF's greedy tokens run alone."""
+    from trtforge.llm import service
+
+    model = tiny_model(family, seed=4, **overrides)
+    if family == "gpt_neox":
+        layer = model.gpt_neox.layers[0]
+        assert layer.use_parallel_residual is overrides.get("use_parallel_residual", True)
+        assert model.gpt_neox.rotary_emb.inv_freq.numel() * 2 < layer.attention.head_size  # partial
+    else:
+        assert model.model.layers[0].self_attn.qk_layernorm
+    batch = prompts(300, lens=(9, 2, 14))
+    want = [hf_greedy(model, p, 10)[0] for p in batch]
+    assert len({t for w in want for t in w}) > 6, f"degenerate reference output {want}"
+    for layout in ("slot", "paged"):
+        path, result = _step_file(model, tmp_path / layout, "legacy", cache_layout=layout)
+        assert result.generation["sliding_windows"] == [None, None]
         with trtforge.llm.load(path, num_blocks=64 if layout == "paged" else None) as llm:
             assert llm.generate(batch, max_new_tokens=10, stop_at_eos=False) == want, layout
     served = service.from_pretrained(model, num_blocks=64, block_size=4, max_model_len=64)

@@ -154,6 +154,9 @@ def test_refusals_name_what_is_unsupported():
         quantize_model(_llama(), "int3")
     with pytest.raises(UserError, match="gpt2 family .* has no quantized path"):
         quantize_model(tiny_model("gpt2"), "fp8")
+    for family, cls in (("gpt_neox", "GPTNeoXForCausalLM"), ("phi", "PhiForCausalLM")):
+        with pytest.raises(UserError, match=f"the {family} family \\({cls}\\) has no quantized path.*Llama"):
+            quantize_model(tiny_model(family), "int4-rtn")
     with pytest.raises(UserError, match="needs calibration prompts"):
         quantize_model(_llama(), "int4-awq")
     with pytest.raises(UserError, match="not a multiple of the INT4 group size 128"):
@@ -162,6 +165,8 @@ def test_refusals_name_what_is_unsupported():
 
     with pytest.raises(UserError, match="quantization 'bf8' is not supported"):
         from_pretrained(_llama(), quantization="bf8", num_blocks=4)
+    with pytest.raises(UserError, match="the phi family .* has no quantized path"):
+        from_pretrained(tiny_model("phi"), quantization="fp8", num_blocks=4)
 
 
 def test_fp8_refused_on_a_gpu_without_fp8_tensor_cores(monkeypatch):

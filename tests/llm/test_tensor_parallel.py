@@ -144,6 +144,9 @@ def test_refusals_of_the_adapter_and_the_device():
 
     with pytest.raises(UserError, match="not supported for gpt2"):
         adapter_for(tiny_model("gpt2")).shard(TensorParallel(0, 2))
+    for family in ("gpt_neox", "phi"):
+        with pytest.raises(UserError, match=f"not supported for {family} models"):
+            adapter_for(tiny_model(family)).shard(TensorParallel(0, 2))
     with pytest.raises(UserError, match="intermediate_size"):
         adapter_for(tiny_model("llama", intermediate_size=97)).shard(TensorParallel(0, 2))
     with pytest.raises(UserError, match="qkv_proj"):

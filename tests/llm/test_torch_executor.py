@@ -73,6 +73,10 @@ def _tiny(model_type: str, **overrides):
         cls = transformers.GPT2LMHeadModel
     elif model_type == "qwen3":
         cfg, cls = transformers.Qwen3Config(**({"head_dim": 8} | common)), transformers.Qwen3ForCausalLM
+    elif model_type in ("gpt_neox", "phi"):
+        from tests.llm.tiny_models import tiny_model
+
+        return tiny_model(model_type, seed=1, vocab_size=120, **overrides).to(torch.float64).eval()
     elif model_type == "phi3":  # partial rotary (Phi-4-mini's 3/4) and a window shorter than the prompt
         phi3 = {"pad_token_id": 0, "partial_rotary_factor": 0.75, "sliding_window": 7}
         cfg, cls = transformers.Phi3Config(**(phi3 | common)), transformers.Phi3ForCausalLM
@@ -90,6 +94,12 @@ def _tiny(model_type: str, **overrides):
         ("qwen3", {}),
         ("phi3", {}),
         ("gpt2", {}),
+        ("gpt_neox", {}),  # MHA, parallel residual, rotary on 1/4 of each head
+        ("gpt_neox", {"use_parallel_residual": False, "rotary_pct": 0.5}),
+        ("gpt_neox", {"rope_scaling": {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.25}}),
+        ("phi", {}),  # GQA 4/2, rotary on 0.4 of each head
+        ("phi", {"qk_layernorm": True, "partial_rotary_factor": 0.75}),
+        ("phi", {"qk_layernorm": True, "num_key_value_heads": 4}),  # MHA
         # hostile shapes: head_dim not hidden/heads, MHA (GQA ratio 1) and ratio 4, tied embeddings
         ("qwen3", {"head_dim": 12, "num_key_value_heads": 4, "tie_word_embeddings": True}),
         (
@@ -108,8 +118,8 @@ def _tiny(model_type: str, **overrides):
 )
 def test_chunked_paged_steps_reproduce_transformers_logits(model_type, overrides):
     model = _tiny(model_type, **overrides)
-    attn = model.model.layers[0].self_attn if model_type != "gpt2" else None
     if "head_dim" in overrides:
+        attn = model.model.layers[0].self_attn
         assert attn.head_dim == overrides["head_dim"], "the config's head_dim did not reach the model"
     if overrides.get("tie_word_embeddings"):
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
@@ -172,7 +182,7 @@ def test_static_shape_decode_gives_the_same_tokens_as_the_eager_path():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gpt_neox", "phi"])
 def test_cuda_graph_decode_matches_eager_on_cuda(family):
     from tests.llm.serving_models import run_to_completion
     from tests.llm.tiny_models import tiny_model

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2", "gpt_neox", "phi")
 PROMPT_LENS = (1, 3, 9, 17)
 # qwen3/phi3 shapes the default configs do not have: a head_dim other than hidden / heads (the
 # projections are wider or narrower than hidden), MHA (GQA ratio 1), GQA ratio 4, tied embeddings
@@ -57,11 +57,22 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family == "ministral":  # per-layer sliding windows (layer_types); its config needs a head_dim
         cfg = tf.MinistralConfig(**(llama_like | {"head_dim": 16} | overrides))
         cls = tf.MinistralForCausalLM
+    elif family == "gpt_neox":  # fused per-head QKV, MHA, Pythia's partial rotary (1/4), parallel residual
+        neox = {k: v for k, v in llama_like.items() if k != "num_key_value_heads"} | {"rotary_pct": 0.25}
+        cfg, cls = tf.GPTNeoXConfig(**(neox | overrides)), tf.GPTNeoXForCausalLM
+    elif family == "phi":  # one LayerNorm for attention and MLP, Phi-2's partial rotary (0.4) and 4x MLP
+        phi = {"partial_rotary_factor": 0.4, "intermediate_size": 256}  # (at 2x, seed 0 repeats one token)
+        cfg, cls = tf.PhiConfig(**(llama_like | phi | overrides)), tf.PhiForCausalLM
     elif family == "starcoder2":  # LayerNorm, GELU MLP with biases, one window for every layer
         cfg, cls = tf.Starcoder2Config(**(llama_like | overrides)), tf.Starcoder2ForCausalLM
     else:
         raise ValueError(family)
     model = cls(cfg).eval()
+    if family in ("gpt_neox", "phi"):  # LayerNorm weights and biases off their 1 / 0 init: a swap shows
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.add_(torch.randn_like(param) * 0.2)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
@@ -103,6 +114,14 @@ def qwen3_factory():
 
 def phi3_factory():
     return tiny_model("phi3"), None
+
+
+def gpt_neox_factory():
+    return tiny_model("gpt_neox", use_parallel_residual=False), None
+
+
+def phi_factory():
+    return tiny_model("phi", qk_layernorm=True), None
 
 
 def starcoder2_factory():

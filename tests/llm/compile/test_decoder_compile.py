@@ -79,11 +79,13 @@ def test_save_pretrained_directory_source(tmp_path):
         "phi3_factory",
         "starcoder2_factory",
         "ministral_factory",
+        "gpt_neox_factory",
+        "phi_factory",
     ],
 )
 def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[3]))
     engine = tmp_path / "llm.engine"
     rc = cli_main(
         [
@@ -231,7 +233,7 @@ def test_paged_refuses_int8_and_a_pool_size_without_a_build(tmp_path):
 def test_cli_builds_the_paged_step_engine(family, tmp_path, monkeypatch):
     """--cache-layout paged: per layer one IAttention and two ScatterND (K, V) into the block pools."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[3]))
     engine, step = tmp_path / "paged.engine", tmp_path / "step.onnx"
     common = ["--max-seq", "64", "--max-batch", "4", "--max-prefill", "16", "--exporter", "legacy", "-q"]
     paged = ["--cache-layout", "paged", "--block-size", "8", "--save-onnx", str(step)]

@@ -67,6 +67,8 @@ def _assert_hf_greedy(ex, model, family):
         ("gpt2", "legacy"),
         ("qwen3", "legacy"),
         ("phi3", "legacy"),
+        ("gpt_neox", "legacy"),
+        ("phi", "legacy"),
         pytest.param("llama", "dynamo", marks=pytest.mark.slow),
     ],
 )
@@ -137,6 +139,8 @@ def test_executor_copies_blocks_before_writing_and_keeps_pools(tmp_path):
         ("gpt2", {}, "legacy"),
         ("qwen3", {}, "legacy"),
         ("phi3", {}, "legacy"),
+        ("gpt_neox", {"use_parallel_residual": False}, "legacy"),
+        ("phi", {"qk_layernorm": True}, "legacy"),
         ("mistral", {"sliding_window": 4096}, "legacy"),  # a window longer than max_seq masks nothing
         pytest.param("llama", {}, "dynamo", marks=pytest.mark.slow),
     ],

@@ -50,6 +50,10 @@ CASES = [
     ("phi3", {"sliding_window": None}),
     ("starcoder2", {"sliding_window": 4}),
     ("starcoder2", {"sliding_window": None}),
+    ("gpt_neox", {}),
+    ("gpt_neox", {"set_sliding_window": 64}),  # no GPT-NeoX or Phi layer applies one
+    ("phi", {}),
+    ("phi", {"set_sliding_window": 64}),
 ]
 
 
@@ -65,6 +69,8 @@ def _model(family: str, overrides: dict) -> torch.nn.Module:
 def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     if model.config.model_type == "gpt2":
         return [block.attn for block in model.transformer.h]
+    if model.config.model_type == "gpt_neox":
+        return [layer.attention for layer in model.gpt_neox.layers]
     return [layer.self_attn for layer in model.model.layers]
 
 

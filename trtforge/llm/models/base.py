@@ -19,14 +19,18 @@ from trtforge.errors import UserError
 
 LLAMA_STYLE = ("llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "starcoder2")
 GPT2_STYLE = ("gpt2",)
+GPT_NEOX_STYLE = ("gpt_neox",)
+PHI_STYLE = ("phi",)
 # each adapter's families and what sets them apart, as errors list them (one entry per adapter module)
 STYLES: dict[tuple[str, ...], str] = {
     LLAMA_STYLE: "Llama-style: RoPE, pre-norm blocks, GQA",
     GPT2_STYLE: "learned positions, LayerNorm, GELU",
+    GPT_NEOX_STYLE: "Pythia: fused per-head QKV, partial RoPE, LayerNorm, parallel or serial residual",
+    PHI_STYLE: "Phi-1/1.5/2: one LayerNorm feeding attention and MLP in parallel, partial RoPE",
 }
 SUPPORTED = tuple(t for types in STYLES for t in types)
 # families whose attention applies no sliding window or chunk, whatever the config says
-UNWINDOWED = ("llama", "gpt2")
+UNWINDOWED = ("llama", "gpt2", "gpt_neox", "phi")
 # families whose forward picks each layer's mask by config.layer_types (the others: one mask for all)
 PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -72,6 +76,14 @@ def eos_token_ids(model: Any) -> list[int]:
     return ids + [i for i in dict.fromkeys(more) if i not in ids]
 
 
+def output_head(model: Any) -> nn.Module | None:
+    """The LM head of a HF causal LM: what its ``get_output_embeddings()`` returns (GPT-NeoX's ``embed_out``
+    before transformers 5, ``lm_head`` elsewhere), else its ``lm_head`` attribute; None for a bare model."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    return head if head is not None else getattr(model, "lm_head", None)
+
+
 def model_type_of(model: Any, user: str = "--generate") -> str:
     """The HF `config.model_type` of `model`, or UserError naming what is supported (by `user`, the
     option or executor that asks)."""
@@ -88,7 +100,7 @@ def model_type_of(model: Any, user: str = "--generate") -> str:
             f"model family '{model_type}' ({type(model).__name__}) is not supported by {user}. Supported "
             f"families: {styles}."
         )
-    if getattr(model, "lm_head", None) is None:
+    if output_head(model) is None:
         raise UserError(
             f"{type(model).__name__} has no lm_head: {user} needs the causal-LM class "
             f"(e.g. {'GPT2LMHeadModel' if model_type == 'gpt2' else 'AutoModelForCausalLM'}), "
@@ -98,9 +110,9 @@ def model_type_of(model: Any, user: str = "--generate") -> str:
 
 
 def refuse_unapplied_window(model: nn.Module, length: int, limit: str, user: str = "--generate") -> None:
-    """UserError when a llama/gpt2 config sets a sliding window (or attention chunk) shorter than `length`
-    (the `limit` option's value): their attention applies none, yet transformers' generate() cache
-    truncates the keys to it, so HF's forward and generate() disagree past it."""
+    """UserError when the config of an :data:`UNWINDOWED` family sets a sliding window (or attention chunk)
+    shorter than `length` (the `limit` option's value): their attention applies none, yet transformers'
+    generate() cache truncates the keys to it, so HF's forward and generate() disagree past it."""
     c = model.config
     if c.model_type not in UNWINDOWED:
         return
@@ -120,7 +132,8 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     """Each layer's sliding-attention window (None: full attention), as transformers' forward applies it
     (its masks: ``masking_utils.create_sliding_window_causal_mask`` reads ``config.sliding_window``).
 
-    - llama, gpt2: none (see :func:`refuse_unapplied_window` for a window their config sets anyway);
+    - the :data:`UNWINDOWED` families (llama, gpt2, gpt_neox, phi, ...): none (see
+      :func:`refuse_unapplied_window` for a window their config sets anyway);
     - mistral, phi3, starcoder2: ``config.sliding_window`` on every layer, or none when it is null
       (their forward ignores ``layer_types``);
     - ministral, qwen2, qwen3: the window on the layers ``config.layer_types`` marks "sliding_attention"
@@ -249,7 +262,7 @@ class DecoderAdapter(ABC):
 
     def logits(self, x: Tensor) -> Tensor:
         """LM-head logits of hidden states `x` (in the model's dtype; callers cast)."""
-        return self.model.lm_head(self.final_norm(x))
+        return output_head(self.model)(self.final_norm(x))
 
     def shard(self, tp: Any) -> None:
         """Keep only rank ``tp.rank``'s share of the weights (:mod:`.parallel`) and count this rank's

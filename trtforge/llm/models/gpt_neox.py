@@ -1,0 +1,67 @@
+"""The GPT-NeoX adapter (``GPTNeoXForCausalLM``: Pythia, GPT-NeoX-20B): one fused ``query_key_value``
+projection laid out per head (``[heads, 3, D]``: each head's q, k, v side by side), partial RoPE on the
+first ``rotary_pct`` of each head, LayerNorm with bias, GELU MLP, multi-head attention, and the block
+either parallel (``use_parallel_residual``: ``x + attn(ln1(x)) + mlp(ln2(x))``) or sequential
+(``h = x + attn(ln1(x)); h + mlp(ln2(h))``), per layer as transformers runs it; no window."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from trtforge.llm.models.base import DecoderAdapter, DecoderSpec
+from trtforge.llm.models.rotary import RotaryTables
+
+
+class GptNeoXStyle(DecoderAdapter):
+    """GPT-NeoX (``GPTNeoXForCausalLM``, body ``model.gpt_neox``; see the module docstring)."""
+
+    family = "gpt_neox"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, list(model.gpt_neox.layers), user)
+        self.body = model.gpt_neox
+        attn = self.layers[0].attention
+        self.num_heads = self.num_kv_heads = int(self.config.num_attention_heads)
+        self.head_dim = int(attn.head_size)
+        self.scales = [float(layer.attention.scaling) for layer in self.layers]
+        self.rope = RotaryTables(model, self.body.rotary_emb, user)
+        self.dynamic = self.rope.dynamic
+
+    @property
+    def spec(self) -> DecoderSpec:
+        return self._spec(
+            positions="rotary",
+            rotary=self.rope.describe(),
+            max_positions=getattr(self.config, "max_position_embeddings", None),
+        )
+
+    @property
+    def max_length(self) -> int:
+        return self.rope.max_length
+
+    def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
+        return self.body.embed_in(input_ids)
+
+    def rotary(
+        self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        return self.rope(position_ids, dtype, rope_lens)
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The fused projection viewed as ``[..., heads, 3 * D]`` and cut in three along D, as HF does."""
+        layer = self.layers[i]
+        fused = layer.attention.query_key_value(layer.input_layernorm(x))
+        q, k, v = fused.unflatten(-1, (-1, 3 * self.head_dim)).chunk(3, dim=-1)
+        return q, k, v
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        layer = self.layers[i]
+        attn = layer.attention.dense(attn_out)
+        if layer.use_parallel_residual:
+            return layer.mlp(layer.post_attention_layernorm(x)) + attn + x
+        h = attn + x
+        return layer.mlp(layer.post_attention_layernorm(h)) + h
+
+    def final_norm(self, x: Tensor) -> Tensor:
+        return self.body.final_layer_norm(x)

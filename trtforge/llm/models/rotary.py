@@ -1,0 +1,84 @@
+"""Rotary tables as a transformers rotary module computes them (its ``inv_freq``, ``attention_scaling``
+and rope type), for the RoPE adapters that are not Llama-style (:mod:`.gpt_neox`, :mod:`.phi`).
+
+Partial rotary needs nothing here: the module's ``inv_freq`` already covers only the rotated channels,
+and :func:`~trtforge.llm.models.base.apply_rotary` passes the rest through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from trtforge.errors import UserError
+
+
+class RotaryTables:
+    """cos/sin of a model's rotary module `rotary_emb`: fixed tables (default, linear, llama3, yarn, ...)
+    or dynamic NTK (each sequence's frequencies from its own length, as transformers computes them for
+    it run alone); 'longrope' is refused (UserError naming `user`)."""
+
+    def __init__(self, model: nn.Module, rotary_emb: nn.Module, user: str) -> None:
+        self.config, self.module = model.config, rotary_emb
+        self.rope_type = str(getattr(rotary_emb, "rope_type", "default"))
+        if self.rope_type == "longrope":
+            raise UserError(
+                f"{user} cannot run this {self.config.model_type} model {type(model).__name__}: rotary "
+                "scaling 'longrope' switches frequency tables with the longest position of the call, so "
+                "neither a step graph's one table nor a batched step can match transformers. Supported "
+                "rotary types: default, linear, llama3, yarn and other fixed tables (and 'dynamic' on the "
+                "torch executor)."
+            )
+        self.dynamic = self.rope_type == "dynamic"
+        self._init: Any = None
+        if self.dynamic:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            self._init = ROPE_INIT_FUNCTIONS[self.rope_type]
+
+    def _params(self) -> dict[str, Any]:
+        c = self.config
+        return dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
+
+    def describe(self) -> dict[str, Any]:
+        """The spec's ``rotary`` entry: type, theta, rotated channels, attention scaling."""
+        params = self._params()
+        theta = params.get("rope_theta", getattr(self.config, "rope_theta", None))
+        theta = theta if theta is not None else getattr(self.config, "rotary_emb_base", 10000.0)
+        return {
+            "type": self.rope_type,
+            "theta": float(theta),
+            "dim": int(self.module.inv_freq.numel() * 2),
+            "attention_scaling": float(getattr(self.module, "attention_scaling", 1.0)),
+            "interleaved": False,
+        }
+
+    @property
+    def max_length(self) -> int:
+        """The trained length (max_position_embeddings), times the factor of a dynamic rotary."""
+        trained = int(self.config.max_position_embeddings)
+        if not self.dynamic:
+            return trained
+        return int(trained * max(float(self._params().get("factor", 1.0)), 1.0))
+
+    def __call__(
+        self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """cos, sin ``[..., R]`` in `dtype`, computed in float32 and times the attention scaling as the HF
+        module does; a dynamic rotary takes each token's frequencies from `rope_lens` (its sequence's
+        length)."""
+        inv_freq = self.module.inv_freq.to(device=position_ids.device, dtype=torch.float)
+        if self.dynamic:
+            if rope_lens is None:
+                raise ValueError("dynamic rotary needs each token's sequence length (rope_lens)")
+            # HF clamps lengths up to max_position_embeddings (the original table)
+            lens = rope_lens.to(torch.int64).clamp(min=int(self.config.max_position_embeddings))
+            unique, inverse = torch.unique(lens, return_inverse=True)
+            tables = [self._init(self.config, position_ids.device, seq_len=n)[0] for n in unique.unbind(0)]
+            inv_freq = torch.stack(tables).float().to(position_ids.device)[inverse]
+        freqs = position_ids[..., None].float() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        scaling = float(getattr(self.module, "attention_scaling", 1.0))
+        return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
