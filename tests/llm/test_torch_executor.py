@@ -73,7 +73,7 @@ def _tiny(model_type: str, **overrides):
         cls = transformers.GPT2LMHeadModel
     elif model_type == "qwen3":
         cfg, cls = transformers.Qwen3Config(**({"head_dim": 8} | common)), transformers.Qwen3ForCausalLM
-    elif model_type in ("gpt_neox", "phi"):
+    elif model_type in ("gemma", "olmo2", "granite", "gpt_neox", "phi"):
         from tests.llm.tiny_models import tiny_model
 
         return tiny_model(model_type, seed=1, vocab_size=120, **overrides).to(torch.float64).eval()
@@ -94,6 +94,10 @@ def _tiny(model_type: str, **overrides):
         ("qwen3", {}),
         ("phi3", {}),
         ("gpt2", {}),
+        ("gemma", {}),  # head_dim 24 of hidden 64 / 4 heads
+        ("gemma", {"head_dim": 12, "num_key_value_heads": 1}),  # Gemma 2B's one KV head
+        ("olmo2", {}),
+        ("granite", {}),  # every multiplier far from 1
         ("gpt_neox", {}),  # MHA, parallel residual, rotary on 1/4 of each head
         ("gpt_neox", {"use_parallel_residual": False, "rotary_pct": 0.5}),
         ("gpt_neox", {"rope_scaling": {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.25}}),
@@ -182,7 +186,7 @@ def test_static_shape_decode_gives_the_same_tokens_as_the_eager_path():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gpt_neox", "phi"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gpt_neox", "phi", "gemma", "olmo2", "granite"])
 def test_cuda_graph_decode_matches_eager_on_cuda(family):
     from tests.llm.serving_models import run_to_completion
     from tests.llm.tiny_models import tiny_model

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import torch
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2", "gpt_neox", "phi")
+FAMILIES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gpt2",
+    "gpt_neox",
+    "phi",
+    "gemma",
+    "olmo2",
+    "granite",
+)
 PROMPT_LENS = (1, 3, 9, 17)
 # qwen3/phi3 shapes the default configs do not have: a head_dim other than hidden / heads (the
 # projections are wider or narrower than hidden), MHA (GQA ratio 1), GQA ratio 4, tied embeddings
@@ -57,6 +69,17 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family == "ministral":  # per-layer sliding windows (layer_types); its config needs a head_dim
         cfg = tf.MinistralConfig(**(llama_like | {"head_dim": 16} | overrides))
         cls = tf.MinistralForCausalLM
+    elif family == "gemma":  # a head_dim other than hidden / heads, GeGLU, tied and scaled embeddings
+        # (a Gemma-wide MLP: with the default width the tied head kept repeating the prompt's last token)
+        gemma = {"head_dim": 24, "intermediate_size": 256}
+        cfg, cls = tf.GemmaConfig(**(llama_like | gemma | overrides)), tf.GemmaForCausalLM
+    elif family == "olmo2":  # norms after attention and MLP, q/k norms over the whole projection
+        olmo2 = {"pad_token_id": 1, "eos_token_id": 2}  # (its default eos id lies outside the tiny vocab)
+        cfg, cls = tf.Olmo2Config(**(llama_like | olmo2 | overrides)), tf.Olmo2ForCausalLM
+    elif family == "granite":  # multipliers far from 1, so that one left out changes the tokens
+        granite = {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1}
+        granite["logits_scaling"] = 2.0
+        cfg, cls = tf.GraniteConfig(**(llama_like | granite | overrides)), tf.GraniteForCausalLM
     elif family == "gpt_neox":  # fused per-head QKV, MHA, Pythia's partial rotary (1/4), parallel residual
         neox = {k: v for k, v in llama_like.items() if k != "num_key_value_heads"} | {"rotary_pct": 0.25}
         cfg, cls = tf.GPTNeoXConfig(**(neox | overrides)), tf.GPTNeoXForCausalLM
@@ -68,6 +91,11 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     else:
         raise ValueError(family)
     model = cls(cfg).eval()
+    if family in ("gemma", "olmo2"):  # norm weights off their constant init: (1 + w) and w differ
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.add_(torch.randn_like(param) * 0.2)
     if family in ("gpt_neox", "phi"):  # LayerNorm weights and biases off their 1 / 0 init: a swap shows
         with torch.no_grad():
             for name, param in model.named_parameters():

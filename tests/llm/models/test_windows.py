@@ -54,6 +54,12 @@ CASES = [
     ("gpt_neox", {"set_sliding_window": 64}),  # no GPT-NeoX or Phi layer applies one
     ("phi", {}),
     ("phi", {"set_sliding_window": 64}),
+    ("gemma", {}),
+    ("gemma", {"set_sliding_window": 64}),  # no Gemma 1 layer applies one
+    ("olmo2", {}),
+    ("olmo2", {"set_sliding_window": 64}),
+    ("granite", {}),
+    ("granite", {"set_sliding_window": 64}),
 ]
 
 

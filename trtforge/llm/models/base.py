@@ -21,16 +21,23 @@ LLAMA_STYLE = ("llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "starc
 GPT2_STYLE = ("gpt2",)
 GPT_NEOX_STYLE = ("gpt_neox",)
 PHI_STYLE = ("phi",)
+GEMMA_STYLE = ("gemma",)
+OLMO2_STYLE = ("olmo2",)
+GRANITE_STYLE = ("granite",)
 # each adapter's families and what sets them apart, as errors list them (one entry per adapter module)
 STYLES: dict[tuple[str, ...], str] = {
     LLAMA_STYLE: "Llama-style: RoPE, pre-norm blocks, GQA",
     GPT2_STYLE: "learned positions, LayerNorm, GELU",
     GPT_NEOX_STYLE: "Pythia: fused per-head QKV, partial RoPE, LayerNorm, parallel or serial residual",
     PHI_STYLE: "Phi-1/1.5/2: one LayerNorm feeding attention and MLP in parallel, partial RoPE",
+    GEMMA_STYLE: "Gemma 1 / CodeGemma: scaled embeddings, RMSNorm by 1 + weight, GeGLU; not Gemma 2 or 3, "
+    "whose logit soft-capping and alternating sliding windows differ",
+    OLMO2_STYLE: "OLMo 2: RMSNorm after attention and MLP, whole-projection q/k norms",
+    GRANITE_STYLE: "Granite 3.x: Llama with embedding, residual, attention and logits multipliers",
 }
 SUPPORTED = tuple(t for types in STYLES for t in types)
 # families whose attention applies no sliding window or chunk, whatever the config says
-UNWINDOWED = ("llama", "gpt2", "gpt_neox", "phi")
+UNWINDOWED = ("llama", "gpt2", "gpt_neox", "phi", "gemma", "olmo2", "granite")
 # families whose forward picks each layer's mask by config.layer_types (the others: one mask for all)
 PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3")
 _LAYER_TYPES = ("full_attention", "sliding_attention")

@@ -2,8 +2,9 @@
 export and the torch executor call, so both see one set of layer math and one sliding-window rule.
 
 Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2),
-GPT-2 (:mod:`.gpt2`), GPT-NeoX (:mod:`.gpt_neox`) and Phi (:mod:`.phi`). The shared pieces (spec, family
-checks, windows) live in :mod:`.base`.
+GPT-2 (:mod:`.gpt2`), GPT-NeoX (:mod:`.gpt_neox`), Phi (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), OLMo 2
+(:mod:`.olmo2`) and Granite (:mod:`.granite`; these three share :mod:`.rope` with Llama-style). The
+shared pieces (spec, family checks, windows) live in :mod:`.base`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from trtforge.llm.models.base import (
+    GEMMA_STYLE,
     GPT2_STYLE,
     GPT_NEOX_STYLE,
+    GRANITE_STYLE,
     LLAMA_STYLE,
+    OLMO2_STYLE,
     PHI_STYLE,
     SUPPORTED,
     DecoderAdapter,
@@ -23,15 +27,21 @@ from trtforge.llm.models.base import (
     refuse_unapplied_window,
     sliding_windows,
 )
+from trtforge.llm.models.gemma import GemmaStyle
 from trtforge.llm.models.gpt2 import Gpt2Style
 from trtforge.llm.models.gpt_neox import GptNeoXStyle
+from trtforge.llm.models.granite import GraniteStyle
 from trtforge.llm.models.llama import LlamaStyle
+from trtforge.llm.models.olmo2 import Olmo2Style
 from trtforge.llm.models.phi import PhiStyle
 
 # model_type -> its adapter class (every family of base.STYLES has one)
 ADAPTERS: dict[str, type[DecoderAdapter]] = {
     **dict.fromkeys(LLAMA_STYLE, LlamaStyle),
     **dict.fromkeys(GPT2_STYLE, Gpt2Style),
+    **dict.fromkeys(GEMMA_STYLE, GemmaStyle),
+    **dict.fromkeys(OLMO2_STYLE, Olmo2Style),
+    **dict.fromkeys(GRANITE_STYLE, GraniteStyle),
     **dict.fromkeys(GPT_NEOX_STYLE, GptNeoXStyle),
     **dict.fromkeys(PHI_STYLE, PhiStyle),
 }
@@ -45,16 +55,22 @@ def adapter_for(model: Any, user: str = "--generate") -> DecoderAdapter:
 
 __all__ = [
     "ADAPTERS",
+    "GEMMA_STYLE",
     "GPT2_STYLE",
     "GPT_NEOX_STYLE",
+    "GRANITE_STYLE",
     "LLAMA_STYLE",
+    "OLMO2_STYLE",
     "PHI_STYLE",
     "SUPPORTED",
     "DecoderAdapter",
     "DecoderSpec",
+    "GemmaStyle",
     "Gpt2Style",
     "GptNeoXStyle",
+    "GraniteStyle",
     "LlamaStyle",
+    "Olmo2Style",
     "PhiStyle",
     "adapter_for",
     "eos_token_ids",

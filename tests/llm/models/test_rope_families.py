@@ -1,0 +1,80 @@
+"""Gemma 1, OLMo 2 and Granite: what they share with Llama (the RoPE body) and what they must not (the
+fused layers, quantization, tensor parallelism, all written for Llama's exact math); Gemma 2 and 3
+refused by name. Their logits against transformers: test_generate.py and test_torch_executor.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.llm.tiny_models import tiny_model
+from trtforge.errors import UserError
+from trtforge.llm.compile.step import PagedDecoderStep
+from trtforge.llm.executors.torch_exec import TorchExecutor
+from trtforge.llm.models.families import LlamaStyle, adapter_for
+from trtforge.llm.quant import quantize_model
+
+FAMILIES = ("gemma", "olmo2", "granite")
+_SMALL = {
+    "vocab_size": 100,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+}
+
+
+def _gemma(version: int) -> torch.nn.Module:
+    import transformers as tf
+
+    if version == 2:
+        return tf.Gemma2ForCausalLM(tf.Gemma2Config(**_SMALL)).eval()
+    return tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**_SMALL)).eval()
+
+
+@pytest.mark.parametrize(("version", "model_type"), [(2, "gemma2"), (3, "gemma3_text")])
+def test_gemma_2_and_3_are_refused_naming_the_family(version, model_type):
+    """Soft-capped logits, alternating windows and per-layer rotary bases: other model types, not Gemma 1."""
+    model = _gemma(version)
+    assert model.config.model_type == model_type
+    supported = r".*gemma \(Gemma 1 / CodeGemma.*not Gemma 2 or 3"
+    with pytest.raises(UserError, match=f"family '{model_type}' .*not supported by --generate{supported}"):
+        PagedDecoderStep(model, 16, 4)
+    with pytest.raises(UserError, match=f"'{model_type}' .*not supported by the torch executor{supported}"):
+        TorchExecutor(model, num_blocks=4)
+
+
+def test_an_encoder_style_gemma_is_refused():
+    """use_bidirectional_attention lets every token see later ones: no causal step reproduces that."""
+    model = tiny_model("gemma", use_bidirectional_attention=True)
+    with pytest.raises(UserError, match="gemma model GemmaForCausalLM: its config sets use_bidirectional"):
+        adapter_for(model)
+
+
+def test_gemma_scales_a_plain_embedding_as_transformers_4_did():
+    """transformers 5's embedding module scales itself; before, the model multiplied by sqrt(hidden) in
+    the embedding dtype (55.5, not 55.43, in bfloat16): a plain nn.Embedding gets that same scale."""
+    model = tiny_model("gemma", hidden_size=3072, intermediate_size=64, num_hidden_layers=1).bfloat16()
+    ids, pos = torch.tensor([[3, 7, 11]]), torch.arange(3)[None]
+    scaled = adapter_for(model).embed(ids, pos)
+    plain = torch.nn.Embedding.from_pretrained(model.model.embed_tokens.weight)
+    model.model.embed_tokens = plain
+    assert torch.equal(adapter_for(model).embed(ids, pos), scaled)
+    assert torch.equal(scaled, plain(ids) * 55.5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_they_are_kept_off_the_llama_only_paths(family):
+    """Not LlamaStyle (the fused CUDA layers and quantization gate on it: test_triton_executor checks the
+    executor's refusal); quantization and tensor parallelism refuse by the family's name."""
+    model = tiny_model(family)
+    adapter = adapter_for(model, "the torch executor")
+    assert not isinstance(adapter, LlamaStyle)
+    with pytest.raises(UserError, match=f"the {family} family .* has no quantized path yet"):
+        quantize_model(model, "fp8")
+    with pytest.raises(UserError, match=f"the {family} family .* has no quantized path yet"):
+        quantize_model(model, None, lm_head_quantization="fp8")
+    with pytest.raises(UserError, match=f"tensor parallelism is not supported for {family} models"):
+        adapter.shard(None)

@@ -1,0 +1,78 @@
+"""What the RoPE decoders with a Llama-shaped body share (Llama-style, Gemma, OLMo 2, Granite): the body
+``model.model`` (``embed_tokens``, ``layers`` of ``self_attn`` + ``mlp``, ``norm``, ``rotary_emb``), its
+rotary tables computed as the HF rotary module does, the spec, and the pre-norm block whose norms and
+MLP are the model's own modules. Each family's adapter adds what sets it apart. The rotary tables are
+:class:`~trtforge.llm.models.rotary.RotaryTables`, as GPT-NeoX's and Phi's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from trtforge.llm.models.base import DecoderAdapter, DecoderSpec
+from trtforge.llm.models.rotary import RotaryTables
+
+
+class RopeStyle(DecoderAdapter):
+    """A RoPE decoder over ``model.model`` (see the module docstring): heads, head dim and each layer's
+    softmax scale read from its attention modules, the rotary tables of its ``rotary_emb`` (default,
+    linear, llama3, yarn, ...; dynamic NTK per sequence; longrope refused), a pre-norm block:
+    ``x + o(attn)``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, list(model.model.layers), user)
+        self.body = model.model
+        c, attn = self.config, self.layers[0].self_attn
+        self.num_heads = int(c.num_attention_heads)
+        self.num_kv_heads = int(c.num_key_value_heads or c.num_attention_heads)
+        self.head_dim = int(attn.head_dim)
+        self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
+        self.rope = RotaryTables(model, self.body.rotary_emb, user)
+        self.dynamic = self.rope.dynamic
+
+    @property
+    def spec(self) -> DecoderSpec:
+        return self._spec(
+            positions="rotary",
+            rotary=self.rope.describe(),
+            max_positions=getattr(self.config, "max_position_embeddings", None),
+        )
+
+    @property
+    def max_length(self) -> int:
+        return self.rope.max_length
+
+    def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
+        return self.body.embed_tokens(input_ids)
+
+    def rotary(
+        self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """cos, sin as the HF rotary module computes them (:class:`~.rotary.RotaryTables`)."""
+        return self.rope(position_ids, dtype, rope_lens)
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Pre-norm projections: ``input_layernorm``, then q/k/v (:func:`project_qkv`) split into heads."""
+        h = self.layers[i].input_layernorm(x)
+        q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in project_qkv(self.layers[i].self_attn, h))
+        return q, k, v
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        layer = self.layers[i]
+        x = x + layer.self_attn.o_proj(attn_out)
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def final_norm(self, x: Tensor) -> Tensor:
+        return self.body.norm(x)
+
+
+def project_qkv(attn: nn.Module, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v [..., heads * head_dim] of a Llama-style attention module: its three projections, or
+    Phi-3's fused qkv_proj split by heads (q heads, then the key heads, then the value heads)."""
+    fused = getattr(attn, "qkv_proj", None)
+    if fused is None:
+        return attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+    q_size = int(attn.config.num_attention_heads) * attn.head_dim
+    kv_size = int(attn.config.num_key_value_heads or attn.config.num_attention_heads) * attn.head_dim
+    return fused(h).split([q_size, kv_size, kv_size], dim=-1)
