@@ -1,5 +1,6 @@
 """Rotary tables as a transformers rotary module computes them (its ``inv_freq``, ``attention_scaling``
-and rope type), for the RoPE adapters that are not Llama-style (:mod:`.gpt_neox`, :mod:`.phi`).
+and rope type), for every RoPE adapter: :mod:`.rope`'s (Llama-style, Gemma, OLMo 2, Granite),
+:mod:`.gpt_neox` and :mod:`.phi`.
 
 Partial rotary needs nothing here: the module's ``inv_freq`` already covers only the rotated channels,
 and :func:`~trtforge.llm.models.base.apply_rotary` passes the rest through.
