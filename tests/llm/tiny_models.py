@@ -152,6 +152,18 @@ def phi_factory():
     return tiny_model("phi", qk_layernorm=True), None
 
 
+def gemma_factory():
+    return tiny_model("gemma"), None
+
+
+def olmo2_factory():
+    return tiny_model("olmo2"), None
+
+
+def granite_factory():
+    return tiny_model("granite"), None
+
+
 def starcoder2_factory():
     return tiny_model("starcoder2", sliding_window=6), None
 

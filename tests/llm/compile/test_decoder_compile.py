@@ -81,6 +81,9 @@ def test_save_pretrained_directory_source(tmp_path):
         "ministral_factory",
         "gpt_neox_factory",
         "phi_factory",
+        "gemma_factory",
+        "olmo2_factory",
+        "granite_factory",
     ],
 )
 def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_path, monkeypatch):
