@@ -73,10 +73,14 @@ def _tiny(model_type: str, **overrides):
         cls = transformers.GPT2LMHeadModel
     elif model_type == "qwen3":
         cfg, cls = transformers.Qwen3Config(**({"head_dim": 8} | common)), transformers.Qwen3ForCausalLM
-    elif model_type in ("gemma", "olmo2", "granite", "gpt_neox", "phi"):
+    elif model_type in ("gpt_neo", "gpt_bigcode", "gemma", "olmo2", "granite", "gpt_neox", "phi"):
         from tests.llm.tiny_models import tiny_model
 
         return tiny_model(model_type, seed=1, vocab_size=120, **overrides).to(torch.float64).eval()
+    elif model_type == "opt":
+        opt = {"vocab_size": 120, "hidden_size": 32, "ffn_dim": 64, "num_hidden_layers": 2, "init_std": 0.2}
+        cfg = transformers.OPTConfig(num_attention_heads=4, max_position_embeddings=256, **(opt | overrides))
+        cls = transformers.OPTForCausalLM
     elif model_type == "phi3":  # partial rotary (Phi-4-mini's 3/4) and a window shorter than the prompt
         phi3 = {"pad_token_id": 0, "partial_rotary_factor": 0.75, "sliding_window": 7}
         cfg, cls = transformers.Phi3Config(**(phi3 | common)), transformers.Phi3ForCausalLM
@@ -94,6 +98,11 @@ def _tiny(model_type: str, **overrides):
         ("qwen3", {}),
         ("phi3", {}),
         ("gpt2", {}),
+        ("opt", {}),
+        ("opt", {"do_layer_norm_before": False, "word_embed_proj_dim": 24}),  # OPT-350m's form
+        ("gpt_neo", {}),  # a local layer of 5 keys, shorter than the prompt
+        ("gpt_bigcode", {}),
+        ("gpt_bigcode", {"multi_query": False}),
         ("gemma", {}),  # head_dim 24 of hidden 64 / 4 heads
         ("gemma", {"head_dim": 12, "num_key_value_heads": 1}),  # Gemma 2B's one KV head
         ("olmo2", {}),
@@ -144,19 +153,19 @@ def test_chunked_paged_steps_reproduce_transformers_logits(model_type, overrides
 def test_unsupported_models_and_bad_sizes_are_user_errors():
     import transformers
 
-    opt = transformers.OPTForCausalLM(
-        transformers.OPTConfig(
-            num_hidden_layers=1, hidden_size=16, num_attention_heads=2, ffn_dim=32, vocab_size=50
-        )
+    bloom = transformers.BloomForCausalLM(  # ALiBi positions: no adapter
+        transformers.BloomConfig(n_layer=1, hidden_size=16, n_head=2, vocab_size=50)
     )
-    with pytest.raises(UserError, match="model family 'opt' .*not supported by the torch executor"):
-        TorchExecutor(opt, num_blocks=4)
+    with pytest.raises(UserError, match="model family 'bloom' .*not supported by the torch executor"):
+        TorchExecutor(bloom, num_blocks=4)
     bare = transformers.LlamaModel(tiny_llama().config)  # no lm_head: was an AttributeError
     with pytest.raises(UserError, match="LlamaModel has no lm_head: the torch executor needs the causal-LM"):
         TorchExecutor(bare, num_blocks=4)
     gpt2 = _tiny("gpt2")  # learned positions cannot run past n_positions: was an IndexError mid-generation
     with pytest.raises(UserError, match="max_model_len 300 exceeds the 256 learned positions"):
         TorchExecutor(gpt2, num_blocks=4, max_model_len=300)
+    with pytest.raises(UserError, match="max_model_len 300 exceeds the 256 learned positions"):
+        TorchExecutor(_tiny("opt"), num_blocks=4, max_model_len=300)  # (OPT's table holds 2 more rows)
     with pytest.raises(UserError, match="max_model_len must be a positive integer"):
         TorchExecutor(tiny_llama(), num_blocks=4, max_model_len=-1)
     with pytest.raises(UserError, match="num_blocks must be a positive integer"):
@@ -186,7 +195,22 @@ def test_static_shape_decode_gives_the_same_tokens_as_the_eager_path():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gpt_neox", "phi", "gemma", "olmo2", "granite"])
+@pytest.mark.parametrize(
+    "family",
+    [
+        "llama",
+        "qwen3",
+        "phi3",
+        "gpt_neox",
+        "phi",
+        "gemma",
+        "olmo2",
+        "granite",
+        "opt",
+        "gpt_neo",
+        "gpt_bigcode",
+    ],
+)
 def test_cuda_graph_decode_matches_eager_on_cuda(family):
     from tests.llm.serving_models import run_to_completion
     from tests.llm.tiny_models import tiny_model

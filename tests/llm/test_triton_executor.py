@@ -312,10 +312,26 @@ def _family_model(family: str) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma", "olmo2", "granite"])
+@pytest.mark.parametrize(
+    "family",
+    [
+        "llama",
+        "qwen3",
+        "phi3",
+        "gemma",
+        "olmo2",
+        "granite",
+        "gpt_neox",
+        "phi",
+        "opt",
+        "gpt_neo",
+        "gpt_bigcode",
+    ],
+)
 def test_triton_executor_gives_the_torch_reference_greedy_tokens(device, family):
-    """Llama-style models on the fused layers; the others (Gemma's head dim 24, OLMo 2, Granite) on their
-    adapter's layers around the Triton attention kernels."""
+    """Llama-style models on the fused layers; the others (Gemma's head dim 24, OLMo 2, Granite, GPT-NeoX,
+    Phi, OPT, GPT-Neo's local layer, GPT-BigCode's one KV head) on their adapter's layers around the Triton
+    attention kernels."""
     skip_unless_runs_here(device)
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, 300, size=int(rng.integers(1, 70))).tolist() for _ in range(9)]
@@ -324,7 +340,7 @@ def test_triton_executor_gives_the_torch_reference_greedy_tokens(device, family)
     kwargs = {"num_blocks": 96, "block_size": 16, "device": device, "max_decode_batch": 8}
     ref = TorchExecutor(copy.deepcopy(base), kernels="torch", **kwargs)
     test = TorchExecutor(copy.deepcopy(base), kernels="triton", **kwargs)
-    if family in ("gemma", "olmo2", "granite"):  # their math is not the fused layers'
+    if family not in ("llama", "qwen3", "phi3"):  # their math is not the fused layers'
         assert test.fused_refusal == "not Llama-style"
     else:
         assert test.fused_refusal is None, test.fused_refusal  # the fused Llama-style layers run

@@ -11,11 +11,14 @@ FAMILIES = (
     "qwen3",
     "phi3",
     "gpt2",
-    "gpt_neox",
-    "phi",
+    "opt",
     "gemma",
     "olmo2",
     "granite",
+    "gpt_neox",
+    "phi",
+    "gpt_neo",
+    "gpt_bigcode",
 )
 PROMPT_LENS = (1, 3, 9, 17)
 # qwen3/phi3 shapes the default configs do not have: a head_dim other than hidden / heads (the
@@ -69,6 +72,20 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family == "ministral":  # per-layer sliding windows (layer_types); its config needs a head_dim
         cfg = tf.MinistralConfig(**(llama_like | {"head_dim": 16} | overrides))
         cls = tf.MinistralForCausalLM
+    elif family == "gpt_neo":  # unscaled scores, a local layer whose window is shorter than the prompts
+        neo = {"vocab_size": 300, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "window_size": 5}
+        neo |= {"attention_types": [[["global", "local"], 1]], "max_position_embeddings": 256}
+        neo |= {"initializer_range": 0.2, "bos_token_id": 0, "eos_token_id": 0}
+        cfg, cls = tf.GPTNeoConfig(**(neo | overrides)), tf.GPTNeoForCausalLM
+    elif family == "gpt_bigcode":  # multi-query c_attn (one key/value head)
+        bigcode = {"vocab_size": 300, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}
+        bigcode |= {"initializer_range": 0.2, "bos_token_id": 0, "eos_token_id": 0}
+        cfg, cls = tf.GPTBigCodeConfig(**(bigcode | overrides)), tf.GPTBigCodeForCausalLM
+    elif family == "opt":  # learned positions offset by 2, ReLU; OPT-350m's post-norm and projections
+        opt = {"vocab_size": 300, "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2}
+        opt |= {"num_attention_heads": 4, "max_position_embeddings": 256, "init_std": 0.2}
+        opt |= {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 1}
+        cfg, cls = tf.OPTConfig(**(opt | overrides)), tf.OPTForCausalLM
     elif family == "gemma":  # a head_dim other than hidden / heads, GeGLU, tied and scaled embeddings
         # (a Gemma-wide MLP: with the default width the tied head kept repeating the prompt's last token)
         gemma = {"head_dim": 24, "intermediate_size": 256}
@@ -164,6 +181,18 @@ def granite_factory():
     return tiny_model("granite"), None
 
 
+def opt_factory():
+    return tiny_model("opt", do_layer_norm_before=False, word_embed_proj_dim=48), None
+
+
+def gpt_neo_factory():
+    return tiny_model("gpt_neo"), None
+
+
+def gpt_bigcode_factory():
+    return tiny_model("gpt_bigcode"), None
+
+
 def starcoder2_factory():
     return tiny_model("starcoder2", sliding_window=6), None
 
@@ -174,11 +203,9 @@ def ministral_factory():
     ), None
 
 
-def opt_factory():
-    """An unsupported family (OPT) for the error path."""
+def bloom_factory():
+    """An unsupported family (BLOOM: ALiBi position biases, which no adapter applies) for the error path."""
     import transformers as tf
 
-    cfg = tf.OPTConfig(
-        vocab_size=300, hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4
-    )
-    return tf.OPTForCausalLM(cfg).eval(), None
+    cfg = tf.BloomConfig(vocab_size=300, hidden_size=64, n_layer=2, n_head=4)
+    return tf.BloomForCausalLM(cfg).eval(), None

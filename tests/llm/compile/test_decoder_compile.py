@@ -84,6 +84,9 @@ def test_save_pretrained_directory_source(tmp_path):
         "gemma_factory",
         "olmo2_factory",
         "granite_factory",
+        "opt_factory",
+        "gpt_neo_factory",
+        "gpt_bigcode_factory",
     ],
 )
 def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_path, monkeypatch):

@@ -60,21 +60,35 @@ CASES = [
     ("olmo2", {"set_sliding_window": 64}),
     ("granite", {}),
     ("granite", {"set_sliding_window": 64}),
+    ("opt", {}),
+    ("opt", {"set_sliding_window": 64}),
+    ("gpt_bigcode", {}),
+    ("gpt_bigcode", {"set_sliding_window": 64}),
+    ("gpt_neo", {"window_size": 4, "attention_types": [[["local", "global", "local"], 1]]}),
+    ("gpt_neo", {"window_size": 64, "attention_types": [[["global", "local"], 1], [["local"], 1]]}),
+    ("gpt_neo", {"window_size": 5, "attention_types": [[["global"], 3]]}),
 ]
 
 
 def _model(family: str, overrides: dict) -> torch.nn.Module:
     overrides = dict(overrides)
     late = overrides.pop("set_sliding_window", None)
-    model = tiny_model(family, num_hidden_layers=LAYERS, **overrides).double()
+    layers = {"num_layers": LAYERS} if family == "gpt_neo" else {"num_hidden_layers": LAYERS}
+    if family == "gpt_bigcode":
+        layers = {"n_layer": LAYERS}
+    model = tiny_model(family, **layers, **overrides).double()
     if late is not None:
         model.config.sliding_window = late
     return model
 
 
 def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    if model.config.model_type == "gpt2":
+    if model.config.model_type in ("gpt2", "gpt_bigcode"):
         return [block.attn for block in model.transformer.h]
+    if model.config.model_type == "gpt_neo":
+        return [block.attn.attention for block in model.transformer.h]
+    if model.config.model_type == "opt":
+        return [layer.self_attn for layer in model.model.decoder.layers]
     if model.config.model_type == "gpt_neox":
         return [layer.attention for layer in model.gpt_neox.layers]
     return [layer.self_attn for layer in model.model.layers]
@@ -101,10 +115,16 @@ def _prompt(model: torch.nn.Module) -> list[int]:
 def _transformers(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int | None], torch.Tensor]:
     """The windows of the masks transformers' eager attention gets, and its last-token logits."""
     masks: list[torch.Tensor] = []
-    hooks = [
-        m.register_forward_pre_hook(lambda _m, _a, kw: masks.append(kw["attention_mask"]), with_kwargs=True)
-        for m in _attention_modules(model)
-    ]
+
+    def record(module: torch.nn.Module, _args: tuple, kw: dict) -> None:
+        mask = kw["attention_mask"]
+        local = getattr(module, "bias", None)  # GPT-Neo: its window is a buffer the mask is combined with
+        if isinstance(local, torch.Tensor) and local.dtype == torch.bool and local.dim() == 4:
+            visible = local[:, :, :PROMPT, :PROMPT]
+            mask = visible if mask is None else visible & ((mask == 0) if mask.dtype != torch.bool else mask)
+        masks.append(mask)
+
+    hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in _attention_modules(model)]
     model.set_attn_implementation("eager")
     try:
         with torch.no_grad():

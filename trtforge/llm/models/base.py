@@ -18,7 +18,8 @@ from torch import Tensor, nn
 from trtforge.errors import UserError
 
 LLAMA_STYLE = ("llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "starcoder2")
-GPT2_STYLE = ("gpt2",)
+GPT2_STYLE = ("gpt2", "gpt_neo", "gpt_bigcode")
+OPT_STYLE = ("opt",)
 GPT_NEOX_STYLE = ("gpt_neox",)
 PHI_STYLE = ("phi",)
 GEMMA_STYLE = ("gemma",)
@@ -27,7 +28,8 @@ GRANITE_STYLE = ("granite",)
 # each adapter's families and what sets them apart, as errors list them (one entry per adapter module)
 STYLES: dict[tuple[str, ...], str] = {
     LLAMA_STYLE: "Llama-style: RoPE, pre-norm blocks, GQA",
-    GPT2_STYLE: "learned positions, LayerNorm, GELU",
+    GPT2_STYLE: "learned positions, LayerNorm, GELU; GPT-Neo's local layers, GPT-BigCode's multi-query",
+    OPT_STYLE: "learned positions, LayerNorm before or after each sublayer, ReLU",
     GPT_NEOX_STYLE: "Pythia: fused per-head QKV, partial RoPE, LayerNorm, parallel or serial residual",
     PHI_STYLE: "Phi-1/1.5/2: one LayerNorm feeding attention and MLP in parallel, partial RoPE",
     GEMMA_STYLE: "Gemma 1 / CodeGemma: scaled embeddings, RMSNorm by 1 + weight, GeGLU; not Gemma 2 or 3, "
@@ -37,7 +39,7 @@ STYLES: dict[tuple[str, ...], str] = {
 }
 SUPPORTED = tuple(t for types in STYLES for t in types)
 # families whose attention applies no sliding window or chunk, whatever the config says
-UNWINDOWED = ("llama", "gpt2", "gpt_neox", "phi", "gemma", "olmo2", "granite")
+UNWINDOWED = ("llama", "gpt2", "gpt_bigcode", "opt", "gpt_neox", "phi", "gemma", "olmo2", "granite")
 # families whose forward picks each layer's mask by config.layer_types (the others: one mask for all)
 PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -152,6 +154,8 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     model_type = config.model_type
     if model_type in UNWINDOWED:
         return [None] * num_layers
+    if model_type == "gpt_neo":
+        return _gpt_neo_windows(config, num_layers)
     window = getattr(config, "sliding_window", None)
     where = f"{model_type} config"
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
@@ -173,6 +177,24 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
             "transformers' forward cannot build their mask. Set sliding_window, or mark them full_attention."
         )
     return [window if t == "sliding_attention" else None for t in types[:num_layers]]
+
+
+def _gpt_neo_windows(config: Any, num_layers: int) -> list[int | None]:
+    """GPT-Neo's windows: ``window_size`` on the layers ``config.attention_layers`` marks "local" (its
+    attention masks all but the last ``window_size`` keys there), none on "global" ones."""
+    types = list(getattr(config, "attention_layers", None) or [])
+    window = getattr(config, "window_size", None)
+    if len(types) < num_layers or any(t not in ("global", "local") for t in types):
+        raise UserError(
+            f"gpt_neo config: attention_layers must name 'global' or 'local' for each of its {num_layers} "
+            f"layers, got {types!r}."
+        )
+    bad = not isinstance(window, int) or isinstance(window, bool) or window < 1
+    if "local" in types[:num_layers] and bad:
+        raise UserError(
+            f"gpt_neo config: window_size must be an integer >= 1 for its local layers, got {window!r}."
+        )
+    return [window if t == "local" else None for t in types[:num_layers]]
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -1,10 +1,10 @@
 """The supported decoder families and the adapter of each: :func:`adapter_for` is what the step-graph
 export and the torch executor call, so both see one set of layer math and one sliding-window rule.
 
-Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2),
-GPT-2 (:mod:`.gpt2`), GPT-NeoX (:mod:`.gpt_neox`), Phi (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), OLMo 2
-(:mod:`.olmo2`) and Granite (:mod:`.granite`; these three share :mod:`.rope` with Llama-style). The
-shared pieces (spec, family checks, windows) live in :mod:`.base`.
+Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2), GPT-2 and
+its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`), GPT-NeoX (:mod:`.gpt_neox`), Phi
+(:mod:`.phi`), Gemma 1 (:mod:`.gemma`), OLMo 2 (:mod:`.olmo2`) and Granite (:mod:`.granite`; these three share
+:mod:`.rope` with Llama-style). The shared pieces (spec, family checks, windows) live in :mod:`.base`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from trtforge.llm.models.base import (
     GRANITE_STYLE,
     LLAMA_STYLE,
     OLMO2_STYLE,
+    OPT_STYLE,
     PHI_STYLE,
     SUPPORTED,
     DecoderAdapter,
@@ -28,20 +29,24 @@ from trtforge.llm.models.base import (
     sliding_windows,
 )
 from trtforge.llm.models.gemma import GemmaStyle
-from trtforge.llm.models.gpt2 import Gpt2Style
+from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
 from trtforge.llm.models.gpt_neox import GptNeoXStyle
 from trtforge.llm.models.granite import GraniteStyle
 from trtforge.llm.models.llama import LlamaStyle
 from trtforge.llm.models.olmo2 import Olmo2Style
+from trtforge.llm.models.opt import OptStyle
 from trtforge.llm.models.phi import PhiStyle
 
 # model_type -> its adapter class (every family of base.STYLES has one)
 ADAPTERS: dict[str, type[DecoderAdapter]] = {
     **dict.fromkeys(LLAMA_STYLE, LlamaStyle),
-    **dict.fromkeys(GPT2_STYLE, Gpt2Style),
+    "gpt2": Gpt2Style,
+    "gpt_neo": GptNeoStyle,
+    "gpt_bigcode": GptBigCodeStyle,
     **dict.fromkeys(GEMMA_STYLE, GemmaStyle),
     **dict.fromkeys(OLMO2_STYLE, Olmo2Style),
     **dict.fromkeys(GRANITE_STYLE, GraniteStyle),
+    **dict.fromkeys(OPT_STYLE, OptStyle),
     **dict.fromkeys(GPT_NEOX_STYLE, GptNeoXStyle),
     **dict.fromkeys(PHI_STYLE, PhiStyle),
 }
