@@ -6,14 +6,12 @@ either parallel (``use_parallel_residual``: ``x + attn(ln1(x)) + mlp(ln2(x))``) 
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
-from trtforge.llm.models.base import DecoderAdapter, DecoderSpec
-from trtforge.llm.models.rotary import RotaryTables
+from trtforge.llm.models.rotary import RotaryDecoder
 
 
-class GptNeoXStyle(DecoderAdapter):
+class GptNeoXStyle(RotaryDecoder):
     """GPT-NeoX (``GPTNeoXForCausalLM``, body ``model.gpt_neox``; see the module docstring)."""
 
     family = "gpt_neox"
@@ -25,28 +23,10 @@ class GptNeoXStyle(DecoderAdapter):
         self.num_heads = self.num_kv_heads = int(self.config.num_attention_heads)
         self.head_dim = int(attn.head_size)
         self.scales = [float(layer.attention.scaling) for layer in self.layers]
-        self.rope = RotaryTables(model, self.body.rotary_emb, user)
-        self.dynamic = self.rope.dynamic
-
-    @property
-    def spec(self) -> DecoderSpec:
-        return self._spec(
-            positions="rotary",
-            rotary=self.rope.describe(),
-            max_positions=getattr(self.config, "max_position_embeddings", None),
-        )
-
-    @property
-    def max_length(self) -> int:
-        return self.rope.max_length
+        self._use_rotary(self.body.rotary_emb)
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
         return self.body.embed_in(input_ids)
-
-    def rotary(
-        self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        return self.rope(position_ids, dtype, rope_lens)
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The fused projection viewed as ``[..., heads, 3 * D]`` and cut in three along D, as HF does."""

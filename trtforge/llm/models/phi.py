@@ -5,14 +5,12 @@ projections with biases, an optional per-head q/k LayerNorm (``qk_layernorm``) b
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
-from trtforge.llm.models.base import DecoderAdapter, DecoderSpec
-from trtforge.llm.models.rotary import RotaryTables
+from trtforge.llm.models.rotary import RotaryDecoder
 
 
-class PhiStyle(DecoderAdapter):
+class PhiStyle(RotaryDecoder):
     """Phi (``PhiForCausalLM``, body ``model.model``; see the module docstring)."""
 
     family = "phi"
@@ -25,28 +23,10 @@ class PhiStyle(DecoderAdapter):
         self.num_kv_heads = int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
         self.head_dim = int(attn.head_dim)
         self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
-        self.rope = RotaryTables(model, self.body.rotary_emb, user)
-        self.dynamic = self.rope.dynamic
-
-    @property
-    def spec(self) -> DecoderSpec:
-        return self._spec(
-            positions="rotary",
-            rotary=self.rope.describe(),
-            max_positions=getattr(self.config, "max_position_embeddings", None),
-        )
-
-    @property
-    def max_length(self) -> int:
-        return self.rope.max_length
+        self._use_rotary(self.body.rotary_emb)
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
         return self.body.embed_tokens(input_ids)
-
-    def rotary(
-        self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        return self.rope(position_ids, dtype, rope_lens)
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         attn = self.layers[i].self_attn

@@ -1,20 +1,18 @@
 """What the RoPE decoders with a Llama-shaped body share (Llama-style, Gemma, OLMo 2, Granite): the body
 ``model.model`` (``embed_tokens``, ``layers`` of ``self_attn`` + ``mlp``, ``norm``, ``rotary_emb``), its
 rotary tables computed as the HF rotary module does, the spec, and the pre-norm block whose norms and
-MLP are the model's own modules. Each family's adapter adds what sets it apart. The rotary tables are
-:class:`~trtforge.llm.models.rotary.RotaryTables`, as GPT-NeoX's and Phi's.
+MLP are the model's own modules. Each family's adapter adds what sets it apart. The spec and rotary tables
+are :class:`~trtforge.llm.models.rotary.RotaryDecoder`'s, as GPT-NeoX's and Phi's.
 """
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
-from trtforge.llm.models.base import DecoderAdapter, DecoderSpec
-from trtforge.llm.models.rotary import RotaryTables
+from trtforge.llm.models.rotary import RotaryDecoder
 
 
-class RopeStyle(DecoderAdapter):
+class RopeStyle(RotaryDecoder):
     """A RoPE decoder over ``model.model`` (see the module docstring): heads, head dim and each layer's
     softmax scale read from its attention modules, the rotary tables of its ``rotary_emb`` (default,
     linear, llama3, yarn, ...; dynamic NTK per sequence; longrope refused), a pre-norm block:
@@ -28,29 +26,10 @@ class RopeStyle(DecoderAdapter):
         self.num_kv_heads = int(c.num_key_value_heads or c.num_attention_heads)
         self.head_dim = int(attn.head_dim)
         self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
-        self.rope = RotaryTables(model, self.body.rotary_emb, user)
-        self.dynamic = self.rope.dynamic
-
-    @property
-    def spec(self) -> DecoderSpec:
-        return self._spec(
-            positions="rotary",
-            rotary=self.rope.describe(),
-            max_positions=getattr(self.config, "max_position_embeddings", None),
-        )
-
-    @property
-    def max_length(self) -> int:
-        return self.rope.max_length
+        self._use_rotary(self.body.rotary_emb)
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
         return self.body.embed_tokens(input_ids)
-
-    def rotary(
-        self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """cos, sin as the HF rotary module computes them (:class:`~.rotary.RotaryTables`)."""
-        return self.rope(position_ids, dtype, rope_lens)
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Pre-norm projections: ``input_layernorm``, then q/k/v (:func:`project_qkv`) split into heads."""

@@ -1,6 +1,6 @@
 """Rotary tables as a transformers rotary module computes them (its ``inv_freq``, ``attention_scaling``
-and rope type), for every RoPE adapter: :mod:`.rope`'s (Llama-style, Gemma, OLMo 2, Granite),
-:mod:`.gpt_neox` and :mod:`.phi`.
+and rope type), and :class:`RotaryDecoder`, the adapter base every RoPE family builds on: :mod:`.rope`'s
+(Llama-style, Gemma, OLMo 2, Granite), :mod:`.gpt_neox` and :mod:`.phi`.
 
 Partial rotary needs nothing here: the module's ``inv_freq`` already covers only the rotated channels,
 and :func:`~trtforge.llm.models.base.apply_rotary` passes the rest through.
@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from trtforge.errors import UserError
+from trtforge.llm.models.base import DecoderAdapter, DecoderSpec
 
 
 class RotaryTables:
@@ -83,3 +84,33 @@ class RotaryTables:
         emb = torch.cat((freqs, freqs), dim=-1)
         scaling = float(getattr(self.module, "attention_scaling", 1.0))
         return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
+
+
+class RotaryDecoder(DecoderAdapter):
+    """A decoder whose positions are its rotary module's tables (``self.rope``, set by the subclass from
+    its ``rotary_emb``): the spec, the longest sequence and the cos/sin tables every RoPE family shares."""
+
+    rope: RotaryTables
+
+    def _use_rotary(self, rotary_emb: nn.Module) -> None:
+        """Take the tables of `rotary_emb` (UserError for a type no step can match, e.g. longrope)."""
+        self.rope = RotaryTables(self.model, rotary_emb, self.user)
+        self.dynamic = self.rope.dynamic
+
+    @property
+    def spec(self) -> DecoderSpec:
+        return self._spec(
+            positions="rotary",
+            rotary=self.rope.describe(),
+            max_positions=getattr(self.config, "max_position_embeddings", None),
+        )
+
+    @property
+    def max_length(self) -> int:
+        return self.rope.max_length
+
+    def rotary(
+        self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """cos, sin as the HF rotary module computes them (:class:`RotaryTables`)."""
+        return self.rope(position_ids, dtype, rope_lens)
