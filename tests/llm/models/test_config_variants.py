@@ -1,0 +1,172 @@
+"""Held-back configs: for every supported family, seeded random variations of the options its config
+takes (projection biases, GQA ratios, head dims, activations, rotary scaling, norms, tied heads, residual
+forms) run on the torch executor and reproduce transformers' logits on chunked paged steps (every drawn
+value is one the family supports: a refusal fails). The test configs elsewhere pin one form per family;
+checkpoints in the wild set the other options, and an adapter that reads a module it should not (or
+ignores an option) shows here as wrong logits or an exception.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from tests.llm.tiny_models import tiny_model
+from trtforge.llm.executors.base import StepBatch
+from trtforge.llm.executors.torch_exec import TorchExecutor
+from trtforge.llm.models.families import SUPPORTED
+
+ROPE = [
+    None,
+    {"rope_type": "linear", "factor": 2.0},
+    {"rope_type": "dynamic", "factor": 2.0},
+    {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128},
+    {
+        "rope_type": "llama3",
+        "factor": 4.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+]
+ACTS = ["silu", "gelu", "gelu_pytorch_tanh", "relu"]
+LLAMA_LIKE = {
+    "num_key_value_heads": [1, 2, 4],
+    "tie_word_embeddings": [False, True],
+    "rope_scaling": ROPE,
+    "rms_norm_eps": [1e-6, 1e-5],
+    "rope_theta": [10000.0, 500000.0],
+}
+# each family's options and the values drawn for them (all accepted by transformers' config and model)
+OPTIONS: dict[str, dict[str, list]] = {
+    "llama": LLAMA_LIKE
+    | {
+        "attention_bias": [False, True],
+        "mlp_bias": [False, True],
+        "hidden_act": ACTS,
+        "head_dim": [8, 16, 24],
+    },
+    "mistral": LLAMA_LIKE | {"hidden_act": ACTS, "head_dim": [8, 16, 24], "sliding_window": [None, 5, 64]},
+    "ministral": LLAMA_LIKE | {"sliding_window": [5, 64], "head_dim": [8, 16]},
+    "qwen2": LLAMA_LIKE | {"hidden_act": ACTS, "use_sliding_window": [False]},
+    "qwen3": LLAMA_LIKE | {"attention_bias": [False, True], "head_dim": [8, 16, 24]},
+    "phi3": {  # (its config takes no rope scaling but longrope, which is refused)
+        "num_key_value_heads": [1, 2, 4],
+        "partial_rotary_factor": [0.5, 0.75, 1.0],
+        "tie_word_embeddings": [False, True],
+        "sliding_window": [None, 5],
+    },
+    "starcoder2": {
+        "num_key_value_heads": [1, 2, 4],
+        "use_bias": [False, True],
+        "sliding_window": [None, 5],
+        "hidden_act": ["gelu_pytorch_tanh", "gelu"],
+        "rope_scaling": ROPE[:2],
+    },
+    "gpt2": {
+        "activation_function": ["gelu_new", "relu", "gelu"],
+        "scale_attn_by_inverse_layer_idx": [False, True],
+        "scale_attn_weights": [True, False],
+        "n_inner": [None, 96],
+        "layer_norm_epsilon": [1e-5, 1e-3],
+    },
+    "gpt_neo": {
+        "activation_function": ["gelu_new", "relu"],
+        "window_size": [3, 256],
+        "attention_types": [[[["global", "local"], 1]], [[["local"], 2]], [[["global"], 2]]],
+        "intermediate_size": [None, 96],
+    },
+    "gpt_bigcode": {
+        "multi_query": [True, False],
+        "scale_attn_weights": [True, False],
+        "activation_function": ["gelu_pytorch_tanh", "relu"],
+        "n_inner": [None, 96],
+    },
+    "opt": {
+        "enable_bias": [True, False],
+        "layer_norm_elementwise_affine": [True, False],
+        "activation_function": ["relu", "gelu"],
+        "do_layer_norm_before": [True, False],
+        "word_embed_proj_dim": [64, 48],
+    },
+    "gpt_neox": {
+        "rotary_pct": [0.25, 0.5, 1.0],
+        "use_parallel_residual": [True, False],
+        "attention_bias": [True, False],
+        "hidden_act": ["gelu", "gelu_new", "relu"],
+        "tie_word_embeddings": [False, True],
+        "rope_scaling": ROPE[:3],
+    },
+    "phi": {
+        "qk_layernorm": [False, True],
+        "partial_rotary_factor": [0.4, 0.5, 1.0],
+        "num_key_value_heads": [1, 2, 4],
+        "hidden_act": ["gelu_new", "relu"],
+        "rope_scaling": ROPE[:3],
+    },
+    "gemma": LLAMA_LIKE | {"head_dim": [8, 16, 24], "hidden_activation": ["gelu_pytorch_tanh", "gelu"]},
+    "olmo2": LLAMA_LIKE | {"attention_bias": [False, True]},
+    "granite": LLAMA_LIKE
+    | {
+        "attention_bias": [False, True],
+        "mlp_bias": [False, True],
+        "embedding_multiplier": [1.0, 12.0],
+        "residual_multiplier": [1.0, 0.22],
+        "attention_multiplier": [0.015625, 0.5],
+        "logits_scaling": [1.0, 8.0],
+    },
+}
+SEEDS = range(5)
+PROMPT = 19
+BLOCK = 4
+
+
+def _variant(family: str, seed: int) -> dict:
+    rng = np.random.default_rng([seed, sorted(OPTIONS).index(family)])
+    # copies: transformers' config standardizes a rope dict in place (it would carry one model's theta
+    # into the next that draws it)
+    return {
+        name: copy.deepcopy(values[int(rng.integers(len(values)))])
+        for name, values in OPTIONS[family].items()
+    }
+
+
+def _cases() -> list:
+    return [
+        pytest.param(family, seed, id=f"{family}-{seed}")
+        for family in sorted(OPTIONS)
+        if family in SUPPORTED
+        for seed in SEEDS
+    ]
+
+
+def test_every_family_with_options_is_varied():
+    """The families the config draws cover every supported family that has options of its own."""
+    missing = sorted(set(SUPPORTED) - set(OPTIONS))
+    assert set(missing) <= {"gemma3_text", "stablelm", "smollm3"}, missing
+
+
+def _chunked_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of a few positions, from prompt chunks then decode-sized steps over scattered blocks."""
+    ex = TorchExecutor(model, num_blocks=16, block_size=BLOCK)
+    blocks = [11, 3, 7, 0, 14]
+    got = []
+    for lo, hi in ((0, 6), (6, 15), (15, 16), (16, 17), (17, 19)):
+        slots = [blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(lo, hi)]
+        batch = StepBatch.build(["s"], [ids[lo:hi].tolist()], [lo], [blocks], [slots], [True])
+        got.append(ex.step(batch)[0])
+    return torch.stack(got)
+
+
+@pytest.mark.parametrize(("family", "seed"), _cases())
+def test_config_variant_matches_transformers_or_is_refused(family, seed):
+    options = _variant(family, seed)
+    model = tiny_model(family, seed=seed, **options).to(torch.float64).eval()
+    ids = torch.randint(0, model.config.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        want = model(ids[None]).logits[0, [5, 14, 15, 16, 18]].float()
+    got = _chunked_logits(model, ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=lambda m: f"{options}: {m}")
