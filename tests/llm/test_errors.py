@@ -208,3 +208,17 @@ def test_int8_calibration_prompt_outside_the_vocabulary_is_named(llm):
     vocab = generation["vocab_size"]
     with pytest.raises(UserError, match=rf"prompt 1: .*got 3 ids, \[{vocab}, -1\] outside the vocabulary"):
         prompt_dataset(onnx.ModelProto(), generation, [[1, 2], [1, vocab, -1]])  # checked before the model
+
+
+def test_a_gemma_3_multimodal_directory_is_refused_pointing_at_the_text_model(tmp_path, capsys):
+    """A save_pretrained directory of Gemma3ForConditionalGeneration ('gemma3'): exit 2, naming the text
+    model (Gemma3ForCausalLM, 'gemma3_text') as what to load instead."""
+    import transformers as tf
+
+    text = {"vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    vision = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "patch_size": 14}
+    tf.Gemma3Config(text_config=text, vision_config=vision).save_pretrained(tmp_path / "g3")
+    assert cli_main(["compile", str(tmp_path / "g3"), "--generate", "-o", str(tmp_path / "x.engine")]) == 2
+    err = capsys.readouterr().err
+    assert "holds a 'gemma3' model" in err and "Gemma3ForCausalLM" in err, err
+    assert not (tmp_path / "x.engine").exists()

@@ -73,7 +73,16 @@ def _tiny(model_type: str, **overrides):
         cls = transformers.GPT2LMHeadModel
     elif model_type == "qwen3":
         cfg, cls = transformers.Qwen3Config(**({"head_dim": 8} | common)), transformers.Qwen3ForCausalLM
-    elif model_type in ("gpt_neo", "gpt_bigcode", "gemma", "olmo2", "granite", "gpt_neox", "phi"):
+    elif model_type in (
+        "gpt_neo",
+        "gpt_bigcode",
+        "gemma",
+        "olmo2",
+        "granite",
+        "gpt_neox",
+        "phi",
+        "gemma3_text",
+    ):
         from tests.llm.tiny_models import tiny_model
 
         return tiny_model(model_type, seed=1, vocab_size=120, **overrides).to(torch.float64).eval()
@@ -113,6 +122,20 @@ def _tiny(model_type: str, **overrides):
         ("phi", {}),  # GQA 4/2, rotary on 0.4 of each head
         ("phi", {"qk_layernorm": True, "partial_rotary_factor": 0.75}),
         ("phi", {"qk_layernorm": True, "num_key_value_heads": 4}),  # MHA
+        ("gemma3_text", {}),  # sliding (window 4) then full layer, a RoPE base each, soft-capped logits
+        (  # one KV head, full then sliding layers, a linear-scaled global RoPE (Gemma 3 4B's form)
+            "gemma3_text",
+            {
+                "num_key_value_heads": 1,
+                "num_hidden_layers": 3,
+                "sliding_window": 6,
+                "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+                "rope_parameters": {
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+                },
+            },
+        ),
         # hostile shapes: head_dim not hidden/heads, MHA (GQA ratio 1) and ratio 4, tied embeddings
         ("qwen3", {"head_dim": 12, "num_key_value_heads": 4, "tie_word_embeddings": True}),
         (
@@ -209,6 +232,7 @@ def test_static_shape_decode_gives_the_same_tokens_as_the_eager_path():
         "opt",
         "gpt_neo",
         "gpt_bigcode",
+        "gemma3_text",
     ],
 )
 def test_cuda_graph_decode_matches_eager_on_cuda(family):

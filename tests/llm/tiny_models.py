@@ -19,6 +19,7 @@ FAMILIES = (
     "phi",
     "gpt_neo",
     "gpt_bigcode",
+    "gemma3_text",
 )
 PROMPT_LENS = (1, 3, 9, 17)
 # qwen3/phi3 shapes the default configs do not have: a head_dim other than hidden / heads (the
@@ -90,6 +91,17 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         # (a Gemma-wide MLP: with the default width the tied head kept repeating the prompt's last token)
         gemma = {"head_dim": 24, "intermediate_size": 256}
         cfg, cls = tf.GemmaConfig(**(llama_like | gemma | overrides)), tf.GemmaForCausalLM
+    elif family == "gemma3_text":  # sliding (window 4, shorter than the prompts) and full layers by turns,
+        # a RoPE base each, softmax scale and logit soft-cap far from their no-op values
+        n = overrides.get("num_hidden_layers", llama_like["num_hidden_layers"])
+        gemma3 = {"head_dim": 16, "intermediate_size": 256, "sliding_window": 4}
+        gemma3["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+        gemma3["rope_parameters"] = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+        }
+        gemma3 |= {"query_pre_attn_scalar": 64, "final_logit_softcapping": 8.0, "tie_word_embeddings": False}
+        cfg, cls = tf.Gemma3TextConfig(**(llama_like | gemma3 | overrides)), tf.Gemma3ForCausalLM
     elif family == "olmo2":  # norms after attention and MLP, q/k norms over the whole projection
         olmo2 = {"pad_token_id": 1, "eos_token_id": 2}  # (its default eos id lies outside the tiny vocab)
         cfg, cls = tf.Olmo2Config(**(llama_like | olmo2 | overrides)), tf.Olmo2ForCausalLM
@@ -108,7 +120,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     else:
         raise ValueError(family)
     model = cls(cfg).eval()
-    if family in ("gemma", "olmo2"):  # norm weights off their constant init: (1 + w) and w differ
+    if family in ("gemma", "olmo2", "gemma3_text"):  # norm weights off their init: (1 + w) and w differ
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):
@@ -171,6 +183,10 @@ def phi_factory():
 
 def gemma_factory():
     return tiny_model("gemma"), None
+
+
+def gemma3_text_factory():
+    return tiny_model("gemma3_text"), None
 
 
 def olmo2_factory():

@@ -87,6 +87,7 @@ def test_save_pretrained_directory_source(tmp_path):
         "opt_factory",
         "gpt_neo_factory",
         "gpt_bigcode_factory",
+        "gemma3_text_factory",
     ],
 )
 def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
-"""Gemma 1, OLMo 2 and Granite: what they share with Llama (the RoPE body) and what they must not (the
-fused layers, quantization, tensor parallelism, all written for Llama's exact math); Gemma 2 and 3
-refused by name. Their logits against transformers: test_generate.py and test_torch_executor.py."""
+"""Gemma 1, Gemma 3 text, OLMo 2 and Granite: what they share with Llama (the RoPE body) and what they must
+not (the fused layers, quantization, tensor parallelism, all written for Llama's exact math); Gemma 2 and
+Gemma 3's multimodal model refused by name. Their logits against transformers: test_generate.py and
+test_torch_executor.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.models.families import LlamaStyle, adapter_for
 from trtforge.llm.quant import quantize_model
 
-FAMILIES = ("gemma", "olmo2", "granite")
+FAMILIES = ("gemma", "gemma3_text", "olmo2", "granite")
 _SMALL = {
     "vocab_size": 100,
     "hidden_size": 32,
@@ -27,23 +28,43 @@ _SMALL = {
 
 
 def _gemma(version: int) -> torch.nn.Module:
+    """A tiny Gemma 2, or Gemma 3's multimodal model (a one-layer vision tower beside the text model)."""
     import transformers as tf
 
     if version == 2:
         return tf.Gemma2ForCausalLM(tf.Gemma2Config(**_SMALL)).eval()
-    return tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**_SMALL)).eval()
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    vision |= {"image_size": 28, "patch_size": 14}
+    config = tf.Gemma3Config(text_config=_SMALL, vision_config=vision, mm_tokens_per_image=4)
+    return tf.Gemma3ForConditionalGeneration(config).eval()
 
 
-@pytest.mark.parametrize(("version", "model_type"), [(2, "gemma2"), (3, "gemma3_text")])
-def test_gemma_2_and_3_are_refused_naming_the_family(version, model_type):
-    """Soft-capped logits, alternating windows and per-layer rotary bases: other model types, not Gemma 1."""
+@pytest.mark.parametrize(
+    ("version", "model_type", "why"),
+    [
+        (2, "gemma2", r"gemma \(Gemma 1 / CodeGemma.*not Gemma 2, whose attention logit soft-capping"),
+        (3, "gemma3", r"'gemma3' is Gemma 3's multimodal model .*load a text-only Gemma 3 checkpoint "),
+    ],
+)
+def test_gemma_2_and_gemma_3_multimodal_are_refused_saying_why(version, model_type, why):
+    """Gemma 2 soft-caps its attention scores (no kernel here does); Gemma 3's multimodal model
+    (Gemma3ForConditionalGeneration) is refused pointing at its text model, Gemma3ForCausalLM."""
     model = _gemma(version)
     assert model.config.model_type == model_type
-    supported = r".*gemma \(Gemma 1 / CodeGemma.*not Gemma 2 or 3"
-    with pytest.raises(UserError, match=f"family '{model_type}' .*not supported by --generate{supported}"):
+    with pytest.raises(UserError, match=f"family '{model_type}' .*not supported by --generate.*{why}"):
         PagedDecoderStep(model, 16, 4)
-    with pytest.raises(UserError, match=f"'{model_type}' .*not supported by the torch executor{supported}"):
+    with pytest.raises(UserError, match=f"'{model_type}' .*not supported by the torch executor.*{why}"):
         TorchExecutor(model, num_blocks=4)
+
+
+def test_gemma_3_text_is_served_and_its_unsupported_options_refused():
+    """Gemma3ForCausalLM runs (its logits: test_generate.py, test_torch_executor.py); attention
+    soft-capping and bidirectional attention, which no causal step here reproduces, are refused."""
+    assert adapter_for(tiny_model("gemma3_text")).family == "gemma3_text"
+    with pytest.raises(UserError, match="Gemma3ForCausalLM: its config sets attn_logit_softcapping=50.0"):
+        adapter_for(tiny_model("gemma3_text", attn_logit_softcapping=50.0))
+    with pytest.raises(UserError, match="gemma3_text model Gemma3ForCausalLM: its config sets use_bid"):
+        TorchExecutor(tiny_model("gemma3_text", use_bidirectional_attention=True), num_blocks=4)
 
 
 def test_an_encoder_style_gemma_is_refused():

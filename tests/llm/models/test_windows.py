@@ -67,6 +67,10 @@ CASES = [
     ("gpt_neo", {"window_size": 4, "attention_types": [[["local", "global", "local"], 1]]}),
     ("gpt_neo", {"window_size": 64, "attention_types": [[["global", "local"], 1], [["local"], 1]]}),
     ("gpt_neo", {"window_size": 5, "attention_types": [[["global"], 3]]}),
+    ("gemma3_text", {}),  # sliding, full, sliding; window 4
+    ("gemma3_text", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
+    ("gemma3_text", {"sliding_window": 64, "layer_types": [SLIDING, FULL, SLIDING]}),
+    ("gemma3_text", {"sliding_window": 4, "layer_types": [FULL, FULL, FULL]}),
 ]
 
 

@@ -57,11 +57,11 @@ class DecoderStep(nn.Module):
         return self.adapter.logits(x).float()
 
     def _embed(self, input_ids: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor, Any]:
-        """arange(S) (traced as a dynamic size), the hidden states and the rotary tables [B,1,S,R]."""
+        """arange(S) (traced as a dynamic size), the hidden states and the rotary tables [B,1,S,R] (the
+        adapter's ``rotary_over_heads``)."""
         seq = torch.cumsum(torch.ones_like(input_ids[0]), 0) - 1
         x = self.adapter.embed(input_ids, position_ids)
-        rope = self.adapter.rotary(position_ids, x.dtype)
-        return seq, x, None if rope is None else (rope[0][:, None], rope[1][:, None])
+        return seq, x, self.adapter.rotary_over_heads(self.adapter.rotary(position_ids, x.dtype))
 
     def _heads(self, i: int, x: Tensor, rope: Any) -> tuple[Tensor, Tensor, Tensor]:
         """Layer i's rotated q, k and v [B, heads, S, D]."""

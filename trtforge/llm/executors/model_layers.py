@@ -37,16 +37,14 @@ class ModelLayers:
     def embed(
         self, ids: torch.Tensor, positions: torch.Tensor, rope_lens: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, Any]:
-        """Hidden states and rotary tables (``[T, R]`` for the fused kernels, ``[T, 1, R]`` to broadcast
-        over heads otherwise); `rope_lens` (each token's dynamic-rotary length) only matters to dynamic
-        rotary."""
+        """Hidden states and rotary tables (``[T, R]`` for the fused kernels, otherwise what the adapter's
+        ``rotary_over_heads`` makes of them: ``[T, 1, R]`` to broadcast over heads); `rope_lens` (each
+        token's dynamic-rotary length) only matters to dynamic rotary."""
         if self.fused is None:
             ids, positions = ids.long(), positions.long()
         h = self.adapter.embed(ids, positions)
         rope = self.adapter.rotary(positions, h.dtype, rope_lens)
-        if rope is None or self.fused is not None:
-            return h, rope
-        return h, (rope[0][:, None], rope[1][:, None])
+        return h, rope if self.fused is not None else self.adapter.rotary_over_heads(rope)
 
     def layer_in(
         self, i: int, h: torch.Tensor, extra: Any, slots: torch.Tensor, out: torch.Tensor | None = None

@@ -123,7 +123,7 @@ class TorchExecutor:
     """Runs :class:`StepBatch` batches through `model` with ``num_blocks`` blocks of ``block_size`` tokens.
 
     `model` is a transformers causal LM of a supported family (:data:`trtforge.llm.models.SUPPORTED`:
-    Llama-style, GPT-2 and its relatives, OPT, Gemma 1, OLMo 2, Granite, ...). With `device`/`dtype` given it
+    Llama-style, GPT-2 and its relatives, OPT, Gemma, OLMo 2, Granite, ...). With `device`/`dtype` given it
     is moved there (in place). The pools take ``2 * layers * (num_blocks + 1) * block_size * Hkv * D``
     elements of `dtype`, or of FP8 E4M3 (1 byte) with ``kv_cache_dtype="fp8"``: per-layer K/V scales
     `kv_scales` (a :class:`KVScales`, or one float for every layer, e.g. vLLM's 1.0), by default calibrated on

@@ -23,6 +23,7 @@ OPT_STYLE = ("opt",)
 GPT_NEOX_STYLE = ("gpt_neox",)
 PHI_STYLE = ("phi",)
 GEMMA_STYLE = ("gemma",)
+GEMMA3_STYLE = ("gemma3_text",)
 OLMO2_STYLE = ("olmo2",)
 GRANITE_STYLE = ("granite",)
 # each adapter's families and what sets them apart, as errors list them (one entry per adapter module)
@@ -32,16 +33,24 @@ STYLES: dict[tuple[str, ...], str] = {
     OPT_STYLE: "learned positions, LayerNorm before or after each sublayer, ReLU",
     GPT_NEOX_STYLE: "Pythia: fused per-head QKV, partial RoPE, LayerNorm, parallel or serial residual",
     PHI_STYLE: "Phi-1/1.5/2: one LayerNorm feeding attention and MLP in parallel, partial RoPE",
-    GEMMA_STYLE: "Gemma 1 / CodeGemma: scaled embeddings, RMSNorm by 1 + weight, GeGLU; not Gemma 2 or 3, "
-    "whose logit soft-capping and alternating sliding windows differ",
+    GEMMA_STYLE: "Gemma 1 / CodeGemma: scaled embeddings, RMSNorm by 1 + weight, GeGLU; not Gemma 2, "
+    "whose attention logit soft-capping our attention kernels lack",
+    GEMMA3_STYLE: "Gemma 3 text (Gemma3ForCausalLM): Gemma's norms and GeGLU, per-head q/k norms, norms "
+    "after attention and MLP, sliding and full layers with a RoPE base each, soft-capped final logits",
     OLMO2_STYLE: "OLMo 2: RMSNorm after attention and MLP, whole-projection q/k norms",
     GRANITE_STYLE: "Granite 3.x: Llama with embedding, residual, attention and logits multipliers",
 }
 SUPPORTED = tuple(t for types in STYLES for t in types)
+# unsupported model types whose refusal says what to load instead (after the supported list)
+UNSUPPORTED_HINTS: dict[str, str] = {
+    "gemma3": "'gemma3' is Gemma 3's multimodal model (Gemma3ForConditionalGeneration: a vision tower and "
+    "image tokens); only its text model is supported: load a text-only Gemma 3 checkpoint (gemma-3-270m, "
+    "gemma-3-1b; model_type 'gemma3_text') with Gemma3ForCausalLM.",
+}
 # families whose attention applies no sliding window or chunk, whatever the config says
 UNWINDOWED = ("llama", "gpt2", "gpt_bigcode", "opt", "gpt_neox", "phi", "gemma", "olmo2", "granite")
 # families whose forward picks each layer's mask by config.layer_types (the others: one mask for all)
-PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3")
+PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3", "gemma3_text")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -105,9 +114,10 @@ def model_type_of(model: Any, user: str = "--generate") -> str:
         )
     if model_type not in SUPPORTED:
         styles = "; ".join(f"{', '.join(types)} ({what})" for types, what in STYLES.items())
+        hint = UNSUPPORTED_HINTS.get(model_type)
         raise UserError(
             f"model family '{model_type}' ({type(model).__name__}) is not supported by {user}. Supported "
-            f"families: {styles}."
+            f"families: {styles}." + (f" {hint}" if hint else "")
         )
     if output_head(model) is None:
         raise UserError(
@@ -145,9 +155,9 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
       :func:`refuse_unapplied_window` for a window their config sets anyway);
     - mistral, phi3, starcoder2: ``config.sliding_window`` on every layer, or none when it is null
       (their forward ignores ``layer_types``);
-    - ministral, qwen2, qwen3: the window on the layers ``config.layer_types`` marks "sliding_attention"
-      (qwen's config builds those from ``use_sliding_window`` and ``max_window_layers``; with
-      ``use_sliding_window`` false it nulls ``sliding_window``).
+    - ministral, qwen2, qwen3, gemma3_text: the window on the layers ``config.layer_types`` marks
+      "sliding_attention" (qwen's config builds those from ``use_sliding_window`` and
+      ``max_window_layers``; with ``use_sliding_window`` false it nulls ``sliding_window``).
     UserError where transformers' forward would fail or attend to nothing: a sliding layer without a
     window, an unknown layer type, a window below 1.
     """
@@ -264,7 +274,17 @@ class DecoderAdapter(ABC):
         self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
     ) -> tuple[Tensor, Tensor] | None:
         """cos, sin ``[..., R]`` of each position in `dtype` (None: no rotary); `rope_lens` only
-        matters to a dynamic rotary."""
+        matters to a dynamic rotary. A family whose layers rotate by different tables returns them all
+        (Gemma 3: one pair per layer type) and picks layer i's in :meth:`rotate`."""
+
+    def rotary_over_heads(self, rope: Any) -> Any:
+        """What :meth:`rotary` returned with a heads axis inserted at dim 1, so that its tables broadcast
+        against q/k of both consumers: ``[T, heads, D]`` (torch executor), ``[B, heads, S, D]`` (step
+        graph). A family whose :meth:`rotary` returns more than one (cos, sin) pair overrides this."""
+        if rope is None:
+            return None
+        cos, sin = rope
+        return cos[:, None], sin[:, None]
 
     @abstractmethod
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -3,8 +3,9 @@ export and the torch executor call, so both see one set of layer math and one sl
 
 Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2), GPT-2 and
 its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`), GPT-NeoX (:mod:`.gpt_neox`), Phi
-(:mod:`.phi`), Gemma 1 (:mod:`.gemma`), OLMo 2 (:mod:`.olmo2`) and Granite (:mod:`.granite`; these three share
-:mod:`.rope` with Llama-style). The shared pieces (spec, family checks, windows) live in :mod:`.base`.
+(:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`) and Granite
+(:mod:`.granite`; these four share :mod:`.rope` with Llama-style). The shared pieces (spec, family checks,
+windows) live in :mod:`.base`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from trtforge.llm.models.base import (
+    GEMMA3_STYLE,
     GEMMA_STYLE,
     GPT2_STYLE,
     GPT_NEOX_STYLE,
@@ -29,6 +31,7 @@ from trtforge.llm.models.base import (
     sliding_windows,
 )
 from trtforge.llm.models.gemma import GemmaStyle
+from trtforge.llm.models.gemma3 import Gemma3Style
 from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
 from trtforge.llm.models.gpt_neox import GptNeoXStyle
 from trtforge.llm.models.granite import GraniteStyle
@@ -44,6 +47,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "gpt_neo": GptNeoStyle,
     "gpt_bigcode": GptBigCodeStyle,
     **dict.fromkeys(GEMMA_STYLE, GemmaStyle),
+    **dict.fromkeys(GEMMA3_STYLE, Gemma3Style),
     **dict.fromkeys(OLMO2_STYLE, Olmo2Style),
     **dict.fromkeys(GRANITE_STYLE, GraniteStyle),
     **dict.fromkeys(OPT_STYLE, OptStyle),
@@ -60,6 +64,7 @@ def adapter_for(model: Any, user: str = "--generate") -> DecoderAdapter:
 
 __all__ = [
     "ADAPTERS",
+    "GEMMA3_STYLE",
     "GEMMA_STYLE",
     "GPT2_STYLE",
     "GPT_NEOX_STYLE",
@@ -70,6 +75,7 @@ __all__ = [
     "SUPPORTED",
     "DecoderAdapter",
     "DecoderSpec",
+    "Gemma3Style",
     "GemmaStyle",
     "Gpt2Style",
     "GptNeoXStyle",

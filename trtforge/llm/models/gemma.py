@@ -2,8 +2,8 @@
 
 Llama's block shape with Gemma's own modules: embeddings scaled by sqrt(hidden) in the embedding
 dtype, RMSNorm by (1 + weight) in float32, a GeGLU MLP (gelu_pytorch_tanh), a head dim of its own (256
-by default, not hidden / heads), tied embeddings, RoPE, no window. Gemma 2 and 3 are other model types
-(logit soft-capping, alternating sliding windows, per-layer rotary bases) and stay unsupported.
+by default, not hidden / heads), tied embeddings, RoPE, no window. Gemma 3's text model is its own
+adapter (:mod:`.gemma3`); Gemma 2 soft-caps its attention scores and stays unsupported.
 """
 
 from __future__ import annotations

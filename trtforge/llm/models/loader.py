@@ -12,6 +12,7 @@ from typing import Any
 
 from trtforge._usercode import load_factory
 from trtforge.errors import UserError
+from trtforge.llm.models.base import UNSUPPORTED_HINTS
 from trtforge.llm.models.families import SUPPORTED
 
 
@@ -48,8 +49,10 @@ def load_causal_lm(source: Any) -> Any:
                 f"'{path}/config.json' is not a Hugging Face config transformers can read ({_first_line(e)})."
             ) from e
         if config.model_type not in SUPPORTED:
+            hint = UNSUPPORTED_HINTS.get(config.model_type)
             raise UserError(
                 f"'{path}' holds a '{config.model_type}' model; supported causal LMs: {', '.join(SUPPORTED)}."
+                + (f" {hint}" if hint else "")
             )
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # its missing-weights report: ours below says it once

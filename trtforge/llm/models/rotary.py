@@ -1,6 +1,6 @@
 """Rotary tables as a transformers rotary module computes them (its ``inv_freq``, ``attention_scaling``
 and rope type), and :class:`RotaryDecoder`, the adapter base every RoPE family builds on: :mod:`.rope`'s
-(Llama-style, Gemma, OLMo 2, Granite), :mod:`.gpt_neox` and :mod:`.phi`.
+(Llama-style, Gemma, OLMo 2, Granite, StableLM, SmolLM3), :mod:`.gpt_neox` and :mod:`.phi`.
 
 Partial rotary needs nothing here: the module's ``inv_freq`` already covers only the rotated channels,
 and :func:`~trtforge.llm.models.base.apply_rotary` passes the rest through.
@@ -20,11 +20,17 @@ from trtforge.llm.models.base import DecoderAdapter, DecoderSpec
 class RotaryTables:
     """cos/sin of a model's rotary module `rotary_emb`: fixed tables (default, linear, llama3, yarn, ...)
     or dynamic NTK (each sequence's frequencies from its own length, as transformers computes them for
-    it run alone); 'longrope' is refused (UserError naming `user`)."""
+    it run alone); 'longrope' is refused (UserError naming `user`). With `layer_type`, the tables of that
+    layer type in a module that keeps one set per type (Gemma 3's ``{type}_inv_freq`` buffers, its
+    ``rope_type`` and ``config.rope_parameters`` keyed by type)."""
 
-    def __init__(self, model: nn.Module, rotary_emb: nn.Module, user: str) -> None:
-        self.config, self.module = model.config, rotary_emb
-        self.rope_type = str(getattr(rotary_emb, "rope_type", "default"))
+    def __init__(
+        self, model: nn.Module, rotary_emb: nn.Module, user: str, layer_type: str | None = None
+    ) -> None:
+        self.config, self.module, self.layer_type = model.config, rotary_emb, layer_type
+        self._prefix = "" if layer_type is None else f"{layer_type}_"
+        rope_type = getattr(rotary_emb, "rope_type", "default")
+        self.rope_type = str(rope_type if layer_type is None else rope_type[layer_type])
         if self.rope_type == "longrope":
             raise UserError(
                 f"{user} cannot run this {self.config.model_type} model {type(model).__name__}: rotary "
@@ -42,7 +48,14 @@ class RotaryTables:
 
     def _params(self) -> dict[str, Any]:
         c = self.config
-        return dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
+        params = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
+        return params if self.layer_type is None else dict(params.get(self.layer_type) or {})
+
+    def _inv_freq(self) -> Tensor:
+        return getattr(self.module, f"{self._prefix}inv_freq")
+
+    def _scaling(self) -> float:
+        return float(getattr(self.module, f"{self._prefix}attention_scaling", 1.0))
 
     def describe(self) -> dict[str, Any]:
         """The spec's ``rotary`` entry: type, theta, rotated channels, attention scaling."""
@@ -52,8 +65,8 @@ class RotaryTables:
         return {
             "type": self.rope_type,
             "theta": float(theta),
-            "dim": int(self.module.inv_freq.numel() * 2),
-            "attention_scaling": float(getattr(self.module, "attention_scaling", 1.0)),
+            "dim": int(self._inv_freq().numel() * 2),
+            "attention_scaling": self._scaling(),
             "interleaved": False,
         }
 
@@ -71,18 +84,20 @@ class RotaryTables:
         """cos, sin ``[..., R]`` in `dtype`, computed in float32 and times the attention scaling as the HF
         module does; a dynamic rotary takes each token's frequencies from `rope_lens` (its sequence's
         length)."""
-        inv_freq = self.module.inv_freq.to(device=position_ids.device, dtype=torch.float)
+        inv_freq = self._inv_freq().to(device=position_ids.device, dtype=torch.float)
         if self.dynamic:
             if rope_lens is None:
                 raise ValueError("dynamic rotary needs each token's sequence length (rope_lens)")
             # HF clamps lengths up to max_position_embeddings (the original table)
             lens = rope_lens.to(torch.int64).clamp(min=int(self.config.max_position_embeddings))
             unique, inverse = torch.unique(lens, return_inverse=True)
-            tables = [self._init(self.config, position_ids.device, seq_len=n)[0] for n in unique.unbind(0)]
+            kw = {} if self.layer_type is None else {"layer_type": self.layer_type}
+            dev = position_ids.device
+            tables = [self._init(self.config, dev, seq_len=n, **kw)[0] for n in unique.unbind(0)]
             inv_freq = torch.stack(tables).float().to(position_ids.device)[inverse]
         freqs = position_ids[..., None].float() * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
-        scaling = float(getattr(self.module, "attention_scaling", 1.0))
+        scaling = self._scaling()
         return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
 
