@@ -173,7 +173,7 @@ def test_dynamic_rotary_is_refused_by_the_step_graph_pointing_at_the_torch_execu
         export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "opt", "gpt_neox", "phi"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "opt", "gpt_neox", "phi", "stablelm"])
 def test_a_window_the_attention_does_not_apply_is_refused_when_it_would_bite(family, tmp_path):
     """Llama and GPT-2 attention apply no window, yet HF generate()'s cache truncates to a configured
     sliding_window: shorter than the cache it is refused by name on every path; at least as long it is
@@ -278,6 +278,42 @@ def test_gpt_neox_and_phi_match_hf_on_the_step_graph_and_the_torch_executor(fami
     for layout in ("slot", "paged"):
         path, result = _step_file(model, tmp_path / layout, "legacy", cache_layout=layout)
         assert result.generation["sliding_windows"] == [None, None]
+        with trtforge.llm.load(path, num_blocks=64 if layout == "paged" else None) as llm:
+            assert llm.generate(batch, max_new_tokens=10, stop_at_eos=False) == want, layout
+    served = service.from_pretrained(model, num_blocks=64, block_size=4, max_model_len=64)
+    assert served.generate(batch, max_new_tokens=10, stop_at_eos=False) == want
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides", "windows"),
+    [
+        # parallel block, per-head q/k norms, half of each head rotated
+        ("stablelm", {"use_parallel_residual": True, "partial_rotary_factor": 0.5}, [None, None]),
+        ("stablelm", {"qk_layernorm": False, "use_qkv_bias": False}, [None, None]),  # sequential, plain
+        ("smollm3", {"num_hidden_layers": 3, "no_rope_layers": [0, 1, 1]}, [None] * 3),  # NoPE first
+        # the window on the NoPE layer (layer_types' default with use_sliding_window), shorter than prompts
+        (
+            "smollm3",
+            {"num_hidden_layers": 3, "use_sliding_window": True, "sliding_window": 5},
+            [None, 5, None],
+        ),
+    ],
+)
+def test_stablelm_and_smollm3_match_hf_on_the_step_graph_and_the_torch_executor(
+    family, overrides, windows, tmp_path
+):
+    """StableLM (parallel or sequential block, per-head q/k LayerNorm or none, partial rotary) and SmolLM3
+    (NoPE layers, a sliding one): the slot and paged step graphs and the torch executor, batched, give
+    HF's greedy tokens run alone."""
+    from trtforge.llm import service
+
+    model = tiny_model(family, seed=4, **overrides)
+    batch = prompts(300, lens=(9, 2, 14))
+    want = [hf_greedy(model, p, 10)[0] for p in batch]
+    assert len({t for w in want for t in w}) > 6, f"degenerate reference output {want}"
+    for layout in ("slot", "paged"):
+        path, result = _step_file(model, tmp_path / layout, "legacy", cache_layout=layout)
+        assert result.generation["sliding_windows"] == windows
         with trtforge.llm.load(path, num_blocks=64 if layout == "paged" else None) as llm:
             assert llm.generate(batch, max_new_tokens=10, stop_at_eos=False) == want, layout
     served = service.from_pretrained(model, num_blocks=64, block_size=4, max_model_len=64)

@@ -81,6 +81,8 @@ def _tiny(model_type: str, **overrides):
         "granite",
         "gpt_neox",
         "phi",
+        "stablelm",
+        "smollm3",
         "gemma3_text",
     ):
         from tests.llm.tiny_models import tiny_model
@@ -136,6 +138,14 @@ def _tiny(model_type: str, **overrides):
                 },
             },
         ),
+        ("stablelm", {}),  # per-head q/k LayerNorm, q/k/v biases, rotary on 1/4 of each head, sequential
+        ("stablelm", {"use_parallel_residual": True, "partial_rotary_factor": 0.5}),
+        ("stablelm", {"qk_layernorm": False, "use_qkv_bias": False, "use_parallel_residual": True}),
+        ("stablelm", {"num_key_value_heads": 4, "partial_rotary_factor": 1.0}),  # MHA, full rotary
+        ("smollm3", {}),  # layer 1 of 2 NoPE
+        ("smollm3", {"num_hidden_layers": 3, "no_rope_layers": [0, 1, 0]}),  # NoPE around a RoPE layer
+        # a window on the NoPE layer (layer_types' default with use_sliding_window)
+        ("smollm3", {"sliding_window": 5, "use_sliding_window": True, "num_hidden_layers": 3}),
         # hostile shapes: head_dim not hidden/heads, MHA (GQA ratio 1) and ratio 4, tied embeddings
         ("qwen3", {"head_dim": 12, "num_key_value_heads": 4, "tie_word_embeddings": True}),
         (
@@ -232,6 +242,8 @@ def test_static_shape_decode_gives_the_same_tokens_as_the_eager_path():
         "opt",
         "gpt_neo",
         "gpt_bigcode",
+        "stablelm",
+        "smollm3",
         "gemma3_text",
     ],
 )

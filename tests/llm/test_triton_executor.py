@@ -326,13 +326,16 @@ def _family_model(family: str) -> torch.nn.Module:
         "opt",
         "gpt_neo",
         "gpt_bigcode",
+        "stablelm",
+        "smollm3",
         "gemma3_text",
     ],
 )
 def test_triton_executor_gives_the_torch_reference_greedy_tokens(device, family):
     """Llama-style models on the fused layers; the others (Gemma's head dim 24, OLMo 2, Granite, GPT-NeoX,
-    Phi, OPT, GPT-Neo's local layer, GPT-BigCode's one KV head, Gemma 3's sliding and full layers) on their
-    adapter's layers around the Triton attention kernels."""
+    Phi, OPT, GPT-Neo's local layer, GPT-BigCode's one KV head, StableLM's per-head q/k LayerNorm,
+    SmolLM3's NoPE layer, Gemma 3's sliding and full layers) on their adapter's layers around the Triton
+    attention kernels."""
     skip_unless_runs_here(device)
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, 300, size=int(rng.integers(1, 70))).tolist() for _ in range(9)]

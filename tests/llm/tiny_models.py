@@ -20,6 +20,8 @@ FAMILIES = (
     "gpt_neo",
     "gpt_bigcode",
     "gemma3_text",
+    "stablelm",
+    "smollm3",
 )
 PROMPT_LENS = (1, 3, 9, 17)
 # qwen3/phi3 shapes the default configs do not have: a head_dim other than hidden / heads (the
@@ -115,6 +117,12 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family == "phi":  # one LayerNorm for attention and MLP, Phi-2's partial rotary (0.4) and 4x MLP
         phi = {"partial_rotary_factor": 0.4, "intermediate_size": 256}  # (at 2x, seed 0 repeats one token)
         cfg, cls = tf.PhiConfig(**(llama_like | phi | overrides)), tf.PhiForCausalLM
+    elif family == "stablelm":  # LayerNorm, q/k/v biases, per-head q/k LayerNorm, partial rotary (1/4)
+        stablelm = {"use_qkv_bias": True, "qk_layernorm": True, "bos_token_id": 0, "eos_token_id": 0}
+        cfg, cls = tf.StableLmConfig(**(llama_like | stablelm | overrides)), tf.StableLmForCausalLM
+    elif family == "smollm3":  # every 2nd layer NoPE (the default interval, 4, leaves 2 layers all RoPE)
+        smol = {"no_rope_layer_interval": 2, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        cfg, cls = tf.SmolLM3Config(**(llama_like | smol | overrides)), tf.SmolLM3ForCausalLM
     elif family == "starcoder2":  # LayerNorm, GELU MLP with biases, one window for every layer
         cfg, cls = tf.Starcoder2Config(**(llama_like | overrides)), tf.Starcoder2ForCausalLM
     else:
@@ -125,7 +133,8 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):
                     param.add_(torch.randn_like(param) * 0.2)
-    if family in ("gpt_neox", "phi"):  # LayerNorm weights and biases off their 1 / 0 init: a swap shows
+    if family in ("gpt_neox", "phi", "stablelm"):  # LayerNorm weights and biases off their 1 / 0 init
+        # (a swapped norm shows; StableLM's per-head q/k norms each their own)
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "norm" in name:
@@ -207,6 +216,14 @@ def gpt_neo_factory():
 
 def gpt_bigcode_factory():
     return tiny_model("gpt_bigcode"), None
+
+
+def stablelm_factory():
+    return tiny_model("stablelm", use_parallel_residual=True), None
+
+
+def smollm3_factory():
+    return tiny_model("smollm3"), None
 
 
 def starcoder2_factory():

@@ -285,6 +285,20 @@ def test_gqa_qkv_merge(biases):
     assert rec.per_rule == {"Q/K/V (GQA, q:kv width 2:1) -> MatMul+Split": 1}
 
 
+def test_qkv_takes_the_merged_gate_up_of_a_parallel_block():
+    """StableLM-2 12B's parallel block: q/k/v and a SwiGLU's gate/up all read one LayerNorm. swiglu merges
+    gate/up first (an untyped output), then qkv merges it with q/k/v; the graph must still serialize."""
+    g = GraphBuilder()
+    x = g.x
+    q, k, v = (g.op("MatMul", x, _w(g, (E, E), f"w{stem}")) for stem in "qkv")
+    attn = g.op("Add", g.op("Add", q, k), v)
+    _swiglu(g)
+    g.x = g.op("Add", g.x, attn)
+    out, ledger = _fuse(g.build(), passes=["cleanup", "swiglu", "qkv"])
+    assert ledger.matches("swiglu") == 1 and ledger.matches("qkv") == 1
+    assert op_counts(out)["MatMul"] == 2  # q/k/v/gate-up, then down
+
+
 # --- real exports -------------------------------------------------------------------------------
 LAYERS = 2
 DECODERS = ["llama", "mistral", "qwen2"]

@@ -113,7 +113,9 @@ def merge_projections(
     for old, new in zip(finals, split.outputs):
         name, old.name = old.name, None
         new.name = name
-        new.shape, new.dtype = old.shape, old.dtype
+        new.shape = old.shape
+        if old.dtype is not None:  # (an earlier merge's output, swiglu's gate/up, is untyped)
+            new.dtype = old.dtype
         old.replace_all_uses_with(new)
     dead = [b[0] for b in biases if b[0] is not None] if use_bias else []
     graph.remove([*dead, *nodes], safe=True)

@@ -88,6 +88,8 @@ def test_save_pretrained_directory_source(tmp_path):
         "gpt_neo_factory",
         "gpt_bigcode_factory",
         "gemma3_text_factory",
+        "stablelm_factory",
+        "smollm3_factory",
     ],
 )
 def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_path, monkeypatch):

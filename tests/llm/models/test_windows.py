@@ -71,6 +71,14 @@ CASES = [
     ("gemma3_text", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     ("gemma3_text", {"sliding_window": 64, "layer_types": [SLIDING, FULL, SLIDING]}),
     ("gemma3_text", {"sliding_window": 4, "layer_types": [FULL, FULL, FULL]}),
+    ("stablelm", {}),
+    ("stablelm", {"set_sliding_window": 64, "use_parallel_residual": True}),  # no StableLM layer applies one
+    ("smollm3", {}),  # layer 1 NoPE, no window
+    ("smollm3", {"sliding_window": 4, "use_sliding_window": True}),  # layer_types default: the NoPE layer
+    ("smollm3", {"sliding_window": 4, "use_sliding_window": True, "layer_types": [SLIDING, FULL, SLIDING]}),
+    ("smollm3", {"sliding_window": 4, "use_sliding_window": False}),  # layer_types default: all full
+    # layer_types set: the eager/SDPA masks apply the window whatever use_sliding_window says
+    ("smollm3", {"sliding_window": 4, "use_sliding_window": False, "layer_types": [SLIDING, FULL, FULL]}),
 ]
 
 
@@ -224,6 +232,11 @@ def test_windows_are_in_the_manifest_spec_as_applied():
             "layer_types",
         ),
         ("mistral", {"set_sliding_window": 0}, "sliding_window must be null or an integer >= 1, got 0"),
+        (
+            "smollm3",
+            {"layer_types": [SLIDING, FULL, FULL]},
+            "smollm3 config: layer_types marks sliding_attention layers but sliding_window is null",
+        ),
     ],
 )
 def test_windows_transformers_cannot_apply_are_refused_by_both_consumers(family, overrides, message):

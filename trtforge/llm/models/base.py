@@ -26,6 +26,8 @@ GEMMA_STYLE = ("gemma",)
 GEMMA3_STYLE = ("gemma3_text",)
 OLMO2_STYLE = ("olmo2",)
 GRANITE_STYLE = ("granite",)
+STABLELM_STYLE = ("stablelm",)
+SMOLLM3_STYLE = ("smollm3",)
 # each adapter's families and what sets them apart, as errors list them (one entry per adapter module)
 STYLES: dict[tuple[str, ...], str] = {
     LLAMA_STYLE: "Llama-style: RoPE, pre-norm blocks, GQA",
@@ -39,6 +41,9 @@ STYLES: dict[tuple[str, ...], str] = {
     "after attention and MLP, sliding and full layers with a RoPE base each, soft-capped final logits",
     OLMO2_STYLE: "OLMo 2: RMSNorm after attention and MLP, whole-projection q/k norms",
     GRANITE_STYLE: "Granite 3.x: Llama with embedding, residual, attention and logits multipliers",
+    STABLELM_STYLE: "StableLM-2 / stable-code: LayerNorm, partial RoPE, optional per-head q/k LayerNorm "
+    "and parallel residual",
+    SMOLLM3_STYLE: "SmolLM3: Llama with NoPE layers (no_rope_layers) and per-layer windows (layer_types)",
 }
 SUPPORTED = tuple(t for types in STYLES for t in types)
 # unsupported model types whose refusal says what to load instead (after the supported list)
@@ -48,9 +53,20 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "gemma-3-1b; model_type 'gemma3_text') with Gemma3ForCausalLM.",
 }
 # families whose attention applies no sliding window or chunk, whatever the config says
-UNWINDOWED = ("llama", "gpt2", "gpt_bigcode", "opt", "gpt_neox", "phi", "gemma", "olmo2", "granite")
+UNWINDOWED = (
+    "llama",
+    "gpt2",
+    "gpt_bigcode",
+    "opt",
+    "gpt_neox",
+    "phi",
+    "gemma",
+    "olmo2",
+    "granite",
+    "stablelm",
+)
 # families whose forward picks each layer's mask by config.layer_types (the others: one mask for all)
-PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3", "gemma3_text")
+PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3", "smollm3", "gemma3_text")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -155,9 +171,11 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
       :func:`refuse_unapplied_window` for a window their config sets anyway);
     - mistral, phi3, starcoder2: ``config.sliding_window`` on every layer, or none when it is null
       (their forward ignores ``layer_types``);
-    - ministral, qwen2, qwen3, gemma3_text: the window on the layers ``config.layer_types`` marks
+    - ministral, qwen2, qwen3, smollm3, gemma3_text: the window on the layers ``config.layer_types`` marks
       "sliding_attention" (qwen's config builds those from ``use_sliding_window`` and
-      ``max_window_layers``; with ``use_sliding_window`` false it nulls ``sliding_window``).
+      ``max_window_layers``; with ``use_sliding_window`` false it nulls ``sliding_window``. SmolLM3's
+      marks its NoPE layers when ``use_sliding_window`` is set; its eager and SDPA masks then follow
+      ``layer_types`` and ``sliding_window`` alone, as this rule does).
     UserError where transformers' forward would fail or attend to nothing: a sliding layer without a
     window, an unknown layer type, a window below 1.
     """

@@ -3,9 +3,9 @@ export and the torch executor call, so both see one set of layer math and one sl
 
 Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2), GPT-2 and
 its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`), GPT-NeoX (:mod:`.gpt_neox`), Phi
-(:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`) and Granite
-(:mod:`.granite`; these four share :mod:`.rope` with Llama-style). The shared pieces (spec, family checks,
-windows) live in :mod:`.base`.
+(:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`), Granite
+(:mod:`.granite`), StableLM (:mod:`.stablelm`) and SmolLM3 (:mod:`.smollm3`; these six share :mod:`.rope` with
+Llama-style). The shared pieces (spec, family checks, windows) live in :mod:`.base`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from trtforge.llm.models.base import (
     OLMO2_STYLE,
     OPT_STYLE,
     PHI_STYLE,
+    SMOLLM3_STYLE,
+    STABLELM_STYLE,
     SUPPORTED,
     DecoderAdapter,
     DecoderSpec,
@@ -39,6 +41,8 @@ from trtforge.llm.models.llama import LlamaStyle
 from trtforge.llm.models.olmo2 import Olmo2Style
 from trtforge.llm.models.opt import OptStyle
 from trtforge.llm.models.phi import PhiStyle
+from trtforge.llm.models.smollm3 import SmolLM3Style
+from trtforge.llm.models.stablelm import StableLmStyle
 
 # model_type -> its adapter class (every family of base.STYLES has one)
 ADAPTERS: dict[str, type[DecoderAdapter]] = {
@@ -53,6 +57,8 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     **dict.fromkeys(OPT_STYLE, OptStyle),
     **dict.fromkeys(GPT_NEOX_STYLE, GptNeoXStyle),
     **dict.fromkeys(PHI_STYLE, PhiStyle),
+    **dict.fromkeys(STABLELM_STYLE, StableLmStyle),
+    **dict.fromkeys(SMOLLM3_STYLE, SmolLM3Style),
 }
 
 
@@ -72,6 +78,8 @@ __all__ = [
     "LLAMA_STYLE",
     "OLMO2_STYLE",
     "PHI_STYLE",
+    "SMOLLM3_STYLE",
+    "STABLELM_STYLE",
     "SUPPORTED",
     "DecoderAdapter",
     "DecoderSpec",
@@ -83,6 +91,8 @@ __all__ = [
     "LlamaStyle",
     "Olmo2Style",
     "PhiStyle",
+    "SmolLM3Style",
+    "StableLmStyle",
     "adapter_for",
     "eos_token_ids",
     "model_type_of",
