@@ -9,10 +9,8 @@ import pytest
 import torch
 
 from tests.llm.tiny_models import tiny_model
-from trtforge.errors import UserError
-from trtforge.llm.models.families import LlamaStyle, adapter_for
+from trtforge.llm.models.families import adapter_for
 from trtforge.llm.models.stablelm import per_head_norm
-from trtforge.llm.quant import quantize_model
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -33,18 +31,3 @@ def test_smollm3_rotates_only_its_rope_layers():
     for i, rotated in enumerate([True, False, True, False]):
         rq, rk = adapter.rotate(i, q, k, rope)
         assert torch.equal(rq, q) is not rotated and torch.equal(rk, k) is not rotated, i
-
-
-@pytest.mark.parametrize("family", ["stablelm", "smollm3"])
-def test_they_are_kept_off_the_llama_only_paths(family):
-    """Not LlamaStyle (the fused CUDA layers and quantization gate on it: test_triton_executor checks the
-    executor's refusal); quantization and tensor parallelism refuse by the family's name."""
-    model = tiny_model(family)
-    adapter = adapter_for(model, "the torch executor")
-    assert not isinstance(adapter, LlamaStyle)
-    with pytest.raises(UserError, match=f"the {family} family .* has no quantized path yet"):
-        quantize_model(model, "fp8")
-    with pytest.raises(UserError, match=f"the {family} family .* has no quantized path yet"):
-        quantize_model(model, None, lm_head_quantization="fp8")
-    with pytest.raises(UserError, match=f"tensor parallelism is not supported for {family} models"):
-        adapter.shard(None)

@@ -5,33 +5,20 @@ projections with biases, an optional per-head q/k LayerNorm (``qk_layernorm``) b
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from trtforge.llm.models.rotary import RotaryDecoder
+from trtforge.llm.models.rope import RopeStyle
 
 
-class PhiStyle(RotaryDecoder):
-    """Phi (``PhiForCausalLM``, body ``model.model``; see the module docstring)."""
+class PhiStyle(RopeStyle):
+    """Phi (``PhiForCausalLM``): :class:`~.rope.RopeStyle`'s body, heads and rotary tables with Phi's
+    block (see the module docstring)."""
 
     family = "phi"
 
-    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
-        super().__init__(model, list(model.model.layers), user)
-        self.body = model.model
-        c, attn = self.config, self.layers[0].self_attn
-        self.num_heads = int(c.num_attention_heads)
-        self.num_kv_heads = int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
-        self.head_dim = int(attn.head_dim)
-        self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
-        self._use_rotary(self.body.rotary_emb)
-
-    def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
-        return self.body.embed_tokens(input_ids)
-
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = super().qkv(i, x)
         attn = self.layers[i].self_attn
-        h = self.layers[i].input_layernorm(x)
-        q, k, v = (p(h).unflatten(-1, (-1, self.head_dim)) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
         if getattr(attn, "qk_layernorm", False):
             q, k = attn.q_layernorm(q), attn.k_layernorm(k)
         return q, k, v
