@@ -337,17 +337,64 @@ def test_triton_executor_gives_the_torch_reference_greedy_tokens(device, family)
     SmolLM3's NoPE layer, Gemma 3's sliding and full layers) on their adapter's layers around the Triton
     attention kernels."""
     skip_unless_runs_here(device)
+    fused = family in ("llama", "qwen3", "phi3")  # the others' math is not the fused layers'
+    _lockstep_greedy(_family_model(family), device, None if fused else "not Llama-style")
+
+
+# Llama-style configs the fused layers must follow (each drawn by test_config_variants too, on the torch
+# reference): a GQA ratio of 4 and head dim 24, MHA with llama3 rotary, yarn's scaled tables, q/k/v biases
+# with linear rotary, a window, Qwen3's head norms at head dim 8 and GQA 1, tied embeddings and eps
+FUSED_VARIANTS = [
+    ("llama", {"num_key_value_heads": 1, "head_dim": 24, "rms_norm_eps": 1e-5, "tie_word_embeddings": True}),
+    (
+        "llama",
+        {
+            "num_key_value_heads": 4,
+            "head_dim": 8,
+            "rope_theta": 500000.0,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 4.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        },
+    ),
+    (
+        "mistral",
+        {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128}},
+    ),
+    ("qwen2", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "num_key_value_heads": 1}),
+    ("mistral", {"sliding_window": 20, "head_dim": 16}),
+    ("qwen3", {"head_dim": 8, "num_key_value_heads": 1, "tie_word_embeddings": True}),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("family", "overrides"), FUSED_VARIANTS)
+def test_fused_layers_follow_llama_style_config_variants(device, family, overrides):
+    """The fused Llama-style layers (not only the adapter's reference layers) under config options the
+    tests' fixed configs do not set: greedy tokens and logits in lockstep with the torch reference."""
+    from tests.llm.tiny_models import tiny_model
+
+    skip_unless_runs_here(device)
+    model = tiny_model(family, max_position_embeddings=512, **copy.deepcopy(overrides))
+    _lockstep_greedy(model, device, None)
+
+
+def _lockstep_greedy(base: torch.nn.Module, device: str, refusal: str | None) -> None:
+    """Nine prompts (1-69 tokens, 2-13 new) served greedily in lockstep by the torch reference and the
+    Triton executor over FP16 `base`, steps mixing prompt chunks and decodes: the fused layers run (or are
+    refused for `refusal`), and the logits and clear greedy picks agree."""
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, 300, size=int(rng.integers(1, 70))).tolist() for _ in range(9)]
     params = [SamplingParams(max_tokens=int(rng.integers(2, 14)), ignore_eos=True) for _ in prompts]
-    base = _family_model(family).half()
+    base = base.half()
     kwargs = {"num_blocks": 96, "block_size": 16, "device": device, "max_decode_batch": 8}
     ref = TorchExecutor(copy.deepcopy(base), kernels="torch", **kwargs)
     test = TorchExecutor(copy.deepcopy(base), kernels="triton", **kwargs)
-    if family not in ("llama", "qwen3", "phi3"):  # their math is not the fused layers'
-        assert test.fused_refusal == "not Llama-style"
-    else:
-        assert test.fused_refusal is None, test.fused_refusal  # the fused Llama-style layers run
+    assert test.fused_refusal == refusal, test.fused_refusal
     both = _Lockstep(ref, test, rel_tol=2e-2)
     # small chunks and step budgets: steps mix prompt chunks (some with cached prefixes) and decodes
     config = SchedulerConfig(
