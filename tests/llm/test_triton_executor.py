@@ -383,6 +383,17 @@ def test_fused_layers_follow_llama_style_config_variants(device, family, overrid
     _lockstep_greedy(model, device, None)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", ["gemma", "gemma3_text"])
+def test_gemma_head_dim_256_on_the_triton_attention_kernels(device, family):
+    """Gemma's real head dim (256, the kernels' largest: MAX_HEAD_DIM) through the Triton decode and
+    chunked-prefill attention, in lockstep with the torch reference."""
+    from tests.llm.tiny_models import tiny_model
+
+    skip_unless_runs_here(device)
+    _lockstep_greedy(tiny_model(family, head_dim=256, max_position_embeddings=512), device, "not Llama-style")
+
+
 def _lockstep_greedy(base: torch.nn.Module, device: str, refusal: str | None) -> None:
     """Nine prompts (1-69 tokens, 2-13 new) served greedily in lockstep by the torch reference and the
     Triton executor over FP16 `base`, steps mixing prompt chunks and decodes: the fused layers run (or are
