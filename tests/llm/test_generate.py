@@ -222,76 +222,31 @@ def test_every_end_of_sequence_id_of_the_generation_config_stops_a_row(tmp_path)
 
 
 @pytest.mark.parametrize(
-    ("family", "overrides"),
-    [
-        ("ministral", {"sliding_window": 5, "layer_types": ["sliding_attention", "full_attention"]}),
-        ("starcoder2", {"sliding_window": 5}),
-        ("starcoder2", {"use_bias": False, "sliding_window": None, "norm_epsilon": 1e-2}),
-    ],
-)
-def test_ministral_and_starcoder2_match_hf_on_the_step_graph_and_the_torch_executor(
-    family, overrides, tmp_path
-):
-    """Two Llama-style families: Ministral (per-layer windows), Starcoder2 (LayerNorm, GELU MLP, biases,
-    one window on every layer), windows shorter than the prompts, batched against HF run alone."""
-    from trtforge.llm import service
-
-    model = tiny_model(family, seed=4, **overrides)
-    batch = prompts(300, lens=(9, 2, 14))
-    want = [hf_greedy(model, p, 10)[0] for p in batch]
-    assert len({t for w in want for t in w}) > 6, f"degenerate reference output {want}"
-    for layout in ("slot", "paged"):
-        path, result = _step_file(model, tmp_path / layout, "legacy", cache_layout=layout)
-        windows = result.generation["sliding_windows"]
-        assert windows == ([5, None] if family == "ministral" else [overrides["sliding_window"]] * 2)
-        with trtforge.llm.load(path, num_blocks=64 if layout == "paged" else None) as llm:
-            assert llm.generate(batch, max_new_tokens=10, stop_at_eos=False) == want, layout
-    served = service.from_pretrained(model, num_blocks=64, block_size=4, max_model_len=64)
-    assert served.generate(batch, max_new_tokens=10, stop_at_eos=False) == want
-
-
-@pytest.mark.parametrize(
-    ("family", "overrides"),
-    [
-        ("gpt_neox", {"use_parallel_residual": False, "rotary_pct": 0.5}),  # sequential residual
-        ("gpt_neox", {"rope_scaling": {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.25}}),
-        ("phi", {"qk_layernorm": True, "partial_rotary_factor": 0.75}),
-        ("phi", {"qk_layernorm": True, "num_key_value_heads": 4, "partial_rotary_factor": 0.5}),  # MHA
-    ],
-)
-def test_gpt_neox_and_phi_match_hf_on_the_step_graph_and_the_torch_executor(family, overrides, tmp_path):
-    """GPT-NeoX (parallel residual in the default config, sequential here; partial and linearly scaled
-    rotary) and Phi (q/k LayerNorm, partial rotary, GQA by default and MHA here): the slot and paged step
-    graphs and the torch executor, batched, give HF's greedy tokens run alone."""
-    from trtforge.llm import service
-
-    model = tiny_model(family, seed=4, **overrides)
-    if family == "gpt_neox":
-        layer = model.gpt_neox.layers[0]
-        assert layer.use_parallel_residual is overrides.get("use_parallel_residual", True)
-        assert model.gpt_neox.rotary_emb.inv_freq.numel() * 2 < layer.attention.head_size  # partial
-    else:
-        assert model.model.layers[0].self_attn.qk_layernorm
-    batch = prompts(300, lens=(9, 2, 14))
-    want = [hf_greedy(model, p, 10)[0] for p in batch]
-    assert len({t for w in want for t in w}) > 6, f"degenerate reference output {want}"
-    for layout in ("slot", "paged"):
-        path, result = _step_file(model, tmp_path / layout, "legacy", cache_layout=layout)
-        assert result.generation["sliding_windows"] == [None, None]
-        with trtforge.llm.load(path, num_blocks=64 if layout == "paged" else None) as llm:
-            assert llm.generate(batch, max_new_tokens=10, stop_at_eos=False) == want, layout
-    served = service.from_pretrained(model, num_blocks=64, block_size=4, max_model_len=64)
-    assert served.generate(batch, max_new_tokens=10, stop_at_eos=False) == want
-
-
-@pytest.mark.parametrize(
     ("family", "overrides", "windows"),
     [
-        # parallel block, per-head q/k norms, half of each head rotated
+        # Ministral's per-layer windows; Starcoder2's LayerNorm, GELU MLP, biases, one window every layer
+        (
+            "ministral",
+            {"sliding_window": 5, "layer_types": ["sliding_attention", "full_attention"]},
+            [5, None],
+        ),
+        ("starcoder2", {"sliding_window": 5}, [5, 5]),
+        ("starcoder2", {"use_bias": False, "sliding_window": None, "norm_epsilon": 1e-2}, [None, None]),
+        # GPT-NeoX sequential (parallel by default) with partial and linearly scaled rotary
+        ("gpt_neox", {"use_parallel_residual": False, "rotary_pct": 0.5}, [None, None]),
+        (
+            "gpt_neox",
+            {"rope_scaling": {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.25}},
+            [None, None],
+        ),
+        # Phi's q/k LayerNorm with partial rotary, GQA by default and MHA here
+        ("phi", {"qk_layernorm": True, "partial_rotary_factor": 0.75}, [None, None]),
+        ("phi", {"qk_layernorm": True, "num_key_value_heads": 4, "partial_rotary_factor": 0.5}, [None, None]),
+        # StableLM parallel with per-head q/k norms and half of each head rotated, or sequential and plain
         ("stablelm", {"use_parallel_residual": True, "partial_rotary_factor": 0.5}, [None, None]),
-        ("stablelm", {"qk_layernorm": False, "use_qkv_bias": False}, [None, None]),  # sequential, plain
-        ("smollm3", {"num_hidden_layers": 3, "no_rope_layers": [0, 1, 1]}, [None] * 3),  # NoPE first
-        # the window on the NoPE layer (layer_types' default with use_sliding_window), shorter than prompts
+        ("stablelm", {"qk_layernorm": False, "use_qkv_bias": False}, [None, None]),
+        # SmolLM3's NoPE layer first; then the window on its NoPE layer (use_sliding_window's layer_types)
+        ("smollm3", {"num_hidden_layers": 3, "no_rope_layers": [0, 1, 1]}, [None] * 3),
         (
             "smollm3",
             {"num_hidden_layers": 3, "use_sliding_window": True, "sliding_window": 5},
@@ -299,15 +254,18 @@ def test_gpt_neox_and_phi_match_hf_on_the_step_graph_and_the_torch_executor(fami
         ),
     ],
 )
-def test_stablelm_and_smollm3_match_hf_on_the_step_graph_and_the_torch_executor(
-    family, overrides, windows, tmp_path
-):
-    """StableLM (parallel or sequential block, per-head q/k LayerNorm or none, partial rotary) and SmolLM3
-    (NoPE layers, a sliding one): the slot and paged step graphs and the torch executor, batched, give
-    HF's greedy tokens run alone."""
+def test_family_forms_match_hf_on_the_step_graph_and_the_torch_executor(family, overrides, windows, tmp_path):
+    """Forms of a family the tiny default config does not take, windows shorter than the prompts: the
+    slot and paged step graphs and the torch executor, batched, give HF's greedy tokens run alone."""
     from trtforge.llm import service
 
     model = tiny_model(family, seed=4, **overrides)
+    if family == "gpt_neox":  # (GPTNeoXConfig ignores some spellings of its options: they took effect)
+        layer = model.gpt_neox.layers[0]
+        assert layer.use_parallel_residual is overrides.get("use_parallel_residual", True)
+        assert model.gpt_neox.rotary_emb.inv_freq.numel() * 2 < layer.attention.head_size  # partial
+    if family == "phi":
+        assert model.model.layers[0].self_attn.qk_layernorm
     batch = prompts(300, lens=(9, 2, 14))
     want = [hf_greedy(model, p, 10)[0] for p in batch]
     assert len({t for w in want for t in w}) > 6, f"degenerate reference output {want}"

@@ -8,6 +8,7 @@ import torch
 
 from tests.llm.paged_metadata import mixed_metadata
 from tests.llm.serving_models import tiny_llama
+from tests.llm.tiny_models import KERNEL_FAMILIES
 from trtforge.errors import UserError
 from trtforge.llm.executors.base import StepBatch
 from trtforge.llm.executors.paged_attention import paged_attention_reference
@@ -228,25 +229,7 @@ def test_static_shape_decode_gives_the_same_tokens_as_the_eager_path():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "family",
-    [
-        "llama",
-        "qwen3",
-        "phi3",
-        "gpt_neox",
-        "phi",
-        "gemma",
-        "olmo2",
-        "granite",
-        "opt",
-        "gpt_neo",
-        "gpt_bigcode",
-        "stablelm",
-        "smollm3",
-        "gemma3_text",
-    ],
-)
+@pytest.mark.parametrize("family", KERNEL_FAMILIES)
 def test_cuda_graph_decode_matches_eager_on_cuda(family):
     from tests.llm.serving_models import run_to_completion
     from tests.llm.tiny_models import tiny_model

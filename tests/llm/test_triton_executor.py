@@ -16,6 +16,7 @@ import torch
 from tests._devices import DEVICES, skip_unless_runs_here
 from tests.llm.paged_metadata import mixed_metadata
 from tests.llm.serving_models import run_to_completion, tiny_llama
+from tests.llm.tiny_models import KERNEL_FAMILIES
 from trtforge.llm.engine import make_step_loop
 from trtforge.llm.executors.paged_attention import paged_attention_reference
 from trtforge.llm.executors.torch_exec import TorchExecutor
@@ -302,8 +303,7 @@ class _Lockstep:
 
 
 def _family_model(family: str) -> torch.nn.Module:
-    """tiny_llama, or a tiny random Qwen3 (per-head q/k norms) / Phi-3 (fused qkv_proj and gate_up_proj,
-    3/4 partial rotary) / Gemma / OLMo 2 / Granite of the same vocabulary."""
+    """tiny_llama, or the tiny random model of another family (tiny_models) of the same vocabulary."""
     if family == "llama":
         return copy.deepcopy(tiny_llama())
     from tests.llm.tiny_models import tiny_model
@@ -312,28 +312,10 @@ def _family_model(family: str) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    "family",
-    [
-        "llama",
-        "qwen3",
-        "phi3",
-        "gemma",
-        "olmo2",
-        "granite",
-        "gpt_neox",
-        "phi",
-        "opt",
-        "gpt_neo",
-        "gpt_bigcode",
-        "stablelm",
-        "smollm3",
-        "gemma3_text",
-    ],
-)
+@pytest.mark.parametrize("family", KERNEL_FAMILIES)
 def test_triton_executor_gives_the_torch_reference_greedy_tokens(device, family):
-    """Llama-style models on the fused layers; the others (Gemma's head dim 24, OLMo 2, Granite, GPT-NeoX,
-    Phi, OPT, GPT-Neo's local layer, GPT-BigCode's one KV head, StableLM's per-head q/k LayerNorm,
+    """Llama-style models on the fused layers; the others (GPT-2, Gemma's head dim 24, OLMo 2, Granite,
+    GPT-NeoX, Phi, OPT, GPT-Neo's local layer, GPT-BigCode's one KV head, StableLM's per-head q/k LayerNorm,
     SmolLM3's NoPE layer, Gemma 3's sliding and full layers) on their adapter's layers around the Triton
     attention kernels."""
     skip_unless_runs_here(device)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from trtforge.llm.models.base import LLAMA_STYLE, SUPPORTED
+
 FAMILIES = (
     "llama",
     "mistral",
@@ -23,6 +25,9 @@ FAMILIES = (
     "stablelm",
     "smollm3",
 )
+# the forms the Triton-executor and CUDA-graph tests run: the fused layers' Llama-style variants (plain,
+# Qwen3's head norms, Phi-3's fused projections and partial rotary) and every family with another adapter
+KERNEL_FAMILIES = ("llama", "qwen3", "phi3", *(f for f in SUPPORTED if f not in LLAMA_STYLE))
 PROMPT_LENS = (1, 3, 9, 17)
 # qwen3/phi3 shapes the default configs do not have: a head_dim other than hidden / heads (the
 # projections are wider or narrower than hidden), MHA (GQA ratio 1), GQA ratio 4, tied embeddings

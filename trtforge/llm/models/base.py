@@ -19,31 +19,23 @@ from trtforge.errors import UserError
 
 LLAMA_STYLE = ("llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "starcoder2")
 GPT2_STYLE = ("gpt2", "gpt_neo", "gpt_bigcode")
-OPT_STYLE = ("opt",)
-GPT_NEOX_STYLE = ("gpt_neox",)
-PHI_STYLE = ("phi",)
-GEMMA_STYLE = ("gemma",)
-GEMMA3_STYLE = ("gemma3_text",)
-OLMO2_STYLE = ("olmo2",)
-GRANITE_STYLE = ("granite",)
-STABLELM_STYLE = ("stablelm",)
-SMOLLM3_STYLE = ("smollm3",)
-# each adapter's families and what sets them apart, as errors list them (one entry per adapter module)
+# each adapter module's families and what sets them apart, as errors list them (families.ADAPTERS maps
+# each family to its adapter class; a test holds the two to the same families)
 STYLES: dict[tuple[str, ...], str] = {
     LLAMA_STYLE: "Llama-style: RoPE, pre-norm blocks, GQA",
     GPT2_STYLE: "learned positions, LayerNorm, GELU; GPT-Neo's local layers, GPT-BigCode's multi-query",
-    OPT_STYLE: "learned positions, LayerNorm before or after each sublayer, ReLU",
-    GPT_NEOX_STYLE: "Pythia: fused per-head QKV, partial RoPE, LayerNorm, parallel or serial residual",
-    PHI_STYLE: "Phi-1/1.5/2: one LayerNorm feeding attention and MLP in parallel, partial RoPE",
-    GEMMA_STYLE: "Gemma 1 / CodeGemma: scaled embeddings, RMSNorm by 1 + weight, GeGLU; not Gemma 2, "
+    ("opt",): "learned positions, LayerNorm before or after each sublayer, ReLU",
+    ("gpt_neox",): "Pythia: fused per-head QKV, partial RoPE, LayerNorm, parallel or serial residual",
+    ("phi",): "Phi-1/1.5/2: one LayerNorm feeding attention and MLP in parallel, partial RoPE",
+    ("gemma",): "Gemma 1 / CodeGemma: scaled embeddings, RMSNorm by 1 + weight, GeGLU; not Gemma 2, "
     "whose attention logit soft-capping our attention kernels lack",
-    GEMMA3_STYLE: "Gemma 3 text (Gemma3ForCausalLM): Gemma's norms and GeGLU, per-head q/k norms, norms "
+    ("gemma3_text",): "Gemma 3 text (Gemma3ForCausalLM): Gemma's norms and GeGLU, per-head q/k norms, norms "
     "after attention and MLP, sliding and full layers with a RoPE base each, soft-capped final logits",
-    OLMO2_STYLE: "OLMo 2: RMSNorm after attention and MLP, whole-projection q/k norms",
-    GRANITE_STYLE: "Granite 3.x: Llama with embedding, residual, attention and logits multipliers",
-    STABLELM_STYLE: "StableLM-2 / stable-code: LayerNorm, partial RoPE, optional per-head q/k LayerNorm "
+    ("olmo2",): "OLMo 2: RMSNorm after attention and MLP, whole-projection q/k norms",
+    ("granite",): "Granite 3.x: Llama with embedding, residual, attention and logits multipliers",
+    ("stablelm",): "StableLM-2 / stable-code: LayerNorm, partial RoPE, optional per-head q/k LayerNorm "
     "and parallel residual",
-    SMOLLM3_STYLE: "SmolLM3: Llama with NoPE layers (no_rope_layers) and per-layer windows (layer_types)",
+    ("smollm3",): "SmolLM3: Llama with NoPE layers (no_rope_layers) and per-layer windows (layer_types)",
 }
 SUPPORTED = tuple(t for types in STYLES for t in types)
 # unsupported model types whose refusal says what to load instead (after the supported list)

@@ -18,11 +18,17 @@ class Gpt2Style(DecoderAdapter):
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, list(model.transformer.h), user)
         self.body = model.transformer
-        attn = self.layers[0].attn
-        self.num_heads = self.num_kv_heads = int(attn.num_heads)
+        attn = self._attention(0)
+        self.num_heads = int(attn.num_heads)
+        self.num_kv_heads = int(getattr(attn, "kv_heads", attn.num_heads))  # (GPT-BigCode's multi-query: 1)
         self.head_dim = int(attn.head_dim)
-        # the module's own scale: 1/sqrt(D) if scale_attn_weights, / (layer + 1) if by inverse layer idx
-        self.scales = [float(layer.attn.scaling) for layer in self.layers]
+        # the module's own scale: GPT-2's 1/sqrt(D) if scale_attn_weights, / (layer + 1) if by inverse
+        # layer idx; GPT-Neo's attention has none (its scores are unscaled)
+        self.scales = [float(getattr(self._attention(i), "scaling", 1.0)) for i in range(self.num_layers)]
+
+    def _attention(self, i: int) -> nn.Module:
+        """Layer i's attention module (the one holding the projections and the head counts)."""
+        return self.layers[i].attn
 
     @property
     def spec(self) -> DecoderSpec:
@@ -70,22 +76,17 @@ class GptNeoStyle(Gpt2Style):
 
     family = "gpt_neo"
 
-    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
-        DecoderAdapter.__init__(self, model, list(model.transformer.h), user)
-        self.body = model.transformer
-        attn = self.layers[0].attn.attention
-        self.num_heads = self.num_kv_heads = int(attn.num_heads)
-        self.head_dim = int(attn.head_dim)
-        self.scales = [1.0] * len(self.layers)
+    def _attention(self, i: int) -> nn.Module:
+        return self.layers[i].attn.attention
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        attn = self.layers[i].attn.attention
+        attn = self._attention(i)
         h = self.layers[i].ln_1(x)
         return tuple(p(h).unflatten(-1, (-1, self.head_dim)) for p in (attn.q_proj, attn.k_proj, attn.v_proj))  # type: ignore[return-value]
 
     def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
         layer = self.layers[i]
-        x = x + layer.attn.attention.out_proj(attn_out)
+        x = x + self._attention(i).out_proj(attn_out)
         return x + layer.mlp(layer.ln_2(x))
 
 
@@ -95,15 +96,6 @@ class GptBigCodeStyle(Gpt2Style):
     [q, k, v] otherwise."""
 
     family = "gpt_bigcode"
-
-    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
-        DecoderAdapter.__init__(self, model, list(model.transformer.h), user)
-        self.body = model.transformer
-        attn = self.layers[0].attn
-        self.num_heads = int(attn.num_heads)
-        self.num_kv_heads = int(attn.kv_heads)
-        self.head_dim = int(attn.head_dim)
-        self.scales = [float(layer.attn.scaling) for layer in self.layers]
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         attn = self.layers[i].attn
