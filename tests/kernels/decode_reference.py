@@ -94,3 +94,30 @@ def windowed_reference(q, k, v, lens, window):
         )  # fmt: skip
         out[i] = o[0].nan_to_num(0.0)
     return out
+
+
+def softcapped_reference(q, k, v, lens, softcap, window=None, scale=None):
+    """FP32 attention with Gemma 2's attention logit soft-capping over contiguous [B, Hkv, S, D] caches:
+    each score s = q . k * scale becomes softcap * tanh(s / softcap) (None: as it is), then query i
+    (position L - S_q + i) keeps keys j <= its position (and, with `window`, j > position - window);
+    GQA; a row that sees no key -> 0."""
+    b, hq, s_q, d = q.shape
+    group = hq // k.shape[1]
+    scale = d**-0.5 if scale is None else scale
+    out = torch.zeros(b, hq, s_q, d, dtype=torch.float32)
+    for i, n in enumerate(lens.tolist()):
+        if n == 0:
+            continue
+        keys = k[i, :, :n].float().cpu().repeat_interleave(group, 0)
+        values = v[i, :, :n].float().cpu().repeat_interleave(group, 0)
+        s = q[i].float().cpu() @ keys.transpose(-1, -2) * scale
+        if softcap is not None:
+            s = softcap * torch.tanh(s / softcap)
+        pos = n - s_q + torch.arange(s_q)[:, None]
+        kpos = torch.arange(n)[None, :]
+        keep = kpos <= pos
+        if window is not None:
+            keep &= kpos > pos - window
+        p = torch.softmax(s.masked_fill(~keep, float("-inf")), -1).nan_to_num(0.0)
+        out[i] = p @ values
+    return out

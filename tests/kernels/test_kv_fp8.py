@@ -405,7 +405,7 @@ def _decode_compile_facts(kv_f16: bool, many_pairs: bool = False, v_pairs: bool 
             "stride_od": 1, "stride_tb": 256, "num_kv_heads": 8, "num_splits": 2, "window": 0}  # fmt: skip
     facts = compile_facts(
         da._decode_split_kernel, pointers, ints, consts, cfg.num_warps, cfg.num_stages,
-        scalars={"qk_scale": "fp32", "v_scale": "fp32"},
+        scalars={"qk_scale": "fp32", "v_scale": "fp32", "softcap": "fp32"},
     )  # fmt: skip
     return facts
 
@@ -471,7 +471,8 @@ def _chunked_compile_facts(kv_f16: bool) -> dict:
     cfg = chunk_prefill_config(1024)
     consts = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
               "PAGE_SIZE": 16, "HAS_QLENS": True, "DOT_F32": False, "WINDOW": False, "HAS_QSTARTS": True,
-              "KV_F16": kv_f16, "stride_qd": 1, "stride_kd": 1, "stride_vd": 1, "stride_od": 1}  # fmt: skip
+              "KV_F16": kv_f16, "SOFTCAP": False, "stride_qd": 1, "stride_kd": 1, "stride_vd": 1,
+              "stride_od": 1}  # fmt: skip
     pointers = {"Q": "*bf16", "Out": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv"}
     pointers |= dict.fromkeys(("SeqLens", "QLens", "QStarts", "Table"), "*i32")
     ints = {"stride_qb": 0, "stride_qh": 128, "stride_qm": 4096, "stride_kb": 16384, "stride_kh": 128,
@@ -480,7 +481,7 @@ def _chunked_compile_facts(kv_f16: bool) -> dict:
             "window": 0}  # fmt: skip
     return compile_facts(
         cp._chunked_prefill_kernel, pointers, ints, consts, cfg.num_warps, cfg.num_stages,
-        scalars={"qk_scale": "fp32", "v_scale": "fp32"},
+        scalars={"qk_scale": "fp32", "v_scale": "fp32", "softcap": "fp32"},
     )  # fmt: skip
 
 

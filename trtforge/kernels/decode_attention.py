@@ -195,6 +195,27 @@ def fp16_query(q, qk_scale):
     return tl.clamp(q.to(tl.float32) * qk_scale, -65504.0, 65504.0).to(tl.float16)
 
 
+@triton.jit
+def softcap_scores(qk, cap):
+    """Logit soft-capping of base-2 scores: ``cap * tanh(qk / cap)`` with `qk` the scores q.k * scale
+    times log2(e) and `cap` the cap times log2(e), i.e. Gemma 2's ``c * tanh(s / c)`` on the natural
+    scores s, then in base 2. tanh(x) = 1 - 2 / (exp(2x) + 1): exp2 only (no libdevice tanh, so the
+    interpreter runs it too); exp(2x) overflowing to inf gives 1, underflowing to 0 gives -1."""
+    e = tl.math.exp2(qk * (2.0 * 1.4426950408889634 / cap))
+    return cap * (1.0 - 2.0 / (e + 1.0))
+
+
+def check_softcap(softcap: float | None) -> float:
+    """The soft-cap a kernel launch takes: 0.0 for None (off), else `softcap` (ValueError unless it is a
+    finite number > 0: ``cap * tanh(s / cap)`` is undefined at 0)."""
+    if softcap is None:
+        return 0.0
+    cap = float(softcap)
+    if not (cap > 0.0 and cap != float("inf")):
+        raise ValueError(f"attention soft-cap must be a finite number > 0 (or None: off); got {softcap}")
+    return cap
+
+
 # One output half of fp8_pair_halves, two int16 elements at a time: the byte permute picks both keys'
 # even (0x0020) or odd (0x0031) channel codes into one 16-bit pair, which one cvt widens to FP16.
 _PAIR_HALF_PTX = (
@@ -259,6 +280,7 @@ def _attend_tiles(
     last_key,
     first_key,
     qk_scale,
+    softcap,
     stride_kb,
     stride_kn,
     stride_kd,
@@ -275,13 +297,15 @@ def _attend_tiles(
     WINDOW: tl.constexpr,
     V_PAIRS: tl.constexpr,
     PAIRS_ASM: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED tiles bound loads by `hi` and hide keys past
     each row's `last_key` (LOWER_RIGHT causal) and, WINDOW, before its `first_key`; unmasked ones
     are wholly visible to every row. TMA:
     unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n.
     V_PAIRS (FP8 V, :func:`v_pairs_options`): V read as int16 pairs of adjacent channels and P.V as an
-    even- and an odd-channel product (PAIRS_ASM: split by inline PTX), interleaved back into acc."""
+    even- and an odd-channel product (PAIRS_ASM: split by inline PTX), interleaved back into acc.
+    SOFTCAP: the base-2 scores are soft-capped by `softcap` (:func:`softcap_scores`) before the masks."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     if V_PAIRS:
@@ -323,6 +347,8 @@ def _attend_tiles(
         q_op, k_op = (q.to(tl.float32), k.to(tl.float32)) if DOT_F32 else (q, k)
         qk = tl.dot(q_op, tl.trans(k_op))
         qk = qk * qk_scale
+        if SOFTCAP:
+            qk = softcap_scores(qk, softcap)
         if MASKED:
             keep = (offs_n[None, :] <= last_key[:, None]) & n_ok[None, :]
             if WINDOW:
@@ -451,6 +477,7 @@ def _decode_split_kernel(
     window,
     qk_scale,
     v_scale,
+    softcap,
     GROUP: tl.constexpr,
     SEQ_Q: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -470,6 +497,7 @@ def _decode_split_kernel(
     PAIRS_ASM: tl.constexpr = False,
     PDL: tl.constexpr = False,
     STAMP: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = False,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
     WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
@@ -480,7 +508,8 @@ def _decode_split_kernel(
     MidO is an int64 [B·Hkv, 3] buffer that receives each pair's (start ns, end ns, SM id), and
     stride_tb (unread there) rotates the pairs over the programs. KV_F16 (FP8 pools): the query is
     scaled and rounded to FP16 up front, and the products run in FP16 (module docstring); V_PAIRS /
-    PAIRS_ASM: FP8 V read as 16-bit pairs (:func:`v_pairs_options`)."""
+    PAIRS_ASM: FP8 V read as 16-bit pairs (:func:`v_pairs_options`). SOFTCAP: scores s (q.k times the
+    softmax scale) become ``softcap * tanh(s / softcap)`` before the masks (Gemma 2)."""
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes
         gdc_wait()
         gdc_launch_dependents()
@@ -529,6 +558,8 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     qk_scale = qk_scale * 1.4426950408889634  # softmax in base 2
+    if SOFTCAP:  # the cap in the scores' base-2 units
+        softcap = softcap * 1.4426950408889634
     if KV_F16:
         q = fp16_query(q, qk_scale)
         qk_scale = 1.0
@@ -544,18 +575,21 @@ def _decode_split_kernel(
     if WINDOW:
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, lo, head_end,
-            last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+            last_key, first_key, qk_scale, softcap, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
             stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True, V_PAIRS, PAIRS_ASM,
+            SOFTCAP,
         )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, head_end, full_end,
-        last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+        last_key, first_key, qk_scale, softcap, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
         stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False, V_PAIRS, PAIRS_ASM,
+        SOFTCAP,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, full_end, hi,
-        last_key, first_key, qk_scale, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+        last_key, first_key, qk_scale, softcap, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
         stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW, V_PAIRS, PAIRS_ASM,
+        SOFTCAP,
     )  # fmt: skip
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -819,12 +853,13 @@ def _split_options(
     dtype: torch.dtype,
     kv_dtype: torch.dtype,
     v_pairs: dict[str, bool] | None = None,
+    softcap: float = 0.0,
 ) -> dict[str, Any]:
     """The split kernel's constexprs and launch options: one definition for :func:`_launch` and the
     prepared launches of :func:`prepare_paged_decode`. The last program's reduction works on tiles
     of about 32 FP32 values a thread (TAIL_ROWS x TAIL_SPLITS partials at a time). `dtype` is the
     query's, `kv_dtype` the pools' (FP8 pools take FP16 products: ``FP8_KV_F16``); `v_pairs`: the V cache's
-    :func:`v_pairs_options` (None: off), unused with TMA."""
+    :func:`v_pairs_options` (None: off), unused with TMA; `softcap` > 0: soft-capped scores (SOFTCAP)."""
     block_d = max(16, triton.next_power_of_2(d))
     v_pairs = v_pairs if v_pairs is not None and not tma else {"V_PAIRS": False, "PAIRS_ASM": False}
     tail = 1024 * cfg.num_warps
@@ -835,7 +870,7 @@ def _split_options(
         "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
-        "KV_F16": fp16_products(kv_dtype), **v_pairs,
+        "KV_F16": fp16_products(kv_dtype), **v_pairs, "SOFTCAP": softcap > 0.0,
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
 
@@ -874,13 +909,15 @@ def _launch(
     window=0,
     pdl=False,
     v_scale=1.0,
+    softcap=0.0,
 ) -> None:
     """Run the split kernel (and, unfused, the reduce kernel) with scratch from `workspace` (4-byte
     elements, at least workspace_elements(...); None: allocate, with this stream's counters).
     `zeroed` False: the workspace's counters hold anything, so the reduction runs unfused. `window`
     > 0: sliding-window attention over each query's last `window` keys. `pdl`: programmatic dependent
     launches (each kernel waits for the previous one's writes on the device; Hopper and later).
-    `scale` multiplies q . k (an FP8 pool's K scale folded in), `v_scale` the output (its V scale)."""
+    `scale` multiplies q . k (an FP8 pool's K scale folded in), `v_scale` the output (its V scale);
+    `softcap` > 0 soft-caps the scaled scores (:func:`check_softcap`'s value)."""
     b, hq, s_q, d = (int(n) for n in q.shape)
     hkv = int(k.shape[1])
     page = int(k.shape[2]) if block_table is not None else 0
@@ -906,12 +943,12 @@ def _launch(
     k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
     options = _split_options(
         cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype, k.dtype,
-        v_pairs_options(k.dtype, d, v),
+        v_pairs_options(k.dtype, d, v), softcap,
     )  # fmt: skip
     _decode_split_kernel[(splits, b * hkv)](
         q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,
-        hkv, splits, int(window), float(scale), float(v_scale), **options,
+        hkv, splits, int(window), float(scale), float(v_scale), float(softcap), **options,
     )  # fmt: skip
     if not direct and not fused:
         _decode_reduce_kernel[(b * hq * s_q,)](
@@ -938,7 +975,9 @@ def _kernel_ms(fn: Any) -> float:
         return float(triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median"))
 
 
-def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len, window=0, v_scale=1.0) -> DecodeConfig:
+def _autotuned(
+    q, k, v, seq_lens, block_table, out, scale, max_len, window=0, v_scale=1.0, softcap=0.0
+) -> DecodeConfig:
     """The fastest candidate for this problem's key, timed once per key (each compiled and run once,
     then timed as CUDA-graph replays)."""
     b, _, _, d = (int(n) for n in q.shape)
@@ -962,7 +1001,10 @@ def _autotuned(q, k, v, seq_lens, block_table, out, scale, max_len, window=0, v_
         n = _resolve_splits(cfg, b * hkv, max_len)
 
         def fn(cfg: DecodeConfig = cfg, n: int = n) -> None:
-            _launch(q, k, v, seq_lens, block_table, out, scale, cfg, n, None, window=window, v_scale=v_scale)
+            _launch(
+                q, k, v, seq_lens, block_table, out, scale, cfg, n, None,
+                window=window, v_scale=v_scale, softcap=softcap,
+            )  # fmt: skip
 
         try:
             fn()
@@ -990,6 +1032,7 @@ def decode_attention(
     pdl: bool = False,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, Hq, S_q<=8, D] over each sequence's first seq_lens[b] cached keys.
 
@@ -1003,8 +1046,10 @@ def decode_attention(
     :data:`TMA_AUTOTUNE_CANDIDATES`); the interpreter and graph capture use :func:`default_decode_config`.
     Eager launches reduce the splits inside the split kernel (with this stream's counters); a
     captured launch reduces them in a second kernel. `window` W (sliding-window layers): query i,
-    at position L - S_q + i, sees only keys at positions > L - S_q + i - W. `pdl` (CUDA, Hopper and
-    later): launch as programmatic dependent launches.
+    at position L - S_q + i, sees only keys at positions > L - S_q + i - W. `softcap` c (Gemma 2's
+    attention logit soft-capping): each score s = q . k * scale becomes c * tanh(s / c) before the
+    masks; None: off (compiled out). `pdl` (CUDA, Hopper and later): launch as programmatic dependent
+    launches.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -1015,6 +1060,7 @@ def decode_attention(
         return out
     if window is not None and int(window) < 1:
         raise ValueError(f"sliding window must be >= 1 keys; got {window}")
+    cap = check_softcap(softcap)
     max_len = min(max_seq_len or capacity, capacity)
     # a window as long as the cache hides nothing; otherwise splits share out the keys it shows
     window = int(window) if window is not None and int(window) < capacity else 0
@@ -1025,14 +1071,14 @@ def decode_attention(
         tune = not interpreting() and q.is_cuda and not torch.cuda.is_current_stream_capturing()
         fallback = default_decode_config(d, k_cache.dtype)
         config = (
-            _autotuned(q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len, window, v_scale)
+            _autotuned(q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len, window, v_scale, cap)
             if tune
             else _CHOICE.get(_key_of(q, k_cache, block_table, max_len), fallback)
         )
     splits = _resolve_splits(config, b * hkv, max_len)
     _launch(
         q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, None,
-        window=window, pdl=pdl, v_scale=v_scale,
+        window=window, pdl=pdl, v_scale=v_scale, softcap=cap,
     )  # fmt: skip
     return out
 
@@ -1086,6 +1132,7 @@ def prepare_paged_decode(
     window: int | None = None,
     pdl: bool = False,
     q_len: int = 1,
+    softcap: float | None = None,
 ) -> PreparedLaunch:
     """:func:`decode_attention`'s launch over a block pool with a fixed `config`, one query per
     sequence, checked and laid out once: called as ``launch(q, k_pool, v_pool, out, scale)`` with
@@ -1094,8 +1141,9 @@ def prepare_paged_decode(
     q and out are ``[B, Hq, D]``, or flat ``[T, Hq, D]`` steps whose `rows` are the B decode rows.
     With `q_len` > 1 (<= 8: speculative verification) each sequence has `q_len` consecutive query rows
     (q and out ``[B * q_len, Hq, D]``, or `rows` spanning them), attended LOWER_RIGHT causally.
-    Scratch (partials; this stream's arrival counters, outside graph capture) is taken here once and
-    reused by every launch, so launches run in order on the stream current here."""
+    `window` and `softcap` are the layer geometry's, as in :func:`decode_attention`. Scratch (partials;
+    this stream's arrival counters, outside graph capture) is taken here once and reused by every
+    launch, so launches run in order on the stream current here."""
     if q_len == 1:
         pick = (lambda t: t.unsqueeze(2)) if rows is None else (lambda t: t[rows].unsqueeze(2))
     else:
@@ -1119,6 +1167,7 @@ def prepare_paged_decode(
         return PreparedLaunch(_decode_split_kernel, (0,), (), operands)
     if window is not None and int(window) < 1:
         raise ValueError(f"sliding window must be >= 1 keys; got {window}")
+    cap = check_softcap(softcap)
     # as decode_attention: a window as long as the cache hides nothing, a shorter one bounds the splits
     window = int(window) if window is not None and int(window) < capacity else 0
     max_len = min(capacity, window + s_q + 128) if window else capacity
@@ -1133,7 +1182,7 @@ def prepare_paged_decode(
     args = (
         None, None, None, None, None, seq_lens, block_table, None, mid_o, mid_l, counters,
         *q4.stride(), *k.stride(), *v.stride(), *out4.stride(), int(block_table.stride(0)),
-        hkv, splits, window, None, 1.0,
+        hkv, splits, window, None, 1.0, cap,
     )  # fmt: skip
     reduce = None
     if not direct and not fused:
@@ -1146,6 +1195,6 @@ def prepare_paged_decode(
         )
     options = _split_options(
         config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype, k.dtype,
-        v_pairs_options(k.dtype, d, v),
+        v_pairs_options(k.dtype, d, v), cap,
     )  # fmt: skip
     return PreparedLaunch(_decode_split_kernel, (splits, b * hkv), args, operands, reduce, **options)
