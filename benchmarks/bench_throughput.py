@@ -15,7 +15,8 @@ executor's decode CUDA graphs cover the whole running batch (``max_decode_batch 
 Workloads (``--workloads``): ISL/OSL 128/128, 128/2048, 2048/128, 2048/2048, 1000/1000 (random prompt
 ids, ``ignore_eos``, every request at t = 0: TensorRT-LLM's fixed-length throughput setting), and
 ``mixed``: issue #29's burst (192 requests, prompts uniform in 64-2048, 256 new tokens). Requests per
-fixed workload: ``--requests`` (default 1000), or ``--waves`` x the running batch the pool holds;
+fixed workload: ``--requests`` (default 1000), ``--peer-requests`` (the counts TensorRT-LLM's published
+runs used: :data:`PEER_REQUESTS`), or ``--waves`` x the running batch the pool holds;
 ``--budget-s`` stops a workload after that many seconds (the requests left are cancelled and the run
 is marked truncated: its rates are then over the time it ran).
 
@@ -106,6 +107,9 @@ PUBLISHED = {
     "2048/2048": {"trtllm_v0.10_h100_fp16": 2776, "trtllm_v1.0_h200_fp8": 12194},
     "1000/1000": {"trtllm_v0.10_h100_fp16": None, "trtllm_v1.0_h200_fp8": 17744},
 }
+# requests per workload in TensorRT-LLM's published throughput runs (its perf overview's $num_requests:
+# more for short requests, "to guarantee that the system hit a steady state"); --peer-requests takes these
+PEER_REQUESTS = {"128/128": 30000, "128/2048": 3000, "2048/128": 3000, "2048/2048": 1500, "1000/1000": 3000}
 # issue #29's BF16 acceptance: output tok/s (1.4x / 1.25x the v0.10 H100 row), and the burst's wall time
 TARGETS = {"128/128": 17000, "128/2048": 8700, "2048/2048": 3900, "2048/128": 2000}
 MIXED_TARGET_S = 9.0
@@ -244,13 +248,16 @@ def make_requests(
 def requests_for(
     name: str, args: argparse.Namespace, max_num_seqs: int, kv_tokens: int, scale: float
 ) -> int | None:
-    """Requests of workload `name` (None: its default): NAME:N, --requests, or --waves x the running batch."""
+    """Requests of workload `name` (None: its default): NAME:N, --requests, --peer-requests (TensorRT-LLM's
+    count for it), or --waves x the running batch."""
     if name in args.counts:
         return args.counts[name]
     if name == "mixed":
         return args.mixed_requests
     if args.requests:
         return args.requests
+    if args.peer_requests:
+        return PEER_REQUESTS[name]
     if args.waves:
         isl, osl = (max(1, int(x * scale)) for x in FIXED[name])
         return args.waves * max(1, min(max_num_seqs, kv_tokens // (isl + osl)))
@@ -795,6 +802,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=None, help="requests per fixed workload (default 1000)")
     ap.add_argument(
         "--waves", type=int, default=None, help="requests = this x the running batch the pool holds"
+    )
+    ap.add_argument(
+        "--peer-requests",
+        action="store_true",
+        help="each fixed workload at the request count TensorRT-LLM's published runs used (128/128 30,000; "
+        "128/2048, 2048/128 and 1000/1000 3,000; 2048/2048 1,500): the peer's own steady-state setting",
     )
     ap.add_argument(
         "--mixed-requests", type=int, default=None, help=f"the burst's requests (default {MIXED['requests']})"

@@ -17,7 +17,9 @@ The node computes the op's own semantics (query i of row b at position past[b] +
 and j < past[b] + new[b]); that the matched graph computes the same is not inferred from its index
 arithmetic but proved by the pass manager's ONNX Runtime check. Sliding-window layers (a window
 shorter than the step graph's max_seq, read from its generation metadata, or a lower bound in a
-mask without metadata) are refused: the paged kernels have no window mask.
+mask without metadata) are refused: the paged kernels have no window mask. Soft-capped layers (Gemma 2)
+hold no Attention node (the step graph spells their attention out) and are left as they are, as is an
+Attention node with a ``softcap`` attribute: the paged kernels have no cap.
 """
 
 from __future__ import annotations

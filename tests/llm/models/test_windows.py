@@ -1,13 +1,17 @@
 """One sliding-window rule: for every supported family, the windows the step graph applies, the windows
-the torch executor applies, and the windows transformers' own forward applies are the same list.
+the torch executor applies, and the windows transformers' own forward applies are the same list; so are
+the attention soft-caps (Gemma 2's) the three apply.
 
-transformers is the oracle, read from the masks its eager attention receives (no copy of its rules
-here); the step module (what the exporter traces) and the torch executor are each run on the same
-prompt and must also reproduce transformers' logits, so a window that is reported but not applied
-(or applied but not reported) fails.
+transformers is the oracle, read from the masks its eager attention receives and the soft-cap it passes
+its attention function (no copy of its rules here); the step module (what the exporter traces) and the
+torch executor are each run on the same prompt and must also reproduce transformers' logits, so a window
+or cap that is reported but not applied (or applied but not reported) fails.
 """
 
 from __future__ import annotations
+
+import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -124,9 +128,12 @@ def _prompt(model: torch.nn.Module) -> list[int]:
     return torch.randint(0, model.config.vocab_size, (PROMPT,), generator=g).tolist()
 
 
-def _transformers(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int | None], torch.Tensor]:
-    """The windows of the masks transformers' eager attention gets, and its last-token logits."""
+def _transformers(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int | None], Any, torch.Tensor]:
+    """The windows of the masks transformers' eager attention gets, the soft-cap each layer passes its
+    attention function (None where its modeling module has no eager attention function: GPT-Neo), and its
+    last-token logits."""
     masks: list[torch.Tensor] = []
+    caps: list[float | None] = []
 
     def record(module: torch.nn.Module, _args: tuple, kw: dict) -> None:
         mask = kw["attention_mask"]
@@ -136,29 +143,42 @@ def _transformers(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int |
             mask = visible if mask is None else visible & ((mask == 0) if mask.dtype != torch.bool else mask)
         masks.append(mask)
 
+    def attend(module, query, key, value, attention_mask, **kwargs):  # the eager function, cap recorded
+        caps.append(kwargs.get("softcap"))
+        return eager(module, query, key, value, attention_mask, **kwargs)
+
     hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in _attention_modules(model)]
     model.set_attn_implementation("eager")
+    modeling = sys.modules[type(_attention_modules(model)[0]).__module__]
+    eager = getattr(modeling, "eager_attention_forward", None)
+    if eager is not None:
+        modeling.eager_attention_forward = attend
     try:
         with torch.no_grad():
             logits = model(torch.tensor([prompt])).logits[0, -1]
     finally:
+        if eager is not None:
+            modeling.eager_attention_forward = eager
         for h in hooks:
             h.remove()
-    return [_window_of(m) for m in masks], logits
+    return [_window_of(m) for m in masks], caps if eager is not None else None, logits
 
 
-def _step_graph(model: torch.nn.Module, prompt: list[int], monkeypatch) -> tuple[list, list, torch.Tensor]:
+def _step_graph(model: torch.nn.Module, prompt: list[int], monkeypatch) -> tuple[list, list, list, Any]:
     """The step module the exporter traces: its spec's windows, the windows of the masks its attention
-    gets, and its last-token logits (the paged module run eagerly on one block table)."""
+    gets, the soft-caps it gets, and its last-token logits (the paged module run eagerly on one block
+    table)."""
     step = PagedDecoderStep(model, max_seq=16, block_size=BLOCK)
     masks: list[torch.Tensor] = []
-    real = step_module.cache_attention
+    caps: list[float | None] = []
+    real = step_module.step_attention
 
-    def recording(q, k, v, mask, scale):
+    def recording(q, k, v, mask, scale, softcap=None):
         masks.append(mask)
-        return real(q, k, v, mask, scale)
+        caps.append(softcap)
+        return real(q, k, v, mask, scale, softcap)
 
-    monkeypatch.setattr(step_module, "cache_attention", recording)
+    monkeypatch.setattr(step_module, "step_attention", recording)
     spec = step.spec
     pool = (PROMPT // BLOCK, BLOCK, spec.num_kv_heads, spec.head_dim)
     pools = [torch.zeros(pool, dtype=torch.float64) for _ in range(2 * spec.num_layers)]
@@ -172,23 +192,30 @@ def _step_graph(model: torch.nn.Module, prompt: list[int], monkeypatch) -> tuple
             torch.arange(PROMPT)[None],
             *pools,
         )
-    return list(spec.sliding_windows), [_window_of(m) for m in masks], out[0][0]
+    return list(spec.sliding_windows), [_window_of(m) for m in masks], caps, out[0][0]
 
 
-def _torch_executor(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int | None], torch.Tensor]:
-    """The windows the torch executor hands its attention, layer by layer, and its last-token logits."""
+def _torch_executor(model: torch.nn.Module, prompt: list[int]) -> tuple[list, list, torch.Tensor]:
+    """The windows and soft-caps the torch executor hands its attention, layer by layer, and its
+    last-token logits."""
     seen: list[int | None] = []
+    caps: list[float | None] = []
 
-    def attention(q, k_pool, v_pool, meta, scale, window=None):
+    def attention(q, k_pool, v_pool, meta, scale, window=None, **kw):
         seen.append(window)
-        return paged_attention_reference(q, k_pool, v_pool, meta, scale, window)
+        caps.append(kw.get("softcap"))
+        return paged_attention_reference(q, k_pool, v_pool, meta, scale, window, **kw)
 
     ex = TorchExecutor(
         model, num_blocks=PROMPT // BLOCK, block_size=BLOCK, max_model_len=16, attention=attention
     )
     blocks = list(range(PROMPT // BLOCK))
     batch = StepBatch.build(["s"], [prompt], [0], [blocks], [list(range(PROMPT))], [True])
-    return seen, ex.step(batch)[0]
+    return seen, caps, ex.step(batch)[0]
+
+
+def _spec(model: torch.nn.Module):
+    return PagedDecoderStep(model, max_seq=16, block_size=BLOCK).spec
 
 
 def test_the_cases_cover_every_supported_family():
@@ -199,10 +226,13 @@ def test_the_cases_cover_every_supported_family():
 def test_step_graph_torch_executor_and_transformers_apply_the_same_windows(family, overrides, monkeypatch):
     model = _model(family, overrides)
     prompt = _prompt(model)
-    hf_windows, hf_logits = _transformers(model, prompt)
-    spec_windows, graph_windows, graph_logits = _step_graph(model, prompt, monkeypatch)
-    executor_windows, executor_logits = _torch_executor(model, prompt)
+    hf_windows, hf_caps, hf_logits = _transformers(model, prompt)
+    spec_windows, graph_windows, graph_caps, graph_logits = _step_graph(model, prompt, monkeypatch)
+    executor_windows, executor_caps, executor_logits = _torch_executor(model, prompt)
     assert len(hf_windows) == model.config.num_hidden_layers
+    if hf_caps is not None:
+        assert graph_caps == executor_caps == hf_caps, "transformers applies other soft-caps"
+    assert graph_caps == executor_caps == _spec(model).attn_softcaps
     assert spec_windows == executor_windows, "the step graph and the torch executor disagree"
     assert graph_windows == _effective(spec_windows), "the step graph applies windows its spec does not name"
     assert _effective(executor_windows) == hf_windows, "transformers applies other windows"

@@ -10,6 +10,13 @@ is ``Gather(pool, block_tables)`` + Transpose + Reshape to [B, Hkv, max_blocks *
 Neither exporter emits opset 24 (torch's dynamo exporter stops at 23, the legacy one at 20), so the
 translations emit both ops in a placeholder domain and :func:`finalize_opset` moves them to the default
 domain at opset 24 (between 20 and 24 the other ops only gained types, no semantics).
+
+A soft-capped layer (Gemma 2's attention logit soft-capping) attends through :func:`step_attention`'s
+plain torch ops instead, traced as they are: MatMul, Mul by the scale, Div / Tanh / Mul by the cap,
+Where for the mask, Softmax, MatMul. Not ONNX ``Attention``'s ``softcap`` attribute: TensorRT's ONNX
+parser refuses it ("Setting softcap is not supported in TensorRT Attention", TensorRT-RTX 1.7.1), and
+neither the attention-fusion pass (its pattern has nothing between the scale and the mask) nor the
+paged pass (it rewrites Attention nodes only) turns the decomposed form into a kernel without the cap.
 """
 
 from __future__ import annotations
@@ -36,16 +43,39 @@ def _kv_cache_write_fake(cache: Tensor, update: Tensor, write_index: Tensor) -> 
     return torch.empty_like(cache)
 
 
-@torch.library.custom_op("trtforge::cache_attention", mutates_args=())
-def cache_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-    """softmax(q k^T * scale, masked) v with q [B,Hq,S,D], k/v [B,Hkv,T,D] (GQA), bool mask [B,1,S,T]."""
+def attention_reference(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, softcap: float | None = None
+) -> Tensor:
+    """softmax(cap(q k^T * scale), masked) v with q [B,Hq,S,D], k/v [B,Hkv,T,D] (GQA), bool mask [B,1,S,T];
+    cap(s) = softcap * tanh(s / softcap) (None: s), before the mask as transformers' Gemma 2 applies it.
+    Masked scores become the dtype's lowest value (as transformers' eager masks make them), not -inf: a
+    query that sees no key (a padding row under a window) then averages the values instead of turning
+    NaN, which its K/V row would carry into the cache and, times a zero weight, into later steps."""
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~mask, float("-inf"))
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+@torch.library.custom_op("trtforge::cache_attention", mutates_args=())
+def cache_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """softmax(q k^T * scale, masked) v with q [B,Hq,S,D], k/v [B,Hkv,T,D] (GQA), bool mask [B,1,S,T]."""
+    return attention_reference(q, k, v, mask, scale)
+
+
+def step_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, softcap: float | None = None
+) -> Tensor:
+    """One layer's attention in a step graph: :func:`cache_attention` (exported as ONNX Attention), or
+    with a `softcap`, :func:`attention_reference`'s plain ops (exported as they are: module docstring)."""
+    if softcap is None:
+        return cache_attention(q, k, v, mask, scale)
+    return attention_reference(q, k, v, mask, scale, softcap)
 
 
 @torch.library.custom_op("trtforge::paged_cache_write", mutates_args=())

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from trtforge.llm.compile.ops import cache_attention, kv_cache_write, paged_cache_write, paged_gather
+from trtforge.llm.compile.ops import kv_cache_write, paged_cache_write, paged_gather, step_attention
 from trtforge.llm.models.families import DecoderSpec, adapter_for
 
 
@@ -70,8 +70,9 @@ class DecoderStep(nn.Module):
         return q, k, v
 
     def _finish(self, i: int, x: Tensor, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
-        """Attention of layer i over `keys`/`values` under `mask`, then the rest of its block."""
-        out = cache_attention(q, keys, values, mask, self.adapter.scales[i])
+        """Attention of layer i (its scale and soft-cap) over `keys`/`values` under `mask`, then the rest of
+        its block."""
+        out = step_attention(q, keys, values, mask, self.adapter.scales[i], self.adapter.softcaps[i])
         return self.adapter.finish_block(i, x, out.transpose(1, 2).flatten(2))
 
     def forward(

@@ -5,7 +5,10 @@ decode kernel on CUDA) can replace it: ``fn(q, k_pool, v_pool, meta, scale, slid
 with ``q``/``out`` ``[T, Hq, D]`` (new tokens, sequence after sequence) and pools
 ``[num_blocks, block_size, Hkv, D]`` that already hold this step's K/V. Over FP8 pools the executor
 also passes the layer's ``k_scale`` and ``v_scale`` (keywords); the references then attend in float32
-over the dequantized K/V (:mod:`.kv_cache`).
+over the dequantized K/V (:mod:`.kv_cache`). A soft-capped layer (Gemma 2's attention logit
+soft-capping, :attr:`~trtforge.llm.models.base.DecoderAdapter.softcaps`) gets its cap as ``softcap``
+(keyword; none is passed where a layer has no cap): each score s = q . k * scale becomes
+``softcap * tanh(s / softcap)`` before the masks.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class DecodeAttentionFn(Protocol):
         *,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        softcap: float | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -66,6 +70,7 @@ class AttentionFn(Protocol):
         *,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        softcap: float | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -77,14 +82,30 @@ def _gather(pool: torch.Tensor, table: torch.Tensor, scale: float = 1.0) -> torc
     return read_reference(pool[table].reshape(num_seqs, width * bs, hkv, d).transpose(1, 2), scale)
 
 
-def _sdpa(q, k, v, mask, scale):
-    return torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
-    )
+def _sdpa(q, k, v, mask, scale, softcap: float | None = None):
+    """SDPA with a bool `mask`; with `softcap`, the same in plain torch (SDPA has no soft-cap): scores
+    ``softcap * tanh(s / softcap)`` in the inputs' dtype, as transformers' eager Gemma 2 attention
+    computes them, then masked and softmaxed in float32. (q and k share their heads there.)"""
+    if softcap is None:
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+        )
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    weights = torch.softmax(scores.float().masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.matmul(weights.to(v.dtype), v)
 
 
-def _grouped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):
-    """``q`` ``[S, Hq, D]`` against ``k``/``v`` ``[1, Hkv, L, D]`` with ``mask`` ``[S, L]`` -> ``[S, Hq, D]``.
+def _grouped_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None = None,
+):
+    """``q`` ``[S, Hq, D]`` against ``k``/``v`` ``[1, Hkv, L, D]`` with ``mask`` ``[S, L]`` -> ``[S, Hq, D]``
+    (`softcap`: :func:`_sdpa`'s).
 
     The G query heads of a KV head are stacked as G*S query rows of that head, so GQA runs as plain
     multi-head attention (backends without a GQA kernel then need no repeated K/V).
@@ -93,7 +114,7 @@ def _grouped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     hkv = k.shape[1]
     groups = hq // hkv
     qg = q.permute(1, 0, 2).reshape(1, hkv, groups * s_q, d)
-    out = _sdpa(qg, k, v, mask.repeat(groups, 1)[None, None], scale)
+    out = _sdpa(qg, k, v, mask.repeat(groups, 1)[None, None], scale, softcap)
     return out.reshape(hq, s_q, d).transpose(0, 1)
 
 
@@ -109,6 +130,7 @@ def paged_decode_reference(
     *,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One query per sequence (``q`` ``[B, Hq, D]``) over the first `context_lens` keys of its blocks.
 
@@ -116,7 +138,7 @@ def paged_decode_reference(
     LOWER_RIGHT causally (query i sees keys ``j <= L - S + i``); a query that sees no key gets zeros,
     as from the kernel. Shapes depend only on ``block_tables.shape`` (no host sync), so it can be
     captured in a CUDA graph. FP8 pools: float32 attention over K/V dequantized with `k_scale` /
-    `v_scale`.
+    `v_scale`. `softcap`: the layer's attention logit soft-cap (module docstring).
     """
     num_seqs, hq, d = q.shape[0] // q_len, q.shape[1], q.shape[2]
     bs, hkv = k_pool.shape[1], k_pool.shape[2]
@@ -133,7 +155,7 @@ def paged_decode_reference(
     groups = q.reshape(num_seqs, q_len, hkv, hq // hkv, d).permute(0, 2, 3, 1, 4).to(k.dtype)
     groups = groups.reshape(num_seqs, hkv, (hq // hkv) * q_len, d)
     masks = mask[:, None, None].expand(-1, 1, hq // hkv, -1, -1).reshape(num_seqs, 1, -1, mask.shape[-1])
-    out = _sdpa(groups, k, v, masks, scale).reshape(num_seqs, hkv, hq // hkv, q_len, d)
+    out = _sdpa(groups, k, v, masks, scale, softcap).reshape(num_seqs, hkv, hq // hkv, q_len, d)
     out = out.permute(0, 3, 1, 2, 4).reshape(num_seqs * q_len, hq, d).to(q.dtype)
     if q_len == 1:
         return out
@@ -150,6 +172,7 @@ def paged_attention_reference(
     *,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attend each new token to its sequence's cached keys at positions <= its own (bottom-right causal).
 
@@ -157,7 +180,7 @@ def paged_attention_reference(
     (a prompt chunk) gathers its blocks and runs SDPA with its own causal mask, so no padded
     ``[B, max_query, max_context]`` score tensor is ever formed. With `sliding_window` W a query at
     position p sees keys at positions > p - W. FP8 pools: float32 attention over K/V dequantized with
-    `k_scale` / `v_scale`.
+    `k_scale` / `v_scale`. `softcap`: the layer's attention logit soft-cap (module docstring).
     """
     out = torch.empty_like(q)
     qsl = meta.query_start_loc_host
@@ -178,6 +201,7 @@ def paged_attention_reference(
             sliding_window,
             k_scale=k_scale,
             v_scale=v_scale,
+            softcap=softcap,
         )
     for i, n in enumerate(qlens):
         if n == 1:
@@ -191,5 +215,5 @@ def paged_attention_reference(
         mask = kpos <= qpos
         if sliding_window is not None:
             mask &= kpos > qpos - sliding_window
-        out[lo:hi] = _grouped_sdpa(q[lo:hi].to(k.dtype), k, v, mask, scale).to(q.dtype)
+        out[lo:hi] = _grouped_sdpa(q[lo:hi].to(k.dtype), k, v, mask, scale, softcap).to(q.dtype)
     return out

@@ -217,12 +217,14 @@ class TorchExecutor:
         calib_prompts: Sequence[Sequence[int]] | None,
     ) -> None:
         """The pools' dtype (`kv_dtype`), the FP8 scales (`kv_scales`, None for 16/32-bit pools) and the
-        keyword arguments each layer's attention call gets (`_kv_kwargs`: the layer's scales)."""
+        keyword arguments each layer's attention call gets (`_attn_kwargs`: the layer's scales, and its
+        attention logit soft-cap where it has one: the adapter's ``softcaps``)."""
         self.kv_cache_dtype = kv_cache_dtype_name(kv_cache_dtype)
         self.kv_dtype = resolve_kv_cache_dtype(self.kv_cache_dtype, self.dtype, self.device)
         layers = self._adapter.num_layers
         self.kv_scales: KVScales | None = None
-        self._kv_kwargs: list[dict[str, float]] = [{} for _ in range(layers)]
+        caps = self._adapter.softcaps
+        self._attn_kwargs: list[dict[str, float]] = [{} if c is None else {"softcap": c} for c in caps]
         if self.kv_cache_dtype == "auto":
             if kv_scales is not None:
                 raise UserError(
@@ -243,7 +245,8 @@ class TorchExecutor:
         else:
             scales = calibrate_kv_scales(self.model, layers, calib_prompts, max_len=self._max_model_len)
         self.kv_scales = scales
-        self._kv_kwargs = [{"k_scale": k, "v_scale": v} for k, v in zip(scales.k, scales.v)]
+        for kwargs, k, v in zip(self._attn_kwargs, scales.k, scales.v):
+            kwargs |= {"k_scale": k, "v_scale": v}
 
     def _pick_kernels(
         self, kernels: str | None, attention: AttentionFn | None, decode_attention: DecodeAttentionFn | None
@@ -401,7 +404,8 @@ class TorchExecutor:
     def _forward(
         self, ids, positions, slots, attend, rows=None, rope_lens=None, float32: bool = True
     ) -> torch.Tensor:
-        """Every layer over tokens `ids`; `attend(q, k_pool, v_pool, scale, window)`; logits of `rows`.
+        """Every layer over tokens `ids`; `attend(q, k_pool, v_pool, scale, window, **kw)` (kw: the layer's
+        FP8 scales and soft-cap, where it has them); logits of `rows`.
 
         `rope_lens`: each token's dynamic-rotary length (dynamic rotary only); `float32` False leaves the
         logits in the model's dtype (a caller that copies them into a float32 buffer converts there)."""
@@ -409,7 +413,7 @@ class TorchExecutor:
         h, extra = layers.embed(ids, positions, rope_lens)
         for i, (kp, vp) in enumerate(zip(self.k_pools, self.v_pools)):
             q = layers.layer_in(i, h, extra, slots)
-            h = layers.layer_out(i, h, attend(q, kp, vp, a.scales[i], a.windows[i], **self._kv_kwargs[i]))
+            h = layers.layer_out(i, h, attend(q, kp, vp, a.scales[i], a.windows[i], **self._attn_kwargs[i]))
         if rows is not None:
             h = h.index_select(0, rows)
         return layers.head(h, float32)
@@ -504,7 +508,7 @@ class TorchExecutor:
                 self.v_pools[i],
                 a.scales[i],
                 a.windows[i],
-                self._kv_kwargs[i],
+                self._attn_kwargs[i],
             )
             if writes_out:
                 attention(q, kp, vp, meta, scale, window, out=out, **kv)
@@ -922,7 +926,8 @@ class TorchExecutor:
         The split-KV decode kernel compiles a variant per query length (decode rows, rows of 2..8 new
         tokens), per split mode (one split or several, from the work: few keys or many rows give one)
         and per sliding window in force (a window shorter than the table's keys); the chunk kernel one
-        per window mode and per tile config (:data:`~trtforge.kernels.configs.CHUNK_PREFILL_CONFIGS`,
+        per window mode and per tile config (both kernels one per soft-cap mode too: these steps run
+        every layer, each with its own cap) (:data:`~trtforge.kernels.configs.CHUNK_PREFILL_CONFIGS`,
         chosen by the step's longest chunk). So: for key counts of one tile, of 1,024 and of each
         window + 1 (up to ``max_model_len``), and for each chunk length the tile table tells apart, a
         step with one sequence of each short length and a chunk, and the same with enough sequences of

@@ -7,8 +7,10 @@ its chunk). In a step both launches are prepared once, on the first layer, and r
 layer with its own tensors (``prepare_paged_decode``, ``prepare_chunked_prefill_varlen``): the
 per-layer host cost is the launches alone. The executor's pools are ``[num_blocks, block_size, Hkv,
 D]``, the layout the kernels' entry points take (they index it through strided views); no K/V is
-copied. Sliding-window layers pass their window to both kernels. FP8 pools are read in place: each
-layer's K scale rides in the softmax scale and its V scale is one more launch argument.
+copied. Sliding-window layers pass their window to both kernels, soft-capped layers (Gemma 2) their
+attention logit soft-cap (the Hopper chunk kernel applies none: their long chunks stay on the varlen
+kernel). FP8 pools are read in place: each layer's K scale rides in the softmax scale and its V scale is
+one more launch argument.
 """
 
 from __future__ import annotations
@@ -139,10 +141,12 @@ class TritonDecodeAttention:
         *,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Attention of `q` ``[B, Hq, D]``, into `out` (same shape) when given (FP8 pools: with their
-        layer's `k_scale` / `v_scale`). With `q_len` S > 1 (<= 8: verification rows) `q` is
-        ``[B * S, Hq, D]``, each sequence's last S positions, attended LOWER_RIGHT causally."""
+        layer's `k_scale` / `v_scale`; a soft-capped layer: its `softcap`). With `q_len` S > 1 (<= 8:
+        verification rows) `q` is ``[B * S, Hq, D]``, each sequence's last S positions, attended
+        LOWER_RIGHT causally."""
         from trtforge.kernels.decode_attention import decode_attention
         from trtforge.kernels.gemv import pdl_supported
 
@@ -167,6 +171,7 @@ class TritonDecodeAttention:
             pdl=pdl_supported(q.device),
             k_scale=k_scale,
             v_scale=v_scale,
+            softcap=softcap,
         )
         return out
 
@@ -190,12 +195,18 @@ class _StepPlan:
 
 
 def _layer_key(
-    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, out: torch.Tensor, window: int | None
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    out: torch.Tensor,
+    window: int | None,
+    softcap: float | None = None,
 ) -> tuple:
-    """Everything a prepared launch depends on besides the addresses: the window and every tensor's
-    device, dtype, shape and strides."""
+    """Everything a prepared launch depends on besides the addresses: the window, the soft-cap and every
+    tensor's device, dtype, shape and strides."""
     return (
         window,
+        softcap,
         *(q.device, q.dtype, q.shape, q.stride()),
         *(k_pool.device, k_pool.dtype, k_pool.shape, k_pool.stride()),
         *(v_pool.device, v_pool.dtype, v_pool.shape, v_pool.stride()),
@@ -238,10 +249,11 @@ class TritonPagedAttention:
     each layer then only launches the kernels with its own q, pools, output and scale.
 
     ``hopper_chunks`` (on by default; used where ``chunked_prefill.hopper_chunks_eligible`` holds: sm_90,
-    16-bit or FP8 pools, no sliding window): prompt chunks of at least ``HOPPER_CHUNK_MIN_TOKENS`` tokens
-    run the warp-specialized Hopper flash-attention kernel over their gathered K/V (FP8 pools gathered
-    widened to the query's type) instead of the varlen kernel (``bench_throughput.py --hopper-chunks``
-    A/Bs it; FP8 + FP8 KV at 8B 2048/128, session 30: 2,626 -> 2,737 tok/s).
+    16-bit or FP8 pools, no sliding window, no soft-cap): prompt chunks of at least
+    ``HOPPER_CHUNK_MIN_TOKENS`` tokens run the warp-specialized Hopper flash-attention kernel over their
+    gathered K/V (FP8 pools gathered widened to the query's type) instead of the varlen kernel
+    (``bench_throughput.py --hopper-chunks`` A/Bs it; FP8 + FP8 KV at 8B 2048/128, session 30: 2,626 ->
+    2,737 tok/s).
 
     ``concurrent`` (CUDA, on by default: on the H200 it made 8B 2048/128 serving 1.7% faster and the mixed
     burst 1.7%, measured side by side in session 16; benchmarks/profile_mixed_step.py and
@@ -398,24 +410,27 @@ class TritonPagedAttention:
         v_pool: torch.Tensor,
         out: torch.Tensor,
         window: int | None,
+        softcap: float | None = None,
         side: Any = None,
     ) -> tuple[Callable[..., None], ...]:
-        """The step's launches for layers of this geometry: each called as ``(q, k_pool, v_pool, out,
-        scale * k_scale, v_scale)``. With a `side` stream they are prepared on it (their arrival counters
-        and scratch are that stream's), but for the Hopper chunk launch: it runs last, on the current
-        stream, which its gather scratch then belongs to."""
+        """The step's launches for layers of this geometry (window and soft-cap included): each called as
+        ``(q, k_pool, v_pool, out, scale * k_scale, v_scale)``. With a `side` stream they are prepared on
+        it (their arrival counters and scratch are that stream's), but for the Hopper chunk launch: it
+        runs last, on the current stream, which its gather scratch then belongs to."""
         from trtforge.kernels.chunked_prefill import hopper_chunks_eligible, prepare_chunked_prefill_hopper
 
-        hopper = plan.long_chunks is not None and hopper_chunks_eligible(q, k_pool, window, out)
+        hopper = plan.long_chunks is not None and hopper_chunks_eligible(q, k_pool, window, out, softcap)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            launches = self._prepare_side(plan, q, k_pool, v_pool, out, window, hopper)
+            launches = self._prepare_side(plan, q, k_pool, v_pool, out, window, softcap, hopper)
         if hopper:  # last, run on the current stream: its gather scratch is that stream's
             spans, pages = plan.long_chunks
             scratch = self._gather_scratch(k_pool, int(pages.shape[0]), q.dtype)  # FP8 pools: widened
             launches.append(prepare_chunked_prefill_hopper(q, k_pool, v_pool, spans, pages, scratch=scratch))
         return tuple(launches)
 
-    def _prepare_side(self, plan, q, k_pool, v_pool, out, window, hopper: bool) -> list[Callable[..., None]]:
+    def _prepare_side(
+        self, plan, q, k_pool, v_pool, out, window, softcap, hopper: bool
+    ) -> list[Callable[..., None]]:
         """:meth:`_prepare`'s launches but the Hopper chunk launch (`hopper`: the long chunks take it, so
         the varlen kernel gets only the others)."""
         from trtforge.kernels.chunked_prefill import prepare_chunked_prefill_varlen
@@ -430,14 +445,16 @@ class TritonPagedAttention:
             pdl = pdl_supported(q.device)
             if isinstance(where, slice):
                 launch = prepare_paged_decode(
-                    q, k_pool, v_pool, lens, tables, out, config=config, rows=where, window=window, pdl=pdl
-                )
+                    q, k_pool, v_pool, lens, tables, out, config=config, rows=where, window=window, pdl=pdl,
+                    softcap=softcap,
+                )  # fmt: skip
                 launches.append(launch)
             else:  # scattered rows: gathered into a copy, their outputs into a scratch tensor
                 scratch = q.new_empty((rows, *q.shape[1:]))
                 launch = prepare_paged_decode(
-                    scratch, k_pool, v_pool, lens, tables, scratch, config=config, window=window, pdl=pdl
-                )
+                    scratch, k_pool, v_pool, lens, tables, scratch, config=config, window=window, pdl=pdl,
+                    softcap=softcap,
+                )  # fmt: skip
 
                 def gathered(q, kp, vp, out, scale, v_scale):  # (tensors, then the two floats)
                     launch(q.index_select(0, where), kp, vp, scratch, scale, v_scale)
@@ -445,18 +462,30 @@ class TritonPagedAttention:
 
                 launches.append(gathered)
         for short in plan.short:  # (not unpacked here: the decode closure above reads `where`)
-            launches.append(self._prepare_short(*short, q, k_pool, v_pool, out, window))
+            launches.append(self._prepare_short(*short, q, k_pool, v_pool, out, window, softcap))
         varlen = plan.short_chunks if hopper else plan.chunks
         if varlen is not None:
             starts, lens_q, tables, lens, max_q_len = varlen
             launches.append(
                 prepare_chunked_prefill_varlen(
-                    q, k_pool, v_pool, lens, tables, starts, lens_q, max_q_len, out=out, window=window
+                    q,
+                    k_pool,
+                    v_pool,
+                    lens,
+                    tables,
+                    starts,
+                    lens_q,
+                    max_q_len,
+                    out=out,
+                    window=window,
+                    softcap=softcap,
                 )
             )
         return launches
 
-    def _prepare_short(self, s, where, tables, lens, q, k_pool, v_pool, out, window) -> Callable[..., None]:
+    def _prepare_short(
+        self, s, where, tables, lens, q, k_pool, v_pool, out, window, softcap
+    ) -> Callable[..., None]:
         """The decode kernel's launch over sequences of `s` query rows each (rows `where`)."""
         from trtforge.kernels.decode_attention import prepare_paged_decode
         from trtforge.kernels.gemv import pdl_supported
@@ -477,11 +506,13 @@ class TritonPagedAttention:
                 window=window,
                 pdl=pdl,
                 q_len=s,
+                softcap=softcap,
             )
         scratch = q.new_empty((n * s, *q.shape[1:]))
         launch = prepare_paged_decode(
-            scratch, k_pool, v_pool, lens, tables, scratch, config=config, window=window, pdl=pdl, q_len=s
-        )
+            scratch, k_pool, v_pool, lens, tables, scratch, config=config, window=window, pdl=pdl, q_len=s,
+            softcap=softcap,
+        )  # fmt: skip
 
         def gathered(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, out: torch.Tensor, *scales):
             launch(q.index_select(0, where), kp, vp, scratch, *scales)
@@ -501,17 +532,18 @@ class TritonPagedAttention:
         *,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Attention of the step's tokens `q` ``[T, Hq, D]``, into `out` (same shape) when given (FP8
-        pools: with their layer's `k_scale` / `v_scale`)."""
+        pools: with their layer's `k_scale` / `v_scale`; a soft-capped layer: its `softcap`)."""
         plan = self.plan_of(meta, q.device)
         if out is None:
             out = torch.empty_like(q)
-        key = _layer_key(q, k_pool, v_pool, out, sliding_window)
+        key = _layer_key(q, k_pool, v_pool, out, sliding_window, softcap)
         side = self._side_stream(plan, q)
         launches = plan.launches.get(key)
         if launches is None:
-            launches = self._prepare(plan, q, k_pool, v_pool, out, sliding_window, side)
+            launches = self._prepare(plan, q, k_pool, v_pool, out, sliding_window, softcap, side)
             plan.launches[key] = launches
         qk_scale, v_scale = float(scale) * float(k_scale), float(v_scale)
         if side is None:

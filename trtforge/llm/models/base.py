@@ -78,6 +78,8 @@ class DecoderSpec:
     rotary: dict[str, Any] | None
     max_positions: int | None
     sliding_windows: list[int | None]
+    #: each layer's attention logit soft-cap (None: off; Gemma 2's attn_logit_softcapping)
+    attn_softcaps: list[float | None]
     bos_token_id: int | None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -163,11 +165,11 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
       :func:`refuse_unapplied_window` for a window their config sets anyway);
     - mistral, phi3, starcoder2: ``config.sliding_window`` on every layer, or none when it is null
       (their forward ignores ``layer_types``);
-    - ministral, qwen2, qwen3, smollm3, gemma3_text: the window on the layers ``config.layer_types`` marks
-      "sliding_attention" (qwen's config builds those from ``use_sliding_window`` and
-      ``max_window_layers``; with ``use_sliding_window`` false it nulls ``sliding_window``. SmolLM3's
-      marks its NoPE layers when ``use_sliding_window`` is set; its eager and SDPA masks then follow
-      ``layer_types`` and ``sliding_window`` alone, as this rule does).
+    - ministral, qwen2, qwen3, smollm3, gemma3_text: the window on the layers
+      ``config.layer_types`` marks "sliding_attention" (qwen's config builds those from
+      ``use_sliding_window`` and ``max_window_layers``; with ``use_sliding_window`` false it nulls
+      ``sliding_window``. SmolLM3's marks its NoPE layers when ``use_sliding_window`` is set; its eager
+      and SDPA masks then follow ``layer_types`` and ``sliding_window`` alone, as this rule does).
     UserError where transformers' forward would fail or attend to nothing: a sliding layer without a
     window, an unknown layer type, a window below 1.
     """
@@ -197,6 +199,21 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
             "transformers' forward cannot build their mask. Set sliding_window, or mark them full_attention."
         )
     return [window if t == "sliding_attention" else None for t in types[:num_layers]]
+
+
+def attention_softcap(config: Any, user: str = "--generate") -> float | None:
+    """The attention logit soft-cap a config sets (``attn_logit_softcapping``; None: off), UserError
+    naming `user` unless it is a finite number > 0 (transformers would divide the scores by it)."""
+    cap = getattr(config, "attn_logit_softcapping", None)
+    if cap is None:
+        return None
+    ok = isinstance(cap, (int, float)) and not isinstance(cap, bool) and 0 < cap < float("inf")
+    if not ok:
+        raise UserError(
+            f"{user} cannot run this {config.model_type} model: its config sets attn_logit_softcapping="
+            f"{cap!r}; it must be a finite number > 0, or null for none."
+        )
+    return float(cap)
 
 
 def _gpt_neo_windows(config: Any, num_layers: int) -> list[int | None]:
@@ -230,8 +247,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class DecoderAdapter(ABC):
-    """One family's view of a HF causal LM: its spec, per-layer attention scales and windows, and the
-    layer math around the attention (embed, project q/k/v, finish the block, logits), read by the
+    """One family's view of a HF causal LM: its spec, per-layer attention scales, windows and soft-caps,
+    and the layer math around the attention (embed, project q/k/v, finish the block, logits), read by the
     step-graph export and the torch executor alike.
 
     `user` names the consumer in errors ("--generate", "TorchExecutor").
@@ -249,6 +266,9 @@ class DecoderAdapter(ABC):
         self.windows: list[int | None] = sliding_windows(self.config, len(layers))
         #: each layer's softmax scale (the attention module's own ``scaling``)
         self.scales: list[float] = []
+        #: each layer's attention logit soft-cap c (None: off): every score s = q . k * scale becomes
+        #: c * tanh(s / c) before the mask (Gemma 2); every attention consumer applies it
+        self.softcaps: list[float | None] = [None] * len(layers)
 
     @property
     def num_layers(self) -> int:
@@ -345,6 +365,7 @@ class DecoderAdapter(ABC):
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
             sliding_windows=list(self.windows),
+            attn_softcaps=list(self.softcaps),
             bos_token_id=next(iter(token_ids(c.bos_token_id, c.vocab_size)), None),
             eos_token_ids=eos_token_ids(self.model),
             **family,
