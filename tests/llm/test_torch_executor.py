@@ -85,6 +85,7 @@ def _tiny(model_type: str, **overrides):
         "stablelm",
         "smollm3",
         "gemma3_text",
+        "gemma2",
     ):
         from tests.llm.tiny_models import tiny_model
 
@@ -126,6 +127,11 @@ def _tiny(model_type: str, **overrides):
         ("phi", {"qk_layernorm": True, "partial_rotary_factor": 0.75}),
         ("phi", {"qk_layernorm": True, "num_key_value_heads": 4}),  # MHA
         ("gemma3_text", {}),  # sliding (window 4) then full layer, a RoPE base each, soft-capped logits
+        ("gemma2", {}),  # sliding then full layer, attention scores soft-capped at 3, logits at 8
+        (  # one KV head, the scores capped at 2, the logits not at all
+            "gemma2",
+            {"num_key_value_heads": 1, "attn_logit_softcapping": 2.0, "final_logit_softcapping": None},
+        ),
         (  # one KV head, full then sliding layers, a linear-scaled global RoPE (Gemma 3 4B's form)
             "gemma3_text",
             {

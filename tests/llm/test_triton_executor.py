@@ -366,10 +366,10 @@ def test_fused_layers_follow_llama_style_config_variants(device, family, overrid
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", ["gemma", "gemma3_text"])
+@pytest.mark.parametrize("family", ["gemma", "gemma3_text", "gemma2"])
 def test_gemma_head_dim_256_on_the_triton_attention_kernels(device, family):
     """Gemma's real head dim (256, the kernels' largest: MAX_HEAD_DIM) through the Triton decode and
-    chunked-prefill attention, in lockstep with the torch reference."""
+    chunked-prefill attention (Gemma 2's soft-capped), in lockstep with the torch reference."""
     from tests.llm.tiny_models import tiny_model
 
     skip_unless_runs_here(device)

@@ -22,6 +22,7 @@ FAMILIES = (
     "gpt_neo",
     "gpt_bigcode",
     "gemma3_text",
+    "gemma2",
     "stablelm",
     "smollm3",
 )
@@ -109,6 +110,14 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         }
         gemma3 |= {"query_pre_attn_scalar": 64, "final_logit_softcapping": 8.0, "tie_word_embeddings": False}
         cfg, cls = tf.Gemma3TextConfig(**(llama_like | gemma3 | overrides)), tf.Gemma3ForCausalLM
+    elif family == "gemma2":  # Gemma 3's layer shape without q/k norms, one RoPE table, and the attention
+        # scores soft-capped: a cap of 3 where the scores reach 6 and more (the scale 16 ** -0.5, not 64's)
+        n = overrides.get("num_hidden_layers", llama_like["num_hidden_layers"])
+        gemma2 = {"head_dim": 16, "intermediate_size": 256, "sliding_window": 4}
+        gemma2["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+        gemma2 |= {"query_pre_attn_scalar": 16, "attn_logit_softcapping": 3.0, "final_logit_softcapping": 8.0}
+        gemma2 |= {"tie_word_embeddings": False}
+        cfg, cls = tf.Gemma2Config(**(llama_like | gemma2 | overrides)), tf.Gemma2ForCausalLM
     elif family == "olmo2":  # norms after attention and MLP, q/k norms over the whole projection
         olmo2 = {"pad_token_id": 1, "eos_token_id": 2}  # (its default eos id lies outside the tiny vocab)
         cfg, cls = tf.Olmo2Config(**(llama_like | olmo2 | overrides)), tf.Olmo2ForCausalLM
@@ -133,7 +142,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     else:
         raise ValueError(family)
     model = cls(cfg).eval()
-    if family in ("gemma", "olmo2", "gemma3_text"):  # norm weights off their init: (1 + w) and w differ
+    if family in ("gemma", "olmo2", "gemma3_text", "gemma2"):  # norm weights off their init: (1 + w) != w
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):
@@ -201,6 +210,10 @@ def gemma_factory():
 
 def gemma3_text_factory():
     return tiny_model("gemma3_text"), None
+
+
+def gemma2_factory():
+    return tiny_model("gemma2"), None
 
 
 def olmo2_factory():

@@ -119,6 +119,20 @@ OPTIONS: dict[str, dict[str, list]] = {
         "attention_bias": [False, True],
         "hidden_activation": ["gelu_pytorch_tanh", "gelu"],
         "rms_norm_eps": [1e-6, 1e-5],
+        "attn_logit_softcapping": [None, 2.0],  # kept by its config, applied by no Gemma 3 attention
+    },
+    "gemma2": {  # attention soft-caps that bite (2), Gemma 2's own (50, barely) or none
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rope_scaling": ROPE,
+        "head_dim": [8, 16, 24],
+        "sliding_window": [3, 5, 64],
+        "query_pre_attn_scalar": [16, 256],
+        "attn_logit_softcapping": [None, 2.0, 50.0],
+        "final_logit_softcapping": [None, 8.0, 30.0],
+        "attention_bias": [False, True],
+        "hidden_activation": ["gelu_pytorch_tanh", "gelu"],
+        "rms_norm_eps": [1e-6, 1e-5],
     },
     "olmo2": LLAMA_LIKE | {"attention_bias": [False, True]},
     "granite": LLAMA_LIKE

@@ -1,21 +1,23 @@
-"""Gemma 1, Gemma 3 text, OLMo 2 and Granite: what they share with Llama (the RoPE body) and what they must
-not (the fused layers, quantization, tensor parallelism, all written for Llama's exact math); Gemma 2 and
-Gemma 3's multimodal model refused by name. Their logits against transformers: test_generate.py and
-test_torch_executor.py."""
+"""Gemma 1, Gemma 2, Gemma 3 text, OLMo 2 and Granite: what they share with Llama (the RoPE body) and what
+they must not (the fused layers, quantization, tensor parallelism, all written for Llama's exact math);
+Gemma 2's attention soft-cap where each consumer reads it; Gemma 3's multimodal model refused by name.
+Their logits against transformers: test_generate.py and test_torch_executor.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.llm.tiny_models import prompts as tiny_prompts
 from tests.llm.tiny_models import tiny_model
 from trtforge.errors import UserError
 from trtforge.llm.compile.step import PagedDecoderStep
+from trtforge.llm.executors.base import StepBatch
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.models.families import LLAMA_STYLE, SUPPORTED, LlamaStyle, adapter_for
 from trtforge.llm.quant import quantize_model
 
-FAMILIES = ("gemma", "gemma3_text", "olmo2", "granite")
+FAMILIES = ("gemma", "gemma2", "gemma3_text", "olmo2", "granite")
 _SMALL = {
     "vocab_size": 100,
     "hidden_size": 32,
@@ -27,44 +29,99 @@ _SMALL = {
 }
 
 
-def _gemma(version: int) -> torch.nn.Module:
-    """A tiny Gemma 2, or Gemma 3's multimodal model (a one-layer vision tower beside the text model)."""
+def _gemma3_multimodal() -> torch.nn.Module:
+    """A tiny Gemma 3 multimodal model (a one-layer vision tower beside the text model)."""
     import transformers as tf
 
-    if version == 2:
-        return tf.Gemma2ForCausalLM(tf.Gemma2Config(**_SMALL)).eval()
     vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
     vision |= {"image_size": 28, "patch_size": 14}
     config = tf.Gemma3Config(text_config=_SMALL, vision_config=vision, mm_tokens_per_image=4)
     return tf.Gemma3ForConditionalGeneration(config).eval()
 
 
-@pytest.mark.parametrize(
-    ("version", "model_type", "why"),
-    [
-        (2, "gemma2", r"gemma \(Gemma 1 / CodeGemma.*not Gemma 2, whose attention logit soft-capping"),
-        (3, "gemma3", r"'gemma3' is Gemma 3's multimodal model .*load a text-only Gemma 3 checkpoint "),
-    ],
-)
-def test_gemma_2_and_gemma_3_multimodal_are_refused_saying_why(version, model_type, why):
-    """Gemma 2 soft-caps its attention scores (no kernel here does); Gemma 3's multimodal model
-    (Gemma3ForConditionalGeneration) is refused pointing at its text model, Gemma3ForCausalLM."""
-    model = _gemma(version)
-    assert model.config.model_type == model_type
-    with pytest.raises(UserError, match=f"family '{model_type}' .*not supported by --generate.*{why}"):
+def test_gemma_3_multimodal_is_refused_saying_why():
+    """Gemma 3's multimodal model (Gemma3ForConditionalGeneration) is refused pointing at its text model,
+    Gemma3ForCausalLM."""
+    model = _gemma3_multimodal()
+    why = r"'gemma3' is Gemma 3's multimodal model .*load a text-only Gemma 3 checkpoint "
+    assert model.config.model_type == "gemma3"
+    with pytest.raises(UserError, match=f"family 'gemma3' .*not supported by --generate.*{why}"):
         PagedDecoderStep(model, 16, 4)
-    with pytest.raises(UserError, match=f"'{model_type}' .*not supported by the torch executor.*{why}"):
+    with pytest.raises(UserError, match=f"'gemma3' .*not supported by the torch executor.*{why}"):
         TorchExecutor(model, num_blocks=4)
 
 
-def test_gemma_3_text_is_served_and_its_unsupported_options_refused():
-    """Gemma3ForCausalLM runs (its logits: test_generate.py, test_torch_executor.py); attention
-    soft-capping and bidirectional attention, which no causal step here reproduces, are refused."""
-    assert adapter_for(tiny_model("gemma3_text")).family == "gemma3_text"
-    with pytest.raises(UserError, match="Gemma3ForCausalLM: its config sets attn_logit_softcapping=50.0"):
-        adapter_for(tiny_model("gemma3_text", attn_logit_softcapping=50.0))
+def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids[None]).logits[0].float()
+
+
+def _set_attention_softcap(model: torch.nn.Module, cap: float | None) -> None:
+    """Set `model`'s attention soft-cap in its config and in each attention module (which copied it)."""
+    model.config.attn_logit_softcapping = cap
+    for layer in model.model.layers:
+        layer.self_attn.attn_logit_softcapping = cap
+
+
+def test_the_tiny_gemma_2_soft_cap_bites():
+    """The test model's attention scores reach past its cap (3): transformers' logits without the cap are
+    far from those with it, so every test over the tiny Gemma 2 (FAMILIES) fails if a consumer drops it."""
+    model = tiny_model("gemma2")
+    ids = torch.tensor(tiny_prompts(model.config.vocab_size, lens=(17,))[0])
+    capped = _logits(model, ids)
+    _set_attention_softcap(model, None)
+    assert (capped - _logits(model, ids)).abs().max().item() > 1.0
+
+
+def test_gemma_2_soft_caps_every_layer_in_the_spec_and_the_executor():
+    """The cap is one per-layer list (the adapter's softcaps) in the spec (the step graph's metadata) and
+    in the keywords of each layer's attention call; a config without one passes no keyword at all."""
+    model = tiny_model("gemma2", num_hidden_layers=3)  # sliding, full, sliding
+    spec = PagedDecoderStep(model, 16, 4).spec.to_dict()
+    assert spec["attn_softcaps"] == [3.0, 3.0, 3.0] and spec["sliding_windows"] == [4, None, 4]
+    assert TorchExecutor(model, num_blocks=4)._attn_kwargs == [{"softcap": 3.0}] * 3
+    _set_attention_softcap(model, None)
+    assert TorchExecutor(model, num_blocks=4)._attn_kwargs == [{}] * 3
+
+
+@pytest.mark.parametrize("cap", [0.0, -1.0, float("inf")])
+def test_a_gemma_2_cap_that_is_no_positive_number_is_refused(cap):
+    model = tiny_model("gemma2")
+    model.config.attn_logit_softcapping = cap
+    with pytest.raises(UserError, match="gemma2 model: its config sets attn_logit_softcapping="):
+        adapter_for(model)
+
+
+def test_gemma_3_text_is_served_with_an_attention_cap_as_transformers_runs_it():
+    """Gemma 3's config keeps attn_logit_softcapping, but transformers' Gemma 3 attention never applies it
+    (the logits with and without it are the same): accepted, and served uncapped as transformers runs it
+    (test_config_variants draws it too). Bidirectional attention is refused."""
+    model = tiny_model("gemma3_text", attn_logit_softcapping=2.0)
+    ids = torch.tensor(tiny_prompts(model.config.vocab_size, lens=(17,))[0])
+    want = _logits(model, ids)
+    _set_attention_softcap(model, None)
+    torch.testing.assert_close(_logits(model, ids), want, rtol=0, atol=0)
+    _set_attention_softcap(model, 2.0)
+    adapter = adapter_for(model)
+    assert adapter.family == "gemma3_text" and adapter.softcaps == [None, None]
+    step = PagedDecoderStep(model, 32, 4)
+    assert step.spec.attn_softcaps == [None, None]
+    ex = TorchExecutor(model, num_blocks=8, block_size=4)
+    batch = StepBatch.build(["s"], [ids.tolist()], [0], [[0, 1, 2, 3, 4]], [list(range(17))], [True])
+    torch.testing.assert_close(ex.step(batch)[0], want[-1], rtol=1e-4, atol=1e-4)
     with pytest.raises(UserError, match="gemma3_text model Gemma3ForCausalLM: its config sets use_bid"):
         TorchExecutor(tiny_model("gemma3_text", use_bidirectional_attention=True), num_blocks=4)
+
+
+def test_the_fused_layers_refuse_an_attention_soft_cap():
+    """The fused Llama-style layers are Llama's exactly: an adapter with a soft-cap (none of the
+    Llama-style families has one) is refused, never run without it."""
+    from trtforge.llm.executors.fused_layers import fusable
+
+    adapter = adapter_for(tiny_model("llama"))
+    assert fusable(adapter) is None
+    adapter.softcaps = [None, 30.0]
+    assert "soft-capping" in fusable(adapter)
 
 
 def test_an_encoder_style_gemma_is_refused():

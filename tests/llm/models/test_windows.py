@@ -75,6 +75,10 @@ CASES = [
     ("gemma3_text", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     ("gemma3_text", {"sliding_window": 64, "layer_types": [SLIDING, FULL, SLIDING]}),
     ("gemma3_text", {"sliding_window": 4, "layer_types": [FULL, FULL, FULL]}),
+    ("gemma3_text", {"attn_logit_softcapping": 2.0}),  # kept by the config, passed on by no attention
+    ("gemma2", {}),  # sliding, full, sliding; window 4; every layer's scores soft-capped at 3
+    ("gemma2", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING], "attn_logit_softcapping": 2.0}),
+    ("gemma2", {"sliding_window": 64, "attn_logit_softcapping": None}),
     ("stablelm", {}),
     ("stablelm", {"set_sliding_window": 64, "use_parallel_residual": True}),  # no StableLM layer applies one
     ("smollm3", {}),  # layer 1 NoPE, no window

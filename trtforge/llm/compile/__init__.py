@@ -2,7 +2,7 @@
 
 Design. A torch wrapper (:mod:`.step`) runs the model's own submodules through one adapter per family
 (:mod:`trtforge.llm.models`, shared with the torch executor: Llama-style = llama, mistral, ministral, qwen2,
-qwen3, phi3, starcoder2; GPT-2, GPT-Neo, GPT-BigCode; OPT; Gemma 1, Gemma 3 text, OLMo 2, Granite,
+qwen3, phi3, starcoder2; GPT-2, GPT-Neo, GPT-BigCode; OPT; Gemma 1, Gemma 2, Gemma 3 text, OLMo 2, Granite,
 StableLM, SmolLM3; GPT-NeoX; Phi); only the attention is rewritten, around two torch custom ops with exact
 torch reference implementations (:mod:`.ops`): the cache write, exported as ONNX ``TensorScatter``
 (TensorRT: KV_CACHE_UPDATE, in place), and attention over the cache, exported as ONNX ``Attention`` with one

@@ -27,8 +27,9 @@ STYLES: dict[tuple[str, ...], str] = {
     ("opt",): "learned positions, LayerNorm before or after each sublayer, ReLU",
     ("gpt_neox",): "Pythia: fused per-head QKV, partial RoPE, LayerNorm, parallel or serial residual",
     ("phi",): "Phi-1/1.5/2: one LayerNorm feeding attention and MLP in parallel, partial RoPE",
-    ("gemma",): "Gemma 1 / CodeGemma: scaled embeddings, RMSNorm by 1 + weight, GeGLU; not Gemma 2, "
-    "whose attention logit soft-capping our attention kernels lack",
+    ("gemma",): "Gemma 1 / CodeGemma: scaled embeddings, RMSNorm by 1 + weight, GeGLU",
+    ("gemma2",): "Gemma 2 (Gemma2ForCausalLM): Gemma's norms and GeGLU, norms after attention and MLP, "
+    "sliding and full layers, soft-capped attention scores and final logits",
     ("gemma3_text",): "Gemma 3 text (Gemma3ForCausalLM): Gemma's norms and GeGLU, per-head q/k norms, norms "
     "after attention and MLP, sliding and full layers with a RoPE base each, soft-capped final logits",
     ("olmo2",): "OLMo 2: RMSNorm after attention and MLP, whole-projection q/k norms",
@@ -58,7 +59,7 @@ UNWINDOWED = (
     "stablelm",
 )
 # families whose forward picks each layer's mask by config.layer_types (the others: one mask for all)
-PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3", "smollm3", "gemma3_text")
+PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3", "smollm3", "gemma2", "gemma3_text")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -165,7 +166,7 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
       :func:`refuse_unapplied_window` for a window their config sets anyway);
     - mistral, phi3, starcoder2: ``config.sliding_window`` on every layer, or none when it is null
       (their forward ignores ``layer_types``);
-    - ministral, qwen2, qwen3, smollm3, gemma3_text: the window on the layers
+    - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text: the window on the layers
       ``config.layer_types`` marks "sliding_attention" (qwen's config builds those from
       ``use_sliding_window`` and ``max_window_layers``; with ``use_sliding_window`` false it nulls
       ``sliding_window``. SmolLM3's marks its NoPE layers when ``use_sliding_window`` is set; its eager

@@ -3,9 +3,10 @@ export and the torch executor call, so both see one set of layer math and one sl
 
 Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2), GPT-2 and
 its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`), GPT-NeoX (:mod:`.gpt_neox`), Phi
-(:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`), Granite
-(:mod:`.granite`), StableLM (:mod:`.stablelm`) and SmolLM3 (:mod:`.smollm3`; these six share :mod:`.rope` with
-Llama-style). The shared pieces (spec, family checks, windows) live in :mod:`.base`.
+(:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 (:mod:`.gemma2`), Gemma 3 text (:mod:`.gemma3`), OLMo 2
+(:mod:`.olmo2`), Granite (:mod:`.granite`), StableLM (:mod:`.stablelm`) and SmolLM3 (:mod:`.smollm3`; Phi
+and these share :mod:`.rope` with Llama-style). The shared pieces (spec, family checks, windows, attention
+soft-caps) live in :mod:`.base`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from trtforge.llm.models.base import (
     sliding_windows,
 )
 from trtforge.llm.models.gemma import GemmaStyle
+from trtforge.llm.models.gemma2 import Gemma2Style
 from trtforge.llm.models.gemma3 import Gemma3Style
 from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
 from trtforge.llm.models.gpt_neox import GptNeoXStyle
@@ -45,6 +47,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "gpt_neox": GptNeoXStyle,
     "phi": PhiStyle,
     "gemma": GemmaStyle,
+    "gemma2": Gemma2Style,
     "gemma3_text": Gemma3Style,
     "olmo2": Olmo2Style,
     "granite": GraniteStyle,
@@ -66,6 +69,7 @@ __all__ = [
     "SUPPORTED",
     "DecoderAdapter",
     "DecoderSpec",
+    "Gemma2Style",
     "Gemma3Style",
     "GemmaStyle",
     "Gpt2Style",

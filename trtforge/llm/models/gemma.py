@@ -2,8 +2,8 @@
 
 Llama's block shape with Gemma's own modules: embeddings scaled by sqrt(hidden) in the embedding
 dtype, RMSNorm by (1 + weight) in float32, a GeGLU MLP (gelu_pytorch_tanh), a head dim of its own (256
-by default, not hidden / heads), tied embeddings, RoPE, no window. Gemma 3's text model is its own
-adapter (:mod:`.gemma3`); Gemma 2 soft-caps its attention scores and stays unsupported.
+by default, not hidden / heads), tied embeddings, RoPE, no window. Gemma 2 (:mod:`.gemma2`) and Gemma
+3's text model (:mod:`.gemma3`) build on it.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ class GemmaStyle(RopeStyle):
     family = "gemma"
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
-        if getattr(model.config, "use_bidirectional_attention", None):
+        c = model.config
+        if getattr(c, "use_bidirectional_attention", None):
             raise UserError(
-                f"{user} cannot run this gemma model {type(model).__name__}: its config sets "
+                f"{user} cannot run this {c.model_type} model {type(model).__name__}: its config sets "
                 "use_bidirectional_attention (an encoder-style Gemma, every token attending to later ones), "
-                "which causal generation cannot reproduce. Supported: causal Gemma 1 and CodeGemma models "
+                f"which causal generation cannot reproduce. Supported: causal {c.model_type} models "
                 "(use_bidirectional_attention null or false)."
             )
         super().__init__(model, user)

@@ -1,12 +1,12 @@
 """The Gemma 3 text adapter (``model_type`` "gemma3_text": ``Gemma3ForCausalLM``, gemma-3-270m / 1b).
 
-Gemma 1's embeddings scaled by sqrt(hidden), (1 + weight) RMSNorms and GeGLU, with what Gemma 3 adds:
-per-head q/k RMSNorms before RoPE, RMSNorms on the attention and MLP outputs before each residual add
-(four norms a layer), the softmax scale ``query_pre_attn_scalar ** -0.5`` (the attention modules' own
-``scaling``), sliding and full layers (``config.layer_types``, the windows of
-:func:`~trtforge.llm.models.base.sliding_windows`) whose rotary tables each come from their type's
-``config.rope_parameters`` entry, and logits soft-capped by ``final_logit_softcapping``. Attention
-soft-capping (``attn_logit_softcapping``, Gemma 2's) and bidirectional attention are refused.
+Gemma 2's layers (:mod:`.gemma2`: four norms a layer, the softmax scale ``query_pre_attn_scalar ** -0.5``,
+sliding and full layers by ``config.layer_types``, logits soft-capped by ``final_logit_softcapping``) with
+what Gemma 3 changes: per-head q/k RMSNorms before RoPE, and a rotary table per layer type (each from
+its type's ``config.rope_parameters`` entry). Its attention applies no soft-cap: transformers' Gemma 3
+attention never passes ``attn_logit_softcapping`` on (the config keeps the field; Gemma 3 bounds its
+scores by the q/k norms instead), so a config that sets it is served as transformers runs it, uncapped.
+Bidirectional attention is refused (:class:`~.gemma.GemmaStyle`).
 """
 
 from __future__ import annotations
@@ -16,39 +16,27 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from trtforge.errors import UserError
 from trtforge.llm.models.base import DecoderSpec
-from trtforge.llm.models.gemma import GemmaStyle
+from trtforge.llm.models.gemma2 import Gemma2Style
 from trtforge.llm.models.rotary import RotaryTables
 
 Rope = dict[str, tuple[Tensor, Tensor]]
 
 
-class Gemma3Style(GemmaStyle):
+class Gemma3Style(Gemma2Style):
     """Gemma 3 text (see the module docstring): :meth:`rotary` returns one (cos, sin) pair per layer type,
     :meth:`rotate` picks layer i's."""
 
     family = "gemma3_text"
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
-        c, name = model.config, type(model).__name__
-        if getattr(c, "attn_logit_softcapping", None) is not None:
-            raise UserError(
-                f"{user} cannot run this gemma3_text model {name}: its config sets attn_logit_softcapping="
-                f"{c.attn_logit_softcapping} (tanh soft-capping of the attention scores), which trtforge's "
-                "attention kernels do not apply. Supported: Gemma 3 text models with attn_logit_softcapping "
-                "null, as the released checkpoints have it."
-            )
-        if getattr(c, "use_bidirectional_attention", None):
-            raise UserError(
-                f"{user} cannot run this gemma3_text model {name}: its config sets "
-                "use_bidirectional_attention (every token attending to later ones within its window), "
-                "which causal generation cannot reproduce. Supported: causal Gemma 3 text models "
-                "(use_bidirectional_attention null or false)."
-            )
         super().__init__(model, user)
         #: each layer's type ("sliding_attention" or "full_attention"), which picks its rotary tables
-        self.layer_types: list[str] = list(c.layer_types[: self.num_layers])
+        self.layer_types: list[str] = list(model.config.layer_types[: self.num_layers])
+
+    def _attention_softcap(self) -> None:
+        """None whatever the config says: transformers' Gemma 3 attention applies no soft-cap."""
+        return None
 
     def _use_rotary(self, rotary_emb: nn.Module) -> None:
         """One :class:`~.rotary.RotaryTables` per layer type of the model, from the module's tables of that
@@ -90,19 +78,3 @@ class Gemma3Style(GemmaStyle):
         q, k, v = super().qkv(i, x)
         attn = self.layers[i].self_attn
         return attn.q_norm(q), attn.k_norm(k), v
-
-    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
-        """Sandwich norms: each branch normed before (input / pre-feedforward) and after (post-attention /
-        post-feedforward), then added to the residual."""
-        layer = self.layers[i]
-        x = x + layer.post_attention_layernorm(layer.self_attn.o_proj(attn_out))
-        return x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
-
-    def logits(self, x: Tensor) -> Tensor:
-        """The LM head's logits, soft-capped to ``cap * tanh(logits / cap)`` when the config sets
-        ``final_logit_softcapping`` (as ``Gemma3ForCausalLM.forward`` does)."""
-        logits = super().logits(x)
-        cap = getattr(self.config, "final_logit_softcapping", None)
-        if cap is None:
-            return logits
-        return torch.tanh(logits / cap) * cap
