@@ -1,9 +1,10 @@
 """Attention logit soft-capping (Gemma 2's ``attn_logit_softcapping``) in the decode and chunked-prefill
 kernels: each score s = q . k * scale becomes cap * tanh(s / cap) before the causal / window masks.
 
-Without CUDA the kernels run in Triton's CPU interpreter (tests/kernels/conftest.py), against an FP32
-reference that applies torch's tanh. The queries are scaled up so that the scores reach past the cap:
-every case first checks that the cap changes the reference's answer by far more than the tolerance.
+Each numeric case runs in Triton's CPU interpreter without CUDA (tests/kernels/conftest.py) and on the
+GPU for real (``-m gpu``: tests/_devices.py), against an FP32 reference that applies torch's tanh. The
+queries are scaled up so that the scores reach past the cap: every case first checks that the cap
+changes the reference's answer by far more than the tolerance.
 The sm_90 compile checks (Triton's bundled ptxas, no GPU) show the cap is compiled out when off.
 """
 
@@ -14,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="Triton is needed to run the kernel (pip install triton)")
 
+from tests._devices import DEVICES, skip_unless_runs_here  # noqa: E402
 from tests.kernels.decode_reference import (  # noqa: E402
     paged_from_contiguous,
     poison_past_lengths,
@@ -31,16 +33,15 @@ from trtforge.kernels.decode_attention import (  # noqa: E402
     prepare_paged_decode,
 )
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float16: 3e-3, torch.bfloat16: 2.5e-2}
 BITES = 0.1  # the least change the cap must make to the reference (scores well past it)
 
 
-def _inputs(gen, b, hq, hkv, s_q, s_max, d, dtype, q_gain=3.0):
-    """q (scaled by `q_gain`, so that the scores pass the cap), k, v: N(0, 1) otherwise."""
-    q = (torch.randn(b, hq, s_q, d, generator=gen) * q_gain).to(dtype).to(DEVICE)
-    k = torch.randn(b, hkv, s_max, d, generator=gen).to(dtype).to(DEVICE)
-    v = torch.randn(b, hkv, s_max, d, generator=gen).to(dtype).to(DEVICE)
+def _inputs(device, gen, b, hq, hkv, s_q, s_max, d, dtype, q_gain=3.0):
+    """q (scaled by `q_gain`, so that the scores pass the cap), k, v on `device`: N(0, 1) otherwise."""
+    q = (torch.randn(b, hq, s_q, d, generator=gen) * q_gain).to(dtype).to(device)
+    k = torch.randn(b, hkv, s_max, d, generator=gen).to(dtype).to(device)
+    v = torch.randn(b, hkv, s_max, d, generator=gen).to(dtype).to(device)
     return q, k, v
 
 
@@ -52,6 +53,7 @@ def _reference(q, k, v, lens, cap, window=None, scale=None):
     return want
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     ("hq", "hkv", "s_q", "d", "lens", "page", "splits", "dtype", "window", "cap"),
     [
@@ -62,11 +64,12 @@ def _reference(q, k, v, lens, cap, window=None, scale=None):
         (2, 1, 1, 256, [20, 1], 64, 0, torch.float16, None, 2.0),  # Gemma's head dim
     ],
 )
-def test_decode_kernel_soft_caps_the_scores(hq, hkv, s_q, d, lens, page, splits, dtype, window, cap):
+def test_decode_kernel_soft_caps_the_scores(device, hq, hkv, s_q, d, lens, page, splits, dtype, window, cap):
+    skip_unless_runs_here(device)
     gen = torch.Generator().manual_seed(sum(lens) + d + int(cap * 10))
     b, s_max = len(lens), max(lens) + 3
-    q, k, v = _inputs(gen, b, hq, hkv, s_q, s_max, d, dtype)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    q, k, v = _inputs(device, gen, b, hq, hkv, s_q, s_max, d, dtype)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     poison_past_lengths(k, seq_lens)
     poison_past_lengths(v, seq_lens)
     want = _reference(q, k, v, seq_lens, cap, window)
@@ -81,13 +84,15 @@ def test_decode_kernel_soft_caps_the_scores(hq, hkv, s_q, d, lens, page, splits,
     assert err < TOL[dtype], err
 
 
-def test_prepared_paged_decode_takes_the_layer_cap():
+@pytest.mark.parametrize("device", DEVICES)
+def test_prepared_paged_decode_takes_the_layer_cap(device):
     """The executor's prepared launch (one per layer geometry, the cap in it) gives decode_attention's
     output bit for bit, and over the capped reference; a launch prepared without the cap does not."""
+    skip_unless_runs_here(device)
     gen = torch.Generator().manual_seed(5)
     hq, hkv, d, cap = 8, 2, 64, 2.0
-    lens = torch.tensor([23, 9, 40], dtype=torch.int32, device=DEVICE)
-    q, k, v = _inputs(gen, 3, hq, hkv, 1, 44, d, torch.float16)
+    lens = torch.tensor([23, 9, 40], dtype=torch.int32, device=device)
+    q, k, v = _inputs(device, gen, 3, hq, hkv, 1, 44, d, torch.float16)
     want = _reference(q, k, v, lens, cap)
     k_pool, v_pool, table = paged_from_contiguous(k, v, lens.cpu(), 16, gen)
     cfg = DecodeConfig(block_n=16, num_splits=2)
@@ -106,15 +111,19 @@ def test_prepared_paged_decode_takes_the_layer_cap():
     assert (plain.float().cpu() - want[:, :, 0]).abs().max().item() > BITES
 
 
-def test_decode_over_fp8_pools_caps_the_scaled_scores():
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_over_fp8_pools_caps_the_scaled_scores(device):
     """FP8 pools: the query carries the softmax scale times the K scale in FP16 (KV_F16), so the cap
     applies to the scores of the dequantized keys, as over 16-bit pools."""
     from trtforge.kernels.kv_quant import FP8_KV_DTYPE
 
+    skip_unless_runs_here(device)
+    if device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 pools need compute capability >= 8.9")
     gen = torch.Generator().manual_seed(9)
     hq, hkv, d, cap, k_scale, v_scale = 4, 1, 64, 3.0, 0.5, 0.25
-    lens = torch.tensor([12, 37], dtype=torch.int32, device=DEVICE)
-    q, k, v = _inputs(gen, 2, hq, hkv, 1, 40, d, torch.bfloat16)
+    lens = torch.tensor([12, 37], dtype=torch.int32, device=device)
+    q, k, v = _inputs(device, gen, 2, hq, hkv, 1, 40, d, torch.bfloat16)
     kq, vq = (k.float() / k_scale).to(FP8_KV_DTYPE), (v.float() / v_scale).to(FP8_KV_DTYPE)
     want = _reference(q, kq.float() * k_scale, vq.float() * v_scale, lens, cap)
     out = decode_attention(
@@ -123,6 +132,7 @@ def test_decode_over_fp8_pools_caps_the_scaled_scores():
     assert (out.float().cpu() - want).abs().max().item() < TOL[torch.bfloat16]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     ("hq", "hkv", "s_q", "d", "lens", "page", "dtype", "window", "cap", "block_m"),
     [
@@ -131,11 +141,14 @@ def test_decode_over_fp8_pools_caps_the_scaled_scores():
         (2, 2, 37, 32, [37, 50], 16, torch.float16, None, 3.0, 16),  # a chunk longer than a row tile
     ],
 )
-def test_chunked_prefill_soft_caps_the_scores(hq, hkv, s_q, d, lens, page, dtype, window, cap, block_m):
+def test_chunked_prefill_soft_caps_the_scores(
+    device, hq, hkv, s_q, d, lens, page, dtype, window, cap, block_m
+):
+    skip_unless_runs_here(device)
     gen = torch.Generator().manual_seed(s_q * d + hq)
     b, s_max = len(lens), max(lens) + 5
-    q, k, v = _inputs(gen, b, hq, hkv, s_q, s_max, d, dtype)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    q, k, v = _inputs(device, gen, b, hq, hkv, s_q, s_max, d, dtype)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     poison_past_lengths(k, seq_lens)
     poison_past_lengths(v, seq_lens)
     want = _reference(q, k, v, seq_lens, cap, window)
@@ -151,17 +164,19 @@ def test_chunked_prefill_soft_caps_the_scores(hq, hkv, s_q, d, lens, page, dtype
     assert err < TOL[dtype], err
 
 
-def test_varlen_chunks_take_the_cap():
+@pytest.mark.parametrize("device", DEVICES)
+def test_varlen_chunks_take_the_cap(device):
     """The served varlen launch (flat rows, ragged chunks, shuffled tables) with a cap gives each chunk's
     own capped launch exactly, and the capped reference."""
+    skip_unless_runs_here(device)
     gen = torch.Generator().manual_seed(13)
     hq, hkv, d, page, cap, scale = 8, 2, 32, 16, 2.0, 0.5
-    k, v = (torch.randn(3, hkv, 80, d, generator=gen).half().to(DEVICE) for _ in range(2))
+    k, v = (torch.randn(3, hkv, 80, d, generator=gen).half().to(device) for _ in range(2))
     starts, q_lens, lens = [0, 17, 58], [17, 41, 2], [17, 70, 35]
     k_pool, v_pool, table = paged_from_contiguous(k, v, torch.tensor(lens), page, gen)
-    q = torch.randn(64, hq, d, generator=gen).half().to(DEVICE)
-    as_i32 = {n: torch.tensor(x, dtype=torch.int32, device=DEVICE) for n, x in (("s", starts), ("q", q_lens))}
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(64, hq, d, generator=gen).half().to(device)
+    as_i32 = {n: torch.tensor(x, dtype=torch.int32, device=device) for n, x in (("s", starts), ("q", q_lens))}
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     out = torch.full_like(q, float("nan"))
     chunked_prefill_varlen(
         q, k_pool, v_pool, seq_lens, table, as_i32["s"], as_i32["q"], max(q_lens), scale=scale, out=out,
@@ -181,8 +196,8 @@ def test_varlen_chunks_take_the_cap():
 def test_a_cap_must_be_a_positive_finite_number(cap):
     with pytest.raises(ValueError, match="soft-cap must be a finite number > 0"):
         check_softcap(cap)
-    q = torch.zeros(1, 2, 1, 32, dtype=torch.float16, device=DEVICE)
-    lens = torch.tensor([4], dtype=torch.int32, device=DEVICE)
+    q = torch.zeros(1, 2, 1, 32, dtype=torch.float16)
+    lens = torch.tensor([4], dtype=torch.int32)
     with pytest.raises(ValueError, match="soft-cap"):
         decode_attention(q, q, q, lens, softcap=cap)
     with pytest.raises(ValueError, match="soft-cap"):

@@ -2,7 +2,8 @@
 verification rows and prompt chunks all take the layer's cap, and each (geometry, window, cap) gets its
 own prepared launches.
 
-Without CUDA the kernels run in Triton's CPU interpreter (tests/llm/conftest.py); with CUDA for real.
+Each case runs in Triton's CPU interpreter without CUDA (tests/llm/conftest.py) and on the GPU for real
+(``-m gpu``: tests/_devices.py).
 """
 
 from __future__ import annotations
@@ -12,22 +13,21 @@ import importlib.util
 import pytest
 import torch
 
+from tests._devices import DEVICES, skip_unless_runs_here
 from tests.llm.paged_metadata import mixed_metadata
 from trtforge.llm.executors.paged_attention import paged_attention_reference, paged_decode_reference
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-
-def _case(ctx_lens, q_lens, seed):
+def _case(device, ctx_lens, q_lens, seed):
     """A ragged step over randomly placed blocks; queries scaled up so that the scores pass the caps."""
     g = torch.Generator().manual_seed(seed)
     bs, hq, hkv, d, nblocks = 16, 8, 2, 32, 64
-    meta, _ = mixed_metadata(DEVICE, g, bs, nblocks, ctx_lens, q_lens)
-    k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(DEVICE)
-    v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(DEVICE)
-    q = (torch.randn(sum(q_lens), hq, d, generator=g) * 3).half().to(DEVICE)
+    meta, _ = mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens)
+    k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
+    v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
+    q = (torch.randn(sum(q_lens), hq, d, generator=g) * 3).half().to(device)
     return q, k_pool, v_pool, meta, d**-0.5
 
 
@@ -46,10 +46,12 @@ def _reference(q, k_pool, v_pool, meta, scale, window=None, softcap=None):
     ],
 )
 @pytest.mark.parametrize(("cap", "window"), [(2.0, None), (5.0, 24)])
-def test_soft_capped_layer_matches_the_reference(ctx_lens, q_lens, cap, window):
+@pytest.mark.parametrize("device", DEVICES)
+def test_soft_capped_layer_matches_the_reference(device, ctx_lens, q_lens, cap, window):
     from trtforge.llm.executors.triton_attention import TritonPagedAttention
 
-    q, k_pool, v_pool, meta, scale = _case(ctx_lens, q_lens, int(cap) + len(q_lens))
+    skip_unless_runs_here(device)
+    q, k_pool, v_pool, meta, scale = _case(device, ctx_lens, q_lens, int(cap) + len(q_lens))
     want = _reference(q, k_pool, v_pool, meta, scale, window, cap)
     assert (want - _reference(q, k_pool, v_pool, meta, scale, window)).abs().max().item() > 0.1
     got = TritonPagedAttention()(q, k_pool, v_pool, meta, scale, window, softcap=cap)
@@ -57,12 +59,14 @@ def test_soft_capped_layer_matches_the_reference(ctx_lens, q_lens, cap, window):
     torch.testing.assert_close(got.double(), want, atol=3e-3, rtol=3e-3)
 
 
-def test_layers_with_and_without_a_cap_get_their_own_prepared_launches():
+@pytest.mark.parametrize("device", DEVICES)
+def test_layers_with_and_without_a_cap_get_their_own_prepared_launches(device):
     """Two layers of one geometry, one soft-capped: the step's prepared launches are keyed by the cap too,
     so neither reuses the other's (the capped layer would run uncapped, or the reverse)."""
     from trtforge.llm.executors.triton_attention import TritonPagedAttention
 
-    q, k_pool, v_pool, meta, scale = _case([40, 70, 25], [1, 30, 3], 3)
+    skip_unless_runs_here(device)
+    q, k_pool, v_pool, meta, scale = _case(device, [40, 70, 25], [1, 30, 3], 3)
     attention = TritonPagedAttention()
     for cap in (None, 2.0, None, 2.0):
         got = attention(q, k_pool, v_pool, meta, scale, softcap=cap)
@@ -72,19 +76,21 @@ def test_layers_with_and_without_a_cap_get_their_own_prepared_launches():
     assert len(attention.plan_of(meta, q.device).launches) == 2
 
 
-def test_static_decode_path_takes_the_cap():
+@pytest.mark.parametrize("device", DEVICES)
+def test_static_decode_path_takes_the_cap(device):
     """The CUDA-graph decode body calls the decode function with the layer's cap: one query a row, and
     verification rows (q_len 3), against the decode reference."""
     from trtforge.llm.executors.triton_attention import TritonDecodeAttention
 
+    skip_unless_runs_here(device)
     g = torch.Generator().manual_seed(8)
     bs, hq, hkv, d, nblocks, cap = 16, 8, 2, 32, 32, 2.0
-    k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(DEVICE)
-    v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(DEVICE)
-    tables = torch.randperm(nblocks, generator=g)[:12].view(3, 4).to(torch.int32).to(DEVICE)
-    lens = torch.tensor([50, 7, 64], dtype=torch.int32, device=DEVICE)
+    k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
+    v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
+    tables = torch.randperm(nblocks, generator=g)[:12].view(3, 4).to(torch.int32).to(device)
+    lens = torch.tensor([50, 7, 64], dtype=torch.int32, device=device)
     for q_len in (1, 3):
-        q = (torch.randn(3 * q_len, hq, d, generator=g) * 3).half().to(DEVICE)
+        q = (torch.randn(3 * q_len, hq, d, generator=g) * 3).half().to(device)
         got = TritonDecodeAttention()(q, k_pool, v_pool, tables, lens, d**-0.5, q_len=q_len, softcap=cap)
         want = paged_decode_reference(
             q.double(), k_pool.double(), v_pool.double(), tables, lens, d**-0.5, q_len=q_len, softcap=cap
