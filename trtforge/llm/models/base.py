@@ -229,6 +229,18 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out if rest.shape[-1] == 0 else torch.cat((out, rest), dim=-1)
 
 
+def apply_rotary_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """HF's interleaved rotary embedding (GPT-J, CodeGen: ``rotate_every_two``): ``x*cos +
+    rotate_every_two(x)*sin`` over the first ``cos.shape[-1]`` channels of `x`, whose pairs (0, 1),
+    (2, 3), ... rotate together; the rest pass through. `cos`/`sin` repeat each frequency twice
+    (``c0, c0, c1, c1, ...``) and broadcast against `x`."""
+    dim = cos.shape[-1]
+    rot, rest = x[..., :dim], x[..., dim:]
+    rotated = torch.stack((-rot[..., 1::2], rot[..., ::2]), dim=-1).flatten(-2)
+    out = rot * cos + rotated * sin
+    return out if rest.shape[-1] == 0 else torch.cat((out, rest), dim=-1)
+
+
 class DecoderAdapter(ABC):
     """One family's view of a HF causal LM: its spec, per-layer attention scales and windows, and the
     layer math around the attention (embed, project q/k/v, finish the block, logits), read by the
@@ -253,6 +265,12 @@ class DecoderAdapter(ABC):
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def bounded(self) -> bool:
+        """Whether no position past :attr:`max_length` exists (a learned table; GPT-J's fixed sinusoid
+        table): transformers cannot run a longer sequence at all, so neither may the executors."""
+        return self.spec.positions == "learned"
 
     def require_fixed_rotary(self) -> None:
         """UserError for a rotary whose table changes with the sequence length (the step graph holds one)."""
