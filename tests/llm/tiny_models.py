@@ -24,6 +24,8 @@ FAMILIES = (
     "gemma3_text",
     "stablelm",
     "smollm3",
+    "gptj",
+    "codegen",
 )
 # the forms the Triton-executor and CUDA-graph tests run: the fused layers' Llama-style variants (plain,
 # Qwen3's head norms, Phi-3's fused projections and partial rotary) and every family with another adapter
@@ -128,6 +130,15 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family == "smollm3":  # every 2nd layer NoPE (the default interval, 4, leaves 2 layers all RoPE)
         smol = {"no_rope_layer_interval": 2, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
         cfg, cls = tf.SmolLM3Config(**(llama_like | smol | overrides)), tf.SmolLM3ForCausalLM
+    elif family in ("gptj", "codegen"):  # interleaved rotary on half of each head, parallel block
+        # (CodeGen: 2 heads on each of its 4 fused-projection shards, so that its layout shows)
+        gptj = {"vocab_size": 300, "n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8}
+        gptj |= {"n_positions": 256, "initializer_range": 0.2, "bos_token_id": 0, "eos_token_id": 0}
+        if family == "codegen":
+            gptj |= {"n_head": 8, "rotary_dim": 4}
+            cfg, cls = tf.CodeGenConfig(**(gptj | overrides)), tf.CodeGenForCausalLM
+        else:
+            cfg, cls = tf.GPTJConfig(**(gptj | overrides)), tf.GPTJForCausalLM
     elif family == "starcoder2":  # LayerNorm, GELU MLP with biases, one window for every layer
         cfg, cls = tf.Starcoder2Config(**(llama_like | overrides)), tf.Starcoder2ForCausalLM
     else:
@@ -144,6 +155,13 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             for name, param in model.named_parameters():
                 if "norm" in name:
                     param.add_(torch.randn_like(param) * 0.2)
+    if family in ("gptj", "codegen"):  # LayerNorm weights and every bias off their 1 / 0 init
+        # (a skipped norm or a bias left out shows: GPT-J's LM-head bias)
+        with torch.no_grad():
+            for module in model.modules():
+                for name, param in module.named_parameters(recurse=False):
+                    if isinstance(module, torch.nn.LayerNorm) or name == "bias":
+                        param.add_(torch.randn_like(param) * 0.2)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
@@ -229,6 +247,14 @@ def stablelm_factory():
 
 def smollm3_factory():
     return tiny_model("smollm3"), None
+
+
+def gptj_factory():
+    return tiny_model("gptj"), None
+
+
+def codegen_factory():
+    return tiny_model("codegen"), None
 
 
 def starcoder2_factory():

@@ -150,6 +150,21 @@ OPTIONS: dict[str, dict[str, list]] = {
         "mlp_bias": [False, True],
         "hidden_act": ACTS,
     },
+    "gptj": {  # rotary_dim: a quarter (GPT-J 6B), a half or all of a 16-channel head (of 32 with 2 heads)
+        "rotary_dim": [4, 8, 16],
+        "n_head": [2, 4],
+        "activation_function": ["gelu_new", "gelu", "relu"],
+        "n_inner": [None, 96],
+        "layer_norm_epsilon": [1e-5, 1e-3],
+        "tie_word_embeddings": [False, True],
+    },
+    "codegen": {  # (its fused projection's 4 shards: 1 or 2 heads each)
+        "rotary_dim": [2, 4, 8],
+        "n_head": [4, 8],
+        "activation_function": ["gelu_new", "gelu"],
+        "n_inner": [None, 96],
+        "tie_word_embeddings": [False, True],
+    },
 }
 SEEDS = range(5)
 PROMPT = 19

@@ -79,6 +79,9 @@ CASES = [
     ("smollm3", {"sliding_window": 4, "use_sliding_window": False}),  # layer_types default: all full
     # layer_types set: the eager/SDPA masks apply the window whatever use_sliding_window says
     ("smollm3", {"sliding_window": 4, "use_sliding_window": False, "layer_types": [SLIDING, FULL, FULL]}),
+    ("gptj", {}),
+    ("gptj", {"set_sliding_window": 64}),  # no GPT-J or CodeGen layer applies one
+    ("codegen", {}),
 ]
 
 
@@ -95,7 +98,7 @@ def _model(family: str, overrides: dict) -> torch.nn.Module:
 
 
 def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    if model.config.model_type in ("gpt2", "gpt_bigcode"):
+    if model.config.model_type in ("gpt2", "gpt_bigcode", "gptj", "codegen"):
         return [block.attn for block in model.transformer.h]
     if model.config.model_type == "gpt_neo":
         return [block.attn.attention for block in model.transformer.h]

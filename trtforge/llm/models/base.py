@@ -36,6 +36,8 @@ STYLES: dict[tuple[str, ...], str] = {
     ("stablelm",): "StableLM-2 / stable-code: LayerNorm, partial RoPE, optional per-head q/k LayerNorm "
     "and parallel residual",
     ("smollm3",): "SmolLM3: Llama with NoPE layers (no_rope_layers) and per-layer windows (layer_types)",
+    ("gptj", "codegen"): "GPT-J / CodeGen: one LayerNorm feeding attention and MLP in parallel, interleaved "
+    "(rotate-every-two) RoPE on the first rotary_dim channels from a fixed sinusoid table",
 }
 SUPPORTED = tuple(t for types in STYLES for t in types)
 # unsupported model types whose refusal says what to load instead (after the supported list)
@@ -56,6 +58,8 @@ UNWINDOWED = (
     "olmo2",
     "granite",
     "stablelm",
+    "gptj",
+    "codegen",
 )
 # families whose forward picks each layer's mask by config.layer_types (the others: one mask for all)
 PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3", "smollm3", "gemma3_text")

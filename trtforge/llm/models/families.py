@@ -5,7 +5,8 @@ Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, 
 its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`), GPT-NeoX (:mod:`.gpt_neox`), Phi
 (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`), Granite
 (:mod:`.granite`), StableLM (:mod:`.stablelm`) and SmolLM3 (:mod:`.smollm3`; these six share :mod:`.rope` with
-Llama-style). The shared pieces (spec, family checks, windows) live in :mod:`.base`.
+Llama-style) and GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table). The shared
+pieces (spec, family checks, windows) live in :mod:`.base`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from trtforge.llm.models.gemma import GemmaStyle
 from trtforge.llm.models.gemma3 import Gemma3Style
 from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
 from trtforge.llm.models.gpt_neox import GptNeoXStyle
+from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
 from trtforge.llm.models.granite import GraniteStyle
 from trtforge.llm.models.llama import LlamaStyle
 from trtforge.llm.models.olmo2 import Olmo2Style
@@ -50,6 +52,8 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "granite": GraniteStyle,
     "stablelm": StableLmStyle,
     "smollm3": SmolLM3Style,
+    "gptj": GptJStyle,
+    "codegen": CodeGenStyle,
 }
 
 
@@ -64,12 +68,14 @@ __all__ = [
     "GPT2_STYLE",
     "LLAMA_STYLE",
     "SUPPORTED",
+    "CodeGenStyle",
     "DecoderAdapter",
     "DecoderSpec",
     "Gemma3Style",
     "GemmaStyle",
     "Gpt2Style",
     "GptBigCodeStyle",
+    "GptJStyle",
     "GptNeoStyle",
     "GptNeoXStyle",
     "GraniteStyle",
