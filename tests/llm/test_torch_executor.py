@@ -87,6 +87,9 @@ def _tiny(model_type: str, **overrides):
         "gemma3_text",
         "gptj",
         "codegen",
+        "falcon",
+        "falcon_40b",
+        "falcon_serial",
     ):
         from tests.llm.tiny_models import tiny_model
 
@@ -166,6 +169,11 @@ def _tiny(model_type: str, **overrides):
         ("gptj", {}),  # interleaved rotary on half of each head, one LayerNorm, LM-head bias
         ("gptj", {"rotary_dim": 16, "n_head": 4}),  # every channel of each head rotated
         ("codegen", {}),  # the per-shard fused projection, 2 heads a shard
+        ("falcon", {}),  # falcon-7b: multi-query, parallel, one LayerNorm
+        ("falcon_40b", {}),  # 2 KV groups, ln_attn and ln_mlp
+        ("falcon_40b", {"num_ln_in_parallel_attn": 1, "num_attention_heads": 8}),  # Falcon2-11B's one norm
+        ("falcon_serial", {}),  # per-head fused QKV with biases, post_attention_layernorm
+        ("falcon", {"parallel_attn": False}),  # multi-query, serial
     ],
 )
 def test_chunked_paged_steps_reproduce_transformers_logits(model_type, overrides):

@@ -1,6 +1,6 @@
-"""GPT-J and CodeGen beyond the logits every family's tests compare: the interleaved rotary bit for bit
-against transformers' own in every dtype, the layouts the specs report, and what is refused by name
-(configs transformers' own forward cannot run either; GPT-J past its table)."""
+"""GPT-J, CodeGen and Falcon beyond the logits every family's tests compare: the interleaved rotary bit
+for bit against transformers' own in every dtype, the layouts the specs report, and what is refused by
+name (falcon-rw's ALiBi; configs transformers' own forward cannot run either; GPT-J past its table)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _hf_rotated(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
     ("family", "overrides"),
-    [("gptj", {}), ("gptj", {"rotary_dim": 16}), ("codegen", {})],
+    [("gptj", {}), ("gptj", {"rotary_dim": 16}), ("codegen", {}), ("falcon_40b", {})],
 )
 def test_rotated_queries_and_keys_are_transformers_bit_for_bit(family, overrides, dtype, tmp_path):
     """The adapter's q and k after rotary (the torch executor's flat layout) equal what transformers'
@@ -48,7 +48,8 @@ def test_rotated_queries_and_keys_are_transformers_bit_for_bit(family, overrides
 
     tiny_model(family, **overrides).save_pretrained(tmp_path)
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=dtype).eval()
-    assert model.transformer.rotary_emb.embed_positions.dtype == torch.float32
+    if family != "falcon_40b":
+        assert model.transformer.rotary_emb.embed_positions.dtype == torch.float32
     ids = torch.randint(0, 300, (1, 11), generator=torch.Generator().manual_seed(0))
     want_q, want_k = _hf_rotated(model, ids)
     adapter = adapter_for(model)
@@ -64,10 +65,11 @@ def test_rotated_queries_and_keys_are_transformers_bit_for_bit(family, overrides
 
 @pytest.mark.parametrize(
     ("family", "kv_heads", "rotated"),
-    [("gptj", 4, 8), ("codegen", 8, 4)],
+    [("gptj", 4, 8), ("codegen", 8, 4), ("falcon", 1, 16), ("falcon_40b", 2, 16), ("falcon_serial", 4, 16)],
 )
 def test_specs_report_the_layouts(family, kv_heads, rotated):
-    """KV heads, the rotated channels and their interleaving, GPT-J's table length as its positions."""
+    """KV heads per form (falcon-7b's one, falcon-40b's groups, per-head MHA), the rotated channels and
+    their interleaving, GPT-J's table length as its positions."""
     spec = adapter_for(tiny_model(family)).spec
     assert spec.num_kv_heads == kv_heads
     assert spec.rotary["dim"] == rotated
@@ -75,9 +77,38 @@ def test_specs_report_the_layouts(family, kv_heads, rotated):
     assert spec.max_positions == 256 and spec.sliding_windows == [None, None]
 
 
+def test_falcon_rw_alibi_is_refused_by_name(tmp_path):
+    """ALiBi adds position biases to the attention scores, which trtforge's kernels do not apply: the
+    step graph and the torch executor refuse it, naming the option and falcon-rw."""
+    model = tiny_model("falcon", alibi=True, multi_query=False, parallel_attn=False)
+    message = r"falcon model FalconForCausalLM: its config sets alibi=True \(falcon-rw's ALiBi position"
+    with pytest.raises(UserError, match=message):
+        adapter_for(model)
+    with pytest.raises(UserError, match=message):
+        export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)
+    with pytest.raises(UserError, match="the torch executor cannot run this falcon model .*alibi=True"):
+        TorchExecutor(model, num_blocks=4)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("family", "overrides", "message"),
     [
+        (  # the new architecture reads ln_attn, which only its parallel layers make
+            "falcon",
+            {"new_decoder_architecture": True, "num_kv_heads": 2, "parallel_attn": False},
+            "new_decoder_architecture=True, parallel_attn=False with num_ln_in_parallel_attn=2",
+        ),
+        (  # the old one makes ln_attn and ln_mlp for 2 norms, then reads input_layernorm
+            "falcon",
+            {"parallel_attn": True, "num_ln_in_parallel_attn": 2},
+            "new_decoder_architecture=False, parallel_attn=True with num_ln_in_parallel_attn=2",
+        ),
+        (  # per-head q, k, v with fewer KV heads configured: its attention repeats them past the queries
+            "falcon",
+            {"multi_query": False, "num_kv_heads": 2},
+            "num_kv_heads=2 with multi_query and new_decoder_architecture off",
+        ),
         ("gptj", {"rotary_dim": 32}, "rotary_dim 32 makes a 32-channel rotary table for 16 channels"),
         ("gptj", {"rotary_dim": 7}, "rotary_dim 7 makes a 8-channel rotary table for 7 channels"),
     ],

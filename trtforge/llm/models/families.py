@@ -5,8 +5,8 @@ Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, 
 its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`), GPT-NeoX (:mod:`.gpt_neox`), Phi
 (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`), Granite
 (:mod:`.granite`), StableLM (:mod:`.stablelm`) and SmolLM3 (:mod:`.smollm3`; these six share :mod:`.rope` with
-Llama-style) and GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table). The shared
-pieces (spec, family checks, windows) live in :mod:`.base`.
+Llama-style), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table) and Falcon
+(:mod:`.falcon`). The shared pieces (spec, family checks, windows) live in :mod:`.base`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from trtforge.llm.models.base import (
     refuse_unapplied_window,
     sliding_windows,
 )
+from trtforge.llm.models.falcon import FalconStyle
 from trtforge.llm.models.gemma import GemmaStyle
 from trtforge.llm.models.gemma3 import Gemma3Style
 from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
@@ -54,6 +55,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "smollm3": SmolLM3Style,
     "gptj": GptJStyle,
     "codegen": CodeGenStyle,
+    "falcon": FalconStyle,
 }
 
 
@@ -71,6 +73,7 @@ __all__ = [
     "CodeGenStyle",
     "DecoderAdapter",
     "DecoderSpec",
+    "FalconStyle",
     "Gemma3Style",
     "GemmaStyle",
     "Gpt2Style",
