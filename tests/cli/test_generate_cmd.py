@@ -38,6 +38,17 @@ def test_greedy_ids_match_hf_on_both_executors(paged, capsys):
     assert _lines(capsys) == want
 
 
+@pytest.mark.parametrize("family", ["gptj", "codegen", "falcon", "falcon_40b", "falcon_serial"])
+def test_gptj_codegen_and_falcon_factories_generate_hf_greedy_ids(family, capsys):
+    """`generate` on the torch executor serves GPT-J, CodeGen and Falcon's three layer forms (module:factory
+    models): HF's greedy ids, batched."""
+    model = tiny_model(family)
+    want = [hf_greedy(model, p, 7)[0] for p in ([1, 2, 3], [4, 5, 6, 7, 8])]
+    args = ["--prompt-ids", "1 2 3", "--prompt-ids", "4 5 6 7 8", "--max-tokens", "7", "--ignore-eos"]
+    assert main(["generate", f"tests.llm.tiny_models:{family}_factory", *args, "--num-blocks", "16"]) == 0
+    assert _lines(capsys) == want
+
+
 def test_seeded_sampling_repeats_and_differs_from_greedy(paged, capsys):
     args = ["generate", paged, "--prompt-ids", "9 8 7", "--max-tokens", "12", "--ignore-eos"]
     assert main(args) == 0

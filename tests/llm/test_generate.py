@@ -176,7 +176,7 @@ def test_dynamic_rotary_is_refused_by_the_step_graph_pointing_at_the_torch_execu
         export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "opt", "gpt_neox", "phi", "stablelm"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "opt", "gpt_neox", "phi", "stablelm", "gptj", "falcon"])
 def test_a_window_the_attention_does_not_apply_is_refused_when_it_would_bite(family, tmp_path):
     """Llama and GPT-2 attention apply no window, yet HF generate()'s cache truncates to a configured
     sliding_window: shorter than the cache it is refused by name on every path; at least as long it is

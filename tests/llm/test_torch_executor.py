@@ -86,6 +86,11 @@ def _tiny(model_type: str, **overrides):
         "smollm3",
         "gemma3_text",
         "gemma2",
+        "gptj",
+        "codegen",
+        "falcon",
+        "falcon_40b",
+        "falcon_serial",
     ):
         from tests.llm.tiny_models import tiny_model
 
@@ -167,6 +172,14 @@ def _tiny(model_type: str, **overrides):
         ),
         ("phi3", {"head_dim": 12, "num_key_value_heads": 4, "tie_word_embeddings": True}),
         ("phi3", {"num_attention_heads": 8, "num_key_value_heads": 2, "partial_rotary_factor": 1.0}),
+        ("gptj", {}),  # interleaved rotary on half of each head, one LayerNorm, LM-head bias
+        ("gptj", {"rotary_dim": 16, "n_head": 4}),  # every channel of each head rotated
+        ("codegen", {}),  # the per-shard fused projection, 2 heads a shard
+        ("falcon", {}),  # falcon-7b: multi-query, parallel, one LayerNorm
+        ("falcon_40b", {}),  # 2 KV groups, ln_attn and ln_mlp
+        ("falcon_40b", {"num_ln_in_parallel_attn": 1, "num_attention_heads": 8}),  # Falcon2-11B's one norm
+        ("falcon_serial", {}),  # per-head fused QKV with biases, post_attention_layernorm
+        ("falcon", {"parallel_attn": False}),  # multi-query, serial
     ],
 )
 def test_chunked_paged_steps_reproduce_transformers_logits(model_type, overrides):
@@ -206,6 +219,9 @@ def test_unsupported_models_and_bad_sizes_are_user_errors():
         TorchExecutor(gpt2, num_blocks=4, max_model_len=300)
     with pytest.raises(UserError, match="max_model_len 300 exceeds the 256 learned positions"):
         TorchExecutor(_tiny("opt"), num_blocks=4, max_model_len=300)  # (OPT's table holds 2 more rows)
+    gptj = _tiny("gptj")  # GPT-J's sinusoid table has n_positions rows: past them HF's forward fails too
+    with pytest.raises(UserError, match="max_model_len 300 exceeds the 256 rows of the rotary table of this"):
+        TorchExecutor(gptj, num_blocks=4, max_model_len=300)
     with pytest.raises(UserError, match="max_model_len must be a positive integer"):
         TorchExecutor(tiny_llama(), num_blocks=4, max_model_len=-1)
     with pytest.raises(UserError, match="num_blocks must be a positive integer"):

@@ -25,10 +25,24 @@ FAMILIES = (
     "gemma2",
     "stablelm",
     "smollm3",
+    "gptj",
+    "codegen",
+    "falcon",
+    "falcon_40b",
+    "falcon_serial",
 )
+# forms of one family that tiny_model builds under names of their own: Falcon's other two layer
+# architectures ("falcon" itself is falcon-7b's: multi-query, parallel, one input_layernorm)
+FORMS: dict[str, tuple[str, dict]] = {
+    # falcon-40b/180b: the new decoder architecture, 2 KV groups of the grouped fused QKV, ln_attn + ln_mlp
+    "falcon_40b": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2}),
+    # the serial block (post_attention_layernorm) with per-head fused QKV (MHA) and biases
+    "falcon_serial": ("falcon", {"parallel_attn": False, "multi_query": False, "bias": True}),
+}
 # the forms the Triton-executor and CUDA-graph tests run: the fused layers' Llama-style variants (plain,
-# Qwen3's head norms, Phi-3's fused projections and partial rotary) and every family with another adapter
-KERNEL_FAMILIES = ("llama", "qwen3", "phi3", *(f for f in SUPPORTED if f not in LLAMA_STYLE))
+# Qwen3's head norms, Phi-3's fused projections and partial rotary), every family with another adapter
+# and the family forms above
+KERNEL_FAMILIES = ("llama", "qwen3", "phi3", *(f for f in SUPPORTED if f not in LLAMA_STYLE), *FORMS)
 PROMPT_LENS = (1, 3, 9, 17)
 # qwen3/phi3 shapes the default configs do not have: a head_dim other than hidden / heads (the
 # projections are wider or narrower than hidden), MHA (GQA ratio 1), GQA ratio 4, tied embeddings
@@ -44,6 +58,8 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     """A 2-layer random decoder; initializer_range 0.2 so greedy outputs vary from step to step."""
     import transformers as tf
 
+    family, form = FORMS.get(family, (family, {}))
+    overrides = form | overrides
     torch.manual_seed(seed)
     llama_like = {
         "vocab_size": 300,
@@ -137,6 +153,20 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family == "smollm3":  # every 2nd layer NoPE (the default interval, 4, leaves 2 layers all RoPE)
         smol = {"no_rope_layer_interval": 2, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
         cfg, cls = tf.SmolLM3Config(**(llama_like | smol | overrides)), tf.SmolLM3ForCausalLM
+    elif family in ("gptj", "codegen"):  # interleaved rotary on half of each head, parallel block
+        # (CodeGen: 2 heads on each of its 4 fused-projection shards, so that its layout shows)
+        gptj = {"vocab_size": 300, "n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8}
+        gptj |= {"n_positions": 256, "initializer_range": 0.2, "bos_token_id": 0, "eos_token_id": 0}
+        if family == "codegen":
+            gptj |= {"n_head": 8, "rotary_dim": 4}
+            cfg, cls = tf.CodeGenConfig(**(gptj | overrides)), tf.CodeGenForCausalLM
+        else:
+            cfg, cls = tf.GPTJConfig(**(gptj | overrides)), tf.GPTJForCausalLM
+    elif family == "falcon":  # falcon-7b: multi-query fused QKV, parallel block, one LayerNorm, tied head
+        mlp_kv = ("num_key_value_heads", "intermediate_size")  # (Falcon: num_kv_heads, a 4x MLP)
+        falcon = {k: v for k, v in llama_like.items() if k not in mlp_kv}
+        falcon |= {"bos_token_id": 0, "eos_token_id": 0}
+        cfg, cls = tf.FalconConfig(**(falcon | overrides)), tf.FalconForCausalLM
     elif family == "starcoder2":  # LayerNorm, GELU MLP with biases, one window for every layer
         cfg, cls = tf.Starcoder2Config(**(llama_like | overrides)), tf.Starcoder2ForCausalLM
     else:
@@ -153,6 +183,14 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             for name, param in model.named_parameters():
                 if "norm" in name:
                     param.add_(torch.randn_like(param) * 0.2)
+    if family in ("gptj", "codegen", "falcon"):  # LayerNorm weights and every bias off their 1 / 0 init
+        # (a swapped or skipped norm, or a bias left out, shows: GPT-J's LM-head bias, Falcon's ln_attn
+        # against ln_mlp)
+        with torch.no_grad():
+            for module in model.modules():
+                for name, param in module.named_parameters(recurse=False):
+                    if isinstance(module, torch.nn.LayerNorm) or name == "bias":
+                        param.add_(torch.randn_like(param) * 0.2)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
@@ -242,6 +280,31 @@ def stablelm_factory():
 
 def smollm3_factory():
     return tiny_model("smollm3"), None
+
+
+def gptj_factory():
+    return tiny_model("gptj"), None
+
+
+def codegen_factory():
+    return tiny_model("codegen"), None
+
+
+def falcon_factory():
+    return tiny_model("falcon"), None
+
+
+def falcon_40b_factory():
+    return tiny_model("falcon_40b"), None
+
+
+def falcon_serial_factory():
+    return tiny_model("falcon_serial"), None
+
+
+def falcon_rw_factory():
+    """Falcon with ALiBi position biases (falcon-rw), which no attention kernel here applies: refused."""
+    return tiny_model("falcon", alibi=True, multi_query=False, parallel_attn=False), None
 
 
 def starcoder2_factory():

@@ -91,6 +91,11 @@ def test_save_pretrained_directory_source(tmp_path):
         "gemma2_factory",
         "stablelm_factory",
         "smollm3_factory",
+        "gptj_factory",
+        "codegen_factory",
+        "falcon_factory",
+        "falcon_40b_factory",
+        "falcon_serial_factory",
     ],
 )
 def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_path, monkeypatch):

@@ -40,7 +40,19 @@ LLAMA_LIKE = {
     "rms_norm_eps": [1e-6, 1e-5],
     "rope_theta": [10000.0, 500000.0],
 }
-# each family's options and the values drawn for them (all accepted by transformers' config and model)
+# Falcon's layer forms, each drawn as one "_form" (its options do not combine freely: transformers' own
+# forward runs no other): falcon-7b's multi-query, serial or parallel; per-head MHA, serial or parallel;
+# falcon-40b/180b's new architecture with ln_attn and ln_mlp; Falcon2-11B's with one norm
+FALCON_FORMS = [
+    {"new_decoder_architecture": False, "multi_query": True, "parallel_attn": True},
+    {"new_decoder_architecture": False, "multi_query": True, "parallel_attn": False},
+    {"new_decoder_architecture": False, "multi_query": False, "parallel_attn": True, "num_kv_heads": None},
+    {"new_decoder_architecture": False, "multi_query": False, "parallel_attn": False, "num_kv_heads": None},
+    {"new_decoder_architecture": True, "parallel_attn": True},
+    {"new_decoder_architecture": True, "parallel_attn": True, "num_ln_in_parallel_attn": 1},
+]
+# each family's options and the values drawn for them (all accepted by transformers' config and model; a
+# "_form" draw sets each of its options)
 OPTIONS: dict[str, dict[str, list]] = {
     "llama": LLAMA_LIKE
     | {
@@ -164,6 +176,30 @@ OPTIONS: dict[str, dict[str, list]] = {
         "mlp_bias": [False, True],
         "hidden_act": ACTS,
     },
+    "gptj": {  # rotary_dim: a quarter (GPT-J 6B), a half or all of a 16-channel head (of 32 with 2 heads)
+        "rotary_dim": [4, 8, 16],
+        "n_head": [2, 4],
+        "activation_function": ["gelu_new", "gelu", "relu"],
+        "n_inner": [None, 96],
+        "layer_norm_epsilon": [1e-5, 1e-3],
+        "tie_word_embeddings": [False, True],
+    },
+    "codegen": {  # (its fused projection's 4 shards: 1 or 2 heads each)
+        "rotary_dim": [2, 4, 8],
+        "n_head": [4, 8],
+        "activation_function": ["gelu_new", "gelu"],
+        "n_inner": [None, 96],
+        "tie_word_embeddings": [False, True],
+    },
+    "falcon": {
+        "_form": FALCON_FORMS,
+        "num_kv_heads": [1, 2, 4],  # (the new architecture's groups; multi-query has 1, per-head MHA all)
+        "num_attention_heads": [4, 8],
+        "bias": [False, True],
+        "activation": ["gelu", "relu"],
+        "tie_word_embeddings": [True, False],
+        "rope_scaling": ROPE[:3],
+    },
 }
 SEEDS = range(5)
 PROMPT = 19
@@ -174,10 +210,12 @@ def _variant(family: str, seed: int) -> dict:
     rng = np.random.default_rng([seed, sorted(OPTIONS).index(family)])
     # copies: transformers' config standardizes a rope dict in place (it would carry one model's theta
     # into the next that draws it)
-    return {
+    drawn = {
         name: copy.deepcopy(values[int(rng.integers(len(values)))])
         for name, values in OPTIONS[family].items()
     }
+    form = drawn.pop("_form", {})
+    return drawn | form
 
 
 def _cases() -> list:

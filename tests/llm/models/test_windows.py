@@ -87,6 +87,11 @@ CASES = [
     ("smollm3", {"sliding_window": 4, "use_sliding_window": False}),  # layer_types default: all full
     # layer_types set: the eager/SDPA masks apply the window whatever use_sliding_window says
     ("smollm3", {"sliding_window": 4, "use_sliding_window": False, "layer_types": [SLIDING, FULL, FULL]}),
+    ("gptj", {}),
+    ("gptj", {"set_sliding_window": 64}),  # no GPT-J, CodeGen or Falcon layer applies one
+    ("codegen", {}),
+    ("falcon", {}),
+    ("falcon", {"set_sliding_window": 64, "new_decoder_architecture": True, "num_kv_heads": 2}),
 ]
 
 
@@ -103,8 +108,10 @@ def _model(family: str, overrides: dict) -> torch.nn.Module:
 
 
 def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    if model.config.model_type in ("gpt2", "gpt_bigcode"):
+    if model.config.model_type in ("gpt2", "gpt_bigcode", "gptj", "codegen"):
         return [block.attn for block in model.transformer.h]
+    if model.config.model_type == "falcon":
+        return [block.self_attention for block in model.transformer.h]
     if model.config.model_type == "gpt_neo":
         return [block.attn.attention for block in model.transformer.h]
     if model.config.model_type == "opt":

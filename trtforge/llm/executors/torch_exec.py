@@ -203,9 +203,10 @@ class TorchExecutor:
         adapter, longest = self._adapter, self._adapter.max_length
         length = int(max_model_len or longest)
         refuse_unapplied_window(self.model, length, "max_model_len", _USER)
-        if adapter.spec.positions == "learned" and length > longest:
+        if adapter.bounded and length > longest:
+            table = "learned positions" if adapter.spec.positions == "learned" else "rows of the rotary table"
             raise UserError(
-                f"TorchExecutor max_model_len {length} exceeds the {longest} learned positions of this "
+                f"TorchExecutor max_model_len {length} exceeds the {longest} {table} of this "
                 f"{adapter.config.model_type} model (n_positions); pass max_model_len <= {longest}."
             )
         return length

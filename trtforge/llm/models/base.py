@@ -37,6 +37,11 @@ STYLES: dict[tuple[str, ...], str] = {
     ("stablelm",): "StableLM-2 / stable-code: LayerNorm, partial RoPE, optional per-head q/k LayerNorm "
     "and parallel residual",
     ("smollm3",): "SmolLM3: Llama with NoPE layers (no_rope_layers) and per-layer windows (layer_types)",
+    ("gptj", "codegen"): "GPT-J / CodeGen: one LayerNorm feeding attention and MLP in parallel, interleaved "
+    "(rotate-every-two) RoPE on the first rotary_dim channels from a fixed sinusoid table",
+    ("falcon",): "Falcon with RoPE: falcon-7b's multi-query, falcon-40b/180b's grouped KV (new decoder "
+    "architecture), parallel or serial blocks; not falcon-rw's ALiBi, whose position biases our attention "
+    "kernels do not apply",
 }
 SUPPORTED = tuple(t for types in STYLES for t in types)
 # unsupported model types whose refusal says what to load instead (after the supported list)
@@ -57,6 +62,9 @@ UNWINDOWED = (
     "olmo2",
     "granite",
     "stablelm",
+    "gptj",
+    "codegen",
+    "falcon",
 )
 # families whose forward picks each layer's mask by config.layer_types (the others: one mask for all)
 PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3", "smollm3", "gemma2", "gemma3_text")
@@ -247,6 +255,18 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out if rest.shape[-1] == 0 else torch.cat((out, rest), dim=-1)
 
 
+def apply_rotary_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """HF's interleaved rotary embedding (GPT-J, CodeGen: ``rotate_every_two``): ``x*cos +
+    rotate_every_two(x)*sin`` over the first ``cos.shape[-1]`` channels of `x`, whose pairs (0, 1),
+    (2, 3), ... rotate together; the rest pass through. `cos`/`sin` repeat each frequency twice
+    (``c0, c0, c1, c1, ...``) and broadcast against `x`."""
+    dim = cos.shape[-1]
+    rot, rest = x[..., :dim], x[..., dim:]
+    rotated = torch.stack((-rot[..., 1::2], rot[..., ::2]), dim=-1).flatten(-2)
+    out = rot * cos + rotated * sin
+    return out if rest.shape[-1] == 0 else torch.cat((out, rest), dim=-1)
+
+
 class DecoderAdapter(ABC):
     """One family's view of a HF causal LM: its spec, per-layer attention scales, windows and soft-caps,
     and the layer math around the attention (embed, project q/k/v, finish the block, logits), read by the
@@ -274,6 +294,12 @@ class DecoderAdapter(ABC):
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def bounded(self) -> bool:
+        """Whether no position past :attr:`max_length` exists (a learned table; GPT-J's fixed sinusoid
+        table): transformers cannot run a longer sequence at all, so neither may the executors."""
+        return self.spec.positions == "learned"
 
     def require_fixed_rotary(self) -> None:
         """UserError for a rotary whose table changes with the sequence length (the step graph holds one)."""

@@ -5,7 +5,8 @@ Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, 
 its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`), GPT-NeoX (:mod:`.gpt_neox`), Phi
 (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 (:mod:`.gemma2`), Gemma 3 text (:mod:`.gemma3`), OLMo 2
 (:mod:`.olmo2`), Granite (:mod:`.granite`), StableLM (:mod:`.stablelm`) and SmolLM3 (:mod:`.smollm3`; Phi
-and these share :mod:`.rope` with Llama-style). The shared pieces (spec, family checks, windows, attention
+and these share :mod:`.rope` with Llama-style), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a
+fixed table) and Falcon (:mod:`.falcon`). The shared pieces (spec, family checks, windows, attention
 soft-caps) live in :mod:`.base`.
 """
 
@@ -24,11 +25,13 @@ from trtforge.llm.models.base import (
     refuse_unapplied_window,
     sliding_windows,
 )
+from trtforge.llm.models.falcon import FalconStyle
 from trtforge.llm.models.gemma import GemmaStyle
 from trtforge.llm.models.gemma2 import Gemma2Style
 from trtforge.llm.models.gemma3 import Gemma3Style
 from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
 from trtforge.llm.models.gpt_neox import GptNeoXStyle
+from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
 from trtforge.llm.models.granite import GraniteStyle
 from trtforge.llm.models.llama import LlamaStyle
 from trtforge.llm.models.olmo2 import Olmo2Style
@@ -53,6 +56,9 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "granite": GraniteStyle,
     "stablelm": StableLmStyle,
     "smollm3": SmolLM3Style,
+    "gptj": GptJStyle,
+    "codegen": CodeGenStyle,
+    "falcon": FalconStyle,
 }
 
 
@@ -67,13 +73,16 @@ __all__ = [
     "GPT2_STYLE",
     "LLAMA_STYLE",
     "SUPPORTED",
+    "CodeGenStyle",
     "DecoderAdapter",
     "DecoderSpec",
+    "FalconStyle",
     "Gemma2Style",
     "Gemma3Style",
     "GemmaStyle",
     "Gpt2Style",
     "GptBigCodeStyle",
+    "GptJStyle",
     "GptNeoStyle",
     "GptNeoXStyle",
     "GraniteStyle",

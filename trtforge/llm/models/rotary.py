@@ -1,6 +1,7 @@
 """Rotary tables as a transformers rotary module computes them (its ``inv_freq``, ``attention_scaling``
-and rope type), and :class:`RotaryDecoder`, the adapter base every RoPE family builds on: :mod:`.rope`'s
-(Llama-style, Gemma, OLMo 2, Granite, StableLM, SmolLM3, Phi) and :mod:`.gpt_neox`.
+and rope type), and :class:`RotaryDecoder`, the adapter base every RoPE family with a rotary module builds
+on: :mod:`.rope`'s (Llama-style, Gemma, OLMo 2, Granite, StableLM, SmolLM3, Phi), :mod:`.gpt_neox` and
+:mod:`.falcon` (GPT-J and CodeGen index a fixed table instead: :mod:`.gptj`).
 
 Partial rotary needs nothing here: the module's ``inv_freq`` already covers only the rotated channels,
 and :func:`~trtforge.llm.models.base.apply_rotary` passes the rest through.

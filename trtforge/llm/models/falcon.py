@@ -1,0 +1,102 @@
+"""The Falcon adapter (``FalconForCausalLM``) for its rotary forms: falcon-7b (``multi_query``: one
+key/value head after the queries, ``parallel_attn`` with one ``input_layernorm``), falcon-40b/180b
+(``new_decoder_architecture``: ``num_kv_heads`` groups, each laid out as its queries then its key and
+value, with ``ln_attn`` and ``ln_mlp``, or one ``input_layernorm`` when ``num_ln_in_parallel_attn`` is
+1), per-head ``[q, k, v]`` without either, and the serial block (``parallel_attn`` false:
+``post_attention_layernorm`` before the MLP). Llama-style rotary tables, LayerNorm, GELU MLP, optional
+biases, an LM head without bias (tied by default), no window.
+
+falcon-rw (``alibi``) is refused: its ALiBi position biases go into the attention scores, which our
+attention kernels take as q and k alone. So are the layer forms transformers' own forward cannot run.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from trtforge.errors import UserError
+from trtforge.llm.models.rotary import RotaryDecoder
+
+
+class FalconStyle(RotaryDecoder):
+    """Falcon (``FalconForCausalLM``, body ``model.transformer``; see the module docstring)."""
+
+    family = "falcon"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        c, name = model.config, type(model).__name__
+        where = f"{user} cannot run this falcon model {name}"
+        if getattr(c, "alibi", False):
+            raise UserError(
+                f"{where}: its config sets alibi=True (falcon-rw's ALiBi position biases, added to the "
+                "attention scores), which trtforge's attention kernels do not apply. Supported: Falcon "
+                "with rotary positions (alibi=False: falcon-7b, falcon-40b, falcon-180b and their kin)."
+            )
+        super().__init__(model, list(model.transformer.h), user)
+        self.body = model.transformer
+        self.new = bool(c.new_decoder_architecture)
+        self.parallel = bool(c.parallel_attn)
+        # 2: ln_attn and ln_mlp (the new architecture's default; its layers write it into the config)
+        self.two_norms = c.num_ln_in_parallel_attn == 2
+        runs = (self.new and self.parallel and c.num_ln_in_parallel_attn in (1, 2)) or (
+            not self.new and not (self.parallel and self.two_norms)
+        )
+        if not runs:
+            raise UserError(
+                f"{where}: new_decoder_architecture={c.new_decoder_architecture}, parallel_attn="
+                f"{c.parallel_attn} with num_ln_in_parallel_attn={c.num_ln_in_parallel_attn} is a layer "
+                "form transformers' own FalconDecoderLayer cannot run (it reads norms it did not make). "
+                "Supported: the new architecture with parallel_attn and 1 or 2 norms; the old one serial, "
+                "or parallel with one norm."
+            )
+        attn = self.layers[0].self_attention
+        self.num_heads = int(attn.num_heads)
+        self.head_dim = int(attn.head_dim)
+        self.multi_query = not self.new and bool(c.multi_query)
+        self.num_kv_heads = int(c.num_kv_heads) if self.new else 1 if self.multi_query else self.num_heads
+        if not self.new and not self.multi_query and int(c.num_kv_heads) != self.num_heads:
+            raise UserError(
+                f"{where}: num_kv_heads={c.num_kv_heads} with multi_query and new_decoder_architecture off, "
+                f"whose fused projection yields one key/value head per query head ({self.num_heads}); "
+                "transformers' attention cannot group them either. Set num_kv_heads to "
+                f"num_attention_heads ({self.num_heads})."
+            )
+        self.scales = [float(layer.self_attention.scaling) for layer in self.layers]
+        self._use_rotary(self.body.rotary_emb)
+
+    def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
+        return self.body.word_embeddings(input_ids)
+
+    def _attention_norm(self, i: int, x: Tensor) -> Tensor:
+        """What layer i's attention reads: ``ln_attn`` (the new architecture's two norms), else
+        ``input_layernorm``."""
+        layer = self.layers[i]
+        return layer.ln_attn(x) if self.new and self.two_norms else layer.input_layernorm(x)
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The fused ``query_key_value`` viewed as heads of D and cut by the layout (module docstring)."""
+        fused = self.layers[i].self_attention.query_key_value(self._attention_norm(i, x))
+        heads = fused.unflatten(-1, (-1, self.head_dim))
+        if self.new:  # [..., kv, per group + 2, D]: each group's queries, then its key and value
+            grouped = heads.unflatten(-2, (self.num_kv_heads, -1))
+            return grouped[..., :-2, :].flatten(-3, -2), grouped[..., -2, :], grouped[..., -1, :]
+        if self.multi_query:
+            q, k, v = heads.split([self.num_heads, 1, 1], dim=-2)
+            return q, k, v
+        q, k, v = heads.unflatten(-2, (self.num_heads, 3)).unbind(-2)
+        return q, k, v
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        """Parallel: ``x + (mlp(norm) + attn)``, the MLP's norm ``ln_mlp`` or the attention's (recomputed:
+        the torch executor runs the two halves of a block as separate pieces); serial: ``h = x + attn``,
+        then ``h + mlp(post_attention_layernorm(h))``. HF's sum order."""
+        layer = self.layers[i]
+        attn = layer.self_attention.dense(attn_out)
+        if not self.parallel:
+            h = x + attn
+            return h + layer.mlp(layer.post_attention_layernorm(h))
+        norm = layer.ln_mlp(x) if self.new and self.two_norms else self._attention_norm(i, x)
+        return x + (layer.mlp(norm) + attn)
+
+    def final_norm(self, x: Tensor) -> Tensor:
+        return self.body.ln_f(x)
