@@ -210,6 +210,13 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     return [window if t == "sliding_attention" else None for t in types[:num_layers]]
 
 
+def softmax_scale(attention: nn.Module, head_dim: int) -> float:
+    """The attention module's softmax scale: its ``scaling`` where transformers keeps one, else
+    1/sqrt(head_dim), which the versions without it (GPT-J, CodeGen, Falcon in 5.17) divide the scores by."""
+    scaling = getattr(attention, "scaling", None)
+    return float(scaling) if scaling is not None else float(head_dim) ** -0.5
+
+
 def attention_softcap(config: Any, user: str = "--generate") -> float | None:
     """The attention logit soft-cap a config sets (``attn_logit_softcapping``; None: off), UserError
     naming `user` unless it is a finite number > 0 (transformers would divide the scores by it)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from trtforge.errors import UserError
+from trtforge.llm.models.base import softmax_scale
 from trtforge.llm.models.rotary import RotaryDecoder
 
 
@@ -61,7 +62,7 @@ class FalconStyle(RotaryDecoder):
                 "transformers' attention cannot group them either. Set num_kv_heads to "
                 f"num_attention_heads ({self.num_heads})."
             )
-        self.scales = [float(layer.self_attention.scaling) for layer in self.layers]
+        self.scales = [softmax_scale(layer.self_attention, self.head_dim) for layer in self.layers]
         self._use_rotary(self.body.rotary_emb)
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:

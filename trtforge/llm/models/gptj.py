@@ -6,7 +6,8 @@ fc_out(gelu_new(fc_in(h)))``), q/k/v and out projections without bias, multi-hea
 1/sqrt(head_dim), an LM head with a bias, no window. Positions are rotary, *interleaved*
 (``rotate_every_two``: channel pairs (0, 1), (2, 3), ... of the first ``rotary_dim`` channels of each
 head), read from the fixed sinusoid table transformers keeps in ``transformer.rotary_emb.embed_positions``
-(sin half, then cos half; ``n_positions`` rows, no scaling): no position past it exists.
+(each attention's ``embed_positions`` before 5.2x; sin half, then cos half; ``n_positions`` rows, no
+scaling): no position past it exists.
 
 GPT-J casts the table rows to the hidden states' dtype before rotating; CodeGen rotates by the table as
 it is (float32 unless the model was cast) and casts q and k back to the model's dtype. CodeGen's fused
@@ -19,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from trtforge.errors import UserError
-from trtforge.llm.models.base import DecoderAdapter, DecoderSpec, apply_rotary_interleaved
+from trtforge.llm.models.base import DecoderAdapter, DecoderSpec, apply_rotary_interleaved, softmax_scale
 
 
 class GptJStyle(DecoderAdapter):
@@ -35,13 +36,13 @@ class GptJStyle(DecoderAdapter):
         c, attn, name = self.config, self.layers[0].attn, type(model).__name__
         self.num_heads = self.num_kv_heads = int(c.num_attention_heads)
         self.head_dim = int(attn.head_dim)
-        self.scales = [float(layer.attn.scaling) for layer in self.layers]
-        table = getattr(getattr(self.body, "rotary_emb", None), "embed_positions", None)
+        self.scales = [softmax_scale(layer.attn, self.head_dim) for layer in self.layers]
+        table = self._table
         if not isinstance(table, Tensor):
             raise UserError(
                 f"{user} cannot run this {c.model_type} model {name}: its transformers version keeps no "
-                "model-level sinusoid table (transformer.rotary_emb.embed_positions), which trtforge reads "
-                "its rotary positions from. Upgrade transformers to 5.x."
+                "sinusoid table (transformer.rotary_emb.embed_positions, or each attention's "
+                "embed_positions), which trtforge reads its rotary positions from. Use transformers 5.x."
             )
         rotated = self.head_dim if attn.rotary_dim is None else min(int(attn.rotary_dim), self.head_dim)
         if table.shape[-1] != rotated:
@@ -53,9 +54,11 @@ class GptJStyle(DecoderAdapter):
             )
 
     @property
-    def _table(self) -> Tensor:
-        """``[n_positions, R]``: each position's sines, then its cosines (HF's ``embed_positions``)."""
-        return self.body.rotary_emb.embed_positions
+    def _table(self) -> Tensor | None:
+        """``[n_positions, R]``: each position's sines, then its cosines (HF's ``embed_positions``: one
+        model-level table in transformers 5.2x, the same table in every attention module before)."""
+        table = getattr(getattr(self.body, "rotary_emb", None), "embed_positions", None)
+        return table if table is not None else getattr(self.layers[0].attn, "embed_positions", None)
 
     @property
     def spec(self) -> DecoderSpec:
@@ -129,8 +132,9 @@ class CodeGenStyle(GptJStyle):
         """The fused projection viewed as ``[..., mp_num, 3 * H / mp_num]``, each shard cut into its
         queries, values and keys, and each of the three read as heads, as HF does."""
         attn = self.layers[i].attn
-        local = int(self.config.hidden_size) // int(attn.mp_num)
-        fused = attn.qkv_proj(self.layers[i].ln_1(x)).unflatten(-1, (int(attn.mp_num), 3 * local))
+        shards = int(getattr(attn, "mp_num", 4))  # an attribute from transformers 5.2x, 4 in its code before
+        local = int(self.config.hidden_size) // shards
+        fused = attn.qkv_proj(self.layers[i].ln_1(x)).unflatten(-1, (shards, 3 * local))
         q, v, k = (t.flatten(-2).unflatten(-1, (-1, self.head_dim)) for t in fused.split(local, dim=-1))
         return q, k, v
 
