@@ -8,7 +8,7 @@ import torch
 
 from tests.llm.paged_metadata import mixed_metadata
 from tests.llm.serving_models import tiny_llama
-from tests.llm.tiny_models import KERNEL_FAMILIES
+from tests.llm.tiny_models import KERNEL_FAMILIES, MOE_FAMILIES
 from trtforge.errors import UserError
 from trtforge.llm.executors.base import StepBatch
 from trtforge.llm.executors.paged_attention import paged_attention_reference
@@ -286,7 +286,10 @@ def test_cuda_graph_decode_matches_eager_on_cuda(family):
         graphs = ex.num_cuda_graphs
         tiny_llama().to("cpu")
     assert outs[0] == outs[1]
-    assert graphs > 0
+    if ex.cuda_graphs_refusal is None:
+        assert graphs > 0
+    else:  # MoE MLPs: static shapes, run eagerly (their expert groups are data)
+        assert family in MOE_FAMILIES and graphs == 0 and ex.static_decode
 
 
 @pytest.mark.gpu
