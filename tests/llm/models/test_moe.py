@@ -173,3 +173,17 @@ def test_moe_families_not_implemented_are_refused_naming_what_sets_them_apart(mo
     model = _Unsupported(model_type)
     with pytest.raises(UserError, match=f"model family '{model_type}' .*not supported.*{why}"):
         adapter_for(model)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_bfloat16_routing_weights_keep_each_familys_dtype(family):
+    """In BF16 the routing weights' dtype shows: Mixtral's stay float32 (each expert's output weighted in
+    float32, then rounded), Qwen's are rounded to BF16 first. A BF16 prefill's logits are transformers'
+    bit for bit (the other dtype moves them by a BF16 step or more)."""
+    model = tiny_model(family, seed=1).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 300, (19,), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(ids[None]).logits[0, -1].float()
+    ex = TorchExecutor(model, num_blocks=8, block_size=4)
+    batch = StepBatch.build(["s"], [ids.tolist()], [0], [list(range(5))], [list(range(19))], [True])
+    torch.testing.assert_close(ex.step(batch)[0], want, rtol=0, atol=0)
