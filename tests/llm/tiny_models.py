@@ -30,7 +30,16 @@ FAMILIES = (
     "falcon",
     "falcon_40b",
     "falcon_serial",
+    "mixtral",
 )
+# the sparse mixture-of-experts families (llm.models.mixtral) and their transformers classes
+MOE_CLASSES = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
+}
+MOE_FAMILIES = tuple(MOE_CLASSES)
 # forms of one family that tiny_model builds under names of their own: Falcon's other two layer
 # architectures ("falcon" itself is falcon-7b's: multi-query, parallel, one input_layernorm)
 FORMS: dict[str, tuple[str, dict]] = {
@@ -42,7 +51,14 @@ FORMS: dict[str, tuple[str, dict]] = {
 # the forms the Triton-executor and CUDA-graph tests run: the fused layers' Llama-style variants (plain,
 # Qwen3's head norms, Phi-3's fused projections and partial rotary), every family with another adapter
 # and the family forms above
-KERNEL_FAMILIES = ("llama", "qwen3", "phi3", *(f for f in SUPPORTED if f not in LLAMA_STYLE), *FORMS)
+# (of the MoE families only Mixtral: their MoE MLPs are one torch path, the attention around it Llama's)
+KERNEL_FAMILIES = (
+    "llama",
+    "qwen3",
+    "phi3",
+    *(f for f in SUPPORTED if f not in LLAMA_STYLE and f not in MOE_FAMILIES[1:]),
+    *FORMS,
+)
 PROMPT_LENS = (1, 3, 9, 17)
 # qwen3/phi3 shapes the default configs do not have: a head_dim other than hidden / heads (the
 # projections are wider or narrower than hidden), MHA (GQA ratio 1), GQA ratio 4, tied embeddings
@@ -167,6 +183,22 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         falcon = {k: v for k, v in llama_like.items() if k not in mlp_kv}
         falcon |= {"bos_token_id": 0, "eos_token_id": 0}
         cfg, cls = tf.FalconConfig(**(falcon | overrides)), tf.FalconForCausalLM
+    elif family in MOE_FAMILIES:  # 4 experts, top-2, a 64-wide expert MLP; router weights at the model's
+        # init (0.2) so that routing margins are wide and every expert is hit
+        moe = {"num_local_experts" if family == "mixtral" else "num_experts": 4, "num_experts_per_tok": 2}
+        moe |= {"intermediate_size": 64} if family in ("mixtral", "olmoe") else {"moe_intermediate_size": 64}
+        if family == "qwen2_moe":  # the shared expert, layer 1 of 3 dense (Qwen2-MoE's own MLP, 128 wide)
+            moe |= {"shared_expert_intermediate_size": 96, "num_hidden_layers": 3, "mlp_only_layers": [1]}
+        if family == "qwen3_moe":  # every 2nd layer sparse (decoder_sparse_step), the top-2 renormalized
+            moe |= {"head_dim": 16, "decoder_sparse_step": 2, "norm_topk_prob": True, "num_hidden_layers": 3}
+        if family == "olmoe":  # the top-2 not renormalized (its default), q/k/v clamped
+            moe |= {"clip_qkv": 1.5, "pad_token_id": 1, "eos_token_id": 2}
+        # transformers' eager experts (its default, grouped_mm, takes no float64 and, on the CPU, no odd
+        # strides): the per-expert loop of its modeling files
+        moe["experts_implementation"] = "eager"
+        cfg_cls, cls = MOE_CLASSES[family]
+        cfg = getattr(tf, cfg_cls)(**(llama_like | moe | overrides))
+        cls = getattr(tf, cls)
     elif family == "starcoder2":  # LayerNorm, GELU MLP with biases, one window for every layer
         cfg, cls = tf.Starcoder2Config(**(llama_like | overrides)), tf.Starcoder2ForCausalLM
     else:
@@ -305,6 +337,14 @@ def falcon_serial_factory():
 def falcon_rw_factory():
     """Falcon with ALiBi position biases (falcon-rw), which no attention kernel here applies: refused."""
     return tiny_model("falcon", alibi=True, multi_query=False, parallel_attn=False), None
+
+
+def mixtral_factory():
+    return tiny_model("mixtral"), None
+
+
+def qwen2_moe_factory():
+    return tiny_model("qwen2_moe"), None
 
 
 def starcoder2_factory():

@@ -200,6 +200,48 @@ OPTIONS: dict[str, dict[str, list]] = {
         "tie_word_embeddings": [True, False],
         "rope_scaling": ROPE[:3],
     },
+    # sparse MoE MLPs: expert counts, top-k (1 to 3), renormalized or not, dense layers among sparse ones;
+    # router jitter set (transformers applies it in training only)
+    "mixtral": LLAMA_LIKE
+    | {
+        "num_local_experts": [4, 8],
+        "num_experts_per_tok": [1, 2, 3],
+        "hidden_act": ACTS,
+        "head_dim": [8, 16, 24],
+        "sliding_window": [None, 5, 64],
+        "router_jitter_noise": [0.0, 0.1],
+    },
+    "qwen2_moe": LLAMA_LIKE
+    | {
+        "num_experts": [4, 8],
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "decoder_sparse_step": [1, 2],
+        "mlp_only_layers": [[], [0], [1, 2]],
+        "shared_expert_intermediate_size": [32, 96],
+        "qkv_bias": [True, False],
+        "hidden_act": ACTS,
+    },
+    "qwen3_moe": LLAMA_LIKE
+    | {
+        "num_experts": [4, 8],
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "decoder_sparse_step": [1, 2],
+        "mlp_only_layers": [[], [1]],
+        "attention_bias": [False, True],
+        "head_dim": [8, 16, 24],
+        "use_sliding_window": [False, True],
+        "sliding_window": [5],
+    },
+    "olmoe": LLAMA_LIKE
+    | {
+        "num_experts": [4, 8],
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "clip_qkv": [None, 0.5, 2.0],
+        "attention_bias": [False, True],
+    },
 }
 SEEDS = range(5)
 PROMPT = 19

@@ -92,6 +92,16 @@ CASES = [
     ("codegen", {}),
     ("falcon", {}),
     ("falcon", {"set_sliding_window": 64, "new_decoder_architecture": True, "num_kv_heads": 2}),
+    ("mixtral", {"sliding_window": 4}),  # Mistral's rule: one window on every layer
+    ("mixtral", {"sliding_window": None}),
+    # Qwen2-MoE's config writes 0 for no window (use_sliding_window false); its layers by layer_types
+    ("qwen2_moe", {"sliding_window": 4, "use_sliding_window": False}),
+    ("qwen2_moe", {"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 2}),
+    ("qwen2_moe", {"sliding_window": 5, "use_sliding_window": True, "layer_types": [FULL, SLIDING, SLIDING]}),
+    ("qwen3_moe", {"sliding_window": 4, "use_sliding_window": True}),  # on every layer, not layer_types'
+    ("qwen3_moe", {"sliding_window": 4, "use_sliding_window": False}),
+    ("olmoe", {}),
+    ("olmoe", {"set_sliding_window": 64}),  # no OLMoE layer applies one
 ]
 
 
@@ -265,6 +275,12 @@ def test_windows_are_in_the_manifest_spec_as_applied():
             "qwen2",
             {"sliding_window": 4, "use_sliding_window": False, "layer_types": [SLIDING] * LAYERS},
             "qwen2 config: layer_types marks sliding_attention layers but sliding_window is null "
+            r"\(use_sliding_window is false\)",
+        ),
+        (
+            "qwen2_moe",
+            {"sliding_window": 4, "use_sliding_window": False, "layer_types": [SLIDING] * LAYERS},
+            "qwen2_moe config: layer_types marks sliding_attention layers but sliding_window is null "
             r"\(use_sliding_window is false\)",
         ),
         (

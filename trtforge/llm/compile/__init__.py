@@ -3,8 +3,10 @@
 Design. A torch wrapper (:mod:`.step`) runs the model's own submodules through one adapter per family
 (:mod:`trtforge.llm.models`, shared with the torch executor: Llama-style = llama, mistral, ministral, qwen2,
 qwen3, phi3, starcoder2; GPT-2, GPT-Neo, GPT-BigCode; OPT; Gemma 1, Gemma 2, Gemma 3 text, OLMo 2, Granite,
-StableLM, SmolLM3; GPT-NeoX; Phi; GPT-J, CodeGen; Falcon); only the attention is rewritten, around two torch
-custom ops with exact torch reference implementations (:mod:`.ops`): the cache write, exported as ONNX
+StableLM, SmolLM3; GPT-NeoX; Phi; GPT-J, CodeGen; Falcon; the MoE families Mixtral, Qwen2-MoE, Qwen3-MoE,
+OLMoE, whose expert MLPs the step graph computes densely: :mod:`trtforge.llm.models.moe`); only the attention
+is rewritten, around two torch custom ops with exact torch reference implementations (:mod:`.ops`): the
+cache write, exported as ONNX
 ``TensorScatter`` (TensorRT: KV_CACHE_UPDATE, in place), and attention over the cache, exported as ONNX
 ``Attention`` with one output and an explicit bool mask (TensorRT: IAttention). A layer with an attention
 logit soft-cap (Gemma 2) attends through plain ops instead (MatMul, Tanh on the scaled scores, Where,

@@ -215,6 +215,10 @@ def compile_generate(
         )
     session = CompileSession(output, save_onnx=save_onnx, force=force, build=build, log=log)
     lm = load_causal_lm(model)
+    if precision in QUANTIZED:
+        from trtforge.llm.models.moe import refuse_moe
+
+        refuse_moe(lm, f"--generate --precision {precision}", "the projections of dense-MLP models")
     session.refuse_overwriting(source_files(model))  # after the load: a factory's module is known
     records = session.records
     with session:

@@ -40,6 +40,9 @@ class DecoderStep(nn.Module):
         self.model = model
         self.adapter = adapter_for(model)
         self.adapter.require_fixed_rotary()
+        # MoE MLPs as plain ops with fixed shapes: every expert on every token, masked by the routing
+        # weights (exact, num_experts / top_k times the expert FLOPs; llm.models.moe)
+        self.adapter.moe_formulation = "dense"
         self.spec: DecoderSpec = self.adapter.spec
         self.max_seq = int(max_seq)
         self.all_logits = all_logits

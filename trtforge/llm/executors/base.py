@@ -252,6 +252,8 @@ class ExecutorFacts:
     - ``step_token_buckets``: ascending token counts a step with prompt tokens is padded to (the padded
       rows run through the linear layers like real ones); empty: no padding. The scheduler fills a
       step's padding with prompt tokens (``SchedulerConfig.fill_step_buckets``).
+    - ``cuda_graphs_refusal``: why the executor never captures CUDA graphs of this model (sparse MoE
+      MLPs: data-dependent expert groups), or None.
     """
 
     num_blocks: int
@@ -270,6 +272,7 @@ class ExecutorFacts:
     quantization: str | None = None
     lm_head_quantization: str | None = None
     step_token_buckets: tuple[int, ...] = ()
+    cuda_graphs_refusal: str | None = None
 
     @property
     def eos_token_id(self) -> int | None:

@@ -279,6 +279,8 @@ class TorchExecutor:
         self.max_static_q_len = MAX_STATIC_Q_LEN if decode_attention is None else 1
         self._fused: Any = None
         self.fused_refusal: str | None = "kernels='torch'" if kernels == "torch" else "not Llama-style"
+        if kernels == "triton" and self._adapter.has_moe:
+            self.fused_refusal = "MoE MLPs (the fused layers run one dense Llama-style MLP a layer)"
         if kernels == "triton" and isinstance(self._adapter, LlamaStyle):
             from trtforge.llm.executors.fused_layers import FusedLayers, fusable
 
@@ -291,7 +293,17 @@ class TorchExecutor:
         self.static_decode = self.device.type == "cuda" if static_decode is None else bool(static_decode)
         # dynamic rotary: a token's K depends on its prompt's length; steps run eagerly (no static shapes)
         self.static_decode = self.static_decode and not self._adapter.dynamic
-        self.use_cuda_graphs = self.static_decode and self.device.type == "cuda"
+        #: why this executor never captures CUDA graphs of its model (None: it does, on CUDA with static
+        #: decode); facts.cuda_graphs_refusal reports it
+        self.cuda_graphs_refusal: str | None = None
+        if self._adapter.has_moe:
+            self.cuda_graphs_refusal = (
+                "MoE MLPs: each step routes its tokens to experts in groups whose sizes are data (one host "
+                "sync per layer), which a captured graph would freeze; steps run eagerly"
+            )
+        self.use_cuda_graphs = (
+            self.static_decode and self.device.type == "cuda" and self.cuda_graphs_refusal is None
+        )
         self._batch_buckets = (*tuple(b for b in _BATCH_BUCKETS if b < max_decode_batch), max_decode_batch)
         max_width = -(-self._max_model_len // self._block_size)
         self._width_buckets = (*(w for w in _WIDTH_BUCKETS if w < max_width), max_width)
@@ -344,6 +356,7 @@ class TorchExecutor:
             quantization=model_quantization(self.model),
             lm_head_quantization=model_lm_head_quantization(self.model),
             step_token_buckets=() if self._piecewise is None else tuple(self._piecewise.buckets),
+            cuda_graphs_refusal=self.cuda_graphs_refusal,
         )
 
     @property

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from trtforge.errors import UserError
+from trtforge.llm.models.moe import SparseMoe
 
 LLAMA_STYLE = ("llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "starcoder2")
 GPT2_STYLE = ("gpt2", "gpt_neo", "gpt_bigcode")
@@ -42,6 +43,13 @@ STYLES: dict[tuple[str, ...], str] = {
     ("falcon",): "Falcon with RoPE: falcon-7b's multi-query, falcon-40b/180b's grouped KV (new decoder "
     "architecture), parallel or serial blocks; not falcon-rw's ALiBi, whose position biases our attention "
     "kernels do not apply",
+    ("mixtral",): "Mixtral: Mistral's attention, sparse mixture-of-experts MLPs (top-k routing, "
+    "renormalized)",
+    ("qwen2_moe",): "Qwen2-MoE: Qwen2's attention, sparse MoE MLPs with a sigmoid-gated shared expert, "
+    "optional dense layers (mlp_only_layers, decoder_sparse_step)",
+    ("qwen3_moe",): "Qwen3-MoE: Qwen3's attention with per-head q/k norms, sparse MoE MLPs, optional dense "
+    "layers",
+    ("olmoe",): "OLMoE: whole-projection q/k norms, clip_qkv, sparse MoE MLPs",
 }
 SUPPORTED = tuple(t for types in STYLES for t in types)
 # unsupported model types whose refusal says what to load instead (after the supported list)
@@ -49,6 +57,21 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "gemma3": "'gemma3' is Gemma 3's multimodal model (Gemma3ForConditionalGeneration: a vision tower and "
     "image tokens); only its text model is supported: load a text-only Gemma 3 checkpoint (gemma-3-270m, "
     "gemma-3-1b; model_type 'gemma3_text') with Gemma3ForCausalLM.",
+    # mixture-of-experts families beside the supported ones (mixtral, qwen2_moe, qwen3_moe, olmoe), refused
+    # for what sets them apart
+    "phimoe": "PhiMoE routes by SparseMixer (its top-2 weights from masked, jittered softmaxes), not the "
+    "softmax top-k the supported MoE families use, and has LayerNorms with biases.",
+    "deepseek_v2": "DeepSeek-V2 attends through multi-head latent attention (compressed KV with a decoupled "
+    "rotary part), which trtforge's KV cache and kernels do not hold, and routes by expert groups.",
+    "deepseek_v3": "DeepSeek-V3 attends through multi-head latent attention (compressed KV with a decoupled "
+    "rotary part) and routes by sigmoid scores with a correction bias over expert groups; neither is "
+    "implemented.",
+    "dbrx": "DBRX's router normalizes its top-k weights by a p-norm (moe_normalize_expert_weights) and its "
+    "fused Wqkv and experts have a layout of their own; not implemented.",
+    "jetmoe": "JetMoE routes its attention heads too (a mixture of attention experts), which trtforge's "
+    "attention does not.",
+    "granitemoe": "GraniteMoE routes by top-k of the router logits, then a softmax over those k (the "
+    "supported MoE families take the softmax first), with Granite's multipliers; not implemented.",
 }
 # families whose attention applies no sliding window or chunk, whatever the config says
 UNWINDOWED = (
@@ -65,9 +88,10 @@ UNWINDOWED = (
     "gptj",
     "codegen",
     "falcon",
+    "olmoe",
 )
 # families whose forward picks each layer's mask by config.layer_types (the others: one mask for all)
-PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3", "smollm3", "gemma2", "gemma3_text")
+PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3", "smollm3", "gemma2", "gemma3_text", "qwen2_moe")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -91,6 +115,12 @@ class DecoderSpec:
     attn_softcaps: list[float | None]
     bos_token_id: int | None
     eos_token_ids: list[int] = field(default_factory=list)
+    #: each layer's MLP kind: "dense" (the model's own MLP) or "moe" (a sparse mixture of experts:
+    #: :mod:`.moe`)
+    mlp_kinds: list[str] = field(default_factory=list)
+    #: the MoE layers' routing and sizes (:meth:`.moe.SparseMoe.describe`, the same for every such layer);
+    #: None without MoE layers
+    moe: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -172,13 +202,14 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
 
     - the :data:`UNWINDOWED` families (llama, gpt2, gpt_neox, phi, ...): none (see
       :func:`refuse_unapplied_window` for a window their config sets anyway);
-    - mistral, phi3, starcoder2: ``config.sliding_window`` on every layer, or none when it is null
-      (their forward ignores ``layer_types``);
-    - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text: the window on the layers
+    - mistral, phi3, starcoder2, mixtral, qwen3_moe: ``config.sliding_window`` on every layer, or none
+      when it is null (their forward ignores ``layer_types``);
+    - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, qwen2_moe: the window on the layers
       ``config.layer_types`` marks "sliding_attention" (qwen's config builds those from
       ``use_sliding_window`` and ``max_window_layers``; with ``use_sliding_window`` false it nulls
-      ``sliding_window``. SmolLM3's marks its NoPE layers when ``use_sliding_window`` is set; its eager
-      and SDPA masks then follow ``layer_types`` and ``sliding_window`` alone, as this rule does).
+      ``sliding_window``, Qwen2-MoE's sets it to 0, read as null. SmolLM3's marks its NoPE layers when
+      ``use_sliding_window`` is set; its eager and SDPA masks then follow ``layer_types`` and
+      ``sliding_window`` alone, as this rule does).
     UserError where transformers' forward would fail or attend to nothing: a sliding layer without a
     window, an unknown layer type, a window below 1.
     """
@@ -188,6 +219,8 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     if model_type == "gpt_neo":
         return _gpt_neo_windows(config, num_layers)
     window = getattr(config, "sliding_window", None)
+    if model_type == "qwen2_moe" and window == 0:  # its config's "none" (use_sliding_window false)
+        window = None
     where = f"{model_type} config"
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
         raise UserError(f"{where}: sliding_window must be null or an integer >= 1, got {window!r}.")
@@ -297,6 +330,11 @@ class DecoderAdapter(ABC):
         #: each layer's attention logit soft-cap c (None: off): every score s = q . k * scale becomes
         #: c * tanh(s / c) before the mask (Gemma 2); every attention consumer applies it
         self.softcaps: list[float | None] = [None] * len(layers)
+        #: each layer's sparse MoE MLP (:class:`.moe.SparseMoe`; None: the layer's own dense MLP module)
+        self.moe: list[SparseMoe | None] = [None] * len(layers)
+        #: how :meth:`mlp` computes MoE layers: "grouped" (each expert on its own tokens: the torch
+        #: executor) or "dense" (every expert on every token, fixed shapes: the step graph sets it)
+        self.moe_formulation = "grouped"
 
     @property
     def num_layers(self) -> int:
@@ -369,6 +407,19 @@ class DecoderAdapter(ABC):
     def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
         """Layer i's output from its input `x` and the attention output ``[..., heads * D]``."""
 
+    def mlp(self, i: int, h: Tensor) -> Tensor:
+        """Layer i's MLP on its normed input `h`: its sparse MoE block (:attr:`moe`, by
+        :attr:`moe_formulation`) or its own MLP module."""
+        moe = self.moe[i]
+        if moe is None:
+            return self.layers[i].mlp(h)
+        return moe.forward(h, self.moe_formulation)
+
+    @property
+    def has_moe(self) -> bool:
+        """Whether any layer's MLP is a sparse mixture of experts."""
+        return any(m is not None for m in self.moe)
+
     @abstractmethod
     def final_norm(self, x: Tensor) -> Tensor:
         """The norm before the LM head."""
@@ -402,5 +453,7 @@ class DecoderAdapter(ABC):
             attn_softcaps=list(self.softcaps),
             bos_token_id=next(iter(token_ids(c.bos_token_id, c.vocab_size)), None),
             eos_token_ids=eos_token_ids(self.model),
+            mlp_kinds=["dense" if m is None else "moe" for m in self.moe],
+            moe=next((m.describe() for m in self.moe if m is not None), None),
             **family,
         )

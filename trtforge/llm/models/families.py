@@ -6,8 +6,9 @@ its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`), GPT-Neo
 (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 (:mod:`.gemma2`), Gemma 3 text (:mod:`.gemma3`), OLMo 2
 (:mod:`.olmo2`), Granite (:mod:`.granite`), StableLM (:mod:`.stablelm`) and SmolLM3 (:mod:`.smollm3`; Phi
 and these share :mod:`.rope` with Llama-style), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a
-fixed table) and Falcon (:mod:`.falcon`). The shared pieces (spec, family checks, windows, attention
-soft-caps) live in :mod:`.base`.
+fixed table), Falcon (:mod:`.falcon`) and the sparse mixture-of-experts families Mixtral, Qwen2-MoE,
+Qwen3-MoE and OLMoE (:mod:`.mixtral`; their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family
+checks, windows, attention soft-caps) live in :mod:`.base`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from trtforge.llm.models.gpt_neox import GptNeoXStyle
 from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
 from trtforge.llm.models.granite import GraniteStyle
 from trtforge.llm.models.llama import LlamaStyle
+from trtforge.llm.models.mixtral import MixtralStyle, OlmoeStyle, Qwen2MoeStyle, Qwen3MoeStyle
 from trtforge.llm.models.olmo2 import Olmo2Style
 from trtforge.llm.models.opt import OptStyle
 from trtforge.llm.models.phi import PhiStyle
@@ -59,6 +61,10 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "gptj": GptJStyle,
     "codegen": CodeGenStyle,
     "falcon": FalconStyle,
+    "mixtral": MixtralStyle,
+    "qwen2_moe": Qwen2MoeStyle,
+    "qwen3_moe": Qwen3MoeStyle,
+    "olmoe": OlmoeStyle,
 }
 
 
@@ -87,9 +93,13 @@ __all__ = [
     "GptNeoXStyle",
     "GraniteStyle",
     "LlamaStyle",
+    "MixtralStyle",
     "Olmo2Style",
+    "OlmoeStyle",
     "OptStyle",
     "PhiStyle",
+    "Qwen2MoeStyle",
+    "Qwen3MoeStyle",
     "SmolLM3Style",
     "StableLmStyle",
     "adapter_for",

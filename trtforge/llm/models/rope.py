@@ -40,7 +40,7 @@ class RopeStyle(RotaryDecoder):
     def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
         layer = self.layers[i]
         x = x + layer.self_attn.o_proj(attn_out)
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        return x + self.mlp(i, layer.post_attention_layernorm(x))
 
     def final_norm(self, x: Tensor) -> Tensor:
         return self.body.norm(x)

@@ -31,6 +31,7 @@ from torch import nn
 from trtforge.errors import UserError
 from trtforge.kernels.qweight import INT4_GROUP, QuantWeight, quantize_fp8, quantize_int4
 from trtforge.llm.models.families import LlamaStyle, adapter_for
+from trtforge.llm.models.moe import refuse_moe
 from trtforge.llm.quant.awq import search_clip, search_scales
 from trtforge.llm.quant.linear import QuantLinear
 
@@ -127,6 +128,8 @@ def _check_model(model: nn.Module, method: str | None, user: str, what: str) -> 
     """The model's adapter when `what` (the option asked for, for the messages) applies to it; the layer
     projections are checked when `method` quantizes them."""
     adapter = adapter_for(model, user)
+    llama = "llama, mistral, ministral, qwen2, qwen3, phi3"
+    refuse_moe(model, what, f"the dense MLPs of the Llama-style families ({llama})")
     if not isinstance(adapter, LlamaStyle):
         raise UserError(
             f"{what}: the {model.config.model_type} family ({type(model).__name__}) has no "

@@ -1,0 +1,189 @@
+"""Sparse mixture-of-experts families (llm.models.moe, llm.models.mixtral): the step graph of each family
+against transformers' generate (Mixtral also runs in tiny_models.FAMILIES), ragged batches on the torch
+executor, both formulations against each other, and the refusals: the paths MoE MLPs have none of yet
+(quantization, tensor parallelism, CUDA graphs), the MoE families not implemented, experts in a layout
+other than transformers 5's."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import trtforge.llm.api
+from tests.llm.tiny_models import MOE_FAMILIES, hf_greedy, prompts, tiny_model
+from trtforge.errors import UserError
+from trtforge.llm.compile.export import export_step
+from trtforge.llm.executors.base import StepBatch
+from trtforge.llm.executors.torch_exec import TorchExecutor
+from trtforge.llm.models.families import adapter_for
+
+NEW_TOKENS = 16
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES[1:])  # (mixtral: tiny_models.FAMILIES, both exporters)
+def test_moe_step_graph_matches_hf_generate(family, tmp_path):
+    """The exported step graph (the dense formulation: TopK and every expert masked by the routing
+    weights) in exact ONNX Runtime gives transformers' greedy tokens and logits."""
+    model = tiny_model(family)
+    result = export_step(model, max_seq=48, max_batch=4, max_prefill=24, exporter="legacy", workdir=tmp_path)
+    g = result.generation
+    assert "moe" in g["mlp_kinds"] and g["moe"]["num_experts"] == 4 and g["moe"]["top_k"] == 2
+    assert {"TopK", "Softmax"} <= {n.op_type for n in result.model.graph.node}
+    onnx.save(result.model, str(tmp_path / "step.onnx"))
+    llm = trtforge.llm.api.load(tmp_path / "step.onnx")
+    batch = prompts(model.config.vocab_size, lens=(1, 5, 17))
+    got, got_logits = llm.generate(batch, max_new_tokens=NEW_TOKENS, stop_at_eos=False, return_logits=True)
+    for b, prompt in enumerate(batch):
+        want, want_logits = hf_greedy(model, prompt, NEW_TOKENS)
+        assert len(set(want)) > 3, f"degenerate reference output {want}"
+        assert got[b] == want, f"row {b} (prompt length {len(prompt)})"
+        assert np.abs(got_logits[b] - want_logits.numpy()).max() <= 1e-4
+
+
+def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
+    """Routing forms, the shared expert, dense layers among sparse ones, and every expert hit."""
+    kinds = {f: adapter_for(tiny_model(f)).spec for f in MOE_FAMILIES}
+    assert kinds["qwen2_moe"].mlp_kinds == ["moe", "dense", "moe"]
+    assert kinds["qwen3_moe"].mlp_kinds == ["dense", "moe", "dense"]
+    assert kinds["qwen2_moe"].moe["shared_expert_size"] == 96
+    assert kinds["mixtral"].moe["renormalize"] and kinds["mixtral"].moe["float32_weights"]
+    assert kinds["qwen3_moe"].moe["renormalize"] and not kinds["olmoe"].moe["renormalize"]
+    for family in MOE_FAMILIES:
+        adapter = adapter_for(tiny_model(family))
+        x = torch.randn(40, adapter.config.hidden_size, generator=torch.Generator().manual_seed(0))
+        moe = next(m for m in adapter.moe if m is not None)
+        _, experts = moe.route(x)
+        assert set(experts.flatten().tolist()) == set(range(moe.num_experts)), family
+        # routing margins wide enough that no pick is a near tie
+        probs = torch.softmax(torch.nn.functional.linear(x, moe.block.gate.weight), -1).sort(-1).values
+        assert (probs[:, -2] - probs[:, -3]).min() > 1e-4, family
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_grouped_and_dense_formulations_agree_with_the_hf_block(family):
+    """Each formulation of each MoE layer against transformers' own block (its eager experts)."""
+    model = tiny_model(family).double()
+    adapter = adapter_for(model)
+    x = torch.randn(2, 9, adapter.config.hidden_size, generator=torch.Generator().manual_seed(1)).double()
+    for i, moe in enumerate(adapter.moe):
+        if moe is None:
+            continue
+        with torch.no_grad():
+            want = adapter.layers[i].mlp(x)
+            for formulation in ("grouped", "dense"):
+                adapter.moe_formulation = formulation
+                torch.testing.assert_close(adapter.mlp(i, x), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_a_ragged_batch_on_the_torch_executor_matches_transformers(family):
+    """Three sequences in each step (prompt chunks of different lengths, then decodes together): each
+    row's logits are transformers' for its sequence alone, whichever tokens share the experts."""
+    model = tiny_model(family, seed=2).double()
+    ex = TorchExecutor(model, num_blocks=32, block_size=4)
+    g = torch.Generator().manual_seed(4)
+    seqs = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (11, 3, 7)]
+    tables = [[0, 1, 2, 3], [8, 9, 10, 11], [16, 17, 18, 19]]
+    with torch.no_grad():
+        want = [model(torch.tensor([s])).logits[0] for s in seqs]
+    cuts = [(0, 6, 0, 2, 0, 7), (6, 10, 2, 3, 7, 7), (10, 11, None, None, None, None)]
+    for lo0, hi0, lo1, hi1, lo2, hi2 in cuts:
+        spans = [(0, lo0, hi0), (1, lo1, hi1), (2, lo2, hi2)]
+        spans = [(b, lo, hi) for b, lo, hi in spans if lo is not None and hi > lo]
+        slots = [[tables[b][p // 4] * 4 + p % 4 for p in range(lo, hi)] for b, lo, hi in spans]
+        batch = StepBatch.build(
+            [str(b) for b, _, _ in spans],
+            [seqs[b][lo:hi] for b, lo, hi in spans],
+            [lo for _, lo, _ in spans],
+            [tables[b] for b, _, _ in spans],
+            slots,
+            [True] * len(spans),
+        )
+        got = ex.step(batch)
+        for row, (b, _, hi) in enumerate(spans):
+            torch.testing.assert_close(got[row], want[b][hi - 1].float(), rtol=1e-5, atol=1e-5)
+
+
+def test_moe_executor_captures_no_cuda_graphs_and_says_why():
+    ex = TorchExecutor(tiny_model("mixtral"), num_blocks=8, block_size=4, static_decode=True)
+    assert not ex.use_cuda_graphs
+    assert ex.facts.cuda_graphs_refusal.startswith("MoE MLPs: each step routes its tokens")
+    dense = TorchExecutor(tiny_model("llama"), num_blocks=8, block_size=4)
+    assert dense.facts.cuda_graphs_refusal is None
+
+
+def test_paths_without_moe_support_refuse_moe_models_by_name(tmp_path):
+    from trtforge.llm import from_pretrained
+    from trtforge.llm.compile.compile import compile_generate
+    from trtforge.llm.models.parallel import TensorParallel
+    from trtforge.llm.quant import quantize_model
+
+    model = tiny_model("qwen2_moe")
+    moe = "qwen2_moe model Qwen2MoeForCausalLM has sparse mixture-of-experts MLPs"
+    for method in ("fp8", "int4-rtn"):
+        with pytest.raises(UserError, match=f"{moe}.*MoE MLPs have no such path yet"):
+            quantize_model(model, method)
+    with pytest.raises(UserError, match=f"quantization='fp8'.*{moe}"):
+        from_pretrained(model, quantization="fp8", num_blocks=4)
+    with pytest.raises(UserError, match=f"tensor parallelism .*{moe}"):
+        adapter_for(model).shard(TensorParallel(0, 2))
+    for precision in ("int8", "fp8", "int4"):
+        calib = [[1, 2, 3]] if precision != "int4" else None
+        with pytest.raises(UserError, match=f"--generate --precision {precision}: the {moe}"):
+            compile_generate(
+                model, None, precision=precision, calib_prompts=calib, build=False, save_onnx=tmp_path / "s"
+            )
+    assert not (tmp_path / "s").exists()
+
+
+def test_experts_in_another_layout_are_refused():
+    """Per-expert Linear modules (transformers 4's layout, never built by transformers 5) are refused by
+    name rather than read wrong."""
+    model = tiny_model("mixtral")
+    block = model.model.layers[0].mlp
+    block.experts = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(4)])
+    with pytest.raises(UserError, match="mixtral model MixtralForCausalLM: its experts .*fused 3-D"):
+        TorchExecutor(model, num_blocks=4)
+
+
+class _Unsupported(torch.nn.Module):
+    """A causal LM of `model_type` as the family check sees it (its config's model_type)."""
+
+    def __init__(self, model_type: str) -> None:
+        import transformers as tf
+
+        super().__init__()
+        self.config = tf.AutoConfig.for_model(model_type)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "why"),
+    [
+        ("phimoe", "SparseMixer"),
+        ("deepseek_v3", "multi-head latent attention"),
+        ("deepseek_v2", "multi-head latent attention"),
+        ("granitemoe", "top-k of the router logits, then a softmax"),
+        ("jetmoe", "mixture of attention experts"),
+        ("dbrx", "p-norm"),
+    ],
+)
+def test_moe_families_not_implemented_are_refused_naming_what_sets_them_apart(model_type, why):
+    model = _Unsupported(model_type)
+    with pytest.raises(UserError, match=f"model family '{model_type}' .*not supported.*{why}"):
+        adapter_for(model)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_bfloat16_routing_weights_keep_each_familys_dtype(family):
+    """In BF16 the routing weights' dtype shows: Mixtral's stay float32 (each expert's output weighted in
+    float32, then rounded), Qwen's are rounded to BF16 first. A BF16 prefill's logits are transformers'
+    bit for bit (the other dtype moves them by a BF16 step or more)."""
+    model = tiny_model(family, seed=1).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 300, (19,), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(ids[None]).logits[0, -1].float()
+    ex = TorchExecutor(model, num_blocks=8, block_size=4)
+    batch = StepBatch.build(["s"], [ids.tolist()], [0], [list(range(5))], [list(range(19))], [True])
+    torch.testing.assert_close(ex.step(batch)[0], want, rtol=0, atol=0)

@@ -1,0 +1,85 @@
+"""The sparse mixture-of-experts families (Mixtral and its relatives): Llama-shaped RoPE decoders whose
+MLPs are :class:`~trtforge.llm.models.moe.SparseMoe` blocks (:mod:`.moe`: routing, the grouped and dense
+formulations).
+
+- ``mixtral`` (``MixtralForCausalLM``): Mistral's attention (GQA, one ``sliding_window`` on every layer or
+  none), every MLP sparse, the top-k routing weights always renormalized and kept in float32.
+- ``qwen2_moe`` (``Qwen2MoeForCausalLM``, Qwen1.5-MoE / Qwen2-57B-A14B): Qwen2's attention (q/k/v biases
+  by ``qkv_bias``, windows by ``layer_types``), a shared expert behind a sigmoid gate added to the routed
+  ones, ``norm_topk_prob``, and dense layers where ``mlp_only_layers`` / ``decoder_sparse_step`` say.
+- ``qwen3_moe`` (``Qwen3MoeForCausalLM``, Qwen3-30B-A3B / 235B-A22B): Qwen3's per-head q/k RMSNorms before
+  RoPE, one window on every layer when ``use_sliding_window``, ``norm_topk_prob``, dense layers as
+  Qwen2-MoE.
+- ``olmoe`` (``OlmoeForCausalLM``): RMSNorms over the whole q and k projections, then ``clip_qkv``
+  clamping q, k and v, no window, ``norm_topk_prob``.
+
+Not Llama-style (:class:`~trtforge.llm.models.llama.LlamaStyle`): the fused CUDA layers, quantization and
+tensor parallelism refuse these models by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from trtforge.llm.models.moe import moe_layers, refuse_moe
+from trtforge.llm.models.rope import RopeStyle, project_qkv
+
+
+class MixtralStyle(RopeStyle):
+    """Mixtral (see the module docstring); the base of its relatives, which route by
+    ``config.norm_topk_prob`` and cast the routing weights to the model's dtype."""
+
+    family = "mixtral"
+    #: the top-k routing weights divided by their sum: always (True), or by config.norm_topk_prob (None)
+    renormalize: bool | None = True
+    #: the routing weights stay float32 (Mixtral's router) rather than the model's dtype
+    float32_weights = True
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        c = self.config
+        renormalize = bool(c.norm_topk_prob) if self.renormalize is None else self.renormalize
+        where = f"{user} cannot run this {c.model_type} model {type(model).__name__}"
+        self.moe = moe_layers(
+            self.layers, renormalize=renormalize, float32_weights=self.float32_weights, where=where
+        )
+
+    def shard(self, tp: Any) -> None:
+        """Refused: the experts have no tensor-parallel split yet (UserError)."""
+        refuse_moe(self.model, "tensor parallelism (tensor_parallel_size > 1)", "the Llama-style families")
+
+
+class Qwen2MoeStyle(MixtralStyle):
+    """Qwen2-MoE: Mixtral's layers with Qwen's routing options, its shared expert and dense layers."""
+
+    family = "qwen2_moe"
+    renormalize = None
+    float32_weights = False
+
+
+class Qwen3MoeStyle(Qwen2MoeStyle):
+    """Qwen3-MoE: Qwen2-MoE's routing (no shared expert) with per-head q/k RMSNorms before RoPE."""
+
+    family = "qwen3_moe"
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = super().qkv(i, x)
+        attn = self.layers[i].self_attn
+        return attn.q_norm(q), attn.k_norm(k), v
+
+
+class OlmoeStyle(Qwen2MoeStyle):
+    """OLMoE: q and k normed over their whole projections, then q, k and v clamped to ``clip_qkv``."""
+
+    family = "olmoe"
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        attn = self.layers[i].self_attn
+        q, k, v = project_qkv(attn, self.layers[i].input_layernorm(x))
+        q, k = attn.q_norm(q), attn.k_norm(k)
+        clip = self.config.clip_qkv
+        if clip is not None:
+            q, k, v = (t.clamp(min=-clip, max=clip) for t in (q, k, v))
+        return tuple(t.unflatten(-1, (-1, self.head_dim)) for t in (q, k, v))  # type: ignore[return-value]

@@ -1,0 +1,161 @@
+"""Sparse mixture-of-experts MLPs, one concept every consumer reads: a layer's MLP kind is "dense" (the
+model's own MLP module) or "moe" (:class:`SparseMoe`: a router picks ``top_k`` of ``num_experts`` gated
+experts per token and sums their outputs by the routing weights; Qwen2-MoE adds a shared expert behind a
+sigmoid gate). The adapters (:mod:`.mixtral`) find each layer's kind and call :meth:`SparseMoe.forward`.
+
+Routing, as transformers 5's ``*TopKRouter`` modules compute it: router logits in the model's dtype, a
+float32 softmax over the experts, top-k of the probabilities, renormalized to sum 1 over the k picked
+where the family does (Mixtral always; Qwen2-MoE, Qwen3-MoE and OLMoE by ``norm_topk_prob``), then kept
+in float32 (Mixtral) or cast to the model's dtype (the others). Router jitter is a training-time noise
+transformers applies only in training mode: never here.
+
+The experts are transformers 5's fused 3-D parameters (``experts.gate_up_proj`` [E, 2 I, H], gate rows
+first; ``experts.down_proj`` [E, H, I]); a checkpoint saved by transformers 4 (one Linear per expert) is
+converted to them when transformers loads it. Two formulations of the same math:
+
+- ``grouped`` (the torch executor): the (token, expert) pairs sorted by expert, each expert's GEMMs on
+  its own tokens only, the outputs weighted and summed back per token (``index_add``). The segment sizes
+  are data: one host sync per layer, and no CUDA graph can hold them (the executor runs MoE models
+  without graphs and says so in its facts).
+- ``dense`` (the step graph): every expert on every token (batched MatMuls over the expert axis), summed
+  with routing weights that are zero off each token's top k. Plain ONNX ops (MatMul, Softmax, TopK,
+  Equal, ReduceSum) with no data-dependent shape, exact as the grouped form, at ``num_experts / top_k``
+  times the expert FLOPs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from trtforge.errors import UserError
+
+FORMULATIONS = ("grouped", "dense")
+
+
+def is_sparse_moe(mlp: nn.Module) -> bool:
+    """Whether a layer's MLP module is a sparse MoE block (a router ``gate`` and ``experts``)."""
+    return hasattr(mlp, "experts") and hasattr(mlp, "gate")
+
+
+class SparseMoe:
+    """One layer's sparse MoE block `block` (transformers' ``*SparseMoeBlock``) as the math above reads
+    it; the weights stay the block's own parameters (read at each call, so moving the model moves them).
+
+    `renormalize`: the top-k probabilities divided by their sum; `float32_weights`: the routing weights
+    stay float32 (Mixtral) rather than the model's dtype. `where` names the model in errors."""
+
+    def __init__(self, block: nn.Module, *, renormalize: bool, float32_weights: bool, where: str) -> None:
+        self.block, self.renormalize, self.float32_weights = block, bool(renormalize), bool(float32_weights)
+        experts = block.experts
+        gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+        flags = ("is_transposed", "has_bias", "has_post_expert_norm")
+        concatenated = getattr(experts, "is_concatenated", True)
+        plain = concatenated and not any(getattr(experts, f, False) for f in flags)
+        fused = isinstance(gate_up, Tensor) and isinstance(down, Tensor) and gate_up.ndim == down.ndim == 3
+        if not (fused and plain):
+            raise UserError(
+                f"{where}: its experts ({type(experts).__name__}) are not transformers 5's fused 3-D "
+                "parameters (gate_up_proj [experts, 2 x intermediate, hidden] with gate rows first, "
+                "down_proj [experts, hidden, intermediate], no biases, not transposed). Load the checkpoint "
+                "with transformers >= 5, which converts per-expert weights to that layout."
+            )
+        self.num_experts, self.top_k = int(gate_up.shape[0]), int(block.gate.top_k)
+        self.expert_size = int(down.shape[-1])
+        self.shared_size: int | None = None
+        if getattr(block, "shared_expert", None) is not None:
+            self.shared_size = int(block.shared_expert.down_proj.weight.shape[-1])
+
+    def describe(self) -> dict[str, Any]:
+        """The spec's ``moe`` entry for this layer's block."""
+        return {
+            "num_experts": self.num_experts,
+            "top_k": self.top_k,
+            "expert_size": self.expert_size,
+            "renormalize": self.renormalize,
+            "float32_weights": self.float32_weights,
+            "shared_expert_size": self.shared_size,
+        }
+
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Each token's top-k routing weights and expert ids ``[N, k]`` for flat tokens `x` ``[N, H]``."""
+        logits = F.linear(x, self.block.gate.weight)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return (weights if self.float32_weights else weights.to(logits.dtype)), experts
+
+    def forward(self, x: Tensor, formulation: str = "grouped") -> Tensor:
+        """The block's output for hidden states `x` ``[..., H]`` (`formulation`: see the module
+        docstring), plus the gated shared expert where the block has one."""
+        flat = x.reshape(-1, x.shape[-1])
+        weights, experts = self.route(flat)
+        if formulation == "dense":
+            out = self._dense(flat, weights, experts)
+        else:
+            out = self._grouped(flat, weights, experts)
+        block = self.block
+        if self.shared_size is not None:
+            out = out + torch.sigmoid(block.shared_expert_gate(flat)) * block.shared_expert(flat)
+        return out.reshape(x.shape)
+
+    def _expert(self, e: int, rows: Tensor) -> Tensor:
+        """Expert e's gated MLP on `rows` [n, H]."""
+        ex = self.block.experts
+        gate, up = F.linear(rows, ex.gate_up_proj[e]).chunk(2, dim=-1)
+        return F.linear(ex.act_fn(gate) * up, ex.down_proj[e])
+
+    def _grouped(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
+        """Each expert on its own tokens: pairs sorted by expert, one GEMM pair per expert hit."""
+        k = self.top_k
+        order = torch.argsort(experts.reshape(-1), stable=True)
+        counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts).tolist()
+        token = order // k
+        rows = x[token]
+        outs, start = [], 0
+        for e, n in enumerate(counts):
+            if n:
+                outs.append(self._expert(e, rows[start : start + n]))
+                start += n
+        y = (torch.cat(outs) * weights.reshape(-1)[order, None]).to(x.dtype)
+        return torch.zeros_like(x).index_add_(0, token, y)
+
+    def _dense(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
+        """Every expert on every token, weighted by [N, E] routing weights zero off the top k."""
+        ex = self.block.experts
+        ids = torch.arange(self.num_experts, device=x.device)
+        picked = (experts[..., None] == ids).to(weights.dtype)  # [N, k, E]
+        full = (picked * weights[..., None]).sum(dim=-2)  # [N, E]
+        gate, up = torch.matmul(x[None], ex.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)  # [E, N, I]
+        y = torch.matmul(ex.act_fn(gate) * up, ex.down_proj.transpose(1, 2))  # [E, N, H]
+        return (y * full.transpose(0, 1)[..., None]).to(x.dtype).sum(dim=0)
+
+
+def moe_layers(
+    layers: list[nn.Module], *, renormalize: bool, float32_weights: bool, where: str
+) -> list[SparseMoe | None]:
+    """Each layer's :class:`SparseMoe` (None: a dense MLP, as Qwen-MoE's ``mlp_only_layers`` and
+    ``decoder_sparse_step`` make some)."""
+    return [
+        SparseMoe(layer.mlp, renormalize=renormalize, float32_weights=float32_weights, where=where)
+        if is_sparse_moe(layer.mlp)
+        else None
+        for layer in layers
+    ]
+
+
+def refuse_moe(model: nn.Module, what: str, covers: str) -> None:
+    """UserError when `model` has sparse MoE MLPs, for `what` (the option or path asked for), which
+    covers `covers` only (a phrase: "dense MLPs", ...)."""
+    if not any(is_sparse_moe(m) for m in model.modules()):
+        return
+    raise UserError(
+        f"{what}: the {model.config.model_type} model {type(model).__name__} has sparse mixture-of-experts "
+        f"MLPs (a router sends each token to its top-k experts), and this path covers {covers} only: MoE "
+        "MLPs have no such path yet. Serve or compile it without this option (the torch executor and the "
+        "FP16 / BF16 / FP32 step graphs run MoE models)."
+    )
