@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.trtforge-installed
 DEMO_DIR ?= build/demo
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-gpu gpu-wheels gpu-carry old-tree triton-cache lint clean
+.PHONY: venv demo test test-floor test-gpu gpu-wheels gpu-carry old-tree triton-cache lint clean
 
 venv: $(STAMP)
 
@@ -25,6 +25,17 @@ TEST_WORKERS ?= $(shell python3 -c "import os; a = getattr(os, 'sched_getaffinit
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+# The decoder families against the oldest transformers we support (5.17, the H200's): its modules differ
+# from the newest in attributes the adapters read (GPT-J's per-attention sinusoid table, Falcon's
+# softmax scale). Installs that release (and a huggingface-hub it accepts) beside the venv, in FLOOR_SITE.
+FLOOR_TRANSFORMERS ?= 5.17.0
+FLOOR_SITE ?= build/transformers-$(FLOOR_TRANSFORMERS)
+test-floor: $(STAMP)
+	@test -f $(FLOOR_SITE)/.done || { rm -rf $(FLOOR_SITE) && $(PY) -m pip install -q --no-deps --target $(FLOOR_SITE) \
+	  transformers==$(FLOOR_TRANSFORMERS) "huggingface-hub>=1.5,<2" && touch $(FLOOR_SITE)/.done; }
+	HF_HUB_OFFLINE=1 PYTHONPATH=$(FLOOR_SITE) $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS) tests/llm/models \
+	  tests/llm/test_generate.py tests/llm/test_torch_executor.py
 
 # GPU tests run on a machine with CUDA torch already installed (the H200 device: torch 2.11 + Triton),
 # with the system python and this checkout on PYTHONPATH. Pure-Python dependencies that machine lacks

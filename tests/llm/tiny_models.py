@@ -148,7 +148,8 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         gemma2 = {"head_dim": 16, "intermediate_size": 256, "sliding_window": 4}
         gemma2["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
         gemma2 |= {"query_pre_attn_scalar": 16, "attn_logit_softcapping": 3.0, "final_logit_softcapping": 8.0}
-        gemma2 |= {"tie_word_embeddings": False}
+        # (eager: transformers 5.17's default SDPA path drops the cap without a word; 5.2x runs eager)
+        gemma2 |= {"tie_word_embeddings": False, "attn_implementation": "eager"}
         cfg, cls = tf.Gemma2Config(**(llama_like | gemma2 | overrides)), tf.Gemma2ForCausalLM
     elif family == "olmo2":  # norms after attention and MLP, q/k norms over the whole projection
         olmo2 = {"pad_token_id": 1, "eos_token_id": 2}  # (its default eos id lies outside the tiny vocab)
