@@ -8,29 +8,17 @@ float32, then cast back, as transformers does for this family. No biases, no win
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from trtforge.llm.models.rope import RopeStyle, project_qkv
 
 
 class Olmo2Style(RopeStyle):
-    """OLMo 2 (``Olmo2ForCausalLM``): post-norm residual branches and whole-projection q/k norms."""
+    """OLMo 2 (``Olmo2ForCausalLM``): post-norm residual branches and whole-projection q/k norms, rotary in
+    float32 (:attr:`~.rotary.RotaryDecoder.float32_tables`)."""
 
     family = "olmo2"
-
-    def rotary(
-        self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """float32 cos, sin whatever `dtype` (transformers' OLMo 2 rotary module does not cast them)."""
-        return super().rotary(position_ids, torch.float32, rope_lens)
-
-    def rotate(
-        self, i: int, q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None
-    ) -> tuple[Tensor, Tensor]:
-        """q and k rotated in float32 by the float32 tables, back in their own dtypes."""
-        rq, rk = super().rotate(i, q, k, rope)
-        return rq.to(q.dtype), rk.to(k.dtype)
+    float32_tables = float32_rotation = True
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         attn = self.layers[i].self_attn
