@@ -25,16 +25,21 @@ from trtforge.llm.models.base import (
     refuse_unapplied_window,
     sliding_windows,
 )
+from trtforge.llm.models.cohere import Cohere2Style, CohereStyle
 from trtforge.llm.models.falcon import FalconStyle
 from trtforge.llm.models.gemma import GemmaStyle
 from trtforge.llm.models.gemma2 import Gemma2Style
 from trtforge.llm.models.gemma3 import Gemma3Style
+from trtforge.llm.models.glm import Ernie45Style, Glm4Style, GlmStyle, HeliumStyle
 from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
 from trtforge.llm.models.gpt_neox import GptNeoXStyle
 from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
 from trtforge.llm.models.granite import GraniteStyle
+from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle
 from trtforge.llm.models.llama import LlamaStyle
-from trtforge.llm.models.olmo2 import Olmo2Style
+from trtforge.llm.models.nemotron import NemotronStyle, PersimmonStyle
+from trtforge.llm.models.olmo import OlmoStyle
+from trtforge.llm.models.olmo2 import Exaone4Style, Olmo2Style, Olmo3Style
 from trtforge.llm.models.opt import OptStyle
 from trtforge.llm.models.phi import PhiStyle
 from trtforge.llm.models.smollm3 import SmolLM3Style
@@ -59,6 +64,19 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "gptj": GptJStyle,
     "codegen": CodeGenStyle,
     "falcon": FalconStyle,
+    "olmo": OlmoStyle,
+    "olmo3": Olmo3Style,
+    "cohere": CohereStyle,
+    "cohere2": Cohere2Style,
+    "glm": GlmStyle,
+    "glm4": Glm4Style,
+    "nemotron": NemotronStyle,
+    "persimmon": PersimmonStyle,
+    "helium": HeliumStyle,
+    "ernie4_5": Ernie45Style,
+    "exaone4": Exaone4Style,
+    "hunyuan_v1_dense": HunYuanDenseStyle,
+    "apertus": ApertusStyle,
 }
 
 
@@ -73,22 +91,35 @@ __all__ = [
     "GPT2_STYLE",
     "LLAMA_STYLE",
     "SUPPORTED",
+    "ApertusStyle",
     "CodeGenStyle",
+    "Cohere2Style",
+    "CohereStyle",
     "DecoderAdapter",
     "DecoderSpec",
+    "Ernie45Style",
+    "Exaone4Style",
     "FalconStyle",
     "Gemma2Style",
     "Gemma3Style",
     "GemmaStyle",
+    "Glm4Style",
+    "GlmStyle",
     "Gpt2Style",
     "GptBigCodeStyle",
     "GptJStyle",
     "GptNeoStyle",
     "GptNeoXStyle",
     "GraniteStyle",
+    "HeliumStyle",
+    "HunYuanDenseStyle",
     "LlamaStyle",
+    "NemotronStyle",
     "Olmo2Style",
+    "Olmo3Style",
+    "OlmoStyle",
     "OptStyle",
+    "PersimmonStyle",
     "PhiStyle",
     "SmolLM3Style",
     "StableLmStyle",

@@ -23,7 +23,7 @@ class RopeStyle(RotaryDecoder):
         self.body = model.model
         c, attn = self.config, self.layers[0].self_attn
         self.num_heads = int(c.num_attention_heads)
-        self.num_kv_heads = int(c.num_key_value_heads or c.num_attention_heads)
+        self.num_kv_heads = int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
         self.head_dim = int(attn.head_dim)
         self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
         self._use_rotary(self.body.rotary_emb)

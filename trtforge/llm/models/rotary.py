@@ -105,7 +105,10 @@ class RotaryTables:
             tables = [self._init(self.config, dev, seq_len=n, **kw)[0] for n in unique.unbind(0)]
             inv_freq = torch.stack(tables).float().to(position_ids.device)[inverse]
         freqs = position_ids[..., None].float() * inv_freq
-        emb = freqs.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat((freqs, freqs), dim=-1)
+        if self.interleaved:  # (stack + flatten: repeat_interleave does not export to ONNX)
+            emb = torch.stack((freqs, freqs), dim=-1).flatten(-2)
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)
         scaling = self._scaling()
         return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
