@@ -96,6 +96,7 @@ def test_save_pretrained_directory_source(tmp_path):
         "falcon_factory",
         "falcon_40b_factory",
         "falcon_serial_factory",
+        "cohere2_factory",
     ],
 )
 def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_path, monkeypatch):

@@ -92,6 +92,25 @@ CASES = [
     ("codegen", {}),
     ("falcon", {}),
     ("falcon", {"set_sliding_window": 64, "new_decoder_architecture": True, "num_kv_heads": 2}),
+    ("olmo", {"set_sliding_window": 64}),  # no layer of these applies one
+    ("cohere", {"set_sliding_window": 64}),
+    ("glm", {}),
+    ("glm4", {"set_sliding_window": 64}),
+    ("nemotron", {}),
+    ("persimmon", {"set_sliding_window": 64}),
+    ("helium", {}),
+    ("ernie4_5", {"set_sliding_window": 64}),
+    ("hunyuan_v1_dense", {}),
+    ("apertus", {"set_sliding_window": 64}),
+    ("arcee", {}),
+    ("internlm3", {"set_sliding_window": 64}),
+    ("seed_oss", {}),
+    ("olmo3", {}),  # sliding, full, sliding; window 4
+    ("olmo3", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
+    ("cohere2", {}),  # sliding (RoPE), full (NoPE), sliding; window 4
+    ("cohere2", {"sliding_window": 64, "layer_types": [FULL, SLIDING, FULL]}),
+    ("exaone4", {}),  # sliding (RoPE), full (NoPE), sliding; window 4
+    ("exaone4", {"sliding_window": None, "layer_types": [FULL, FULL, FULL]}),  # no window: all RoPE
 ]
 
 
