@@ -426,7 +426,7 @@ class DecoderAdapter(ABC):
         raise UserError(
             f"tensor parallelism is not supported for {self.config.model_type} models "
             f"({type(self.model).__name__}); it is for the Llama-style families (llama, mistral, "
-            "ministral, qwen2, qwen3, starcoder2). Use tensor_parallel_size=1."
+            "ministral, qwen2, qwen3, starcoder2, internlm3, seed_oss, arcee). Use tensor_parallel_size=1."
         )
 
     def _spec(self, **family: Any) -> DecoderSpec:

@@ -1,13 +1,17 @@
 """The supported decoder families and the adapter of each: :func:`adapter_for` is what the step-graph
 export and the torch executor call, so both see one set of layer math and one sliding-window rule.
 
-Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2), GPT-2 and
+Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2, internlm3,
+seed_oss, arcee), GPT-2 and
 its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`), GPT-NeoX (:mod:`.gpt_neox`), Phi
 (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 (:mod:`.gemma2`), Gemma 3 text (:mod:`.gemma3`), OLMo 2
-(:mod:`.olmo2`), Granite (:mod:`.granite`), StableLM (:mod:`.stablelm`) and SmolLM3 (:mod:`.smollm3`; Phi
-and these share :mod:`.rope` with Llama-style), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a
-fixed table) and Falcon (:mod:`.falcon`). The shared pieces (spec, family checks, windows, attention
-soft-caps) live in :mod:`.base`.
+(:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1 (:mod:`.olmo`), Granite (:mod:`.granite`), StableLM
+(:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`), Cohere 1 / 2 (:mod:`.cohere`), GLM, GLM-4-0414, Helium and
+ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dense and Apertus
+(:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, which also runs InternLM3, Seed-OSS and
+Arcee), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table) and Falcon (:mod:`.falcon`).
+The shared pieces (spec, family checks, windows, attention soft-caps) live in :mod:`.base`, the rotary
+variants (interleaved, float32, NoPE layers, a table per layer type) in :mod:`.rotary`.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ class LlamaStyle(RopeStyle):
             raise UserError(
                 f"tensor parallelism does not split {c.model_type}'s fused qkv_proj / gate_up_proj "
                 f"({type(self.model).__name__}); supported: llama, mistral, ministral, qwen2, qwen3, "
-                "starcoder2. Use tensor_parallel_size=1."
+                "starcoder2, internlm3, seed_oss, arcee. Use tensor_parallel_size=1."
             )
         mlp0 = self.layers[0].mlp
         up0 = getattr(mlp0, "up_proj", None) or mlp0.c_fc

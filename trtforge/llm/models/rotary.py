@@ -1,7 +1,10 @@
 """Rotary tables as a transformers rotary module computes them (its ``inv_freq``, ``attention_scaling``
 and rope type), and :class:`RotaryDecoder`, the adapter base every RoPE family with a rotary module builds
-on: :mod:`.rope`'s (Llama-style, Gemma, OLMo 2, Granite, StableLM, SmolLM3, Phi), :mod:`.gpt_neox` and
-:mod:`.falcon` (GPT-J and CodeGen index a fixed table instead: :mod:`.gptj`).
+on: :mod:`.rope`'s (Llama-style, Gemma, OLMo, Granite, StableLM, SmolLM3, Phi, Cohere, GLM, ...),
+:mod:`.gpt_neox` and :mod:`.falcon` (GPT-J and CodeGen index a fixed table instead: :mod:`.gptj`). Its class
+attributes are the rotary variants the families differ in, one place for all: interleaved channel pairs,
+float32 tables, float32 rotation, NoPE layers (:meth:`RotaryDecoder.rotates`); :class:`PerTypeRotary` keeps
+a table per layer type (Gemma 3, OLMo 3).
 
 Partial rotary needs nothing here: the module's ``inv_freq`` already covers only the rotated channels,
 and :func:`~trtforge.llm.models.base.apply_rotary` passes the rest through.
