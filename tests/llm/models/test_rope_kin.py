@@ -109,8 +109,9 @@ def test_specs_report_the_rotary(family, dim, interleaved):
 
 
 def test_config_values_transformers_cannot_run_are_refused_by_name():
-    """Cohere's logit_scale null (transformers multiplies the logits by it) and a Helium head_dim its
-    hidden x hidden output projection cannot take: UserError, and transformers' own forward fails too."""
+    """Cohere's logit_scale null (transformers multiplies the logits by it), a Helium head_dim its hidden x
+    hidden output projection cannot take, a Persimmon rotary span of an odd number of channels: UserError,
+    and transformers' own forward fails too."""
     ids = torch.tensor([[1, 2, 3]])
     cohere = tiny_model("cohere")
     cohere.config.logit_scale = None
@@ -120,7 +121,10 @@ def test_config_values_transformers_cannot_run_are_refused_by_name():
     helium = tiny_model("helium", head_dim=8)
     with pytest.raises(UserError, match=r"helium model .*num_attention_heads \(4\) x head_dim \(8\)"):
         adapter_for(helium)
-    for model in (cohere, helium):
+    persimmon = tiny_model("persimmon", partial_rotary_factor=0.3125)  # 5 of 16 channels
+    with pytest.raises(UserError, match="persimmon model .* rotates 5 of each head's 16 channels"):
+        adapter_for(persimmon)
+    for model in (cohere, helium, persimmon):
         with pytest.raises((TypeError, RuntimeError)), torch.no_grad():
             model(ids)
 
