@@ -38,10 +38,12 @@ def test_greedy_ids_match_hf_on_both_executors(paged, capsys):
     assert _lines(capsys) == want
 
 
-@pytest.mark.parametrize("family", ["gptj", "codegen", "falcon", "falcon_40b", "falcon_serial"])
-def test_gptj_codegen_and_falcon_factories_generate_hf_greedy_ids(family, capsys):
-    """`generate` on the torch executor serves GPT-J, CodeGen and Falcon's three layer forms (module:factory
-    models): HF's greedy ids, batched."""
+@pytest.mark.parametrize(
+    "family", ["gptj", "codegen", "falcon", "falcon_40b", "falcon_serial", "cohere2", "olmo3"]
+)
+def test_family_factories_generate_hf_greedy_ids(family, capsys):
+    """`generate` on the torch executor serves GPT-J, CodeGen, Falcon's three layer forms, Cohere 2 and
+    OLMo 3 (module:factory models): HF's greedy ids, batched."""
     model = tiny_model(family)
     want = [hf_greedy(model, p, 7)[0] for p in ([1, 2, 3], [4, 5, 6, 7, 8])]
     args = ["--prompt-ids", "1 2 3", "--prompt-ids", "4 5 6 7 8", "--max-tokens", "7", "--ignore-eos"]

@@ -286,14 +286,23 @@ def test_fused_layers_add_the_residual_once_per_group(tokens, monkeypatch):
         torch.testing.assert_close(got_logits, want_logits, atol=2e-2, rtol=1e-2)
 
 
-def test_row_parallel_bias_is_added_once():
-    """starcoder2 (biased o_proj and c_proj): the adapter's block on two ranks equals the whole block."""
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [
+        ("starcoder2", {}),
+        ("seed_oss", {"attention_out_bias": True, "mlp_bias": True, "head_dim": 16}),
+        ("arcee", {}),
+    ],
+)
+def test_row_parallel_bias_is_added_once(family, overrides):
+    """starcoder2 (biased o_proj and c_proj), Seed-OSS (its output bias apart from the q/k/v biases) and
+    Arcee (a non-gated up/down MLP): the adapter's block on two ranks equals the whole block."""
     import copy
 
     from trtforge.llm.models.families import adapter_for
 
-    whole = tiny_model("starcoder2", **GQA)
-    assert whole.model.layers[0].self_attn.o_proj.bias is not None
+    whole = tiny_model(family, **GQA, **overrides)
+    assert (whole.model.layers[0].self_attn.o_proj.bias is not None) == (family != "arcee")
     g = torch.Generator().manual_seed(0)
     h, o = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g)
     with torch.no_grad():

@@ -6,6 +6,27 @@ import torch
 
 from trtforge.llm.models.base import LLAMA_STYLE, SUPPORTED
 
+# Llama relatives the cheap suites cover (the step graph vs HF generate on the legacy exporter, the config
+# draws, the window oracle, test_rope_kin's rotary bit for bit): their differences are adapter-level pieces
+# (rotary knobs, norms and MLPs of their own modules) which cohere2, in FAMILIES, takes through every
+# consumer; the FP16 graphs, kernels and engine builds would run nothing new for them
+LIGHT_FAMILIES = (
+    "olmo",
+    "olmo3",
+    "cohere",
+    "glm",
+    "glm4",
+    "nemotron",
+    "persimmon",
+    "helium",
+    "ernie4_5",
+    "exaone4",
+    "hunyuan_v1_dense",
+    "apertus",
+    "arcee",
+    "internlm3",
+    "seed_oss",
+)
 FAMILIES = (
     "llama",
     "mistral",
@@ -31,6 +52,7 @@ FAMILIES = (
     "falcon_40b",
     "falcon_serial",
     "mixtral",
+    "cohere2",
 )
 # the sparse mixture-of-experts families (llm.models.mixtral) and their transformers classes
 MOE_CLASSES = {
@@ -50,13 +72,13 @@ FORMS: dict[str, tuple[str, dict]] = {
 }
 # the forms the Triton-executor and CUDA-graph tests run: the fused layers' Llama-style variants (plain,
 # Qwen3's head norms, Phi-3's fused projections and partial rotary), every family with another adapter
-# and the family forms above
+# but the LIGHT_FAMILIES, and the family forms above
 # (of the MoE families only Mixtral: their MoE MLPs are one torch path, the attention around it Llama's)
 KERNEL_FAMILIES = (
     "llama",
     "qwen3",
     "phi3",
-    *(f for f in SUPPORTED if f not in LLAMA_STYLE and f not in MOE_FAMILIES[1:]),
+    *(f for f in SUPPORTED if f not in LLAMA_STYLE and f not in MOE_FAMILIES[1:] and f not in LIGHT_FAMILIES),
     *FORMS,
 )
 PROMPT_LENS = (1, 3, 9, 17)
@@ -200,6 +222,75 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         cfg_cls, cls = MOE_CLASSES[family]
         cfg = getattr(tf, cfg_cls)(**(llama_like | moe | overrides))
         cls = getattr(tf, cls)
+    elif family == "olmo":  # non-parametric LayerNorms, q/k/v clipped at 1 (the projections reach ~4)
+        olmo = {"clip_qkv": 1.0, "pad_token_id": 1, "eos_token_id": 2}
+        cfg, cls = tf.OlmoConfig(**(llama_like | olmo | overrides)), tf.OlmoForCausalLM
+    elif family == "olmo3":  # OLMo 2's layers, sliding (window 4) and full by turns, a RoPE base each
+        n = overrides.get("num_hidden_layers", llama_like["num_hidden_layers"])
+        olmo3 = {"pad_token_id": 1, "eos_token_id": 2, "sliding_window": 4}
+        olmo3["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+        olmo3["rope_parameters"] = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+        }
+        cfg, cls = tf.Olmo3Config(**(llama_like | olmo3 | overrides)), tf.Olmo3ForCausalLM
+    elif family in ("cohere", "cohere2"):  # parallel block, interleaved RoPE, logits scaled by 1/4 (not
+        # Command-R's 1/16: the tiny model's logits would sit within a tie); Command-R+'s q/k norms; Cohere 2:
+        # sliding (window 4, RoPE) and full (NoPE) layers by turns
+        cohere = {"logit_scale": 0.25, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        if family == "cohere":
+            cfg = tf.CohereConfig(**(llama_like | cohere | {"use_qk_norm": True} | overrides))
+            cls = tf.CohereForCausalLM
+        else:
+            n = overrides.get("num_hidden_layers", llama_like["num_hidden_layers"])
+            cohere["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+            cohere["sliding_window"] = 4
+            cfg, cls = tf.Cohere2Config(**(llama_like | cohere | overrides)), tf.Cohere2ForCausalLM
+    elif family in ("glm", "glm4"):  # partial (1/2) interleaved RoPE, q/k/v biases, fused gate_up
+        glm = {"head_dim": 16, "pad_token_id": 0, "eos_token_id": 2}
+        if family == "glm":
+            cfg, cls = tf.GlmConfig(**(llama_like | glm | overrides)), tf.GlmForCausalLM
+        else:  # (a 4x MLP: at 2x, seed 0 repeats one token on the 1-token prompt)
+            glm["intermediate_size"] = 256
+            cfg, cls = tf.Glm4Config(**(llama_like | glm | overrides)), tf.Glm4ForCausalLM
+    elif family == "nemotron":  # LayerNorm1P, squared-ReLU MLP, partial RoPE (1/2)
+        nemotron = {"bos_token_id": 1, "eos_token_id": 2}
+        cfg, cls = tf.NemotronConfig(**(llama_like | nemotron | overrides)), tf.NemotronForCausalLM
+    elif family == "persimmon":  # fused per-head QKV, q/k LayerNorms, squared-ReLU MLP, partial RoPE (1/2)
+        persimmon = {k: v for k, v in llama_like.items() if k != "num_key_value_heads"}
+        persimmon |= {"bos_token_id": 1, "eos_token_id": 2}
+        cfg, cls = tf.PersimmonConfig(**(persimmon | overrides)), tf.PersimmonForCausalLM
+    elif family == "helium":  # interleaved RoPE, q/k/v biases
+        helium = {"head_dim": 16, "attention_bias": True, "pad_token_id": 0, "bos_token_id": 1}
+        helium["eos_token_id"] = 2
+        cfg, cls = tf.HeliumConfig(**(llama_like | helium | overrides)), tf.HeliumForCausalLM
+    elif family == "ernie4_5":  # interleaved RoPE in float32, every projection biased
+        ernie = {"head_dim": 16, "use_bias": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        cfg, cls = tf.Ernie4_5Config(**(llama_like | ernie | overrides)), tf.Ernie4_5ForCausalLM
+    elif family == "exaone4":  # OLMo 2's post-norms, per-head q/k norms, sliding (window 4, RoPE) and full
+        # (NoPE) layers by turns
+        n = overrides.get("num_hidden_layers", llama_like["num_hidden_layers"])
+        exaone = {"head_dim": 16, "sliding_window": 4, "bos_token_id": 1, "eos_token_id": 2}
+        exaone["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+        cfg, cls = tf.Exaone4Config(**(llama_like | exaone | overrides)), tf.Exaone4ForCausalLM
+    elif family == "hunyuan_v1_dense":  # per-head q/k norms after the rotary
+        hunyuan = {"head_dim": 16, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        cfg, cls = tf.HunYuanDenseV1Config(**(llama_like | hunyuan | overrides)), tf.HunYuanDenseV1ForCausalLM
+    elif family == "apertus":  # per-head q/k norms, xIELU non-gated MLP, llama3 rotary (its default kind)
+        apertus = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        apertus["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0}
+        apertus["rope_parameters"] |= {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+        apertus["rope_parameters"]["original_max_position_embeddings"] = 64
+        cfg, cls = tf.ApertusConfig(**(llama_like | apertus | overrides)), tf.ApertusForCausalLM
+    elif family == "arcee":  # Llama with a squared-ReLU non-gated MLP
+        arcee = {"bos_token_id": 1, "eos_token_id": 2}
+        cfg, cls = tf.ArceeConfig(**(llama_like | arcee | overrides)), tf.ArceeForCausalLM
+    elif family == "internlm3":  # Llama's own classes under model_type "internlm3"
+        cfg = tf.InternLM3Config(**(llama_like | {"head_dim": 16} | overrides))
+        cls = tf.LlamaForCausalLM
+    elif family == "seed_oss":  # q/k/v biases (its default) without an output bias, head_dim its own
+        seed = {"head_dim": 24, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        cfg, cls = tf.SeedOssConfig(**(llama_like | seed | overrides)), tf.SeedOssForCausalLM
     elif family == "starcoder2":  # LayerNorm, GELU MLP with biases, one window for every layer
         cfg, cls = tf.Starcoder2Config(**(llama_like | overrides)), tf.Starcoder2ForCausalLM
     else:
@@ -210,7 +301,13 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):
                     param.add_(torch.randn_like(param) * 0.2)
-    if family in ("gpt_neox", "phi", "stablelm"):  # LayerNorm weights and biases off their 1 / 0 init
+    if family in ("olmo3", "glm4", "cohere", "cohere2", "nemotron", "exaone4", "hunyuan_v1_dense", "apertus"):
+        # norm weights off their init (a swapped, skipped or misplaced norm shows)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.add_(torch.randn_like(param) * 0.2)
+    if family in ("gpt_neox", "phi", "stablelm", "persimmon"):  # LayerNorm weights and biases off their init
         # (a swapped norm shows; StableLM's per-head q/k norms each their own)
         with torch.no_grad():
             for name, param in model.named_parameters():
@@ -346,6 +443,14 @@ def mixtral_factory():
 
 def qwen2_moe_factory():
     return tiny_model("qwen2_moe"), None
+
+
+def cohere2_factory():
+    return tiny_model("cohere2"), None
+
+
+def olmo3_factory():
+    return tiny_model("olmo3"), None
 
 
 def starcoder2_factory():

@@ -98,6 +98,7 @@ def test_save_pretrained_directory_source(tmp_path):
         "falcon_serial_factory",
         "mixtral_factory",
         "qwen2_moe_factory",  # the shared expert and a dense layer among the MoE ones
+        "cohere2_factory",
     ],
 )
 def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_path, monkeypatch):

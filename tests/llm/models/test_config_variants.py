@@ -242,6 +242,99 @@ OPTIONS: dict[str, dict[str, list]] = {
         "clip_qkv": [None, 0.5, 2.0],
         "attention_bias": [False, True],
     },
+    "olmo": LLAMA_LIKE | {"clip_qkv": [None, 0.5, 8.0], "attention_bias": [False, True], "hidden_act": ACTS},
+    "olmo3": {  # rope_scaling: on the full-attention layers' table, as OLMo 3's config puts it
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rope_scaling": ROPE,
+        "sliding_window": [3, 5, 64],
+        "attention_bias": [False, True],
+        "rms_norm_eps": [1e-6, 1e-5],
+    },
+    "cohere": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [True, False],
+        "rope_scaling": ROPE,
+        "use_qk_norm": [False, True],
+        "logit_scale": [0.0625, 1.0],
+        "attention_bias": [False, True],
+        "layer_norm_eps": [1e-5, 1e-3],
+        "hidden_act": ACTS,
+    },
+    "cohere2": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [True, False],
+        "rope_scaling": ROPE,
+        "sliding_window": [3, 5, 64],
+        "logit_scale": [0.0625, 1.0],
+        "attention_bias": [False, True],
+        "layer_norm_eps": [1e-5, 1e-3],
+    },
+    "glm": LLAMA_LIKE
+    | {"partial_rotary_factor": [0.25, 0.5, 1.0], "attention_bias": [True, False], "head_dim": [8, 16, 32]},
+    "glm4": LLAMA_LIKE
+    | {"partial_rotary_factor": [0.25, 0.5, 1.0], "attention_bias": [True, False], "head_dim": [8, 16, 32]},
+    "nemotron": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rope_scaling": ROPE[:3],
+        "partial_rotary_factor": [0.25, 0.5, 1.0],
+        "attention_bias": [False, True],
+        "mlp_bias": [False, True],
+        "hidden_act": ["relu2", "gelu"],
+        "norm_eps": [1e-5, 1e-3],
+    },
+    "persimmon": {
+        "qk_layernorm": [True, False],
+        "partial_rotary_factor": [0.25, 0.5, 1.0],
+        "hidden_act": ["relu2", "gelu"],
+        "tie_word_embeddings": [False, True],
+        "rope_scaling": ROPE[:3],
+        "layer_norm_eps": [1e-5, 1e-3],
+    },
+    "helium": LLAMA_LIKE  # (its o_proj is hidden x hidden: head_dim stays hidden / heads)
+    | {"attention_bias": [True, False], "mlp_bias": [False, True], "hidden_act": ACTS},
+    "ernie4_5": LLAMA_LIKE | {"use_bias": [True, False], "head_dim": [8, 16, 24], "hidden_act": ACTS},
+    "exaone4": {  # (a window of 64 leaves every layer full attention within the prompt, RoPE on the sliding)
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rope_scaling": ROPE,
+        "sliding_window": [3, 5, 64],
+        "head_dim": [8, 16, 24],
+        "rms_norm_eps": [1e-6, 1e-5],
+        "hidden_act": ACTS,
+    },
+    "hunyuan_v1_dense": LLAMA_LIKE  # NTK-alpha: "dynamic" with an alpha is a fixed table
+    | {
+        "rope_scaling": [*ROPE, {"rope_type": "dynamic", "alpha": 4.0}],
+        "attention_bias": [False, True],
+        "mlp_bias": [False, True],
+        "head_dim": [8, 16, 24],
+    },
+    "apertus": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rope_scaling": ROPE,
+        "attention_bias": [False, True],
+        "hidden_act": ["xielu", "relu2", "silu"],
+        "rms_norm_eps": [1e-6, 1e-5],
+    },
+    "arcee": LLAMA_LIKE
+    | {
+        "attention_bias": [False, True],
+        "mlp_bias": [False, True],
+        "hidden_act": ["relu2", "silu", "gelu"],
+        "head_dim": [8, 16, 24],
+    },
+    "internlm3": LLAMA_LIKE  # (its config refuses q/k/v biases without the others, and the reverse)
+    | {"_form": [{"qkv_bias": False, "bias": False}, {"qkv_bias": True, "bias": True}], "head_dim": [8, 16]},
+    "seed_oss": LLAMA_LIKE
+    | {
+        "attention_bias": [True, False],
+        "attention_out_bias": [False, True],
+        "mlp_bias": [False, True],
+        "head_dim": [8, 16, 24],
+    },
 }
 SEEDS = range(5)
 PROMPT = 19

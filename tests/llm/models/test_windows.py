@@ -102,6 +102,25 @@ CASES = [
     ("qwen3_moe", {"sliding_window": 4, "use_sliding_window": False}),
     ("olmoe", {}),
     ("olmoe", {"set_sliding_window": 64}),  # no OLMoE layer applies one
+    ("olmo", {"set_sliding_window": 64}),  # no layer of these applies one
+    ("cohere", {"set_sliding_window": 64}),
+    ("glm", {}),
+    ("glm4", {"set_sliding_window": 64}),
+    ("nemotron", {}),
+    ("persimmon", {"set_sliding_window": 64}),
+    ("helium", {}),
+    ("ernie4_5", {"set_sliding_window": 64}),
+    ("hunyuan_v1_dense", {}),
+    ("apertus", {"set_sliding_window": 64}),
+    ("arcee", {}),
+    ("internlm3", {"set_sliding_window": 64}),
+    ("seed_oss", {}),
+    ("olmo3", {}),  # sliding, full, sliding; window 4
+    ("olmo3", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
+    ("cohere2", {}),  # sliding (RoPE), full (NoPE), sliding; window 4
+    ("cohere2", {"sliding_window": 64, "layer_types": [FULL, SLIDING, FULL]}),
+    ("exaone4", {}),  # sliding (RoPE), full (NoPE), sliding; window 4
+    ("exaone4", {"sliding_window": None, "layer_types": [FULL, FULL, FULL]}),  # no window: all RoPE
 ]
 
 

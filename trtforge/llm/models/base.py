@@ -18,7 +18,18 @@ from torch import Tensor, nn
 from trtforge.errors import UserError
 from trtforge.llm.models.moe import SparseMoe
 
-LLAMA_STYLE = ("llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "starcoder2")
+LLAMA_STYLE = (
+    "llama",
+    "mistral",
+    "ministral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "starcoder2",
+    "internlm3",
+    "seed_oss",
+    "arcee",
+)
 GPT2_STYLE = ("gpt2", "gpt_neo", "gpt_bigcode")
 # each adapter module's families and what sets them apart, as errors list them (families.ADAPTERS maps
 # each family to its adapter class; a test holds the two to the same families)
@@ -40,6 +51,22 @@ STYLES: dict[tuple[str, ...], str] = {
     ("smollm3",): "SmolLM3: Llama with NoPE layers (no_rope_layers) and per-layer windows (layer_types)",
     ("gptj", "codegen"): "GPT-J / CodeGen: one LayerNorm feeding attention and MLP in parallel, interleaved "
     "(rotate-every-two) RoPE on the first rotary_dim channels from a fixed sinusoid table",
+    ("olmo",): "OLMo 1: non-parametric LayerNorm, optional q/k/v clipping (clip_qkv), float32 RoPE",
+    ("olmo3",): "OLMo 3: OLMo 2's layers with sliding and full layers, a RoPE table each",
+    ("cohere",): "Command-R: one LayerNorm feeding attention and MLP in parallel, interleaved RoPE, optional "
+    "per-head q/k LayerNorm, scaled logits",
+    (
+        "cohere2",
+    ): "Command-R7B / Command A: Command-R's block, sliding layers with RoPE and full layers without",
+    ("glm", "glm4"): "GLM-4 / GLM-4-0414: partial interleaved RoPE, fused gate_up MLP, q/k/v biases; glm4's "
+    "norms after attention and MLP",
+    ("nemotron",): "Nemotron-4 / Minitron: LayerNorm1P (1 + weight), squared-ReLU MLP, partial RoPE",
+    ("persimmon",): "Persimmon: fused per-head QKV, per-head q/k LayerNorm, squared-ReLU MLP, partial RoPE",
+    ("helium", "ernie4_5"): "Helium / ERNIE 4.5 dense: Llama with interleaved RoPE (ERNIE's in float32)",
+    ("exaone4",): "EXAONE 4: OLMo 2's norms after attention and MLP, per-head q/k norms, sliding layers with "
+    "RoPE and full layers without",
+    ("hunyuan_v1_dense",): "HunYuan dense: Llama with per-head q/k norms after the RoPE",
+    ("apertus",): "Apertus: Llama with per-head q/k norms and a non-gated (xIELU) MLP",
     ("falcon",): "Falcon with RoPE: falcon-7b's multi-query, falcon-40b/180b's grouped KV (new decoder "
     "architecture), parallel or serial blocks; not falcon-rw's ALiBi, whose position biases our attention "
     "kernels do not apply",
@@ -89,9 +116,33 @@ UNWINDOWED = (
     "codegen",
     "falcon",
     "olmoe",
+    "olmo",
+    "cohere",
+    "glm",
+    "glm4",
+    "nemotron",
+    "persimmon",
+    "helium",
+    "ernie4_5",
+    "hunyuan_v1_dense",
+    "apertus",
+    "internlm3",
+    "seed_oss",
+    "arcee",
 )
 # families whose forward picks each layer's mask by config.layer_types (the others: one mask for all)
-PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3", "smollm3", "gemma2", "gemma3_text", "qwen2_moe")
+PER_LAYER_TYPES = (
+    "ministral",
+    "qwen2",
+    "qwen3",
+    "smollm3",
+    "gemma2",
+    "gemma3_text",
+    "olmo3",
+    "cohere2",
+    "exaone4",
+    "qwen2_moe",
+)
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -204,7 +255,8 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
       :func:`refuse_unapplied_window` for a window their config sets anyway);
     - mistral, phi3, starcoder2, mixtral, qwen3_moe: ``config.sliding_window`` on every layer, or none
       when it is null (their forward ignores ``layer_types``);
-    - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, qwen2_moe: the window on the layers
+    - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe: the window
+      on the layers
       ``config.layer_types`` marks "sliding_attention" (qwen's config builds those from
       ``use_sliding_window`` and ``max_window_layers``; with ``use_sliding_window`` false it nulls
       ``sliding_window``, Qwen2-MoE's sets it to 0, read as null. SmolLM3's marks its NoPE layers when
@@ -434,7 +486,7 @@ class DecoderAdapter(ABC):
         raise UserError(
             f"tensor parallelism is not supported for {self.config.model_type} models "
             f"({type(self.model).__name__}); it is for the Llama-style families (llama, mistral, "
-            "ministral, qwen2, qwen3, starcoder2). Use tensor_parallel_size=1."
+            "ministral, qwen2, qwen3, starcoder2, internlm3, seed_oss, arcee). Use tensor_parallel_size=1."
         )
 
     def _spec(self, **family: Any) -> DecoderSpec:

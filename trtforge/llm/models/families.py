@@ -1,14 +1,19 @@
 """The supported decoder families and the adapter of each: :func:`adapter_for` is what the step-graph
 export and the torch executor call, so both see one set of layer math and one sliding-window rule.
 
-Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2), GPT-2 and
+Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2, internlm3,
+seed_oss, arcee), GPT-2 and
 its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`), GPT-NeoX (:mod:`.gpt_neox`), Phi
 (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 (:mod:`.gemma2`), Gemma 3 text (:mod:`.gemma3`), OLMo 2
-(:mod:`.olmo2`), Granite (:mod:`.granite`), StableLM (:mod:`.stablelm`) and SmolLM3 (:mod:`.smollm3`; Phi
-and these share :mod:`.rope` with Llama-style), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a
-fixed table), Falcon (:mod:`.falcon`) and the sparse mixture-of-experts families Mixtral, Qwen2-MoE,
-Qwen3-MoE and OLMoE (:mod:`.mixtral`; their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family
-checks, windows, attention soft-caps) live in :mod:`.base`.
+(:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1 (:mod:`.olmo`), Granite (:mod:`.granite`), StableLM
+(:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`), Cohere 1 / 2 (:mod:`.cohere`), GLM, GLM-4-0414, Helium and
+ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dense and Apertus
+(:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, which also runs InternLM3, Seed-OSS and
+Arcee), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon
+(:mod:`.falcon`) and the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE
+(:mod:`.mixtral`; their MoE MLPs: :mod:`.moe`).
+The shared pieces (spec, family checks, windows, attention soft-caps) live in :mod:`.base`, the rotary
+variants (interleaved, float32, NoPE layers, a table per layer type) in :mod:`.rotary`.
 """
 
 from __future__ import annotations
@@ -26,17 +31,22 @@ from trtforge.llm.models.base import (
     refuse_unapplied_window,
     sliding_windows,
 )
+from trtforge.llm.models.cohere import Cohere2Style, CohereStyle
 from trtforge.llm.models.falcon import FalconStyle
 from trtforge.llm.models.gemma import GemmaStyle
 from trtforge.llm.models.gemma2 import Gemma2Style
 from trtforge.llm.models.gemma3 import Gemma3Style
+from trtforge.llm.models.glm import Ernie45Style, Glm4Style, GlmStyle, HeliumStyle
 from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
 from trtforge.llm.models.gpt_neox import GptNeoXStyle
 from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
 from trtforge.llm.models.granite import GraniteStyle
+from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle
 from trtforge.llm.models.llama import LlamaStyle
 from trtforge.llm.models.mixtral import MixtralStyle, OlmoeStyle, Qwen2MoeStyle, Qwen3MoeStyle
-from trtforge.llm.models.olmo2 import Olmo2Style
+from trtforge.llm.models.nemotron import NemotronStyle, PersimmonStyle
+from trtforge.llm.models.olmo import OlmoStyle
+from trtforge.llm.models.olmo2 import Exaone4Style, Olmo2Style, Olmo3Style
 from trtforge.llm.models.opt import OptStyle
 from trtforge.llm.models.phi import PhiStyle
 from trtforge.llm.models.smollm3 import SmolLM3Style
@@ -61,6 +71,19 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "gptj": GptJStyle,
     "codegen": CodeGenStyle,
     "falcon": FalconStyle,
+    "olmo": OlmoStyle,
+    "olmo3": Olmo3Style,
+    "cohere": CohereStyle,
+    "cohere2": Cohere2Style,
+    "glm": GlmStyle,
+    "glm4": Glm4Style,
+    "nemotron": NemotronStyle,
+    "persimmon": PersimmonStyle,
+    "helium": HeliumStyle,
+    "ernie4_5": Ernie45Style,
+    "exaone4": Exaone4Style,
+    "hunyuan_v1_dense": HunYuanDenseStyle,
+    "apertus": ApertusStyle,
     "mixtral": MixtralStyle,
     "qwen2_moe": Qwen2MoeStyle,
     "qwen3_moe": Qwen3MoeStyle,
@@ -79,24 +102,37 @@ __all__ = [
     "GPT2_STYLE",
     "LLAMA_STYLE",
     "SUPPORTED",
+    "ApertusStyle",
     "CodeGenStyle",
+    "Cohere2Style",
+    "CohereStyle",
     "DecoderAdapter",
     "DecoderSpec",
+    "Ernie45Style",
+    "Exaone4Style",
     "FalconStyle",
     "Gemma2Style",
     "Gemma3Style",
     "GemmaStyle",
+    "Glm4Style",
+    "GlmStyle",
     "Gpt2Style",
     "GptBigCodeStyle",
     "GptJStyle",
     "GptNeoStyle",
     "GptNeoXStyle",
     "GraniteStyle",
+    "HeliumStyle",
+    "HunYuanDenseStyle",
     "LlamaStyle",
     "MixtralStyle",
+    "NemotronStyle",
     "Olmo2Style",
+    "Olmo3Style",
+    "OlmoStyle",
     "OlmoeStyle",
     "OptStyle",
+    "PersimmonStyle",
     "PhiStyle",
     "Qwen2MoeStyle",
     "Qwen3MoeStyle",

@@ -1,7 +1,9 @@
-"""The Llama-style adapter: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2.
+"""The Llama-style adapter: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2, internlm3, seed_oss,
+arcee.
 
 GQA, RoPE on q/k, pre-norm blocks whose norms and MLP are the model's own modules (RMSNorm + gated
-SiLU; starcoder2's LayerNorm + GELU), optional projection biases; qwen3's per-head q/k RMSNorm before
+SiLU; starcoder2's LayerNorm + GELU; arcee's non-gated squared ReLU), optional projection biases (Seed-OSS:
+q/k/v and output biases set apart); qwen3's per-head q/k RMSNorm before
 RoPE; phi3's fused qkv_proj / gate_up_proj and partial rotary; the sliding windows of
 :func:`~trtforge.llm.models.base.sliding_windows`. The body, rotary and pre-norm block are
 :class:`~trtforge.llm.models.rope.RopeStyle`'s; this adds the q/k head norms and tensor parallelism.
@@ -40,10 +42,11 @@ class LlamaStyle(RopeStyle):
 
     def shard(self, tp: Any) -> None:
         """Rank ``tp.rank``'s share (:mod:`.parallel`): its query and KV heads of q/k/v, its rows of
-        gate/up (c_fc), the matching columns of o_proj and down_proj (c_proj) made row-parallel, a
-        vocab-parallel LM head. UserError when `tp.world` does not divide the heads, the KV heads or the
-        MLP width. In place, once per model: the shard is marked on the model, and every adapter made
-        of it later counts this rank's heads from that mark (sharding it again for `tp` does nothing)."""
+        gate/up (c_fc; arcee's up alone), the matching columns of o_proj and down_proj (c_proj) made
+        row-parallel, a vocab-parallel LM head. UserError when `tp.world` does not divide the heads, the KV
+        heads or the MLP width. In place, once per model: the shard is marked on the model, and every
+        adapter made of it later counts this rank's heads from that mark (sharding it again for `tp` does
+        nothing)."""
         done = parallel.sharded(self.model)
         if done is not None:
             if (done.rank, done.world) != (tp.rank, tp.world):
@@ -62,7 +65,7 @@ class LlamaStyle(RopeStyle):
             raise UserError(
                 f"tensor parallelism does not split {c.model_type}'s fused qkv_proj / gate_up_proj "
                 f"({type(self.model).__name__}); supported: llama, mistral, ministral, qwen2, qwen3, "
-                "starcoder2. Use tensor_parallel_size=1."
+                "starcoder2, internlm3, seed_oss, arcee. Use tensor_parallel_size=1."
             )
         mlp0 = self.layers[0].mlp
         up0 = getattr(mlp0, "up_proj", None) or mlp0.c_fc
@@ -85,9 +88,10 @@ class LlamaStyle(RopeStyle):
             parallel.keep_rows(a.k_proj, k0 * d, k1 * d)
             parallel.keep_rows(a.v_proj, k0 * d, k1 * d)
             a.o_proj = parallel.RowParallelLinear(a.o_proj, tp, q0 * d, q1 * d)
-            if hasattr(m, "gate_proj"):
+            if hasattr(m, "up_proj"):  # gated (gate_proj, up_proj) or not (arcee: up_proj alone)
                 i0, i1 = tp.share(int(m.up_proj.weight.shape[0]))
-                parallel.keep_rows(m.gate_proj, i0, i1)
+                if hasattr(m, "gate_proj"):
+                    parallel.keep_rows(m.gate_proj, i0, i1)
                 parallel.keep_rows(m.up_proj, i0, i1)
                 m.down_proj = parallel.RowParallelLinear(m.down_proj, tp, i0, i1)
             else:  # starcoder2: c_fc -> GELU -> c_proj

@@ -3,34 +3,25 @@
 Llama's projections and SwiGLU MLP with the norms moved: RMSNorm over the whole q and k projections
 (all heads at once, before the split into heads and RoPE), no norm before attention or the MLP, and
 RMSNorms on their outputs before each residual add. RoPE tables stay float32 and q/k are rotated in
-float32, then cast back, as transformers does for this family. No biases, no window.
+float32, then cast back, as transformers does for this family. No biases, no window. OLMo 3
+(:class:`Olmo3Style`) adds sliding and full layers with a rotary table per layer type; EXAONE 4
+(:class:`Exaone4Style`) has the same block with per-head q/k norms and NoPE full-attention layers.
 """
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from trtforge.llm.models.rope import RopeStyle, project_qkv
+from trtforge.llm.models.rotary import PerTypeRotary
 
 
 class Olmo2Style(RopeStyle):
-    """OLMo 2 (``Olmo2ForCausalLM``): post-norm residual branches and whole-projection q/k norms."""
+    """OLMo 2 (``Olmo2ForCausalLM``): post-norm residual branches and whole-projection q/k norms, rotary in
+    float32 (:attr:`~.rotary.RotaryDecoder.float32_tables`)."""
 
     family = "olmo2"
-
-    def rotary(
-        self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """float32 cos, sin whatever `dtype` (transformers' OLMo 2 rotary module does not cast them)."""
-        return super().rotary(position_ids, torch.float32, rope_lens)
-
-    def rotate(
-        self, i: int, q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None
-    ) -> tuple[Tensor, Tensor]:
-        """q and k rotated in float32 by the float32 tables, back in their own dtypes."""
-        rq, rk = super().rotate(i, q, k, rope)
-        return rq.to(q.dtype), rk.to(k.dtype)
+    float32_tables = float32_rotation = True
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         attn = self.layers[i].self_attn
@@ -42,3 +33,30 @@ class Olmo2Style(RopeStyle):
         layer = self.layers[i]
         x = x + layer.post_attention_layernorm(layer.self_attn.o_proj(attn_out))
         return x + layer.post_feedforward_layernorm(layer.mlp(x))
+
+
+class Olmo3Style(PerTypeRotary, Olmo2Style):
+    """OLMo 3 (``Olmo3ForCausalLM``, ``model_type`` "olmo3"): OLMo 2's layers with sliding and full
+    layers by ``config.layer_types`` (3 of 4 sliding by default: the windows of
+    :func:`~trtforge.llm.models.base.sliding_windows`) and a float32 rotary table per layer type
+    (:class:`~.rotary.PerTypeRotary`: rope scaling applies to the full-attention layers' only)."""
+
+    family = "olmo3"
+
+
+class Exaone4Style(Olmo2Style):
+    """EXAONE 4 (``Exaone4ForCausalLM``, ``model_type`` "exaone4"): OLMo 2's post-norm block with per-head
+    q/k RMSNorms (before the rotary), the tables and rotation in the model's dtype, sliding and full layers
+    by ``config.layer_types``; with a ``sliding_window`` set only the sliding layers rotate (the full ones
+    are NoPE), without one every layer does (transformers' ``Exaone4Attention``)."""
+
+    family = "exaone4"
+    float32_tables = float32_rotation = False
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        attn = self.layers[i].self_attn
+        q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in project_qkv(attn, x))
+        return attn.q_norm(q), attn.k_norm(k), v
+
+    def rotates(self, i: int) -> bool:
+        return self.config.sliding_window is None or self.windows[i] is not None

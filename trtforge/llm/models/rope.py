@@ -1,8 +1,9 @@
-"""What the RoPE decoders with a Llama-shaped body share (Llama-style, Gemma, OLMo 2, Granite, StableLM,
-SmolLM3, Phi): the body ``model.model`` (``embed_tokens``, ``layers`` of ``self_attn`` + ``mlp``, ``norm``,
-``rotary_emb``), its rotary tables computed as the HF rotary module does, the spec, and the pre-norm
-block whose norms and MLP are the model's own modules. Each family's adapter adds what sets it apart. The
-spec and rotary tables are :class:`~trtforge.llm.models.rotary.RotaryDecoder`'s, as GPT-NeoX's.
+"""What the RoPE decoders with a Llama-shaped body share (Llama-style, Gemma, OLMo 1-3, Granite, StableLM,
+SmolLM3, Phi, Cohere, GLM, Nemotron, Persimmon, Helium, ERNIE 4.5, EXAONE 4, HunYuan, Apertus): the body
+``model.model`` (``embed_tokens``, ``layers`` of ``self_attn`` + ``mlp``, ``norm``, ``rotary_emb``), its
+rotary tables computed as the HF rotary module does, the spec, and the pre-norm block whose norms and MLP are
+the model's own modules. Each family's adapter adds what sets it apart. The spec and rotary tables are
+:class:`~trtforge.llm.models.rotary.RotaryDecoder`'s, as GPT-NeoX's.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class RopeStyle(RotaryDecoder):
         self.body = model.model
         c, attn = self.config, self.layers[0].self_attn
         self.num_heads = int(c.num_attention_heads)
-        self.num_kv_heads = int(c.num_key_value_heads or c.num_attention_heads)
+        self.num_kv_heads = int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
         self.head_dim = int(attn.head_dim)
         self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
         self._use_rotary(self.body.rotary_emb)

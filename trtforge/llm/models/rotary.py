@@ -1,7 +1,10 @@
 """Rotary tables as a transformers rotary module computes them (its ``inv_freq``, ``attention_scaling``
 and rope type), and :class:`RotaryDecoder`, the adapter base every RoPE family with a rotary module builds
-on: :mod:`.rope`'s (Llama-style, Gemma, OLMo 2, Granite, StableLM, SmolLM3, Phi), :mod:`.gpt_neox` and
-:mod:`.falcon` (GPT-J and CodeGen index a fixed table instead: :mod:`.gptj`).
+on: :mod:`.rope`'s (Llama-style, Gemma, OLMo, Granite, StableLM, SmolLM3, Phi, Cohere, GLM, ...),
+:mod:`.gpt_neox` and :mod:`.falcon` (GPT-J and CodeGen index a fixed table instead: :mod:`.gptj`). Its class
+attributes are the rotary variants the families differ in, one place for all: interleaved channel pairs,
+float32 tables, float32 rotation, NoPE layers (:meth:`RotaryDecoder.rotates`); :class:`PerTypeRotary` keeps
+a table per layer type (Gemma 3, OLMo 3).
 
 Partial rotary needs nothing here: the module's ``inv_freq`` already covers only the rotated channels,
 and :func:`~trtforge.llm.models.base.apply_rotary` passes the rest through.
@@ -15,20 +18,28 @@ import torch
 from torch import Tensor, nn
 
 from trtforge.errors import UserError
-from trtforge.llm.models.base import DecoderAdapter, DecoderSpec
+from trtforge.llm.models.base import DecoderAdapter, DecoderSpec, apply_rotary, apply_rotary_interleaved
 
 
 class RotaryTables:
     """cos/sin of a model's rotary module `rotary_emb`: fixed tables (default, linear, llama3, yarn, ...)
     or dynamic NTK (each sequence's frequencies from its own length, as transformers computes them for
     it run alone); 'longrope' is refused (UserError naming `user`). With `layer_type`, the tables of that
-    layer type in a module that keeps one set per type (Gemma 3's ``{type}_inv_freq`` buffers, its
-    ``rope_type`` and ``config.rope_parameters`` keyed by type)."""
+    layer type in a module that keeps one set per type (Gemma 3's and OLMo 3's ``{type}_inv_freq`` buffers,
+    their ``rope_type`` and ``config.rope_parameters`` keyed by type). `interleaved`: each frequency
+    repeated twice in place (``c0, c0, c1, c1, ...``: the rotary of GLM, Cohere, Helium and ERNIE 4.5,
+    which rotate channel pairs (0, 1), (2, 3), ...), not the two halves ``c0, c1, ..., c0, c1, ...``."""
 
     def __init__(
-        self, model: nn.Module, rotary_emb: nn.Module, user: str, layer_type: str | None = None
+        self,
+        model: nn.Module,
+        rotary_emb: nn.Module,
+        user: str,
+        layer_type: str | None = None,
+        interleaved: bool = False,
     ) -> None:
         self.config, self.module, self.layer_type = model.config, rotary_emb, layer_type
+        self.interleaved = interleaved
         self._prefix = "" if layer_type is None else f"{layer_type}_"
         rope_type = getattr(rotary_emb, "rope_type", "default")
         self.rope_type = str(rope_type if layer_type is None else rope_type[layer_type])
@@ -68,7 +79,7 @@ class RotaryTables:
             "theta": float(theta),
             "dim": int(self._inv_freq().numel() * 2),
             "attention_scaling": self._scaling(),
-            "interleaved": False,
+            "interleaved": self.interleaved,
         }
 
     @property
@@ -97,7 +108,10 @@ class RotaryTables:
             tables = [self._init(self.config, dev, seq_len=n, **kw)[0] for n in unique.unbind(0)]
             inv_freq = torch.stack(tables).float().to(position_ids.device)[inverse]
         freqs = position_ids[..., None].float() * inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
+        if self.interleaved:  # (stack + flatten: repeat_interleave does not export to ONNX)
+            emb = torch.stack((freqs, freqs), dim=-1).flatten(-2)
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)
         scaling = self._scaling()
         return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
@@ -107,10 +121,18 @@ class RotaryDecoder(DecoderAdapter):
     its ``rotary_emb``): the spec, the longest sequence and the cos/sin tables every RoPE family shares."""
 
     rope: RotaryTables
+    #: the tables pair channels (0, 1), (2, 3), ... (:class:`RotaryTables`' `interleaved`)
+    interleaved: bool = False
+    #: the tables stay float32 whatever the model's dtype (OLMo, ERNIE 4.5: their rotary modules do not
+    #: cast them to the hidden states' dtype)
+    float32_tables: bool = False
+    #: q and k rotated in float32 and cast back to their dtype (OLMo: by float32 tables; Cohere and ERNIE
+    #: 4.5 cast q and k up themselves)
+    float32_rotation: bool = False
 
     def _use_rotary(self, rotary_emb: nn.Module) -> None:
         """Take the tables of `rotary_emb` (UserError for a type no step can match, e.g. longrope)."""
-        self.rope = RotaryTables(self.model, rotary_emb, self.user)
+        self.rope = RotaryTables(self.model, rotary_emb, self.user, interleaved=self.interleaved)
         self.dynamic = self.rope.dynamic
 
     @property
@@ -129,4 +151,71 @@ class RotaryDecoder(DecoderAdapter):
         self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """cos, sin as the HF rotary module computes them (:class:`RotaryTables`)."""
-        return self.rope(position_ids, dtype, rope_lens)
+        return self.rope(position_ids, self._table_dtype(dtype), rope_lens)
+
+    def _table_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.float32 if self.float32_tables else dtype
+
+    def rotates(self, i: int) -> bool:
+        """Whether layer i rotates its q and k (False: a NoPE layer, as SmolLM3's, Cohere 2's and EXAONE
+        4's full-attention layers)."""
+        return True
+
+    def rotate(
+        self, i: int, q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor]:
+        """Layer i's q and k rotated by `rope` (half-split or :attr:`interleaved` pairs, in float32 where
+        :attr:`float32_rotation`), or as they are on a NoPE layer."""
+        if rope is None or not self.rotates(i):
+            return q, k
+        cos, sin = rope
+        apply = apply_rotary_interleaved if self.interleaved else apply_rotary
+        if not self.float32_rotation:
+            return apply(q, cos, sin), apply(k, cos, sin)
+        return apply(q.float(), cos, sin).to(q.dtype), apply(k.float(), cos, sin).to(k.dtype)
+
+
+class PerTypeRotary(RotaryDecoder):
+    """A rotary decoder whose module keeps one set of tables per layer type (Gemma 3 text, OLMo 3: a
+    ``{type}_inv_freq`` each, from its type's ``config.rope_parameters`` entry): :meth:`rotary` returns
+    ``{layer type: (cos, sin)}`` and :meth:`rotate` picks layer i's by ``config.layer_types``. Put first
+    among the bases, before the family's own adapter."""
+
+    layer_types: list[str]
+
+    def _use_rotary(self, rotary_emb: nn.Module) -> None:
+        """One :class:`RotaryTables` per layer type of the model, from the module's tables of that type
+        (each UserError for a type no step can match, e.g. longrope)."""
+        self.layer_types = list(self.config.layer_types[: self.num_layers])
+        types = sorted(set(self.layer_types))
+        self.ropes = {t: RotaryTables(self.model, rotary_emb, self.user, layer_type=t) for t in types}
+        self.dynamic = any(r.dynamic for r in self.ropes.values())
+
+    @property
+    def spec(self) -> DecoderSpec:
+        return self._spec(
+            positions="rotary",
+            rotary={t: r.describe() for t, r in self.ropes.items()},
+            max_positions=getattr(self.config, "max_position_embeddings", None),
+        )
+
+    @property
+    def max_length(self) -> int:
+        return max(r.max_length for r in self.ropes.values())
+
+    def rotary(  # type: ignore[override]
+        self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
+    ) -> dict[str, tuple[Tensor, Tensor]]:
+        """{layer type: (cos, sin)}, each as the HF rotary module computes that type's."""
+        return {t: r(position_ids, self._table_dtype(dtype), rope_lens) for t, r in self.ropes.items()}
+
+    def rotary_over_heads(self, rope: Any) -> Any:
+        """Each layer type's pair with a heads axis at dim 1 (see the base method)."""
+        if rope is None:
+            return None
+        over_heads = super().rotary_over_heads
+        return {t: over_heads(pair) for t, pair in rope.items()}
+
+    def rotate(self, i: int, q: Tensor, k: Tensor, rope: Any) -> tuple[Tensor, Tensor]:
+        """q and k rotated by the tables of layer i's type."""
+        return super().rotate(i, q, k, None if rope is None else rope[self.layer_types[i]])

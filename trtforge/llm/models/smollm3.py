@@ -8,8 +8,6 @@ are :func:`~trtforge.llm.models.base.sliding_windows`' per-layer rule (``config.
 
 from __future__ import annotations
 
-from torch import Tensor
-
 from trtforge.llm.models.rope import RopeStyle
 
 
@@ -18,11 +16,6 @@ class SmolLM3Style(RopeStyle):
 
     family = "smollm3"
 
-    def rotate(
-        self, i: int, q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None
-    ) -> tuple[Tensor, Tensor]:
-        """Layer i's q and k rotated, or as they are on a NoPE layer (its attention's ``use_rope`` falsy,
-        as transformers tests it)."""
-        if not self.layers[i].self_attn.use_rope:
-            return q, k
-        return super().rotate(i, q, k, rope)
+    def rotates(self, i: int) -> bool:
+        """False on a NoPE layer (its attention's ``use_rope`` falsy, as transformers tests it)."""
+        return bool(self.layers[i].self_attn.use_rope)

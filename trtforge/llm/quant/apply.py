@@ -134,7 +134,7 @@ def _check_model(model: nn.Module, method: str | None, user: str, what: str) -> 
         raise UserError(
             f"{what}: the {model.config.model_type} family ({type(model).__name__}) has no "
             "quantized path yet; quantization covers the Llama-style families (llama, mistral, ministral, "
-            "qwen2, qwen3, phi3). Serve this model without quantization."
+            "qwen2, qwen3, phi3, internlm3, seed_oss). Serve this model without quantization."
         )
     if method is None:
         return adapter

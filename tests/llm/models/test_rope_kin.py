@@ -1,0 +1,144 @@
+"""The Llama relatives of the rotary knobs (OLMo 1 / 3, Cohere 1 / 2, GLM, Nemotron, Persimmon, Helium,
+ERNIE 4.5, EXAONE 4, HunYuan, Apertus; Arcee, InternLM3 and Seed-OSS on the Llama-style adapter) beyond
+the logits the step-graph and config-draw tests compare in float32 / float64: the rotated queries and keys
+bit for bit against what transformers' attention receives in bfloat16 and float16 (float32 tables and
+rotations, interleaved pairs, partial spans, NoPE layers, norms after the rotary), the specs, and what the
+Llama-only paths refuse by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.llm.tiny_models import tiny_model
+from trtforge.errors import UserError
+from trtforge.llm.executors.fused_layers import fusable
+from trtforge.llm.models.families import LlamaStyle, adapter_for
+from trtforge.llm.quant.apply import quantize_model
+
+ROTARY_KIN = [
+    "olmo",
+    "olmo3",
+    "cohere",
+    "cohere2",
+    "glm",
+    "glm4",
+    "nemotron",
+    "persimmon",
+    "helium",
+    "ernie4_5",
+    "exaone4",
+    "hunyuan_v1_dense",
+]
+
+
+def _hf_rotated(model: torch.nn.Module, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's query and key ``[B, heads, S, D]`` as transformers hands them to its eager attention."""
+    module = __import__(type(model).__module__, fromlist=["eager_attention_forward"])
+    real, seen = module.eager_attention_forward, []
+
+    def recording(attn, query, key, value, *args, **kwargs):
+        seen.append((query, key))
+        return real(attn, query, key, value, *args, **kwargs)
+
+    model.set_attn_implementation("eager")
+    module.eager_attention_forward = recording
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        module.eager_attention_forward = real
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("family", ROTARY_KIN)
+def test_rotated_queries_and_keys_are_transformers_bit_for_bit(family, dtype, tmp_path):
+    """Both layers' q and k after the rotary (the torch executor's flat layout, each layer fed
+    transformers' own input to it) equal what transformers' attention receives, bit for bit, on a
+    checkpoint loaded in `dtype`: OLMo's and ERNIE's float32 tables, Cohere's and ERNIE's float32 rotation,
+    the interleaved pairs, partial spans, Cohere 2's and EXAONE 4's NoPE full layers, HunYuan's norms
+    after the rotary."""
+    import transformers
+
+    tiny_model(family).save_pretrained(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=dtype).eval()
+    ids = torch.randint(0, 300, (1, 11), generator=torch.Generator().manual_seed(0))
+    inputs: list[torch.Tensor] = []
+    hooks = [
+        layer.register_forward_pre_hook(
+            lambda _m, args, kw: inputs.append((args or (kw["hidden_states"],))[0]), with_kwargs=True
+        )
+        for layer in model.model.layers
+    ]
+    try:
+        want = _hf_rotated(model, ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    adapter = adapter_for(model)
+    positions = torch.arange(ids.shape[1])
+    rope = adapter.rotary_over_heads(adapter.rotary(positions, dtype))
+    for i, (want_q, want_k) in enumerate(want):
+        with torch.no_grad():
+            q, k, _ = adapter.qkv(i, inputs[i][0])
+            q, k = adapter.rotate(i, q, k, rope)
+        assert q.dtype == k.dtype == dtype
+        assert torch.equal(q, want_q[0].transpose(0, 1)), f"layer {i} queries"
+        assert torch.equal(k, want_k[0].transpose(0, 1)), f"layer {i} keys"
+
+
+@pytest.mark.parametrize(
+    ("family", "dim", "interleaved"),
+    [
+        ("glm", 8, True),
+        ("cohere", 16, True),
+        ("helium", 16, True),
+        ("nemotron", 8, False),
+        ("olmo", 16, False),
+    ],
+)
+def test_specs_report_the_rotary(family, dim, interleaved):
+    """The rotated channels (GLM's and Nemotron's partial half of 16) and their interleaving; OLMo 3 and
+    Cohere 2 one table (per type) and their windows."""
+    spec = adapter_for(tiny_model(family)).spec
+    assert (spec.rotary["dim"], spec.rotary["interleaved"]) == (dim, interleaved)
+    olmo3 = adapter_for(tiny_model("olmo3")).spec
+    assert olmo3.rotary["sliding_attention"]["theta"] == 100.0 and olmo3.sliding_windows == [4, None]
+    assert adapter_for(tiny_model("cohere2")).spec.sliding_windows == [4, None]
+
+
+def test_config_values_transformers_cannot_run_are_refused_by_name():
+    """Cohere's logit_scale null (transformers multiplies the logits by it), a Helium head_dim its hidden x
+    hidden output projection cannot take, a Persimmon rotary span of an odd number of channels: UserError,
+    and transformers' own forward fails too."""
+    ids = torch.tensor([[1, 2, 3]])
+    cohere = tiny_model("cohere")
+    cohere.config.logit_scale = None
+    cohere.logit_scale = None
+    with pytest.raises(UserError, match="cohere model CohereForCausalLM: its config sets logit_scale=None"):
+        adapter_for(cohere)
+    helium = tiny_model("helium", head_dim=8)
+    with pytest.raises(UserError, match=r"helium model .*num_attention_heads \(4\) x head_dim \(8\)"):
+        adapter_for(helium)
+    persimmon = tiny_model("persimmon", partial_rotary_factor=0.3125)  # 5 of 16 channels
+    with pytest.raises(UserError, match="persimmon model .* rotates 5 of each head's 16 channels"):
+        adapter_for(persimmon)
+    for model in (cohere, helium, persimmon):
+        with pytest.raises((TypeError, RuntimeError)), torch.no_grad():
+            model(ids)
+
+
+def test_llama_style_kin_on_the_llama_only_paths():
+    """Arcee, InternLM3 and Seed-OSS run the Llama-style adapter: InternLM3 (Llama's own classes) fits the
+    fused layers; Arcee's squared-ReLU MLP and Seed-OSS's output bias are refused there by name, and
+    Arcee's non-gated MLP by quantization."""
+    adapters = {f: adapter_for(tiny_model(f)) for f in ("arcee", "internlm3", "seed_oss")}
+    assert all(isinstance(a, LlamaStyle) for a in adapters.values())
+    assert fusable(adapters["internlm3"]) is None
+    assert fusable(adapters["arcee"]) == "hidden_act 'relu2' (the fused MLP is SiLU-gated)"
+    assert fusable(adapter_for(tiny_model("seed_oss", attention_out_bias=True))) == (
+        "biased output or MLP projections"
+    )
+    with pytest.raises(UserError, match="arcee layer 0 has no gated MLP"):
+        quantize_model(tiny_model("arcee"), "fp8")

@@ -1,0 +1,46 @@
+"""The HunYuan dense (``model_type`` "hunyuan_v1_dense": ``HunYuanDenseV1ForCausalLM``, Hunyuan-0.5B..7B)
+and Apertus (``model_type`` "apertus": ``ApertusForCausalLM``, swiss-ai Apertus-8B / 70B) adapters: Llama
+relatives whose per-head q/k RMSNorms sit where Llama has none.
+
+HunYuan: Llama's block with the q/k norms (``query_layernorm``, ``key_layernorm``) *after* the rotary, so
+the cached keys are normed rotated keys; its rotary module's fixed NTK-alpha tables (``rope_type``
+"dynamic" with an ``alpha``) are read like any fixed table. Apertus: q/k norms before the rotary (Qwen 3's
+place), its block's norms named ``attention_layernorm`` and ``feedforward_layernorm``, a non-gated MLP
+(xIELU by default: the model's own module). No window.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from trtforge.llm.models.rope import RopeStyle, project_qkv
+
+
+class HunYuanDenseStyle(RopeStyle):
+    """HunYuan dense (see the module docstring): q/k RMSNorms after the rotary."""
+
+    family = "hunyuan_v1_dense"
+
+    def rotate(self, i: int, q: Tensor, k: Tensor, rope: Any) -> tuple[Tensor, Tensor]:
+        q, k = super().rotate(i, q, k, rope)
+        attn = self.layers[i].self_attn
+        return attn.query_layernorm(q), attn.key_layernorm(k)
+
+
+class ApertusStyle(RopeStyle):
+    """Apertus (see the module docstring): q/k RMSNorms before the rotary, its own norm names."""
+
+    family = "apertus"
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        attn = self.layers[i].self_attn
+        h = self.layers[i].attention_layernorm(x)
+        q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in project_qkv(attn, h))
+        return attn.q_norm(q), attn.k_norm(k), v
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        layer = self.layers[i]
+        x = x + layer.self_attn.o_proj(attn_out)
+        return x + layer.mlp(layer.feedforward_layernorm(x))
