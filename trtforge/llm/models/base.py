@@ -40,9 +40,12 @@ STYLES: dict[tuple[str, ...], str] = {
     ("smollm3",): "SmolLM3: Llama with NoPE layers (no_rope_layers) and per-layer windows (layer_types)",
     ("gptj", "codegen"): "GPT-J / CodeGen: one LayerNorm feeding attention and MLP in parallel, interleaved "
     "(rotate-every-two) RoPE on the first rotary_dim channels from a fixed sinusoid table",
-    ("falcon",): "Falcon with RoPE: falcon-7b's multi-query, falcon-40b/180b's grouped KV (new decoder "
-    "architecture), parallel or serial blocks; not falcon-rw's ALiBi, whose position biases our attention "
-    "kernels do not apply",
+    ("falcon",): "Falcon: falcon-7b's multi-query, falcon-40b/180b's grouped KV (new decoder architecture), "
+    "parallel or serial blocks with RoPE; falcon-rw's ALiBi position biases (alibi=True)",
+    ("bloom",): "BLOOM / BLOOMZ: ALiBi position biases, LayerNorm after the embeddings, per-head fused QKV, "
+    "GELU",
+    ("mpt",): "MPT (mpt-7b, Replit code): ALiBi position biases (alibi_bias_max), bias-free LayerNorm and "
+    "projections, optional clip_qkv",
 }
 SUPPORTED = tuple(t for types in STYLES for t in types)
 # unsupported model types whose refusal says what to load instead (after the supported list)
@@ -66,6 +69,8 @@ UNWINDOWED = (
     "gptj",
     "codegen",
     "falcon",
+    "bloom",
+    "mpt",
 )
 # families whose forward picks each layer's mask by config.layer_types (the others: one mask for all)
 PER_LAYER_TYPES = ("ministral", "qwen2", "qwen3", "smollm3", "gemma2", "gemma3_text")

@@ -6,8 +6,9 @@ its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`), GPT-Neo
 (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 (:mod:`.gemma2`), Gemma 3 text (:mod:`.gemma3`), OLMo 2
 (:mod:`.olmo2`), Granite (:mod:`.granite`), StableLM (:mod:`.stablelm`) and SmolLM3 (:mod:`.smollm3`; Phi
 and these share :mod:`.rope` with Llama-style), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a
-fixed table) and Falcon (:mod:`.falcon`). The shared pieces (spec, family checks, windows, attention
-soft-caps) live in :mod:`.base`.
+fixed table), Falcon (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT
+(:mod:`.mpt`), the last two with ALiBi position biases. The shared pieces (spec, family checks, windows,
+attention soft-caps, ALiBi slopes) live in :mod:`.base`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from trtforge.llm.models.base import (
     refuse_unapplied_window,
     sliding_windows,
 )
+from trtforge.llm.models.bloom import BloomStyle
 from trtforge.llm.models.falcon import FalconStyle
 from trtforge.llm.models.gemma import GemmaStyle
 from trtforge.llm.models.gemma2 import Gemma2Style
@@ -34,6 +36,7 @@ from trtforge.llm.models.gpt_neox import GptNeoXStyle
 from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
 from trtforge.llm.models.granite import GraniteStyle
 from trtforge.llm.models.llama import LlamaStyle
+from trtforge.llm.models.mpt import MptStyle
 from trtforge.llm.models.olmo2 import Olmo2Style
 from trtforge.llm.models.opt import OptStyle
 from trtforge.llm.models.phi import PhiStyle
@@ -59,6 +62,8 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "gptj": GptJStyle,
     "codegen": CodeGenStyle,
     "falcon": FalconStyle,
+    "bloom": BloomStyle,
+    "mpt": MptStyle,
 }
 
 
@@ -73,6 +78,7 @@ __all__ = [
     "GPT2_STYLE",
     "LLAMA_STYLE",
     "SUPPORTED",
+    "BloomStyle",
     "CodeGenStyle",
     "DecoderAdapter",
     "DecoderSpec",
@@ -87,6 +93,7 @@ __all__ = [
     "GptNeoXStyle",
     "GraniteStyle",
     "LlamaStyle",
+    "MptStyle",
     "Olmo2Style",
     "OptStyle",
     "PhiStyle",
