@@ -1,5 +1,6 @@
 """One adapter per supported decoder family (:mod:`.llama`, :mod:`.gpt2`, :mod:`.gemma`, ...; shared spec,
-checks, the one sliding-window rule and the attention soft-caps in :mod:`.base`, the RoPE body
+checks, the one sliding-window rule, the attention soft-caps and the ALiBi slopes (BLOOM, MPT, falcon-rw)
+in :mod:`.base`, the RoPE body
 Llama-style, Gemma (1, 2, 3 text), OLMo 2, Granite, StableLM and SmolLM3 share in :mod:`.rope`, the
 rotary tables of every RoPE family in :mod:`.rotary` but GPT-J's and CodeGen's fixed table (:mod:`.gptj`);
 :func:`.families.adapter_for` picks one), read by the step-graph export (``llm.compile``) and the torch
