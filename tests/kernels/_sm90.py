@@ -96,13 +96,16 @@ def compile_facts(
 ) -> dict:
     """Compile the ``@triton.jit`` kernel `fn` for sm_90 as its launcher specializes it: pointers
     (name -> Triton type) 16-byte aligned, the runtime ints divisible by 16 marked so, `consts` as
-    constexprs, `scalars` (name -> Triton type, e.g. ``"fp32"``) as given, every other argument an
-    i32. Returns the instruction counts (outside and inside inline PTX), the number of 16-byte
-    ``cp.async`` copies, the shared memory and :func:`assemble`'s facts."""
+    constexprs (a constexpr left out: its default), `scalars` (name -> Triton type, e.g. ``"fp32"``) as
+    given, every other argument an i32 (an argument a launch passes as None: give it in `consts`).
+    Returns the instruction counts (outside and inside inline PTX), the number of 16-byte ``cp.async``
+    copies, the shared memory and :func:`assemble`'s facts."""
     from triton.compiler import ASTSource
 
     names = fn.arg_names
     scalars = scalars or {}
+    # constexprs left out take their defaults, as the launcher gives them (not a runtime i32 argument)
+    consts = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default} | consts
     sig = {a: "constexpr" if a in consts else pointers.get(a, scalars.get(a, "i32")) for a in names}
     aligned = [a for a in names if a in pointers or (a in ints and a not in consts and ints[a] % 16 == 0)]
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}

@@ -96,11 +96,12 @@ def windowed_reference(q, k, v, lens, window):
     return out
 
 
-def softcapped_reference(q, k, v, lens, softcap, window=None, scale=None):
+def softcapped_reference(q, k, v, lens, softcap, window=None, scale=None, slopes=None):
     """FP32 attention with Gemma 2's attention logit soft-capping over contiguous [B, Hkv, S, D] caches:
-    each score s = q . k * scale becomes softcap * tanh(s / softcap) (None: as it is), then query i
-    (position L - S_q + i) keeps keys j <= its position (and, with `window`, j > position - window);
-    GQA; a row that sees no key -> 0."""
+    each score s = q . k * scale becomes softcap * tanh(s / softcap) (None: as it is), plus, with ALiBi
+    `slopes` ([Hq]), ``slopes[h] * (j - p)`` for query position p and key j; then query i (position
+    L - S_q + i) keeps keys j <= its position (and, with `window`, j > position - window); GQA; a row
+    that sees no key -> 0."""
     b, hq, s_q, d = q.shape
     group = hq // k.shape[1]
     scale = d**-0.5 if scale is None else scale
@@ -115,6 +116,8 @@ def softcapped_reference(q, k, v, lens, softcap, window=None, scale=None):
             s = softcap * torch.tanh(s / softcap)
         pos = n - s_q + torch.arange(s_q)[:, None]
         kpos = torch.arange(n)[None, :]
+        if slopes is not None:
+            s = s + slopes.float().cpu()[:, None, None] * (kpos - pos).float()
         keep = kpos <= pos
         if window is not None:
             keep &= kpos > pos - window

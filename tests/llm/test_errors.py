@@ -12,7 +12,7 @@ import pytest
 import trtforge
 import trtforge.llm
 import trtforge.llm.api
-from tests.llm.tiny_models import bloom_factory, tiny_model
+from tests.llm.tiny_models import tiny_model, unsupported_factory
 from trtforge.cli.main import main as cli_main
 from trtforge.errors import UserError
 from trtforge.llm.compile.export import export_step
@@ -28,7 +28,7 @@ def llm(tmp_path_factory):
 
 def test_unsupported_family_lists_supported(tmp_path):
     with pytest.raises(UserError, match="llama, mistral, ministral, qwen2.*starcoder2.*gpt2"):
-        trtforge.compile(bloom_factory()[0], output=tmp_path / "x.engine", generate=True)
+        trtforge.compile(unsupported_factory()[0], output=tmp_path / "x.engine", generate=True)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -38,7 +38,7 @@ def test_cli_unsupported_family_exits_2_and_writes_nothing(tmp_path, monkeypatch
     rc = cli_main(
         [
             "compile",
-            "tests.llm.tiny_models:bloom_factory",
+            "tests.llm.tiny_models:unsupported_factory",
             "--generate",
             "-o",
             str(out),

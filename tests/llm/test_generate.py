@@ -40,10 +40,11 @@ def test_batched_generate_matches_hf(family, exporter, tmp_path):
     model = tiny_model(family)
     path, result = _step_file(model, tmp_path, exporter)
     ops = {n.op_type for n in result.model.graph.node}
-    capped = sum(cap is not None for cap in result.generation["attn_softcaps"])
+    g = result.generation
+    spelled = sum(c is not None or s is not None for c, s in zip(g["attn_softcaps"], g["alibi_slopes"]))
     assert "TensorScatter" in ops
-    # ONNX Attention for the layers without a soft-cap (the capped ones are spelled out: ops.step_attention)
-    assert ("Attention" in ops) == (capped < result.generation["num_layers"])
+    # ONNX Attention for the layers without a soft-cap or ALiBi (those are spelled out: ops.step_attention)
+    assert ("Attention" in ops) == (spelled < g["num_layers"])
     llm = trtforge.llm.api.load(path)
     batch = prompts(model.config.vocab_size)
     got, got_logits = llm.generate(batch, max_new_tokens=NEW_TOKENS, stop_at_eos=False, return_logits=True)
@@ -185,7 +186,9 @@ def test_dynamic_rotary_is_refused_by_the_step_graph_pointing_at_the_torch_execu
         export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "opt", "gpt_neox", "phi", "stablelm", "gptj", "falcon"])
+@pytest.mark.parametrize(
+    "family", ["llama", "gpt2", "opt", "gpt_neox", "phi", "stablelm", "gptj", "falcon", "bloom", "mpt"]
+)
 def test_a_window_the_attention_does_not_apply_is_refused_when_it_would_bite(family, tmp_path):
     """Llama and GPT-2 attention apply no window, yet HF generate()'s cache truncates to a configured
     sliding_window: shorter than the cache it is refused by name on every path; at least as long it is

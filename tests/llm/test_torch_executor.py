@@ -219,11 +219,11 @@ def test_chunked_paged_steps_reproduce_transformers_logits(model_type, overrides
 def test_unsupported_models_and_bad_sizes_are_user_errors():
     import transformers
 
-    bloom = transformers.BloomForCausalLM(  # ALiBi positions: no adapter
-        transformers.BloomConfig(n_layer=1, hidden_size=16, n_head=2, vocab_size=50)
+    biogpt = transformers.BioGptForCausalLM(  # no adapter
+        transformers.BioGptConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, vocab_size=50)
     )
-    with pytest.raises(UserError, match="model family 'bloom' .*not supported by the torch executor"):
-        TorchExecutor(bloom, num_blocks=4)
+    with pytest.raises(UserError, match="model family 'biogpt' .*not supported by the torch executor"):
+        TorchExecutor(biogpt, num_blocks=4)
     bare = transformers.LlamaModel(tiny_llama().config)  # no lm_head: was an AttributeError
     with pytest.raises(UserError, match="LlamaModel has no lm_head: the torch executor needs the causal-LM"):
         TorchExecutor(bare, num_blocks=4)

@@ -53,6 +53,8 @@ FAMILIES = (
     "falcon_serial",
     "mixtral",
     "cohere2",
+    "falcon_rw",
+    "bloom",
 )
 # the sparse mixture-of-experts families (llm.models.mixtral) and their transformers classes
 MOE_CLASSES = {
@@ -69,17 +71,21 @@ FORMS: dict[str, tuple[str, dict]] = {
     "falcon_40b": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2}),
     # the serial block (post_attention_layernorm) with per-head fused QKV (MHA) and biases
     "falcon_serial": ("falcon", {"parallel_attn": False, "multi_query": False, "bias": True}),
+    # falcon-rw-1b / 7b: ALiBi position biases (BLOOM's slopes, in bfloat16, over sqrt(head_dim)), the
+    # serial block with per-head fused QKV and biases
+    "falcon_rw": ("falcon", {"alibi": True, "parallel_attn": False, "multi_query": False, "bias": True}),
 }
+# families whose attention takes the kernels' path of another in KERNEL_FAMILIES: ALiBi's slopes, which
+# BLOOM runs there (their layer math runs on the torch reference: FAMILIES, test_config_variants)
+SAME_KERNEL_PATH = ("mpt", "falcon_rw")
 # the forms the Triton-executor and CUDA-graph tests run: the fused layers' Llama-style variants (plain,
 # Qwen3's head norms, Phi-3's fused projections and partial rotary), every family with another adapter
-# but the LIGHT_FAMILIES, and the family forms above
+# but the LIGHT_FAMILIES and SAME_KERNEL_PATH, and the family forms above
 # (of the MoE families only Mixtral: their MoE MLPs are one torch path, the attention around it Llama's)
-KERNEL_FAMILIES = (
-    "llama",
-    "qwen3",
-    "phi3",
-    *(f for f in SUPPORTED if f not in LLAMA_STYLE and f not in MOE_FAMILIES[1:] and f not in LIGHT_FAMILIES),
-    *FORMS,
+KERNEL_FAMILIES = tuple(
+    f
+    for f in ("llama", "qwen3", "phi3", *(f for f in SUPPORTED if f not in LLAMA_STYLE), *FORMS)
+    if f not in SAME_KERNEL_PATH and f not in MOE_FAMILIES[1:] and f not in LIGHT_FAMILIES
 )
 PROMPT_LENS = (1, 3, 9, 17)
 # qwen3/phi3 shapes the default configs do not have: a head_dim other than hidden / heads (the
@@ -291,6 +297,18 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family == "seed_oss":  # q/k/v biases (its default) without an output bias, head_dim its own
         seed = {"head_dim": 24, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
         cfg, cls = tf.SeedOssConfig(**(llama_like | seed | overrides)), tf.SeedOssForCausalLM
+    elif family == "bloom":  # ALiBi with 4 heads (slopes 1/4 .. 1/256), the embeddings' LayerNorm,
+        # per-head fused QKV, the normed input as the residual (with 8 heads, or without it, seed 0 repeats
+        # one token; at eps 1e-5 one FP16 pick of 48 sits within FP16's noise and flips)
+        bloom = {"vocab_size": 300, "hidden_size": 64, "n_layer": 2, "n_head": 4, "initializer_range": 0.2}
+        bloom |= {"apply_residual_connection_post_layernorm": True, "layer_norm_epsilon": 1e-3}
+        bloom |= {"bos_token_id": 0, "eos_token_id": 0}
+        cfg, cls = tf.BloomConfig(**(bloom | overrides)), tf.BloomForCausalLM
+    elif family == "mpt":  # ALiBi (alibi_bias_max 8), bias-free LayerNorms and projections, clip_qkv
+        mpt = {"vocab_size": 300, "d_model": 64, "n_heads": 4, "n_layers": 2, "max_seq_len": 256}
+        mpt |= {"initializer_range": 0.2, "bos_token_id": 0, "eos_token_id": 0}
+        mpt["attn_config"] = {"clip_qkv": 0.6} | overrides.pop("attn_config", {})
+        cfg, cls = tf.MptConfig(**(mpt | overrides)), tf.MptForCausalLM
     elif family == "starcoder2":  # LayerNorm, GELU MLP with biases, one window for every layer
         cfg, cls = tf.Starcoder2Config(**(llama_like | overrides)), tf.Starcoder2ForCausalLM
     else:
@@ -313,7 +331,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             for name, param in model.named_parameters():
                 if "norm" in name:
                     param.add_(torch.randn_like(param) * 0.2)
-    if family in ("gptj", "codegen", "falcon"):  # LayerNorm weights and every bias off their 1 / 0 init
+    if family in ("gptj", "codegen", "falcon", "bloom", "mpt"):  # LayerNorm weights and biases off 1 / 0
         # (a swapped or skipped norm, or a bias left out, shows: GPT-J's LM-head bias, Falcon's ln_attn
         # against ln_mlp)
         with torch.no_grad():
@@ -433,8 +451,7 @@ def falcon_serial_factory():
 
 
 def falcon_rw_factory():
-    """Falcon with ALiBi position biases (falcon-rw), which no attention kernel here applies: refused."""
-    return tiny_model("falcon", alibi=True, multi_query=False, parallel_attn=False), None
+    return tiny_model("falcon_rw"), None
 
 
 def mixtral_factory():
@@ -464,8 +481,21 @@ def ministral_factory():
 
 
 def bloom_factory():
-    """An unsupported family (BLOOM: ALiBi position biases, which no adapter applies) for the error path."""
+    return tiny_model("bloom"), None
+
+
+def mpt_factory():
+    return tiny_model("mpt"), None
+
+
+def mpt_no_alibi_factory():
+    """MPT asking for learned positions (attn_config.alibi false), which transformers' MPT ignores."""
+    return tiny_model("mpt", attn_config={"alibi": False}), None
+
+
+def unsupported_factory():
+    """An unsupported family (BioGPT: no adapter) for the error path."""
     import transformers as tf
 
-    cfg = tf.BloomConfig(vocab_size=300, hidden_size=64, n_layer=2, n_head=4)
-    return tf.BloomForCausalLM(cfg).eval(), None
+    cfg = tf.BioGptConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    return tf.BioGptForCausalLM(cfg).eval(), None

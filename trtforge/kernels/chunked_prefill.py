@@ -32,6 +32,7 @@ from trtforge.kernels.configs import HopperConfig, chunk_prefill_config
 from trtforge.kernels.decode_attention import (
     _attend_tiles,
     _check,
+    check_alibi_slopes,
     check_softcap,
     fp16_products,
     fp16_query,
@@ -82,6 +83,7 @@ def _chunked_prefill_kernel(
     qk_scale,
     v_scale,
     softcap,
+    Slopes,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -94,13 +96,16 @@ def _chunked_prefill_kernel(
     HAS_QSTARTS: tl.constexpr = False,
     KV_F16: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False,
+    ALIBI: tl.constexpr = False,
 ):
     """Grid (cdiv(S_q·G, BLOCK_M), B·Hkv): BLOCK_M (query position, group head) rows of one kv head;
     WINDOW: the query at position p sees only keys j > p - window. With HAS_QSTARTS, sequence b's
     queries and outputs start at row QStarts[b] of flat [T, Hq, D] tensors (stride_*m between rows;
     the batch strides are unused). KV_F16 (FP8 pools): the scaled query in FP16 and FP16 products, as in
     the decode kernel (:data:`~trtforge.kernels.decode_attention.FP8_KV_F16`). SOFTCAP: scores s (q.k
-    times the softmax scale) become ``softcap * tanh(s / softcap)`` before the masks (Gemma 2)."""
+    times the softmax scale) become ``softcap * tanh(s / softcap)`` before the masks (Gemma 2). ALIBI:
+    Slopes is a float32 [Hq] tensor (None when off); the score of query position p and key j gets
+    ``Slopes[hq] * (j - p)`` added after the cap, before the masks (BLOOM, MPT, falcon-rw)."""
     pid_m = tl.program_id(0)
     pid = tl.program_id(1)
     b = (pid // num_kv_heads).to(tl.int64)
@@ -157,6 +162,10 @@ def _chunked_prefill_kernel(
     qk_scale = qk_scale * 1.4426950408889634
     if SOFTCAP:  # the cap in the scores' base-2 units
         softcap = softcap * 1.4426950408889634
+    if ALIBI:  # each row's slope in the scores' base-2 units
+        alibi = tl.load(Slopes + hq, mask=row_ok, other=0.0) * 1.4426950408889634
+    else:
+        alibi = l_i  # unread
     if KV_F16:
         q = fp16_query(q, qk_scale)
         qk_scale = 1.0
@@ -172,18 +181,19 @@ def _chunked_prefill_kernel(
     if WINDOW:
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, lo, head_end, last_key,
-            first_key, qk_scale, softcap, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-            HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True, False, False, SOFTCAP,
+            first_key, qk_scale, softcap, alibi, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True, False, False,
+            SOFTCAP, ALIBI,
         )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, head_end, full_end, last_key,
-        first_key, qk_scale, softcap, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, False, False, False, False, SOFTCAP,
+        first_key, qk_scale, softcap, alibi, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, False, False, False, False, SOFTCAP, ALIBI,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, k_base, v_base, 0, table_base, full_end, hi, last_key,
-        first_key, qk_scale, softcap, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
-        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW, False, False, SOFTCAP,
+        first_key, qk_scale, softcap, alibi, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+        HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW, False, False, SOFTCAP, ALIBI,
     )  # fmt: skip
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc * (v_scale / l_safe)[:, None]  # v_scale: an FP8 pool's V scale (else 1)
@@ -208,6 +218,7 @@ def chunked_prefill_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of a prompt chunk q [B, Hq, S_q, D] over each sequence's first seq_lens[b] cached
     keys (prefix + chunk), LOWER_RIGHT causal, GQA; caches as in :func:`decode_attention`
@@ -216,8 +227,10 @@ def chunked_prefill_attention(
     `q_lens` (int32 [B]) gives ragged chunk lengths (right-padded to S_q); rows past
     them are left unwritten. `window` W (sliding-window layers): the query at position p sees only
     keys j with p - W < j <= p. `softcap` c (Gemma 2): each score s = q . k * scale becomes
-    c * tanh(s / c) before the masks; None: off (compiled out). Works on torch tensors and on
-    DeviceTensor views (give `out`). Returns `out`."""
+    c * tanh(s / c) before the masks; None: off (compiled out). `alibi_slopes` (a float32 [Hq] tensor on
+    q's device; BLOOM, MPT, falcon-rw): the score of the query at position p and key j gets
+    ``slope * (j - p)`` added after the cap, before the masks; None: off (compiled out). Works on torch
+    tensors and on DeviceTensor views (give `out`; no slopes there). Returns `out`."""
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if block_table is not None:
@@ -229,6 +242,7 @@ def chunked_prefill_attention(
         raise ValueError(f"sliding window must be >= 1 keys; got {window}")
     window = int(window) if window is not None and int(window) < capacity else 0  # longer: hides nothing
     cap = check_softcap(softcap)
+    slopes = check_alibi_slopes(alibi_slopes, hq, q.device)
     if q_lens is not None and (tuple(q_lens.shape) != (b,) or q_lens.dtype != torch.int32):
         raise ValueError(f"q_lens must be int32 [B] = [{b}]; got {q_lens.dtype} {tuple(q_lens.shape)}")
     if b == 0 or hq == 0:
@@ -243,10 +257,11 @@ def chunked_prefill_attention(
         q, k_cache, v_cache, seq_lens, q_lens if q_lens is not None else seq_lens, seq_lens, table, out,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), stride_tb,
         hkv, s_q, window, (d**-0.5 if scale is None else float(scale)) * float(k_scale), float(v_scale), cap,
+        slopes,
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_QLENS=q_lens is not None, DOT_F32=interpreting() and q.dtype == torch.bfloat16,
-        WINDOW=window > 0, KV_F16=fp16_products(k_cache.dtype), SOFTCAP=cap > 0.0, num_warps=num_warps,
-        num_stages=num_stages,
+        WINDOW=window > 0, KV_F16=fp16_products(k_cache.dtype), SOFTCAP=cap > 0.0, ALIBI=slopes is not None,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
 
@@ -271,18 +286,20 @@ def chunked_prefill_varlen(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Several prompt chunks in one launch: chunk b is rows ``[q_starts[b], q_starts[b] + q_lens[b])``
     of the flat q/out ``[T, Hq, D]``, over a block pool ``[num_blocks, block_size, Hkv, D]`` through
     ``block_table[b]`` (its first ``seq_lens[b]`` keys, LOWER_RIGHT causal, GQA). `max_q_len` bounds
     q_lens (it sizes the grid); the int32 ``[B]`` tensors stay on the device. FP8 pools hold ``k /
-    k_scale`` and ``v / v_scale``. `window` and `softcap` as in :func:`chunked_prefill_attention`.
+    k_scale`` and ``v / v_scale``. `window`, `softcap` and `alibi_slopes` as in
+    :func:`chunked_prefill_attention`.
     Launch parameters left None come from :func:`~trtforge.kernels.configs.chunk_prefill_config` for
     `max_q_len`. Returns `out`."""
     launch = prepare_chunked_prefill_varlen(
         q, k_pool, v_pool, seq_lens, block_table, q_starts, q_lens, max_q_len,
         out=out, window=window, block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-        softcap=softcap,
+        softcap=softcap, alibi_slopes=alibi_slopes,
     )  # fmt: skip
     launch(q, k_pool, v_pool, out, float(scale) * float(k_scale), float(v_scale))
     return out
@@ -305,13 +322,15 @@ def prepare_chunked_prefill_varlen(
     num_warps: int | None = None,
     num_stages: int | None = None,
     softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> PreparedLaunch:
     """:func:`chunked_prefill_varlen`'s launch, checked and laid out once: called as ``launch(q,
     k_pool, v_pool, out, scale)`` with tensors of the geometry (dtype, shape, strides) of those given
     here, it attends the same chunks (every layer of a step, each with its own pools); FP8 pools:
-    ``launch(q, k_pool, v_pool, out, scale * k_scale, v_scale)``. `window` and `softcap` are the layer
-    geometry's (:func:`chunked_prefill_attention`). Launch parameters left None come from
-    :func:`~trtforge.kernels.configs.chunk_prefill_config` for `max_q_len`."""
+    ``launch(q, k_pool, v_pool, out, scale * k_scale, v_scale)``. `window`, `softcap` and `alibi_slopes`
+    are the layer geometry's (:func:`chunked_prefill_attention`; the slopes tensor is read at every
+    launch). Launch parameters left None come from :func:`~trtforge.kernels.configs.chunk_prefill_config`
+    for `max_q_len`."""
     chosen = chunk_prefill_config(max_q_len)
     block_m = chosen.block_m if block_m is None else block_m
     block_n = chosen.block_n if block_n is None else block_n
@@ -346,6 +365,7 @@ def prepare_chunked_prefill_varlen(
         raise ValueError(f"sliding window must be >= 1 keys; got {window}")
     window = int(window) if window is not None and int(window) < capacity else 0  # longer: hides nothing
     cap = check_softcap(softcap)
+    slopes = check_alibi_slopes(alibi_slopes, hq, q.device)
     if int(block_table.shape[0]) != b:
         raise ValueError(f"block_table must have B = {b} rows; got {tuple(block_table.shape)}")
     group = hq // hkv
@@ -354,14 +374,14 @@ def prepare_chunked_prefill_varlen(
         None, None, None, seq_lens, q_lens, q_starts, block_table, None,
         0, q.stride(1), q.stride(0), q.stride(2), *k_cache.stride(), *v_cache.stride(),
         0, out.stride(1), out.stride(0), out.stride(2), int(block_table.stride(0)),
-        hkv, int(max_q_len), window, None, 1.0, cap,
+        hkv, int(max_q_len), window, None, 1.0, cap, slopes,
     )  # fmt: skip
     return PreparedLaunch(
         _chunked_prefill_kernel, grid, args, operands,
         GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n,
         PAGE_SIZE=page, HAS_QLENS=True, DOT_F32=interpreting() and q.dtype == torch.bfloat16,
         WINDOW=window > 0, HAS_QSTARTS=True, KV_F16=fp16_products(k_cache.dtype), SOFTCAP=cap > 0.0,
-        num_warps=num_warps, num_stages=num_stages,
+        ALIBI=slopes is not None, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 
 
@@ -451,17 +471,21 @@ def hopper_chunks_eligible(
     window: int | None,
     out: torch.Tensor | None = None,
     softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> bool:
     """Whether a step's long prompt chunks can run the warp-specialized Hopper flash-attention kernel
-    (:mod:`trtforge.kernels.flash_attention_hopper`) over their gathered K/V: no sliding window and no
-    attention soft-cap (the Hopper kernel applies neither: such layers stay on the varlen kernel), pools
+    (:mod:`trtforge.kernels.flash_attention_hopper`) over their gathered K/V: no sliding window, no
+    attention soft-cap and no ALiBi slopes (the Hopper kernel applies none of them: such layers stay on the
+    varlen kernel), pools
     of the query's 16-bit type or FP8 (gathered widened to it: :data:`FP8_HOPPER_CHUNKS`), and what the
     flash-attention dispatch asks of the kernel (an sm_90 GPU, its proven Triton release, head dim 64 or
     128, tensors the copy engine can address)."""
     from trtforge.kernels.flash_attention import _hopper_eligible
 
     fp8 = k_pool.dtype == FP8_KV_DTYPE and FP8_HOPPER_CHUNKS
-    if window is not None or softcap is not None or not q.is_cuda or not (k_pool.dtype == q.dtype or fp8):
+    if window is not None or softcap is not None or alibi_slopes is not None:
+        return False
+    if not q.is_cuda or not (k_pool.dtype == q.dtype or fp8):
         return False
     return _hopper_eligible(q, q if fp8 else k_pool, q if fp8 else k_pool, q if out is None else out, None)
 

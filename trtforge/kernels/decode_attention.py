@@ -205,6 +205,31 @@ def softcap_scores(qk, cap):
     return cap * (1.0 - 2.0 / (e + 1.0))
 
 
+def check_alibi_slopes(slopes: Any, num_heads: int, device: torch.device) -> torch.Tensor | None:
+    """The ALiBi slopes a kernel launch takes: None (off), else `slopes` itself, which must be a contiguous
+    float32 ``[num_heads]`` tensor on the query's `device` (one slope a query head, natural-scale: the
+    score of a query at position p and a key at position j gets ``slope * (j - p)``); ValueError
+    otherwise."""
+    if slopes is None:
+        return None
+    ok = (
+        isinstance(slopes, torch.Tensor)
+        and slopes.dtype == torch.float32
+        and tuple(slopes.shape) == (num_heads,)
+        and slopes.is_contiguous()
+        and slopes.device == device
+    )
+    if not ok:
+        got = slopes
+        if isinstance(slopes, torch.Tensor):
+            got = f"{slopes.dtype} {tuple(slopes.shape)} stride {slopes.stride()} on {slopes.device}"
+        raise ValueError(
+            f"ALiBi slopes must be a contiguous float32 [{num_heads}] tensor (one per query head) on "
+            f"{device}; got {got}"
+        )
+    return slopes
+
+
 def check_softcap(softcap: float | None) -> float:
     """The soft-cap a kernel launch takes: 0.0 for None (off), else `softcap` (ValueError unless it is a
     finite number > 0: ``cap * tanh(s / cap)`` is undefined at 0)."""
@@ -281,6 +306,7 @@ def _attend_tiles(
     first_key,
     qk_scale,
     softcap,
+    alibi,
     stride_kb,
     stride_kn,
     stride_kd,
@@ -298,6 +324,7 @@ def _attend_tiles(
     V_PAIRS: tl.constexpr,
     PAIRS_ASM: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
 ):
     """Fold keys [lo, hi) into (acc, l_i, m_i). MASKED tiles bound loads by `hi` and hide keys past
     each row's `last_key` (LOWER_RIGHT causal) and, WINDOW, before its `first_key`; unmasked ones
@@ -305,7 +332,9 @@ def _attend_tiles(
     unmasked tiles come from the descriptors, key n of this (batch, kv head) at row desc_row + n.
     V_PAIRS (FP8 V, :func:`v_pairs_options`): V read as int16 pairs of adjacent channels and P.V as an
     even- and an odd-channel product (PAIRS_ASM: split by inline PTX), interleaved back into acc.
-    SOFTCAP: the base-2 scores are soft-capped by `softcap` (:func:`softcap_scores`) before the masks."""
+    SOFTCAP: the base-2 scores are soft-capped by `softcap` (:func:`softcap_scores`) before the masks.
+    ALIBI: each row's base-2 slope `alibi` [BLOCK_M] times (key - the row's query position, `last_key`) is
+    added to its scores after the cap, before the masks (<= 0 on every key the row sees)."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     if V_PAIRS:
@@ -349,6 +378,8 @@ def _attend_tiles(
         qk = qk * qk_scale
         if SOFTCAP:
             qk = softcap_scores(qk, softcap)
+        if ALIBI:
+            qk += alibi[:, None] * (offs_n[None, :] - last_key[:, None]).to(tl.float32)
         if MASKED:
             keep = (offs_n[None, :] <= last_key[:, None]) & n_ok[None, :]
             if WINDOW:
@@ -478,6 +509,7 @@ def _decode_split_kernel(
     qk_scale,
     v_scale,
     softcap,
+    Slopes,
     GROUP: tl.constexpr,
     SEQ_Q: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -498,6 +530,7 @@ def _decode_split_kernel(
     PDL: tl.constexpr = False,
     STAMP: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False,
+    ALIBI: tl.constexpr = False,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
     WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
@@ -509,7 +542,9 @@ def _decode_split_kernel(
     stride_tb (unread there) rotates the pairs over the programs. KV_F16 (FP8 pools): the query is
     scaled and rounded to FP16 up front, and the products run in FP16 (module docstring); V_PAIRS /
     PAIRS_ASM: FP8 V read as 16-bit pairs (:func:`v_pairs_options`). SOFTCAP: scores s (q.k times the
-    softmax scale) become ``softcap * tanh(s / softcap)`` before the masks (Gemma 2)."""
+    softmax scale) become ``softcap * tanh(s / softcap)`` before the masks (Gemma 2). ALIBI: Slopes is a
+    float32 [Hq] tensor (None when off) and the score of query position p, key j gets ``Slopes[hq] *
+    (j - p)`` added after the cap, before the masks (BLOOM, MPT, falcon-rw)."""
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes
         gdc_wait()
         gdc_launch_dependents()
@@ -560,6 +595,10 @@ def _decode_split_kernel(
     qk_scale = qk_scale * 1.4426950408889634  # softmax in base 2
     if SOFTCAP:  # the cap in the scores' base-2 units
         softcap = softcap * 1.4426950408889634
+    if ALIBI:  # each row's slope in the scores' base-2 units
+        alibi = tl.load(Slopes + hq, mask=row_ok, other=0.0) * 1.4426950408889634
+    else:
+        alibi = l_i  # unread
     if KV_F16:
         q = fp16_query(q, qk_scale)
         qk_scale = 1.0
@@ -575,21 +614,21 @@ def _decode_split_kernel(
     if WINDOW:
         acc, l_i, m_i = _attend_tiles(
             acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, lo, head_end,
-            last_key, first_key, qk_scale, softcap, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
-            stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True, V_PAIRS, PAIRS_ASM,
-            SOFTCAP,
+            last_key, first_key, qk_scale, softcap, alibi, stride_kb, stride_kn, stride_kd, stride_vb,
+            stride_vn, stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, True, V_PAIRS,
+            PAIRS_ASM, SOFTCAP, ALIBI,
         )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, head_end, full_end,
-        last_key, first_key, qk_scale, softcap, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+        last_key, first_key, qk_scale, softcap, alibi, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
         stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, False, DOT_F32, TMA, False, V_PAIRS, PAIRS_ASM,
-        SOFTCAP,
+        SOFTCAP, ALIBI,
     )  # fmt: skip
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base, v_base, KDesc, VDesc, desc_row, table_base, full_end, hi,
-        last_key, first_key, qk_scale, softcap, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+        last_key, first_key, qk_scale, softcap, alibi, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
         stride_vd, HEAD_DIM, BLOCK_N, BLOCK_D, PAGE_SIZE, True, DOT_F32, False, WINDOW, V_PAIRS, PAIRS_ASM,
-        SOFTCAP,
+        SOFTCAP, ALIBI,
     )  # fmt: skip
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -854,12 +893,14 @@ def _split_options(
     kv_dtype: torch.dtype,
     v_pairs: dict[str, bool] | None = None,
     softcap: float = 0.0,
+    alibi: bool = False,
 ) -> dict[str, Any]:
     """The split kernel's constexprs and launch options: one definition for :func:`_launch` and the
     prepared launches of :func:`prepare_paged_decode`. The last program's reduction works on tiles
     of about 32 FP32 values a thread (TAIL_ROWS x TAIL_SPLITS partials at a time). `dtype` is the
     query's, `kv_dtype` the pools' (FP8 pools take FP16 products: ``FP8_KV_F16``); `v_pairs`: the V cache's
-    :func:`v_pairs_options` (None: off), unused with TMA; `softcap` > 0: soft-capped scores (SOFTCAP)."""
+    :func:`v_pairs_options` (None: off), unused with TMA; `softcap` > 0: soft-capped scores (SOFTCAP);
+    `alibi`: ALiBi position biases (ALIBI)."""
     block_d = max(16, triton.next_power_of_2(d))
     v_pairs = v_pairs if v_pairs is not None and not tma else {"V_PAIRS": False, "PAIRS_ASM": False}
     tail = 1024 * cfg.num_warps
@@ -870,7 +911,7 @@ def _split_options(
         "DIRECT": direct, "FUSED": fused, "TAIL_ROWS": tail_rows,
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
-        "KV_F16": fp16_products(kv_dtype), **v_pairs, "SOFTCAP": softcap > 0.0,
+        "KV_F16": fp16_products(kv_dtype), **v_pairs, "SOFTCAP": softcap > 0.0, "ALIBI": alibi,
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
 
@@ -910,6 +951,7 @@ def _launch(
     pdl=False,
     v_scale=1.0,
     softcap=0.0,
+    alibi_slopes=None,
 ) -> None:
     """Run the split kernel (and, unfused, the reduce kernel) with scratch from `workspace` (4-byte
     elements, at least workspace_elements(...); None: allocate, with this stream's counters).
@@ -917,7 +959,8 @@ def _launch(
     > 0: sliding-window attention over each query's last `window` keys. `pdl`: programmatic dependent
     launches (each kernel waits for the previous one's writes on the device; Hopper and later).
     `scale` multiplies q . k (an FP8 pool's K scale folded in), `v_scale` the output (its V scale);
-    `softcap` > 0 soft-caps the scaled scores (:func:`check_softcap`'s value)."""
+    `softcap` > 0 soft-caps the scaled scores (:func:`check_softcap`'s value); `alibi_slopes` (None: off)
+    adds ALiBi position biases (:func:`check_alibi_slopes`'s value)."""
     b, hq, s_q, d = (int(n) for n in q.shape)
     hkv = int(k.shape[1])
     page = int(k.shape[2]) if block_table is not None else 0
@@ -943,12 +986,12 @@ def _launch(
     k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
     options = _split_options(
         cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype, k.dtype,
-        v_pairs_options(k.dtype, d, v), softcap,
+        v_pairs_options(k.dtype, d, v), softcap, alibi_slopes is not None,
     )  # fmt: skip
     _decode_split_kernel[(splits, b * hkv)](
         q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,
-        hkv, splits, int(window), float(scale), float(v_scale), float(softcap), **options,
+        hkv, splits, int(window), float(scale), float(v_scale), float(softcap), alibi_slopes, **options,
     )  # fmt: skip
     if not direct and not fused:
         _decode_reduce_kernel[(b * hq * s_q,)](
@@ -976,7 +1019,7 @@ def _kernel_ms(fn: Any) -> float:
 
 
 def _autotuned(
-    q, k, v, seq_lens, block_table, out, scale, max_len, window=0, v_scale=1.0, softcap=0.0
+    q, k, v, seq_lens, block_table, out, scale, max_len, window=0, v_scale=1.0, softcap=0.0, alibi_slopes=None
 ) -> DecodeConfig:
     """The fastest candidate for this problem's key, timed once per key (each compiled and run once,
     then timed as CUDA-graph replays)."""
@@ -1003,7 +1046,7 @@ def _autotuned(
         def fn(cfg: DecodeConfig = cfg, n: int = n) -> None:
             _launch(
                 q, k, v, seq_lens, block_table, out, scale, cfg, n, None,
-                window=window, v_scale=v_scale, softcap=softcap,
+                window=window, v_scale=v_scale, softcap=softcap, alibi_slopes=alibi_slopes,
             )  # fmt: skip
 
         try:
@@ -1033,6 +1076,7 @@ def decode_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, Hq, S_q<=8, D] over each sequence's first seq_lens[b] cached keys.
 
@@ -1048,8 +1092,10 @@ def decode_attention(
     captured launch reduces them in a second kernel. `window` W (sliding-window layers): query i,
     at position L - S_q + i, sees only keys at positions > L - S_q + i - W. `softcap` c (Gemma 2's
     attention logit soft-capping): each score s = q . k * scale becomes c * tanh(s / c) before the
-    masks; None: off (compiled out). `pdl` (CUDA, Hopper and later): launch as programmatic dependent
-    launches.
+    masks; None: off (compiled out). `alibi_slopes` (ALiBi: BLOOM, MPT, falcon-rw; a float32 [Hq] tensor
+    on q's device): the score of query i (position p = L - S_q + i) and key j gets ``slope * (j - p)``
+    added, after the cap and before the masks; None: off (compiled out). `pdl` (CUDA, Hopper and later):
+    launch as programmatic dependent launches.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -1061,6 +1107,7 @@ def decode_attention(
     if window is not None and int(window) < 1:
         raise ValueError(f"sliding window must be >= 1 keys; got {window}")
     cap = check_softcap(softcap)
+    slopes = check_alibi_slopes(alibi_slopes, hq, q.device)
     max_len = min(max_seq_len or capacity, capacity)
     # a window as long as the cache hides nothing; otherwise splits share out the keys it shows
     window = int(window) if window is not None and int(window) < capacity else 0
@@ -1071,14 +1118,16 @@ def decode_attention(
         tune = not interpreting() and q.is_cuda and not torch.cuda.is_current_stream_capturing()
         fallback = default_decode_config(d, k_cache.dtype)
         config = (
-            _autotuned(q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len, window, v_scale, cap)
+            _autotuned(
+                q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len, window, v_scale, cap, slopes
+            )
             if tune
             else _CHOICE.get(_key_of(q, k_cache, block_table, max_len), fallback)
         )
     splits = _resolve_splits(config, b * hkv, max_len)
     _launch(
         q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, None,
-        window=window, pdl=pdl, v_scale=v_scale, softcap=cap,
+        window=window, pdl=pdl, v_scale=v_scale, softcap=cap, alibi_slopes=slopes,
     )  # fmt: skip
     return out
 
@@ -1133,6 +1182,7 @@ def prepare_paged_decode(
     pdl: bool = False,
     q_len: int = 1,
     softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> PreparedLaunch:
     """:func:`decode_attention`'s launch over a block pool with a fixed `config`, one query per
     sequence, checked and laid out once: called as ``launch(q, k_pool, v_pool, out, scale)`` with
@@ -1141,7 +1191,8 @@ def prepare_paged_decode(
     q and out are ``[B, Hq, D]``, or flat ``[T, Hq, D]`` steps whose `rows` are the B decode rows.
     With `q_len` > 1 (<= 8: speculative verification) each sequence has `q_len` consecutive query rows
     (q and out ``[B * q_len, Hq, D]``, or `rows` spanning them), attended LOWER_RIGHT causally.
-    `window` and `softcap` are the layer geometry's, as in :func:`decode_attention`. Scratch (partials;
+    `window`, `softcap` and `alibi_slopes` are the layer geometry's, as in :func:`decode_attention` (the
+    slopes tensor is read at every launch: keep it alive and unchanged). Scratch (partials;
     this stream's arrival counters, outside graph capture) is taken here once and reused by every
     launch, so launches run in order on the stream current here."""
     if q_len == 1:
@@ -1168,6 +1219,7 @@ def prepare_paged_decode(
     if window is not None and int(window) < 1:
         raise ValueError(f"sliding window must be >= 1 keys; got {window}")
     cap = check_softcap(softcap)
+    slopes = check_alibi_slopes(alibi_slopes, hq, q.device)
     # as decode_attention: a window as long as the cache hides nothing, a shorter one bounds the splits
     window = int(window) if window is not None and int(window) < capacity else 0
     max_len = min(capacity, window + s_q + 128) if window else capacity
@@ -1182,7 +1234,7 @@ def prepare_paged_decode(
     args = (
         None, None, None, None, None, seq_lens, block_table, None, mid_o, mid_l, counters,
         *q4.stride(), *k.stride(), *v.stride(), *out4.stride(), int(block_table.stride(0)),
-        hkv, splits, window, None, 1.0, cap,
+        hkv, splits, window, None, 1.0, cap, slopes,
     )  # fmt: skip
     reduce = None
     if not direct and not fused:
@@ -1195,6 +1247,6 @@ def prepare_paged_decode(
         )
     options = _split_options(
         config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype, k.dtype,
-        v_pairs_options(k.dtype, d, v), cap,
+        v_pairs_options(k.dtype, d, v), cap, slopes is not None,
     )  # fmt: skip
     return PreparedLaunch(_decode_split_kernel, (splits, b * hkv), args, operands, reduce, **options)

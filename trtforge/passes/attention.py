@@ -8,8 +8,9 @@
     O = P @ V                         Q, V: [B, H, S, D]; K: [B, H, S, D] or [B, S, H, D]
 
 Nothing may stand between the scaled scores and the mask: a soft-capped attention (Gemma 2's
-`cap * tanh(S / cap)`, Div / Tanh / Mul there) does not match, and stays as it is, since no target here
-applies a cap (TensorRT's parser refuses ONNX Attention's `softcap`).
+`cap * tanh(S / cap)`, Div / Tanh / Mul there) or an ALiBi one (BLOOM, MPT, falcon-rw: an Add of the
+position bias there) does not match, and stays as it is, since no target here applies a cap or a bias
+(TensorRT's parser refuses ONNX Attention's `softcap`).
 
 The key may be transposed directly (BHSd -> BHdS), through a 3-D reshape (dynamo's SDPA
 decomposition) or from BSHd (eager exports); this is onnxscript's `SDPA` rule pattern

@@ -19,7 +19,8 @@ arithmetic but proved by the pass manager's ONNX Runtime check. Sliding-window l
 shorter than the step graph's max_seq, read from its generation metadata, or a lower bound in a
 mask without metadata) are refused: the paged kernels have no window mask. Soft-capped layers (Gemma 2)
 hold no Attention node (the step graph spells their attention out) and are left as they are, as is an
-Attention node with a ``softcap`` attribute: the paged kernels have no cap.
+Attention node with a ``softcap`` attribute: the paged kernels have no cap. ALiBi layers (BLOOM, MPT,
+falcon-rw) are spelled out too, so the PagedAttention plugin never sees them.
 """
 
 from __future__ import annotations

@@ -99,6 +99,7 @@ def test_save_pretrained_directory_source(tmp_path):
         "mixtral_factory",
         "qwen2_moe_factory",  # the shared expert and a dense layer among the MoE ones
         "cohere2_factory",
+        "bloom_factory",  # ALiBi: every layer's attention spelled out (no IAttention)
     ],
 )
 def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_path, monkeypatch):
@@ -132,8 +133,9 @@ def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_pat
     census = manifest.records["build"]["layer_types"]
     assert census.get("KV_CACHE_UPDATE") == 2 * layers  # K and V of every layer
     # one IAttention per layer, but soft-capped ones (ONNX Attention's softcap: refused by TensorRT's parser)
-    capped = sum(cap is not None for cap in g["attn_softcaps"])
-    assert census.get("ATTENTION_OUTPUT", 0) == layers - capped
+    # and ALiBi ones (their biases spelled out as plain ops)
+    spelled = sum(c is not None or s is not None for c, s in zip(g["attn_softcaps"], g["alibi_slopes"]))
+    assert census.get("ATTENTION_OUTPUT", 0) == layers - spelled
     assert not [w for w in manifest.records["build"]["warnings"] if "Unused Input" in w]
     assert g["cache"] == g["cache"] | {"layout": "slot", "dtype": "float16"}
     assert g["profiles"] == {"prefill": 0, "decode": 1}

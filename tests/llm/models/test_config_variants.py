@@ -50,6 +50,10 @@ FALCON_FORMS = [
     {"new_decoder_architecture": False, "multi_query": False, "parallel_attn": False, "num_kv_heads": None},
     {"new_decoder_architecture": True, "parallel_attn": True},
     {"new_decoder_architecture": True, "parallel_attn": True, "num_ln_in_parallel_attn": 1},
+    # falcon-rw's ALiBi: its serial per-head MHA, and (transformers runs it too) falcon-7b's multi-query
+    {"new_decoder_architecture": False, "multi_query": False, "parallel_attn": False, "num_kv_heads": None}
+    | {"alibi": True},
+    {"new_decoder_architecture": False, "multi_query": True, "parallel_attn": True, "alibi": True},
 ]
 # each family's options and the values drawn for them (all accepted by transformers' config and model; a
 # "_form" draw sets each of its options)
@@ -334,6 +338,34 @@ OPTIONS: dict[str, dict[str, list]] = {
         "attention_out_bias": [False, True],
         "mlp_bias": [False, True],
         "head_dim": [8, 16, 24],
+    },
+    "bloom": {  # head counts (hidden 64 or 48): BLOOM's slopes for powers of two and the others
+        "_form": [
+            {"hidden_size": 64, "n_head": 8},
+            {"hidden_size": 48, "n_head": 6},
+            {"hidden_size": 48, "n_head": 3},
+            {"hidden_size": 64, "n_head": 2},
+        ],
+        "apply_residual_connection_post_layernorm": [False, True],
+        "pretraining_tp": [1, 2],
+        "slow_but_exact": [False, True],  # (with pretraining_tp 2: sliced projections without biases)
+        "layer_norm_epsilon": [1e-5, 1e-3],
+        "tie_word_embeddings": [True, False],
+    },
+    "mpt": {  # head counts (d_model 64 or 48; MPT's slopes interleave for 6), clip_qkv, softmax_scale
+        "_form": [
+            {"d_model": 64, "n_heads": 4},
+            {"d_model": 48, "n_heads": 6},
+            {"d_model": 64, "n_heads": 8},
+        ],
+        "attn_config": [
+            {"clip_qkv": None},
+            {"clip_qkv": 0.6},
+            {"clip_qkv": None, "softmax_scale": 0.2},
+            {"clip_qkv": 0.3, "softmax_scale": 0.5},
+        ],
+        "layer_norm_epsilon": [1e-5, 1e-3],
+        "tie_word_embeddings": [True, False],
     },
 }
 SEEDS = range(5)

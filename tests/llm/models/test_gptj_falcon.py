@@ -81,20 +81,6 @@ def test_specs_report_the_layouts(family, kv_heads, rotated):
     assert spec.max_positions == 256 and spec.sliding_windows == [None, None]
 
 
-def test_falcon_rw_alibi_is_refused_by_name(tmp_path):
-    """ALiBi adds position biases to the attention scores, which trtforge's kernels do not apply: the
-    step graph and the torch executor refuse it, naming the option and falcon-rw."""
-    model = tiny_model("falcon", alibi=True, multi_query=False, parallel_attn=False)
-    message = r"falcon model FalconForCausalLM: its config sets alibi=True \(falcon-rw's ALiBi position"
-    with pytest.raises(UserError, match=message):
-        adapter_for(model)
-    with pytest.raises(UserError, match=message):
-        export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)
-    with pytest.raises(UserError, match="the torch executor cannot run this falcon model .*alibi=True"):
-        TorchExecutor(model, num_blocks=4)
-    assert list(tmp_path.iterdir()) == []
-
-
 @pytest.mark.parametrize(
     ("family", "overrides", "message"),
     [

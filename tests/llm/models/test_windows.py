@@ -121,6 +121,12 @@ CASES = [
     ("cohere2", {"sliding_window": 64, "layer_types": [FULL, SLIDING, FULL]}),
     ("exaone4", {}),  # sliding (RoPE), full (NoPE), sliding; window 4
     ("exaone4", {"sliding_window": None, "layer_types": [FULL, FULL, FULL]}),  # no window: all RoPE
+    # ALiBi: no window either, whatever the config says (its biases ride in transformers' Falcon mask)
+    ("falcon", {"alibi": True, "parallel_attn": False, "multi_query": False, "set_sliding_window": 64}),
+    ("bloom", {}),
+    ("bloom", {"set_sliding_window": 64, "n_head": 8}),
+    ("mpt", {}),
+    ("mpt", {"set_sliding_window": 64}),
 ]
 
 
@@ -139,8 +145,10 @@ def _model(family: str, overrides: dict) -> torch.nn.Module:
 def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     if model.config.model_type in ("gpt2", "gpt_bigcode", "gptj", "codegen"):
         return [block.attn for block in model.transformer.h]
-    if model.config.model_type == "falcon":
+    if model.config.model_type in ("falcon", "bloom"):
         return [block.self_attention for block in model.transformer.h]
+    if model.config.model_type == "mpt":
+        return [block.attn for block in model.transformer.blocks]
     if model.config.model_type == "gpt_neo":
         return [block.attn.attention for block in model.transformer.h]
     if model.config.model_type == "opt":
@@ -151,10 +159,11 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def _window_of(mask: torch.Tensor) -> int | None:
-    """The window a [B, 1, S, K] mask (bool: visible; float: 0 visible) gives its last query of
-    position PROMPT - 1: the number of keys it sees, None when that is all of them."""
+    """The window a [B, 1, S, K] mask (bool: visible; float: the dtype's lowest value hides, anything else
+    shows: falcon-rw's carries its ALiBi biases) gives its last query of position PROMPT - 1: the number
+    of keys it sees, None when that is all of them."""
     row = mask[0, 0, -1]
-    seen = int(row.sum()) if row.dtype == torch.bool else int((row == 0).sum())
+    seen = int(row.sum()) if row.dtype == torch.bool else int((row > torch.finfo(row.dtype).min / 2).sum())
     return None if seen == PROMPT else seen
 
 
@@ -181,6 +190,8 @@ def _transformers(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int |
         if isinstance(local, torch.Tensor) and local.dtype == torch.bool and local.dim() == 4:
             visible = local[:, :, :PROMPT, :PROMPT]
             mask = visible if mask is None else visible & ((mask == 0) if mask.dtype != torch.bool else mask)
+        if type(module).__name__ == "MptAttention":  # its bool mask marks the hidden keys
+            mask = ~mask
         masks.append(mask)
 
     def attend(module, query, key, value, attention_mask, **kwargs):  # the eager function, cap recorded
@@ -206,17 +217,17 @@ def _transformers(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int |
 
 def _step_graph(model: torch.nn.Module, prompt: list[int], monkeypatch) -> tuple[list, list, list, Any]:
     """The step module the exporter traces: its spec's windows, the windows of the masks its attention
-    gets, the soft-caps it gets, and its last-token logits (the paged module run eagerly on one block
-    table)."""
+    gets, the soft-caps it gets (each with whether an ALiBi bias came too), and its last-token logits (the
+    paged module run eagerly on one block table)."""
     step = PagedDecoderStep(model, max_seq=16, block_size=BLOCK)
     masks: list[torch.Tensor] = []
     caps: list[float | None] = []
     real = step_module.step_attention
 
-    def recording(q, k, v, mask, scale, softcap=None):
+    def recording(q, k, v, mask, scale, softcap=None, bias=None):
         masks.append(mask)
-        caps.append(softcap)
-        return real(q, k, v, mask, scale, softcap)
+        caps.append((softcap, bias is not None))
+        return real(q, k, v, mask, scale, softcap, bias)
 
     monkeypatch.setattr(step_module, "step_attention", recording)
     spec = step.spec
@@ -236,14 +247,14 @@ def _step_graph(model: torch.nn.Module, prompt: list[int], monkeypatch) -> tuple
 
 
 def _torch_executor(model: torch.nn.Module, prompt: list[int]) -> tuple[list, list, torch.Tensor]:
-    """The windows and soft-caps the torch executor hands its attention, layer by layer, and its
-    last-token logits."""
+    """The windows and soft-caps (each with whether ALiBi slopes came too) the torch executor hands its
+    attention, layer by layer, and its last-token logits."""
     seen: list[int | None] = []
     caps: list[float | None] = []
 
     def attention(q, k_pool, v_pool, meta, scale, window=None, **kw):
         seen.append(window)
-        caps.append(kw.get("softcap"))
+        caps.append((kw.get("softcap"), kw.get("alibi_slopes") is not None))
         return paged_attention_reference(q, k_pool, v_pool, meta, scale, window, **kw)
 
     ex = TorchExecutor(
@@ -270,9 +281,14 @@ def test_step_graph_torch_executor_and_transformers_apply_the_same_windows(famil
     spec_windows, graph_windows, graph_caps, graph_logits = _step_graph(model, prompt, monkeypatch)
     executor_windows, executor_caps, executor_logits = _torch_executor(model, prompt)
     assert len(hf_windows) == model.config.num_hidden_layers
+    spec = _spec(model)
     if hf_caps is not None:
-        assert graph_caps == executor_caps == hf_caps, "transformers applies other soft-caps"
-    assert graph_caps == executor_caps == _spec(model).attn_softcaps
+        assert [c for c, _ in graph_caps] == [c for c, _ in executor_caps] == hf_caps, "other soft-caps"
+    assert (
+        graph_caps
+        == executor_caps
+        == [(c, s is not None) for c, s in zip(spec.attn_softcaps, spec.alibi_slopes)]
+    )
     assert spec_windows == executor_windows, "the step graph and the torch executor disagree"
     assert graph_windows == _effective(spec_windows), "the step graph applies windows its spec does not name"
     assert _effective(executor_windows) == hf_windows, "transformers applies other windows"

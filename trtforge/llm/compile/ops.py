@@ -17,6 +17,10 @@ Where for the mask, Softmax, MatMul. Not ONNX ``Attention``'s ``softcap`` attrib
 parser refuses it ("Setting softcap is not supported in TensorRT Attention", TensorRT-RTX 1.7.1), and
 neither the attention-fusion pass (its pattern has nothing between the scale and the mask) nor the
 paged pass (it rewrites Attention nodes only) turns the decomposed form into a kernel without the cap.
+An ALiBi layer (BLOOM, MPT, falcon-rw) attends through the same plain ops with its position bias (each
+head's slope times key position minus query position, one ``[B, H, S, T]`` tensor a step shares between
+the layers whose slopes are equal) added to the scaled (capped) scores before the mask: an Add there
+matches neither pass either, and the TensorRT plugin never sees such a layer.
 """
 
 from __future__ import annotations
@@ -44,10 +48,18 @@ def _kv_cache_write_fake(cache: Tensor, update: Tensor, write_index: Tensor) -> 
 
 
 def attention_reference(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, softcap: float | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    scale: float,
+    softcap: float | None = None,
+    bias: Tensor | None = None,
 ) -> Tensor:
-    """softmax(cap(q k^T * scale), masked) v with q [B,Hq,S,D], k/v [B,Hkv,T,D] (GQA), bool mask [B,1,S,T];
-    cap(s) = softcap * tanh(s / softcap) (None: s), before the mask as transformers' Gemma 2 applies it.
+    """softmax(cap(q k^T * scale) + bias, masked) v with q [B,Hq,S,D], k/v [B,Hkv,T,D] (GQA), bool mask
+    [B,1,S,T]; cap(s) = softcap * tanh(s / softcap) (None: s), before the mask as transformers' Gemma 2
+    applies it; `bias` [B,Hq,S,T] (None: none) an ALiBi layer's position bias
+    (:func:`~trtforge.llm.models.base.alibi_bias`), in the scores' dtype.
     Masked scores become the dtype's lowest value (as transformers' eager masks make them), not -inf: a
     query that sees no key (a padding row under a window) then averages the values instead of turning
     NaN, which its K/V row would carry into the cache and, times a zero weight, into later steps."""
@@ -58,6 +70,8 @@ def attention_reference(
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
@@ -69,13 +83,20 @@ def cache_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float)
 
 
 def step_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, softcap: float | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    scale: float,
+    softcap: float | None = None,
+    bias: Tensor | None = None,
 ) -> Tensor:
     """One layer's attention in a step graph: :func:`cache_attention` (exported as ONNX Attention), or
-    with a `softcap`, :func:`attention_reference`'s plain ops (exported as they are: module docstring)."""
-    if softcap is None:
+    with a `softcap` or an ALiBi `bias`, :func:`attention_reference`'s plain ops (exported as they are:
+    module docstring)."""
+    if softcap is None and bias is None:
         return cache_attention(q, k, v, mask, scale)
-    return attention_reference(q, k, v, mask, scale, softcap)
+    return attention_reference(q, k, v, mask, scale, softcap, bias)
 
 
 @torch.library.custom_op("trtforge::paged_cache_write", mutates_args=())

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from trtforge.llm.compile.ops import kv_cache_write, paged_cache_write, paged_gather, step_attention
+from trtforge.llm.models.base import alibi_bias
 from trtforge.llm.models.families import DecoderSpec, adapter_for
 
 
@@ -20,6 +21,12 @@ def step_mask(past_lens: Tensor, new_lens: Tensor, seq: Tensor, max_seq: int, wi
     """bool [B,1,S,S_max]: query j of row b sees key k iff k <= past+j, k < past+new (and within window)."""
     keys = torch.arange(max_seq, dtype=torch.int64, device=past_lens.device)
     return keys_mask(past_lens, new_lens, seq, keys, window)
+
+
+def relative_positions(position_ids: Tensor, keys: Tensor) -> Tensor:
+    """float [B,S,L]: each key's position (`keys` [L]) minus each new token's (`position_ids` [B,S]: past +
+    j for the real tokens), for ALiBi (whose models read their positions nowhere else)."""
+    return (keys[None, None, :] - position_ids.to(torch.int64)[:, :, None]).float()
 
 
 def keys_mask(past_lens: Tensor, new_lens: Tensor, seq: Tensor, keys: Tensor, window: int | None) -> Tensor:
@@ -72,25 +79,45 @@ class DecoderStep(nn.Module):
         q, k = self.adapter.rotate(i, q, k, rope)
         return q, k, v
 
-    def _finish(self, i: int, x: Tensor, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
-        """Attention of layer i (its scale and soft-cap) over `keys`/`values` under `mask`, then the rest of
-        its block."""
-        out = step_attention(q, keys, values, mask, self.adapter.scales[i], self.adapter.softcaps[i])
-        return self.adapter.finish_block(i, x, out.transpose(1, 2).flatten(2))
+    def _bias(self, i: int, biases: dict[int, Tensor], relative: Any) -> Tensor | None:
+        """Layer i's ALiBi bias [B,H,S,L] (None without slopes), built once a step for each slopes tensor
+        the layers share from `relative` (a callable giving :func:`relative_positions`)."""
+        slopes = self.adapter.alibi_slopes[i]
+        if slopes is None:
+            return None
+        if id(slopes) not in biases:
+            biases[id(slopes)] = alibi_bias(slopes, relative())
+        return biases[id(slopes)]
+
+    def _finish(
+        self, i: int, x: Tensor, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, bias: Tensor | None
+    ) -> Tensor:
+        """Attention of layer i (its scale, soft-cap and ALiBi `bias`) over `keys`/`values` under `mask`,
+        then the rest of its block."""
+        a = self.adapter
+        out = step_attention(q, keys, values, mask, a.scales[i], a.softcaps[i], bias)
+        return a.finish_block(i, x, out.transpose(1, 2).flatten(2))
 
     def forward(
         self, input_ids: Tensor, position_ids: Tensor, past_lens: Tensor, new_lens: Tensor, *caches: Tensor
     ) -> tuple[Tensor, ...]:
         seq, x, rope = self._embed(input_ids, position_ids)
         masks: dict[int | None, Tensor] = {}
+        biases: dict[int, Tensor] = {}
         updated: list[Tensor] = []
+
+        def relative() -> Tensor:
+            keys = torch.arange(self.max_seq, dtype=torch.int64, device=past_lens.device)
+            return relative_positions(position_ids, keys)
+
         for i, window in enumerate(self.spec.sliding_windows):
             if window not in masks:
                 masks[window] = step_mask(past_lens, new_lens, seq, self.max_seq, window)
             q, k, v = self._heads(i, x, rope)
             key_cache = kv_cache_write(caches[2 * i], k, past_lens)
             value_cache = kv_cache_write(caches[2 * i + 1], v, past_lens)
-            x = self._finish(i, x, q, key_cache, value_cache, masks[window])
+            bias = self._bias(i, biases, relative)
+            x = self._finish(i, x, q, key_cache, value_cache, masks[window], bias)
             updated += [key_cache, value_cache]
         return (self._logits(x, new_lens), *updated)
 
@@ -118,6 +145,7 @@ class PagedDecoderStep(DecoderStep):
     ) -> tuple[Tensor, ...]:
         seq, x, rope = self._embed(input_ids, position_ids)
         masks: dict[int | None, Tensor] = {}
+        biases: dict[int, Tensor] = {}
         updated: list[Tensor] = []
         for i, window in enumerate(self.spec.sliding_windows):
             q, k, v = self._heads(i, x, rope)
@@ -126,8 +154,13 @@ class PagedDecoderStep(DecoderStep):
             keys = paged_gather(key_pool, block_tables)
             values = paged_gather(value_pool, block_tables)
             if window not in masks:
-                positions = torch.cumsum(torch.ones_like(keys[0, 0, :, 0], dtype=torch.int64), 0) - 1
-                masks[window] = keys_mask(past_lens, new_lens, seq, positions, window)
-            x = self._finish(i, x, q, keys, values, masks[window])
+                masks[window] = keys_mask(past_lens, new_lens, seq, _key_positions(keys), window)
+            bias = self._bias(i, biases, lambda k=keys: relative_positions(position_ids, _key_positions(k)))
+            x = self._finish(i, x, q, keys, values, masks[window], bias)
             updated += [key_pool, value_pool]
         return (self._logits(x, new_lens), *updated)
+
+
+def _key_positions(keys: Tensor) -> Tensor:
+    """0..L-1 for gathered keys [B, Hkv, L, D] (traced as a dynamic size)."""
+    return torch.cumsum(torch.ones_like(keys[0, 0, :, 0], dtype=torch.int64), 0) - 1

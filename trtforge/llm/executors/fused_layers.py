@@ -95,10 +95,13 @@ def _mlp_projections(mlp: Any) -> list[Any]:
 def fusable(adapter: LlamaStyle) -> str | None:
     """None when the adapted model's layers fit the fused path, else why not (a one-line reason). Its
     layers are Llama's exactly, so a model with anything more is refused here: attention logit soft-caps
-    (Gemma 2's, no Llama-style family sets them) among it."""
+    (Gemma 2's) and ALiBi slopes (BLOOM's, MPT's, falcon-rw's; no Llama-style family sets either) among
+    it."""
     config = adapter.config
     if any(cap is not None for cap in adapter.softcaps):
         return "attention logit soft-capping (Llama-style layers have none)"
+    if any(slopes is not None for slopes in adapter.alibi_slopes):
+        return "ALiBi position biases (Llama-style layers have none)"
     if getattr(config, "hidden_act", None) != "silu":
         return f"hidden_act {getattr(config, 'hidden_act', None)!r} (the fused MLP is SiLU-gated)"
     if adapter.head_dim % 2:

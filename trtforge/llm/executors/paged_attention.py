@@ -8,7 +8,10 @@ also passes the layer's ``k_scale`` and ``v_scale`` (keywords); the references t
 over the dequantized K/V (:mod:`.kv_cache`). A soft-capped layer (Gemma 2's attention logit
 soft-capping, :attr:`~trtforge.llm.models.base.DecoderAdapter.softcaps`) gets its cap as ``softcap``
 (keyword; none is passed where a layer has no cap): each score s = q . k * scale becomes
-``softcap * tanh(s / softcap)`` before the masks.
+``softcap * tanh(s / softcap)`` before the masks. An ALiBi layer (BLOOM, MPT, falcon-rw:
+:attr:`~trtforge.llm.models.base.DecoderAdapter.alibi_slopes`) gets its slopes as ``alibi_slopes``
+(keyword, a float32 ``[Hq]`` tensor on the pools' device): the score of the query at position p and the
+key at position j gets ``slope * (j - p)`` added after any cap, before the masks.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from trtforge.llm.executors.kv_cache import read_reference
+from trtforge.llm.models.base import alibi_bias
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class DecodeAttentionFn(Protocol):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         softcap: float | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -71,6 +76,7 @@ class AttentionFn(Protocol):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         softcap: float | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -82,17 +88,20 @@ def _gather(pool: torch.Tensor, table: torch.Tensor, scale: float = 1.0) -> torc
     return read_reference(pool[table].reshape(num_seqs, width * bs, hkv, d).transpose(1, 2), scale)
 
 
-def _sdpa(q, k, v, mask, scale, softcap: float | None = None):
-    """SDPA with a bool `mask`; with `softcap`, the same in plain torch (SDPA has no soft-cap): scores
-    ``softcap * tanh(s / softcap)`` in the inputs' dtype, as transformers' eager Gemma 2 attention
-    computes them, then masked and softmaxed in float32. (q and k share their heads there.)"""
-    if softcap is None:
+def _sdpa(q, k, v, mask, scale, softcap: float | None = None, bias: torch.Tensor | None = None):
+    """SDPA with a bool `mask`; with `softcap` or an ALiBi `bias` (float32, broadcasting against the
+    scores), the same in plain torch: scores ``softcap * tanh(s / softcap)`` in the inputs' dtype, as
+    transformers' eager Gemma 2 attention computes them, plus the bias in float32, then masked and
+    softmaxed in float32. (q and k share their heads there.)"""
+    if softcap is None and bias is None:
         return torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
         )
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
-    weights = torch.softmax(scores.float().masked_fill(~mask, float("-inf")), dim=-1)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.float() if bias is None else scores.float() + bias
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
     return torch.matmul(weights.to(v.dtype), v)
 
 
@@ -103,9 +112,12 @@ def _grouped_sdpa(
     mask: torch.Tensor,
     scale: float,
     softcap: float | None = None,
+    slopes: torch.Tensor | None = None,
+    relative: torch.Tensor | None = None,
 ):
     """``q`` ``[S, Hq, D]`` against ``k``/``v`` ``[1, Hkv, L, D]`` with ``mask`` ``[S, L]`` -> ``[S, Hq, D]``
-    (`softcap`: :func:`_sdpa`'s).
+    (`softcap`: :func:`_sdpa`'s; ALiBi `slopes` ``[Hq]`` over each key's position minus its query's,
+    `relative` ``[S, L]``).
 
     The G query heads of a KV head are stacked as G*S query rows of that head, so GQA runs as plain
     multi-head attention (backends without a GQA kernel then need no repeated K/V).
@@ -114,8 +126,17 @@ def _grouped_sdpa(
     hkv = k.shape[1]
     groups = hq // hkv
     qg = q.permute(1, 0, 2).reshape(1, hkv, groups * s_q, d)
-    out = _sdpa(qg, k, v, mask.repeat(groups, 1)[None, None], scale, softcap)
+    bias = None if slopes is None else _grouped_bias(slopes, relative[None], hkv)
+    out = _sdpa(qg, k, v, mask.repeat(groups, 1)[None, None], scale, softcap, bias)
     return out.reshape(hq, s_q, d).transpose(0, 1)
+
+
+def _grouped_bias(slopes: torch.Tensor, relative: torch.Tensor, hkv: int) -> torch.Tensor:
+    """The ALiBi bias of `relative` ``[B, S, L]`` laid out as the grouped query rows: ``[B, Hkv, G * S, L]``
+    (row g * S + s: query head kv * G + g at query s)."""
+    bias = alibi_bias(slopes, relative)  # [B, Hq, S, L]
+    b, hq, s, n = bias.shape
+    return bias.reshape(b, hkv, (hq // hkv) * s, n)
 
 
 def paged_decode_reference(
@@ -131,6 +152,7 @@ def paged_decode_reference(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence (``q`` ``[B, Hq, D]``) over the first `context_lens` keys of its blocks.
 
@@ -138,7 +160,8 @@ def paged_decode_reference(
     LOWER_RIGHT causally (query i sees keys ``j <= L - S + i``); a query that sees no key gets zeros,
     as from the kernel. Shapes depend only on ``block_tables.shape`` (no host sync), so it can be
     captured in a CUDA graph. FP8 pools: float32 attention over K/V dequantized with `k_scale` /
-    `v_scale`. `softcap`: the layer's attention logit soft-cap (module docstring).
+    `v_scale`. `softcap` and `alibi_slopes`: the layer's attention logit soft-cap and ALiBi slopes (module
+    docstring).
     """
     num_seqs, hq, d = q.shape[0] // q_len, q.shape[1], q.shape[2]
     bs, hkv = k_pool.shape[1], k_pool.shape[2]
@@ -155,7 +178,10 @@ def paged_decode_reference(
     groups = q.reshape(num_seqs, q_len, hkv, hq // hkv, d).permute(0, 2, 3, 1, 4).to(k.dtype)
     groups = groups.reshape(num_seqs, hkv, (hq // hkv) * q_len, d)
     masks = mask[:, None, None].expand(-1, 1, hq // hkv, -1, -1).reshape(num_seqs, 1, -1, mask.shape[-1])
-    out = _sdpa(groups, k, v, masks, scale, softcap).reshape(num_seqs, hkv, hq // hkv, q_len, d)
+    bias = None
+    if alibi_slopes is not None:
+        bias = _grouped_bias(alibi_slopes, (kpos[None, None, :] - last[:, :, None]).float(), hkv)
+    out = _sdpa(groups, k, v, masks, scale, softcap, bias).reshape(num_seqs, hkv, hq // hkv, q_len, d)
     out = out.permute(0, 3, 1, 2, 4).reshape(num_seqs * q_len, hq, d).to(q.dtype)
     if q_len == 1:
         return out
@@ -173,6 +199,7 @@ def paged_attention_reference(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attend each new token to its sequence's cached keys at positions <= its own (bottom-right causal).
 
@@ -180,7 +207,8 @@ def paged_attention_reference(
     (a prompt chunk) gathers its blocks and runs SDPA with its own causal mask, so no padded
     ``[B, max_query, max_context]`` score tensor is ever formed. With `sliding_window` W a query at
     position p sees keys at positions > p - W. FP8 pools: float32 attention over K/V dequantized with
-    `k_scale` / `v_scale`. `softcap`: the layer's attention logit soft-cap (module docstring).
+    `k_scale` / `v_scale`. `softcap` and `alibi_slopes`: the layer's attention logit soft-cap and ALiBi
+    slopes (module docstring).
     """
     out = torch.empty_like(q)
     qsl = meta.query_start_loc_host
@@ -202,6 +230,7 @@ def paged_attention_reference(
             k_scale=k_scale,
             v_scale=v_scale,
             softcap=softcap,
+            alibi_slopes=alibi_slopes,
         )
     for i, n in enumerate(qlens):
         if n == 1:
@@ -215,5 +244,8 @@ def paged_attention_reference(
         mask = kpos <= qpos
         if sliding_window is not None:
             mask &= kpos > qpos - sliding_window
-        out[lo:hi] = _grouped_sdpa(q[lo:hi].to(k.dtype), k, v, mask, scale, softcap).to(q.dtype)
+        rel = (kpos - qpos).float()
+        out[lo:hi] = _grouped_sdpa(q[lo:hi].to(k.dtype), k, v, mask, scale, softcap, alibi_slopes, rel).to(
+            q.dtype
+        )
     return out

@@ -204,10 +204,13 @@ class TorchExecutor:
         length = int(max_model_len or longest)
         refuse_unapplied_window(self.model, length, "max_model_len", _USER)
         if adapter.bounded and length > longest:
-            table = "learned positions" if adapter.spec.positions == "learned" else "rows of the rotary table"
+            table = {"learned": "learned positions", "alibi": "positions of the ALiBi bias table"}.get(
+                adapter.spec.positions, "rows of the rotary table"
+            )
+            limit = "max_seq_len" if adapter.spec.positions == "alibi" else "n_positions"
             raise UserError(
                 f"TorchExecutor max_model_len {length} exceeds the {longest} {table} of this "
-                f"{adapter.config.model_type} model (n_positions); pass max_model_len <= {longest}."
+                f"{adapter.config.model_type} model ({limit}); pass max_model_len <= {longest}."
             )
         return length
 
@@ -218,14 +221,21 @@ class TorchExecutor:
         calib_prompts: Sequence[Sequence[int]] | None,
     ) -> None:
         """The pools' dtype (`kv_dtype`), the FP8 scales (`kv_scales`, None for 16/32-bit pools) and the
-        keyword arguments each layer's attention call gets (`_attn_kwargs`: the layer's scales, and its
-        attention logit soft-cap where it has one: the adapter's ``softcaps``)."""
+        keyword arguments each layer's attention call gets (`_attn_kwargs`: the layer's scales, its
+        attention logit soft-cap and its ALiBi slopes where it has them: the adapter's ``softcaps`` and
+        ``alibi_slopes``, the slopes as one float32 tensor on the device for the layers that share them)."""
         self.kv_cache_dtype = kv_cache_dtype_name(kv_cache_dtype)
         self.kv_dtype = resolve_kv_cache_dtype(self.kv_cache_dtype, self.dtype, self.device)
         layers = self._adapter.num_layers
         self.kv_scales: KVScales | None = None
         caps = self._adapter.softcaps
-        self._attn_kwargs: list[dict[str, float]] = [{} if c is None else {"softcap": c} for c in caps]
+        self._attn_kwargs: list[dict[str, Any]] = [{} if c is None else {"softcap": c} for c in caps]
+        on_device: dict[int, torch.Tensor] = {}
+        for kwargs, slopes in zip(self._attn_kwargs, self._adapter.alibi_slopes):
+            if slopes is not None:
+                if id(slopes) not in on_device:
+                    on_device[id(slopes)] = slopes.to(self.device, torch.float32).contiguous()
+                kwargs["alibi_slopes"] = on_device[id(slopes)]
         if self.kv_cache_dtype == "auto":
             if kv_scales is not None:
                 raise UserError(

@@ -8,9 +8,9 @@ layer with its own tensors (``prepare_paged_decode``, ``prepare_chunked_prefill_
 per-layer host cost is the launches alone. The executor's pools are ``[num_blocks, block_size, Hkv,
 D]``, the layout the kernels' entry points take (they index it through strided views); no K/V is
 copied. Sliding-window layers pass their window to both kernels, soft-capped layers (Gemma 2) their
-attention logit soft-cap (the Hopper chunk kernel applies none: their long chunks stay on the varlen
-kernel). FP8 pools are read in place: each layer's K scale rides in the softmax scale and its V scale is
-one more launch argument.
+attention logit soft-cap, ALiBi layers (BLOOM, MPT, falcon-rw) their slopes (the Hopper chunk kernel
+applies neither: their long chunks stay on the varlen kernel). FP8 pools are read in place: each
+layer's K scale rides in the softmax scale and its V scale is one more launch argument.
 """
 
 from __future__ import annotations
@@ -142,9 +142,11 @@ class TritonDecodeAttention:
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         softcap: float | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of `q` ``[B, Hq, D]``, into `out` (same shape) when given (FP8 pools: with their
-        layer's `k_scale` / `v_scale`; a soft-capped layer: its `softcap`). With `q_len` S > 1 (<= 8:
+        layer's `k_scale` / `v_scale`; a soft-capped layer: its `softcap`; an ALiBi layer: its
+        `alibi_slopes`). With `q_len` S > 1 (<= 8:
         verification rows) `q` is ``[B * S, Hq, D]``, each sequence's last S positions, attended
         LOWER_RIGHT causally."""
         from trtforge.kernels.decode_attention import decode_attention
@@ -172,6 +174,7 @@ class TritonDecodeAttention:
             k_scale=k_scale,
             v_scale=v_scale,
             softcap=softcap,
+            alibi_slopes=alibi_slopes,
         )
         return out
 
@@ -201,12 +204,15 @@ def _layer_key(
     out: torch.Tensor,
     window: int | None,
     softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> tuple:
-    """Everything a prepared launch depends on besides the addresses: the window, the soft-cap and every
-    tensor's device, dtype, shape and strides."""
+    """Everything a prepared launch depends on besides the addresses: the window, the soft-cap, the ALiBi
+    slopes (their presence, and the tensor a launch reads them from: the layers of a model share one)
+    and every tensor's device, dtype, shape and strides."""
     return (
         window,
         softcap,
+        None if alibi_slopes is None else (alibi_slopes.device, alibi_slopes.data_ptr()),
         *(q.device, q.dtype, q.shape, q.stride()),
         *(k_pool.device, k_pool.dtype, k_pool.shape, k_pool.stride()),
         *(v_pool.device, v_pool.dtype, v_pool.shape, v_pool.stride()),
@@ -411,17 +417,21 @@ class TritonPagedAttention:
         out: torch.Tensor,
         window: int | None,
         softcap: float | None = None,
+        alibi_slopes: torch.Tensor | None = None,
         side: Any = None,
     ) -> tuple[Callable[..., None], ...]:
-        """The step's launches for layers of this geometry (window and soft-cap included): each called as
-        ``(q, k_pool, v_pool, out, scale * k_scale, v_scale)``. With a `side` stream they are prepared on
-        it (their arrival counters and scratch are that stream's), but for the Hopper chunk launch: it
-        runs last, on the current stream, which its gather scratch then belongs to."""
+        """The step's launches for layers of this geometry (window, soft-cap and ALiBi slopes included):
+        each called as ``(q, k_pool, v_pool, out, scale * k_scale, v_scale)``. With a `side` stream they are
+        prepared on it (their arrival counters and scratch are that stream's), but for the Hopper chunk
+        launch: it runs last, on the current stream, which its gather scratch then belongs to."""
         from trtforge.kernels.chunked_prefill import hopper_chunks_eligible, prepare_chunked_prefill_hopper
 
-        hopper = plan.long_chunks is not None and hopper_chunks_eligible(q, k_pool, window, out, softcap)
+        hopper = plan.long_chunks is not None and hopper_chunks_eligible(
+            q, k_pool, window, out, softcap, alibi_slopes
+        )
+        geometry = {"window": window, "softcap": softcap, "alibi_slopes": alibi_slopes}
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            launches = self._prepare_side(plan, q, k_pool, v_pool, out, window, softcap, hopper)
+            launches = self._prepare_side(plan, q, k_pool, v_pool, out, geometry, hopper)
         if hopper:  # last, run on the current stream: its gather scratch is that stream's
             spans, pages = plan.long_chunks
             scratch = self._gather_scratch(k_pool, int(pages.shape[0]), q.dtype)  # FP8 pools: widened
@@ -429,15 +439,17 @@ class TritonPagedAttention:
         return tuple(launches)
 
     def _prepare_side(
-        self, plan, q, k_pool, v_pool, out, window, softcap, hopper: bool
+        self, plan, q, k_pool, v_pool, out, geometry: dict[str, Any], hopper: bool
     ) -> list[Callable[..., None]]:
         """:meth:`_prepare`'s launches but the Hopper chunk launch (`hopper`: the long chunks take it, so
-        the varlen kernel gets only the others)."""
+        the varlen kernel gets only the others); `geometry`: the layer's window, soft-cap and ALiBi slopes
+        (the kernels' keywords)."""
         from trtforge.kernels.chunked_prefill import prepare_chunked_prefill_varlen
         from trtforge.kernels.decode_attention import prepare_paged_decode
         from trtforge.kernels.gemv import pdl_supported
 
         launches: list[Callable[..., None]] = []
+        window = geometry["window"]
         if plan.decode is not None:
             where, tables, lens = plan.decode
             rows = where.stop - where.start if isinstance(where, slice) else int(where.shape[0])
@@ -445,15 +457,13 @@ class TritonPagedAttention:
             pdl = pdl_supported(q.device)
             if isinstance(where, slice):
                 launch = prepare_paged_decode(
-                    q, k_pool, v_pool, lens, tables, out, config=config, rows=where, window=window, pdl=pdl,
-                    softcap=softcap,
+                    q, k_pool, v_pool, lens, tables, out, config=config, rows=where, pdl=pdl, **geometry
                 )  # fmt: skip
                 launches.append(launch)
             else:  # scattered rows: gathered into a copy, their outputs into a scratch tensor
                 scratch = q.new_empty((rows, *q.shape[1:]))
                 launch = prepare_paged_decode(
-                    scratch, k_pool, v_pool, lens, tables, scratch, config=config, window=window, pdl=pdl,
-                    softcap=softcap,
+                    scratch, k_pool, v_pool, lens, tables, scratch, config=config, pdl=pdl, **geometry
                 )  # fmt: skip
 
                 def gathered(q, kp, vp, out, scale, v_scale):  # (tensors, then the two floats)
@@ -462,7 +472,7 @@ class TritonPagedAttention:
 
                 launches.append(gathered)
         for short in plan.short:  # (not unpacked here: the decode closure above reads `where`)
-            launches.append(self._prepare_short(*short, q, k_pool, v_pool, out, window, softcap))
+            launches.append(self._prepare_short(*short, q, k_pool, v_pool, out, geometry))
         varlen = plan.short_chunks if hopper else plan.chunks
         if varlen is not None:
             starts, lens_q, tables, lens, max_q_len = varlen
@@ -477,21 +487,21 @@ class TritonPagedAttention:
                     lens_q,
                     max_q_len,
                     out=out,
-                    window=window,
-                    softcap=softcap,
+                    **geometry,
                 )
             )
         return launches
 
     def _prepare_short(
-        self, s, where, tables, lens, q, k_pool, v_pool, out, window, softcap
+        self, s, where, tables, lens, q, k_pool, v_pool, out, geometry: dict[str, Any]
     ) -> Callable[..., None]:
-        """The decode kernel's launch over sequences of `s` query rows each (rows `where`)."""
+        """The decode kernel's launch over sequences of `s` query rows each (rows `where`; `geometry`: the
+        layer's window, soft-cap and ALiBi slopes)."""
         from trtforge.kernels.decode_attention import prepare_paged_decode
         from trtforge.kernels.gemv import pdl_supported
 
         n = int(tables.shape[0])
-        config = self.decode.pool_config(n, k_pool, tables, window, q.device, s)
+        config = self.decode.pool_config(n, k_pool, tables, geometry["window"], q.device, s)
         pdl = pdl_supported(q.device)
         if isinstance(where, slice):
             return prepare_paged_decode(
@@ -503,15 +513,13 @@ class TritonPagedAttention:
                 out,
                 config=config,
                 rows=where,
-                window=window,
                 pdl=pdl,
                 q_len=s,
-                softcap=softcap,
+                **geometry,
             )
         scratch = q.new_empty((n * s, *q.shape[1:]))
         launch = prepare_paged_decode(
-            scratch, k_pool, v_pool, lens, tables, scratch, config=config, window=window, pdl=pdl, q_len=s,
-            softcap=softcap,
+            scratch, k_pool, v_pool, lens, tables, scratch, config=config, pdl=pdl, q_len=s, **geometry
         )  # fmt: skip
 
         def gathered(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, out: torch.Tensor, *scales):
@@ -533,17 +541,21 @@ class TritonPagedAttention:
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         softcap: float | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of the step's tokens `q` ``[T, Hq, D]``, into `out` (same shape) when given (FP8
-        pools: with their layer's `k_scale` / `v_scale`; a soft-capped layer: its `softcap`)."""
+        pools: with their layer's `k_scale` / `v_scale`; a soft-capped layer: its `softcap`; an ALiBi layer:
+        its `alibi_slopes`, read by the prepared launches at every layer)."""
         plan = self.plan_of(meta, q.device)
         if out is None:
             out = torch.empty_like(q)
-        key = _layer_key(q, k_pool, v_pool, out, sliding_window, softcap)
+        key = _layer_key(q, k_pool, v_pool, out, sliding_window, softcap, alibi_slopes)
         side = self._side_stream(plan, q)
         launches = plan.launches.get(key)
         if launches is None:
-            launches = self._prepare(plan, q, k_pool, v_pool, out, sliding_window, softcap, side)
+            launches = self._prepare(
+                plan, q, k_pool, v_pool, out, sliding_window, softcap, alibi_slopes, side
+            )
             plan.launches[key] = launches
         qk_scale, v_scale = float(scale) * float(k_scale), float(v_scale)
         if side is None:

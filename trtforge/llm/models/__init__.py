@@ -1,5 +1,6 @@
 """One adapter per supported decoder family (:mod:`.llama`, :mod:`.gpt2`, :mod:`.gemma`, ...; shared spec,
-checks, the one sliding-window rule and the attention soft-caps in :mod:`.base`, the RoPE body
+checks, the one sliding-window rule, the attention soft-caps and the ALiBi slopes (BLOOM, MPT, falcon-rw)
+in :mod:`.base`, the RoPE body
 Llama-style, Gemma (1, 2, 3 text), OLMo (1, 2, 3), Granite, StableLM, SmolLM3, Cohere, GLM, Nemotron,
 Persimmon, Helium, ERNIE 4.5, EXAONE 4, HunYuan and Apertus share in :mod:`.rope`, the rotary tables and
 rotary variants of every RoPE family in :mod:`.rotary` but GPT-J's and CodeGen's fixed table (:mod:`.gptj`);

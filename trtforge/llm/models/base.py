@@ -8,6 +8,7 @@ out. The step-graph export (``llm.compile.step``) runs it on ``[B, S, H]`` and t
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -67,9 +68,6 @@ STYLES: dict[tuple[str, ...], str] = {
     "RoPE and full layers without",
     ("hunyuan_v1_dense",): "HunYuan dense: Llama with per-head q/k norms after the RoPE",
     ("apertus",): "Apertus: Llama with per-head q/k norms and a non-gated (xIELU) MLP",
-    ("falcon",): "Falcon with RoPE: falcon-7b's multi-query, falcon-40b/180b's grouped KV (new decoder "
-    "architecture), parallel or serial blocks; not falcon-rw's ALiBi, whose position biases our attention "
-    "kernels do not apply",
     ("mixtral",): "Mixtral: Mistral's attention, sparse mixture-of-experts MLPs (top-k routing, "
     "renormalized)",
     ("qwen2_moe",): "Qwen2-MoE: Qwen2's attention, sparse MoE MLPs with a sigmoid-gated shared expert, "
@@ -77,6 +75,12 @@ STYLES: dict[tuple[str, ...], str] = {
     ("qwen3_moe",): "Qwen3-MoE: Qwen3's attention with per-head q/k norms, sparse MoE MLPs, optional dense "
     "layers",
     ("olmoe",): "OLMoE: whole-projection q/k norms, clip_qkv, sparse MoE MLPs",
+    ("falcon",): "Falcon: falcon-7b's multi-query, falcon-40b/180b's grouped KV (new decoder architecture), "
+    "parallel or serial blocks with RoPE; falcon-rw's ALiBi position biases (alibi=True)",
+    ("bloom",): "BLOOM / BLOOMZ: ALiBi position biases, LayerNorm after the embeddings, per-head fused QKV, "
+    "GELU",
+    ("mpt",): "MPT (mpt-7b, Replit code): ALiBi position biases (alibi_bias_max), bias-free LayerNorm and "
+    "projections, optional clip_qkv",
 }
 SUPPORTED = tuple(t for types in STYLES for t in types)
 # unsupported model types whose refusal says what to load instead (after the supported list)
@@ -129,6 +133,8 @@ UNWINDOWED = (
     "internlm3",
     "seed_oss",
     "arcee",
+    "bloom",
+    "mpt",
 )
 # families whose forward picks each layer's mask by config.layer_types (the others: one mask for all)
 PER_LAYER_TYPES = (
@@ -164,6 +170,8 @@ class DecoderSpec:
     sliding_windows: list[int | None]
     #: each layer's attention logit soft-cap (None: off; Gemma 2's attn_logit_softcapping)
     attn_softcaps: list[float | None]
+    #: each layer's ALiBi slopes, one per query head (None: no position bias; BLOOM, MPT, falcon-rw)
+    alibi_slopes: list[list[float] | None]
     bos_token_id: int | None
     eos_token_ids: list[int] = field(default_factory=list)
     #: each layer's MLP kind: "dense" (the model's own MLP) or "moe" (a sparse mixture of experts:
@@ -317,6 +325,40 @@ def attention_softcap(config: Any, user: str = "--generate") -> float | None:
     return float(cap)
 
 
+def bloom_alibi_slopes(num_heads: int) -> Tensor:
+    """BLOOM's ALiBi slopes (float32 ``[num_heads]``), computed as transformers' ``build_alibi_tensor``
+    computes them (Falcon's too): the geometric series ``2 ** (-8 k / n)``, k = 1..n, for the largest
+    power of two n <= num_heads, then for the heads past it every other term of the series of 2n."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+    base = torch.full((), 2 ** (-(2 ** -(math.log2(closest) - 3))), dtype=torch.float32)
+    slopes = torch.pow(base, torch.arange(1, 1 + closest, dtype=torch.int32))
+    if closest != num_heads:
+        extra = torch.full((), 2 ** (-(2 ** -(math.log2(2 * closest) - 3))), dtype=torch.float32)
+        rest = min(closest, num_heads - closest)
+        slopes = torch.cat([slopes, torch.pow(extra, torch.arange(1, 1 + 2 * rest, 2, dtype=torch.int32))])
+    return slopes
+
+
+def mpt_alibi_slopes(num_heads: int, alibi_bias_max: float = 8) -> Tensor:
+    """MPT's ALiBi slopes (float32 ``[num_heads]``), as transformers' ``build_mpt_alibi_tensor`` computes
+    them: ``2 ** -(k * alibi_bias_max / n)``, k = 1..n, for n the power of two >= num_heads; where n >
+    num_heads, the odd terms then the even ones, cut to num_heads."""
+    n = 2 ** math.ceil(math.log2(num_heads))
+    base = torch.arange(1, n + 1, dtype=torch.int64).float() * (alibi_bias_max / n)
+    slopes = 1.0 / torch.pow(2, base)
+    if n != num_heads:
+        slopes = torch.cat([slopes[1::2], slopes[::2]])[:num_heads]
+    return slopes
+
+
+def alibi_bias(slopes: Tensor, relative: Tensor) -> Tensor:
+    """ALiBi's position bias ``[..., H, S, L]``: each head's slope (`slopes` ``[H]``) times each key's
+    position minus its query's (`relative` ``[..., S, L]``), in float32. transformers adds ``slope * j``
+    (BLOOM, falcon-rw) or ``slope * (j - last)`` (MPT): a constant a query row from this, which its
+    softmax cancels; this form is bounded by the distance and is <= 0 on every key the query sees."""
+    return slopes.float()[:, None, None] * relative.float()[..., None, :, :]
+
+
 def _gpt_neo_windows(config: Any, num_layers: int) -> list[int | None]:
     """GPT-Neo's windows: ``window_size`` on the layers ``config.attention_layers`` marks "local" (its
     attention masks all but the last ``window_size`` keys there), none on "global" ones."""
@@ -360,9 +402,9 @@ def apply_rotary_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class DecoderAdapter(ABC):
-    """One family's view of a HF causal LM: its spec, per-layer attention scales, windows and soft-caps,
-    and the layer math around the attention (embed, project q/k/v, finish the block, logits), read by the
-    step-graph export and the torch executor alike.
+    """One family's view of a HF causal LM: its spec, per-layer attention scales, windows, soft-caps and
+    ALiBi slopes, and the layer math around the attention (embed, project q/k/v, finish the block,
+    logits), read by the step-graph export and the torch executor alike.
 
     `user` names the consumer in errors ("--generate", "TorchExecutor").
     """
@@ -387,6 +429,11 @@ class DecoderAdapter(ABC):
         #: how :meth:`mlp` computes MoE layers: "grouped" (each expert on its own tokens: the torch
         #: executor) or "dense" (every expert on every token, fixed shapes: the step graph sets it)
         self.moe_formulation = "grouped"
+        #: each layer's ALiBi slopes (float32 ``[num_heads]``, one a query head; None: no position bias):
+        #: the score of a query at position p and a key at position j gets ``slope * (j - p)`` added after
+        #: the scale (and any cap), before the mask (:func:`alibi_bias`); every attention consumer applies
+        #: them (BLOOM, MPT, falcon-rw). Layers with equal slopes share one tensor.
+        self.alibi_slopes: list[Tensor | None] = [None] * len(layers)
 
     @property
     def num_layers(self) -> int:
@@ -503,6 +550,7 @@ class DecoderAdapter(ABC):
             head_dim=self.head_dim,
             sliding_windows=list(self.windows),
             attn_softcaps=list(self.softcaps),
+            alibi_slopes=[None if s is None else [float(x) for x in s.tolist()] for s in self.alibi_slopes],
             bos_token_id=next(iter(token_ids(c.bos_token_id, c.vocab_size)), None),
             eos_token_ids=eos_token_ids(self.model),
             mlp_kinds=["dense" if m is None else "moe" for m in self.moe],

@@ -6,16 +6,25 @@ value, with ``ln_attn`` and ``ln_mlp``, or one ``input_layernorm`` when ``num_ln
 ``post_attention_layernorm`` before the MLP). Llama-style rotary tables, LayerNorm, GELU MLP, optional
 biases, an LM head without bias (tied by default), no window.
 
-falcon-rw (``alibi``) is refused: its ALiBi position biases go into the attention scores, which our
-attention kernels take as q and k alone. So are the layer forms transformers' own forward cannot run.
+falcon-rw (``alibi``: falcon-rw-1b / 7b, serial blocks with per-head ``[q, k, v]``) has no rotary: ALiBi
+position biases instead, BLOOM's slopes (:func:`~trtforge.llm.models.base.bloom_alibi_slopes`) as
+transformers' Falcon applies them: rounded to bfloat16, and divided by sqrt(head_dim) (its bias is added
+to the mask and so scaled with the scores). transformers multiplies each rounded slope by the key's
+position in bfloat16 too, which rounds the product where it needs more than bfloat16's 8 significant
+bits (positions past 256, or slopes that are no power of two: more than 8 heads); the adapter's biases are
+the exact products (in float32), as trained. The layer forms transformers' own forward cannot run are
+refused.
 """
 
 from __future__ import annotations
 
+import math
+
+import torch
 from torch import Tensor, nn
 
 from trtforge.errors import UserError
-from trtforge.llm.models.base import softmax_scale
+from trtforge.llm.models.base import DecoderSpec, bloom_alibi_slopes, softmax_scale
 from trtforge.llm.models.rotary import RotaryDecoder
 
 
@@ -27,12 +36,6 @@ class FalconStyle(RotaryDecoder):
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         c, name = model.config, type(model).__name__
         where = f"{user} cannot run this falcon model {name}"
-        if getattr(c, "alibi", False):
-            raise UserError(
-                f"{where}: its config sets alibi=True (falcon-rw's ALiBi position biases, added to the "
-                "attention scores), which trtforge's attention kernels do not apply. Supported: Falcon "
-                "with rotary positions (alibi=False: falcon-7b, falcon-40b, falcon-180b and their kin)."
-            )
         super().__init__(model, list(model.transformer.h), user)
         self.body = model.transformer
         self.new = bool(c.new_decoder_architecture)
@@ -63,7 +66,29 @@ class FalconStyle(RotaryDecoder):
                 f"num_attention_heads ({self.num_heads})."
             )
         self.scales = [softmax_scale(layer.self_attention, self.head_dim) for layer in self.layers]
-        self._use_rotary(self.body.rotary_emb)
+        self.alibi = bool(getattr(c, "alibi", False))
+        if self.alibi:  # transformers': bfloat16 slopes, the bias divided by sqrt(head_dim)
+            slopes = bloom_alibi_slopes(self.num_heads).bfloat16().float() / math.sqrt(self.head_dim)
+            self.alibi_slopes = [slopes] * self.num_layers
+        else:
+            self._use_rotary(self.body.rotary_emb)
+
+    @property
+    def spec(self) -> DecoderSpec:
+        if not self.alibi:
+            return super().spec
+        return self._spec(positions="alibi", rotary=None, max_positions=self.max_length)
+
+    @property
+    def max_length(self) -> int:
+        """The trained length (max_position_embeddings; ALiBi itself bounds no position)."""
+        return int(self.config.max_position_embeddings) if self.alibi else super().max_length
+
+    def rotary(
+        self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
+    ) -> tuple[Tensor, Tensor] | None:
+        """The rotary module's tables; none with ALiBi (falcon-rw)."""
+        return None if self.alibi else super().rotary(position_ids, dtype, rope_lens)
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
         return self.body.word_embeddings(input_ids)

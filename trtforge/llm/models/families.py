@@ -10,10 +10,11 @@ its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`), GPT-Neo
 ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dense and Apertus
 (:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, which also runs InternLM3, Seed-OSS and
 Arcee), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon
-(:mod:`.falcon`) and the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE
-(:mod:`.mixtral`; their MoE MLPs: :mod:`.moe`).
-The shared pieces (spec, family checks, windows, attention soft-caps) live in :mod:`.base`, the rotary
-variants (interleaved, float32, NoPE layers, a table per layer type) in :mod:`.rotary`.
+(:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two
+with ALiBi position biases, and the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE and
+OLMoE (:mod:`.mixtral`; their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family checks, windows,
+attention soft-caps, ALiBi slopes) live in :mod:`.base`, the rotary variants (interleaved, float32, NoPE
+layers, a table per layer type) in :mod:`.rotary`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from trtforge.llm.models.base import (
     refuse_unapplied_window,
     sliding_windows,
 )
+from trtforge.llm.models.bloom import BloomStyle
 from trtforge.llm.models.cohere import Cohere2Style, CohereStyle
 from trtforge.llm.models.falcon import FalconStyle
 from trtforge.llm.models.gemma import GemmaStyle
@@ -44,6 +46,7 @@ from trtforge.llm.models.granite import GraniteStyle
 from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle
 from trtforge.llm.models.llama import LlamaStyle
 from trtforge.llm.models.mixtral import MixtralStyle, OlmoeStyle, Qwen2MoeStyle, Qwen3MoeStyle
+from trtforge.llm.models.mpt import MptStyle
 from trtforge.llm.models.nemotron import NemotronStyle, PersimmonStyle
 from trtforge.llm.models.olmo import OlmoStyle
 from trtforge.llm.models.olmo2 import Exaone4Style, Olmo2Style, Olmo3Style
@@ -88,6 +91,8 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "qwen2_moe": Qwen2MoeStyle,
     "qwen3_moe": Qwen3MoeStyle,
     "olmoe": OlmoeStyle,
+    "bloom": BloomStyle,
+    "mpt": MptStyle,
 }
 
 
@@ -103,6 +108,7 @@ __all__ = [
     "LLAMA_STYLE",
     "SUPPORTED",
     "ApertusStyle",
+    "BloomStyle",
     "CodeGenStyle",
     "Cohere2Style",
     "CohereStyle",
@@ -126,6 +132,7 @@ __all__ = [
     "HunYuanDenseStyle",
     "LlamaStyle",
     "MixtralStyle",
+    "MptStyle",
     "NemotronStyle",
     "Olmo2Style",
     "Olmo3Style",
