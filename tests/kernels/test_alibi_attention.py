@@ -224,9 +224,9 @@ def test_varlen_chunks_take_the_slopes(device):
     ids=["heads", "dtype", "shape", "strided", "list"],
 )
 def test_slopes_must_be_one_float32_a_query_head(slopes):
-    with pytest.raises(ValueError, match=r"ALiBi slopes must be a contiguous float32 \[4\] tensor"):
-        check_alibi_slopes(slopes, 4, torch.device("cpu"))
     q = torch.zeros(1, 4, 1, 32, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"ALiBi slopes must be a contiguous float32 \[4\] tensor"):
+        check_alibi_slopes(slopes, 4, q)
     lens = torch.tensor([4], dtype=torch.int32)
     with pytest.raises(ValueError, match="ALiBi slopes"):
         decode_attention(q, q, q, lens, alibi_slopes=slopes)
@@ -315,3 +315,15 @@ def test_the_biases_compile_for_sm90_and_are_compiled_out_when_off(kernel):
 
     assert count(on, "fma", "mul.f32", "add.f32") > count(off, "fma", "mul.f32", "add.f32")
     assert count(on, "cvt.rn.f32.s32") > count(off, "cvt.rn.f32.s32"), (on["counts"], off["counts"])
+
+
+def test_a_device_tensor_query_without_slopes_passes_and_with_slopes_is_refused():
+    """The TensorRT plugin launches the kernels on DeviceTensor views, which have no ``device``: without
+    slopes the check never looks at the query (the H100 run of session 42 caught it reading q.device
+    first); with slopes it says they need a torch query."""
+    from trtforge.kernels.device_tensor import DeviceTensor
+
+    view = DeviceTensor(ptr=0, dtype=torch.float16, shape=(1, 4, 1, 32), strides=(128, 32, 32, 1))
+    assert check_alibi_slopes(None, 4, view) is None
+    with pytest.raises(ValueError, match="ALiBi slopes need the query as a torch tensor; got DeviceTensor"):
+        check_alibi_slopes(torch.ones(4), 4, view)

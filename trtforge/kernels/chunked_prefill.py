@@ -242,7 +242,7 @@ def chunked_prefill_attention(
         raise ValueError(f"sliding window must be >= 1 keys; got {window}")
     window = int(window) if window is not None and int(window) < capacity else 0  # longer: hides nothing
     cap = check_softcap(softcap)
-    slopes = check_alibi_slopes(alibi_slopes, hq, q.device)
+    slopes = check_alibi_slopes(alibi_slopes, hq, q)
     if q_lens is not None and (tuple(q_lens.shape) != (b,) or q_lens.dtype != torch.int32):
         raise ValueError(f"q_lens must be int32 [B] = [{b}]; got {q_lens.dtype} {tuple(q_lens.shape)}")
     if b == 0 or hq == 0:
@@ -365,7 +365,7 @@ def prepare_chunked_prefill_varlen(
         raise ValueError(f"sliding window must be >= 1 keys; got {window}")
     window = int(window) if window is not None and int(window) < capacity else 0  # longer: hides nothing
     cap = check_softcap(softcap)
-    slopes = check_alibi_slopes(alibi_slopes, hq, q.device)
+    slopes = check_alibi_slopes(alibi_slopes, hq, q)
     if int(block_table.shape[0]) != b:
         raise ValueError(f"block_table must have B = {b} rows; got {tuple(block_table.shape)}")
     group = hq // hkv

@@ -205,13 +205,17 @@ def softcap_scores(qk, cap):
     return cap * (1.0 - 2.0 / (e + 1.0))
 
 
-def check_alibi_slopes(slopes: Any, num_heads: int, device: torch.device) -> torch.Tensor | None:
+def check_alibi_slopes(slopes: Any, num_heads: int, q: Any) -> torch.Tensor | None:
     """The ALiBi slopes a kernel launch takes: None (off), else `slopes` itself, which must be a contiguous
-    float32 ``[num_heads]`` tensor on the query's `device` (one slope a query head, natural-scale: the
-    score of a query at position p and a key at position j gets ``slope * (j - p)``); ValueError
-    otherwise."""
+    float32 ``[num_heads]`` tensor on the device of the query `q` (one slope a query head, natural-scale:
+    the score of a query at position p and a key at position j gets ``slope * (j - p)``); ValueError
+    otherwise. `q` is only looked at when there are slopes (a DeviceTensor view, the TensorRT plugin's,
+    has no device and never takes slopes)."""
     if slopes is None:
         return None
+    device = getattr(q, "device", None)
+    if device is None:
+        raise ValueError(f"ALiBi slopes need the query as a torch tensor; got {type(q).__name__}")
     ok = (
         isinstance(slopes, torch.Tensor)
         and slopes.dtype == torch.float32
@@ -1107,7 +1111,7 @@ def decode_attention(
     if window is not None and int(window) < 1:
         raise ValueError(f"sliding window must be >= 1 keys; got {window}")
     cap = check_softcap(softcap)
-    slopes = check_alibi_slopes(alibi_slopes, hq, q.device)
+    slopes = check_alibi_slopes(alibi_slopes, hq, q)
     max_len = min(max_seq_len or capacity, capacity)
     # a window as long as the cache hides nothing; otherwise splits share out the keys it shows
     window = int(window) if window is not None and int(window) < capacity else 0
@@ -1219,7 +1223,7 @@ def prepare_paged_decode(
     if window is not None and int(window) < 1:
         raise ValueError(f"sliding window must be >= 1 keys; got {window}")
     cap = check_softcap(softcap)
-    slopes = check_alibi_slopes(alibi_slopes, hq, q.device)
+    slopes = check_alibi_slopes(alibi_slopes, hq, q)
     # as decode_attention: a window as long as the cache hides nothing, a shorter one bounds the splits
     window = int(window) if window is not None and int(window) < capacity else 0
     max_len = min(capacity, window + s_q + 128) if window else capacity
