@@ -310,7 +310,7 @@ OPTIONS: dict[str, dict[str, list]] = {
     },
     "hunyuan_v1_dense": LLAMA_LIKE  # NTK-alpha: "dynamic" with an alpha is a fixed table
     | {
-        "rope_scaling": [*ROPE, {"rope_type": "dynamic", "alpha": 4.0}],
+        "rope_scaling": [*ROPE, {"rope_type": "dynamic", "alpha": 4.0, "factor": 1.0}],
         "attention_bias": [False, True],
         "mlp_bias": [False, True],
         "head_dim": [8, 16, 24],
