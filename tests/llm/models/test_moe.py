@@ -66,6 +66,11 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     }
     assert kinds["granitemoeshared"].moe["shared_expert_size"] == 96
     assert kinds["granitemoe"].moe["shared_expert_size"] is None
+    # (GraniteMoeShared's shared_intermediate_size 0: its layers' shared_mlp is None, no shared expert)
+    assert (
+        adapter_for(tiny_model("granitemoeshared", shared_intermediate_size=0)).spec.moe["shared_expert_size"]
+        is None
+    )
     for family in MOE_FAMILIES:
         adapter = adapter_for(tiny_model(family))
         x = torch.randn(40, adapter.config.hidden_size, generator=torch.Generator().manual_seed(0))
