@@ -95,6 +95,8 @@ def _tiny(model_type: str, **overrides):
         "qwen2_moe",
         "qwen3_moe",
         "olmoe",
+        "granitemoe",
+        "granitemoeshared",
     ):
         from tests.llm.tiny_models import tiny_model
 
@@ -193,6 +195,8 @@ def _tiny(model_type: str, **overrides):
         ("qwen3_moe", {"num_experts_per_tok": 1, "decoder_sparse_step": 1}),  # top-1: every layer sparse
         ("olmoe", {}),  # whole-projection q/k norms, clip_qkv
         ("olmoe", {"clip_qkv": None, "norm_topk_prob": True, "num_key_value_heads": 4}),
+        ("granitemoe", {}),  # top-k of the logits, then a softmax over the k; Granite's multipliers
+        ("granitemoeshared", {"num_experts_per_tok": 1}),  # top-1 (weight 1) with the shared MLP
     ],
 )
 def test_chunked_paged_steps_reproduce_transformers_logits(model_type, overrides):

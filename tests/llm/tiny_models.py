@@ -63,6 +63,8 @@ MOE_CLASSES = {
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM"),
+    "granitemoeshared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # forms of one family that tiny_model builds under names of their own: Falcon's other two layer
@@ -215,8 +217,16 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         cfg, cls = tf.FalconConfig(**(falcon | overrides)), tf.FalconForCausalLM
     elif family in MOE_FAMILIES:  # 4 experts, top-2, a 64-wide expert MLP; router weights at the model's
         # init (0.2) so that routing margins are wide and every expert is hit
-        moe = {"num_local_experts" if family == "mixtral" else "num_experts": 4, "num_experts_per_tok": 2}
-        moe |= {"intermediate_size": 64} if family in ("mixtral", "olmoe") else {"moe_intermediate_size": 64}
+        # (num_local_experts and intermediate_size: Mixtral's and GraniteMoE's names)
+        local = family in ("mixtral", "granitemoe", "granitemoeshared")
+        moe = {"num_local_experts" if local else "num_experts": 4, "num_experts_per_tok": 2}
+        wide = local or family == "olmoe"
+        moe |= {"intermediate_size": 64} if wide else {"moe_intermediate_size": 64}
+        if family in ("granitemoe", "granitemoeshared"):  # Granite's multipliers far from 1 (as "granite")
+            moe |= {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1}
+            moe |= {"logits_scaling": 2.0}
+        if family == "granitemoeshared":  # the ungated shared MLP, 96 wide
+            moe |= {"shared_intermediate_size": 96}
         if family == "qwen2_moe":  # the shared expert, layer 1 of 3 dense (Qwen2-MoE's own MLP, 128 wide)
             moe |= {"shared_expert_intermediate_size": 96, "num_hidden_layers": 3, "mlp_only_layers": [1]}
         if family == "qwen3_moe":  # every 2nd layer sparse (decoder_sparse_step), the top-2 renormalized

@@ -246,6 +246,27 @@ OPTIONS: dict[str, dict[str, list]] = {
         "clip_qkv": [None, 0.5, 2.0],
         "attention_bias": [False, True],
     },
+    # Granite's multipliers around top-k-then-softmax routing; GraniteMoeShared's shared MLP, or none at 0
+    "granitemoe": LLAMA_LIKE
+    | {
+        "num_local_experts": [4, 8],
+        "num_experts_per_tok": [1, 2, 3],
+        "hidden_act": ACTS,
+        "attention_bias": [False, True],
+        "embedding_multiplier": [1.0, 12.0],
+        "residual_multiplier": [1.0, 0.22],
+        "attention_multiplier": [0.015625, 0.5],
+        "logits_scaling": [1.0, 6.0],
+    },
+    "granitemoeshared": LLAMA_LIKE
+    | {
+        "num_local_experts": [4, 8],
+        "num_experts_per_tok": [1, 2, 3],
+        "shared_intermediate_size": [0, 32, 96],
+        "attention_bias": [False, True],
+        "residual_multiplier": [1.0, 0.22],
+        "logits_scaling": [1.0, 6.0],
+    },
     "olmo": LLAMA_LIKE | {"clip_qkv": [None, 0.5, 8.0], "attention_bias": [False, True], "hidden_act": ACTS},
     "olmo3": {  # rope_scaling: on the full-attention layers' table, as OLMo 3's config puts it
         "num_key_value_heads": [1, 2, 4],

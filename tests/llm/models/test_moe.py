@@ -1,8 +1,8 @@
-"""Sparse mixture-of-experts families (llm.models.moe, llm.models.mixtral): the step graph of each family
-against transformers' generate (Mixtral also runs in tiny_models.FAMILIES), ragged batches on the torch
-executor, both formulations against each other, and the refusals: the paths MoE MLPs have none of yet
-(quantization, tensor parallelism, CUDA graphs), the MoE families not implemented, experts in a layout
-other than transformers 5's."""
+"""Sparse mixture-of-experts families (llm.models.moe, llm.models.mixtral, llm.models.granite): the step graph
+of each family against transformers' generate (Mixtral also runs in tiny_models.FAMILIES), ragged batches
+on the torch executor, both formulations against each other, and the refusals: the paths MoE MLPs have none
+of yet (quantization, tensor parallelism, CUDA graphs), the MoE families not implemented, experts in a
+layout other than transformers 5's."""
 
 from __future__ import annotations
 
@@ -20,6 +20,16 @@ from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.models.families import adapter_for
 
 NEW_TOKENS = 16
+
+
+def hf_mlp(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """transformers' own MLP output of a decoder layer on its normed input `x`: ``mlp``, or GraniteMoE's
+    ``block_sparse_moe`` plus GraniteMoeShared's ``shared_mlp`` (as its decoder layer adds them)."""
+    if hasattr(layer, "mlp"):
+        return layer.mlp(x)
+    out = layer.block_sparse_moe(x)
+    shared = getattr(layer, "shared_mlp", None)
+    return out if shared is None else out + shared(x)
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES[1:])  # (mixtral: tiny_models.FAMILIES, both exporters)
@@ -50,6 +60,17 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert kinds["qwen2_moe"].moe["shared_expert_size"] == 96
     assert kinds["mixtral"].moe["renormalize"] and kinds["mixtral"].moe["float32_weights"]
     assert kinds["qwen3_moe"].moe["renormalize"] and not kinds["olmoe"].moe["renormalize"]
+    assert {f for f in MOE_FAMILIES if kinds[f].moe["routing"] == "topk_softmax"} == {
+        "granitemoe",
+        "granitemoeshared",
+    }
+    assert kinds["granitemoeshared"].moe["shared_expert_size"] == 96
+    assert kinds["granitemoe"].moe["shared_expert_size"] is None
+    # (GraniteMoeShared's shared_intermediate_size 0: its layers' shared_mlp is None, no shared expert)
+    assert (
+        adapter_for(tiny_model("granitemoeshared", shared_intermediate_size=0)).spec.moe["shared_expert_size"]
+        is None
+    )
     for family in MOE_FAMILIES:
         adapter = adapter_for(tiny_model(family))
         x = torch.randn(40, adapter.config.hidden_size, generator=torch.Generator().manual_seed(0))
@@ -57,7 +78,7 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
         _, experts = moe.route(x)
         assert set(experts.flatten().tolist()) == set(range(moe.num_experts)), family
         # routing margins wide enough that no pick is a near tie
-        probs = torch.softmax(torch.nn.functional.linear(x, moe.block.gate.weight), -1).sort(-1).values
+        probs = torch.softmax(torch.nn.functional.linear(x, moe.router.weight), -1).sort(-1).values
         assert (probs[:, -2] - probs[:, -3]).min() > 1e-4, family
 
 
@@ -71,13 +92,13 @@ def test_grouped_and_dense_formulations_agree_with_the_hf_block(family):
         if moe is None:
             continue
         with torch.no_grad():
-            want = adapter.layers[i].mlp(x)
+            want = hf_mlp(adapter.layers[i], x)
             for formulation in ("grouped", "dense"):
                 adapter.moe_formulation = formulation
                 torch.testing.assert_close(adapter.mlp(i, x), want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "granitemoeshared"])
 def test_a_ragged_batch_on_the_torch_executor_matches_transformers(family):
     """Three sequences in each step (prompt chunks of different lengths, then decodes together): each
     row's logits are transformers' for its sequence alone, whichever tokens share the experts."""
@@ -112,6 +133,16 @@ def test_moe_executor_captures_no_cuda_graphs_and_says_why():
     assert ex.facts.cuda_graphs_refusal.startswith("MoE MLPs: each step routes its tokens")
     dense = TorchExecutor(tiny_model("llama"), num_blocks=8, block_size=4)
     assert dense.facts.cuda_graphs_refusal is None
+
+
+@pytest.mark.parametrize("family", ["granitemoe", "granitemoeshared"])
+def test_granite_moe_blocks_count_as_moe_mlps(family):
+    """GraniteMoE's blocks (``block_sparse_moe``, a ``router`` rather than a ``gate``) count as MoE MLPs
+    wherever a path checks for them: the fused layers gate on has_moe, the CUDA graphs say why not."""
+    model = tiny_model(family)
+    assert adapter_for(model).has_moe
+    ex = TorchExecutor(model, num_blocks=8, block_size=4, static_decode=True)
+    assert ex.facts.cuda_graphs_refusal.startswith("MoE MLPs: each step routes its tokens")
 
 
 def test_paths_without_moe_support_refuse_moe_models_by_name(tmp_path):
@@ -164,7 +195,6 @@ class _Unsupported(torch.nn.Module):
         ("phimoe", "SparseMixer"),
         ("deepseek_v3", "multi-head latent attention"),
         ("deepseek_v2", "multi-head latent attention"),
-        ("granitemoe", "top-k of the router logits, then a softmax"),
         ("jetmoe", "mixture of attention experts"),
         ("dbrx", "p-norm"),
     ],
@@ -175,7 +205,7 @@ def test_moe_families_not_implemented_are_refused_naming_what_sets_them_apart(mo
         adapter_for(model)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "granitemoe"])
 def test_bfloat16_routing_weights_keep_each_familys_dtype(family):
     """In BF16 the routing weights' dtype shows: Mixtral's stay float32 (each expert's output weighted in
     float32, then rounded), Qwen's are rounded to BF16 first. A BF16 prefill's logits are transformers'

@@ -102,6 +102,8 @@ CASES = [
     ("qwen3_moe", {"sliding_window": 4, "use_sliding_window": False}),
     ("olmoe", {}),
     ("olmoe", {"set_sliding_window": 64}),  # no OLMoE layer applies one
+    ("granitemoe", {}),
+    ("granitemoeshared", {"set_sliding_window": 64}),  # no GraniteMoE layer applies one
     ("olmo", {"set_sliding_window": 64}),  # no layer of these applies one
     ("cohere", {"set_sliding_window": 64}),
     ("glm", {}),

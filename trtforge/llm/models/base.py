@@ -75,6 +75,9 @@ STYLES: dict[tuple[str, ...], str] = {
     ("qwen3_moe",): "Qwen3-MoE: Qwen3's attention with per-head q/k norms, sparse MoE MLPs, optional dense "
     "layers",
     ("olmoe",): "OLMoE: whole-projection q/k norms, clip_qkv, sparse MoE MLPs",
+    ("granitemoe", "granitemoeshared"): "GraniteMoE / GraniteMoeShared: Granite's multipliers, sparse MoE "
+    "MLPs routed by a softmax over the top-k router logits; GraniteMoeShared's ungated shared MLP beside "
+    "them",
     ("falcon",): "Falcon: falcon-7b's multi-query, falcon-40b/180b's grouped KV (new decoder architecture), "
     "parallel or serial blocks with RoPE; falcon-rw's ALiBi position biases (alibi=True)",
     ("bloom",): "BLOOM / BLOOMZ: ALiBi position biases, LayerNorm after the embeddings, per-head fused QKV, "
@@ -88,8 +91,8 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "gemma3": "'gemma3' is Gemma 3's multimodal model (Gemma3ForConditionalGeneration: a vision tower and "
     "image tokens); only its text model is supported: load a text-only Gemma 3 checkpoint (gemma-3-270m, "
     "gemma-3-1b; model_type 'gemma3_text') with Gemma3ForCausalLM.",
-    # mixture-of-experts families beside the supported ones (mixtral, qwen2_moe, qwen3_moe, olmoe), refused
-    # for what sets them apart
+    # mixture-of-experts families beside the supported ones (mixtral, qwen2_moe, qwen3_moe, olmoe, granitemoe,
+    # granitemoeshared), refused for what sets them apart
     "phimoe": "PhiMoE routes by SparseMixer (its top-2 weights from masked, jittered softmaxes), not the "
     "softmax top-k the supported MoE families use, and has LayerNorms with biases.",
     "deepseek_v2": "DeepSeek-V2 attends through multi-head latent attention (compressed KV with a decoupled "
@@ -101,8 +104,6 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "fused Wqkv and experts have a layout of their own; not implemented.",
     "jetmoe": "JetMoE routes its attention heads too (a mixture of attention experts), which trtforge's "
     "attention does not.",
-    "granitemoe": "GraniteMoE routes by top-k of the router logits, then a softmax over those k (the "
-    "supported MoE families take the softmax first), with Granite's multipliers; not implemented.",
 }
 # families whose attention applies no sliding window or chunk, whatever the config says
 UNWINDOWED = (
@@ -120,6 +121,8 @@ UNWINDOWED = (
     "codegen",
     "falcon",
     "olmoe",
+    "granitemoe",
+    "granitemoeshared",
     "olmo",
     "cohere",
     "glm",

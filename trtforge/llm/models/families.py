@@ -12,9 +12,9 @@ ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dens
 Arcee), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon
 (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two
 with ALiBi position biases, and the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE and
-OLMoE (:mod:`.mixtral`; their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family checks, windows,
-attention soft-caps, ALiBi slopes) live in :mod:`.base`, the rotary variants (interleaved, float32, NoPE
-layers, a table per layer type) in :mod:`.rotary`.
+OLMoE (:mod:`.mixtral`), GraniteMoE and GraniteMoeShared (:mod:`.granite`) (their MoE MLPs: :mod:`.moe`).
+The shared pieces (spec, family checks, windows, attention soft-caps, ALiBi slopes) live in :mod:`.base`,
+the rotary variants (interleaved, float32, NoPE layers, a table per layer type) in :mod:`.rotary`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from trtforge.llm.models.glm import Ernie45Style, Glm4Style, GlmStyle, HeliumSty
 from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
 from trtforge.llm.models.gpt_neox import GptNeoXStyle
 from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
-from trtforge.llm.models.granite import GraniteStyle
+from trtforge.llm.models.granite import GraniteMoeSharedStyle, GraniteMoeStyle, GraniteStyle
 from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle
 from trtforge.llm.models.llama import LlamaStyle
 from trtforge.llm.models.mixtral import MixtralStyle, OlmoeStyle, Qwen2MoeStyle, Qwen3MoeStyle
@@ -91,6 +91,8 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "qwen2_moe": Qwen2MoeStyle,
     "qwen3_moe": Qwen3MoeStyle,
     "olmoe": OlmoeStyle,
+    "granitemoe": GraniteMoeStyle,
+    "granitemoeshared": GraniteMoeSharedStyle,
     "bloom": BloomStyle,
     "mpt": MptStyle,
 }
@@ -127,6 +129,8 @@ __all__ = [
     "GptJStyle",
     "GptNeoStyle",
     "GptNeoXStyle",
+    "GraniteMoeSharedStyle",
+    "GraniteMoeStyle",
     "GraniteStyle",
     "HeliumStyle",
     "HunYuanDenseStyle",

@@ -1,15 +1,29 @@
-"""The Granite adapter: IBM Granite 3.x dense models (``model_type`` "granite").
+"""The Granite adapters: IBM Granite 3.x dense models (``model_type`` "granite") and their sparse
+mixture-of-experts kin.
 
 Llama's layers with four scalars from the config: ``embedding_multiplier`` on the embeddings,
 ``residual_multiplier`` on each branch before its residual add, ``attention_multiplier`` as the
 softmax scale (the attention modules' own ``scaling``, read like every family's) and the logits
 divided by ``logits_scaling``. No window.
+
+- ``granitemoe`` (``GraniteMoeForCausalLM``: granite-3.0-1b-a400m / 3b-a800m, PowerMoE): the same
+  multipliers, every MLP a sparse MoE block (``block_sparse_moe``: :class:`~.moe.SparseMoe`) routed by
+  top-k of the router logits, then a softmax over those k (the ``topk_softmax`` routing of :mod:`.moe`),
+  the weights cast to the model's dtype.
+- ``granitemoeshared`` (``GraniteMoeSharedForCausalLM``): GraniteMoE with an ungated shared MLP
+  (``shared_mlp``, ``shared_intermediate_size`` wide; none at 0) on the same input, added to the experts'
+  sum before the residual multiplier.
+
+Not Llama-style: the fused CUDA layers, quantization and tensor parallelism refuse the MoE models by name.
 """
 
 from __future__ import annotations
 
-from torch import Tensor
+from typing import Any
 
+from torch import Tensor, nn
+
+from trtforge.llm.models.moe import moe_layers, refuse_moe
 from trtforge.llm.models.rope import RopeStyle
 
 
@@ -25,7 +39,37 @@ class GraniteStyle(RopeStyle):
         layer = self.layers[i]
         scale = layer.residual_multiplier
         x = x + layer.self_attn.o_proj(attn_out) * scale
-        return x + layer.mlp(layer.post_attention_layernorm(x)) * scale
+        return x + self.mlp(i, layer.post_attention_layernorm(x)) * scale
 
     def logits(self, x: Tensor) -> Tensor:
         return super().logits(x) / self.config.logits_scaling
+
+
+class GraniteMoeStyle(GraniteStyle):
+    """GraniteMoE and GraniteMoeShared (see the module docstring): Granite's scaled branches around
+    sparse MoE MLPs, with the layer's ``shared_mlp`` beside the experts where it has one."""
+
+    family = "granitemoe"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        where = f"{user} cannot run this {self.config.model_type} model {type(model).__name__}"
+        self.moe = moe_layers(
+            self.layers,
+            renormalize=False,
+            float32_weights=False,
+            where=where,
+            routing="topk_softmax",
+            block="block_sparse_moe",
+            shared="shared_mlp",
+        )
+
+    def shard(self, tp: Any) -> None:
+        """Refused: the experts have no tensor-parallel split yet (UserError)."""
+        refuse_moe(self.model, "tensor parallelism (tensor_parallel_size > 1)", "the Llama-style families")
+
+
+class GraniteMoeSharedStyle(GraniteMoeStyle):
+    """GraniteMoeShared: GraniteMoE's layers with the ungated ``shared_mlp`` beside the experts."""
+
+    family = "granitemoeshared"

@@ -1,13 +1,19 @@
 """Sparse mixture-of-experts MLPs, one concept every consumer reads: a layer's MLP kind is "dense" (the
 model's own MLP module) or "moe" (:class:`SparseMoe`: a router picks ``top_k`` of ``num_experts`` gated
-experts per token and sums their outputs by the routing weights; Qwen2-MoE adds a shared expert behind a
-sigmoid gate). The adapters (:mod:`.mixtral`) find each layer's kind and call :meth:`SparseMoe.forward`.
+experts per token and sums their outputs by the routing weights; a shared expert beside them is added to
+their sum: Qwen2-MoE's behind a sigmoid gate, GraniteMoeShared's ungated). The adapters (:mod:`.mixtral`,
+:mod:`.granite`) find each layer's kind and call :meth:`SparseMoe.forward`.
 
-Routing, as transformers 5's ``*TopKRouter`` modules compute it: router logits in the model's dtype, a
-float32 softmax over the experts, top-k of the probabilities, renormalized to sum 1 over the k picked
-where the family does (Mixtral always; Qwen2-MoE, Qwen3-MoE and OLMoE by ``norm_topk_prob``), then kept
-in float32 (Mixtral) or cast to the model's dtype (the others). Router jitter is a training-time noise
-transformers applies only in training mode: never here.
+Routing, as transformers 5's ``*TopKRouter`` modules compute it (the block's router: ``gate``, or
+``router`` in GraniteMoE), router logits in the model's dtype, then one of two orders (`ROUTINGS`):
+
+- ``softmax_topk`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): a float32 softmax over the experts, top-k of
+  the probabilities, renormalized to sum 1 over the k picked where the family does (Mixtral always; the
+  others by ``norm_topk_prob``);
+- ``topk_softmax`` (GraniteMoE): top-k of the float32 logits, then a softmax over those k only;
+
+then kept in float32 (Mixtral) or cast to the model's dtype (the others). Router jitter is a
+training-time noise transformers applies only in training mode: never here.
 
 The experts are transformers 5's fused 3-D parameters (``experts.gate_up_proj`` [E, 2 I, H], gate rows
 first; ``experts.down_proj`` [E, H, I]); a checkpoint saved by transformers 4 (one Linear per expert) is
@@ -34,11 +40,18 @@ from torch import Tensor, nn
 from trtforge.errors import UserError
 
 FORMULATIONS = ("grouped", "dense")
+#: the routing orders (see the module docstring)
+ROUTINGS = ("softmax_topk", "topk_softmax")
+
+
+def router(block: nn.Module) -> nn.Module | None:
+    """A sparse MoE block's router (``weight`` [E, H], ``top_k``): ``gate``, or ``router`` (GraniteMoE)."""
+    return getattr(block, "gate", None) or getattr(block, "router", None)
 
 
 def is_sparse_moe(mlp: nn.Module) -> bool:
-    """Whether a layer's MLP module is a sparse MoE block (a router ``gate`` and ``experts``)."""
-    return hasattr(mlp, "experts") and hasattr(mlp, "gate")
+    """Whether a layer's MLP module is a sparse MoE block (a router and ``experts``)."""
+    return hasattr(mlp, "experts") and router(mlp) is not None
 
 
 class SparseMoe:
@@ -46,10 +59,24 @@ class SparseMoe:
     it; the weights stay the block's own parameters (read at each call, so moving the model moves them).
 
     `renormalize`: the top-k probabilities divided by their sum; `float32_weights`: the routing weights
-    stay float32 (Mixtral) rather than the model's dtype. `where` names the model in errors."""
+    stay float32 (Mixtral) rather than the model's dtype; `routing`: one of `ROUTINGS`; `shared`: an
+    ungated shared expert beside the block (GraniteMoeShared's ``shared_mlp``; a block's own
+    ``shared_expert`` is found by itself). `where` names the model in errors."""
 
-    def __init__(self, block: nn.Module, *, renormalize: bool, float32_weights: bool, where: str) -> None:
+    def __init__(
+        self,
+        block: nn.Module,
+        *,
+        renormalize: bool,
+        float32_weights: bool,
+        where: str,
+        routing: str = "softmax_topk",
+        shared: nn.Module | None = None,
+    ) -> None:
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing {routing!r}: expected one of {ROUTINGS}")
         self.block, self.renormalize, self.float32_weights = block, bool(renormalize), bool(float32_weights)
+        self.routing, self.router = routing, router(block)
         experts = block.experts
         gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
         flags = ("is_transposed", "has_bias", "has_post_expert_norm")
@@ -63,11 +90,15 @@ class SparseMoe:
                 "down_proj [experts, hidden, intermediate], no biases, not transposed). Load the checkpoint "
                 "with transformers >= 5, which converts per-expert weights to that layout."
             )
-        self.num_experts, self.top_k = int(gate_up.shape[0]), int(block.gate.top_k)
+        self.num_experts, self.top_k = int(gate_up.shape[0]), int(self.router.top_k)
         self.expert_size = int(down.shape[-1])
+        # the shared expert's gated MLP: down_proj (Qwen2-MoE) or output_linear (GraniteMoeShared)
+        self.shared = getattr(block, "shared_expert", None) if shared is None else shared
+        self.shared_gate = getattr(block, "shared_expert_gate", None) if shared is None else None
         self.shared_size: int | None = None
-        if getattr(block, "shared_expert", None) is not None:
-            self.shared_size = int(block.shared_expert.down_proj.weight.shape[-1])
+        if self.shared is not None:
+            down_proj = getattr(self.shared, "down_proj", None) or self.shared.output_linear
+            self.shared_size = int(down_proj.weight.shape[-1])
 
     def describe(self) -> dict[str, Any]:
         """The spec's ``moe`` entry for this layer's block."""
@@ -77,30 +108,36 @@ class SparseMoe:
             "expert_size": self.expert_size,
             "renormalize": self.renormalize,
             "float32_weights": self.float32_weights,
+            "routing": self.routing,
             "shared_expert_size": self.shared_size,
         }
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Each token's top-k routing weights and expert ids ``[N, k]`` for flat tokens `x` ``[N, H]``."""
-        logits = F.linear(x, self.block.gate.weight)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        logits = F.linear(x, self.router.weight)
+        if self.routing == "topk_softmax":
+            top, experts = torch.topk(logits.float(), self.top_k, dim=-1)
+            weights = torch.softmax(top, dim=-1)
+        else:
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return (weights if self.float32_weights else weights.to(logits.dtype)), experts
 
     def forward(self, x: Tensor, formulation: str = "grouped") -> Tensor:
         """The block's output for hidden states `x` ``[..., H]`` (`formulation`: see the module
-        docstring), plus the gated shared expert where the block has one."""
+        docstring), plus the shared expert (gated where the block gates it) where there is one."""
         flat = x.reshape(-1, x.shape[-1])
         weights, experts = self.route(flat)
         if formulation == "dense":
             out = self._dense(flat, weights, experts)
         else:
             out = self._grouped(flat, weights, experts)
-        block = self.block
-        if self.shared_size is not None:
-            out = out + torch.sigmoid(block.shared_expert_gate(flat)) * block.shared_expert(flat)
+        if self.shared_gate is not None:
+            out = out + torch.sigmoid(self.shared_gate(flat)) * self.shared(flat)
+        elif self.shared is not None:
+            out = out + self.shared(flat)
         return out.reshape(x.shape)
 
     def _expert(self, e: int, rows: Tensor) -> Tensor:
@@ -136,13 +173,29 @@ class SparseMoe:
 
 
 def moe_layers(
-    layers: list[nn.Module], *, renormalize: bool, float32_weights: bool, where: str
+    layers: list[nn.Module],
+    *,
+    renormalize: bool,
+    float32_weights: bool,
+    where: str,
+    routing: str = "softmax_topk",
+    block: str = "mlp",
+    shared: str | None = None,
 ) -> list[SparseMoe | None]:
     """Each layer's :class:`SparseMoe` (None: a dense MLP, as Qwen-MoE's ``mlp_only_layers`` and
-    ``decoder_sparse_step`` make some)."""
+    ``decoder_sparse_step`` make some): the layer's attribute `block` (``mlp``; GraniteMoE's
+    ``block_sparse_moe``), with the layer's attribute `shared` as an ungated shared expert where set and
+    not None (GraniteMoeShared's ``shared_mlp``)."""
     return [
-        SparseMoe(layer.mlp, renormalize=renormalize, float32_weights=float32_weights, where=where)
-        if is_sparse_moe(layer.mlp)
+        SparseMoe(
+            getattr(layer, block),
+            renormalize=renormalize,
+            float32_weights=float32_weights,
+            where=where,
+            routing=routing,
+            shared=getattr(layer, shared, None) if shared else None,
+        )
+        if is_sparse_moe(getattr(layer, block))
         else None
         for layer in layers
     ]
