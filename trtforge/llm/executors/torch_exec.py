@@ -291,7 +291,7 @@ class TorchExecutor:
         self.fused_refusal: str | None = "kernels='torch'" if kernels == "torch" else "not Llama-style"
         if kernels == "triton" and self._adapter.has_moe:
             self.fused_refusal = "MoE MLPs (the fused layers run one dense Llama-style MLP a layer)"
-        if kernels == "triton" and isinstance(self._adapter, LlamaStyle):
+        elif kernels == "triton" and isinstance(self._adapter, LlamaStyle):
             from trtforge.llm.executors.fused_layers import FusedLayers, fusable
 
             self.fused_refusal = fusable(self._adapter)

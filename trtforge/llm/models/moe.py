@@ -46,7 +46,8 @@ ROUTINGS = ("softmax_topk", "topk_softmax")
 
 def router(block: nn.Module) -> nn.Module | None:
     """A sparse MoE block's router (``weight`` [E, H], ``top_k``): ``gate``, or ``router`` (GraniteMoE)."""
-    return getattr(block, "gate", None) or getattr(block, "router", None)
+    gate = getattr(block, "gate", None)
+    return gate if gate is not None else getattr(block, "router", None)
 
 
 def is_sparse_moe(mlp: nn.Module) -> bool:
@@ -97,7 +98,8 @@ class SparseMoe:
         self.shared_gate = getattr(block, "shared_expert_gate", None) if shared is None else None
         self.shared_size: int | None = None
         if self.shared is not None:
-            down_proj = getattr(self.shared, "down_proj", None) or self.shared.output_linear
+            down_proj = getattr(self.shared, "down_proj", None)
+            down_proj = self.shared.output_linear if down_proj is None else down_proj
             self.shared_size = int(down_proj.weight.shape[-1])
 
     def describe(self) -> dict[str, Any]:
