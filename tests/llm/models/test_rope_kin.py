@@ -110,8 +110,8 @@ def test_specs_report_the_rotary(family, dim, interleaved):
 
 def test_config_values_transformers_cannot_run_are_refused_by_name():
     """Cohere's logit_scale null (transformers multiplies the logits by it), a Helium head_dim its hidden x
-    hidden output projection cannot take, a Persimmon rotary span of an odd number of channels: UserError,
-    and transformers' own forward fails too."""
+    hidden output projection cannot take, a Persimmon, Phi or StableLM rotary span of an odd number of
+    channels: UserError, and transformers' own forward fails too."""
     ids = torch.tensor([[1, 2, 3]])
     cohere = tiny_model("cohere")
     cohere.config.logit_scale = None
@@ -124,7 +124,11 @@ def test_config_values_transformers_cannot_run_are_refused_by_name():
     persimmon = tiny_model("persimmon", partial_rotary_factor=0.3125)  # 5 of 16 channels
     with pytest.raises(UserError, match="persimmon model .* rotates 5 of each head's 16 channels"):
         adapter_for(persimmon)
-    for model in (cohere, helium, persimmon):
+    odd = {f: tiny_model(f, partial_rotary_factor=0.3125) for f in ("phi", "stablelm")}
+    for family, model in odd.items():
+        with pytest.raises(UserError, match=f"{family} model .* rotates 5 of each head's 16 channels"):
+            adapter_for(model)
+    for model in (cohere, helium, persimmon, *odd.values()):
         with pytest.raises((TypeError, RuntimeError)), torch.no_grad():
             model(ids)
 

@@ -12,9 +12,8 @@ each query and key head (``qk_layernorm``, one shared over the heads, before the
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from trtforge.errors import UserError
 from trtforge.llm.models.rope import RopeStyle
 
 
@@ -28,17 +27,6 @@ class PersimmonStyle(RopeStyle):
     """Persimmon (``PersimmonForCausalLM``): fused per-head QKV, q/k LayerNorms, the pre-norm block."""
 
     family = "persimmon"
-
-    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
-        super().__init__(model, user)
-        rotated, table = int(self.layers[0].self_attn.rotary_ndims), int(self.rope.describe()["dim"])
-        if rotated != table:
-            raise UserError(
-                f"{user} cannot run this persimmon model {type(model).__name__}: its partial_rotary_factor "
-                f"rotates {rotated} of each head's {self.head_dim} channels, an odd number its rotary "
-                f"table ({table} channels) cannot cover; transformers' own forward fails on it too. Choose a "
-                "partial_rotary_factor that rotates an even number of channels."
-            )
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The fused projection viewed as ``[..., heads, 3, D]`` and cut along the 3, as HF does; then the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from trtforge.errors import UserError
 from trtforge.llm.models.rotary import RotaryDecoder
 
 
@@ -28,6 +29,17 @@ class RopeStyle(RotaryDecoder):
         self.head_dim = int(attn.head_dim)
         self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
         self._use_rotary(self.body.rotary_emb)
+        # Phi, StableLM, Persimmon slice q and k at the attention's rotary_ndims and rotate that slice by
+        # tables of an even width: an odd span has no table (transformers' own forward fails on it)
+        rotated = getattr(attn, "rotary_ndims", None)
+        if rotated is not None and int(rotated) != int(self.rope.describe()["dim"]):
+            raise UserError(
+                f"{user} cannot run this {c.model_type} model {type(model).__name__}: its "
+                f"partial_rotary_factor rotates {int(rotated)} of each head's {self.head_dim} channels, an "
+                f"odd number its rotary table ({self.rope.describe()['dim']} channels) cannot cover; "
+                "transformers' own forward fails on it too. Choose a partial_rotary_factor that rotates an "
+                "even number of channels."
+            )
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
         return self.body.embed_tokens(input_ids)
