@@ -248,6 +248,11 @@ def _compile_facts(block_m: int, tile: dict, gated: bool, dtype: str) -> dict:
     return compile_facts(moe._moe_gemm_kernel, pointers, ints, consts, tile["num_warps"], tile["num_stages"])
 
 
+def _compile_table(dtype: str) -> list[dict]:
+    """Every launch of the table compiled in one child process (:func:`_table`'s order)."""
+    return [_compile_facts(block_m, tile, gated, dtype) for block_m, tile, gated in _table()]
+
+
 def _table() -> list[tuple[int, dict, bool]]:
     from trtforge.kernels.moe import MOE_CONFIGS
 
@@ -263,8 +268,7 @@ def test_every_table_config_compiles_for_sm90_to_bf16_wgmma_without_spills():
     at 64-row blocks; below a warpgroup's 64 rows Triton takes mma.sync), the tiles in shared memory, no
     ptxas spills."""
     needs_ptxas()
-    for block_m, tile, gated in _table():
-        facts = run_in_child(f"{__name__}:_compile_facts", block_m, tile, gated, "bf16")
+    for (block_m, tile, gated), facts in zip(_table(), run_in_child(f"{__name__}:_compile_table", "bf16")):
         where = f"block_m {block_m} {tile} gated {gated}"
         assert facts["ptxas_rc"] == 0, (where, facts["ptxas"])
         mma = {op for op in facts["counts"] if op.startswith(("wgmma.mma_async", "mma.sync"))}

@@ -108,6 +108,54 @@ def test_the_executor_keeps_grouped_on_the_cpu_and_the_a_b_setting_refuses_graph
     assert off.facts.cuda_graphs_refusal.endswith("cannot run: torch_exec.MOE_FUSED is off)")
 
 
+def test_static_decode_and_piecewise_steps_run_the_fused_moe_on_padded_tokens():
+    """The executor's static paths with the fused formulation (forced on the CPU: the interpreter): decode
+    steps padded to batch buckets and prompt steps to token buckets (padding tokens routed like any other)
+    give the logits of eager grouped steps, the same schedule for both."""
+    from tests.llm.test_piecewise import _Lockstep, _serve
+
+    model = tiny_model("qwen2_moe", seed=3)
+    kwargs = {"num_blocks": 64, "block_size": 4, "max_decode_batch": 8}
+    eager = TorchExecutor(model, static_decode=False, **kwargs)
+    pieces = TorchExecutor(model, static_decode=True, max_graph_tokens=32, **kwargs)
+    assert eager._adapter.moe_formulation == pieces._adapter.moe_formulation == "grouped"  # (the CPU)
+    pieces._adapter.moe_formulation = "fused"
+    both = _Lockstep(eager, pieces)
+    _serve(both, async_scheduling=False, n=3, seed=1)
+    assert both.mixed_steps > 0 and pieces._piecewise._records and pieces._static
+    assert {"piecewise", "decode"} <= set(both.paths), set(both.paths)
+    assert both.max_rel_err < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_gpu_a_captured_moe_layer_follows_the_routing_of_each_replay(family):
+    """A BF16 MoE layer (router, fused experts, Qwen2-MoE's gated shared expert) captured once in a CUDA
+    graph, replayed on new hidden states whose routings differ from the capture's: each replay gives the
+    eager fused call's result for its input (an ulp: the router's cuBLAS GEMM may differ in a graph), and the
+    grouped formulation's within 4 ulps."""
+    model = tiny_model(family).to("cuda", torch.bfloat16)
+    moe = next(m for m in adapter_for(model).moe if m is not None)
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(24, model.config.hidden_size, generator=g).to("cuda", torch.bfloat16) for _ in range(4)]
+    static = xs[0].clone()
+    with torch.no_grad():
+        moe.forward(static, "fused")
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = moe.forward(static, "fused")
+        captured_routing = moe.route(xs[0])[1]
+        for x in xs[1:]:
+            assert not torch.equal(moe.route(x)[1], captured_routing)
+            static.copy_(x)
+            graph.replay()
+            torch.testing.assert_close(out, moe.forward(x, "fused"), rtol=2**-7, atol=1e-3)
+            grouped = moe.forward(x, "grouped").float()
+            tol = 4 * 2**-7 * (grouped.abs() + grouped.abs().mean())
+            assert ((out.float() - grouped).abs() <= tol).all()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "granitemoeshared"])
 def test_gpu_graph_decode_of_moe_models_matches_eager_and_grouped(monkeypatch, family):
