@@ -224,7 +224,12 @@ def test_the_launch_path_reads_nothing_back():
 
 def _compile_facts(block_m: int, tile: dict, gated: bool, dtype: str) -> dict:
     """Compile one launch of the kernel for sm_90 as fused_moe specializes it (Mixtral's H and I)."""
+    import torch
+
     from trtforge.kernels import moe
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    tile = vars(moe.for_dtype(moe.MoeTile(**tile), torch_dtype))
 
     h, i = 4096, 14336
     cols, depth = (i, h) if gated else (h, i)
@@ -279,14 +284,17 @@ def test_every_table_config_compiles_for_sm90_to_bf16_wgmma_without_spills():
         assert facts["shared"] <= 232448, where
 
 
-def test_float32_multiplies_in_ieee_float32():
+def test_float32_multiplies_in_ieee_float32_and_fits():
     """An FP32 model's products: FP32 FMAs, not TF32 tensor-core products (which round the inputs to 10
-    mantissa bits)."""
+    mantissa bits); every table config, as :func:`for_dtype` launches it for FP32, in shared memory
+    without spills."""
     needs_ptxas()
-    facts = run_in_child(f"{__name__}:_compile_facts", 16, _table()[0][1], True, "fp32")
-    assert facts["ptxas_rc"] == 0, facts["ptxas"]
-    assert not any("tf32" in op for op in facts["counts"]), sorted(facts["counts"])
-    assert any(op.startswith("fma.rn.f32") for op in facts["counts"])
+    for (block_m, tile, gated), facts in zip(_table(), run_in_child(f"{__name__}:_compile_table", "fp32")):
+        where = f"block_m {block_m} {tile} gated {gated}"
+        assert facts["ptxas_rc"] == 0, (where, facts["ptxas"])
+        assert not any("tf32" in op for op in facts["counts"]), (where, sorted(facts["counts"]))
+        assert any(op.startswith("fma.rn.f32") for op in facts["counts"]), where
+        assert not any(facts["spills"]) and facts["shared"] <= 232448, (where, facts["shared"])
 
 
 # ---------------------------------------------------------------- on a GPU

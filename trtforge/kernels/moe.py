@@ -26,7 +26,7 @@ TF32), 16-bit ones on the tensor cores; every sum in FP32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -75,6 +75,15 @@ MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
     (33, MoeConfig(32, MoeTile(64, 64, 4, 4), MoeTile(64, 64, 4, 4))),
     (257, MoeConfig(64, MoeTile(128, 64, 8, 3), MoeTile(128, 64, 8, 3))),
 )
+
+
+def for_dtype(tile: MoeTile, dtype: torch.dtype) -> MoeTile:
+    """`tile` as launched for `dtype`: FP32 tiles take twice the shared memory and multiply on FMAs (IEEE,
+    no tensor cores), so their K chunk is halved (down to 32) and their pipeline held to 2 stages, which
+    keeps every table config in shared memory without spills on sm_90; 16-bit tiles as given."""
+    if dtype != torch.float32:
+        return tile
+    return replace(tile, block_k=max(32, tile.block_k // 2), num_stages=min(tile.num_stages, 2))
 
 
 def moe_config(num_tokens: int, table: tuple[tuple[int, MoeConfig], ...] | None = None) -> MoeConfig:
@@ -260,8 +269,8 @@ def fused_moe(
     dot_f32 = interpreting() and x.dtype != torch.float32
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     launches = (
-        (x, gate_up, inter, i, h, cfg.up, k, True, False),
-        (inter, down, out, h, i, cfg.down, 1, False, True),
+        (x, gate_up, inter, i, h, for_dtype(cfg.up, x.dtype), k, True, False),
+        (inter, down, out, h, i, for_dtype(cfg.down, x.dtype), 1, False, True),
     )
     for a, w, o, cols, depth, tile, row_div, gated, routed in launches:
         grid = (row_blocks * triton.cdiv(cols, tile.block_n),)
