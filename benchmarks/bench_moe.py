@@ -19,7 +19,7 @@ MoE (``torch_exec.MOE_FUSED`` off; the model's steps then run without graphs).
 ``--quick`` (< 2 minutes on the H200): fewer token counts and repetitions. ``--device cpu --quick``
 runs the same code paths on tiny shapes in Triton's interpreter (a check that the script runs; the
 numbers mean nothing). ``--configs`` overrides the kernel's tile table with a JSON list of
-``[fewest_tokens, block_m, [up bn, bk, warps, stages], [down bn, bk, warps, stages]]``.
+``[fewest rows per expert, block_m, [up bn, bk, warps, stages], [down bn, bk, warps, stages]]``.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def bench_layer(name: str, shape, tokens, dev: torch.device, reps: int) -> list[
         w0, ex0 = routings[0]
         want, got = _grouped(x, gate_up[0], down[0], w0, ex0), fused_moe(x, gate_up[0], down[0], w0, ex0)
         err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
-        row = {"shape": name, "tokens": n, "copies": copies, "block_m": moe_config(n).block_m}
+        row = {"shape": name, "tokens": n, "copies": copies, "block_m": moe_config(n, k, e).block_m}
         row |= {"experts_hit": hit, "max_rel_diff_vs_grouped": err}
         if dev.type == "cuda":
             row["fused_graph_us"] = _graph_us(fused, reps) / copies

@@ -128,13 +128,13 @@ def _assert_matches(got, x, gate_up, down, weights, experts) -> None:
     )
 
 
-# (N, H, I, E, k): the decode rows of the table (1, 5 tokens: BLOCK_M 16), mid (40: 32), prefill (300:
-# 64); H and I on and off the tiles (K chunks masked, columns wrapped), k = 1
+# (N, H, I, E, k): every row of the table by rows per expert (N k / E: 0.5, 2.5 and 2.25 take 16-row
+# blocks, 30 take 32, 100 take 64); H and I on and off the tiles (K chunks masked, columns wrapped), k = 1
 KERNEL_CASES = [
     (1, 64, 48, 4, 2),
     (5, 40, 32, 6, 3),
-    (40, 64, 80, 4, 2),
-    (300, 32, 48, 8, 2),
+    (60, 64, 80, 4, 2),
+    (400, 32, 48, 8, 2),
     (9, 64, 64, 4, 1),
 ]
 
@@ -190,10 +190,14 @@ def test_zero_tokens_and_the_refusals():
         MoeConfig(8, MoeTile(), MoeTile())
 
 
-def test_the_table_picks_by_token_count():
+def test_the_table_picks_by_rows_per_expert():
     from trtforge.kernels.moe import moe_config
 
-    assert [moe_config(n).block_m for n in (1, 32, 33, 256, 257, 8192)] == [16, 16, 32, 32, 64, 64]
+    """By the rows an expert gets on average (tokens x k / E): Mixtral's (k 2 of 8) and Qwen3-MoE's (8 of
+    128) decode steps take 16-row blocks, their prefills 64."""
+    mixtral = [moe_config(n, 2, 8).block_m for n in (1, 64, 95, 96, 383, 384, 4096)]
+    assert mixtral == [16, 16, 16, 32, 32, 64, 64]
+    assert [moe_config(n, 8, 128).block_m for n in (1, 256, 383, 384, 1535, 1536)] == [16, 16, 16, 32, 32, 64]
 
 
 def test_the_launch_path_reads_nothing_back():

@@ -19,8 +19,8 @@ A layer's N tokens each pick k of E experts: N * k (token, expert) pairs, pair p
       to FP32), one row per pair ``[N k, H]`` in x's dtype; then the k rows of a token summed by a torch
       sum over k. Deterministic (no atomics): the same routing gives the same bits, eager or replayed.
 
-Tiles come from a small fixed table by token count (:data:`MOE_CONFIGS`, which a benchmark may replace):
-no autotuning at launch, which a graph capture could not hold. FP32 models multiply in IEEE FP32 (no
+Tiles come from a small fixed table by token count (per expert: :data:`MOE_CONFIGS`, which a benchmark may
+replace): no autotuning at launch, which a graph capture could not hold. FP32 models multiply in IEEE FP32 (no
 TF32), 16-bit ones on the tensor cores; every sum in FP32.
 """
 
@@ -66,14 +66,17 @@ class MoeConfig:
                 raise ValueError(f"MoeConfig tiles need block_n and block_k in 16..256 (powers of 2): {tile}")
 
 
-#: (fewest tokens it applies to, config), ascending: decode steps (few tokens, each expert's segment one
-#: short block: 16 rows, long K chunks, narrow columns so that the few experts hit still fill the SMs),
-#: mid-sized steps (32 rows), prefill (64 rows, wide tiles). A first guess, before any H200 sweep
-#: (benchmarks/bench_moe.py times them and can try others); read at call time, so a benchmark may replace it.
+#: (fewest rows per expert it applies to, config), ascending, by the call's tokens times k over E (the
+#: rows an expert gets on average: what fills a BLOCK_M block; Mixtral's 64 tokens give 16, Qwen3-MoE's
+#: 256 give 16): decode-like calls (16-row blocks, long K chunks, the gate_up tile's 2 x 32 weight rows
+#: narrow so that the few experts hit still spread over the SMs), mid-sized (32 rows) and prefill-like
+#: (64 rows, wide tiles, wgmma). A first guess shaped after vLLM's published H100/H200 tuning for these
+#: two models, before any sweep of ours (benchmarks/bench_moe.py --configs tries others); read at call
+#: time, so a benchmark may replace it.
 MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    (1, MoeConfig(16, MoeTile(64, 128, 4, 4), MoeTile(64, 128, 4, 4))),
-    (33, MoeConfig(32, MoeTile(64, 64, 4, 4), MoeTile(64, 64, 4, 4))),
-    (257, MoeConfig(64, MoeTile(128, 64, 8, 3), MoeTile(128, 64, 8, 3))),
+    (0, MoeConfig(16, MoeTile(32, 128, 4, 4), MoeTile(64, 128, 4, 4))),
+    (24, MoeConfig(32, MoeTile(64, 128, 4, 3), MoeTile(128, 64, 4, 3))),
+    (96, MoeConfig(64, MoeTile(128, 64, 8, 3), MoeTile(256, 64, 8, 3))),
 )
 
 
@@ -86,13 +89,20 @@ def for_dtype(tile: MoeTile, dtype: torch.dtype) -> MoeTile:
     return replace(tile, block_k=max(32, tile.block_k // 2), num_stages=min(tile.num_stages, 2))
 
 
-def moe_config(num_tokens: int, table: tuple[tuple[int, MoeConfig], ...] | None = None) -> MoeConfig:
-    """The config for a layer call of `num_tokens` tokens: the last entry of `table` (default
-    :data:`MOE_CONFIGS`, read at call time) whose fewest tokens it reaches, else the first."""
+def moe_config(
+    num_tokens: int,
+    top_k: int = 1,
+    num_experts: int = 1,
+    table: tuple[tuple[int, MoeConfig], ...] | None = None,
+) -> MoeConfig:
+    """The config for a layer call of `num_tokens` tokens, each to `top_k` of `num_experts` experts: the
+    last entry of `table` (default :data:`MOE_CONFIGS`, read at call time) whose fewest rows per expert
+    ``num_tokens * top_k / num_experts`` the call reaches, else the first."""
     table = MOE_CONFIGS if table is None else table
+    rows = num_tokens * top_k / num_experts
     chosen = table[0][1]
     for fewest, config in table:
-        if num_tokens >= fewest:
+        if rows >= fewest:
             chosen = config
     return chosen
 
@@ -251,7 +261,8 @@ def fused_moe(
     """``sum_j weights[t, j] * down[e] @ (act(gate[e] @ x[t]) * (up[e] @ x[t]))`` over each token t's k
     experts ``e = experts[t, j]``, in x's dtype: x ``[N, H]``, gate_up ``[E, 2 I, H]`` (gate rows first),
     down ``[E, H, I]``, weights and experts ``[N, k]``. Every launch and tensor size depends only on N, k,
-    E and the config (default :func:`moe_config` of N), so the call can be captured in a CUDA graph."""
+    E and the config (default :func:`moe_config` of N, k and E), so the call can be captured in a CUDA
+    graph."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"fused_moe: activation must be one of {ACTIVATIONS}, got {activation!r}")
     _check(x, gate_up, down, weights, experts)
@@ -259,7 +270,7 @@ def fused_moe(
     e, i, k = int(gate_up.shape[0]), int(gate_up.shape[1]) // 2, int(experts.shape[1])
     if n == 0:
         return x.new_zeros((0, h))
-    cfg = config or moe_config(n)
+    cfg = config or moe_config(n, k, e)
     p = n * k
     sorted_ids, block_expert, padded = align_block_size(experts, e, cfg.block_m)
     row_blocks = int(block_expert.numel())
