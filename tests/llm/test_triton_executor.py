@@ -406,7 +406,7 @@ def _lockstep_greedy(base: torch.nn.Module, device: str, refusal: str | None) ->
     assert both.max_rel_err < both.rel_tol
     assert both.clear_rows >= both.rows // 2, "too few rows with a clear greedy pick to compare"
     assert both.flipped == 0
-    if device == "cuda":  # (none of a MoE model: its expert groups are data)
+    if device == "cuda":  # (none of a MoE model the fused MoE kernels cannot run)
         assert (test.num_cuda_graphs > 0) == (test.cuda_graphs_refusal is None)
 
 

@@ -84,7 +84,8 @@ SAME_KERNEL_PATH = ("mpt", "falcon_rw")
 # the forms the Triton-executor and CUDA-graph tests run: the fused layers' Llama-style variants (plain,
 # Qwen3's head norms, Phi-3's fused projections and partial rotary), every family with another adapter
 # but the LIGHT_FAMILIES and SAME_KERNEL_PATH, and the family forms above
-# (of the MoE families only Mixtral: their MoE MLPs are one torch path, the attention around it Llama's)
+# (of the MoE families only Mixtral: their MoE MLPs are one path, the attention around it Llama's;
+# tests/llm/models/test_moe_fused.py runs the others' graph-captured decode)
 KERNEL_FAMILIES = tuple(
     f
     for f in ("llama", "qwen3", "phi3", *(f for f in SUPPORTED if f not in LLAMA_STYLE), *FORMS)

@@ -1,8 +1,8 @@
 """Sparse mixture-of-experts families (llm.models.moe, llm.models.mixtral, llm.models.granite): the step graph
 of each family against transformers' generate (Mixtral also runs in tiny_models.FAMILIES), ragged batches
 on the torch executor, both formulations against each other, and the refusals: the paths MoE MLPs have none
-of yet (quantization, tensor parallelism, CUDA graphs), the MoE families not implemented, experts in a
-layout other than transformers 5's."""
+of yet (quantization, tensor parallelism; CUDA graphs where the fused MoE kernels cannot run), the MoE
+families not implemented, experts in a layout other than transformers 5's."""
 
 from __future__ import annotations
 
@@ -127,10 +127,13 @@ def test_a_ragged_batch_on_the_torch_executor_matches_transformers(family):
             torch.testing.assert_close(got[row], want[b][hi - 1].float(), rtol=1e-5, atol=1e-5)
 
 
-def test_moe_executor_captures_no_cuda_graphs_and_says_why():
-    ex = TorchExecutor(tiny_model("mixtral"), num_blocks=8, block_size=4, static_decode=True)
+def test_moe_executor_captures_cuda_graphs_only_where_the_fused_moe_kernels_run():
+    """A MoE model the fused MoE kernels cannot run (here: float64) captures no CUDA graphs and says why;
+    one they can run has no refusal (tests/llm/models/test_moe_fused.py: the reasons, the GPU runs)."""
+    ex = TorchExecutor(tiny_model("mixtral").double(), num_blocks=8, block_size=4, static_decode=True)
     assert not ex.use_cuda_graphs
     assert ex.facts.cuda_graphs_refusal.startswith("MoE MLPs: each step routes its tokens")
+    assert TorchExecutor(tiny_model("mixtral"), num_blocks=8, block_size=4).facts.cuda_graphs_refusal is None
     dense = TorchExecutor(tiny_model("llama"), num_blocks=8, block_size=4)
     assert dense.facts.cuda_graphs_refusal is None
 
@@ -138,10 +141,12 @@ def test_moe_executor_captures_no_cuda_graphs_and_says_why():
 @pytest.mark.parametrize("family", ["granitemoe", "granitemoeshared"])
 def test_granite_moe_blocks_count_as_moe_mlps(family):
     """GraniteMoE's blocks (``block_sparse_moe``, a ``router`` rather than a ``gate``) count as MoE MLPs
-    wherever a path checks for them: the fused layers gate on has_moe, the CUDA graphs say why not."""
+    wherever a path checks for them: the fused layers gate on has_moe, the CUDA graphs on the fused MoE
+    kernels, which run them (and refuse them in float64, saying why)."""
     model = tiny_model(family)
     assert adapter_for(model).has_moe
-    ex = TorchExecutor(model, num_blocks=8, block_size=4, static_decode=True)
+    assert all(m.fused_refusal() is None for m in adapter_for(model).moe if m is not None)
+    ex = TorchExecutor(model.double(), num_blocks=8, block_size=4, static_decode=True)
     assert ex.facts.cuda_graphs_refusal.startswith("MoE MLPs: each step routes its tokens")
 
 

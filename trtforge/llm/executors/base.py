@@ -253,7 +253,7 @@ class ExecutorFacts:
       rows run through the linear layers like real ones); empty: no padding. The scheduler fills a
       step's padding with prompt tokens (``SchedulerConfig.fill_step_buckets``).
     - ``cuda_graphs_refusal``: why the executor never captures CUDA graphs of this model (sparse MoE
-      MLPs: data-dependent expert groups), or None.
+      MLPs the fused MoE kernels cannot run: data-dependent expert groups), or None.
     """
 
     num_blocks: int

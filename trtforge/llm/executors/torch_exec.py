@@ -6,9 +6,11 @@ and replaces only attention and the cache: each layer writes the step's new K/V 
 batch's slots, then attends through the block tables with a pluggable attention function. On CUDA
 (FP16/BF16) the default is trtforge's Triton kernels (split-KV decode, chunked prefill; see
 :mod:`trtforge.llm.executors.triton_attention`), and Llama-style layers run fused (RMSNorm, one QKV
-GEMM, RoPE + K/V write in one kernel, residuals folded into GEMMs: :mod:`.fused_layers`). Elsewhere
-the torch references (:mod:`trtforge.llm.executors.paged_attention`) run; they are also the
-correctness oracle for the kernels.
+GEMM, RoPE + K/V write in one kernel, residuals folded into GEMMs: :mod:`.fused_layers`). Sparse MoE
+MLPs run the fused MoE kernels on CUDA wherever their blocks allow (:mod:`trtforge.kernels.moe`: no host
+sync, so their steps are captured in CUDA graphs too), grouped elsewhere (:mod:`trtforge.llm.models.moe`).
+Where the attention kernels do not run, the torch references (:mod:`trtforge.llm.executors.paged_attention`)
+do; they are also the correctness oracle for the kernels.
 
 Decode-only steps can run on *static* shapes: the batch is padded to a size bucket and the block
 tables to a width bucket (padding rows write to and read from a scratch block), so each (batch,
@@ -38,6 +40,7 @@ device from the previous step's sampled tokens, after the inputs' copy and befor
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -103,6 +106,10 @@ ONE_CAPTURE_STREAM = False
 # (they then share their temporaries, where the memory is at large steps), the decode graphs as above. An
 # A/B setting for the mechanism (benchmarks/probe_capture_stream.py); not yet measured.
 PIECEWISE_ONE_STREAM = False
+# True: on CUDA the MoE layers run the fused Triton kernels (trtforge.kernels.moe: no host sync, so their
+# steps are captured in CUDA graphs) wherever each layer's block allows. False: they run grouped (a host
+# sync a layer) and the model's steps eagerly: the A/B of benchmarks/bench_moe.py.
+MOE_FUSED = True
 
 
 def _bucket(n: int, buckets: Any) -> int:
@@ -305,12 +312,7 @@ class TorchExecutor:
         self.static_decode = self.static_decode and not self._adapter.dynamic
         #: why this executor never captures CUDA graphs of its model (None: it does, on CUDA with static
         #: decode); facts.cuda_graphs_refusal reports it
-        self.cuda_graphs_refusal: str | None = None
-        if self._adapter.has_moe:
-            self.cuda_graphs_refusal = (
-                "MoE MLPs: each step routes its tokens to experts in groups whose sizes are data (one host "
-                "sync per layer), which a captured graph would freeze; steps run eagerly"
-            )
+        self.cuda_graphs_refusal: str | None = self._pick_moe()
         self.use_cuda_graphs = (
             self.static_decode and self.device.type == "cuda" and self.cuda_graphs_refusal is None
         )
@@ -324,6 +326,29 @@ class TorchExecutor:
         self._chain_graphs: dict[tuple[int, ...], Any] = {}
         self._graph_pool: Any = None
         self._graph_stream: Any = None
+
+    def _pick_moe(self) -> str | None:
+        """MoE layers run ``fused`` on CUDA (:data:`MOE_FUSED`; blocks the fused kernels refuse still run
+        grouped: :meth:`~trtforge.llm.models.moe.SparseMoe.fused_refusal`), ``grouped`` elsewhere. Returns
+        why no CUDA graph can hold this model's steps (None: every MoE layer can run fused, or none is
+        MoE)."""
+        adapter = self._adapter
+        if not adapter.has_moe:
+            return None
+        triton = importlib.util.find_spec("triton") is not None
+        if self.device.type == "cuda" and MOE_FUSED and triton:
+            adapter.moe_formulation = "fused"
+        refusals = [(i, m.fused_refusal()) for i, m in enumerate(adapter.moe) if m is not None]
+        why = next((f"layer {i}'s block: {r}" for i, r in refusals if r is not None), None)
+        if why is None and not (MOE_FUSED and triton):
+            why = "torch_exec.MOE_FUSED is off" if not MOE_FUSED else "Triton is not installed"
+        if why is None:
+            return None
+        return (
+            "MoE MLPs: each step routes its tokens to experts in groups whose sizes are data (one host sync "
+            "per layer), which a captured graph would freeze; steps run eagerly (the fused MoE kernels, "
+            f"which keep the groups on the device, cannot run: {why})"
+        )
 
     def _make_piecewise(self, mixed_graphs: bool | None, max_graph_tokens: int) -> PiecewiseStep | None:
         """The piecewise runner of steps with prompt tokens, where on (never with dynamic rotary: its

@@ -19,14 +19,18 @@ The experts are transformers 5's fused 3-D parameters (``experts.gate_up_proj`` 
 first; ``experts.down_proj`` [E, H, I]); a checkpoint saved by transformers 4 (one Linear per expert) is
 converted to them when transformers loads it. Two formulations of the same math:
 
-- ``grouped`` (the torch executor): the (token, expert) pairs sorted by expert, each expert's GEMMs on
-  its own tokens only, the outputs weighted and summed back per token (``index_add``). The segment sizes
-  are data: one host sync per layer, and no CUDA graph can hold them (the executor runs MoE models
-  without graphs and says so in its facts).
+- ``grouped`` (the torch executor on the CPU, and for blocks ``fused`` refuses): the (token, expert) pairs
+  sorted by expert, each expert's GEMMs on its own tokens only, the outputs weighted and summed back per
+  token (``index_add``). The segment sizes are data: one host sync per layer, and no CUDA graph can hold
+  them (the executor runs such models without graphs and says so in its facts).
 - ``dense`` (the step graph): every expert on every token (batched MatMuls over the expert axis), summed
   with routing weights that are zero off each token's top k. Plain ONNX ops (MatMul, Softmax, TopK,
   Equal, ReduceSum) with no data-dependent shape, exact as the grouped form, at ``num_experts / top_k``
   times the expert FLOPs.
+- ``fused`` (the torch executor on CUDA): the grouped math in two Triton grouped GEMMs over the pairs
+  sorted and padded by expert on the device (:mod:`trtforge.kernels.moe`): static shapes, no host sync,
+  so CUDA graphs hold it. For the plain layout only (:meth:`SparseMoe.fused_refusal`); a block it
+  refuses runs ``grouped`` when asked for ``fused``.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from torch import Tensor, nn
 
 from trtforge.errors import UserError
 
-FORMULATIONS = ("grouped", "dense")
+FORMULATIONS = ("grouped", "dense", "fused")
 #: the routing orders (see the module docstring)
 ROUTINGS = ("softmax_topk", "topk_softmax")
 
@@ -134,6 +138,11 @@ class SparseMoe:
         weights, experts = self.route(flat)
         if formulation == "dense":
             out = self._dense(flat, weights, experts)
+        elif formulation == "fused" and self.fused_refusal() is None:
+            from trtforge.kernels.moe import fused_moe
+
+            ex = self.block.experts
+            out = fused_moe(flat.contiguous(), ex.gate_up_proj, ex.down_proj, weights, experts)
         else:
             out = self._grouped(flat, weights, experts)
         if self.shared_gate is not None:
@@ -141,6 +150,28 @@ class SparseMoe:
         elif self.shared is not None:
             out = out + self.shared(flat)
         return out.reshape(x.shape)
+
+    def fused_refusal(self) -> str | None:
+        """Why the ``fused`` formulation cannot run this block (None: it can): it needs experts of exactly
+        two parameters (no biases, no scales) in the plain layout, gate rows first, a SiLU gate and FP16 /
+        BF16 / FP32 weights (the weights' dtype read now: moving the model may change it)."""
+        ex = self.block.experts
+        names = sorted(name for name, _ in ex.named_parameters())
+        if names != ["down_proj", "gate_up_proj"]:
+            return f"experts with parameters {names} (the fused kernels take gate_up_proj and down_proj only)"
+        flags = ("is_transposed", "has_bias", "has_post_expert_norm")
+        if not getattr(ex, "is_concatenated", True) or any(getattr(ex, f, False) for f in flags):
+            return "experts not in the plain layout (concatenated gate rows first, not transposed)"
+        act = getattr(ex, "act_fn", None)
+        if type(act).__name__ not in ("SiLU", "SiLUActivation"):
+            return f"a {type(act).__name__} gate (the fused kernels apply SiLU)"
+        gate_up, down = ex.gate_up_proj, ex.down_proj
+        e, two_i, h = gate_up.shape
+        if tuple(down.shape) != (e, h, two_i // 2) or two_i % 2:
+            return f"expert shapes {tuple(gate_up.shape)} and {tuple(down.shape)}"
+        if gate_up.dtype not in (torch.float16, torch.bfloat16, torch.float32) or down.dtype != gate_up.dtype:
+            return f"{gate_up.dtype} experts (the fused kernels take FP16, BF16 or FP32)"
+        return None
 
     def _expert(self, e: int, rows: Tensor) -> Tensor:
         """Expert e's gated MLP on `rows` [n, H]."""

@@ -1,0 +1,363 @@
+"""The fused MoE kernels (trtforge.kernels.moe): the alignment against a Python reference (ragged counts,
+experts with no tokens, every token to one expert, one token), its static sizes and its freedom from host
+reads; the two grouped GEMMs against a float64 reference at token counts across the config table, in
+Triton's CPU interpreter without CUDA and for real on a GPU (``-m gpu``); the refusals; every table config
+compiled for sm_90 on the CPU; on a GPU, no sync under ``set_sync_debug_mode`` and a CUDA graph replayed
+under new routings. The families' blocks against their grouped formulation:
+tests/llm/models/test_moe_fused.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from tests._devices import DEVICES, skip_unless_runs_here
+from tests._host_sync import no_host_reads
+from tests.kernels._sm90 import compile_facts, needs_ptxas, run_in_child
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+_ULP = {torch.bfloat16: 2**-8, torch.float16: 2**-11, torch.float32: 2**-24}  # half an ulp at 1.0
+
+
+def _reference_alignment(experts: torch.Tensor, num_experts: int, block_m: int):
+    """The pair ids in expert order (stable), each expert's run padded with the sentinel to whole blocks;
+    each block's expert; the padded count."""
+    flat = experts.reshape(-1).tolist()
+    sentinel = len(flat)
+    ids, blocks = [], []
+    for e in range(num_experts):
+        run = [p for p, x in enumerate(flat) if x == e]
+        run += [sentinel] * (-len(run) % block_m)
+        ids += run
+        blocks += [e] * (len(run) // block_m)
+    return ids, blocks, len(ids)
+
+
+def _routing(n: int, k: int, num_experts: int, seed: int, skew: float = 0.0) -> torch.Tensor:
+    """[n, k] distinct expert ids a token, drawn with expert e's weight exp(-skew * e) (ragged counts)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.exp(-skew * torch.arange(num_experts, dtype=torch.float64)).expand(n, -1)
+    return torch.multinomial(w, k, replacement=False, generator=g)
+
+
+# (name, experts [N, k], E, BLOCK_M)
+ALIGN_CASES = [
+    ("ragged", _routing(37, 2, 6, seed=1, skew=0.6), 6, 4),
+    ("ragged, wide blocks", _routing(50, 3, 8, seed=2, skew=0.4), 8, 16),
+    ("experts with no tokens", torch.tensor([[1, 3], [3, 1], [1, 4], [4, 1], [3, 4]]), 7, 4),
+    ("every token to one expert", torch.full((11, 1), 2), 4, 4),
+    ("every token to the same two", torch.tensor([[0, 3]] * 9), 4, 8),
+    ("one token", torch.tensor([[5, 2]]), 8, 16),
+    ("counts on whole blocks", torch.tensor([[0, 1], [1, 0], [2, 3], [3, 2]] * 4), 4, 4),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    ("name", "experts", "num_experts", "block_m"), ALIGN_CASES, ids=[c[0] for c in ALIGN_CASES]
+)
+def test_alignment_matches_the_python_reference(monkeypatch, name, experts, num_experts, block_m):
+    """Exact ids, block experts and padded count; past the count only sentinels; sizes from N, k, E and
+    BLOCK_M alone; no host read of a device value on the way."""
+    from trtforge.kernels.moe import align_block_size, sorted_capacity
+
+    with no_host_reads(monkeypatch):
+        sorted_ids, block_expert, padded = align_block_size(experts, num_experts, block_m)
+    ids, blocks, count = _reference_alignment(experts, num_experts, block_m)
+    p = experts.numel()
+    cap = sorted_capacity(p, num_experts, block_m)
+    assert sorted_ids.dtype == block_expert.dtype == padded.dtype == torch.int32
+    assert tuple(sorted_ids.shape) == (cap,) and tuple(block_expert.shape) == (cap // block_m,)
+    assert tuple(padded.shape) == (1,) and int(padded) == count
+    assert sorted_ids[:count].tolist() == ids
+    assert (sorted_ids[count:] == p).all()
+    assert block_expert[: count // block_m].tolist() == blocks
+
+
+def test_alignment_sizes_depend_on_n_k_e_and_block_m_only():
+    """Every routing of N tokens to k of E experts gets the same output sizes, whose capacity holds the
+    padded count of each (random draws, and the worst case: every expert hit one past a whole block)."""
+    from trtforge.kernels.moe import align_block_size, sorted_capacity
+
+    for n, k, e, bm in ((1, 2, 8, 16), (7, 2, 4, 16), (40, 4, 16, 32), (300, 2, 8, 64)):
+        cap = sorted_capacity(n * k, e, bm)
+        routings = [_routing(n, k, e, seed=s, skew=s / 4) for s in range(6)]
+        routings.append(torch.arange(n * k).reshape(n, k) % e)  # spread evenly
+        for experts in routings:
+            sorted_ids, block_expert, padded = align_block_size(experts, e, bm)
+            assert tuple(sorted_ids.shape) == (cap,) and tuple(block_expert.shape) == (cap // bm,)
+            assert int(padded) <= cap
+    # the bound is reached: 4 experts each hit bm + 1 times pad to 2 blocks apiece
+    experts = torch.arange(4).repeat_interleave(17)[:, None]
+    _, _, padded = align_block_size(experts, 4, 16)
+    assert int(padded) == sorted_capacity(68, 4, 16) == 128
+
+
+def _operands(n, h, i, e, k, dtype, seed, weights_dtype=None):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, h, generator=g).to(dtype)
+    gate_up = (torch.randn(e, 2 * i, h, generator=g) / h**0.5).to(dtype)
+    down = (torch.randn(e, h, i, generator=g) / i**0.5).to(dtype)
+    experts = _routing(n, k, e, seed=seed + 1, skew=0.5)
+    weights = torch.rand(n, k, generator=g).to(weights_dtype or dtype)
+    return x, gate_up, down, weights, experts
+
+
+def _assert_matches(got, x, gate_up, down, weights, experts) -> None:
+    """`got` against the float64 math: per element ``|got - want| <= 2 half-ulps of (|want| + m)`` with m
+    the magnitude the rounded intermediate rows reach (``sum_j |w| |down| @ |act * up|``), plus FP32
+    summation order."""
+    x64, gu, dn, w = x.double().cpu(), gate_up.double().cpu(), down.double().cpu(), weights.double().cpu()
+    ex = experts.cpu()
+    gate, up = torch.einsum("nh,nkih->nki", x64, gu[ex]).chunk(2, dim=-1)
+    inter = torch.nn.functional.silu(gate) * up
+    want = torch.einsum("nki,nkhi->nkh", inter, dn[ex])
+    want, mag = (want * w[..., None]).sum(1), torch.einsum("nki,nkhi->nkh", inter.abs(), dn[ex].abs())
+    mag = (mag * w.abs()[..., None]).sum(1)
+    ulp = _ULP[x.dtype]
+    tol = 4 * ulp * (want.abs() + mag) + 2**-20 * mag + 1e-6
+    err = (got.double().cpu() - want).abs()
+    assert got.dtype == x.dtype and got.shape == x.shape
+    worst = int((err - tol).argmax())
+    assert (err <= tol).all(), (
+        f"{int((err > tol).sum())} of {err.numel()} outputs off; worst {divmod(worst, err.shape[1])}: "
+        f"got {got.flatten()[worst].item()} want {want.flatten()[worst].item()} tol {tol.flatten()[worst]}"
+    )
+
+
+# (N, H, I, E, k): every row of the table by rows per expert (N k / E: 0.5, 2.5 and 2.25 take 16-row
+# blocks, 30 take 32, 100 take 64); H and I on and off the tiles (K chunks masked, columns wrapped), k = 1
+KERNEL_CASES = [
+    (1, 64, 48, 4, 2),
+    (5, 40, 32, 6, 3),
+    (60, 64, 80, 4, 2),
+    (400, 32, 48, 8, 2),
+    (9, 64, 64, 4, 1),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(("n", "h", "i", "e", "k"), KERNEL_CASES, ids=str)
+def test_fused_moe_matches_the_float64_math(device, dtype, n, h, i, e, k):
+    from trtforge.kernels.moe import fused_moe
+
+    skip_unless_runs_here(device)
+    ops = _operands(n, h, i, e, k, dtype, seed=n + h + i + e)
+    got = fused_moe(*(t.to(device) for t in ops))
+    _assert_matches(got, *ops)
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_routing_weights_and_a_config_given(device):
+    """BF16 experts with float32 routing weights (Mixtral's): each pair's output weighted in FP32; any
+    config of the table gives the same result at one token count (the table is a speed choice only)."""
+    from trtforge.kernels.moe import MOE_CONFIGS, fused_moe
+
+    skip_unless_runs_here(device)
+    ops = _operands(23, 64, 48, 5, 2, torch.bfloat16, seed=3, weights_dtype=torch.float32)
+    on = [t.to(device) for t in ops]
+    outs = [fused_moe(*on, config=cfg) for _, cfg in MOE_CONFIGS]
+    for got in outs:
+        _assert_matches(got, *ops)
+        torch.testing.assert_close(got, outs[0], rtol=2**-7, atol=2**-7)
+
+
+@needs_triton
+def test_zero_tokens_and_the_refusals():
+    from trtforge.kernels.moe import MoeConfig, MoeTile, fused_moe
+
+    x, gu, dn, w, ex = _operands(3, 32, 16, 4, 2, torch.float32, seed=0)
+    assert fused_moe(x[:0], gu, dn, w[:0], ex[:0]).shape == (0, 32)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        fused_moe(x, gu, dn, w, ex, activation="gelu")
+    with pytest.raises(ValueError, match="x must be FP16, BF16 or FP32"):
+        fused_moe(x.double(), gu, dn, w, ex)
+    with pytest.raises(ValueError, match="gate_up must be"):
+        fused_moe(x, gu.half(), dn, w, ex)
+    with pytest.raises(ValueError, match=r"down must be torch.float32 \[4, 32, 16\]"):
+        fused_moe(x, gu, dn.transpose(1, 2), w, ex)
+    with pytest.raises(ValueError, match="weights must be float"):
+        fused_moe(x, gu, dn, w[:, :1], ex)
+    with pytest.raises(ValueError, match="experts must be integer"):
+        fused_moe(x, gu, dn, w, ex.float())
+    with pytest.raises(ValueError, match="block_m must be"):
+        MoeConfig(8, MoeTile(), MoeTile())
+
+
+def test_the_table_picks_by_rows_per_expert():
+    from trtforge.kernels.moe import moe_config
+
+    """By the rows an expert gets on average (tokens x k / E): Mixtral's (k 2 of 8) and Qwen3-MoE's (8 of
+    128) decode steps take 16-row blocks, their prefills 64."""
+    mixtral = [moe_config(n, 2, 8).block_m for n in (1, 64, 95, 96, 383, 384, 4096)]
+    assert mixtral == [16, 16, 16, 32, 32, 64, 64]
+    assert [moe_config(n, 8, 128).block_m for n in (1, 256, 383, 384, 1535, 1536)] == [16, 16, 16, 32, 32, 64]
+
+
+def test_the_launch_path_reads_nothing_back():
+    """The source of everything a fused MoE layer call runs on the host holds no host read of a device
+    value and no op whose output size is data (the runtime trap above covers the alignment; the kernel
+    launches are checked here, where the interpreter itself reads tensors)."""
+    import inspect
+
+    from trtforge.kernels import moe
+
+    for fn in (moe.fused_moe, moe.align_block_size, moe.sorted_capacity, moe.moe_config):
+        src = inspect.getsource(fn)
+        for banned in (
+            ".item(",
+            ".tolist(",
+            "bincount",
+            "nonzero",
+            ".cpu(",
+            ".numpy(",
+            "synchronize",
+            "unique",
+        ):
+            assert banned not in src, f"{fn.__name__} calls {banned}"
+
+
+# ---------------------------------------------------------------- sm_90 compile on the CPU
+
+
+def _compile_facts(block_m: int, tile: dict, gated: bool, dtype: str) -> dict:
+    """Compile one launch of the kernel for sm_90 as fused_moe specializes it (Mixtral's H and I)."""
+    import torch
+
+    from trtforge.kernels import moe
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    tile = vars(moe.for_dtype(moe.MoeTile(**tile), torch_dtype))
+
+    h, i = 4096, 14336
+    cols, depth = (i, h) if gated else (h, i)
+    elem = f"*{dtype}"
+    pointers = {"A": elem, "W": elem, "Out": elem, "RoutingW": "*fp32", "SortedIds": "*i32"}
+    pointers |= {"BlockExpert": "*i32", "Padded": "*i32"}
+    ints = {"N": cols, "K": depth, "stride_am": depth, "stride_we": 2 * i * h, "stride_wn": depth}
+    ints |= {"stride_om": cols, "num_pairs": 2, "row_blocks": 2}
+    consts = {
+        "ROW_DIV": 2 if gated else 1,
+        "GATED": gated,
+        "ACT": "silu",
+        "ROUTED": not gated,
+        "EVEN_K": depth % tile["block_k"] == 0,
+        "DOT_F32": False,
+        "PRECISION": "ieee" if dtype == "fp32" else "tf32",
+        "BLOCK_M": block_m,
+        "BLOCK_N": tile["block_n"],
+        "BLOCK_K": tile["block_k"],
+    }
+    return compile_facts(moe._moe_gemm_kernel, pointers, ints, consts, tile["num_warps"], tile["num_stages"])
+
+
+def _compile_table(dtype: str) -> list[dict]:
+    """Every launch of the table compiled in one child process (:func:`_table`'s order)."""
+    return [_compile_facts(block_m, tile, gated, dtype) for block_m, tile, gated in _table()]
+
+
+def _table() -> list[tuple[int, dict, bool]]:
+    from trtforge.kernels.moe import MOE_CONFIGS
+
+    return [
+        (c.block_m, tile.__dict__, gated)
+        for _, c in MOE_CONFIGS
+        for tile, gated in ((c.up, True), (c.down, False))
+    ]
+
+
+def test_every_table_config_compiles_for_sm90_to_bf16_wgmma_without_spills():
+    """Each launch of each config in the table: BF16 products on the tensor cores with FP32 sums (wgmma
+    at 64-row blocks; below a warpgroup's 64 rows Triton takes mma.sync), the tiles in shared memory, no
+    ptxas spills."""
+    needs_ptxas()
+    for (block_m, tile, gated), facts in zip(_table(), run_in_child(f"{__name__}:_compile_table", "bf16")):
+        where = f"block_m {block_m} {tile} gated {gated}"
+        assert facts["ptxas_rc"] == 0, (where, facts["ptxas"])
+        mma = {op for op in facts["counts"] if op.startswith(("wgmma.mma_async", "mma.sync"))}
+        assert mma and all(".f32.bf16.bf16" in op for op in mma), (where, mma)
+        if block_m >= 64:
+            assert all(op.startswith("wgmma") for op in mma), (where, mma)
+        assert not any(facts["spills"]), (where, facts["ptxas"])
+        assert facts["shared"] <= 232448, where
+
+
+def test_float32_multiplies_in_ieee_float32_and_fits():
+    """An FP32 model's products: FP32 FMAs, not TF32 tensor-core products (which round the inputs to 10
+    mantissa bits); every table config, as :func:`for_dtype` launches it for FP32, in shared memory
+    without spills."""
+    needs_ptxas()
+    for (block_m, tile, gated), facts in zip(_table(), run_in_child(f"{__name__}:_compile_table", "fp32")):
+        where = f"block_m {block_m} {tile} gated {gated}"
+        assert facts["ptxas_rc"] == 0, (where, facts["ptxas"])
+        assert not any("tf32" in op for op in facts["counts"]), (where, sorted(facts["counts"]))
+        assert any(op.startswith("fma.rn.f32") for op in facts["counts"]), where
+        assert not any(facts["spills"]) and facts["shared"] <= 232448, (where, facts["shared"])
+
+
+# ---------------------------------------------------------------- on a GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("n", [1, 7, 64, 300, 2000])
+def test_gpu_matches_at_wider_shapes(dtype, n):
+    """E 64, k 6 (Qwen-like) and E 8, k 2 (Mixtral-like) at a 512-wide model, every row of the table."""
+    from trtforge.kernels.moe import fused_moe
+
+    for e, k in ((64, 6), (8, 2)):
+        ops = _operands(n, 512, 384, e, k, dtype, seed=n + e)
+        _assert_matches(fused_moe(*(t.cuda() for t in ops)), *ops)
+
+
+@pytest.mark.gpu
+def test_gpu_fused_moe_never_syncs():
+    """torch's own check: any synchronizing CUDA call in a fused MoE layer call raises."""
+    from trtforge.kernels.moe import fused_moe
+
+    ops = [t.cuda() for t in _operands(33, 256, 128, 8, 2, torch.bfloat16, seed=5)]
+    fused_moe(*ops)  # compile first (Triton's launcher may query the device)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fused_moe(*ops)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replays_follow_new_routings():
+    """One captured fused MoE call replayed under routings written into its input buffers after capture
+    (ragged, every token to one expert, the capture's routing reversed): each replay gives the eager
+    call's result for that routing, bit for bit."""
+    from trtforge.kernels.moe import fused_moe
+
+    n, h, i, e, k = 24, 256, 128, 8, 2
+    x, gu, dn, w, ex = (t.cuda() for t in _operands(n, h, i, e, k, torch.bfloat16, seed=7))
+    bufs = [x.clone(), w.clone(), ex.clone()]
+    fused_moe(bufs[0], gu, dn, bufs[1], bufs[2])
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_moe(bufs[0], gu, dn, bufs[1], bufs[2])
+    g = torch.Generator().manual_seed(9)
+    routings = [
+        _routing(n, k, e, seed=11, skew=1.5).cuda(),
+        torch.tensor([[3, 5]] * n, device="cuda"),
+        ex.flip(0),
+    ]
+    for experts in routings:
+        new_x = torch.randn(n, h, generator=g).to(torch.bfloat16).cuda()
+        new_w = torch.rand(n, k, generator=g).to(torch.bfloat16).cuda()
+        for buf, value in zip(bufs, (new_x, new_w, experts)):
+            buf.copy_(value)
+        graph.replay()
+        want = fused_moe(new_x, gu, dn, new_w, experts)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        _assert_matches(out, new_x, gu, dn, new_w, experts)

@@ -1,0 +1,295 @@
+"""Fused sparse mixture-of-experts MLPs in Triton: every shape static, nothing read back to the host, so a
+MoE layer can be captured in a CUDA graph (the design of vLLM's and SGLang's fused MoE).
+
+A layer's N tokens each pick k of E experts: N * k (token, expert) pairs, pair p = token * k + slot.
+
+1. :func:`align_block_size` sorts the pairs by expert on the device and pads each expert's segment to a
+   multiple of BLOCK_M with a sentinel id (N * k), so that every BLOCK_M rows of the sorted list belong to
+   one expert. Its outputs have sizes that depend only on N, k, E and BLOCK_M (an upper bound of the
+   padded count, :func:`sorted_capacity`); the real padded count stays on the device (a 1-element tensor).
+2. Two launches of one grouped GEMM (:func:`fused_moe`). Its grid is the upper bound of M-blocks times
+   the N-blocks; a program whose M-block starts past the real padded count returns at once. A program
+   gathers its rows by pair id, multiplies them by its block's expert's weights (stacked ``[E, N, K]``,
+   as transformers 5 stores ``gate_up_proj`` [E, 2 I, H] and ``down_proj`` [E, H, I]) in FP32, and
+   stores by pair id (sentinel rows are skipped):
+
+   a. gate_up: rows of x by token (pair // k), the gate and up rows (gate first) as two accumulators, the
+      gated activation in the epilogue (``act(gate) * up``; ``silu`` only), one row per pair ``[N k, I]``;
+   b. down: the intermediate row of each pair, times the pair's routing weight (any float dtype, widened
+      to FP32), one row per pair ``[N k, H]`` in x's dtype; then the k rows of a token summed by a torch
+      sum over k. Deterministic (no atomics): the same routing gives the same bits, eager or replayed.
+
+Tiles come from a small fixed table by token count (per expert: :data:`MOE_CONFIGS`, which a benchmark may
+replace): no autotuning at launch, which a graph capture could not hold. FP32 models multiply in IEEE FP32 (no
+TF32), 16-bit ones on the tensor cores; every sum in FP32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from trtforge.kernels import interpreting
+
+#: the activations the gate_up epilogue applies (a constexpr of the kernel)
+ACTIVATIONS = ("silu",)
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class MoeTile:
+    """One launch's output columns and K chunk per program, warps, pipeline stages."""
+
+    block_n: int = 64
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """The launches of one layer call: BLOCK_M (the alignment's and both GEMMs' rows per program) and the
+    tiles of the gate_up and the down GEMM."""
+
+    block_m: int
+    up: MoeTile
+    down: MoeTile
+
+    def __post_init__(self) -> None:
+        if self.block_m not in (16, 32, 64, 128):
+            raise ValueError(f"MoeConfig.block_m must be 16, 32, 64 or 128, got {self.block_m}")
+        for tile in (self.up, self.down):
+            if tile.block_n not in (16, 32, 64, 128, 256) or tile.block_k not in (16, 32, 64, 128, 256):
+                raise ValueError(f"MoeConfig tiles need block_n and block_k in 16..256 (powers of 2): {tile}")
+
+
+#: (fewest rows per expert it applies to, config), ascending, by the call's tokens times k over E (the
+#: rows an expert gets on average: what fills a BLOCK_M block; Mixtral's 64 tokens give 16, Qwen3-MoE's
+#: 256 give 16): decode-like calls (16-row blocks, long K chunks, the gate_up tile's 2 x 32 weight rows
+#: narrow so that the few experts hit still spread over the SMs), mid-sized (32 rows) and prefill-like
+#: (64 rows, wide tiles, wgmma). A first guess shaped after vLLM's published H100/H200 tuning for these
+#: two models, before any sweep of ours (benchmarks/bench_moe.py --configs tries others); read at call
+#: time, so a benchmark may replace it.
+MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
+    (0, MoeConfig(16, MoeTile(32, 128, 4, 4), MoeTile(64, 128, 4, 4))),
+    (24, MoeConfig(32, MoeTile(64, 128, 4, 3), MoeTile(128, 64, 4, 3))),
+    (96, MoeConfig(64, MoeTile(128, 64, 8, 3), MoeTile(256, 64, 8, 3))),
+)
+
+
+def for_dtype(tile: MoeTile, dtype: torch.dtype) -> MoeTile:
+    """`tile` as launched for `dtype`: FP32 tiles take twice the shared memory and multiply on FMAs (IEEE,
+    no tensor cores), so their K chunk is halved (down to 32) and their pipeline held to 2 stages, which
+    keeps every table config in shared memory without spills on sm_90; 16-bit tiles as given."""
+    if dtype != torch.float32:
+        return tile
+    return replace(tile, block_k=max(32, tile.block_k // 2), num_stages=min(tile.num_stages, 2))
+
+
+def moe_config(
+    num_tokens: int,
+    top_k: int = 1,
+    num_experts: int = 1,
+    table: tuple[tuple[int, MoeConfig], ...] | None = None,
+) -> MoeConfig:
+    """The config for a layer call of `num_tokens` tokens, each to `top_k` of `num_experts` experts: the
+    last entry of `table` (default :data:`MOE_CONFIGS`, read at call time) whose fewest rows per expert
+    ``num_tokens * top_k / num_experts`` the call reaches, else the first."""
+    table = MOE_CONFIGS if table is None else table
+    rows = num_tokens * top_k / num_experts
+    chosen = table[0][1]
+    for fewest, config in table:
+        if rows >= fewest:
+            chosen = config
+    return chosen
+
+
+def sorted_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Rows of the sorted, padded pair list for any routing of `num_pairs` pairs: each expert hit pads its
+    segment by at most BLOCK_M - 1, and at most min(E, pairs) experts are hit; rounded up to whole blocks."""
+    bound = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
+    return triton.cdiv(bound, block_m) * block_m
+
+
+def align_block_size(
+    experts: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pairs of `experts` ``[N, k]`` (each token's expert ids) sorted by expert, each expert's segment
+    padded to a multiple of `block_m` with the sentinel ``N * k``, on `experts`' device without a host sync.
+
+    Returns ``sorted_ids`` int32 ``[C]`` (pair ids, C = :func:`sorted_capacity`; past the real padded count
+    all sentinels), ``block_expert`` int32 ``[C / block_m]`` (each block's expert; blocks past the real
+    count clamped to the last expert, never read) and ``padded`` int32 ``[1]``, the real padded count.
+    Within an expert the pairs keep their order (a stable sort)."""
+    flat = experts.reshape(-1).long()
+    p, dev = flat.numel(), flat.device
+    cap = sorted_capacity(p, num_experts, block_m)
+    counts = torch.zeros(num_experts, dtype=torch.long, device=dev)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + (block_m - 1)) // block_m * block_m
+    ends = padded.cumsum(0)
+    order = torch.argsort(flat, stable=True)
+    by_expert = flat[order]
+    rank = torch.arange(p, device=dev) - (counts.cumsum(0) - counts)[by_expert]
+    dest = (ends - padded)[by_expert] + rank
+    sorted_ids = torch.full((cap,), p, dtype=torch.int32, device=dev).scatter_(0, dest, order.to(torch.int32))
+    starts = torch.arange(0, cap, block_m, device=dev)
+    block_expert = torch.searchsorted(ends, starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
+    return sorted_ids, block_expert, ends[-1:].to(torch.int32)
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    A,
+    W,
+    Out,
+    RoutingW,
+    SortedIds,
+    BlockExpert,
+    Padded,
+    num_pairs,
+    row_blocks,
+    N,
+    K,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    ROW_DIV: tl.constexpr,
+    GATED: tl.constexpr,
+    ACT: tl.constexpr,
+    ROUTED: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Grid (row_blocks * column blocks): program pid makes rows [pid_m * BLOCK_M, +BLOCK_M) of the
+    sorted pair list times columns [pid_n * BLOCK_N, +BLOCK_N) of its block's expert's ``W[e]`` ``[N (x2
+    GATED), K]``; the row blocks of one column block are neighbours, so programs reading the same weight
+    tile run together.
+
+    Row r of the block is pair ``SortedIds[r]``; its A row is pair // ROW_DIV (the token for gate_up, the
+    pair for down); sentinel rows (>= num_pairs) read row 0 and store nothing. GATED: columns n and N + n
+    (gate, up) in two accumulators, ``ACT(gate) * up`` stored. ROUTED: times the pair's routing weight.
+    Columns past N wrap to valid rows of W (no masks along N in the loop); their outputs are not stored.
+    DOT_F32 (the interpreter, whose 16-bit dot is not exact): the tiles widened to FP32 first."""
+    pid = tl.program_id(0)
+    pid_m = pid % row_blocks
+    pid_n = pid // row_blocks
+    if pid_m * BLOCK_M >= tl.load(Padded):
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(SortedIds + offs_m)
+    valid = pair < num_pairs
+    rows = tl.where(valid, pair // ROW_DIV, 0).to(tl.int64)
+    expert = tl.load(BlockExpert + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    arange_k = tl.arange(0, BLOCK_K)
+    a_rows = A + rows[:, None] * stride_am
+    w_rows = W + expert * stride_we + (offs_n % N).to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + arange_k
+        if EVEN_K:
+            a = tl.load(a_rows + offs_k[None, :])
+            w = tl.load(w_rows + offs_k[None, :])
+        else:
+            k_ok = offs_k[None, :] < K
+            a = tl.load(a_rows + offs_k[None, :], mask=k_ok, other=0.0)
+            w = tl.load(w_rows + offs_k[None, :], mask=k_ok, other=0.0)
+        if DOT_F32:
+            a, w = a.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+        if GATED:
+            if EVEN_K:
+                u = tl.load(w_rows + N * stride_wn + offs_k[None, :])
+            else:
+                u = tl.load(w_rows + N * stride_wn + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
+            if DOT_F32:
+                u = u.to(tl.float32)
+            acc_up = tl.dot(a, tl.trans(u), acc_up, input_precision=PRECISION)
+    if GATED:
+        if ACT == "silu":
+            acc = acc * tl.sigmoid(acc)
+        acc = acc * acc_up
+    if ROUTED:
+        acc = acc * tl.load(RoutingW + pair, mask=valid, other=0.0).to(tl.float32)[:, None]
+    out = Out + pair.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, acc.to(Out.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+
+
+def _refuse(name: str, want: str, t: torch.Tensor) -> ValueError:
+    return ValueError(f"fused_moe: {name} must be {want}, got {t.dtype} {tuple(t.shape)}")
+
+
+def _check(x, gate_up, down, weights, experts) -> None:
+    """ValueError naming the argument that is not what the kernels take."""
+    if x.dim() != 2 or x.dtype not in _DTYPES or x.stride(1) != 1:
+        raise _refuse("x", "FP16, BF16 or FP32 [N, H] with unit stride along H", x)
+    n, h = x.shape
+    if gate_up.dim() != 3 or gate_up.dtype != x.dtype or gate_up.shape[2] != h or gate_up.shape[1] % 2:
+        raise _refuse("gate_up", f"{x.dtype} [E, 2 I, {h}] (x's dtype and H)", gate_up)
+    e, i = gate_up.shape[0], gate_up.shape[1] // 2
+    if tuple(down.shape) != (e, h, i) or down.dtype != x.dtype:
+        raise _refuse("down", f"{x.dtype} [{e}, {h}, {i}]", down)
+    if gate_up.stride(2) != 1 or down.stride(2) != 1:
+        raise ValueError("fused_moe: the expert weights need unit stride along their last axis")
+    if experts.dim() != 2 or experts.shape[0] != n or experts.is_floating_point():
+        raise _refuse("experts", f"integer [{n}, k]", experts)
+    if tuple(weights.shape) != tuple(experts.shape) or not weights.is_floating_point():
+        raise _refuse("weights", f"float {tuple(experts.shape)} (the experts' shape)", weights)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    weights: torch.Tensor,
+    experts: torch.Tensor,
+    *,
+    activation: str = "silu",
+    config: MoeConfig | None = None,
+) -> torch.Tensor:
+    """``sum_j weights[t, j] * down[e] @ (act(gate[e] @ x[t]) * (up[e] @ x[t]))`` over each token t's k
+    experts ``e = experts[t, j]``, in x's dtype: x ``[N, H]``, gate_up ``[E, 2 I, H]`` (gate rows first),
+    down ``[E, H, I]``, weights and experts ``[N, k]``. Every launch and tensor size depends only on N, k,
+    E and the config (default :func:`moe_config` of N, k and E), so the call can be captured in a CUDA
+    graph."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"fused_moe: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    _check(x, gate_up, down, weights, experts)
+    n, h = int(x.shape[0]), int(x.shape[1])
+    e, i, k = int(gate_up.shape[0]), int(gate_up.shape[1]) // 2, int(experts.shape[1])
+    if n == 0:
+        return x.new_zeros((0, h))
+    cfg = config or moe_config(n, k, e)
+    p = n * k
+    sorted_ids, block_expert, padded = align_block_size(experts, e, cfg.block_m)
+    row_blocks = int(block_expert.numel())
+    inter = torch.empty((p, i), dtype=x.dtype, device=x.device)
+    out = torch.empty((p, h), dtype=x.dtype, device=x.device)
+    routing = weights.reshape(-1).contiguous()
+    dot_f32 = interpreting() and x.dtype != torch.float32
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    launches = (
+        (x, gate_up, inter, i, h, for_dtype(cfg.up, x.dtype), k, True, False),
+        (inter, down, out, h, i, for_dtype(cfg.down, x.dtype), 1, False, True),
+    )
+    for a, w, o, cols, depth, tile, row_div, gated, routed in launches:
+        grid = (row_blocks * triton.cdiv(cols, tile.block_n),)
+        _moe_gemm_kernel[grid](
+            a, w, o, routing, sorted_ids, block_expert, padded, p, row_blocks, cols, depth,
+            a.stride(0), w.stride(0), w.stride(1), o.stride(0),
+            ROW_DIV=row_div, GATED=gated, ACT=activation, ROUTED=routed, EVEN_K=depth % tile.block_k == 0,
+            DOT_F32=dot_f32, PRECISION=precision, BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n,
+            BLOCK_K=tile.block_k, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        )  # fmt: skip
+    return out.view(n, k, h).sum(dim=1)
