@@ -168,10 +168,17 @@ def test_quantization_tensor_parallelism_and_fused_layers_refuse_gpt_oss(tmp_pat
 
 
 def test_experts_in_another_layout_are_refused_naming_gpt_oss():
-    """MXFP4 experts (transformers' Mxfp4GptOssExperts: blocks and scales, no 3-D BF16 gate_up_proj) or any
+    """MXFP4 experts (transformers' Mxfp4GptOssExperts: blocks and scales, no 3-D float gate_up_proj) or any
     other layout are refused by name: only the dequantized model runs."""
     model = tiny_model("gpt_oss")
     experts = model.model.layers[1].mlp.experts
     experts.is_concatenated = True  # (as if its gate/up columns were halves: not gpt-oss's layout)
-    with pytest.raises(UserError, match="gpt_oss model GptOssForCausalLM.*not transformers 5's fused 3-D"):
+    want = "gpt_oss model GptOssForCausalLM: layer 1's MLP .* not transformers' GptOssMLP.*MXFP4 experts"
+    with pytest.raises(UserError, match=want):
+        adapter_for(model)
+    model = tiny_model("gpt_oss")
+    blocks = model.model.layers[0].mlp.experts
+    blocks.gate_up_proj_blocks = blocks.gate_up_proj.detach().to(torch.uint8)  # as MXFP4 holds its codes
+    del blocks.gate_up_proj
+    with pytest.raises(UserError, match="layer 0's MLP .*load the checkpoint dequantized to BF16"):
         adapter_for(model)

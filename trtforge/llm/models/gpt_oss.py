@@ -26,7 +26,7 @@ from typing import Any
 from torch import nn
 
 from trtforge.errors import UserError
-from trtforge.llm.models.moe import moe_layers, refuse_moe
+from trtforge.llm.models.moe import gpt_oss_experts, is_sparse_moe, moe_layers, refuse_moe
 from trtforge.llm.models.rope import RopeStyle
 
 
@@ -39,6 +39,18 @@ class GptOssStyle(RopeStyle):
         super().__init__(model, user)
         c = self.config
         where = f"{user} cannot run this {c.model_type} model {type(model).__name__}"
+        for i, layer in enumerate(self.layers):
+            mlp = layer.mlp
+            experts = getattr(mlp, "experts", None)
+            if not (is_sparse_moe(mlp) and gpt_oss_experts(experts)):
+                raise UserError(
+                    f"{where}: layer {i}'s MLP ({type(mlp).__name__} with {type(experts).__name__}) is not "
+                    "transformers' GptOssMLP over float experts (a biased router; gate_up_proj [experts, "
+                    "hidden, 2 x intermediate] with interleaved gate/up columns, biases, the clamped "
+                    "SwiGLU). MXFP4 experts are not run: load the checkpoint dequantized to BF16 "
+                    "(transformers does so where its MXFP4 kernels are absent, or with "
+                    "Mxfp4Config(dequantize=True))."
+                )
         self.moe = moe_layers(
             self.layers,
             renormalize=False,
@@ -47,13 +59,6 @@ class GptOssStyle(RopeStyle):
             routing="topk_softmax",
             float32_router=False,
         )
-        if any(m is None or m.layout != "gpt_oss" for m in self.moe):
-            raise UserError(
-                f"{where}: its MLPs are not transformers' GptOssMLP blocks (a biased router and "
-                "GptOssExperts in BF16 / FP16 / FP32: gate_up_proj [experts, hidden, 2 x intermediate] with "
-                "interleaved gate/up columns, biases, the clamped SwiGLU). MXFP4 experts are not run: load "
-                "the checkpoint dequantized (transformers' Mxfp4Config(dequantize=True))."
-            )
         #: each layer's sink logits, float32 [num_heads] (the parameter's values; BF16 ones exactly)
         self.sinks = [layer.self_attn.sinks.detach().float().contiguous() for layer in self.layers]
 

@@ -97,7 +97,7 @@ class SparseMoe:
         fused = isinstance(gate_up, Tensor) and isinstance(down, Tensor) and gate_up.ndim == down.ndim == 3
         #: "plain" or "gpt_oss" (:data:`LAYOUTS`): which layout, biases and activation the experts have
         self.layout = "plain"
-        if fused and not plain and _gpt_oss_experts(experts):
+        if fused and not plain and gpt_oss_experts(experts):
             self.layout = "gpt_oss"
         elif not (fused and plain):
             raise UserError(
@@ -197,9 +197,13 @@ class SparseMoe:
         return (y * full.transpose(0, 1)[..., None]).to(x.dtype).sum(dim=0)
 
 
-def _gpt_oss_experts(experts: nn.Module) -> bool:
-    """Whether `experts` are gpt-oss's (transposed, interleaved gate/up columns, biases, the clamped
-    SwiGLU's ``alpha`` and ``limit``: the module docstring), which :class:`SparseMoe` reads too."""
+def gpt_oss_experts(experts: nn.Module) -> bool:
+    """Whether `experts` are gpt-oss's in a float dtype (3-D ``gate_up_proj`` / ``down_proj``, transposed,
+    interleaved gate/up columns, biases, the clamped SwiGLU's ``alpha`` and ``limit``: the module
+    docstring), which :class:`SparseMoe` reads too."""
+    gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+    if not (isinstance(gate_up, Tensor) and isinstance(down, Tensor) and gate_up.ndim == down.ndim == 3):
+        return False
     flags = getattr(experts, "is_transposed", False) and getattr(experts, "has_bias", False)
     interleaved = getattr(experts, "is_concatenated", True) is False
     names = ("gate_up_proj_bias", "down_proj_bias")
