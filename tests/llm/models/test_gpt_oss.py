@@ -34,8 +34,8 @@ def _logits(model, ids):
 
 
 def test_the_tiny_model_exercises_what_gpt_oss_adds():
-    """The sinks, the clamp, the interleave, the +1 on up and the biases each move transformers' logits
-    (so a consumer that drops one fails the suites), and the prompts cross the window."""
+    """The sinks, the SwiGLU clamp and the expert / router biases each move transformers' logits (so a
+    consumer that drops one fails the suites), and the prompts cross the window."""
     model = tiny_model("gpt_oss")
     ids = prompts(model.config.vocab_size, lens=(17,))[0]
     assert model.config.sliding_window < len(ids)
