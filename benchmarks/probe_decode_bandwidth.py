@@ -148,7 +148,7 @@ def _stamp_run(p: dict, cfg: DecodeConfig, shift: int) -> list:
     dk._decode_split_kernel[(1, b * hkv)](
         q, k, v, kd, vd, p["lens"], p["lens"], out, stamps, out, p["lens"],
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), shift,
-        hkv, 1, 0, float(d**-0.5), 1.0, 0.0, None, **opts,  # (v_scale 1, no soft-cap, no ALiBi)
+        hkv, 1, 0, float(d**-0.5), 1.0, 0.0, None, None, **opts,  # (v_scale 1, no cap, ALiBi or sinks)
     )  # fmt: skip
     torch.cuda.synchronize()
     return stamps.view(-1, 3).tolist()

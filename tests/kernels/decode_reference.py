@@ -96,12 +96,13 @@ def windowed_reference(q, k, v, lens, window):
     return out
 
 
-def softcapped_reference(q, k, v, lens, softcap, window=None, scale=None, slopes=None):
+def softcapped_reference(q, k, v, lens, softcap, window=None, scale=None, slopes=None, sinks=None):
     """FP32 attention with Gemma 2's attention logit soft-capping over contiguous [B, Hkv, S, D] caches:
     each score s = q . k * scale becomes softcap * tanh(s / softcap) (None: as it is), plus, with ALiBi
     `slopes` ([Hq]), ``slopes[h] * (j - p)`` for query position p and key j; then query i (position
-    L - S_q + i) keeps keys j <= its position (and, with `window`, j > position - window); GQA; a row
-    that sees no key -> 0."""
+    L - S_q + i) keeps keys j <= its position (and, with `window`, j > position - window); GQA; with
+    attention `sinks` ([Hq], gpt-oss) head h's sink logit is one more column of each row's softmax, whose
+    probability is dropped (transformers' eager gpt-oss attention); a row that sees no key -> 0."""
     b, hq, s_q, d = q.shape
     group = hq // k.shape[1]
     scale = d**-0.5 if scale is None else scale
@@ -121,6 +122,11 @@ def softcapped_reference(q, k, v, lens, softcap, window=None, scale=None, slopes
         keep = kpos <= pos
         if window is not None:
             keep &= kpos > pos - window
-        p = torch.softmax(s.masked_fill(~keep, float("-inf")), -1).nan_to_num(0.0)
+        s = s.masked_fill(~keep, float("-inf"))
+        if sinks is not None:
+            sink = sinks.float().cpu()[:, None, None].expand(-1, s_q, 1)
+            p = torch.softmax(torch.cat([s, sink], -1), -1)[..., :-1]
+        else:
+            p = torch.softmax(s, -1).nan_to_num(0.0)
         out[i] = p @ values
     return out

@@ -41,9 +41,11 @@ def test_batched_generate_matches_hf(family, exporter, tmp_path):
     path, result = _step_file(model, tmp_path, exporter)
     ops = {n.op_type for n in result.model.graph.node}
     g = result.generation
-    spelled = sum(c is not None or s is not None for c, s in zip(g["attn_softcaps"], g["alibi_slopes"]))
+    layers_attn = zip(g["attn_softcaps"], g["alibi_slopes"], g["attn_sinks"])
+    spelled = sum(c is not None or s is not None or k is not None for c, s, k in layers_attn)
     assert "TensorScatter" in ops
-    # ONNX Attention for the layers without a soft-cap or ALiBi (those are spelled out: ops.step_attention)
+    # ONNX Attention for the layers without a soft-cap, ALiBi or sinks (those are spelled out:
+    # ops.step_attention)
     assert ("Attention" in ops) == (spelled < g["num_layers"])
     llm = trtforge.llm.api.load(path)
     batch = prompts(model.config.vocab_size)

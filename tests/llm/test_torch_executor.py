@@ -97,6 +97,7 @@ def _tiny(model_type: str, **overrides):
         "olmoe",
         "granitemoe",
         "granitemoeshared",
+        "gpt_oss",
     ):
         from tests.llm.tiny_models import tiny_model
 
@@ -197,6 +198,8 @@ def _tiny(model_type: str, **overrides):
         ("olmoe", {"clip_qkv": None, "norm_topk_prob": True, "num_key_value_heads": 4}),
         ("granitemoe", {}),  # top-k of the logits, then a softmax over the k; Granite's multipliers
         ("granitemoeshared", {"num_experts_per_tok": 1}),  # top-1 (weight 1) with the shared MLP
+        ("gpt_oss", {}),  # attention sinks, sliding (window 4) and full layers, the clamped SwiGLU experts
+        ("gpt_oss", {"num_experts_per_tok": 1, "sliding_window": 3, "num_key_value_heads": 1}),
     ],
 )
 def test_chunked_paged_steps_reproduce_transformers_logits(model_type, overrides):

@@ -65,6 +65,7 @@ MOE_CLASSES = {
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM"),
     "granitemoeshared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM"),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # forms of one family that tiny_model builds under names of their own: Falcon's other two layer
@@ -84,12 +85,13 @@ SAME_KERNEL_PATH = ("mpt", "falcon_rw")
 # the forms the Triton-executor and CUDA-graph tests run: the fused layers' Llama-style variants (plain,
 # Qwen3's head norms, Phi-3's fused projections and partial rotary), every family with another adapter
 # but the LIGHT_FAMILIES and SAME_KERNEL_PATH, and the family forms above
-# (of the MoE families only Mixtral: their MoE MLPs are one path, the attention around it Llama's;
-# tests/llm/models/test_moe_fused.py runs the others' graph-captured decode)
+# (of the MoE families Mixtral, whose MoE MLPs are one torch path, the attention around it Llama's, and
+# gpt-oss for its attention sinks, which the kernels take; tests/llm/models/test_moe_fused.py runs the
+# others' graph-captured decode)
 KERNEL_FAMILIES = tuple(
     f
     for f in ("llama", "qwen3", "phi3", *(f for f in SUPPORTED if f not in LLAMA_STYLE), *FORMS)
-    if f not in SAME_KERNEL_PATH and f not in MOE_FAMILIES[1:] and f not in LIGHT_FAMILIES
+    if f not in SAME_KERNEL_PATH and (f not in MOE_FAMILIES[1:] or f == "gpt_oss") and f not in LIGHT_FAMILIES
 )
 PROMPT_LENS = (1, 3, 9, 17)
 # qwen3/phi3 shapes the default configs do not have: a head_dim other than hidden / heads (the
@@ -219,7 +221,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family in MOE_FAMILIES:  # 4 experts, top-2, a 64-wide expert MLP; router weights at the model's
         # init (0.2) so that routing margins are wide and every expert is hit
         # (num_local_experts and intermediate_size: Mixtral's and GraniteMoE's names)
-        local = family in ("mixtral", "granitemoe", "granitemoeshared")
+        local = family in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss")
         moe = {"num_local_experts" if local else "num_experts": 4, "num_experts_per_tok": 2}
         wide = local or family == "olmoe"
         moe |= {"intermediate_size": 64} if wide else {"moe_intermediate_size": 64}
@@ -234,6 +236,16 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe |= {"head_dim": 16, "decoder_sparse_step": 2, "norm_topk_prob": True, "num_hidden_layers": 3}
         if family == "olmoe":  # the top-2 not renormalized (its default), q/k/v clamped
             moe |= {"clip_qkv": 1.5, "pad_token_id": 1, "eos_token_id": 2}
+        if family == "gpt_oss":  # sliding (window 4, shorter than the prompts) and full layers by turns,
+            # YaRN (factor 4 over 64 trained positions, as gpt-oss's 32 over 4,096), head_dim 16, the
+            # SwiGLU clamp at 1 (where the tiny experts' gate/up reach past it; gpt-oss's 7 bounds trained
+            # activations), sinks, router and every bias off their init below
+            moe |= {"head_dim": 16, "sliding_window": 4, "pad_token_id": 0, "eos_token_id": 2}
+            moe["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0}
+            moe["rope_parameters"] |= {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+            moe["rope_parameters"]["original_max_position_embeddings"] = 64
+            if "swiglu_limit" in getattr(tf.GptOssConfig, "__dataclass_fields__", {}):  # (5.2x: config)
+                moe["swiglu_limit"] = 1.0
         # transformers' eager experts (its default, grouped_mm, takes no float64 and, on the CPU, no odd
         # strides): the per-expert loop of its modeling files
         moe["experts_implementation"] = "eager"
@@ -328,6 +340,15 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     else:
         raise ValueError(family)
     model = cls(cfg).eval()
+    if family == "gpt_oss":  # sinks of the size trained ones reach (transformers initializes them at the
+        # initializer range), biases off zero; the clamp at 1 where transformers 5.17 fixes it at 7
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.copy_(torch.randn_like(layer.self_attn.sinks) * 1.5 + 1.0)
+                layer.mlp.experts.limit = 1.0
+            for name, param in model.named_parameters():
+                if name.endswith("bias"):
+                    param.add_(torch.randn_like(param) * 0.2)
     if family in ("gemma", "olmo2", "gemma3_text", "gemma2"):  # norm weights off their init: (1 + w) != w
         with torch.no_grad():
             for name, param in model.named_parameters():
@@ -470,6 +491,10 @@ def falcon_rw_factory():
 
 def mixtral_factory():
     return tiny_model("mixtral"), None
+
+
+def gpt_oss_factory():
+    return tiny_model("gpt_oss"), None
 
 
 def qwen2_moe_factory():

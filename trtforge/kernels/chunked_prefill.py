@@ -33,6 +33,7 @@ from trtforge.kernels.decode_attention import (
     _attend_tiles,
     _check,
     check_alibi_slopes,
+    check_sinks,
     check_softcap,
     fp16_products,
     fp16_query,
@@ -84,6 +85,7 @@ def _chunked_prefill_kernel(
     v_scale,
     softcap,
     Slopes,
+    Sinks,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -97,6 +99,7 @@ def _chunked_prefill_kernel(
     KV_F16: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False,
     ALIBI: tl.constexpr = False,
+    SINKS: tl.constexpr = False,
 ):
     """Grid (cdiv(S_q·G, BLOCK_M), B·Hkv): BLOCK_M (query position, group head) rows of one kv head;
     WINDOW: the query at position p sees only keys j > p - window. With HAS_QSTARTS, sequence b's
@@ -105,7 +108,9 @@ def _chunked_prefill_kernel(
     the decode kernel (:data:`~trtforge.kernels.decode_attention.FP8_KV_F16`). SOFTCAP: scores s (q.k
     times the softmax scale) become ``softcap * tanh(s / softcap)`` before the masks (Gemma 2). ALIBI:
     Slopes is a float32 [Hq] tensor (None when off); the score of query position p and key j gets
-    ``Slopes[hq] * (j - p)`` added after the cap, before the masks (BLOOM, MPT, falcon-rw)."""
+    ``Slopes[hq] * (j - p)`` added after the cap, before the masks (BLOOM, MPT, falcon-rw). SINKS: Sinks
+    is a float32 [Hq] tensor (None when off) of attention-sink logits (gpt-oss): ``Sinks[hq]`` joins each
+    row's softmax denominator once, as a key with no value (the running max and sum start from it)."""
     pid_m = tl.program_id(0)
     pid = tl.program_id(1)
     b = (pid // num_kv_heads).to(tl.int64)
@@ -166,6 +171,9 @@ def _chunked_prefill_kernel(
         alibi = tl.load(Slopes + hq, mask=row_ok, other=0.0) * 1.4426950408889634
     else:
         alibi = l_i  # unread
+    if SINKS:  # the sink in base 2 as the rows' first column: a running max of it and a sum of exp2(0) = 1
+        m_i = tl.load(Sinks + hq, mask=row_ok, other=0.0) * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     if KV_F16:
         q = fp16_query(q, qk_scale)
         qk_scale = 1.0
@@ -219,6 +227,7 @@ def chunked_prefill_attention(
     v_scale: float = 1.0,
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of a prompt chunk q [B, Hq, S_q, D] over each sequence's first seq_lens[b] cached
     keys (prefix + chunk), LOWER_RIGHT causal, GQA; caches as in :func:`decode_attention`
@@ -229,8 +238,10 @@ def chunked_prefill_attention(
     keys j with p - W < j <= p. `softcap` c (Gemma 2): each score s = q . k * scale becomes
     c * tanh(s / c) before the masks; None: off (compiled out). `alibi_slopes` (a float32 [Hq] tensor on
     q's device; BLOOM, MPT, falcon-rw): the score of the query at position p and key j gets
-    ``slope * (j - p)`` added after the cap, before the masks; None: off (compiled out). Works on torch
-    tensors and on DeviceTensor views (give `out`; no slopes there). Returns `out`."""
+    ``slope * (j - p)`` added after the cap, before the masks; None: off (compiled out). `sinks` (a float32
+    [Hq] tensor on q's device; gpt-oss): head h's sink logit joins each of its rows' softmax denominators
+    as a key with no value; None: off (compiled out). Works on torch tensors and on DeviceTensor views
+    (give `out`; no slopes or sinks there). Returns `out`."""
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if block_table is not None:
@@ -243,6 +254,7 @@ def chunked_prefill_attention(
     window = int(window) if window is not None and int(window) < capacity else 0  # longer: hides nothing
     cap = check_softcap(softcap)
     slopes = check_alibi_slopes(alibi_slopes, hq, q)
+    sink = check_sinks(sinks, hq, q)
     if q_lens is not None and (tuple(q_lens.shape) != (b,) or q_lens.dtype != torch.int32):
         raise ValueError(f"q_lens must be int32 [B] = [{b}]; got {q_lens.dtype} {tuple(q_lens.shape)}")
     if b == 0 or hq == 0:
@@ -257,11 +269,11 @@ def chunked_prefill_attention(
         q, k_cache, v_cache, seq_lens, q_lens if q_lens is not None else seq_lens, seq_lens, table, out,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), stride_tb,
         hkv, s_q, window, (d**-0.5 if scale is None else float(scale)) * float(k_scale), float(v_scale), cap,
-        slopes,
+        slopes, sink,
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_QLENS=q_lens is not None, DOT_F32=interpreting() and q.dtype == torch.bfloat16,
         WINDOW=window > 0, KV_F16=fp16_products(k_cache.dtype), SOFTCAP=cap > 0.0, ALIBI=slopes is not None,
-        num_warps=num_warps, num_stages=num_stages,
+        SINKS=sink is not None, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
 
@@ -287,19 +299,20 @@ def chunked_prefill_varlen(
     v_scale: float = 1.0,
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Several prompt chunks in one launch: chunk b is rows ``[q_starts[b], q_starts[b] + q_lens[b])``
     of the flat q/out ``[T, Hq, D]``, over a block pool ``[num_blocks, block_size, Hkv, D]`` through
     ``block_table[b]`` (its first ``seq_lens[b]`` keys, LOWER_RIGHT causal, GQA). `max_q_len` bounds
     q_lens (it sizes the grid); the int32 ``[B]`` tensors stay on the device. FP8 pools hold ``k /
-    k_scale`` and ``v / v_scale``. `window`, `softcap` and `alibi_slopes` as in
+    k_scale`` and ``v / v_scale``. `window`, `softcap`, `alibi_slopes` and `sinks` as in
     :func:`chunked_prefill_attention`.
     Launch parameters left None come from :func:`~trtforge.kernels.configs.chunk_prefill_config` for
     `max_q_len`. Returns `out`."""
     launch = prepare_chunked_prefill_varlen(
         q, k_pool, v_pool, seq_lens, block_table, q_starts, q_lens, max_q_len,
         out=out, window=window, block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-        softcap=softcap, alibi_slopes=alibi_slopes,
+        softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
     )  # fmt: skip
     launch(q, k_pool, v_pool, out, float(scale) * float(k_scale), float(v_scale))
     return out
@@ -323,14 +336,15 @@ def prepare_chunked_prefill_varlen(
     num_stages: int | None = None,
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> PreparedLaunch:
     """:func:`chunked_prefill_varlen`'s launch, checked and laid out once: called as ``launch(q,
     k_pool, v_pool, out, scale)`` with tensors of the geometry (dtype, shape, strides) of those given
     here, it attends the same chunks (every layer of a step, each with its own pools); FP8 pools:
-    ``launch(q, k_pool, v_pool, out, scale * k_scale, v_scale)``. `window`, `softcap` and `alibi_slopes`
-    are the layer geometry's (:func:`chunked_prefill_attention`; the slopes tensor is read at every
-    launch). Launch parameters left None come from :func:`~trtforge.kernels.configs.chunk_prefill_config`
-    for `max_q_len`."""
+    ``launch(q, k_pool, v_pool, out, scale * k_scale, v_scale)``. `window`, `softcap`, `alibi_slopes` and
+    `sinks` are the layer geometry's (:func:`chunked_prefill_attention`; the slopes and sinks tensors are
+    read at every launch). Launch parameters left None come from
+    :func:`~trtforge.kernels.configs.chunk_prefill_config` for `max_q_len`."""
     chosen = chunk_prefill_config(max_q_len)
     block_m = chosen.block_m if block_m is None else block_m
     block_n = chosen.block_n if block_n is None else block_n
@@ -366,6 +380,7 @@ def prepare_chunked_prefill_varlen(
     window = int(window) if window is not None and int(window) < capacity else 0  # longer: hides nothing
     cap = check_softcap(softcap)
     slopes = check_alibi_slopes(alibi_slopes, hq, q)
+    sink = check_sinks(sinks, hq, q)
     if int(block_table.shape[0]) != b:
         raise ValueError(f"block_table must have B = {b} rows; got {tuple(block_table.shape)}")
     group = hq // hkv
@@ -374,14 +389,14 @@ def prepare_chunked_prefill_varlen(
         None, None, None, seq_lens, q_lens, q_starts, block_table, None,
         0, q.stride(1), q.stride(0), q.stride(2), *k_cache.stride(), *v_cache.stride(),
         0, out.stride(1), out.stride(0), out.stride(2), int(block_table.stride(0)),
-        hkv, int(max_q_len), window, None, 1.0, cap, slopes,
+        hkv, int(max_q_len), window, None, 1.0, cap, slopes, sink,
     )  # fmt: skip
     return PreparedLaunch(
         _chunked_prefill_kernel, grid, args, operands,
         GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n,
         PAGE_SIZE=page, HAS_QLENS=True, DOT_F32=interpreting() and q.dtype == torch.bfloat16,
         WINDOW=window > 0, HAS_QSTARTS=True, KV_F16=fp16_products(k_cache.dtype), SOFTCAP=cap > 0.0,
-        ALIBI=slopes is not None, num_warps=num_warps, num_stages=num_stages,
+        ALIBI=slopes is not None, SINKS=sink is not None, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 
 
@@ -472,18 +487,19 @@ def hopper_chunks_eligible(
     out: torch.Tensor | None = None,
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> bool:
     """Whether a step's long prompt chunks can run the warp-specialized Hopper flash-attention kernel
     (:mod:`trtforge.kernels.flash_attention_hopper`) over their gathered K/V: no sliding window, no
-    attention soft-cap and no ALiBi slopes (the Hopper kernel applies none of them: such layers stay on the
-    varlen kernel), pools
+    attention soft-cap, no ALiBi slopes and no attention sinks (the Hopper kernel applies none of them: such
+    layers stay on the varlen kernel), pools
     of the query's 16-bit type or FP8 (gathered widened to it: :data:`FP8_HOPPER_CHUNKS`), and what the
     flash-attention dispatch asks of the kernel (an sm_90 GPU, its proven Triton release, head dim 64 or
     128, tensors the copy engine can address)."""
     from trtforge.kernels.flash_attention import _hopper_eligible
 
     fp8 = k_pool.dtype == FP8_KV_DTYPE and FP8_HOPPER_CHUNKS
-    if window is not None or softcap is not None or alibi_slopes is not None:
+    if window is not None or softcap is not None or alibi_slopes is not None or sinks is not None:
         return False
     if not q.is_cuda or not (k_pool.dtype == q.dtype or fp8):
         return False

@@ -234,6 +234,35 @@ def check_alibi_slopes(slopes: Any, num_heads: int, q: Any) -> torch.Tensor | No
     return slopes
 
 
+def check_sinks(sinks: Any, num_heads: int, q: Any) -> torch.Tensor | None:
+    """The attention sinks a kernel launch takes (gpt-oss): None (off), else `sinks` itself, which must be a
+    contiguous float32 ``[num_heads]`` tensor on the device of the query `q`: one learned logit a query head
+    (natural units, beside the scaled scores) that joins each row's softmax denominator as an extra column
+    with no value. ValueError otherwise; `q` is only looked at when there are sinks (as
+    :func:`check_alibi_slopes`)."""
+    if sinks is None:
+        return None
+    device = getattr(q, "device", None)
+    if device is None:
+        raise ValueError(f"attention sinks need the query as a torch tensor; got {type(q).__name__}")
+    ok = (
+        isinstance(sinks, torch.Tensor)
+        and sinks.dtype == torch.float32
+        and tuple(sinks.shape) == (num_heads,)
+        and sinks.is_contiguous()
+        and sinks.device == device
+    )
+    if not ok:
+        got = sinks
+        if isinstance(sinks, torch.Tensor):
+            got = f"{sinks.dtype} {tuple(sinks.shape)} stride {sinks.stride()} on {sinks.device}"
+        raise ValueError(
+            f"attention sinks must be a contiguous float32 [{num_heads}] tensor (one per query head) on "
+            f"{device}; got {got}"
+        )
+    return sinks
+
+
 def check_softcap(softcap: float | None) -> float:
     """The soft-cap a kernel launch takes: 0.0 for None (off), else `softcap` (ValueError unless it is a
     finite number > 0: ``cap * tanh(s / cap)`` is undefined at 0)."""
@@ -514,6 +543,7 @@ def _decode_split_kernel(
     v_scale,
     softcap,
     Slopes,
+    Sinks,
     GROUP: tl.constexpr,
     SEQ_Q: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -535,6 +565,7 @@ def _decode_split_kernel(
     STAMP: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False,
     ALIBI: tl.constexpr = False,
+    SINKS: tl.constexpr = False,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
     WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
@@ -548,7 +579,10 @@ def _decode_split_kernel(
     PAIRS_ASM: FP8 V read as 16-bit pairs (:func:`v_pairs_options`). SOFTCAP: scores s (q.k times the
     softmax scale) become ``softcap * tanh(s / softcap)`` before the masks (Gemma 2). ALIBI: Slopes is a
     float32 [Hq] tensor (None when off) and the score of query position p, key j gets ``Slopes[hq] *
-    (j - p)`` added after the cap, before the masks (BLOOM, MPT, falcon-rw)."""
+    (j - p)`` added after the cap, before the masks (BLOOM, MPT, falcon-rw). SINKS: Sinks is a float32
+    [Hq] tensor (None when off) of attention-sink logits (gpt-oss): ``Sinks[hq]`` joins each row's softmax
+    denominator once, as a key with no value; split 0 starts its running max and sum from it, so the
+    reduction over the splits counts it once."""
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes
         gdc_wait()
         gdc_launch_dependents()
@@ -603,6 +637,10 @@ def _decode_split_kernel(
         alibi = tl.load(Slopes + hq, mask=row_ok, other=0.0) * 1.4426950408889634
     else:
         alibi = l_i  # unread
+    if SINKS:  # split 0's partial holds the sink: a running max of it and a sum of exp2(0) = 1
+        sink = tl.load(Sinks + hq, mask=row_ok, other=0.0) * 1.4426950408889634
+        m_i = tl.where(split == 0, sink, m_i)
+        l_i = tl.where(split == 0, 1.0, l_i)
     if KV_F16:
         q = fp16_query(q, qk_scale)
         qk_scale = 1.0
@@ -898,13 +936,14 @@ def _split_options(
     v_pairs: dict[str, bool] | None = None,
     softcap: float = 0.0,
     alibi: bool = False,
+    sinks: bool = False,
 ) -> dict[str, Any]:
     """The split kernel's constexprs and launch options: one definition for :func:`_launch` and the
     prepared launches of :func:`prepare_paged_decode`. The last program's reduction works on tiles
     of about 32 FP32 values a thread (TAIL_ROWS x TAIL_SPLITS partials at a time). `dtype` is the
     query's, `kv_dtype` the pools' (FP8 pools take FP16 products: ``FP8_KV_F16``); `v_pairs`: the V cache's
     :func:`v_pairs_options` (None: off), unused with TMA; `softcap` > 0: soft-capped scores (SOFTCAP);
-    `alibi`: ALiBi position biases (ALIBI)."""
+    `alibi`: ALiBi position biases (ALIBI); `sinks`: attention-sink logits (SINKS)."""
     block_d = max(16, triton.next_power_of_2(d))
     v_pairs = v_pairs if v_pairs is not None and not tma else {"V_PAIRS": False, "PAIRS_ASM": False}
     tail = 1024 * cfg.num_warps
@@ -916,7 +955,7 @@ def _split_options(
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
         "KV_F16": fp16_products(kv_dtype), **v_pairs, "SOFTCAP": softcap > 0.0, "ALIBI": alibi,
-        "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
+        "SINKS": sinks, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
     }  # fmt: skip
 
 
@@ -956,6 +995,7 @@ def _launch(
     v_scale=1.0,
     softcap=0.0,
     alibi_slopes=None,
+    sinks=None,
 ) -> None:
     """Run the split kernel (and, unfused, the reduce kernel) with scratch from `workspace` (4-byte
     elements, at least workspace_elements(...); None: allocate, with this stream's counters).
@@ -964,7 +1004,8 @@ def _launch(
     launches (each kernel waits for the previous one's writes on the device; Hopper and later).
     `scale` multiplies q . k (an FP8 pool's K scale folded in), `v_scale` the output (its V scale);
     `softcap` > 0 soft-caps the scaled scores (:func:`check_softcap`'s value); `alibi_slopes` (None: off)
-    adds ALiBi position biases (:func:`check_alibi_slopes`'s value)."""
+    adds ALiBi position biases (:func:`check_alibi_slopes`'s value), `sinks` (None: off) attention-sink
+    logits (:func:`check_sinks`'s value)."""
     b, hq, s_q, d = (int(n) for n in q.shape)
     hkv = int(k.shape[1])
     page = int(k.shape[2]) if block_table is not None else 0
@@ -990,12 +1031,13 @@ def _launch(
     k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
     options = _split_options(
         cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype, k.dtype,
-        v_pairs_options(k.dtype, d, v), softcap, alibi_slopes is not None,
+        v_pairs_options(k.dtype, d, v), softcap, alibi_slopes is not None, sinks is not None,
     )  # fmt: skip
     _decode_split_kernel[(splits, b * hkv)](
         q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), stride_tb,
-        hkv, splits, int(window), float(scale), float(v_scale), float(softcap), alibi_slopes, **options,
+        hkv, splits, int(window), float(scale), float(v_scale), float(softcap), alibi_slopes, sinks,
+        **options,
     )  # fmt: skip
     if not direct and not fused:
         _decode_reduce_kernel[(b * hq * s_q,)](
@@ -1023,7 +1065,19 @@ def _kernel_ms(fn: Any) -> float:
 
 
 def _autotuned(
-    q, k, v, seq_lens, block_table, out, scale, max_len, window=0, v_scale=1.0, softcap=0.0, alibi_slopes=None
+    q,
+    k,
+    v,
+    seq_lens,
+    block_table,
+    out,
+    scale,
+    max_len,
+    window=0,
+    v_scale=1.0,
+    softcap=0.0,
+    alibi_slopes=None,
+    sinks=None,
 ) -> DecodeConfig:
     """The fastest candidate for this problem's key, timed once per key (each compiled and run once,
     then timed as CUDA-graph replays)."""
@@ -1050,7 +1104,7 @@ def _autotuned(
         def fn(cfg: DecodeConfig = cfg, n: int = n) -> None:
             _launch(
                 q, k, v, seq_lens, block_table, out, scale, cfg, n, None,
-                window=window, v_scale=v_scale, softcap=softcap, alibi_slopes=alibi_slopes,
+                window=window, v_scale=v_scale, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
             )  # fmt: skip
 
         try:
@@ -1081,6 +1135,7 @@ def decode_attention(
     v_scale: float = 1.0,
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, Hq, S_q<=8, D] over each sequence's first seq_lens[b] cached keys.
 
@@ -1098,8 +1153,10 @@ def decode_attention(
     attention logit soft-capping): each score s = q . k * scale becomes c * tanh(s / c) before the
     masks; None: off (compiled out). `alibi_slopes` (ALiBi: BLOOM, MPT, falcon-rw; a float32 [Hq] tensor
     on q's device): the score of query i (position p = L - S_q + i) and key j gets ``slope * (j - p)``
-    added, after the cap and before the masks; None: off (compiled out). `pdl` (CUDA, Hopper and later):
-    launch as programmatic dependent launches.
+    added, after the cap and before the masks; None: off (compiled out). `sinks` (gpt-oss's attention
+    sinks; a float32 [Hq] tensor on q's device): head h's sink logit joins each of its rows' softmax
+    denominators as a key with no value (probability mass the values do not get); None: off (compiled
+    out). `pdl` (CUDA, Hopper and later): launch as programmatic dependent launches.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -1112,6 +1169,7 @@ def decode_attention(
         raise ValueError(f"sliding window must be >= 1 keys; got {window}")
     cap = check_softcap(softcap)
     slopes = check_alibi_slopes(alibi_slopes, hq, q)
+    sink = check_sinks(sinks, hq, q)
     max_len = min(max_seq_len or capacity, capacity)
     # a window as long as the cache hides nothing; otherwise splits share out the keys it shows
     window = int(window) if window is not None and int(window) < capacity else 0
@@ -1121,17 +1179,16 @@ def decode_attention(
     if config is None:
         tune = not interpreting() and q.is_cuda and not torch.cuda.is_current_stream_capturing()
         fallback = default_decode_config(d, k_cache.dtype)
+        geometry = (window, v_scale, cap, slopes, sink)
         config = (
-            _autotuned(
-                q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len, window, v_scale, cap, slopes
-            )
+            _autotuned(q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len, *geometry)
             if tune
             else _CHOICE.get(_key_of(q, k_cache, block_table, max_len), fallback)
         )
     splits = _resolve_splits(config, b * hkv, max_len)
     _launch(
         q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, None,
-        window=window, pdl=pdl, v_scale=v_scale, softcap=cap, alibi_slopes=slopes,
+        window=window, pdl=pdl, v_scale=v_scale, softcap=cap, alibi_slopes=slopes, sinks=sink,
     )  # fmt: skip
     return out
 
@@ -1187,6 +1244,7 @@ def prepare_paged_decode(
     q_len: int = 1,
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> PreparedLaunch:
     """:func:`decode_attention`'s launch over a block pool with a fixed `config`, one query per
     sequence, checked and laid out once: called as ``launch(q, k_pool, v_pool, out, scale)`` with
@@ -1195,8 +1253,8 @@ def prepare_paged_decode(
     q and out are ``[B, Hq, D]``, or flat ``[T, Hq, D]`` steps whose `rows` are the B decode rows.
     With `q_len` > 1 (<= 8: speculative verification) each sequence has `q_len` consecutive query rows
     (q and out ``[B * q_len, Hq, D]``, or `rows` spanning them), attended LOWER_RIGHT causally.
-    `window`, `softcap` and `alibi_slopes` are the layer geometry's, as in :func:`decode_attention` (the
-    slopes tensor is read at every launch: keep it alive and unchanged). Scratch (partials;
+    `window`, `softcap`, `alibi_slopes` and `sinks` are the layer geometry's, as in :func:`decode_attention`
+    (the slopes and sinks tensors are read at every launch: keep them alive and unchanged). Scratch (partials;
     this stream's arrival counters, outside graph capture) is taken here once and reused by every
     launch, so launches run in order on the stream current here."""
     if q_len == 1:
@@ -1224,6 +1282,7 @@ def prepare_paged_decode(
         raise ValueError(f"sliding window must be >= 1 keys; got {window}")
     cap = check_softcap(softcap)
     slopes = check_alibi_slopes(alibi_slopes, hq, q)
+    sink = check_sinks(sinks, hq, q)
     # as decode_attention: a window as long as the cache hides nothing, a shorter one bounds the splits
     window = int(window) if window is not None and int(window) < capacity else 0
     max_len = min(capacity, window + s_q + 128) if window else capacity
@@ -1238,7 +1297,7 @@ def prepare_paged_decode(
     args = (
         None, None, None, None, None, seq_lens, block_table, None, mid_o, mid_l, counters,
         *q4.stride(), *k.stride(), *v.stride(), *out4.stride(), int(block_table.stride(0)),
-        hkv, splits, window, None, 1.0, cap, slopes,
+        hkv, splits, window, None, 1.0, cap, slopes, sink,
     )  # fmt: skip
     reduce = None
     if not direct and not fused:
@@ -1251,6 +1310,6 @@ def prepare_paged_decode(
         )
     options = _split_options(
         config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype, k.dtype,
-        v_pairs_options(k.dtype, d, v), cap, slopes is not None,
+        v_pairs_options(k.dtype, d, v), cap, slopes is not None, sink is not None,
     )  # fmt: skip
     return PreparedLaunch(_decode_split_kernel, (splits, b * hkv), args, operands, reduce, **options)

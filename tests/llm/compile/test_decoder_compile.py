@@ -100,6 +100,7 @@ def test_save_pretrained_directory_source(tmp_path):
         "qwen2_moe_factory",  # the shared expert and a dense layer among the MoE ones
         "cohere2_factory",
         "bloom_factory",  # ALiBi: every layer's attention spelled out (no IAttention)
+        "gpt_oss_factory",  # attention sinks: every layer's attention spelled out, the gpt-oss experts
     ],
 )
 def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_path, monkeypatch):
@@ -132,9 +133,10 @@ def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_pat
     layers = g["num_layers"]
     census = manifest.records["build"]["layer_types"]
     assert census.get("KV_CACHE_UPDATE") == 2 * layers  # K and V of every layer
-    # one IAttention per layer, but soft-capped ones (ONNX Attention's softcap: refused by TensorRT's parser)
-    # and ALiBi ones (their biases spelled out as plain ops)
-    spelled = sum(c is not None or s is not None for c, s in zip(g["attn_softcaps"], g["alibi_slopes"]))
+    # one IAttention per layer, but soft-capped ones (ONNX Attention's softcap: refused by TensorRT's parser),
+    # ALiBi ones (their biases spelled out as plain ops) and those with attention sinks (likewise)
+    layers_attn = zip(g["attn_softcaps"], g["alibi_slopes"], g["attn_sinks"])
+    spelled = sum(c is not None or s is not None or k is not None for c, s, k in layers_attn)
     assert census.get("ATTENTION_OUTPUT", 0) == layers - spelled
     assert not [w for w in manifest.records["build"]["warnings"] if "Unused Input" in w]
     assert g["cache"] == g["cache"] | {"layout": "slot", "dtype": "float16"}

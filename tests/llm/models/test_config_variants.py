@@ -267,6 +267,32 @@ OPTIONS: dict[str, dict[str, list]] = {
         "residual_multiplier": [1.0, 0.22],
         "logits_scaling": [1.0, 6.0],
     },
+    # gpt-oss: YaRN forms (truncate, an explicit attention_factor) and plain tables, windows by layer_types,
+    # expert counts and top-k, biases on or off; the sinks and the clamped SwiGLU as tiny_model sets them
+    "gpt_oss": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rms_norm_eps": [1e-6, 1e-5],
+        "rope_parameters": [
+            {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0}
+            | {"truncate": False, "original_max_position_embeddings": 64},
+            {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "truncate": True}
+            | {"original_max_position_embeddings": 32},
+            {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 2.0, "attention_factor": 1.3}
+            | {"original_max_position_embeddings": 128},
+            {"rope_type": "default", "rope_theta": 10000.0},
+        ],
+        "num_local_experts": [4, 8],
+        "num_experts_per_tok": [1, 2, 3],
+        "head_dim": [8, 16, 24],
+        "attention_bias": [False, True],
+        "sliding_window": [3, 5, 64],
+        "layer_types": [
+            ["sliding_attention", "full_attention"],
+            ["full_attention", "sliding_attention"],
+            ["sliding_attention", "sliding_attention"],
+        ],
+    },
     "olmo": LLAMA_LIKE | {"clip_qkv": [None, 0.5, 8.0], "attention_bias": [False, True], "hidden_act": ACTS},
     "olmo3": {  # rope_scaling: on the full-attention layers' table, as OLMo 3's config puts it
         "num_key_value_heads": [1, 2, 4],

@@ -24,9 +24,11 @@ NEW_TOKENS = 16
 
 def hf_mlp(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """transformers' own MLP output of a decoder layer on its normed input `x`: ``mlp``, or GraniteMoE's
-    ``block_sparse_moe`` plus GraniteMoeShared's ``shared_mlp`` (as its decoder layer adds them)."""
+    ``block_sparse_moe`` plus GraniteMoeShared's ``shared_mlp`` (as its decoder layer adds them); gpt-oss's
+    MLP returns the router scores beside its output."""
     if hasattr(layer, "mlp"):
-        return layer.mlp(x)
+        out = layer.mlp(x)
+        return out[0] if isinstance(out, tuple) else out
     out = layer.block_sparse_moe(x)
     shared = getattr(layer, "shared_mlp", None)
     return out if shared is None else out + shared(x)
@@ -63,7 +65,9 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert {f for f in MOE_FAMILIES if kinds[f].moe["routing"] == "topk_softmax"} == {
         "granitemoe",
         "granitemoeshared",
+        "gpt_oss",
     }
+    assert {f for f in MOE_FAMILIES if kinds[f].moe["layout"] == "gpt_oss"} == {"gpt_oss"}
     assert kinds["granitemoeshared"].moe["shared_expert_size"] == 96
     assert kinds["granitemoe"].moe["shared_expert_size"] is None
     # (GraniteMoeShared's shared_intermediate_size 0: its layers' shared_mlp is None, no shared expert)
@@ -78,7 +82,8 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
         _, experts = moe.route(x)
         assert set(experts.flatten().tolist()) == set(range(moe.num_experts)), family
         # routing margins wide enough that no pick is a near tie
-        probs = torch.softmax(torch.nn.functional.linear(x, moe.router.weight), -1).sort(-1).values
+        logits = torch.nn.functional.linear(x, moe.router.weight, getattr(moe.router, "bias", None))
+        probs = torch.softmax(logits, -1).sort(-1).values
         assert (probs[:, -2] - probs[:, -3]).min() > 1e-4, family
 
 
@@ -98,7 +103,7 @@ def test_grouped_and_dense_formulations_agree_with_the_hf_block(family):
                 torch.testing.assert_close(adapter.mlp(i, x), want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "granitemoeshared"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "granitemoeshared", "gpt_oss"])
 def test_a_ragged_batch_on_the_torch_executor_matches_transformers(family):
     """Three sequences in each step (prompt chunks of different lengths, then decodes together): each
     row's logits are transformers' for its sequence alone, whichever tokens share the experts."""

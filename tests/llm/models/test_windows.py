@@ -1,6 +1,6 @@
 """One sliding-window rule: for every supported family, the windows the step graph applies, the windows
 the torch executor applies, and the windows transformers' own forward applies are the same list; so are
-the attention soft-caps (Gemma 2's) the three apply.
+the attention soft-caps (Gemma 2's) and the layers with attention sinks (gpt-oss's) the three apply.
 
 transformers is the oracle, read from the masks its eager attention receives and the soft-cap it passes
 its attention function (no copy of its rules here); the step module (what the exporter traces) and the
@@ -129,6 +129,10 @@ CASES = [
     ("bloom", {"set_sliding_window": 64, "n_head": 8}),
     ("mpt", {}),
     ("mpt", {"set_sliding_window": 64}),
+    # gpt-oss: attention sinks on every layer, windows by layer_types (sliding, full, sliding by default)
+    ("gpt_oss", {}),
+    ("gpt_oss", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
+    ("gpt_oss", {"sliding_window": 64}),
 ]
 
 
@@ -181,10 +185,10 @@ def _prompt(model: torch.nn.Module) -> list[int]:
 
 def _transformers(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int | None], Any, torch.Tensor]:
     """The windows of the masks transformers' eager attention gets, the soft-cap each layer passes its
-    attention function (None where its modeling module has no eager attention function: GPT-Neo), and its
-    last-token logits."""
+    attention function with whether it passes sinks (gpt-oss's ``s_aux``; None where its modeling module
+    has no eager attention function: GPT-Neo), and its last-token logits."""
     masks: list[torch.Tensor] = []
-    caps: list[float | None] = []
+    caps: list[tuple[float | None, bool]] = []
 
     def record(module: torch.nn.Module, _args: tuple, kw: dict) -> None:
         mask = kw["attention_mask"]
@@ -197,7 +201,7 @@ def _transformers(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int |
         masks.append(mask)
 
     def attend(module, query, key, value, attention_mask, **kwargs):  # the eager function, cap recorded
-        caps.append(kwargs.get("softcap"))
+        caps.append((kwargs.get("softcap"), kwargs.get("s_aux") is not None))
         return eager(module, query, key, value, attention_mask, **kwargs)
 
     hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in _attention_modules(model)]
@@ -219,17 +223,17 @@ def _transformers(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int |
 
 def _step_graph(model: torch.nn.Module, prompt: list[int], monkeypatch) -> tuple[list, list, list, Any]:
     """The step module the exporter traces: its spec's windows, the windows of the masks its attention
-    gets, the soft-caps it gets (each with whether an ALiBi bias came too), and its last-token logits (the
-    paged module run eagerly on one block table)."""
+    gets, the soft-caps it gets (each with whether an ALiBi bias and attention sinks came too), and its
+    last-token logits (the paged module run eagerly on one block table)."""
     step = PagedDecoderStep(model, max_seq=16, block_size=BLOCK)
     masks: list[torch.Tensor] = []
     caps: list[float | None] = []
     real = step_module.step_attention
 
-    def recording(q, k, v, mask, scale, softcap=None, bias=None):
+    def recording(q, k, v, mask, scale, softcap=None, bias=None, sinks=None):
         masks.append(mask)
-        caps.append((softcap, bias is not None))
-        return real(q, k, v, mask, scale, softcap, bias)
+        caps.append((softcap, bias is not None, sinks is not None))
+        return real(q, k, v, mask, scale, softcap, bias, sinks)
 
     monkeypatch.setattr(step_module, "step_attention", recording)
     spec = step.spec
@@ -249,14 +253,14 @@ def _step_graph(model: torch.nn.Module, prompt: list[int], monkeypatch) -> tuple
 
 
 def _torch_executor(model: torch.nn.Module, prompt: list[int]) -> tuple[list, list, torch.Tensor]:
-    """The windows and soft-caps (each with whether ALiBi slopes came too) the torch executor hands its
-    attention, layer by layer, and its last-token logits."""
+    """The windows and soft-caps (each with whether ALiBi slopes and attention sinks came too) the torch
+    executor hands its attention, layer by layer, and its last-token logits."""
     seen: list[int | None] = []
     caps: list[float | None] = []
 
     def attention(q, k_pool, v_pool, meta, scale, window=None, **kw):
         seen.append(window)
-        caps.append((kw.get("softcap"), kw.get("alibi_slopes") is not None))
+        caps.append((kw.get("softcap"), kw.get("alibi_slopes") is not None, kw.get("sinks") is not None))
         return paged_attention_reference(q, k_pool, v_pool, meta, scale, window, **kw)
 
     ex = TorchExecutor(
@@ -285,12 +289,10 @@ def test_step_graph_torch_executor_and_transformers_apply_the_same_windows(famil
     assert len(hf_windows) == model.config.num_hidden_layers
     spec = _spec(model)
     if hf_caps is not None:
-        assert [c for c, _ in graph_caps] == [c for c, _ in executor_caps] == hf_caps, "other soft-caps"
-    assert (
-        graph_caps
-        == executor_caps
-        == [(c, s is not None) for c, s in zip(spec.attn_softcaps, spec.alibi_slopes)]
-    )
+        got = [(c, k) for c, _, k in graph_caps]
+        assert got == [(c, k) for c, _, k in executor_caps] == hf_caps, "other soft-caps or sinks"
+    layers = zip(spec.attn_softcaps, spec.alibi_slopes, spec.attn_sinks)
+    assert graph_caps == executor_caps == [(c, s is not None, k is not None) for c, s, k in layers]
     assert spec_windows == executor_windows, "the step graph and the torch executor disagree"
     assert graph_windows == _effective(spec_windows), "the step graph applies windows its spec does not name"
     assert _effective(executor_windows) == hf_windows, "transformers applies other windows"

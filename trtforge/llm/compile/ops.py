@@ -20,7 +20,11 @@ paged pass (it rewrites Attention nodes only) turns the decomposed form into a k
 An ALiBi layer (BLOOM, MPT, falcon-rw) attends through the same plain ops with its position bias (each
 head's slope times key position minus query position, one ``[B, H, S, T]`` tensor a step shares between
 the layers whose slopes are equal) added to the scaled (capped) scores before the mask: an Add there
-matches neither pass either, and the TensorRT plugin never sees such a layer.
+matches neither pass either, and the TensorRT plugin never sees such a layer. A layer with attention
+sinks (gpt-oss) attends through the same plain ops with each head's sink logit concatenated to the masked
+scores as one more column before the Softmax and that column sliced off after it
+(:func:`~trtforge.llm.models.base.attention_sinks`): ONNX ``Attention`` has no sinks input in the opset
+TensorRT-RTX parses, and the Concat / Slice around the Softmax match neither pass.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from trtforge.llm.models.base import attention_sinks
 
 PLACEHOLDER_DOMAIN = "trtforge.step"
 STEP_OPSET = 24
@@ -55,11 +61,14 @@ def attention_reference(
     scale: float,
     softcap: float | None = None,
     bias: Tensor | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """softmax(cap(q k^T * scale) + bias, masked) v with q [B,Hq,S,D], k/v [B,Hkv,T,D] (GQA), bool mask
     [B,1,S,T]; cap(s) = softcap * tanh(s / softcap) (None: s), before the mask as transformers' Gemma 2
     applies it; `bias` [B,Hq,S,T] (None: none) an ALiBi layer's position bias
-    (:func:`~trtforge.llm.models.base.alibi_bias`), in the scores' dtype.
+    (:func:`~trtforge.llm.models.base.alibi_bias`), in the scores' dtype; `sinks` [Hq] (None: none) a
+    gpt-oss layer's sink logits, one more softmax column a head that gives no value
+    (:func:`~trtforge.llm.models.base.attention_sinks`).
     Masked scores become the dtype's lowest value (as transformers' eager masks make them), not -inf: a
     query that sees no key (a padding row under a window) then averages the values instead of turning
     NaN, which its K/V row would carry into the cache and, times a zero weight, into later steps."""
@@ -73,6 +82,8 @@ def attention_reference(
     if bias is not None:
         scores = scores + bias.to(scores.dtype)
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    if sinks is not None:
+        return torch.matmul(attention_sinks(scores, sinks).to(v.dtype), v)
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
@@ -90,13 +101,14 @@ def step_attention(
     scale: float,
     softcap: float | None = None,
     bias: Tensor | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """One layer's attention in a step graph: :func:`cache_attention` (exported as ONNX Attention), or
-    with a `softcap` or an ALiBi `bias`, :func:`attention_reference`'s plain ops (exported as they are:
-    module docstring)."""
-    if softcap is None and bias is None:
+    with a `softcap`, an ALiBi `bias` or attention `sinks`, :func:`attention_reference`'s plain ops
+    (exported as they are: module docstring)."""
+    if softcap is None and bias is None and sinks is None:
         return cache_attention(q, k, v, mask, scale)
-    return attention_reference(q, k, v, mask, scale, softcap, bias)
+    return attention_reference(q, k, v, mask, scale, softcap, bias, sinks)
 
 
 @torch.library.custom_op("trtforge::paged_cache_write", mutates_args=())

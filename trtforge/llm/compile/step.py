@@ -92,10 +92,10 @@ class DecoderStep(nn.Module):
     def _finish(
         self, i: int, x: Tensor, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, bias: Tensor | None
     ) -> Tensor:
-        """Attention of layer i (its scale, soft-cap and ALiBi `bias`) over `keys`/`values` under `mask`,
-        then the rest of its block."""
+        """Attention of layer i (its scale, soft-cap, ALiBi `bias` and attention sinks) over `keys`/`values`
+        under `mask`, then the rest of its block."""
         a = self.adapter
-        out = step_attention(q, keys, values, mask, a.scales[i], a.softcaps[i], bias)
+        out = step_attention(q, keys, values, mask, a.scales[i], a.softcaps[i], bias, a.sinks[i])
         return a.finish_block(i, x, out.transpose(1, 2).flatten(2))
 
     def forward(

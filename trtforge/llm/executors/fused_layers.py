@@ -102,6 +102,8 @@ def fusable(adapter: LlamaStyle) -> str | None:
         return "attention logit soft-capping (Llama-style layers have none)"
     if any(slopes is not None for slopes in adapter.alibi_slopes):
         return "ALiBi position biases (Llama-style layers have none)"
+    if any(sinks is not None for sinks in adapter.sinks):
+        return "attention sinks (Llama-style layers have none)"
     if getattr(config, "hidden_act", None) != "silu":
         return f"hidden_act {getattr(config, 'hidden_act', None)!r} (the fused MLP is SiLU-gated)"
     if adapter.head_dim % 2:

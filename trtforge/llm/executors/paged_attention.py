@@ -11,7 +11,10 @@ soft-capping, :attr:`~trtforge.llm.models.base.DecoderAdapter.softcaps`) gets it
 ``softcap * tanh(s / softcap)`` before the masks. An ALiBi layer (BLOOM, MPT, falcon-rw:
 :attr:`~trtforge.llm.models.base.DecoderAdapter.alibi_slopes`) gets its slopes as ``alibi_slopes``
 (keyword, a float32 ``[Hq]`` tensor on the pools' device): the score of the query at position p and the
-key at position j gets ``slope * (j - p)`` added after any cap, before the masks.
+key at position j gets ``slope * (j - p)`` added after any cap, before the masks. A layer with attention
+sinks (gpt-oss: :attr:`~trtforge.llm.models.base.DecoderAdapter.sinks`) gets them as ``sinks`` (keyword, a
+float32 ``[Hq]`` tensor on the pools' device): head h's sink logit joins each of its rows' softmax as one
+more column that gives no value.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class DecodeAttentionFn(Protocol):
         v_scale: float = 1.0,
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -77,6 +81,7 @@ class AttentionFn(Protocol):
         v_scale: float = 1.0,
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -88,12 +93,23 @@ def _gather(pool: torch.Tensor, table: torch.Tensor, scale: float = 1.0) -> torc
     return read_reference(pool[table].reshape(num_seqs, width * bs, hkv, d).transpose(1, 2), scale)
 
 
-def _sdpa(q, k, v, mask, scale, softcap: float | None = None, bias: torch.Tensor | None = None):
-    """SDPA with a bool `mask`; with `softcap` or an ALiBi `bias` (float32, broadcasting against the
-    scores), the same in plain torch: scores ``softcap * tanh(s / softcap)`` in the inputs' dtype, as
+def _sdpa(
+    q,
+    k,
+    v,
+    mask,
+    scale,
+    softcap: float | None = None,
+    bias: torch.Tensor | None = None,
+    sink: torch.Tensor | None = None,
+):
+    """SDPA with a bool `mask`; with `softcap`, an ALiBi `bias` (float32, broadcasting against the scores)
+    or attention sinks (`sink`: float32, broadcasting against the scores' ``[..., :1]``: each row's sink
+    logit), the same in plain torch: scores ``softcap * tanh(s / softcap)`` in the inputs' dtype, as
     transformers' eager Gemma 2 attention computes them, plus the bias in float32, then masked and
-    softmaxed in float32. (q and k share their heads there.)"""
-    if softcap is None and bias is None:
+    softmaxed in float32 (the sink as one more column, dropped after). (q and k share their heads
+    there.)"""
+    if softcap is None and bias is None and sink is None:
         return torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
         )
@@ -101,7 +117,12 @@ def _sdpa(q, k, v, mask, scale, softcap: float | None = None, bias: torch.Tensor
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.float() if bias is None else scores.float() + bias
-    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sink is None:
+        weights = torch.softmax(scores, dim=-1)
+    else:
+        column = sink.expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
     return torch.matmul(weights.to(v.dtype), v)
 
 
@@ -114,10 +135,11 @@ def _grouped_sdpa(
     softcap: float | None = None,
     slopes: torch.Tensor | None = None,
     relative: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ):
     """``q`` ``[S, Hq, D]`` against ``k``/``v`` ``[1, Hkv, L, D]`` with ``mask`` ``[S, L]`` -> ``[S, Hq, D]``
     (`softcap`: :func:`_sdpa`'s; ALiBi `slopes` ``[Hq]`` over each key's position minus its query's,
-    `relative` ``[S, L]``).
+    `relative` ``[S, L]``; attention `sinks` ``[Hq]``).
 
     The G query heads of a KV head are stacked as G*S query rows of that head, so GQA runs as plain
     multi-head attention (backends without a GQA kernel then need no repeated K/V).
@@ -127,7 +149,8 @@ def _grouped_sdpa(
     groups = hq // hkv
     qg = q.permute(1, 0, 2).reshape(1, hkv, groups * s_q, d)
     bias = None if slopes is None else _grouped_bias(slopes, relative[None], hkv)
-    out = _sdpa(qg, k, v, mask.repeat(groups, 1)[None, None], scale, softcap, bias)
+    sink = None if sinks is None else _grouped_sinks(sinks, hkv, s_q)
+    out = _sdpa(qg, k, v, mask.repeat(groups, 1)[None, None], scale, softcap, bias, sink)
     return out.reshape(hq, s_q, d).transpose(0, 1)
 
 
@@ -137,6 +160,13 @@ def _grouped_bias(slopes: torch.Tensor, relative: torch.Tensor, hkv: int) -> tor
     bias = alibi_bias(slopes, relative)  # [B, Hq, S, L]
     b, hq, s, n = bias.shape
     return bias.reshape(b, hkv, (hq // hkv) * s, n)
+
+
+def _grouped_sinks(sinks: torch.Tensor, hkv: int, s: int) -> torch.Tensor:
+    """Each grouped query row's sink logit (float32 ``[Hkv, G * S, 1]``; row g * S + s: query head
+    kv * G + g), from the layer's `sinks` ``[Hq]``."""
+    per_row = sinks.float().reshape(hkv, -1, 1).expand(-1, -1, s)
+    return per_row.reshape(hkv, -1, 1)
 
 
 def paged_decode_reference(
@@ -153,6 +183,7 @@ def paged_decode_reference(
     v_scale: float = 1.0,
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence (``q`` ``[B, Hq, D]``) over the first `context_lens` keys of its blocks.
 
@@ -160,8 +191,8 @@ def paged_decode_reference(
     LOWER_RIGHT causally (query i sees keys ``j <= L - S + i``); a query that sees no key gets zeros,
     as from the kernel. Shapes depend only on ``block_tables.shape`` (no host sync), so it can be
     captured in a CUDA graph. FP8 pools: float32 attention over K/V dequantized with `k_scale` /
-    `v_scale`. `softcap` and `alibi_slopes`: the layer's attention logit soft-cap and ALiBi slopes (module
-    docstring).
+    `v_scale`. `softcap`, `alibi_slopes` and `sinks`: the layer's attention logit soft-cap, ALiBi slopes
+    and attention sinks (module docstring).
     """
     num_seqs, hq, d = q.shape[0] // q_len, q.shape[1], q.shape[2]
     bs, hkv = k_pool.shape[1], k_pool.shape[2]
@@ -181,7 +212,8 @@ def paged_decode_reference(
     bias = None
     if alibi_slopes is not None:
         bias = _grouped_bias(alibi_slopes, (kpos[None, None, :] - last[:, :, None]).float(), hkv)
-    out = _sdpa(groups, k, v, masks, scale, softcap, bias).reshape(num_seqs, hkv, hq // hkv, q_len, d)
+    sink = None if sinks is None else _grouped_sinks(sinks, hkv, q_len)
+    out = _sdpa(groups, k, v, masks, scale, softcap, bias, sink).reshape(num_seqs, hkv, hq // hkv, q_len, d)
     out = out.permute(0, 3, 1, 2, 4).reshape(num_seqs * q_len, hq, d).to(q.dtype)
     if q_len == 1:
         return out
@@ -200,6 +232,7 @@ def paged_attention_reference(
     v_scale: float = 1.0,
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attend each new token to its sequence's cached keys at positions <= its own (bottom-right causal).
 
@@ -207,8 +240,8 @@ def paged_attention_reference(
     (a prompt chunk) gathers its blocks and runs SDPA with its own causal mask, so no padded
     ``[B, max_query, max_context]`` score tensor is ever formed. With `sliding_window` W a query at
     position p sees keys at positions > p - W. FP8 pools: float32 attention over K/V dequantized with
-    `k_scale` / `v_scale`. `softcap` and `alibi_slopes`: the layer's attention logit soft-cap and ALiBi
-    slopes (module docstring).
+    `k_scale` / `v_scale`. `softcap`, `alibi_slopes` and `sinks`: the layer's attention logit soft-cap, ALiBi
+    slopes and attention sinks (module docstring).
     """
     out = torch.empty_like(q)
     qsl = meta.query_start_loc_host
@@ -231,6 +264,7 @@ def paged_attention_reference(
             v_scale=v_scale,
             softcap=softcap,
             alibi_slopes=alibi_slopes,
+            sinks=sinks,
         )
     for i, n in enumerate(qlens):
         if n == 1:
@@ -245,7 +279,7 @@ def paged_attention_reference(
         if sliding_window is not None:
             mask &= kpos > qpos - sliding_window
         rel = (kpos - qpos).float()
-        out[lo:hi] = _grouped_sdpa(q[lo:hi].to(k.dtype), k, v, mask, scale, softcap, alibi_slopes, rel).to(
-            q.dtype
-        )
+        out[lo:hi] = _grouped_sdpa(
+            q[lo:hi].to(k.dtype), k, v, mask, scale, softcap, alibi_slopes, rel, sinks
+        ).to(q.dtype)
     return out

@@ -229,8 +229,9 @@ class TorchExecutor:
     ) -> None:
         """The pools' dtype (`kv_dtype`), the FP8 scales (`kv_scales`, None for 16/32-bit pools) and the
         keyword arguments each layer's attention call gets (`_attn_kwargs`: the layer's scales, its
-        attention logit soft-cap and its ALiBi slopes where it has them: the adapter's ``softcaps`` and
-        ``alibi_slopes``, the slopes as one float32 tensor on the device for the layers that share them)."""
+        attention logit soft-cap, its ALiBi slopes and its attention sinks where it has them: the adapter's
+        ``softcaps``, ``alibi_slopes`` and ``sinks``, the slopes as one float32 tensor on the device for the
+        layers that share them, each layer's sinks as a float32 tensor on the device)."""
         self.kv_cache_dtype = kv_cache_dtype_name(kv_cache_dtype)
         self.kv_dtype = resolve_kv_cache_dtype(self.kv_cache_dtype, self.dtype, self.device)
         layers = self._adapter.num_layers
@@ -243,6 +244,9 @@ class TorchExecutor:
                 if id(slopes) not in on_device:
                     on_device[id(slopes)] = slopes.to(self.device, torch.float32).contiguous()
                 kwargs["alibi_slopes"] = on_device[id(slopes)]
+        for kwargs, sinks in zip(self._attn_kwargs, self._adapter.sinks):
+            if sinks is not None:
+                kwargs["sinks"] = sinks.to(self.device, torch.float32).contiguous()
         if self.kv_cache_dtype == "auto":
             if kv_scales is not None:
                 raise UserError(

@@ -143,10 +143,11 @@ class TritonDecodeAttention:
         v_scale: float = 1.0,
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of `q` ``[B, Hq, D]``, into `out` (same shape) when given (FP8 pools: with their
         layer's `k_scale` / `v_scale`; a soft-capped layer: its `softcap`; an ALiBi layer: its
-        `alibi_slopes`). With `q_len` S > 1 (<= 8:
+        `alibi_slopes`; a layer with attention sinks: its `sinks`). With `q_len` S > 1 (<= 8:
         verification rows) `q` is ``[B * S, Hq, D]``, each sequence's last S positions, attended
         LOWER_RIGHT causally."""
         from trtforge.kernels.decode_attention import decode_attention
@@ -175,6 +176,7 @@ class TritonDecodeAttention:
             v_scale=v_scale,
             softcap=softcap,
             alibi_slopes=alibi_slopes,
+            sinks=sinks,
         )
         return out
 
@@ -205,14 +207,17 @@ def _layer_key(
     window: int | None,
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple:
     """Everything a prepared launch depends on besides the addresses: the window, the soft-cap, the ALiBi
-    slopes (their presence, and the tensor a launch reads them from: the layers of a model share one)
-    and every tensor's device, dtype, shape and strides."""
+    slopes (their presence, and the tensor a launch reads them from: the layers of a model share one),
+    the attention sinks (likewise: one tensor a layer) and every tensor's device, dtype, shape and
+    strides."""
     return (
         window,
         softcap,
         None if alibi_slopes is None else (alibi_slopes.device, alibi_slopes.data_ptr()),
+        None if sinks is None else (sinks.device, sinks.data_ptr()),
         *(q.device, q.dtype, q.shape, q.stride()),
         *(k_pool.device, k_pool.dtype, k_pool.shape, k_pool.stride()),
         *(v_pool.device, v_pool.dtype, v_pool.shape, v_pool.stride()),
@@ -418,18 +423,20 @@ class TritonPagedAttention:
         window: int | None,
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None,
         side: Any = None,
     ) -> tuple[Callable[..., None], ...]:
-        """The step's launches for layers of this geometry (window, soft-cap and ALiBi slopes included):
+        """The step's launches for layers of this geometry (window, soft-cap, ALiBi slopes and attention
+        sinks included):
         each called as ``(q, k_pool, v_pool, out, scale * k_scale, v_scale)``. With a `side` stream they are
         prepared on it (their arrival counters and scratch are that stream's), but for the Hopper chunk
         launch: it runs last, on the current stream, which its gather scratch then belongs to."""
         from trtforge.kernels.chunked_prefill import hopper_chunks_eligible, prepare_chunked_prefill_hopper
 
         hopper = plan.long_chunks is not None and hopper_chunks_eligible(
-            q, k_pool, window, out, softcap, alibi_slopes
+            q, k_pool, window, out, softcap, alibi_slopes, sinks
         )
-        geometry = {"window": window, "softcap": softcap, "alibi_slopes": alibi_slopes}
+        geometry = {"window": window, "softcap": softcap, "alibi_slopes": alibi_slopes, "sinks": sinks}
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             launches = self._prepare_side(plan, q, k_pool, v_pool, out, geometry, hopper)
         if hopper:  # last, run on the current stream: its gather scratch is that stream's
@@ -442,8 +449,8 @@ class TritonPagedAttention:
         self, plan, q, k_pool, v_pool, out, geometry: dict[str, Any], hopper: bool
     ) -> list[Callable[..., None]]:
         """:meth:`_prepare`'s launches but the Hopper chunk launch (`hopper`: the long chunks take it, so
-        the varlen kernel gets only the others); `geometry`: the layer's window, soft-cap and ALiBi slopes
-        (the kernels' keywords)."""
+        the varlen kernel gets only the others); `geometry`: the layer's window, soft-cap, ALiBi slopes and
+        attention sinks (the kernels' keywords)."""
         from trtforge.kernels.chunked_prefill import prepare_chunked_prefill_varlen
         from trtforge.kernels.decode_attention import prepare_paged_decode
         from trtforge.kernels.gemv import pdl_supported
@@ -496,7 +503,7 @@ class TritonPagedAttention:
         self, s, where, tables, lens, q, k_pool, v_pool, out, geometry: dict[str, Any]
     ) -> Callable[..., None]:
         """The decode kernel's launch over sequences of `s` query rows each (rows `where`; `geometry`: the
-        layer's window, soft-cap and ALiBi slopes)."""
+        layer's window, soft-cap, ALiBi slopes and attention sinks)."""
         from trtforge.kernels.decode_attention import prepare_paged_decode
         from trtforge.kernels.gemv import pdl_supported
 
@@ -542,19 +549,21 @@ class TritonPagedAttention:
         v_scale: float = 1.0,
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of the step's tokens `q` ``[T, Hq, D]``, into `out` (same shape) when given (FP8
         pools: with their layer's `k_scale` / `v_scale`; a soft-capped layer: its `softcap`; an ALiBi layer:
-        its `alibi_slopes`, read by the prepared launches at every layer)."""
+        its `alibi_slopes`, read by the prepared launches at every layer; a layer with attention sinks: its
+        `sinks`, likewise)."""
         plan = self.plan_of(meta, q.device)
         if out is None:
             out = torch.empty_like(q)
-        key = _layer_key(q, k_pool, v_pool, out, sliding_window, softcap, alibi_slopes)
+        key = _layer_key(q, k_pool, v_pool, out, sliding_window, softcap, alibi_slopes, sinks)
         side = self._side_stream(plan, q)
         launches = plan.launches.get(key)
         if launches is None:
             launches = self._prepare(
-                plan, q, k_pool, v_pool, out, sliding_window, softcap, alibi_slopes, side
+                plan, q, k_pool, v_pool, out, sliding_window, softcap, alibi_slopes, sinks, side
             )
             plan.launches[key] = launches
         qk_scale, v_scale = float(scale) * float(k_scale), float(v_scale)

@@ -78,6 +78,9 @@ STYLES: dict[tuple[str, ...], str] = {
     ("granitemoe", "granitemoeshared"): "GraniteMoE / GraniteMoeShared: Granite's multipliers, sparse MoE "
     "MLPs routed by a softmax over the top-k router logits; GraniteMoeShared's ungated shared MLP beside "
     "them",
+    ("gpt_oss",): "gpt-oss (dequantized from MXFP4 on load): attention sinks, sliding and full layers, YaRN "
+    "rotary, q/k/v/o biases, sparse MoE MLPs (biased router, top-k then softmax, biased experts with a "
+    "clamped SwiGLU)",
     ("falcon",): "Falcon: falcon-7b's multi-query, falcon-40b/180b's grouped KV (new decoder architecture), "
     "parallel or serial blocks with RoPE; falcon-rw's ALiBi position biases (alibi=True)",
     ("bloom",): "BLOOM / BLOOMZ: ALiBi position biases, LayerNorm after the embeddings, per-head fused QKV, "
@@ -151,6 +154,7 @@ PER_LAYER_TYPES = (
     "cohere2",
     "exaone4",
     "qwen2_moe",
+    "gpt_oss",
 )
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -175,6 +179,8 @@ class DecoderSpec:
     attn_softcaps: list[float | None]
     #: each layer's ALiBi slopes, one per query head (None: no position bias; BLOOM, MPT, falcon-rw)
     alibi_slopes: list[list[float] | None]
+    #: each layer's attention-sink logits, one per query head (None: no sinks; gpt-oss)
+    attn_sinks: list[list[float] | None]
     bos_token_id: int | None
     eos_token_ids: list[int] = field(default_factory=list)
     #: each layer's MLP kind: "dense" (the model's own MLP) or "moe" (a sparse mixture of experts:
@@ -266,8 +272,8 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
       :func:`refuse_unapplied_window` for a window their config sets anyway);
     - mistral, phi3, starcoder2, mixtral, qwen3_moe: ``config.sliding_window`` on every layer, or none
       when it is null (their forward ignores ``layer_types``);
-    - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe: the window
-      on the layers
+    - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe, gpt_oss:
+      the window on the layers
       ``config.layer_types`` marks "sliding_attention" (qwen's config builds those from
       ``use_sliding_window`` and ``max_window_layers``; with ``use_sliding_window`` false it nulls
       ``sliding_window``, Qwen2-MoE's sets it to 0, read as null. SmolLM3's marks its NoPE layers when
@@ -362,6 +368,17 @@ def alibi_bias(slopes: Tensor, relative: Tensor) -> Tensor:
     return slopes.float()[:, None, None] * relative.float()[..., None, :, :]
 
 
+def attention_sinks(scores: Tensor, sinks: Tensor) -> Tensor:
+    """The softmax of the (scaled, masked) `scores` ``[..., H, S, L]`` with each head's sink logit (`sinks`
+    ``[H]``) as one more column, that column dropped: transformers' eager gpt-oss attention (the logits with
+    the sink appended, minus their row max, softmaxed in the scores' dtype). Plain ops (the step graph
+    exports them as they are)."""
+    sink = torch.zeros_like(scores[..., :1]) + sinks.to(scores.dtype)[:, None, None]
+    combined = torch.cat([scores, sink], dim=-1)
+    combined = combined - combined.amax(dim=-1, keepdim=True)
+    return torch.softmax(combined, dim=-1)[..., :-1]
+
+
 def _gpt_neo_windows(config: Any, num_layers: int) -> list[int | None]:
     """GPT-Neo's windows: ``window_size`` on the layers ``config.attention_layers`` marks "local" (its
     attention masks all but the last ``window_size`` keys there), none on "global" ones."""
@@ -405,9 +422,9 @@ def apply_rotary_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class DecoderAdapter(ABC):
-    """One family's view of a HF causal LM: its spec, per-layer attention scales, windows, soft-caps and
-    ALiBi slopes, and the layer math around the attention (embed, project q/k/v, finish the block,
-    logits), read by the step-graph export and the torch executor alike.
+    """One family's view of a HF causal LM: its spec, per-layer attention scales, windows, soft-caps, ALiBi
+    slopes and attention sinks, and the layer math around the attention (embed, project q/k/v, finish the
+    block, logits), read by the step-graph export and the torch executor alike.
 
     `user` names the consumer in errors ("--generate", "TorchExecutor").
     """
@@ -437,6 +454,11 @@ class DecoderAdapter(ABC):
         #: the scale (and any cap), before the mask (:func:`alibi_bias`); every attention consumer applies
         #: them (BLOOM, MPT, falcon-rw). Layers with equal slopes share one tensor.
         self.alibi_slopes: list[Tensor | None] = [None] * len(layers)
+        #: each layer's attention sinks (float32 ``[num_heads]``, one learned logit a query head; None:
+        #: none): head h's sink joins each of its query rows' softmax as one more column, which takes
+        #: probability mass and gives no value (:func:`attention_sinks`; gpt-oss); every attention consumer
+        #: applies them
+        self.sinks: list[Tensor | None] = [None] * len(layers)
 
     @property
     def num_layers(self) -> int:
@@ -554,6 +576,7 @@ class DecoderAdapter(ABC):
             sliding_windows=list(self.windows),
             attn_softcaps=list(self.softcaps),
             alibi_slopes=[None if s is None else [float(x) for x in s.tolist()] for s in self.alibi_slopes],
+            attn_sinks=[None if s is None else [float(x) for x in s.tolist()] for s in self.sinks],
             bos_token_id=next(iter(token_ids(c.bos_token_id, c.vocab_size)), None),
             eos_token_ids=eos_token_ids(self.model),
             mlp_kinds=["dense" if m is None else "moe" for m in self.moe],

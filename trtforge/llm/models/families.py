@@ -12,8 +12,9 @@ ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dens
 Arcee), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon
 (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two
 with ALiBi position biases, and the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE and
-OLMoE (:mod:`.mixtral`), GraniteMoE and GraniteMoeShared (:mod:`.granite`) (their MoE MLPs: :mod:`.moe`).
-The shared pieces (spec, family checks, windows, attention soft-caps, ALiBi slopes) live in :mod:`.base`,
+OLMoE (:mod:`.mixtral`), GraniteMoE and GraniteMoeShared (:mod:`.granite`), and gpt-oss (:mod:`.gpt_oss`:
+attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family
+checks, windows, attention soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`,
 the rotary variants (interleaved, float32, NoPE layers, a table per layer type) in :mod:`.rotary`.
 """
 
@@ -41,6 +42,7 @@ from trtforge.llm.models.gemma3 import Gemma3Style
 from trtforge.llm.models.glm import Ernie45Style, Glm4Style, GlmStyle, HeliumStyle
 from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
 from trtforge.llm.models.gpt_neox import GptNeoXStyle
+from trtforge.llm.models.gpt_oss import GptOssStyle
 from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
 from trtforge.llm.models.granite import GraniteMoeSharedStyle, GraniteMoeStyle, GraniteStyle
 from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle
@@ -93,6 +95,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "olmoe": OlmoeStyle,
     "granitemoe": GraniteMoeStyle,
     "granitemoeshared": GraniteMoeSharedStyle,
+    "gpt_oss": GptOssStyle,
     "bloom": BloomStyle,
     "mpt": MptStyle,
 }
@@ -129,6 +132,7 @@ __all__ = [
     "GptJStyle",
     "GptNeoStyle",
     "GptNeoXStyle",
+    "GptOssStyle",
     "GraniteMoeSharedStyle",
     "GraniteMoeStyle",
     "GraniteStyle",

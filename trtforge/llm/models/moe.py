@@ -10,14 +10,21 @@ Routing, as transformers 5's ``*TopKRouter`` modules compute it (the block's rou
 - ``softmax_topk`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): a float32 softmax over the experts, top-k of
   the probabilities, renormalized to sum 1 over the k picked where the family does (Mixtral always; the
   others by ``norm_topk_prob``);
-- ``topk_softmax`` (GraniteMoE): top-k of the float32 logits, then a softmax over those k only;
+- ``topk_softmax`` (GraniteMoE): top-k of the float32 logits, then a softmax over those k only (gpt-oss:
+  of the logits in the model's dtype, its router's ``float32_router`` False);
 
 then kept in float32 (Mixtral) or cast to the model's dtype (the others). Router jitter is a
 training-time noise transformers applies only in training mode: never here.
 
 The experts are transformers 5's fused 3-D parameters (``experts.gate_up_proj`` [E, 2 I, H], gate rows
 first; ``experts.down_proj`` [E, H, I]); a checkpoint saved by transformers 4 (one Linear per expert) is
-converted to them when transformers loads it. Two formulations of the same math:
+converted to them when transformers loads it. gpt-oss's experts (``GptOssExperts``: transformers marks
+them ``is_transposed``, ``has_bias``, not ``is_concatenated``) are the other layout read here, options of
+the same block: the router a Linear with a bias; ``gate_up_proj`` [E, H, 2 I] with the gate and up
+columns interleaved (gate = even columns, up = odd) and ``down_proj`` [E, I, H], applied as ``x @ W + b``
+with their biases ``gate_up_proj_bias`` / ``down_proj_bias``; the clamped SwiGLU the module's ``alpha``
+and ``limit`` set (gate clamped above at the limit, up to +-limit, ``(up + 1) * gate *
+sigmoid(alpha * gate)``). Two formulations of the same math:
 
 - ``grouped`` (the torch executor on the CPU, and for blocks ``fused`` refuses): the (token, expert) pairs
   sorted by expert, each expert's GEMMs on its own tokens only, the outputs weighted and summed back per
@@ -46,6 +53,8 @@ from trtforge.errors import UserError
 FORMULATIONS = ("grouped", "dense", "fused")
 #: the routing orders (see the module docstring)
 ROUTINGS = ("softmax_topk", "topk_softmax")
+#: the expert weight layouts: transformers 5's plain fused one, gpt-oss's (see the module docstring)
+LAYOUTS = ("plain", "gpt_oss")
 
 
 def router(block: nn.Module) -> nn.Module | None:
@@ -66,7 +75,8 @@ class SparseMoe:
     `renormalize`: the top-k probabilities divided by their sum; `float32_weights`: the routing weights
     stay float32 (Mixtral) rather than the model's dtype; `routing`: one of `ROUTINGS`; `shared`: an
     ungated shared expert beside the block (GraniteMoeShared's ``shared_mlp``; a block's own
-    ``shared_expert`` is found by itself). `where` names the model in errors."""
+    ``shared_expert`` is found by itself); `float32_router` False: ``topk_softmax`` in the logits' dtype
+    (gpt-oss's router). `where` names the model in errors."""
 
     def __init__(
         self,
@@ -77,18 +87,23 @@ class SparseMoe:
         where: str,
         routing: str = "softmax_topk",
         shared: nn.Module | None = None,
+        float32_router: bool = True,
     ) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing {routing!r}: expected one of {ROUTINGS}")
         self.block, self.renormalize, self.float32_weights = block, bool(renormalize), bool(float32_weights)
-        self.routing, self.router = routing, router(block)
+        self.routing, self.router, self.float32_router = routing, router(block), bool(float32_router)
         experts = block.experts
         gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
         flags = ("is_transposed", "has_bias", "has_post_expert_norm")
         concatenated = getattr(experts, "is_concatenated", True)
         plain = concatenated and not any(getattr(experts, f, False) for f in flags)
         fused = isinstance(gate_up, Tensor) and isinstance(down, Tensor) and gate_up.ndim == down.ndim == 3
-        if not (fused and plain):
+        #: "plain" or "gpt_oss" (:data:`LAYOUTS`): which layout, biases and activation the experts have
+        self.layout = "plain"
+        if fused and not plain and gpt_oss_experts(experts):
+            self.layout = "gpt_oss"
+        elif not (fused and plain):
             raise UserError(
                 f"{where}: its experts ({type(experts).__name__}) are not transformers 5's fused 3-D "
                 "parameters (gate_up_proj [experts, 2 x intermediate, hidden] with gate rows first, "
@@ -96,7 +111,7 @@ class SparseMoe:
                 "with transformers >= 5, which converts per-expert weights to that layout."
             )
         self.num_experts, self.top_k = int(gate_up.shape[0]), int(self.router.top_k)
-        self.expert_size = int(down.shape[-1])
+        self.expert_size = int(down.shape[-1] if self.layout == "plain" else down.shape[1])
         # the shared expert's gated MLP: down_proj (Qwen2-MoE) or output_linear (GraniteMoeShared)
         self.shared = getattr(block, "shared_expert", None) if shared is None else shared
         self.shared_gate = getattr(block, "shared_expert_gate", None) if shared is None else None
@@ -116,13 +131,14 @@ class SparseMoe:
             "float32_weights": self.float32_weights,
             "routing": self.routing,
             "shared_expert_size": self.shared_size,
+            "layout": self.layout,
         }
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Each token's top-k routing weights and expert ids ``[N, k]`` for flat tokens `x` ``[N, H]``."""
-        logits = F.linear(x, self.router.weight)
+        logits = F.linear(x, self.router.weight, getattr(self.router, "bias", None))
         if self.routing == "topk_softmax":
-            top, experts = torch.topk(logits.float(), self.top_k, dim=-1)
+            top, experts = torch.topk(logits.float() if self.float32_router else logits, self.top_k, dim=-1)
             weights = torch.softmax(top, dim=-1)
         else:
             probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
@@ -155,6 +171,8 @@ class SparseMoe:
         """Why the ``fused`` formulation cannot run this block (None: it can): it needs experts of exactly
         two parameters (no biases, no scales) in the plain layout, gate rows first, a SiLU gate and FP16 /
         BF16 / FP32 weights (the weights' dtype read now: moving the model may change it)."""
+        if self.layout != "plain":
+            return f"experts in the {self.layout} layout (the fused kernels take the plain one)"
         ex = self.block.experts
         names = sorted(name for name, _ in ex.named_parameters())
         if names != ["down_proj", "gate_up_proj"]:
@@ -176,6 +194,9 @@ class SparseMoe:
     def _expert(self, e: int, rows: Tensor) -> Tensor:
         """Expert e's gated MLP on `rows` [n, H]."""
         ex = self.block.experts
+        if self.layout == "gpt_oss":  # x @ W + b as transformers' GptOssExperts computes it
+            gated = _clamped_swiglu(ex, rows @ ex.gate_up_proj[e] + ex.gate_up_proj_bias[e])
+            return gated @ ex.down_proj[e] + ex.down_proj_bias[e]
         gate, up = F.linear(rows, ex.gate_up_proj[e]).chunk(2, dim=-1)
         return F.linear(ex.act_fn(gate) * up, ex.down_proj[e])
 
@@ -200,9 +221,38 @@ class SparseMoe:
         ids = torch.arange(self.num_experts, device=x.device)
         picked = (experts[..., None] == ids).to(weights.dtype)  # [N, k, E]
         full = (picked * weights[..., None]).sum(dim=-2)  # [N, E]
-        gate, up = torch.matmul(x[None], ex.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)  # [E, N, I]
-        y = torch.matmul(ex.act_fn(gate) * up, ex.down_proj.transpose(1, 2))  # [E, N, H]
+        if self.layout == "gpt_oss":
+            gate_up = torch.matmul(x[None], ex.gate_up_proj) + ex.gate_up_proj_bias[:, None]  # [E, N, 2I]
+            y = torch.matmul(_clamped_swiglu(ex, gate_up), ex.down_proj) + ex.down_proj_bias[:, None]
+        else:
+            gate, up = torch.matmul(x[None], ex.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)  # [E, N, I]
+            y = torch.matmul(ex.act_fn(gate) * up, ex.down_proj.transpose(1, 2))  # [E, N, H]
         return (y * full.transpose(0, 1)[..., None]).to(x.dtype).sum(dim=0)
+
+
+def gpt_oss_experts(experts: nn.Module) -> bool:
+    """Whether `experts` are gpt-oss's in a float dtype (3-D ``gate_up_proj`` / ``down_proj``, transposed,
+    interleaved gate/up columns, biases, the clamped SwiGLU's ``alpha`` and ``limit``: the module
+    docstring), which :class:`SparseMoe` reads too."""
+    gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+    if not (isinstance(gate_up, Tensor) and isinstance(down, Tensor) and gate_up.ndim == down.ndim == 3):
+        return False
+    flags = getattr(experts, "is_transposed", False) and getattr(experts, "has_bias", False)
+    interleaved = getattr(experts, "is_concatenated", True) is False
+    names = ("gate_up_proj_bias", "down_proj_bias")
+    biases = all(isinstance(getattr(experts, n, None), Tensor) for n in names)
+    swiglu = all(isinstance(getattr(experts, n, None), (int, float)) for n in ("alpha", "limit"))
+    return flags and interleaved and biases and swiglu and not getattr(experts, "has_post_expert_norm", False)
+
+
+def _clamped_swiglu(experts: nn.Module, gate_up: Tensor) -> Tensor:
+    """gpt-oss's activation of interleaved gate/up columns ``[..., 2I]`` -> ``[..., I]``: the gate (even
+    columns) clamped above at the module's ``limit``, up (odd columns) to +-limit, then ``(up + 1) * gate
+    * sigmoid(gate * alpha)`` (transformers' ``GptOssExperts._apply_gate``)."""
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    gate = gate.clamp(min=None, max=experts.limit)
+    up = up.clamp(min=-experts.limit, max=experts.limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * experts.alpha))
 
 
 def moe_layers(
@@ -214,11 +264,12 @@ def moe_layers(
     routing: str = "softmax_topk",
     block: str = "mlp",
     shared: str | None = None,
+    float32_router: bool = True,
 ) -> list[SparseMoe | None]:
     """Each layer's :class:`SparseMoe` (None: a dense MLP, as Qwen-MoE's ``mlp_only_layers`` and
     ``decoder_sparse_step`` make some): the layer's attribute `block` (``mlp``; GraniteMoE's
     ``block_sparse_moe``), with the layer's attribute `shared` as an ungated shared expert where set and
-    not None (GraniteMoeShared's ``shared_mlp``)."""
+    not None (GraniteMoeShared's ``shared_mlp``); `float32_router`: :class:`SparseMoe`'s."""
     return [
         SparseMoe(
             getattr(layer, block),
@@ -227,6 +278,7 @@ def moe_layers(
             where=where,
             routing=routing,
             shared=getattr(layer, shared, None) if shared else None,
+            float32_router=float32_router,
         )
         if is_sparse_moe(getattr(layer, block))
         else None
