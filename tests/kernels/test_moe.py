@@ -228,6 +228,25 @@ def test_gpt_oss_experts_match_the_float64_math(device, dtype, n, h, i, e, k, pa
 
 
 @needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("transposed", "interleaved"), [(True, False), (False, True), (True, True)])
+def test_each_layout_option_alone_reads_the_same_experts(device, transposed, interleaved):
+    """The layout options are independent: the plain experts rewritten transposed and / or with gate / up
+    columns interleaved (SiLU, no biases) give the plain float64 math (K chunks masked, columns wrapped)."""
+    from trtforge.kernels.moe import fused_moe
+
+    skip_unless_runs_here(device)
+    x, gu, dn, w, ex = _operands(37, 40, 24, 6, 2, torch.float32, seed=4)
+    gate_up, down = gu, dn
+    if interleaved:  # rows (gate 0, up 0, gate 1, up 1, ...)
+        gate_up = torch.stack(gu.chunk(2, dim=1), dim=2).reshape(gu.shape)
+    if transposed:
+        gate_up, down = gate_up.transpose(1, 2).contiguous(), dn.transpose(1, 2).contiguous()
+    on = [t.to(device) for t in (x, gate_up, down, w, ex)]
+    _assert_matches(fused_moe(*on, transposed=transposed, interleaved=interleaved), x, gu, dn, w, ex)
+
+
+@needs_triton
 def test_gpt_oss_options_refused_when_inconsistent():
     from trtforge.kernels.moe import fused_moe
 
