@@ -3,7 +3,9 @@
     PYTHONPATH=. python3 benchmarks/bench_moe.py --out moe.json [--quick] [--device cpu]
 
 (1) One MoE layer's experts (routing given: the router is the same for both) at a Mixtral-8x7B shape
-(H 4096, I 14336, E 8, k 2) and a Qwen3-30B-A3B shape (H 2048, I 768, E 128, k 8), BF16, at 1, 8, 64,
+(H 4096, I 14336, E 8, k 2), a Qwen3-30B-A3B shape (H 2048, I 768, E 128, k 8) and a gpt-oss-20b one
+(H 2880, I 2880, E 32, k 4; its experts' layout: transposed, interleaved, biased, the clamped SwiGLU),
+BF16, at 1, 8, 64,
 256, 1024 and 4096 tokens: the fused kernels as a CUDA graph replay (device time, events) and eagerly
 (host launch time included), the grouped formulation eagerly (its host sync a layer included; it cannot
 be captured). Each call reads a different copy of the layer's weights (enough copies that the weights
@@ -38,11 +40,14 @@ if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
 
 import torch
 
-SHAPES = {  # name: (H, I, E, k)
+SHAPES = {  # name: (H, I, E, k); names starting "gpt-oss" in gpt-oss's layout
     "mixtral-8x7b": (4096, 14336, 8, 2),
     "qwen3-30b-a3b": (2048, 768, 128, 8),
+    "gpt-oss-20b": (2880, 2880, 32, 4),
 }
-CPU_SHAPES = {"tiny-mixtral": (64, 48, 8, 2), "tiny-qwen3": (32, 16, 16, 4)}
+CPU_SHAPES = {"tiny-mixtral": (64, 48, 8, 2), "tiny-qwen3": (32, 16, 16, 4), "gpt-oss-tiny": (32, 24, 8, 4)}
+#: gpt-oss's clamped SwiGLU (its config's swiglu_alpha / swiglu_limit)
+GPT_OSS_ALPHA, GPT_OSS_LIMIT = 1.702, 7.0
 TOKENS = (1, 8, 64, 256, 1024, 4096)
 QUICK_TOKENS = (1, 64, 1024)
 CPU_TOKENS = (1, 8, 64)
@@ -62,9 +67,9 @@ def _routing(n: int, e: int, k: int, dev: torch.device, dtype: torch.dtype, seed
     return (weights / weights.sum(-1, keepdim=True)).to(dev, dtype), experts.to(dev)
 
 
-def _grouped(x, gate_up, down, weights, experts):
+def _grouped(x, gate_up, down, weights, experts, biases=None):
     """SparseMoe's grouped formulation (llm.models.moe) on raw tensors: sort, bincount (host sync), a
-    GEMM pair per expert hit, weighted sum back per token."""
+    GEMM pair per expert hit, weighted sum back per token (`biases`: gpt-oss's layout and its biases)."""
     import torch.nn.functional as F
 
     k = experts.shape[1]
@@ -75,8 +80,14 @@ def _grouped(x, gate_up, down, weights, experts):
     outs, start = [], 0
     for e, n in enumerate(counts):
         if n:
-            gate, up = F.linear(rows[start : start + n], gate_up[e]).chunk(2, dim=-1)
-            outs.append(F.linear(F.silu(gate) * up, down[e]))
+            if biases is None:
+                gate, up = F.linear(rows[start : start + n], gate_up[e]).chunk(2, dim=-1)
+                outs.append(F.linear(F.silu(gate) * up, down[e]))
+            else:  # gpt-oss's layout, as SparseMoe's grouped gpt_oss branch computes it
+                pre = rows[start : start + n] @ gate_up[e] + biases[0][e]
+                gate = pre[:, ::2].clamp(max=GPT_OSS_LIMIT)
+                up = pre[:, 1::2].clamp(-GPT_OSS_LIMIT, GPT_OSS_LIMIT)
+                outs.append((up + 1) * gate * torch.sigmoid(gate * GPT_OSS_ALPHA) @ down[e] + biases[1][e])
             start += n
     y = (torch.cat(outs) * weights.reshape(-1)[order, None]).to(x.dtype)
     return torch.zeros_like(x).index_add_(0, token, y)
@@ -125,13 +136,30 @@ def bench_layer(name: str, shape, tokens, dev: torch.device, reps: int) -> list[
     from trtforge.kernels.moe import fused_moe, moe_config
 
     h, i, e, k = shape
+    gpt_oss = name.startswith("gpt-oss")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     expert_bytes = 3 * h * i * torch.finfo(dtype).bits // 8
     # enough copies of the layer that one token's k experts in each exceed the L2 cache
     copies = 1 if dev.type != "cuda" else max(1, min(16, -(-L2_BYTES // (k * expert_bytes))))
     g = torch.Generator(dev).manual_seed(0)
-    gate_up = [torch.randn(e, 2 * i, h, generator=g, device=dev, dtype=dtype) / h**0.5 for _ in range(copies)]
-    down = [torch.randn(e, h, i, generator=g, device=dev, dtype=dtype) / i**0.5 for _ in range(copies)]
+    up_shape, down_shape = ((e, h, 2 * i), (e, i, h)) if gpt_oss else ((e, 2 * i, h), (e, h, i))
+    gate_up = [torch.randn(up_shape, generator=g, device=dev, dtype=dtype) / h**0.5 for _ in range(copies)]
+    down = [torch.randn(down_shape, generator=g, device=dev, dtype=dtype) / i**0.5 for _ in range(copies)]
+    biases = [None] * copies
+    opts: list[dict] = [{} for _ in range(copies)]
+    if gpt_oss:  # gpt-oss's experts: transposed, interleaved, biased, the clamped SwiGLU
+        biases = [
+            (
+                torch.randn(e, 2 * i, generator=g, device=dev).to(dtype),
+                torch.randn(e, h, generator=g, device=dev).to(dtype),
+            )
+            for _ in range(copies)
+        ]
+        swiglu = {"activation": "gpt_oss_swiglu", "alpha": GPT_OSS_ALPHA, "limit": GPT_OSS_LIMIT}
+        opts = [
+            {"transposed": True, "interleaved": True, "gate_up_bias": b[0], "down_bias": b[1]} | swiglu
+            for b in biases
+        ]
     rows = []
     for n in tokens:
         routings = [_routing(n, e, k, dev, dtype, seed=n * 100 + c) for c in range(copies)]
@@ -140,14 +168,15 @@ def bench_layer(name: str, shape, tokens, dev: torch.device, reps: int) -> list[
 
         def fused(x=x, routings=routings):
             for c, (w, ex) in enumerate(routings):
-                fused_moe(x, gate_up[c], down[c], w, ex)
+                fused_moe(x, gate_up[c], down[c], w, ex, **opts[c])
 
         def grouped(x=x, routings=routings):
             for c, (w, ex) in enumerate(routings):
-                _grouped(x, gate_up[c], down[c], w, ex)
+                _grouped(x, gate_up[c], down[c], w, ex, biases[c])
 
         w0, ex0 = routings[0]
-        want, got = _grouped(x, gate_up[0], down[0], w0, ex0), fused_moe(x, gate_up[0], down[0], w0, ex0)
+        want = _grouped(x, gate_up[0], down[0], w0, ex0, biases[0])
+        got = fused_moe(x, gate_up[0], down[0], w0, ex0, **opts[0])
         err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
         row = {"shape": name, "tokens": n, "copies": copies, "block_m": moe_config(n, k, e).block_m}
         row |= {"experts_hit": hit, "max_rel_diff_vs_grouped": err}

@@ -152,6 +152,124 @@ def test_fused_moe_matches_the_float64_math(device, dtype, n, h, i, e, k):
     _assert_matches(got, *ops)
 
 
+# gpt-oss's experts (transformers' GptOssExperts): x @ W + b, interleaved gate / up columns, the clamped
+# SwiGLU; alpha as gpt-oss's config, the limit low enough that the clamps bite on these draws
+ALPHA, LIMIT = 1.702, 1.0
+
+
+def _gpt_oss_operands(n, h, i, e, k, dtype, seed, padded_rows=False):
+    """x, gate_up [E, H, 2I], down [E, I, H] (`padded_rows`: views of wider tensors, so their strides
+    along K are not their widths), weights, experts, gate_up_bias [E, 2I], down_bias [E, H]."""
+    g = torch.Generator().manual_seed(seed)
+    pad = 8 if padded_rows else 0
+    x = torch.randn(n, h, generator=g).to(dtype)
+    gate_up = (2 * torch.randn(e, h, 2 * i + pad, generator=g) / h**0.5).to(dtype)[..., : 2 * i]
+    down = (torch.randn(e, i, h + pad, generator=g) / i**0.5).to(dtype)[..., :h]
+    experts = _routing(n, k, e, seed=seed + 1, skew=0.5)
+    weights = torch.rand(n, k, generator=g).to(dtype)
+    gate_up_bias = (0.5 * torch.randn(e, 2 * i, generator=g)).to(dtype)
+    down_bias = (0.5 * torch.randn(e, h, generator=g)).to(dtype)
+    return x, gate_up, down, weights, experts, gate_up_bias, down_bias
+
+
+def _gpt_oss_call(x, gate_up, down, weights, experts, gate_up_bias, down_bias, **kw):
+    from trtforge.kernels.moe import fused_moe
+
+    return fused_moe(
+        x, gate_up, down, weights, experts, transposed=True, interleaved=True, gate_up_bias=gate_up_bias,
+        down_bias=down_bias, activation="gpt_oss_swiglu", alpha=ALPHA, limit=LIMIT, **kw,
+    )  # fmt: skip
+
+
+def _assert_gpt_oss_matches(got, x, gate_up, down, weights, experts, gate_up_bias, down_bias) -> None:
+    """`got` against transformers' GptOssExperts math in float64, with :func:`_assert_matches`'s bound
+    (the magnitude counting the down bias); the clamps must bite on the draw (gate above the limit, up
+    beyond +-limit)."""
+    x64, gu, dn, w = x.double().cpu(), gate_up.double().cpu(), down.double().cpu(), weights.double().cpu()
+    ex, gb, db = experts.cpu(), gate_up_bias.double().cpu(), down_bias.double().cpu()
+    pre = torch.einsum("nh,nkhc->nkc", x64, gu[ex]) + gb[ex]
+    gate, up = pre[..., ::2], pre[..., 1::2]
+    assert (gate > LIMIT).float().mean() > 0.05 and (up.abs() > LIMIT).float().mean() > 0.05
+    gate, up = gate.clamp(max=LIMIT), up.clamp(-LIMIT, LIMIT)
+    inter = (up + 1) * gate * torch.sigmoid(ALPHA * gate)
+    pair = torch.einsum("nki,nkih->nkh", inter, dn[ex]) + db[ex]
+    want = (pair * w[..., None]).sum(1)
+    mag = torch.einsum("nki,nkih->nkh", inter.abs(), dn[ex].abs()) + db[ex].abs()
+    mag = (mag * w.abs()[..., None]).sum(1)
+    tol = 4 * _ULP[x.dtype] * (want.abs() + mag) + 2**-20 * mag + 1e-6
+    err = (got.double().cpu() - want).abs()
+    assert got.dtype == x.dtype and got.shape == x.shape
+    worst = int((err - tol).argmax())
+    assert (err <= tol).all(), (
+        f"{int((err > tol).sum())} of {err.numel()} outputs off; worst {divmod(worst, err.shape[1])}: "
+        f"got {got.flatten()[worst].item()} want {want.flatten()[worst].item()} tol {tol.flatten()[worst]}"
+    )
+
+
+# (N, H, I, E, k, padded rows): 16-, 32- and 64-row blocks; K chunks masked and columns wrapped (H 40,
+# I 24); weights whose stride along K is not their width
+GPT_OSS_CASES = [
+    (5, 40, 24, 6, 3, False),
+    (60, 64, 80, 4, 2, True),
+    (200, 32, 48, 4, 2, False),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(("n", "h", "i", "e", "k", "padded"), GPT_OSS_CASES, ids=str)
+def test_gpt_oss_experts_match_the_float64_math(device, dtype, n, h, i, e, k, padded):
+    """gpt-oss's layout read in place (transposed, interleaved, biased, the clamped SwiGLU)."""
+    skip_unless_runs_here(device)
+    ops = _gpt_oss_operands(n, h, i, e, k, dtype, seed=n + h, padded_rows=padded)
+    got = _gpt_oss_call(*(t.to(device) for t in ops))
+    _assert_gpt_oss_matches(got, *ops)
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("transposed", "interleaved"), [(True, False), (False, True), (True, True)])
+def test_each_layout_option_alone_reads_the_same_experts(device, transposed, interleaved):
+    """The layout options are independent: the plain experts rewritten transposed and / or with gate / up
+    columns interleaved (SiLU, no biases) give the plain float64 math (K chunks masked, columns wrapped)."""
+    from trtforge.kernels.moe import fused_moe
+
+    skip_unless_runs_here(device)
+    x, gu, dn, w, ex = _operands(37, 40, 24, 6, 2, torch.float32, seed=4)
+    gate_up, down = gu, dn
+    if interleaved:  # rows (gate 0, up 0, gate 1, up 1, ...)
+        gate_up = torch.stack(gu.chunk(2, dim=1), dim=2).reshape(gu.shape)
+    if transposed:
+        gate_up, down = gate_up.transpose(1, 2).contiguous(), dn.transpose(1, 2).contiguous()
+    on = [t.to(device) for t in (x, gate_up, down, w, ex)]
+    _assert_matches(fused_moe(*on, transposed=transposed, interleaved=interleaved), x, gu, dn, w, ex)
+
+
+@needs_triton
+def test_gpt_oss_options_refused_when_inconsistent():
+    from trtforge.kernels.moe import fused_moe
+
+    x, gu, dn, w, ex, gb, db = _gpt_oss_operands(3, 32, 8, 4, 2, torch.float32, seed=0)
+    swiglu = {"activation": "gpt_oss_swiglu", "alpha": ALPHA, "limit": LIMIT}
+    both = {"transposed": True, "interleaved": True, "gate_up_bias": gb, "down_bias": db}
+    assert _gpt_oss_call(x[:0], gu, dn, w[:0], ex[:0], gb, db).shape == (0, 32)
+    with pytest.raises(ValueError, match=r"gate_up must be torch.float32 \[E, 2 I, 32\]"):
+        fused_moe(x, gu, dn, w, ex)  # gpt-oss's weights without transposed
+    with pytest.raises(ValueError, match=r"down must be torch.float32 \[4, 8, 32\] \(transposed\)"):
+        fused_moe(x, gu, dn.transpose(1, 2), w, ex, **both, **swiglu)
+    with pytest.raises(ValueError, match="needs limit as a float"):
+        fused_moe(x, gu, dn, w, ex, **both, activation="gpt_oss_swiglu", alpha=ALPHA)
+    with pytest.raises(ValueError, match="alpha is a parameter of 'gpt_oss_swiglu', not of 'silu'"):
+        fused_moe(x, gu, dn, w, ex, **both, alpha=ALPHA)
+    with pytest.raises(ValueError, match="both or neither"):
+        fused_moe(x, gu, dn, w, ex, **(both | {"down_bias": None}), **swiglu)
+    with pytest.raises(ValueError, match=r"gate_up_bias must be torch.float32 \[4, 16\]"):
+        fused_moe(x, gu, dn, w, ex, **(both | {"gate_up_bias": gb[:, :8]}), **swiglu)
+    with pytest.raises(ValueError, match=r"down_bias must be torch.float32 \[4, 32\]"):
+        fused_moe(x, gu, dn, w, ex, **(both | {"down_bias": db.half()}), **swiglu)
+
+
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
 def test_float32_routing_weights_and_a_config_given(device):
@@ -226,8 +344,10 @@ def test_the_launch_path_reads_nothing_back():
 # ---------------------------------------------------------------- sm_90 compile on the CPU
 
 
-def _compile_facts(block_m: int, tile: dict, gated: bool, dtype: str) -> dict:
-    """Compile one launch of the kernel for sm_90 as fused_moe specializes it (Mixtral's H and I)."""
+def _compile_facts(block_m: int, tile: dict, gated: bool, dtype: str, gpt_oss: bool = False) -> dict:
+    """Compile one launch of the kernel for sm_90 as fused_moe specializes it: Mixtral's H and I in the
+    plain layout (Bias, alpha and limit None), gpt-oss-20b's (H = I = 2880) in gpt-oss's (transposed,
+    interleaved, biased, the clamped SwiGLU)."""
     import torch
 
     from trtforge.kernels import moe
@@ -235,17 +355,19 @@ def _compile_facts(block_m: int, tile: dict, gated: bool, dtype: str) -> dict:
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     tile = vars(moe.for_dtype(moe.MoeTile(**tile), torch_dtype))
 
-    h, i = 4096, 14336
+    h, i = (2880, 2880) if gpt_oss else (4096, 14336)
     cols, depth = (i, h) if gated else (h, i)
     elem = f"*{dtype}"
     pointers = {"A": elem, "W": elem, "Out": elem, "RoutingW": "*fp32", "SortedIds": "*i32"}
     pointers |= {"BlockExpert": "*i32", "Padded": "*i32"}
-    ints = {"N": cols, "K": depth, "stride_am": depth, "stride_we": 2 * i * h, "stride_wn": depth}
+    # the stride along W[e]'s K axis: its width (x2 gated) when transposed, else K
+    stride_wn = cols * (2 if gated else 1) if gpt_oss else depth
+    ints = {"N": cols, "K": depth, "stride_am": depth, "stride_we": 2 * i * h, "stride_wn": stride_wn}
     ints |= {"stride_om": cols, "num_pairs": 2, "row_blocks": 2}
     consts = {
         "ROW_DIV": 2 if gated else 1,
         "GATED": gated,
-        "ACT": "silu",
+        "ACT": "gpt_oss_swiglu" if gpt_oss else "silu",
         "ROUTED": not gated,
         "EVEN_K": depth % tile["block_k"] == 0,
         "DOT_F32": False,
@@ -254,12 +376,21 @@ def _compile_facts(block_m: int, tile: dict, gated: bool, dtype: str) -> dict:
         "BLOCK_N": tile["block_n"],
         "BLOCK_K": tile["block_k"],
     }
-    return compile_facts(moe._moe_gemm_kernel, pointers, ints, consts, tile["num_warps"], tile["num_stages"])
+    scalars = {}
+    if gpt_oss:
+        pointers["Bias"] = elem
+        scalars = {"alpha": "fp32", "limit": "fp32"}
+        consts |= {"W_KN": True, "INTERLEAVED": gated, "HAS_BIAS": True}
+    else:
+        consts |= {"Bias": None, "alpha": None, "limit": None}
+    return compile_facts(
+        moe._moe_gemm_kernel, pointers, ints, consts, tile["num_warps"], tile["num_stages"], scalars
+    )
 
 
-def _compile_table(dtype: str) -> list[dict]:
+def _compile_table(dtype: str, gpt_oss: bool = False) -> list[dict]:
     """Every launch of the table compiled in one child process (:func:`_table`'s order)."""
-    return [_compile_facts(block_m, tile, gated, dtype) for block_m, tile, gated in _table()]
+    return [_compile_facts(block_m, tile, gated, dtype, gpt_oss) for block_m, tile, gated in _table()]
 
 
 def _table() -> list[tuple[int, dict, bool]]:
@@ -299,6 +430,23 @@ def test_float32_multiplies_in_ieee_float32_and_fits():
         assert not any("tf32" in op for op in facts["counts"]), (where, sorted(facts["counts"]))
         assert any(op.startswith("fma.rn.f32") for op in facts["counts"]), where
         assert not any(facts["spills"]) and facts["shared"] <= 232448, (where, facts["shared"])
+
+
+def test_gpt_oss_launches_compile_for_sm90_without_spills():
+    """gpt-oss-20b's launches (transposed weights read in place, interleaved gate / up, biases, the
+    clamped SwiGLU) of every table config in BF16: tensor-core products with FP32 sums (wgmma at 64-row
+    blocks), no spills, in shared memory."""
+    needs_ptxas()
+    compiled = run_in_child(f"{__name__}:_compile_table", "bf16", True)
+    for (block_m, tile, gated), facts in zip(_table(), compiled):
+        where = f"gpt-oss block_m {block_m} {tile} gated {gated}"
+        assert facts["ptxas_rc"] == 0, (where, facts["ptxas"])
+        mma = {op for op in facts["counts"] if op.startswith(("wgmma.mma_async", "mma.sync"))}
+        assert mma and all(".f32.bf16.bf16" in op for op in mma), (where, mma)
+        if block_m >= 64:
+            assert all(op.startswith("wgmma") for op in mma), (where, mma)
+        assert not any(facts["spills"]), (where, facts["ptxas"])
+        assert facts["shared"] <= 232448, where
 
 
 # ---------------------------------------------------------------- on a GPU
@@ -361,3 +509,44 @@ def test_gpu_graph_replays_follow_new_routings():
         want = fused_moe(new_x, gu, dn, new_w, experts)
         torch.testing.assert_close(out, want, rtol=0, atol=0)
         _assert_matches(out, new_x, gu, dn, new_w, experts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("n", [1, 7, 300, 2000])
+def test_gpu_gpt_oss_experts_match_at_wider_shapes(dtype, n):
+    """gpt-oss-like blocks (E 32, k 4; padded weight rows at E 8, k 2) at a 512-wide model, every row of
+    the table."""
+    for e, k, padded in ((32, 4, False), (8, 2, True)):
+        ops = _gpt_oss_operands(n, 512, 384, e, k, dtype, seed=n + e, padded_rows=padded)
+        _assert_gpt_oss_matches(_gpt_oss_call(*(t.cuda() for t in ops)), *ops)
+
+
+@pytest.mark.gpu
+def test_gpu_gpt_oss_graph_replays_follow_new_routings():
+    """A captured gpt-oss fused call (never syncing) replayed under new routings gives the eager call's
+    bits and the float64 math."""
+    n, h, i, e, k = 24, 256, 128, 8, 4
+    x, gu, dn, w, ex, gb, db = (t.cuda() for t in _gpt_oss_operands(n, h, i, e, k, torch.bfloat16, seed=7))
+    bufs = [x.clone(), w.clone(), ex.clone()]
+    _gpt_oss_call(bufs[0], gu, dn, bufs[1], bufs[2], gb, db)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _gpt_oss_call(bufs[0], gu, dn, bufs[1], bufs[2], gb, db)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _gpt_oss_call(bufs[0], gu, dn, bufs[1], bufs[2], gb, db)
+    g = torch.Generator().manual_seed(9)
+    routings = [_routing(n, k, e, seed=11, skew=1.5).cuda(), torch.tensor([[3, 5, 0, 7]] * n, device="cuda")]
+    for experts in [*routings, ex.flip(0)]:
+        new_x = torch.randn(n, h, generator=g).to(torch.bfloat16).cuda()
+        new_w = torch.rand(n, k, generator=g).to(torch.bfloat16).cuda()
+        for buf, value in zip(bufs, (new_x, new_w, experts)):
+            buf.copy_(value)
+        graph.replay()
+        want = _gpt_oss_call(new_x, gu, dn, new_w, experts, gb, db)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        _assert_gpt_oss_matches(out, new_x, gu, dn, new_w, experts, gb, db)

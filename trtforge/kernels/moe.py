@@ -19,6 +19,12 @@ A layer's N tokens each pick k of E experts: N * k (token, expert) pairs, pair p
       to FP32), one row per pair ``[N k, H]`` in x's dtype; then the k rows of a token summed by a torch
       sum over k. Deterministic (no atomics): the same routing gives the same bits, eager or replayed.
 
+gpt-oss's experts (transformers' GptOssExperts) are options of the same two launches (constexprs: off, the
+kernel compiles as without them): the weights transposed (``[E, K, N]``, x @ W, read in place through
+their strides), the gate / up columns interleaved (the tile of 2 BLOCK_N columns one accumulator, split in
+the epilogue), per-expert biases added in FP32 before the activation and before the routing weight, and
+the clamped SwiGLU (``gpt_oss_swiglu``, its alpha and limit float arguments).
+
 Tiles come from a small fixed table by token count (per expert: :data:`MOE_CONFIGS`, which a benchmark may
 replace): no autotuning at launch, which a graph capture could not hold. FP32 models multiply in IEEE FP32 (no
 TF32), 16-bit ones on the tensor cores; every sum in FP32.
@@ -35,7 +41,7 @@ import triton.language as tl
 from trtforge.kernels import interpreting
 
 #: the activations the gate_up epilogue applies (a constexpr of the kernel)
-ACTIVATIONS = ("silu",)
+ACTIVATIONS = ("silu", "gpt_oss_swiglu")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -158,6 +164,9 @@ def _moe_gemm_kernel(
     stride_we,
     stride_wn,
     stride_om,
+    Bias,
+    alpha,
+    limit,
     ROW_DIV: tl.constexpr,
     GATED: tl.constexpr,
     ACT: tl.constexpr,
@@ -168,6 +177,9 @@ def _moe_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    W_KN: tl.constexpr = False,
+    INTERLEAVED: tl.constexpr = False,
+    HAS_BIAS: tl.constexpr = False,
 ):
     """Grid (row_blocks * column blocks): program pid makes rows [pid_m * BLOCK_M, +BLOCK_M) of the
     sorted pair list times columns [pid_n * BLOCK_N, +BLOCK_N) of its block's expert's ``W[e]`` ``[N (x2
@@ -176,9 +188,15 @@ def _moe_gemm_kernel(
 
     Row r of the block is pair ``SortedIds[r]``; its A row is pair // ROW_DIV (the token for gate_up, the
     pair for down); sentinel rows (>= num_pairs) read row 0 and store nothing. GATED: columns n and N + n
-    (gate, up) in two accumulators, ``ACT(gate) * up`` stored. ROUTED: times the pair's routing weight.
+    (gate, up; INTERLEAVED: 2 n and 2 n + 1) in two accumulators (W_KN and INTERLEAVED: one of 2 BLOCK_N
+    columns, split in the epilogue), ``ACT(gate) * up`` stored (ACT
+    ``gpt_oss_swiglu``: ``(clamp(up, +-limit) + 1) * g * sigmoid(alpha * g)``, g = min(gate, limit)).
+    ROUTED: times the pair's routing weight. W_KN: ``W[e]`` stored ``[K, N (x2)]`` (x @ W), read in
+    place: stride_wn is then its stride along K, its columns unit stride. HAS_BIAS: ``Bias[e]`` (contiguous
+    ``[E, N (x2 GATED)]``, columns as W's) added in FP32 before the activation and the routing weight.
     Columns past N wrap to valid rows of W (no masks along N in the loop); their outputs are not stored.
-    DOT_F32 (the interpreter, whose 16-bit dot is not exact): the tiles widened to FP32 first."""
+    DOT_F32 (the interpreter, whose 16-bit dot is not exact): the tiles widened to FP32 first. Bias,
+    alpha and limit are None (constexprs) where unused, so the plain launches compile as before."""
     pid = tl.program_id(0)
     pid_m = pid % row_blocks
     pid_n = pid // row_blocks
@@ -193,33 +211,92 @@ def _moe_gemm_kernel(
     n_ok = offs_n < N
     arange_k = tl.arange(0, BLOCK_K)
     a_rows = A + rows[:, None] * stride_am
-    w_rows = W + expert * stride_we + (offs_n % N).to(tl.int64)[:, None] * stride_wn
+    # W's columns (rows of W[e] unless W_KN) that feed the gate (or only) and the up accumulator
+    if INTERLEAVED:
+        gate_cols = 2 * (offs_n % N).to(tl.int64)
+        up_cols = gate_cols + 1
+    else:
+        gate_cols = (offs_n % N).to(tl.int64)
+        up_cols = gate_cols + N
+    # transposed and interleaved (gpt-oss's gate_up): one contiguous [K, 2 BLOCK_N] tile a step, gate and
+    # up side by side in one accumulator, split in the epilogue (vector loads, one MMA of double width)
+    PAIRED: tl.constexpr = W_KN and INTERLEAVED and GATED
+    if PAIRED:
+        pair_cols = (pid_n * 2 * BLOCK_N + tl.arange(0, 2 * BLOCK_N)) % (2 * N)
+        w_cols = W + expert * stride_we + pair_cols.to(tl.int64)[None, :]
+        acc2 = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
+    elif W_KN:
+        w_cols = W + expert * stride_we + gate_cols[None, :]
+        u_cols = W + expert * stride_we + up_cols[None, :]
+    elif INTERLEAVED:
+        w_rows = W + expert * stride_we + gate_cols[:, None] * stride_wn
+    else:
+        w_rows = W + expert * stride_we + (offs_n % N).to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + arange_k
-        if EVEN_K:
-            a = tl.load(a_rows + offs_k[None, :])
-            w = tl.load(w_rows + offs_k[None, :])
-        else:
-            k_ok = offs_k[None, :] < K
-            a = tl.load(a_rows + offs_k[None, :], mask=k_ok, other=0.0)
-            w = tl.load(w_rows + offs_k[None, :], mask=k_ok, other=0.0)
-        if DOT_F32:
-            a, w = a.to(tl.float32), w.to(tl.float32)
-        acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
-        if GATED:
+        if W_KN:
+            k_rows = offs_k.to(tl.int64)[:, None] * stride_wn
             if EVEN_K:
-                u = tl.load(w_rows + N * stride_wn + offs_k[None, :])
+                a = tl.load(a_rows + offs_k[None, :])
+                w = tl.load(w_cols + k_rows)
             else:
-                u = tl.load(w_rows + N * stride_wn + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
+                a = tl.load(a_rows + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
+                w = tl.load(w_cols + k_rows, mask=offs_k[:, None] < K, other=0.0)
             if DOT_F32:
-                u = u.to(tl.float32)
-            acc_up = tl.dot(a, tl.trans(u), acc_up, input_precision=PRECISION)
+                a, w = a.to(tl.float32), w.to(tl.float32)
+            if PAIRED:
+                acc2 = tl.dot(a, w, acc2, input_precision=PRECISION)
+            else:
+                acc = tl.dot(a, w, acc, input_precision=PRECISION)
+            if GATED and not PAIRED:
+                if EVEN_K:
+                    u = tl.load(u_cols + k_rows)
+                else:
+                    u = tl.load(u_cols + k_rows, mask=offs_k[:, None] < K, other=0.0)
+                if DOT_F32:
+                    u = u.to(tl.float32)
+                acc_up = tl.dot(a, u, acc_up, input_precision=PRECISION)
+        else:
+            if EVEN_K:
+                a = tl.load(a_rows + offs_k[None, :])
+                w = tl.load(w_rows + offs_k[None, :])
+            else:
+                k_ok = offs_k[None, :] < K
+                a = tl.load(a_rows + offs_k[None, :], mask=k_ok, other=0.0)
+                w = tl.load(w_rows + offs_k[None, :], mask=k_ok, other=0.0)
+            if DOT_F32:
+                a, w = a.to(tl.float32), w.to(tl.float32)
+            acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+            if GATED:
+                up_step = stride_wn if INTERLEAVED else N * stride_wn
+                if EVEN_K:
+                    u = tl.load(w_rows + up_step + offs_k[None, :])
+                else:
+                    u = tl.load(w_rows + up_step + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
+                if DOT_F32:
+                    u = u.to(tl.float32)
+                acc_up = tl.dot(a, tl.trans(u), acc_up, input_precision=PRECISION)
+    if HAS_BIAS:
+        b_row = Bias + expert * (2 * N if GATED else N)
+        if PAIRED:
+            acc2 += tl.load(b_row + pair_cols).to(tl.float32)[None, :]
+        else:
+            acc += tl.load(b_row + gate_cols).to(tl.float32)[None, :]
+            if GATED:
+                acc_up += tl.load(b_row + up_cols).to(tl.float32)[None, :]
+    if PAIRED:
+        acc, acc_up = tl.split(tl.reshape(acc2, [BLOCK_M, BLOCK_N, 2]))
     if GATED:
-        if ACT == "silu":
-            acc = acc * tl.sigmoid(acc)
-        acc = acc * acc_up
+        if ACT == "gpt_oss_swiglu":
+            gate = tl.minimum(acc, limit)
+            up = tl.minimum(tl.maximum(acc_up, -limit), limit)
+            acc = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+        else:
+            if ACT == "silu":
+                acc = acc * tl.sigmoid(acc)
+            acc = acc * acc_up
     if ROUTED:
         acc = acc * tl.load(RoutingW + pair, mask=valid, other=0.0).to(tl.float32)[:, None]
     out = Out + pair.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
@@ -230,22 +307,48 @@ def _refuse(name: str, want: str, t: torch.Tensor) -> ValueError:
     return ValueError(f"fused_moe: {name} must be {want}, got {t.dtype} {tuple(t.shape)}")
 
 
-def _check(x, gate_up, down, weights, experts) -> None:
-    """ValueError naming the argument that is not what the kernels take."""
+def _check(x, gate_up, down, weights, experts, transposed: bool) -> tuple[int, int]:
+    """ValueError naming the argument that is not what the kernels take; else (E, I)."""
     if x.dim() != 2 or x.dtype not in _DTYPES or x.stride(1) != 1:
         raise _refuse("x", "FP16, BF16 or FP32 [N, H] with unit stride along H", x)
     n, h = x.shape
-    if gate_up.dim() != 3 or gate_up.dtype != x.dtype or gate_up.shape[2] != h or gate_up.shape[1] % 2:
-        raise _refuse("gate_up", f"{x.dtype} [E, 2 I, {h}] (x's dtype and H)", gate_up)
-    e, i = gate_up.shape[0], gate_up.shape[1] // 2
-    if tuple(down.shape) != (e, h, i) or down.dtype != x.dtype:
-        raise _refuse("down", f"{x.dtype} [{e}, {h}, {i}]", down)
+    if transposed:
+        if gate_up.dim() != 3 or gate_up.dtype != x.dtype or gate_up.shape[1] != h or gate_up.shape[2] % 2:
+            raise _refuse("gate_up", f"{x.dtype} [E, {h}, 2 I] (transposed: x's dtype and H)", gate_up)
+        e, i = gate_up.shape[0], gate_up.shape[2] // 2
+        if tuple(down.shape) != (e, i, h) or down.dtype != x.dtype:
+            raise _refuse("down", f"{x.dtype} [{e}, {i}, {h}] (transposed)", down)
+    else:
+        if gate_up.dim() != 3 or gate_up.dtype != x.dtype or gate_up.shape[2] != h or gate_up.shape[1] % 2:
+            raise _refuse("gate_up", f"{x.dtype} [E, 2 I, {h}] (x's dtype and H)", gate_up)
+        e, i = gate_up.shape[0], gate_up.shape[1] // 2
+        if tuple(down.shape) != (e, h, i) or down.dtype != x.dtype:
+            raise _refuse("down", f"{x.dtype} [{e}, {h}, {i}]", down)
     if gate_up.stride(2) != 1 or down.stride(2) != 1:
         raise ValueError("fused_moe: the expert weights need unit stride along their last axis")
     if experts.dim() != 2 or experts.shape[0] != n or experts.is_floating_point():
         raise _refuse("experts", f"integer [{n}, k]", experts)
     if tuple(weights.shape) != tuple(experts.shape) or not weights.is_floating_point():
         raise _refuse("weights", f"float {tuple(experts.shape)} (the experts' shape)", weights)
+    return int(e), int(i)
+
+
+def _check_options(x, e: int, i: int, activation, gate_up_bias, down_bias, alpha, limit) -> None:
+    """ValueError for an activation, its parameters or a bias the kernels do not take."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"fused_moe: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    swiglu = activation == "gpt_oss_swiglu"
+    for name, v in (("alpha", alpha), ("limit", limit)):
+        if swiglu and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v):
+            raise ValueError(f"fused_moe: activation 'gpt_oss_swiglu' needs {name} as a float, got {v!r}")
+        if not swiglu and v is not None:
+            raise ValueError(f"fused_moe: {name} is a parameter of 'gpt_oss_swiglu', not of {activation!r}")
+    if (gate_up_bias is None) != (down_bias is None):
+        raise ValueError("fused_moe: gate_up_bias and down_bias come together (both or neither)")
+    h = x.shape[1]
+    for name, b, cols in (("gate_up_bias", gate_up_bias, 2 * i), ("down_bias", down_bias, h)):
+        if b is not None and (tuple(b.shape) != (e, cols) or b.dtype != x.dtype):
+            raise _refuse(name, f"{x.dtype} [{e}, {cols}]", b)
 
 
 def fused_moe(
@@ -256,18 +359,28 @@ def fused_moe(
     experts: torch.Tensor,
     *,
     activation: str = "silu",
+    transposed: bool = False,
+    interleaved: bool = False,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    alpha: float | None = None,
+    limit: float | None = None,
     config: MoeConfig | None = None,
 ) -> torch.Tensor:
     """``sum_j weights[t, j] * down[e] @ (act(gate[e] @ x[t]) * (up[e] @ x[t]))`` over each token t's k
     experts ``e = experts[t, j]``, in x's dtype: x ``[N, H]``, gate_up ``[E, 2 I, H]`` (gate rows first),
     down ``[E, H, I]``, weights and experts ``[N, k]``. Every launch and tensor size depends only on N, k,
     E and the config (default :func:`moe_config` of N, k and E), so the call can be captured in a CUDA
-    graph."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"fused_moe: activation must be one of {ACTIVATIONS}, got {activation!r}")
-    _check(x, gate_up, down, weights, experts)
-    n, h = int(x.shape[0]), int(x.shape[1])
-    e, i, k = int(gate_up.shape[0]), int(gate_up.shape[1]) // 2, int(experts.shape[1])
+    graph.
+
+    gpt-oss's experts are options: `transposed` (gate_up ``[E, H, 2 I]``, down ``[E, I, H]``, applied as
+    ``x @ W``, read in place), `interleaved` (gate = even columns, up = odd, rather than halves), biases
+    `gate_up_bias` ``[E, 2 I]`` and `down_bias` ``[E, H]`` (columns as the weights'; added in FP32 before
+    the activation and before the routing weight: ``weights[t, j] * (h @ W + b)``), `activation`
+    ``gpt_oss_swiglu`` with its `alpha` and `limit` (:data:`ACTIVATIONS`)."""
+    e, i = _check(x, gate_up, down, weights, experts, transposed)
+    _check_options(x, e, i, activation, gate_up_bias, down_bias, alpha, limit)
+    n, h, k = int(x.shape[0]), int(x.shape[1]), int(experts.shape[1])
     if n == 0:
         return x.new_zeros((0, h))
     cfg = config or moe_config(n, k, e)
@@ -279,17 +392,22 @@ def fused_moe(
     routing = weights.reshape(-1).contiguous()
     dot_f32 = interpreting() and x.dtype != torch.float32
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    biased = gate_up_bias is not None
+    up_bias, down_b = (gate_up_bias.contiguous(), down_bias.contiguous()) if biased else (None, None)
+    swiglu = (float(alpha), float(limit)) if activation == "gpt_oss_swiglu" else (None, None)
+    # transposed weights' stride along K: W[e] is [K, N] with unit-stride columns
     launches = (
-        (x, gate_up, inter, i, h, for_dtype(cfg.up, x.dtype), k, True, False),
-        (inter, down, out, h, i, for_dtype(cfg.down, x.dtype), 1, False, True),
+        (x, gate_up, inter, i, h, for_dtype(cfg.up, x.dtype), k, True, False, up_bias, interleaved),
+        (inter, down, out, h, i, for_dtype(cfg.down, x.dtype), 1, False, True, down_b, False),
     )
-    for a, w, o, cols, depth, tile, row_div, gated, routed in launches:
+    for a, w, o, cols, depth, tile, row_div, gated, routed, bias, inter_cols in launches:
         grid = (row_blocks * triton.cdiv(cols, tile.block_n),)
         _moe_gemm_kernel[grid](
             a, w, o, routing, sorted_ids, block_expert, padded, p, row_blocks, cols, depth,
-            a.stride(0), w.stride(0), w.stride(1), o.stride(0),
+            a.stride(0), w.stride(0), w.stride(1), o.stride(0), bias, *swiglu,
             ROW_DIV=row_div, GATED=gated, ACT=activation, ROUTED=routed, EVEN_K=depth % tile.block_k == 0,
             DOT_F32=dot_f32, PRECISION=precision, BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n,
-            BLOCK_K=tile.block_k, num_warps=tile.num_warps, num_stages=tile.num_stages,
+            BLOCK_K=tile.block_k, W_KN=transposed, INTERLEAVED=inter_cols, HAS_BIAS=biased,
+            num_warps=tile.num_warps, num_stages=tile.num_stages,
         )  # fmt: skip
     return out.view(n, k, h).sum(dim=1)

@@ -165,9 +165,12 @@ def test_quantization_tensor_parallelism_and_fused_layers_refuse_gpt_oss(tmp_pat
         compile_generate(model, None, precision="int4", build=False, save_onnx=tmp_path / "s")
     # the fused layers take Llama-style adapters only; were one to carry sinks, it would be refused too
     assert fusable(adapter_for(model)) == "attention sinks (Llama-style layers have none)"
-    # no fused MoE kernel takes its experts' layout: the torch executor steps eagerly and says why
-    refusal = TorchExecutor(model.float(), num_blocks=8, block_size=16).cuda_graphs_refusal
-    assert "layer 0's block: experts in the gpt_oss layout" in refusal
+    # the fused MoE kernels take its experts' layout (FP32 here): CUDA graphs may hold its steps; in
+    # float64, which the kernels do not take, the torch executor steps eagerly and says why
+    assert all(m.fused_refusal() is None for m in adapter_for(model.float()).moe if m is not None)
+    assert TorchExecutor(model.float(), num_blocks=8, block_size=16).cuda_graphs_refusal is None
+    refusal = TorchExecutor(model.double(), num_blocks=8, block_size=16).cuda_graphs_refusal
+    assert "layer 0's block: torch.float64 experts (the fused kernels take FP16, BF16 or FP32)" in refusal
 
 
 def test_experts_in_another_layout_are_refused_naming_gpt_oss():

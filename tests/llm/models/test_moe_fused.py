@@ -1,6 +1,7 @@
 """The fused formulation of the sparse MoE MLPs (llm.models.moe ``fused``: trtforge.kernels.moe) against
 the grouped one and float64 math, per family form: Mixtral's float32 renormalized routing weights,
-Qwen2-MoE's gated shared expert (and a dense layer), GraniteMoE's top-k-then-softmax; in Triton's CPU
+Qwen2-MoE's gated shared expert (and a dense layer), GraniteMoE's top-k-then-softmax, gpt-oss's experts
+(transformers' GptOssExperts read in place, their biases, the clamped SwiGLU); in Triton's CPU
 interpreter without CUDA and for real on a GPU. The blocks it refuses run grouped, and the torch executor
 keeps its CUDA-graph refusal for them, naming the reason; on a GPU, the executor's graph-captured decode
 (and piecewise prompt steps) of MoE models gives its eager tokens, and grouped ones."""
@@ -19,7 +20,9 @@ from tests.llm.tiny_models import tiny_model
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.models.families import adapter_for
 
-FAMILIES = ("mixtral", "qwen2_moe", "granitemoe")
+# gpt_oss: its experts' layout (transposed, interleaved, biased, the clamped SwiGLU; the tiny model's limit
+# of 1 bites) and its router (a bias, top-k then softmax in the model's dtype)
+FAMILIES = ("mixtral", "qwen2_moe", "granitemoe", "gpt_oss")
 # one ulp at 1.0 (FP32: the summation order over K, tens of products, dominates its rounding)
 _ULP = {torch.float32: 2**-20, torch.bfloat16: 2**-7, torch.float16: 2**-10}
 
@@ -108,13 +111,14 @@ def test_the_executor_keeps_grouped_on_the_cpu_and_the_a_b_setting_refuses_graph
     assert off.facts.cuda_graphs_refusal.endswith("cannot run: torch_exec.MOE_FUSED is off)")
 
 
-def test_static_decode_and_piecewise_steps_run_the_fused_moe_on_padded_tokens():
+@pytest.mark.parametrize("family", ["qwen2_moe", "gpt_oss"])
+def test_static_decode_and_piecewise_steps_run_the_fused_moe_on_padded_tokens(family):
     """The executor's static paths with the fused formulation (forced on the CPU: the interpreter): decode
     steps padded to batch buckets and prompt steps to token buckets (padding tokens routed like any other)
     give the logits of eager grouped steps, the same schedule for both."""
     from tests.llm.test_piecewise import _Lockstep, _serve
 
-    model = tiny_model("qwen2_moe", seed=3)
+    model = tiny_model(family, seed=3)
     kwargs = {"num_blocks": 64, "block_size": 4, "max_decode_batch": 8}
     eager = TorchExecutor(model, static_decode=False, **kwargs)
     pieces = TorchExecutor(model, static_decode=True, max_graph_tokens=32, **kwargs)
@@ -128,7 +132,7 @@ def test_static_decode_and_piecewise_steps_run_the_fused_moe_on_padded_tokens():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "gpt_oss"])
 def test_gpu_a_captured_moe_layer_follows_the_routing_of_each_replay(family):
     """A BF16 MoE layer (router, fused experts, Qwen2-MoE's gated shared expert) captured once in a CUDA
     graph, replayed on new hidden states whose routings differ from the capture's: each replay gives the
@@ -157,7 +161,7 @@ def test_gpu_a_captured_moe_layer_follows_the_routing_of_each_replay(family):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "granitemoeshared"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "granitemoeshared", "gpt_oss"])
 def test_gpu_graph_decode_of_moe_models_matches_eager_and_grouped(monkeypatch, family):
     """FP32 MoE models served on CUDA: decode steps captured in CUDA graphs and prompt steps in piecewise
     graphs (fused MoE) give the tokens of eager fused steps and of eager grouped steps (MOE_FUSED off)."""

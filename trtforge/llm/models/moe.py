@@ -36,8 +36,10 @@ sigmoid(alpha * gate)``). Two formulations of the same math:
   times the expert FLOPs.
 - ``fused`` (the torch executor on CUDA): the grouped math in two Triton grouped GEMMs over the pairs
   sorted and padded by expert on the device (:mod:`trtforge.kernels.moe`): static shapes, no host sync,
-  so CUDA graphs hold it. For the plain layout only (:meth:`SparseMoe.fused_refusal`); a block it
-  refuses runs ``grouped`` when asked for ``fused``.
+  so CUDA graphs hold it. Both layouts (gpt-oss's weights read in place, its biases added in FP32 before
+  the one rounding of each GEMM's output, where grouped rounds ``x @ W`` and then adds the bias in the
+  model's dtype as transformers does); a block :meth:`SparseMoe.fused_refusal` refuses runs ``grouped``
+  when asked for ``fused``.
 """
 
 from __future__ import annotations
@@ -158,7 +160,12 @@ class SparseMoe:
             from trtforge.kernels.moe import fused_moe
 
             ex = self.block.experts
-            out = fused_moe(flat.contiguous(), ex.gate_up_proj, ex.down_proj, weights, experts)
+            opts: dict[str, Any] = {}
+            if self.layout == "gpt_oss":  # read in place: transposed, interleaved, biased, clamped SwiGLU
+                opts = {"transposed": True, "interleaved": True, "activation": "gpt_oss_swiglu"}
+                opts |= {"gate_up_bias": ex.gate_up_proj_bias, "down_bias": ex.down_proj_bias}
+                opts |= {"alpha": float(ex.alpha), "limit": float(ex.limit)}
+            out = fused_moe(flat.contiguous(), ex.gate_up_proj, ex.down_proj, weights, experts, **opts)
         else:
             out = self._grouped(flat, weights, experts)
         if self.shared_gate is not None:
@@ -169,25 +176,37 @@ class SparseMoe:
 
     def fused_refusal(self) -> str | None:
         """Why the ``fused`` formulation cannot run this block (None: it can): it needs experts of exactly
-        two parameters (no biases, no scales) in the plain layout, gate rows first, a SiLU gate and FP16 /
-        BF16 / FP32 weights (the weights' dtype read now: moving the model may change it)."""
-        if self.layout != "plain":
-            return f"experts in the {self.layout} layout (the fused kernels take the plain one)"
+        their weights (plain: no biases, no scales; gpt_oss: and their two biases) in one of the two
+        layouts (plain: gate rows first and a SiLU gate; gpt_oss: as :func:`gpt_oss_experts` reads them)
+        and FP16 / BF16 / FP32 weights and biases (the dtype read now: moving the model may change it)."""
         ex = self.block.experts
         names = sorted(name for name, _ in ex.named_parameters())
-        if names != ["down_proj", "gate_up_proj"]:
-            return f"experts with parameters {names} (the fused kernels take gate_up_proj and down_proj only)"
-        flags = ("is_transposed", "has_bias", "has_post_expert_norm")
-        if not getattr(ex, "is_concatenated", True) or any(getattr(ex, f, False) for f in flags):
-            return "experts not in the plain layout (concatenated gate rows first, not transposed)"
-        act = getattr(ex, "act_fn", None)
-        if type(act).__name__ not in ("SiLU", "SiLUActivation"):
-            return f"a {type(act).__name__} gate (the fused kernels apply SiLU)"
-        gate_up, down = ex.gate_up_proj, ex.down_proj
-        e, two_i, h = gate_up.shape
-        if tuple(down.shape) != (e, h, two_i // 2) or two_i % 2:
-            return f"expert shapes {tuple(gate_up.shape)} and {tuple(down.shape)}"
-        if gate_up.dtype not in (torch.float16, torch.bfloat16, torch.float32) or down.dtype != gate_up.dtype:
+        gpt_oss = self.layout == "gpt_oss"
+        want = ["down_proj", "gate_up_proj"] + (["down_proj_bias", "gate_up_proj_bias"] if gpt_oss else [])
+        if names != sorted(want):
+            return f"experts with parameters {names} (the fused kernels take {', '.join(sorted(want))} only)"
+        gate_up = ex.gate_up_proj
+        if gpt_oss:
+            if not gpt_oss_experts(ex):
+                return "experts no longer in the gpt_oss layout"
+            e, h, two_i = gate_up.shape
+            shapes = {"down_proj": (e, two_i // 2, h), "gate_up_proj_bias": (e, two_i)}
+            shapes["down_proj_bias"] = (e, h)
+        else:
+            flags = ("is_transposed", "has_bias", "has_post_expert_norm")
+            if not getattr(ex, "is_concatenated", True) or any(getattr(ex, f, False) for f in flags):
+                return "experts not in the plain layout (concatenated gate rows first, not transposed)"
+            act = getattr(ex, "act_fn", None)
+            if type(act).__name__ not in ("SiLU", "SiLUActivation"):
+                return f"a {type(act).__name__} gate (the fused kernels apply SiLU)"
+            e, two_i, h = gate_up.shape
+            shapes = {"down_proj": (e, h, two_i // 2)}
+        params = {name: getattr(ex, name) for name in want}
+        if two_i % 2 or any(tuple(params[name].shape) != shape for name, shape in shapes.items()):
+            return f"expert shapes {[tuple(t.shape) for t in params.values()]}"
+        if gate_up.dtype not in (torch.float16, torch.bfloat16, torch.float32) or any(
+            t.dtype != gate_up.dtype for t in params.values()
+        ):
             return f"{gate_up.dtype} experts (the fused kernels take FP16, BF16 or FP32)"
         return None
 
