@@ -205,62 +205,46 @@ def softcap_scores(qk, cap):
     return cap * (1.0 - 2.0 / (e + 1.0))
 
 
-def check_alibi_slopes(slopes: Any, num_heads: int, q: Any) -> torch.Tensor | None:
-    """The ALiBi slopes a kernel launch takes: None (off), else `slopes` itself, which must be a contiguous
-    float32 ``[num_heads]`` tensor on the device of the query `q` (one slope a query head, natural-scale:
-    the score of a query at position p and a key at position j gets ``slope * (j - p)``); ValueError
-    otherwise. `q` is only looked at when there are slopes (a DeviceTensor view, the TensorRT plugin's,
-    has no device and never takes slopes)."""
-    if slopes is None:
+def _per_head_vector(what: str, t: Any, num_heads: int, q: Any) -> torch.Tensor | None:
+    """None for None, else `t` itself, which must be a contiguous float32 ``[num_heads]`` tensor on the
+    device of the query `q` (ValueError naming `what` otherwise). `q` is only looked at when `t` is given:
+    a DeviceTensor view (the TensorRT plugin's) has no device and never takes a per-head vector."""
+    if t is None:
         return None
     device = getattr(q, "device", None)
     if device is None:
-        raise ValueError(f"ALiBi slopes need the query as a torch tensor; got {type(q).__name__}")
+        raise ValueError(f"{what} need the query as a torch tensor; got {type(q).__name__}")
     ok = (
-        isinstance(slopes, torch.Tensor)
-        and slopes.dtype == torch.float32
-        and tuple(slopes.shape) == (num_heads,)
-        and slopes.is_contiguous()
-        and slopes.device == device
+        isinstance(t, torch.Tensor)
+        and t.dtype == torch.float32
+        and tuple(t.shape) == (num_heads,)
+        and t.is_contiguous()
+        and t.device == device
     )
     if not ok:
-        got = slopes
-        if isinstance(slopes, torch.Tensor):
-            got = f"{slopes.dtype} {tuple(slopes.shape)} stride {slopes.stride()} on {slopes.device}"
-        raise ValueError(
-            f"ALiBi slopes must be a contiguous float32 [{num_heads}] tensor (one per query head) on "
-            f"{device}; got {got}"
+        got = (
+            f"{t.dtype} {tuple(t.shape)} stride {t.stride()} on {t.device}"
+            if isinstance(t, torch.Tensor)
+            else t
         )
-    return slopes
+        raise ValueError(
+            f"{what} must be a contiguous float32 [{num_heads}] tensor (one per query head) on {device}; "
+            f"got {got}"
+        )
+    return t
+
+
+def check_alibi_slopes(slopes: Any, num_heads: int, q: Any) -> torch.Tensor | None:
+    """The ALiBi slopes a kernel launch takes (:func:`_per_head_vector`): one slope a query head,
+    natural-scale: the score of a query at position p and a key at position j gets ``slope * (j - p)``."""
+    return _per_head_vector("ALiBi slopes", slopes, num_heads, q)
 
 
 def check_sinks(sinks: Any, num_heads: int, q: Any) -> torch.Tensor | None:
-    """The attention sinks a kernel launch takes (gpt-oss): None (off), else `sinks` itself, which must be a
-    contiguous float32 ``[num_heads]`` tensor on the device of the query `q`: one learned logit a query head
-    (natural units, beside the scaled scores) that joins each row's softmax denominator as an extra column
-    with no value. ValueError otherwise; `q` is only looked at when there are sinks (as
-    :func:`check_alibi_slopes`)."""
-    if sinks is None:
-        return None
-    device = getattr(q, "device", None)
-    if device is None:
-        raise ValueError(f"attention sinks need the query as a torch tensor; got {type(q).__name__}")
-    ok = (
-        isinstance(sinks, torch.Tensor)
-        and sinks.dtype == torch.float32
-        and tuple(sinks.shape) == (num_heads,)
-        and sinks.is_contiguous()
-        and sinks.device == device
-    )
-    if not ok:
-        got = sinks
-        if isinstance(sinks, torch.Tensor):
-            got = f"{sinks.dtype} {tuple(sinks.shape)} stride {sinks.stride()} on {sinks.device}"
-        raise ValueError(
-            f"attention sinks must be a contiguous float32 [{num_heads}] tensor (one per query head) on "
-            f"{device}; got {got}"
-        )
-    return sinks
+    """The attention sinks a kernel launch takes (gpt-oss; :func:`_per_head_vector`): one learned logit a
+    query head (natural units, beside the scaled scores) that joins each row's softmax denominator as an
+    extra column with no value."""
+    return _per_head_vector("attention sinks", sinks, num_heads, q)
 
 
 def check_softcap(softcap: float | None) -> float:
