@@ -6,6 +6,15 @@ from __future__ import annotations
 import torch
 
 
+def attention_inputs(device, gen, b, hq, hkv, s_q, s_max, d, dtype, q_gain: float = 1.0):
+    """q ``[b, hq, s_q, d]`` (times `q_gain`: the soft-cap tests raise the scores past the cap), k and v
+    ``[b, hkv, s_max, d]``, N(0, 1) from `gen`, in `dtype` on `device`."""
+    q = (torch.randn(b, hq, s_q, d, generator=gen) * q_gain).to(dtype).to(device)
+    k = torch.randn(b, hkv, s_max, d, generator=gen).to(dtype).to(device)
+    v = torch.randn(b, hkv, s_max, d, generator=gen).to(dtype).to(device)
+    return q, k, v
+
+
 def paged_from_contiguous(
     k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, page: int, gen: torch.Generator, spare: int = 3
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -19,6 +19,7 @@ pytest.importorskip("triton", reason="Triton is needed to run the kernel (pip in
 
 from tests._devices import DEVICES, skip_unless_runs_here  # noqa: E402
 from tests.kernels.decode_reference import (  # noqa: E402
+    attention_inputs,
     paged_from_contiguous,
     poison_past_lengths,
     softcapped_reference,
@@ -37,13 +38,6 @@ from trtforge.kernels.decode_attention import (  # noqa: E402
 
 TOL = {torch.float16: 3e-3, torch.bfloat16: 2.5e-2}
 BITES = 0.05  # the least change the sinks must make to the reference
-
-
-def _inputs(device, gen, b, hq, hkv, s_q, s_max, d, dtype):
-    q = torch.randn(b, hq, s_q, d, generator=gen).to(dtype).to(device)
-    k = torch.randn(b, hkv, s_max, d, generator=gen).to(dtype).to(device)
-    v = torch.randn(b, hkv, s_max, d, generator=gen).to(dtype).to(device)
-    return q, k, v
 
 
 def _sinks(hq: int, gen, device) -> torch.Tensor:
@@ -76,7 +70,7 @@ def test_decode_kernel_counts_each_sink_once(
     skip_unless_runs_here(device)
     gen = torch.Generator().manual_seed(sum(lens) + d + hq + splits)
     b, s_max = len(lens), max(lens) + 3
-    q, k, v = _inputs(device, gen, b, hq, hkv, s_q, s_max, d, dtype)
+    q, k, v = attention_inputs(device, gen, b, hq, hkv, s_q, s_max, d, dtype)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     poison_past_lengths(k, seq_lens)
     poison_past_lengths(v, seq_lens)
@@ -99,7 +93,7 @@ def test_decode_kernel_sinks_beside_the_cap_and_the_biases(device):
     skip_unless_runs_here(device)
     gen = torch.Generator().manual_seed(3)
     lens = torch.tensor([20, 41], dtype=torch.int32, device=device)
-    q, k, v = _inputs(device, gen, 2, 4, 2, 2, 44, 32, torch.float16)
+    q, k, v = attention_inputs(device, gen, 2, 4, 2, 2, 44, 32, torch.float16)
     q = q * 3
     sinks = _sinks(4, gen, device)
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=device)
@@ -117,7 +111,7 @@ def test_prepared_paged_decode_takes_the_layer_sinks(device):
     gen = torch.Generator().manual_seed(5)
     hq, hkv, d = 8, 2, 64
     lens = torch.tensor([23, 9, 40], dtype=torch.int32, device=device)
-    q, k, v = _inputs(device, gen, 3, hq, hkv, 1, 44, d, torch.float16)
+    q, k, v = attention_inputs(device, gen, 3, hq, hkv, 1, 44, d, torch.float16)
     sinks = _sinks(hq, gen, device)
     want = _reference(q, k, v, lens, sinks)
     k_pool, v_pool, table = paged_from_contiguous(k, v, lens.cpu(), 16, gen)
@@ -149,7 +143,7 @@ def test_decode_over_fp8_pools_takes_the_sinks(device):
     gen = torch.Generator().manual_seed(9)
     hq, hkv, d, k_scale, v_scale = 4, 1, 64, 0.5, 0.25
     lens = torch.tensor([12, 37], dtype=torch.int32, device=device)
-    q, k, v = _inputs(device, gen, 2, hq, hkv, 1, 40, d, torch.bfloat16)
+    q, k, v = attention_inputs(device, gen, 2, hq, hkv, 1, 40, d, torch.bfloat16)
     kq, vq = (k.float() / k_scale).to(FP8_KV_DTYPE), (v.float() / v_scale).to(FP8_KV_DTYPE)
     sinks = _sinks(hq, gen, device)
     want = _reference(q, kq.float() * k_scale, vq.float() * v_scale, lens, sinks)
@@ -171,7 +165,7 @@ def test_chunked_prefill_takes_the_sinks(device, hq, hkv, s_q, d, lens, page, dt
     skip_unless_runs_here(device)
     gen = torch.Generator().manual_seed(s_q * d + hq)
     b, s_max = len(lens), max(lens) + 5
-    q, k, v = _inputs(device, gen, b, hq, hkv, s_q, s_max, d, dtype)
+    q, k, v = attention_inputs(device, gen, b, hq, hkv, s_q, s_max, d, dtype)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     poison_past_lengths(k, seq_lens)
     poison_past_lengths(v, seq_lens)

@@ -17,6 +17,7 @@ pytest.importorskip("triton", reason="Triton is needed to run the kernel (pip in
 
 from tests._devices import DEVICES, skip_unless_runs_here  # noqa: E402
 from tests.kernels.decode_reference import (  # noqa: E402
+    attention_inputs,
     paged_from_contiguous,
     poison_past_lengths,
     softcapped_reference,
@@ -38,11 +39,8 @@ BITES = 0.1  # the least change the cap must make to the reference (scores well 
 
 
 def _inputs(device, gen, b, hq, hkv, s_q, s_max, d, dtype, q_gain=3.0):
-    """q (scaled by `q_gain`, so that the scores pass the cap), k, v on `device`: N(0, 1) otherwise."""
-    q = (torch.randn(b, hq, s_q, d, generator=gen) * q_gain).to(dtype).to(device)
-    k = torch.randn(b, hkv, s_max, d, generator=gen).to(dtype).to(device)
-    v = torch.randn(b, hkv, s_max, d, generator=gen).to(dtype).to(device)
-    return q, k, v
+    """:func:`attention_inputs` with q scaled by `q_gain`, so that the scores pass the cap."""
+    return attention_inputs(device, gen, b, hq, hkv, s_q, s_max, d, dtype, q_gain)
 
 
 def _reference(q, k, v, lens, cap, window=None, scale=None):
