@@ -20,7 +20,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from trtforge.kernels import interpreting
-from trtforge.kernels import l2_prefetch as l2
 from trtforge.kernels.fp8_rows import (
     SINGLE_PASS_K,
     cast_e4m3,
@@ -190,8 +189,6 @@ def _rope_cache_kernel(
     n_chunks=0,
     PF: tl.constexpr = False,
     PF_THREADS: tl.constexpr = 128,
-    PF_BULK: tl.constexpr = True,
-    PF_CHUNK: tl.constexpr = 16384,
 ):
     """Grid (T, 2 + P): program 0 ropes token t's query heads into QOut; program 1 ropes its key heads and
     writes keys and values to pool slot Slots[t] (block Slots[t] // PAGE, offset Slots[t] % PAGE).
@@ -205,7 +202,7 @@ def _rope_cache_kernel(
     part = tl.program_id(1)
     if PF:  # noqa: SIM102 (a constexpr: without it no code at all)
         if (part >= 2) & (t == 0):
-            issue_l2(Chunks, n_chunks, (part - 2) * PF_THREADS, PF_THREADS, PF_BULK, PF_CHUNK)
+            issue_l2(Chunks, n_chunks, (part - 2) * PF_THREADS, PF_THREADS)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -441,6 +438,5 @@ def rope_and_cache(
             BLOCK_H=triton.next_power_of_2(max(num_heads, num_kv_heads)),
             D=d, BLOCK_PASS=triton.next_power_of_2(max(d - rot, 1)), PDL=pdl, num_warps=4,
             launch_pdl=pdl, Chunks=chunks, n_chunks=n_chunks, PF=n_chunks > 0, PF_THREADS=L2_THREADS,
-            PF_BULK=l2.BULK, PF_CHUNK=l2.CHUNK_BYTES,
         )  # fmt: skip
     return q

@@ -19,8 +19,6 @@ import triton.language as tl
 
 CHUNK_BYTES = 16384  # bytes one thread requests (one bulk prefetch)
 THREADS = 128  # descriptors one prefetching program issues (4 warps, one a thread)
-# True: one bulk prefetch a descriptor; False: a line prefetch (``prefetch.global.L2``) every 128 bytes.
-BULK = True
 
 
 def supported(device: torch.device) -> bool:
@@ -71,31 +69,18 @@ def programs(n_chunks: int) -> int:
 
 
 @triton.jit
-def issue(Chunks, n_chunks, first, NT: tl.constexpr, BULK: tl.constexpr = True, CHUNK: tl.constexpr = 16384):
-    """Descriptors ``first .. first + NT`` of `Chunks` (of `n_chunks`) requested into L2, one a thread:
-    BULK, one ``cp.async.bulk.prefetch.L2.global`` (asynchronous, no registers); else a
-    ``prefetch.global.L2`` a 128-byte line of the descriptor (at most CHUNK bytes)."""
+def issue(Chunks, n_chunks, first, NT: tl.constexpr):
+    """Descriptors ``first .. first + NT`` of `Chunks` (of `n_chunks`) requested into L2, one a thread
+    (``cp.async.bulk.prefetch.L2.global``: asynchronous, no registers, nothing to wait for)."""
     c = first + tl.arange(0, NT)
     ok = c < n_chunks
     addr = tl.load(Chunks + 2 * c, mask=ok, other=0)
     size = tl.load(Chunks + 2 * c + 1, mask=ok, other=0).to(tl.int32)
-    if BULK:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; }"
-            " // dummy $0",
-            "=r,l,r",
-            [addr, size],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-    else:
-        for j in range(0, CHUNK, 128):
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.lt.s32 p, $2, $3; @p prefetch.global.L2 [$1]; } // dummy $0",
-                "=r,l,r,r",
-                [addr + j, size * 0 + j, size],
-                dtype=tl.int32,
-                is_pure=False,
-                pack=1,
-            )
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; } // dummy $0",
+        "=r,l,r",
+        [addr, size],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
