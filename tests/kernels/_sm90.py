@@ -69,8 +69,6 @@ def inline_ops(ptx: str) -> dict[str, int]:
     for block in re.findall(r"^\s*\{([^}]*)\}", ptx, flags=re.M):
         for stmt in block.split(";"):
             words = stmt.split()
-            if words and words[0].startswith("@"):  # a predicated instruction: counted as the instruction
-                words = words[1:]
             if not words or words[0].startswith("."):
                 continue
             op = words[0] + (" " + words[-1] if words[0] == "prmt.b32" else "")

@@ -249,40 +249,6 @@ def test_fused_cuda_path_matches_the_float32_reference(method):
     assert rel.max() < (0.12 if method == "fp8" else 0.03), rel
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("method", [None, "fp8", "int4-rtn"], ids=["bf16", "fp8", "int4-rtn"])
-def test_l2_prefetch_leaves_the_fused_decode_unchanged_on_cuda(method, monkeypatch):
-    """With the attention phase's L2 prefetch on (fused_layers.ATTENTION_L2_PREFETCH_BYTES: the RoPE launch
-    requests o_proj's and gate/up's weights), greedy decoding in CUDA graphs gives the tokens it gives
-    without (a prefetch is a hint), and every layer has its plan, covering o_proj whole."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("needs a CUDA GPU of compute capability 9.0+ (the bulk L2 prefetch)")
-    from tests.llm.serving_models import run_to_completion
-    from trtforge.llm.engine import make_step_loop
-    from trtforge.llm.executors import fused_layers
-    from trtforge.llm.executors.torch_exec import TorchExecutor
-    from trtforge.llm.sampling import SamplingParams
-
-    outs, plans = [], None
-    for budget in (0, 1 << 20):
-        monkeypatch.setattr(fused_layers, "ATTENTION_L2_PREFETCH_BYTES", budget)
-        model = _llama(num_key_value_heads=2).to(torch.bfloat16).cuda()
-        if method is not None:
-            quantize_model(model, method)
-        ex = TorchExecutor(model, num_blocks=64, block_size=16, static_decode=True)
-        loop = make_step_loop(ex)
-        for i, ids in enumerate(_prompts(4, 20)):
-            loop.add_request(i, ids, SamplingParams(max_tokens=12 + i, ignore_eos=True))
-        outs.append({k: v.output_token_ids for k, v in run_to_completion(loop).items()})
-        assert ex.num_cuda_graphs > 0
-        plans = ex._fused._l2_plans if budget else plans
-    assert outs[0] == outs[1]
-    assert plans is not None and len(plans) == 2  # (the model's two layers)
-    o = model.model.layers[0].self_attn.o_proj
-    o_bytes = o.qweight.nbytes if method is not None else o.weight.numel() * o.weight.element_size()
-    assert int(plans[0][:, 1].sum()) >= o_bytes
-
-
 def quant_factory():
     """`trtforge generate` loads this: the tiny Llama of these tests (hidden 128: INT4 groups fit)."""
     return _llama(), None

@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from trtforge.kernels import interpreting
 from trtforge.kernels.fp8_rows import (
     SINGLE_PASS_K,
     cast_e4m3,
@@ -30,10 +29,6 @@ from trtforge.kernels.fp8_rows import (
 )
 from trtforge.kernels.gemv import pdl_supported
 from trtforge.kernels.kv_quant import inverse_scale
-from trtforge.kernels.l2_prefetch import THREADS as L2_THREADS
-from trtforge.kernels.l2_prefetch import issue as issue_l2
-from trtforge.kernels.l2_prefetch import programs as l2_programs
-from trtforge.kernels.l2_prefetch import supported as l2_supported
 from trtforge.kernels.paged_cache import to_cache
 from trtforge.kernels.qweight import Fp8Rows
 
@@ -185,27 +180,18 @@ def _rope_cache_kernel(
     D: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
     PDL: tl.constexpr = False,
-    Chunks=None,
-    n_chunks=0,
-    PF: tl.constexpr = False,
-    PF_THREADS: tl.constexpr = 128,
 ):
-    """Grid (T, 2 + P): program 0 ropes token t's query heads into QOut; program 1 ropes its key heads and
+    """Grid (T, 2): program 0 ropes token t's query heads into QOut; program 1 ropes its key heads and
     writes keys and values to pool slot Slots[t] (block Slots[t] // PAGE, offset Slots[t] % PAGE).
     The rotation covers a head's first 2 * HALF channels; channels 2 * HALF .. D (a partial rotary's
     rest; none when D is 2 * HALF) pass through unrotated. FP8 pools get k * k_inv_scale and
     v * v_inv_scale, saturated (:func:`~trtforge.kernels.paged_cache.to_cache`).
-    PDL: launched early (programmatic dependent launch), it waits for the previous kernel's writes.
-    PF: programs 2.. of token 0 first request the L2 descriptors `Chunks` (:mod:`.l2_prefetch`; the next
-    projection's weights, which no kernel writes, so before the wait) and do nothing else."""
-    t = tl.program_id(0).to(tl.int64)
-    part = tl.program_id(1)
-    if PF:  # noqa: SIM102 (a constexpr: without it no code at all)
-        if (part >= 2) & (t == 0):
-            issue_l2(Chunks, n_chunks, (part - 2) * PF_THREADS, PF_THREADS)
+    PDL: launched early (programmatic dependent launch), it waits for the previous kernel's writes."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+    t = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
     d_ok = offs_d < HALF
@@ -230,7 +216,7 @@ def _rope_cache_kernel(
             src = row + offs_h[:, None] * d2 + offs_p[None, :]
             dst_p = QOut + t * stride_qo_t + offs_h[:, None] * d2 + offs_p[None, :]
             tl.store(dst_p, tl.load(src, mask=pok, other=0.0), mask=pok)
-    elif part == 1:
+    else:
         slot = tl.load(Slots + t).to(tl.int64)
         blk = slot // PAGE
         off = slot % PAGE
@@ -367,30 +353,6 @@ def silu_mul_fp8(gate_up: torch.Tensor) -> Fp8Rows:
     return rows
 
 
-def _check_l2_prefetch(
-    l2_prefetch: tuple[torch.Tensor, int] | None, device: torch.device
-) -> tuple[torch.Tensor | None, int]:
-    """`l2_prefetch` as the kernel's (descriptors, count) after checking it: an int64 ``[C, 2]`` plan on
-    `device`, which must have the instruction, and a count in 0..C."""
-    if l2_prefetch is None:
-        return None, 0
-    chunks, n = l2_prefetch
-    n = int(n)
-    if chunks.dtype != torch.int64 or chunks.dim() != 2 or chunks.shape[1] != 2 or not chunks.is_contiguous():
-        raise ValueError(
-            f"rope_and_cache: l2_prefetch's plan must be contiguous int64 [C, 2], got {chunks.dtype} "
-            f"{list(chunks.shape)}"
-        )
-    if not 0 <= n <= int(chunks.shape[0]):
-        raise ValueError(f"rope_and_cache: l2_prefetch asks for {n} of {int(chunks.shape[0])} descriptors")
-    if n and (chunks.device != device or interpreting() or not l2_supported(device)):
-        raise ValueError(
-            f"rope_and_cache: L2 prefetching needs the plan on the activations' device ({device}, not "
-            f"{chunks.device}) and an NVIDIA GPU of compute capability 9.0 or later"
-        )
-    return (chunks if n else None), n
-
-
 def rope_and_cache(
     qkv: torch.Tensor,
     cos: torch.Tensor,
@@ -403,16 +365,12 @@ def rope_and_cache(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     out: torch.Tensor | None = None,
-    l2_prefetch: tuple[torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """Rotate q and k of ``qkv`` ``[T, (Hq + 2 Hkv) * D]`` by ``cos``/``sin`` ``[T, R]`` (rotate-half RoPE
     over each head's first R <= D channels, R even), write k and v at pool slots ``slots`` ``[T]`` (pools
     ``[nb, bs, Hkv, D]`` of any strides: qkv's dtype, or FP8 E4M3 storing k / k_scale and v / v_scale);
-    return q ``[T, Hq, D]``, written into `out` when given (a piecewise step's static buffer: no copy).
-    `l2_prefetch` ``(plan, n)``: programs of the same launch request the first n descriptors of an
-    :func:`~trtforge.kernels.l2_prefetch.plan` into L2 (sm_90+), the next projection's weights."""
+    return q ``[T, Hq, D]``, written into `out` when given (a piecewise step's static buffer: no copy)."""
     t = int(qkv.shape[0])
-    chunks, n_chunks = _check_l2_prefetch(l2_prefetch, qkv.device)
     d, rot = int(k_pool.shape[-1]), int(cos.shape[-1])
     if rot % 2 or rot > d:
         raise ValueError(f"rope_and_cache: rotary width {rot} must be even and at most the head dim {d}")
@@ -429,7 +387,7 @@ def rope_and_cache(
     if t:
         half = rot // 2
         pdl = pdl_supported(qkv.device)
-        _rope_cache_kernel[(t, 2 + l2_programs(n_chunks))](
+        _rope_cache_kernel[(t, 2)](
             qkv, cos, sin, slots, q, k_pool, v_pool,
             qkv.stride(0), cos.stride(0), q.stride(0),
             *k_pool.stride(), *v_pool.stride(),
@@ -437,6 +395,6 @@ def rope_and_cache(
             PAGE=int(k_pool.shape[1]), HALF=half, BLOCK_HALF=triton.next_power_of_2(half),
             BLOCK_H=triton.next_power_of_2(max(num_heads, num_kv_heads)),
             D=d, BLOCK_PASS=triton.next_power_of_2(max(d - rot, 1)), PDL=pdl, num_warps=4,
-            launch_pdl=pdl, Chunks=chunks, n_chunks=n_chunks, PF=n_chunks > 0, PF_THREADS=L2_THREADS,
+            launch_pdl=pdl,
         )  # fmt: skip
     return q

@@ -503,29 +503,6 @@ def prepare(weight: torch.Tensor | QuantWeight, *, gated: bool = False, norm: bo
         mod.mma_words(weight)
 
 
-def weight_reads(
-    weight: torch.Tensor | QuantWeight, *, gated: bool = False, norm: bool = False
-) -> list[torch.Tensor]:
-    """The device tensors a one-row launch of `weight` in that form reads (what the dispatch in
-    :func:`_launch` picks: an INT4 weight's tensor-core words where that kernel takes it), each whole
-    tensor in the order the programs take its rows; `gated`: the gate and the up halves apart, since a
-    program reads its gate rows and their up rows together. For :mod:`trtforge.kernels.l2_prefetch`."""
-    if isinstance(weight, Int4Weight):
-        n = int(weight.shape[0]) // (2 if gated else 1)
-        mod = _int4_mma() if INT4_MMA and weight.packed.is_cuda else None
-        words = None
-        if mod is not None and mod.eligible(weight, n, gated, norm, weight.packed.device):
-            words = mod.prepared_words(weight)
-        parts = [words if words is not None else weight.packed, weight.scale, weight.offset]
-    elif isinstance(weight, Fp8Weight):
-        parts = [weight.data, weight.scale]
-    else:
-        parts = [weight]
-    if not gated:
-        return parts
-    return [half for t in parts for half in t.chunk(2)]
-
-
 def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=0, config=None) -> None:
     m, k = int(x.shape[0]), int(x.shape[1])
     if (

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from trtforge.kernels import has_wgmma, l2_prefetch
+from trtforge.kernels import has_wgmma
 from trtforge.kernels.fused_layer import (
     qk_norm_,
     rms_norm,
@@ -43,7 +43,7 @@ from trtforge.kernels.fused_layer import (
     silu_mul_fp8,
 )
 from trtforge.kernels.gemm_mid import mid_gemm
-from trtforge.kernels.gemv import MAX_ROWS, gemv_residual, norm_gate_up_silu, norm_gemv, weight_reads
+from trtforge.kernels.gemv import MAX_ROWS, gemv_residual, norm_gate_up_silu, norm_gemv
 from trtforge.kernels.gemv import prepare as prepare_gemv_weight
 from trtforge.kernels.qweight import Fp8Weight, cat_weights
 from trtforge.llm.models.llama import LlamaStyle
@@ -67,12 +67,6 @@ MID_GEMM_MAX_TOKENS = 0
 # SiLU*up + quantize; the rows are never written in 16 bits and read back for a separate quantize.
 # Same codes as the unfused kernels. False: the separate kernels.
 FUSED_FP8_QUANT = True
-
-# GEMV-sized steps (one token; INT4: up to 16) request a layer's output-projection weights, then the first
-# rows of its gate/up weights, into L2 from programs of the RoPE + cache-write launch: they stream while
-# the attention kernels leave the DRAM idle, and the GEMVs after the attention find them in L2
-# (trtforge.kernels.l2_prefetch; sm_90+). Bytes a layer, 0: off. Not yet timed on a GPU.
-ATTENTION_L2_PREFETCH_BYTES = 0
 
 _RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Phi3RMSNorm")
 
@@ -222,24 +216,6 @@ class FusedLayers:
         prepare_gemv_weight(self.head_w, norm=True)
         if isinstance(head, QuantLinear):  # (FP8: weight-only at one token, W8A8 above)
             self.head_gemv_max_tokens = min(self.gemv_max_tokens, weight_only_max_tokens(self.head_w))
-        self._l2_plans: dict[int, torch.Tensor] = {}
-
-    def _l2_prefetch(self, i: int, h: torch.Tensor) -> tuple[torch.Tensor, int] | None:
-        """What layer i's RoPE launch requests into L2 (:data:`ATTENTION_L2_PREFETCH_BYTES`): the plan of
-        its o_proj and gate/up weights as the GEMVs read them, and how many of its descriptors; None off,
-        for steps past the GEMVs, under tensor parallelism, or on a GPU without the instruction. The plans
-        are made at the first such step (a graph's eager warm-up), never inside a CUDA-graph capture."""
-        budget = ATTENTION_L2_PREFETCH_BYTES
-        if budget <= 0 or self.tp is not None or not self._gemv(h) or not h.is_cuda:
-            return None
-        if not self._l2_plans:
-            if torch.cuda.is_current_stream_capturing() or not l2_prefetch.supported(h.device):
-                return None
-            for j in range(len(self.layers)):
-                reads = [weight_reads(self.o_w[j]), weight_reads(self.gate_up_w[j], gated=True, norm=True)]
-                self._l2_plans[j] = l2_prefetch.plan(reads)
-        plan = self._l2_plans[i]
-        return plan, min(int(plan.shape[0]), budget // l2_prefetch.CHUNK_BYTES)
 
     def _gemv(self, h: torch.Tensor) -> bool:
         return 0 < int(h.shape[0]) <= self.gemv_max_tokens
@@ -276,9 +252,8 @@ class FusedLayers:
         if getattr(attn, "q_norm", None) is not None:
             qk_norm_(qkv, attn.q_norm, attn.k_norm, self.num_heads, self.num_kv_heads)
         return rope_and_cache(
-            qkv, *rope, slots, k_pool, v_pool, self.num_heads, self.num_kv_heads, k_scale, v_scale, out=out,
-            l2_prefetch=self._l2_prefetch(i, h),
-        )  # fmt: skip
+            qkv, *rope, slots, k_pool, v_pool, self.num_heads, self.num_kv_heads, k_scale, v_scale, out=out
+        )
 
     def finish(
         self, i: int, h: torch.Tensor, o: torch.Tensor, out: torch.Tensor | None = None
