@@ -5,7 +5,7 @@ parallelism, the fused layers, experts in another layout), and transformers' BF1
 executor. The family also runs in the MoE suites (test_moe: step graph vs generate, both formulations vs
 transformers' block, a ragged torch-executor batch), the config draws, the window oracle, the chunked
 paged steps and the Triton-executor lockstep (tiny_models.KERNEL_FAMILIES); its kernels' sinks in
-tests/kernels/test_sink_attention.py."""
+tests/kernels/test_attention_options.py."""
 
 from __future__ import annotations
 
