@@ -103,3 +103,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             f"[whole_gpu] measures or fills the GPU's free memory, which the other {workers - 1} xdist "
             "workers change: `make test-gpu` runs it alone, before the parallel pass (or run it without -n)"
         )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_engine_left_open(request: pytest.FixtureRequest):
+    """Fail a test module that leaves an LLMEngine open: its loop thread and its heap freeze would outlive
+    the module and skew the garbage collection of every later test in the process (test_gc_heap's cases
+    skip then). Per module, not per test: a module may share one engine between its tests (a fixture that
+    starts it on first use and closes it at the module's end)."""
+    from trtforge.llm import gc_heap
+
+    before = gc_heap.holders()
+    yield
+    left = gc_heap.holders() - before
+    assert left <= 0, f"{request.node.nodeid}: {left} LLMEngine(s) left open (close them, or use `with`)"

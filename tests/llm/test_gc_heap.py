@@ -105,6 +105,24 @@ def test_an_engine_holds_the_freeze_while_open_and_releases_it_on_close(unfrozen
     assert gc_heap.holders() == 0 and gc.get_freeze_count() == 0
 
 
+def test_a_served_model_dropped_unclosed_closes_its_engine(unfrozen):
+    """A ServingLLM (what trtforge.llm.load returns) let go without close(): its engine's loop thread ends
+    and its heap freeze is let go once it is garbage; an explicit close() after use closes once."""
+    from trtforge.llm.service import ServingLLM
+
+    llm = ServingLLM(make_executor(num_blocks=64))
+    loop = llm.engine._thread
+    assert llm.generate([[3, 1, 4]], max_new_tokens=2, stop_at_eos=False)[0].__len__() == 2
+    assert gc_heap.holders() == 1 and loop.is_alive()
+    del llm
+    gc.collect()
+    assert gc_heap.holders() == 0 and not loop.is_alive()
+    with ServingLLM(make_executor(num_blocks=64)) as kept:
+        assert gc_heap.holders() == 1
+    kept.close()  # closed already: nothing more to let go
+    assert gc_heap.holders() == 0 and not kept.engine._thread.is_alive()
+
+
 def test_an_engine_made_with_freeze_gc_off_leaves_the_heap_alone(unfrozen):
     with LLMEngine(make_executor(num_blocks=64), freeze_gc=False) as engine:
         assert gc_heap.holders() == 0 and gc.get_freeze_count() == 0

@@ -435,7 +435,8 @@ class LLMEngine:
         with self._inbox_lock:
             self._closed = True
             self._wake.notify_all()
-        self._thread.join()
+        if threading.current_thread() is not self._thread:  # (a finalizer may run on the loop's thread)
+            self._thread.join()
         self._thaw()
 
     def _thaw(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ class ServingLLM:
     ) -> None:
         self.executor = executor
         self.engine = LLMEngine(executor, config, proposer=proposer)
+        # closed when dropped unclosed too: the engine's loop thread and heap freeze must not outlive it
+        self._finalizer = weakref.finalize(self, _shut_down, self.engine, executor)
         # how the KV pool was sized, where it was (:func:`trtforge.llm.sizing.torch_pool`), else None
         self.pool_size: sizing.PoolSize | None = None
         # speculative decoding in force (None: off), as reported with the engine's configuration
@@ -145,19 +148,25 @@ class ServingLLM:
         return list(self.executor.facts.eos_token_ids)
 
     def close(self) -> None:
-        """Stop the engine, then the executor's own processes if it has any (tensor parallelism)."""
-        try:
-            self.engine.close()
-        finally:
-            close = getattr(self.executor, "close", None)
-            if callable(close):
-                close()
+        """Stop the engine, then the executor's own processes if it has any (tensor parallelism). A
+        ServingLLM dropped without it is closed when it is garbage (and at interpreter exit)."""
+        self._finalizer()
 
     def __enter__(self) -> ServingLLM:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _shut_down(engine: LLMEngine, executor: StepExecutor) -> None:
+    """What :meth:`ServingLLM.close` does, once: the engine, then the executor's processes, if any."""
+    try:
+        engine.close()
+    finally:
+        close = getattr(executor, "close", None)
+        if callable(close):
+            close()
 
 
 def _config(config: SchedulerConfig | None, max_num_seqs: int | None) -> SchedulerConfig | None:
