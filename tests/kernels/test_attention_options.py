@@ -325,15 +325,13 @@ def _reference(name, value, q, k, v, lens, window=None, scale=None, others=None)
     return want
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("option", "case"), _each("decode"))
-def test_decode_kernel_applies_the_option(device, option, case):
-    """The split-KV decode kernel (contiguous caches and shuffled pages, 1 to 6 splits, fused or through the
-    reduce kernel) against the FP32 reference; past-length keys are NaN, never read."""
-    skip_unless_runs_here(device)
+def _case(device: str, option: str, case: Decode | Chunk, seed: int, spare: int) -> tuple:
+    """A grid case's q, k, v (keys past each length NaN; paged through a shuffled table when the case
+    has pages), lengths, table (None: contiguous), the option's value and the FP32 reference, drawn from
+    one generator seeded `seed`, with `spare` key slots past the longest sequence."""
     opt = OPTIONS[option]
-    gen = torch.Generator().manual_seed(opt.decode_seed(case))
-    b, s_max = len(case.lens), max(case.lens) + 3
+    gen = torch.Generator().manual_seed(seed)
+    b, s_max = len(case.lens), max(case.lens) + spare
     q, k, v = attention_inputs(
         device, gen, b, case.hq, case.hkv, case.s_q, s_max, case.d, case.dtype, opt.q_gain
     )
@@ -345,6 +343,17 @@ def test_decode_kernel_applies_the_option(device, option, case):
     table = None
     if case.page:
         k, v, table = paged_from_contiguous(k, v, seq_lens.cpu(), case.page, gen)
+    return q, k, v, seq_lens, table, value, want
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("option", "case"), _each("decode"))
+def test_decode_kernel_applies_the_option(device, option, case):
+    """The split-KV decode kernel (contiguous caches and shuffled pages, 1 to 6 splits, fused or through the
+    reduce kernel) against the FP32 reference; past-length keys are NaN, never read."""
+    skip_unless_runs_here(device)
+    opt = OPTIONS[option]
+    q, k, v, seq_lens, table, value, want = _case(device, option, case, opt.decode_seed(case), spare=3)
     out = torch.full_like(q, float("nan"))
     cfg = DecodeConfig(block_n=16, num_splits=case.splits, fused=case.fused)
     decode_attention(
@@ -450,19 +459,7 @@ def test_decode_over_fp8_pools_applies_the_option(device, option):
 def test_chunked_prefill_applies_the_option(device, option, case):
     skip_unless_runs_here(device)
     opt = OPTIONS[option]
-    gen = torch.Generator().manual_seed(case.s_q * case.d + case.hq)
-    b, s_max = len(case.lens), max(case.lens) + 5
-    q, k, v = attention_inputs(
-        device, gen, b, case.hq, case.hkv, case.s_q, s_max, case.d, case.dtype, opt.q_gain
-    )
-    seq_lens = torch.tensor(case.lens, dtype=torch.int32, device=device)
-    poison_past_lengths(k, seq_lens)
-    poison_past_lengths(v, seq_lens)
-    value = opt.draw(case.spec, case.hq, gen, device)
-    want = _reference(option, value, q, k, v, seq_lens, case.window)
-    table = None
-    if case.page:
-        k, v, table = paged_from_contiguous(k, v, seq_lens.cpu(), case.page, gen)
+    q, k, v, seq_lens, table, value, want = _case(device, option, case, case.s_q * case.d + case.hq, spare=5)
     out = torch.full_like(q, float("nan"))
     chunked_prefill_attention(
         q, k, v, seq_lens, table, out=out, block_m=case.block_m, block_n=16, window=case.window,
