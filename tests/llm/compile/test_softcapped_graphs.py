@@ -6,16 +6,14 @@ transformers' tokens and logits."""
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
 
-import trtforge.llm.api
 from tests.llm.compile.test_decoder_paged import _assert_hf_greedy
-from tests.llm.tiny_models import hf_greedy, prompts, tiny_model
+from tests.llm.compile.unfused_attention import assert_slot_graph_matches_transformers, optimized_unfused
+from tests.llm.tiny_models import tiny_model
 from trtforge.llm.compile.export import export_step
 from trtforge.llm.executors import OrtPagedExecutor
-from trtforge.passes.pipeline import optimize_model
 
 NEW_TOKENS = 12
 
@@ -28,40 +26,17 @@ def _export(model, tmp_path, **kw):
     return result
 
 
-def _optimized(result, attention: str) -> tuple[onnx.ModelProto, list[str]]:
-    """The graph after every pass with `attention`: no pass fused a capped attention (nothing matched),
-    each layer still softmaxes its capped scores, and every pass's ONNX Runtime check held."""
-    out, ledger = optimize_model(result.model, attention=attention, debug=True)
-    ops = [n.op_type for n in out.graph.node]
-    layers = result.generation["num_layers"]
-    assert not {"Attention", "PagedAttention", "FlashAttention"} & set(ops), ops
-    assert ledger.matches("attention") == 0
-    assert ops.count("Softmax") == layers
-    for record in ledger.to_dict()["passes"]:
-        assert record["verification"]["max_abs_error"] <= 1e-4, record["name"]
-    return out, ops
-
-
 def test_optimized_slot_graph_keeps_the_soft_cap_and_matches_transformers(tmp_path):
     model = tiny_model("gemma2")
-    out, _ = _optimized(_export(model, tmp_path), "native")
-    path = tmp_path / "optimized.onnx"
-    onnx.save(out, str(path))
-    batch = prompts(model.config.vocab_size)
-    got, logits = trtforge.llm.api.load(path).generate(
-        batch, max_new_tokens=NEW_TOKENS, stop_at_eos=False, return_logits=True
-    )
-    for b, prompt in enumerate(batch):
-        want, want_logits = hf_greedy(model, prompt, NEW_TOKENS)
-        assert got[b] == want, f"row {b}"
-        assert np.abs(logits[b] - want_logits.numpy()).max() <= 1e-4
+    out, _ = optimized_unfused(_export(model, tmp_path), "native")
+    assert_slot_graph_matches_transformers(model, out, tmp_path, NEW_TOKENS)
 
 
 def test_optimized_paged_graph_keeps_the_soft_cap_and_matches_transformers(tmp_path):
     """`optimize --attention paged`: the paged pass rewrites ONNX Attention nodes only, so the capped
     layers keep their own write, gather and attention (the PagedAttention plugin has no cap)."""
     model = tiny_model("gemma2")
-    out, ops = _optimized(_export(model, tmp_path, cache_layout="paged", block_size=4), "paged")
+    out, ops = optimized_unfused(_export(model, tmp_path, cache_layout="paged", block_size=4), "paged")
     assert ops.count("ScatterND") == 2 * model.config.num_hidden_layers
     path = tmp_path / "optimized.onnx"
     onnx.save(out, str(path))

@@ -9,21 +9,19 @@ tests/kernels/test_attention_options.py."""
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
 import torch
 
-import trtforge.llm.api
 from tests.llm.compile.test_decoder_paged import _assert_hf_greedy
-from tests.llm.tiny_models import hf_greedy, prompts, tiny_model
+from tests.llm.compile.unfused_attention import assert_slot_graph_matches_transformers, optimized_unfused
+from tests.llm.tiny_models import prompts, tiny_model
 from trtforge.errors import UserError
 from trtforge.llm.compile.export import export_step
 from trtforge.llm.executors import OrtPagedExecutor
 from trtforge.llm.executors.base import StepBatch
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.models.families import adapter_for
-from trtforge.passes.pipeline import optimize_model
 
 NEW_TOKENS = 12
 
@@ -76,40 +74,18 @@ def _export(model, tmp_path, **kw):
     return result
 
 
-def _optimized(result, attention: str) -> tuple[onnx.ModelProto, list[str]]:
-    """The graph after every pass with `attention`: no pass fused a sink layer's attention, each layer
-    still softmaxes its scores with the sink column, and every pass's ONNX Runtime check held."""
-    out, ledger = optimize_model(result.model, attention=attention, debug=True)
-    ops = [n.op_type for n in out.graph.node]
-    assert not {"Attention", "PagedAttention", "FlashAttention"} & set(ops), ops
-    assert ledger.matches("attention") == 0
-    assert ops.count("Softmax") >= result.generation["num_layers"]
-    for record in ledger.to_dict()["passes"]:
-        assert record["verification"]["max_abs_error"] <= 1e-4, record["name"]
-    return out, ops
-
-
 def test_optimized_slot_graph_keeps_the_sinks_and_matches_transformers(tmp_path):
     model = tiny_model("gpt_oss")
-    out, _ = _optimized(_export(model, tmp_path), "native")
-    path = tmp_path / "optimized.onnx"
-    onnx.save(out, str(path))
-    batch = prompts(model.config.vocab_size)
-    got, logits = trtforge.llm.api.load(path).generate(
-        batch, max_new_tokens=NEW_TOKENS, stop_at_eos=False, return_logits=True
-    )
-    for b, prompt in enumerate(batch):
-        want, want_logits = hf_greedy(model, prompt, NEW_TOKENS)
-        assert len(set(want)) > 3, f"degenerate reference output {want}"
-        assert got[b] == want, f"row {b}"
-        assert np.abs(logits[b] - want_logits.numpy()).max() <= 1e-4
+    out, _ = optimized_unfused(_export(model, tmp_path), "native", extra_softmaxes=True)
+    assert_slot_graph_matches_transformers(model, out, tmp_path, NEW_TOKENS)
 
 
 def test_optimized_paged_graph_keeps_the_sinks_and_matches_transformers(tmp_path):
     """`optimize --attention paged`: the paged pass rewrites ONNX Attention nodes only, so the sink layers
     keep their own write, gather and attention (the PagedAttention plugin has no sinks)."""
     model = tiny_model("gpt_oss")
-    out, ops = _optimized(_export(model, tmp_path, cache_layout="paged", block_size=4), "paged")
+    result = _export(model, tmp_path, cache_layout="paged", block_size=4)
+    out, ops = optimized_unfused(result, "paged", extra_softmaxes=True)
     assert ops.count("ScatterND") == 2 * model.config.num_hidden_layers
     path = tmp_path / "optimized.onnx"
     onnx.save(out, str(path))
@@ -122,14 +98,7 @@ def test_dynamo_step_graph_matches_hf_generate(tmp_path):
     experts' strided gate/up slices) in exact ONNX Runtime gives transformers' tokens and logits."""
     model = tiny_model("gpt_oss")
     result = export_step(model, max_seq=48, max_batch=4, max_prefill=24, exporter="dynamo", workdir=tmp_path)
-    onnx.save(result.model, str(tmp_path / "step.onnx"))
-    llm = trtforge.llm.api.load(tmp_path / "step.onnx")
-    batch = prompts(model.config.vocab_size, lens=(1, 5, 17))
-    got, got_logits = llm.generate(batch, max_new_tokens=NEW_TOKENS, stop_at_eos=False, return_logits=True)
-    for b, prompt in enumerate(batch):
-        want, want_logits = hf_greedy(model, prompt, NEW_TOKENS)
-        assert got[b] == want, f"row {b}"
-        assert np.abs(got_logits[b] - want_logits.numpy()).max() <= 1e-4
+    assert_slot_graph_matches_transformers(model, result.model, tmp_path, NEW_TOKENS, lens=(1, 5, 17))
 
 
 def test_bf16_prefill_on_the_torch_executor_matches_transformers():
