@@ -116,9 +116,13 @@ def _assert_matches(got, x, gate_up, down, weights, experts) -> None:
     inter = torch.nn.functional.silu(gate) * up
     want = torch.einsum("nki,nkhi->nkh", inter, dn[ex])
     want, mag = (want * w[..., None]).sum(1), torch.einsum("nki,nkhi->nkh", inter.abs(), dn[ex].abs())
-    mag = (mag * w.abs()[..., None]).sum(1)
-    ulp = _ULP[x.dtype]
-    tol = 4 * ulp * (want.abs() + mag) + 2**-20 * mag + 1e-6
+    _assert_within(got, x, want, (mag * w.abs()[..., None]).sum(1))
+
+
+def _assert_within(got, x, want, mag) -> None:
+    """`got` (x's dtype and shape) within a few of x's rounding units of the float64 `want`, scaled by the
+    float64 magnitude `mag` of the sums behind each output (their cancellation can hide error)."""
+    tol = 4 * _ULP[x.dtype] * (want.abs() + mag) + 2**-20 * mag + 1e-6
     err = (got.double().cpu() - want).abs()
     assert got.dtype == x.dtype and got.shape == x.shape
     worst = int((err - tol).argmax())
@@ -195,15 +199,7 @@ def _assert_gpt_oss_matches(got, x, gate_up, down, weights, experts, gate_up_bia
     pair = torch.einsum("nki,nkih->nkh", inter, dn[ex]) + db[ex]
     want = (pair * w[..., None]).sum(1)
     mag = torch.einsum("nki,nkih->nkh", inter.abs(), dn[ex].abs()) + db[ex].abs()
-    mag = (mag * w.abs()[..., None]).sum(1)
-    tol = 4 * _ULP[x.dtype] * (want.abs() + mag) + 2**-20 * mag + 1e-6
-    err = (got.double().cpu() - want).abs()
-    assert got.dtype == x.dtype and got.shape == x.shape
-    worst = int((err - tol).argmax())
-    assert (err <= tol).all(), (
-        f"{int((err > tol).sum())} of {err.numel()} outputs off; worst {divmod(worst, err.shape[1])}: "
-        f"got {got.flatten()[worst].item()} want {want.flatten()[worst].item()} tol {tol.flatten()[worst]}"
-    )
+    _assert_within(got, x, want, (mag * w.abs()[..., None]).sum(1))
 
 
 # (N, H, I, E, k, padded rows): 16-, 32- and 64-row blocks; K chunks masked and columns wrapped (H 40,
