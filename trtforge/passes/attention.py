@@ -17,6 +17,30 @@ decomposition) or from BSHd (eager exports); this is onnxscript's `SDPA` rule pa
 (`ort_fusions/sdpa.py`), extended with the mask added on either side, a NaN fill of any shape,
 rank-only shape checks (legacy exports carry unknown dims) and a standard-op target.
 
+Heads folded into the batch (bmm-style: DeBERTa-v2/v3, legacy exports of nn.MultiheadAttention with
+need_weights) are a second matcher, `FoldedAttentionFusion`, for the native strategy only:
+
+    S = (Q * qs) @ (Kᵀ * ks) * s      Q, V: [N, S, D] with N = B*H; Kᵀ from [N, S, D] (perm [0, 2, 1])
+                                       or [S, N, D] (perm [1, 2, 0]); a scale may also be a runtime
+                                       scalar (DeBERTa's sqrt(D * factor) from Shape), applied to its
+                                       operand before the attention node, with `scale` 1 for it
+    S = S + bias                      (optional, any rank <= 3: relative positions, an additive mask)
+    S = Reshape(S, [-1, H, Sq, Skv]) + mask4   ("4d": an optional per-head view; H must be a
+        ... Reshape(P, [-1, Sq, Skv])            constant of the Reshape; mask4 optional)
+    S = Where(cond, fill, S)          (optional masked_fill, either branch order; fill a constant
+                                       scalar <= -1e30 or -inf, else no match)
+    O = Softmax(S, axis=-1) @ V
+
+becomes Squeeze(Attention(Unsqueeze(Q, 1), Unsqueeze(K, 1), Unsqueeze(V, 1), attn_mask), 1): one head
+over the batch N, attn_mask [N, 1, Sq, Skv] built from the terms (the 4-D view's terms are combined on
+[B, H, Sq, Skv], then reshaped with N, Sq, Skv read from Q and K at run time). The masked_fill moves
+onto the terms, Where(cond, fill, bias or 0): the fill absorbs any score added to it, so masked
+entries are exact, and query rows whose every key is filled (padding queries, DeBERTa's [B, 1, S, S]
+mask) get their query and terms zeroed, the uniform softmax torch gives them, exactly (ONNX Runtime's
+Attention zeroes rows of the dtype's lowest value, and FP16 saturates every fill to it). A boolean
+attn_mask would not do: it gives NaN or 0 on those rows. The rule leaves matched nodes to a dead-node
+sweep, since exporters read Shape() of the intermediate scores for the view Reshapes.
+
 Strategies share the matcher and differ in the node emitted:
 - `native`: ONNX `Attention` (opset 23), `scale` explicit, mask as `attn_mask`, or `is_causal=1`
   when the mask is a pure position comparison (see `_mask.py`). TensorRT maps it to IAttention.
@@ -35,6 +59,7 @@ from __future__ import annotations
 
 import importlib
 
+import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import _ir_utils, pattern
 
@@ -291,9 +316,255 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
         return out
 
 
+# A masked_fill constant at or below this absorbs any score it is added to (float32: ulp(1e30)/2 is
+# about 4e22), so `fill + s == fill` exactly and fully masked rows stay uniform, as torch computes them.
+_ABSORBING_FILL = -1e30
+
+
+def _runtime_scalar(v: ir.Value | None, dtype: ir.DataType | None) -> bool:
+    """True for a non-constant scalar scale of the scores' dtype (a shape of ones only)."""
+    if v is None or v.shape is None or v.dtype != dtype:
+        return False
+    return all(isinstance(d, int) and d == 1 for d in v.shape)
+
+
+def _split_heads(target: ir.Value | None) -> int | None:
+    """H of the `Reshape(scores, [-1, H, Sq, Skv])` that views folded scores per head: a constant
+    target, or a Concat of four pieces whose second is a constant."""
+    if target is None:
+        return None
+    if target.const_value is not None:
+        dims = [int(d) for d in target.const_value.numpy().reshape(-1)]
+        h = dims[1] if len(dims) == 4 else None
+    else:
+        node = target.producer()
+        if node is None or node.op_type != "Concat" or len(node.inputs) != 4:
+            return None
+        h = _ir_utils.get_singleton_value(node.inputs[1])
+    return int(h) if isinstance(h, int) and h > 0 else None
+
+
+def _fill_reason(cond: ir.Value | None, fill: ir.Value | None) -> str | None:
+    """Why a `Where(cond, fill, scores)` masked_fill cannot become an additive mask (None: it can)."""
+    if cond is None:
+        return None
+    if cond.dtype != ir.DataType.BOOL:
+        return f"masked_fill condition dtype {cond.dtype} is not bool"
+    value = _ir_utils.get_singleton_value(fill)
+    if value is None:
+        return "masked_fill value is not a constant scalar"
+    if not float(value) <= _ABSORBING_FILL:
+        return f"masked_fill value {float(value):g} is not very negative (<= {_ABSORBING_FILL:g} or -inf)"
+    return None
+
+
+class FoldedAttentionFusion(pattern.RewriteRuleClassBase):
+    """Attention with the heads folded into the batch ([B*H, S, D] bmm) -> Attention on [N, 1, S, D].
+
+    `view` "3d": the scores stay [N, Sq, Skv]; "4d": they are viewed as [B, H, Sq, Skv] between a
+    Reshape after the bias and one after the Softmax (DeBERTa). See the module docstring.
+    """
+
+    def __init__(self, strategy: str, view: str) -> None:
+        # Exporters read Shape() of the intermediate scores (for the view Reshapes): those uses die with
+        # the rewrite, so the matched nodes are left for the rule set's dead-node sweep, not checked.
+        super().__init__(name=f"FoldedAttentionFusion[{strategy},{view}]", remove_nodes=False)
+        self.strategy = strategy
+        self.view = view
+
+    def pattern(
+        self,
+        op,
+        query,
+        key,
+        value,
+        bias,
+        mask,
+        cond,
+        fill,
+        view_shape,
+        flat_shape,
+        query_scale,
+        key_scale,
+        qk_scale,
+    ):
+        key_t = pattern.OrValue(
+            [op.Transpose(key, perm=[0, 2, 1]), op.Transpose(key, perm=[1, 2, 0])],
+            tag_var="key_format",
+            tag_values=["NSd", "SNd"],
+        )
+        query = pattern.OrValue(
+            [op.Mul(query, query_scale), op.Div(query, query_scale), query],
+            tag_var="query_scaling",
+            tag_values=["Mul", "Div", "None"],
+        )
+        key_t = pattern.OrValue(
+            [op.Mul(key_t, key_scale), op.Div(key_t, key_scale), key_t],
+            tag_var="key_scaling",
+            tag_values=["Mul", "Div", "None"],
+        )
+        score = op.MatMul(query, key_t)
+        score = pattern.OrValue(
+            [op.Mul(score, qk_scale), op.Div(score, qk_scale), score],
+            tag_var="qk_scaling",
+            tag_values=["Mul", "Div", "None"],
+        )
+        score = pattern.OrValue([op.Add(score, bias), op.Add(bias, score), score])
+        if self.view == "4d":
+            score = op.Reshape(score, view_shape)
+            score = pattern.OrValue([op.Add(score, mask), op.Add(mask, score), score])
+        score = pattern.OrValue(
+            [op.Where(cond, fill, score), op.Where(cond, score, fill), score],
+            tag_var="fill_side",
+            tag_values=["fill_if_true", "fill_if_false", "none"],
+        )
+        weights = op.Softmax(score, axis=-1)
+        if self.view == "4d":
+            weights = op.Reshape(weights, flat_shape)
+        return op.MatMul(weights, value)
+
+    def check(
+        self, context, query, key, value, bias=None, mask=None, cond=None, fill=None, view_shape=None, **b
+    ) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        if self.strategy != "native":
+            return result.fail(f"{self.strategy}: heads folded into the batch are fused for native only")
+        for name, v in (("query", query), ("key", key), ("value", value)):
+            if _rank(v) != 3:
+                return result.fail(f"{name} is not a rank-3 [B*H, S, D] tensor (rank {_rank(v)})", v)
+            if v.dtype not in _FLOATS or v.dtype != query.dtype:
+                return result.fail(f"{name} dtype {v.dtype} is not the query's float dtype", v)
+        for kind, val in (
+            (b.get("query_scaling"), b.get("query_scale")),
+            (b.get("key_scaling"), b.get("key_scale")),
+            (b.get("qk_scaling"), b.get("qk_scale")),
+        ):
+            if _scale(kind, val) is None and not _runtime_scalar(val, query.dtype):
+                return result.fail("a score scale is neither a constant nor a runtime scalar", val)
+        for what, m, most in (("score bias", bias, 3), ("mask", mask, 4)):
+            if m is None:
+                continue
+            if _rank(m) is None or _rank(m) > most:
+                return result.fail(f"{what} rank {_rank(m)} is unknown or above {most}", m)
+            if m.dtype != query.dtype:
+                return result.fail(f"additive {what} dtype {m.dtype} != query dtype {query.dtype}", m)
+        reason = _fill_reason(cond, fill)
+        if reason is not None:
+            return result.fail(reason, fill)
+        if self.view == "4d" and _split_heads(view_shape) is None:
+            return result.fail("the per-head view Reshape has no constant head count", view_shape)
+        if self.view == "3d" and cond is not None and (_rank(cond) is None or _rank(cond) > 3):
+            return result.fail(f"masked_fill condition rank {_rank(cond)} is unknown or above 3", cond)
+        return result
+
+    def rewrite(
+        self,
+        op,
+        query,
+        key,
+        value,
+        key_format,
+        bias=None,
+        mask=None,
+        cond=None,
+        fill=None,
+        view_shape=None,
+        **b,
+    ):
+        scale = 1.0
+        q_shape, k_shape = query, key
+        for kind, val, side in (
+            (b.get("query_scaling"), b.get("query_scale"), "q"),
+            (b.get("key_scaling"), b.get("key_scale"), "k"),
+            (b.get("qk_scaling"), b.get("qk_scale"), "q"),
+        ):
+            constant = _scale(kind, val)
+            if constant is not None:
+                scale *= constant
+                continue
+            # A runtime scalar scales its own operand (Kᵀ/s == (K/s)ᵀ), the product's scale the query.
+            scaled = getattr(op, kind)(query if side == "q" else key, val)
+            query, key = (scaled, key) if side == "q" else (query, scaled)
+        n = op.Shape(q_shape, start=0, end=1)
+        sq = op.Shape(q_shape, start=1, end=2)
+        skv = op.Shape(k_shape, start=0, end=1) if key_format == "SNd" else op.Shape(k_shape, start=1, end=2)
+        if key_format == "SNd":  # Kᵀ came from [S, N, D] by perm [1, 2, 0]
+            key = op.Transpose(key, perm=[1, 0, 2])
+        one = op.Constant(value=ir.tensor([1], dtype=ir.DataType.INT64))
+        q4, k4, v4 = op.Unsqueeze(query, one), op.Unsqueeze(key, one), op.Unsqueeze(value, one)
+        zero = op.Constant(value=ir.tensor(np.array(0, dtype=q_shape.dtype.numpy())))
+        dead = None
+        if cond is not None:
+            dead = _dead_rows(op, cond, b["fill_side"])
+        if self.view == "3d":
+            term = bias
+            if cond is not None:
+                term = _masked_fill(op, cond, fill, zero if term is None else term, b["fill_side"])
+            if term is not None:
+                term = self._to_4d(op, term, [bias, cond], one)
+            if dead is not None:
+                dead = self._to_4d(op, dead, [cond], one)
+        else:
+            heads = op.Constant(value=ir.tensor([_split_heads(view_shape)], dtype=ir.DataType.INT64))
+            per_head = op.Concat(op.Div(n, heads), heads, sq, skv, axis=0)
+            term = None
+            if bias is not None:
+                term = op.Reshape(op.Expand(bias, op.Concat(n, sq, skv, axis=0)), per_head)
+            if mask is not None:
+                term = mask if term is None else op.Add(term, mask)
+            if cond is not None:
+                term = _masked_fill(op, cond, fill, zero if term is None else term, b["fill_side"])
+            if term is not None:
+                full = term if bias is not None else op.Expand(term, per_head)
+                term = op.Reshape(full, op.Concat(n, one, sq, skv, axis=0))
+            if dead is not None:
+                rows = op.Concat(op.Div(n, heads), heads, sq, one, axis=0)
+                dead = op.Reshape(op.Expand(dead, rows), op.Concat(n, one, sq, one, axis=0))
+        if dead is not None:  # fully filled rows: query and terms zeroed (see _dead_rows)
+            q4 = op.Where(dead, zero, q4)
+            term = op.Where(dead, zero, term)
+        if term is None:
+            out = op.Attention(q4, k4, v4, scale=scale)
+        else:
+            out = op.Attention(q4, k4, v4, _full_mask(op, term, q4, k4), scale=scale)
+        return op.Squeeze(out, one)
+
+    @staticmethod
+    def _to_4d(op, term, sources, one):
+        """A term on the 3-D scores [N, Sq, Skv] as [N, 1, Sq, Skv]; rank 2 or less broadcasts as is."""
+        return op.Unsqueeze(term, one) if max(_rank(v) or 0 for v in sources) == 3 else term
+
+
+def _dead_rows(op, cond, fill_side: str):
+    """[.., Sq, 1] bool: the query rows whose every key the masked_fill fills.
+
+    torch gives such a row a uniform softmax (all scores equal the fill). An attention node cannot
+    be relied on for it (ONNX Runtime's zeroes a row of the dtype's lowest value, and FP16 saturates
+    every fill to that), so the rewrite zeroes those rows' query and additive terms instead: scores
+    of 0 everywhere, the same uniform softmax, exactly.
+    """
+    filled = cond if fill_side == "fill_if_true" else op.Not(cond)
+    ints = op.Cast(filled, to=ir.DataType.INT32)
+    axes = op.Constant(value=ir.tensor([-1], dtype=ir.DataType.INT64))
+    return op.Cast(op.ReduceMin(ints, axes, keepdims=1), to=ir.DataType.BOOL)
+
+
+def _masked_fill(op, cond, fill, other, fill_side: str):
+    """The masked_fill applied to the additive terms instead of the scores: with an absorbing fill,
+    scores + Where(cond, fill, terms) == Where(cond, fill, scores + terms) exactly."""
+    if fill_side == "fill_if_true":
+        return op.Where(cond, fill, other)
+    return op.Where(cond, other, fill)
+
+
 def attention_rules(strategy: str) -> list[pattern.RewriteRule]:
-    """The attention rule for one strategy."""
+    """The attention rule for one strategy (Q/K/V [B, H, S, D])."""
     return [AttentionFusion.rule(strategy)]
+
+
+def folded_attention_rules(strategy: str) -> list[pattern.RewriteRule]:
+    """The rules for heads folded into the batch (Q/K/V [B*H, S, D]); they refuse all but native."""
+    return [FoldedAttentionFusion.rule(strategy, view) for view in ("4d", "3d")]
 
 
 def run_attention(model: ir.Model, ctx: PassContext) -> PassOutcome:
@@ -309,6 +580,8 @@ def run_attention(model: ir.Model, ctx: PassContext) -> PassOutcome:
         return outcome
     module = load_plugin_module() if ctx.attention == "plugin" else None
     apply_rules(model, attention_rules(ctx.attention), ctx, outcome)
+    # A rule set of its own: its rules leave matched nodes to a dead-node sweep over the whole model.
+    apply_rules(model, folded_attention_rules(ctx.attention), ctx, outcome)
     if module is not None and outcome.matches:
         module.add_reference_function(model)
         outcome.notes.append("added the plugin's ONNX reference function for ONNX Runtime")
