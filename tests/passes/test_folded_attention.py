@@ -1,0 +1,188 @@
+"""Attention with heads folded into the batch ([B*H, S, D] bmm): real legacy exports, hand-built graphs.
+
+DeBERTa-v2/v3 (a per-head Reshape view, relative-position bias, masked_fill of a [B, 1, S, S] mask
+whose padding query rows are fully filled) and nn.MultiheadAttention with need_weights (additive
+key-padding mask, key from [S, N, D]). Every pipeline run verifies each pass in ONNX Runtime on
+feeds with padded tails, so padded rows are compared too.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtforge.passes.pipeline import optimize_model
+
+LAYERS = 2
+
+
+def _ops(model: onnx.ModelProto) -> collections.Counter:
+    return collections.Counter(n.op_type for n in model.graph.node)
+
+
+def _attention(ledger):
+    return next(p for p in ledger.passes if p.name == "attention")
+
+
+def _assert_fused(model: onnx.ModelProto, count: int) -> None:
+    fused, ledger = optimize_model(model)
+    ops = _ops(fused)
+    assert ops["Attention"] == count
+    assert "Softmax" not in ops
+    att = _attention(ledger)
+    assert att.matches == count and att.verification is not None
+    assert all(p.verification is not None for p in ledger.passes)
+
+
+def _export(module, inputs: dict, tmp_path, dynamic) -> onnx.ModelProto:
+    from trtforge.compiler.export import export_module
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        art = export_module(module, inputs, tmp_path, dynamic=dynamic, exporter="legacy")
+    return onnx.load(str(art.path))
+
+
+def _deberta(tmp_path, **config) -> onnx.ModelProto:
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.DebertaV2Config(
+        vocab_size=80,
+        hidden_size=32,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        **config,
+    )
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = T.DebertaV2Model(cfg).eval()
+
+        def forward(self, input_ids, attention_mask):
+            return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    ids = torch.randint(0, 80, (2, 8), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    return _export(Hidden().eval(), inputs, tmp_path, "batch,seq")
+
+
+@pytest.mark.slow
+def test_deberta_v2_fused(tmp_path):
+    # DeBERTa-v2 defaults: no relative attention, so the masked_fill is the only term.
+    _assert_fused(_deberta(tmp_path), LAYERS)
+
+
+@pytest.mark.slow
+def test_deberta_v3_like_fused(tmp_path):
+    # v3: relative attention with log buckets, shared position keys, c2p + p2c bias, runtime scale.
+    model = _deberta(
+        tmp_path,
+        relative_attention=True,
+        position_buckets=16,
+        max_relative_positions=32,
+        share_att_key=True,
+        pos_att_type=["p2c", "c2p"],
+        norm_rel_ebd="layer_norm",
+    )
+    _assert_fused(model, LAYERS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("padding", [True, False], ids=["key_padding_mask", "no_mask"])
+def test_legacy_multihead_attention_fused(tmp_path, padding):
+    # need_weights=True (the default) takes the bmm path: heads folded, key [S, N, D], additive mask.
+    import torch
+
+    torch.manual_seed(0)
+
+    class MHA(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+
+        def forward(self, x, mask):
+            return self.a(x, x, x, key_padding_mask=(mask == 0) if padding else None)[0] + mask.sum()
+
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    # Static shapes: the legacy trace of nn.MultiheadAttention bakes the sequence length in.
+    model = _export(MHA().eval(), {"x": torch.randn(2, 8, 16), "mask": mask}, tmp_path, None)
+    _assert_fused(model, 1)
+
+
+# --- hand-built: Where(cond, fill, scores) on [N, S, S] scores -----------------------------------------
+N, S, D = 4, 6, 8
+
+
+def _masked_fill_graph(fill: float | None, fill_first: bool = True) -> onnx.ModelProto:
+    """q/k/v [N, S, D]; scores masked_fill'ed where query or key is padding (padding query rows are
+    fully filled); `fill` None: the fill is a graph input (not a constant)."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((D, D)).astype(np.float32), f"w{i}") for i in range(3)
+    ]
+    inits += [
+        numpy_helper.from_array(np.array(D**-0.5, np.float32), "scale"),
+        numpy_helper.from_array(np.array([1], np.int64), "ax1"),
+        numpy_helper.from_array(np.array([2], np.int64), "ax2"),
+        numpy_helper.from_array(np.array(0, np.int64), "zero"),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, S, D]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [N, S]),
+    ]
+    if fill is None:
+        inputs.append(helper.make_tensor_value_info("fill", TensorProto.FLOAT, []))
+    else:
+        inits.append(numpy_helper.from_array(np.array(fill, np.float32), "fill"))
+    nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [name]) for i, name in enumerate("qkv")]
+    where_inputs = ["cond", "fill", "scaled"] if fill_first else ["keep", "scaled", "fill"]
+    nodes += [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+        helper.make_node("Mul", ["scores", "scale"], ["scaled"]),
+        helper.make_node("Unsqueeze", ["attention_mask", "ax2"], ["mq"]),
+        helper.make_node("Unsqueeze", ["attention_mask", "ax1"], ["mk"]),
+        helper.make_node("Mul", ["mq", "mk"], ["both"]),
+        helper.make_node("Equal", ["both", "zero"], ["cond"]),
+        helper.make_node("Not", ["cond"], ["keep"]),
+        helper.make_node("Where", where_inputs, ["filled"]),
+        helper.make_node("Softmax", ["filled"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["out"]),
+    ]
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [N, S, D])
+    graph = helper.make_graph(nodes, "masked_fill", inputs, [out], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("fill_first", [True, False], ids=["Where(pad, fill, S)", "Where(keep, S, fill)"])
+@pytest.mark.parametrize("fill", [float(np.finfo(np.float32).min), -1e30])
+def test_masked_fill_fused_with_padded_rows_exact(fill, fill_first):
+    _assert_fused(_masked_fill_graph(fill, fill_first), 1)
+
+
+@pytest.mark.parametrize("fill", [None, 0.0, -1e4, -1e9], ids=["runtime", "zero", "-1e4", "-1e9"])
+def test_masked_fill_not_absorbing_is_left_alone(fill):
+    fused, ledger = optimize_model(_masked_fill_graph(fill), debug=True)
+    ops = _ops(fused)
+    assert ops["Softmax"] == 1 and "Attention" not in ops
+    att = _attention(ledger)
+    assert att.matches == 0
+    assert any("masked_fill value" in r for r in att.rejected), att.rejected
+
+
+def test_strategy_none_leaves_folded_attention_alone():
+    fused, ledger = optimize_model(_masked_fill_graph(float(np.finfo(np.float32).min)), attention="none")
+    assert _ops(fused)["Softmax"] == 1 and _attention(ledger).matches == 0
