@@ -36,6 +36,7 @@ def _assert_fused(model: onnx.ModelProto, count: int) -> None:
     assert "Softmax" not in ops
     att = _attention(ledger)
     assert att.matches == count and att.verification is not None
+    assert list(att.per_rule.values()) == [count] and next(iter(att.per_rule)).endswith("-> Attention")
     assert all(p.verification is not None for p in ledger.passes)
 
 

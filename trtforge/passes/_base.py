@@ -22,8 +22,12 @@ from trtforge.errors import UserError
 ATTENTION_STRATEGIES = ("native", "plugin", "paged", "none")
 # A rule is re-applied until it stops matching (nested patterns appear after an outer rewrite), at most:
 _MAX_SWEEPS = 4
-# Helper ops a rewrite may emit around the fused op; not counted in the per-rule ledger.
-_PLUMBING = frozenset({"Transpose", "Shape", "Concat", "Constant", "Expand", "Reshape", "Cast"})
+# Helper ops a rewrite may emit around the fused op; not counted in the per-rule ledger (the last six:
+# the folded-heads attention's rank changes, runtime scale, masked_fill and fully-masked-row handling).
+_PLUMBING = frozenset(
+    {"Transpose", "Shape", "Concat", "Constant", "Expand", "Reshape", "Cast"}
+    | {"Unsqueeze", "Squeeze", "Div", "Where", "Not", "ReduceMin"}
+)
 
 
 class VerificationError(UserError):

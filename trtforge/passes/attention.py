@@ -322,8 +322,9 @@ _ABSORBING_FILL = -1e30
 
 
 def _runtime_scalar(v: ir.Value | None, dtype: ir.DataType | None) -> bool:
-    """True for a non-constant scalar scale of the scores' dtype (a shape of ones only)."""
-    if v is None or v.shape is None or v.dtype != dtype:
+    """True for a non-constant scalar scale of the scores' dtype (a shape of ones, rank <= 3, so it
+    broadcasts onto a [N, S, D] operand without changing its shape)."""
+    if v is None or v.shape is None or v.dtype != dtype or v.shape.rank() > 3:
         return False
     return all(isinstance(d, int) and d == 1 for d in v.shape)
 
