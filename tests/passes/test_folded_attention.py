@@ -184,6 +184,14 @@ def test_masked_fill_not_absorbing_is_left_alone(fill):
     assert any("masked_fill value" in r for r in att.rejected), att.rejected
 
 
-def test_strategy_none_leaves_folded_attention_alone():
-    fused, ledger = optimize_model(_masked_fill_graph(float(np.finfo(np.float32).min)), attention="none")
-    assert _ops(fused)["Softmax"] == 1 and _attention(ledger).matches == 0
+@pytest.mark.parametrize("strategy", ["none", "plugin"])
+def test_other_strategies_leave_folded_attention_alone(strategy):
+    # plugin needs a head count and a [B, S] padding input, neither of which a folded batch has.
+    if strategy == "plugin":
+        pytest.importorskip("trtforge.plugins.attention.onnx_node", reason="attention plugin module absent")
+    graph = _masked_fill_graph(float(np.finfo(np.float32).min))
+    fused, ledger = optimize_model(graph, attention=strategy, debug=True)
+    att = _attention(ledger)
+    assert _ops(fused)["Softmax"] == 1 and att.matches == 0
+    if strategy == "plugin":
+        assert any("fused for native only" in r for r in att.rejected), att.rejected
