@@ -174,7 +174,9 @@ def test_masked_fill_fused_with_padded_rows_exact(fill, fill_first):
     _assert_fused(_masked_fill_graph(fill, fill_first), 1)
 
 
-@pytest.mark.parametrize("fill", [None, 0.0, -1e4, -1e9], ids=["runtime", "zero", "-1e4", "-1e9"])
+@pytest.mark.parametrize(
+    "fill", [None, 0.0, -1e4, -1e9, -np.inf], ids=["runtime", "zero", "-1e4", "-1e9", "-inf"]
+)
 def test_masked_fill_not_absorbing_is_left_alone(fill):
     fused, ledger = optimize_model(_masked_fill_graph(fill), debug=True)
     ops = _ops(fused)

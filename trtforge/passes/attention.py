@@ -27,8 +27,8 @@ need_weights) are a second matcher, `FoldedAttentionFusion`, for the native stra
     S = S + bias                      (optional, any rank <= 3: relative positions, an additive mask)
     S = Reshape(S, [-1, H, Sq, Skv]) + mask4   ("4d": an optional per-head view; H must be a
         ... Reshape(P, [-1, Sq, Skv])            constant of the Reshape; mask4 optional)
-    S = Where(cond, fill, S)          (optional masked_fill, either branch order; fill a constant
-                                       scalar <= -1e30 or -inf, else no match)
+    S = Where(cond, fill, S)          (optional masked_fill, either branch order; fill a finite
+                                       constant scalar <= -1e30, else no match: -inf rows are NaN)
     O = Softmax(S, axis=-1) @ V
 
 becomes Squeeze(Attention(Unsqueeze(Q, 1), Unsqueeze(K, 1), Unsqueeze(V, 1), attn_mask), 1): one head
@@ -58,6 +58,7 @@ Graphs that already contain `Attention` have nothing left to match and are left 
 from __future__ import annotations
 
 import importlib
+import math
 
 import numpy as np
 import onnx_ir as ir
@@ -354,8 +355,11 @@ def _fill_reason(cond: ir.Value | None, fill: ir.Value | None) -> str | None:
     value = _ir_utils.get_singleton_value(fill)
     if value is None:
         return "masked_fill value is not a constant scalar"
+    if not math.isfinite(value):
+        # torch gives a fully -inf row NaN; the rewrite would give it a uniform softmax instead.
+        return f"masked_fill value {float(value):g} is not finite"
     if not float(value) <= _ABSORBING_FILL:
-        return f"masked_fill value {float(value):g} is not very negative (<= {_ABSORBING_FILL:g} or -inf)"
+        return f"masked_fill value {float(value):g} is not very negative (<= {_ABSORBING_FILL:g})"
     return None
 
 
