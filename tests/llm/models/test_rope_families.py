@@ -143,11 +143,18 @@ def test_gemma_scales_a_plain_embedding_as_transformers_4_did():
     assert torch.equal(scaled, plain(ids) * 55.5)
 
 
+# the families whose layers tensor parallelism does not split (tests/llm/test_tensor_parallel.py splits
+# the others)
+TP_REFUSED = ("gpt2", "gpt_neo", "gpt_bigcode", "opt", "gptj", "codegen", "falcon", "bloom", "mpt")
+TP_REFUSED += MOE_FAMILIES
+
+
 @pytest.mark.parametrize("family", [f for f in SUPPORTED if f not in LLAMA_STYLE])
 def test_they_are_kept_off_the_llama_only_paths(family):
     """Every family but the Llama-style ones: not LlamaStyle (the fused CUDA layers and quantization gate
-    on it: test_triton_executor checks the executor's refusal); quantization and tensor parallelism refuse
-    by the family's name (the MoE families: naming their MoE MLPs)."""
+    on it: test_triton_executor checks the executor's refusal); quantization refuses by the family's name
+    (the MoE families: naming their MoE MLPs), and so does tensor parallelism where it does not split the
+    family's layers (:data:`TP_REFUSED`); the others pass its check."""
     model = tiny_model(family)
     adapter = adapter_for(model, "the torch executor")
     assert not isinstance(adapter, LlamaStyle)
@@ -160,5 +167,8 @@ def test_they_are_kept_off_the_llama_only_paths(family):
         quantize_model(model, "fp8")
     with pytest.raises(UserError, match=no_quant):
         quantize_model(model, None, lm_head_quantization="fp8")
+    if family not in TP_REFUSED:
+        adapter.check_shard(2)
+        return
     with pytest.raises(UserError, match=no_tp):
-        adapter.shard(None)
+        adapter.check_shard(2)

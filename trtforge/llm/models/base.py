@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from trtforge.errors import UserError
+from trtforge.llm.models import parallel
 from trtforge.llm.models.moe import SparseMoe
 
 LLAMA_STYLE = (
@@ -32,6 +33,14 @@ LLAMA_STYLE = (
     "arcee",
 )
 GPT2_STYLE = ("gpt2", "gpt_neo", "gpt_bigcode")
+# which models tensor parallelism splits (the start of every refusal's message)
+TP_RULE = (
+    "tensor parallelism splits the RoPE families (no ALiBi) whose attention projects q/k/v separately "
+    "(q_proj/k_proj/v_proj), as Phi-3's fused [q | k | v] qkv_proj or as GPT-NeoX's per-head [heads, 3, D] "
+    "query_key_value, with an output o_proj/dense, q/k norms per head (or OLMo 2's RMSNorm over the whole "
+    "projection), and a dense MLP of gate/up/down, up/down, fc1/fc2, c_fc/c_proj, dense_h_to_4h/"
+    "dense_4h_to_h or a fused gate_up_proj;"
+)
 # each adapter module's families and what sets them apart, as errors list them (families.ADAPTERS maps
 # each family to its adapter class; a test holds the two to the same families)
 STYLES: dict[tuple[str, ...], str] = {
@@ -553,13 +562,45 @@ class DecoderAdapter(ABC):
         return output_head(self.model)(self.final_norm(x))
 
     def shard(self, tp: Any) -> None:
-        """Keep only rank ``tp.rank``'s share of the weights (:mod:`.parallel`) and count this rank's
-        heads; a family without tensor parallelism refuses (UserError)."""
+        """Keep only rank ``tp.rank``'s share of the weights (:mod:`.parallel`) and count this rank's heads,
+        after :meth:`check_shard` (UserError naming what cannot be split). In place, once per model: the
+        shard is marked on the model, and every adapter made of it later counts this rank's heads from
+        that mark (:meth:`_count_rank_heads`; sharding it again for `tp` does nothing)."""
+        done = parallel.sharded(self.model)
+        if done is not None:
+            if (done.rank, done.world) != (tp.rank, tp.world):
+                raise ValueError(f"model already sharded as rank {done.rank} of {done.world}")
+            return
+        self.check_shard(tp.world)
+        self._shard_weights(tp)
+        parallel.mark_sharded(self.model, tp)
+        self.num_heads //= tp.world
+        self.num_kv_heads //= tp.world
+
+    def check_shard(self, world: int) -> None:
+        """UserError unless `world` ranks can split this model (nothing changes; the tensor-parallel
+        executor asks before any worker starts). Here: refused, the layers are not split (the rotary
+        families' :class:`~trtforge.llm.models.rotary.RotaryDecoder` splits theirs)."""
+        c = self.config
         raise UserError(
-            f"tensor parallelism is not supported for {self.config.model_type} models "
-            f"({type(self.model).__name__}); it is for the Llama-style families (llama, mistral, "
-            "ministral, qwen2, qwen3, starcoder2, internlm3, seed_oss, arcee). Use tensor_parallel_size=1."
+            f"tensor parallelism is not supported for {c.model_type} models ({type(self.model).__name__}): "
+            f"{TP_RULE} {c.model_type}'s {self.tp_refusal} Use tensor_parallel_size=1."
         )
+
+    #: why the base refuses tensor parallelism for this family (the end of :meth:`check_shard`'s message)
+    tp_refusal = "layers are not of that kind."
+
+    def _shard_weights(self, tp: Any) -> None:
+        """Split the weights for rank ``tp.rank`` (after :meth:`check_shard`)."""
+        raise NotImplementedError
+
+    def _count_rank_heads(self) -> None:
+        """On a model already sharded (:func:`.parallel.sharded`), count this rank's heads: the subclass
+        calls it once its heads are set."""
+        done = parallel.sharded(self.model)
+        if done is not None:
+            self.num_heads //= done.world
+            self.num_kv_heads //= done.world
 
     def _spec(self, **family: Any) -> DecoderSpec:
         """The spec's family-independent fields, completed with `family`'s."""

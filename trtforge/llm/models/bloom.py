@@ -31,6 +31,9 @@ class BloomStyle(DecoderAdapter):
     """BLOOM (``BloomForCausalLM``, body ``model.transformer``; see the module docstring)."""
 
     family = "bloom"
+    tp_refusal = (
+        "ALiBi slopes (one a query head, computed from the whole head count) and layers have no split yet."
+    )
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, list(model.transformer.h), user)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from trtforge.errors import UserError
-from trtforge.llm.models.base import DecoderSpec, bloom_alibi_slopes, softmax_scale
+from trtforge.llm.models.base import TP_RULE, DecoderSpec, bloom_alibi_slopes, softmax_scale
 from trtforge.llm.models.rotary import RotaryDecoder
 
 
@@ -89,6 +89,16 @@ class FalconStyle(RotaryDecoder):
     ) -> tuple[Tensor, Tensor] | None:
         """The rotary module's tables; none with ALiBi (falcon-rw)."""
         return None if self.alibi else super().rotary(position_ids, dtype, rope_lens)
+
+    def check_shard(self, world: int) -> None:
+        """Refused (UserError): Falcon's fused ``query_key_value`` takes three layouts (module docstring)
+        and falcon-rw's ALiBi slopes are per head; none is split yet."""
+        raise UserError(
+            f"tensor parallelism is not supported for falcon models ({type(self.model).__name__}): {TP_RULE} "
+            "falcon's fused query_key_value is laid out after the queries (falcon-7b's multi-query: one KV "
+            "head, which cannot be split), per KV group (falcon-40b/180b) or per head, and falcon-rw's ALiBi "
+            "slopes are per head; none of these is split yet. Use tensor_parallel_size=1."
+        )
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
         return self.body.word_embeddings(input_ids)

@@ -14,6 +14,9 @@ class Gpt2Style(DecoderAdapter):
     """GPT-2 (``GPT2LMHeadModel``)."""
 
     family = "gpt2"
+    tp_refusal = (
+        "layers (GPT-2's Conv1D c_attn, GPT-BigCode's multi-query c_attn, GPT-Neo's) have no split yet."
+    )
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, list(model.transformer.h), user)

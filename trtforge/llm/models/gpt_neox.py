@@ -24,6 +24,10 @@ class GptNeoXStyle(RotaryDecoder):
         self.head_dim = int(attn.head_size)
         self.scales = [float(layer.attention.scaling) for layer in self.layers]
         self._use_rotary(self.body.rotary_emb)
+        self._count_rank_heads()
+
+    def attention(self, i: int) -> nn.Module:
+        return self.layers[i].attention
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
         return self.body.embed_in(input_ids)

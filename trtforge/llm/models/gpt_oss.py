@@ -16,17 +16,16 @@ MXFP4 kernels are absent (as on a machine without them, or with ``Mxfp4Config(de
 adapter runs that dequantized model (what ``from_pretrained`` returns there): there is no MXFP4 path, and a
 model whose experts are still MXFP4 modules is refused as experts in another layout.
 
-Not Llama-style: the fused CUDA layers, quantization (MoE) and tensor parallelism refuse it by name.
+Not Llama-style: the fused CUDA layers, quantization (MoE) and tensor parallelism (its MoE MLPs) refuse it by
+name.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from trtforge.errors import UserError
-from trtforge.llm.models.moe import gpt_oss_experts, is_sparse_moe, moe_layers, refuse_moe
+from trtforge.llm.models.moe import gpt_oss_experts, is_sparse_moe, moe_layers
 from trtforge.llm.models.rope import RopeStyle
 
 
@@ -61,7 +60,3 @@ class GptOssStyle(RopeStyle):
         )
         #: each layer's sink logits, float32 [num_heads] (the parameter's values; BF16 ones exactly)
         self.sinks = [layer.self_attn.sinks.detach().float().contiguous() for layer in self.layers]
-
-    def shard(self, tp: Any) -> None:
-        """Refused: the experts have no tensor-parallel split yet (UserError)."""
-        refuse_moe(self.model, "tensor parallelism (tensor_parallel_size > 1)", "the Llama-style families")

@@ -27,6 +27,9 @@ class GptJStyle(DecoderAdapter):
     """GPT-J (``GPTJForCausalLM``, body ``model.transformer``; see the module docstring)."""
 
     family = "gptj"
+    tp_refusal = (
+        "layers (a fixed rotary table; CodeGen's qkv_proj laid out in mp_num shards) have no split yet."
+    )
     #: rotate by the table in its own dtype, then cast q and k to theirs (CodeGen); else cast it first
     table_dtype_rotary = False
 

@@ -14,16 +14,15 @@ divided by ``logits_scaling``. No window.
   (``shared_mlp``, ``shared_intermediate_size`` wide; none at 0) on the same input, added to the experts'
   sum before the residual multiplier.
 
-Not Llama-style: the fused CUDA layers, quantization and tensor parallelism refuse the MoE models by name.
+Not Llama-style: the fused CUDA layers and quantization refuse the MoE models by name; tensor parallelism
+splits dense Granite (:mod:`.rotary`) and refuses the MoE MLPs (the experts have no split yet).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import Tensor, nn
 
-from trtforge.llm.models.moe import moe_layers, refuse_moe
+from trtforge.llm.models.moe import moe_layers
 from trtforge.llm.models.rope import RopeStyle
 
 
@@ -63,10 +62,6 @@ class GraniteMoeStyle(GraniteStyle):
             block="block_sparse_moe",
             shared="shared_mlp",
         )
-
-    def shard(self, tp: Any) -> None:
-        """Refused: the experts have no tensor-parallel split yet (UserError)."""
-        refuse_moe(self.model, "tensor parallelism (tensor_parallel_size > 1)", "the Llama-style families")
 
 
 class GraniteMoeSharedStyle(GraniteMoeStyle):

@@ -13,17 +13,15 @@ formulations).
 - ``olmoe`` (``OlmoeForCausalLM``): RMSNorms over the whole q and k projections, then ``clip_qkv``
   clamping q, k and v, no window, ``norm_topk_prob``.
 
-Not Llama-style (:class:`~trtforge.llm.models.llama.LlamaStyle`): the fused CUDA layers, quantization and
-tensor parallelism refuse these models by name.
+Not Llama-style (:class:`~trtforge.llm.models.llama.LlamaStyle`): the fused CUDA layers and quantization
+refuse these models by name; tensor parallelism refuses their MoE MLPs (the experts have no split yet).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import Tensor, nn
 
-from trtforge.llm.models.moe import moe_layers, refuse_moe
+from trtforge.llm.models.moe import moe_layers
 from trtforge.llm.models.rope import RopeStyle, project_qkv
 
 
@@ -45,10 +43,6 @@ class MixtralStyle(RopeStyle):
         self.moe = moe_layers(
             self.layers, renormalize=renormalize, float32_weights=self.float32_weights, where=where
         )
-
-    def shard(self, tp: Any) -> None:
-        """Refused: the experts have no tensor-parallel split yet (UserError)."""
-        refuse_moe(self.model, "tensor parallelism (tensor_parallel_size > 1)", "the Llama-style families")
 
 
 class Qwen2MoeStyle(MixtralStyle):

@@ -62,6 +62,10 @@ class MptStyle(DecoderAdapter):
     """MPT (``MptForCausalLM``, body ``model.transformer``; see the module docstring)."""
 
     family = "mpt"
+    tp_refusal = (
+        "ALiBi slopes (one a query head, computed from the whole "
+        "head count) and fused Wqkv have no split yet."
+    )
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         c = model.config

@@ -15,6 +15,7 @@ class OptStyle(DecoderAdapter):
     multiplied by ``head_dim**-0.5`` as HF does, after its projection and bias)."""
 
     family = "opt"
+    tp_refusal = "layers (learned positions, q/k/v/out_proj and fc1/fc2 beside the layer) have no split yet."
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, list(model.model.decoder.layers), user)

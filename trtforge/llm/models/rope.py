@@ -29,6 +29,7 @@ class RopeStyle(RotaryDecoder):
         self.head_dim = int(attn.head_dim)
         self.scales = [float(layer.self_attn.scaling) for layer in self.layers]
         self._use_rotary(self.body.rotary_emb)
+        self._count_rank_heads()
         # Phi, StableLM, Persimmon slice q and k at the attention's rotary_ndims and rotate that slice by
         # tables of an even width: an odd span has no table (transformers' own forward fails on it)
         rotated = getattr(attn, "rotary_ndims", None)
@@ -61,10 +62,15 @@ class RopeStyle(RotaryDecoder):
 
 def project_qkv(attn: nn.Module, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """q, k, v [..., heads * head_dim] of a Llama-style attention module: its three projections, or
-    Phi-3's fused qkv_proj split by heads (q heads, then the key heads, then the value heads)."""
+    Phi-3's fused qkv_proj split by heads (q heads, then the key heads, then the value heads; by the
+    config's ratio of heads to KV heads over the projection's width, which a tensor-parallel rank's
+    share keeps)."""
     fused = getattr(attn, "qkv_proj", None)
     if fused is None:
         return attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
-    q_size = int(attn.config.num_attention_heads) * attn.head_dim
-    kv_size = int(attn.config.num_key_value_heads or attn.config.num_attention_heads) * attn.head_dim
+    heads = int(attn.config.num_attention_heads)
+    kv_heads = int(attn.config.num_key_value_heads or heads)
+    width = int(fused.weight.shape[0])
+    q_size = width * heads // (heads + 2 * kv_heads)
+    kv_size = (width - q_size) // 2
     return fused(h).split([q_size, kv_size, kv_size], dim=-1)
