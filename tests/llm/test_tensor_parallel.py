@@ -131,6 +131,11 @@ def test_indivisible_heads_are_refused_before_any_worker_starts(tiny):
         from_pretrained(tiny, num_blocks=16, tensor_parallel_size=4)
     with pytest.raises(UserError, match=r"tensor_parallel_size 3 does not divide .*attention heads.*\(4\)"):
         from_pretrained(tiny, num_blocks=16, tensor_parallel_size=3)
+    # what the adapter refuses (a family it does not split, an MLP width) is refused here too
+    with pytest.raises(UserError, match="not supported for gpt2"):
+        from_pretrained(tiny_model("gpt2"), num_blocks=16, tensor_parallel_size=2)
+    with pytest.raises(UserError, match=r"tensor_parallel_size 2 does not divide .*MLP width.*\(97\)"):
+        from_pretrained(tiny_model("llama", intermediate_size=97), num_blocks=16, tensor_parallel_size=2)
     for bad in (0, -2, 2.0, "2"):
         with pytest.raises(UserError, match="tensor_parallel_size must be an integer"):
             from_pretrained(tiny, num_blocks=16, tensor_parallel_size=bad)
@@ -391,13 +396,15 @@ def test_tensorrt_onnx_parser_imports_a_dist_collective_node():
     assert builder.build_serialized_network(network, builder.create_builder_config()) is not None
 
 
-def test_a_workers_refusal_at_start_reaches_the_caller_and_no_worker_is_left():
-    """GPT-2 is not split: each worker's adapter refuses it; the caller gets that UserError itself."""
+def test_a_workers_refusal_at_start_reaches_the_caller_and_no_worker_is_left(tmp_path):
+    """GPT-2 is not split: from a directory (the driver reads only its config), each worker's adapter
+    refuses it; the caller gets that UserError itself."""
     import multiprocessing
 
+    tiny_model("gpt2").save_pretrained(tmp_path)
     before = set(multiprocessing.active_children())  # another test's shared engine may be alive here
     with pytest.raises(UserError, match="not supported for gpt2"):
-        from_pretrained(tiny_model("gpt2"), num_blocks=16, tensor_parallel_size=2)
+        from_pretrained(str(tmp_path), num_blocks=16, tensor_parallel_size=2)
 
     def left() -> set:
         return set(multiprocessing.active_children()) - before

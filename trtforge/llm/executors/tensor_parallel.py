@@ -54,7 +54,13 @@ def check_world(world: Any) -> None:
 def check_model(model: Any, world: int) -> None:
     """UserError, before any worker starts, when `world` is no integer >= 2 or `world` ranks cannot split
     the heads of `model` evenly: an nn.Module's config, or a save_pretrained directory's config.json (a
-    factory, or a directory whose config does not load, is checked by the workers' loader and adapter)."""
+    factory, or a directory whose config does not load, is checked by the workers' loader and adapter).
+    An nn.Module's adapter checks the rest (:meth:`~trtforge.llm.models.base.DecoderAdapter.check_shard`:
+    a family or layer it does not split, an MLP width `world` does not divide) here too; a directory's
+    model is checked so by each worker."""
+    from torch import nn
+
+    from trtforge.llm.models.families import adapter_for
     from trtforge.llm.models.parallel import check_divisible
 
     check_world(world)
@@ -71,15 +77,16 @@ def check_model(model: Any, world: int) -> None:
         except Exception:  # the workers' loader reports an unreadable directory
             return
     heads = getattr(config, "num_attention_heads", None)
-    if heads is None:
-        return  # a family the workers' adapter refuses with its own message
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    what = f"{getattr(config, 'model_type', 'the')} model"
-    check_divisible(
-        what,
-        {"attention heads (num_attention_heads)": int(heads), "KV heads (num_key_value_heads)": int(kv)},
-        world,
-    )
+    if heads is not None:  # (none: a family the adapter refuses with its own message)
+        kv = getattr(config, "num_key_value_heads", None) or heads
+        what = f"{getattr(config, 'model_type', 'the')} model"
+        check_divisible(
+            what,
+            {"attention heads (num_attention_heads)": int(heads), "KV heads (num_key_value_heads)": int(kv)},
+            world,
+        )
+    if isinstance(model, nn.Module):
+        adapter_for(model, "tensor parallelism").check_shard(world)
 
 
 def pick_device(device: str | None, world: int) -> tuple[str, str]:
