@@ -415,3 +415,163 @@ def test_a_workers_refusal_at_start_reaches_the_caller_and_no_worker_is_left(tmp
     while left() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left()
+
+
+# the split families whose two gloo worker processes run what the thread ranks below do not: OLMo 2's
+# ShardedRMSNorm (one more all-reduce a layer, inside the q/k norms), Phi-3's fused qkv_proj and gate_up_proj,
+# GPT-NeoX's per-head fused query_key_value (MHA) and parallel residual; each engine starts two workers
+# (~20 s on a 2-core machine), so the rest of the families run on thread ranks
+# (test_every_split_family_is_greedy_on_two_thread_ranks_as_on_one)
+TP_FAMILIES = ("olmo2", "phi3", "gpt_neox")
+
+
+@pytest.mark.parametrize("family", TP_FAMILIES)
+def test_tp2_greedy_equals_tp1_on_split_families(family):
+    """Two gloo ranks against one process, token for token, on a tiny random model of `family` (heads and
+    KV heads divisible by 2)."""
+    model = tiny_model(family)
+    ps = prompts(model.config.vocab_size)
+    with from_pretrained(model, num_blocks=64) as one:
+        want = one.generate(ps, max_new_tokens=12, stop_at_eos=False)
+    with from_pretrained(model, num_blocks=64, tensor_parallel_size=2) as two:
+        assert [f.num_kv_heads for f in two.executor.rank_facts] == [one.executor.facts.num_kv_heads // 2] * 2
+        got = two.generate(ps, max_new_tokens=12, stop_at_eos=False)
+    assert got == want
+
+
+def _every_split_family() -> list[str]:
+    from tests.llm.models.test_rope_families import TP_REFUSED
+    from trtforge.llm.models.base import SUPPORTED
+
+    return [f for f in SUPPORTED if f not in TP_REFUSED]
+
+
+@pytest.mark.parametrize("family", _every_split_family())
+def test_every_split_family_is_greedy_on_two_thread_ranks_as_on_one(family):
+    """Every family tensor parallelism splits (the Llama-style ones too; tests/llm/models' TP_REFUSED are
+    the others), in this process: two sharded torch executors on two threads (their collectives meet in a
+    hub) run a prefill of two prompts and greedy decode steps; their tokens are the unsharded executor's,
+    token for token, and their logits its logits. Gemma (head_dim 24), Gemma 2 (windows, soft-caps), Gemma
+    3, StableLM and Cohere (per-head q/k norms: shared, a norm a head, a weight row a head), OLMo 2 / 3
+    (whole-projection RMSNorm), Phi (fc1/fc2, biases), Nemotron (up/down), GLM (fused gate_up) among them."""
+    import copy
+
+    from trtforge.llm.executors.base import StepBatch
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    model = tiny_model(family)
+    ps = prompts(model.config.vocab_size, lens=(5, 9))
+    tables = [[0], [1, 2]]
+
+    def slots(b, positions):
+        return [tables[b][p // 16] * 16 + p % 16 for p in positions]
+
+    def greedy(executor):
+        new = [slots(0, range(5)), slots(1, range(9))]
+        batch = StepBatch.build(["a", "b"], ps, [0, 0], tables, new, [True, True])
+        lens, tokens, logits = [5, 9], [], []
+        for _ in range(10):
+            with torch.no_grad():
+                out = executor.step(batch).float()
+            nxt = out.argmax(-1).tolist()
+            tokens.append(nxt)
+            logits.append(out)
+            new = [slots(b, [n]) for b, n in enumerate(lens)]
+            batch = StepBatch.build(["a", "b"], [[t] for t in nxt], lens, tables, new, [True, True])
+            lens = [n + 1 for n in lens]
+        return tokens, logits
+
+    want_tokens, want_logits = greedy(TorchExecutor(copy.deepcopy(model), 8, 16))
+    sharded = _on_ranks(
+        2, lambda r, tp: greedy(TorchExecutor(copy.deepcopy(model), 8, 16, tensor_parallel=tp))
+    )
+    for tokens, logits in sharded:
+        assert tokens == want_tokens
+        for step, (got, want) in enumerate(zip(logits, want_logits, strict=True)):
+            torch.testing.assert_close(
+                got, want, atol=1e-4, rtol=1e-4, msg=lambda m, s=step: f"step {s}: {m}"
+            )
+
+
+def test_a_fused_projection_split_takes_each_ranks_heads():
+    """Phi-3's qkv_proj ([q | k | v] by heads) and GPT-NeoX's query_key_value ([heads, 3, D]): each rank's
+    shard holds exactly the rows of its heads, as slicing the unfused q, k and v projections by heads gives
+    (the fused gate_up_proj likewise: its share of gate, then of up)."""
+    from trtforge.llm.models.families import adapter_for
+    from trtforge.llm.models.parallel import TensorParallel
+
+    whole = tiny_model("phi3", num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    d, heads, kv = 16, 4, 2
+    wq, wk, wv = whole.model.layers[0].self_attn.qkv_proj.weight.detach().split([heads * d, kv * d, kv * d])
+    gate, up = whole.model.layers[0].mlp.gate_up_proj.weight.detach().chunk(2)
+    for rank in range(2):
+        part = tiny_model("phi3", num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+        adapter_for(part).shard(TensorParallel(rank, 2))
+        got = part.model.layers[0].self_attn.qkv_proj.weight
+        q, k, v = got.split([heads // 2 * d, kv // 2 * d, kv // 2 * d])
+        assert torch.equal(q, wq.unflatten(0, (heads, d))[2 * rank : 2 * rank + 2].flatten(0, 1))
+        assert torch.equal(k, wk.unflatten(0, (kv, d))[rank])
+        assert torch.equal(v, wv.unflatten(0, (kv, d))[rank])
+        g, u = part.model.layers[0].mlp.gate_up_proj.weight.chunk(2)
+        assert torch.equal(g, gate.chunk(2)[rank]) and torch.equal(u, up.chunk(2)[rank])
+
+    whole = tiny_model("gpt_neox", num_attention_heads=4)
+    attn = whole.gpt_neox.layers[0].attention
+    d = int(attn.head_size)
+    fused = attn.query_key_value.weight.detach().unflatten(0, (4, 3, d))  # [heads, q/k/v, D, hidden]
+    unfused = [
+        fused[:, j].flatten(0, 1) for j in range(3)
+    ]  # the separate q, k and v weights a model would have
+    bias = attn.query_key_value.bias.detach().unflatten(0, (4, 3, d))
+    for rank in range(2):
+        part = tiny_model("gpt_neox", num_attention_heads=4)
+        adapter_for(part).shard(TensorParallel(rank, 2))
+        got = part.gpt_neox.layers[0].attention.query_key_value
+        mine = got.weight.unflatten(0, (2, 3, d))
+        for j in range(3):
+            assert torch.equal(mine[:, j].flatten(0, 1), unfused[j][2 * rank * d : (2 * rank + 2) * d])
+        assert torch.equal(got.bias.unflatten(0, (2, 3, d)), bias[2 * rank : 2 * rank + 2])
+
+
+def test_the_split_families_refusals_name_the_family_and_the_reason():
+    """What tensor parallelism does not split is refused by name with the reason (the q/k norm over a whole
+    projection of another kind than OLMo 2's RMSNorm; ALiBi; Falcon's layouts; MoE MLPs) before any weight
+    changes, and heads, KV heads and MLP widths the ranks do not divide are refused for every family."""
+    from torch import nn
+
+    from trtforge.llm.models.families import adapter_for
+    from trtforge.llm.models.parallel import TensorParallel
+
+    model = tiny_model("olmo2")
+    model.model.layers[1].self_attn.q_norm = nn.LayerNorm(64)  # a whole-width norm of another kind
+    before = model.model.layers[0].self_attn.q_proj.weight.shape
+    with pytest.raises(
+        UserError, match=r"olmo2 model Olmo2ForCausalLM: layer 1's q_norm \(LayerNorm.*couples"
+    ):
+        adapter_for(model).shard(TensorParallel(0, 2))
+    assert model.model.layers[0].self_attn.q_proj.weight.shape == before  # nothing was split
+    cases = {
+        "bloom": "not supported for bloom models .*ALiBi slopes",
+        "mpt": "not supported for mpt models .*ALiBi slopes",
+        "falcon_rw": "not supported for falcon models .*falcon-rw's ALiBi slopes",
+        "falcon": "not supported for falcon models .*multi-query",
+        "mixtral": "tensor parallelism .*the mixtral model .*sparse mixture-of-experts",
+    }
+    for family, why in cases.items():
+        with pytest.raises(UserError, match=why):
+            adapter_for(tiny_model(family)).check_shard(2)
+    indivisible = {
+        "gemma": (
+            {"num_attention_heads": 3, "num_key_value_heads": 3},
+            r"gemma model .*attention heads.*\(3\)",
+        ),
+        "gpt_neox": (
+            {"num_attention_heads": 4, "intermediate_size": 91},
+            r"gpt_neox model .*MLP width.*\(91\)",
+        ),
+        "phi3": ({"num_attention_heads": 4, "num_key_value_heads": 1}, r"phi3 model .*KV heads.*\(1\)"),
+        "glm": ({"intermediate_size": 33}, r"glm model .*MLP width.*\(33\)"),
+    }
+    for family, (overrides, why) in indivisible.items():
+        with pytest.raises(UserError, match=rf"tensor_parallel_size 2 does not divide {why}"):
+            adapter_for(tiny_model(family, **overrides)).check_shard(2)
