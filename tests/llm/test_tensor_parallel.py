@@ -419,10 +419,11 @@ def test_a_workers_refusal_at_start_reaches_the_caller_and_no_worker_is_left(tmp
 
 # the split families whose two gloo worker processes run what the thread ranks below do not: OLMo 2's
 # ShardedRMSNorm (one more all-reduce a layer, inside the q/k norms), Phi-3's fused qkv_proj and gate_up_proj,
-# GPT-NeoX's per-head fused query_key_value (MHA) and parallel residual; each engine starts two workers
+# GPT-NeoX's per-head fused query_key_value (MHA) and parallel residual, BLOOM's ALiBi slopes (each rank's
+# heads', kept by the executor's adapter over the worker's shard); each engine starts two workers
 # (~20 s on a 2-core machine), so the rest of the families run on thread ranks
 # (test_every_split_family_is_greedy_on_two_thread_ranks_as_on_one)
-TP_FAMILIES = ("olmo2", "phi3", "gpt_neox")
+TP_FAMILIES = ("olmo2", "phi3", "gpt_neox", "bloom")
 
 
 @pytest.mark.parametrize("family", TP_FAMILIES)
@@ -496,7 +497,7 @@ def test_every_split_family_is_greedy_on_two_thread_ranks_as_on_one(family):
 def test_a_fused_projection_split_takes_each_ranks_heads():
     """Phi-3's qkv_proj ([q | k | v] by heads) and GPT-NeoX's query_key_value ([heads, 3, D]): each rank's
     shard holds exactly the rows of its heads, as slicing the unfused q, k and v projections by heads gives
-    (the fused gate_up_proj likewise: its share of gate, then of up)."""
+    (the fused gate_up_proj likewise: its share of gate, then of up); BLOOM's its heads' ALiBi slopes."""
     from trtforge.llm.models.families import adapter_for
     from trtforge.llm.models.parallel import TensorParallel
 
@@ -532,11 +533,26 @@ def test_a_fused_projection_split_takes_each_ranks_heads():
             assert torch.equal(mine[:, j].flatten(0, 1), unfused[j][2 * rank * d : (2 * rank + 2) * d])
         assert torch.equal(got.bias.unflatten(0, (2, 3, d)), bias[2 * rank : 2 * rank + 2])
 
+    # BLOOM's [heads, 3, D] likewise, and its ALiBi slopes: each rank its heads', also in an adapter made
+    # later of the shard (the executor's)
+    whole = tiny_model("bloom")
+    slopes = adapter_for(whole).alibi_slopes[0]
+    w = whole.transformer.h[0].self_attention.query_key_value.weight.detach()
+    for rank in range(2):
+        part = tiny_model("bloom")
+        adapter = adapter_for(part)
+        adapter.shard(TensorParallel(rank, 2))
+        for a in (adapter, adapter_for(part)):
+            assert a.num_heads == 2 and torch.equal(a.alibi_slopes[1], slopes[2 * rank : 2 * rank + 2])
+        got = part.transformer.h[0].self_attention.query_key_value.weight
+        assert torch.equal(got, w.unflatten(0, (4, -1))[2 * rank : 2 * rank + 2].flatten(0, 1))
+
 
 def test_the_split_families_refusals_name_the_family_and_the_reason():
     """What tensor parallelism does not split is refused by name with the reason (the q/k norm over a whole
-    projection of another kind than OLMo 2's RMSNorm; ALiBi; Falcon's layouts; MoE MLPs) before any weight
-    changes, and heads, KV heads and MLP widths the ranks do not divide are refused for every family."""
+    projection of another kind than OLMo 2's RMSNorm; Falcon's layouts; GPT-BigCode; MoE MLPs; BLOOM's
+    slow_but_exact slices) before any weight changes, and heads, KV heads and MLP widths the ranks do not
+    divide are refused for every family."""
     from torch import nn
 
     from trtforge.llm.models.families import adapter_for
@@ -551,15 +567,19 @@ def test_the_split_families_refusals_name_the_family_and_the_reason():
         adapter_for(model).shard(TensorParallel(0, 2))
     assert model.model.layers[0].self_attn.q_proj.weight.shape == before  # nothing was split
     cases = {
-        "bloom": "not supported for bloom models .*ALiBi slopes",
-        "mpt": "not supported for mpt models .*ALiBi slopes",
-        "falcon_rw": "not supported for falcon models .*falcon-rw's ALiBi slopes",
+        "falcon_rw": "not supported for falcon models .*per head \\(falcon-rw",
         "falcon": "not supported for falcon models .*multi-query",
+        "gpt_bigcode": "not supported for gpt_bigcode models .*have no split yet",
         "mixtral": "tensor parallelism .*the mixtral model .*sparse mixture-of-experts",
     }
     for family, why in cases.items():
         with pytest.raises(UserError, match=why):
             adapter_for(tiny_model(family)).check_shard(2)
+    slow = tiny_model("bloom", pretraining_tp=2, slow_but_exact=True)
+    with pytest.raises(
+        UserError, match="bloom model BloomForCausalLM: .*slow_but_exact with pretraining_tp=2"
+    ):
+        adapter_for(slow).check_shard(2)
     indivisible = {
         "gemma": (
             {"num_attention_heads": 3, "num_key_value_heads": 3},

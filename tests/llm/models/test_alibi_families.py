@@ -122,19 +122,27 @@ def test_mpt_sequences_stop_at_its_bias_table(tmp_path):
 
 
 @pytest.mark.parametrize("family", ["bloom", "mpt", "falcon_rw"])
-def test_tensor_parallelism_and_quantization_refuse_alibi_families_by_name(family):
-    """The slopes would shard with the heads, but these families' weights have no tensor-parallel or
-    quantized layout here: both refuse (FP8 and INT4 weights alike), naming the family."""
+def test_quantization_refuses_alibi_families_by_name_and_tensor_parallelism_slices_the_slopes(family):
+    """These families' weights have no quantized layout here: quantization refuses (FP8 and INT4 weights
+    alike), naming the family. Tensor parallelism gives each rank its heads' slopes (BLOOM, MPT: in
+    tests/llm/test_tensor_parallel.py) and refuses Falcon's fused layouts by name."""
     from trtforge.llm.models.parallel import TensorParallel
     from trtforge.llm.quant.apply import quantize_model
 
     model = tiny_model(family)
     model_type = model.config.model_type
-    with pytest.raises(UserError, match=f"tensor parallelism is not supported for {model_type} models"):
-        adapter_for(model).shard(TensorParallel(0, 2))
     for method in ("fp8", "int4-awq", "int4-rtn"):
         with pytest.raises(UserError, match=f"the {model_type} family .* has no quantized path"):
             quantize_model(model, method)
+    adapter = adapter_for(model)
+    if family == "falcon_rw":
+        with pytest.raises(UserError, match="tensor parallelism is not supported for falcon models"):
+            adapter.shard(TensorParallel(0, 2))
+        return
+    slopes = adapter.alibi_slopes[0]
+    adapter.shard(TensorParallel(1, 2))
+    half = adapter.num_heads
+    assert half * 2 == len(slopes) and torch.equal(adapter.alibi_slopes[0], slopes[half:])
 
 
 def test_fused_layers_refuse_alibi_slopes():

@@ -145,7 +145,7 @@ def test_gemma_scales_a_plain_embedding_as_transformers_4_did():
 
 # the families whose layers tensor parallelism does not split (tests/llm/test_tensor_parallel.py splits
 # the others)
-TP_REFUSED = ("gpt2", "gpt_neo", "gpt_bigcode", "opt", "gptj", "codegen", "falcon", "bloom", "mpt")
+TP_REFUSED = ("gpt2", "gpt_neo", "gpt_bigcode", "opt", "gptj", "codegen", "falcon")
 TP_REFUSED += MOE_FAMILIES
 
 

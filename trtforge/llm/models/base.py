@@ -11,14 +11,14 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import Tensor, nn
 
 from trtforge.errors import UserError
 from trtforge.llm.models import parallel
-from trtforge.llm.models.moe import SparseMoe
+from trtforge.llm.models.moe import SparseMoe, refuse_moe
 
 LLAMA_STYLE = (
     "llama",
@@ -35,11 +35,12 @@ LLAMA_STYLE = (
 GPT2_STYLE = ("gpt2", "gpt_neo", "gpt_bigcode")
 # which models tensor parallelism splits (the start of every refusal's message)
 TP_RULE = (
-    "tensor parallelism splits the RoPE families (no ALiBi) whose attention projects q/k/v separately "
-    "(q_proj/k_proj/v_proj), as Phi-3's fused [q | k | v] qkv_proj or as GPT-NeoX's per-head [heads, 3, D] "
-    "query_key_value, with an output o_proj/dense, q/k norms per head (or OLMo 2's RMSNorm over the whole "
-    "projection), and a dense MLP of gate/up/down, up/down, fc1/fc2, c_fc/c_proj, dense_h_to_4h/"
-    "dense_4h_to_h or a fused gate_up_proj;"
+    "tensor parallelism splits the families whose attention projects q/k/v separately "
+    "(q_proj/k_proj/v_proj), fused as [q | k | v] (Phi-3's qkv_proj, MPT's Wqkv) or per head as "
+    "[heads, 3, D] (GPT-NeoX's, Persimmon's, BLOOM's query_key_value), with an output o_proj/dense/out_proj, "
+    "q/k norms per head (or OLMo 2's RMSNorm over the whole projection), rotary positions or ALiBi slopes, "
+    "and a dense MLP of gate/up/down, up/down, fc1/fc2, c_fc/c_proj, dense_h_to_4h/dense_4h_to_h or a fused "
+    "gate_up_proj;"
 )
 # each adapter module's families and what sets them apart, as errors list them (families.ADAPTERS maps
 # each family to its adapter class; a test holds the two to the same families)
@@ -574,33 +575,86 @@ class DecoderAdapter(ABC):
         self.check_shard(tp.world)
         self._shard_weights(tp)
         parallel.mark_sharded(self.model, tp)
-        self.num_heads //= tp.world
-        self.num_kv_heads //= tp.world
+        self._keep_rank_heads(tp)
+
+    #: why tensor parallelism does not split this family's layers (None: it does, :meth:`check_shard`)
+    tp_refusal: str | None = None
+
+    def attention(self, i: int) -> nn.Module:
+        """Layer i's attention module (``self_attn``; the families that name it otherwise override this)."""
+        return self.layers[i].self_attn
+
+    def mlp_module(self, i: int) -> nn.Module:
+        """Layer i's dense MLP module (``mlp``; MPT: ``ffn``)."""
+        return self.layers[i].mlp
 
     def check_shard(self, world: int) -> None:
-        """UserError unless `world` ranks can split this model (nothing changes; the tensor-parallel
-        executor asks before any worker starts). Here: refused, the layers are not split (the rotary
-        families' :class:`~trtforge.llm.models.rotary.RotaryDecoder` splits theirs)."""
-        c = self.config
-        raise UserError(
-            f"tensor parallelism is not supported for {c.model_type} models ({type(self.model).__name__}): "
-            f"{TP_RULE} {c.model_type}'s {self.tp_refusal} Use tensor_parallel_size=1."
-        )
+        """UserError naming what `world` ranks cannot split (nothing changes; the tensor-parallel executor
+        asks before any worker starts; see :data:`TP_RULE`): a family whose layers are not split
+        (:attr:`tp_refusal`), sparse MoE MLPs, attention sinks, a q/k/v or MLP layout
+        :func:`~.parallel.shard_attention` / :func:`~.parallel.shard_mlp` do not know, a q/k norm over the
+        whole projection other than OLMo 2's RMSNorm, or heads, KV heads or an MLP width that `world` does
+        not divide."""
+        c, name = self.config, type(self.model).__name__
+        if self.tp_refusal is not None:
+            raise UserError(
+                f"tensor parallelism is not supported for {c.model_type} models ({name}): {TP_RULE} "
+                f"{c.model_type}'s {self.tp_refusal} Use tensor_parallel_size=1."
+            )
+        what = f"{c.model_type} model {name}"
+        refuse_moe(self.model, "tensor parallelism (tensor_parallel_size > 1)", "dense MLPs")
 
-    #: why the base refuses tensor parallelism for this family (the end of :meth:`check_shard`'s message)
-    tp_refusal = "layers are not of that kind."
+        def refuse(why: str) -> NoReturn:
+            raise UserError(
+                f"tensor parallelism is not supported for this {what}: {why}. {TP_RULE} Use "
+                "tensor_parallel_size=1."
+            )
+
+        if any(s is not None for s in self.sinks):
+            refuse("its attention sinks (one logit a query head) are not split over the ranks")
+        widths: dict[int, None] = {}
+        for i in range(self.num_layers):
+            attn, mlp = self.attention(i), self.mlp_module(i)
+            if parallel.attention_layout(attn) is None:
+                refuse(f"layer {i}'s attention {type(attn).__name__} has none of the q/k/v layouts above")
+            why = parallel.head_norm_refusal(attn, self.num_heads, self.num_kv_heads, self.head_dim)
+            if why is not None:
+                refuse(f"layer {i}'s {why}")
+            width = parallel.mlp_width(mlp)
+            if width is None:
+                refuse(f"layer {i}'s MLP {type(mlp).__name__} has none of the MLP layouts above")
+            widths[int(width)] = None
+        counts = {
+            "attention heads (num_attention_heads)": self.num_heads,
+            "KV heads (num_key_value_heads)": self.num_kv_heads,
+        }
+        for w in widths:  # (layers of different widths: each named by its width)
+            label = f"intermediate_size {w}" if len(widths) > 1 else "intermediate_size"
+            counts[f"MLP width ({label})"] = w
+        parallel.check_divisible(what, counts, world)
 
     def _shard_weights(self, tp: Any) -> None:
-        """Split the weights for rank ``tp.rank`` (after :meth:`check_shard`)."""
-        raise NotImplementedError
+        """Every layer's attention and MLP split by :mod:`.parallel`, the LM head vocab-parallel."""
+        for i in range(self.num_layers):
+            parallel.shard_attention(self.attention(i), tp, self.num_heads, self.num_kv_heads, self.head_dim)
+            parallel.shard_mlp(self.mlp_module(i), tp)
+        self.model.set_output_embeddings(parallel.VocabParallelHead(output_head(self.model), tp))
 
     def _count_rank_heads(self) -> None:
-        """On a model already sharded (:func:`.parallel.sharded`), count this rank's heads: the subclass
-        calls it once its heads are set."""
+        """On a model already sharded (:func:`.parallel.sharded`), count this rank's heads and keep its
+        ALiBi slopes: the subclass calls it once its heads (and slopes) are set."""
         done = parallel.sharded(self.model)
         if done is not None:
-            self.num_heads //= done.world
-            self.num_kv_heads //= done.world
+            self._keep_rank_heads(done)
+
+    def _keep_rank_heads(self, tp: Any) -> None:
+        """This rank's share of the head counts and of each layer's ALiBi slopes (one a query head)."""
+        h0, h1 = tp.share(self.num_heads)
+        cut: dict[int, Tensor] = {}  # (layers that shared one tensor share its slice)
+        slopes = self.alibi_slopes
+        self.alibi_slopes = [None if s is None else cut.setdefault(id(s), s[h0:h1]) for s in slopes]
+        self.num_heads //= tp.world
+        self.num_kv_heads //= tp.world
 
     def _spec(self, **family: Any) -> DecoderSpec:
         """The spec's family-independent fields, completed with `family`'s."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from trtforge.errors import UserError
 from trtforge.llm.models.base import DecoderAdapter, DecoderSpec, bloom_alibi_slopes
 
 # BLOOM's training sequence length (its configs record none; ALiBi itself bounds no position): the
@@ -31,9 +32,6 @@ class BloomStyle(DecoderAdapter):
     """BLOOM (``BloomForCausalLM``, body ``model.transformer``; see the module docstring)."""
 
     family = "bloom"
-    tp_refusal = (
-        "ALiBi slopes (one a query head, computed from the whole head count) and layers have no split yet."
-    )
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, list(model.transformer.h), user)
@@ -48,6 +46,22 @@ class BloomStyle(DecoderAdapter):
         self.post_norm_residual = bool(c.apply_residual_connection_post_layernorm)
         # transformers' slow_but_exact: output projections summed over pretraining_tp slices, no bias
         self.tp_slices = int(c.pretraining_tp) if int(c.pretraining_tp) > 1 and c.slow_but_exact else 0
+        self._count_rank_heads()
+
+    def attention(self, i: int) -> nn.Module:
+        return self.layers[i].self_attention
+
+    def check_shard(self, world: int) -> None:
+        """The general check (each rank takes its heads' ALiBi slopes), and UserError under slow_but_exact,
+        whose output projections sum their input in ``pretraining_tp`` slices of the whole width."""
+        if self.tp_slices:
+            raise UserError(
+                f"tensor parallelism is not supported for this bloom model {type(self.model).__name__}: its "
+                f"config sets slow_but_exact with pretraining_tp={self.tp_slices}, whose output projections "
+                "sum their whole input width in slices (bias dropped), which a rank's share of the columns "
+                "does not hold. Set slow_but_exact false, or use tensor_parallel_size=1."
+            )
+        super().check_shard(world)
 
     @property
     def spec(self) -> DecoderSpec:

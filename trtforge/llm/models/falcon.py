@@ -91,13 +91,13 @@ class FalconStyle(RotaryDecoder):
         return None if self.alibi else super().rotary(position_ids, dtype, rope_lens)
 
     def check_shard(self, world: int) -> None:
-        """Refused (UserError): Falcon's fused ``query_key_value`` takes three layouts (module docstring)
-        and falcon-rw's ALiBi slopes are per head; none is split yet."""
+        """Refused (UserError): Falcon's fused ``query_key_value`` takes three layouts (module docstring),
+        which the config tells apart; none is split yet."""
         raise UserError(
             f"tensor parallelism is not supported for falcon models ({type(self.model).__name__}): {TP_RULE} "
             "falcon's fused query_key_value is laid out after the queries (falcon-7b's multi-query: one KV "
-            "head, which cannot be split), per KV group (falcon-40b/180b) or per head, and falcon-rw's ALiBi "
-            "slopes are per head; none of these is split yet. Use tensor_parallel_size=1."
+            "head, which cannot be split), per KV group (falcon-40b/180b) or per head (falcon-rw and the "
+            "serial form), as the config says; none of these is split yet. Use tensor_parallel_size=1."
         )
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:

@@ -62,10 +62,6 @@ class MptStyle(DecoderAdapter):
     """MPT (``MptForCausalLM``, body ``model.transformer``; see the module docstring)."""
 
     family = "mpt"
-    tp_refusal = (
-        "ALiBi slopes (one a query head, computed from the whole "
-        "head count) and fused Wqkv have no split yet."
-    )
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         c = model.config
@@ -87,6 +83,13 @@ class MptStyle(DecoderAdapter):
         self.scales = [float(layer.attn.softmax_scale) for layer in self.layers]
         slopes = mpt_alibi_slopes(self.num_heads, ALIBI_BIAS_MAX)
         self.alibi_slopes = [slopes] * self.num_layers
+        self._count_rank_heads()
+
+    def attention(self, i: int) -> nn.Module:
+        return self.layers[i].attn
+
+    def mlp_module(self, i: int) -> nn.Module:
+        return self.layers[i].ffn
 
     @property
     def spec(self) -> DecoderSpec:

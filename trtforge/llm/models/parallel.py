@@ -2,21 +2,22 @@
 
 A rank keeps its slice of each projection and the model stays an ordinary transformers model:
 
-- column-parallel: q/k/v (its heads and KV heads, in the projections' layout: three separate ones, Phi-3's
-  fused ``[q | k | v]`` ``qkv_proj``, or GPT-NeoX's and Persimmon's per-head ``[heads, 3, D]``
-  ``query_key_value``) and the MLP's input projections (gate/up, up alone, fc1, c_fc, dense_h_to_4h, or
-  a fused ``[gate | up]`` ``gate_up_proj``) keep their rows;
-- row-parallel: the attention's output projection (o_proj, dense) and the MLP's (down_proj, fc2, c_proj,
-  dense_4h_to_h) keep their input columns and become :class:`RowParallelLinear`, whose forward sums the
-  ranks' partial products with one all-reduce and adds the bias once, after it;
+- column-parallel: q/k/v (its heads and KV heads, in the projections' layout: three separate ones, a fused
+  ``[q | k | v]`` (Phi-3's ``qkv_proj``, MPT's ``Wqkv``), or the per-head ``[heads, 3, D]``
+  ``query_key_value`` of GPT-NeoX, Persimmon and BLOOM) and the MLP's input projections (gate/up, up alone,
+  fc1, c_fc, dense_h_to_4h, or a fused ``[gate | up]`` ``gate_up_proj``) keep their rows;
+- row-parallel: the attention's output projection (o_proj, dense, out_proj) and the MLP's (down_proj, fc2,
+  c_proj, dense_4h_to_h) keep their input columns and become :class:`RowParallelLinear`, whose forward sums
+  the ranks' partial products with one all-reduce and adds the bias once, after it;
 - per-head q/k norms keep their heads' weights (or are shared by all heads as they are); an RMSNorm over a
   whole q or k projection (OLMo 2's) becomes :class:`ShardedRMSNorm`, exact with one all-reduce;
+- ALiBi slopes: each rank its heads' (the adapter's, :meth:`~.base.DecoderAdapter.shard`);
 - the embedding stays whole on every rank (a lookup reads only its rows); the LM head is vocab-parallel
   (:class:`VocabParallelHead`: each rank its ``ceil(V / world)`` rows, zero-padded, then one all-gather),
   so every rank ends a step with the full logits and rank 0's are the ones sampled.
 
 :func:`shard_attention` and :func:`shard_mlp` are what every adapter's ``shard`` calls
-(:meth:`~trtforge.llm.models.rotary.RotaryDecoder.check_shard` says which models they fit).
+(:meth:`~trtforge.llm.models.base.DecoderAdapter.check_shard` says which models they fit).
 
 The collectives are ``torch.distributed``'s on the group's backend: gloo on CPUs, NCCL on GPUs (whose
 all-reduce and all-gather CUDA graphs capture).
@@ -137,15 +138,15 @@ def keep_ranges(linear: nn.Linear, ranges: list[tuple[int, int]]) -> None:
 
 
 def fused_qkv_ranges(tp: TensorParallel, heads: int, kv_heads: int, head_dim: int) -> list[tuple[int, int]]:
-    """This rank's rows of a projection laid out ``[q | k | v]`` by heads (Phi-3's ``qkv_proj``): its query
-    heads, its key heads, its value heads."""
+    """This rank's rows of a projection laid out ``[q | k | v]`` by heads (Phi-3's ``qkv_proj``, MPT's
+    ``Wqkv``): its query heads, its key heads, its value heads."""
     d, (q0, q1), (k0, k1) = head_dim, tp.share(heads), tp.share(kv_heads)
     k_at, v_at = heads * d, (heads + kv_heads) * d
     return [(q0 * d, q1 * d), (k_at + k0 * d, k_at + k1 * d), (v_at + k0 * d, v_at + k1 * d)]
 
 
 def per_head_qkv_ranges(tp: TensorParallel, heads: int, head_dim: int) -> list[tuple[int, int]]:
-    """This rank's rows of a projection laid out ``[heads, 3, D]`` (GPT-NeoX's and Persimmon's
+    """This rank's rows of a projection laid out ``[heads, 3, D]`` (GPT-NeoX's, Persimmon's and BLOOM's
     ``query_key_value``: each head's q, k, v side by side): its heads' blocks, one contiguous range."""
     h0, h1 = tp.share(heads)
     return [(h0 * 3 * head_dim, h1 * 3 * head_dim)]
@@ -159,7 +160,9 @@ def gate_up_ranges(tp: TensorParallel, width: int) -> list[tuple[int, int]]:
 
 
 # an attention module's projections: the layouts of q/k/v and the names of its output projection
-_ATTENTION_OUT = ("o_proj", "dense")
+_ATTENTION_OUT = ("o_proj", "dense", "out_proj")
+# the fused [q | k | v] projections (Phi-3's, MPT's)
+_FUSED_QKV = ("qkv_proj", "Wqkv")
 # an MLP's column-parallel projections (in its forward's order) and its row-parallel one; the fused
 # gate_up_proj is apart (gate_up_ranges)
 _MLP_LAYOUTS = (
@@ -177,13 +180,14 @@ _WHOLE_WIDTH_RMS = ("Olmo2RMSNorm", "Olmo3RMSNorm")
 
 
 def attention_layout(attn: nn.Module) -> str | None:
-    """How `attn` projects q/k/v: "separate" (q_proj, k_proj, v_proj), "fused" (``qkv_proj``: [q | k | v]),
-    "per_head" (``query_key_value``: [heads, 3, D]); None for anything else (or no output projection)."""
+    """How `attn` projects q/k/v: "separate" (q_proj, k_proj, v_proj), "fused" (``qkv_proj``, MPT's
+    ``Wqkv``: [q | k | v]), "per_head" (``query_key_value``: [heads, 3, D]); None for anything else (or no
+    output projection)."""
     if not any(isinstance(getattr(attn, n, None), nn.Linear) for n in _ATTENTION_OUT):
         return None
     if all(isinstance(getattr(attn, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj")):
         return "separate"
-    if isinstance(getattr(attn, "qkv_proj", None), nn.Linear):
+    if any(isinstance(getattr(attn, n, None), nn.Linear) for n in _FUSED_QKV):
         return "fused"
     if isinstance(getattr(attn, "query_key_value", None), nn.Linear):
         return "per_head"
@@ -258,7 +262,8 @@ def shard_attention(attn: nn.Module, tp: TensorParallel, heads: int, kv_heads: i
         keep_rows(attn.k_proj, k0 * d, k1 * d)
         keep_rows(attn.v_proj, k0 * d, k1 * d)
     elif layout == "fused":
-        keep_ranges(attn.qkv_proj, fused_qkv_ranges(tp, heads, kv_heads, d))
+        fused = next(getattr(attn, n) for n in _FUSED_QKV if isinstance(getattr(attn, n, None), nn.Linear))
+        keep_ranges(fused, fused_qkv_ranges(tp, heads, kv_heads, d))
     elif layout == "per_head":
         keep_ranges(attn.query_key_value, per_head_qkv_ranges(tp, heads, d))
     else:

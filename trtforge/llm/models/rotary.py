@@ -4,8 +4,7 @@ on: :mod:`.rope`'s (Llama-style, Gemma, OLMo, Granite, StableLM, SmolLM3, Phi, C
 :mod:`.gpt_neox` and :mod:`.falcon` (GPT-J and CodeGen index a fixed table instead: :mod:`.gptj`). Its class
 attributes are the rotary variants the families differ in, one place for all: interleaved channel pairs,
 float32 tables, float32 rotation, NoPE layers (:meth:`RotaryDecoder.rotates`); :class:`PerTypeRotary` keeps
-a table per layer type (Gemma 3, OLMo 3). :class:`RotaryDecoder` also splits its families' layers for
-tensor parallelism (:meth:`RotaryDecoder.check_shard`, the pieces in :mod:`.parallel`).
+a table per layer type (Gemma 3, OLMo 3).
 
 Partial rotary needs nothing here: the module's ``inv_freq`` already covers only the rotated channels,
 and :func:`~trtforge.llm.models.base.apply_rotary` passes the rest through.
@@ -13,22 +12,13 @@ and :func:`~trtforge.llm.models.base.apply_rotary` passes the rest through.
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from trtforge.errors import UserError
-from trtforge.llm.models import parallel
-from trtforge.llm.models.base import (
-    TP_RULE,
-    DecoderAdapter,
-    DecoderSpec,
-    apply_rotary,
-    apply_rotary_interleaved,
-    output_head,
-)
-from trtforge.llm.models.moe import refuse_moe
+from trtforge.llm.models.base import DecoderAdapter, DecoderSpec, apply_rotary, apply_rotary_interleaved
 
 
 class RotaryTables:
@@ -183,58 +173,6 @@ class RotaryDecoder(DecoderAdapter):
         if not self.float32_rotation:
             return apply(q, cos, sin), apply(k, cos, sin)
         return apply(q.float(), cos, sin).to(q.dtype), apply(k.float(), cos, sin).to(k.dtype)
-
-    def attention(self, i: int) -> nn.Module:
-        """Layer i's attention module (``self_attn``; GPT-NeoX: ``attention``)."""
-        return self.layers[i].self_attn
-
-    def check_shard(self, world: int) -> None:
-        """UserError naming what `world` ranks cannot split (see :data:`~.base.TP_RULE`): sparse MoE MLPs,
-        attention sinks or ALiBi slopes (per head, not split), a q/k/v or MLP layout
-        :func:`~.parallel.shard_attention` / :func:`~.parallel.shard_mlp` do not know, a q/k norm over the
-        whole projection other than OLMo 2's RMSNorm, or heads, KV heads or an MLP width that `world` does
-        not divide."""
-        c, name = self.config, type(self.model).__name__
-        what = f"{c.model_type} model {name}"
-        refuse_moe(self.model, "tensor parallelism (tensor_parallel_size > 1)", "dense MLPs")
-
-        def refuse(why: str) -> NoReturn:
-            raise UserError(
-                f"tensor parallelism is not supported for this {what}: {why}. {TP_RULE} Use "
-                "tensor_parallel_size=1."
-            )
-
-        if any(s is not None for s in self.sinks):
-            refuse("its attention sinks (one logit a query head) are not split over the ranks")
-        if any(s is not None for s in self.alibi_slopes):
-            refuse("its ALiBi slopes (one a query head) are not split over the ranks")
-        widths: dict[int, None] = {}
-        for i, layer in enumerate(self.layers):
-            attn = self.attention(i)
-            if parallel.attention_layout(attn) is None:
-                refuse(f"layer {i}'s attention {type(attn).__name__} has none of the q/k/v layouts above")
-            why = parallel.head_norm_refusal(attn, self.num_heads, self.num_kv_heads, self.head_dim)
-            if why is not None:
-                refuse(f"layer {i}'s {why}")
-            width = parallel.mlp_width(layer.mlp)
-            if width is None:
-                refuse(f"layer {i}'s MLP {type(layer.mlp).__name__} has none of the MLP layouts above")
-            widths[int(width)] = None
-        counts = {
-            "attention heads (num_attention_heads)": self.num_heads,
-            "KV heads (num_key_value_heads)": self.num_kv_heads,
-        }
-        for w in widths:  # (layers of different widths: each named by its width)
-            label = f"intermediate_size {w}" if len(widths) > 1 else "intermediate_size"
-            counts[f"MLP width ({label})"] = w
-        parallel.check_divisible(what, counts, world)
-
-    def _shard_weights(self, tp: Any) -> None:
-        """Every layer's attention and MLP split by :mod:`.parallel`, the LM head vocab-parallel."""
-        for i, layer in enumerate(self.layers):
-            parallel.shard_attention(self.attention(i), tp, self.num_heads, self.num_kv_heads, self.head_dim)
-            parallel.shard_mlp(layer.mlp, tp)
-        self.model.set_output_embeddings(parallel.VocabParallelHead(output_head(self.model), tp))
 
 
 class PerTypeRotary(RotaryDecoder):
