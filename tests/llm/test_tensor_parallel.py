@@ -3,8 +3,9 @@
 Each engine here starts two worker processes (each imports torch and transformers: ~10-25 s on the
 2-core CI machine), so the engines are few and shared: one tiny random Llama (GQA) engine serves the
 equality test and then the worker-death test, which ends it (run in another order, a second one
-starts); the trained code model gets one more. The refusals run
-before any worker starts.
+starts); the trained code model gets one more, and four other families one each (TP_FAMILIES: what the
+worker processes run that the thread ranks do not). Every other split family runs on two thread ranks in
+this process. The refusals run before any worker starts.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.llm.tiny_models import prompts, tiny_model
+from tests.llm.tiny_models import TP_REFUSED, prompts, tiny_model
 from trtforge.errors import UserError
 from trtforge.llm import SamplingParams, SchedulerConfig, from_pretrained
 from trtforge.llm.engine import EngineClosedError
+from trtforge.llm.models.base import SUPPORTED
 
 MODEL = Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "code-llama-21m"
 GQA = {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96}
@@ -440,14 +442,7 @@ def test_tp2_greedy_equals_tp1_on_split_families(family):
     assert got == want
 
 
-def _every_split_family() -> list[str]:
-    from tests.llm.models.test_rope_families import TP_REFUSED
-    from trtforge.llm.models.base import SUPPORTED
-
-    return [f for f in SUPPORTED if f not in TP_REFUSED]
-
-
-@pytest.mark.parametrize("family", _every_split_family())
+@pytest.mark.parametrize("family", [f for f in SUPPORTED if f not in TP_REFUSED])
 def test_every_split_family_is_greedy_on_two_thread_ranks_as_on_one(family):
     """Every family tensor parallelism splits (the Llama-style ones too; tests/llm/models' TP_REFUSED are
     the others), in this process: two sharded torch executors on two threads (their collectives meet in a

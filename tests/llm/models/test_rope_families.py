@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.llm.tiny_models import MOE_FAMILIES, tiny_model
+from tests.llm.tiny_models import MOE_FAMILIES, TP_REFUSED, tiny_model
 from tests.llm.tiny_models import prompts as tiny_prompts
 from trtforge.errors import UserError
 from trtforge.llm.compile.step import PagedDecoderStep
@@ -141,12 +141,6 @@ def test_gemma_scales_a_plain_embedding_as_transformers_4_did():
     model.model.embed_tokens = plain
     assert torch.equal(adapter_for(model).embed(ids, pos), scaled)
     assert torch.equal(scaled, plain(ids) * 55.5)
-
-
-# the families whose layers tensor parallelism does not split (tests/llm/test_tensor_parallel.py splits
-# the others)
-TP_REFUSED = ("gpt2", "gpt_neo", "gpt_bigcode", "opt", "gptj", "codegen", "falcon")
-TP_REFUSED += MOE_FAMILIES
 
 
 @pytest.mark.parametrize("family", [f for f in SUPPORTED if f not in LLAMA_STYLE])

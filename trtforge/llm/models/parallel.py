@@ -77,10 +77,7 @@ def check_divisible(what: str, counts: dict[str, int], world: int) -> None:
 
 def keep_rows(linear: nn.Linear, start: int, stop: int) -> None:
     """Column parallelism: `linear` keeps output rows [start, stop) (and their bias)."""
-    linear.weight = nn.Parameter(linear.weight.data[start:stop].clone(), requires_grad=False)
-    if linear.bias is not None:
-        linear.bias = nn.Parameter(linear.bias.data[start:stop].clone(), requires_grad=False)
-    linear.out_features = stop - start
+    keep_ranges(linear, [(start, stop)])
 
 
 class RowParallelLinear(nn.Linear):
