@@ -442,20 +442,31 @@ def test_tp2_greedy_equals_tp1_on_split_families(family):
     assert got == want
 
 
-@pytest.mark.parametrize("family", [f for f in SUPPORTED if f not in TP_REFUSED])
+# the split forms tiny_model builds under names of their own (Falcon's MHA forms, per head; falcon-40b's
+# grouped query_key_value with 2 and 4 KV groups: one and two whole groups a rank), with their overrides
+SPLIT_FORMS = {
+    "falcon_rw": {},
+    "falcon_serial": {},
+    "falcon_40b": {},
+    "falcon_40b-4kv": {"num_attention_heads": 8, "num_kv_heads": 4},
+}
+
+
+@pytest.mark.parametrize("family", [*(f for f in SUPPORTED if f not in TP_REFUSED), *SPLIT_FORMS])
 def test_every_split_family_is_greedy_on_two_thread_ranks_as_on_one(family):
     """Every family tensor parallelism splits (the Llama-style ones too; tests/llm/models' TP_REFUSED are
     the others), in this process: two sharded torch executors on two threads (their collectives meet in a
     hub) run a prefill of two prompts and greedy decode steps; their tokens are the unsharded executor's,
     token for token, and their logits its logits. Gemma (head_dim 24), Gemma 2 (windows, soft-caps), Gemma
     3, StableLM and Cohere (per-head q/k norms: shared, a norm a head, a weight row a head), OLMo 2 / 3
-    (whole-projection RMSNorm), Phi (fc1/fc2, biases), Nemotron (up/down), GLM (fused gate_up) among them."""
+    (whole-projection RMSNorm), Phi (fc1/fc2, biases), Nemotron (up/down), GLM (fused gate_up) among them,
+    and Falcon's split forms (:data:`SPLIT_FORMS`)."""
     import copy
 
     from trtforge.llm.executors.base import StepBatch
     from trtforge.llm.executors.torch_exec import TorchExecutor
 
-    model = tiny_model(family)
+    model = tiny_model(family.split("-")[0], **SPLIT_FORMS.get(family, {}))
     ps = prompts(model.config.vocab_size, lens=(5, 9))
     tables = [[0], [1, 2]]
 
@@ -562,8 +573,7 @@ def test_the_split_families_refusals_name_the_family_and_the_reason():
         adapter_for(model).shard(TensorParallel(0, 2))
     assert model.model.layers[0].self_attn.q_proj.weight.shape == before  # nothing was split
     cases = {
-        "falcon_rw": "not supported for falcon models .*per head \\(falcon-rw",
-        "falcon": "not supported for falcon models .*multi-query",
+        "falcon": "not supported for falcon models .*multi-query form .*single KV head cannot be split",
         "gpt_bigcode": "not supported for gpt_bigcode models .*have no split yet",
         "mixtral": "tensor parallelism .*the mixtral model .*sparse mixture-of-experts",
     }

@@ -124,8 +124,8 @@ def test_mpt_sequences_stop_at_its_bias_table(tmp_path):
 @pytest.mark.parametrize("family", ["bloom", "mpt", "falcon_rw"])
 def test_quantization_refuses_alibi_families_by_name_and_tensor_parallelism_slices_the_slopes(family):
     """These families' weights have no quantized layout here: quantization refuses (FP8 and INT4 weights
-    alike), naming the family. Tensor parallelism gives each rank its heads' slopes (BLOOM, MPT: in
-    tests/llm/test_tensor_parallel.py) and refuses Falcon's fused layouts by name."""
+    alike), naming the family. Tensor parallelism gives each rank its heads' slopes (their splits run in
+    tests/llm/test_tensor_parallel.py), falcon-rw's as BLOOM's and MPT's."""
     from trtforge.llm.models.parallel import TensorParallel
     from trtforge.llm.quant.apply import quantize_model
 
@@ -135,10 +135,6 @@ def test_quantization_refuses_alibi_families_by_name_and_tensor_parallelism_slic
         with pytest.raises(UserError, match=f"the {model_type} family .* has no quantized path"):
             quantize_model(model, method)
     adapter = adapter_for(model)
-    if family == "falcon_rw":
-        with pytest.raises(UserError, match="tensor parallelism is not supported for falcon models"):
-            adapter.shard(TensorParallel(0, 2))
-        return
     slopes = adapter.alibi_slopes[0]
     adapter.shard(TensorParallel(1, 2))
     half = adapter.num_heads

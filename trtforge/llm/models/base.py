@@ -37,7 +37,8 @@ GPT2_STYLE = ("gpt2", "gpt_neo", "gpt_bigcode")
 TP_RULE = (
     "tensor parallelism splits the families whose attention projects q/k/v separately "
     "(q_proj/k_proj/v_proj), fused as [q | k | v] (Phi-3's qkv_proj, MPT's Wqkv) or per head as "
-    "[heads, 3, D] (GPT-NeoX's, Persimmon's, BLOOM's query_key_value), with an output o_proj/dense/out_proj, "
+    "[heads, 3, D] (GPT-NeoX's, Persimmon's, BLOOM's, Falcon's multi-head query_key_value) or by KV group "
+    "(falcon-40b/180b's, whole groups a rank), with an output o_proj/dense/out_proj, "
     "q/k norms per head (or OLMo 2's RMSNorm over the whole projection), rotary positions or ALiBi slopes, "
     "and a dense MLP of gate/up/down, up/down, fc1/fc2, c_fc/c_proj, dense_h_to_4h/dense_4h_to_h or a fused "
     "gate_up_proj;"
@@ -588,6 +589,11 @@ class DecoderAdapter(ABC):
         """Layer i's dense MLP module (``mlp``; MPT: ``ffn``)."""
         return self.layers[i].mlp
 
+    def attention_layout(self, i: int) -> str | None:
+        """How layer i's attention lays out q/k/v for :func:`~.parallel.shard_attention` (by default what its
+        module names tell, :func:`~.parallel.attention_layout`; Falcon's config tells it apart)."""
+        return parallel.attention_layout(self.attention(i))
+
     def check_shard(self, world: int) -> None:
         """UserError naming what `world` ranks cannot split (nothing changes; the tensor-parallel executor
         asks before any worker starts; see :data:`TP_RULE`): a family whose layers are not split
@@ -615,7 +621,7 @@ class DecoderAdapter(ABC):
         widths: dict[int, None] = {}
         for i in range(self.num_layers):
             attn, mlp = self.attention(i), self.mlp_module(i)
-            if parallel.attention_layout(attn) is None:
+            if self.attention_layout(i) is None:
                 refuse(f"layer {i}'s attention {type(attn).__name__} has none of the q/k/v layouts above")
             why = parallel.head_norm_refusal(attn, self.num_heads, self.num_kv_heads, self.head_dim)
             if why is not None:
@@ -636,7 +642,10 @@ class DecoderAdapter(ABC):
     def _shard_weights(self, tp: Any) -> None:
         """Every layer's attention and MLP split by :mod:`.parallel`, the LM head vocab-parallel."""
         for i in range(self.num_layers):
-            parallel.shard_attention(self.attention(i), tp, self.num_heads, self.num_kv_heads, self.head_dim)
+            layout = self.attention_layout(i)
+            parallel.shard_attention(
+                self.attention(i), tp, self.num_heads, self.num_kv_heads, self.head_dim, layout=layout
+            )
             parallel.shard_mlp(self.mlp_module(i), tp)
         self.model.set_output_embeddings(parallel.VocabParallelHead(output_head(self.model), tp))
 

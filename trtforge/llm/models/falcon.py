@@ -72,6 +72,7 @@ class FalconStyle(RotaryDecoder):
             self.alibi_slopes = [slopes] * self.num_layers
         else:
             self._use_rotary(self.body.rotary_emb)
+        self._count_rank_heads()
 
     @property
     def spec(self) -> DecoderSpec:
@@ -90,15 +91,25 @@ class FalconStyle(RotaryDecoder):
         """The rotary module's tables; none with ALiBi (falcon-rw)."""
         return None if self.alibi else super().rotary(position_ids, dtype, rope_lens)
 
+    def attention(self, i: int) -> nn.Module:
+        """Layer i's attention module (``self_attention``)."""
+        return self.layers[i].self_attention
+
+    def attention_layout(self, i: int) -> str | None:
+        """The new architecture's ``query_key_value`` is "grouped" (whole KV groups a rank); the MHA forms'
+        (falcon-rw, the serial form) "per_head", as the module's names tell."""
+        return "grouped" if self.new else super().attention_layout(i)
+
     def check_shard(self, world: int) -> None:
-        """Refused (UserError): Falcon's fused ``query_key_value`` takes three layouts (module docstring),
-        which the config tells apart; none is split yet."""
-        raise UserError(
-            f"tensor parallelism is not supported for falcon models ({type(self.model).__name__}): {TP_RULE} "
-            "falcon's fused query_key_value is laid out after the queries (falcon-7b's multi-query: one KV "
-            "head, which cannot be split), per KV group (falcon-40b/180b) or per head (falcon-rw and the "
-            "serial form), as the config says; none of these is split yet. Use tensor_parallel_size=1."
-        )
+        """falcon-7b's multi-query form is refused (UserError: its one KV head cannot be split); the grouped
+        (falcon-40b/180b) and per-head forms split whole groups or heads a rank (the base class's checks)."""
+        if self.multi_query:
+            raise UserError(
+                f"tensor parallelism is not supported for falcon models ({type(self.model).__name__}) in "
+                f"their multi-query form (falcon-7b: multi_query, one KV head after the queries): {TP_RULE} "
+                "the single KV head cannot be split over the ranks. Use tensor_parallel_size=1."
+            )
+        super().check_shard(world)
 
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
         return self.body.word_embeddings(input_ids)

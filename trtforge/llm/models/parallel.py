@@ -4,8 +4,9 @@ A rank keeps its slice of each projection and the model stays an ordinary transf
 
 - column-parallel: q/k/v (its heads and KV heads, in the projections' layout: three separate ones, a fused
   ``[q | k | v]`` (Phi-3's ``qkv_proj``, MPT's ``Wqkv``), or the per-head ``[heads, 3, D]``
-  ``query_key_value`` of GPT-NeoX, Persimmon and BLOOM) and the MLP's input projections (gate/up, up alone,
-  fc1, c_fc, dense_h_to_4h, or a fused ``[gate | up]`` ``gate_up_proj``) keep their rows;
+  ``query_key_value`` of GPT-NeoX, Persimmon, BLOOM and Falcon's MHA forms, or Falcon-40b's grouped
+  ``[kv_heads, heads / kv_heads + 2, D]``: whole KV groups) and the MLP's input projections (gate/up, up
+  alone, fc1, c_fc, dense_h_to_4h, or a fused ``[gate | up]`` ``gate_up_proj``) keep their rows;
 - row-parallel: the attention's output projection (o_proj, dense, out_proj) and the MLP's (down_proj, fc2,
   c_proj, dense_4h_to_h) keep their input columns and become :class:`RowParallelLinear`, whose forward sums
   the ranks' partial products with one all-reduce and adds the bias once, after it;
@@ -149,6 +150,14 @@ def per_head_qkv_ranges(tp: TensorParallel, heads: int, head_dim: int) -> list[t
     return [(h0 * 3 * head_dim, h1 * 3 * head_dim)]
 
 
+def grouped_qkv_ranges(tp: TensorParallel, heads: int, kv_heads: int, head_dim: int) -> list[tuple[int, int]]:
+    """This rank's rows of a projection laid out ``[kv_heads, heads / kv_heads + 2, D]`` (Falcon-40b/180b's
+    ``query_key_value``: each KV group's queries, then its key and value): its whole groups, one range."""
+    g0, g1 = tp.share(kv_heads)
+    width = (heads // kv_heads + 2) * head_dim
+    return [(g0 * width, g1 * width)]
+
+
 def gate_up_ranges(tp: TensorParallel, width: int) -> list[tuple[int, int]]:
     """This rank's rows of a fused ``[gate | up]`` projection of an MLP `width` wide (Phi-3's and GLM's
     ``gate_up_proj``): its share of the gate, then the same share of up."""
@@ -248,12 +257,15 @@ class ShardedRMSNorm(nn.Module):
         return (self.weight * (x * torch.rsqrt(square + self.eps))).to(dtype)
 
 
-def shard_attention(attn: nn.Module, tp: TensorParallel, heads: int, kv_heads: int, head_dim: int) -> None:
+def shard_attention(
+    attn: nn.Module, tp: TensorParallel, heads: int, kv_heads: int, head_dim: int, layout: str | None = None
+) -> None:
     """Rank ``tp.rank``'s share of `attn` (:func:`attention_layout` not None, :func:`head_norm_refusal`
-    None): its heads' rows of q/k/v in their layout, the output projection row-parallel over its heads'
-    columns, its heads of each per-head q/k norm, its channels of a whole-projection RMSNorm."""
+    None): its heads' rows of q/k/v in their layout (`layout`, else :func:`attention_layout`'s; "grouped":
+    Falcon-40b's ``query_key_value``), the output projection row-parallel over its heads' columns, its
+    heads of each per-head q/k norm, its channels of a whole-projection RMSNorm."""
     d, (q0, q1), (k0, k1) = head_dim, tp.share(heads), tp.share(kv_heads)
-    layout = attention_layout(attn)
+    layout = layout or attention_layout(attn)
     if layout == "separate":
         keep_rows(attn.q_proj, q0 * d, q1 * d)
         keep_rows(attn.k_proj, k0 * d, k1 * d)
@@ -263,6 +275,8 @@ def shard_attention(attn: nn.Module, tp: TensorParallel, heads: int, kv_heads: i
         keep_ranges(fused, fused_qkv_ranges(tp, heads, kv_heads, d))
     elif layout == "per_head":
         keep_ranges(attn.query_key_value, per_head_qkv_ranges(tp, heads, d))
+    elif layout == "grouped":
+        keep_ranges(attn.query_key_value, grouped_qkv_ranges(tp, heads, kv_heads, d))
     else:
         raise ValueError(f"no q/k/v layout to split in {type(attn).__name__}")
     out = next(n for n in _ATTENTION_OUT if isinstance(getattr(attn, n, None), nn.Linear))
