@@ -449,6 +449,7 @@ SPLIT_FORMS = {
     "falcon_serial": {},
     "falcon_40b": {},
     "falcon_40b-4kv": {"num_attention_heads": 8, "num_kv_heads": 4},
+    "opt-350m": {"do_layer_norm_before": False, "word_embed_proj_dim": 32},
 }
 
 

@@ -15,7 +15,6 @@ class OptStyle(DecoderAdapter):
     multiplied by ``head_dim**-0.5`` as HF does, after its projection and bias)."""
 
     family = "opt"
-    tp_refusal = "layers (learned positions, q/k/v/out_proj and fc1/fc2 beside the layer) have no split yet."
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, list(model.model.decoder.layers), user)
@@ -25,6 +24,11 @@ class OptStyle(DecoderAdapter):
         self.head_dim = int(attn.head_dim)
         self.pre_norm = bool(self.config.do_layer_norm_before)
         self.scales = [1.0] * len(self.layers)
+        self._count_rank_heads()
+
+    def mlp_module(self, i: int) -> nn.Module:
+        """The layer itself: OPT's fc1/fc2 sit on it, beside the attention (no MLP module)."""
+        return self.layers[i]
 
     @property
     def spec(self) -> DecoderSpec:
