@@ -134,8 +134,8 @@ def test_indivisible_heads_are_refused_before_any_worker_starts(tiny):
     with pytest.raises(UserError, match=r"tensor_parallel_size 3 does not divide .*attention heads.*\(4\)"):
         from_pretrained(tiny, num_blocks=16, tensor_parallel_size=3)
     # what the adapter refuses (a family it does not split, an MLP width) is refused here too
-    with pytest.raises(UserError, match="not supported for gpt2"):
-        from_pretrained(tiny_model("gpt2"), num_blocks=16, tensor_parallel_size=2)
+    with pytest.raises(UserError, match="not supported for gptj"):
+        from_pretrained(tiny_model("gptj"), num_blocks=16, tensor_parallel_size=2)
     with pytest.raises(UserError, match=r"tensor_parallel_size 2 does not divide .*MLP width.*\(97\)"):
         from_pretrained(tiny_model("llama", intermediate_size=97), num_blocks=16, tensor_parallel_size=2)
     for bad in (0, -2, 2.0, "2"):
@@ -149,8 +149,8 @@ def test_refusals_of_the_adapter_and_the_device():
     from trtforge.llm.models.families import adapter_for
     from trtforge.llm.models.parallel import TensorParallel
 
-    with pytest.raises(UserError, match="not supported for gpt2"):
-        adapter_for(tiny_model("gpt2")).shard(TensorParallel(0, 2))
+    with pytest.raises(UserError, match="not supported for gpt_bigcode"):
+        adapter_for(tiny_model("gpt_bigcode")).shard(TensorParallel(0, 2))
     with pytest.raises(UserError, match="intermediate_size"):
         adapter_for(tiny_model("llama", intermediate_size=97)).shard(TensorParallel(0, 2))
     if torch.cuda.device_count() < 8:
@@ -399,13 +399,13 @@ def test_tensorrt_onnx_parser_imports_a_dist_collective_node():
 
 
 def test_a_workers_refusal_at_start_reaches_the_caller_and_no_worker_is_left(tmp_path):
-    """GPT-2 is not split: from a directory (the driver reads only its config), each worker's adapter
+    """GPT-J is not split: from a directory (the driver reads only its config), each worker's adapter
     refuses it; the caller gets that UserError itself."""
     import multiprocessing
 
-    tiny_model("gpt2").save_pretrained(tmp_path)
+    tiny_model("gptj").save_pretrained(tmp_path)
     before = set(multiprocessing.active_children())  # another test's shared engine may be alive here
-    with pytest.raises(UserError, match="not supported for gpt2"):
+    with pytest.raises(UserError, match="not supported for gptj"):
         from_pretrained(str(tmp_path), num_blocks=16, tensor_parallel_size=2)
 
     def left() -> set:
@@ -575,7 +575,7 @@ def test_the_split_families_refusals_name_the_family_and_the_reason():
     assert model.model.layers[0].self_attn.q_proj.weight.shape == before  # nothing was split
     cases = {
         "falcon": "not supported for falcon models .*multi-query form .*single KV head cannot be split",
-        "gpt_bigcode": "not supported for gpt_bigcode models .*have no split yet",
+        "gpt_bigcode": "not supported for gpt_bigcode models .*multi_query.*cannot be split",
         "mixtral": "tensor parallelism .*the mixtral model .*sparse mixture-of-experts",
     }
     for family, why in cases.items():

@@ -7,16 +7,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from trtforge.llm.models import parallel
 from trtforge.llm.models.base import DecoderAdapter, DecoderSpec
 
 
 class Gpt2Style(DecoderAdapter):
-    """GPT-2 (``GPT2LMHeadModel``)."""
+    """GPT-2 (``GPT2LMHeadModel``). Tensor parallelism turns its Conv1D projections into the equivalent
+    ``nn.Linear`` layers first (:meth:`_shard_weights`), then splits c_attn as ``[q | k | v]``."""
 
     family = "gpt2"
-    tp_refusal = (
-        "layers (GPT-2's Conv1D c_attn, GPT-BigCode's multi-query c_attn, GPT-Neo's) have no split yet."
-    )
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, list(model.transformer.h), user)
@@ -28,6 +27,41 @@ class Gpt2Style(DecoderAdapter):
         # the module's own scale: GPT-2's 1/sqrt(D) if scale_attn_weights, / (layer + 1) if by inverse
         # layer idx; GPT-Neo's attention has none (its scores are unscaled)
         self.scales = [float(getattr(self._attention(i), "scaling", 1.0)) for i in range(self.num_layers)]
+        self._count_rank_heads()
+
+    def attention(self, i: int) -> nn.Module:
+        return self._attention(i)
+
+    def _conv1d(self) -> bool:
+        """Whether the layers hold transformers' Conv1D (GPT-2's; GPT-Neo's and GPT-BigCode's are Linear)."""
+        return is_conv1d(self.layers[0].mlp.c_fc)
+
+    def attention_layout(self, i: int) -> str | None:
+        """GPT-2's c_attn is ``[q | k | v]`` by heads ("fused"; a Conv1D until :meth:`_shard_weights`);
+        the others' as their module's names tell."""
+        return "fused" if self._conv1d() else super().attention_layout(i)
+
+    def check_shard(self, world: int) -> None:
+        """GPT-2's heads and MLP width must divide over `world` ranks (UserError; its Conv1D layers are
+        Linear's equivalent, :meth:`_shard_weights`); the others: the base class's checks."""
+        if not self._conv1d():
+            super().check_shard(world)
+            return
+        counts = {
+            "attention heads (n_head)": self.num_heads,
+            "MLP width (n_inner)": int(self.layers[0].mlp.c_fc.nf),
+        }
+        parallel.check_divisible(f"gpt2 model {type(self.model).__name__}", counts, world)
+
+    def _shard_weights(self, tp: object) -> None:
+        """Each layer's Conv1D c_attn, c_proj, c_fc and c_proj as the ``nn.Linear`` it equals (its
+        ``[in, out]`` weight transposed), then the base class's split."""
+        for layer in self.layers if self._conv1d() else []:
+            for module, names in ((layer.attn, ("c_attn", "c_proj")), (layer.mlp, ("c_fc", "c_proj"))):
+                for name in names:
+                    if is_conv1d(getattr(module, name)):
+                        setattr(module, name, as_linear(getattr(module, name)))
+        super()._shard_weights(tp)
 
     def _attention(self, i: int) -> nn.Module:
         """Layer i's attention module (the one holding the projections and the head counts)."""
@@ -49,7 +83,7 @@ class Gpt2Style(DecoderAdapter):
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         attn = self.layers[i].attn
-        q, k, v = conv1d(attn.c_attn, self.layers[i].ln_1(x)).split(attn.split_size, dim=-1)
+        q, k, v = conv1d(attn.c_attn, self.layers[i].ln_1(x)).chunk(3, dim=-1)
         return tuple(t.unflatten(-1, (-1, self.head_dim)) for t in (q, k, v))  # type: ignore[return-value]
 
     def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
@@ -62,11 +96,27 @@ class Gpt2Style(DecoderAdapter):
         return self.body.ln_f(x)
 
 
+def is_conv1d(module: nn.Module) -> bool:
+    """Whether `module` is transformers' Conv1D (an ``[in, out]`` weight), not an ``nn.Linear``."""
+    return type(module).__name__ == "Conv1D"
+
+
+def as_linear(conv: nn.Module) -> nn.Linear:
+    """The ``nn.Linear`` equal to GPT-2's Conv1D `conv` (its ``[in, out]`` weight transposed, its bias)."""
+    w = conv.weight.data
+    linear = nn.Linear(w.shape[0], w.shape[1], bias=conv.bias is not None, device=w.device, dtype=w.dtype)
+    linear.weight = nn.Parameter(w.t().contiguous(), requires_grad=False)
+    if conv.bias is not None:
+        linear.bias = nn.Parameter(conv.bias.data.clone(), requires_grad=False)
+    return linear
+
+
 def conv1d(module: nn.Module, x: Tensor) -> Tensor:
     """GPT-2's Conv1D (a linear layer with an [in, out] weight). Flat tokens ``[T, in]`` (the torch
-    executor) run the module itself, as HF does; batched ``[B, S, in]`` (the step graph) run without
-    its view to a traced shape, which the legacy exporter would freeze to the example's length."""
-    if x.dim() == 2:
+    executor) and a Conv1D made ``nn.Linear`` (tensor parallelism) run the module itself, as HF does;
+    batched ``[B, S, in]`` (the step graph) run without its view to a traced shape, which the legacy
+    exporter would freeze to the example's length."""
+    if x.dim() == 2 or isinstance(module, nn.Linear):
         return module(x)
     return torch.matmul(x, module.weight) + module.bias
 
@@ -99,6 +149,10 @@ class GptBigCodeStyle(Gpt2Style):
     [q, k, v] otherwise."""
 
     family = "gpt_bigcode"
+    tp_refusal = (
+        "c_attn yields one key/value head after the queries (multi_query: StarCoder, SantaCoder), which "
+        "cannot be split; its per-head form (multi_query off) has no split yet."
+    )
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         attn = self.layers[i].attn

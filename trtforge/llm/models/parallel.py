@@ -3,13 +3,13 @@
 A rank keeps its slice of each projection and the model stays an ordinary transformers model:
 
 - column-parallel: q/k/v (its heads and KV heads, in the projections' layout: three separate ones, a fused
-  ``[q | k | v]`` (Phi-3's ``qkv_proj``, MPT's ``Wqkv``), or the per-head ``[heads, 3, D]``
-  ``query_key_value`` of GPT-NeoX, Persimmon, BLOOM and Falcon's MHA forms, or Falcon-40b's grouped
-  ``[kv_heads, heads / kv_heads + 2, D]``: whole KV groups) and the MLP's input projections (gate/up, up
-  alone, fc1, c_fc, dense_h_to_4h, or a fused ``[gate | up]`` ``gate_up_proj``) keep their rows;
-- row-parallel: the attention's output projection (o_proj, dense, out_proj) and the MLP's (down_proj, fc2,
-  c_proj, dense_4h_to_h) keep their input columns and become :class:`RowParallelLinear`, whose forward sums
-  the ranks' partial products with one all-reduce and adds the bias once, after it;
+  ``[q | k | v]`` (Phi-3's ``qkv_proj``, MPT's ``Wqkv``, GPT-2's ``c_attn`` made Linear), or the per-head
+  ``[heads, 3, D]`` ``query_key_value`` of GPT-NeoX, Persimmon, BLOOM and Falcon's MHA forms, or Falcon-40b's
+  grouped ``[kv_heads, heads / kv_heads + 2, D]``: whole KV groups) and the MLP's input projections (gate/up,
+  up alone, fc1, c_fc, dense_h_to_4h, or a fused ``[gate | up]`` ``gate_up_proj``) keep their rows;
+- row-parallel: the attention's output projection (o_proj, dense, out_proj, c_proj) and the MLP's (down_proj,
+  fc2, c_proj, dense_4h_to_h) keep their input columns and become :class:`RowParallelLinear`, whose forward
+  sums the ranks' partial products with one all-reduce and adds the bias once, after it;
 - per-head q/k norms keep their heads' weights (or are shared by all heads as they are); an RMSNorm over a
   whole q or k projection (OLMo 2's) becomes :class:`ShardedRMSNorm`, exact with one all-reduce;
 - ALiBi slopes: each rank its heads' (the adapter's, :meth:`~.base.DecoderAdapter.shard`);
@@ -166,9 +166,9 @@ def gate_up_ranges(tp: TensorParallel, width: int) -> list[tuple[int, int]]:
 
 
 # an attention module's projections: the layouts of q/k/v and the names of its output projection
-_ATTENTION_OUT = ("o_proj", "dense", "out_proj")
-# the fused [q | k | v] projections (Phi-3's, MPT's)
-_FUSED_QKV = ("qkv_proj", "Wqkv")
+_ATTENTION_OUT = ("o_proj", "dense", "out_proj", "c_proj")
+# the fused [q | k | v] projections (Phi-3's, MPT's, GPT-2's made Linear)
+_FUSED_QKV = ("qkv_proj", "Wqkv", "c_attn")
 # an MLP's column-parallel projections (in its forward's order) and its row-parallel one; the fused
 # gate_up_proj is apart (gate_up_ranges)
 _MLP_LAYOUTS = (
