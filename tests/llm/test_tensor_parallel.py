@@ -468,6 +468,11 @@ def test_every_split_family_is_greedy_on_two_thread_ranks_as_on_one(family):
     from trtforge.llm.executors.torch_exec import TorchExecutor
 
     model = tiny_model(family.split("-")[0], **SPLIT_FORMS.get(family, {}))
+    with torch.no_grad():  # biases off their zero init, so that one added on every rank (or lost) shows
+        generator = torch.Generator().manual_seed(1)
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.add_(torch.randn(param.shape, generator=generator, dtype=param.dtype) * 0.2)
     ps = prompts(model.config.vocab_size, lens=(5, 9))
     tables = [[0], [1, 2]]
 
