@@ -450,6 +450,7 @@ SPLIT_FORMS = {
     "falcon_40b": {},
     "falcon_40b-4kv": {"num_attention_heads": 8, "num_kv_heads": 4},
     "opt-350m": {"do_layer_norm_before": False, "word_embed_proj_dim": 32},
+    "gpt_bigcode-mha": {"multi_query": False},
 }
 
 
@@ -580,7 +581,7 @@ def test_the_split_families_refusals_name_the_family_and_the_reason():
     assert model.model.layers[0].self_attn.q_proj.weight.shape == before  # nothing was split
     cases = {
         "falcon": "not supported for falcon models .*multi-query form .*single KV head cannot be split",
-        "gpt_bigcode": "not supported for gpt_bigcode models .*multi_query.*cannot be split",
+        "gpt_bigcode": "not supported for gpt_bigcode models .*multi-query form .*cannot be split",
         "mixtral": "tensor parallelism .*the mixtral model .*sparse mixture-of-experts",
     }
     for family, why in cases.items():

@@ -70,7 +70,8 @@ MOE_CLASSES = {
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
 # test_rope_families.py checks the refusal, tests/llm/test_tensor_parallel.py splits every other one);
-# "falcon" is falcon-7b's multi-query form (one KV head), Falcon's other FORMS split
+# "falcon" is falcon-7b's multi-query form (one KV head), Falcon's other FORMS split; "gpt_bigcode" its
+# multi-query form too (its multi-head one splits)
 TP_REFUSED = ("gpt_bigcode", "gptj", "codegen", "falcon", *MOE_FAMILIES)
 # forms of one family that tiny_model builds under names of their own: Falcon's other two layer
 # architectures ("falcon" itself is falcon-7b's: multi-query, parallel, one input_layernorm)

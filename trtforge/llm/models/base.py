@@ -37,10 +37,10 @@ GPT2_STYLE = ("gpt2", "gpt_neo", "gpt_bigcode")
 TP_RULE = (
     "tensor parallelism splits the families whose attention projects q/k/v separately (q_proj/k_proj/v_proj),"
     " fused as [q | k | v] (Phi-3's qkv_proj, MPT's Wqkv, GPT-2's c_attn) or per head as [heads, 3, D] "
-    "(GPT-NeoX's, Persimmon's, BLOOM's, Falcon's multi-head query_key_value) or by KV group "
-    "(falcon-40b/180b's, whole groups a rank), with an output o_proj/dense/out_proj/c_proj, q/k norms per "
-    "head (or OLMo 2's RMSNorm over the whole projection), rotary positions or ALiBi slopes, and a dense MLP "
-    "(its module's, or OPT's on the layer) of gate/up/down, up/down, fc1/fc2, c_fc/c_proj, "
+    "(GPT-NeoX's, Persimmon's, BLOOM's, Falcon's multi-head query_key_value, GPT-BigCode's multi-head c_attn)"
+    " or by KV group (falcon-40b/180b's, whole groups a rank), with an output o_proj/dense/out_proj/c_proj, "
+    "q/k norms per head (or OLMo 2's RMSNorm over the whole projection), rotary positions or ALiBi slopes, "
+    "and a dense MLP (its module's, or OPT's on the layer) of gate/up/down, up/down, fc1/fc2, c_fc/c_proj, "
     "dense_h_to_4h/dense_4h_to_h or a fused gate_up_proj;"
 )
 # each adapter module's families and what sets them apart, as errors list them (families.ADAPTERS maps

@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from trtforge.errors import UserError
 from trtforge.llm.models import parallel
-from trtforge.llm.models.base import DecoderAdapter, DecoderSpec
+from trtforge.llm.models.base import TP_RULE, DecoderAdapter, DecoderSpec
 
 
 class Gpt2Style(DecoderAdapter):
@@ -149,10 +150,22 @@ class GptBigCodeStyle(Gpt2Style):
     [q, k, v] otherwise."""
 
     family = "gpt_bigcode"
-    tp_refusal = (
-        "c_attn yields one key/value head after the queries (multi_query: StarCoder, SantaCoder), which "
-        "cannot be split; its per-head form (multi_query off) has no split yet."
-    )
+
+    def attention_layout(self, i: int) -> str | None:
+        """The multi-head c_attn is ``[heads, 3, D]`` ("per_head"); the multi-query one is not split."""
+        return "per_head" if not self.layers[i].attn.multi_query else None
+
+    def check_shard(self, world: int) -> None:
+        """The multi-query form (StarCoder, SantaCoder) is refused (UserError: its one KV head cannot be
+        split); the multi-head form splits whole heads (the base class's checks)."""
+        if self.layers[0].attn.multi_query:
+            raise UserError(
+                f"tensor parallelism is not supported for gpt_bigcode models ({type(self.model).__name__}) "
+                f"in their multi-query form (multi_query: StarCoder, SantaCoder): {TP_RULE} c_attn yields "
+                "one key/value head after the queries, which cannot be split over the ranks. Use "
+                "tensor_parallel_size=1."
+            )
+        super().check_shard(world)
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         attn = self.layers[i].attn

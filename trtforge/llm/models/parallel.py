@@ -169,6 +169,9 @@ def gate_up_ranges(tp: TensorParallel, width: int) -> list[tuple[int, int]]:
 _ATTENTION_OUT = ("o_proj", "dense", "out_proj", "c_proj")
 # the fused [q | k | v] projections (Phi-3's, MPT's, GPT-2's made Linear)
 _FUSED_QKV = ("qkv_proj", "Wqkv", "c_attn")
+# the per-head [heads, 3, D] projections (GPT-NeoX's, BLOOM's, Falcon's; GPT-BigCode's multi-head c_attn,
+# which its adapter names "per_head")
+_PER_HEAD_QKV = ("query_key_value", "c_attn")
 # an MLP's column-parallel projections (in its forward's order) and its row-parallel one; the fused
 # gate_up_proj is apart (gate_up_ranges)
 _MLP_LAYOUTS = (
@@ -273,8 +276,9 @@ def shard_attention(
     elif layout == "fused":
         fused = next(getattr(attn, n) for n in _FUSED_QKV if isinstance(getattr(attn, n, None), nn.Linear))
         keep_ranges(fused, fused_qkv_ranges(tp, heads, kv_heads, d))
-    elif layout == "per_head":
-        keep_ranges(attn.query_key_value, per_head_qkv_ranges(tp, heads, d))
+    elif layout == "per_head":  # (GPT-BigCode's multi-head c_attn too)
+        fused = next(getattr(attn, n) for n in _PER_HEAD_QKV if isinstance(getattr(attn, n, None), nn.Linear))
+        keep_ranges(fused, per_head_qkv_ranges(tp, heads, d))
     elif layout == "grouped":
         keep_ranges(attn.query_key_value, grouped_qkv_ranges(tp, heads, kv_heads, d))
     else:
