@@ -127,6 +127,15 @@ def test_tp2_greedy_equals_tp1_on_code_llama_21m():
     assert got == want
 
 
+def test_an_indivisible_count_names_the_sizes_that_divide_it():
+    from trtforge.llm.models.parallel import check_divisible
+
+    with pytest.raises(UserError, match=r"does not divide m's KV heads \(6\).*\(e\.g\. 2, 3, 6\)\.$"):
+        check_divisible("m", {"KV heads": 6}, 4)
+    with pytest.raises(UserError, match=r"\(1\).*With 1 KV heads, only tensor_parallel_size=1 splits it\.$"):
+        check_divisible("m", {"KV heads": 1}, 2)  # multi-query: no size above 1 divides it
+
+
 def test_indivisible_heads_are_refused_before_any_worker_starts(tiny):
     t0 = time.monotonic()
     with pytest.raises(UserError, match=r"tensor_parallel_size 4 does not divide .*KV heads.*\(2\)"):

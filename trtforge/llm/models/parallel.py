@@ -69,10 +69,15 @@ def check_divisible(what: str, counts: dict[str, int], world: int) -> None:
     """UserError naming the first count that `world` ranks cannot split evenly."""
     for name, n in counts.items():
         if n % world:
+            sizes = [str(d) for d in range(2, n + 1) if n % d == 0]
+            choice = (
+                f"Choose a tensor_parallel_size that divides {n} (e.g. {', '.join(sizes)})."
+                if sizes
+                else f"With {n} {name}, only tensor_parallel_size=1 splits it."
+            )
             raise UserError(
                 f"tensor_parallel_size {world} does not divide {what}'s {name} ({n}): each rank must hold "
-                f"an equal share of the {name}. Choose a tensor_parallel_size that divides {n} "
-                f"(e.g. {', '.join(str(d) for d in range(1, n + 1) if n % d == 0 and d > 1)})."
+                f"an equal share of the {name}. {choice}"
             )
 
 
