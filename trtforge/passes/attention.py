@@ -188,6 +188,18 @@ def _full_mask(op, mask: ir.Value, query: ir.Value, key: ir.Value) -> ir.Value:
     return op.Expand(mask, op.Concat(ones, sq, skv, axis=0))
 
 
+def _scaled(op, x, scale, tag: str):
+    """`x`, `x * scale` or `x / scale`, tagged `tag` with the kind ("Mul", "Div", "None")."""
+    return pattern.OrValue(
+        [op.Mul(x, scale), op.Div(x, scale), x], tag_var=tag, tag_values=["Mul", "Div", "None"]
+    )
+
+
+def _scalings(b: dict) -> tuple[tuple[str | None, ir.Value | None], ...]:
+    """The (kind, value) of the query's, the key's and the product's scaling a match bound."""
+    return tuple((b.get(f"{w}_scaling"), b.get(f"{w}_scale")) for w in ("query", "key", "qk"))
+
+
 class AttentionFusion(pattern.RewriteRuleClassBase):
     """MatMul-scale-mask-Softmax-MatMul -> Attention / plugin node (module docstring)."""
 
@@ -207,22 +219,10 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
             tag_var="key_format",
             tag_values=["BHSd", "BHSd", "BSHd"],
         )
-        query = pattern.OrValue(
-            [op.Mul(query, query_scale), op.Div(query, query_scale), query],
-            tag_var="query_scaling",
-            tag_values=["Mul", "Div", "None"],
-        )
-        key_t = pattern.OrValue(
-            [op.Mul(key_t, key_scale), op.Div(key_t, key_scale), key_t],
-            tag_var="key_scaling",
-            tag_values=["Mul", "Div", "None"],
-        )
+        query = _scaled(op, query, query_scale, "query_scaling")
+        key_t = _scaled(op, key_t, key_scale, "key_scaling")
         score = op.MatMul(query, key_t)  # Q Kᵀ
-        score = pattern.OrValue(
-            [op.Mul(score, qk_scale), op.Div(score, qk_scale), score],
-            tag_var="qk_scaling",
-            tag_values=["Mul", "Div", "None"],
-        )
+        score = _scaled(op, score, qk_scale, "qk_scaling")
         biased = pattern.OrValue([op.Add(score, bias), op.Add(bias, score)])
         score = pattern.OrValue(
             [op.Add(biased, mask), op.Add(mask, biased), op.Add(score, mask), op.Add(mask, score), score],
@@ -246,11 +246,7 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
             return result.fail(f"query head size {q_dh} != key head size {k_dh}", key)
         if nan_fill is not None and _ir_utils.get_singleton_value(nan_fill) != 0:
             return result.fail("Softmax NaN fill is not the constant 0", nan_fill)
-        for kind, val in (
-            (b.get("query_scaling"), b.get("query_scale")),
-            (b.get("key_scaling"), b.get("key_scale")),
-            (b.get("qk_scaling"), b.get("qk_scale")),
-        ):
+        for kind, val in _scalings(b):
             if _scale(kind, val) is None:
                 return result.fail("a score scale is not a constant scalar", val)
         for what, m in (("mask", mask), ("score bias", bias)):
@@ -274,11 +270,7 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, query, key, value, mask, bias, key_format, **b):
         scale = 1.0
-        for kind, val in (
-            (b.get("query_scaling"), b.get("query_scale")),
-            (b.get("key_scaling"), b.get("key_scale")),
-            (b.get("qk_scaling"), b.get("qk_scale")),
-        ):
+        for kind, val in _scalings(b):
             scale *= _scale(kind, val)
         if key_format == "BSHd":
             key = op.Transpose(key, perm=[0, 2, 1, 3])
@@ -398,22 +390,10 @@ class FoldedAttentionFusion(pattern.RewriteRuleClassBase):
             tag_var="key_format",
             tag_values=["NSd", "SNd"],
         )
-        query = pattern.OrValue(
-            [op.Mul(query, query_scale), op.Div(query, query_scale), query],
-            tag_var="query_scaling",
-            tag_values=["Mul", "Div", "None"],
-        )
-        key_t = pattern.OrValue(
-            [op.Mul(key_t, key_scale), op.Div(key_t, key_scale), key_t],
-            tag_var="key_scaling",
-            tag_values=["Mul", "Div", "None"],
-        )
+        query = _scaled(op, query, query_scale, "query_scaling")
+        key_t = _scaled(op, key_t, key_scale, "key_scaling")
         score = op.MatMul(query, key_t)
-        score = pattern.OrValue(
-            [op.Mul(score, qk_scale), op.Div(score, qk_scale), score],
-            tag_var="qk_scaling",
-            tag_values=["Mul", "Div", "None"],
-        )
+        score = _scaled(op, score, qk_scale, "qk_scaling")
         score = pattern.OrValue([op.Add(score, bias), op.Add(bias, score), score])
         if self.view == "4d":
             score = op.Reshape(score, view_shape)
@@ -439,11 +419,7 @@ class FoldedAttentionFusion(pattern.RewriteRuleClassBase):
                 return result.fail(f"{name} is not a rank-3 [B*H, S, D] tensor (rank {_rank(v)})", v)
             if v.dtype not in _FLOATS or v.dtype != query.dtype:
                 return result.fail(f"{name} dtype {v.dtype} is not the query's float dtype", v)
-        for kind, val in (
-            (b.get("query_scaling"), b.get("query_scale")),
-            (b.get("key_scaling"), b.get("key_scale")),
-            (b.get("qk_scaling"), b.get("qk_scale")),
-        ):
+        for kind, val in _scalings(b):
             if _scale(kind, val) is None and not _runtime_scalar(val, query.dtype):
                 return result.fail("a score scale is neither a constant nor a runtime scalar", val)
         for what, m, most in (("score bias", bias, 3), ("mask", mask, 4)):
