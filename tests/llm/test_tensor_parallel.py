@@ -460,6 +460,8 @@ SPLIT_FORMS = {
     "falcon_40b-4kv": {"num_attention_heads": 8, "num_kv_heads": 4},
     "opt-350m": {"do_layer_norm_before": False, "word_embed_proj_dim": 32},
     "gpt_bigcode-mha": {"multi_query": False},
+    "stablelm-parallel": {"use_parallel_residual": True},
+    "gpt_neox-serial": {"use_parallel_residual": False},
 }
 
 
@@ -514,6 +516,40 @@ def test_every_split_family_is_greedy_on_two_thread_ranks_as_on_one(family):
             torch.testing.assert_close(
                 got, want, atol=1e-4, rtol=1e-4, msg=lambda m, s=step: f"step {s}: {m}"
             )
+
+
+@pytest.mark.parametrize(
+    ("family", "per_layer"),
+    [("gpt_neox", 1), ("phi", 1), ("cohere", 1), ("falcon_40b", 1), ("stablelm-parallel", 1), ("llama", 2)],
+)
+def test_a_parallel_residual_block_reduces_once_a_layer(family, per_layer):
+    """GPT-NeoX, Phi, Cohere, Falcon-40b and StableLM's parallel form add the attention's and the MLP's
+    row-parallel products to one input, so one all-reduce of their sum serves both (a sequential block,
+    Llama's, needs one after each); counted on two thread ranks over one prefill step."""
+    import copy
+
+    from trtforge.llm.executors.base import StepBatch
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    model = tiny_model(family.split("-")[0], **SPLIT_FORMS.get(family, {}))
+    counts = [0, 0]
+
+    def step(rank, tp):
+        reduce = tp.all_reduce
+
+        class Counting(type(tp)):
+            def all_reduce(self, t):
+                counts[self.rank] += 1
+                return reduce(t)
+
+        executor = TorchExecutor(copy.deepcopy(model), 8, 16, tensor_parallel=Counting(tp.rank, tp.world))
+        batch = StepBatch.build(["a"], [[1, 2, 3, 4, 5]], [0], [[0]], [list(range(5))], [True])
+        with torch.no_grad():
+            return executor.step(batch).float()
+
+    logits = _on_ranks(2, step)
+    torch.testing.assert_close(logits[0], logits[1])
+    assert counts == [per_layer * model.config.num_hidden_layers] * 2
 
 
 def test_a_fused_projection_split_takes_each_ranks_heads():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
@@ -541,6 +542,24 @@ class DecoderAdapter(ABC):
     @abstractmethod
     def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
         """Layer i's output from its input `x` and the attention output ``[..., heads * D]``."""
+
+    def parallel_block(
+        self,
+        x: Tensor,
+        attn: Callable[[], Tensor],
+        mlp: Callable[[], Tensor],
+        whole: Callable[[Tensor, Tensor], Tensor],
+    ) -> Tensor:
+        """A parallel-residual block's output (``x + attn + mlp`` from one input `x`): ``whole(attn(),
+        mlp())``, the family's own sum order, on a whole model. Sharded, both branches' row-parallel
+        products stay partial (:func:`.parallel.partial_sums`) and one all-reduce sums them before `x` is
+        added: one collective a layer where reducing each projection takes two."""
+        tp = parallel.sharded(self.model)
+        if tp is None:
+            return whole(attn(), mlp())
+        with parallel.partial_sums():
+            part = attn() + mlp()
+        return tp.all_reduce(part) + x
 
     def mlp(self, i: int, h: Tensor) -> Tensor:
         """Layer i's MLP on its normed input `h`: its sparse MoE block (:attr:`moe`, by

@@ -49,7 +49,12 @@ class CohereStyle(RopeStyle):
         """The attention and the MLP both read the block's one ``input_layernorm`` of `x` (recomputed here:
         the torch executor runs the two halves of a block as separate pieces); HF's sum order."""
         layer = self.layers[i]
-        return x + layer.self_attn.o_proj(attn_out) + layer.mlp(layer.input_layernorm(x))
+        return self.parallel_block(
+            x,
+            lambda: layer.self_attn.o_proj(attn_out),
+            lambda: layer.mlp(layer.input_layernorm(x)),
+            lambda attn, mlp: x + attn + mlp,
+        )
 
     def logits(self, x: Tensor) -> Tensor:
         return super().logits(x) * self.config.logit_scale

@@ -138,12 +138,15 @@ class FalconStyle(RotaryDecoder):
         the torch executor runs the two halves of a block as separate pieces); serial: ``h = x + attn``,
         then ``h + mlp(post_attention_layernorm(h))``. HF's sum order."""
         layer = self.layers[i]
-        attn = layer.self_attention.dense(attn_out)
         if not self.parallel:
-            h = x + attn
+            h = x + layer.self_attention.dense(attn_out)
             return h + layer.mlp(layer.post_attention_layernorm(h))
-        norm = layer.ln_mlp(x) if self.new and self.two_norms else self._attention_norm(i, x)
-        return x + (layer.mlp(norm) + attn)
+        return self.parallel_block(
+            x,
+            lambda: layer.self_attention.dense(attn_out),
+            lambda: layer.mlp(layer.ln_mlp(x) if self.new and self.two_norms else self._attention_norm(i, x)),
+            lambda attn, mlp: x + (mlp + attn),
+        )
 
     def final_norm(self, x: Tensor) -> Tensor:
         return self.body.ln_f(x)

@@ -41,10 +41,14 @@ class GptNeoXStyle(RotaryDecoder):
 
     def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
         layer = self.layers[i]
-        attn = layer.attention.dense(attn_out)
         if layer.use_parallel_residual:
-            return layer.mlp(layer.post_attention_layernorm(x)) + attn + x
-        h = attn + x
+            return self.parallel_block(
+                x,
+                lambda: layer.attention.dense(attn_out),
+                lambda: layer.mlp(layer.post_attention_layernorm(x)),
+                lambda attn, mlp: mlp + attn + x,
+            )
+        h = layer.attention.dense(attn_out) + x
         return layer.mlp(layer.post_attention_layernorm(h)) + h
 
     def final_norm(self, x: Tensor) -> Tensor:

@@ -9,7 +9,9 @@ A rank keeps its slice of each projection and the model stays an ordinary transf
   up alone, fc1, c_fc, dense_h_to_4h, or a fused ``[gate | up]`` ``gate_up_proj``) keep their rows;
 - row-parallel: the attention's output projection (o_proj, dense, out_proj, c_proj) and the MLP's (down_proj,
   fc2, c_proj, dense_4h_to_h) keep their input columns and become :class:`RowParallelLinear`, whose forward
-  sums the ranks' partial products with one all-reduce and adds the bias once, after it;
+  sums the ranks' partial products with one all-reduce and adds the bias once, after it (inside
+  :func:`partial_sums` it returns this rank's partial product instead, the bias on rank 0 alone: a
+  parallel-residual block sums its attention's and its MLP's with one all-reduce, not two);
 - per-head q/k norms keep their heads' weights (or are shared by all heads as they are); an RMSNorm over a
   whole q or k projection (OLMo 2's) becomes :class:`ShardedRMSNorm`, exact with one all-reduce;
 - ALiBi slopes: each rank its heads' (the adapter's, :meth:`~.base.DecoderAdapter.shard`);
@@ -26,6 +28,9 @@ all-reduce and all-gather CUDA graphs capture).
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +91,21 @@ def keep_rows(linear: nn.Linear, start: int, stop: int) -> None:
     keep_ranges(linear, [(start, stop)])
 
 
+_PARTIAL = threading.local()  # per thread: the ranks of one process (tests) each run on their own
+
+
+@contextlib.contextmanager
+def partial_sums() -> Iterator[None]:
+    """Inside, every :class:`RowParallelLinear` returns this rank's partial product (its bias on rank 0
+    alone) without its all-reduce: the caller adds such outputs and reduces their sum once."""
+    before = getattr(_PARTIAL, "on", False)
+    _PARTIAL.on = True
+    try:
+        yield
+    finally:
+        _PARTIAL.on = before
+
+
 class RowParallelLinear(nn.Linear):
     """A linear layer holding input columns [start, stop) of `linear`: partial products summed over the
     ranks by one all-reduce, the bias added once after it."""
@@ -98,7 +118,10 @@ class RowParallelLinear(nn.Linear):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(nn.functional.linear(x, self.weight))
+        y = nn.functional.linear(x, self.weight)
+        if getattr(_PARTIAL, "on", False):
+            return y if self.bias is None or self.tp.rank != 0 else y + self.bias
+        y = self.tp.all_reduce(y)
         return y if self.bias is None else y + self.bias
 
 

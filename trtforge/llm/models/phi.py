@@ -27,7 +27,12 @@ class PhiStyle(RopeStyle):
         """The attention and the MLP both read the block's one LayerNorm of `x` (recomputed here: the
         torch executor runs the two halves of a block as separate pieces)."""
         layer = self.layers[i]
-        return layer.self_attn.dense(attn_out) + layer.mlp(layer.input_layernorm(x)) + x
+        return self.parallel_block(
+            x,
+            lambda: layer.self_attn.dense(attn_out),
+            lambda: layer.mlp(layer.input_layernorm(x)),
+            lambda attn, mlp: attn + mlp + x,
+        )
 
     def final_norm(self, x: Tensor) -> Tensor:
         return self.body.final_layernorm(x)

@@ -33,10 +33,14 @@ class StableLmStyle(RopeStyle):
         reads the block's one ``input_layernorm`` of `x` (recomputed: the torch executor runs the two
         halves of a block as separate pieces)."""
         layer = self.layers[i]
-        attn = layer.self_attn.o_proj(attn_out)
         if layer.use_parallel_residual:
-            return x + attn + layer.mlp(layer.input_layernorm(x))
-        h = x + attn
+            return self.parallel_block(
+                x,
+                lambda: layer.self_attn.o_proj(attn_out),
+                lambda: layer.mlp(layer.input_layernorm(x)),
+                lambda attn, mlp: x + attn + mlp,
+            )
+        h = x + layer.self_attn.o_proj(attn_out)
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
