@@ -226,11 +226,13 @@ def test_chunked_paged_steps_reproduce_transformers_logits(model_type, overrides
 def test_unsupported_models_and_bad_sizes_are_user_errors():
     import transformers
 
-    biogpt = transformers.BioGptForCausalLM(  # no adapter
-        transformers.BioGptConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, vocab_size=50)
+    config = {"num_hidden_layers": 1, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2}
+    diffllama = transformers.DiffLlamaForCausalLM(  # no adapter: refused saying why
+        transformers.DiffLlamaConfig(**config, vocab_size=50)
     )
-    with pytest.raises(UserError, match="model family 'biogpt' .*not supported by the torch executor"):
-        TorchExecutor(biogpt, num_blocks=4)
+    why = "DiffLlama's differential attention subtracts a second softmax map"
+    with pytest.raises(UserError, match=f"family 'diffllama' .*not supported by the torch executor.*{why}"):
+        TorchExecutor(diffllama, num_blocks=4)
     bare = transformers.LlamaModel(tiny_llama().config)  # no lm_head: was an AttributeError
     with pytest.raises(UserError, match="LlamaModel has no lm_head: the torch executor needs the causal-LM"):
         TorchExecutor(bare, num_blocks=4)

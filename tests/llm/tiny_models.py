@@ -10,7 +10,8 @@ from trtforge.llm.models.base import LLAMA_STYLE, SUPPORTED
 # Llama relatives the cheap suites cover (the step graph vs HF generate on the legacy exporter, the config
 # draws, the window oracle, test_rope_kin's rotary bit for bit): their differences are adapter-level pieces
 # (rotary knobs, norms and MLPs of their own modules) which cohere2, in FAMILIES, takes through every
-# consumer; the FP16 graphs, kernels and engine builds would run nothing new for them
+# consumer; the FP16 graphs, kernels and engine builds would run nothing new for them (so too VaultGemma,
+# Gemma 2's soft-caps less its post-norms, and BioGPT / XGLM, OPT's learned-position MHA block)
 LIGHT_FAMILIES = (
     "olmo",
     "olmo3",
@@ -27,6 +28,12 @@ LIGHT_FAMILIES = (
     "arcee",
     "internlm3",
     "seed_oss",
+    "exaone",
+    "iquestcoder",
+    "cwm",
+    "vaultgemma",
+    "biogpt",
+    "xglm",
 )
 FAMILIES = (
     "llama",
@@ -340,6 +347,37 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         mpt |= {"initializer_range": 0.2, "bos_token_id": 0, "eos_token_id": 0}
         mpt["attn_config"] = {"clip_qkv": 0.6} | overrides.pop("attn_config", {})
         cfg, cls = tf.MptConfig(**(mpt | overrides)), tf.MptForCausalLM
+    elif family in ("exaone", "iquestcoder"):  # Llama's own classes under model_types of their own
+        name = {"exaone": "ExaoneConfig", "iquestcoder": "IQuestCoderConfig"}[family]
+        if not hasattr(tf, name):  # (new in transformers 5.2x; test-floor runs 5.17)
+            pytest.skip(f"transformers {tf.__version__} has no {name}")
+        ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        head = {"head_dim": 24} if family == "iquestcoder" else {}  # (IQuest-Coder's head_dim is its own)
+        cfg, cls = getattr(tf, name)(**(llama_like | ids | head | overrides)), tf.LlamaForCausalLM
+    elif family == "cwm":  # Llama with windows by layer_types (full, then sliding at window 4: its default
+        # pattern, 1 full layer of 4) under a llama3 rotary (its default kind)
+        cwm = {"head_dim": 16, "sliding_window": 4, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        cwm["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0}
+        cwm["rope_parameters"] |= {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+        cwm["rope_parameters"]["original_max_position_embeddings"] = 64
+        cfg, cls = tf.CwmConfig(**(llama_like | cwm | overrides)), tf.CwmForCausalLM
+    elif family == "vaultgemma":  # Gemma 2's tiny model without its post-norms: sliding (window 4) and
+        # full layers by turns, attention scores capped at 3, logits at 8 (eager: as gemma2)
+        n = overrides.get("num_hidden_layers", llama_like["num_hidden_layers"])
+        vault = {"head_dim": 16, "intermediate_size": 256, "sliding_window": 4}
+        vault["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+        vault |= {"query_pre_attn_scalar": 16, "attn_logit_softcapping": 3.0, "final_logit_softcapping": 8.0}
+        vault |= {"tie_word_embeddings": False, "attn_implementation": "eager"}
+        cfg, cls = tf.VaultGemmaConfig(**(llama_like | vault | overrides)), tf.VaultGemmaForCausalLM
+    elif family == "biogpt":  # learned positions offset by 2, scaled embeddings, pre-LayerNorm, GELU
+        biogpt = {k: v for k, v in llama_like.items() if k != "num_key_value_heads"}
+        biogpt |= {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "tie_word_embeddings": False}
+        cfg, cls = tf.BioGptConfig(**(biogpt | overrides)), tf.BioGptForCausalLM
+    elif family == "xglm":  # sinusoidal positions offset by 2, scaled embeddings, the query pre-scaled
+        xglm = {"vocab_size": 300, "d_model": 64, "ffn_dim": 128, "num_layers": 2, "attention_heads": 4}
+        xglm |= {"max_position_embeddings": 256, "init_std": 0.2, "pad_token_id": 1, "bos_token_id": 0}
+        xglm |= {"eos_token_id": 2, "tie_word_embeddings": False}
+        cfg, cls = tf.XGLMConfig(**(xglm | overrides)), tf.XGLMForCausalLM
     elif family == "starcoder2":  # LayerNorm, GELU MLP with biases, one window for every layer
         cfg, cls = tf.Starcoder2Config(**(llama_like | overrides)), tf.Starcoder2ForCausalLM
     else:
@@ -371,9 +409,9 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             for name, param in model.named_parameters():
                 if "norm" in name:
                     param.add_(torch.randn_like(param) * 0.2)
-    if family in ("gptj", "codegen", "falcon", "bloom", "mpt"):  # LayerNorm weights and biases off 1 / 0
-        # (a swapped or skipped norm, or a bias left out, shows: GPT-J's LM-head bias, Falcon's ln_attn
-        # against ln_mlp)
+    if family in ("gptj", "codegen", "falcon", "bloom", "mpt", "biogpt", "xglm"):  # LayerNorm weights and
+        # biases off 1 / 0 (a swapped or skipped norm, or a bias left out, shows: GPT-J's LM-head bias,
+        # Falcon's ln_attn against ln_mlp)
         with torch.no_grad():
             for module in model.modules():
                 for name, param in module.named_parameters(recurse=False):
@@ -538,8 +576,8 @@ def mpt_no_alibi_factory():
 
 
 def unsupported_factory():
-    """An unsupported family (BioGPT: no adapter) for the error path."""
+    """An unsupported family (DiffLlama: no adapter, its differential attention) for the error path."""
     import transformers as tf
 
-    cfg = tf.BioGptConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
-    return tf.BioGptForCausalLM(cfg).eval(), None
+    cfg = tf.DiffLlamaConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    return tf.DiffLlamaForCausalLM(cfg).eval(), None

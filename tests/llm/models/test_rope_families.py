@@ -166,3 +166,32 @@ def test_they_are_kept_off_the_llama_only_paths(family):
         return
     with pytest.raises(UserError, match=no_tp):
         adapter.check_shard(2)
+
+
+def _refused_dense(model_type: str) -> torch.nn.Module:
+    """A one-layer model of a dense family refused by name (base.UNSUPPORTED_HINTS)."""
+    import transformers as tf
+
+    small = {k: v for k, v in _SMALL.items() if k != "head_dim"} | {"num_hidden_layers": 1}
+    if model_type == "ministral3":
+        return tf.Ministral3ForCausalLM(tf.Ministral3Config(**small, head_dim=16)).eval()
+    if model_type == "minicpm3":
+        mla = {"q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8}
+        return tf.MiniCPM3ForCausalLM(tf.MiniCPM3Config(**small, **mla, v_head_dim=8)).eval()
+    return tf.DiffLlamaForCausalLM(tf.DiffLlamaConfig(**(small | {"num_key_value_heads": 2}))).eval()
+
+
+@pytest.mark.parametrize(
+    ("model_type", "why"),
+    [
+        ("ministral3", "Ministral 3 scales each query by its position"),
+        ("minicpm3", "MiniCPM3 attends through multi-head latent attention"),
+        ("diffllama", "DiffLlama's differential attention subtracts a second softmax map"),
+    ],
+)
+def test_dense_families_apart_are_refused_saying_why(model_type, why):
+    """Dense decoders whose attention trtforge does not compute are refused naming what sets them apart."""
+    model = _refused_dense(model_type)
+    assert model.config.model_type == model_type
+    with pytest.raises(UserError, match=f"family '{model_type}' .*not supported by --generate.*{why}"):
+        adapter_for(model)

@@ -117,6 +117,15 @@ CASES = [
     ("arcee", {}),
     ("internlm3", {"set_sliding_window": 64}),
     ("seed_oss", {}),
+    ("exaone", {"set_sliding_window": 64}),  # no EXAONE 3, IQuest-Coder, BioGPT or XGLM layer applies one
+    ("iquestcoder", {}),
+    ("biogpt", {"set_sliding_window": 64}),
+    ("xglm", {"set_sliding_window": 64}),
+    ("cwm", {}),  # full, sliding, sliding (its default pattern); window 4
+    ("cwm", {"sliding_window": 5, "layer_types": [SLIDING, FULL, SLIDING]}),
+    ("cwm", {"sliding_window": 64}),
+    ("vaultgemma", {}),  # sliding, full, sliding; window 4; every layer's scores soft-capped at 3
+    ("vaultgemma", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING], "head_dim": 8}),
     ("olmo3", {}),  # sliding, full, sliding; window 4
     ("olmo3", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     ("cohere2", {}),  # sliding (RoPE), full (NoPE), sliding; window 4
@@ -139,10 +148,13 @@ CASES = [
 def _model(family: str, overrides: dict) -> torch.nn.Module:
     overrides = dict(overrides)
     late = overrides.pop("set_sliding_window", None)
-    layers = {"num_layers": LAYERS} if family == "gpt_neo" else {"num_hidden_layers": LAYERS}
+    layers = {"num_layers": LAYERS} if family in ("gpt_neo", "xglm") else {"num_hidden_layers": LAYERS}
     if family == "gpt_bigcode":
         layers = {"n_layer": LAYERS}
-    model = tiny_model(family, **layers, **overrides).double()
+    model = tiny_model(family, **layers, **overrides)
+    # (XGLM stays float32: its attention clamps the scores at a float32 tensor of the dtype's lowest value,
+    # which float64's overflows)
+    model = model if family == "xglm" else model.double()
     if late is not None:
         model.config.sliding_window = late
     return model
@@ -159,6 +171,8 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
         return [block.attn.attention for block in model.transformer.h]
     if model.config.model_type == "opt":
         return [layer.self_attn for layer in model.model.decoder.layers]
+    if model.config.model_type == "biogpt":
+        return [layer.self_attn for layer in model.biogpt.layers]
     if model.config.model_type == "gpt_neox":
         return [layer.attention for layer in model.gpt_neox.layers]
     return [layer.self_attn for layer in model.model.layers]
@@ -238,7 +252,8 @@ def _step_graph(model: torch.nn.Module, prompt: list[int], monkeypatch) -> tuple
     monkeypatch.setattr(step_module, "step_attention", recording)
     spec = step.spec
     pool = (PROMPT // BLOCK, BLOCK, spec.num_kv_heads, spec.head_dim)
-    pools = [torch.zeros(pool, dtype=torch.float64) for _ in range(2 * spec.num_layers)]
+    dtype = next(model.parameters()).dtype  # (float64 but for XGLM: _model)
+    pools = [torch.zeros(pool, dtype=dtype) for _ in range(2 * spec.num_layers)]
     with torch.no_grad():
         out = step(
             torch.tensor([prompt]),

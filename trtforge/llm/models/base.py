@@ -32,6 +32,9 @@ LLAMA_STYLE = (
     "internlm3",
     "seed_oss",
     "arcee",
+    "exaone",
+    "iquestcoder",
+    "cwm",
 )
 GPT2_STYLE = ("gpt2", "gpt_neo", "gpt_bigcode")
 # which models tensor parallelism splits (the start of every refusal's message)
@@ -50,11 +53,15 @@ STYLES: dict[tuple[str, ...], str] = {
     LLAMA_STYLE: "Llama-style: RoPE, pre-norm blocks, GQA",
     GPT2_STYLE: "learned positions, LayerNorm, GELU; GPT-Neo's local layers, GPT-BigCode's multi-query",
     ("opt",): "learned positions, LayerNorm before or after each sublayer, ReLU",
+    ("biogpt", "xglm"): "BioGPT / XGLM: OPT's pre-LayerNorm block with scaled embeddings; BioGPT's learned "
+    "positions, XGLM's sinusoidal ones",
     ("gpt_neox",): "Pythia: fused per-head QKV, partial RoPE, LayerNorm, parallel or serial residual",
     ("phi",): "Phi-1/1.5/2: one LayerNorm feeding attention and MLP in parallel, partial RoPE",
     ("gemma",): "Gemma 1 / CodeGemma: scaled embeddings, RMSNorm by 1 + weight, GeGLU",
     ("gemma2",): "Gemma 2 (Gemma2ForCausalLM): Gemma's norms and GeGLU, norms after attention and MLP, "
     "sliding and full layers, soft-capped attention scores and final logits",
+    ("vaultgemma",): "VaultGemma: Gemma 2 without its norms after attention and MLP (soft-capped attention "
+    "scores and logits, sliding and full layers)",
     ("gemma3_text",): "Gemma 3 text (Gemma3ForCausalLM): Gemma's norms and GeGLU, per-head q/k norms, norms "
     "after attention and MLP, sliding and full layers with a RoPE base each, soft-capped final logits",
     ("olmo2",): "OLMo 2: RMSNorm after attention and MLP, whole-projection q/k norms",
@@ -119,6 +126,13 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "fused Wqkv and experts have a layout of their own; not implemented.",
     "jetmoe": "JetMoE routes its attention heads too (a mixture of attention experts), which trtforge's "
     "attention does not.",
+    # dense decoders beside the supported ones, refused for what sets them apart
+    "minicpm3": "MiniCPM3 attends through multi-head latent attention (low-rank compressed q and KV with a "
+    "decoupled rotary part), which trtforge's KV cache and kernels do not hold.",
+    "diffllama": "DiffLlama's differential attention subtracts a second softmax map (by a learned lambda) "
+    "and norms each head group, which trtforge's attention does not compute.",
+    "ministral3": "Ministral 3 scales each query by its position (1 + llama_4_scaling_beta * log(1 + "
+    "floor(position / original_max_position_embeddings))), which trtforge's attention does not apply.",
 }
 # families whose attention applies no sliding window or chunk, whatever the config says
 UNWINDOWED = (
@@ -151,8 +165,12 @@ UNWINDOWED = (
     "internlm3",
     "seed_oss",
     "arcee",
+    "exaone",
+    "iquestcoder",
     "bloom",
     "mpt",
+    "biogpt",
+    "xglm",
 )
 # families whose forward picks each layer's mask by config.layer_types (the others: one mask for all)
 PER_LAYER_TYPES = (
@@ -167,6 +185,8 @@ PER_LAYER_TYPES = (
     "exaone4",
     "qwen2_moe",
     "gpt_oss",
+    "cwm",
+    "vaultgemma",
 )
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -284,9 +304,9 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
       :func:`refuse_unapplied_window` for a window their config sets anyway);
     - mistral, phi3, starcoder2, mixtral, qwen3_moe: ``config.sliding_window`` on every layer, or none
       when it is null (their forward ignores ``layer_types``);
-    - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe, gpt_oss:
-      the window on the layers
-      ``config.layer_types`` marks "sliding_attention" (qwen's config builds those from
+    - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe, gpt_oss,
+      cwm, vaultgemma: the window on the layers ``config.layer_types`` marks "sliding_attention" (CWM's
+      config marks 3 of 4 by default, VaultGemma's every other; qwen's config builds those from
       ``use_sliding_window`` and ``max_window_layers``; with ``use_sliding_window`` false it nulls
       ``sliding_window``, Qwen2-MoE's sets it to 0, read as null. SmolLM3's marks its NoPE layers when
       ``use_sliding_window`` is set; its eager and SDPA masks then follow ``layer_types`` and

@@ -2,18 +2,19 @@
 export and the torch executor call, so both see one set of layer math and one sliding-window rule.
 
 Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2, internlm3,
-seed_oss, arcee), GPT-2 and
-its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`), GPT-NeoX (:mod:`.gpt_neox`), Phi
-(:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 (:mod:`.gemma2`), Gemma 3 text (:mod:`.gemma3`), OLMo 2
-(:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1 (:mod:`.olmo`), Granite (:mod:`.granite`), StableLM
-(:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`), Cohere 1 / 2 (:mod:`.cohere`), GLM, GLM-4-0414, Helium and
-ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dense and Apertus
-(:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, which also runs InternLM3, Seed-OSS and
-Arcee), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon
-(:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two
-with ALiBi position biases, and the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE and
-OLMoE (:mod:`.mixtral`), GraniteMoE and GraniteMoeShared (:mod:`.granite`), and gpt-oss (:mod:`.gpt_oss`:
-attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family
+seed_oss, arcee, exaone, iquestcoder, cwm), GPT-2 and its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`),
+OPT (:mod:`.opt`) and its fairseq relatives BioGPT and XGLM (:mod:`.fairseq`), GPT-NeoX (:mod:`.gpt_neox`),
+Phi (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 and VaultGemma (:mod:`.gemma2`), Gemma 3 text
+(:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1 (:mod:`.olmo`), Granite
+(:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`), Cohere 1 / 2 (:mod:`.cohere`), GLM,
+GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dense and
+Apertus (:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, which also runs InternLM3,
+Seed-OSS, Arcee, EXAONE 3 / 3.5, IQuest-Coder and CWM), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary
+from a fixed table), Falcon (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT
+(:mod:`.mpt`), the last two with ALiBi position biases, and the sparse mixture-of-experts families Mixtral,
+Qwen2-MoE, Qwen3-MoE and OLMoE (:mod:`.mixtral`), GraniteMoE and GraniteMoeShared (:mod:`.granite`), and
+gpt-oss (:mod:`.gpt_oss`: attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`).
+The shared pieces (spec, family
 checks, windows, attention soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`,
 the rotary variants (interleaved, float32, NoPE layers, a table per layer type) in :mod:`.rotary`.
 """
@@ -35,9 +36,10 @@ from trtforge.llm.models.base import (
 )
 from trtforge.llm.models.bloom import BloomStyle
 from trtforge.llm.models.cohere import Cohere2Style, CohereStyle
+from trtforge.llm.models.fairseq import BioGptStyle, XglmStyle
 from trtforge.llm.models.falcon import FalconStyle
 from trtforge.llm.models.gemma import GemmaStyle
-from trtforge.llm.models.gemma2 import Gemma2Style
+from trtforge.llm.models.gemma2 import Gemma2Style, VaultGemmaStyle
 from trtforge.llm.models.gemma3 import Gemma3Style
 from trtforge.llm.models.glm import Ernie45Style, Glm4Style, GlmStyle, HeliumStyle
 from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
@@ -64,10 +66,13 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "gpt_neo": GptNeoStyle,
     "gpt_bigcode": GptBigCodeStyle,
     "opt": OptStyle,
+    "biogpt": BioGptStyle,
+    "xglm": XglmStyle,
     "gpt_neox": GptNeoXStyle,
     "phi": PhiStyle,
     "gemma": GemmaStyle,
     "gemma2": Gemma2Style,
+    "vaultgemma": VaultGemmaStyle,
     "gemma3_text": Gemma3Style,
     "olmo2": Olmo2Style,
     "granite": GraniteStyle,
@@ -113,6 +118,7 @@ __all__ = [
     "LLAMA_STYLE",
     "SUPPORTED",
     "ApertusStyle",
+    "BioGptStyle",
     "BloomStyle",
     "CodeGenStyle",
     "Cohere2Style",
@@ -153,6 +159,8 @@ __all__ = [
     "Qwen3MoeStyle",
     "SmolLM3Style",
     "StableLmStyle",
+    "VaultGemmaStyle",
+    "XglmStyle",
     "adapter_for",
     "eos_token_ids",
     "model_type_of",

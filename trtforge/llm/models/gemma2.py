@@ -7,7 +7,8 @@ scale ``query_pre_attn_scalar ** -0.5`` (the attention modules' own ``scaling``)
 rotary table, attention scores soft-capped by ``attn_logit_softcapping`` (each score s = q . k * scale
 becomes c * tanh(s / c) before the mask, on every layer: the adapter's ``softcaps``, which every
 attention consumer applies) and logits soft-capped by ``final_logit_softcapping``. Gemma 3's text model
-(:mod:`.gemma3`) is this with per-head q/k norms and a rotary table per layer type.
+(:mod:`.gemma3`) is this with per-head q/k norms and a rotary table per layer type; VaultGemma
+(:class:`VaultGemmaStyle`) is this without the norms on the attention and MLP outputs.
 """
 
 from __future__ import annotations
@@ -50,3 +51,17 @@ class Gemma2Style(GemmaStyle):
         if cap is None:
             return logits
         return torch.tanh(logits / cap) * cap
+
+
+class VaultGemmaStyle(Gemma2Style):
+    """VaultGemma (``VaultGemmaForCausalLM``, ``model_type`` "vaultgemma", google/vaultgemma-1b): Gemma 2's
+    layers without the norms on the attention and MLP outputs (its layer keeps ``input_layernorm`` and
+    ``pre_feedforward_layernorm``); the soft-caps, sliding and full layers and scaled embeddings are
+    Gemma 2's."""
+
+    family = "vaultgemma"
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        layer = self.layers[i]
+        x = x + layer.self_attn.o_proj(attn_out)
+        return x + layer.mlp(layer.pre_feedforward_layernorm(x))
