@@ -34,6 +34,8 @@ LIGHT_FAMILIES = (
     "vaultgemma",
     "biogpt",
     "xglm",
+    "jais2",
+    "hyperclovax",
 )
 FAMILIES = (
     "llama",
@@ -361,6 +363,14 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         cwm["rope_parameters"] |= {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
         cwm["rope_parameters"]["original_max_position_embeddings"] = 64
         cfg, cls = tf.CwmConfig(**(llama_like | cwm | overrides)), tf.CwmForCausalLM
+    elif family == "jais2":  # Llama with LayerNorms and a non-gated squared-ReLU MLP (biases: its default)
+        jais2 = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        cfg, cls = tf.Jais2Config(**(llama_like | jais2 | overrides)), tf.Jais2ForCausalLM
+    elif family == "hyperclovax":  # Granite's multipliers far from 1 (as "granite"), post-norms, the logits
+        # multiplied by logits_scaling
+        hcx = {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1}
+        hcx |= {"logits_scaling": 0.5, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        cfg, cls = tf.HyperCLOVAXConfig(**(llama_like | hcx | overrides)), tf.HyperCLOVAXForCausalLM
     elif family == "vaultgemma":  # Gemma 2's tiny model without its post-norms: sliding (window 4) and
         # full layers by turns, attention scores capped at 3, logits at 8 (eager: as gemma2)
         n = overrides.get("num_hidden_layers", llama_like["num_hidden_layers"])
@@ -397,7 +407,10 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):
                     param.add_(torch.randn_like(param) * 0.2)
-    if family in ("olmo3", "glm4", "cohere", "cohere2", "nemotron", "exaone4", "hunyuan_v1_dense", "apertus"):
+    if family in (
+        *("olmo3", "glm4", "cohere", "cohere2", "nemotron", "exaone4", "hunyuan_v1_dense", "apertus"),
+        *("jais2", "hyperclovax"),
+    ):
         # norm weights off their init (a swapped, skipped or misplaced norm shows)
         with torch.no_grad():
             for name, param in model.named_parameters():

@@ -394,6 +394,23 @@ OPTIONS: dict[str, dict[str, list]] = {
         "layer_types": [None, ["sliding_attention", "full_attention"], ["full_attention"] * 2],
         "head_dim": [8, 16],
     },
+    "jais2": {  # (LayerNorm: layer_norm_eps, no rms_norm_eps)
+        **{k: v for k, v in LLAMA_LIKE.items() if k != "rms_norm_eps"},
+        "attention_bias": [True, False],
+        "mlp_bias": [True, False],
+        "hidden_act": ["relu2", "gelu", "silu"],
+        "layer_norm_eps": [1e-5, 1e-3],
+    },
+    "hyperclovax": LLAMA_LIKE
+    | {
+        "attention_bias": [False, True],
+        "mlp_bias": [False, True],
+        "embedding_multiplier": [1.0, 12.0],
+        "residual_multiplier": [1.0, 0.22],
+        "attention_multiplier": [None, 0.5],  # (None: head_dim ** -0.5)
+        "logits_scaling": [1.0, 0.125],
+        "use_post_norm": [True, False],
+    },
     "vaultgemma": {  # Gemma 2's draws (its config is Gemma 2's)
         "num_key_value_heads": [1, 2, 4],
         "tie_word_embeddings": [False, True],

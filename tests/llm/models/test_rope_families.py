@@ -175,9 +175,12 @@ def _refused_dense(model_type: str) -> torch.nn.Module:
     small = {k: v for k, v in _SMALL.items() if k != "head_dim"} | {"num_hidden_layers": 1}
     if model_type == "ministral3":
         return tf.Ministral3ForCausalLM(tf.Ministral3Config(**small, head_dim=16)).eval()
+    mla = {"q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8}
     if model_type == "minicpm3":
-        mla = {"q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8}
         return tf.MiniCPM3ForCausalLM(tf.MiniCPM3Config(**small, **mla, v_head_dim=8)).eval()
+    if model_type == "youtu":
+        config = tf.YoutuConfig(**small, **mla, v_head_dim=8, eos_token_id=2)
+        return tf.YoutuForCausalLM(config).eval()
     return tf.DiffLlamaForCausalLM(tf.DiffLlamaConfig(**(small | {"num_key_value_heads": 2}))).eval()
 
 
@@ -186,6 +189,7 @@ def _refused_dense(model_type: str) -> torch.nn.Module:
     [
         ("ministral3", "Ministral 3 scales each query by its position"),
         ("minicpm3", "MiniCPM3 attends through multi-head latent attention"),
+        ("youtu", "Youtu-LLM attends through multi-head latent attention"),
         ("diffllama", "DiffLlama's differential attention subtracts a second softmax map"),
     ],
 )

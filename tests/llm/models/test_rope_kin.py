@@ -136,7 +136,7 @@ def test_config_values_transformers_cannot_run_are_refused_by_name():
 def test_llama_style_kin_on_the_llama_only_paths():
     """Arcee, InternLM3 and Seed-OSS run the Llama-style adapter: InternLM3 (Llama's own classes) fits the
     fused layers; Arcee's squared-ReLU MLP and Seed-OSS's output bias are refused there by name, and
-    Arcee's non-gated MLP by quantization."""
+    Arcee's non-gated MLP by quantization; Jais 2's and CWM's likewise."""
     adapters = {f: adapter_for(tiny_model(f)) for f in ("arcee", "internlm3", "seed_oss")}
     assert all(isinstance(a, LlamaStyle) for a in adapters.values())
     assert fusable(adapters["internlm3"]) is None
@@ -146,3 +146,9 @@ def test_llama_style_kin_on_the_llama_only_paths():
     )
     with pytest.raises(UserError, match="arcee layer 0 has no gated MLP"):
         quantize_model(tiny_model("arcee"), "fp8")
+    # Jais 2: Arcee's squared-ReLU non-gated MLP, refused alike; CWM: its own RMSNorm class, which the fused
+    # layers do not list, refused by name
+    assert fusable(adapter_for(tiny_model("jais2"))) == "hidden_act 'relu2' (the fused MLP is SiLU-gated)"
+    with pytest.raises(UserError, match="jais2 layer 0 has no gated MLP"):
+        quantize_model(tiny_model("jais2"), "fp8")
+    assert fusable(adapter_for(tiny_model("cwm"))) == "norm CwmRMSNorm"

@@ -121,6 +121,9 @@ CASES = [
     ("iquestcoder", {}),
     ("biogpt", {"set_sliding_window": 64}),
     ("xglm", {"set_sliding_window": 64}),
+    ("jais2", {}),
+    ("hyperclovax", {"set_sliding_window": 64}),  # no Jais 2 or HyperCLOVA X layer applies one
+    ("hyperclovax", {"use_post_norm": False}),
     ("cwm", {}),  # full, sliding, sliding (its default pattern); window 4
     ("cwm", {"sliding_window": 5, "layer_types": [SLIDING, FULL, SLIDING]}),
     ("cwm", {"sliding_window": 64}),

@@ -35,6 +35,7 @@ LLAMA_STYLE = (
     "exaone",
     "iquestcoder",
     "cwm",
+    "jais2",
 )
 GPT2_STYLE = ("gpt2", "gpt_neo", "gpt_bigcode")
 # which models tensor parallelism splits (the start of every refusal's message)
@@ -66,6 +67,8 @@ STYLES: dict[tuple[str, ...], str] = {
     "after attention and MLP, sliding and full layers with a RoPE base each, soft-capped final logits",
     ("olmo2",): "OLMo 2: RMSNorm after attention and MLP, whole-projection q/k norms",
     ("granite",): "Granite 3.x: Llama with embedding, residual, attention and logits multipliers",
+    ("hyperclovax",): "HyperCLOVA X: Granite's multipliers, norms after attention and MLP (use_post_norm), "
+    "logits multiplied by logits_scaling",
     ("stablelm",): "StableLM-2 / stable-code: LayerNorm, partial RoPE, optional per-head q/k LayerNorm "
     "and parallel residual",
     ("smollm3",): "SmolLM3: Llama with NoPE layers (no_rope_layers) and per-layer windows (layer_types)",
@@ -124,6 +127,8 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "implemented.",
     "dbrx": "DBRX's router normalizes its top-k weights by a p-norm (moe_normalize_expert_weights) and its "
     "fused Wqkv and experts have a layout of their own; not implemented.",
+    "youtu": "Youtu-LLM attends through multi-head latent attention (DeepSeek-V3's: compressed KV with a "
+    "decoupled rotary part), which trtforge's KV cache and kernels do not hold.",
     "jetmoe": "JetMoE routes its attention heads too (a mixture of attention experts), which trtforge's "
     "attention does not.",
     # dense decoders beside the supported ones, refused for what sets them apart
@@ -167,6 +172,8 @@ UNWINDOWED = (
     "arcee",
     "exaone",
     "iquestcoder",
+    "jais2",
+    "hyperclovax",
     "bloom",
     "mpt",
     "biogpt",

@@ -4,7 +4,8 @@ mixture-of-experts kin.
 Llama's layers with four scalars from the config: ``embedding_multiplier`` on the embeddings,
 ``residual_multiplier`` on each branch before its residual add, ``attention_multiplier`` as the
 softmax scale (the attention modules' own ``scaling``, read like every family's) and the logits
-divided by ``logits_scaling``. No window.
+divided by ``logits_scaling``. No window. HyperCLOVA X (``model_type`` "hyperclovax":
+:class:`HyperClovaXStyle`) adds norms on the attention and MLP outputs and multiplies the logits instead.
 
 - ``granitemoe`` (``GraniteMoeForCausalLM``: granite-3.0-1b-a400m / 3b-a800m, PowerMoE): the same
   multipliers, every MLP a sparse MoE block (``block_sparse_moe``: :class:`~.moe.SparseMoe`) routed by
@@ -68,3 +69,21 @@ class GraniteMoeSharedStyle(GraniteMoeStyle):
     """GraniteMoeShared: GraniteMoE's layers with the ungated ``shared_mlp`` beside the experts."""
 
     family = "granitemoeshared"
+
+
+class HyperClovaXStyle(GraniteStyle):
+    """HyperCLOVA X (``HyperCLOVAXForCausalLM``, ``model_type`` "hyperclovax", HyperCLOVAX-SEED): Granite's
+    multipliers with RMSNorms on the attention and MLP outputs before the residual multiplier
+    (``post_norm1`` / ``post_norm2``, identities when ``use_post_norm`` is off: Peri-LN), and the logits
+    *multiplied* by ``logits_scaling`` (MuP), not divided."""
+
+    family = "hyperclovax"
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        layer = self.layers[i]
+        scale = layer.residual_multiplier
+        x = x + layer.post_norm1(layer.self_attn.o_proj(attn_out)) * scale
+        return x + layer.post_norm2(self.mlp(i, layer.post_attention_layernorm(x))) * scale
+
+    def logits(self, x: Tensor) -> Tensor:
+        return RopeStyle.logits(self, x) * self.config.logits_scaling
