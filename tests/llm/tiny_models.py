@@ -36,6 +36,7 @@ LIGHT_FAMILIES = (
     "xglm",
     "jais2",
     "hyperclovax",
+    "nanochat",
 )
 FAMILIES = (
     "llama",
@@ -371,6 +372,10 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         hcx = {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1}
         hcx |= {"logits_scaling": 0.5, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
         cfg, cls = tf.HyperCLOVAXConfig(**(llama_like | hcx | overrides)), tf.HyperCLOVAXForCausalLM
+    elif family == "nanochat":  # weightless norms (the embeddings' too), q/k norms after a reversed rotary,
+        # squared-ReLU fc1/fc2 MLP, logits capped at 8 (nanochat's 15 would not bite the tiny logits)
+        nano = {"final_logit_softcapping": 8.0, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        cfg, cls = tf.NanoChatConfig(**(llama_like | nano | overrides)), tf.NanoChatForCausalLM
     elif family == "vaultgemma":  # Gemma 2's tiny model without its post-norms: sliding (window 4) and
         # full layers by turns, attention scores capped at 3, logits at 8 (eager: as gemma2)
         n = overrides.get("num_hidden_layers", llama_like["num_hidden_layers"])

@@ -411,6 +411,12 @@ OPTIONS: dict[str, dict[str, list]] = {
         "logits_scaling": [1.0, 0.125],
         "use_post_norm": [True, False],
     },
+    "nanochat": LLAMA_LIKE
+    | {
+        "final_logit_softcapping": [None, 8.0, 15.0],
+        "hidden_act": ["relu2", "gelu", "silu"],
+        "attention_bias": [False, True],
+    },
     "vaultgemma": {  # Gemma 2's draws (its config is Gemma 2's)
         "num_key_value_heads": [1, 2, 4],
         "tie_word_embeddings": [False, True],

@@ -122,6 +122,7 @@ CASES = [
     ("biogpt", {"set_sliding_window": 64}),
     ("xglm", {"set_sliding_window": 64}),
     ("jais2", {}),
+    ("nanochat", {"set_sliding_window": 64}),  # no NanoChat layer applies one
     ("hyperclovax", {"set_sliding_window": 64}),  # no Jais 2 or HyperCLOVA X layer applies one
     ("hyperclovax", {"use_post_norm": False}),
     ("cwm", {}),  # full, sliding, sliding (its default pattern); window 4

@@ -90,6 +90,8 @@ STYLES: dict[tuple[str, ...], str] = {
     "RoPE and full layers without",
     ("hunyuan_v1_dense",): "HunYuan dense: Llama with per-head q/k norms after the RoPE",
     ("apertus",): "Apertus: Llama with per-head q/k norms and a non-gated (xIELU) MLP",
+    ("nanochat",): "NanoChat: weightless RMSNorms (one on the embeddings), per-head q/k norms after a "
+    "reversed RoPE, a non-gated fc1/fc2 MLP, soft-capped logits",
     ("mixtral",): "Mixtral: Mistral's attention, sparse mixture-of-experts MLPs (top-k routing, "
     "renormalized)",
     ("qwen2_moe",): "Qwen2-MoE: Qwen2's attention, sparse MoE MLPs with a sigmoid-gated shared expert, "
@@ -174,6 +176,7 @@ UNWINDOWED = (
     "iquestcoder",
     "jais2",
     "hyperclovax",
+    "nanochat",
     "bloom",
     "mpt",
     "biogpt",

@@ -8,9 +8,9 @@ seed_oss, arcee, exaone, iquestcoder, cwm, jais2), GPT-2 and its relatives GPT-N
 3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1 (:mod:`.olmo`), Granite and
 HyperCLOVA X (:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`), Cohere 1 / 2
 (:mod:`.cohere`), GLM, GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon
-(:mod:`.nemotron`), HunYuan dense and Apertus (:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with
-Llama-style, which also runs InternLM3, Seed-OSS, Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2), GPT-J
-and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon (:mod:`.falcon`: rotary, and
+(:mod:`.nemotron`), HunYuan dense, Apertus and NanoChat (:mod:`.hunyuan`) (Phi and these share :mod:`.rope`
+with Llama-style, which also runs InternLM3, Seed-OSS, Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2),
+GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon (:mod:`.falcon`: rotary, and
 falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two with ALiBi position biases, and
 the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE (:mod:`.mixtral`), GraniteMoE
 and GraniteMoeShared (:mod:`.granite`), and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its MoE MLPs)
@@ -48,7 +48,7 @@ from trtforge.llm.models.gpt_neox import GptNeoXStyle
 from trtforge.llm.models.gpt_oss import GptOssStyle
 from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
 from trtforge.llm.models.granite import GraniteMoeSharedStyle, GraniteMoeStyle, GraniteStyle, HyperClovaXStyle
-from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle
+from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle, NanoChatStyle
 from trtforge.llm.models.llama import LlamaStyle
 from trtforge.llm.models.mixtral import MixtralStyle, OlmoeStyle, Qwen2MoeStyle, Qwen3MoeStyle
 from trtforge.llm.models.mpt import MptStyle
@@ -96,6 +96,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "exaone4": Exaone4Style,
     "hunyuan_v1_dense": HunYuanDenseStyle,
     "apertus": ApertusStyle,
+    "nanochat": NanoChatStyle,
     "mixtral": MixtralStyle,
     "qwen2_moe": Qwen2MoeStyle,
     "qwen3_moe": Qwen3MoeStyle,
@@ -150,6 +151,7 @@ __all__ = [
     "LlamaStyle",
     "MixtralStyle",
     "MptStyle",
+    "NanoChatStyle",
     "NemotronStyle",
     "Olmo2Style",
     "Olmo3Style",

@@ -6,13 +6,16 @@ HunYuan: Llama's block with the q/k norms (``query_layernorm``, ``key_layernorm`
 the cached keys are normed rotated keys; its rotary module's fixed NTK-alpha tables (``rope_type``
 "dynamic" with an ``alpha``) are read like any fixed table. Apertus: q/k norms before the rotary (Qwen 3's
 place), its block's norms named ``attention_layernorm`` and ``feedforward_layernorm``, a non-gated MLP
-(xIELU by default: the model's own module). No window.
+(xIELU by default: the model's own module). No window. NanoChat (``model_type`` "nanochat":
+:class:`NanoChatStyle`): weightless q/k norms after the rotary, as HunYuan's, with its own embedding norm,
+rotary direction and soft-capped logits.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from trtforge.llm.models.rope import RopeStyle, project_qkv
@@ -44,3 +47,34 @@ class ApertusStyle(RopeStyle):
         layer = self.layers[i]
         x = x + layer.self_attn.o_proj(attn_out)
         return x + layer.mlp(layer.feedforward_layernorm(x))
+
+
+class NanoChatStyle(RopeStyle):
+    """NanoChat (``NanoChatForCausalLM``, ``model_type`` "nanochat", karpathy/nanochat-d32): Llama's block
+    over weightless RMSNorms, with what sets it apart: the final norm module also norms the embeddings
+    before the first layer, its rotary turns the other way (``rotate_half`` is ``[x2, -x1]``: the sine
+    negated), weightless per-head q/k norms after the rotary (HunYuan's place), a non-gated ``fc1``/``fc2``
+    MLP (squared ReLU by default: the model's own module) and soft-capped logits
+    (``final_logit_softcapping``, as Gemma 2's). No window."""
+
+    family = "nanochat"
+
+    def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
+        return self.body.norm(self.body.embed_tokens(input_ids))
+
+    def rotary(
+        self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """The rotary module's cos and the negated sin: its ``rotate_half`` turns the pairs the other way."""
+        cos, sin = super().rotary(position_ids, dtype, rope_lens)
+        return cos, -sin
+
+    def rotate(self, i: int, q: Tensor, k: Tensor, rope: Any) -> tuple[Tensor, Tensor]:
+        q, k = super().rotate(i, q, k, rope)
+        attn = self.layers[i].self_attn
+        return attn.q_norm(q), attn.k_norm(k)
+
+    def logits(self, x: Tensor) -> Tensor:
+        logits = super().logits(x)
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        return logits if cap is None else torch.tanh(logits / cap) * cap

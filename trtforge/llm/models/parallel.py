@@ -214,6 +214,8 @@ _Q_NORMS = ("q_norm", "q_layernorm", "query_layernorm")
 _K_NORMS = ("k_norm", "k_layernorm", "key_layernorm")
 # RMSNorms over a whole q or k projection split exactly by ShardedRMSNorm (their math is its math)
 _WHOLE_WIDTH_RMS = ("Olmo2RMSNorm", "Olmo3RMSNorm")
+# weightless RMSNorms their attention applies to each head's channels (NanoChat's q/k norms): nothing to split
+_WEIGHTLESS_HEAD_RMS = ("NanoChatRMSNorm",)
 
 
 def attention_layout(attn: nn.Module) -> str | None:
@@ -245,9 +247,10 @@ def mlp_width(mlp: nn.Module) -> int | None:
 
 def head_norm_refusal(attn: nn.Module, heads: int, kv_heads: int, head_dim: int) -> str | None:
     """Why the q/k norms of `attn` cannot be split by heads (None: they can, or there are none): a norm is
-    split when it is one head's (shared by all: ``[D]``), one a head (``[heads, D]``, or a list of
-    per-head norms), or one of :data:`_WHOLE_WIDTH_RMS` over the whole projection (an exact all-reduce of
-    its sum of squares); any other norm over the whole projection couples the ranks."""
+    split when it is one head's (shared by all: ``[D]``), one a head (``[heads, D]``, or a list of per-head
+    norms), a weightless one applied per head (:data:`_WEIGHTLESS_HEAD_RMS`), or one of
+    :data:`_WHOLE_WIDTH_RMS` over the whole projection (an exact all-reduce of its sum of squares); any other
+    norm over the whole projection couples the ranks."""
     for names, n in ((_Q_NORMS, heads), (_K_NORMS, kv_heads)):
         for name in names:
             norm = getattr(attn, name, None)
@@ -261,6 +264,8 @@ def head_norm_refusal(attn: nn.Module, heads: int, kv_heads: int, head_dim: int)
             weight = getattr(norm, "weight", None)
             shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
             if shape in ((head_dim,), (n, head_dim)):
+                continue
+            if shape is None and type(norm).__name__ in _WEIGHTLESS_HEAD_RMS:
                 continue
             if shape == (n * head_dim,) and type(norm).__name__ in _WHOLE_WIDTH_RMS:
                 continue
@@ -320,6 +325,8 @@ def shard_attention(
                 continue
             if isinstance(getattr(norm, "norms", None), nn.ModuleList):  # StableLM: a norm a head
                 norm.norms = nn.ModuleList(list(norm.norms)[h0:h1])
+            elif getattr(norm, "weight", None) is None:  # NanoChat: weightless, each head's alike
+                continue
             elif tuple(norm.weight.shape) == (n, d):  # Cohere: a weight row a head
                 norm.weight = nn.Parameter(norm.weight.data[h0:h1].clone(), requires_grad=False)
             elif tuple(norm.weight.shape) == (n * d,) and n * d != d:  # OLMo 2: the whole projection
