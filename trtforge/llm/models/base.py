@@ -79,6 +79,11 @@ STYLES: dict[tuple[str, ...], str] = {
     ("exaone4",): "EXAONE 4: OLMo 2's norms after attention and MLP, per-head q/k norms, sliding layers with "
     "RoPE and full layers without",
     ("hunyuan_v1_dense",): "HunYuan dense: Llama with per-head q/k norms after the RoPE",
+    ("hunyuan_v1_moe",): "HunYuan-MoE: HunYuan's attention, sparse MoE MLPs (its gate's own router dtype, "
+    "renormalized top-k) with an ungated shared MLP",
+    ("ernie4_5_moe",): "ERNIE 4.5-MoE: ERNIE 4.5's attention, sparse MoE MLPs (float32 router, top-k chosen "
+    "with e_score_correction_bias, renormalized) with an ungated shared MLP, dense layers by "
+    "moe_layer_interval / start / end",
     ("apertus",): "Apertus: Llama with per-head q/k norms and a non-gated (xIELU) MLP",
     ("mixtral",): "Mixtral: Mistral's attention, sparse mixture-of-experts MLPs (top-k routing, "
     "renormalized)",
@@ -87,6 +92,9 @@ STYLES: dict[tuple[str, ...], str] = {
     ("qwen3_moe",): "Qwen3-MoE: Qwen3's attention with per-head q/k norms, sparse MoE MLPs, optional dense "
     "layers",
     ("olmoe",): "OLMoE: whole-projection q/k norms, clip_qkv, sparse MoE MLPs",
+    ("glm4_moe",): "GLM-4.5: partial RoPE, q/k/v biases, optional per-head q/k norms, sparse MoE MLPs routed "
+    "by sigmoid scores with e_score_correction_bias over expert groups (n_group, topk_group), scaled by "
+    "routed_scaling_factor, an ungated shared MLP, dense first layers (first_k_dense_replace)",
     ("granitemoe", "granitemoeshared"): "GraniteMoE / GraniteMoeShared: Granite's multipliers, sparse MoE "
     "MLPs routed by a softmax over the top-k router logits; GraniteMoeShared's ungated shared MLP beside "
     "them",
@@ -107,14 +115,14 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "image tokens); only its text model is supported: load a text-only Gemma 3 checkpoint (gemma-3-270m, "
     "gemma-3-1b; model_type 'gemma3_text') with Gemma3ForCausalLM.",
     # mixture-of-experts families beside the supported ones (mixtral, qwen2_moe, qwen3_moe, olmoe, granitemoe,
-    # granitemoeshared), refused for what sets them apart
+    # granitemoeshared, gpt_oss, hunyuan_v1_moe, ernie4_5_moe, glm4_moe), refused for what sets them apart
     "phimoe": "PhiMoE routes by SparseMixer (its top-2 weights from masked, jittered softmaxes), not the "
     "softmax top-k the supported MoE families use, and has LayerNorms with biases.",
     "deepseek_v2": "DeepSeek-V2 attends through multi-head latent attention (compressed KV with a decoupled "
     "rotary part), which trtforge's KV cache and kernels do not hold, and routes by expert groups.",
     "deepseek_v3": "DeepSeek-V3 attends through multi-head latent attention (compressed KV with a decoupled "
-    "rotary part) and routes by sigmoid scores with a correction bias over expert groups; neither is "
-    "implemented.",
+    "rotary part), which trtforge's KV cache and kernels do not hold (its routing, sigmoid scores with a "
+    "correction bias over expert groups, is GLM-4.5's, which is supported).",
     "dbrx": "DBRX's router normalizes its top-k weights by a p-norm (moe_normalize_expert_weights) and its "
     "fused Wqkv and experts have a layout of their own; not implemented.",
     "jetmoe": "JetMoE routes its attention heads too (a mixture of attention experts), which trtforge's "
@@ -147,6 +155,9 @@ UNWINDOWED = (
     "helium",
     "ernie4_5",
     "hunyuan_v1_dense",
+    "hunyuan_v1_moe",
+    "ernie4_5_moe",
+    "glm4_moe",
     "apertus",
     "internlm3",
     "seed_oss",

@@ -11,9 +11,10 @@ ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dens
 (:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, which also runs InternLM3, Seed-OSS and
 Arcee), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon
 (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two
-with ALiBi position biases, and the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE and
-OLMoE (:mod:`.mixtral`), GraniteMoE and GraniteMoeShared (:mod:`.granite`), and gpt-oss (:mod:`.gpt_oss`:
-attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family
+with ALiBi position biases, and the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE,
+OLMoE and GLM-4.5 (:mod:`.mixtral`), GraniteMoE and GraniteMoeShared (:mod:`.granite`), HunYuan-MoE
+(:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its
+MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family
 checks, windows, attention soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`,
 the rotary variants (interleaved, float32, NoPE layers, a table per layer type) in :mod:`.rotary`.
 """
@@ -39,15 +40,15 @@ from trtforge.llm.models.falcon import FalconStyle
 from trtforge.llm.models.gemma import GemmaStyle
 from trtforge.llm.models.gemma2 import Gemma2Style
 from trtforge.llm.models.gemma3 import Gemma3Style
-from trtforge.llm.models.glm import Ernie45Style, Glm4Style, GlmStyle, HeliumStyle
+from trtforge.llm.models.glm import Ernie45MoeStyle, Ernie45Style, Glm4Style, GlmStyle, HeliumStyle
 from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
 from trtforge.llm.models.gpt_neox import GptNeoXStyle
 from trtforge.llm.models.gpt_oss import GptOssStyle
 from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
 from trtforge.llm.models.granite import GraniteMoeSharedStyle, GraniteMoeStyle, GraniteStyle
-from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle
+from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle, HunYuanMoeStyle
 from trtforge.llm.models.llama import LlamaStyle
-from trtforge.llm.models.mixtral import MixtralStyle, OlmoeStyle, Qwen2MoeStyle, Qwen3MoeStyle
+from trtforge.llm.models.mixtral import Glm4MoeStyle, MixtralStyle, OlmoeStyle, Qwen2MoeStyle, Qwen3MoeStyle
 from trtforge.llm.models.mpt import MptStyle
 from trtforge.llm.models.nemotron import NemotronStyle, PersimmonStyle
 from trtforge.llm.models.olmo import OlmoStyle
@@ -96,6 +97,9 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "granitemoe": GraniteMoeStyle,
     "granitemoeshared": GraniteMoeSharedStyle,
     "gpt_oss": GptOssStyle,
+    "hunyuan_v1_moe": HunYuanMoeStyle,
+    "ernie4_5_moe": Ernie45MoeStyle,
+    "glm4_moe": Glm4MoeStyle,
     "bloom": BloomStyle,
     "mpt": MptStyle,
 }
@@ -119,12 +123,14 @@ __all__ = [
     "CohereStyle",
     "DecoderAdapter",
     "DecoderSpec",
+    "Ernie45MoeStyle",
     "Ernie45Style",
     "Exaone4Style",
     "FalconStyle",
     "Gemma2Style",
     "Gemma3Style",
     "GemmaStyle",
+    "Glm4MoeStyle",
     "Glm4Style",
     "GlmStyle",
     "Gpt2Style",
@@ -138,6 +144,7 @@ __all__ = [
     "GraniteStyle",
     "HeliumStyle",
     "HunYuanDenseStyle",
+    "HunYuanMoeStyle",
     "LlamaStyle",
     "MixtralStyle",
     "MptStyle",
