@@ -293,6 +293,50 @@ OPTIONS: dict[str, dict[str, list]] = {
             ["sliding_attention", "sliding_attention"],
         ],
     },
+    # HunYuan-MoE: its top-k (moe_topk, one for all layers or one a layer), the shared MLP as wide as the
+    # experts; HunYuan's q/k norms after the rotary
+    "hunyuan_v1_moe": LLAMA_LIKE
+    | {
+        "num_experts": [4, 8],
+        "moe_topk": [1, 2, 3, [3, 1]],
+        "intermediate_size": [32, 64],
+        "attention_bias": [False, True],
+        "head_dim": [8, 16, 24],
+        "hidden_act": ACTS,
+    },
+    # ERNIE 4.5-MoE: the selection bias (off zero: tiny_model), shared experts or none, which layers are
+    # sparse (interval, start, end)
+    "ernie4_5_moe": LLAMA_LIKE
+    | {
+        "num_experts": [4, 8],
+        "num_experts_per_tok": [1, 2, 3],
+        "moe_num_shared_experts": [0, 1, 2],
+        "moe_layer_interval": [1, 2],
+        "moe_layer_start_index": [0, 1],
+        "moe_layer_end_index": [-1, 1],
+        "use_bias": [True, False],
+        "head_dim": [8, 16, 24],
+        "hidden_act": ACTS,
+    },
+    # GLM-4.5: expert groups (none, or 2 / 4 of which 1 / 2 kept), top-k, renormalized or not, the routed
+    # scale, dense first layers, q/k norms and biases on or off, shared experts' width
+    "glm4_moe": LLAMA_LIKE
+    | {
+        "_form": [
+            {"n_routed_experts": 4, "n_group": 1, "topk_group": 1},
+            {"n_routed_experts": 8, "n_group": 1, "topk_group": 1},
+            {"n_routed_experts": 8, "n_group": 2, "topk_group": 1},
+            {"n_routed_experts": 8, "n_group": 4, "topk_group": 2},
+        ],
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "routed_scaling_factor": [1.0, 2.5],
+        "first_k_dense_replace": [0, 1],
+        "use_qk_norm": [False, True],
+        "attention_bias": [False, True],
+        "n_shared_experts": [1, 2],
+        "head_dim": [8, 16, 24],
+    },
     "olmo": LLAMA_LIKE | {"clip_qkv": [None, 0.5, 8.0], "attention_bias": [False, True], "hidden_act": ACTS},
     "olmo3": {  # rope_scaling: on the full-attention layers' table, as OLMo 3's config puts it
         "num_key_value_heads": [1, 2, 4],

@@ -104,6 +104,9 @@ CASES = [
     ("olmoe", {"set_sliding_window": 64}),  # no OLMoE layer applies one
     ("granitemoe", {}),
     ("granitemoeshared", {"set_sliding_window": 64}),  # no GraniteMoE layer applies one
+    ("hunyuan_v1_moe", {}),
+    ("ernie4_5_moe", {"set_sliding_window": 64}),  # no layer of these applies one
+    ("glm4_moe", {"set_sliding_window": 64}),
     ("olmo", {"set_sliding_window": 64}),  # no layer of these applies one
     ("cohere", {"set_sliding_window": 64}),
     ("glm", {}),
