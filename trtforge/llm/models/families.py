@@ -12,7 +12,7 @@ ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dens
 Arcee), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon
 (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two
 with ALiBi position biases, and the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE,
-OLMoE and GLM-4.5 (:mod:`.mixtral`), GraniteMoE and GraniteMoeShared (:mod:`.granite`), HunYuan-MoE
+OLMoE, GLM-4.5 and dots.llm1 (:mod:`.mixtral`), GraniteMoE and GraniteMoeShared (:mod:`.granite`), HunYuan-MoE
 (:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its
 MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family
 checks, windows, attention soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`,
@@ -48,7 +48,14 @@ from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
 from trtforge.llm.models.granite import GraniteMoeSharedStyle, GraniteMoeStyle, GraniteStyle
 from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle, HunYuanMoeStyle
 from trtforge.llm.models.llama import LlamaStyle
-from trtforge.llm.models.mixtral import Glm4MoeStyle, MixtralStyle, OlmoeStyle, Qwen2MoeStyle, Qwen3MoeStyle
+from trtforge.llm.models.mixtral import (
+    Dots1Style,
+    Glm4MoeStyle,
+    MixtralStyle,
+    OlmoeStyle,
+    Qwen2MoeStyle,
+    Qwen3MoeStyle,
+)
 from trtforge.llm.models.mpt import MptStyle
 from trtforge.llm.models.nemotron import NemotronStyle, PersimmonStyle
 from trtforge.llm.models.olmo import OlmoStyle
@@ -100,6 +107,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "hunyuan_v1_moe": HunYuanMoeStyle,
     "ernie4_5_moe": Ernie45MoeStyle,
     "glm4_moe": Glm4MoeStyle,
+    "dots1": Dots1Style,
     "bloom": BloomStyle,
     "mpt": MptStyle,
 }
@@ -123,6 +131,7 @@ __all__ = [
     "CohereStyle",
     "DecoderAdapter",
     "DecoderSpec",
+    "Dots1Style",
     "Ernie45MoeStyle",
     "Ernie45Style",
     "Exaone4Style",

@@ -20,6 +20,10 @@ formulations).
   ``topk_group`` best of ``n_group`` expert groups, weighted by the unbiased scores, renormalized by
   ``norm_topk_prob`` (the sum plus 1e-20), times ``routed_scaling_factor``, kept in float32; an ungated
   shared MLP (``shared_experts``, ``n_shared_experts`` experts wide) added to the experts' sum. No window.
+- ``dots1`` (``Dots1ForCausalLM``, rednote's dots.llm1): Qwen3's attention (per-head q/k RMSNorms before a
+  whole-head RoPE, q/k/v/o biases by ``attention_bias``), windows by ``layer_types`` (its config builds
+  them from ``sliding_window`` and ``max_window_layers``), GLM-4.5's routing, shared experts and dense
+  first layers (the same router, transformers' ``Dots1TopkRouter``).
 
 Not Llama-style (:class:`~trtforge.llm.models.llama.LlamaStyle`): the fused CUDA layers and quantization
 refuse these models by name; tensor parallelism refuses their MoE MLPs (the experts have no split yet).
@@ -113,6 +117,12 @@ class Glm4MoeStyle(RopeStyle):
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = super().qkv(i, x)
         attn = self.layers[i].self_attn
-        if getattr(attn, "use_qk_norm", False):
+        if getattr(attn, "q_norm", None) is not None:  # (GLM-4.5's by use_qk_norm; dots.llm1's always)
             q, k = attn.q_norm(q), attn.k_norm(k)
         return q, k, v
+
+
+class Dots1Style(Glm4MoeStyle):
+    """dots.llm1 (see the module docstring): Qwen3's attention around GLM-4.5's MoE MLPs."""
+
+    family = "dots1"

@@ -1,36 +1,35 @@
 """Sparse mixture-of-experts MLPs, one concept every consumer reads: a layer's MLP kind is "dense" (the
 model's own MLP module) or "moe" (:class:`SparseMoe`: a router picks ``top_k`` of ``num_experts`` gated
-experts per token and sums their outputs by the routing weights; a shared expert beside them is added to
-their sum: Qwen2-MoE's behind a sigmoid gate, GraniteMoeShared's, HunYuan-MoE's, ERNIE 4.5-MoE's and
-GLM-4.5's ungated). The adapters (:mod:`.mixtral`, :mod:`.granite`, :mod:`.hunyuan`, :mod:`.glm`) find
-each layer's kind and call :meth:`SparseMoe.forward`.
+experts per token and sums their outputs by the routing weights; a shared expert beside them is added to their
+sum: Qwen2-MoE's behind a sigmoid gate, GraniteMoeShared's, HunYuan-MoE's, ERNIE 4.5-MoE's, GLM-4.5's and
+dots.llm1's ungated). The adapters (:mod:`.mixtral`, :mod:`.granite`, :mod:`.hunyuan`, :mod:`.glm`) find each
+layer's kind and call :meth:`SparseMoe.forward`.
 
-Routing, as transformers 5's ``*TopKRouter`` modules compute it (the block's router: ``gate``, or
-``router`` in GraniteMoE; its weight the router's own, or its ``wg`` Linear in HunYuan-MoE), router logits
-in the router weight's dtype (the model's, or HunYuan-MoE's float32 ``wg``; ``float32_logits``: from a
-float32 input and weight whatever their dtype, as ERNIE 4.5-MoE and GLM-4.5 force), then one of three
-orders (`ROUTINGS`):
+Routing, as transformers 5's ``*TopKRouter`` modules compute it (the block's router: ``gate``, or ``router``
+in GraniteMoE; its weight the router's own, or its ``wg`` Linear in HunYuan-MoE), router logits in the router
+weight's dtype (the model's, or HunYuan-MoE's float32 ``wg``; ``float32_logits``: from a float32 input and
+weight whatever their dtype, as ERNIE 4.5-MoE and GLM-4.5 force), then one of three orders (`ROUTINGS`):
 
-- ``softmax_topk`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, HunYuan-MoE, ERNIE 4.5-MoE): a float32 softmax
-  over the experts, top-k of the probabilities, renormalized to sum 1 over the k picked where the family
-  does (Mixtral, HunYuan-MoE, ERNIE 4.5-MoE always; the others by ``norm_topk_prob``);
-- ``topk_softmax`` (GraniteMoE): top-k of the float32 logits, then a softmax over those k only (gpt-oss:
-  of the logits in the model's dtype, its router's ``float32_router`` False);
-- ``sigmoid_topk`` (GLM-4.5): a sigmoid of each float32 logit, top-k of the scores, renormalized by
+- ``softmax_topk`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, HunYuan-MoE, ERNIE 4.5-MoE): a float32 softmax over
+  the experts, top-k of the probabilities, renormalized to sum 1 over the k picked where the family does
+  (Mixtral, HunYuan-MoE, ERNIE 4.5-MoE always; the others by ``norm_topk_prob``);
+- ``topk_softmax`` (GraniteMoE): top-k of the float32 logits, then a softmax over those k only (gpt-oss: of
+  the logits in the model's dtype, its router's ``float32_router`` False);
+- ``sigmoid_topk`` (GLM-4.5, dots.llm1): a sigmoid of each float32 logit, top-k of the scores, renormalized by
   ``norm_topk_prob``.
 
 Three options of the choice and the weights (DeepSeek-V3-style routers; off for the others):
-``selection_bias`` (ERNIE 4.5-MoE, GLM-4.5): the router's ``e_score_correction_bias`` (ERNIE's under
-``moe_statics``) is added to the scores for choosing the top k only, the weights being the unbiased
+``selection_bias`` (ERNIE 4.5-MoE, GLM-4.5, dots.llm1): the router's ``e_score_correction_bias`` (ERNIE's
+under ``moe_statics``) is added to the scores for choosing the top k only, the weights being the unbiased
 scores of the experts chosen; ``expert_groups`` (GLM-4.5's ``n_group`` / ``topk_group``): the experts in
-``n_group`` equal groups, each group scored by the sum of its two best (biased) scores, and the top k
-chosen among the experts of the ``topk_group`` best groups only; ``scale`` (GLM-4.5's
-``routed_scaling_factor``): the weights multiplied by it after any renormalization. The renormalizing
-division is by the sum of the k weights as the family writes it: plus ``norm_eps`` (GLM-4.5's 1e-20),
-clamped below at ``norm_min`` (ERNIE's ``moe_norm_min``).
+``n_group`` equal groups, each group scored by the sum of its two best (biased) scores, and the top k chosen
+among the experts of the ``topk_group`` best groups only; ``scale`` (GLM-4.5's ``routed_scaling_factor``): the
+weights multiplied by it after any renormalization. The renormalizing division is by the sum of the k weights
+as the family writes it: plus ``norm_eps`` (GLM-4.5's 1e-20), clamped below at ``norm_min`` (ERNIE's
+``moe_norm_min``).
 
-The weights are then kept in float32 (Mixtral, GLM-4.5) or cast to the logits' dtype (the others: the
-model's, HunYuan-MoE's router's), or to the input's where the logits are forced float32 (ERNIE 4.5-MoE).
+The weights are then kept in float32 (Mixtral, GLM-4.5, dots.llm1) or cast to the logits' dtype (the others:
+the model's, HunYuan-MoE's router's), or to the input's where the logits are forced float32 (ERNIE 4.5-MoE).
 Router jitter is a training-time noise transformers applies only in training mode: never here.
 
 The experts are transformers 5's fused 3-D parameters (``experts.gate_up_proj`` [E, 2 I, H], gate rows
