@@ -69,6 +69,7 @@ MOE_CLASSES = {
     "hunyuan_v1_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM"),
     "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM"),
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
+    "dots1": ("Dots1Config", "Dots1ForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
@@ -268,6 +269,15 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe |= {"n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "num_hidden_layers": 3}
             moe |= {"use_qk_norm": True, "attention_bias": True, "routed_scaling_factor": 2.5, "head_dim": 16}
             moe |= {"n_shared_experts": 1, "norm_topk_prob": True, "pad_token_id": 0, "eos_token_id": 2}
+        if family == "dots1":  # dots.llm1: GLM-4.5's routing without groups (its n_group 1), not
+            # renormalized (its default), scaled by 2.5; Qwen3's q/k norms (off their init below) and q/k/v/o
+            # biases; sliding (window 4, shorter than the prompts), full, sliding; layer 0 dense
+            moe = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+            moe |= {"first_k_dense_replace": 1, "num_hidden_layers": 3, "n_shared_experts": 1, "head_dim": 16}
+            moe |= {"routed_scaling_factor": 2.5, "attention_bias": True, "sliding_window": 4}
+            moe |= {"pad_token_id": 0, "eos_token_id": 2}
+            n = overrides.get("num_hidden_layers", 3)
+            moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
         # transformers' eager experts (its default, grouped_mm, takes no float64 and, on the CPU, no odd
         # strides): the per-expert loop of its modeling files
         moe["experts_implementation"] = "eager"
@@ -371,8 +381,8 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             for name, param in model.named_parameters():
                 if name.endswith("bias"):
                     param.add_(torch.randn_like(param) * 0.2)
-    if family in ("ernie4_5_moe", "glm4_moe"):  # routers (initialized at zero) at the initializer range,
-        # the selection biases (zero) as wide as the scores' spread, so that they change picks
+    if family in ("ernie4_5_moe", "glm4_moe", "dots1"):  # routers (initialized at zero) at the initializer
+        # range, the selection biases (zero) as wide as the scores' spread, so that they change picks
         with torch.no_grad():
             for layer in model.model.layers:
                 gate = getattr(layer.mlp, "gate", None)
@@ -381,7 +391,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     owner = getattr(gate, "moe_statics", gate)
                     bias = owner.e_score_correction_bias
                     bias.copy_(torch.randn_like(bias) * (0.1 if family == "ernie4_5_moe" else 0.2))
-    if family in ("hunyuan_v1_moe", "glm4_moe"):  # q/k norm weights off their init
+    if family in ("hunyuan_v1_moe", "glm4_moe", "dots1"):  # q/k norm weights off their init
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "norm" in name:

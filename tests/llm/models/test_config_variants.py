@@ -337,6 +337,24 @@ OPTIONS: dict[str, dict[str, list]] = {
         "n_shared_experts": [1, 2],
         "head_dim": [8, 16, 24],
     },
+    # dots.llm1: GLM-4.5's routing options (expert groups among them) around Qwen3's attention and windows
+    "dots1": LLAMA_LIKE
+    | {
+        "_form": [
+            {"n_routed_experts": 4, "n_group": 1, "topk_group": 1},
+            {"n_routed_experts": 8, "n_group": 2, "topk_group": 1},
+        ],
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "routed_scaling_factor": [1.0, 2.5],
+        "first_k_dense_replace": [0, 1],
+        "attention_bias": [False, True],
+        "sliding_window": [3, 5, 64],
+        "layer_types": [
+            ["sliding_attention", "full_attention", "sliding_attention"],
+            ["full_attention", "sliding_attention", "sliding_attention"],
+        ],
+    },
     "olmo": LLAMA_LIKE | {"clip_qkv": [None, 0.5, 8.0], "attention_bias": [False, True], "hidden_act": ACTS},
     "olmo3": {  # rope_scaling: on the full-attention layers' table, as OLMo 3's config puts it
         "num_key_value_heads": [1, 2, 4],

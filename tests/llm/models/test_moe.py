@@ -76,10 +76,14 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert hunyuan["shared_expert_size"] == 64 and hunyuan["renormalize"]
     assert kinds["ernie4_5_moe"].mlp_kinds == kinds["glm4_moe"].mlp_kinds == ["dense", "moe", "moe"]
     assert kinds["ernie4_5_moe"].moe["shared_expert_size"] == 128
-    assert {f for f in MOE_FAMILIES if kinds[f].moe["selection_bias"]} == {"ernie4_5_moe", "glm4_moe"}
+    biased = {f for f in MOE_FAMILIES if kinds[f].moe["selection_bias"]}
+    assert biased == {"ernie4_5_moe", "glm4_moe", "dots1"}
     glm = kinds["glm4_moe"].moe
     assert glm["routing"] == "sigmoid_topk" and glm["expert_groups"] == [2, 1] and glm["scale"] == 2.5
     assert glm["float32_weights"] and glm["shared_expert_size"] == 64
+    dots = kinds["dots1"]  # (GLM-4.5's routing without groups, not renormalized)
+    assert dots.moe["routing"] == "sigmoid_topk" and dots.moe["expert_groups"] is None
+    assert not dots.moe["renormalize"] and dots.mlp_kinds == ["dense", "moe", "moe"]
     assert kinds["granitemoe"].moe["shared_expert_size"] is None
     # (GraniteMoeShared's shared_intermediate_size 0: its layers' shared_mlp is None, no shared expert)
     assert (

@@ -176,6 +176,7 @@ def test_gpu_a_captured_moe_layer_follows_the_routing_of_each_replay(family):
         "hunyuan_v1_moe",
         "ernie4_5_moe",
         "glm4_moe",
+        "dots1",
     ],
 )
 def test_gpu_graph_decode_of_moe_models_matches_eager_and_grouped(monkeypatch, family):
