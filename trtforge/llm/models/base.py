@@ -95,6 +95,8 @@ STYLES: dict[tuple[str, ...], str] = {
     ("glm4_moe",): "GLM-4.5: partial RoPE, q/k/v biases, optional per-head q/k norms, sparse MoE MLPs routed "
     "by sigmoid scores with e_score_correction_bias over expert groups (n_group, topk_group), scaled by "
     "routed_scaling_factor, an ungated shared MLP, dense first layers (first_k_dense_replace)",
+    ("flex_olmo",): "FlexOLMo: OLMo 2's layers (whole-projection q/k norms, norms after attention and MLP) "
+    "with sparse MoE MLPs routed as OLMoE's",
     ("dots1",): "dots.llm1: Qwen3's attention with per-head q/k norms and windows by layer_types, GLM-4.5's "
     "sparse MoE MLPs",
     ("granitemoe", "granitemoeshared"): "GraniteMoE / GraniteMoeShared: Granite's multipliers, sparse MoE "
@@ -117,8 +119,8 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "image tokens); only its text model is supported: load a text-only Gemma 3 checkpoint (gemma-3-270m, "
     "gemma-3-1b; model_type 'gemma3_text') with Gemma3ForCausalLM.",
     # mixture-of-experts families beside the supported ones (mixtral, qwen2_moe, qwen3_moe, olmoe, granitemoe,
-    # granitemoeshared, gpt_oss, hunyuan_v1_moe, ernie4_5_moe, glm4_moe, dots1), refused for what sets them
-    # apart
+    # granitemoeshared, gpt_oss, hunyuan_v1_moe, ernie4_5_moe, glm4_moe, dots1, flex_olmo), refused for what
+    # sets them apart
     "phimoe": "PhiMoE routes by SparseMixer (its top-2 weights from masked, jittered softmaxes), not the "
     "softmax top-k the supported MoE families use, and has LayerNorms with biases.",
     "deepseek_v2": "DeepSeek-V2 attends through multi-head latent attention (compressed KV with a decoupled "
@@ -161,6 +163,7 @@ UNWINDOWED = (
     "hunyuan_v1_moe",
     "ernie4_5_moe",
     "glm4_moe",
+    "flex_olmo",
     "apertus",
     "internlm3",
     "seed_oss",

@@ -1,22 +1,21 @@
-"""The supported decoder families and the adapter of each: :func:`adapter_for` is what the step-graph
-export and the torch executor call, so both see one set of layer math and one sliding-window rule.
+"""The supported decoder families and the adapter of each: :func:`adapter_for` is what the step-graph export
+and the torch executor call, so both see one set of layer math and one sliding-window rule.
 
 Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2, internlm3,
-seed_oss, arcee), GPT-2 and
-its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`), GPT-NeoX (:mod:`.gpt_neox`), Phi
-(:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 (:mod:`.gemma2`), Gemma 3 text (:mod:`.gemma3`), OLMo 2
-(:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1 (:mod:`.olmo`), Granite (:mod:`.granite`), StableLM
-(:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`), Cohere 1 / 2 (:mod:`.cohere`), GLM, GLM-4-0414, Helium and
-ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dense and Apertus
-(:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, which also runs InternLM3, Seed-OSS and
-Arcee), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon
+seed_oss, arcee), GPT-2 and its relatives GPT-Neo and GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`), GPT-NeoX
+(:mod:`.gpt_neox`), Phi (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 (:mod:`.gemma2`), Gemma 3 text
+(:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1 (:mod:`.olmo`), Granite
+(:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`), Cohere 1 / 2 (:mod:`.cohere`), GLM,
+GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dense and
+Apertus (:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, which also runs InternLM3,
+Seed-OSS and Arcee), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon
 (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two
-with ALiBi position biases, and the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE,
-OLMoE, GLM-4.5 and dots.llm1 (:mod:`.mixtral`), GraniteMoE and GraniteMoeShared (:mod:`.granite`), HunYuan-MoE
-(:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its
-MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family
-checks, windows, attention soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`,
-the rotary variants (interleaved, float32, NoPE layers, a table per layer type) in :mod:`.rotary`.
+with ALiBi position biases, and the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE,
+GLM-4.5 and dots.llm1 (:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE and GraniteMoeShared
+(:mod:`.granite`), HunYuan-MoE (:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), and gpt-oss (:mod:`.gpt_oss`:
+attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family checks,
+windows, attention soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`, the rotary variants
+(interleaved, float32, NoPE layers, a table per layer type) in :mod:`.rotary`.
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ from trtforge.llm.models.mixtral import (
 from trtforge.llm.models.mpt import MptStyle
 from trtforge.llm.models.nemotron import NemotronStyle, PersimmonStyle
 from trtforge.llm.models.olmo import OlmoStyle
-from trtforge.llm.models.olmo2 import Exaone4Style, Olmo2Style, Olmo3Style
+from trtforge.llm.models.olmo2 import Exaone4Style, FlexOlmoStyle, Olmo2Style, Olmo3Style
 from trtforge.llm.models.opt import OptStyle
 from trtforge.llm.models.phi import PhiStyle
 from trtforge.llm.models.smollm3 import SmolLM3Style
@@ -108,6 +107,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "ernie4_5_moe": Ernie45MoeStyle,
     "glm4_moe": Glm4MoeStyle,
     "dots1": Dots1Style,
+    "flex_olmo": FlexOlmoStyle,
     "bloom": BloomStyle,
     "mpt": MptStyle,
 }
@@ -136,6 +136,7 @@ __all__ = [
     "Ernie45Style",
     "Exaone4Style",
     "FalconStyle",
+    "FlexOlmoStyle",
     "Gemma2Style",
     "Gemma3Style",
     "GemmaStyle",

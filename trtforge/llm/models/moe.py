@@ -10,9 +10,9 @@ in GraniteMoE; its weight the router's own, or its ``wg`` Linear in HunYuan-MoE)
 weight's dtype (the model's, or HunYuan-MoE's float32 ``wg``; ``float32_logits``: from a float32 input and
 weight whatever their dtype, as ERNIE 4.5-MoE and GLM-4.5 force), then one of three orders (`ROUTINGS`):
 
-- ``softmax_topk`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, HunYuan-MoE, ERNIE 4.5-MoE): a float32 softmax over
-  the experts, top-k of the probabilities, renormalized to sum 1 over the k picked where the family does
-  (Mixtral, HunYuan-MoE, ERNIE 4.5-MoE always; the others by ``norm_topk_prob``);
+- ``softmax_topk`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, FlexOLMo, HunYuan-MoE, ERNIE 4.5-MoE): a float32
+  softmax over the experts, top-k of the probabilities, renormalized to sum 1 over the k picked where the
+  family does (Mixtral, HunYuan-MoE, ERNIE 4.5-MoE always; the others by ``norm_topk_prob``);
 - ``topk_softmax`` (GraniteMoE): top-k of the float32 logits, then a softmax over those k only (gpt-oss: of
   the logits in the model's dtype, its router's ``float32_router`` False);
 - ``sigmoid_topk`` (GLM-4.5, dots.llm1): a sigmoid of each float32 logit, top-k of the scores, renormalized by
