@@ -102,6 +102,7 @@ def _tiny(model_type: str, **overrides):
         "ernie4_5_moe",
         "glm4_moe",
         "dots1",
+        "flex_olmo",
     ):
         from tests.llm.tiny_models import tiny_model
 
@@ -207,6 +208,7 @@ def _tiny(model_type: str, **overrides):
         ("hunyuan_v1_moe", {}),  # HunYuan's q/k norms after the rotary, the float32 wg, a shared MLP
         ("ernie4_5_moe", {}),  # the selection bias, the shared experts; layer 0 of 3 dense
         ("glm4_moe", {}),  # sigmoid scores over expert groups, the selection bias, the routed scale
+        ("flex_olmo", {}),  # OLMo 2's norms around OLMoE-routed experts
         ("dots1", {}),  # GLM-4.5's routing, Qwen3's q/k norms, sliding (window 4) and full layers
     ],
 )

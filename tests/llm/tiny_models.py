@@ -70,6 +70,7 @@ MOE_CLASSES = {
     "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM"),
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
     "dots1": ("Dots1Config", "Dots1ForCausalLM"),
+    "flex_olmo": ("FlexOlmoConfig", "FlexOlmoForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
@@ -232,7 +233,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         # (num_local_experts and intermediate_size: Mixtral's and GraniteMoE's names)
         local = family in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss")
         moe = {"num_local_experts" if local else "num_experts": 4, "num_experts_per_tok": 2}
-        wide = local or family in ("olmoe", "hunyuan_v1_moe")
+        wide = local or family in ("olmoe", "hunyuan_v1_moe", "flex_olmo")
         moe |= {"intermediate_size": 64} if wide else {"moe_intermediate_size": 64}
         if family in ("granitemoe", "granitemoeshared"):  # Granite's multipliers far from 1 (as "granite")
             moe |= {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1}
@@ -269,6 +270,8 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe |= {"n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "num_hidden_layers": 3}
             moe |= {"use_qk_norm": True, "attention_bias": True, "routed_scaling_factor": 2.5, "head_dim": 16}
             moe |= {"n_shared_experts": 1, "norm_topk_prob": True, "pad_token_id": 0, "eos_token_id": 2}
+        if family == "flex_olmo":  # OLMo 2's norms (off their init below), the top-2 renormalized
+            moe |= {"norm_topk_prob": True, "pad_token_id": 1, "eos_token_id": 2}
         if family == "dots1":  # dots.llm1: GLM-4.5's routing without groups (its n_group 1), not
             # renormalized (its default), scaled by 2.5; Qwen3's q/k norms (off their init below) and q/k/v/o
             # biases; sliding (window 4, shorter than the prompts), full, sliding; layer 0 dense
@@ -391,7 +394,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     owner = getattr(gate, "moe_statics", gate)
                     bias = owner.e_score_correction_bias
                     bias.copy_(torch.randn_like(bias) * (0.1 if family == "ernie4_5_moe" else 0.2))
-    if family in ("hunyuan_v1_moe", "glm4_moe", "dots1"):  # q/k norm weights off their init
+    if family in ("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo"):  # q/k norm weights off their init
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "norm" in name:

@@ -337,6 +337,15 @@ OPTIONS: dict[str, dict[str, list]] = {
         "n_shared_experts": [1, 2],
         "head_dim": [8, 16, 24],
     },
+    # FlexOLMo: OLMoE's routing around OLMo 2's layers
+    "flex_olmo": LLAMA_LIKE
+    | {
+        "num_experts": [4, 8],
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "attention_bias": [False, True],
+        "hidden_act": ACTS,
+    },
     # dots.llm1: GLM-4.5's routing options (expert groups among them) around Qwen3's attention and windows
     "dots1": LLAMA_LIKE
     | {

@@ -81,6 +81,7 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     glm = kinds["glm4_moe"].moe
     assert glm["routing"] == "sigmoid_topk" and glm["expert_groups"] == [2, 1] and glm["scale"] == 2.5
     assert glm["float32_weights"] and glm["shared_expert_size"] == 64
+    assert kinds["flex_olmo"].moe["renormalize"] and kinds["flex_olmo"].moe["shared_expert_size"] is None
     dots = kinds["dots1"]  # (GLM-4.5's routing without groups, not renormalized)
     assert dots.moe["routing"] == "sigmoid_topk" and dots.moe["expert_groups"] is None
     assert not dots.moe["renormalize"] and dots.mlp_kinds == ["dense", "moe", "moe"]

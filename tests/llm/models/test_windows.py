@@ -109,6 +109,7 @@ CASES = [
     ("glm4_moe", {"set_sliding_window": 64}),
     # dots.llm1: windows by layer_types (sliding, full, sliding by default), as its config builds them from
     # max_window_layers where it sets none
+    ("flex_olmo", {"set_sliding_window": 64}),  # no FlexOLMo layer applies one
     ("dots1", {}),
     ("dots1", {"sliding_window": 5, "layer_types": None, "max_window_layers": 1}),
     ("olmo", {"set_sliding_window": 64}),  # no layer of these applies one
