@@ -95,6 +95,8 @@ STYLES: dict[tuple[str, ...], str] = {
     ("glm4_moe",): "GLM-4.5: partial RoPE, q/k/v biases, optional per-head q/k norms, sparse MoE MLPs routed "
     "by sigmoid scores with e_score_correction_bias over expert groups (n_group, topk_group), scaled by "
     "routed_scaling_factor, an ungated shared MLP, dense first layers (first_k_dense_replace)",
+    ("exaone_moe",): "K-EXAONE: EXAONE 4's attention (per-head q/k norms, sliding layers with RoPE and full "
+    "layers without) in a pre-norm block, GLM-4.5's sparse MoE MLPs, dense layers by mlp_layer_types",
     ("flex_olmo",): "FlexOLMo: OLMo 2's layers (whole-projection q/k norms, norms after attention and MLP) "
     "with sparse MoE MLPs routed as OLMoE's",
     ("dots1",): "dots.llm1: Qwen3's attention with per-head q/k norms and windows by layer_types, GLM-4.5's "
@@ -119,8 +121,8 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "image tokens); only its text model is supported: load a text-only Gemma 3 checkpoint (gemma-3-270m, "
     "gemma-3-1b; model_type 'gemma3_text') with Gemma3ForCausalLM.",
     # mixture-of-experts families beside the supported ones (mixtral, qwen2_moe, qwen3_moe, olmoe, granitemoe,
-    # granitemoeshared, gpt_oss, hunyuan_v1_moe, ernie4_5_moe, glm4_moe, dots1, flex_olmo), refused for what
-    # sets them apart
+    # granitemoeshared, gpt_oss, hunyuan_v1_moe, ernie4_5_moe, glm4_moe, dots1, flex_olmo, exaone_moe),
+    # refused for what sets them apart
     "phimoe": "PhiMoE routes by SparseMixer (its top-2 weights from masked, jittered softmaxes), not the "
     "softmax top-k the supported MoE families use, and has LayerNorms with biases.",
     "deepseek_v2": "DeepSeek-V2 attends through multi-head latent attention (compressed KV with a decoupled "
@@ -185,6 +187,7 @@ PER_LAYER_TYPES = (
     "qwen2_moe",
     "gpt_oss",
     "dots1",
+    "exaone_moe",
 )
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -303,7 +306,7 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     - mistral, phi3, starcoder2, mixtral, qwen3_moe: ``config.sliding_window`` on every layer, or none
       when it is null (their forward ignores ``layer_types``);
     - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe, gpt_oss,
-      dots1: the window on the layers
+      dots1, exaone_moe: the window on the layers
       ``config.layer_types`` marks "sliding_attention" (qwen's config builds those from
       ``use_sliding_window`` and ``max_window_layers``; with ``use_sliding_window`` false it nulls
       ``sliding_window``, Qwen2-MoE's sets it to 0, read as null. SmolLM3's marks its NoPE layers when

@@ -11,7 +11,7 @@ Apertus (:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, wh
 Seed-OSS and Arcee), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon
 (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two
 with ALiBi position biases, and the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE,
-GLM-4.5 and dots.llm1 (:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE and GraniteMoeShared
+GLM-4.5, dots.llm1 and K-EXAONE (:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE and GraniteMoeShared
 (:mod:`.granite`), HunYuan-MoE (:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), and gpt-oss (:mod:`.gpt_oss`:
 attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family checks,
 windows, attention soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`, the rotary variants
@@ -49,6 +49,7 @@ from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle, HunYuan
 from trtforge.llm.models.llama import LlamaStyle
 from trtforge.llm.models.mixtral import (
     Dots1Style,
+    ExaoneMoeStyle,
     Glm4MoeStyle,
     MixtralStyle,
     OlmoeStyle,
@@ -108,6 +109,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "glm4_moe": Glm4MoeStyle,
     "dots1": Dots1Style,
     "flex_olmo": FlexOlmoStyle,
+    "exaone_moe": ExaoneMoeStyle,
     "bloom": BloomStyle,
     "mpt": MptStyle,
 }
@@ -135,6 +137,7 @@ __all__ = [
     "Ernie45MoeStyle",
     "Ernie45Style",
     "Exaone4Style",
+    "ExaoneMoeStyle",
     "FalconStyle",
     "FlexOlmoStyle",
     "Gemma2Style",

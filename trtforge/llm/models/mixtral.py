@@ -24,6 +24,10 @@ formulations).
   whole-head RoPE, q/k/v/o biases by ``attention_bias``), windows by ``layer_types`` (its config builds
   them from ``sliding_window`` and ``max_window_layers``), GLM-4.5's routing, shared experts and dense
   first layers (the same router, transformers' ``Dots1TopkRouter``).
+- ``exaone_moe`` (``ExaoneMoeForCausalLM``, K-EXAONE): Llama's pre-norm block with EXAONE 4's attention
+  (per-head q/k RMSNorms before RoPE; sliding and full layers by ``layer_types``, and with a
+  ``sliding_window`` set only the sliding layers rotate, the full ones are NoPE), GLM-4.5's routing and
+  shared experts, dense layers by ``mlp_layer_types`` (``first_k_dense_replace`` builds it).
 
 Not Llama-style (:class:`~trtforge.llm.models.llama.LlamaStyle`): the fused CUDA layers and quantization
 refuse these models by name; tensor parallelism refuses their MoE MLPs (the experts have no split yet).
@@ -126,3 +130,14 @@ class Dots1Style(Glm4MoeStyle):
     """dots.llm1 (see the module docstring): Qwen3's attention around GLM-4.5's MoE MLPs."""
 
     family = "dots1"
+
+
+class ExaoneMoeStyle(Glm4MoeStyle):
+    """K-EXAONE (see the module docstring): EXAONE 4's attention in a pre-norm block around GLM-4.5's MoE
+    MLPs."""
+
+    family = "exaone_moe"
+
+    def rotates(self, i: int) -> bool:
+        """transformers' ``ExaoneMoeAttention``: every layer without a window, else the sliding ones only."""
+        return self.config.sliding_window is None or self.windows[i] is not None

@@ -15,8 +15,8 @@ weight whatever their dtype, as ERNIE 4.5-MoE and GLM-4.5 force), then one of th
   family does (Mixtral, HunYuan-MoE, ERNIE 4.5-MoE always; the others by ``norm_topk_prob``);
 - ``topk_softmax`` (GraniteMoE): top-k of the float32 logits, then a softmax over those k only (gpt-oss: of
   the logits in the model's dtype, its router's ``float32_router`` False);
-- ``sigmoid_topk`` (GLM-4.5, dots.llm1): a sigmoid of each float32 logit, top-k of the scores, renormalized by
-  ``norm_topk_prob``.
+- ``sigmoid_topk`` (GLM-4.5, dots.llm1, K-EXAONE): a sigmoid of each float32 logit, top-k of the scores,
+  renormalized by ``norm_topk_prob``.
 
 Three options of the choice and the weights (DeepSeek-V3-style routers; off for the others):
 ``selection_bias`` (ERNIE 4.5-MoE, GLM-4.5, dots.llm1): the router's ``e_score_correction_bias`` (ERNIE's
