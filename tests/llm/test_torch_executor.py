@@ -103,6 +103,7 @@ def _tiny(model_type: str, **overrides):
         "glm4_moe",
         "dots1",
         "flex_olmo",
+        "exaone_moe",
     ):
         from tests.llm.tiny_models import tiny_model
 
@@ -209,6 +210,7 @@ def _tiny(model_type: str, **overrides):
         ("ernie4_5_moe", {}),  # the selection bias, the shared experts; layer 0 of 3 dense
         ("glm4_moe", {}),  # sigmoid scores over expert groups, the selection bias, the routed scale
         ("flex_olmo", {}),  # OLMo 2's norms around OLMoE-routed experts
+        ("exaone_moe", {}),  # GLM-4.5's routing, sliding (RoPE) and full (NoPE) layers
         ("dots1", {}),  # GLM-4.5's routing, Qwen3's q/k norms, sliding (window 4) and full layers
     ],
 )

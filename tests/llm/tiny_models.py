@@ -71,6 +71,7 @@ MOE_CLASSES = {
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
     "dots1": ("Dots1Config", "Dots1ForCausalLM"),
     "flex_olmo": ("FlexOlmoConfig", "FlexOlmoForCausalLM"),
+    "exaone_moe": ("ExaoneMoeConfig", "ExaoneMoeForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
@@ -272,6 +273,15 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe |= {"n_shared_experts": 1, "norm_topk_prob": True, "pad_token_id": 0, "eos_token_id": 2}
         if family == "flex_olmo":  # OLMo 2's norms (off their init below), the top-2 renormalized
             moe |= {"norm_topk_prob": True, "pad_token_id": 1, "eos_token_id": 2}
+        if family == "exaone_moe":  # K-EXAONE: GLM-4.5's routing without groups, renormalized, scaled by
+            # 2.5; per-head q/k norms (off their init below); sliding (window 4, RoPE), full (NoPE), sliding;
+            # layer 0 dense
+            moe |= {"moe_intermediate_size": 64, "first_k_dense_replace": 1, "num_hidden_layers": 3}
+            moe |= {"num_shared_experts": 1, "head_dim": 16, "routed_scaling_factor": 2.5}
+            moe["sliding_window"] = 4
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+            n = overrides.get("num_hidden_layers", 3)
+            moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
         if family == "dots1":  # dots.llm1: GLM-4.5's routing without groups (its n_group 1), not
             # renormalized (its default), scaled by 2.5; Qwen3's q/k norms (off their init below) and q/k/v/o
             # biases; sliding (window 4, shorter than the prompts), full, sliding; layer 0 dense
@@ -384,8 +394,9 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             for name, param in model.named_parameters():
                 if name.endswith("bias"):
                     param.add_(torch.randn_like(param) * 0.2)
-    if family in ("ernie4_5_moe", "glm4_moe", "dots1"):  # routers (initialized at zero) at the initializer
-        # range, the selection biases (zero) as wide as the scores' spread, so that they change picks
+    # routers (initialized at zero) at the initializer range, the selection biases (zero) as wide as the
+    # scores' spread, so that they change picks
+    if family in ("ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe"):
         with torch.no_grad():
             for layer in model.model.layers:
                 gate = getattr(layer.mlp, "gate", None)
@@ -394,7 +405,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     owner = getattr(gate, "moe_statics", gate)
                     bias = owner.e_score_correction_bias
                     bias.copy_(torch.randn_like(bias) * (0.1 if family == "ernie4_5_moe" else 0.2))
-    if family in ("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo"):  # q/k norm weights off their init
+    if family in ("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"):  # norm weights off init
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "norm" in name:

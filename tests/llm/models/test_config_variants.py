@@ -346,6 +346,24 @@ OPTIONS: dict[str, dict[str, list]] = {
         "attention_bias": [False, True],
         "hidden_act": ACTS,
     },
+    # K-EXAONE: GLM-4.5's routing options around EXAONE 4's attention (NoPE full layers where a window is set)
+    "exaone_moe": LLAMA_LIKE
+    | {
+        "_form": [
+            {"num_experts": 4, "n_group": 1, "topk_group": 1},
+            {"num_experts": 8, "n_group": 2, "topk_group": 1},
+        ],
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "routed_scaling_factor": [1.0, 2.5],
+        "first_k_dense_replace": [0, 1],
+        "num_shared_experts": [1, 2],
+        "sliding_window": [3, 5, 64],
+        "layer_types": [
+            ["sliding_attention", "full_attention", "sliding_attention"],
+            ["full_attention", "sliding_attention", "sliding_attention"],
+        ],
+    },
     # dots.llm1: GLM-4.5's routing options (expert groups among them) around Qwen3's attention and windows
     "dots1": LLAMA_LIKE
     | {

@@ -77,7 +77,7 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert kinds["ernie4_5_moe"].mlp_kinds == kinds["glm4_moe"].mlp_kinds == ["dense", "moe", "moe"]
     assert kinds["ernie4_5_moe"].moe["shared_expert_size"] == 128
     biased = {f for f in MOE_FAMILIES if kinds[f].moe["selection_bias"]}
-    assert biased == {"ernie4_5_moe", "glm4_moe", "dots1"}
+    assert biased == {"ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe"}
     glm = kinds["glm4_moe"].moe
     assert glm["routing"] == "sigmoid_topk" and glm["expert_groups"] == [2, 1] and glm["scale"] == 2.5
     assert glm["float32_weights"] and glm["shared_expert_size"] == 64

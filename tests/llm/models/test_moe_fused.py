@@ -178,6 +178,7 @@ def test_gpu_a_captured_moe_layer_follows_the_routing_of_each_replay(family):
         "glm4_moe",
         "dots1",
         "flex_olmo",
+        "exaone_moe",
     ],
 )
 def test_gpu_graph_decode_of_moe_models_matches_eager_and_grouped(monkeypatch, family):
