@@ -505,6 +505,9 @@ OPTIONS: dict[str, dict[str, list]] = {
     },
 }
 SEEDS = range(5)
+# families whose routing another family's draws vary already (dots.llm1's and K-EXAONE's is GLM-4.5's,
+# FlexOLMo's OLMoE's): fewer draws, for what they add around it (their attention, windows, dense layers)
+FEWER_SEEDS = {"dots1": range(2), "exaone_moe": range(2), "flex_olmo": range(2)}
 PROMPT = 19
 BLOCK = 4
 
@@ -526,7 +529,7 @@ def _cases() -> list:
         pytest.param(family, seed, id=f"{family}-{seed}")
         for family in sorted(OPTIONS)
         if family in SUPPORTED
-        for seed in SEEDS
+        for seed in FEWER_SEEDS.get(family, SEEDS)
     ]
 
 
