@@ -123,8 +123,10 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     # mixture-of-experts families beside the supported ones (mixtral, qwen2_moe, qwen3_moe, olmoe, granitemoe,
     # granitemoeshared, gpt_oss, hunyuan_v1_moe, ernie4_5_moe, glm4_moe, dots1, flex_olmo, exaone_moe),
     # refused for what sets them apart
-    "phimoe": "PhiMoE routes by SparseMixer (its top-2 weights from masked, jittered softmaxes), not the "
-    "softmax top-k the supported MoE families use, and has LayerNorms with biases.",
+    "phimoe": "PhiMoE (Phi-3.5-MoE) routes by SparseMixer: in eval mode the top expert and then the second, "
+    "each weighted by a softmax over only the logits within 2 x router_jitter_noise (relative) of it, which "
+    "no SparseMoe routing computes yet; and Phi-3.5-MoE's rotary is LongRoPE, whose tables switch with the "
+    "sequence length, which trtforge's rotary tables refuse.",
     "deepseek_v2": "DeepSeek-V2 attends through multi-head latent attention (compressed KV with a decoupled "
     "rotary part), which trtforge's KV cache and kernels do not hold, and routes by expert groups.",
     "deepseek_v3": "DeepSeek-V3 attends through multi-head latent attention (compressed KV with a decoupled "
