@@ -562,6 +562,10 @@ def qwen2_moe_factory():
     return tiny_model("qwen2_moe"), None
 
 
+def glm4_moe_factory():
+    return tiny_model("glm4_moe"), None
+
+
 def cohere2_factory():
     return tiny_model("cohere2"), None
 
