@@ -200,6 +200,8 @@ def _tiny(model_type: str, **overrides):
         ("granitemoeshared", {"num_experts_per_tok": 1}),  # top-1 (weight 1) with the shared MLP
         ("gpt_oss", {}),  # attention sinks, sliding (window 4) and full layers, the clamped SwiGLU experts
         ("gpt_oss", {"num_experts_per_tok": 1, "sliding_window": 3, "num_key_value_heads": 1}),
+        # (HunYuan-MoE, ERNIE 4.5-MoE, GLM-4.5, dots.llm1, FlexOLMo, K-EXAONE: test_config_variants runs
+        # these chunked paged steps on their config draws)
     ],
 )
 def test_chunked_paged_steps_reproduce_transformers_logits(model_type, overrides):

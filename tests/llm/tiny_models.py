@@ -76,6 +76,12 @@ MOE_CLASSES = {
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM"),
     "granitemoeshared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM"),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
+    "hunyuan_v1_moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM"),
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM"),
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
+    "dots1": ("Dots1Config", "Dots1ForCausalLM"),
+    "flex_olmo": ("FlexOlmoConfig", "FlexOlmoForCausalLM"),
+    "exaone_moe": ("ExaoneMoeConfig", "ExaoneMoeForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
@@ -238,7 +244,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         # (num_local_experts and intermediate_size: Mixtral's and GraniteMoE's names)
         local = family in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss")
         moe = {"num_local_experts" if local else "num_experts": 4, "num_experts_per_tok": 2}
-        wide = local or family == "olmoe"
+        wide = local or family in ("olmoe", "hunyuan_v1_moe", "flex_olmo")
         moe |= {"intermediate_size": 64} if wide else {"moe_intermediate_size": 64}
         if family in ("granitemoe", "granitemoeshared"):  # Granite's multipliers far from 1 (as "granite")
             moe |= {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1}
@@ -261,6 +267,40 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe["rope_parameters"]["original_max_position_embeddings"] = 64
             if "swiglu_limit" in getattr(tf.GptOssConfig, "__dataclass_fields__", {}):  # (5.2x: config)
                 moe["swiglu_limit"] = 1.0
+        if family == "hunyuan_v1_moe":  # moe_topk (its top-k's name), the shared MLP as wide as an expert,
+            # HunYuan's q/k norms after the rotary (off their init below)
+            moe = {"num_experts": 4, "moe_topk": 2, "intermediate_size": 64, "head_dim": 16}
+        if family == "ernie4_5_moe":  # layer 0 of 3 dense (moe_layer_start_index), a shared MLP of 2
+            # experts' width, every projection biased; the router and its selection bias off their init below
+            moe |= {"num_hidden_layers": 3, "moe_layer_start_index": 1, "moe_num_shared_experts": 2}
+            moe |= {"use_bias": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        if family == "glm4_moe":  # GLM-4.5: n_routed_experts (its count's name), 2 groups of 2 experts of
+            # which the best 1 is kept (so the group limit decides), layer 0 of 3 dense, q/k norms, q/k/v
+            # biases, partial rotary (1/2, its default), a routed scale far from 1, one shared expert
+            moe = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+            moe |= {"n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "num_hidden_layers": 3}
+            moe |= {"use_qk_norm": True, "attention_bias": True, "routed_scaling_factor": 2.5, "head_dim": 16}
+            moe |= {"n_shared_experts": 1, "norm_topk_prob": True, "pad_token_id": 0, "eos_token_id": 2}
+        if family == "flex_olmo":  # OLMo 2's norms (off their init below), the top-2 renormalized
+            moe |= {"norm_topk_prob": True, "pad_token_id": 1, "eos_token_id": 2}
+        if family == "exaone_moe":  # K-EXAONE: GLM-4.5's routing without groups, renormalized, scaled by
+            # 2.5; per-head q/k norms (off their init below); sliding (window 4, RoPE), full (NoPE), sliding;
+            # layer 0 dense
+            moe |= {"moe_intermediate_size": 64, "first_k_dense_replace": 1, "num_hidden_layers": 3}
+            moe |= {"num_shared_experts": 1, "head_dim": 16, "routed_scaling_factor": 2.5}
+            moe["sliding_window"] = 4
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+            n = overrides.get("num_hidden_layers", 3)
+            moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+        if family == "dots1":  # dots.llm1: GLM-4.5's routing without groups (its n_group 1), not
+            # renormalized (its default), scaled by 2.5; Qwen3's q/k norms (off their init below) and q/k/v/o
+            # biases; sliding (window 4, shorter than the prompts), full, sliding; layer 0 dense
+            moe = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+            moe |= {"first_k_dense_replace": 1, "num_hidden_layers": 3, "n_shared_experts": 1, "head_dim": 16}
+            moe |= {"routed_scaling_factor": 2.5, "attention_bias": True, "sliding_window": 4}
+            moe |= {"pad_token_id": 0, "eos_token_id": 2}
+            n = overrides.get("num_hidden_layers", 3)
+            moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
         # transformers' eager experts (its default, grouped_mm, takes no float64 and, on the CPU, no odd
         # strides): the per-expert loop of its modeling files
         moe["experts_implementation"] = "eager"
@@ -406,6 +446,22 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                 layer.mlp.experts.limit = 1.0
             for name, param in model.named_parameters():
                 if name.endswith("bias"):
+                    param.add_(torch.randn_like(param) * 0.2)
+    # routers (initialized at zero) at the initializer range, the selection biases (zero) as wide as the
+    # scores' spread, so that they change picks
+    if family in ("ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe"):
+        with torch.no_grad():
+            for layer in model.model.layers:
+                gate = getattr(layer.mlp, "gate", None)
+                if gate is not None:
+                    gate.weight.normal_(0.0, 0.2)
+                    owner = getattr(gate, "moe_statics", gate)
+                    bias = owner.e_score_correction_bias
+                    bias.copy_(torch.randn_like(bias) * (0.1 if family == "ernie4_5_moe" else 0.2))
+    if family in ("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"):  # norm weights off init
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "norm" in name:
                     param.add_(torch.randn_like(param) * 0.2)
     if family in ("gemma", "olmo2", "gemma3_text", "gemma2"):  # norm weights off their init: (1 + w) != w
         with torch.no_grad():
@@ -560,6 +616,10 @@ def gpt_oss_factory():
 
 def qwen2_moe_factory():
     return tiny_model("qwen2_moe"), None
+
+
+def glm4_moe_factory():
+    return tiny_model("glm4_moe"), None
 
 
 def cohere2_factory():

@@ -98,6 +98,7 @@ def test_save_pretrained_directory_source(tmp_path):
         "falcon_serial_factory",
         "mixtral_factory",
         "qwen2_moe_factory",  # the shared expert and a dense layer among the MoE ones
+        "glm4_moe_factory",  # sigmoid routing with a selection bias over expert groups (Sigmoid, masks)
         "cohere2_factory",
         "bloom_factory",  # ALiBi: every layer's attention spelled out (no IAttention)
         "gpt_oss_factory",  # attention sinks: every layer's attention spelled out, the gpt-oss experts

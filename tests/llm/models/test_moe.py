@@ -42,7 +42,8 @@ def test_moe_step_graph_matches_hf_generate(family, tmp_path):
     result = export_step(model, max_seq=48, max_batch=4, max_prefill=24, exporter="legacy", workdir=tmp_path)
     g = result.generation
     assert "moe" in g["mlp_kinds"] and g["moe"]["num_experts"] == 4 and g["moe"]["top_k"] == 2
-    assert {"TopK", "Softmax"} <= {n.op_type for n in result.model.graph.node}
+    scoring = "Sigmoid" if g["moe"]["routing"] == "sigmoid_topk" else "Softmax"
+    assert {"TopK", scoring} <= {n.op_type for n in result.model.graph.node}
     onnx.save(result.model, str(tmp_path / "step.onnx"))
     llm = trtforge.llm.api.load(tmp_path / "step.onnx")
     batch = prompts(model.config.vocab_size, lens=(1, 5, 17))
@@ -69,6 +70,21 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     }
     assert {f for f in MOE_FAMILIES if kinds[f].moe["layout"] == "gpt_oss"} == {"gpt_oss"}
     assert kinds["granitemoeshared"].moe["shared_expert_size"] == 96
+    # HunYuan-MoE's shared MLP, ERNIE 4.5-MoE's and GLM-4.5's shared experts and dense first layers;
+    # their selection biases, GLM-4.5's sigmoid scores over expert groups and its routed scale
+    hunyuan = kinds["hunyuan_v1_moe"].moe
+    assert hunyuan["shared_expert_size"] == 64 and hunyuan["renormalize"]
+    assert kinds["ernie4_5_moe"].mlp_kinds == kinds["glm4_moe"].mlp_kinds == ["dense", "moe", "moe"]
+    assert kinds["ernie4_5_moe"].moe["shared_expert_size"] == 128
+    biased = {f for f in MOE_FAMILIES if kinds[f].moe["selection_bias"]}
+    assert biased == {"ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe"}
+    glm = kinds["glm4_moe"].moe
+    assert glm["routing"] == "sigmoid_topk" and glm["expert_groups"] == [2, 1] and glm["scale"] == 2.5
+    assert glm["float32_weights"] and glm["shared_expert_size"] == 64
+    assert kinds["flex_olmo"].moe["renormalize"] and kinds["flex_olmo"].moe["shared_expert_size"] is None
+    dots = kinds["dots1"]  # (GLM-4.5's routing without groups, not renormalized)
+    assert dots.moe["routing"] == "sigmoid_topk" and dots.moe["expert_groups"] is None
+    assert not dots.moe["renormalize"] and dots.mlp_kinds == ["dense", "moe", "moe"]
     assert kinds["granitemoe"].moe["shared_expert_size"] is None
     # (GraniteMoeShared's shared_intermediate_size 0: its layers' shared_mlp is None, no shared expert)
     assert (
@@ -81,10 +97,13 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
         moe = next(m for m in adapter.moe if m is not None)
         _, experts = moe.route(x)
         assert set(experts.flatten().tolist()) == set(range(moe.num_experts)), family
-        # routing margins wide enough that no pick is a near tie
-        logits = torch.nn.functional.linear(x, moe.router.weight, getattr(moe.router, "bias", None))
-        probs = torch.softmax(logits, -1).sort(-1).values
-        assert (probs[:, -2] - probs[:, -3]).min() > 1e-4, family
+        # routing margins wide enough that no pick is a near tie (among the scores the top k are chosen
+        # by: plus the selection bias, within the groups kept)
+        lin = moe.router_linear
+        logits = torch.nn.functional.linear(x.to(lin.weight.dtype), lin.weight, getattr(lin, "bias", None))
+        scores = torch.sigmoid(logits) if moe.routing == "sigmoid_topk" else torch.softmax(logits, -1)
+        choice = moe._choice(scores.float()).sort(-1).values
+        assert (choice[:, -2] - choice[:, -3]).min() > 1e-4, family
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
@@ -103,7 +122,7 @@ def test_grouped_and_dense_formulations_agree_with_the_hf_block(family):
                 torch.testing.assert_close(adapter.mlp(i, x), want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "granitemoeshared", "gpt_oss"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "granitemoeshared", "gpt_oss", "glm4_moe"])
 def test_a_ragged_batch_on_the_torch_executor_matches_transformers(family):
     """Three sequences in each step (prompt chunks of different lengths, then decodes together): each
     row's logits are transformers' for its sequence alone, whichever tokens share the experts."""
@@ -215,12 +234,31 @@ def test_moe_families_not_implemented_are_refused_naming_what_sets_them_apart(mo
         adapter_for(model)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "granitemoe"])
-def test_bfloat16_routing_weights_keep_each_familys_dtype(family):
+@pytest.mark.parametrize(
+    ("family", "float32_router"),
+    [
+        ("mixtral", False),
+        ("qwen2_moe", False),
+        ("granitemoe", False),
+        ("hunyuan_v1_moe", False),
+        ("hunyuan_v1_moe", True),
+        ("ernie4_5_moe", True),
+        ("glm4_moe", True),
+    ],
+)
+def test_bfloat16_routing_weights_keep_each_familys_dtype(family, float32_router):
     """In BF16 the routing weights' dtype shows: Mixtral's stay float32 (each expert's output weighted in
     float32, then rounded), Qwen's are rounded to BF16 first. A BF16 prefill's logits are transformers'
-    bit for bit (the other dtype moves them by a BF16 step or more)."""
+    bit for bit (the other dtype moves them by a BF16 step or more). `float32_router`: the routers kept
+    float32 in a BF16 model, as transformers builds HunYuan-MoE's ``wg`` and keeps ERNIE 4.5-MoE's and
+    GLM-4.5's gate weight and selection bias (HunYuan's logits and weights then float32, ERNIE's weights
+    cast to BF16, GLM's kept float32)."""
     model = tiny_model(family, seed=1).to(torch.bfloat16).eval()
+    if float32_router:
+        for layer in model.model.layers:
+            gate = getattr(layer.mlp, "gate", None)
+            if hasattr(layer.mlp, "experts") and gate is not None:
+                gate.float()
     ids = torch.randint(0, 300, (19,), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         want = model(ids[None]).logits[0, -1].float()

@@ -1,7 +1,8 @@
 """The fused formulation of the sparse MoE MLPs (llm.models.moe ``fused``: trtforge.kernels.moe) against
 the grouped one and float64 math, per family form: Mixtral's float32 renormalized routing weights,
 Qwen2-MoE's gated shared expert (and a dense layer), GraniteMoE's top-k-then-softmax, gpt-oss's experts
-(transformers' GptOssExperts read in place, their biases, the clamped SwiGLU); in Triton's CPU
+(transformers' GptOssExperts read in place, their biases, the clamped SwiGLU), GLM-4.5's grouped sigmoid
+routing with a selection bias and a routed scale; in Triton's CPU
 interpreter without CUDA and for real on a GPU. The blocks it refuses run grouped, and the torch executor
 keeps its CUDA-graph refusal for them, naming the reason; on a GPU, the executor's graph-captured decode
 (and piecewise prompt steps) of MoE models gives its eager tokens, and grouped ones."""
@@ -21,8 +22,11 @@ from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.models.families import adapter_for
 
 # gpt_oss: its experts' layout (transposed, interleaved, biased, the clamped SwiGLU; the tiny model's limit
-# of 1 bites) and its router (a bias, top-k then softmax in the model's dtype)
-FAMILIES = ("mixtral", "qwen2_moe", "granitemoe", "gpt_oss")
+# of 1 bites) and its router (a bias, top-k then softmax in the model's dtype); glm4_moe: DeepSeek-V3-style
+# routing (float32 sigmoid scores, a selection bias, expert groups, float32 weights scaled by 2.5) and an
+# ungated shared MLP (HunYuan-MoE's and ERNIE 4.5-MoE's routings are softmax top-k as Mixtral's and
+# Qwen2-MoE's, their experts the plain layout: the GPU decode test below takes them)
+FAMILIES = ("mixtral", "qwen2_moe", "granitemoe", "gpt_oss", "glm4_moe")
 # one ulp at 1.0 (FP32: the summation order over K, tens of products, dominates its rounding)
 _ULP = {torch.float32: 2**-20, torch.bfloat16: 2**-7, torch.float16: 2**-10}
 
@@ -132,7 +136,7 @@ def test_static_decode_and_piecewise_steps_run_the_fused_moe_on_padded_tokens(fa
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "gpt_oss"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "gpt_oss", "glm4_moe"])
 def test_gpu_a_captured_moe_layer_follows_the_routing_of_each_replay(family):
     """A BF16 MoE layer (router, fused experts, Qwen2-MoE's gated shared expert) captured once in a CUDA
     graph, replayed on new hidden states whose routings differ from the capture's: each replay gives the
@@ -161,7 +165,22 @@ def test_gpu_a_captured_moe_layer_follows_the_routing_of_each_replay(family):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "granitemoeshared", "gpt_oss"])
+@pytest.mark.parametrize(
+    "family",
+    [
+        "mixtral",
+        "qwen2_moe",
+        "qwen3_moe",
+        "granitemoeshared",
+        "gpt_oss",
+        "hunyuan_v1_moe",
+        "ernie4_5_moe",
+        "glm4_moe",
+        "dots1",
+        "flex_olmo",
+        "exaone_moe",
+    ],
+)
 def test_gpu_graph_decode_of_moe_models_matches_eager_and_grouped(monkeypatch, family):
     """FP32 MoE models served on CUDA: decode steps captured in CUDA graphs and prompt steps in piecewise
     graphs (fused MoE) give the tokens of eager fused steps and of eager grouped steps (MOE_FUSED off)."""

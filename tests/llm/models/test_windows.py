@@ -104,6 +104,17 @@ CASES = [
     ("olmoe", {"set_sliding_window": 64}),  # no OLMoE layer applies one
     ("granitemoe", {}),
     ("granitemoeshared", {"set_sliding_window": 64}),  # no GraniteMoE layer applies one
+    ("hunyuan_v1_moe", {}),
+    ("ernie4_5_moe", {"set_sliding_window": 64}),  # no layer of these applies one
+    ("glm4_moe", {"set_sliding_window": 64}),
+    # dots.llm1: windows by layer_types (sliding, full, sliding by default), as its config builds them from
+    # max_window_layers where it sets none
+    ("flex_olmo", {"set_sliding_window": 64}),  # no FlexOLMo layer applies one
+    # K-EXAONE: sliding (RoPE), full (NoPE), sliding; all full (NoPE: its config types the window an int)
+    ("exaone_moe", {}),
+    ("exaone_moe", {"layer_types": [FULL, FULL, FULL]}),
+    ("dots1", {}),
+    ("dots1", {"sliding_window": 5, "layer_types": None, "max_window_layers": 1}),
     ("olmo", {"set_sliding_window": 64}),  # no layer of these applies one
     ("cohere", {"set_sliding_window": 64}),
     ("glm", {}),

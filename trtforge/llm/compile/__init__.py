@@ -5,11 +5,12 @@ Design. A torch wrapper (:mod:`.step`) runs the model's own submodules through o
 qwen3, phi3, starcoder2, internlm3, seed_oss, arcee; GPT-2, GPT-Neo, GPT-BigCode; OPT; Gemma 1, Gemma 2, Gemma
 3 text, OLMo 1-3, Granite, StableLM, SmolLM3, Cohere 1 / 2, GLM, GLM-4-0414, Nemotron, Persimmon, Helium,
 ERNIE 4.5, EXAONE 4, HunYuan dense, Apertus; GPT-NeoX; Phi; GPT-J, CodeGen; Falcon; BLOOM, MPT; the MoE
-families Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GraniteMoE, GraniteMoeShared, gpt-oss, whose expert MLPs the
-step graph computes densely: :mod:`trtforge.llm.models.moe`); only the attention is rewritten, around two
-torch custom ops with exact torch reference implementations (:mod:`.ops`): the cache write, exported as ONNX
-``TensorScatter`` (TensorRT: KV_CACHE_UPDATE, in place), and attention over the cache, exported as ONNX
-``Attention`` with one output and an explicit bool mask (TensorRT: IAttention). A layer with an attention
+families Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GraniteMoE, GraniteMoeShared, gpt-oss, HunYuan-MoE, ERNIE
+4.5-MoE, GLM-4.5, dots.llm1, FlexOLMo, K-EXAONE, whose expert MLPs the step graph computes densely:
+:mod:`trtforge.llm.models.moe`); only the attention is rewritten, around two torch custom ops with exact torch
+reference implementations (:mod:`.ops`): the cache write, exported as ONNX ``TensorScatter`` (TensorRT:
+KV_CACHE_UPDATE, in place), and attention over the cache, exported as ONNX ``Attention`` with one output and
+an explicit bool mask (TensorRT: IAttention). A layer with an attention
 logit soft-cap (Gemma 2) attends through plain ops instead (MatMul, Tanh on the scaled scores, Where, Softmax:
 TensorRT's parser refuses ONNX Attention's ``softcap``), which no attention pass fuses; so does an ALiBi layer
 (BLOOM, MPT, falcon-rw), its position bias (slope times key minus query position, the query's from

@@ -89,6 +89,11 @@ STYLES: dict[tuple[str, ...], str] = {
     ("exaone4",): "EXAONE 4: OLMo 2's norms after attention and MLP, per-head q/k norms, sliding layers with "
     "RoPE and full layers without",
     ("hunyuan_v1_dense",): "HunYuan dense: Llama with per-head q/k norms after the RoPE",
+    ("hunyuan_v1_moe",): "HunYuan-MoE: HunYuan's attention, sparse MoE MLPs (its gate's own router dtype, "
+    "renormalized top-k) with an ungated shared MLP",
+    ("ernie4_5_moe",): "ERNIE 4.5-MoE: ERNIE 4.5's attention, sparse MoE MLPs (float32 router, top-k chosen "
+    "with e_score_correction_bias, renormalized) with an ungated shared MLP, dense layers by "
+    "moe_layer_interval / start / end",
     ("apertus",): "Apertus: Llama with per-head q/k norms and a non-gated (xIELU) MLP",
     ("nanochat",): "NanoChat: weightless RMSNorms (one on the embeddings), per-head q/k norms after a "
     "reversed RoPE, a non-gated fc1/fc2 MLP, soft-capped logits",
@@ -99,6 +104,15 @@ STYLES: dict[tuple[str, ...], str] = {
     ("qwen3_moe",): "Qwen3-MoE: Qwen3's attention with per-head q/k norms, sparse MoE MLPs, optional dense "
     "layers",
     ("olmoe",): "OLMoE: whole-projection q/k norms, clip_qkv, sparse MoE MLPs",
+    ("glm4_moe",): "GLM-4.5: partial RoPE, q/k/v biases, optional per-head q/k norms, sparse MoE MLPs routed "
+    "by sigmoid scores with e_score_correction_bias over expert groups (n_group, topk_group), scaled by "
+    "routed_scaling_factor, an ungated shared MLP, dense first layers (first_k_dense_replace)",
+    ("exaone_moe",): "K-EXAONE: EXAONE 4's attention (per-head q/k norms, sliding layers with RoPE and full "
+    "layers without) in a pre-norm block, GLM-4.5's sparse MoE MLPs, dense layers by mlp_layer_types",
+    ("flex_olmo",): "FlexOLMo: OLMo 2's layers (whole-projection q/k norms, norms after attention and MLP) "
+    "with sparse MoE MLPs routed as OLMoE's",
+    ("dots1",): "dots.llm1: Qwen3's attention with per-head q/k norms and windows by layer_types, GLM-4.5's "
+    "sparse MoE MLPs",
     ("granitemoe", "granitemoeshared"): "GraniteMoE / GraniteMoeShared: Granite's multipliers, sparse MoE "
     "MLPs routed by a softmax over the top-k router logits; GraniteMoeShared's ungated shared MLP beside "
     "them",
@@ -119,14 +133,17 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "image tokens); only its text model is supported: load a text-only Gemma 3 checkpoint (gemma-3-270m, "
     "gemma-3-1b; model_type 'gemma3_text') with Gemma3ForCausalLM.",
     # mixture-of-experts families beside the supported ones (mixtral, qwen2_moe, qwen3_moe, olmoe, granitemoe,
-    # granitemoeshared), refused for what sets them apart
-    "phimoe": "PhiMoE routes by SparseMixer (its top-2 weights from masked, jittered softmaxes), not the "
-    "softmax top-k the supported MoE families use, and has LayerNorms with biases.",
+    # granitemoeshared, gpt_oss, hunyuan_v1_moe, ernie4_5_moe, glm4_moe, dots1, flex_olmo, exaone_moe),
+    # refused for what sets them apart
+    "phimoe": "PhiMoE (Phi-3.5-MoE) routes by SparseMixer: in eval mode the top expert and then the second, "
+    "each weighted by a softmax over only the logits within 2 x router_jitter_noise (relative) of it, which "
+    "no SparseMoe routing computes yet; and Phi-3.5-MoE's rotary is LongRoPE, whose tables switch with the "
+    "sequence length, which trtforge's rotary tables refuse.",
     "deepseek_v2": "DeepSeek-V2 attends through multi-head latent attention (compressed KV with a decoupled "
     "rotary part), which trtforge's KV cache and kernels do not hold, and routes by expert groups.",
     "deepseek_v3": "DeepSeek-V3 attends through multi-head latent attention (compressed KV with a decoupled "
-    "rotary part) and routes by sigmoid scores with a correction bias over expert groups; neither is "
-    "implemented.",
+    "rotary part), which trtforge's KV cache and kernels do not hold (its routing, sigmoid scores with a "
+    "correction bias over expert groups, is GLM-4.5's, which is supported).",
     "dbrx": "DBRX's router normalizes its top-k weights by a p-norm (moe_normalize_expert_weights) and its "
     "fused Wqkv and experts have a layout of their own; not implemented.",
     "youtu": "Youtu-LLM attends through multi-head latent attention (DeepSeek-V3's: compressed KV with a "
@@ -168,6 +185,10 @@ UNWINDOWED = (
     "helium",
     "ernie4_5",
     "hunyuan_v1_dense",
+    "hunyuan_v1_moe",
+    "ernie4_5_moe",
+    "glm4_moe",
+    "flex_olmo",
     "apertus",
     "internlm3",
     "seed_oss",
@@ -197,6 +218,8 @@ PER_LAYER_TYPES = (
     "gpt_oss",
     "cwm",
     "vaultgemma",
+    "dots1",
+    "exaone_moe",
 )
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -315,8 +338,9 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     - mistral, phi3, starcoder2, mixtral, qwen3_moe: ``config.sliding_window`` on every layer, or none
       when it is null (their forward ignores ``layer_types``);
     - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe, gpt_oss,
-      cwm, vaultgemma: the window on the layers ``config.layer_types`` marks "sliding_attention" (CWM's
-      config marks 3 of 4 by default, VaultGemma's every other; qwen's config builds those from
+      cwm, vaultgemma, dots1, exaone_moe: the window on the layers ``config.layer_types`` marks
+      "sliding_attention" (CWM's config marks 3 of 4 by default, VaultGemma's every other; qwen's config
+      builds those from
       ``use_sliding_window`` and ``max_window_layers``; with ``use_sliding_window`` false it nulls
       ``sliding_window``, Qwen2-MoE's sets it to 0, read as null. SmolLM3's marks its NoPE layers when
       ``use_sliding_window`` is set; its eager and SDPA masks then follow ``layer_types`` and

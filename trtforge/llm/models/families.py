@@ -1,5 +1,5 @@
-"""The supported decoder families and the adapter of each: :func:`adapter_for` is what the step-graph
-export and the torch executor call, so both see one set of layer math and one sliding-window rule.
+"""The supported decoder families and the adapter of each: :func:`adapter_for` is what the step-graph export
+and the torch executor call, so both see one set of layer math and one sliding-window rule.
 
 Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2, internlm3,
 seed_oss, arcee, exaone, iquestcoder, cwm, jais2), GPT-2 and its relatives GPT-Neo and GPT-BigCode
@@ -12,12 +12,12 @@ HyperCLOVA X (:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3 (:mod:`.smo
 with Llama-style, which also runs InternLM3, Seed-OSS, Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2),
 GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon (:mod:`.falcon`: rotary, and
 falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two with ALiBi position biases, and
-the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE (:mod:`.mixtral`), GraniteMoE
-and GraniteMoeShared (:mod:`.granite`), and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its MoE MLPs)
-(their MoE MLPs: :mod:`.moe`).
-The shared pieces (spec, family
-checks, windows, attention soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`,
-the rotary variants (interleaved, float32, NoPE layers, a table per layer type) in :mod:`.rotary`.
+the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4.5, dots.llm1 and K-EXAONE
+(:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE and GraniteMoeShared (:mod:`.granite`), HunYuan-MoE
+(:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its MoE
+MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family checks, windows, attention soft-caps,
+ALiBi slopes, attention sinks) live in :mod:`.base`, the rotary variants (interleaved, float32, NoPE layers, a
+table per layer type) in :mod:`.rotary`.
 """
 
 from __future__ import annotations
@@ -42,19 +42,27 @@ from trtforge.llm.models.falcon import FalconStyle
 from trtforge.llm.models.gemma import GemmaStyle
 from trtforge.llm.models.gemma2 import Gemma2Style, VaultGemmaStyle
 from trtforge.llm.models.gemma3 import Gemma3Style
-from trtforge.llm.models.glm import Ernie45Style, Glm4Style, GlmStyle, HeliumStyle
+from trtforge.llm.models.glm import Ernie45MoeStyle, Ernie45Style, Glm4Style, GlmStyle, HeliumStyle
 from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
 from trtforge.llm.models.gpt_neox import GptNeoXStyle
 from trtforge.llm.models.gpt_oss import GptOssStyle
 from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
 from trtforge.llm.models.granite import GraniteMoeSharedStyle, GraniteMoeStyle, GraniteStyle, HyperClovaXStyle
-from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle, NanoChatStyle
+from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle, HunYuanMoeStyle, NanoChatStyle
 from trtforge.llm.models.llama import LlamaStyle
-from trtforge.llm.models.mixtral import MixtralStyle, OlmoeStyle, Qwen2MoeStyle, Qwen3MoeStyle
+from trtforge.llm.models.mixtral import (
+    Dots1Style,
+    ExaoneMoeStyle,
+    Glm4MoeStyle,
+    MixtralStyle,
+    OlmoeStyle,
+    Qwen2MoeStyle,
+    Qwen3MoeStyle,
+)
 from trtforge.llm.models.mpt import MptStyle
 from trtforge.llm.models.nemotron import NemotronStyle, PersimmonStyle
 from trtforge.llm.models.olmo import OlmoStyle
-from trtforge.llm.models.olmo2 import Exaone4Style, Olmo2Style, Olmo3Style
+from trtforge.llm.models.olmo2 import Exaone4Style, FlexOlmoStyle, Olmo2Style, Olmo3Style
 from trtforge.llm.models.opt import OptStyle
 from trtforge.llm.models.phi import PhiStyle
 from trtforge.llm.models.smollm3 import SmolLM3Style
@@ -104,6 +112,12 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "granitemoe": GraniteMoeStyle,
     "granitemoeshared": GraniteMoeSharedStyle,
     "gpt_oss": GptOssStyle,
+    "hunyuan_v1_moe": HunYuanMoeStyle,
+    "ernie4_5_moe": Ernie45MoeStyle,
+    "glm4_moe": Glm4MoeStyle,
+    "dots1": Dots1Style,
+    "flex_olmo": FlexOlmoStyle,
+    "exaone_moe": ExaoneMoeStyle,
     "bloom": BloomStyle,
     "mpt": MptStyle,
 }
@@ -128,12 +142,17 @@ __all__ = [
     "CohereStyle",
     "DecoderAdapter",
     "DecoderSpec",
+    "Dots1Style",
+    "Ernie45MoeStyle",
     "Ernie45Style",
     "Exaone4Style",
+    "ExaoneMoeStyle",
     "FalconStyle",
+    "FlexOlmoStyle",
     "Gemma2Style",
     "Gemma3Style",
     "GemmaStyle",
+    "Glm4MoeStyle",
     "Glm4Style",
     "GlmStyle",
     "Gpt2Style",
@@ -147,6 +166,7 @@ __all__ = [
     "GraniteStyle",
     "HeliumStyle",
     "HunYuanDenseStyle",
+    "HunYuanMoeStyle",
     "HyperClovaXStyle",
     "LlamaStyle",
     "MixtralStyle",

@@ -1,10 +1,15 @@
-"""The HunYuan dense (``model_type`` "hunyuan_v1_dense": ``HunYuanDenseV1ForCausalLM``, Hunyuan-0.5B..7B)
-and Apertus (``model_type`` "apertus": ``ApertusForCausalLM``, swiss-ai Apertus-8B / 70B) adapters: Llama
-relatives whose per-head q/k RMSNorms sit where Llama has none.
+"""The HunYuan dense (``model_type`` "hunyuan_v1_dense": ``HunYuanDenseV1ForCausalLM``, Hunyuan-0.5B..7B),
+HunYuan-MoE (``model_type`` "hunyuan_v1_moe": ``HunYuanMoEV1ForCausalLM``, Hunyuan-A13B) and Apertus
+(``model_type`` "apertus": ``ApertusForCausalLM``, swiss-ai Apertus-8B / 70B) adapters: Llama relatives
+whose per-head q/k RMSNorms sit where Llama has none.
 
 HunYuan: Llama's block with the q/k norms (``query_layernorm``, ``key_layernorm``) *after* the rotary, so
 the cached keys are normed rotated keys; its rotary module's fixed NTK-alpha tables (``rope_type``
-"dynamic" with an ``alpha``) are read like any fixed table. Apertus: q/k norms before the rotary (Qwen 3's
+"dynamic" with an ``alpha``) are read like any fixed table. HunYuan-MoE: the same attention, every MLP a
+sparse MoE block (:class:`~.moe.SparseMoe`): its gate's ``wg`` Linear (float32 as transformers builds it;
+the logits in its dtype), a float32 softmax, top-k (``moe_topk``, per layer where it is a list),
+renormalized always, the weights cast to the logits' dtype, and an ungated shared MLP (``shared_mlp``)
+added to the experts' sum. Apertus: q/k norms before the rotary (Qwen 3's
 place), its block's norms named ``attention_layernorm`` and ``feedforward_layernorm``, a non-gated MLP
 (xIELU by default: the model's own module). No window. NanoChat (``model_type`` "nanochat":
 :class:`NanoChatStyle`): weightless q/k norms after the rotary, as HunYuan's, with its own embedding norm,
@@ -16,8 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from trtforge.llm.models.moe import moe_layers
 from trtforge.llm.models.rope import RopeStyle, project_qkv
 
 
@@ -30,6 +36,17 @@ class HunYuanDenseStyle(RopeStyle):
         q, k = super().rotate(i, q, k, rope)
         attn = self.layers[i].self_attn
         return attn.query_layernorm(q), attn.key_layernorm(k)
+
+
+class HunYuanMoeStyle(HunYuanDenseStyle):
+    """HunYuan-MoE (see the module docstring): HunYuan's attention, sparse MoE MLPs with a shared MLP."""
+
+    family = "hunyuan_v1_moe"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        where = f"{user} cannot run this {self.config.model_type} model {type(model).__name__}"
+        self.moe = moe_layers(self.layers, renormalize=True, float32_weights=False, where=where)
 
 
 class ApertusStyle(RopeStyle):

@@ -12,6 +12,22 @@ formulations).
   Qwen2-MoE.
 - ``olmoe`` (``OlmoeForCausalLM``): RMSNorms over the whole q and k projections, then ``clip_qkv``
   clamping q, k and v, no window, ``norm_topk_prob``.
+- ``glm4_moe`` (``Glm4MoeForCausalLM``, GLM-4.5 / GLM-4.5-Air / GLM-4.6): Llama's attention with q/k/v
+  biases (``attention_bias``), per-head q/k RMSNorms before RoPE where ``use_qk_norm``, a partial
+  (``partial_rotary_factor``) rotate-half RoPE; the first ``first_k_dense_replace`` layers dense, the rest
+  sparse, routed DeepSeek-V3's way (the ``sigmoid_topk`` routing of :mod:`.moe`): float32 logits, a
+  sigmoid score per expert, the top k chosen by the scores plus ``e_score_correction_bias`` among the
+  ``topk_group`` best of ``n_group`` expert groups, weighted by the unbiased scores, renormalized by
+  ``norm_topk_prob`` (the sum plus 1e-20), times ``routed_scaling_factor``, kept in float32; an ungated
+  shared MLP (``shared_experts``, ``n_shared_experts`` experts wide) added to the experts' sum. No window.
+- ``dots1`` (``Dots1ForCausalLM``, rednote's dots.llm1): Qwen3's attention (per-head q/k RMSNorms before a
+  whole-head RoPE, q/k/v/o biases by ``attention_bias``), windows by ``layer_types`` (its config builds
+  them from ``sliding_window`` and ``max_window_layers``), GLM-4.5's routing, shared experts and dense
+  first layers (the same router, transformers' ``Dots1TopkRouter``).
+- ``exaone_moe`` (``ExaoneMoeForCausalLM``, K-EXAONE): Llama's pre-norm block with EXAONE 4's attention
+  (per-head q/k RMSNorms before RoPE; sliding and full layers by ``layer_types``, and with a
+  ``sliding_window`` set only the sliding layers rotate, the full ones are NoPE), GLM-4.5's routing and
+  shared experts, dense layers by ``mlp_layer_types`` (``first_k_dense_replace`` builds it).
 
 Not Llama-style (:class:`~trtforge.llm.models.llama.LlamaStyle`): the fused CUDA layers and quantization
 refuse these models by name; tensor parallelism refuses their MoE MLPs (the experts have no split yet).
@@ -77,3 +93,51 @@ class OlmoeStyle(Qwen2MoeStyle):
         if clip is not None:
             q, k, v = (t.clamp(min=-clip, max=clip) for t in (q, k, v))
         return tuple(t.unflatten(-1, (-1, self.head_dim)) for t in (q, k, v))  # type: ignore[return-value]
+
+
+class Glm4MoeStyle(RopeStyle):
+    """GLM-4.5 (see the module docstring): optional per-head q/k norms before RoPE, DeepSeek-V3-style
+    routing (sigmoid scores, a selection bias, expert groups, a routed scale) and a shared MLP."""
+
+    family = "glm4_moe"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        c = self.config
+        where = f"{user} cannot run this {c.model_type} model {type(model).__name__}"
+        self.moe = moe_layers(
+            self.layers,
+            renormalize=bool(c.norm_topk_prob),
+            float32_weights=True,
+            where=where,
+            routing="sigmoid_topk",
+            float32_logits=True,
+            selection_bias=True,
+            expert_groups=(int(c.n_group), int(c.topk_group)),
+            scale=float(c.routed_scaling_factor),
+            norm_eps=1e-20,
+        )
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = super().qkv(i, x)
+        attn = self.layers[i].self_attn
+        if getattr(attn, "q_norm", None) is not None:  # (GLM-4.5's by use_qk_norm; dots.llm1's always)
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        return q, k, v
+
+
+class Dots1Style(Glm4MoeStyle):
+    """dots.llm1 (see the module docstring): Qwen3's attention around GLM-4.5's MoE MLPs."""
+
+    family = "dots1"
+
+
+class ExaoneMoeStyle(Glm4MoeStyle):
+    """K-EXAONE (see the module docstring): EXAONE 4's attention in a pre-norm block around GLM-4.5's MoE
+    MLPs."""
+
+    family = "exaone_moe"
+
+    def rotates(self, i: int) -> bool:
+        """transformers' ``ExaoneMoeAttention``: every layer without a window, else the sliding ones only."""
+        return self.config.sliding_window is None or self.windows[i] is not None

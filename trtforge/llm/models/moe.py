@@ -1,20 +1,36 @@
 """Sparse mixture-of-experts MLPs, one concept every consumer reads: a layer's MLP kind is "dense" (the
 model's own MLP module) or "moe" (:class:`SparseMoe`: a router picks ``top_k`` of ``num_experts`` gated
-experts per token and sums their outputs by the routing weights; a shared expert beside them is added to
-their sum: Qwen2-MoE's behind a sigmoid gate, GraniteMoeShared's ungated). The adapters (:mod:`.mixtral`,
-:mod:`.granite`) find each layer's kind and call :meth:`SparseMoe.forward`.
+experts per token and sums their outputs by the routing weights; a shared expert beside them is added to their
+sum: Qwen2-MoE's behind a sigmoid gate, GraniteMoeShared's, HunYuan-MoE's, ERNIE 4.5-MoE's, GLM-4.5's and
+dots.llm1's ungated). The adapters (:mod:`.mixtral`, :mod:`.granite`, :mod:`.hunyuan`, :mod:`.glm`) find each
+layer's kind and call :meth:`SparseMoe.forward`.
 
-Routing, as transformers 5's ``*TopKRouter`` modules compute it (the block's router: ``gate``, or
-``router`` in GraniteMoE), router logits in the model's dtype, then one of two orders (`ROUTINGS`):
+Routing, as transformers 5's ``*TopKRouter`` modules compute it (the block's router: ``gate``, or ``router``
+in GraniteMoE; its weight the router's own, or its ``wg`` Linear in HunYuan-MoE), router logits in the router
+weight's dtype (the model's, or HunYuan-MoE's float32 ``wg``; ``float32_logits``: from a float32 input and
+weight whatever their dtype, as ERNIE 4.5-MoE and GLM-4.5 force), then one of three orders (`ROUTINGS`):
 
-- ``softmax_topk`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): a float32 softmax over the experts, top-k of
-  the probabilities, renormalized to sum 1 over the k picked where the family does (Mixtral always; the
-  others by ``norm_topk_prob``);
-- ``topk_softmax`` (GraniteMoE): top-k of the float32 logits, then a softmax over those k only (gpt-oss:
-  of the logits in the model's dtype, its router's ``float32_router`` False);
+- ``softmax_topk`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, FlexOLMo, HunYuan-MoE, ERNIE 4.5-MoE): a float32
+  softmax over the experts, top-k of the probabilities, renormalized to sum 1 over the k picked where the
+  family does (Mixtral, HunYuan-MoE, ERNIE 4.5-MoE always; the others by ``norm_topk_prob``);
+- ``topk_softmax`` (GraniteMoE): top-k of the float32 logits, then a softmax over those k only (gpt-oss: of
+  the logits in the model's dtype, its router's ``float32_router`` False);
+- ``sigmoid_topk`` (GLM-4.5, dots.llm1, K-EXAONE): a sigmoid of each float32 logit, top-k of the scores,
+  renormalized by ``norm_topk_prob``.
 
-then kept in float32 (Mixtral) or cast to the model's dtype (the others). Router jitter is a
-training-time noise transformers applies only in training mode: never here.
+Three options of the choice and the weights (DeepSeek-V3-style routers; off for the others):
+``selection_bias`` (ERNIE 4.5-MoE, GLM-4.5, dots.llm1): the router's ``e_score_correction_bias`` (ERNIE's
+under ``moe_statics``) is added to the scores for choosing the top k only, the weights being the unbiased
+scores of the experts chosen; ``expert_groups`` (GLM-4.5's ``n_group`` / ``topk_group``): the experts in
+``n_group`` equal groups, each group scored by the sum of its two best (biased) scores, and the top k chosen
+among the experts of the ``topk_group`` best groups only; ``scale`` (GLM-4.5's ``routed_scaling_factor``): the
+weights multiplied by it after any renormalization. The renormalizing division is by the sum of the k weights
+as the family writes it: plus ``norm_eps`` (GLM-4.5's 1e-20), clamped below at ``norm_min`` (ERNIE's
+``moe_norm_min``).
+
+The weights are then kept in float32 (Mixtral, GLM-4.5, dots.llm1) or cast to the logits' dtype (the others:
+the model's, HunYuan-MoE's router's), or to the input's where the logits are forced float32 (ERNIE 4.5-MoE).
+Router jitter is a training-time noise transformers applies only in training mode: never here.
 
 The experts are transformers 5's fused 3-D parameters (``experts.gate_up_proj`` [E, 2 I, H], gate rows
 first; ``experts.down_proj`` [E, H, I]); a checkpoint saved by transformers 4 (one Linear per expert) is
@@ -54,15 +70,27 @@ from trtforge.errors import UserError
 
 FORMULATIONS = ("grouped", "dense", "fused")
 #: the routing orders (see the module docstring)
-ROUTINGS = ("softmax_topk", "topk_softmax")
+ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk")
 #: the expert weight layouts: transformers 5's plain fused one, gpt-oss's (see the module docstring)
 LAYOUTS = ("plain", "gpt_oss")
 
 
 def router(block: nn.Module) -> nn.Module | None:
-    """A sparse MoE block's router (``weight`` [E, H], ``top_k``): ``gate``, or ``router`` (GraniteMoE)."""
+    """A sparse MoE block's router (``weight`` [E, H] or a ``wg`` Linear, ``top_k``): ``gate``, or
+    ``router`` (GraniteMoE)."""
     gate = getattr(block, "gate", None)
     return gate if gate is not None else getattr(block, "router", None)
+
+
+def router_linear(module: nn.Module) -> nn.Module:
+    """The module holding a router's ``weight`` [E, H] (and ``bias`` where it has one): the router itself,
+    or its ``wg`` Linear (HunYuan-MoE's gate)."""
+    wg = getattr(module, "wg", None)
+    return module if wg is None else wg
+
+
+#: a block's shared expert beside its routed ones, by the names the families give it
+SHARED_EXPERT_NAMES = ("shared_expert", "shared_experts", "shared_mlp")
 
 
 def is_sparse_moe(mlp: nn.Module) -> bool:
@@ -77,8 +105,10 @@ class SparseMoe:
     `renormalize`: the top-k probabilities divided by their sum; `float32_weights`: the routing weights
     stay float32 (Mixtral) rather than the model's dtype; `routing`: one of `ROUTINGS`; `shared`: an
     ungated shared expert beside the block (GraniteMoeShared's ``shared_mlp``; a block's own
-    ``shared_expert`` is found by itself); `float32_router` False: ``topk_softmax`` in the logits' dtype
-    (gpt-oss's router). `where` names the model in errors."""
+    ``shared_expert`` / ``shared_experts`` / ``shared_mlp`` is found by itself); `float32_router` False:
+    ``topk_softmax`` in the logits' dtype (gpt-oss's router). `float32_logits`, `selection_bias`,
+    `expert_groups` (``(n_group, topk_group)``), `scale`, `norm_eps`, `norm_min`: the module docstring's
+    options. `where` names the model in errors."""
 
     def __init__(
         self,
@@ -90,11 +120,29 @@ class SparseMoe:
         routing: str = "softmax_topk",
         shared: nn.Module | None = None,
         float32_router: bool = True,
+        float32_logits: bool = False,
+        selection_bias: bool = False,
+        expert_groups: tuple[int, int] | None = None,
+        scale: float = 1.0,
+        norm_eps: float = 0.0,
+        norm_min: float | None = None,
     ) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing {routing!r}: expected one of {ROUTINGS}")
         self.block, self.renormalize, self.float32_weights = block, bool(renormalize), bool(float32_weights)
         self.routing, self.router, self.float32_router = routing, router(block), bool(float32_router)
+        self.float32_logits, self.scale = bool(float32_logits), float(scale)
+        self.norm_eps, self.norm_min = float(norm_eps), None if norm_min is None else float(norm_min)
+        #: the module holding the router's weight (and bias): the router, or HunYuan-MoE's ``wg``
+        self.router_linear = router_linear(self.router)
+        #: the module holding e_score_correction_bias (read at each call), None without a selection bias
+        self.bias_owner: nn.Module | None = None
+        if selection_bias:
+            owner = getattr(self.router, "moe_statics", self.router)  # (ERNIE 4.5-MoE's statics module)
+            if not isinstance(getattr(owner, "e_score_correction_bias", None), Tensor):
+                name = type(self.router).__name__
+                raise UserError(f"{where}: its router ({name}) has no e_score_correction_bias")
+            self.bias_owner = owner
         experts = block.experts
         gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
         flags = ("is_transposed", "has_bias", "has_post_expert_norm")
@@ -113,9 +161,19 @@ class SparseMoe:
                 "with transformers >= 5, which converts per-expert weights to that layout."
             )
         self.num_experts, self.top_k = int(gate_up.shape[0]), int(self.router.top_k)
+        self.expert_groups: tuple[int, int] | None = None
+        if expert_groups is not None and int(expert_groups[1]) < int(expert_groups[0]):  # (else: no limit)
+            groups, keep = int(expert_groups[0]), int(expert_groups[1])
+            if self.num_experts % groups or self.num_experts // groups < 2 or keep < 1:
+                raise UserError(
+                    f"{where}: {self.num_experts} experts cannot form n_group={groups} groups of 2 or more "
+                    f"(each group scored by its two best experts) with topk_group={keep} of them kept"
+                )
+            self.expert_groups = (groups, keep)
         self.expert_size = int(down.shape[-1] if self.layout == "plain" else down.shape[1])
         # the shared expert's gated MLP: down_proj (Qwen2-MoE) or output_linear (GraniteMoeShared)
-        self.shared = getattr(block, "shared_expert", None) if shared is None else shared
+        own = next((m for n in SHARED_EXPERT_NAMES if (m := getattr(block, n, None)) is not None), None)
+        self.shared = own if shared is None else shared
         self.shared_gate = getattr(block, "shared_expert_gate", None) if shared is None else None
         self.shared_size: int | None = None
         if self.shared is not None:
@@ -134,20 +192,57 @@ class SparseMoe:
             "routing": self.routing,
             "shared_expert_size": self.shared_size,
             "layout": self.layout,
+            "selection_bias": self.bias_owner is not None,
+            "expert_groups": None if self.expert_groups is None else list(self.expert_groups),
+            "scale": self.scale,
         }
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Each token's top-k routing weights and expert ids ``[N, k]`` for flat tokens `x` ``[N, H]``."""
-        logits = F.linear(x, self.router.weight, getattr(self.router, "bias", None))
+        lin = self.router_linear
+        weight, bias = lin.weight, getattr(lin, "bias", None)
+        if self.float32_logits:
+            logits = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+        else:
+            logits = F.linear(x.to(weight.dtype), weight, bias)
         if self.routing == "topk_softmax":
             top, experts = torch.topk(logits.float() if self.float32_router else logits, self.top_k, dim=-1)
             weights = torch.softmax(top, dim=-1)
         else:
-            probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-            weights, experts = torch.topk(probs, self.top_k, dim=-1)
+            if self.routing == "sigmoid_topk":
+                scores = torch.sigmoid(logits.float())
+            else:
+                scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            if self.bias_owner is None and self.expert_groups is None:
+                weights, experts = torch.topk(scores, self.top_k, dim=-1)
+            else:
+                experts = torch.topk(self._choice(scores), self.top_k, dim=-1).indices
+                weights = scores.gather(-1, experts)
         if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return (weights if self.float32_weights else weights.to(logits.dtype)), experts
+            total = weights.sum(dim=-1, keepdim=True)
+            total = total + self.norm_eps if self.norm_eps else total
+            total = total.clamp(min=self.norm_min) if self.norm_min is not None else total
+            weights = weights / total
+        if self.scale != 1.0:
+            weights = weights * self.scale
+        if self.float32_weights:
+            return weights, experts
+        return weights.to(x.dtype if self.float32_logits else logits.dtype), experts
+
+    def _choice(self, scores: Tensor) -> Tensor:
+        """The float32 scores [N, E] the top k are chosen by: plus the selection bias, and -inf off the
+        ``topk_group`` best expert groups (each scored by its two best experts) where groups limit it."""
+        if self.bias_owner is not None:
+            scores = scores + self.bias_owner.e_score_correction_bias.reshape(-1).float()
+        if self.expert_groups is None:
+            return scores
+        groups, keep = self.expert_groups
+        per = self.num_experts // groups
+        grouped = scores.reshape(-1, groups, per)
+        group_scores = torch.topk(grouped, 2, dim=-1).values.sum(dim=-1)  # [N, groups]
+        best = torch.topk(group_scores, keep, dim=-1).indices  # [N, keep]
+        kept = (best[..., None] == torch.arange(groups, device=scores.device)).any(dim=-2)  # [N, groups]
+        return grouped.masked_fill(~kept[..., None], float("-inf")).reshape(-1, self.num_experts)
 
     def forward(self, x: Tensor, formulation: str = "grouped") -> Tensor:
         """The block's output for hidden states `x` ``[..., H]`` (`formulation`: see the module
@@ -284,11 +379,14 @@ def moe_layers(
     block: str = "mlp",
     shared: str | None = None,
     float32_router: bool = True,
+    **options: Any,
 ) -> list[SparseMoe | None]:
     """Each layer's :class:`SparseMoe` (None: a dense MLP, as Qwen-MoE's ``mlp_only_layers`` and
     ``decoder_sparse_step`` make some): the layer's attribute `block` (``mlp``; GraniteMoE's
     ``block_sparse_moe``), with the layer's attribute `shared` as an ungated shared expert where set and
-    not None (GraniteMoeShared's ``shared_mlp``); `float32_router`: :class:`SparseMoe`'s."""
+    not None (GraniteMoeShared's ``shared_mlp``); `float32_router` and `options` (the routing options:
+    ``float32_logits``, ``selection_bias``, ``expert_groups``, ``scale``, ``norm_eps``, ``norm_min``):
+    :class:`SparseMoe`'s."""
     return [
         SparseMoe(
             getattr(layer, block),
@@ -298,6 +396,7 @@ def moe_layers(
             routing=routing,
             shared=getattr(layer, shared, None) if shared else None,
             float32_router=float32_router,
+            **options,
         )
         if is_sparse_moe(getattr(layer, block))
         else None

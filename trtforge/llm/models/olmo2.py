@@ -6,12 +6,16 @@ RMSNorms on their outputs before each residual add. RoPE tables stay float32 and
 float32, then cast back, as transformers does for this family. No biases, no window. OLMo 3
 (:class:`Olmo3Style`) adds sliding and full layers with a rotary table per layer type; EXAONE 4
 (:class:`Exaone4Style`) has the same block with per-head q/k norms and NoPE full-attention layers.
+FlexOLMo (:class:`FlexOlmoStyle`, ``model_type`` "flex_olmo": ``FlexOlmoForCausalLM``) has OLMo 2's block
+around sparse MoE MLPs (:class:`~.moe.SparseMoe`) routed as OLMoE's: a float32 softmax, top-k, renormalized
+by ``norm_topk_prob``, the weights cast to the model's dtype; no shared expert, no window.
 """
 
 from __future__ import annotations
 
-from torch import Tensor
+from torch import Tensor, nn
 
+from trtforge.llm.models.moe import moe_layers
 from trtforge.llm.models.rope import RopeStyle, project_qkv
 from trtforge.llm.models.rotary import PerTypeRotary
 
@@ -32,7 +36,7 @@ class Olmo2Style(RopeStyle):
     def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
         layer = self.layers[i]
         x = x + layer.post_attention_layernorm(layer.self_attn.o_proj(attn_out))
-        return x + layer.post_feedforward_layernorm(layer.mlp(x))
+        return x + layer.post_feedforward_layernorm(self.mlp(i, x))
 
 
 class Olmo3Style(PerTypeRotary, Olmo2Style):
@@ -60,3 +64,18 @@ class Exaone4Style(Olmo2Style):
 
     def rotates(self, i: int) -> bool:
         return self.config.sliding_window is None or self.windows[i] is not None
+
+
+class FlexOlmoStyle(Olmo2Style):
+    """FlexOLMo (``FlexOlmoForCausalLM``, ``model_type`` "flex_olmo"): OLMo 2's layers with sparse MoE MLPs
+    routed as OLMoE's (see the module docstring)."""
+
+    family = "flex_olmo"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        c = self.config
+        where = f"{user} cannot run this {c.model_type} model {type(model).__name__}"
+        self.moe = moe_layers(
+            self.layers, renormalize=bool(c.norm_topk_prob), float32_weights=False, where=where
+        )
