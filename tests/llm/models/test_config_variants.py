@@ -9,6 +9,7 @@ ignores an option) shows here as wrong logits or an exception.
 from __future__ import annotations
 
 import copy
+import zlib
 
 import numpy as np
 import pytest
@@ -410,10 +411,12 @@ OPTIONS: dict[str, dict[str, list]] = {
         "attention_bias": [False, True],
         "layer_norm_eps": [1e-5, 1e-3],
     },
+    # (partial factors from 0.5: at head_dim 8 a quarter rotates 2 channels, where transformers' dynamic
+    # RoPE divides by the rotary width - 2 and cannot build the model; Nemotron and others draw 0.25)
     "glm": LLAMA_LIKE
-    | {"partial_rotary_factor": [0.25, 0.5, 1.0], "attention_bias": [True, False], "head_dim": [8, 16, 32]},
+    | {"partial_rotary_factor": [0.5, 1.0], "attention_bias": [True, False], "head_dim": [8, 16, 32]},
     "glm4": LLAMA_LIKE
-    | {"partial_rotary_factor": [0.25, 0.5, 1.0], "attention_bias": [True, False], "head_dim": [8, 16, 32]},
+    | {"partial_rotary_factor": [0.5, 1.0], "attention_bias": [True, False], "head_dim": [8, 16, 32]},
     "nemotron": {
         "num_key_value_heads": [1, 2, 4],
         "tie_word_embeddings": [False, True],
@@ -570,7 +573,9 @@ BLOCK = 4
 
 
 def _variant(family: str, seed: int) -> dict:
-    rng = np.random.default_rng([seed, sorted(OPTIONS).index(family)])
+    # keyed by the family's name, so that a family added to OPTIONS leaves every other family's draws as
+    # they were
+    rng = np.random.default_rng([seed, zlib.crc32(family.encode())])
     # copies: transformers' config standardizes a rope dict in place (it would carry one model's theta
     # into the next that draws it)
     drawn = {
