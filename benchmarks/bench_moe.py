@@ -44,6 +44,10 @@ SHAPES = {  # name: (H, I, E, k); names starting "gpt-oss" in gpt-oss's layout
     "mixtral-8x7b": (4096, 14336, 8, 2),
     "qwen3-30b-a3b": (2048, 768, 128, 8),
     "gpt-oss-20b": (2880, 2880, 32, 4),
+    # session 46's families (their experts' routing is given here, so only the shapes differ)
+    "glm-4.5-air": (4096, 1408, 128, 8),
+    "hunyuan-a13b": (4096, 3072, 64, 8),
+    "ernie-4.5-21b-a3b": (2560, 1536, 64, 6),
 }
 CPU_SHAPES = {"tiny-mixtral": (64, 48, 8, 2), "tiny-qwen3": (32, 16, 16, 4), "gpt-oss-tiny": (32, 24, 8, 4)}
 #: gpt-oss's clamped SwiGLU (its config's swiglu_alpha / swiglu_limit)
@@ -308,6 +312,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=str, default=None, help="comma-separated token counts")
     ap.add_argument("--configs", type=str, default=None, help="JSON tile table (see the docstring)")
     ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--shapes", type=str, default=None, help="comma-separated names of SHAPES (default: all)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -339,7 +344,13 @@ def main() -> None:
         "layers": [],
     }
     t0 = time.perf_counter()
-    for name, shape in (CPU_SHAPES if cpu else SHAPES).items():
+    shapes = CPU_SHAPES if cpu else SHAPES
+    if args.shapes and not cpu:
+        unknown = sorted(set(args.shapes.split(",")) - set(SHAPES))
+        if unknown:
+            ap.error(f"--shapes: unknown {unknown}; known: {sorted(SHAPES)}")
+        shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
+    for name, shape in shapes.items():
         out["layers"] += bench_layer(name, shape, tokens, dev, reps)
         if dev.type == "cuda":
             torch.cuda.empty_cache()  # the shape's weights, before the next one's
