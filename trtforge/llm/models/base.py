@@ -597,6 +597,11 @@ class DecoderAdapter(ABC):
     def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
         """Layer i's output from its input `x` and the attention output ``[..., heads * D]``."""
 
+    def cannot_run(self) -> str:
+        """The start of a refusal of this model: who cannot run which model (``"--generate cannot run this
+        mixtral model MixtralForCausalLM"``)."""
+        return f"{self.user} cannot run this {self.config.model_type} model {type(self.model).__name__}"
+
     def parallel_block(
         self,
         x: Tensor,

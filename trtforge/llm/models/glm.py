@@ -84,7 +84,7 @@ class Ernie45MoeStyle(Ernie45Style):
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, user)
         c = self.config
-        where = f"{user} cannot run this {c.model_type} model {type(model).__name__}"
+        where = self.cannot_run()
         self.moe = moe_layers(
             self.layers,
             renormalize=True,

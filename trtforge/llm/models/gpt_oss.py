@@ -36,8 +36,7 @@ class GptOssStyle(RopeStyle):
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, user)
-        c = self.config
-        where = f"{user} cannot run this {c.model_type} model {type(model).__name__}"
+        where = self.cannot_run()
         for i, layer in enumerate(self.layers):
             mlp = layer.mlp
             experts = getattr(mlp, "experts", None)

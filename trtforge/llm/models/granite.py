@@ -53,7 +53,7 @@ class GraniteMoeStyle(GraniteStyle):
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, user)
-        where = f"{user} cannot run this {self.config.model_type} model {type(model).__name__}"
+        where = self.cannot_run()
         self.moe = moe_layers(
             self.layers,
             renormalize=False,

@@ -45,7 +45,7 @@ class HunYuanMoeStyle(HunYuanDenseStyle):
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, user)
-        where = f"{user} cannot run this {self.config.model_type} model {type(model).__name__}"
+        where = self.cannot_run()
         self.moe = moe_layers(self.layers, renormalize=True, float32_weights=False, where=where)
 
 

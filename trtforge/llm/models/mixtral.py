@@ -55,7 +55,7 @@ class MixtralStyle(RopeStyle):
         super().__init__(model, user)
         c = self.config
         renormalize = bool(c.norm_topk_prob) if self.renormalize is None else self.renormalize
-        where = f"{user} cannot run this {c.model_type} model {type(model).__name__}"
+        where = self.cannot_run()
         self.moe = moe_layers(
             self.layers, renormalize=renormalize, float32_weights=self.float32_weights, where=where
         )
@@ -104,7 +104,7 @@ class Glm4MoeStyle(RopeStyle):
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, user)
         c = self.config
-        where = f"{user} cannot run this {c.model_type} model {type(model).__name__}"
+        where = self.cannot_run()
         self.moe = moe_layers(
             self.layers,
             renormalize=bool(c.norm_topk_prob),
