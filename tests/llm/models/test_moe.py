@@ -106,6 +106,15 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
         assert (choice[:, -2] - choice[:, -3]).min() > 1e-4, family
 
 
+def test_the_spec_lists_by_layer_what_the_moe_layers_do_not_share():
+    """HunYuan's per-layer ``moe_topk``: the spec names each layer's top-k, not only the first's."""
+    varied = adapter_for(tiny_model("hunyuan_v1_moe", num_hidden_layers=3, moe_topk=[1, 3, 2])).spec.moe
+    assert varied["top_k"] == 1 and varied["by_layer"] == {"top_k": [1, 3, 2]}
+    assert "by_layer" not in adapter_for(tiny_model("hunyuan_v1_moe")).spec.moe
+    mixed = adapter_for(tiny_model("qwen2_moe")).spec.moe  # (a dense layer between two alike MoE layers)
+    assert "by_layer" not in mixed
+
+
 @pytest.mark.parametrize("family", MOE_FAMILIES)
 def test_grouped_and_dense_formulations_agree_with_the_hf_block(family):
     """Each formulation of each MoE layer against transformers' own block (its eager experts)."""

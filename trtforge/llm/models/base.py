@@ -251,13 +251,27 @@ class DecoderSpec:
     #: each layer's MLP kind: "dense" (the model's own MLP) or "moe" (a sparse mixture of experts:
     #: :mod:`.moe`)
     mlp_kinds: list[str] = field(default_factory=list)
-    #: the MoE layers' routing and sizes (:meth:`.moe.SparseMoe.describe`, the same for every such layer);
-    #: None without MoE layers
+    #: the MoE layers' routing and sizes (:meth:`.moe.SparseMoe.describe` of the first), with ``by_layer``
+    #: listing every layer's value (None for dense layers) of each field that differs between them (e.g.
+    #: HunYuan's per-layer ``moe_topk``); None without MoE layers
     moe: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return asdict(self)
+
+
+def _describe_moe(moe: list[SparseMoe | None]) -> dict[str, Any] | None:
+    """:attr:`DecoderSpec.moe`: the first MoE layer's description, plus ``by_layer`` for the fields the
+    layers do not share."""
+    described = [None if m is None else m.describe() for m in moe]
+    first = next((d for d in described if d is not None), None)
+    if first is None:
+        return None
+    varies = [k for k in first if any(d is not None and d[k] != first[k] for d in described)]
+    if varies:
+        first["by_layer"] = {k: [None if d is None else d[k] for d in described] for k in varies}
+    return first
 
 
 def token_ids(value: Any, vocab: int) -> list[int]:
@@ -762,6 +776,6 @@ class DecoderAdapter(ABC):
             bos_token_id=next(iter(token_ids(c.bos_token_id, c.vocab_size)), None),
             eos_token_ids=eos_token_ids(self.model),
             mlp_kinds=["dense" if m is None else "moe" for m in self.moe],
-            moe=next((m.describe() for m in self.moe if m is not None), None),
+            moe=_describe_moe(self.moe),
             **family,
         )
