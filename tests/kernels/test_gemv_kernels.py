@@ -106,14 +106,14 @@ def test_bad_operands_are_refused():
         norm_gate_up_silu(x, torch.ones(8), 1e-6, torch.zeros(5, 8))
 
 
-def _model(family: str, hidden: int, inter: int):
+def _model(family: str, hidden: int, inter: int, vocab: int = 1000):
     """A random FP16 Llama, Qwen3 (per-head q/k norms) or Phi-3 (fused qkv_proj / gate_up_proj, 3/4
     partial rotary) with 5 query heads and one KV head."""
     import transformers
 
     torch.manual_seed(3)
     common = {
-        "vocab_size": 1000,
+        "vocab_size": vocab,
         "hidden_size": hidden,  # K and N no multiple of the default blocks
         "intermediate_size": inter,
         "num_hidden_layers": 2,
@@ -172,17 +172,20 @@ def test_fused_gemv_decode_logits_match_the_hf_model(device, batch, family):
     from trtforge.llm.executors.torch_exec import TorchExecutor
 
     skip_unless_runs_here(device)
-    sizes = (320, 864) if device == "cuda" else (160, 216)  # the interpreter: small
+    # The interpreter: small. A 300-token vocabulary, whose one-row head GEMV takes the same 4-row blocks
+    # (75 programs, not 250) and whose 4-row head the same masked last column block; two decode steps
+    # (the second reads the K/V the first's GEMVs wrote, as a third would), not three.
+    sizes, steps = ((320, 864, 1000), 3) if device == "cuda" else ((160, 216, 300), 2)
     model = _model(family, *sizes).to(device)
     ref_model = copy.deepcopy(model)
     g = torch.Generator().manual_seed(batch)
-    prompts = [torch.randint(3, 1000, (9,), generator=g).tolist() for _ in range(batch)]
+    prompts = [torch.randint(3, sizes[2], (9,), generator=g).tolist() for _ in range(batch)]
     ex = TorchExecutor(model, num_blocks=64, block_size=16, kernels="triton", max_decode_batch=8)
     assert ex.fused_refusal is None
     ex._fused.gemv_max_tokens = 8  # decode steps (and their graphs, captured on first use) take the GEMVs
     calls = []
     ex._fused._gemv = lambda h, f=ex._fused._gemv: calls.append(int(h.shape[0])) or f(h)
-    got, seqs = _decode_logits(ex, prompts, steps=3)
+    got, seqs = _decode_logits(ex, prompts, steps=steps)
     # decode rows took the GEMVs; the 9-token prefills (bucket-padded on CUDA) took cuBLAS
     assert batch in calls and max(calls) >= 9
     if device == "cuda":
