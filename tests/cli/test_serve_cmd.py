@@ -23,6 +23,14 @@ pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (f
         (["serve", ".", "--max-num-seqs", str(10**23)], "'--max-num-seqs': 1000000000000000000000"),
         (["serve", ".", "--max-num-batched-tokens", str(2**21)], "2097152 is more than 1,048,576"),
         (["serve", ".", "--chat-template", "/no/such.jinja"], "--chat-template"),
+        # before: an empty key (an unset $KEY) matched a request with no Authorization header: open to all
+        (["serve", "/no/such", "--api-key", ""], "--api-key '': expected a non-empty key"),
+        (["serve", "/no/such", "--api-key", " sk-x"], "--api-key ' sk-x': expected"),  # never matched
+        (["serve", "/no/such", "--served-model-name", ""], "--served-model-name '': expected a name"),
+        # before: NaN passed the > 0 range: every request timed out at once (or a drain never ended)
+        (["serve", "/no/such", "--request-timeout", "nan"], "--request-timeout nan: expected a number"),
+        (["serve", "/no/such", "--body-timeout", "nan"], "--body-timeout nan: expected a number"),
+        (["serve", "/no/such", "--shutdown-grace", "nan"], "--shutdown-grace nan: expected a number"),
     ],
 )
 def test_bad_input_exits_2(capsys, argv, message):
@@ -36,6 +44,28 @@ def test_an_empty_chat_template_is_refused(tmp_path, capsys):
     empty.write_text("  \n")
     assert main(["serve", str(tmp_path), "--chat-template", str(empty)]) == 2
     assert "is empty" in capsys.readouterr().err
+
+
+def test_a_chat_template_that_is_not_jinja_is_refused_naming_its_line(tmp_path, capsys):
+    """Before: the server started, and every chat request got a 400 blaming the client for the template."""
+    bad = tmp_path / "chat.jinja"
+    bad.write_text("{% for m in messages %}\n{{ m['content'] }}\n")
+    assert main(["serve", "/no/such", "--chat-template", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"--chat-template '{bad}': not a valid Jinja template, line 2:" in err, err
+    assert "Traceback" not in err
+
+
+def test_a_chat_template_of_transformers_extensions_is_accepted(tmp_path):
+    """Loop controls and the {% generation %} tag are Jinja as transformers compiles chat templates."""
+    from trtforge.llm.text import read_chat_template
+
+    ok = tmp_path / "chat.jinja"
+    ok.write_text(
+        "{% for m in messages %}{% generation %}{{ m['content'] }}{% endgeneration %}"
+        "{% if loop.last %}{% break %}{% endif %}{% endfor %}"
+    )
+    assert read_chat_template(ok) == ok.read_text()
 
 
 MODEL = Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "code-llama-21m"
