@@ -140,6 +140,14 @@ def test_a_body_that_is_not_an_object_is_named_in_json_types(server, body, words
     assert _error(_post(server, body))["message"].endswith(f"must be a JSON object, {words}")
 
 
+def test_a_value_sampling_refuses_is_worded_as_the_field_sent(server):
+    """Before: "SamplingParams.stop_token_ids must be ...", a class the client never saw."""
+    body = b'{"model": "%s", "max_tokens": 2, "prompt": "x", "stop_token_ids": [-1]}' % NAME.encode()
+    err = _error(_post(server, body))
+    assert err["param"] == "stop_token_ids" and "SamplingParams" not in err["message"], err
+    assert err["message"].startswith("stop_token_ids: must be a list of token ids >= 0"), err
+
+
 def test_a_wrong_method_is_a_client_error_in_openais_schema(server):
     """Before: the 405 said "type": "server_error", which clients (and their retry logic) take as ours."""
     import httpx

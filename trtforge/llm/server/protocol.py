@@ -432,9 +432,11 @@ def sampling_params(
 
     try:
         params = SamplingParams(**kwargs)
-    except UserError as e:
-        field = next((k for k in kwargs if f"SamplingParams.{k} " in str(e)), None)
-        raise ApiError(400, str(e), field) from None
+    except UserError as e:  # worded as the field the client sent, not the class it never saw
+        text = str(e)
+        field = next((k for k in kwargs if text.startswith(f"SamplingParams.{k} ")), None)
+        message = f"{field}: {text.removeprefix(f'SamplingParams.{field} ')}" if field else text
+        raise ApiError(400, message, field) from None
     return params if like is None or like.logit_bias is None else _share_logit_bias(params, like)
 
 
