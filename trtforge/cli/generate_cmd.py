@@ -41,13 +41,21 @@ prompts run batched together.
 """
 
 
+# digits of a --prompt-ids id at most: far past any vocabulary (the vocabulary check names such an id),
+# and int() is never asked to convert more than Python's 4,300 digits (a ValueError, exit 1)
+MAX_ID_DIGITS = 30
+
+
 def _parse_ids(text: str) -> list[int]:
+    """``--prompt-ids TEXT`` as token ids; UserError naming the flag (and the start of TEXT) otherwise."""
     from trtforge.errors import UserError
 
     parts = [p for p in re.split(r"[\s,]+", text.strip()) if p]
-    if not parts or not all(re.fullmatch(r"\d+", p) for p in parts):
+    if not parts or not all(re.fullmatch(rf"\d{{1,{MAX_ID_DIGITS}}}", p) for p in parts):
+        shown = repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text):,} characters)"
         raise UserError(
-            f'--prompt-ids {text!r}: expected token ids >= 0 separated by spaces or commas, e.g. "1 2 3".'
+            f"--prompt-ids {shown}: expected token ids >= 0 (up to {MAX_ID_DIGITS} digits each) separated "
+            'by spaces or commas, e.g. "1 2 3".'
         )
     return [int(p) for p in parts]
 
