@@ -100,3 +100,40 @@ def test_the_startup_line_says_how_the_pool_was_sized(monkeypatch, capsys):
         assert f"trtforge serve: KV pool of {sized.num_blocks:,} blocks" in err and sized.how in err
     finally:
         llm.close()
+
+
+@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
+def test_port_0_prints_the_port_the_os_chose(tmp_path):
+    """Before: `--port 0` (which the option's range allows) printed "listening on http://127.0.0.1:0", a
+    URL no client can reach; the line names the port the socket was bound to."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    log = tmp_path / "serve.log"
+    argv = [sys.executable, "-m", "trtforge.cli.main", "serve", str(MODEL), "--device", "cpu"]
+    argv += ["--num-blocks", "64", "--max-num-seqs", "2", "--port", "0"]
+    root = Path(__file__).resolve().parents[2]
+    with open(log, "wb") as out:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.Popen(argv, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        end = time.monotonic() + 120
+        while not (m := re.search(r"listening on (http://127\.0\.0\.1:(\d+)) ", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < end, log.read_text()
+            time.sleep(0.2)
+        assert int(m.group(2)) > 0, log.read_text()
+        assert httpx.get(m.group(1) + "/health", timeout=10).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "Traceback" not in log.read_text(), log.read_text()

@@ -156,11 +156,19 @@ class _DrainingServer:
             async def startup(self, sockets: Any = None) -> None:
                 await super().startup(sockets)
                 if self.started:
+                    url = _listening_url(config.host, config.port, self.servers)
                     print(
-                        f"trtforge serve: listening on http://{config.host}:{config.port} "
-                        f"(models: {', '.join(state.served_model_names)})",
+                        f"trtforge serve: listening on {url} (models: {', '.join(state.served_model_names)})",
                         file=sys.stderr,
                         flush=True,
                     )
 
         return Server()
+
+
+def _listening_url(host: str, port: int, servers: list[Any]) -> str:
+    """The URL clients reach: with the port the socket was bound to (``--port 0`` has the OS choose a free
+    one, and the startup line said ``:0``), an IPv6 address in brackets."""
+    bound = [sock.getsockname() for server in servers for sock in (server.sockets or ())]
+    port = next((addr[1] for addr in bound if isinstance(addr, tuple)), port)
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
