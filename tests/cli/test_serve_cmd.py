@@ -26,6 +26,7 @@ pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (f
         # before: an empty key (an unset $KEY) matched a request with no Authorization header: open to all
         (["serve", "/no/such", "--api-key", ""], "--api-key '': expected a non-empty key"),
         (["serve", "/no/such", "--api-key", " sk-x"], "--api-key ' sk-x': expected"),  # never matched
+        (["serve", "/no/such", "--api-key", "sk-ключ"], "--api-key 'sk-ключ': expected"),  # never matched
         (["serve", "/no/such", "--served-model-name", ""], "--served-model-name '': expected a name"),
         # before: NaN passed the > 0 range: every request timed out at once (or a drain never ended)
         (["serve", "/no/such", "--request-timeout", "nan"], "--request-timeout nan: expected a number"),

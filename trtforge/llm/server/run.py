@@ -44,10 +44,11 @@ class ServeOptions:
         empty --api-key let every client in (an unset ``$KEY`` gave no key, and no header matched it), a
         NaN timeout made every request time out at once (or a drain never end)."""
         key = self.api_key
-        if key is not None and (not key or key != key.strip() or not key.isprintable()):
+        if key is not None and (not key or key != key.strip() or not (key.isascii() and key.isprintable())):
+            # (an HTTP header is read as Latin-1: a key of other characters, sent as UTF-8, never matched)
             raise UserError(
-                f"--api-key {key!r}: expected a non-empty key of printable characters without leading or "
-                "trailing spaces (clients send it as `Authorization: Bearer KEY`); leave --api-key out "
+                f"--api-key {key!r}: expected a non-empty key of printable ASCII characters without leading "
+                "or trailing spaces (clients send it as `Authorization: Bearer KEY`); leave --api-key out "
                 "to serve without one."
             )
         for name in self.served_model_names:
