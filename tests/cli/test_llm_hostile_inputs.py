@@ -106,6 +106,11 @@ CASES: dict[str, tuple[Setup, str]] = {
         lambda d: [*TINY_IDS[:-1], "1 " + "9" * 20],
         r"--prompt-ids: token id 9{20} is outside the model's vocabulary of 300 ids \(0\.\.299\)",
     ),
+    # before: int()'s ValueError past 4,300 digits, an internal error (exit 1) with its trace
+    "generate --prompt-ids of a 5,000-digit id": (
+        lambda d: [*TINY_IDS[:-1], "1 " + "9" * 5000],
+        r"--prompt-ids '1 9{58}'\.\.\. \(5,002 characters\): expected token ids >= 0 \(up to 30 digits",
+    ),
     # before: "SamplingParams.seed must be ...", a name the command line never showed
     "generate --seed -1": (lambda d: [*TINY_IDS, "--seed", "-1"], r"--seed must be None or an integer"),
     "generate --temperature nan": (
@@ -128,6 +133,20 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"MODEL is empty \(''\).*`trtforge report -h`",
     ),
     "serve MODEL ''": (lambda d: ["serve", ""], r"MODEL is empty \(''\)"),
+    # before: ignored (exit 0, nothing stopped); the server refuses an empty stop string
+    "generate (trained) --stop ''": (
+        lambda d: ["generate", str(TRAINED), "--prompt", "x", "--max-tokens", "2", "--stop", ""],
+        r"--stop '': a stop text must be non-empty",
+    ),
+    # before: "response_format: the JSON schema cannot ...", a server's field the command line never showed
+    "generate (trained) --json-schema the grammar compiler refuses": (
+        _file(
+            "bad.json",
+            b'{"type": "foo"}',
+            *("generate", str(TRAINED), "--prompt", "x", "--max-tokens", "2", "--json-schema", "bad.json"),
+        ),
+        r"--json-schema 'bad\.json': the JSON schema cannot be compiled to a grammar: .*Unsupported type",
+    ),
     # before: the allocator's trace as an internal error (torch: RuntimeError / TypeError; ORT: OverflowError)
     # before: the engine's "maximum sequence length is 48", a length the user never set
     "generate --num-blocks too few for the prompt": (
@@ -208,15 +227,13 @@ CASES: dict[str, tuple[Setup, str]] = {
 }
 
 
+ON_TRAINED = ("report", "serve --device", "generate (trained)")  # the cases that read TRAINED
 NEEDS_TRAINED = pytest.mark.skipif(not TRAINED.is_dir(), reason=f"the trained model is absent: {TRAINED}")
 
 
 @pytest.mark.parametrize(
     "case",
-    [
-        pytest.param(c, marks=[NEEDS_TRAINED] if c.startswith(("report", "serve --device")) else [], id=c)
-        for c in CASES
-    ],
+    [pytest.param(c, marks=[NEEDS_TRAINED] if c.startswith(ON_TRAINED) else [], id=c) for c in CASES],
 )
 def test_llm_hostile_input_exits_2_cleanly(
     case: str,

@@ -23,6 +23,15 @@ pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (f
         (["serve", ".", "--max-num-seqs", str(10**23)], "'--max-num-seqs': 1000000000000000000000"),
         (["serve", ".", "--max-num-batched-tokens", str(2**21)], "2097152 is more than 1,048,576"),
         (["serve", ".", "--chat-template", "/no/such.jinja"], "--chat-template"),
+        # before: an empty key (an unset $KEY) matched a request with no Authorization header: open to all
+        (["serve", "/no/such", "--api-key", ""], "--api-key '': expected a non-empty key"),
+        (["serve", "/no/such", "--api-key", " sk-x"], "--api-key ' sk-x': expected"),  # never matched
+        (["serve", "/no/such", "--api-key", "sk-ключ"], "--api-key 'sk-ключ': expected"),  # never matched
+        (["serve", "/no/such", "--served-model-name", ""], "--served-model-name '': expected a name"),
+        # before: NaN passed the > 0 range: every request timed out at once (or a drain never ended)
+        (["serve", "/no/such", "--request-timeout", "nan"], "--request-timeout nan: expected a number"),
+        (["serve", "/no/such", "--body-timeout", "nan"], "--body-timeout nan: expected a number"),
+        (["serve", "/no/such", "--shutdown-grace", "nan"], "--shutdown-grace nan: expected a number"),
     ],
 )
 def test_bad_input_exits_2(capsys, argv, message):
@@ -36,6 +45,28 @@ def test_an_empty_chat_template_is_refused(tmp_path, capsys):
     empty.write_text("  \n")
     assert main(["serve", str(tmp_path), "--chat-template", str(empty)]) == 2
     assert "is empty" in capsys.readouterr().err
+
+
+def test_a_chat_template_that_is_not_jinja_is_refused_naming_its_line(tmp_path, capsys):
+    """Before: the server started, and every chat request got a 400 blaming the client for the template."""
+    bad = tmp_path / "chat.jinja"
+    bad.write_text("{% for m in messages %}\n{{ m['content'] }}\n")
+    assert main(["serve", "/no/such", "--chat-template", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"--chat-template '{bad}': not a valid Jinja template, line 2:" in err, err
+    assert "Traceback" not in err
+
+
+def test_a_chat_template_of_transformers_extensions_is_accepted(tmp_path):
+    """Loop controls and the {% generation %} tag are Jinja as transformers compiles chat templates."""
+    from trtforge.llm.text import read_chat_template
+
+    ok = tmp_path / "chat.jinja"
+    ok.write_text(
+        "{% for m in messages %}{% generation %}{{ m['content'] }}{% endgeneration %}"
+        "{% if loop.last %}{% break %}{% endif %}{% endfor %}"
+    )
+    assert read_chat_template(ok) == ok.read_text()
 
 
 MODEL = Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "code-llama-21m"
@@ -70,3 +101,40 @@ def test_the_startup_line_says_how_the_pool_was_sized(monkeypatch, capsys):
         assert f"trtforge serve: KV pool of {sized.num_blocks:,} blocks" in err and sized.how in err
     finally:
         llm.close()
+
+
+@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
+def test_port_0_prints_the_port_the_os_chose(tmp_path):
+    """Before: `--port 0` (which the option's range allows) printed "listening on http://127.0.0.1:0", a
+    URL no client can reach; the line names the port the socket was bound to."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    log = tmp_path / "serve.log"
+    argv = [sys.executable, "-m", "trtforge.cli.main", "serve", str(MODEL), "--device", "cpu"]
+    argv += ["--num-blocks", "64", "--max-num-seqs", "2", "--port", "0"]
+    root = Path(__file__).resolve().parents[2]
+    with open(log, "wb") as out:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.Popen(argv, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        end = time.monotonic() + 120
+        while not (m := re.search(r"listening on (http://127\.0\.0\.1:(\d+)) ", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < end, log.read_text()
+            time.sleep(0.2)
+        assert int(m.group(2)) > 0, log.read_text()
+        assert httpx.get(m.group(1) + "/health", timeout=10).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "Traceback" not in log.read_text(), log.read_text()

@@ -89,6 +89,20 @@ def test_cache_from_another_engine(llm, tmp_path):
         ex.run(dict(feeds, past_lens=np.array([32], np.int64)))
 
 
+@pytest.mark.parametrize("max_seq", [2, 3])
+def test_a_slot_cache_of_a_few_tokens_exports(tmp_path, max_seq):
+    """Before: --max-seq 2 or 3 was an internal error (exit 1): the export's check prefilled 3 tokens and
+    decoded a 4th, past the cache ("index 3 is out of bounds for dimension 2 with size 3")."""
+    r = export_step(tiny_model("llama"), max_seq=max_seq, max_batch=2, exporter="legacy", workdir=tmp_path)
+    assert r.generation["max_seq"] == max_seq
+
+
+def test_a_cache_of_one_token_is_refused(tmp_path):
+    """max_seq 1 holds a prompt token and no new one (it failed inside the export before)."""
+    with pytest.raises(UserError, match=r"--max-seq must be >= 2 \(a prompt token and a new one\)"):
+        export_step(tiny_model("llama"), max_seq=1, max_batch=2, exporter="legacy", workdir=tmp_path)
+
+
 def test_bad_compile_options(tmp_path):
     model = tiny_model("gpt2")
     with pytest.raises(UserError, match="exceeds the model's 256 positions"):

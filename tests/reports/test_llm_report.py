@@ -157,6 +157,7 @@ def test_html_in_headless_chromium(report):
     [
         (["--text", "missing.txt"], "--text"),
         (["--text", str(TEXT), "--variants", "fp8,int3"], "unknown variant"),
+        (["--text", str(TEXT), "--variants", " , "], "--variants: ' , ' names no variant"),  # was "[]"
         (["--text", str(TEXT), "--windows", "2", "--window-len", "100000"], "--window-len"),
         (["--text", str(TEXT), "--targets", "ort"], "--targets"),
         ([], "--generate needs --text"),

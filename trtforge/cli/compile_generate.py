@@ -46,7 +46,7 @@ def generate_options(fn: Any) -> Any:
         ),
         click.option(
             "--max-seq",
-            type=click.IntRange(min=1),
+            type=click.IntRange(min=2),
             default=2048,
             show_default=True,
             help="--generate: KV-cache length per sequence (prompt + new tokens).",

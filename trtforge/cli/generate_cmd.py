@@ -41,13 +41,21 @@ prompts run batched together.
 """
 
 
+# digits of a --prompt-ids id at most: far past any vocabulary (the vocabulary check names such an id),
+# and int() is never asked to convert more than Python's 4,300 digits (a ValueError, exit 1)
+MAX_ID_DIGITS = 30
+
+
 def _parse_ids(text: str) -> list[int]:
+    """``--prompt-ids TEXT`` as token ids; UserError naming the flag (and the start of TEXT) otherwise."""
     from trtforge.errors import UserError
 
     parts = [p for p in re.split(r"[\s,]+", text.strip()) if p]
-    if not parts or not all(re.fullmatch(r"\d+", p) for p in parts):
+    if not parts or not all(re.fullmatch(rf"\d{{1,{MAX_ID_DIGITS}}}", p) for p in parts):
+        shown = repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text):,} characters)"
         raise UserError(
-            f'--prompt-ids {text!r}: expected token ids >= 0 separated by spaces or commas, e.g. "1 2 3".'
+            f"--prompt-ids {shown}: expected token ids >= 0 (up to {MAX_ID_DIGITS} digits each) separated "
+            'by spaces or commas, e.g. "1 2 3".'
         )
     return [int(p) for p in parts]
 
@@ -161,6 +169,8 @@ def generate_cmd(
     else:  # the model directory's own (a save_pretrained directory holds its tokenizer)
         tok = model_tokenizer(check_text(model, "MODEL"), None) if prompts else None
     for text in stops:
+        if not text:  # it would match before any text: the server refuses it too
+            raise UserError("--stop '': a stop text must be non-empty.")
         check_text(text, "--stop")
     if stops and tok is None and not prompts:
         tok = model_tokenizer(model, None)
@@ -210,9 +220,7 @@ def generate_cmd(
         _check_bias_vocabulary(logit_bias, llm.executor.facts.vocab_size)
         if num_blocks is not None:
             _check_pool_holds(llm.executor.facts, num_blocks, max(len(r) for r in rows))
-        if json_schema is not None:
-            llm.engine.enable_structured_output(tok)
-        handles = [h for r in rows for h in llm.engine.submit_n(r, params)]
+        handles = _submit(llm.engine, tok, rows, params, json_schema)
         for number, h in enumerate(handles, 1):
             printer = _Printer(tok, stops)
             for token in h:
@@ -224,6 +232,24 @@ def generate_cmd(
             _note_context_cut(number, completion, max_tokens, llm.engine.max_model_len)
             if logprobs is not None:
                 _print_logprobs(completion)
+
+
+def _submit(engine: Any, tok: Any, rows: list[list[int]], params: Any, json_schema: str | None) -> list[Any]:
+    """Every prompt's samples queued in `engine`; a schema the grammar compiler refuses is a UserError
+    naming ``--json-schema FILE`` (the engine's message named ``response_format``, a server's field)."""
+    from trtforge.errors import UserError
+    from trtforge.llm.structured import GrammarError
+
+    try:
+        if json_schema is not None:
+            engine.enable_structured_output(tok)
+        return [h for r in rows for h in engine.submit_n(r, params)]
+    except UserError as exc:
+        grammar = isinstance(exc, GrammarError) or isinstance(exc.__cause__, GrammarError)
+        if json_schema is None or not grammar:
+            raise
+        why = str(exc).removeprefix("response_format: ")
+        raise UserError(f"--json-schema {json_schema!r}: {why.rstrip()}") from exc
 
 
 def _sampling_params(cls: Any, **fields: Any) -> Any:

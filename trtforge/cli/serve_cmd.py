@@ -210,6 +210,20 @@ def serve_cmd(
     _imports()  # before the model loads: a missing extra is said at once
     sizing.check_utilization(gpu_memory_utilization)
     template = read_chat_template(chat_template) if chat_template is not None else None
+    options = ServeOptions(  # checked here, before the model loads (minutes for a large one)
+        host=host,
+        port=port,
+        api_key=api_key,
+        served_model_names=served_names,
+        chat_template=template,
+        max_waiting=max_waiting,
+        request_timeout=request_timeout,
+        max_request_bytes=max_request_bytes,
+        body_timeout=body_timeout,
+        max_intake=max_intake,
+        shutdown_grace=shutdown_grace,
+        log_level=log_level,
+    )
     tok = model_tokenizer(model, tokenizer)
     if tok is None:
         raise UserError(
@@ -262,20 +276,6 @@ def serve_cmd(
             flush=True,
         )
     name = Path(model.rstrip("/")).name or model
-    options = ServeOptions(
-        host=host,
-        port=port,
-        api_key=api_key,
-        served_model_names=served_names,
-        chat_template=template,
-        max_waiting=max_waiting,
-        request_timeout=request_timeout,
-        max_request_bytes=max_request_bytes,
-        body_timeout=body_timeout,
-        max_intake=max_intake,
-        shutdown_grace=shutdown_grace,
-        log_level=log_level,
-    )
     run(llm, tok, name, options)
 
 

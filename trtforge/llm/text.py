@@ -93,7 +93,27 @@ def read_chat_template(path: str | os.PathLike[str]) -> str:
         raise UserError(f"--chat-template '{p}': cannot read it as UTF-8 text ({e}).") from None
     if not text.strip():
         raise UserError(f"--chat-template '{p}' is empty; expected a Jinja chat template.")
+    _check_template_syntax(text, p)
     return text
+
+
+def _check_template_syntax(text: str, path: Path) -> None:
+    """UserError naming --chat-template `path` and the line of a Jinja syntax error in `text`: found only
+    when a chat was rendered, it was a 400 to every chat request, blaming the client for the server's
+    template. Compiled as transformers compiles chat templates (its sandbox, loop controls and
+    ``{% generation %}`` tag); a transformers without that function leaves the check to the first chat."""
+    from jinja2 import TemplateSyntaxError
+    from transformers.utils import chat_template_utils
+
+    compile_template = getattr(chat_template_utils, "_compile_jinja_template", None)
+    if compile_template is None:
+        return
+    try:
+        compile_template(text)
+    except TemplateSyntaxError as e:
+        why = (e.message or "a syntax error").rstrip(".")
+        where = f"--chat-template '{path}'"
+        raise UserError(f"{where}: not a valid Jinja template, line {e.lineno}: {why}.") from None
 
 
 class NoChatTemplateError(UserError):

@@ -119,6 +119,43 @@ def test_a_field_of_several_types_is_named_with_what_it_takes(server, fields, pa
     assert expected in err["message"], err
 
 
+@pytest.mark.parametrize(
+    ("parts", "param", "words"),
+    [
+        # before: "messages: only text content parts are supported", naming neither message nor part
+        (b'{"type": "text", "text": "a"}, {"type": "image_url"}', "messages.0.content.1", "type 'image_url'"),
+        (b'{"type": "text"}', "messages.0.content.0.text", "expected a string, got null"),
+        (b'{"type": "text", "text": 5}', "messages.0.content.0.text", "expected a string, got a number (5)"),
+    ],
+)
+def test_a_content_part_that_is_not_text_is_named_by_its_index(server, parts, param, words):
+    body = b'{"model": "%s", "max_tokens": 2, "messages": [{"role": "user", "content": [%s]}]}'
+    err = _error(_post(server, body % (NAME.encode(), parts), "/v1/chat/completions"))
+    assert err["param"] == param and err["message"].startswith(f"{param}: ") and words in err["message"], err
+
+
+@pytest.mark.parametrize(("body", "words"), [(b"null", "got null"), (b"[1]", "got an array")])
+def test_a_body_that_is_not_an_object_is_named_in_json_types(server, body, words):
+    """Before: "got NoneType" / "got list", Python's names for what the client sent as JSON."""
+    assert _error(_post(server, body))["message"].endswith(f"must be a JSON object, {words}")
+
+
+def test_a_value_sampling_refuses_is_worded_as_the_field_sent(server):
+    """Before: "SamplingParams.stop_token_ids must be ...", a class the client never saw."""
+    body = b'{"model": "%s", "max_tokens": 2, "prompt": "x", "stop_token_ids": [-1]}' % NAME.encode()
+    err = _error(_post(server, body))
+    assert err["param"] == "stop_token_ids" and "SamplingParams" not in err["message"], err
+    assert err["message"].startswith("stop_token_ids: must be a list of token ids >= 0"), err
+
+
+def test_a_wrong_method_is_a_client_error_in_openais_schema(server):
+    """Before: the 405 said "type": "server_error", which clients (and their retry logic) take as ours."""
+    import httpx
+
+    err = _error(httpx.get(server.url + "/v1/completions", timeout=10), 405)
+    assert err["type"] == "invalid_request_error", err
+
+
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_a_huge_text_is_refused_without_holding_the_server(server, endpoint):
     """8 MB of text is about 3M tokens, far past the model's 2048: the 400 must come before the whole text

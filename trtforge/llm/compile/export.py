@@ -99,7 +99,7 @@ def example_feeds(generation: dict[str, Any], batch: int = 2, seq: int = 3) -> d
     (the scratch block that padded positions write to); each row has room for two more tokens.
     """
     max_seq = int(generation["max_seq"])
-    seq = max(1, min(seq, max_seq))
+    seq = max(1, min(seq, max_seq - 1))  # the export's check decodes one more token after the prefill
     cache = (batch, int(generation["num_kv_heads"]), max_seq, int(generation["head_dim"]))
     ids = torch.randint(
         0, int(generation["vocab_size"]), (batch, seq), generator=torch.Generator().manual_seed(0)
@@ -327,9 +327,9 @@ def export_step(
 
 
 def _check_limits(max_positions: int | None, max_seq: int, max_batch: int, max_prefill: int) -> None:
-    if max_seq < 1 or max_batch < 1 or max_prefill < 1:
+    if max_seq < 2 or max_batch < 1 or max_prefill < 1:
         raise UserError(
-            "--max-seq, --max-batch and --max-prefill must be >= 1 "
+            "--max-seq must be >= 2 (a prompt token and a new one), --max-batch and --max-prefill >= 1 "
             f"(got {max_seq}, {max_batch}, {max_prefill})."
         )
     if max_prefill > max_seq:

@@ -245,7 +245,10 @@ def _chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[list[in
     """The token ids of a chat's messages, rendered by the chat template. Blocking, as :func:`_prompt_ids`."""
     if state.tokenizer is None:
         raise ApiError(400, "messages: this model has no tokenizer to format a chat", "messages")
-    messages = [{"role": m.role, "content": check_text(m.text(), "messages")} for m in req.messages]
+    messages = [
+        {"role": m.role, "content": check_text(m.text(f"messages.{i}.content"), "messages")}
+        for i, m in enumerate(req.messages)
+    ]
     _refuse_huge(state, "\n".join(f"{m['role']}: {m['content']}" for m in messages), "messages")
     try:
         with state.tokenizer_lock:

@@ -48,7 +48,8 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     return {
         "error": {
             "message": message,
-            "type": ApiError.TYPES.get(status, "server_error"),
+            # a 4xx not listed (405 wrong method, 422, ...) is still the client's: not a server_error
+            "type": ApiError.TYPES.get(status, "invalid_request_error" if status < 500 else "server_error"),
             "param": param,
             "code": code if code is not None else status,
         }
@@ -182,13 +183,25 @@ class ChatMessage(_Base):
     role: str
     content: str | list[dict[str, Any]] | None = None
 
-    def text(self) -> str:
+    def text(self, where: str) -> str:
+        """The message's text (its text parts joined); ApiError 400 naming the part of `where` (the field
+        path of this message's content) that is not a text part."""
         if isinstance(self.content, list):
             parts = []
-            for part in self.content:
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise ApiError(400, "messages: only text content parts are supported", "messages")
-                parts.append(part["text"])
+            for j, part in enumerate(self.content):
+                kind, text = part.get("type"), part.get("text")
+                if kind != "text":
+                    shown = kind if not isinstance(kind, str) else kind[:40]
+                    raise ApiError(
+                        400,
+                        f"{where}.{j}: a content part of type {shown!r}; only text parts are supported "
+                        '({"type": "text", "text": "..."})',
+                        f"{where}.{j}",
+                    )
+                if not isinstance(text, str):
+                    param = f"{where}.{j}.text"
+                    raise ApiError(400, f"{param}: expected a string, got {_json_type(text)}", param)
+                parts.append(text)
             return "".join(parts)
         return self.content or ""
 
@@ -272,7 +285,7 @@ def parse(model: type[_Base], raw: bytes) -> Any:
     except RecursionError:  # arrays or objects nested past the parser's depth: the client's mistake
         raise ApiError(400, "the request body nests arrays or objects too deeply to parse") from None
     if not isinstance(data, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
+        raise ApiError(400, f"the request body must be a JSON object, got {_json_type(data)}")
     if _MAY_HOLD_SURROGATES.search(raw):
         _check_unicode(data)
     try:
@@ -419,9 +432,11 @@ def sampling_params(
 
     try:
         params = SamplingParams(**kwargs)
-    except UserError as e:
-        field = next((k for k in kwargs if f"SamplingParams.{k} " in str(e)), None)
-        raise ApiError(400, str(e), field) from None
+    except UserError as e:  # worded as the field the client sent, not the class it never saw
+        text = str(e)
+        field = next((k for k in kwargs if text.startswith(f"SamplingParams.{k} ")), None)
+        message = f"{field}: {text.removeprefix(f'SamplingParams.{field} ')}" if field else text
+        raise ApiError(400, message, field) from None
     return params if like is None or like.logit_bias is None else _share_logit_bias(params, like)
 
 

@@ -8,6 +8,7 @@ On the signal the server keeps listening but answers new generation requests (an
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import sys
 import time
@@ -37,6 +38,33 @@ class ServeOptions:
     max_intake: int | None = None  # None: app.default_intake()
     shutdown_grace: float = 30.0
     log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        """UserError naming the flag of a value that would start a server unlike the one asked for: an
+        empty --api-key let every client in (an unset ``$KEY`` gave no key, and no header matched it), a
+        NaN timeout made every request time out at once (or a drain never end)."""
+        key = self.api_key
+        if key is not None and (not key or key != key.strip() or not (key.isascii() and key.isprintable())):
+            # (an HTTP header is read as Latin-1: a key of other characters, sent as UTF-8, never matched)
+            raise UserError(
+                f"--api-key {key!r}: expected a non-empty key of printable ASCII characters without leading "
+                "or trailing spaces (clients send it as `Authorization: Bearer KEY`); leave --api-key out "
+                "to serve without one."
+            )
+        for name in self.served_model_names:
+            if not name.strip() or not name.isprintable():
+                raise UserError(
+                    f"--served-model-name {name!r}: expected a name clients can send as the request's "
+                    '"model" (non-empty printable text).'
+                )
+        timeouts = {
+            "--request-timeout": self.request_timeout,
+            "--body-timeout": self.body_timeout,
+            "--shutdown-grace": self.shutdown_grace,
+        }
+        for flag, value in timeouts.items():
+            if value is not None and math.isnan(value):
+                raise UserError(f"{flag} nan: expected a number of seconds.")
 
 
 def _imports() -> Any:
@@ -129,11 +157,19 @@ class _DrainingServer:
             async def startup(self, sockets: Any = None) -> None:
                 await super().startup(sockets)
                 if self.started:
+                    url = _listening_url(config.host, config.port, self.servers)
                     print(
-                        f"trtforge serve: listening on http://{config.host}:{config.port} "
-                        f"(models: {', '.join(state.served_model_names)})",
+                        f"trtforge serve: listening on {url} (models: {', '.join(state.served_model_names)})",
                         file=sys.stderr,
                         flush=True,
                     )
 
         return Server()
+
+
+def _listening_url(host: str, port: int, servers: list[Any]) -> str:
+    """The URL clients reach: with the port the socket was bound to (``--port 0`` has the OS choose a free
+    one, and the startup line said ``:0``), an IPv6 address in brackets."""
+    bound = [sock.getsockname() for server in servers for sock in (server.sockets or ())]
+    port = next((addr[1] for addr in bound if isinstance(addr, tuple)), port)
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
