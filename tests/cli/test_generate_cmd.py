@@ -87,7 +87,7 @@ def test_slot_graph_is_served_greedy_and_sampled(tmp_path, capsys):
         (["--prompt-ids", "1 2", "--max-tokens", "0"], "--max-tokens must be an integer >= 1"),
         (["--prompt-ids", "1 999"], "--prompt-ids: token id 999 is outside the model's vocabulary of 300"),
         (["--prompt-ids", " ".join(["5"] * 80)], "maximum sequence length"),
-        (["--prompt-ids", "1 2", "--num-blocks", "0"], "num_blocks"),
+        (["--prompt-ids", "1 2", "--num-blocks", "0"], "--num-blocks"),
         # before: the tokenizer's special tokens alone ([CLS] [SEP]) were generated from
         (["--prompt", " ", "--tokenizer", "demo"], "--prompt ' ' is empty"),
         (["--prompt-ids", "1 2", "--top-k", "-1"], "--top-k must be an integer >= 0"),

@@ -154,6 +154,11 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"--num-blocks 3: 3 block\(s\) of 16 tokens hold 48 tokens of a sequence, and a prompt has 100 .*"
         r"give --num-blocks 7 or more",
     ),
+    # before: "num_blocks must be a positive integer", the API argument's name
+    "generate --num-blocks 0": (
+        lambda d: [*TINY_IDS, "--num-blocks", "0"],
+        r"Invalid value for '--num-blocks': 0 is not in the range x>=1",
+    ),
     "generate --num-blocks past RAM (torch)": (
         lambda d: [*TINY_IDS, "--num-blocks", str(10**15)],
         r"--num-blocks 1000000000000000: the KV-cache pool of that many blocks cannot be allocated",

@@ -109,7 +109,12 @@ def _parse_ids(text: str) -> list[int]:
     help="A JSON Schema file: the output is JSON valid against it (needs a tokenizer).",
 )
 @executor_option
-@click.option("--num-blocks", default=None, type=int, help="KV-cache blocks in the pool (slot graphs: rows).")
+@click.option(
+    "--num-blocks",
+    default=None,
+    type=click.IntRange(1),
+    help="KV-cache blocks in the pool (slot graphs: rows).",
+)
 @click.option(
     "--stop",
     "stops",
