@@ -136,7 +136,7 @@ def test_config_values_transformers_cannot_run_are_refused_by_name():
 def test_llama_style_kin_on_the_llama_only_paths():
     """Arcee, InternLM3 and Seed-OSS run the Llama-style adapter: InternLM3 (Llama's own classes) fits the
     fused layers; Arcee's squared-ReLU MLP and Seed-OSS's output bias are refused there by name, and
-    Arcee's non-gated MLP by quantization; Jais 2's and CWM's likewise."""
+    Arcee's non-gated MLP by quantization; Jais 2's likewise. CWM's own RMSNorm class fits."""
     adapters = {f: adapter_for(tiny_model(f)) for f in ("arcee", "internlm3", "seed_oss")}
     assert all(isinstance(a, LlamaStyle) for a in adapters.values())
     assert fusable(adapters["internlm3"]) is None
@@ -146,9 +146,24 @@ def test_llama_style_kin_on_the_llama_only_paths():
     )
     with pytest.raises(UserError, match="arcee layer 0 has no gated MLP"):
         quantize_model(tiny_model("arcee"), "fp8")
-    # Jais 2: Arcee's squared-ReLU non-gated MLP, refused alike; CWM: its own RMSNorm class, which the fused
-    # layers do not list, refused by name
+    # Jais 2: Arcee's squared-ReLU non-gated MLP, refused alike; CWM: its own RMSNorm class computes Llama's
     assert fusable(adapter_for(tiny_model("jais2"))) == "hidden_act 'relu2' (the fused MLP is SiLU-gated)"
     with pytest.raises(UserError, match="jais2 layer 0 has no gated MLP"):
         quantize_model(tiny_model("jais2"), "fp8")
-    assert fusable(adapter_for(tiny_model("cwm"))) == "norm CwmRMSNorm"
+    assert fusable(adapter_for(tiny_model("cwm"))) is None
+
+
+def test_the_fused_layers_take_a_norm_by_what_it_computes_not_its_name():
+    """A norm class of another name with Llama's forward fits the fused layers; one named LlamaRMSNorm that
+    computes anything else (here Gemma's 1 + weight) is refused, naming its class."""
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+
+    model = tiny_model("llama")
+    renamed = type("LlamaRMSNorm", (GemmaRMSNorm,), {"variance_epsilon": 1e-6})
+    copied = type("MyRMSNorm", (torch.nn.Module,), {"forward": type(model.model.norm).forward})
+    assert fusable(adapter_for(model)) is None
+    for layer in model.model.layers:
+        layer.post_attention_layernorm.__class__ = copied
+    assert fusable(adapter_for(model)) is None
+    model.model.layers[1].input_layernorm.__class__ = renamed
+    assert fusable(adapter_for(model)) == "norm LlamaRMSNorm"

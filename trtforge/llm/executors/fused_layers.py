@@ -68,7 +68,23 @@ MID_GEMM_MAX_TOKENS = 0
 # Same codes as the unfused kernels. False: the separate kernels.
 FUSED_FP8_QUANT = True
 
-_RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Phi3RMSNorm")
+
+def _is_llama_rms_norm(norm: Any) -> bool:
+    """Whether `norm` computes Llama's RMSNorm (float32 statistics, weight times the normalized input in its
+    dtype): a ``forward`` compiled to LlamaRMSNorm's bytecode, names and constants. transformers copies that
+    forward into each family's own class (Qwen3RMSNorm, CwmRMSNorm, SeedOssRMSNorm...), so the test is what
+    the class computes, not its name; Gemma's (1 + weight) or OLMo 2's order differ and are refused."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    forward = getattr(type(norm), "forward", None)
+    code, ref = getattr(forward, "__code__", None), LlamaRMSNorm.forward.__code__
+    return (
+        code is not None
+        and hasattr(norm, "variance_epsilon")
+        and isinstance(getattr(norm, "weight", None), torch.Tensor)
+        and (code.co_code, code.co_consts, code.co_names, code.co_varnames)
+        == (ref.co_code, ref.co_consts, ref.co_names, ref.co_varnames)
+    )
 
 
 def _use_mid_gemm(x: torch.Tensor, w: Any) -> bool:
@@ -116,7 +132,7 @@ def fusable(adapter: LlamaStyle) -> str | None:
         if getattr(a, "q_norm", None) is not None:
             norms += [a.q_norm, a.k_norm]
         for norm in norms:
-            if not hasattr(norm, "variance_epsilon") or type(norm).__name__ not in _RMS_NORMS:
+            if not _is_llama_rms_norm(norm):
                 return f"norm {type(norm).__name__}"
     return None
 
