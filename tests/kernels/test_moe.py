@@ -308,10 +308,11 @@ def test_the_table_picks_by_rows_per_expert():
     from trtforge.kernels.moe import moe_config
 
     """By the rows an expert gets on average (tokens x k / E): Mixtral's (k 2 of 8) and Qwen3-MoE's (8 of
-    128) decode steps take 16-row blocks, their prefills 64."""
-    mixtral = [moe_config(n, 2, 8).block_m for n in (1, 64, 95, 96, 383, 384, 4096)]
-    assert mixtral == [16, 16, 16, 32, 32, 64, 64]
-    assert [moe_config(n, 8, 128).block_m for n in (1, 256, 383, 384, 1535, 1536)] == [16, 16, 16, 32, 32, 64]
+    128) decode steps take 16-row blocks, their prefills 64, their long prefills 128."""
+    mixtral = [moe_config(n, 2, 8).block_m for n in (1, 64, 95, 96, 127, 128, 1023, 1024, 4096)]
+    assert mixtral == [16, 16, 16, 32, 32, 64, 64, 128, 128]
+    qwen3 = [moe_config(n, 8, 128).block_m for n in (1, 256, 383, 384, 511, 512, 4095, 4096)]
+    assert qwen3 == [16, 16, 16, 32, 32, 64, 64, 128]
 
 
 def test_the_launch_path_reads_nothing_back():
@@ -349,7 +350,7 @@ def _compile_facts(block_m: int, tile: dict, gated: bool, dtype: str, gpt_oss: b
     from trtforge.kernels import moe
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    tile = vars(moe.for_dtype(moe.MoeTile(**tile), torch_dtype))
+    tile = vars(moe.for_dtype(moe.MoeTile(**tile), torch_dtype, block_m))
 
     h, i = (2880, 2880) if gpt_oss else (4096, 14336)
     cols, depth = (i, h) if gated else (h, i)

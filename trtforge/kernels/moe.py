@@ -75,24 +75,30 @@ class MoeConfig:
 #: (fewest rows per expert it applies to, config), ascending, by the call's tokens times k over E (the
 #: rows an expert gets on average: what fills a BLOCK_M block; Mixtral's 64 tokens give 16, Qwen3-MoE's
 #: 256 give 16): decode-like calls (16-row blocks, long K chunks, the gate_up tile's 2 x 32 weight rows
-#: narrow so that the few experts hit still spread over the SMs), mid-sized (32 rows) and prefill-like
-#: (64 rows, wide tiles, wgmma). A first guess shaped after vLLM's published H100/H200 tuning for these
-#: two models, before any sweep of ours (benchmarks/bench_moe.py --configs tries others); read at call
-#: time, so a benchmark may replace it.
+#: narrow so that the few experts hit still spread over the SMs), mid-sized (32 rows), prefill-like (64
+#: rows, wide tiles, wgmma) and long prefills (128 rows). The first three began as a guess shaped after
+#: vLLM's published H100/H200 tuning; session 48's sweep on an H100 (benchmarks/sweep_moe_tiles.py over six
+#: models' expert shapes, 1-4,096 tokens, twelve configs) moved the 64-row config down to 32 rows an expert
+#: (Hunyuan-A13B at 32: 1.06x; Mixtral at 64: 1.19x, GLM-4.5-Air 1.11x) and added the 128-row one from 256
+#: (1.00-1.12x: at 128 rows it read 0.94-0.95x). Read at call time, so a benchmark may replace it.
 MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
     (0, MoeConfig(16, MoeTile(32, 128, 4, 4), MoeTile(64, 128, 4, 4))),
     (24, MoeConfig(32, MoeTile(64, 128, 4, 3), MoeTile(128, 64, 4, 3))),
-    (96, MoeConfig(64, MoeTile(128, 64, 8, 3), MoeTile(256, 64, 8, 3))),
+    (32, MoeConfig(64, MoeTile(128, 64, 8, 3), MoeTile(256, 64, 8, 3))),
+    (256, MoeConfig(128, MoeTile(128, 64, 8, 3), MoeTile(128, 64, 8, 3))),
 )
 
 
-def for_dtype(tile: MoeTile, dtype: torch.dtype) -> MoeTile:
-    """`tile` as launched for `dtype`: FP32 tiles take twice the shared memory and multiply on FMAs (IEEE,
-    no tensor cores), so their K chunk is halved (down to 32) and their pipeline held to 2 stages, which
-    keeps every table config in shared memory without spills on sm_90; 16-bit tiles as given."""
+def for_dtype(tile: MoeTile, dtype: torch.dtype, block_m: int = 64) -> MoeTile:
+    """`tile` as launched for `dtype` at `block_m` rows: FP32 tiles take twice the shared memory and multiply
+    on FMAs (IEEE, no tensor cores) with their sums in registers, so their K chunk is halved (down to 32),
+    their pipeline held to 2 stages and their columns to 8,192 / block_m (a 128-row block's 128 columns,
+    gated, spilled on sm_90), which keeps every table config in shared memory and registers without spills;
+    16-bit tiles as given."""
     if dtype != torch.float32:
         return tile
-    return replace(tile, block_k=max(32, tile.block_k // 2), num_stages=min(tile.num_stages, 2))
+    block_n, block_k = min(tile.block_n, max(16, 8192 // block_m)), max(32, tile.block_k // 2)
+    return replace(tile, block_n=block_n, block_k=block_k, num_stages=min(tile.num_stages, 2))
 
 
 def moe_config(
@@ -396,9 +402,10 @@ def fused_moe(
     up_bias, down_b = (gate_up_bias.contiguous(), down_bias.contiguous()) if biased else (None, None)
     swiglu = (float(alpha), float(limit)) if activation == "gpt_oss_swiglu" else (None, None)
     # transposed weights' stride along K: W[e] is [K, N] with unit-stride columns
+    up_tile, down_tile = for_dtype(cfg.up, x.dtype, cfg.block_m), for_dtype(cfg.down, x.dtype, cfg.block_m)
     launches = (
-        (x, gate_up, inter, i, h, for_dtype(cfg.up, x.dtype), k, True, False, up_bias, interleaved),
-        (inter, down, out, h, i, for_dtype(cfg.down, x.dtype), 1, False, True, down_b, False),
+        (x, gate_up, inter, i, h, up_tile, k, True, False, up_bias, interleaved),
+        (inter, down, out, h, i, down_tile, 1, False, True, down_b, False),
     )
     for a, w, o, cols, depth, tile, row_div, gated, routed, bias, inter_cols in launches:
         grid = (row_blocks * triton.cdiv(cols, tile.block_n),)
