@@ -82,6 +82,12 @@ MOE_CLASSES = {
     "dots1": ("Dots1Config", "Dots1ForCausalLM"),
     "flex_olmo": ("FlexOlmoConfig", "FlexOlmoForCausalLM"),
     "exaone_moe": ("ExaoneMoeConfig", "ExaoneMoeForCausalLM"),
+    # (Param2-MoE's and Sarvam-MoE's configs run GLM-4.5's classes, as transformers' auto classes map them)
+    "param2moe": ("Param2MoeConfig", "Glm4MoeForCausalLM"),
+    "sarvam_moe": ("SarvamMoEConfig", "Glm4MoeForCausalLM"),
+    "solar_open": ("SolarOpenConfig", "SolarOpenForCausalLM"),
+    "mellum": ("MellumConfig", "MellumForCausalLM"),
+    "cohere2_moe": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
@@ -244,7 +250,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         # (num_local_experts and intermediate_size: Mixtral's and GraniteMoE's names)
         local = family in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss")
         moe = {"num_local_experts" if local else "num_experts": 4, "num_experts_per_tok": 2}
-        wide = local or family in ("olmoe", "hunyuan_v1_moe", "flex_olmo")
+        wide = local or family in ("olmoe", "hunyuan_v1_moe", "flex_olmo", "cohere2_moe")
         moe |= {"intermediate_size": 64} if wide else {"moe_intermediate_size": 64}
         if family in ("granitemoe", "granitemoeshared"):  # Granite's multipliers far from 1 (as "granite")
             moe |= {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1}
@@ -301,6 +307,38 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe |= {"pad_token_id": 0, "eos_token_id": 2}
             n = overrides.get("num_hidden_layers", 3)
             moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+        if family in ("param2moe", "sarvam_moe", "solar_open"):  # GLM-4.5's routing without groups,
+            # renormalized, scaled by 2.5, one shared expert; Param2-MoE and Sarvam-MoE: their defaults'
+            # whole-head rotary and q/k norms, layer 0 of 3 dense; Solar Open: Llama's attention with q/k/v
+            # biases, every layer sparse (whole-head rotary: its Llama attention rotates no partial one)
+            moe = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+            moe |= {"n_shared_experts": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True}
+            moe |= {"num_hidden_layers": 3, "head_dim": 16, "pad_token_id": 0, "eos_token_id": 2}
+            if family == "solar_open":  # (its config has no intermediate_size: no dense MLP)
+                llama_like = {k: v for k, v in llama_like.items() if k != "intermediate_size"}
+                moe["attention_bias"] = True
+            else:
+                moe["first_k_dense_replace"] = 1
+        if family == "mellum":  # Mellum: Qwen3-MoE's routing (renormalized) and q/k norms (off their init
+            # below); sliding (window 4) and full layers by turns, a RoPE base each; layer 0 of 3 dense
+            # (whole-head tables: transformers' Mellum attention passes no unrotated channels through)
+            moe |= {"head_dim": 16, "sliding_window": 4, "num_hidden_layers": 3}
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+            n = overrides.get("num_hidden_layers", 3)
+            moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+            moe["mlp_layer_types"] = ["dense" if i == 0 else "sparse" for i in range(n)]
+            moe["rope_parameters"] = {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+            }
+        if family == "cohere2_moe":  # Cohere 2's block (its LayerNorm off init below), logits scaled by 1/4;
+            # the sigmoid router renormalized; one shared expert averaged with the experts' sum; layer 0 dense
+            # (128 wide) and full, rotated all the same (prefix_dense_sliding_window_pattern 1), then sliding
+            # (window 4, RoPE) and full (NoPE)
+            moe |= {"logit_scale": 0.25, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+            moe |= {"num_hidden_layers": 3, "first_k_dense_replace": 1, "prefix_dense_intermediate_size": 128}
+            moe |= {"expert_selection_fn": "sigmoid", "num_shared_experts": 1, "sliding_window": 4}
+            moe["layer_types"] = ["full_attention", "sliding_attention", "full_attention"]
         # transformers' eager experts (its default, grouped_mm, takes no float64 and, on the CPU, no odd
         # strides): the per-expert loop of its modeling files
         moe["experts_implementation"] = "eager"
@@ -449,7 +487,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     param.add_(torch.randn_like(param) * 0.2)
     # routers (initialized at zero) at the initializer range, the selection biases (zero) as wide as the
     # scores' spread, so that they change picks
-    if family in ("ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe"):
+    if family in ("ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", "param2moe", "sarvam_moe", "solar_open"):
         with torch.no_grad():
             for layer in model.model.layers:
                 gate = getattr(layer.mlp, "gate", None)
@@ -458,7 +496,10 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     owner = getattr(gate, "moe_statics", gate)
                     bias = owner.e_score_correction_bias
                     bias.copy_(torch.randn_like(bias) * (0.1 if family == "ernie4_5_moe" else 0.2))
-    if family in ("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"):  # norm weights off init
+    if family in (  # norm weights off their init
+        *("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"),
+        *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe"),
+    ):
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "norm" in name:

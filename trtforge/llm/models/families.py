@@ -12,12 +12,13 @@ HyperCLOVA X (:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3 (:mod:`.smo
 with Llama-style, which also runs InternLM3, Seed-OSS, Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2),
 GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon (:mod:`.falcon`: rotary, and
 falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two with ALiBi position biases, and
-the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4.5, dots.llm1 and K-EXAONE
-(:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE and GraniteMoeShared (:mod:`.granite`), HunYuan-MoE
-(:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its MoE
-MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family checks, windows, attention soft-caps,
-ALiBi slopes, attention sinks) live in :mod:`.base`, the rotary variants (interleaved, float32, NoPE layers, a
-table per layer type) in :mod:`.rotary`.
+the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, Mellum, OLMoE, GLM-4.5 (and
+Param2-MoE, Sarvam-MoE and Solar Open on its MoE MLPs), dots.llm1 and K-EXAONE (:mod:`.mixtral`), FlexOLMo
+(:mod:`.olmo2`), GraniteMoE and GraniteMoeShared (:mod:`.granite`), HunYuan-MoE (:mod:`.hunyuan`), ERNIE
+4.5-MoE (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`), and gpt-oss (:mod:`.gpt_oss`: attention sinks besides
+its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family checks, windows, attention
+soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`, the rotary variants (interleaved, float32,
+NoPE layers, a table per layer type) in :mod:`.rotary`.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from trtforge.llm.models.base import (
     sliding_windows,
 )
 from trtforge.llm.models.bloom import BloomStyle
-from trtforge.llm.models.cohere import Cohere2Style, CohereStyle
+from trtforge.llm.models.cohere import Cohere2MoeStyle, Cohere2Style, CohereStyle
 from trtforge.llm.models.fairseq import BioGptStyle, XglmStyle
 from trtforge.llm.models.falcon import FalconStyle
 from trtforge.llm.models.gemma import GemmaStyle
@@ -54,10 +55,14 @@ from trtforge.llm.models.mixtral import (
     Dots1Style,
     ExaoneMoeStyle,
     Glm4MoeStyle,
+    MellumStyle,
     MixtralStyle,
     OlmoeStyle,
+    Param2MoeStyle,
     Qwen2MoeStyle,
     Qwen3MoeStyle,
+    SarvamMoeStyle,
+    SolarOpenStyle,
 )
 from trtforge.llm.models.mpt import MptStyle
 from trtforge.llm.models.nemotron import NemotronStyle, PersimmonStyle
@@ -115,9 +120,14 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "hunyuan_v1_moe": HunYuanMoeStyle,
     "ernie4_5_moe": Ernie45MoeStyle,
     "glm4_moe": Glm4MoeStyle,
+    "param2moe": Param2MoeStyle,
+    "sarvam_moe": SarvamMoeStyle,
+    "solar_open": SolarOpenStyle,
     "dots1": Dots1Style,
     "flex_olmo": FlexOlmoStyle,
     "exaone_moe": ExaoneMoeStyle,
+    "mellum": MellumStyle,
+    "cohere2_moe": Cohere2MoeStyle,
     "bloom": BloomStyle,
     "mpt": MptStyle,
 }
@@ -138,6 +148,7 @@ __all__ = [
     "BioGptStyle",
     "BloomStyle",
     "CodeGenStyle",
+    "Cohere2MoeStyle",
     "Cohere2Style",
     "CohereStyle",
     "DecoderAdapter",
@@ -169,6 +180,7 @@ __all__ = [
     "HunYuanMoeStyle",
     "HyperClovaXStyle",
     "LlamaStyle",
+    "MellumStyle",
     "MixtralStyle",
     "MptStyle",
     "NanoChatStyle",
@@ -178,11 +190,14 @@ __all__ = [
     "OlmoStyle",
     "OlmoeStyle",
     "OptStyle",
+    "Param2MoeStyle",
     "PersimmonStyle",
     "PhiStyle",
     "Qwen2MoeStyle",
     "Qwen3MoeStyle",
+    "SarvamMoeStyle",
     "SmolLM3Style",
+    "SolarOpenStyle",
     "StableLmStyle",
     "VaultGemmaStyle",
     "XglmStyle",
