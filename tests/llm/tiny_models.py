@@ -37,6 +37,7 @@ LIGHT_FAMILIES = (
     "jais2",
     "hyperclovax",
     "nanochat",
+    "granite_swa",
 )
 FAMILIES = (
     "llama",
@@ -88,13 +89,15 @@ MOE_CLASSES = {
     "solar_open": ("SolarOpenConfig", "SolarOpenForCausalLM"),
     "mellum": ("MellumConfig", "MellumForCausalLM"),
     "cohere2_moe": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM"),
+    "granitemoe_swa": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
 # test_rope_families.py checks the refusal, tests/llm/test_tensor_parallel.py splits every other one);
 # "falcon" is falcon-7b's multi-query form (one KV head), Falcon's other FORMS split; "gpt_bigcode" its
 # multi-query form too (its multi-head one splits)
-TP_REFUSED = ("gpt_bigcode", "gptj", "codegen", "falcon", *MOE_FAMILIES)
+# (Granite SWA: its attention sinks; gpt-oss's are refused with its MoE MLPs)
+TP_REFUSED = ("gpt_bigcode", "gptj", "codegen", "falcon", "granite_swa", *MOE_FAMILIES)
 # forms of one family that tiny_model builds under names of their own: Falcon's other two layer
 # architectures ("falcon" itself is falcon-7b's: multi-query, parallel, one input_layernorm)
 FORMS: dict[str, tuple[str, dict]] = {
@@ -219,6 +222,12 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         granite = {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1}
         granite["logits_scaling"] = 2.0
         cfg, cls = tf.GraniteConfig(**(llama_like | granite | overrides)), tf.GraniteForCausalLM
+    elif family == "granite_swa":  # Granite's multipliers (as "granite"), windows, sinks, RoPE bases; a 4x
+        # MLP (at 2x, seed 0 repeats one token on the 9-token prompt)
+        granite = {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1}
+        granite |= {"logits_scaling": 2.0, "intermediate_size": 256}
+        granite |= _granite_swa(overrides.get("num_hidden_layers", llama_like["num_hidden_layers"]))
+        cfg, cls = tf.GraniteSWAConfig(**(llama_like | granite | overrides)), tf.GraniteSWAForCausalLM
     elif family == "gpt_neox":  # fused per-head QKV, MHA, Pythia's partial rotary (1/4), parallel residual
         neox = {k: v for k, v in llama_like.items() if k != "num_key_value_heads"} | {"rotary_pct": 0.25}
         cfg, cls = tf.GPTNeoXConfig(**(neox | overrides)), tf.GPTNeoXForCausalLM
@@ -248,15 +257,18 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family in MOE_FAMILIES:  # 4 experts, top-2, a 64-wide expert MLP; router weights at the model's
         # init (0.2) so that routing margins are wide and every expert is hit
         # (num_local_experts and intermediate_size: Mixtral's and GraniteMoE's names)
-        local = family in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss")
+        local = family in ("mixtral", "granitemoe", "granitemoeshared", "granitemoe_swa", "gpt_oss")
         moe = {"num_local_experts" if local else "num_experts": 4, "num_experts_per_tok": 2}
         wide = local or family in ("olmoe", "hunyuan_v1_moe", "flex_olmo", "cohere2_moe")
         moe |= {"intermediate_size": 64} if wide else {"moe_intermediate_size": 64}
-        if family in ("granitemoe", "granitemoeshared"):  # Granite's multipliers far from 1 (as "granite")
+        if family in ("granitemoe", "granitemoeshared", "granitemoe_swa"):  # Granite's multipliers far
+            # from 1 (as "granite")
             moe |= {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1}
             moe |= {"logits_scaling": 2.0}
-        if family == "granitemoeshared":  # the ungated shared MLP, 96 wide
+        if family in ("granitemoeshared", "granitemoe_swa"):  # the ungated shared MLP, 96 wide
             moe |= {"shared_intermediate_size": 96}
+        if family == "granitemoe_swa":  # Granite SWA's windows, sinks and RoPE bases (as "granite_swa")
+            moe |= _granite_swa(overrides.get("num_hidden_layers", llama_like["num_hidden_layers"]))
         if family == "qwen2_moe":  # the shared expert, layer 1 of 3 dense (Qwen2-MoE's own MLP, 128 wide)
             moe |= {"shared_expert_intermediate_size": 96, "num_hidden_layers": 3, "mlp_only_layers": [1]}
         if family == "qwen3_moe":  # every 2nd layer sparse (decoder_sparse_step), the top-2 renormalized
@@ -476,6 +488,10 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     else:
         raise ValueError(family)
     model = cls(cfg).eval()
+    if family in ("granite_swa", "granitemoe_swa"):  # sinks (initialized at zero) off their init
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.copy_(torch.randn_like(layer.self_attn.sinks) * 1.5 + 1.0)
     if family == "gpt_oss":  # sinks of the size trained ones reach (transformers initializes them at the
         # initializer range), biases off zero; the clamp at 1 where transformers 5.17 fixes it at 7
         with torch.no_grad():
@@ -535,6 +551,13 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
+
+
+def _granite_swa(layers: int) -> dict:
+    """Granite SWA's options for `layers` layers: window 4 (shorter than the prompts) on its default layer
+    types (every 4th layer full), RoPE bases 10000, 0 (NoPE) and 100 by turns."""
+    swa = {"sliding_window": 4, "layer_rope_theta": [(10000.0, 0, 100.0)[i % 3] for i in range(layers)]}
+    return swa | {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
 
 def prompts(vocab: int, lens=PROMPT_LENS, seed: int = 1) -> list[list[int]]:

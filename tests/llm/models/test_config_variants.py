@@ -448,6 +448,25 @@ OPTIONS: dict[str, dict[str, list]] = {
         "sliding_window": [3, 5, 64],
         "logit_scale": [0.0625, 1.0],
     },
+    # Granite SWA / GraniteMoeSWA: Granite's options with windows by layer_types and a RoPE base per layer
+    # (0: NoPE); GraniteMoeSWA's routing is GraniteMoE's, with or without the shared MLP
+    "granite_swa": LLAMA_LIKE
+    | {
+        "sliding_window": [3, 5, 64],
+        "layer_types": [None, ["sliding_attention", "full_attention"], ["full_attention", "full_attention"]],
+        "layer_rope_theta": [None, [0, 10000.0], [500.0, 0], [100.0, 10000.0]],
+        "attention_bias": [False, True],
+        "head_dim": [8, 16, 24],
+        "hidden_act": ACTS,
+    },
+    "granitemoe_swa": LLAMA_LIKE
+    | {
+        "num_local_experts": [4, 8],
+        "num_experts_per_tok": [1, 2, 3],
+        "shared_intermediate_size": [0, 96],
+        "sliding_window": [3, 5, 64],
+        "layer_rope_theta": [None, [0, 10000.0], [500.0, 0]],
+    },
     "olmo": LLAMA_LIKE | {"clip_qkv": [None, 0.5, 8.0], "attention_bias": [False, True], "hidden_act": ACTS},
     "olmo3": {  # rope_scaling: on the full-attention layers' table, as OLMo 3's config puts it
         "num_key_value_heads": [1, 2, 4],
@@ -631,14 +650,16 @@ OPTIONS: dict[str, dict[str, list]] = {
 }
 SEEDS = range(5)
 # families whose routing another family's draws vary already (dots.llm1's, K-EXAONE's and Solar Open's is
-# GLM-4.5's, FlexOLMo's OLMoE's, Mellum's Qwen3-MoE's): fewer draws, for what they add around it (their
-# attention, windows, dense layers); Param2-MoE and Sarvam-MoE run GLM-4.5's classes: one draw each
+# GLM-4.5's, FlexOLMo's OLMoE's, Mellum's Qwen3-MoE's, GraniteMoeSWA's GraniteMoE's): fewer draws, for what
+# they add around it (their attention, windows, dense layers); Param2-MoE and Sarvam-MoE run GLM-4.5's
+# classes: one draw each
 FEWER_SEEDS = {
     "dots1": range(2),
     "exaone_moe": range(2),
     "flex_olmo": range(2),
     "solar_open": range(2),
     "mellum": range(2),
+    "granitemoe_swa": range(2),
     "param2moe": range(1),
     "sarvam_moe": range(1),
 }

@@ -68,6 +68,7 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert {f for f in MOE_FAMILIES if kinds[f].moe["routing"] == "topk_softmax"} == {
         "granitemoe",
         "granitemoeshared",
+        "granitemoe_swa",
         "gpt_oss",
     }
     assert {f for f in MOE_FAMILIES if kinds[f].moe["layout"] == "gpt_oss"} == {"gpt_oss"}

@@ -122,6 +122,10 @@ CASES = [
     ("mellum", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     # Cohere 2-MoE: dense full layer 0 (RoPE: prefix pattern 1), sliding (RoPE), full (NoPE); then a dense
     # sliding layer 0 and NoPE full layer 1 (prefix pattern 2)
+    # Granite SWA: full (RoPE 10000), sliding (NoPE), sliding (RoPE 100); window 4; sinks on every layer
+    ("granite_swa", {}),
+    ("granite_swa", {"sliding_window": 5, "layer_types": [SLIDING, FULL, SLIDING], "layer_rope_theta": None}),
+    ("granitemoe_swa", {"layer_rope_theta": [0, 0, 0]}),  # every layer NoPE
     ("cohere2_moe", {}),
     ("cohere2_moe", {"sliding_window": 5, "layer_types": [SLIDING, FULL, SLIDING], "num_shared_experts": 0}),
     ("olmo", {"set_sliding_window": 64}),  # no layer of these applies one

@@ -67,6 +67,9 @@ STYLES: dict[tuple[str, ...], str] = {
     "after attention and MLP, sliding and full layers with a RoPE base each, soft-capped final logits",
     ("olmo2",): "OLMo 2: RMSNorm after attention and MLP, whole-projection q/k norms",
     ("granite",): "Granite 3.x: Llama with embedding, residual, attention and logits multipliers",
+    ("granite_swa", "granitemoe_swa"): "Granite SWA / GraniteMoeSWA: Granite's and GraniteMoeShared's layers "
+    "with sliding and full layers by layer_types, attention sinks, a RoPE base per layer (layer_rope_theta; "
+    "0: NoPE)",
     ("hyperclovax",): "HyperCLOVA X: Granite's multipliers, norms after attention and MLP (use_post_norm), "
     "logits multiplied by logits_scaling",
     ("stablelm",): "StableLM-2 / stable-code: LayerNorm, partial RoPE, optional per-head q/k LayerNorm "
@@ -142,7 +145,7 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "gemma-3-1b; model_type 'gemma3_text') with Gemma3ForCausalLM.",
     # mixture-of-experts families beside the supported ones (mixtral, qwen2_moe, qwen3_moe, olmoe, granitemoe,
     # granitemoeshared, gpt_oss, hunyuan_v1_moe, ernie4_5_moe, glm4_moe, param2moe, sarvam_moe, solar_open,
-    # dots1, flex_olmo, exaone_moe, mellum, cohere2_moe), refused for what sets them apart
+    # dots1, flex_olmo, exaone_moe, mellum, cohere2_moe, granitemoe_swa), refused for what sets them apart
     "phimoe": "PhiMoE (Phi-3.5-MoE) routes by SparseMixer: in eval mode the top expert and then the second, "
     "each weighted by a softmax over only the logits within 2 x router_jitter_noise (relative) of it, which "
     "no SparseMoe routing computes yet; and Phi-3.5-MoE's rotary is LongRoPE, whose tables switch with the "
@@ -237,6 +240,8 @@ PER_LAYER_TYPES = (
     "exaone_moe",
     "mellum",
     "cohere2_moe",
+    "granite_swa",
+    "granitemoe_swa",
 )
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -369,9 +374,10 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     - mistral, phi3, starcoder2, mixtral, qwen3_moe: ``config.sliding_window`` on every layer, or none
       when it is null (their forward ignores ``layer_types``);
     - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe, gpt_oss,
-      cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe: the window on the layers
-      ``config.layer_types`` marks "sliding_attention" (CWM's config marks 3 of 4 by default, VaultGemma's
-      every other; qwen's config builds those from ``use_sliding_window`` and ``max_window_layers``; with
+      cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe, granite_swa, granitemoe_swa: the window on
+      the layers ``config.layer_types`` marks "sliding_attention" (CWM's config marks 3 of 4 by default,
+      VaultGemma's every other, Granite SWA's 3 of 4; qwen's config builds those from ``use_sliding_window``
+      and ``max_window_layers``; with
       ``use_sliding_window`` false it nulls ``sliding_window``, Qwen2-MoE's sets it to 0, read as null.
       SmolLM3's marks its NoPE layers when ``use_sliding_window`` is set; its eager and SDPA masks then
       follow ``layer_types`` and ``sliding_window`` alone, as this rule does).
@@ -626,6 +632,13 @@ class DecoderAdapter(ABC):
     @abstractmethod
     def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
         """Layer i's output from its input `x` and the attention output ``[..., heads * D]``."""
+
+    def _read_sinks(self) -> None:
+        """Each layer's attention sinks (:attr:`sinks`) from its attention module's ``sinks`` parameter,
+        float32 (the parameter's values; BF16 ones exactly): gpt-oss's, and Granite SWA's, whose eager
+        attention scales each output row by ``sigmoid(logsumexp(scores) - sink)``, the share the sink
+        column leaves the keys."""
+        self.sinks = [self.attention(i).sinks.detach().float().contiguous() for i in range(self.num_layers)]
 
     def cannot_run(self) -> str:
         """The start of a refusal of this model: who cannot run which model (``"--generate cannot run this
