@@ -37,6 +37,7 @@ LIGHT_FAMILIES = (
     "jais2",
     "hyperclovax",
     "nanochat",
+    "granite_swa",
 )
 FAMILIES = (
     "llama",
@@ -82,13 +83,21 @@ MOE_CLASSES = {
     "dots1": ("Dots1Config", "Dots1ForCausalLM"),
     "flex_olmo": ("FlexOlmoConfig", "FlexOlmoForCausalLM"),
     "exaone_moe": ("ExaoneMoeConfig", "ExaoneMoeForCausalLM"),
+    # (Param2-MoE's and Sarvam-MoE's configs run GLM-4.5's classes, as transformers' auto classes map them)
+    "param2moe": ("Param2MoeConfig", "Glm4MoeForCausalLM"),
+    "sarvam_moe": ("SarvamMoEConfig", "Glm4MoeForCausalLM"),
+    "solar_open": ("SolarOpenConfig", "SolarOpenForCausalLM"),
+    "mellum": ("MellumConfig", "MellumForCausalLM"),
+    "cohere2_moe": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM"),
+    "granitemoe_swa": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
 # test_rope_families.py checks the refusal, tests/llm/test_tensor_parallel.py splits every other one);
 # "falcon" is falcon-7b's multi-query form (one KV head), Falcon's other FORMS split; "gpt_bigcode" its
 # multi-query form too (its multi-head one splits)
-TP_REFUSED = ("gpt_bigcode", "gptj", "codegen", "falcon", *MOE_FAMILIES)
+# (Granite SWA: its attention sinks; gpt-oss's are refused with its MoE MLPs)
+TP_REFUSED = ("gpt_bigcode", "gptj", "codegen", "falcon", "granite_swa", *MOE_FAMILIES)
 # forms of one family that tiny_model builds under names of their own: Falcon's other two layer
 # architectures ("falcon" itself is falcon-7b's: multi-query, parallel, one input_layernorm)
 FORMS: dict[str, tuple[str, dict]] = {
@@ -213,6 +222,12 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         granite = {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1}
         granite["logits_scaling"] = 2.0
         cfg, cls = tf.GraniteConfig(**(llama_like | granite | overrides)), tf.GraniteForCausalLM
+    elif family == "granite_swa":  # Granite's multipliers (as "granite"), windows, sinks, RoPE bases; a 4x
+        # MLP (at 2x, seed 0 repeats one token on the 9-token prompt)
+        granite = {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1}
+        granite |= {"logits_scaling": 2.0, "intermediate_size": 256}
+        granite |= _granite_swa(overrides.get("num_hidden_layers", llama_like["num_hidden_layers"]))
+        cfg, cls = tf.GraniteSWAConfig(**(llama_like | granite | overrides)), tf.GraniteSWAForCausalLM
     elif family == "gpt_neox":  # fused per-head QKV, MHA, Pythia's partial rotary (1/4), parallel residual
         neox = {k: v for k, v in llama_like.items() if k != "num_key_value_heads"} | {"rotary_pct": 0.25}
         cfg, cls = tf.GPTNeoXConfig(**(neox | overrides)), tf.GPTNeoXForCausalLM
@@ -242,15 +257,18 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family in MOE_FAMILIES:  # 4 experts, top-2, a 64-wide expert MLP; router weights at the model's
         # init (0.2) so that routing margins are wide and every expert is hit
         # (num_local_experts and intermediate_size: Mixtral's and GraniteMoE's names)
-        local = family in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss")
+        local = family in ("mixtral", "granitemoe", "granitemoeshared", "granitemoe_swa", "gpt_oss")
         moe = {"num_local_experts" if local else "num_experts": 4, "num_experts_per_tok": 2}
-        wide = local or family in ("olmoe", "hunyuan_v1_moe", "flex_olmo")
+        wide = local or family in ("olmoe", "hunyuan_v1_moe", "flex_olmo", "cohere2_moe")
         moe |= {"intermediate_size": 64} if wide else {"moe_intermediate_size": 64}
-        if family in ("granitemoe", "granitemoeshared"):  # Granite's multipliers far from 1 (as "granite")
+        if family in ("granitemoe", "granitemoeshared", "granitemoe_swa"):  # Granite's multipliers far
+            # from 1 (as "granite")
             moe |= {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1}
             moe |= {"logits_scaling": 2.0}
-        if family == "granitemoeshared":  # the ungated shared MLP, 96 wide
+        if family in ("granitemoeshared", "granitemoe_swa"):  # the ungated shared MLP, 96 wide
             moe |= {"shared_intermediate_size": 96}
+        if family == "granitemoe_swa":  # Granite SWA's windows, sinks and RoPE bases (as "granite_swa")
+            moe |= _granite_swa(overrides.get("num_hidden_layers", llama_like["num_hidden_layers"]))
         if family == "qwen2_moe":  # the shared expert, layer 1 of 3 dense (Qwen2-MoE's own MLP, 128 wide)
             moe |= {"shared_expert_intermediate_size": 96, "num_hidden_layers": 3, "mlp_only_layers": [1]}
         if family == "qwen3_moe":  # every 2nd layer sparse (decoder_sparse_step), the top-2 renormalized
@@ -301,6 +319,38 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe |= {"pad_token_id": 0, "eos_token_id": 2}
             n = overrides.get("num_hidden_layers", 3)
             moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+        if family in ("param2moe", "sarvam_moe", "solar_open"):  # GLM-4.5's routing without groups,
+            # renormalized, scaled by 2.5, one shared expert; Param2-MoE and Sarvam-MoE: their defaults'
+            # whole-head rotary and q/k norms, layer 0 of 3 dense; Solar Open: Llama's attention with q/k/v
+            # biases, every layer sparse (whole-head rotary: its Llama attention rotates no partial one)
+            moe = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+            moe |= {"n_shared_experts": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True}
+            moe |= {"num_hidden_layers": 3, "head_dim": 16, "pad_token_id": 0, "eos_token_id": 2}
+            if family == "solar_open":  # (its config has no intermediate_size: no dense MLP)
+                llama_like = {k: v for k, v in llama_like.items() if k != "intermediate_size"}
+                moe["attention_bias"] = True
+            else:
+                moe["first_k_dense_replace"] = 1
+        if family == "mellum":  # Mellum: Qwen3-MoE's routing (renormalized) and q/k norms (off their init
+            # below); sliding (window 4) and full layers by turns, a RoPE base each; layer 0 of 3 dense
+            # (whole-head tables: transformers' Mellum attention passes no unrotated channels through)
+            moe |= {"head_dim": 16, "sliding_window": 4, "num_hidden_layers": 3}
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+            n = overrides.get("num_hidden_layers", 3)
+            moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+            moe["mlp_layer_types"] = ["dense" if i == 0 else "sparse" for i in range(n)]
+            moe["rope_parameters"] = {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+            }
+        if family == "cohere2_moe":  # Cohere 2's block (its LayerNorm off init below), logits scaled by 1/4;
+            # the sigmoid router renormalized; one shared expert averaged with the experts' sum; layer 0 dense
+            # (128 wide) and full, rotated all the same (prefix_dense_sliding_window_pattern 1), then sliding
+            # (window 4, RoPE) and full (NoPE)
+            moe |= {"logit_scale": 0.25, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+            moe |= {"num_hidden_layers": 3, "first_k_dense_replace": 1, "prefix_dense_intermediate_size": 128}
+            moe |= {"expert_selection_fn": "sigmoid", "num_shared_experts": 1, "sliding_window": 4}
+            moe["layer_types"] = ["full_attention", "sliding_attention", "full_attention"]
         # transformers' eager experts (its default, grouped_mm, takes no float64 and, on the CPU, no odd
         # strides): the per-expert loop of its modeling files
         moe["experts_implementation"] = "eager"
@@ -438,6 +488,10 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     else:
         raise ValueError(family)
     model = cls(cfg).eval()
+    if family in ("granite_swa", "granitemoe_swa"):  # sinks (initialized at zero) off their init
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.copy_(torch.randn_like(layer.self_attn.sinks) * 1.5 + 1.0)
     if family == "gpt_oss":  # sinks of the size trained ones reach (transformers initializes them at the
         # initializer range), biases off zero; the clamp at 1 where transformers 5.17 fixes it at 7
         with torch.no_grad():
@@ -449,7 +503,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     param.add_(torch.randn_like(param) * 0.2)
     # routers (initialized at zero) at the initializer range, the selection biases (zero) as wide as the
     # scores' spread, so that they change picks
-    if family in ("ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe"):
+    if family in ("ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", "param2moe", "sarvam_moe", "solar_open"):
         with torch.no_grad():
             for layer in model.model.layers:
                 gate = getattr(layer.mlp, "gate", None)
@@ -458,7 +512,10 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     owner = getattr(gate, "moe_statics", gate)
                     bias = owner.e_score_correction_bias
                     bias.copy_(torch.randn_like(bias) * (0.1 if family == "ernie4_5_moe" else 0.2))
-    if family in ("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"):  # norm weights off init
+    if family in (  # norm weights off their init
+        *("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"),
+        *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe"),
+    ):
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "norm" in name:
@@ -494,6 +551,13 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
+
+
+def _granite_swa(layers: int) -> dict:
+    """Granite SWA's options for `layers` layers: window 4 (shorter than the prompts) on its default layer
+    types (every 4th layer full), RoPE bases 10000, 0 (NoPE) and 100 by turns."""
+    swa = {"sliding_window": 4, "layer_rope_theta": [(10000.0, 0, 100.0)[i % 3] for i in range(layers)]}
+    return swa | {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
 
 def prompts(vocab: int, lens=PROMPT_LENS, seed: int = 1) -> list[list[int]]:

@@ -383,6 +383,90 @@ OPTIONS: dict[str, dict[str, list]] = {
             ["full_attention", "sliding_attention", "sliding_attention"],
         ],
     },
+    # Param2-MoE / Sarvam-MoE: GLM-4.5's model under their own configs (the whole head rotated, q/k norms on)
+    "param2moe": LLAMA_LIKE
+    | {
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "first_k_dense_replace": [0, 1],
+        "use_qk_norm": [False, True],
+        "attention_bias": [False, True],
+    },
+    "sarvam_moe": LLAMA_LIKE
+    | {
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "first_k_dense_replace": [0, 1],
+        "attention_bias": [False, True],
+    },
+    # Solar Open: GLM-4.5's routing options (expert groups among them) on every layer, Llama's attention
+    "solar_open": LLAMA_LIKE
+    | {
+        "_form": [
+            {"n_routed_experts": 4, "n_group": 1, "topk_group": 1},
+            {"n_routed_experts": 8, "n_group": 2, "topk_group": 1},
+        ],
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "routed_scaling_factor": [1.0, 2.5],
+        "n_shared_experts": [1, 2],
+        "attention_bias": [False, True],
+        "head_dim": [8, 16, 24],
+    },
+    # Mellum: Qwen3-MoE's routing around windows by layer_types, a RoPE table each, dense layers by
+    # mlp_layer_types
+    "mellum": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "sliding_window": [3, 5],
+        "layer_types": [
+            ["sliding_attention", "full_attention", "sliding_attention"],
+            ["full_attention", "sliding_attention", "sliding_attention"],
+        ],
+        "mlp_layer_types": [["dense", "sparse", "sparse"], ["sparse", "dense", "sparse"]],
+        "attention_bias": [False, True],
+    },
+    # Cohere 2-MoE: the softmax or sigmoid router (renormalized or not), shared experts (none, added or
+    # averaged), dense first layers rotating or not, RMSNorm or Cohere's LayerNorm, windows
+    "cohere2_moe": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [True, False],
+        "rope_scaling": ROPE,
+        "_form": [
+            {"expert_selection_fn": "softmax", "shared_expert_combination_strategy": "sum"},
+            {"expert_selection_fn": "sigmoid", "shared_expert_combination_strategy": "average"},
+            {"expert_selection_fn": "sigmoid", "shared_expert_combination_strategy": "sum"},
+            {"expert_selection_fn": "softmax", "shared_expert_combination_strategy": "average"},
+        ],
+        "norm_topk_prob": [False, True],
+        "num_experts_per_tok": [1, 2, 3],
+        "num_shared_experts": [0, 1, 2],
+        "prefix_dense_sliding_window_pattern": [1, 2],
+        "rms_norm_eps": [None, 1e-6],
+        "sliding_window": [3, 5, 64],
+        "logit_scale": [0.0625, 1.0],
+    },
+    # Granite SWA / GraniteMoeSWA: Granite's options with windows by layer_types and a RoPE base per layer
+    # (0: NoPE); GraniteMoeSWA's routing is GraniteMoE's, with or without the shared MLP
+    "granite_swa": LLAMA_LIKE
+    | {
+        "sliding_window": [3, 5, 64],
+        "layer_types": [None, ["sliding_attention", "full_attention"], ["full_attention", "full_attention"]],
+        "layer_rope_theta": [None, [0, 10000.0], [500.0, 0], [100.0, 10000.0]],
+        "attention_bias": [False, True],
+        "head_dim": [8, 16, 24],
+        "hidden_act": ACTS,
+    },
+    "granitemoe_swa": LLAMA_LIKE
+    | {
+        "num_local_experts": [4, 8],
+        "num_experts_per_tok": [1, 2, 3],
+        "shared_intermediate_size": [0, 96],
+        "sliding_window": [3, 5, 64],
+        "layer_rope_theta": [None, [0, 10000.0], [500.0, 0]],
+    },
     "olmo": LLAMA_LIKE | {"clip_qkv": [None, 0.5, 8.0], "attention_bias": [False, True], "hidden_act": ACTS},
     "olmo3": {  # rope_scaling: on the full-attention layers' table, as OLMo 3's config puts it
         "num_key_value_heads": [1, 2, 4],
@@ -565,9 +649,20 @@ OPTIONS: dict[str, dict[str, list]] = {
     },
 }
 SEEDS = range(5)
-# families whose routing another family's draws vary already (dots.llm1's and K-EXAONE's is GLM-4.5's,
-# FlexOLMo's OLMoE's): fewer draws, for what they add around it (their attention, windows, dense layers)
-FEWER_SEEDS = {"dots1": range(2), "exaone_moe": range(2), "flex_olmo": range(2)}
+# families whose routing another family's draws vary already (dots.llm1's, K-EXAONE's and Solar Open's is
+# GLM-4.5's, FlexOLMo's OLMoE's, Mellum's Qwen3-MoE's, GraniteMoeSWA's GraniteMoE's): fewer draws, for what
+# they add around it (their attention, windows, dense layers); Param2-MoE and Sarvam-MoE run GLM-4.5's
+# classes: one draw each
+FEWER_SEEDS = {
+    "dots1": range(2),
+    "exaone_moe": range(2),
+    "flex_olmo": range(2),
+    "solar_open": range(2),
+    "mellum": range(2),
+    "granitemoe_swa": range(2),
+    "param2moe": range(1),
+    "sarvam_moe": range(1),
+}
 PROMPT = 19
 BLOCK = 4
 

@@ -115,6 +115,19 @@ CASES = [
     ("exaone_moe", {"layer_types": [FULL, FULL, FULL]}),
     ("dots1", {}),
     ("dots1", {"sliding_window": 5, "layer_types": None, "max_window_layers": 1}),
+    ("param2moe", {"set_sliding_window": 64}),  # no layer of GLM-4.5's kin applies one
+    ("sarvam_moe", {}),
+    ("solar_open", {"set_sliding_window": 64}),
+    ("mellum", {}),  # sliding, full, sliding; window 4; a RoPE table each
+    ("mellum", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
+    # Cohere 2-MoE: dense full layer 0 (RoPE: prefix pattern 1), sliding (RoPE), full (NoPE); then a dense
+    # sliding layer 0 and NoPE full layer 1 (prefix pattern 2)
+    # Granite SWA: full (RoPE 10000), sliding (NoPE), sliding (RoPE 100); window 4; sinks on every layer
+    ("granite_swa", {}),
+    ("granite_swa", {"sliding_window": 5, "layer_types": [SLIDING, FULL, SLIDING], "layer_rope_theta": None}),
+    ("granitemoe_swa", {"layer_rope_theta": [0, 0, 0]}),  # every layer NoPE
+    ("cohere2_moe", {}),
+    ("cohere2_moe", {"sliding_window": 5, "layer_types": [SLIDING, FULL, SLIDING], "num_shared_experts": 0}),
     ("olmo", {"set_sliding_window": 64}),  # no layer of these applies one
     ("cohere", {"set_sliding_window": 64}),
     ("glm", {}),

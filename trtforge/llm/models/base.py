@@ -67,6 +67,9 @@ STYLES: dict[tuple[str, ...], str] = {
     "after attention and MLP, sliding and full layers with a RoPE base each, soft-capped final logits",
     ("olmo2",): "OLMo 2: RMSNorm after attention and MLP, whole-projection q/k norms",
     ("granite",): "Granite 3.x: Llama with embedding, residual, attention and logits multipliers",
+    ("granite_swa", "granitemoe_swa"): "Granite SWA / GraniteMoeSWA: Granite's and GraniteMoeShared's layers "
+    "with sliding and full layers by layer_types, attention sinks, a RoPE base per layer (layer_rope_theta; "
+    "0: NoPE)",
     ("hyperclovax",): "HyperCLOVA X: Granite's multipliers, norms after attention and MLP (use_post_norm), "
     "logits multiplied by logits_scaling",
     ("stablelm",): "StableLM-2 / stable-code: LayerNorm, partial RoPE, optional per-head q/k LayerNorm "
@@ -107,15 +110,23 @@ STYLES: dict[tuple[str, ...], str] = {
     ("glm4_moe",): "GLM-4.5: partial RoPE, q/k/v biases, optional per-head q/k norms, sparse MoE MLPs routed "
     "by sigmoid scores with e_score_correction_bias over expert groups (n_group, topk_group), scaled by "
     "routed_scaling_factor, an ungated shared MLP, dense first layers (first_k_dense_replace)",
+    ("param2moe", "sarvam_moe"): "Param2-MoE / Sarvam-MoE: GLM-4.5's model (Glm4MoeForCausalLM) under "
+    "configs of their own (the whole head rotated, q/k norms on by default)",
+    ("solar_open",): "Solar Open: Llama's attention, GLM-4.5's sparse MoE MLPs and shared MLP on every layer",
     ("exaone_moe",): "K-EXAONE: EXAONE 4's attention (per-head q/k norms, sliding layers with RoPE and full "
     "layers without) in a pre-norm block, GLM-4.5's sparse MoE MLPs, dense layers by mlp_layer_types",
     ("flex_olmo",): "FlexOLMo: OLMo 2's layers (whole-projection q/k norms, norms after attention and MLP) "
     "with sparse MoE MLPs routed as OLMoE's",
+    ("mellum",): "Mellum: Qwen3-MoE's attention and sparse MoE MLPs, windows by layer_types with a RoPE "
+    "table each, dense layers by mlp_layer_types",
     ("dots1",): "dots.llm1: Qwen3's attention with per-head q/k norms and windows by layer_types, GLM-4.5's "
     "sparse MoE MLPs",
     ("granitemoe", "granitemoeshared"): "GraniteMoE / GraniteMoeShared: Granite's multipliers, sparse MoE "
     "MLPs routed by a softmax over the top-k router logits; GraniteMoeShared's ungated shared MLP beside "
     "them",
+    ("cohere2_moe",): "Cohere 2-MoE: Cohere 2's parallel block and windows, sparse MoE MLPs routed by a "
+    "softmax or a sigmoid over the top-k router logits, shared experts added or averaged, dense layers by "
+    "mlp_layer_types",
     ("gpt_oss",): "gpt-oss (dequantized from MXFP4 on load): attention sinks, sliding and full layers, YaRN "
     "rotary, q/k/v/o biases, sparse MoE MLPs (biased router, top-k then softmax, biased experts with a "
     "clamped SwiGLU)",
@@ -133,8 +144,8 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "image tokens); only its text model is supported: load a text-only Gemma 3 checkpoint (gemma-3-270m, "
     "gemma-3-1b; model_type 'gemma3_text') with Gemma3ForCausalLM.",
     # mixture-of-experts families beside the supported ones (mixtral, qwen2_moe, qwen3_moe, olmoe, granitemoe,
-    # granitemoeshared, gpt_oss, hunyuan_v1_moe, ernie4_5_moe, glm4_moe, dots1, flex_olmo, exaone_moe),
-    # refused for what sets them apart
+    # granitemoeshared, gpt_oss, hunyuan_v1_moe, ernie4_5_moe, glm4_moe, param2moe, sarvam_moe, solar_open,
+    # dots1, flex_olmo, exaone_moe, mellum, cohere2_moe, granitemoe_swa), refused for what sets them apart
     "phimoe": "PhiMoE (Phi-3.5-MoE) routes by SparseMixer: in eval mode the top expert and then the second, "
     "each weighted by a softmax over only the logits within 2 x router_jitter_noise (relative) of it, which "
     "no SparseMoe routing computes yet; and Phi-3.5-MoE's rotary is LongRoPE, whose tables switch with the "
@@ -157,6 +168,10 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "and norms each head group, which trtforge's attention does not compute.",
     "ministral3": "Ministral 3 scales each query by its position (1 + llama_4_scaling_beta * log(1 + "
     "floor(position / original_max_position_embeddings))), which trtforge's attention does not apply.",
+    "bitnet": "BitNet b1.58's checkpoints hold ternary weights (packed 2 bits a weight with a scale, or BF16 "
+    "master weights that transformers' AutoBitLinear quantizes online) and quantize every projection's input "
+    "to 8 bits per token (transformers' BitLinear), which trtforge's projections do not compute; its "
+    "checkpoints run as trained only through those quantized layers.",
 }
 # families whose attention applies no sliding window or chunk, whatever the config says
 UNWINDOWED = (
@@ -188,6 +203,9 @@ UNWINDOWED = (
     "hunyuan_v1_moe",
     "ernie4_5_moe",
     "glm4_moe",
+    "param2moe",
+    "sarvam_moe",
+    "solar_open",
     "flex_olmo",
     "apertus",
     "internlm3",
@@ -220,6 +238,10 @@ PER_LAYER_TYPES = (
     "vaultgemma",
     "dots1",
     "exaone_moe",
+    "mellum",
+    "cohere2_moe",
+    "granite_swa",
+    "granitemoe_swa",
 )
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -352,13 +374,13 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     - mistral, phi3, starcoder2, mixtral, qwen3_moe: ``config.sliding_window`` on every layer, or none
       when it is null (their forward ignores ``layer_types``);
     - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe, gpt_oss,
-      cwm, vaultgemma, dots1, exaone_moe: the window on the layers ``config.layer_types`` marks
-      "sliding_attention" (CWM's config marks 3 of 4 by default, VaultGemma's every other; qwen's config
-      builds those from
-      ``use_sliding_window`` and ``max_window_layers``; with ``use_sliding_window`` false it nulls
-      ``sliding_window``, Qwen2-MoE's sets it to 0, read as null. SmolLM3's marks its NoPE layers when
-      ``use_sliding_window`` is set; its eager and SDPA masks then follow ``layer_types`` and
-      ``sliding_window`` alone, as this rule does).
+      cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe, granite_swa, granitemoe_swa: the window on
+      the layers ``config.layer_types`` marks "sliding_attention" (CWM's config marks 3 of 4 by default,
+      VaultGemma's every other, Granite SWA's 3 of 4; qwen's config builds those from ``use_sliding_window``
+      and ``max_window_layers``; with
+      ``use_sliding_window`` false it nulls ``sliding_window``, Qwen2-MoE's sets it to 0, read as null.
+      SmolLM3's marks its NoPE layers when ``use_sliding_window`` is set; its eager and SDPA masks then
+      follow ``layer_types`` and ``sliding_window`` alone, as this rule does).
     UserError where transformers' forward would fail or attend to nothing: a sliding layer without a
     window, an unknown layer type, a window below 1.
     """
@@ -610,6 +632,13 @@ class DecoderAdapter(ABC):
     @abstractmethod
     def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
         """Layer i's output from its input `x` and the attention output ``[..., heads * D]``."""
+
+    def _read_sinks(self) -> None:
+        """Each layer's attention sinks (:attr:`sinks`) from its attention module's ``sinks`` parameter,
+        float32 (the parameter's values; BF16 ones exactly): gpt-oss's, and Granite SWA's, whose eager
+        attention scales each output row by ``sigmoid(logsumexp(scores) - sink)``, the share the sink
+        column leaves the keys."""
+        self.sinks = [self.attention(i).sinks.detach().float().contiguous() for i in range(self.num_layers)]
 
     def cannot_run(self) -> str:
         """The start of a refusal of this model: who cannot run which model (``"--generate cannot run this

@@ -5,19 +5,20 @@ Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, 
 seed_oss, arcee, exaone, iquestcoder, cwm, jais2), GPT-2 and its relatives GPT-Neo and GPT-BigCode
 (:mod:`.gpt2`), OPT (:mod:`.opt`) and its fairseq relatives BioGPT and XGLM (:mod:`.fairseq`), GPT-NeoX
 (:mod:`.gpt_neox`), Phi (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 and VaultGemma (:mod:`.gemma2`), Gemma
-3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1 (:mod:`.olmo`), Granite and
-HyperCLOVA X (:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`), Cohere 1 / 2
-(:mod:`.cohere`), GLM, GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon
+3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1 (:mod:`.olmo`), Granite,
+Granite SWA and HyperCLOVA X (:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`),
+Cohere 1 / 2 (:mod:`.cohere`), GLM, GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon
 (:mod:`.nemotron`), HunYuan dense, Apertus and NanoChat (:mod:`.hunyuan`) (Phi and these share :mod:`.rope`
 with Llama-style, which also runs InternLM3, Seed-OSS, Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2),
 GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon (:mod:`.falcon`: rotary, and
 falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two with ALiBi position biases, and
-the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4.5, dots.llm1 and K-EXAONE
-(:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE and GraniteMoeShared (:mod:`.granite`), HunYuan-MoE
-(:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its MoE
-MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family checks, windows, attention soft-caps,
-ALiBi slopes, attention sinks) live in :mod:`.base`, the rotary variants (interleaved, float32, NoPE layers, a
-table per layer type) in :mod:`.rotary`.
+the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, Mellum, OLMoE, GLM-4.5 (and
+Param2-MoE, Sarvam-MoE and Solar Open on its MoE MLPs), dots.llm1 and K-EXAONE (:mod:`.mixtral`), FlexOLMo
+(:mod:`.olmo2`), GraniteMoE, GraniteMoeShared and GraniteMoeSWA (:mod:`.granite`), HunYuan-MoE
+(:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`), and gpt-oss (:mod:`.gpt_oss`:
+attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family checks,
+windows, attention soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`, the rotary variants
+(interleaved, float32, NoPE layers, a table per layer type or RoPE base) in :mod:`.rotary`.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from trtforge.llm.models.base import (
     sliding_windows,
 )
 from trtforge.llm.models.bloom import BloomStyle
-from trtforge.llm.models.cohere import Cohere2Style, CohereStyle
+from trtforge.llm.models.cohere import Cohere2MoeStyle, Cohere2Style, CohereStyle
 from trtforge.llm.models.fairseq import BioGptStyle, XglmStyle
 from trtforge.llm.models.falcon import FalconStyle
 from trtforge.llm.models.gemma import GemmaStyle
@@ -47,17 +48,28 @@ from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
 from trtforge.llm.models.gpt_neox import GptNeoXStyle
 from trtforge.llm.models.gpt_oss import GptOssStyle
 from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
-from trtforge.llm.models.granite import GraniteMoeSharedStyle, GraniteMoeStyle, GraniteStyle, HyperClovaXStyle
+from trtforge.llm.models.granite import (
+    GraniteMoeSharedStyle,
+    GraniteMoeStyle,
+    GraniteMoeSwaStyle,
+    GraniteStyle,
+    GraniteSwaStyle,
+    HyperClovaXStyle,
+)
 from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle, HunYuanMoeStyle, NanoChatStyle
 from trtforge.llm.models.llama import LlamaStyle
 from trtforge.llm.models.mixtral import (
     Dots1Style,
     ExaoneMoeStyle,
     Glm4MoeStyle,
+    MellumStyle,
     MixtralStyle,
     OlmoeStyle,
+    Param2MoeStyle,
     Qwen2MoeStyle,
     Qwen3MoeStyle,
+    SarvamMoeStyle,
+    SolarOpenStyle,
 )
 from trtforge.llm.models.mpt import MptStyle
 from trtforge.llm.models.nemotron import NemotronStyle, PersimmonStyle
@@ -85,6 +97,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "gemma3_text": Gemma3Style,
     "olmo2": Olmo2Style,
     "granite": GraniteStyle,
+    "granite_swa": GraniteSwaStyle,
     "hyperclovax": HyperClovaXStyle,
     "stablelm": StableLmStyle,
     "smollm3": SmolLM3Style,
@@ -111,13 +124,19 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "olmoe": OlmoeStyle,
     "granitemoe": GraniteMoeStyle,
     "granitemoeshared": GraniteMoeSharedStyle,
+    "granitemoe_swa": GraniteMoeSwaStyle,
     "gpt_oss": GptOssStyle,
     "hunyuan_v1_moe": HunYuanMoeStyle,
     "ernie4_5_moe": Ernie45MoeStyle,
     "glm4_moe": Glm4MoeStyle,
+    "param2moe": Param2MoeStyle,
+    "sarvam_moe": SarvamMoeStyle,
+    "solar_open": SolarOpenStyle,
     "dots1": Dots1Style,
     "flex_olmo": FlexOlmoStyle,
     "exaone_moe": ExaoneMoeStyle,
+    "mellum": MellumStyle,
+    "cohere2_moe": Cohere2MoeStyle,
     "bloom": BloomStyle,
     "mpt": MptStyle,
 }
@@ -138,6 +157,7 @@ __all__ = [
     "BioGptStyle",
     "BloomStyle",
     "CodeGenStyle",
+    "Cohere2MoeStyle",
     "Cohere2Style",
     "CohereStyle",
     "DecoderAdapter",
@@ -163,12 +183,15 @@ __all__ = [
     "GptOssStyle",
     "GraniteMoeSharedStyle",
     "GraniteMoeStyle",
+    "GraniteMoeSwaStyle",
     "GraniteStyle",
+    "GraniteSwaStyle",
     "HeliumStyle",
     "HunYuanDenseStyle",
     "HunYuanMoeStyle",
     "HyperClovaXStyle",
     "LlamaStyle",
+    "MellumStyle",
     "MixtralStyle",
     "MptStyle",
     "NanoChatStyle",
@@ -178,11 +201,14 @@ __all__ = [
     "OlmoStyle",
     "OlmoeStyle",
     "OptStyle",
+    "Param2MoeStyle",
     "PersimmonStyle",
     "PhiStyle",
     "Qwen2MoeStyle",
     "Qwen3MoeStyle",
+    "SarvamMoeStyle",
     "SmolLM3Style",
+    "SolarOpenStyle",
     "StableLmStyle",
     "VaultGemmaStyle",
     "XglmStyle",

@@ -57,5 +57,4 @@ class GptOssStyle(RopeStyle):
             routing="topk_softmax",
             float32_router=False,
         )
-        #: each layer's sink logits, float32 [num_heads] (the parameter's values; BF16 ones exactly)
-        self.sinks = [layer.self_attn.sinks.detach().float().contiguous() for layer in self.layers]
+        self._read_sinks()

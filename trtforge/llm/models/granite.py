@@ -15,8 +15,16 @@ divided by ``logits_scaling``. No window. HyperCLOVA X (``model_type`` "hyperclo
   (``shared_mlp``, ``shared_intermediate_size`` wide; none at 0) on the same input, added to the experts'
   sum before the residual multiplier.
 
+- ``granite_swa`` (``GraniteSWAForCausalLM``, granite-swash) and ``granitemoe_swa``
+  (``GraniteMoeSWAForCausalLM``): Granite's and GraniteMoeShared's layers with sliding and full layers by
+  ``layer_types`` (every 4th full by default), a learned sink logit per head on every layer (transformers'
+  eager attention scales each output row by ``sigmoid(logsumexp(scores) - sink)``: the adapter's
+  ``sinks``, as gpt-oss's), and each layer's RoPE base from ``layer_rope_theta`` (a rotary module per
+  base in the body's ``rotary_embs``; 0: a NoPE layer).
+
 Not Llama-style: the fused CUDA layers and quantization refuse the MoE models by name; tensor parallelism
-splits dense Granite (:mod:`.rotary`) and refuses the MoE MLPs (the experts have no split yet).
+splits dense Granite (:mod:`.rotary`) and refuses the MoE MLPs (the experts have no split yet) and the
+attention sinks.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from torch import Tensor, nn
 
 from trtforge.llm.models.moe import moe_layers
 from trtforge.llm.models.rope import RopeStyle
+from trtforge.llm.models.rotary import PerTypeRotary, RotaryTables
 
 
 class GraniteStyle(RopeStyle):
@@ -69,6 +78,38 @@ class GraniteMoeSharedStyle(GraniteMoeStyle):
     """GraniteMoeShared: GraniteMoE's layers with the ungated ``shared_mlp`` beside the experts."""
 
     family = "granitemoeshared"
+
+
+class GraniteSwaStyle(PerTypeRotary, GraniteStyle):
+    """Granite SWA (see the module docstring): Granite's scaled branches with windows, attention sinks and a
+    rotary table per RoPE base (:class:`~.rotary.PerTypeRotary` keyed by ``layer_rope_theta``)."""
+
+    family = "granite_swa"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        self._read_sinks()
+
+    def _use_rotary(self, rotary_emb: nn.Module) -> None:
+        """Each layer's tables from the body's rotary module of its ``layer_rope_theta`` (transformers builds
+        one per nonzero base, each from a config copy with that ``rope_theta``; the body's ``rotary_emb`` is
+        unused); a layer of base 0 is NoPE."""
+        modules = {float(m.config.rope_parameters["rope_theta"]): m for m in self.body.rotary_embs}
+        thetas = [float(t) for t in self.config.layer_rope_theta[: self.num_layers]]
+        self.layer_types = [f"rope_theta={t}" if t else None for t in thetas]
+        self._use_tables(
+            {
+                f"rope_theta={t}": RotaryTables(self.model, modules[t], self.user, config=modules[t].config)
+                for t in sorted(set(thetas))
+                if t
+            }
+        )
+
+
+class GraniteMoeSwaStyle(GraniteSwaStyle, GraniteMoeStyle):
+    """GraniteMoeSWA: Granite SWA's attention around GraniteMoeShared's MoE MLPs."""
+
+    family = "granitemoe_swa"
 
 
 class HyperClovaXStyle(GraniteStyle):

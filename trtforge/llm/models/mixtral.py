@@ -20,6 +20,12 @@ formulations).
   ``topk_group`` best of ``n_group`` expert groups, weighted by the unbiased scores, renormalized by
   ``norm_topk_prob`` (the sum plus 1e-20), times ``routed_scaling_factor``, kept in float32; an ungated
   shared MLP (``shared_experts``, ``n_shared_experts`` experts wide) added to the experts' sum. No window.
+- ``param2moe`` (Param2-17B-A2.4B) and ``sarvam_moe`` (Sarvam-30B): GLM-4.5's classes (transformers maps
+  both to ``Glm4MoeForCausalLM``) under configs of their own, whose defaults rotate the whole head and turn
+  the q/k norms on: GLM-4.5's adapter as it is.
+- ``solar_open`` (``SolarOpenForCausalLM``, Solar-Open-100B): Llama's attention (no q/k norms; q/k/v biases
+  by ``attention_bias``, none on o_proj; rotary over ``partial_rotary_factor`` of the head, the whole head
+  by default) with GLM-4.5's router and shared experts on every layer (no dense layers). No window.
 - ``dots1`` (``Dots1ForCausalLM``, rednote's dots.llm1): Qwen3's attention (per-head q/k RMSNorms before a
   whole-head RoPE, q/k/v/o biases by ``attention_bias``), windows by ``layer_types`` (its config builds
   them from ``sliding_window`` and ``max_window_layers``), GLM-4.5's routing, shared experts and dense
@@ -28,6 +34,10 @@ formulations).
   (per-head q/k RMSNorms before RoPE; sliding and full layers by ``layer_types``, and with a
   ``sliding_window`` set only the sliding layers rotate, the full ones are NoPE), GLM-4.5's routing and
   shared experts, dense layers by ``mlp_layer_types`` (``first_k_dense_replace`` builds it).
+- ``mellum`` (``MellumForCausalLM``, JetBrains' Mellum 2): Qwen3-MoE's attention (per-head q/k RMSNorms
+  before RoPE), routing and MoE blocks in Laguna's pre-norm layer: windows by ``layer_types``, a rotary
+  table per layer type (each from its type's ``config.rope_parameters`` entry, with its own
+  ``partial_rotary_factor``), dense layers by ``mlp_layer_types``.
 
 Not Llama-style (:class:`~trtforge.llm.models.llama.LlamaStyle`): the fused CUDA layers and quantization
 refuse these models by name; tensor parallelism refuses their MoE MLPs (the experts have no split yet).
@@ -39,6 +49,7 @@ from torch import Tensor, nn
 
 from trtforge.llm.models.moe import moe_layers
 from trtforge.llm.models.rope import RopeStyle, project_qkv
+from trtforge.llm.models.rotary import PerTypeRotary
 
 
 class MixtralStyle(RopeStyle):
@@ -78,6 +89,13 @@ class Qwen3MoeStyle(Qwen2MoeStyle):
         q, k, v = super().qkv(i, x)
         attn = self.layers[i].self_attn
         return attn.q_norm(q), attn.k_norm(k), v
+
+
+class MellumStyle(PerTypeRotary, Qwen3MoeStyle):
+    """Mellum (see the module docstring): Qwen3-MoE's layers under :class:`~.rotary.PerTypeRotary`'s
+    tables, one pair per layer type."""
+
+    family = "mellum"
 
 
 class OlmoeStyle(Qwen2MoeStyle):
@@ -141,3 +159,21 @@ class ExaoneMoeStyle(Glm4MoeStyle):
     def rotates(self, i: int) -> bool:
         """transformers' ``ExaoneMoeAttention``: every layer without a window, else the sliding ones only."""
         return self.config.sliding_window is None or self.windows[i] is not None
+
+
+class SolarOpenStyle(Glm4MoeStyle):
+    """Solar Open (see the module docstring): Llama's attention around GLM-4.5's MoE MLPs."""
+
+    family = "solar_open"
+
+
+class Param2MoeStyle(Glm4MoeStyle):
+    """Param2-MoE (see the module docstring): GLM-4.5's model under a config of its own."""
+
+    family = "param2moe"
+
+
+class SarvamMoeStyle(Glm4MoeStyle):
+    """Sarvam-MoE (see the module docstring): GLM-4.5's model under a config of its own."""
+
+    family = "sarvam_moe"

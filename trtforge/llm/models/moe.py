@@ -2,19 +2,22 @@
 model's own MLP module) or "moe" (:class:`SparseMoe`: a router picks ``top_k`` of ``num_experts`` gated
 experts per token and sums their outputs by the routing weights; a shared expert beside them is added to their
 sum: Qwen2-MoE's behind a sigmoid gate, GraniteMoeShared's, HunYuan-MoE's, ERNIE 4.5-MoE's, GLM-4.5's and
-dots.llm1's ungated). The adapters (:mod:`.mixtral`, :mod:`.granite`, :mod:`.hunyuan`, :mod:`.glm`) find each
-layer's kind and call :meth:`SparseMoe.forward`.
+dots.llm1's ungated; Cohere 2-MoE's ungated and averaged with it where its config says "average"). The
+adapters (:mod:`.mixtral`, :mod:`.granite`, :mod:`.hunyuan`, :mod:`.glm`, :mod:`.cohere`) find each layer's
+kind and call :meth:`SparseMoe.forward`.
 
 Routing, as transformers 5's ``*TopKRouter`` modules compute it (the block's router: ``gate``, or ``router``
 in GraniteMoE; its weight the router's own, or its ``wg`` Linear in HunYuan-MoE), router logits in the router
 weight's dtype (the model's, or HunYuan-MoE's float32 ``wg``; ``float32_logits``: from a float32 input and
-weight whatever their dtype, as ERNIE 4.5-MoE and GLM-4.5 force), then one of three orders (`ROUTINGS`):
+weight whatever their dtype, as ERNIE 4.5-MoE and GLM-4.5 force), then one of four orders (`ROUTINGS`):
 
 - ``softmax_topk`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, FlexOLMo, HunYuan-MoE, ERNIE 4.5-MoE): a float32
   softmax over the experts, top-k of the probabilities, renormalized to sum 1 over the k picked where the
   family does (Mixtral, HunYuan-MoE, ERNIE 4.5-MoE always; the others by ``norm_topk_prob``);
-- ``topk_softmax`` (GraniteMoE): top-k of the float32 logits, then a softmax over those k only (gpt-oss: of
-  the logits in the model's dtype, its router's ``float32_router`` False);
+- ``topk_softmax`` (GraniteMoE, Cohere 2-MoE's "softmax"): top-k of the float32 logits, then a softmax over
+  those k only (gpt-oss: of the logits in the model's dtype, its router's ``float32_router`` False);
+- ``topk_sigmoid`` (Cohere 2-MoE's "sigmoid" ``expert_selection_fn``): top-k of the logits, then a sigmoid of
+  each of those k, in the logits' dtype unless ``float32_router``, renormalized by ``norm_topk_prob``;
 - ``sigmoid_topk`` (GLM-4.5, dots.llm1, K-EXAONE): a sigmoid of each float32 logit, top-k of the scores,
   renormalized by ``norm_topk_prob``.
 
@@ -70,7 +73,7 @@ from trtforge.errors import UserError
 
 FORMULATIONS = ("grouped", "dense", "fused")
 #: the routing orders (see the module docstring)
-ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk")
+ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk", "topk_sigmoid")
 #: the expert weight layouts: transformers 5's plain fused one, gpt-oss's (see the module docstring)
 LAYOUTS = ("plain", "gpt_oss")
 
@@ -105,8 +108,10 @@ class SparseMoe:
     `renormalize`: the top-k probabilities divided by their sum; `float32_weights`: the routing weights
     stay float32 (Mixtral) rather than the model's dtype; `routing`: one of `ROUTINGS`; `shared`: an
     ungated shared expert beside the block (GraniteMoeShared's ``shared_mlp``; a block's own
-    ``shared_expert`` / ``shared_experts`` / ``shared_mlp`` is found by itself); `float32_router` False:
-    ``topk_softmax`` in the logits' dtype (gpt-oss's router). `float32_logits`, `selection_bias`,
+    ``shared_expert`` / ``shared_experts`` / ``shared_mlp`` is found by itself); `shared_average`: the
+    experts' sum and the shared expert's output averaged, not added (Cohere 2-MoE's "average"
+    ``shared_expert_combination_strategy``); `float32_router` False: ``topk_softmax`` / ``topk_sigmoid`` in
+    the logits' dtype (gpt-oss's router, Cohere 2-MoE's sigmoid). `float32_logits`, `selection_bias`,
     `expert_groups` (``(n_group, topk_group)``), `scale`, `norm_eps`, `norm_min`: the module docstring's
     options. `where` names the model in errors."""
 
@@ -119,6 +124,7 @@ class SparseMoe:
         where: str,
         routing: str = "softmax_topk",
         shared: nn.Module | None = None,
+        shared_average: bool = False,
         float32_router: bool = True,
         float32_logits: bool = False,
         selection_bias: bool = False,
@@ -176,6 +182,7 @@ class SparseMoe:
         self.shared = own if shared is None else shared
         self.shared_gate = getattr(block, "shared_expert_gate", None) if shared is None else None
         self.shared_size: int | None = None
+        self.shared_average = bool(shared_average) and self.shared is not None
         if self.shared is not None:
             down_proj = getattr(self.shared, "down_proj", None)
             down_proj = self.shared.output_linear if down_proj is None else down_proj
@@ -191,6 +198,7 @@ class SparseMoe:
             "float32_weights": self.float32_weights,
             "routing": self.routing,
             "shared_expert_size": self.shared_size,
+            "shared_average": self.shared_average,
             "layout": self.layout,
             "selection_bias": self.bias_owner is not None,
             "expert_groups": None if self.expert_groups is None else list(self.expert_groups),
@@ -205,9 +213,9 @@ class SparseMoe:
             logits = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
         else:
             logits = F.linear(x.to(weight.dtype), weight, bias)
-        if self.routing == "topk_softmax":
+        if self.routing in ("topk_softmax", "topk_sigmoid"):
             top, experts = torch.topk(logits.float() if self.float32_router else logits, self.top_k, dim=-1)
-            weights = torch.softmax(top, dim=-1)
+            weights = torch.softmax(top, dim=-1) if self.routing == "topk_softmax" else torch.sigmoid(top)
         else:
             if self.routing == "sigmoid_topk":
                 scores = torch.sigmoid(logits.float())
@@ -265,6 +273,8 @@ class SparseMoe:
             out = self._grouped(flat, weights, experts)
         if self.shared_gate is not None:
             out = out + torch.sigmoid(self.shared_gate(flat)) * self.shared(flat)
+        elif self.shared_average:
+            out = (out + self.shared(flat)) / 2
         elif self.shared is not None:
             out = out + self.shared(flat)
         return out.reshape(x.shape)
@@ -385,7 +395,8 @@ def moe_layers(
     ``decoder_sparse_step`` make some): the layer's attribute `block` (``mlp``; GraniteMoE's
     ``block_sparse_moe``), with the layer's attribute `shared` as an ungated shared expert where set and
     not None (GraniteMoeShared's ``shared_mlp``); `float32_router` and `options` (the routing options:
-    ``float32_logits``, ``selection_bias``, ``expert_groups``, ``scale``, ``norm_eps``, ``norm_min``):
+    ``float32_logits``, ``selection_bias``, ``expert_groups``, ``scale``, ``norm_eps``, ``norm_min``,
+    ``shared_average``):
     :class:`SparseMoe`'s."""
     return [
         SparseMoe(

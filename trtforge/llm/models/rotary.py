@@ -4,7 +4,7 @@ on: :mod:`.rope`'s (Llama-style, Gemma, OLMo, Granite, StableLM, SmolLM3, Phi, C
 :mod:`.gpt_neox` and :mod:`.falcon` (GPT-J and CodeGen index a fixed table instead: :mod:`.gptj`). Its class
 attributes are the rotary variants the families differ in, one place for all: interleaved channel pairs,
 float32 tables, float32 rotation, NoPE layers (:meth:`RotaryDecoder.rotates`); :class:`PerTypeRotary` keeps
-a table per layer type (Gemma 3, OLMo 3).
+a table per layer type (Gemma 3, OLMo 3, Mellum) or per layer's base (Granite SWA's ``layer_rope_theta``).
 
 Partial rotary needs nothing here: the module's ``inv_freq`` already covers only the rotated channels,
 and :func:`~trtforge.llm.models.base.apply_rotary` passes the rest through.
@@ -28,7 +28,9 @@ class RotaryTables:
     layer type in a module that keeps one set per type (Gemma 3's and OLMo 3's ``{type}_inv_freq`` buffers,
     their ``rope_type`` and ``config.rope_parameters`` keyed by type). `interleaved`: each frequency
     repeated twice in place (``c0, c0, c1, c1, ...``: the rotary of GLM, Cohere, Helium and ERNIE 4.5,
-    which rotate channel pairs (0, 1), (2, 3), ...), not the two halves ``c0, c1, ..., c0, c1, ...``."""
+    which rotate channel pairs (0, 1), (2, 3), ...), not the two halves ``c0, c1, ..., c0, c1, ...``.
+    `config`: the config the module was built from where it is not the model's (Granite SWA's modules, a
+    copy each with its own ``rope_theta``)."""
 
     def __init__(
         self,
@@ -37,8 +39,10 @@ class RotaryTables:
         user: str,
         layer_type: str | None = None,
         interleaved: bool = False,
+        config: Any = None,
     ) -> None:
-        self.config, self.module, self.layer_type = model.config, rotary_emb, layer_type
+        self.config = model.config if config is None else config
+        self.module, self.layer_type = rotary_emb, layer_type
         self.interleaved = interleaved
         self._prefix = "" if layer_type is None else f"{layer_type}_"
         rope_type = getattr(rotary_emb, "rope_type", "default")
@@ -176,20 +180,32 @@ class RotaryDecoder(DecoderAdapter):
 
 
 class PerTypeRotary(RotaryDecoder):
-    """A rotary decoder whose module keeps one set of tables per layer type (Gemma 3 text, OLMo 3: a
-    ``{type}_inv_freq`` each, from its type's ``config.rope_parameters`` entry): :meth:`rotary` returns
-    ``{layer type: (cos, sin)}`` and :meth:`rotate` picks layer i's by ``config.layer_types``. Put first
-    among the bases, before the family's own adapter."""
+    """A rotary decoder whose layers rotate by one of several sets of tables: by default one per layer type
+    (Gemma 3 text, OLMo 3, Mellum: the module's ``{type}_inv_freq`` each, from its type's
+    ``config.rope_parameters`` entry); :meth:`rotary` returns ``{key: (cos, sin)}`` and :meth:`rotate` picks
+    layer i's by :attr:`layer_types` (a family that keys its tables otherwise sets both in
+    :meth:`_use_rotary`: Granite SWA's per-layer bases). Put first among the bases, before the family's own
+    adapter."""
 
-    layer_types: list[str]
+    #: each layer's key into :attr:`ropes` (its layer type by default; None: a NoPE layer)
+    layer_types: list[str | None]
+    ropes: dict[str, RotaryTables]
 
     def _use_rotary(self, rotary_emb: nn.Module) -> None:
         """One :class:`RotaryTables` per layer type of the model, from the module's tables of that type
         (each UserError for a type no step can match, e.g. longrope)."""
         self.layer_types = list(self.config.layer_types[: self.num_layers])
         types = sorted(set(self.layer_types))
-        self.ropes = {t: RotaryTables(self.model, rotary_emb, self.user, layer_type=t) for t in types}
-        self.dynamic = any(r.dynamic for r in self.ropes.values())
+        self._use_tables({t: RotaryTables(self.model, rotary_emb, self.user, layer_type=t) for t in types})
+
+    def _use_tables(self, ropes: dict[str, RotaryTables]) -> None:
+        """Keep `ropes` (the tables by key); dynamic where any of them is."""
+        self.ropes = ropes
+        self.dynamic = any(r.dynamic for r in ropes.values())
+
+    def rotates(self, i: int) -> bool:
+        """Layer i rotates unless it has no tables (None in :attr:`layer_types`)."""
+        return self.layer_types[i] is not None and super().rotates(i)
 
     @property
     def spec(self) -> DecoderSpec:
@@ -201,7 +217,8 @@ class PerTypeRotary(RotaryDecoder):
 
     @property
     def max_length(self) -> int:
-        return max(r.max_length for r in self.ropes.values())
+        trained = int(self.config.max_position_embeddings)  # (every layer NoPE: the trained length)
+        return max((r.max_length for r in self.ropes.values()), default=trained)
 
     def rotary(  # type: ignore[override]
         self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
@@ -217,5 +234,6 @@ class PerTypeRotary(RotaryDecoder):
         return {t: over_heads(pair) for t, pair in rope.items()}
 
     def rotate(self, i: int, q: Tensor, k: Tensor, rope: Any) -> tuple[Tensor, Tensor]:
-        """q and k rotated by the tables of layer i's type."""
-        return super().rotate(i, q, k, None if rope is None else rope[self.layer_types[i]])
+        """q and k rotated by the tables of layer i's key (as they are on a NoPE layer)."""
+        key = self.layer_types[i]
+        return super().rotate(i, q, k, None if rope is None or key is None else rope[key])
