@@ -179,6 +179,10 @@ def test_gpu_a_captured_moe_layer_follows_the_routing_of_each_replay(family):
         "dots1",
         "flex_olmo",
         "exaone_moe",
+        "cohere2_moe",
+        "mellum",
+        "solar_open",
+        "granitemoe_swa",
     ],
 )
 def test_gpu_graph_decode_of_moe_models_matches_eager_and_grouped(monkeypatch, family):
