@@ -40,6 +40,8 @@ if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
 
 import torch
 
+from benchmarks._settings import parse_setting, set_setting
+
 SHAPES = {  # name: (H, I, E, k); names starting "gpt-oss" in gpt-oss's layout
     "mixtral-8x7b": (4096, 14336, 8, 2),
     "qwen3-30b-a3b": (2048, 768, 128, 8),
@@ -313,7 +315,14 @@ def main() -> None:
     ap.add_argument("--configs", type=str, default=None, help="JSON tile table (see the docstring)")
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--shapes", type=str, default=None, help="comma-separated names of SHAPES (default: all)")
+    ap.add_argument(
+        "--set",
+        type=parse_setting,
+        default={},
+        help="module settings for the run, e.g. moe.ALIGN_KERNEL_MAX_PAIRS=0 (benchmarks/_settings.py)",
+    )
     args = ap.parse_args()
+    set_setting(args.set)
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(
@@ -341,6 +350,7 @@ def main() -> None:
         "configs": [
             [f, c.block_m, list(vars(c.up).values()), list(vars(c.down).values())] for f, c in km.MOE_CONFIGS
         ],
+        "settings": {f"{mod}.{name}": repr(value) for (mod, name), value in args.set.items()},
         "layers": [],
     }
     t0 = time.perf_counter()

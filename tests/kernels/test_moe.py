@@ -77,6 +77,35 @@ def test_alignment_matches_the_python_reference(monkeypatch, name, experts, num_
     assert block_expert[: count // block_m].tolist() == blocks
 
 
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_alignment_kernel_gives_the_torch_ops_results(monkeypatch, device):
+    """The one-program alignment (decode-sized calls) against the torch ops, bit for bit: expert counts
+    not a power of two and past one chunk of experts (600: eight pairs a chunk), every block size, pair
+    counts up to the kernel's limit (several chunks, so the running counts carry), skewed and even
+    routings; past the limit, or with more experts than it holds, the torch ops run."""
+    from trtforge.kernels import moe
+
+    skip_unless_runs_here(device)
+    cases = [(1, 8, 128, 16), (3, 2, 6, 4), (64, 8, 128, 64), (128, 8, 128, 128), (256, 4, 600, 16)]
+    cases += [(512, 2, 8, 32), (100, 6, 64, 16)]
+    for n, k, e, bm in cases:
+        for experts in (_routing(n, k, e, seed=n + e, skew=0.3), torch.arange(n * k).reshape(n, k) % e):
+            flat = experts.reshape(-1).to(device)
+            want = moe._align_by_torch(flat, e, bm)
+            got = moe._align_by_kernel(flat, e, bm)
+            count = int(want[2])
+            assert int(got[2]) == count, (n, k, e, bm)
+            assert torch.equal(got[0], want[0]), (n, k, e, bm)
+            assert torch.equal(got[1], want[1]), (n, k, e, bm)
+    calls = []
+    monkeypatch.setattr(moe, "_align_by_kernel", lambda *a: calls.append("kernel") or moe._align_by_torch(*a))
+    moe.align_block_size(_routing(64, 8, 128, seed=0).to(device), 128, 16)
+    moe.align_block_size(_routing(129, 8, 128, seed=0).to(device), 128, 16)
+    moe.align_block_size(_routing(2, 1, 1025, seed=0).to(device), 1025, 16)
+    assert calls == ["kernel"]
+
+
 def test_alignment_sizes_depend_on_n_k_e_and_block_m_only():
     """Every routing of N tokens to k of E experts gets the same output sizes, whose capacity holds the
     padded count of each (random draws, and the worst case: every expert hit one past a whole block)."""
@@ -323,7 +352,8 @@ def test_the_launch_path_reads_nothing_back():
 
     from trtforge.kernels import moe
 
-    for fn in (moe.fused_moe, moe.align_block_size, moe.sorted_capacity, moe.moe_config):
+    launch_path = (moe.fused_moe, moe.align_block_size, moe._align_by_torch, moe._align_by_kernel)
+    for fn in (*launch_path, moe.sorted_capacity, moe.moe_config):
         src = inspect.getsource(fn)
         for banned in (
             ".item(",

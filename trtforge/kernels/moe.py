@@ -7,6 +7,7 @@ A layer's N tokens each pick k of E experts: N * k (token, expert) pairs, pair p
    multiple of BLOCK_M with a sentinel id (N * k), so that every BLOCK_M rows of the sorted list belong to
    one expert. Its outputs have sizes that depend only on N, k, E and BLOCK_M (an upper bound of the
    padded count, :func:`sorted_capacity`); the real padded count stays on the device (a 1-element tensor).
+   Decode-sized calls do it in one Triton program, larger ones in torch ops.
 2. Two launches of one grouped GEMM (:func:`fused_moe`). Its grid is the upper bound of M-blocks times
    the N-blocks; a program whose M-block starts past the real padded count returns at once. A program
    gathers its rows by pair id, multiplies them by its block's expert's weights (stacked ``[E, N, K]``,
@@ -135,8 +136,27 @@ def align_block_size(
     Returns ``sorted_ids`` int32 ``[C]`` (pair ids, C = :func:`sorted_capacity`; past the real padded count
     all sentinels), ``block_expert`` int32 ``[C / block_m]`` (each block's expert; blocks past the real
     count clamped to the last expert, never read) and ``padded`` int32 ``[1]``, the real padded count.
-    Within an expert the pairs keep their order (a stable sort)."""
-    flat = experts.reshape(-1).long()
+    Within an expert the pairs keep their order (a stable sort).
+
+    Decode-sized calls (up to :data:`ALIGN_KERNEL_MAX_PAIRS` pairs, :data:`ALIGN_KERNEL_MAX_EXPERTS`
+    experts) take one Triton program (:func:`_align_kernel`), the others ~15 torch ops: in a CUDA graph each
+    op is a launch, which at one token cost more than the experts' weights take to stream."""
+    flat = experts.reshape(-1)
+    p = flat.numel()
+    if (
+        (flat.is_cuda or interpreting())
+        and 0 < p <= ALIGN_KERNEL_MAX_PAIRS
+        and num_experts <= ALIGN_KERNEL_MAX_EXPERTS
+    ):
+        return _align_by_kernel(flat, num_experts, block_m)
+    return _align_by_torch(flat, num_experts, block_m)
+
+
+def _align_by_torch(
+    flat: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`align_block_size` in torch ops (any size)."""
+    flat = flat.long()
     p, dev = flat.numel(), flat.device
     cap = sorted_capacity(p, num_experts, block_m)
     counts = torch.zeros(num_experts, dtype=torch.long, device=dev)
@@ -151,6 +171,80 @@ def align_block_size(
     starts = torch.arange(0, cap, block_m, device=dev)
     block_expert = torch.searchsorted(ends, starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
     return sorted_ids, block_expert, ends[-1:].to(torch.int32)
+
+
+#: alignments of up to this many pairs run as one Triton program (:func:`_align_kernel`, which walks them
+#: in chunks, twice), larger ones as torch ops; and of up to this many experts (the program holds a row per
+#: expert for each chunk of pairs)
+ALIGN_KERNEL_MAX_PAIRS = 1024
+ALIGN_KERNEL_MAX_EXPERTS = 1024
+
+
+@triton.jit
+def _align_kernel(
+    Experts,
+    SortedIds,
+    BlockExpert,
+    Padded,
+    P,
+    E,
+    CAP,
+    NUM_BLOCKS,
+    BLOCK_M: tl.constexpr,
+    E_POW2: tl.constexpr,
+    CHUNK: tl.constexpr,
+    FILL: tl.constexpr,
+):
+    """One program: count each expert's pairs (a chunk of pairs against every expert at once), pad the
+    counts to BLOCK_M and take their running sums (each expert's segment start), give each block its expert
+    (the first whose segment ends past the block's start, clamped to E - 1), fill the list with the sentinel
+    P, then walk the pairs again, in order, placing each at its expert's start plus the pairs of that expert
+    before it (earlier chunks' running count, this chunk's exclusive cumulative sum): a stable sort."""
+    e_offs = tl.arange(0, E_POW2)
+    counts = tl.zeros([E_POW2], dtype=tl.int32)
+    for start in range(0, P, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        ex = tl.load(Experts + offs, mask=offs < P, other=-1).to(tl.int32)
+        counts += tl.sum((ex[:, None] == e_offs[None, :]).to(tl.int32), axis=0)
+    padded = (counts + (BLOCK_M - 1)) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    tl.store(Padded, tl.sum(padded, axis=0))
+    for b0 in range(0, NUM_BLOCKS, CHUNK):
+        blocks = b0 + tl.arange(0, CHUNK)
+        first = tl.sum((ends[None, :] <= (blocks * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+        tl.store(BlockExpert + blocks, tl.minimum(first, E - 1), mask=blocks < NUM_BLOCKS)
+    for c0 in range(0, CAP, FILL):
+        slots = c0 + tl.arange(0, FILL)
+        tl.store(SortedIds + slots, tl.zeros([FILL], dtype=tl.int32) + P, mask=slots < CAP)
+    tl.debug_barrier()  # every sentinel stored before any pair lands on its slot
+    running = tl.zeros([E_POW2], dtype=tl.int32)
+    for start in range(0, P, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        valid = offs < P
+        ex = tl.load(Experts + offs, mask=valid, other=-1).to(tl.int32)
+        hit = (ex[:, None] == e_offs[None, :]).to(tl.int32)
+        before = tl.cumsum(hit, axis=0) - hit
+        dest = tl.sum(hit * (before + (starts + running)[None, :]), axis=1)
+        tl.store(SortedIds + dest, offs.to(tl.int32), mask=valid)
+        running += tl.sum(hit, axis=0)
+
+
+def _align_by_kernel(
+    flat: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`align_block_size` as one launch of :func:`_align_kernel`."""
+    p, dev = flat.numel(), flat.device
+    cap = sorted_capacity(p, num_experts, block_m)
+    e_pow2 = max(16, triton.next_power_of_2(num_experts))
+    sorted_ids = torch.empty(cap, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(cap // block_m, dtype=torch.int32, device=dev)
+    padded = torch.empty(1, dtype=torch.int32, device=dev)
+    _align_kernel[(1,)](
+        flat.contiguous(), sorted_ids, block_expert, padded, p, num_experts, cap, cap // block_m,
+        BLOCK_M=block_m, E_POW2=e_pow2, CHUNK=max(1, 8192 // e_pow2), FILL=1024, num_warps=4,
+    )  # fmt: skip
+    return sorted_ids, block_expert, padded
 
 
 @triton.jit
