@@ -219,3 +219,15 @@ def test_every_get_route_answers_head():
     assert routes
     for route in routes:
         assert "HEAD" in route.methods or "GET" not in route.methods, route.path
+
+
+def test_a_wrong_method_is_a_405_naming_the_allowed_ones():
+    """RFC 9110: a 405 carries Allow (the handler that rewrites it in OpenAI's schema dropped it)."""
+    from fastapi.testclient import TestClient
+
+    _, app = _app_over_no_model()
+    with TestClient(app) as client:
+        r = client.get("/v1/completions")
+        assert r.status_code == 405 and r.headers["allow"] == "POST"
+        assert r.json()["error"]["code"] == 405
+        assert set(client.post("/health").headers["allow"].split(", ")) == {"GET", "HEAD"}

@@ -521,8 +521,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, e: StarletteHTTPException) -> Response:
-        """Routing errors (404 unknown path, 405 wrong method) in OpenAI's schema too."""
-        return JSONResponse(error_body(e.status_code, str(e.detail)), status_code=e.status_code)
+        """Routing errors (404 unknown path, 405 wrong method) in OpenAI's schema too, with the
+        exception's headers (a 405's Allow, which RFC 9110 requires, names the methods the path takes)."""
+        body = error_body(e.status_code, str(e.detail))
+        return JSONResponse(body, status_code=e.status_code, headers=getattr(e, "headers", None))
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, e: Exception) -> Response:
