@@ -204,7 +204,7 @@ def serve_cmd(
     from trtforge.errors import UserError
     from trtforge.llm import ServingLLM, from_pretrained, load, sizing
     from trtforge.llm.server.run import ServeOptions, _imports, run
-    from trtforge.llm.text import check_text, model_tokenizer, read_chat_template
+    from trtforge.llm.text import check_chat_template, check_text, model_tokenizer, read_chat_template
 
     check_text(model, "MODEL")
     _imports()  # before the model loads: a missing extra is said at once
@@ -229,6 +229,8 @@ def serve_cmd(
         raise UserError(
             f"'{model}' holds no tokenizer; name one with --tokenizer DIR (the server returns text)."
         )
+    if template is None:  # the tokenizer's own renders every chat: a broken one is refused now, not per chat
+        check_chat_template(tok, f"--tokenizer '{tokenizer}'" if tokenizer else f"the tokenizer in '{model}'")
     executor = resolve_executor(model, executor)
     config = sizing.default_scheduler_config(None, max_num_seqs)
     if max_num_batched_tokens is not None:
