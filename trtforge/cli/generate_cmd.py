@@ -362,6 +362,7 @@ def _check_n(n: int, prompts: int) -> None:
 def _load(load: Any, model: str, executor: str, num_blocks: int | None, spec: Any, torch_kw: dict) -> Any:
     """`llm.load`, with a --num-blocks pool too large to allocate, or whose size overflows the allocator's
     integers, refused as the user's number (not the allocator's trace as an internal error)."""
+    from trtforge.cli._options import arguments_as_flags
     from trtforge.errors import UserError
     from trtforge.llm.service import PoolAllocationError, allocation_failure
 
@@ -373,7 +374,8 @@ def _load(load: Any, model: str, executor: str, num_blocks: int | None, spec: An
         )
 
     try:
-        return load(model, executor, num_blocks=num_blocks, speculative=spec, **torch_kw)
+        with arguments_as_flags():  # the loader's refusals name its arguments: here, the flags that set them
+            return load(model, executor, num_blocks=num_blocks, speculative=spec, **torch_kw)
     except PoolAllocationError as exc:  # the torch executor's refusal, worded for the API
         raise refused(exc.detail) from exc
     except (MemoryError, RuntimeError, TypeError, OverflowError) as exc:

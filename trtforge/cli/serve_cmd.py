@@ -201,6 +201,7 @@ def serve_cmd(
     """Serve MODEL over OpenAI's HTTP API."""
     import dataclasses
 
+    from trtforge.cli._options import arguments_as_flags
     from trtforge.errors import UserError
     from trtforge.llm import ServingLLM, from_pretrained, load, sizing
     from trtforge.llm.server.run import ServeOptions, _imports, run
@@ -255,15 +256,16 @@ def serve_cmd(
         tensor_parallel_size=tensor_parallel_size,
         lm_head_quantization=lm_head_quantization,
     )
-    if executor == "torch":
-        llm = from_pretrained(model, **_placement(device, dtype), **sizes, **torch_kw)
-    else:
-        if device is not None or dtype != "auto" or tensor_parallel_size != 1:
-            raise UserError(
-                "--device, --dtype and --tensor-parallel-size apply to the torch executor; "
-                f"'{model}' runs on {executor}."
-            )
-        llm = load(model, executor, **sizes, **torch_kw)
+    if executor != "torch" and (device is not None or dtype != "auto" or tensor_parallel_size != 1):
+        raise UserError(
+            f"--device, --dtype and --tensor-parallel-size apply to the torch executor; '{model}' runs on "
+            f"{executor}."
+        )
+    with arguments_as_flags():  # the loader's refusals name its arguments: here, the flags that set them
+        if executor == "torch":
+            llm = from_pretrained(model, **_placement(device, dtype), **sizes, **torch_kw)
+        else:
+            llm = load(model, executor, **sizes, **torch_kw)
     if not isinstance(llm, ServingLLM):
         raise UserError(
             f"'{model}' is a slot-layout step graph (the greedy loop); serving needs a paged model: "
