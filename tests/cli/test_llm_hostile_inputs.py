@@ -58,6 +58,15 @@ CASES: dict[str, tuple[Setup, str]] = {
         ),
         r"--json-schema 'deep\.json' nests its JSON deeper than the parser's \d+ levels",
     ),
+    # before: int()'s ValueError past 4,300 digits, an internal error (exit 1) with its trace
+    "generate --json-schema with a 5,000-digit integer": (
+        _file(
+            "big.json",
+            b'{"type": "string", "maxLength": ' + b"9" * 5000 + b"}",
+            *("generate", "step.onnx", "--prompt-ids", "1 2", "--json-schema", "big.json"),
+        ),
+        r"--json-schema 'big\.json' holds an integer of more than 4,300 digits",
+    ),
     # before: fp8 calibrated on random tokens instead, as if no --calib-data had been given
     "compile --generate fp8 --calib-data of blank lines": (
         _file("blank.txt", b"\n  \n\n", *GENERATE, "--precision", "fp8", "--calib-data", "blank.txt"),

@@ -426,6 +426,11 @@ def _response_format(path: str) -> dict[str, Any]:
         raise UserError(f"--json-schema {path!r}: cannot read it ({exc.strerror or exc}).") from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"--json-schema {path!r} is not a JSON file: {exc}.") from exc
+    except ValueError:  # valid JSON, but an integer past int()'s digit limit (it was an internal error)
+        raise UserError(
+            f"--json-schema {path!r} holds an integer of more than {sys.get_int_max_str_digits():,} digits; "
+            "expected a JSON Schema of ordinary numbers."
+        ) from None
     except RecursionError:  # json's parser recurses once per level: a hostile file nests thousands deep
         raise UserError(
             f"--json-schema {path!r} nests its JSON deeper than the parser's {sys.getrecursionlimit()} "
