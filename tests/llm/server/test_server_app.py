@@ -231,3 +231,35 @@ def test_a_wrong_method_is_a_405_naming_the_allowed_ones():
         assert r.status_code == 405 and r.headers["allow"] == "POST"
         assert r.json()["error"]["code"] == 405
         assert set(client.post("/health").headers["allow"].split(", ")) == {"GET", "HEAD"}
+
+
+def test_completion_top_logprobs_keep_the_likeliest_of_tokens_of_one_text():
+    """Two token ids that decode to the same text (byte tokens of a partial UTF-8 character both decode
+    to U+FFFD) share one key of the completions API's text-keyed dict: the likeliest one's logprob is
+    kept (before: the least likely overwrote it); chat's list keeps both, told apart by their bytes."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (fastapi)")
+    from trtforge.llm.server.responses import _chat_logprobs, _completion_logprobs
+
+    texts = {1: "a", 2: "\ufffd", 3: "\ufffd", 4: "b"}
+
+    class Tok:
+        def decode(self, ids, **_):
+            return "".join(texts[i] for i in ids)
+
+    top = [(3, -2.5), (1, -0.5), (2, -1.0), (4, -3.0)]  # (the engine's order is not the likeliest first)
+    entry = SimpleNamespace(token_id=1, logprob=-0.5, top=top)
+    choice = SimpleNamespace(logprobs=lambda: [entry])
+    state = SimpleNamespace(tokenizer=Tok())
+    (tops,) = _completion_logprobs(state, choice, 4)["top_logprobs"]
+    assert tops == {"a": -0.5, "\ufffd": -1.0, "b": -3.0}
+    assert list(tops) == ["a", "\ufffd", "b"]  # likeliest first
+    assert _completion_logprobs(state, choice, 2)["top_logprobs"] == [{"a": -0.5, "\ufffd": -1.0}]
+    (content,) = _chat_logprobs(state, choice, 4)["content"]
+    assert [(t["token"], t["logprob"]) for t in content["top_logprobs"]] == [
+        ("a", -0.5),
+        ("\ufffd", -1.0),
+        ("\ufffd", -2.5),
+        ("b", -3.0),
+    ]
