@@ -207,3 +207,32 @@ def test_a_native_crash_prints_where_it_happened(tmp_path) -> None:
     assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stderr[-2000:])
     assert "Segmentation fault" in proc.stderr and "crashing_factory_mod.py" in proc.stderr, proc.stderr
     assert not (tmp_path / "x.engine").exists()
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        "click.echo('line ' * 10_000)",  # click catches the EPIPE itself (it exited 1, no message)
+        "print('line')",  # buffered until run_cli's last flush (Python's 'Exception ignored', exit 120)
+    ],
+)
+def test_a_reader_gone_from_stdout_is_a_quiet_exit_141(write) -> None:
+    """`trtforge generate ... | head -1`: once the reader has what it wanted and closed the pipe, the
+    command stops quietly with a unix tool's SIGPIPE exit code (128 + 13), never exit 1 without a word."""
+    import subprocess
+    from pathlib import Path
+
+    script = (
+        "import sys, time, click\nfrom trtforge.cli._errors import run_cli\n"
+        "@click.group()\ndef cli():\n    pass\n"
+        f"@cli.command('go')\ndef go():\n    time.sleep(0.2)\n    {write}\n"
+        "sys.exit(run_cli(cli, ['go']))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert err == ""

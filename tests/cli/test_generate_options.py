@@ -33,3 +33,32 @@ def test_api_refuses_example_inputs_with_generate(tmp_path) -> None:
     with pytest.raises(trtforge.UserError, match="pass no example_inputs"):
         trtforge.compile("unused:factory", {"input_ids": [[1]]}, tmp_path / "m.engine", generate=True)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("message", "worded"),
+    [
+        (
+            "tensor_parallel_size 2 needs the torch executor; executor 'onnxruntime' runs one process. Use "
+            "executor='torch'.",
+            "--tensor-parallel-size 2 needs the torch executor; executor 'onnxruntime' runs one process. Use "
+            "--executor torch.",
+        ),
+        ("only tensor_parallel_size=1 splits it", "only --tensor-parallel-size 1 splits it"),
+        # (generate has no --device: device stays the API's)
+        ("tensor_parallel_size <= 1, or device='cpu'", "--tensor-parallel-size <= 1, or device='cpu'"),
+        ("quantization='int4-awq': layer 0", "--quantization int4-awq: layer 0"),
+        # the API's name beside the flag: the flag once
+        ("kv_cache_dtype (--kv-cache-dtype) 'fp8' is", "--kv-cache-dtype 'fp8' is"),
+        # Python the user could run stays Python; names the command has no option for stay
+        ("from_pretrained(path, kv_cache_dtype='fp8')", "from_pretrained(path, kv_cache_dtype='fp8')"),
+        ("calib_prompts (--calib-data), llm.num_blocks", "calib_prompts (--calib-data), llm.num_blocks"),
+    ],
+)
+def test_api_refusals_are_worded_with_the_commands_flags(message, worded) -> None:
+    """`generate --tensor-parallel-size 3` was told about tensor_parallel_size, the API's argument: the
+    loader's refusals are worded with the flags of the command's options of the same names."""
+    from trtforge.cli._options import as_flags, flags_of
+    from trtforge.cli.generate_cmd import generate_cmd
+
+    assert as_flags(message, flags_of(generate_cmd)) == worded

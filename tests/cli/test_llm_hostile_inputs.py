@@ -20,6 +20,7 @@ REPORT = ["report", str(TRAINED), "--generate", "-o", "rep", "--no-progress", "-
 REPORT += ["--windows", "1", "--window-len", "16", "--batch", "1", "--prompt-len", "4", "--new-tokens", "2"]
 TINY_IDS = ["generate", "tests.llm.tiny_models:llama_factory", "--prompt-ids", "1 2"]
 MPT_NO_ALIBI = "tests.llm.tiny_models:mpt_no_alibi_factory"
+TP_NGRAM = ["--tensor-parallel-size", "2", "--speculative-method", "ngram"]
 
 
 def _paged_graph(d: Path) -> str:
@@ -56,6 +57,15 @@ CASES: dict[str, tuple[Setup, str]] = {
             *("generate", "step.onnx", "--prompt-ids", "1 2", "--json-schema", "deep.json"),
         ),
         r"--json-schema 'deep\.json' nests its JSON deeper than the parser's \d+ levels",
+    ),
+    # before: int()'s ValueError past 4,300 digits, an internal error (exit 1) with its trace
+    "generate --json-schema with a 5,000-digit integer": (
+        _file(
+            "big.json",
+            b'{"type": "string", "maxLength": ' + b"9" * 5000 + b"}",
+            *("generate", "step.onnx", "--prompt-ids", "1 2", "--json-schema", "big.json"),
+        ),
+        r"--json-schema 'big\.json' holds an integer of more than 4,300 digits",
     ),
     # before: fp8 calibrated on random tokens instead, as if no --calib-data had been given
     "compile --generate fp8 --calib-data of blank lines": (
@@ -159,6 +169,24 @@ CASES: dict[str, tuple[Setup, str]] = {
         lambda d: [*TINY_IDS, "--num-blocks", "0"],
         r"Invalid value for '--num-blocks': 0 is not in the range x>=1",
     ),
+    # before: "tensor_parallel_size 2 needs the torch executor ... Use executor='torch'.", the API's names
+    "generate --tensor-parallel-size with another executor": (
+        lambda d: [*TINY_IDS, "--tensor-parallel-size", "2", "--executor", "onnxruntime"],
+        r"--tensor-parallel-size 2 needs the torch executor .*\. Use --executor torch\.",
+    ),
+    "generate --tensor-parallel-size with speculative decoding": (
+        lambda d: [*TINY_IDS, *TP_NGRAM],
+        r"speculative decoding does not run with --tensor-parallel-size > 1 yet",
+    ),
+    "generate --tensor-parallel-size with --kv-cache-dtype fp8": (
+        lambda d: [*TINY_IDS, "--tensor-parallel-size", "2", "--kv-cache-dtype", "fp8"],
+        r"--kv-cache-dtype 'fp8', quantization and --lm-head-quantization do not run with "
+        r"--tensor-parallel-size > 1 yet; pass --tensor-parallel-size 1 or drop them",
+    ),
+    "serve --tensor-parallel-size with speculative decoding": (
+        lambda d: ["serve", TINY_IDS[1], "--tokenizer", str(TRAINED), "--device", "cpu", *TP_NGRAM],
+        r"speculative decoding does not run with --tensor-parallel-size > 1 yet",
+    ),
     "generate --num-blocks past RAM (torch)": (
         lambda d: [*TINY_IDS, "--num-blocks", str(10**15)],
         r"--num-blocks 1000000000000000: the KV-cache pool of that many blocks cannot be allocated",
@@ -232,7 +260,8 @@ CASES: dict[str, tuple[Setup, str]] = {
 }
 
 
-ON_TRAINED = ("report", "serve --device", "generate (trained)")  # the cases that read TRAINED
+# the cases that read TRAINED
+ON_TRAINED = ("report", "serve --device", "serve --tensor", "generate (trained)")
 NEEDS_TRAINED = pytest.mark.skipif(not TRAINED.is_dir(), reason=f"the trained model is absent: {TRAINED}")
 
 
@@ -280,7 +309,9 @@ def test_generate_refuses_more_cpu_ranks_than_cpus(
     ranks = len(os.sched_getaffinity(0)) + 1
     argv = ["generate", "tests.llm.tiny_models:llama_factory", "--prompt-ids", "1 2"]
     argv += ["--tensor-parallel-size", str(ranks)]
-    message = rf"tensor_parallel_size {ranks}: on the CPU each rank is a worker process"
+    # (and before: the message named the API's tensor_parallel_size, not the flag)
+    message = rf"--tensor-parallel-size {ranks}: on the CPU each rank is a worker process .*; use "
+    message += r"--tensor-parallel-size <= \d+\."
     assert_exits_2_cleanly(lambda d: argv, message, workdir, capfd)
 
 

@@ -69,6 +69,61 @@ def test_a_chat_template_of_transformers_extensions_is_accepted(tmp_path):
     assert read_chat_template(ok) == ok.read_text()
 
 
+@pytest.fixture
+def tokenizer_with_bad_template(tmp_path) -> Path:
+    """The bundled demo tokenizer saved with a chat template that is not Jinja (line 2: ``}`` alone)."""
+    from trtforge.calibration.data import DEMO_TOKENIZER, resolve_tokenizer
+
+    tok = resolve_tokenizer(DEMO_TOKENIZER)
+    tok.chat_template = "{% for m in messages %}\n{{ m['content'] }\n{% endfor %}"
+    tok.save_pretrained(tmp_path / "tok")
+    return tmp_path / "tok"
+
+
+def _no_server(monkeypatch) -> list:
+    """Stand in for the server's run: (llm, options) of each call, the llm closed."""
+    import importlib
+
+    server_run = importlib.import_module("trtforge.llm.server.run")  # (the package exports a function `run`)
+    served: list = []
+
+    def run(llm, tok, name, options):
+        served.append((llm, options))
+        llm.close()
+
+    monkeypatch.setattr(server_run, "run", run)
+    return served
+
+
+def test_a_tokenizers_own_chat_template_that_is_not_jinja_is_refused_naming_its_line(
+    tokenizer_with_bad_template, monkeypatch, capsys
+):
+    """Before: the server started, answered /health and completions, and every chat request got a 400
+    that blamed the client for the template the tokenizer shipped. Refused before the model loads."""
+    served = _no_server(monkeypatch)
+    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--num-blocks", "8"]
+    argv += ["--tokenizer", str(tokenizer_with_bad_template)]
+    assert main(argv) == 2 and not served
+    err = capsys.readouterr().err
+    where = f"the chat template of --tokenizer '{tokenizer_with_bad_template}' (chat_template.jinja)"
+    assert f"{where}: not a valid Jinja template, line 2: unexpected '}}'" in err, err
+    assert "Give --chat-template FILE" in err and "Traceback" not in err
+
+
+def test_a_chat_template_given_replaces_the_tokenizers_broken_one(
+    tokenizer_with_bad_template, tmp_path, monkeypatch
+):
+    """--chat-template FILE is what chats are rendered with: the tokenizer's own, unused, is no error."""
+    served = _no_server(monkeypatch)
+    good = tmp_path / "chat.jinja"
+    good.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--num-blocks", "8"]
+    argv += ["--tokenizer", str(tokenizer_with_bad_template), "--chat-template", str(good)]
+    assert main(argv) in (0, None)
+    ((_, options),) = served
+    assert options.chat_template == good.read_text()
+
+
 MODEL = Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "code-llama-21m"
 
 

@@ -1,13 +1,17 @@
 """Map exceptions to exit codes and one-paragraph messages.
 
 UserError, an OSError about the user's filesystem (disk full, name too long, permissions) and a click
-usage error -> 2; Ctrl-C -> 130 and SIGTERM -> 143 (128 + the signal, after the same cleanup); any other
-exception -> 1 with its trace, because that one is a trtforge bug.
+usage error -> 2; Ctrl-C -> 130 and SIGTERM -> 143 (128 + the signal, after the same cleanup); stdout's
+reader gone (`trtforge generate ... | head -1`) -> 141 without a message, as a unix tool ended by SIGPIPE;
+any other exception -> 1 with its trace, because that one is a trtforge bug.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
+import select
 import signal
 import sys
 import threading
@@ -24,6 +28,7 @@ from trtforge.errors import TrtforgeError, TrtforgeWarning, UserError
 
 EXIT_SIGINT = 128 + signal.SIGINT
 EXIT_SIGTERM = 128 + signal.SIGTERM
+EXIT_SIGPIPE = 128 + getattr(signal, "SIGPIPE", 13)  # (13 on every unix; Windows has no SIGPIPE)
 
 
 class Terminated(KeyboardInterrupt):
@@ -156,11 +161,14 @@ def run_cli(group: click.Group, argv: list[str] | None) -> int:
     try:
         with _signals_as_interrupts(received), _warnings_as_lines():
             rv = group.main(args=argv, prog_name="trtforge", standalone_mode=False)
+            sys.stdout.flush()  # a pipe's last buffered lines: a reader gone shows here, not at exit
     except BaseException as e:
         if isinstance(e, click.exceptions.Abort) and isinstance(e.__cause__, KeyboardInterrupt):
             e = e.__cause__  # click turns Ctrl-C into Abort
         if received or isinstance(e, KeyboardInterrupt):
             return _interrupted(received[0] if received else _signal_of(e))
+        if _stdout_closed_by_reader(e):
+            return _reader_gone()
         if not isinstance(e, Exception):
             raise  # SystemExit and the like: not ours to translate
         return _exit_code(e)
@@ -168,6 +176,41 @@ def run_cli(group: click.Group, argv: list[str] | None) -> int:
         return _interrupted(received[0])
     # With standalone_mode=False, click returns the code of `ctx.exit(n)` instead of raising.
     return rv if isinstance(rv, int) else 0
+
+
+def _stdout_closed_by_reader(e: BaseException) -> bool:
+    """Whether `e` ended the command because stdout's reader went away (`| head -1` read its line).
+
+    click catches an EPIPE OSError itself, even with standalone_mode=False, and exits 1 without a word
+    (SystemExit(1), the OSError gone); our own final flush raises BrokenPipeError. Either way stdout is
+    asked whether its reader is gone, so an EPIPE from some other pipe or socket is not mistaken for it."""
+    broken = isinstance(e, SystemExit) or (isinstance(e, OSError) and e.errno == errno.EPIPE)
+    return broken and _stdout_reader_gone()
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reading end is closed (poll reports an error or a hangup
+    for its writing end; a file or a terminal never does)."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+    except (AttributeError, OSError, ValueError):  # no file descriptor, or no poll on this platform
+        return False
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _reader_gone() -> int:
+    """Stop quietly, as a unix tool ended by SIGPIPE, with its exit code (141). Python's own advice for
+    a broken pipe: point stdout at /dev/null, so the interpreter's last flush of what is still buffered
+    does not fail again ("Exception ignored ... BrokenPipeError", exit 120)."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    return EXIT_SIGPIPE
 
 
 def _signal_of(e: BaseException) -> int:

@@ -8,8 +8,10 @@ commands share about reading them: which options were given, the token-id prompt
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import click
@@ -98,10 +100,16 @@ def from_params(cls: type, params: Mapping[str, Any], **overrides: Any) -> Any:
     return cls(**(values | overrides))
 
 
+def flags_of(command: click.Command) -> dict[str, str]:
+    """Each option of `command` by its parameter name (the API's keyword argument of the same name): its
+    flag, the longest spelling."""
+    return {p.name: max(p.opts, key=len) for p in command.params if p.opts and p.name}
+
+
 def given_flags(ctx: click.Context, names: Iterable[str]) -> list[str]:
     """The flags (longest spelling) of those parameters in `names` the user set (on the command line or
     through the environment, not by default): what a command refuses by name when they do not apply."""
-    flags = {p.name: max(p.opts, key=len) for p in ctx.command.params if p.opts}
+    flags = flags_of(ctx.command)
     return [
         flags.get(name, name)
         for name in names
@@ -147,3 +155,44 @@ def passes_from_params(params: Mapping[str, Any], no_passes: bool) -> Any:
         names = ", ".join(flag(PassOptions, n, getattr(opts, n)) for n in given)
         raise click.UsageError(f"--no-passes cannot be combined with {names}: no fusion pass runs.")
     return None
+
+
+# `name=value` as an API message writes a keyword argument (not inside a call's parentheses, where it
+# is Python the user could run: `from_pretrained(model_dir, kv_cache_dtype='fp8')`)
+_KEYWORD = re.compile(r"(?<![\w(,-])(?<!, )([a-z][a-z0-9_]*)=('[^']*'|\"[^\"]*\"|[\w.+-]+)")
+# a bare API argument name: only those with an underscore (`tensor_parallel_size`), because a plain word
+# (executor, device) is as often prose as an argument
+_NAME = re.compile(r"(?<![\w.-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)(?![\w=(])")
+
+
+def as_flags(message: str, flags: Mapping[str, str]) -> str:
+    """`message`, an API refusal naming its keyword arguments, worded with the command's flags: the
+    argument ``tensor_parallel_size`` of a ``--tensor-parallel-size`` option becomes the flag,
+    ``executor='torch'`` becomes ``--executor torch``; a name the command has no option for stays."""
+
+    def keyword(m: re.Match[str]) -> str:
+        flag = flags.get(m[1])
+        return m[0] if flag is None else f"{flag} {m[2].strip(chr(39) + chr(34))}"
+
+    text = _KEYWORD.sub(keyword, message)
+    text = _NAME.sub(lambda m: flags.get(m[1], m[1]), text)
+    return re.sub(r"(--[a-z][\w-]*(?: [^\s()]+)?) \(\1\)", r"\1", text)  # "kv_cache_dtype (--kv-cache-dtype)"
+
+
+@contextlib.contextmanager
+def arguments_as_flags() -> Iterator[None]:
+    """Around an API call a command makes with its options as keyword arguments (`llm.load`,
+    `from_pretrained`): a UserError naming those arguments is worded with the command's flags instead
+    (:func:`as_flags`), so `trtforge generate --tensor-parallel-size 3` is told about
+    ``--tensor-parallel-size``, not ``tensor_parallel_size``. The exception keeps its type: only its
+    message changes."""
+    from trtforge.errors import UserError
+
+    try:
+        yield
+    except UserError as e:
+        ctx = click.get_current_context(silent=True)
+        if ctx is None or len(e.args) != 1 or not isinstance(e.args[0], str) or str(e) != e.args[0]:
+            raise
+        e.args = (as_flags(e.args[0], flags_of(ctx.command)),)
+        raise

@@ -362,6 +362,7 @@ def _check_n(n: int, prompts: int) -> None:
 def _load(load: Any, model: str, executor: str, num_blocks: int | None, spec: Any, torch_kw: dict) -> Any:
     """`llm.load`, with a --num-blocks pool too large to allocate, or whose size overflows the allocator's
     integers, refused as the user's number (not the allocator's trace as an internal error)."""
+    from trtforge.cli._options import arguments_as_flags
     from trtforge.errors import UserError
     from trtforge.llm.service import PoolAllocationError, allocation_failure
 
@@ -373,7 +374,8 @@ def _load(load: Any, model: str, executor: str, num_blocks: int | None, spec: An
         )
 
     try:
-        return load(model, executor, num_blocks=num_blocks, speculative=spec, **torch_kw)
+        with arguments_as_flags():  # the loader's refusals name its arguments: here, the flags that set them
+            return load(model, executor, num_blocks=num_blocks, speculative=spec, **torch_kw)
     except PoolAllocationError as exc:  # the torch executor's refusal, worded for the API
         raise refused(exc.detail) from exc
     except (MemoryError, RuntimeError, TypeError, OverflowError) as exc:
@@ -424,6 +426,11 @@ def _response_format(path: str) -> dict[str, Any]:
         raise UserError(f"--json-schema {path!r}: cannot read it ({exc.strerror or exc}).") from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"--json-schema {path!r} is not a JSON file: {exc}.") from exc
+    except ValueError:  # valid JSON, but an integer past int()'s digit limit (it was an internal error)
+        raise UserError(
+            f"--json-schema {path!r} holds an integer of more than {sys.get_int_max_str_digits():,} digits; "
+            "expected a JSON Schema of ordinary numbers."
+        ) from None
     except RecursionError:  # json's parser recurses once per level: a hostile file nests thousands deep
         raise UserError(
             f"--json-schema {path!r} nests its JSON deeper than the parser's {sys.getrecursionlimit()} "

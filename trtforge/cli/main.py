@@ -109,7 +109,7 @@ Run `trtforge COMMAND -h` for each command's options and examples.
 Exit codes: 0 ok, 2 bad input (file, option, tensor, or an error raised by your own
 module, factory or data function), 1 internal error, 130 Ctrl-C, 143 SIGTERM
 (temporary files removed; an engine and its manifest are replaced together or not at
-all). `report --check` adds 3.
+all), 141 quietly when stdout's reader has gone (`| head -1`). `report --check` adds 3.
 """
 
 

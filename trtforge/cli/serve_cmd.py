@@ -201,10 +201,11 @@ def serve_cmd(
     """Serve MODEL over OpenAI's HTTP API."""
     import dataclasses
 
+    from trtforge.cli._options import arguments_as_flags
     from trtforge.errors import UserError
     from trtforge.llm import ServingLLM, from_pretrained, load, sizing
     from trtforge.llm.server.run import ServeOptions, _imports, run
-    from trtforge.llm.text import check_text, model_tokenizer, read_chat_template
+    from trtforge.llm.text import check_chat_template, check_text, model_tokenizer, read_chat_template
 
     check_text(model, "MODEL")
     _imports()  # before the model loads: a missing extra is said at once
@@ -229,6 +230,8 @@ def serve_cmd(
         raise UserError(
             f"'{model}' holds no tokenizer; name one with --tokenizer DIR (the server returns text)."
         )
+    if template is None:  # the tokenizer's own renders every chat: a broken one is refused now, not per chat
+        check_chat_template(tok, f"--tokenizer '{tokenizer}'" if tokenizer else f"the tokenizer in '{model}'")
     executor = resolve_executor(model, executor)
     config = sizing.default_scheduler_config(None, max_num_seqs)
     if max_num_batched_tokens is not None:
@@ -253,15 +256,16 @@ def serve_cmd(
         tensor_parallel_size=tensor_parallel_size,
         lm_head_quantization=lm_head_quantization,
     )
-    if executor == "torch":
-        llm = from_pretrained(model, **_placement(device, dtype), **sizes, **torch_kw)
-    else:
-        if device is not None or dtype != "auto" or tensor_parallel_size != 1:
-            raise UserError(
-                "--device, --dtype and --tensor-parallel-size apply to the torch executor; "
-                f"'{model}' runs on {executor}."
-            )
-        llm = load(model, executor, **sizes, **torch_kw)
+    if executor != "torch" and (device is not None or dtype != "auto" or tensor_parallel_size != 1):
+        raise UserError(
+            f"--device, --dtype and --tensor-parallel-size apply to the torch executor; '{model}' runs on "
+            f"{executor}."
+        )
+    with arguments_as_flags():  # the loader's refusals name its arguments: here, the flags that set them
+        if executor == "torch":
+            llm = from_pretrained(model, **_placement(device, dtype), **sizes, **torch_kw)
+        else:
+            llm = load(model, executor, **sizes, **torch_kw)
     if not isinstance(llm, ServingLLM):
         raise UserError(
             f"'{model}' is a slot-layout step graph (the greedy loop); serving needs a paged model: "

@@ -93,15 +93,46 @@ def read_chat_template(path: str | os.PathLike[str]) -> str:
         raise UserError(f"--chat-template '{p}': cannot read it as UTF-8 text ({e}).") from None
     if not text.strip():
         raise UserError(f"--chat-template '{p}' is empty; expected a Jinja chat template.")
-    _check_template_syntax(text, p)
+    _check_template_syntax(text, f"--chat-template '{p}'")
     return text
 
 
-def _check_template_syntax(text: str, path: Path) -> None:
-    """UserError naming --chat-template `path` and the line of a Jinja syntax error in `text`: found only
-    when a chat was rendered, it was a 400 to every chat request, blaming the client for the server's
-    template. Compiled as transformers compiles chat templates (its sandbox, loop controls and
-    ``{% generation %}`` tag); a transformers without that function leaves the check to the first chat."""
+# where a tokenizer directory keeps its chat template, in the order transformers reads them
+_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
+
+
+def check_chat_template(tok: Any, source: str) -> None:
+    """UserError when the chat template that tokenizer `tok` ships (the one a chat is rendered with when
+    no --chat-template replaces it) is not valid Jinja, naming `source` (the tokenizer's directory as
+    the user gave it), the file it came from and the line.
+
+    A server would otherwise start, answer /health and /v1/completions, and refuse every chat with a 400
+    that blamed the client for the server's template; a template that cannot compile formats no chat
+    at all, so it is refused before the model loads, with the way out (--chat-template FILE). A
+    tokenizer with no template (a base model) is no error: chat requests say so, completions serve."""
+    try:
+        template = tok.get_chat_template()  # as apply_chat_template picks it: a named set's "default"
+    except (AttributeError, ValueError, TypeError):  # no template, or several and none the default
+        return
+    if not isinstance(template, str):
+        return
+    directory = Path(getattr(tok, "name_or_path", "") or ".")
+    file = next((f for f in _TEMPLATE_FILES if (directory / f).is_file()), None)
+    where = f"the chat template of {source}" + (f" ({file})" if file else "")
+    _check_template_syntax(
+        template,
+        where,
+        "; /v1/chat/completions could format no chat with it. Give --chat-template FILE (a Jinja "
+        "template of your own, e.g. this one corrected) to serve chat with that instead",
+    )
+
+
+def _check_template_syntax(text: str, where: str, remedy: str = "") -> None:
+    """UserError naming `where` (``--chat-template 'FILE'``, or a tokenizer's own template) and the line of
+    a Jinja syntax error in `text`, then `remedy`: found only when a chat was rendered, it was a 400 to
+    every chat request, blaming the client for the server's template. Compiled as transformers compiles
+    chat templates (its sandbox, loop controls and ``{% generation %}`` tag); a transformers without that
+    function leaves the check to the first chat."""
     from jinja2 import TemplateSyntaxError
     from transformers.utils import chat_template_utils
 
@@ -112,8 +143,7 @@ def _check_template_syntax(text: str, path: Path) -> None:
         compile_template(text)
     except TemplateSyntaxError as e:
         why = (e.message or "a syntax error").rstrip(".")
-        where = f"--chat-template '{path}'"
-        raise UserError(f"{where}: not a valid Jinja template, line {e.lineno}: {why}.") from None
+        raise UserError(f"{where}: not a valid Jinja template, line {e.lineno}: {why}{remedy}.") from None
 
 
 class NoChatTemplateError(UserError):

@@ -167,3 +167,99 @@ def test_a_logit_bias_is_built_once_per_request_and_shared_by_its_choices(tokeni
     assert params == expected and len({p.seed for p in params}) == 3
     for p, e in zip(params, expected):
         assert all(np.array_equal(a, b) for a, b in zip(p.logit_bias_arrays, e.logit_bias_arrays))
+
+
+def _app_over_no_model(**state_kw):
+    """The app over a stand-in engine and no tokenizer: enough for the routes that read no request."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (fastapi)")
+    from trtforge.llm.server.app import ServerState, create_app
+
+    mem = SimpleNamespace(usage=0.0, used_blocks=0, total_blocks=8)
+    stats = SimpleNamespace(
+        preemptions=0, spec_draft_tokens=0, spec_accepted_tokens=0, spec_verify_rows=0, spec_acceptance_rate=0
+    )
+    engine = SimpleNamespace(num_running=0, num_waiting=0)
+    llm = SimpleNamespace(memory_stats=lambda: mem, stats=stats, engine=engine)
+    state = ServerState(llm, None, ["m"], max_model_len=64, max_num_seqs=1, max_waiting=1, **state_kw)
+    return state, create_app(state)
+
+
+@pytest.mark.parametrize("path", ["/health", "/metrics", "/v1/models", "/v1/models/m", "/v1/models/gpt-4o"])
+def test_head_answers_as_get_without_a_body(path):
+    """A load balancer's (or `curl -I`'s) HEAD /health got 405: FastAPI's app.get registers GET alone.
+    HEAD now gets GET's status and headers, and no body."""
+    from fastapi.testclient import TestClient
+
+    _, app = _app_over_no_model()
+    with TestClient(app) as client:
+        got, head = client.get(path), client.head(path)
+    assert head.status_code == got.status_code != 405, head.status_code
+    assert head.content == b"" and head.headers["content-type"] == got.headers["content-type"]
+    if path != "/metrics":  # (its numbers, and so its length, move between the two requests)
+        assert head.headers["content-length"] == got.headers["content-length"] == str(len(got.content))
+
+
+def test_head_health_says_draining_too():
+    from fastapi.testclient import TestClient
+
+    state, app = _app_over_no_model()
+    state.draining = True
+    with TestClient(app) as client:
+        assert client.head("/health").status_code == 503
+
+
+def test_every_get_route_answers_head():
+    """Each GET route of the app takes HEAD as well: a route added later with app.get would not."""
+    from fastapi.routing import APIRoute
+
+    _, app = _app_over_no_model()
+    routes = [r for r in app.routes if isinstance(r, APIRoute)]
+    assert routes
+    for route in routes:
+        assert "HEAD" in route.methods or "GET" not in route.methods, route.path
+
+
+def test_a_wrong_method_is_a_405_naming_the_allowed_ones():
+    """RFC 9110: a 405 carries Allow (the handler that rewrites it in OpenAI's schema dropped it)."""
+    from fastapi.testclient import TestClient
+
+    _, app = _app_over_no_model()
+    with TestClient(app) as client:
+        r = client.get("/v1/completions")
+        assert r.status_code == 405 and r.headers["allow"] == "POST"
+        assert r.json()["error"]["code"] == 405
+        assert set(client.post("/health").headers["allow"].split(", ")) == {"GET", "HEAD"}
+
+
+def test_completion_top_logprobs_keep_the_likeliest_of_tokens_of_one_text():
+    """Two token ids that decode to the same text (byte tokens of a partial UTF-8 character both decode
+    to U+FFFD) share one key of the completions API's text-keyed dict: the likeliest one's logprob is
+    kept (before: the least likely overwrote it); chat's list keeps both, told apart by their bytes."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (fastapi)")
+    from trtforge.llm.server.responses import _chat_logprobs, _completion_logprobs
+
+    texts = {1: "a", 2: "\ufffd", 3: "\ufffd", 4: "b"}
+
+    class Tok:
+        def decode(self, ids, **_):
+            return "".join(texts[i] for i in ids)
+
+    top = [(3, -2.5), (1, -0.5), (2, -1.0), (4, -3.0)]  # (the engine's order is not the likeliest first)
+    entry = SimpleNamespace(token_id=1, logprob=-0.5, top=top)
+    choice = SimpleNamespace(logprobs=lambda: [entry])
+    state = SimpleNamespace(tokenizer=Tok())
+    (tops,) = _completion_logprobs(state, choice, 4)["top_logprobs"]
+    assert tops == {"a": -0.5, "\ufffd": -1.0, "b": -3.0}
+    assert list(tops) == ["a", "\ufffd", "b"]  # likeliest first
+    assert _completion_logprobs(state, choice, 2)["top_logprobs"] == [{"a": -0.5, "\ufffd": -1.0}]
+    (content,) = _chat_logprobs(state, choice, 4)["content"]
+    assert [(t["token"], t["logprob"]) for t in content["top_logprobs"]] == [
+        ("a", -0.5),
+        ("\ufffd", -1.0),
+        ("\ufffd", -2.5),
+        ("b", -3.0),
+    ]

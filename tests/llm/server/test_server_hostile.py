@@ -140,6 +140,18 @@ def test_a_body_that_is_not_an_object_is_named_in_json_types(server, body, words
     assert _error(_post(server, body))["message"].endswith(f"must be a JSON object, {words}")
 
 
+@pytest.mark.parametrize("where", [b'"max_tokens": %s', b'"prompt": [1, %s]', b'"seed": -%s'])
+def test_an_integer_past_pythons_digit_limit_is_a_400_saying_so(server, where):
+    """Before: "not valid JSON (Exceeds the limit (4300 digits) for integer string conversion ...; use
+    sys.set_int_max_str_digits() ...)": valid JSON, and Python's own wording and remedy for its API."""
+    field = where % (b"9" * 5000)
+    body = b'{"model": "%s", "prompt": "x", %s}' % (NAME.encode(), field)
+    err = _error(_post(server, body))
+    assert err["type"] == "invalid_request_error", err
+    assert err["message"].startswith("the request body holds an integer of more than 4,300 digits"), err
+    assert "sys." not in err["message"] and "not valid JSON" not in err["message"], err
+
+
 def test_a_value_sampling_refuses_is_worded_as_the_field_sent(server):
     """Before: "SamplingParams.stop_token_ids must be ...", a class the client never saw."""
     body = b'{"model": "%s", "max_tokens": 2, "prompt": "x", "stop_token_ids": [-1]}' % NAME.encode()

@@ -512,10 +512,19 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="trtforge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.trtforge = state
 
+    def get(path: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A GET route that answers HEAD too: the same status and headers, no body (uvicorn sends none
+        for HEAD). RFC 9110 asks it of every GET resource and Starlette's own Route adds it, but
+        FastAPI's ``app.get`` registers GET alone: a load balancer's or ``curl -I``'s HEAD /health
+        got 405."""
+        return app.api_route(path, methods=["GET", "HEAD"])
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, e: StarletteHTTPException) -> Response:
-        """Routing errors (404 unknown path, 405 wrong method) in OpenAI's schema too."""
-        return JSONResponse(error_body(e.status_code, str(e.detail)), status_code=e.status_code)
+        """Routing errors (404 unknown path, 405 wrong method) in OpenAI's schema too, with the
+        exception's headers (a 405's Allow, which RFC 9110 requires, names the methods the path takes)."""
+        body = error_body(e.status_code, str(e.detail))
+        return JSONResponse(body, status_code=e.status_code, headers=getattr(e, "headers", None))
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, e: Exception) -> Response:
@@ -523,13 +532,13 @@ def create_app(state: ServerState) -> FastAPI:
         log.error("internal error serving a request", exc_info=e)
         return JSONResponse(error_body(500, f"internal server error ({type(e).__name__})"), status_code=500)
 
-    @app.get("/health")
+    @get("/health")
     async def health() -> Response:
         if state.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
+    @get("/metrics")
     async def metrics() -> Response:
         body = await asyncio.to_thread(state.metrics.render)
         return PlainTextResponse(body, media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -550,7 +559,7 @@ def create_app(state: ServerState) -> FastAPI:
             "kv_cache_dtype": getattr(facts, "kv_dtype", None),
         }
 
-    @app.get("/v1/models")
+    @get("/v1/models")
     async def models(request: Request) -> Response:
         try:
             _check_key(state, request)
@@ -558,7 +567,7 @@ def create_app(state: ServerState) -> FastAPI:
             return _error(e, "models", state)
         return JSONResponse({"object": "list", "data": [_model_card(n) for n in state.served_model_names]})
 
-    @app.get("/v1/models/{name:path}")
+    @get("/v1/models/{name:path}")
     async def model(request: Request, name: str) -> Response:
         """One model (``client.models.retrieve(name)``); a name not served is a 404 naming it."""
         try:

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import re
+import sys
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -280,8 +281,14 @@ def parse(model: type[_Base], raw: bytes) -> Any:
     """`raw` JSON as `model`, or ApiError 400 naming the first bad field."""
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+    except ValueError:  # valid JSON, but an integer past int()'s digit limit (Python's wording named its API)
+        raise ApiError(
+            400,
+            f"the request body holds an integer of more than {sys.get_int_max_str_digits():,} digits; no "
+            "field takes a number that large",
+        ) from None
     except RecursionError:  # arrays or objects nested past the parser's depth: the client's mistake
         raise ApiError(400, "the request body nests arrays or objects too deeply to parse") from None
     if not isinstance(data, dict):

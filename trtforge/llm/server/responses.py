@@ -50,10 +50,24 @@ def _completion_logprobs(state: Any, choice: Choice, k: int) -> dict[str, Any]:
         text = _token_text(tok, token)
         tokens.append(text)
         lps.append(lp)
-        tops.append({_token_text(tok, t): v for t, v in sorted(items, key=lambda x: -x[1])[:k]})
+        tops.append(_top_by_text(tok, items, k))
         offsets.append(pos)
         pos += len(text)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _top_by_text(tok: Any, items: list[tuple[int, float]], k: int) -> dict[str, float]:
+    """The `k` likeliest alternatives as the completions API gives them: a dict from the token's text to
+    its logprob, likeliest first. Two tokens can decode to the same text (byte-level tokens of a partial
+    UTF-8 character each decode to U+FFFD; a token and its duplicate in the vocabulary). The dict the
+    format prescribes (OpenAI's SDK types it ``list[dict[str, float]]``) holds one entry per text, so it
+    keeps the likeliest token's logprob, the one a greedy step would take, and has fewer than `k` entries
+    then (a comprehension kept the last, least likely one). Chat's top_logprobs, a list of objects with
+    each token's bytes, keeps every token."""
+    out: dict[str, float] = {}
+    for t, v in sorted(items, key=lambda x: -x[1])[:k]:
+        out.setdefault(_token_text(tok, t), v)
+    return out
 
 
 def _chat_logprobs(state: Any, choice: Choice, k: int) -> dict[str, Any]:
