@@ -577,3 +577,72 @@ def test_gpu_gpt_oss_graph_replays_follow_new_routings():
         want = _gpt_oss_call(new_x, gu, dn, new_w, experts, gb, db)
         torch.testing.assert_close(out, want, rtol=0, atol=0)
         _assert_gpt_oss_matches(out, new_x, gu, dn, new_w, experts, gb, db)
+
+
+def _torch_route(logits, k, order, renormalize, bias, norm_eps, norm_min, scale):
+    """SparseMoe.route's float32 math after the logits (llm.models.moe), on the CPU."""
+    logits = logits.float()
+    if order in ("topk_softmax", "topk_sigmoid"):
+        top, experts = torch.topk(logits, k, dim=-1)
+        weights = torch.softmax(top, dim=-1) if order == "topk_softmax" else torch.sigmoid(top)
+    else:
+        scores = torch.sigmoid(logits) if order == "sigmoid_topk" else torch.softmax(logits, dim=-1)
+        choice = scores if bias is None else scores + bias.float()
+        experts = torch.topk(choice, k, dim=-1).indices
+        weights = scores.gather(-1, experts)
+    if renormalize:
+        total = weights.sum(dim=-1, keepdim=True) + norm_eps
+        weights = weights / (total.clamp(min=norm_min) if norm_min is not None else total)
+    return weights * scale, experts
+
+
+def _choice_scores(logits, order, bias):
+    """The float32 scores the top k are chosen by (the logits where chosen first; plus the bias)."""
+    logits = logits.float()
+    if order in ("topk_softmax", "topk_sigmoid"):
+        return logits
+    scores = torch.sigmoid(logits) if order == "sigmoid_topk" else torch.softmax(logits, dim=-1)
+    return scores if bias is None else scores + bias.float()
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_router_kernel_gives_the_torch_routing(device):
+    """route_topk against the torch routing of every order, with and without renormalization, a selection
+    bias, the eps / min of the sum and a scale, from float32 and BF16 logits, expert counts not a power of
+    two: the same experts in the same order, weights within 4 float32 ulps (its exponentials are not
+    torch's), in the dtype asked; the refusals."""
+    from trtforge.kernels.moe import ROUTE_ORDERS, route_topk
+
+    skip_unless_runs_here(device)
+    g = torch.Generator().manual_seed(11)
+    cases = [(5, 8, 2), (9, 60, 4), (3, 128, 8), (4, 6, 6)]
+    for (n, e, k), order in [(c, o) for c in cases for o in ROUTE_ORDERS]:
+        for dtype, renorm, bias, eps, lo, scale in (
+            (torch.float32, True, False, 0.0, None, 1.0),
+            (torch.bfloat16, False, False, 0.0, None, 1.0),
+            (torch.float32, True, True, 1e-20, 0.3, 2.5),
+        ):
+            if bias and order in ("topk_softmax", "topk_sigmoid"):
+                continue  # (a selection bias comes with the score-first orders only)
+            logits = (torch.randn(n, e, generator=g) * 3).to(dtype)
+            b = torch.randn(e, generator=g) if bias else None
+            want_w, want_e = _torch_route(logits, k, order, renorm, b, eps, lo, scale)
+            out = torch.float32 if dtype == torch.float32 else torch.bfloat16
+            got_w, got_e = route_topk(
+                logits.to(device), k, order, renormalize=renorm, out_dtype=out,
+                bias=None if b is None else b.to(device), norm_eps=eps, norm_min=lo, scale=scale,
+            )  # fmt: skip
+            where = (n, e, k, order, dtype, renorm, bias)
+            assert got_w.dtype == out and got_e.dtype == torch.int64 and got_w.shape == (n, k), where
+            # the same experts, or where choice scores tie (BF16 logits do) others of the same score
+            assert torch.equal(got_e.cpu(), want_e) or torch.equal(
+                _choice_scores(logits, order, b).gather(1, got_e.cpu()),
+                _choice_scores(logits, order, b).gather(1, want_e),
+            ), where
+            tol = 4 * 2**-23 * want_w.abs() + 1e-30 if out == torch.float32 else 2**-8 * want_w.abs()
+            assert ((got_w.float().cpu() - want_w.to(out).float()).abs() <= tol).all(), where
+    with pytest.raises(ValueError, match="order must be one of"):
+        route_topk(torch.zeros(2, 4), 2, "softmax", renormalize=False, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"k must be in 1..4"):
+        route_topk(torch.zeros(2, 4), 5, "softmax_topk", renormalize=False, out_dtype=torch.float32)

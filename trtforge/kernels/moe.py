@@ -512,3 +512,113 @@ def fused_moe(
             num_warps=tile.num_warps, num_stages=tile.num_stages,
         )  # fmt: skip
     return out.view(n, k, h).sum(dim=1)
+
+
+#: routers of up to this many experts take :func:`route_topk` on CUDA (the program holds a row of scores)
+ROUTE_KERNEL_MAX_EXPERTS = 4096
+#: the routing orders :func:`route_topk` computes (llm.models.moe.ROUTINGS' order)
+ROUTE_ORDERS = ("softmax_topk", "topk_softmax", "sigmoid_topk", "topk_sigmoid")
+
+
+@triton.jit
+def _route_kernel(
+    Logits,
+    Bias,
+    Weights,
+    Experts,
+    E,
+    stride_row,
+    NORM_EPS,
+    NORM_MIN,
+    SCALE,
+    K: tl.constexpr,
+    K_POW2: tl.constexpr,
+    E_POW2: tl.constexpr,
+    ORDER: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RENORM: tl.constexpr,
+    HAS_MIN: tl.constexpr,
+):
+    """One token a program: its float32 scores (a softmax over the experts, a sigmoid of each, or the
+    logits themselves where the top k are chosen first), k rounds of picking the highest choice score (plus
+    the selection bias; the lowest expert id among ties) and taking its unbiased score, then a softmax or a
+    sigmoid of the k (where chosen first), renormalization, the scale, and the weights in Weights' dtype."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, E_POW2)
+    valid = offs < E
+    x = tl.load(Logits + row * stride_row + offs, mask=valid, other=0.0).to(tl.float32)
+    if ORDER == 0:
+        xm = tl.where(valid, x, float("-inf"))
+        num = tl.exp(xm - tl.max(xm, axis=0))
+        s = num / tl.sum(num, axis=0)
+    elif ORDER == 2:
+        s = tl.sigmoid(x)
+    else:
+        s = x
+    choice = s
+    if HAS_BIAS:
+        choice = s + tl.load(Bias + offs, mask=valid, other=0.0).to(tl.float32)
+    choice = tl.where(valid, choice, float("-inf"))
+    kofs = tl.arange(0, K_POW2)
+    top = tl.zeros([K_POW2], dtype=tl.float32)
+    ids = tl.zeros([K_POW2], dtype=tl.int32)
+    for j in tl.static_range(K):
+        best = tl.max(choice, axis=0)
+        idx = tl.min(tl.where(choice == best, offs, E_POW2), axis=0)
+        top = tl.where(kofs == j, tl.sum(tl.where(offs == idx, s, 0.0), axis=0), top)
+        ids = tl.where(kofs == j, idx, ids)
+        choice = tl.where(offs == idx, float("-inf"), choice)
+    kvalid = kofs < K
+    if ORDER == 1:
+        t = tl.where(kvalid, top, float("-inf"))
+        num = tl.where(kvalid, tl.exp(t - tl.max(t, axis=0)), 0.0)
+        top = num / tl.sum(num, axis=0)
+    elif ORDER == 3:
+        top = tl.sigmoid(top)
+    top = tl.where(kvalid, top, 0.0)
+    if RENORM:
+        total = tl.sum(top, axis=0) + NORM_EPS
+        if HAS_MIN:
+            total = tl.maximum(total, NORM_MIN)
+        top = top / total
+    top = top * SCALE
+    tl.store(Weights + row * K + kofs, top.to(Weights.dtype.element_ty), mask=kvalid)
+    tl.store(Experts + row * K + kofs, ids.to(tl.int64), mask=kvalid)
+
+
+def route_topk(
+    logits: torch.Tensor,
+    k: int,
+    order: str,
+    *,
+    renormalize: bool,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
+    norm_eps: float = 0.0,
+    norm_min: float | None = None,
+    scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A MoE router's top-k weights ``[N, k]`` (`out_dtype`) and expert ids (int64) from its logits
+    ``[N, E]`` in one launch, as :class:`trtforge.llm.models.moe.SparseMoe` routes in float32 (`order` one of
+    :data:`ROUTE_ORDERS`; `bias` the selection bias added to the scores for the choice only; the
+    renormalizing sum plus `norm_eps`, clamped below at `norm_min`; then times `scale`), sorted by
+    choice score as ``torch.topk`` sorts. Its exponentials may differ from torch's by an ulp. On CUDA this
+    replaces ~6 launches a layer (softmax, top-k, sum, divide, cast) inside a decode graph."""
+    if order not in ROUTE_ORDERS:
+        raise ValueError(f"route_topk: order must be one of {ROUTE_ORDERS}, got {order!r}")
+    n, e = logits.shape
+    if not 0 < k <= e:
+        raise ValueError(f"route_topk: k must be in 1..{e} (the experts), got {k}")
+    weights = torch.empty((n, k), dtype=out_dtype, device=logits.device)
+    experts = torch.empty((n, k), dtype=torch.int64, device=logits.device)
+    if n == 0:
+        return weights, experts
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    _route_kernel[(n,)](
+        logits, logits if bias is None else bias.contiguous(), weights, experts, e, logits.stride(0),
+        float(norm_eps), 0.0 if norm_min is None else float(norm_min), float(scale),
+        K=k, K_POW2=triton.next_power_of_2(k), E_POW2=max(16, triton.next_power_of_2(e)),
+        ORDER=ROUTE_ORDERS.index(order), HAS_BIAS=bias is not None, RENORM=bool(renormalize),
+        HAS_MIN=norm_min is not None, num_warps=4,
+    )  # fmt: skip
+    return weights, experts

@@ -76,6 +76,9 @@ FORMULATIONS = ("grouped", "dense", "fused")
 ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk", "topk_sigmoid")
 #: the expert weight layouts: transformers 5's plain fused one, gpt-oss's (see the module docstring)
 LAYOUTS = ("plain", "gpt_oss")
+#: on CUDA, routers whose math is all float32 and that limit no expert groups route in one Triton launch
+#: (:func:`trtforge.kernels.moe.route_topk`) rather than ~6 torch ops; False: the torch ops everywhere
+ROUTE_KERNEL = True
 
 
 def router(block: nn.Module) -> nn.Module | None:
@@ -213,6 +216,23 @@ class SparseMoe:
             logits = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
         else:
             logits = F.linear(x.to(weight.dtype), weight, bias)
+        out_dtype = logits.dtype if not self.float32_logits else x.dtype
+        out_dtype = torch.float32 if self.float32_weights else out_dtype
+        if logits.is_cuda and self._route_kernel_fits():
+            from trtforge.kernels.moe import route_topk
+
+            owner = self.bias_owner
+            return route_topk(
+                logits,
+                self.top_k,
+                self.routing,
+                renormalize=self.renormalize,
+                out_dtype=out_dtype,
+                bias=None if owner is None else owner.e_score_correction_bias.reshape(-1),
+                norm_eps=self.norm_eps,
+                norm_min=self.norm_min,
+                scale=self.scale,
+            )
         if self.routing in ("topk_softmax", "topk_sigmoid"):
             top, experts = torch.topk(logits.float() if self.float32_router else logits, self.top_k, dim=-1)
             weights = torch.softmax(top, dim=-1) if self.routing == "topk_softmax" else torch.sigmoid(top)
@@ -233,9 +253,20 @@ class SparseMoe:
             weights = weights / total
         if self.scale != 1.0:
             weights = weights * self.scale
-        if self.float32_weights:
-            return weights, experts
-        return weights.to(x.dtype if self.float32_logits else logits.dtype), experts
+        return weights.to(out_dtype), experts
+
+    def _route_kernel_fits(self) -> bool:
+        """Whether :func:`trtforge.kernels.moe.route_topk` computes this router's math: every score in
+        float32 (softmax or sigmoid first; top-k first only from float32 logits), no expert groups."""
+        from trtforge.kernels.moe import ROUTE_KERNEL_MAX_EXPERTS
+
+        float32 = self.routing in ("softmax_topk", "sigmoid_topk") or self.float32_router
+        return (
+            ROUTE_KERNEL
+            and float32
+            and self.expert_groups is None
+            and self.num_experts <= ROUTE_KERNEL_MAX_EXPERTS
+        )
 
     def _choice(self, scores: Tensor) -> Tensor:
         """The float32 scores [N, E] the top k are chosen by: plus the selection bias, and -inf off the
