@@ -14,9 +14,12 @@ layer, the expert-weight bandwidth (bytes of the experts the routing hits, read 
 expert TFLOP/s (2 N k 3 H I). Routing: a softmax top-k over random logits with a per-expert bias
 (ragged counts, as trained routers give).
 
-(2) End to end: a small random Mixtral-shaped model (BF16) served by the torch executor, decode ms/step
-at batch 1 and 8 after a prompt, with CUDA graphs and the fused MoE (the default) against eager grouped
-MoE (``torch_exec.MOE_FUSED`` off; the model's steps then run without graphs).
+(2) End to end: a small random Mixtral-shaped model (BF16; ``--e2e-model qwen3_moe``: Qwen3-30B-A3B's
+layer shapes, 128 experts, k 8) served by the torch executor, decode ms/step at batch 1 and 8 after a
+prompt, with CUDA graphs and the fused MoE (the default) against eager grouped MoE
+(``torch_exec.MOE_FUSED`` off; the model's steps then run without graphs). ``--skip-layers``: this part
+only. ``--set`` puts module settings in force for the whole run (``benchmarks/_settings.py``), e.g.
+``moe.ALIGN_KERNEL_MAX_PAIRS=0`` or ``trtforge.llm.models.moe.ROUTE_KERNEL=False`` for the older paths.
 
 ``--quick`` (< 2 minutes on the H200): fewer token counts and repetitions. ``--device cpu --quick``
 runs the same code paths on tiny shapes in Triton's interpreter (a check that the script runs; the
@@ -228,6 +231,44 @@ def _mixtral(dev: torch.device, tiny: bool):
         return tf.MixtralForCausalLM(cfg).to(dtype).eval()
 
 
+#: the end-to-end models (--e2e-model), as their rows name them
+E2E_MODELS = {
+    "mixtral": "mixtral-shaped 4 layers H1024 I3584 E8 k2",
+    "qwen3_moe": "qwen3-30b-a3b-shaped 4 layers H2048 I768 E128 k8",
+}
+
+
+def _qwen3_moe(dev: torch.device, tiny: bool):
+    """Qwen3-30B-A3B's layer shapes (many small experts: the routing and alignment weigh most), 4 layers."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    size = (
+        {"hidden_size": 64, "moe_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4}
+        if tiny
+        else {
+            "hidden_size": 2048,
+            "moe_intermediate_size": 768,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 32,
+        }
+    )
+    cfg = tf.Qwen3MoeConfig(
+        vocab_size=1024 if tiny else 32000,
+        num_key_value_heads=2 if tiny else 4,
+        head_dim=16 if tiny else 128,
+        num_experts=16 if tiny else 128,
+        num_experts_per_tok=4 if tiny else 8,
+        intermediate_size=4 * size["hidden_size"],
+        norm_topk_prob=True,
+        max_position_embeddings=2048,
+        **size,
+    )
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    with torch.device(dev):
+        return tf.Qwen3MoeForCausalLM(cfg).to(dtype).eval()
+
+
 def _decode_ms(ex, batch: int, prompt: int, steps: int, vocab: int) -> float:
     """Median ms of one decode step of `batch` sequences after a `prompt`-token prefill (greedy, tokens
     read back each step as a serving loop does)."""
@@ -264,11 +305,11 @@ def _decode_ms(ex, batch: int, prompt: int, steps: int, vocab: int) -> float:
     return statistics.median(times[2:] if len(times) > 4 else times)
 
 
-def bench_end_to_end(dev: torch.device, batches, steps: int) -> list[dict]:
+def bench_end_to_end(dev: torch.device, batches, steps: int, family: str = "mixtral") -> list[dict]:
     import trtforge.llm.executors.torch_exec as te
 
     tiny = dev.type != "cuda"
-    model = _mixtral(dev, tiny)
+    model = _mixtral(dev, tiny) if family == "mixtral" else _qwen3_moe(dev, tiny)
     vocab = int(model.config.vocab_size)
     blocks = 64 * max(batches) + 64
     rows = []
@@ -282,7 +323,7 @@ def bench_end_to_end(dev: torch.device, batches, steps: int) -> list[dict]:
             ex._adapter.moe_formulation = "fused"
         for b in batches:
             row = {
-                "model": "tiny-mixtral" if tiny else "mixtral-shaped 4 layers H1024 I3584 E8 k2",
+                "model": f"tiny-{family}" if tiny else E2E_MODELS[family],
                 "moe": ex._adapter.moe_formulation,
                 "cuda_graphs": ex.use_cuda_graphs,
                 "batch": b,
@@ -314,6 +355,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=str, default=None, help="comma-separated token counts")
     ap.add_argument("--configs", type=str, default=None, help="JSON tile table (see the docstring)")
     ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--skip-layers", action="store_true", help="the end-to-end part only")
+    ap.add_argument("--e2e-model", default="mixtral", choices=sorted(E2E_MODELS))
     ap.add_argument("--shapes", type=str, default=None, help="comma-separated names of SHAPES (default: all)")
     ap.add_argument(
         "--set",
@@ -360,12 +403,13 @@ def main() -> None:
         if unknown:
             ap.error(f"--shapes: unknown {unknown}; known: {sorted(SHAPES)}")
         shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
-    for name, shape in shapes.items():
+    for name, shape in {} if args.skip_layers else shapes.items():
         out["layers"] += bench_layer(name, shape, tokens, dev, reps)
         if dev.type == "cuda":
             torch.cuda.empty_cache()  # the shape's weights, before the next one's
     if not args.skip_e2e:
-        out["end_to_end"] = bench_end_to_end(dev, (1, 8), steps=8 if cpu else 24 if args.quick else 64)
+        steps = 8 if cpu else 24 if args.quick else 64
+        out["end_to_end"] = bench_end_to_end(dev, (1, 8), steps=steps, family=args.e2e_model)
     out["seconds"] = time.perf_counter() - t0
     args.out.write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out} ({out['seconds']:.0f} s)")
