@@ -354,7 +354,8 @@ def test_triton_executor_gives_the_torch_reference_greedy_tokens(device, family)
 
 # Llama-style configs the fused layers must follow (each drawn by test_config_variants too, on the torch
 # reference): a GQA ratio of 4 and head dim 24, MHA with llama3 rotary, yarn's scaled tables, q/k/v biases
-# with linear rotary, a window, Qwen3's head norms at head dim 8 and GQA 1, tied embeddings and eps
+# with linear rotary, a window, Qwen3's head norms at head dim 8 and GQA 1, tied embeddings and eps, CWM's
+# per-layer windows
 FUSED_VARIANTS = [
     ("llama", {"num_key_value_heads": 1, "head_dim": 24, "rms_norm_eps": 1e-5, "tie_word_embeddings": True}),
     (
@@ -379,6 +380,7 @@ FUSED_VARIANTS = [
     ("qwen2", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "num_key_value_heads": 1}),
     ("mistral", {"sliding_window": 20, "head_dim": 16}),
     ("qwen3", {"head_dim": 8, "num_key_value_heads": 1, "tie_word_embeddings": True}),
+    ("cwm", {}),  # its own RMSNorm class (Llama's math) and windows by layer_types: 4 keys, then full
 ]
 
 
