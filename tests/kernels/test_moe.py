@@ -610,8 +610,9 @@ def _choice_scores(logits, order, bias):
 def test_the_router_kernel_gives_the_torch_routing(device):
     """route_topk against the torch routing of every order, with and without renormalization, a selection
     bias, the eps / min of the sum and a scale, from float32 and BF16 logits, expert counts not a power of
-    two: the same experts in the same order, weights within 4 float32 ulps (its exponentials are not
-    torch's), in the dtype asked; the refusals."""
+    two: the same experts in the same order, weights within 16 float32 ulps (the softmax's and the
+    renormalization's sums run in another order; 4 failed on CUDA with Triton's approximate exp, since
+    replaced by libdevice's), in the dtype asked; the refusals."""
     from trtforge.kernels.moe import ROUTE_ORDERS, route_topk
 
     skip_unless_runs_here(device)
@@ -640,9 +641,39 @@ def test_the_router_kernel_gives_the_torch_routing(device):
                 _choice_scores(logits, order, b).gather(1, got_e.cpu()),
                 _choice_scores(logits, order, b).gather(1, want_e),
             ), where
-            tol = 4 * 2**-23 * want_w.abs() + 1e-30 if out == torch.float32 else 2**-8 * want_w.abs()
+            tol = 16 * 2**-23 * want_w.abs() + 1e-30 if out == torch.float32 else 2**-8 * want_w.abs()
             assert ((got_w.float().cpu() - want_w.to(out).float()).abs() <= tol).all(), where
     with pytest.raises(ValueError, match="order must be one of"):
         route_topk(torch.zeros(2, 4), 2, "softmax", renormalize=False, out_dtype=torch.float32)
     with pytest.raises(ValueError, match=r"k must be in 1..4"):
         route_topk(torch.zeros(2, 4), 5, "softmax_topk", renormalize=False, out_dtype=torch.float32)
+
+
+def _compile_small_kernels() -> list[dict]:
+    """The alignment and router kernels compiled for sm_90 (one child process): the alignment at 128 and
+    600 experts, the router in each order with a bias, renormalization and a min, E 128 and k 8."""
+    from trtforge.kernels import moe
+
+    out = []
+    pointers = {"Experts": "*i64", "SortedIds": "*i32", "BlockExpert": "*i32", "Padded": "*i32"}
+    for e_pow2 in (128, 1024):
+        consts = {"BLOCK_M": 16, "E_POW2": e_pow2, "CHUNK": 8192 // e_pow2, "FILL": 1024}
+        ints = {"P": 64, "E": e_pow2, "CAP": 1024, "NUM_BLOCKS": 64}
+        out.append(compile_facts(moe._align_kernel, pointers, ints, consts, num_warps=4, num_stages=1))
+    pointers = {"Logits": "*bf16", "Bias": "*fp32", "Weights": "*fp32", "Experts": "*i64"}
+    scalars = {"NORM_EPS": "fp32", "NORM_MIN": "fp32", "SCALE": "fp32"}
+    for order in range(len(moe.ROUTE_ORDERS)):
+        consts = {"K": 8, "K_POW2": 8, "E_POW2": 128, "ORDER": order, "HAS_BIAS": True, "RENORM": True}
+        consts |= {"HAS_MIN": True, "LIBDEVICE": True}
+        ints = {"E": 128, "stride_row": 128}
+        out.append(compile_facts(moe._route_kernel, pointers, ints, consts, 4, 1, scalars=scalars))
+    return out
+
+
+def test_the_alignment_and_router_kernels_compile_for_sm90_without_spills():
+    """The decode-path kernels beside the GEMMs (:func:`_align_kernel`, :func:`_route_kernel` with
+    libdevice's expf) assemble for sm_90 and spill nothing."""
+    needs_ptxas()
+    for i, facts in enumerate(run_in_child(f"{__name__}:_compile_small_kernels")):
+        assert facts["ptxas_rc"] == 0, (i, facts["ptxas"])
+        assert not any(facts["spills"]), (i, facts["ptxas"])

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from trtforge.kernels import interpreting
 
@@ -521,6 +522,15 @@ ROUTE_ORDERS = ("softmax_topk", "topk_softmax", "sigmoid_topk", "topk_sigmoid")
 
 
 @triton.jit
+def _expf(LIBDEVICE: tl.constexpr, x):
+    """e^x as CUDA's expf (libdevice, what torch's softmax and sigmoid call); Triton's own exp (the
+    approximate ex2, scaled) where there is no libdevice: the interpreter."""
+    if LIBDEVICE:
+        return libdevice.exp(x)
+    return tl.exp(x)
+
+
+@triton.jit
 def _route_kernel(
     Logits,
     Bias,
@@ -538,21 +548,23 @@ def _route_kernel(
     HAS_BIAS: tl.constexpr,
     RENORM: tl.constexpr,
     HAS_MIN: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
 ):
     """One token a program: its float32 scores (a softmax over the experts, a sigmoid of each, or the
     logits themselves where the top k are chosen first), k rounds of picking the highest choice score (plus
     the selection bias; the lowest expert id among ties) and taking its unbiased score, then a softmax or a
-    sigmoid of the k (where chosen first), renormalization, the scale, and the weights in Weights' dtype."""
+    sigmoid of the k (where chosen first), renormalization, the scale, and the weights in Weights' dtype.
+    Exponentials by libdevice's expf, as torch's softmax and sigmoid take them (:func:`_expf`)."""
     row = tl.program_id(0)
     offs = tl.arange(0, E_POW2)
     valid = offs < E
     x = tl.load(Logits + row * stride_row + offs, mask=valid, other=0.0).to(tl.float32)
     if ORDER == 0:
         xm = tl.where(valid, x, float("-inf"))
-        num = tl.exp(xm - tl.max(xm, axis=0))
+        num = _expf(LIBDEVICE, xm - tl.max(xm, axis=0))
         s = num / tl.sum(num, axis=0)
     elif ORDER == 2:
-        s = tl.sigmoid(x)
+        s = 1.0 / (1.0 + _expf(LIBDEVICE, -x))
     else:
         s = x
     choice = s
@@ -571,10 +583,10 @@ def _route_kernel(
     kvalid = kofs < K
     if ORDER == 1:
         t = tl.where(kvalid, top, float("-inf"))
-        num = tl.where(kvalid, tl.exp(t - tl.max(t, axis=0)), 0.0)
+        num = tl.where(kvalid, _expf(LIBDEVICE, t - tl.max(t, axis=0)), 0.0)
         top = num / tl.sum(num, axis=0)
     elif ORDER == 3:
-        top = tl.sigmoid(top)
+        top = 1.0 / (1.0 + _expf(LIBDEVICE, -top))
     top = tl.where(kvalid, top, 0.0)
     if RENORM:
         total = tl.sum(top, axis=0) + NORM_EPS
@@ -602,7 +614,7 @@ def route_topk(
     ``[N, E]`` in one launch, as :class:`trtforge.llm.models.moe.SparseMoe` routes in float32 (`order` one of
     :data:`ROUTE_ORDERS`; `bias` the selection bias added to the scores for the choice only; the
     renormalizing sum plus `norm_eps`, clamped below at `norm_min`; then times `scale`), sorted by
-    choice score as ``torch.topk`` sorts. Its exponentials may differ from torch's by an ulp. On CUDA this
+    choice score as ``torch.topk`` sorts; its sums run in another order than torch's. On CUDA this
     replaces ~6 launches a layer (softmax, top-k, sum, divide, cast) inside a decode graph."""
     if order not in ROUTE_ORDERS:
         raise ValueError(f"route_topk: order must be one of {ROUTE_ORDERS}, got {order!r}")
@@ -619,6 +631,6 @@ def route_topk(
         float(norm_eps), 0.0 if norm_min is None else float(norm_min), float(scale),
         K=k, K_POW2=triton.next_power_of_2(k), E_POW2=max(16, triton.next_power_of_2(e)),
         ORDER=ROUTE_ORDERS.index(order), HAS_BIAS=bias is not None, RENORM=bool(renormalize),
-        HAS_MIN=norm_min is not None, num_warps=4,
+        HAS_MIN=norm_min is not None, LIBDEVICE=not interpreting(), num_warps=4,
     )  # fmt: skip
     return weights, experts
