@@ -355,6 +355,8 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         # strides): the per-expert loop of its modeling files
         moe["experts_implementation"] = "eager"
         cfg_cls, cls = MOE_CLASSES[family]
+        if not hasattr(tf, cfg_cls):  # (Param2-MoE's, Sarvam-MoE's: new in 5.2x; test-floor runs 5.17)
+            pytest.skip(f"transformers {tf.__version__} has no {cfg_cls}")
         cfg = getattr(tf, cfg_cls)(**(llama_like | moe | overrides))
         cls = getattr(tf, cls)
     elif family == "olmo":  # non-parametric LayerNorms, q/k/v clipped at 1 (the projections reach ~4)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import trtforge.llm.api
-from tests.llm.tiny_models import MOE_FAMILIES, hf_greedy, prompts, tiny_model
+from tests.llm.tiny_models import MOE_CLASSES, MOE_FAMILIES, hf_greedy, prompts, tiny_model
 from trtforge.errors import UserError
 from trtforge.llm.compile.export import export_step
 from trtforge.llm.executors.base import StepBatch
@@ -58,20 +58,25 @@ def test_moe_step_graph_matches_hf_generate(family, tmp_path):
 
 
 def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
-    """Routing forms, the shared expert, dense layers among sparse ones, and every expert hit."""
-    kinds = {f: adapter_for(tiny_model(f)).spec for f in MOE_FAMILIES}
+    """Routing forms, the shared expert, dense layers among sparse ones, and every expert hit (of the
+    families whose config class this transformers has: test-floor's 5.17 lacks Param2-MoE's and
+    Sarvam-MoE's)."""
+    import transformers
+
+    here = [f for f in MOE_FAMILIES if hasattr(transformers, MOE_CLASSES[f][0])]
+    kinds = {f: adapter_for(tiny_model(f)).spec for f in here}
     assert kinds["qwen2_moe"].mlp_kinds == ["moe", "dense", "moe"]
     assert kinds["qwen3_moe"].mlp_kinds == ["dense", "moe", "dense"]
     assert kinds["qwen2_moe"].moe["shared_expert_size"] == 96
     assert kinds["mixtral"].moe["renormalize"] and kinds["mixtral"].moe["float32_weights"]
     assert kinds["qwen3_moe"].moe["renormalize"] and not kinds["olmoe"].moe["renormalize"]
-    assert {f for f in MOE_FAMILIES if kinds[f].moe["routing"] == "topk_softmax"} == {
+    assert {f for f in here if kinds[f].moe["routing"] == "topk_softmax"} == {
         "granitemoe",
         "granitemoeshared",
         "granitemoe_swa",
         "gpt_oss",
     }
-    assert {f for f in MOE_FAMILIES if kinds[f].moe["layout"] == "gpt_oss"} == {"gpt_oss"}
+    assert {f for f in here if kinds[f].moe["layout"] == "gpt_oss"} == {"gpt_oss"}
     assert kinds["granitemoeshared"].moe["shared_expert_size"] == 96
     # HunYuan-MoE's shared MLP, ERNIE 4.5-MoE's and GLM-4.5's shared experts and dense first layers;
     # their selection biases, GLM-4.5's sigmoid scores over expert groups and its routed scale
@@ -79,8 +84,8 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert hunyuan["shared_expert_size"] == 64 and hunyuan["renormalize"]
     assert kinds["ernie4_5_moe"].mlp_kinds == kinds["glm4_moe"].mlp_kinds == ["dense", "moe", "moe"]
     assert kinds["ernie4_5_moe"].moe["shared_expert_size"] == 128
-    biased = {f for f in MOE_FAMILIES if kinds[f].moe["selection_bias"]}
-    glm_kin = {"param2moe", "sarvam_moe", "solar_open"}
+    biased = {f for f in here if kinds[f].moe["selection_bias"]}
+    glm_kin = {"param2moe", "sarvam_moe", "solar_open"} & set(here)
     assert biased == {"ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", *glm_kin}
     glm = kinds["glm4_moe"].moe
     assert glm["routing"] == "sigmoid_topk" and glm["expert_groups"] == [2, 1] and glm["scale"] == 2.5
@@ -97,13 +102,13 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     cohere = kinds["cohere2_moe"].moe
     assert cohere["routing"] == "topk_sigmoid" and cohere["renormalize"]
     assert cohere["shared_expert_size"] == 64
-    assert {f for f in MOE_FAMILIES if kinds[f].moe["shared_average"]} == {"cohere2_moe"}
+    assert {f for f in here if kinds[f].moe["shared_average"]} == {"cohere2_moe"}
     # (GraniteMoeShared's shared_intermediate_size 0: its layers' shared_mlp is None, no shared expert)
     assert (
         adapter_for(tiny_model("granitemoeshared", shared_intermediate_size=0)).spec.moe["shared_expert_size"]
         is None
     )
-    for family in MOE_FAMILIES:
+    for family in here:
         adapter = adapter_for(tiny_model(family))
         x = torch.randn(40, adapter.config.hidden_size, generator=torch.Generator().manual_seed(0))
         moe = next(m for m in adapter.moe if m is not None)
