@@ -87,16 +87,22 @@ def _same_kind(got: np.dtype, want: np.dtype) -> bool:
     return kind(got) == kind(want)
 
 
-def load_npz(path: Path, specs: list[TensorSpec]) -> Chunk:
+def read_npz(path: Path, where: str | None = None) -> Chunk:
+    """Every array of a .npz file, never unpickling; UserError naming `where` (default: the file) for
+    any way numpy fails to read it (an empty, truncated or non-zip file, object arrays)."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            raw = {k: z[k] for k in z.files}
+            return {k: np.asarray(z[k]) for k in z.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        where = where or f"'{path}'"
         raise UserError(
-            f"'{path}' is not a readable .npz file ({type(e).__name__}: {e}); expected arrays written by "
-            "numpy.savez, one per input name."
+            f"{where} is not a readable .npz file ({type(e).__name__}: {e}); expected "
+            "arrays written by numpy.savez, one per input name."
         ) from e
-    return validate_chunk(raw, specs, f"'{path}'")
+
+
+def load_npz(path: Path, specs: list[TensorSpec]) -> Chunk:
+    return validate_chunk(read_npz(path), specs, f"'{path}'")
 
 
 def _load_npy(path: Path) -> np.ndarray:
