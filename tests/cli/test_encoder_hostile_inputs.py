@@ -23,6 +23,31 @@ def _report_npz(content: bytes) -> Setup:
     return setup
 
 
+def _engine(d: Path, name: str = "m.engine") -> Path:
+    """A consistent stand-in engine + manifest pair at d/name (x[B,64] -> y, s; batch 1..32)."""
+    from trtforge._fileio import sha256_bytes
+    from trtforge.core.manifest import publish_engine
+    from trtforge.runtime.standin import standin_manifest
+
+    data = b"engine bytes" * 20
+    m = standin_manifest()
+    m.engine_file, m.engine_bytes, m.engine_sha256 = name, len(data), sha256_bytes(data)
+    d.mkdir(parents=True, exist_ok=True)
+    publish_engine(d / name, data, m)
+    return d / name
+
+
+def _triton(*argv: str, engine: str = "m.engine") -> Setup:
+    """export-triton of a stand-in engine at `engine` (relative to the work directory) with `argv`."""
+
+    def setup(d: Path) -> list[str]:
+        path = Path(engine)
+        _engine(d / path.parent, path.name)
+        return ["export-triton", engine, *argv]
+
+    return setup
+
+
 CASES: dict[str, tuple[Setup, str]] = {
     "report: --data .npz that is not a zip": (
         _report_npz(b"PK\x03\x04 not a zip archive"),
@@ -31,6 +56,38 @@ CASES: dict[str, tuple[Setup, str]] = {
     "report: empty --data .npz": (
         _report_npz(b""),
         r"--data 'c\.npz' is not a readable \.npz file \(EOFError",
+    ),
+    "export-triton: --max-queue-delay-us beyond uint64": (
+        _triton("-o", "repo", "--max-queue-delay-us", "9" * 30),
+        r"--max-queue-delay-us 9{30} is out of range: .* 0\.\.18446744073709551615",
+    ),
+    "export-triton --force into the model directory that holds the engine": (
+        _triton("-o", "repo", "--force", engine="repo/m/m.engine"),
+        r"the model directory 'repo/m' is or holds 'repo/m/m\.engine', a file being exported",
+    ),
+    "export-triton --force with --name the engine itself": (
+        _triton("-o", ".", "--name", "m.engine", "--force", "--no-validate"),
+        r"the model directory 'm\.engine' is or holds 'm\.engine'",
+    ),
+    "export-triton --preferred-batch-size with --no-dynamic-batching": (
+        _triton("-o", "repo", "--no-dynamic-batching", "--preferred-batch-size", "4", "--no-validate"),
+        r"--preferred-batch-size configures Triton's dynamic batcher, but --no-dynamic-batching turns it off",
+    ),
+    "export-triton --max-queue-delay-us at max batch 1": (
+        _triton("-o", "repo", "--max-batch", "1", "--max-queue-delay-us", "100", "--no-validate"),
+        r"--max-queue-delay-us configures .* off by default at max batch size 1; pass --dynamic-batching",
+    ),
+    "export-triton --dynamic-batching with --max-batch 0": (
+        _triton("-o", "repo", "--max-batch", "0", "--dynamic-batching", "--no-validate"),
+        r"this one cannot batch: --max-batch 0 turns batching off\.",
+    ),
+    "export-triton --name ''": (
+        _triton("-o", "repo", "--name", "", "--no-validate"),
+        r"--name '' is not a valid model directory name",
+    ),
+    "export-triton --name over the filesystem limit": (
+        _triton("-o", "repo", "--name", "n" * 300, "--no-validate"),
+        r"--name 'repo/n{300}': the file name is 300 bytes long; this filesystem allows 255",
     ),
 }
 
