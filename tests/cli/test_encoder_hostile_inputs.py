@@ -4,12 +4,15 @@ harness as test_bad_inputs (its `workdir` fixture and snapshot rule)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.cli.test_bad_inputs import Setup, _tiny, assert_exits_2_cleanly, workdir  # noqa: F401 - a fixture
 from tests.models import tiny_onnx
+
+CORES = len(os.sched_getaffinity(0))
 
 
 def _report_npz(content: bytes) -> Setup:
@@ -56,6 +59,12 @@ CASES: dict[str, tuple[Setup, str]] = {
     "report: empty --data .npz": (
         _report_npz(b""),
         r"--data 'c\.npz' is not a readable \.npz file \(EOFError",
+    ),
+    "report --threads beyond the CPU cores": (
+        _tiny(
+            "report", "m.onnx", "-o", "rep", "--targets", "ort", "--no-progress", "--threads", str(CORES + 1)
+        ),
+        rf"--threads {CORES + 1} is outside 1\.\.{CORES}: this process runs on {CORES} CPU core",
     ),
     "export-triton: --max-queue-delay-us beyond uint64": (
         _triton("-o", "repo", "--max-queue-delay-us", "9" * 30),
