@@ -40,6 +40,17 @@ def _engine(d: Path, name: str = "m.engine") -> Path:
     return d / name
 
 
+def _manifest(content: bytes) -> Setup:
+    """inspect a stand-in engine whose manifest is replaced by `content`."""
+
+    def setup(d: Path) -> list[str]:
+        _engine(d)
+        (d / "m.engine.json").write_bytes(content)
+        return ["inspect", "m.engine"]
+
+    return setup
+
+
 def _triton(*argv: str, engine: str = "m.engine") -> Setup:
     """export-triton of a stand-in engine at `engine` (relative to the work directory) with `argv`."""
 
@@ -65,6 +76,10 @@ CASES: dict[str, tuple[Setup, str]] = {
             "report", "m.onnx", "-o", "rep", "--targets", "ort", "--no-progress", "--threads", str(CORES + 1)
         ),
         rf"--threads {CORES + 1} is outside 1\.\.{CORES}: this process runs on {CORES} CPU core",
+    ),
+    "inspect: manifest nested deeper than the JSON parser recurses": (
+        _manifest(b"[" * 100_000 + b"]" * 100_000),
+        r"manifest 'm\.engine\.json' is not valid JSON: maximum recursion depth exceeded",
     ),
     "export-triton: --max-queue-delay-us beyond uint64": (
         _triton("-o", "repo", "--max-queue-delay-us", "9" * 30),
