@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_bad_inputs import Setup, _tiny, assert_exits_2_cleanly, workdir  # noqa: F401 - a fixture
+from tests.cli.test_bad_inputs import Setup, _graph_onnx, _relu, _tiny, _vi, assert_exits_2_cleanly, workdir  # noqa: F401 - a fixture
 from tests.models import tiny_onnx
 
 CORES = len(os.sched_getaffinity(0))
@@ -63,6 +63,22 @@ def _triton(*argv: str, engine: str = "m.engine") -> Setup:
 
 
 CASES: dict[str, tuple[Setup, str]] = {
+    "compile: an input without an element type": (
+        _graph_onnx(
+            "untyped", _relu(), lambda: [_vi("x", "UNDEFINED", [2, 4])], lambda: [_vi("y", "FLOAT", [2, 4])]
+        ),
+        r"'untyped\.onnx': graph input 'x' declares no element type \(elem_type 0, UNDEFINED\)",
+    ),
+    "optimize: an output without an element type": (
+        _graph_onnx(
+            "untyped_out",
+            _relu(),
+            lambda: [_vi("x", "FLOAT", [2, 4])],
+            lambda: [_vi("y", "UNDEFINED", [2, 4])],
+            command="optimize",
+        ),
+        r"'untyped_out\.onnx': graph output 'y' declares no element type",
+    ),
     "report: --data .npz that is not a zip": (
         _report_npz(b"PK\x03\x04 not a zip archive"),
         r"--data 'c\.npz' is not a readable \.npz file \(BadZipFile",
