@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.cli.test_bad_inputs import Setup, _graph_onnx, _relu, _tiny, _vi, assert_exits_2_cleanly, workdir  # noqa: F401 - a fixture
@@ -24,6 +25,36 @@ def _report_npz(content: bytes) -> Setup:
         return ["report", "m.onnx", "-o", "rep", "--targets", "ort", "--data", "c.npz", "--no-progress"]
 
     return setup
+
+
+def _wide_onnx(d: Path) -> Path:
+    """x[B,4] -> MatMul(W[4,32]) -> h -> MatMul(W2[32,32]) -> y: mm2 is wide enough to quantize."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 32)).astype(np.float32), "W")
+    w2 = numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float32), "W2")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"], name="mm1"),
+            helper.make_node("MatMul", ["h", "W2"], ["y"], name="mm2"),
+        ],
+        "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])],
+        [w, w2],
+    )
+    path = d / "wide.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def _overflowing_calibration(d: Path) -> list[str]:
+    """Finite calibration data (3e38) whose activation h = x @ W overflows float32 to inf everywhere."""
+    _wide_onnx(d)
+    np.savez(d / "c.npz", x=np.full((4, 4), 3e38, np.float32))
+    return ["calibrate", "wide.onnx", "--data", "c.npz", "-o", "q.onnx", "--quiet", "--no-smoothquant"]
 
 
 def _engine(d: Path, name: str = "m.engine") -> Path:
@@ -78,6 +109,11 @@ CASES: dict[str, tuple[Setup, str]] = {
             command="optimize",
         ),
         r"'untyped_out\.onnx': graph output 'y' declares no element type",
+    ),
+    "calibrate: data that overflows to inf inside the model": (
+        _overflowing_calibration,
+        r"calibration data c\.npz gave activation 'h' \(input of node\(s\) \['mm2'\]\) no finite value: all "
+        r"128 were NaN/inf",
     ),
     "report: --data .npz that is not a zip": (
         _report_npz(b"PK\x03\x04 not a zip archive"),
