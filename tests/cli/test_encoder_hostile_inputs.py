@@ -50,11 +50,25 @@ def _wide_onnx(d: Path) -> Path:
     return path
 
 
-def _overflowing_calibration(d: Path) -> list[str]:
-    """Finite calibration data (3e38) whose activation h = x @ W overflows float32 to inf everywhere."""
-    _wide_onnx(d)
-    np.savez(d / "c.npz", x=np.full((4, 4), 3e38, np.float32))
-    return ["calibrate", "wide.onnx", "--data", "c.npz", "-o", "q.onnx", "--quiet", "--no-smoothquant"]
+def _calibrate(value: float, *extra: str) -> Setup:
+    """calibrate the wide model on 4 samples of `value` (3e38: finite, but h = x @ W overflows to inf)."""
+
+    def setup(d: Path) -> list[str]:
+        _wide_onnx(d)
+        np.savez(d / "c.npz", x=np.full((4, 4), value, np.float32))
+        return [
+            "calibrate",
+            "wide.onnx",
+            "--data",
+            "c.npz",
+            "-o",
+            "q.onnx",
+            "--quiet",
+            "--no-smoothquant",
+            *extra,
+        ]
+
+    return setup
 
 
 def _engine(d: Path, name: str = "m.engine") -> Path:
@@ -111,9 +125,13 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"'untyped_out\.onnx': graph output 'y' declares no element type",
     ),
     "calibrate: data that overflows to inf inside the model": (
-        _overflowing_calibration,
+        _calibrate(3e38),
         r"calibration data c\.npz gave activation 'h' \(input of node\(s\) \['mm2'\]\) no finite value: all "
         r"128 were NaN/inf",
+    ),
+    "calibrate --percentile with another --method": (
+        _calibrate(1.0, "--method", "max", "--percentile", "99.9"),
+        r"--percentile only applies to --method percentile \(got --method max\)",
     ),
     "report: --data .npz that is not a zip": (
         _report_npz(b"PK\x03\x04 not a zip archive"),
