@@ -133,6 +133,10 @@ CASES: dict[str, tuple[Setup, str]] = {
         _calibrate(1.0, "--method", "max", "--percentile", "99.9"),
         r"--percentile only applies to --method percentile \(got --method max\)",
     ),
+    "calibrate --real-tokens on a model without an attention mask": (
+        _calibrate(1.0, "--real-tokens"),
+        r"--real-tokens \(only_real_tokens=True\) needs a rank-2 'attention_mask' model input",
+    ),
     "report: --data .npz that is not a zip": (
         _report_npz(b"PK\x03\x04 not a zip archive"),
         r"--data 'c\.npz' is not a readable \.npz file \(BadZipFile",

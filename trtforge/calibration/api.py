@@ -148,7 +148,10 @@ def calibrate_model(
     mask = has_mask_input(work)
     real_tokens = mask if only_real_tokens is None else only_real_tokens
     if real_tokens and not mask:
-        raise UserError("only_real_tokens needs a rank-2 'attention_mask' model input; this model has none.")
+        raise UserError(
+            "--real-tokens (only_real_tokens=True) needs a rank-2 'attention_mask' model input to tell real "
+            "tokens from padding; this model has none. Drop it (or pass --all-tokens)."
+        )
     cache_in = Path(calib_cache) if calib_cache and Path(calib_cache).exists() else None
     if cache_in is not None and smoothquant is not None:
         raise UserError(
