@@ -137,6 +137,14 @@ CASES: dict[str, tuple[Setup, str]] = {
         _calibrate(1.0, "--real-tokens"),
         r"--real-tokens \(only_real_tokens=True\) needs a rank-2 'attention_mask' model input",
     ),
+    "optimize --verify-shape with --no-verify": (
+        _tiny("optimize", "m.onnx", "-o", "o.onnx", "--no-verify", "--verify-shape", "x:2x4"),
+        r"--verify-shape feeds verification .* but --no-verify turns verification off",
+    ),
+    "optimize --verify-shape with an empty dynamic axis": (
+        _tiny("optimize", "m.onnx", "-o", "o.onnx", "--verify-shape", "x:0x4"),
+        r"--verify-shape x: dim 0 of 0x4 is 0; an empty input runs no computation",
+    ),
     "report: --data .npz that is not a zip": (
         _report_npz(b"PK\x03\x04 not a zip archive"),
         r"--data 'c\.npz' is not a readable \.npz file \(BadZipFile",
