@@ -163,6 +163,11 @@ CASES: dict[str, tuple[Setup, str]] = {
         _manifest(b"[" * 100_000 + b"]" * 100_000),
         r"manifest 'm\.engine\.json' is not valid JSON: maximum recursion depth exceeded",
     ),
+    "report --calibration-data without an INT8 target": (
+        _tiny("report", "m.onnx", "-o", "rep", "--targets", "ort,ort-fp16", "--calibration-data", "m.onnx"),
+        r"--calibration-data feeds only the INT8 targets \(ort-int8, trt-int8\), and none of this report's "
+        r"targets \(ort, ort-fp16\) is one",
+    ),
     "export-triton: --max-queue-delay-us beyond uint64": (
         _triton("-o", "repo", "--max-queue-delay-us", "9" * 30),
         r"--max-queue-delay-us 9{30} is out of range: .* 0\.\.18446744073709551615",

@@ -257,6 +257,11 @@ def build_report(
     check_out_dir(out_dir)
     _check_data_path(data, "--data")
     _check_data_path(calibration_data, "--calibration-data")
+    if calibration_data is not None and not set(names) & set(INT8_TARGETS):
+        raise UserError(
+            f"--calibration-data feeds only the INT8 targets ({', '.join(INT8_TARGETS)}), and none of this "
+            f"report's targets ({', '.join(names)}) is one: add one to --targets, or drop --calibration-data."
+        )
     notes: list[str] = []
     with work_directory("trtforge-report-") as workdir:
         bar = StepProgress(progress, 2 * len(names))
