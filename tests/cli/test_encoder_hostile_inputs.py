@@ -10,7 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.cli.test_bad_inputs import Setup, _graph_onnx, _relu, _tiny, _vi, assert_exits_2_cleanly, workdir  # noqa: F401 - a fixture
+from tests.cli.test_bad_inputs import (
+    Setup,
+    _factory,
+    _graph_onnx,
+    _relu,
+    _tiny,
+    _vi,
+    assert_exits_2_cleanly,
+    workdir,  # noqa: F401 - a fixture
+)
 from tests.models import tiny_onnx
 
 CORES = len(os.sched_getaffinity(0))
@@ -108,6 +117,14 @@ def _triton(*argv: str, engine: str = "m.engine") -> Setup:
 
 
 CASES: dict[str, tuple[Setup, str]] = {
+    "compile: factory with a str example input": (
+        _factory("def make():\n    return Lin(), ('abc',)\n"),
+        r"example input\(s\) 'x' \(str\) are not torch\.Tensors",
+    ),
+    "compile: factory with a NumPy example input": (
+        _factory("import numpy as np\ndef make():\n    return Lin(), [np.zeros((2, 4), np.float32)]\n"),
+        r"example input\(s\) 'x' \(ndarray\) are not torch\.Tensors; .* torch\.from_numpy",
+    ),
     "compile: an input without an element type": (
         _graph_onnx(
             "untyped", _relu(), lambda: [_vi("x", "UNDEFINED", [2, 4])], lambda: [_vi("y", "FLOAT", [2, 4])]

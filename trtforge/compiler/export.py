@@ -76,10 +76,7 @@ def normalize_inputs(module: Any, example_inputs: Any) -> dict[str, Any]:
     import torch
 
     if isinstance(example_inputs, Mapping):
-        bad = [k for k, v in example_inputs.items() if not isinstance(v, torch.Tensor)]
-        if bad:
-            raise UserError(f"example input(s) {bad} are not torch.Tensors; export needs tensors.")
-        return dict(example_inputs)
+        return _tensors_only(dict(example_inputs))
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     if not isinstance(example_inputs, (tuple, list)) or not example_inputs:
@@ -97,7 +94,21 @@ def normalize_inputs(module: Any, example_inputs: Any) -> dict[str, Any]:
             f"{type(module).__name__}.forward takes {len(params)} positional inputs but "
             f"{len(example_inputs)} example inputs were given."
         )
-    return {p.name: t for p, t in zip(params, example_inputs)}
+    return _tensors_only({p.name: t for p, t in zip(params, example_inputs)})
+
+
+def _tensors_only(feeds: dict[str, Any]) -> dict[str, Any]:
+    """`feeds`, or a UserError naming each example input that is not a torch.Tensor (a str, a NumPy array)
+    and its type: the exporters trace tensors only."""
+    import torch
+
+    bad = [f"'{k}' ({type(v).__name__})" for k, v in feeds.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise UserError(
+            f"example input(s) {', '.join(bad)} are not torch.Tensors; export needs tensors (convert a "
+            "NumPy array with torch.from_numpy)."
+        )
+    return feeds
 
 
 def resolve_dynamic(spec: DynamicSpec, inputs: Mapping[str, Any]) -> dict[str, dict[int, str]]:
