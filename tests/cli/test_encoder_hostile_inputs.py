@@ -162,6 +162,18 @@ CASES: dict[str, tuple[Setup, str]] = {
         _tiny("optimize", "m.onnx", "-o", "o.onnx", "--verify-shape", "x:0x4"),
         r"--verify-shape x: dim 0 of 0x4 is 0; an empty input runs no computation",
     ),
+    "compile --report equal to -o": (
+        _tiny("compile", "m.onnx", "-o", "out", "--report", "out"),
+        r"--report and -o \(engine\) name the same file 'out'",
+    ),
+    "compile --report equal to --save-onnx": (
+        _tiny("compile", "m.onnx", "-o", "o.engine", "--save-onnx", "rep", "--report", "./rep"),
+        r"--report and --save-onnx name the same file",
+    ),
+    "compile --report an existing file": (
+        _tiny("compile", "m.onnx", "-o", "o.engine", "--report", "m.onnx/"),
+        r"report directory 'm\.onnx' exists and is not a directory",
+    ),
     "report: --data .npz that is not a zip": (
         _report_npz(b"PK\x03\x04 not a zip archive"),
         r"--data 'c\.npz' is not a readable \.npz file \(BadZipFile",
