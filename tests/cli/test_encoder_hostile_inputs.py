@@ -117,6 +117,20 @@ def _triton(*argv: str, engine: str = "m.engine") -> Setup:
 
 
 CASES: dict[str, tuple[Setup, str]] = {
+    "compile: a model whose forward returns None": (
+        _factory(
+            "def make():\n    class Nothing(Lin):\n        def forward(self, x):\n            return None\n"
+            "    return Nothing(), (torch.zeros(2, 4),)\n"
+        ),
+        r"the model returns no tensor \(its forward returned None\)",
+    ),
+    "compile: a model whose forward returns an empty tuple": (
+        _factory(
+            "def make():\n    class Nothing(Lin):\n        def forward(self, x):\n            return ()\n"
+            "    return Nothing(), (torch.zeros(2, 4),)\n"
+        ),
+        r"the model returns no tensor \(its forward returned a tuple holding no tensor\)",
+    ),
     "compile: factory with a str example input": (
         _factory("def make():\n    return Lin(), ('abc',)\n"),
         r"example input\(s\) 'x' \(str\) are not torch\.Tensors",

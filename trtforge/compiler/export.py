@@ -139,8 +139,16 @@ def resolve_dynamic(spec: DynamicSpec, inputs: Mapping[str, Any]) -> dict[str, d
 
 
 def flatten_outputs(obj: Any) -> list[Any]:
-    """Flatten a torch output (tensor, tuple, dict, transformers ModelOutput) in exporter order."""
-    return [t for _, t in _named_outputs(obj, ())]
+    """Flatten a torch output (tensor, tuple, dict, transformers ModelOutput) in exporter order; UserError
+    when it holds no tensor (None, an empty tuple): the exported graph would have no output to run."""
+    tensors = [t for _, t in _named_outputs(obj, ())]
+    if not tensors:
+        got = "None" if obj is None else f"a {type(obj).__name__} holding no tensor"
+        raise UserError(
+            f"the model returns no tensor (its forward returned {got}); a model to compile needs at least "
+            "one tensor output."
+        )
+    return tensors
 
 
 def _named_outputs(obj: Any, path: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], Any]]:
