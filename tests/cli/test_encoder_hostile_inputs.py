@@ -131,6 +131,35 @@ CASES: dict[str, tuple[Setup, str]] = {
         ),
         r"the model returns no tensor \(its forward returned a tuple holding no tensor\)",
     ),
+    "compile --output-name twice the same": (
+        lambda d: [
+            *_factory(
+                "def make():\n    class Two(Lin):\n        def forward(self, x):\n"
+                "            return self.lin(x), self.lin(x) * 2\n    return Two(), (torch.zeros(2, 4),)\n"
+            )(d),
+            "--output-name",
+            "a",
+            "--output-name",
+            "a",
+        ],
+        r"--output-name \(output_names\) \['a', 'a'\] has \['a'\] more than once",
+    ),
+    "compile --output-name ''": (
+        lambda d: [
+            *_factory("def make():\n    return Lin(), (torch.zeros(2, 4),)\n")(d),
+            "--output-name",
+            "",
+        ],
+        r"--output-name \(output_names\) \[''\] has an empty name",
+    ),
+    "compile --output-name an input's name": (
+        lambda d: [
+            *_factory("def make():\n    return Lin(), (torch.zeros(2, 4),)\n")(d),
+            "--output-name",
+            "x",
+        ],
+        r"has \['x'\], which the model's inputs are also named",
+    ),
     "compile: factory with a str example input": (
         _factory("def make():\n    return Lin(), ('abc',)\n"),
         r"example input\(s\) 'x' \(str\) are not torch\.Tensors",

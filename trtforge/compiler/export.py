@@ -299,10 +299,7 @@ def export_module(
     raw = _forward(module, feeds)
     reference = flatten_outputs(raw)
     names = list(output_names) if output_names else default_output_names(raw, input_names)
-    if len(names) != len(reference):
-        raise UserError(
-            f"{len(names)} output names given for a model with {len(reference)} outputs: {names}."
-        )
+    check_output_names(names, len(reference), input_names)
     _check_outputs(module, reference, names)
     path = Path(workdir) / "model.onnx"
     record = ExportRecord(
@@ -388,6 +385,30 @@ def _check_exportable(module: Any, feeds: Mapping[str, Any]) -> None:
         raise UserError(
             f"example input(s) {', '.join(empty)} have a size-0 axis; the exporters trace shapes from the "
             "examples, so give every axis at least one element (and --dynamic for axes that vary)."
+        )
+
+
+def check_output_names(names: Sequence[str], n_outputs: int, input_names: Sequence[str]) -> None:
+    """UserError unless `names` (--output-name, output_names=) are one distinct, non-empty name per
+    output that no input also has: the exported graph would otherwise fail ONNX's checker on a file in
+    trtforge's work directory, or the exporter would rename a repeated name quietly ('a' -> 'a.1')."""
+    if len(names) != n_outputs:
+        raise UserError(
+            f"{len(names)} output names given for a model with {n_outputs} outputs: {list(names)}."
+        )
+    problems = []
+    if any(not str(n).strip() for n in names):
+        problems.append("an empty name")
+    twice = sorted({n for n in names if list(names).count(n) > 1})
+    if twice:
+        problems.append(f"{twice} more than once")
+    clash = sorted(set(names) & set(input_names))
+    if clash:
+        problems.append(f"{clash}, which the model's inputs are also named")
+    if problems:
+        raise UserError(
+            f"--output-name (output_names) {list(names)} has {' and '.join(problems)}; give every output its "
+            "own non-empty name that is not an input's."
         )
 
 
