@@ -227,6 +227,13 @@ def _export_dynamo(module, feeds, dynamic, opset, input_names, output_names, pat
         raise ExportError("the dynamo exporter returned no program")
     # external_data=None: ONNXProgram.save writes weights externally only when the model exceeds 2 GB.
     program.save(str(path), external_data=None)
+    if opset is not None:  # its version converter gives up quietly, keeping the opset it exported at
+        import onnx
+
+        imports = onnx.load(str(path), load_external_data=False).opset_import
+        got = next((o.version for o in imports if o.domain in ("", "ai.onnx")), None)
+        if got != opset:
+            raise ExportError(f"it wrote opset {got}, not the --opset {opset} asked for (no conversion down)")
 
 
 def _dim_ident(dim: str) -> str:
@@ -254,17 +261,20 @@ def _export_legacy(module, feeds, dynamic, opset, input_names, output_names, pat
 
 
 def run_quietly(fn: Any, *args: Any) -> None:
-    """Run an exporter without its progress chatter, tracer warnings and torch.onnx log lines."""
+    """Run an exporter without its progress chatter, tracer warnings and the log lines of torch.onnx and
+    onnxscript (whose version converter logs a traceback when it cannot reach an --opset)."""
     buf = io.StringIO()
-    torch_logger = logging.getLogger("torch.onnx")
-    level = torch_logger.level
-    torch_logger.setLevel(logging.ERROR)
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1 if logger.name == "onnxscript" else logging.ERROR)
     try:
         with contextlib.redirect_stdout(buf), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             fn(*args)
     finally:
-        torch_logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def export_module(
