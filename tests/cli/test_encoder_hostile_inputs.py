@@ -217,6 +217,11 @@ CASES: dict[str, tuple[Setup, str]] = {
         _tiny("compile", "m.onnx", "-o", "o.engine", "--report", "m.onnx/"),
         r"report directory 'm\.onnx' exists and is not a directory",
     ),
+    "calibrate --op-types naming no op type": (
+        _calibrate(1.0, "--op-types", " , "),
+        r"--op-types \(op_types\) names no op type, so nothing would be quantized; give one or more of "
+        r"MatMul,Gemm,Conv",
+    ),
     "report: --data .npz that is not a zip": (
         _report_npz(b"PK\x03\x04 not a zip archive"),
         r"--data 'c\.npz' is not a readable \.npz file \(BadZipFile",
