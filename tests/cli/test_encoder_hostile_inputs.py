@@ -80,6 +80,27 @@ def _calibrate(value: float, *extra: str) -> Setup:
     return setup
 
 
+def _unknown_dtype_onnx(command: str, where: str) -> Setup:
+    """The tiny model with element type 999 (no ONNX type) on its initializer W or its input x."""
+
+    def setup(d: Path) -> list[str]:
+        import onnx
+
+        model = onnx.load(str(tiny_onnx(d / "m.onnx")))
+        if where == "initializer":
+            model.graph.initializer[0].data_type = 999
+        else:
+            model.graph.input[0].type.tensor_type.elem_type = 999
+        onnx.save(model, str(d / "m.onnx"))
+        return [
+            command,
+            "m.onnx",
+            *{"inspect": [], "optimize": ["-o", "o.onnx"]}.get(command, ["-o", "o.engine"]),
+        ]
+
+    return setup
+
+
 def _engine(d: Path, name: str = "m.engine") -> Path:
     """A consistent stand-in engine + manifest pair at d/name (x[B,64] -> y, s; batch 1..32)."""
     from trtforge._fileio import sha256_bytes
@@ -221,6 +242,19 @@ CASES: dict[str, tuple[Setup, str]] = {
         _calibrate(1.0, "--op-types", " , "),
         r"--op-types \(op_types\) names no op type, so nothing would be quantized; give one or more of "
         r"MatMul,Gemm,Conv",
+    ),
+    "inspect: an initializer of an unknown element type": (
+        _unknown_dtype_onnx("inspect", "initializer"),
+        r"ONNX model 'm\.onnx': initializer 'W' has element type 999, which the installed onnx .* does "
+        r"not know",
+    ),
+    "optimize: an initializer of an unknown element type": (
+        _unknown_dtype_onnx("optimize", "initializer"),
+        r"initializer 'W' has element type 999",
+    ),
+    "compile: an input of an unknown element type": (
+        _unknown_dtype_onnx("compile", "input"),
+        r"graph input 'x' has element type 999",
     ),
     "report: --data .npz that is not a zip": (
         _report_npz(b"PK\x03\x04 not a zip archive"),
