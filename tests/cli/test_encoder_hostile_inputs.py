@@ -101,6 +101,16 @@ def _unknown_dtype_onnx(command: str, where: str) -> Setup:
     return setup
 
 
+def _calib_cache(hex_scale: str) -> Setup:
+    """calibrate the wide model reading a cache that gives its activation h the float `hex_scale`."""
+
+    def setup(d: Path) -> list[str]:
+        (d / "c.cache").write_text(f"TRT-8601-EntropyCalibration2\nh: {hex_scale}\n")
+        return [*_calibrate(1.0)(d), "--calib-cache", "c.cache"]
+
+    return setup
+
+
 def _engine(d: Path, name: str = "m.engine") -> Path:
     """A consistent stand-in engine + manifest pair at d/name (x[B,64] -> y, s; batch 1..32)."""
     from trtforge._fileio import sha256_bytes
@@ -255,6 +265,16 @@ CASES: dict[str, tuple[Setup, str]] = {
     "compile: an input of an unknown element type": (
         _unknown_dtype_onnx("compile", "input"),
         r"graph input 'x' has element type 999",
+    ),
+    "calibrate --calib-cache with a NaN scale": (
+        _calib_cache("7fc00000"),
+        r"calibration cache 'c\.cache' line 2 gives tensor 'h' the scale nan; a quantization scale is a "
+        r"finite number above 0",
+    ),
+    "calibrate --calib-cache with a zero scale": (_calib_cache("00000000"), r"tensor 'h' the scale 0\.0;"),
+    "calibrate --calib-cache with a negative scale": (
+        _calib_cache("bf800000"),
+        r"tensor 'h' the scale -1\.0;",
     ),
     "report: --data .npz that is not a zip": (
         _report_npz(b"PK\x03\x04 not a zip archive"),
