@@ -352,3 +352,25 @@ def test_encoder_hostile_input_exits_2_cleanly(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     assert_exits_2_cleanly(*CASES[case], workdir, capfd)
+
+
+def test_an_endless_calibration_generator_is_refused(
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: a data function that never ends (`while True: yield ...`) ran until memory ran out. Here
+    the limit is lowered to 50 and the generator yields 2000 samples, so the old code finished instead."""
+    from trtforge.calibration import sources
+
+    monkeypatch.setattr(sources, "UNBOUNDED_SAMPLE_LIMIT", 50, raising=False)
+
+    def setup(d: Path) -> list[str]:
+        (d / "endless_data.py").write_text(
+            "import numpy as np\n\ndef data():\n    for _ in range(2000):\n"
+            "        yield {'x': np.ones((1, 4), np.float32)}\n"
+        )
+        return [*_calibrate(1.0)(d)[:2], "--data", "endless_data:data", "-o", "q.onnx", "--quiet"]
+
+    message = r"data function 'endless_data:data' yielded more than 50 samples and has not ended"
+    assert_exits_2_cleanly(setup, message, workdir, capfd)

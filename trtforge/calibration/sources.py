@@ -212,10 +212,21 @@ def text_dataset(
     return sentences, tokenize
 
 
+# Samples an iterable may yield when no sample count was asked for: past it, an endless generator (the
+# user's `while True: yield ...`) is refused instead of running until memory runs out.
+UNBOUNDED_SAMPLE_LIMIT = 100_000
+
+
 def from_iterable(items: Iterable[Any], specs: list[TensorSpec], where: str, max_samples: int | None):
     chunks: list[Chunk] = []
     total = 0
     for k, item in enumerate(items):
+        if max_samples is None and total >= UNBOUNDED_SAMPLE_LIMIT:
+            raise UserError(
+                f"{where} yielded more than {UNBOUNDED_SAMPLE_LIMIT} samples and has not ended (an endless "
+                "generator?); give it an end, or take its first N samples (calibrate --samples N, compile "
+                "--calib-samples N, max_samples=N)."
+            )
         if not isinstance(item, dict):
             raise UserError(
                 f"{where}: item {k} is a {type(item).__name__}; expected a dict input name -> array."
