@@ -111,13 +111,6 @@ def _calib_cache(hex_scale: str) -> Setup:
     return setup
 
 
-def _report_extra_target(d: Path) -> list[str]:
-    """report on the tiny model with an extra target onnx=c.npz, a NumPy archive rather than ONNX."""
-    tiny_onnx(d / "m.onnx")
-    np.savez(d / "c.npz", x=np.ones(2))
-    return ["report", "m.onnx", "-o", "rep", "--no-progress", "--targets", "ort,onnx=c.npz"]
-
-
 def _engine(d: Path, name: str = "m.engine") -> Path:
     """A consistent stand-in engine + manifest pair at d/name (x[B,64] -> y, s; batch 1..32)."""
     from trtforge._fileio import sha256_bytes
@@ -282,10 +275,6 @@ CASES: dict[str, tuple[Setup, str]] = {
     "calibrate --calib-cache with a negative scale": (
         _calib_cache("bf800000"),
         r"tensor 'h' the scale -1\.0;",
-    ),
-    "report --targets onnx=PATH of a file that is not ONNX": (
-        _report_extra_target,
-        r"target 'onnx=c\.npz': 'c\.npz' is not a readable ONNX model .* It looks like a zip archive",
     ),
     "report: --data .npz that is not a zip": (
         _report_npz(b"PK\x03\x04 not a zip archive"),

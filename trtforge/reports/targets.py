@@ -88,13 +88,6 @@ def validate_names(names: Sequence[str]) -> list[str]:
             raise UserError(f"unknown report target '{n}'; expected one of {', '.join(KNOWN)} or onnx=PATH.")
         if n.startswith(EXTERNAL) and not Path(n[len(EXTERNAL) :]).is_file():
             raise UserError(f"target '{n}': ONNX file '{n[len(EXTERNAL) :]}' does not exist.")
-        if n.startswith(EXTERNAL):  # the user's file: unreadable is a bad input (exit 2), not a failed target
-            from trtforge.core.onnx_io import read_onnx
-
-            try:
-                read_onnx(n[len(EXTERNAL) :], "ONNX file", external_data=False)
-            except UserError as e:
-                raise UserError(f"target '{n}': {e}") from e
         if n not in out:
             out.append(n)
     if not out:
