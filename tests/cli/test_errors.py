@@ -236,3 +236,19 @@ def test_a_reader_gone_from_stdout_is_a_quiet_exit_141(write) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err
     assert err == ""
+
+
+def test_an_eof_error_is_not_hidden_as_aborted(capsys) -> None:
+    """click turns any EOFError (a truncated file read deep inside a library) into Abort: it printed only
+    'aborted', exit 1 and no trace, so neither the user nor a bug report said what had failed."""
+
+    from trtforge.core import shapes
+
+    def eof(*_args: object) -> None:
+        raise EOFError("No data left in file")
+
+    eof.__code__ = eof.__code__.replace(co_filename=shapes.__file__)  # raised inside trtforge: its bug
+    assert run_cli(_group(eof), ["go"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "EOFError: No data left in file" in err and "internal error" in err
+    assert "aborted" not in err

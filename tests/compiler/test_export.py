@@ -301,3 +301,14 @@ def test_dynamic_string_keeps_positions_of_empty_entries() -> None:
     assert resolve_dynamic("batch,,height,width", feeds) == {"x": {0: "batch", 2: "height", 3: "width"}}
     assert resolve_dynamic(["batch", "", "h"], feeds) == {"x": {0: "batch", 2: "h"}}
     assert resolve_dynamic("batch,seq,", {"ids": torch.zeros(2, 8)}) == {"ids": {0: "batch", 1: "seq"}}
+
+
+def test_an_opset_the_dynamo_exporter_cannot_reach_falls_back_to_legacy(tmp_path, capfd) -> None:
+    """Before: dynamo's version converter logged a traceback, kept opset 18 and the export went on as if
+    --opset 7 had been honoured."""
+    art = export_module(torch.nn.Linear(4, 3), (torch.zeros(2, 4),), tmp_path, opset=7)
+    assert (art.record.opset, art.record.exporter) == (7, "legacy")
+    assert "wrote opset 18, not the --opset 7 asked for" in art.record.fallback_reason
+    assert "Traceback" not in "".join(capfd.readouterr())
+    with pytest.raises(ExportError, match=r"dynamo exporter failed: .*not the --opset 7 asked for"):
+        export_module(torch.nn.Linear(4, 3), (torch.zeros(2, 4),), tmp_path, opset=7, exporter="dynamo")

@@ -148,7 +148,10 @@ def calibrate_model(
     mask = has_mask_input(work)
     real_tokens = mask if only_real_tokens is None else only_real_tokens
     if real_tokens and not mask:
-        raise UserError("only_real_tokens needs a rank-2 'attention_mask' model input; this model has none.")
+        raise UserError(
+            "--real-tokens (only_real_tokens=True) needs a rank-2 'attention_mask' model input to tell real "
+            "tokens from padding; this model has none. Drop it (or pass --all-tokens)."
+        )
     cache_in = Path(calib_cache) if calib_cache and Path(calib_cache).exists() else None
     if cache_in is not None and smoothquant is not None:
         raise UserError(
@@ -209,6 +212,7 @@ def calibrate_model(
         stats_seconds += stats.seconds
         n_samples, n_batches = stats.samples, stats.batches
         dropped = sum(s.dropped for s in stats.tensors.values())
+        _refuse_unseen_ranges(stats.tensors, targets, dataset.source)
         for t, s in stats.tensors.items():
             scales[t] = float(scale_from_amax(compute_amax(s, method, percentile=percentile), fmt))
     fallback, accuracy = [], None
@@ -253,6 +257,20 @@ def calibrate_model(
         cache=cache_info,
         activation_scales=used_scales,
     )
+
+
+def _refuse_unseen_ranges(tensors: dict[str, Any], targets: list[Any], source: str) -> None:
+    """UserError for an activation whose every calibration value was dropped as NaN/inf or mask-sized:
+    its range is unknown, and quantizing it with a made-up scale would silently wreck the model."""
+    for name, stats in tensors.items():
+        if stats.count == 0 and stats.dropped:
+            nodes = sorted({x.node for x in targets if name in x.activations})
+            raise UserError(
+                f"calibration data {source} gave activation '{name}' (input of node(s) {nodes}) no finite "
+                f"value: all {stats.dropped} were NaN/inf or of attention-mask magnitude (>= 1e30), so its "
+                "INT8 range is unknown. The data likely overflows float32 inside the model (check its "
+                "scale), or keep those nodes in float (calibrate --exclude NODE)."
+            )
 
 
 def _decision_dict(d: Decision, kept: list[Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ tensor, the scale being the float32 (amax / 127) as 8 hex digits of its big-endi
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from importlib import metadata
@@ -55,7 +56,8 @@ def write_calibration_cache(path: str | os.PathLike[str], scales: dict[str, floa
 
 
 def read_calibration_cache(path: str | os.PathLike[str]) -> tuple[str, dict[str, float]]:
-    """(header, tensor -> scale) from a cache file; UserError naming the line when it is malformed."""
+    """(header, tensor -> scale) from a cache file; UserError naming the line when it is malformed or a
+    scale is not a finite positive number (it would become a Q/DQ scale as it is)."""
     p = Path(path)
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
@@ -78,5 +80,10 @@ def read_calibration_cache(path: str | os.PathLike[str]) -> tuple[str, dict[str,
             raise UserError(
                 f"calibration cache '{p}' line {no} is not '<tensor>: <8 hex digits>' ({line[:80]!r}: {e})."
             ) from e
+        if not (math.isfinite(scale) and scale > 0):
+            raise UserError(
+                f"calibration cache '{p}' line {no} gives tensor '{name}' the scale {scale}; a quantization "
+                "scale is a finite number above 0 (the cache is corrupted: calibrate again without it)."
+            )
         scales[name] = scale
     return lines[0], scales

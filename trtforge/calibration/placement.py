@@ -109,6 +109,11 @@ def plan_placement(
     bad = sorted(set(op_types) - set(SUPPORTED_OP_TYPES))
     if bad:
         raise UserError(f"cannot quantize op type(s) {bad}; supported: {list(SUPPORTED_OP_TYPES)}.")
+    if not op_types:
+        raise UserError(
+            f"--op-types (op_types) names no op type, so nothing would be quantized; give one or more of "
+            f"{','.join(SUPPORTED_OP_TYPES)}."
+        )
     names = {n.name for n in model.graph.node}
     unknown = sorted(set(exclude_nodes) - names)
     if unknown:

@@ -87,16 +87,22 @@ def _same_kind(got: np.dtype, want: np.dtype) -> bool:
     return kind(got) == kind(want)
 
 
-def load_npz(path: Path, specs: list[TensorSpec]) -> Chunk:
+def read_npz(path: Path, where: str | None = None) -> Chunk:
+    """Every array of a .npz file, never unpickling; UserError naming `where` (default: the file) for
+    any way numpy fails to read it (an empty, truncated or non-zip file, object arrays)."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            raw = {k: z[k] for k in z.files}
+            return {k: np.asarray(z[k]) for k in z.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        where = where or f"'{path}'"
         raise UserError(
-            f"'{path}' is not a readable .npz file ({type(e).__name__}: {e}); expected arrays written by "
-            "numpy.savez, one per input name."
+            f"{where} is not a readable .npz file ({type(e).__name__}: {e}); expected "
+            "arrays written by numpy.savez, one per input name."
         ) from e
-    return validate_chunk(raw, specs, f"'{path}'")
+
+
+def load_npz(path: Path, specs: list[TensorSpec]) -> Chunk:
+    return validate_chunk(read_npz(path), specs, f"'{path}'")
 
 
 def _load_npy(path: Path) -> np.ndarray:
@@ -206,10 +212,21 @@ def text_dataset(
     return sentences, tokenize
 
 
+# Samples an iterable may yield when no sample count was asked for: past it, an endless generator (the
+# user's `while True: yield ...`) is refused instead of running until memory runs out.
+UNBOUNDED_SAMPLE_LIMIT = 100_000
+
+
 def from_iterable(items: Iterable[Any], specs: list[TensorSpec], where: str, max_samples: int | None):
     chunks: list[Chunk] = []
     total = 0
     for k, item in enumerate(items):
+        if max_samples is None and total >= UNBOUNDED_SAMPLE_LIMIT:
+            raise UserError(
+                f"{where} yielded more than {UNBOUNDED_SAMPLE_LIMIT} samples and has not ended (an endless "
+                "generator?); give it an end, or take its first N samples (calibrate --samples N, compile "
+                "--calib-samples N, max_samples=N)."
+            )
         if not isinstance(item, dict):
             raise UserError(
                 f"{where}: item {k} is a {type(item).__name__}; expected a dict input name -> array."

@@ -163,8 +163,9 @@ def run_cli(group: click.Group, argv: list[str] | None) -> int:
             rv = group.main(args=argv, prog_name="trtforge", standalone_mode=False)
             sys.stdout.flush()  # a pipe's last buffered lines: a reader gone shows here, not at exit
     except BaseException as e:
-        if isinstance(e, click.exceptions.Abort) and isinstance(e.__cause__, KeyboardInterrupt):
-            e = e.__cause__  # click turns Ctrl-C into Abort
+        if isinstance(e, click.exceptions.Abort) and isinstance(e.__cause__, (KeyboardInterrupt, EOFError)):
+            # click turns Ctrl-C, and an EOFError from anywhere (a truncated file), into Abort
+            e = e.__cause__
         if received or isinstance(e, KeyboardInterrupt):
             return _interrupted(received[0] if received else _signal_of(e))
         if _stdout_closed_by_reader(e):

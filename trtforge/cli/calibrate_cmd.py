@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from trtforge.cli._options import from_params, option_group
+from trtforge.cli._options import from_params, given_flags, option_group
 from trtforge.core.policy import PrecisionOptions
 
 
@@ -90,6 +90,8 @@ def calibrate_cmd(
 
     opts = from_params(PrecisionOptions, params, mode="int8", calib_data=data)
     method, samples, tokenizer = opts.calib_method, opts.calib_samples, opts.tokenizer
+    if method != "percentile" and given_flags(click.get_current_context(), ["percentile"]):
+        raise click.UsageError(f"--percentile only applies to --method percentile (got --method {method}).")
     calib_cache = Path(opts.calib_cache) if opts.calib_cache else None
 
     out = check_output_path(output, force=force, what="output model")

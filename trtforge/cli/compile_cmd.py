@@ -93,6 +93,8 @@ def compile_cmd(
     export = from_params(ExportOptions, params)
     build = from_params(BuildOptions, params, progress=not quiet)
     console = Console(stderr=False, quiet=quiet)
+    if report_dir is not None:
+        _check_report_dir(report_dir, output, save_onnx, precision.calib_cache, build.timing_cache)
     result = compile_model(
         model,
         output=output,
@@ -112,6 +114,28 @@ def compile_cmd(
     console.print(f"[green]wrote[/green] {result.engine_path} and {result.manifest_path}")
     if report_dir is not None:
         _write_report(model, result, report_dir, export.output_names or (), precision, quiet, console)
+
+
+def _check_report_dir(
+    report_dir: str, output: str, save_onnx: Any, calib_cache: Any, timing_cache: Any
+) -> None:
+    """Refuse a --report directory that is an existing file or one of the compile's own output files
+    before anything is built: the report is written last, so it failed only after the engine was out."""
+    from trtforge._fileio import check_distinct_outputs
+    from trtforge.core.manifest import manifest_path_for
+    from trtforge.reports.api import check_out_dir
+
+    check_out_dir(report_dir)
+    check_distinct_outputs(
+        {
+            "-o (engine)": output,
+            "the manifest": manifest_path_for(output),
+            "--save-onnx": save_onnx,
+            "--calib-cache": calib_cache,
+            "--timing-cache": timing_cache,
+            "--report": report_dir,
+        }
+    )
 
 
 def _write_report(model, result, report_dir, output_names, precision, quiet, console) -> None:

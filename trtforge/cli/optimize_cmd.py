@@ -83,6 +83,11 @@ def optimize_cmd(
     proto = load_onnx(model)
     check_model(model, where=f"ONNX model '{show_path(model)}'")  # names the file; the pipeline's does not
     feed_shapes = None
+    if verify_shapes and not (passes.verify or precision.low_precision()):
+        raise UserError(
+            "--verify-shape feeds verification and the FP16/BF16 range check, but --no-verify turns "
+            "verification off and the graph stays FP32: nothing would read it. Drop one of them."
+        )
     if verify_shapes:
         from trtforge.core.shapes import parse_feed_shapes
         from trtforge.core.tensor_spec import graph_inputs

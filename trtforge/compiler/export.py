@@ -76,10 +76,7 @@ def normalize_inputs(module: Any, example_inputs: Any) -> dict[str, Any]:
     import torch
 
     if isinstance(example_inputs, Mapping):
-        bad = [k for k, v in example_inputs.items() if not isinstance(v, torch.Tensor)]
-        if bad:
-            raise UserError(f"example input(s) {bad} are not torch.Tensors; export needs tensors.")
-        return dict(example_inputs)
+        return _tensors_only(dict(example_inputs))
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     if not isinstance(example_inputs, (tuple, list)) or not example_inputs:
@@ -97,7 +94,21 @@ def normalize_inputs(module: Any, example_inputs: Any) -> dict[str, Any]:
             f"{type(module).__name__}.forward takes {len(params)} positional inputs but "
             f"{len(example_inputs)} example inputs were given."
         )
-    return {p.name: t for p, t in zip(params, example_inputs)}
+    return _tensors_only({p.name: t for p, t in zip(params, example_inputs)})
+
+
+def _tensors_only(feeds: dict[str, Any]) -> dict[str, Any]:
+    """`feeds`, or a UserError naming each example input that is not a torch.Tensor (a str, a NumPy array)
+    and its type: the exporters trace tensors only."""
+    import torch
+
+    bad = [f"'{k}' ({type(v).__name__})" for k, v in feeds.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise UserError(
+            f"example input(s) {', '.join(bad)} are not torch.Tensors; export needs tensors (convert a "
+            "NumPy array with torch.from_numpy)."
+        )
+    return feeds
 
 
 def resolve_dynamic(spec: DynamicSpec, inputs: Mapping[str, Any]) -> dict[str, dict[int, str]]:
@@ -128,8 +139,16 @@ def resolve_dynamic(spec: DynamicSpec, inputs: Mapping[str, Any]) -> dict[str, d
 
 
 def flatten_outputs(obj: Any) -> list[Any]:
-    """Flatten a torch output (tensor, tuple, dict, transformers ModelOutput) in exporter order."""
-    return [t for _, t in _named_outputs(obj, ())]
+    """Flatten a torch output (tensor, tuple, dict, transformers ModelOutput) in exporter order; UserError
+    when it holds no tensor (None, an empty tuple): the exported graph would have no output to run."""
+    tensors = [t for _, t in _named_outputs(obj, ())]
+    if not tensors:
+        got = "None" if obj is None else f"a {type(obj).__name__} holding no tensor"
+        raise UserError(
+            f"the model returns no tensor (its forward returned {got}); a model to compile needs at least "
+            "one tensor output."
+        )
+    return tensors
 
 
 def _named_outputs(obj: Any, path: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], Any]]:
@@ -208,6 +227,13 @@ def _export_dynamo(module, feeds, dynamic, opset, input_names, output_names, pat
         raise ExportError("the dynamo exporter returned no program")
     # external_data=None: ONNXProgram.save writes weights externally only when the model exceeds 2 GB.
     program.save(str(path), external_data=None)
+    if opset is not None:  # its version converter gives up quietly, keeping the opset it exported at
+        import onnx
+
+        imports = onnx.load(str(path), load_external_data=False).opset_import
+        got = next((o.version for o in imports if o.domain in ("", "ai.onnx")), None)
+        if got != opset:
+            raise ExportError(f"it wrote opset {got}, not the --opset {opset} asked for (no conversion down)")
 
 
 def _dim_ident(dim: str) -> str:
@@ -235,17 +261,20 @@ def _export_legacy(module, feeds, dynamic, opset, input_names, output_names, pat
 
 
 def run_quietly(fn: Any, *args: Any) -> None:
-    """Run an exporter without its progress chatter, tracer warnings and torch.onnx log lines."""
+    """Run an exporter without its progress chatter, tracer warnings and the log lines of torch.onnx and
+    onnxscript (whose version converter logs a traceback when it cannot reach an --opset)."""
     buf = io.StringIO()
-    torch_logger = logging.getLogger("torch.onnx")
-    level = torch_logger.level
-    torch_logger.setLevel(logging.ERROR)
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1 if logger.name == "onnxscript" else logging.ERROR)
     try:
         with contextlib.redirect_stdout(buf), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             fn(*args)
     finally:
-        torch_logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def export_module(
@@ -280,10 +309,7 @@ def export_module(
     raw = _forward(module, feeds)
     reference = flatten_outputs(raw)
     names = list(output_names) if output_names else default_output_names(raw, input_names)
-    if len(names) != len(reference):
-        raise UserError(
-            f"{len(names)} output names given for a model with {len(reference)} outputs: {names}."
-        )
+    check_output_names(names, len(reference), input_names)
     _check_outputs(module, reference, names)
     path = Path(workdir) / "model.onnx"
     record = ExportRecord(
@@ -369,6 +395,30 @@ def _check_exportable(module: Any, feeds: Mapping[str, Any]) -> None:
         raise UserError(
             f"example input(s) {', '.join(empty)} have a size-0 axis; the exporters trace shapes from the "
             "examples, so give every axis at least one element (and --dynamic for axes that vary)."
+        )
+
+
+def check_output_names(names: Sequence[str], n_outputs: int, input_names: Sequence[str]) -> None:
+    """UserError unless `names` (--output-name, output_names=) are one distinct, non-empty name per
+    output that no input also has: the exported graph would otherwise fail ONNX's checker on a file in
+    trtforge's work directory, or the exporter would rename a repeated name quietly ('a' -> 'a.1')."""
+    if len(names) != n_outputs:
+        raise UserError(
+            f"{len(names)} output names given for a model with {n_outputs} outputs: {list(names)}."
+        )
+    problems = []
+    if any(not str(n).strip() for n in names):
+        problems.append("an empty name")
+    twice = sorted({n for n in names if list(names).count(n) > 1})
+    if twice:
+        problems.append(f"{twice} more than once")
+    clash = sorted(set(names) & set(input_names))
+    if clash:
+        problems.append(f"{clash}, which the model's inputs are also named")
+    if problems:
+        raise UserError(
+            f"--output-name (output_names) {list(names)} has {' and '.join(problems)}; give every output its "
+            "own non-empty name that is not an input's."
         )
 
 

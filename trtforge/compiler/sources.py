@@ -19,6 +19,7 @@ from trtforge.compiler.export import (
     ExportRecord,
     OnnxArtifact,
     check_opset,
+    check_output_names,
     finish_artifact,
     flatten_outputs,
     run_quietly,
@@ -107,6 +108,7 @@ def from_pt2(
     with torch.no_grad(), user_code(f"the program in '{p}' on its stored example inputs"):
         reference = flatten_outputs(ep.module()(*args, **kwargs))
     names = list(output_names) if output_names else [f"output_{i}" for i in range(len(reference))]
+    check_output_names(names, len(reference), user_inputs)
     out = Path(workdir) / "model.onnx"
     record = ExportRecord(source_kind="pt2", exporter="dynamo", input_names=user_inputs, output_names=names)
     t0 = time.perf_counter()

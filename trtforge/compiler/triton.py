@@ -14,8 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtforge._fileio import USER_ERRNOS, os_error
-from trtforge.core.manifest import Manifest, TensorSpec, read_manifest, verify_engine_file
+from trtforge._fileio import USER_ERRNOS, check_name_length, os_error, show_path
+from trtforge.core.manifest import (
+    Manifest,
+    TensorSpec,
+    manifest_path_for,
+    read_manifest,
+    verify_engine_file,
+)
 from trtforge.errors import UserError
 
 TRITON_DTYPES = {
@@ -28,6 +34,7 @@ TRITON_DTYPES = {
     "uint8": "TYPE_UINT8",
     "bool": "TYPE_BOOL",
 }
+MAX_UINT64 = 2**64 - 1  # Triton's max_queue_delay_microseconds is a uint64
 PIP_HINT = 'pip install "tritonclient[grpc]"   (or: pip install "trtforge[triton]")'
 
 
@@ -114,7 +121,30 @@ def render_config(m: Manifest, name: str, opts: TritonOptions) -> tuple[str, int
     batched = max_batch > 0
     dynamic = opts.dynamic_batching if opts.dynamic_batching is not None else max_batch > 1
     if dynamic and not batched:
+        why = why if limit == 0 else "--max-batch 0 turns batching off"
         raise UserError(f"--dynamic-batching needs a batching engine; this one cannot batch: {why}.")
+    if not 0 <= opts.max_queue_delay_us <= MAX_UINT64:
+        raise UserError(
+            f"--max-queue-delay-us {opts.max_queue_delay_us} is out of range: Triton reads it as an unsigned "
+            f"64-bit count of microseconds, 0..{MAX_UINT64}."
+        )
+    batcher = [
+        f
+        for f, given in (
+            ("--preferred-batch-size", opts.preferred_batch_sizes),
+            ("--max-queue-delay-us", opts.max_queue_delay_us),
+        )
+        if given
+    ]
+    if batcher and not dynamic:
+        if opts.dynamic_batching is False:
+            off = "--no-dynamic-batching turns it off"
+        elif not batched:
+            off = "the model does not batch (max_batch_size 0), so there is no batcher"
+        else:
+            off = f"it is off by default at max batch size {max_batch}; pass --dynamic-batching to turn it on"
+        verb = "configure" if len(batcher) > 1 else "configures"
+        raise UserError(f"{' and '.join(batcher)} {verb} Triton's dynamic batcher, but {off}.")
     bad_pref = [b for b in opts.preferred_batch_sizes if not 1 <= b <= max_batch]
     if bad_pref:
         raise UserError(f"--preferred-batch-size {bad_pref} outside 1..{max_batch} (the max batch size).")
@@ -192,6 +222,18 @@ def _utf8(text: str) -> bool:
     return True
 
 
+def _refuse_replacing_inputs(target: Path, inputs: list[Path]) -> None:
+    """UserError when the model directory `target` is, or holds, one of the files being exported: with
+    --force it would be replaced (deleted) while it is still the source."""
+    where = os.path.realpath(target)
+    for f in inputs:
+        if os.path.commonpath([where, os.path.realpath(f)]) == where:
+            raise UserError(
+                f"the model directory '{show_path(target)}' is or holds '{show_path(f)}', a file being "
+                "exported; writing the model there would delete it. Export to another repository or --name."
+            )
+
+
 def export_triton(
     engine: str | os.PathLike[str], repo: str | os.PathLike[str], opts: TritonOptions
 ) -> TritonExport:
@@ -207,9 +249,13 @@ def export_triton(
             "Python plugins. Rebuild with `--attention native` (TensorRT's own fused attention) to serve it "
             "with Triton."
         )
-    name = opts.name or engine.name.split(".")[0]
+    name = opts.name if opts.name is not None else engine.name.split(".")[0]
     if not name or "/" in name or name.startswith(".") or not name.isprintable() or not _utf8(name):
-        given = "--name" if opts.name else "the model name (the engine file's name; choose one with --name)"
+        given = (
+            "--name"
+            if opts.name is not None
+            else "the model name (the engine file's name; choose one with --name)"
+        )
         raise UserError(
             f"{given} {name!r} is not a valid model directory name: expected printable UTF-8 text without "
             "'/' that does not start with '.' (Triton names the model by its directory)."
@@ -218,6 +264,8 @@ def export_triton(
     if repo.exists() and not repo.is_dir():
         raise UserError(f"repository '{repo}' exists and is not a directory.")
     target = repo / name
+    check_name_length(target, "--name" if opts.name is not None else "the model directory")
+    _refuse_replacing_inputs(target, [engine, manifest_path_for(engine)])
     if target.exists() and not opts.force:
         raise UserError(f"model directory '{target}' already exists; pass --force to replace it.")
     text, max_batch = render_config(manifest, name, opts)
@@ -227,7 +275,7 @@ def export_triton(
         validated = True
     try:
         repo.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=repo))
+        staging = Path(tempfile.mkdtemp(prefix=".trtforge-export.", dir=repo))
     except OSError as e:  # a repository path that cannot be created (read-only, /proc, no permission)
         raise os_error(e, repo, "create the model repository") from e
     try:
@@ -235,7 +283,7 @@ def export_triton(
         (staging / "1" / "model.plan").write_bytes(data)
         (staging / "config.pbtxt").write_text(text)
         if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{name}.old.", dir=repo))
+            old = Path(tempfile.mkdtemp(prefix=".trtforge-replaced.", dir=repo))
             os.replace(target, old / name)
             os.replace(staging, target)
             shutil.rmtree(old, ignore_errors=True)

@@ -249,7 +249,7 @@ def _parse_manifest_file(path: Path) -> Manifest:
         data = json.loads(path.read_bytes())
     except OSError as e:
         raise os_error(e, path, "read") from e
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError (a binary file) alike
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError (a binary file), nesting
         raise UserError(f"manifest '{show_path(path)}' is not valid JSON: {e}.") from e
     return Manifest.from_dict(data, where=f"manifest '{show_path(path)}'")
 

@@ -104,7 +104,8 @@ def load_onnx(path: str | os.PathLike[str]) -> onnx.ModelProto:
 def check_structure(proto: onnx.ModelProto, where: str) -> None:
     """UserError for what no stage can use, said before a checker or runtime reports it in its own
     words: no graph (protobuf parses many non-ONNX files as an empty model), no outputs, an output listed
-    twice, an opset newer than the installed onnx knows."""
+    twice, a graph input or output without an element type, an element type (of an initializer or graph
+    input/output) or an opset newer than the installed onnx knows."""
     import onnx
 
     g = proto.graph
@@ -125,6 +126,34 @@ def check_structure(proto: onnx.ModelProto, where: str) -> None:
             f"{where} lists output(s) {twice} more than once in graph.output; ONNX requires each graph "
             "output to be a distinct name (every stage would rename the copies). Return the tensor once."
         )
+    weights = {t.name for t in g.initializer}
+    for kind, values in (("input", g.input), ("output", g.output)):
+        for v in values:
+            if (
+                v.name not in weights
+                and v.type.WhichOneof("value") == "tensor_type"
+                and not v.type.tensor_type.elem_type
+            ):
+                raise UserError(
+                    f"{where}: graph {kind} '{v.name}' declares no element type (elem_type 0, UNDEFINED); "
+                    "ONNX Runtime and TensorRT need the dtype of every graph input and output. Set it (e.g. "
+                    "TensorProto.FLOAT) where the model is built or exported."
+                )
+    known = set(onnx.TensorProto.DataType.values())
+    for kind, name, dtype in [
+        *(("initializer", t.name, t.data_type) for t in g.initializer),
+        *(
+            (f"graph {kind}", v.name, v.type.tensor_type.elem_type)
+            for kind, values in (("input", g.input), ("output", g.output))
+            for v in values
+            if v.type.WhichOneof("value") == "tensor_type"
+        ),
+    ]:
+        if dtype not in known:
+            raise UserError(
+                f"{where}: {kind} '{name}' has element type {dtype}, which the installed onnx "
+                f"{onnx.__version__} does not know (a corrupted file, or one written by a newer ONNX)."
+            )
     newest = onnx.defs.onnx_opset_version()
     for o in proto.opset_import:
         if o.domain in ("", "ai.onnx") and o.version < MIN_OPSET:

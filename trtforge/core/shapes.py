@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtforge.core.manifest import ShapeRange
-from trtforge.core.tensor_spec import TensorSpec, graph_inputs, shape_mismatch
+from trtforge.core.tensor_spec import TensorSpec, graph_inputs, is_dynamic, shape_mismatch
 from trtforge.errors import UserError
 
 # Derived defaults for a dynamic dim: (min, default opt, max floor). Axis 0 is treated as batch.
@@ -78,8 +78,8 @@ def parse_feed_shapes(
     specs: Sequence[str], inputs: Sequence[TensorSpec], option: str
 ) -> dict[str, list[int]]:
     """`NAME:DIMS` option values (e.g. ``input_values:1x16000``) -> {name: dims}: each an input of the
-    model (`inputs`), of its rank and its fixed dims, at most MAX_VOLUME elements, given once; UserError
-    naming `option` otherwise."""
+    model (`inputs`), of its rank and its fixed dims, no dynamic dim 0, at most MAX_VOLUME elements, given
+    once; UserError naming `option` otherwise."""
     by_name = {t.name: t for t in inputs}
     out: dict[str, list[int]] = {}
     for spec in specs:
@@ -93,6 +93,14 @@ def parse_feed_shapes(
             raise UserError(f"{where}: given twice; one {option} per input.")
         dims = parse_dims(text, where=where)
         _check_fits(by_name[name], dims, where)
+        empty = [
+            a for a, (d, want) in enumerate(zip(dims, by_name[name].shape)) if d == 0 and is_dynamic(want)
+        ]
+        if empty:
+            raise UserError(
+                f"{where}: dim {empty[0]} of {_fmt(dims)} is 0; an empty input runs no computation, so "
+                "nothing would be checked. Give sizes of at least 1."
+            )
         if math.prod(dims) > MAX_VOLUME:
             raise UserError(f"{where}: {_fmt(dims)} holds more than 2**31 - 1 elements; give a smaller one.")
         out[name] = dims

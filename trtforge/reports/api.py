@@ -257,6 +257,11 @@ def build_report(
     check_out_dir(out_dir)
     _check_data_path(data, "--data")
     _check_data_path(calibration_data, "--calibration-data")
+    if calibration_data is not None and not set(names) & set(INT8_TARGETS):
+        raise UserError(
+            f"--calibration-data feeds only the INT8 targets ({', '.join(INT8_TARGETS)}), and none of this "
+            f"report's targets ({', '.join(names)}) is one: add one to --targets, or drop --calibration-data."
+        )
     notes: list[str] = []
     with work_directory("trtforge-report-") as workdir:
         bar = StepProgress(progress, 2 * len(names))
@@ -341,12 +346,25 @@ def build_report(
     return ReportResult(html_path, md_path, json_path, report, runs_by_name)
 
 
+def check_threads(threads: int | None) -> None:
+    """UserError for a thread count above the CPU cores this process may run on: more only slows a
+    measurement down, and thousands of torch/ONNX Runtime threads exhaust memory (the process is killed)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if threads is not None and not 1 <= threads <= cores:
+        raise UserError(
+            f"--threads {threads} is outside 1..{cores}: this process runs on {cores} CPU core(s), and "
+            "threads beyond the cores only slow the measurement down."
+        )
+
+
 @contextlib.contextmanager
 def torch_threads(threads: int | None) -> Iterator[None]:
-    """Run the block with torch on `threads` threads (None or 0: as it is), restoring the count after."""
+    """Run the block with torch on `threads` threads (None or 0: as it is), restoring the count after;
+    a count :func:`check_threads` refuses is a UserError before anything runs."""
     if not threads:
         yield
         return
+    check_threads(threads)
     import torch
 
     before = torch.get_num_threads()

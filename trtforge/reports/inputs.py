@@ -183,11 +183,9 @@ def _split_npz(arrays: dict[str, np.ndarray]) -> list[Feed]:
 
 
 def _load_npz(path: Path) -> list[Feed]:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: np.asarray(z[k]) for k in z.files}
-    except (OSError, ValueError) as e:
-        raise UserError(f"--data '{path}' is not a readable .npz file ({e}).") from e
+    from trtforge.calibration.sources import read_npz
+
+    arrays = read_npz(path, f"--data '{path}'")
     if not arrays:
         raise UserError(f"--data '{path}' holds no arrays; expected one array per model input name.")
     return _split_npz(arrays)

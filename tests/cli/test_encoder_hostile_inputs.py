@@ -1,0 +1,365 @@
+"""Hostile inputs to the encoder commands (compile, optimize, calibrate, inspect, report, export-triton):
+each exits 2 with one clear message naming what is wrong, no traceback, and nothing left behind. Same
+harness as test_bad_inputs (its `workdir` fixture and snapshot rule)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.cli.test_bad_inputs import (
+    Setup,
+    _factory,
+    _graph_onnx,
+    _relu,
+    _tiny,
+    _vi,
+    assert_exits_2_cleanly,
+    workdir,  # noqa: F401 - a fixture
+)
+from tests.models import tiny_onnx
+
+CORES = len(os.sched_getaffinity(0))
+
+
+def _report_npz(content: bytes) -> Setup:
+    """report on the tiny model with --data c.npz holding `content` (not a readable .npz)."""
+
+    def setup(d: Path) -> list[str]:
+        tiny_onnx(d / "m.onnx")
+        (d / "c.npz").write_bytes(content)
+        return ["report", "m.onnx", "-o", "rep", "--targets", "ort", "--data", "c.npz", "--no-progress"]
+
+    return setup
+
+
+def _wide_onnx(d: Path) -> Path:
+    """x[B,4] -> MatMul(W[4,32]) -> h -> MatMul(W2[32,32]) -> y: mm2 is wide enough to quantize."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 32)).astype(np.float32), "W")
+    w2 = numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float32), "W2")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"], name="mm1"),
+            helper.make_node("MatMul", ["h", "W2"], ["y"], name="mm2"),
+        ],
+        "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])],
+        [w, w2],
+    )
+    path = d / "wide.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def _calibrate(value: float, *extra: str) -> Setup:
+    """calibrate the wide model on 4 samples of `value` (3e38: finite, but h = x @ W overflows to inf)."""
+
+    def setup(d: Path) -> list[str]:
+        _wide_onnx(d)
+        np.savez(d / "c.npz", x=np.full((4, 4), value, np.float32))
+        return [
+            "calibrate",
+            "wide.onnx",
+            "--data",
+            "c.npz",
+            "-o",
+            "q.onnx",
+            "--quiet",
+            "--no-smoothquant",
+            *extra,
+        ]
+
+    return setup
+
+
+def _unknown_dtype_onnx(command: str, where: str) -> Setup:
+    """The tiny model with element type 999 (no ONNX type) on its initializer W or its input x."""
+
+    def setup(d: Path) -> list[str]:
+        import onnx
+
+        model = onnx.load(str(tiny_onnx(d / "m.onnx")))
+        if where == "initializer":
+            model.graph.initializer[0].data_type = 999
+        else:
+            model.graph.input[0].type.tensor_type.elem_type = 999
+        onnx.save(model, str(d / "m.onnx"))
+        return [
+            command,
+            "m.onnx",
+            *{"inspect": [], "optimize": ["-o", "o.onnx"]}.get(command, ["-o", "o.engine"]),
+        ]
+
+    return setup
+
+
+def _calib_cache(hex_scale: str) -> Setup:
+    """calibrate the wide model reading a cache that gives its activation h the float `hex_scale`."""
+
+    def setup(d: Path) -> list[str]:
+        (d / "c.cache").write_text(f"TRT-8601-EntropyCalibration2\nh: {hex_scale}\n")
+        return [*_calibrate(1.0)(d), "--calib-cache", "c.cache"]
+
+    return setup
+
+
+def _engine(d: Path, name: str = "m.engine") -> Path:
+    """A consistent stand-in engine + manifest pair at d/name (x[B,64] -> y, s; batch 1..32)."""
+    from trtforge._fileio import sha256_bytes
+    from trtforge.core.manifest import publish_engine
+    from trtforge.runtime.standin import standin_manifest
+
+    data = b"engine bytes" * 20
+    m = standin_manifest()
+    m.engine_file, m.engine_bytes, m.engine_sha256 = name, len(data), sha256_bytes(data)
+    d.mkdir(parents=True, exist_ok=True)
+    publish_engine(d / name, data, m)
+    return d / name
+
+
+def _manifest(content: bytes) -> Setup:
+    """inspect a stand-in engine whose manifest is replaced by `content`."""
+
+    def setup(d: Path) -> list[str]:
+        _engine(d)
+        (d / "m.engine.json").write_bytes(content)
+        return ["inspect", "m.engine"]
+
+    return setup
+
+
+def _triton(*argv: str, engine: str = "m.engine") -> Setup:
+    """export-triton of a stand-in engine at `engine` (relative to the work directory) with `argv`."""
+
+    def setup(d: Path) -> list[str]:
+        path = Path(engine)
+        _engine(d / path.parent, path.name)
+        return ["export-triton", engine, *argv]
+
+    return setup
+
+
+CASES: dict[str, tuple[Setup, str]] = {
+    "compile: a model whose forward returns None": (
+        _factory(
+            "def make():\n    class Nothing(Lin):\n        def forward(self, x):\n            return None\n"
+            "    return Nothing(), (torch.zeros(2, 4),)\n"
+        ),
+        r"the model returns no tensor \(its forward returned None\)",
+    ),
+    "compile: a model whose forward returns an empty tuple": (
+        _factory(
+            "def make():\n    class Nothing(Lin):\n        def forward(self, x):\n            return ()\n"
+            "    return Nothing(), (torch.zeros(2, 4),)\n"
+        ),
+        r"the model returns no tensor \(its forward returned a tuple holding no tensor\)",
+    ),
+    "compile --output-name twice the same": (
+        lambda d: [
+            *_factory(
+                "def make():\n    class Two(Lin):\n        def forward(self, x):\n"
+                "            return self.lin(x), self.lin(x) * 2\n    return Two(), (torch.zeros(2, 4),)\n"
+            )(d),
+            "--output-name",
+            "a",
+            "--output-name",
+            "a",
+        ],
+        r"--output-name \(output_names\) \['a', 'a'\] has \['a'\] more than once",
+    ),
+    "compile --output-name ''": (
+        lambda d: [
+            *_factory("def make():\n    return Lin(), (torch.zeros(2, 4),)\n")(d),
+            "--output-name",
+            "",
+        ],
+        r"--output-name \(output_names\) \[''\] has an empty name",
+    ),
+    "compile --output-name an input's name": (
+        lambda d: [
+            *_factory("def make():\n    return Lin(), (torch.zeros(2, 4),)\n")(d),
+            "--output-name",
+            "x",
+        ],
+        r"has \['x'\], which the model's inputs are also named",
+    ),
+    "compile: factory with a str example input": (
+        _factory("def make():\n    return Lin(), ('abc',)\n"),
+        r"example input\(s\) 'x' \(str\) are not torch\.Tensors",
+    ),
+    "compile: factory with a NumPy example input": (
+        _factory("import numpy as np\ndef make():\n    return Lin(), [np.zeros((2, 4), np.float32)]\n"),
+        r"example input\(s\) 'x' \(ndarray\) are not torch\.Tensors; .* torch\.from_numpy",
+    ),
+    "compile: an input without an element type": (
+        _graph_onnx(
+            "untyped", _relu(), lambda: [_vi("x", "UNDEFINED", [2, 4])], lambda: [_vi("y", "FLOAT", [2, 4])]
+        ),
+        r"'untyped\.onnx': graph input 'x' declares no element type \(elem_type 0, UNDEFINED\)",
+    ),
+    "optimize: an output without an element type": (
+        _graph_onnx(
+            "untyped_out",
+            _relu(),
+            lambda: [_vi("x", "FLOAT", [2, 4])],
+            lambda: [_vi("y", "UNDEFINED", [2, 4])],
+            command="optimize",
+        ),
+        r"'untyped_out\.onnx': graph output 'y' declares no element type",
+    ),
+    "calibrate: data that overflows to inf inside the model": (
+        _calibrate(3e38),
+        r"calibration data c\.npz gave activation 'h' \(input of node\(s\) \['mm2'\]\) no finite value: all "
+        r"128 were NaN/inf",
+    ),
+    "calibrate --percentile with another --method": (
+        _calibrate(1.0, "--method", "max", "--percentile", "99.9"),
+        r"--percentile only applies to --method percentile \(got --method max\)",
+    ),
+    "calibrate --real-tokens on a model without an attention mask": (
+        _calibrate(1.0, "--real-tokens"),
+        r"--real-tokens \(only_real_tokens=True\) needs a rank-2 'attention_mask' model input",
+    ),
+    "optimize --verify-shape with --no-verify": (
+        _tiny("optimize", "m.onnx", "-o", "o.onnx", "--no-verify", "--verify-shape", "x:2x4"),
+        r"--verify-shape feeds verification .* but --no-verify turns verification off",
+    ),
+    "optimize --verify-shape with an empty dynamic axis": (
+        _tiny("optimize", "m.onnx", "-o", "o.onnx", "--verify-shape", "x:0x4"),
+        r"--verify-shape x: dim 0 of 0x4 is 0; an empty input runs no computation",
+    ),
+    "compile --report equal to -o": (
+        _tiny("compile", "m.onnx", "-o", "out", "--report", "out"),
+        r"--report and -o \(engine\) name the same file 'out'",
+    ),
+    "compile --report equal to --save-onnx": (
+        _tiny("compile", "m.onnx", "-o", "o.engine", "--save-onnx", "rep", "--report", "./rep"),
+        r"--report and --save-onnx name the same file",
+    ),
+    "compile --report an existing file": (
+        _tiny("compile", "m.onnx", "-o", "o.engine", "--report", "m.onnx/"),
+        r"report directory 'm\.onnx' exists and is not a directory",
+    ),
+    "calibrate --op-types naming no op type": (
+        _calibrate(1.0, "--op-types", " , "),
+        r"--op-types \(op_types\) names no op type, so nothing would be quantized; give one or more of "
+        r"MatMul,Gemm,Conv",
+    ),
+    "inspect: an initializer of an unknown element type": (
+        _unknown_dtype_onnx("inspect", "initializer"),
+        r"ONNX model 'm\.onnx': initializer 'W' has element type 999, which the installed onnx .* does "
+        r"not know",
+    ),
+    "optimize: an initializer of an unknown element type": (
+        _unknown_dtype_onnx("optimize", "initializer"),
+        r"initializer 'W' has element type 999",
+    ),
+    "compile: an input of an unknown element type": (
+        _unknown_dtype_onnx("compile", "input"),
+        r"graph input 'x' has element type 999",
+    ),
+    "calibrate --calib-cache with a NaN scale": (
+        _calib_cache("7fc00000"),
+        r"calibration cache 'c\.cache' line 2 gives tensor 'h' the scale nan; a quantization scale is a "
+        r"finite number above 0",
+    ),
+    "calibrate --calib-cache with a zero scale": (_calib_cache("00000000"), r"tensor 'h' the scale 0\.0;"),
+    "calibrate --calib-cache with a negative scale": (
+        _calib_cache("bf800000"),
+        r"tensor 'h' the scale -1\.0;",
+    ),
+    "report: --data .npz that is not a zip": (
+        _report_npz(b"PK\x03\x04 not a zip archive"),
+        r"--data 'c\.npz' is not a readable \.npz file \(BadZipFile",
+    ),
+    "report: empty --data .npz": (
+        _report_npz(b""),
+        r"--data 'c\.npz' is not a readable \.npz file \(EOFError",
+    ),
+    "report --threads beyond the CPU cores": (
+        _tiny(
+            "report", "m.onnx", "-o", "rep", "--targets", "ort", "--no-progress", "--threads", str(CORES + 1)
+        ),
+        rf"--threads {CORES + 1} is outside 1\.\.{CORES}: this process runs on {CORES} CPU core",
+    ),
+    "inspect: manifest nested deeper than the JSON parser recurses": (
+        _manifest(b"[" * 100_000 + b"]" * 100_000),
+        r"manifest 'm\.engine\.json' is not valid JSON: maximum recursion depth exceeded",
+    ),
+    "report --calibration-data without an INT8 target": (
+        _tiny("report", "m.onnx", "-o", "rep", "--targets", "ort,ort-fp16", "--calibration-data", "m.onnx"),
+        r"--calibration-data feeds only the INT8 targets \(ort-int8, trt-int8\), and none of this report's "
+        r"targets \(ort, ort-fp16\) is one",
+    ),
+    "export-triton: --max-queue-delay-us beyond uint64": (
+        _triton("-o", "repo", "--max-queue-delay-us", "9" * 30),
+        r"--max-queue-delay-us 9{30} is out of range: .* 0\.\.18446744073709551615",
+    ),
+    "export-triton --force into the model directory that holds the engine": (
+        _triton("-o", "repo", "--force", engine="repo/m/m.engine"),
+        r"the model directory 'repo/m' is or holds 'repo/m/m\.engine', a file being exported",
+    ),
+    "export-triton --force with --name the engine itself": (
+        _triton("-o", ".", "--name", "m.engine", "--force", "--no-validate"),
+        r"the model directory 'm\.engine' is or holds 'm\.engine'",
+    ),
+    "export-triton --preferred-batch-size with --no-dynamic-batching": (
+        _triton("-o", "repo", "--no-dynamic-batching", "--preferred-batch-size", "4", "--no-validate"),
+        r"--preferred-batch-size configures Triton's dynamic batcher, but --no-dynamic-batching turns it off",
+    ),
+    "export-triton --max-queue-delay-us at max batch 1": (
+        _triton("-o", "repo", "--max-batch", "1", "--max-queue-delay-us", "100", "--no-validate"),
+        r"--max-queue-delay-us configures .* off by default at max batch size 1; pass --dynamic-batching",
+    ),
+    "export-triton --dynamic-batching with --max-batch 0": (
+        _triton("-o", "repo", "--max-batch", "0", "--dynamic-batching", "--no-validate"),
+        r"this one cannot batch: --max-batch 0 turns batching off\.",
+    ),
+    "export-triton --name ''": (
+        _triton("-o", "repo", "--name", "", "--no-validate"),
+        r"--name '' is not a valid model directory name",
+    ),
+    "export-triton --name over the filesystem limit": (
+        _triton("-o", "repo", "--name", "n" * 300, "--no-validate"),
+        r"--name 'repo/n{300}': the file name is 300 bytes long; this filesystem allows 255",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_encoder_hostile_input_exits_2_cleanly(
+    case: str,
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    assert_exits_2_cleanly(*CASES[case], workdir, capfd)
+
+
+def test_an_endless_calibration_generator_is_refused(
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: a data function that never ends (`while True: yield ...`) ran until memory ran out. Here
+    the limit is lowered to 50 and the generator yields 2000 samples, so the old code finished instead."""
+    from trtforge.calibration import sources
+
+    monkeypatch.setattr(sources, "UNBOUNDED_SAMPLE_LIMIT", 50, raising=False)
+
+    def setup(d: Path) -> list[str]:
+        (d / "endless_data.py").write_text(
+            "import numpy as np\n\ndef data():\n    for _ in range(2000):\n"
+            "        yield {'x': np.ones((1, 4), np.float32)}\n"
+        )
+        return [*_calibrate(1.0)(d)[:2], "--data", "endless_data:data", "-o", "q.onnx", "--quiet"]
+
+    message = r"data function 'endless_data:data' yielded more than 50 samples and has not ended"
+    assert_exits_2_cleanly(setup, message, workdir, capfd)
