@@ -26,6 +26,9 @@ their strides), the gate / up columns interleaved (the tile of 2 BLOCK_N columns
 the epilogue), per-expert biases added in FP32 before the activation and before the routing weight, and
 the clamped SwiGLU (``gpt_oss_swiglu``, its alpha and limit float arguments).
 
+The router beside them (:func:`route_topk`): a float32 softmax or sigmoid, top-k, renormalization and scale
+in one launch, for the routers whose math is all float32 (:class:`trtforge.llm.models.moe.SparseMoe` decides).
+
 Tiles come from a small fixed table by token count (per expert: :data:`MOE_CONFIGS`, which a benchmark may
 replace): no autotuning at launch, which a graph capture could not hold. FP32 models multiply in IEEE FP32 (no
 TF32), 16-bit ones on the tensor cores; every sum in FP32.
