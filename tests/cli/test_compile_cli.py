@@ -52,6 +52,22 @@ def test_inspect_onnx(tmp_path, capsys) -> None:
     assert summary["inputs"] == [{"name": "x", "dtype": "float32", "shape": "[batch, 4]"}]
 
 
+@pytest.mark.trt_build
+def test_an_upper_case_onnx_suffix_is_an_onnx_model_everywhere(tmp_path, capsys) -> None:
+    """m.ONNX (as some tools save it): inspect summarizes it, report runs it, compile builds it. Before,
+    inspect and report called it 'a model, not an engine: build one first with trtforge compile m.ONNX',
+    and compile then refused it as an unsupported model file."""
+    model = tiny_onnx(tmp_path / "m.ONNX")
+    rc, out = _run(["inspect", str(model), "--json"], capsys)
+    assert rc == 0 and json.loads(out)["ops"] == {"MatMul": 1, "Add": 1, "Relu": 1}, out
+    rc, out = _run(
+        ["report", str(model), "-o", str(tmp_path / "rep"), "--targets", "ort", "--no-progress"], capsys
+    )
+    assert rc == 0 and (tmp_path / "rep" / "report.json").is_file(), out
+    rc, out = _run(["compile", str(model), "-o", str(tmp_path / "m.engine"), "-q"], capsys)
+    assert rc == 0 and (tmp_path / "m.engine").is_file(), out
+
+
 def test_inspect_detects_modified_engine(tmp_path, capsys) -> None:
     pytest.importorskip("tensorrt_rtx")
     model = tiny_onnx(tmp_path / "m.onnx")

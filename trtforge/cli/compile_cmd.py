@@ -144,9 +144,9 @@ def _write_report(model, result, report_dir, output_names, precision, quiet, con
     from trtforge._usercode import load_factory
     from trtforge.reports.api import build_report
 
-    if model.endswith(".onnx"):
+    if model.lower().endswith(".onnx"):
         source = model
-    elif model.endswith(".pt2"):
+    elif model.lower().endswith(".pt2"):
         source = str(result.engine_path)
     else:
         source = load_factory(model)

@@ -68,7 +68,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     if not path.exists():
         raise UserError(f"'{path}' does not exist.")
     console = Console()
-    if path.suffix == ".onnx":
+    if path.suffix.lower() == ".onnx":
         summary = summarize_onnx(path)
         if as_json:
             click.echo(json.dumps(summary, indent=2))

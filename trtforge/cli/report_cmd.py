@@ -196,7 +196,7 @@ def report_cmd(
         check_forward(*source)  # a factory whose model fails on its own inputs is the user's to fix
     elif Path(model).suffix.lower() in CHECKPOINT_SUFFIXES or Path(model).is_dir():
         raise unsupported_source(Path(model))
-    elif Path(model).is_file() and Path(model).suffix != ".onnx":
+    elif Path(model).is_file() and Path(model).suffix.lower() != ".onnx":
         from trtforge.core.manifest import read_manifest, verify_engine_file
 
         verify_engine_file(model, read_manifest(model))  # refuse a tampered engine, as inspect does

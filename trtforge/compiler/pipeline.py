@@ -36,9 +36,10 @@ def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwar
     if isinstance(model, (str, os.PathLike)):
         text = str(model)
         path = Path(text)
-        if path.suffix == ".onnx":
+        suffix = path.suffix.lower()  # (m.ONNX, as some tools save it)
+        if suffix == ".onnx":
             return sources.from_onnx_file(path), None, None
-        if path.suffix == ".pt2":
+        if suffix == ".pt2":
             log(f"exporting torch.export archive {path} to ONNX")
             return sources.from_pt2(path, workdir, **export_kwargs), None, None
         if path.exists() or ":" not in text:

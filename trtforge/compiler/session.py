@@ -55,7 +55,7 @@ def source_files(model: Any) -> dict[str, str | os.PathLike[str] | None]:
     if isinstance(model, (str, os.PathLike)) and Path(model).is_file():
         from trtforge.core import onnx_io
 
-        return onnx_io.model_files(model) if str(model).endswith(".onnx") else {"input model": model}
+        return onnx_io.model_files(model) if str(model).lower().endswith(".onnx") else {"input model": model}
     if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
         return {f"file '{p.name}' of the model directory": p for p in Path(model).iterdir() if p.is_file()}
     if isinstance(model, str) and ":" in model:

@@ -49,7 +49,7 @@ def source_sha256(path: str | os.PathLike[str]) -> str:
     import hashlib
 
     h = hashlib.sha256(sha256_file(path).encode())
-    if str(path).endswith(".onnx"):
+    if str(path).lower().endswith(".onnx"):
         for f in external_data_files(path):
             h.update(sha256_file(f).encode())
     return h.hexdigest()

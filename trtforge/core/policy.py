@@ -301,7 +301,7 @@ def check_source(source: Any, export: ExportOptions, example_inputs: Any = None)
     """Refuse export options (and example inputs) for a source that is already ONNX: they would
     change nothing."""
     text = str(source) if isinstance(source, (str, bytes)) or hasattr(source, "__fspath__") else None
-    if text is None or not text.endswith(".onnx"):
+    if text is None or not text.lower().endswith(".onnx"):
         return
     extra = changed(export, [f.name for f in dataclasses.fields(export)])
     if example_inputs is not None:

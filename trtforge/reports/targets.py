@@ -408,7 +408,7 @@ def load_source(source: Any) -> Source:
     from trtforge._fileio import check_input_file
 
     path = check_input_file(source, "report source")
-    if path.suffix == ".onnx":
+    if path.suffix.lower() == ".onnx":
         from trtforge.compiler.sources import from_onnx_file
 
         return Source("onnx", str(path), onnx_path=from_onnx_file(path).path)

@@ -75,7 +75,7 @@ def load_causal_lm(source: Any) -> Any:
                 "save_pretrained wrote for this config.json."
             )
         return model.eval()
-    if path.suffix in (".onnx", ".pt2", ".engine") or path.exists():
+    if path.suffix.lower() in (".onnx", ".pt2", ".engine") or path.exists():
         raise UserError(
             f"expected a Hugging Face causal LM (an nn.Module, a save_pretrained directory or "
             f"module:factory); '{path}' is a file. Step graphs (.onnx) are written by "
