@@ -168,6 +168,9 @@ def test_input_and_dynamic_spec_errors() -> None:
     with pytest.raises(UserError, match="out of range"):
         resolve_dynamic({"input_ids": {2: "x"}}, feeds)
     assert resolve_dynamic("batch", feeds)["attention_mask"] == {0: "batch"}
+    # a positional name past every input's rank would make nothing dynamic: refused, naming it
+    with pytest.raises(UserError, match=r"'hidden' \(axis 2\) lie past every input's rank"):
+        resolve_dynamic("batch,seq,hidden", feeds)
 
 
 class _ToComplex(torch.nn.Module):

@@ -118,6 +118,14 @@ def resolve_dynamic(spec: DynamicSpec, inputs: Mapping[str, Any]) -> dict[str, d
     if isinstance(spec, str) or (isinstance(spec, Sequence) and all(isinstance(s, str) for s in spec)):
         # positional: an empty entry keeps that axis static ("batch,,height,width": NCHW, C fixed)
         names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec)]
+        widest = max((t.dim() for t in inputs.values()), default=0)
+        past = [f"'{dim}' (axis {axis})" for axis, dim in enumerate(names) if dim and axis >= widest]
+        if past:
+            raise UserError(
+                f"dynamic axes {','.join(names)!r}: {', '.join(past)} lie past every input's rank (the "
+                f"widest input has {widest} axes), so nothing would vary there; name one dimension per axis, "
+                "in order, for the widest input."
+            )
         return {
             name: {axis: dim for axis, dim in enumerate(names) if dim and axis < t.dim()}
             for name, t in inputs.items()
