@@ -193,3 +193,14 @@ def test_port_0_prints_the_port_the_os_chose(tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == 0 and "Traceback" not in log.read_text(), log.read_text()
+
+
+@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
+def test_a_max_model_len_past_the_models_positions_is_refused_naming_the_limit(capsys):
+    """Before: `--max-model-len 100000` on a 2048-position model (unscaled rotary) started the server,
+    which then served positions the model never saw."""
+    argv = ["serve", str(MODEL), "--device", "cpu", "--num-blocks", "4", "--max-model-len", "100000"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--max-model-len 100000 exceeds the 2048 positions" in err, err
+    assert "max_position_embeddings in its config" in err and "Traceback" not in err, err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -250,6 +252,56 @@ def test_unsupported_models_and_bad_sizes_are_user_errors():
         TorchExecutor(tiny_llama(), num_blocks=4, max_model_len=-1)
     with pytest.raises(UserError, match="num_blocks must be a positive integer"):
         TorchExecutor(tiny_llama(), num_blocks=0)
+
+
+@pytest.mark.parametrize(
+    ("scaling", "reach", "where"),
+    [
+        (None, 64, "max_position_embeddings in its config; its rotary is not scaled"),
+        (
+            {"rope_type": "linear", "factor": 2.0},
+            128,
+            "max_position_embeddings 64 x the factor 2 of its linear",
+        ),
+        (
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+            256,
+            "original_max_position_embeddings 64 x the factor 4 of its yarn",
+        ),
+        ({"rope_type": "dynamic", "factor": 2.0}, None, None),  # (its base grows with the length: no limit)
+        (  # (Llama 3.1's shape: max_position_embeddings already the extended length)
+            {"rope_type": "llama3", "factor": 2.0, "original_max_position_embeddings": 16},
+            64,
+            "max_position_embeddings in its config (llama3 rotary scaling included)",
+        ),
+    ],
+)
+def test_a_rotary_max_model_len_past_the_positions_the_model_is_made_for_is_refused(scaling, reach, where):
+    """Before: a rotary model took any max_model_len (`trtforge serve --max-model-len 100000` started on a
+    2048-position model) and ran into positions it never saw; a rotary scaling extends the limit."""
+    import transformers
+
+    kw = {"rope_scaling": scaling} if scaling else {}
+    if scaling and scaling["rope_type"] == "llama3":
+        kw["rope_scaling"] = scaling | {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    config = transformers.LlamaConfig(
+        vocab_size=120,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **kw,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    if reach is None:
+        assert TorchExecutor(model, num_blocks=4, max_model_len=100_000).facts.max_model_len == 100_000
+        return
+    assert TorchExecutor(model, num_blocks=4, max_model_len=reach).facts.max_model_len == reach
+    refused = rf"max_model_len {reach + 1} exceeds the {reach} positions .*{re.escape(where)}"
+    with pytest.raises(UserError, match=refused):
+        TorchExecutor(model, num_blocks=4, max_model_len=reach + 1)
 
 
 def test_static_shape_decode_gives_the_same_tokens_as_the_eager_path():

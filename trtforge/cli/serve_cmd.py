@@ -32,7 +32,7 @@ MODEL: a Hugging Face save_pretrained directory or module:factory (torch executo
 graph (.onnx, ONNX Runtime) or a paged step engine (.engine, TensorRT). The tokenizer comes from
 MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/chat/completions,
 /v1/models, /health, /metrics (Prometheus). SIGTERM drains requests in flight (up to
---shutdown-grace seconds; new ones get 503) and exits 0.
+--shutdown-grace seconds; new ones get 503) and exits 0; a second signal stops at once (exit 143).
 """
 
 

@@ -118,3 +118,37 @@ def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(server):
         assert v["status"] == 200 and v["lines"][-1] == "data: [DONE]"
         assert '"finish_reason": "length"' in v["lines"][-2]
     assert "Traceback" not in server.log(), server.log()
+
+
+def test_a_second_sigterm_stops_at_once_without_a_trace_and_exits_143(tmp_path):
+    """A supervisor repeating SIGTERM (or `timeout` plus a manual kill) during the drain: the request in
+    flight is cancelled, the log holds no asyncio CancelledError trace, and the exit is SIGTERM's 143."""
+    model = need_model()
+    s = Server(str(model), ["--num-blocks", "256", "--shutdown-grace", "60"], tmp_path / "server.log")
+    out: dict = {}
+    t = threading.Thread(target=_stream_safely, args=(s, model.name, out))
+    t.start()
+    try:
+        _wait_for(lambda: s.metrics()["trtforge_num_requests_running"] == 1)
+        s.terminate()
+        _wait_for(lambda: "draining 1 request" in s.log())
+        s.terminate()
+        assert s.proc.wait(60) == 143, s.log()
+    finally:
+        s.stop()
+        t.join(60)
+    log = s.log()
+    assert "Traceback" not in log and "CancelledError" not in log, log
+    assert "terminated" in log, log
+
+
+def _stream_safely(server, model, out):
+    """A long streamed completion whose connection the server may drop."""
+    import httpx
+
+    body = {"model": model, "prompt": "def f(x):", "max_tokens": 1500, "stream": True, "ignore_eos": True}
+    try:
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
+            out["lines"] = [line for line in r.iter_lines() if line]
+    except httpx.HTTPError as e:
+        out["error"] = e

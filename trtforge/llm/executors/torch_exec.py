@@ -219,6 +219,14 @@ class TorchExecutor:
                 f"TorchExecutor max_model_len {length} exceeds the {longest} {table} of this "
                 f"{adapter.config.model_type} model ({limit}); pass max_model_len <= {longest}."
             )
+        reach = adapter.position_reach
+        if reach is not None and length > reach[0]:
+            raise UserError(
+                f"max_model_len {length} exceeds the {reach[0]} positions this {adapter.config.model_type} "
+                f"model is made for ({reach[1]}); past them it runs into positions it never saw. Pass "
+                f"max_model_len <= {reach[0]}; to run longer anyway, raise max_position_embeddings in its "
+                "config.json or give it a rotary scaling (rope_parameters) that extends it."
+            )
         return length
 
     def _kv_cache(

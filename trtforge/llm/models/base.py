@@ -572,6 +572,15 @@ class DecoderAdapter(ABC):
         table): transformers cannot run a longer sequence at all, so neither may the executors."""
         return self.spec.positions == "learned"
 
+    @property
+    def position_reach(self) -> tuple[int, str] | None:
+        """The longest sequence an unbounded model's positions are meant for (a rotary's trained length,
+        or the length its scaling extends it to) and where that comes from, for the executors to refuse a
+        longer max_model_len: transformers runs past it, but into positions the model never saw. None:
+        nothing bounds them (ALiBi, a bias by distance made to extrapolate) or :attr:`bounded` already
+        does."""
+        return None
+
     def require_fixed_rotary(self) -> None:
         """UserError for a rotary whose table changes with the sequence length (the step graph holds one)."""
         if self.dynamic:

@@ -85,6 +85,11 @@ class FalconStyle(RotaryDecoder):
         """The trained length (max_position_embeddings; ALiBi itself bounds no position)."""
         return int(self.config.max_position_embeddings) if self.alibi else super().max_length
 
+    @property
+    def position_reach(self) -> tuple[int, str] | None:
+        """None with ALiBi (nothing bounds its positions), the rotary's reach otherwise."""
+        return None if self.alibi else super().position_reach
+
     def rotary(
         self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
     ) -> tuple[Tensor, Tensor] | None:

@@ -94,6 +94,34 @@ class RotaryTables:
             return trained
         return int(trained * max(float(self._params().get("factor", 1.0)), 1.0))
 
+    @property
+    def reach(self) -> tuple[int, str] | None:
+        """The longest sequence these tables are meant for and where that comes from: the trained length,
+        or the length a fixed rotary scaling extends it to (``original_max_position_embeddings`` times the
+        ``factor``, or max_position_embeddings times it where the config names no original length),
+        whichever is longer. None where nothing bounds them: a dynamic rotary (its base grows with each
+        sequence's length, made to run past the trained one), or a config without
+        max_position_embeddings."""
+        trained = getattr(self.config, "max_position_embeddings", None)
+        if self.dynamic or not isinstance(trained, int) or isinstance(trained, bool) or trained < 1:
+            return None
+        params = self._params()
+        factor = params.get("factor")
+        if self.rope_type == "default" or not isinstance(factor, (int, float)) or factor <= 1:
+            return trained, "max_position_embeddings in its config; its rotary is not scaled"
+        original = params.get("original_max_position_embeddings")
+        given = isinstance(original, int) and not isinstance(original, bool) and original > 0
+        base, name = (
+            (original, "original_max_position_embeddings") if given else (trained, "max_position_embeddings")
+        )
+        scaled = int(base * factor)
+        if scaled <= trained:
+            return (
+                trained,
+                f"max_position_embeddings in its config ({self.rope_type} rotary scaling included)",
+            )
+        return scaled, f"{name} {base} x the factor {factor:g} of its {self.rope_type} rotary scaling"
+
     def __call__(
         self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
@@ -150,6 +178,10 @@ class RotaryDecoder(DecoderAdapter):
     @property
     def max_length(self) -> int:
         return self.rope.max_length
+
+    @property
+    def position_reach(self) -> tuple[int, str] | None:
+        return self.rope.reach
 
     def rotary(
         self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
@@ -219,6 +251,14 @@ class PerTypeRotary(RotaryDecoder):
     def max_length(self) -> int:
         trained = int(self.config.max_position_embeddings)  # (every layer NoPE: the trained length)
         return max((r.max_length for r in self.ropes.values()), default=trained)
+
+    @property
+    def position_reach(self) -> tuple[int, str] | None:
+        """The farthest reach of the layer types' tables (None where one of them has no bound)."""
+        reaches = [r.reach for r in self.ropes.values()]
+        if not reaches or any(r is None for r in reaches):
+            return None
+        return max(reaches, key=lambda r: r[0])  # type: ignore[arg-type, return-value]
 
     def rotary(  # type: ignore[override]
         self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None

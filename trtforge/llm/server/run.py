@@ -3,10 +3,16 @@
 On the signal the server keeps listening but answers new generation requests (and /health) with
 503, waits for those in flight up to the grace period, then stops uvicorn and closes the engine
 (requests still running then end as errors). The process exits 0: a drain is a normal shutdown.
+A second signal (a supervisor repeating SIGTERM, `timeout` plus a manual kill, Ctrl-C twice) stops at
+once: the requests in flight are cancelled (their cancellation is the stop asked for, not an error: no
+trace is logged for it), the app's own shutdown still runs, the engine is closed, and the signal is
+raised again once uvicorn's handlers are gone, so the process ends as that signal ends it (the CLI:
+"terminated", exit 143; "interrupted", 130 for Ctrl-C).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import signal
@@ -112,6 +118,9 @@ def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int
         lifespan="on",
     )
     server = _DrainingServer(config, state, options.shutdown_grace)
+    quiet = _QuietCancellations(server)
+    uvicorn_log = logging.getLogger("uvicorn.error")  # (where uvicorn logs a request's or lifespan's end)
+    uvicorn_log.addFilter(quiet)
     try:
         server.run()  # on uvloop where it is installed, as uvicorn picks
     except SystemExit as e:  # uvicorn exits this way when it cannot bind (it has logged why)
@@ -121,8 +130,24 @@ def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int
             f"cannot listen on {options.host}:{options.port} (in use, or not an address of this machine)."
         ) from e
     finally:
+        uvicorn_log.removeFilter(quiet)
         llm.close()
+    if server.forced is not None:  # (uvicorn's handlers are gone: the process's own handling ends it)
+        signal.raise_signal(server.forced)
     return 0
+
+
+class _QuietCancellations(logging.Filter):
+    """Drop uvicorn's trace of a task cancelled while the server stops (a request in flight at a second
+    signal, or past the drain's grace): the stop cancelled it, so it is no error of the app's."""
+
+    def __init__(self, server: Any) -> None:
+        super().__init__()
+        self.server = server
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (self.server.should_exit and isinstance(exc, asyncio.CancelledError))
 
 
 class _DrainingServer:
@@ -135,10 +160,14 @@ class _DrainingServer:
             def __init__(self) -> None:
                 super().__init__(config)
                 self.deadline: float | None = None
+                self.forced: int | None = None  # the signal that stopped the server at once
 
             def handle_exit(self, sig: int, frame: FrameType | None) -> None:
                 if self.deadline is not None or sig not in (signal.SIGTERM, signal.SIGINT):
-                    self.should_exit = self.force_exit = True  # a second signal: stop now
+                    if self.forced is None:  # a second signal: stop now
+                        self.forced = sig
+                        print("trtforge serve: stopping now", file=sys.stderr, flush=True)
+                    self.should_exit = self.force_exit = True
                     return
                 state.draining = True
                 self.deadline = time.monotonic() + grace
@@ -153,6 +182,17 @@ class _DrainingServer:
                 if self.deadline is not None and (state.requests == 0 or time.monotonic() > self.deadline):
                     self.should_exit = True
                 return await super().on_tick(counter)
+
+            async def shutdown(self, sockets: Any = None) -> None:
+                """uvicorn's shutdown; stopping at once, the requests in flight are cancelled here (not
+                left to asyncio.run's teardown) and the app's lifespan still ends (uvicorn's force_exit
+                skips it, and the lifespan task cancelled instead logs its trace)."""
+                if self.force_exit:
+                    for task in self.server_state.tasks:
+                        task.cancel()
+                await super().shutdown(sockets)
+                if self.force_exit:
+                    await self.lifespan.shutdown()
 
             async def startup(self, sockets: Any = None) -> None:
                 await super().startup(sockets)
