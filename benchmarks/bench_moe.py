@@ -204,69 +204,44 @@ def bench_layer(name: str, shape, tokens, dev: torch.device, reps: int) -> list[
     return rows
 
 
-def _mixtral(dev: torch.device, tiny: bool):
-    import transformers as tf
-
-    torch.manual_seed(0)
-    size = (
-        {"hidden_size": 64, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4}
-        if tiny
-        else {
-            "hidden_size": 1024,
-            "intermediate_size": 3584,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 16,
-        }
-    )
-    cfg = tf.MixtralConfig(
-        vocab_size=1024 if tiny else 32000,
-        num_key_value_heads=2 if tiny else 4,
-        num_local_experts=8,
-        num_experts_per_tok=2,
-        max_position_embeddings=2048,
-        **size,
-    )
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    with torch.device(dev):  # initialized where it runs (the CPU's init of the experts is slow)
-        return tf.MixtralForCausalLM(cfg).to(dtype).eval()
-
-
-#: the end-to-end models (--e2e-model), as their rows name them
+#: the end-to-end models (--e2e-model): the name their rows carry, transformers' config and model classes,
+#: and the config on the GPU and (tiny) on the CPU. Qwen3-30B-A3B's layer shapes: many small experts, where
+#: the routing and the alignment weigh most.
 E2E_MODELS = {
-    "mixtral": "mixtral-shaped 4 layers H1024 I3584 E8 k2",
-    "qwen3_moe": "qwen3-30b-a3b-shaped 4 layers H2048 I768 E128 k8",
+    "mixtral": (
+        "mixtral-shaped 4 layers H1024 I3584 E8 k2",
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {"hidden_size": 1024, "intermediate_size": 3584, "num_hidden_layers": 4, "num_attention_heads": 16}
+        | {"vocab_size": 32000, "num_key_value_heads": 4, "num_local_experts": 8, "num_experts_per_tok": 2},
+        {"hidden_size": 64, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4}
+        | {"vocab_size": 1024, "num_key_value_heads": 2, "num_local_experts": 8, "num_experts_per_tok": 2},
+    ),
+    "qwen3_moe": (
+        "qwen3-30b-a3b-shaped 4 layers H2048 I768 E128 k8",
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {"hidden_size": 2048, "moe_intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 32}
+        | {"vocab_size": 32000, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128}
+        | {"num_experts_per_tok": 8, "intermediate_size": 8192, "norm_topk_prob": True},
+        {"hidden_size": 64, "moe_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4}
+        | {"vocab_size": 1024, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 16}
+        | {"num_experts_per_tok": 4, "intermediate_size": 256, "norm_topk_prob": True},
+    ),
 }
 
 
-def _qwen3_moe(dev: torch.device, tiny: bool):
-    """Qwen3-30B-A3B's layer shapes (many small experts: the routing and alignment weigh most), 4 layers."""
+def _e2e_model(family: str, dev: torch.device, tiny: bool):
+    """The random-weight end-to-end model of `family` (:data:`E2E_MODELS`), BF16 on the GPU, FP32 on the
+    CPU, initialized where it runs (the CPU's init of the experts is slow)."""
     import transformers as tf
 
+    _, config_cls, model_cls, full, small = E2E_MODELS[family]
     torch.manual_seed(0)
-    size = (
-        {"hidden_size": 64, "moe_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4}
-        if tiny
-        else {
-            "hidden_size": 2048,
-            "moe_intermediate_size": 768,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 32,
-        }
-    )
-    cfg = tf.Qwen3MoeConfig(
-        vocab_size=1024 if tiny else 32000,
-        num_key_value_heads=2 if tiny else 4,
-        head_dim=16 if tiny else 128,
-        num_experts=16 if tiny else 128,
-        num_experts_per_tok=4 if tiny else 8,
-        intermediate_size=4 * size["hidden_size"],
-        norm_topk_prob=True,
-        max_position_embeddings=2048,
-        **size,
-    )
+    cfg = getattr(tf, config_cls)(max_position_embeddings=2048, **(small if tiny else full))
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     with torch.device(dev):
-        return tf.Qwen3MoeForCausalLM(cfg).to(dtype).eval()
+        return getattr(tf, model_cls)(cfg).to(dtype).eval()
 
 
 def _decode_ms(ex, batch: int, prompt: int, steps: int, vocab: int) -> float:
@@ -309,7 +284,7 @@ def bench_end_to_end(dev: torch.device, batches, steps: int, family: str = "mixt
     import trtforge.llm.executors.torch_exec as te
 
     tiny = dev.type != "cuda"
-    model = _mixtral(dev, tiny) if family == "mixtral" else _qwen3_moe(dev, tiny)
+    model = _e2e_model(family, dev, tiny)
     vocab = int(model.config.vocab_size)
     blocks = 64 * max(batches) + 64
     rows = []
@@ -323,7 +298,7 @@ def bench_end_to_end(dev: torch.device, batches, steps: int, family: str = "mixt
             ex._adapter.moe_formulation = "fused"
         for b in batches:
             row = {
-                "model": f"tiny-{family}" if tiny else E2E_MODELS[family],
+                "model": f"tiny-{family}" if tiny else E2E_MODELS[family][0],
                 "moe": ex._adapter.moe_formulation,
                 "cuda_graphs": ex.use_cuda_graphs,
                 "batch": b,

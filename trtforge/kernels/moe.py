@@ -94,7 +94,7 @@ MOE_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
 )
 
 
-def for_dtype(tile: MoeTile, dtype: torch.dtype, block_m: int = 64) -> MoeTile:
+def for_dtype(tile: MoeTile, dtype: torch.dtype, block_m: int) -> MoeTile:
     """`tile` as launched for `dtype` at `block_m` rows: FP32 tiles take twice the shared memory and multiply
     on FMAs (IEEE, no tensor cores) with their sums in registers, so their K chunk is halved (down to 32),
     their pipeline held to 2 stages and their columns to 8,192 / block_m (a 128-row block's 128 columns,
