@@ -1,6 +1,7 @@
 """Benchmark: serving throughput of a Llama-3-8B shape on fixed-length workloads, with a roofline (issue #29).
 
     PYTHONPATH=. python3 benchmarks/bench_throughput.py --plan-only                 # what each workload needs
+    PYTHONPATH=. python3 benchmarks/bench_throughput.py --peer-shares               # TRT-LLM on this roofline
     PYTHONPATH=. python3 benchmarks/bench_throughput.py --workloads 128/128 mixed --out tp.json
     PYTHONPATH=. python3 benchmarks/bench_throughput.py --tiny --out tiny.json      # CPU check of the script
 
@@ -89,6 +90,7 @@ from trtforge.llm.sched.scheduler import SchedulerConfig
 
 PEAK_FLOPS = 989e12  # dense BF16, H100 SXM and H200
 HBM_BYTES_PER_S = 4.8e12  # H200
+H100_HBM_BYTES_PER_S = 3.35e12  # H100 SXM (HBM3): the machine of TensorRT-LLM v0.10's published rows
 
 FIXED = {
     "128/128": (128, 128),
@@ -185,9 +187,12 @@ def prefill_flops(shape: Shape, prompt_len: np.ndarray) -> float:
     return float((2.0 * shape.linear_params * i + attn + 2.0 * shape.head_params).sum())
 
 
-def decode_wave_time(shape: Shape, prompts: np.ndarray, out_len: int) -> tuple[float, float, float]:
+def decode_wave_time(
+    shape: Shape, prompts: np.ndarray, out_len: int, bandwidth: float = HBM_BYTES_PER_S
+) -> tuple[float, float, float]:
     """Roofline seconds of the decode steps of these rows decoding together (each makes out_len - 1
-    decode steps after the token the prefill samples); also the bytes and FLOPs summed over its steps."""
+    decode steps after the token the prefill samples) at `bandwidth` bytes/s; also the bytes and FLOPs
+    summed over its steps."""
     rows = np.asarray(prompts, dtype=np.float64)
     j = np.arange(1, out_len, dtype=np.float64)  # decode step j: every row's context is I + j
     ctx = rows.sum() + len(rows) * j  # sum over rows of their contexts, per step
@@ -197,12 +202,20 @@ def decode_wave_time(shape: Shape, prompts: np.ndarray, out_len: int) -> tuple[f
     )
     bytes_ = shape.decode_weight_bytes + ctx * shape.kv_bytes_per_token
     linear = len(rows) * 2.0 * shape.linear_params
-    t = np.maximum(shape.compute_s(linear, flops - linear), bytes_ / HBM_BYTES_PER_S)
+    t = np.maximum(shape.compute_s(linear, flops - linear), bytes_ / bandwidth)
     return float(t.sum()), float(bytes_.sum()), float(flops.sum())
 
 
-def roofline(shape: Shape, prompts: list[int], out_len: int, max_num_seqs: int, kv_tokens: int) -> dict:
-    """The workload's roofline (module docstring): seconds, output tok/s, and the decode batch it assumes."""
+def roofline(
+    shape: Shape,
+    prompts: list[int],
+    out_len: int,
+    max_num_seqs: int,
+    kv_tokens: int,
+    bandwidth: float = HBM_BYTES_PER_S,
+) -> dict:
+    """The workload's roofline (module docstring): seconds, output tok/s, and the decode batch it assumes;
+    `bandwidth` is the HBM's bytes/s (the H200's unless another machine's is given)."""
     prompts_ = np.asarray(prompts, dtype=np.float64)
     n = len(prompts_)
     per_seq = float(prompts_.mean()) + out_len
@@ -211,7 +224,7 @@ def roofline(shape: Shape, prompts: list[int], out_len: int, max_num_seqs: int, 
     t_prefill = shape.compute_s(linear, prefill_flops(shape, prompts_) - linear)
     t_decode = bytes_ = flops = 0.0
     for lo in range(0, n, batch):  # waves of `batch` rows (the last one partial)
-        t, b, f = decode_wave_time(shape, prompts_[lo : lo + batch], out_len)
+        t, b, f = decode_wave_time(shape, prompts_[lo : lo + batch], out_len, bandwidth)
         t_decode, bytes_, flops = t_decode + t, bytes_ + b, flops + f
     total = t_prefill + t_decode
     return {
@@ -224,6 +237,36 @@ def roofline(shape: Shape, prompts: list[int], out_len: int, max_num_seqs: int, 
         "formula": "sum(2 N_lin I + 2 L Hq D I^2 + 2 V H)/989e12 + sum_steps max(FLOPs/989e12, "
         "(W + sum c*kv)/4.8e12); decode batch = min(requests, max_num_seqs, pool tokens/(ISL+OSL))",
     }
+
+
+PEER_SHARE_BATCHES = (256, 512, 1024, 2048)
+
+
+def peer_shares(bf16: Shape, fp8: Shape) -> list[dict]:
+    """Each published TensorRT-LLM row as a share of this script's roofline on the peer's own machine
+    and precision (v0.10: H100 bandwidth, 16-bit weights and KV; v1.0: H200, FP8 weights and KV), at
+    decode batches of PEER_SHARE_BATCHES (its batch is not published; a larger batch raises the
+    roofline, so the share at 256 is the most favourable to the peer). It puts issue #29's 60% target
+    beside what the reference engine reaches on the same yardstick."""
+    rows = []
+    for name, peers in PUBLISHED.items():
+        isl, osl = FIXED[name]
+        for peer, rate in peers.items():
+            if rate is None:
+                continue
+            h100 = "h100" in peer
+            shape, bw = (bf16, H100_HBM_BYTES_PER_S) if h100 else (fp8, HBM_BYTES_PER_S)
+            shares = {}
+            for b in PEER_SHARE_BATCHES:
+                roof = roofline(shape, [isl] * PEER_REQUESTS[name], osl, b, 10**12, bw)
+                shares[b] = rate / roof["output_tok_s"]
+            rows.append({"workload": name, "peer": peer, "output_tok_s": rate, "roofline_share": shares})
+            print(
+                f"  {name:10s} {peer:24s} {rate:7,} tok/s: "
+                + ", ".join(f"B={b} {v:.0%}" for b, v in shares.items()),
+                flush=True,
+            )
+    return rows
 
 
 # ---- workloads ---------------------------------------------------------------------------------------
@@ -970,6 +1013,12 @@ def main() -> None:
     )
     ap.add_argument("--assume-kv-gb", type=float, default=105.0, help="--plan-only: the pool assumed (GB)")
     ap.add_argument(
+        "--peer-shares",
+        action="store_true",
+        help="print each published TensorRT-LLM row's share of this roofline (its machine, its precision) "
+        "at decode batches 256-2048; run nothing",
+    )
+    ap.add_argument(
         "--plan-only", action="store_true", help="print each workload's size and time estimate; run nothing"
     )
     ap.add_argument("--quick", action="store_true", help="2 waves per fixed workload, 60 s budget each")
@@ -1066,6 +1115,13 @@ def main() -> None:
         for t in args.decode_tiles_by_keys
         for h in args.hopper_chunks
     ]
+    if args.peer_shares:
+        bf16 = Shape.of(LlamaConfig(**SHAPES["8b"]), 2)
+        fp8 = dataclasses.replace(bf16, linear_bytes=1, linear_speedup=2.0, kv_elem_bytes=1)
+        print("TensorRT-LLM's published rows as a share of this roofline on their own machine and precision:")
+        results["peer_shares"] = peer_shares(bf16, fp8)
+        save(results, args.out)
+        return
     if args.plan_only:
         kv_tokens = int(args.assume_kv_gb * 1e9 // shape.kv_bytes_per_token)
         results["plan"] = {}
