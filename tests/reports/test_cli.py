@@ -110,3 +110,60 @@ def test_default_targets_leave_out_int8_when_nothing_quantizes(tmp_path, models,
     )
     assert rc == 3 and "target(s) failed: ort-int8" in text
     assert "left out" not in text
+
+
+def _trt_cannot_run_here(model) -> str | None:
+    from trtforge.reports.targets import cannot_run, load_source
+
+    return cannot_run("trt", load_source(str(model)))
+
+
+def test_a_reference_that_cannot_run_here_is_refused(tmp_path, models, capsys):
+    """Before: --reference trt on a machine without a TensorRT runtime wrote a report comparing nothing
+    and --check exited 0. Now it is refused up front (exit 2, no report), naming why and the targets
+    that can be the reference here."""
+    a, _ = models
+    if _trt_cannot_run_here(a) is None:
+        pytest.skip("TensorRT runs engines on this machine")
+    out = tmp_path / "o"
+    rc, text = _run(["report", str(a), "-o", str(out), "--reference", "trt", "--check", *FAST], capsys)
+    assert rc == 2, text
+    assert "--reference 'trt' cannot run here" in text and "cannot run engines here" in text
+    assert "targets that can serve as the reference here: ort, ort-fused" in text
+    assert "Traceback" not in text and not out.exists()
+
+
+def test_a_torch_reference_for_an_onnx_source_is_refused(tmp_path, models, capsys):
+    a, _ = models
+    rc, text = _run(["report", str(a), "-o", str(tmp_path / "o"), "--reference", "torch-cuda", *FAST], capsys)
+    assert rc == 2 and "--reference 'torch-cuda' cannot run here (the source is an onnx" in text, text
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("targets", "why"),
+    [("ort", "it is the only target"), ("ort,torch-cuda", "torch-cuda: the source is an onnx")],
+    ids=["reference alone", "the other target cannot run"],
+)
+def test_check_fails_when_nothing_was_compared(tmp_path, models, capsys, targets, why):
+    """Before: a report whose reference was compared with no target passed --check (exit 0)."""
+    a, _ = models
+    argv = ["report", str(a), "-o", str(tmp_path / "o"), "--targets", targets, *FAST]
+    rc, text = _run([*argv, "--check"], capsys)
+    assert rc == 3, text
+    assert "nothing was compared with the reference 'ort'" in text and why in text
+    assert (tmp_path / "o" / "report.json").is_file()  # the report is written before failing
+    rc, text = _run([*argv, "--no-check"], capsys)
+    assert rc == 0, text
+
+
+def test_default_reference_skips_a_target_that_cannot_run(tmp_path, models, capsys):
+    """--targets trt,ort-fp16 (no torch/ort): the default reference is the first target that runs here."""
+    a, _ = models
+    if _trt_cannot_run_here(a) is None:
+        pytest.skip("TensorRT runs engines on this machine")
+    out = tmp_path / "o"
+    argv = ["report", str(a), "-o", str(out), "--targets", "trt,ort-fp16", "--no-check", *FAST]
+    rc, text = _run(argv, capsys)
+    assert rc == 0, text
+    assert json.loads((out / "report.json").read_text())["reference"] == "ort-fp16"

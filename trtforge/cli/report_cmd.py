@@ -12,7 +12,7 @@ from trtforge._fileio import show_path
 from trtforge.cli._options import from_params, given_flags, option_group
 from trtforge.core.policy import ExportOptions, PrecisionOptions
 from trtforge.errors import UserError
-from trtforge.reports.results import FAILED, Report
+from trtforge.reports.results import FAILED, NOT_RUN, OK, Report
 
 # How reports/api.py words a target that could not run the accuracy inputs.
 REJECTED = "accuracy inputs rejected or run failed"
@@ -61,15 +61,17 @@ Writes OUT/report.html (tables and plots), OUT/report.md and OUT/report.json
 (schema: trtforge/reports/report.schema.json).
 Exit codes (so a report can gate CI): 0 ok; 2 bad input, including --data the
 reference target rejects (nothing is written then) and an engine that does not
-match its manifest; 3 when the reference or any target that can run on this
-machine fails, or an output fails its tolerance. Targets this machine cannot run
-(no GPU, no TensorRT runtime: status "not_run") do not count. --no-check: exit 0
-whatever the results, once the report is written.
+match its manifest, and a --reference this machine cannot run (the message names
+the targets that can); 3 when the reference or any target that can run on this
+machine fails, an output fails its tolerance, or nothing was compared with the
+reference. Targets this machine cannot run (no GPU, no TensorRT runtime: status
+"not_run") are not failures, but a check that compared nothing fails. --no-check:
+exit 0 whatever the results, once the report is written.
 """
 
 
 class AccuracyCheckFailed(click.ClickException):
-    """A runnable target failed or an output is outside its tolerance (exit code 3)."""
+    """A runnable target failed, an output is outside its tolerance, or nothing was compared (exit 3)."""
 
     exit_code = 3
 
@@ -93,7 +95,9 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     "--targets", "targets", multiple=True, metavar="A,B,...", help="Targets to compare. Repeatable."
 )
 @click.option(
-    "--reference", default=None, help="Target the others are compared with (default torch, else ort)."
+    "--reference",
+    default=None,
+    help="Target the others are compared with (default torch, else ort); it must run here.",
 )
 @click.option("--data", default=None, help="Accuracy inputs (see below); default: generated.")
 @click.option(
@@ -115,7 +119,8 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     "--check/--no-check",
     default=True,
     show_default=True,
-    help="Exit 3 when the reference or a target runnable here fails, or an output fails its tolerance.",
+    help="Exit 3 when the reference or a target runnable here fails, an output fails its tolerance, "
+    "or nothing was compared.",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option(
@@ -264,7 +269,23 @@ def _failures(report: Report) -> list[str]:
     n = report.summary()["accuracy_failed"]
     if n:
         problems.append(f"accuracy check failed: {n} output(s) outside tolerance")
+    if not report.is_lm and not any(r.status == OK for r in report.accuracy):
+        problems.append(f"nothing was compared with the reference '{report.reference}'" + _why_none(report))
     return problems
+
+
+def _why_none(report: Report) -> str:
+    """Why no target's outputs were compared with the reference (a check of nothing fails)."""
+    ref = next((t for t in report.targets if t.name == report.reference), None)
+    if ref is not None and ref.status == NOT_RUN:
+        return f": it cannot run here ({ref.reason})"
+    others = [t for t in report.targets if t.name != report.reference]
+    if not others:
+        return ": it is the only target"
+    why = [f"{t.name}: {t.reason}" for t in others if t.status == NOT_RUN] or [
+        f"{r.target}: {r.reason}" for r in report.accuracy if r.reason
+    ]
+    return f" ({'; '.join(why)})" if why else ""
 
 
 def _remove_written(result: Any, out_dir: str, existed: bool) -> None:

@@ -28,9 +28,12 @@ from trtforge.reports.targets import (
     INT8_TARGETS,
     NOTHING_TO_QUANTIZE,
     Preparer,
+    Source,
     Target,
+    cannot_run,
     default_targets,
     load_source,
+    runnable_here,
     validate_names,
 )
 
@@ -137,10 +140,29 @@ def environment(threads: int | None) -> dict[str, Any]:
     }
 
 
-def _pick_reference(names: list[str], reference: str | None, kind: str) -> tuple[list[str], str]:
+def _pick_reference(names: list[str], reference: str | None, src: Source) -> tuple[list[str], str]:
+    """The reference target (added to `names` when missing). One named by the caller must be able to run
+    here (a reference that cannot run compares nothing): else a UserError naming why and the targets
+    that can. The default is the first of torch, ort, trt among `names`, else the first of `names`,
+    skipping targets this machine cannot run while one that can is left."""
     if reference is None:
-        preferred = ["torch", "ort", "trt"] if kind == "module" else ["ort", "trt"]
-        reference = next((n for n in preferred if n in names), names[0])
+        preferred = ["torch", "ort", "trt"] if src.kind == "module" else ["ort", "trt"]
+        order = [n for n in preferred if n in names] + [n for n in names if n not in preferred]
+        reference = next((n for n in order if cannot_run(n, src) is None), order[0])
+    else:
+        reference = validate_names([reference])[0]
+        why = cannot_run(reference, src)
+        if why is not None:
+            here = runnable_here(src)
+            can = (
+                f"targets that can serve as the reference here: {', '.join(here)} (or onnx=PATH)"
+                if here
+                else "no named target can run for this source here: give its ONNX file as onnx=PATH"
+            )
+            raise UserError(
+                f"--reference '{reference}' cannot run here ({why}), so nothing could be "
+                f"compared with it; {can}."
+            )
     if reference not in names:
         names = [reference, *names]
     return names, reference
@@ -224,7 +246,8 @@ def build_report(
         targets: target names (see `trtforge.reports.targets`); None: all that apply to the source.
         data: accuracy inputs: .npz, a calibration dataset (dir, text file + `tokenizer`,
             module:function), a feed dict or an iterable of them. None: generated from the input specs.
-        reference: the target others are compared with (default torch for modules, else ort).
+        reference: the target others are compared with (default torch for modules, else ort; a target
+            this machine cannot run is skipped). One named that cannot run here is a UserError.
         batch_sizes, seq_lens: the latency sweep; warmup/runs: per point.
         tolerances: per-output limits, keys "", "OUTPUT", "TARGET/", "TARGET/OUTPUT" (see compare.py).
         calibration_data: INT8 calibration data (default: `data`, else generated inputs).
@@ -252,8 +275,7 @@ def build_report(
         )
     src.output_names = list(output_names) if output_names else None
     names = validate_names(list(targets) if targets else default_targets(src))
-    names, reference = _pick_reference(names, reference, src.kind)
-    validate_names([reference])
+    names, reference = _pick_reference(names, reference, src)
     check_out_dir(out_dir)
     _check_data_path(data, "--data")
     _check_data_path(calibration_data, "--calibration-data")
