@@ -167,3 +167,114 @@ def test_default_reference_skips_a_target_that_cannot_run(tmp_path, models, caps
     rc, text = _run(argv, capsys)
     assert rc == 0, text
     assert json.loads((out / "report.json").read_text())["reference"] == "ort-fp16"
+
+
+def _earlier_report(tmp_path, model, capsys):
+    """A report directory from an earlier run, and its files' bytes."""
+    out = tmp_path / "o"
+    rc, text = _run(["report", str(model), "-o", str(out), "--targets", "ort,ort-fused", *FAST], capsys)
+    assert rc == 0, text
+    return out, {p.name: p.read_bytes() for p in out.iterdir()}
+
+
+def _beside(out):
+    """Hidden staging directories left beside the report directory."""
+    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(".trtforge-"))
+
+
+def test_a_new_report_replaces_the_earlier_directory_whole(tmp_path, models, capsys):
+    """Before: the three files were replaced one by one inside the existing directory, so what an
+    earlier run killed mid-write left there (its temp files) stayed beside the new report."""
+    from trtforge._fileio import temp_name
+
+    a, b = models
+    out, _ = _earlier_report(tmp_path, a, capsys)
+    (out / ".report.html.k1ll3d.tmp").write_text("half an html file")  # SIGKILL during a write
+    temp_name(out, "new").mkdir()  # SIGKILL while staging the next one
+    (temp_name(out, "new") / "report.json").write_text("{")
+    argv = ["report", str(a), "-o", str(out), "--targets", f"ort,onnx={b}", "--no-check", *FAST]
+    rc, text = _run(argv, capsys)
+    assert rc == 0, text
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md"]
+    assert json.loads((out / "report.json").read_text())["settings"]["targets"] == ["ort", f"onnx={b}"]
+    assert _beside(out) == []
+
+
+def test_a_run_that_fails_leaves_the_earlier_report_as_it_was(tmp_path, models, capsys, monkeypatch):
+    """Before: --data the reference rejects (exit 2) overwrote the earlier report, then deleted the new
+    files, leaving the directory empty; a failure while writing left the old report intact only while
+    no file had been renamed yet."""
+    import numpy as np
+
+    a, _ = models
+    out, before = _earlier_report(tmp_path, a, capsys)
+    np.savez(tmp_path / "bad.npz", x=np.ones((2, 3), np.float32))  # 3 features, the model takes 16
+    argv = ["report", str(a), "-o", str(out), "--targets", "ort,ort-fused", *FAST]
+    rc, text = _run([*argv, "--data", str(tmp_path / "bad.npz")], capsys)
+    assert rc == 2 and "does not fit the model" in text, text
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    import trtforge.reports.render as render
+
+    def broken(report):
+        raise RuntimeError("rendering failed")
+
+    monkeypatch.setattr(render, "render_html", broken)  # the last file's stage fails
+    rc, text = _run(argv, capsys)
+    assert rc != 0 and "rendering failed" in text, text
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _beside(out) == []
+
+
+def test_a_failed_swap_puts_the_earlier_report_back(tmp_path, models, capsys, monkeypatch):
+    """The new directory's rename onto -o fails after the old one was moved aside: the old one returns."""
+    import errno
+    import os
+
+    import trtforge._fileio as fileio
+
+    a, _ = models
+    out, before = _earlier_report(tmp_path, a, capsys)
+    real = os.rename
+
+    def rename(src, dst):
+        if str(src).endswith(".new") and str(dst) == str(out):
+            raise OSError(errno.EIO, "I/O error")
+        return real(src, dst)
+
+    monkeypatch.setattr(fileio.os, "rename", rename)
+    rc, text = _run(["report", str(a), "-o", str(out), "--targets", "ort,ort-fused", *FAST], capsys)
+    assert rc != 0 and "I/O error" in text, text
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _beside(out) == []
+
+
+def test_a_directory_with_other_files_keeps_them(tmp_path, models, capsys):
+    """-o naming a directory that holds more than a report (a build directory, `.`): only the report's
+    own files are replaced; the others stay."""
+    a, _ = models
+    out, _ = _earlier_report(tmp_path, a, capsys)
+    (out / "model.engine").write_bytes(b"keep me")
+    (out / ".report.md.k1ll3d.tmp").write_text("an earlier run's leftover")
+    argv = ["report", str(a), "-o", str(out), "--targets", "ort,ort-fp16", *FAST]
+    rc, text = _run(argv, capsys)
+    assert rc == 0, text
+    assert sorted(p.name for p in out.iterdir()) == [
+        "model.engine",
+        "report.html",
+        "report.json",
+        "report.md",
+    ]
+    assert (out / "model.engine").read_bytes() == b"keep me"
+    assert json.loads((out / "report.json").read_text())["settings"]["targets"] == ["ort", "ort-fp16"]
+
+
+def test_a_report_into_the_working_directory(tmp_path, models, capsys, monkeypatch):
+    """-o . is written in place (the working directory is never swapped away under the process)."""
+    a, _ = models
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    rc, text = _run(["report", str(a), "-o", ".", "--targets", "ort,ort-fused", *FAST], capsys)
+    assert rc == 0, text
+    assert sorted(p.name for p in here.iterdir()) == ["report.html", "report.json", "report.md"]
+    assert _beside(here) == []

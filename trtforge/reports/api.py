@@ -12,7 +12,7 @@ import datetime as _dt
 import os
 import platform
 import re
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,6 @@ from trtforge.reports.targets import (
 DEFAULT_WARMUP = 3
 DEFAULT_RUNS = 20
 ACCURACY_ITERATIONS = 2  # generated accuracy feeds when no data is given
-REPORT_FILES = ("report.html", "report.md", "report.json")
 
 
 @dataclass
@@ -72,10 +71,11 @@ def check_out_dir(out_dir: str | os.PathLike[str]) -> Path:
 
 
 def create_out_dir(out_dir: str | os.PathLike[str]) -> Path:
-    """Create the report directory, once the report is ready: a failed run leaves no empty directory."""
+    """Create the directories above the report directory, once the report is ready (a failed run leaves
+    no empty directory); the report directory itself is put in place whole by `render.write_report`."""
     p = check_out_dir(out_dir)
     try:
-        p.mkdir(parents=True, exist_ok=True)
+        p.absolute().parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create report directory '{p}': {e.strerror}.") from e
     return p
@@ -238,6 +238,7 @@ def build_report(
     calibration_options: Mapping[str, Any] | None = None,
     padding_mask: str | None = "attention_mask",
     int8_rest: str = PrecisionOptions.int8_rest,
+    check_report: Callable[[Report], None] | None = None,
 ) -> ReportResult:
     """Compare targets of `source` for accuracy and latency; write report.html/.md/.json into `out_dir`.
 
@@ -259,6 +260,8 @@ def build_report(
         int8_rest: precision of what INT8 leaves unquantized (the policy's default, as `compile`).
         padding_mask: input whose zeros mark padding; token outputs are compared on real tokens only
             (None: compare every position).
+        check_report: called with the finished report before anything is written; what it raises
+            leaves `out_dir` as it was (the CLI refuses --data the reference rejected this way).
     """
     _check_args(batch_sizes, seq_lens, warmup, runs)
     try:
@@ -364,6 +367,8 @@ def build_report(
     )
     from trtforge.reports.render import write_report
 
+    if check_report is not None:
+        check_report(report)
     html_path, md_path, json_path = write_report(report, create_out_dir(out_dir))
     return ReportResult(html_path, md_path, json_path, report, runs_by_name)
 
