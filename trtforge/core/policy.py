@@ -185,7 +185,11 @@ class PrecisionOptions:
     )
     tokenizer: Any = field(
         default=None,
-        metadata=cli("--tokenizer", help="Tokenizer for text data: a local Hugging Face path, or 'demo'."),
+        metadata=cli(
+            "--tokenizer",
+            help="Tokenizer for text data: a local Hugging Face directory, 'demo', or a Hub name "
+            "(org/name; the local cache first, HF_HUB_OFFLINE respected).",
+        ),
     )
     progress: bool = True
 

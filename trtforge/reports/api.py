@@ -12,7 +12,7 @@ import datetime as _dt
 import os
 import platform
 import re
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,16 +28,18 @@ from trtforge.reports.targets import (
     INT8_TARGETS,
     NOTHING_TO_QUANTIZE,
     Preparer,
+    Source,
     Target,
+    cannot_run,
     default_targets,
     load_source,
+    runnable_here,
     validate_names,
 )
 
 DEFAULT_WARMUP = 3
 DEFAULT_RUNS = 20
 ACCURACY_ITERATIONS = 2  # generated accuracy feeds when no data is given
-REPORT_FILES = ("report.html", "report.md", "report.json")
 
 
 @dataclass
@@ -69,10 +71,11 @@ def check_out_dir(out_dir: str | os.PathLike[str]) -> Path:
 
 
 def create_out_dir(out_dir: str | os.PathLike[str]) -> Path:
-    """Create the report directory, once the report is ready: a failed run leaves no empty directory."""
+    """Create the directories above the report directory, once the report is ready (a failed run leaves
+    no empty directory); the report directory itself is put in place whole by `render.write_report`."""
     p = check_out_dir(out_dir)
     try:
-        p.mkdir(parents=True, exist_ok=True)
+        p.absolute().parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create report directory '{p}': {e.strerror}.") from e
     return p
@@ -137,10 +140,29 @@ def environment(threads: int | None) -> dict[str, Any]:
     }
 
 
-def _pick_reference(names: list[str], reference: str | None, kind: str) -> tuple[list[str], str]:
+def _pick_reference(names: list[str], reference: str | None, src: Source) -> tuple[list[str], str]:
+    """The reference target (added to `names` when missing). One named by the caller must be able to run
+    here (a reference that cannot run compares nothing): else a UserError naming why and the targets
+    that can. The default is the first of torch, ort, trt among `names`, else the first of `names`,
+    skipping targets this machine cannot run while one that can is left."""
     if reference is None:
-        preferred = ["torch", "ort", "trt"] if kind == "module" else ["ort", "trt"]
-        reference = next((n for n in preferred if n in names), names[0])
+        preferred = ["torch", "ort", "trt"] if src.kind == "module" else ["ort", "trt"]
+        order = [n for n in preferred if n in names] + [n for n in names if n not in preferred]
+        reference = next((n for n in order if cannot_run(n, src) is None), order[0])
+    else:
+        reference = validate_names([reference])[0]
+        why = cannot_run(reference, src)
+        if why is not None:
+            here = runnable_here(src)
+            can = (
+                f"targets that can serve as the reference here: {', '.join(here)} (or onnx=PATH)"
+                if here
+                else "no named target can run for this source here: give its ONNX file as onnx=PATH"
+            )
+            raise UserError(
+                f"--reference '{reference}' cannot run here ({why}), so nothing could be "
+                f"compared with it; {can}."
+            )
     if reference not in names:
         names = [reference, *names]
     return names, reference
@@ -216,6 +238,7 @@ def build_report(
     calibration_options: Mapping[str, Any] | None = None,
     padding_mask: str | None = "attention_mask",
     int8_rest: str = PrecisionOptions.int8_rest,
+    check_report: Callable[[Report], None] | None = None,
 ) -> ReportResult:
     """Compare targets of `source` for accuracy and latency; write report.html/.md/.json into `out_dir`.
 
@@ -224,7 +247,8 @@ def build_report(
         targets: target names (see `trtforge.reports.targets`); None: all that apply to the source.
         data: accuracy inputs: .npz, a calibration dataset (dir, text file + `tokenizer`,
             module:function), a feed dict or an iterable of them. None: generated from the input specs.
-        reference: the target others are compared with (default torch for modules, else ort).
+        reference: the target others are compared with (default torch for modules, else ort; a target
+            this machine cannot run is skipped). One named that cannot run here is a UserError.
         batch_sizes, seq_lens: the latency sweep; warmup/runs: per point.
         tolerances: per-output limits, keys "", "OUTPUT", "TARGET/", "TARGET/OUTPUT" (see compare.py).
         calibration_data: INT8 calibration data (default: `data`, else generated inputs).
@@ -236,6 +260,8 @@ def build_report(
         int8_rest: precision of what INT8 leaves unquantized (the policy's default, as `compile`).
         padding_mask: input whose zeros mark padding; token outputs are compared on real tokens only
             (None: compare every position).
+        check_report: called with the finished report before anything is written; what it raises
+            leaves `out_dir` as it was (the CLI refuses --data the reference rejected this way).
     """
     _check_args(batch_sizes, seq_lens, warmup, runs)
     try:
@@ -252,8 +278,7 @@ def build_report(
         )
     src.output_names = list(output_names) if output_names else None
     names = validate_names(list(targets) if targets else default_targets(src))
-    names, reference = _pick_reference(names, reference, src.kind)
-    validate_names([reference])
+    names, reference = _pick_reference(names, reference, src)
     check_out_dir(out_dir)
     _check_data_path(data, "--data")
     _check_data_path(calibration_data, "--calibration-data")
@@ -342,6 +367,8 @@ def build_report(
     )
     from trtforge.reports.render import write_report
 
+    if check_report is not None:
+        check_report(report)
     html_path, md_path, json_path = write_report(report, create_out_dir(out_dir))
     return ReportResult(html_path, md_path, json_path, report, runs_by_name)
 

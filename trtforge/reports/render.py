@@ -5,9 +5,11 @@ Everything here reads only a :class:`~trtforge.reports.results.Report`.
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
-from trtforge._fileio import atomic_outputs, atomic_write_text
+from trtforge._fileio import atomic_outputs, atomic_write_text, recover_staged_directory, staged_directory
 from trtforge.reports.cells import (
     ACCURACY_HEADER,
     LATENCY_HEADER,
@@ -95,11 +97,53 @@ def render_markdown(report: Report) -> str:
     return "\n".join(parts)
 
 
+REPORT_FILES = ("report.html", "report.md", "report.json")
+# what an earlier run killed while writing into the directory in place left (atomic_open's temp files)
+_LEFTOVER = re.compile(r"\.report\.(html|md|json)\..+\.tmp")
+
+
 def write_report(report: Report, out_dir: Path) -> tuple[Path, Path, Path]:
-    """Write report.html, report.md and report.json into `out_dir`; returns their paths."""
-    html_path, md_path, json_path = out_dir / "report.html", out_dir / "report.md", out_dir / "report.json"
-    with atomic_outputs():  # all three or none, even when interrupted
-        atomic_write_text(json_path, report.to_json())
-        atomic_write_text(md_path, render_markdown(report))
-        atomic_write_text(html_path, render_html(report))
-    return html_path, md_path, json_path
+    """Write report.html, report.md and report.json into `out_dir`; returns their paths.
+
+    A new directory, or one holding only an earlier report, is replaced whole: the new report is
+    written into a directory staged beside it, which then takes its place (an interrupted or failed
+    run leaves the old report as it was; nothing of it survives a new one). A directory holding other
+    files too (not a report's: `-o .`, a build directory) keeps them: the three files are replaced
+    together there, and an earlier run's leftover temp files are removed.
+    """
+    where = Path(os.path.abspath(out_dir))  # ('.' has no name to stage a sibling by)
+    recover_staged_directory(where)  # an earlier run killed mid-swap: its old report goes back first
+    texts = {
+        "report.json": report.to_json(),
+        "report.md": render_markdown(report),
+        "report.html": render_html(report),
+    }
+    if _only_a_report(where):
+        with staged_directory(where) as staged:
+            for name, text in texts.items():
+                with open(staged / name, "wb") as f:
+                    f.write(text.encode("utf-8", "surrogateescape"))
+                    f.flush()
+                    os.fsync(f.fileno())
+    else:
+        with atomic_outputs():  # all three or none, even when interrupted
+            for name, text in texts.items():
+                atomic_write_text(out_dir / name, text)
+        for name in os.listdir(out_dir):
+            if _LEFTOVER.fullmatch(name):
+                (out_dir / name).unlink(missing_ok=True)
+    return out_dir / "report.html", out_dir / "report.md", out_dir / "report.json"
+
+
+def _only_a_report(out_dir: Path) -> bool:
+    """Whether `out_dir` may be replaced whole: it does not exist yet, or it is a directory holding
+    nothing but what a report writes, and it is neither a mount point, a symlink, nor this process's
+    working directory (or above it)."""
+    if not os.path.lexists(out_dir):
+        return True
+    if out_dir.is_symlink() or not out_dir.is_dir() or os.path.ismount(out_dir):
+        return False
+    here, there = Path.cwd().resolve(), out_dir.resolve()
+    if here == there or there in here.parents or not os.access(there.parent, os.W_OK | os.X_OK):
+        return False  # (a directory whose parent this process may not write is written in place)
+    return all(n in REPORT_FILES or _LEFTOVER.fullmatch(n) for n in os.listdir(out_dir))

@@ -300,11 +300,9 @@ class Preparer:
         device = "cuda" if name == "torch-cuda" else "cpu"
         info = TargetInfo(name, "torch", "fp32", device, f"PyTorch {torch.__version__} eager")
         info.threads = {"torch_num_threads": torch.get_num_threads()}
-        if self.source.kind != "module":
-            info.status, info.reason = NOT_RUN, f"the source is an {self.source.kind}, not a torch module"
-            return Target(info)
-        if device == "cuda" and not torch.cuda.is_available():
-            info.status, info.reason = NOT_RUN, "no CUDA device visible to torch on this machine"
+        why = cannot_run(name, self.source)
+        if why is not None:
+            info.status, info.reason = NOT_RUN, why
             return Target(info)
         g = self.graph("ort")  # the exported graph names the inputs and outputs
         if g.error is not None:
@@ -330,25 +328,16 @@ class Preparer:
         )
         if self.source.kind == "engine" and name == "trt":
             info.precision = str((self.source.manifest.precision or {}).get("mode", "fp32"))
-        try:
-            from trtforge.core.backend import get_backend
-
-            backend = get_backend(self.source.manifest.backend.get("name") if self.source.manifest else None)
-        except UserError as e:
-            info.status, info.reason = NOT_RUN, _reason(e)
-            return Target(info)
-        info.description = f"TensorRT engine ({backend.name} {backend.version})"
-        caps = backend.capabilities
-        if not caps.can_run:
-            info.status = NOT_RUN
-            info.reason = f"{backend.name} {backend.version} cannot run engines here: {caps.run_reason}"
+        backend, _ = _trt_backend(self.source)
+        if backend is not None:
+            info.description = f"TensorRT engine ({backend.name} {backend.version})"
+        why = cannot_run(name, self.source)
+        if why is not None:
+            info.status, info.reason = NOT_RUN, why
             return Target(info)
         from trtforge.reports.runners import TrtEngineRunner
 
         if self.source.kind == "engine":
-            if name != "trt":
-                info.status, info.reason = NOT_RUN, "the source is one engine; only target 'trt' applies"
-                return Target(info)
             engine, manifest = self.source.engine_path, self.source.manifest
         else:
             try:
@@ -379,6 +368,47 @@ class Preparer:
             force=True,
         )
         return result.engine_path, result.manifest
+
+
+def _trt_backend(source: Source) -> tuple[Any, str | None]:
+    """The TensorRT backend the source's trt targets use (an engine's own), or None and why not."""
+    from trtforge.core.backend import get_backend
+
+    try:
+        return get_backend(source.manifest.backend.get("name") if source.manifest else None), None
+    except UserError as e:
+        return None, _reason(e)
+
+
+def cannot_run(name: str, source: Source) -> str | None:
+    """Why target `name` cannot run for `source` on this machine (its row's "not_run" reason), or None
+    when it can be attempted here. Build and load failures are found only by preparing it."""
+    if name in TORCH_TARGETS:
+        if source.kind != "module":
+            return f"the source is an {source.kind}, not a torch module"
+        if name == "torch-cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                return "no CUDA device visible to torch on this machine"
+        return None
+    if name in TRT_TARGETS:
+        backend, error = _trt_backend(source)
+        if backend is None:
+            return error
+        caps = backend.capabilities
+        if not caps.can_run:
+            return f"{backend.name} {backend.version} cannot run engines here: {caps.run_reason}"
+        if source.kind == "engine" and name != "trt":
+            return "the source is one engine; only target 'trt' applies"
+    return None
+
+
+def runnable_here(source: Source) -> list[str]:
+    """The named targets (of KNOWN) that apply to `source` and can be attempted on this machine; any
+    onnx=PATH target runs too (ONNX Runtime on the CPU)."""
+    no_graph = source.kind == "engine" and source.onnx_path is None  # an engine whose ONNX is not here
+    return [n for n in KNOWN if cannot_run(n, source) is None and not (no_graph and n in GRAPH_TARGETS)]
 
 
 def _dynamic_spec(example_inputs: Any) -> str:
