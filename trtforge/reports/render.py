@@ -1,4 +1,4 @@
-"""Markdown and JSON rendering, and `write_report` (all three files, each written atomically).
+"""Markdown and JSON rendering, and `write_report` (all three files, put in place together).
 
 Everything here reads only a :class:`~trtforge.reports.results.Report`.
 """
