@@ -144,3 +144,23 @@ def test_padding_positions_are_left_out(tmp_path):
     assert row.max_abs == 0.0 and row.passed is True
     (row,) = compare_target(r, t, "fp32", masks=None)
     assert row.padding_excluded is None and row.max_abs == pytest.approx(100.0) and row.passed is False
+
+
+@pytest.mark.parametrize("broken", ["missing", "shape"])
+def test_an_output_a_target_cannot_match_fails_the_check(broken):
+    """A target that lacks an output, or gives it in another shape, fails the report and `--check`, even
+    when its other outputs match (it used to count as 'not compared', and --check passed)."""
+    from trtforge.cli.report_cmd import _failures
+    from trtforge.reports.compare import compare_target
+    from trtforge.reports.results import Report, TargetRun
+
+    y, z = np.ones((2, 3)), np.zeros((2, 4))
+    tgt = {"y": y} if broken == "missing" else {"y": y, "z": np.zeros((4, 2))}
+    rows = compare_target(TargetRun("ref", [{"y": y, "z": z}]), TargetRun("t", [tgt]), "fp32")
+    assert [(r.output, r.status) for r in rows] == [("y", "ok"), ("z", "failed")]
+    report = Report("r", "now", {}, "ref", {}, {}, [], rows, [])
+    s = report.summary()
+    assert (s["accuracy_passed"], s["accuracy_failed"], s["accuracy_not_compared"]) == (1, 1, 0)
+    assert s["all_passed"] is False
+    (problem,) = _failures(report)
+    assert "1 output(s)" in problem and "t/z" in problem and rows[1].reason in problem

@@ -267,7 +267,11 @@ def _failures(report: Report) -> list[str]:
     problems = [f"target(s) failed: {', '.join(failed)}"] if failed else []
     n = report.summary()["accuracy_failed"]
     if n:
-        problems.append(f"accuracy check failed: {n} output(s) outside tolerance")
+        mismatched = [f"{r.target}/{r.output}: {r.reason}" for r in report.accuracy if r.status == FAILED]
+        problems.append(
+            f"accuracy check failed: {n} output(s) outside tolerance or not comparable"
+            + (f" ({'; '.join(mismatched)})" if mismatched else "")
+        )
     if not report.is_lm and not any(r.status == OK for r in report.accuracy):
         problems.append(f"nothing was compared with the reference '{report.reference}'" + _why_none(report))
     return problems

@@ -176,12 +176,14 @@ class Report:
                 "accuracy_not_compared": sum(q.status != OK for q in self.lm_quality),
                 "all_passed": bool(measured) and not failed,
             }
+        # an output the target lacks, or gives in another shape, failed (compare.py marks it FAILED)
+        mismatched = sum(r.status == FAILED for r in self.accuracy)
         return {
             "targets": {s: sum(t.status == s for t in self.targets) for s in (OK, FAILED, NOT_RUN)},
             "accuracy_passed": sum(r.passed is True for r in compared),
-            "accuracy_failed": sum(r.passed is False for r in compared),
-            "accuracy_not_compared": sum(r.status != OK for r in self.accuracy),
-            "all_passed": bool(compared) and all(r.passed is not False for r in compared),
+            "accuracy_failed": sum(r.passed is False for r in compared) + mismatched,
+            "accuracy_not_compared": sum(r.status not in (OK, FAILED) for r in self.accuracy),
+            "all_passed": bool(compared) and not mismatched and all(r.passed is not False for r in compared),
         }
 
     def to_dict(self) -> dict[str, Any]:
