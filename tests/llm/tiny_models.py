@@ -90,6 +90,7 @@ MOE_CLASSES = {
     "mellum": ("MellumConfig", "MellumForCausalLM"),
     "cohere2_moe": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM"),
     "granitemoe_swa": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM"),
+    "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
@@ -177,6 +178,15 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family == "ministral":  # per-layer sliding windows (layer_types); its config needs a head_dim
         cfg = tf.MinistralConfig(**(llama_like | {"head_dim": 16} | overrides))
         cls = tf.MinistralForCausalLM
+    elif family == "ministral3":  # each query scaled by 1 + 0.5 log(1 + floor(position / 4)) (Ministral
+        # 3's period of 16384 would leave every tiny prompt unscaled); window 5 on every layer
+        scaling = {"rope_type": "default", "rope_theta": 10000.0, "llama_4_scaling_beta": 0.5}
+        scaling["original_max_position_embeddings"] = 4
+        m3 = {"head_dim": 16, "sliding_window": 5, "rope_parameters": scaling}
+        m3 |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        if not hasattr(tf, "Ministral3Config"):  # (test-floor runs 5.17)
+            pytest.skip(f"transformers {tf.__version__} has no Ministral3Config")
+        cfg, cls = tf.Ministral3Config(**(llama_like | m3 | overrides)), tf.Ministral3ForCausalLM
     elif family == "gpt_neo":  # unscaled scores, a local layer whose window is shorter than the prompts
         neo = {"vocab_size": 300, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "window_size": 5}
         neo |= {"attention_types": [[["global", "local"], 1]], "max_position_embeddings": 256}
@@ -257,7 +267,14 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family in MOE_FAMILIES:  # 4 experts, top-2, a 64-wide expert MLP; router weights at the model's
         # init (0.2) so that routing margins are wide and every expert is hit
         # (num_local_experts and intermediate_size: Mixtral's and GraniteMoE's names)
-        local = family in ("mixtral", "granitemoe", "granitemoeshared", "granitemoe_swa", "gpt_oss")
+        local = family in (
+            "mixtral",
+            "granitemoe",
+            "granitemoeshared",
+            "granitemoe_swa",
+            "gpt_oss",
+            "minimax_m2",
+        )
         moe = {"num_local_experts" if local else "num_experts": 4, "num_experts_per_tok": 2}
         wide = local or family in ("olmoe", "hunyuan_v1_moe", "flex_olmo", "cohere2_moe")
         moe |= {"intermediate_size": 64} if wide else {"moe_intermediate_size": 64}
@@ -269,6 +286,10 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe |= {"shared_intermediate_size": 96}
         if family == "granitemoe_swa":  # Granite SWA's windows, sinks and RoPE bases (as "granite_swa")
             moe |= _granite_swa(overrides.get("num_hidden_layers", llama_like["num_hidden_layers"]))
+        if family == "minimax_m2":  # whole-projection q/k norms (off their init below), half the head rotated
+            # (its checkpoints' rotary_dim 64 of 128); the block's selection bias set below
+            moe |= {"head_dim": 16, "partial_rotary_factor": 0.5}
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
         if family == "qwen2_moe":  # the shared expert, layer 1 of 3 dense (Qwen2-MoE's own MLP, 128 wide)
             moe |= {"shared_expert_intermediate_size": 96, "num_hidden_layers": 3, "mlp_only_layers": [1]}
         if family == "qwen3_moe":  # every 2nd layer sparse (decoder_sparse_step), the top-2 renormalized
@@ -514,9 +535,14 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     owner = getattr(gate, "moe_statics", gate)
                     bias = owner.e_score_correction_bias
                     bias.copy_(torch.randn_like(bias) * (0.1 if family == "ernie4_5_moe" else 0.2))
+    if family == "minimax_m2":  # (its selection bias on the block, its router at the model's init already)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                bias = layer.mlp.e_score_correction_bias
+                bias.copy_(torch.randn_like(bias) * 0.2)
     if family in (  # norm weights off their init
         *("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"),
-        *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe"),
+        *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe", "minimax_m2"),
     ):
         with torch.no_grad():
             for name, param in model.named_parameters():

@@ -68,6 +68,23 @@ OPTIONS: dict[str, dict[str, list]] = {
     },
     "mistral": LLAMA_LIKE | {"hidden_act": ACTS, "head_dim": [8, 16, 24], "sliding_window": [None, 5, 64]},
     "ministral": LLAMA_LIKE | {"sliding_window": [5, 64], "head_dim": [8, 16]},
+    # Ministral 3: the query scaling's beta and period (its YaRN's original length too), a window or none
+    "ministral3": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rms_norm_eps": [1e-6, 1e-5],
+        "rope_parameters": [
+            {"rope_type": "default", "rope_theta": 10000.0, "llama_4_scaling_beta": 0.5}
+            | {"original_max_position_embeddings": 4},
+            {"rope_type": "default", "rope_theta": 500000.0, "llama_4_scaling_beta": 0.1}
+            | {"original_max_position_embeddings": 7},
+            {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 32.0, "llama_4_scaling_beta": 1.0}
+            | {"original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0}
+            | {"mscale": 1.0, "mscale_all_dim": 1.0},
+        ],
+        "sliding_window": [None, 5, 64],
+        "head_dim": [8, 16, 24],
+    },
     "qwen2": LLAMA_LIKE | {"hidden_act": ACTS, "use_sliding_window": [False]},
     "qwen3": LLAMA_LIKE | {"attention_bias": [False, True], "head_dim": [8, 16, 24]},
     "phi3": {  # (its config takes no rope scaling but longrope, which is refused)
@@ -215,6 +232,15 @@ OPTIONS: dict[str, dict[str, list]] = {
         "head_dim": [8, 16, 24],
         "sliding_window": [None, 5, 64],
         "router_jitter_noise": [0.0, 0.1],
+    },
+    # MiniMax-M2: sigmoid routing with its block's selection bias, whole-projection q/k norms, partial RoPE
+    "minimax_m2": LLAMA_LIKE
+    | {
+        "num_local_experts": [4, 8],
+        "num_experts_per_tok": [1, 2, 3],
+        "head_dim": [8, 16, 24],
+        "partial_rotary_factor": [0.5, 1.0],
+        "hidden_act": ACTS,
     },
     "qwen2_moe": LLAMA_LIKE
     | {

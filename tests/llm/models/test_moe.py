@@ -86,7 +86,8 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert kinds["ernie4_5_moe"].moe["shared_expert_size"] == 128
     biased = {f for f in here if kinds[f].moe["selection_bias"]}
     glm_kin = {"param2moe", "sarvam_moe", "solar_open"} & set(here)
-    assert biased == {"ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", *glm_kin}
+    newer = {"minimax_m2"} & set(here)  # (MiniMax-M2's bias on its block, not its router)
+    assert biased == {"ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", *glm_kin, *newer}
     glm = kinds["glm4_moe"].moe
     assert glm["routing"] == "sigmoid_topk" and glm["expert_groups"] == [2, 1] and glm["scale"] == 2.5
     assert glm["float32_weights"] and glm["shared_expert_size"] == 64
@@ -271,6 +272,7 @@ def test_moe_families_not_implemented_are_refused_naming_what_sets_them_apart(mo
         ("ernie4_5_moe", True),
         ("glm4_moe", True),
         ("cohere2_moe", False),  # (its sigmoid and renormalization in BF16)
+        ("minimax_m2", False),  # (its logits in BF16, the sigmoid scores and weights in float32)
     ],
 )
 def test_bfloat16_routing_weights_keep_each_familys_dtype(family, float32_router):

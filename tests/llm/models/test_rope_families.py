@@ -173,8 +173,6 @@ def _refused_dense(model_type: str) -> torch.nn.Module:
     import transformers as tf
 
     small = {k: v for k, v in _SMALL.items() if k != "head_dim"} | {"num_hidden_layers": 1}
-    if model_type == "ministral3":
-        return tf.Ministral3ForCausalLM(tf.Ministral3Config(**small, head_dim=16)).eval()
     mla = {"q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8}
     if model_type == "minicpm3":
         return tf.MiniCPM3ForCausalLM(tf.MiniCPM3Config(**small, **mla, v_head_dim=8)).eval()
@@ -189,7 +187,6 @@ def _refused_dense(model_type: str) -> torch.nn.Module:
 @pytest.mark.parametrize(
     ("model_type", "why"),
     [
-        ("ministral3", "Ministral 3 scales each query by its position"),
         ("minicpm3", "MiniCPM3 attends through multi-head latent attention"),
         ("youtu", "Youtu-LLM attends through multi-head latent attention"),
         ("diffllama", "DiffLlama's differential attention subtracts a second softmax map"),
@@ -201,4 +198,17 @@ def test_dense_families_apart_are_refused_saying_why(model_type, why):
     model = _refused_dense(model_type)
     assert model.config.model_type == model_type
     with pytest.raises(UserError, match=f"family '{model_type}' .*not supported by --generate.*{why}"):
+        adapter_for(model)
+
+
+def test_ministral3_scales_its_queries_and_needs_both_settings():
+    """Ministral 3's query scaling (beta, period) is read from rope_parameters and named in the spec; a
+    config without llama_4_scaling_beta (transformers' forward fails on it) is refused naming both."""
+    model = tiny_model("ministral3")
+    adapter = adapter_for(model)
+    assert not isinstance(adapter, LlamaStyle)
+    assert adapter.query_scaling == (0.5, 4)
+    assert adapter.spec.rotary["query_scaling"] == {"beta": 0.5, "period": 4}
+    del model.config.rope_parameters["llama_4_scaling_beta"]
+    with pytest.raises(UserError, match="llama_4_scaling_beta=None and original_max_position_embeddings=4"):
         adapter_for(model)

@@ -38,6 +38,8 @@ CASES = [
     ("gpt2", {"set_sliding_window": 64}),
     ("mistral", {"sliding_window": 4}),
     ("mistral", {"sliding_window": None}),
+    ("ministral3", {}),  # window 5 on every layer; each query scaled by its position
+    ("ministral3", {"sliding_window": None}),
     ("mistral", {"sliding_window": 64}),  # window >= every length here
     ("mistral", {"sliding_window": 4, "layer_types": [SLIDING, FULL, FULL]}),  # mistral ignores them
     ("ministral", {"sliding_window": 4, "layer_types": [SLIDING, FULL, SLIDING]}),
@@ -128,6 +130,7 @@ CASES = [
     ("granitemoe_swa", {"layer_rope_theta": [0, 0, 0]}),  # every layer NoPE
     ("cohere2_moe", {}),
     ("cohere2_moe", {"sliding_window": 5, "layer_types": [SLIDING, FULL, SLIDING], "num_shared_experts": 0}),
+    ("minimax_m2", {"set_sliding_window": 64}),  # no MiniMax-M2 layer applies one
     ("olmo", {"set_sliding_window": 64}),  # no layer of these applies one
     ("cohere", {"set_sliding_window": 64}),
     ("glm", {}),

@@ -65,6 +65,8 @@ STYLES: dict[tuple[str, ...], str] = {
     "scores and logits, sliding and full layers)",
     ("gemma3_text",): "Gemma 3 text (Gemma3ForCausalLM): Gemma's norms and GeGLU, per-head q/k norms, norms "
     "after attention and MLP, sliding and full layers with a RoPE base each, soft-capped final logits",
+    ("ministral3",): "Ministral 3: Mistral with each query scaled by its position (1 + "
+    "llama_4_scaling_beta * log(1 + floor(position / original_max_position_embeddings)))",
     ("olmo2",): "OLMo 2: RMSNorm after attention and MLP, whole-projection q/k norms",
     ("granite",): "Granite 3.x: Llama with embedding, residual, attention and logits multipliers",
     ("granite_swa", "granitemoe_swa"): "Granite SWA / GraniteMoeSWA: Granite's and GraniteMoeShared's layers "
@@ -102,6 +104,9 @@ STYLES: dict[tuple[str, ...], str] = {
     "reversed RoPE, a non-gated fc1/fc2 MLP, soft-capped logits",
     ("mixtral",): "Mixtral: Mistral's attention, sparse mixture-of-experts MLPs (top-k routing, "
     "renormalized)",
+    ("minimax_m2",): "MiniMax-M2: Mixtral's layers without a window, RMSNorms over the whole q and k "
+    "projections, partial RoPE, sparse MoE MLPs routed by sigmoid scores with e_score_correction_bias, "
+    "renormalized",
     ("qwen2_moe",): "Qwen2-MoE: Qwen2's attention, sparse MoE MLPs with a sigmoid-gated shared expert, "
     "optional dense layers (mlp_only_layers, decoder_sparse_step)",
     ("qwen3_moe",): "Qwen3-MoE: Qwen3's attention with per-head q/k norms, sparse MoE MLPs, optional dense "
@@ -166,8 +171,6 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "decoupled rotary part), which trtforge's KV cache and kernels do not hold.",
     "diffllama": "DiffLlama's differential attention subtracts a second softmax map (by a learned lambda) "
     "and norms each head group, which trtforge's attention does not compute.",
-    "ministral3": "Ministral 3 scales each query by its position (1 + llama_4_scaling_beta * log(1 + "
-    "floor(position / original_max_position_embeddings))), which trtforge's attention does not apply.",
     "bitnet": "BitNet b1.58's checkpoints hold ternary weights (packed 2 bits a weight with a scale, or BF16 "
     "master weights that transformers' AutoBitLinear quantizes online) and quantize every projection's input "
     "to 8 bits per token (transformers' BitLinear), which trtforge's projections do not compute; its "
@@ -207,6 +210,7 @@ UNWINDOWED = (
     "sarvam_moe",
     "solar_open",
     "flex_olmo",
+    "minimax_m2",
     "apertus",
     "internlm3",
     "seed_oss",

@@ -38,6 +38,11 @@ formulations).
   before RoPE), routing and MoE blocks in Laguna's pre-norm layer: windows by ``layer_types``, a rotary
   table per layer type (each from its type's ``config.rope_parameters`` entry, with its own
   ``partial_rotary_factor``), dense layers by ``mlp_layer_types``.
+- ``minimax_m2`` (``MiniMaxM2ForCausalLM``, MiniMax-M2 / M2.1): Mixtral's layers without a window, RMSNorms
+  over the whole q and k projections before a partial (``partial_rotary_factor``; its checkpoints'
+  ``rotary_dim``) rotate-half RoPE, every MLP sparse, routed by a sigmoid of each logit (the logits in the
+  model's dtype) with the block's ``e_score_correction_bias`` choosing the top k, the unbiased scores
+  always renormalized and kept in float32.
 
 Not Llama-style (:class:`~trtforge.llm.models.llama.LlamaStyle`): the fused CUDA layers and quantization
 refuse these models by name; tensor parallelism refuses their MoE MLPs (the experts have no split yet).
@@ -177,3 +182,27 @@ class SarvamMoeStyle(Glm4MoeStyle):
     """Sarvam-MoE (see the module docstring): GLM-4.5's model under a config of its own."""
 
     family = "sarvam_moe"
+
+
+class MiniMaxM2Style(RopeStyle):
+    """MiniMax-M2 (see the module docstring): whole-projection q/k norms, Mixtral's blocks routed by sigmoid
+    scores with a selection bias."""
+
+    family = "minimax_m2"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        self.moe = moe_layers(
+            self.layers,
+            renormalize=True,
+            float32_weights=True,
+            where=self.cannot_run(),
+            routing="sigmoid_topk",
+            selection_bias=True,
+        )
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        attn = self.layers[i].self_attn
+        q, k, v = project_qkv(attn, self.layers[i].input_layernorm(x))
+        q, k = attn.q_norm(q), attn.k_norm(k)
+        return tuple(t.unflatten(-1, (-1, self.head_dim)) for t in (q, k, v))  # type: ignore[return-value]

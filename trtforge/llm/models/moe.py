@@ -18,18 +18,19 @@ weight whatever their dtype, as ERNIE 4.5-MoE and GLM-4.5 force), then one of fo
   those k only (gpt-oss: of the logits in the model's dtype, its router's ``float32_router`` False);
 - ``topk_sigmoid`` (Cohere 2-MoE's "sigmoid" ``expert_selection_fn``): top-k of the logits, then a sigmoid of
   each of those k, in the logits' dtype unless ``float32_router``, renormalized by ``norm_topk_prob``;
-- ``sigmoid_topk`` (GLM-4.5, dots.llm1, K-EXAONE): a sigmoid of each float32 logit, top-k of the scores,
-  renormalized by ``norm_topk_prob``.
+- ``sigmoid_topk`` (GLM-4.5, dots.llm1, K-EXAONE, MiniMax-M2): a sigmoid of each float32 logit (MiniMax-M2's
+  logits in the model's dtype, then cast), top-k of the scores, renormalized by ``norm_topk_prob``
+  (MiniMax-M2: always).
 
 Three options of the choice and the weights (DeepSeek-V3-style routers; off for the others):
-``selection_bias`` (ERNIE 4.5-MoE, GLM-4.5, dots.llm1): the router's ``e_score_correction_bias`` (ERNIE's
-under ``moe_statics``) is added to the scores for choosing the top k only, the weights being the unbiased
-scores of the experts chosen; ``expert_groups`` (GLM-4.5's ``n_group`` / ``topk_group``): the experts in
-``n_group`` equal groups, each group scored by the sum of its two best (biased) scores, and the top k chosen
-among the experts of the ``topk_group`` best groups only; ``scale`` (GLM-4.5's ``routed_scaling_factor``): the
-weights multiplied by it after any renormalization. The renormalizing division is by the sum of the k weights
-as the family writes it: plus ``norm_eps`` (GLM-4.5's 1e-20), clamped below at ``norm_min`` (ERNIE's
-``moe_norm_min``).
+``selection_bias`` (ERNIE 4.5-MoE, GLM-4.5, dots.llm1, MiniMax-M2): the router's ``e_score_correction_bias``
+(ERNIE's under ``moe_statics``, MiniMax-M2's on the block) is added to the scores for choosing the top k only,
+the weights being the unbiased scores of the experts chosen; ``expert_groups`` (GLM-4.5's ``n_group`` /
+``topk_group``): the experts in ``n_group`` equal groups, each group scored by the sum of its two best
+(biased) scores, and the top k chosen among the experts of the ``topk_group`` best groups only; ``scale``
+(GLM-4.5's ``routed_scaling_factor``): the weights multiplied by it after any renormalization. The
+renormalizing division is by the sum of the k weights as the family writes it: plus ``norm_eps`` (GLM-4.5's
+1e-20), clamped below at ``norm_min`` (ERNIE's ``moe_norm_min``).
 
 The weights are then kept in float32 (Mixtral, GLM-4.5, dots.llm1) or cast to the logits' dtype (the others:
 the model's, HunYuan-MoE's router's), or to the input's where the logits are forced float32 (ERNIE 4.5-MoE).
@@ -146,11 +147,16 @@ class SparseMoe:
         self.router_linear = router_linear(self.router)
         #: the module holding e_score_correction_bias (read at each call), None without a selection bias
         self.bias_owner: nn.Module | None = None
-        if selection_bias:
-            owner = getattr(self.router, "moe_statics", self.router)  # (ERNIE 4.5-MoE's statics module)
-            if not isinstance(getattr(owner, "e_score_correction_bias", None), Tensor):
+        if selection_bias:  # (ERNIE 4.5-MoE's router's statics module holds it, MiniMax-M2's block)
+            owners = (getattr(self.router, "moe_statics", None), self.router, block)
+            owner = next(
+                (m for m in owners if isinstance(getattr(m, "e_score_correction_bias", None), Tensor)), None
+            )
+            if owner is None:
                 name = type(self.router).__name__
-                raise UserError(f"{where}: its router ({name}) has no e_score_correction_bias")
+                raise UserError(
+                    f"{where}: neither its router ({name}) nor its block has an e_score_correction_bias"
+                )
             self.bias_owner = owner
         experts = block.experts
         gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
