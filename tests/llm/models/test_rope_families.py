@@ -212,3 +212,62 @@ def test_ministral3_scales_its_queries_and_needs_both_settings():
     del model.config.rope_parameters["llama_4_scaling_beta"]
     with pytest.raises(UserError, match="llama_4_scaling_beta=None and original_max_position_embeddings=4"):
         adapter_for(model)
+
+
+class _ConfigOnly(torch.nn.Module):
+    """A module with only the default config of `model_type` (what the refusal reads): the families below
+    need no weights to be refused, and several have no CPU path in transformers (Mamba, DeltaNet kernels)."""
+
+    def __init__(self, model_type: str) -> None:
+        import transformers as tf
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        super().__init__()
+        if model_type not in CONFIG_MAPPING_NAMES:  # (several are new in 5.2x; test-floor runs 5.17)
+            pytest.skip(f"transformers {tf.__version__} has no config class for model_type {model_type!r}")
+        self.config = tf.AutoConfig.for_model(model_type)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "why"),
+    [
+        ("llama4_text", "attends in chunks on 3 of 4 layers"),
+        ("longcat_flash", "multi-head latent attention"),
+        ("sarvam_mla", "multi-head latent attention"),
+        ("mimo_v2_flash", "values are narrower than its queries and keys"),
+        ("minicpm5_moe", "gates each attention output by a sigmoid"),
+        ("kolibri1", "the bias added before the sigmoid"),
+        ("kolibri1_1", "a lightning indexer picks the top-k keys"),
+        ("laguna", "their own query head count"),
+        ("beam", "sigmoid of a projection of the layer input"),
+        ("zaya", "Compressed Convolutional Attention"),
+        ("minimax_m3_vl_text", "block-sparsely"),
+        ("minimax", "lightning attention layers"),
+        ("qwen3_next", "Gated DeltaNet linear attention"),
+        ("qwen3_5_text", "Gated DeltaNet linear attention"),
+        ("qwen3_5_moe_text", "Gated DeltaNet linear attention"),
+        ("qwen4_exp_text", "Gated DeltaNet linear attention"),
+        ("lara_mini", "Gated DeltaNet linear attention"),
+        ("olmo_hybrid", "Gated DeltaNet linear attention"),
+        ("kimi_linear", "Kimi Delta Attention"),
+        ("nemotron_h", "Mamba-2 state-space mixers"),
+        ("lfm2", "gated short convolutions"),
+        ("lfm2_moe", "gated short convolutions"),
+        ("lfm3", "gated short convolutions"),
+        ("inkling_text", "short causal convolutions"),
+        ("inkling2_text", "dynamic short convolutions"),
+        ("inkling2_loop_text", "looped layers"),
+        ("cpmant", "bucketed relative position bias"),
+        ("openai-gpt", "post-LayerNorm"),
+        ("modernbert-decoder", "prediction head"),
+        ("phimoe", "SparseMixer"),
+    ],
+)
+def test_families_apart_are_refused_by_their_config_saying_why(model_type, why):
+    """Causal LMs of transformers' mapping whose layers trtforge does not compute (recurrent or convolution
+    state, latent or sparse attention, gated or chunked attention, routings of their own) or whose layout no
+    adapter reads yet are refused naming what sets them apart, before any weight is read."""
+    model = _ConfigOnly(model_type)
+    assert model.config.model_type == model_type
+    with pytest.raises(UserError, match=f"family '{model_type}' .*not supported by --generate.*{why}"):
+        adapter_for(model)

@@ -166,7 +166,82 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "decoupled rotary part), which trtforge's KV cache and kernels do not hold.",
     "jetmoe": "JetMoE routes its attention heads too (a mixture of attention experts), which trtforge's "
     "attention does not.",
+    "llama4_text": "Llama 4's text model attends in chunks on 3 of 4 layers (attention_chunk_size: each "
+    "query sees only the keys of its own chunk of positions, not a sliding window), which trtforge's masks "
+    "and kernels do not compute, and its MoE MLPs scale each expert's input (not its output) by the sigmoid "
+    "router score, which no SparseMoe block computes.",
+    "longcat_flash": "LongCat-Flash attends through multi-head latent attention (compressed KV with a "
+    "decoupled rotary part), which trtforge's KV cache and kernels do not hold, and runs two attention and "
+    "MLP sublayers a layer beside a shortcut MoE with zero-computation experts.",
+    "sarvam_mla": "Sarvam-MLA (DeepseekV3ForCausalLM under a config of its own) attends through multi-head "
+    "latent attention (compressed KV with a decoupled rotary part), which trtforge's KV cache and kernels do "
+    "not hold.",
+    "mimo_v2_flash": "MiMo-V2-Flash's values are narrower than its queries and keys (v_head_dim under "
+    "head_dim) and its sliding layers hold twice the KV heads of its full ones, with attention sinks, which "
+    "trtforge's KV cache (one head size and KV head count for every layer) does not hold.",
+    "minicpm5_moe": "MiniCPM5-MoE gates each attention output by a sigmoid of a second query projection "
+    "(q_gate_proj: per head, [query | gate]), which trtforge's attention does not apply.",
+    "kolibri1": "Kolibri-1 routes by the top-k of its raw router logits plus e_score_correction_bias, then "
+    "weights by a sigmoid of the chosen logits (the bias added before the sigmoid, not after it), which no "
+    "SparseMoe routing computes yet.",
+    "kolibri1_1": "Kolibri-1.1 attends sparsely: a lightning indexer picks the top-k keys each query sees, "
+    "and layers share their KV, which trtforge's attention and KV cache do not compute.",
+    "laguna": "Laguna's layers each have their own query head count (num_attention_heads_per_layer) and gate "
+    "each attention output by a softplus of a projection of the layer input, which trtforge's KV cache and "
+    "attention do not hold.",
+    "beam": "Beam gates each attention head's output by a sigmoid of a projection of the layer input (plus a "
+    "bias per head) and scales its NoPE layers' queries by position, which trtforge's attention does not "
+    "apply.",
+    "zaya": "ZAYA attends through Compressed Convolutional Attention: q and k mixed by a causal convolution "
+    "over time and v from a delayed recurrent state, which trtforge's KV cache does not hold.",
+    "minimax_m3_vl_text": "MiniMax-M3's text model attends block-sparsely (a lightning indexer keeps the "
+    "top-scoring key blocks of each query), which trtforge's attention does not compute; and it is the text "
+    "half of a vision-language model.",
+    # hybrid decoders whose other layers are recurrent (linear attention, state-space, convolutions): state a
+    # paged KV cache does not hold
+    "minimax": "MiniMax-Text-01 interleaves lightning attention layers (linear attention with a recurrent "
+    "state) with softmax attention, which trtforge's KV cache and kernels do not hold.",
+    "qwen3_next": "Qwen3-Next's layers are mostly Gated DeltaNet linear attention (a recurrent state and a "
+    "causal convolution a layer), with output-gated softmax attention between them, which trtforge's KV "
+    "cache and kernels do not hold.",
+    "qwen3_5_text": "Qwen3.5's text model is mostly Gated DeltaNet linear attention layers (a recurrent "
+    "state and a causal convolution a layer), which trtforge's KV cache and kernels do not hold.",
+    "qwen3_5_moe_text": "Qwen3.5-MoE's text model is mostly Gated DeltaNet linear attention layers (a "
+    "recurrent state and a causal convolution a layer), which trtforge's KV cache and kernels do not hold.",
+    "qwen4_exp_text": "Qwen4-Exp's text model has Gated DeltaNet linear attention layers (a recurrent state "
+    "and a causal convolution a layer) and a sparse-attention indexer, which trtforge's KV cache and kernels "
+    "do not hold.",
+    "lara_mini": "Lara-Mini has Gated DeltaNet linear attention layers (a recurrent state and a causal "
+    "convolution a layer) beside its softmax attention, which trtforge's KV cache and kernels do not hold.",
+    "olmo_hybrid": "OLMo Hybrid's layers are mostly Gated DeltaNet linear attention (a recurrent state and a "
+    "causal convolution a layer), which trtforge's KV cache and kernels do not hold.",
+    "kimi_linear": "Kimi Linear's layers are mostly Kimi Delta Attention (linear attention with a recurrent "
+    "state), its others multi-head latent attention, neither of which trtforge's KV cache and kernels hold.",
+    "nemotron_h": "Nemotron-H's layers are mostly Mamba-2 state-space mixers (hybrid_override_pattern), "
+    "whose recurrent state and convolution trtforge's KV cache and kernels do not hold.",
+    "lfm2": "LFM2's layers are mostly gated short convolutions (a rolling convolution state a layer, "
+    "layer_types 'conv'), which trtforge's KV cache does not hold.",
+    "lfm2_moe": "LFM2-MoE's layers are mostly gated short convolutions (a rolling convolution state a layer, "
+    "layer_types 'conv'), which trtforge's KV cache does not hold.",
+    "lfm3": "LFM3's layers are mostly gated short convolutions (a rolling convolution state a layer), which "
+    "trtforge's KV cache does not hold.",
+    "inkling_text": "Inkling's text model runs short causal convolutions over its keys, values and layer "
+    "inputs (a rolling state a layer), which trtforge's KV cache does not hold; and it is the text half of "
+    "a multimodal model.",
+    "inkling2_text": "Inkling 2's text model runs dynamic short convolutions over its keys and values (a "
+    "rolling state a layer) and a learned relative position bias, which trtforge's KV cache and attention "
+    "do not hold.",
+    "inkling2_loop_text": "Inkling 2 Loop's text model runs a span of its layers several passes (looped "
+    "layers, gated), with Inkling 2's short convolutions and relative position bias, which trtforge's "
+    "layer-by-layer KV cache and attention do not hold.",
     # dense decoders beside the supported ones, refused for what sets them apart
+    "cpmant": "CPM-Ant adds a bucketed relative position bias (position_bias_num_buckets) to its attention "
+    "scores and prepends prompt and segment embeddings, which trtforge's attention does not compute.",
+    "openai-gpt": "GPT-1 (OpenAIGPTLMHeadModel) norms after each residual add (post-LayerNorm, no final "
+    "norm) around GPT-2's Conv1D projections; no adapter reads that block yet (GPT-2, gpt2, is supported).",
+    "modernbert-decoder": "ModernBERT-Decoder (Ettin) keeps ModernBERT's encoder layout: a LayerNorm on the "
+    "embeddings, a fused GeGLU Wi/Wo MLP, local and global layers each with a RoPE base, and a prediction "
+    "head (dense, activation, LayerNorm) before its decoder projection; no adapter reads that layout yet.",
     "minicpm3": "MiniCPM3 attends through multi-head latent attention (low-rank compressed q and KV with a "
     "decoupled rotary part), which trtforge's KV cache and kernels do not hold.",
     "diffllama": "DiffLlama's differential attention subtracts a second softmax map (by a learned lambda) "
