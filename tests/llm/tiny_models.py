@@ -91,6 +91,7 @@ MOE_CLASSES = {
     "cohere2_moe": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM"),
     "granitemoe_swa": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM"),
     "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM"),
+    "minicpm5_moe": ("MiniCPM5MoeConfig", "MiniCPM5MoeForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
@@ -286,6 +287,14 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe |= {"shared_intermediate_size": 96}
         if family == "granitemoe_swa":  # Granite SWA's windows, sinks and RoPE bases (as "granite_swa")
             moe |= _granite_swa(overrides.get("num_hidden_layers", llama_like["num_hidden_layers"]))
+        if family == "minicpm5_moe":  # GLM-4.5's routing with 2 expert groups (1 kept), renormalized, scaled
+            # by 2.5, one shared expert; layer 0 of 3 dense; the gated attention's q_gate_proj
+            moe = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+            moe |= {"n_shared_experts": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True}
+            moe |= {"n_group": 2, "topk_group": 1, "num_hidden_layers": 3, "head_dim": 16}
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+            n = overrides.get("num_hidden_layers", 3)
+            moe["mlp_layer_types"] = ["dense" if i == 0 else "sparse" for i in range(n)]
         if family == "minimax_m2":  # whole-projection q/k norms (off their init below), half the head rotated
             # (its checkpoints' rotary_dim 64 of 128); the block's selection bias set below
             moe |= {"head_dim": 16, "partial_rotary_factor": 0.5}
@@ -526,7 +535,10 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     param.add_(torch.randn_like(param) * 0.2)
     # routers (initialized at zero) at the initializer range, the selection biases (zero) as wide as the
     # scores' spread, so that they change picks
-    if family in ("ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", "param2moe", "sarvam_moe", "solar_open"):
+    if family in (
+        *("ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", "param2moe", "sarvam_moe", "solar_open"),
+        "minicpm5_moe",
+    ):
         with torch.no_grad():
             for layer in model.model.layers:
                 gate = getattr(layer.mlp, "gate", None)
@@ -542,7 +554,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                 bias.copy_(torch.randn_like(bias) * 0.2)
     if family in (  # norm weights off their init
         *("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"),
-        *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe", "minimax_m2"),
+        *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe", "minimax_m2", "minicpm5_moe"),
     ):
         with torch.no_grad():
             for name, param in model.named_parameters():

@@ -233,6 +233,20 @@ OPTIONS: dict[str, dict[str, list]] = {
         "sliding_window": [None, 5, 64],
         "router_jitter_noise": [0.0, 0.1],
     },
+    # MiniCPM5-MoE: GLM-4.5's routing options around the gated attention, dense first layers or none
+    "minicpm5_moe": LLAMA_LIKE
+    | {
+        "_form": [
+            {"n_routed_experts": 4, "n_group": 1, "topk_group": 1},
+            {"n_routed_experts": 8, "n_group": 2, "topk_group": 1},
+        ],
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "routed_scaling_factor": [1.0, 2.5],
+        "mlp_layer_types": [["dense", "sparse", "sparse"], ["sparse", "sparse", "sparse"]],
+        "attention_bias": [False, True],
+        "head_dim": [8, 16, 24],
+    },
     # MiniMax-M2: sigmoid routing with its block's selection bias, whole-projection q/k norms, partial RoPE
     "minimax_m2": LLAMA_LIKE
     | {
@@ -675,10 +689,10 @@ OPTIONS: dict[str, dict[str, list]] = {
     },
 }
 SEEDS = range(5)
-# families whose routing another family's draws vary already (dots.llm1's, K-EXAONE's and Solar Open's is
-# GLM-4.5's, FlexOLMo's OLMoE's, Mellum's Qwen3-MoE's, GraniteMoeSWA's GraniteMoE's): fewer draws, for what
-# they add around it (their attention, windows, dense layers); Param2-MoE and Sarvam-MoE run GLM-4.5's
-# classes: one draw each
+# families whose routing another family's draws vary already (dots.llm1's, K-EXAONE's, Solar Open's and
+# MiniCPM5-MoE's is GLM-4.5's, FlexOLMo's OLMoE's, Mellum's Qwen3-MoE's, GraniteMoeSWA's GraniteMoE's):
+# fewer draws, for what they add around it (their attention, windows, dense layers); Param2-MoE and
+# Sarvam-MoE run GLM-4.5's classes: one draw each
 FEWER_SEEDS = {
     "dots1": range(2),
     "exaone_moe": range(2),
@@ -688,6 +702,7 @@ FEWER_SEEDS = {
     "granitemoe_swa": range(2),
     "param2moe": range(1),
     "sarvam_moe": range(1),
+    "minicpm5_moe": range(3),
 }
 PROMPT = 19
 BLOCK = 4

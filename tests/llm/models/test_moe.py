@@ -86,7 +86,7 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert kinds["ernie4_5_moe"].moe["shared_expert_size"] == 128
     biased = {f for f in here if kinds[f].moe["selection_bias"]}
     glm_kin = {"param2moe", "sarvam_moe", "solar_open"} & set(here)
-    newer = {"minimax_m2"} & set(here)  # (MiniMax-M2's bias on its block, not its router)
+    newer = {"minimax_m2", "minicpm5_moe"} & set(here)  # (MiniMax-M2's bias on its block, not its router)
     assert biased == {"ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", *glm_kin, *newer}
     glm = kinds["glm4_moe"].moe
     assert glm["routing"] == "sigmoid_topk" and glm["expert_groups"] == [2, 1] and glm["scale"] == 2.5

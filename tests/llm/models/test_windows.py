@@ -130,7 +130,8 @@ CASES = [
     ("granitemoe_swa", {"layer_rope_theta": [0, 0, 0]}),  # every layer NoPE
     ("cohere2_moe", {}),
     ("cohere2_moe", {"sliding_window": 5, "layer_types": [SLIDING, FULL, SLIDING], "num_shared_experts": 0}),
-    ("minimax_m2", {"set_sliding_window": 64}),  # no MiniMax-M2 layer applies one
+    ("minimax_m2", {"set_sliding_window": 64}),  # no MiniMax-M2 or MiniCPM5-MoE layer applies one
+    ("minicpm5_moe", {"set_sliding_window": 64}),
     ("olmo", {"set_sliding_window": 64}),  # no layer of these applies one
     ("cohere", {"set_sliding_window": 64}),
     ("glm", {}),

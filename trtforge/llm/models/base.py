@@ -104,6 +104,9 @@ STYLES: dict[tuple[str, ...], str] = {
     "reversed RoPE, a non-gated fc1/fc2 MLP, soft-capped logits",
     ("mixtral",): "Mixtral: Mistral's attention, sparse mixture-of-experts MLPs (top-k routing, "
     "renormalized)",
+    ("minicpm5_moe",): "MiniCPM5-MoE: Llama's attention with each head's output gated by a sigmoid of its "
+    "query projection's gate half (q_gate_proj), GLM-4.5's sparse MoE MLPs and shared MLP, dense layers by "
+    "mlp_layer_types",
     ("minimax_m2",): "MiniMax-M2: Mixtral's layers without a window, RMSNorms over the whole q and k "
     "projections, partial RoPE, sparse MoE MLPs routed by sigmoid scores with e_score_correction_bias, "
     "renormalized",
@@ -179,8 +182,6 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "mimo_v2_flash": "MiMo-V2-Flash's values are narrower than its queries and keys (v_head_dim under "
     "head_dim) and its sliding layers hold twice the KV heads of its full ones, with attention sinks, which "
     "trtforge's KV cache (one head size and KV head count for every layer) does not hold.",
-    "minicpm5_moe": "MiniCPM5-MoE gates each attention output by a sigmoid of a second query projection "
-    "(q_gate_proj: per head, [query | gate]), which trtforge's attention does not apply.",
     "kolibri1": "Kolibri-1 routes by the top-k of its raw router logits plus e_score_correction_bias, then "
     "weights by a sigmoid of the chosen logits (the bias added before the sigmoid, not after it), which no "
     "SparseMoe routing computes yet.",
@@ -286,6 +287,7 @@ UNWINDOWED = (
     "solar_open",
     "flex_olmo",
     "minimax_m2",
+    "minicpm5_moe",
     "apertus",
     "internlm3",
     "seed_oss",

@@ -63,6 +63,7 @@ from trtforge.llm.models.mixtral import (
     ExaoneMoeStyle,
     Glm4MoeStyle,
     MellumStyle,
+    MiniCPM5MoeStyle,
     MiniMaxM2Style,
     MixtralStyle,
     OlmoeStyle,
@@ -140,6 +141,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "mellum": MellumStyle,
     "cohere2_moe": Cohere2MoeStyle,
     "minimax_m2": MiniMaxM2Style,
+    "minicpm5_moe": MiniCPM5MoeStyle,
     "bloom": BloomStyle,
     "mpt": MptStyle,
 }
@@ -195,6 +197,7 @@ __all__ = [
     "HyperClovaXStyle",
     "LlamaStyle",
     "MellumStyle",
+    "MiniCPM5MoeStyle",
     "MiniMaxM2Style",
     "Ministral3Style",
     "MixtralStyle",

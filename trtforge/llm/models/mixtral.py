@@ -38,6 +38,10 @@ formulations).
   before RoPE), routing and MoE blocks in Laguna's pre-norm layer: windows by ``layer_types``, a rotary
   table per layer type (each from its type's ``config.rope_parameters`` entry, with its own
   ``partial_rotary_factor``), dense layers by ``mlp_layer_types``.
+- ``minicpm5_moe`` (``MiniCPM5MoeForCausalLM``, MiniCPM5-15B-A2.5B): Llama's attention whose
+  ``q_gate_proj`` gives each head its queries and an output gate ([query | gate] per head), the attention
+  output times the sigmoid of the gate before ``o_proj``; GLM-4.5's router and shared experts, dense layers
+  by ``mlp_layer_types``, a pre-norm block. No window.
 - ``minimax_m2`` (``MiniMaxM2ForCausalLM``, MiniMax-M2 / M2.1): Mixtral's layers without a window, RMSNorms
   over the whole q and k projections before a partial (``partial_rotary_factor``; its checkpoints'
   ``rotary_dim``) rotate-half RoPE, every MLP sparse, routed by a sigmoid of each logit (the logits in the
@@ -50,6 +54,7 @@ refuse these models by name; tensor parallelism refuses their MoE MLPs (the expe
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from trtforge.llm.models.moe import moe_layers
@@ -206,3 +211,30 @@ class MiniMaxM2Style(RopeStyle):
         q, k, v = project_qkv(attn, self.layers[i].input_layernorm(x))
         q, k = attn.q_norm(q), attn.k_norm(k)
         return tuple(t.unflatten(-1, (-1, self.head_dim)) for t in (q, k, v))  # type: ignore[return-value]
+
+
+class MiniCPM5MoeStyle(Glm4MoeStyle):
+    """MiniCPM5-MoE (see the module docstring): Llama's attention with each output gated by a sigmoid of its
+    query projection's gate half, around GLM-4.5's MoE MLPs."""
+
+    family = "minicpm5_moe"
+
+    def _query_and_gate(self, i: int, h: Tensor) -> tuple[Tensor, Tensor]:
+        """Layer i's queries and output gates ``[..., heads, D]`` from its normed input `h`: ``q_gate_proj``
+        lays each head's rows out as [query | gate]."""
+        both = self.layers[i].self_attn.q_gate_proj(h).unflatten(-1, (-1, 2 * self.head_dim))
+        q, gate = both.chunk(2, dim=-1)
+        return q, gate
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        attn = self.layers[i].self_attn
+        h = self.layers[i].input_layernorm(x)
+        q, _ = self._query_and_gate(i, h)
+        k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in (attn.k_proj(h), attn.v_proj(h)))
+        return q, k, v
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        """The attention output times the sigmoid of its gate (recomputed from the block input `x`, the
+        projection transformers computes, so that q and the gate stay one GEMM's), then the pre-norm block."""
+        _, gate = self._query_and_gate(i, self.layers[i].input_layernorm(x))
+        return super().finish_block(i, x, attn_out * torch.sigmoid(gate.flatten(-2)))
