@@ -92,6 +92,7 @@ MOE_CLASSES = {
     "granitemoe_swa": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM"),
     "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM"),
     "minicpm5_moe": ("MiniCPM5MoeConfig", "MiniCPM5MoeForCausalLM"),
+    "kolibri1": ("Kolibri1Config", "Kolibri1ForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
@@ -287,6 +288,14 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe |= {"shared_intermediate_size": 96}
         if family == "granitemoe_swa":  # Granite SWA's windows, sinks and RoPE bases (as "granite_swa")
             moe |= _granite_swa(overrides.get("num_hidden_layers", llama_like["num_hidden_layers"]))
+        if family == "kolibri1":  # K-EXAONE's attention (sliding with RoPE, full NoPE; window 4), every layer
+            # sparse with a 64-wide shared MLP, the router's selection bias set below, renormalized
+            llama_like = {k: v for k, v in llama_like.items() if k != "intermediate_size"}  # (none: no dense)
+            moe |= {"shared_expert_intermediate_size": 64, "norm_topk_prob": True, "head_dim": 16}
+            moe |= {"sliding_window": 4, "num_hidden_layers": 3}
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+            n = overrides.get("num_hidden_layers", 3)
+            moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
         if family == "minicpm5_moe":  # GLM-4.5's routing with 2 expert groups (1 kept), renormalized, scaled
             # by 2.5, one shared expert; layer 0 of 3 dense; the gated attention's q_gate_proj
             moe = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
@@ -537,7 +546,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     # scores' spread, so that they change picks
     if family in (
         *("ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", "param2moe", "sarvam_moe", "solar_open"),
-        "minicpm5_moe",
+        *("minicpm5_moe", "kolibri1"),
     ):
         with torch.no_grad():
             for layer in model.model.layers:
@@ -554,7 +563,8 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                 bias.copy_(torch.randn_like(bias) * 0.2)
     if family in (  # norm weights off their init
         *("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"),
-        *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe", "minimax_m2", "minicpm5_moe"),
+        *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe", "minimax_m2"),
+        *("minicpm5_moe", "kolibri1"),
     ):
         with torch.no_grad():
             for name, param in model.named_parameters():

@@ -233,6 +233,21 @@ OPTIONS: dict[str, dict[str, list]] = {
         "sliding_window": [None, 5, 64],
         "router_jitter_noise": [0.0, 0.1],
     },
+    # Kolibri-1: its routing (renormalized or not, top 1-3 of 4 or 8), windows and NoPE full layers
+    "kolibri1": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rope_scaling": ROPE,
+        "num_experts": [4, 8],
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "sliding_window": [3, 5, 64],
+        "layer_types": [
+            ["sliding_attention", "full_attention", "sliding_attention"],
+            ["full_attention", "sliding_attention", "sliding_attention"],
+        ],
+        "head_dim": [8, 16],
+    },
     # MiniCPM5-MoE: GLM-4.5's routing options around the gated attention, dense first layers or none
     "minicpm5_moe": LLAMA_LIKE
     | {

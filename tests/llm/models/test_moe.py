@@ -86,7 +86,7 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert kinds["ernie4_5_moe"].moe["shared_expert_size"] == 128
     biased = {f for f in here if kinds[f].moe["selection_bias"]}
     glm_kin = {"param2moe", "sarvam_moe", "solar_open"} & set(here)
-    newer = {"minimax_m2", "minicpm5_moe"} & set(here)  # (MiniMax-M2's bias on its block, not its router)
+    newer = {"minimax_m2", "minicpm5_moe", "kolibri1"} & set(here)  # (MiniMax-M2's on its block)
     assert biased == {"ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", *glm_kin, *newer}
     glm = kinds["glm4_moe"].moe
     assert glm["routing"] == "sigmoid_topk" and glm["expert_groups"] == [2, 1] and glm["scale"] == 2.5
@@ -104,6 +104,8 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert cohere["routing"] == "topk_sigmoid" and cohere["renormalize"]
     assert cohere["shared_expert_size"] == 64
     assert {f for f in here if kinds[f].moe["shared_average"]} == {"cohere2_moe"}
+    # Kolibri-1: the only family choosing its experts by the logits (plus the bias), not the scores
+    assert {f for f in here if kinds[f].moe["choose_by_logits"]} == {"kolibri1"} & set(here)
     # (GraniteMoeShared's shared_intermediate_size 0: its layers' shared_mlp is None, no shared expert)
     assert (
         adapter_for(tiny_model("granitemoeshared", shared_intermediate_size=0)).spec.moe["shared_expert_size"]

@@ -235,7 +235,6 @@ class _ConfigOnly(torch.nn.Module):
         ("longcat_flash", "multi-head latent attention"),
         ("sarvam_mla", "multi-head latent attention"),
         ("mimo_v2_flash", "values are narrower than its queries and keys"),
-        ("kolibri1", "the bias added before the sigmoid"),
         ("kolibri1_1", "a lightning indexer picks the top-k keys"),
         ("laguna", "their own query head count"),
         ("beam", "sigmoid of a projection of the layer input"),

@@ -132,6 +132,8 @@ CASES = [
     ("cohere2_moe", {"sliding_window": 5, "layer_types": [SLIDING, FULL, SLIDING], "num_shared_experts": 0}),
     ("minimax_m2", {"set_sliding_window": 64}),  # no MiniMax-M2 or MiniCPM5-MoE layer applies one
     ("minicpm5_moe", {"set_sliding_window": 64}),
+    ("kolibri1", {}),  # sliding (RoPE), full (NoPE), sliding; window 4
+    ("kolibri1", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     ("olmo", {"set_sliding_window": 64}),  # no layer of these applies one
     ("cohere", {"set_sliding_window": 64}),
     ("glm", {}),

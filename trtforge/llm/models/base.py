@@ -104,6 +104,9 @@ STYLES: dict[tuple[str, ...], str] = {
     "reversed RoPE, a non-gated fc1/fc2 MLP, soft-capped logits",
     ("mixtral",): "Mixtral: Mistral's attention, sparse mixture-of-experts MLPs (top-k routing, "
     "renormalized)",
+    ("kolibri1",): "Kolibri-1: K-EXAONE's attention (per-head q/k norms, sliding layers with RoPE and full "
+    "layers without) in GLM-4-0414's block (norms after attention and MLP), sparse MoE MLPs and a shared MLP "
+    "routed by the top-k of the logits plus e_score_correction_bias, weighted by their sigmoid",
     ("minicpm5_moe",): "MiniCPM5-MoE: Llama's attention with each head's output gated by a sigmoid of its "
     "query projection's gate half (q_gate_proj), GLM-4.5's sparse MoE MLPs and shared MLP, dense layers by "
     "mlp_layer_types",
@@ -182,9 +185,6 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "mimo_v2_flash": "MiMo-V2-Flash's values are narrower than its queries and keys (v_head_dim under "
     "head_dim) and its sliding layers hold twice the KV heads of its full ones, with attention sinks, which "
     "trtforge's KV cache (one head size and KV head count for every layer) does not hold.",
-    "kolibri1": "Kolibri-1 routes by the top-k of its raw router logits plus e_score_correction_bias, then "
-    "weights by a sigmoid of the chosen logits (the bias added before the sigmoid, not after it), which no "
-    "SparseMoe routing computes yet.",
     "kolibri1_1": "Kolibri-1.1 attends sparsely: a lightning indexer picks the top-k keys each query sees, "
     "and layers share their KV, which trtforge's attention and KV cache do not compute.",
     "laguna": "Laguna's layers each have their own query head count (num_attention_heads_per_layer) and gate "
@@ -321,6 +321,7 @@ PER_LAYER_TYPES = (
     "exaone_moe",
     "mellum",
     "cohere2_moe",
+    "kolibri1",
     "granite_swa",
     "granitemoe_swa",
 )
@@ -455,7 +456,8 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     - mistral, phi3, starcoder2, mixtral, qwen3_moe: ``config.sliding_window`` on every layer, or none
       when it is null (their forward ignores ``layer_types``);
     - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe, gpt_oss,
-      cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe, granite_swa, granitemoe_swa: the window on
+      cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe, kolibri1, granite_swa, granitemoe_swa: the
+      window on
       the layers ``config.layer_types`` marks "sliding_attention" (CWM's config marks 3 of 4 by default,
       VaultGemma's every other, Granite SWA's 3 of 4; qwen's config builds those from ``use_sliding_window``
       and ``max_window_layers``; with

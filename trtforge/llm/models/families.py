@@ -62,6 +62,7 @@ from trtforge.llm.models.mixtral import (
     Dots1Style,
     ExaoneMoeStyle,
     Glm4MoeStyle,
+    Kolibri1Style,
     MellumStyle,
     MiniCPM5MoeStyle,
     MiniMaxM2Style,
@@ -142,6 +143,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "cohere2_moe": Cohere2MoeStyle,
     "minimax_m2": MiniMaxM2Style,
     "minicpm5_moe": MiniCPM5MoeStyle,
+    "kolibri1": Kolibri1Style,
     "bloom": BloomStyle,
     "mpt": MptStyle,
 }
@@ -195,6 +197,7 @@ __all__ = [
     "HunYuanDenseStyle",
     "HunYuanMoeStyle",
     "HyperClovaXStyle",
+    "Kolibri1Style",
     "LlamaStyle",
     "MellumStyle",
     "MiniCPM5MoeStyle",

@@ -38,6 +38,12 @@ formulations).
   before RoPE), routing and MoE blocks in Laguna's pre-norm layer: windows by ``layer_types``, a rotary
   table per layer type (each from its type's ``config.rope_parameters`` entry, with its own
   ``partial_rotary_factor``), dense layers by ``mlp_layer_types``.
+- ``kolibri1`` (``Kolibri1ForCausalLM``, Aleph Alpha's Kolibri-1): K-EXAONE's attention (per-head q/k
+  RMSNorms before RoPE, sliding and full layers by ``layer_types``, 4 of 5 sliding by default, the full ones
+  NoPE while a ``sliding_window`` is set) in GLM-4-0414's block (RMSNorms on the attention and MLP outputs
+  too), every MLP sparse with a shared MLP beside it, routed by the top k of the float32 logits plus
+  ``e_score_correction_bias`` (the bias added before the sigmoid), weighted by the sigmoid of the chosen
+  logits, renormalized by ``norm_topk_prob``, kept in float32.
 - ``minicpm5_moe`` (``MiniCPM5MoeForCausalLM``, MiniCPM5-15B-A2.5B): Llama's attention whose
   ``q_gate_proj`` gives each head its queries and an output gate ([query | gate] per head), the attention
   output times the sigmoid of the gate before ``o_proj``; GLM-4.5's router and shared experts, dense layers
@@ -53,6 +59,8 @@ refuse these models by name; tensor parallelism refuses their MoE MLPs (the expe
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -131,20 +139,22 @@ class Glm4MoeStyle(RopeStyle):
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, user)
+        self.moe = moe_layers(self.layers, where=self.cannot_run(), **self._routing())
+
+    def _routing(self) -> dict[str, Any]:
+        """The routing options of :func:`~.moe.moe_layers` (GLM-4.5's; a relative routing otherwise sets its
+        own)."""
         c = self.config
-        where = self.cannot_run()
-        self.moe = moe_layers(
-            self.layers,
-            renormalize=bool(c.norm_topk_prob),
-            float32_weights=True,
-            where=where,
-            routing="sigmoid_topk",
-            float32_logits=True,
-            selection_bias=True,
-            expert_groups=(int(c.n_group), int(c.topk_group)),
-            scale=float(c.routed_scaling_factor),
-            norm_eps=1e-20,
-        )
+        return {
+            "renormalize": bool(c.norm_topk_prob),
+            "float32_weights": True,
+            "routing": "sigmoid_topk",
+            "float32_logits": True,
+            "selection_bias": True,
+            "expert_groups": (int(c.n_group), int(c.topk_group)),
+            "scale": float(c.routed_scaling_factor),
+            "norm_eps": 1e-20,
+        }
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = super().qkv(i, x)
@@ -169,6 +179,29 @@ class ExaoneMoeStyle(Glm4MoeStyle):
     def rotates(self, i: int) -> bool:
         """transformers' ``ExaoneMoeAttention``: every layer without a window, else the sliding ones only."""
         return self.config.sliding_window is None or self.windows[i] is not None
+
+
+class Kolibri1Style(ExaoneMoeStyle):
+    """Kolibri-1 (see the module docstring): EXAONE 4's attention in GLM-4-0414's block, sparse MoE MLPs
+    routed by the logits plus a selection bias."""
+
+    family = "kolibri1"
+
+    def _routing(self) -> dict[str, Any]:
+        return {
+            "renormalize": bool(self.config.norm_topk_prob),
+            "float32_weights": True,
+            "routing": "sigmoid_topk",
+            "float32_logits": True,
+            "selection_bias": True,
+            "choose_by_logits": True,
+        }
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        """GLM-4-0414's block (:class:`~.glm.Glm4Style`): norms on the attention and MLP outputs too."""
+        layer = self.layers[i]
+        x = x + layer.post_self_attn_layernorm(layer.self_attn.o_proj(attn_out))
+        return x + layer.post_mlp_layernorm(self.mlp(i, layer.post_attention_layernorm(x)))
 
 
 class SolarOpenStyle(Glm4MoeStyle):

@@ -30,7 +30,9 @@ the weights being the unbiased scores of the experts chosen; ``expert_groups`` (
 (biased) scores, and the top k chosen among the experts of the ``topk_group`` best groups only; ``scale``
 (GLM-4.5's ``routed_scaling_factor``): the weights multiplied by it after any renormalization. The
 renormalizing division is by the sum of the k weights as the family writes it: plus ``norm_eps`` (GLM-4.5's
-1e-20), clamped below at ``norm_min`` (ERNIE's ``moe_norm_min``).
+1e-20), clamped below at ``norm_min`` (ERNIE's ``moe_norm_min``). ``choose_by_logits`` (Kolibri-1): the
+top k chosen by the float32 logits plus the selection bias (the bias added before the sigmoid, not after
+it), weighted by the scores of those chosen.
 
 The weights are then kept in float32 (Mixtral, GLM-4.5, dots.llm1) or cast to the logits' dtype (the others:
 the model's, HunYuan-MoE's router's), or to the input's where the logits are forced float32 (ERNIE 4.5-MoE).
@@ -116,8 +118,8 @@ class SparseMoe:
     experts' sum and the shared expert's output averaged, not added (Cohere 2-MoE's "average"
     ``shared_expert_combination_strategy``); `float32_router` False: ``topk_softmax`` / ``topk_sigmoid`` in
     the logits' dtype (gpt-oss's router, Cohere 2-MoE's sigmoid). `float32_logits`, `selection_bias`,
-    `expert_groups` (``(n_group, topk_group)``), `scale`, `norm_eps`, `norm_min`: the module docstring's
-    options. `where` names the model in errors."""
+    `expert_groups` (``(n_group, topk_group)``), `scale`, `norm_eps`, `norm_min`, `choose_by_logits`: the
+    module docstring's options. `where` names the model in errors."""
 
     def __init__(
         self,
@@ -136,6 +138,7 @@ class SparseMoe:
         scale: float = 1.0,
         norm_eps: float = 0.0,
         norm_min: float | None = None,
+        choose_by_logits: bool = False,
     ) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing {routing!r}: expected one of {ROUTINGS}")
@@ -143,6 +146,8 @@ class SparseMoe:
         self.routing, self.router, self.float32_router = routing, router(block), bool(float32_router)
         self.float32_logits, self.scale = bool(float32_logits), float(scale)
         self.norm_eps, self.norm_min = float(norm_eps), None if norm_min is None else float(norm_min)
+        #: the top k chosen by the float32 logits (plus any selection bias), not by the scores: Kolibri-1
+        self.choose_by_logits = bool(choose_by_logits)
         #: the module holding the router's weight (and bias): the router, or HunYuan-MoE's ``wg``
         self.router_linear = router_linear(self.router)
         #: the module holding e_score_correction_bias (read at each call), None without a selection bias
@@ -212,6 +217,7 @@ class SparseMoe:
             "selection_bias": self.bias_owner is not None,
             "expert_groups": None if self.expert_groups is None else list(self.expert_groups),
             "scale": self.scale,
+            "choose_by_logits": self.choose_by_logits,
         }
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -247,10 +253,11 @@ class SparseMoe:
                 scores = torch.sigmoid(logits.float())
             else:
                 scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
-            if self.bias_owner is None and self.expert_groups is None:
+            if self.bias_owner is None and self.expert_groups is None and not self.choose_by_logits:
                 weights, experts = torch.topk(scores, self.top_k, dim=-1)
             else:
-                experts = torch.topk(self._choice(scores), self.top_k, dim=-1).indices
+                chosen_by = logits.float() if self.choose_by_logits else scores
+                experts = torch.topk(self._choice(chosen_by), self.top_k, dim=-1).indices
                 weights = scores.gather(-1, experts)
         if self.renormalize:
             total = weights.sum(dim=-1, keepdim=True)
@@ -269,6 +276,7 @@ class SparseMoe:
         float32 = self.routing in ("softmax_topk", "sigmoid_topk") or self.float32_router
         return (
             ROUTE_KERNEL
+            and not self.choose_by_logits
             and float32
             and self.expert_groups is None
             and self.num_experts <= ROUTE_KERNEL_MAX_EXPERTS
