@@ -38,6 +38,8 @@ LIGHT_FAMILIES = (
     "hyperclovax",
     "nanochat",
     "granite_swa",
+    "ministral3",
+    "openai-gpt",
 )
 FAMILIES = (
     "llama",
@@ -99,8 +101,8 @@ MOE_FAMILIES = tuple(MOE_CLASSES)
 # test_rope_families.py checks the refusal, tests/llm/test_tensor_parallel.py splits every other one);
 # "falcon" is falcon-7b's multi-query form (one KV head), Falcon's other FORMS split; "gpt_bigcode" its
 # multi-query form too (its multi-head one splits)
-# (Granite SWA: its attention sinks; gpt-oss's are refused with its MoE MLPs)
-TP_REFUSED = ("gpt_bigcode", "gptj", "codegen", "falcon", "granite_swa", *MOE_FAMILIES)
+# (Granite SWA: its attention sinks; gpt-oss's are refused with its MoE MLPs; GPT-1: its post-norm blocks)
+TP_REFUSED = ("gpt_bigcode", "gptj", "codegen", "falcon", "granite_swa", "openai-gpt", *MOE_FAMILIES)
 # forms of one family that tiny_model builds under names of their own: Falcon's other two layer
 # architectures ("falcon" itself is falcon-7b's: multi-query, parallel, one input_layernorm)
 FORMS: dict[str, tuple[str, dict]] = {
@@ -194,6 +196,11 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         neo |= {"attention_types": [[["global", "local"], 1]], "max_position_embeddings": 256}
         neo |= {"initializer_range": 0.2, "bos_token_id": 0, "eos_token_id": 0}
         cfg, cls = tf.GPTNeoConfig(**(neo | overrides)), tf.GPTNeoForCausalLM
+    elif family == "openai-gpt":  # GPT-1: post-norm blocks, learned positions (no bos/eos in its config);
+        # an untied head (tied, the tiny model's greedy output repeats one token whatever its init)
+        gpt1 = {"vocab_size": 300, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}
+        gpt1 |= {"initializer_range": 0.2, "tie_word_embeddings": False}
+        cfg, cls = tf.OpenAIGPTConfig(**(gpt1 | overrides)), tf.OpenAIGPTLMHeadModel
     elif family == "gpt_bigcode":  # multi-query c_attn (one key/value head)
         bigcode = {"vocab_size": 300, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}
         bigcode |= {"initializer_range": 0.2, "bos_token_id": 0, "eos_token_id": 0}
@@ -569,6 +576,11 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "norm" in name:
+                    param.add_(torch.randn_like(param) * 0.2)
+    if family == "openai-gpt":  # its LayerNorms (ln_1, ln_2) off their init
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if ".ln_" in name:
                     param.add_(torch.randn_like(param) * 0.2)
     if family in ("gemma", "olmo2", "gemma3_text", "gemma2"):  # norm weights off their init: (1 + w) != w
         with torch.no_grad():

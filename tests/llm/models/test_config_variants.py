@@ -119,6 +119,13 @@ OPTIONS: dict[str, dict[str, list]] = {
         "activation_function": ["gelu_pytorch_tanh", "relu"],
         "n_inner": [None, 96],
     },
+    # GPT-1: its activation, head count, LayerNorm eps and tied or untied head
+    "openai-gpt": {
+        "afn": ["gelu", "relu", "silu"],
+        "n_head": [2, 4, 8],
+        "layer_norm_epsilon": [1e-5, 1e-3],
+        "tie_word_embeddings": [True, False],
+    },
     "opt": {
         "enable_bias": [True, False],
         "layer_norm_elementwise_affine": [True, False],

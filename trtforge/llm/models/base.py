@@ -53,6 +53,8 @@ TP_RULE = (
 STYLES: dict[tuple[str, ...], str] = {
     LLAMA_STYLE: "Llama-style: RoPE, pre-norm blocks, GQA",
     GPT2_STYLE: "learned positions, LayerNorm, GELU; GPT-Neo's local layers, GPT-BigCode's multi-query",
+    ("openai-gpt",): "GPT-1 (OpenAIGPTLMHeadModel): GPT-2's Conv1D layers and learned positions in "
+    "post-LayerNorm blocks (a LayerNorm after each residual add, none before the head)",
     ("opt",): "learned positions, LayerNorm before or after each sublayer, ReLU",
     ("biogpt", "xglm"): "BioGPT / XGLM: OPT's pre-LayerNorm block with scaled embeddings; BioGPT's learned "
     "positions, XGLM's sinusoidal ones",
@@ -238,8 +240,6 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     # dense decoders beside the supported ones, refused for what sets them apart
     "cpmant": "CPM-Ant adds a bucketed relative position bias (position_bias_num_buckets) to its attention "
     "scores and prepends prompt and segment embeddings, which trtforge's attention does not compute.",
-    "openai-gpt": "GPT-1 (OpenAIGPTLMHeadModel) norms after each residual add (post-LayerNorm, no final "
-    "norm) around GPT-2's Conv1D projections; no adapter reads that block yet (GPT-2, gpt2, is supported).",
     "modernbert-decoder": "ModernBERT-Decoder (Ettin) keeps ModernBERT's encoder layout: a LayerNorm on the "
     "embeddings, a fused GeGLU Wi/Wo MLP, local and global layers each with a RoPE base, and a prediction "
     "head (dense, activation, LayerNorm) before its decoder projection; no adapter reads that layout yet.",
@@ -257,6 +257,7 @@ UNWINDOWED = (
     "llama",
     "gpt2",
     "gpt_bigcode",
+    "openai-gpt",
     "opt",
     "gpt_neox",
     "phi",
