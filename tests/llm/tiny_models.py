@@ -40,6 +40,7 @@ LIGHT_FAMILIES = (
     "granite_swa",
     "ministral3",
     "openai-gpt",
+    "modernbert-decoder",
 )
 FAMILIES = (
     "llama",
@@ -102,7 +103,10 @@ MOE_FAMILIES = tuple(MOE_CLASSES)
 # "falcon" is falcon-7b's multi-query form (one KV head), Falcon's other FORMS split; "gpt_bigcode" its
 # multi-query form too (its multi-head one splits)
 # (Granite SWA: its attention sinks; gpt-oss's are refused with its MoE MLPs; GPT-1: its post-norm blocks)
-TP_REFUSED = ("gpt_bigcode", "gptj", "codegen", "falcon", "granite_swa", "openai-gpt", *MOE_FAMILIES)
+TP_REFUSED = (
+    *("gpt_bigcode", "gptj", "codegen", "falcon", "granite_swa", "openai-gpt", "modernbert-decoder"),
+    *MOE_FAMILIES,
+)
 # forms of one family that tiny_model builds under names of their own: Falcon's other two layer
 # architectures ("falcon" itself is falcon-7b's: multi-query, parallel, one input_layernorm)
 FORMS: dict[str, tuple[str, dict]] = {
@@ -196,6 +200,20 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         neo |= {"attention_types": [[["global", "local"], 1]], "max_position_embeddings": 256}
         neo |= {"initializer_range": 0.2, "bos_token_id": 0, "eos_token_id": 0}
         cfg, cls = tf.GPTNeoConfig(**(neo | overrides)), tf.GPTNeoForCausalLM
+    elif family == "modernbert-decoder":  # sliding (window 4 = local_attention 8 // 2) and full layers by
+        # turns, a RoPE base each; GeGLU MLP; the prediction head before the decoder projection
+        n = overrides.get("num_hidden_layers", llama_like["num_hidden_layers"])
+        mb = {k: v for k, v in llama_like.items() if k != "num_key_value_heads"}
+        mb |= {"local_attention": 8, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        mb |= {"cls_token_id": 3, "sep_token_id": 4}
+        mb["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+        mb["rope_parameters"] = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+        }
+        if not hasattr(tf, "ModernBertDecoderConfig"):
+            pytest.skip(f"transformers {tf.__version__} has no ModernBertDecoderConfig")
+        cfg, cls = tf.ModernBertDecoderConfig(**(mb | overrides)), tf.ModernBertDecoderForCausalLM
     elif family == "openai-gpt":  # GPT-1: post-norm blocks, learned positions (no bos/eos in its config);
         # an untied head (tied, the tiny model's greedy output repeats one token whatever its init)
         gpt1 = {"vocab_size": 300, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}

@@ -119,6 +119,19 @@ OPTIONS: dict[str, dict[str, list]] = {
         "activation_function": ["gelu_pytorch_tanh", "relu"],
         "n_inner": [None, 96],
     },
+    # ModernBERT-Decoder: biases, activations, windows, its norms' epsilon and bias, the head's activation
+    "modernbert-decoder": {
+        "attention_bias": [False, True],
+        "mlp_bias": [False, True],
+        "norm_bias": [False, True],
+        "norm_eps": [1e-5, 1e-3],
+        "hidden_activation": ["gelu", "silu", "relu"],
+        "classifier_activation": ["gelu", "silu"],
+        "classifier_bias": [False, True],
+        "decoder_bias": [False, True],
+        "local_attention": [6, 10, 128],
+        "tie_word_embeddings": [True, False],
+    },
     # GPT-1: its activation, head count, LayerNorm eps and tied or untied head
     "openai-gpt": {
         "afn": ["gelu", "relu", "silu"],

@@ -256,7 +256,6 @@ class _ConfigOnly(torch.nn.Module):
         ("inkling2_text", "dynamic short convolutions"),
         ("inkling2_loop_text", "looped layers"),
         ("cpmant", "bucketed relative position bias"),
-        ("modernbert-decoder", "prediction head"),
         ("phimoe", "SparseMixer"),
     ],
 )

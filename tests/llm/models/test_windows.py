@@ -37,6 +37,8 @@ CASES = [
     ("gpt2", {}),
     ("gpt2", {"set_sliding_window": 64}),
     ("openai-gpt", {"set_sliding_window": 64}),  # no GPT-1 layer applies one
+    ("modernbert-decoder", {}),  # sliding, full, sliding; window 4 (local_attention 8); a RoPE table each
+    ("modernbert-decoder", {"local_attention": 10, "layer_types": [FULL, SLIDING, SLIDING]}),
     ("mistral", {"sliding_window": 4}),
     ("mistral", {"sliding_window": None}),
     ("ministral3", {}),  # window 5 on every layer; each query scaled by its position
@@ -208,6 +210,8 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
         return [layer.self_attn for layer in model.model.decoder.layers]
     if model.config.model_type == "biogpt":
         return [layer.self_attn for layer in model.biogpt.layers]
+    if model.config.model_type == "modernbert-decoder":
+        return [layer.attn for layer in model.model.layers]
     if model.config.model_type == "gpt_neox":
         return [layer.attention for layer in model.gpt_neox.layers]
     return [layer.self_attn for layer in model.model.layers]

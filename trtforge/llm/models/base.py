@@ -55,6 +55,9 @@ STYLES: dict[tuple[str, ...], str] = {
     GPT2_STYLE: "learned positions, LayerNorm, GELU; GPT-Neo's local layers, GPT-BigCode's multi-query",
     ("openai-gpt",): "GPT-1 (OpenAIGPTLMHeadModel): GPT-2's Conv1D layers and learned positions in "
     "post-LayerNorm blocks (a LayerNorm after each residual add, none before the head)",
+    ("modernbert-decoder",): "ModernBERT-Decoder (Ettin): a LayerNorm on the embeddings, pre-LayerNorm "
+    "blocks with a Wi/Wo GeGLU MLP, sliding and full layers by layer_types with a RoPE table each, a "
+    "prediction head (dense, activation, LayerNorm) before the decoder projection",
     ("opt",): "learned positions, LayerNorm before or after each sublayer, ReLU",
     ("biogpt", "xglm"): "BioGPT / XGLM: OPT's pre-LayerNorm block with scaled embeddings; BioGPT's learned "
     "positions, XGLM's sinusoidal ones",
@@ -240,9 +243,6 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     # dense decoders beside the supported ones, refused for what sets them apart
     "cpmant": "CPM-Ant adds a bucketed relative position bias (position_bias_num_buckets) to its attention "
     "scores and prepends prompt and segment embeddings, which trtforge's attention does not compute.",
-    "modernbert-decoder": "ModernBERT-Decoder (Ettin) keeps ModernBERT's encoder layout: a LayerNorm on the "
-    "embeddings, a fused GeGLU Wi/Wo MLP, local and global layers each with a RoPE base, and a prediction "
-    "head (dense, activation, LayerNorm) before its decoder projection; no adapter reads that layout yet.",
     "minicpm3": "MiniCPM3 attends through multi-head latent attention (low-rank compressed q and KV with a "
     "decoupled rotary part), which trtforge's KV cache and kernels do not hold.",
     "diffllama": "DiffLlama's differential attention subtracts a second softmax map (by a learned lambda) "
@@ -323,6 +323,7 @@ PER_LAYER_TYPES = (
     "mellum",
     "cohere2_moe",
     "kolibri1",
+    "modernbert-decoder",
     "granite_swa",
     "granitemoe_swa",
 )
@@ -457,8 +458,8 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     - mistral, phi3, starcoder2, mixtral, qwen3_moe: ``config.sliding_window`` on every layer, or none
       when it is null (their forward ignores ``layer_types``);
     - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe, gpt_oss,
-      cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe, kolibri1, granite_swa, granitemoe_swa: the
-      window on
+      cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe, kolibri1, modernbert-decoder, granite_swa,
+      granitemoe_swa: the window on
       the layers ``config.layer_types`` marks "sliding_attention" (CWM's config marks 3 of 4 by default,
       VaultGemma's every other, Granite SWA's 3 of 4; qwen's config builds those from ``use_sliding_window``
       and ``max_window_layers``; with

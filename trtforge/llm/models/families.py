@@ -5,21 +5,21 @@ Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, 
 seed_oss, arcee, exaone, iquestcoder, cwm, jais2; and Ministral 3's position-scaled queries), GPT-2 and its
 relatives GPT-Neo, GPT-BigCode and GPT-1 (:mod:`.gpt2`), OPT (:mod:`.opt`) and its fairseq relatives BioGPT
 and XGLM (:mod:`.fairseq`), GPT-NeoX (:mod:`.gpt_neox`), Phi (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2
-and VaultGemma (:mod:`.gemma2`), Gemma 3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`, with OLMo 3 and EXAONE
-4), OLMo 1 (:mod:`.olmo`), Granite, Granite SWA and HyperCLOVA X (:mod:`.granite`), StableLM
-(:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`), Cohere 1 / 2 (:mod:`.cohere`), GLM, GLM-4-0414, Helium and
-ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dense, Apertus and NanoChat
-(:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, which also runs InternLM3, Seed-OSS,
-Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from
-a fixed table), Falcon (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT
-(:mod:`.mpt`), the last two with ALiBi position biases, and the sparse mixture-of-experts families Mixtral,
-Qwen2-MoE, Qwen3-MoE, Mellum, OLMoE, GLM-4.5 (and Param2-MoE, Sarvam-MoE and Solar Open on its MoE MLPs),
-dots.llm1, K-EXAONE and MiniMax-M2 (:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE, GraniteMoeShared
-and GraniteMoeSWA (:mod:`.granite`), HunYuan-MoE (:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE
-(:mod:`.cohere`), and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its MoE MLPs) (their MoE MLPs:
-:mod:`.moe`). The shared pieces (spec, family checks, windows, attention soft-caps, ALiBi slopes, attention
-sinks) live in :mod:`.base`, the rotary variants (interleaved, float32, NoPE layers, a table per layer type or
-RoPE base) in :mod:`.rotary`.
+and VaultGemma (:mod:`.gemma2`), Gemma 3 text (:mod:`.gemma3`), ModernBERT-Decoder (:mod:`.modernbert`), OLMo
+2 (:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1 (:mod:`.olmo`), Granite, Granite SWA and HyperCLOVA X
+(:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`), Cohere 1 / 2 (:mod:`.cohere`), GLM,
+GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dense,
+Apertus and NanoChat (:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, which also runs
+InternLM3, Seed-OSS, Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2), GPT-J and CodeGen (:mod:`.gptj`:
+interleaved rotary from a fixed table), Falcon (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM
+(:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two with ALiBi position biases, and the sparse
+mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, Mellum, OLMoE, GLM-4.5 (and Param2-MoE, Sarvam-MoE
+and Solar Open on its MoE MLPs), dots.llm1, K-EXAONE and MiniMax-M2 (:mod:`.mixtral`), FlexOLMo
+(:mod:`.olmo2`), GraniteMoE, GraniteMoeShared and GraniteMoeSWA (:mod:`.granite`), HunYuan-MoE
+(:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`), and gpt-oss (:mod:`.gpt_oss`:
+attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family checks,
+windows, attention soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`, the rotary variants
+(interleaved, float32, NoPE layers, a table per layer type or RoPE base) in :mod:`.rotary`.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ from trtforge.llm.models.mixtral import (
     SarvamMoeStyle,
     SolarOpenStyle,
 )
+from trtforge.llm.models.modernbert import ModernBertDecoderStyle
 from trtforge.llm.models.mpt import MptStyle
 from trtforge.llm.models.nemotron import NemotronStyle, PersimmonStyle
 from trtforge.llm.models.olmo import OlmoStyle
@@ -92,6 +93,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "gpt_neo": GptNeoStyle,
     "gpt_bigcode": GptBigCodeStyle,
     "openai-gpt": OpenAIGptStyle,
+    "modernbert-decoder": ModernBertDecoderStyle,
     "opt": OptStyle,
     "biogpt": BioGptStyle,
     "xglm": XglmStyle,
@@ -206,6 +208,7 @@ __all__ = [
     "MiniMaxM2Style",
     "Ministral3Style",
     "MixtralStyle",
+    "ModernBertDecoderStyle",
     "MptStyle",
     "NanoChatStyle",
     "NemotronStyle",
