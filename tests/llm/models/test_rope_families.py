@@ -259,11 +259,17 @@ class _ConfigOnly(torch.nn.Module):
         ("phimoe", "SparseMixer"),
     ],
 )
-def test_families_apart_are_refused_by_their_config_saying_why(model_type, why):
+def test_families_apart_are_refused_by_their_config_saying_why(model_type, why, tmp_path):
     """Causal LMs of transformers' mapping whose layers trtforge does not compute (recurrent or convolution
-    state, latent or sparse attention, gated or chunked attention, routings of their own) or whose layout no
-    adapter reads yet are refused naming what sets them apart, before any weight is read."""
+    state, latent or sparse attention, gated or chunked attention, routings of their own) are refused naming
+    what sets them apart: a model by its adapter, a save_pretrained directory by its config.json before any
+    weight is read (load_causal_lm: what from_pretrained, serve and compile load through)."""
+    from trtforge.llm.models.loader import load_causal_lm
+
     model = _ConfigOnly(model_type)
     assert model.config.model_type == model_type
     with pytest.raises(UserError, match=f"family '{model_type}' .*not supported by --generate.*{why}"):
         adapter_for(model)
+    model.config.save_pretrained(tmp_path)  # (config.json only: no weight file)
+    with pytest.raises(UserError, match=f"holds a '{model_type}' model; supported causal LMs: .*{why}"):
+        load_causal_lm(tmp_path)
