@@ -38,6 +38,9 @@ LIGHT_FAMILIES = (
     "hyperclovax",
     "nanochat",
     "granite_swa",
+    "ministral3",
+    "openai-gpt",
+    "modernbert-decoder",
 )
 FAMILIES = (
     "llama",
@@ -90,14 +93,20 @@ MOE_CLASSES = {
     "mellum": ("MellumConfig", "MellumForCausalLM"),
     "cohere2_moe": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM"),
     "granitemoe_swa": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM"),
+    "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM"),
+    "minicpm5_moe": ("MiniCPM5MoeConfig", "MiniCPM5MoeForCausalLM"),
+    "kolibri1": ("Kolibri1Config", "Kolibri1ForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
 # test_rope_families.py checks the refusal, tests/llm/test_tensor_parallel.py splits every other one);
 # "falcon" is falcon-7b's multi-query form (one KV head), Falcon's other FORMS split; "gpt_bigcode" its
 # multi-query form too (its multi-head one splits)
-# (Granite SWA: its attention sinks; gpt-oss's are refused with its MoE MLPs)
-TP_REFUSED = ("gpt_bigcode", "gptj", "codegen", "falcon", "granite_swa", *MOE_FAMILIES)
+# (Granite SWA: its attention sinks; gpt-oss's are refused with its MoE MLPs; GPT-1: its post-norm blocks)
+TP_REFUSED = (
+    *("gpt_bigcode", "gptj", "codegen", "falcon", "granite_swa", "openai-gpt", "modernbert-decoder"),
+    *MOE_FAMILIES,
+)
 # forms of one family that tiny_model builds under names of their own: Falcon's other two layer
 # architectures ("falcon" itself is falcon-7b's: multi-query, parallel, one input_layernorm)
 FORMS: dict[str, tuple[str, dict]] = {
@@ -177,11 +186,39 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family == "ministral":  # per-layer sliding windows (layer_types); its config needs a head_dim
         cfg = tf.MinistralConfig(**(llama_like | {"head_dim": 16} | overrides))
         cls = tf.MinistralForCausalLM
+    elif family == "ministral3":  # each query scaled by 1 + 0.5 log(1 + floor(position / 4)) (Ministral
+        # 3's period of 16384 would leave every tiny prompt unscaled); window 5 on every layer
+        scaling = {"rope_type": "default", "rope_theta": 10000.0, "llama_4_scaling_beta": 0.5}
+        scaling["original_max_position_embeddings"] = 4
+        m3 = {"head_dim": 16, "sliding_window": 5, "rope_parameters": scaling}
+        m3 |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        if not hasattr(tf, "Ministral3Config"):  # (test-floor runs 5.17)
+            pytest.skip(f"transformers {tf.__version__} has no Ministral3Config")
+        cfg, cls = tf.Ministral3Config(**(llama_like | m3 | overrides)), tf.Ministral3ForCausalLM
     elif family == "gpt_neo":  # unscaled scores, a local layer whose window is shorter than the prompts
         neo = {"vocab_size": 300, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "window_size": 5}
         neo |= {"attention_types": [[["global", "local"], 1]], "max_position_embeddings": 256}
         neo |= {"initializer_range": 0.2, "bos_token_id": 0, "eos_token_id": 0}
         cfg, cls = tf.GPTNeoConfig(**(neo | overrides)), tf.GPTNeoForCausalLM
+    elif family == "modernbert-decoder":  # sliding (window 4 = local_attention 8 // 2) and full layers by
+        # turns, a RoPE base each; GeGLU MLP; the prediction head before the decoder projection
+        n = overrides.get("num_hidden_layers", llama_like["num_hidden_layers"])
+        mb = {k: v for k, v in llama_like.items() if k != "num_key_value_heads"}
+        mb |= {"local_attention": 8, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        mb |= {"cls_token_id": 3, "sep_token_id": 4}
+        mb["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+        mb["rope_parameters"] = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+        }
+        if not hasattr(tf, "ModernBertDecoderConfig"):
+            pytest.skip(f"transformers {tf.__version__} has no ModernBertDecoderConfig")
+        cfg, cls = tf.ModernBertDecoderConfig(**(mb | overrides)), tf.ModernBertDecoderForCausalLM
+    elif family == "openai-gpt":  # GPT-1: post-norm blocks, learned positions (no bos/eos in its config);
+        # an untied head (tied, the tiny model's greedy output repeats one token whatever its init)
+        gpt1 = {"vocab_size": 300, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}
+        gpt1 |= {"initializer_range": 0.2, "tie_word_embeddings": False}
+        cfg, cls = tf.OpenAIGPTConfig(**(gpt1 | overrides)), tf.OpenAIGPTLMHeadModel
     elif family == "gpt_bigcode":  # multi-query c_attn (one key/value head)
         bigcode = {"vocab_size": 300, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}
         bigcode |= {"initializer_range": 0.2, "bos_token_id": 0, "eos_token_id": 0}
@@ -257,7 +294,14 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family in MOE_FAMILIES:  # 4 experts, top-2, a 64-wide expert MLP; router weights at the model's
         # init (0.2) so that routing margins are wide and every expert is hit
         # (num_local_experts and intermediate_size: Mixtral's and GraniteMoE's names)
-        local = family in ("mixtral", "granitemoe", "granitemoeshared", "granitemoe_swa", "gpt_oss")
+        local = family in (
+            "mixtral",
+            "granitemoe",
+            "granitemoeshared",
+            "granitemoe_swa",
+            "gpt_oss",
+            "minimax_m2",
+        )
         moe = {"num_local_experts" if local else "num_experts": 4, "num_experts_per_tok": 2}
         wide = local or family in ("olmoe", "hunyuan_v1_moe", "flex_olmo", "cohere2_moe")
         moe |= {"intermediate_size": 64} if wide else {"moe_intermediate_size": 64}
@@ -269,6 +313,26 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe |= {"shared_intermediate_size": 96}
         if family == "granitemoe_swa":  # Granite SWA's windows, sinks and RoPE bases (as "granite_swa")
             moe |= _granite_swa(overrides.get("num_hidden_layers", llama_like["num_hidden_layers"]))
+        if family == "kolibri1":  # K-EXAONE's attention (sliding with RoPE, full NoPE; window 4), every layer
+            # sparse with a 64-wide shared MLP, the router's selection bias set below, renormalized
+            llama_like = {k: v for k, v in llama_like.items() if k != "intermediate_size"}  # (none: no dense)
+            moe |= {"shared_expert_intermediate_size": 64, "norm_topk_prob": True, "head_dim": 16}
+            moe |= {"sliding_window": 4, "num_hidden_layers": 3}
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+            n = overrides.get("num_hidden_layers", 3)
+            moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+        if family == "minicpm5_moe":  # GLM-4.5's routing with 2 expert groups (1 kept), renormalized, scaled
+            # by 2.5, one shared expert; layer 0 of 3 dense; the gated attention's q_gate_proj
+            moe = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+            moe |= {"n_shared_experts": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True}
+            moe |= {"n_group": 2, "topk_group": 1, "num_hidden_layers": 3, "head_dim": 16}
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+            n = overrides.get("num_hidden_layers", 3)
+            moe["mlp_layer_types"] = ["dense" if i == 0 else "sparse" for i in range(n)]
+        if family == "minimax_m2":  # whole-projection q/k norms (off their init below), half the head rotated
+            # (its checkpoints' rotary_dim 64 of 128); the block's selection bias set below
+            moe |= {"head_dim": 16, "partial_rotary_factor": 0.5}
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
         if family == "qwen2_moe":  # the shared expert, layer 1 of 3 dense (Qwen2-MoE's own MLP, 128 wide)
             moe |= {"shared_expert_intermediate_size": 96, "num_hidden_layers": 3, "mlp_only_layers": [1]}
         if family == "qwen3_moe":  # every 2nd layer sparse (decoder_sparse_step), the top-2 renormalized
@@ -505,7 +569,10 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     param.add_(torch.randn_like(param) * 0.2)
     # routers (initialized at zero) at the initializer range, the selection biases (zero) as wide as the
     # scores' spread, so that they change picks
-    if family in ("ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", "param2moe", "sarvam_moe", "solar_open"):
+    if family in (
+        *("ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", "param2moe", "sarvam_moe", "solar_open"),
+        *("minicpm5_moe", "kolibri1"),
+    ):
         with torch.no_grad():
             for layer in model.model.layers:
                 gate = getattr(layer.mlp, "gate", None)
@@ -514,13 +581,24 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     owner = getattr(gate, "moe_statics", gate)
                     bias = owner.e_score_correction_bias
                     bias.copy_(torch.randn_like(bias) * (0.1 if family == "ernie4_5_moe" else 0.2))
+    if family == "minimax_m2":  # (its selection bias on the block, its router at the model's init already)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                bias = layer.mlp.e_score_correction_bias
+                bias.copy_(torch.randn_like(bias) * 0.2)
     if family in (  # norm weights off their init
         *("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"),
-        *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe"),
+        *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe", "minimax_m2"),
+        *("minicpm5_moe", "kolibri1"),
     ):
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "norm" in name:
+                    param.add_(torch.randn_like(param) * 0.2)
+    if family == "openai-gpt":  # its LayerNorms (ln_1, ln_2) off their init
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if ".ln_" in name:
                     param.add_(torch.randn_like(param) * 0.2)
     if family in ("gemma", "olmo2", "gemma3_text", "gemma2"):  # norm weights off their init: (1 + w) != w
         with torch.no_grad():

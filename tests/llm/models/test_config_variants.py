@@ -68,6 +68,23 @@ OPTIONS: dict[str, dict[str, list]] = {
     },
     "mistral": LLAMA_LIKE | {"hidden_act": ACTS, "head_dim": [8, 16, 24], "sliding_window": [None, 5, 64]},
     "ministral": LLAMA_LIKE | {"sliding_window": [5, 64], "head_dim": [8, 16]},
+    # Ministral 3: the query scaling's beta and period (its YaRN's original length too), a window or none
+    "ministral3": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rms_norm_eps": [1e-6, 1e-5],
+        "rope_parameters": [
+            {"rope_type": "default", "rope_theta": 10000.0, "llama_4_scaling_beta": 0.5}
+            | {"original_max_position_embeddings": 4},
+            {"rope_type": "default", "rope_theta": 500000.0, "llama_4_scaling_beta": 0.1}
+            | {"original_max_position_embeddings": 7},
+            {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 32.0, "llama_4_scaling_beta": 1.0}
+            | {"original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0}
+            | {"mscale": 1.0, "mscale_all_dim": 1.0},
+        ],
+        "sliding_window": [None, 5, 64],
+        "head_dim": [8, 16, 24],
+    },
     "qwen2": LLAMA_LIKE | {"hidden_act": ACTS, "use_sliding_window": [False]},
     "qwen3": LLAMA_LIKE | {"attention_bias": [False, True], "head_dim": [8, 16, 24]},
     "phi3": {  # (its config takes no rope scaling but longrope, which is refused)
@@ -101,6 +118,26 @@ OPTIONS: dict[str, dict[str, list]] = {
         "scale_attn_weights": [True, False],
         "activation_function": ["gelu_pytorch_tanh", "relu"],
         "n_inner": [None, 96],
+    },
+    # ModernBERT-Decoder: biases, activations, windows, its norms' epsilon and bias, the head's activation
+    "modernbert-decoder": {
+        "attention_bias": [False, True],
+        "mlp_bias": [False, True],
+        "norm_bias": [False, True],
+        "norm_eps": [1e-5, 1e-3],
+        "hidden_activation": ["gelu", "silu", "relu"],
+        "classifier_activation": ["gelu", "silu"],
+        "classifier_bias": [False, True],
+        "decoder_bias": [False, True],
+        "local_attention": [6, 10, 128],
+        "tie_word_embeddings": [True, False],
+    },
+    # GPT-1: its activation, head count, LayerNorm eps and tied or untied head
+    "openai-gpt": {
+        "afn": ["gelu", "relu", "silu"],
+        "n_head": [2, 4, 8],
+        "layer_norm_epsilon": [1e-5, 1e-3],
+        "tie_word_embeddings": [True, False],
     },
     "opt": {
         "enable_bias": [True, False],
@@ -215,6 +252,44 @@ OPTIONS: dict[str, dict[str, list]] = {
         "head_dim": [8, 16, 24],
         "sliding_window": [None, 5, 64],
         "router_jitter_noise": [0.0, 0.1],
+    },
+    # Kolibri-1: its routing (renormalized or not, top 1-3 of 4 or 8), windows and NoPE full layers
+    "kolibri1": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rope_scaling": ROPE,
+        "num_experts": [4, 8],
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "sliding_window": [3, 5, 64],
+        "layer_types": [
+            ["sliding_attention", "full_attention", "sliding_attention"],
+            ["full_attention", "sliding_attention", "sliding_attention"],
+        ],
+        "head_dim": [8, 16],
+    },
+    # MiniCPM5-MoE: GLM-4.5's routing options around the gated attention, dense first layers or none
+    "minicpm5_moe": LLAMA_LIKE
+    | {
+        "_form": [
+            {"n_routed_experts": 4, "n_group": 1, "topk_group": 1},
+            {"n_routed_experts": 8, "n_group": 2, "topk_group": 1},
+        ],
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "routed_scaling_factor": [1.0, 2.5],
+        "mlp_layer_types": [["dense", "sparse", "sparse"], ["sparse", "sparse", "sparse"]],
+        "attention_bias": [False, True],
+        "head_dim": [8, 16, 24],
+    },
+    # MiniMax-M2: sigmoid routing with its block's selection bias, whole-projection q/k norms, partial RoPE
+    "minimax_m2": LLAMA_LIKE
+    | {
+        "num_local_experts": [4, 8],
+        "num_experts_per_tok": [1, 2, 3],
+        "head_dim": [8, 16, 24],
+        "partial_rotary_factor": [0.5, 1.0],
+        "hidden_act": ACTS,
     },
     "qwen2_moe": LLAMA_LIKE
     | {
@@ -649,10 +724,10 @@ OPTIONS: dict[str, dict[str, list]] = {
     },
 }
 SEEDS = range(5)
-# families whose routing another family's draws vary already (dots.llm1's, K-EXAONE's and Solar Open's is
-# GLM-4.5's, FlexOLMo's OLMoE's, Mellum's Qwen3-MoE's, GraniteMoeSWA's GraniteMoE's): fewer draws, for what
-# they add around it (their attention, windows, dense layers); Param2-MoE and Sarvam-MoE run GLM-4.5's
-# classes: one draw each
+# families whose routing another family's draws vary already (dots.llm1's, K-EXAONE's, Solar Open's and
+# MiniCPM5-MoE's is GLM-4.5's, FlexOLMo's OLMoE's, Mellum's Qwen3-MoE's, GraniteMoeSWA's GraniteMoE's):
+# fewer draws, for what they add around it (their attention, windows, dense layers); Param2-MoE and
+# Sarvam-MoE run GLM-4.5's classes: one draw each
 FEWER_SEEDS = {
     "dots1": range(2),
     "exaone_moe": range(2),
@@ -662,6 +737,7 @@ FEWER_SEEDS = {
     "granitemoe_swa": range(2),
     "param2moe": range(1),
     "sarvam_moe": range(1),
+    "minicpm5_moe": range(3),
 }
 PROMPT = 19
 BLOCK = 4

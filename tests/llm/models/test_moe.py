@@ -86,7 +86,8 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert kinds["ernie4_5_moe"].moe["shared_expert_size"] == 128
     biased = {f for f in here if kinds[f].moe["selection_bias"]}
     glm_kin = {"param2moe", "sarvam_moe", "solar_open"} & set(here)
-    assert biased == {"ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", *glm_kin}
+    newer = {"minimax_m2", "minicpm5_moe", "kolibri1"} & set(here)  # (MiniMax-M2's on its block)
+    assert biased == {"ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", *glm_kin, *newer}
     glm = kinds["glm4_moe"].moe
     assert glm["routing"] == "sigmoid_topk" and glm["expert_groups"] == [2, 1] and glm["scale"] == 2.5
     assert glm["float32_weights"] and glm["shared_expert_size"] == 64
@@ -103,6 +104,8 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert cohere["routing"] == "topk_sigmoid" and cohere["renormalize"]
     assert cohere["shared_expert_size"] == 64
     assert {f for f in here if kinds[f].moe["shared_average"]} == {"cohere2_moe"}
+    # Kolibri-1: the only family choosing its experts by the logits (plus the bias), not the scores
+    assert {f for f in here if kinds[f].moe["choose_by_logits"]} == {"kolibri1"} & set(here)
     # (GraniteMoeShared's shared_intermediate_size 0: its layers' shared_mlp is None, no shared expert)
     assert (
         adapter_for(tiny_model("granitemoeshared", shared_intermediate_size=0)).spec.moe["shared_expert_size"]
@@ -271,6 +274,7 @@ def test_moe_families_not_implemented_are_refused_naming_what_sets_them_apart(mo
         ("ernie4_5_moe", True),
         ("glm4_moe", True),
         ("cohere2_moe", False),  # (its sigmoid and renormalization in BF16)
+        ("minimax_m2", False),  # (its logits in BF16, the sigmoid scores and weights in float32)
     ],
 )
 def test_bfloat16_routing_weights_keep_each_familys_dtype(family, float32_router):

@@ -25,8 +25,9 @@ from trtforge.llm.models.families import adapter_for
 # of 1 bites) and its router (a bias, top-k then softmax in the model's dtype); glm4_moe: DeepSeek-V3-style
 # routing (float32 sigmoid scores, a selection bias, expert groups, float32 weights scaled by 2.5) and an
 # ungated shared MLP (HunYuan-MoE's and ERNIE 4.5-MoE's routings are softmax top-k as Mixtral's and
-# Qwen2-MoE's, their experts the plain layout: the GPU decode test below takes them)
-FAMILIES = ("mixtral", "qwen2_moe", "granitemoe", "gpt_oss", "glm4_moe")
+# Qwen2-MoE's, their experts the plain layout: the GPU decode test below takes them); minimax_m2: sigmoid
+# scores of logits in the model's dtype with its block's selection bias, on the route kernel
+FAMILIES = ("mixtral", "qwen2_moe", "granitemoe", "gpt_oss", "glm4_moe", "minimax_m2")
 # one ulp at 1.0 (FP32: the summation order over K, tens of products, dominates its rounding)
 _ULP = {torch.float32: 2**-20, torch.bfloat16: 2**-7, torch.float16: 2**-10}
 
@@ -183,6 +184,9 @@ def test_gpu_a_captured_moe_layer_follows_the_routing_of_each_replay(family):
         "mellum",
         "solar_open",
         "granitemoe_swa",
+        "minimax_m2",
+        "minicpm5_moe",
+        "kolibri1",
     ],
 )
 def test_gpu_graph_decode_of_moe_models_matches_eager_and_grouped(monkeypatch, family):

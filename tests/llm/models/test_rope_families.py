@@ -173,8 +173,6 @@ def _refused_dense(model_type: str) -> torch.nn.Module:
     import transformers as tf
 
     small = {k: v for k, v in _SMALL.items() if k != "head_dim"} | {"num_hidden_layers": 1}
-    if model_type == "ministral3":
-        return tf.Ministral3ForCausalLM(tf.Ministral3Config(**small, head_dim=16)).eval()
     mla = {"q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8}
     if model_type == "minicpm3":
         return tf.MiniCPM3ForCausalLM(tf.MiniCPM3Config(**small, **mla, v_head_dim=8)).eval()
@@ -189,7 +187,6 @@ def _refused_dense(model_type: str) -> torch.nn.Module:
 @pytest.mark.parametrize(
     ("model_type", "why"),
     [
-        ("ministral3", "Ministral 3 scales each query by its position"),
         ("minicpm3", "MiniCPM3 attends through multi-head latent attention"),
         ("youtu", "Youtu-LLM attends through multi-head latent attention"),
         ("diffllama", "DiffLlama's differential attention subtracts a second softmax map"),
@@ -202,3 +199,77 @@ def test_dense_families_apart_are_refused_saying_why(model_type, why):
     assert model.config.model_type == model_type
     with pytest.raises(UserError, match=f"family '{model_type}' .*not supported by --generate.*{why}"):
         adapter_for(model)
+
+
+def test_ministral3_scales_its_queries_and_needs_both_settings():
+    """Ministral 3's query scaling (beta, period) is read from rope_parameters and named in the spec; a
+    config without llama_4_scaling_beta (transformers' forward fails on it) is refused naming both."""
+    model = tiny_model("ministral3")
+    adapter = adapter_for(model)
+    assert not isinstance(adapter, LlamaStyle)
+    assert adapter.query_scaling == (0.5, 4)
+    assert adapter.spec.rotary["query_scaling"] == {"beta": 0.5, "period": 4}
+    del model.config.rope_parameters["llama_4_scaling_beta"]
+    with pytest.raises(UserError, match="llama_4_scaling_beta=None and original_max_position_embeddings=4"):
+        adapter_for(model)
+
+
+class _ConfigOnly(torch.nn.Module):
+    """A module with only the default config of `model_type` (what the refusal reads): the families below
+    need no weights to be refused, and several have no CPU path in transformers (Mamba, DeltaNet kernels)."""
+
+    def __init__(self, model_type: str) -> None:
+        import transformers as tf
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        super().__init__()
+        if model_type not in CONFIG_MAPPING_NAMES:  # (several are new in 5.2x; test-floor runs 5.17)
+            pytest.skip(f"transformers {tf.__version__} has no config class for model_type {model_type!r}")
+        self.config = tf.AutoConfig.for_model(model_type)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "why"),
+    [
+        ("llama4_text", "attends in chunks on 3 of 4 layers"),
+        ("longcat_flash", "multi-head latent attention"),
+        ("sarvam_mla", "multi-head latent attention"),
+        ("mimo_v2_flash", "values are narrower than its queries and keys"),
+        ("kolibri1_1", "a lightning indexer picks the top-k keys"),
+        ("laguna", "their own query head count"),
+        ("beam", "sigmoid of a projection of the layer input"),
+        ("zaya", "Compressed Convolutional Attention"),
+        ("minimax_m3_vl_text", "block-sparsely"),
+        ("minimax", "lightning attention layers"),
+        ("qwen3_next", "Gated DeltaNet linear attention"),
+        ("qwen3_5_text", "Gated DeltaNet linear attention"),
+        ("qwen3_5_moe_text", "Gated DeltaNet linear attention"),
+        ("qwen4_exp_text", "Gated DeltaNet linear attention"),
+        ("lara_mini", "Gated DeltaNet linear attention"),
+        ("olmo_hybrid", "Gated DeltaNet linear attention"),
+        ("kimi_linear", "Kimi Delta Attention"),
+        ("nemotron_h", "Mamba-2 state-space mixers"),
+        ("lfm2", "gated short convolutions"),
+        ("lfm2_moe", "gated short convolutions"),
+        ("lfm3", "gated short convolutions"),
+        ("inkling_text", "short causal convolutions"),
+        ("inkling2_text", "dynamic short convolutions"),
+        ("inkling2_loop_text", "looped layers"),
+        ("cpmant", "bucketed relative position bias"),
+        ("phimoe", "SparseMixer"),
+    ],
+)
+def test_families_apart_are_refused_by_their_config_saying_why(model_type, why, tmp_path):
+    """Causal LMs of transformers' mapping whose layers trtforge does not compute (recurrent or convolution
+    state, latent or sparse attention, gated or chunked attention, routings of their own) are refused naming
+    what sets them apart: a model by its adapter, a save_pretrained directory by its config.json before any
+    weight is read (load_causal_lm: what from_pretrained, serve and compile load through)."""
+    from trtforge.llm.models.loader import load_causal_lm
+
+    model = _ConfigOnly(model_type)
+    assert model.config.model_type == model_type
+    with pytest.raises(UserError, match=f"family '{model_type}' .*not supported by --generate.*{why}"):
+        adapter_for(model)
+    model.config.save_pretrained(tmp_path)  # (config.json only: no weight file)
+    with pytest.raises(UserError, match=f"holds a '{model_type}' model; supported causal LMs: .*{why}"):
+        load_causal_lm(tmp_path)

@@ -36,8 +36,13 @@ CASES = [
     ("llama", {"set_sliding_window": 64}),  # set in the config, applied by no llama layer
     ("gpt2", {}),
     ("gpt2", {"set_sliding_window": 64}),
+    ("openai-gpt", {"set_sliding_window": 64}),  # no GPT-1 layer applies one
+    ("modernbert-decoder", {}),  # sliding, full, sliding; window 4 (local_attention 8); a RoPE table each
+    ("modernbert-decoder", {"local_attention": 10, "layer_types": [FULL, SLIDING, SLIDING]}),
     ("mistral", {"sliding_window": 4}),
     ("mistral", {"sliding_window": None}),
+    ("ministral3", {}),  # window 5 on every layer; each query scaled by its position
+    ("ministral3", {"sliding_window": None}),
     ("mistral", {"sliding_window": 64}),  # window >= every length here
     ("mistral", {"sliding_window": 4, "layer_types": [SLIDING, FULL, FULL]}),  # mistral ignores them
     ("ministral", {"sliding_window": 4, "layer_types": [SLIDING, FULL, SLIDING]}),
@@ -128,6 +133,10 @@ CASES = [
     ("granitemoe_swa", {"layer_rope_theta": [0, 0, 0]}),  # every layer NoPE
     ("cohere2_moe", {}),
     ("cohere2_moe", {"sliding_window": 5, "layer_types": [SLIDING, FULL, SLIDING], "num_shared_experts": 0}),
+    ("minimax_m2", {"set_sliding_window": 64}),  # no MiniMax-M2 or MiniCPM5-MoE layer applies one
+    ("minicpm5_moe", {"set_sliding_window": 64}),
+    ("kolibri1", {}),  # sliding (RoPE), full (NoPE), sliding; window 4
+    ("kolibri1", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     ("olmo", {"set_sliding_window": 64}),  # no layer of these applies one
     ("cohere", {"set_sliding_window": 64}),
     ("glm", {}),
@@ -177,7 +186,7 @@ def _model(family: str, overrides: dict) -> torch.nn.Module:
     overrides = dict(overrides)
     late = overrides.pop("set_sliding_window", None)
     layers = {"num_layers": LAYERS} if family in ("gpt_neo", "xglm") else {"num_hidden_layers": LAYERS}
-    if family == "gpt_bigcode":
+    if family in ("gpt_bigcode", "openai-gpt"):
         layers = {"n_layer": LAYERS}
     model = tiny_model(family, **layers, **overrides)
     # (XGLM stays float32: its attention clamps the scores at a float32 tensor of the dtype's lowest value,
@@ -189,7 +198,7 @@ def _model(family: str, overrides: dict) -> torch.nn.Module:
 
 
 def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    if model.config.model_type in ("gpt2", "gpt_bigcode", "gptj", "codegen"):
+    if model.config.model_type in ("gpt2", "gpt_bigcode", "gptj", "codegen", "openai-gpt"):
         return [block.attn for block in model.transformer.h]
     if model.config.model_type in ("falcon", "bloom"):
         return [block.self_attention for block in model.transformer.h]
@@ -201,6 +210,8 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
         return [layer.self_attn for layer in model.model.decoder.layers]
     if model.config.model_type == "biogpt":
         return [layer.self_attn for layer in model.biogpt.layers]
+    if model.config.model_type == "modernbert-decoder":
+        return [layer.attn for layer in model.model.layers]
     if model.config.model_type == "gpt_neox":
         return [layer.attention for layer in model.gpt_neox.layers]
     return [layer.self_attn for layer in model.model.layers]
@@ -235,6 +246,8 @@ def _transformers(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int |
     def record(module: torch.nn.Module, _args: tuple, kw: dict) -> None:
         mask = kw["attention_mask"]
         local = getattr(module, "bias", None)  # GPT-Neo: its window is a buffer the mask is combined with
+        if type(module).__module__.endswith("modeling_openai"):  # GPT-1: its causal mask a 0/1 float buffer
+            local = None if local is None else local > 0
         if isinstance(local, torch.Tensor) and local.dtype == torch.bool and local.dim() == 4:
             visible = local[:, :, :PROMPT, :PROMPT]
             mask = visible if mask is None else visible & ((mask == 0) if mask.dtype != torch.bool else mask)

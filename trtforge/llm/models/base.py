@@ -53,6 +53,11 @@ TP_RULE = (
 STYLES: dict[tuple[str, ...], str] = {
     LLAMA_STYLE: "Llama-style: RoPE, pre-norm blocks, GQA",
     GPT2_STYLE: "learned positions, LayerNorm, GELU; GPT-Neo's local layers, GPT-BigCode's multi-query",
+    ("openai-gpt",): "GPT-1 (OpenAIGPTLMHeadModel): GPT-2's Conv1D layers and learned positions in "
+    "post-LayerNorm blocks (a LayerNorm after each residual add, none before the head)",
+    ("modernbert-decoder",): "ModernBERT-Decoder (Ettin): a LayerNorm on the embeddings, pre-LayerNorm "
+    "blocks with a Wi/Wo GeGLU MLP, sliding and full layers by layer_types with a RoPE table each, a "
+    "prediction head (dense, activation, LayerNorm) before the decoder projection",
     ("opt",): "learned positions, LayerNorm before or after each sublayer, ReLU",
     ("biogpt", "xglm"): "BioGPT / XGLM: OPT's pre-LayerNorm block with scaled embeddings; BioGPT's learned "
     "positions, XGLM's sinusoidal ones",
@@ -65,6 +70,8 @@ STYLES: dict[tuple[str, ...], str] = {
     "scores and logits, sliding and full layers)",
     ("gemma3_text",): "Gemma 3 text (Gemma3ForCausalLM): Gemma's norms and GeGLU, per-head q/k norms, norms "
     "after attention and MLP, sliding and full layers with a RoPE base each, soft-capped final logits",
+    ("ministral3",): "Ministral 3: Mistral with each query scaled by its position (1 + "
+    "llama_4_scaling_beta * log(1 + floor(position / original_max_position_embeddings)))",
     ("olmo2",): "OLMo 2: RMSNorm after attention and MLP, whole-projection q/k norms",
     ("granite",): "Granite 3.x: Llama with embedding, residual, attention and logits multipliers",
     ("granite_swa", "granitemoe_swa"): "Granite SWA / GraniteMoeSWA: Granite's and GraniteMoeShared's layers "
@@ -102,6 +109,15 @@ STYLES: dict[tuple[str, ...], str] = {
     "reversed RoPE, a non-gated fc1/fc2 MLP, soft-capped logits",
     ("mixtral",): "Mixtral: Mistral's attention, sparse mixture-of-experts MLPs (top-k routing, "
     "renormalized)",
+    ("kolibri1",): "Kolibri-1: K-EXAONE's attention (per-head q/k norms, sliding layers with RoPE and full "
+    "layers without) in GLM-4-0414's block (norms after attention and MLP), sparse MoE MLPs and a shared MLP "
+    "routed by the top-k of the logits plus e_score_correction_bias, weighted by their sigmoid",
+    ("minicpm5_moe",): "MiniCPM5-MoE: Llama's attention with each head's output gated by a sigmoid of its "
+    "query projection's gate half (q_gate_proj), GLM-4.5's sparse MoE MLPs and shared MLP, dense layers by "
+    "mlp_layer_types",
+    ("minimax_m2",): "MiniMax-M2: Mixtral's layers without a window, RMSNorms over the whole q and k "
+    "projections, partial RoPE, sparse MoE MLPs routed by sigmoid scores with e_score_correction_bias, "
+    "renormalized",
     ("qwen2_moe",): "Qwen2-MoE: Qwen2's attention, sparse MoE MLPs with a sigmoid-gated shared expert, "
     "optional dense layers (mlp_only_layers, decoder_sparse_step)",
     ("qwen3_moe",): "Qwen3-MoE: Qwen3's attention with per-head q/k norms, sparse MoE MLPs, optional dense "
@@ -161,13 +177,76 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "decoupled rotary part), which trtforge's KV cache and kernels do not hold.",
     "jetmoe": "JetMoE routes its attention heads too (a mixture of attention experts), which trtforge's "
     "attention does not.",
+    "llama4_text": "Llama 4's text model attends in chunks on 3 of 4 layers (attention_chunk_size: each "
+    "query sees only the keys of its own chunk of positions, not a sliding window), which trtforge's masks "
+    "and kernels do not compute, and its MoE MLPs scale each expert's input (not its output) by the sigmoid "
+    "router score, which no SparseMoe block computes.",
+    "longcat_flash": "LongCat-Flash attends through multi-head latent attention (compressed KV with a "
+    "decoupled rotary part), which trtforge's KV cache and kernels do not hold, and runs two attention and "
+    "MLP sublayers a layer beside a shortcut MoE with zero-computation experts.",
+    "sarvam_mla": "Sarvam-MLA (DeepseekV3ForCausalLM under a config of its own) attends through multi-head "
+    "latent attention (compressed KV with a decoupled rotary part), which trtforge's KV cache and kernels do "
+    "not hold.",
+    "mimo_v2_flash": "MiMo-V2-Flash's values are narrower than its queries and keys (v_head_dim under "
+    "head_dim) and its sliding layers hold twice the KV heads of its full ones, with attention sinks, which "
+    "trtforge's KV cache (one head size and KV head count for every layer) does not hold.",
+    "kolibri1_1": "Kolibri-1.1 attends sparsely: a lightning indexer picks the top-k keys each query sees, "
+    "and layers share their KV, which trtforge's attention and KV cache do not compute.",
+    "laguna": "Laguna's layers each have their own query head count (num_attention_heads_per_layer) and gate "
+    "each attention output by a softplus of a projection of the layer input, which trtforge's KV cache and "
+    "attention do not hold.",
+    "beam": "Beam gates each attention head's output by a sigmoid of a projection of the layer input (plus a "
+    "bias per head) and scales its NoPE layers' queries by position, which trtforge's attention does not "
+    "apply.",
+    "zaya": "ZAYA attends through Compressed Convolutional Attention: q and k mixed by a causal convolution "
+    "over time and v from a delayed recurrent state, which trtforge's KV cache does not hold.",
+    "minimax_m3_vl_text": "MiniMax-M3's text model attends block-sparsely (a lightning indexer keeps the "
+    "top-scoring key blocks of each query), which trtforge's attention does not compute; and it is the text "
+    "half of a vision-language model.",
+    # hybrid decoders whose other layers are recurrent (linear attention, state-space, convolutions): state a
+    # paged KV cache does not hold
+    "minimax": "MiniMax-Text-01 interleaves lightning attention layers (linear attention with a recurrent "
+    "state) with softmax attention, which trtforge's KV cache and kernels do not hold.",
+    "qwen3_next": "Qwen3-Next's layers are mostly Gated DeltaNet linear attention (a recurrent state and a "
+    "causal convolution a layer), with output-gated softmax attention between them, which trtforge's KV "
+    "cache and kernels do not hold.",
+    "qwen3_5_text": "Qwen3.5's text model is mostly Gated DeltaNet linear attention layers (a recurrent "
+    "state and a causal convolution a layer), which trtforge's KV cache and kernels do not hold.",
+    "qwen3_5_moe_text": "Qwen3.5-MoE's text model is mostly Gated DeltaNet linear attention layers (a "
+    "recurrent state and a causal convolution a layer), which trtforge's KV cache and kernels do not hold.",
+    "qwen4_exp_text": "Qwen4-Exp's text model has Gated DeltaNet linear attention layers (a recurrent state "
+    "and a causal convolution a layer) and a sparse-attention indexer, which trtforge's KV cache and kernels "
+    "do not hold.",
+    "lara_mini": "Lara-Mini has Gated DeltaNet linear attention layers (a recurrent state and a causal "
+    "convolution a layer) beside its softmax attention, which trtforge's KV cache and kernels do not hold.",
+    "olmo_hybrid": "OLMo Hybrid's layers are mostly Gated DeltaNet linear attention (a recurrent state and a "
+    "causal convolution a layer), which trtforge's KV cache and kernels do not hold.",
+    "kimi_linear": "Kimi Linear's layers are mostly Kimi Delta Attention (linear attention with a recurrent "
+    "state), its others multi-head latent attention, neither of which trtforge's KV cache and kernels hold.",
+    "nemotron_h": "Nemotron-H's layers are mostly Mamba-2 state-space mixers (hybrid_override_pattern), "
+    "whose recurrent state and convolution trtforge's KV cache and kernels do not hold.",
+    "lfm2": "LFM2's layers are mostly gated short convolutions (a rolling convolution state a layer, "
+    "layer_types 'conv'), which trtforge's KV cache does not hold.",
+    "lfm2_moe": "LFM2-MoE's layers are mostly gated short convolutions (a rolling convolution state a layer, "
+    "layer_types 'conv'), which trtforge's KV cache does not hold.",
+    "lfm3": "LFM3's layers are mostly gated short convolutions (a rolling convolution state a layer), which "
+    "trtforge's KV cache does not hold.",
+    "inkling_text": "Inkling's text model runs short causal convolutions over its keys, values and layer "
+    "inputs (a rolling state a layer), which trtforge's KV cache does not hold; and it is the text half of "
+    "a multimodal model.",
+    "inkling2_text": "Inkling 2's text model runs dynamic short convolutions over its keys and values (a "
+    "rolling state a layer) and a learned relative position bias, which trtforge's KV cache and attention "
+    "do not hold.",
+    "inkling2_loop_text": "Inkling 2 Loop's text model runs a span of its layers several passes (looped "
+    "layers, gated), with Inkling 2's short convolutions and relative position bias, which trtforge's "
+    "layer-by-layer KV cache and attention do not hold.",
     # dense decoders beside the supported ones, refused for what sets them apart
+    "cpmant": "CPM-Ant adds a bucketed relative position bias (position_bias_num_buckets) to its attention "
+    "scores and prepends prompt and segment embeddings, which trtforge's attention does not compute.",
     "minicpm3": "MiniCPM3 attends through multi-head latent attention (low-rank compressed q and KV with a "
     "decoupled rotary part), which trtforge's KV cache and kernels do not hold.",
     "diffllama": "DiffLlama's differential attention subtracts a second softmax map (by a learned lambda) "
     "and norms each head group, which trtforge's attention does not compute.",
-    "ministral3": "Ministral 3 scales each query by its position (1 + llama_4_scaling_beta * log(1 + "
-    "floor(position / original_max_position_embeddings))), which trtforge's attention does not apply.",
     "bitnet": "BitNet b1.58's checkpoints hold ternary weights (packed 2 bits a weight with a scale, or BF16 "
     "master weights that transformers' AutoBitLinear quantizes online) and quantize every projection's input "
     "to 8 bits per token (transformers' BitLinear), which trtforge's projections do not compute; its "
@@ -178,6 +257,7 @@ UNWINDOWED = (
     "llama",
     "gpt2",
     "gpt_bigcode",
+    "openai-gpt",
     "opt",
     "gpt_neox",
     "phi",
@@ -207,6 +287,8 @@ UNWINDOWED = (
     "sarvam_moe",
     "solar_open",
     "flex_olmo",
+    "minimax_m2",
+    "minicpm5_moe",
     "apertus",
     "internlm3",
     "seed_oss",
@@ -240,6 +322,8 @@ PER_LAYER_TYPES = (
     "exaone_moe",
     "mellum",
     "cohere2_moe",
+    "kolibri1",
+    "modernbert-decoder",
     "granite_swa",
     "granitemoe_swa",
 )
@@ -374,7 +458,8 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     - mistral, phi3, starcoder2, mixtral, qwen3_moe: ``config.sliding_window`` on every layer, or none
       when it is null (their forward ignores ``layer_types``);
     - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe, gpt_oss,
-      cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe, granite_swa, granitemoe_swa: the window on
+      cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe, kolibri1, modernbert-decoder, granite_swa,
+      granitemoe_swa: the window on
       the layers ``config.layer_types`` marks "sliding_attention" (CWM's config marks 3 of 4 by default,
       VaultGemma's every other, Granite SWA's 3 of 4; qwen's config builds those from ``use_sliding_window``
       and ``max_window_layers``; with

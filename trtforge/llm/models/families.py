@@ -2,18 +2,19 @@
 and the torch executor call, so both see one set of layer math and one sliding-window rule.
 
 Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2, internlm3,
-seed_oss, arcee, exaone, iquestcoder, cwm, jais2), GPT-2 and its relatives GPT-Neo and GPT-BigCode
-(:mod:`.gpt2`), OPT (:mod:`.opt`) and its fairseq relatives BioGPT and XGLM (:mod:`.fairseq`), GPT-NeoX
-(:mod:`.gpt_neox`), Phi (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 and VaultGemma (:mod:`.gemma2`), Gemma
-3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1 (:mod:`.olmo`), Granite,
-Granite SWA and HyperCLOVA X (:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`),
-Cohere 1 / 2 (:mod:`.cohere`), GLM, GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon
-(:mod:`.nemotron`), HunYuan dense, Apertus and NanoChat (:mod:`.hunyuan`) (Phi and these share :mod:`.rope`
-with Llama-style, which also runs InternLM3, Seed-OSS, Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2),
-GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon (:mod:`.falcon`: rotary, and
-falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two with ALiBi position biases, and
-the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, Mellum, OLMoE, GLM-4.5 (and
-Param2-MoE, Sarvam-MoE and Solar Open on its MoE MLPs), dots.llm1 and K-EXAONE (:mod:`.mixtral`), FlexOLMo
+seed_oss, arcee, exaone, iquestcoder, cwm, jais2; and Ministral 3's position-scaled queries), GPT-2 and its
+relatives GPT-Neo, GPT-BigCode and GPT-1 (:mod:`.gpt2`), OPT (:mod:`.opt`) and its fairseq relatives BioGPT
+and XGLM (:mod:`.fairseq`), GPT-NeoX (:mod:`.gpt_neox`), Phi (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2
+and VaultGemma (:mod:`.gemma2`), Gemma 3 text (:mod:`.gemma3`), ModernBERT-Decoder (:mod:`.modernbert`), OLMo
+2 (:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1 (:mod:`.olmo`), Granite, Granite SWA and HyperCLOVA X
+(:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`), Cohere 1 / 2 (:mod:`.cohere`), GLM,
+GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dense,
+Apertus and NanoChat (:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, which also runs
+InternLM3, Seed-OSS, Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2), GPT-J and CodeGen (:mod:`.gptj`:
+interleaved rotary from a fixed table), Falcon (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM
+(:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two with ALiBi position biases, and the sparse
+mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, Mellum, OLMoE, GLM-4.5 (and Param2-MoE, Sarvam-MoE
+and Solar Open on its MoE MLPs), dots.llm1, K-EXAONE and MiniMax-M2 (:mod:`.mixtral`), FlexOLMo
 (:mod:`.olmo2`), GraniteMoE, GraniteMoeShared and GraniteMoeSWA (:mod:`.granite`), HunYuan-MoE
 (:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`), and gpt-oss (:mod:`.gpt_oss`:
 attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family checks,
@@ -44,7 +45,7 @@ from trtforge.llm.models.gemma import GemmaStyle
 from trtforge.llm.models.gemma2 import Gemma2Style, VaultGemmaStyle
 from trtforge.llm.models.gemma3 import Gemma3Style
 from trtforge.llm.models.glm import Ernie45MoeStyle, Ernie45Style, Glm4Style, GlmStyle, HeliumStyle
-from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
+from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle, OpenAIGptStyle
 from trtforge.llm.models.gpt_neox import GptNeoXStyle
 from trtforge.llm.models.gpt_oss import GptOssStyle
 from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
@@ -57,12 +58,15 @@ from trtforge.llm.models.granite import (
     HyperClovaXStyle,
 )
 from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle, HunYuanMoeStyle, NanoChatStyle
-from trtforge.llm.models.llama import LlamaStyle
+from trtforge.llm.models.llama import LlamaStyle, Ministral3Style
 from trtforge.llm.models.mixtral import (
     Dots1Style,
     ExaoneMoeStyle,
     Glm4MoeStyle,
+    Kolibri1Style,
     MellumStyle,
+    MiniCPM5MoeStyle,
+    MiniMaxM2Style,
     MixtralStyle,
     OlmoeStyle,
     Param2MoeStyle,
@@ -71,6 +75,7 @@ from trtforge.llm.models.mixtral import (
     SarvamMoeStyle,
     SolarOpenStyle,
 )
+from trtforge.llm.models.modernbert import ModernBertDecoderStyle
 from trtforge.llm.models.mpt import MptStyle
 from trtforge.llm.models.nemotron import NemotronStyle, PersimmonStyle
 from trtforge.llm.models.olmo import OlmoStyle
@@ -83,9 +88,12 @@ from trtforge.llm.models.stablelm import StableLmStyle
 # model_type -> its adapter class (every family of base.STYLES has one)
 ADAPTERS: dict[str, type[DecoderAdapter]] = {
     **dict.fromkeys(LLAMA_STYLE, LlamaStyle),
+    "ministral3": Ministral3Style,
     "gpt2": Gpt2Style,
     "gpt_neo": GptNeoStyle,
     "gpt_bigcode": GptBigCodeStyle,
+    "openai-gpt": OpenAIGptStyle,
+    "modernbert-decoder": ModernBertDecoderStyle,
     "opt": OptStyle,
     "biogpt": BioGptStyle,
     "xglm": XglmStyle,
@@ -137,6 +145,9 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "exaone_moe": ExaoneMoeStyle,
     "mellum": MellumStyle,
     "cohere2_moe": Cohere2MoeStyle,
+    "minimax_m2": MiniMaxM2Style,
+    "minicpm5_moe": MiniCPM5MoeStyle,
+    "kolibri1": Kolibri1Style,
     "bloom": BloomStyle,
     "mpt": MptStyle,
 }
@@ -190,9 +201,14 @@ __all__ = [
     "HunYuanDenseStyle",
     "HunYuanMoeStyle",
     "HyperClovaXStyle",
+    "Kolibri1Style",
     "LlamaStyle",
     "MellumStyle",
+    "MiniCPM5MoeStyle",
+    "MiniMaxM2Style",
+    "Ministral3Style",
     "MixtralStyle",
+    "ModernBertDecoderStyle",
     "MptStyle",
     "NanoChatStyle",
     "NemotronStyle",
@@ -200,6 +216,7 @@ __all__ = [
     "Olmo3Style",
     "OlmoStyle",
     "OlmoeStyle",
+    "OpenAIGptStyle",
     "OptStyle",
     "Param2MoeStyle",
     "PersimmonStyle",

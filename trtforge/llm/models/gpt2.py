@@ -1,6 +1,6 @@
 """The GPT-2 adapter (learned positions, pre-norm LayerNorm blocks, fused c_attn (Conv1D), GELU MLP,
 multi-head attention, no window) and its relatives that differ only in the attention's projections,
-scale and windows: GPT-Neo and GPT-BigCode."""
+scale and windows: GPT-Neo and GPT-BigCode; and GPT-1 (openai-gpt), GPT-2's layers in post-norm blocks."""
 
 from __future__ import annotations
 
@@ -181,3 +181,45 @@ class GptBigCodeStyle(Gpt2Style):
         layer = self.layers[i]
         x = x + layer.attn.c_proj(attn_out)
         return x + layer.mlp(layer.ln_2(x))
+
+
+class OpenAIGptStyle(Gpt2Style):
+    """GPT-1 (``OpenAIGPTLMHeadModel``, ``model_type`` "openai-gpt"): GPT-2's Conv1D layers and learned
+    positions in post-norm blocks: ``n = ln_1(x + attn(x))``, then ``ln_2(n + mlp(n))``, each layer's input
+    already normed (no final norm; scores scaled by 1/sqrt(D); masked by -1e4, which leaves a masked key no
+    weight at any score the model reaches). Tensor parallelism is refused (:attr:`tp_refusal`)."""
+
+    family = "openai-gpt"
+    tp_refusal = "post-norm blocks (a LayerNorm after each residual add) have no split yet."
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        DecoderAdapter.__init__(self, model, list(model.transformer.h), user)
+        self.body = model.transformer
+        attn = self.layers[0].attn
+        self.num_heads = self.num_kv_heads = int(attn.n_head)
+        self.head_dim = int(attn.split_size) // self.num_heads
+        self.scales = [self.head_dim**-0.5 if layer.attn.scale else 1.0 for layer in self.layers]
+        self._count_rank_heads()
+
+    def check_shard(self, world: int) -> None:
+        DecoderAdapter.check_shard(self, world)  # (tp_refusal)
+
+    @property
+    def max_length(self) -> int:
+        return int(self.body.positions_embed.num_embeddings)
+
+    def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
+        return self.body.tokens_embed(input_ids) + self.body.positions_embed(position_ids)
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = conv1d(self.layers[i].attn.c_attn, x).chunk(3, dim=-1)
+        return tuple(t.unflatten(-1, (-1, self.head_dim)) for t in (q, k, v))  # type: ignore[return-value]
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        layer = self.layers[i]
+        n = layer.ln_1(x + conv1d(layer.attn.c_proj, attn_out))
+        mlp = layer.mlp
+        return layer.ln_2(n + conv1d(mlp.c_proj, mlp.act(conv1d(mlp.c_fc, n))))
+
+    def final_norm(self, x: Tensor) -> Tensor:
+        return x

@@ -38,6 +38,21 @@ formulations).
   before RoPE), routing and MoE blocks in Laguna's pre-norm layer: windows by ``layer_types``, a rotary
   table per layer type (each from its type's ``config.rope_parameters`` entry, with its own
   ``partial_rotary_factor``), dense layers by ``mlp_layer_types``.
+- ``kolibri1`` (``Kolibri1ForCausalLM``, Aleph Alpha's Kolibri-1): K-EXAONE's attention (per-head q/k
+  RMSNorms before RoPE, sliding and full layers by ``layer_types``, 4 of 5 sliding by default, the full ones
+  NoPE while a ``sliding_window`` is set) in GLM-4-0414's block (RMSNorms on the attention and MLP outputs
+  too), every MLP sparse with a shared MLP beside it, routed by the top k of the float32 logits plus
+  ``e_score_correction_bias`` (the bias added before the sigmoid), weighted by the sigmoid of the chosen
+  logits, renormalized by ``norm_topk_prob``, kept in float32.
+- ``minicpm5_moe`` (``MiniCPM5MoeForCausalLM``, MiniCPM5-15B-A2.5B): Llama's attention whose
+  ``q_gate_proj`` gives each head its queries and an output gate ([query | gate] per head), the attention
+  output times the sigmoid of the gate before ``o_proj``; GLM-4.5's router and shared experts, dense layers
+  by ``mlp_layer_types``, a pre-norm block. No window.
+- ``minimax_m2`` (``MiniMaxM2ForCausalLM``, MiniMax-M2 / M2.1): Mixtral's layers without a window, RMSNorms
+  over the whole q and k projections before a partial (``partial_rotary_factor``; its checkpoints'
+  ``rotary_dim``) rotate-half RoPE, every MLP sparse, routed by a sigmoid of each logit (the logits in the
+  model's dtype) with the block's ``e_score_correction_bias`` choosing the top k, the unbiased scores
+  always renormalized and kept in float32.
 
 Not Llama-style (:class:`~trtforge.llm.models.llama.LlamaStyle`): the fused CUDA layers and quantization
 refuse these models by name; tensor parallelism refuses their MoE MLPs (the experts have no split yet).
@@ -45,6 +60,9 @@ refuse these models by name; tensor parallelism refuses their MoE MLPs (the expe
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from torch import Tensor, nn
 
 from trtforge.llm.models.moe import moe_layers
@@ -121,20 +139,22 @@ class Glm4MoeStyle(RopeStyle):
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, user)
+        self.moe = moe_layers(self.layers, where=self.cannot_run(), **self._routing())
+
+    def _routing(self) -> dict[str, Any]:
+        """The routing options of :func:`~.moe.moe_layers` (GLM-4.5's; a relative routing otherwise sets its
+        own)."""
         c = self.config
-        where = self.cannot_run()
-        self.moe = moe_layers(
-            self.layers,
-            renormalize=bool(c.norm_topk_prob),
-            float32_weights=True,
-            where=where,
-            routing="sigmoid_topk",
-            float32_logits=True,
-            selection_bias=True,
-            expert_groups=(int(c.n_group), int(c.topk_group)),
-            scale=float(c.routed_scaling_factor),
-            norm_eps=1e-20,
-        )
+        return {
+            "renormalize": bool(c.norm_topk_prob),
+            "float32_weights": True,
+            "routing": "sigmoid_topk",
+            "float32_logits": True,
+            "selection_bias": True,
+            "expert_groups": (int(c.n_group), int(c.topk_group)),
+            "scale": float(c.routed_scaling_factor),
+            "norm_eps": 1e-20,
+        }
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = super().qkv(i, x)
@@ -161,6 +181,29 @@ class ExaoneMoeStyle(Glm4MoeStyle):
         return self.config.sliding_window is None or self.windows[i] is not None
 
 
+class Kolibri1Style(ExaoneMoeStyle):
+    """Kolibri-1 (see the module docstring): EXAONE 4's attention in GLM-4-0414's block, sparse MoE MLPs
+    routed by the logits plus a selection bias."""
+
+    family = "kolibri1"
+
+    def _routing(self) -> dict[str, Any]:
+        return {
+            "renormalize": bool(self.config.norm_topk_prob),
+            "float32_weights": True,
+            "routing": "sigmoid_topk",
+            "float32_logits": True,
+            "selection_bias": True,
+            "choose_by_logits": True,
+        }
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        """GLM-4-0414's block (:class:`~.glm.Glm4Style`): norms on the attention and MLP outputs too."""
+        layer = self.layers[i]
+        x = x + layer.post_self_attn_layernorm(layer.self_attn.o_proj(attn_out))
+        return x + layer.post_mlp_layernorm(self.mlp(i, layer.post_attention_layernorm(x)))
+
+
 class SolarOpenStyle(Glm4MoeStyle):
     """Solar Open (see the module docstring): Llama's attention around GLM-4.5's MoE MLPs."""
 
@@ -177,3 +220,54 @@ class SarvamMoeStyle(Glm4MoeStyle):
     """Sarvam-MoE (see the module docstring): GLM-4.5's model under a config of its own."""
 
     family = "sarvam_moe"
+
+
+class MiniMaxM2Style(RopeStyle):
+    """MiniMax-M2 (see the module docstring): whole-projection q/k norms, Mixtral's blocks routed by sigmoid
+    scores with a selection bias."""
+
+    family = "minimax_m2"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        self.moe = moe_layers(
+            self.layers,
+            renormalize=True,
+            float32_weights=True,
+            where=self.cannot_run(),
+            routing="sigmoid_topk",
+            selection_bias=True,
+        )
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        attn = self.layers[i].self_attn
+        q, k, v = project_qkv(attn, self.layers[i].input_layernorm(x))
+        q, k = attn.q_norm(q), attn.k_norm(k)
+        return tuple(t.unflatten(-1, (-1, self.head_dim)) for t in (q, k, v))  # type: ignore[return-value]
+
+
+class MiniCPM5MoeStyle(Glm4MoeStyle):
+    """MiniCPM5-MoE (see the module docstring): Llama's attention with each output gated by a sigmoid of its
+    query projection's gate half, around GLM-4.5's MoE MLPs."""
+
+    family = "minicpm5_moe"
+
+    def _query_and_gate(self, i: int, h: Tensor) -> tuple[Tensor, Tensor]:
+        """Layer i's queries and output gates ``[..., heads, D]`` from its normed input `h`: ``q_gate_proj``
+        lays each head's rows out as [query | gate]."""
+        both = self.layers[i].self_attn.q_gate_proj(h).unflatten(-1, (-1, 2 * self.head_dim))
+        q, gate = both.chunk(2, dim=-1)
+        return q, gate
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        attn = self.layers[i].self_attn
+        h = self.layers[i].input_layernorm(x)
+        q, _ = self._query_and_gate(i, h)
+        k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in (attn.k_proj(h), attn.v_proj(h)))
+        return q, k, v
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        """The attention output times the sigmoid of its gate (recomputed from the block input `x`, the
+        projection transformers computes, so that q and the gate stay one GEMM's), then the pre-norm block."""
+        _, gate = self._query_and_gate(i, self.layers[i].input_layernorm(x))
+        return super().finish_block(i, x, attn_out * torch.sigmoid(gate.flatten(-2)))

@@ -18,18 +18,21 @@ weight whatever their dtype, as ERNIE 4.5-MoE and GLM-4.5 force), then one of fo
   those k only (gpt-oss: of the logits in the model's dtype, its router's ``float32_router`` False);
 - ``topk_sigmoid`` (Cohere 2-MoE's "sigmoid" ``expert_selection_fn``): top-k of the logits, then a sigmoid of
   each of those k, in the logits' dtype unless ``float32_router``, renormalized by ``norm_topk_prob``;
-- ``sigmoid_topk`` (GLM-4.5, dots.llm1, K-EXAONE): a sigmoid of each float32 logit, top-k of the scores,
-  renormalized by ``norm_topk_prob``.
+- ``sigmoid_topk`` (GLM-4.5, dots.llm1, K-EXAONE, MiniMax-M2): a sigmoid of each float32 logit (MiniMax-M2's
+  logits in the model's dtype, then cast), top-k of the scores, renormalized by ``norm_topk_prob``
+  (MiniMax-M2: always).
 
 Three options of the choice and the weights (DeepSeek-V3-style routers; off for the others):
-``selection_bias`` (ERNIE 4.5-MoE, GLM-4.5, dots.llm1): the router's ``e_score_correction_bias`` (ERNIE's
-under ``moe_statics``) is added to the scores for choosing the top k only, the weights being the unbiased
-scores of the experts chosen; ``expert_groups`` (GLM-4.5's ``n_group`` / ``topk_group``): the experts in
-``n_group`` equal groups, each group scored by the sum of its two best (biased) scores, and the top k chosen
-among the experts of the ``topk_group`` best groups only; ``scale`` (GLM-4.5's ``routed_scaling_factor``): the
-weights multiplied by it after any renormalization. The renormalizing division is by the sum of the k weights
-as the family writes it: plus ``norm_eps`` (GLM-4.5's 1e-20), clamped below at ``norm_min`` (ERNIE's
-``moe_norm_min``).
+``selection_bias`` (ERNIE 4.5-MoE, GLM-4.5, dots.llm1, MiniMax-M2): the router's ``e_score_correction_bias``
+(ERNIE's under ``moe_statics``, MiniMax-M2's on the block) is added to the scores for choosing the top k only,
+the weights being the unbiased scores of the experts chosen; ``expert_groups`` (GLM-4.5's ``n_group`` /
+``topk_group``): the experts in ``n_group`` equal groups, each group scored by the sum of its two best
+(biased) scores, and the top k chosen among the experts of the ``topk_group`` best groups only; ``scale``
+(GLM-4.5's ``routed_scaling_factor``): the weights multiplied by it after any renormalization. The
+renormalizing division is by the sum of the k weights as the family writes it: plus ``norm_eps`` (GLM-4.5's
+1e-20), clamped below at ``norm_min`` (ERNIE's ``moe_norm_min``). ``choose_by_logits`` (Kolibri-1): the
+top k chosen by the float32 logits plus the selection bias (the bias added before the sigmoid, not after
+it), weighted by the scores of those chosen.
 
 The weights are then kept in float32 (Mixtral, GLM-4.5, dots.llm1) or cast to the logits' dtype (the others:
 the model's, HunYuan-MoE's router's), or to the input's where the logits are forced float32 (ERNIE 4.5-MoE).
@@ -115,8 +118,8 @@ class SparseMoe:
     experts' sum and the shared expert's output averaged, not added (Cohere 2-MoE's "average"
     ``shared_expert_combination_strategy``); `float32_router` False: ``topk_softmax`` / ``topk_sigmoid`` in
     the logits' dtype (gpt-oss's router, Cohere 2-MoE's sigmoid). `float32_logits`, `selection_bias`,
-    `expert_groups` (``(n_group, topk_group)``), `scale`, `norm_eps`, `norm_min`: the module docstring's
-    options. `where` names the model in errors."""
+    `expert_groups` (``(n_group, topk_group)``), `scale`, `norm_eps`, `norm_min`, `choose_by_logits`: the
+    module docstring's options. `where` names the model in errors."""
 
     def __init__(
         self,
@@ -135,6 +138,7 @@ class SparseMoe:
         scale: float = 1.0,
         norm_eps: float = 0.0,
         norm_min: float | None = None,
+        choose_by_logits: bool = False,
     ) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing {routing!r}: expected one of {ROUTINGS}")
@@ -142,15 +146,22 @@ class SparseMoe:
         self.routing, self.router, self.float32_router = routing, router(block), bool(float32_router)
         self.float32_logits, self.scale = bool(float32_logits), float(scale)
         self.norm_eps, self.norm_min = float(norm_eps), None if norm_min is None else float(norm_min)
+        #: the top k chosen by the float32 logits (plus any selection bias), not by the scores: Kolibri-1
+        self.choose_by_logits = bool(choose_by_logits)
         #: the module holding the router's weight (and bias): the router, or HunYuan-MoE's ``wg``
         self.router_linear = router_linear(self.router)
         #: the module holding e_score_correction_bias (read at each call), None without a selection bias
         self.bias_owner: nn.Module | None = None
-        if selection_bias:
-            owner = getattr(self.router, "moe_statics", self.router)  # (ERNIE 4.5-MoE's statics module)
-            if not isinstance(getattr(owner, "e_score_correction_bias", None), Tensor):
+        if selection_bias:  # (ERNIE 4.5-MoE's router's statics module holds it, MiniMax-M2's block)
+            owners = (getattr(self.router, "moe_statics", None), self.router, block)
+            owner = next(
+                (m for m in owners if isinstance(getattr(m, "e_score_correction_bias", None), Tensor)), None
+            )
+            if owner is None:
                 name = type(self.router).__name__
-                raise UserError(f"{where}: its router ({name}) has no e_score_correction_bias")
+                raise UserError(
+                    f"{where}: neither its router ({name}) nor its block has an e_score_correction_bias"
+                )
             self.bias_owner = owner
         experts = block.experts
         gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
@@ -206,6 +217,7 @@ class SparseMoe:
             "selection_bias": self.bias_owner is not None,
             "expert_groups": None if self.expert_groups is None else list(self.expert_groups),
             "scale": self.scale,
+            "choose_by_logits": self.choose_by_logits,
         }
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -241,10 +253,11 @@ class SparseMoe:
                 scores = torch.sigmoid(logits.float())
             else:
                 scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
-            if self.bias_owner is None and self.expert_groups is None:
+            if self.bias_owner is None and self.expert_groups is None and not self.choose_by_logits:
                 weights, experts = torch.topk(scores, self.top_k, dim=-1)
             else:
-                experts = torch.topk(self._choice(scores), self.top_k, dim=-1).indices
+                chosen_by = logits.float() if self.choose_by_logits else scores
+                experts = torch.topk(self._choice(chosen_by), self.top_k, dim=-1).indices
                 weights = scores.gather(-1, experts)
         if self.renormalize:
             total = weights.sum(dim=-1, keepdim=True)
@@ -263,6 +276,7 @@ class SparseMoe:
         float32 = self.routing in ("softmax_topk", "sigmoid_topk") or self.float32_router
         return (
             ROUTE_KERNEL
+            and not self.choose_by_logits
             and float32
             and self.expert_groups is None
             and self.num_experts <= ROUTE_KERNEL_MAX_EXPERTS

@@ -3,7 +3,8 @@ and rope type), and :class:`RotaryDecoder`, the adapter base every RoPE family w
 on: :mod:`.rope`'s (Llama-style, Gemma, OLMo, Granite, StableLM, SmolLM3, Phi, Cohere, GLM, ...),
 :mod:`.gpt_neox` and :mod:`.falcon` (GPT-J and CodeGen index a fixed table instead: :mod:`.gptj`). Its class
 attributes are the rotary variants the families differ in, one place for all: interleaved channel pairs,
-float32 tables, float32 rotation, NoPE layers (:meth:`RotaryDecoder.rotates`); :class:`PerTypeRotary` keeps
+float32 tables, float32 rotation, NoPE layers (:meth:`RotaryDecoder.rotates`), queries scaled by their
+position (Ministral 3's :attr:`RotaryDecoder.query_scaling`); :class:`PerTypeRotary` keeps
 a table per layer type (Gemma 3, OLMo 3, Mellum) or per layer's base (Granite SWA's ``layer_rope_theta``).
 
 Partial rotary needs nothing here: the module's ``inv_freq`` already covers only the rotated channels,
@@ -161,6 +162,11 @@ class RotaryDecoder(DecoderAdapter):
     #: q and k rotated in float32 and cast back to their dtype (OLMo: by float32 tables; Cohere and ERNIE
     #: 4.5 cast q and k up themselves)
     float32_rotation: bool = False
+    #: each rotated query times ``1 + beta * log(1 + floor(position / period))`` as ``(beta, period)``
+    #: (Ministral 3's ``llama_4_scaling_beta`` over ``original_max_position_embeddings``: Llama 4's
+    #: attention temperature tuning), the factor computed in float32 and cast to the queries' dtype;
+    #: :meth:`rotary` then returns it after cos and sin. None: no scaling
+    query_scaling: tuple[float, int] | None = None
 
     def _use_rotary(self, rotary_emb: nn.Module) -> None:
         """Take the tables of `rotary_emb` (UserError for a type no step can match, e.g. longrope)."""
@@ -169,9 +175,13 @@ class RotaryDecoder(DecoderAdapter):
 
     @property
     def spec(self) -> DecoderSpec:
+        rotary = self.rope.describe()
+        if self.query_scaling is not None:
+            beta, period = self.query_scaling
+            rotary["query_scaling"] = {"beta": beta, "period": period}
         return self._spec(
             positions="rotary",
-            rotary=self.rope.describe(),
+            rotary=rotary,
             max_positions=getattr(self.config, "max_position_embeddings", None),
         )
 
@@ -185,9 +195,21 @@ class RotaryDecoder(DecoderAdapter):
 
     def rotary(
         self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """cos, sin as the HF rotary module computes them (:class:`RotaryTables`)."""
-        return self.rope(position_ids, self._table_dtype(dtype), rope_lens)
+    ) -> tuple[Tensor, ...]:
+        """cos, sin as the HF rotary module computes them (:class:`RotaryTables`), and each position's
+        query scale ``[..., 1]`` in `dtype` after them where :attr:`query_scaling` is set."""
+        tables = self.rope(position_ids, self._table_dtype(dtype), rope_lens)
+        if self.query_scaling is None:
+            return tables
+        beta, period = self.query_scaling
+        scale = 1 + beta * torch.log(1 + torch.floor(position_ids.float() / period))
+        return (*tables, scale[..., None].to(dtype))
+
+    def rotary_over_heads(self, rope: Any) -> Any:
+        """The tables (and the query scale, where there is one) with a heads axis at dim 1."""
+        if rope is None or self.query_scaling is None:
+            return super().rotary_over_heads(rope)
+        return tuple(t[:, None] for t in rope)
 
     def _table_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return torch.float32 if self.float32_tables else dtype
@@ -201,7 +223,17 @@ class RotaryDecoder(DecoderAdapter):
         self, i: int, q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None
     ) -> tuple[Tensor, Tensor]:
         """Layer i's q and k rotated by `rope` (half-split or :attr:`interleaved` pairs, in float32 where
-        :attr:`float32_rotation`), or as they are on a NoPE layer."""
+        :attr:`float32_rotation`), or as they are on a NoPE layer; the queries then times the scale `rope`
+        ends with where :attr:`query_scaling` is set."""
+        if rope is not None and self.query_scaling is not None:
+            cos, sin, scale = rope
+            q, k = self._rotate(i, q, k, (cos, sin))
+            return q * scale, k
+        return self._rotate(i, q, k, rope)
+
+    def _rotate(
+        self, i: int, q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor]:
         if rope is None or not self.rotates(i):
             return q, k
         cos, sin = rope
