@@ -25,6 +25,7 @@ LIGHT_FAMILIES = (
     "exaone4",
     "hunyuan_v1_dense",
     "apertus",
+    "apertus1p5_text",
     "arcee",
     "internlm3",
     "seed_oss",
@@ -419,6 +420,15 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         apertus["rope_parameters"] |= {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
         apertus["rope_parameters"]["original_max_position_embeddings"] = 64
         cfg, cls = tf.ApertusConfig(**(llama_like | apertus | overrides)), tf.ApertusForCausalLM
+    elif family == "apertus1p5_text":  # Apertus' layers (as "apertus") under Apertus 1.5's text config
+        if not hasattr(tf, "Apertus1p5TextConfig"):  # (new in transformers 5.2x; test-floor runs 5.17)
+            pytest.skip(f"transformers {tf.__version__} has no Apertus1p5TextConfig")
+        apertus = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        apertus["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0}
+        apertus["rope_parameters"] |= {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+        apertus["rope_parameters"]["original_max_position_embeddings"] = 64
+        cfg = tf.Apertus1p5TextConfig(**(llama_like | apertus | overrides))
+        cls = tf.Apertus1p5TextForCausalLM
     elif family == "arcee":  # Llama with a squared-ReLU non-gated MLP
         arcee = {"bos_token_id": 1, "eos_token_id": 2}
         cfg, cls = tf.ArceeConfig(**(llama_like | arcee | overrides)), tf.ArceeForCausalLM
@@ -529,7 +539,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     param.add_(torch.randn_like(param) * 0.2)
     if family in (
         *("olmo3", "glm4", "cohere", "cohere2", "nemotron", "exaone4", "hunyuan_v1_dense", "apertus"),
-        *("jais2", "hyperclovax"),
+        *("jais2", "hyperclovax", "apertus1p5_text"),
     ):
         # norm weights off their init (a swapped, skipped or misplaced norm shows)
         with torch.no_grad():

@@ -546,6 +546,14 @@ OPTIONS: dict[str, dict[str, list]] = {
         "hidden_act": ["xielu", "relu2", "silu"],
         "rms_norm_eps": [1e-6, 1e-5],
     },
+    # Apertus 1.5 text: Apertus' options (its model is Apertus'); a pruned LM head is refused
+    "apertus1p5_text": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rope_scaling": ROPE,
+        "attention_bias": [False, True],
+        "hidden_act": ["xielu", "relu2", "silu"],
+    },
     "arcee": LLAMA_LIKE
     | {
         "attention_bias": [False, True],
@@ -662,6 +670,7 @@ FEWER_SEEDS = {
     "granitemoe_swa": range(2),
     "param2moe": range(1),
     "sarvam_moe": range(1),
+    "apertus1p5_text": range(2),  # (Apertus' model: "apertus" draws its options)
 }
 PROMPT = 19
 BLOCK = 4

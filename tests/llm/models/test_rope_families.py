@@ -168,6 +168,15 @@ def test_they_are_kept_off_the_llama_only_paths(family):
         adapter.check_shard(2)
 
 
+def test_apertus1p5_text_with_a_pruned_lm_head_is_refused_naming_it():
+    """Apertus 1.5's LM head pruned to the text prefix (output_vocab_size): logits narrower than the
+    vocabulary, which every consumer takes whole; refused naming the head and the option."""
+    model = tiny_model("apertus1p5_text", output_vocab_size=200)
+    assert model.lm_head.out_features == 200
+    with pytest.raises(UserError, match=r"LM head is pruned to 200 of the 300 .*output_vocab_size=200"):
+        adapter_for(model)
+
+
 def _refused_dense(model_type: str) -> torch.nn.Module:
     """A one-layer model of a dense family refused by name (base.UNSUPPORTED_HINTS)."""
     import transformers as tf

@@ -138,6 +138,7 @@ CASES = [
     ("ernie4_5", {"set_sliding_window": 64}),
     ("hunyuan_v1_dense", {}),
     ("apertus", {"set_sliding_window": 64}),
+    ("apertus1p5_text", {"set_sliding_window": 64}),
     ("arcee", {}),
     ("internlm3", {"set_sliding_window": 64}),
     ("seed_oss", {}),

@@ -97,7 +97,8 @@ STYLES: dict[tuple[str, ...], str] = {
     ("ernie4_5_moe",): "ERNIE 4.5-MoE: ERNIE 4.5's attention, sparse MoE MLPs (float32 router, top-k chosen "
     "with e_score_correction_bias, renormalized) with an ungated shared MLP, dense layers by "
     "moe_layer_interval / start / end",
-    ("apertus",): "Apertus: Llama with per-head q/k norms and a non-gated (xIELU) MLP",
+    ("apertus", "apertus1p5_text"): "Apertus / Apertus 1.5 text: Llama with per-head q/k norms and a "
+    "non-gated (xIELU) MLP (Apertus 1.5's LM head over the whole vocabulary: a pruned one is refused)",
     ("nanochat",): "NanoChat: weightless RMSNorms (one on the embeddings), per-head q/k norms after a "
     "reversed RoPE, a non-gated fc1/fc2 MLP, soft-capped logits",
     ("mixtral",): "Mixtral: Mistral's attention, sparse mixture-of-experts MLPs (top-k routing, "
@@ -208,6 +209,7 @@ UNWINDOWED = (
     "solar_open",
     "flex_olmo",
     "apertus",
+    "apertus1p5_text",
     "internlm3",
     "seed_oss",
     "arcee",

@@ -6,19 +6,19 @@ seed_oss, arcee, exaone, iquestcoder, cwm, jais2), GPT-2 and its relatives GPT-N
 (:mod:`.gpt2`), OPT (:mod:`.opt`) and its fairseq relatives BioGPT and XGLM (:mod:`.fairseq`), GPT-NeoX
 (:mod:`.gpt_neox`), Phi (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 and VaultGemma (:mod:`.gemma2`), Gemma
 3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1 (:mod:`.olmo`), Granite,
-Granite SWA and HyperCLOVA X (:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`),
-Cohere 1 / 2 (:mod:`.cohere`), GLM, GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon
-(:mod:`.nemotron`), HunYuan dense, Apertus and NanoChat (:mod:`.hunyuan`) (Phi and these share :mod:`.rope`
-with Llama-style, which also runs InternLM3, Seed-OSS, Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2),
-GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon (:mod:`.falcon`: rotary, and
-falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two with ALiBi position biases, and
-the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, Mellum, OLMoE, GLM-4.5 (and
-Param2-MoE, Sarvam-MoE and Solar Open on its MoE MLPs), dots.llm1 and K-EXAONE (:mod:`.mixtral`), FlexOLMo
-(:mod:`.olmo2`), GraniteMoE, GraniteMoeShared and GraniteMoeSWA (:mod:`.granite`), HunYuan-MoE
-(:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`), and gpt-oss (:mod:`.gpt_oss`:
-attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family checks,
-windows, attention soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`, the rotary variants
-(interleaved, float32, NoPE layers, a table per layer type or RoPE base) in :mod:`.rotary`.
+Granite SWA and HyperCLOVA X (:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`), Cohere
+1 / 2 (:mod:`.cohere`), GLM, GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon
+(:mod:`.nemotron`), HunYuan dense, Apertus, Apertus 1.5 text and NanoChat (:mod:`.hunyuan`) (Phi and these
+share :mod:`.rope` with Llama-style, which also runs InternLM3, Seed-OSS, Arcee, EXAONE 3 / 3.5, IQuest-Coder,
+CWM and Jais 2), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon
+(:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two
+with ALiBi position biases, and the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, Mellum,
+OLMoE, GLM-4.5 (and Param2-MoE, Sarvam-MoE and Solar Open on its MoE MLPs), dots.llm1 and K-EXAONE
+(:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE, GraniteMoeShared and GraniteMoeSWA (:mod:`.granite`),
+HunYuan-MoE (:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`), and gpt-oss
+(:mod:`.gpt_oss`: attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces
+(spec, family checks, windows, attention soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`, the
+rotary variants (interleaved, float32, NoPE layers, a table per layer type or RoPE base) in :mod:`.rotary`.
 """
 
 from __future__ import annotations
@@ -56,7 +56,13 @@ from trtforge.llm.models.granite import (
     GraniteSwaStyle,
     HyperClovaXStyle,
 )
-from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle, HunYuanMoeStyle, NanoChatStyle
+from trtforge.llm.models.hunyuan import (
+    Apertus1p5TextStyle,
+    ApertusStyle,
+    HunYuanDenseStyle,
+    HunYuanMoeStyle,
+    NanoChatStyle,
+)
 from trtforge.llm.models.llama import LlamaStyle
 from trtforge.llm.models.mixtral import (
     Dots1Style,
@@ -117,6 +123,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "exaone4": Exaone4Style,
     "hunyuan_v1_dense": HunYuanDenseStyle,
     "apertus": ApertusStyle,
+    "apertus1p5_text": Apertus1p5TextStyle,
     "nanochat": NanoChatStyle,
     "mixtral": MixtralStyle,
     "qwen2_moe": Qwen2MoeStyle,
@@ -153,6 +160,7 @@ __all__ = [
     "GPT2_STYLE",
     "LLAMA_STYLE",
     "SUPPORTED",
+    "Apertus1p5TextStyle",
     "ApertusStyle",
     "BioGptStyle",
     "BloomStyle",
