@@ -91,6 +91,8 @@ MOE_CLASSES = {
     "mellum": ("MellumConfig", "MellumForCausalLM"),
     "cohere2_moe": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM"),
     "granitemoe_swa": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM"),
+    "hy_v3": ("HYV3Config", "HYV3ForCausalLM"),
+    "flint": ("FlintConfig", "FlintForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
@@ -352,11 +354,24 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe |= {"num_hidden_layers": 3, "first_k_dense_replace": 1, "prefix_dense_intermediate_size": 128}
             moe |= {"expert_selection_fn": "sigmoid", "num_shared_experts": 1, "sliding_window": 4}
             moe["layer_types"] = ["full_attention", "sliding_attention", "full_attention"]
+        if family == "hy_v3":  # HY V3: Apertus' q/k norms (off their init below); GLM-4.5's routing without
+            # groups, renormalized, scaled by 2.5, the selection bias on the block (off zero below); one
+            # shared expert; layer 0 of 3 dense (its default mlp_layer_types)
+            moe |= {"num_shared_experts": 1, "router_scaling_factor": 2.5, "head_dim": 16}
+            moe |= {"num_hidden_layers": 3, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        if family == "flint":  # Flint: Qwen3-MoE's q/k norms and sinks (off their init below); sliding
+            # (window 4, RoPE), full (NoPE), sliding; the sigmoid router renormalized, a 96-wide shared
+            # expert, layer 0 of 3 dense
+            moe |= {"head_dim": 16, "sliding_window": 4, "num_hidden_layers": 3, "mlp_only_layers": [0]}
+            moe |= {"shared_expert_intermediate_size": 96, "norm_topk_prob": True}
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+            n = overrides.get("num_hidden_layers", 3)
+            moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
         # transformers' eager experts (its default, grouped_mm, takes no float64 and, on the CPU, no odd
         # strides): the per-expert loop of its modeling files
         moe["experts_implementation"] = "eager"
         cfg_cls, cls = MOE_CLASSES[family]
-        if not hasattr(tf, cfg_cls):  # (Param2-MoE's, Sarvam-MoE's: new in 5.2x; test-floor runs 5.17)
+        if not hasattr(tf, cfg_cls):  # (Param2-MoE's, Sarvam-MoE's, ...: new in 5.2x; test-floor runs 5.17)
             pytest.skip(f"transformers {tf.__version__} has no {cfg_cls}")
         cfg = getattr(tf, cfg_cls)(**(llama_like | moe | overrides))
         cls = getattr(tf, cls)
@@ -500,7 +515,19 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     else:
         raise ValueError(family)
     model = cls(cfg).eval()
-    if family in ("granite_swa", "granitemoe_swa"):  # sinks (initialized at zero) off their init
+    if family == "hy_v3":  # the routers at the initializer range, the block's selection bias off zero
+        with torch.no_grad():
+            for layer in model.model.layers:
+                if hasattr(layer.mlp, "e_score_correction_bias"):
+                    layer.mlp.gate.weight.normal_(0.0, 0.2)
+                    bias = layer.mlp.e_score_correction_bias
+                    bias.copy_(torch.randn_like(bias) * 0.2)
+    if family == "flint":  # the routers at the initializer range
+        with torch.no_grad():
+            for layer in model.model.layers:
+                if hasattr(layer.mlp, "gate"):
+                    layer.mlp.gate.weight.normal_(0.0, 0.2)
+    if family in ("granite_swa", "granitemoe_swa", "flint"):  # sinks (initialized at zero) off their init
         with torch.no_grad():
             for layer in model.model.layers:
                 layer.self_attn.sinks.copy_(torch.randn_like(layer.self_attn.sinks) * 1.5 + 1.0)
@@ -526,7 +553,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     bias.copy_(torch.randn_like(bias) * (0.1 if family == "ernie4_5_moe" else 0.2))
     if family in (  # norm weights off their init
         *("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"),
-        *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe"),
+        *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe", "hy_v3", "flint"),
     ):
         with torch.no_grad():
             for name, param in model.named_parameters():

@@ -467,6 +467,34 @@ OPTIONS: dict[str, dict[str, list]] = {
         "sliding_window": [3, 5, 64],
         "layer_rope_theta": [None, [0, 10000.0], [500.0, 0]],
     },
+    # HY V3: GLM-4.5's routing without groups (renormalized always) around Apertus' attention, dense layers
+    # by mlp_layer_types, the shared expert's width, the float32 combine on or off
+    "hy_v3": LLAMA_LIKE
+    | {
+        "num_experts_per_tok": [1, 2, 3],
+        "router_scaling_factor": [1.0, 2.5],
+        "num_shared_experts": [1, 2],
+        "enable_moe_fp32_combine": [True, False],
+        "mlp_layer_types": [["dense", "sparse", "sparse"], ["sparse", "dense", "sparse"]],
+        "attention_bias": [False, True],
+        "head_dim": [8, 16, 24],
+    },
+    # Flint: the sigmoid router (renormalized or not) with its shared expert, sinks, windows by layer_types,
+    # dense layers by mlp_only_layers
+    "flint": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rope_scaling": ROPE,
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "sliding_window": [3, 5],
+        "layer_types": [
+            ["sliding_attention", "full_attention", "sliding_attention"],
+            ["full_attention", "sliding_attention", "sliding_attention"],
+        ],
+        "mlp_only_layers": [[0], [1], []],
+        "attention_bias": [False, True],
+    },
     "olmo": LLAMA_LIKE | {"clip_qkv": [None, 0.5, 8.0], "attention_bias": [False, True], "hidden_act": ACTS},
     "olmo3": {  # rope_scaling: on the full-attention layers' table, as OLMo 3's config puts it
         "num_key_value_heads": [1, 2, 4],
@@ -671,6 +699,7 @@ FEWER_SEEDS = {
     "param2moe": range(1),
     "sarvam_moe": range(1),
     "apertus1p5_text": range(2),  # (Apertus' model: "apertus" draws its options)
+    "hy_v3": range(3),  # (GLM-4.5's routing, less its groups)
 }
 PROMPT = 19
 BLOCK = 4

@@ -85,7 +85,7 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert kinds["ernie4_5_moe"].mlp_kinds == kinds["glm4_moe"].mlp_kinds == ["dense", "moe", "moe"]
     assert kinds["ernie4_5_moe"].moe["shared_expert_size"] == 128
     biased = {f for f in here if kinds[f].moe["selection_bias"]}
-    glm_kin = {"param2moe", "sarvam_moe", "solar_open"} & set(here)
+    glm_kin = {"param2moe", "sarvam_moe", "solar_open", "hy_v3"} & set(here)
     assert biased == {"ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", *glm_kin}
     glm = kinds["glm4_moe"].moe
     assert glm["routing"] == "sigmoid_topk" and glm["expert_groups"] == [2, 1] and glm["scale"] == 2.5
@@ -103,6 +103,16 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert cohere["routing"] == "topk_sigmoid" and cohere["renormalize"]
     assert cohere["shared_expert_size"] == 64
     assert {f for f in here if kinds[f].moe["shared_average"]} == {"cohere2_moe"}
+    # HY V3: GLM-4.5's routing without groups, its bias on the block; Flint: float32 sigmoid scores, no bias,
+    # its shared expert, dense layer 0 by mlp_only_layers
+    if "hy_v3" in here:
+        hy = kinds["hy_v3"]
+        assert hy.moe["routing"] == "sigmoid_topk" and hy.moe["expert_groups"] is None
+        assert hy.moe["renormalize"] and hy.moe["scale"] == 2.5 and hy.mlp_kinds == ["dense", "moe", "moe"]
+    if "flint" in here:
+        flint = kinds["flint"]
+        assert flint.moe["routing"] == "sigmoid_topk" and flint.moe["shared_expert_size"] == 96
+        assert flint.mlp_kinds == ["dense", "moe", "moe"] and all(s is not None for s in flint.attn_sinks)
     # (GraniteMoeShared's shared_intermediate_size 0: its layers' shared_mlp is None, no shared expert)
     assert (
         adapter_for(tiny_model("granitemoeshared", shared_intermediate_size=0)).spec.moe["shared_expert_size"]
@@ -271,6 +281,9 @@ def test_moe_families_not_implemented_are_refused_naming_what_sets_them_apart(mo
         ("ernie4_5_moe", True),
         ("glm4_moe", True),
         ("cohere2_moe", False),  # (its sigmoid and renormalization in BF16)
+        ("hy_v3", True),  # (its float32 router; the shared expert added in float32)
+        # (not Flint: transformers' eager Flint attention upcasts q, k to float32 for the scores, which
+        # trtforge's BF16 reference attention takes in BF16; its float32 router is GLM-4.5's case)
     ],
 )
 def test_bfloat16_routing_weights_keep_each_familys_dtype(family, float32_router):

@@ -119,6 +119,9 @@ CASES = [
     ("sarvam_moe", {}),
     ("solar_open", {"set_sliding_window": 64}),
     ("mellum", {}),  # sliding, full, sliding; window 4; a RoPE table each
+    ("hy_v3", {"set_sliding_window": 64}),  # no HY V3 layer applies one
+    ("flint", {}),  # sliding, full, sliding; window 4; sinks on every layer
+    ("flint", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     ("mellum", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     # Cohere 2-MoE: dense full layer 0 (RoPE: prefix pattern 1), sliding (RoPE), full (NoPE); then a dense
     # sliding layer 0 and NoPE full layer 1 (prefix pattern 2)

@@ -122,6 +122,11 @@ STYLES: dict[tuple[str, ...], str] = {
     "table each, dense layers by mlp_layer_types",
     ("dots1",): "dots.llm1: Qwen3's attention with per-head q/k norms and windows by layer_types, GLM-4.5's "
     "sparse MoE MLPs",
+    ("hy_v3",): "HY V3: Apertus' attention (per-head q/k norms), GLM-4.5's sigmoid routing with a selection "
+    "bias (no expert groups), renormalized, scaled by router_scaling_factor, an ungated shared MLP, dense "
+    "layers by mlp_layer_types",
+    ("flint",): "Flint: Qwen3-MoE's attention with attention sinks and windows by layer_types, sparse MoE "
+    "MLPs routed by float32 sigmoid scores, an ungated shared expert, dense layers by mlp_only_layers",
     ("granitemoe", "granitemoeshared"): "GraniteMoE / GraniteMoeShared: Granite's multipliers, sparse MoE "
     "MLPs routed by a softmax over the top-k router logits; GraniteMoeShared's ungated shared MLP beside "
     "them",
@@ -210,6 +215,7 @@ UNWINDOWED = (
     "flex_olmo",
     "apertus",
     "apertus1p5_text",
+    "hy_v3",
     "internlm3",
     "seed_oss",
     "arcee",
@@ -244,6 +250,7 @@ PER_LAYER_TYPES = (
     "cohere2_moe",
     "granite_swa",
     "granitemoe_swa",
+    "flint",
 )
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -376,8 +383,8 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     - mistral, phi3, starcoder2, mixtral, qwen3_moe: ``config.sliding_window`` on every layer, or none
       when it is null (their forward ignores ``layer_types``);
     - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe, gpt_oss,
-      cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe, granite_swa, granitemoe_swa: the window on
-      the layers ``config.layer_types`` marks "sliding_attention" (CWM's config marks 3 of 4 by default,
+      cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe, granite_swa, granitemoe_swa, flint: the window
+      on the layers ``config.layer_types`` marks "sliding_attention" (CWM's config marks 3 of 4 by default,
       VaultGemma's every other, Granite SWA's 3 of 4; qwen's config builds those from ``use_sliding_window``
       and ``max_window_layers``; with
       ``use_sliding_window`` false it nulls ``sliding_window``, Qwen2-MoE's sets it to 0, read as null.

@@ -13,12 +13,13 @@ share :mod:`.rope` with Llama-style, which also runs InternLM3, Seed-OSS, Arcee,
 CWM and Jais 2), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon
 (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two
 with ALiBi position biases, and the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, Mellum,
-OLMoE, GLM-4.5 (and Param2-MoE, Sarvam-MoE and Solar Open on its MoE MLPs), dots.llm1 and K-EXAONE
-(:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE, GraniteMoeShared and GraniteMoeSWA (:mod:`.granite`),
-HunYuan-MoE (:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`), and gpt-oss
-(:mod:`.gpt_oss`: attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces
-(spec, family checks, windows, attention soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`, the
-rotary variants (interleaved, float32, NoPE layers, a table per layer type or RoPE base) in :mod:`.rotary`.
+OLMoE, GLM-4.5 (and Param2-MoE, Sarvam-MoE and Solar Open on its MoE MLPs), dots.llm1, K-EXAONE, HY V3 and
+Flint (:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE, GraniteMoeShared and GraniteMoeSWA
+(:mod:`.granite`), HunYuan-MoE (:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`),
+and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared
+pieces (spec, family checks, windows, attention soft-caps, ALiBi slopes, attention sinks) live in
+:mod:`.base`, the rotary variants (interleaved, float32, NoPE layers, a table per layer type or RoPE base) in
+:mod:`.rotary`.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ from trtforge.llm.models.llama import LlamaStyle
 from trtforge.llm.models.mixtral import (
     Dots1Style,
     ExaoneMoeStyle,
+    FlintStyle,
     Glm4MoeStyle,
+    HyV3Style,
     MellumStyle,
     MixtralStyle,
     OlmoeStyle,
@@ -143,6 +146,8 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "flex_olmo": FlexOlmoStyle,
     "exaone_moe": ExaoneMoeStyle,
     "mellum": MellumStyle,
+    "hy_v3": HyV3Style,
+    "flint": FlintStyle,
     "cohere2_moe": Cohere2MoeStyle,
     "bloom": BloomStyle,
     "mpt": MptStyle,
@@ -177,6 +182,7 @@ __all__ = [
     "ExaoneMoeStyle",
     "FalconStyle",
     "FlexOlmoStyle",
+    "FlintStyle",
     "Gemma2Style",
     "Gemma3Style",
     "GemmaStyle",
@@ -197,6 +203,7 @@ __all__ = [
     "HeliumStyle",
     "HunYuanDenseStyle",
     "HunYuanMoeStyle",
+    "HyV3Style",
     "HyperClovaXStyle",
     "LlamaStyle",
     "MellumStyle",

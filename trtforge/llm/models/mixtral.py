@@ -38,6 +38,15 @@ formulations).
   before RoPE), routing and MoE blocks in Laguna's pre-norm layer: windows by ``layer_types``, a rotary
   table per layer type (each from its type's ``config.rope_parameters`` entry, with its own
   ``partial_rotary_factor``), dense layers by ``mlp_layer_types``.
+- ``hy_v3`` (``HYV3ForCausalLM``, Tencent's Hunyuan 3): Apertus' attention (per-head q/k RMSNorms before
+  RoPE) in Llama's pre-norm block, dense layers by ``mlp_layer_types``, GLM-4.5's routing without expert
+  groups (float32 sigmoid scores, the top k chosen with the block's ``e_score_correction_bias``,
+  renormalized always, times ``router_scaling_factor``) and an ungated shared MLP, added to the experts'
+  sum in float32 where ``enable_moe_fp32_combine``. No window.
+- ``flint`` (``FlintForCausalLM``): Qwen3-MoE's attention with attention sinks (gpt-oss's, one logit a query
+  head) and windows by ``layer_types``, the sliding layers with RoPE and the full ones without (and its
+  ``attention_bias`` on o_proj too); a float32 router whose sigmoid scores pick the top k (renormalized
+  by ``norm_topk_prob``, kept in float32), an ungated shared expert, dense layers by ``mlp_only_layers``.
 
 Not Llama-style (:class:`~trtforge.llm.models.llama.LlamaStyle`): the fused CUDA layers and quantization
 refuse these models by name; tensor parallelism refuses their MoE MLPs (the experts have no split yet).
@@ -121,20 +130,27 @@ class Glm4MoeStyle(RopeStyle):
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, user)
-        c = self.config
         where = self.cannot_run()
         self.moe = moe_layers(
             self.layers,
-            renormalize=bool(c.norm_topk_prob),
             float32_weights=True,
             where=where,
             routing="sigmoid_topk",
             float32_logits=True,
             selection_bias=True,
-            expert_groups=(int(c.n_group), int(c.topk_group)),
-            scale=float(c.routed_scaling_factor),
             norm_eps=1e-20,
+            **self._routing(),
         )
+
+    def _routing(self) -> dict:
+        """The routing options the config sets: GLM-4.5's names (``norm_topk_prob``, ``n_group`` /
+        ``topk_group``, ``routed_scaling_factor``)."""
+        c = self.config
+        return {
+            "renormalize": bool(c.norm_topk_prob),
+            "expert_groups": (int(c.n_group), int(c.topk_group)),
+            "scale": float(c.routed_scaling_factor),
+        }
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = super().qkv(i, x)
@@ -177,3 +193,38 @@ class SarvamMoeStyle(Glm4MoeStyle):
     """Sarvam-MoE (see the module docstring): GLM-4.5's model under a config of its own."""
 
     family = "sarvam_moe"
+
+
+class HyV3Style(Glm4MoeStyle):
+    """HY V3 (see the module docstring): Apertus' attention around GLM-4.5's routing, renormalized always,
+    without expert groups, its selection bias on the block."""
+
+    family = "hy_v3"
+
+    def _routing(self) -> dict:
+        c = self.config
+        fp32 = bool(getattr(c, "enable_moe_fp32_combine", False))
+        return {"renormalize": True, "scale": float(c.router_scaling_factor), "float32_sum": fp32}
+
+
+class FlintStyle(Qwen3MoeStyle):
+    """Flint (see the module docstring): Qwen3-MoE's layers with attention sinks, windows by
+    ``layer_types`` (NoPE full layers), a sigmoid router and an ungated shared expert."""
+
+    family = "flint"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        self.moe = moe_layers(
+            self.layers,
+            renormalize=bool(self.config.norm_topk_prob),
+            float32_weights=True,
+            where=self.cannot_run(),
+            routing="sigmoid_topk",
+            float32_logits=True,
+        )
+        self._read_sinks()
+
+    def rotates(self, i: int) -> bool:
+        """transformers' ``FlintAttention``: the sliding layers rotate, the full ones are NoPE."""
+        return self.windows[i] is not None

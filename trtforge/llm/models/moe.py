@@ -22,14 +22,14 @@ weight whatever their dtype, as ERNIE 4.5-MoE and GLM-4.5 force), then one of fo
   renormalized by ``norm_topk_prob``.
 
 Three options of the choice and the weights (DeepSeek-V3-style routers; off for the others):
-``selection_bias`` (ERNIE 4.5-MoE, GLM-4.5, dots.llm1): the router's ``e_score_correction_bias`` (ERNIE's
-under ``moe_statics``) is added to the scores for choosing the top k only, the weights being the unbiased
-scores of the experts chosen; ``expert_groups`` (GLM-4.5's ``n_group`` / ``topk_group``): the experts in
-``n_group`` equal groups, each group scored by the sum of its two best (biased) scores, and the top k chosen
-among the experts of the ``topk_group`` best groups only; ``scale`` (GLM-4.5's ``routed_scaling_factor``): the
-weights multiplied by it after any renormalization. The renormalizing division is by the sum of the k weights
-as the family writes it: plus ``norm_eps`` (GLM-4.5's 1e-20), clamped below at ``norm_min`` (ERNIE's
-``moe_norm_min``).
+``selection_bias`` (ERNIE 4.5-MoE, GLM-4.5, dots.llm1, HY V3, AFMoE): the router's ``e_score_correction_bias``
+(ERNIE's under ``moe_statics``; HY V3's on the block, AFMoE's the block's ``expert_bias``) is added to the
+scores for choosing the top k only, the weights being the unbiased scores of the experts chosen;
+``expert_groups`` (GLM-4.5's ``n_group`` / ``topk_group``): the experts in ``n_group`` equal groups, each
+group scored by the sum of its two best (biased) scores, and the top k chosen among the experts of the
+``topk_group`` best groups only; ``scale`` (GLM-4.5's ``routed_scaling_factor``): the weights multiplied by it
+after any renormalization. The renormalizing division is by the sum of the k weights as the family writes it:
+plus ``norm_eps`` (GLM-4.5's 1e-20), clamped below at ``norm_min`` (ERNIE's ``moe_norm_min``).
 
 The weights are then kept in float32 (Mixtral, GLM-4.5, dots.llm1) or cast to the logits' dtype (the others:
 the model's, HunYuan-MoE's router's), or to the input's where the logits are forced float32 (ERNIE 4.5-MoE).
@@ -95,6 +95,9 @@ def router_linear(module: nn.Module) -> nn.Module:
     return module if wg is None else wg
 
 
+#: a selection bias, by the names the families give it: ``e_score_correction_bias`` (on the router: GLM-4.5,
+#: dots.llm1; ERNIE 4.5-MoE's statics module; HY V3's block), ``expert_bias`` (AFMoE's block)
+SELECTION_BIAS_NAMES = ("e_score_correction_bias", "expert_bias")
 #: a block's shared expert beside its routed ones, by the names the families give it
 SHARED_EXPERT_NAMES = ("shared_expert", "shared_experts", "shared_mlp")
 
@@ -113,7 +116,8 @@ class SparseMoe:
     ungated shared expert beside the block (GraniteMoeShared's ``shared_mlp``; a block's own
     ``shared_expert`` / ``shared_experts`` / ``shared_mlp`` is found by itself); `shared_average`: the
     experts' sum and the shared expert's output averaged, not added (Cohere 2-MoE's "average"
-    ``shared_expert_combination_strategy``); `float32_router` False: ``topk_softmax`` / ``topk_sigmoid`` in
+    ``shared_expert_combination_strategy``); `float32_sum`: the two added in float32 and cast back (HY V3's
+    ``enable_moe_fp32_combine``); `float32_router` False: ``topk_softmax`` / ``topk_sigmoid`` in
     the logits' dtype (gpt-oss's router, Cohere 2-MoE's sigmoid). `float32_logits`, `selection_bias`,
     `expert_groups` (``(n_group, topk_group)``), `scale`, `norm_eps`, `norm_min`: the module docstring's
     options. `where` names the model in errors."""
@@ -128,6 +132,7 @@ class SparseMoe:
         routing: str = "softmax_topk",
         shared: nn.Module | None = None,
         shared_average: bool = False,
+        float32_sum: bool = False,
         float32_router: bool = True,
         float32_logits: bool = False,
         selection_bias: bool = False,
@@ -144,14 +149,18 @@ class SparseMoe:
         self.norm_eps, self.norm_min = float(norm_eps), None if norm_min is None else float(norm_min)
         #: the module holding the router's weight (and bias): the router, or HunYuan-MoE's ``wg``
         self.router_linear = router_linear(self.router)
-        #: the module holding e_score_correction_bias (read at each call), None without a selection bias
+        #: the module holding the selection bias (read at each call), None without one; its attribute name
         self.bias_owner: nn.Module | None = None
+        self.bias_name = SELECTION_BIAS_NAMES[0]
         if selection_bias:
-            owner = getattr(self.router, "moe_statics", self.router)  # (ERNIE 4.5-MoE's statics module)
-            if not isinstance(getattr(owner, "e_score_correction_bias", None), Tensor):
-                name = type(self.router).__name__
-                raise UserError(f"{where}: its router ({name}) has no e_score_correction_bias")
-            self.bias_owner = owner
+            # (the router's, ERNIE 4.5-MoE's statics module's, or the block's own: HY V3's, AFMoE's)
+            owners = (getattr(self.router, "moe_statics", self.router), block)
+            names = SELECTION_BIAS_NAMES
+            found = [(o, n) for o in owners for n in names if isinstance(getattr(o, n, None), Tensor)]
+            if not found:
+                name, wanted = type(self.router).__name__, " or ".join(names)
+                raise UserError(f"{where}: neither its router ({name}) nor its block has {wanted}")
+            self.bias_owner, self.bias_name = found[0]
         experts = block.experts
         gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
         flags = ("is_transposed", "has_bias", "has_post_expert_norm")
@@ -186,6 +195,9 @@ class SparseMoe:
         self.shared_gate = getattr(block, "shared_expert_gate", None) if shared is None else None
         self.shared_size: int | None = None
         self.shared_average = bool(shared_average) and self.shared is not None
+        #: the experts' sum and the ungated shared expert's output added in float32, then cast back (HY V3's
+        #: enable_moe_fp32_combine: what FP16 / BF16 additions round to anyway; a float64 model's sum rounds)
+        self.float32_sum = bool(float32_sum)
         if self.shared is not None:
             down_proj = getattr(self.shared, "down_proj", None)
             down_proj = self.shared.output_linear if down_proj is None else down_proj
@@ -228,7 +240,7 @@ class SparseMoe:
                 self.routing,
                 renormalize=self.renormalize,
                 out_dtype=out_dtype,
-                bias=None if owner is None else owner.e_score_correction_bias.reshape(-1),
+                bias=None if owner is None else getattr(owner, self.bias_name).reshape(-1),
                 norm_eps=self.norm_eps,
                 norm_min=self.norm_min,
                 scale=self.scale,
@@ -272,7 +284,7 @@ class SparseMoe:
         """The float32 scores [N, E] the top k are chosen by: plus the selection bias, and -inf off the
         ``topk_group`` best expert groups (each scored by its two best experts) where groups limit it."""
         if self.bias_owner is not None:
-            scores = scores + self.bias_owner.e_score_correction_bias.reshape(-1).float()
+            scores = scores + getattr(self.bias_owner, self.bias_name).reshape(-1).float()
         if self.expert_groups is None:
             return scores
         groups, keep = self.expert_groups
@@ -306,6 +318,8 @@ class SparseMoe:
             out = out + torch.sigmoid(self.shared_gate(flat)) * self.shared(flat)
         elif self.shared_average:
             out = (out + self.shared(flat)) / 2
+        elif self.shared is not None and self.float32_sum:
+            out = (out.float() + self.shared(flat).float()).to(out.dtype)
         elif self.shared is not None:
             out = out + self.shared(flat)
         return out.reshape(x.shape)
@@ -427,8 +441,7 @@ def moe_layers(
     ``block_sparse_moe``), with the layer's attribute `shared` as an ungated shared expert where set and
     not None (GraniteMoeShared's ``shared_mlp``); `float32_router` and `options` (the routing options:
     ``float32_logits``, ``selection_bias``, ``expert_groups``, ``scale``, ``norm_eps``, ``norm_min``,
-    ``shared_average``):
-    :class:`SparseMoe`'s."""
+    ``shared_average``, ``float32_sum``): :class:`SparseMoe`'s."""
     return [
         SparseMoe(
             getattr(layer, block),
