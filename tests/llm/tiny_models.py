@@ -39,6 +39,7 @@ LIGHT_FAMILIES = (
     "hyperclovax",
     "nanochat",
     "granite_swa",
+    "gpt-sw3",
 )
 FAMILIES = (
     "llama",
@@ -165,6 +166,14 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             bos_token_id=0,
             eos_token_id=0,
         )
+        cls = tf.GPT2LMHeadModel
+    elif family == "gpt-sw3":  # GPT-2's config and model under GPT-SW3's model type (as from_pretrained
+        # keeps a checkpoint's "gpt-sw3"), GELU MLP, a 3x MLP and untied head for a change
+        sw3 = {"vocab_size": 300, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256, "n_inner": 192}
+        sw3 |= {"initializer_range": 0.2, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
+        sw3 |= {"activation_function": "gelu"}
+        cfg = tf.GPT2Config(**(sw3 | overrides))
+        cfg.model_type = "gpt-sw3"
         cls = tf.GPT2LMHeadModel
     elif family == "llama":
         cfg, cls = tf.LlamaConfig(**(llama_like | overrides)), tf.LlamaForCausalLM
@@ -579,9 +588,9 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             for name, param in model.named_parameters():
                 if "norm" in name:
                     param.add_(torch.randn_like(param) * 0.2)
-    if family in ("gptj", "codegen", "falcon", "bloom", "mpt", "biogpt", "xglm"):  # LayerNorm weights and
-        # biases off 1 / 0 (a swapped or skipped norm, or a bias left out, shows: GPT-J's LM-head bias,
-        # Falcon's ln_attn against ln_mlp)
+    if family in ("gptj", "codegen", "falcon", "bloom", "mpt", "biogpt", "xglm", "gpt-sw3"):  # LayerNorm
+        # weights and biases off 1 / 0 (a swapped or skipped norm, or a bias left out, shows: GPT-J's LM-head
+        # bias, Falcon's ln_attn against ln_mlp)
         with torch.no_grad():
             for module in model.modules():
                 for name, param in module.named_parameters(recurse=False):

@@ -90,6 +90,11 @@ OPTIONS: dict[str, dict[str, list]] = {
         "n_inner": [None, 96],
         "layer_norm_epsilon": [1e-5, 1e-3],
     },
+    "gpt-sw3": {  # (GPT-2's model: "gpt2" draws its options)
+        "activation_function": ["gelu", "gelu_new"],
+        "scale_attn_weights": [True, False],
+        "tie_word_embeddings": [False, True],
+    },
     "gpt_neo": {
         "activation_function": ["gelu_new", "relu"],
         "window_size": [3, 256],
@@ -700,6 +705,7 @@ FEWER_SEEDS = {
     "sarvam_moe": range(1),
     "apertus1p5_text": range(2),  # (Apertus' model: "apertus" draws its options)
     "hy_v3": range(3),  # (GLM-4.5's routing, less its groups)
+    "gpt-sw3": range(2),
 }
 PROMPT = 19
 BLOCK = 4

@@ -36,6 +36,7 @@ CASES = [
     ("llama", {"set_sliding_window": 64}),  # set in the config, applied by no llama layer
     ("gpt2", {}),
     ("gpt2", {"set_sliding_window": 64}),
+    ("gpt-sw3", {"set_sliding_window": 64}),
     ("mistral", {"sliding_window": 4}),
     ("mistral", {"sliding_window": None}),
     ("mistral", {"sliding_window": 64}),  # window >= every length here
@@ -193,7 +194,7 @@ def _model(family: str, overrides: dict) -> torch.nn.Module:
 
 
 def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    if model.config.model_type in ("gpt2", "gpt_bigcode", "gptj", "codegen"):
+    if model.config.model_type in ("gpt2", "gpt-sw3", "gpt_bigcode", "gptj", "codegen"):
         return [block.attn for block in model.transformer.h]
     if model.config.model_type in ("falcon", "bloom"):
         return [block.self_attention for block in model.transformer.h]

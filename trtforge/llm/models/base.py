@@ -37,7 +37,7 @@ LLAMA_STYLE = (
     "cwm",
     "jais2",
 )
-GPT2_STYLE = ("gpt2", "gpt_neo", "gpt_bigcode")
+GPT2_STYLE = ("gpt2", "gpt-sw3", "gpt_neo", "gpt_bigcode")
 # which models tensor parallelism splits (the start of every refusal's message)
 TP_RULE = (
     "tensor parallelism splits the families whose attention projects q/k/v separately (q_proj/k_proj/v_proj),"
@@ -52,7 +52,8 @@ TP_RULE = (
 # each family to its adapter class; a test holds the two to the same families)
 STYLES: dict[tuple[str, ...], str] = {
     LLAMA_STYLE: "Llama-style: RoPE, pre-norm blocks, GQA",
-    GPT2_STYLE: "learned positions, LayerNorm, GELU; GPT-Neo's local layers, GPT-BigCode's multi-query",
+    GPT2_STYLE: "learned positions, LayerNorm, GELU; GPT-SW3 is GPT-2's model under a model type of its own; "
+    "GPT-Neo's local layers, GPT-BigCode's multi-query",
     ("opt",): "learned positions, LayerNorm before or after each sublayer, ReLU",
     ("biogpt", "xglm"): "BioGPT / XGLM: OPT's pre-LayerNorm block with scaled embeddings; BioGPT's learned "
     "positions, XGLM's sinusoidal ones",
@@ -183,6 +184,7 @@ UNSUPPORTED_HINTS: dict[str, str] = {
 UNWINDOWED = (
     "llama",
     "gpt2",
+    "gpt-sw3",
     "gpt_bigcode",
     "opt",
     "gpt_neox",
@@ -349,7 +351,7 @@ def model_type_of(model: Any, user: str = "--generate") -> str:
     if output_head(model) is None:
         raise UserError(
             f"{type(model).__name__} has no lm_head: {user} needs the causal-LM class "
-            f"(e.g. {'GPT2LMHeadModel' if model_type == 'gpt2' else 'AutoModelForCausalLM'}), "
+            f"(e.g. {'GPT2LMHeadModel' if model_type in ('gpt2', 'gpt-sw3') else 'AutoModelForCausalLM'}), "
             "not the bare model."
         )
     return model_type

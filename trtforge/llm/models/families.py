@@ -2,23 +2,24 @@
 and the torch executor call, so both see one set of layer math and one sliding-window rule.
 
 Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2, internlm3,
-seed_oss, arcee, exaone, iquestcoder, cwm, jais2), GPT-2 and its relatives GPT-Neo and GPT-BigCode
-(:mod:`.gpt2`), OPT (:mod:`.opt`) and its fairseq relatives BioGPT and XGLM (:mod:`.fairseq`), GPT-NeoX
-(:mod:`.gpt_neox`), Phi (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 and VaultGemma (:mod:`.gemma2`), Gemma
-3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1 (:mod:`.olmo`), Granite,
-Granite SWA and HyperCLOVA X (:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`), Cohere
-1 / 2 (:mod:`.cohere`), GLM, GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon
-(:mod:`.nemotron`), HunYuan dense, Apertus, Apertus 1.5 text and NanoChat (:mod:`.hunyuan`) (Phi and these
-share :mod:`.rope` with Llama-style, which also runs InternLM3, Seed-OSS, Arcee, EXAONE 3 / 3.5, IQuest-Coder,
-CWM and Jais 2), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from a fixed table), Falcon
-(:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two
-with ALiBi position biases, and the sparse mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, Mellum,
-OLMoE, GLM-4.5 (and Param2-MoE, Sarvam-MoE and Solar Open on its MoE MLPs), dots.llm1, K-EXAONE, HY V3 and
-Flint (:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE, GraniteMoeShared and GraniteMoeSWA
-(:mod:`.granite`), HunYuan-MoE (:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`),
-and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared
-pieces (spec, family checks, windows, attention soft-caps, ALiBi slopes, attention sinks) live in
-:mod:`.base`, the rotary variants (interleaved, float32, NoPE layers, a table per layer type or RoPE base) in
+seed_oss, arcee, exaone, iquestcoder, cwm, jais2), GPT-2 (and GPT-SW3) and its relatives GPT-Neo and
+GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`) and its fairseq relatives BioGPT and XGLM (:mod:`.fairseq`),
+GPT-NeoX (:mod:`.gpt_neox`), Phi (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 and VaultGemma
+(:mod:`.gemma2`), Gemma 3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1
+(:mod:`.olmo`), Granite, Granite SWA and HyperCLOVA X (:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3
+(:mod:`.smollm3`), Cohere 1 / 2 (:mod:`.cohere`), GLM, GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`),
+Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dense, Apertus, Apertus 1.5 text and NanoChat
+(:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, which also runs InternLM3, Seed-OSS,
+Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from
+a fixed table), Falcon (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT
+(:mod:`.mpt`), the last two with ALiBi position biases, and the sparse mixture-of-experts families Mixtral,
+Qwen2-MoE, Qwen3-MoE, Mellum, OLMoE, GLM-4.5 (and Param2-MoE, Sarvam-MoE and Solar Open on its MoE MLPs),
+dots.llm1, K-EXAONE, HY V3 and Flint (:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE, GraniteMoeShared
+and GraniteMoeSWA (:mod:`.granite`), HunYuan-MoE (:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE
+(:mod:`.cohere`), and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its MoE MLPs) (their MoE MLPs:
+:mod:`.moe`). The shared pieces (spec, family checks, windows, attention soft-caps, ALiBi slopes, attention
+sinks) live in :mod:`.base`, the rotary variants (interleaved, float32, NoPE layers, a table per layer type or
+RoPE base) in
 :mod:`.rotary`.
 """
 
@@ -45,7 +46,7 @@ from trtforge.llm.models.gemma import GemmaStyle
 from trtforge.llm.models.gemma2 import Gemma2Style, VaultGemmaStyle
 from trtforge.llm.models.gemma3 import Gemma3Style
 from trtforge.llm.models.glm import Ernie45MoeStyle, Ernie45Style, Glm4Style, GlmStyle, HeliumStyle
-from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle
+from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle, GptSw3Style
 from trtforge.llm.models.gpt_neox import GptNeoXStyle
 from trtforge.llm.models.gpt_oss import GptOssStyle
 from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
@@ -93,6 +94,7 @@ from trtforge.llm.models.stablelm import StableLmStyle
 ADAPTERS: dict[str, type[DecoderAdapter]] = {
     **dict.fromkeys(LLAMA_STYLE, LlamaStyle),
     "gpt2": Gpt2Style,
+    "gpt-sw3": GptSw3Style,
     "gpt_neo": GptNeoStyle,
     "gpt_bigcode": GptBigCodeStyle,
     "opt": OptStyle,
@@ -195,6 +197,7 @@ __all__ = [
     "GptNeoStyle",
     "GptNeoXStyle",
     "GptOssStyle",
+    "GptSw3Style",
     "GraniteMoeSharedStyle",
     "GraniteMoeStyle",
     "GraniteMoeSwaStyle",
