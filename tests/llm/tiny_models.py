@@ -94,6 +94,7 @@ MOE_CLASSES = {
     "granitemoe_swa": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM"),
     "hy_v3": ("HYV3Config", "HYV3ForCausalLM"),
     "flint": ("FlintConfig", "FlintForCausalLM"),
+    "afmoe": ("AfmoeConfig", "AfmoeForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
@@ -376,6 +377,15 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
             n = overrides.get("num_hidden_layers", 3)
             moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+        if family == "afmoe":  # AFMoE: q/k norms and the four layer norms (off their init below), the
+            # attention gate; sliding (window 4, RoPE), full (NoPE), sliding; muP's embedding scale; the
+            # routing renormalized, scaled by 2.5, the block's expert_bias (off zero below); one shared
+            # expert; layer 0 of 3 dense
+            moe |= {"head_dim": 16, "sliding_window": 4, "num_hidden_layers": 3, "num_dense_layers": 1}
+            moe |= {"num_shared_experts": 1, "route_scale": 2.5, "mup_enabled": True}
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+            n = overrides.get("num_hidden_layers", 3)
+            moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
         # transformers' eager experts (its default, grouped_mm, takes no float64 and, on the CPU, no odd
         # strides): the per-expert loop of its modeling files
         moe["experts_implementation"] = "eager"
@@ -531,6 +541,12 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     layer.mlp.gate.weight.normal_(0.0, 0.2)
                     bias = layer.mlp.e_score_correction_bias
                     bias.copy_(torch.randn_like(bias) * 0.2)
+    if family == "afmoe":  # the routers at the initializer range, the blocks' expert_bias off zero
+        with torch.no_grad():
+            for layer in model.model.layers:
+                if hasattr(layer.mlp, "expert_bias"):
+                    layer.mlp.router.gate.weight.normal_(0.0, 0.2)
+                    layer.mlp.expert_bias.copy_(torch.randn_like(layer.mlp.expert_bias) * 0.2)
     if family == "flint":  # the routers at the initializer range
         with torch.no_grad():
             for layer in model.model.layers:
@@ -562,7 +578,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     bias.copy_(torch.randn_like(bias) * (0.1 if family == "ernie4_5_moe" else 0.2))
     if family in (  # norm weights off their init
         *("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"),
-        *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe", "hy_v3", "flint"),
+        *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe", "hy_v3", "flint", "afmoe"),
     ):
         with torch.no_grad():
             for name, param in model.named_parameters():

@@ -500,6 +500,23 @@ OPTIONS: dict[str, dict[str, list]] = {
         "mlp_only_layers": [[0], [1], []],
         "attention_bias": [False, True],
     },
+    # AFMoE: its routing (top-k, route_scale), shared experts, dense layers, windows, muP on or off
+    "afmoe": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rope_scaling": ROPE,
+        "num_experts_per_tok": [1, 2, 3],
+        "route_scale": [1.0, 2.5],
+        "num_shared_experts": [0, 1, 2],
+        "num_dense_layers": [0, 1],
+        "mup_enabled": [False, True],
+        "sliding_window": [3, 5],
+        "layer_types": [
+            ["sliding_attention", "full_attention", "sliding_attention"],
+            ["full_attention", "sliding_attention", "sliding_attention"],
+        ],
+        "attention_bias": [False, True],
+    },
     "olmo": LLAMA_LIKE | {"clip_qkv": [None, 0.5, 8.0], "attention_bias": [False, True], "hidden_act": ACTS},
     "olmo3": {  # rope_scaling: on the full-attention layers' table, as OLMo 3's config puts it
         "num_key_value_heads": [1, 2, 4],

@@ -85,7 +85,7 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert kinds["ernie4_5_moe"].mlp_kinds == kinds["glm4_moe"].mlp_kinds == ["dense", "moe", "moe"]
     assert kinds["ernie4_5_moe"].moe["shared_expert_size"] == 128
     biased = {f for f in here if kinds[f].moe["selection_bias"]}
-    glm_kin = {"param2moe", "sarvam_moe", "solar_open", "hy_v3"} & set(here)
+    glm_kin = {"param2moe", "sarvam_moe", "solar_open", "hy_v3", "afmoe"} & set(here)
     assert biased == {"ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", *glm_kin}
     glm = kinds["glm4_moe"].moe
     assert glm["routing"] == "sigmoid_topk" and glm["expert_groups"] == [2, 1] and glm["scale"] == 2.5
@@ -109,6 +109,11 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
         hy = kinds["hy_v3"]
         assert hy.moe["routing"] == "sigmoid_topk" and hy.moe["expert_groups"] is None
         assert hy.moe["renormalize"] and hy.moe["scale"] == 2.5 and hy.mlp_kinds == ["dense", "moe", "moe"]
+    if "afmoe" in here:  # (its bias the block's expert_bias; its router's gate Linear)
+        afmoe = kinds["afmoe"]
+        assert afmoe.moe["selection_bias"] and afmoe.moe["scale"] == 2.5
+        assert afmoe.moe["expert_groups"] is None
+        assert afmoe.mlp_kinds == ["dense", "moe", "moe"]
     if "flint" in here:
         flint = kinds["flint"]
         assert flint.moe["routing"] == "sigmoid_topk" and flint.moe["shared_expert_size"] == 96
@@ -282,6 +287,7 @@ def test_moe_families_not_implemented_are_refused_naming_what_sets_them_apart(mo
         ("glm4_moe", True),
         ("cohere2_moe", False),  # (its sigmoid and renormalization in BF16)
         ("hy_v3", True),  # (its float32 router; the shared expert added in float32)
+        ("afmoe", False),  # (its router's logits in BF16, scored in float32)
         # (not Flint: transformers' eager Flint attention upcasts q, k to float32 for the scores, which
         # trtforge's BF16 reference attention takes in BF16; its float32 router is GLM-4.5's case)
     ],

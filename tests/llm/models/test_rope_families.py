@@ -177,6 +177,15 @@ def test_apertus1p5_text_with_a_pruned_lm_head_is_refused_naming_it():
         adapter_for(model)
 
 
+def test_afmoe_of_dense_layers_only_is_refused_by_tensor_parallelism_naming_its_attention_gate():
+    """AFMoE's sigmoid gate on the attention output has no split: with every layer dense (no MoE MLP to
+    refuse it first) tensor parallelism refuses it by that gate."""
+    adapter = adapter_for(tiny_model("afmoe", num_dense_layers=3))
+    assert not adapter.has_moe
+    with pytest.raises(UserError, match="not supported for afmoe models .*attention output gate"):
+        adapter.check_shard(2)
+
+
 def _refused_dense(model_type: str) -> torch.nn.Module:
     """A one-layer model of a dense family refused by name (base.UNSUPPORTED_HINTS)."""
     import transformers as tf

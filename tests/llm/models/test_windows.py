@@ -123,6 +123,8 @@ CASES = [
     ("hy_v3", {"set_sliding_window": 64}),  # no HY V3 layer applies one
     ("flint", {}),  # sliding, full, sliding; window 4; sinks on every layer
     ("flint", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
+    ("afmoe", {}),  # sliding (RoPE), full (NoPE), sliding; window 4
+    ("afmoe", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     ("mellum", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     # Cohere 2-MoE: dense full layer 0 (RoPE: prefix pattern 1), sliding (RoPE), full (NoPE); then a dense
     # sliding layer 0 and NoPE full layer 1 (prefix pattern 2)

@@ -128,6 +128,10 @@ STYLES: dict[tuple[str, ...], str] = {
     "layers by mlp_layer_types",
     ("flint",): "Flint: Qwen3-MoE's attention with attention sinks and windows by layer_types, sparse MoE "
     "MLPs routed by float32 sigmoid scores, an ungated shared expert, dense layers by mlp_only_layers",
+    ("afmoe",): "AFMoE (Arcee Trinity): per-head q/k norms, a sigmoid gate on the attention output, norms "
+    "before and after attention and MLP, windows by layer_types (NoPE full layers), muP's embedding scale, "
+    "sparse MoE MLPs routed by sigmoid scores with the block's expert_bias, renormalized, scaled by "
+    "route_scale, an ungated shared MLP, dense first layers",
     ("granitemoe", "granitemoeshared"): "GraniteMoE / GraniteMoeShared: Granite's multipliers, sparse MoE "
     "MLPs routed by a softmax over the top-k router logits; GraniteMoeShared's ungated shared MLP beside "
     "them",
@@ -253,6 +257,7 @@ PER_LAYER_TYPES = (
     "granite_swa",
     "granitemoe_swa",
     "flint",
+    "afmoe",
 )
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -385,13 +390,13 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     - mistral, phi3, starcoder2, mixtral, qwen3_moe: ``config.sliding_window`` on every layer, or none
       when it is null (their forward ignores ``layer_types``);
     - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe, gpt_oss,
-      cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe, granite_swa, granitemoe_swa, flint: the window
-      on the layers ``config.layer_types`` marks "sliding_attention" (CWM's config marks 3 of 4 by default,
-      VaultGemma's every other, Granite SWA's 3 of 4; qwen's config builds those from ``use_sliding_window``
-      and ``max_window_layers``; with
-      ``use_sliding_window`` false it nulls ``sliding_window``, Qwen2-MoE's sets it to 0, read as null.
-      SmolLM3's marks its NoPE layers when ``use_sliding_window`` is set; its eager and SDPA masks then
-      follow ``layer_types`` and ``sliding_window`` alone, as this rule does).
+      cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe, granite_swa, granitemoe_swa, flint, afmoe:
+      the window on the layers ``config.layer_types`` marks "sliding_attention" (CWM's config marks 3 of 4
+      by default, VaultGemma's every other, Granite SWA's 3 of 4; qwen's config builds those from
+      ``use_sliding_window`` and ``max_window_layers``; with ``use_sliding_window`` false it nulls
+      ``sliding_window``, Qwen2-MoE's sets it to 0, read as null. SmolLM3's marks its NoPE layers when
+      ``use_sliding_window`` is set; its eager and SDPA masks then follow ``layer_types`` and
+      ``sliding_window`` alone, as this rule does).
     UserError where transformers' forward would fail or attend to nothing: a sliding layer without a
     window, an unknown layer type, a window below 1.
     """

@@ -47,6 +47,13 @@ formulations).
   head) and windows by ``layer_types``, the sliding layers with RoPE and the full ones without (and its
   ``attention_bias`` on o_proj too); a float32 router whose sigmoid scores pick the top k (renormalized
   by ``norm_topk_prob``, kept in float32), an ungated shared expert, dense layers by ``mlp_only_layers``.
+- ``afmoe`` (``AfmoeForCausalLM``, Arcee's Trinity): per-head q/k RMSNorms before RoPE, the attention
+  output gated by ``sigmoid(gate_proj(h))`` before ``o_proj``, RMSNorms before and after both attention and
+  MLP, windows by ``layer_types`` with the sliding layers rotated and the full ones NoPE, muP's embedding
+  scale (``mup_enabled``: times sqrt(hidden_size)); dense first layers (``num_dense_layers``), then sparse
+  MLPs routed by the block's router (its ``gate`` Linear in the model's dtype, float32 sigmoid scores, the
+  top k chosen with the block's ``expert_bias``, renormalized, times ``route_scale``, kept float32) with an
+  ungated shared MLP.
 
 Not Llama-style (:class:`~trtforge.llm.models.llama.LlamaStyle`): the fused CUDA layers and quantization
 refuse these models by name; tensor parallelism refuses their MoE MLPs (the experts have no split yet).
@@ -54,9 +61,10 @@ refuse these models by name; tensor parallelism refuses their MoE MLPs (the expe
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
-from trtforge.llm.models.moe import moe_layers
+from trtforge.llm.models.moe import moe_layers, refuse_moe
 from trtforge.llm.models.rope import RopeStyle, project_qkv
 from trtforge.llm.models.rotary import PerTypeRotary
 
@@ -228,3 +236,53 @@ class FlintStyle(Qwen3MoeStyle):
     def rotates(self, i: int) -> bool:
         """transformers' ``FlintAttention``: the sliding layers rotate, the full ones are NoPE."""
         return self.windows[i] is not None
+
+
+class AfmoeStyle(RopeStyle):
+    """AFMoE (see the module docstring): gated attention output, norms before and after both sublayers,
+    NoPE full layers, and GLM-4.5-style routing by the block's router and ``expert_bias``."""
+
+    family = "afmoe"
+    tp_refusal = "attention output gate (gate_proj, a sigmoid over the heads' outputs) has no split yet."
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        c = self.config
+        self.moe = moe_layers(
+            self.layers,
+            renormalize=True,
+            float32_weights=True,
+            where=self.cannot_run(),
+            routing="sigmoid_topk",
+            selection_bias=True,
+            scale=float(c.route_scale),
+            norm_eps=1e-20,
+        )
+        #: muP's input scale (``mup_enabled``: the embeddings times sqrt(hidden_size))
+        self.embed_scale = float(c.hidden_size) ** 0.5 if c.mup_enabled else None
+
+    def check_shard(self, world: int) -> None:
+        """Its MoE MLPs refused first (as every MoE family's), then its attention gate (:attr:`tp_refusal`:
+        a model of dense layers only)."""
+        refuse_moe(self.model, "tensor parallelism (tensor_parallel_size > 1)", "dense MLPs")
+        super().check_shard(world)
+
+    def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
+        x = self.body.embed_tokens(input_ids)
+        return x if self.embed_scale is None else x * self.embed_scale
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = super().qkv(i, x)
+        attn = self.layers[i].self_attn
+        return attn.q_norm(q), attn.k_norm(k), v
+
+    def rotates(self, i: int) -> bool:
+        """transformers' ``AfmoeAttention``: the sliding layers rotate, the full ones are NoPE."""
+        return self.windows[i] is not None
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        layer = self.layers[i]
+        attn = layer.self_attn
+        gate = torch.sigmoid(attn.gate_proj(layer.input_layernorm(x)))
+        x = x + layer.post_attention_layernorm(attn.o_proj(attn_out * gate))
+        return x + layer.post_mlp_layernorm(self.mlp(i, layer.pre_mlp_layernorm(x)))

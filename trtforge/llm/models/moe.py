@@ -90,9 +90,12 @@ def router(block: nn.Module) -> nn.Module | None:
 
 def router_linear(module: nn.Module) -> nn.Module:
     """The module holding a router's ``weight`` [E, H] (and ``bias`` where it has one): the router itself,
-    or its ``wg`` Linear (HunYuan-MoE's gate)."""
-    wg = getattr(module, "wg", None)
-    return module if wg is None else wg
+    or its ``wg`` Linear (HunYuan-MoE's gate), or its ``gate`` Linear (AFMoE's router)."""
+    for name in ("wg", "gate"):
+        inner = getattr(module, name, None)
+        if isinstance(inner, nn.Linear):
+            return inner
+    return module
 
 
 #: a selection bias, by the names the families give it: ``e_score_correction_bias`` (on the router: GLM-4.5,
