@@ -172,7 +172,72 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "decoupled rotary part), which trtforge's KV cache and kernels do not hold.",
     "jetmoe": "JetMoE routes its attention heads too (a mixture of attention experts), which trtforge's "
     "attention does not.",
+    "aria_text": "Aria's text model (AriaTextForCausalLM) stores its experts transposed (gate_up_proj "
+    "[experts, hidden, 2 x intermediate], down_proj [experts, intermediate, hidden], transformers' "
+    "is_transposed), a layout trtforge's MoE MLPs do not read (transformers 5's plain [experts, 2 x "
+    "intermediate, hidden], or gpt-oss's interleaved and biased one); not implemented.",
+    "ergo": "Ergo's experts are non-gated squared-ReLU MLPs each followed by an RMSNorm of its own "
+    "(post_expert_norm, one weight row an expert), its shared expert normed too, which trtforge's MoE MLPs "
+    "(gated experts, unnormed) do not compute.",
+    "doge": "Doge attends through dynamic mask attention (a learned per-key bias from its values, dt_proj "
+    "and A, keeping the keep_window_size best keys of each query) and routes its cross-domain MoE over "
+    "product keys (two top-k over halves of the router logits, single-neuron experts), which trtforge's "
+    "attention and MoE MLPs do not compute.",
+    # multi-head latent attention and sparse-attention indexers (DeepSeek-V3 / V3.2 relatives)
+    "axk1": "A.X-K1 is DeepSeek-V3 (with a norm after each MoE block): it attends through multi-head latent "
+    "attention (compressed KV with a decoupled rotary part), which trtforge's KV cache and kernels do not "
+    "hold.",
+    "glm4_moe_lite": "GLM-4.7-Flash (glm4_moe_lite) attends through multi-head latent attention "
+    "(DeepSeek-V3's compressed KV with a decoupled rotary part), which trtforge's KV cache and kernels do "
+    "not hold (its routing is GLM-4.5's, which is supported).",
+    "axk2": "A.X-K2 is DeepSeek-V3.2: multi-head latent attention (compressed KV with a decoupled rotary "
+    "part) whose keys a lightning indexer sparsifies (each query attends to its top-k keys by the indexer's "
+    "scores), neither of which trtforge's KV cache and kernels compute.",
+    "glm_moe_dsa": "GLM-5 (glm_moe_dsa) attends through DeepSeek-V3.2's sparse attention: multi-head latent "
+    "attention (compressed KV with a decoupled rotary part) over the top-k keys a lightning indexer picks "
+    "for each query, neither of which trtforge's KV cache and kernels compute.",
+    "dots3_note_text": "dots.3-note's text model attends through DeepSeek-V3.2's sparse attention: "
+    "multi-head latent attention (compressed KV with a decoupled rotary part) over the top-k keys a "
+    "lightning indexer picks for each query, neither of which trtforge's KV cache and kernels compute.",
+    "hy_v4": "HY V4 attends through multi-head latent attention over the keys a lightning indexer picks "
+    "(DeepSeek-V3.2's sparse attention) and mixes several residual streams by hyper-connections "
+    "(DeepSeek-V4's), none of which trtforge's KV cache, kernels and blocks compute.",
+    # hybrid state-space models: recurrent layers beside (or instead of) attention
+    "falcon_h1": "Falcon-H1 runs a Mamba-2 state-space mixer in parallel with attention in every layer; "
+    "trtforge's KV cache and kernels hold attention keys and values only (no recurrent SSM state).",
+    "bamba": "Bamba interleaves Mamba-2 state-space layers with its attention layers; trtforge's KV cache "
+    "and kernels hold attention keys and values only (no recurrent SSM state).",
+    "granitemoehybrid": "Granite 4.0 (granitemoehybrid) interleaves Mamba-2 state-space layers with its "
+    "attention layers (layer_types); trtforge's KV cache and kernels hold attention keys and values only (no "
+    "recurrent SSM state).",
     # dense decoders beside the supported ones, refused for what sets them apart
+    "cohere_compass_text": "CohereCompass's text model (North) is Cohere 2's parallel block inside "
+    "Qwen3-VL's text model: multimodal RoPE tables per layer type (mrope_section; rotate-half, not Cohere's "
+    "interleaved pairs; NoPE types by rope_parameters) and DeepStack visual features added to its first "
+    "layers; not implemented.",
+    "gemma4_unified_text": "Gemma 4 unified's text model norms its values (a weightless RMSNorm), attends "
+    "with an unscaled softmax after its q/k norms, may reuse keys as values (attention_k_eq_v) or an earlier "
+    "layer's keys and values (num_kv_shared_layers), and lets vision tokens attend bidirectionally; not "
+    "implemented.",
+    "ctrl": "CTRL (CTRLLMHeadModel) adds a sinusoidal position table to sqrt(d_model)-scaled embeddings "
+    "ahead of pre-LayerNorm blocks of biased multi-head attention (Wq/Wk/Wv/dense) and a ReLU MLP; not "
+    "implemented.",
+    "gemma3n_text": "Gemma 3n's text model runs AltUp (several predicted hidden-state streams a layer), "
+    "LAuReL residuals, per-layer input embeddings, layers that reuse an earlier layer's keys and values "
+    "(num_kv_shared_layers) and activation sparsity, which trtforge's blocks and KV cache do not compute.",
+    "gemma4_text": "Gemma 4's text model feeds every layer a per-layer input embedding "
+    "(hidden_size_per_layer_input), lets later layers reuse an earlier layer's keys and values "
+    "(num_kv_shared_layers), may reuse keys as values (attention_k_eq_v) and norms the values, which "
+    "trtforge's blocks and KV cache do not compute.",
+    "dory": "Dory is a looped normalized transformer (nGPT): hidden states kept on the unit sphere and moved "
+    "by learned per-channel step sizes, its layers run in loops whose earlier passes read the cache without "
+    "writing it, which trtforge's blocks and KV cache do not compute.",
+    "hrm_text": "HRM-Text is a hierarchical recurrent model: its two transformer stacks (H and L) run in "
+    "nested cycles (H_cycles x L_cycles, each pass its own cache slot) with instruction tokens attending "
+    "bidirectionally (prefix_lm), which trtforge's one-pass causal decoder does not compute.",
+    "blt": "BLT (Byte Latent Transformer) is not one decoder: a byte-level local encoder and decoder around "
+    "a global transformer over entropy-based patches (an entropy model, cross-attention between bytes and "
+    "patches, hash n-gram embeddings), which trtforge's decoder step does not compute.",
     "minicpm3": "MiniCPM3 attends through multi-head latent attention (low-rank compressed q and KV with a "
     "decoupled rotary part), which trtforge's KV cache and kernels do not hold.",
     "diffllama": "DiffLlama's differential attention subtracts a second softmax map (by a learned lambda) "
