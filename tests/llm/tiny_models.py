@@ -40,6 +40,7 @@ LIGHT_FAMILIES = (
     "nanochat",
     "granite_swa",
     "gpt-sw3",
+    "gpt_neox_japanese",
 )
 FAMILIES = (
     "llama",
@@ -101,8 +102,9 @@ MOE_FAMILIES = tuple(MOE_CLASSES)
 # test_rope_families.py checks the refusal, tests/llm/test_tensor_parallel.py splits every other one);
 # "falcon" is falcon-7b's multi-query form (one KV head), Falcon's other FORMS split; "gpt_bigcode" its
 # multi-query form too (its multi-head one splits)
-# (Granite SWA: its attention sinks; gpt-oss's are refused with its MoE MLPs)
-TP_REFUSED = ("gpt_bigcode", "gptj", "codegen", "falcon", "granite_swa", *MOE_FAMILIES)
+# (Granite SWA: its attention sinks; gpt-oss's are refused with its MoE MLPs; GPT-NeoX-Japanese: its last
+# layer's attention output bias)
+TP_REFUSED = ("gpt_bigcode", "gptj", "codegen", "falcon", "granite_swa", "gpt_neox_japanese", *MOE_FAMILIES)
 # forms of one family that tiny_model builds under names of their own: Falcon's other two layer
 # architectures ("falcon" itself is falcon-7b's: multi-query, parallel, one input_layernorm)
 FORMS: dict[str, tuple[str, dict]] = {
@@ -244,6 +246,13 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family == "gpt_neox":  # fused per-head QKV, MHA, Pythia's partial rotary (1/4), parallel residual
         neox = {k: v for k, v in llama_like.items() if k != "num_key_value_heads"} | {"rotary_pct": 0.25}
         cfg, cls = tf.GPTNeoXConfig(**(neox | overrides)), tf.GPTNeoXForCausalLM
+    elif family == "gpt_neox_japanese":  # GPT-NeoX's fused per-head QKV (MHA), partial rotary (1/2), the
+        # sequential block, a 2x non-gated MLP, the last layer's attention output bias (off zero below)
+        neoxj = {k: v for k, v in llama_like.items() if k not in ("num_key_value_heads", "intermediate_size")}
+        neoxj |= {"intermediate_multiple_size": 2, "rotary_pct": 0.5, "bos_token_id": 1, "eos_token_id": 2}
+        neoxj |= {"tie_word_embeddings": False}
+        cfg = tf.GPTNeoXJapaneseConfig(**(neoxj | overrides))
+        cls = tf.GPTNeoXJapaneseForCausalLM
     elif family == "phi":  # one LayerNorm for attention and MLP, Phi-2's partial rotary (0.4) and 4x MLP
         phi = {"partial_rotary_factor": 0.4, "intermediate_size": 256}  # (at 2x, seed 0 repeats one token)
         cfg, cls = tf.PhiConfig(**(llama_like | phi | overrides)), tf.PhiForCausalLM
@@ -598,8 +607,13 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             for name, param in model.named_parameters():
                 if "norm" in name:
                     param.add_(torch.randn_like(param) * 0.2)
-    if family in ("gpt_neox", "phi", "stablelm", "persimmon"):  # LayerNorm weights and biases off their init
-        # (a swapped norm shows; StableLM's per-head q/k norms each their own)
+    if family == "gpt_neox_japanese":  # the last layer's attention output bias (zero at init) off zero
+        with torch.no_grad():
+            for layer in model.gpt_neox_japanese.layers:
+                if layer.attention.dense_bias is not None:
+                    layer.attention.dense_bias.normal_(0.0, 0.2)
+    if family in ("gpt_neox", "gpt_neox_japanese", "phi", "stablelm", "persimmon"):  # LayerNorm weights and
+        # biases off their init (a swapped norm shows; StableLM's per-head q/k norms each their own)
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "norm" in name:

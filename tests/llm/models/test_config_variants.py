@@ -95,6 +95,14 @@ OPTIONS: dict[str, dict[str, list]] = {
         "scale_attn_weights": [True, False],
         "tie_word_embeddings": [False, True],
     },
+    "gpt_neox_japanese": {  # partial rotary, rope scaling, the MLP's width and activation, eps, tied head
+        "rotary_pct": [0.25, 0.5, 1.0],
+        "rope_scaling": ROPE[:2],
+        "intermediate_multiple_size": [2, 4],
+        "hidden_act": ["gelu", "relu", "silu"],
+        "layer_norm_eps": [1e-5, 1e-3],
+        "tie_word_embeddings": [False, True],
+    },
     "gpt_neo": {
         "activation_function": ["gelu_new", "relu"],
         "window_size": [3, 256],

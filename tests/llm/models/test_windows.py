@@ -37,6 +37,7 @@ CASES = [
     ("gpt2", {}),
     ("gpt2", {"set_sliding_window": 64}),
     ("gpt-sw3", {"set_sliding_window": 64}),
+    ("gpt_neox_japanese", {"set_sliding_window": 64}),
     ("mistral", {"sliding_window": 4}),
     ("mistral", {"sliding_window": None}),
     ("mistral", {"sliding_window": 64}),  # window >= every length here
@@ -210,6 +211,8 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
         return [layer.self_attn for layer in model.biogpt.layers]
     if model.config.model_type == "gpt_neox":
         return [layer.attention for layer in model.gpt_neox.layers]
+    if model.config.model_type == "gpt_neox_japanese":
+        return [layer.attention for layer in model.gpt_neox_japanese.layers]
     return [layer.self_attn for layer in model.model.layers]
 
 

@@ -4,8 +4,8 @@ Design. A torch wrapper (:mod:`.step`) runs the model's own submodules through o
 (:mod:`trtforge.llm.models`, shared with the torch executor: Llama-style = llama, mistral, ministral, qwen2,
 qwen3, phi3, starcoder2, internlm3, seed_oss, arcee; GPT-2, GPT-SW3, GPT-Neo, GPT-BigCode; OPT; Gemma 1, Gemma
 2, Gemma 3 text, OLMo 1-3, Granite, Granite SWA, StableLM, SmolLM3, Cohere 1 / 2, GLM, GLM-4-0414, Nemotron,
-Persimmon, Helium, ERNIE 4.5, EXAONE 4, HunYuan dense, Apertus, Apertus 1.5 text; GPT-NeoX; Phi; GPT-J,
-CodeGen; Falcon; BLOOM, MPT; the MoE families Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GraniteMoE,
+Persimmon, Helium, ERNIE 4.5, EXAONE 4, HunYuan dense, Apertus, Apertus 1.5 text; GPT-NeoX, GPT-NeoX-Japanese;
+Phi; GPT-J, CodeGen; Falcon; BLOOM, MPT; the MoE families Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GraniteMoE,
 GraniteMoeShared, gpt-oss, HunYuan-MoE, ERNIE 4.5-MoE, GLM-4.5, Param2-MoE, Sarvam-MoE, Solar Open, dots.llm1,
 FlexOLMo, K-EXAONE, Mellum, Cohere 2-MoE, GraniteMoeSWA, HY V3, Flint, AFMoE, whose expert MLPs the step graph
 computes densely:

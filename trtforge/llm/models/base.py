@@ -58,6 +58,8 @@ STYLES: dict[tuple[str, ...], str] = {
     ("biogpt", "xglm"): "BioGPT / XGLM: OPT's pre-LayerNorm block with scaled embeddings; BioGPT's learned "
     "positions, XGLM's sinusoidal ones",
     ("gpt_neox",): "Pythia: fused per-head QKV, partial RoPE, LayerNorm, parallel or serial residual",
+    ("gpt_neox_japanese",): "GPT-NeoX-Japanese: GPT-NeoX's fused per-head QKV, partial RoPE and serial "
+    "block, the last layer's attention output bias",
     ("phi",): "Phi-1/1.5/2: one LayerNorm feeding attention and MLP in parallel, partial RoPE",
     ("gemma",): "Gemma 1 / CodeGemma: scaled embeddings, RMSNorm by 1 + weight, GeGLU",
     ("gemma2",): "Gemma 2 (Gemma2ForCausalLM): Gemma's norms and GeGLU, norms after attention and MLP, "
@@ -257,6 +259,7 @@ UNWINDOWED = (
     "gpt_bigcode",
     "opt",
     "gpt_neox",
+    "gpt_neox_japanese",
     "phi",
     "gemma",
     "olmo2",

@@ -4,10 +4,10 @@ and the torch executor call, so both see one set of layer math and one sliding-w
 Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2, internlm3,
 seed_oss, arcee, exaone, iquestcoder, cwm, jais2), GPT-2 (and GPT-SW3) and its relatives GPT-Neo and
 GPT-BigCode (:mod:`.gpt2`), OPT (:mod:`.opt`) and its fairseq relatives BioGPT and XGLM (:mod:`.fairseq`),
-GPT-NeoX (:mod:`.gpt_neox`), Phi (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 and VaultGemma
-(:mod:`.gemma2`), Gemma 3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1
-(:mod:`.olmo`), Granite, Granite SWA and HyperCLOVA X (:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3
-(:mod:`.smollm3`), Cohere 1 / 2 (:mod:`.cohere`), GLM, GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`),
+GPT-NeoX and GPT-NeoX-Japanese (:mod:`.gpt_neox`), Phi (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 and
+VaultGemma (:mod:`.gemma2`), Gemma 3 text (:mod:`.gemma3`), OLMo 2 (:mod:`.olmo2`, with OLMo 3 and EXAONE 4),
+OLMo 1 (:mod:`.olmo`), Granite, Granite SWA and HyperCLOVA X (:mod:`.granite`), StableLM (:mod:`.stablelm`),
+SmolLM3 (:mod:`.smollm3`), Cohere 1 / 2 (:mod:`.cohere`), GLM, GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`),
 Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dense, Apertus, Apertus 1.5 text and NanoChat
 (:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, which also runs InternLM3, Seed-OSS,
 Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from
@@ -48,7 +48,7 @@ from trtforge.llm.models.gemma2 import Gemma2Style, VaultGemmaStyle
 from trtforge.llm.models.gemma3 import Gemma3Style
 from trtforge.llm.models.glm import Ernie45MoeStyle, Ernie45Style, Glm4Style, GlmStyle, HeliumStyle
 from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle, GptSw3Style
-from trtforge.llm.models.gpt_neox import GptNeoXStyle
+from trtforge.llm.models.gpt_neox import GptNeoXJapaneseStyle, GptNeoXStyle
 from trtforge.llm.models.gpt_oss import GptOssStyle
 from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
 from trtforge.llm.models.granite import (
@@ -103,6 +103,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "biogpt": BioGptStyle,
     "xglm": XglmStyle,
     "gpt_neox": GptNeoXStyle,
+    "gpt_neox_japanese": GptNeoXJapaneseStyle,
     "phi": PhiStyle,
     "gemma": GemmaStyle,
     "gemma2": Gemma2Style,
@@ -199,6 +200,7 @@ __all__ = [
     "GptBigCodeStyle",
     "GptJStyle",
     "GptNeoStyle",
+    "GptNeoXJapaneseStyle",
     "GptNeoXStyle",
     "GptOssStyle",
     "GptSw3Style",
