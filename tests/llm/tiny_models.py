@@ -96,6 +96,7 @@ MOE_CLASSES = {
     "hy_v3": ("HYV3Config", "HYV3ForCausalLM"),
     "flint": ("FlintConfig", "FlintForCausalLM"),
     "afmoe": ("AfmoeConfig", "AfmoeForCausalLM"),
+    "aria_text": ("AriaTextConfig", "AriaTextForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
@@ -386,6 +387,10 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
             n = overrides.get("num_hidden_layers", 3)
             moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+        if family == "aria_text":  # Aria text: its own names (moe_num_experts, moe_topk; intermediate_size
+            # the expert width), one shared expert as wide, experts stored transposed
+            moe = {"moe_num_experts": 4, "moe_topk": 2, "intermediate_size": 64, "moe_num_shared_experts": 1}
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
         if family == "afmoe":  # AFMoE: q/k norms and the four layer norms (off their init below), the
             # attention gate; sliding (window 4, RoPE), full (NoPE), sliding; muP's embedding scale; the
             # routing renormalized, scaled by 2.5, the block's expert_bias (off zero below); one shared

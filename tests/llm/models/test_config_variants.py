@@ -525,6 +525,14 @@ OPTIONS: dict[str, dict[str, list]] = {
         ],
         "attention_bias": [False, True],
     },
+    # Aria text: its top-k, the shared expert's width, Llama's attention options
+    "aria_text": LLAMA_LIKE
+    | {
+        "moe_topk": [1, 2, 3],
+        "moe_num_shared_experts": [1, 2],
+        "attention_bias": [False, True],
+        "head_dim": [8, 16, 24],
+    },
     "olmo": LLAMA_LIKE | {"clip_qkv": [None, 0.5, 8.0], "attention_bias": [False, True], "hidden_act": ACTS},
     "olmo3": {  # rope_scaling: on the full-attention layers' table, as OLMo 3's config puts it
         "num_key_value_heads": [1, 2, 4],

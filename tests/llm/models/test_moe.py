@@ -71,6 +71,7 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert kinds["mixtral"].moe["renormalize"] and kinds["mixtral"].moe["float32_weights"]
     assert kinds["qwen3_moe"].moe["renormalize"] and not kinds["olmoe"].moe["renormalize"]
     assert {f for f in here if kinds[f].moe["routing"] == "topk_softmax"} == {
+        "aria_text",
         "granitemoe",
         "granitemoeshared",
         "granitemoe_swa",
@@ -109,6 +110,10 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
         hy = kinds["hy_v3"]
         assert hy.moe["routing"] == "sigmoid_topk" and hy.moe["expert_groups"] is None
         assert hy.moe["renormalize"] and hy.moe["scale"] == 2.5 and hy.mlp_kinds == ["dense", "moe", "moe"]
+    if "aria_text" in here:  # (its experts transposed; the top-k softmax in the model's dtype)
+        aria = kinds["aria_text"].moe
+        assert aria["layout"] == "transposed" and aria["routing"] == "topk_softmax"
+        assert aria["shared_expert_size"] == 64
     if "afmoe" in here:  # (its bias the block's expert_bias; its router's gate Linear)
         afmoe = kinds["afmoe"]
         assert afmoe.moe["selection_bias"] and afmoe.moe["scale"] == 2.5
@@ -288,6 +293,7 @@ def test_moe_families_not_implemented_are_refused_naming_what_sets_them_apart(mo
         ("cohere2_moe", False),  # (its sigmoid and renormalization in BF16)
         ("hy_v3", True),  # (its float32 router; the shared expert added in float32)
         ("afmoe", False),  # (its router's logits in BF16, scored in float32)
+        ("aria_text", False),
         # (not Flint: transformers' eager Flint attention upcasts q, k to float32 for the scores, which
         # trtforge's BF16 reference attention takes in BF16; its float32 router is GLM-4.5's case)
     ],

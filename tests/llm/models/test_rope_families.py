@@ -190,7 +190,6 @@ def test_afmoe_of_dense_layers_only_is_refused_by_tensor_parallelism_naming_its_
 # the small sizes below and these extras; None: a stand-in carrying their config (BLT's sub-configs default
 # to a large model; CohereCompass's text model wants rope_parameters per layer type)
 REFUSED_BY_CONFIG: dict[str, dict | None] = {
-    "aria_text": {},
     "ergo": {},
     "doge": {},
     "axk1": {},
@@ -225,7 +224,7 @@ class _StandIn(torch.nn.Module):
 @pytest.mark.parametrize("model_type", sorted(REFUSED_BY_CONFIG))
 def test_families_apart_are_refused_by_name_with_what_sets_them_apart(model_type):
     """Each causal-LM family trtforge does not run (MLA, sparse-attention indexers, state-space layers,
-    recurrent or looped stacks, per-layer embeddings, layouts not read) is refused naming its hint."""
+    recurrent or looped stacks, per-layer embeddings, normed experts) is refused naming its hint."""
     import re
 
     import transformers as tf

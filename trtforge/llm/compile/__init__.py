@@ -7,7 +7,8 @@ qwen3, phi3, starcoder2, internlm3, seed_oss, arcee; GPT-2, GPT-SW3, GPT-Neo, GP
 Persimmon, Helium, ERNIE 4.5, EXAONE 4, HunYuan dense, Apertus, Apertus 1.5 text; GPT-NeoX, GPT-NeoX-Japanese;
 Phi; GPT-J, CodeGen; Falcon; BLOOM, MPT; the MoE families Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GraniteMoE,
 GraniteMoeShared, gpt-oss, HunYuan-MoE, ERNIE 4.5-MoE, GLM-4.5, Param2-MoE, Sarvam-MoE, Solar Open, dots.llm1,
-FlexOLMo, K-EXAONE, Mellum, Cohere 2-MoE, GraniteMoeSWA, HY V3, Flint, AFMoE, whose expert MLPs the step graph
+FlexOLMo, K-EXAONE, Mellum, Cohere 2-MoE, GraniteMoeSWA, HY V3, Flint, AFMoE, Aria text, whose expert MLPs the
+step graph
 computes densely:
 :mod:`trtforge.llm.models.moe`); only the attention is rewritten, around two torch custom ops with exact torch
 reference implementations (:mod:`.ops`): the cache write, exported as ONNX ``TensorScatter`` (TensorRT:

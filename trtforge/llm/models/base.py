@@ -134,6 +134,8 @@ STYLES: dict[tuple[str, ...], str] = {
     "before and after attention and MLP, windows by layer_types (NoPE full layers), muP's embedding scale, "
     "sparse MoE MLPs routed by sigmoid scores with the block's expert_bias, renormalized, scaled by "
     "route_scale, an ungated shared MLP, dense first layers",
+    ("aria_text",): "Aria text: Llama's attention, every MLP sparse (a softmax over the top-k router logits "
+    "in the model's dtype, experts stored transposed) with an ungated shared MLP",
     ("granitemoe", "granitemoeshared"): "GraniteMoE / GraniteMoeShared: Granite's multipliers, sparse MoE "
     "MLPs routed by a softmax over the top-k router logits; GraniteMoeShared's ungated shared MLP beside "
     "them",
@@ -174,10 +176,6 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "decoupled rotary part), which trtforge's KV cache and kernels do not hold.",
     "jetmoe": "JetMoE routes its attention heads too (a mixture of attention experts), which trtforge's "
     "attention does not.",
-    "aria_text": "Aria's text model (AriaTextForCausalLM) stores its experts transposed (gate_up_proj "
-    "[experts, hidden, 2 x intermediate], down_proj [experts, intermediate, hidden], transformers' "
-    "is_transposed), a layout trtforge's MoE MLPs do not read (transformers 5's plain [experts, 2 x "
-    "intermediate, hidden], or gpt-oss's interleaved and biased one); not implemented.",
     "ergo": "Ergo's experts are non-gated squared-ReLU MLPs each followed by an RMSNorm of its own "
     "(post_expert_norm, one weight row an expert), its shared expert normed too, which trtforge's MoE MLPs "
     "(gated experts, unnormed) do not compute.",
@@ -290,6 +288,7 @@ UNWINDOWED = (
     "apertus",
     "apertus1p5_text",
     "hy_v3",
+    "aria_text",
     "internlm3",
     "seed_oss",
     "arcee",

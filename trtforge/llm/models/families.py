@@ -14,8 +14,8 @@ Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2), GPT-J and CodeGen (:mod:`.
 a fixed table), Falcon (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT
 (:mod:`.mpt`), the last two with ALiBi position biases, and the sparse mixture-of-experts families Mixtral,
 Qwen2-MoE, Qwen3-MoE, Mellum, OLMoE, GLM-4.5 (and Param2-MoE, Sarvam-MoE and Solar Open on its MoE MLPs),
-dots.llm1, K-EXAONE, HY V3, Flint and AFMoE (:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE,
-GraniteMoeShared and GraniteMoeSWA (:mod:`.granite`), HunYuan-MoE (:mod:`.hunyuan`), ERNIE 4.5-MoE
+dots.llm1, K-EXAONE, HY V3, Flint, AFMoE and Aria text (:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`),
+GraniteMoE, GraniteMoeShared and GraniteMoeSWA (:mod:`.granite`), HunYuan-MoE (:mod:`.hunyuan`), ERNIE 4.5-MoE
 (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`), and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its MoE
 MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family checks, windows, attention soft-caps,
 ALiBi slopes, attention sinks) live in :mod:`.base`, the rotary variants (interleaved, float32, NoPE layers, a
@@ -69,6 +69,7 @@ from trtforge.llm.models.hunyuan import (
 from trtforge.llm.models.llama import LlamaStyle
 from trtforge.llm.models.mixtral import (
     AfmoeStyle,
+    AriaTextStyle,
     Dots1Style,
     ExaoneMoeStyle,
     FlintStyle,
@@ -154,6 +155,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "hy_v3": HyV3Style,
     "flint": FlintStyle,
     "afmoe": AfmoeStyle,
+    "aria_text": AriaTextStyle,
     "cohere2_moe": Cohere2MoeStyle,
     "bloom": BloomStyle,
     "mpt": MptStyle,
@@ -174,6 +176,7 @@ __all__ = [
     "AfmoeStyle",
     "Apertus1p5TextStyle",
     "ApertusStyle",
+    "AriaTextStyle",
     "BioGptStyle",
     "BloomStyle",
     "CodeGenStyle",

@@ -54,6 +54,11 @@ formulations).
   MLPs routed by the block's router (its ``gate`` Linear in the model's dtype, float32 sigmoid scores, the
   top k chosen with the block's ``expert_bias``, renormalized, times ``route_scale``, kept float32) with an
   ungated shared MLP.
+- ``aria_text`` (``AriaTextForCausalLM``, the text model of rhymes-ai's Aria): Llama's attention and block,
+  every MLP sparse: the router's top-k logits softmaxed over those k in the model's dtype (its
+  ``moe_topk`` of ``moe_num_experts``), experts stored transposed (``AriaExperts``: ``x @ W``, the
+  grouped and dense formulations), an ungated shared MLP (``moe_num_shared_experts`` experts wide). No
+  window.
 
 Not Llama-style (:class:`~trtforge.llm.models.llama.LlamaStyle`): the fused CUDA layers and quantization
 refuse these models by name; tensor parallelism refuses their MoE MLPs (the experts have no split yet).
@@ -286,3 +291,21 @@ class AfmoeStyle(RopeStyle):
         gate = torch.sigmoid(attn.gate_proj(layer.input_layernorm(x)))
         x = x + layer.post_attention_layernorm(attn.o_proj(attn_out * gate))
         return x + layer.post_mlp_layernorm(self.mlp(i, layer.pre_mlp_layernorm(x)))
+
+
+class AriaTextStyle(RopeStyle):
+    """Aria's text model (see the module docstring): Llama's layers around sparse MoE MLPs with transposed
+    experts, routed by a softmax over the top-k logits in the model's dtype, and an ungated shared MLP."""
+
+    family = "aria_text"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        self.moe = moe_layers(
+            self.layers,
+            renormalize=False,
+            float32_weights=False,
+            where=self.cannot_run(),
+            routing="topk_softmax",
+            float32_router=False,
+        )

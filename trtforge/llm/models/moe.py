@@ -38,12 +38,14 @@ Router jitter is a training-time noise transformers applies only in training mod
 The experts are transformers 5's fused 3-D parameters (``experts.gate_up_proj`` [E, 2 I, H], gate rows
 first; ``experts.down_proj`` [E, H, I]); a checkpoint saved by transformers 4 (one Linear per expert) is
 converted to them when transformers loads it. gpt-oss's experts (``GptOssExperts``: transformers marks
-them ``is_transposed``, ``has_bias``, not ``is_concatenated``) are the other layout read here, options of
+them ``is_transposed``, ``has_bias``, not ``is_concatenated``) are another layout read here, options of
 the same block: the router a Linear with a bias; ``gate_up_proj`` [E, H, 2 I] with the gate and up
 columns interleaved (gate = even columns, up = odd) and ``down_proj`` [E, I, H], applied as ``x @ W + b``
 with their biases ``gate_up_proj_bias`` / ``down_proj_bias``; the clamped SwiGLU the module's ``alpha``
 and ``limit`` set (gate clamped above at the limit, up to +-limit, ``(up + 1) * gate *
-sigmoid(alpha * gate)``). Two formulations of the same math:
+sigmoid(alpha * gate)``). Aria's (``AriaExperts``: ``is_transposed`` only) are the third: the plain
+layout transposed, ``gate_up_proj`` [E, H, 2 I] (gate columns first), ``down_proj`` [E, I, H], applied as
+``x @ W`` (the grouped and dense formulations; ``fused`` refuses it). Two formulations of the same math:
 
 - ``grouped`` (the torch executor on the CPU, and for blocks ``fused`` refuses): the (token, expert) pairs
   sorted by expert, each expert's GEMMs on its own tokens only, the outputs weighted and summed back per
@@ -74,8 +76,9 @@ from trtforge.errors import UserError
 FORMULATIONS = ("grouped", "dense", "fused")
 #: the routing orders (see the module docstring)
 ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk", "topk_sigmoid")
-#: the expert weight layouts: transformers 5's plain fused one, gpt-oss's (see the module docstring)
-LAYOUTS = ("plain", "gpt_oss")
+#: the expert weight layouts: transformers 5's plain fused one, gpt-oss's, Aria's transposed plain one (see
+#: the module docstring)
+LAYOUTS = ("plain", "gpt_oss", "transposed")
 #: on CUDA, routers whose math is all float32 and that limit no expert groups route in one Triton launch
 #: (:func:`trtforge.kernels.moe.route_topk`) rather than ~6 torch ops; False: the torch ops everywhere
 ROUTE_KERNEL = True
@@ -172,8 +175,12 @@ class SparseMoe:
         fused = isinstance(gate_up, Tensor) and isinstance(down, Tensor) and gate_up.ndim == down.ndim == 3
         #: "plain" or "gpt_oss" (:data:`LAYOUTS`): which layout, biases and activation the experts have
         self.layout = "plain"
+        transposed = concatenated and getattr(experts, "is_transposed", False)
+        transposed = transposed and not any(getattr(experts, f, False) for f in flags[1:])
         if fused and not plain and gpt_oss_experts(experts):
             self.layout = "gpt_oss"
+        elif fused and transposed:
+            self.layout = "transposed"
         elif not (fused and plain):
             raise UserError(
                 f"{where}: its experts ({type(experts).__name__}) are not transformers 5's fused 3-D "
@@ -333,6 +340,8 @@ class SparseMoe:
         layouts (plain: gate rows first and a SiLU gate; gpt_oss: as :func:`gpt_oss_experts` reads them)
         and FP16 / BF16 / FP32 weights and biases (the dtype read now: moving the model may change it)."""
         ex = self.block.experts
+        if self.layout == "transposed":
+            return "experts in the transposed layout (Aria's; the fused kernels read the plain and gpt_oss)"
         names = sorted(name for name, _ in ex.named_parameters())
         gpt_oss = self.layout == "gpt_oss"
         want = ["down_proj", "gate_up_proj"] + (["down_proj_bias", "gate_up_proj_bias"] if gpt_oss else [])
@@ -369,6 +378,9 @@ class SparseMoe:
         if self.layout == "gpt_oss":  # x @ W + b as transformers' GptOssExperts computes it
             gated = _clamped_swiglu(ex, rows @ ex.gate_up_proj[e] + ex.gate_up_proj_bias[e])
             return gated @ ex.down_proj[e] + ex.down_proj_bias[e]
+        if self.layout == "transposed":  # x @ W, as transformers' AriaExperts computes it
+            gate, up = (rows @ ex.gate_up_proj[e]).chunk(2, dim=-1)
+            return (ex.act_fn(gate) * up) @ ex.down_proj[e]
         gate, up = F.linear(rows, ex.gate_up_proj[e]).chunk(2, dim=-1)
         return F.linear(ex.act_fn(gate) * up, ex.down_proj[e])
 
@@ -396,6 +408,9 @@ class SparseMoe:
         if self.layout == "gpt_oss":
             gate_up = torch.matmul(x[None], ex.gate_up_proj) + ex.gate_up_proj_bias[:, None]  # [E, N, 2I]
             y = torch.matmul(_clamped_swiglu(ex, gate_up), ex.down_proj) + ex.down_proj_bias[:, None]
+        elif self.layout == "transposed":
+            gate, up = torch.matmul(x[None], ex.gate_up_proj).chunk(2, dim=-1)  # [E, N, I]
+            y = torch.matmul(ex.act_fn(gate) * up, ex.down_proj)  # [E, N, H]
         else:
             gate, up = torch.matmul(x[None], ex.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)  # [E, N, I]
             y = torch.matmul(ex.act_fn(gate) * up, ex.down_proj.transpose(1, 2))  # [E, N, H]
