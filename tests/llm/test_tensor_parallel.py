@@ -465,6 +465,11 @@ SPLIT_FORMS = {
 }
 
 
+def _base(family: str) -> str:
+    """The tiny_models family of a family or split form ("falcon_40b-4kv": falcon_40b; "gpt-sw3" itself)."""
+    return family if family in SUPPORTED else family.split("-")[0]
+
+
 @pytest.mark.parametrize("family", [*(f for f in SUPPORTED if f not in TP_REFUSED), *SPLIT_FORMS])
 def test_every_split_family_is_greedy_on_two_thread_ranks_as_on_one(family):
     """Every family tensor parallelism splits (the Llama-style ones too; tests/llm/models' TP_REFUSED are
@@ -479,7 +484,7 @@ def test_every_split_family_is_greedy_on_two_thread_ranks_as_on_one(family):
     from trtforge.llm.executors.base import StepBatch
     from trtforge.llm.executors.torch_exec import TorchExecutor
 
-    model = tiny_model(family.split("-")[0], **SPLIT_FORMS.get(family, {}))
+    model = tiny_model(_base(family), **SPLIT_FORMS.get(family, {}))
     with torch.no_grad():  # biases off their zero init, so that one added on every rank (or lost) shows
         generator = torch.Generator().manual_seed(1)
         for name, param in model.named_parameters():
@@ -531,7 +536,7 @@ def test_a_parallel_residual_block_reduces_once_a_layer(family, per_layer):
     from trtforge.llm.executors.base import StepBatch
     from trtforge.llm.executors.torch_exec import TorchExecutor
 
-    model = tiny_model(family.split("-")[0], **SPLIT_FORMS.get(family, {}))
+    model = tiny_model(_base(family), **SPLIT_FORMS.get(family, {}))
     counts = [0, 0]
 
     def step(rank, tp):

@@ -25,6 +25,7 @@ LIGHT_FAMILIES = (
     "exaone4",
     "hunyuan_v1_dense",
     "apertus",
+    "apertus1p5_text",
     "arcee",
     "internlm3",
     "seed_oss",
@@ -41,6 +42,8 @@ LIGHT_FAMILIES = (
     "ministral3",
     "openai-gpt",
     "modernbert-decoder",
+    "gpt-sw3",
+    "gpt_neox_japanese",
 )
 FAMILIES = (
     "llama",
@@ -96,15 +99,21 @@ MOE_CLASSES = {
     "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM"),
     "minicpm5_moe": ("MiniCPM5MoeConfig", "MiniCPM5MoeForCausalLM"),
     "kolibri1": ("Kolibri1Config", "Kolibri1ForCausalLM"),
+    "hy_v3": ("HYV3Config", "HYV3ForCausalLM"),
+    "flint": ("FlintConfig", "FlintForCausalLM"),
+    "afmoe": ("AfmoeConfig", "AfmoeForCausalLM"),
+    "aria_text": ("AriaTextConfig", "AriaTextForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
 # test_rope_families.py checks the refusal, tests/llm/test_tensor_parallel.py splits every other one);
 # "falcon" is falcon-7b's multi-query form (one KV head), Falcon's other FORMS split; "gpt_bigcode" its
 # multi-query form too (its multi-head one splits)
-# (Granite SWA: its attention sinks; gpt-oss's are refused with its MoE MLPs; GPT-1: its post-norm blocks)
+# (Granite SWA: its attention sinks; gpt-oss's are refused with its MoE MLPs; GPT-1: its post-norm blocks;
+# GPT-NeoX-Japanese: its last layer's attention output bias)
 TP_REFUSED = (
     *("gpt_bigcode", "gptj", "codegen", "falcon", "granite_swa", "openai-gpt", "modernbert-decoder"),
+    "gpt_neox_japanese",
     *MOE_FAMILIES,
 )
 # forms of one family that tiny_model builds under names of their own: Falcon's other two layer
@@ -171,6 +180,14 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             bos_token_id=0,
             eos_token_id=0,
         )
+        cls = tf.GPT2LMHeadModel
+    elif family == "gpt-sw3":  # GPT-2's config and model under GPT-SW3's model type (as from_pretrained
+        # keeps a checkpoint's "gpt-sw3"), GELU MLP, a 3x MLP and untied head for a change
+        sw3 = {"vocab_size": 300, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256, "n_inner": 192}
+        sw3 |= {"initializer_range": 0.2, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
+        sw3 |= {"activation_function": "gelu"}
+        cfg = tf.GPT2Config(**(sw3 | overrides))
+        cfg.model_type = "gpt-sw3"
         cls = tf.GPT2LMHeadModel
     elif family == "llama":
         cfg, cls = tf.LlamaConfig(**(llama_like | overrides)), tf.LlamaForCausalLM
@@ -268,6 +285,13 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     elif family == "gpt_neox":  # fused per-head QKV, MHA, Pythia's partial rotary (1/4), parallel residual
         neox = {k: v for k, v in llama_like.items() if k != "num_key_value_heads"} | {"rotary_pct": 0.25}
         cfg, cls = tf.GPTNeoXConfig(**(neox | overrides)), tf.GPTNeoXForCausalLM
+    elif family == "gpt_neox_japanese":  # GPT-NeoX's fused per-head QKV (MHA), partial rotary (1/2), the
+        # sequential block, a 2x non-gated MLP, the last layer's attention output bias (off zero below)
+        neoxj = {k: v for k, v in llama_like.items() if k not in ("num_key_value_heads", "intermediate_size")}
+        neoxj |= {"intermediate_multiple_size": 2, "rotary_pct": 0.5, "bos_token_id": 1, "eos_token_id": 2}
+        neoxj |= {"tie_word_embeddings": False}
+        cfg = tf.GPTNeoXJapaneseConfig(**(neoxj | overrides))
+        cls = tf.GPTNeoXJapaneseForCausalLM
     elif family == "phi":  # one LayerNorm for attention and MLP, Phi-2's partial rotary (0.4) and 4x MLP
         phi = {"partial_rotary_factor": 0.4, "intermediate_size": 256}  # (at 2x, seed 0 repeats one token)
         cfg, cls = tf.PhiConfig(**(llama_like | phi | overrides)), tf.PhiForCausalLM
@@ -415,11 +439,37 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe |= {"num_hidden_layers": 3, "first_k_dense_replace": 1, "prefix_dense_intermediate_size": 128}
             moe |= {"expert_selection_fn": "sigmoid", "num_shared_experts": 1, "sliding_window": 4}
             moe["layer_types"] = ["full_attention", "sliding_attention", "full_attention"]
+        if family == "hy_v3":  # HY V3: Apertus' q/k norms (off their init below); GLM-4.5's routing without
+            # groups, renormalized, scaled by 2.5, the selection bias on the block (off zero below); one
+            # shared expert; layer 0 of 3 dense (its default mlp_layer_types)
+            moe |= {"num_shared_experts": 1, "router_scaling_factor": 2.5, "head_dim": 16}
+            moe |= {"num_hidden_layers": 3, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        if family == "flint":  # Flint: Qwen3-MoE's q/k norms and sinks (off their init below); sliding
+            # (window 4, RoPE), full (NoPE), sliding; the sigmoid router renormalized, a 96-wide shared
+            # expert, layer 0 of 3 dense
+            moe |= {"head_dim": 16, "sliding_window": 4, "num_hidden_layers": 3, "mlp_only_layers": [0]}
+            moe |= {"shared_expert_intermediate_size": 96, "norm_topk_prob": True}
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+            n = overrides.get("num_hidden_layers", 3)
+            moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+        if family == "aria_text":  # Aria text: its own names (moe_num_experts, moe_topk; intermediate_size
+            # the expert width), one shared expert as wide, experts stored transposed
+            moe = {"moe_num_experts": 4, "moe_topk": 2, "intermediate_size": 64, "moe_num_shared_experts": 1}
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        if family == "afmoe":  # AFMoE: q/k norms and the four layer norms (off their init below), the
+            # attention gate; sliding (window 4, RoPE), full (NoPE), sliding; muP's embedding scale; the
+            # routing renormalized, scaled by 2.5, the block's expert_bias (off zero below); one shared
+            # expert; layer 0 of 3 dense
+            moe |= {"head_dim": 16, "sliding_window": 4, "num_hidden_layers": 3, "num_dense_layers": 1}
+            moe |= {"num_shared_experts": 1, "route_scale": 2.5, "mup_enabled": True}
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+            n = overrides.get("num_hidden_layers", 3)
+            moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
         # transformers' eager experts (its default, grouped_mm, takes no float64 and, on the CPU, no odd
         # strides): the per-expert loop of its modeling files
         moe["experts_implementation"] = "eager"
         cfg_cls, cls = MOE_CLASSES[family]
-        if not hasattr(tf, cfg_cls):  # (Param2-MoE's, Sarvam-MoE's: new in 5.2x; test-floor runs 5.17)
+        if not hasattr(tf, cfg_cls):  # (Param2-MoE's, Sarvam-MoE's, ...: new in 5.2x; test-floor runs 5.17)
             pytest.skip(f"transformers {tf.__version__} has no {cfg_cls}")
         cfg = getattr(tf, cfg_cls)(**(llama_like | moe | overrides))
         cls = getattr(tf, cls)
@@ -483,6 +533,15 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
         apertus["rope_parameters"] |= {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
         apertus["rope_parameters"]["original_max_position_embeddings"] = 64
         cfg, cls = tf.ApertusConfig(**(llama_like | apertus | overrides)), tf.ApertusForCausalLM
+    elif family == "apertus1p5_text":  # Apertus' layers (as "apertus") under Apertus 1.5's text config
+        if not hasattr(tf, "Apertus1p5TextConfig"):  # (new in transformers 5.2x; test-floor runs 5.17)
+            pytest.skip(f"transformers {tf.__version__} has no Apertus1p5TextConfig")
+        apertus = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+        apertus["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0}
+        apertus["rope_parameters"] |= {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+        apertus["rope_parameters"]["original_max_position_embeddings"] = 64
+        cfg = tf.Apertus1p5TextConfig(**(llama_like | apertus | overrides))
+        cls = tf.Apertus1p5TextForCausalLM
     elif family == "arcee":  # Llama with a squared-ReLU non-gated MLP
         arcee = {"bos_token_id": 1, "eos_token_id": 2}
         cfg, cls = tf.ArceeConfig(**(llama_like | arcee | overrides)), tf.ArceeForCausalLM
@@ -554,7 +613,25 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     else:
         raise ValueError(family)
     model = cls(cfg).eval()
-    if family in ("granite_swa", "granitemoe_swa"):  # sinks (initialized at zero) off their init
+    if family == "hy_v3":  # the routers at the initializer range, the block's selection bias off zero
+        with torch.no_grad():
+            for layer in model.model.layers:
+                if hasattr(layer.mlp, "e_score_correction_bias"):
+                    layer.mlp.gate.weight.normal_(0.0, 0.2)
+                    bias = layer.mlp.e_score_correction_bias
+                    bias.copy_(torch.randn_like(bias) * 0.2)
+    if family == "afmoe":  # the routers at the initializer range, the blocks' expert_bias off zero
+        with torch.no_grad():
+            for layer in model.model.layers:
+                if hasattr(layer.mlp, "expert_bias"):
+                    layer.mlp.router.gate.weight.normal_(0.0, 0.2)
+                    layer.mlp.expert_bias.copy_(torch.randn_like(layer.mlp.expert_bias) * 0.2)
+    if family == "flint":  # the routers at the initializer range
+        with torch.no_grad():
+            for layer in model.model.layers:
+                if hasattr(layer.mlp, "gate"):
+                    layer.mlp.gate.weight.normal_(0.0, 0.2)
+    if family in ("granite_swa", "granitemoe_swa", "flint"):  # sinks (initialized at zero) off their init
         with torch.no_grad():
             for layer in model.model.layers:
                 layer.self_attn.sinks.copy_(torch.randn_like(layer.self_attn.sinks) * 1.5 + 1.0)
@@ -589,7 +666,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     if family in (  # norm weights off their init
         *("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"),
         *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe", "minimax_m2"),
-        *("minicpm5_moe", "kolibri1"),
+        *("minicpm5_moe", "kolibri1", "hy_v3", "flint", "afmoe"),
     ):
         with torch.no_grad():
             for name, param in model.named_parameters():
@@ -607,22 +684,27 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                     param.add_(torch.randn_like(param) * 0.2)
     if family in (
         *("olmo3", "glm4", "cohere", "cohere2", "nemotron", "exaone4", "hunyuan_v1_dense", "apertus"),
-        *("jais2", "hyperclovax"),
+        *("jais2", "hyperclovax", "apertus1p5_text"),
     ):
         # norm weights off their init (a swapped, skipped or misplaced norm shows)
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "norm" in name:
                     param.add_(torch.randn_like(param) * 0.2)
-    if family in ("gpt_neox", "phi", "stablelm", "persimmon"):  # LayerNorm weights and biases off their init
-        # (a swapped norm shows; StableLM's per-head q/k norms each their own)
+    if family == "gpt_neox_japanese":  # the last layer's attention output bias (zero at init) off zero
+        with torch.no_grad():
+            for layer in model.gpt_neox_japanese.layers:
+                if layer.attention.dense_bias is not None:
+                    layer.attention.dense_bias.normal_(0.0, 0.2)
+    if family in ("gpt_neox", "gpt_neox_japanese", "phi", "stablelm", "persimmon"):  # LayerNorm weights and
+        # biases off their init (a swapped norm shows; StableLM's per-head q/k norms each their own)
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "norm" in name:
                     param.add_(torch.randn_like(param) * 0.2)
-    if family in ("gptj", "codegen", "falcon", "bloom", "mpt", "biogpt", "xglm"):  # LayerNorm weights and
-        # biases off 1 / 0 (a swapped or skipped norm, or a bias left out, shows: GPT-J's LM-head bias,
-        # Falcon's ln_attn against ln_mlp)
+    if family in ("gptj", "codegen", "falcon", "bloom", "mpt", "biogpt", "xglm", "gpt-sw3"):  # LayerNorm
+        # weights and biases off 1 / 0 (a swapped or skipped norm, or a bias left out, shows: GPT-J's LM-head
+        # bias, Falcon's ln_attn against ln_mlp)
         with torch.no_grad():
             for module in model.modules():
                 for name, param in module.named_parameters(recurse=False):

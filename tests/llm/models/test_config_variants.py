@@ -107,6 +107,19 @@ OPTIONS: dict[str, dict[str, list]] = {
         "n_inner": [None, 96],
         "layer_norm_epsilon": [1e-5, 1e-3],
     },
+    "gpt-sw3": {  # (GPT-2's model: "gpt2" draws its options)
+        "activation_function": ["gelu", "gelu_new"],
+        "scale_attn_weights": [True, False],
+        "tie_word_embeddings": [False, True],
+    },
+    "gpt_neox_japanese": {  # partial rotary, rope scaling, the MLP's width and activation, eps, tied head
+        "rotary_pct": [0.25, 0.5, 1.0],
+        "rope_scaling": ROPE[:2],
+        "intermediate_multiple_size": [2, 4],
+        "hidden_act": ["gelu", "relu", "silu"],
+        "layer_norm_eps": [1e-5, 1e-3],
+        "tie_word_embeddings": [False, True],
+    },
     "gpt_neo": {
         "activation_function": ["gelu_new", "relu"],
         "window_size": [3, 256],
@@ -542,6 +555,59 @@ OPTIONS: dict[str, dict[str, list]] = {
         "sliding_window": [3, 5, 64],
         "layer_rope_theta": [None, [0, 10000.0], [500.0, 0]],
     },
+    # HY V3: GLM-4.5's routing without groups (renormalized always) around Apertus' attention, dense layers
+    # by mlp_layer_types, the shared expert's width, the float32 combine on or off
+    "hy_v3": LLAMA_LIKE
+    | {
+        "num_experts_per_tok": [1, 2, 3],
+        "router_scaling_factor": [1.0, 2.5],
+        "num_shared_experts": [1, 2],
+        "enable_moe_fp32_combine": [True, False],
+        "mlp_layer_types": [["dense", "sparse", "sparse"], ["sparse", "dense", "sparse"]],
+        "attention_bias": [False, True],
+        "head_dim": [8, 16, 24],
+    },
+    # Flint: the sigmoid router (renormalized or not) with its shared expert, sinks, windows by layer_types,
+    # dense layers by mlp_only_layers
+    "flint": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rope_scaling": ROPE,
+        "num_experts_per_tok": [1, 2, 3],
+        "norm_topk_prob": [False, True],
+        "sliding_window": [3, 5],
+        "layer_types": [
+            ["sliding_attention", "full_attention", "sliding_attention"],
+            ["full_attention", "sliding_attention", "sliding_attention"],
+        ],
+        "mlp_only_layers": [[0], [1], []],
+        "attention_bias": [False, True],
+    },
+    # AFMoE: its routing (top-k, route_scale), shared experts, dense layers, windows, muP on or off
+    "afmoe": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rope_scaling": ROPE,
+        "num_experts_per_tok": [1, 2, 3],
+        "route_scale": [1.0, 2.5],
+        "num_shared_experts": [0, 1, 2],
+        "num_dense_layers": [0, 1],
+        "mup_enabled": [False, True],
+        "sliding_window": [3, 5],
+        "layer_types": [
+            ["sliding_attention", "full_attention", "sliding_attention"],
+            ["full_attention", "sliding_attention", "sliding_attention"],
+        ],
+        "attention_bias": [False, True],
+    },
+    # Aria text: its top-k, the shared expert's width, Llama's attention options
+    "aria_text": LLAMA_LIKE
+    | {
+        "moe_topk": [1, 2, 3],
+        "moe_num_shared_experts": [1, 2],
+        "attention_bias": [False, True],
+        "head_dim": [8, 16, 24],
+    },
     "olmo": LLAMA_LIKE | {"clip_qkv": [None, 0.5, 8.0], "attention_bias": [False, True], "hidden_act": ACTS},
     "olmo3": {  # rope_scaling: on the full-attention layers' table, as OLMo 3's config puts it
         "num_key_value_heads": [1, 2, 4],
@@ -620,6 +686,14 @@ OPTIONS: dict[str, dict[str, list]] = {
         "attention_bias": [False, True],
         "hidden_act": ["xielu", "relu2", "silu"],
         "rms_norm_eps": [1e-6, 1e-5],
+    },
+    # Apertus 1.5 text: Apertus' options (its model is Apertus'); a pruned LM head is refused
+    "apertus1p5_text": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rope_scaling": ROPE,
+        "attention_bias": [False, True],
+        "hidden_act": ["xielu", "relu2", "silu"],
     },
     "arcee": LLAMA_LIKE
     | {
@@ -738,6 +812,9 @@ FEWER_SEEDS = {
     "param2moe": range(1),
     "sarvam_moe": range(1),
     "minicpm5_moe": range(3),
+    "apertus1p5_text": range(2),  # (Apertus' model: "apertus" draws its options)
+    "hy_v3": range(3),  # (GLM-4.5's routing, less its groups)
+    "gpt-sw3": range(2),
 }
 PROMPT = 19
 BLOCK = 4

@@ -71,6 +71,7 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert kinds["mixtral"].moe["renormalize"] and kinds["mixtral"].moe["float32_weights"]
     assert kinds["qwen3_moe"].moe["renormalize"] and not kinds["olmoe"].moe["renormalize"]
     assert {f for f in here if kinds[f].moe["routing"] == "topk_softmax"} == {
+        "aria_text",
         "granitemoe",
         "granitemoeshared",
         "granitemoe_swa",
@@ -85,7 +86,7 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert kinds["ernie4_5_moe"].mlp_kinds == kinds["glm4_moe"].mlp_kinds == ["dense", "moe", "moe"]
     assert kinds["ernie4_5_moe"].moe["shared_expert_size"] == 128
     biased = {f for f in here if kinds[f].moe["selection_bias"]}
-    glm_kin = {"param2moe", "sarvam_moe", "solar_open"} & set(here)
+    glm_kin = {"param2moe", "sarvam_moe", "solar_open", "hy_v3", "afmoe"} & set(here)
     newer = {"minimax_m2", "minicpm5_moe", "kolibri1"} & set(here)  # (MiniMax-M2's on its block)
     assert biased == {"ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", *glm_kin, *newer}
     glm = kinds["glm4_moe"].moe
@@ -106,6 +107,25 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert {f for f in here if kinds[f].moe["shared_average"]} == {"cohere2_moe"}
     # Kolibri-1: the only family choosing its experts by the logits (plus the bias), not the scores
     assert {f for f in here if kinds[f].moe["choose_by_logits"]} == {"kolibri1"} & set(here)
+    # HY V3: GLM-4.5's routing without groups, its bias on the block; Flint: float32 sigmoid scores, no bias,
+    # its shared expert, dense layer 0 by mlp_only_layers
+    if "hy_v3" in here:
+        hy = kinds["hy_v3"]
+        assert hy.moe["routing"] == "sigmoid_topk" and hy.moe["expert_groups"] is None
+        assert hy.moe["renormalize"] and hy.moe["scale"] == 2.5 and hy.mlp_kinds == ["dense", "moe", "moe"]
+    if "aria_text" in here:  # (its experts transposed; the top-k softmax in the model's dtype)
+        aria = kinds["aria_text"].moe
+        assert aria["layout"] == "transposed" and aria["routing"] == "topk_softmax"
+        assert aria["shared_expert_size"] == 64
+    if "afmoe" in here:  # (its bias the block's expert_bias; its router's gate Linear)
+        afmoe = kinds["afmoe"]
+        assert afmoe.moe["selection_bias"] and afmoe.moe["scale"] == 2.5
+        assert afmoe.moe["expert_groups"] is None
+        assert afmoe.mlp_kinds == ["dense", "moe", "moe"]
+    if "flint" in here:
+        flint = kinds["flint"]
+        assert flint.moe["routing"] == "sigmoid_topk" and flint.moe["shared_expert_size"] == 96
+        assert flint.mlp_kinds == ["dense", "moe", "moe"] and all(s is not None for s in flint.attn_sinks)
     # (GraniteMoeShared's shared_intermediate_size 0: its layers' shared_mlp is None, no shared expert)
     assert (
         adapter_for(tiny_model("granitemoeshared", shared_intermediate_size=0)).spec.moe["shared_expert_size"]
@@ -275,6 +295,11 @@ def test_moe_families_not_implemented_are_refused_naming_what_sets_them_apart(mo
         ("glm4_moe", True),
         ("cohere2_moe", False),  # (its sigmoid and renormalization in BF16)
         ("minimax_m2", False),  # (its logits in BF16, the sigmoid scores and weights in float32)
+        ("hy_v3", True),  # (its float32 router; the shared expert added in float32)
+        ("afmoe", False),  # (its router's logits in BF16, scored in float32)
+        ("aria_text", False),
+        # (not Flint: transformers' eager Flint attention upcasts q, k to float32 for the scores, which
+        # trtforge's BF16 reference attention takes in BF16; its float32 router is GLM-4.5's case)
     ],
 )
 def test_bfloat16_routing_weights_keep_each_familys_dtype(family, float32_router):

@@ -214,3 +214,14 @@ def test_gpu_graph_decode_of_moe_models_matches_eager_and_grouped(monkeypatch, f
     assert outs["fused"] == outs["graphs"] == outs["grouped"]
     assert graphs["graphs"][0] > 0 and graphs["graphs"][1] > 0, graphs
     assert graphs["grouped"] == graphs["fused"] == (0, 0)
+
+
+def test_transposed_experts_are_refused_by_the_fused_kernels_and_run_grouped():
+    """Aria's experts (the plain layout transposed: ``x @ W``) are no layout the fused kernels read: the block
+    names it, and its ``fused`` call runs grouped (the same bits)."""
+    model = tiny_model("aria_text")
+    moe = adapter_for(model).moe[0]
+    assert moe.layout == "transposed" and moe.fused_refusal().startswith("experts in the transposed layout")
+    x = torch.randn(5, model.config.hidden_size, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(moe.forward(x, "fused"), moe.forward(x, "grouped"))

@@ -168,6 +168,86 @@ def test_they_are_kept_off_the_llama_only_paths(family):
         adapter.check_shard(2)
 
 
+def test_apertus1p5_text_with_a_pruned_lm_head_is_refused_naming_it():
+    """Apertus 1.5's LM head pruned to the text prefix (output_vocab_size): logits narrower than the
+    vocabulary, which every consumer takes whole; refused naming the head and the option."""
+    model = tiny_model("apertus1p5_text", output_vocab_size=200)
+    assert model.lm_head.out_features == 200
+    with pytest.raises(UserError, match=r"LM head is pruned to 200 of the 300 .*output_vocab_size=200"):
+        adapter_for(model)
+
+
+def test_afmoe_of_dense_layers_only_is_refused_by_tensor_parallelism_naming_its_attention_gate():
+    """AFMoE's sigmoid gate on the attention output has no split: with every layer dense (no MoE MLP to
+    refuse it first) tensor parallelism refuses it by that gate."""
+    adapter = adapter_for(tiny_model("afmoe", num_dense_layers=3))
+    assert not adapter.has_moe
+    with pytest.raises(UserError, match="not supported for afmoe models .*attention output gate"):
+        adapter.check_shard(2)
+
+
+# the model types refused by name (base.UNSUPPORTED_HINTS) whose tiny model builds from their config with
+# the small sizes below and these extras; None: a stand-in carrying their config (BLT's sub-configs default
+# to a large model; CohereCompass's text model wants rope_parameters per layer type)
+REFUSED_BY_CONFIG: dict[str, dict | None] = {
+    "ergo": {},
+    "doge": {},
+    "axk1": {},
+    "glm4_moe_lite": {},
+    "axk2": {},
+    "glm_moe_dsa": {},
+    "dots3_note_text": {"num_key_value_heads": 4, "pad_token_id": 0},
+    "hy_v4": {"pad_token_id": 0},
+    "falcon_h1": {},
+    "bamba": {},
+    "granitemoehybrid": {},
+    "gemma3n_text": {"num_kv_shared_layers": 0, "num_hidden_layers": 4},
+    "gemma4_text": {},
+    "gemma4_unified_text": {},
+    "dory": {},
+    "hrm_text": {},
+    "ctrl": {},
+    "blt": None,
+    "cohere_compass_text": None,
+}
+
+
+class _StandIn(torch.nn.Module):
+    """A module that carries a config (and an LM head), for the refusal by model type alone."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.config = config
+        self.lm_head = torch.nn.Linear(1, 1)
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED_BY_CONFIG))
+def test_families_apart_are_refused_by_name_with_what_sets_them_apart(model_type):
+    """Each causal-LM family trtforge does not run (MLA, sparse-attention indexers, state-space layers,
+    recurrent or looped stacks, per-layer embeddings, normed experts) is refused naming its hint."""
+    import re
+
+    import transformers as tf
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from trtforge.llm.models.base import UNSUPPORTED_HINTS
+
+    if model_type not in CONFIG_MAPPING_NAMES:  # (new in transformers 5.2x; test-floor runs 5.17)
+        pytest.skip(f"transformers {tf.__version__} has no {model_type} config")
+    extra = REFUSED_BY_CONFIG[model_type]
+    if extra is None:
+        model = _StandIn(tf.AutoConfig.for_model(model_type))
+    else:
+        small = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+        small |= {"num_attention_heads": 4, "num_key_value_heads": 2}
+        config = tf.AutoConfig.for_model(model_type, **(small | extra))
+        model = tf.AutoModelForCausalLM.from_config(config).eval()
+    assert model.config.model_type == model_type
+    hint = re.escape(UNSUPPORTED_HINTS[model_type])
+    with pytest.raises(UserError, match=f"family '{model_type}' .*not supported by --generate.*{hint}"):
+        adapter_for(model)
+
+
 def _refused_dense(model_type: str) -> torch.nn.Module:
     """A one-layer model of a dense family refused by name (base.UNSUPPORTED_HINTS)."""
     import transformers as tf

@@ -39,6 +39,8 @@ CASES = [
     ("openai-gpt", {"set_sliding_window": 64}),  # no GPT-1 layer applies one
     ("modernbert-decoder", {}),  # sliding, full, sliding; window 4 (local_attention 8); a RoPE table each
     ("modernbert-decoder", {"local_attention": 10, "layer_types": [FULL, SLIDING, SLIDING]}),
+    ("gpt-sw3", {"set_sliding_window": 64}),
+    ("gpt_neox_japanese", {"set_sliding_window": 64}),
     ("mistral", {"sliding_window": 4}),
     ("mistral", {"sliding_window": None}),
     ("ministral3", {}),  # window 5 on every layer; each query scaled by its position
@@ -124,6 +126,12 @@ CASES = [
     ("sarvam_moe", {}),
     ("solar_open", {"set_sliding_window": 64}),
     ("mellum", {}),  # sliding, full, sliding; window 4; a RoPE table each
+    ("hy_v3", {"set_sliding_window": 64}),  # no HY V3 layer applies one
+    ("flint", {}),  # sliding, full, sliding; window 4; sinks on every layer
+    ("flint", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
+    ("afmoe", {}),  # sliding (RoPE), full (NoPE), sliding; window 4
+    ("aria_text", {"set_sliding_window": 64}),  # no Aria layer applies one
+    ("afmoe", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     ("mellum", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     # Cohere 2-MoE: dense full layer 0 (RoPE: prefix pattern 1), sliding (RoPE), full (NoPE); then a dense
     # sliding layer 0 and NoPE full layer 1 (prefix pattern 2)
@@ -147,6 +155,7 @@ CASES = [
     ("ernie4_5", {"set_sliding_window": 64}),
     ("hunyuan_v1_dense", {}),
     ("apertus", {"set_sliding_window": 64}),
+    ("apertus1p5_text", {"set_sliding_window": 64}),
     ("arcee", {}),
     ("internlm3", {"set_sliding_window": 64}),
     ("seed_oss", {}),
@@ -198,7 +207,7 @@ def _model(family: str, overrides: dict) -> torch.nn.Module:
 
 
 def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    if model.config.model_type in ("gpt2", "gpt_bigcode", "gptj", "codegen", "openai-gpt"):
+    if model.config.model_type in ("gpt2", "gpt-sw3", "gpt_bigcode", "gptj", "codegen", "openai-gpt"):
         return [block.attn for block in model.transformer.h]
     if model.config.model_type in ("falcon", "bloom"):
         return [block.self_attention for block in model.transformer.h]
@@ -214,6 +223,8 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
         return [layer.attn for layer in model.model.layers]
     if model.config.model_type == "gpt_neox":
         return [layer.attention for layer in model.gpt_neox.layers]
+    if model.config.model_type == "gpt_neox_japanese":
+        return [layer.attention for layer in model.gpt_neox_japanese.layers]
     return [layer.self_attn for layer in model.model.layers]
 
 

@@ -37,7 +37,7 @@ LLAMA_STYLE = (
     "cwm",
     "jais2",
 )
-GPT2_STYLE = ("gpt2", "gpt_neo", "gpt_bigcode")
+GPT2_STYLE = ("gpt2", "gpt-sw3", "gpt_neo", "gpt_bigcode")
 # which models tensor parallelism splits (the start of every refusal's message)
 TP_RULE = (
     "tensor parallelism splits the families whose attention projects q/k/v separately (q_proj/k_proj/v_proj),"
@@ -52,7 +52,8 @@ TP_RULE = (
 # each family to its adapter class; a test holds the two to the same families)
 STYLES: dict[tuple[str, ...], str] = {
     LLAMA_STYLE: "Llama-style: RoPE, pre-norm blocks, GQA",
-    GPT2_STYLE: "learned positions, LayerNorm, GELU; GPT-Neo's local layers, GPT-BigCode's multi-query",
+    GPT2_STYLE: "learned positions, LayerNorm, GELU; GPT-SW3 is GPT-2's model under a model type of its own; "
+    "GPT-Neo's local layers, GPT-BigCode's multi-query",
     ("openai-gpt",): "GPT-1 (OpenAIGPTLMHeadModel): GPT-2's Conv1D layers and learned positions in "
     "post-LayerNorm blocks (a LayerNorm after each residual add, none before the head)",
     ("modernbert-decoder",): "ModernBERT-Decoder (Ettin): a LayerNorm on the embeddings, pre-LayerNorm "
@@ -62,6 +63,8 @@ STYLES: dict[tuple[str, ...], str] = {
     ("biogpt", "xglm"): "BioGPT / XGLM: OPT's pre-LayerNorm block with scaled embeddings; BioGPT's learned "
     "positions, XGLM's sinusoidal ones",
     ("gpt_neox",): "Pythia: fused per-head QKV, partial RoPE, LayerNorm, parallel or serial residual",
+    ("gpt_neox_japanese",): "GPT-NeoX-Japanese: GPT-NeoX's fused per-head QKV, partial RoPE and serial "
+    "block, the last layer's attention output bias",
     ("phi",): "Phi-1/1.5/2: one LayerNorm feeding attention and MLP in parallel, partial RoPE",
     ("gemma",): "Gemma 1 / CodeGemma: scaled embeddings, RMSNorm by 1 + weight, GeGLU",
     ("gemma2",): "Gemma 2 (Gemma2ForCausalLM): Gemma's norms and GeGLU, norms after attention and MLP, "
@@ -104,7 +107,8 @@ STYLES: dict[tuple[str, ...], str] = {
     ("ernie4_5_moe",): "ERNIE 4.5-MoE: ERNIE 4.5's attention, sparse MoE MLPs (float32 router, top-k chosen "
     "with e_score_correction_bias, renormalized) with an ungated shared MLP, dense layers by "
     "moe_layer_interval / start / end",
-    ("apertus",): "Apertus: Llama with per-head q/k norms and a non-gated (xIELU) MLP",
+    ("apertus", "apertus1p5_text"): "Apertus / Apertus 1.5 text: Llama with per-head q/k norms and a "
+    "non-gated (xIELU) MLP (Apertus 1.5's LM head over the whole vocabulary: a pruned one is refused)",
     ("nanochat",): "NanoChat: weightless RMSNorms (one on the embeddings), per-head q/k norms after a "
     "reversed RoPE, a non-gated fc1/fc2 MLP, soft-capped logits",
     ("mixtral",): "Mixtral: Mistral's attention, sparse mixture-of-experts MLPs (top-k routing, "
@@ -137,6 +141,17 @@ STYLES: dict[tuple[str, ...], str] = {
     "table each, dense layers by mlp_layer_types",
     ("dots1",): "dots.llm1: Qwen3's attention with per-head q/k norms and windows by layer_types, GLM-4.5's "
     "sparse MoE MLPs",
+    ("hy_v3",): "HY V3: Apertus' attention (per-head q/k norms), GLM-4.5's sigmoid routing with a selection "
+    "bias (no expert groups), renormalized, scaled by router_scaling_factor, an ungated shared MLP, dense "
+    "layers by mlp_layer_types",
+    ("flint",): "Flint: Qwen3-MoE's attention with attention sinks and windows by layer_types, sparse MoE "
+    "MLPs routed by float32 sigmoid scores, an ungated shared expert, dense layers by mlp_only_layers",
+    ("afmoe",): "AFMoE (Arcee Trinity): per-head q/k norms, a sigmoid gate on the attention output, norms "
+    "before and after attention and MLP, windows by layer_types (NoPE full layers), muP's embedding scale, "
+    "sparse MoE MLPs routed by sigmoid scores with the block's expert_bias, renormalized, scaled by "
+    "route_scale, an ungated shared MLP, dense first layers",
+    ("aria_text",): "Aria text: Llama's attention, every MLP sparse (a softmax over the top-k router logits "
+    "in the model's dtype, experts stored transposed) with an ungated shared MLP",
     ("granitemoe", "granitemoeshared"): "GraniteMoE / GraniteMoeShared: Granite's multipliers, sparse MoE "
     "MLPs routed by a softmax over the top-k router logits; GraniteMoeShared's ungated shared MLP beside "
     "them",
@@ -243,6 +258,68 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     # dense decoders beside the supported ones, refused for what sets them apart
     "cpmant": "CPM-Ant adds a bucketed relative position bias (position_bias_num_buckets) to its attention "
     "scores and prepends prompt and segment embeddings, which trtforge's attention does not compute.",
+    "ergo": "Ergo's experts are non-gated squared-ReLU MLPs each followed by an RMSNorm of its own "
+    "(post_expert_norm, one weight row an expert), its shared expert normed too, which trtforge's MoE MLPs "
+    "(gated experts, unnormed) do not compute.",
+    "doge": "Doge attends through dynamic mask attention (a learned per-key bias from its values, dt_proj "
+    "and A, keeping the keep_window_size best keys of each query) and routes its cross-domain MoE over "
+    "product keys (two top-k over halves of the router logits, single-neuron experts), which trtforge's "
+    "attention and MoE MLPs do not compute.",
+    # multi-head latent attention and sparse-attention indexers (DeepSeek-V3 / V3.2 relatives)
+    "axk1": "A.X-K1 is DeepSeek-V3 (with a norm after each MoE block): it attends through multi-head latent "
+    "attention (compressed KV with a decoupled rotary part), which trtforge's KV cache and kernels do not "
+    "hold.",
+    "glm4_moe_lite": "GLM-4.7-Flash (glm4_moe_lite) attends through multi-head latent attention "
+    "(DeepSeek-V3's compressed KV with a decoupled rotary part), which trtforge's KV cache and kernels do "
+    "not hold (its routing is GLM-4.5's, which is supported).",
+    "axk2": "A.X-K2 is DeepSeek-V3.2: multi-head latent attention (compressed KV with a decoupled rotary "
+    "part) whose keys a lightning indexer sparsifies (each query attends to its top-k keys by the indexer's "
+    "scores), neither of which trtforge's KV cache and kernels compute.",
+    "glm_moe_dsa": "GLM-5 (glm_moe_dsa) attends through DeepSeek-V3.2's sparse attention: multi-head latent "
+    "attention (compressed KV with a decoupled rotary part) over the top-k keys a lightning indexer picks "
+    "for each query, neither of which trtforge's KV cache and kernels compute.",
+    "dots3_note_text": "dots.3-note's text model attends through DeepSeek-V3.2's sparse attention: "
+    "multi-head latent attention (compressed KV with a decoupled rotary part) over the top-k keys a "
+    "lightning indexer picks for each query, neither of which trtforge's KV cache and kernels compute.",
+    "hy_v4": "HY V4 attends through multi-head latent attention over the keys a lightning indexer picks "
+    "(DeepSeek-V3.2's sparse attention) and mixes several residual streams by hyper-connections "
+    "(DeepSeek-V4's), none of which trtforge's KV cache, kernels and blocks compute.",
+    # hybrid state-space models: recurrent layers beside (or instead of) attention
+    "falcon_h1": "Falcon-H1 runs a Mamba-2 state-space mixer in parallel with attention in every layer; "
+    "trtforge's KV cache and kernels hold attention keys and values only (no recurrent SSM state).",
+    "bamba": "Bamba interleaves Mamba-2 state-space layers with its attention layers; trtforge's KV cache "
+    "and kernels hold attention keys and values only (no recurrent SSM state).",
+    "granitemoehybrid": "Granite 4.0 (granitemoehybrid) interleaves Mamba-2 state-space layers with its "
+    "attention layers (layer_types); trtforge's KV cache and kernels hold attention keys and values only (no "
+    "recurrent SSM state).",
+    # dense decoders beside the supported ones, refused for what sets them apart
+    "cohere_compass_text": "CohereCompass's text model (North) is Cohere 2's parallel block inside "
+    "Qwen3-VL's text model: multimodal RoPE tables per layer type (mrope_section; rotate-half, not Cohere's "
+    "interleaved pairs; NoPE types by rope_parameters) and DeepStack visual features added to its first "
+    "layers; not implemented.",
+    "gemma4_unified_text": "Gemma 4 unified's text model norms its values (a weightless RMSNorm), attends "
+    "with an unscaled softmax after its q/k norms, may reuse keys as values (attention_k_eq_v) or an earlier "
+    "layer's keys and values (num_kv_shared_layers), and lets vision tokens attend bidirectionally; not "
+    "implemented.",
+    "ctrl": "CTRL (CTRLLMHeadModel) adds a sinusoidal position table to sqrt(d_model)-scaled embeddings "
+    "ahead of pre-LayerNorm blocks of biased multi-head attention (Wq/Wk/Wv/dense) and a ReLU MLP; not "
+    "implemented.",
+    "gemma3n_text": "Gemma 3n's text model runs AltUp (several predicted hidden-state streams a layer), "
+    "LAuReL residuals, per-layer input embeddings, layers that reuse an earlier layer's keys and values "
+    "(num_kv_shared_layers) and activation sparsity, which trtforge's blocks and KV cache do not compute.",
+    "gemma4_text": "Gemma 4's text model feeds every layer a per-layer input embedding "
+    "(hidden_size_per_layer_input), lets later layers reuse an earlier layer's keys and values "
+    "(num_kv_shared_layers), may reuse keys as values (attention_k_eq_v) and norms the values, which "
+    "trtforge's blocks and KV cache do not compute.",
+    "dory": "Dory is a looped normalized transformer (nGPT): hidden states kept on the unit sphere and moved "
+    "by learned per-channel step sizes, its layers run in loops whose earlier passes read the cache without "
+    "writing it, which trtforge's blocks and KV cache do not compute.",
+    "hrm_text": "HRM-Text is a hierarchical recurrent model: its two transformer stacks (H and L) run in "
+    "nested cycles (H_cycles x L_cycles, each pass its own cache slot) with instruction tokens attending "
+    "bidirectionally (prefix_lm), which trtforge's one-pass causal decoder does not compute.",
+    "blt": "BLT (Byte Latent Transformer) is not one decoder: a byte-level local encoder and decoder around "
+    "a global transformer over entropy-based patches (an entropy model, cross-attention between bytes and "
+    "patches, hash n-gram embeddings), which trtforge's decoder step does not compute.",
     "minicpm3": "MiniCPM3 attends through multi-head latent attention (low-rank compressed q and KV with a "
     "decoupled rotary part), which trtforge's KV cache and kernels do not hold.",
     "diffllama": "DiffLlama's differential attention subtracts a second softmax map (by a learned lambda) "
@@ -256,10 +333,12 @@ UNSUPPORTED_HINTS: dict[str, str] = {
 UNWINDOWED = (
     "llama",
     "gpt2",
+    "gpt-sw3",
     "gpt_bigcode",
     "openai-gpt",
     "opt",
     "gpt_neox",
+    "gpt_neox_japanese",
     "phi",
     "gemma",
     "olmo2",
@@ -290,6 +369,9 @@ UNWINDOWED = (
     "minimax_m2",
     "minicpm5_moe",
     "apertus",
+    "apertus1p5_text",
+    "hy_v3",
+    "aria_text",
     "internlm3",
     "seed_oss",
     "arcee",
@@ -326,6 +408,8 @@ PER_LAYER_TYPES = (
     "modernbert-decoder",
     "granite_swa",
     "granitemoe_swa",
+    "flint",
+    "afmoe",
 )
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -424,7 +508,7 @@ def model_type_of(model: Any, user: str = "--generate") -> str:
     if output_head(model) is None:
         raise UserError(
             f"{type(model).__name__} has no lm_head: {user} needs the causal-LM class "
-            f"(e.g. {'GPT2LMHeadModel' if model_type == 'gpt2' else 'AutoModelForCausalLM'}), "
+            f"(e.g. {'GPT2LMHeadModel' if model_type in ('gpt2', 'gpt-sw3') else 'AutoModelForCausalLM'}), "
             "not the bare model."
         )
     return model_type
@@ -459,10 +543,9 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
       when it is null (their forward ignores ``layer_types``);
     - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe, gpt_oss,
       cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe, kolibri1, modernbert-decoder, granite_swa,
-      granitemoe_swa: the window on
-      the layers ``config.layer_types`` marks "sliding_attention" (CWM's config marks 3 of 4 by default,
-      VaultGemma's every other, Granite SWA's 3 of 4; qwen's config builds those from ``use_sliding_window``
-      and ``max_window_layers``; with
+      granitemoe_swa, flint, afmoe: the window on the layers ``config.layer_types`` marks
+      "sliding_attention" (CWM's config marks 3 of 4 by default, VaultGemma's every other, Granite SWA's 3 of
+      4; qwen's config builds those from ``use_sliding_window`` and ``max_window_layers``; with
       ``use_sliding_window`` false it nulls ``sliding_window``, Qwen2-MoE's sets it to 0, read as null.
       SmolLM3's marks its NoPE layers when ``use_sliding_window`` is set; its eager and SDPA masks then
       follow ``layer_types`` and ``sliding_window`` alone, as this rule does).

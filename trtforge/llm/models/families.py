@@ -2,24 +2,26 @@
 and the torch executor call, so both see one set of layer math and one sliding-window rule.
 
 Supported: Llama-style (:mod:`.llama`: llama, mistral, ministral, qwen2, qwen3, phi3, starcoder2, internlm3,
-seed_oss, arcee, exaone, iquestcoder, cwm, jais2; and Ministral 3's position-scaled queries), GPT-2 and its
-relatives GPT-Neo, GPT-BigCode and GPT-1 (:mod:`.gpt2`), OPT (:mod:`.opt`) and its fairseq relatives BioGPT
-and XGLM (:mod:`.fairseq`), GPT-NeoX (:mod:`.gpt_neox`), Phi (:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2
-and VaultGemma (:mod:`.gemma2`), Gemma 3 text (:mod:`.gemma3`), ModernBERT-Decoder (:mod:`.modernbert`), OLMo
-2 (:mod:`.olmo2`, with OLMo 3 and EXAONE 4), OLMo 1 (:mod:`.olmo`), Granite, Granite SWA and HyperCLOVA X
-(:mod:`.granite`), StableLM (:mod:`.stablelm`), SmolLM3 (:mod:`.smollm3`), Cohere 1 / 2 (:mod:`.cohere`), GLM,
-GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`), Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dense,
-Apertus and NanoChat (:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, which also runs
-InternLM3, Seed-OSS, Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2), GPT-J and CodeGen (:mod:`.gptj`:
-interleaved rotary from a fixed table), Falcon (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM
-(:mod:`.bloom`) and MPT (:mod:`.mpt`), the last two with ALiBi position biases, and the sparse
-mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, Mellum, OLMoE, GLM-4.5 (and Param2-MoE, Sarvam-MoE
-and Solar Open on its MoE MLPs), dots.llm1, K-EXAONE and MiniMax-M2 (:mod:`.mixtral`), FlexOLMo
-(:mod:`.olmo2`), GraniteMoE, GraniteMoeShared and GraniteMoeSWA (:mod:`.granite`), HunYuan-MoE
-(:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`), and gpt-oss (:mod:`.gpt_oss`:
-attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family checks,
-windows, attention soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`, the rotary variants
-(interleaved, float32, NoPE layers, a table per layer type or RoPE base) in :mod:`.rotary`.
+seed_oss, arcee, exaone, iquestcoder, cwm, jais2; and Ministral 3's position-scaled queries), GPT-2 (and
+GPT-SW3) and its relatives GPT-Neo, GPT-BigCode and GPT-1 (:mod:`.gpt2`), OPT (:mod:`.opt`) and its fairseq
+relatives BioGPT and XGLM (:mod:`.fairseq`), GPT-NeoX and GPT-NeoX-Japanese (:mod:`.gpt_neox`), Phi
+(:mod:`.phi`), Gemma 1 (:mod:`.gemma`), Gemma 2 and VaultGemma (:mod:`.gemma2`), Gemma 3 text
+(:mod:`.gemma3`), ModernBERT-Decoder (:mod:`.modernbert`), OLMo 2 (:mod:`.olmo2`, with OLMo 3 and EXAONE 4),
+OLMo 1 (:mod:`.olmo`), Granite, Granite SWA and HyperCLOVA X (:mod:`.granite`), StableLM (:mod:`.stablelm`),
+SmolLM3 (:mod:`.smollm3`), Cohere 1 / 2 (:mod:`.cohere`), GLM, GLM-4-0414, Helium and ERNIE 4.5 (:mod:`.glm`),
+Nemotron and Persimmon (:mod:`.nemotron`), HunYuan dense, Apertus, Apertus 1.5 text and NanoChat
+(:mod:`.hunyuan`) (Phi and these share :mod:`.rope` with Llama-style, which also runs InternLM3, Seed-OSS,
+Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2), GPT-J and CodeGen (:mod:`.gptj`: interleaved rotary from
+a fixed table), Falcon (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT
+(:mod:`.mpt`), the last two with ALiBi position biases, and the sparse mixture-of-experts families Mixtral,
+Qwen2-MoE, Qwen3-MoE, Mellum, OLMoE, GLM-4.5 (and Param2-MoE, Sarvam-MoE and Solar Open on its MoE MLPs),
+dots.llm1, K-EXAONE, Kolibri-1, MiniMax-M2, MiniCPM5-MoE, HY V3, Flint, AFMoE and Aria text
+(:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE, GraniteMoeShared and GraniteMoeSWA
+(:mod:`.granite`), HunYuan-MoE (:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`),
+and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The
+shared pieces (spec, family checks, windows, attention soft-caps, ALiBi slopes, attention sinks) live in
+:mod:`.base`, the rotary variants (interleaved, float32, NoPE layers, a table per layer type or RoPE base) in
+:mod:`.rotary`.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ from trtforge.llm.models.gemma import GemmaStyle
 from trtforge.llm.models.gemma2 import Gemma2Style, VaultGemmaStyle
 from trtforge.llm.models.gemma3 import Gemma3Style
 from trtforge.llm.models.glm import Ernie45MoeStyle, Ernie45Style, Glm4Style, GlmStyle, HeliumStyle
-from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle, OpenAIGptStyle
-from trtforge.llm.models.gpt_neox import GptNeoXStyle
+from trtforge.llm.models.gpt2 import Gpt2Style, GptBigCodeStyle, GptNeoStyle, GptSw3Style, OpenAIGptStyle
+from trtforge.llm.models.gpt_neox import GptNeoXJapaneseStyle, GptNeoXStyle
 from trtforge.llm.models.gpt_oss import GptOssStyle
 from trtforge.llm.models.gptj import CodeGenStyle, GptJStyle
 from trtforge.llm.models.granite import (
@@ -57,12 +59,22 @@ from trtforge.llm.models.granite import (
     GraniteSwaStyle,
     HyperClovaXStyle,
 )
-from trtforge.llm.models.hunyuan import ApertusStyle, HunYuanDenseStyle, HunYuanMoeStyle, NanoChatStyle
+from trtforge.llm.models.hunyuan import (
+    Apertus1p5TextStyle,
+    ApertusStyle,
+    HunYuanDenseStyle,
+    HunYuanMoeStyle,
+    NanoChatStyle,
+)
 from trtforge.llm.models.llama import LlamaStyle, Ministral3Style
 from trtforge.llm.models.mixtral import (
+    AfmoeStyle,
+    AriaTextStyle,
     Dots1Style,
     ExaoneMoeStyle,
+    FlintStyle,
     Glm4MoeStyle,
+    HyV3Style,
     Kolibri1Style,
     MellumStyle,
     MiniCPM5MoeStyle,
@@ -90,6 +102,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     **dict.fromkeys(LLAMA_STYLE, LlamaStyle),
     "ministral3": Ministral3Style,
     "gpt2": Gpt2Style,
+    "gpt-sw3": GptSw3Style,
     "gpt_neo": GptNeoStyle,
     "gpt_bigcode": GptBigCodeStyle,
     "openai-gpt": OpenAIGptStyle,
@@ -98,6 +111,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "biogpt": BioGptStyle,
     "xglm": XglmStyle,
     "gpt_neox": GptNeoXStyle,
+    "gpt_neox_japanese": GptNeoXJapaneseStyle,
     "phi": PhiStyle,
     "gemma": GemmaStyle,
     "gemma2": Gemma2Style,
@@ -125,6 +139,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "exaone4": Exaone4Style,
     "hunyuan_v1_dense": HunYuanDenseStyle,
     "apertus": ApertusStyle,
+    "apertus1p5_text": Apertus1p5TextStyle,
     "nanochat": NanoChatStyle,
     "mixtral": MixtralStyle,
     "qwen2_moe": Qwen2MoeStyle,
@@ -144,6 +159,10 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "flex_olmo": FlexOlmoStyle,
     "exaone_moe": ExaoneMoeStyle,
     "mellum": MellumStyle,
+    "hy_v3": HyV3Style,
+    "flint": FlintStyle,
+    "afmoe": AfmoeStyle,
+    "aria_text": AriaTextStyle,
     "cohere2_moe": Cohere2MoeStyle,
     "minimax_m2": MiniMaxM2Style,
     "minicpm5_moe": MiniCPM5MoeStyle,
@@ -164,7 +183,10 @@ __all__ = [
     "GPT2_STYLE",
     "LLAMA_STYLE",
     "SUPPORTED",
+    "AfmoeStyle",
+    "Apertus1p5TextStyle",
     "ApertusStyle",
+    "AriaTextStyle",
     "BioGptStyle",
     "BloomStyle",
     "CodeGenStyle",
@@ -180,6 +202,7 @@ __all__ = [
     "ExaoneMoeStyle",
     "FalconStyle",
     "FlexOlmoStyle",
+    "FlintStyle",
     "Gemma2Style",
     "Gemma3Style",
     "GemmaStyle",
@@ -190,8 +213,10 @@ __all__ = [
     "GptBigCodeStyle",
     "GptJStyle",
     "GptNeoStyle",
+    "GptNeoXJapaneseStyle",
     "GptNeoXStyle",
     "GptOssStyle",
+    "GptSw3Style",
     "GraniteMoeSharedStyle",
     "GraniteMoeStyle",
     "GraniteMoeSwaStyle",
@@ -200,6 +225,7 @@ __all__ = [
     "HeliumStyle",
     "HunYuanDenseStyle",
     "HunYuanMoeStyle",
+    "HyV3Style",
     "HyperClovaXStyle",
     "Kolibri1Style",
     "LlamaStyle",

@@ -1,6 +1,7 @@
 """The GPT-2 adapter (learned positions, pre-norm LayerNorm blocks, fused c_attn (Conv1D), GELU MLP,
-multi-head attention, no window) and its relatives that differ only in the attention's projections,
-scale and windows: GPT-Neo and GPT-BigCode; and GPT-1 (openai-gpt), GPT-2's layers in post-norm blocks."""
+multi-head attention, no window), GPT-SW3 (GPT-2's model under a model type of its own) and its relatives
+that differ only in the attention's projections, scale and windows: GPT-Neo and GPT-BigCode; and GPT-1
+(openai-gpt), GPT-2's layers in post-norm blocks."""
 
 from __future__ import annotations
 
@@ -120,6 +121,13 @@ def conv1d(module: nn.Module, x: Tensor) -> Tensor:
     if x.dim() == 2 or isinstance(module, nn.Linear):
         return module(x)
     return torch.matmul(x, module.weight) + module.bias
+
+
+class GptSw3Style(Gpt2Style):
+    """GPT-SW3 (AI Sweden's gpt-sw3: ``GPT2LMHeadModel`` under ``model_type`` "gpt-sw3", which transformers
+    maps to GPT-2's config and model): GPT-2 as it is."""
+
+    family = "gpt-sw3"
 
 
 class GptNeoStyle(Gpt2Style):

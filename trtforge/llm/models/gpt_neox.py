@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from trtforge.llm.models.base import softmax_scale
 from trtforge.llm.models.rotary import RotaryDecoder
 
 
@@ -53,3 +54,28 @@ class GptNeoXStyle(RotaryDecoder):
 
     def final_norm(self, x: Tensor) -> Tensor:
         return self.body.final_layer_norm(x)
+
+
+class GptNeoXJapaneseStyle(GptNeoXStyle):
+    """GPT-NeoX-Japanese (see the module docstring): GPT-NeoX's sequential block with the last layer's
+    attention output bias."""
+
+    family = "gpt_neox_japanese"
+    tp_refusal = "last layer adds an attention output bias (dense_bias) beside its bias-free dense output."
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        RotaryDecoder.__init__(self, model, list(model.gpt_neox_japanese.layers), user)
+        self.body = model.gpt_neox_japanese
+        self.num_heads = self.num_kv_heads = int(self.config.num_attention_heads)
+        self.head_dim = int(self.layers[0].attention.head_size)
+        # (its attention keeps no scaling: the scores are divided by sqrt(head size), its norm_factor)
+        self.scales = [softmax_scale(layer.attention, self.head_dim) for layer in self.layers]
+        self._use_rotary(self.body.rotary_emb)
+        self._count_rank_heads()
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        layer = self.layers[i]
+        bias = layer.attention.dense_bias
+        h = layer.attention.dense(attn_out)
+        h = (h if bias is None else h + bias) + x
+        return layer.mlp(layer.post_attention_layernorm(h)) + h

@@ -10,8 +10,9 @@ sparse MoE block (:class:`~.moe.SparseMoe`): its gate's ``wg`` Linear (float32 a
 the logits in its dtype), a float32 softmax, top-k (``moe_topk``, per layer where it is a list),
 renormalized always, the weights cast to the logits' dtype, and an ungated shared MLP (``shared_mlp``)
 added to the experts' sum. Apertus: q/k norms before the rotary (Qwen 3's
-place), its block's norms named ``attention_layernorm`` and ``feedforward_layernorm``, a non-gated MLP
-(xIELU by default: the model's own module). No window. NanoChat (``model_type`` "nanochat":
+place), its block's norms named ``attention_layernorm`` and ``feedforward_layernorm``, a non-gated MLP (xIELU
+by default: the model's own module). No window. Apertus 1.5's text model (``model_type`` "apertus1p5_text":
+:class:`Apertus1p5TextStyle`) is Apertus' model over a larger vocabulary. NanoChat (``model_type`` "nanochat":
 :class:`NanoChatStyle`): weightless q/k norms after the rotary, as HunYuan's, with its own embedding norm,
 rotary direction and soft-capped logits.
 """
@@ -23,6 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from trtforge.errors import UserError
+from trtforge.llm.models.base import output_head
 from trtforge.llm.models.moe import moe_layers
 from trtforge.llm.models.rope import RopeStyle, project_qkv
 
@@ -64,6 +67,29 @@ class ApertusStyle(RopeStyle):
         layer = self.layers[i]
         x = x + layer.self_attn.o_proj(attn_out)
         return x + layer.mlp(layer.feedforward_layernorm(x))
+
+
+class Apertus1p5TextStyle(ApertusStyle):
+    """Apertus 1.5's text model (``Apertus1p5TextForCausalLM``, ``model_type`` "apertus1p5_text"):
+    Apertus' layers (transformers' ``Apertus1p5TextModel`` is ``ApertusModel``) over a vocabulary with
+    image and audio tokens. Its LM head may be pruned to the text-only prefix (``output_vocab_size``),
+    which makes the logits narrower than the input vocabulary; every consumer takes the logits as wide as
+    ``vocab_size``, so such a head is refused by name."""
+
+    family = "apertus1p5_text"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        c = self.config
+        width = getattr(output_head(model), "out_features", None)
+        if width is not None and int(width) != int(c.vocab_size):
+            raise UserError(
+                f"{self.cannot_run()}: its LM head is pruned to {int(width)} of the {int(c.vocab_size)} "
+                f"vocabulary rows (output_vocab_size={getattr(c, 'output_vocab_size', None)!r}), so its "
+                "logits are narrower than the input vocabulary; trtforge's executors and step graphs "
+                "return logits over the whole vocabulary (vocab_size). Load a checkpoint with an unpruned "
+                "head (output_vocab_size null)."
+            )
 
 
 class NanoChatStyle(RopeStyle):

@@ -53,6 +53,27 @@ formulations).
   ``rotary_dim``) rotate-half RoPE, every MLP sparse, routed by a sigmoid of each logit (the logits in the
   model's dtype) with the block's ``e_score_correction_bias`` choosing the top k, the unbiased scores
   always renormalized and kept in float32.
+- ``hy_v3`` (``HYV3ForCausalLM``, Tencent's Hunyuan 3): Apertus' attention (per-head q/k RMSNorms before
+  RoPE) in Llama's pre-norm block, dense layers by ``mlp_layer_types``, GLM-4.5's routing without expert
+  groups (float32 sigmoid scores, the top k chosen with the block's ``e_score_correction_bias``,
+  renormalized always, times ``router_scaling_factor``) and an ungated shared MLP, added to the experts'
+  sum in float32 where ``enable_moe_fp32_combine``. No window.
+- ``flint`` (``FlintForCausalLM``): Qwen3-MoE's attention with attention sinks (gpt-oss's, one logit a query
+  head) and windows by ``layer_types``, the sliding layers with RoPE and the full ones without (and its
+  ``attention_bias`` on o_proj too); a float32 router whose sigmoid scores pick the top k (renormalized
+  by ``norm_topk_prob``, kept in float32), an ungated shared expert, dense layers by ``mlp_only_layers``.
+- ``afmoe`` (``AfmoeForCausalLM``, Arcee's Trinity): per-head q/k RMSNorms before RoPE, the attention
+  output gated by ``sigmoid(gate_proj(h))`` before ``o_proj``, RMSNorms before and after both attention and
+  MLP, windows by ``layer_types`` with the sliding layers rotated and the full ones NoPE, muP's embedding
+  scale (``mup_enabled``: times sqrt(hidden_size)); dense first layers (``num_dense_layers``), then sparse
+  MLPs routed by the block's router (its ``gate`` Linear in the model's dtype, float32 sigmoid scores, the
+  top k chosen with the block's ``expert_bias``, renormalized, times ``route_scale``, kept float32) with an
+  ungated shared MLP.
+- ``aria_text`` (``AriaTextForCausalLM``, the text model of rhymes-ai's Aria): Llama's attention and block,
+  every MLP sparse: the router's top-k logits softmaxed over those k in the model's dtype (its
+  ``moe_topk`` of ``moe_num_experts``), experts stored transposed (``AriaExperts``: ``x @ W``, the
+  grouped and dense formulations), an ungated shared MLP (``moe_num_shared_experts`` experts wide). No
+  window.
 
 Not Llama-style (:class:`~trtforge.llm.models.llama.LlamaStyle`): the fused CUDA layers and quantization
 refuse these models by name; tensor parallelism refuses their MoE MLPs (the experts have no split yet).
@@ -65,7 +86,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from trtforge.llm.models.moe import moe_layers
+from trtforge.llm.models.moe import moe_layers, refuse_moe
 from trtforge.llm.models.rope import RopeStyle, project_qkv
 from trtforge.llm.models.rotary import PerTypeRotary
 
@@ -131,6 +152,16 @@ class OlmoeStyle(Qwen2MoeStyle):
         return tuple(t.unflatten(-1, (-1, self.head_dim)) for t in (q, k, v))  # type: ignore[return-value]
 
 
+#: the routing GLM-4.5 and its relatives share: float32 sigmoid scores of float32 logits, a selection bias
+#: choosing the top k, the weights kept in float32 (each family's :meth:`Glm4MoeStyle._routing` adds its own)
+SIGMOID_BIASED: dict[str, Any] = {
+    "float32_weights": True,
+    "routing": "sigmoid_topk",
+    "float32_logits": True,
+    "selection_bias": True,
+}
+
+
 class Glm4MoeStyle(RopeStyle):
     """GLM-4.5 (see the module docstring): optional per-head q/k norms before RoPE, DeepSeek-V3-style
     routing (sigmoid scores, a selection bias, expert groups, a routed scale) and a shared MLP."""
@@ -146,11 +177,8 @@ class Glm4MoeStyle(RopeStyle):
         own)."""
         c = self.config
         return {
+            **SIGMOID_BIASED,
             "renormalize": bool(c.norm_topk_prob),
-            "float32_weights": True,
-            "routing": "sigmoid_topk",
-            "float32_logits": True,
-            "selection_bias": True,
             "expert_groups": (int(c.n_group), int(c.topk_group)),
             "scale": float(c.routed_scaling_factor),
             "norm_eps": 1e-20,
@@ -188,14 +216,7 @@ class Kolibri1Style(ExaoneMoeStyle):
     family = "kolibri1"
 
     def _routing(self) -> dict[str, Any]:
-        return {
-            "renormalize": bool(self.config.norm_topk_prob),
-            "float32_weights": True,
-            "routing": "sigmoid_topk",
-            "float32_logits": True,
-            "selection_bias": True,
-            "choose_by_logits": True,
-        }
+        return {**SIGMOID_BIASED, "renormalize": bool(self.config.norm_topk_prob), "choose_by_logits": True}
 
     def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
         """GLM-4-0414's block (:class:`~.glm.Glm4Style`): norms on the attention and MLP outputs too."""
@@ -271,3 +292,112 @@ class MiniCPM5MoeStyle(Glm4MoeStyle):
         projection transformers computes, so that q and the gate stay one GEMM's), then the pre-norm block."""
         _, gate = self._query_and_gate(i, self.layers[i].input_layernorm(x))
         return super().finish_block(i, x, attn_out * torch.sigmoid(gate.flatten(-2)))
+
+
+class HyV3Style(Glm4MoeStyle):
+    """HY V3 (see the module docstring): Apertus' attention around GLM-4.5's routing, renormalized always,
+    without expert groups, its selection bias on the block."""
+
+    family = "hy_v3"
+
+    def _routing(self) -> dict[str, Any]:
+        c = self.config
+        fp32 = bool(getattr(c, "enable_moe_fp32_combine", False))
+        return {
+            **SIGMOID_BIASED,
+            "renormalize": True,
+            "scale": float(c.router_scaling_factor),
+            "norm_eps": 1e-20,
+            "float32_sum": fp32,
+        }
+
+
+class FlintStyle(Qwen3MoeStyle):
+    """Flint (see the module docstring): Qwen3-MoE's layers with attention sinks, windows by
+    ``layer_types`` (NoPE full layers), a sigmoid router and an ungated shared expert."""
+
+    family = "flint"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        self.moe = moe_layers(
+            self.layers,
+            renormalize=bool(self.config.norm_topk_prob),
+            float32_weights=True,
+            where=self.cannot_run(),
+            routing="sigmoid_topk",
+            float32_logits=True,
+        )
+        self._read_sinks()
+
+    def rotates(self, i: int) -> bool:
+        """transformers' ``FlintAttention``: the sliding layers rotate, the full ones are NoPE."""
+        return self.windows[i] is not None
+
+
+class AfmoeStyle(RopeStyle):
+    """AFMoE (see the module docstring): gated attention output, norms before and after both sublayers,
+    NoPE full layers, and GLM-4.5-style routing by the block's router and ``expert_bias``."""
+
+    family = "afmoe"
+    tp_refusal = "attention output gate (gate_proj, a sigmoid over the heads' outputs) has no split yet."
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        c = self.config
+        self.moe = moe_layers(
+            self.layers,
+            renormalize=True,
+            float32_weights=True,
+            where=self.cannot_run(),
+            routing="sigmoid_topk",
+            selection_bias=True,
+            scale=float(c.route_scale),
+            norm_eps=1e-20,
+        )
+        #: muP's input scale (``mup_enabled``: the embeddings times sqrt(hidden_size))
+        self.embed_scale = float(c.hidden_size) ** 0.5 if c.mup_enabled else None
+
+    def check_shard(self, world: int) -> None:
+        """Its MoE MLPs refused first (as every MoE family's), then its attention gate (:attr:`tp_refusal`:
+        a model of dense layers only)."""
+        refuse_moe(self.model, "tensor parallelism (tensor_parallel_size > 1)", "dense MLPs")
+        super().check_shard(world)
+
+    def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
+        x = self.body.embed_tokens(input_ids)
+        return x if self.embed_scale is None else x * self.embed_scale
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = super().qkv(i, x)
+        attn = self.layers[i].self_attn
+        return attn.q_norm(q), attn.k_norm(k), v
+
+    def rotates(self, i: int) -> bool:
+        """transformers' ``AfmoeAttention``: the sliding layers rotate, the full ones are NoPE."""
+        return self.windows[i] is not None
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        layer = self.layers[i]
+        attn = layer.self_attn
+        gate = torch.sigmoid(attn.gate_proj(layer.input_layernorm(x)))
+        x = x + layer.post_attention_layernorm(attn.o_proj(attn_out * gate))
+        return x + layer.post_mlp_layernorm(self.mlp(i, layer.pre_mlp_layernorm(x)))
+
+
+class AriaTextStyle(RopeStyle):
+    """Aria's text model (see the module docstring): Llama's layers around sparse MoE MLPs with transposed
+    experts, routed by a softmax over the top-k logits in the model's dtype, and an ungated shared MLP."""
+
+    family = "aria_text"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        self.moe = moe_layers(
+            self.layers,
+            renormalize=False,
+            float32_weights=False,
+            where=self.cannot_run(),
+            routing="topk_softmax",
+            float32_router=False,
+        )

@@ -23,16 +23,16 @@ weight whatever their dtype, as ERNIE 4.5-MoE and GLM-4.5 force), then one of fo
   (MiniMax-M2: always).
 
 Three options of the choice and the weights (DeepSeek-V3-style routers; off for the others):
-``selection_bias`` (ERNIE 4.5-MoE, GLM-4.5, dots.llm1, MiniMax-M2): the router's ``e_score_correction_bias``
-(ERNIE's under ``moe_statics``, MiniMax-M2's on the block) is added to the scores for choosing the top k only,
-the weights being the unbiased scores of the experts chosen; ``expert_groups`` (GLM-4.5's ``n_group`` /
-``topk_group``): the experts in ``n_group`` equal groups, each group scored by the sum of its two best
-(biased) scores, and the top k chosen among the experts of the ``topk_group`` best groups only; ``scale``
-(GLM-4.5's ``routed_scaling_factor``): the weights multiplied by it after any renormalization. The
-renormalizing division is by the sum of the k weights as the family writes it: plus ``norm_eps`` (GLM-4.5's
-1e-20), clamped below at ``norm_min`` (ERNIE's ``moe_norm_min``). ``choose_by_logits`` (Kolibri-1): the
-top k chosen by the float32 logits plus the selection bias (the bias added before the sigmoid, not after
-it), weighted by the scores of those chosen.
+``selection_bias`` (ERNIE 4.5-MoE, GLM-4.5, dots.llm1, MiniMax-M2, HY V3, AFMoE): the router's
+``e_score_correction_bias`` (ERNIE's under ``moe_statics``; MiniMax-M2's and HY V3's on the block, AFMoE's the
+block's ``expert_bias``) is added to the scores for choosing the top k only, the weights being the unbiased
+scores of the experts chosen; ``expert_groups`` (GLM-4.5's ``n_group`` / ``topk_group``): the experts in
+``n_group`` equal groups, each group scored by the sum of its two best (biased) scores, and the top k chosen
+among the experts of the ``topk_group`` best groups only; ``scale`` (GLM-4.5's ``routed_scaling_factor``): the
+weights multiplied by it after any renormalization. The renormalizing division is by the sum of the k weights
+as the family writes it: plus ``norm_eps`` (GLM-4.5's 1e-20), clamped below at ``norm_min`` (ERNIE's
+``moe_norm_min``). ``choose_by_logits`` (Kolibri-1): the top k chosen by the float32 logits plus the
+selection bias (the bias added before the sigmoid, not after it), weighted by the scores of those chosen.
 
 The weights are then kept in float32 (Mixtral, GLM-4.5, dots.llm1) or cast to the logits' dtype (the others:
 the model's, HunYuan-MoE's router's), or to the input's where the logits are forced float32 (ERNIE 4.5-MoE).
@@ -41,12 +41,14 @@ Router jitter is a training-time noise transformers applies only in training mod
 The experts are transformers 5's fused 3-D parameters (``experts.gate_up_proj`` [E, 2 I, H], gate rows
 first; ``experts.down_proj`` [E, H, I]); a checkpoint saved by transformers 4 (one Linear per expert) is
 converted to them when transformers loads it. gpt-oss's experts (``GptOssExperts``: transformers marks
-them ``is_transposed``, ``has_bias``, not ``is_concatenated``) are the other layout read here, options of
+them ``is_transposed``, ``has_bias``, not ``is_concatenated``) are another layout read here, options of
 the same block: the router a Linear with a bias; ``gate_up_proj`` [E, H, 2 I] with the gate and up
 columns interleaved (gate = even columns, up = odd) and ``down_proj`` [E, I, H], applied as ``x @ W + b``
 with their biases ``gate_up_proj_bias`` / ``down_proj_bias``; the clamped SwiGLU the module's ``alpha``
 and ``limit`` set (gate clamped above at the limit, up to +-limit, ``(up + 1) * gate *
-sigmoid(alpha * gate)``). Two formulations of the same math:
+sigmoid(alpha * gate)``). Aria's (``AriaExperts``: ``is_transposed`` only) are the third: the plain
+layout transposed, ``gate_up_proj`` [E, H, 2 I] (gate columns first), ``down_proj`` [E, I, H], applied as
+``x @ W`` (the grouped and dense formulations; ``fused`` refuses it). Two formulations of the same math:
 
 - ``grouped`` (the torch executor on the CPU, and for blocks ``fused`` refuses): the (token, expert) pairs
   sorted by expert, each expert's GEMMs on its own tokens only, the outputs weighted and summed back per
@@ -77,8 +79,9 @@ from trtforge.errors import UserError
 FORMULATIONS = ("grouped", "dense", "fused")
 #: the routing orders (see the module docstring)
 ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk", "topk_sigmoid")
-#: the expert weight layouts: transformers 5's plain fused one, gpt-oss's (see the module docstring)
-LAYOUTS = ("plain", "gpt_oss")
+#: the expert weight layouts: transformers 5's plain fused one, gpt-oss's, Aria's transposed plain one (see
+#: the module docstring)
+LAYOUTS = ("plain", "gpt_oss", "transposed")
 #: on CUDA, routers whose math is all float32 and that limit no expert groups route in one Triton launch
 #: (:func:`trtforge.kernels.moe.route_topk`) rather than ~6 torch ops; False: the torch ops everywhere
 ROUTE_KERNEL = True
@@ -93,11 +96,17 @@ def router(block: nn.Module) -> nn.Module | None:
 
 def router_linear(module: nn.Module) -> nn.Module:
     """The module holding a router's ``weight`` [E, H] (and ``bias`` where it has one): the router itself,
-    or its ``wg`` Linear (HunYuan-MoE's gate)."""
-    wg = getattr(module, "wg", None)
-    return module if wg is None else wg
+    or its ``wg`` Linear (HunYuan-MoE's gate), or its ``gate`` Linear (AFMoE's router)."""
+    for name in ("wg", "gate"):
+        inner = getattr(module, name, None)
+        if isinstance(inner, nn.Linear):
+            return inner
+    return module
 
 
+#: a selection bias, by the names the families give it: ``e_score_correction_bias`` (on the router: GLM-4.5,
+#: dots.llm1; ERNIE 4.5-MoE's statics module; HY V3's block), ``expert_bias`` (AFMoE's block)
+SELECTION_BIAS_NAMES = ("e_score_correction_bias", "expert_bias")
 #: a block's shared expert beside its routed ones, by the names the families give it
 SHARED_EXPERT_NAMES = ("shared_expert", "shared_experts", "shared_mlp")
 
@@ -116,7 +125,8 @@ class SparseMoe:
     ungated shared expert beside the block (GraniteMoeShared's ``shared_mlp``; a block's own
     ``shared_expert`` / ``shared_experts`` / ``shared_mlp`` is found by itself); `shared_average`: the
     experts' sum and the shared expert's output averaged, not added (Cohere 2-MoE's "average"
-    ``shared_expert_combination_strategy``); `float32_router` False: ``topk_softmax`` / ``topk_sigmoid`` in
+    ``shared_expert_combination_strategy``); `float32_sum`: the two added in float32 and cast back (HY V3's
+    ``enable_moe_fp32_combine``); `float32_router` False: ``topk_softmax`` / ``topk_sigmoid`` in
     the logits' dtype (gpt-oss's router, Cohere 2-MoE's sigmoid). `float32_logits`, `selection_bias`,
     `expert_groups` (``(n_group, topk_group)``), `scale`, `norm_eps`, `norm_min`, `choose_by_logits`: the
     module docstring's options. `where` names the model in errors."""
@@ -131,6 +141,7 @@ class SparseMoe:
         routing: str = "softmax_topk",
         shared: nn.Module | None = None,
         shared_average: bool = False,
+        float32_sum: bool = False,
         float32_router: bool = True,
         float32_logits: bool = False,
         selection_bias: bool = False,
@@ -150,19 +161,18 @@ class SparseMoe:
         self.choose_by_logits = bool(choose_by_logits)
         #: the module holding the router's weight (and bias): the router, or HunYuan-MoE's ``wg``
         self.router_linear = router_linear(self.router)
-        #: the module holding e_score_correction_bias (read at each call), None without a selection bias
+        #: the module holding the selection bias (read at each call), None without one; its attribute name
         self.bias_owner: nn.Module | None = None
-        if selection_bias:  # (ERNIE 4.5-MoE's router's statics module holds it, MiniMax-M2's block)
-            owners = (getattr(self.router, "moe_statics", None), self.router, block)
-            owner = next(
-                (m for m in owners if isinstance(getattr(m, "e_score_correction_bias", None), Tensor)), None
-            )
-            if owner is None:
-                name = type(self.router).__name__
-                raise UserError(
-                    f"{where}: neither its router ({name}) nor its block has an e_score_correction_bias"
-                )
-            self.bias_owner = owner
+        self.bias_name = SELECTION_BIAS_NAMES[0]
+        if selection_bias:
+            # the router's, ERNIE 4.5-MoE's statics module's, or the block's (MiniMax-M2's, HY V3's, AFMoE's)
+            owners = (getattr(self.router, "moe_statics", self.router), block)
+            names = SELECTION_BIAS_NAMES
+            found = [(o, n) for o in owners for n in names if isinstance(getattr(o, n, None), Tensor)]
+            if not found:
+                name, wanted = type(self.router).__name__, " or ".join(names)
+                raise UserError(f"{where}: neither its router ({name}) nor its block has {wanted}")
+            self.bias_owner, self.bias_name = found[0]
         experts = block.experts
         gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
         flags = ("is_transposed", "has_bias", "has_post_expert_norm")
@@ -171,8 +181,12 @@ class SparseMoe:
         fused = isinstance(gate_up, Tensor) and isinstance(down, Tensor) and gate_up.ndim == down.ndim == 3
         #: "plain" or "gpt_oss" (:data:`LAYOUTS`): which layout, biases and activation the experts have
         self.layout = "plain"
+        transposed = concatenated and getattr(experts, "is_transposed", False)
+        transposed = transposed and not any(getattr(experts, f, False) for f in flags[1:])
         if fused and not plain and gpt_oss_experts(experts):
             self.layout = "gpt_oss"
+        elif fused and transposed:
+            self.layout = "transposed"
         elif not (fused and plain):
             raise UserError(
                 f"{where}: its experts ({type(experts).__name__}) are not transformers 5's fused 3-D "
@@ -197,6 +211,9 @@ class SparseMoe:
         self.shared_gate = getattr(block, "shared_expert_gate", None) if shared is None else None
         self.shared_size: int | None = None
         self.shared_average = bool(shared_average) and self.shared is not None
+        #: the experts' sum and the ungated shared expert's output added in float32, then cast back (HY V3's
+        #: enable_moe_fp32_combine: what FP16 / BF16 additions round to anyway; a float64 model's sum rounds)
+        self.float32_sum = bool(float32_sum)
         if self.shared is not None:
             down_proj = getattr(self.shared, "down_proj", None)
             down_proj = self.shared.output_linear if down_proj is None else down_proj
@@ -240,7 +257,7 @@ class SparseMoe:
                 self.routing,
                 renormalize=self.renormalize,
                 out_dtype=out_dtype,
-                bias=None if owner is None else owner.e_score_correction_bias.reshape(-1),
+                bias=None if owner is None else getattr(owner, self.bias_name).reshape(-1),
                 norm_eps=self.norm_eps,
                 norm_min=self.norm_min,
                 scale=self.scale,
@@ -286,7 +303,7 @@ class SparseMoe:
         """The float32 scores [N, E] the top k are chosen by: plus the selection bias, and -inf off the
         ``topk_group`` best expert groups (each scored by its two best experts) where groups limit it."""
         if self.bias_owner is not None:
-            scores = scores + self.bias_owner.e_score_correction_bias.reshape(-1).float()
+            scores = scores + getattr(self.bias_owner, self.bias_name).reshape(-1).float()
         if self.expert_groups is None:
             return scores
         groups, keep = self.expert_groups
@@ -320,6 +337,8 @@ class SparseMoe:
             out = out + torch.sigmoid(self.shared_gate(flat)) * self.shared(flat)
         elif self.shared_average:
             out = (out + self.shared(flat)) / 2
+        elif self.shared is not None and self.float32_sum:
+            out = (out.float() + self.shared(flat).float()).to(out.dtype)
         elif self.shared is not None:
             out = out + self.shared(flat)
         return out.reshape(x.shape)
@@ -330,6 +349,8 @@ class SparseMoe:
         layouts (plain: gate rows first and a SiLU gate; gpt_oss: as :func:`gpt_oss_experts` reads them)
         and FP16 / BF16 / FP32 weights and biases (the dtype read now: moving the model may change it)."""
         ex = self.block.experts
+        if self.layout == "transposed":
+            return "experts in the transposed layout (Aria's; the fused kernels read the plain and gpt_oss)"
         names = sorted(name for name, _ in ex.named_parameters())
         gpt_oss = self.layout == "gpt_oss"
         want = ["down_proj", "gate_up_proj"] + (["down_proj_bias", "gate_up_proj_bias"] if gpt_oss else [])
@@ -366,6 +387,9 @@ class SparseMoe:
         if self.layout == "gpt_oss":  # x @ W + b as transformers' GptOssExperts computes it
             gated = _clamped_swiglu(ex, rows @ ex.gate_up_proj[e] + ex.gate_up_proj_bias[e])
             return gated @ ex.down_proj[e] + ex.down_proj_bias[e]
+        if self.layout == "transposed":  # x @ W, as transformers' AriaExperts computes it
+            gate, up = (rows @ ex.gate_up_proj[e]).chunk(2, dim=-1)
+            return (ex.act_fn(gate) * up) @ ex.down_proj[e]
         gate, up = F.linear(rows, ex.gate_up_proj[e]).chunk(2, dim=-1)
         return F.linear(ex.act_fn(gate) * up, ex.down_proj[e])
 
@@ -393,6 +417,9 @@ class SparseMoe:
         if self.layout == "gpt_oss":
             gate_up = torch.matmul(x[None], ex.gate_up_proj) + ex.gate_up_proj_bias[:, None]  # [E, N, 2I]
             y = torch.matmul(_clamped_swiglu(ex, gate_up), ex.down_proj) + ex.down_proj_bias[:, None]
+        elif self.layout == "transposed":
+            gate, up = torch.matmul(x[None], ex.gate_up_proj).chunk(2, dim=-1)  # [E, N, I]
+            y = torch.matmul(ex.act_fn(gate) * up, ex.down_proj)  # [E, N, H]
         else:
             gate, up = torch.matmul(x[None], ex.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)  # [E, N, I]
             y = torch.matmul(ex.act_fn(gate) * up, ex.down_proj.transpose(1, 2))  # [E, N, H]
@@ -441,8 +468,7 @@ def moe_layers(
     ``block_sparse_moe``), with the layer's attribute `shared` as an ungated shared expert where set and
     not None (GraniteMoeShared's ``shared_mlp``); `float32_router` and `options` (the routing options:
     ``float32_logits``, ``selection_bias``, ``expert_groups``, ``scale``, ``norm_eps``, ``norm_min``,
-    ``shared_average``):
-    :class:`SparseMoe`'s."""
+    ``shared_average``, ``float32_sum``): :class:`SparseMoe`'s."""
     return [
         SparseMoe(
             getattr(layer, block),
