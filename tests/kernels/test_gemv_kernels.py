@@ -165,9 +165,18 @@ def _decode_logits(ex, prompts: list[list[int]], steps: int) -> tuple[torch.Tens
     return out, torch.tensor(np.array([s[:-1] for s in seqs]))
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("batch", [1, 4])
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
+# every family at one row and at four on CUDA; the interpreter (~12-19 s a case) takes four rows on Llama
+# only: the batch changes the GEMVs' row count, not what a family's layers add (q/k norms, fused QKV)
+GEMV_DECODE_CASES = [
+    pytest.param(d.values[0], batch, family, id=f"{family}-{batch}-{d.id}", marks=d.marks)
+    for d in DEVICES
+    for batch in (1, 4)
+    for family in ("llama", "qwen3", "phi3")
+    if d.id == "cuda" or batch == 1 or family == "llama"
+]
+
+
+@pytest.mark.parametrize(("device", "batch", "family"), GEMV_DECODE_CASES)
 def test_fused_gemv_decode_logits_match_the_hf_model(device, batch, family):
     from trtforge.llm.executors.torch_exec import TorchExecutor
 
