@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.llm.tiny_models import neox_japanese_partial_rotary_runs as partial_ok
 from tests.llm.tiny_models import tiny_model
 from trtforge.llm.executors.base import StepBatch
 from trtforge.llm.executors.torch_exec import TorchExecutor
@@ -864,6 +865,8 @@ def _chunked_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize(("family", "seed"), _cases())
 def test_config_variant_matches_transformers_or_is_refused(family, seed):
     options = _variant(family, seed)
+    if family == "gpt_neox_japanese" and options.get("rotary_pct", 1.0) < 1 and not partial_ok():
+        pytest.skip("this transformers' GPT-NeoX-Japanese fails on a partial rotary itself: no reference")
     # (XGLM in float32: its attention clamps the scores at a float32 tensor of the dtype's lowest value,
     # which float64's overflows)
     model = tiny_model(family, seed=seed, **options).to(torch.float32 if family == "xglm" else torch.float64)

@@ -228,3 +228,27 @@ def test_transposed_experts_are_refused_by_the_fused_kernels_and_run_grouped():
     x = torch.randn(5, model.config.hidden_size, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         assert torch.equal(moe.forward(x, "fused"), moe.forward(x, "grouped"))
+
+
+def test_aria_experts_run_transposed_or_an_older_layout_is_refused_by_name():
+    """Aria's experts: the fused transposed layout where this transformers builds it (5.25), else (5.17's
+    fc1 / fc2 grouped GEMMs) a refusal that names the layout and what to upgrade."""
+    import transformers as tf
+
+    from tests.llm.tiny_models import aria_experts_fused
+    from trtforge.errors import UserError
+
+    if not hasattr(tf, "AriaTextConfig"):
+        pytest.skip(f"transformers {tf.__version__} has no AriaTextConfig")
+    cfg = tf.AriaTextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, moe_num_experts=4, moe_topk=2,
+    )  # fmt: skip
+    hf = tf.AriaTextForCausalLM(cfg).eval()
+    if aria_experts_fused(hf):
+        assert adapter_for(tiny_model("aria_text")).moe[0].layout == "transposed"
+    else:
+        with pytest.raises(UserError, match=r"grouped GEMMs \(fc1 / fc2\).*upgrade transformers"):
+            adapter_for(hf)
+        with pytest.raises(pytest.skip.Exception, match="grouped GEMMs"):
+            tiny_model("aria_text")

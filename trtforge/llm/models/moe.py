@@ -187,6 +187,12 @@ class SparseMoe:
             self.layout = "gpt_oss"
         elif fused and transposed:
             self.layout = "transposed"
+        elif hasattr(experts, "fc1") and hasattr(experts, "fc2") and not fused:
+            raise UserError(
+                f"{where}: its experts ({type(experts).__name__}) are the grouped GEMMs (fc1 / fc2) of an "
+                "older transformers' Aria; trtforge reads Aria's experts as the fused, transposed 3-D "
+                "parameters that newer releases build (transformers 5.25 does): upgrade transformers."
+            )
         elif not (fused and plain):
             raise UserError(
                 f"{where}: its experts ({type(experts).__name__}) are not transformers 5's fused 3-D "
