@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from transformers import LlamaConfig
 
 from benchmarks import bench_throughput as bt
 
@@ -32,7 +33,7 @@ def test_decode_wave_is_the_larger_of_compute_and_bytes_each_step() -> None:
 
 
 def test_peer_shares_use_each_peers_machine_and_precision() -> None:
-    bf16 = bt.Shape.of(__import__("transformers").LlamaConfig(**bt.SHAPES["8b"]), 2)
+    bf16 = bt.Shape.of(LlamaConfig(**bt.SHAPES["8b"]), 2)
     fp8 = dataclasses.replace(bf16, linear_bytes=1, linear_speedup=2.0, kv_elem_bytes=1)
     rows = bt.peer_shares(bf16, fp8)
     published = [(w, p) for w, peers in bt.PUBLISHED.items() for p, r in peers.items() if r is not None]

@@ -189,9 +189,9 @@ class SparseMoe:
             self.layout = "transposed"
         elif hasattr(experts, "fc1") and hasattr(experts, "fc2") and not fused:
             raise UserError(
-                f"{where}: its experts ({type(experts).__name__}) are the grouped GEMMs (fc1 / fc2) of an "
-                "older transformers' Aria; trtforge reads Aria's experts as the fused, transposed 3-D "
-                "parameters that newer releases build (transformers 5.25 does): upgrade transformers."
+                f"{where}: its experts ({type(experts).__name__}) are grouped GEMMs (fc1 / fc2), not fused "
+                "3-D parameters; this is an older transformers' layout (Aria's before 5.25, whose experts "
+                "are the fused, transposed parameters trtforge reads): upgrade transformers."
             )
         elif not (fused and plain):
             raise UserError(
