@@ -15,6 +15,7 @@ from trtforge.llm.compile.step import PagedDecoderStep
 from trtforge.llm.executors.base import StepBatch
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.models.families import LLAMA_STYLE, SUPPORTED, LlamaStyle, adapter_for
+from trtforge.llm.models.rotary import QueryScaling
 from trtforge.llm.quant import quantize_model
 
 FAMILIES = ("gemma", "gemma2", "gemma3_text", "olmo2", "granite")
@@ -287,8 +288,9 @@ def test_ministral3_scales_its_queries_and_needs_both_settings():
     model = tiny_model("ministral3")
     adapter = adapter_for(model)
     assert not isinstance(adapter, LlamaStyle)
-    assert adapter.query_scaling == (0.5, 4)
-    assert adapter.spec.rotary["query_scaling"] == {"beta": 0.5, "period": 4}
+    assert adapter.query_scaling == QueryScaling("llama4", 0.5, 4)
+    scaling = adapter.spec.rotary["query_scaling"]
+    assert scaling == {"form": "llama4", "beta": 0.5, "period": 4, "nope_only": False, "float32": False}
     del model.config.rope_parameters["llama_4_scaling_beta"]
     with pytest.raises(UserError, match="llama_4_scaling_beta=None and original_max_position_embeddings=4"):
         adapter_for(model)

@@ -93,10 +93,10 @@ class DecoderStep(nn.Module):
         self, i: int, x: Tensor, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, bias: Tensor | None
     ) -> Tensor:
         """Attention of layer i (its scale, soft-cap, ALiBi `bias` and attention sinks) over `keys`/`values`
-        under `mask`, then the rest of its block."""
+        under `mask`, gated where the family gates it, then the rest of its block."""
         a = self.adapter
         out = step_attention(q, keys, values, mask, a.scales[i], a.softcaps[i], bias, a.sinks[i])
-        return a.finish_block(i, x, out.transpose(1, 2).flatten(2))
+        return a.finish_block(i, x, a.gated(i, x, out.transpose(1, 2).flatten(2)))
 
     def forward(
         self, input_ids: Tensor, position_ids: Tensor, past_lens: Tensor, new_lens: Tensor, *caches: Tensor

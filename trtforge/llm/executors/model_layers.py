@@ -65,7 +65,7 @@ class ModelLayers:
     ) -> torch.Tensor:
         if self.fused is not None:
             return self.fused.finish(i, h, o, out=out)
-        x = self.adapter.finish_block(i, h, o.reshape(h.shape[0], -1))
+        x = self.adapter.finish_block(i, h, self.adapter.gated(i, h, o.reshape(h.shape[0], -1)))
         return x if out is None else out.copy_(x)
 
     def head(self, h: torch.Tensor, float32: bool = True) -> torch.Tensor:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from trtforge.errors import UserError
 from trtforge.llm.models import parallel
+from trtforge.llm.models.gate import OutputGate
 from trtforge.llm.models.moe import SparseMoe, refuse_moe
 
 LLAMA_STYLE = (
@@ -445,6 +446,8 @@ class DecoderSpec:
     #: listing every layer's value (None for dense layers) of each field that differs between them (e.g.
     #: HunYuan's per-layer ``moe_topk``); None without MoE layers
     moe: dict[str, Any] | None = None
+    #: the attention output gate (:meth:`.gate.OutputGate.describe`; None: ungated)
+    output_gate: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -730,6 +733,10 @@ class DecoderAdapter(ABC):
         #: applies them
         self.sinks: list[Tensor | None] = [None] * len(layers)
 
+    #: the attention output gate (:class:`.gate.OutputGate`; None: ungated): every attention consumer
+    #: multiplies the attention output by it (:meth:`gated`) before :meth:`finish_block`
+    output_gate: OutputGate | None = None
+
     @property
     def num_layers(self) -> int:
         return len(self.layers)
@@ -808,7 +815,22 @@ class DecoderAdapter(ABC):
 
     @abstractmethod
     def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
-        """Layer i's output from its input `x` and the attention output ``[..., heads * D]``."""
+        """Layer i's output from its input `x` and the attention output ``[..., heads * D]`` (gated:
+        :meth:`gated`)."""
+
+    def attention_input(self, i: int, x: Tensor) -> Tensor:
+        """What layer i's attention projects, from the block input `x`: the pre-norm block's
+        ``input_layernorm(x)`` (the only form a gated family has yet)."""
+        return self.layers[i].input_layernorm(x)
+
+    def gated(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        """Layer i's attention output ``[..., heads * D]`` times its :attr:`output_gate` of the attention
+        input (:meth:`attention_input` of the block input `x`), or as it is without one. Every attention
+        consumer calls it between the attention and :meth:`finish_block`."""
+        gate = self.output_gate
+        if gate is None:
+            return attn_out
+        return gate.apply(self.attention(i), self.attention_input(i, x), attn_out, self.head_dim)
 
     def _read_sinks(self) -> None:
         """Each layer's attention sinks (:attr:`sinks`) from its attention module's ``sinks`` parameter,
@@ -895,10 +917,10 @@ class DecoderAdapter(ABC):
     def check_shard(self, world: int) -> None:
         """UserError naming what `world` ranks cannot split (nothing changes; the tensor-parallel executor
         asks before any worker starts; see :data:`TP_RULE`): a family whose layers are not split
-        (:attr:`tp_refusal`), sparse MoE MLPs, attention sinks, a q/k/v or MLP layout
-        :func:`~.parallel.shard_attention` / :func:`~.parallel.shard_mlp` do not know, a q/k norm over the
-        whole projection other than OLMo 2's RMSNorm, or heads, KV heads or an MLP width that `world` does
-        not divide."""
+        (:attr:`tp_refusal`), sparse MoE MLPs, an attention output gate (:attr:`output_gate`), attention
+        sinks, a q/k/v or MLP layout :func:`~.parallel.shard_attention` / :func:`~.parallel.shard_mlp` do
+        not know, a q/k norm over the whole projection other than OLMo 2's RMSNorm, or heads, KV heads or an
+        MLP width that `world` does not divide."""
         c, name = self.config, type(self.model).__name__
         if self.tp_refusal is not None:
             raise UserError(
@@ -907,6 +929,12 @@ class DecoderAdapter(ABC):
             )
         what = f"{c.model_type} model {name}"
         refuse_moe(self.model, "tensor parallelism (tensor_parallel_size > 1)", "dense MLPs")
+        if self.output_gate is not None:
+            raise UserError(
+                f"tensor parallelism is not supported for {c.model_type} models ({name}): {TP_RULE} "
+                f"{c.model_type}'s attention output gate ({self.output_gate.phrase()}) has no split yet. Use "
+                "tensor_parallel_size=1."
+            )
 
         def refuse(why: str) -> NoReturn:
             raise UserError(
@@ -983,5 +1011,6 @@ class DecoderAdapter(ABC):
             eos_token_ids=eos_token_ids(self.model),
             mlp_kinds=["dense" if m is None else "moe" for m in self.moe],
             moe=_describe_moe(self.moe),
+            output_gate=None if self.output_gate is None else self.output_gate.describe(),
             **family,
         )

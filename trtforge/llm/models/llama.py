@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from trtforge.errors import UserError
 from trtforge.llm.models.rope import RopeStyle
+from trtforge.llm.models.rotary import QueryScaling
 
 
 class LlamaStyle(RopeStyle):
@@ -55,4 +56,4 @@ class Ministral3Style(RopeStyle):
                 f"original_max_position_embeddings={period!r}; Ministral 3's attention scales each query by "
                 "both (a number, and an integer > 0), and transformers' own forward fails without them."
             )
-        self.query_scaling = (float(beta), int(period))
+        self.query_scaling = QueryScaling("llama4", float(beta), int(period))

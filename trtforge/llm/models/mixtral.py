@@ -83,10 +83,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from trtforge.llm.models.moe import moe_layers, refuse_moe
+from trtforge.llm.models.gate import OutputGate
+from trtforge.llm.models.moe import moe_layers
 from trtforge.llm.models.rope import RopeStyle, project_qkv
 from trtforge.llm.models.rotary import PerTypeRotary
 
@@ -273,25 +273,17 @@ class MiniCPM5MoeStyle(Glm4MoeStyle):
 
     family = "minicpm5_moe"
 
-    def _query_and_gate(self, i: int, h: Tensor) -> tuple[Tensor, Tensor]:
-        """Layer i's queries and output gates ``[..., heads, D]`` from its normed input `h`: ``q_gate_proj``
-        lays each head's rows out as [query | gate]."""
-        both = self.layers[i].self_attn.q_gate_proj(h).unflatten(-1, (-1, 2 * self.head_dim))
-        q, gate = both.chunk(2, dim=-1)
-        return q, gate
+    #: ``q_gate_proj`` lays each head's rows out as [query | gate]
+    output_gate = OutputGate("q_gate_proj", with_query=True)
 
     def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Each head's queries (the first half of its ``q_gate_proj`` rows; the gate is the other half, which
+        :attr:`output_gate` projects again so that q and the gate stay one GEMM's), keys and values."""
         attn = self.layers[i].self_attn
         h = self.layers[i].input_layernorm(x)
-        q, _ = self._query_and_gate(i, h)
+        q = attn.q_gate_proj(h).unflatten(-1, (-1, 2 * self.head_dim)).chunk(2, dim=-1)[0]
         k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in (attn.k_proj(h), attn.v_proj(h)))
         return q, k, v
-
-    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
-        """The attention output times the sigmoid of its gate (recomputed from the block input `x`, the
-        projection transformers computes, so that q and the gate stay one GEMM's), then the pre-norm block."""
-        _, gate = self._query_and_gate(i, self.layers[i].input_layernorm(x))
-        return super().finish_block(i, x, attn_out * torch.sigmoid(gate.flatten(-2)))
 
 
 class HyV3Style(Glm4MoeStyle):
@@ -340,7 +332,7 @@ class AfmoeStyle(RopeStyle):
     NoPE full layers, and GLM-4.5-style routing by the block's router and ``expert_bias``."""
 
     family = "afmoe"
-    tp_refusal = "attention output gate (gate_proj, a sigmoid over the heads' outputs) has no split yet."
+    output_gate = OutputGate("gate_proj")
 
     def __init__(self, model: nn.Module, user: str = "--generate") -> None:
         super().__init__(model, user)
@@ -358,12 +350,6 @@ class AfmoeStyle(RopeStyle):
         #: muP's input scale (``mup_enabled``: the embeddings times sqrt(hidden_size))
         self.embed_scale = float(c.hidden_size) ** 0.5 if c.mup_enabled else None
 
-    def check_shard(self, world: int) -> None:
-        """Its MoE MLPs refused first (as every MoE family's), then its attention gate (:attr:`tp_refusal`:
-        a model of dense layers only)."""
-        refuse_moe(self.model, "tensor parallelism (tensor_parallel_size > 1)", "dense MLPs")
-        super().check_shard(world)
-
     def embed(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
         x = self.body.embed_tokens(input_ids)
         return x if self.embed_scale is None else x * self.embed_scale
@@ -379,9 +365,7 @@ class AfmoeStyle(RopeStyle):
 
     def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
         layer = self.layers[i]
-        attn = layer.self_attn
-        gate = torch.sigmoid(attn.gate_proj(layer.input_layernorm(x)))
-        x = x + layer.post_attention_layernorm(attn.o_proj(attn_out * gate))
+        x = x + layer.post_attention_layernorm(layer.self_attn.o_proj(attn_out))
         return x + layer.post_mlp_layernorm(self.mlp(i, layer.pre_mlp_layernorm(x)))
 
 

@@ -4,8 +4,9 @@ on: :mod:`.rope`'s (Llama-style, Gemma, OLMo, Granite, StableLM, SmolLM3, Phi, C
 :mod:`.gpt_neox` and :mod:`.falcon` (GPT-J and CodeGen index a fixed table instead: :mod:`.gptj`). Its class
 attributes are the rotary variants the families differ in, one place for all: interleaved channel pairs,
 float32 tables, float32 rotation, NoPE layers (:meth:`RotaryDecoder.rotates`), queries scaled by their
-position (Ministral 3's :attr:`RotaryDecoder.query_scaling`); :class:`PerTypeRotary` keeps
-a table per layer type (Gemma 3, OLMo 3, Mellum) or per layer's base (Granite SWA's ``layer_rope_theta``).
+position (:class:`QueryScaling`: Ministral 3's, Beam's; :attr:`RotaryDecoder.query_scaling`);
+:class:`PerTypeRotary` keeps a table per layer type (Gemma 3, OLMo 3, Mellum, Beam; a type whose
+``rope_parameters`` entry is null is NoPE) or per layer's base (Granite SWA's ``layer_rope_theta``).
 
 Partial rotary needs nothing here: the module's ``inv_freq`` already covers only the rotated channels,
 and :func:`~trtforge.llm.models.base.apply_rotary` passes the rest through.
@@ -13,6 +14,7 @@ and :func:`~trtforge.llm.models.base.apply_rotary` passes the rest through.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -149,6 +151,45 @@ class RotaryTables:
         return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
 
+@dataclass(frozen=True)
+class QueryScaling:
+    """Each query times a factor of its position (an attention temperature that grows with the context),
+    computed in float32 from the position: Ministral 3's on every layer's rotated queries, Beam's on its
+    NoPE layers' queries."""
+
+    #: "llama4": ``1 + beta * log(1 + floor(position / period))`` (Ministral 3's ``llama_4_scaling_beta``
+    #: over ``original_max_position_embeddings``: Llama 4's attention temperature tuning); "ssmax":
+    #: ``(1 + (position + 1) / period) ** beta``, as ``exp(beta * log1p(...))`` (Beam's scalable softmax)
+    form: str
+    beta: float
+    period: int
+    #: only the layers that do not rotate (NoPE) scale their queries (Beam); else every layer's
+    nope_only: bool = False
+    #: the queries multiplied in float32 and cast back (Beam), not by the factor cast to their dtype
+    float32: bool = False
+
+    def __post_init__(self) -> None:
+        if self.form not in ("llama4", "ssmax"):
+            raise ValueError(f"query scaling form {self.form!r}: expected 'llama4' or 'ssmax'")
+
+    def describe(self) -> dict[str, Any]:
+        """The spec's ``rotary["query_scaling"]`` entry."""
+        return asdict(self)
+
+    def factor(self, position_ids: Tensor, dtype: torch.dtype) -> Tensor:
+        """Each position's factor ``[..., 1]``: float32 where :attr:`float32`, else cast to `dtype`."""
+        p = position_ids.float()
+        if self.form == "llama4":
+            f = 1 + self.beta * torch.log(1 + torch.floor(p / self.period))
+        else:
+            f = torch.exp(self.beta * torch.log1p((p + 1) / self.period))
+        return f[..., None] if self.float32 else f[..., None].to(dtype)
+
+    def scale(self, q: Tensor, factor: Tensor) -> Tensor:
+        """The queries `q` times `factor` (:meth:`factor`, shaped to broadcast against them)."""
+        return (q.float() * factor).to(q.dtype) if self.float32 else q * factor
+
+
 class RotaryDecoder(DecoderAdapter):
     """A decoder whose positions are its rotary module's tables (``self.rope``, set by the subclass from
     its ``rotary_emb``): the spec, the longest sequence and the cos/sin tables every RoPE family shares."""
@@ -156,17 +197,17 @@ class RotaryDecoder(DecoderAdapter):
     rope: RotaryTables
     #: the tables pair channels (0, 1), (2, 3), ... (:class:`RotaryTables`' `interleaved`)
     interleaved: bool = False
-    #: the tables stay float32 whatever the model's dtype (OLMo, ERNIE 4.5: their rotary modules do not
-    #: cast them to the hidden states' dtype)
+    #: the tables stay float32 whatever the model's dtype (OLMo, ERNIE 4.5, Beam: their rotary modules do
+    #: not cast them to the hidden states' dtype); without :attr:`float32_rotation`, q and k are rotated in
+    #: the dtype the tables promote them to (float32; a float64 model's float64) and cast back (Beam's
+    #: ``apply_rotary_pos_emb``)
     float32_tables: bool = False
     #: q and k rotated in float32 and cast back to their dtype (OLMo: by float32 tables; Cohere and ERNIE
     #: 4.5 cast q and k up themselves)
     float32_rotation: bool = False
-    #: each rotated query times ``1 + beta * log(1 + floor(position / period))`` as ``(beta, period)``
-    #: (Ministral 3's ``llama_4_scaling_beta`` over ``original_max_position_embeddings``: Llama 4's
-    #: attention temperature tuning), the factor computed in float32 and cast to the queries' dtype;
-    #: :meth:`rotary` then returns it after cos and sin. None: no scaling
-    query_scaling: tuple[float, int] | None = None
+    #: the queries scaled by their position (:class:`QueryScaling`): :meth:`rotary` then returns the
+    #: tables and each position's factor; None: no scaling
+    query_scaling: QueryScaling | None = None
 
     def _use_rotary(self, rotary_emb: nn.Module) -> None:
         """Take the tables of `rotary_emb` (UserError for a type no step can match, e.g. longrope)."""
@@ -175,15 +216,17 @@ class RotaryDecoder(DecoderAdapter):
 
     @property
     def spec(self) -> DecoderSpec:
-        rotary = self.rope.describe()
-        if self.query_scaling is not None:
-            beta, period = self.query_scaling
-            rotary["query_scaling"] = {"beta": beta, "period": period}
         return self._spec(
             positions="rotary",
-            rotary=rotary,
+            rotary=self._describe_rotary(self.rope.describe()),
             max_positions=getattr(self.config, "max_position_embeddings", None),
         )
+
+    def _describe_rotary(self, rotary: dict[str, Any]) -> dict[str, Any]:
+        """The spec's ``rotary`` entry: the tables' `rotary`, with the :attr:`query_scaling` where set."""
+        if self.query_scaling is not None:
+            rotary["query_scaling"] = self.query_scaling.describe()
+        return rotary
 
     @property
     def max_length(self) -> int:
@@ -193,23 +236,28 @@ class RotaryDecoder(DecoderAdapter):
     def position_reach(self) -> tuple[int, str] | None:
         return self.rope.reach
 
-    def rotary(
-        self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
-    ) -> tuple[Tensor, ...]:
-        """cos, sin as the HF rotary module computes them (:class:`RotaryTables`), and each position's
-        query scale ``[..., 1]`` in `dtype` after them where :attr:`query_scaling` is set."""
-        tables = self.rope(position_ids, self._table_dtype(dtype), rope_lens)
+    def rotary(self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None) -> Any:
+        """The tables (:meth:`_tables`), or where :attr:`query_scaling` is set the tables and each
+        position's query factor ``[..., 1]`` (:meth:`QueryScaling.factor`)."""
+        tables = self._tables(position_ids, dtype, rope_lens)
         if self.query_scaling is None:
             return tables
-        beta, period = self.query_scaling
-        scale = 1 + beta * torch.log(1 + torch.floor(position_ids.float() / period))
-        return (*tables, scale[..., None].to(dtype))
+        return tables, self.query_scaling.factor(position_ids, dtype)
+
+    def _tables(self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None) -> Any:
+        """cos, sin as the HF rotary module computes them (:class:`RotaryTables`)."""
+        return self.rope(position_ids, self._table_dtype(dtype), rope_lens)
 
     def rotary_over_heads(self, rope: Any) -> Any:
-        """The tables (and the query scale, where there is one) with a heads axis at dim 1."""
+        """The tables (and the query factor, where there is one) with a heads axis at dim 1."""
         if rope is None or self.query_scaling is None:
-            return super().rotary_over_heads(rope)
-        return tuple(t[:, None] for t in rope)
+            return self._tables_over_heads(rope)
+        tables, factor = rope
+        return self._tables_over_heads(tables), factor[:, None]
+
+    def _tables_over_heads(self, tables: Any) -> Any:
+        """:meth:`_tables`' output with a heads axis at dim 1."""
+        return DecoderAdapter.rotary_over_heads(self, tables)
 
     def _table_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return torch.float32 if self.float32_tables else dtype
@@ -219,25 +267,33 @@ class RotaryDecoder(DecoderAdapter):
         4's full-attention layers)."""
         return True
 
-    def rotate(
-        self, i: int, q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None
-    ) -> tuple[Tensor, Tensor]:
-        """Layer i's q and k rotated by `rope` (half-split or :attr:`interleaved` pairs, in float32 where
-        :attr:`float32_rotation`), or as they are on a NoPE layer; the queries then times the scale `rope`
-        ends with where :attr:`query_scaling` is set."""
-        if rope is not None and self.query_scaling is not None:
-            cos, sin, scale = rope
-            q, k = self._rotate(i, q, k, (cos, sin))
-            return q * scale, k
-        return self._rotate(i, q, k, rope)
+    def rotate(self, i: int, q: Tensor, k: Tensor, rope: Any) -> tuple[Tensor, Tensor]:
+        """Layer i's q and k rotated by `rope`'s tables (:meth:`_rotate_tables`), then the queries scaled by
+        its factor where :attr:`query_scaling` is set (and applies to layer i: its NoPE layers only, where
+        ``nope_only``)."""
+        if rope is None or self.query_scaling is None:
+            return self._rotate_tables(i, q, k, rope)
+        tables, factor = rope
+        q, k = self._rotate_tables(i, q, k, tables)
+        if self.query_scaling.nope_only and self.rotates(i):
+            return q, k
+        return self.query_scaling.scale(q, factor), k
+
+    def _rotate_tables(self, i: int, q: Tensor, k: Tensor, tables: Any) -> tuple[Tensor, Tensor]:
+        """Layer i's q and k rotated by `tables` (:meth:`_tables` with a heads axis)."""
+        return self._rotate(i, q, k, tables)
 
     def _rotate(
         self, i: int, q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None
     ) -> tuple[Tensor, Tensor]:
+        """q and k rotated (half-split or :attr:`interleaved` pairs, in float32 where
+        :attr:`float32_rotation`), or as they are on a NoPE layer."""
         if rope is None or not self.rotates(i):
             return q, k
         cos, sin = rope
         apply = apply_rotary_interleaved if self.interleaved else apply_rotary
+        if not self.float32_rotation and self.float32_tables:  # (promoted by the tables, cast back)
+            return apply(q, cos, sin).to(q.dtype), apply(k, cos, sin).to(k.dtype)
         if not self.float32_rotation:
             return apply(q, cos, sin), apply(k, cos, sin)
         return apply(q.float(), cos, sin).to(q.dtype), apply(k.float(), cos, sin).to(k.dtype)
@@ -257,9 +313,12 @@ class PerTypeRotary(RotaryDecoder):
 
     def _use_rotary(self, rotary_emb: nn.Module) -> None:
         """One :class:`RotaryTables` per layer type of the model, from the module's tables of that type
-        (each UserError for a type no step can match, e.g. longrope)."""
-        self.layer_types = list(self.config.layer_types[: self.num_layers])
-        types = sorted(set(self.layer_types))
+        (each UserError for a type no step can match, e.g. longrope); a type whose ``rope_parameters``
+        entry is null has none (NoPE: Beam's full-attention layers)."""
+        params = getattr(self.config, "rope_parameters", None)
+        nope = {t for t, p in params.items() if p is None} if isinstance(params, dict) else set()
+        self.layer_types = [None if t in nope else t for t in self.config.layer_types[: self.num_layers]]
+        types = sorted({t for t in self.layer_types if t is not None})
         self._use_tables({t: RotaryTables(self.model, rotary_emb, self.user, layer_type=t) for t in types})
 
     def _use_tables(self, ropes: dict[str, RotaryTables]) -> None:
@@ -275,7 +334,7 @@ class PerTypeRotary(RotaryDecoder):
     def spec(self) -> DecoderSpec:
         return self._spec(
             positions="rotary",
-            rotary={t: r.describe() for t, r in self.ropes.items()},
+            rotary=self._describe_rotary({t: r.describe() for t, r in self.ropes.items()}),
             max_positions=getattr(self.config, "max_position_embeddings", None),
         )
 
@@ -292,20 +351,19 @@ class PerTypeRotary(RotaryDecoder):
             return None
         return max(reaches, key=lambda r: r[0])  # type: ignore[arg-type, return-value]
 
-    def rotary(  # type: ignore[override]
+    def _tables(
         self, position_ids: Tensor, dtype: torch.dtype, rope_lens: Tensor | None = None
     ) -> dict[str, tuple[Tensor, Tensor]]:
         """{layer type: (cos, sin)}, each as the HF rotary module computes that type's."""
         return {t: r(position_ids, self._table_dtype(dtype), rope_lens) for t, r in self.ropes.items()}
 
-    def rotary_over_heads(self, rope: Any) -> Any:
-        """Each layer type's pair with a heads axis at dim 1 (see the base method)."""
-        if rope is None:
+    def _tables_over_heads(self, tables: Any) -> Any:
+        """Each layer type's pair with a heads axis at dim 1."""
+        if tables is None:
             return None
-        over_heads = super().rotary_over_heads
-        return {t: over_heads(pair) for t, pair in rope.items()}
+        return {t: DecoderAdapter.rotary_over_heads(self, pair) for t, pair in tables.items()}
 
-    def rotate(self, i: int, q: Tensor, k: Tensor, rope: Any) -> tuple[Tensor, Tensor]:
+    def _rotate_tables(self, i: int, q: Tensor, k: Tensor, tables: Any) -> tuple[Tensor, Tensor]:
         """q and k rotated by the tables of layer i's key (as they are on a NoPE layer)."""
         key = self.layer_types[i]
-        return super().rotate(i, q, k, None if rope is None or key is None else rope[key])
+        return super()._rotate_tables(i, q, k, None if tables is None or key is None else tables[key])
