@@ -104,6 +104,7 @@ MOE_CLASSES = {
     "hy_v3": ("HYV3Config", "HYV3ForCausalLM"),
     "flint": ("FlintConfig", "FlintForCausalLM"),
     "afmoe": ("AfmoeConfig", "AfmoeForCausalLM"),
+    "beam": ("BeamConfig", "BeamForCausalLM"),
     "aria_text": ("AriaTextConfig", "AriaTextForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
@@ -512,6 +513,22 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
             n = overrides.get("num_hidden_layers", 3)
             moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+        if family == "beam":  # Beam: the attention gate (its per-head bias off zero below), q/k norms and the
+            # four layer norms (off their init below); sliding (window 4, RoPE), full (NoPE, queries scaled by
+            # position), sliding; GLM-4.5's routing with 2 expert groups (1 kept), renormalized, scaled by
+            # 2.5; layer 0 of 3 dense; logits capped at 8
+            moe |= {"head_dim": 16, "sliding_window": 4, "num_hidden_layers": 3}
+            moe |= {
+                "n_group": 2,
+                "topk_group": 1,
+                "routed_scaling_factor": 2.5,
+                "norm_topk_prob": True,
+                "final_logit_softcapping": 8.0,
+            }
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+            n = overrides.get("num_hidden_layers", 3)
+            moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+            moe["mlp_layer_types"] = ["dense" if i == 0 else "sparse" for i in range(n)]
         # transformers' eager experts (its default, grouped_mm, takes no float64 and, on the CPU, no odd
         # strides): the per-expert loop of its modeling files
         moe["experts_implementation"] = "eager"
@@ -675,6 +692,10 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
                 if hasattr(layer.mlp, "expert_bias"):
                     layer.mlp.router.gate.weight.normal_(0.0, 0.2)
                     layer.mlp.expert_bias.copy_(torch.randn_like(layer.mlp.expert_bias) * 0.2)
+    if family == "beam":  # the attention gates' per-head biases (initialized at zero) off zero
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.gate_bias.normal_(0.0, 1.0)
     if family == "flint":  # the routers at the initializer range
         with torch.no_grad():
             for layer in model.model.layers:
@@ -697,7 +718,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     # scores' spread, so that they change picks
     if family in (
         *("ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", "param2moe", "sarvam_moe", "solar_open"),
-        *("minicpm5_moe", "kolibri1"),
+        *("minicpm5_moe", "kolibri1", "beam"),
     ):
         with torch.no_grad():
             for layer in model.model.layers:
@@ -715,7 +736,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     if family in (  # norm weights off their init
         *("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"),
         *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe", "minimax_m2"),
-        *("minicpm5_moe", "kolibri1", "hy_v3", "flint", "afmoe"),
+        *("minicpm5_moe", "kolibri1", "hy_v3", "flint", "afmoe", "beam"),
     ):
         with torch.no_grad():
             for name, param in model.named_parameters():

@@ -601,6 +601,38 @@ OPTIONS: dict[str, dict[str, list]] = {
         ],
         "attention_bias": [False, True],
     },
+    # Beam: GLM-4.5's routing options (less the shared expert), the experts' scale, windows and NoPE layers,
+    # dense layers, its rotary's base and scaling (its sliding layers' rope_parameters), the logits' cap
+    "beam": {
+        "_form": [
+            {"num_experts": 4, "n_group": 1, "topk_group": 1},
+            {"num_experts": 8, "n_group": 2, "topk_group": 1},
+        ],
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "rope_parameters": [
+            {"sliding_attention": {"rope_type": "default", "rope_theta": t}, "full_attention": None}
+            for t in (10000.0, 500000.0)
+        ]
+        + [
+            {
+                "sliding_attention": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+                "full_attention": None,
+            }
+        ],
+        "num_experts_per_tok": [1, 2],
+        "norm_topk_prob": [False, True],
+        "routed_scaling_factor": [1.0, 2.5],
+        "sliding_window": [3, 5],
+        "layer_types": [
+            ["sliding_attention", "full_attention", "sliding_attention"],
+            ["full_attention", "sliding_attention", "sliding_attention"],
+        ],
+        "mlp_layer_types": [["dense", "sparse", "sparse"], ["sparse", "dense", "sparse"]],
+        "attention_bias": [False, True],
+        "final_logit_softcapping": [None, 8.0],
+        "head_dim": [8, 16],
+    },
     # Aria text: its top-k, the shared expert's width, Llama's attention options
     "aria_text": LLAMA_LIKE
     | {
@@ -815,6 +847,7 @@ FEWER_SEEDS = {
     "minicpm5_moe": range(3),
     "apertus1p5_text": range(2),  # (Apertus' model: "apertus" draws its options)
     "hy_v3": range(3),  # (GLM-4.5's routing, less its groups)
+    "beam": range(3),  # (GLM-4.5's routing)
     "gpt-sw3": range(2),
 }
 PROMPT = 19

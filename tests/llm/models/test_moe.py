@@ -87,7 +87,7 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert kinds["ernie4_5_moe"].mlp_kinds == kinds["glm4_moe"].mlp_kinds == ["dense", "moe", "moe"]
     assert kinds["ernie4_5_moe"].moe["shared_expert_size"] == 128
     biased = {f for f in here if kinds[f].moe["selection_bias"]}
-    glm_kin = {"param2moe", "sarvam_moe", "solar_open", "hy_v3", "afmoe"} & set(here)
+    glm_kin = {"param2moe", "sarvam_moe", "solar_open", "hy_v3", "afmoe", "beam"} & set(here)
     newer = {"minimax_m2", "minicpm5_moe", "kolibri1"} & set(here)  # (MiniMax-M2's on its block)
     assert biased == {"ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", *glm_kin, *newer}
     glm = kinds["glm4_moe"].moe
@@ -123,6 +123,10 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
         assert afmoe.moe["selection_bias"] and afmoe.moe["scale"] == 2.5
         assert afmoe.moe["expert_groups"] is None
         assert afmoe.mlp_kinds == ["dense", "moe", "moe"]
+    if "beam" in here:  # (GLM-4.5's routing, its SwiGLU in float32 and its scale on the experts' sum)
+        beam = kinds["beam"].moe
+        assert beam["expert_groups"] == [2, 1] and beam["scale"] == 2.5 and beam["shared_expert_size"] is None
+        assert {f for f in here if kinds[f].moe["float32_glu"] or kinds[f].moe["scale_output"]} == {"beam"}
     if "flint" in here:
         flint = kinds["flint"]
         assert flint.moe["routing"] == "sigmoid_topk" and flint.moe["shared_expert_size"] == 96

@@ -319,7 +319,6 @@ class _ConfigOnly(torch.nn.Module):
         ("mimo_v2_flash", "values are narrower than its queries and keys"),
         ("kolibri1_1", "a lightning indexer picks the top-k keys"),
         ("laguna", "their own query head count"),
-        ("beam", "sigmoid of a projection of the layer input"),
         ("zaya", "Compressed Convolutional Attention"),
         ("minimax_m3_vl_text", "block-sparsely"),
         ("minimax", "lightning attention layers"),

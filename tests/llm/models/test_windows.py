@@ -130,6 +130,7 @@ CASES = [
     ("flint", {}),  # sliding, full, sliding; window 4; sinks on every layer
     ("flint", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     ("afmoe", {}),  # sliding (RoPE), full (NoPE), sliding; window 4
+    ("beam", {}),  # sliding (RoPE), full (NoPE, queries scaled by position), sliding; window 4
     ("aria_text", {"set_sliding_window": 64}),  # no Aria layer applies one
     ("afmoe", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     ("mellum", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),

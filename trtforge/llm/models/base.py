@@ -151,6 +151,11 @@ STYLES: dict[tuple[str, ...], str] = {
     "before and after attention and MLP, windows by layer_types (NoPE full layers), muP's embedding scale, "
     "sparse MoE MLPs routed by sigmoid scores with the block's expert_bias, renormalized, scaled by "
     "route_scale, an ungated shared MLP, dense first layers",
+    ("beam",): "Beam: per-head q/k norms, each head's attention output gated by a sigmoid of gate_proj plus "
+    "a bias per head, windows by layer_types (sliding layers rotated, NoPE full layers whose queries are "
+    "scaled by position), norms before and after attention and MLP with depth-scaled residual adds, "
+    "GLM-4.5's sparse MoE MLPs (no shared MLP, a float32 SwiGLU), dense layers by mlp_layer_types, "
+    "soft-capped logits",
     ("aria_text",): "Aria text: Llama's attention, every MLP sparse (a softmax over the top-k router logits "
     "in the model's dtype, experts stored transposed) with an ungated shared MLP",
     ("granitemoe", "granitemoeshared"): "GraniteMoE / GraniteMoeShared: Granite's multipliers, sparse MoE "
@@ -211,9 +216,6 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "laguna": "Laguna's layers each have their own query head count (num_attention_heads_per_layer) and gate "
     "each attention output by a softplus of a projection of the layer input, which trtforge's KV cache and "
     "attention do not hold.",
-    "beam": "Beam gates each attention head's output by a sigmoid of a projection of the layer input (plus a "
-    "bias per head) and scales its NoPE layers' queries by position, which trtforge's attention does not "
-    "apply.",
     "zaya": "ZAYA attends through Compressed Convolutional Attention: q and k mixed by a causal convolution "
     "over time and v from a delayed recurrent state, which trtforge's KV cache does not hold.",
     "minimax_m3_vl_text": "MiniMax-M3's text model attends block-sparsely (a lightning indexer keeps the "
@@ -411,6 +413,7 @@ PER_LAYER_TYPES = (
     "granitemoe_swa",
     "flint",
     "afmoe",
+    "beam",
 )
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -546,7 +549,7 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
       when it is null (their forward ignores ``layer_types``);
     - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe, gpt_oss,
       cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe, kolibri1, modernbert-decoder, granite_swa,
-      granitemoe_swa, flint, afmoe: the window on the layers ``config.layer_types`` marks
+      granitemoe_swa, flint, afmoe, beam: the window on the layers ``config.layer_types`` marks
       "sliding_attention" (CWM's config marks 3 of 4 by default, VaultGemma's every other, Granite SWA's 3 of
       4; qwen's config builds those from ``use_sliding_window`` and ``max_window_layers``; with
       ``use_sliding_window`` false it nulls ``sliding_window``, Qwen2-MoE's sets it to 0, read as null.

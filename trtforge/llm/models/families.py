@@ -15,13 +15,13 @@ Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2), GPT-J and CodeGen (:mod:`.
 a fixed table), Falcon (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT
 (:mod:`.mpt`), the last two with ALiBi position biases, and the sparse mixture-of-experts families Mixtral,
 Qwen2-MoE, Qwen3-MoE, Mellum, OLMoE, GLM-4.5 (and Param2-MoE, Sarvam-MoE and Solar Open on its MoE MLPs),
-dots.llm1, K-EXAONE, Kolibri-1, MiniMax-M2, MiniCPM5-MoE, HY V3, Flint, AFMoE and Aria text
+dots.llm1, K-EXAONE, Kolibri-1, MiniMax-M2, MiniCPM5-MoE, HY V3, Flint, AFMoE, Beam and Aria text
 (:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE, GraniteMoeShared and GraniteMoeSWA
 (:mod:`.granite`), HunYuan-MoE (:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`),
 and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The
 shared pieces (spec, family checks, windows, attention soft-caps, ALiBi slopes, attention sinks) live in
-:mod:`.base`, the rotary variants (interleaved, float32, NoPE layers, a table per layer type or RoPE base) in
-:mod:`.rotary`.
+:mod:`.base`, the attention output gate in :mod:`.gate`, the rotary variants (interleaved, float32, NoPE
+layers, a table per layer type or RoPE base, position-scaled queries) in :mod:`.rotary`.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ from trtforge.llm.models.llama import LlamaStyle, Ministral3Style
 from trtforge.llm.models.mixtral import (
     AfmoeStyle,
     AriaTextStyle,
+    BeamStyle,
     Dots1Style,
     ExaoneMoeStyle,
     FlintStyle,
@@ -162,6 +163,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "hy_v3": HyV3Style,
     "flint": FlintStyle,
     "afmoe": AfmoeStyle,
+    "beam": BeamStyle,
     "aria_text": AriaTextStyle,
     "cohere2_moe": Cohere2MoeStyle,
     "minimax_m2": MiniMaxM2Style,
@@ -187,6 +189,7 @@ __all__ = [
     "Apertus1p5TextStyle",
     "ApertusStyle",
     "AriaTextStyle",
+    "BeamStyle",
     "BioGptStyle",
     "BloomStyle",
     "CodeGenStyle",

@@ -69,6 +69,15 @@ formulations).
   MLPs routed by the block's router (its ``gate`` Linear in the model's dtype, float32 sigmoid scores, the
   top k chosen with the block's ``expert_bias``, renormalized, times ``route_scale``, kept float32) with an
   ungated shared MLP.
+- ``beam`` (``BeamForCausalLM``, Reflection AI's Beam): per-head q/k RMSNorms, each attention output gated
+  by ``sigmoid(gate_proj(h) + gate_bias)`` (one bias a head) before ``o_proj``; windows by ``layer_types``
+  with the sliding layers rotated (against float32 tables) and the full ones NoPE, their queries scaled
+  in float32 by ``(1 + (position + 1) / 2048) ** 0.1`` (scalable softmax: :class:`~.rotary.QueryScaling`);
+  RMSNorms before and after both attention and MLP, each branch added to the residual by depth
+  (``x * sqrt((n - 1) / n) + branch / sqrt(n)``, n = 2 (i + 1) for layer i's attention, one more for its
+  MLP); dense layers by ``mlp_layer_types``, the others GLM-4.5's routing (a float32 router, no shared
+  expert) with the SwiGLU in float32 (as its dense MLPs) and ``routed_scaling_factor`` on the experts' sum
+  (GLM-4.5's scales the weights); float32 logits soft-capped by ``final_logit_softcapping``.
 - ``aria_text`` (``AriaTextForCausalLM``, the text model of rhymes-ai's Aria): Llama's attention and block,
   every MLP sparse: the router's top-k logits softmaxed over those k in the model's dtype (its
   ``moe_topk`` of ``moe_num_experts``), experts stored transposed (``AriaExperts``: ``x @ W``, the
@@ -81,14 +90,16 @@ refuse these models by name; tensor parallelism refuses their MoE MLPs (the expe
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from trtforge.llm.models.gate import OutputGate
 from trtforge.llm.models.moe import moe_layers
 from trtforge.llm.models.rope import RopeStyle, project_qkv
-from trtforge.llm.models.rotary import PerTypeRotary
+from trtforge.llm.models.rotary import PerTypeRotary, QueryScaling
 
 
 class MixtralStyle(RopeStyle):
@@ -367,6 +378,44 @@ class AfmoeStyle(RopeStyle):
         layer = self.layers[i]
         x = x + layer.post_attention_layernorm(layer.self_attn.o_proj(attn_out))
         return x + layer.post_mlp_layernorm(self.mlp(i, layer.pre_mlp_layernorm(x)))
+
+
+class BeamStyle(PerTypeRotary, Glm4MoeStyle):
+    """Beam (see the module docstring): gated attention with per-head q/k norms, sliding layers rotated
+    and NoPE full layers with position-scaled queries, depth-scaled residuals around sandwich norms, and
+    GLM-4.5's routing over experts with a float32 SwiGLU."""
+
+    family = "beam"
+    #: one bias a head on the gate's projection, before the sigmoid
+    output_gate = OutputGate("gate_proj", bias="gate_bias")
+    #: BeamRotaryEmbedding keeps its tables float32: q and k are rotated in the dtype they promote to
+    float32_tables = True
+    #: ``compute_attention_scaling``: the NoPE layers' queries, in float32
+    query_scaling = QueryScaling("ssmax", 0.1, 2048, nope_only=True, float32=True)
+
+    def _routing(self) -> dict[str, Any]:
+        return {**super()._routing(), "float32_glu": True, "scale_output": True}
+
+    def finish_block(self, i: int, x: Tensor, attn_out: Tensor) -> Tensor:
+        """Each branch normed after as well as before, and added to the residual by its depth (the layer's
+        ``attn_residual_add_idx`` / ``mlp_residual_add_idx``: transformers' ``depth_scaled_residual_add``)."""
+        layer = self.layers[i]
+        branch = layer.post_attention_layernorm(layer.self_attn.o_proj(attn_out))
+        x = _depth_scaled(branch, x, layer.attn_residual_add_idx)
+        branch = layer.post_feedforward_layernorm(self.mlp(i, layer.pre_feedforward_layernorm(x)))
+        return _depth_scaled(branch, x, layer.mlp_residual_add_idx)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """The LM head's logits, soft-capped in float32 to ``cap * tanh(logits / cap)`` where the config sets
+        ``final_logit_softcapping`` (as ``BeamForCausalLM.forward``)."""
+        logits = super().logits(x)
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits.float() / cap) * cap
+
+
+def _depth_scaled(branch: Tensor, residual: Tensor, n: int) -> Tensor:
+    """Beam's residual add of the n-th branch: ``branch / sqrt(n) + residual * sqrt((n - 1) / n)``."""
+    return branch * (1.0 / math.sqrt(n)) + residual * math.sqrt((n - 1) / n)
 
 
 class AriaTextStyle(RopeStyle):

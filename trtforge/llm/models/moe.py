@@ -129,7 +129,8 @@ class SparseMoe:
     ``enable_moe_fp32_combine``); `float32_router` False: ``topk_softmax`` / ``topk_sigmoid`` in
     the logits' dtype (gpt-oss's router, Cohere 2-MoE's sigmoid). `float32_logits`, `selection_bias`,
     `expert_groups` (``(n_group, topk_group)``), `scale`, `norm_eps`, `norm_min`, `choose_by_logits`: the
-    module docstring's options. `where` names the model in errors."""
+    module docstring's options; `float32_glu`: the experts' gated activation in float32, `scale_output`:
+    `scale` on the experts' sum, not the weights (both Beam's). `where` names the model in errors."""
 
     def __init__(
         self,
@@ -150,6 +151,8 @@ class SparseMoe:
         norm_eps: float = 0.0,
         norm_min: float | None = None,
         choose_by_logits: bool = False,
+        float32_glu: bool = False,
+        scale_output: bool = False,
     ) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing {routing!r}: expected one of {ROUTINGS}")
@@ -159,6 +162,10 @@ class SparseMoe:
         self.norm_eps, self.norm_min = float(norm_eps), None if norm_min is None else float(norm_min)
         #: the top k chosen by the float32 logits (plus any selection bias), not by the scores: Kolibri-1
         self.choose_by_logits = bool(choose_by_logits)
+        #: the experts' ``act(gate) * up`` in float32, cast back (Beam's), not in the model's dtype
+        self.float32_glu = bool(float32_glu)
+        #: `scale` multiplies the experts' weighted sum (Beam's ``routed_scaling_factor``), not the weights
+        self.scale_output = bool(scale_output)
         #: the module holding the router's weight (and bias): the router, or HunYuan-MoE's ``wg``
         self.router_linear = router_linear(self.router)
         #: the module holding the selection bias (read at each call), None without one; its attribute name
@@ -241,6 +248,8 @@ class SparseMoe:
             "expert_groups": None if self.expert_groups is None else list(self.expert_groups),
             "scale": self.scale,
             "choose_by_logits": self.choose_by_logits,
+            "float32_glu": self.float32_glu,
+            "scale_output": self.scale_output,
         }
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -266,7 +275,7 @@ class SparseMoe:
                 bias=None if owner is None else getattr(owner, self.bias_name).reshape(-1),
                 norm_eps=self.norm_eps,
                 norm_min=self.norm_min,
-                scale=self.scale,
+                scale=self._weight_scale,
             )
         if self.routing in ("topk_softmax", "topk_sigmoid"):
             top, experts = torch.topk(logits.float() if self.float32_router else logits, self.top_k, dim=-1)
@@ -287,9 +296,14 @@ class SparseMoe:
             total = total + self.norm_eps if self.norm_eps else total
             total = total.clamp(min=self.norm_min) if self.norm_min is not None else total
             weights = weights / total
-        if self.scale != 1.0:
-            weights = weights * self.scale
+        if self._weight_scale != 1.0:
+            weights = weights * self._weight_scale
         return weights.to(out_dtype), experts
+
+    @property
+    def _weight_scale(self) -> float:
+        """The factor on the routing weights: :attr:`scale`, unless it scales the experts' sum."""
+        return 1.0 if self.scale_output else self.scale
 
     def _route_kernel_fits(self) -> bool:
         """Whether :func:`trtforge.kernels.moe.route_topk` computes this router's math: every score in
@@ -339,6 +353,8 @@ class SparseMoe:
             out = fused_moe(flat.contiguous(), ex.gate_up_proj, ex.down_proj, weights, experts, **opts)
         else:
             out = self._grouped(flat, weights, experts)
+        if self.scale_output:
+            out = out * self.scale
         if self.shared_gate is not None:
             out = out + torch.sigmoid(self.shared_gate(flat)) * self.shared(flat)
         elif self.shared_average:
@@ -395,9 +411,16 @@ class SparseMoe:
             return gated @ ex.down_proj[e] + ex.down_proj_bias[e]
         if self.layout == "transposed":  # x @ W, as transformers' AriaExperts computes it
             gate, up = (rows @ ex.gate_up_proj[e]).chunk(2, dim=-1)
-            return (ex.act_fn(gate) * up) @ ex.down_proj[e]
+            return self._glu(gate, up) @ ex.down_proj[e]
         gate, up = F.linear(rows, ex.gate_up_proj[e]).chunk(2, dim=-1)
-        return F.linear(ex.act_fn(gate) * up, ex.down_proj[e])
+        return F.linear(self._glu(gate, up), ex.down_proj[e])
+
+    def _glu(self, gate: Tensor, up: Tensor) -> Tensor:
+        """The plain experts' gated activation ``act(gate) * up`` (in float32 where :attr:`float32_glu`)."""
+        act = self.block.experts.act_fn
+        if self.float32_glu:
+            return (act(gate.float()) * up.float()).to(gate.dtype)
+        return act(gate) * up
 
     def _grouped(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
         """Each expert on its own tokens: pairs sorted by expert, one GEMM pair per expert hit."""
@@ -425,10 +448,10 @@ class SparseMoe:
             y = torch.matmul(_clamped_swiglu(ex, gate_up), ex.down_proj) + ex.down_proj_bias[:, None]
         elif self.layout == "transposed":
             gate, up = torch.matmul(x[None], ex.gate_up_proj).chunk(2, dim=-1)  # [E, N, I]
-            y = torch.matmul(ex.act_fn(gate) * up, ex.down_proj)  # [E, N, H]
+            y = torch.matmul(self._glu(gate, up), ex.down_proj)  # [E, N, H]
         else:
             gate, up = torch.matmul(x[None], ex.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)  # [E, N, I]
-            y = torch.matmul(ex.act_fn(gate) * up, ex.down_proj.transpose(1, 2))  # [E, N, H]
+            y = torch.matmul(self._glu(gate, up), ex.down_proj.transpose(1, 2))  # [E, N, H]
         return (y * full.transpose(0, 1)[..., None]).to(x.dtype).sum(dim=0)
 
 
@@ -474,7 +497,7 @@ def moe_layers(
     ``block_sparse_moe``), with the layer's attribute `shared` as an ungated shared expert where set and
     not None (GraniteMoeShared's ``shared_mlp``); `float32_router` and `options` (the routing options:
     ``float32_logits``, ``selection_bias``, ``expert_groups``, ``scale``, ``norm_eps``, ``norm_min``,
-    ``shared_average``, ``float32_sum``): :class:`SparseMoe`'s."""
+    ``shared_average``, ``float32_sum``, ``float32_glu``, ``scale_output``): :class:`SparseMoe`'s."""
     return [
         SparseMoe(
             getattr(layer, block),
