@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from tests.llm.serving_models import run_to_completion, tiny_llama
+from tests.llm.tiny_models import tiny_model
 from trtforge.errors import UserError
 from trtforge.llm.engine import make_step_loop
 from trtforge.llm.executors.piecewise import TOKEN_BUCKETS, PiecewiseStep
 from trtforge.llm.executors.torch_exec import TorchExecutor
+from trtforge.llm.models.families import adapter_for
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.scheduler import SchedulerConfig
 
@@ -88,7 +90,21 @@ def _serve(both, *, async_scheduling: bool, seed: int = 0, n: int = 14) -> dict:
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_piecewise_steps_match_eager_steps(family, async_scheduling):
-    model = tiny_llama() if family == "llama" else _tiny_gpt2()
+    _piecewise_matches_eager(tiny_llama() if family == "llama" else _tiny_gpt2(), async_scheduling)
+
+
+def test_piecewise_steps_of_layers_with_their_own_head_counts_match_eager_steps():
+    """Laguna's 4, 8 and 2 query heads: each layer's q and attention output a view of its own width on
+    the pieces' shared buffers. (Its gate's softplus rounds to float32 even in a float64 model, as
+    transformers' does: a last-bit difference between a step's GEMM and its bucket's shows at 1e-7.)"""
+    model = tiny_model("laguna", pad_token_id=None).double()  # (token 0's embedding nonzero: padding writes)
+    assert adapter_for(model).heads_per_layer == [4, 8, 2]
+    _piecewise_matches_eager(model, async_scheduling=False, tol=1e-6)
+
+
+def _piecewise_matches_eager(model: torch.nn.Module, async_scheduling: bool, tol: float = 1e-12) -> None:
+    """Mixed steps served piecewise give the eager steps' logits (within `tol` x 1e3 of the largest) and
+    K/V (within `tol`) (:class:`_Lockstep`)."""
     kwargs = {"num_blocks": 64, "block_size": 4, "max_decode_batch": 8}
     eager = TorchExecutor(model, static_decode=False, **kwargs)
     pieces = TorchExecutor(model, static_decode=True, max_graph_tokens=32, **kwargs)
@@ -96,11 +112,11 @@ def test_piecewise_steps_match_eager_steps(family, async_scheduling):
     both = _Lockstep(eager, pieces)
     _serve(both, async_scheduling=async_scheduling)
     assert both.mixed_steps > 0 and both.prompt_steps > both.mixed_steps
-    assert both.max_rel_err < 1e-9
+    assert both.max_rel_err < tol * 1e3
     assert set(pieces._piecewise._records) <= {8, 16, 32} and pieces._piecewise._records
     # the same K/V in every real block; bucket padding wrote only the scratch block (the last)
     for a, b in zip((*eager.k_pools, *eager.v_pools), (*pieces.k_pools, *pieces.v_pools)):
-        torch.testing.assert_close(b[:-1], a[:-1], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(b[:-1], a[:-1], rtol=tol, atol=tol)
         assert not a[-1].any() and b[-1].any()
 
 

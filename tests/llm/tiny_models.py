@@ -105,6 +105,7 @@ MOE_CLASSES = {
     "flint": ("FlintConfig", "FlintForCausalLM"),
     "afmoe": ("AfmoeConfig", "AfmoeForCausalLM"),
     "beam": ("BeamConfig", "BeamForCausalLM"),
+    "laguna": ("LagunaConfig", "LagunaForCausalLM"),
     "aria_text": ("AriaTextConfig", "AriaTextForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
@@ -529,6 +530,26 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             n = overrides.get("num_hidden_layers", 3)
             moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
             moe["mlp_layer_types"] = ["dense" if i == 0 else "sparse" for i in range(n)]
+        if family == "laguna":  # Laguna: 4, 8 and 2 query heads over 2 KV heads; the per-head softplus
+            # gate; q/k norms (off their init below); sliding (window 4, the whole head rotated), full (half
+            # the head rotated, its default), sliding; the router's selection bias (off zero below), 2.5 on
+            # the experts' sum, a 64-wide shared MLP; layer 0 of 3 dense
+            moe |= {
+                "head_dim": 16,
+                "sliding_window": 4,
+                "num_hidden_layers": 3,
+                "moe_routed_scaling_factor": 2.5,
+            }
+            moe |= {
+                "shared_expert_intermediate_size": 64,
+                "pad_token_id": 0,
+                "bos_token_id": 1,
+                "eos_token_id": 2,
+            }
+            n = overrides.get("num_hidden_layers", 3)
+            moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
+            moe["mlp_layer_types"] = ["dense" if i == 0 else "sparse" for i in range(n)]
+            moe["num_attention_heads_per_layer"] = [(4, 8, 2)[i % 3] for i in range(n)]
         # transformers' eager experts (its default, grouped_mm, takes no float64 and, on the CPU, no odd
         # strides): the per-expert loop of its modeling files
         moe["experts_implementation"] = "eager"
@@ -718,7 +739,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     # scores' spread, so that they change picks
     if family in (
         *("ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", "param2moe", "sarvam_moe", "solar_open"),
-        *("minicpm5_moe", "kolibri1", "beam"),
+        *("minicpm5_moe", "kolibri1", "beam", "laguna"),
     ):
         with torch.no_grad():
             for layer in model.model.layers:
@@ -736,7 +757,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     if family in (  # norm weights off their init
         *("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"),
         *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe", "minimax_m2"),
-        *("minicpm5_moe", "kolibri1", "hy_v3", "flint", "afmoe", "beam"),
+        *("minicpm5_moe", "kolibri1", "hy_v3", "flint", "afmoe", "beam", "laguna"),
     ):
         with torch.no_grad():
             for name, param in model.named_parameters():

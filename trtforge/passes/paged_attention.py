@@ -272,6 +272,20 @@ class _Fuser:
             self.made[key] = self._int32(total, before)
         return self.made[key], self._int32(new, before)
 
+    def _metadata_heads(self, pool: ir.Value) -> int | None:
+        """The query head count the step graph's metadata gives the layer of `pool` (its
+        ``num_heads_per_layer`` entry where the layers' differ, as Laguna's; else ``num_heads``), None
+        without metadata or, where the counts differ, a pool name naming no layer."""
+        gen = self.generation
+        if gen is None:
+            return None
+        per_layer = gen.get("num_heads_per_layer")
+        if not per_layer:
+            return gen.get("num_heads")
+        match = re.fullmatch(r"(?:key|value)_pool\.(\d+)", pool.name or "")
+        layer = int(match.group(1)) if match is not None else len(per_layer)
+        return int(per_layer[layer]) if layer < len(per_layer) else None
+
     def _window_refusal(self, pool: ir.Value, mask: ir.Value) -> str | None:
         gen = self.generation
         match = re.fullmatch(r"(?:key|value)_pool\.(\d+)", pool.name or "")
@@ -325,8 +339,8 @@ class _Fuser:
         if q_cast is not None:
             q = q_cast.inputs[0]
         heads, kv_heads, head_dim = _static(q, 1), _static(k_side.pool, 2), _static(k_side.pool, 3)
-        if heads is None and self.generation is not None:  # the step graph's metadata names it
-            heads = self.generation.get("num_heads")
+        if heads is None:  # the step graph's metadata names it
+            heads = self._metadata_heads(k_side.pool)
         if heads is None or kv_heads is None:
             return "query / pool head counts are not static (and no step graph metadata gives them)"
         scale_attr = attention.attributes.get("scale")

@@ -142,6 +142,8 @@ def test_executor_copies_blocks_before_writing_and_keeps_pools(tmp_path):
         ("gpt_neox", {"use_parallel_residual": False}, "legacy"),
         ("phi", {"qk_layernorm": True}, "legacy"),
         ("mistral", {"sliding_window": 4096}, "legacy"),  # a window longer than max_seq masks nothing
+        # Laguna's 4, 8 and 2 query heads (each layer's node its own num_heads) and its gate; no window
+        ("laguna", {"layer_types": ["full_attention"] * 3}, "legacy"),
         pytest.param("llama", {}, "dynamo", marks=pytest.mark.slow),
     ],
 )

@@ -633,6 +633,35 @@ OPTIONS: dict[str, dict[str, list]] = {
         "final_logit_softcapping": [None, 8.0],
         "head_dim": [8, 16],
     },
+    # Laguna: per-layer query head counts, the gate per head or per channel, its routing's top-k and scale,
+    # the shared MLP's width, windows and dense layers, its rotary tables' bases and partial factors
+    "laguna": {
+        "num_key_value_heads": [1, 2],
+        "num_attention_heads_per_layer": [[4, 8, 2], [4, 4, 4], [2, 6, 8]],
+        "gating": [True, "per-element"],
+        "tie_word_embeddings": [False, True],
+        "rope_parameters": [
+            {
+                "full_attention": {
+                    "rope_type": "default",
+                    "rope_theta": 500000.0,
+                    "partial_rotary_factor": f,
+                },
+                "sliding_attention": {"rope_type": "default", "rope_theta": t, "partial_rotary_factor": 1.0},
+            }
+            for f, t in ((0.5, 10000.0), (1.0, 100.0))
+        ],
+        "num_experts_per_tok": [1, 2, 3],
+        "moe_routed_scaling_factor": [1.0, 2.5],
+        "shared_expert_intermediate_size": [32, 64],
+        "sliding_window": [3, 5],
+        "layer_types": [
+            ["sliding_attention", "full_attention", "sliding_attention"],
+            ["full_attention", "full_attention", "sliding_attention"],
+        ],
+        "mlp_layer_types": [["dense", "sparse", "sparse"], ["sparse", "dense", "sparse"]],
+        "attention_bias": [False, True],
+    },
     # Aria text: its top-k, the shared expert's width, Llama's attention options
     "aria_text": LLAMA_LIKE
     | {
@@ -847,7 +876,8 @@ FEWER_SEEDS = {
     "minicpm5_moe": range(3),
     "apertus1p5_text": range(2),  # (Apertus' model: "apertus" draws its options)
     "hy_v3": range(3),  # (GLM-4.5's routing, less its groups)
-    "beam": range(3),  # (GLM-4.5's routing)
+    "beam": range(2),  # (GLM-4.5's routing; its logits' cap: the tiny model's, in test_moe)
+    "laguna": range(3),  # (per-channel and per-head gates, per-layer head counts, partial rotary among them)
     "gpt-sw3": range(2),
 }
 PROMPT = 19

@@ -87,7 +87,7 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     assert kinds["ernie4_5_moe"].mlp_kinds == kinds["glm4_moe"].mlp_kinds == ["dense", "moe", "moe"]
     assert kinds["ernie4_5_moe"].moe["shared_expert_size"] == 128
     biased = {f for f in here if kinds[f].moe["selection_bias"]}
-    glm_kin = {"param2moe", "sarvam_moe", "solar_open", "hy_v3", "afmoe", "beam"} & set(here)
+    glm_kin = {"param2moe", "sarvam_moe", "solar_open", "hy_v3", "afmoe", "beam", "laguna"} & set(here)
     newer = {"minimax_m2", "minicpm5_moe", "kolibri1"} & set(here)  # (MiniMax-M2's on its block)
     assert biased == {"ernie4_5_moe", "glm4_moe", "dots1", "exaone_moe", *glm_kin, *newer}
     glm = kinds["glm4_moe"].moe
@@ -126,7 +126,9 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
     if "beam" in here:  # (GLM-4.5's routing, its SwiGLU in float32 and its scale on the experts' sum)
         beam = kinds["beam"].moe
         assert beam["expert_groups"] == [2, 1] and beam["scale"] == 2.5 and beam["shared_expert_size"] is None
-        assert {f for f in here if kinds[f].moe["float32_glu"] or kinds[f].moe["scale_output"]} == {"beam"}
+        assert {f for f in here if kinds[f].moe["float32_glu"]} == {"beam"}
+    # (Beam's and Laguna's routed scale on the experts' sum, not the weights)
+    assert {f for f in here if kinds[f].moe["scale_output"]} == {"beam", "laguna"} & set(here)
     if "flint" in here:
         flint = kinds["flint"]
         assert flint.moe["routing"] == "sigmoid_topk" and flint.moe["shared_expert_size"] == 96

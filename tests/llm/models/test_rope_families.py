@@ -318,7 +318,6 @@ class _ConfigOnly(torch.nn.Module):
         ("sarvam_mla", "multi-head latent attention"),
         ("mimo_v2_flash", "values are narrower than its queries and keys"),
         ("kolibri1_1", "a lightning indexer picks the top-k keys"),
-        ("laguna", "their own query head count"),
         ("zaya", "Compressed Convolutional Attention"),
         ("minimax_m3_vl_text", "block-sparsely"),
         ("minimax", "lightning attention layers"),

@@ -131,6 +131,7 @@ CASES = [
     ("flint", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     ("afmoe", {}),  # sliding (RoPE), full (NoPE), sliding; window 4
     ("beam", {}),  # sliding (RoPE), full (NoPE, queries scaled by position), sliding; window 4
+    ("laguna", {}),  # sliding, full, sliding; window 4; a RoPE table each; 4, 8 and 2 query heads
     ("aria_text", {"set_sliding_window": 64}),  # no Aria layer applies one
     ("afmoe", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     ("mellum", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),

@@ -8,8 +8,8 @@ Cohere 1 / 2, GLM, GLM-4-0414, Nemotron, Persimmon, Helium, ERNIE 4.5, EXAONE 4,
 Apertus 1.5 text; GPT-NeoX, GPT-NeoX-Japanese; Phi; GPT-J, CodeGen; Falcon; BLOOM, MPT; the MoE families
 Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GraniteMoE, GraniteMoeShared, gpt-oss, HunYuan-MoE, ERNIE 4.5-MoE,
 GLM-4.5, Param2-MoE, Sarvam-MoE, Solar Open, dots.llm1, FlexOLMo, K-EXAONE, Mellum, Cohere 2-MoE,
-GraniteMoeSWA, MiniMax-M2, MiniCPM5-MoE, Kolibri-1, HY V3, Flint, AFMoE, Beam, Aria text, whose expert MLPs
-the step graph computes densely:
+GraniteMoeSWA, MiniMax-M2, MiniCPM5-MoE, Kolibri-1, HY V3, Flint, AFMoE, Beam, Laguna, Aria text, whose expert
+MLPs the step graph computes densely:
 :mod:`trtforge.llm.models.moe`); only the attention is rewritten, around two torch custom ops with exact torch
 reference implementations (:mod:`.ops`): the cache write, exported as ONNX ``TensorScatter`` (TensorRT:
 KV_CACHE_UPDATE, in place), and attention over the cache, exported as ONNX ``Attention`` with one output and

@@ -98,7 +98,7 @@ class PiecewiseStep:
         *,
         max_tokens: int,
         hidden: int,
-        num_heads: int,
+        num_heads: int | list[int],
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
@@ -111,7 +111,10 @@ class PiecewiseStep:
         self.buckets = (*(b for b in TOKEN_BUCKETS if b < max_tokens), max_tokens)
         self.max_tokens = max_tokens
         self.device, self.dtype = device, dtype
-        self._shapes = (hidden, num_heads, head_dim)
+        #: the query head count of every layer, or each layer's (they may differ: Laguna's)
+        self._heads = num_heads if isinstance(num_heads, int) else list(num_heads)
+        widest = num_heads if isinstance(num_heads, int) else max(num_heads)
+        self._shapes = (hidden, widest, head_dim)
         self.scratch_slot = scratch_slot
         self.use_graphs = graphs
         self._pool = pool
@@ -139,11 +142,19 @@ class PiecewiseStep:
             self._bufs = {
                 "inputs": torch.zeros(3, n, dtype=torch.int32, device=dev),  # ids, positions, slots
                 "h": torch.zeros(n, hidden, dtype=dt, device=dev),
-                "q": torch.zeros(n, hq, d, dtype=dt, device=dev),
+                # flat: each layer views its first rows as [tokens, its heads, d] (:meth:`_heads_view`)
+                "q": torch.zeros(n * hq * d, dtype=dt, device=dev),
                 # padding rows keep what earlier steps left: finite values, never read by real rows
-                "o": torch.zeros(n, hq, d, dtype=dt, device=dev),
+                "o": torch.zeros(n * hq * d, dtype=dt, device=dev),
             }
         return self._bufs
+
+    def _heads_view(self, name: str, i: int, rows: int) -> torch.Tensor:
+        """The first `rows` rows of the flat buffer `name` ("q" or "o") as layer i's ``[rows, heads, d]``
+        (contiguous; a bucket's view and a step's of its first rows share their elements)."""
+        _, _, d = self._shapes
+        heads = self._heads if isinstance(self._heads, int) else self._heads[i]
+        return self._buffers()[name][: rows * heads * d].view(rows, heads, d)
 
     def _make_pieces(self, tb: int) -> _Bucket:
         """Bucket `tb`'s pieces. The RoPE kernel writes q straight into its static buffer and the
@@ -151,23 +162,25 @@ class PiecewiseStep:
         2.5% of 2048/128's output rate at 8B (BENCHMARKS.md, session 29)."""
         buf, layers = self._buffers(), self.layers
         ids, pos, slots = buf["inputs"][:, :tb].unbind(0)
-        h, q, o = buf["h"][:tb], buf["q"][:tb], buf["o"][:tb]
+        h = buf["h"][:tb]
+        q = [self._heads_view("q", i, tb) for i in range(layers.num_layers)]
+        o = [self._heads_view("o", i, tb) for i in range(layers.num_layers)]
         state: dict[str, Any] = {}
 
         def first() -> None:
             x, state["extra"] = layers.embed(ids, pos)
             h.copy_(x)
-            layers.layer_in(0, h, state["extra"], slots, out=q)
+            layers.layer_in(0, h, state["extra"], slots, out=q[0])
 
         def middle(i: int) -> Callable[[], None]:
             def piece() -> None:
-                layers.layer_out(i - 1, h, o, out=h)
-                layers.layer_in(i, h, state["extra"], slots, out=q)
+                layers.layer_out(i - 1, h, o[i - 1], out=h)
+                layers.layer_in(i, h, state["extra"], slots, out=q[i])
 
             return piece
 
         def last() -> None:
-            layers.layer_out(layers.num_layers - 1, h, o, out=h)
+            layers.layer_out(layers.num_layers - 1, h, o[-1], out=h)
 
         pieces = [first, *(middle(i) for i in range(1, layers.num_layers)), last]
         return _Bucket(pieces=pieces)
@@ -244,10 +257,9 @@ class PiecewiseStep:
             rows, sources = to_device(np.stack([feed.rows, feed.sources]).astype(np.int64), self.device)
             tokens = torch.as_tensor(feed.tokens, device=self.device).index_select(0, sources)
             inputs[0].index_copy_(0, rows, tokens.to(torch.int32))
-        q, o = buf["q"][:t], buf["o"][:t]
         for i in range(self.layers.num_layers):
             record.run(i)
-            attend(i, q, o)
+            attend(i, self._heads_view("q", i, t), self._heads_view("o", i, t))
         record.run(self.layers.num_layers)
         rows = to_device(batch.logits_indices, self.device)
         return self.layers.head(buf["h"][:t].index_select(0, rows))

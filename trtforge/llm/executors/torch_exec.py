@@ -373,7 +373,7 @@ class TorchExecutor:
             self._layers,
             max_tokens=max_graph_tokens,
             hidden=int(adapter.spec.hidden_size),
-            num_heads=adapter.num_heads,
+            num_heads=[adapter.heads(i) for i in range(adapter.num_layers)],
             head_dim=adapter.head_dim,
             dtype=self.dtype,
             device=self.device,

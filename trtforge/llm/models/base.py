@@ -156,6 +156,11 @@ STYLES: dict[tuple[str, ...], str] = {
     "scaled by position), norms before and after attention and MLP with depth-scaled residual adds, "
     "GLM-4.5's sparse MoE MLPs (no shared MLP, a float32 SwiGLU), dense layers by mlp_layer_types, "
     "soft-capped logits",
+    ("laguna",): "Laguna: per-head q/k norms, a rotary table per layer type (partial by its own factor), "
+    "windows by layer_types, each layer's own query head count (num_attention_heads_per_layer) over one KV "
+    "head count, each attention output gated by a float32 softplus of g_proj (per head or per channel), "
+    "sparse MoE MLPs routed by sigmoid scores with e_score_correction_bias, renormalized, scaled on the "
+    "experts' sum, an ungated shared MLP, dense layers by mlp_layer_types",
     ("aria_text",): "Aria text: Llama's attention, every MLP sparse (a softmax over the top-k router logits "
     "in the model's dtype, experts stored transposed) with an ungated shared MLP",
     ("granitemoe", "granitemoeshared"): "GraniteMoE / GraniteMoeShared: Granite's multipliers, sparse MoE "
@@ -213,9 +218,6 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "trtforge's KV cache (one head size and KV head count for every layer) does not hold.",
     "kolibri1_1": "Kolibri-1.1 attends sparsely: a lightning indexer picks the top-k keys each query sees, "
     "and layers share their KV, which trtforge's attention and KV cache do not compute.",
-    "laguna": "Laguna's layers each have their own query head count (num_attention_heads_per_layer) and gate "
-    "each attention output by a softplus of a projection of the layer input, which trtforge's KV cache and "
-    "attention do not hold.",
     "zaya": "ZAYA attends through Compressed Convolutional Attention: q and k mixed by a causal convolution "
     "over time and v from a delayed recurrent state, which trtforge's KV cache does not hold.",
     "minimax_m3_vl_text": "MiniMax-M3's text model attends block-sparsely (a lightning indexer keeps the "
@@ -414,6 +416,7 @@ PER_LAYER_TYPES = (
     "flint",
     "afmoe",
     "beam",
+    "laguna",
 )
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -451,6 +454,8 @@ class DecoderSpec:
     moe: dict[str, Any] | None = None
     #: the attention output gate (:meth:`.gate.OutputGate.describe`; None: ungated)
     output_gate: dict[str, Any] | None = None
+    #: each layer's query head count where the layers' differ (Laguna's); None: num_heads on every layer
+    num_heads_per_layer: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -549,7 +554,7 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
       when it is null (their forward ignores ``layer_types``);
     - ministral, qwen2, qwen3, smollm3, gemma2, gemma3_text, olmo3, cohere2, exaone4, qwen2_moe, gpt_oss,
       cwm, vaultgemma, dots1, exaone_moe, mellum, cohere2_moe, kolibri1, modernbert-decoder, granite_swa,
-      granitemoe_swa, flint, afmoe, beam: the window on the layers ``config.layer_types`` marks
+      granitemoe_swa, flint, afmoe, beam, laguna: the window on the layers ``config.layer_types`` marks
       "sliding_attention" (CWM's config marks 3 of 4 by default, VaultGemma's every other, Granite SWA's 3 of
       4; qwen's config builds those from ``use_sliding_window`` and ``max_window_layers``; with
       ``use_sliding_window`` false it nulls ``sliding_window``, Qwen2-MoE's sets it to 0, read as null.
@@ -739,6 +744,14 @@ class DecoderAdapter(ABC):
     #: the attention output gate (:class:`.gate.OutputGate`; None: ungated): every attention consumer
     #: multiplies the attention output by it (:meth:`gated`) before :meth:`finish_block`
     output_gate: OutputGate | None = None
+    #: each layer's query head count where the layers' differ (Laguna's ``num_attention_heads_per_layer``:
+    #: one KV head count and head size for all, so one KV pool shape); None: :attr:`num_heads` on every
+    #: layer. The attention consumers take the count from q's shape; buffers of q sized by :meth:`heads`
+    heads_per_layer: list[int] | None = None
+
+    def heads(self, i: int) -> int:
+        """Layer i's query head count."""
+        return self.num_heads if self.heads_per_layer is None else self.heads_per_layer[i]
 
     @property
     def num_layers(self) -> int:
@@ -921,9 +934,10 @@ class DecoderAdapter(ABC):
         """UserError naming what `world` ranks cannot split (nothing changes; the tensor-parallel executor
         asks before any worker starts; see :data:`TP_RULE`): a family whose layers are not split
         (:attr:`tp_refusal`), sparse MoE MLPs, an attention output gate (:attr:`output_gate`), attention
-        sinks, a q/k/v or MLP layout :func:`~.parallel.shard_attention` / :func:`~.parallel.shard_mlp` do
-        not know, a q/k norm over the whole projection other than OLMo 2's RMSNorm, or heads, KV heads or an
-        MLP width that `world` does not divide."""
+        sinks, query head counts that differ by layer, a q/k/v or MLP layout
+        :func:`~.parallel.shard_attention` / :func:`~.parallel.shard_mlp` do not know, a q/k norm over the
+        whole projection other than OLMo 2's RMSNorm, or heads, KV heads or an MLP width that `world` does
+        not divide."""
         c, name = self.config, type(self.model).__name__
         if self.tp_refusal is not None:
             raise UserError(
@@ -947,6 +961,8 @@ class DecoderAdapter(ABC):
 
         if any(s is not None for s in self.sinks):
             refuse("its attention sinks (one logit a query head) are not split over the ranks")
+        if self.heads_per_layer is not None:
+            refuse(f"its layers' query head counts differ ({self.heads_per_layer}); the split takes one")
         widths: dict[int, None] = {}
         for i in range(self.num_layers):
             attn, mlp = self.attention(i), self.mlp_module(i)
@@ -1015,5 +1031,6 @@ class DecoderAdapter(ABC):
             mlp_kinds=["dense" if m is None else "moe" for m in self.moe],
             moe=_describe_moe(self.moe),
             output_gate=None if self.output_gate is None else self.output_gate.describe(),
+            num_heads_per_layer=None if self.heads_per_layer is None else list(self.heads_per_layer),
             **family,
         )

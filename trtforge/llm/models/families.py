@@ -15,7 +15,7 @@ Arcee, EXAONE 3 / 3.5, IQuest-Coder, CWM and Jais 2), GPT-J and CodeGen (:mod:`.
 a fixed table), Falcon (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:mod:`.bloom`) and MPT
 (:mod:`.mpt`), the last two with ALiBi position biases, and the sparse mixture-of-experts families Mixtral,
 Qwen2-MoE, Qwen3-MoE, Mellum, OLMoE, GLM-4.5 (and Param2-MoE, Sarvam-MoE and Solar Open on its MoE MLPs),
-dots.llm1, K-EXAONE, Kolibri-1, MiniMax-M2, MiniCPM5-MoE, HY V3, Flint, AFMoE, Beam and Aria text
+dots.llm1, K-EXAONE, Kolibri-1, MiniMax-M2, MiniCPM5-MoE, HY V3, Flint, AFMoE, Beam, Laguna and Aria text
 (:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE, GraniteMoeShared and GraniteMoeSWA
 (:mod:`.granite`), HunYuan-MoE (:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`),
 and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The
@@ -77,6 +77,7 @@ from trtforge.llm.models.mixtral import (
     Glm4MoeStyle,
     HyV3Style,
     Kolibri1Style,
+    LagunaStyle,
     MellumStyle,
     MiniCPM5MoeStyle,
     MiniMaxM2Style,
@@ -164,6 +165,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "flint": FlintStyle,
     "afmoe": AfmoeStyle,
     "beam": BeamStyle,
+    "laguna": LagunaStyle,
     "aria_text": AriaTextStyle,
     "cohere2_moe": Cohere2MoeStyle,
     "minimax_m2": MiniMaxM2Style,
@@ -231,6 +233,7 @@ __all__ = [
     "HyV3Style",
     "HyperClovaXStyle",
     "Kolibri1Style",
+    "LagunaStyle",
     "LlamaStyle",
     "MellumStyle",
     "MiniCPM5MoeStyle",

@@ -78,6 +78,15 @@ formulations).
   MLP); dense layers by ``mlp_layer_types``, the others GLM-4.5's routing (a float32 router, no shared
   expert) with the SwiGLU in float32 (as its dense MLPs) and ``routed_scaling_factor`` on the experts' sum
   (GLM-4.5's scales the weights); float32 logits soft-capped by ``final_logit_softcapping``.
+- ``laguna`` (``LagunaForCausalLM``, poolside's Laguna): per-head q/k RMSNorms before a rotary table per layer
+  type (each from its type's ``rope_parameters`` entry, with its own ``partial_rotary_factor``), windows by
+  ``layer_types``, each layer's own query head count (``num_attention_heads_per_layer``: one KV head count
+  and head size for all, so one KV pool shape), each attention output gated by ``softplus(g_proj(h))`` in
+  float32 (one gate a head where ``gating`` is true or "per-head", else one a channel) before ``o_proj``;
+  Llama's pre-norm block, dense layers by ``mlp_layer_types``, the others routed by float32 sigmoid scores of
+  the model-dtype logits (the top k chosen with the router's ``e_score_correction_bias``), renormalized, in
+  the model's dtype, ``moe_routed_scaling_factor`` on the experts' sum, an ungated shared MLP added after it.
+  A router logit soft-cap (``moe_router_logit_softcapping`` > 0) is refused by name.
 - ``aria_text`` (``AriaTextForCausalLM``, the text model of rhymes-ai's Aria): Llama's attention and block,
   every MLP sparse: the router's top-k logits softmaxed over those k in the model's dtype (its
   ``moe_topk`` of ``moe_num_experts``), experts stored transposed (``AriaExperts``: ``x @ W``, the
@@ -96,6 +105,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from trtforge.errors import UserError
 from trtforge.llm.models.gate import OutputGate
 from trtforge.llm.models.moe import moe_layers
 from trtforge.llm.models.rope import RopeStyle, project_qkv
@@ -416,6 +426,45 @@ class BeamStyle(PerTypeRotary, Glm4MoeStyle):
 def _depth_scaled(branch: Tensor, residual: Tensor, n: int) -> Tensor:
     """Beam's residual add of the n-th branch: ``branch / sqrt(n) + residual * sqrt((n - 1) / n)``."""
     return branch * (1.0 / math.sqrt(n)) + residual * math.sqrt((n - 1) / n)
+
+
+class LagunaStyle(PerTypeRotary, RopeStyle):
+    """Laguna (see the module docstring): per-layer query head counts, a softplus gate on the attention
+    output, q/k norms, a rotary table per layer type, and sigmoid routing with a selection bias, its scale on
+    the experts' sum and a shared MLP."""
+
+    family = "laguna"
+
+    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
+        super().__init__(model, user)
+        c = self.config
+        heads = [int(h) for h in c.num_attention_heads_per_layer[: self.num_layers]]
+        self.num_heads = max(heads)
+        self.heads_per_layer = heads if len(set(heads)) > 1 else None
+        per_head = c.gating is True or c.gating == "per-head"
+        self.output_gate = OutputGate("g_proj", activation="softplus", per_head=per_head, float32=True)
+        cap = getattr(c, "moe_router_logit_softcapping", 0.0) or 0.0
+        if cap > 0:
+            raise UserError(
+                f"{self.cannot_run()}: its config sets moe_router_logit_softcapping={cap} (the router's "
+                "logits soft-capped before the sigmoid), which trtforge's MoE routing does not compute. "
+                "Supported: 0 (no cap, Laguna's default)."
+            )
+        self.moe = moe_layers(
+            self.layers,
+            renormalize=True,
+            float32_weights=False,
+            where=self.cannot_run(),
+            routing="sigmoid_topk",
+            selection_bias=True,
+            scale=float(c.moe_routed_scaling_factor),
+            scale_output=True,
+        )
+
+    def qkv(self, i: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = super().qkv(i, x)
+        attn = self.layers[i].self_attn
+        return attn.q_norm(q), attn.k_norm(k), v
 
 
 class AriaTextStyle(RopeStyle):
