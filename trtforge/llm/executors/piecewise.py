@@ -112,8 +112,10 @@ class PiecewiseStep:
         self.max_tokens = max_tokens
         self.device, self.dtype = device, dtype
         #: the query head count of every layer, or each layer's (they may differ: Laguna's)
-        self._heads = num_heads if isinstance(num_heads, int) else list(num_heads)
-        widest = num_heads if isinstance(num_heads, int) else max(num_heads)
+        # (one count where every layer's is the same: a step then takes one view of q and o for all)
+        heads = [num_heads] if isinstance(num_heads, int) else list(num_heads)
+        self._heads: int | list[int] = heads[0] if len(set(heads)) == 1 else heads
+        widest = max(heads)
         self._shapes = (hidden, widest, head_dim)
         self.scratch_slot = scratch_slot
         self.use_graphs = graphs
@@ -257,9 +259,14 @@ class PiecewiseStep:
             rows, sources = to_device(np.stack([feed.rows, feed.sources]).astype(np.int64), self.device)
             tokens = torch.as_tensor(feed.tokens, device=self.device).index_select(0, sources)
             inputs[0].index_copy_(0, rows, tokens.to(torch.int32))
-        for i in range(self.layers.num_layers):
+        n = self.layers.num_layers
+        if isinstance(self._heads, int):  # the step's views once, not twice a layer (host time)
+            views = [(self._heads_view("q", 0, t), self._heads_view("o", 0, t))] * n
+        else:
+            views = [(self._heads_view("q", i, t), self._heads_view("o", i, t)) for i in range(n)]
+        for i, (q, o) in enumerate(views):
             record.run(i)
-            attend(i, self._heads_view("q", i, t), self._heads_view("o", i, t))
+            attend(i, q, o)
         record.run(self.layers.num_layers)
         rows = to_device(batch.logits_indices, self.device)
         return self.layers.head(buf["h"][:t].index_select(0, rows))
