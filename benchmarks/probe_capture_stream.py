@@ -72,6 +72,26 @@ def step_times(ex, batch, repeats: int, cuda: bool) -> dict:
     return row
 
 
+def interleaved_times(ex, layouts: list, vocab: int, repeats: int, cuda: bool) -> list[dict]:
+    """Each layout's median step times when the layouts take turns step by step (as a served run's
+    buckets do), not run back to back: `repeats` turns each, after three warm-up turns."""
+    batches = [make_batch(d, c, ch, BLOCK, vocab) for d, c, ch in layouts]
+    for _ in range(3):
+        for batch in batches:
+            ex.step(batch)
+    per = [[] for _ in batches]
+    for _ in range(repeats):
+        for i, batch in enumerate(batches):
+            per[i].append(step_times(ex, batch, 1, cuda))
+    rows = []
+    for (d, c, ch), times in zip(layouts, per):
+        row = {"decode_rows": d, "context": c, "chunks": list(ch)}
+        for key in times[0]:
+            row[key] = statistics.median(t[key] for t in times)
+        rows.append(row)
+    return rows
+
+
 def child(mode: str, args: argparse.Namespace) -> dict:
     """One process's measurements under `mode`."""
     from trtforge.llm.executors import torch_exec
@@ -101,6 +121,8 @@ def child(mode: str, args: argparse.Namespace) -> dict:
     out: dict = {"mode": mode, "graphs": captured, "capture_s": time.perf_counter() - t, "layouts": []}
     if cuda:
         out["capture_reserved_gb"] = (torch.cuda.memory_reserved() - before) / 1e9
+    if args.interleave:
+        out["interleaved"] = interleaved_times(ex, layouts, cfg.vocab_size, args.repeats, cuda)
     for decodes, ctx, chunks in layouts:
         batch = make_batch(decodes, ctx, chunks, BLOCK, cfg.vocab_size)
         for _ in range(3):
@@ -186,6 +208,11 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=8, help="kernels listed per layout")
     ap.add_argument("--tiny", action="store_true", help="small model on the CPU (checks the script)")
     ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="also time the layouts taking turns step by step (a served run's bucket switching)",
+    )
+    ap.add_argument(
         "--out", default=None, help="JSON results (written whole: a temporary file, then renamed)"
     )
     ap.add_argument("--modes", nargs="+", choices=tuple(MODES), default=list(MODES), help="capture modes")
@@ -200,6 +227,7 @@ def main() -> int:
         raise SystemExit("probe_capture_stream.py: needs a CUDA GPU (--tiny checks the script on the CPU)")
     runs = []
     passed = [
+        *(["--interleave"] if args.interleave else []),
         "--repeats",
         str(args.repeats),
         "--profile-steps",
@@ -219,6 +247,21 @@ def main() -> int:
                 print(f"round {r} {mode}: " + ", ".join(times), flush=True)
     rows = compare(runs, args.top)
     report(rows)
+    if args.interleave:
+        for i, first in enumerate(runs[0]["interleaved"]):
+            key = "gpu_ms" if "gpu_ms" in first else "total_ms"
+            by_mode = {
+                m: statistics.median(r["interleaved"][i][key] for r in runs if r["mode"] == m)
+                for m in args.modes
+            }
+            host = {
+                m: statistics.median(r["interleaved"][i]["host_ms"] for r in runs if r["mode"] == m)
+                for m in args.modes
+            }
+            print(
+                f"interleaved {first['decode_rows']} decode rows @ {first['context']} + {first['chunks']}: "
+                + ", ".join(f"{m} {v:.3f} ms host {host[m]:.2f}" for m, v in by_mode.items())
+            )
     if all("capture_reserved_gb" in r for r in runs):
         reserved = {
             m: statistics.median(r["capture_reserved_gb"] for r in runs if r["mode"] == m) for m in args.modes
