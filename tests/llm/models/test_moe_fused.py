@@ -190,6 +190,8 @@ def test_gpu_a_captured_moe_layer_follows_the_routing_of_each_replay(family):
         "hy_v3",
         "flint",
         "afmoe",
+        "beam",
+        "laguna",
     ],
 )
 def test_gpu_graph_decode_of_moe_models_matches_eager_and_grouped(monkeypatch, family):
