@@ -98,13 +98,14 @@ MAX_CHAIN_STEPS = 16
 # default): each capture warms up on a fresh stream and decode graphs are captured on torch's own capture
 # stream. Measured in one process each, alternated on the H200 (session 36, 1.1B bench_serving.py all at
 # once), one stream read 0.75-0.91x the tok/s of fresh streams in all five comparisons (prompt-carrying
-# steps 11.2-14.7 ms against 8.1-13.1): the 11% drop session 35 found against session 33's tree. Why is
-# not known yet; the sizing measures whichever graphs the executor captures, so False costs KV pool (at
-# large steps), not correctness.
+# steps 11.2-14.7 ms against 8.1-13.1): the 11% drop session 35 found against session 33's tree. Session 50
+# (H100, benchmarks/probe_capture_stream.py): a step repeated alone is no slower either way, but steps of
+# buckets taking turns cost 0.7-1.5 ms more host launch time when the buckets share a stream; the sizing
+# measures whichever graphs the executor captures, so False costs KV pool (at large steps), not correctness.
 ONE_CAPTURE_STREAM = False
 # With ONE_CAPTURE_STREAM off: True warms up and captures the piecewise buckets on one stream of their own
 # (they then share their temporaries, where the memory is at large steps), the decode graphs as above. An
-# A/B setting for the mechanism (benchmarks/probe_capture_stream.py); not yet measured.
+# A/B setting: as slow as one stream for everything when buckets take turns (session 50), so off.
 PIECEWISE_ONE_STREAM = False
 # True: on CUDA the MoE layers run the fused Triton kernels (trtforge.kernels.moe: no host sync, so their
 # steps are captured in CUDA graphs) wherever each layer's block allows. False: they run grouped (a host
