@@ -105,7 +105,7 @@ MAX_CHAIN_STEPS = 16
 ONE_CAPTURE_STREAM = False
 # With ONE_CAPTURE_STREAM off: True warms up and captures the piecewise buckets on one stream of their own
 # (they then share their temporaries, where the memory is at large steps), the decode graphs as above. An
-# A/B setting: as slow as one stream for everything when buckets take turns (session 50), so off.
+# A/B setting: slower than fresh streams when buckets take turns (session 50), so off.
 PIECEWISE_ONE_STREAM = False
 # True: on CUDA the MoE layers run the fused Triton kernels (trtforge.kernels.moe: no host sync, so their
 # steps are captured in CUDA graphs) wherever each layer's block allows. False: they run grouped (a host
