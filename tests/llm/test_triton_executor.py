@@ -434,7 +434,10 @@ def test_fused_layers_follow_llama_style_config_variants(device, family, overrid
     from tests.llm.tiny_models import tiny_model
 
     skip_unless_runs_here(device)
-    model = tiny_model(family, max_position_embeddings=512, **copy.deepcopy(overrides))
+    # In the interpreter (seconds a layer) one layer: each option acts inside every layer alike, and the
+    # greedy-token test runs the fused layers two deep. CWM keeps two (a windowed layer, then a full one).
+    layers = {"num_hidden_layers": 1} if device != "cuda" and family != "cwm" else {}
+    model = tiny_model(family, max_position_embeddings=512, **layers, **copy.deepcopy(overrides))
     _lockstep_greedy(model, device, None)
 
 
@@ -716,13 +719,18 @@ def test_mixed_warm_up_steps_hold_every_query_length_and_write_only_the_scratch_
     per-length variants) and a prompt chunk; over one key tile, over 512 keys and (a sliding window of
     100) over 101, the window then in force; one sequence of each length, or enough of each for one
     split. They run as served mixed steps do and write nothing but the scratch block."""
-    skip_unless_runs_here(device)
-    if family == "llama":
-        model = copy.deepcopy(tiny_llama())
-    else:
-        from tests.llm.tiny_models import tiny_model
+    from tests.llm.tiny_models import tiny_model
 
-        model = tiny_model("mistral", sliding_window=100, max_position_embeddings=512)
+    skip_unless_runs_here(device)
+    # In the interpreter one layer (seconds each): the warm-up batches are the same at any depth and each
+    # layer's pools are checked alike; CUDA keeps two
+    one = {"num_hidden_layers": 1} if device != "cuda" else {}
+    if family == "llama":
+        model = (
+            tiny_model("llama", max_position_embeddings=512, **one) if one else copy.deepcopy(tiny_llama())
+        )
+    else:
+        model = tiny_model("mistral", sliding_window=100, max_position_embeddings=512, **one)
     ex = TorchExecutor(
         model.half(), num_blocks=16, block_size=16, device=device,
         kernels="triton", max_decode_batch=8, max_model_len=512, static_decode=True,
