@@ -228,9 +228,9 @@ def test_fp8_quant_linear_is_weight_only_at_one_token_and_w8a8_above(device):
 
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("m", [1, 4, 9])
+@pytest.mark.parametrize("m", [1, 4, 5])
 def test_int4_gemv_odd_rows_several_chunks(device, m):
-    """INT4 at 1, 4 and 9 rows of x (past one, rows run in a loop; the last row block part full), 37
+    """INT4 at 1, 4 and 5 rows of x (past one, rows run in a loop; at 5 the block of x rows part full), 37
     output rows (no multiple of the row block), K of 5 groups over chunks of 2 (a masked last chunk),
     norm prologue and residual epilogue; FP16 x."""
     from trtforge.kernels.gemv import GemvConfig, gemv_residual, norm_gemv
@@ -297,7 +297,9 @@ def test_fused_layers_over_quantized_weights_in_the_interpreter(method):
     an ulp, so it is only close. INT4 runs one layer: its second would launch the same five GEMV forms
     (norm+QKV, o+residual, norm+gate/up+SiLU, down+residual at 3 rows and at 1, then the head) at the same
     shapes, over ~40 s of interpreted programs; FP8 (cheap) keeps two, so the per-layer weights and the
-    layer-to-layer residual of the quantized path stay covered."""
+    layer-to-layer residual of the quantized path stay covered. INT4's MLP is 128 wide (one group, as
+    hidden): gate/up's programs scale with it, and K over several groups and chunks is
+    test_int4_gemv_odd_rows_several_chunks' and test_quantized_gate_up_and_residual's."""
     import copy
 
     from tests.llm.test_quant import _llama, _one_sequence_step, _prompts
@@ -307,7 +309,8 @@ def test_fused_layers_over_quantized_weights_in_the_interpreter(method):
     from trtforge.llm.quant import quantize_model
 
     skip_unless_runs_here("cpu")
-    model = _llama(num_key_value_heads=2, num_hidden_layers=1 if method == "int4-rtn" else 2)
+    int4 = {"num_hidden_layers": 1, "intermediate_size": 128} if method == "int4-rtn" else {}
+    model = _llama(num_key_value_heads=2, **int4)
     ref = copy.deepcopy(model)
     quantize_model(model, method)
     quantize_model(ref, method)

@@ -344,13 +344,25 @@ class _Lockstep:
         return want.float()
 
 
-def _family_model(family: str) -> torch.nn.Module:
+def _family_model(family: str, **overrides) -> torch.nn.Module:
     """tiny_llama, or the tiny random model of another family (tiny_models) of the same vocabulary."""
     if family == "llama":
         return copy.deepcopy(tiny_llama())
     from tests.llm.tiny_models import tiny_model
 
-    return tiny_model(family, max_position_embeddings=512)
+    return tiny_model(family, max_position_embeddings=512, **overrides)
+
+
+# Families whose two tiny layers are alike (what each family adds acts inside every layer), with their
+# config's layer count: in Triton's interpreter they run one layer, Llama keeping the fused layers two
+# deep; CUDA runs two everywhere
+ONE_LAYER_IN_THE_INTERPRETER = {
+    "qwen3": "num_hidden_layers",
+    "phi3": "num_hidden_layers",
+    "gemma": "num_hidden_layers",
+    "mixtral": "num_hidden_layers",
+    "bloom": "n_layer",
+}
 
 
 # Families whose steps call the Triton attention kernels exactly as another family here does (plain MHA or
@@ -391,7 +403,8 @@ def test_triton_executor_gives_the_torch_reference_greedy_tokens(device, family)
     refusal = None if fused else "not Llama-style"
     if family in MOE_FAMILIES:
         refusal = "MoE MLPs (the fused layers run one dense Llama-style MLP a layer)"
-    _lockstep_greedy(_family_model(family), device, refusal)
+    layers = ONE_LAYER_IN_THE_INTERPRETER.get(family) if device != "cuda" else None
+    _lockstep_greedy(_family_model(family, **({layers: 1} if layers else {})), device, refusal)
 
 
 # Llama-style configs the fused layers must follow (each drawn by test_config_variants too, on the torch
@@ -434,7 +447,10 @@ def test_fused_layers_follow_llama_style_config_variants(device, family, overrid
     from tests.llm.tiny_models import tiny_model
 
     skip_unless_runs_here(device)
-    model = tiny_model(family, max_position_embeddings=512, **copy.deepcopy(overrides))
+    # In the interpreter (seconds a layer) one layer: each option acts inside every layer alike, and the
+    # greedy-token test runs the fused layers two deep. CWM keeps two (a windowed layer, then a full one).
+    layers = {"num_hidden_layers": 1} if device != "cuda" and family != "cwm" else {}
+    model = tiny_model(family, max_position_embeddings=512, **layers, **copy.deepcopy(overrides))
     _lockstep_greedy(model, device, None)
 
 
@@ -716,13 +732,18 @@ def test_mixed_warm_up_steps_hold_every_query_length_and_write_only_the_scratch_
     per-length variants) and a prompt chunk; over one key tile, over 512 keys and (a sliding window of
     100) over 101, the window then in force; one sequence of each length, or enough of each for one
     split. They run as served mixed steps do and write nothing but the scratch block."""
-    skip_unless_runs_here(device)
-    if family == "llama":
-        model = copy.deepcopy(tiny_llama())
-    else:
-        from tests.llm.tiny_models import tiny_model
+    from tests.llm.tiny_models import tiny_model
 
-        model = tiny_model("mistral", sliding_window=100, max_position_embeddings=512)
+    skip_unless_runs_here(device)
+    # In the interpreter one layer (seconds each): the warm-up batches are the same at any depth and each
+    # layer's pools are checked alike; CUDA keeps two
+    one = {"num_hidden_layers": 1} if device != "cuda" else {}
+    if family == "llama":
+        model = (
+            tiny_model("llama", max_position_embeddings=512, **one) if one else copy.deepcopy(tiny_llama())
+        )
+    else:
+        model = tiny_model("mistral", sliding_window=100, max_position_embeddings=512, **one)
     ex = TorchExecutor(
         model.half(), num_blocks=16, block_size=16, device=device,
         kernels="triton", max_decode_batch=8, max_model_len=512, static_decode=True,
