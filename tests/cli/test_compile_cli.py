@@ -207,3 +207,26 @@ def test_compile_fp16_with_precision_data(tmp_path, capsys) -> None:
     argv[-1] = str(tmp_path / "bad.npz")
     rc, out = _run([*argv, "--force"], capsys)
     assert rc == 2 and "bad.npz" in out, out
+
+
+@pytest.mark.trt_build
+def test_compiling_an_onnx_model_does_not_import_torch(tmp_path) -> None:
+    """A plain ONNX model's compile needs no torch (its import cost ~2 s a run): only --generate and the
+    module:factory / .pt2 inputs may load it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from trtforge.cli.main import main
+        rc = main(["compile", {str(model)!r}, "-o", {str(tmp_path / "m.engine")!r}])
+        assert rc == 0, rc
+        print("torch" in sys.modules)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "False", "compiling an ONNX model imported torch"

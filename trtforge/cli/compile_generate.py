@@ -11,7 +11,6 @@ from typing import Any
 import click
 
 from trtforge.cli._options import given_flags, read_prompt_ids
-from trtforge.llm.models.families import SUPPORTED
 
 # compile options a step engine has no use for (profiles and precision come from --generate's own).
 _UNUSED = (
@@ -39,8 +38,9 @@ def generate_options(fn: Any) -> Any:
         click.option(
             "--generate",
             is_flag=True,
-            help="MODEL is a Hugging Face causal LM (module:factory or save_pretrained dir) of family "
-            f"{', '.join(SUPPORTED)}: build ONE KV-cache step engine with a prefill and a decode profile "
+            help="MODEL is a Hugging Face causal LM (module:factory or save_pretrained dir) of a supported "
+            "decoder family (README, 'LLMs (decoders)'; any other is refused naming its model type): build "
+            "ONE KV-cache step engine with a prefill and a decode profile "
             "(default precision fp16; int8 = SmoothQuant W8A8 and fp8 = E4M3 W8A8, both calibrated on "
             "--calib-data prompts (fp8: random tokens without); int4 = weight-only, blocks of 128).",
         ),
