@@ -9,6 +9,7 @@ CUDA paths (fused GEMVs, ``torch._scaled_mm``) run under ``-m gpu``.
 from __future__ import annotations
 
 import copy
+import inspect
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,19 @@ from trtforge.llm.quant import QuantLinear, model_quantization, quantize_model
 
 MODELS = Path(__file__).resolve().parents[2] / ".." / "shared" / "models"
 SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4}
+
+
+def _with_cache(forward, ids: torch.Tensor, cache: object) -> object:
+    """`forward` (a transformers model) on `ids` over `cache`, under whichever keyword the installed
+    transformers takes: ``cache`` (newer) or ``past_key_values`` (deprecated since, removed in 5.40)."""
+    params = inspect.signature(forward.forward).parameters
+    key = "cache" if "cache" in params else "past_key_values"
+    return forward(ids, use_cache=True, **{key: cache})
+
+
+def _cache_of(out: object) -> object:
+    """The cache a transformers forward returned, under either name."""
+    return getattr(out, "cache", None) or out.past_key_values
 
 
 def _llama(**over):
@@ -237,7 +251,7 @@ def test_fused_cuda_path_matches_the_float32_reference(method):
     ids = _prompts(1, 10)[0]
     with torch.no_grad():  # as the executor runs them: the prefill (9 tokens), then one token on its cache
         pre = cpu(torch.tensor([ids[:9]]), use_cache=True)
-        one = cpu(torch.tensor([ids[9:]]), past_key_values=pre.past_key_values).logits[0]
+        one = _with_cache(cpu, torch.tensor([ids[9:]]), _cache_of(pre)).logits[0]
     # (one pass over all 10 tokens would be W8A8 for FP8 at the decode row too, where the GPU's GEMV is
     # weight-only: 2.9% apart on its own)
     want = torch.cat([pre.logits[0], one])

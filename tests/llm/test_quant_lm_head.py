@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.llm.test_quant import _llama, _one_sequence_step, _prompts
+from tests.llm.test_quant import _cache_of, _llama, _one_sequence_step, _prompts, _with_cache
 from tests.llm.tiny_models import tiny_model
 from trtforge.errors import UserError
 from trtforge.kernels.qweight import Fp8Weight, fp8_linear_reference, quantize_fp8
@@ -26,11 +26,11 @@ def _hidden(model: torch.nn.Module, ids: list[int], prefill: int) -> torch.Tenso
     are weight-only at one token, W8A8 above)."""
     with torch.no_grad():
         out = model.model(torch.tensor([ids[:prefill]]), use_cache=True)
-        rows, cache = [out.last_hidden_state[0]], out.past_key_values
+        rows, cache = [out.last_hidden_state[0]], _cache_of(out)
         for t in ids[prefill:]:
-            out = model.model(torch.tensor([[t]]), past_key_values=cache, use_cache=True)
+            out = _with_cache(model.model, torch.tensor([[t]]), cache)
             rows.append(out.last_hidden_state[0])
-            cache = out.past_key_values
+            cache = _cache_of(out)
     return torch.cat(rows)
 
 
@@ -221,7 +221,7 @@ def test_fused_cuda_path_with_the_fp8_head_matches_the_float32_reference(method)
     ids = _prompts(1, 10)[0]
     with torch.no_grad():
         pre = cpu(torch.tensor([ids[:9]]), use_cache=True)
-        one = cpu(torch.tensor([ids[9:]]), past_key_values=pre.past_key_values).logits[0]
+        one = _with_cache(cpu, torch.tensor([ids[9:]]), _cache_of(pre)).logits[0]
     want = torch.cat([pre.logits[0], one])
     got = torch.cat([ex.step(_one_sequence_step(ids[:9], 0)), ex.step(_one_sequence_step(ids[9:], 9))])
     assert ex.num_cuda_graphs == 1  # the decode step ran as a graph
