@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 
 import torch
 
@@ -83,13 +84,33 @@ def interleaved_times(ex, layouts: list, vocab: int, repeats: int, cuda: bool) -
     for _ in range(repeats):
         for i, batch in enumerate(batches):
             per[i].append(step_times(ex, batch, 1, cuda))
+    api = runtime_calls_ms(ex, batches, max(1, repeats // 2), cuda)
     rows = []
-    for (d, c, ch), times in zip(layouts, per):
-        row = {"decode_rows": d, "context": c, "chunks": list(ch)}
+    for (d, c, ch), times, calls in zip(layouts, per, api):
+        row = {"decode_rows": d, "context": c, "chunks": list(ch), "runtime_ms": calls}
         for key in times[0]:
             row[key] = statistics.median(t[key] for t in times)
         rows.append(row)
     return rows
+
+
+def runtime_calls_ms(ex, batches: list, turns: int, cuda: bool) -> list[dict[str, float]]:
+    """Each batch's host time a step in CUDA runtime / driver calls (``cudaGraphLaunch``,
+    ``cudaLaunchKernel``, copies, syncs...), by name, over `turns` profiled turns of the batches taking
+    turns: which call grows where the host launch time does."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out: list[dict[str, float]] = [defaultdict(float) for _ in batches]
+    for _ in range(turns):
+        for i, batch in enumerate(batches):
+            if cuda:
+                torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                ex.step(batch)
+            for ev in prof.events():
+                if ev.name.startswith(("cuda", "cu")) and ev.cpu_time_total > 0:
+                    out[i][ev.name] += ev.cpu_time_total / 1e3 / turns  # us -> ms, per step
+    return [dict(x) for x in out]
 
 
 def child(mode: str, args: argparse.Namespace) -> dict:
@@ -262,6 +283,19 @@ def main() -> int:
                 f"interleaved {first['decode_rows']} decode rows @ {first['context']} + {first['chunks']}: "
                 + ", ".join(f"{m} {v:.3f} ms host {host[m]:.2f}" for m, v in by_mode.items())
             )
+            calls = {
+                m: [r["interleaved"][i].get("runtime_ms", {}) for r in runs if r["mode"] == m]
+                for m in args.modes
+            }
+            names = sorted({n for per in calls.values() for c in per for n in c})
+            mean = {
+                m: {n: statistics.mean(c.get(n, 0.0) for c in per) for n in names} for m, per in calls.items()
+            }
+            if len(mean) > 1 and names:
+                first_mode, *others = list(mean)
+                spread = {n: max(abs(mean[o][n] - mean[first_mode][n]) for o in others) for n in names}
+                for n in sorted(names, key=lambda n: -spread[n])[: args.top]:
+                    print("    " + ", ".join(f"{m} {mean[m][n]:.3f}" for m in mean) + f" ms  {n}")
     if all("capture_reserved_gb" in r for r in runs):
         reserved = {
             m: statistics.median(r["capture_reserved_gb"] for r in runs if r["mode"] == m) for m in args.modes
