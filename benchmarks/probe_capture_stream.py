@@ -20,7 +20,11 @@ bench_serving.py does, and then for each step layout times ``--repeats`` served 
 and GPU time between CUDA events; medians), then profiles ``--profile-steps`` more: each kernel's device
 time per step, summed by name, and the median step's span, busy time and idle gaps. The parent prints each
 layout's GPU time by mode, the kernels whose time differs most between one stream and fresh streams, and
-the memory each mode's capture added to the allocator's reservation.
+the memory each mode's capture added to the allocator's reservation. ``--interleave`` (session 50) also
+times the layouts taking turns step by step, as a served run's buckets do (where the shared stream's cost
+showed: host launch time), and profiles the host's CUDA runtime and driver calls a step in that order,
+printing those whose time differs most between the modes (``cudaGraphLaunch`` growing would name the
+replay itself).
 """
 
 from __future__ import annotations
