@@ -221,7 +221,7 @@ def generate_cmd(
         # (a target directory with its own tokenizer is compared with the draft's where it loads)
         check_draft_against(tok, f"--tokenizer {tokenizer}", spec.get("model"))
     with _load(load, model, executor, num_blocks, spec, torch_kw) as llm:
-        _check_vocabulary(rows, len(prompt_ids), llm.executor.facts.vocab_size, tokenizer)
+        _check_vocabulary(rows, len(prompt_ids), llm.executor.facts.input_vocab_size, tokenizer)
         _check_bias_vocabulary(logit_bias, llm.executor.facts.vocab_size)
         if num_blocks is not None:
             _check_pool_holds(llm.executor.facts, num_blocks, max(len(r) for r in rows))

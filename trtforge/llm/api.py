@@ -60,10 +60,11 @@ class LLM:
                     f"prompt {b} must hold integer token ids, got {[type(t).__name__ for t in p][:3]}."
                 )
             ids = [int(t) for t in p]
-            bad = [t for t in ids if not 0 <= t < g["vocab_size"]]
+            vocab = int(g.get("input_vocab_size") or g["vocab_size"])  # (the embedding's ids)
+            bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise UserError(
-                    f"prompt {b} holds token ids {bad[:5]} outside the vocabulary 0..{g['vocab_size'] - 1}."
+                    f"prompt {b} holds token ids {bad[:5]} outside the vocabulary 0..{vocab - 1}."
                 )
             if len(ids) > g["max_prefill"]:
                 raise UserError(

@@ -117,13 +117,16 @@ def apply_logit_bias(logits: Any, params: Sequence[Any]) -> Any:
 def _counts_index(
     histories: Sequence[RowHistory], rows: np.ndarray, vocab: int, outputs_only: bool
 ) -> np.ndarray:
-    """Flat positions ``row * vocab + id`` of every counted token of `rows` (one entry per occurrence)."""
+    """Flat positions ``row * vocab + id`` of every counted token of `rows` (one entry per occurrence).
+    A prompt id at or past the logits' width `vocab` (an LM head pruned to a prefix of the vocabulary)
+    has no logit to penalize, so it is skipped rather than landing in the next row."""
     parts = []
     for r in rows.tolist():
         h = histories[r]
-        ids = h.output if outputs_only else list(h.prompt) + list(h.output)
+        ids = np.asarray(h.output if outputs_only else list(h.prompt) + list(h.output), dtype=np.int64)
+        ids = ids[ids < vocab]
         if len(ids):
-            parts.append(np.asarray(ids, dtype=np.int64) + r * vocab)
+            parts.append(ids + r * vocab)
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 

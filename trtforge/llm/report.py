@@ -572,6 +572,7 @@ def build_llm_report(
     before anything is written; the three files are written together at the end, or none.
     `progress`: a bar on stderr, one step per variant.
     """
+    from trtforge.llm.models.base import logits_width
     from trtforge.llm.models.loader import load_causal_lm
     from trtforge.reports.api import (
         StepProgress,
@@ -604,7 +605,7 @@ def build_llm_report(
     )
     if tok_dir is None:
         raise UserError("--text needs a tokenizer: the model directory's own, or --tokenizer DIR.")
-    _check_logits_fit(windows, window_len, int(lm.config.vocab_size))
+    _check_logits_fit(windows, window_len, logits_width(lm))
     _check_batch_fits(max(int(b) for b in batch_sizes), prompt_len, new_tokens, lm, device)
     ids = _tokenize(content, tok_dir)
     w = cut_windows(ids, windows, window_len, f"--text '{text_path}'")

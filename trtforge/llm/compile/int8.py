@@ -26,7 +26,8 @@ def prompt_dataset(
 
     if not prompts:
         raise UserError("--precision int8 with --generate needs calibration prompts (lists of token ids).")
-    vocab, limit = int(generation["vocab_size"]), int(generation["max_prefill"])
+    vocab = int(generation.get("input_vocab_size") or generation["vocab_size"])  # (the embedding's ids)
+    limit = int(generation["max_prefill"])
     cache = (1, int(generation["num_kv_heads"]), int(generation["max_seq"]), int(generation["head_dim"]))
     chunks = []
     for i, p in enumerate(prompts):

@@ -237,6 +237,11 @@ class ExecutorFacts:
 
     - ``num_blocks`` / ``block_size``: the blocks of each layer's pool the block manager hands out (a
       scratch block some executors keep past them is not counted) and the tokens per block;
+    - ``vocab_size``: the logits' width (the LM head's rows): sampling, logit biases, grammar bitmasks and
+      speculative drafts range over it;
+    - ``input_vocab_size``: the ids a prompt may hold (the embedding's rows); wider than ``vocab_size``
+      where the LM head is pruned to a prefix of the vocabulary (Apertus 1.5's ``output_vocab_size``).
+      None (the default) resolves to ``vocab_size``;
     - ``max_model_len``: the longest sequence (prompt + output) the executor runs;
     - ``eos_token_ids``: every end-of-sequence id of the model (any of them ends a request);
     - ``num_layers`` / ``num_kv_heads`` / ``head_dim`` / ``kv_dtype`` (a numpy-style name) and
@@ -273,6 +278,16 @@ class ExecutorFacts:
     lm_head_quantization: str | None = None
     step_token_buckets: tuple[int, ...] = ()
     cuda_graphs_refusal: str | None = None
+    input_vocab_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.input_vocab_size is None:
+            object.__setattr__(self, "input_vocab_size", self.vocab_size)
+        if self.input_vocab_size < self.vocab_size:
+            raise ValueError(
+                f"ExecutorFacts: input_vocab_size {self.input_vocab_size} is below the logits' width "
+                f"vocab_size {self.vocab_size}; expected the embedding to take every id the head emits"
+            )
 
     @property
     def eos_token_id(self) -> int | None:
@@ -302,6 +317,7 @@ class ExecutorFacts:
             num_blocks=int(num_blocks),
             block_size=int(g["cache"]["block_size"]),
             vocab_size=int(g["vocab_size"]),
+            input_vocab_size=int(g.get("input_vocab_size") or g["vocab_size"]),
             max_model_len=int(max_model_len),
             eos_token_ids=tuple(int(i) for i in g.get("eos_token_ids") or []),
             num_layers=int(g["num_layers"]),

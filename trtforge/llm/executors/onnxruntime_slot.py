@@ -145,6 +145,7 @@ class OrtSlotPoolExecutor:
             num_blocks=int(num_blocks),
             block_size=max_seq,
             vocab_size=int(g["vocab_size"]),
+            input_vocab_size=int(g.get("input_vocab_size") or g["vocab_size"]),
             max_model_len=max_model_len,
             eos_token_ids=tuple(int(i) for i in g.get("eos_token_ids") or []),
             num_layers=int(g["num_layers"]),

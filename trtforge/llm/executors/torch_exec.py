@@ -390,7 +390,8 @@ class TorchExecutor:
         return ExecutorFacts(
             num_blocks=self._num_blocks,
             block_size=self._block_size,
-            vocab_size=int(self.model.config.vocab_size),
+            vocab_size=a.output_vocab_size,
+            input_vocab_size=int(self.model.config.vocab_size),
             max_model_len=self._max_model_len,
             eos_token_ids=tuple(eos_token_ids(self.model)),
             num_layers=a.num_layers,

@@ -109,7 +109,7 @@ STYLES: dict[tuple[str, ...], str] = {
     "with e_score_correction_bias, renormalized) with an ungated shared MLP, dense layers by "
     "moe_layer_interval / start / end",
     ("apertus", "apertus1p5_text"): "Apertus / Apertus 1.5 text: Llama with per-head q/k norms and a "
-    "non-gated (xIELU) MLP (Apertus 1.5's LM head over the whole vocabulary: a pruned one is refused)",
+    "non-gated (xIELU) MLP (Apertus 1.5's LM head whole or pruned to the text vocabulary)",
     ("nanochat",): "NanoChat: weightless RMSNorms (one on the embeddings), per-head q/k norms after a "
     "reversed RoPE, a non-gated fc1/fc2 MLP, soft-capped logits",
     ("mixtral",): "Mixtral: Mistral's attention, sparse mixture-of-experts MLPs (top-k routing, "
@@ -427,6 +427,7 @@ class DecoderSpec:
 
     family: str
     model_type: str
+    #: the logits' width (the LM head's rows)
     vocab_size: int
     num_layers: int
     hidden_size: int
@@ -456,6 +457,9 @@ class DecoderSpec:
     output_gate: dict[str, Any] | None = None
     #: each layer's query head count where the layers' differ (Laguna's); None: num_heads on every layer
     num_heads_per_layer: list[int] | None = None
+    #: the ids the embedding takes (config.vocab_size); wider than vocab_size where the LM head is pruned to
+    #: a prefix of the vocabulary (Apertus 1.5's output_vocab_size); None: vocab_size
+    input_vocab_size: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -482,12 +486,14 @@ def token_ids(value: Any, vocab: int) -> list[int]:
 
 
 def eos_token_ids(model: Any) -> list[int]:
-    """Every end-of-sequence id of `model` in its vocabulary: its config's and its generation config's
-    (transformers' generate() stops at the latter's; Llama 3 lists several there)."""
-    config = model.config
-    ids = token_ids(config.eos_token_id, config.vocab_size)
+    """Every end-of-sequence id of `model` its LM head can emit: its config's and its generation config's
+    (transformers' generate() stops at the latter's; Llama 3 lists several there). An id at or past the
+    logits' width (:func:`logits_width`: a head pruned to a prefix of the vocabulary) is never sampled, so
+    it is dropped rather than kept as a stop id that cannot fire."""
+    config, width = model.config, logits_width(model)
+    ids = token_ids(config.eos_token_id, width)
     generation = getattr(model, "generation_config", None)
-    more = token_ids(getattr(generation, "eos_token_id", None), config.vocab_size)
+    more = token_ids(getattr(generation, "eos_token_id", None), width)
     return ids + [i for i in dict.fromkeys(more) if i not in ids]
 
 
@@ -497,6 +503,17 @@ def output_head(model: Any) -> nn.Module | None:
     get = getattr(model, "get_output_embeddings", None)
     head = get() if callable(get) else None
     return head if head is not None else getattr(model, "lm_head", None)
+
+
+def logits_width(model: Any) -> int:
+    """The width of `model`'s logits: its LM head's rows (``out_features``; a vocab-parallel head's whole
+    ``vocab``). Narrower than ``config.vocab_size`` where the head is pruned to a prefix of the vocabulary
+    (Apertus 1.5's ``output_vocab_size``); ``config.vocab_size`` for a model without a readable head."""
+    head = output_head(model)
+    rows = getattr(head, "out_features", None)
+    if rows is None:
+        rows = getattr(head, "vocab", None)
+    return int(rows) if rows is not None else int(model.config.vocab_size)
 
 
 def model_type_of(model: Any, user: str = "--generate") -> str:
@@ -783,6 +800,12 @@ class DecoderAdapter(ABC):
             )
 
     @property
+    def output_vocab_size(self) -> int:
+        """The logits' width: the LM head's rows (:func:`logits_width`), which the spec's and the
+        executors' ``vocab_size`` name; ``config.vocab_size`` (the ids the embedding takes) may be wider."""
+        return logits_width(self.model)
+
+    @property
     @abstractmethod
     def spec(self) -> DecoderSpec:
         """The manifest's description of the model."""
@@ -1016,7 +1039,8 @@ class DecoderAdapter(ABC):
         return DecoderSpec(
             family=self.family,
             model_type=c.model_type,
-            vocab_size=int(c.vocab_size),
+            vocab_size=self.output_vocab_size,
+            input_vocab_size=int(c.vocab_size),
             num_layers=self.num_layers,
             hidden_size=int(c.hidden_size),
             num_heads=self.num_heads,

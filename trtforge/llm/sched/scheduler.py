@@ -138,17 +138,18 @@ class Scheduler:
             tokens = [int(t) for t in tokens]
         if not tokens:
             raise UserError(f"request {request_id!r}: the prompt is empty; give at least one token id")
-        vocab = self.facts.vocab_size
+        vocab = self.facts.input_vocab_size  # (the ids the embedding takes)
         if min(tokens) < 0 or max(tokens) >= vocab:
             bad = [t for t in tokens if not 0 <= t < vocab]
             raise UserError(
                 f"request {request_id!r}: token id {bad[0]} is outside the vocabulary [0, {vocab})"
             )
+        width = self.facts.vocab_size  # (the logits', narrower where the LM head is pruned)
         bias = params.logit_bias_arrays
-        if bias is not None and int(bias[0].max()) >= vocab:
+        if bias is not None and int(bias[0].max()) >= width:
             raise UserError(
                 f"request {request_id!r}: SamplingParams.logit_bias holds token id {int(bias[0].max())}, "
-                f"outside the model's vocabulary [0, {vocab}); bias only ids below {vocab}"
+                f"outside the model's logits [0, {width}); bias only ids below {width}"
             )
         if len(tokens) >= self.max_model_len:
             f = self.facts

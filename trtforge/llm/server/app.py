@@ -74,7 +74,9 @@ class ServerState:
     max_request_bytes: int = 16 * 2**20
     body_timeout: float = 60.0  # seconds a body may take to arrive (408 past them)
     max_intake: int | None = None  # requests read, parsed and tokenized at once; None: default_intake()
-    vocab_size: int | None = None  # the model's: token ids of a prompt are checked against it
+    vocab_size: int | None = None  # the model's logits' width: logit_bias ids are checked against it
+    # the ids a prompt may hold (the embedding's; None: vocab_size), wider where the LM head is pruned
+    input_vocab_size: int | None = None
     draining: bool = False
     structured_error: str | None = None  # why response_format cannot be served, if it cannot
     sequences: int = 0
@@ -233,7 +235,7 @@ def _prompt_ids(state: ServerState, prompt: list[Any]) -> list[list[int]]:
 
 def _check_vocab(state: ServerState, ids: list[int], where: str) -> None:
     """400 naming `where` for a token id outside the model's vocabulary (its embedding would fail)."""
-    vocab = state.vocab_size
+    vocab = state.input_vocab_size if state.input_vocab_size is not None else state.vocab_size
     if vocab is not None and ids and (min(ids) < 0 or max(ids) >= vocab):
         bad = next(t for t in ids if not 0 <= t < vocab)
         raise ApiError(

@@ -89,6 +89,7 @@ def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int
     """Serve `llm` until SIGTERM/SIGINT, drain, close it; returns the exit code (0)."""
     uvicorn = _imports()
     g = llm.engine
+    facts = getattr(getattr(llm, "executor", None), "facts", None)
     state = ServerState(
         llm=llm,
         tokenizer=tokenizer,
@@ -102,7 +103,8 @@ def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int
         max_request_bytes=options.max_request_bytes,
         body_timeout=options.body_timeout,
         max_intake=options.max_intake,
-        vocab_size=getattr(getattr(getattr(llm, "executor", None), "facts", None), "vocab_size", None),
+        vocab_size=getattr(facts, "vocab_size", None),
+        input_vocab_size=getattr(facts, "input_vocab_size", None),
     )
     try:  # response_format requests compile grammars over the tokenizer (the structured extra)
         llm.engine.enable_structured_output(tokenizer)
