@@ -749,7 +749,7 @@ OPTIONS: dict[str, dict[str, list]] = {
         "hidden_act": ["xielu", "relu2", "silu"],
         "rms_norm_eps": [1e-6, 1e-5],
     },
-    # Apertus 1.5 text: Apertus' options (its model is Apertus'); a pruned LM head is refused
+    # Apertus 1.5 text: Apertus' options (its model is Apertus'); its pruned LM head: test_pruned_lm_head
     "apertus1p5_text": {
         "num_key_value_heads": [1, 2, 4],
         "tie_word_embeddings": [False, True],

@@ -169,15 +169,6 @@ def test_they_are_kept_off_the_llama_only_paths(family):
         adapter.check_shard(2)
 
 
-def test_apertus1p5_text_with_a_pruned_lm_head_is_refused_naming_it():
-    """Apertus 1.5's LM head pruned to the text prefix (output_vocab_size): logits narrower than the
-    vocabulary, which every consumer takes whole; refused naming the head and the option."""
-    model = tiny_model("apertus1p5_text", output_vocab_size=200)
-    assert model.lm_head.out_features == 200
-    with pytest.raises(UserError, match=r"LM head is pruned to 200 of the 300 .*output_vocab_size=200"):
-        adapter_for(model)
-
-
 def test_afmoe_of_dense_layers_only_is_refused_by_tensor_parallelism_naming_its_attention_gate():
     """AFMoE's sigmoid gate on the attention output has no split: with every layer dense (no MoE MLP to
     refuse it first) tensor parallelism refuses it by that gate."""

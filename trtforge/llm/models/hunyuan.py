@@ -24,8 +24,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from trtforge.errors import UserError
-from trtforge.llm.models.base import output_head
 from trtforge.llm.models.moe import moe_layers
 from trtforge.llm.models.rope import RopeStyle, project_qkv
 
@@ -72,24 +70,11 @@ class ApertusStyle(RopeStyle):
 class Apertus1p5TextStyle(ApertusStyle):
     """Apertus 1.5's text model (``Apertus1p5TextForCausalLM``, ``model_type`` "apertus1p5_text"):
     Apertus' layers (transformers' ``Apertus1p5TextModel`` is ``ApertusModel``) over a vocabulary with
-    image and audio tokens. Its LM head may be pruned to the text-only prefix (``output_vocab_size``),
-    which makes the logits narrower than the input vocabulary; every consumer takes the logits as wide as
-    ``vocab_size``, so such a head is refused by name."""
+    image and audio tokens. Its LM head may be pruned to the text-only prefix (``output_vocab_size``): the
+    logits are then narrower than the input vocabulary, which the spec and the executors' facts tell apart
+    (``vocab_size``: the logits' width, the head's rows; ``input_vocab_size``: the ids a prompt may hold)."""
 
     family = "apertus1p5_text"
-
-    def __init__(self, model: nn.Module, user: str = "--generate") -> None:
-        super().__init__(model, user)
-        c = self.config
-        width = getattr(output_head(model), "out_features", None)
-        if width is not None and int(width) != int(c.vocab_size):
-            raise UserError(
-                f"{self.cannot_run()}: its LM head is pruned to {int(width)} of the {int(c.vocab_size)} "
-                f"vocabulary rows (output_vocab_size={getattr(c, 'output_vocab_size', None)!r}), so its "
-                "logits are narrower than the input vocabulary; trtforge's executors and step graphs "
-                "return logits over the whole vocabulary (vocab_size). Load a checkpoint with an unpruned "
-                "head (output_vocab_size null)."
-            )
 
 
 class NanoChatStyle(RopeStyle):
