@@ -5,6 +5,9 @@ transformers' greedy tokens; prompt ids, logit_bias ids, EOS ids and penalties e
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import numpy as np
 import onnx
 import pytest
@@ -61,7 +64,7 @@ def test_the_torch_executor_serves_a_pruned_head_as_transformers_generates():
 
 def test_prompt_ids_meet_the_input_vocabulary_and_bias_ids_the_logits_width():
     """An id in [HEAD, VOCAB) embeds; one at VOCAB is refused naming the vocabulary, a logit_bias id at
-    HEAD naming the logits' width; a repetition penalty over a prompt id past the head runs (no logit)."""
+    HEAD naming the logits' width; a repetition penalty over a prompt id past the head runs."""
     model = tiny_model("apertus1p5_text", output_vocab_size=HEAD)
     with service.from_pretrained(model, num_blocks=16, block_size=4, max_model_len=32) as served:
         assert len(served.generate([[1, VOCAB - 1]], max_new_tokens=2)[0]) >= 1
@@ -74,10 +77,30 @@ def test_prompt_ids_meet_the_input_vocabulary_and_bias_ids_the_logits_width():
         assert served.generate([[1, 2]], ok) == [[HEAD - 1] * 3]
         penalized = SamplingParams(max_tokens=3, ignore_eos=True, repetition_penalty=1.5)
         assert len(served.generate([[HEAD + 5, 7]], penalized)[0]) == 3
+
+
+def test_a_prompt_id_past_the_logits_width_has_no_logit_to_penalize():
+    """Repetition penalties skip it instead of counting it into the next row's logits."""
     logits = np.ones((2, 4), np.float32)
     history = [RowHistory(prompt=[4, 5, 1], output=[]), RowHistory(prompt=[2], output=[])]
     out = apply_penalties(logits, [SamplingParams(repetition_penalty=2.0)] * 2, history)
     assert out.tolist() == [[1, 0.5, 1, 1], [1, 1, 0.5, 1]]  # (4 and 5 past the width: nothing of row 1)
+
+
+def test_the_server_checks_prompt_ids_against_the_input_vocabulary_and_bias_ids_against_the_logits():
+    pytest.importorskip("fastapi", reason="the server needs the `serve` extra")
+    from trtforge.llm.server.app import _check_request, _check_vocab
+    from trtforge.llm.server.protocol import ApiError, CompletionRequest, parse
+
+    state = SimpleNamespace(max_model_len=64, vocab_size=HEAD, input_vocab_size=VOCAB, structured_error=None)
+    _check_vocab(state, [1, VOCAB - 1], "prompt")
+    with pytest.raises(ApiError, match=rf"prompt: token id {VOCAB} is outside the vocabulary \[0, {VOCAB}\)"):
+        _check_vocab(state, [1, VOCAB], "prompt")
+    body = {"model": "m", "prompt": [[1, 2]], "max_tokens": 2, "logit_bias": {str(HEAD): 1.0}}
+    with pytest.raises(
+        ApiError, match=rf"logit_bias: token id {HEAD} is outside the model's vocabulary \[0, {HEAD}\)"
+    ):
+        _check_request(state, parse(CompletionRequest, json.dumps(body).encode()), None)
 
 
 def test_an_eos_id_past_the_head_is_dropped_from_the_stop_ids():
