@@ -135,3 +135,27 @@ def test_the_step_graph_of_a_pruned_head_gives_transformers_greedy_tokens(tmp_pa
     with trtforge.llm.load(path) as served:  # the same graph behind the engine (ONNX Runtime executor)
         assert (served.executor.facts.vocab_size, served.executor.facts.input_vocab_size) == (HEAD, VOCAB)
         assert served.generate(batch, max_new_tokens=NEW_TOKENS, stop_at_eos=False) == got
+
+
+@pytest.mark.gpu
+def test_gpu_a_pruned_head_decodes_in_cuda_graphs_as_eager_steps():
+    """On CUDA the narrower logits run through captured decode graphs (static logits buffers as wide as
+    the head) and give the eager steps' tokens and transformers' greedy tokens."""
+    from tests.llm.serving_models import run_to_completion
+    from trtforge.llm.engine import make_step_loop
+
+    model = tiny_model("apertus1p5_text", output_vocab_size=HEAD).double()
+    batch = _batch()
+    wants = [hf_greedy(model, prompt, NEW_TOKENS)[0] for prompt in batch]  # (on the CPU, before the move)
+    model = model.to("cuda")
+    outs, graphs = [], 0
+    for static in (False, True):
+        ex = TorchExecutor(model, num_blocks=64, block_size=16, static_decode=static)
+        assert ex.facts.vocab_size == HEAD and ex.facts.input_vocab_size == VOCAB
+        sched = make_step_loop(ex)
+        for i, prompt in enumerate(batch):
+            sched.add_request(i, prompt, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
+        outs.append({k: v.output_token_ids for k, v in run_to_completion(sched).items()})
+        graphs = ex.num_cuda_graphs
+    assert outs[0] == outs[1] and graphs > 0
+    assert [list(outs[1][i]) for i in range(len(batch))] == wants
