@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from trtforge.errors import UserError
+from trtforge.llm import contract
 from trtforge.llm.executors import OrtStepExecutor
 
 EXECUTORS = ("onnxruntime",)
@@ -60,7 +61,7 @@ class LLM:
                     f"prompt {b} must hold integer token ids, got {[type(t).__name__ for t in p][:3]}."
                 )
             ids = [int(t) for t in p]
-            vocab = int(g.get("input_vocab_size") or g["vocab_size"])  # (the embedding's ids)
+            vocab = contract.input_vocab_size(g)  # (the embedding's ids)
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise UserError(

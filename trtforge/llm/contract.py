@@ -85,6 +85,13 @@ def _paged_ranges(generation: dict[str, Any], b: int, seq_max: int, seq_opt: int
     return out
 
 
+def input_vocab_size(generation: dict[str, Any]) -> int:
+    """The token ids a step graph's embedding takes (its metadata's ``input_vocab_size``), wider than the
+    logits' ``vocab_size`` where the LM head is pruned to a prefix of the vocabulary; graphs written before
+    the key existed have one vocabulary."""
+    return int(generation.get("input_vocab_size") or generation["vocab_size"])
+
+
 def set_generation_metadata(model: onnx.ModelProto, generation: dict[str, Any]) -> None:
     """Store the generation section in the graph's metadata_props (replacing an older one)."""
     keep = [p for p in model.metadata_props if p.key != METADATA_KEY]

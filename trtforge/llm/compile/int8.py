@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 
 from trtforge.errors import UserError
+from trtforge.llm import contract
 
 SMOOTHQUANT_ALPHA = 0.8
 
@@ -26,7 +27,7 @@ def prompt_dataset(
 
     if not prompts:
         raise UserError("--precision int8 with --generate needs calibration prompts (lists of token ids).")
-    vocab = int(generation.get("input_vocab_size") or generation["vocab_size"])  # (the embedding's ids)
+    vocab = contract.input_vocab_size(generation)  # (the embedding's ids)
     limit = int(generation["max_prefill"])
     cache = (1, int(generation["num_kv_heads"]), int(generation["max_seq"]), int(generation["head_dim"]))
     chunks = []

@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from trtforge.errors import TrtforgeError, UserError
+from trtforge.llm import contract
 
 
 class PoolAllocationError(UserError):
@@ -317,7 +318,7 @@ class ExecutorFacts:
             num_blocks=int(num_blocks),
             block_size=int(g["cache"]["block_size"]),
             vocab_size=int(g["vocab_size"]),
-            input_vocab_size=int(g.get("input_vocab_size") or g["vocab_size"]),
+            input_vocab_size=contract.input_vocab_size(g),
             max_model_len=int(max_model_len),
             eos_token_ids=tuple(int(i) for i in g.get("eos_token_ids") or []),
             num_layers=int(g["num_layers"]),

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from trtforge.errors import UserError
+from trtforge.llm import contract
 from trtforge.llm.executors.base import ExecutorFacts, StepBatch
 from trtforge.llm.executors.onnxruntime_exec import ORT_TYPES, allocate_pools, read_generation
 from trtforge.llm.executors.paged_feeds import logits_rows, padded_feeds
@@ -145,7 +146,7 @@ class OrtSlotPoolExecutor:
             num_blocks=int(num_blocks),
             block_size=max_seq,
             vocab_size=int(g["vocab_size"]),
-            input_vocab_size=int(g.get("input_vocab_size") or g["vocab_size"]),
+            input_vocab_size=contract.input_vocab_size(g),
             max_model_len=max_model_len,
             eos_token_ids=tuple(int(i) for i in g.get("eos_token_ids") or []),
             num_layers=int(g["num_layers"]),
