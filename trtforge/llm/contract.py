@@ -89,7 +89,15 @@ def input_vocab_size(generation: dict[str, Any]) -> int:
     """The token ids a step graph's embedding takes (its metadata's ``input_vocab_size``), wider than the
     logits' ``vocab_size`` where the LM head is pruned to a prefix of the vocabulary; graphs written before
     the key existed have one vocabulary."""
-    return int(generation.get("input_vocab_size") or generation["vocab_size"])
+    vocab = int(generation["vocab_size"])
+    ids = int(generation.get("input_vocab_size") or vocab)
+    if ids < vocab:
+        raise UserError(
+            f"the step graph's {METADATA_KEY} metadata gives input_vocab_size {ids} below its vocab_size "
+            f"{vocab} (the logits' width); expected an embedding that takes every id the LM head emits. "
+            "Export the graph again with trtforge compile --generate."
+        )
+    return ids
 
 
 def set_generation_metadata(model: onnx.ModelProto, generation: dict[str, Any]) -> None:

@@ -159,3 +159,14 @@ def test_gpu_a_pruned_head_decodes_in_cuda_graphs_as_eager_steps():
         graphs = ex.num_cuda_graphs
     assert outs[0] == outs[1] and graphs > 0
     assert [list(outs[1][i]) for i in range(len(batch))] == wants
+
+
+def test_step_graph_metadata_names_a_narrower_input_vocabulary_than_its_logits():
+    """A graph's input vocabulary falls back to its logits' width when the key is absent (graphs written
+    before it) and a tampered one below that width is refused by name, not left to fail in a kernel."""
+    from trtforge.llm import contract
+
+    assert contract.input_vocab_size({"vocab_size": HEAD}) == HEAD
+    assert contract.input_vocab_size({"vocab_size": HEAD, "input_vocab_size": VOCAB}) == VOCAB
+    with pytest.raises(UserError, match=rf"input_vocab_size {HEAD - 1} below its vocab_size {HEAD}"):
+        contract.input_vocab_size({"vocab_size": HEAD, "input_vocab_size": HEAD - 1})
