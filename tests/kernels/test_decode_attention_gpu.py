@@ -223,3 +223,31 @@ def test_steps_with_other_split_counts_and_metadata_offsets_share_one_compiled_k
     torch.cuda.synchronize()
     assert (out.float() - reference_decode(q, k16, v16, lens, tab)).abs().max().item() < 3e-3
     assert len(set(sizes)) == 1, f"compiled variants grew across steps: {sizes}"
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_early_kv_prefetch_changes_no_output(fp8):
+    """With ``DecodeConfig.early_kv`` a programmatic dependent launch over a paged pool prefetches its first
+    tile before it waits: a hint only, so the outputs equal the launch without it bit for bit (BF16 and
+    FP8 pools, several split counts, behind a kernel that writes the queries), and match FP32 SDPA."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs compute capability >= 9.0")
+    gen = torch.Generator().manual_seed(7 + fp8)
+    b, hq, hkv, d = 3, 32, 8, 128
+    lens = torch.tensor([700, 1, 2345], dtype=torch.int32)
+    k = torch.randn(b, hkv, 2345, d, generator=gen).bfloat16().cuda()
+    v = torch.randn(b, hkv, 2345, d, generator=gen).bfloat16().cuda()
+    k_pool, v_pool, table = paged_from_contiguous(k, v, lens, 16, gen)
+    if fp8:
+        k_pool, v_pool = k_pool.to(torch.float8_e4m3fn), v_pool.to(torch.float8_e4m3fn)
+    lens = lens.cuda()
+    src = torch.randn(b, hq, 1, d, generator=gen).bfloat16().cuda()
+    ref = reference_decode(src, k_pool.bfloat16(), v_pool.bfloat16(), lens, table)
+    for splits in (0, 1, 12):
+        outs = []
+        for early in (False, True):
+            q = src * 1.0  # written by the kernel just before: the launch's PDL predecessor
+            cfg = DecodeConfig(num_splits=splits, early_kv=early)
+            outs.append(decode_attention(q, k_pool, v_pool, lens, table, config=cfg, pdl=True))
+        assert torch.equal(outs[0], outs[1]), f"splits {splits}"
+        _check(outs[1], ref, torch.bfloat16)

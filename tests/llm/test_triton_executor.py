@@ -563,6 +563,9 @@ def test_small_decode_buckets_take_one_tile_a_split():
     assert attn.config_for(1, 4, 64, 768, num_sms=132).num_splits == 12
     assert attn.config_for(16, 4, 64, 512, num_sms=132).num_splits == 4  # 264 programs // 64
     assert attn.config_for(2, 4, 64, 40, num_sms=132).num_splits == 1  # under one tile
+    # small launches prefetch their first tile before the PDL wait; the rest do not (not measured there)
+    assert attn.config_for(1, 4, 64, 512, num_sms=132).early_kv
+    assert not attn.config_for(64, 4, 64, 512, num_sms=132).early_kv
     # past the small work, and for head dims whose default tiles are not 64 keys: the kernel's default
     assert attn.config_for(64, 4, 64, 512, num_sms=132) == default_decode_config(64, max_keys=512)
     assert SMALL_DECODE_WORK < 64 * 4 * 512

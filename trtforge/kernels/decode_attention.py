@@ -98,7 +98,11 @@ FP8_V_PAIRS = True  # FP8 V read as 16-bit pairs of adjacent channels (module do
 class DecodeConfig:
     """One launch configuration: keys per tile, warps and pipeline depth; `num_splits` 0 = heuristic;
     `fused` False reduces the splits in a second kernel instead of in each group's last program;
-    `tma` loads a contiguous cache's whole tiles by bulk tensor copies where eligible."""
+    `tma` loads a contiguous cache's whole tiles by bulk tensor copies where eligible; `early_kv`: a
+    programmatic dependent launch over a paged pool reads its block-table entries and prefetches its
+    first tile's K/V lines into L2 *before* it waits for the previous kernel (which writes q and the new
+    keys, never the table or older keys), so that DRAM latency overlaps that kernel. A prefetch is a
+    hint: the loads after the wait read whatever L2 holds then, so the outputs do not change."""
 
     block_n: int = 64
     num_warps: int = 4
@@ -106,6 +110,7 @@ class DecodeConfig:
     num_splits: int = 0
     fused: bool = True
     tma: bool = False  # full tiles of a contiguous cache through tensor descriptors (Hopper's TMA)
+    early_kv: bool = False  # (PDL, paged) the first tile prefetched before the wait
 
 
 # The fixed launch over FP8 pools (the serving path's, graph-captured) for head dims up to 128; a
@@ -485,6 +490,47 @@ def _reduce_group(
         )
 
 
+@triton.jit
+def _prefetch_first_tile(
+    k_base,
+    v_base,
+    table_base,
+    lo,
+    hi,
+    stride_kb,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vd,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    PF_LINES: tl.constexpr,
+    PF_ELEMS: tl.constexpr,
+):
+    """``prefetch.global.L2`` of the 128-byte lines of keys [lo, min(lo + BLOCK_N, hi)) in a paged K and
+    V pool (PF_LINES lines of PF_ELEMS elements a row); keys past `hi` prefetch block 0's (harmless)."""
+    offs_n = lo + tl.arange(0, BLOCK_N)
+    blk = tl.load(table_base + offs_n // PAGE_SIZE, mask=offs_n < hi, other=0).to(tl.int64)
+    slot = offs_n % PAGE_SIZE
+    line = (tl.arange(0, PF_LINES) * PF_ELEMS)[None, :]
+    _prefetch_l2(k_base + (blk * stride_kb + slot * stride_kn)[:, None] + line * stride_kd)
+    _prefetch_l2(v_base + (blk * stride_vb + slot * stride_vn)[:, None] + line * stride_vd)
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """``prefetch.global.L2`` of every address in `ptrs` (no registers, no wait)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; // dummy $0",
+        "=r,l",
+        [ptrs.to(tl.int64)],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
 # Per-step arguments (split count, window, block-table width, metadata pointers) are not specialized on:
 # a specialization first met mid-run cost a ~1 s compile in a serving step (results/serving.md).
 @triton.jit(
@@ -547,6 +593,9 @@ def _decode_split_kernel(
     PAIRS_ASM: tl.constexpr = False,
     PDL: tl.constexpr = False,
     STAMP: tl.constexpr = False,
+    EARLY_KV: tl.constexpr = False,
+    PF_LINES: tl.constexpr = 1,
+    PF_ELEMS: tl.constexpr = 64,
     SOFTCAP: tl.constexpr = False,
     ALIBI: tl.constexpr = False,
     SINKS: tl.constexpr = False,
@@ -567,7 +616,7 @@ def _decode_split_kernel(
     [Hq] tensor (None when off) of attention-sink logits (gpt-oss): ``Sinks[hq]`` joins each row's softmax
     denominator once, as a key with no value; split 0 starts its running max and sum from it, so the
     reduction over the splits counts it once."""
-    if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes
+    if PDL and not EARLY_KV:  # launched early (programmatic dependent launch): wait for its writes
         gdc_wait()
         gdc_launch_dependents()
     split = tl.program_id(0)
@@ -597,6 +646,13 @@ def _decode_split_kernel(
         head_end = lo
     full_hi = tl.minimum(hi, seq_len - SEQ_Q + 1)
     full_end = tl.maximum(head_end + ((full_hi - head_end) // BLOCK_N) * BLOCK_N, head_end)
+    if PDL and EARLY_KV:  # (paged) the first tile's lines into L2 while the previous kernel runs, then wait
+        _prefetch_first_tile(
+            K + hkv * stride_kh, V + hkv * stride_vh, Table + b * stride_tb, lo, hi, stride_kb, stride_kn,
+            stride_kd, stride_vb, stride_vn, stride_vd, BLOCK_N, PAGE_SIZE, PF_LINES, PF_ELEMS,
+        )  # fmt: skip
+        gdc_wait()
+        gdc_launch_dependents()
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -940,6 +996,9 @@ def _split_options(
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
         "KV_F16": fp16_products(kv_dtype), **v_pairs, "SOFTCAP": softcap > 0.0, "ALIBI": alibi,
         "SINKS": sinks, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
+        "EARLY_KV": cfg.early_kv and pdl and page > 0 and not interpreting(),
+        "PF_LINES": triton.next_power_of_2(max(1, -(-d * kv_dtype.itemsize // 128))),
+        "PF_ELEMS": max(1, 128 // kv_dtype.itemsize),
     }  # fmt: skip
 
 

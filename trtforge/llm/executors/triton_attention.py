@@ -64,6 +64,11 @@ def triton_usable(
 # 10.02 -> 8.56-9.33 (4). One un-split program per (sequence, kv head) took 6.9-27 us.
 SMALL_DECODE_WORK = 32 * 1024
 SMALL_DECODE_TILE = 64
+# Small decode launches prefetch their first tile before the PDL wait (DecodeConfig.early_kv). H100, the
+# 8B single stream (benchmarks/bench_quant_speed.py --ab, results/quant_speed_s51_early_h100.json, two
+# alternated rounds): BF16 5.417 -> 5.402 ms/token, FP8 + FP8 head 3.104 -> 3.094. Larger launches: not
+# measured, so off there.
+SMALL_DECODE_EARLY_KV = True
 
 
 def small_decode_splits(batch_kv_heads: int, max_keys: int, num_sms: int) -> int:
@@ -106,7 +111,8 @@ class TritonDecodeAttention:
             return self.config
         config = default_decode_config(head_dim, kv_dtype)
         if batch * kv_heads * max_keys <= self.small_work and config.block_n == SMALL_DECODE_TILE:
-            return replace(config, num_splits=small_decode_splits(batch * kv_heads, max_keys, num_sms))
+            splits = small_decode_splits(batch * kv_heads, max_keys, num_sms)
+            return replace(config, num_splits=splits, early_kv=SMALL_DECODE_EARLY_KV)
         return default_decode_config(head_dim, kv_dtype, max_keys, batch * kv_heads, q_len)
 
     def pool_config(
