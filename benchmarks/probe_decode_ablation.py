@@ -15,8 +15,14 @@ replayed back to back (:func:`bench_decode_layer.replay_ms`). The op's marginal 
 replay minus the ablated one's; the baseline runs first and last, so the drift between is printed too.
 
 Ablations: ``qkv`` (norm + QKV GEMV), ``rope`` (RoPE + the K/V write), ``attn`` (split-KV decode
-attention, with its reduction), ``o`` (o_proj GEMV + residual), ``gate_up`` (norm + gate/up GEMV +
-SiLU), ``down`` (down GEMV + residual), ``head`` (final norm + LM-head GEMV), and ``rope+attn``.
+attention, with its reduction: the decode graphs' own attention function), ``o`` (o_proj GEMV +
+residual), ``gate_up`` (norm + gate/up GEMV + SiLU), ``down`` (down GEMV + residual), ``head`` (final norm
++ LM-head GEMV), ``qkv-norm`` / ``gate_up-norm`` (the same GEMV without its RMSNorm prologue: what the
+prologue costs), joined by + to ablate several.
+
+``--configs NAME=BN,BK,WARPS[,r] ...`` instead times the unablated graph with projection NAME (qkv, o,
+gate_up, down, head) launched with that GemvConfig (``r``: the reducing loop): the same GEMV's launch
+choices compared where it runs, between its neighbours, rather than alone (benchmarks/sweep_quant_gemv.py).
 """
 
 from __future__ import annotations
@@ -34,13 +40,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-ABLATIONS = ("qkv", "rope", "attn", "o", "gate_up", "down", "head", "rope+attn")
+PROJECTIONS = ("qkv", "o", "gate_up", "down", "head")
+ABLATIONS = ("qkv", "rope", "attn", "o", "gate_up", "down", "head", "rope+attn", "qkv-norm", "gate_up-norm")
 
 
 @contextlib.contextmanager
-def ablated(ex, what: str):
-    """Executor `ex` with the ops of `what` (names joined by +) replaced by no-ops, restored after."""
+def ablated(ex, what: str, configs: dict | None = None):
+    """Executor `ex` with the ops of `what` (names joined by +) replaced by no-ops (``-norm``: without
+    the norm prologue), and projections named in `configs` launched with that GemvConfig; restored after."""
     import trtforge.llm.executors.fused_layers as fl
+    from trtforge.kernels import gemv as gemv_mod
+
+    configs = configs or {}
 
     parts = set(what.split("+")) if what != "none" else set()
     fused = ex._fused
@@ -50,7 +61,7 @@ def ablated(ex, what: str):
     o_ids, down_ids = {id(w) for w in fused.o_w}, {id(w) for w in fused.down_w}
     head_id = id(fused.head_w)
     saved = {n: getattr(fl, n) for n in ("norm_gemv", "rope_and_cache", "gemv_residual", "norm_gate_up_silu")}
-    saved_attn = ex.attention
+    saved_attn = ex.decode_attention
     real = dict(saved)
     qkv_cols = (fused.num_heads + 2 * fused.num_kv_heads) * fused.head_dim
 
@@ -58,7 +69,10 @@ def ablated(ex, what: str):
         if ("qkv" in parts and id(w) in qkv_ids) or ("head" in parts and id(w) == head_id):
             cols = qkv_cols if id(w) in qkv_ids else int(ex.model.config.vocab_size)
             return torch.empty((h.shape[0], cols), dtype=h.dtype, device=h.device)
-        return real["norm_gemv"](h, weight, eps, w, b)
+        if "qkv-norm" in parts and id(w) in qkv_ids:
+            return gemv_mod.gemv(h, w, b)
+        name = "qkv" if id(w) in qkv_ids else "head" if id(w) == head_id else None
+        return real["norm_gemv"](h, weight, eps, w, b, config=configs.get(name))
 
     def rope_and_cache(qkv, cos, sin, slots, kp, vp, nh, nkv, ks=1.0, vs=1.0, out=None):
         if "rope" in parts:
@@ -72,33 +86,36 @@ def ablated(ex, what: str):
     def gemv_residual(x, w, residual):
         if ("o" in parts and id(w) in o_ids) or ("down" in parts and id(w) in down_ids):
             return residual
-        return real["gemv_residual"](x, w, residual)
+        name = "o" if id(w) in o_ids else "down" if id(w) in down_ids else None
+        return real["gemv_residual"](x, w, residual, config=configs.get(name))
 
     def norm_gate_up_silu(h, weight, eps, w):
+        inter = int(ex.model.config.intermediate_size)
         if "gate_up" in parts:
-            inter = int(ex.model.config.intermediate_size)
             return torch.empty((h.shape[0], inter), dtype=h.dtype, device=h.device)
-        return real["norm_gate_up_silu"](h, weight, eps, w)
+        if "gate_up-norm" in parts:
+            out = torch.empty((h.shape[0], inter), dtype=h.dtype, device=h.device)
+            gemv_mod._launch(h, w, out, inter, up_rows=inter)
+            return out
+        return real["norm_gate_up_silu"](h, weight, eps, w, config=configs.get("gate_up"))
 
-    def attention(q, kp, vp, meta, scale, window, out=None, **kv):
+    def attention(q, *args, **kv):
         if "attn" in parts:
-            return out if out is not None else torch.empty_like(q)
-        if out is not None:
-            return saved_attn(q, kp, vp, meta, scale, window, out=out, **kv)
-        return saved_attn(q, kp, vp, meta, scale, window, **kv)
+            return torch.empty_like(q)
+        return saved_attn(q, *args, **kv)
 
     fl.norm_gemv, fl.rope_and_cache = norm_gemv, rope_and_cache
     fl.gemv_residual, fl.norm_gate_up_silu = gemv_residual, norm_gate_up_silu
-    ex.attention = attention
+    ex.decode_attention = attention
     try:
         yield
     finally:
         for n, f in saved.items():
             setattr(fl, n, f)
-        ex.attention = saved_attn
+        ex.decode_attention = saved_attn
 
 
-def measure(model, prompt: list[int], what: str, reps: int) -> dict:
+def measure(model, prompt: list[int], what: str, reps: int, configs: dict | None = None) -> dict:
     """One executor with `what` ablated: its decode graphs captured, a few tokens decoded after `prompt`,
     then each graph's replay time (us) and the width bucket the served context uses."""
     from bench_decode_layer import replay_ms
@@ -109,7 +126,7 @@ def measure(model, prompt: list[int], what: str, reps: int) -> dict:
     from trtforge.llm.sched.scheduler import SchedulerConfig
 
     ex = TorchExecutor(model, num_blocks=256, block_size=16, static_decode=True, max_decode_batch=1)
-    with ablated(ex, what):
+    with ablated(ex, what, configs):
         ex.capture_decode_graphs()
         with LLMEngine(ex, SchedulerConfig()) as engine:
             engine.generate([prompt], SamplingParams(max_tokens=8, ignore_eos=True))
@@ -125,12 +142,41 @@ def measure(model, prompt: list[int], what: str, reps: int) -> dict:
     return {"bucket": "x".join(map(str, key)), "us_runs": times, "us": statistics.median(times)}
 
 
+def _config(text: str) -> tuple[str, str, object]:
+    """--configs' NAME=BN,BK,WARPS[,r]: (the text, the projection, its GemvConfig)."""
+    from trtforge.kernels.gemv import GemvConfig
+
+    name, eq, spec = text.partition("=")
+    parts = spec.split(",")
+    if not (eq and name in PROJECTIONS and len(parts) in (3, 4) and all(p.isdigit() for p in parts[:3])):
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=BN,BK,WARPS[,r] with NAME one of {PROJECTIONS}, got {text!r}"
+        )
+    if len(parts) == 4 and parts[3] != "r":
+        raise argparse.ArgumentTypeError(
+            f"the fourth field is r (the reducing loop) or nothing, got {text!r}"
+        )
+    bn, bk, warps = (int(p) for p in parts[:3])
+    return (
+        text,
+        name,
+        GemvConfig(block_n=bn, block_k=bk, num_warps=warps, num_stages=1, reduce=len(parts) == 4),
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", nargs="+", default=["bf16", "fp8+head-fp8"])
     ap.add_argument("--ablations", nargs="+", default=list(ABLATIONS))
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--reps", type=int, default=50, help="replays a timing (5 timings a graph, median)")
+    ap.add_argument(
+        "--configs",
+        nargs="+",
+        default=[],
+        type=_config,
+        help="NAME=BN,BK,WARPS[,r]: the unablated graph with projection NAME on that GemvConfig",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -143,18 +189,20 @@ def main() -> None:
         with dispatch(name):
             model = variant(name, args.layers)
             rows: dict = {}
-            order = ["none", *args.ablations, "none"]
-            for i, what in enumerate(order):
-                key = what if i < len(order) - 1 else "none (again)"
-                rows[key] = measure(model, prompt, what, args.reps)
-                print(f"{name:14s} {key:14s} {rows[key]['us']:9.1f} us  ({rows[key]['bucket']})", flush=True)
+            runs = [("none", "none", None)] + [(w, w, None) for w in args.ablations]
+            runs += [(text, "none", {proj: cfg}) for text, proj, cfg in args.configs]
+            runs.append(("none (again)", "none", None))
+            for key, what, configs in runs:
+                rows[key] = measure(model, prompt, what, args.reps, configs)
+                print(f"{name:14s} {key:24s} {rows[key]['us']:9.1f} us  ({rows[key]['bucket']})", flush=True)
         base = statistics.mean([rows["none"]["us"], rows["none (again)"]["us"]])
         margins = {w: base - rows[w]["us"] for w in args.ablations}
+        margins |= {text: base - rows[text]["us"] for text, _, _ in args.configs}
         result["variants"][name] = {"rows": rows, "baseline_us": base, "marginal_us_a_step": margins}
-        print(f"{name}: baseline {base:.1f} us a token; marginal us a token (a layer):", flush=True)
+        print(f"{name}: baseline {base:.1f} us a token; saved us a token (a layer):", flush=True)
         for w, m in margins.items():
-            per = m / args.layers if w != "head" else m
-            print(f"    {w:10s} {m:8.1f}  ({per:6.2f})", flush=True)
+            per = m if w == "head" or w.startswith("head=") else m / args.layers
+            print(f"    {w:24s} {m:8.1f}  ({per:6.2f})", flush=True)
         del model
         gc.collect()
         torch.cuda.empty_cache()
