@@ -67,6 +67,7 @@ from trtforge.llm.models.hunyuan import (
     NanoChatStyle,
 )
 from trtforge.llm.models.llama import LlamaStyle, Ministral3Style
+from trtforge.llm.models.llama4 import Llama4TextStyle
 from trtforge.llm.models.mixtral import (
     AfmoeStyle,
     AriaTextStyle,
@@ -166,6 +167,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "afmoe": AfmoeStyle,
     "beam": BeamStyle,
     "laguna": LagunaStyle,
+    "llama4_text": Llama4TextStyle,
     "aria_text": AriaTextStyle,
     "cohere2_moe": Cohere2MoeStyle,
     "minimax_m2": MiniMaxM2Style,
@@ -234,6 +236,7 @@ __all__ = [
     "HyperClovaXStyle",
     "Kolibri1Style",
     "LagunaStyle",
+    "Llama4TextStyle",
     "LlamaStyle",
     "MellumStyle",
     "MiniCPM5MoeStyle",
