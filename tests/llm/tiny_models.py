@@ -139,12 +139,14 @@ SAME_KERNEL_PATH = ("mpt", "falcon_rw")
 # Qwen3's head norms, Phi-3's fused projections and partial rotary), every family with another adapter
 # but the LIGHT_FAMILIES and SAME_KERNEL_PATH, and the family forms above
 # (of the MoE families Mixtral, whose MoE MLPs are one torch path, the attention around it Llama's, and
-# gpt-oss for its attention sinks, which the kernels take; tests/llm/models/test_moe_fused.py runs the
-# others' graph-captured decode)
+# gpt-oss for its attention sinks, which the kernels take, and Llama 4 for its attention chunks, likewise;
+# tests/llm/models/test_moe_fused.py runs the others' graph-captured decode)
 KERNEL_FAMILIES = tuple(
     f
     for f in ("llama", "qwen3", "phi3", *(f for f in SUPPORTED if f not in LLAMA_STYLE), *FORMS)
-    if f not in SAME_KERNEL_PATH and (f not in MOE_FAMILIES[1:] or f == "gpt_oss") and f not in LIGHT_FAMILIES
+    if f not in SAME_KERNEL_PATH
+    and (f not in MOE_FAMILIES[1:] or f in ("gpt_oss", "llama4_text"))
+    and f not in LIGHT_FAMILIES
 )
 PROMPT_LENS = (1, 3, 9, 17)
 # qwen3/phi3 shapes the default configs do not have: a head_dim other than hidden / heads (the
