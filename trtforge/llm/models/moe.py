@@ -34,6 +34,9 @@ as the family writes it: plus ``norm_eps`` (GLM-4.5's 1e-20), clamped below at `
 ``moe_norm_min``). ``choose_by_logits`` (Kolibri-1): the top k chosen by the float32 logits plus the
 selection bias (the bias added before the sigmoid, not after it), weighted by the scores of those chosen.
 
+Llama 4 (``scale_input``) scales each chosen expert's input by its weight and sums the experts' outputs as
+they are, where the others weight the outputs.
+
 The weights are then kept in float32 (Mixtral, GLM-4.5, dots.llm1) or cast to the logits' dtype (the others:
 the model's, HunYuan-MoE's router's), or to the input's where the logits are forced float32 (ERNIE 4.5-MoE).
 Router jitter is a training-time noise transformers applies only in training mode: never here.
