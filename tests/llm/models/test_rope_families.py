@@ -312,6 +312,7 @@ class _ConfigOnly(torch.nn.Module):
 @pytest.mark.parametrize(
     ("model_type", "why"),
     [
+        ("llama4", "only its text model is supported: load it with Llama4ForCausalLM"),
         ("longcat_flash", "multi-head latent attention"),
         ("sarvam_mla", "multi-head latent attention"),
         ("mimo_v2_flash", "values are narrower than its queries and keys"),

@@ -190,6 +190,9 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "gemma3": "'gemma3' is Gemma 3's multimodal model (Gemma3ForConditionalGeneration: a vision tower and "
     "image tokens); only its text model is supported: load a text-only Gemma 3 checkpoint (gemma-3-270m, "
     "gemma-3-1b; model_type 'gemma3_text') with Gemma3ForCausalLM.",
+    "llama4": "'llama4' is Llama 4's multimodal model (Llama4ForConditionalGeneration: a vision tower and "
+    "image tokens); only its text model is supported: load it with Llama4ForCausalLM (model_type "
+    "'llama4_text', the checkpoint's text_config).",
     # mixture-of-experts families beside the supported ones (mixtral, qwen2_moe, qwen3_moe, olmoe, granitemoe,
     # granitemoeshared, gpt_oss, hunyuan_v1_moe, ernie4_5_moe, glm4_moe, param2moe, sarvam_moe, solar_open,
     # dots1, flex_olmo, exaone_moe, mellum, cohere2_moe, granitemoe_swa), refused for what sets them apart
