@@ -11,7 +11,7 @@ Llama 4 Scout and Maverick), as transformers' ``modeling_llama4`` computes it:
   :class:`~.rotary.QueryScaling`);
 - the rotary pairs channels (0, 1), (2, 3), ... (its complex ``freqs_cis``), q and k rotated in float32
   and cast back; with ``use_qk_norm`` the RoPE layers' q and k then go through a weightless RMSNorm over
-  each head (``rms_norm_eps``; transformers' ``Llama4TextL2Norm``);
+  each head (``rms_norm_eps``; transformers' ``Llama4TextWeightlessRMSNorm``, once ``Llama4TextL2Norm``);
 - MoE layers (``moe_layers``, from ``interleave_moe_layer_step``): a router picks the top
   ``num_experts_per_tok`` logits, each weighted by their sigmoid (in the model's dtype), and each chosen
   expert's INPUT is scaled by its weight (its output summed as it is); the experts are fused 3-D parameters
