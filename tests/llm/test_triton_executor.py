@@ -610,6 +610,9 @@ def test_decode_tiles_follow_the_keys_a_launch_may_see(monkeypatch):
     # a sliding window bounds the keys: 100 + 1 + 128 keys of a 3,072-key table take short tiles
     wide = torch.zeros(256, 192, dtype=torch.int32)
     assert attn.pool_config(256, pool, wide, 100, torch.device("cpu")) == da.SHORT_KEYS_DECODE_CONFIG
+    # ... and so does an attention chunk (Llama 4's chunked layers)
+    chunked = attn.pool_config(256, pool, wide, None, torch.device("cpu"), chunk=100)
+    assert chunked == da.SHORT_KEYS_DECODE_CONFIG
     # small work (one sequence) still splits 64-key tiles, whatever its keys
     assert attn.config_for(1, 8, 128, 3072, num_sms=132).block_n == 64
     assert da.default_decode_config(256, max_keys=3072).block_n == 32  # wide D: registers rule

@@ -126,7 +126,7 @@ class TritonDecodeAttention:
         max_keys = int(block_tables.shape[1]) * int(k_pool.shape[1])
         bound = sliding_window if sliding_window is not None else chunk
         if bound is not None:  # the kernel splits only the keys some row sees (+ tile alignment)
-            max_keys = min(max_keys, int(bound) + q_len + 128)
+            max_keys = min(max_keys, int(bound) + 1 + 128)
         kv_heads, head_dim = int(k_pool.shape[2]), int(k_pool.shape[3])
         return self.config_for(batch, kv_heads, head_dim, max_keys, _num_sms(device), k_pool.dtype, q_len)
 
