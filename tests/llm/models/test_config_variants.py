@@ -856,7 +856,8 @@ OPTIONS: dict[str, dict[str, list]] = {
         "attn_scale": [0.1, 0.5],
         "use_qk_norm": [True, False],
         "num_experts_per_tok": [1, 2],
-        "moe_layers": [[1, 2], [0, 2], [0, 1, 2]],
+        "moe_layers": [[1, 2], [0, 2], None],  # (None: every interleave_moe_layer_step-th layer)
+        "interleave_moe_layer_step": [1, 2],
         "rope_parameters": [{"rope_type": "default", "rope_theta": t} for t in (10000.0, 500000.0)]
         + [
             {

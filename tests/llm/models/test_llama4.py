@@ -1,7 +1,9 @@
 """Llama 4's text model (llm.models.llama4): chunked attention on the torch executor's paged path through
 prompt chunks and decode steps that cross chunk boundaries, its NoPE layers' query scaling against
 transformers' own formula, and the paths that refuse its chunks (tensor parallelism, the fused layers)
-by name. (The step graph: test_moe's step-graph suite; the chunk rule beside the windows: test_windows.)"""
+by name. (The step graph: test_moe's step-graph suite and test_decoder_paged; the chunk rule beside the
+windows: test_windows; the config draws: test_config_variants; the Triton kernels in lockstep with the
+torch reference: test_triton_executor.)"""
 
 from __future__ import annotations
 
