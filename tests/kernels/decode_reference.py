@@ -105,6 +105,23 @@ def windowed_reference(q, k, v, lens, window):
     return out
 
 
+def chunked_reference(q, k, v, lens, chunk):
+    """FP32 attention of query i (position p = L - S_q + i) over the keys of its own chunk of `chunk`
+    positions, ``p - p % chunk <= j <= p`` (Llama 4's chunked layers); GQA; a row that sees no key -> 0."""
+    b, hq, s_q, d = q.shape
+    out = torch.zeros(b, hq, s_q, d, dtype=torch.float32)
+    for i, n in enumerate(lens.tolist()):
+        pos = n - s_q + torch.arange(s_q)[:, None]
+        kpos = torch.arange(n)[None, :]
+        keep = (kpos <= pos) & (kpos >= pos - pos % chunk)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q[i : i + 1].float().cpu(), k[i : i + 1, :, :n].float().cpu(), v[i : i + 1, :, :n].float().cpu(),
+            attn_mask=keep, enable_gqa=True,
+        )  # fmt: skip
+        out[i] = o[0].nan_to_num(0.0)
+    return out
+
+
 def softcapped_reference(q, k, v, lens, softcap, window=None, scale=None, slopes=None, sinks=None):
     """FP32 attention with Gemma 2's attention logit soft-capping over contiguous [B, Hkv, S, D] caches:
     each score s = q . k * scale becomes softcap * tanh(s / softcap) (None: as it is), plus, with ALiBi

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="Triton is needed to run the kernel (pip install triton)")
 
 from tests.kernels.decode_reference import (  # noqa: E402
+    chunked_reference,
     paged_from_contiguous,
     poison_past_lengths,
     reference_decode,
@@ -190,6 +191,63 @@ def test_sliding_window_must_hold_a_key():
     q, k, v = _caches(1, 2, 1, 1, 16, 32, torch.float16, gen)
     with pytest.raises(ValueError, match="sliding window"):
         decode_attention(q, k, v, torch.tensor([4], dtype=torch.int32, device=DEVICE), window=0)
+
+
+@pytest.mark.parametrize(
+    ("s_q", "chunk", "splits", "fused", "page"),
+    [(1, 16, 3, True, 0), (1, 8, 0, True, 16), (4, 16, 2, False, 0), (8, 24, 4, True, 16), (4, 7, 1, True, 0),
+     (1, 500, 2, True, 0)],
+)  # fmt: skip
+def test_attention_chunks_match_a_masked_reference(s_q, chunk, splits, fused, page):
+    """Llama 4's chunked layers: query i (position p) sees only the keys of its own chunk, p - p % chunk
+    <= j <= p (not a window: a chunk's first query sees itself alone), over contexts of several chunks,
+    with the keys split (several splits: shared out over only the keys some row sees) and q_len > 1 rows
+    whose chunks differ; contiguous caches and paged pools."""
+    gen = torch.Generator().manual_seed(chunk * 10 + s_q + splits)
+    lens = torch.tensor([1, 15, 70, 100, 48], dtype=torch.int32, device=DEVICE)
+    q, k, v = _caches(5, 8, 2, s_q, 104, 64, torch.float16, gen)
+    poison_past_lengths(k, lens)
+    poison_past_lengths(v, lens)
+    cfg = DecodeConfig(block_n=16, num_splits=splits, fused=fused)
+    if page:
+        kp, vp, table = paged_from_contiguous(k, v, lens.cpu(), page, gen)
+        out = decode_attention(q, kp, vp, lens, table, config=cfg, chunk=chunk)
+    else:
+        out = decode_attention(q, k, v, lens, config=cfg, chunk=chunk)
+    assert not torch.isnan(out).any()
+    ref = chunked_reference(q, k, v, lens.cpu(), chunk)
+    assert (out.float().cpu() - ref).abs().max().item() < 3e-3
+    if chunk < 100:  # the chunks change the answer where a sequence is longer than one
+        assert (ref - reference_decode(q, k, v, lens).cpu()).abs().max().item() > 1e-2
+        assert (ref - windowed_reference(q, k, v, lens.cpu(), chunk)).abs().max().item() > 1e-2
+
+
+def test_attention_chunks_on_a_paged_pool_match_the_executor_reference():
+    """The kernel's chunk mode and the torch executor's reference (``chunk=``) agree, q_len 1 and 3."""
+    from trtforge.llm.executors.paged_attention import paged_decode_reference
+
+    gen = torch.Generator().manual_seed(9)
+    lens = torch.tensor([90, 7, 64, 33], dtype=torch.int32, device=DEVICE)
+    for s_q in (1, 3):
+        q, k, v = _caches(4, 8, 2, s_q, 96, 64, torch.float16, gen)
+        kp, vp, table = paged_from_contiguous(k, v, lens.cpu(), 16, gen)
+        cfg = DecodeConfig(block_n=16, num_splits=3)
+        out = decode_attention(q, kp, vp, lens, table, config=cfg, chunk=24)
+        safe = table.clamp(max=kp.shape[0] - 1)  # entries past each length are out of the pool: unread
+        flat = q.transpose(1, 2).reshape(-1, 8, 64).float()  # [B * S, Hq, D]
+        kr, vr = kp.float().nan_to_num(0.0), vp.float().nan_to_num(0.0)  # (masked keys weigh 0, not NaN)
+        ref = paged_decode_reference(flat, kr, vr, safe, lens, 64**-0.5, q_len=s_q, chunk=24)
+        assert (out.transpose(1, 2).reshape(-1, 8, 64).float() - ref).abs().max().item() < 3e-3
+
+
+def test_attention_chunks_must_hold_a_key_and_exclude_a_window():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = _caches(1, 2, 1, 1, 16, 32, torch.float16, gen)
+    lens = torch.tensor([4], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="attention chunk must be >= 1"):
+        decode_attention(q, k, v, lens, chunk=0)
+    with pytest.raises(ValueError, match="not both"):
+        decode_attention(q, k, v, lens, window=4, chunk=8)
 
 
 def test_query_longer_than_context_sees_nothing_for_early_rows():

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="Triton is needed to run the kernel (pip install triton)")
 
 from tests.kernels.decode_reference import (  # noqa: E402
+    chunked_reference,
     paged_from_contiguous,
     poison_past_lengths,
     reference_decode,
@@ -124,20 +125,55 @@ def test_sliding_window_chunk_matches_a_masked_reference(window, page, block_m, 
         assert (full.float().cpu() - ref).abs().max().item() > 1e-2
 
 
-def test_sliding_window_chunks_match_the_executor_reference():
+@pytest.mark.parametrize(
+    ("chunk", "page", "block_m", "block_n", "s_q", "lens"),
+    [
+        (1, 0, 16, 16, 9, [9, 40]),  # each query sees only itself
+        (5, 16, 32, 16, 20, [20, 61]),  # a block's 8 positions span two chunks and more
+        (24, 0, 16, 16, 37, [37, 90]),  # chunks start inside tiles: masked head tiles, whole ones between
+        (16, 16, 64, 32, 12, [12, 100]),  # a prefix of several chunks, whole tiles before them skipped
+        (70, 0, 16, 16, 30, [30, 50]),  # a chunk longer than some sequences hides nothing there
+    ],
+)
+def test_attention_chunks_match_a_masked_reference(chunk, page, block_m, block_n, s_q, lens):
+    """Llama 4's chunked layers: each query sees only the keys of its own chunk of positions."""
+    gen = torch.Generator().manual_seed(chunk + s_q + page)
+    b, hq, hkv, d = len(lens), 8, 2, 64
+    q = _rand(gen, b, hq, s_q, d)
+    k, v = _rand(gen, b, hkv, max(lens) + 4, d), _rand(gen, b, hkv, max(lens) + 4, d)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    poison_past_lengths(k, seq_lens)
+    poison_past_lengths(v, seq_lens)
+    ref = chunked_reference(q, k, v, seq_lens.cpu(), chunk)
+    table = None
+    if page:
+        k, v, table = paged_from_contiguous(k, v, seq_lens.cpu(), page, gen)
+    out = torch.full_like(q, float("nan"))
+    chunked_prefill_attention(
+        q, k, v, seq_lens, table, out=out, block_m=block_m, block_n=block_n, chunk=chunk
+    )
+    assert not torch.isnan(out).any()
+    assert (out.float().cpu() - ref).abs().max().item() < 3e-3
+    if chunk < max(lens):  # the chunks change the answer
+        full = chunked_prefill_attention(q, k, v, seq_lens, table, block_m=block_m, block_n=block_n)
+        assert (full.float().cpu() - ref).abs().max().item() > 1e-2
+
+
+@pytest.mark.parametrize(("window", "chunk"), [(7, None), (None, 16)])
+def test_sliding_window_chunks_match_the_executor_reference(window, chunk):
     """A mixed step (two prompt chunks over cached prefixes, one decode row) on the executor's flat
-    [T, Hq, D] layout: each chunk through the kernel with `window` as TritonPagedAttention launches
-    it equals paged_attention_reference(..., sliding_window)."""
+    [T, Hq, D] layout: each chunk through the kernel with `window` (or attention `chunk`) as
+    TritonPagedAttention launches it equals paged_attention_reference(..., sliding_window, chunk=)."""
     from tests.llm.paged_metadata import mixed_metadata
     from trtforge.llm.executors.paged_attention import paged_attention_reference
 
     gen = torch.Generator().manual_seed(12)
-    hq, hkv, d, bs, window = 8, 2, 64, 16, 7
+    hq, hkv, d, bs = 8, 2, 64, 16
     ctx_lens, q_lens = [45, 30, 20], [13, 1, 20]
     meta, _ = mixed_metadata(DEVICE, gen, bs, 12, ctx_lens, q_lens)
     k_pool, v_pool = _rand(gen, 12, bs, hkv, d), _rand(gen, 12, bs, hkv, d)
     q = _rand(gen, sum(q_lens), hq, d)
-    ref = paged_attention_reference(q, k_pool, v_pool, meta, d**-0.5, window)
+    ref = paged_attention_reference(q, k_pool, v_pool, meta, d**-0.5, window, chunk=chunk)
     out = torch.full_like(q, float("nan"))
     qsl = meta.query_start_loc_host
     for i, n in enumerate(q_lens):
@@ -147,7 +183,7 @@ def test_sliding_window_chunks_match_the_executor_reference():
         chunked_prefill_attention(
             q[lo:hi].permute(1, 0, 2)[None], k_pool, v_pool, meta.context_lens[i : i + 1],
             meta.block_tables[i : i + 1, :width], scale=d**-0.5, out=out[lo:hi].permute(1, 0, 2)[None],
-            window=window,
+            window=window, chunk=chunk,
         )  # fmt: skip
         assert (out[lo:hi].float() - ref[lo:hi].float()).abs().max().item() < 3e-3
 
@@ -159,8 +195,8 @@ def test_sliding_window_must_hold_a_key():
         chunked_prefill_attention(q, k, k, torch.tensor([5], dtype=torch.int32, device=DEVICE), window=0)
 
 
-@pytest.mark.parametrize("window", [None, 9])
-def test_varlen_launch_equals_one_launch_per_chunk(window):
+@pytest.mark.parametrize(("window", "chunk"), [(None, None), (9, None), (None, 16)])
+def test_varlen_launch_equals_one_launch_per_chunk(window, chunk):
     """All of a step's chunks in one launch (flat q/out, row offsets, ragged lengths, shuffled block
     tables) give each chunk's own launch; rows outside the chunks are left untouched."""
     from trtforge.kernels.chunked_prefill import chunked_prefill_varlen
@@ -178,13 +214,13 @@ def test_varlen_launch_equals_one_launch_per_chunk(window):
     }
     chunked_prefill_varlen(
         q, k_pool, v_pool, as_i32["l"], table, as_i32["s"], as_i32["q"], max(q_lens), scale=0.2, out=out,
-        window=window,
+        window=window, chunk=chunk,
     )  # fmt: skip
     untouched = torch.ones(64, dtype=torch.bool, device=DEVICE)
     for i, (s, n) in enumerate(zip(starts, q_lens)):
         want = chunked_prefill_attention(
             q[s : s + n].permute(1, 0, 2)[None], k_pool, v_pool, as_i32["l"][i : i + 1], table[i : i + 1],
-            scale=0.2, window=window,
+            scale=0.2, window=window, chunk=chunk,
         )[0].permute(1, 0, 2)  # fmt: skip
         torch.testing.assert_close(out[s : s + n], want, atol=0, rtol=0)
         untouched[s : s + n] = False

@@ -62,6 +62,28 @@ def test_triton_attention_matches_the_reference_on_a_mixed_batch(device, layout,
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["interleaved", "decode-only"])
+def test_triton_attention_takes_attention_chunks_on_a_mixed_batch(device, layout):
+    """Llama 4's chunked layers: decode rows and prompt chunks (over cached prefixes of several chunks)
+    through both kernels' chunk mode give the reference's chunked attention (and not the unchunked one)."""
+    from trtforge.llm.executors.triton_attention import TritonPagedAttention
+
+    skip_unless_runs_here(device)
+    g = torch.Generator().manual_seed(2)
+    bs, hq, hkv, d, nblocks = 16, 8, 2, 32, 64
+    ctx_lens, q_lens = LAYOUTS[layout]
+    meta, _ = mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens)
+    k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
+    v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
+    q = torch.randn(sum(q_lens), hq, d, generator=g).half().to(device)
+    got = TritonPagedAttention()(q, k_pool, v_pool, meta, d**-0.5, chunk=24)
+    pools = (q.double(), k_pool.double(), v_pool.double(), meta, d**-0.5)
+    want = paged_attention_reference(*pools, chunk=24)
+    torch.testing.assert_close(got.double(), want, atol=3e-3, rtol=3e-3)
+    assert (paged_attention_reference(*pools) - want).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_fused_layer_kernels_match_the_eager_modules(device):
     from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
@@ -591,6 +613,9 @@ def test_decode_tiles_follow_the_keys_a_launch_may_see(monkeypatch):
     # a sliding window bounds the keys: 100 + 1 + 128 keys of a 3,072-key table take short tiles
     wide = torch.zeros(256, 192, dtype=torch.int32)
     assert attn.pool_config(256, pool, wide, 100, torch.device("cpu")) == da.SHORT_KEYS_DECODE_CONFIG
+    # ... and so does an attention chunk (Llama 4's chunked layers)
+    chunked = attn.pool_config(256, pool, wide, None, torch.device("cpu"), chunk=100)
+    assert chunked == da.SHORT_KEYS_DECODE_CONFIG
     # small work (one sequence) still splits 64-key tiles, whatever its keys
     assert attn.config_for(1, 8, 128, 3072, num_sms=132).block_n == 64
     assert da.default_decode_config(256, max_keys=3072).block_n == 32  # wide D: registers rule

@@ -107,6 +107,7 @@ MOE_CLASSES = {
     "beam": ("BeamConfig", "BeamForCausalLM"),
     "laguna": ("LagunaConfig", "LagunaForCausalLM"),
     "aria_text": ("AriaTextConfig", "AriaTextForCausalLM"),
+    "llama4_text": ("Llama4TextConfig", "Llama4ForCausalLM"),
 }
 MOE_FAMILIES = tuple(MOE_CLASSES)
 # the families whose layers tensor parallelism does not split (refused by name; tests/llm/models/
@@ -138,12 +139,14 @@ SAME_KERNEL_PATH = ("mpt", "falcon_rw")
 # Qwen3's head norms, Phi-3's fused projections and partial rotary), every family with another adapter
 # but the LIGHT_FAMILIES and SAME_KERNEL_PATH, and the family forms above
 # (of the MoE families Mixtral, whose MoE MLPs are one torch path, the attention around it Llama's, and
-# gpt-oss for its attention sinks, which the kernels take; tests/llm/models/test_moe_fused.py runs the
-# others' graph-captured decode)
+# gpt-oss for its attention sinks, which the kernels take, and Llama 4 for its attention chunks, likewise;
+# tests/llm/models/test_moe_fused.py runs the others' graph-captured decode)
 KERNEL_FAMILIES = tuple(
     f
     for f in ("llama", "qwen3", "phi3", *(f for f in SUPPORTED if f not in LLAMA_STYLE), *FORMS)
-    if f not in SAME_KERNEL_PATH and (f not in MOE_FAMILIES[1:] or f == "gpt_oss") and f not in LIGHT_FAMILIES
+    if f not in SAME_KERNEL_PATH
+    and (f not in MOE_FAMILIES[1:] or f in ("gpt_oss", "llama4_text"))
+    and f not in LIGHT_FAMILIES
 )
 PROMPT_LENS = (1, 3, 9, 17)
 # qwen3/phi3 shapes the default configs do not have: a head_dim other than hidden / heads (the
@@ -374,6 +377,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             "granitemoe_swa",
             "gpt_oss",
             "minimax_m2",
+            "llama4_text",
         )
         moe = {"num_local_experts" if local else "num_experts": 4, "num_experts_per_tok": 2}
         wide = local or family in ("olmoe", "hunyuan_v1_moe", "flex_olmo", "cohere2_moe")
@@ -550,6 +554,17 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
             moe["layer_types"] = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
             moe["mlp_layer_types"] = ["dense" if i == 0 else "sparse" for i in range(n)]
             moe["num_attention_heads_per_layer"] = [(4, 8, 2)[i % 3] for i in range(n)]
+        if family == "llama4_text":  # Llama 4: chunks of 8 positions on the RoPE layers (the prompts and the
+            # generations cross several), NoPE every other layer with its queries scaled by 1 + 0.5 log1p(
+            # floor((p + 1) / 4)) (Llama 4's floor_scale of 8192 would leave every tiny prompt unscaled),
+            # interleaved rotary then weightless q/k RMSNorms; layer 0 dense (128 wide), the others sparse;
+            # the experts' inputs scaled by the sigmoid of the top-2 router logits, a 64-wide shared expert
+            n = overrides.get("num_hidden_layers", 3)
+            moe |= {"head_dim": 16, "num_hidden_layers": 3, "intermediate_size_mlp": 128}
+            moe |= {"attention_chunk_size": 8, "no_rope_layer_interval": 2, "moe_layers": list(range(1, n))}
+            moe |= {"floor_scale": 4, "attn_scale": 0.5}
+            moe["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+            moe |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
         # transformers' eager experts (its default, grouped_mm, takes no float64 and, on the CPU, no odd
         # strides): the per-expert loop of its modeling files
         moe["experts_implementation"] = "eager"
@@ -757,7 +772,7 @@ def tiny_model(family: str, *, seed: int = 0, **overrides) -> torch.nn.Module:
     if family in (  # norm weights off their init
         *("hunyuan_v1_moe", "glm4_moe", "dots1", "flex_olmo", "exaone_moe"),
         *("param2moe", "sarvam_moe", "solar_open", "mellum", "cohere2_moe", "minimax_m2"),
-        *("minicpm5_moe", "kolibri1", "hy_v3", "flint", "afmoe", "beam", "laguna"),
+        *("minicpm5_moe", "kolibri1", "hy_v3", "flint", "afmoe", "beam", "laguna", "llama4_text"),
     ):
         with torch.no_grad():
             for name, param in model.named_parameters():

@@ -13,7 +13,9 @@ once for the whole group, as in the decode kernel (decode_kernel.py), whose tile
 K/V tiles past the block's last query's causal limit are skipped, and only tiles on the diagonal
 and the ragged end carry masks. With a sliding window W (``window=``) a query at position p sees
 only keys j > p - W: tiles before the block's first window are skipped, and those its rows' windows
-cut are masked. Grid: (query blocks, B·Hkv); no split-KV (the query blocks fill the GPU).
+cut are masked. With attention chunks of C positions (``chunk=``, Llama 4's chunked layers) a query at
+position p sees only the keys j >= p - p % C of its own chunk, by the same machinery (each row's first key
+its chunk's start). Grid: (query blocks, B·Hkv); no split-KV (the query blocks fill the GPU).
 Correctness is tested in Triton's interpreter and against FP32 SDPA; it was not timed on the H200
 (no device time left), so no speed is claimed.
 """
@@ -37,6 +39,7 @@ from trtforge.kernels.decode_attention import (
     check_softcap,
     fp16_products,
     fp16_query,
+    key_bound,
 )
 from trtforge.kernels.device_tensor import pool_heads_major
 from trtforge.kernels.kv_quant import FP8_KV_DTYPE
@@ -100,17 +103,20 @@ def _chunked_prefill_kernel(
     SOFTCAP: tl.constexpr = False,
     ALIBI: tl.constexpr = False,
     SINKS: tl.constexpr = False,
+    CHUNK: tl.constexpr = False,
 ):
     """Grid (cdiv(S_q·G, BLOCK_M), B·Hkv): BLOCK_M (query position, group head) rows of one kv head;
-    WINDOW: the query at position p sees only keys j > p - window. With HAS_QSTARTS, sequence b's
-    queries and outputs start at row QStarts[b] of flat [T, Hq, D] tensors (stride_*m between rows;
-    the batch strides are unused). KV_F16 (FP8 pools): the scaled query in FP16 and FP16 products, as in
-    the decode kernel (:data:`~trtforge.kernels.decode_attention.FP8_KV_F16`). SOFTCAP: scores s (q.k
-    times the softmax scale) become ``softcap * tanh(s / softcap)`` before the masks (Gemma 2). ALIBI:
-    Slopes is a float32 [Hq] tensor (None when off); the score of query position p and key j gets
-    ``Slopes[hq] * (j - p)`` added after the cap, before the masks (BLOOM, MPT, falcon-rw). SINKS: Sinks
-    is a float32 [Hq] tensor (None when off) of attention-sink logits (gpt-oss): ``Sinks[hq]`` joins each
-    row's softmax denominator once, as a key with no value (the running max and sum start from it)."""
+    WINDOW: the query at position p sees only keys j > p - window (WINDOW and CHUNK: `window` is an
+    attention chunk size C, and it sees only the keys j >= p - p % C of its own chunk). With
+    HAS_QSTARTS, sequence b's queries and outputs start at row QStarts[b] of flat [T, Hq, D] tensors
+    (stride_*m between rows; the batch strides are unused). KV_F16 (FP8 pools): the scaled query in FP16
+    and FP16 products, as in the decode kernel (:data:`~trtforge.kernels.decode_attention.FP8_KV_F16`).
+    SOFTCAP: scores s (q.k times the softmax scale) become ``softcap * tanh(s / softcap)`` before the
+    masks (Gemma 2). ALIBI: Slopes is a float32 [Hq] tensor (None when off); the score of query position
+    p and key j gets ``Slopes[hq] * (j - p)`` added after the cap, before the masks (BLOOM, MPT,
+    falcon-rw). SINKS: Sinks is a float32 [Hq] tensor (None when off) of attention-sink logits
+    (gpt-oss): ``Sinks[hq]`` joins each row's softmax denominator once, as a key with no value (the
+    running max and sum start from it)."""
     pid_m = tl.program_id(0)
     pid = tl.program_id(1)
     b = (pid // num_kv_heads).to(tl.int64)
@@ -139,7 +145,10 @@ def _chunked_prefill_kernel(
         o_rows = b * stride_ob + hq * stride_oh + qi * stride_om
     q = tl.load(Q + q_rows[:, None] + offs_d[None, :] * stride_qd, mask=io_ok, other=0.0)
     last_key = seq_len - q_len + qi
-    first_key = last_key - window + 1 if WINDOW else last_key  # unread without WINDOW
+    if CHUNK:
+        first_key = last_key - last_key % window
+    else:
+        first_key = last_key - window + 1 if WINDOW else last_key  # unread without WINDOW
 
     # Keys this block needs: up to the causal limit of its last real query and, WINDOW, from the
     # window start of its first (whole tiles from there). Whole tiles below the causal limit of its
@@ -150,11 +159,15 @@ def _chunked_prefill_kernel(
     hi = tl.maximum(tl.minimum(seq_len - q_len + qi_last + 1, seq_len), 0)
     hi = tl.where(r0 < q_len * GROUP, hi, 0)  # a block past a short chunk's rows reads no keys
     if WINDOW:
-        lo = (tl.maximum(seq_len - q_len + qi_first + 1 - window, 0) // BLOCK_N) * BLOCK_N
-        lo = tl.minimum(lo, hi)
-        head_end = tl.minimum(
-            lo + tl.cdiv(tl.maximum(seq_len - q_len + qi_last + 1 - window - lo, 0), BLOCK_N) * BLOCK_N, hi
-        )
+        if CHUNK:  # the first and last rows' chunk starts
+            p_first = tl.maximum(seq_len - q_len + qi_first, 0)
+            p_last = tl.maximum(seq_len - q_len + qi_last, 0)
+            start_first, start_last = p_first - p_first % window, p_last - p_last % window
+        else:  # their window starts
+            start_first = tl.maximum(seq_len - q_len + qi_first + 1 - window, 0)
+            start_last = seq_len - q_len + qi_last + 1 - window
+        lo = tl.minimum((start_first // BLOCK_N) * BLOCK_N, hi)
+        head_end = tl.minimum(lo + tl.cdiv(tl.maximum(start_last - lo, 0), BLOCK_N) * BLOCK_N, hi)
     else:
         lo = 0
         head_end = 0
@@ -228,6 +241,7 @@ def chunked_prefill_attention(
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Attention of a prompt chunk q [B, Hq, S_q, D] over each sequence's first seq_lens[b] cached
     keys (prefix + chunk), LOWER_RIGHT causal, GQA; caches as in :func:`decode_attention`
@@ -240,8 +254,9 @@ def chunked_prefill_attention(
     q's device; BLOOM, MPT, falcon-rw): the score of the query at position p and key j gets
     ``slope * (j - p)`` added after the cap, before the masks; None: off (compiled out). `sinks` (a float32
     [Hq] tensor on q's device; gpt-oss): head h's sink logit joins each of its rows' softmax denominators
-    as a key with no value; None: off (compiled out). Works on torch tensors and on DeviceTensor views
-    (give `out`; no slopes or sinks there). Returns `out`."""
+    as a key with no value; None: off (compiled out). `chunk` C (Llama 4's chunked layers; not with a
+    `window`): the query at position p sees only the keys j with p - p % C <= j <= p. Works on torch
+    tensors and on DeviceTensor views (give `out`; no slopes or sinks there). Returns `out`."""
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if block_table is not None:
@@ -249,9 +264,7 @@ def chunked_prefill_attention(
     b, hq, s_q, d, hkv, page, capacity = _check(
         q, k_cache, v_cache, seq_lens, block_table, out, max_q_len=1 << 30
     )
-    if window is not None and int(window) < 1:
-        raise ValueError(f"sliding window must be >= 1 keys; got {window}")
-    window = int(window) if window is not None and int(window) < capacity else 0  # longer: hides nothing
+    window, chunked = key_bound(window, chunk, capacity)  # (longer than the cache: hides nothing)
     cap = check_softcap(softcap)
     slopes = check_alibi_slopes(alibi_slopes, hq, q)
     sink = check_sinks(sinks, hq, q)
@@ -273,7 +286,7 @@ def chunked_prefill_attention(
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_QLENS=q_lens is not None, DOT_F32=interpreting() and q.dtype == torch.bfloat16,
         WINDOW=window > 0, KV_F16=fp16_products(k_cache.dtype), SOFTCAP=cap > 0.0, ALIBI=slopes is not None,
-        SINKS=sink is not None, num_warps=num_warps, num_stages=num_stages,
+        SINKS=sink is not None, CHUNK=chunked, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
 
@@ -300,19 +313,20 @@ def chunked_prefill_varlen(
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Several prompt chunks in one launch: chunk b is rows ``[q_starts[b], q_starts[b] + q_lens[b])``
     of the flat q/out ``[T, Hq, D]``, over a block pool ``[num_blocks, block_size, Hkv, D]`` through
     ``block_table[b]`` (its first ``seq_lens[b]`` keys, LOWER_RIGHT causal, GQA). `max_q_len` bounds
     q_lens (it sizes the grid); the int32 ``[B]`` tensors stay on the device. FP8 pools hold ``k /
-    k_scale`` and ``v / v_scale``. `window`, `softcap`, `alibi_slopes` and `sinks` as in
+    k_scale`` and ``v / v_scale``. `window`, `softcap`, `alibi_slopes`, `sinks` and `chunk` as in
     :func:`chunked_prefill_attention`.
     Launch parameters left None come from :func:`~trtforge.kernels.configs.chunk_prefill_config` for
     `max_q_len`. Returns `out`."""
     launch = prepare_chunked_prefill_varlen(
         q, k_pool, v_pool, seq_lens, block_table, q_starts, q_lens, max_q_len,
         out=out, window=window, block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-        softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+        softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, chunk=chunk,
     )  # fmt: skip
     launch(q, k_pool, v_pool, out, float(scale) * float(k_scale), float(v_scale))
     return out
@@ -337,13 +351,14 @@ def prepare_chunked_prefill_varlen(
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> PreparedLaunch:
     """:func:`chunked_prefill_varlen`'s launch, checked and laid out once: called as ``launch(q,
     k_pool, v_pool, out, scale)`` with tensors of the geometry (dtype, shape, strides) of those given
     here, it attends the same chunks (every layer of a step, each with its own pools); FP8 pools:
-    ``launch(q, k_pool, v_pool, out, scale * k_scale, v_scale)``. `window`, `softcap`, `alibi_slopes` and
-    `sinks` are the layer geometry's (:func:`chunked_prefill_attention`; the slopes and sinks tensors are
-    read at every launch). Launch parameters left None come from
+    ``launch(q, k_pool, v_pool, out, scale * k_scale, v_scale)``. `window`, `softcap`, `alibi_slopes`,
+    `sinks` and `chunk` are the layer geometry's (:func:`chunked_prefill_attention`; the slopes and sinks
+    tensors are read at every launch). Launch parameters left None come from
     :func:`~trtforge.kernels.configs.chunk_prefill_config` for `max_q_len`."""
     chosen = chunk_prefill_config(max_q_len)
     block_m = chosen.block_m if block_m is None else block_m
@@ -375,9 +390,7 @@ def prepare_chunked_prefill_varlen(
     _, hq, _, d, hkv, page, capacity = _check(
         qv, k_cache, v_cache, seq_lens[:1], block_table[:1], ov, max_q_len=1 << 30
     )
-    if window is not None and int(window) < 1:
-        raise ValueError(f"sliding window must be >= 1 keys; got {window}")
-    window = int(window) if window is not None and int(window) < capacity else 0  # longer: hides nothing
+    window, chunked = key_bound(window, chunk, capacity)  # (longer than the cache: hides nothing)
     cap = check_softcap(softcap)
     slopes = check_alibi_slopes(alibi_slopes, hq, q)
     sink = check_sinks(sinks, hq, q)
@@ -396,7 +409,8 @@ def prepare_chunked_prefill_varlen(
         GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n,
         PAGE_SIZE=page, HAS_QLENS=True, DOT_F32=interpreting() and q.dtype == torch.bfloat16,
         WINDOW=window > 0, HAS_QSTARTS=True, KV_F16=fp16_products(k_cache.dtype), SOFTCAP=cap > 0.0,
-        ALIBI=slopes is not None, SINKS=sink is not None, num_warps=num_warps, num_stages=num_stages,
+        ALIBI=slopes is not None, SINKS=sink is not None, CHUNK=chunked, num_warps=num_warps,
+        num_stages=num_stages,
     )  # fmt: skip
 
 
@@ -488,11 +502,12 @@ def hopper_chunks_eligible(
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> bool:
     """Whether a step's long prompt chunks can run the warp-specialized Hopper flash-attention kernel
     (:mod:`trtforge.kernels.flash_attention_hopper`) over their gathered K/V: no sliding window, no
-    attention soft-cap, no ALiBi slopes and no attention sinks (the Hopper kernel applies none of them: such
-    layers stay on the varlen kernel), pools
+    attention soft-cap, no ALiBi slopes, no attention sinks and no attention chunks (the Hopper kernel
+    applies none of them: such layers stay on the varlen kernel), pools
     of the query's 16-bit type or FP8 (gathered widened to it: :data:`FP8_HOPPER_CHUNKS`), and what the
     flash-attention dispatch asks of the kernel (an sm_90 GPU, its proven Triton release, head dim 64 or
     128, tensors the copy engine can address)."""
@@ -500,6 +515,8 @@ def hopper_chunks_eligible(
 
     fp8 = k_pool.dtype == FP8_KV_DTYPE and FP8_HOPPER_CHUNKS
     if window is not None or softcap is not None or alibi_slopes is not None or sinks is not None:
+        return False
+    if chunk is not None:
         return False
     if not q.is_cuda or not (k_pool.dtype == q.dtype or fp8):
         return False

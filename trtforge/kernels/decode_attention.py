@@ -18,7 +18,10 @@ products run on the tensor cores (rows padded to at least 16).
 
 Causal alignment is LOWER_RIGHT: with context length L (the new tokens included) and q_len S_q,
 query i sees keys j <= L - S_q + i. A row that sees no key gets zeros. With a sliding window W it
-also sees only keys j > L - S_q + i - W, and the splits share out only those keys.
+also sees only keys j > L - S_q + i - W, and the splits share out only those keys. With attention chunks
+of C positions (Llama 4's chunked layers) the query at position p sees only the keys of its own chunk,
+j >= p - p % C (each row's first key; the same WINDOW machinery with another first key), and the splits
+share out only the keys some row sees.
 
 FP8 (E4M3) pools: their codes are widened in registers and both products run in FP16 (the query is
 scaled by the softmax scale, times the pool's K scale, and rounded to FP16; p is rounded to FP16 before
@@ -250,6 +253,22 @@ def check_sinks(sinks: Any, num_heads: int, q: Any) -> torch.Tensor | None:
     query head (natural units, beside the scaled scores) that joins each row's softmax denominator as an
     extra column with no value."""
     return _per_head_vector("attention sinks", sinks, num_heads, q)
+
+
+def key_bound(window: int | None, chunk: int | None, capacity: int) -> tuple[int, bool]:
+    """The kernels' `window` argument and CHUNK flag for a layer's sliding `window` or attention `chunk`
+    (at most one of them) over a cache of `capacity` positions: (0, False) where neither hides a key (a
+    window or chunk as long as the cache), else (W, False) or (C, True). ValueError below 1, or both."""
+    if window is not None and chunk is not None:
+        raise ValueError(f"a layer has a sliding window ({window}) or attention chunks ({chunk}), not both")
+    if window is not None and int(window) < 1:
+        raise ValueError(f"sliding window must be >= 1 keys; got {window}")
+    if chunk is not None and int(chunk) < 1:
+        raise ValueError(f"attention chunk must be >= 1 positions; got {chunk}")
+    bound = window if window is not None else chunk
+    if bound is None or int(bound) >= capacity:
+        return 0, False
+    return int(bound), chunk is not None
 
 
 def check_softcap(softcap: float | None) -> float:
@@ -599,10 +618,12 @@ def _decode_split_kernel(
     SOFTCAP: tl.constexpr = False,
     ALIBI: tl.constexpr = False,
     SINKS: tl.constexpr = False,
+    CHUNK: tl.constexpr = False,
 ):
     """Grid (num_splits, B·Hkv): one program attends a query group to one chunk of one sequence;
     WINDOW: query i (position L - S_q + i) sees only its last `window` keys, and the splits share
-    out only the keys some row sees;
+    out only the keys some row sees; WINDOW and CHUNK: `window` is an attention chunk size C instead,
+    query i (position p) sees only the keys j >= p - p % C of its own chunk;
     FUSED: the group's last program to finish reduces all its splits. TMA (contiguous caches laid
     out [B·Hkv·S_max, D]): KDesc/VDesc are that 2-D view's tensor descriptors, one tile per load.
     STAMP (a diagnostic for benchmarks/probe_decode_bandwidth.py; DIRECT contiguous launches only):
@@ -630,7 +651,10 @@ def _decode_split_kernel(
     hkv = (pid % num_kv_heads).to(tl.int64)
     seq_len = tl.load(SeqLens + b).to(tl.int32)
 
-    if WINDOW:  # row 0 sees keys from L - S_q + 1 - window on (whole tiles from there)
+    if WINDOW and CHUNK:  # row 0 sees keys from the start of its chunk on (whole tiles from there)
+        row0 = tl.maximum(seq_len - SEQ_Q, 0)
+        kv_lo = ((row0 - row0 % window) // BLOCK_N) * BLOCK_N
+    elif WINDOW:  # row 0 sees keys from L - S_q + 1 - window on (whole tiles from there)
         kv_lo = (tl.maximum(seq_len - SEQ_Q + 1 - window, 0) // BLOCK_N) * BLOCK_N
     else:
         kv_lo = 0
@@ -639,9 +663,15 @@ def _decode_split_kernel(
     lo = kv_lo + split * per_split * BLOCK_N
     hi = tl.minimum(lo + per_split * BLOCK_N, seq_len)
     # Keys every row sees: j <= L - S_q (LOWER_RIGHT) and, WINDOW, j >= L - window (the last row's
-    # first key). Whole tiles between run unmasked; those before (head) and after (tail) masked.
+    # first key; CHUNK: the start of the last row's chunk). Whole tiles between run unmasked; those
+    # before (head) and after (tail) masked.
     if WINDOW:
-        head_end = tl.minimum(lo + tl.cdiv(tl.maximum(seq_len - window - lo, 0), BLOCK_N) * BLOCK_N, hi)
+        if CHUNK:
+            last_row = tl.maximum(seq_len - 1, 0)
+            last_first = last_row - last_row % window
+        else:
+            last_first = seq_len - window
+        head_end = tl.minimum(lo + tl.cdiv(tl.maximum(last_first - lo, 0), BLOCK_N) * BLOCK_N, hi)
     else:
         head_end = lo
     full_hi = tl.minimum(hi, seq_len - SEQ_Q + 1)
@@ -665,7 +695,10 @@ def _decode_split_kernel(
     q_ptrs = Q + q_rows[:, None] + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     last_key = seq_len - SEQ_Q + qi
-    first_key = last_key - window + 1 if WINDOW else last_key  # unread without WINDOW
+    if CHUNK:
+        first_key = last_key - last_key % window
+    else:
+        first_key = last_key - window + 1 if WINDOW else last_key  # unread without WINDOW
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -977,13 +1010,15 @@ def _split_options(
     softcap: float = 0.0,
     alibi: bool = False,
     sinks: bool = False,
+    chunk: bool = False,
 ) -> dict[str, Any]:
     """The split kernel's constexprs and launch options: one definition for :func:`_launch` and the
     prepared launches of :func:`prepare_paged_decode`. The last program's reduction works on tiles
     of about 32 FP32 values a thread (TAIL_ROWS x TAIL_SPLITS partials at a time). `dtype` is the
     query's, `kv_dtype` the pools' (FP8 pools take FP16 products: ``FP8_KV_F16``); `v_pairs`: the V cache's
     :func:`v_pairs_options` (None: off), unused with TMA; `softcap` > 0: soft-capped scores (SOFTCAP);
-    `alibi`: ALiBi position biases (ALIBI); `sinks`: attention-sink logits (SINKS)."""
+    `alibi`: ALiBi position biases (ALIBI); `sinks`: attention-sink logits (SINKS); `chunk`: `window` is an
+    attention chunk size (CHUNK)."""
     block_d = max(16, triton.next_power_of_2(d))
     v_pairs = v_pairs if v_pairs is not None and not tma else {"V_PAIRS": False, "PAIRS_ASM": False}
     tail = 1024 * cfg.num_warps
@@ -995,7 +1030,8 @@ def _split_options(
         "TAIL_SPLITS": max(1, tail // (tail_rows * block_d)),
         "DOT_F32": interpreting() and dtype == torch.bfloat16, "TMA": tma, "WINDOW": window > 0, "PDL": pdl,
         "KV_F16": fp16_products(kv_dtype), **v_pairs, "SOFTCAP": softcap > 0.0, "ALIBI": alibi,
-        "SINKS": sinks, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "launch_pdl": pdl,
+        "SINKS": sinks, "CHUNK": chunk and window > 0, "num_warps": cfg.num_warps,
+        "num_stages": cfg.num_stages, "launch_pdl": pdl,
         "EARLY_KV": cfg.early_kv and pdl and page > 0 and not interpreting(),
         "PF_LINES": triton.next_power_of_2(max(1, -(-d * kv_dtype.itemsize // 128))),
         "PF_ELEMS": max(1, 128 // kv_dtype.itemsize),
@@ -1039,11 +1075,13 @@ def _launch(
     softcap=0.0,
     alibi_slopes=None,
     sinks=None,
+    chunk=False,
 ) -> None:
     """Run the split kernel (and, unfused, the reduce kernel) with scratch from `workspace` (4-byte
     elements, at least workspace_elements(...); None: allocate, with this stream's counters).
     `zeroed` False: the workspace's counters hold anything, so the reduction runs unfused. `window`
-    > 0: sliding-window attention over each query's last `window` keys. `pdl`: programmatic dependent
+    > 0: sliding-window attention over each query's last `window` keys (`chunk`: attention within chunks of
+    `window` positions instead). `pdl`: programmatic dependent
     launches (each kernel waits for the previous one's writes on the device; Hopper and later).
     `scale` multiplies q . k (an FP8 pool's K scale folded in), `v_scale` the output (its V scale);
     `softcap` > 0 soft-caps the scaled scores (:func:`check_softcap`'s value); `alibi_slopes` (None: off)
@@ -1074,7 +1112,7 @@ def _launch(
     k_desc, v_desc = descs if descs is not None else (k, v)  # unread without TMA
     options = _split_options(
         cfg, hq // hkv, s_q, d, page, direct, fused, descs is not None, window, pdl, q.dtype, k.dtype,
-        v_pairs_options(k.dtype, d, v), softcap, alibi_slopes is not None, sinks is not None,
+        v_pairs_options(k.dtype, d, v), softcap, alibi_slopes is not None, sinks is not None, chunk,
     )  # fmt: skip
     _decode_split_kernel[(splits, b * hkv)](
         q, k, v, k_desc, v_desc, seq_lens, table, out, mid_o, mid_l, counters,
@@ -1121,6 +1159,7 @@ def _autotuned(
     softcap=0.0,
     alibi_slopes=None,
     sinks=None,
+    chunk=False,
 ) -> DecodeConfig:
     """The fastest candidate for this problem's key, timed once per key (each compiled and run once,
     then timed as CUDA-graph replays)."""
@@ -1148,6 +1187,7 @@ def _autotuned(
             _launch(
                 q, k, v, seq_lens, block_table, out, scale, cfg, n, None,
                 window=window, v_scale=v_scale, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                chunk=chunk,
             )  # fmt: skip
 
         try:
@@ -1179,6 +1219,7 @@ def decode_attention(
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, Hq, S_q<=8, D] over each sequence's first seq_lens[b] cached keys.
 
@@ -1199,7 +1240,9 @@ def decode_attention(
     added, after the cap and before the masks; None: off (compiled out). `sinks` (gpt-oss's attention
     sinks; a float32 [Hq] tensor on q's device): head h's sink logit joins each of its rows' softmax
     denominators as a key with no value (probability mass the values do not get); None: off (compiled
-    out). `pdl` (CUDA, Hopper and later): launch as programmatic dependent launches.
+    out). `chunk` C (Llama 4's chunked layers; not with a `window`): the query at position p sees only
+    the keys j >= p - p % C of its own chunk. `pdl` (CUDA, Hopper and later): launch as programmatic
+    dependent launches.
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -1208,21 +1251,18 @@ def decode_attention(
     b, hq, _, d, hkv, _, capacity = _check(q, k_cache, v_cache, seq_lens, block_table, out)
     if b == 0 or hq == 0:
         return out
-    if window is not None and int(window) < 1:
-        raise ValueError(f"sliding window must be >= 1 keys; got {window}")
+    window, chunked = key_bound(window, chunk, capacity)
     cap = check_softcap(softcap)
     slopes = check_alibi_slopes(alibi_slopes, hq, q)
     sink = check_sinks(sinks, hq, q)
     max_len = min(max_seq_len or capacity, capacity)
-    # a window as long as the cache hides nothing; otherwise splits share out the keys it shows
-    window = int(window) if window is not None and int(window) < capacity else 0
     s_q = int(q.shape[2])
     max_len = min(max_len, window + s_q + 128) if window else max_len  # + tile alignment
     scale = (d**-0.5 if scale is None else float(scale)) * float(k_scale)
     if config is None:
         tune = not interpreting() and q.is_cuda and not torch.cuda.is_current_stream_capturing()
         fallback = default_decode_config(d, k_cache.dtype)
-        geometry = (window, v_scale, cap, slopes, sink)
+        geometry = (window, v_scale, cap, slopes, sink, chunked)
         config = (
             _autotuned(q, k_cache, v_cache, seq_lens, block_table, out, scale, max_len, *geometry)
             if tune
@@ -1231,7 +1271,7 @@ def decode_attention(
     splits = _resolve_splits(config, b * hkv, max_len)
     _launch(
         q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, None,
-        window=window, pdl=pdl, v_scale=v_scale, softcap=cap, alibi_slopes=slopes, sinks=sink,
+        window=window, pdl=pdl, v_scale=v_scale, softcap=cap, alibi_slopes=slopes, sinks=sink, chunk=chunked,
     )  # fmt: skip
     return out
 
@@ -1288,6 +1328,7 @@ def prepare_paged_decode(
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> PreparedLaunch:
     """:func:`decode_attention`'s launch over a block pool with a fixed `config`, one query per
     sequence, checked and laid out once: called as ``launch(q, k_pool, v_pool, out, scale)`` with
@@ -1296,7 +1337,8 @@ def prepare_paged_decode(
     q and out are ``[B, Hq, D]``, or flat ``[T, Hq, D]`` steps whose `rows` are the B decode rows.
     With `q_len` > 1 (<= 8: speculative verification) each sequence has `q_len` consecutive query rows
     (q and out ``[B * q_len, Hq, D]``, or `rows` spanning them), attended LOWER_RIGHT causally.
-    `window`, `softcap`, `alibi_slopes` and `sinks` are the layer geometry's, as in :func:`decode_attention`
+    `window`, `softcap`, `alibi_slopes`, `sinks` and `chunk` are the layer geometry's, as in
+    :func:`decode_attention`
     (the slopes and sinks tensors are read at every launch: keep them alive and unchanged). Scratch (partials;
     this stream's arrival counters, outside graph capture) is taken here once and reused by every
     launch, so launches run in order on the stream current here."""
@@ -1321,13 +1363,10 @@ def prepare_paged_decode(
     )
     if b == 0 or hq == 0:
         return PreparedLaunch(_decode_split_kernel, (0,), (), operands)
-    if window is not None and int(window) < 1:
-        raise ValueError(f"sliding window must be >= 1 keys; got {window}")
+    window, chunked = key_bound(window, chunk, capacity)  # (as decode_attention)
     cap = check_softcap(softcap)
     slopes = check_alibi_slopes(alibi_slopes, hq, q)
     sink = check_sinks(sinks, hq, q)
-    # as decode_attention: a window as long as the cache hides nothing, a shorter one bounds the splits
-    window = int(window) if window is not None and int(window) < capacity else 0
     max_len = min(capacity, window + s_q + 128) if window else capacity
     splits = _resolve_splits(config, b * hkv, max_len)
     direct = splits == 1
@@ -1353,6 +1392,6 @@ def prepare_paged_decode(
         )
     options = _split_options(
         config, hq // hkv, s_q, d, page, direct, fused, False, window, pdl, q.dtype, k.dtype,
-        v_pairs_options(k.dtype, d, v), cap, slopes is not None, sink is not None,
+        v_pairs_options(k.dtype, d, v), cap, slopes is not None, sink is not None, chunked,
     )  # fmt: skip
     return PreparedLaunch(_decode_split_kernel, (splits, b * hkv), args, operands, reduce, **options)

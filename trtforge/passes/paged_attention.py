@@ -17,7 +17,8 @@ The node computes the op's own semantics (query i of row b at position past[b] +
 and j < past[b] + new[b]); that the matched graph computes the same is not inferred from its index
 arithmetic but proved by the pass manager's ONNX Runtime check. Sliding-window layers (a window
 shorter than the step graph's max_seq, read from its generation metadata, or a lower bound in a
-mask without metadata) are refused: the paged kernels have no window mask. Soft-capped layers (Gemma 2)
+mask without metadata) are refused: the paged kernels have no window mask; so are chunked layers (Llama
+4's attention chunks shorter than max_seq, read from the same metadata). Soft-capped layers (Gemma 2)
 hold no Attention node (the step graph spells their attention out) and are left as they are, as is an
 Attention node with a ``softcap`` attribute: the paged kernels have no cap. ALiBi layers (BLOOM, MPT,
 falcon-rw) are spelled out too, so the PagedAttention plugin never sees them.
@@ -297,6 +298,13 @@ class _Fuser:
                 return (
                     f"layer {layer} attends through a sliding window of {window} tokens (shorter than the "
                     f"step graph's max_seq {max_seq}); the paged kernels have no window mask"
+                )
+            chunks = gen.get("attention_chunks") or []
+            chunk = chunks[layer] if layer < len(chunks) else None
+            if chunk is not None and (max_seq is None or int(chunk) < int(max_seq)):
+                return (
+                    f"layer {layer} attends in chunks of {chunk} positions (attention_chunk_size, shorter "
+                    f"than the step graph's max_seq {max_seq}); the paged kernels have no chunk mask"
                 )
             return None
         if {"Greater", "GreaterOrEqual"} & _mask_ops(mask):

@@ -195,6 +195,28 @@ def test_optimize_paged_strategy_refuses_sliding_window_layers(tmp_path):
         assert len([r for r in attention["rejected"] if reason in r]) == 2, attention["rejected"]
 
 
+def test_llama4_paged_graph_matches_hf_and_the_paged_strategy_refuses_its_chunked_layers(tmp_path):
+    """Llama 4's chunked layers in the paged step graph (chunks of 8: the prompts and generations cross
+    several) give HF's greedy logits in ONNX Runtime; the paged-attention strategy's fuser refuses its two
+    chunked layers by their chunk, read from the graph's metadata (the paged kernels have no chunk mask).
+    (The fuser itself, not optimize_model: the pipeline fails to serialize this graph back, as it does
+    SmolLM3's, Cohere 2's and the MoE families' step graphs, an error unrelated to the chunks.)"""
+    import onnx_ir as ir
+
+    from trtforge.passes.paged_attention import _Fuser
+
+    model = tiny_model("llama4_text")
+    path, result = _export(model, tmp_path)
+    assert result.generation["attention_chunks"] == [8, None, 8]
+    _assert_hf_greedy(OrtPagedExecutor(path, num_blocks=40), model, "llama4_text")
+    graph = ir.serde.deserialize_model(result.model)
+    pools = {v.name: v for v in graph.graph.inputs}
+    fuser = _Fuser(graph, None)
+    why = [fuser._window_refusal(pools[f"key_pool.{i}"], None) for i in range(3)]
+    chunked = "attends in chunks of 8 positions (attention_chunk_size, shorter than the step graph's max_seq"
+    assert chunked in why[0] and why[1] is None and chunked in why[2]
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_optimize_paged_strategy_fuses_the_fp16_graph_compile_saves(family, tmp_path):
     """The FP16 paged step graph `compile --generate --cache-layout paged --save-onnx` writes (passes

@@ -843,6 +843,36 @@ OPTIONS: dict[str, dict[str, list]] = {
         "layer_norm_epsilon": [1e-5, 1e-3],
         "tie_word_embeddings": [True, False],
     },
+    # Llama 4 text: its chunk size (64: longer than the prompt) and which layers chunk (the RoPE ones of
+    # no_rope_layers), its NoPE layers' temperature tuning, q/k norms, top-k and dense layers, its rotary's
+    # base and llama3 scaling (Scout's kind), GQA, biases, tied heads
+    "llama4_text": {
+        "num_key_value_heads": [1, 2, 4],
+        "tie_word_embeddings": [False, True],
+        "attention_chunk_size": [4, 7, 64],
+        "no_rope_layers": [[1, 0, 1], [0, 1, 1], [1, 1, 1]],
+        "attn_temperature_tuning": [True, False],
+        "floor_scale": [2, 5],
+        "attn_scale": [0.1, 0.5],
+        "use_qk_norm": [True, False],
+        "num_experts_per_tok": [1, 2],
+        "moe_layers": [[1, 2], [0, 2], None],  # (None: every interleave_moe_layer_step-th layer)
+        "interleave_moe_layer_step": [1, 2],
+        "rope_parameters": [{"rope_type": "default", "rope_theta": t} for t in (10000.0, 500000.0)]
+        + [
+            {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        ],
+        "rms_norm_eps": [1e-6, 1e-5],
+        "attention_bias": [False, True],
+        "head_dim": [8, 16],
+    },
     "mpt": {  # head counts (d_model 64 or 48; MPT's slopes interleave for 6), clip_qkv, softmax_scale
         "_form": [
             {"d_model": 64, "n_heads": 4},
@@ -877,6 +907,7 @@ FEWER_SEEDS = {
     "apertus1p5_text": range(2),  # (Apertus' model: "apertus" draws its options)
     "hy_v3": range(3),  # (GLM-4.5's routing, less its groups)
     "beam": range(2),  # (GLM-4.5's routing; its logits' cap: the tiny model's, in test_moe)
+    "llama4_text": range(3),  # (its routing is one form; its attention options vary)
     "laguna": range(3),  # (per-channel and per-head gates, per-layer head counts, partial rotary among them)
     "gpt-sw3": range(2),
 }

@@ -24,11 +24,11 @@ NEW_TOKENS = 16
 
 def hf_mlp(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """transformers' own MLP output of a decoder layer on its normed input `x`: ``mlp``, or GraniteMoE's
-    ``block_sparse_moe`` plus GraniteMoeShared's ``shared_mlp`` (as its decoder layer adds them); gpt-oss's
-    MLP returns the router scores beside its output."""
-    if hasattr(layer, "mlp"):
-        out = layer.mlp(x)
-        return out[0] if isinstance(out, tuple) else out
+    ``block_sparse_moe`` plus GraniteMoeShared's ``shared_mlp`` (as its decoder layer adds them), or Llama 4's
+    ``feed_forward``; gpt-oss's and Llama 4's MoE blocks return the router scores beside their output."""
+    if hasattr(layer, "mlp") or hasattr(layer, "feed_forward"):
+        out = layer.mlp(x) if hasattr(layer, "mlp") else layer.feed_forward(x)
+        return (out[0] if isinstance(out, tuple) else out).reshape(x.shape)
     out = layer.block_sparse_moe(x)
     shared = getattr(layer, "shared_mlp", None)
     return out if shared is None else out + shared(x)
@@ -129,6 +129,12 @@ def test_the_tiny_moe_configs_exercise_what_the_families_differ_in():
         assert {f for f in here if kinds[f].moe["float32_glu"]} == {"beam"}
     # (Beam's and Laguna's routed scale on the experts' sum, not the weights)
     assert {f for f in here if kinds[f].moe["scale_output"]} == {"beam", "laguna"} & set(here)
+    if "llama4_text" in here:  # (the top-k logits' sigmoid scaling each expert's input; a shared expert)
+        llama4 = kinds["llama4_text"]
+        assert llama4.moe["routing"] == "topk_sigmoid" and llama4.moe["layout"] == "transposed"
+        assert llama4.moe["shared_expert_size"] == 64 and not llama4.moe["renormalize"]
+        assert {f for f in here if kinds[f].moe["scale_input"]} == {"llama4_text"}
+        assert llama4.mlp_kinds == ["dense", "moe", "moe"]
     if "flint" in here:
         flint = kinds["flint"]
         assert flint.moe["routing"] == "sigmoid_topk" and flint.moe["shared_expert_size"] == 96
@@ -178,7 +184,9 @@ def test_grouped_and_dense_formulations_agree_with_the_hf_block(family):
                 torch.testing.assert_close(adapter.mlp(i, x), want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "granitemoeshared", "gpt_oss", "glm4_moe"])
+@pytest.mark.parametrize(
+    "family", ["mixtral", "qwen2_moe", "granitemoeshared", "gpt_oss", "glm4_moe", "llama4_text"]
+)
 def test_a_ragged_batch_on_the_torch_executor_matches_transformers(family):
     """Three sequences in each step (prompt chunks of different lengths, then decodes together): each
     row's logits are transformers' for its sequence alone, whichever tokens share the experts."""
@@ -305,6 +313,7 @@ def test_moe_families_not_implemented_are_refused_naming_what_sets_them_apart(mo
         ("hy_v3", True),  # (its float32 router; the shared expert added in float32)
         ("afmoe", False),  # (its router's logits in BF16, scored in float32)
         ("aria_text", False),
+        ("llama4_text", False),  # (its sigmoid weights rounded to BF16 before they scale the experts' inputs)
         # (not Flint: transformers' eager Flint attention upcasts q, k to float32 for the scores, which
         # trtforge's BF16 reference attention takes in BF16; its float32 router is GLM-4.5's case)
     ],

@@ -281,7 +281,15 @@ def test_ministral3_scales_its_queries_and_needs_both_settings():
     assert not isinstance(adapter, LlamaStyle)
     assert adapter.query_scaling == QueryScaling("llama4", 0.5, 4)
     scaling = adapter.spec.rotary["query_scaling"]
-    assert scaling == {"form": "llama4", "beta": 0.5, "period": 4, "nope_only": False, "float32": False}
+    assert scaling == {
+        "form": "llama4",
+        "beta": 0.5,
+        "period": 4,
+        "nope_only": False,
+        "float32": False,
+        "promoted": False,
+        "from_one": False,
+    }
     del model.config.rope_parameters["llama_4_scaling_beta"]
     with pytest.raises(UserError, match="llama_4_scaling_beta=None and original_max_position_embeddings=4"):
         adapter_for(model)
@@ -304,7 +312,7 @@ class _ConfigOnly(torch.nn.Module):
 @pytest.mark.parametrize(
     ("model_type", "why"),
     [
-        ("llama4_text", "attends in chunks on 3 of 4 layers"),
+        ("llama4", "only its text model is supported: load it with Llama4ForCausalLM"),
         ("longcat_flash", "multi-head latent attention"),
         ("sarvam_mla", "multi-head latent attention"),
         ("mimo_v2_flash", "values are narrower than its queries and keys"),

@@ -1,6 +1,7 @@
 """One sliding-window rule: for every supported family, the windows the step graph applies, the windows
 the torch executor applies, and the windows transformers' own forward applies are the same list; so are
-the attention soft-caps (Gemma 2's) and the layers with attention sinks (gpt-oss's) the three apply.
+the attention chunks (Llama 4's: ``("chunk", C)`` in those lists), the attention soft-caps (Gemma 2's) and
+the layers with attention sinks (gpt-oss's) the three apply.
 
 transformers is the oracle, read from the masks its eager attention receives and the soft-cap it passes
 its attention function (no copy of its rules here); the step module (what the exporter traces) and the
@@ -29,7 +30,7 @@ from trtforge.llm.models.families import SUPPORTED
 PROMPT = 12  # tokens: longer than the short windows below, shorter than the long ones
 BLOCK = 4
 LAYERS = 3
-SLIDING, FULL = "sliding_attention", "full_attention"
+SLIDING, FULL, CHUNKED = "sliding_attention", "full_attention", "chunked_attention"
 
 CASES = [
     ("llama", {}),
@@ -190,6 +191,11 @@ CASES = [
     ("gpt_oss", {}),
     ("gpt_oss", {"sliding_window": 5, "layer_types": [FULL, SLIDING, SLIDING]}),
     ("gpt_oss", {"sliding_window": 64}),
+    # Llama 4: chunked (8, RoPE), full (NoPE, queries scaled by position), chunked; a chunk as long as the
+    # prompt; a chunked NoPE layer (layer_types set apart from no_rope_layers) of a chunk of 5
+    ("llama4_text", {}),
+    ("llama4_text", {"attention_chunk_size": 64}),
+    ("llama4_text", {"attention_chunk_size": 5, "layer_types": [FULL, CHUNKED, CHUNKED]}),
 ]
 
 
@@ -230,18 +236,33 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [layer.self_attn for layer in model.model.layers]
 
 
-def _window_of(mask: torch.Tensor) -> int | None:
-    """The window a [B, 1, S, K] mask (bool: visible; float: the dtype's lowest value hides, anything else
-    shows: falcon-rw's carries its ALiBi biases) gives its last query of position PROMPT - 1: the number
-    of keys it sees, None when that is all of them."""
-    row = mask[0, 0, -1]
-    seen = int(row.sum()) if row.dtype == torch.bool else int((row > torch.finfo(row.dtype).min / 2).sum())
-    return None if seen == PROMPT else seen
+def _visible(rows: torch.Tensor) -> torch.Tensor:
+    """How many keys each mask row shows (bool: visible; float: the dtype's lowest value hides, anything
+    else shows: falcon-rw's carries its ALiBi biases)."""
+    return rows.sum(-1) if rows.dtype == torch.bool else (rows > torch.finfo(rows.dtype).min / 2).sum(-1)
 
 
-def _effective(windows: list[int | None]) -> list[int | None]:
-    """What windows do to a PROMPT-token sequence: one at least that long is full attention."""
-    return [None if w is None or w >= PROMPT else w for w in windows]
+def _window_of(mask: torch.Tensor) -> int | tuple[str, int] | None:
+    """The window a [B, 1, S, K] mask gives its last query of position PROMPT - 1: the number of keys it
+    sees, None when that is all of them; ``("chunk", C)`` where its PROMPT queries see chunks of C
+    positions (query p: its p % C + 1 last keys; C < PROMPT)."""
+    seen = _visible(mask[0, 0, -PROMPT:]).long()
+    positions = torch.arange(PROMPT)
+    chunk = next((c for c in range(2, PROMPT) if torch.equal(seen, positions % c + 1)), None)
+    if chunk is not None:
+        return ("chunk", chunk)
+    return None if int(seen[-1]) == PROMPT else int(seen[-1])
+
+
+def _effective(windows: list[Any]) -> list[Any]:
+    """What windows (and chunks) do to a PROMPT-token sequence: one at least that long is full attention."""
+    return [None if w is None or (w[1] if isinstance(w, tuple) else w) >= PROMPT else w for w in windows]
+
+
+def _bounds(spec: Any) -> list[Any]:
+    """A spec's windows, with ``("chunk", C)`` on its chunked layers."""
+    chunks = spec.attention_chunks or [None] * spec.num_layers
+    return [w if c is None else ("chunk", c) for w, c in zip(spec.sliding_windows, chunks)]
 
 
 def _prompt(model: torch.nn.Module) -> list[int]:
@@ -318,7 +339,7 @@ def _step_graph(model: torch.nn.Module, prompt: list[int], monkeypatch) -> tuple
             torch.arange(PROMPT)[None],
             *pools,
         )
-    return list(spec.sliding_windows), [_window_of(m) for m in masks], caps, out[0][0]
+    return _bounds(spec), [_window_of(m) for m in masks], caps, out[0][0]
 
 
 def _torch_executor(model: torch.nn.Module, prompt: list[int]) -> tuple[list, list, torch.Tensor]:
@@ -328,7 +349,7 @@ def _torch_executor(model: torch.nn.Module, prompt: list[int]) -> tuple[list, li
     caps: list[float | None] = []
 
     def attention(q, k_pool, v_pool, meta, scale, window=None, **kw):
-        seen.append(window)
+        seen.append(window if kw.get("chunk") is None else ("chunk", kw["chunk"]))
         caps.append((kw.get("softcap"), kw.get("alibi_slopes") is not None, kw.get("sinks") is not None))
         return paged_attention_reference(q, k_pool, v_pool, meta, scale, window, **kw)
 
@@ -397,6 +418,11 @@ def test_windows_are_in_the_manifest_spec_as_applied():
             "layer_types",
         ),
         ("mistral", {"set_sliding_window": 0}, "sliding_window must be null or an integer >= 1, got 0"),
+        (
+            "llama4_text",
+            {"attention_chunk_size": None, "layer_types": [CHUNKED, FULL, CHUNKED]},
+            "llama4_text config: layer_types marks chunked_attention layers but attention_chunk_size is null",
+        ),
         (
             "smollm3",
             {"layer_types": [SLIDING, FULL, FULL]},

@@ -36,7 +36,8 @@ outputs
                    past_lens[b] .. past_lens[b]+S-1 (TensorRT aliases them to the inputs, in place)
 
 Query j of row b sees key k iff k <= past_lens[b]+j and k < past_lens[b]+new_lens[b] (and, for a
-sliding-window layer, k > past_lens[b]+j-window). The caller keeps past_lens[b]+S <= S_max. Padded
+sliding-window layer, k > past_lens[b]+j-window; for a chunked layer of chunk C (Llama 4's), k >= p - p % C
+with p = past_lens[b]+j). The caller keeps past_lens[b]+S <= S_max. Padded
 positions write garbage rows beyond a row's length; they are masked out and overwritten by the next
 step, which writes from past_lens+new_lens.
 
@@ -61,8 +62,8 @@ then the same ``Attention`` with the same mask rule as the slot layout over key 
 0 .. max_blocks*bs-1. ``optimize --attention paged`` rewrites each layer's write + gather + attention
 into one ``trtforge::PagedAttention`` node over the same pools (slot_mapping, block_tables and
 seq_lens = past_lens + new_lens, query_lens = new_lens as int32; the plugin runs the decode kernel for
-S = 1 and chunked prefill for longer, ragged steps). Layers with a sliding window shorter than
-max_seq are refused with that reason (the paged kernels have no window mask).
+S = 1 and chunked prefill for longer, ragged steps). Layers with a sliding window or an attention chunk
+shorter than max_seq are refused with that reason (the paged plugin has no window or chunk mask).
 
 Engine: one engine with two optimization profiles, 0 = prefill (S in 1..max_prefill) and 1 = decode
 (S = 1), sharing one copy of the weights (:mod:`.build`, :mod:`.compile`). Precision: FP16 (default)

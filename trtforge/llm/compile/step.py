@@ -17,10 +17,18 @@ from trtforge.llm.models.base import alibi_bias
 from trtforge.llm.models.families import DecoderSpec, adapter_for
 
 
-def step_mask(past_lens: Tensor, new_lens: Tensor, seq: Tensor, max_seq: int, window: int | None) -> Tensor:
-    """bool [B,1,S,S_max]: query j of row b sees key k iff k <= past+j, k < past+new (and within window)."""
+def step_mask(
+    past_lens: Tensor,
+    new_lens: Tensor,
+    seq: Tensor,
+    max_seq: int,
+    window: int | None,
+    chunk: int | None = None,
+) -> Tensor:
+    """bool [B,1,S,S_max]: query j of row b sees key k iff k <= past+j, k < past+new (and within window, and
+    within its chunk)."""
     keys = torch.arange(max_seq, dtype=torch.int64, device=past_lens.device)
-    return keys_mask(past_lens, new_lens, seq, keys, window)
+    return keys_mask(past_lens, new_lens, seq, keys, window, chunk)
 
 
 def relative_positions(position_ids: Tensor, keys: Tensor) -> Tensor:
@@ -29,13 +37,23 @@ def relative_positions(position_ids: Tensor, keys: Tensor) -> Tensor:
     return (keys[None, None, :] - position_ids.to(torch.int64)[:, :, None]).float()
 
 
-def keys_mask(past_lens: Tensor, new_lens: Tensor, seq: Tensor, keys: Tensor, window: int | None) -> Tensor:
-    """bool [B,1,S,L] for key positions `keys` [L] (the step_mask rule)."""
+def keys_mask(
+    past_lens: Tensor,
+    new_lens: Tensor,
+    seq: Tensor,
+    keys: Tensor,
+    window: int | None,
+    chunk: int | None = None,
+) -> Tensor:
+    """bool [B,1,S,L] for key positions `keys` [L] (the step_mask rule); `chunk` C (Llama 4's chunked
+    layers): the query at position p sees only keys >= p - p % C."""
     keys = keys[None, None, :]
     query_pos = (past_lens[:, None] + seq[None, :])[:, :, None]
     mask = (keys <= query_pos) & (keys < (past_lens + new_lens)[:, None, None])
     if window is not None:
         mask = mask & (keys > query_pos - window)
+    if chunk is not None:
+        mask = mask & (keys >= query_pos - query_pos % chunk)
     return mask[:, None]
 
 
@@ -79,6 +97,11 @@ class DecoderStep(nn.Module):
         q, k = self.adapter.rotate(i, q, k, rope)
         return q, k, v
 
+    def _key_bounds(self) -> list[tuple[int | None, int | None]]:
+        """Each layer's (sliding window, attention chunk): what bounds the keys its mask shows."""
+        chunks = self.spec.attention_chunks or [None] * self.spec.num_layers
+        return list(zip(self.spec.sliding_windows, chunks))
+
     def _bias(self, i: int, biases: dict[int, Tensor], relative: Any) -> Tensor | None:
         """Layer i's ALiBi bias [B,H,S,L] (None without slopes), built once a step for each slopes tensor
         the layers share from `relative` (a callable giving :func:`relative_positions`)."""
@@ -102,7 +125,7 @@ class DecoderStep(nn.Module):
         self, input_ids: Tensor, position_ids: Tensor, past_lens: Tensor, new_lens: Tensor, *caches: Tensor
     ) -> tuple[Tensor, ...]:
         seq, x, rope = self._embed(input_ids, position_ids)
-        masks: dict[int | None, Tensor] = {}
+        masks: dict[tuple[int | None, int | None], Tensor] = {}
         biases: dict[int, Tensor] = {}
         updated: list[Tensor] = []
 
@@ -110,14 +133,14 @@ class DecoderStep(nn.Module):
             keys = torch.arange(self.max_seq, dtype=torch.int64, device=past_lens.device)
             return relative_positions(position_ids, keys)
 
-        for i, window in enumerate(self.spec.sliding_windows):
-            if window not in masks:
-                masks[window] = step_mask(past_lens, new_lens, seq, self.max_seq, window)
+        for i, bound in enumerate(self._key_bounds()):
+            if bound not in masks:
+                masks[bound] = step_mask(past_lens, new_lens, seq, self.max_seq, *bound)
             q, k, v = self._heads(i, x, rope)
             key_cache = kv_cache_write(caches[2 * i], k, past_lens)
             value_cache = kv_cache_write(caches[2 * i + 1], v, past_lens)
             bias = self._bias(i, biases, relative)
-            x = self._finish(i, x, q, key_cache, value_cache, masks[window], bias)
+            x = self._finish(i, x, q, key_cache, value_cache, masks[bound], bias)
             updated += [key_cache, value_cache]
         return (self._logits(x, new_lens), *updated)
 
@@ -144,19 +167,19 @@ class PagedDecoderStep(DecoderStep):
         *pools: Tensor,
     ) -> tuple[Tensor, ...]:
         seq, x, rope = self._embed(input_ids, position_ids)
-        masks: dict[int | None, Tensor] = {}
+        masks: dict[tuple[int | None, int | None], Tensor] = {}
         biases: dict[int, Tensor] = {}
         updated: list[Tensor] = []
-        for i, window in enumerate(self.spec.sliding_windows):
+        for i, bound in enumerate(self._key_bounds()):
             q, k, v = self._heads(i, x, rope)
             key_pool = paged_cache_write(pools[2 * i], k, slot_mapping)
             value_pool = paged_cache_write(pools[2 * i + 1], v, slot_mapping)
             keys = paged_gather(key_pool, block_tables)
             values = paged_gather(value_pool, block_tables)
-            if window not in masks:
-                masks[window] = keys_mask(past_lens, new_lens, seq, _key_positions(keys), window)
+            if bound not in masks:
+                masks[bound] = keys_mask(past_lens, new_lens, seq, _key_positions(keys), *bound)
             bias = self._bias(i, biases, lambda k=keys: relative_positions(position_ids, _key_positions(k)))
-            x = self._finish(i, x, q, keys, values, masks[window], bias)
+            x = self._finish(i, x, q, keys, values, masks[bound], bias)
             updated += [key_pool, value_pool]
         return (self._logits(x, new_lens), *updated)
 

@@ -112,7 +112,7 @@ def fusable(adapter: LlamaStyle) -> str | None:
     """None when the adapted model's layers fit the fused path, else why not (a one-line reason). Its
     layers are Llama's exactly, so a model with anything more is refused here: attention logit soft-caps
     (Gemma 2's) and ALiBi slopes (BLOOM's, MPT's, falcon-rw's; no Llama-style family sets either) among
-    it, as are an attention output gate and attention sinks."""
+    it, as are an attention output gate, attention sinks and chunked attention layers."""
     config = adapter.config
     if any(cap is not None for cap in adapter.softcaps):
         return "attention logit soft-capping (Llama-style layers have none)"
@@ -122,6 +122,10 @@ def fusable(adapter: LlamaStyle) -> str | None:
         return "attention sinks (Llama-style layers have none)"
     if adapter.output_gate is not None:
         return f"an attention output gate ({adapter.output_gate.phrase()}; Llama-style layers have none)"
+    if any(chunk is not None for chunk in adapter.chunks):
+        return (
+            "chunked attention layers (attention_chunk_size; the fused layers' attention has no chunk mask)"
+        )
     if getattr(config, "hidden_act", None) != "silu":
         return f"hidden_act {getattr(config, 'hidden_act', None)!r} (the fused MLP is SiLU-gated)"
     if adapter.head_dim % 2:

@@ -14,7 +14,9 @@ soft-capping, :attr:`~trtforge.llm.models.base.DecoderAdapter.softcaps`) gets it
 key at position j gets ``slope * (j - p)`` added after any cap, before the masks. A layer with attention
 sinks (gpt-oss: :attr:`~trtforge.llm.models.base.DecoderAdapter.sinks`) gets them as ``sinks`` (keyword, a
 float32 ``[Hq]`` tensor on the pools' device): head h's sink logit joins each of its rows' softmax as one
-more column that gives no value.
+more column that gives no value. A chunked layer (Llama 4's:
+:attr:`~trtforge.llm.models.base.DecoderAdapter.chunks`) gets its chunk size C as ``chunk`` (keyword): the
+query at position p sees only the keys j <= p with ``j >= p - p % C`` (its own chunk of positions).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class DecodeAttentionFn(Protocol):
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
         sinks: torch.Tensor | None = None,
+        chunk: int | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -82,6 +85,7 @@ class AttentionFn(Protocol):
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
         sinks: torch.Tensor | None = None,
+        chunk: int | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -184,6 +188,7 @@ def paged_decode_reference(
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """One query per sequence (``q`` ``[B, Hq, D]``) over the first `context_lens` keys of its blocks.
 
@@ -191,8 +196,8 @@ def paged_decode_reference(
     LOWER_RIGHT causally (query i sees keys ``j <= L - S + i``); a query that sees no key gets zeros,
     as from the kernel. Shapes depend only on ``block_tables.shape`` (no host sync), so it can be
     captured in a CUDA graph. FP8 pools: float32 attention over K/V dequantized with `k_scale` /
-    `v_scale`. `softcap`, `alibi_slopes` and `sinks`: the layer's attention logit soft-cap, ALiBi slopes
-    and attention sinks (module docstring).
+    `v_scale`. `softcap`, `alibi_slopes`, `sinks` and `chunk`: the layer's attention logit soft-cap, ALiBi
+    slopes, attention sinks and attention chunk size (module docstring).
     """
     num_seqs, hq, d = q.shape[0] // q_len, q.shape[1], q.shape[2]
     bs, hkv = k_pool.shape[1], k_pool.shape[2]
@@ -203,6 +208,8 @@ def paged_decode_reference(
     mask = kpos[None, None, :] <= last[:, :, None]
     if sliding_window is not None:
         mask &= kpos[None, None, :] > last[:, :, None] - sliding_window
+    if chunk is not None:
+        mask &= kpos[None, None, :] >= (last - last % chunk)[:, :, None]
     seen = mask.any(-1)  # [B, S]: a query with no key would be NaN in SDPA: it sees all, then gets zeros
     mask |= ~seen[:, :, None]
     # the query heads sharing a KV head become that head's query rows: GQA without repeating K/V
@@ -233,6 +240,7 @@ def paged_attention_reference(
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Attend each new token to its sequence's cached keys at positions <= its own (bottom-right causal).
 
@@ -240,8 +248,8 @@ def paged_attention_reference(
     (a prompt chunk) gathers its blocks and runs SDPA with its own causal mask, so no padded
     ``[B, max_query, max_context]`` score tensor is ever formed. With `sliding_window` W a query at
     position p sees keys at positions > p - W. FP8 pools: float32 attention over K/V dequantized with
-    `k_scale` / `v_scale`. `softcap`, `alibi_slopes` and `sinks`: the layer's attention logit soft-cap, ALiBi
-    slopes and attention sinks (module docstring).
+    `k_scale` / `v_scale`. `softcap`, `alibi_slopes`, `sinks` and `chunk`: the layer's attention logit
+    soft-cap, ALiBi slopes, attention sinks and attention chunk size (module docstring).
     """
     out = torch.empty_like(q)
     qsl = meta.query_start_loc_host
@@ -265,6 +273,7 @@ def paged_attention_reference(
             softcap=softcap,
             alibi_slopes=alibi_slopes,
             sinks=sinks,
+            chunk=chunk,
         )
     for i, n in enumerate(qlens):
         if n == 1:
@@ -278,6 +287,8 @@ def paged_attention_reference(
         mask = kpos <= qpos
         if sliding_window is not None:
             mask &= kpos > qpos - sliding_window
+        if chunk is not None:
+            mask &= kpos >= qpos - qpos % chunk
         rel = (kpos - qpos).float()
         out[lo:hi] = _grouped_sdpa(
             q[lo:hi].to(k.dtype), k, v, mask, scale, softcap, alibi_slopes, rel, sinks

@@ -238,8 +238,9 @@ class TorchExecutor:
     ) -> None:
         """The pools' dtype (`kv_dtype`), the FP8 scales (`kv_scales`, None for 16/32-bit pools) and the
         keyword arguments each layer's attention call gets (`_attn_kwargs`: the layer's scales, its
-        attention logit soft-cap, its ALiBi slopes and its attention sinks where it has them: the adapter's
-        ``softcaps``, ``alibi_slopes`` and ``sinks``, the slopes as one float32 tensor on the device for the
+        attention logit soft-cap, its ALiBi slopes, its attention sinks and its attention chunk size where it
+        has them: the adapter's ``softcaps``, ``alibi_slopes``, ``sinks`` and ``chunks``, the slopes as one
+        float32 tensor on the device for the
         layers that share them, each layer's sinks as a float32 tensor on the device)."""
         self.kv_cache_dtype = kv_cache_dtype_name(kv_cache_dtype)
         self.kv_dtype = resolve_kv_cache_dtype(self.kv_cache_dtype, self.dtype, self.device)
@@ -256,6 +257,9 @@ class TorchExecutor:
         for kwargs, sinks in zip(self._attn_kwargs, self._adapter.sinks):
             if sinks is not None:
                 kwargs["sinks"] = sinks.to(self.device, torch.float32).contiguous()
+        for kwargs, chunk in zip(self._attn_kwargs, self._adapter.chunks):
+            if chunk is not None:
+                kwargs["chunk"] = int(chunk)
         if self.kv_cache_dtype == "auto":
             if kv_scales is not None:
                 raise UserError(
@@ -1005,6 +1009,7 @@ class TorchExecutor:
         )
         keys_set = {min(longest, max(lengths[-1], 64)), min(longest, 1024)}
         keys_set |= {min(longest, w + 1) for w in self._adapter.windows if w is not None and w < longest}
+        keys_set |= {min(longest, c + 1) for c in self._adapter.chunks if c is not None and c < longest}
         hkv = int(self.k_pools[0].shape[2]) if self.k_pools else 1
         # B·Hkv past 4 programs an SM: one split (kernels.decode_attention.num_splits_for)
         many = min(256, -(-4 * _num_sms(self.device) // max(hkv, 1)) + 1)

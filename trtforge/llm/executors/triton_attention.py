@@ -7,9 +7,10 @@ its chunk). In a step both launches are prepared once, on the first layer, and r
 layer with its own tensors (``prepare_paged_decode``, ``prepare_chunked_prefill_varlen``): the
 per-layer host cost is the launches alone. The executor's pools are ``[num_blocks, block_size, Hkv,
 D]``, the layout the kernels' entry points take (they index it through strided views); no K/V is
-copied. Sliding-window layers pass their window to both kernels, soft-capped layers (Gemma 2) their
-attention logit soft-cap, ALiBi layers (BLOOM, MPT, falcon-rw) their slopes (the Hopper chunk kernel
-applies neither: their long chunks stay on the varlen kernel). FP8 pools are read in place: each
+copied. Sliding-window layers pass their window to both kernels, chunked layers (Llama 4) their attention
+chunk size, soft-capped layers (Gemma 2) their attention logit soft-cap, ALiBi layers (BLOOM, MPT,
+falcon-rw) their slopes (the Hopper chunk kernel applies none of them: their long chunks stay on the varlen
+kernel). FP8 pools are read in place: each
 layer's K scale rides in the softmax scale and its V scale is one more launch argument.
 """
 
@@ -123,13 +124,15 @@ class TritonDecodeAttention:
         sliding_window: int | None,
         device: torch.device,
         q_len: int = 1,
+        chunk: int | None = None,
     ) -> Any:
         """:meth:`config_for` a launch of `batch` sequences of `q_len` queries over `k_pool` ``[N,
-        block_size, Hkv, D]`` through `block_tables` (their width is the key capacity; a window bounds
-        the keys split)."""
+        block_size, Hkv, D]`` through `block_tables` (their width is the key capacity; a window or an
+        attention chunk bounds the keys split)."""
         max_keys = int(block_tables.shape[1]) * int(k_pool.shape[1])
-        if sliding_window is not None:  # the kernel splits only the keys a window shows (+ tile alignment)
-            max_keys = min(max_keys, int(sliding_window) + 1 + 128)
+        bound = sliding_window if sliding_window is not None else chunk
+        if bound is not None:  # the kernel splits only the keys some row sees (+ tile alignment)
+            max_keys = min(max_keys, int(bound) + 1 + 128)
         kv_heads, head_dim = int(k_pool.shape[2]), int(k_pool.shape[3])
         return self.config_for(batch, kv_heads, head_dim, max_keys, _num_sms(device), k_pool.dtype, q_len)
 
@@ -150,12 +153,13 @@ class TritonDecodeAttention:
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
         sinks: torch.Tensor | None = None,
+        chunk: int | None = None,
     ) -> torch.Tensor:
         """Attention of `q` ``[B, Hq, D]``, into `out` (same shape) when given (FP8 pools: with their
         layer's `k_scale` / `v_scale`; a soft-capped layer: its `softcap`; an ALiBi layer: its
-        `alibi_slopes`; a layer with attention sinks: its `sinks`). With `q_len` S > 1 (<= 8:
-        verification rows) `q` is ``[B * S, Hq, D]``, each sequence's last S positions, attended
-        LOWER_RIGHT causally."""
+        `alibi_slopes`; a layer with attention sinks: its `sinks`; a chunked layer: its `chunk`). With
+        `q_len` S > 1 (<= 8: verification rows) `q` is ``[B * S, Hq, D]``, each sequence's last S
+        positions, attended LOWER_RIGHT causally."""
         from trtforge.kernels.decode_attention import decode_attention
         from trtforge.kernels.gemv import pdl_supported
 
@@ -165,7 +169,7 @@ class TritonDecodeAttention:
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         config = self.pool_config(
-            int(q.shape[0]) // q_len, k_pool, block_tables, sliding_window, q.device, q_len
+            int(q.shape[0]) // q_len, k_pool, block_tables, sliding_window, q.device, q_len, chunk
         )
         decode_attention(
             view(q),
@@ -183,6 +187,7 @@ class TritonDecodeAttention:
             softcap=softcap,
             alibi_slopes=alibi_slopes,
             sinks=sinks,
+            chunk=chunk,
         )
         return out
 
@@ -214,13 +219,15 @@ def _layer_key(
     softcap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> tuple:
-    """Everything a prepared launch depends on besides the addresses: the window, the soft-cap, the ALiBi
-    slopes (their presence, and the tensor a launch reads them from: the layers of a model share one),
-    the attention sinks (likewise: one tensor a layer) and every tensor's device, dtype, shape and
-    strides."""
+    """Everything a prepared launch depends on besides the addresses: the window, the attention chunk, the
+    soft-cap, the ALiBi slopes (their presence, and the tensor a launch reads them from: the layers of a
+    model share one), the attention sinks (likewise: one tensor a layer) and every tensor's device, dtype,
+    shape and strides."""
     return (
         window,
+        chunk,
         softcap,
         None if alibi_slopes is None else (alibi_slopes.device, alibi_slopes.data_ptr()),
         None if sinks is None else (sinks.device, sinks.data_ptr()),
@@ -266,7 +273,7 @@ class TritonPagedAttention:
     each layer then only launches the kernels with its own q, pools, output and scale.
 
     ``hopper_chunks`` (on by default; used where ``chunked_prefill.hopper_chunks_eligible`` holds: sm_90,
-    16-bit or FP8 pools, no sliding window, no soft-cap): prompt chunks of at least
+    16-bit or FP8 pools, no sliding window, no attention chunks, no soft-cap): prompt chunks of at least
     ``HOPPER_CHUNK_MIN_TOKENS`` tokens run the warp-specialized Hopper flash-attention kernel over their
     gathered K/V (FP8 pools gathered widened to the query's type) instead of the varlen kernel
     (``bench_throughput.py --hopper-chunks`` A/Bs it; FP8 + FP8 KV at 8B 2048/128, session 30: 2,626 ->
@@ -431,18 +438,20 @@ class TritonPagedAttention:
         alibi_slopes: torch.Tensor | None = None,
         sinks: torch.Tensor | None = None,
         side: Any = None,
+        chunk: int | None = None,
     ) -> tuple[Callable[..., None], ...]:
-        """The step's launches for layers of this geometry (window, soft-cap, ALiBi slopes and attention
-        sinks included):
+        """The step's launches for layers of this geometry (window, soft-cap, ALiBi slopes, attention
+        sinks and attention chunk included):
         each called as ``(q, k_pool, v_pool, out, scale * k_scale, v_scale)``. With a `side` stream they are
         prepared on it (their arrival counters and scratch are that stream's), but for the Hopper chunk
         launch: it runs last, on the current stream, which its gather scratch then belongs to."""
         from trtforge.kernels.chunked_prefill import hopper_chunks_eligible, prepare_chunked_prefill_hopper
 
         hopper = plan.long_chunks is not None and hopper_chunks_eligible(
-            q, k_pool, window, out, softcap, alibi_slopes, sinks
+            q, k_pool, window, out, softcap, alibi_slopes, sinks, chunk
         )
         geometry = {"window": window, "softcap": softcap, "alibi_slopes": alibi_slopes, "sinks": sinks}
+        geometry["chunk"] = chunk
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             launches = self._prepare_side(plan, q, k_pool, v_pool, out, geometry, hopper)
         if hopper:  # last, run on the current stream: its gather scratch is that stream's
@@ -466,7 +475,7 @@ class TritonPagedAttention:
         if plan.decode is not None:
             where, tables, lens = plan.decode
             rows = where.stop - where.start if isinstance(where, slice) else int(where.shape[0])
-            config = self.decode.pool_config(rows, k_pool, tables, window, q.device)
+            config = self.decode.pool_config(rows, k_pool, tables, window, q.device, chunk=geometry["chunk"])
             pdl = pdl_supported(q.device)
             if isinstance(where, slice):
                 launch = prepare_paged_decode(
@@ -514,7 +523,9 @@ class TritonPagedAttention:
         from trtforge.kernels.gemv import pdl_supported
 
         n = int(tables.shape[0])
-        config = self.decode.pool_config(n, k_pool, tables, geometry["window"], q.device, s)
+        config = self.decode.pool_config(
+            n, k_pool, tables, geometry["window"], q.device, s, geometry["chunk"]
+        )
         pdl = pdl_supported(q.device)
         if isinstance(where, slice):
             return prepare_paged_decode(
@@ -556,20 +567,21 @@ class TritonPagedAttention:
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
         sinks: torch.Tensor | None = None,
+        chunk: int | None = None,
     ) -> torch.Tensor:
         """Attention of the step's tokens `q` ``[T, Hq, D]``, into `out` (same shape) when given (FP8
         pools: with their layer's `k_scale` / `v_scale`; a soft-capped layer: its `softcap`; an ALiBi layer:
         its `alibi_slopes`, read by the prepared launches at every layer; a layer with attention sinks: its
-        `sinks`, likewise)."""
+        `sinks`, likewise; a chunked layer: its attention `chunk`)."""
         plan = self.plan_of(meta, q.device)
         if out is None:
             out = torch.empty_like(q)
-        key = _layer_key(q, k_pool, v_pool, out, sliding_window, softcap, alibi_slopes, sinks)
+        key = _layer_key(q, k_pool, v_pool, out, sliding_window, softcap, alibi_slopes, sinks, chunk)
         side = self._side_stream(plan, q)
         launches = plan.launches.get(key)
         if launches is None:
             launches = self._prepare(
-                plan, q, k_pool, v_pool, out, sliding_window, softcap, alibi_slopes, sinks, side
+                plan, q, k_pool, v_pool, out, sliding_window, softcap, alibi_slopes, sinks, side, chunk
             )
             plan.launches[key] = launches
         qk_scale, v_scale = float(scale) * float(k_scale), float(v_scale)

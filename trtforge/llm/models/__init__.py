@@ -1,5 +1,6 @@
 """One adapter per supported decoder family (:mod:`.llama`, :mod:`.gpt2`, :mod:`.gemma`, ...; shared spec,
-checks, the one sliding-window rule, the attention soft-caps and the ALiBi slopes (BLOOM, MPT, falcon-rw)
+checks, the one sliding-window rule, the attention chunks (Llama 4), the attention soft-caps and the ALiBi
+slopes (BLOOM, MPT, falcon-rw)
 in :mod:`.base`, the RoPE body
 Llama-style, Gemma (1, 2, 3 text), OLMo (1, 2, 3), Granite, StableLM, SmolLM3, Cohere, GLM, Nemotron,
 Persimmon, Helium, ERNIE 4.5, EXAONE 4, HunYuan and Apertus share in :mod:`.rope`, the rotary tables and

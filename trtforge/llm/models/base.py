@@ -161,6 +161,11 @@ STYLES: dict[tuple[str, ...], str] = {
     "head count, each attention output gated by a float32 softplus of g_proj (per head or per channel), "
     "sparse MoE MLPs routed by sigmoid scores with e_score_correction_bias, renormalized, scaled on the "
     "experts' sum, an ungated shared MLP, dense layers by mlp_layer_types",
+    ("llama4_text",): "Llama 4 text (Llama4ForCausalLM): chunked attention (attention_chunk_size) on the "
+    "layers layer_types marks chunked_attention, NoPE layers (no_rope_layers) with position-scaled queries "
+    "(attn_temperature_tuning), interleaved rotary then weightless q/k RMSNorms (use_qk_norm), sparse MoE "
+    "MLPs whose experts' inputs are scaled by the sigmoid of the router's top-k logits, an ungated shared "
+    "expert, dense layers intermediate_size_mlp wide",
     ("aria_text",): "Aria text: Llama's attention, every MLP sparse (a softmax over the top-k router logits "
     "in the model's dtype, experts stored transposed) with an ungated shared MLP",
     ("granitemoe", "granitemoeshared"): "GraniteMoE / GraniteMoeShared: Granite's multipliers, sparse MoE "
@@ -185,6 +190,9 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "gemma3": "'gemma3' is Gemma 3's multimodal model (Gemma3ForConditionalGeneration: a vision tower and "
     "image tokens); only its text model is supported: load a text-only Gemma 3 checkpoint (gemma-3-270m, "
     "gemma-3-1b; model_type 'gemma3_text') with Gemma3ForCausalLM.",
+    "llama4": "'llama4' is Llama 4's multimodal model (Llama4ForConditionalGeneration: a vision tower and "
+    "image tokens); only its text model is supported: load it with Llama4ForCausalLM (model_type "
+    "'llama4_text', the checkpoint's text_config).",
     # mixture-of-experts families beside the supported ones (mixtral, qwen2_moe, qwen3_moe, olmoe, granitemoe,
     # granitemoeshared, gpt_oss, hunyuan_v1_moe, ernie4_5_moe, glm4_moe, param2moe, sarvam_moe, solar_open,
     # dots1, flex_olmo, exaone_moe, mellum, cohere2_moe, granitemoe_swa), refused for what sets them apart
@@ -203,10 +211,6 @@ UNSUPPORTED_HINTS: dict[str, str] = {
     "decoupled rotary part), which trtforge's KV cache and kernels do not hold.",
     "jetmoe": "JetMoE routes its attention heads too (a mixture of attention experts), which trtforge's "
     "attention does not.",
-    "llama4_text": "Llama 4's text model attends in chunks on 3 of 4 layers (attention_chunk_size: each "
-    "query sees only the keys of its own chunk of positions, not a sliding window), which trtforge's masks "
-    "and kernels do not compute, and its MoE MLPs scale each expert's input (not its output) by the sigmoid "
-    "router score, which no SparseMoe block computes.",
     "longcat_flash": "LongCat-Flash attends through multi-head latent attention (compressed KV with a "
     "decoupled rotary part), which trtforge's KV cache and kernels do not hold, and runs two attention and "
     "MLP sublayers a layer beside a shortcut MoE with zero-computation experts.",
@@ -419,6 +423,9 @@ PER_LAYER_TYPES = (
     "laguna",
 )
 _LAYER_TYPES = ("full_attention", "sliding_attention")
+# families whose forward attends in chunks on the layers config.layer_types marks "chunked_attention"
+CHUNKED = ("llama4_text",)
+_CHUNK_TYPES = ("full_attention", "chunked_attention")
 
 
 @dataclass
@@ -460,6 +467,10 @@ class DecoderSpec:
     #: the ids the embedding takes (config.vocab_size); wider than vocab_size where the LM head is pruned to
     #: a prefix of the vocabulary (Apertus 1.5's output_vocab_size); None: vocab_size
     input_vocab_size: int | None = None
+    #: each layer's attention chunk size C (None: not chunked; :func:`attention_chunks`): a query at
+    #: position p sees only the keys j <= p with j // C == p // C (Llama 4's chunked layers); empty: no layer
+    #: is chunked
+    attention_chunks: list[int | None] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -610,6 +621,36 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     return [window if t == "sliding_attention" else None for t in types[:num_layers]]
 
 
+def attention_chunks(config: Any, num_layers: int) -> list[int | None]:
+    """Each layer's attention chunk size (None: not chunked), as transformers' forward applies it (its
+    masks: ``masking_utils.create_chunked_causal_mask`` reads ``config.attention_chunk_size``): a query at
+    position p sees only the keys j <= p of its own chunk, ``j // C == p // C`` (not a sliding window: the
+    first query of a chunk sees itself alone). The :data:`CHUNKED` families (Llama 4's text model) chunk the
+    layers ``config.layer_types`` marks "chunked_attention" (its config marks the RoPE layers of
+    ``no_rope_layers`` while ``attention_chunk_size`` is set); every other family: none.
+    UserError where transformers' forward would fail: an unknown layer type, a chunked layer without a
+    chunk size, a chunk size below 1."""
+    if config.model_type not in CHUNKED:
+        return [None] * num_layers
+    where = f"{config.model_type} config"
+    chunk = getattr(config, "attention_chunk_size", None)
+    if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
+        raise UserError(f"{where}: attention_chunk_size must be null or an integer >= 1, got {chunk!r}.")
+    types = list(getattr(config, "layer_types", None) or ["full_attention"] * num_layers)
+    if len(types) < num_layers or any(t not in _CHUNK_TYPES for t in types):
+        raise UserError(
+            f"{where}: layer_types must name one of {list(_CHUNK_TYPES)} for each of its {num_layers} "
+            f"layers, got {types!r}."
+        )
+    if chunk is None and "chunked_attention" in types[:num_layers]:
+        raise UserError(
+            f"{where}: layer_types marks chunked_attention layers but attention_chunk_size is null; "
+            "transformers' forward cannot build their mask. Set attention_chunk_size, or mark them "
+            "full_attention."
+        )
+    return [chunk if t == "chunked_attention" else None for t in types[:num_layers]]
+
+
 def softmax_scale(attention: nn.Module, head_dim: int) -> float:
     """The attention module's softmax scale: its ``scaling`` where transformers keeps one, else
     1/sqrt(head_dim), which the versions without it (GPT-J, CodeGen, Falcon in 5.17) divide the scores by."""
@@ -737,6 +778,9 @@ class DecoderAdapter(ABC):
     def __init__(self, model: nn.Module, layers: list[nn.Module], user: str) -> None:
         self.model, self.config, self.layers, self.user = model, model.config, layers, user
         self.windows: list[int | None] = sliding_windows(self.config, len(layers))
+        #: each layer's attention chunk size (:func:`attention_chunks`; None: not chunked): every attention
+        #: consumer applies it or refuses the model by name
+        self.chunks: list[int | None] = attention_chunks(self.config, len(layers))
         #: each layer's softmax scale (the attention module's own ``scaling``)
         self.scales: list[float] = []
         #: each layer's attention logit soft-cap c (None: off): every score s = q . k * scale becomes
@@ -957,7 +1001,7 @@ class DecoderAdapter(ABC):
         """UserError naming what `world` ranks cannot split (nothing changes; the tensor-parallel executor
         asks before any worker starts; see :data:`TP_RULE`): a family whose layers are not split
         (:attr:`tp_refusal`), sparse MoE MLPs, an attention output gate (:attr:`output_gate`), attention
-        sinks, query head counts that differ by layer, a q/k/v or MLP layout
+        sinks, chunked attention layers, query head counts that differ by layer, a q/k/v or MLP layout
         :func:`~.parallel.shard_attention` / :func:`~.parallel.shard_mlp` do not know, a q/k norm over the
         whole projection other than OLMo 2's RMSNorm, or heads, KV heads or an MLP width that `world` does
         not divide."""
@@ -984,6 +1028,11 @@ class DecoderAdapter(ABC):
 
         if any(s is not None for s in self.sinks):
             refuse("its attention sinks (one logit a query head) are not split over the ranks")
+        if any(c is not None for c in self.chunks):
+            refuse(
+                f"its chunked attention layers (attention_chunk_size={self.config.attention_chunk_size}) "
+                "have no split yet"
+            )
         if self.heads_per_layer is not None:
             refuse(f"its layers' query head counts differ ({self.heads_per_layer}); the split takes one")
         widths: dict[int, None] = {}
@@ -1056,5 +1105,6 @@ class DecoderAdapter(ABC):
             moe=_describe_moe(self.moe),
             output_gate=None if self.output_gate is None else self.output_gate.describe(),
             num_heads_per_layer=None if self.heads_per_layer is None else list(self.heads_per_layer),
+            attention_chunks=list(self.chunks) if any(c is not None for c in self.chunks) else [],
             **family,
         )

@@ -16,12 +16,13 @@ a fixed table), Falcon (:mod:`.falcon`: rotary, and falcon-rw's ALiBi), BLOOM (:
 (:mod:`.mpt`), the last two with ALiBi position biases, and the sparse mixture-of-experts families Mixtral,
 Qwen2-MoE, Qwen3-MoE, Mellum, OLMoE, GLM-4.5 (and Param2-MoE, Sarvam-MoE and Solar Open on its MoE MLPs),
 dots.llm1, K-EXAONE, Kolibri-1, MiniMax-M2, MiniCPM5-MoE, HY V3, Flint, AFMoE, Beam, Laguna and Aria text
-(:mod:`.mixtral`), FlexOLMo (:mod:`.olmo2`), GraniteMoE, GraniteMoeShared and GraniteMoeSWA
-(:mod:`.granite`), HunYuan-MoE (:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`),
-and gpt-oss (:mod:`.gpt_oss`: attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The
-shared pieces (spec, family checks, windows, attention soft-caps, ALiBi slopes, attention sinks) live in
-:mod:`.base`, the attention output gate in :mod:`.gate`, the rotary variants (interleaved, float32, NoPE
-layers, a table per layer type or RoPE base, position-scaled queries) in :mod:`.rotary`.
+(:mod:`.mixtral`), Llama 4 text (:mod:`.llama4`: attention chunks besides its MoE MLPs), FlexOLMo
+(:mod:`.olmo2`), GraniteMoE, GraniteMoeShared and GraniteMoeSWA (:mod:`.granite`), HunYuan-MoE
+(:mod:`.hunyuan`), ERNIE 4.5-MoE (:mod:`.glm`), Cohere 2-MoE (:mod:`.cohere`), and gpt-oss (:mod:`.gpt_oss`:
+attention sinks besides its MoE MLPs) (their MoE MLPs: :mod:`.moe`). The shared pieces (spec, family checks,
+windows, attention chunks, attention soft-caps, ALiBi slopes, attention sinks) live in :mod:`.base`, the
+attention output gate in :mod:`.gate`, the rotary variants (interleaved, float32, NoPE layers, a table per
+layer type or RoPE base, position-scaled queries) in :mod:`.rotary`.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from trtforge.llm.models.hunyuan import (
     NanoChatStyle,
 )
 from trtforge.llm.models.llama import LlamaStyle, Ministral3Style
+from trtforge.llm.models.llama4 import Llama4TextStyle
 from trtforge.llm.models.mixtral import (
     AfmoeStyle,
     AriaTextStyle,
@@ -166,6 +168,7 @@ ADAPTERS: dict[str, type[DecoderAdapter]] = {
     "afmoe": AfmoeStyle,
     "beam": BeamStyle,
     "laguna": LagunaStyle,
+    "llama4_text": Llama4TextStyle,
     "aria_text": AriaTextStyle,
     "cohere2_moe": Cohere2MoeStyle,
     "minimax_m2": MiniMaxM2Style,
@@ -234,6 +237,7 @@ __all__ = [
     "HyperClovaXStyle",
     "Kolibri1Style",
     "LagunaStyle",
+    "Llama4TextStyle",
     "LlamaStyle",
     "MellumStyle",
     "MiniCPM5MoeStyle",

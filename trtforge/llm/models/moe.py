@@ -34,6 +34,9 @@ as the family writes it: plus ``norm_eps`` (GLM-4.5's 1e-20), clamped below at `
 ``moe_norm_min``). ``choose_by_logits`` (Kolibri-1): the top k chosen by the float32 logits plus the
 selection bias (the bias added before the sigmoid, not after it), weighted by the scores of those chosen.
 
+Llama 4 (``scale_input``) scales each chosen expert's input by its weight and sums the experts' outputs as
+they are, where the others weight the outputs.
+
 The weights are then kept in float32 (Mixtral, GLM-4.5, dots.llm1) or cast to the logits' dtype (the others:
 the model's, HunYuan-MoE's router's), or to the input's where the logits are forced float32 (ERNIE 4.5-MoE).
 Router jitter is a training-time noise transformers applies only in training mode: never here.
@@ -130,7 +133,10 @@ class SparseMoe:
     the logits' dtype (gpt-oss's router, Cohere 2-MoE's sigmoid). `float32_logits`, `selection_bias`,
     `expert_groups` (``(n_group, topk_group)``), `scale`, `norm_eps`, `norm_min`, `choose_by_logits`: the
     module docstring's options; `float32_glu`: the experts' gated activation in float32, `scale_output`:
-    `scale` on the experts' sum, not the weights (both Beam's). `where` names the model in errors."""
+    `scale` on the experts' sum, not the weights (both Beam's); `scale_input`: each expert's input times
+    its routing weight, its output summed unweighted (Llama 4's); `transposed`: the experts read in the
+    transposed layout whatever flags they carry (Llama 4's ``Llama4TextExperts``: ``gate_up_proj``
+    [E, H, 2 I], ``down_proj`` [E, I, H], no ``is_transposed`` flag). `where` names the model in errors."""
 
     def __init__(
         self,
@@ -153,6 +159,8 @@ class SparseMoe:
         choose_by_logits: bool = False,
         float32_glu: bool = False,
         scale_output: bool = False,
+        scale_input: bool = False,
+        transposed: bool = False,
     ) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing {routing!r}: expected one of {ROUTINGS}")
@@ -166,6 +174,9 @@ class SparseMoe:
         self.float32_glu = bool(float32_glu)
         #: `scale` multiplies the experts' weighted sum (Beam's ``routed_scaling_factor``), not the weights
         self.scale_output = bool(scale_output)
+        #: each expert's input times its routing weight and its output summed as it is (Llama 4's
+        #: ``routed_in = hidden * router_scores``), not its output weighted
+        self.scale_input = bool(scale_input)
         #: the module holding the router's weight (and bias): the router, or HunYuan-MoE's ``wg``
         self.router_linear = router_linear(self.router)
         #: the module holding the selection bias (read at each call), None without one; its attribute name
@@ -188,11 +199,12 @@ class SparseMoe:
         fused = isinstance(gate_up, Tensor) and isinstance(down, Tensor) and gate_up.ndim == down.ndim == 3
         #: "plain" or "gpt_oss" (:data:`LAYOUTS`): which layout, biases and activation the experts have
         self.layout = "plain"
+        forced = bool(transposed) and not any(getattr(experts, f, False) for f in flags[1:])
         transposed = concatenated and getattr(experts, "is_transposed", False)
         transposed = transposed and not any(getattr(experts, f, False) for f in flags[1:])
         if fused and not plain and gpt_oss_experts(experts):
             self.layout = "gpt_oss"
-        elif fused and transposed:
+        elif fused and (transposed or forced):
             self.layout = "transposed"
         elif hasattr(experts, "fc1") and hasattr(experts, "fc2") and not fused:
             raise UserError(
@@ -250,6 +262,7 @@ class SparseMoe:
             "choose_by_logits": self.choose_by_logits,
             "float32_glu": self.float32_glu,
             "scale_output": self.scale_output,
+            "scale_input": self.scale_input,
         }
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -371,6 +384,10 @@ class SparseMoe:
         layouts (plain: gate rows first and a SiLU gate; gpt_oss: as :func:`gpt_oss_experts` reads them)
         and FP16 / BF16 / FP32 weights and biases (the dtype read now: moving the model may change it)."""
         ex = self.block.experts
+        if self.scale_input:
+            return (
+                "experts whose inputs the routing weights scale (Llama 4's; the fused kernels weight outputs)"
+            )
         if self.layout == "transposed":
             return "experts in the transposed layout (Aria's; the fused kernels read the plain and gpt_oss)"
         names = sorted(name for name, _ in ex.named_parameters())
@@ -429,12 +446,16 @@ class SparseMoe:
         counts = torch.bincount(experts.reshape(-1), minlength=self.num_experts).tolist()
         token = order // k
         rows = x[token]
+        pair_weights = weights.reshape(-1)[order, None]
+        if self.scale_input:
+            rows = (rows * pair_weights).to(x.dtype)
         outs, start = [], 0
         for e, n in enumerate(counts):
             if n:
                 outs.append(self._expert(e, rows[start : start + n]))
                 start += n
-        y = (torch.cat(outs) * weights.reshape(-1)[order, None]).to(x.dtype)
+        y = torch.cat(outs)
+        y = y.to(x.dtype) if self.scale_input else (y * pair_weights).to(x.dtype)
         return torch.zeros_like(x).index_add_(0, token, y)
 
     def _dense(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
@@ -443,15 +464,19 @@ class SparseMoe:
         ids = torch.arange(self.num_experts, device=x.device)
         picked = (experts[..., None] == ids).to(weights.dtype)  # [N, k, E]
         full = (picked * weights[..., None]).sum(dim=-2)  # [N, E]
+        # scale_input: each expert's input scaled by its weight (zero off the top k), its output unweighted
+        xs = (x[None] * full.transpose(0, 1)[..., None]).to(x.dtype) if self.scale_input else x[None]
         if self.layout == "gpt_oss":
-            gate_up = torch.matmul(x[None], ex.gate_up_proj) + ex.gate_up_proj_bias[:, None]  # [E, N, 2I]
+            gate_up = torch.matmul(xs, ex.gate_up_proj) + ex.gate_up_proj_bias[:, None]  # [E, N, 2I]
             y = torch.matmul(_clamped_swiglu(ex, gate_up), ex.down_proj) + ex.down_proj_bias[:, None]
         elif self.layout == "transposed":
-            gate, up = torch.matmul(x[None], ex.gate_up_proj).chunk(2, dim=-1)  # [E, N, I]
+            gate, up = torch.matmul(xs, ex.gate_up_proj).chunk(2, dim=-1)  # [E, N, I]
             y = torch.matmul(self._glu(gate, up), ex.down_proj)  # [E, N, H]
         else:
-            gate, up = torch.matmul(x[None], ex.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)  # [E, N, I]
+            gate, up = torch.matmul(xs, ex.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)  # [E, N, I]
             y = torch.matmul(self._glu(gate, up), ex.down_proj.transpose(1, 2))  # [E, N, H]
+        if self.scale_input:
+            return y.to(x.dtype).sum(dim=0)
         return (y * full.transpose(0, 1)[..., None]).to(x.dtype).sum(dim=0)
 
 
@@ -497,7 +522,8 @@ def moe_layers(
     ``block_sparse_moe``), with the layer's attribute `shared` as an ungated shared expert where set and
     not None (GraniteMoeShared's ``shared_mlp``); `float32_router` and `options` (the routing options:
     ``float32_logits``, ``selection_bias``, ``expert_groups``, ``scale``, ``norm_eps``, ``norm_min``,
-    ``shared_average``, ``float32_sum``, ``float32_glu``, ``scale_output``): :class:`SparseMoe`'s."""
+    ``shared_average``, ``float32_sum``, ``float32_glu``, ``scale_output``, ``scale_input``, ``transposed``):
+    :class:`SparseMoe`'s."""
     return [
         SparseMoe(
             getattr(layer, block),

@@ -154,19 +154,26 @@ class RotaryTables:
 @dataclass(frozen=True)
 class QueryScaling:
     """Each query times a factor of its position (an attention temperature that grows with the context),
-    computed in float32 from the position: Ministral 3's on every layer's rotated queries, Beam's on its
-    NoPE layers' queries."""
+    computed in float32 from the position: Ministral 3's on every layer's rotated queries, Beam's and Llama
+    4's on their NoPE layers' queries."""
 
     #: "llama4": ``1 + beta * log(1 + floor(position / period))`` (Ministral 3's ``llama_4_scaling_beta``
-    #: over ``original_max_position_embeddings``: Llama 4's attention temperature tuning); "ssmax":
-    #: ``(1 + (position + 1) / period) ** beta``, as ``exp(beta * log1p(...))`` (Beam's scalable softmax)
+    #: over ``original_max_position_embeddings``: Llama 4's attention temperature tuning; see
+    #: :attr:`from_one` for Llama 4's own); "ssmax": ``(1 + (position + 1) / period) ** beta``, as
+    #: ``exp(beta * log1p(...))`` (Beam's scalable softmax)
     form: str
     beta: float
     period: int
-    #: only the layers that do not rotate (NoPE) scale their queries (Beam); else every layer's
+    #: only the layers that do not rotate (NoPE) scale their queries (Beam, Llama 4); else every layer's
     nope_only: bool = False
     #: the queries multiplied in float32 and cast back (Beam), not by the factor cast to their dtype
     float32: bool = False
+    #: the queries multiplied by the float32 factor in the dtype the two promote to (float32; a float64
+    #: model's float64) and cast back (Llama 4's ``attn_temperature_tuning``)
+    promoted: bool = False
+    #: "llama4" counting positions from 1, by ``log1p``: ``1 + beta * log1p(floor((position + 1) /
+    #: period))``, Llama 4's text model's own form (its ``floor_scale`` and ``attn_scale``)
+    from_one: bool = False
 
     def __post_init__(self) -> None:
         if self.form not in ("llama4", "ssmax"):
@@ -177,16 +184,21 @@ class QueryScaling:
         return asdict(self)
 
     def factor(self, position_ids: Tensor, dtype: torch.dtype) -> Tensor:
-        """Each position's factor ``[..., 1]``: float32 where :attr:`float32`, else cast to `dtype`."""
+        """Each position's factor ``[..., 1]``: float32 where :attr:`float32` or :attr:`promoted`, else cast
+        to `dtype`."""
         p = position_ids.float()
-        if self.form == "llama4":
+        if self.form == "llama4" and self.from_one:
+            f = torch.log1p(torch.floor((p + 1.0) / self.period)) * self.beta + 1.0
+        elif self.form == "llama4":
             f = 1 + self.beta * torch.log(1 + torch.floor(p / self.period))
         else:
             f = torch.exp(self.beta * torch.log1p((p + 1) / self.period))
-        return f[..., None] if self.float32 else f[..., None].to(dtype)
+        return f[..., None] if self.float32 or self.promoted else f[..., None].to(dtype)
 
     def scale(self, q: Tensor, factor: Tensor) -> Tensor:
         """The queries `q` times `factor` (:meth:`factor`, shaped to broadcast against them)."""
+        if self.promoted:
+            return (q * factor).to(q.dtype)
         return (q.float() * factor).to(q.dtype) if self.float32 else q * factor
 
 
