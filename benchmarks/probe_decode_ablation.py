@@ -22,7 +22,9 @@ prologue costs), joined by + to ablate several.
 
 ``--configs NAME=BN,BK,WARPS[,r] ...`` instead times the unablated graph with projection NAME (qkv, o,
 gate_up, down, head) launched with that GemvConfig (``r``: the reducing loop): the same GEMV's launch
-choices compared where it runs, between its neighbours, rather than alone (benchmarks/sweep_quant_gemv.py).
+choices compared where it runs, between its neighbours, rather than alone (benchmarks/sweep_quant_gemv.py);
+``attn=BN,WARPS,STAGES,SPLITS`` does the same for the decode attention's DecodeConfig. Several configs
+joined by ``;`` apply together.
 """
 
 from __future__ import annotations
@@ -106,6 +108,9 @@ def ablated(ex, what: str, configs: dict | None = None):
 
     fl.norm_gemv, fl.rope_and_cache = norm_gemv, rope_and_cache
     fl.gemv_residual, fl.norm_gate_up_silu = gemv_residual, norm_gate_up_silu
+    saved_cfg = getattr(saved_attn, "config", None)
+    if "attn" in configs:
+        saved_attn.config = configs["attn"]
     ex.decode_attention = attention
     try:
         yield
@@ -113,6 +118,8 @@ def ablated(ex, what: str, configs: dict | None = None):
         for n, f in saved.items():
             setattr(fl, n, f)
         ex.decode_attention = saved_attn
+        if "attn" in configs:
+            saved_attn.config = saved_cfg
 
 
 def measure(model, prompt: list[int], what: str, reps: int, configs: dict | None = None) -> dict:
@@ -143,10 +150,18 @@ def measure(model, prompt: list[int], what: str, reps: int, configs: dict | None
 
 
 def _config(text: str) -> tuple[str, str, object]:
-    """--configs' NAME=BN,BK,WARPS[,r]: (the text, the projection, its GemvConfig)."""
+    """--configs' NAME=BN,BK,WARPS[,r]: (the text, the projection, its GemvConfig); or attn=BN,WARPS,
+    STAGES,SPLITS: the decode attention's DecodeConfig (its first tile prefetched early, as served)."""
+    from trtforge.kernels.decode_attention import DecodeConfig
     from trtforge.kernels.gemv import GemvConfig
 
     name, eq, spec = text.partition("=")
+    if name == "attn":
+        nums = spec.split(",")
+        if len(nums) != 4 or not all(p.isdigit() for p in nums):
+            raise argparse.ArgumentTypeError(f"attn=BN,WARPS,STAGES,SPLITS, not {text!r}")
+        bn, warps, stages, splits = (int(p) for p in nums)
+        return text, name, DecodeConfig(bn, warps, stages, splits, early_kv=True)
     parts = spec.split(",")
     if not (eq and name in PROJECTIONS and len(parts) in (3, 4) and all(p.isdigit() for p in parts[:3])):
         raise argparse.ArgumentTypeError(
@@ -164,6 +179,11 @@ def _config(text: str) -> tuple[str, str, object]:
     )
 
 
+def _configs(text: str) -> tuple[str, dict]:
+    """One --configs value: configs joined by ';' (:func:`_config`), applied together."""
+    return text, {name: cfg for _, name, cfg in map(_config, text.split(";"))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", nargs="+", default=["bf16", "fp8+head-fp8"])
@@ -174,7 +194,7 @@ def main() -> None:
         "--configs",
         nargs="+",
         default=[],
-        type=_config,
+        type=_configs,
         help="NAME=BN,BK,WARPS[,r]: the unablated graph with projection NAME on that GemvConfig",
     )
     ap.add_argument("--out", default=None)
@@ -190,14 +210,14 @@ def main() -> None:
             model = variant(name, args.layers)
             rows: dict = {}
             runs = [("none", "none", None)] + [(w, w, None) for w in args.ablations]
-            runs += [(text, "none", {proj: cfg}) for text, proj, cfg in args.configs]
+            runs += [(text, "none", cfgs) for text, cfgs in args.configs]
             runs.append(("none (again)", "none", None))
             for key, what, configs in runs:
                 rows[key] = measure(model, prompt, what, args.reps, configs)
                 print(f"{name:14s} {key:24s} {rows[key]['us']:9.1f} us  ({rows[key]['bucket']})", flush=True)
         base = statistics.mean([rows["none"]["us"], rows["none (again)"]["us"]])
         margins = {w: base - rows[w]["us"] for w in args.ablations}
-        margins |= {text: base - rows[text]["us"] for text, _, _ in args.configs}
+        margins |= {text: base - rows[text]["us"] for text, _ in args.configs}
         result["variants"][name] = {"rows": rows, "baseline_us": base, "marginal_us_a_step": margins}
         print(f"{name}: baseline {base:.1f} us a token; saved us a token (a layer):", flush=True)
         for w, m in margins.items():
