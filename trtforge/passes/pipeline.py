@@ -183,6 +183,17 @@ def optimize_model(
     return ir.serde.serialize_model(ir_model), ledger
 
 
+def _untype_unknown_dtypes(model: ir.Model) -> None:
+    """Leave untyped the intermediate values a pass typed as tensors of an unknown element type: a rewrite
+    over a graph whose values carry no types (an exported graph before cleanup's inference, e.g. ``--passes
+    attention``) makes such outputs, which ONNX cannot serialize; untyped, ONNX Runtime infers them."""
+    outputs = {id(v) for v in model.graph.outputs}
+    for node in model.graph:
+        for value in node.outputs:
+            if value.type is not None and value.dtype is None and id(value) not in outputs:
+                value.type = None
+
+
 def _opset_outcome(model: ir.Model, target: int) -> PassOutcome:
     before = opset_of(model)
     _raise_opset(model, target)
@@ -198,6 +209,7 @@ def _run_step(ledger: PassLedger, verifier: Verifier | None, model: ir.Model, na
     t0 = time.perf_counter()
     outcome: PassOutcome = fn(model)
     seconds = time.perf_counter() - t0
+    _untype_unknown_dtypes(model)
     for kind, before, after in (
         ("input", inputs_before, [v.name for v in model.graph.inputs]),
         ("output", outputs_before, [v.name for v in model.graph.outputs]),

@@ -197,24 +197,40 @@ def test_optimize_paged_strategy_refuses_sliding_window_layers(tmp_path):
 
 def test_llama4_paged_graph_matches_hf_and_the_paged_strategy_refuses_its_chunked_layers(tmp_path):
     """Llama 4's chunked layers in the paged step graph (chunks of 8: the prompts and generations cross
-    several) give HF's greedy logits in ONNX Runtime; the paged-attention strategy's fuser refuses its two
-    chunked layers by their chunk, read from the graph's metadata (the paged kernels have no chunk mask).
-    (The fuser itself, not optimize_model: the pipeline fails to serialize this graph back, as it does
-    SmolLM3's, Cohere 2's and the MoE families' step graphs, an error unrelated to the chunks.)"""
-    import onnx_ir as ir
-
-    from trtforge.passes.paged_attention import _Fuser
+    several) give HF's greedy logits in ONNX Runtime; `optimize --attention paged` fuses its one full layer
+    and refuses its two chunked layers by their chunk, read from the graph's metadata (the paged kernels
+    have no chunk mask), with the pass manager's check exact, whole pipeline or the attention pass alone."""
+    from trtforge.passes.pipeline import optimize_model
 
     model = tiny_model("llama4_text")
     path, result = _export(model, tmp_path)
     assert result.generation["attention_chunks"] == [8, None, 8]
     _assert_hf_greedy(OrtPagedExecutor(path, num_blocks=40), model, "llama4_text")
-    graph = ir.serde.deserialize_model(result.model)
-    pools = {v.name: v for v in graph.graph.inputs}
-    fuser = _Fuser(graph, None)
-    why = [fuser._window_refusal(pools[f"key_pool.{i}"], None) for i in range(3)]
     chunked = "attends in chunks of 8 positions (attention_chunk_size, shorter than the step graph's max_seq"
-    assert chunked in why[0] and why[1] is None and chunked in why[2]
+    for passes in (None, ["attention"]):
+        out, ledger = optimize_model(result.model, passes=passes, attention="paged", debug=True)
+        ops = [n.op_type for n in out.graph.node]
+        assert (ops.count("PagedAttention"), ops.count("Attention")) == (1, 2), passes
+        records = ledger.to_dict()["passes"]
+        attention = next(p for p in records if p["name"] == "attention")
+        assert len([r for r in attention["rejected"] if chunked in r]) == 2, attention["rejected"]
+        assert all(r["verification"]["max_abs_error"] <= 1e-4 for r in records), records
+
+
+def test_the_paged_strategy_alone_on_an_exported_graph_fuses_and_serializes(tmp_path):
+    """`optimize --passes attention --attention paged` on the step graph as exported (no cleanup first, so
+    its values carry no types): the rewrite's new values of unknown element type are left untyped rather
+    than failing serialization, every layer fuses, ORT (exact) agrees, and greedy decoding gives HF's."""
+    from trtforge.passes.pipeline import optimize_model
+
+    model = tiny_model("smollm3")
+    _, result = _export(model, tmp_path)
+    out, ledger = optimize_model(result.model, passes=["attention"], attention="paged")
+    assert [n.op_type for n in out.graph.node].count("PagedAttention") == result.generation["num_layers"]
+    assert ledger.to_dict()["passes"][0]["verification"]["max_abs_error"] <= 1e-4
+    path = tmp_path / "optimized.onnx"
+    onnx.save(out, str(path))
+    _assert_hf_greedy(OrtPagedExecutor(path, num_blocks=40), model, "smollm3")
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
