@@ -103,24 +103,31 @@ def test_ragged_chunks_write_and_attend_only_their_rows():
     ],
 )
 def test_sliding_window_chunk_matches_a_masked_reference(window, page, block_m, block_n, s_q, lens):
-    gen = torch.Generator().manual_seed(window + s_q + page)
+    seed = window + s_q + page
+    _masked_case(windowed_reference, {"window": window}, seed, page, block_m, block_n, s_q, lens)
+
+
+def _masked_case(reference, bound: dict, seed: int, page, block_m, block_n, s_q, lens) -> None:
+    """The prompt-chunk kernel with its keys bounded by `bound` (``window=`` or ``chunk=``, its size) against
+    `reference` (masked float32 attention over the same bound); the bound must change the answer where it
+    is shorter than a sequence."""
+    (size,) = bound.values()
+    gen = torch.Generator().manual_seed(seed)
     b, hq, hkv, d = len(lens), 8, 2, 64
     q = _rand(gen, b, hq, s_q, d)
     k, v = _rand(gen, b, hkv, max(lens) + 4, d), _rand(gen, b, hkv, max(lens) + 4, d)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     poison_past_lengths(k, seq_lens)
     poison_past_lengths(v, seq_lens)
-    ref = windowed_reference(q, k, v, seq_lens.cpu(), window)
+    ref = reference(q, k, v, seq_lens.cpu(), size)
     table = None
     if page:
         k, v, table = paged_from_contiguous(k, v, seq_lens.cpu(), page, gen)
     out = torch.full_like(q, float("nan"))
-    chunked_prefill_attention(
-        q, k, v, seq_lens, table, out=out, block_m=block_m, block_n=block_n, window=window
-    )
+    chunked_prefill_attention(q, k, v, seq_lens, table, out=out, block_m=block_m, block_n=block_n, **bound)
     assert not torch.isnan(out).any()
     assert (out.float().cpu() - ref).abs().max().item() < 3e-3
-    if window < max(lens):  # the window changes the answer
+    if size < max(lens):  # the bound changes the answer
         full = chunked_prefill_attention(q, k, v, seq_lens, table, block_m=block_m, block_n=block_n)
         assert (full.float().cpu() - ref).abs().max().item() > 1e-2
 
@@ -137,26 +144,8 @@ def test_sliding_window_chunk_matches_a_masked_reference(window, page, block_m, 
 )
 def test_attention_chunks_match_a_masked_reference(chunk, page, block_m, block_n, s_q, lens):
     """Llama 4's chunked layers: each query sees only the keys of its own chunk of positions."""
-    gen = torch.Generator().manual_seed(chunk + s_q + page)
-    b, hq, hkv, d = len(lens), 8, 2, 64
-    q = _rand(gen, b, hq, s_q, d)
-    k, v = _rand(gen, b, hkv, max(lens) + 4, d), _rand(gen, b, hkv, max(lens) + 4, d)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    poison_past_lengths(k, seq_lens)
-    poison_past_lengths(v, seq_lens)
-    ref = chunked_reference(q, k, v, seq_lens.cpu(), chunk)
-    table = None
-    if page:
-        k, v, table = paged_from_contiguous(k, v, seq_lens.cpu(), page, gen)
-    out = torch.full_like(q, float("nan"))
-    chunked_prefill_attention(
-        q, k, v, seq_lens, table, out=out, block_m=block_m, block_n=block_n, chunk=chunk
-    )
-    assert not torch.isnan(out).any()
-    assert (out.float().cpu() - ref).abs().max().item() < 3e-3
-    if chunk < max(lens):  # the chunks change the answer
-        full = chunked_prefill_attention(q, k, v, seq_lens, table, block_m=block_m, block_n=block_n)
-        assert (full.float().cpu() - ref).abs().max().item() > 1e-2
+    seed = chunk + s_q + page
+    _masked_case(chunked_reference, {"chunk": chunk}, seed, page, block_m, block_n, s_q, lens)
 
 
 @pytest.mark.parametrize(("window", "chunk"), [(7, None), (None, 16)])

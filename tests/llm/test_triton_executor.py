@@ -35,6 +35,19 @@ LAYOUTS = {
 }
 
 
+def _mixed_batch(device, layout: str, seed: int):
+    """A mixed step of `layout` over 64 random FP16 pool blocks of 16 (8 query heads on 2 kv heads of
+    32): its metadata, the pools, the queries and the head dim."""
+    g = torch.Generator().manual_seed(seed)
+    bs, hq, hkv, d, nblocks = 16, 8, 2, 32, 64
+    ctx_lens, q_lens = LAYOUTS[layout]
+    meta, _ = mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens)
+    k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
+    v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
+    q = torch.randn(sum(q_lens), hq, d, generator=g).half().to(device)
+    return meta, k_pool, v_pool, q, d
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("into", [False, True], ids=["new", "out"])
@@ -42,13 +55,7 @@ def test_triton_attention_matches_the_reference_on_a_mixed_batch(device, layout,
     from trtforge.llm.executors.triton_attention import TritonPagedAttention
 
     skip_unless_runs_here(device)
-    g = torch.Generator().manual_seed(0)
-    bs, hq, hkv, d, nblocks = 16, 8, 2, 32, 64
-    ctx_lens, q_lens = LAYOUTS[layout]
-    meta, _ = mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens)
-    k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
-    v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
-    q = torch.randn(sum(q_lens), hq, d, generator=g).half().to(device)
+    meta, k_pool, v_pool, q, d = _mixed_batch(device, layout, 0)
     out = torch.full_like(q, float("nan")) if into else None
     attention = TritonPagedAttention()
     got = attention(q, k_pool, v_pool, meta, d**-0.5, out=out)
@@ -69,13 +76,7 @@ def test_triton_attention_takes_attention_chunks_on_a_mixed_batch(device, layout
     from trtforge.llm.executors.triton_attention import TritonPagedAttention
 
     skip_unless_runs_here(device)
-    g = torch.Generator().manual_seed(2)
-    bs, hq, hkv, d, nblocks = 16, 8, 2, 32, 64
-    ctx_lens, q_lens = LAYOUTS[layout]
-    meta, _ = mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens)
-    k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
-    v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
-    q = torch.randn(sum(q_lens), hq, d, generator=g).half().to(device)
+    meta, k_pool, v_pool, q, d = _mixed_batch(device, layout, 2)
     got = TritonPagedAttention()(q, k_pool, v_pool, meta, d**-0.5, chunk=24)
     pools = (q.double(), k_pool.double(), v_pool.double(), meta, d**-0.5)
     want = paged_attention_reference(*pools, chunk=24)

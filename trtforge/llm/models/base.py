@@ -600,16 +600,10 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     if model_type == "qwen2_moe" and window == 0:  # its config's "none" (use_sliding_window false)
         window = None
     where = f"{model_type} config"
-    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
-        raise UserError(f"{where}: sliding_window must be null or an integer >= 1, got {window!r}.")
+    _check_positive(where, "sliding_window", window)
     if model_type not in PER_LAYER_TYPES:
         return [window] * num_layers
-    types = list(getattr(config, "layer_types", None) or ["full_attention"] * num_layers)
-    if len(types) < num_layers or any(t not in _LAYER_TYPES for t in types):
-        raise UserError(
-            f"{where}: layer_types must name one of {list(_LAYER_TYPES)} for each of its {num_layers} "
-            f"layers, got {types!r}."
-        )
+    types = _layer_types(config, num_layers, _LAYER_TYPES, where)
     if window is None and "sliding_attention" in types[:num_layers]:
         hint = (
             " (use_sliding_window is false)" if getattr(config, "use_sliding_window", True) is False else ""
@@ -619,6 +613,24 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
             "transformers' forward cannot build their mask. Set sliding_window, or mark them full_attention."
         )
     return [window if t == "sliding_attention" else None for t in types[:num_layers]]
+
+
+def _check_positive(where: str, name: str, value: Any) -> None:
+    """UserError unless a config's key-bounding size `name` is null or an integer >= 1."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise UserError(f"{where}: {name} must be null or an integer >= 1, got {value!r}.")
+
+
+def _layer_types(config: Any, num_layers: int, allowed: tuple[str, ...], where: str) -> list[str]:
+    """The config's ``layer_types`` (all "full_attention" without one); UserError unless it names one of
+    `allowed` for each of the `num_layers` layers."""
+    types = list(getattr(config, "layer_types", None) or ["full_attention"] * num_layers)
+    if len(types) < num_layers or any(t not in allowed for t in types):
+        raise UserError(
+            f"{where}: layer_types must name one of {list(allowed)} for each of its {num_layers} "
+            f"layers, got {types!r}."
+        )
+    return types
 
 
 def attention_chunks(config: Any, num_layers: int) -> list[int | None]:
@@ -634,14 +646,8 @@ def attention_chunks(config: Any, num_layers: int) -> list[int | None]:
         return [None] * num_layers
     where = f"{config.model_type} config"
     chunk = getattr(config, "attention_chunk_size", None)
-    if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
-        raise UserError(f"{where}: attention_chunk_size must be null or an integer >= 1, got {chunk!r}.")
-    types = list(getattr(config, "layer_types", None) or ["full_attention"] * num_layers)
-    if len(types) < num_layers or any(t not in _CHUNK_TYPES for t in types):
-        raise UserError(
-            f"{where}: layer_types must name one of {list(_CHUNK_TYPES)} for each of its {num_layers} "
-            f"layers, got {types!r}."
-        )
+    _check_positive(where, "attention_chunk_size", chunk)
+    types = _layer_types(config, num_layers, _CHUNK_TYPES, where)
     if chunk is None and "chunked_attention" in types[:num_layers]:
         raise UserError(
             f"{where}: layer_types marks chunked_attention layers but attention_chunk_size is null; "
