@@ -187,7 +187,9 @@ def _configs(text: str) -> tuple[str, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", nargs="+", default=["bf16", "fp8+head-fp8"])
-    ap.add_argument("--ablations", nargs="+", default=list(ABLATIONS))
+    ap.add_argument(
+        "--ablations", nargs="*", default=list(ABLATIONS), help="ops to ablate (none given: only --configs)"
+    )
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--reps", type=int, default=50, help="replays a timing (5 timings a graph, median)")
     ap.add_argument(
@@ -215,6 +217,8 @@ def main() -> None:
             for key, what, configs in runs:
                 rows[key] = measure(model, prompt, what, args.reps, configs)
                 print(f"{name:14s} {key:24s} {rows[key]['us']:9.1f} us  ({rows[key]['bucket']})", flush=True)
+                result["variants"][name] = {"rows": rows}
+                _write(args.out, result)  # a run cut at its time limit keeps the rows it timed
         base = statistics.mean([rows["none"]["us"], rows["none (again)"]["us"]])
         margins = {w: base - rows[w]["us"] for w in args.ablations}
         margins |= {text: base - rows[text]["us"] for text, _ in args.configs}
@@ -226,11 +230,16 @@ def main() -> None:
         del model
         gc.collect()
         torch.cuda.empty_cache()
-    if args.out:
-        tmp = args.out + ".tmp"
+    _write(args.out, result)
+
+
+def _write(path: str | None, result: dict) -> None:
+    """`result` as JSON at `path` (if given), replaced whole: a temporary file renamed over it."""
+    if path:
+        tmp = path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(result, f, indent=1)
-        os.replace(tmp, args.out)
+        os.replace(tmp, path)
 
 
 if __name__ == "__main__":
