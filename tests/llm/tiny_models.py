@@ -942,6 +942,11 @@ def mixtral_factory():
     return tiny_model("mixtral"), None
 
 
+def llama4_factory():
+    """Llama 4 text: chunked attention on its RoPE layers (chunks of 8), input-scaled MoE experts."""
+    return tiny_model("llama4_text"), None
+
+
 def gpt_oss_factory():
     return tiny_model("gpt_oss"), None
 

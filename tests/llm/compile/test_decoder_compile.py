@@ -102,6 +102,7 @@ def test_save_pretrained_directory_source(tmp_path):
         "cohere2_factory",
         "bloom_factory",  # ALiBi: every layer's attention spelled out (no IAttention)
         "gpt_oss_factory",  # attention sinks: every layer's attention spelled out, the gpt-oss experts
+        "llama4_factory",  # chunked attention: a chunk mask into IAttention, sigmoid top-1 routing
     ],
 )
 def test_cli_builds_one_engine_with_prefill_and_decode_profiles(factory, tmp_path, monkeypatch):
