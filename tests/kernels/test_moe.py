@@ -1,10 +1,10 @@
 """The fused MoE kernels (trtforge.kernels.moe): the alignment against a Python reference (ragged counts,
 experts with no tokens, every token to one expert, one token), its static sizes and its freedom from host
-reads; the two grouped GEMMs against a float64 reference at token counts across the config table, in
-Triton's CPU interpreter without CUDA and for real on a GPU (``-m gpu``); the refusals; every table config
-compiled for sm_90 on the CPU; on a GPU, no sync under ``set_sync_debug_mode`` and a CUDA graph replayed
-under new routings. The families' blocks against their grouped formulation:
-tests/llm/models/test_moe_fused.py.
+reads; the two grouped GEMMs against a float64 reference at token counts across the config table (plain,
+gpt-oss's and Llama 4's experts, whose scaled inputs round as the reference rounds them), in Triton's CPU
+interpreter without CUDA and for real on a GPU (``-m gpu``); the refusals; every table config compiled for
+sm_90 on the CPU; on a GPU, no sync under ``set_sync_debug_mode`` and a CUDA graph replayed under new
+routings. The families' blocks against their grouped formulation: tests/llm/models/test_moe_fused.py.
 """
 
 from __future__ import annotations
@@ -271,6 +271,70 @@ def test_each_layout_option_alone_reads_the_same_experts(device, transposed, int
     _assert_matches(fused_moe(*on, transposed=transposed, interleaved=interleaved), x, gu, dn, w, ex)
 
 
+def _assert_input_scaled_matches(got, x, gate_up, down, weights, experts) -> None:
+    """`got` against Llama 4's experts in float64 from their rounded inputs: each pair's row of x times its
+    routing weight rounded to x's dtype as torch rounds it (``(x[t] * w).to(x.dtype)``, what the kernel
+    must match bit for bit), then ``down @ (silu(gate) * up)`` summed over the k unweighted; plain layout
+    (``[E, 2 I, H]``, ``[E, H, I]``), with :func:`_assert_matches`' bound."""
+    rows = (x[:, None, :] * weights[..., None]).to(x.dtype).double().cpu()  # [N, k, H]
+    gu, dn, ex = gate_up.double().cpu(), down.double().cpu(), experts.cpu()
+    gate, up = torch.einsum("nkh,nkih->nki", rows, gu[ex]).chunk(2, dim=-1)
+    inter = torch.nn.functional.silu(gate) * up
+    want = torch.einsum("nki,nkhi->nkh", inter, dn[ex]).sum(1)
+    _assert_within(got, x, want, torch.einsum("nki,nkhi->nkh", inter.abs(), dn[ex].abs()).sum(1))
+
+
+# (N, H, I, E, k): one token; ragged counts with expert 2 given none (16-row blocks, K chunks masked and
+# columns wrapped at H 40, I 24); k = 1 at 25 rows an expert (32-row blocks)
+SCALE_INPUT_CASES = [(1, 40, 24, 4, 2), (23, 40, 24, 6, 2), (100, 32, 48, 4, 1)]
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("transposed", [True, False], ids=["transposed", "plain"])
+@pytest.mark.parametrize(("n", "h", "i", "e", "k"), SCALE_INPUT_CASES, ids=str)
+def test_input_scaled_experts_match_the_float64_math(device, dtype, transposed, n, h, i, e, k):
+    """Llama 4's experts (``scale_input``, with its transposed layout; the plain one too, the option being
+    independent): the float64 math of the rounded scaled inputs, summed unweighted."""
+    from trtforge.kernels.moe import fused_moe
+
+    skip_unless_runs_here(device)
+    x, gu, dn, w, _ = _operands(n, h, i, e, k, dtype, seed=n + e)
+    ex = _routing(n, k, e - 1, seed=n, skew=0.5)
+    ex = ex + (ex >= 2)  # expert 2 gets no token
+    w = 2 * w  # weights past 1, as a sigmoid's are not: the rounding of the scaled rows shows either way
+    gate_up, down = (
+        (gu.transpose(1, 2).contiguous(), dn.transpose(1, 2).contiguous()) if transposed else (gu, dn)
+    )
+    got = fused_moe(
+        *(t.to(device) for t in (x, gate_up, down, w, ex)), transposed=transposed, scale_input=True
+    )
+    _assert_input_scaled_matches(got, x, gu, dn, w, ex)
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+def test_input_scaling_rounds_the_scaled_rows_as_the_reference_does(device):
+    """BF16 x scaled by BF16 weights and by float32 ones (promoted: the product rounded to float32, then
+    to BF16): the fused call equals fused_moe on the rows pre-scaled by torch with unit weights, bit for bit
+    (one token a pair, so each pair's output is one store); and scale_input off weights the outputs, not
+    the inputs."""
+    from trtforge.kernels.moe import fused_moe
+
+    skip_unless_runs_here(device)
+    x, gu, dn, w, ex = _operands(12, 64, 32, 4, 1, torch.bfloat16, seed=9)
+    on = lambda *ts: [t.to(device) for t in ts]  # noqa: E731
+    for weights in (3 * w, 3 * w.float() + 2**-12):
+        scaled = (x * weights).to(x.dtype)
+        want = fused_moe(*on(scaled, gu, dn, torch.ones_like(weights), ex))
+        got = fused_moe(*on(x, gu, dn, weights, ex), scale_input=True)
+        assert torch.equal(got, want), weights.dtype
+    plain = fused_moe(*on(x, gu, dn, w, ex))
+    _assert_matches(plain, x, gu, dn, w, ex)
+    assert not torch.equal(plain, fused_moe(*on(x, gu, dn, w, ex), scale_input=True))
+
+
 @needs_triton
 def test_gpt_oss_options_refused_when_inconsistent():
     from trtforge.kernels.moe import fused_moe
@@ -371,10 +435,11 @@ def test_the_launch_path_reads_nothing_back():
 # ---------------------------------------------------------------- sm_90 compile on the CPU
 
 
-def _compile_facts(block_m: int, tile: dict, gated: bool, dtype: str, gpt_oss: bool = False) -> dict:
-    """Compile one launch of the kernel for sm_90 as fused_moe specializes it: Mixtral's H and I in the
-    plain layout (Bias, alpha and limit None), gpt-oss-20b's (H = I = 2880) in gpt-oss's (transposed,
-    interleaved, biased, the clamped SwiGLU)."""
+def _compile_facts(block_m: int, tile: dict, gated: bool, dtype: str, form: str = "plain") -> dict:
+    """Compile one launch of the kernel for sm_90 as fused_moe specializes it (`form`): Mixtral's H and I
+    in the plain layout (Bias, alpha and limit None), gpt-oss-20b's (H = I = 2880) in gpt-oss's
+    (transposed, interleaved, biased, the clamped SwiGLU), Llama 4 Scout's (H 5120, I 8192) in its own
+    (transposed, inputs scaled, outputs unweighted)."""
     import torch
 
     from trtforge.kernels import moe
@@ -382,20 +447,21 @@ def _compile_facts(block_m: int, tile: dict, gated: bool, dtype: str, gpt_oss: b
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     tile = vars(moe.for_dtype(moe.MoeTile(**tile), torch_dtype, block_m))
 
-    h, i = (2880, 2880) if gpt_oss else (4096, 14336)
+    gpt_oss, llama4 = form == "gpt_oss", form == "llama4"
+    h, i = {"plain": (4096, 14336), "gpt_oss": (2880, 2880), "llama4": (5120, 8192)}[form]
     cols, depth = (i, h) if gated else (h, i)
     elem = f"*{dtype}"
-    pointers = {"A": elem, "W": elem, "Out": elem, "RoutingW": "*fp32", "SortedIds": "*i32"}
-    pointers |= {"BlockExpert": "*i32", "Padded": "*i32"}
+    pointers = {"A": elem, "W": elem, "Out": elem, "RoutingW": f"*{dtype}" if llama4 else "*fp32"}
+    pointers |= {"SortedIds": "*i32", "BlockExpert": "*i32", "Padded": "*i32"}
     # the stride along W[e]'s K axis: its width (x2 gated) when transposed, else K
-    stride_wn = cols * (2 if gated else 1) if gpt_oss else depth
+    stride_wn = cols * (2 if gated else 1) if form != "plain" else depth
     ints = {"N": cols, "K": depth, "stride_am": depth, "stride_we": 2 * i * h, "stride_wn": stride_wn}
     ints |= {"stride_om": cols, "num_pairs": 2, "row_blocks": 2}
     consts = {
         "ROW_DIV": 2 if gated else 1,
         "GATED": gated,
         "ACT": "gpt_oss_swiglu" if gpt_oss else "silu",
-        "ROUTED": not gated,
+        "ROUTED": not gated and not llama4,
         "EVEN_K": depth % tile["block_k"] == 0,
         "DOT_F32": False,
         "PRECISION": "ieee" if dtype == "fp32" else "tf32",
@@ -410,14 +476,16 @@ def _compile_facts(block_m: int, tile: dict, gated: bool, dtype: str, gpt_oss: b
         consts |= {"W_KN": True, "INTERLEAVED": gated, "HAS_BIAS": True}
     else:
         consts |= {"Bias": None, "alpha": None, "limit": None}
+    if llama4:
+        consts |= {"W_KN": True, "SCALE_INPUT": gated}
     return compile_facts(
         moe._moe_gemm_kernel, pointers, ints, consts, tile["num_warps"], tile["num_stages"], scalars
     )
 
 
-def _compile_table(dtype: str, gpt_oss: bool = False) -> list[dict]:
+def _compile_table(dtype: str, form: str = "plain") -> list[dict]:
     """Every launch of the table compiled in one child process (:func:`_table`'s order)."""
-    return [_compile_facts(block_m, tile, gated, dtype, gpt_oss) for block_m, tile, gated in _table()]
+    return [_compile_facts(block_m, tile, gated, dtype, form) for block_m, tile, gated in _table()]
 
 
 def _table() -> list[tuple[int, dict, bool]]:
@@ -464,9 +532,26 @@ def test_gpt_oss_launches_compile_for_sm90_without_spills():
     clamped SwiGLU) of every table config in BF16: tensor-core products with FP32 sums (wgmma at 64-row
     blocks), no spills, in shared memory."""
     needs_ptxas()
-    compiled = run_in_child(f"{__name__}:_compile_table", "bf16", True)
+    compiled = run_in_child(f"{__name__}:_compile_table", "bf16", "gpt_oss")
     for (block_m, tile, gated), facts in zip(_table(), compiled):
         where = f"gpt-oss block_m {block_m} {tile} gated {gated}"
+        assert facts["ptxas_rc"] == 0, (where, facts["ptxas"])
+        mma = {op for op in facts["counts"] if op.startswith(("wgmma.mma_async", "mma.sync"))}
+        assert mma and all(".f32.bf16.bf16" in op for op in mma), (where, mma)
+        if block_m >= 64:
+            assert all(op.startswith("wgmma") for op in mma), (where, mma)
+        assert not any(facts["spills"]), (where, facts["ptxas"])
+        assert facts["shared"] <= 232448, where
+
+
+def test_llama4_launches_compile_for_sm90_without_spills():
+    """Llama 4 Scout's launches (transposed weights read in place, the gate_up rows scaled by their routing
+    weights and rounded to BF16 before the dot, the down outputs unweighted) of every table config in
+    BF16: BF16 tensor-core products with FP32 sums (wgmma at 64-row blocks), no spills, in shared memory."""
+    needs_ptxas()
+    compiled = run_in_child(f"{__name__}:_compile_table", "bf16", "llama4")
+    for (block_m, tile, gated), facts in zip(_table(), compiled):
+        where = f"llama4 block_m {block_m} {tile} gated {gated}"
         assert facts["ptxas_rc"] == 0, (where, facts["ptxas"])
         mma = {op for op in facts["counts"] if op.startswith(("wgmma.mma_async", "mma.sync"))}
         assert mma and all(".f32.bf16.bf16" in op for op in mma), (where, mma)
@@ -489,6 +574,20 @@ def test_gpu_matches_at_wider_shapes(dtype, n):
     for e, k in ((64, 6), (8, 2)):
         ops = _operands(n, 512, 384, e, k, dtype, seed=n + e)
         _assert_matches(fused_moe(*(t.cuda() for t in ops)), *ops)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("n", [1, 7, 300, 2000])
+def test_gpu_input_scaled_experts_match_at_wider_shapes(dtype, n):
+    """Llama 4-like blocks (E 16, k 1 as Scout's; E 8, k 2) at a 512-wide model, transposed and inputs
+    scaled, every row of the table."""
+    from trtforge.kernels.moe import fused_moe
+
+    for e, k in ((16, 1), (8, 2)):
+        x, gu, dn, w, ex = _operands(n, 512, 384, e, k, dtype, seed=n + e)
+        on = [t.cuda() for t in (x, gu.transpose(1, 2).contiguous(), dn.transpose(1, 2).contiguous(), w, ex)]
+        _assert_input_scaled_matches(fused_moe(*on, transposed=True, scale_input=True), x, gu, dn, w, ex)
 
 
 @pytest.mark.gpu

@@ -24,7 +24,11 @@ gpt-oss's experts (transformers' GptOssExperts) are options of the same two laun
 kernel compiles as without them): the weights transposed (``[E, K, N]``, x @ W, read in place through
 their strides), the gate / up columns interleaved (the tile of 2 BLOCK_N columns one accumulator, split in
 the epilogue), per-expert biases added in FP32 before the activation and before the routing weight, and
-the clamped SwiGLU (``gpt_oss_swiglu``, its alpha and limit float arguments).
+the clamped SwiGLU (``gpt_oss_swiglu``, its alpha and limit float arguments). Aria's and Llama 4's experts
+take the transposed option alone (``[E, H, 2 I]``, gate columns first, and ``[E, I, H]``, read in place), and
+Llama 4's input scaling is one more (``scale_input``, constexpr ``SCALE_INPUT``): in the gate_up launch each
+gathered row of x times its pair's routing weight, rounded to x's dtype before the dot (the reference's
+``(x[t] * w).to(x.dtype)``), and the down launch not ROUTED (the k rows of a token summed unweighted).
 
 The router beside them (:func:`route_topk`): a float32 softmax or sigmoid, top-k, renormalization and scale
 in one launch, for the routers whose math is all float32 (:class:`trtforge.llm.models.moe.SparseMoe` decides).
@@ -284,6 +288,7 @@ def _moe_gemm_kernel(
     W_KN: tl.constexpr = False,
     INTERLEAVED: tl.constexpr = False,
     HAS_BIAS: tl.constexpr = False,
+    SCALE_INPUT: tl.constexpr = False,
 ):
     """Grid (row_blocks * column blocks): program pid makes rows [pid_m * BLOCK_M, +BLOCK_M) of the
     sorted pair list times columns [pid_n * BLOCK_N, +BLOCK_N) of its block's expert's ``W[e]`` ``[N (x2
@@ -299,8 +304,10 @@ def _moe_gemm_kernel(
     place: stride_wn is then its stride along K, its columns unit stride. HAS_BIAS: ``Bias[e]`` (contiguous
     ``[E, N (x2 GATED)]``, columns as W's) added in FP32 before the activation and the routing weight.
     Columns past N wrap to valid rows of W (no masks along N in the loop); their outputs are not stored.
-    DOT_F32 (the interpreter, whose 16-bit dot is not exact): the tiles widened to FP32 first. Bias,
-    alpha and limit are None (constexprs) where unused, so the plain launches compile as before."""
+    SCALE_INPUT: each A row times its pair's routing weight (FP32), rounded to A's dtype before the dot
+    (Llama 4's ``(x * w).to(x.dtype)``; the down launch then runs without ROUTED). DOT_F32 (the
+    interpreter, whose 16-bit dot is not exact): the tiles widened to FP32 first. Bias, alpha and limit
+    are None (constexprs) where unused, so the plain launches compile as before."""
     pid = tl.program_id(0)
     pid_m = pid % row_blocks
     pid_n = pid // row_blocks
@@ -315,6 +322,8 @@ def _moe_gemm_kernel(
     n_ok = offs_n < N
     arange_k = tl.arange(0, BLOCK_K)
     a_rows = A + rows[:, None] * stride_am
+    if SCALE_INPUT:
+        row_w = tl.load(RoutingW + pair, mask=valid, other=0.0).to(tl.float32)[:, None]
     # W's columns (rows of W[e] unless W_KN) that feed the gate (or only) and the up accumulator
     if INTERLEAVED:
         gate_cols = 2 * (offs_n % N).to(tl.int64)
@@ -348,6 +357,8 @@ def _moe_gemm_kernel(
             else:
                 a = tl.load(a_rows + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
                 w = tl.load(w_cols + k_rows, mask=offs_k[:, None] < K, other=0.0)
+            if SCALE_INPUT:
+                a = (a.to(tl.float32) * row_w).to(A.dtype.element_ty)
             if DOT_F32:
                 a, w = a.to(tl.float32), w.to(tl.float32)
             if PAIRED:
@@ -370,6 +381,8 @@ def _moe_gemm_kernel(
                 k_ok = offs_k[None, :] < K
                 a = tl.load(a_rows + offs_k[None, :], mask=k_ok, other=0.0)
                 w = tl.load(w_rows + offs_k[None, :], mask=k_ok, other=0.0)
+            if SCALE_INPUT:
+                a = (a.to(tl.float32) * row_w).to(A.dtype.element_ty)
             if DOT_F32:
                 a, w = a.to(tl.float32), w.to(tl.float32)
             acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
@@ -469,6 +482,7 @@ def fused_moe(
     down_bias: torch.Tensor | None = None,
     alpha: float | None = None,
     limit: float | None = None,
+    scale_input: bool = False,
     config: MoeConfig | None = None,
 ) -> torch.Tensor:
     """``sum_j weights[t, j] * down[e] @ (act(gate[e] @ x[t]) * (up[e] @ x[t]))`` over each token t's k
@@ -481,7 +495,10 @@ def fused_moe(
     ``x @ W``, read in place), `interleaved` (gate = even columns, up = odd, rather than halves), biases
     `gate_up_bias` ``[E, 2 I]`` and `down_bias` ``[E, H]`` (columns as the weights'; added in FP32 before
     the activation and before the routing weight: ``weights[t, j] * (h @ W + b)``), `activation`
-    ``gpt_oss_swiglu`` with its `alpha` and `limit` (:data:`ACTIVATIONS`)."""
+    ``gpt_oss_swiglu`` with its `alpha` and `limit` (:data:`ACTIVATIONS`). Aria's and Llama 4's experts
+    are `transposed` alone. `scale_input` (Llama 4's): each pair's input row times its routing weight,
+    rounded to x's dtype (``(x[t] * weights[t, j]).to(x.dtype)``), and its output summed unweighted:
+    ``sum_j down[e] @ (act(gate[e] @ x_j) * (up[e] @ x_j))``."""
     e, i = _check(x, gate_up, down, weights, experts, transposed)
     _check_options(x, e, i, activation, gate_up_bias, down_bias, alpha, limit)
     n, h, k = int(x.shape[0]), int(x.shape[1]), int(experts.shape[1])
@@ -502,10 +519,10 @@ def fused_moe(
     # transposed weights' stride along K: W[e] is [K, N] with unit-stride columns
     up_tile, down_tile = for_dtype(cfg.up, x.dtype, cfg.block_m), for_dtype(cfg.down, x.dtype, cfg.block_m)
     launches = (
-        (x, gate_up, inter, i, h, up_tile, k, True, False, up_bias, interleaved),
-        (inter, down, out, h, i, down_tile, 1, False, True, down_b, False),
+        (x, gate_up, inter, i, h, up_tile, k, True, False, up_bias, interleaved, scale_input),
+        (inter, down, out, h, i, down_tile, 1, False, not scale_input, down_b, False, False),
     )
-    for a, w, o, cols, depth, tile, row_div, gated, routed, bias, inter_cols in launches:
+    for a, w, o, cols, depth, tile, row_div, gated, routed, bias, inter_cols, scaled in launches:
         grid = (row_blocks * triton.cdiv(cols, tile.block_n),)
         _moe_gemm_kernel[grid](
             a, w, o, routing, sorted_ids, block_expert, padded, p, row_blocks, cols, depth,
@@ -513,7 +530,7 @@ def fused_moe(
             ROW_DIV=row_div, GATED=gated, ACT=activation, ROUTED=routed, EVEN_K=depth % tile.block_k == 0,
             DOT_F32=dot_f32, PRECISION=precision, BLOCK_M=cfg.block_m, BLOCK_N=tile.block_n,
             BLOCK_K=tile.block_k, W_KN=transposed, INTERLEAVED=inter_cols, HAS_BIAS=biased,
-            num_warps=tile.num_warps, num_stages=tile.num_stages,
+            SCALE_INPUT=scaled, num_warps=tile.num_warps, num_stages=tile.num_stages,
         )  # fmt: skip
     return out.view(n, k, h).sum(dim=1)
 

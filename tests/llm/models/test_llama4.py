@@ -1,9 +1,10 @@
 """Llama 4's text model (llm.models.llama4): chunked attention on the torch executor's paged path through
 prompt chunks and decode steps that cross chunk boundaries, its NoPE layers' query scaling against
-transformers' own formula, and the paths that refuse its chunks (tensor parallelism, the fused layers)
-by name. (The step graph: test_moe's step-graph suite and test_decoder_paged; the chunk rule beside the
-windows: test_windows; the config draws: test_config_variants; the Triton kernels in lockstep with the
-torch reference: test_triton_executor.)"""
+transformers' own formula, the paths that refuse its chunks (tensor parallelism, the fused layers) by
+name, and its static decode steps on the fused MoE reading nothing back to the host. (The fused MoE
+against grouped: test_moe_fused; the step graph: test_moe's step-graph suite and test_decoder_paged; the
+chunk rule beside the windows: test_windows; the config draws: test_config_variants; the Triton kernels in
+lockstep with the torch reference: test_triton_executor.)"""
 
 from __future__ import annotations
 
@@ -91,3 +92,27 @@ def test_the_fused_layers_refuse_chunked_layers():
     assert fusable(adapter) is None
     adapter.chunks = [8, None]
     assert fusable(adapter).startswith("chunked attention layers (attention_chunk_size")
+
+
+def test_static_decode_steps_on_the_fused_moe_read_nothing_back(monkeypatch):
+    """Llama 4's decode steps on the static path with its MoE blocks fused (forced on the CPU: the
+    interpreter), past an attention chunk boundary: every layer (chunked and NoPE attention, the scaled
+    queries, the router, the input-scaled experts, the shared expert) reads no device value on the host,
+    so a CUDA graph can hold them; the executor refuses no graph."""
+    from tests._host_sync import no_host_reads
+
+    ex = TorchExecutor(tiny_model("llama4_text", seed=1), num_blocks=16, block_size=4, static_decode=True)
+    assert ex.cuda_graphs_refusal is None
+    ex._adapter.moe_formulation = "fused"
+    table, prompt = list(range(16)), list(range(3, 14))
+    ex.step(StepBatch.build(["s"], [prompt], [0], [table], [list(range(11))], [True]))
+    forward = ex._forward
+
+    def guarded(*args, **kwargs):
+        with no_host_reads(monkeypatch):
+            return forward(*args, **kwargs)
+
+    monkeypatch.setattr(ex, "_forward", guarded)
+    for p in range(11, 18):
+        ex.step(StepBatch.build(["s"], [[5]], [p], [table], [[p]], [True]))
+    assert ex._static, "the decode steps did not take the static path"

@@ -2,10 +2,11 @@
 the grouped one and float64 math, per family form: Mixtral's float32 renormalized routing weights,
 Qwen2-MoE's gated shared expert (and a dense layer), GraniteMoE's top-k-then-softmax, gpt-oss's experts
 (transformers' GptOssExperts read in place, their biases, the clamped SwiGLU), GLM-4.5's grouped sigmoid
-routing with a selection bias and a routed scale; in Triton's CPU
-interpreter without CUDA and for real on a GPU. The blocks it refuses run grouped, and the torch executor
-keeps its CUDA-graph refusal for them, naming the reason; on a GPU, the executor's graph-captured decode
-(and piecewise prompt steps) of MoE models gives its eager tokens, and grouped ones."""
+routing with a selection bias and a routed scale, Llama 4's experts (transposed, their inputs scaled by the
+routing weights) and Aria's (transposed); in Triton's CPU interpreter without CUDA and for real on a GPU.
+The blocks it refuses run grouped, and the torch executor keeps its CUDA-graph refusal for them, naming the
+reason; on a GPU, the executor's graph-captured decode (and piecewise prompt steps) of MoE models gives its
+eager tokens, and grouped ones."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 
 from tests._devices import DEVICES, skip_unless_runs_here
 from tests._host_sync import no_host_reads
-from tests.llm.tiny_models import tiny_model
+from tests.llm.tiny_models import aria_runs_here, tiny_model
 from trtforge.llm.executors.torch_exec import TorchExecutor
 from trtforge.llm.models.families import adapter_for
 
@@ -26,8 +27,19 @@ from trtforge.llm.models.families import adapter_for
 # routing (float32 sigmoid scores, a selection bias, expert groups, float32 weights scaled by 2.5) and an
 # ungated shared MLP (HunYuan-MoE's and ERNIE 4.5-MoE's routings are softmax top-k as Mixtral's and
 # Qwen2-MoE's, their experts the plain layout: the GPU decode test below takes them); minimax_m2: sigmoid
-# scores of logits in the model's dtype with its block's selection bias, on the route kernel
-FAMILIES = ("mixtral", "qwen2_moe", "granitemoe", "gpt_oss", "glm4_moe", "minimax_m2")
+# scores of logits in the model's dtype with its block's selection bias, on the route kernel; llama4_text:
+# the top-2 logits' sigmoid scaling each expert's input (rounded to the model's dtype), the outputs summed
+# unweighted, its experts transposed (x @ W); aria_text: the plain experts transposed, top-k then softmax
+FAMILIES = (
+    "mixtral",
+    "qwen2_moe",
+    "granitemoe",
+    "gpt_oss",
+    "glm4_moe",
+    "minimax_m2",
+    "llama4_text",
+    "aria_text",
+)
 # one ulp at 1.0 (FP32: the summation order over K, tens of products, dominates its rounding)
 _ULP = {torch.float32: 2**-20, torch.bfloat16: 2**-7, torch.float16: 2**-10}
 
@@ -68,31 +80,41 @@ def test_fused_matches_grouped_and_is_as_close_to_float64(monkeypatch, device, d
 def _refused(family: str, change: str) -> torch.nn.Module:
     """A tiny `family` model whose first MoE block's experts are changed the way `change` names."""
     model = tiny_model(family)
-    experts = adapter_for(model).moe[0].block.experts
+    experts = next(m for m in adapter_for(model).moe if m is not None).block.experts
     if change == "bias":
         experts.gate_up_proj_bias = torch.nn.Parameter(torch.zeros(experts.gate_up_proj.shape[:2]))
     elif change == "gelu":
         experts.act_fn = torch.nn.GELU()
     elif change == "float64":
         model.double()
+    elif change == "strided":  # the same values, each expert's matrix stored column-major
+        down = experts.down_proj.detach()
+        experts.down_proj = torch.nn.Parameter(down.transpose(1, 2).contiguous().transpose(1, 2))
     return model
 
 
+_BIASED = r"experts with parameters \['down_proj', 'gate_up_proj', 'gate_up_proj_bias'\]"
+
+
 @pytest.mark.parametrize(
-    ("change", "why"),
+    ("family", "change", "why"),
     [
-        ("bias", r"experts with parameters \['down_proj', 'gate_up_proj', 'gate_up_proj_bias'\]"),
-        ("gelu", "a GELU gate"),
-        ("float64", "torch.float64 experts"),
+        ("mixtral", "bias", _BIASED),
+        ("mixtral", "gelu", "a GELU gate"),
+        ("mixtral", "float64", "torch.float64 experts"),
+        ("llama4_text", "bias", _BIASED),
+        ("llama4_text", "gelu", "a GELU gate"),
+        ("llama4_text", "strided", "expert weights without unit stride along their last axis"),
     ],
-    ids=["bias", "gelu", "float64"],
+    ids=["bias", "gelu", "float64", "llama4-bias", "llama4-gelu", "llama4-strided"],
 )
-def test_blocks_the_kernels_cannot_run_stay_grouped_and_keep_the_graph_refusal(change, why):
-    """Biases (as gpt-oss's experts have), another activation, float64: the block names why, its
-    ``fused`` call runs grouped (the same bits), and the executor's CUDA-graph refusal names the layer
-    and the reason; an unchanged model has no refusal."""
-    model = _refused("mixtral", change)
-    moe = adapter_for(model).moe[0]
+def test_blocks_the_kernels_cannot_run_stay_grouped_and_keep_the_graph_refusal(family, change, why):
+    """Biases (as gpt-oss's experts have), another activation, float64, weights strided along their rows,
+    in the plain layout and in Llama 4's (transposed, inputs scaled): the block names why, its ``fused``
+    call runs grouped (the same bits), and the executor's CUDA-graph refusal names the layer and the
+    reason; an unchanged model has no refusal, Llama 4's and Aria's included."""
+    model = _refused(family, change)
+    layer, moe = next((i, m) for i, m in enumerate(adapter_for(model).moe) if m is not None)
     assert moe.fused_refusal() is not None and re.match(why, moe.fused_refusal())
     x = torch.randn(5, model.config.hidden_size, dtype=next(model.parameters()).dtype)
     with torch.no_grad():
@@ -100,8 +122,8 @@ def test_blocks_the_kernels_cannot_run_stay_grouped_and_keep_the_graph_refusal(c
     ex = TorchExecutor(model, num_blocks=8, block_size=4, static_decode=True)
     refusal = ex.facts.cuda_graphs_refusal
     assert refusal.startswith("MoE MLPs: each step routes its tokens"), refusal
-    assert f"cannot run: layer 0's block: {moe.fused_refusal()}" in refusal
-    for family in FAMILIES:
+    assert f"cannot run: layer {layer}'s block: {moe.fused_refusal()}" in refusal
+    for family in (f for f in FAMILIES if f != "aria_text" or aria_runs_here()):
         assert TorchExecutor(tiny_model(family), num_blocks=8, block_size=4).facts.cuda_graphs_refusal is None
 
 
@@ -116,7 +138,7 @@ def test_the_executor_keeps_grouped_on_the_cpu_and_the_a_b_setting_refuses_graph
     assert off.facts.cuda_graphs_refusal.endswith("cannot run: torch_exec.MOE_FUSED is off)")
 
 
-@pytest.mark.parametrize("family", ["qwen2_moe", "gpt_oss"])
+@pytest.mark.parametrize("family", ["qwen2_moe", "gpt_oss", "llama4_text"])
 def test_static_decode_and_piecewise_steps_run_the_fused_moe_on_padded_tokens(family):
     """The executor's static paths with the fused formulation (forced on the CPU: the interpreter): decode
     steps padded to batch buckets and prompt steps to token buckets (padding tokens routed like any other)
@@ -137,7 +159,9 @@ def test_static_decode_and_piecewise_steps_run_the_fused_moe_on_padded_tokens(fa
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "gpt_oss", "glm4_moe"])
+@pytest.mark.parametrize(
+    "family", ["mixtral", "qwen2_moe", "gpt_oss", "glm4_moe", "llama4_text", "aria_text"]
+)
 def test_gpu_a_captured_moe_layer_follows_the_routing_of_each_replay(family):
     """A BF16 MoE layer (router, fused experts, Qwen2-MoE's gated shared expert) captured once in a CUDA
     graph, replayed on new hidden states whose routings differ from the capture's: each replay gives the
@@ -192,6 +216,8 @@ def test_gpu_a_captured_moe_layer_follows_the_routing_of_each_replay(family):
         "afmoe",
         "beam",
         "laguna",
+        "llama4_text",
+        "aria_text",
     ],
 )
 def test_gpu_graph_decode_of_moe_models_matches_eager_and_grouped(monkeypatch, family):
@@ -221,15 +247,24 @@ def test_gpu_graph_decode_of_moe_models_matches_eager_and_grouped(monkeypatch, f
     assert graphs["grouped"] == graphs["fused"] == (0, 0)
 
 
-def test_transposed_experts_are_refused_by_the_fused_kernels_and_run_grouped():
-    """Aria's experts (the plain layout transposed: ``x @ W``) are no layout the fused kernels read: the block
-    names it, and its ``fused`` call runs grouped (the same bits)."""
-    model = tiny_model("aria_text")
-    moe = adapter_for(model).moe[0]
-    assert moe.layout == "transposed" and moe.fused_refusal().startswith("experts in the transposed layout")
-    x = torch.randn(5, model.config.hidden_size, generator=torch.Generator().manual_seed(4))
+@pytest.mark.parametrize("family", ["llama4_text", "aria_text"])
+def test_transposed_experts_reach_the_kernels_in_place_with_their_options(monkeypatch, family):
+    """Llama 4's and Aria's blocks hand the fused kernels their experts' own parameters (``x @ W``, read
+    through their strides: no copy, no re-layout) with ``transposed``, and Llama 4's with ``scale_input``
+    (Aria's weights its outputs): the kernels' result is the block's experts' sum."""
+    from trtforge.kernels import moe as kernels
+
+    calls = []
+    real = kernels.fused_moe
+    monkeypatch.setattr(kernels, "fused_moe", lambda *a, **kw: calls.append((a, kw)) or real(*a, **kw))
+    model = tiny_model(family)
+    moe = next(m for m in adapter_for(model).moe if m is not None)
+    x = torch.randn(7, model.config.hidden_size, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        assert torch.equal(moe.forward(x, "fused"), moe.forward(x, "grouped"))
+        moe.forward(x, "fused")
+    (args, kw), ex = calls[0], moe.block.experts
+    assert args[1] is ex.gate_up_proj and args[2] is ex.down_proj
+    assert kw == {"scale_input": family == "llama4_text", "transposed": True}
 
 
 def test_aria_experts_run_transposed_or_an_older_layout_is_refused_by_name():

@@ -19,7 +19,10 @@ Llama 4 Scout and Maverick), as transformers' ``modeling_llama4`` computes it:
   expert is added. The other layers' dense MLP is ``intermediate_size_mlp`` wide. Both are the layer's
   ``feed_forward``.
 
-Not Llama-style: the fused CUDA layers do not run it; tensor parallelism refuses it by name.
+Not Llama-style: the fused CUDA layers do not run it; tensor parallelism refuses it by name. On CUDA the torch
+executor runs its MoE blocks in the fused MoE kernels (:mod:`trtforge.kernels.moe`: the transposed experts
+read in place, their inputs scaled in the gate_up GEMM, the router's top-k and sigmoid in one launch), so
+its steps are captured in CUDA graphs.
 """
 
 from __future__ import annotations

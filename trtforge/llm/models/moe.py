@@ -34,8 +34,8 @@ as the family writes it: plus ``norm_eps`` (GLM-4.5's 1e-20), clamped below at `
 ``moe_norm_min``). ``choose_by_logits`` (Kolibri-1): the top k chosen by the float32 logits plus the
 selection bias (the bias added before the sigmoid, not after it), weighted by the scores of those chosen.
 
-Llama 4 (``scale_input``) scales each chosen expert's input by its weight and sums the experts' outputs as
-they are, where the others weight the outputs.
+Llama 4 (``scale_input``) scales each chosen expert's input by its weight (the product rounded to the
+model's dtype) and sums the experts' outputs as they are, where the others weight the outputs.
 
 The weights are then kept in float32 (Mixtral, GLM-4.5, dots.llm1) or cast to the logits' dtype (the others:
 the model's, HunYuan-MoE's router's), or to the input's where the logits are forced float32 (ERNIE 4.5-MoE).
@@ -51,7 +51,7 @@ with their biases ``gate_up_proj_bias`` / ``down_proj_bias``; the clamped SwiGLU
 and ``limit`` set (gate clamped above at the limit, up to +-limit, ``(up + 1) * gate *
 sigmoid(alpha * gate)``). Aria's (``AriaExperts``: ``is_transposed`` only) are the third: the plain
 layout transposed, ``gate_up_proj`` [E, H, 2 I] (gate columns first), ``down_proj`` [E, I, H], applied as
-``x @ W`` (the grouped and dense formulations; ``fused`` refuses it). Two formulations of the same math:
+``x @ W`` (Llama 4's too, :mod:`.llama4`). Three formulations of the same math:
 
 - ``grouped`` (the torch executor on the CPU, and for blocks ``fused`` refuses): the (token, expert) pairs
   sorted by expert, each expert's GEMMs on its own tokens only, the outputs weighted and summed back per
@@ -63,10 +63,11 @@ layout transposed, ``gate_up_proj`` [E, H, 2 I] (gate columns first), ``down_pro
   times the expert FLOPs.
 - ``fused`` (the torch executor on CUDA): the grouped math in two Triton grouped GEMMs over the pairs
   sorted and padded by expert on the device (:mod:`trtforge.kernels.moe`): static shapes, no host sync,
-  so CUDA graphs hold it. Both layouts (gpt-oss's weights read in place, its biases added in FP32 before
-  the one rounding of each GEMM's output, where grouped rounds ``x @ W`` and then adds the bias in the
-  model's dtype as transformers does); a block :meth:`SparseMoe.fused_refusal` refuses runs ``grouped``
-  when asked for ``fused``.
+  so CUDA graphs hold it. All three layouts, read in place (gpt-oss's biases added in FP32 before the one
+  rounding of each GEMM's output, where grouped rounds ``x @ W`` and then adds the bias in the model's
+  dtype as transformers does), and Llama 4's input scaling (each gathered row times its routing weight,
+  rounded to the model's dtype as grouped rounds it, the outputs summed unweighted); a block
+  :meth:`SparseMoe.fused_refusal` refuses runs ``grouped`` when asked for ``fused``.
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ class SparseMoe:
         concatenated = getattr(experts, "is_concatenated", True)
         plain = concatenated and not any(getattr(experts, f, False) for f in flags)
         fused = isinstance(gate_up, Tensor) and isinstance(down, Tensor) and gate_up.ndim == down.ndim == 3
-        #: "plain" or "gpt_oss" (:data:`LAYOUTS`): which layout, biases and activation the experts have
+        #: "plain", "gpt_oss" or "transposed" (:data:`LAYOUTS`): which layout, biases and activation the
+        #: experts have
         self.layout = "plain"
         forced = bool(transposed) and not any(getattr(experts, f, False) for f in flags[1:])
         transposed = concatenated and getattr(experts, "is_transposed", False)
@@ -358,11 +360,13 @@ class SparseMoe:
             from trtforge.kernels.moe import fused_moe
 
             ex = self.block.experts
-            opts: dict[str, Any] = {}
+            opts: dict[str, Any] = {"scale_input": self.scale_input}
             if self.layout == "gpt_oss":  # read in place: transposed, interleaved, biased, clamped SwiGLU
-                opts = {"transposed": True, "interleaved": True, "activation": "gpt_oss_swiglu"}
+                opts |= {"transposed": True, "interleaved": True, "activation": "gpt_oss_swiglu"}
                 opts |= {"gate_up_bias": ex.gate_up_proj_bias, "down_bias": ex.down_proj_bias}
                 opts |= {"alpha": float(ex.alpha), "limit": float(ex.limit)}
+            elif self.layout == "transposed":  # Aria's, Llama 4's: x @ W, read in place
+                opts["transposed"] = True
             out = fused_moe(flat.contiguous(), ex.gate_up_proj, ex.down_proj, weights, experts, **opts)
         else:
             out = self._grouped(flat, weights, experts)
@@ -380,16 +384,11 @@ class SparseMoe:
 
     def fused_refusal(self) -> str | None:
         """Why the ``fused`` formulation cannot run this block (None: it can): it needs experts of exactly
-        their weights (plain: no biases, no scales; gpt_oss: and their two biases) in one of the two
-        layouts (plain: gate rows first and a SiLU gate; gpt_oss: as :func:`gpt_oss_experts` reads them)
-        and FP16 / BF16 / FP32 weights and biases (the dtype read now: moving the model may change it)."""
+        their weights (plain, transposed: no biases, no scales; gpt_oss: and their two biases) in one of the
+        three layouts (plain and transposed: gate first and a SiLU gate; gpt_oss: as :func:`gpt_oss_experts`
+        reads them) and FP16 / BF16 / FP32 weights and biases (the dtype read now: moving the model may
+        change it). Llama 4's input scaling (:attr:`scale_input`) is an option of the kernels."""
         ex = self.block.experts
-        if self.scale_input:
-            return (
-                "experts whose inputs the routing weights scale (Llama 4's; the fused kernels weight outputs)"
-            )
-        if self.layout == "transposed":
-            return "experts in the transposed layout (Aria's; the fused kernels read the plain and gpt_oss)"
         names = sorted(name for name, _ in ex.named_parameters())
         gpt_oss = self.layout == "gpt_oss"
         want = ["down_proj", "gate_up_proj"] + (["down_proj_bias", "gate_up_proj_bias"] if gpt_oss else [])
@@ -403,17 +402,26 @@ class SparseMoe:
             shapes = {"down_proj": (e, two_i // 2, h), "gate_up_proj_bias": (e, two_i)}
             shapes["down_proj_bias"] = (e, h)
         else:
-            flags = ("is_transposed", "has_bias", "has_post_expert_norm")
+            transposed = self.layout == "transposed"
+            flags = ("has_bias", "has_post_expert_norm") + (() if transposed else ("is_transposed",))
             if not getattr(ex, "is_concatenated", True) or any(getattr(ex, f, False) for f in flags):
+                if transposed:
+                    return "experts no longer in the transposed layout (concatenated gate columns first)"
                 return "experts not in the plain layout (concatenated gate rows first, not transposed)"
             act = getattr(ex, "act_fn", None)
             if type(act).__name__ not in ("SiLU", "SiLUActivation"):
                 return f"a {type(act).__name__} gate (the fused kernels apply SiLU)"
-            e, two_i, h = gate_up.shape
-            shapes = {"down_proj": (e, h, two_i // 2)}
+            if transposed:
+                e, h, two_i = gate_up.shape
+                shapes = {"down_proj": (e, two_i // 2, h)}
+            else:
+                e, two_i, h = gate_up.shape
+                shapes = {"down_proj": (e, h, two_i // 2)}
         params = {name: getattr(ex, name) for name in want}
         if two_i % 2 or any(tuple(params[name].shape) != shape for name, shape in shapes.items()):
             return f"expert shapes {[tuple(t.shape) for t in params.values()]}"
+        if any(params[name].stride(-1) != 1 for name in ("gate_up_proj", "down_proj")):
+            return "expert weights without unit stride along their last axis (the fused kernels read rows)"
         if gate_up.dtype not in (torch.float16, torch.bfloat16, torch.float32) or any(
             t.dtype != gate_up.dtype for t in params.values()
         ):
