@@ -527,31 +527,16 @@ def test_float32_multiplies_in_ieee_float32_and_fits():
         assert not any(facts["spills"]) and facts["shared"] <= 232448, (where, facts["shared"])
 
 
-def test_gpt_oss_launches_compile_for_sm90_without_spills():
-    """gpt-oss-20b's launches (transposed weights read in place, interleaved gate / up, biases, the
-    clamped SwiGLU) of every table config in BF16: tensor-core products with FP32 sums (wgmma at 64-row
-    blocks), no spills, in shared memory."""
+@pytest.mark.parametrize("form", ["gpt_oss", "llama4"])
+def test_transposed_launches_compile_for_sm90_without_spills(form):
+    """The launches of every table config in BF16 for the transposed experts read in place: gpt-oss-20b's
+    (interleaved gate / up, biases, the clamped SwiGLU) and Llama 4 Scout's (the gate_up rows scaled by
+    their routing weights and rounded to BF16 before the dot, the down outputs unweighted). BF16
+    tensor-core products with FP32 sums (wgmma at 64-row blocks), no spills, in shared memory."""
     needs_ptxas()
-    compiled = run_in_child(f"{__name__}:_compile_table", "bf16", "gpt_oss")
+    compiled = run_in_child(f"{__name__}:_compile_table", "bf16", form)
     for (block_m, tile, gated), facts in zip(_table(), compiled):
-        where = f"gpt-oss block_m {block_m} {tile} gated {gated}"
-        assert facts["ptxas_rc"] == 0, (where, facts["ptxas"])
-        mma = {op for op in facts["counts"] if op.startswith(("wgmma.mma_async", "mma.sync"))}
-        assert mma and all(".f32.bf16.bf16" in op for op in mma), (where, mma)
-        if block_m >= 64:
-            assert all(op.startswith("wgmma") for op in mma), (where, mma)
-        assert not any(facts["spills"]), (where, facts["ptxas"])
-        assert facts["shared"] <= 232448, where
-
-
-def test_llama4_launches_compile_for_sm90_without_spills():
-    """Llama 4 Scout's launches (transposed weights read in place, the gate_up rows scaled by their routing
-    weights and rounded to BF16 before the dot, the down outputs unweighted) of every table config in
-    BF16: BF16 tensor-core products with FP32 sums (wgmma at 64-row blocks), no spills, in shared memory."""
-    needs_ptxas()
-    compiled = run_in_child(f"{__name__}:_compile_table", "bf16", "llama4")
-    for (block_m, tile, gated), facts in zip(_table(), compiled):
-        where = f"llama4 block_m {block_m} {tile} gated {gated}"
+        where = f"{form} block_m {block_m} {tile} gated {gated}"
         assert facts["ptxas_rc"] == 0, (where, facts["ptxas"])
         mma = {op for op in facts["counts"] if op.startswith(("wgmma.mma_async", "mma.sync"))}
         assert mma and all(".f32.bf16.bf16" in op for op in mma), (where, mma)
