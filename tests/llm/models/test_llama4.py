@@ -21,6 +21,11 @@ from trtforge.llm.models.families import adapter_for
 NEW_TOKENS = 12
 
 
+# No chunks: every layer full. (transformers 5.17 still marks the RoPE layers chunked where
+# attention_chunk_size is None, a config the adapter refuses: its forward cannot build their mask.)
+UNCHUNKED = {"attention_chunk_size": None, "layer_types": ["full_attention"] * 3}
+
+
 def test_the_tiny_model_chunks_its_rope_layers_and_scales_its_nope_queries():
     """Chunks of 8 on the RoPE layers, the NoPE layer full with Llama 4's query scaling in the spec."""
     spec = adapter_for(tiny_model("llama4_text")).spec
@@ -35,7 +40,7 @@ def test_the_tiny_model_chunks_its_rope_layers_and_scales_its_nope_queries():
         "promoted": True,
         "from_one": True,
     }
-    assert adapter_for(tiny_model("llama4_text", attention_chunk_size=None)).spec.attention_chunks == []
+    assert adapter_for(tiny_model("llama4_text", **UNCHUNKED)).spec.attention_chunks == []
 
 
 def test_query_scaling_is_transformers_attention_temperature_tuning():
@@ -81,7 +86,7 @@ def test_tensor_parallelism_refuses_its_chunks_and_its_attention_by_name():
     assert not dense.has_moe
     with pytest.raises(UserError, match=r"chunked attention layers \(attention_chunk_size=8\)"):
         dense.check_shard(2)
-    unchunked = adapter_for(tiny_model("llama4_text", moe_layers=[], attention_chunk_size=None))
+    unchunked = adapter_for(tiny_model("llama4_text", moe_layers=[], **UNCHUNKED))
     with pytest.raises(UserError, match="tensor parallelism is not supported for llama4_text .*use_qk_norm"):
         unchunked.check_shard(2)
 
@@ -99,8 +104,10 @@ def test_static_decode_steps_on_the_fused_moe_read_nothing_back(monkeypatch):
     interpreter), past an attention chunk boundary: every layer (chunked and NoPE attention, the scaled
     queries, the router, the input-scaled experts, the shared expert) reads no device value on the host,
     so a CUDA graph can hold them; the executor refuses no graph."""
+    from tests._devices import skip_unless_runs_here
     from tests._host_sync import no_host_reads
 
+    skip_unless_runs_here("cpu")  # the kernels take CPU tensors in the interpreter only
     ex = TorchExecutor(tiny_model("llama4_text", seed=1), num_blocks=16, block_size=4, static_decode=True)
     assert ex.cuda_graphs_refusal is None
     ex._adapter.moe_formulation = "fused"

@@ -143,6 +143,7 @@ def test_static_decode_and_piecewise_steps_run_the_fused_moe_on_padded_tokens(fa
     """The executor's static paths with the fused formulation (forced on the CPU: the interpreter): decode
     steps padded to batch buckets and prompt steps to token buckets (padding tokens routed like any other)
     give the logits of eager grouped steps, the same schedule for both."""
+    skip_unless_runs_here("cpu")  # the kernels take CPU tensors in the interpreter only
     from tests.llm.test_piecewise import _Lockstep, _serve
 
     model = tiny_model(family, seed=3)
@@ -252,6 +253,7 @@ def test_transposed_experts_reach_the_kernels_in_place_with_their_options(monkey
     """Llama 4's and Aria's blocks hand the fused kernels their experts' own parameters (``x @ W``, read
     through their strides: no copy, no re-layout) with ``transposed``, and Llama 4's with ``scale_input``
     (Aria's weights its outputs): the kernels' result is the block's experts' sum."""
+    skip_unless_runs_here("cpu")  # the kernels take CPU tensors in the interpreter only
     from trtforge.kernels import moe as kernels
 
     calls = []
