@@ -23,8 +23,10 @@ prologue costs), joined by + to ablate several.
 ``--configs NAME=BN,BK,WARPS[,r] ...`` instead times the unablated graph with projection NAME (qkv, o,
 gate_up, down, head) launched with that GemvConfig (``r``: the reducing loop): the same GEMV's launch
 choices compared where it runs, between its neighbours, rather than alone (benchmarks/sweep_quant_gemv.py);
-``attn=BN,WARPS,STAGES,SPLITS`` does the same for the decode attention's DecodeConfig. Several configs
-joined by ``;`` apply together.
+``attn=BN,WARPS,STAGES,SPLITS`` does the same for the decode attention's DecodeConfig, and
+``NAME=mma:WARPS,GROUPS`` for an INT4 projection on the tensor-core kernel (:mod:`trtforge.kernels.int4_mma`:
+warps a program, groups a warp at once; a GemvConfig puts an INT4 projection on the FMA kernel). Several
+configs joined by ``;`` apply together.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -44,6 +47,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down", "head")
 ABLATIONS = ("qkv", "rope", "attn", "o", "gate_up", "down", "head", "rope+attn", "qkv-norm", "gate_up-norm")
+
+
+class Mma(NamedTuple):
+    """An INT4 projection's launch on the tensor-core kernel: warps a program, groups a warp at once."""
+
+    warps: int
+    groups: int
+
+
+@contextlib.contextmanager
+def _launch_choice(choice):
+    """The `config` argument for a projection's launch under `choice` (None: the default; a GemvConfig;
+    :class:`Mma`: the INT4 tensor-core kernel's rule forced to it while the launch is made, so a graph
+    captured inside holds that launch)."""
+    from trtforge.kernels import int4_mma
+
+    if not isinstance(choice, Mma):
+        yield choice
+        return
+    old = int4_mma.MMA_WARPS, int4_mma.GROUPS_PER_ITERATION
+    int4_mma.MMA_WARPS, int4_mma.GROUPS_PER_ITERATION = choice.warps, choice.groups
+    try:
+        yield None
+    finally:
+        int4_mma.MMA_WARPS, int4_mma.GROUPS_PER_ITERATION = old
 
 
 @contextlib.contextmanager
@@ -74,7 +102,8 @@ def ablated(ex, what: str, configs: dict | None = None):
         if "qkv-norm" in parts and id(w) in qkv_ids:
             return gemv_mod.gemv(h, w, b)
         name = "qkv" if id(w) in qkv_ids else "head" if id(w) == head_id else None
-        return real["norm_gemv"](h, weight, eps, w, b, config=configs.get(name))
+        with _launch_choice(configs.get(name)) as config:
+            return real["norm_gemv"](h, weight, eps, w, b, config=config)
 
     def rope_and_cache(qkv, cos, sin, slots, kp, vp, nh, nkv, ks=1.0, vs=1.0, out=None):
         if "rope" in parts:
@@ -89,7 +118,8 @@ def ablated(ex, what: str, configs: dict | None = None):
         if ("o" in parts and id(w) in o_ids) or ("down" in parts and id(w) in down_ids):
             return residual
         name = "o" if id(w) in o_ids else "down" if id(w) in down_ids else None
-        return real["gemv_residual"](x, w, residual, config=configs.get(name))
+        with _launch_choice(configs.get(name)) as config:
+            return real["gemv_residual"](x, w, residual, config=config)
 
     def norm_gate_up_silu(h, weight, eps, w):
         inter = int(ex.model.config.intermediate_size)
@@ -99,7 +129,8 @@ def ablated(ex, what: str, configs: dict | None = None):
             out = torch.empty((h.shape[0], inter), dtype=h.dtype, device=h.device)
             gemv_mod._launch(h, w, out, inter, up_rows=inter)
             return out
-        return real["norm_gate_up_silu"](h, weight, eps, w, config=configs.get("gate_up"))
+        with _launch_choice(configs.get("gate_up")) as config:
+            return real["norm_gate_up_silu"](h, weight, eps, w, config=config)
 
     def attention(q, *args, **kv):
         if "attn" in parts:
@@ -150,12 +181,18 @@ def measure(model, prompt: list[int], what: str, reps: int, configs: dict | None
 
 
 def _config(text: str) -> tuple[str, str, object]:
-    """--configs' NAME=BN,BK,WARPS[,r]: (the text, the projection, its GemvConfig); or attn=BN,WARPS,
-    STAGES,SPLITS: the decode attention's DecodeConfig (its first tile prefetched early, as served)."""
+    """--configs' NAME=BN,BK,WARPS[,r]: (the text, the projection, its GemvConfig); NAME=mma:WARPS,GROUPS:
+    an INT4 projection's tensor-core launch (:class:`Mma`); or attn=BN,WARPS,STAGES,SPLITS: the decode
+    attention's DecodeConfig (its first tile prefetched early, as served)."""
     from trtforge.kernels.decode_attention import DecodeConfig
     from trtforge.kernels.gemv import GemvConfig
 
     name, eq, spec = text.partition("=")
+    if name in PROJECTIONS and spec.startswith("mma:"):
+        nums = spec[4:].split(",")
+        if len(nums) != 2 or not all(p.isdigit() and int(p) > 0 for p in nums):
+            raise argparse.ArgumentTypeError(f"NAME=mma:WARPS,GROUPS, not {text!r}")
+        return text, name, Mma(int(nums[0]), int(nums[1]))
     if name == "attn":
         nums = spec.split(",")
         if len(nums) != 4 or not all(p.isdigit() for p in nums):
@@ -197,7 +234,9 @@ def main() -> None:
         nargs="+",
         default=[],
         type=_configs,
-        help="NAME=BN,BK,WARPS[,r]: the unablated graph with projection NAME on that GemvConfig",
+        help="NAME=BN,BK,WARPS[,r]: the unablated graph with projection NAME on that GemvConfig; "
+        "NAME=mma:WARPS,GROUPS: an INT4 projection on the tensor-core kernel so launched; "
+        "attn=BN,WARPS,STAGES,SPLITS: the decode attention so launched; ';' joins several",
     )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
