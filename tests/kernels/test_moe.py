@@ -357,6 +357,8 @@ def test_gpt_oss_options_refused_when_inconsistent():
         fused_moe(x, gu, dn, w, ex, **(both | {"gate_up_bias": gb[:, :8]}), **swiglu)
     with pytest.raises(ValueError, match=r"down_bias must be torch.float32 \[4, 32\]"):
         fused_moe(x, gu, dn, w, ex, **(both | {"down_bias": db.half()}), **swiglu)
+    with pytest.raises(ValueError, match=r"scale_input .* got interleaved=True, biases=True"):
+        fused_moe(x, gu, dn, w, ex, **both, **swiglu, scale_input=True)  # no model scales gpt-oss's inputs
 
 
 @needs_triton

@@ -501,6 +501,11 @@ def fused_moe(
     ``sum_j down[e] @ (act(gate[e] @ x_j) * (up[e] @ x_j))``."""
     e, i = _check(x, gate_up, down, weights, experts, transposed)
     _check_options(x, e, i, activation, gate_up_bias, down_bias, alpha, limit)
+    if scale_input and (interleaved or gate_up_bias is not None or activation != "silu"):
+        raise ValueError(
+            "fused_moe: scale_input (Llama 4's experts) takes gate / up halves, no biases and SiLU; got "
+            f"interleaved={interleaved}, biases={gate_up_bias is not None}, activation={activation!r}"
+        )
     n, h, k = int(x.shape[0]), int(x.shape[1]), int(experts.shape[1])
     if n == 0:
         return x.new_zeros((0, h))
