@@ -7,7 +7,6 @@ import argparse
 
 import pytest
 
-import tests.kernels.conftest  # noqa: F401  (TRITON_INTERPRET before any kernel module is imported)
 from benchmarks.probe_decode_ablation import Mma, _configs, _launch_choice
 from trtforge.kernels import int4_mma
 from trtforge.kernels.decode_attention import DecodeConfig
