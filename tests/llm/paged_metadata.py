@@ -31,3 +31,15 @@ def mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens) -> tuple[AttentionM
         block_size=bs,
     )
     return meta, tables
+
+
+def mixed_batch(device, ctx_lens, q_lens, seed: int):
+    """A mixed step over 64 random FP16 pool blocks of 16 (8 query heads on 2 kv heads of 32), sequences
+    of `ctx_lens` keys with `q_lens` new tokens: its metadata, the pools, the queries and the head dim."""
+    g = torch.Generator().manual_seed(seed)
+    bs, hq, hkv, d, nblocks = 16, 8, 2, 32, 64
+    meta, _ = mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens)
+    k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
+    v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
+    q = torch.randn(sum(q_lens), hq, d, generator=g).half().to(device)
+    return meta, k_pool, v_pool, q, d

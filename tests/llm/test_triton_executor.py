@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests._devices import DEVICES, skip_unless_runs_here
-from tests.llm.paged_metadata import mixed_metadata
+from tests.llm.paged_metadata import mixed_batch, mixed_metadata
 from tests.llm.serving_models import run_to_completion, tiny_llama
 from tests.llm.tiny_models import KERNEL_FAMILIES, MOE_FAMILIES
 from trtforge.llm.engine import make_step_loop
@@ -35,19 +35,6 @@ LAYOUTS = {
 }
 
 
-def _mixed_batch(device, layout: str, seed: int):
-    """A mixed step of `layout` over 64 random FP16 pool blocks of 16 (8 query heads on 2 kv heads of
-    32): its metadata, the pools, the queries and the head dim."""
-    g = torch.Generator().manual_seed(seed)
-    bs, hq, hkv, d, nblocks = 16, 8, 2, 32, 64
-    ctx_lens, q_lens = LAYOUTS[layout]
-    meta, _ = mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens)
-    k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
-    v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
-    q = torch.randn(sum(q_lens), hq, d, generator=g).half().to(device)
-    return meta, k_pool, v_pool, q, d
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("into", [False, True], ids=["new", "out"])
@@ -55,7 +42,7 @@ def test_triton_attention_matches_the_reference_on_a_mixed_batch(device, layout,
     from trtforge.llm.executors.triton_attention import TritonPagedAttention
 
     skip_unless_runs_here(device)
-    meta, k_pool, v_pool, q, d = _mixed_batch(device, layout, 0)
+    meta, k_pool, v_pool, q, d = mixed_batch(device, *LAYOUTS[layout], 0)
     out = torch.full_like(q, float("nan")) if into else None
     attention = TritonPagedAttention()
     got = attention(q, k_pool, v_pool, meta, d**-0.5, out=out)
@@ -76,7 +63,7 @@ def test_triton_attention_takes_attention_chunks_on_a_mixed_batch(device, layout
     from trtforge.llm.executors.triton_attention import TritonPagedAttention
 
     skip_unless_runs_here(device)
-    meta, k_pool, v_pool, q, d = _mixed_batch(device, layout, 2)
+    meta, k_pool, v_pool, q, d = mixed_batch(device, *LAYOUTS[layout], 2)
     got = TritonPagedAttention()(q, k_pool, v_pool, meta, d**-0.5, chunk=24)
     pools = (q.double(), k_pool.double(), v_pool.double(), meta, d**-0.5)
     want = paged_attention_reference(*pools, chunk=24)

@@ -252,7 +252,8 @@ def test_gpu_graph_decode_of_moe_models_matches_eager_and_grouped(monkeypatch, f
 def test_transposed_experts_reach_the_kernels_in_place_with_their_options(monkeypatch, family):
     """Llama 4's and Aria's blocks hand the fused kernels their experts' own parameters (``x @ W``, read
     through their strides: no copy, no re-layout) with ``transposed``, and Llama 4's with ``scale_input``
-    (Aria's weights its outputs): the kernels' result is the block's experts' sum."""
+    (Aria's weights its outputs). The values are compared with grouped and float64 math in
+    test_fused_matches_grouped_and_is_as_close_to_float64, which runs both families."""
     skip_unless_runs_here("cpu")  # the kernels take CPU tensors in the interpreter only
     from trtforge.kernels import moe as kernels
 

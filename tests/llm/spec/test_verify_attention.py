@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests._devices import DEVICES, skip_unless_runs_here
-from tests.llm.paged_metadata import mixed_metadata
+from tests.llm.paged_metadata import mixed_batch
 from trtforge.llm.executors.paged_attention import paged_attention_reference
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
@@ -30,13 +30,8 @@ def test_verification_rows_run_the_decode_kernel_and_match_the_reference(device,
     from trtforge.llm.executors.triton_attention import TritonPagedAttention
 
     skip_unless_runs_here(device)
-    g = torch.Generator().manual_seed(3)
-    bs, hq, hkv, d, nblocks = 16, 8, 2, 32, 64
-    ctx_lens, q_lens = LAYOUTS[layout]
-    meta, _ = mixed_metadata(device, g, bs, nblocks, ctx_lens, q_lens)
-    k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
-    v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(device)
-    q = torch.randn(sum(q_lens), hq, d, generator=g).half().to(device)
+    q_lens = LAYOUTS[layout][1]
+    meta, k_pool, v_pool, q, d = mixed_batch(device, *LAYOUTS[layout], 3)
     out = torch.full_like(q, float("nan"))
     attention = TritonPagedAttention()
     got = attention(q, k_pool, v_pool, meta, d**-0.5, window, out=out)
