@@ -4,6 +4,8 @@
         -f -o build/decode_ncu python3 benchmarks/probe_decode_ncu.py
     ncu --import build/decode_ncu.ncu-rep --csv --page raw > build/decode_ncu_raw.csv
     python3 benchmarks/probe_decode_ncu.py --summarize build/decode_ncu_raw.csv
+    ncu --import build/decode_ncu.ncu-rep --csv --page source --print-source sass > build/decode_sass.csv
+    python3 benchmarks/probe_decode_ncu.py --sass build/decode_sass.csv
 
 Over FP8 pools the split-KV decode kernel reads K/V at ~3.35-3.5 TB/s against ~4.0 over BF16 pools
 (bench_kv_fp8.py, probe_pool_layout.py), though it moves half the bytes per key: what holds it? This
@@ -63,6 +65,41 @@ def summarize(path: Path) -> None:
             print(metric, *[r[j] for r in body], sep=" | ")
 
 
+def summarize_sass(path: Path, top: int = 30) -> None:
+    """Print where a kernel's warps stall, from an ``ncu --import REP --csv --page source --print-source
+    sass`` export: the sampled stall columns summed by opcode, then the `top` instructions by samples."""
+    rows = list(csv.reader(path.open()))
+    at = next((i for i, r in enumerate(rows) if "Source" in r), None)
+    if at is None:
+        raise SystemExit(f"{path}: no 'Source' column (not a --page source export?)")
+    head, body = rows[at], [r for r in rows[at + 1 :] if len(r) == len(rows[at])]
+    src = head.index("Source")
+    samples = [j for j, h in enumerate(head) if "Sampling" in h]
+    if not samples:
+        raise SystemExit(f"{path}: no stall-sampling columns; columns: {head}")
+
+    def num(v: str) -> float:
+        try:
+            return float(v.replace(",", ""))
+        except ValueError:
+            return 0.0
+
+    by_op: dict[str, list[float]] = {}
+    for r in body:
+        op = (r[src].split() or ["?"])[0]
+        op = r[src].split()[1] if op.startswith("@") and len(r[src].split()) > 1 else op
+        acc = by_op.setdefault(op.split(".")[0], [0.0] * len(samples))
+        for i, j in enumerate(samples):
+            acc[i] += num(r[j])
+    print("opcode", *[head[j] for j in samples], sep=" | ")
+    for op, acc in sorted(by_op.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(op, *[f"{a:.0f}" for a in acc], sep=" | ")
+    print()
+    print("instruction", *[head[j] for j in samples], sep=" | ")
+    for r in sorted(body, key=lambda r: -num(r[samples[0]]))[:top]:
+        print(r[src][:70], *[r[j] for j in samples], sep=" | ")
+
+
 def main() -> int:
     from trtforge.kernels.kv_quant import FP8_MAX, quantize_fp8
     from trtforge.llm.executors.triton_attention import TritonDecodeAttention
@@ -70,9 +107,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--points", nargs="+", default=["256x2048", "751x1152"], help="BxKEYS")
     ap.add_argument("--summarize", type=Path, default=None, help="an ncu raw CSV export to summarize")
+    ap.add_argument("--sass", type=Path, default=None, help="an ncu source-page CSV to summarize")
     args = ap.parse_args()
     if args.summarize is not None:
         summarize(args.summarize)
+        return 0
+    if args.sass is not None:
+        summarize_sass(args.sass)
         return 0
     if not torch.cuda.is_available():
         raise SystemExit("probe_decode_ncu.py: needs a CUDA GPU with FP8 (sm_89+)")
