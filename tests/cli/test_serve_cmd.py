@@ -40,6 +40,26 @@ def test_bad_input_exits_2(capsys, argv, message):
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-num-seqs", "9" * 5000], "(5,000 characters): expected an integer in the range x>=1"),
+        (["--port", "7" * 4300], "(4,300 characters): expected an integer in the range 0<=x<=65535"),
+        (["--request-timeout", "x" * 10_000], "(10,000 characters): expected a number in the range x>0"),
+        (["--max-num-seqs", "9" * 100], "(100 digits) is more than 65,536"),
+        (["--api-key", " " + "k" * 10_000], "(10,001 characters): expected a non-empty key"),
+        (["--served-model-name", "\n" * 10_000], "(10,000 characters): expected a name"),
+    ],
+)
+def test_a_huge_option_value_is_quoted_short(capsys, argv, message):
+    """Before: click and the option checks quoted the whole value (past 4,300 digits, click's failed
+    int() was quoted instead)."""
+    assert main(["serve", "/no/such", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert len(err) < 400, err
+
+
 def test_an_empty_chat_template_is_refused(tmp_path, capsys):
     empty = tmp_path / "chat.jinja"
     empty.write_text("  \n")

@@ -41,13 +41,14 @@ def _at_most(bound: str) -> Any:
     (imported when the option is given: the scheduler's module is not for `trtforge --help` to load)."""
 
     def check(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+        from trtforge.errors import shown
         from trtforge.llm.sched import request
 
         most = getattr(request, bound)
         if value is not None and value > most:
             raise click.BadParameter(
-                f"{value} is more than {most:,}, the most it can be (buffers and CUDA graphs are sized "
-                "by it).",
+                f"{shown(value)} is more than {most:,}, the most it can be (buffers and CUDA graphs are "
+                "sized by it).",
                 ctx,
                 param,
             )

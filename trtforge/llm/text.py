@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trtforge.errors import UserError
+from trtforge.errors import UserError, shown
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # tokens of the prompt's end decoded with the first output tokens, so that a tokenizer which drops a
@@ -77,10 +77,10 @@ def encode_prompt(tok: Any, text: str, what: str = "the prompt") -> list[int]:
     """Token ids of a text prompt, the tokenizer's special tokens (BOS) included."""
     check_text(text, what)
     if not text.strip():  # special tokens alone (BOS, [CLS] [SEP]) are no prompt
-        raise UserError(f"{what} {text!r} is empty; give the text to continue.")
+        raise UserError(f"{what} {shown(text)} is empty; give the text to continue.")
     ids = [int(t) for t in tok(text, add_special_tokens=True)["input_ids"]]
     if not ids:
-        raise UserError(f"{what} {text!r} tokenizes to no tokens.")
+        raise UserError(f"{what} {shown(text)} tokenizes to no tokens.")
     return ids
 
 

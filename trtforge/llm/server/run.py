@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from trtforge.errors import UserError
+from trtforge.errors import UserError, shown
 from trtforge.llm.server.app import ServerState, create_app
 
 log = logging.getLogger("trtforge.serve")
@@ -53,14 +53,14 @@ class ServeOptions:
         if key is not None and (not key or key != key.strip() or not (key.isascii() and key.isprintable())):
             # (an HTTP header is read as Latin-1: a key of other characters, sent as UTF-8, never matched)
             raise UserError(
-                f"--api-key {key!r}: expected a non-empty key of printable ASCII characters without leading "
-                "or trailing spaces (clients send it as `Authorization: Bearer KEY`); leave --api-key out "
-                "to serve without one."
+                f"--api-key {shown(key)}: expected a non-empty key of printable ASCII characters "
+                "without leading or trailing spaces (clients send it as `Authorization: Bearer KEY`); leave "
+                "--api-key out to serve without one."
             )
         for name in self.served_model_names:
             if not name.strip() or not name.isprintable():
                 raise UserError(
-                    f"--served-model-name {name!r}: expected a name clients can send as the request's "
+                    f"--served-model-name {shown(name)}: expected a name clients can send as the request's "
                     '"model" (non-empty printable text).'
                 )
         timeouts = {
