@@ -430,10 +430,21 @@ def from_pretrained(
             "quantization='int4-awq' or kv_cache_dtype='fp8' (--kv-cache-dtype fp8), or drop them."
         )
     quantized = quantization is not None or lm_head_quantization is not None
-    if tensor_parallel_size != 1 and (kv_cache_dtype != "auto" or quantized):
+    # (each as name='value', joined by "and": the CLI words each as its flag, `--kv-cache-dtype fp8`)
+    given = [
+        f"{name}={value!r}"
+        for name, value in (
+            ("kv_cache_dtype", None if kv_cache_dtype == "auto" else kv_cache_dtype),
+            ("quantization", quantization),
+            ("lm_head_quantization", lm_head_quantization),
+        )
+        if value is not None
+    ]
+    if tensor_parallel_size != 1 and given:
+        one = len(given) == 1
         raise UserError(
-            "kv_cache_dtype 'fp8', quantization and lm_head_quantization do not run with "
-            "tensor_parallel_size > 1 yet; pass tensor_parallel_size=1 or drop them."
+            f"{' and '.join(given)} {'does' if one else 'do'} not run with tensor_parallel_size > 1 yet; "
+            f"pass tensor_parallel_size=1 or drop {'it' if one else 'them'}."
         )
     config = sizing.default_scheduler_config(config, max_num_seqs)
     if tensor_parallel_size != 1:
