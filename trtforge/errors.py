@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 
 class TrtforgeError(Exception):
     """Base class of every error trtforge raises on purpose."""
@@ -25,3 +28,80 @@ class BuildError(TrtforgeError):
 
 class TrtforgeWarning(UserWarning):
     """Something the user should know that does not stop the run (the CLI prints it as one line)."""
+
+
+SHOWN_CHARS = 40  # characters of a quoted value that an error message keeps
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """`value` as an error message quotes it, at most about `limit` characters plus its size.
+
+    Bad input is echoed so its sender can find it, but a 1 MB string, a 4,300-digit integer or a list of
+    a million ids echoed whole made an error message of that size (and an integer past Python's
+    int-to-str limit raised instead). Short values read as their repr; longer ones keep their first
+    `limit` characters, then ``… (N characters)``, ``… (N digits)`` or ``… (N items)``.
+    """
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int) or _is_integer(value):
+        return _shown_int(int(value), limit)
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        head = repr(value[:limit])
+        return f"{head[:-1]}…{head[-1]} ({len(value):,} characters)"
+    if isinstance(value, (list, tuple, dict, set, frozenset)):
+        return _shown_collection(value, limit)
+    try:
+        text = repr(value)
+    except ValueError:  # a container holding an integer past the int-to-str limit
+        return f"a {type(value).__name__}"
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
+def shown_name(name: str | int) -> str:
+    """A field name or key as an error message's field path writes it: as it is, unless longer than
+    :data:`SHOWN_CHARS` (a client's own dict key), then cut and quoted as :func:`shown` cuts it."""
+    text = str(name)
+    return text if len(text) <= SHOWN_CHARS else shown(text)
+
+
+def _is_integer(value: Any) -> bool:
+    """Whether `value` is an integer scalar of another library (numpy's), which ``int()`` takes exactly."""
+    return hasattr(value, "__index__") and not hasattr(value, "__len__") and hasattr(value, "dtype")
+
+
+def _shown_int(value: int, limit: int) -> str:
+    """An integer's decimal form, or its first `limit` digits and how many it has. Past ~40 digits it is
+    never written whole (Python refuses past 4,300: ``sys.set_int_max_str_digits``)."""
+    n = abs(value)
+    sign = "-" if value < 0 else ""
+    digits = int(n.bit_length() * math.log10(2)) + 1
+    if digits > 1 and n < 10 ** (digits - 1):
+        digits -= 1
+    if digits <= limit:
+        return sign + str(n)
+    head = n // 10 ** (digits - limit)
+    return f"{sign}{head}… ({digits:,} digits)"
+
+
+def _shown_collection(value: Any, limit: int) -> str:
+    """A list, tuple, set or dict as its first items that fit in `limit` characters, then how many it has
+    (each item shown by :func:`shown`, so a huge item inside is cut too)."""
+    is_dict = isinstance(value, dict)
+    opening, closing = ("{", "}") if is_dict or isinstance(value, (set, frozenset)) else ("[", "]")
+    if isinstance(value, tuple):
+        opening, closing = "(", ")"
+    parts: list[str] = []
+    used = 0
+    for item in value.items() if is_dict else value:
+        part = f"{shown(item[0], limit)}: {shown(item[1], limit)}" if is_dict else shown(item, limit)
+        parts.append(part)
+        used += len(part) + 2
+        if used > limit:
+            break
+    text = opening + ", ".join(parts) + closing
+    if len(parts) == len(value) and len(text) <= limit:
+        return text
+    noun = ("entry" if is_dict else "item") if len(value) == 1 else ("entries" if is_dict else "items")
+    return f"{text[:limit]}… ({len(value):,} {noun})"

@@ -19,6 +19,7 @@ TRAINED = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "co
 REPORT = ["report", str(TRAINED), "--generate", "-o", "rep", "--no-progress", "--variants", "fp32"]
 REPORT += ["--windows", "1", "--window-len", "16", "--batch", "1", "--prompt-len", "4", "--new-tokens", "2"]
 TINY_IDS = ["generate", "tests.llm.tiny_models:llama_factory", "--prompt-ids", "1 2"]
+TP_QUANT = ["--tensor-parallel-size", "2", "--quantization", "fp8", "--lm-head-quantization", "fp8"]
 MPT_NO_ALIBI = "tests.llm.tiny_models:mpt_no_alibi_factory"
 TP_NGRAM = ["--tensor-parallel-size", "2", "--speculative-method", "ngram"]
 
@@ -119,7 +120,7 @@ CASES: dict[str, tuple[Setup, str]] = {
     # before: int()'s ValueError past 4,300 digits, an internal error (exit 1) with its trace
     "generate --prompt-ids of a 5,000-digit id": (
         lambda d: [*TINY_IDS[:-1], "1 " + "9" * 5000],
-        r"--prompt-ids '1 9{58}'\.\.\. \(5,002 characters\): expected token ids >= 0 \(up to 30 digits",
+        r"--prompt-ids '1 9{38}…' \(5,002 characters\): expected token ids >= 0 \(up to 30 digits",
     ),
     # before: "SamplingParams.seed must be ...", a name the command line never showed
     "generate --seed -1": (lambda d: [*TINY_IDS, "--seed", "-1"], r"--seed must be None or an integer"),
@@ -180,8 +181,13 @@ CASES: dict[str, tuple[Setup, str]] = {
     ),
     "generate --tensor-parallel-size with --kv-cache-dtype fp8": (
         lambda d: [*TINY_IDS, "--tensor-parallel-size", "2", "--kv-cache-dtype", "fp8"],
-        r"--kv-cache-dtype 'fp8', quantization and --lm-head-quantization do not run with "
-        r"--tensor-parallel-size > 1 yet; pass --tensor-parallel-size 1 or drop them",
+        r"error: --kv-cache-dtype fp8 does not run with --tensor-parallel-size > 1 yet; pass "
+        r"--tensor-parallel-size 1 or drop it\.",
+    ),
+    "generate --tensor-parallel-size with --quantization and --lm-head-quantization": (
+        lambda d: [*TINY_IDS, *TP_QUANT],
+        r"error: --quantization fp8 and --lm-head-quantization fp8 do not run with --tensor-parallel-size "
+        r"> 1 yet; pass --tensor-parallel-size 1 or drop them\.",
     ),
     "serve --tensor-parallel-size with speculative decoding": (
         lambda d: ["serve", TINY_IDS[1], "--tokenizer", str(TRAINED), "--device", "cpu", *TP_NGRAM],

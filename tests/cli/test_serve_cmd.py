@@ -40,6 +40,26 @@ def test_bad_input_exits_2(capsys, argv, message):
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-num-seqs", "9" * 5000], "(5,000 characters): expected an integer in the range x>=1"),
+        (["--port", "7" * 4300], "(4,300 characters): expected an integer in the range 0<=x<=65535"),
+        (["--request-timeout", "x" * 10_000], "(10,000 characters): expected a number in the range x>0"),
+        (["--max-num-seqs", "9" * 100], "(100 digits) is more than 65,536"),
+        (["--api-key", " " + "k" * 10_000], "(10,001 characters): expected a non-empty key"),
+        (["--served-model-name", "\n" * 10_000], "(10,000 characters): expected a name"),
+    ],
+)
+def test_a_huge_option_value_is_quoted_short(capsys, argv, message):
+    """Before: click and the option checks quoted the whole value (past 4,300 digits, click's failed
+    int() was quoted instead)."""
+    assert main(["serve", "/no/such", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert len(err) < 400, err
+
+
 def test_an_empty_chat_template_is_refused(tmp_path, capsys):
     empty = tmp_path / "chat.jinja"
     empty.write_text("  \n")
@@ -204,3 +224,61 @@ def test_a_max_model_len_past_the_models_positions_is_refused_naming_the_limit(c
     err = capsys.readouterr().err
     assert "--max-model-len 100000 exceeds the 2048 positions" in err, err
     assert "max_position_embeddings in its config" in err and "Traceback" not in err, err
+
+
+@pytest.fixture
+def tokenizer_with_named_templates(tmp_path) -> Path:
+    """The bundled demo tokenizer saved with named chat templates ({"tool_use": ..., "rag": ...})."""
+    from trtforge.calibration.data import DEMO_TOKENIZER, resolve_tokenizer
+
+    tok = resolve_tokenizer(DEMO_TOKENIZER)
+    tok.chat_template = {"tool_use": "T{{ messages[0]['content'] }}", "rag": "R{{ messages[0]['content'] }}"}
+    tok.save_pretrained(tmp_path / "tok")
+    return tmp_path / "tok"
+
+
+def test_chat_template_names_one_of_the_tokenizers_named_templates(
+    tokenizer_with_named_templates, monkeypatch
+):
+    """--chat-template NAME picks that template (its text is what chats are rendered with)."""
+    served = _no_server(monkeypatch)
+    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--num-blocks", "8"]
+    argv += ["--tokenizer", str(tokenizer_with_named_templates), "--chat-template", "rag"]
+    assert main(argv) in (0, None)
+    ((_, options),) = served
+    assert options.chat_template == "R{{ messages[0]['content'] }}"
+
+
+@pytest.mark.parametrize(
+    ("name", "names"), [("nope", "its named templates are rag, tool_use"), ("default", "rag, tool_use")]
+)
+def test_an_unknown_chat_template_name_is_refused_listing_the_names(
+    tokenizer_with_named_templates, monkeypatch, capsys, name, names
+):
+    """Refused before the model loads (exit 2), naming the flag and listing the names there are."""
+    served = _no_server(monkeypatch)
+    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--num-blocks", "8"]
+    argv += ["--tokenizer", str(tokenizer_with_named_templates), "--chat-template", name]
+    assert main(argv) == 2 and not served
+    err = capsys.readouterr().err
+    assert f"--chat-template '{name}': the tokenizer has no chat template of that name" in err, err
+    assert names in err and "Traceback" not in err, err
+
+
+def test_a_chat_template_name_for_a_tokenizer_without_named_ones_is_refused(tmp_path, monkeypatch, capsys):
+    from trtforge.calibration.data import DEMO_TOKENIZER, resolve_tokenizer
+
+    tok = resolve_tokenizer(DEMO_TOKENIZER)
+    tok.chat_template = "{{ messages[0]['content'] }}"
+    tok.save_pretrained(tmp_path / "tok")
+    served = _no_server(monkeypatch)
+    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--num-blocks", "8"]
+    argv += ["--tokenizer", str(tmp_path / "tok"), "--chat-template", "tool_use"]
+    assert main(argv) == 2 and not served
+    err = capsys.readouterr().err
+    assert "--chat-template 'tool_use': the tokenizer has no named chat templates" in err, err
+
+
+def test_an_empty_chat_template_value_is_refused(capsys):
+    assert main(["serve", "/no/such", "--chat-template", ""]) == 2
+    assert "--chat-template is empty ('')" in capsys.readouterr().err

@@ -98,6 +98,7 @@ FACTORY = "tests.llm.tiny_models:llama_factory"
         ({"num_blocks": 10**30}, r"num_blocks 10{30}: the KV-cache pool of that many blocks cannot be alloc"),
         ({"device": "bogus"}, r"device 'bogus': .*expected 'cpu', 'cuda' or 'cuda:N'"),  # RuntimeError
         ({"device": ""}, r"device '': Device string must not be empty"),
+        ({"device": "x" * 10**6}, r"device 'x{40}…' \(1,000,000 characters\): .* string: 'x{40}…' \(1,00"),
         ({"device": 5}, r"device must be a string or torch\.device, got int 5"),
         ({"device": "meta"}, r"device 'meta': the torch executor runs on cpu or cuda"),  # was accepted
         ({"dtype": "bogus"}, r"dtype must be None or a floating torch\.dtype .* got 'bogus'"),  # to()'s dump

@@ -146,7 +146,7 @@ def test_refusals_name_the_lm_head_option(monkeypatch):
         quantize_model(model, None, lm_head_quantization="fp8")
     with pytest.raises(UserError, match="lm_head_quantization 'int4' is not supported"):
         from_pretrained(_llama(), lm_head_quantization="int4", num_blocks=4)
-    with pytest.raises(UserError, match="lm_head_quantization do not run with tensor_parallel_size > 1"):
+    with pytest.raises(UserError, match="^lm_head_quantization='fp8' does not run with tensor_parallel_size"):
         from_pretrained(_llama(), lm_head_quantization="fp8", tensor_parallel_size=2)
     with pytest.raises(UserError, match="lm_head_quantization='fp8' applies to the torch executor"):
         load("step.onnx", "onnxruntime", lm_head_quantization="fp8")

@@ -171,7 +171,7 @@ def test_huge_integers_are_refused_naming_the_field(kwargs, field):
 
 def test_a_refused_long_list_is_shown_shortened():
     """Before: the message held the whole list (a million ids: 8 MB)."""
-    shortened = r"SamplingParams\.stop_token_ids must be .*, got \[0, 1, 2, .*\.\.\. \(1,000,001 entries\)$"
+    shortened = r"SamplingParams\.stop_token_ids must be .*, got \[0, 1, 2, .*… \(1,000,001 items\)$"
     with pytest.raises(UserError, match=shortened) as e:
         SamplingParams(stop_token_ids=[*range(1_000_000), -1])
     assert len(str(e.value)) < 400

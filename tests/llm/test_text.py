@@ -15,6 +15,7 @@ from trtforge.llm.text import (
     apply_chat_template,
     check_text,
     model_tokenizer,
+    resolve_chat_template,
 )
 
 TEXT = "def f():\n    return 'héllo wörld 日本語 🙂 ok'  # ✓ ünïcödé"
@@ -60,6 +61,32 @@ def test_chat_template_is_required_and_applied(tok):
         apply_chat_template(tok, msgs, None)
     ids = apply_chat_template(tok, msgs, "{% for m in messages %}<{{ m['content'] }}>{% endfor %}")
     assert tok.decode(ids) == "<hi>"
+
+
+@pytest.mark.parametrize(
+    ("named", "chosen", "rendered"),
+    [
+        ({"default": "D{{ messages[0]['content'] }}", "rag": "R{{ messages[0]['content'] }}"}, None, "Dhi"),
+        ({"default": "D{{ messages[0]['content'] }}", "rag": "R{{ messages[0]['content'] }}"}, "rag", "Rhi"),
+        ({"tool_use": "T{{ messages[0]['content'] }}", "rag": "R{{ messages[0]['content'] }}"}, "rag", "Rhi"),
+        ({"rag": "R"}, "<{{ messages[0]['content'] }}>", "<hi>"),  # not a name: a template's text
+    ],
+)
+def test_a_named_chat_template_is_picked_as_transformers_picks_it(tok, monkeypatch, named, chosen, rendered):
+    monkeypatch.setattr(tok, "chat_template", named)
+    template = resolve_chat_template(tok, chosen)
+    assert tok.decode(apply_chat_template(tok, [{"role": "user", "content": "hi"}], template)) == rendered
+
+
+def test_named_chat_templates_without_a_default_are_a_clear_error(tok, monkeypatch):
+    """Before: transformers' "multiple chat templates with no default" ValueError, passed on as "the chat
+    template failed on these messages" (the client's fault)."""
+    monkeypatch.setattr(tok, "chat_template", {"tool_use": "T", "rag": "R"})
+    assert resolve_chat_template(tok, None) is None
+    with pytest.raises(NoChatTemplateError) as e:
+        apply_chat_template(tok, [{"role": "user", "content": "hi"}], None)
+    assert "named chat templates (rag, tool_use) but none named 'default'" in str(e.value)
+    assert "--chat-template NAME" in str(e.value) and "--chat-template FILE" in str(e.value)
 
 
 def test_undecodable_text_is_a_user_error():

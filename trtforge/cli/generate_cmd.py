@@ -48,14 +48,13 @@ MAX_ID_DIGITS = 30
 
 def _parse_ids(text: str) -> list[int]:
     """``--prompt-ids TEXT`` as token ids; UserError naming the flag (and the start of TEXT) otherwise."""
-    from trtforge.errors import UserError
+    from trtforge.errors import UserError, shown
 
     parts = [p for p in re.split(r"[\s,]+", text.strip()) if p]
     if not parts or not all(re.fullmatch(rf"\d{{1,{MAX_ID_DIGITS}}}", p) for p in parts):
-        shown = repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text):,} characters)"
         raise UserError(
-            f"--prompt-ids {shown}: expected token ids >= 0 (up to {MAX_ID_DIGITS} digits each) separated "
-            'by spaces or commas, e.g. "1 2 3".'
+            f"--prompt-ids {shown(text)}: expected token ids >= 0 (up to {MAX_ID_DIGITS} digits each) "
+            'separated by spaces or commas, e.g. "1 2 3".'
         )
     return [int(p) for p in parts]
 
@@ -242,7 +241,7 @@ def generate_cmd(
 def _submit(engine: Any, tok: Any, rows: list[list[int]], params: Any, json_schema: str | None) -> list[Any]:
     """Every prompt's samples queued in `engine`; a schema the grammar compiler refuses is a UserError
     naming ``--json-schema FILE`` (the engine's message named ``response_format``, a server's field)."""
-    from trtforge.errors import UserError
+    from trtforge.errors import UserError, shown
     from trtforge.llm.structured import GrammarError
 
     try:
@@ -254,7 +253,7 @@ def _submit(engine: Any, tok: Any, rows: list[list[int]], params: Any, json_sche
         if json_schema is None or not grammar:
             raise
         why = str(exc).removeprefix("response_format: ")
-        raise UserError(f"--json-schema {json_schema!r}: {why.rstrip()}") from exc
+        raise UserError(f"--json-schema {shown(json_schema)}: {why.rstrip()}") from exc
 
 
 def _sampling_params(cls: Any, **fields: Any) -> Any:
@@ -298,6 +297,7 @@ def _check_vocabulary(rows: list[list[int]], given_ids: int, vocab: int, tokeniz
 def _parse_logit_bias(values: tuple[str, ...]) -> dict[int, float] | None:
     """``--logit-bias ID=BIAS`` flags as {id: bias} (None when none); click.BadParameter (exit 2) naming
     the flag for a malformed or repeated entry (the range is SamplingParams', worded as the flag)."""
+    from trtforge.errors import shown
     from trtforge.llm.sampling import LOGIT_BIAS_LIMIT
 
     out: dict[int, float] = {}
@@ -310,13 +310,13 @@ def _parse_logit_bias(values: tuple[str, ...]) -> dict[int, float] | None:
         in_range = bias is not None and -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT  # (NaN is not)
         if not sep or not re.fullmatch(r"\s*[0-9]{1,12}\s*", key) or not in_range:
             raise click.BadParameter(
-                f"{text!r}: expected ID=BIAS, a token id >= 0 and a number in [-100, 100], e.g. 13=-100 "
+                f"{shown(text)}: expected ID=BIAS, a token id >= 0 and a number in [-100, 100], e.g. 13=-100 "
                 "(bans token 13) or 13=100 (all but forces it)",
                 param_hint="'--logit-bias'",
             )
         if int(key) in out:
             raise click.BadParameter(
-                f"{text!r}: token {int(key)} is biased twice; give each token id once",
+                f"{shown(text)}: token {int(key)} is biased twice; give each token id once",
                 param_hint="'--logit-bias'",
             )
         out[int(key)] = bias

@@ -3,6 +3,7 @@ so `trtforge --help` stays fast and works without TensorRT."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 import sys
@@ -46,7 +47,7 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module, attr = target.split(":")
-        return _refuse_empty_paths(getattr(importlib.import_module(module), attr))
+        return _shorten_number_errors(_refuse_empty_paths(getattr(importlib.import_module(module), attr)))
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, SHORT_HELP.get(name, "")) for name in self.list_commands(ctx)]
@@ -73,6 +74,39 @@ def _refuse_empty_paths(command: click.Command) -> click.Command:
             param.callback = _refuse_empty_model(command.name or "", param.callback)
             param._trtforge_no_empty = True  # type: ignore[attr-defined]
     return command
+
+
+def _shorten_number_errors(command: click.Command) -> click.Command:
+    """Every number option of `command` refuses a long value (``--port`` of 5,000 digits) quoting its
+    start and size, as :func:`trtforge.errors.shown` does, where click quoted it whole (or, past Python's
+    4,300-digit int-to-str limit, failed to parse it and quoted that). Exit code 2, as click's own."""
+    for param in command.params:
+        kind = param.type
+        if isinstance(kind, click.types._NumberParamTypeBase) and not getattr(kind, "_trtforge_short", False):
+            kind = copy.copy(kind)  # (click.INT is shared by every command: the copy is this option's)
+            kind.convert = _short_convert(kind, kind.convert)  # type: ignore[method-assign]
+            kind._trtforge_short = True  # type: ignore[attr-defined]
+            param.type = kind
+    return command
+
+
+def _short_convert(kind: click.ParamType, inner: Any) -> Any:
+    """`inner` (a number type's convert), raising click.BadParameter that quotes a long value shortened."""
+    from trtforge.errors import SHOWN_CHARS, shown
+
+    def convert(value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str) or len(value) <= SHOWN_CHARS:
+            return inner(value, param, ctx)
+        try:
+            return inner(value, param, ctx)
+        except click.BadParameter:
+            pass
+        number = "an integer" if isinstance(kind, click.types.IntParamType) else "a number"
+        describe = getattr(kind, "_describe_range", None)
+        expected = f"{number} in the range {describe()}" if describe is not None else number
+        raise click.BadParameter(f"{shown(value)}: expected {expected}.", ctx, param) from None
+
+    return convert
 
 
 def _is_model_argument(param: click.Parameter) -> bool:

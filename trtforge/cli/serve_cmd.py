@@ -20,6 +20,7 @@ EXAMPLES = """\b
 Examples:
   trtforge serve ./llama-dir
   trtforge serve ./llama-dir --port 8000 --api-key sk-local --chat-template chat.jinja
+  trtforge serve ./llama-dir --chat-template tool_use
   trtforge serve llm.engine --tokenizer ./llama-dir --served-model-name llama
   trtforge serve ./llama-dir --speculative-method ngram --num-speculative-tokens 4
   trtforge serve ./llama-dir --quantization fp8 --kv-cache-dtype fp8
@@ -41,13 +42,14 @@ def _at_most(bound: str) -> Any:
     (imported when the option is given: the scheduler's module is not for `trtforge --help` to load)."""
 
     def check(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+        from trtforge.errors import shown
         from trtforge.llm.sched import request
 
         most = getattr(request, bound)
         if value is not None and value > most:
             raise click.BadParameter(
-                f"{value} is more than {most:,}, the most it can be (buffers and CUDA graphs are sized "
-                "by it).",
+                f"{shown(value)} is more than {most:,}, the most it can be (buffers and CUDA graphs are "
+                "sized by it).",
                 ctx,
                 param,
             )
@@ -64,9 +66,10 @@ def _at_most(bound: str) -> Any:
 @click.option("--tokenizer", default=None, help="Tokenizer directory (default: MODEL's own).")
 @click.option(
     "--chat-template",
-    type=click.Path(exists=True, dir_okay=False),
     default=None,
-    help="Jinja chat template file (default: the tokenizer's).",
+    metavar="FILE|NAME",
+    help="Jinja chat template file, or the name of one of the tokenizer's named chat templates (default: "
+    "the tokenizer's own; of named ones, 'default').",
 )
 @click.option(
     "--served-model-name", "served_names", multiple=True, help="Model name(s) clients use (default: MODEL)."
@@ -205,12 +208,19 @@ def serve_cmd(
     from trtforge.errors import UserError
     from trtforge.llm import ServingLLM, from_pretrained, load, sizing
     from trtforge.llm.server.run import ServeOptions, _imports, run
-    from trtforge.llm.text import check_chat_template, check_text, model_tokenizer, read_chat_template
+    from trtforge.llm.text import (
+        chat_template_by_name,
+        check_chat_template,
+        check_text,
+        model_tokenizer,
+        read_chat_template,
+    )
 
     check_text(model, "MODEL")
     _imports()  # before the model loads: a missing extra is said at once
     sizing.check_utilization(gpu_memory_utilization)
-    template = read_chat_template(chat_template) if chat_template is not None else None
+    file = chat_template is not None and _is_template_file(chat_template)
+    template = read_chat_template(chat_template) if file else None
     options = ServeOptions(  # checked here, before the model loads (minutes for a large one)
         host=host,
         port=port,
@@ -230,6 +240,9 @@ def serve_cmd(
         raise UserError(
             f"'{model}' holds no tokenizer; name one with --tokenizer DIR (the server returns text)."
         )
+    if chat_template is not None and not file:  # a name: one of the tokenizer's, checked before the load
+        template = chat_template_by_name(tok, chat_template)
+        options = dataclasses.replace(options, chat_template=template)
     if template is None:  # the tokenizer's own renders every chat: a broken one is refused now, not per chat
         check_chat_template(tok, f"--tokenizer '{tokenizer}'" if tokenizer else f"the tokenizer in '{model}'")
     executor = resolve_executor(model, executor)
@@ -281,6 +294,14 @@ def serve_cmd(
         )
     name = Path(model.rstrip("/")).name or model
     run(llm, tok, name, options)
+
+
+def _is_template_file(value: str) -> bool:
+    """Whether ``--chat-template VALUE`` names a file (it exists, or reads as a path: a separator, a suffix
+    or empty) rather than one of the tokenizer's named templates (``default``, ``tool_use``)."""
+    import os
+
+    return value == "" or os.path.isfile(value) or "/" in value or os.sep in value or Path(value).suffix != ""
 
 
 def _placement(device: str | None, dtype: str) -> dict:

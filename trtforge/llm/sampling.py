@@ -11,14 +11,14 @@ share the batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence, Sized
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from trtforge.errors import UserError
+from trtforge.errors import UserError, shown
 from trtforge.llm.host_to_device import to_device
 from trtforge.llm.penalties import (
     RowHistory,
@@ -48,8 +48,6 @@ LOGIT_BIAS_LIMIT = 100.0
 # logit_bias ids are int64 on the host and the device (an id of 2**64 raised OverflowError when the
 # request was queued); the engine then refuses one past its model's vocabulary
 MAX_TOKEN_ID = 2**63 - 1
-# characters of a refused value a message shows (a list of a million ids made a 7 MB message)
-SHOWN_CHARS = 120
 
 
 def _is_int(x: object) -> bool:
@@ -67,25 +65,6 @@ def _finite(x: Any) -> bool:
         return math.isfinite(x)
     except OverflowError:
         return False
-
-
-def _show(value: object) -> str:
-    """`value` as a message shows it: its repr, cut at :data:`SHOWN_CHARS` characters (a list says how
-    many entries it has); an integer past that, by its number of digits (Python refuses to write one of
-    more than 4300)."""
-    try:
-        text: str | None = repr(value)
-    except ValueError:  # an integer of more than 4300 digits, perhaps inside a list
-        text = None
-    if _is_int(value) and (text is None or len(text) > SHOWN_CHARS):
-        digits = int(abs(int(value)).bit_length() * math.log10(2)) + 1
-        return f"{'a negative' if value < 0 else 'an'} integer of about {digits:,} digits"
-    size = ""
-    if isinstance(value, Sized):
-        size = f" ({len(value):,} entr{'y' if len(value) == 1 else 'ies'})"
-    if text is None:
-        return f"a {type(value).__name__}{size} holding an integer of more than 4300 digits"
-    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}...{size}"
 
 
 @dataclass(frozen=True)
@@ -128,7 +107,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str, value: object) -> UserError:
-            return UserError(f"SamplingParams.{name} must be {expected}, got {_show(value)}")
+            return UserError(f"SamplingParams.{name} must be {expected}, got {shown(value)}")
 
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise bad("max_tokens", "an integer >= 1", self.max_tokens)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.errors import UserError
+from trtforge.errors import SHOWN_CHARS, UserError, shown
 from trtforge.llm import sizing
 from trtforge.llm.engine import Completion, LLMEngine, RequestHandle
 from trtforge.llm.executors.base import PoolAllocationError, StepExecutor
@@ -60,7 +60,7 @@ class ServingLLM:
         if params is not None and not isinstance(params, SamplingParams):
             raise UserError(f"params must be a SamplingParams, got {type(params).__name__}.")
         if not isinstance(stop_at_eos, bool):  # (a string such as "no" is truthy: it would stop at EOS)
-            raise UserError(f"stop_at_eos must be True or False, got {stop_at_eos!r}.")
+            raise UserError(f"stop_at_eos must be True or False, got {shown(stop_at_eos)}.")
         changes: dict[str, Any] = {}
         if max_new_tokens is not None:
             changes["max_tokens"] = max_new_tokens
@@ -237,7 +237,7 @@ def load(
     for name, value in (("quantization", quantization), ("lm_head_quantization", lm_head_quantization)):
         if value is not None:
             raise UserError(
-                f"{name}={value!r} applies to the torch executor (executor='torch' or "
+                f"{name}={shown(value)} applies to the torch executor (executor='torch' or "
                 "trtforge.llm.from_pretrained); compiled step graphs and engines carry their own precision."
             )
     if tensor_parallel_size != 1:
@@ -430,10 +430,21 @@ def from_pretrained(
             "quantization='int4-awq' or kv_cache_dtype='fp8' (--kv-cache-dtype fp8), or drop them."
         )
     quantized = quantization is not None or lm_head_quantization is not None
-    if tensor_parallel_size != 1 and (kv_cache_dtype != "auto" or quantized):
+    # (each as name='value', joined by "and": the CLI words each as its flag, `--kv-cache-dtype fp8`)
+    given = [
+        f"{name}={value!r}"
+        for name, value in (
+            ("kv_cache_dtype", None if kv_cache_dtype == "auto" else kv_cache_dtype),
+            ("quantization", quantization),
+            ("lm_head_quantization", lm_head_quantization),
+        )
+        if value is not None
+    ]
+    if tensor_parallel_size != 1 and given:
+        one = len(given) == 1
         raise UserError(
-            "kv_cache_dtype 'fp8', quantization and lm_head_quantization do not run with "
-            "tensor_parallel_size > 1 yet; pass tensor_parallel_size=1 or drop them."
+            f"{' and '.join(given)} {'does' if one else 'do'} not run with tensor_parallel_size > 1 yet; "
+            f"pass tensor_parallel_size=1 or drop {'it' if one else 'them'}."
         )
     config = sizing.default_scheduler_config(config, max_num_seqs)
     if tensor_parallel_size != 1:
@@ -554,16 +565,16 @@ def check_torch_options(
     given as a string). Returns `dtype` as a torch.dtype (a name such as "bfloat16" is accepted)."""
     for name, value, low in (("block_size", block_size, 1), ("num_blocks", num_blocks, 1)):
         if value is not None and (not _is_int(value) or value < low):
-            raise UserError(f"{name} must be an integer >= {low}, got {value!r}.")
+            raise UserError(f"{name} must be an integer >= {low}, got {shown(value)}.")
     if max_model_len is not None and (not _is_int(max_model_len) or max_model_len < 2):
         raise UserError(
             f"max_model_len must be None or an integer >= 2 (a prompt token and a new one), got "
-            f"{max_model_len!r}."
+            f"{shown(max_model_len)}."
         )
     if not _is_int(tensor_parallel_size) or tensor_parallel_size < 1:
         raise UserError(
             f"tensor_parallel_size must be an integer >= 1 (2 or more splits the model), got "
-            f"{tensor_parallel_size!r}."
+            f"{shown(tensor_parallel_size)}."
         )
     check_device(device)
     _check_prompts(calib_prompts, "calib_prompts")
@@ -579,18 +590,23 @@ def check_device(device: Any, what: str = "device") -> None:
         return
     expected = "expected 'cpu', 'cuda' or 'cuda:N' (or none: cuda if present, else cpu)"
     if not isinstance(device, (str, torch.device)):
-        raise UserError(f"{what} must be a string or torch.device, got {type(device).__name__} {device!r}.")
+        raise UserError(
+            f"{what} must be a string or torch.device, got {type(device).__name__} {shown(device)}."
+        )
     try:
         kind = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise UserError(f"{what} {str(device)!r}: {str(e).splitlines()[0]}; {expected}.") from None
+    except (RuntimeError, TypeError) as e:  # torch's message repeats the string: shortened there too
+        why, text = str(e).splitlines()[0], str(device)
+        if len(text) > SHOWN_CHARS:
+            why = why.replace(text, shown(text))
+        raise UserError(f"{what} {shown(text)}: {why}; {expected}.") from None
     if kind.type not in ("cpu", "cuda"):
-        raise UserError(f"{what} {str(device)!r}: the torch executor runs on cpu or cuda; {expected}.")
+        raise UserError(f"{what} {shown(str(device))}: the torch executor runs on cpu or cuda; {expected}.")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if kind.type == "cuda" and (kind.index or 0) >= gpus:
         raise UserError(
-            f"{what} {str(device)!r}: this machine has {gpus} usable CUDA device(s); pass 'cpu' or a GPU "
-            "it has."
+            f"{what} {shown(str(device))}: this machine has {gpus} usable CUDA device(s); pass 'cpu' or a "
+            "GPU it has."
         )
 
 
@@ -604,7 +620,7 @@ def _torch_dtype(dtype: Any) -> Any:
     if not isinstance(value, torch.dtype) or not value.is_floating_point:
         raise UserError(
             f"dtype must be None or a floating torch.dtype (torch.bfloat16, torch.float16, torch.float32) "
-            f"or its name, got {dtype!r}."
+            f"or its name, got {shown(dtype)}."
         )
     return value
 
@@ -625,7 +641,7 @@ def _check_prompts(prompts: Any, what: str) -> None:
             raise UserError(f"{what}[{i}] must be a list of token ids, got {type(row).__name__}; {expected}.")
         bad = next((t for t in row if not isinstance(t, (int, np.integer)) or isinstance(t, bool)), None)
         if bad is not None:
-            raise UserError(f"{what}[{i}] holds {type(bad).__name__} {bad!r}; {expected}.")
+            raise UserError(f"{what}[{i}] holds {type(bad).__name__} {shown(bad)}; {expected}.")
 
 
 def make_proposer(spec: SpeculativeConfig, target: Any, draft_lm: Any = None) -> Proposer:

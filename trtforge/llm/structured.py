@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.errors import UserError
+from trtforge.errors import UserError, shown, shown_name
 
 # A served schema is a client's input: bound what one can cost. xgrammar compiles outside the GIL, but its
 # time grows faster than the schema (CPU box: 72 KB of properties 3 s, 300 KB 102 s) and with a pattern's
@@ -134,7 +134,7 @@ def check_schema(schema: Any, text: str) -> None:
             patterns = [(node.get("pattern"), f"{where}.pattern")]
             props = node.get("patternProperties")
             if isinstance(props, dict):
-                patterns += [(k, f"{where}.patternProperties[{k!r}]") for k in props]
+                patterns += [(k, f"{where}.patternProperties[{shown(k)}]") for k in props]
             for pat, at in patterns:
                 if not isinstance(pat, str):
                     continue
@@ -152,7 +152,7 @@ def check_schema(schema: Any, text: str) -> None:
                         f"{at}); at most {MAX_TOTAL_PATTERN_REPEAT:,} compile in reasonable time: use * or + "
                         "for long runs, or smaller bounds."
                     )
-            stack += [(v, f"{where}.{k}") for k, v in node.items()]
+            stack += [(v, f"{where}.{shown_name(k)}") for k, v in node.items()]
         elif isinstance(node, list):
             stack += [(v, f"{where}[{i}]") for i, v in enumerate(node)]
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trtforge.errors import UserError
+from trtforge.errors import UserError, shown
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # tokens of the prompt's end decoded with the first output tokens, so that a tokenizer which drops a
@@ -77,15 +77,20 @@ def encode_prompt(tok: Any, text: str, what: str = "the prompt") -> list[int]:
     """Token ids of a text prompt, the tokenizer's special tokens (BOS) included."""
     check_text(text, what)
     if not text.strip():  # special tokens alone (BOS, [CLS] [SEP]) are no prompt
-        raise UserError(f"{what} {text!r} is empty; give the text to continue.")
+        raise UserError(f"{what} {shown(text)} is empty; give the text to continue.")
     ids = [int(t) for t in tok(text, add_special_tokens=True)["input_ids"]]
     if not ids:
-        raise UserError(f"{what} {text!r} tokenizes to no tokens.")
+        raise UserError(f"{what} {shown(text)} tokenizes to no tokens.")
     return ids
 
 
 def read_chat_template(path: str | os.PathLike[str]) -> str:
     """The Jinja chat template in file `path` (--chat-template FILE)."""
+    if str(path) == "":  # (Path('') is the current directory)
+        raise UserError(
+            "--chat-template is empty (''); expected a Jinja template file or the name of one of the "
+            "tokenizer's named chat templates."
+        )
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -150,15 +155,76 @@ class NoChatTemplateError(UserError):
     """A chat request reached a tokenizer with no chat template and none was given."""
 
 
+def named_chat_templates(tok: Any) -> dict[str, str]:
+    """The tokenizer's named chat templates: transformers lets ``chat_template`` be a dict {name: Jinja
+    template} (``{"default": ..., "tool_use": ...}``); {} for a single template or none."""
+    own = getattr(tok, "chat_template", None)
+    return {str(k): v for k, v in own.items()} if isinstance(own, dict) else {}
+
+
+def resolve_chat_template(tok: Any, chosen: str | None) -> str | None:
+    """The Jinja template a chat is rendered with, picked as transformers' ``get_chat_template`` picks it:
+    `chosen` when given (the name of one of the tokenizer's named templates, else a template's text);
+    without one, the tokenizer's own: its single template, or of named ones the one called "default".
+    None when there is none to use (:func:`missing_chat_template` says why)."""
+    named = named_chat_templates(tok)
+    if chosen is not None:
+        return named.get(chosen, chosen)
+    if named:
+        return named.get("default")
+    own = getattr(tok, "chat_template", None)
+    return own if isinstance(own, str) and own else None
+
+
+def chat_template_by_name(tok: Any, name: str, what: str = "--chat-template") -> str:
+    """The tokenizer's chat template named `name` (``--chat-template NAME``), its Jinja checked; UserError
+    naming `what` and listing the names the tokenizer has when it has none of that name."""
+    named = named_chat_templates(tok)
+    if name not in named:
+        raise UserError(f"{what} {shown(name)}: {_no_such_template(tok)}.")
+    _check_template_syntax(named[name], f"{what} {shown(name)} (the tokenizer's template of that name)")
+    return named[name]
+
+
+def _no_such_template(tok: Any) -> str:
+    """Why a name picks no template of `tok`, and what to give instead."""
+    names = sorted(named_chat_templates(tok))
+    if not names:
+        return (
+            "the tokenizer has no named chat templates; give a Jinja template file (--chat-template FILE) "
+            "or leave it out to use the tokenizer's own"
+        )
+    return (
+        f"the tokenizer has no chat template of that name; its named templates are {', '.join(names)} "
+        "(give one of them, or a Jinja template file)"
+    )
+
+
+def missing_chat_template(tok: Any) -> str:
+    """Why chats cannot be formatted with `tok` alone and how to fix it (for the 400 of every chat and
+    for the warning ``trtforge serve`` gives at startup)."""
+    names = sorted(named_chat_templates(tok))
+    if names:
+        return (
+            f"this model's tokenizer has named chat templates ({', '.join(names)}) but none named 'default', "
+            "so /v1/chat/completions cannot pick one; start the server with --chat-template NAME (one of "
+            "those) or --chat-template FILE (a Jinja template), or use /v1/completions."
+        )
+    return (
+        "this model's tokenizer has no chat template, so /v1/chat/completions cannot format messages; "
+        "start the server with --chat-template FILE (a Jinja template), or use /v1/completions."
+    )
+
+
 def apply_chat_template(
     tok: Any, messages: list[dict[str, Any]], template: str | None, add_generation_prompt: bool = True
 ) -> list[int]:
-    """The prompt ids of a chat: the messages rendered by `template` (else the tokenizer's own)."""
-    if template is None and not getattr(tok, "chat_template", None):
-        raise NoChatTemplateError(
-            "this model's tokenizer has no chat template, so /v1/chat/completions cannot format messages; "
-            "start the server with --chat-template FILE (a Jinja template), or use /v1/completions."
-        )
+    """The prompt ids of a chat: the messages rendered by `template` (else the tokenizer's own, as
+    :func:`resolve_chat_template` picks it)."""
+    if template is None:
+        template = resolve_chat_template(tok, None)
+    if template is None:
+        raise NoChatTemplateError(missing_chat_template(tok))
     try:
         text = tok.apply_chat_template(
             messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt

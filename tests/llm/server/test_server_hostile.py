@@ -140,16 +140,97 @@ def test_a_body_that_is_not_an_object_is_named_in_json_types(server, body, words
     assert _error(_post(server, body))["message"].endswith(f"must be a JSON object, {words}")
 
 
-@pytest.mark.parametrize("where", [b'"max_tokens": %s', b'"prompt": [1, %s]', b'"seed": -%s'])
-def test_an_integer_past_pythons_digit_limit_is_a_400_saying_so(server, where):
+@pytest.mark.parametrize(
+    ("where", "param"),
+    [(b'"max_tokens": %s', "max_tokens"), (b'"prompt": [1, %s]', "prompt.1"), (b'"seed": -%s', "seed")],
+)
+def test_an_integer_past_pythons_digit_limit_is_a_400_saying_so(server, where, param):
     """Before: "not valid JSON (Exceeds the limit (4300 digits) for integer string conversion ...; use
-    sys.set_int_max_str_digits() ...)": valid JSON, and Python's own wording and remedy for its API."""
+    sys.set_int_max_str_digits() ...)": valid JSON, and Python's own wording and remedy for its API.
+    The 400 names the field that holds it and its size."""
     field = where % (b"9" * 5000)
     body = b'{"model": "%s", "prompt": "x", %s}' % (NAME.encode(), field)
     err = _error(_post(server, body))
-    assert err["type"] == "invalid_request_error", err
-    assert err["message"].startswith("the request body holds an integer of more than 4,300 digits"), err
+    assert err["type"] == "invalid_request_error" and err["param"] == param, err
+    assert err["message"].startswith(f"{param}: an integer of 5,000 digits, more than the 4,300"), err
     assert "sys." not in err["message"] and "not valid JSON" not in err["message"], err
+
+
+SHORT = 300  # characters a 400's message stays under, whatever size the value it quotes
+
+
+def _short_error(r, param: str) -> str:
+    """The 400's message, checked to name `param` and to stay short (the value it quotes cut)."""
+    err = _error(r)
+    assert err["param"] == param and err["message"].startswith(param), err
+    assert len(err["message"]) < SHORT and len(r.content) < 2 * SHORT, (len(err["message"]), err)
+    return err["message"]
+
+
+_CHAT = b'"messages": [{"role": "user", "content": "hi"}]'
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+@pytest.mark.parametrize("digits", [4300, 10_000])
+def test_a_huge_max_tokens_is_a_short_400_naming_it(server, endpoint, digits):
+    """Before: a 4,300-digit max_tokens (the most json.loads reads) was quoted whole in the 400; past that,
+    the 400 named no field. Now the message keeps its first digits and says how many it has."""
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    prompt = _CHAT if endpoint == "chat" else b'"prompt": "x"'
+    body = b'{"model": "%s", %s, "max_tokens": %s}' % (NAME.encode(), prompt, b"9" * digits)
+    message = _short_error(_post(server, body, path), "max_tokens")
+    assert f"{digits:,} digits" in message and "9" * 41 not in message, message
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        (b'"stop": "%s"' % (b"z" * 100_000), "stop"),
+        (b'"stop": ["%s", 7]' % (b"z" * 100_000), "stop"),
+        (b'"temperature": "%s"' % (b"t" * 100_000), "temperature"),
+        (b'"n": %s' % (b"9" * 4300), "n"),
+        (b'"temperature": %s' % (b"9" * 4300), "temperature"),
+        (b'"stream": %s' % (b"9" * 4300), "stream"),
+        (b'"logit_bias": {"%s": 1}' % (b"k" * 100_000), "logit_bias"),
+        (b'"stop_token_ids": [-%s]' % (b"9" * 4300), "stop_token_ids"),
+        (b'"seed": %s' % (b"9" * 4300), "seed"),
+    ],
+)
+def test_a_huge_value_in_any_field_is_a_short_400_naming_it(server, endpoint, fields, param):
+    """A 100,000-character string or a 4,300-digit integer is quoted by its start and its size."""
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    prompt = _CHAT if endpoint == "chat" else b'"prompt": "x"'
+    body = b'{"model": "%s", %s, "max_tokens": 2, %s}' % (NAME.encode(), prompt, fields)
+    message = _short_error(_post(server, body, path), param)
+    assert "zzzzz" * 20 not in message and "t" * 60 not in message and "9" * 60 not in message, message
+    server.wait_blocks_free()
+
+
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        (b'"%s"' % (b"m" * 100_000), "messages"),
+        (b'[{"role": "user", "content": [{"type": %s}]}]' % (b"9" * 4300), "messages.0.content.0"),
+        (b'[{"role": "user", "content": [{"type": "%s"}]}]' % (b"i" * 100_000), "messages.0.content.0"),
+    ],
+)
+def test_a_huge_chat_message_value_is_a_short_400_naming_it(server, messages, param):
+    body = b'{"model": "%s", "max_tokens": 2, "messages": %s}' % (NAME.encode(), messages)
+    message = _short_error(_post(server, body, "/v1/chat/completions"), param)
+    assert "100,000 characters" in message or "4,300 digits" in message, message
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_a_huge_model_name_is_a_short_400_naming_model(server, endpoint):
+    """A name longer than any model's is no model this server lacks (404) but a malformed request."""
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    prompt = _CHAT if endpoint == "chat" else b'"prompt": "x"'
+    body = b'{"model": "%s", %s, "max_tokens": 2}' % (b"m" * 1_000_000, prompt)
+    message = _short_error(_post(server, body, path), "model")
+    assert "1,000,000 characters" in message and "/v1/models" in message, message
+    err = _error(_post(server, b'{"model": "other", %s, "max_tokens": 2}' % prompt, path), 404)
+    assert err["message"].startswith("model 'other' is not served here"), err
 
 
 def test_a_value_sampling_refuses_is_worded_as_the_field_sent(server):

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from trtforge.errors import UserError
+from trtforge.errors import UserError, shown
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.server.generation import Choice, Dispatcher
 from trtforge.llm.server.metrics import Metrics
@@ -145,12 +145,26 @@ def _check_key(state: ServerState, request: Request) -> None:
         raise ApiError(401, "invalid or missing API key (send Authorization: Bearer KEY)")
 
 
+# characters of a model name a request may send beyond the longest served one: a longer one names no model
+MAX_MODEL_NAME_CHARS = 256
+
+
 def _check_model(state: ServerState, name: str) -> str:
-    if name not in state.served_model_names:
+    """`name` if it is served; a 404 naming it if not, or a 400 if it is longer than any model name (a
+    malformed request rather than a model this server lacks)."""
+    if name in state.served_model_names:
+        return name
+    most = max([MAX_MODEL_NAME_CHARS, *(len(n) for n in state.served_model_names)])
+    if len(name) > most:
         raise ApiError(
-            404, f"model {name!r} is not served here; /v1/models lists {state.served_model_names}", "model"
+            400,
+            f"model: expected the name of a served model (at most {most:,} characters), got {shown(name)}; "
+            f"/v1/models lists them",
+            "model",
         )
-    return name
+    raise ApiError(
+        404, f"model {shown(name)} is not served here; /v1/models lists {state.served_model_names}", "model"
+    )
 
 
 def _prompt_list(prompt: Any) -> list[Any]:
@@ -239,7 +253,9 @@ def _check_vocab(state: ServerState, ids: list[int], where: str) -> None:
     if vocab is not None and ids and (min(ids) < 0 or max(ids) >= vocab):
         bad = next(t for t in ids if not 0 <= t < vocab)
         raise ApiError(
-            400, f"{where}: token id {bad} is outside the vocabulary [0, {vocab}) of this model", "prompt"
+            400,
+            f"{where}: token id {shown(bad)} is outside the vocabulary [0, {vocab}) of this model",
+            "prompt",
         )
 
 
@@ -286,8 +302,8 @@ def _budget(
     if asked is not None and asked > room:
         raise ApiError(
             400,
-            f"{field_name}: {asked} new tokens after a {len(ids)}-token prompt exceed this model's maximum "
-            f"context length {state.max_model_len}",
+            f"{field_name}: {shown(asked)} new tokens after a {len(ids)}-token prompt exceed this model's "
+            f"maximum context length {state.max_model_len}",
             field_name,
         )
     return asked if asked is not None else min(default or room, room)
@@ -299,8 +315,8 @@ def _check_request(state: ServerState, req: Any, lp: int | None) -> None:
     if asked is not None and asked >= state.max_model_len:
         raise ApiError(
             400,
-            f"{field_name}: {asked} new tokens leave no room for a prompt in this model's maximum context "
-            f"length of {state.max_model_len} tokens",
+            f"{field_name}: {shown(asked)} new tokens leave no room for a prompt in this model's maximum "
+            f"context length of {state.max_model_len} tokens",
             field_name,
         )
     fmt = req.response_format

@@ -19,6 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trtforge.errors import shown, shown_name
 from trtforge.llm.sampling import LOGIT_BIAS_LIMIT, SamplingParams
 
 
@@ -192,10 +193,9 @@ class ChatMessage(_Base):
             for j, part in enumerate(self.content):
                 kind, text = part.get("type"), part.get("text")
                 if kind != "text":
-                    shown = kind if not isinstance(kind, str) else kind[:40]
                     raise ApiError(
                         400,
-                        f"{where}.{j}: a content part of type {shown!r}; only text parts are supported "
+                        f"{where}.{j}: a content part of type {shown(kind)}; only text parts are supported "
                         '({"type": "text", "text": "..."})',
                         f"{where}.{j}",
                     )
@@ -259,9 +259,48 @@ def _check_unicode(data: Any) -> None:
         stack.extend(reversed(children))
 
 
+class _HugeInt(str):
+    """The digits of a JSON integer past Python's int-to-str limit (:func:`_huge_integer` reads them)."""
+
+
+def _huge_integer(raw: bytes) -> ApiError:
+    """ApiError 400 naming the field of `raw`'s first integer past Python's int-to-str limit, and its size.
+
+    ``json.loads`` refuses such a body whole, naming neither; it is parsed again (only then: a hook on
+    every integer slows a body of a million token ids) with the long ones kept as digits, to find it."""
+    limit = sys.get_int_max_str_digits()
+
+    def parse_int(text: str) -> int | str:
+        return int(text) if limit == 0 or len(text.lstrip("-")) <= limit else _HugeInt(text)
+
+    digits, field = 0, None
+    stack: list[tuple[str, Any]] = [("", json.loads(raw, parse_int=parse_int))]
+    while stack and field is None:
+        where, value = stack.pop()
+        if isinstance(value, _HugeInt):
+            digits, field = len(value.lstrip("-")), where or None
+        elif isinstance(value, (dict, list)):
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            children = [(f"{where}.{_printable(k)}" if where else _printable(k), v) for k, v in items]
+            stack.extend(reversed(children))
+    what = f"an integer of {digits:,} digits" if digits else "an integer"
+    return ApiError(
+        400,
+        f"{field + ': ' if field else ''}{what}, more than the {limit:,} a request body may hold; no field "
+        "takes a number that large",
+        field,
+    )
+
+
 def _printable(key: str | int) -> str:
-    """`key` as a field path part that encodes as UTF-8 (a lone surrogate as its escape)."""
-    return str(key).encode("utf-8", "backslashreplace").decode("utf-8")
+    """`key` as a field path part that encodes as UTF-8 (a lone surrogate as its escape), a long one
+    (a client's own dict key) cut as :func:`~trtforge.errors.shown` cuts it."""
+    return shown_name(_utf8(str(key)))
+
+
+def _utf8(text: str) -> str:
+    """`text` with each lone surrogate as its escape, so that it encodes as UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _check_text(text: str, where: str) -> None:
@@ -284,11 +323,7 @@ def parse(model: type[_Base], raw: bytes) -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON ({e})") from None
     except ValueError:  # valid JSON, but an integer past int()'s digit limit (Python's wording named its API)
-        raise ApiError(
-            400,
-            f"the request body holds an integer of more than {sys.get_int_max_str_digits():,} digits; no "
-            "field takes a number that large",
-        ) from None
+        raise _huge_integer(raw) from None
     except RecursionError:  # arrays or objects nested past the parser's depth: the client's mistake
         raise ApiError(400, "the request body nests arrays or objects too deeply to parse") from None
     if not isinstance(data, dict):
@@ -331,9 +366,9 @@ def _json_type(value: Any) -> str:
     if isinstance(value, bool):
         return f"a boolean ({json.dumps(value)})"
     if isinstance(value, (int, float)):
-        return f"a number ({value!r})"
+        return f"a number ({shown(value)})"
     if isinstance(value, str):
-        return f"a string ({value[:40]!r}{'...' if len(value) > 40 else ''})"
+        return f"a string ({shown(value)})"
     return "an array" if isinstance(value, list) else "an object"
 
 
@@ -344,13 +379,16 @@ def _validation_error(errors: list[Any]) -> ApiError:
     loc = first["loc"]
     at = next((i for i, x in enumerate(loc) if x in _UNION_MEMBERS), None)
     if at is None:
-        field = ".".join(str(x) for x in loc) or None
+        field = ".".join(_printable(x) for x in loc) or None
+        value = first["input"]
+        if first["type"] == "float_type" and isinstance(value, int) and not isinstance(value, bool):
+            return ApiError(400, f"{field}: expected a number, got {shown(value)}, too large for one", field)
         if first["type"] in _EXPECTED:
             return ApiError(
                 400, f"{field}: expected {_EXPECTED[first['type']]}, got {_json_type(first['input'])}", field
             )
         return ApiError(400, f"{field}: {first['msg']}", field)
-    field = ".".join(str(x) for x in loc[:at])
+    field = ".".join(_printable(x) for x in loc[:at])
     members = [e["loc"][at] for e in errors if e["loc"][:at] == loc[:at] and len(e["loc"]) > at]
     kinds = list(dict.fromkeys(_UNION_MEMBERS[m] for m in members if m in _UNION_MEMBERS))
     expected = kinds[0] if len(kinds) == 1 else f"{', '.join(kinds[:-1])} or {kinds[-1]}"
@@ -382,14 +420,14 @@ def logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
         if not _TOKEN_ID.fullmatch(key):
             raise ApiError(
                 400,
-                f"logit_bias: key {_printable(key)[:40]!r} is not a token id; expected token ids as decimal "
+                f"logit_bias: key {shown(_utf8(key))} is not a token id; expected token ids as decimal "
                 f'strings (up to {MAX_TOKEN_ID_DIGITS} digits) mapped to biases, e.g. {{"13": -100}}',
                 "logit_bias",
             )
         if not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
             raise ApiError(
                 400,
-                f"logit_bias: the bias of token {key} is {value!r}; expected a number in "
+                f"logit_bias: the bias of token {key} is {shown(value)}; expected a number in "
                 f"[-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}] (-{LOGIT_BIAS_LIMIT:g} bans the token, "
                 f"{LOGIT_BIAS_LIMIT:g} all but forces it)",
                 "logit_bias",

@@ -18,11 +18,12 @@ import math
 import signal
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from trtforge.errors import UserError
+from trtforge.errors import TrtforgeWarning, UserError, shown
 from trtforge.llm.server.app import ServerState, create_app
 
 log = logging.getLogger("trtforge.serve")
@@ -36,6 +37,8 @@ class ServeOptions:
     port: int = 8000
     api_key: str | None = None
     served_model_names: tuple[str, ...] = ()
+    # a Jinja template, or the name of one of the tokenizer's named templates (transformers' dict of
+    # them); None: the tokenizer's own (of named ones, "default")
     chat_template: str | None = None
     max_waiting: int = 256
     request_timeout: float | None = None
@@ -53,14 +56,14 @@ class ServeOptions:
         if key is not None and (not key or key != key.strip() or not (key.isascii() and key.isprintable())):
             # (an HTTP header is read as Latin-1: a key of other characters, sent as UTF-8, never matched)
             raise UserError(
-                f"--api-key {key!r}: expected a non-empty key of printable ASCII characters without leading "
-                "or trailing spaces (clients send it as `Authorization: Bearer KEY`); leave --api-key out "
-                "to serve without one."
+                f"--api-key {shown(key)}: expected a non-empty key of printable ASCII characters "
+                "without leading or trailing spaces (clients send it as `Authorization: Bearer KEY`); leave "
+                "--api-key out to serve without one."
             )
         for name in self.served_model_names:
             if not name.strip() or not name.isprintable():
                 raise UserError(
-                    f"--served-model-name {name!r}: expected a name clients can send as the request's "
+                    f"--served-model-name {shown(name)}: expected a name clients can send as the request's "
                     '"model" (non-empty printable text).'
                 )
         timeouts = {
@@ -87,7 +90,14 @@ def _imports() -> Any:
 
 def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int:
     """Serve `llm` until SIGTERM/SIGINT, drain, close it; returns the exit code (0)."""
+    from trtforge.llm.text import missing_chat_template, resolve_chat_template
+
     uvicorn = _imports()
+    template = options.chat_template
+    if tokenizer is not None:
+        template = resolve_chat_template(tokenizer, template)
+        if template is None:  # said once here, not only in every chat request's 400
+            warnings.warn(missing_chat_template(tokenizer), TrtforgeWarning, stacklevel=2)
     g = llm.engine
     facts = getattr(getattr(llm, "executor", None), "facts", None)
     state = ServerState(
@@ -98,7 +108,7 @@ def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int
         max_num_seqs=g.config.max_num_seqs,
         max_waiting=options.max_waiting,
         api_key=options.api_key,
-        chat_template=options.chat_template,
+        chat_template=template,
         request_timeout=options.request_timeout,
         max_request_bytes=options.max_request_bytes,
         body_timeout=options.body_timeout,
