@@ -215,6 +215,7 @@ def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(
     monkeypatch.setattr(int4_mma, "FIRST_LOADS_EARLY", bool(first))
     monkeypatch.setattr(int4_mma, "ONE_PASS_NORM", bool(one_pass))
     monkeypatch.setattr(int4_mma, "PING_PONG", bool(ping))  # (K = 3072's 3 groups a warp: the plain loop)
+    monkeypatch.setattr(int4_mma, "PING_PONG_GATED", bool(ping))
     n, inter, k, kd = 96, 64, 2048, 8192  # K: 16 groups (norm: 8 warps; gated: 4) and 64 (residual: 8 x 2)
     x, nw, q = _operands(n, k, dtype, seed=1)
     xc, nwc, qc = x.cuda(), nw.cuda(), _on(q, "cuda", norm=True)
