@@ -79,3 +79,13 @@ def test_a_long_collection_keeps_its_first_items_and_says_how_many(value, size):
 def test_a_field_name_is_unquoted_unless_long():
     assert shown_name("max_tokens") == "max_tokens" and shown_name(3) == "3"
     assert shown_name("k" * 100) == f"'{'k' * SHOWN_CHARS}…' (100 characters)"
+
+
+def test_other_libraries_text_is_whole_up_to_its_limit_then_cut_with_its_size():
+    from trtforge.errors import CLIPPED_CHARS, clipped
+
+    assert clipped("a short reason") == "a short reason"
+    assert clipped("y" * CLIPPED_CHARS) == "y" * CLIPPED_CHARS
+    long = "z" * 5000
+    assert clipped(long) == "z" * CLIPPED_CHARS + "… (5,000 characters)"
+    assert clipped(long, limit=10) == "z" * 10 + "… (5,000 characters)"

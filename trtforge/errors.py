@@ -59,6 +59,17 @@ def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
 
 
+CLIPPED_CHARS = 300  # characters of another library's error text that a message passes on
+
+
+def clipped(text: str, limit: int = CLIPPED_CHARS) -> str:
+    """Another library's error text (Jinja's, xgrammar's) as a message passes it on: whole up to `limit`
+    characters, else its start and its size. Such texts can quote what a client sent (a chat template's
+    ``raise_exception`` of a message, a schema), so they are bounded as :func:`shown` bounds values."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
 def shown_name(name: str | int) -> str:
     """A field name or key as an error message's field path writes it: as it is, unless longer than
     :data:`SHOWN_CHARS` (a client's own dict key), then cut and quoted as :func:`shown` cuts it."""

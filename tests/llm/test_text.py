@@ -93,3 +93,13 @@ def test_undecodable_text_is_a_user_error():
     bad = b"caf\xe9".decode("utf-8", "surrogateescape")
     with pytest.raises(UserError, match=r"--prompt is not valid UTF-8.*xe9"):
         check_text(bad, "--prompt")
+
+
+def test_a_chat_templates_own_error_is_passed_on_bounded(tok):
+    """A template may raise with what a client sent (``raise_exception(messages[0]['content'])``): the 400
+    names the failure and keeps its start, not the whole text."""
+    huge = "x" * 100_000
+    template = "{{ raise_exception(messages[0]['content']) }}"
+    with pytest.raises(UserError, match="chat template failed on these messages") as e:
+        apply_chat_template(tok, [{"role": "user", "content": huge}], template)
+    assert len(str(e.value)) < 500 and "(100,0" in str(e.value)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.errors import UserError, shown, shown_name
+from trtforge.errors import UserError, clipped, shown, shown_name
 
 # A served schema is a client's input: bound what one can cost. xgrammar compiles outside the GIL, but its
 # time grows faster than the schema (CPU box: 72 KB of properties 3 s, 300 KB 102 s) and with a pattern's
@@ -199,7 +199,7 @@ class GrammarCompiler:
             # compact JSON: free whitespace lets a model loop on blanks until max_tokens
             return self._compiler.compile_json_schema(key, any_whitespace=False)
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError for a schema it cannot use
-            msg = f"response_format: the JSON schema cannot be compiled to a grammar: {exc}"
+            msg = f"response_format: the JSON schema cannot be compiled to a grammar: {clipped(str(exc))}"
             raise GrammarError(msg) from exc
 
     def compile(self, response_format: dict[str, Any]) -> Any:

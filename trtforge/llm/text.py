@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trtforge.errors import UserError, shown
+from trtforge.errors import UserError, clipped, shown
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # tokens of the prompt's end decoded with the first output tokens, so that a tokenizer which drops a
@@ -230,7 +230,8 @@ def apply_chat_template(
             messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
         )
     except Exception as e:  # the template is the user's Jinja: a syntax error, an undefined variable
-        raise UserError(f"the chat template failed on these messages ({type(e).__name__}: {e}).") from e
+        why = clipped(f"{type(e).__name__}: {e}")
+        raise UserError(f"the chat template failed on these messages ({why}).") from e
     # the template writes the special tokens it wants (BOS included): none added here
     return [int(t) for t in tok(text, add_special_tokens=False)["input_ids"]]
 
