@@ -82,7 +82,8 @@ def _shorten_number_errors(command: click.Command) -> click.Command:
     4,300-digit int-to-str limit, failed to parse it and quoted that). Exit code 2, as click's own."""
     for param in command.params:
         kind = param.type
-        if isinstance(kind, click.types._NumberParamTypeBase) and not getattr(kind, "_trtforge_short", False):
+        numbers = (click.types.IntParamType, click.types.FloatParamType)  # (their ranges subclass them)
+        if isinstance(kind, numbers) and not getattr(kind, "_trtforge_short", False):
             kind = copy.copy(kind)  # (click.INT is shared by every command: the copy is this option's)
             kind.convert = _short_convert(kind, kind.convert)  # type: ignore[method-assign]
             kind._trtforge_short = True  # type: ignore[attr-defined]
