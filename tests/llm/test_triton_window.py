@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 import torch
 
-from tests.llm.paged_metadata import mixed_metadata
+from tests.llm.paged_metadata import mixed_batch
 from trtforge.llm.executors.paged_attention import paged_attention_reference
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
@@ -19,12 +19,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _case(ctx_lens, q_lens, seed):
-    g = torch.Generator().manual_seed(seed)
-    bs, hq, hkv, d, nblocks = 16, 8, 2, 32, 64
-    meta, _ = mixed_metadata(DEVICE, g, bs, nblocks, ctx_lens, q_lens)
-    k_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(DEVICE)
-    v_pool = torch.randn(nblocks, bs, hkv, d, generator=g).half().to(DEVICE)
-    q = torch.randn(sum(q_lens), hq, d, generator=g).half().to(DEVICE)
+    meta, k_pool, v_pool, q, d = mixed_batch(DEVICE, ctx_lens, q_lens, seed)
     return q, k_pool, v_pool, meta, d**-0.5
 
 
