@@ -52,6 +52,15 @@ def test_api_refuses_example_inputs_with_generate(tmp_path) -> None:
         ("kv_cache_dtype (--kv-cache-dtype) 'fp8' is", "--kv-cache-dtype 'fp8' is"),
         # Python the user could run stays Python; names the command has no option for stay
         ("from_pretrained(path, kv_cache_dtype='fp8')", "from_pretrained(path, kv_cache_dtype='fp8')"),
+        (
+            "f(a, g(b), quantization='fp8') or quantization='fp8'",
+            "f(a, g(b), quantization='fp8') or --quantization fp8",
+        ),
+        # a list of them, each worded (the second and third were left as the API's after a comma)
+        (
+            "kv_cache_dtype='fp8', quantization='fp8' and lm_head_quantization='fp8' do not run",
+            "--kv-cache-dtype fp8, --quantization fp8 and --lm-head-quantization fp8 do not run",
+        ),
         ("calib_prompts (--calib-data), llm.num_blocks", "calib_prompts (--calib-data), llm.num_blocks"),
     ],
 )

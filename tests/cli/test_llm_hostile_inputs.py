@@ -189,6 +189,12 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"error: --quantization fp8 and --lm-head-quantization fp8 do not run with --tensor-parallel-size "
         r"> 1 yet; pass --tensor-parallel-size 1 or drop them\.",
     ),
+    # before: "--kv-cache-dtype fp8 and quantization='fp8' and lm_head_quantization='fp8'"
+    "generate --tensor-parallel-size with three precision options": (
+        lambda d: [*TINY_IDS, *TP_QUANT, "--kv-cache-dtype", "fp8"],
+        r"error: --kv-cache-dtype fp8, --quantization fp8 and --lm-head-quantization fp8 do not run with "
+        r"--tensor-parallel-size > 1 yet; pass --tensor-parallel-size 1 or drop them\.",
+    ),
     "serve --tensor-parallel-size with speculative decoding": (
         lambda d: ["serve", TINY_IDS[1], "--tokenizer", str(TRAINED), "--device", "cpu", *TP_NGRAM],
         r"speculative decoding does not run with --tensor-parallel-size > 1 yet",

@@ -148,6 +148,10 @@ def test_refusals_name_the_lm_head_option(monkeypatch):
         from_pretrained(_llama(), lm_head_quantization="int4", num_blocks=4)
     with pytest.raises(UserError, match="^lm_head_quantization='fp8' does not run with tensor_parallel_size"):
         from_pretrained(_llama(), lm_head_quantization="fp8", tensor_parallel_size=2)
+    all_three = "kv_cache_dtype='fp8', quantization='fp8' and lm_head_quantization='fp8' do not run with"
+    options = {"kv_cache_dtype": "fp8", "quantization": "fp8", "lm_head_quantization": "fp8"}
+    with pytest.raises(UserError, match=f"^{all_three} tensor_parallel_size > 1 yet; .* drop them"):
+        from_pretrained(_llama(), **options, tensor_parallel_size=2)
     with pytest.raises(UserError, match="lm_head_quantization='fp8' applies to the torch executor"):
         load("step.onnx", "onnxruntime", lm_head_quantization="fp8")
     assert quantize_model(_llama(), None) is None  # neither option: nothing to do

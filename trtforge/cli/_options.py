@@ -157,9 +157,9 @@ def passes_from_params(params: Mapping[str, Any], no_passes: bool) -> Any:
     return None
 
 
-# `name=value` as an API message writes a keyword argument (not inside a call's parentheses, where it
-# is Python the user could run: `from_pretrained(model_dir, kv_cache_dtype='fp8')`)
-_KEYWORD = re.compile(r"(?<![\w(,-])(?<!, )([a-z][a-z0-9_]*)=('[^']*'|\"[^\"]*\"|[\w.+-]+)")
+# `name=value` as an API message writes a keyword argument (one inside a call's parentheses is Python
+# the user could run, `from_pretrained(model_dir, kv_cache_dtype='fp8')`, and stays: see as_flags)
+_KEYWORD = re.compile(r"(?<![\w-])([a-z][a-z0-9_]*)=('[^']*'|\"[^\"]*\"|[\w.+-]+)")
 # a bare API argument name: only those with an underscore (`tensor_parallel_size`), because a plain word
 # (executor, device) is as often prose as an argument
 _NAME = re.compile(r"(?<![\w.-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)(?![\w=(])")
@@ -172,7 +172,10 @@ def as_flags(message: str, flags: Mapping[str, str]) -> str:
 
     def keyword(m: re.Match[str]) -> str:
         flag = flags.get(m[1])
-        return m[0] if flag is None else f"{flag} {m[2].strip(chr(39) + chr(34))}"
+        before = m.string[: m.start()]
+        if flag is None or before.count("(") > before.count(")"):  # no option, or an argument of a call
+            return m[0]
+        return f"{flag} {m[2].strip(chr(39) + chr(34))}"
 
     text = _KEYWORD.sub(keyword, message)
     text = _NAME.sub(lambda m: flags.get(m[1], m[1]), text)

@@ -430,7 +430,7 @@ def from_pretrained(
             "quantization='int4-awq' or kv_cache_dtype='fp8' (--kv-cache-dtype fp8), or drop them."
         )
     quantized = quantization is not None or lm_head_quantization is not None
-    # (each as name='value', joined by "and": the CLI words each as its flag, `--kv-cache-dtype fp8`)
+    # (each as name='value', listed as "a, b and c": the CLI words each as its flag, `--kv-cache-dtype fp8`)
     given = [
         f"{name}={value!r}"
         for name, value in (
@@ -442,8 +442,9 @@ def from_pretrained(
     ]
     if tensor_parallel_size != 1 and given:
         one = len(given) == 1
+        listed = given[0] if one else f"{', '.join(given[:-1])} and {given[-1]}"
         raise UserError(
-            f"{' and '.join(given)} {'does' if one else 'do'} not run with tensor_parallel_size > 1 yet; "
+            f"{listed} {'does' if one else 'do'} not run with tensor_parallel_size > 1 yet; "
             f"pass tensor_parallel_size=1 or drop {'it' if one else 'them'}."
         )
     config = sizing.default_scheduler_config(config, max_num_seqs)
