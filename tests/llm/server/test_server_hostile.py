@@ -241,6 +241,23 @@ def test_a_value_sampling_refuses_is_worded_as_the_field_sent(server):
     assert err["message"].startswith("stop_token_ids: must be a list of token ids >= 0"), err
 
 
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_a_stop_token_id_past_the_vocabulary_is_400_naming_it(server, endpoint):
+    """Before: served (200), with a stop the model can never sample; a 4,300-digit id likewise."""
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    prompt = _CHAT if endpoint == "chat" else b'"prompt": "x"'
+    for ids, shown in ((b"[13, 4096]", "4096"), (b"[%s]" % (b"9" * 4300), "4,300 digits")):
+        body = b'{"model": "%s", %s, "max_tokens": 2, "stop_token_ids": %s}' % (NAME.encode(), prompt, ids)
+        err = _error(_post(server, body, path))
+        assert err["param"] == "stop_token_ids", err
+        assert err["message"].startswith("stop_token_ids: token id "), err
+        assert shown in err["message"] and "outside the model's vocabulary [0, 4096)" in err["message"], err
+        assert len(err["message"]) < 300, err
+    body = b'{"model": "%s", %s, "max_tokens": 2, "stop_token_ids": [4095]}' % (NAME.encode(), prompt)
+    assert _post(server, body, path).status_code == 200
+    server.wait_blocks_free()
+
+
 def test_a_wrong_method_is_a_client_error_in_openais_schema(server):
     """Before: the 405 said "type": "server_error", which clients (and their retry logic) take as ours."""
     import httpx

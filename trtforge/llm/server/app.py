@@ -331,6 +331,15 @@ def _check_request(state: ServerState, req: Any, lp: int | None) -> None:
             f"logit_bias: token id {max(bias)} is outside the model's vocabulary [0, {vocab})",
             "logit_bias",
         )
+    stops = getattr(req, "stop_token_ids", None)
+    if stops and vocab is not None and max(stops) >= vocab:  # (negative ids: the sampling check's 400)
+        bad = next(t for t in stops if t >= vocab)
+        raise ApiError(
+            400,
+            f"stop_token_ids: token id {shown(bad)} is outside the model's vocabulary [0, {vocab}): "
+            "the model never samples it",
+            "stop_token_ids",
+        )
     if state.tokenizer is None:
         raise ApiError(400, "this model has no tokenizer: the server needs one to return text")
 
