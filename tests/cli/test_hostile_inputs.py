@@ -193,3 +193,47 @@ def test_undecodable_path_and_nonfinite_data_exit_2(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     assert_exits_2_cleanly(*PATH_CASES[case], workdir, capfd)
+
+
+def test_bracketed_names_and_paths_print_literally(
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Paths, tensor names and symbolic shapes are data, not rich markup. Before: `inspect` showed the
+    shape `[batch, 4]` as an empty cell, and a path holding `[/d]` (a closing tag matching nothing) made
+    inspect, optimize and calibrate end in a MarkupError traceback (exit 1) after writing their output."""
+    import numpy as np
+
+    from tests.cli.test_encoder_hostile_inputs import _engine, _wide_onnx
+    from trtforge.cli.main import main
+
+    d = workdir / "[/d]"  # a directory "[" holding "d]"
+    d.mkdir(parents=True)
+    tiny_onnx(d / "m.onnx")
+    np.savez(d / "c.npz", x=np.ones((4, 4), np.float32))
+    _wide_onnx(d)
+    _engine(d)
+    commands = {
+        "inspect": ["inspect", "[/d]/m.onnx"],
+        "inspect engine": ["inspect", "[/d]/m.engine"],
+        "optimize": ["optimize", "[/d]/m.onnx", "-o", "[/d]/o.onnx"],
+        "calibrate": ["calibrate", "[/d]/wide.onnx", "--data", "[/d]/c.npz", "-o", "[/d]/q.onnx"],
+    }
+    for what, argv in commands.items():
+        rc = main(argv)
+        out, err = capfd.readouterr()
+        text = out + err
+        assert rc == 0 and "Traceback" not in text, (what, text)
+        assert what == "inspect engine" or "[/d]/" in text, (what, text)  # an engine shows its file name
+        if what == "inspect":
+            assert "[batch, 4]" in text and "[batch, 3]" in text, text
+
+
+def test_report_progress_shows_a_bracketed_target_literally() -> None:
+    """A report's progress line names its targets, and `onnx=PATH` holds a path: `[/x]` in it raised a
+    MarkupError mid-report."""
+    from trtforge.reports.api import StepProgress
+
+    bar = StepProgress(True, 2)
+    with bar.running():
+        bar.step("running onnx=[/x]/m.onnx", advance=1)

@@ -6,10 +6,17 @@ from collections import Counter
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from trtforge.core.manifest import Manifest
 from trtforge.core.shapes import format_range
+
+
+def plain(value: object) -> str:
+    """`value` as text rich prints literally: a path, tensor name or symbolic shape such as
+    `[batch, seq]` or `[/x]` is data, not console markup (rich dropped the one and raised on the other)."""
+    return escape(str(value))
 
 
 def _dims(shape: list[int]) -> str:
@@ -30,11 +37,13 @@ def timings_table(timings: dict[str, float]) -> Table:
 def manifest_tables(m: Manifest) -> list[Any]:
     """The engine's identity, I/O and profiles as rich renderables."""
     head = Table.grid(padding=(0, 2))
-    head.add_row("engine", f"{m.engine_file} ({m.engine_bytes / 1e6:.2f} MB, sha256 {m.engine_sha256[:16]}…)")
+    size = f"{m.engine_bytes / 1e6:.2f} MB, sha256 {m.engine_sha256[:16]}…"
+    head.add_row("engine", f"{plain(m.engine_file)} ({size})")
     head.add_row("backend", f"{m.backend.get('name')} {m.backend.get('version')}")
     if m.backend.get("targets"):
         head.add_row("targets", ", ".join(m.backend["targets"]))
-    head.add_row("source", f"{m.source.get('kind')}: {m.source.get('path')} (opset {m.source.get('opset')})")
+    source = f"{m.source.get('kind')}: {m.source.get('path')} (opset {m.source.get('opset')})"
+    head.add_row("source", plain(source))
     head.add_row("precision", str(m.precision.get("mode")))
     head.add_row("streams", f"{m.streams} (profiles: {len(m.profiles)})")
     if m.plugins:
@@ -47,16 +56,16 @@ def manifest_tables(m: Manifest) -> list[Any]:
     for kind, specs in (("in", m.inputs), ("out", m.outputs)):
         for t in specs:
             rng = prof.get(t.name)
-            io.add_row(kind, t.name, t.dtype, _dims(t.shape), format_range(rng) if rng else "")
+            io.add_row(kind, plain(t.name), t.dtype, _dims(t.shape), format_range(rng) if rng else "")
     return [head, io]
 
 
 def onnx_tables(summary: dict[str, Any]) -> list[Any]:
     """An ONNX summary (see inspect_cmd.summarize_onnx) as rich renderables."""
     head = Table.grid(padding=(0, 2))
-    head.add_row("file", summary["path"])
+    head.add_row("file", plain(summary["path"]))
     head.add_row("opsets", ", ".join(f"{d or 'ai.onnx'}:{v}" for d, v in summary["opsets"].items()))
-    head.add_row("producer", summary["producer"])
+    head.add_row("producer", plain(summary["producer"]))
     head.add_row("nodes", str(summary["nodes"]))
     head.add_row("weights", f"{summary['initializers']} tensors, {summary['weight_bytes'] / 1e6:.2f} MB")
     io = Table(title="I/O", show_edge=False)
@@ -64,12 +73,14 @@ def onnx_tables(summary: dict[str, Any]) -> list[Any]:
         io.add_column(col)
     for kind in ("inputs", "outputs"):
         for t in summary[kind]:
-            io.add_row(kind[:-1] if kind == "inputs" else "out", t["name"], t["dtype"], t["shape"])
+            io.add_row(
+                kind[:-1] if kind == "inputs" else "out", plain(t["name"]), t["dtype"], plain(t["shape"])
+            )
     ops = Table(title="ops", show_edge=False)
     ops.add_column("op")
     ops.add_column("count", justify="right")
     for op, n in Counter(summary["ops"]).most_common():
-        ops.add_row(op, str(n))
+        ops.add_row(plain(op), str(n))
     return [head, io, ops]
 
 
@@ -93,7 +104,8 @@ def stage_summary_table(records: dict[str, Any]) -> Table | None:
             if passes.get("verify") and not passes.get("verify_skipped_reason")
             else (passes.get("verify_skipped_reason") or "not verified")
         )
-        table.add_row("passes", f"{fused or 'no matches'}; attention={passes.get('attention')}; {check}")
+        what = f"{fused or 'no matches'}; attention={passes.get('attention')}; {check}"
+        table.add_row("passes", plain(what))
     for mode in ("fp16", "bf16"):
         rec = records.get(mode)
         if rec:

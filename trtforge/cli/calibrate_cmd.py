@@ -157,9 +157,11 @@ def _summary(record, out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"INT8 calibration -> {out}", show_header=False)
+    from trtforge.cli._render import plain
+
+    t = Table(title=f"INT8 calibration -> {plain(out)}", show_header=False)
     t.add_row("method", record.method + (f" ({record.percentile})" if record.percentile else ""))
-    t.add_row("samples / batches", f"{record.samples} / {record.batches}  ({record.source})")
+    t.add_row("samples / batches", f"{record.samples} / {record.batches}  ({plain(record.source)})")
     t.add_row("seconds (statistics)", f"{record.seconds:.1f} ({record.statistics_seconds:.1f})")
     t.add_row("real tokens only", str(record.only_real_tokens))
     t.add_row("MatMuls in INT8", f"{record.matmuls_quantized} / {record.matmuls_total}")
@@ -178,10 +180,11 @@ def _summary(record, out: Path) -> None:
             "accuracy (held-out cosine)",
             f"all INT8 {a['all_quantized']['mean']:.5f} -> {a['final']['mean']:.5f}",
         )
-        t.add_row("returned to float", ", ".join(f["node"] for f in record.fallback) or "none")
+        t.add_row("returned to float", plain(", ".join(f["node"] for f in record.fallback) or "none"))
     skipped = [d for d in record.decisions if not d["quantized"]]
     if skipped:
         t.add_row("kept in float", f"{len(skipped)} ({', '.join(sorted({d['rule'] for d in skipped}))})")
     cache = record.cache
-    t.add_row("calibration cache", f"{cache.get('path')} ({'read' if cache.get('read') else 'written'})")
+    how = "read" if cache.get("read") else "written"
+    t.add_row("calibration cache", f"{plain(cache.get('path'))} ({how})")
     Console(stderr=True).print(t)

@@ -85,7 +85,7 @@ def compile_cmd(
     refuse_generate_options(ctx)
     from rich.console import Console
 
-    from trtforge.cli._render import manifest_tables, print_all, stage_summary_table, timings_table
+    from trtforge.cli._render import manifest_tables, plain, print_all, stage_summary_table, timings_table
     from trtforge.compiler.pipeline import compile_model
 
     pass_options = passes_from_params(params, no_passes)
@@ -104,14 +104,14 @@ def compile_cmd(
         precision=precision,
         save_onnx=save_onnx,
         force=force,
-        log=lambda msg: console.print(f"[dim]•[/dim] {msg}"),
+        log=lambda msg: console.print(f"[dim]•[/dim] {plain(msg)}"),
     )
     summary = stage_summary_table(result.records)
     print_all(
         console,
         [timings_table(result.timings), *([summary] if summary else []), *manifest_tables(result.manifest)],
     )
-    console.print(f"[green]wrote[/green] {result.engine_path} and {result.manifest_path}")
+    console.print(f"[green]wrote[/green] {plain(result.engine_path)} and {plain(result.manifest_path)}")
     if report_dir is not None:
         _write_report(model, result, report_dir, export.output_names or (), precision, quiet, console)
 
@@ -142,6 +142,7 @@ def _write_report(model, result, report_dir, output_names, precision, quiet, con
     """The compile's companion report: the source model's variants (and the engine where it can run),
     with this compile's INT8 settings."""
     from trtforge._usercode import load_factory
+    from trtforge.cli._render import plain
     from trtforge.reports.api import build_report
 
     if model.lower().endswith(".onnx"):
@@ -160,4 +161,4 @@ def _write_report(model, result, report_dir, output_names, precision, quiet, con
         int8_rest=precision.int8_rest,
         progress=not quiet,
     )
-    console.print(f"[green]report[/green] {report.html_path}")
+    console.print(f"[green]report[/green] {plain(report.html_path)}")

@@ -100,7 +100,7 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
     """Compile MODEL with --generate from compile_cmd's parsed parameters and print the result."""
     from rich.console import Console
 
-    from trtforge.cli._render import manifest_tables, print_all, stage_summary_table, timings_table
+    from trtforge.cli._render import manifest_tables, plain, print_all, stage_summary_table, timings_table
     from trtforge.llm.compile.compile import compile_generate
 
     given = given_flags(ctx, [name for name in _UNUSED if name in params])
@@ -131,7 +131,7 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
         workspace_mb=params.get("workspace_mb"),
         force=bool(params.get("force")),
         progress=not quiet,
-        log=lambda msg: console.print(f"[dim]•[/dim] {msg}"),
+        log=lambda msg: console.print(f"[dim]•[/dim] {plain(msg)}"),
     )
     summary = stage_summary_table(result.records)
     stages = [summary] if summary else []
@@ -147,7 +147,7 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
         f"{g['num_kv_heads']} KV heads x {g['head_dim']}, cache {c['layout']} {c['dtype']} {shape}, "
         f"profiles prefill={g['profiles']['prefill']} decode={g['profiles']['decode']}"
     )
-    console.print(f"[green]wrote[/green] {result.engine_path} and {result.manifest_path}")
+    console.print(f"[green]wrote[/green] {plain(result.engine_path)} and {plain(result.manifest_path)}")
 
 
 _GENERATE_ONLY = (

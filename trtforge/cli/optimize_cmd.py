@@ -63,6 +63,7 @@ def optimize_cmd(
         check_output_path,
         refuse_overwriting_inputs,
     )
+    from trtforge.cli._render import plain
     from trtforge.core.onnx_io import check_model, load_onnx, model_files, save_onnx_atomic
     from trtforge.core.policy import check_precision, resolve_attention
     from trtforge.errors import UserError
@@ -136,14 +137,14 @@ def optimize_cmd(
     if record.opset_changed:
         console.print(f"opset raised {record.opset_before} -> {record.opset_after}")
     if record.verify_skipped_reason:
-        console.print(f"[yellow]verification skipped: {record.verify_skipped_reason}")
+        console.print(f"[yellow]verification skipped: {plain(record.verify_skipped_reason)}")
     if precision_record is not None:
         p = precision_record.to_dict()
         console.print(
             f"{precision.mode}: {p['low_precision_nodes']} nodes converted, {p['fp32_nodes']} kept FP32 "
             f"{p['reason_counts'] or ''}, casts +{p['casts_inserted']}/-{p['casts_removed']}"
         )
-    console.print(f"wrote {show_path(out_path)}")
+    console.print(f"wrote {plain(show_path(out_path))}")
 
 
 def _data_file(data: Any) -> dict[str, Any]:
@@ -155,6 +156,8 @@ def _data_file(data: Any) -> dict[str, Any]:
 def ledger_table(record):
     """The ledger as a rich table: one row per pass."""
     from rich.table import Table
+
+    from trtforge.cli._render import plain
 
     table = Table(title="passes", show_edge=False)
     for col, justify in (
@@ -170,6 +173,11 @@ def ledger_table(record):
         err = f"{p.verification.max_rel_error:.1e}" if p.verification else "-"
         what = ", ".join(f"{k}: {v}" for k, v in p.per_rule.items()) or "; ".join(p.notes)
         table.add_row(
-            p.name, str(p.matches), f"{p.nodes_before} -> {p.nodes_after}", f"{p.seconds:.2f}", err, what
+            plain(p.name),
+            str(p.matches),
+            f"{p.nodes_before} -> {p.nodes_after}",
+            f"{p.seconds:.2f}",
+            err,
+            plain(what),
         )
     return table

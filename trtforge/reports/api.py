@@ -110,7 +110,9 @@ class StepProgress:
 
     def step(self, description: str, advance: int = 0) -> None:
         if self._bar is not None:
-            self._bar.update(self._task, description=description, advance=advance)
+            from rich.markup import escape  # a target's name holds a path: data, not markup
+
+            self._bar.update(self._task, description=escape(description), advance=advance)
 
 
 def environment(threads: int | None) -> dict[str, Any]:
