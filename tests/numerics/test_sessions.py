@@ -4,6 +4,7 @@ path (calibration, fallback, verifiers, export check, report accuracy) uses them
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import onnx
@@ -91,6 +92,53 @@ def test_session_options_by_purpose():
     assert is_exact(exact_session(m)) and not is_exact(fast_session(m))
     with pytest.raises(ValueError, match="purpose"):
         session_options("default")  # type: ignore[arg-type]
+
+
+def _transpose_matmul(dtype: int) -> onnx.ModelProto:
+    """x[B,S,32] float32 -> Cast(dtype) -> Transpose(1,0,2) -> MatMul(W[32,96]): the layout an FP16
+    nn.MultiheadAttention (sequence first) converts to."""
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    w = numpy_helper.from_array(np.ones((32, 96), np_dtype), "W")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["h"], to=dtype),
+            helper.make_node("Transpose", ["h"], ["t"], perm=[1, 0, 2]),
+            helper.make_node("MatMul", ["t", "W"], ["y"]),
+        ],
+        "transpose_matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 32])],
+        [helper.make_tensor_value_info("y", dtype, ["seq", "batch", 96])],
+        [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_fast_session_over_an_fp16_transpose_matmul_does_not_crash(tmp_path):
+    """ORT 1.32's NchwcTransformer (ORT_ENABLE_ALL) segfaulted creating a session over an FP16 Transpose ->
+    MatMul: `report` of an FP16 nn.TransformerEncoder died with SIGSEGV at the ort-fp16 latency step,
+    leaving no report. Run in a child process, since the failure kills the process."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "fp16.onnx"
+    onnx.save(_transpose_matmul(TensorProto.FLOAT16), str(path))
+    code = (
+        "import sys, numpy as np, onnx\n"
+        "from trtforge.numerics.sessions import fast_session, run\n"
+        "x = np.ones((2, 8, 32), np.float32)\n"
+        "for m in (sys.argv[1], onnx.load(sys.argv[1]), open(sys.argv[1], 'rb').read()):\n"
+        "    assert run(fast_session(m), {'x': x})[0].shape == (8, 2, 96)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+
+
+def test_only_fp16_graphs_lose_the_crashing_optimizer():
+    """FP32 graphs keep NchwcTransformer (ORT's fast NCHWc convolutions): it is turned off for FP16 only."""
+    assert sessions._has_fp16(_transpose_matmul(TensorProto.FLOAT16))
+    assert not sessions._has_fp16(_transpose_matmul(TensorProto.FLOAT))
+    assert not sessions._has_fp16(models.mlp().SerializeToString())
 
 
 @pytest.fixture

@@ -60,8 +60,38 @@ def make_session(
         source = model
     else:
         source = model.SerializeToString()
+    disabled = list(FP16_CRASHING_OPTIMIZERS) if purpose == FAST and _has_fp16(model) else None
     return ort.InferenceSession(
-        source, session_options(purpose, threads=threads, quiet=quiet), providers=list(PROVIDERS)
+        source,
+        session_options(purpose, threads=threads, quiet=quiet),
+        providers=list(PROVIDERS),
+        disabled_optimizers=disabled,
+    )
+
+
+# ORT graph optimizers that crash the process (SIGSEGV, no exception) on FP16 graphs: ORT 1.32's
+# NchwcTransformer on any FP16 Transpose -> MatMul (nn.MultiheadAttention's sequence-first layout), at
+# ORT_ENABLE_ALL only. Its NCHWc kernels are FP32-only, so an FP16 graph loses nothing without it.
+FP16_CRASHING_OPTIMIZERS = ("NchwcTransformer",)
+
+
+def _has_fp16(model: onnx.ModelProto | bytes | str | os.PathLike[str]) -> bool:
+    """True when the main graph holds an FP16 tensor: an initializer, a graph input/output, or a Cast to it
+    (what a `--precision fp16` conversion writes). A file is read without its external data."""
+    import onnx
+
+    if isinstance(model, (str, os.PathLike)):
+        model = onnx.load(str(model), load_external_data=False)
+    elif isinstance(model, bytes):
+        model = onnx.ModelProto.FromString(model)
+    fp16 = onnx.TensorProto.FLOAT16
+    g = model.graph
+    return (
+        any(t.data_type == fp16 for t in g.initializer)
+        or any(v.type.tensor_type.elem_type == fp16 for v in (*g.input, *g.output))
+        or any(
+            n.op_type == "Cast" and any(a.name == "to" and a.i == fp16 for a in n.attribute) for n in g.node
+        )
     )
 
 
