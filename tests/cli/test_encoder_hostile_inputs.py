@@ -147,7 +147,87 @@ def _triton(*argv: str, engine: str = "m.engine") -> Setup:
     return setup
 
 
+def _ids_mask_onnx(d: Path) -> Path:
+    """input_ids[batch,seq] -> Gather(E[16,32]) -> MatMul(W[32,32]), times attention_mask[batch,seq]."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    e = numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "E")
+    w = numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float32), "W")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["E", "input_ids"], ["h"]),
+            helper.make_node("MatMul", ["h", "W"], ["p"]),
+            helper.make_node("Cast", ["attention_mask"], ["m"], to=TensorProto.FLOAT),
+            helper.make_node("Unsqueeze", ["m", "axes"], ["m3"]),
+            helper.make_node("Mul", ["p", "m3"], ["y"]),
+        ],
+        "ids_mask",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 32])],
+        [e, w, numpy_helper.from_array(np.array([-1], np.int64), "axes")],
+    )
+    path = d / "ids_mask.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def _ids_mask_lengths(ids: int, mask: int) -> Setup:
+    """calibrate the ids+mask model on ids of `ids` tokens and masks of `mask` tokens."""
+
+    def setup(d: Path) -> list[str]:
+        _ids_mask_onnx(d)
+        np.savez(
+            d / "c.npz",
+            input_ids=np.ones((4, ids), np.int64),
+            attention_mask=np.ones((4, mask), np.int64),
+        )
+        return ["calibrate", "ids_mask.onnx", "--data", "c.npz", "-o", "q.onnx", "--quiet"]
+
+    return setup
+
+
+def _windows(side: int) -> Setup:
+    """calibrate x[batch, n] -> Reshape [batch, -1, 16] -> MatMul(W[16,32]) on samples of `side` values: a
+    size the Reshape cannot split into rows of 16 fails in ORT's kernel (its `Fail`, not InvalidArgument)."""
+
+    def setup(d: Path) -> list[str]:
+        import onnx
+        from onnx import TensorProto, helper, numpy_helper
+
+        w = numpy_helper.from_array(np.ones((16, 32), np.float32), "W")
+        shape = numpy_helper.from_array(np.array([0, -1, 16], np.int64), "shape")
+        graph = helper.make_graph(
+            [
+                helper.make_node("Reshape", ["x", "shape"], ["r"]),
+                helper.make_node("MatMul", ["r", "W"], ["y"]),
+            ],
+            "windows",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "rows", 32])],
+            [w, shape],
+        )
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(d / "win.onnx"))
+        np.savez(d / "c.npz", x=np.ones((4, side), np.float32))
+        return ["calibrate", "win.onnx", "--data", "c.npz", "-o", "q.onnx", "--quiet", "--no-smoothquant"]
+
+    return setup
+
+
 CASES: dict[str, tuple[Setup, str]] = {
+    "calibrate: attention_mask one token longer than input_ids (both [batch, seq])": (
+        _ids_mask_lengths(8, 9),
+        r"'c\.npz': input 'attention_mask' has size 9 on axis 1 \('seq'\) but input 'input_ids' has 8 there",
+    ),
+    "calibrate: samples a Reshape in the model cannot take (ORT Fail)": (
+        _windows(20),
+        r"ONNX Runtime rejected a batch of calibration data c\.npz: .*cannot be reshaped.* \(at Reshape node "
+        r"'\w*'\)\. Check that the data fits",
+    ),
     "compile: a model whose forward returns None": (
         _factory(
             "def make():\n    class Nothing(Lin):\n        def forward(self, x):\n            return None\n"
@@ -363,3 +443,18 @@ def test_an_endless_calibration_generator_is_refused(
 
     message = r"data function 'endless_data:data' yielded more than 50 samples and has not ended"
     assert_exits_2_cleanly(setup, message, workdir, capfd)
+
+
+def test_onnx_runtime_refusing_calibration_data_prints_only_the_error(
+    workdir: Path,  # noqa: F811
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Before: ONNX Runtime also logged its own coloured `[E:onnxruntime:...]` line for the refused batch,
+    so the error came twice, once as raw kernel output, and the reason began with ORT's source file and
+    C++ signature."""
+    from trtforge.cli.main import main
+
+    assert main(_windows(20)(workdir)) == 2
+    out, err = capfd.readouterr()
+    assert "[E:onnxruntime" not in out + err and "onnxruntime_src" not in out + err, out + err
+    assert (out + err).strip().startswith("error: ONNX Runtime rejected a batch"), out + err

@@ -87,7 +87,7 @@ def collect_statistics(
     """
     channel = set(channel_tensors)
     stats = {t: TensorHistogram(per_channel=t in channel, histogram=histograms) for t in tensors}
-    session = exact_session(with_outputs(model, tensors))
+    session = exact_session(with_outputs(model, tensors), quiet=True)  # a refusal is raised, not logged
     t0 = time.perf_counter()
     samples = batches = 0
     with _progress(progress, description, len(dataset)) as advance:

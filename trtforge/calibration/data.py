@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -162,16 +163,28 @@ class CalibrationDataset:
         return {"source": self.source, "samples": self.num_samples, "batch_size": self.batch_size}
 
 
+# "/onnxruntime_src/.../reshape_helper.h:84 onnxruntime::ReshapeHelper::ReshapeHelper(const ..., bool) "
+# before a kernel's reason: ORT's source file and C++ signature, noise to the user.
+_ORT_SOURCE_LOCATION = re.compile(r"^\S+\.(?:h|cc|cpp):\d+ [^()]*\([^()]*\)\s*")
+_ORT_NODE = re.compile(r"while running (\w+) node\. Name:'([^']*)'")
+
+
 @contextlib.contextmanager
 def rejected_data_is_user_error(source: str) -> Iterator[None]:
     """ONNX Runtime refusing the user's samples (a shape, a dtype, token ids outside the vocabulary) is
-    the user's to fix: a UserError naming the data, with ONNX Runtime's reason."""
-    from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+    the user's to fix: a UserError naming the data, with ONNX Runtime's reason. A kernel failing on the
+    data's sizes (a Reshape that cannot split an image of the wrong side into its windows) is ORT's
+    `Fail`, not `InvalidArgument`: the model ran on generated inputs, so that is the data's too."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument
 
     try:
         yield
-    except InvalidArgument as e:
+    except (InvalidArgument, Fail) as e:
         reason = str(e).split("Status Message:", 1)[-1].strip() or str(e)
+        reason = _ORT_SOURCE_LOCATION.sub("", reason)
+        node = _ORT_NODE.search(str(e))
+        if node:
+            reason = f"{reason.rstrip('. ')} (at {node[1]} node '{node[2]}')"
         raise UserError(
             f"ONNX Runtime rejected a batch of calibration data {source}: {reason[:400]}. Check that the "
             "data "

@@ -43,6 +43,7 @@ def validate_chunk(chunk: Chunk, specs: list[TensorSpec], where: str, *, allow_e
         )
     out: Chunk = {}
     n = None
+    named: dict[str, tuple[str, int]] = {}  # dynamic dim name -> (first input with it, its size)
     for s in specs:
         a = np.asarray(chunk[s.name])
         if not s.shape:
@@ -62,6 +63,7 @@ def validate_chunk(chunk: Chunk, specs: list[TensorSpec], where: str, *, allow_e
                     f"{where}: input '{s.name}' has size {got} on axis {axis}; the model requires {want} "
                     f"(model shape {list(s.shape)})."
                 )
+            _check_shared_dim(named, s, axis, got, where)
         if not _same_kind(a.dtype, s.np_dtype):
             raise UserError(
                 f"{where}: input '{s.name}' has dtype {a.dtype}; the model expects {s.dtype} "
@@ -77,6 +79,24 @@ def validate_chunk(chunk: Chunk, specs: list[TensorSpec], where: str, *, allow_e
             )
         out[s.name] = a if a.dtype == s.np_dtype else a.astype(s.np_dtype)
     return out
+
+
+def _check_shared_dim(
+    named: dict[str, tuple[str, int]], spec: TensorSpec, axis: int, got: int, where: str
+) -> None:
+    """Inputs that share a dynamic dim name (input_ids and attention_mask both [batch, seq]) must agree on
+    its size: the graph combines them, and ONNX Runtime failed deep inside it (an internal error) when a
+    mask was one token longer than the ids."""
+    name = spec.symbol(axis)
+    if name is None:
+        return
+    first = named.setdefault(name, (spec.name, got))
+    if first[1] != got:
+        raise UserError(
+            f"{where}: input '{spec.name}' has size {got} on axis {axis} ('{name}') but input '{first[0]}' "
+            f"has {first[1]} there; the model gives both the one dimension '{name}', so every sample needs "
+            "the same size in each."
+        )
 
 
 def _same_kind(got: np.dtype, want: np.dtype) -> bool:

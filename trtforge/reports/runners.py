@@ -70,7 +70,8 @@ def _ort_runner_class() -> type:
             super().__init__(self._make, name=name)
 
         def _make(self) -> Any:
-            return make_session(self._path, self.purpose, threads=self._threads)
+            # quiet: a run the model refuses is recorded in the report (the target's reason), not logged
+            return make_session(self._path, self.purpose, threads=self._threads, quiet=True)
 
         def use_purpose(self, purpose: str) -> None:
             """Swap the active session for one made for `purpose` (the old one is released first)."""
