@@ -92,3 +92,49 @@ def test_given_twice_is_refused(model, tmp_path, capsys) -> None:
     argv = ["optimize", str(model), "-o", str(tmp_path / "o.onnx"), "--verify-shape", "x:2x64"]
     assert main([*argv, "--verify-shape", "x:1x32"]) == 2
     assert "--verify-shape x: given twice" in capsys.readouterr().err
+
+
+def _ids_and_mask(path: Path) -> None:
+    """input_ids[batch, seq] -> Gather(E[16,8]) times attention_mask[batch, seq]: the two must agree."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    e = numpy_helper.from_array(np.ones((16, 8), np.float32), "E")
+    nodes = [
+        helper.make_node("Gather", ["E", "input_ids"], ["h"]),
+        helper.make_node("Cast", ["attention_mask"], ["m"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["m", "axes"], ["m3"]),
+        helper.make_node("Mul", ["h", "m3"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ids_mask",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])],
+        [e, numpy_helper.from_array(np.array([-1], np.int64), "axes")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_an_input_left_generated_takes_the_dim_sizes_given(tmp_path, capsys) -> None:
+    """Before: `--verify-shape input_ids:3x9` fed attention_mask at its own generated [2, 7], so the model
+    could not run and optimize exited 2 with ONNX Runtime's broadcast error."""
+    model = tmp_path / "ids_mask.onnx"
+    _ids_and_mask(model)
+    out = tmp_path / "out.onnx"
+    argv = ["optimize", str(model), "-o", str(out), "--verify-shape", "input_ids:3x9"]
+    assert main(argv) == 0, capsys.readouterr()
+
+
+def test_inputs_sharing_a_dim_name_given_different_sizes_are_refused(tmp_path, capsys) -> None:
+    model = tmp_path / "ids_mask.onnx"
+    _ids_and_mask(model)
+    argv = ["optimize", str(model), "-o", str(tmp_path / "out.onnx")]
+    assert main([*argv, "--verify-shape", "input_ids:1x8", "--verify-shape", "attention_mask:1x9"]) == 2
+    err = capsys.readouterr().err
+    expected = "--verify-shape attention_mask: dim 1 is 'seq', which --verify-shape input_ids sets to 8, not 9"
+    assert expected in err
+    assert not (tmp_path / "out.onnx").exists()

@@ -82,6 +82,7 @@ def parse_feed_shapes(
     once; UserError naming `option` otherwise."""
     by_name = {t.name: t for t in inputs}
     out: dict[str, list[int]] = {}
+    named: dict[str, tuple[str, int]] = {}  # dynamic dim name -> (the input that sized it, its size)
     for spec in specs:
         name, sep, text = spec.rpartition(":")
         if not sep or not name:
@@ -103,6 +104,14 @@ def parse_feed_shapes(
             )
         if math.prod(dims) > MAX_VOLUME:
             raise UserError(f"{where}: {_fmt(dims)} holds more than 2**31 - 1 elements; give a smaller one.")
+        for axis, size in enumerate(dims):
+            sym = by_name[name].symbol(axis)
+            first = named.setdefault(sym, (name, size)) if sym is not None else None
+            if first is not None and first[1] != size:
+                raise UserError(
+                    f"{where}: dim {axis} is '{sym}', which {option} {first[0]} sets to {first[1]}, not "
+                    f"{size}; inputs sharing a dim name take one size (give it once, the others follow)."
+                )
         out[name] = dims
     return out
 

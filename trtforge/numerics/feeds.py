@@ -121,11 +121,14 @@ def concrete_shapes(
     inputs: Sequence[TensorSpec],
     sizes: Sequence[int] = DEFAULT_SIZES,
     max_sizes: Mapping[str, Mapping[int, int]] | None = None,
+    given: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """Concrete shapes: static dims kept (0 included), each distinct dim name the next of `sizes`; an
     unnamed dynamic dim takes sizes[0] on axis 0 (the batch) and sizes[1] elsewhere. `max_sizes`
     (input -> axis -> largest size the model takes, e.g. its position table) caps a dynamic dim, and
-    every axis sharing its name."""
+    every axis sharing its name. `given` (input -> exact shape, e.g. `--verify-shape input_ids:1x100`)
+    fixes the dim names it covers for every input: an attention_mask [batch, seq] left generated then
+    matches the input_ids given, where it used to get its own sizes and the model could not run."""
     caps: dict[str, int] = {}
     for desc in inputs:
         for axis in range(len(desc.shape)):
@@ -134,6 +137,11 @@ def concrete_shapes(
             if sym is not None and cap is not None:
                 caps[sym] = min(caps.get(sym, cap), cap)
     named: dict[str, int] = {}
+    for desc in inputs:
+        for axis, size in enumerate((given or {}).get(desc.name, ())):
+            sym = desc.symbol(axis) if axis < len(desc.shape) else None
+            if sym is not None:
+                named.setdefault(sym, int(size))
     out = {}
     for desc in inputs:
         shape = []
@@ -165,5 +173,6 @@ def model_feed(
     `max_sizes`); `shapes` gives named inputs exact shapes instead (e.g. a build profile's OPT)."""
     inputs = graph_inputs(model)
     vocab = embedding_rows(model)
-    shapes = {**concrete_shapes(inputs, sizes, max_sizes), **{k: tuple(v) for k, v in (shapes or {}).items()}}
+    given = {k: tuple(v) for k, v in (shapes or {}).items()}
+    shapes = {**concrete_shapes(inputs, sizes, max_sizes, given), **given}
     return synthetic_feed(((d.name, d.np_dtype, shapes[d.name], vocab.get(d.name)) for d in inputs), seed)
