@@ -135,6 +135,6 @@ def test_inputs_sharing_a_dim_name_given_different_sizes_are_refused(tmp_path, c
     argv = ["optimize", str(model), "-o", str(tmp_path / "out.onnx")]
     assert main([*argv, "--verify-shape", "input_ids:1x8", "--verify-shape", "attention_mask:1x9"]) == 2
     err = capsys.readouterr().err
-    expected = "--verify-shape attention_mask: dim 1 is 'seq', which --verify-shape input_ids sets to 8, not 9"
-    assert expected in err
+    expected = "--verify-shape attention_mask: dim 1 is 'seq', which --verify-shape input_ids sets to 8"
+    assert f"{expected}, not 9" in err
     assert not (tmp_path / "out.onnx").exists()
