@@ -221,3 +221,53 @@ def test_cleanup_folds_static_shape_subgraphs():
     reshape = out.graph.node[0]
     shape = next(t for t in out.graph.initializer if t.name == reshape.input[1])
     assert onnx.numpy_helper.to_array(shape).tolist() == [2, -1]  # Shape->Gather->Concat folded
+
+
+def _sdpa(v_head: int, *, folded: bool = False) -> onnx.ModelProto:
+    """softmax(Q Kᵀ / sqrt(8)) V over graph inputs: Q, K of head size 8, V of `v_head`; [B, 2, S, D] per
+    head, or the heads folded into the batch ([B*2, S, D], DeBERTa-style) with `folded`."""
+    from onnx import TensorProto, helper
+
+    lead = ["n"] if folded else ["batch", 2]
+    perm = [0, 2, 1] if folded else [0, 1, 3, 2]
+
+    def vi(name: str, d: int) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [*lead, "seq", d])
+
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=perm),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Mul", ["s", "scale"], ["ss"]),
+        helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [], [8**-0.5])
+    graph = helper.make_graph(
+        nodes, "sdpa", [vi("q", 8), vi("k", 8), vi("v", v_head)], [vi("y", v_head)], [scale]
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("folded", [False, True], ids=["per_head", "folded"])
+def test_attention_with_values_wider_than_keys_is_left_alone(folded):
+    """LeViT's values are 4x its keys' head size. Before: fused into ONNX Attention (ONNX Runtime runs it,
+    so verification passed), then TensorRT's parser refused the graph: "Key and Value must have the same
+    shape", and `compile --precision fp16` of LeViT failed."""
+
+    def fuse(model: onnx.ModelProto):
+        out, ledger = optimize_model(model)
+        rng = np.random.default_rng(0)
+        lead = (4,) if folded else (2, 2)
+        feeds = {
+            i.name: rng.standard_normal((*lead, 5, i.type.tensor_type.shape.dim[-1].dim_value))
+            for i in model.graph.input
+        }
+        feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+        np.testing.assert_allclose(run_ort(out, feeds)[0], run_ort(model, feeds)[0], rtol=1e-4, atol=1e-5)
+        return out, ledger
+
+    same, _ = fuse(_sdpa(8, folded=folded))
+    assert op_counts(same).get("Attention") == 1  # the control: one head size fuses
+    wide, ledger = fuse(_sdpa(32, folded=folded))
+    assert "Attention" not in op_counts(wide) and "Softmax" in op_counts(wide)
+    assert ledger.matches("attention") == 0

@@ -174,6 +174,17 @@ def _same_dim(a: ir.Value, i: int, b: ir.Value, j: int) -> bool:
     return da.value is not None and da.value == db.value
 
 
+def _value_head_reason(key: ir.Value, value: ir.Value, axis: int) -> str | None:
+    """Why the attention cannot be fused when V's head size differs from K's (LeViT: keys of 8, values
+    of 32), else None. ONNX Attention and ONNX Runtime allow it, but TensorRT's attention layer requires K
+    and V of one shape: the parser refused the whole graph ("Key and Value must have the same shape"),
+    and the flash-attention plugin takes one head size."""
+    k_dh, v_dh = _static(key, axis), _static(value, axis)
+    if k_dh is not None and v_dh is not None and k_dh != v_dh:
+        return f"value head size {v_dh} != key head size {k_dh} (TensorRT's attention needs K and V alike)"
+    return None
+
+
 def _full_mask(op, mask: ir.Value, query: ir.Value, key: ir.Value) -> ir.Value:
     """The mask, expanded to [.., Sq, Skv] unless its last two dims provably are that already.
 
@@ -244,6 +255,9 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
         q_dh = _static(query, 3)
         if q_dh is not None and k_dh is not None and q_dh != k_dh:
             return result.fail(f"query head size {q_dh} != key head size {k_dh}", key)
+        reason = _value_head_reason(key, value, axis=3)
+        if reason is not None:
+            return result.fail(reason, value)
         if nan_fill is not None and _ir_utils.get_singleton_value(nan_fill) != 0:
             return result.fail("Softmax NaN fill is not the constant 0", nan_fill)
         for kind, val in _scalings(b):
@@ -429,6 +443,9 @@ class FoldedAttentionFusion(pattern.RewriteRuleClassBase):
                 return result.fail(f"{what} rank {_rank(m)} is unknown or above {most}", m)
             if m.dtype != query.dtype:
                 return result.fail(f"additive {what} dtype {m.dtype} != query dtype {query.dtype}", m)
+        reason = _value_head_reason(key, value, axis=2)
+        if reason is not None:
+            return result.fail(reason, value)
         reason = _fill_reason(cond, fill)
         if reason is not None:
             return result.fail(reason, fill)
