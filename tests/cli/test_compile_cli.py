@@ -230,3 +230,23 @@ def test_compiling_an_onnx_model_does_not_import_torch(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "False", "compiling an ONNX model imported torch"
+
+
+def test_the_int8_stage_line_counts_quantized_convolutions() -> None:
+    """Before: a convolution net's INT8 stage read "0/0 MatMuls INT8" though its Convs were quantized."""
+    import io
+
+    from rich.console import Console
+
+    from trtforge.cli._render import stage_summary_table
+
+    def line(**rec: object) -> str:
+        out = io.StringIO()
+        table = stage_summary_table({"int8": {"method": "entropy", "samples": 16, "fallback": [], **rec}})
+        Console(file=out, width=200).print(table)
+        return out.getvalue()
+
+    conv = line(matmuls_quantized=0, matmuls_total=0, quantized_by_op={"Conv": 2})
+    assert "2 Conv INT8 (entropy, 16 samples)" in conv and "MatMuls" not in conv
+    bert = line(matmuls_quantized=6, matmuls_total=8, quantized_by_op={"MatMul": 6, "Gemm": 1})
+    assert "6/8 MatMuls, 1 Gemm INT8" in bert

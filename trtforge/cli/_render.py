@@ -84,6 +84,19 @@ def onnx_tables(summary: dict[str, Any]) -> list[Any]:
     return [head, io, ops]
 
 
+def _int8_coverage(rec: dict[str, Any]) -> str:
+    """What INT8 covers: the MatMuls (of all), then any other op type quantized. A convolution net read
+    "0/0 MatMuls INT8" with its Convs quantized, as if nothing had been."""
+    parts = (
+        [f"{rec.get('matmuls_quantized')}/{rec.get('matmuls_total')} MatMuls"]
+        if rec.get("matmuls_total")
+        else []
+    )
+    by_op = rec.get("quantized_by_op") or {}
+    parts += [f"{n} {op}" for op, n in sorted(by_op.items()) if op != "MatMul" and n]
+    return ", ".join(parts) or "no op"
+
+
 def print_all(console: Console, items: list[Any]) -> None:
     """Print renderables separated by blank lines."""
     for item in items:
@@ -116,8 +129,8 @@ def stage_summary_table(records: dict[str, Any]) -> Table | None:
     if rec:
         table.add_row(
             "int8",
-            f"{rec.get('matmuls_quantized')}/{rec.get('matmuls_total')} MatMuls INT8 ({rec.get('method')}, "
-            f"{rec.get('samples')} samples); {len(rec.get('fallback') or [])} fell back",
+            f"{_int8_coverage(rec)} INT8 ({rec.get('method')}, {rec.get('samples')} samples); "
+            f"{len(rec.get('fallback') or [])} fell back",
         )
     for mode in ("fp8", "int4"):  # decoder step graphs (compile --generate)
         rec = records.get(mode)
