@@ -218,7 +218,44 @@ def _windows(side: int) -> Setup:
     return setup
 
 
+def _truncated_external_data(*argv: str) -> Setup:
+    """`argv` on the tiny model saved with external data (m.data), the data file cut to 20 bytes."""
+
+    def setup(d: Path) -> list[str]:
+        import onnx
+
+        onnx.save(
+            onnx.load(str(tiny_onnx(d / "src.onnx"))),
+            str(d / "m.onnx"),
+            save_as_external_data=True,
+            location="m.data",
+            size_threshold=0,
+        )
+        (d / "src.onnx").unlink()
+        (d / "m.data").write_bytes((d / "m.data").read_bytes()[:20])
+        return list(argv)
+
+    return setup
+
+
+TRUNCATED = (
+    r"ONNX model 'm\.onnx': its external data file 'm\.data' holds 20 bytes, but tensor '\w+' is stored "
+    r"at bytes \d+\.\.\d+ of it: the file is truncated"
+)
+
 CASES: dict[str, tuple[Setup, str]] = {
+    "compile: external data file truncated": (
+        _truncated_external_data("compile", "m.onnx", "-o", "m.engine"),
+        TRUNCATED,
+    ),
+    "report: external data file truncated": (
+        _truncated_external_data("report", "m.onnx", "-o", "rep", "--targets", "ort", "--no-progress"),
+        TRUNCATED,
+    ),
+    "inspect: external data file truncated": (
+        _truncated_external_data("inspect", "m.onnx"),
+        TRUNCATED,
+    ),
     "calibrate: attention_mask one token longer than input_ids (both [batch, seq])": (
         _ids_mask_lengths(8, 9),
         r"'c\.npz': input 'attention_mask' has size 9 on axis 1 \('seq'\) but input 'input_ids' has 8 there",

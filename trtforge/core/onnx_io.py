@@ -5,6 +5,7 @@ Every stage that touches disk goes through here, so the 2 GB protobuf limit is h
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -236,3 +237,39 @@ def check_model(model_or_path: onnx.ModelProto | str | os.PathLike[str], *, wher
         onnx.checker.check_model(target, full_check=False)
     except onnx.checker.ValidationError as e:
         raise UserError(f"{where} fails ONNX checking: {str(e).strip().splitlines()[0][:400]}") from e
+    if isinstance(target, str):
+        check_external_data(target, where=where)
+
+
+def check_external_data(path: str | os.PathLike[str], *, where: str) -> None:
+    """Every external tensor's bytes lie within its data file. onnx.checker only asks that the file exist:
+    a truncated one passed, and compile then failed inside a later stage (an internal error) and report
+    ran every target to a failure."""
+    import numpy as np
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    model = onnx.load(str(path), load_external_data=False)
+    base = Path(path).parent
+    sizes: dict[Path, int] = {}
+    for t in _get_all_tensors(model):
+        if not uses_external_data(t):
+            continue
+        info = ExternalDataInfo(t)
+        file = base / info.location
+        if file not in sizes:
+            try:
+                sizes[file] = file.stat().st_size
+            except OSError:
+                continue  # a missing file is onnx.checker's to name
+        offset = int(info.offset or 0)
+        need = int(info.length or 0)
+        if not need:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                need = int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        if offset + need > sizes[file]:
+            raise UserError(
+                f"{where}: its external data file '{file}' holds {sizes[file]} bytes, but tensor '{t.name}' "
+                f"is stored at bytes {offset}..{offset + need} of it: the file is truncated or belongs to "
+                "another model. Save the model and its data together again."
+            )
