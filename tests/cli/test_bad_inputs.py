@@ -94,18 +94,23 @@ def _calib(fn_body: str) -> Setup:
     return setup
 
 
-def _oov_calibration(d: Path) -> list[str]:
-    np.savez(d / "oov.npz", input_ids=np.full((4, 5), 99, dtype=np.int64))
-    return [
-        "compile",
-        str(_embedding_onnx(d)),
-        "-o",
-        "out.engine",
-        "--precision",
-        "int8",
-        "--calib-data",
-        "oov.npz",
-    ]
+def _oov_calibration(token: int = 99) -> Setup:
+    """compile --precision int8 of the 16-token embedding model, calibrated on ids all `token`."""
+
+    def setup(d: Path) -> list[str]:
+        np.savez(d / "oov.npz", input_ids=np.full((4, 5), token, dtype=np.int64))
+        return [
+            "compile",
+            str(_embedding_onnx(d)),
+            "-o",
+            "out.engine",
+            "--precision",
+            "int8",
+            "--calib-data",
+            "oov.npz",
+        ]
+
+    return setup
 
 
 def _manifest_file(content: bytes) -> Setup:
@@ -344,8 +349,13 @@ CASES: dict[str, tuple[Setup, str]] = {
     "compile ':'": (lambda d: ["compile", ":", "-o", "out.engine"], "not a 'package.module:name' reference"),
     "unknown module": (lambda d: ["compile", "no_such_mod:make", "-o", "out.engine"], "no module named"),
     "out-of-vocabulary token ids in calibration data": (
-        _oov_calibration,
-        r"ONNX Runtime rejected a batch of calibration data oov\.npz: indices element out of data bounds",
+        _oov_calibration(),
+        r"calibration data oov\.npz: input 'input_ids' holds the id 99, but it indexes a table of 16 rows "
+        r"\(ids 0\.\.15\)",
+    ),
+    "negative token ids in calibration data (ORT's Gather counts them from the end)": (
+        _oov_calibration(-3),
+        r"calibration data oov\.npz: input 'input_ids' holds the id -3, but it indexes a table of 16 rows",
     ),
     "calibration function raises": (
         _calib("def data():\n    raise ValueError('calib boom')\n"),

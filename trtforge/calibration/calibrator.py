@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trtforge.calibration.data import rejected_data_is_user_error
+from trtforge.calibration.data import check_token_ids, rejected_data_is_user_error
 from trtforge.calibration.histogram import TensorHistogram, select_real_tokens
 from trtforge.numerics.compare import masked_rows, row_cosines
+from trtforge.numerics.feeds import embedding_rows
 from trtforge.numerics.sessions import exact_session, run
 
 if TYPE_CHECKING:
@@ -88,10 +89,12 @@ def collect_statistics(
     channel = set(channel_tensors)
     stats = {t: TensorHistogram(per_channel=t in channel, histogram=histograms) for t in tensors}
     session = exact_session(with_outputs(model, tensors), quiet=True)  # a refusal is raised, not logged
+    rows = embedding_rows(model)
     t0 = time.perf_counter()
     samples = batches = 0
     with _progress(progress, description, len(dataset)) as advance:
         for feed in dataset:
+            check_token_ids(feed, rows, dataset.source)
             with rejected_data_is_user_error(dataset.source):
                 outs = run(session, feed, tensors)
             mask = feed.get(MASK_INPUT) if real_tokens else None
