@@ -176,15 +176,15 @@ def _ids_mask_onnx(d: Path) -> Path:
     return path
 
 
-def _ids_mask_lengths(ids: int, mask: int) -> Setup:
-    """calibrate the ids+mask model on ids of `ids` tokens and masks of `mask` tokens."""
+def _ids_mask_lengths(ids: int, mask: int, mask_value: int = 1) -> Setup:
+    """calibrate the ids+mask model on ids of `ids` tokens and masks of `mask` tokens, all `mask_value`."""
 
     def setup(d: Path) -> list[str]:
         _ids_mask_onnx(d)
         np.savez(
             d / "c.npz",
             input_ids=np.ones((4, ids), np.int64),
-            attention_mask=np.ones((4, mask), np.int64),
+            attention_mask=np.full((4, mask), mask_value, np.int64),
         )
         return ["calibrate", "ids_mask.onnx", "--data", "c.npz", "-o", "q.onnx", "--quiet"]
 
@@ -259,6 +259,11 @@ CASES: dict[str, tuple[Setup, str]] = {
     "calibrate: attention_mask one token longer than input_ids (both [batch, seq])": (
         _ids_mask_lengths(8, 9),
         r"'c\.npz': input 'attention_mask' has size 9 on axis 1 \('seq'\) but input 'input_ids' has 8 there",
+    ),
+    "calibrate: an attention_mask of 2s (token_type_ids passed as the mask)": (
+        _ids_mask_lengths(8, 8, mask_value=2),
+        r"calibration data c\.npz: input 'attention_mask' holds 2; an attention mask holds 1 for real tokens "
+        r"and 0 for padding only",
     ),
     "calibrate: samples a Reshape in the model cannot take (ORT Fail)": (
         _windows(20),
