@@ -95,3 +95,14 @@ def test_user_range_beyond_a_limit_is_refused_with_its_source_and_a_fix() -> Non
 def test_dimensions_are_bounded(spec: str, message: str) -> None:
     with pytest.raises(UserError, match=message):
         resolve_profile([IDS, MASK], [spec])
+
+
+def test_user_ranges_of_inputs_sharing_a_dim_name_must_agree() -> None:
+    """Before: input_ids seq 8 and attention_mask seq 8..9 built an engine no feed could satisfy (the
+    ONNX Runtime range check saw the graph fail at OPT too and skipped itself)."""
+    same = ["input_ids:1x8:2x8:4x8", "attention_mask:1x8:2x8:4x8"]
+    assert resolve_profile([IDS, MASK], same)[0]["attention_mask"].max == [4, 8]
+    with pytest.raises(
+        UserError, match=r"--shape attention_mask: dim 1 is 'seq', which --shape input_ids ranges"
+    ):
+        resolve_profile([IDS, MASK], ["input_ids:1x8:2x8:4x8", "attention_mask:1x8:2x9:4x9"])

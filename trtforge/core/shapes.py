@@ -252,13 +252,22 @@ def resolve_profile(
     profile: dict[str, ShapeRange] = {}
     derived: dict[str, ShapeRange] = {}
     symbol_ranges: dict[str, tuple[int, int, int]] = {}
+    set_by: dict[str, str] = {}  # symbol -> the input whose --shape gave its range
     for name, rng in user.items():
         validate_range(by_name[name], rng)
         check_limits(by_name[name], rng, axis_limits.get(name, {}))
         profile[name] = rng
         for axis, sym in enumerate(by_name[name].symbols):
             if sym and by_name[name].shape[axis] < 0:
-                symbol_ranges.setdefault(sym, (rng.min[axis], rng.opt[axis], rng.max[axis]))
+                got = (rng.min[axis], rng.opt[axis], rng.max[axis])
+                first = symbol_ranges.setdefault(sym, got)
+                set_by.setdefault(sym, name)
+                if first != got:
+                    raise UserError(
+                        f"--shape {name}: dim {axis} is '{sym}', which --shape {set_by[sym]} ranges "
+                        f"{':'.join(map(str, first))}, not {':'.join(map(str, got))}; inputs sharing a dim "
+                        "name take one range (the engine could never be fed both at once)."
+                    )
     for desc in inputs:
         if desc.name in profile:
             continue
