@@ -32,8 +32,14 @@ def _exact_session(path: Path) -> Any:
     return exact_session(path, quiet=True)
 
 
-def _feeds(session: Any, shapes: Mapping[str, list[int]], seed: int = 0) -> dict[str, np.ndarray]:
-    """Synthetic feeds (trtforge.numerics rules) at `shapes`; an input type numpy cannot hold is refused."""
+def _feeds(
+    session: Any, shapes: Mapping[str, list[int]], vocab: Mapping[str, int], seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Synthetic feeds (trtforge.numerics rules) at `shapes`; an input type numpy cannot hold is refused.
+
+    Token ids span their embedding table (`vocab`) and masks are all ones: the hardest inputs of each
+    shape. With ids of 0 and 1 and padded masks, a RoBERTa-style model (positions counted over the
+    non-padding ids) ran at 100 tokens with 64 positions, and the range was accepted."""
     from trtforge.core.tensor_spec import numpy_dtype_of
     from trtforge.numerics.feeds import synthetic_array
 
@@ -44,7 +50,10 @@ def _feeds(session: Any, shapes: Mapping[str, list[int]], seed: int = 0) -> dict
         if dtype is None:
             raise _Unsupported(f"input '{inp.name}' has type {inp.type}")
         dtype = numpy_dtype_of(dtype) if isinstance(dtype, str) else np.dtype(dtype)
-        feeds[inp.name] = synthetic_array(inp.name, dtype, tuple(shapes[inp.name]), rng)
+        array = synthetic_array(inp.name, dtype, tuple(shapes[inp.name]), rng, vocab.get(inp.name))
+        if "mask" in inp.name.lower() and array.dtype.kind in "biu":
+            array = np.ones_like(array)
+        feeds[inp.name] = array
     return feeds
 
 
@@ -109,12 +118,12 @@ def _custom_domains(path: Path) -> list[str]:
     return sorted({n.domain for n in proto.graph.node if n.domain not in ("", "ai.onnx", "ai.onnx.ml")})
 
 
-def _run(session: Any, shapes: Mapping[str, list[int]]) -> str | None:
+def _run(session: Any, shapes: Mapping[str, list[int]], vocab: Mapping[str, int]) -> str | None:
     """None when the graph runs at `shapes`, else ONNX Runtime's message (first lines)."""
     try:
         from trtforge.numerics.sessions import run
 
-        run(session, _feeds(session, shapes))
+        run(session, _feeds(session, shapes, vocab))
     except _Unsupported:
         raise
     except Exception as e:  # ORT raises its own exception types for any failing kernel
@@ -151,24 +160,29 @@ def check_profile(onnx_path: str | Path, profile: Mapping[str, ShapeRange]) -> d
         record["skipped"] = f"ONNX Runtime cannot load the graph: {str(e).strip().splitlines()[0][:300]}"
         return record
     points = {label: {n: list(getattr(r, attr)) for n, r in profile.items()} for label, attr in _POINTS}
+    import onnx
+
+    from trtforge.numerics.feeds import embedding_rows
+
+    vocab = embedding_rows(onnx.load(str(path), load_external_data=False))
     try:
         failures = {}
         for label, shapes in points.items():
             if label == "OPT":
                 continue
-            error = _run(session, shapes)
+            error = _run(session, shapes, vocab)
             record["ran"].append(label)
             if error is not None:
                 failures[label] = error
         if failures:
-            opt_error = _run(session, points["OPT"])
+            opt_error = _run(session, points["OPT"], vocab)
             if opt_error is not None:
                 record["skipped"] = (
                     f"the graph fails in ONNX Runtime at OPT too, so not because of the range: {opt_error}"
                 )
                 return record
             end = "max" if "MAX" in failures else "min"
-            runs = _furthest(session, dynamic, end)
+            runs = _furthest(session, dynamic, end, vocab)
             raise ProfileRangeError(_message(failures, dynamic, runs), end, runs)
     except _Unsupported as e:
         record["skipped"] = f"no synthetic inputs for this graph: {e}"
@@ -184,7 +198,9 @@ def _between(a: list[int], b: list[int], k: int, steps: int) -> list[int]:
     return [x + (y - x) * k // steps for x, y in zip(a, b)]
 
 
-def _furthest(session: Any, dynamic: Mapping[str, ShapeRange], end: str) -> dict[str, list[int]]:
+def _furthest(
+    session: Any, dynamic: Mapping[str, ShapeRange], end: str, vocab: Mapping[str, int]
+) -> dict[str, list[int]]:
     """Shapes near `end` ("min"/"max") that run: a bounded bisection on the line from OPT (at most
     `SEARCH_RUNS` runs; OPT itself runs), then one run per axis position taking it to `end`."""
     steps = max(abs(e - o) for r in dynamic.values() for o, e in zip(r.opt, getattr(r, end)))
@@ -197,7 +213,7 @@ def _furthest(session: Any, dynamic: Mapping[str, ShapeRange], end: str) -> dict
         if bad - good <= 1:
             break
         mid = (good + bad) // 2
-        if _run(session, at(mid)) is None:
+        if _run(session, at(mid), vocab) is None:
             good = mid
         else:
             bad = mid
@@ -209,7 +225,7 @@ def _furthest(session: Any, dynamic: Mapping[str, ShapeRange], end: str) -> dict
             n: [getattr(r, end)[a] if a == axis else d for a, d in enumerate(best[n])]
             for n, r in dynamic.items()
         }
-        if trial != best and _run(session, trial) is None:
+        if trial != best and _run(session, trial, vocab) is None:
             best = trial
     return best
 
