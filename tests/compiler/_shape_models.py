@@ -83,3 +83,38 @@ def broadcast_model(path: Path | None = None, width: int = 64):
         [c],
     )
     return _save(graph, path)
+
+
+def counted_positions_model(path: Path) -> Path:
+    """RoBERTa's positions: cumsum(input_ids != 1) * (input_ids != 1) + 1, masked by attention_mask,
+    then Gather from a table of 12 rows (10 usable); input_ids also index a 50-token vocabulary."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [
+        numpy_helper.from_array(np.ones((12, 4), np.float32), "P"),
+        numpy_helper.from_array(np.ones((50, 4), np.float32), "E"),
+        numpy_helper.from_array(np.array(1, np.int64), "pad"),
+        numpy_helper.from_array(np.array(1, np.int64), "axis"),
+    ]
+    nodes = [
+        helper.make_node("Equal", ["input_ids", "pad"], ["is_pad"]),
+        helper.make_node("Not", ["is_pad"], ["real"]),
+        helper.make_node("Cast", ["real"], ["real_i"], to=TensorProto.INT64),
+        helper.make_node("Mul", ["real_i", "attention_mask"], ["m"]),
+        helper.make_node("CumSum", ["m", "axis"], ["c"]),
+        helper.make_node("Mul", ["c", "m"], ["cm"]),
+        helper.make_node("Add", ["cm", "pad"], ["pos"]),
+        helper.make_node("Gather", ["P", "pos"], ["p"]),
+        helper.make_node("Gather", ["E", "input_ids"], ["e"]),
+        helper.make_node("Add", ["e", "p"], ["y"]),
+    ]
+    ids = [
+        helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
+        for n in ("input_ids", "attention_mask")
+    ]
+    out = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])]
+    graph = helper.make_graph(nodes, "counted", ids, out, inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.compiler._shape_models import broadcast_model, position_table_model
+from tests.compiler._shape_models import broadcast_model, counted_positions_model, position_table_model
 from trtforge.compiler import shape_check
 from trtforge.compiler.shape_check import check_profile
 from trtforge.core.manifest import ShapeRange
@@ -89,45 +89,11 @@ def test_bfloat16_inputs_run_min_and_max(tmp_path) -> None:
     assert record["ran"] == ["MIN", "MAX"] and record["skipped"] is None
 
 
-def _counted_positions_model(path) -> None:
-    """RoBERTa's positions: cumsum(input_ids != 1) * (input_ids != 1) + 1, masked by attention_mask,
-    then Gather from a table of 12 rows (10 usable); input_ids also index a 50-token vocabulary."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    inits = [
-        numpy_helper.from_array(np.ones((12, 4), np.float32), "P"),
-        numpy_helper.from_array(np.ones((50, 4), np.float32), "E"),
-        numpy_helper.from_array(np.array(1, np.int64), "pad"),
-        numpy_helper.from_array(np.array(1, np.int64), "axis"),
-    ]
-    nodes = [
-        helper.make_node("Equal", ["input_ids", "pad"], ["is_pad"]),
-        helper.make_node("Not", ["is_pad"], ["real"]),
-        helper.make_node("Cast", ["real"], ["real_i"], to=TensorProto.INT64),
-        helper.make_node("Mul", ["real_i", "attention_mask"], ["m"]),
-        helper.make_node("CumSum", ["m", "axis"], ["c"]),
-        helper.make_node("Mul", ["c", "m"], ["cm"]),
-        helper.make_node("Add", ["cm", "pad"], ["pos"]),
-        helper.make_node("Gather", ["P", "pos"], ["p"]),
-        helper.make_node("Gather", ["E", "input_ids"], ["e"]),
-        helper.make_node("Add", ["e", "p"], ["y"]),
-    ]
-    ids = [
-        helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
-        for n in ("input_ids", "attention_mask")
-    ]
-    out = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])]
-    graph = helper.make_graph(nodes, "counted", ids, out, inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-
-
 def test_counted_positions_are_checked_with_real_token_ids_and_full_masks(tmp_path) -> None:
     """Before: ids of 0/1 and padded masks left few positions counted, so a RoBERTa-style model with 10
     positions "ran" at 16 tokens and the range was built into the engine."""
     path = tmp_path / "counted.onnx"
-    _counted_positions_model(path)
+    counted_positions_model(path)
     ok = ShapeRange([1, 1], [2, 8], [4, 10])
     assert check_profile(path, {"input_ids": ok, "attention_mask": ok})["ran"] == ["MIN", "MAX"]
     long = ShapeRange([1, 1], [2, 8], [4, 16])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from onnx import TensorProto, helper
 
-from tests.compiler._shape_models import broadcast_model, position_table_model
+from tests.compiler._shape_models import broadcast_model, counted_positions_model, position_table_model
 from trtforge.core.shape_limits import graph_limits, module_limits, source_limits
 from trtforge.core.shapes import AxisLimit
 
@@ -134,3 +134,14 @@ def test_two_wrapped_models_give_no_config_limit() -> None:
     from tests.models import tiny_bert_64
 
     assert module_limits(_wrap(tiny_bert_64(), tiny_bert_64()), _graph(*TOKENS)) == {}
+
+
+def test_counted_positions_of_an_exported_roberta_bound_the_sequence(tmp_path) -> None:
+    """RoBERTa-family ONNX (XLM-R, CamemBERT, Data2Vec-text) count positions with CumSum over the real
+    tokens, then add the padding index: 12 rows hold 10 tokens. Before: no limit was found, so compile
+    derived seq 1..512 for a model that takes 10."""
+    import onnx
+
+    limits = graph_limits(onnx.load(str(counted_positions_model(tmp_path / "counted.onnx"))))
+    assert limits["input_ids"][1].hi == 10 and limits["attention_mask"][1].hi == 10
+    assert "(12 rows, 10 usable)" in limits["input_ids"][1].source

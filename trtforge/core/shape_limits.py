@@ -5,8 +5,9 @@ Two sources, each recorded with the limit:
   ...) bounds the sequence axis (less the padding offset of RoBERTa-style position ids), and
   `image_size` fixes the spatial axes of image inputs;
 - the ONNX graph: a position-embedding table (a `Gather` on a 2-D initializer whose indices come from a
-  `Range` or a slice of a constant position-id buffer, not from a graph input) bounds the sequence
-  axis by its row count, and by the length of the sliced buffer.
+  `Range`, a slice of a constant position-id buffer, or a `CumSum` count of the real tokens times the
+  mask as RoBERTa's are, not from a graph input) bounds the sequence axis by its row count (less any
+  constant added to the positions), and by the length of the sliced buffer.
 
 The sequence axis is axis 1 of a rank-2 or rank-3 input whose axis 1 is dynamic; spatial axes are
 2 and 3 of a rank-4 input. Limits found nowhere stay unknown: the ONNX Runtime shape check
@@ -29,7 +30,20 @@ _INDEX_PASSTHROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flat
 _INT_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})
 # Ops between a position source (Range, sliced constant) and the position-table Gather.
 _POSITION_PATH = frozenset(
-    {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand", "Add", "Slice", "Range"}
+    {
+        "Cast",
+        "Reshape",
+        "Unsqueeze",
+        "Squeeze",
+        "Flatten",
+        "Identity",
+        "Expand",
+        "Add",
+        "Slice",
+        "Range",
+        "CumSum",
+        "Mul",
+    }
 )
 
 
@@ -186,6 +200,13 @@ def _position_rows(
         if node.op_type == "Range":
             is_position = True
             offset = max(offset, shift + max(scalars.get(node.input[0]) or 0, 0))
+            continue
+        if node.op_type == "CumSum":  # RoBERTa's positions: 1..S counted over the real tokens
+            is_position = True
+            offset = max(offset, shift + 1)
+            continue
+        if node.op_type == "Mul":  # the count times the mask: follow what is not a constant
+            frontier.extend((i, shift) for i in node.input if i and i not in constants)
             continue
         if node.op_type == "Slice" and node.input[0] in constants:
             is_position = True
