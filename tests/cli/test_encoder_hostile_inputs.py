@@ -191,6 +191,17 @@ def _ids_mask_lengths(ids: int, mask: int, mask_value: int = 1) -> Setup:
     return setup
 
 
+def _precision_data(mask_value: int) -> Setup:
+    """optimize --precision fp16 of the ids+mask model with --precision-data masks all `mask_value`."""
+
+    def setup(d: Path) -> list[str]:
+        _ids_mask_lengths(8, 8, mask_value)(d)
+        fp16 = ["--precision", "fp16", "--precision-data", "c.npz"]
+        return ["optimize", "ids_mask.onnx", "-o", "o.onnx", *fp16]
+
+    return setup
+
+
 def _windows(side: int) -> Setup:
     """calibrate x[batch, n] -> Reshape [batch, -1, 16] -> MatMul(W[16,32]) on samples of `side` values: a
     size the Reshape cannot split into rows of 16 fails in ORT's kernel (its `Fail`, not InvalidArgument)."""
@@ -264,6 +275,10 @@ CASES: dict[str, tuple[Setup, str]] = {
         _ids_mask_lengths(8, 8, mask_value=2),
         r"calibration data c\.npz: input 'attention_mask' holds 2; an attention mask holds 1 for real tokens "
         r"and 0 for padding only",
+    ),
+    "optimize --precision-data: an attention_mask of 2s": (
+        _precision_data(mask_value=2),
+        r"precision sample data \(batch 0\): input 'attention_mask' holds 2; an attention mask holds 1",
     ),
     "calibrate: samples a Reshape in the model cannot take (ORT Fail)": (
         _windows(20),

@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trtforge.calibration.data import check_token_ids, rejected_data_is_user_error
+from trtforge.calibration.data import rejected_data_is_user_error
 from trtforge.calibration.histogram import TensorHistogram, select_real_tokens
-from trtforge.errors import UserError
 from trtforge.numerics.compare import masked_rows, row_cosines
-from trtforge.numerics.feeds import embedding_rows
+from trtforge.numerics.feeds import check_feed_values, embedding_rows
 from trtforge.numerics.sessions import exact_session, run
 
 if TYPE_CHECKING:
@@ -72,20 +71,6 @@ def has_mask_input(model: onnx.ModelProto) -> bool:
     return False
 
 
-def _check_mask(mask: np.ndarray | None, source: str) -> None:
-    """An integer [batch, seq] attention_mask holds 0 (padding) and 1 (real token) only: other values
-    (token_type_ids passed as the mask, counts) ran through the model and the real-token selection as
-    if they were 1, calibrating on garbage without a word."""
-    if mask is None or mask.ndim != 2 or mask.dtype.kind not in "iu" or not mask.size:
-        return
-    odd = np.setdiff1d(np.unique(mask), [0, 1])
-    if odd.size:
-        raise UserError(
-            f"calibration data {source}: input '{MASK_INPUT}' holds {int(odd[0])}; an attention mask holds "
-            "1 for real tokens and 0 for padding only."
-        )
-
-
 def collect_statistics(
     model: onnx.ModelProto,
     dataset: CalibrationDataset,
@@ -109,8 +94,7 @@ def collect_statistics(
     samples = batches = 0
     with _progress(progress, description, len(dataset)) as advance:
         for feed in dataset:
-            check_token_ids(feed, rows, dataset.source)
-            _check_mask(feed.get(MASK_INPUT), dataset.source)
+            check_feed_values(feed, rows, f"calibration data {dataset.source}")
             with rejected_data_is_user_error(dataset.source):
                 outs = run(session, feed, tensors)
             mask = feed.get(MASK_INPUT) if real_tokens else None

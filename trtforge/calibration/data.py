@@ -163,24 +163,6 @@ class CalibrationDataset:
         return {"source": self.source, "samples": self.num_samples, "batch_size": self.batch_size}
 
 
-def check_token_ids(feed: dict[str, np.ndarray], rows: dict[str, int], source: str) -> None:
-    """UserError naming the input when a batch indexes an embedding table (`rows`: input -> table rows,
-    `numerics.feeds.embedding_rows`) outside 0..rows-1. ONNX Runtime's Gather takes -rows..-1 as well,
-    counting from the end, so negative token ids used to calibrate silently on the wrong embeddings."""
-    for name, n in rows.items():
-        ids = feed.get(name)
-        if ids is None or not ids.size or ids.dtype.kind not in "iu":
-            continue
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= n:
-            bad = low if low < 0 else high
-            raise UserError(
-                f"calibration data {source}: input '{name}' holds the id {bad}, but it indexes a table of "
-                f"{n} rows (ids 0..{n - 1}). Check that the data fits the model (token ids within its "
-                "vocabulary, made by the model's own tokenizer)."
-            )
-
-
 # "/onnxruntime_src/.../reshape_helper.h:84 onnxruntime::ReshapeHelper::ReshapeHelper(const ..., bool) "
 # before a kernel's reason: ORT's source file and C++ signature, noise to the user.
 _ORT_SOURCE_LOCATION = re.compile(r"^\S+\.(?:h|cc|cpp):\d+ [^()]*\([^()]*\)\s*")

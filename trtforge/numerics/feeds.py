@@ -59,6 +59,36 @@ def embedding_rows(model: onnx.ModelProto) -> dict[str, int]:
     return found
 
 
+def check_feed_values(feed: Mapping[str, np.ndarray], rows: Mapping[str, int], where: str) -> None:
+    """UserError naming the input when user data holds values the model cannot mean: ids outside the
+    embedding table they index (`rows`: input -> table rows, see `embedding_rows`), or an integer
+    [batch, seq] `attention_mask` with values other than 0 and 1. ONNX Runtime's Gather takes -rows..-1
+    too, counting from the end, and any mask value ran as if it were 1: both gave statistics of the
+    wrong inputs without a word."""
+    from trtforge.errors import UserError
+
+    for name, n in rows.items():
+        ids = feed.get(name)
+        if ids is None or not ids.size or ids.dtype.kind not in "iu":
+            continue
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= n:
+            raise UserError(
+                f"{where}: input '{name}' holds the id {low if low < 0 else high}, but it indexes a table of "
+                f"{n} rows (ids 0..{n - 1}). Check that the data fits the model (token ids within its "
+                "vocabulary, made by the model's own tokenizer)."
+            )
+    mask = feed.get("attention_mask")
+    if mask is None or mask.ndim != 2 or mask.dtype.kind not in "iu" or not mask.size:
+        return
+    odd = np.setdiff1d(np.unique(mask), [0, 1])
+    if odd.size:
+        raise UserError(
+            f"{where}: input 'attention_mask' holds {int(odd[0])}; an attention mask holds 1 for real "
+            "tokens and 0 for padding only."
+        )
+
+
 def check_finite(name: str, array: np.ndarray, where: str, purpose: str) -> None:
     """UserError naming input `name` when its floating `array` holds NaN or inf: statistics or accuracy
     figures computed from such data would be NaN, or quietly wrong, with no sign of why."""

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from trtforge.errors import UserError
-from trtforge.numerics.feeds import model_feed
+from trtforge.numerics.feeds import check_feed_values, embedding_rows, model_feed
 from trtforge.numerics.sessions import exact_session
 
 # |x| at or above this is an "infinity sentinel" (torch.finfo(float32).min in attention masks), not data.
@@ -128,8 +128,10 @@ def observe(
     feeds = generate_feeds(model) if data is None else data
     stats: dict[str, ValueStats] = {}
     obs = Observation(stats, [], [], source, 0)
+    rows = embedding_rows(model) if data is not None else {}
     for i, raw in enumerate(feeds):
         feed = _check_feed(raw, input_names, i)
+        check_feed_values(feed, rows, f"precision sample data (batch {i})")
         try:
             results = sess.run(names, feed)
         except Exception as e:
