@@ -21,11 +21,17 @@ def _save(graph, path: Path | None):
 
 
 def position_table_model(
-    path: Path | None = None, *, rows: int = 8, buffer: int | None = None, offset: int = 0
+    path: Path | None = None,
+    *,
+    rows: int = 8,
+    buffer: int | None = None,
+    offset: int = 0,
+    zeros: bool = False,
 ):
     """y[b, s, 4] = word[ids] + pos[positions + offset]: positions from Range(0, s), or from a constant
     position-id buffer of `buffer` entries sliced to s (as Hugging Face BERT exports); a non-zero
-    `offset` is added as a constant (BART's learned positions start at 2)."""
+    `offset` is added as a constant (BART's learned positions start at 2). `zeros`: the buffer holds 0s, a
+    token-type-id buffer (BERT's, sliced the same way into its 2-row token-type table), not positions."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -44,7 +50,9 @@ def position_table_model(
         nodes.append(helper.make_node("Range", ["zero", "seq", "one"], ["positions"]))
     else:
         inits += [
-            numpy_helper.from_array(np.arange(buffer, dtype=np.int64)[None], "position_ids"),
+            numpy_helper.from_array(
+                (np.zeros if zeros else np.arange)(buffer, dtype=np.int64)[None], "position_ids"
+            ),
             numpy_helper.from_array(np.array([0], np.int64), "start"),
             numpy_helper.from_array(np.array([1], np.int64), "axes"),
         ]

@@ -145,3 +145,10 @@ def test_counted_positions_of_an_exported_roberta_bound_the_sequence(tmp_path) -
     limits = graph_limits(onnx.load(str(counted_positions_model(tmp_path / "counted.onnx"))))
     assert limits["input_ids"][1].hi == 10 and limits["attention_mask"][1].hi == 10
     assert "(12 rows, 10 usable)" in limits["input_ids"][1].source
+
+
+def test_a_sliced_buffer_of_token_type_ids_is_not_a_position_table() -> None:
+    """BERT-family exports slice a buffer of 0s (token type ids) into the 2-row token-type table just as
+    they slice position ids. Before: it was taken for a position table, and ConvBERT's sequence was
+    limited to 2 tokens (compile derived input_ids 1x1:8x2:32x2)."""
+    assert graph_limits(position_table_model(rows=2, buffer=6, zeros=True)) == {}

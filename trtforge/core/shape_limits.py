@@ -148,6 +148,13 @@ def graph_limits(model: Any) -> dict[str, dict[int, AxisLimit]]:
                 constants[n.output[0]] = list(value.dims)
                 scalars[n.output[0]] = _int_scalar(value)
     producer = {o: n for n in model.graph.node for o in n.output}
+    tensors = {i.name: i for i in model.graph.initializer}
+    for n in model.graph.node:
+        value = (
+            next((a.t for a in n.attribute if a.name == "value"), None) if n.op_type == "Constant" else None
+        )
+        if value is not None:
+            tensors[n.output[0]] = value
     from_inputs = _input_derived(model)
     best: AxisLimit | None = None
     for n in model.graph.node:
@@ -157,7 +164,7 @@ def graph_limits(model: Any) -> dict[str, dict[int, AxisLimit]]:
         axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
         if table is None or len(table) != 2 or axis != 0:
             continue
-        rows = _position_rows(n.input[1], producer, constants, scalars, int(table[0]))
+        rows = _position_rows(n.input[1], producer, constants, scalars, int(table[0]), tensors)
         if rows is not None and (best is None or rows < best.hi):
             usable = f", {rows} usable" if rows < int(table[0]) else ""
             best = AxisLimit(1, rows, f"the graph's position table '{n.input[0]}' ({table[0]} rows{usable})")
@@ -176,12 +183,28 @@ def _int_scalar(tensor: Any) -> int | None:
     return int(numpy_helper.to_array(tensor).reshape(-1)[0])
 
 
+def _counts_up(tensor: Any) -> bool:
+    """True when a constant buffer holds position ids, 0, 1, 2, ... along its last axis. BERT-family
+    models also slice a buffer of token type ids, all 0, into the 2-row token-type table: taken for
+    positions, it limited ConvBERT's sequence to 2 tokens."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    if tensor is None or tensor.data_type not in _INT_TYPES:
+        return False
+    values = numpy_helper.to_array(tensor)
+    if values.ndim == 0 or values.shape[-1] < 2:
+        return False
+    return bool(np.all(np.diff(values.reshape(-1, values.shape[-1]), axis=-1) > 0))
+
+
 def _position_rows(
     indices: str,
     producer: Mapping[str, Any],
     constants: Mapping[str, list[int]],
     scalars: Mapping[str, int | None],
     rows: int,
+    tensors: Mapping[str, Any],
 ) -> int | None:
     """Rows usable when `indices` come from a Range or a sliced constant buffer; None if they do not.
     A constant added on the way (BART's learned positions start at 2) or a Range's constant start uses
@@ -208,7 +231,7 @@ def _position_rows(
         if node.op_type == "Mul":  # the count times the mask: follow what is not a constant
             frontier.extend((i, shift) for i in node.input if i and i not in constants)
             continue
-        if node.op_type == "Slice" and node.input[0] in constants:
+        if node.op_type == "Slice" and node.input[0] in constants and _counts_up(tensors.get(node.input[0])):
             is_position = True
             offset = max(offset, shift)
             dims = constants[node.input[0]]
