@@ -78,6 +78,57 @@ def test_norm_gate_up_silu_matches_the_eager_mlp_input(device, cfg, m):
     _close(got, want)
 
 
+# the one-row FMA forms DEFER_NORM changes: partials kept to the end, and summed as they come (reduce)
+DEFER_CONFIGS = [
+    *CONFIGS[:3],
+    pytest.param({"block_n": 4, "block_k": 32, "dot": False, "reduce": True}, id="fma-reduce"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cfg", DEFER_CONFIGS)
+@pytest.mark.parametrize("m", [1, 3])
+def test_deferred_norm_matches_norm_then_linear(device, cfg, m, monkeypatch):
+    """gemv.DEFER_NORM: the squares summed in the loop and rstd applied to the sums (one row; more rows
+    keep the prologue), for the RMSNorm QKV form with its bias and the gate/up + SiLU form."""
+    from trtforge.kernels import gemv as mod
+
+    skip_unless_runs_here(device)
+    monkeypatch.setattr(mod, "DEFER_NORM", True)
+    n, k = 45, 100
+    g, x, w, nw = _operands(device, m, n, k, seed=30 + m)
+    bias = torch.randn(n, generator=g).half().to(device)
+    want = torch.nn.functional.linear(_rms_norm_ref(x.float(), nw.float(), 1e-5).half().float(), w.float())
+    _close(mod.norm_gemv(x, nw, 1e-5, w, bias, config=mod.GemvConfig(**cfg)), (want + bias.float()).half())
+    inter = 24
+    _, x, w, nw = _operands(device, m, 2 * inter, k, seed=40 + m)
+    gu = torch.nn.functional.linear(_rms_norm_ref(x, nw, 1e-6).float(), w.float()).half()
+    want = torch.nn.functional.silu(gu[:, :inter].float()).half() * gu[:, inter:]
+    _close(mod.norm_gate_up_silu(x, nw, 1e-6, w, config=mod.GemvConfig(**cfg)), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cfg", DEFER_CONFIGS[2:], ids=["fma-1chunk", "fma-reduce"])
+def test_deferred_norm_leaves_out_the_eager_roundings(device, cfg, monkeypatch):
+    """The deferred form never rounds the normalized x to FP16 (twice, as the eager path and the prologue
+    form do), so over many outputs it lands closer to the float64 truth; the outputs differ, so the
+    deferred path did run."""
+    from trtforge.kernels import gemv as mod
+
+    skip_unless_runs_here(device)
+    n, k = 256, 192
+    _, x, w, nw = _operands(device, 1, n, k, seed=50)
+    xd = x.double().cpu()
+    xn = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * nw.double().cpu()
+    truth = xn @ w.double().cpu().t()
+    cfg = mod.GemvConfig(**cfg)
+    rounded = mod.norm_gemv(x, nw, 1e-5, w, config=cfg).double().cpu()
+    monkeypatch.setattr(mod, "DEFER_NORM", True)
+    deferred = mod.norm_gemv(x, nw, 1e-5, w, config=cfg).double().cpu()
+    assert not torch.equal(deferred, rounded)
+    assert (deferred - truth).abs().mean() < 0.9 * (rounded - truth).abs().mean()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cfg", CONFIGS)
 @pytest.mark.parametrize("m", [1, 3, 8])

@@ -136,10 +136,13 @@ def _to(q, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", ["fp8", "int4"])
 @pytest.mark.parametrize("m", [1, 3])
-def test_quantized_norm_gemv(device, fmt, m):
+@pytest.mark.parametrize("defer", [False, True], ids=["prologue", "deferred"])
+def test_quantized_norm_gemv(device, fmt, m, defer, monkeypatch):
+    from trtforge.kernels import gemv as mod
     from trtforge.kernels.gemv import norm_gemv
 
     skip_unless_runs_here(device)
+    monkeypatch.setattr(mod, "DEFER_NORM", defer)  # (gemv.DEFER_NORM: FP8's one-row form; INT4 keeps its own)
     x, w, nw = _fp8_operands(device, m, 40, 256, seed=m)
     q = quantize_fp8(w) if fmt == "fp8" else quantize_int4(w)
     xn = _rms_ref(x, nw, 1e-6)
@@ -151,10 +154,13 @@ def test_quantized_norm_gemv(device, fmt, m):
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", ["fp8", "int4"])
-def test_quantized_gate_up_and_residual(device, fmt):
+@pytest.mark.parametrize("defer", [False, True], ids=["prologue", "deferred"])
+def test_quantized_gate_up_and_residual(device, fmt, defer, monkeypatch):
+    from trtforge.kernels import gemv as mod
     from trtforge.kernels.gemv import gemv_residual, norm_gate_up_silu
 
     skip_unless_runs_here(device)
+    monkeypatch.setattr(mod, "DEFER_NORM", defer)
     inter, k = 24, 384  # three INT4 groups: K no power of two
     x, w, nw = _fp8_operands(device, 1, 2 * inter, k, seed=7)
     q = quantize_fp8(w) if fmt == "fp8" else quantize_int4(w)

@@ -92,19 +92,39 @@ def _add_chunk(part, w, xf, REDUCE: tl.constexpr):
 
 
 @triton.jit
-def _row_chunk(part, part_up, w, wu, x_rows, k0, arange_k, NormW, K, rstd, NORM: tl.constexpr,
-               GATED: tl.constexpr, REDUCE: tl.constexpr, dtype: tl.constexpr):  # fmt: skip
-    """One K chunk of the one-row loop: x's columns from `k0` (normalized under NORM) times the weight
-    rows `w` (and the up rows `wu`, GATED), added to `part` (`part_up`) by :func:`_add_chunk`."""
+def _row_chunk(part, part_up, sq, w, wu, x_rows, k0, arange_k, NormW, K, rstd, NORM: tl.constexpr,
+               GATED: tl.constexpr, REDUCE: tl.constexpr, dtype: tl.constexpr,
+               DEFERRED: tl.constexpr):  # fmt: skip
+    """One K chunk of the one-row loop: x's columns from `k0` (normalized under NORM; DEFERRED: times the
+    norm weight only, their squares added to `sq`) times the weight rows `w` (and the up rows `wu`,
+    GATED), added to `part` (`part_up`) by :func:`_add_chunk`."""
     offs_k = k0 + arange_k
     k_ok = offs_k < K
-    x = _x_at(x_rows[:, None] + offs_k[None, :], k_ok[None, :], NormW, offs_k[None, :], k_ok[None, :],
-              rstd[:, None], NORM, dtype)  # fmt: skip
-    xf = x.to(tl.float32)
+    if DEFERRED:
+        xf, sq = _x_deferred(x_rows[:, None] + offs_k[None, :], k_ok[None, :], NormW, offs_k[None, :],
+                             k_ok[None, :], sq, REDUCE)  # fmt: skip
+    else:
+        x = _x_at(x_rows[:, None] + offs_k[None, :], k_ok[None, :], NormW, offs_k[None, :], k_ok[None, :],
+                  rstd[:, None], NORM, dtype)  # fmt: skip
+        xf = x.to(tl.float32)
     part = _add_chunk(part, w, xf, REDUCE)
     if GATED:
         part_up = _add_chunk(part_up, wu, xf, REDUCE)
-    return part, part_up
+    return part, part_up, sq
+
+
+@triton.jit
+def _x_deferred(x_ptrs, ok, NormW, offs_k, k_ok, sq, REDUCE: tl.constexpr):
+    """x at `x_ptrs` times the norm weight, in FP32 and not yet scaled by rstd (:data:`DEFER_NORM`), and
+    `sq` plus its squares (REDUCE: summed over the chunk, as the products are): the sum of squares comes
+    from the loads the products need anyway."""
+    x = tl.load(x_ptrs, mask=ok, other=0.0).to(tl.float32)
+    nw = tl.load(NormW + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+    if REDUCE:
+        sq = sq + tl.sum(x * x, 1)
+    else:
+        sq = sq + x * x
+    return x * nw, sq
 
 
 @triton.jit
@@ -244,10 +264,12 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     REDUCE: tl.constexpr = False,
+    DEFER: tl.constexpr = False,
 ):
     """Out[m, n] = epilogue(sum_k prologue(X)[m, k] * W[n, k]) for the BLOCK_N columns of this program.
     REDUCE (one row, 16-bit or FP8 weights): each chunk's products are summed as they come
-    (:attr:`GemvConfig.reduce`).
+    (:attr:`GemvConfig.reduce`). DEFER (:data:`DEFER_NORM`; NORM, one row, 16-bit or FP8 weights): no
+    prologue; the sums over ``x * norm_w`` are scaled by rstd at the end, the squares summed in the loop.
 
     WFMT 0: 16-bit weights. WFMT 1 (FP8 weight-only): E4M3 codes widened to float32 in registers, the
     sum over the (normalized) 16-bit x, times each row's scale in the epilogue. WFMT 2 (INT4): int32
@@ -276,7 +298,8 @@ def _gemv_kernel(
     if PDL:
         gdc_wait()  # the previous kernel's writes (x, the residual) are visible from here on
         gdc_launch_dependents()  # the next kernel may start (and prefetch its own weights)
-    if NORM:
+    DEFERRED: tl.constexpr = DEFER and NORM and WFMT < 2 and BLOCK_M == 1 and not DOT
+    if NORM and not DEFERRED:
         sq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + arange_k
@@ -303,9 +326,17 @@ def _gemv_kernel(
         # one row: keep [BLOCK_N, BLOCK_K] partial products in registers, reduce once after the loop
         # (REDUCE: sum each chunk into [BLOCK_N] as it goes)
         k_ok = arange_k < K
-        x0 = _x_at(x_rows[:, None] + arange_k[None, :], k_ok[None, :], NormW, arange_k[None, :],
-                   k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
-        xf = x0.to(tl.float32)
+        if REDUCE:
+            sq = tl.zeros([1], dtype=tl.float32)
+        else:
+            sq = tl.zeros([1, BLOCK_K], dtype=tl.float32)
+        if DEFERRED:
+            xf, sq = _x_deferred(x_rows[:, None] + arange_k[None, :], k_ok[None, :], NormW, arange_k[None, :],
+                                 k_ok[None, :], sq, REDUCE)  # fmt: skip
+        else:
+            x0 = _x_at(x_rows[:, None] + arange_k[None, :], k_ok[None, :], NormW, arange_k[None, :],
+                       k_ok[None, :], rstd[:, None], NORM, dtype)  # fmt: skip
+            xf = x0.to(tl.float32)
         part = w0.to(tl.float32) * xf
         part_up = wu0.to(tl.float32) * xf
         if REDUCE:
@@ -313,14 +344,18 @@ def _gemv_kernel(
             part_up = tl.sum(part_up, 1)
         for k0 in range(BLOCK_K, K, BLOCK_K):
             w, wu = _w_chunk(w_rows, k0, arange_k, n_ok, K, stride_wn, up_rows, GATED)
-            part, part_up = _row_chunk(part, part_up, w, wu, x_rows, k0, arange_k, NormW, K, rstd, NORM,
-                                       GATED, REDUCE, dtype)  # fmt: skip
+            part, part_up, sq = _row_chunk(part, part_up, sq, w, wu, x_rows, k0, arange_k, NormW, K, rstd,
+                                           NORM, GATED, REDUCE, dtype, DEFERRED)  # fmt: skip
         if REDUCE:
             acc = part[None, :]
             acc_up = part_up[None, :]
         else:
             acc = tl.sum(part, 1)[None, :]
             acc_up = tl.sum(part_up, 1)[None, :]
+        if DEFERRED:  # rstd of the squares summed on the way, applied to the sums (exact in FP32 up to order)
+            rstd = tl.rsqrt((sq if REDUCE else tl.sum(sq, 1)) / K + eps)
+            acc = acc * rstd[:, None]
+            acc_up = acc_up * rstd[:, None]
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -473,6 +508,14 @@ def _check(x: torch.Tensor, w: torch.Tensor | QuantWeight, what: str) -> None:
         raise ValueError(f"{what}: x and weight need unit stride along K")
 
 
+# True: one-row RMSNorm GEMVs with 16-bit or FP8 weights (QKV, gate/up, the LM head) skip the prologue
+# that sums x's squares before the loop. They sum ``w * x * norm_w`` and the squares in the same loop, from
+# the same loads, and scale the sums by rstd at the end. Exact in FP32 up to summation order; the eager
+# path's two roundings of the normalized x to the 16-bit dtype are left out. The prologue's marginal cost
+# on an H100 (session 51, probe_decode_ablation.py): FP8 1.9 us a layer for QKV and 1.5 for gate/up, BF16
+# 2.6 and 2.8. Off until measured on a GPU.
+DEFER_NORM = False
+
 # One-row INT4 GEMVs run on the tensor cores (:mod:`trtforge.kernels.int4_mma`) where it takes them and no
 # config is given; False: always the FMA kernel here (for A/B timing).
 INT4_MMA = True
@@ -542,7 +585,7 @@ def _launch(x, w, out, n, *, res=None, bias=None, norm_w=None, eps=0.0, up_rows=
         NORM=norm_w is not None, GATED=up_rows > 0, HAS_RES=res is not None, HAS_BIAS=bias is not None,
         DOT=cfg.dot, PDL=pdl, WFMT=wfmt, GROUP=INT4_GROUP, ASM=x.device.type == "cuda" and not interpreting(),
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        REDUCE=cfg.reduce and wfmt < 2 and block_m == 1 and not cfg.dot,
+        REDUCE=cfg.reduce and wfmt < 2 and block_m == 1 and not cfg.dot, DEFER=DEFER_NORM,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
 
