@@ -112,6 +112,17 @@ def test_an_output_cut_by_the_context_length_is_noted_on_stderr(paged, capsys):
     assert "context length" not in capsys.readouterr().err
 
 
+def test_an_output_cut_by_a_small_kv_pool_names_the_pool_not_the_context(paged, capsys):
+    """--num-blocks 2 of 8 tokens hold 16 of a sequence: the note named a "context length (16 tokens)"
+    the 64-position model does not have."""
+    args = ["generate", paged, "--prompt-ids", "1 2 3", "--ignore-eos", "--num-blocks", "2"]
+    assert main([*args, "--max-tokens", "40"]) == 0
+    out = capsys.readouterr()
+    assert len(out.out.split()) == 16 - 3
+    assert "output 1 stopped after 13 new tokens at the KV-cache pool's capacity (2 block(s) of 8" in out.err
+    assert "--num-blocks" in out.err and "the model's context length" not in out.err
+
+
 def test_missing_or_non_step_model_exits_2(tmp_path, capsys):
     assert main(["generate", str(tmp_path / "none.onnx"), "--prompt-ids", "1"]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -239,6 +239,16 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"--device 'cuda:7': this machine has \d usable CUDA device\(s\)",
     ),
     # before: cut 10**8 windows and ran them as one batch, killed for memory (exit 137)
+    # before: every variant's run failed on the embedding lookup ("IndexError: index out of range in
+    # self" in the report), exit 3
+    "report --generate --tokenizer of a larger vocabulary": (
+        lambda d: [
+            *("report", "tests.llm.tiny_models:llama_factory", *REPORT[2:]),
+            *("--text", str(TRAINED.parent / "eval_stdlib.txt"), "--tokenizer", str(TRAINED)),
+        ],
+        r"--text: --tokenizer '[^']*code-llama-21m' gave token id \d+, outside the model's vocabulary of "
+        r"300 ids \(0\.\.299\): it is not this model's tokenizer",
+    ),
     "report --generate --windows past RAM": (
         lambda d: [*REPORT, "--text", str(TRAINED.parent / "eval_stdlib.txt"), "--windows", str(10**8)],
         r"--windows 100000000 x --window-len 16 x the vocabulary's 4096 logits take .* GiB, more than this "

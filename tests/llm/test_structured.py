@@ -348,3 +348,48 @@ def test_a_request_cancelled_during_its_compile_lets_the_grammar_go():
     finish.set()
     assert released.wait(10), "the hold taken for a cancelled request was never let go"
     pool.shutdown()
+
+
+def _word_level_tokenizer():
+    """A word-level tokenizer of 18 tokens with no ``{``: no output of it is JSON."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["the", "a", "def", "class", "x", "y", "z", "=", "(", ")", ":", "if", "for", "in", "return"]
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    t = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_a_grammar_the_vocabulary_cannot_spell_fails_its_request_only(async_scheduling, temperature):
+    """A json_object grammar over a vocabulary without ``{`` allows no first token: the request ends with
+    a GrammarError saying so, the others of its step finish, and the engine serves on. Before, the
+    matcher's refusal of the token drawn from an all-masked row stopped the engine's loop (a server's
+    every request then got 503 "shutting down")."""
+    from tests.llm.tiny_models import tiny_model
+    from trtforge.llm.engine import LLMEngine
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+    from trtforge.llm.sched.scheduler import SchedulerConfig
+    from trtforge.llm.structured import GrammarError
+
+    config = SchedulerConfig(max_num_seqs=4, async_scheduling=async_scheduling)
+    eng = LLMEngine(TorchExecutor(tiny_model("llama"), num_blocks=16, block_size=16), config)
+    try:
+        eng.enable_structured_output(_word_level_tokenizer())
+        json_object = {"type": "json_object"}
+        params = [
+            SamplingParams(response_format=json_object, max_tokens=5, temperature=temperature, seed=1),
+            SamplingParams(max_tokens=5, ignore_eos=True),
+        ]
+        bad, good = eng.generate([[1, 5, 6], [1, 5, 6]], params)
+        assert bad.finish_reason == "error" and isinstance(bad.error, GrammarError), bad
+        assert "cannot spell" in str(bad.error) and str(bad.error).startswith("response_format: ")
+        assert good.error is None and len(good.token_ids) == 5
+        again = eng.generate([[7, 8]], SamplingParams(max_tokens=3, ignore_eos=True))[0]
+        assert again.error is None and len(again.token_ids) == 3
+        assert eng.memory_stats().used_blocks == 0
+    finally:
+        eng.close()

@@ -233,7 +233,7 @@ def generate_cmd(
                     break
             printer.close()
             completion = h.completion()
-            _note_context_cut(number, completion, max_tokens, llm.engine.max_model_len)
+            _note_context_cut(number, completion, max_tokens, llm.engine.max_model_len, llm.executor.facts)
             if logprobs is not None:
                 _print_logprobs(completion)
 
@@ -399,16 +399,27 @@ def _check_pool_holds(facts: Any, num_blocks: int, longest: int) -> None:
         )
 
 
-def _note_context_cut(number: int, completion: Any, max_tokens: int, max_model_len: int) -> None:
-    """Say on stderr when output `number` ended at the model's context length before --max-tokens: the
-    line is shorter than asked for, and the user should know it was not the model's choice."""
+def _note_context_cut(number: int, completion: Any, max_tokens: int, max_model_len: int, facts: Any) -> None:
+    """Say on stderr when output `number` ended at the longest sequence the engine runs (`max_model_len`)
+    before --max-tokens: the line is shorter than asked for, and the user should know it was not the
+    model's choice. Where the KV-cache pool (`facts`' blocks) is what holds sequences shorter than the
+    model's context, the note names the pool and --num-blocks, not a context length the model lacks."""
     made = len(completion.token_ids)
-    if completion.finish_reason == "length" and made < max_tokens:
-        click.echo(
-            f"note: output {number} stopped after {made} new tokens at the model's context length "
-            f"({max_model_len} tokens, prompt included), before --max-tokens {max_tokens}.",
-            err=True,
+    if completion.finish_reason != "length" or made >= max_tokens:
+        return
+    if max_model_len == facts.num_blocks * facts.block_size < facts.max_model_len:
+        limit = (
+            f"the KV-cache pool's capacity ({facts.num_blocks} block(s) of {facts.block_size} tokens: "
+            f"{max_model_len} tokens, prompt included; the model's context is {facts.max_model_len}; "
+            "--num-blocks sets the pool)"
         )
+    else:
+        limit = f"the model's context length ({max_model_len} tokens, prompt included)"
+    click.echo(
+        f"note: output {number} stopped after {made} new tokens at {limit}, "
+        f"before --max-tokens {max_tokens}.",
+        err=True,
+    )
 
 
 def _response_format(path: str) -> dict[str, Any]:

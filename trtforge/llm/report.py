@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from trtforge._fileio import as_path, work_directory
-from trtforge.errors import UserError
+from trtforge.errors import UserError, shown
 from trtforge.reports.results import FAILED, NOT_RUN, OK, LmQuality, LmSpeed, Report, TargetInfo
 
 # variant -> from_pretrained options (beyond dtype); the reference is "bf16" on a GPU, "fp32" on the CPU
@@ -229,6 +229,23 @@ def _tokenize(text: str, tokenizer_dir: Any) -> list[int]:
 
     tok = load_tokenizer(tokenizer_dir)
     return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def _check_text_vocabulary(ids: Sequence[int], lm: Any, tokenizer: Any) -> None:
+    """UserError naming the tokenizer when --text tokenizes to an id past the model's input vocabulary
+    (its embedding's rows): another model's tokenizer. Unchecked, every variant's run failed on the
+    embedding lookup and the report said "IndexError: index out of range in self" with exit 3."""
+    embedding = lm.get_input_embeddings() if callable(getattr(lm, "get_input_embeddings", None)) else None
+    rows = getattr(embedding, "num_embeddings", None) or getattr(lm.config, "vocab_size", None)
+    if rows is None or not ids:
+        return
+    top = max(ids)
+    if top >= rows:
+        source = f"--tokenizer {shown(str(tokenizer))}" if tokenizer is not None else "the model's tokenizer"
+        raise UserError(
+            f"--text: {source} gave token id {top}, outside the model's vocabulary of {rows} ids "
+            f"(0..{rows - 1}): it is not this model's tokenizer."
+        )
 
 
 def _score(logits_of: Any, w: Windows) -> _Scores:
@@ -608,6 +625,7 @@ def build_llm_report(
     _check_logits_fit(windows, window_len, logits_width(lm))
     _check_batch_fits(max(int(b) for b in batch_sizes), prompt_len, new_tokens, lm, device)
     ids = _tokenize(content, tok_dir)
+    _check_text_vocabulary(ids, lm, tokenizer)
     w = cut_windows(ids, windows, window_len, f"--text '{text_path}'")
     positions = getattr(lm.config, "max_position_embeddings", None) or getattr(lm.config, "n_positions", None)
     if positions is not None and max(window_len, prompt_len + new_tokens) > positions:

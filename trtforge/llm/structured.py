@@ -57,18 +57,36 @@ class GrammarMatcher:
     def __init__(self, matcher: Any, vocab_size: int) -> None:
         self._m = matcher
         self.vocab_size = vocab_size
+        self.accepted = 0  # tokens accepted so far
+        self.dead_end = False  # the last fill allowed no token: the request cannot go on
 
     def fill(self, bitmask: np.ndarray, row: int) -> None:
-        """Write this request's allowed next tokens into row `row` of a host int32 bitmask."""
+        """Write this request's allowed next tokens into row `row` of a host int32 bitmask.
+
+        A row that allows no token (the tokenizer cannot spell what the grammar needs next: a word-level
+        or byte-fallback-free vocabulary without ``{``) is left allowing every token instead, so that the
+        step samples from a valid distribution (every logit masked out made the sampler's draw
+        meaningless), and :meth:`accept` then ends this request with a GrammarError saying why."""
         import torch
 
         view = torch.from_numpy(bitmask)
         self._m.fill_next_token_bitmask(view, row)
+        self.dead_end = not bitmask[row].any()
+        if self.dead_end:
+            bitmask[row] = -1
 
     def accept(self, token: int) -> None:
-        """Advance past `token`; a token the grammar forbids is an internal error (the mask prevents it)."""
+        """Advance past `token`. GrammarError when the last fill was a dead end (:meth:`fill`); a token the
+        grammar forbids otherwise is an internal error (the mask prevents it)."""
+        if self.dead_end:
+            raise GrammarError(
+                f"response_format: no token of this tokenizer's vocabulary continues the grammar after "
+                f"{self.accepted} generated token(s); the vocabulary cannot spell what the schema requires "
+                "there"
+            )
         if not self._m.accept_token(int(token)):
             raise RuntimeError(f"the grammar rejected token {token} although the bitmask allowed it")
+        self.accepted += 1
 
     @property
     def is_terminated(self) -> bool:

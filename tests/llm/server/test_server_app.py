@@ -263,3 +263,37 @@ def test_completion_top_logprobs_keep_the_likeliest_of_tokens_of_one_text():
         ("\ufffd", -2.5),
         ("b", -3.0),
     ]
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["prompt", "messages"])
+def test_a_tokenizer_past_the_models_vocabulary_is_a_400_naming_the_field(chat):
+    """A server started with another model's tokenizer (4,096 ids over a 300-id model): a text prompt or
+    a chat tokenizes to ids the model has no embedding for. The 400 named an internal request id
+    ("request 'req-0': token id 1646 is outside ...") and, for a chat, the field "prompt"."""
+    import threading
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from trtforge.llm.server.app import _chat_prompt, _prompt_ids
+    from trtforge.llm.server.protocol import ApiError, ChatCompletionRequest, parse
+
+    tok = AutoTokenizer.from_pretrained(need_model())
+    state = SimpleNamespace(
+        tokenizer=tok,
+        tokenizer_lock=threading.Lock(),
+        chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}",
+        max_model_len=256,
+        input_vocab_size=300,
+        vocab_size=300,
+        draining=False,
+    )
+    text = "def read_json(path):\n    return json.load(open(path))"
+    body = {"model": "m", "messages": [{"role": "user", "content": text}]}
+    req = parse(ChatCompletionRequest, json.dumps(body).encode())
+    with pytest.raises(ApiError) as e:
+        _chat_prompt(state, req) if chat else _prompt_ids(state, [text])
+    field = "messages" if chat else "prompt"
+    assert e.value.status == 400 and e.value.param == field, e.value.message
+    assert e.value.message.startswith(f"{field}: the server's tokenizer gave token id "), e.value.message
+    assert "outside the vocabulary [0, 300)" in e.value.message and "--tokenizer" in e.value.message

@@ -12,6 +12,7 @@ import pytest
 from tests.llm.server.harness import chat_server
 
 NAME = "code-llama-21m"
+HI = b'"messages": [{"role": "user", "content": "hi"}]'  # a chat request's messages
 
 
 @pytest.fixture(scope="module")
@@ -441,11 +442,26 @@ def test_top_logprobs_without_logprobs_is_400(server):
         (b'"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]', "tools"),
         (b'"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]', "functions"),
         (b'"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"', "tool_choice"),
+        # vLLM's extensions (each was answered 200 as if it had not been sent)
+        (b'"prompt": "x", "min_tokens": 5', "min_tokens"),
+        (b'"prompt": "x", "min_tokens": false', "min_tokens"),
+        (b'"prompt": "x", "stop": ["\\n"], "include_stop_str_in_output": true', "include_stop_str_in_output"),
+        (b'"prompt": "x", "skip_special_tokens": false', "skip_special_tokens"),
+        (b'"prompt": "x", "use_beam_search": true', "use_beam_search"),
+        (b'"prompt": "x", "prompt_logprobs": 1', "prompt_logprobs"),
+        (b'"prompt": "x", "allowed_token_ids": [5]', "allowed_token_ids"),
+        (b'"prompt": "x", "guided_choice": ["a", "b"]', "guided_choice"),
+        (b'"messages": [{"role": "user", "content": "hi"}], "min_tokens": 3', "min_tokens"),
+        (b'"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ 1 }}"', "chat_template"),
+        (HI + b', "chat_template_kwargs": {"x": 1}', "chat_template_kwargs"),
+        (HI + b', "continue_final_message": true', "continue_final_message"),
+        (b'"messages": [{"role": "user", "content": "hi"}], "echo": true', "echo"),
     ],
 )
 def test_a_field_that_would_change_the_answer_but_is_not_served_is_400(server, fields, param):
     """Unknown fields are ignored, but these change what the client gets (tool calls, an insertion, the
-    best of several): ignored, the answer would silently be something else."""
+    best of several, vLLM's min_tokens, a request's own chat template...): ignored, the answer would
+    silently be something else."""
     path = "/v1/chat/completions" if fields.startswith(b'"messages"') else "/v1/completions"
     err = _error(_post(server, b'{"model": "%s", "max_tokens": 2, %s}' % (NAME.encode(), fields), path))
     assert err["param"] == param and err["message"].startswith(f"{param}: "), err
@@ -457,6 +473,10 @@ def test_a_field_that_would_change_the_answer_but_is_not_served_is_400(server, f
         b'"prompt": "x", "logit_bias": {}, "best_of": 1, "suffix": null',
         b'"prompt": "x", "n": 2, "best_of": 2',
         b'"messages": [{"role": "user", "content": "hi"}], "tools": [], "tool_choice": "none"',
+        b'"prompt": "x", "min_tokens": 0, "skip_special_tokens": true, "include_stop_str_in_output": false',
+        b'"prompt": "x", "use_beam_search": false, "prompt_logprobs": null, "bad_words": [], "user": "u"',
+        b'"messages": [{"role": "user", "content": "hi"}], "echo": false, "chat_template_kwargs": {}',
+        HI + b', "continue_final_message": false, "chat_template": null',
     ],
 )
 def test_those_fields_at_their_neutral_values_are_served(server, fields):

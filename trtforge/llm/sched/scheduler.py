@@ -42,6 +42,7 @@ from trtforge.llm.sched.request import (
     Sequence_,
     StepFailedError,
 )
+from trtforge.llm.structured import GrammarError
 
 __all__ = [
     "RequestOutput",
@@ -547,10 +548,15 @@ class Scheduler:
 
     def _append(self, seq: Sequence_, token: int) -> str | None:
         """Append a sampled `token` to `seq` and advance its grammar; the reason it stops there, if it
-        does (the full check runs only where a stop is possible)."""
+        does (the full check runs only where a stop is possible). A grammar that cannot go on (its
+        GrammarError) ends this sequence with that error, not the engine's loop with every request."""
         seq.tokens.append(token)
         if seq.matcher is not None:
-            seq.matcher.accept(token)
+            try:
+                seq.matcher.accept(token)
+            except GrammarError as e:
+                seq.error = e
+                return "error"
         if (
             token in seq.stop_ids
             or len(seq.tokens) >= seq.length_limit
@@ -567,7 +573,7 @@ class Scheduler:
             self._running.remove(seq)
         else:
             self._waiting.remove(seq)
-        self._finish(seq, reason)
+        self._finish(seq, reason, seq.error if reason == "error" else None)
         return self._output(seq, new, finished=True)._replace(logprobs=lp)
 
     def _stop_reason(self, seq: Sequence_) -> str | None:

@@ -238,6 +238,7 @@ def _prompt_ids(state: ServerState, prompt: list[Any]) -> list[list[int]]:
             _check_draining(state)
             _refuse_huge(state, p, "prompt")
             ids = _encode(state, check_text(p, "prompt"), True)
+            _check_vocab(state, ids, f"prompt[{len(out)}]" if len(prompt) > 1 else "prompt", tokenized=True)
         else:
             ids = list(p)
             _check_vocab(state, ids, f"prompt[{len(out)}]" if len(prompt) > 1 else "prompt")
@@ -247,15 +248,26 @@ def _prompt_ids(state: ServerState, prompt: list[Any]) -> list[list[int]]:
     return out
 
 
-def _check_vocab(state: ServerState, ids: list[int], where: str) -> None:
-    """400 naming `where` for a token id outside the model's vocabulary (its embedding would fail)."""
+def _check_vocab(
+    state: ServerState, ids: list[int], where: str, param: str = "prompt", tokenized: bool = False
+) -> None:
+    """400 naming `where` for a token id outside the model's vocabulary (its embedding would fail).
+    `tokenized`: the ids are the server's tokenizer's (of a text or a chat), so the message says that the
+    tokenizer is not this model's (the engine's own refusal named an internal request id)."""
     vocab = state.input_vocab_size if state.input_vocab_size is not None else state.vocab_size
     if vocab is not None and ids and (min(ids) < 0 or max(ids) >= vocab):
         bad = next(t for t in ids if not 0 <= t < vocab)
+        if tokenized:
+            raise ApiError(
+                400,
+                f"{where}: the server's tokenizer gave token id {bad}, outside the vocabulary [0, {vocab}) "
+                "of this model: the tokenizer is not this model's (see the server's --tokenizer)",
+                param,
+            )
         raise ApiError(
             400,
             f"{where}: token id {shown(bad)} is outside the vocabulary [0, {vocab}) of this model",
-            "prompt",
+            param,
         )
 
 
@@ -270,11 +282,12 @@ def _chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[list[in
     _refuse_huge(state, "\n".join(f"{m['role']}: {m['content']}" for m in messages), "messages")
     try:
         with state.tokenizer_lock:
-            return [
-                apply_chat_template(state.tokenizer, messages, state.chat_template, req.add_generation_prompt)
-            ]
+            template = state.chat_template
+            ids = apply_chat_template(state.tokenizer, messages, template, req.add_generation_prompt)
     except UserError as e:
         raise ApiError(400, str(e), "messages") from None
+    _check_vocab(state, ids, "messages", "messages", tokenized=True)
+    return [ids]
 
 
 def _asked(req: Any) -> tuple[int | None, str]:

@@ -17,6 +17,7 @@ from trtforge.llm.engine import EngineClosedError
 from trtforge.llm.sampling import SamplingParams
 from trtforge.llm.sched.scheduler import StepFailedError
 from trtforge.llm.server.protocol import ApiError
+from trtforge.llm.structured import GrammarError
 from trtforge.llm.text import TextStream
 
 FINISH_REASONS = {"stop": "stop", "length": "length"}
@@ -141,4 +142,6 @@ def _api_error(err: BaseException) -> ApiError:
         return ApiError(500, f"the model failed the step this request was in ({err}); retry it")
     if isinstance(err, EngineClosedError):
         return ApiError(503, f"the server is shutting down ({err})")
+    if isinstance(err, GrammarError):  # the request's schema, which this tokenizer cannot spell
+        return ApiError(400, str(err), "response_format")
     return ApiError(500, f"generation failed ({type(err).__name__}: {err})")

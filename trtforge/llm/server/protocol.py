@@ -98,8 +98,58 @@ class ResponseFormat(_Base):
     json_schema: JsonSchema | None = None
 
 
+# vLLM's request extensions this server does not serve, each with its neutral values (those that leave the
+# answer as it is served; null is neutral too) and what it would change. Unknown fields are ignored, but a
+# client that sends one of these at another value asks for another answer (no end before min_tokens, the stop
+# string kept, its own chat template...): answered without it, it would get something else with no sign of it
+UNSERVED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "min_tokens": ((0,), "a minimum length (end-of-sequence and stops held back until it)"),
+    "include_stop_str_in_output": ((False,), "stop strings kept in the output"),
+    "skip_special_tokens": ((True,), "special tokens kept in the output text"),
+    "spaces_between_special_tokens": ((True,), "special tokens joined without spaces"),
+    "use_beam_search": ((False,), "beam search"),
+    "prompt_logprobs": ((), "the prompt's logprobs"),
+    "allowed_token_ids": ((), "a vocabulary restricted to some ids"),
+    "bad_words": (([],), "banned words"),
+    "truncate_prompt_tokens": ((), "a prompt truncated to its last tokens"),
+    "guided_json": ((), "guided decoding (send response_format instead)"),
+    "guided_regex": ((), "guided decoding by a regular expression"),
+    "guided_choice": ((), "guided decoding among choices"),
+    "guided_grammar": ((), "guided decoding by a grammar"),
+    "structured_outputs": ((), "structured outputs (send response_format instead)"),
+}
+# the chat endpoint's own: its prompt is the chat template's, which these change
+UNSERVED_CHAT: dict[str, tuple[tuple[Any, ...], str]] = {
+    "chat_template": ((), "a chat template of the request's own (the server's is set by --chat-template)"),
+    "chat_template_kwargs": (({},), "arguments to the chat template"),
+    "continue_final_message": ((False,), "the last message continued rather than answered"),
+    "echo": ((False,), "the last message echoed"),
+    "documents": ((), "documents for the chat template"),
+    "audio": ((), "audio output"),
+    "modalities": ((["text"],), "outputs other than text"),
+}
+
+
+def _refuse_unserved_fields(req: BaseModel, table: dict[str, tuple[tuple[Any, ...], str]]) -> None:
+    """ApiError 400 naming the first field of `table` that `req` sets to a value other than its neutral ones
+    (a value is neutral when it equals one of them and has its JSON type: ``min_tokens: false`` is not 0)."""
+    extra = req.model_extra or {}
+    for name, (neutral, what) in table.items():
+        value = extra.get(name)
+        if value is None or any(type(value) is type(n) and value == n for n in neutral):
+            continue
+        raise ApiError(
+            400,
+            f"{name}: not served by this server ({what}); send the request without {name}",
+            name,
+        )
+
+
 class _Sampling(_Base):
-    """The fields completions and chat share."""
+    """The fields completions and chat share (unknown ones are kept, as model_extra, only for
+    :meth:`refuse_unserved` to look :data:`UNSERVED` up in)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
@@ -129,6 +179,7 @@ class _Sampling(_Base):
     def refuse_unserved(self) -> None:
         """400 naming a field that would change the answer but that this server cannot serve: ignoring it
         (as unknown fields are) would answer something else than what was asked, with no sign of it."""
+        _refuse_unserved_fields(self, UNSERVED)
 
     def stops(self) -> list[str]:
         """The stop strings, bounded: each is matched against every text piece on the event loop, at a
@@ -219,6 +270,7 @@ class ChatCompletionRequest(_Sampling):
 
     def refuse_unserved(self) -> None:
         super().refuse_unserved()
+        _refuse_unserved_fields(self, UNSERVED_CHAT)
         for name in ("tools", "functions"):
             if getattr(self, name):
                 raise ApiError(
