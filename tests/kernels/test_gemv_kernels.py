@@ -88,13 +88,15 @@ DEFER_CONFIGS = [
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cfg", DEFER_CONFIGS)
 @pytest.mark.parametrize("m", [1, 3])
-def test_deferred_norm_matches_norm_then_linear(device, cfg, m, monkeypatch):
-    """gemv.DEFER_NORM: the squares summed in the loop and rstd applied to the sums (one row; more rows
-    keep the prologue), for the RMSNorm QKV form with its bias and the gate/up + SiLU form."""
+@pytest.mark.parametrize("defer", [True, False], ids=["deferred", "prologue"])
+def test_deferred_norm_matches_norm_then_linear(device, cfg, m, defer, monkeypatch):
+    """gemv.DEFER_NORM (the default): the squares summed in the loop and rstd applied to the sums (one
+    row; more rows keep the prologue), and the prologue form it replaced, for the RMSNorm QKV form with
+    its bias and the gate/up + SiLU form."""
     from trtforge.kernels import gemv as mod
 
     skip_unless_runs_here(device)
-    monkeypatch.setattr(mod, "DEFER_NORM", True)
+    monkeypatch.setattr(mod, "DEFER_NORM", defer)
     n, k = 45, 100
     g, x, w, nw = _operands(device, m, n, k, seed=30 + m)
     bias = torch.randn(n, generator=g).half().to(device)
@@ -122,6 +124,7 @@ def test_deferred_norm_leaves_out_the_eager_roundings(device, cfg, monkeypatch):
     xn = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * nw.double().cpu()
     truth = xn @ w.double().cpu().t()
     cfg = mod.GemvConfig(**cfg)
+    monkeypatch.setattr(mod, "DEFER_NORM", False)
     rounded = mod.norm_gemv(x, nw, 1e-5, w, config=cfg).double().cpu()
     monkeypatch.setattr(mod, "DEFER_NORM", True)
     deferred = mod.norm_gemv(x, nw, 1e-5, w, config=cfg).double().cpu()

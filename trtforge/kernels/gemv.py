@@ -511,10 +511,11 @@ def _check(x: torch.Tensor, w: torch.Tensor | QuantWeight, what: str) -> None:
 # True: one-row RMSNorm GEMVs with 16-bit or FP8 weights (QKV, gate/up, the LM head) skip the prologue
 # that sums x's squares before the loop. They sum ``w * x * norm_w`` and the squares in the same loop, from
 # the same loads, and scale the sums by rstd at the end. Exact in FP32 up to summation order; the eager
-# path's two roundings of the normalized x to the 16-bit dtype are left out. The prologue's marginal cost
-# on an H100 (session 51, probe_decode_ablation.py): FP8 1.9 us a layer for QKV and 1.5 for gate/up, BF16
-# 2.6 and 2.8. Off until measured on a GPU.
-DEFER_NORM = False
+# path's two roundings of the normalized x to the 16-bit dtype are left out (closer to the exact result:
+# tests/kernels/test_gemv_kernels.py). H100, session 54 (bench_quant_speed.py --ab, 8B single stream,
+# results/quant_speed_s54_ab_h100.json): BF16 5.402 -> 5.235 ms/token, FP8 + FP8 head 3.095 -> 3.009;
+# INT4's norm GEMVs are int4_mma's and unchanged. False: the prologue form, for A/B timing.
+DEFER_NORM = True
 
 # One-row INT4 GEMVs run on the tensor cores (:mod:`trtforge.kernels.int4_mma`) where it takes them and no
 # config is given; False: always the FMA kernel here (for A/B timing).
