@@ -56,12 +56,6 @@ def main() -> None:
         help="also time int4_mma.FIRST_LOADS_EARLY off (on by default) and ONE_PASS_NORM on, each alone "
         "and both (rows mma-nofirst, mma-onepass, mma-nofirst-onepass)",
     )
-    ap.add_argument(
-        "--ping",
-        action="store_true",
-        help="also time int4_mma.PING_PONG on (two register sets taken in turn), alone (mma-ping) and at "
-        "each --maxnreg (mma-ping-rN)",
-    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -71,7 +65,6 @@ def main() -> None:
 
     early_default = int4_mma.EARLY_WEIGHTS
     first_default, one_pass_default = int4_mma.FIRST_LOADS_EARLY, int4_mma.ONE_PASS_NORM
-    ping_default = int4_mma.PING_PONG
     g = torch.Generator(device="cuda").manual_seed(0)
     sms = _num_sms(torch.device("cuda"))
     rows = []
@@ -92,9 +85,6 @@ def main() -> None:
                  for e in args.early]  # fmt: skip
         runs += [(f"mma-w{wp}-u{u}", None, (wp, u), args.early[0]) for wp in args.warps for u in args.groups]
         runs += [(f"mma-r{r}", None, (None, None), args.early[0]) for r in args.maxnreg if r]
-        if args.ping:
-            runs += [("mma-ping", None, (None, None), args.early[0])]
-            runs += [(f"mma-ping-r{r}", None, (None, None), args.early[0]) for r in args.maxnreg if r]
         if args.prologue:
             runs += [
                 (n, None, (None, None), args.early[0])
@@ -102,9 +92,7 @@ def main() -> None:
             ]
         for name, cfg, setting, early in runs:
             int4_mma.EARLY_WEIGHTS = early == "on"
-            capped = name.startswith(("mma-r", "mma-ping-r"))
-            int4_mma.MAXNREG = int(name.rsplit("-r", 1)[1]) if capped else None
-            int4_mma.PING_PONG = name.startswith("mma-ping") or ping_default
+            int4_mma.MAXNREG = int(name[len("mma-r") :]) if name.startswith("mma-r") else None
             int4_mma.FIRST_LOADS_EARLY = "-nofirst" not in name and ("-first" in name or first_default)
             int4_mma.ONE_PASS_NORM = "onepass" in name or one_pass_default
             if setting is not None:
@@ -123,7 +111,6 @@ def main() -> None:
         int4_mma.EARLY_WEIGHTS = early_default
         int4_mma.MAXNREG = None
         int4_mma.FIRST_LOADS_EARLY, int4_mma.ONE_PASS_NORM = first_default, one_pass_default
-        int4_mma.PING_PONG = ping_default
         del copies, w, wf
         torch.cuda.empty_cache()
     per_layer = {kern: sum(r["us"] for r in rows if r["kernel"] == kern) for kern in ("fma", "mma")}

@@ -58,7 +58,6 @@ def _compile_case(
     first_early: bool = False,
     one_pass: bool = False,
     maxnreg: int | None = None,
-    ping: bool = False,
 ) -> dict:
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -72,7 +71,7 @@ def _compile_case(
     warps, u = m.launch_rule(k, gated, norm)
     consts = {"NORM": norm, "GATED": gated, "HAS_RES": res, "NW": warps, "R": 2 if gated else 1,
               "BF16": bf16, "KW": k // 2 if norm else 0, "U": u, "PDL": pdl,
-              "FIRST_EARLY": first_early, "ONE_PASS": one_pass, "PING": ping}  # fmt: skip
+              "FIRST_EARLY": first_early, "ONE_PASS": one_pass}  # fmt: skip
     names = fn.arg_names
     sig = {a: "constexpr" if a in consts else ptrs.get(a, "fp32" if a == "eps" else "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names if a in ptrs}
@@ -116,19 +115,6 @@ def test_first_loads_before_the_wait_compile_for_sm90(norm, gated, res, one_pass
     facts = run_in_child(f"{__name__}:_compile_case", norm, gated, res, True, True, 0, True, one_pass)
     assert facts["ptxas_rc"] == 0 and not any(facts["spills"]), facts["ptxas"]
     assert facts["griddep"] == 2 and facts["prefetch"] == 0, facts
-
-
-@needs_triton
-@pytest.mark.parametrize(("norm", "res"), [(True, False), (False, True)])
-def test_the_ping_pong_loop_compiles_for_sm90_with_two_groups_a_pass(norm, res):
-    """PING_PONG's loop (the norm and residual forms, as launched: PDL, first loads early) takes two groups
-    a pass, each with its own products (8 k-tiles and the ones tile's), and spills next to nothing."""
-    needs_ptxas()
-    case = (norm, False, res, True, True, 0, True, False, None, True)  # ... maxnreg None, ping
-    facts = run_in_child(f"{__name__}:_compile_case", *case)
-    assert facts["ptxas_rc"] == 0, facts["ptxas"]
-    assert facts["mma"] == 2 * 8 * 2, facts
-    assert sum(facts["spills"]) <= 8, facts["ptxas"]
 
 
 @needs_triton
@@ -201,11 +187,11 @@ def mma_launches(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
-    ("early", "first", "one_pass", "ping"),
-    [(0, 0, 0, 0), (1, 0, 0, 0), (1, 1, 0, 0), (0, 1, 1, 0), (1, 1, 1, 0), (1, 1, 0, 1), (0, 0, 0, 1)],
+    ("early", "first", "one_pass"),
+    [(0, 0, 0), (1, 0, 0), (1, 1, 0), (0, 1, 1), (1, 1, 1)],
 )
 def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(
-    dtype, early, first, one_pass, ping, monkeypatch, mma_launches
+    dtype, early, first, one_pass, monkeypatch, mma_launches
 ):
     from trtforge.kernels import int4_mma
     from trtforge.kernels.gemv import default_config, gemv_residual, norm_gate_up_silu, norm_gemv
@@ -214,8 +200,6 @@ def test_three_forms_match_the_float_reference_and_the_fma_kernel_on_the_gpu(
     monkeypatch.setattr(int4_mma, "EARLY_WEIGHTS", bool(early))
     monkeypatch.setattr(int4_mma, "FIRST_LOADS_EARLY", bool(first))
     monkeypatch.setattr(int4_mma, "ONE_PASS_NORM", bool(one_pass))
-    monkeypatch.setattr(int4_mma, "PING_PONG", bool(ping))  # (K = 3072's 3 groups a warp: the plain loop)
-    monkeypatch.setattr(int4_mma, "PING_PONG_GATED", bool(ping))
     n, inter, k, kd = 96, 64, 2048, 8192  # K: 16 groups (norm: 8 warps; gated: 4) and 64 (residual: 8 x 2)
     x, nw, q = _operands(n, k, dtype, seed=1)
     xc, nwc, qc = x.cuda(), nw.cuda(), _on(q, "cuda", norm=True)
@@ -272,11 +256,8 @@ def test_only_prepared_weights_take_the_tensor_cores_on_the_gpu(mma_launches):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    ("early", "first", "ping"),
-    [(False, False, False), (True, False, False), (True, True, False), (True, True, True)],
-)
-def test_a_swapped_code_is_caught_on_the_gpu(early, first, ping, monkeypatch, mma_launches):
+@pytest.mark.parametrize(("early", "first"), [(False, False), (True, False), (True, True)])
+def test_a_swapped_code_is_caught_on_the_gpu(early, first, monkeypatch, mma_launches):
     """One code changed in one row changes that row's output only: the kernel reads every code."""
     from trtforge.kernels import int4_mma
     from trtforge.kernels.gemv import gemv_residual
@@ -285,7 +266,6 @@ def test_a_swapped_code_is_caught_on_the_gpu(early, first, ping, monkeypatch, mm
     skip_unless_runs_here("cuda")
     monkeypatch.setattr(int4_mma, "EARLY_WEIGHTS", early)
     monkeypatch.setattr(int4_mma, "FIRST_LOADS_EARLY", first)
-    monkeypatch.setattr(int4_mma, "PING_PONG", ping)
     x, _, q = _operands(32, 8192, torch.bfloat16, seed=5)
     codes = q.codes()
     codes[17, 7000] = (codes[17, 7000] + 8) % 16

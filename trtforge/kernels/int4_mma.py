@@ -68,19 +68,12 @@ EARLY_WEIGHTS = True
 # At 72 (results/int4_mma_s21.json): gate_up 23.10 us against 24.02, qkv 7.93 against 7.95, down 20.71
 # against 13.99 (it spills in the loop), hence the gated form's own cap below.
 MAXNREG: int | None = None
-# True: each warp's groups run through two register sets taken in turn (:func:`_ping_pong`), each reloaded
-# two groups ahead, instead of a loop that loads one group ahead and copies it into the current set at the
-# end of each pass. ncu on an H100 (session 53, benchmarks/probe_decode_ncu.py --sass) put the hottest
-# stalls of all three forms on those copies (gate_up: 29% of the warp stall samples on one IMAD.MOV of
-# the next words, 11 of long-scoreboard stall cycles an issued instruction): a copy waits for the load
-# in flight, so the load after it left only once the previous one had landed. Not measured on a GPU yet
-# (no device time was left that session), hence off. Compiled for sm_90 on the CPU, the norm form takes
-# 64 registers (8 bytes spilled) and the residual form 98 (none); ptxas interleaves both groups' products
-# and issues both sets' reloads after them, so each wait has two groups in flight and the products none.
-# The gated form spills 184 bytes at GATED_MAXNREG (101 registers uncapped; session 21's 204-byte spill
-# cost 40% of a token), so it joins only with PING_PONG_GATED.
-PING_PONG = False
-PING_PONG_GATED = False  # with PING_PONG: the gated form (gate_up) too, not only the norm and residual forms
+# Tried and removed (session 54, revert of b303b5c): two register sets taken in turn, each reloaded two
+# groups ahead, so that no loop-carried copy waits for loads in flight (the hottest stall in session 53's
+# ncu profile). ptxas still issued both sets' reloads after both groups' products. H100
+# (results/int4_mma_ping_s54_h100.json, quant_speed_s54_ab_h100.json): qkv 7.66 us against 7.75, gate_up
+# 26.26 against 26.34, down 13.64 against 13.73; the 8B INT4 + FP8 head token 2.254 ms against 2.227,
+# and 2.631 with the gated form too (it spills at GATED_MAXNREG).
 # True: each warp's first U groups of words, scales and offsets are loaded into registers at the start,
 # before the PDL wait and the RMSNorm prologue (x's words after the wait), not prefetched into L2 there
 # and loaded after the prologue. H200 (results/int4_mma_s22.json, quant_speed_s22_fix.json): gate_up 22.59
@@ -359,31 +352,11 @@ def _loop_setup(X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE: gl.c
 
 
 @gluon.jit
-def _ping_pong(l0, l1, xs, tot0, tot2, G, ones, zero, zero1, w_ptrs, x_ptrs, Scales, Offsets, row_off,
-               stride_sn, w4, L4: gl.constexpr, LX: gl.constexpr, R: gl.constexpr, MAGIC: gl.constexpr,
-               TY: gl.constexpr, BIAS: gl.constexpr, NW: gl.constexpr, NORM: gl.constexpr):  # fmt: skip
-    """A warp's `G` (even) groups one at a time, their loads in two register sets taken in turn: `l0`
-    (groups 0, 2, ...) and `l1` (1, 3, ...), each reloaded with the group two ahead as soon as its products
-    are issued. No set is copied into another, so no copy waits for loads in flight: while the products of
-    one group wait for its words, the next group's loads are already out (two groups in flight), where
-    the one-ahead loop's register rotation waited for each next group before requesting the one after."""
-    for p in range(G // 2):
-        g = 2 * p
-        tot0, tot2 = _group_mma(l0, xs, g, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM)
-        l0 = _group_loads(g + 2, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, g + 2 < G, NW, NORM)
-        tot0, tot2 = _group_mma(
-            l1, xs, g + 1, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
-        )
-        l1 = _group_loads(g + 3, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, g + 3 < G, NW, NORM)
-    return tot0, tot2
-
-
-@gluon.jit
 def _int4_mma_kernel(
     X, Wm, Scales, Offsets, Out, Res, NormW, NG, stride_sn, up_tiles, eps, K,
     NORM: gl.constexpr, GATED: gl.constexpr, HAS_RES: gl.constexpr, NW: gl.constexpr, R: gl.constexpr,
     BF16: gl.constexpr, KW: gl.constexpr, U: gl.constexpr, PDL: gl.constexpr = False,
-    FIRST_EARLY: gl.constexpr = False, ONE_PASS: gl.constexpr = False, PING: gl.constexpr = False,
+    FIRST_EARLY: gl.constexpr = False, ONE_PASS: gl.constexpr = False,
 ):  # fmt: skip
     """Out[n] = epilogue(sum_k prologue(x)[k] * W[n, k]) for R tiles of 16 rows (gated: the gate tile
     ``pid`` and the up tile ``up_tiles + pid``)."""
@@ -400,7 +373,6 @@ def _int4_mma_kernel(
         BIAS: gl.constexpr = 1024.0
         TY: gl.constexpr = "f16"
         ONE: gl.constexpr = 0x3C003C00
-    SECOND: gl.constexpr = U > 1 or PING  # a second group's loads before the loop
     pid = gl.program_id(0)
     w_i = _iota(NW, 0, L)
     g_i = _iota(8, 2, L)
@@ -420,7 +392,7 @@ def _int4_mma_kernel(
             X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE, L4, NW, R
         )
         l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, True)
-        l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, SECOND, NW, True)
+        l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, True)
     if PDL:
         if not FIRST_EARLY:
             # before the previous kernel's writes are waited for: its first U groups' words (each lane's 32
@@ -470,38 +442,32 @@ def _int4_mma_kernel(
             X, Wm, stride_sn, tile, word_off, xw_i, w_i, g_i, j_i, ONE, L4, NW, R
         )
         l0 = _group_loads(0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, True, NW, NORM)
-        l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, SECOND, NW, NORM)
+        l1 = _group_loads(1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, U > 1, NW, NORM)
     elif not NORM:
         x0 = gl.load(x_ptrs, mask=gl.to_tensor(True))
-        x1 = gl.load(x_ptrs + NW * 64, mask=gl.to_tensor(SECOND))
+        x1 = gl.load(x_ptrs + NW * 64, mask=gl.to_tensor(U > 1))
         l0 = (l0[0], x0, l0[2], l0[3], l0[4], l0[5])
         l1 = (l1[0], x1, l1[2], l1[3], l1[4], l1[5])
     tot0 = zero
     tot2 = zero
     # U (1 or 2) groups a warp an iteration, all requested one iteration ahead (a group's loads alone do not
     # cover HBM's latency): the next iteration's are in flight while this one's MMAs run
-    if PING:
-        tot0, tot2 = _ping_pong(
-            l0, l1, xs, tot0, tot2, NG // NW, ones, zero, zero1, w_ptrs, x_ptrs, Scales, Offsets, row_off,
-            stride_sn, w4, L4, LX, R, MAGIC, TY, BIAS, NW, NORM,
-        )  # fmt: skip
-    else:
-        ITERS = (NG // NW) // U
-        for it in range(ITERS):
-            g0 = (it + 1) * U
-            more = it + 1 < ITERS
-            n0 = _group_loads(g0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more, NW, NORM)
-            n1 = _group_loads(
-                g0 + 1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 1), NW, NORM
-            )
+    ITERS = (NG // NW) // U
+    for it in range(ITERS):
+        g0 = (it + 1) * U
+        more = it + 1 < ITERS
+        n0 = _group_loads(g0, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more, NW, NORM)
+        n1 = _group_loads(
+            g0 + 1, w_ptrs, x_ptrs, Scales, Offsets, row_off, stride_sn, w4, more & (U > 1), NW, NORM
+        )
+        tot0, tot2 = _group_mma(
+            l0, xs, it * U, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
+        )
+        if U > 1:
             tot0, tot2 = _group_mma(
-                l0, xs, it * U, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
+                l1, xs, it * U + 1, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
             )
-            if U > 1:
-                tot0, tot2 = _group_mma(
-                    l1, xs, it * U + 1, tot0, tot2, ones, zero, zero1, L4, LX, R, MAGIC, TY, BIAS, NORM
-                )
-            l0, l1 = n0, n1
+        l0, l1 = n0, n1
     tot0 = gl.sum(tot0, 0)  # [R, 8, 4]: the warps' partials summed
     tot2 = gl.sum(tot2, 0)
     L3: gl.constexpr = gl.SliceLayout(0, L4)
@@ -601,6 +567,5 @@ def launch(
         NORM=norm_w is not None, GATED=gated, HAS_RES=res is not None, NW=warps, R=tiles_per_program,
         BF16=x.dtype == torch.bfloat16, KW=k // 2 if norm_w is not None else 0, U=u, PDL=early,
         FIRST_EARLY=FIRST_LOADS_EARLY, ONE_PASS=ONE_PASS_NORM and k <= ONE_PASS_MAX_K,
-        PING=PING_PONG and (PING_PONG_GATED or not gated) and (k // INT4_GROUP // warps) % 2 == 0,
         num_warps=warps, **options,
     )  # fmt: skip
