@@ -88,7 +88,8 @@ def test_logit_bias_bans_and_forces_alike_on_numpy_and_torch_logits(paged, capsy
         (["--logit-bias", "300=1"], "--logit-bias: token id 300 is outside the model's vocabulary of 300"),
         (["--min-p", "2"], "--min-p must be a number in [0, 1]"),
         (["--n", "0"], "--n 0: expected 1 to 65,536 samples per prompt"),
-        (["--logprobs", "50"], "--logprobs must be None or an integer in [0, 20]"),
+        (["--logprobs", "50"], "--logprobs must be an integer in [0, 20]"),  # (not "None or": a flag)
+        (["--seed", "-1"], "--seed must be an integer in [0, 2**63)"),
         (["--repetition-penalty", "0"], "--repetition-penalty must be a finite number > 0"),
         (["--presence-penalty", "3"], "--presence-penalty must be a number in [-2, 2]"),
         (["--json-schema", "/nonexistent/s.json"], "--json-schema"),

@@ -269,7 +269,8 @@ def _sampling_params(cls: Any, **fields: Any) -> Any:
             prefix = f"SamplingParams.{name} "
             if text.startswith(prefix):
                 flag = "--json-schema" if name == "response_format" else "--" + name.replace("_", "-")
-                raise UserError(f"{flag} {text[len(prefix) :]}.") from exc
+                rest = text[len(prefix) :].replace("must be None or ", "must be ", 1)  # (None: leave it out)
+                raise UserError(f"{flag} {rest}.") from exc
         raise
 
 
