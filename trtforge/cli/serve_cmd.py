@@ -72,7 +72,10 @@ def _at_most(bound: str) -> Any:
     "the tokenizer's own; of named ones, 'default').",
 )
 @click.option(
-    "--served-model-name", "served_names", multiple=True, help="Model name(s) clients use (default: MODEL)."
+    "--served-model-name",
+    "served_names",
+    multiple=True,
+    help="Model name(s) clients use (default: MODEL's last path part, 'llama-dir' for ./llama-dir).",
 )
 @click.option(
     "--gpu-memory-utilization",
