@@ -133,6 +133,30 @@ def test_the_gated_form_at_its_register_cap_barely_spills():
     assert max(facts["spills"]) <= 32, facts["ptxas"]
 
 
+def test_each_form_launches_with_its_own_register_cap(monkeypatch):
+    """NORM_MAXNREG caps the norm form (QKV) alone, GATED_MAXNREG the gated form; MAXNREG overrides both."""
+    from trtforge.kernels import int4_mma as m
+
+    monkeypatch.setattr(m, "NORM_MAXNREG", 88)
+    assert (m.register_cap(False, True), m.register_cap(True, True), m.register_cap(False, False)) == (
+        88,
+        m.GATED_MAXNREG,
+        None,
+    )
+    monkeypatch.setattr(m, "MAXNREG", 128)
+    assert {m.register_cap(g, n) for g, n in ((False, True), (True, True), (False, False))} == {128}
+
+
+@needs_triton
+def test_the_norm_form_at_a_cap_of_88_compiles_without_spills():
+    """int4_mma.NORM_MAXNREG = 88, the cap to time next (session 54's qkv micro-benchmark: 6.81 us against
+    7.75): the norm form as launched (PDL, first loads early) fits it without spilling."""
+    needs_ptxas()
+    facts = run_in_child(f"{__name__}:_compile_case", True, False, False, True, True, 0, True, False, 88)
+    assert facts["ptxas_rc"] == 0, facts["ptxas"]
+    assert not any(facts["spills"]), facts["ptxas"]
+
+
 @needs_triton
 @pytest.mark.parametrize("k", [3072, 5120])
 def test_the_normalized_row_of_any_whole_k_compiles(k):

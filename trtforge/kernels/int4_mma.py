@@ -89,6 +89,16 @@ ONE_PASS_MAX_K = 8192
 # results/int4_mma_s21.json); 8B INT4 + FP8 head single stream 2.046 ms/token against 2.097
 # (quant_speed_s21_graphfused.json).
 GATED_MAXNREG: int | None = 72
+# The norm form's (QKV's) register cap (None: ptxas's choice, 64 registers on sm_90). With MAXNREG 88 on
+# every form, qkv took 6.81 us against 7.75 on an H100 (session 54, results/int4_mma_ping_s54_h100.json),
+# where gate_up and down got slower; a cap on the norm form alone has not been timed in the served token.
+NORM_MAXNREG: int | None = None
+
+
+def register_cap(gated: bool, norm: bool) -> int | None:
+    """The ``maxnreg`` a form launches with: MAXNREG for every form where set, else the gated form's
+    GATED_MAXNREG or the norm form's NORM_MAXNREG; None: ptxas's choice."""
+    return MAXNREG or (GATED_MAXNREG if gated else NORM_MAXNREG if norm else None)
 
 
 def launch_rule(k: int, gated: bool, norm: bool) -> tuple[int, int] | None:
@@ -556,7 +566,7 @@ def launch(
         raise ValueError(f"int4_mma: no launch for K={k} here (see supported())")
     warps, u = rule
     early = bool(pdl and EARLY_WEIGHTS)
-    maxnreg = MAXNREG or (GATED_MAXNREG if gated else None)
+    maxnreg = register_cap(gated, norm_w is not None)
     options = ({"launch_pdl": True} if early else {}) | ({"maxnreg": maxnreg} if maxnreg else {})
     grid = (n // TILE_ROWS,)
     _int4_mma_kernel[grid](
