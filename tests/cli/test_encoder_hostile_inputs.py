@@ -149,31 +149,9 @@ def _triton(*argv: str, engine: str = "m.engine") -> Setup:
 
 def _ids_mask_onnx(d: Path) -> Path:
     """input_ids[batch,seq] -> Gather(E[16,32]) -> MatMul(W[32,32]), times attention_mask[batch,seq]."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from tests.reports._tiny import token_model_onnx
 
-    rng = np.random.default_rng(0)
-    e = numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "E")
-    w = numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float32), "W")
-    graph = helper.make_graph(
-        [
-            helper.make_node("Gather", ["E", "input_ids"], ["h"]),
-            helper.make_node("MatMul", ["h", "W"], ["p"]),
-            helper.make_node("Cast", ["attention_mask"], ["m"], to=TensorProto.FLOAT),
-            helper.make_node("Unsqueeze", ["m", "axes"], ["m3"]),
-            helper.make_node("Mul", ["p", "m3"], ["y"]),
-        ],
-        "ids_mask",
-        [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
-            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
-        ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 32])],
-        [e, w, numpy_helper.from_array(np.array([-1], np.int64), "axes")],
-    )
-    path = d / "ids_mask.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
+    return token_model_onnx(d / "ids_mask.onnx", vocab=16, width=32, matmul=True)
 
 
 def _ids_mask_lengths(ids: int, mask: int, mask_value: int = 1) -> Setup:

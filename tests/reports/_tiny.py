@@ -46,26 +46,35 @@ def classifier_onnx(path: Path, w: np.ndarray, b: np.ndarray, *, input_dtype: in
     return path
 
 
-def token_model_onnx(path: Path, vocab: int = 50) -> Path:
-    """y[batch, seq, 4] = Embedding(ids) * mask[..., None]: integer ids through a Gather, a 0/1 mask."""
+def token_model_onnx(path: Path, vocab: int = 50, *, width: int = 4, matmul: bool = False) -> Path:
+    """y[batch, seq, width] = Embedding(ids) * mask[..., None]: integer ids through a Gather, a 0/1 mask.
+    `matmul`: the embedding goes through a MatMul(W[width, width]) first (INT8 calibration quantizes one
+    of width 16 or more)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    table = np.random.default_rng(0).standard_normal((vocab, 4)).astype(np.float32)
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((vocab, width)).astype(np.float32)
+    axis = np.array([-1], np.int64)
+    weights = [numpy_helper.from_array(table, "table"), numpy_helper.from_array(axis, "axis")]
+    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["emb"])]
+    if matmul:
+        weights.append(numpy_helper.from_array(rng.standard_normal((width, width)).astype(np.float32), "W"))
+        nodes.append(helper.make_node("MatMul", ["emb", "W"], ["proj"]))
+    nodes += [
+        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["maskf", "axis"], ["mask3"]),
+        helper.make_node("Mul", ["proj" if matmul else "emb", "mask3"], ["y"]),
+    ]
     graph = helper.make_graph(
-        [
-            helper.make_node("Gather", ["table", "input_ids"], ["emb"]),
-            helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
-            helper.make_node("Unsqueeze", ["maskf", "axis"], ["mask3"]),
-            helper.make_node("Mul", ["emb", "mask3"], ["y"]),
-        ],
+        nodes,
         "tiny_tokens",
         [
             helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
             helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
         ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])],
-        [numpy_helper.from_array(table, "table"), numpy_helper.from_array(np.array([-1], np.int64), "axis")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", width])],
+        weights,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
