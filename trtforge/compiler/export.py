@@ -367,8 +367,8 @@ def _check_dynamic_kept(path: Path, dynamic_axes: Mapping[str, Mapping[int, str]
         names = sorted({n for axes in dynamic_axes.values() for n in axes.values()})
         raise UserError(
             f"the export fixed axes asked to be dynamic: {'; '.join(fixed)}. The model's code specializes "
-            "that size (e.g. a Python branch or shape arithmetic on it), so no exported graph can take "
-            f"other sizes there. Leave it static (drop it from --dynamic {','.join(names)}) or change the "
+            "that size (e.g. a Python branch on it), so the exported graph takes no other size "
+            f"there. Leave it static (drop it from --dynamic {','.join(names)}) or change the "
             "model."
         )
 
