@@ -70,3 +70,27 @@ def test_dynamic_eyelike_model_compiles(tmp_path) -> None:
     onnx.save(_eye_model(1, None), str(src))
     result = trtforge.compile(src, output=tmp_path / "eye.engine", shapes=["x:1x1:2x8:4x16"], progress=False)
     assert result.engine_path.is_file() and result.engine_path.stat().st_size > 0
+
+
+def test_cleanup_does_not_log_the_multi_output_nodes_it_leaves(caplog) -> None:
+    """Before: every Split over constants printed onnxscript's "Skipping constant folding for op Split
+    with multiple outputs." on stderr, in the middle of optimize/compile/report output (WavLM: 5 lines)."""
+    import logging
+
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 2], list(range(8)))
+    graph = helper.make_graph(
+        [
+            helper.make_node("Split", ["w"], ["w0", "w1"], axis=1, num_outputs=2),
+            helper.make_node("MatMul", ["x", "w0"], ["a"]),
+            helper.make_node("MatMul", ["x", "w1"], ["b"]),
+            helper.make_node("Add", ["a", "b"], ["y"]),
+        ],
+        "split",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
+        [w],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with caplog.at_level(logging.WARNING):
+        optimize_model(proto, passes=["cleanup"], feed_shapes={"x": [2, 4]})
+    assert not [r for r in caplog.records if "Skipping constant folding" in r.getMessage()]
