@@ -94,3 +94,19 @@ def test_cleanup_does_not_log_the_multi_output_nodes_it_leaves(caplog) -> None:
     with caplog.at_level(logging.WARNING):
         optimize_model(proto, passes=["cleanup"], feed_shapes={"x": [2, 4]})
     assert not [r for r in caplog.records if "Skipping constant folding" in r.getMessage()]
+
+
+@pytest.mark.trt_build
+def test_compile_without_passes_says_the_passes_lower_a_dynamic_eyelike(tmp_path, capsys) -> None:
+    """Before: --no-passes gave TensorRT's "Eyelike does not work for dynamically shaped tensors" alone."""
+    from trtforge.cli.main import main
+
+    src = tmp_path / "eye.onnx"
+    onnx.save(_eye_model(0, None), str(src))
+    rc = main(
+        ["compile", str(src), "-o", str(tmp_path / "e.engine"), "--no-passes", "--shape", "x:1x1:2x8:4x16"]
+    )
+    cap = capsys.readouterr()
+    text = " ".join((cap.out + cap.err).split())
+    assert rc == 2
+    assert "the cleanup pass rewrites it as Range/Equal" in text and "not --no-passes" in text
