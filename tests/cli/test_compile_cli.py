@@ -250,3 +250,18 @@ def test_the_int8_stage_line_counts_quantized_convolutions() -> None:
     assert "2 Conv INT8 (entropy, 16 samples)" in conv and "MatMuls" not in conv
     bert = line(matmuls_quantized=6, matmuls_total=8, quantized_by_op={"MatMul": 6, "Gemm": 1})
     assert "6/8 MatMuls, 1 Gemm INT8" in bert
+
+
+@pytest.mark.trt_build
+def test_compile_says_when_attention_was_built_decomposed(tmp_path, capsys) -> None:
+    """Before: TensorRT-RTX printed "Internal Error: MyelinCheckException ... Attention operation was not
+    supported by a dedicated kernel" on stderr, compile retried decomposed and exited 0, and its output
+    never said what happened (the reason lived only in the manifest)."""
+    from tests.compiler.test_build_attention import _attention_onnx, _shapes
+
+    model = _attention_onnx(tmp_path / "a.onnx", head_size=8)
+    argv = ["compile", str(model), "-o", str(tmp_path / "a.engine"), "--no-passes"]
+    rc, out = _run([*argv, *(f for s in _shapes(8) for f in ("--shape", s))], capsys)
+    assert rc == 0, out
+    flat = " ".join(out.split())
+    assert "attention attn built decomposed" in flat and "no fused attention kernel" in flat

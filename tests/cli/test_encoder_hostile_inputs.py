@@ -232,7 +232,49 @@ TRUNCATED = (
     r"at bytes \d+\.\.\d+ of it: the file is truncated"
 )
 
+
+def _half_model(*argv: str) -> Setup:
+    """`argv` on an FP16 model (float16 input and MatMul weights) with float16 calibration data c.npz.
+    Before: calibrate crashed in ONNX Runtime on SmoothQuant's FP32 Mul ("internal error", exit 1), and
+    with --no-smoothquant wrote a graph ONNX Runtime refuses to load (float16 into an opset-17
+    QuantizeLinear) and exited 0."""
+
+    def setup(d: Path) -> list[str]:
+        import onnx
+        from onnx import TensorProto, helper, numpy_helper
+
+        rng = np.random.default_rng(0)
+        w = numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float16), "W")
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
+            "half",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", 32])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", 32])],
+            [w],
+        )
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(d / "half.onnx"))
+        np.savez(d / "c.npz", x=rng.standard_normal((8, 32)).astype(np.float16))
+        return list(argv)
+
+    return setup
+
+
+HALF = r"INT8 calibration needs an FP32 model.*input 'x' is float16; MatMul 'mm' weight 'W' is float16"
+
+
 CASES: dict[str, tuple[Setup, str]] = {
+    "calibrate: an FP16 model": (
+        _half_model("calibrate", "half.onnx", "--data", "c.npz", "-o", "q.onnx"),
+        HALF,
+    ),
+    "calibrate --no-smoothquant: an FP16 model": (
+        _half_model("calibrate", "half.onnx", "--data", "c.npz", "-o", "q.onnx", "--no-smoothquant"),
+        HALF,
+    ),
+    "compile --precision int8: an FP16 model": (
+        _half_model("compile", "half.onnx", "-o", "h.engine", "--precision", "int8", "--calib-data", "c.npz"),
+        HALF,
+    ),
     "compile: external data file truncated": (
         _truncated_external_data("compile", "m.onnx", "-o", "m.engine"),
         TRUNCATED,

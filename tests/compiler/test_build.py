@@ -263,3 +263,28 @@ def test_a_model_file_changed_during_the_compile_is_refused(tmp_path, monkeypatc
     with pytest.raises(UserError, match=r"the model file '.*m\.onnx' changed while it was being compiled"):
         trtforge.compile(model, output=tmp_path / "o.engine", passes=None, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_a_standard_op_without_importer_is_not_called_a_missing_plugin(tmp_path) -> None:
+    """Before: compiling FNet (torch.fft -> ONNX DFT) failed with only TensorRT's "Plugin not found, are
+    the plugin name, version, and namespace correct?", which points at plugins; none was involved."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("DFT", ["x", "", "axis"], ["y"], name="fft")],
+        "dft",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 2])],
+        [helper.make_tensor("axis", TensorProto.INT64, [], [1])],
+    )
+    path = tmp_path / "dft.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(path))
+    with pytest.raises(UserError) as e:
+        build_engine(path, BuildOptions(progress=False))
+    msg = str(e.value)
+    assert "node fft (DFT)" in msg
+    assert (
+        "DFT: standard ONNX op(s) this TensorRT's parser has no importer for" in msg
+        and "none is missing" in msg
+    )

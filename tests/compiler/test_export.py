@@ -315,3 +315,24 @@ def test_an_opset_the_dynamo_exporter_cannot_reach_falls_back_to_legacy(tmp_path
     assert "Traceback" not in "".join(capfd.readouterr())
     with pytest.raises(ExportError, match=r"dynamo exporter failed: .*not the --opset 7 asked for"):
         export_module(torch.nn.Linear(4, 3), (torch.zeros(2, 4),), tmp_path, opset=7, exporter="dynamo")
+
+
+class _SpecializesSeq(torch.nn.Module):
+    """Its code branches on the sequence length, so torch.export fixes that axis to the example's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.shape[1] == 16 else x + 1
+
+
+def test_a_dynamic_axis_the_model_specializes_is_refused_not_dropped(tmp_path) -> None:
+    """Before: the dynamo exporter quietly wrote seq as the fixed size 16 and the export 'succeeded', so
+    `compile --dynamic batch,seq` built an engine for length 16 only without a word."""
+    x = (torch.randn(2, 16),)
+    with pytest.raises(UserError) as e:
+        export_module(_SpecializesSeq(), x, tmp_path, dynamic="batch,seq", exporter="dynamo")
+    msg = str(e.value)
+    assert "input 'x' axis 1 ('seq') fixed to 16" in msg and "--dynamic" in msg
+    # batch alone stays dynamic and exports
+    art = export_module(_SpecializesSeq(), x, tmp_path, dynamic="batch", exporter="dynamo")
+    dims = onnx.load(str(art.path)).graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param and dims[1].dim_value == 16

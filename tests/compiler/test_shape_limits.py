@@ -152,3 +152,16 @@ def test_a_sliced_buffer_of_token_type_ids_is_not_a_position_table() -> None:
     they slice position ids. Before: it was taken for a position table, and ConvBERT's sequence was
     limited to 2 tokens (compile derived input_ids 1x1:8x2:32x2)."""
     assert graph_limits(position_table_model(rows=2, buffer=6, zeros=True)) == {}
+
+
+def test_image_size_of_a_model_without_a_position_table_fixes_nothing() -> None:
+    """Before: ConvNeXt's config.image_size (224 by default) fixed its spatial axes, "its position
+    embeddings fix the image size" though it has none: `compile --dynamic batch,,height,width` of a
+    ConvNeXt exported at 64x64 derived 224x224 only (the size it was exported at outside the profile),
+    and --shape with any other size was refused."""
+    from transformers import ConvNextConfig, ConvNextModel
+
+    graph = _graph(("pixel_values", TensorProto.FLOAT, ["batch", 3, "h", "w"]))
+    model = ConvNextModel(ConvNextConfig(hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1]))
+    assert model.config.image_size == 224
+    assert module_limits(model, graph) == {}

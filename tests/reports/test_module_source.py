@@ -107,3 +107,34 @@ def test_json_valid(bert_report):
     _, doc = bert_report
     jsonschema.validate(doc, json.loads(SCHEMA_FILE.read_text()))
     assert np.isfinite([p["p50_ms"] for p in doc["latency"] if p["status"] == "ok"]).all()
+
+
+def test_a_module_fixing_its_sequence_length_still_reports(tmp_path):
+    """report guesses batch,seq for token inputs; a model whose code fixes seq (Funnel) exported with seq
+    fixed and reported. The export's check of asked-for dynamic axes (compile --dynamic) must not turn
+    that guess into a failure: every target failed with "the export fixed axes asked to be dynamic"."""
+    import torch
+
+    class FixesSeq(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(32, 8)
+
+        def forward(self, input_ids):
+            h = self.emb(input_ids)
+            return h * 2 if input_ids.shape[1] == 8 else h
+
+    ids = torch.randint(0, 32, (2, 8))
+    result = build_report(
+        (FixesSeq().eval(), (ids,)),
+        targets=["torch", "ort"],
+        out_dir=tmp_path / "rep",
+        batch_sizes=(2,),
+        seq_lens=(8,),
+        warmup=0,
+        runs=1,
+        progress=False,
+    )
+    doc = json.loads(result.json_path.read_text())
+    rows = {t["name"]: (t["status"], t.get("reason")) for t in doc["targets"]}
+    assert {name: status for name, (status, _) in rows.items()} == {"torch": "ok", "ort": "ok"}, rows

@@ -124,6 +124,7 @@ def calibrate_model(
     work = onnx.ModelProto()
     work.CopyFrom(model)
     name_nodes(work)
+    _refuse_low_precision(work, op_types)
     dataset: CalibrationDataset | None = None
     if data is None:
         if not (calib_cache and Path(calib_cache).exists()):
@@ -257,6 +258,35 @@ def calibrate_model(
         cache=cache_info,
         activation_scales=used_scales,
     )
+
+
+def _refuse_low_precision(model: onnx.ModelProto, op_types: Any) -> None:
+    """UserError for a model that computes in FP16/BF16: the Q/DQ written here (FP32 scales, opset-13
+    QuantizeLinear) and SmoothQuant's scales are FP32, so such a graph came out invalid (ONNX Runtime:
+    "Type parameter (T) ... bound to different types") or crashed calibration."""
+    from onnx import TensorProto
+
+    low = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
+    found = [
+        f"input '{i.name}' is {low[i.type.tensor_type.elem_type]}"
+        for i in model.graph.input
+        if i.type.tensor_type.elem_type in low
+    ]
+    inits = {t.name: t.data_type for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type in op_types:
+            found += [
+                f"{node.op_type} '{node.name}' weight '{name}' is {low[inits[name]]}"
+                for name in node.input
+                if inits.get(name) in low
+            ]
+    if found:
+        more = "; ..." if len(found) > 3 else ""
+        raise UserError(
+            "INT8 calibration needs an FP32 model; this one computes in reduced precision "
+            f"({'; '.join(found[:3])}{more}). Start from its FP32 export: `compile --precision int8` "
+            "converts what stays unquantized to FP16 itself (--int8-rest)."
+        )
 
 
 def _refuse_unseen_ranges(tensors: dict[str, Any], targets: list[Any], source: str) -> None:

@@ -142,4 +142,13 @@ def stage_summary_table(records: dict[str, Any]) -> Table | None:
                 f"vs FP32 in exact ORT: logits rel L2 {check.get('logits_rel_l2', float('nan')):.3g}, top-1 "
                 f"{check.get('top1_agreement', float('nan')):.3f}",
             )
+    decomposed = (records.get("build") or {}).get("attention_decomposed")
+    if decomposed:  # TensorRT prints its own "Internal Error" for the first try: say what it meant
+        table.add_row(
+            "build",
+            plain(
+                f"attention {', '.join(decomposed)} built decomposed (MatMul/Softmax kernels, slower): "
+                "TensorRT has no fused attention kernel for its shapes or dtype"
+            ),
+        )
     return table if table.row_count else None

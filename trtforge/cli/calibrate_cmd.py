@@ -35,7 +35,13 @@ Examples:
     flags={"calib_method": ("--method",), "calib_samples": ("--samples",)},
 )
 @click.option("--percentile", type=float, default=99.99, show_default=True, help="For --method percentile.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Samples per ONNX Runtime run while collecting statistics (memory against speed).",
+)
 @click.option("--shuffle-seed", type=int, default=None, help="Shuffle samples with this seed first.")
 @click.option("--op-types", default="MatMul,Gemm,Conv", show_default=True, help="Op types to quantize.")
 @click.option("--exclude", "exclude", multiple=True, help="Node name to keep in float (repeatable).")

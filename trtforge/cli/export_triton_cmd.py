@@ -40,8 +40,20 @@ dynamic-shape engine need one optimization profile each: build with
     default=None,
     help="Triton's dynamic batcher (default: on when max batch > 1).",
 )
-@click.option("--preferred-batch-size", "preferred", multiple=True, type=int, help="Repeatable.")
-@click.option("--max-queue-delay-us", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--preferred-batch-size",
+    "preferred",
+    multiple=True,
+    type=int,
+    help="Batch size the dynamic batcher aims for. Repeatable.",
+)
+@click.option(
+    "--max-queue-delay-us",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Dynamic batcher: microseconds a request may wait for others to batch with.",
+)
 @click.option("--force", is_flag=True, help="Replace an existing model directory.")
 @click.option("--no-validate", is_flag=True, help="Skip parsing the config with tritonclient's protobuf.")
 def export_triton_cmd(

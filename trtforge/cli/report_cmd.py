@@ -115,7 +115,14 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     "--runs", type=click.IntRange(min=1), default=20, show_default=True, help="Timed runs per point."
 )
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ORT intra-op and torch threads.")
-@click.option("--tolerance", "tolerances", multiple=True, metavar="[T/]OUT:k=v,...", help="Repeatable.")
+@click.option(
+    "--tolerance",
+    "tolerances",
+    multiple=True,
+    metavar="[T/]OUT:k=v,...",
+    help="Accuracy limits of output OUT (of target T), e.g. logits:atol=1e-2,cosine=0.999; see below. "
+    "Repeatable.",
+)
 @option_group(ExportOptions, only=("output_names",), scope="Torch sources (module, factory): ")
 @click.option(
     "--check/--no-check",

@@ -438,7 +438,8 @@ def build_engine(
         )
         warnings.append(
             f"attention {', '.join(decomposed)} built decomposed (MatMul/Softmax kernels, slower): TensorRT "
-            "has no fused attention kernel for its shapes or dtype (seen for head size 8)."
+            "has no fused attention kernel for its shapes or dtype (seen for head size 8, and in INT8 "
+            "builds of WavLM, PVT and MobileViT)."
         )
     seconds["build"] = time.perf_counter() - t1
     if cache is not None:

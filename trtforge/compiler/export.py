@@ -297,8 +297,12 @@ def export_module(
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
     verify: bool = True,
+    strict_dynamic: bool = True,
 ) -> OnnxArtifact:
     """Export an nn.Module to `workdir/model.onnx` and check it against torch.
+
+    `strict_dynamic`: raise a UserError when an axis of `dynamic` comes out fixed (the model's code
+    specializes it); False keeps the fixed axis (callers that only guessed the dynamic axes).
 
     `exporter`: "auto" (dynamo, falling back to legacy with the reason recorded), "dynamo" or "legacy".
     Raises ExportError when both exporters fail or ONNX Runtime disagrees with torch beyond tolerance.
@@ -343,8 +347,35 @@ def export_module(
                 raise ExportError(f"could not export {type(module).__name__} to ONNX; {reason}{prior}") from e
             record.fallback_reason = reason
     record.seconds = time.perf_counter() - t0
+    if strict_dynamic:
+        _check_dynamic_kept(path, dynamic_axes)
     finish_artifact(path, record, feeds, reference, rtol=rtol, atol=atol, verify=verify)
     return OnnxArtifact(path, record)
+
+
+def _check_dynamic_kept(path: Path, dynamic_axes: Mapping[str, Mapping[int, str]]) -> None:
+    """UserError when an axis asked to be dynamic came out of the exporter as a fixed size. The dynamo
+    exporter does that quietly where the model's code specializes the size (torch.export alone raises
+    "your code specialized it to be a constant"); the engine would then take that one size only."""
+    import onnx
+
+    if not dynamic_axes:
+        return
+    graph = onnx.load(str(path), load_external_data=False).graph
+    fixed = []
+    for value in graph.input:
+        dims = value.type.tensor_type.shape.dim
+        for axis, name in sorted(dynamic_axes.get(value.name, {}).items()):
+            if axis < len(dims) and dims[axis].HasField("dim_value"):
+                fixed.append(f"input '{value.name}' axis {axis} ('{name}') fixed to {dims[axis].dim_value}")
+    if fixed:
+        names = sorted({n for axes in dynamic_axes.values() for n in axes.values()})
+        raise UserError(
+            f"the export fixed axes asked to be dynamic: {'; '.join(fixed)}. The model's code specializes "
+            "that size (e.g. a Python branch on it), so the exported graph takes no other size "
+            f"there. Leave it static (drop it from --dynamic {','.join(names)}) or change the "
+            "model."
+        )
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

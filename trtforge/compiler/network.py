@@ -22,11 +22,35 @@ def parse_onnx(backend: Backend, network: Any, onnx_path: Path, source: str | No
         for e in errors:
             node = e.node_name() or (f"#{e.node()}" if e.node() >= 0 else "<model>")
             lines.append(f"  node {node} ({e.node_operator() or '-'}): {e.desc()} [{e.code()}]")
+        lines += _parser_hints(errors)
         raise UserError(
             f"TensorRT's ONNX parser ({backend.name} {backend.version}) rejected "
             f"{source or repr(str(onnx_path))}:\n" + "\n".join(lines)
         )
     return parser
+
+
+def _parser_hints(errors: list[Any]) -> list[str]:
+    """Lines saying what some parser errors mean. For a standard ONNX op the parser has no importer for,
+    it looks for a plugin of that name and says "Plugin not found, are the plugin name, version, and
+    namespace correct?", though no plugin is involved; a dynamic EyeLike is fixed by the passes."""
+    import onnx
+
+    named = [(e.node_operator() or "", e.desc()) for e in errors]
+    ops = sorted({op for op, desc in named if "Plugin not found" in desc and onnx.defs.has(op)})
+    hints = []
+    if any("Eyelike does not work for dynamically shaped" in desc for _, desc in named):
+        hints.append(
+            "  EyeLike over a dynamic shape: the cleanup pass rewrites it as Range/Equal, which TensorRT "
+            "parses; compile with the passes (not --no-passes; --passes must include cleanup)."
+        )
+    if ops:
+        hints.append(
+            f"  {', '.join(ops)}: standard ONNX op(s) this TensorRT's parser has no importer for (it then "
+            "looks for a plugin of that name; none is missing). Express the computation with other ops, or "
+            "run it outside the engine."
+        )
+    return hints
 
 
 # ONNX element types no TensorRT engine binding can hold.

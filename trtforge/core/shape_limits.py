@@ -3,7 +3,7 @@
 Two sources, each recorded with the limit:
 - a torch module's Hugging Face `config`: `max_position_embeddings` (or `n_positions`, `max_seq_len`,
   ...) bounds the sequence axis (less the padding offset of RoBERTa-style position ids), and
-  `image_size` fixes the spatial axes of image inputs;
+  `image_size` fixes the spatial axes of image inputs of a model with an absolute position table;
 - the ONNX graph: a position-embedding table (a `Gather` on a 2-D initializer whose indices come from a
   `Range`, a slice of a constant position-id buffer, or a `CumSum` count of the real tokens times the
   mask as RoBERTa's are, not from a graph input) bounds the sequence axis by its row count (less any
@@ -86,6 +86,17 @@ def _config_owner(module: Any) -> Any:
     return outermost[0] if len(outermost) == 1 else None
 
 
+def _has_position_table(module: Any) -> bool:
+    """Whether `module` holds a learned absolute position table (ViT's `position_embeddings`, CLIP's
+    `position_embedding`), the thing that ties a vision model to `config.image_size`. Convolutional and
+    windowed models carry `image_size` in their configs too (ConvNeXt: 224) yet take any size."""
+    named = getattr(module, "named_parameters", None)
+    if named is None:
+        return False
+    names = [name for name, _ in (*named(), *module.named_buffers())]
+    return any(part.startswith("position_embedding") for name in names for part in name.split("."))
+
+
 def module_limits(module: Any, model: Any) -> dict[str, dict[int, AxisLimit]]:
     """Limits from a torch module's Hugging Face config (or that of the one model it wraps), applied to
     the axes of exported graph `model`."""
@@ -105,7 +116,7 @@ def module_limits(module: Any, model: Any) -> dict[str, dict[int, AxisLimit]]:
             source += f", less the padding offset {offset} of its position ids"
         for name, axis in seq_axes:
             out.setdefault(name, {})[axis] = AxisLimit(1, value - offset, source)
-    size = getattr(config, "image_size", None)
+    size = getattr(config, "image_size", None) if _has_position_table(module) else None
     if isinstance(size, (list, tuple)) and len(size) == 2:
         sizes = [int(size[0]), int(size[1])]
     elif isinstance(size, int) and size > 0:

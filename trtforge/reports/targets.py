@@ -250,6 +250,7 @@ class Preparer:
                 self.workdir,
                 dynamic=_dynamic_spec(src.example_inputs),
                 output_names=src.output_names,
+                strict_dynamic=False,  # a guess, not the user's ask: a model fixing seq keeps it fixed
             )
             self.output_names = art.record.output_names
             return _Graph(path=art.path, proto=art.load(), records={"exporter": art.record.exporter})
