@@ -75,7 +75,9 @@ def _at_most(bound: str) -> Any:
     "--served-model-name",
     "served_names",
     multiple=True,
-    help="Model name(s) clients use (default: MODEL's last path part, 'llama-dir' for ./llama-dir).",
+    help="Model name(s) clients use, the first answering requests for any of them (default: MODEL's last "
+    "path part, 'llama-dir' for ./llama-dir, which /v1/models lists; requests may also name MODEL as "
+    "typed, as vLLM serves it, and are answered as 'llama-dir').",
 )
 @click.option(
     "--gpu-memory-utilization",
@@ -296,7 +298,7 @@ def serve_cmd(
             flush=True,
         )
     name = Path(model.rstrip("/")).name or model
-    run(llm, tok, name, options)
+    run(llm, tok, name, options, aliases=tuple(dict.fromkeys([model, model.rstrip("/") or model])))
 
 
 def _is_template_file(value: str) -> bool:

@@ -88,8 +88,12 @@ def _imports() -> Any:
     return uvicorn
 
 
-def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int:
-    """Serve `llm` until SIGTERM/SIGINT, drain, close it; returns the exit code (0)."""
+def run(
+    llm: Any, tokenizer: Any, model_name: str, options: ServeOptions, aliases: tuple[str, ...] = ()
+) -> int:
+    """Serve `llm` until SIGTERM/SIGINT, drain, close it; returns the exit code (0). Without
+    ``options.served_model_names`` it is served as `model_name`, which requests may also call by
+    `aliases` (``serve MODEL``'s MODEL as typed)."""
     from trtforge.llm.text import missing_chat_template, resolve_chat_template
 
     uvicorn = _imports()
@@ -104,6 +108,7 @@ def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int
         llm=llm,
         tokenizer=tokenizer,
         served_model_names=list(options.served_model_names or (model_name,)),
+        model_aliases=() if options.served_model_names else tuple(a for a in aliases if a != model_name),
         max_model_len=g.max_model_len,
         max_num_seqs=g.config.max_num_seqs,
         max_waiting=options.max_waiting,
