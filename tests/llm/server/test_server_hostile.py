@@ -593,3 +593,18 @@ def test_a_logit_bias_biases_every_choice_of_a_request(server):
     alone = [texts("def f(", 1, banned, child_seed(3, j))[0] for j in range(3)]
     assert free == alone and len(set(free)) > 1, free
     server.wait_blocks_free()
+
+
+@pytest.mark.parametrize(
+    ("fields", "path"),
+    [
+        (b'"prompt": "x", "stream_options": {"include_usage": true}', "/v1/completions"),
+        (HI + b', "stream": false, "stream_options": {"include_usage": true}', "/v1/chat/completions"),
+    ],
+)
+def test_stream_options_without_stream_is_400_as_openai_and_vllm_answer(server, fields, path):
+    """Before: accepted and ignored (the usage the client asked to stream never came as a chunk)."""
+    err = _error(_post(server, b'{"model": "%s", "max_tokens": 2, %s}' % (NAME.encode(), fields), path))
+    assert err["param"] == "stream_options" and "stream=true" in err["message"], err
+    null = b'{"model": "%s", "max_tokens": 2, "prompt": "x", "stream_options": null}' % NAME.encode()
+    assert _post(server, null).status_code == 200
