@@ -107,7 +107,7 @@ def _no_server(monkeypatch) -> list:
     server_run = importlib.import_module("trtforge.llm.server.run")  # (the package exports a function `run`)
     served: list = []
 
-    def run(llm, tok, name, options, aliases=()):
+    def run(llm, tok, name, options, **kw):
         served.append((llm, options))
         llm.close()
 
@@ -121,7 +121,16 @@ def test_a_tokenizers_own_chat_template_that_is_not_jinja_is_refused_naming_its_
     """Before: the server started, answered /health and completions, and every chat request got a 400
     that blamed the client for the template the tokenizer shipped. Refused before the model loads."""
     served = _no_server(monkeypatch)
-    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--num-blocks", "8"]
+    argv = [
+        "serve",
+        "tests.llm.tiny_models:llama_factory",
+        "--device",
+        "cpu",
+        "--num-blocks",
+        "8",
+        "--port",
+        "0",
+    ]
     argv += ["--tokenizer", str(tokenizer_with_bad_template)]
     assert main(argv) == 2 and not served
     err = capsys.readouterr().err
@@ -137,7 +146,16 @@ def test_a_chat_template_given_replaces_the_tokenizers_broken_one(
     served = _no_server(monkeypatch)
     good = tmp_path / "chat.jinja"
     good.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--num-blocks", "8"]
+    argv = [
+        "serve",
+        "tests.llm.tiny_models:llama_factory",
+        "--device",
+        "cpu",
+        "--num-blocks",
+        "8",
+        "--port",
+        "0",
+    ]
     argv += ["--tokenizer", str(tokenizer_with_bad_template), "--chat-template", str(good)]
     assert main(argv) in (0, None)
     ((_, options),) = served
@@ -165,6 +183,8 @@ def test_the_startup_line_says_how_the_pool_was_sized(monkeypatch, capsys):
         "4",
         "--max-prefill-tokens-with-decodes",
         "96",
+        "--port",
+        "0",
     ]
     assert main(argv) in (0, None)
     err = capsys.readouterr().err
@@ -265,7 +285,18 @@ def test_port_0_prints_the_port_the_os_chose(tmp_path):
 def test_a_max_model_len_past_the_models_positions_is_refused_naming_the_limit(capsys):
     """Before: `--max-model-len 100000` on a 2048-position model (unscaled rotary) started the server,
     which then served positions the model never saw."""
-    argv = ["serve", str(MODEL), "--device", "cpu", "--num-blocks", "4", "--max-model-len", "100000"]
+    argv = [
+        "serve",
+        str(MODEL),
+        "--device",
+        "cpu",
+        "--num-blocks",
+        "4",
+        "--max-model-len",
+        "100000",
+        "--port",
+        "0",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--max-model-len 100000 exceeds the 2048 positions" in err, err
@@ -288,7 +319,16 @@ def test_chat_template_names_one_of_the_tokenizers_named_templates(
 ):
     """--chat-template NAME picks that template (its text is what chats are rendered with)."""
     served = _no_server(monkeypatch)
-    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--num-blocks", "8"]
+    argv = [
+        "serve",
+        "tests.llm.tiny_models:llama_factory",
+        "--device",
+        "cpu",
+        "--num-blocks",
+        "8",
+        "--port",
+        "0",
+    ]
     argv += ["--tokenizer", str(tokenizer_with_named_templates), "--chat-template", "rag"]
     assert main(argv) in (0, None)
     ((_, options),) = served
@@ -303,7 +343,16 @@ def test_an_unknown_chat_template_name_is_refused_listing_the_names(
 ):
     """Refused before the model loads (exit 2), naming the flag and listing the names there are."""
     served = _no_server(monkeypatch)
-    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--num-blocks", "8"]
+    argv = [
+        "serve",
+        "tests.llm.tiny_models:llama_factory",
+        "--device",
+        "cpu",
+        "--num-blocks",
+        "8",
+        "--port",
+        "0",
+    ]
     argv += ["--tokenizer", str(tokenizer_with_named_templates), "--chat-template", name]
     assert main(argv) == 2 and not served
     err = capsys.readouterr().err
@@ -318,7 +367,16 @@ def test_a_chat_template_name_for_a_tokenizer_without_named_ones_is_refused(tmp_
     tok.chat_template = "{{ messages[0]['content'] }}"
     tok.save_pretrained(tmp_path / "tok")
     served = _no_server(monkeypatch)
-    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--num-blocks", "8"]
+    argv = [
+        "serve",
+        "tests.llm.tiny_models:llama_factory",
+        "--device",
+        "cpu",
+        "--num-blocks",
+        "8",
+        "--port",
+        "0",
+    ]
     argv += ["--tokenizer", str(tmp_path / "tok"), "--chat-template", "tool_use"]
     assert main(argv) == 2 and not served
     err = capsys.readouterr().err
@@ -328,3 +386,28 @@ def test_a_chat_template_name_for_a_tokenizer_without_named_ones_is_refused(tmp_
 def test_an_empty_chat_template_value_is_refused(capsys):
     assert main(["serve", "/no/such", "--chat-template", ""]) == 2
     assert "--chat-template is empty ('')" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads(tokenizer_with_named_templates, monkeypatch, capsys):
+    """Before: the model loaded first (minutes for a large one), then uvicorn failed to bind. Now the
+    socket is bound first, as vLLM does, and the loader never runs."""
+    import socket
+
+    import trtforge.llm as llm_pkg
+
+    def no_load(*a, **k):
+        raise AssertionError("the model loaded before the port was checked")
+
+    monkeypatch.setattr(llm_pkg, "from_pretrained", no_load)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--port", str(port)]
+        assert main([*argv, "--tokenizer", str(tokenizer_with_named_templates)]) == 2
+    finally:
+        taken.close()
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port} (Address already in use" in err, err
+    assert "Traceback" not in err
