@@ -152,6 +152,46 @@ def test_logprobs_of_a_request_cut_by_a_stop_string_are_its_tokens_up_to_the_sto
     assert len(chat.choices[0].logprobs.content) == chat.usage.completion_tokens
 
 
+@pytest.mark.parametrize("stop", [None, "JSON", "\n"])
+def test_streamed_logprobs_are_the_whole_completions(client, stop):
+    """Before: logprobs with stream=true was a 400 ("not served with stream=true yet"). Each chunk now
+    carries the logprobs of the tokens that led to its text (text offsets continuing), and together they
+    are the non-streamed answer's, up to a stop string too."""
+    kw = {"max_tokens": 20, "logprobs": 2, **({"stop": stop} if stop else {})}
+    whole = greedy(client, **kw)
+    chunks = list(
+        client.completions.create(
+            model="code-llama-21m",
+            prompt=PROMPT,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            **kw,
+        )
+    )
+    got: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for chunk in chunks:
+        for c in chunk.choices:
+            assert c.logprobs is not None
+            for key in got:
+                got[key] += getattr(c.logprobs, key)
+    want = whole.choices[0].logprobs
+    assert got == {key: getattr(want, key) for key in got}
+    assert len(got["tokens"]) == chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    messages = [{"role": "user", "content": "hi"}]
+    chat = {"model": "code-llama-21m", "messages": messages, "max_tokens": 6, "temperature": 0}
+    chat |= {"logprobs": True, "top_logprobs": 2, **({"stop": stop} if stop else {})}
+    said = client.chat.completions.create(**chat).choices[0].logprobs.content
+    streamed = [
+        e
+        for chunk in client.chat.completions.create(**chat, stream=True)
+        for c in chunk.choices
+        if c.logprobs is not None
+        for e in c.logprobs.content or []
+    ]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in said]
+
+
 def test_json_schema_output_validates(client):  # wip/sampling: structured outputs
     import jsonschema
 

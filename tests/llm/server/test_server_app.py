@@ -81,6 +81,9 @@ def test_a_streamed_choice_failing_on_a_server_bug_ends_the_stream_with_a_500():
             yield "def"
             raise RuntimeError("a bug")
 
+        def take_logprobs(self):
+            return []
+
     class Admission:
         released = 0
 

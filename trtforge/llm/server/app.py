@@ -340,8 +340,6 @@ def _check_request(state: ServerState, req: Any, lp: int | None) -> None:
     fmt = req.response_format
     if fmt is not None and fmt.type != "text" and state.structured_error is not None:
         raise ApiError(400, f"response_format: {state.structured_error}", "response_format")
-    if lp is not None and req.stream:
-        raise ApiError(400, "logprobs: not served with stream=true yet; ask without streaming", "logprobs")
     if req.stream_options is not None and not req.stream:  # as OpenAI and vLLM refuse it
         raise ApiError(
             400, "stream_options: only allowed with stream=true; set stream or leave it out", "stream_options"

@@ -69,6 +69,7 @@ class Choice:
         self.last: float | None = None
         self.prompt, self.params = list(prompt), params
         self.handle: Any = None
+        self.pending_logprobs: list[Any] = []  # of tokens counted but not yet streamed (take_logprobs)
 
     @staticmethod
     def submit_all(state: Any, choices: Sequence[Choice], labels: Sequence[str | None]) -> None:
@@ -108,6 +109,9 @@ class Choice:
                     piece, used = self._push(event)
                     self.num_tokens += used
                     self.token_ids.extend(event[:used])
+                    step_logprobs = getattr(event, "logprobs", None)  # (a StepTokens where asked)
+                    if step_logprobs:
+                        self.pending_logprobs.extend(step_logprobs[:used])
                     if self.text.stopped is not None:
                         self.handle.cancel()
                         self.finish_reason = "stop"
@@ -152,6 +156,12 @@ class Choice:
             pass
         del event
         return self.handle.completion()
+
+    def take_logprobs(self) -> list[Any]:
+        """The TokenLogprobs of the tokens counted since the last call: a stream sends them with the piece
+        they led to (a token whose text is held back goes with the next piece, or the finish)."""
+        out, self.pending_logprobs = self.pending_logprobs, []
+        return out
 
     async def collect(self) -> str:
         return "".join([p async for p in self.pieces()])
