@@ -168,6 +168,31 @@ def test_the_tokenizer_comes_from_the_model_directory(capsys):
     assert out.strip() and not out.strip().isdigit()
 
 
+def test_logprobs_of_a_line_ended_by_a_stop_text_end_at_the_token_completing_it(capsys):
+    """Before: the logprobs line listed the tokens the engine sampled past the stop before it was
+    cancelled (`def f(` --stop ':' printed 'x)' and the logprobs of 'x', '):' and a third token)."""
+    import json
+
+    from tests.llm.server.harness import MODEL
+    from trtforge.llm.text import load_tokenizer
+
+    if not MODEL.is_dir():
+        pytest.skip(f"the trained model is absent: {MODEL}")
+    tok = load_tokenizer(str(MODEL))
+    args = ["generate", str(MODEL), "--prompt", "def read_json(path):", "--max-tokens", "24"]
+    args += ["--logprobs", "0"]
+    assert main(args) == 0
+    whole, line = capsys.readouterr().out.rstrip("\n").rsplit("\n", 1)
+    ids = [row["token"] for row in json.loads(line)["logprobs"]]
+    stop = whole[8:12]
+    assert main([*args, "--stop", stop]) == 0
+    text, line = capsys.readouterr().out.rstrip("\n").rsplit("\n", 1)
+    assert text == whole[: whole.index(stop)]
+    got = [row["token"] for row in json.loads(line)["logprobs"]]
+    need = next(k for k in range(1, len(ids) + 1) if stop in tok.decode(ids[:k]))
+    assert got == ids[:need]
+
+
 def test_stop_text_ends_the_line_and_is_not_printed(capsys):
     from tests.llm.server.harness import MODEL
 

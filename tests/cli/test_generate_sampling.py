@@ -89,7 +89,7 @@ def test_logit_bias_bans_and_forces_alike_on_numpy_and_torch_logits(paged, capsy
         (["--min-p", "2"], "--min-p must be a number in [0, 1]"),
         (["--n", "0"], "--n 0: expected 1 to 65,536 samples per prompt"),
         (["--logprobs", "50"], "--logprobs must be an integer in [0, 20]"),  # (not "None or": a flag)
-        (["--seed", "-1"], "--seed must be an integer in [0, 2**63)"),
+        (["--seed", str(2**63)], "--seed must be an integer in [-9,223,372,036,854,775,808, 9,223,372"),
         (["--repetition-penalty", "0"], "--repetition-penalty must be a finite number > 0"),
         (["--presence-penalty", "3"], "--presence-penalty must be a number in [-2, 2]"),
         (["--json-schema", "/nonexistent/s.json"], "--json-schema"),
@@ -128,3 +128,28 @@ def test_json_schema_output_validates_with_the_trained_model(tmp_path, capsys):
         capsys, m, "--prompt", "x = ", "--tokenizer", m, "--json-schema", str(path), "--max-tokens", "60"
     )
     jsonschema.validate(json.loads(lines[0]), schema)
+
+
+def test_a_negative_seed_is_an_int64_seed_as_the_server_takes_it(paged, capsys):
+    """--seed takes any int64, as the server's "seed" (OpenAI's, vLLM's) does; before, -1 was refused here
+    and served there. Every int64 is its own stream: -1 is not 2**63 - 1."""
+    sampling = ["--temperature", "1.0", "--n", "2"]
+    minus = _ids(_run(capsys, paged, *BASE, *sampling, "--seed", "-1"))
+    assert _ids(_run(capsys, paged, *BASE, *sampling, "--seed", "-1")) == minus
+    assert _ids(_run(capsys, paged, *BASE, *sampling, "--seed", str(2**63 - 1))) != minus
+    assert main(["generate", paged, *BASE, "--seed", str(-(2**63) - 1)]) == 2
+    assert "--seed must be an integer in [-9,223,372,036,854,775,808" in capsys.readouterr().err
+
+
+def test_the_server_samples_choices_with_the_seeds_generate_n_gives_its_samples():
+    """One rule for sample i's seed: a request's n choices draw what ``generate --n`` draws for the same
+    seed (before: the server used seed + i, generate child_seed(seed, i))."""
+    from trtforge.llm.sampling import SamplingParams
+    from trtforge.llm.server.protocol import CompletionRequest, parse, sampling_params
+
+    for seed in (-1, 0, 7, 2**63 - 1, -(2**63)):
+        body = {"model": "m", "prompt": "x", "n": 3, "temperature": 1, "seed": seed}
+        req = parse(CompletionRequest, json.dumps(body).encode())
+        served = [sampling_params(req, 4, None, j).seed for j in range(3)]
+        cli = [p.seed for p in SamplingParams(max_tokens=4, temperature=1, seed=seed, n=3).expand()]
+        assert served == cli, seed

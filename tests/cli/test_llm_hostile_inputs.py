@@ -123,9 +123,10 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"--prompt-ids '1 9{38}…' \(5,002 characters\): expected token ids >= 0 \(up to 30 digits",
     ),
     # before: "SamplingParams.seed must be ...", a name the command line never showed
-    "generate --seed -1": (
-        lambda d: [*TINY_IDS, "--seed", "-1"],
-        r"--seed must be an integer in \[0, 2\*\*63\)",
+    "generate --seed 2**63": (
+        lambda d: [*TINY_IDS, "--seed", str(2**63)],
+        r"--seed must be an integer in \[-9,223,372,036,854,775,808, 9,223,372,036,854,775,807\] "
+        r"\(any int64\)",
     ),
     "generate --temperature nan": (
         lambda d: [*TINY_IDS, "--temperature", "nan"],

@@ -107,7 +107,7 @@ def _no_server(monkeypatch) -> list:
     server_run = importlib.import_module("trtforge.llm.server.run")  # (the package exports a function `run`)
     served: list = []
 
-    def run(llm, tok, name, options):
+    def run(llm, tok, name, options, **kw):
         served.append((llm, options))
         llm.close()
 
@@ -121,7 +121,16 @@ def test_a_tokenizers_own_chat_template_that_is_not_jinja_is_refused_naming_its_
     """Before: the server started, answered /health and completions, and every chat request got a 400
     that blamed the client for the template the tokenizer shipped. Refused before the model loads."""
     served = _no_server(monkeypatch)
-    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--num-blocks", "8"]
+    argv = [
+        "serve",
+        "tests.llm.tiny_models:llama_factory",
+        "--device",
+        "cpu",
+        "--num-blocks",
+        "8",
+        "--port",
+        "0",
+    ]
     argv += ["--tokenizer", str(tokenizer_with_bad_template)]
     assert main(argv) == 2 and not served
     err = capsys.readouterr().err
@@ -137,7 +146,16 @@ def test_a_chat_template_given_replaces_the_tokenizers_broken_one(
     served = _no_server(monkeypatch)
     good = tmp_path / "chat.jinja"
     good.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--num-blocks", "8"]
+    argv = [
+        "serve",
+        "tests.llm.tiny_models:llama_factory",
+        "--device",
+        "cpu",
+        "--num-blocks",
+        "8",
+        "--port",
+        "0",
+    ]
     argv += ["--tokenizer", str(tokenizer_with_bad_template), "--chat-template", str(good)]
     assert main(argv) in (0, None)
     ((_, options),) = served
@@ -165,6 +183,8 @@ def test_the_startup_line_says_how_the_pool_was_sized(monkeypatch, capsys):
         "4",
         "--max-prefill-tokens-with-decodes",
         "96",
+        "--port",
+        "0",
     ]
     assert main(argv) in (0, None)
     err = capsys.readouterr().err
@@ -179,6 +199,52 @@ def test_the_startup_line_says_how_the_pool_was_sized(monkeypatch, capsys):
 
 
 @pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
+@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
+def test_requests_may_name_the_model_as_typed_on_the_command_line(tmp_path):
+    """vLLM serves `serve PATH` under PATH; trtforge lists PATH's base name. Before, a request naming the
+    model as typed (a vLLM client's habit) got 404; now it is answered as the listed name, which
+    /v1/models alone lists. --served-model-name replaces both."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    typed = os.path.relpath(MODEL, Path(__file__).resolve().parents[2]) + "/"
+    log = tmp_path / "serve.log"
+    argv = [sys.executable, "-m", "trtforge.cli.main", "serve", typed, "--device", "cpu"]
+    argv += ["--num-blocks", "64", "--max-num-seqs", "2", "--port", "0"]
+    root = Path(__file__).resolve().parents[2]
+    with open(log, "wb") as out:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.Popen(argv, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        end = time.monotonic() + 120
+        while not (m := re.search(r"listening on (http://127\.0\.0\.1:(\d+)) ", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < end, log.read_text()
+            time.sleep(0.2)
+        url = m.group(1)
+        listed = httpx.get(url + "/v1/models", timeout=10).json()
+        assert [c["id"] for c in listed["data"]] == ["code-llama-21m"]
+        for name in ("code-llama-21m", typed, typed.rstrip("/")):
+            body = {"model": name, "prompt": "def f(", "max_tokens": 2}
+            r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200 and r.json()["model"] == "code-llama-21m", (name, r.text)
+        r = httpx.post(url + "/v1/completions", json={"model": "code-llama-3m", "prompt": "x"}, timeout=60)
+        assert r.status_code == 404 and "code-llama-3m" in r.json()["error"]["message"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "Traceback" not in log.read_text(), log.read_text()
+
+
 def test_port_0_prints_the_port_the_os_chose(tmp_path):
     """Before: `--port 0` (which the option's range allows) printed "listening on http://127.0.0.1:0", a
     URL no client can reach; the line names the port the socket was bound to."""
@@ -219,7 +285,18 @@ def test_port_0_prints_the_port_the_os_chose(tmp_path):
 def test_a_max_model_len_past_the_models_positions_is_refused_naming_the_limit(capsys):
     """Before: `--max-model-len 100000` on a 2048-position model (unscaled rotary) started the server,
     which then served positions the model never saw."""
-    argv = ["serve", str(MODEL), "--device", "cpu", "--num-blocks", "4", "--max-model-len", "100000"]
+    argv = [
+        "serve",
+        str(MODEL),
+        "--device",
+        "cpu",
+        "--num-blocks",
+        "4",
+        "--max-model-len",
+        "100000",
+        "--port",
+        "0",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--max-model-len 100000 exceeds the 2048 positions" in err, err
@@ -242,7 +319,16 @@ def test_chat_template_names_one_of_the_tokenizers_named_templates(
 ):
     """--chat-template NAME picks that template (its text is what chats are rendered with)."""
     served = _no_server(monkeypatch)
-    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--num-blocks", "8"]
+    argv = [
+        "serve",
+        "tests.llm.tiny_models:llama_factory",
+        "--device",
+        "cpu",
+        "--num-blocks",
+        "8",
+        "--port",
+        "0",
+    ]
     argv += ["--tokenizer", str(tokenizer_with_named_templates), "--chat-template", "rag"]
     assert main(argv) in (0, None)
     ((_, options),) = served
@@ -257,7 +343,16 @@ def test_an_unknown_chat_template_name_is_refused_listing_the_names(
 ):
     """Refused before the model loads (exit 2), naming the flag and listing the names there are."""
     served = _no_server(monkeypatch)
-    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--num-blocks", "8"]
+    argv = [
+        "serve",
+        "tests.llm.tiny_models:llama_factory",
+        "--device",
+        "cpu",
+        "--num-blocks",
+        "8",
+        "--port",
+        "0",
+    ]
     argv += ["--tokenizer", str(tokenizer_with_named_templates), "--chat-template", name]
     assert main(argv) == 2 and not served
     err = capsys.readouterr().err
@@ -272,7 +367,16 @@ def test_a_chat_template_name_for_a_tokenizer_without_named_ones_is_refused(tmp_
     tok.chat_template = "{{ messages[0]['content'] }}"
     tok.save_pretrained(tmp_path / "tok")
     served = _no_server(monkeypatch)
-    argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--num-blocks", "8"]
+    argv = [
+        "serve",
+        "tests.llm.tiny_models:llama_factory",
+        "--device",
+        "cpu",
+        "--num-blocks",
+        "8",
+        "--port",
+        "0",
+    ]
     argv += ["--tokenizer", str(tmp_path / "tok"), "--chat-template", "tool_use"]
     assert main(argv) == 2 and not served
     err = capsys.readouterr().err
@@ -282,3 +386,28 @@ def test_a_chat_template_name_for_a_tokenizer_without_named_ones_is_refused(tmp_
 def test_an_empty_chat_template_value_is_refused(capsys):
     assert main(["serve", "/no/such", "--chat-template", ""]) == 2
     assert "--chat-template is empty ('')" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads(tokenizer_with_named_templates, monkeypatch, capsys):
+    """Before: the model loaded first (minutes for a large one), then uvicorn failed to bind. Now the
+    socket is bound first, as vLLM does, and the loader never runs."""
+    import socket
+
+    import trtforge.llm as llm_pkg
+
+    def no_load(*a, **k):
+        raise AssertionError("the model loaded before the port was checked")
+
+    monkeypatch.setattr(llm_pkg, "from_pretrained", no_load)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        argv = ["serve", "tests.llm.tiny_models:llama_factory", "--device", "cpu", "--port", str(port)]
+        assert main([*argv, "--tokenizer", str(tokenizer_with_named_templates)]) == 2
+    finally:
+        taken.close()
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port} (Address already in use" in err, err
+    assert "Traceback" not in err

@@ -226,16 +226,17 @@ def generate_cmd(
             _check_pool_holds(llm.executor.facts, num_blocks, max(len(r) for r in rows))
         handles = _submit(llm.engine, tok, rows, params, json_schema)
         for number, h in enumerate(handles, 1):
-            printer = _Printer(tok, stops)
-            for token in h:
+            printer, used = _Printer(tok, stops), None
+            for count, token in enumerate(h, 1):
                 if printer.emit([token]).stopped:
                     h.cancel()  # its blocks return; the tokens already sampled are not printed
+                    used = count
                     break
             printer.close()
             completion = h.completion()
             _note_context_cut(number, completion, max_tokens, llm.engine.max_model_len, llm.executor.facts)
             if logprobs is not None:
-                _print_logprobs(completion)
+                _print_logprobs(completion, used)
 
 
 def _submit(engine: Any, tok: Any, rows: list[list[int]], params: Any, json_schema: str | None) -> list[Any]:
@@ -453,13 +454,15 @@ def _response_format(path: str) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "cli", "schema": schema}}
 
 
-def _print_logprobs(completion: Any) -> None:
-    """One JSON line with the completion's per-token logprobs (and top alternatives)."""
+def _print_logprobs(completion: Any, used: int | None = None) -> None:
+    """One JSON line with the completion's per-token logprobs (and top alternatives): of its first `used`
+    tokens where a --stop text ended it (the engine may have sampled past the stop before it was
+    cancelled; those tokens are not the output)."""
     import json
 
     rows = [
         {"token": lp.token_id, "logprob": lp.logprob, "rank": lp.rank, "top": [list(t) for t in lp.top]}
-        for lp in completion.logprobs or ()
+        for lp in (completion.logprobs or ())[:used]
     ]
     click.echo(json.dumps({"logprobs": rows}))
 

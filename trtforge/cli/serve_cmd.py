@@ -75,7 +75,9 @@ def _at_most(bound: str) -> Any:
     "--served-model-name",
     "served_names",
     multiple=True,
-    help="Model name(s) clients use (default: MODEL's last path part, 'llama-dir' for ./llama-dir).",
+    help="Model name(s) clients use, the first answering requests for any of them (default: MODEL's last "
+    "path part, 'llama-dir' for ./llama-dir, which /v1/models lists; requests may also name MODEL as "
+    "typed, as vLLM serves it, and are answered as 'llama-dir').",
 )
 @click.option(
     "--gpu-memory-utilization",
@@ -210,7 +212,7 @@ def serve_cmd(
     from trtforge.cli._options import arguments_as_flags
     from trtforge.errors import UserError
     from trtforge.llm import ServingLLM, from_pretrained, load, sizing
-    from trtforge.llm.server.run import ServeOptions, _imports, run
+    from trtforge.llm.server.run import ServeOptions, _imports, listen, run
     from trtforge.llm.text import (
         chat_template_by_name,
         check_chat_template,
@@ -277,12 +279,20 @@ def serve_cmd(
             f"--device, --dtype and --tensor-parallel-size apply to the torch executor; '{model}' runs on "
             f"{executor}."
         )
-    with arguments_as_flags():  # the loader's refusals name its arguments: here, the flags that set them
-        if executor == "torch":
-            llm = from_pretrained(model, **_placement(device, dtype), **sizes, **torch_kw)
-        else:
-            llm = load(model, executor, **sizes, **torch_kw)
+    sock = listen(
+        host, port
+    )  # a port in use is said now, not after the model loads (minutes for a large one)
+    try:
+        with arguments_as_flags():  # the loader's refusals name its arguments: here, the flags that set them
+            if executor == "torch":
+                llm = from_pretrained(model, **_placement(device, dtype), **sizes, **torch_kw)
+            else:
+                llm = load(model, executor, **sizes, **torch_kw)
+    except BaseException:
+        sock.close()
+        raise
     if not isinstance(llm, ServingLLM):
+        sock.close()
         raise UserError(
             f"'{model}' is a slot-layout step graph (the greedy loop); serving needs a paged model: "
             "export with cache_layout='paged' or serve the save_pretrained directory."
@@ -296,7 +306,7 @@ def serve_cmd(
             flush=True,
         )
     name = Path(model.rstrip("/")).name or model
-    run(llm, tok, name, options)
+    run(llm, tok, name, options, aliases=tuple(dict.fromkeys([model, model.rstrip("/") or model])), sock=sock)
 
 
 def _is_template_file(value: str) -> bool:

@@ -95,6 +95,19 @@ class Completion:
 _DONE = object()
 
 
+class StepTokens(tuple):
+    """One step's new token ids, a tuple as any other, with their TokenLogprobs (`logprobs`) for a request
+    that asked for them: what a stream sends with each piece. Only those requests' events are made as
+    this class; the others' stay plain tuples."""
+
+    logprobs: tuple[Any, ...] | None
+
+    def __new__(cls, ids: tuple[int, ...], logprobs: tuple[Any, ...] | None) -> StepTokens:
+        obj = super().__new__(cls, ids)
+        obj.logprobs = logprobs
+        return obj
+
+
 class RequestHandle:
     """One submitted request: iterate for its tokens, :meth:`result` for the completion, :meth:`cancel`."""
 
@@ -115,7 +128,8 @@ class RequestHandle:
 
     def _deliver(self, out: RequestOutput) -> None:
         if out.new_token_ids:
-            self._push(out.new_token_ids)
+            lps = out.logprobs
+            self._push(out.new_token_ids if lps is None else StepTokens(out.new_token_ids, lps))
         if out.finished:
             self._complete(
                 Completion(

@@ -67,6 +67,10 @@ def _finite(x: Any) -> bool:
         return False
 
 
+# a seed is any int64, as OpenAI's API and vLLM take it (the CLI's --seed and the server's "seed" alike)
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request generates: greedy by default (temperature 0, or any below 1e-5, as vLLM).
@@ -117,8 +121,8 @@ class SamplingParams:
             raise bad("top_k", "an integer >= 0 (0 keeps every token)", self.top_k)
         if not _is_number(self.top_p) or not (0.0 < self.top_p <= 1.0):
             raise bad("top_p", "a number in (0, 1]", self.top_p)
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
-            raise bad("seed", "None or an integer in [0, 2**63)", self.seed)
+        if self.seed is not None and (not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
+            raise bad("seed", f"None or an integer in [{SEED_MIN:,}, {SEED_MAX:,}] (any int64)", self.seed)
         if self.eos_token_id is not None and (not _is_int(self.eos_token_id) or self.eos_token_id < 0):
             raise bad("eos_token_id", "None or a token id >= 0", self.eos_token_id)
         if not isinstance(self.ignore_eos, bool):
@@ -221,8 +225,9 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     def stream_seed(self, fallback_seed: int) -> int:
-        """The seed of the request's own random stream: `seed`, else `fallback_seed` (the engine's)."""
-        return self.seed if self.seed is not None else fallback_seed
+        """The seed of the request's own random stream: `seed` as an unsigned 64-bit number (every int64
+        seed its own stream: -1 is 2**64 - 1), else `fallback_seed` (the engine's)."""
+        return self.seed % 2**64 if self.seed is not None else fallback_seed
 
     def make_generator(self, fallback_seed: int) -> np.random.Generator:
         """The request's own random stream (:meth:`stream_seed`)."""
@@ -243,10 +248,12 @@ class SamplingParams:
 
 
 def child_seed(seed: int, index: int) -> int:
-    """Sample `index`'s seed of a request seeded `seed` (index 0 keeps the seed itself)."""
+    """Sample `index`'s seed of a request seeded `seed` (any int64; index 0 keeps the seed itself): the one
+    rule for ``generate --n`` (:meth:`SamplingParams.expand`) and a server request's ``n`` choices."""
     if index == 0:
         return seed
-    return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+    entropy = [seed % 2**64, index]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
 def _settings(params: Sequence[SamplingParams], vocab: int) -> tuple[np.ndarray, ...]:

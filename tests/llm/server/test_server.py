@@ -131,6 +131,67 @@ def test_logprobs(client):  # wip/sampling: SamplingParams.logprobs
     assert len(chat.choices[0].logprobs.content) == 4
 
 
+def test_logprobs_of_a_request_cut_by_a_stop_string_are_its_tokens_up_to_the_stop(client):
+    """Before: a stop string with logprobs was a 500 ("the engine returned none"): the stop cancelled the
+    request and its logprobs were never read. Now they are those of the tokens counted in usage, the
+    last one completing the stop, for the completions and the chat endpoint alike."""
+    whole = greedy(client, max_tokens=32, logprobs=1)
+    tokens = whole.choices[0].logprobs.tokens
+    stop = "".join(tokens)[10:14]
+    r = greedy(client, max_tokens=32, stop=stop, logprobs=2)
+    lp, text = r.choices[0].logprobs, r.choices[0].text
+    assert r.choices[0].finish_reason == "stop" and text == "".join(tokens)[: "".join(tokens).index(stop)]
+    assert len(lp.tokens) == r.usage.completion_tokens == len(lp.token_logprobs) == len(lp.top_logprobs)
+    assert lp.tokens == tokens[: len(lp.tokens)] and stop in "".join(lp.tokens)
+    assert stop not in "".join(lp.tokens[:-1])  # the last token completes the stop
+    messages = [{"role": "user", "content": "hi"}]
+    kw = {"model": "code-llama-21m", "messages": messages, "max_tokens": 8, "temperature": 0}
+    said = client.chat.completions.create(**kw).choices[0].message.content
+    chat = client.chat.completions.create(**kw, stop=said[2:4], logprobs=True, top_logprobs=1)
+    assert chat.choices[0].finish_reason == "stop"
+    assert len(chat.choices[0].logprobs.content) == chat.usage.completion_tokens
+
+
+@pytest.mark.parametrize("stop", [None, "JSON", "\n"])
+def test_streamed_logprobs_are_the_whole_completions(client, stop):
+    """Before: logprobs with stream=true was a 400 ("not served with stream=true yet"). Each chunk now
+    carries the logprobs of the tokens that led to its text (text offsets continuing), and together they
+    are the non-streamed answer's, up to a stop string too."""
+    kw = {"max_tokens": 20, "logprobs": 2, **({"stop": stop} if stop else {})}
+    whole = greedy(client, **kw)
+    chunks = list(
+        client.completions.create(
+            model="code-llama-21m",
+            prompt=PROMPT,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            **kw,
+        )
+    )
+    got: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for chunk in chunks:
+        for c in chunk.choices:
+            assert c.logprobs is not None
+            for key in got:
+                got[key] += getattr(c.logprobs, key)
+    want = whole.choices[0].logprobs
+    assert got == {key: getattr(want, key) for key in got}
+    assert len(got["tokens"]) == chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    messages = [{"role": "user", "content": "hi"}]
+    chat = {"model": "code-llama-21m", "messages": messages, "max_tokens": 6, "temperature": 0}
+    chat |= {"logprobs": True, "top_logprobs": 2, **({"stop": stop} if stop else {})}
+    said = client.chat.completions.create(**chat).choices[0].logprobs.content
+    streamed = [
+        e
+        for chunk in client.chat.completions.create(**chat, stream=True)
+        for c in chunk.choices
+        if c.logprobs is not None
+        for e in c.logprobs.content or []
+    ]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in said]
+
+
 def test_json_schema_output_validates(client):  # wip/sampling: structured outputs
     import jsonschema
 

@@ -575,8 +575,10 @@ def test_a_logit_bias_is_served_on_both_endpoints(server):
 
 def test_a_logit_bias_biases_every_choice_of_a_request(server):
     """The map is built once and shared by every choice (2 prompts x n=3): each choice is biased, and
-    sampled with its own seed (seed + i), exactly as a request of its own with that seed is."""
+    sampled with its own seed (child_seed(seed, i)), exactly as a request of its own with that seed is."""
     import json
+
+    from trtforge.llm.sampling import child_seed
 
     def texts(prompt, n: int, bias: dict, seed: int = 3) -> list[str]:
         body = {"model": NAME, "prompt": prompt, "max_tokens": 3, "temperature": 1, "seed": seed, "n": n}
@@ -588,5 +590,21 @@ def test_a_logit_bias_biases_every_choice_of_a_request(server):
     assert len(forced) == 6 and set(forced) == set(texts("x", 1, {"300": 100}))
     banned = {str(i): -100 for i in range(0, 4096, 2)}  # every even id
     free = texts("def f(", 3, banned)
-    assert free == [texts("def f(", 1, banned, 3 + j)[0] for j in range(3)] and len(set(free)) > 1, free
+    alone = [texts("def f(", 1, banned, child_seed(3, j))[0] for j in range(3)]
+    assert free == alone and len(set(free)) > 1, free
     server.wait_blocks_free()
+
+
+@pytest.mark.parametrize(
+    ("fields", "path"),
+    [
+        (b'"prompt": "x", "stream_options": {"include_usage": true}', "/v1/completions"),
+        (HI + b', "stream": false, "stream_options": {"include_usage": true}', "/v1/chat/completions"),
+    ],
+)
+def test_stream_options_without_stream_is_400_as_openai_and_vllm_answer(server, fields, path):
+    """Before: accepted and ignored (the usage the client asked to stream never came as a chunk)."""
+    err = _error(_post(server, b'{"model": "%s", "max_tokens": 2, %s}' % (NAME.encode(), fields), path))
+    assert err["param"] == "stream_options" and "stream=true" in err["message"], err
+    null = b'{"model": "%s", "max_tokens": 2, "prompt": "x", "stream_options": null}' % NAME.encode()
+    assert _post(server, null).status_code == 200

@@ -55,3 +55,25 @@ def test_speculative_server_matches_plain_greedy_and_reports_acceptance(server):
     assert 0 < m["trtforge_spec_decode_acceptance_rate"] <= 1
     accepted = m["trtforge_spec_decode_num_accepted_tokens_total"]
     assert m["trtforge_spec_decode_acceptance_rate"] == pytest.approx(accepted / drafted)
+
+
+def test_a_stop_string_counts_the_tokens_up_to_it_as_plain_decoding_does(server):
+    """A verify step accepts several tokens at once and may run past a stop string; before, usage
+    counted them all (a request reported one or more tokens more with a draft than without, and its
+    logprobs ran past the stop). Now both count the tokens up to the one completing the stop."""
+    import httpx
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(MODEL))
+    text = _plain_greedy(40)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    for stop in {text[a : a + 3] for a in range(5, len(text) - 3, 7)}:
+        cut = text[: text.index(stop)]
+        need = next(k for k in range(1, len(ids) + 1) if stop in tok.decode(ids[:k]))
+        body = {"model": "code-llama-21m", "prompt": PROMPT, "max_tokens": 40, "temperature": 0}
+        body |= {"ignore_eos": True, "stop": stop, "logprobs": 0}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+        choice = r["choices"][0]
+        assert (choice["text"], choice["finish_reason"]) == (cut, "stop"), stop
+        assert r["usage"]["completion_tokens"] == need == len(choice["logprobs"]["tokens"]), stop
+    server.wait_blocks_free()

@@ -77,6 +77,9 @@ class ServerState:
     vocab_size: int | None = None  # the model's logits' width: logit_bias ids are checked against it
     # the ids a prompt may hold (the embedding's; None: vocab_size), wider where the LM head is pruned
     input_vocab_size: int | None = None
+    # other names a request may give for served_model_names[0], not listed by /v1/models: `serve MODEL`'s
+    # MODEL as typed (vLLM serves under it), answered under the listed name
+    model_aliases: tuple[str, ...] = ()
     draining: bool = False
     structured_error: str | None = None  # why response_format cannot be served, if it cannot
     sequences: int = 0
@@ -150,11 +153,13 @@ MAX_MODEL_NAME_CHARS = 256
 
 
 def _check_model(state: ServerState, name: str) -> str:
-    """`name` if it is served; a 404 naming it if not, or a 400 if it is longer than any model name (a
-    malformed request rather than a model this server lacks)."""
+    """`name` if it is served (the first served name for one of its aliases); a 404 naming it if not, or a
+    400 if it is longer than any model name (a malformed request rather than a model this server lacks)."""
     if name in state.served_model_names:
         return name
-    most = max([MAX_MODEL_NAME_CHARS, *(len(n) for n in state.served_model_names)])
+    if name in state.model_aliases:
+        return state.served_model_names[0]
+    most = max([MAX_MODEL_NAME_CHARS, *(len(n) for n in [*state.served_model_names, *state.model_aliases])])
     if len(name) > most:
         raise ApiError(
             400,
@@ -335,8 +340,10 @@ def _check_request(state: ServerState, req: Any, lp: int | None) -> None:
     fmt = req.response_format
     if fmt is not None and fmt.type != "text" and state.structured_error is not None:
         raise ApiError(400, f"response_format: {state.structured_error}", "response_format")
-    if lp is not None and req.stream:
-        raise ApiError(400, "logprobs: not served with stream=true yet; ask without streaming", "logprobs")
+    if req.stream_options is not None and not req.stream:  # as OpenAI and vLLM refuse it
+        raise ApiError(
+            400, "stream_options: only allowed with stream=true; set stream or leave it out", "stream_options"
+        )
     bias, vocab = req.logit_bias_map, state.vocab_size
     if bias and vocab is not None and max(bias) >= vocab:
         raise ApiError(

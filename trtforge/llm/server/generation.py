@@ -69,6 +69,7 @@ class Choice:
         self.last: float | None = None
         self.prompt, self.params = list(prompt), params
         self.handle: Any = None
+        self.pending_logprobs: list[Any] = []  # of tokens counted but not yet streamed (take_logprobs)
 
     @staticmethod
     def submit_all(state: Any, choices: Sequence[Choice], labels: Sequence[str | None]) -> None:
@@ -105,14 +106,19 @@ class Choice:
                 event = await self.events.get()
                 if isinstance(event, tuple):  # the tokens of one step
                     self._observe(event)
-                    self.num_tokens += len(event)
-                    self.token_ids.extend(event)
-                    piece = self.text.push(event)
+                    piece, used = self._push(event)
+                    self.num_tokens += used
+                    self.token_ids.extend(event[:used])
+                    step_logprobs = getattr(event, "logprobs", None)  # (a StepTokens where asked)
+                    if step_logprobs:
+                        self.pending_logprobs.extend(step_logprobs[:used])
                     if self.text.stopped is not None:
                         self.handle.cancel()
                         self.finish_reason = "stop"
                         if piece:
                             yield piece
+                        if self.params.logprobs is not None:  # the stopped request's, up to the stop
+                            self.completion = await self._cancelled_completion()
                         return
                     if piece:
                         yield piece
@@ -129,12 +135,42 @@ class Choice:
             self.state.metrics.e2e.observe(time.perf_counter() - self.start)
             self.handle.cancel()  # a no-op once finished; else the client left or timed out
 
+    def _push(self, tokens: tuple[int, ...]) -> tuple[str, int]:
+        """The text of `tokens` (one step's) that is final, and how many of them count: all, or on a stop
+        string those up to the one completing it. A step of several tokens (speculative decoding) may
+        run past a stop; the tokens after it are not the output, so usage and logprobs leave them out,
+        and a request counts the same tokens with a draft as without."""
+        if len(tokens) == 1 or not self.text.matcher.stops:
+            return self.text.push(tokens), len(tokens)
+        pieces = []
+        for k, token in enumerate(tokens, 1):
+            pieces.append(self.text.push((token,)))
+            if self.text.stopped is not None:
+                return "".join(pieces), k
+        return "".join(pieces), len(tokens)
+
+    async def _cancelled_completion(self) -> Any:
+        """The Completion of a request cancelled on a stop string (its logprobs): the engine's abort, or
+        its own finish if that came first, is the next non-token event."""
+        while isinstance(event := await self.events.get(), tuple):
+            pass
+        del event
+        return self.handle.completion()
+
+    def take_logprobs(self) -> list[Any]:
+        """The TokenLogprobs of the tokens counted since the last call: a stream sends them with the piece
+        they led to (a token whose text is held back goes with the next piece, or the finish)."""
+        out, self.pending_logprobs = self.pending_logprobs, []
+        return out
+
     async def collect(self) -> str:
         return "".join([p async for p in self.pieces()])
 
     def logprobs(self) -> list[Any] | None:
-        """Per generated token, what the engine reports for it (``Completion.logprobs``), if anything."""
-        return getattr(self.completion, "logprobs", None)
+        """Per generated token, what the engine reports for it (``Completion.logprobs``), if anything: of
+        those counted (:attr:`num_tokens`; a stopped request's engine may have sampled past its stop)."""
+        raw = getattr(self.completion, "logprobs", None)
+        return None if raw is None else list(raw[: self.num_tokens])
 
 
 def _api_error(err: BaseException) -> ApiError:

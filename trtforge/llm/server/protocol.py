@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trtforge.errors import shown, shown_name
-from trtforge.llm.sampling import LOGIT_BIAS_LIMIT, SamplingParams
+from trtforge.llm.sampling import LOGIT_BIAS_LIMIT, SEED_MAX, SEED_MIN, SamplingParams, child_seed
 
 
 class ApiError(Exception):
@@ -162,7 +162,7 @@ class _Sampling(_Base):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = Field(default_factory=list)
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # OpenAI's: any int64
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # OpenAI's: any int64
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
@@ -491,7 +491,8 @@ def logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
 def sampling_params(
     req: _Sampling, max_tokens: int, logprobs: int | None, choice: int, like: SamplingParams | None = None
 ) -> SamplingParams:
-    """The :class:`SamplingParams` of choice `choice` of `req` (choice i of n draws with seed + i).
+    """The :class:`SamplingParams` of choice `choice` of `req` (choice i of n draws with
+    :func:`~trtforge.llm.sampling.child_seed` (seed, i), as sample i of ``generate --n`` does).
 
     Options at their neutral values are left out, so a SamplingParams without a field for them still
     serves requests that do not use them; one that is asked for and missing is a 400 naming it. `like`,
@@ -502,7 +503,7 @@ def sampling_params(
         "temperature": req.temperature,
         "top_p": req.top_p,
         "top_k": max(req.top_k, 0),
-        "seed": None if req.seed is None else (req.seed + choice) % 2**63,
+        "seed": None if req.seed is None else child_seed(req.seed, choice),
         "ignore_eos": req.ignore_eos,
         "stop_token_ids": tuple(req.stop_token_ids),
     }

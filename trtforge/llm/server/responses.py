@@ -35,17 +35,20 @@ def _token_text(tok: Any, token_id: int) -> str:
     return tok.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def _entries(choice: Choice) -> list[tuple[int, float, list[tuple[int, float]]]]:
+def _entries(choice: Choice | list[Any]) -> list[tuple[int, float, list[tuple[int, float]]]]:
     """(token, its logprob, the top alternatives) per generated token, from the engine's Completion
-    (:class:`~trtforge.llm.penalties.TokenLogprobs` each)."""
-    raw = choice.logprobs()
+    (:class:`~trtforge.llm.penalties.TokenLogprobs` each), or of the given TokenLogprobs (a streamed
+    piece's)."""
+    raw = choice if isinstance(choice, list) else choice.logprobs()
     if raw is None:
         raise ApiError(500, "logprobs were asked for but the engine returned none")
     return [(int(e.token_id), float(e.logprob), [(int(t), float(v)) for t, v in e.top]) for e in raw]
 
 
-def _completion_logprobs(state: Any, choice: Choice, k: int) -> dict[str, Any]:
-    tok, tokens, lps, tops, offsets, pos = state.tokenizer, [], [], [], [], 0
+def _completion_logprobs(state: Any, choice: Choice | list[Any], k: int, pos: int = 0) -> dict[str, Any]:
+    """The completions API's logprobs object; `pos`: the text offset of the first token (a stream's
+    chunks continue their choice's offsets)."""
+    tok, tokens, lps, tops, offsets = state.tokenizer, [], [], [], []
     for token, lp, items in _entries(choice):
         text = _token_text(tok, token)
         tokens.append(text)
@@ -70,7 +73,7 @@ def _top_by_text(tok: Any, items: list[tuple[int, float]], k: int) -> dict[str, 
     return out
 
 
-def _chat_logprobs(state: Any, choice: Choice, k: int) -> dict[str, Any]:
+def _chat_logprobs(state: Any, choice: Choice | list[Any], k: int) -> dict[str, Any]:
     tok, content = state.tokenizer, []
     for token, lp, items in _entries(choice):
         text = _token_text(tok, token)
@@ -124,15 +127,23 @@ class Pumps:
         asyncio.gather(*self.tasks, return_exceptions=True).add_done_callback(lambda _: admission.release())
 
     async def _pump(self, i: int, c: Choice) -> None:
-        try:
+        try:  # each piece with the logprobs of the tokens that led to it (where asked: else [])
             async for piece in c.pieces():
-                self.queue.put_nowait((i, piece, None))
-            self.queue.put_nowait((i, None, c.finish_reason))
+                self.queue.put_nowait((i, (piece, c.take_logprobs()), None))
+            self.queue.put_nowait((i, (None, c.take_logprobs()), c.finish_reason))
         except ApiError as e:
             self.queue.put_nowait((i, None, e))
         except Exception as e:  # a server bug: logged with its trace; the stream ends with a 500, not waits
             log.error("internal error streaming a choice", exc_info=e)
             self.queue.put_nowait((i, None, ApiError(500, f"internal server error ({type(e).__name__})")))
+
+
+def _streamed_top(req: Any, chat: bool) -> int | None:
+    """The top alternatives per token a stream's logprobs carry (None: no logprobs asked for)."""
+    asked = getattr(req, "logprobs", None)
+    if chat:
+        return (getattr(req, "top_logprobs", None) or 0) if asked else None
+    return asked
 
 
 async def stream(
@@ -155,14 +166,29 @@ async def stream(
         "model": name,
     }
 
-    def chunk(index: int, text: str | None, finish: str | None, role: bool = False) -> str:
+    lp = _streamed_top(req, chat)
+    offsets = [0] * len(choices)  # each choice's text offset so far (the completions API's text_offset)
+
+    def logprobs(index: int, entries: list[Any]) -> dict[str, Any] | None:
+        if lp is None:
+            return None
+        if chat:
+            return _chat_logprobs(state, entries, lp)
+        out = _completion_logprobs(state, entries, lp, offsets[index])
+        offsets[index] += sum(len(t) for t in out["tokens"])
+        return out
+
+    def chunk(
+        index: int, text: str | None, finish: str | None, role: bool = False, entries: list[Any] | None = None
+    ) -> str:
+        lps = None if role else logprobs(index, entries or [])
         if chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
-            body = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            body = {"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}
         else:
-            body = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+            body = {"index": index, "text": text or "", "logprobs": lps, "finish_reason": finish}
         extra = {"usage": None} if include_usage else {}
         return _sse({**head, "choices": [body], **extra})
 
@@ -186,10 +212,11 @@ async def stream(
             if isinstance(end, ApiError):
                 yield _sse(end.body())
                 break
-            if piece is not None:
-                yield chunk(i, piece, None)
+            text, entries = piece
+            if text is not None:
+                yield chunk(i, text, None, entries=entries)
             else:
-                yield chunk(i, None, end)
+                yield chunk(i, None, end, entries=entries)
                 left -= 1
         else:
             if include_usage:

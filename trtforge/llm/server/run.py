@@ -16,6 +16,7 @@ import asyncio
 import logging
 import math
 import signal
+import socket
 import sys
 import time
 import warnings
@@ -88,8 +89,38 @@ def _imports() -> Any:
     return uvicorn
 
 
-def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int:
-    """Serve `llm` until SIGTERM/SIGINT, drain, close it; returns the exit code (0)."""
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port` (as uvicorn binds one), made before the model loads: a port in use
+    or an address not of this machine is a UserError at once, not after minutes of loading a model
+    (vLLM binds first for the same reason). :func:`run` serves on it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as e:
+        sock.close()
+        why = getattr(e, "strerror", None) or str(e)
+        raise UserError(
+            f"cannot listen on {host}:{port} ({why}: in use, or not an address of this machine); give "
+            "another --port or --host."
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(
+    llm: Any,
+    tokenizer: Any,
+    model_name: str,
+    options: ServeOptions,
+    aliases: tuple[str, ...] = (),
+    sock: socket.socket | None = None,
+) -> int:
+    """Serve `llm` until SIGTERM/SIGINT, drain, close it; returns the exit code (0). Without
+    ``options.served_model_names`` it is served as `model_name`, which requests may also call by
+    `aliases` (``serve MODEL``'s MODEL as typed). `sock`: the socket of :func:`listen` (else the server
+    binds options.host:options.port itself)."""
     from trtforge.llm.text import missing_chat_template, resolve_chat_template
 
     uvicorn = _imports()
@@ -103,7 +134,8 @@ def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int
     state = ServerState(
         llm=llm,
         tokenizer=tokenizer,
-        served_model_names=list(options.served_model_names or (model_name,)),
+        served_model_names=list(dict.fromkeys(options.served_model_names or (model_name,))),
+        model_aliases=() if options.served_model_names else tuple(a for a in aliases if a != model_name),
         max_model_len=g.max_model_len,
         max_num_seqs=g.config.max_num_seqs,
         max_waiting=options.max_waiting,
@@ -134,7 +166,7 @@ def run(llm: Any, tokenizer: Any, model_name: str, options: ServeOptions) -> int
     uvicorn_log = logging.getLogger("uvicorn.error")  # (where uvicorn logs a request's or lifespan's end)
     uvicorn_log.addFilter(quiet)
     try:
-        server.run()  # on uvloop where it is installed, as uvicorn picks
+        server.run(sockets=None if sock is None else [sock])  # on uvloop where installed, as uvicorn picks
     except SystemExit as e:  # uvicorn exits this way when it cannot bind (it has logged why)
         if server.started:
             raise
