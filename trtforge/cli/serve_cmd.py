@@ -279,9 +279,8 @@ def serve_cmd(
             f"--device, --dtype and --tensor-parallel-size apply to the torch executor; '{model}' runs on "
             f"{executor}."
         )
-    sock = listen(
-        host, port
-    )  # a port in use is said now, not after the model loads (minutes for a large one)
+    # a port in use is said now, not after the model loads (minutes for a large one)
+    sock = listen(host, port)
     try:
         with arguments_as_flags():  # the loader's refusals name its arguments: here, the flags that set them
             if executor == "torch":
