@@ -14,7 +14,7 @@ pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (f
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["serve", "/no/such/model-dir"], "holds no tokenizer"),
+        (["serve", "/no/such/model-dir"], "MODEL '/no/such/model-dir' does not exist"),
         (["serve", b"caf\xe9".decode("utf-8", "surrogateescape")], "MODEL is not valid UTF-8"),
         (["serve", ".", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
         (["serve", ".", "--port", "70000"], "--port"),
@@ -199,7 +199,6 @@ def test_the_startup_line_says_how_the_pool_was_sized(monkeypatch, capsys):
 
 
 @pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
-@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
 def test_requests_may_name_the_model_as_typed_on_the_command_line(tmp_path):
     """vLLM serves `serve PATH` under PATH; trtforge lists PATH's base name. Before, a request naming the
     model as typed (a vLLM client's habit) got 404; now it is answered as the listed name, which
@@ -245,6 +244,7 @@ def test_requests_may_name_the_model_as_typed_on_the_command_line(tmp_path):
     assert proc.returncode == 0 and "Traceback" not in log.read_text(), log.read_text()
 
 
+@pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
 def test_port_0_prints_the_port_the_os_chose(tmp_path):
     """Before: `--port 0` (which the option's range allows) printed "listening on http://127.0.0.1:0", a
     URL no client can reach; the line names the port the socket was bound to."""

@@ -103,3 +103,15 @@ def test_a_chat_templates_own_error_is_passed_on_bounded(tok):
     with pytest.raises(UserError, match="chat template failed on these messages") as e:
         apply_chat_template(tok, [{"role": "user", "content": huge}], template)
     assert len(str(e.value)) < 500 and "(100,0" in str(e.value)
+
+
+def test_a_missing_model_path_is_said_before_its_tokenizer(tmp_path):
+    """`generate MISSING --prompt ...` and `serve MISSING` said "holds no tokenizer" of a path that does not
+    exist; a factory reference (no path) still gets None (ids only), an existing directory without one too."""
+    from trtforge.errors import UserError
+    from trtforge.llm.text import model_tokenizer
+
+    with pytest.raises(UserError, match=r"MODEL '.*nope' does not exist; expected a save_pretrained"):
+        model_tokenizer(str(tmp_path / "nope"), None)
+    assert model_tokenizer("pkg.module:factory", None) is None
+    assert model_tokenizer(str(tmp_path), None) is None

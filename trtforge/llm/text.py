@@ -49,9 +49,15 @@ def load_tokenizer(name: str | os.PathLike[str]) -> Any:
 
 
 def model_tokenizer(model: str, tokenizer: str | None) -> Any | None:
-    """The tokenizer named, else the model directory's own, else None (a model given as ids only)."""
+    """The tokenizer named, else the model directory's own, else None (a model given as ids only). A
+    `model` path that does not exist is said as such here, before any "holds no tokenizer" about it."""
     if tokenizer is not None:
         return load_tokenizer(tokenizer)
+    if ":" not in str(model) and not os.path.exists(model):  # (not 'package.module:factory' either)
+        raise UserError(
+            f"MODEL '{model}' does not exist; expected a save_pretrained directory, a step graph "
+            "(.onnx) or engine, or a 'package.module:factory' reference."
+        )
     if has_tokenizer(model):
         return load_tokenizer(model)
     return None
