@@ -62,3 +62,98 @@ def test_calibrate_model_takes_an_onnx_path(tmp_path) -> None:
 
     with pytest.raises(UserError, match=r"'nope\.onnx' does not exist"):
         calibrate_model("nope.onnx", None)
+
+
+def _compile(d, *args, **options):
+    import trtforge
+
+    return trtforge.compile(str(tiny_onnx(d / "m.onnx")), *args, **options)
+
+
+def _sampling(**fields):
+    from trtforge.llm import SamplingParams
+
+    return SamplingParams(**fields)
+
+
+MISSPELLED = {
+    # each was Python's "got an unexpected keyword argument" TypeError (or, through **options, a deep one)
+    "trtforge.compile(precison=)": (
+        lambda d: _compile(d, output=d / "m.engine", precison="fp16"),
+        r"trtforge\.compile\(\) has no option 'precison' \(did you mean 'precision'\?\)",
+    ),
+    "trtforge.compile(generat=)": (
+        lambda d: _compile(d, output=d / "m.engine", generat=True),
+        r"no option 'generat' \(did you mean 'generate'\?\)",
+    ),
+    "compile_model(workspace=)": (
+        lambda d: __import__("trtforge.compiler.pipeline").compiler.pipeline.compile_model(
+            str(tiny_onnx(d / "m.onnx")), output=d / "m.engine", workspace=64
+        ),
+        r"compile_model\(\) has no option 'workspace' \(did you mean 'workspace_mb'\?\)",
+    ),
+    "build_report(batch_size=)": (
+        lambda d: __import__("trtforge.reports.api").reports.api.build_report(
+            str(tiny_onnx(d / "m.onnx")), out_dir=d / "r", batch_size=[1]
+        ),
+        r"build_report\(\) has no option 'batch_size' \(did you mean 'batch_sizes'\?\)",
+    ),
+    "calibrate_model(methd=)": (
+        lambda d: __import__("trtforge.calibration.api").calibration.api.calibrate_model(
+            str(tiny_onnx(d / "m.onnx")), None, methd="minmax"
+        ),
+        r"calibrate_model\(\) has no option 'methd' \(did you mean 'method'\?\)",
+    ),
+    "runtime.load(manifst=)": (
+        lambda d: __import__("trtforge.runtime").runtime.load("m.engine", manifst=None),
+        r"load\(\) has no option 'manifst' \(did you mean 'manifest'\?\)",
+    ),
+    "llm.load(executer=)": (
+        lambda d: __import__("trtforge.llm").llm.load("m.onnx", executer="onnxruntime"),
+        r"load\(\) has no option 'executer' \(did you mean 'executor'\?\)",
+    ),
+    "llm.from_pretrained(dtyp=)": (
+        lambda d: __import__("trtforge.llm").llm.from_pretrained("gpt2", dtyp="fp16"),
+        r"from_pretrained\(\) has no option 'dtyp' \(did you mean 'dtype'\?\)",
+    ),
+    "SamplingParams(temprature=)": (
+        lambda d: _sampling(temprature=0.5),
+        r"SamplingParams\(\) has no option 'temprature' \(did you mean 'temperature'\?\)",
+    ),
+    "trtforge.compile(generate='yes')": (
+        lambda d: _compile(d, output=d / "m.engine", generate="yes"),
+        r"generate must be True or False, got str 'yes'",
+    ),
+    "trtforge.compile(None)": (
+        lambda d: __import__("trtforge").compile(None, output=d / "m.engine"),
+        r"model must be a torch\.nn\.Module, an \.onnx or \.pt2 file path.*got NoneType None",
+    ),
+    "trtforge.compile(5)": (
+        lambda d: __import__("trtforge").compile(5, output=d / "m.engine"),
+        r"model must be a torch\.nn\.Module.*got int 5",
+    ),
+    "runtime.load(bytes)": (
+        lambda d: __import__("trtforge.runtime").runtime.load(b"nope.engine"),
+        r"engine 'nope\.engine' has no manifest",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MISSPELLED))
+def test_misspelled_options_and_wrong_models_are_user_errors(case, tmp_path) -> None:
+    """A misspelled option is refused by name with the close one suggested; never ignored, never a
+    TypeError; nothing is written."""
+    fn, message = MISSPELLED[case]
+    with pytest.raises(UserError, match=message):
+        fn(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) in ([], ["m.onnx"])
+
+
+def test_bytes_model_path_compiles(tmp_path) -> None:
+    """A bytes path (as os functions take) is a path; it read as a module needing example_inputs."""
+    import trtforge
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    result = trtforge.compile(bytes(model), output=tmp_path / "m.engine")
+    assert (tmp_path / "m.engine").is_file() and (tmp_path / "m.engine.json").is_file()
+    assert result is not None

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from trtforge.calibration.cache import read_calibration_cache, write_calibration_cache
 from trtforge.calibration.methods import FORMAT_MAX, METHODS, compute_amax, scale_from_amax
 from trtforge.calibration.placement import SUPPORTED_OP_TYPES, Decision, name_nodes, plan_placement
-from trtforge.errors import UserError
+from trtforge.errors import UserError, checked_call
 
 if TYPE_CHECKING:
     import onnx
@@ -70,6 +70,7 @@ def _check_options(method: str, percentile: float, smoothquant: float | None, ac
         raise UserError(f"--accuracy-target is a cosine in (0, 1], got {accuracy_target}.")
 
 
+@checked_call
 def calibrate_model(
     model: onnx.ModelProto | str | os.PathLike[str],
     data: Any,

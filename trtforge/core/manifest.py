@@ -226,7 +226,8 @@ def read_manifest(engine_path: str | os.PathLike[str]) -> Manifest:
 
     First settles what an interrupted compile left beside the engine (:func:`resolve_pending`).
     """
-    if not as_path(engine_path, "the engine").name:
+    engine_path = as_path(engine_path, "the engine")  # (bytes too, as os paths may be)
+    if not engine_path.name:
         raise UserError(f"'{show_path(engine_path)}' is not an engine file path.")
     resolve_pending(engine_path)
     path = manifest_path_for(engine_path)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.errors import SHOWN_CHARS, UserError, shown
+from trtforge.errors import SHOWN_CHARS, UserError, checked_call, shown
 from trtforge.llm import sizing
 from trtforge.llm.engine import Completion, LLMEngine, RequestHandle
 from trtforge.llm.executors.base import PoolAllocationError, StepExecutor
@@ -177,6 +177,7 @@ def _config(config: SchedulerConfig | None, max_num_seqs: int | None) -> Schedul
     return dataclasses.replace(config or SchedulerConfig(), max_num_seqs=max_num_seqs)
 
 
+@checked_call
 def load(
     path: str | os.PathLike[str],
     executor: str = "auto",
@@ -353,6 +354,7 @@ def _load_engine(
     return ServingLLM(TrtPagedExecutor(path, num_blocks, max_model_len=max_model_len, spec=spec), config)
 
 
+@checked_call
 def from_pretrained(
     model: Any,
     *,

@@ -19,7 +19,7 @@ from typing import Any
 
 from trtforge._fileio import as_path, show_path, work_directory
 from trtforge.core.policy import PrecisionOptions
-from trtforge.errors import UserError
+from trtforge.errors import UserError, checked_call
 from trtforge.reports.compare import compare_target
 from trtforge.reports.inputs import Feed, ReportInput, fit_sizes, generate_feed, load_feeds, static_batch
 from trtforge.reports.latency import MemoryProbe, measure_point, sweep_points
@@ -218,6 +218,7 @@ def _run_target(
     return run, latency
 
 
+@checked_call
 def build_report(
     source: Any,
     *,
