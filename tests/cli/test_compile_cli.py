@@ -81,6 +81,32 @@ def test_inspect_detects_modified_engine(tmp_path, capsys) -> None:
     assert rc == 2 and "does not match its manifest" in out
 
 
+@pytest.mark.trt_build
+def test_inspect_shows_every_distinct_profile_by_name(tmp_path, capsys, monkeypatch) -> None:
+    """A step engine's decode profile (profile 1) was not shown: inspect printed profile 0 only. Each
+    distinct profile gets a column, named by its generation phase; `streams` copies are shown once."""
+    monkeypatch.setenv("COLUMNS", "200")
+    model = tiny_onnx(tmp_path / "m.onnx")
+    engine = tmp_path / "m.engine"
+    assert main(["compile", str(model), "-o", str(engine), "--streams", "2", "-q"]) == 0
+    capsys.readouterr()
+    rc, out = _run(["inspect", str(engine)], capsys)
+    assert rc == 0 and out.count("(min:opt:max)") == 1 and "1x4:8x4:32x4" in out, out
+    # the same engine described as a two-phase step engine (one stream): both ranges, by phase
+    doc = json.loads((tmp_path / "m.engine.json").read_text())
+    doc["streams"] = 1
+    doc["profiles"] = [
+        {"x": {"min": [1, 4], "opt": [8, 4], "max": [32, 4]}},
+        {"x": {"min": [1, 4], "opt": [1, 4], "max": [2, 4]}},
+    ]
+    doc["generation"] = {"profiles": {"prefill": 0, "decode": 1}}
+    (tmp_path / "m.engine.json").write_text(json.dumps(doc))
+    rc, out = _run(["inspect", str(engine)], capsys)
+    assert rc == 0, out
+    assert "prefill (min:opt:max)" in out and "decode (min:opt:max)" in out, out
+    assert "1x4:8x4:32x4" in out and "1x4:1x4:2x4" in out, out
+
+
 def _factory_module(tmp_path: Path) -> None:
     (tmp_path / "bad_factories.py").write_text(
         "def explode():\n    raise FileNotFoundError('checkpoint.pt is missing')\n"

@@ -50,14 +50,27 @@ def manifest_tables(m: Manifest) -> list[Any]:
         head.add_row("plugins", ", ".join(p.get("name", "?") for p in m.plugins))
     head.add_row("trtforge", m.trtforge_version)
     io = Table(title="I/O", show_edge=False)
-    for col in ("", "name", "dtype", "shape", "profile 0 (min:opt:max)"):
+    profiles = _base_profiles(m)
+    for col in ("", "name", "dtype", "shape", *(f"{plain(n)} (min:opt:max)" for n, _ in profiles)):
         io.add_column(col)
-    prof = m.profiles[0] if m.profiles else {}
     for kind, specs in (("in", m.inputs), ("out", m.outputs)):
         for t in specs:
-            rng = prof.get(t.name)
-            io.add_row(kind, plain(t.name), t.dtype, _dims(t.shape), format_range(rng) if rng else "")
+            ranges = [prof.get(t.name) for _, prof in profiles]
+            io.add_row(
+                kind, plain(t.name), t.dtype, _dims(t.shape), *(format_range(r) if r else "" for r in ranges)
+            )
     return [head, io]
+
+
+def _base_profiles(m: Manifest) -> list[tuple[str, dict[str, Any]]]:
+    """The engine's distinct optimization profiles, named: `streams` copies of K base profiles are
+    shown once each, a decoder step engine's by phase (prefill, decode). Only profile 0 was shown, so a
+    step engine's decode ranges were not seen at all."""
+    copies = max(1, m.streams)
+    k = len(m.profiles) // copies if m.profiles and len(m.profiles) % copies == 0 else len(m.profiles)
+    phases = (m.generation or {}).get("profiles")
+    names = {v: n for n, v in phases.items() if isinstance(v, int)} if isinstance(phases, dict) else {}
+    return [(names.get(i, f"profile {i}"), p) for i, p in enumerate(m.profiles[:k])]
 
 
 def onnx_tables(summary: dict[str, Any]) -> list[Any]:
