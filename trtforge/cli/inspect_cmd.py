@@ -61,11 +61,12 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     from rich.console import Console
 
     from trtforge.cli._render import manifest_tables, onnx_tables, print_all
-    from trtforge.core.manifest import read_manifest, verify_engine_file
+    from trtforge.core.manifest import manifest_path_for, read_manifest, verify_engine_file
     from trtforge.errors import UserError
 
     path = Path(file)
-    if not path.exists():
+    # (an engine whose manifest is here is read on: its error says the engine is what is missing)
+    if not path.exists() and (path.suffix.lower() == ".onnx" or not manifest_path_for(path).is_file()):
         raise UserError(f"'{path}' does not exist.")
     console = Console()
     if path.suffix.lower() == ".onnx":

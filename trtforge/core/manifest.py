@@ -259,8 +259,13 @@ def verify_engine_file(engine_path: str | os.PathLike[str], manifest: Manifest) 
     """Read the engine bytes and check size and sha256 against the manifest; returns the bytes."""
     p = Path(engine_path)
     if not p.is_file():
-        what = "is a directory" if p.is_dir() else "does not exist"
-        raise UserError(f"engine file '{show_path(p)}' {what}.")
+        if p.is_dir():
+            raise UserError(f"engine file '{show_path(p)}' is a directory.")
+        raise UserError(
+            f"engine file '{show_path(p)}' does not exist; only its manifest "
+            f"'{show_path(manifest_path_for(p))}' is here. Keep the engine beside its manifest, or rebuild "
+            "both with `trtforge compile`."
+        )
     try:
         data = p.read_bytes()
     except OSError as e:
