@@ -157,3 +157,37 @@ def test_bytes_model_path_compiles(tmp_path) -> None:
     result = trtforge.compile(bytes(model), output=tmp_path / "m.engine")
     assert (tmp_path / "m.engine").is_file() and (tmp_path / "m.engine.json").is_file()
     assert result is not None
+
+
+REPORT_ARGS = {
+    # each was a TypeError from a comparison or loop deep inside, or (targets="ort") target 'o'
+    "batch_sizes='1'": (
+        {"batch_sizes": "1"},
+        r"batch_sizes \(batch sizes\) must be a list of positive integers, got '1'",
+    ),
+    "batch_sizes=1": (
+        {"batch_sizes": 1},
+        r"batch_sizes \(batch sizes\) must be a list of positive integers, got 1",
+    ),
+    "seq_lens=[1.5]": (
+        {"seq_lens": [1.5]},
+        r"seq_lens \(sequence lengths\) must be a list of positive integers",
+    ),
+    "runs='3'": ({"runs": "3"}, r"runs must be an integer >= 1, got '3'"),
+    "warmup=True": ({"warmup": True}, r"warmup must be an integer >= 0, got True"),
+    "targets='ort'": ({"targets": "ort"}, r"targets must be a list of target names .*got 'ort'"),
+    "tolerances=[1]": (
+        {"tolerances": [1]},
+        r"tolerances must be a mapping of output keys to limits .*got \[1\]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REPORT_ARGS))
+def test_build_report_argument_kinds_are_user_errors(case, tmp_path) -> None:
+    from trtforge.reports.api import build_report
+
+    options, message = REPORT_ARGS[case]
+    with pytest.raises(UserError, match=message):
+        build_report(str(tiny_onnx(tmp_path / "m.onnx")), out_dir=tmp_path / "r", **options)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
