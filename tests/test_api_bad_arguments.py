@@ -191,3 +191,44 @@ def test_build_report_argument_kinds_are_user_errors(case, tmp_path) -> None:
     with pytest.raises(UserError, match=message):
         build_report(str(tiny_onnx(tmp_path / "m.onnx")), out_dir=tmp_path / "r", **options)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+CALIBRATE_ARGS = {
+    # each was a TypeError from a comparison deep inside
+    "percentile='99'": (
+        {"method": "percentile", "percentile": "99"},
+        r"percentile must be a number, got '99'",
+    ),
+    "smoothquant='0.5'": ({"smoothquant": "0.5"}, r"smoothquant must be a number or None, got '0\.5'"),
+    "samples='8'": ({"samples": "8"}, r"samples must be an integer >= 1 or None, got '8'"),
+    "batch_size=0": ({"batch_size": 0}, r"batch_size must be an integer >= 1, got 0"),
+    "op_types=[1]": ({"op_types": [1]}, r"op_types must be a list of names, got \[1\]"),
+}
+
+
+@pytest.mark.parametrize("case", list(CALIBRATE_ARGS))
+def test_calibrate_model_argument_kinds_are_user_errors(case, tmp_path) -> None:
+    import numpy as np
+
+    from trtforge.calibration.api import calibrate_model
+
+    options, message = CALIBRATE_ARGS[case]
+    data = {"x": np.ones((4, 4), np.float32)}
+    with pytest.raises(UserError, match=message):
+        calibrate_model(str(tiny_onnx(tmp_path / "m.onnx")), [data], **options)
+
+
+def test_calibrate_model_takes_one_op_type_or_node_as_a_str(tmp_path) -> None:
+    """op_types='MatMul' is the one op type (it was read letter by letter: "cannot quantize op type(s)
+    ['M', 'a', ...]"), exclude_nodes='matmul' the one node (was "excluded node(s) ['a', 'l', ...]")."""
+    import numpy as np
+
+    from trtforge.calibration.api import calibrate_model
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    data = [{"x": np.ones((4, 4), np.float32)}]
+    # the tiny model's 4x3 MatMul is too small to quantize: what matters is which names were understood
+    with pytest.raises(UserError, match=r"no \['MatMul'\] node qualifies"):
+        calibrate_model(str(model), data, op_types="MatMul")
+    with pytest.raises(UserError, match=r"excluded by the user"):
+        calibrate_model(str(model), data, exclude_nodes="matmul")
