@@ -132,6 +132,14 @@ MISSPELLED = {
         lambda d: __import__("trtforge").compile(5, output=d / "m.engine"),
         r"model must be a torch\.nn\.Module.*got int 5",
     ),
+    "trtforge.compile(progress='no')": (  # was read as true
+        lambda d: _compile(d, output=d / "m.engine", progress="no"),
+        r"progress must be True or False, got str 'no'",
+    ),
+    "trtforge.compile(log=5)": (  # was "TypeError: 'int' object is not callable" mid-compile
+        lambda d: _compile(d, output=d / "m.engine", log=5),
+        r"log must be a function taking a message \(or None\), got int",
+    ),
     "runtime.load(bytes)": (
         lambda d: __import__("trtforge.runtime").runtime.load(b"nope.engine"),
         r"engine 'nope\.engine' has no manifest",

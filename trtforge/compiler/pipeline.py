@@ -106,6 +106,11 @@ def compile_model(
     or precision are refused. Writes the engine and `<output>.json` atomically; nothing is left
     behind on failure.
     """
+    for name, flag in (("force", force), ("progress", progress), ("version_compatible", version_compatible)):
+        if not isinstance(flag, bool):  # force="no" or progress="no" read as true
+            raise UserError(f"{name} must be True or False, got {type(flag).__name__} {shown(flag)}.")
+    if log is not None and not callable(log):
+        raise UserError(f"log must be a function taking a message (or None), got {type(log).__name__}.")
     log = log or (lambda _msg: None)
     precision, passes = _api_options(precision, passes, progress)
     build_options = BuildOptions(
