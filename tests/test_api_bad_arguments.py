@@ -3,6 +3,8 @@ TypeError/AttributeError from deep inside (os.fspath, Path, proto attribute acce
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.models import tiny_onnx
@@ -240,3 +242,28 @@ def test_calibrate_model_takes_one_op_type_or_node_as_a_str(tmp_path) -> None:
         calibrate_model(str(model), data, op_types="MatMul")
     with pytest.raises(UserError, match=r"excluded by the user"):
         calibrate_model(str(model), data, exclude_nodes="matmul")
+
+
+DRAFT = Path(__file__).resolve().parents[1] / ".." / "shared" / "models" / "code-llama-3m"
+
+
+@pytest.mark.skipif(not DRAFT.is_dir(), reason=f"the trained model {DRAFT} is absent")
+def test_serving_llm_methods_refuse_a_misspelled_option_by_name() -> None:
+    """ServingLLM.generate(max_tokens=4) was Python's TypeError naming no alternative."""
+    import trtforge.llm
+
+    llm = trtforge.llm.from_pretrained(str(DRAFT), max_model_len=64)
+    try:
+        with pytest.raises(
+            UserError, match=r"generate\(\) has no option 'max_tokens' \(did you mean 'max_new_tokens'"
+        ):
+            llm.generate([[1, 2]], max_tokens=4)
+        with pytest.raises(
+            UserError, match=r"stream\(\) has no option 'max_new_token' \(did you mean 'max_new_tokens'"
+        ):
+            llm.stream([1, 2], max_new_token=3)
+        with pytest.raises(UserError, match=r"submit\(\) has no option 'param' \(did you mean 'params'"):
+            llm.submit([1, 2], param=None)
+        assert len(llm.generate([[1, 2]], max_new_tokens=3, stop_at_eos=False)[0]) == 3
+    finally:
+        llm.close()
