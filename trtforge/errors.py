@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import difflib
 import functools
-import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -135,6 +133,9 @@ def check_call(
     suggested), a missing argument or too many positional ones; `also`: options the caller takes itself.
     Python's TypeError ("got an unexpected keyword argument") named no alternative, and an option
     forwarded through ``**options`` failed deep inside."""
+    import difflib
+    import inspect  # (here: `import trtforge` stays cheap)
+
     sig = inspect.signature(func)
     params = {n: p for n, p in sig.parameters.items() if n != "self"}
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
