@@ -84,6 +84,7 @@ class Engine:
             "backend": dict(self.manifest.backend),
         }
 
+    @checked_call
     def session(
         self,
         streams: int = 1,
