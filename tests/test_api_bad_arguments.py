@@ -267,3 +267,52 @@ def test_serving_llm_methods_refuse_a_misspelled_option_by_name() -> None:
         assert len(llm.generate([[1, 2]], max_new_tokens=3, stop_at_eos=False)[0]) == 3
     finally:
         llm.close()
+
+
+OPTIMIZE_ARGS = {
+    # the first three were AttributeErrors/TypeErrors; the last three were taken (read letter by letter,
+    # failing inside verification, or ignored)
+    "model=None": (None, {}, r"model must be an onnx\.ModelProto or an ONNX file path, got NoneType"),
+    "verfy=": (
+        "m",
+        {"verfy": False},
+        r"optimize_model\(\) has no option 'verfy' \(did you mean 'verify'\?\)",
+    ),
+    "passes=[1]": ("m", {"passes": [1]}, r"passes must be a list of pass names .*got \[1\]"),
+    "feed_shapes={'x': '2x4'}": (
+        "m",
+        {"feed_shapes": {"x": "2x4"}},
+        r"feed_shapes\['x'\] must be a list of dims",
+    ),
+    "verify_shapes={'zz': ..}": (
+        "m",
+        {"verify_shapes": {"zz": [2, 4]}},
+        r"verify_shapes: the model has no input 'zz'",
+    ),
+    "feed_shapes=[2, 4]": (
+        "m",
+        {"feed_shapes": [2, 4]},
+        r"feed_shapes must be a dict of input name -> shape",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(OPTIMIZE_ARGS))
+def test_optimize_model_argument_kinds_are_user_errors(case, tmp_path) -> None:
+    import onnx
+
+    from trtforge.passes.pipeline import optimize_model
+
+    model, options, message = OPTIMIZE_ARGS[case]
+    with pytest.raises(UserError, match=message):
+        optimize_model(onnx.load(str(tiny_onnx(tmp_path / "m.onnx"))) if model else model, **options)
+
+
+def test_optimize_model_takes_a_path_and_comma_separated_passes(tmp_path) -> None:
+    """As calibrate_model and compile do (a path was "AttributeError: 'str' object has no attribute
+    'graph'"; passes='cleanup' was read as passes c, l, e, a, ...)."""
+    from trtforge.passes.pipeline import optimize_model
+
+    out, ledger = optimize_model(str(tiny_onnx(tmp_path / "m.onnx")), passes="cleanup, gelu")
+    assert [p["name"] for p in ledger.to_dict()["passes"] if p["name"] != "opset"] == ["cleanup", "gelu"]
+    assert [n.op_type for n in out.graph.node] == ["MatMul", "Add", "Relu"]
