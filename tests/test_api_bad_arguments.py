@@ -3,6 +3,7 @@ TypeError/AttributeError from deep inside (os.fspath, Path, proto attribute acce
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,10 @@ MISSPELLED = {
     "trtforge.compile(log=5)": (  # was "TypeError: 'int' object is not callable" mid-compile
         lambda d: _compile(d, output=d / "m.engine", log=5),
         r"log must be a function taking a message \(or None\), got int",
+    ),
+    "llm.from_pretrained(bytes)": (  # was "expected a Hugging Face causal LM ..., got bytes"
+        lambda d: __import__("trtforge.llm").llm.from_pretrained(os.fsencode(d / "nope")),
+        r"'.*nope' is not a model file nor a 'package\.module:factory' reference",
     ),
     "runtime.load(bytes)": (
         lambda d: __import__("trtforge.runtime").runtime.load(b"nope.engine"),
