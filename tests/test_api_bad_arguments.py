@@ -135,6 +135,10 @@ MISSPELLED = {
         lambda d: __import__("trtforge").compile(5, output=d / "m.engine"),
         r"model must be a torch\.nn\.Module.*got int 5",
     ),
+    "trtforge.compile(model, inputs, output, 'fp16')": (  # was Python's TypeError
+        lambda d: _compile(d, None, d / "m.engine", "fp16"),
+        r"compile\(\): too many positional arguments",
+    ),
     "trtforge.compile(progress='no')": (  # was read as true
         lambda d: _compile(d, output=d / "m.engine", progress="no"),
         r"progress must be True or False, got str 'no'",

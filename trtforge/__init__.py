@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["TrtforgeError", "UserError", "__version__", "compile"]
 
 from trtforge.core.version import __version__
-from trtforge.errors import TrtforgeError, UserError, check_call
+from trtforge.errors import TrtforgeError, UserError, check_call, checked_call
 
 if TYPE_CHECKING:
     from trtforge.compiler.pipeline import CompileResult
 
 
+@checked_call
 def compile(model: Any, example_inputs: Any = None, output: Any = None, **options: Any) -> CompileResult:  # noqa: A001
     """Compile a model (nn.Module, .onnx, .pt2 or 'module:factory') into a TensorRT engine.
 

@@ -138,11 +138,10 @@ def check_call(
 
     sig = inspect.signature(func)
     params = {n: p for n, p in sig.parameters.items() if n != "self"}
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return
     known = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)] + list(also)
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())  # (its caller checks those)
     for key in kwargs:
-        if key not in known:
+        if key not in known and not takes_any:
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise UserError(
