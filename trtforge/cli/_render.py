@@ -62,6 +62,29 @@ def manifest_tables(m: Manifest) -> list[Any]:
     return [head, io]
 
 
+def generation_line(g: dict[str, Any]) -> str:
+    """A step engine's `generation` section in one line: model, heads, KV cache layout and shape, the
+    phase of each profile. (compile --generate prints the same line from its own copy in
+    cli/compile_generate.py.)"""
+
+    def get(d: Any, key: str) -> Any:
+        return d.get(key, "?") if isinstance(d, dict) else "?"
+
+    c = g.get("cache") or {}
+    if get(c, "layout") == "paged":
+        shape = f"[<={get(c, 'num_blocks')} blocks, {get(c, 'block_size')}, {get(g, 'num_kv_heads')}, "
+    else:
+        shape = f"[B<={get(g, 'max_batch')}, {get(g, 'num_kv_heads')}, {get(g, 'max_seq')}, "
+    shape += f"{get(g, 'head_dim')}]"
+    phases = g.get("profiles")
+    profiles = " ".join(f"{k}={v}" for k, v in phases.items()) if isinstance(phases, dict) else "?"
+    return plain(
+        f"generation: {get(g, 'model_type')} {get(g, 'num_layers')} layers, {get(g, 'num_heads')} heads / "
+        f"{get(g, 'num_kv_heads')} KV heads x {get(g, 'head_dim')}, cache {get(c, 'layout')} "
+        f"{get(c, 'dtype')} {shape}, profiles {profiles}"
+    )
+
+
 def _base_profiles(m: Manifest) -> list[tuple[str, dict[str, Any]]]:
     """The engine's distinct optimization profiles, named: `streams` copies of K base profiles are
     shown once each, a decoder step engine's by phase (prefill, decode). Only profile 0 was shown, so a

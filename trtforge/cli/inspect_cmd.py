@@ -60,7 +60,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     """
     from rich.console import Console
 
-    from trtforge.cli._render import manifest_tables, onnx_tables, print_all
+    from trtforge.cli._render import generation_line, manifest_tables, onnx_tables, print_all
     from trtforge.core.manifest import manifest_path_for, read_manifest, verify_engine_file
     from trtforge.errors import UserError
 
@@ -83,4 +83,6 @@ def inspect_cmd(file: str, as_json: bool) -> None:
         click.echo(manifest.to_json())
     else:
         print_all(console, manifest_tables(manifest))
+        if manifest.generation is not None:  # a decoder step engine (compile --generate)
+            console.print(generation_line(manifest.generation))
         console.print("[green]engine bytes match the manifest sha256[/green]")
