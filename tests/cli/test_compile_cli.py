@@ -94,6 +94,11 @@ def test_inspect_shows_every_distinct_profile_and_the_generation_section(
     capsys.readouterr()
     rc, out = _run(["inspect", str(engine)], capsys)
     assert rc == 0 and out.count("(min:opt:max)") == 1 and "1x4:8x4:32x4" in out, out
+    # a copy of the pair is shown as the file inspected (was the name it was built under only)
+    for suffix in ("", ".json"):
+        (tmp_path / f"copy.engine{suffix}").write_bytes((tmp_path / f"m.engine{suffix}").read_bytes())
+    rc, out = _run(["inspect", str(tmp_path / "copy.engine")], capsys)
+    assert rc == 0 and f"{tmp_path / 'copy.engine'} (built as m.engine)" in out, out
     # the same engine described as a two-phase step engine (one stream): both ranges, by phase
     doc = json.loads((tmp_path / "m.engine.json").read_text())
     doc["streams"] = 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -34,11 +35,15 @@ def timings_table(timings: dict[str, float]) -> Table:
     return table
 
 
-def manifest_tables(m: Manifest) -> list[Any]:
-    """The engine's identity, I/O and profiles as rich renderables."""
+def manifest_tables(m: Manifest, engine: Any = None) -> list[Any]:
+    """The engine's identity, I/O and profiles as rich renderables. `engine`: the path the user gave (an
+    engine renamed or copied with its manifest was shown by the name it was built under only)."""
     head = Table.grid(padding=(0, 2))
     size = f"{m.engine_bytes / 1e6:.2f} MB, sha256 {m.engine_sha256[:16]}…"
-    head.add_row("engine", f"{plain(m.engine_file)} ({size})")
+    name = plain(m.engine_file if engine is None else engine)
+    if engine is not None and Path(engine).name != m.engine_file:
+        name += f" (built as {plain(m.engine_file)})"
+    head.add_row("engine", f"{name} ({size})")
     head.add_row("backend", f"{m.backend.get('name')} {m.backend.get('version')}")
     if m.backend.get("targets"):
         head.add_row("targets", ", ".join(m.backend["targets"]))

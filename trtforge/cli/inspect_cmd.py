@@ -82,7 +82,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     if as_json:
         click.echo(manifest.to_json())
     else:
-        print_all(console, manifest_tables(manifest))
+        print_all(console, manifest_tables(manifest, engine))
         if manifest.generation is not None:  # a decoder step engine (compile --generate)
             console.print(generation_line(manifest.generation))
         console.print("[green]engine bytes match the manifest sha256[/green]")
