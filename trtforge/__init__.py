@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["TrtforgeError", "UserError", "__version__", "compile"]
 
 from trtforge.core.version import __version__
-from trtforge.errors import TrtforgeError, UserError
+from trtforge.errors import TrtforgeError, UserError, check_call, checked_call
 
 if TYPE_CHECKING:
     from trtforge.compiler.pipeline import CompileResult
 
 
+@checked_call
 def compile(model: Any, example_inputs: Any = None, output: Any = None, **options: Any) -> CompileResult:  # noqa: A001
     """Compile a model (nn.Module, .onnx, .pt2 or 'module:factory') into a TensorRT engine.
 
@@ -25,7 +26,10 @@ def compile(model: Any, example_inputs: Any = None, output: Any = None, **option
     `generate=True` compiles a Hugging Face causal LM into a KV-cache step engine instead
     (:func:`trtforge.llm.compile.compile.compile_generate`; example_inputs are not needed).
     """
-    if options.pop("generate", False):
+    generate = options.pop("generate", False)
+    if not isinstance(generate, bool):
+        raise UserError(f"generate must be True or False, got {type(generate).__name__} {generate!r}.")
+    if generate:
         if example_inputs is not None:
             raise UserError(
                 "generate=True compiles a causal LM into a step engine, whose inputs (token ids, "
@@ -34,7 +38,10 @@ def compile(model: Any, example_inputs: Any = None, output: Any = None, **option
             )
         from trtforge.llm.compile.compile import compile_generate
 
+        check_call(compile_generate, (model, output), options, "trtforge.compile(generate=True)")
         return compile_generate(model, output, **options)
     from trtforge.compiler.pipeline import compile_model
 
+    given = {"example_inputs": example_inputs, "output": output, **options}
+    check_call(compile_model, (model,), given, "trtforge.compile", also=("generate",))
     return compile_model(model, example_inputs=example_inputs, output=output, **options)

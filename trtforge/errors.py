@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class TrtforgeError(Exception):
@@ -116,3 +120,50 @@ def _shown_collection(value: Any, limit: int) -> str:
         return text
     noun = ("entry" if is_dict else "item") if len(value) == 1 else ("entries" if is_dict else "items")
     return f"{text[:limit]}… ({len(value):,} {noun})"
+
+
+def check_call(
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    name: str,
+    also: tuple[str, ...] = (),
+) -> None:
+    """UserError when `func(*args, **kwargs)` would not bind: an unknown option (with the close one
+    suggested), a missing argument or too many positional ones; `also`: options the caller takes itself.
+    Python's TypeError ("got an unexpected keyword argument") named no alternative, and an option
+    forwarded through ``**options`` failed deep inside."""
+    import difflib
+    import inspect  # (here: `import trtforge` stays cheap)
+
+    sig = inspect.signature(func)
+    params = {n: p for n, p in sig.parameters.items() if n != "self"}
+    known = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)] + list(also)
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())  # (its caller checks those)
+    for key in kwargs:
+        if key not in known and not takes_any:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise UserError(
+                f"{name}() has no option {shown(key)}{hint}; its options are: {', '.join(known)}."
+            )
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise UserError(f"{name}(): {e}.") from None
+
+
+def checked_call(func: _F) -> _F:
+    """Decorate a public API function (or ``__init__``) so a call that does not bind is a UserError
+    naming the argument (see check_call), not Python's TypeError."""
+    name = func.__qualname__.removesuffix(".__init__")
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except TypeError:
+            check_call(func, args, kwargs, name)  # raises when the call itself was wrong
+            raise
+
+    return wrapper  # type: ignore[return-value]

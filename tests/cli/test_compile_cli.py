@@ -81,6 +81,52 @@ def test_inspect_detects_modified_engine(tmp_path, capsys) -> None:
     assert rc == 2 and "does not match its manifest" in out
 
 
+@pytest.mark.trt_build
+def test_inspect_shows_every_distinct_profile_and_the_generation_section(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """A step engine's decode profile (profile 1) was not shown: inspect printed profile 0 only. Each
+    distinct profile gets a column, named by its generation phase; `streams` copies are shown once."""
+    monkeypatch.setenv("COLUMNS", "200")
+    model = tiny_onnx(tmp_path / "m.onnx")
+    engine = tmp_path / "m.engine"
+    assert main(["compile", str(model), "-o", str(engine), "--streams", "2", "-q"]) == 0
+    capsys.readouterr()
+    rc, out = _run(["inspect", str(engine)], capsys)
+    assert rc == 0 and out.count("(min:opt:max)") == 1 and "1x4:8x4:32x4" in out, out
+    # a copy of the pair is shown as the file inspected (was the name it was built under only)
+    for suffix in ("", ".json"):
+        (tmp_path / f"copy.engine{suffix}").write_bytes((tmp_path / f"m.engine{suffix}").read_bytes())
+    rc, out = _run(["inspect", str(tmp_path / "copy.engine")], capsys)
+    assert rc == 0 and f"{tmp_path / 'copy.engine'} (built as m.engine)" in out, out
+    # the same engine described as a two-phase step engine (one stream): both ranges, by phase
+    doc = json.loads((tmp_path / "m.engine.json").read_text())
+    doc["streams"] = 1
+    doc["profiles"] = [
+        {"x": {"min": [1, 4], "opt": [8, 4], "max": [32, 4]}},
+        {"x": {"min": [1, 4], "opt": [1, 4], "max": [2, 4]}},
+    ]
+    doc["generation"] = {
+        "model_type": "llama",
+        "num_layers": 2,
+        "num_heads": 4,
+        "num_kv_heads": 1,
+        "head_dim": 64,
+        "max_batch": 2,
+        "max_seq": 128,
+        "cache": {"layout": "slot", "dtype": "float16"},
+        "profiles": {"prefill": 0, "decode": 1},
+    }
+    (tmp_path / "m.engine.json").write_text(json.dumps(doc))
+    rc, out = _run(["inspect", str(engine)], capsys)
+    assert rc == 0, out
+    assert "prefill (min:opt:max)" in out and "decode (min:opt:max)" in out, out
+    assert "1x4:8x4:32x4" in out and "1x4:1x4:2x4" in out, out
+    # and what the step engine is, as compile --generate said it (inspect showed nothing of it)
+    line = "generation: llama 2 layers, 4 heads / 1 KV heads x 64, cache slot float16 [B<=2, 1, 128, 64]"
+    assert f"{line}, profiles prefill=0 decode=1" in out, out
+
+
 def _factory_module(tmp_path: Path) -> None:
     (tmp_path / "bad_factories.py").write_text(
         "def explode():\n    raise FileNotFoundError('checkpoint.pt is missing')\n"

@@ -136,6 +136,17 @@ def _manifest(content: bytes) -> Setup:
     return setup
 
 
+def _engine_removed(*argv: str) -> Setup:
+    """`argv` after a stand-in engine's file is removed, its manifest left (inspect said the path given
+    "does not exist", as if nothing were there)."""
+
+    def setup(d: Path) -> list[str]:
+        _engine(d).unlink()
+        return list(argv)
+
+    return setup
+
+
 def _triton(*argv: str, engine: str = "m.engine") -> Setup:
     """export-triton of a stand-in engine at `engine` (relative to the work directory) with `argv`."""
 
@@ -450,6 +461,14 @@ CASES: dict[str, tuple[Setup, str]] = {
     "inspect: manifest nested deeper than the JSON parser recurses": (
         _manifest(b"[" * 100_000 + b"]" * 100_000),
         r"manifest 'm\.engine\.json' is not valid JSON: maximum recursion depth exceeded",
+    ),
+    "inspect: a manifest whose engine is gone": (
+        _engine_removed("inspect", "m.engine"),
+        r"engine file 'm\.engine' does not exist; only its manifest 'm\.engine\.json' is here",
+    ),
+    "inspect: the manifest of an engine that is gone": (
+        _engine_removed("inspect", "m.engine.json"),
+        r"engine file 'm\.engine' does not exist; only its manifest 'm\.engine\.json' is here",
     ),
     "report --calibration-data without an INT8 target": (
         _tiny("report", "m.onnx", "-o", "rep", "--targets", "ort,ort-fp16", "--calibration-data", "m.onnx"),

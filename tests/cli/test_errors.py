@@ -252,3 +252,20 @@ def test_an_eof_error_is_not_hidden_as_aborted(capsys) -> None:
     err = capsys.readouterr().err
     assert "Traceback" in err and "EOFError: No data left in file" in err and "internal error" in err
     assert "aborted" not in err
+
+
+def test_ctrl_c_before_the_command_handlers_are_set_is_130_without_a_traceback(monkeypatch, capsys) -> None:
+    """Ctrl-C landing while main() imports its error handling (the first ~50 ms of a run) was a
+    KeyboardInterrupt traceback; nothing is written by then, so it is a plain 130."""
+    from trtforge.cli.main import main
+
+    class Interrupting:
+        def find_spec(self, name, path=None, target=None):
+            if name == "trtforge.cli._errors":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "trtforge.cli._errors")
+    monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
+    assert main(["inspect", "m.engine"]) == EXIT_SIGINT
+    assert capsys.readouterr().err.strip() == "interrupted"

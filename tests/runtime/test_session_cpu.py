@@ -223,3 +223,33 @@ def test_graph_warmup_must_be_positive():
     eng = load_standin(standin_manifest(), device="cpu")
     with pytest.raises(UserError, match="graph_warmup=0"):
         eng.session(streams=1, cuda_graphs=True, graph_warmup=0)
+
+
+SESSION_API = {
+    # each was a TypeError (or AttributeError) from Python or deep inside, naming no alternative
+    "session(stream=2)": (
+        lambda eng, s: eng.session(stream=2),
+        r"Engine\.session\(\) has no option 'stream' \(did you mean 'streams'\?\)",
+    ),
+    "session(streams='2')": (lambda eng, s: eng.session(streams="2"), r"streams must be an integer >= 1"),
+    "run(None)": (lambda eng, s: s.run(None), r"inputs must be a dict of input name -> tensor, got NoneType"),
+    "run([x])": (
+        lambda eng, s: s.run([torch.zeros(2, 64)]),
+        r"inputs must be a dict .*got list.*inputs are 'x'",
+    ),
+    "submit(output=)": (
+        lambda eng, s: s.submit({"x": torch.zeros(2, 64)}, output={}),
+        r"Session\.submit\(\) has no option 'output' \(did you mean 'outputs'\?\)",
+    ),
+    "memory_needed(5)": (lambda eng, s: s.memory_needed(5), r"inputs must be a dict .*got int"),
+    "trim('1')": (lambda eng, s: s.trim("1"), r"trim\(keep='1'\): keep is a number of bytes"),
+}
+
+
+@pytest.mark.parametrize("case", list(SESSION_API))
+def test_session_api_misuse_is_a_user_error_naming_the_argument(case):
+    eng, s = _session(1)
+    fn, message = SESSION_API[case]
+    with pytest.raises(UserError, match=message):
+        fn(eng, s)
+    torch.testing.assert_close(s.run({"x": torch.ones(2, 64)})["y"], torch.full((2, 64), 3.0))

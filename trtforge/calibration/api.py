@@ -8,6 +8,7 @@ sensitive nodes to float until a held-out accuracy target holds; write the cache
 
 from __future__ import annotations
 
+import numbers
 import os
 import time
 from collections import Counter
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from trtforge.calibration.cache import read_calibration_cache, write_calibration_cache
 from trtforge.calibration.methods import FORMAT_MAX, METHODS, compute_amax, scale_from_amax
 from trtforge.calibration.placement import SUPPORTED_OP_TYPES, Decision, name_nodes, plan_placement
-from trtforge.errors import UserError
+from trtforge.errors import UserError, checked_call, shown
 
 if TYPE_CHECKING:
     import onnx
@@ -59,17 +60,47 @@ class CalibrationRecord:
         return d
 
 
-def _check_options(method: str, percentile: float, smoothquant: float | None, accuracy_target: float | None):
+def _check_options(
+    method: str, percentile: Any, smoothquant: Any, accuracy_target: Any, samples: Any, batch_size: Any
+) -> None:
+    """Each option's kind and range, named (percentile='99' or samples='8' was a TypeError from a
+    comparison)."""
     if method not in METHODS:
         raise UserError(f"unknown calibration method '{method}'; expected one of {', '.join(METHODS)}.")
+    for name, value, optional in (
+        ("percentile", percentile, False),
+        ("smoothquant", smoothquant, True),
+        ("accuracy_target", accuracy_target, True),
+    ):
+        if (value is not None or not optional) and (
+            not isinstance(value, numbers.Real) or isinstance(value, bool)
+        ):
+            raise UserError(f"{name} must be a number{' or None' if optional else ''}, got {shown(value)}.")
     if not 0.0 < percentile <= 100.0:
         raise UserError(f"percentile must be in (0, 100], got {percentile}.")
     if smoothquant is not None and not 0.0 <= smoothquant <= 1.0:
         raise UserError(f"--smoothquant alpha must be in [0, 1], got {smoothquant}.")
     if accuracy_target is not None and not 0.0 < accuracy_target <= 1.0:
         raise UserError(f"--accuracy-target is a cosine in (0, 1], got {accuracy_target}.")
+    for name, value, optional in (("samples", samples, True), ("batch_size", batch_size, False)):
+        if value is None and optional:
+            continue
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+            raise UserError(
+                f"{name} must be an integer >= 1{' or None' if optional else ''}, got {shown(value)}."
+            )
 
 
+def _names(value: Any, what: str) -> tuple[str, ...]:
+    """op_types / exclude_nodes as a tuple of names: one str is one name (it was read letter by letter)."""
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, (list, tuple, set, frozenset)) or not all(isinstance(v, str) for v in value):
+        raise UserError(f"{what} must be a list of names, got {shown(value)}.")
+    return tuple(value)
+
+
+@checked_call
 def calibrate_model(
     model: onnx.ModelProto | str | os.PathLike[str],
     data: Any,
@@ -107,7 +138,8 @@ def calibrate_model(
         model = load_onnx(model)
     if not isinstance(model, onnx.ModelProto):
         raise UserError(f"model must be an onnx.ModelProto or an ONNX file path, got {type(model).__name__}.")
-    _check_options(method, percentile, smoothquant, accuracy_target)
+    _check_options(method, percentile, smoothquant, accuracy_target, samples, batch_size)
+    op_types, exclude_nodes = _names(op_types, "op_types"), _names(exclude_nodes, "exclude_nodes")
     if fmt not in FORMAT_MAX:
         raise UserError(f"Q/DQ format {fmt!r}: expected one of {', '.join(FORMAT_MAX)}.")
     if fmt != "int8" and (calib_cache is not None or accuracy_target is not None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -34,11 +35,15 @@ def timings_table(timings: dict[str, float]) -> Table:
     return table
 
 
-def manifest_tables(m: Manifest) -> list[Any]:
-    """The engine's identity, I/O and profiles as rich renderables."""
+def manifest_tables(m: Manifest, engine: Any = None) -> list[Any]:
+    """The engine's identity, I/O and profiles as rich renderables. `engine`: the path the user gave (an
+    engine renamed or copied with its manifest was shown by the name it was built under only)."""
     head = Table.grid(padding=(0, 2))
     size = f"{m.engine_bytes / 1e6:.2f} MB, sha256 {m.engine_sha256[:16]}…"
-    head.add_row("engine", f"{plain(m.engine_file)} ({size})")
+    name = plain(m.engine_file if engine is None else engine)
+    if engine is not None and Path(engine).name != m.engine_file:
+        name += f" (built as {plain(m.engine_file)})"
+    head.add_row("engine", f"{name} ({size})")
     head.add_row("backend", f"{m.backend.get('name')} {m.backend.get('version')}")
     if m.backend.get("targets"):
         head.add_row("targets", ", ".join(m.backend["targets"]))
@@ -50,14 +55,50 @@ def manifest_tables(m: Manifest) -> list[Any]:
         head.add_row("plugins", ", ".join(p.get("name", "?") for p in m.plugins))
     head.add_row("trtforge", m.trtforge_version)
     io = Table(title="I/O", show_edge=False)
-    for col in ("", "name", "dtype", "shape", "profile 0 (min:opt:max)"):
+    profiles = _base_profiles(m)
+    for col in ("", "name", "dtype", "shape", *(f"{plain(n)} (min:opt:max)" for n, _ in profiles)):
         io.add_column(col)
-    prof = m.profiles[0] if m.profiles else {}
     for kind, specs in (("in", m.inputs), ("out", m.outputs)):
         for t in specs:
-            rng = prof.get(t.name)
-            io.add_row(kind, plain(t.name), t.dtype, _dims(t.shape), format_range(rng) if rng else "")
+            ranges = [prof.get(t.name) for _, prof in profiles]
+            io.add_row(
+                kind, plain(t.name), t.dtype, _dims(t.shape), *(format_range(r) if r else "" for r in ranges)
+            )
     return [head, io]
+
+
+def generation_line(g: dict[str, Any]) -> str:
+    """A step engine's `generation` section in one line: model, heads, KV cache layout and shape, the
+    phase of each profile. (compile --generate prints the same line from its own copy in
+    cli/compile_generate.py.)"""
+
+    def get(d: Any, key: str) -> Any:
+        return d.get(key, "?") if isinstance(d, dict) else "?"
+
+    c = g.get("cache") or {}
+    if get(c, "layout") == "paged":
+        shape = f"[<={get(c, 'num_blocks')} blocks, {get(c, 'block_size')}, {get(g, 'num_kv_heads')}, "
+    else:
+        shape = f"[B<={get(g, 'max_batch')}, {get(g, 'num_kv_heads')}, {get(g, 'max_seq')}, "
+    shape += f"{get(g, 'head_dim')}]"
+    phases = g.get("profiles")
+    profiles = " ".join(f"{k}={v}" for k, v in phases.items()) if isinstance(phases, dict) else "?"
+    return plain(
+        f"generation: {get(g, 'model_type')} {get(g, 'num_layers')} layers, {get(g, 'num_heads')} heads / "
+        f"{get(g, 'num_kv_heads')} KV heads x {get(g, 'head_dim')}, cache {get(c, 'layout')} "
+        f"{get(c, 'dtype')} {shape}, profiles {profiles}"
+    )
+
+
+def _base_profiles(m: Manifest) -> list[tuple[str, dict[str, Any]]]:
+    """The engine's distinct optimization profiles, named: `streams` copies of K base profiles are
+    shown once each, a decoder step engine's by phase (prefill, decode). Only profile 0 was shown, so a
+    step engine's decode ranges were not seen at all."""
+    copies = max(1, m.streams)
+    k = len(m.profiles) // copies if m.profiles and len(m.profiles) % copies == 0 else len(m.profiles)
+    phases = (m.generation or {}).get("profiles")
+    names = {v: n for n, v in phases.items() if isinstance(v, int)} if isinstance(phases, dict) else {}
+    return [(names.get(i, f"profile {i}"), p) for i, p in enumerate(m.profiles[:k])]
 
 
 def onnx_tables(summary: dict[str, Any]) -> list[Any]:

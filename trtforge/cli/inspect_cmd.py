@@ -60,12 +60,13 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     """
     from rich.console import Console
 
-    from trtforge.cli._render import manifest_tables, onnx_tables, print_all
-    from trtforge.core.manifest import read_manifest, verify_engine_file
+    from trtforge.cli._render import generation_line, manifest_tables, onnx_tables, print_all
+    from trtforge.core.manifest import manifest_path_for, read_manifest, verify_engine_file
     from trtforge.errors import UserError
 
     path = Path(file)
-    if not path.exists():
+    # (an engine whose manifest is here is read on: its error says the engine is what is missing)
+    if not path.exists() and (path.suffix.lower() == ".onnx" or not manifest_path_for(path).is_file()):
         raise UserError(f"'{path}' does not exist.")
     console = Console()
     if path.suffix.lower() == ".onnx":
@@ -81,5 +82,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     if as_json:
         click.echo(manifest.to_json())
     else:
-        print_all(console, manifest_tables(manifest))
+        print_all(console, manifest_tables(manifest, engine))
+        if manifest.generation is not None:  # a decoder step engine (compile --generate)
+            console.print(generation_line(manifest.generation))
         console.print("[green]engine bytes match the manifest sha256[/green]")

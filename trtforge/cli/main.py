@@ -156,7 +156,11 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the group and maps trtforge errors to exit codes (2 user, 1 internal)."""
-    from trtforge.cli._errors import EXIT_SIGINT, EXIT_SIGTERM, build_thread_alive, run_cli
+    try:
+        from trtforge.cli._errors import EXIT_SIGINT, EXIT_SIGTERM, build_thread_alive, run_cli
+    except KeyboardInterrupt:  # Ctrl-C before run_cli sets its handlers: nothing is written yet
+        sys.stderr.write("\ninterrupted\n")  # (was a traceback of the import it landed in)
+        return 128 + 2
 
     if argv is None:
         _enable_faulthandler()

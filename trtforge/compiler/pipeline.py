@@ -25,7 +25,7 @@ from trtforge.core.manifest import ShapeRange
 from trtforge.core.policy import ExportOptions, check_source
 from trtforge.core.shape_limits import source_limits
 from trtforge.core.shapes import format_range, onnx_input_descs, resolve_profile
-from trtforge.errors import UserError
+from trtforge.errors import UserError, checked_call, shown
 
 Log = Callable[[str], None]
 
@@ -33,8 +33,10 @@ Log = Callable[[str], None]
 def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwargs: dict[str, Any], log: Log):
     """Turn any accepted model form into an ONNX artifact on disk, plus example shapes and the torch
     module where known."""
+    if isinstance(model, bytes):
+        model = os.fsdecode(model)
     if isinstance(model, (str, os.PathLike)):
-        text = str(model)
+        text = os.fspath(model)
         path = Path(text)
         suffix = path.suffix.lower()  # (m.ONNX, as some tools save it)
         if suffix == ".onnx":
@@ -51,6 +53,13 @@ def _source_artifact(model: Any, example_inputs: Any, workdir: Path, export_kwar
             raise sources.unsupported_source(path)
         module, example_inputs = load_factory(text)
         model = module
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise UserError(
+            "model must be a torch.nn.Module, an .onnx or .pt2 file path, or a 'package.module:factory' "
+            f"reference; got {type(model).__name__} {shown(model)}."
+        )
     if example_inputs is None:
         raise UserError("exporting an nn.Module needs example_inputs (a tensor, tuple or dict of tensors).")
     log(f"exporting {type(model).__name__} to ONNX")
@@ -63,6 +72,7 @@ _BUILD = BuildOptions()
 _EXPORT = ExportOptions()
 
 
+@checked_call
 def compile_model(
     model: Any,
     example_inputs: Any = None,
@@ -96,6 +106,11 @@ def compile_model(
     or precision are refused. Writes the engine and `<output>.json` atomically; nothing is left
     behind on failure.
     """
+    for name, flag in (("force", force), ("progress", progress), ("version_compatible", version_compatible)):
+        if not isinstance(flag, bool):  # force="no" or progress="no" read as true
+            raise UserError(f"{name} must be True or False, got {type(flag).__name__} {shown(flag)}.")
+    if log is not None and not callable(log):
+        raise UserError(f"log must be a function taking a message (or None), got {type(log).__name__}.")
     log = log or (lambda _msg: None)
     precision, passes = _api_options(precision, passes, progress)
     build_options = BuildOptions(

@@ -226,7 +226,8 @@ def read_manifest(engine_path: str | os.PathLike[str]) -> Manifest:
 
     First settles what an interrupted compile left beside the engine (:func:`resolve_pending`).
     """
-    if not as_path(engine_path, "the engine").name:
+    engine_path = as_path(engine_path, "the engine")  # (bytes too, as os paths may be)
+    if not engine_path.name:
         raise UserError(f"'{show_path(engine_path)}' is not an engine file path.")
     resolve_pending(engine_path)
     path = manifest_path_for(engine_path)
@@ -258,8 +259,13 @@ def verify_engine_file(engine_path: str | os.PathLike[str], manifest: Manifest) 
     """Read the engine bytes and check size and sha256 against the manifest; returns the bytes."""
     p = Path(engine_path)
     if not p.is_file():
-        what = "is a directory" if p.is_dir() else "does not exist"
-        raise UserError(f"engine file '{show_path(p)}' {what}.")
+        if p.is_dir():
+            raise UserError(f"engine file '{show_path(p)}' is a directory.")
+        raise UserError(
+            f"engine file '{show_path(p)}' does not exist; only its manifest "
+            f"'{show_path(manifest_path_for(p))}' is here. Keep the engine beside its manifest, or rebuild "
+            "both with `trtforge compile`."
+        )
     try:
         data = p.read_bytes()
     except OSError as e:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.errors import UserError
+from trtforge.errors import UserError, checked_call
 from trtforge.llm import contract
 from trtforge.llm.executors import OrtStepExecutor
 
@@ -162,6 +162,7 @@ class LLM:
         return [np.stack([s[b] for s in per_step]) for b in range(len(rows))]
 
 
+@checked_call
 def load(path: str | os.PathLike[str], executor: str = "onnxruntime") -> LLM:
     """Load a slot-layout step graph (`step.onnx`, from `trtforge compile --generate --save-onnx`) into
     the raw loop, for its logits. To generate, serve it: :func:`trtforge.llm.load`.

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.errors import UserError, shown
+from trtforge.errors import UserError, checked_call, shown
 from trtforge.llm.host_to_device import to_device
 from trtforge.llm.penalties import (
     RowHistory,
@@ -245,6 +245,9 @@ class SamplingParams:
             replace(self, n=1, seed=None if self.seed is None else child_seed(self.seed, i))
             for i in range(self.n)
         ]
+
+
+SamplingParams.__init__ = checked_call(SamplingParams.__init__)  # type: ignore[method-assign]
 
 
 def child_seed(seed: int, index: int) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.errors import SHOWN_CHARS, UserError, shown
+from trtforge.errors import SHOWN_CHARS, UserError, checked_call, shown
 from trtforge.llm import sizing
 from trtforge.llm.engine import Completion, LLMEngine, RequestHandle
 from trtforge.llm.executors.base import PoolAllocationError, StepExecutor
@@ -70,6 +70,7 @@ class ServingLLM:
             return SamplingParams(**changes)
         return dataclasses.replace(params, **changes) if changes else params
 
+    @checked_call
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -90,6 +91,7 @@ class ServingLLM:
         p = self._params(params, max_new_tokens, stop_at_eos)
         return [list(c.token_ids) for c in self._raise_failed(self.engine.generate(prompts, p))]
 
+    @checked_call
     def completions(
         self,
         prompts: Sequence[Sequence[int]],
@@ -105,6 +107,7 @@ class ServingLLM:
                 raise c.error
         return completions
 
+    @checked_call
     def stream(
         self,
         prompt: Sequence[int],
@@ -116,6 +119,7 @@ class ServingLLM:
         """Yield one prompt's new token ids as they are sampled; closing the iterator cancels it."""
         return self.engine.stream(prompt, self._params(params, max_new_tokens, stop_at_eos))
 
+    @checked_call
     def astream(
         self,
         prompt: Sequence[int],
@@ -127,6 +131,7 @@ class ServingLLM:
         """Async twin of :meth:`stream`."""
         return self.engine.astream(prompt, self._params(params, max_new_tokens, stop_at_eos))
 
+    @checked_call
     def submit(self, prompt: Sequence[int], params: SamplingParams | None = None) -> RequestHandle:
         """Queue one request; its handle iterates tokens, waits for the result or cancels."""
         return self.engine.submit(prompt, params)
@@ -177,6 +182,7 @@ def _config(config: SchedulerConfig | None, max_num_seqs: int | None) -> Schedul
     return dataclasses.replace(config or SchedulerConfig(), max_num_seqs=max_num_seqs)
 
 
+@checked_call
 def load(
     path: str | os.PathLike[str],
     executor: str = "auto",
@@ -353,6 +359,7 @@ def _load_engine(
     return ServingLLM(TrtPagedExecutor(path, num_blocks, max_model_len=max_model_len, spec=spec), config)
 
 
+@checked_call
 def from_pretrained(
     model: Any,
     *,

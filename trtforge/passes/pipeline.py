@@ -21,13 +21,16 @@ verification are skipped (both would need a second in-memory serialisation beyon
 from __future__ import annotations
 
 import logging
+import numbers
+import os
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import onnx
 import onnx_ir as ir
 
-from trtforge.errors import TrtforgeError, UserError
+from trtforge.errors import TrtforgeError, UserError, checked_call, shown
 from trtforge.passes._base import (
     ATTENTION_STRATEGIES,
     PassContext,
@@ -77,6 +80,14 @@ DEFAULT_PASSES: tuple[str, ...] = (
 
 
 def _validate(passes: Sequence[str] | None, attention: str) -> list[str]:
+    if isinstance(passes, str):  # "cleanup,gelu", as --passes takes it (it was read letter by letter)
+        passes = [p.strip() for p in passes.split(",") if p.strip()]
+    if passes is not None and (
+        not isinstance(passes, (list, tuple)) or not all(isinstance(p, str) for p in passes)
+    ):
+        raise UserError(
+            f"passes must be a list of pass names (or None: the default ones), got {shown(passes)}."
+        )
     names = list(DEFAULT_PASSES if passes is None else passes)
     unknown = [n for n in names if n not in PASSES]
     if unknown:
@@ -91,6 +102,26 @@ def _validate(passes: Sequence[str] | None, attention: str) -> list[str]:
     if attention == "plugin" and "attention" in names:
         load_plugin_module()
     return names
+
+
+def _check_shapes(option: str, shapes: Any, inputs: set[str]) -> None:
+    """`shapes`: None or input name -> list of positive ints (a name the model has no input of was
+    ignored, a '2x4' string failed inside verification)."""
+    if shapes is None:
+        return
+    if not isinstance(shapes, Mapping):
+        raise UserError(
+            f"{option} must be a dict of input name -> shape (list of ints), got {shown(shapes)}."
+        )
+    for name, shape in shapes.items():
+        if name not in inputs:
+            raise UserError(f"{option}: the model has no input {shown(name)} (inputs: {sorted(inputs)}).")
+        if (
+            isinstance(shape, (str, bytes))
+            or not isinstance(shape, Sequence)
+            or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
+            raise UserError(f"{option}[{name!r}] must be a list of dims (ints >= 0), got {shown(shape)}.")
 
 
 def _check(model: onnx.ModelProto, large: bool) -> None:
@@ -129,6 +160,7 @@ def _raise_opset(model: ir.Model, target: int) -> None:
         )
 
 
+@checked_call
 def optimize_model(
     model: onnx.ModelProto,
     *,
@@ -155,7 +187,16 @@ def optimize_model(
         UserError: unknown pass / strategy, a model failing ONNX checking, an opset that cannot be raised.
         VerificationError: a pass changed an output beyond tolerance (names pass, output, error).
     """
+    if isinstance(model, (str, os.PathLike)):  # a path is read (and checked) as calibrate_model reads it
+        from trtforge.core.onnx_io import load_onnx
+
+        model = load_onnx(model)
+    if not isinstance(model, onnx.ModelProto):
+        raise UserError(f"model must be an onnx.ModelProto or an ONNX file path, got {type(model).__name__}.")
     names = _validate(passes, attention)
+    inputs = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
+    for option, shapes in (("feed_shapes", feed_shapes), ("verify_shapes", verify_shapes)):
+        _check_shapes(option, shapes, inputs)
     try:
         ir_model = ir.serde.deserialize_model(model)
     except Exception:

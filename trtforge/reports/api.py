@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import numbers
 import os
 import platform
 import re
@@ -19,7 +20,7 @@ from typing import Any
 
 from trtforge._fileio import as_path, show_path, work_directory
 from trtforge.core.policy import PrecisionOptions
-from trtforge.errors import UserError
+from trtforge.errors import UserError, checked_call, shown
 from trtforge.reports.compare import compare_target
 from trtforge.reports.inputs import Feed, ReportInput, fit_sizes, generate_feed, load_feeds, static_batch
 from trtforge.reports.latency import MemoryProbe, measure_point, sweep_points
@@ -53,13 +54,42 @@ class ReportResult:
     runs: dict[str, TargetRun] = field(default_factory=dict)
 
 
-def _check_args(batch_sizes: Sequence[int], seq_lens: Sequence[int], warmup: int, runs: int) -> None:
-    if not batch_sizes or any(int(b) < 1 for b in batch_sizes):
-        raise UserError(f"batch sizes must be positive integers, got {list(batch_sizes)}.")
-    if not seq_lens or any(int(s) < 1 for s in seq_lens):
-        raise UserError(f"sequence lengths must be positive integers, got {list(seq_lens)}.")
-    if warmup < 0 or runs < 1:
-        raise UserError(f"warmup must be >= 0 and runs >= 1, got warmup={warmup}, runs={runs}.")
+def _check_args(
+    batch_sizes: Any, seq_lens: Any, warmup: Any, runs: Any, targets: Any, tolerances: Any
+) -> None:
+    """The argument kinds and ranges, each named (a str batch_sizes, runs='3' or tolerances=[..] was a
+    TypeError from a comparison deep inside; targets='ort' was read letter by letter, as target 'o')."""
+    for name, values, what in (
+        ("batch_sizes", batch_sizes, "batch sizes"),
+        ("seq_lens", seq_lens, "sequence lengths"),
+    ):
+        if (
+            isinstance(values, (str, bytes))
+            or not isinstance(values, Sequence)
+            or not values
+            or not all(_is_int(v) and v >= 1 for v in values)
+        ):
+            raise UserError(f"{name} ({what}) must be a list of positive integers, got {shown(values)}.")
+    for name, value, low in (("warmup", warmup, 0), ("runs", runs, 1)):
+        if not _is_int(value) or value < low:
+            raise UserError(f"{name} must be an integer >= {low}, got {shown(value)}.")
+    if targets is not None and (
+        isinstance(targets, (str, bytes))
+        or not isinstance(targets, Collection)
+        or not all(isinstance(t, str) for t in targets)
+    ):
+        raise UserError(
+            f"targets must be a list of target names (or None: all that apply), got {shown(targets)}."
+        )
+    if tolerances is not None and not isinstance(tolerances, Mapping):
+        raise UserError(
+            f"tolerances must be a mapping of output keys to limits (or None), got {shown(tolerances)}."
+        )
+
+
+def _is_int(value: Any) -> bool:
+    """A Python or numpy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_out_dir(out_dir: str | os.PathLike[str]) -> Path:
@@ -218,6 +248,7 @@ def _run_target(
     return run, latency
 
 
+@checked_call
 def build_report(
     source: Any,
     *,
@@ -265,7 +296,7 @@ def build_report(
         check_report: called with the finished report before anything is written; what it raises
             leaves `out_dir` as it was (the CLI refuses --data the reference rejected this way).
     """
-    _check_args(batch_sizes, seq_lens, warmup, runs)
+    _check_args(batch_sizes, seq_lens, warmup, runs, targets, tolerances)
     try:
         from trtforge.reports.runners import preload, quiet_polygraphy
     except ImportError as e:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from trtforge._fileio import as_input_path
 from trtforge.core.manifest import Manifest, ShapeRange, read_manifest, verify_engine_file
-from trtforge.errors import BackendUnavailableError, UserError
+from trtforge.errors import BackendUnavailableError, UserError, checked_call
 from trtforge.runtime.compat import check_backend_compat, register_required_plugins
 from trtforge.runtime.profiles import InputValidator, IOSpec, ProfileLayout
 from trtforge.runtime.protocol import EngineHandle
@@ -83,6 +84,7 @@ class Engine:
             "backend": dict(self.manifest.backend),
         }
 
+    @checked_call
     def session(
         self,
         streams: int = 1,
@@ -130,11 +132,13 @@ def _backend_for(manifest: Manifest, label: str) -> Any:
         ) from e
 
 
+@checked_call
 def load(path: str | os.PathLike[str], manifest: Manifest | None = None) -> Engine:
     """Load `path` (+ `path.json` manifest): verify it, check the backend, register plugins, deserialize.
 
     `manifest`: `path`'s manifest when the caller has read it already (read_manifest), so it is read once.
     """
+    path = as_input_path(path, "the engine")
     label = f"engine '{path}'"
     manifest = read_manifest(path) if manifest is None else manifest
     data = verify_engine_file(path, manifest)

@@ -21,7 +21,7 @@ import torch
 
 from trtforge.core.manifest import Manifest, ShapeRange, TensorSpec
 from trtforge.core.tensor_spec import shape_mismatch
-from trtforge.errors import UserError
+from trtforge.errors import UserError, shown
 from trtforge.runtime._dtypes import dtype_name, numpy_dtype, torch_dtype
 
 _CACHE_LIMIT = 4096
@@ -103,6 +103,8 @@ class ProfileLayout:
 
     def check_lanes(self, n: int, *, engine: str = "engine") -> None:
         """UserError unless `n` lanes can run concurrently (one profile copy per lane when dynamic)."""
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise UserError(f"session(streams={shown(n)}): streams must be an integer >= 1.")
         if n < 1:
             raise UserError(f"session(streams={n}): the number of streams must be at least 1.")
         if self.dynamic and n > self.copies:
@@ -131,6 +133,11 @@ class InputValidator:
 
     def validate(self, feeds: Mapping[str, Any]) -> tuple[int, tuple[tuple[int, ...], ...]]:
         """Return (base profile index, shapes in input order) or raise UserError naming the problem."""
+        if type(feeds) is not dict and not isinstance(feeds, Mapping):  # (a dict: one cheap check)
+            raise UserError(
+                f"{self.engine}: inputs must be a dict of input name -> tensor, got {type(feeds).__name__}; "
+                f"the engine's inputs are {', '.join(repr(s.name) for s in self.inputs)}."
+            )
         if len(feeds) != len(self.inputs):
             self._raise_names(feeds)
         shapes = []

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from trtforge.errors import UserError
+from trtforge.errors import UserError, checked_call, shown
 from trtforge.runtime._completion import Completer
 from trtforge.runtime._graph_state import GraphState
 from trtforge.runtime._graphs import graph_step
@@ -144,6 +144,7 @@ class Session:
         """Number of lanes (execution contexts / CUDA streams)."""
         return len(self._lanes)
 
+    @checked_call
     def run(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, torch.Tensor] | None = None
     ) -> dict[str, Any]:
@@ -166,6 +167,7 @@ class Session:
             self._free.put(lane)
         return result
 
+    @checked_call
     def submit(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, torch.Tensor] | None = None
     ) -> concurrent.futures.Future[dict[str, Any]]:
@@ -194,6 +196,7 @@ class Session:
             return completer.put(done, lambda: {n: v.numpy() for n, v in host.items()}, keep)
         return completer.put(done, lambda: result, keep)
 
+    @checked_call
     def memory_needed(self, inputs: Mapping[str, Any]) -> int:
         """Device memory (bytes) one lane needs for these input shapes; reads metadata only, runs nothing."""
         if self._closed:
@@ -244,8 +247,11 @@ class Session:
             "lanes": lanes,
         }
 
+    @checked_call
     def trim(self, keep: int = 0) -> None:
         """Release arena memory above `keep` bytes per lane (waits for each lane to be idle)."""
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+            raise UserError(f"trim(keep={shown(keep)}): keep is a number of bytes, an integer >= 0.")
         taken = [self._acquire() for _ in self._lanes]
         try:
             for lane in taken:

@@ -27,6 +27,8 @@ def load_causal_lm(source: Any) -> Any:
                 f"{type(source).__name__} without one."
             )
         return source
+    if isinstance(source, bytes):  # a path as os functions take it (compile and runtime.load read it so)
+        source = os.fsdecode(source)
     if not isinstance(source, (str, os.PathLike)):
         raise UserError(
             f"expected a Hugging Face causal LM (an nn.Module, a save_pretrained directory or "
