@@ -167,6 +167,32 @@ def test_cli_generate_option_errors(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.txt"]
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--smoothquant", "0.5"],
+        ["--no-smoothquant"],
+        ["--calib-method", "entropy"],
+        ["--calib-samples", "2"],
+        ["--int8-rest", "fp32"],
+        ["--tokenizer", "demo"],
+        ["--low-precision-io"],  # (named by the pair's first spelling, --keep-io-types)
+        ["--no-verify"],  # (--verify)
+    ],
+)
+def test_cli_generate_refuses_the_encoder_precision_options(args, tmp_path, capsys):
+    """These were read by nothing on the --generate path: `--smoothquant 0.5` built the alpha 0.8 INT8
+    step engine as if it had not been given. Refused by name now, before the model loads."""
+    ids = tmp_path / "ids.txt"
+    ids.write_text("1 2 3\n")
+    out = tmp_path / "x.engine"
+    base = ["compile", str(tmp_path / "missing-model"), "--generate", "-o", str(out)]
+    assert cli_main([*base, "--precision", "int8", "--calib-data", str(ids), *args]) == 2
+    flag = {"--low-precision-io": "--keep-io-types", "--no-verify": "--verify"}.get(args[0], args[0])
+    assert f"{flag} cannot be combined with --generate" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.txt"]
+
+
 def _broken_dir(tmp_path, what: str):
     """A save_pretrained directory of a tiny Llama with `what` broken."""
     d = tmp_path / what

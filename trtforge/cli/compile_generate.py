@@ -29,6 +29,16 @@ _UNUSED = (
     "accuracy_target",
     "report_dir",
     "timing_cache",
+    # the step compile runs its own checks and precision stages: INT8 is SmoothQuant (alpha 0.8) on
+    # max-calibrated prompts of token ids (no tokenizer), the rest FP16 with FP32 logits
+    "verify",
+    "keep_io_types",
+    "int8_rest",
+    "calib_method",
+    "calib_samples",
+    "smoothquant",
+    "no_smoothquant",
+    "tokenizer",
 )
 
 
