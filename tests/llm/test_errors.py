@@ -193,6 +193,17 @@ def test_cli_generate_refuses_the_encoder_precision_options(args, tmp_path, caps
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.txt"]
 
 
+def test_cli_generate_fp32_points_at_what_writes_the_fp32_step_graph(tmp_path, capsys):
+    """The refusal offered "(build=False, save_onnx)", which no compile option gives: it names the call."""
+    out = tmp_path / "x.engine"
+    argv = ["compile", str(tmp_path / "missing-model"), "--generate", "--precision", "fp32", "-o", str(out)]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "use --precision fp16 (default) or bf16" in err
+    assert "trtforge.compile(model, None, generate=True, build=False, save_onnx='step.onnx'" in err
+    assert not list(tmp_path.iterdir())
+
+
 def _broken_dir(tmp_path, what: str):
     """A save_pretrained directory of a tiny Llama with `what` broken."""
     d = tmp_path / what
