@@ -204,6 +204,21 @@ def test_cli_generate_fp32_points_at_what_writes_the_fp32_step_graph(tmp_path, c
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("option", ["--save-onnx", "-o"])
+def test_cli_generate_never_writes_over_its_calib_data(option, tmp_path, capsys):
+    """--save-onnx ids.txt --force wrote the step graph over the --calib-data file it had just read."""
+    ids = tmp_path / "ids.txt"
+    ids.write_text("1 2 3\n")
+    args = ["--save-onnx", str(ids)] if option == "--save-onnx" else []
+    out = ids if option == "-o" else tmp_path / "x.engine"
+    argv = ["compile", "tests.llm.tiny_models:llama_factory", "--generate", "-o", str(out), "--force"]
+    argv += ["--max-seq", "32", "--max-batch", "2", "--precision", "int8", "--calib-data", str(ids)]
+    assert cli_main([*argv, *args]) == 2
+    assert f"'{ids}' is the --calib-data file" in capsys.readouterr().err
+    assert ids.read_text() == "1 2 3\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.txt"]
+
+
 def _broken_dir(tmp_path, what: str):
     """A save_pretrained directory of a tiny Llama with `what` broken."""
     d = tmp_path / what
