@@ -167,6 +167,58 @@ def test_cli_generate_option_errors(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.txt"]
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--smoothquant", "0.5"],
+        ["--no-smoothquant"],
+        ["--calib-method", "entropy"],
+        ["--calib-samples", "2"],
+        ["--int8-rest", "fp32"],
+        ["--tokenizer", "demo"],
+        ["--low-precision-io"],  # (named by the pair's first spelling, --keep-io-types)
+        ["--no-verify"],  # (--verify)
+    ],
+)
+def test_cli_generate_refuses_the_encoder_precision_options(args, tmp_path, capsys):
+    """These were read by nothing on the --generate path: `--smoothquant 0.5` built the alpha 0.8 INT8
+    step engine as if it had not been given. Refused by name now, before the model loads."""
+    ids = tmp_path / "ids.txt"
+    ids.write_text("1 2 3\n")
+    out = tmp_path / "x.engine"
+    base = ["compile", str(tmp_path / "missing-model"), "--generate", "-o", str(out)]
+    assert cli_main([*base, "--precision", "int8", "--calib-data", str(ids), *args]) == 2
+    flag = {"--low-precision-io": "--keep-io-types", "--no-verify": "--verify"}.get(args[0], args[0])
+    assert f"{flag} cannot be combined with --generate" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.txt"]
+
+
+def test_cli_generate_fp32_points_at_what_writes_the_fp32_step_graph(tmp_path, capsys):
+    """The refusal offered "(build=False, save_onnx)", which no compile option gives: it names the call."""
+    out = tmp_path / "x.engine"
+    argv = ["compile", str(tmp_path / "missing-model"), "--generate", "--precision", "fp32", "-o", str(out)]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "use --precision fp16 (default) or bf16" in err
+    assert "trtforge.compile(model, None, generate=True, build=False, save_onnx='step.onnx'" in err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option", ["--save-onnx", "-o"])
+def test_cli_generate_never_writes_over_its_calib_data(option, tmp_path, capsys):
+    """--save-onnx ids.txt --force wrote the step graph over the --calib-data file it had just read."""
+    ids = tmp_path / "ids.txt"
+    ids.write_text("1 2 3\n")
+    args = ["--save-onnx", str(ids)] if option == "--save-onnx" else []
+    out = ids if option == "-o" else tmp_path / "x.engine"
+    argv = ["compile", "tests.llm.tiny_models:llama_factory", "--generate", "-o", str(out), "--force"]
+    argv += ["--max-seq", "32", "--max-batch", "2", "--precision", "int8", "--calib-data", str(ids)]
+    assert cli_main([*argv, *args]) == 2
+    assert f"'{ids}' is the --calib-data file" in capsys.readouterr().err
+    assert ids.read_text() == "1 2 3\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.txt"]
+
+
 def _broken_dir(tmp_path, what: str):
     """A save_pretrained directory of a tiny Llama with `what` broken."""
     d = tmp_path / what

@@ -160,6 +160,8 @@ def test_html_in_headless_chromium(report):
         (["--text", str(TEXT), "--variants", " , "], "--variants: ' , ' names no variant"),  # was "[]"
         (["--text", str(TEXT), "--windows", "2", "--window-len", "100000"], "--window-len"),
         (["--text", str(TEXT), "--targets", "ort"], "--targets"),
+        # was dropped: onnx-int8 was SmoothQuant'd as if it had not been given
+        (["--text", str(TEXT), "--no-smoothquant"], "--no-smoothquant only apply to an output comparison"),
         ([], "--generate needs --text"),
     ],
 )
@@ -168,6 +170,18 @@ def test_bad_input_exits_2_and_writes_nothing(args, message, tiny_dir, tmp_path,
     rc = cli_main(["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", *args])
     assert rc == 2 and message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_text_that_is_one_of_the_report_files_exits_2_and_is_kept(tiny_dir, tmp_path, capsys):
+    """--text OUT/report.md was read, then replaced by the report: the input was gone."""
+    out = tmp_path / "out"
+    out.mkdir()
+    text = out / "report.md"
+    text.write_text(TEXT.read_text())
+    argv = ["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", "--text", str(text)]
+    rc = cli_main(argv)
+    assert rc == 2 and "is the --text file" in capsys.readouterr().err
+    assert text.read_text() == TEXT.read_text() and [p.name for p in out.iterdir()] == ["report.md"]
 
 
 def test_a_model_that_is_not_a_causal_lm_exits_2(tmp_path, capsys):

@@ -29,6 +29,16 @@ _UNUSED = (
     "accuracy_target",
     "report_dir",
     "timing_cache",
+    # the step compile runs its own checks and precision stages: INT8 is SmoothQuant (alpha 0.8) on
+    # max-calibrated prompts of token ids (no tokenizer), the rest FP16 with FP32 logits
+    "verify",
+    "keep_io_types",
+    "int8_rest",
+    "calib_method",
+    "calib_samples",
+    "smoothquant",
+    "no_smoothquant",
+    "tokenizer",
 )
 
 
@@ -107,6 +117,13 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
     if given:
         raise click.UsageError(f"{', '.join(given)} cannot be combined with --generate.")
     precision = params.get("mode", "fp16") if given_flags(ctx, ["mode"]) else "fp16"
+    if params.get("calib_data") is not None:  # an input the compile session does not see (it gets ids)
+        from trtforge._fileio import refuse_overwriting_inputs
+        from trtforge.core.manifest import manifest_path_for
+
+        outputs = {"-o (engine)": params["output"], "--save-onnx": params.get("save_onnx")}
+        outputs["the manifest"] = manifest_path_for(params["output"]) if params["output"] else None
+        refuse_overwriting_inputs(outputs, {"--calib-data file": params["calib_data"]})
     prompts = read_prompt_ids(params["calib_data"]) if params.get("calib_data") is not None else None
     quiet = bool(params.get("quiet"))
     console = Console(quiet=quiet)

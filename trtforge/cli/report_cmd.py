@@ -300,8 +300,8 @@ def _why_none(report: Report) -> str:
 
 _LM_ONLY = ("text", "variants", "windows", "window_len", "chunk", "prompt_len", "new_tokens", "device")
 _ENCODER_ONLY = (
-    "targets", "reference", "data", "calibration_data", "calib_method", "smoothquant", "int8_rest", "seq",
-    "warmup", "runs", "tolerances", "output_names",
+    "targets", "reference", "data", "calibration_data", "calib_method", "smoothquant", "no_smoothquant",
+    "int8_rest", "seq", "warmup", "runs", "tolerances", "output_names",
 )  # fmt: skip
 
 

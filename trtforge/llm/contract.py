@@ -49,36 +49,45 @@ def paged_output_names(num_layers: int) -> list[str]:
 PREFILL, DECODE = 0, 1
 
 
-def step_profiles(generation: dict[str, Any]) -> list[dict[str, ShapeRange]]:
-    """The prefill and decode profiles of a step graph, from its generation section."""
+def step_profiles(
+    generation: dict[str, Any], *, fixed_batch_prefill: bool = False
+) -> list[dict[str, ShapeRange]]:
+    """The prefill and decode profiles of a step graph, from its generation section.
+
+    A max_batch 1 graph's prefill profile still takes up to 2 rows (opt 1; the executors feed 1):
+    TensorRT-RTX 1.7.1 fails to build a prefill profile whose batch is fixed at 1 for prompts of up to
+    32 tokens (Myelin: "Graph contains more than one op named ..._iota"). `fixed_batch_prefill` gives
+    the ranges of the engines built before (batch max 1), which the TensorRT executor still reads."""
     b, p = int(generation["max_batch"]), int(generation["max_prefill"])
     cache = [int(generation["num_kv_heads"]), int(generation["max_seq"]), int(generation["head_dim"])]
 
-    def profile(seq_max: int, seq_opt: int) -> dict[str, ShapeRange]:
+    def profile(seq_max: int, seq_opt: int, b_max: int) -> dict[str, ShapeRange]:
         out = {
-            "input_ids": ShapeRange([1, 1], [b, seq_opt], [b, seq_max]),
-            "position_ids": ShapeRange([1, 1], [b, seq_opt], [b, seq_max]),
-            "past_lens": ShapeRange([1], [b], [b]),
-            "new_lens": ShapeRange([1], [b], [b]),
+            "input_ids": ShapeRange([1, 1], [b, seq_opt], [b_max, seq_max]),
+            "position_ids": ShapeRange([1, 1], [b, seq_opt], [b_max, seq_max]),
+            "past_lens": ShapeRange([1], [b], [b_max]),
+            "new_lens": ShapeRange([1], [b], [b_max]),
         }
         if generation["cache"]["layout"] == "paged":
-            return out | _paged_ranges(generation, b, seq_max, seq_opt)
+            return out | _paged_ranges(generation, b, b_max, seq_max, seq_opt)
         for name in generation["cache"]["inputs"]:
-            out[name] = ShapeRange([1, *cache], [b, *cache], [b, *cache])
+            out[name] = ShapeRange([1, *cache], [b, *cache], [b_max, *cache])
         return out
 
-    return [profile(p, p), profile(1, 1)]
+    return [profile(p, p, b if fixed_batch_prefill else max(b, 2)), profile(1, 1, b)]
 
 
-def _paged_ranges(generation: dict[str, Any], b: int, seq_max: int, seq_opt: int) -> dict[str, ShapeRange]:
+def _paged_ranges(
+    generation: dict[str, Any], b: int, b_max: int, seq_max: int, seq_opt: int
+) -> dict[str, ShapeRange]:
     """Block tables up to max_seq / block_size wide, pools of 1 .. cache.num_blocks blocks."""
     cache = generation["cache"]
     width = -(-int(generation["max_seq"]) // int(cache["block_size"]))
     pool = [int(d) for d in cache["shape"][1:]]
     n = int(cache["num_blocks"])
     out = {
-        "block_tables": ShapeRange([1, 1], [b, width], [b, width]),
-        "slot_mapping": ShapeRange([1, 1], [b, seq_opt], [b, seq_max]),
+        "block_tables": ShapeRange([1, 1], [b, width], [b_max, width]),
+        "slot_mapping": ShapeRange([1, 1], [b, seq_opt], [b_max, seq_max]),
     }
     for name in cache["inputs"]:
         out[name] = ShapeRange([1, *pool], [n, *pool], [n, *pool])

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge._fileio import as_path, work_directory
+from trtforge._fileio import as_path, refuse_overwriting_inputs, work_directory
 from trtforge.errors import UserError, shown
 from trtforge.reports.results import FAILED, NOT_RUN, OK, LmQuality, LmSpeed, Report, TargetInfo
 
@@ -598,13 +598,15 @@ def build_llm_report(
         environment,
         torch_threads,
     )
-    from trtforge.reports.render import write_report
+    from trtforge.reports.render import REPORT_FILES, write_report
 
     text_path = as_path(text, "--text")
     if not text_path.is_file():
         raise UserError(f"--text '{text_path}' does not exist or is not a file; expected a UTF-8 text file.")
     content = _read_text(text_path)
     _check_can_create(check_out_dir(out_dir))
+    outputs = {f"the report file {name}": Path(out_dir) / name for name in REPORT_FILES}
+    refuse_overwriting_inputs(outputs, {"--text file": text_path})  # (it would be replaced by the report)
     if not batch_sizes or min(int(b) for b in batch_sizes) < 1:
         raise UserError(f"--batch: expected positive integers, got {list(batch_sizes)}.")
     if chunk < 1 or prompt_len < 1 or new_tokens < 2:

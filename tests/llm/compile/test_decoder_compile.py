@@ -307,6 +307,27 @@ def test_attention_no_fused_kernel_takes_is_built_decomposed(tmp_path):
 
 
 @pytest.mark.trt_build
+@pytest.mark.parametrize("layout", ["slot", "paged"])
+def test_max_batch_1_with_short_prompts_builds(layout, tmp_path):
+    """--max-batch 1 with a prefill of up to 32 tokens failed TensorRT-RTX's build (Myelin: "Graph contains
+    more than one op named ..._iota") when the prefill profile's batch was fixed at 1; it takes up to 2
+    rows now (opt 1), the decode profile stays at 1, and the TensorRT executor reads the manifest."""
+    from trtforge.llm.executors.tensorrt_exec import read_step_engine
+
+    engine = tmp_path / "b1.engine"
+    trtforge.compile(
+        tiny_model("llama"), output=engine, generate=True, max_seq=16, max_batch=1, exporter="legacy",
+        cache_layout=layout, progress=False,
+    )  # fmt: skip
+    m = read_manifest(engine)
+    prefill, decode = (m.profiles[m.generation["profiles"][ph]]["input_ids"] for ph in ("prefill", "decode"))
+    assert (prefill.min, prefill.opt, prefill.max) == ([1, 1], [1, 16], [2, 16])
+    assert (decode.min, decode.opt, decode.max) == ([1, 1], [1, 1], [1, 1])
+    if layout == "paged":
+        assert read_step_engine(engine).ranges["prefill"]["input_ids"].max == [2, 16]
+
+
+@pytest.mark.trt_build
 def test_head_dim_not_a_multiple_of_8_fails_the_build_saying_so(tmp_path):
     from trtforge.errors import BuildError
 

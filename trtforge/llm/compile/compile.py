@@ -188,7 +188,9 @@ def compile_generate(
     if build and precision == "fp32":
         raise UserError(
             "--generate --precision fp32: TensorRT's attention layer builds only in FP16/BF16; use "
-            "--precision fp16 (default) or bf16, or write the FP32 step graph alone (build=False, save_onnx)."
+            "--precision fp16 (default) or bf16. An FP32 step graph (for ONNX Runtime) is written without an "
+            "engine from Python: trtforge.compile(model, None, generate=True, build=False, "
+            "save_onnx='step.onnx', precision='fp32')."
         )
     if precision == "int8" and not calib_prompts:
         raise UserError(
