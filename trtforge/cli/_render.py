@@ -69,8 +69,7 @@ def manifest_tables(m: Manifest, engine: Any = None) -> list[Any]:
 
 def generation_line(g: dict[str, Any]) -> str:
     """A step engine's `generation` section in one line: model, heads, KV cache layout and shape, the
-    phase of each profile. (compile --generate prints the same line from its own copy in
-    cli/compile_generate.py.)"""
+    phase of each profile (what ``inspect`` and ``compile --generate`` print)."""
 
     def get(d: Any, key: str) -> Any:
         return d.get(key, "?") if isinstance(d, dict) else "?"

@@ -110,7 +110,14 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
     """Compile MODEL with --generate from compile_cmd's parsed parameters and print the result."""
     from rich.console import Console
 
-    from trtforge.cli._render import manifest_tables, plain, print_all, stage_summary_table, timings_table
+    from trtforge.cli._render import (
+        generation_line,
+        manifest_tables,
+        plain,
+        print_all,
+        stage_summary_table,
+        timings_table,
+    )
     from trtforge.llm.compile.compile import compile_generate
 
     given = given_flags(ctx, [name for name in _UNUSED if name in params])
@@ -153,17 +160,7 @@ def run_generate(ctx: click.Context, model: str, params: dict[str, Any]) -> None
     summary = stage_summary_table(result.records)
     stages = [summary] if summary else []
     print_all(console, [timings_table(result.timings), *stages, *manifest_tables(result.manifest)])
-    g = result.manifest.generation
-    c = g["cache"]
-    if c["layout"] == "paged":
-        shape = f"[<={c['num_blocks']} blocks, {c['block_size']}, {g['num_kv_heads']}, {g['head_dim']}]"
-    else:
-        shape = f"[B<={g['max_batch']}, {g['num_kv_heads']}, {g['max_seq']}, {g['head_dim']}]"
-    console.print(
-        f"generation: {g['model_type']} {g['num_layers']} layers, {g['num_heads']} heads / "
-        f"{g['num_kv_heads']} KV heads x {g['head_dim']}, cache {c['layout']} {c['dtype']} {shape}, "
-        f"profiles prefill={g['profiles']['prefill']} decode={g['profiles']['decode']}"
-    )
+    console.print(generation_line(result.manifest.generation))
     console.print(f"[green]wrote[/green] {plain(result.engine_path)} and {plain(result.manifest_path)}")
 
 
