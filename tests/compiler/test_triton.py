@@ -151,3 +151,36 @@ def test_a_repository_that_cannot_be_created_is_a_user_error(bert_engine: Path, 
         ["export-triton", str(bert_engine), "-o", str(tmp_path / "file" / "repo")], capsys, "cannot create"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_a_signal_during_the_swap_waits_for_it(bert_engine: Path, tmp_path: Path, monkeypatch) -> None:
+    """--force over an existing model directory: a SIGTERM arriving as the old directory is moved aside (CI
+    caught one left behind as repo/.trtforge-replaced.*, or could find the model gone) is held until the
+    new directory is in place and the old one removed, then raised."""
+    import os
+    import signal
+
+    from trtforge.compiler import triton
+
+    repo = tmp_path / "repo"
+    assert main(["export-triton", str(bert_engine), "-o", str(repo)]) == 0
+    before = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*"))
+    real_replace = os.replace
+
+    def replace_then_signal(src, dst):
+        real_replace(src, dst)
+        if ".trtforge-replaced." in str(dst):
+            signal.raise_signal(signal.SIGTERM)
+
+    def stop(signum, frame):
+        raise SystemExit(143)
+
+    monkeypatch.setattr(triton.os, "replace", replace_then_signal)
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(SystemExit):
+            triton.export_triton(bert_engine, repo, triton.TritonOptions(force=True))
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*")) == before
+    assert (repo / "bert" / "1" / "model.plan").read_bytes() == bert_engine.read_bytes()

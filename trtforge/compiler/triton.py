@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtforge._fileio import USER_ERRNOS, check_name_length, os_error, show_path
+from trtforge._fileio import USER_ERRNOS, check_name_length, os_error, show_path, signals_deferred
 from trtforge.core.manifest import (
     Manifest,
     TensorSpec,
@@ -282,13 +282,15 @@ def export_triton(
         (staging / "1").mkdir()
         (staging / "1" / "model.plan").write_bytes(data)
         (staging / "config.pbtxt").write_text(text)
-        if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=".trtforge-replaced.", dir=repo))
-            os.replace(target, old / name)
-            os.replace(staging, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, target)
+        with signals_deferred():  # an interrupt between the renames or before the old one's removal left
+            # the model directory gone or a .trtforge-replaced.* copy behind: it waits for the swap
+            if target.exists():
+                old = Path(tempfile.mkdtemp(prefix=".trtforge-replaced.", dir=repo))
+                os.replace(target, old / name)
+                os.replace(staging, target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(staging, target)
     except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in USER_ERRNOS:
