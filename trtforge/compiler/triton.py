@@ -273,12 +273,14 @@ def export_triton(
     if opts.validate:
         validate_config(text, manifest, max_batch)
         validated = True
+    staging: Path | None = None
     try:
-        repo.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".trtforge-export.", dir=repo))
-    except OSError as e:  # a repository path that cannot be created (read-only, /proc, no permission)
-        raise os_error(e, repo, "create the model repository") from e
-    try:
+        try:
+            repo.mkdir(parents=True, exist_ok=True)
+            with signals_deferred():  # made and named with interrupts held, so the cleanup below sees it
+                staging = Path(tempfile.mkdtemp(prefix=".trtforge-export.", dir=repo))
+        except OSError as e:  # a repository path that cannot be created (read-only, /proc, no permission)
+            raise os_error(e, repo, "create the model repository") from e
         (staging / "1").mkdir()
         (staging / "1" / "model.plan").write_bytes(data)
         (staging / "config.pbtxt").write_text(text)
@@ -292,7 +294,8 @@ def export_triton(
             else:
                 os.replace(staging, target)
     except BaseException as e:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:  # (gone already where the swap renamed it)
+            shutil.rmtree(staging, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in USER_ERRNOS:
             raise os_error(e, target) from e
         raise
