@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -165,6 +173,34 @@ def test_a_chat_template_given_replaces_the_tokenizers_broken_one(
 MODEL = Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "code-llama-21m"
 
 
+@contextlib.contextmanager
+def _live_server(tmp_path: Path, model: str) -> Iterator[tuple[str, int]]:
+    """`trtforge serve MODEL --port 0` on the CPU in a child process: yields the URL and port its startup
+    line names; then SIGTERM, and the server must exit 0 without a traceback."""
+    log = tmp_path / "serve.log"
+    argv = [sys.executable, "-m", "trtforge.cli.main", "serve", model, "--device", "cpu"]
+    argv += ["--num-blocks", "64", "--max-num-seqs", "2", "--port", "0"]
+    with open(log, "wb") as out:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.Popen(
+            argv, cwd=Path(__file__).resolve().parents[2], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        end = time.monotonic() + 120
+        while not (m := re.search(r"listening on (http://127\.0\.0\.1:(\d+)) ", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < end, log.read_text()
+            time.sleep(0.2)
+        yield m.group(1), int(m.group(2))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "Traceback" not in log.read_text(), log.read_text()
+
+
 @pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
 def test_the_startup_line_says_how_the_pool_was_sized(monkeypatch, capsys):
     """Before it listens, the server prints the sized pool and what the sizing counted (on a GPU: the
@@ -203,29 +239,10 @@ def test_requests_may_name_the_model_as_typed_on_the_command_line(tmp_path):
     """vLLM serves `serve PATH` under PATH; trtforge lists PATH's base name. Before, a request naming the
     model as typed (a vLLM client's habit) got 404; now it is answered as the listed name, which
     /v1/models alone lists. --served-model-name replaces both."""
-    import os
-    import re
-    import signal
-    import subprocess
-    import sys
-    import time
-
     import httpx
 
     typed = os.path.relpath(MODEL, Path(__file__).resolve().parents[2]) + "/"
-    log = tmp_path / "serve.log"
-    argv = [sys.executable, "-m", "trtforge.cli.main", "serve", typed, "--device", "cpu"]
-    argv += ["--num-blocks", "64", "--max-num-seqs", "2", "--port", "0"]
-    root = Path(__file__).resolve().parents[2]
-    with open(log, "wb") as out:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        proc = subprocess.Popen(argv, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        end = time.monotonic() + 120
-        while not (m := re.search(r"listening on (http://127\.0\.0\.1:(\d+)) ", log.read_text())):
-            assert proc.poll() is None and time.monotonic() < end, log.read_text()
-            time.sleep(0.2)
-        url = m.group(1)
+    with _live_server(tmp_path, typed) as (url, _):
         listed = httpx.get(url + "/v1/models", timeout=10).json()
         assert [c["id"] for c in listed["data"]] == ["code-llama-21m"]
         for name in ("code-llama-21m", typed, typed.rstrip("/")):
@@ -234,51 +251,17 @@ def test_requests_may_name_the_model_as_typed_on_the_command_line(tmp_path):
             assert r.status_code == 200 and r.json()["model"] == "code-llama-21m", (name, r.text)
         r = httpx.post(url + "/v1/completions", json={"model": "code-llama-3m", "prompt": "x"}, timeout=60)
         assert r.status_code == 404 and "code-llama-3m" in r.json()["error"]["message"]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0 and "Traceback" not in log.read_text(), log.read_text()
 
 
 @pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
 def test_port_0_prints_the_port_the_os_chose(tmp_path):
     """Before: `--port 0` (which the option's range allows) printed "listening on http://127.0.0.1:0", a
     URL no client can reach; the line names the port the socket was bound to."""
-    import os
-    import re
-    import signal
-    import subprocess
-    import sys
-    import time
-
     import httpx
 
-    log = tmp_path / "serve.log"
-    argv = [sys.executable, "-m", "trtforge.cli.main", "serve", str(MODEL), "--device", "cpu"]
-    argv += ["--num-blocks", "64", "--max-num-seqs", "2", "--port", "0"]
-    root = Path(__file__).resolve().parents[2]
-    with open(log, "wb") as out:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        proc = subprocess.Popen(argv, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        end = time.monotonic() + 120
-        while not (m := re.search(r"listening on (http://127\.0\.0\.1:(\d+)) ", log.read_text())):
-            assert proc.poll() is None and time.monotonic() < end, log.read_text()
-            time.sleep(0.2)
-        assert int(m.group(2)) > 0, log.read_text()
-        assert httpx.get(m.group(1) + "/health", timeout=10).status_code == 200
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0 and "Traceback" not in log.read_text(), log.read_text()
+    with _live_server(tmp_path, str(MODEL)) as (url, port):
+        assert port > 0
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
 
 
 @pytest.mark.skipif(not MODEL.is_dir(), reason=f"the trained model {MODEL} is absent")
