@@ -134,30 +134,6 @@ def test_a_pointer_off_the_compiled_alignment_goes_through_triton():
     assert _counts(launch) == (2, 1)
 
 
-@pytest.mark.parametrize("pairs", [6, 5], ids=["enough", "too-few"])
-def test_prepared_decode_on_the_callers_counters(pairs):
-    """`counters` given (a graph's, zeroed once): the splits are reduced in the split kernel on them, with
-    no reduce kernel, and left zero for the next launch, over three layers; too few counters for the
-    (sequence, kv head) pairs: the launch takes the stream's (or, under capture, the reduce kernel)."""
-    gen = torch.Generator().manual_seed(2)
-    b, hq, hkv, d, page, layers = 3, 8, 2, 64, 16, 3
-    pools, seq_lens, table = _layers(gen, layers, b, hkv, d, [37, 5, 70], page)
-    config = DecodeConfig(num_splits=4)
-    counters = torch.zeros(pairs, dtype=torch.int32, device=DEVICE)
-    q = torch.randn(b, hq, d, generator=gen).half().to(DEVICE)
-    out = torch.full((b, hq, d), float("nan"), dtype=torch.float16, device=DEVICE)
-    launch = prepare_paged_decode(q, *pools[0], seq_lens, table, out, config=config, counters=counters)
-    assert launch.then is None  # fused: one kernel
-    took = launch.args[10] is counters  # the Counters operand
-    assert took == (pairs >= b * hkv)
-    for i, (k_pool, v_pool) in enumerate(pools):
-        scale = d**-0.5 * (1 + i / 4)
-        launch(q, k_pool, v_pool, out, scale)
-        want = decode_attention(q.unsqueeze(2), k_pool, v_pool, seq_lens, table, scale=scale, config=config)
-        torch.testing.assert_close(out, want.squeeze(2), atol=0, rtol=0)
-        assert int(counters.abs().sum()) == 0
-
-
 @pytest.mark.gpu
 def test_launch_hooks_still_see_every_launch():
     """With a launch hook set (a profiler's), launches go through the JITFunction, which calls it."""

@@ -823,34 +823,6 @@ def test_served_mixed_steps_compile_no_triton_kernel_after_capture():
     assert compiled == []
 
 
-@pytest.mark.gpu
-def test_graph_fused_reduction_gives_the_two_kernel_tokens(monkeypatch):
-    """``GRAPH_FUSED_REDUCE``: the captured decode graphs reduce their splits in the split kernel on the
-    executor's own counters (zeroed once, outside capture) instead of a second kernel. The same arithmetic,
-    so a served run (contexts of several 64-key splits, batches of 1..8) decodes the same greedy tokens,
-    and the counters are zero again after it."""
-    from trtforge.llm.executors import triton_attention
-
-    rng = np.random.default_rng(8)
-    prompts = [rng.integers(3, 290, size=int(rng.integers(60, 260))).tolist() for _ in range(12)]
-    tokens = {}
-    for fused in (False, True):
-        monkeypatch.setattr(triton_attention, "GRAPH_FUSED_REDUCE", fused)
-        base = copy.deepcopy(tiny_llama()).half().to("cuda")
-        ex = TorchExecutor(base, num_blocks=256, block_size=16, max_decode_batch=8)
-        ex.capture_decode_graphs()
-        sched = make_step_loop(ex, SchedulerConfig(max_num_seqs=8))
-        for i, prompt in enumerate(prompts):
-            sched.add_request(i, prompt, SamplingParams(max_tokens=24, ignore_eos=True))
-        done = run_to_completion(sched)
-        tokens[fused] = {i: o.output_token_ids for i, o in done.items()}
-        held = ex.decode_attention._counters
-        assert bool(held) == fused
-        torch.cuda.synchronize()
-        assert all(int(c.abs().sum()) == 0 for c in held.values())
-    assert tokens[True] == tokens[False]
-
-
 def _two_cuda_layers(g, pool_shape, q_shape, dtype) -> list[list[torch.Tensor]]:
     """Two layers' random [K pool, V pool, q] on the GPU."""
     return [[torch.randn(*shape, generator=g).to(dtype).cuda() for shape in (pool_shape, pool_shape, q_shape)]

@@ -926,7 +926,10 @@ _COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
 def _stream_counters(device: torch.device, n: int) -> torch.Tensor | None:
     """`n` zeroed int32 counters for a launch on the current stream; None under CUDA-graph capture,
     where the reduction runs as a second kernel: counters of a graph's own would need a captured
-    memset at each replay, which measured slower than the reduce kernel (results/decode_attention.md)."""
+    memset at each replay, which measured slower than the reduce kernel (results/decode_attention.md).
+    Counters zeroed once outside capture and shared by every captured launch of an executor measured no
+    faster either (session 56, 8B single stream on an H100: BF16 +0.1%, FP8 +0.6%;
+    results/quant_ab_s56_h100.json)."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return None
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
@@ -1076,11 +1079,9 @@ def _launch(
     alibi_slopes=None,
     sinks=None,
     chunk=False,
-    counters=None,
 ) -> None:
     """Run the split kernel (and, unfused, the reduce kernel) with scratch from `workspace` (4-byte
-    elements, at least workspace_elements(...); None: allocate, with `counters` where given and enough
-    (:func:`prepare_paged_decode`'s), else this stream's).
+    elements, at least workspace_elements(...); None: allocate, with this stream's counters).
     `zeroed` False: the workspace's counters hold anything, so the reduction runs unfused. `window`
     > 0: sliding-window attention over each query's last `window` keys (`chunk`: attention within chunks of
     `window` positions instead). `pdl`: programmatic dependent
@@ -1095,13 +1096,11 @@ def _launch(
     direct = splits == 1
     fused = cfg.fused and not direct
     rows = b * hq * s_q * splits
-    given, counters = counters, seq_lens  # (seq_lens: never touched unless fused)
+    counters = seq_lens  # never touched unless fused
     if direct:
         mid_o = mid_l = out  # never touched
     elif workspace is None:
-        own = given is not None and fused and given.numel() >= b * hkv
-        mid_o, mid_l, found = _own_scratch(q.device, rows, d, b * hkv, fused and not own)
-        found = given if own else found
+        mid_o, mid_l, found = _own_scratch(q.device, rows, d, b * hkv, fused)
         fused = found is not None
         counters = found if fused else counters
     else:
@@ -1224,7 +1223,6 @@ def decode_attention(
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     chunk: int | None = None,
-    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, Hq, S_q<=8, D] over each sequence's first seq_lens[b] cached keys.
 
@@ -1237,8 +1235,7 @@ def decode_attention(
     :data:`AUTOTUNE_CANDIDATES` (and, on a contiguous cache that tensor descriptors can read,
     :data:`TMA_AUTOTUNE_CANDIDATES`); the interpreter and graph capture use :func:`default_decode_config`.
     Eager launches reduce the splits inside the split kernel (with this stream's counters); a
-    captured launch reduces them in a second kernel, unless `counters` are given (as
-    :func:`prepare_paged_decode` takes them). `window` W (sliding-window layers): query i,
+    captured launch reduces them in a second kernel. `window` W (sliding-window layers): query i,
     at position L - S_q + i, sees only keys at positions > L - S_q + i - W. `softcap` c (Gemma 2's
     attention logit soft-capping): each score s = q . k * scale becomes c * tanh(s / c) before the
     masks; None: off (compiled out). `alibi_slopes` (ALiBi: BLOOM, MPT, falcon-rw; a float32 [Hq] tensor
@@ -1278,7 +1275,6 @@ def decode_attention(
     _launch(
         q, k_cache, v_cache, seq_lens, block_table, out, scale, config, splits, None,
         window=window, pdl=pdl, v_scale=v_scale, softcap=cap, alibi_slopes=slopes, sinks=sink, chunk=chunked,
-        counters=counters,
     )  # fmt: skip
     return out
 
@@ -1336,7 +1332,6 @@ def prepare_paged_decode(
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     chunk: int | None = None,
-    counters: torch.Tensor | None = None,
 ) -> PreparedLaunch:
     """:func:`decode_attention`'s launch over a block pool with a fixed `config`, one query per
     sequence, checked and laid out once: called as ``launch(q, k_pool, v_pool, out, scale)`` with
@@ -1349,10 +1344,7 @@ def prepare_paged_decode(
     :func:`decode_attention`
     (the slopes and sinks tensors are read at every launch: keep them alive and unchanged). Scratch (partials;
     this stream's arrival counters, outside graph capture) is taken here once and reused by every
-    launch, so launches run in order on the stream current here. `counters` (zeroed int32, at least one a
-    (sequence, kv head) pair) are the caller's arrival counters for the fused reduction, taken instead of
-    the stream's, also under graph capture (where the stream's cannot be): they must be zero at the first
-    launch and serve only launches that run one after another, each of which leaves them zero."""
+    launch, so launches run in order on the stream current here."""
     if q_len == 1:
         pick = (lambda t: t.unsqueeze(2)) if rows is None else (lambda t: t[rows].unsqueeze(2))
     else:
@@ -1382,13 +1374,11 @@ def prepare_paged_decode(
     splits = _resolve_splits(config, b * hkv, max_len)
     direct = splits == 1
     fused = config.fused and not direct
-    mid_o, mid_l, found = out4, out4, None  # never touched unless split
-    if not direct:  # as _launch without a caller's workspace, unless the caller's counters serve
-        own = counters is not None and fused and counters.numel() >= b * hkv
-        mid_o, mid_l, found = _own_scratch(q.device, b * hq * s_q * splits, d, b * hkv, fused and not own)
-        found = counters if own else found
+    counters, mid_o, mid_l = seq_lens, out4, out4  # never touched unless fused / split
+    if not direct:  # as _launch without a caller's workspace
+        mid_o, mid_l, found = _own_scratch(q.device, b * hq * s_q * splits, d, b * hkv, fused)
         fused = found is not None
-    counters = found if found is not None else seq_lens  # (seq_lens: never touched unless fused)
+        counters = found if fused else counters
     args = (
         None, None, None, None, None, seq_lens, block_table, None, mid_o, mid_l, counters,
         *q4.stride(), *k.stride(), *v.stride(), *out4.stride(), int(block_table.stride(0)),

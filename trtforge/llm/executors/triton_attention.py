@@ -72,13 +72,6 @@ SMALL_DECODE_TILE = 64
 SMALL_DECODE_EARLY_KV = True
 
 
-# True: the split-KV decode launches reduce their splits in the split kernel's last program also inside
-# CUDA graphs (one launch a layer instead of two), on arrival counters this attention object zeroes once,
-# outside any capture, and owns (each launch leaves them zero; one object's launches run in order).
-# False: graphs keep the second reduce kernel (the stream's counters cannot be a graph's).
-GRAPH_FUSED_REDUCE = False
-
-
 def small_decode_splits(batch_kv_heads: int, max_keys: int, num_sms: int) -> int:
     """Splits of a small decode launch: one 64-key tile each, at most about 2 programs per SM."""
     tiles = max(1, -(-max(max_keys, 1) // SMALL_DECODE_TILE))
@@ -96,25 +89,6 @@ class TritonDecodeAttention:
 
     def __init__(self, config: Any = None, small_work: int = SMALL_DECODE_WORK) -> None:
         self.config, self.small_work = config, small_work
-        self._counters: dict[torch.device, torch.Tensor] = {}
-        self._retired: list[torch.Tensor] = []
-
-    def counters_for(self, device: torch.device, pairs: int) -> torch.Tensor | None:
-        """This object's zeroed arrival counters for a decode launch of `pairs` (sequence, kv head) pairs
-        (:data:`GRAPH_FUSED_REDUCE`), grown outside graph capture only (the warm-up before each capture
-        prepares the same launch); None: off, not CUDA, or too few under a capture (the launch then
-        takes the stream's counters, or a reduce kernel)."""
-        if not GRAPH_FUSED_REDUCE or device.type != "cuda":
-            return None
-        held = self._counters.get(device)
-        if held is not None and held.numel() >= pairs:
-            return held
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        if held is not None:  # graphs captured on it keep its address, not a reference: never freed
-            self._retired.append(held)
-        self._counters[device] = torch.zeros(max(pairs, 64), dtype=torch.int32, device=device)
-        return self._counters[device]
 
     def config_for(
         self,
@@ -214,7 +188,6 @@ class TritonDecodeAttention:
             alibi_slopes=alibi_slopes,
             sinks=sinks,
             chunk=chunk,
-            counters=self.counters_for(q.device, int(q.shape[0]) // q_len * int(k_pool.shape[2])),
         )
         return out
 
@@ -504,18 +477,15 @@ class TritonPagedAttention:
             rows = where.stop - where.start if isinstance(where, slice) else int(where.shape[0])
             config = self.decode.pool_config(rows, k_pool, tables, window, q.device, chunk=geometry["chunk"])
             pdl = pdl_supported(q.device)
-            cnt = self.decode.counters_for(q.device, rows * int(k_pool.shape[2]))
             if isinstance(where, slice):
                 launch = prepare_paged_decode(
-                    q, k_pool, v_pool, lens, tables, out, config=config, rows=where, pdl=pdl, counters=cnt,
-                    **geometry,
+                    q, k_pool, v_pool, lens, tables, out, config=config, rows=where, pdl=pdl, **geometry
                 )  # fmt: skip
                 launches.append(launch)
             else:  # scattered rows: gathered into a copy, their outputs into a scratch tensor
                 scratch = q.new_empty((rows, *q.shape[1:]))
                 launch = prepare_paged_decode(
-                    scratch, k_pool, v_pool, lens, tables, scratch, config=config, pdl=pdl, counters=cnt,
-                    **geometry,
+                    scratch, k_pool, v_pool, lens, tables, scratch, config=config, pdl=pdl, **geometry
                 )  # fmt: skip
 
                 def gathered(q, kp, vp, out, scale, v_scale):  # (tensors, then the two floats)
@@ -557,16 +527,23 @@ class TritonPagedAttention:
             n, k_pool, tables, geometry["window"], q.device, s, geometry["chunk"]
         )
         pdl = pdl_supported(q.device)
-        cnt = self.decode.counters_for(q.device, n * int(k_pool.shape[2]))
         if isinstance(where, slice):
             return prepare_paged_decode(
-                q, k_pool, v_pool, lens, tables, out, config=config, rows=where, pdl=pdl, q_len=s,
-                counters=cnt, **geometry,
-            )  # fmt: skip
+                q,
+                k_pool,
+                v_pool,
+                lens,
+                tables,
+                out,
+                config=config,
+                rows=where,
+                pdl=pdl,
+                q_len=s,
+                **geometry,
+            )
         scratch = q.new_empty((n * s, *q.shape[1:]))
         launch = prepare_paged_decode(
-            scratch, k_pool, v_pool, lens, tables, scratch, config=config, pdl=pdl, q_len=s, counters=cnt,
-            **geometry,
+            scratch, k_pool, v_pool, lens, tables, scratch, config=config, pdl=pdl, q_len=s, **geometry
         )  # fmt: skip
 
         def gathered(q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, out: torch.Tensor, *scales):
