@@ -92,8 +92,9 @@ GATED_MAXNREG: int | None = 72
 # The norm form's (QKV's) register cap (None: ptxas's choice, 64 registers on sm_90). With MAXNREG 88 on
 # every form, qkv took 6.81 us against 7.75 on an H100 (session 54, results/int4_mma_ping_s54_h100.json),
 # where gate_up and down got slower. On the norm form alone, the 8B INT4 + FP8 head single stream on an H100
-# (session 56, five rounds side by side over two calls, every round faster): 0.4156-0.4180x BF16 against
-# 0.4248-0.4250x (results/quant_ab_s56_h100*.json); FP8 and BF16 do not launch this kernel.
+# (session 56, five rounds side by side over two calls, every round faster): 2.189-2.194 ms/token (medians)
+# against 2.224-2.226, 0.418x BF16 against 0.425x (results/quant_ab_s56_h100*.json); FP8 and BF16 do not
+# launch this kernel.
 NORM_MAXNREG: int | None = 88
 
 
