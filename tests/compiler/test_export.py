@@ -65,12 +65,53 @@ class _DataDependent(torch.nn.Module):
         return self.lin(x)
 
 
-def test_legacy_fallback_records_reason(tmp_path) -> None:
+def test_legacy_fallback_records_reason(tmp_path, capfd) -> None:
+    """The reason is recorded in one line; torch.export's partial FX graph, which it prints to stderr when
+    it fails (hundreds of lines for a transformers model), does not reach the user's console."""
     x = torch.ones(2, 4)
     art = export_module(_DataDependent(), x, tmp_path, dynamic="batch")
     assert art.record.exporter == "legacy"
     assert art.record.fallback_reason and art.record.fallback_reason.startswith("dynamo exporter failed")
     assert art.record.verified
+    err = capfd.readouterr().err
+    assert "def forward(self" not in err and "torch.ops.aten" not in err, err[:500]
+
+
+class _DataDependentNoise(torch.nn.Module):
+    """Data-dependent control flow (the dynamo exporter fails) around an op no exporter can reproduce
+    (fresh random numbers): the legacy graph disagrees with torch on the example inputs themselves."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return x + torch.rand_like(x)
+        return x
+
+
+def test_fallback_reason_names_the_models_source_line_not_torchs(tmp_path) -> None:
+    """The dynamo failure's one line ends with the model's line that made it where torch's "Caused by"
+    names one (transformers' Longformer: modeling_longformer.py:549), never a line of torch's own."""
+    from trtforge.compiler.export import export_failure
+
+    art = export_module(_DataDependent(), torch.ones(2, 4), tmp_path)
+    assert "Next steps:" not in art.record.fallback_reason
+    assert "non_strict_utils" not in art.record.fallback_reason
+    try:
+        raise RuntimeError("step 1 failed. Next steps:\n") from ValueError(
+            "Could not guard on data-dependent expression\nCaused by: (mypkg/model.py:12 in forward)"
+        )
+    except RuntimeError as e:
+        line = export_failure(e)
+    assert line.endswith(" at mypkg/model.py:12 in forward") and "Next steps" not in line
+
+
+def test_an_unfaithful_legacy_export_says_why_the_legacy_exporter_ran(tmp_path) -> None:
+    """When the graph the fallback wrote disagrees with torch, the error says that the legacy tracer
+    wrote it, why the dynamo exporter did not, and what to do."""
+    with pytest.raises(ExportError) as err:
+        export_module(_DataDependentNoise(), torch.ones(2, 4), tmp_path)
+    text = str(err.value)
+    assert "not faithful" in text and "legacy TorchScript exporter" in text
+    assert "dynamo exporter failed" in text and "--exporter dynamo" in text
 
 
 def test_dynamo_only_fails_clearly(tmp_path) -> None:

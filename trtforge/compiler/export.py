@@ -270,14 +270,16 @@ def _export_legacy(module, feeds, dynamic, opset, input_names, output_names, pat
 
 def run_quietly(fn: Any, *args: Any) -> None:
     """Run an exporter without its progress chatter, tracer warnings and the log lines of torch.onnx and
-    onnxscript (whose version converter logs a traceback when it cannot reach an --opset)."""
+    onnxscript (whose version converter logs a traceback when it cannot reach an --opset). stderr too:
+    torch.export prints the partial FX graph of a failed export there (500 lines for a small Longformer)
+    before it raises; the failure itself reaches the user as the exception, in one line."""
     buf = io.StringIO()
     loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.CRITICAL + 1 if logger.name == "onnxscript" else logging.ERROR)
     try:
-        with contextlib.redirect_stdout(buf), warnings.catch_warnings():
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             fn(*args)
     finally:
@@ -349,8 +351,25 @@ def export_module(
     record.seconds = time.perf_counter() - t0
     if strict_dynamic:
         _check_dynamic_kept(path, dynamic_axes)
-    finish_artifact(path, record, feeds, reference, rtol=rtol, atol=atol, verify=verify)
+    try:
+        finish_artifact(path, record, feeds, reference, rtol=rtol, atol=atol, verify=verify)
+    except ExportError as e:
+        if record.fallback_reason is None:
+            raise
+        raise ExportError(f"{e} {_fallback_note(record.fallback_reason)}") from e
     return OnnxArtifact(path, record)
+
+
+def _fallback_note(reason: str) -> str:
+    """What a failed check of a legacy-exported graph means when the dynamo exporter failed first: the
+    TorchScript tracer records the one path its example inputs took, and may mis-trace in-place writes
+    into views, so the fix is in the model's code or a hand-made ONNX file, not a tolerance."""
+    return (
+        f"The graph was written by the legacy TorchScript exporter, because the {reason}. The tracer "
+        "records the single path the example inputs took through Python control flow on tensor values, "
+        "and in-place writes into slices can trace wrongly. Make that code independent of tensor values "
+        "so that --exporter dynamo succeeds, or export the ONNX file yourself and compile that."
+    )
 
 
 def _check_dynamic_kept(path: Path, dynamic_axes: Mapping[str, Mapping[int, str]]) -> None:
@@ -383,7 +402,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 def _first_line(e: BaseException) -> str:
     text = _ANSI.sub("", str(e)).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:300] if text else '(no message)'}"
+    first = text.splitlines()[0][:300].removesuffix(" Next steps:") if text else "(no message)"
+    return f"{type(e).__name__}: {first}"
 
 
 def export_failure(e: BaseException) -> str:
@@ -395,7 +415,21 @@ def export_failure(e: BaseException) -> str:
         seen.add(id(nxt))
         root = nxt
     line = _first_line(e)
-    return line if root is e else f"{line} (caused by {_first_line(root)})"
+    cause = "" if root is e else f" (caused by {_first_line(root)})"
+    where = _CAUSED_AT.search(_ANSI.sub("", str(root)))
+    return f"{line}{cause}" + (f" at {where.group(1)}" if where and not _in_torch(where.group(1)) else "")
+
+
+def _in_torch(where: str) -> bool:
+    """Whether torch's "Caused by" line is torch's own code (a path relative to its package, e.g.
+    ``_export/non_strict_utils.py``) rather than the model's."""
+    import torch
+
+    return (Path(torch.__file__).parent / where.split(":", 1)[0]).is_file()
+
+
+# torch.export names the source line of a data-dependent guard: "Caused by: (path.py:549 in forward)"
+_CAUSED_AT = re.compile(r"Caused by: \(([^()\n]+:\d+ in [\w.<>]+)\)")
 
 
 def _check_exportable(module: Any, feeds: Mapping[str, Any]) -> None:
