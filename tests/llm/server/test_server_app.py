@@ -236,6 +236,29 @@ def test_a_wrong_method_is_a_405_naming_the_allowed_ones():
         assert set(client.post("/health").headers["allow"].split(", ")) == {"GET", "HEAD"}
 
 
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded"]
+)
+def test_a_body_not_sent_as_json_is_a_415_before_it_is_read(content_type):
+    """A JSON body sent as text/plain or a form (curl's -d alone) was parsed and served: a page on any
+    origin could have a visitor's browser drive generation without a CORS preflight. As vLLM does, only
+    application/json is read; the refusal names the header to send, in OpenAI's schema."""
+    from fastapi.testclient import TestClient
+
+    state, app = _app_over_no_model()
+    body = json.dumps({"model": "m", "prompt": [5], "max_tokens": 1})
+    with TestClient(app) as client:
+        headers = {} if content_type is None else {"Content-Type": content_type}
+        r = client.post("/v1/completions", content=body, headers=headers)
+        assert r.status_code == 415, r.text
+        err = r.json()["error"]
+        assert "Content-Type: application/json" in err["message"] and err["type"] == "invalid_request_error"
+        assert state.metrics.intake._value.get() == 0 and state.requests == 0
+        for sent in ("application/json", "Application/JSON; charset=utf-8"):  # read: (no tokenizer) 400
+            ok = client.post("/v1/completions", content=body, headers={"Content-Type": sent})
+            assert ok.status_code == 400 and "tokenizer" in ok.json()["error"]["message"], ok.text
+
+
 def test_completion_top_logprobs_keep_the_likeliest_of_tokens_of_one_text():
     """Two token ids that decode to the same text (byte tokens of a partial UTF-8 character both decode
     to U+FFFD) share one key of the completions API's text-keyed dict: the likeliest one's logprob is

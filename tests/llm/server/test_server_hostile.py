@@ -89,7 +89,10 @@ def test_a_client_gone_before_its_body_arrived_is_no_server_error(server):
 
     port = int(server.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"model":')
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"model":'
+        )
         time.sleep(0.2)
     key = 'trtforge_requests_total{endpoint="completions",status="499"}'
     end = time.monotonic() + 10
@@ -339,7 +342,8 @@ def test_a_body_past_the_limit_is_413_before_it_is_parsed(server, chunked):
     body = json.dumps({"model": NAME, "prompt": [5] * 6_000_000}).encode()  # 18 MB
     content = (body[i : i + 2**20] for i in range(0, len(body), 2**20)) if chunked else body
     try:
-        r = httpx.post(server.url + "/v1/completions", content=content, timeout=60)
+        headers = {"Content-Type": "application/json"}
+        r = httpx.post(server.url + "/v1/completions", content=content, headers=headers, timeout=60)
     except httpx.TransportError:  # the server may close the connection while the client still sends
         pass
     else:

@@ -1,6 +1,7 @@
 """The FastAPI app: OpenAI's /v1/completions, /v1/chat/completions and /v1/models, plus /health and
 /metrics, over one :class:`~trtforge.llm.service.ServingLLM`.
 
+Request bodies are JSON sent as ``Content-Type: application/json`` (415 otherwise, as vLLM answers).
 Streaming is server-sent events as OpenAI sends them: ``data: {chunk}`` lines, ``finish_reason`` in
 each choice's last chunk, a usage chunk with ``stream_options.include_usage``, then ``data: [DONE]``.
 Load is bounded: past ``max_num_seqs + max_waiting`` sequences in flight a request gets 429 with
@@ -224,6 +225,20 @@ def _refuse_huge(state: ServerState, text: str, param: str) -> None:
                 param,
             )
         cut *= 4
+
+
+def _check_json(request: Request) -> None:
+    """415 unless the request says its body is JSON (``Content-Type: application/json``, any parameters),
+    as vLLM refuses it: a body sent as text/plain or a form was parsed as JSON anyway, so a web page on
+    any origin could drive generation through a visitor's browser (a browser sends those types cross-origin
+    without asking first; application/json needs a CORS preflight, which this server does not grant), and
+    curl's ``-d`` without ``-H 'Content-Type: application/json'`` worked here but fails elsewhere."""
+    sent = request.headers.get("content-type", "")
+    if sent.partition(";")[0].strip().lower() != "application/json":
+        got = f"Content-Type {shown(sent)}" if sent else "no Content-Type"
+        raise ApiError(
+            415, f"the request body must be JSON, sent as Content-Type: application/json; got {got}"
+        )
 
 
 def _check_draining(state: ServerState) -> None:
@@ -635,6 +650,7 @@ def create_app(state: ServerState) -> FastAPI:
         admission = None
         try:
             _check_key(state, request)
+            _check_json(request)
             _check_draining(state)
             async with _intake(state):
                 _check_draining(state)  # it may have begun while this request waited for its slot
