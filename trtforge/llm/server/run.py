@@ -13,6 +13,7 @@ raised again once uvicorn's handlers are gone, so the process ends as that signa
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import signal
@@ -158,6 +159,7 @@ def run(
         port=options.port,
         log_level=options.log_level,
         access_log=False,
+        http=_http_protocol(),
         timeout_graceful_shutdown=1,
         lifespan="on",
     )
@@ -179,6 +181,50 @@ def run(
     if server.forced is not None:  # (uvicorn's handlers are gone: the process's own handling ends it)
         signal.raise_signal(server.forced)
     return 0
+
+
+# bytes a request's line and headers may take (h11, uvicorn's other parser, stops at 16 KiB; browsers' cookies
+# and a bearer key fit in a few)
+MAX_HEAD_BYTES = 64 * 2**10
+
+
+def _http_protocol() -> Any:
+    """uvicorn's httptools protocol, refusing a request whose line and headers pass :data:`MAX_HEAD_BYTES`
+    with a 431 in OpenAI's schema, and closing its connection. httptools (uvicorn's choice where installed)
+    has no bound of its own: one connection sending a 300 MB header grew the server by 360 MB before any
+    route, the API key's check included, saw it. Without httptools uvicorn's h11, which bounds it."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+    except ImportError:
+        return "h11"
+
+    from trtforge.llm.server.protocol import error_body
+
+    class BoundedHead(HttpToolsProtocol):
+        head: int | None = None  # bytes of the current request's head received so far; None: not in one
+
+        def on_message_begin(self) -> None:
+            self.head = 0
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self.head = None
+            super().on_headers_complete()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.head is None or self.transport.is_closing():
+                return
+            self.head += len(data)  # (a read that ended the previous request's body counts too: a bound)
+            if self.head > MAX_HEAD_BYTES:
+                self.head = None
+                message = f"the request's line and headers exceed {MAX_HEAD_BYTES:,} bytes; send shorter ones"
+                body = json.dumps(error_body(431, message)).encode()
+                head = b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+                self.transport.write(STATUS_LINE[431] + head % len(body) + body)
+                self.transport.close()
+
+    return BoundedHead
 
 
 class _QuietCancellations(logging.Filter):
