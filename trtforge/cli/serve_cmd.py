@@ -63,6 +63,14 @@ def _at_most(bound: str) -> Any:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on /v1 endpoints.")
+@click.option(
+    "--allowed-origins",
+    "allowed_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Origin (scheme://host[:port], or '*') whose web pages may call the server from a browser (CORS); "
+    "repeat for more. Default: none.",
+)
 @click.option("--tokenizer", default=None, help="Tokenizer directory (default: MODEL's own).")
 @click.option(
     "--chat-template",
@@ -178,6 +186,7 @@ def serve_cmd(
     host: str,
     port: int,
     api_key: str | None,
+    allowed_origins: tuple[str, ...],
     tokenizer: str | None,
     chat_template: str | None,
     served_names: tuple[str, ...],
@@ -230,6 +239,7 @@ def serve_cmd(
         host=host,
         port=port,
         api_key=api_key,
+        allowed_origins=allowed_origins,
         served_model_names=served_names,
         chat_template=template,
         max_waiting=max_waiting,

@@ -259,6 +259,37 @@ def test_a_body_not_sent_as_json_is_a_415_before_it_is_read(content_type):
             assert ok.status_code == 400 and "tokenizer" in ok.json()["error"]["message"], ok.text
 
 
+def test_allowed_origins_are_granted_cors_and_no_other_origin_is():
+    """--allowed-origins: a browser page of that origin may call the server (its preflight before a JSON
+    POST with an API key and the SDK's own headers is granted, answers carry Access-Control-Allow-Origin);
+    another origin's preflight is refused, and without the option no origin is granted (OPTIONS is 405)."""
+    from fastapi.testclient import TestClient
+
+    page, other = "http://localhost:3000", "https://evil.example"
+    asks = {
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os",
+    }
+    _, app = _app_over_no_model(allowed_origins=("http://LocalHost:3000",))
+    with TestClient(app) as client:
+        pre = client.options("/v1/chat/completions", headers={"Origin": page, **asks})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == page, pre.headers
+        assert "POST" in pre.headers["access-control-allow-methods"]
+        assert "x-stainless-os" in pre.headers["access-control-allow-headers"].lower()
+        assert (
+            client.get("/v1/models", headers={"Origin": page}).headers["access-control-allow-origin"] == page
+        )
+        refused = client.options("/v1/chat/completions", headers={"Origin": other, **asks})
+        assert refused.status_code == 400 and "access-control-allow-origin" not in refused.headers
+        assert (
+            "access-control-allow-origin" not in client.get("/v1/models", headers={"Origin": other}).headers
+        )
+    _, app = _app_over_no_model()
+    with TestClient(app) as client:
+        pre = client.options("/v1/chat/completions", headers={"Origin": page, **asks})
+        assert pre.status_code == 405 and "access-control-allow-origin" not in pre.headers
+
+
 def test_completion_top_logprobs_keep_the_likeliest_of_tokens_of_one_text():
     """Two token ids that decode to the same text (byte tokens of a partial UTF-8 character both decode
     to U+FFFD) share one key of the completions API's text-keyed dict: the likeliest one's logprob is

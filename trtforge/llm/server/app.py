@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -75,6 +76,7 @@ class ServerState:
     max_request_bytes: int = 16 * 2**20
     body_timeout: float = 60.0  # seconds a body may take to arrive (408 past them)
     max_intake: int | None = None  # requests read, parsed and tokenized at once; None: default_intake()
+    allowed_origins: tuple[str, ...] = ()  # origins granted CORS (:func:`create_app`); none: no browser page
     vocab_size: int | None = None  # the model's logits' width: logit_bias ids are checked against it
     # the ids a prompt may hold (the embedding's; None: vocab_size), wider where the LM head is pruned
     input_vocab_size: int | None = None
@@ -231,7 +233,7 @@ def _check_json(request: Request) -> None:
     """415 unless the request says its body is JSON (``Content-Type: application/json``, any parameters),
     as vLLM refuses it: a body sent as text/plain or a form was parsed as JSON anyway, so a web page on
     any origin could drive generation through a visitor's browser (a browser sends those types cross-origin
-    without asking first; application/json needs a CORS preflight, which this server does not grant), and
+    without asking first; application/json needs a CORS preflight, granted to --allowed-origins only), and
     curl's ``-d`` without ``-H 'Content-Type: application/json'`` worked here but fails elsewhere."""
     sent = request.headers.get("content-type", "")
     if sent.partition(";")[0].strip().lower() != "application/json":
@@ -573,6 +575,17 @@ def create_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="trtforge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.trtforge = state
+    if state.allowed_origins:
+        # (vLLM's --allowed-origins, off unless given: vLLM's default "*" lets any page a user visits call a
+        # server on their machine). A browser's preflight (OPTIONS) asks before a JSON POST and carries no
+        # API key; the headers it may then send are any (the OpenAI SDKs add their own x-stainless-*).
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=[o.lower() for o in state.allowed_origins],  # (browsers send them lowercase)
+            allow_methods=["GET", "HEAD", "POST"],
+            allow_headers=["*"],
+            max_age=600,
+        )
 
     def get(path: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """A GET route that answers HEAD too: the same status and headers, no body (uvicorn sends none

@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import signal
 import socket
 import sys
@@ -49,6 +50,8 @@ class ServeOptions:
     max_intake: int | None = None  # None: app.default_intake()
     shutdown_grace: float = 30.0
     log_level: str = "warning"
+    # origins (scheme://host[:port], or "*") whose web pages may call the server from a browser (CORS)
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """UserError naming the flag of a value that would start a server unlike the one asked for: an
@@ -68,6 +71,14 @@ class ServeOptions:
                     f"--served-model-name {shown(name)}: expected a name clients can send as the request's "
                     '"model" (non-empty printable text).'
                 )
+        for origin in self.allowed_origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                # (a browser's Origin header is exactly scheme://host[:port]: "http://localhost:3000/" never
+                # matched it, and the page's requests failed with nothing in the server's log)
+                raise UserError(
+                    f"--allowed-origins {shown(origin)}: expected an origin as a browser sends it, "
+                    "scheme://host[:port] with no path or trailing slash (http://localhost:3000), or '*'."
+                )
         timeouts = {
             "--request-timeout": self.request_timeout,
             "--body-timeout": self.body_timeout,
@@ -76,6 +87,9 @@ class ServeOptions:
         for flag, value in timeouts.items():
             if value is not None and math.isnan(value):
                 raise UserError(f"{flag} nan: expected a number of seconds.")
+
+
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s]+", re.IGNORECASE)
 
 
 def _imports() -> Any:
@@ -146,6 +160,7 @@ def run(
         max_request_bytes=options.max_request_bytes,
         body_timeout=options.body_timeout,
         max_intake=options.max_intake,
+        allowed_origins=options.allowed_origins,
         vocab_size=getattr(facts, "vocab_size", None),
         input_vocab_size=getattr(facts, "input_vocab_size", None),
     )
