@@ -34,6 +34,7 @@ graph (.onnx, ONNX Runtime) or a paged step engine (.engine, TensorRT). The toke
 MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/chat/completions,
 /v1/models, /health, /metrics (Prometheus). SIGTERM drains requests in flight (up to
 --shutdown-grace seconds; new ones get 503) and exits 0; a second signal stops at once (exit 143).
+An engine that stops on its own (a lost executor) turns /health to 503 and exits 1.
 """
 
 

@@ -183,7 +183,7 @@ def _app_over_no_model(**state_kw):
     stats = SimpleNamespace(
         preemptions=0, spec_draft_tokens=0, spec_accepted_tokens=0, spec_verify_rows=0, spec_acceptance_rate=0
     )
-    engine = SimpleNamespace(num_running=0, num_waiting=0)
+    engine = SimpleNamespace(num_running=0, num_waiting=0, fatal_error=None)
     llm = SimpleNamespace(memory_stats=lambda: mem, stats=stats, engine=engine)
     state = ServerState(llm, None, ["m"], max_model_len=64, max_num_seqs=1, max_waiting=1, **state_kw)
     return state, create_app(state)
@@ -211,6 +211,19 @@ def test_head_health_says_draining_too():
     state.draining = True
     with TestClient(app) as client:
         assert client.head("/health").status_code == 503
+
+
+def test_health_says_the_engine_stopped_with_503():
+    """An engine stopped by a lost executor fails every request: /health said "ok" all the same (the
+    server also exits: tests/llm/server/test_server_limits.py)."""
+    from fastapi.testclient import TestClient
+
+    state, app = _app_over_no_model()
+    with TestClient(app) as client:
+        assert client.get("/health").status_code == 200
+        state.llm.engine.fatal_error = RuntimeError("gone")
+        r = client.get("/health")
+    assert r.status_code == 503 and r.json() == {"status": "engine stopped", "error": "gone"}
 
 
 def test_every_get_route_answers_head():

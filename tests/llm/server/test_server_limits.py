@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.llm.server.faulty import POISON
+from tests.llm.server.faulty import LOST, POISON
 from tests.llm.server.harness import Server, need_model
 
 NAME = "faulty"
@@ -152,3 +152,26 @@ def _stream_safely(server, model, out):
             out["lines"] = [line for line in r.iter_lines() if line]
     except httpx.HTTPError as e:
         out["error"] = e
+
+
+def test_an_engine_that_stops_turns_health_to_503_and_the_server_exits_1(tmp_path):
+    """A lost executor (a tensor-parallel worker's death) stops the engine: every request after it failed
+    with a 503, while /health said "ok" and the process ran on, so no load balancer or supervisor
+    noticed. Now /health says why with 503 and the server exits 1 at once, without a trace."""
+    import httpx
+
+    model = need_model()
+    args = ["--tokenizer", str(model), "--served-model-name", NAME, "--num-blocks", "64"]
+    s = Server("tests.llm.server.faulty:make", args, tmp_path / "server.log")
+    try:
+        r = httpx.post(
+            s.url + "/v1/completions",
+            json={"model": NAME, "prompt": [[5, LOST]], "max_tokens": 2},
+            timeout=60,
+        )
+        assert r.status_code == 503 and "injected loss" in r.json()["error"]["message"], r.text
+        assert s.proc.wait(30) == 1, s.log()
+    finally:
+        s.stop()
+    assert "the engine stopped (injected loss of the executor (token 4094))" in s.log(), s.log()
+    assert "Traceback" not in s.log(), s.log()

@@ -3,6 +3,9 @@
 On the signal the server keeps listening but answers new generation requests (and /health) with
 503, waits for those in flight up to the grace period, then stops uvicorn and closes the engine
 (requests still running then end as errors). The process exits 0: a drain is a normal shutdown.
+An engine that stops on its own (a lost executor: every request now fails) turns /health to 503 and
+the server exits 1 at once, saying why, for its supervisor to restart it (it answered 503 to every
+request for ever, with /health "ok").
 A second signal (a supervisor repeating SIGTERM, `timeout` plus a manual kill, Ctrl-C twice) stops at
 once: the requests in flight are cancelled (their cancellation is the stop asked for, not an error: no
 trace is logged for it), the app's own shutdown still runs, the engine is closed, and the signal is
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from trtforge.errors import TrtforgeWarning, UserError, shown
+from trtforge.errors import TrtforgeError, TrtforgeWarning, UserError, shown
 from trtforge.llm.server.app import ServerState, create_app
 
 log = logging.getLogger("trtforge.serve")
@@ -195,6 +198,11 @@ def run(
         llm.close()
     if server.forced is not None:  # (uvicorn's handlers are gone: the process's own handling ends it)
         signal.raise_signal(server.forced)
+    if server.engine_failed is not None:
+        raise TrtforgeError(
+            f"the engine stopped ({server.engine_failed}), failing every request, so the server exited "
+            "(exit 1) for its supervisor to restart it"
+        )
     return 0
 
 
@@ -266,6 +274,7 @@ class _DrainingServer:
                 super().__init__(config)
                 self.deadline: float | None = None
                 self.forced: int | None = None  # the signal that stopped the server at once
+                self.engine_failed: BaseException | None = None  # the error that stopped the engine
 
             def handle_exit(self, sig: int, frame: FrameType | None) -> None:
                 if self.deadline is not None or sig not in (signal.SIGTERM, signal.SIGINT):
@@ -286,6 +295,14 @@ class _DrainingServer:
             async def on_tick(self, counter: int) -> bool:
                 if self.deadline is not None and (state.requests == 0 or time.monotonic() > self.deadline):
                     self.should_exit = True
+                if self.engine_failed is None and state.engine.fatal_error is not None:
+                    self.engine_failed = state.engine.fatal_error
+                    state.draining = self.should_exit = True
+                    print(
+                        f"trtforge serve: the engine stopped ({self.engine_failed}); exiting",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return await super().on_tick(counter)
 
             async def shutdown(self, sockets: Any = None) -> None:
