@@ -272,6 +272,24 @@ def test_a_body_not_sent_as_json_is_a_415_before_it_is_read(content_type):
             assert ok.status_code == 400 and "tokenizer" in ok.json()["error"]["message"], ok.text
 
 
+def test_a_compressed_body_is_a_415_saying_so():
+    """A gzip body (Content-Encoding: gzip, which the server does not undo) was a 400 calling its bytes
+    invalid JSON ("can't decode byte 0x8b"); identity, the default, is read."""
+    import gzip
+
+    from fastapi.testclient import TestClient
+
+    _, app = _app_over_no_model()
+    body = json.dumps({"model": "m", "prompt": [5], "max_tokens": 1}).encode()
+    with TestClient(app) as client:
+        headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+        r = client.post("/v1/completions", content=gzip.compress(body), headers=headers)
+        assert r.status_code == 415 and "uncompressed" in r.json()["error"]["message"], r.text
+        headers["Content-Encoding"] = "identity"  # read: (no tokenizer) 400
+        r = client.post("/v1/completions", content=body, headers=headers)
+        assert r.status_code == 400 and "tokenizer" in r.json()["error"]["message"], r.text
+
+
 def test_allowed_origins_are_granted_cors_and_no_other_origin_is():
     """--allowed-origins: a browser page of that origin may call the server (its preflight before a JSON
     POST with an API key and the SDK's own headers is granted, answers carry Access-Control-Allow-Origin);

@@ -234,12 +234,19 @@ def _check_json(request: Request) -> None:
     as vLLM refuses it: a body sent as text/plain or a form was parsed as JSON anyway, so a web page on
     any origin could drive generation through a visitor's browser (a browser sends those types cross-origin
     without asking first; application/json needs a CORS preflight, granted to --allowed-origins only), and
-    curl's ``-d`` without ``-H 'Content-Type: application/json'`` worked here but fails elsewhere."""
+    curl's ``-d`` without ``-H 'Content-Type: application/json'`` worked here but fails elsewhere. A body
+    sent compressed (Content-Encoding: gzip, which the server does not undo) is a 415 saying so, as RFC 7694
+    has it, not a 400 calling its bytes invalid JSON."""
     sent = request.headers.get("content-type", "")
     if sent.partition(";")[0].strip().lower() != "application/json":
         got = f"Content-Type {shown(sent)}" if sent else "no Content-Type"
         raise ApiError(
             415, f"the request body must be JSON, sent as Content-Type: application/json; got {got}"
+        )
+    coding = request.headers.get("content-encoding", "").strip()
+    if coding.lower() not in ("", "identity"):
+        raise ApiError(
+            415, f"the request body must be sent uncompressed, got Content-Encoding {shown(coding)}"
         )
 
 
