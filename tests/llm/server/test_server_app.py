@@ -413,3 +413,60 @@ def test_served_names_are_listed_once_and_aliases_apply_to_the_default_name_only
         with pytest.raises(Built):
             server_run.run(llm, None, "m", server_run.ServeOptions(served_model_names=names), ("./m/", "m"))
         assert states[-1].served_model_names == expected and states[-1].model_aliases == aliases
+
+
+def _bounded_head_answers(reads: list[bytes]) -> list[bytes]:
+    """The status lines the server's HTTP protocol (run._http_protocol) writes for `reads`, fed to it one
+    by one as reads of one connection, in process over an app that answers 200."""
+    import asyncio
+    import re
+    from unittest import mock
+
+    uvicorn = pytest.importorskip("uvicorn")
+    from uvicorn.server import ServerState
+
+    from trtforge.llm.server.run import _http_protocol
+
+    async def app(scope, receive, send):
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def run() -> list[bytes]:
+        cls = _http_protocol()
+        config = uvicorn.Config(app, http=cls, lifespan="off")
+        config.load()
+        proto = cls(config=config, server_state=ServerState(), app_state={})
+        written: list[bytes] = []
+        addresses = {"sockname": ("127.0.0.1", 1), "peername": ("127.0.0.1", 2)}
+        closed: list[bool] = []  # a closed transport delivers no more reads
+        transport = mock.Mock(write=written.append, is_closing=lambda: bool(closed))
+        transport.close.side_effect = lambda: closed.append(True)
+        transport.get_extra_info.side_effect = lambda name, default=None: addresses.get(name, default)
+        proto.connection_made(transport)
+        for data in reads:
+            if closed:
+                break
+            proto.data_received(data)
+            await asyncio.sleep(0.01)
+        return re.findall(rb"HTTP/1\.1 (\d{3}) ", b"".join(written))
+
+    return asyncio.run(run())
+
+
+def test_a_head_growing_past_the_bound_over_reads_is_a_431():
+    from trtforge.llm.server.run import MAX_HEAD_BYTES
+
+    piece = b"a" * (MAX_HEAD_BYTES // 4)
+    assert _bounded_head_answers([b"GET / HTTP/1.1\r\nX: ", *[piece] * 6, b"\r\n\r\n"]) == [b"431"]
+    assert _bounded_head_answers([b"GET / HTTP/1.1\r\nX: ", piece, piece, b"\r\n\r\n"]) == [b"200"]
+
+
+def test_a_pipelined_request_after_a_large_body_is_not_taken_for_a_large_head():
+    """The read a head begins in may end the previous request's body (pipelining): counting it took 200 KB
+    of body for the next request's head, a 431. Only the reads a head goes on through count."""
+    body = b"x" * 200_000
+    first = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+    reads = [first + body[:100], body[100:] + b"GET / HTTP/1.1\r\nHost: x\r\n", b"\r\n"]
+    assert _bounded_head_answers(reads) == [b"200", b"200"]

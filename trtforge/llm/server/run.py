@@ -224,10 +224,16 @@ def _http_protocol() -> Any:
     from trtforge.llm.server.protocol import error_body
 
     class BoundedHead(HttpToolsProtocol):
-        head: int | None = None  # bytes of the current request's head received so far; None: not in one
+        """Counts the reads a request's head goes on through: each is all head. The read a head begins in
+        may end a previous request's body (pipelining) and is not counted, so the bound is
+        MAX_HEAD_BYTES plus at most one read (256 KiB)."""
+
+        head: int | None = None  # bytes of the current request's head counted so far; None: not in one
+        begun = 0  # requests begun on this connection
 
         def on_message_begin(self) -> None:
             self.head = 0
+            self.begun += 1
             super().on_message_begin()
 
         def on_headers_complete(self) -> None:
@@ -235,10 +241,11 @@ def _http_protocol() -> Any:
             super().on_headers_complete()
 
         def data_received(self, data: bytes) -> None:
+            begun = self.begun
             super().data_received(data)
-            if self.head is None or self.transport.is_closing():
+            if self.head is None or self.begun != begun or self.transport.is_closing():
                 return
-            self.head += len(data)  # (a read that ended the previous request's body counts too: a bound)
+            self.head += len(data)
             if self.head > MAX_HEAD_BYTES:
                 self.head = None
                 message = f"the request's line and headers exceed {MAX_HEAD_BYTES:,} bytes; send shorter ones"
