@@ -175,3 +175,42 @@ def test_an_engine_that_stops_turns_health_to_503_and_the_server_exits_1(tmp_pat
         s.stop()
     assert "the engine stopped (injected loss of the executor (token 4094))" in s.log(), s.log()
     assert "Traceback" not in s.log(), s.log()
+
+
+def test_requests_running_past_the_grace_end_as_503s_and_streams_with_done(tmp_path):
+    """SIGTERM with requests that outlast --shutdown-grace: uvicorn cancelled them, so a plain request got
+    a plain-text 500 and a stream stopped without an error or [DONE] (and the log said "Cancel 2 running
+    task(s)"). Now the engine is closed first: the request gets a 503 in OpenAI's schema, the stream an
+    error event then [DONE], and the server exits 0."""
+    import httpx
+
+    model = need_model()
+    s = Server(str(model), ["--num-blocks", "256", "--shutdown-grace", "1"], tmp_path / "server.log")
+    out: dict = {}
+
+    def plain() -> None:
+        body = {"model": model.name, "prompt": "def f(x):", "max_tokens": 2000, "ignore_eos": True}
+        try:
+            out["plain"] = httpx.post(s.url + "/v1/completions", json=body, timeout=120)
+        except httpx.HTTPError as e:
+            out["plain"] = e
+
+    threads = [
+        threading.Thread(target=plain),
+        threading.Thread(target=_stream_safely, args=(s, model.name, out)),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        _wait_for(lambda: s.metrics()["trtforge_num_requests_running"] == 2)
+        s.terminate()
+        assert s.proc.wait(60) == 0, s.log()
+    finally:
+        s.stop()
+        for t in threads:
+            t.join(60)
+    r = out["plain"]
+    assert isinstance(r, httpx.Response) and r.status_code == 503, r
+    assert "shutting down" in r.json()["error"]["message"], r.text
+    assert out["lines"][-1] == "data: [DONE]" and "shutting down" in out["lines"][-2], out["lines"][-2:]
+    assert "Traceback" not in s.log() and "Cancel" not in s.log(), s.log()
