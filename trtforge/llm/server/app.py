@@ -616,11 +616,11 @@ def create_app(state: ServerState) -> FastAPI:
 
     @get("/health")
     async def health() -> Response:
-        if state.draining:
-            return JSONResponse({"status": "draining"}, status_code=503)
         failed = state.engine.fatal_error
         if failed is not None:  # (every request now fails: a load balancer must stop sending them here)
             return JSONResponse({"status": "engine stopped", "error": str(failed)}, status_code=503)
+        if state.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @get("/metrics")
