@@ -40,6 +40,9 @@ pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (f
         (["serve", "/no/such", "--request-timeout", "nan"], "--request-timeout nan: expected a number"),
         (["serve", "/no/such", "--body-timeout", "nan"], "--body-timeout nan: expected a number"),
         (["serve", "/no/such", "--shutdown-grace", "nan"], "--shutdown-grace nan: expected a number"),
+        # a browser's Origin has no path: with the trailing slash no page was ever granted CORS
+        (["serve", "/no/such", "--allowed-origins", "http://localhost:3000/"], "--allowed-origins 'http"),
+        (["serve", "/no/such", "--allowed-origins", "localhost:3000"], "scheme://host[:port]"),
     ],
 )
 def test_bad_input_exits_2(capsys, argv, message):

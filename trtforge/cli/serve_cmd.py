@@ -34,6 +34,7 @@ graph (.onnx, ONNX Runtime) or a paged step engine (.engine, TensorRT). The toke
 MODEL's directory unless --tokenizer names one. Endpoints: /v1/completions, /v1/chat/completions,
 /v1/models, /health, /metrics (Prometheus). SIGTERM drains requests in flight (up to
 --shutdown-grace seconds; new ones get 503) and exits 0; a second signal stops at once (exit 143).
+An engine that stops on its own (a lost executor) turns /health to 503 and exits 1.
 """
 
 
@@ -63,6 +64,14 @@ def _at_most(bound: str) -> Any:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on /v1 endpoints.")
+@click.option(
+    "--allowed-origins",
+    "allowed_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Origin (scheme://host[:port], or '*') whose web pages may call the server from a browser (CORS); "
+    "repeat for more. Default: none.",
+)
 @click.option("--tokenizer", default=None, help="Tokenizer directory (default: MODEL's own).")
 @click.option(
     "--chat-template",
@@ -178,6 +187,7 @@ def serve_cmd(
     host: str,
     port: int,
     api_key: str | None,
+    allowed_origins: tuple[str, ...],
     tokenizer: str | None,
     chat_template: str | None,
     served_names: tuple[str, ...],
@@ -230,6 +240,7 @@ def serve_cmd(
         host=host,
         port=port,
         api_key=api_key,
+        allowed_origins=allowed_origins,
         served_model_names=served_names,
         chat_template=template,
         max_waiting=max_waiting,

@@ -424,6 +424,12 @@ class LLMEngine:
         return self._scheduler.num_waiting
 
     @property
+    def fatal_error(self) -> BaseException | None:
+        """The error that stopped the loop (a lost executor, a scheduler bug), None while it runs or after
+        a plain close: from then on every request fails, so a server reports itself unhealthy and exits."""
+        return self._fatal
+
+    @property
     def max_model_len(self) -> int:
         """The longest prompt + output a request may have (the model's, the pool's and the config's)."""
         return self._scheduler.max_model_len

@@ -1,7 +1,8 @@
 """`module:factory` for the server tests: the trained 21M model whose embedding fails on token 4095.
 
 A prompt holding that id makes the executor's step raise: an executor fault the server must confine
-to the requests of that step.
+to the requests of that step. Token 4094 makes it raise ExecutorLostError, as a tensor-parallel worker's
+death does: no further step can run, and the engine stops.
 """
 
 from __future__ import annotations
@@ -11,10 +12,15 @@ import torch
 from tests.llm.server.harness import MODEL
 
 POISON = 4095
+LOST = 4094
 
 
 class _FaultyEmbedding(torch.nn.Embedding):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if bool((ids == LOST).any()):
+            from trtforge.llm.executors.base import ExecutorLostError
+
+            raise ExecutorLostError("injected loss of the executor (token 4094)")
         if bool((ids == POISON).any()):
             raise RuntimeError("injected executor fault (token 4095)")
         return super().forward(ids)

@@ -183,7 +183,7 @@ def _app_over_no_model(**state_kw):
     stats = SimpleNamespace(
         preemptions=0, spec_draft_tokens=0, spec_accepted_tokens=0, spec_verify_rows=0, spec_acceptance_rate=0
     )
-    engine = SimpleNamespace(num_running=0, num_waiting=0)
+    engine = SimpleNamespace(num_running=0, num_waiting=0, fatal_error=None)
     llm = SimpleNamespace(memory_stats=lambda: mem, stats=stats, engine=engine)
     state = ServerState(llm, None, ["m"], max_model_len=64, max_num_seqs=1, max_waiting=1, **state_kw)
     return state, create_app(state)
@@ -213,6 +213,22 @@ def test_head_health_says_draining_too():
         assert client.head("/health").status_code == 503
 
 
+def test_health_says_the_engine_stopped_with_503():
+    """An engine stopped by a lost executor fails every request: /health said "ok" all the same (the
+    server also exits: tests/llm/server/test_server_limits.py)."""
+    from fastapi.testclient import TestClient
+
+    state, app = _app_over_no_model()
+    with TestClient(app) as client:
+        assert client.get("/health").status_code == 200
+        state.llm.engine.fatal_error = RuntimeError("gone")
+        r = client.get("/health")
+        state.draining = True  # (as the server sets it while it exits): the engine's stop is still said
+        again = client.get("/health")
+    assert r.status_code == 503 and r.json() == {"status": "engine stopped", "error": "gone"}
+    assert again.status_code == 503 and again.json() == r.json()
+
+
 def test_every_get_route_answers_head():
     """Each GET route of the app takes HEAD as well: a route added later with app.get would not."""
     from fastapi.routing import APIRoute
@@ -234,6 +250,78 @@ def test_a_wrong_method_is_a_405_naming_the_allowed_ones():
         assert r.status_code == 405 and r.headers["allow"] == "POST"
         assert r.json()["error"]["code"] == 405
         assert set(client.post("/health").headers["allow"].split(", ")) == {"GET", "HEAD"}
+
+
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded"]
+)
+def test_a_body_not_sent_as_json_is_a_415_before_it_is_read(content_type):
+    """A JSON body sent as text/plain or a form (curl's -d alone) was parsed and served: a page on any
+    origin could have a visitor's browser drive generation without a CORS preflight. As vLLM does, only
+    application/json is read; the refusal names the header to send, in OpenAI's schema."""
+    from fastapi.testclient import TestClient
+
+    state, app = _app_over_no_model()
+    body = json.dumps({"model": "m", "prompt": [5], "max_tokens": 1})
+    with TestClient(app) as client:
+        headers = {} if content_type is None else {"Content-Type": content_type}
+        r = client.post("/v1/completions", content=body, headers=headers)
+        assert r.status_code == 415, r.text
+        err = r.json()["error"]
+        assert "Content-Type: application/json" in err["message"] and err["type"] == "invalid_request_error"
+        assert state.metrics.intake._value.get() == 0 and state.requests == 0
+        for sent in ("application/json", "Application/JSON; charset=utf-8"):  # read: (no tokenizer) 400
+            ok = client.post("/v1/completions", content=body, headers={"Content-Type": sent})
+            assert ok.status_code == 400 and "tokenizer" in ok.json()["error"]["message"], ok.text
+
+
+def test_a_compressed_body_is_a_415_saying_so():
+    """A gzip body (Content-Encoding: gzip, which the server does not undo) was a 400 calling its bytes
+    invalid JSON ("can't decode byte 0x8b"); identity, the default, is read."""
+    import gzip
+
+    from fastapi.testclient import TestClient
+
+    _, app = _app_over_no_model()
+    body = json.dumps({"model": "m", "prompt": [5], "max_tokens": 1}).encode()
+    with TestClient(app) as client:
+        headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+        r = client.post("/v1/completions", content=gzip.compress(body), headers=headers)
+        assert r.status_code == 415 and "uncompressed" in r.json()["error"]["message"], r.text
+        headers["Content-Encoding"] = "identity"  # read: (no tokenizer) 400
+        r = client.post("/v1/completions", content=body, headers=headers)
+        assert r.status_code == 400 and "tokenizer" in r.json()["error"]["message"], r.text
+
+
+def test_allowed_origins_are_granted_cors_and_no_other_origin_is():
+    """--allowed-origins: a browser page of that origin may call the server (its preflight before a JSON
+    POST with an API key and the SDK's own headers is granted, answers carry Access-Control-Allow-Origin);
+    another origin's preflight is refused, and without the option no origin is granted (OPTIONS is 405)."""
+    from fastapi.testclient import TestClient
+
+    page, other = "http://localhost:3000", "https://evil.example"
+    asks = {
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os",
+    }
+    _, app = _app_over_no_model(allowed_origins=("http://LocalHost:3000",))
+    with TestClient(app) as client:
+        pre = client.options("/v1/chat/completions", headers={"Origin": page, **asks})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == page, pre.headers
+        assert "POST" in pre.headers["access-control-allow-methods"]
+        assert "x-stainless-os" in pre.headers["access-control-allow-headers"].lower()
+        assert (
+            client.get("/v1/models", headers={"Origin": page}).headers["access-control-allow-origin"] == page
+        )
+        refused = client.options("/v1/chat/completions", headers={"Origin": other, **asks})
+        assert refused.status_code == 400 and "access-control-allow-origin" not in refused.headers
+        assert (
+            "access-control-allow-origin" not in client.get("/v1/models", headers={"Origin": other}).headers
+        )
+    _, app = _app_over_no_model()
+    with TestClient(app) as client:
+        pre = client.options("/v1/chat/completions", headers={"Origin": page, **asks})
+        assert pre.status_code == 405 and "access-control-allow-origin" not in pre.headers
 
 
 def test_completion_top_logprobs_keep_the_likeliest_of_tokens_of_one_text():
@@ -328,3 +416,60 @@ def test_served_names_are_listed_once_and_aliases_apply_to_the_default_name_only
         with pytest.raises(Built):
             server_run.run(llm, None, "m", server_run.ServeOptions(served_model_names=names), ("./m/", "m"))
         assert states[-1].served_model_names == expected and states[-1].model_aliases == aliases
+
+
+def _bounded_head_answers(reads: list[bytes]) -> list[bytes]:
+    """The status lines the server's HTTP protocol (run._http_protocol) writes for `reads`, fed to it one
+    by one as reads of one connection, in process over an app that answers 200."""
+    import asyncio
+    import re
+    from unittest import mock
+
+    uvicorn = pytest.importorskip("uvicorn")
+    from uvicorn.server import ServerState
+
+    from trtforge.llm.server.run import _http_protocol
+
+    async def app(scope, receive, send):
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def run() -> list[bytes]:
+        cls = _http_protocol()
+        config = uvicorn.Config(app, http=cls, lifespan="off")
+        config.load()
+        proto = cls(config=config, server_state=ServerState(), app_state={})
+        written: list[bytes] = []
+        addresses = {"sockname": ("127.0.0.1", 1), "peername": ("127.0.0.1", 2)}
+        closed: list[bool] = []  # a closed transport delivers no more reads
+        transport = mock.Mock(write=written.append, is_closing=lambda: bool(closed))
+        transport.close.side_effect = lambda: closed.append(True)
+        transport.get_extra_info.side_effect = lambda name, default=None: addresses.get(name, default)
+        proto.connection_made(transport)
+        for data in reads:
+            if closed:
+                break
+            proto.data_received(data)
+            await asyncio.sleep(0.01)
+        return re.findall(rb"HTTP/1\.1 (\d{3}) ", b"".join(written))
+
+    return asyncio.run(run())
+
+
+def test_a_head_growing_past_the_bound_over_reads_is_a_431():
+    from trtforge.llm.server.run import MAX_HEAD_BYTES
+
+    piece = b"a" * (MAX_HEAD_BYTES // 4)
+    assert _bounded_head_answers([b"GET / HTTP/1.1\r\nX: ", *[piece] * 6, b"\r\n\r\n"]) == [b"431"]
+    assert _bounded_head_answers([b"GET / HTTP/1.1\r\nX: ", piece, piece, b"\r\n\r\n"]) == [b"200"]
+
+
+def test_a_pipelined_request_after_a_large_body_is_not_taken_for_a_large_head():
+    """The read a head begins in may end the previous request's body (pipelining): counting it took 200 KB
+    of body for the next request's head, a 431. Only the reads a head goes on through count."""
+    body = b"x" * 200_000
+    first = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+    reads = [first + body[:100], body[100:] + b"GET / HTTP/1.1\r\nHost: x\r\n", b"\r\n"]
+    assert _bounded_head_answers(reads) == [b"200", b"200"]

@@ -7,6 +7,8 @@ chat template of our own; bodies are sent raw, as a client that is not an OpenAI
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from tests.llm.server.harness import chat_server
@@ -89,7 +91,10 @@ def test_a_client_gone_before_its_body_arrived_is_no_server_error(server):
 
     port = int(server.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"model":')
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"model":'
+        )
         time.sleep(0.2)
     key = 'trtforge_requests_total{endpoint="completions",status="499"}'
     end = time.monotonic() + 10
@@ -339,7 +344,8 @@ def test_a_body_past_the_limit_is_413_before_it_is_parsed(server, chunked):
     body = json.dumps({"model": NAME, "prompt": [5] * 6_000_000}).encode()  # 18 MB
     content = (body[i : i + 2**20] for i in range(0, len(body), 2**20)) if chunked else body
     try:
-        r = httpx.post(server.url + "/v1/completions", content=content, timeout=60)
+        headers = {"Content-Type": "application/json"}
+        r = httpx.post(server.url + "/v1/completions", content=content, headers=headers, timeout=60)
     except httpx.TransportError:  # the server may close the connection while the client still sends
         pass
     else:
@@ -608,3 +614,40 @@ def test_stream_options_without_stream_is_400_as_openai_and_vllm_answer(server, 
     assert err["param"] == "stream_options" and "stream=true" in err["message"], err
     null = b'{"model": "%s", "max_tokens": 2, "prompt": "x", "stream_options": null}' % NAME.encode()
     assert _post(server, null).status_code == 200
+
+
+def _raw_exchange(server, head: bytes, chunks: int, tail: bytes) -> bytes:
+    """What the server answers to `head`, 1 MiB `chunks` of one header's value, then `tail`, sent raw (the
+    server may close the connection while they are still being sent)."""
+    import socket
+
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        try:
+            s.sendall(head)
+            for _ in range(chunks):
+                s.sendall(b"a" * 2**20)
+            s.sendall(tail)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        out = b""
+        with contextlib.suppress(ConnectionResetError):
+            while data := s.recv(65536):
+                out += data
+    return out
+
+
+def test_headers_past_the_bound_are_a_431_and_the_connection_closes(server):
+    """uvicorn's httptools parser holds a request's headers however large: 300 MB in one header grew the
+    server by 360 MB, before the API key was even checked. Past 64 KiB the request is refused as the
+    bytes arrive (not after all of them) and its connection closed; a 32 KiB header is still served."""
+    import json
+
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: "
+    out = _raw_exchange(server, head, 16, b"\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 431 "), out[:200]
+    err = json.loads(out.split(b"\r\n\r\n", 1)[1])["error"]
+    assert "65,536 bytes" in err["message"] and err["code"] == 431, err
+    ok = _raw_exchange(server, head + b"b" * 32 * 2**10, 0, b"\r\nConnection: close\r\n\r\n")
+    assert ok.startswith(b"HTTP/1.1 200 "), ok[:200]
+    assert "Traceback" not in server.log(), server.log()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.llm.server.faulty import POISON
+from tests.llm.server.faulty import LOST, POISON
 from tests.llm.server.harness import Server, need_model
 
 NAME = "faulty"
@@ -152,3 +152,65 @@ def _stream_safely(server, model, out):
             out["lines"] = [line for line in r.iter_lines() if line]
     except httpx.HTTPError as e:
         out["error"] = e
+
+
+def test_an_engine_that_stops_turns_health_to_503_and_the_server_exits_1(tmp_path):
+    """A lost executor (a tensor-parallel worker's death) stops the engine: every request after it failed
+    with a 503, while /health said "ok" and the process ran on, so no load balancer or supervisor
+    noticed. Now /health says why with 503 and the server exits 1 at once, without a trace."""
+    import httpx
+
+    model = need_model()
+    args = ["--tokenizer", str(model), "--served-model-name", NAME, "--num-blocks", "64"]
+    s = Server("tests.llm.server.faulty:make", args, tmp_path / "server.log")
+    try:
+        r = httpx.post(
+            s.url + "/v1/completions",
+            json={"model": NAME, "prompt": [[5, LOST]], "max_tokens": 2},
+            timeout=60,
+        )
+        assert r.status_code == 503 and "injected loss" in r.json()["error"]["message"], r.text
+        assert s.proc.wait(30) == 1, s.log()
+    finally:
+        s.stop()
+    assert "the engine stopped (injected loss of the executor (token 4094))" in s.log(), s.log()
+    assert "Traceback" not in s.log(), s.log()
+
+
+def test_requests_running_past_the_grace_end_as_503s_and_streams_with_done(tmp_path):
+    """SIGTERM with requests that outlast --shutdown-grace: uvicorn cancelled them, so a plain request got
+    a plain-text 500 and a stream stopped without an error or [DONE] (and the log said "Cancel 2 running
+    task(s)"). Now the engine is closed first: the request gets a 503 in OpenAI's schema, the stream an
+    error event then [DONE], and the server exits 0."""
+    import httpx
+
+    model = need_model()
+    s = Server(str(model), ["--num-blocks", "256", "--shutdown-grace", "1"], tmp_path / "server.log")
+    out: dict = {}
+
+    def plain() -> None:
+        body = {"model": model.name, "prompt": "def f(x):", "max_tokens": 2000, "ignore_eos": True}
+        try:
+            out["plain"] = httpx.post(s.url + "/v1/completions", json=body, timeout=120)
+        except httpx.HTTPError as e:
+            out["plain"] = e
+
+    threads = [
+        threading.Thread(target=plain),
+        threading.Thread(target=_stream_safely, args=(s, model.name, out)),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        _wait_for(lambda: s.metrics()["trtforge_num_requests_running"] == 2)
+        s.terminate()
+        assert s.proc.wait(60) == 0, s.log()
+    finally:
+        s.stop()
+        for t in threads:
+            t.join(60)
+    r = out["plain"]
+    assert isinstance(r, httpx.Response) and r.status_code == 503, r
+    assert "shutting down" in r.json()["error"]["message"], r.text
+    assert out["lines"][-1] == "data: [DONE]" and "shutting down" in out["lines"][-2], out["lines"][-2:]
+    assert "Traceback" not in s.log() and "Cancel" not in s.log(), s.log()

@@ -15,6 +15,7 @@ import pytest
 from tests.llm.server.harness import chat_server
 
 NAME = "code-llama-21m"
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def test_a_batch_of_long_prompts_is_tokenized_without_holding_the_server(server)
     body = json.dumps({"model": NAME, "prompt": [prompt] * 1000, "max_tokens": 100}).encode()
 
     def send():
-        return httpx.post(server.url + "/v1/completions", content=body, timeout=120)
+        return httpx.post(server.url + "/v1/completions", content=body, headers=JSON, timeout=120)
 
     r, took, waits = _health_waits_during(server, send)
     assert r.status_code == 400, r.text
@@ -88,7 +89,7 @@ def test_texts_are_tokenized_while_requests_wait_on_schema_compiles(server):
     answers: list = []
 
     def send(body: bytes) -> None:
-        answers.append(httpx.post(server.url + "/v1/completions", content=body, timeout=120))
+        answers.append(httpx.post(server.url + "/v1/completions", content=body, headers=JSON, timeout=120))
 
     senders = [threading.Thread(target=send, args=(slow(i),)) for i in range(waiting)]
     for t in senders:
@@ -96,7 +97,7 @@ def test_texts_are_tokenized_while_requests_wait_on_schema_compiles(server):
     time.sleep(0.5)
     start = time.monotonic()
     plain = json.dumps({"model": NAME, "prompt": "def f(x):", "max_tokens": 2}).encode()
-    r = httpx.post(server.url + "/v1/completions", content=plain, timeout=120)
+    r = httpx.post(server.url + "/v1/completions", content=plain, headers=JSON, timeout=120)
     took = time.monotonic() - start
     start = time.monotonic()
     metrics = httpx.get(server.url + "/metrics", timeout=120)

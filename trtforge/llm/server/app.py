@@ -1,6 +1,7 @@
 """The FastAPI app: OpenAI's /v1/completions, /v1/chat/completions and /v1/models, plus /health and
 /metrics, over one :class:`~trtforge.llm.service.ServingLLM`.
 
+Request bodies are JSON sent as ``Content-Type: application/json`` (415 otherwise, as vLLM answers).
 Streaming is server-sent events as OpenAI sends them: ``data: {chunk}`` lines, ``finish_reason`` in
 each choice's last chunk, a usage chunk with ``stream_options.include_usage``, then ``data: [DONE]``.
 Load is bounded: past ``max_num_seqs + max_waiting`` sequences in flight a request gets 429 with
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -74,6 +76,7 @@ class ServerState:
     max_request_bytes: int = 16 * 2**20
     body_timeout: float = 60.0  # seconds a body may take to arrive (408 past them)
     max_intake: int | None = None  # requests read, parsed and tokenized at once; None: default_intake()
+    allowed_origins: tuple[str, ...] = ()  # origins granted CORS (:func:`create_app`); none: no browser page
     vocab_size: int | None = None  # the model's logits' width: logit_bias ids are checked against it
     # the ids a prompt may hold (the embedding's; None: vocab_size), wider where the LM head is pruned
     input_vocab_size: int | None = None
@@ -224,6 +227,27 @@ def _refuse_huge(state: ServerState, text: str, param: str) -> None:
                 param,
             )
         cut *= 4
+
+
+def _check_json(request: Request) -> None:
+    """415 unless the request says its body is JSON (``Content-Type: application/json``, any parameters),
+    as vLLM refuses it: a body sent as text/plain or a form was parsed as JSON anyway, so a web page on
+    any origin could drive generation through a visitor's browser (a browser sends those types cross-origin
+    without asking first; application/json needs a CORS preflight, granted to --allowed-origins only), and
+    curl's ``-d`` without ``-H 'Content-Type: application/json'`` worked here but fails elsewhere. A body
+    sent compressed (Content-Encoding: gzip, which the server does not undo) is a 415 saying so, as RFC 7694
+    has it, not a 400 calling its bytes invalid JSON."""
+    sent = request.headers.get("content-type", "")
+    if sent.partition(";")[0].strip().lower() != "application/json":
+        got = f"Content-Type {shown(sent)}" if sent else "no Content-Type"
+        raise ApiError(
+            415, f"the request body must be JSON, sent as Content-Type: application/json; got {got}"
+        )
+    coding = request.headers.get("content-encoding", "").strip()
+    if coding.lower() not in ("", "identity"):
+        raise ApiError(
+            415, f"the request body must be sent uncompressed, got Content-Encoding {shown(coding)}"
+        )
 
 
 def _check_draining(state: ServerState) -> None:
@@ -558,6 +582,17 @@ def create_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="trtforge", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.trtforge = state
+    if state.allowed_origins:
+        # (vLLM's --allowed-origins, off unless given: vLLM's default "*" lets any page a user visits call a
+        # server on their machine). A browser's preflight (OPTIONS) asks before a JSON POST and carries no
+        # API key; the headers it may then send are any (the OpenAI SDKs add their own x-stainless-*).
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=[o.lower() for o in state.allowed_origins],  # (browsers send them lowercase)
+            allow_methods=["GET", "HEAD", "POST"],
+            allow_headers=["*"],
+            max_age=600,
+        )
 
     def get(path: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """A GET route that answers HEAD too: the same status and headers, no body (uvicorn sends none
@@ -581,6 +616,9 @@ def create_app(state: ServerState) -> FastAPI:
 
     @get("/health")
     async def health() -> Response:
+        failed = state.engine.fatal_error
+        if failed is not None:  # (every request now fails: a load balancer must stop sending them here)
+            return JSONResponse({"status": "engine stopped", "error": str(failed)}, status_code=503)
         if state.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})
@@ -635,6 +673,7 @@ def create_app(state: ServerState) -> FastAPI:
         admission = None
         try:
             _check_key(state, request)
+            _check_json(request)
             _check_draining(state)
             async with _intake(state):
                 _check_draining(state)  # it may have begun while this request waited for its slot

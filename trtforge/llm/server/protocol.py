@@ -32,6 +32,7 @@ class ApiError(Exception):
         404: "not_found_error",
         408: "timeout_error",
         413: "invalid_request_error",
+        415: "invalid_request_error",
         429: "rate_limit_error",
         500: "server_error",
         503: "service_unavailable",

@@ -1,8 +1,12 @@
 """Run the app with uvicorn; SIGTERM (and the first Ctrl-C) drains instead of dropping requests.
 
 On the signal the server keeps listening but answers new generation requests (and /health) with
-503, waits for those in flight up to the grace period, then stops uvicorn and closes the engine
-(requests still running then end as errors). The process exits 0: a drain is a normal shutdown.
+503, waits for those in flight up to the grace period, then closes the engine (requests still running
+end as 503s in OpenAI's schema, a stream with its error event and [DONE]) and stops uvicorn. The process
+exits 0: a drain is a normal shutdown.
+An engine that stops on its own (a lost executor: every request now fails) turns /health to 503 and
+the server exits 1 at once, saying why, for its supervisor to restart it (it answered 503 to every
+request for ever, with /health "ok").
 A second signal (a supervisor repeating SIGTERM, `timeout` plus a manual kill, Ctrl-C twice) stops at
 once: the requests in flight are cancelled (their cancellation is the stop asked for, not an error: no
 trace is logged for it), the app's own shutdown still runs, the engine is closed, and the signal is
@@ -13,8 +17,10 @@ raised again once uvicorn's handlers are gone, so the process ends as that signa
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
+import re
 import signal
 import socket
 import sys
@@ -24,7 +30,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from trtforge.errors import TrtforgeWarning, UserError, shown
+from trtforge.errors import TrtforgeError, TrtforgeWarning, UserError, shown
 from trtforge.llm.server.app import ServerState, create_app
 
 log = logging.getLogger("trtforge.serve")
@@ -48,6 +54,8 @@ class ServeOptions:
     max_intake: int | None = None  # None: app.default_intake()
     shutdown_grace: float = 30.0
     log_level: str = "warning"
+    # origins (scheme://host[:port], or "*") whose web pages may call the server from a browser (CORS)
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """UserError naming the flag of a value that would start a server unlike the one asked for: an
@@ -67,6 +75,14 @@ class ServeOptions:
                     f"--served-model-name {shown(name)}: expected a name clients can send as the request's "
                     '"model" (non-empty printable text).'
                 )
+        for origin in self.allowed_origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                # (a browser's Origin header is exactly scheme://host[:port]: "http://localhost:3000/" never
+                # matched it, and the page's requests failed with nothing in the server's log)
+                raise UserError(
+                    f"--allowed-origins {shown(origin)}: expected an origin as a browser sends it, "
+                    "scheme://host[:port] with no path or trailing slash (http://localhost:3000), or '*'."
+                )
         timeouts = {
             "--request-timeout": self.request_timeout,
             "--body-timeout": self.body_timeout,
@@ -75,6 +91,9 @@ class ServeOptions:
         for flag, value in timeouts.items():
             if value is not None and math.isnan(value):
                 raise UserError(f"{flag} nan: expected a number of seconds.")
+
+
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s]+", re.IGNORECASE)
 
 
 def _imports() -> Any:
@@ -145,6 +164,7 @@ def run(
         max_request_bytes=options.max_request_bytes,
         body_timeout=options.body_timeout,
         max_intake=options.max_intake,
+        allowed_origins=options.allowed_origins,
         vocab_size=getattr(facts, "vocab_size", None),
         input_vocab_size=getattr(facts, "input_vocab_size", None),
     )
@@ -158,6 +178,7 @@ def run(
         port=options.port,
         log_level=options.log_level,
         access_log=False,
+        http=_http_protocol(),
         timeout_graceful_shutdown=1,
         lifespan="on",
     )
@@ -178,7 +199,63 @@ def run(
         llm.close()
     if server.forced is not None:  # (uvicorn's handlers are gone: the process's own handling ends it)
         signal.raise_signal(server.forced)
+    if server.engine_failed is not None:
+        raise TrtforgeError(
+            f"the engine stopped ({server.engine_failed}), failing every request, so the server exited "
+            "(exit 1) for its supervisor to restart it"
+        )
     return 0
+
+
+# bytes a request's line and headers may take (h11, uvicorn's other parser, stops at 16 KiB; browsers' cookies
+# and a bearer key fit in a few)
+MAX_HEAD_BYTES = 64 * 2**10
+
+
+def _http_protocol() -> Any:
+    """uvicorn's httptools protocol, refusing a request whose line and headers pass :data:`MAX_HEAD_BYTES`
+    with a 431 in OpenAI's schema, and closing its connection. httptools (uvicorn's choice where installed)
+    has no bound of its own: one connection sending a 300 MB header grew the server by 360 MB before any
+    route, the API key's check included, saw it. Without httptools uvicorn's h11, which bounds it."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+    except ImportError:
+        return "h11"
+
+    from trtforge.llm.server.protocol import error_body
+
+    class BoundedHead(HttpToolsProtocol):
+        """Counts the reads a request's head goes on through: each is all head. The read a head begins in
+        may end a previous request's body (pipelining) and is not counted, so the bound is
+        MAX_HEAD_BYTES plus at most one read (256 KiB)."""
+
+        head: int | None = None  # bytes of the current request's head counted so far; None: not in one
+        begun = 0  # requests begun on this connection
+
+        def on_message_begin(self) -> None:
+            self.head = 0
+            self.begun += 1
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self.head = None
+            super().on_headers_complete()
+
+        def data_received(self, data: bytes) -> None:
+            begun = self.begun
+            super().data_received(data)
+            if self.head is None or self.begun != begun or self.transport.is_closing():
+                return
+            self.head += len(data)
+            if self.head > MAX_HEAD_BYTES:
+                self.head = None
+                message = f"the request's line and headers exceed {MAX_HEAD_BYTES:,} bytes; send shorter ones"
+                body = json.dumps(error_body(431, message)).encode()
+                head = b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+                self.transport.write(STATUS_LINE[431] + head % len(body) + body)
+                self.transport.close()
+
+    return BoundedHead
 
 
 class _QuietCancellations(logging.Filter):
@@ -205,6 +282,7 @@ class _DrainingServer:
                 super().__init__(config)
                 self.deadline: float | None = None
                 self.forced: int | None = None  # the signal that stopped the server at once
+                self.engine_failed: BaseException | None = None  # the error that stopped the engine
 
             def handle_exit(self, sig: int, frame: FrameType | None) -> None:
                 if self.deadline is not None or sig not in (signal.SIGTERM, signal.SIGINT):
@@ -224,7 +302,21 @@ class _DrainingServer:
 
             async def on_tick(self, counter: int) -> bool:
                 if self.deadline is not None and (state.requests == 0 or time.monotonic() > self.deadline):
+                    if state.requests and not self.should_exit:
+                        # past the grace: the engine is closed first, so the requests still running end
+                        # as they do on any engine error (a 503 in OpenAI's schema; a stream's error event
+                        # and [DONE]) in uvicorn's second of grace, not cancelled there (a plain-text 500,
+                        # a stream cut off without [DONE], and uvicorn's error log line)
+                        await asyncio.to_thread(state.engine.close)
                     self.should_exit = True
+                if self.engine_failed is None and state.engine.fatal_error is not None:
+                    self.engine_failed = state.engine.fatal_error
+                    state.draining = self.should_exit = True
+                    print(
+                        f"trtforge serve: the engine stopped ({self.engine_failed}); exiting",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return await super().on_tick(counter)
 
             async def shutdown(self, sockets: Any = None) -> None:
