@@ -10,8 +10,9 @@ attention, also gate/up projections when the swiglu pass did not take them), in 
 Widths may differ: grouped-query attention has Nk = Nv < Nq (Llama, Mistral, Qwen2), and the
 ledger names such a group "Q/K/V (GQA ...)". Bias `Add`s with constant [N] vectors are folded
 in when at least one member has one (Qwen2 has q/k/v biases); members without get zeros (x + 0
-is exact). A group whose outputs are graph outputs is skipped. GPT-2's `Gemm` c_attn is already
-merged and matches nothing.
+is exact). A group whose outputs are graph outputs is skipped, and so are MatMuls inside If/Loop/Scan
+bodies (they read `x` from the outer scope but are not the main graph's siblings). GPT-2's `Gemm`
+c_attn is already merged and matches nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def _bias(node: ir.Node, n_out: int) -> tuple[ir.Node, np.ndarray] | None:
     if len(users) != 1 or users[0].op_type != "Add" or users[0].domain not in ("", "ai.onnx"):
         return None
     add = users[0]
+    if add.graph is not node.graph:  # an Add inside an If/Loop/Scan body reads it; not a bias of ours
+        return None
     other = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
     if other is None or other.const_value is None:
         return None
@@ -136,6 +139,8 @@ def run_qkv(model: ir.Model, ctx: PassContext) -> PassOutcome:
     for x in sources:
         group: dict[tuple, list[tuple[ir.Node, np.ndarray]]] = {}
         for node in list(x.consumers()):
+            if node.graph is not graph:  # a MatMul inside an If/Loop/Scan body: not a sibling here
+                continue
             w = projection_weight(node, x)
             if w is not None:
                 group.setdefault((w.dtype, w.shape[0]), []).append((node, w))
