@@ -238,6 +238,38 @@ def _truncated_external_data(*argv: str) -> Setup:
     return setup
 
 
+def _short_external_length(*argv: str) -> Setup:
+    """`argv` on the tiny model saved with external data (m.data) whose entry for W says `length` 8 (its
+    [4, 3] float32 takes 48 bytes), with calibration data c.npz. Before: onnx read the 8 bytes and
+    calibrate crashed reshaping them ("internal error", exit 1); inspect and compile passed it."""
+
+    def setup(d: Path) -> list[str]:
+        import onnx
+
+        onnx.save(
+            onnx.load(str(tiny_onnx(d / "src.onnx"))),
+            str(d / "m.onnx"),
+            save_as_external_data=True,
+            location="m.data",
+            size_threshold=0,
+        )
+        (d / "src.onnx").unlink()
+        m = onnx.load(str(d / "m.onnx"), load_external_data=False)
+        w = next(t for t in m.graph.initializer if t.name == "W")
+        next(e for e in w.external_data if e.key == "length").value = "8"
+        onnx.save(m, str(d / "m.onnx"))
+        np.savez(d / "c.npz", x=np.ones((4, 4), np.float32))
+        return list(argv)
+
+    return setup
+
+
+SHORT_LENGTH = (
+    r"ONNX model 'm\.onnx': tensor 'W' is \[4, 3\] float32 \(48 bytes\), but its external data entry "
+    r"gives it 8 bytes of 'm\.data': the model and its data file do not belong together"
+)
+
+
 TRUNCATED = (
     r"ONNX model 'm\.onnx': its external data file 'm\.data' holds 20 bytes, but tensor '\w+' is stored "
     r"at bytes \d+\.\.\d+ of it: the file is truncated"
@@ -289,6 +321,22 @@ CASES: dict[str, tuple[Setup, str]] = {
     "compile: external data file truncated": (
         _truncated_external_data("compile", "m.onnx", "-o", "m.engine"),
         TRUNCATED,
+    ),
+    "optimize: external data file truncated": (
+        _truncated_external_data("optimize", "m.onnx", "-o", "o.onnx"),
+        TRUNCATED,
+    ),
+    "calibrate: external data file truncated": (
+        _truncated_external_data("calibrate", "m.onnx", "--data", "m.onnx", "-o", "q.onnx"),
+        TRUNCATED,
+    ),
+    "calibrate: external data entry shorter than its tensor": (
+        _short_external_length("calibrate", "m.onnx", "--data", "c.npz", "-o", "q.onnx"),
+        SHORT_LENGTH,
+    ),
+    "inspect: external data entry shorter than its tensor": (
+        _short_external_length("inspect", "m.onnx"),
+        SHORT_LENGTH,
     ),
     "report: external data file truncated": (
         _truncated_external_data("report", "m.onnx", "-o", "rep", "--targets", "ort", "--no-progress"),
