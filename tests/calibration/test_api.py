@@ -44,6 +44,22 @@ def test_every_method_quantizes_and_stays_close(method):
     onnx.checker.check_model(q)
 
 
+@pytest.mark.parametrize("smoothquant", [None, 0.8])
+def test_weights_listed_as_graph_inputs_are_calibrated_as_weights(smoothquant):
+    """Old exporters list initializers as graph inputs too. Before: Q/DQ replaced w1 and w2 by w*_int8 and
+    the model came back with inputs 'w1', 'w2' that nothing defaults any more (a model no caller can run,
+    exit 0); with SmoothQuant the next statistics run raised ORT's ValueError "Required inputs ([...]) are
+    missing" ("internal error", exit 1)."""
+    m = models.mlp()
+    for t in m.graph.initializer:
+        m.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    q, rec = calibrate_model(m, _data(), smoothquant=smoothquant, progress=False)
+    assert [i.name for i in q.graph.input] == ["x"]  # weights, as compile's TensorRT parser takes them
+    assert rec.to_dict()["matmuls_quantized"] == 2
+    x = _data(8, seed=1)["x"]
+    assert _cos(exact_session(m).run(None, {"x": x})[0], exact_session(q).run(None, {"x": x})[0]) > 0.995
+
+
 def test_cache_is_written_in_trt_format_and_read_back_without_statistics(tmp_path):
     cache = tmp_path / "model.calib.cache"
     m = models.mlp()
