@@ -270,6 +270,51 @@ SHORT_LENGTH = (
 )
 
 
+def _edited_tiny(edit, *argv: str) -> Setup:
+    """`argv` on the tiny model (x[B,4] -> MatMul 'matmul' -> Add 'bias' -> Relu 'relu' -> y) after `edit`
+    changed its proto in place, with calibration data c.npz."""
+
+    def setup(d: Path) -> list[str]:
+        import onnx
+
+        m = onnx.load(str(tiny_onnx(d / "src.onnx")))
+        (d / "src.onnx").unlink()
+        edit(m)
+        onnx.save(m, str(d / "m.onnx"))
+        np.savez(d / "c.npz", x=np.ones((4, 4), np.float32))
+        return list(argv)
+
+    return setup
+
+
+def _clashing_value_info(m) -> None:
+    from onnx import TensorProto, helper
+
+    m.graph.value_info.append(helper.make_tensor_value_info("h", TensorProto.INT64, ["batch", 3]))
+
+
+def _one_node_name(m) -> None:
+    for n in m.graph.node:
+        n.name = "same"
+
+
+def _sparse_weight(m) -> None:
+    from onnx import helper, numpy_helper
+
+    w = next(t for t in m.graph.initializer if t.name == "W")
+    m.graph.initializer.remove(w)
+    values = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "W")
+    indices = numpy_helper.from_array(np.array([0, 5], np.int64))
+    m.graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [4, 3]))
+
+
+CALIBRATE_TINY = ("calibrate", "m.onnx", "--data", "c.npz", "-o", "q.onnx")
+SPARSE = (
+    r"ONNX model 'm\.onnx' holds 1 sparse initializer\(s\) \['W'\]; trtforge's passes, calibration and "
+    r"TensorRT's parser read dense initializers only"
+)
+
+
 TRUNCATED = (
     r"ONNX model 'm\.onnx': its external data file 'm\.data' holds 20 bytes, but tensor '\w+' is stored "
     r"at bytes \d+\.\.\d+ of it: the file is truncated"
@@ -338,6 +383,17 @@ CASES: dict[str, tuple[Setup, str]] = {
         _short_external_length("inspect", "m.onnx"),
         SHORT_LENGTH,
     ),
+    "calibrate: a value_info type clashing with its node (ONNX Runtime refuses the model)": (
+        _edited_tiny(_clashing_value_info, *CALIBRATE_TINY),
+        r"ONNX model 'm\.onnx': ONNX Runtime cannot load it: .*Type \(tensor\(int64\)\) of output arg \(h\) "
+        r"of node \(matmul\) does not match expected type \(tensor\(float\)\)\. Calibration runs the graph",
+    ),
+    "calibrate: two nodes of one name": (
+        _edited_tiny(_one_node_name, *CALIBRATE_TINY),
+        r"ONNX model 'm\.onnx': ONNX Runtime cannot load it: .*two nodes with same node name \(same\)",
+    ),
+    "calibrate: a sparse initializer": (_edited_tiny(_sparse_weight, *CALIBRATE_TINY), SPARSE),
+    "inspect: a sparse initializer": (_edited_tiny(_sparse_weight, "inspect", "m.onnx"), SPARSE),
     "report: external data file truncated": (
         _truncated_external_data("report", "m.onnx", "-o", "rep", "--targets", "ort", "--no-progress"),
         TRUNCATED,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtforge._fileio import sha256_file
-from trtforge.errors import UserError
+from trtforge.errors import UserError, shown
 
 if TYPE_CHECKING:
     import onnx
@@ -114,8 +114,8 @@ def load_onnx(path: str | os.PathLike[str]) -> onnx.ModelProto:
 def check_structure(proto: onnx.ModelProto, where: str) -> None:
     """UserError for what no stage can use, said before a checker or runtime reports it in its own
     words: no graph (protobuf parses many non-ONNX files as an empty model), no outputs, an output listed
-    twice, a graph input or output without an element type, an element type (of an initializer or graph
-    input/output) or an opset newer than the installed onnx knows."""
+    twice, a sparse initializer, a graph input or output without an element type, an element type (of an
+    initializer or graph input/output) or an opset newer than the installed onnx knows."""
     import onnx
 
     g = proto.graph
@@ -135,6 +135,13 @@ def check_structure(proto: onnx.ModelProto, where: str) -> None:
         raise UserError(
             f"{where} lists output(s) {twice} more than once in graph.output; ONNX requires each graph "
             "output to be a distinct name (every stage would rename the copies). Return the tensor once."
+        )
+    sparse = [t.values.name for t in g.sparse_initializer]
+    if sparse:
+        raise UserError(
+            f"{where} holds {len(sparse)} sparse initializer(s) {shown(sparse)}; trtforge's passes, "
+            "calibration and TensorRT's parser read dense initializers only. Store them dense (numpy_helper."
+            "to_array of the sparse tensor's values scattered into zeros, then numpy_helper.from_array)."
         )
     weights = {t.name for t in g.initializer}
     for kind, values in (("input", g.input), ("output", g.output)):
