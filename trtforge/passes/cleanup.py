@@ -28,6 +28,7 @@ def run_cleanup(model: ir.Model, ctx: PassContext) -> PassOutcome:
     before = _count(model)
     passthrough = {i: v.name for i, v in enumerate(model.graph.outputs) if v.is_graph_input()}
     output_names = [v.name for v in model.graph.outputs]
+    body_outputs = [(g, [v.name for v in g.outputs]) for g in _subgraphs(model.graph)]
     # onnxscript's constant folder warns on stderr for every multi-output node it leaves (each Split:
     # "Skipping constant folding for op Split with multiple outputs."), in the middle of our output;
     # leaving them is intended and the pass ledger records what cleanup did.
@@ -41,6 +42,8 @@ def run_cleanup(model: ir.Model, ctx: PassContext) -> PassOutcome:
     _restore_passthrough(model.graph, passthrough)
     identity = common_passes.IdentityEliminationPass()(model)
     _restore_output_names(model.graph, output_names)
+    for body, names in body_outputs:  # (a Scan body's `o = Identity(state)` made one value two outputs)
+        _restore_output_names(body, names)
     lowered = _lower_dynamic_eyelike(model)
     outcome = PassOutcome()
     removed = before - _count(model)
@@ -134,6 +137,18 @@ def _restore_output_names(graph: ir.Graph, names: list[str]) -> None:
         value.name = name
         taken.add(name)
         seen.add(value)
+
+
+def _subgraphs(graph: ir.Graph) -> list[ir.Graph]:
+    """The If/Loop/Scan bodies in `graph`, at every depth."""
+    found = []
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                found.append(attr.value)
+            elif attr.type == ir.AttributeType.GRAPHS:
+                found.extend(attr.value)
+    return found
 
 
 def _fresh(base: str, taken: set[str]) -> str:
