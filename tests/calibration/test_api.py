@@ -98,6 +98,18 @@ def test_cache_text_matches_modelopt_reader(tmp_path):
     assert calib_utils.import_scales_from_calib_cache(str(p)) == {"t_scale": pytest.approx(0.0123)}
 
 
+def test_cache_holds_tensor_names_with_colons_and_refuses_line_breaks(tmp_path):
+    """tf2onnx names tensors 'input:0'. Before: any ':' was refused, so `calibrate` (which always writes a
+    cache) failed such a model after all its statistics; a '\u2028' or '\r' in a name was written and the
+    cache then could not be read back (its reader splits lines as str.splitlines does)."""
+    p = tmp_path / "c.cache"
+    p.write_text(format_cache({"input:0": 0.5, "dense/MatMul:0": 0.25}, "max"))
+    assert read_calibration_cache(p)[1] == {"input:0": 0.5, "dense/MatMul:0": 0.25}
+    for bad in ("a: b", "a\u2028b", "a\rb", "a\nb"):
+        with pytest.raises(UserError, match="would not read back"):
+            format_cache({bad: 0.5}, "max")
+
+
 def test_malformed_cache_is_a_user_error(tmp_path):
     p = tmp_path / "bad.cache"
     p.write_text("TRT-1-EntropyCalibration2\nx: zz\n")
