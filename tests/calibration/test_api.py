@@ -60,6 +60,42 @@ def test_weights_listed_as_graph_inputs_are_calibrated_as_weights(smoothquant):
     assert _cos(exact_session(m).run(None, {"x": x})[0], exact_session(q).run(None, {"x": x})[0]) > 0.995
 
 
+def _weight_returned(m: onnx.ModelProto) -> None:
+    m.graph.output.append(onnx.helper.make_tensor_value_info("w2", onnx.TensorProto.FLOAT, [64, 32]))
+
+
+def _weight_read_in_a_branch(m: onnx.ModelProto) -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    m.graph.initializer.extend(
+        [
+            numpy_helper.from_array((rng.standard_normal((64, 32)) / 8).astype(np.float32), "w3"),
+            numpy_helper.from_array(np.array(True), "cond"),
+        ]
+    )
+    out = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "s", 32])  # noqa: E731
+    then = helper.make_graph([helper.make_node("MatMul", ["r", "w3"], ["t"])], "then", [], [out("t")])
+    other = helper.make_graph([helper.make_node("Neg", ["o"], ["e"])], "else", [], [out("e")])
+    m.graph.node.append(helper.make_node("If", ["cond"], ["z"], then_branch=then, else_branch=other))
+    m.graph.output.append(out("z"))
+
+
+@pytest.mark.parametrize("smoothquant", [None, 0.8])
+@pytest.mark.parametrize("edit", [_weight_returned, _weight_read_in_a_branch])
+def test_weights_read_outside_the_main_graph_nodes_are_kept(edit, smoothquant):
+    """Before: SmoothQuant and Q/DQ dropped every initializer no main-graph node read, so a weight the
+    model also returns or one an If branch reads was removed: with SmoothQuant the next statistics run
+    failed in ONNX Runtime ("internal error", exit 1), without it the branch's weight was missing from
+    the written model."""
+    m = models.mlp()
+    edit(m)
+    q, _ = calibrate_model(m, _data(), smoothquant=smoothquant, progress=False)
+    x = _data(8, seed=1)["x"]
+    for a, b in zip(exact_session(m).run(None, {"x": x}), exact_session(q).run(None, {"x": x})):
+        assert _cos(a.ravel(), b.ravel()) > 0.995
+
+
 def test_cache_is_written_in_trt_format_and_read_back_without_statistics(tmp_path):
     cache = tmp_path / "model.calib.cache"
     m = models.mlp()

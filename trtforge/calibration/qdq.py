@@ -159,13 +159,26 @@ def insert_qdq(
         nodes.append(n)
     del g.node[:]
     g.node.extend(nodes)
-    _drop_unused_initializers(out)
+    drop_unused_initializers(out)
     return out
 
 
-def _drop_unused_initializers(model: onnx.ModelProto) -> None:
-    read = {t for n in model.graph.node for t in n.input} | {o.name for o in model.graph.output}
+def drop_unused_initializers(model: onnx.ModelProto) -> None:
+    """Remove, in place, the initializers nothing reads: no node (at any depth: If/Loop/Scan bodies read
+    the main graph's weights by name) and no graph output (a weight the model also returns)."""
+    read = _names_read(model.graph) | {o.name for o in model.graph.output}
     keep = [i for i in model.graph.initializer if i.name in read]
     if len(keep) != len(model.graph.initializer):
         del model.graph.initializer[:]
         model.graph.initializer.extend(keep)
+
+
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """Tensor names the nodes of `graph` and of every body inside it read (a body's outputs too)."""
+    read: set[str] = set()
+    for n in graph.node:
+        read.update(n.input)
+        for a in n.attribute:
+            for body in (a.g, *a.graphs) if a.HasField("g") else a.graphs:
+                read |= _names_read(body) | {o.name for o in body.output}
+    return read

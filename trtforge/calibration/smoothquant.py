@@ -41,6 +41,8 @@ def apply_smoothquant(
     import onnx
     from onnx import helper, numpy_helper
 
+    from trtforge.calibration.qdq import drop_unused_initializers
+
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
@@ -82,10 +84,8 @@ def apply_smoothquant(
         nodes.append(n)
     del g.node[:]
     g.node.extend(nodes)
+    drop_unused_initializers(out)
     read = {t for n in g.node for t in n.input}
-    keep = [i for i in g.initializer if i.name in read]
-    del g.initializer[:]
-    g.initializer.extend(keep)
     summary = {
         "alpha": alpha,
         "tensors_smoothed": len(ratios),
