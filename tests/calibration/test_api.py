@@ -96,6 +96,25 @@ def test_weights_read_outside_the_main_graph_nodes_are_kept(edit, smoothquant):
         assert _cos(a.ravel(), b.ravel()) > 0.995
 
 
+@pytest.mark.parametrize(
+    "taken", ["x_smoothed", "x_smooth_inv_scale", "w2_smoothed_fc2", "x_SmoothQuant_Mul"]
+)
+def test_smoothquant_names_what_it_adds_apart_from_the_models_own(taken):
+    """Before: SmoothQuant named its Mul output '<x>_smoothed', its scale '<x>_smooth_inv_scale', its
+    weights '<w>_smoothed_<node>' and its node '<x>_SmoothQuant_Mul' whatever the model already held, so a
+    model with such a tensor (or node) came out with one name made twice and calibrate exit 1 in ONNX
+    Runtime. The relu's output (and node) here takes the name."""
+    m = models.mlp()
+    relu = next(n for n in m.graph.node if n.name == "relu")
+    fc2 = next(n for n in m.graph.node if n.name == "fc2")
+    relu.output[0] = fc2.input[0] = taken
+    relu.name = taken
+    q, rec = calibrate_model(m, _data(), smoothquant=0.8, progress=False)
+    assert rec.to_dict()["smoothquant"]["matmuls_smoothed"] == 2
+    x = _data(8, seed=1)["x"]
+    assert _cos(exact_session(m).run(None, {"x": x})[0], exact_session(q).run(None, {"x": x})[0]) > 0.995
+
+
 def test_cache_is_written_in_trt_format_and_read_back_without_statistics(tmp_path):
     cache = tmp_path / "model.calib.cache"
     m = models.mlp()
