@@ -107,6 +107,40 @@ def test_qkv_merge(bias):
     assert len(split.output) == 3
 
 
+@pytest.mark.parametrize("as_weight", [True, False])
+def test_qkv_merge_names_its_tensors_apart_from_the_models_own(as_weight):
+    """A model optimized once holds 'trtforge_qkv_0_weight'; a later run's first merge used that stem again.
+    Before: as an initializer, register_initializer raised (`optimize` exit 1, "internal error"); as a
+    node output, two definitions of one name failed the pass's verification."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    taken = "trtforge_qkv_0_weight"
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 8)).astype(np.float32), w) for w in ("Wq", "Wk")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "Wq"], ["q"], name="mm_q"),
+        helper.make_node("MatMul", ["x", "Wk"], ["k"], name="mm_k"),
+        helper.make_node("Add", ["q", "k"], ["s" if as_weight else taken], name="add"),
+        helper.make_node(
+            "Mul" if as_weight else "Relu", ["s", taken] if as_weight else [taken], ["y"], name="last"
+        ),
+    ]
+    if as_weight:
+        inits.append(numpy_helper.from_array(np.full(8, 2.0, np.float32), taken))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    fused, ledger = optimize_model(model, passes=["qkv"])
+    assert ledger.matches("qkv") == 1
+    feeds = {"x": rng.standard_normal((2, 4)).astype(np.float32)}
+    np.testing.assert_allclose(run_ort(fused, feeds)[0], run_ort(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_qkv_merge_leaves_if_branch_matmuls_and_adds_alone():
     """Before: a MatMul inside an If branch reading the main graph's `x` was taken for a sibling of the
     main graph's projections, and the merge's graph-order lookup raised KeyError (`optimize` exit 1,
