@@ -36,6 +36,23 @@ def _report_npz(content: bytes) -> Setup:
     return setup
 
 
+def _npy_bytes() -> bytes:
+    """A .npy file's bytes: one [4, 4] float32 array, what numpy.save writes (whatever the file's name)."""
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, np.ones((4, 4), np.float32))
+    return buf.getvalue()
+
+
+def _npy_named_npz(d: Path) -> list[str]:
+    """calibrate the tiny model on c.npz holding a .npy file. Before: np.load returned the array itself and
+    `with` on it raised TypeError ("internal error", exit 1)."""
+    tiny_onnx(d / "m.onnx")
+    (d / "c.npz").write_bytes(_npy_bytes())
+    return ["calibrate", "m.onnx", "--data", "c.npz", "-o", "q.onnx"]
+
+
 def _wide_onnx(d: Path) -> Path:
     """x[B,4] -> MatMul(W[4,32]) -> h -> MatMul(W2[32,32]) -> y: mm2 is wide enough to quantize."""
     import onnx
@@ -394,6 +411,12 @@ CASES: dict[str, tuple[Setup, str]] = {
     ),
     "calibrate: a sparse initializer": (_edited_tiny(_sparse_weight, *CALIBRATE_TINY), SPARSE),
     "inspect: a sparse initializer": (_edited_tiny(_sparse_weight, "inspect", "m.onnx"), SPARSE),
+    "calibrate: a .npy file named .npz": (
+        _npy_named_npz,
+        r"'c\.npz' is a \.npy file \(one unnamed array \[4, 4\] float32\), not a \.npz; a \.npz names each "
+        r"array after its model input",
+    ),
+    "report: a .npy file named .npz": (_report_npz(_npy_bytes()), r"--data 'c\.npz' is a \.npy file"),
     "report: external data file truncated": (
         _truncated_external_data("report", "m.onnx", "-o", "rep", "--targets", "ort", "--no-progress"),
         TRUNCATED,
