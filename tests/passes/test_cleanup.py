@@ -137,3 +137,26 @@ def test_a_scan_body_returning_its_state_twice_keeps_two_outputs() -> None:
     out, _ = optimize_model(model, passes=["cleanup"])
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     np.testing.assert_allclose(_run(out, x), np.cumsum(x, axis=0), rtol=1e-6)
+
+
+def test_cleanup_does_not_log_weights_that_are_also_graph_inputs(caplog) -> None:
+    """Before: a weight listed as a graph input too (old exporters) or returned as an output printed onnx_ir's
+    "Skipped deduplication of initializer 'w' as it is a graph input or output" on stderr, twice, in the
+    middle of optimize/compile output; nothing in it is the user's to act on."""
+    import logging
+
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 2], list(range(8)))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        [w],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with caplog.at_level(logging.WARNING):
+        optimize_model(proto, passes=["cleanup"], feed_shapes={"x": [2, 4]})
+    assert not [r for r in caplog.records if "deduplication" in r.getMessage()]

@@ -22,6 +22,8 @@ from onnxscript import optimizer
 
 from trtforge.passes._base import PassContext, PassOutcome, PassSpec
 
+_QUIETED_LOGS = ("onnxscript.optimizer._constant_folding", "onnx_ir.passes.common.initializer_deduplication")
+
 
 def run_cleanup(model: ir.Model, ctx: PassContext) -> PassOutcome:
     """Fold and clean in place; `matches` is the number of nodes removed."""
@@ -30,15 +32,19 @@ def run_cleanup(model: ir.Model, ctx: PassContext) -> PassOutcome:
     output_names = [v.name for v in model.graph.outputs]
     body_outputs = [(g, [v.name for v in g.outputs]) for g in _subgraphs(model.graph)]
     # onnxscript's constant folder warns on stderr for every multi-output node it leaves (each Split:
-    # "Skipping constant folding for op Split with multiple outputs."), in the middle of our output;
-    # leaving them is intended and the pass ledger records what cleanup did.
-    folding_log = logging.getLogger("onnxscript.optimizer._constant_folding")
-    level = folding_log.level
-    folding_log.setLevel(logging.ERROR)
+    # "Skipping constant folding for op Split with multiple outputs."), in the middle of our output, and
+    # onnx_ir's initializer deduplication for every weight that is also a graph input or output ("Skipped
+    # deduplication of initializer 'W'"); leaving them is intended and the pass ledger records what
+    # cleanup did.
+    logs = [logging.getLogger(name) for name in _QUIETED_LOGS]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.ERROR)
     try:
         optimizer.optimize_ir(model, num_iterations=2, inline=False)
     finally:
-        folding_log.setLevel(level)
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
     _restore_passthrough(model.graph, passthrough)
     identity = common_passes.IdentityEliminationPass()(model)
     _restore_output_names(model.graph, output_names)
