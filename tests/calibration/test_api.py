@@ -44,6 +44,77 @@ def test_every_method_quantizes_and_stays_close(method):
     onnx.checker.check_model(q)
 
 
+@pytest.mark.parametrize("smoothquant", [None, 0.8])
+def test_weights_listed_as_graph_inputs_are_calibrated_as_weights(smoothquant):
+    """Old exporters list initializers as graph inputs too. Before: Q/DQ replaced w1 and w2 by w*_int8 and
+    the model came back with inputs 'w1', 'w2' that nothing defaults any more (a model no caller can run,
+    exit 0); with SmoothQuant the next statistics run raised ORT's ValueError "Required inputs ([...]) are
+    missing" ("internal error", exit 1)."""
+    m = models.mlp()
+    for t in m.graph.initializer:
+        m.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    q, rec = calibrate_model(m, _data(), smoothquant=smoothquant, progress=False)
+    assert [i.name for i in q.graph.input] == ["x"]  # weights, as compile's TensorRT parser takes them
+    assert rec.to_dict()["matmuls_quantized"] == 2
+    x = _data(8, seed=1)["x"]
+    assert _cos(exact_session(m).run(None, {"x": x})[0], exact_session(q).run(None, {"x": x})[0]) > 0.995
+
+
+def _weight_returned(m: onnx.ModelProto) -> None:
+    m.graph.output.append(onnx.helper.make_tensor_value_info("w2", onnx.TensorProto.FLOAT, [64, 32]))
+
+
+def _weight_read_in_a_branch(m: onnx.ModelProto) -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    m.graph.initializer.extend(
+        [
+            numpy_helper.from_array((rng.standard_normal((64, 32)) / 8).astype(np.float32), "w3"),
+            numpy_helper.from_array(np.array(True), "cond"),
+        ]
+    )
+    out = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "s", 32])  # noqa: E731
+    then = helper.make_graph([helper.make_node("MatMul", ["r", "w3"], ["t"])], "then", [], [out("t")])
+    other = helper.make_graph([helper.make_node("Neg", ["o"], ["e"])], "else", [], [out("e")])
+    m.graph.node.append(helper.make_node("If", ["cond"], ["z"], then_branch=then, else_branch=other))
+    m.graph.output.append(out("z"))
+
+
+@pytest.mark.parametrize("smoothquant", [None, 0.8])
+@pytest.mark.parametrize("edit", [_weight_returned, _weight_read_in_a_branch])
+def test_weights_read_outside_the_main_graph_nodes_are_kept(edit, smoothquant):
+    """Before: SmoothQuant and Q/DQ dropped every initializer no main-graph node read, so a weight the
+    model also returns or one an If branch reads was removed: with SmoothQuant the next statistics run
+    failed in ONNX Runtime ("internal error", exit 1), without it the branch's weight was missing from
+    the written model."""
+    m = models.mlp()
+    edit(m)
+    q, _ = calibrate_model(m, _data(), smoothquant=smoothquant, progress=False)
+    x = _data(8, seed=1)["x"]
+    for a, b in zip(exact_session(m).run(None, {"x": x}), exact_session(q).run(None, {"x": x})):
+        assert _cos(a.ravel(), b.ravel()) > 0.995
+
+
+@pytest.mark.parametrize(
+    "taken", ["x_smoothed", "x_smooth_inv_scale", "w2_smoothed_fc2", "x_SmoothQuant_Mul"]
+)
+def test_smoothquant_names_what_it_adds_apart_from_the_models_own(taken):
+    """Before: SmoothQuant named its Mul output '<x>_smoothed', its scale '<x>_smooth_inv_scale', its
+    weights '<w>_smoothed_<node>' and its node '<x>_SmoothQuant_Mul' whatever the model already held, so a
+    model with such a tensor (or node) came out with one name made twice and calibrate exit 1 in ONNX
+    Runtime. The relu's output (and node) here takes the name."""
+    m = models.mlp()
+    relu = next(n for n in m.graph.node if n.name == "relu")
+    fc2 = next(n for n in m.graph.node if n.name == "fc2")
+    relu.output[0] = fc2.input[0] = taken
+    relu.name = taken
+    q, rec = calibrate_model(m, _data(), smoothquant=0.8, progress=False)
+    assert rec.to_dict()["smoothquant"]["matmuls_smoothed"] == 2
+    x = _data(8, seed=1)["x"]
+    assert _cos(exact_session(m).run(None, {"x": x})[0], exact_session(q).run(None, {"x": x})[0]) > 0.995
+
+
 def test_cache_is_written_in_trt_format_and_read_back_without_statistics(tmp_path):
     cache = tmp_path / "model.calib.cache"
     m = models.mlp()
@@ -80,6 +151,18 @@ def test_cache_text_matches_modelopt_reader(tmp_path):
     p = tmp_path / "c.cache"
     p.write_text(format_cache({"t": 0.0123}, "entropy"))
     assert calib_utils.import_scales_from_calib_cache(str(p)) == {"t_scale": pytest.approx(0.0123)}
+
+
+def test_cache_holds_tensor_names_with_colons_and_refuses_line_breaks(tmp_path):
+    """tf2onnx names tensors 'input:0'. Before: any ':' was refused, so `calibrate` (which always writes a
+    cache) failed such a model after all its statistics; a '\u2028' or '\r' in a name was written and the
+    cache then could not be read back (its reader splits lines as str.splitlines does)."""
+    p = tmp_path / "c.cache"
+    p.write_text(format_cache({"input:0": 0.5, "dense/MatMul:0": 0.25}, "max"))
+    assert read_calibration_cache(p)[1] == {"input:0": 0.5, "dense/MatMul:0": 0.25}
+    for bad in ("a: b", "a\u2028b", "a\rb", "a\nb"):
+        with pytest.raises(UserError, match="would not read back"):
+            format_cache({bad: 0.5}, "max")
 
 
 def test_malformed_cache_is_a_user_error(tmp_path):

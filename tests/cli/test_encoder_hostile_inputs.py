@@ -36,6 +36,23 @@ def _report_npz(content: bytes) -> Setup:
     return setup
 
 
+def _npy_bytes() -> bytes:
+    """A .npy file's bytes: one [4, 4] float32 array, what numpy.save writes (whatever the file's name)."""
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, np.ones((4, 4), np.float32))
+    return buf.getvalue()
+
+
+def _npy_named_npz(d: Path) -> list[str]:
+    """calibrate the tiny model on c.npz holding a .npy file. Before: np.load returned the array itself and
+    `with` on it raised TypeError ("internal error", exit 1)."""
+    tiny_onnx(d / "m.onnx")
+    (d / "c.npz").write_bytes(_npy_bytes())
+    return ["calibrate", "m.onnx", "--data", "c.npz", "-o", "q.onnx"]
+
+
 def _wide_onnx(d: Path) -> Path:
     """x[B,4] -> MatMul(W[4,32]) -> h -> MatMul(W2[32,32]) -> y: mm2 is wide enough to quantize."""
     import onnx
@@ -238,6 +255,83 @@ def _truncated_external_data(*argv: str) -> Setup:
     return setup
 
 
+def _short_external_length(*argv: str) -> Setup:
+    """`argv` on the tiny model saved with external data (m.data) whose entry for W says `length` 8 (its
+    [4, 3] float32 takes 48 bytes), with calibration data c.npz. Before: onnx read the 8 bytes and
+    calibrate crashed reshaping them ("internal error", exit 1); inspect and compile passed it."""
+
+    def setup(d: Path) -> list[str]:
+        import onnx
+
+        onnx.save(
+            onnx.load(str(tiny_onnx(d / "src.onnx"))),
+            str(d / "m.onnx"),
+            save_as_external_data=True,
+            location="m.data",
+            size_threshold=0,
+        )
+        (d / "src.onnx").unlink()
+        m = onnx.load(str(d / "m.onnx"), load_external_data=False)
+        w = next(t for t in m.graph.initializer if t.name == "W")
+        next(e for e in w.external_data if e.key == "length").value = "8"
+        onnx.save(m, str(d / "m.onnx"))
+        np.savez(d / "c.npz", x=np.ones((4, 4), np.float32))
+        return list(argv)
+
+    return setup
+
+
+SHORT_LENGTH = (
+    r"ONNX model 'm\.onnx': tensor 'W' is \[4, 3\] float32 \(48 bytes\), but its external data entry "
+    r"gives it 8 bytes of 'm\.data': the model and its data file do not belong together"
+)
+
+
+def _edited_tiny(edit, *argv: str) -> Setup:
+    """`argv` on the tiny model (x[B,4] -> MatMul 'matmul' -> Add 'bias' -> Relu 'relu' -> y) after `edit`
+    changed its proto in place, with calibration data c.npz."""
+
+    def setup(d: Path) -> list[str]:
+        import onnx
+
+        m = onnx.load(str(tiny_onnx(d / "src.onnx")))
+        (d / "src.onnx").unlink()
+        edit(m)
+        onnx.save(m, str(d / "m.onnx"))
+        np.savez(d / "c.npz", x=np.ones((4, 4), np.float32))
+        return list(argv)
+
+    return setup
+
+
+def _clashing_value_info(m) -> None:
+    from onnx import TensorProto, helper
+
+    m.graph.value_info.append(helper.make_tensor_value_info("h", TensorProto.INT64, ["batch", 3]))
+
+
+def _one_node_name(m) -> None:
+    for n in m.graph.node:
+        n.name = "same"
+
+
+def _sparse_weight(m) -> None:
+    from onnx import helper, numpy_helper
+
+    w = next(t for t in m.graph.initializer if t.name == "W")
+    m.graph.initializer.remove(w)
+    values = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "W")
+    indices = numpy_helper.from_array(np.array([0, 5], np.int64))
+    m.graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [4, 3]))
+
+
+CALIBRATE_TINY = ("calibrate", "m.onnx", "--data", "c.npz", "-o", "q.onnx")
+SPARSE = (
+    r"ONNX model 'm\.onnx' holds 1 sparse initializer\(s\) \['W'\]; trtforge's passes, calibration and "
+    r"TensorRT's parser read dense initializers only"
+)
+
+
 TRUNCATED = (
     r"ONNX model 'm\.onnx': its external data file 'm\.data' holds 20 bytes, but tensor '\w+' is stored "
     r"at bytes \d+\.\.\d+ of it: the file is truncated"
@@ -290,6 +384,39 @@ CASES: dict[str, tuple[Setup, str]] = {
         _truncated_external_data("compile", "m.onnx", "-o", "m.engine"),
         TRUNCATED,
     ),
+    "optimize: external data file truncated": (
+        _truncated_external_data("optimize", "m.onnx", "-o", "o.onnx"),
+        TRUNCATED,
+    ),
+    "calibrate: external data file truncated": (
+        _truncated_external_data("calibrate", "m.onnx", "--data", "m.onnx", "-o", "q.onnx"),
+        TRUNCATED,
+    ),
+    "calibrate: external data entry shorter than its tensor": (
+        _short_external_length("calibrate", "m.onnx", "--data", "c.npz", "-o", "q.onnx"),
+        SHORT_LENGTH,
+    ),
+    "inspect: external data entry shorter than its tensor": (
+        _short_external_length("inspect", "m.onnx"),
+        SHORT_LENGTH,
+    ),
+    "calibrate: a value_info type clashing with its node (ONNX Runtime refuses the model)": (
+        _edited_tiny(_clashing_value_info, *CALIBRATE_TINY),
+        r"ONNX model 'm\.onnx': ONNX Runtime cannot load it: .*Type \(tensor\(int64\)\) of output arg \(h\) "
+        r"of node \(matmul\) does not match expected type \(tensor\(float\)\)\. Calibration runs the graph",
+    ),
+    "calibrate: two nodes of one name": (
+        _edited_tiny(_one_node_name, *CALIBRATE_TINY),
+        r"ONNX model 'm\.onnx': ONNX Runtime cannot load it: .*two nodes with same node name \(same\)",
+    ),
+    "calibrate: a sparse initializer": (_edited_tiny(_sparse_weight, *CALIBRATE_TINY), SPARSE),
+    "inspect: a sparse initializer": (_edited_tiny(_sparse_weight, "inspect", "m.onnx"), SPARSE),
+    "calibrate: a .npy file named .npz": (
+        _npy_named_npz,
+        r"'c\.npz' is a \.npy file \(one unnamed array \[4, 4\] float32\), not a \.npz; a \.npz names each "
+        r"array after its model input",
+    ),
+    "report: a .npy file named .npz": (_report_npz(_npy_bytes()), r"--data 'c\.npz' is a \.npy file"),
     "report: external data file truncated": (
         _truncated_external_data("report", "m.onnx", "-o", "rep", "--targets", "ort", "--no-progress"),
         TRUNCATED,

@@ -110,3 +110,53 @@ def test_compile_without_passes_says_the_passes_lower_a_dynamic_eyelike(tmp_path
     text = " ".join((cap.out + cap.err).split())
     assert rc == 2
     assert "the cleanup pass rewrites it as Range/Equal" in text and "not --no-passes" in text
+
+
+def test_a_scan_body_returning_its_state_twice_keeps_two_outputs() -> None:
+    """A Scan body `s_out = Add(s_in, e); o = Identity(s_out)` returns the new state and the scan output.
+    Before: Identity elimination left one value at both body outputs, ONNX Runtime then computed another
+    scan output, and cleanup failed its own verification (optimize and compile of a valid model exit 2,
+    "Run without this pass and report the model")."""
+    from onnx import numpy_helper
+
+    vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [4])  # noqa: E731
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "e"], ["s_out"]), helper.make_node("Identity", ["s_out"], ["o"])],
+        "body",
+        [vi("s_in"), vi("e")],
+        [vi("s_out"), vi("o")],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Scan", ["s0", "x"], ["sf", "y"], body=body, num_scan_inputs=1)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+        [numpy_helper.from_array(np.zeros(4, np.float32), "s0")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out, _ = optimize_model(model, passes=["cleanup"])
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_allclose(_run(out, x), np.cumsum(x, axis=0), rtol=1e-6)
+
+
+def test_cleanup_does_not_log_weights_that_are_also_graph_inputs(caplog) -> None:
+    """Before: a weight listed as a graph input too (old exporters) or returned as an output printed onnx_ir's
+    "Skipped deduplication of initializer 'w' as it is a graph input or output" on stderr, twice, in the
+    middle of optimize/compile output; nothing in it is the user's to act on."""
+    import logging
+
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 2], list(range(8)))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        [w],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with caplog.at_level(logging.WARNING):
+        optimize_model(proto, passes=["cleanup"], feed_shapes={"x": [2, 4]})
+    assert not [r for r in caplog.records if "deduplication" in r.getMessage()]

@@ -107,6 +107,96 @@ def test_qkv_merge(bias):
     assert len(split.output) == 3
 
 
+@pytest.mark.parametrize("as_weight", [True, False])
+def test_qkv_merge_names_its_tensors_apart_from_the_models_own(as_weight):
+    """A model optimized once holds 'trtforge_qkv_0_weight'; a later run's first merge used that stem again.
+    Before: as an initializer, register_initializer raised (`optimize` exit 1, "internal error"); as a
+    node output, two definitions of one name failed the pass's verification."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    taken = "trtforge_qkv_0_weight"
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 8)).astype(np.float32), w) for w in ("Wq", "Wk")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "Wq"], ["q"], name="mm_q"),
+        helper.make_node("MatMul", ["x", "Wk"], ["k"], name="mm_k"),
+        helper.make_node("Add", ["q", "k"], ["s" if as_weight else taken], name="add"),
+        helper.make_node(
+            "Mul" if as_weight else "Relu", ["s", taken] if as_weight else [taken], ["y"], name="last"
+        ),
+    ]
+    if as_weight:
+        inits.append(numpy_helper.from_array(np.full(8, 2.0, np.float32), taken))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    fused, ledger = optimize_model(model, passes=["qkv"])
+    assert ledger.matches("qkv") == 1
+    feeds = {"x": rng.standard_normal((2, 4)).astype(np.float32)}
+    np.testing.assert_allclose(run_ort(fused, feeds)[0], run_ort(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_qkv_merge_leaves_if_branch_matmuls_and_adds_alone():
+    """Before: a MatMul inside an If branch reading the main graph's `x` was taken for a sibling of the
+    main graph's projections, and the merge's graph-order lookup raised KeyError (`optimize` exit 1,
+    "internal error"); an Add in a branch was also taken for a main-graph MatMul's bias."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = {
+        k: numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), k)
+        for k, s in [("Wa", (4, 8)), ("Wb", (4, 8)), ("Wt", (4, 8)), ("We", (4, 8)), ("bt", (8,))]
+    }
+    out = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 8])  # noqa: E731
+    then = helper.make_graph(
+        [
+            helper.make_node("Add", ["a", "bt"], ["ab"], name="then_bias"),
+            helper.make_node("MatMul", ["x", "Wt"], ["t"], name="then_mm"),
+            helper.make_node("Add", ["ab", "t"], ["to"], name="then_add"),
+        ],
+        "then",
+        [],
+        [out("to")],
+    )
+    other = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "We"], ["e"], name="else_mm"),
+            helper.make_node("Add", ["b", "e"], ["eo"], name="else_add"),
+        ],
+        "else",
+        [],
+        [out("eo")],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "Wa"], ["a"], name="mm_a"),
+            helper.make_node("MatMul", ["x", "Wb"], ["b"], name="mm_b"),
+            helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other, name="if"),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        ],
+        [out("y")],
+        list(w.values()),
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    fused, ledger = optimize_model(model, passes=["qkv"])
+    for c in (True, False):
+        feeds = {"x": rng.standard_normal((2, 4)).astype(np.float32), "c": np.array(c)}
+        np.testing.assert_allclose(run_ort(fused, feeds)[0], run_ort(model, feeds)[0], rtol=1e-5, atol=1e-5)
+    assert ledger.matches("qkv") == 1  # mm_a and mm_b, the main graph's two
+    assert op_counts(fused) == {"MatMul": 1, "Split": 1, "If": 1}
+    branches = {a.name: a.g for a in next(n for n in fused.graph.node if n.op_type == "If").attribute}
+    assert [n.name for n in branches["then_branch"].node] == ["then_bias", "then_mm", "then_add"]
+
+
 @pytest.mark.parametrize("key", ["bhsd", "bshd"])
 @pytest.mark.parametrize("scale", ["split", "qk_div", "qk_mul"])
 @pytest.mark.parametrize("mask", ["none", "right", "left"])

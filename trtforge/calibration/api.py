@@ -130,6 +130,7 @@ def calibrate_model(
     from trtforge.calibration.calibrator import collect_statistics, has_mask_input
     from trtforge.calibration.data import CalibrationDataset, input_specs_from_model, load_dataset
     from trtforge.calibration.qdq import insert_qdq
+    from trtforge.core.tensor_spec import drop_initializer_inputs
 
     t0 = time.perf_counter()
     if isinstance(model, (str, os.PathLike)):  # a path is read (and checked) here
@@ -155,6 +156,7 @@ def calibrate_model(
         )
     work = onnx.ModelProto()
     work.CopyFrom(model)
+    drop_initializer_inputs(work)
     name_nodes(work)
     _refuse_low_precision(work, op_types)
     dataset: CalibrationDataset | None = None

@@ -41,9 +41,14 @@ def format_cache(scales: dict[str, float], method: str) -> str:
     """The cache text for `scales` (tensor -> scale) calibrated with `method`."""
     lines = [f"TRT-{_trt_version_tag()}-{ALGORITHMS.get(method, 'EntropyCalibration2')}"]
     for name, scale in scales.items():
-        if ":" in name or "\n" in name:
+        # A line is '<tensor>: <hex>' (readers split at ': '; ours at the last one) and the file is read by
+        # lines (str.splitlines breaks at \r, \x85, \u2028 and more, not only \n). A plain ':' is fine:
+        # tf2onnx names its tensors 'input:0'.
+        if ": " in name or len(f"{name}:".splitlines()) > 1:
             raise UserError(
-                f"tensor name {name!r} cannot be written to a calibration cache (':' or newline)."
+                f"tensor name {name!r} cannot be written to a calibration cache: its lines are "
+                "'<tensor>: <hex scale>', so a name holding ': ' or a line break would not read back. Rename "
+                "the tensor in the model."
             )
         lines.append(f"{name}: {struct.pack('!f', float(scale)).hex()}")
     return "\n".join(lines) + "\n"

@@ -20,6 +20,8 @@ from trtforge.calibration.placement import QuantTarget, constant_values
 from trtforge.errors import UserError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import onnx
 
 MIN_OPSET = {"int8": 13, "fp8": 19}  # per-axis Q/DQ; FP8 types
@@ -74,17 +76,7 @@ def insert_qdq(
     out.CopyFrom(model)
     g = out.graph
     consts = constant_values(out)
-    used = {t for n in g.node for t in (*n.input, *n.output)} | {i.name for i in g.initializer}
-    used |= {i.name for i in g.input} | {o.name for o in g.output}
-
-    def fresh(base: str) -> str:
-        name, k = base, 0
-        while name in used:
-            k += 1
-            name = f"{base}_{k}"
-        used.add(name)
-        return name
-
+    fresh = fresh_names(g)
     index = {n.name: i for i, n in enumerate(g.node)}
     before: dict[int, list[onnx.NodeProto]] = {}
     replaced: dict[tuple[str, int | None], str] = {}
@@ -159,13 +151,56 @@ def insert_qdq(
         nodes.append(n)
     del g.node[:]
     g.node.extend(nodes)
-    _drop_unused_initializers(out)
+    drop_unused_initializers(out)
     return out
 
 
-def _drop_unused_initializers(model: onnx.ModelProto) -> None:
-    read = {t for n in model.graph.node for t in n.input} | {o.name for o in model.graph.output}
+def drop_unused_initializers(model: onnx.ModelProto) -> None:
+    """Remove, in place, the initializers nothing reads: no node (at any depth: If/Loop/Scan bodies read
+    the main graph's weights by name) and no graph output (a weight the model also returns)."""
+    read = _names_read(model.graph) | {o.name for o in model.graph.output}
     keep = [i for i in model.graph.initializer if i.name in read]
     if len(keep) != len(model.graph.initializer):
         del model.graph.initializer[:]
         model.graph.initializer.extend(keep)
+
+
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """Tensor names the nodes of `graph` and of every body inside it read (a body's outputs too)."""
+    read: set[str] = set()
+    for n in graph.node:
+        read.update(n.input)
+        for a in n.attribute:
+            for body in (a.g, *a.graphs) if a.HasField("g") else a.graphs:
+                read |= _names_read(body) | {o.name for o in body.output}
+    return read
+
+
+def fresh_names(graph: onnx.GraphProto) -> Callable[[str], str]:
+    """A `fresh(base)` giving `base`, or `base_1`, `base_2`, ..., whichever no tensor, initializer or node
+    of `graph` (bodies included) nor an earlier call holds: what calibration names the tensors and nodes
+    it adds, so a model that already has an 'h_smoothed' or 'x_scale' keeps its own."""
+    used = _names_read(graph) | {i.name for i in graph.initializer} | {i.name for i in graph.input}
+    used |= {o.name for o in graph.output} | _names_made(graph)
+
+    def fresh(base: str) -> str:
+        name, k = base, 0
+        while name in used:
+            k += 1
+            name = f"{base}_{k}"
+        used.add(name)
+        return name
+
+    return fresh
+
+
+def _names_made(graph: onnx.GraphProto) -> set[str]:
+    """Node names and node outputs of `graph` and of every body inside it (with the bodies' inputs)."""
+    made: set[str] = set()
+    for n in graph.node:
+        made.add(n.name)
+        made.update(n.output)
+        for a in n.attribute:
+            for body in (a.g, *a.graphs) if a.HasField("g") else a.graphs:
+                made |= _names_made(body) | {i.name for i in body.input} | {t.name for t in body.initializer}
+    return made

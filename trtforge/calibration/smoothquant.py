@@ -41,14 +41,18 @@ def apply_smoothquant(
     import onnx
     from onnx import helper, numpy_helper
 
+    from trtforge.calibration.qdq import drop_unused_initializers, fresh_names
+
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
+    fresh = fresh_names(g)
     consts = constant_values(out)
     index = {n.name: i for i, n in enumerate(g.node)}
     groups = smoothable_groups(targets)
     new_targets = {id(t): t for t in targets}
     inserts: dict[int, list[onnx.NodeProto]] = {}
+    smoothed_of: dict[str, str] = {}
     ratios = []
     for tensor, group in groups.items():
         x_amax = channel_amax.get(tensor)
@@ -61,16 +65,17 @@ def apply_smoothquant(
         s[ok] = x_amax[ok].astype(np.float64) ** alpha / w_amax[ok].astype(np.float64) ** (1.0 - alpha)
         s = np.clip(s, _S_MIN, _S_MAX)
         ratios.append(float(x_amax.max() / max(np.median(x_amax), 1e-12)))
-        inv = numpy_helper.from_array((1.0 / s).astype(np.float32), f"{tensor}_smooth_inv_scale")
-        smoothed = f"{tensor}_smoothed"
+        inv = numpy_helper.from_array((1.0 / s).astype(np.float32), fresh(f"{tensor}_smooth_inv_scale"))
+        smoothed = fresh(f"{tensor}_smoothed")
+        smoothed_of[tensor] = smoothed
         g.initializer.append(inv)
         first = min(index[t.node] for t in group)
         inserts.setdefault(first, []).append(
-            helper.make_node("Mul", [tensor, inv.name], [smoothed], name=f"{tensor}_SmoothQuant_Mul")
+            helper.make_node("Mul", [tensor, inv.name], [smoothed], name=fresh(f"{tensor}_SmoothQuant_Mul"))
         )
         for t in group:
             node = g.node[index[t.node]]
-            w_name = f"{t.weight}_smoothed_{t.node}"
+            w_name = fresh(f"{t.weight}_smoothed_{t.node}")
             g.initializer.append(
                 numpy_helper.from_array((consts[t.weight] * s[:, None]).astype(np.float32), w_name)
             )
@@ -82,14 +87,12 @@ def apply_smoothquant(
         nodes.append(n)
     del g.node[:]
     g.node.extend(nodes)
+    drop_unused_initializers(out)
     read = {t for n in g.node for t in n.input}
-    keep = [i for i in g.initializer if i.name in read]
-    del g.initializer[:]
-    g.initializer.extend(keep)
     summary = {
         "alpha": alpha,
         "tensors_smoothed": len(ratios),
-        "matmuls_smoothed": sum(len(v) for k, v in groups.items() if f"{k}_smoothed" in read),
+        "matmuls_smoothed": sum(len(v) for k, v in groups.items() if smoothed_of.get(k) in read),
         "max_outlier_ratio_before": max(ratios) if ratios else None,
     }
     return out, [new_targets[id(t)] for t in targets], summary

@@ -111,11 +111,17 @@ def _same_kind(got: np.dtype, want: np.dtype) -> bool:
 def read_npz(path: Path, where: str | None = None) -> Chunk:
     """Every array of a .npz file, never unpickling; UserError naming `where` (default: the file) for
     any way numpy fails to read it (an empty, truncated or non-zip file, object arrays)."""
+    where = where or f"'{path}'"
     try:
-        with np.load(path, allow_pickle=False) as z:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # np.load read one .npy array
+            raise UserError(
+                f"{where} is a .npy file (one unnamed array {list(loaded.shape)} {loaded.dtype}), not a "
+                ".npz; a .npz names each array after its model input: numpy.savez(path, <input name>=array)."
+            )
+        with loaded as z:
             return {k: np.asarray(z[k]) for k in z.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        where = where or f"'{path}'"
         raise UserError(
             f"{where} is not a readable .npz file ({type(e).__name__}: {e}); expected "
             "arrays written by numpy.savez, one per input name."

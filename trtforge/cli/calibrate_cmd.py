@@ -93,6 +93,7 @@ def calibrate_cmd(
         model_files,
         save_onnx_atomic,
     )
+    from trtforge.numerics.sessions import refuse_unloadable
 
     opts = from_params(PrecisionOptions, params, mode="int8", calib_data=data)
     method, samples, tokenizer = opts.calib_method, opts.calib_samples, opts.tokenizer
@@ -116,6 +117,12 @@ def calibrate_cmd(
         f"ONNX model '{show_path(model)}'",
         "Calibration runs the graph in ONNX Runtime to measure activations: give ONNX Runtime the op as an "
         "ONNX local function, or calibrate the model without it.",
+    )
+    refuse_unloadable(
+        onnx_model,
+        f"ONNX model '{show_path(model)}'",
+        "Calibration runs the graph in ONNX Runtime to measure activations: fix the model where it is built "
+        "or exported (onnxruntime.InferenceSession must load it).",
     )
     outputs = {"-o": out, "the calibration cache": cache_path, "--report": report}
     check_distinct_outputs(outputs)

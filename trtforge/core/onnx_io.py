@@ -5,13 +5,13 @@ Every stage that touches disk goes through here, so the 2 GB protobuf limit is h
 
 from __future__ import annotations
 
-import contextlib
 import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtforge._fileio import sha256_file
-from trtforge.errors import UserError
+from trtforge.errors import UserError, shown
 
 if TYPE_CHECKING:
     import onnx
@@ -69,7 +69,16 @@ def read_onnx(
     if p.stat().st_size == 0:
         raise UserError(f"{what} '{show_path(p)}' is empty (0 bytes); expected an ONNX model file.")
     try:
-        proto = onnx.load(str(p), load_external_data=external_data)
+        proto = onnx.load(str(p), load_external_data=False)
+        if external_data:
+            # (bounds first: onnx's own reader raised a bare ValueError, or read a short `length` as a
+            # tensor of the wrong size that calibrate then crashed on)
+            _check_external_bytes(proto, p.parent, where=f"{what} '{show_path(p)}'")
+            from onnx.external_data_helper import load_external_data_for_model
+
+            load_external_data_for_model(proto, str(p.parent))
+    except UserError:
+        raise
     except Exception as e:  # the file is the user's: any way onnx fails to read it (external data too)
         raise UserError(
             f"'{show_path(p)}' is not a readable ONNX model ({type(e).__name__}: {str(e)[:200]}). "
@@ -105,8 +114,8 @@ def load_onnx(path: str | os.PathLike[str]) -> onnx.ModelProto:
 def check_structure(proto: onnx.ModelProto, where: str) -> None:
     """UserError for what no stage can use, said before a checker or runtime reports it in its own
     words: no graph (protobuf parses many non-ONNX files as an empty model), no outputs, an output listed
-    twice, a graph input or output without an element type, an element type (of an initializer or graph
-    input/output) or an opset newer than the installed onnx knows."""
+    twice, a sparse initializer, a graph input or output without an element type, an element type (of an
+    initializer or graph input/output) or an opset newer than the installed onnx knows."""
     import onnx
 
     g = proto.graph
@@ -126,6 +135,13 @@ def check_structure(proto: onnx.ModelProto, where: str) -> None:
         raise UserError(
             f"{where} lists output(s) {twice} more than once in graph.output; ONNX requires each graph "
             "output to be a distinct name (every stage would rename the copies). Return the tensor once."
+        )
+    sparse = [t.values.name for t in g.sparse_initializer]
+    if sparse:
+        raise UserError(
+            f"{where} holds {len(sparse)} sparse initializer(s) {shown(sparse)}; trtforge's passes, "
+            "calibration and TensorRT's parser read dense initializers only. Store them dense (numpy_helper."
+            "to_array of the sparse tensor's values scattered into zeros, then numpy_helper.from_array)."
         )
     weights = {t.name for t in g.initializer}
     for kind, values in (("input", g.input), ("output", g.output)):
@@ -245,31 +261,67 @@ def check_external_data(path: str | os.PathLike[str], *, where: str) -> None:
     """Every external tensor's bytes lie within its data file. onnx.checker only asks that the file exist:
     a truncated one passed, and compile then failed inside a later stage (an internal error) and report
     ran every target to a failure."""
-    import numpy as np
+    import onnx
+
+    _check_external_bytes(onnx.load(str(path), load_external_data=False), Path(path).parent, where=where)
+
+
+def _check_external_bytes(model: onnx.ModelProto, base: Path, *, where: str) -> None:
+    """:func:`check_external_data` on a model parsed without its data, whose file lies in `base`: each
+    external tensor's `length` is the size its dims and dtype need, and its bytes lie within the file.
+    Locations that are absolute or leave `base` are left to onnx, which refuses them."""
     import onnx
     from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
 
-    model = onnx.load(str(path), load_external_data=False)
-    base = Path(path).parent
     sizes: dict[Path, int] = {}
     for t in _get_all_tensors(model):
         if not uses_external_data(t):
             continue
         info = ExternalDataInfo(t)
-        file = base / info.location
+        location = Path(info.location)
+        if location.is_absolute() or ".." in location.parts:
+            continue
+        file = base / location
         if file not in sizes:
             try:
-                sizes[file] = file.stat().st_size
+                st = file.stat()
             except OSError:
                 continue  # a missing file is onnx.checker's to name
+            if not stat.S_ISREG(st.st_mode):
+                continue  # and so is a directory or device there
+            sizes[file] = st.st_size
         offset = int(info.offset or 0)
-        need = int(info.length or 0)
-        if not need:
-            with contextlib.suppress(KeyError, TypeError, ValueError):
-                need = int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        length = int(info.length or 0)
+        size = _tensor_bytes(t)
+        if length and size is not None and length != size:
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
+            raise UserError(
+                f"{where}: tensor '{t.name}' is {list(t.dims)} {dtype} ({size} bytes), but its external data "
+                f"entry gives it {length} bytes of '{file}': the model and its data file do not belong "
+                "together. Save the model and its data together again."
+            )
+        need = length or size or 0
         if offset + need > sizes[file]:
             raise UserError(
                 f"{where}: its external data file '{file}' holds {sizes[file]} bytes, but tensor '{t.name}' "
                 f"is stored at bytes {offset}..{offset + need} of it: the file is truncated or belongs to "
                 "another model. Save the model and its data together again."
             )
+
+
+def _tensor_bytes(t: onnx.TensorProto) -> int | None:
+    """Bytes a tensor of whole-byte elements takes (None for strings and sub-byte types, packed)."""
+    import math
+
+    import onnx
+
+    try:
+        if t.data_type == onnx.TensorProto.STRING or onnx.TensorProto.DataType.Name(t.data_type) in _SUB_BYTE:
+            return None
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+    return math.prod(t.dims) * itemsize
+
+
+_SUB_BYTE = {"INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2", "FLOAT6E2M3", "FLOAT6E3M2"}

@@ -119,6 +119,19 @@ def graph_inputs(model: onnx.ModelProto | str | os.PathLike[str]) -> list[Tensor
     return out
 
 
+def drop_initializer_inputs(model: onnx.ModelProto) -> list[str]:
+    """Remove, in place, the graph inputs that name an initializer (weights by :func:`graph_inputs`' rule,
+    as TensorRT's parser takes them too); returns their names. A pass that replaces such a weight (calibrate's
+    SmoothQuant) otherwise leaves an input with no default that nothing feeds."""
+    inits = {i.name for i in model.graph.initializer}
+    dropped = [vi.name for vi in model.graph.input if vi.name in inits]
+    if dropped:
+        keep = [vi for vi in model.graph.input if vi.name not in inits]
+        del model.graph.input[:]
+        model.graph.input.extend(keep)
+    return dropped
+
+
 def value_spec(vi: onnx.ValueInfoProto) -> TensorSpec:
     """The TensorSpec of one tensor-typed ONNX value (a graph input or output), by `graph_inputs`' rules."""
     from onnx import helper

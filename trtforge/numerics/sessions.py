@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Literal
 
+from trtforge.errors import UserError
+
 if TYPE_CHECKING:
     import onnx
     import onnxruntime as ort
@@ -103,6 +105,28 @@ def exact_session(
 ) -> ort.InferenceSession:
     """The session every accuracy figure comes from (graph optimizations off; see the module doc)."""
     return make_session(model, EXACT, threads=threads, quiet=quiet)
+
+
+def refuse_unloadable(model: onnx.ModelProto, where: str, remedy: str) -> None:
+    """UserError when ONNX Runtime refuses to load `model` (a value's declared type clashing with what its
+    node makes, two nodes of one name, an op's shape inference failing on the declared shapes): its reason,
+    said before a stage that runs the model fails on it deep inside. Errors that are not ORT's refusal of
+    the graph propagate."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    from trtforge.errors import clipped
+
+    try:
+        exact_session(model, quiet=True)
+    except (
+        state.Fail,
+        state.InvalidArgument,
+        state.InvalidGraph,
+        state.InvalidProtobuf,
+        state.NotImplemented,
+    ) as e:
+        reason = str(e).strip().replace("\n", " ").rstrip(". ")
+        raise UserError(f"{where}: ONNX Runtime cannot load it: {clipped(reason)}. {remedy}") from e
 
 
 def fast_session(

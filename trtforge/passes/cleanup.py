@@ -22,25 +22,34 @@ from onnxscript import optimizer
 
 from trtforge.passes._base import PassContext, PassOutcome, PassSpec
 
+_QUIETED_LOGS = ("onnxscript.optimizer._constant_folding", "onnx_ir.passes.common.initializer_deduplication")
+
 
 def run_cleanup(model: ir.Model, ctx: PassContext) -> PassOutcome:
     """Fold and clean in place; `matches` is the number of nodes removed."""
     before = _count(model)
     passthrough = {i: v.name for i, v in enumerate(model.graph.outputs) if v.is_graph_input()}
     output_names = [v.name for v in model.graph.outputs]
+    body_outputs = [(g, [v.name for v in g.outputs]) for g in _subgraphs(model.graph)]
     # onnxscript's constant folder warns on stderr for every multi-output node it leaves (each Split:
-    # "Skipping constant folding for op Split with multiple outputs."), in the middle of our output;
-    # leaving them is intended and the pass ledger records what cleanup did.
-    folding_log = logging.getLogger("onnxscript.optimizer._constant_folding")
-    level = folding_log.level
-    folding_log.setLevel(logging.ERROR)
+    # "Skipping constant folding for op Split with multiple outputs."), in the middle of our output, and
+    # onnx_ir's initializer deduplication for every weight that is also a graph input or output ("Skipped
+    # deduplication of initializer 'W'"); leaving them is intended and the pass ledger records what
+    # cleanup did.
+    logs = [logging.getLogger(name) for name in _QUIETED_LOGS]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.ERROR)
     try:
         optimizer.optimize_ir(model, num_iterations=2, inline=False)
     finally:
-        folding_log.setLevel(level)
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
     _restore_passthrough(model.graph, passthrough)
     identity = common_passes.IdentityEliminationPass()(model)
     _restore_output_names(model.graph, output_names)
+    for body, names in body_outputs:  # (a Scan body's `o = Identity(state)` made one value two outputs)
+        _restore_output_names(body, names)
     lowered = _lower_dynamic_eyelike(model)
     outcome = PassOutcome()
     removed = before - _count(model)
@@ -134,6 +143,18 @@ def _restore_output_names(graph: ir.Graph, names: list[str]) -> None:
         value.name = name
         taken.add(name)
         seen.add(value)
+
+
+def _subgraphs(graph: ir.Graph) -> list[ir.Graph]:
+    """The If/Loop/Scan bodies in `graph`, at every depth."""
+    found = []
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                found.append(attr.value)
+            elif attr.type == ir.AttributeType.GRAPHS:
+                found.extend(attr.value)
+    return found
 
 
 def _fresh(base: str, taken: set[str]) -> str:

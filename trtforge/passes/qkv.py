@@ -10,8 +10,9 @@ attention, also gate/up projections when the swiglu pass did not take them), in 
 Widths may differ: grouped-query attention has Nk = Nv < Nq (Llama, Mistral, Qwen2), and the
 ledger names such a group "Q/K/V (GQA ...)". Bias `Add`s with constant [N] vectors are folded
 in when at least one member has one (Qwen2 has q/k/v biases); members without get zeros (x + 0
-is exact). A group whose outputs are graph outputs is skipped. GPT-2's `Gemm` c_attn is already
-merged and matches nothing.
+is exact). A group whose outputs are graph outputs is skipped, and so are MatMuls inside If/Loop/Scan
+bodies (they read `x` from the outer scope but are not the main graph's siblings). GPT-2's `Gemm`
+c_attn is already merged and matches nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def _bias(node: ir.Node, n_out: int) -> tuple[ir.Node, np.ndarray] | None:
     if len(users) != 1 or users[0].op_type != "Add" or users[0].domain not in ("", "ai.onnx"):
         return None
     add = users[0]
+    if add.graph is not node.graph:  # an Add inside an If/Loop/Scan body reads it; not a bias of ours
+        return None
     other = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
     if other is None or other.const_value is None:
         return None
@@ -91,6 +94,7 @@ def merge_projections(
         finals = [b[0].outputs[0] if b[0] is not None else f for b, f in zip(biases, finals)]
     if _is_graph_output(graph, finals):
         return None
+    stem = _unused_stem(graph, stem)
     w_value = ir.Value(name=f"{stem}_weight", const_value=ir.tensor(np.concatenate([w for _, w in group], 1)))
     graph.register_initializer(w_value)
     matmul = ir.node("MatMul", [x, w_value], name=f"{stem}_matmul")
@@ -122,6 +126,21 @@ def merge_projections(
     return list(split.outputs)
 
 
+def _unused_stem(graph: ir.Graph, stem: str) -> str:
+    """`stem`, or `stem_1`, `stem_2`, ...: the first that begins no name in `graph` (a model that already
+    holds a 'trtforge_qkv_0_weight', one optimized before, made register_initializer raise or a second
+    definition of that name)."""
+    names = set(graph.initializers) | {v.name for v in graph.inputs}
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        names.add(node.name)
+        names.update(o.name for o in node.outputs)
+    base, k = stem, 0
+    while any(n and n.startswith(f"{stem}_") for n in names):
+        k += 1
+        stem = f"{base}_{k}"
+    return stem
+
+
 def _position(graph: ir.Graph):
     order = {id(n): i for i, n in enumerate(graph)}
     return lambda n: order[id(n)]
@@ -136,6 +155,8 @@ def run_qkv(model: ir.Model, ctx: PassContext) -> PassOutcome:
     for x in sources:
         group: dict[tuple, list[tuple[ir.Node, np.ndarray]]] = {}
         for node in list(x.consumers()):
+            if node.graph is not graph:  # a MatMul inside an If/Loop/Scan body: not a sibling here
+                continue
             w = projection_weight(node, x)
             if w is not None:
                 group.setdefault((w.dtype, w.shape[0]), []).append((node, w))
