@@ -590,6 +590,7 @@ def build_llm_report(
     `progress`: a bar on stderr, one step per variant.
     """
     from trtforge.llm.models.base import logits_width
+    from trtforge.llm.models.families import adapter_for
     from trtforge.llm.models.loader import load_causal_lm
     from trtforge.reports.api import (
         StepProgress,
@@ -629,11 +630,14 @@ def build_llm_report(
     ids = _tokenize(content, tok_dir)
     _check_text_vocabulary(ids, lm, tokenizer)
     w = cut_windows(ids, windows, window_len, f"--text '{text_path}'")
-    positions = getattr(lm.config, "max_position_embeddings", None) or getattr(lm.config, "n_positions", None)
-    if positions is not None and max(window_len, prompt_len + new_tokens) > positions:
+    # the rule compile --generate's --max-seq and the executors' max_model_len follow (a static rotary
+    # scaling extends the positions; before, max_position_embeddings alone was the limit here)
+    limit = adapter_for(lm, "report --generate").sequence_limit
+    if limit is not None and max(window_len, prompt_len + new_tokens) > limit[0]:
         raise UserError(
             f"--window-len {window_len} / --prompt-len + --new-tokens {prompt_len + new_tokens} exceed the "
-            f"model's {positions} positions."
+            f"model's {limit[0]} positions ({limit[1]}); pass a --window-len and a --prompt-len + "
+            f"--new-tokens of at most {limit[0]}."
         )
     prompt_starts = np.linspace(0, max(0, len(ids) // 2 - prompt_len), num=max(batch_sizes), dtype=np.int64)
     speed_prompts = [ids[s : s + prompt_len] for s in prompt_starts]
