@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import select
 import signal
@@ -142,6 +143,31 @@ def _warnings_as_lines() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _tensorrt_warnings_as_lines() -> Iterator[None]:
+    """Show TensorRT's warnings (the ``trtforge.tensorrt`` log, :data:`trtforge.core.backend.TRT_LOG`) as
+    ``warning: TensorRT: ...`` lines on stderr. Its INFO and VERBOSE messages stay in the log (a normal
+    build prints nothing of them); its errors too: a build that fails raises them as the command's error,
+    and one that recovers (an attention layer retried decomposed) says so in its own output."""
+    log = logging.getLogger("trtforge.tensorrt")
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno == logging.WARNING:
+                click.secho(f"warning: TensorRT: {record.getMessage()}", fg="yellow", err=True)
+
+    handler = Lines(logging.WARNING)
+    log.addHandler(handler)
+    level = log.level
+    if not log.isEnabledFor(logging.WARNING):
+        log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
 def _safe_streams() -> None:
     """Never fail to print a message: undecodable bytes (a non-UTF-8 path) are shown escaped."""
     for stream in (sys.stdout, sys.stderr):
@@ -159,7 +185,7 @@ def run_cli(group: click.Group, argv: list[str] | None) -> int:
     _safe_streams()
     received: list[int] = []
     try:
-        with _signals_as_interrupts(received), _warnings_as_lines():
+        with _signals_as_interrupts(received), _warnings_as_lines(), _tensorrt_warnings_as_lines():
             rv = group.main(args=argv, prog_name="trtforge", standalone_mode=False)
             sys.stdout.flush()  # a pipe's last buffered lines: a reader gone shows here, not at exit
     except BaseException as e:
