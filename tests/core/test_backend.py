@@ -164,6 +164,11 @@ def test_the_tensorrt_logger_passes_messages_on_at_their_levels(caplog) -> None:
         (logging.CRITICAL, "m0"),
     ]
     assert [m for _, m in be.logger.take()] == ["m2", "m1", "m0"]  # (kept for build records and errors)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="trtforge.tensorrt"):  # (every step engine's parse had 4)
+        be.logger.log(sev.WARNING, "ModelImporter.cpp:1071: Make sure input input_ids has Int64 binding.")
+    assert [r.levelno for r in caplog.records if r.name == "trtforge.tensorrt"] == [logging.INFO]
+    be.logger.take()
 
 
 def test_the_cli_shows_tensorrt_warnings_only(capsys) -> None:

@@ -30,6 +30,10 @@ from trtforge.errors import BackendUnavailableError, UserError
 TRT_LOG = logging.getLogger("trtforge.tensorrt")
 TRT_LOG.addHandler(logging.NullHandler())
 _LEVELS = (logging.CRITICAL, logging.ERROR, logging.WARNING, logging.INFO, logging.DEBUG)
+# TensorRT warnings about what trtforge always does right, logged at INFO (still kept with the others):
+# the ONNX parser's reminder for every INT64 input (a step engine's input_ids, position_ids, ...); the
+# runtime binds each tensor at the dtype the engine reports
+_ROUTINE_WARNINGS = ("has Int64 binding.",)
 BACKEND_ENV = "TRTFORGE_BACKEND"
 BACKEND_NAMES = ("tensorrt", "tensorrt_rtx")
 _PIP_HINT = {
@@ -300,6 +304,8 @@ def _make_logger(trt: ModuleType) -> Any:
 
         def log(self, severity: Any, msg: str) -> None:
             level = _LEVELS[min(max(int(severity), 0), len(_LEVELS) - 1)]
+            if level == logging.WARNING and msg.rstrip().endswith(_ROUTINE_WARNINGS):
+                level = logging.INFO
             if TRT_LOG.isEnabledFor(level):
                 TRT_LOG.log(level, "%s", msg)
             if int(severity) <= int(trt.ILogger.WARNING):
