@@ -258,13 +258,37 @@ def _exit_code(e: Exception) -> int:
         click.secho(f"error: {e}", fg="red", err=True)
         return 2 if isinstance(e, UserError) else 1
     if isinstance(e, OSError) and e.errno in USER_ERRNOS:
-        click.secho(f"error: {os_error(e, e.filename or '?', 'use')}", fg="red", err=True)
+        if e.filename is None and _writing_stdout(e):  # (`inspect --json > /dev/full` said "cannot use '?'")
+            click.secho(f"error: cannot write the standard output: {e.strerror or e}.", fg="red", err=True)
+        else:
+            click.secho(f"error: {os_error(e, e.filename or '?', 'use')}", fg="red", err=True)
         return 2
     frame = user_frame(e)
     if frame is None:
         return _internal()
     click.secho(f"error: your code raised {describe(e)} (at {frame}).", fg="red", err=True)
     return 2
+
+
+def _writing_stdout(e: OSError) -> bool:
+    """Whether `e` was raised writing the standard output: by the last flush (run_cli) or on the way
+    through click.echo or a rich console (an OSError of sys.stdout names no file)."""
+    tb = e.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    if not frames:
+        return False
+    if frames[-1].f_code.co_name == "run_cli":  # raised by run_cli's own flush of sys.stdout
+        return True
+    for frame in frames:
+        where, function = frame.f_code.co_filename.replace(os.sep, "/"), frame.f_code.co_name
+        if where.endswith("click/utils.py") and function == "echo":
+            return frame.f_locals.get("err") is not True
+        if where.endswith("rich/console.py"):
+            return not getattr(frame.f_locals.get("self"), "stderr", False)
+    return False
 
 
 def _internal() -> int:
