@@ -29,7 +29,7 @@ from trtforge.llm.compile.export import (
 )
 from trtforge.llm.contract import DECODE, PREFILL, set_generation_metadata
 from trtforge.llm.models.families import adapter_for
-from trtforge.llm.models.loader import load_causal_lm
+from trtforge.llm.models.loader import load_causal_lm, transformers_bars
 
 Log = Callable[[str], None]
 _VERIFIER_MIN_SEQ = 8
@@ -221,7 +221,8 @@ def compile_generate(
             "for a paged step graph."
         )
     session = CompileSession(output, save_onnx=save_onnx, force=force, build=build, log=log)
-    lm = load_causal_lm(model)
+    with transformers_bars(progress):  # (-q: no "Loading weights" bar on stderr)
+        lm = load_causal_lm(model)
     if max_seq is None:  # the model's positions, at most DEFAULT_MAX_SEQ
         max_seq = default_max_seq(adapter_for(lm))
     pool_blocks = _check_cache_layout(cache_layout, block_size, num_blocks, max_seq, max_batch, build)
