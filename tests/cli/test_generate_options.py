@@ -116,6 +116,12 @@ def test_generate_max_seq_past_the_models_positions_exits_2_naming_the_option(tm
         (None, 64),
         ({"rope_type": "linear", "factor": 2.0}, 128),
         ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, 256),
+        # (Llama 3.1's shape: max_position_embeddings already the extended length)
+        (
+            {"rope_type": "llama3", "factor": 2.0, "original_max_position_embeddings": 16}
+            | {"low_freq_factor": 1.0, "high_freq_factor": 4.0},
+            64,
+        ),
     ],
 )
 def test_a_static_rope_scaling_extends_the_max_seq_limit(scaling, limit) -> None:
@@ -139,7 +145,7 @@ def test_a_static_rope_scaling_extends_the_max_seq_limit(scaling, limit) -> None
         **({"rope_scaling": scaling} if scaling else {}),
     )
     adapter = adapter_for(transformers.LlamaForCausalLM(config))
-    assert default_max_seq(adapter) == limit
+    assert default_max_seq(adapter) == 64  # (the default stays the model's own: the torch executor's too)
     check_max_seq(adapter, limit)
     with pytest.raises(UserError, match=rf"--max-seq {limit + 1} exceeds the model's {limit} positions"):
         check_max_seq(adapter, limit + 1)

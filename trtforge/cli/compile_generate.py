@@ -58,9 +58,9 @@ def generate_options(fn: Any) -> Any:
             "--max-seq",
             type=click.IntRange(min=2),
             default=None,
-            help="--generate: KV-cache length per sequence (prompt + new tokens); default: the positions the "
-            "model is made for (max_position_embeddings / n_positions, as a static rotary scaling extends "
-            "them), at most 2048. A longer one than the model's positions is refused.",
+            help="--generate: KV-cache length per sequence (prompt + new tokens); default: the model's "
+            "positions (max_position_embeddings / n_positions), at most 2048. One past the positions the "
+            "model is made for (as a static rotary scaling extends them) is refused.",
         ),
         click.option(
             "--max-batch",

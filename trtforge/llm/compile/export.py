@@ -6,6 +6,7 @@ The graph carries its generation metadata (``trtforge.generation`` JSON in metad
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -328,12 +329,17 @@ def export_step(
 
 
 def default_max_seq(adapter: Any) -> int:
-    """The KV-cache length a step graph gets without --max-seq: the longest sequence the model is made
-    for (:attr:`~trtforge.llm.models.base.DecoderAdapter.sequence_limit`), at most DEFAULT_MAX_SEQ (the
-    slot cache is allocated whole: [max_batch, Hkv, max_seq, D] a layer); DEFAULT_MAX_SEQ where nothing
-    bounds the model's positions."""
+    """The KV-cache length a step graph gets without --max-seq: the model's own length (the adapter's
+    ``max_length``: max_position_embeddings / n_positions, the length the executors default max_model_len
+    to), never past :attr:`~trtforge.llm.models.base.DecoderAdapter.sequence_limit`, and at most
+    DEFAULT_MAX_SEQ (the slot cache is allocated whole: [max_batch, Hkv, max_seq, D] a layer)."""
+    candidates = [DEFAULT_MAX_SEQ]
+    with contextlib.suppress(AttributeError, TypeError, ValueError):  # (a config without the field)
+        candidates.append(int(adapter.max_length))
     limit = adapter.sequence_limit
-    return DEFAULT_MAX_SEQ if limit is None else max(2, min(int(limit[0]), DEFAULT_MAX_SEQ))
+    if limit is not None:
+        candidates.append(int(limit[0]))
+    return max(2, min(candidates))
 
 
 def check_max_seq(adapter: Any, max_seq: int, flag: str = "--max-seq") -> None:
