@@ -154,9 +154,12 @@ def refuse_overwriting_inputs(
             continue
         for in_what, src in inputs.items():
             if src is not None and os.fspath(src) and _same_file(out, src):
+                # (a label that names its file already, "file 'config.json' of the model directory 'hf'",
+                # is not followed by the path again)
+                named = "" if in_what.endswith("'") else f" '{show_path(src)}'"
                 raise UserError(
-                    f"{out_what} '{show_path(out)}' is the {in_what} '{show_path(src)}' itself; writing it "
-                    "would destroy an input. Give the output another path."
+                    f"{out_what} '{show_path(out)}' is the {in_what}{named} itself; writing it would destroy "
+                    "an input. Give the output another path."
                 )
 
 

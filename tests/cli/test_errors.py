@@ -269,3 +269,30 @@ def test_ctrl_c_before_the_command_handlers_are_set_is_130_without_a_traceback(m
     monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
     assert main(["inspect", "m.engine"]) == EXIT_SIGINT
     assert capsys.readouterr().err.strip() == "interrupted"
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="no /dev/full on this system")
+@pytest.mark.parametrize("argv", [["--json"], []], ids=["json", "tables"])
+def test_a_full_standard_output_is_named(tmp_path, argv) -> None:
+    """Before: `trtforge inspect m.onnx --json > /dev/full` said "error: cannot use '?': No space left on
+    device" (an OSError of sys.stdout names no file)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from tests.models import tiny_onnx
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "trtforge.cli.main", "inspect", str(model), *argv],
+            env=env,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "error: cannot write the standard output: No space left on device.\n"

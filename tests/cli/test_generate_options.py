@@ -71,3 +71,81 @@ def test_api_refusals_are_worded_with_the_commands_flags(message, worded) -> Non
     from trtforge.cli.generate_cmd import generate_cmd
 
     assert as_flags(message, flags_of(generate_cmd)) == worded
+
+
+def test_generate_max_seq_defaults_to_the_models_positions(tmp_path, monkeypatch) -> None:
+    """Before: --max-seq defaulted to 2048 whatever the model, so `compile --generate` of a model made for
+    256 positions failed with "--max-seq 2048 exceeds..." though no --max-seq was given."""
+    from tests.llm.tiny_models import tiny_model
+    from trtforge.llm.compile import compile as compile_module
+
+    seen = {}
+
+    class Exported(Exception):
+        pass
+
+    def export_step(lm, **kw):  # the export itself is covered elsewhere; here only its max_seq matters
+        seen.update(kw)
+        raise Exported
+
+    monkeypatch.setattr(compile_module, "export_step", export_step)
+    for factory, positions in (("gpt2", 256), ("llama", 256)):
+        with pytest.raises(Exported):
+            compile_module.compile_generate(tiny_model(factory), tmp_path / "m.engine", progress=False)
+        assert seen["max_seq"] == positions
+    long = tiny_model("llama", max_position_embeddings=8192)  # more than 2048 positions: the cap
+    with pytest.raises(Exported):
+        compile_module.compile_generate(long, tmp_path / "m.engine", progress=False)
+    assert seen["max_seq"] == 2048
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_max_seq_past_the_models_positions_exits_2_naming_the_option(tmp_path, capsys) -> None:
+    out = str(tmp_path / "m.engine")
+    rc = main(["compile", "tests.llm.tiny_models:gpt2_factory", "--generate", "-o", out, "--max-seq", "512"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "--max-seq 512 exceeds the model's 256 positions" in err and "Pass --max-seq <= 256" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("scaling", "limit"),
+    [
+        (None, 64),
+        ({"rope_type": "linear", "factor": 2.0}, 128),
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, 256),
+        # (Llama 3.1's shape: max_position_embeddings already the extended length)
+        (
+            {"rope_type": "llama3", "factor": 2.0, "original_max_position_embeddings": 16}
+            | {"low_freq_factor": 1.0, "high_freq_factor": 4.0},
+            64,
+        ),
+    ],
+)
+def test_a_static_rope_scaling_extends_the_max_seq_limit(scaling, limit) -> None:
+    """One rule for compile's --max-seq and the executors' max_model_len (DecoderAdapter.sequence_limit):
+    a static rotary scaling extends the model's positions; before, --max-seq stopped at
+    max_position_embeddings where the torch executor went on to the scaled length."""
+    import transformers
+
+    from trtforge.errors import UserError
+    from trtforge.llm.compile.export import check_max_seq, default_max_seq
+    from trtforge.llm.models.families import adapter_for
+
+    config = transformers.LlamaConfig(
+        vocab_size=120,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **({"rope_scaling": scaling} if scaling else {}),
+    )
+    adapter = adapter_for(transformers.LlamaForCausalLM(config))
+    assert default_max_seq(adapter) == 64  # (the default stays the model's own: the torch executor's too)
+    check_max_seq(adapter, limit)
+    with pytest.raises(UserError, match=rf"--max-seq {limit + 1} exceeds the model's {limit} positions"):
+        check_max_seq(adapter, limit + 1)

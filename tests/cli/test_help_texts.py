@@ -18,3 +18,17 @@ def test_every_option_says_what_it_does(name: str) -> None:
     options = [p for p in command.params if isinstance(p, click.Option)]
     assert options
     assert [p.opts[-1] for p in options if len((p.help or "").replace("Repeatable.", "").strip()) < 8] == []
+
+
+def test_compile_calib_data_help_says_what_it_is_with_generate() -> None:
+    """Before: compile's --calib-data help named only the encoder path's data (.npz, sentences.txt, ...),
+    nothing of the token-id prompt file --generate reads, nor that only int8/fp8 take it there."""
+    command = cli.get_command(click.Context(cli), "compile")
+    (option,) = [p for p in command.params if p.name == "calib_data"]
+    assert ".npz" in option.help and "sentences.txt" in option.help  # (the encoder path's, as before)
+    generate = option.help[option.help.index("With --generate") :]
+    assert "token-id prompts" in generate and "int8" in generate and "fp8" in generate
+    assert "refused" in generate
+    # (the other commands keep the shared text)
+    calibrate = cli.get_command(click.Context(cli), "calibrate")
+    assert all("--generate" not in (p.help or "") for p in calibrate.params if p.name == "calib_data")

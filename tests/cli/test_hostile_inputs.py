@@ -159,7 +159,8 @@ CASES: dict[str, tuple[Setup, str]] = {
     ),
     "compile --generate -o a file of the model directory (--force)": (
         lambda d: ["compile", _hf_dir(d), "--generate", "--max-seq", "64", "-o", "hf/config.json", "--force"],
-        r"-o \(engine\) 'hf/config\.json' is the file 'config\.json' of the model directory",
+        # (it went on "of the model directory 'hf/config.json' itself", the file's path as the directory's)
+        r"-o \(engine\) 'hf/config\.json' is the file 'config\.json' of the model directory 'hf' itself;",
     ),
     "compile: custom op without a plugin": (_custom_op("compile"), CUSTOM_OP.format("tensorrt")),
     "compile --no-passes: custom op without a plugin": (

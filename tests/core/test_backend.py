@@ -121,3 +121,67 @@ def test_rtx_refuses_hopper(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "9.0" in b.capabilities.run_reason
     monkeypatch.setattr(backend_mod, "probe_gpu", lambda: backend_mod.GpuInfo(True, "RTX 4090", (8, 9)))
     assert backend_mod.Backend("tensorrt_rtx", __import__("tensorrt_rtx")).capabilities.can_run
+
+
+def test_native_stderr_collects_the_librarys_own_lines_and_lets_pythons_through(capfd) -> None:
+    """TensorRT-RTX writes "Internal Error: MyelinCheckException ..." to descriptor 2 itself, past the
+    ILogger; native_stderr collects such lines while Python's stderr still reaches the terminal."""
+    import os
+    import sys
+
+    from trtforge.core.backend import native_stderr
+
+    lines: list[str] = []
+    with native_stderr(lines):
+        os.write(2, b"Internal Error: from the library\n\n")
+        print("from python", file=sys.stderr, flush=True)
+    print("after", file=sys.stderr, flush=True)
+    err = capfd.readouterr().err
+    assert lines == ["Internal Error: from the library"]
+    assert "from python" in err and "after" in err and "from the library" not in err
+
+
+@pytest.mark.trt_build
+def test_the_tensorrt_logger_passes_messages_on_at_their_levels(caplog) -> None:
+    """Before: INFO and VERBOSE messages were dropped and warnings only kept; now every message goes to
+    the trtforge.tensorrt log at its level (the CLI shows the warnings)."""
+    import logging
+
+    from trtforge.core.backend import get_backend
+
+    be = get_backend()
+    sev = be.trt.ILogger.Severity
+    be.logger.take()
+    with caplog.at_level(logging.DEBUG, logger="trtforge.tensorrt"):
+        for s in (sev.VERBOSE, sev.INFO, sev.WARNING, sev.ERROR, sev.INTERNAL_ERROR):
+            be.logger.log(s, f"m{int(s)}")
+    got = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "trtforge.tensorrt"]
+    assert got == [
+        (logging.DEBUG, "m4"),
+        (logging.INFO, "m3"),
+        (logging.WARNING, "m2"),
+        (logging.ERROR, "m1"),
+        (logging.CRITICAL, "m0"),
+    ]
+    assert [m for _, m in be.logger.take()] == ["m2", "m1", "m0"]  # (kept for build records and errors)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="trtforge.tensorrt"):  # (every step engine's parse had 4)
+        be.logger.log(sev.WARNING, "ModelImporter.cpp:1071: Make sure input input_ids has Int64 binding.")
+    assert [r.levelno for r in caplog.records if r.name == "trtforge.tensorrt"] == [logging.INFO]
+    be.logger.take()
+
+
+def test_the_cli_shows_tensorrt_warnings_only(capsys) -> None:
+    import logging
+
+    from trtforge.cli._errors import _tensorrt_warnings_as_lines
+
+    log = logging.getLogger("trtforge.tensorrt")
+    with _tensorrt_warnings_as_lines():
+        log.debug("verbose detail")
+        log.info("Total Activation Memory: 8198144 bytes")
+        log.warning("a real warning")
+        log.error("an error the build recovered from (a failed one raises it)")
+    log.warning("outside the command")
+    err = capsys.readouterr().err
+    assert err == "warning: TensorRT: a real warning\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import select
 import signal
@@ -142,6 +143,31 @@ def _warnings_as_lines() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _tensorrt_warnings_as_lines() -> Iterator[None]:
+    """Show TensorRT's warnings (the ``trtforge.tensorrt`` log, :data:`trtforge.core.backend.TRT_LOG`) as
+    ``warning: TensorRT: ...`` lines on stderr. Its INFO and VERBOSE messages stay in the log (a normal
+    build prints nothing of them); its errors too: a build that fails raises them as the command's error,
+    and one that recovers (an attention layer retried decomposed) says so in its own output."""
+    log = logging.getLogger("trtforge.tensorrt")
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno == logging.WARNING:
+                click.secho(f"warning: TensorRT: {record.getMessage()}", fg="yellow", err=True)
+
+    handler = Lines(logging.WARNING)
+    log.addHandler(handler)
+    level = log.level
+    if not log.isEnabledFor(logging.WARNING):
+        log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
 def _safe_streams() -> None:
     """Never fail to print a message: undecodable bytes (a non-UTF-8 path) are shown escaped."""
     for stream in (sys.stdout, sys.stderr):
@@ -159,7 +185,7 @@ def run_cli(group: click.Group, argv: list[str] | None) -> int:
     _safe_streams()
     received: list[int] = []
     try:
-        with _signals_as_interrupts(received), _warnings_as_lines():
+        with _signals_as_interrupts(received), _warnings_as_lines(), _tensorrt_warnings_as_lines():
             rv = group.main(args=argv, prog_name="trtforge", standalone_mode=False)
             sys.stdout.flush()  # a pipe's last buffered lines: a reader gone shows here, not at exit
     except BaseException as e:
@@ -232,13 +258,37 @@ def _exit_code(e: Exception) -> int:
         click.secho(f"error: {e}", fg="red", err=True)
         return 2 if isinstance(e, UserError) else 1
     if isinstance(e, OSError) and e.errno in USER_ERRNOS:
-        click.secho(f"error: {os_error(e, e.filename or '?', 'use')}", fg="red", err=True)
+        if e.filename is None and _writing_stdout(e):  # (`inspect --json > /dev/full` said "cannot use '?'")
+            click.secho(f"error: cannot write the standard output: {e.strerror or e}.", fg="red", err=True)
+        else:
+            click.secho(f"error: {os_error(e, e.filename or '?', 'use')}", fg="red", err=True)
         return 2
     frame = user_frame(e)
     if frame is None:
         return _internal()
     click.secho(f"error: your code raised {describe(e)} (at {frame}).", fg="red", err=True)
     return 2
+
+
+def _writing_stdout(e: OSError) -> bool:
+    """Whether `e` was raised writing the standard output: by the last flush (run_cli) or on the way
+    through click.echo or a rich console (an OSError of sys.stdout names no file)."""
+    tb = e.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    if not frames:
+        return False
+    if frames[-1].f_code.co_name == "run_cli":  # raised by run_cli's own flush of sys.stdout
+        return True
+    for frame in frames:
+        where, function = frame.f_code.co_filename.replace(os.sep, "/"), frame.f_code.co_name
+        if where.endswith("click/utils.py") and function == "echo":
+            return frame.f_locals.get("err") is not True
+        if where.endswith("rich/console.py"):
+            return not getattr(frame.f_locals.get("self"), "stderr", False)
+    return False
 
 
 def _internal() -> int:

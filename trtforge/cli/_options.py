@@ -55,9 +55,11 @@ def option_group(
     exclude: Iterable[str] = (),
     flags: Mapping[str, tuple[str, ...]] | None = None,
     scope: str = "",
+    more_help: Mapping[str, str] | None = None,
 ) -> Callable[[Any], Any]:
     """Click options for the CLI fields of dataclass `cls` (parameter name = field name, default = the
-    field's); `flags` renames a field's option for one command, `scope` prefixes every help text."""
+    field's); `flags` renames a field's option for one command, `scope` prefixes every help text,
+    `more_help` adds to a field's help what the option means in this command only."""
     wanted = set(only) if only is not None else None
     fields = [
         f
@@ -72,6 +74,8 @@ def option_group(
             meta = dict(f.metadata["cli"])
             if flags and f.name in flags:
                 meta["flags"] = flags[f.name]
+            if more_help and f.name in more_help:
+                meta["help"] = f"{meta['help']} {more_help[f.name]}"
             if "secondary" in meta:
                 off = f"{scope}Turn {meta['flags'][0]} off."
                 command = click.option(meta["secondary"], f"no_{f.name}", is_flag=True, help=off)(command)

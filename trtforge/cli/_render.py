@@ -100,6 +100,15 @@ def _base_profiles(m: Manifest) -> list[tuple[str, dict[str, Any]]]:
     return [(names.get(i, f"profile {i}"), p) for i, p in enumerate(m.profiles[:k])]
 
 
+def _io_shape(entry: dict[str, Any]) -> str:
+    """An `inspect` I/O entry's shape as the table shows it: ``[batch, 4]``, ``?`` a dynamic unnamed axis."""
+    if entry["shape"] is None:
+        return "(no shape recorded)"
+    names = entry.get("symbols") or [None] * len(entry["shape"])
+    dims = [str(n) if n else ("?" if d < 0 else str(d)) for d, n in zip(entry["shape"], names)]
+    return plain(f"[{', '.join(dims)}]")
+
+
 def onnx_tables(summary: dict[str, Any]) -> list[Any]:
     """An ONNX summary (see inspect_cmd.summarize_onnx) as rich renderables."""
     head = Table.grid(padding=(0, 2))
@@ -113,9 +122,7 @@ def onnx_tables(summary: dict[str, Any]) -> list[Any]:
         io.add_column(col)
     for kind in ("inputs", "outputs"):
         for t in summary[kind]:
-            io.add_row(
-                kind[:-1] if kind == "inputs" else "out", plain(t["name"]), t["dtype"], plain(t["shape"])
-            )
+            io.add_row(kind[:-1] if kind == "inputs" else "out", plain(t["name"]), t["dtype"], _io_shape(t))
     ops = Table(title="ops", show_edge=False)
     ops.add_column("op")
     ops.add_column("count", justify="right")

@@ -52,7 +52,14 @@ another precision are refused where they do not apply.
 @option_group(ExportOptions, scope="Torch sources (module, factory, .pt2): ")
 @option_group(PassOptions, exclude=("debug",))
 @click.option("--no-passes", is_flag=True, help="Skip the fusion passes.")
-@option_group(PrecisionOptions)
+@option_group(
+    PrecisionOptions,
+    more_help={
+        "calib_data": "With --generate: a text file of token-id prompts (one prompt per line, "
+        "space-separated ids, no tokenizer), required by --precision int8 and optional for fp8 (random "
+        "tokens without); refused with the other precisions.",
+    },
+)
 @click.option(
     "--report",
     "report_dir",

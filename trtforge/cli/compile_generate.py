@@ -57,9 +57,10 @@ def generate_options(fn: Any) -> Any:
         click.option(
             "--max-seq",
             type=click.IntRange(min=2),
-            default=2048,
-            show_default=True,
-            help="--generate: KV-cache length per sequence (prompt + new tokens).",
+            default=None,
+            help="--generate: KV-cache length per sequence (prompt + new tokens); default: the model's "
+            "positions (max_position_embeddings / n_positions), at most 2048. One past the positions the "
+            "model is made for (as a static rotary scaling extends them) is refused.",
         ),
         click.option(
             "--max-batch",

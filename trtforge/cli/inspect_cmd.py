@@ -10,44 +10,106 @@ from typing import Any
 import click
 
 
+def io_entry(name: str, dtype: str, shape: Any, symbols: Any = ()) -> dict[str, Any]:
+    """One input or output in `inspect --json`, the same for an ONNX model and an engine: name, dtype,
+    shape (a list of ints, -1 a dynamic axis; null where an ONNX input records no shape at all) and
+    symbols (each axis's name where it is dynamic and named, else null)."""
+    if shape is None:
+        return {"name": name, "dtype": dtype, "shape": None, "symbols": None}
+    dims = [int(d) for d in shape]
+    named = list(symbols or ())
+    return {
+        "name": name,
+        "dtype": dtype,
+        "shape": dims,
+        "symbols": [named[a] if a < len(named) and d < 0 and named[a] else None for a, d in enumerate(dims)],
+    }
+
+
 def summarize_onnx(path: Path) -> dict[str, Any]:
-    """I/O, opsets, op histogram and weight size of an ONNX file (external data not loaded)."""
+    """I/O, opsets, op histogram and weight size of an ONNX file (external data not loaded), in the
+    shape `inspect --json` shares with an engine (see INSPECT_JSON)."""
     import onnx
 
     from trtforge.compiler.sources import from_onnx_file
     from trtforge.core.onnx_io import check_model
-    from trtforge.core.tensor_spec import is_dynamic, value_spec
+    from trtforge.core.tensor_spec import value_spec
 
     from_onnx_file(path)  # validates with clear errors
     m = onnx.load(str(path), load_external_data=False)
     check_model(path, where=f"ONNX model '{path}'")
     inits = {t.name for t in m.graph.initializer}
 
-    def spec(v: Any) -> dict[str, str]:
+    def spec(v: Any) -> dict[str, Any]:
         t = value_spec(v)
-        dims = ", ".join(t.symbol(a) or ("?" if is_dynamic(d) else str(d)) for a, d in enumerate(t.shape))
-        return {"name": t.name, "dtype": t.dtype, "shape": f"[{dims}]"}
+        return io_entry(t.name, t.dtype, t.shape if t.rank_known else None, t.symbols)
 
     weight_bytes = 0
+    weight_dtypes: Counter[str] = Counter()
     for t in m.graph.initializer:
         n = 1
         for d in t.dims:
             n *= d
-        weight_bytes += n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
+        weight_bytes += n * dtype.itemsize
+        weight_dtypes[dtype.name] += 1
+    opsets = {o.domain: o.version for o in m.opset_import}
     return {
+        "kind": "onnx",
         "path": str(path),
-        "producer": f"{m.producer_name} {m.producer_version}".strip(),
-        "opsets": {o.domain: o.version for o in m.opset_import},
+        "opset": opsets.get("", opsets.get("ai.onnx")),
+        "precision": None,  # (a compile's choice; the weights' types are in weight_dtypes)
         "inputs": [spec(i) for i in m.graph.input if i.name not in inits],
         "outputs": [spec(o) for o in m.graph.output],
+        "producer": f"{m.producer_name} {m.producer_version}".strip(),
+        "opsets": opsets,
         "nodes": len(m.graph.node),
         "ops": dict(Counter(n.op_type for n in m.graph.node)),
         "initializers": len(m.graph.initializer),
         "weight_bytes": weight_bytes,
+        "weight_dtypes": dict(weight_dtypes),
     }
 
 
-@click.command("inspect", context_settings={"help_option_names": ["-h", "--help"]})
+def summarize_engine(engine: Path, manifest: Any) -> dict[str, Any]:
+    """An engine's `inspect --json`: the keys it shares with an ONNX model's (see INSPECT_JSON) first,
+    then every key of its manifest (model.engine.json) as it is."""
+    d = json.loads(manifest.to_json())
+    build = (d.get("records") or {}).get("build") or {}
+
+    def entries(kind: str) -> list[dict[str, Any]]:
+        named = {t.get("name"): t.get("symbols") for t in build.get(kind) or [] if isinstance(t, dict)}
+        return [io_entry(t["name"], t["dtype"], t["shape"], named.get(t["name"])) for t in d[kind]]
+
+    source = d.get("source") or {}
+    common = {
+        "kind": "engine",
+        "path": str(engine),
+        "opset": source.get("opset"),
+        "precision": d.get("precision"),
+        "inputs": entries("inputs"),
+        "outputs": entries("outputs"),
+    }
+    return common | {k: v for k, v in d.items() if k not in common}
+
+
+INSPECT_JSON = """\b
+--json prints one object; an ONNX model and an engine share these keys:
+  kind       "onnx" or "engine"
+  path       the file inspected (an engine's, also when FILE is its manifest)
+  opset      the default-domain ONNX opset (an engine's: its source graph's)
+  precision  an engine's precision record (mode, float, int8_rest, ...);
+             null for an ONNX model (its weights' types: weight_dtypes)
+  inputs,    each {name, dtype, shape, symbols}: shape a list of ints,
+  outputs    -1 for a dynamic axis (null: no shape recorded); symbols the
+             dynamic axes' names (null where static or unnamed)
+An ONNX model adds producer, opsets, nodes, ops, initializers, weight_bytes,
+weight_dtypes; an engine adds every key of its manifest (engine_sha256,
+backend, profiles, source, build_options, records, generation, ...).
+"""
+
+
+@click.command("inspect", epilog=INSPECT_JSON, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def inspect_cmd(file: str, as_json: bool) -> None:
@@ -80,7 +142,7 @@ def inspect_cmd(file: str, as_json: bool) -> None:
     manifest = read_manifest(engine)
     verify_engine_file(engine, manifest)
     if as_json:
-        click.echo(manifest.to_json())
+        click.echo(json.dumps(summarize_engine(engine, manifest), indent=2))
     else:
         print_all(console, manifest_tables(manifest, engine))
         if manifest.generation is not None:  # a decoder step engine (compile --generate)

@@ -122,7 +122,14 @@ def _at_most(bound: str) -> Any:
     "8B model on an H200, 2048 in / 128 out: 4096 gave 3.5% more output tokens a second at 3.4x the time "
     "between tokens; in FP8, 8192 with --max-num-batched-tokens 8192 gave about 17% more at 6x).",
 )
-@click.option("--max-model-len", default=None, type=click.IntRange(2), help="Longest prompt + output.")
+@click.option(
+    "--max-model-len",
+    default=None,
+    type=click.IntRange(2),
+    help="Longest prompt + output; default: an engine's or step graph's --max-seq, else the positions the "
+    "model is made for (as compile --generate's --max-seq, without its 2048 cap: the KV cache is paged); "
+    "a longer one is refused.",
+)
 @click.option(
     "--max-waiting",
     default=256,

@@ -8,6 +8,7 @@ and shows builder progress. Returns the engine bytes plus a record; writing file
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -290,16 +291,26 @@ def serialize_network(
     """Build the serialized engine under the progress monitor, cancellable by Ctrl-C/SIGTERM
     (:func:`build_cancellable`); returns (plan bytes, the logger's messages). A failed build raises a
     BuildError naming `what` with TensorRT's last errors."""
+    from trtforge.core.backend import TRT_LOG, native_stderr
+
     cancel = threading.Event()
-    with _progress(backend, config, progress, cancel):
+    printed: list[str] = []  # what the library wrote to stderr itself, past the logger
+    with _progress(backend, config, progress, cancel), native_stderr(printed):
         plan = build_cancellable(lambda: builder.build_serialized_network(network, config), cancel)
     messages = backend.logger.take()
+    logged = " ".join(m for _, m in messages)
+    # (TensorRT-RTX's "Internal Error: MyelinCheckException ..." repeats an ERROR the logger got: a failed
+    # build's error names it; a build that went on past it, or a retry that succeeds, does not print it)
+    printed = [line for line in printed if line.split(": ", 1)[-1][:60] not in logged]
+    for line in printed:
+        TRT_LOG.log(logging.WARNING if plan is not None else logging.ERROR, "%s", line)
     if plan is None:
         errs = [m for sev, m in messages if sev in ("ERROR", "INTERNAL_ERROR")] or [m for _, m in messages]
+        errs += printed
         raise BuildError(
             f"{backend.name} {backend.version} failed to build {what}:\n  " + "\n  ".join(errs[-10:])
         )
-    return bytes(memoryview(plan)), messages
+    return bytes(memoryview(plan)), messages + [("WARNING", line) for line in printed]
 
 
 def _collapsed_axes(before: Mapping[str, ShapeRange], after: Mapping[str, ShapeRange]) -> list[str]:

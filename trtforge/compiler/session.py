@@ -57,7 +57,10 @@ def source_files(model: Any) -> dict[str, str | os.PathLike[str] | None]:
 
         return onnx_io.model_files(model) if str(model).lower().endswith(".onnx") else {"input model": model}
     if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
-        return {f"file '{p.name}' of the model directory": p for p in Path(model).iterdir() if p.is_file()}
+        from trtforge._fileio import show_path
+
+        where = f"of the model directory '{show_path(model)}'"
+        return {f"file '{p.name}' {where}": p for p in Path(model).iterdir() if p.is_file()}
     if isinstance(model, str) and ":" in model:
         module = sys.modules.get(model.split(":", 1)[0])
         if getattr(module, "__file__", None):

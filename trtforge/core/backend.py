@@ -7,17 +7,33 @@ Nothing here imports TensorRT at module import time. Everything else in trtforge
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib
+import io
+import logging
 import os
-from collections.abc import Iterable, Sequence
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any
 
 from trtforge.errors import BackendUnavailableError, UserError
 
+#: TensorRT's own log (every ILogger message, and what the library prints on stderr itself during a
+#: build: :func:`native_stderr`) at Python's levels: VERBOSE -> DEBUG, INFO -> INFO, WARNING -> WARNING,
+#: ERROR -> ERROR, INTERNAL_ERROR -> CRITICAL. A library's logger: nothing is shown unless the application
+#: configures logging (the CLI shows the warnings); a failed build's errors are raised as a BuildError.
+TRT_LOG = logging.getLogger("trtforge.tensorrt")
+TRT_LOG.addHandler(logging.NullHandler())
+_LEVELS = (logging.CRITICAL, logging.ERROR, logging.WARNING, logging.INFO, logging.DEBUG)
+# TensorRT warnings about what trtforge always does right, logged at INFO (still kept with the others):
+# the ONNX parser's reminder for every INT64 input (a step engine's input_ids, position_ids, ...); the
+# runtime binds each tensor at the dtype the engine reports
+_ROUTINE_WARNINGS = ("has Int64 binding.",)
 BACKEND_ENV = "TRTFORGE_BACKEND"
 BACKEND_NAMES = ("tensorrt", "tensorrt_rtx")
 _PIP_HINT = {
@@ -278,7 +294,8 @@ def trt_dtype_name(dtype: Any) -> str:
 
 
 def _make_logger(trt: ModuleType) -> Any:
-    """An ILogger that keeps warnings and errors (for error messages and build records) and prints errors."""
+    """An ILogger that passes every message on to :data:`TRT_LOG` at its level and keeps the warnings and
+    errors (for error messages and build records); it prints nothing itself."""
 
     class CapturingLogger(trt.ILogger):
         def __init__(self) -> None:
@@ -286,6 +303,11 @@ def _make_logger(trt: ModuleType) -> Any:
             self.messages: list[tuple[str, str]] = []
 
         def log(self, severity: Any, msg: str) -> None:
+            level = _LEVELS[min(max(int(severity), 0), len(_LEVELS) - 1)]
+            if level == logging.WARNING and msg.rstrip().endswith(_ROUTINE_WARNINGS):
+                level = logging.INFO
+            if TRT_LOG.isEnabledFor(level):
+                TRT_LOG.log(level, "%s", msg)
             if int(severity) <= int(trt.ILogger.WARNING):
                 self.messages.append((str(severity).rsplit(".", 1)[-1], msg))
                 del self.messages[:-200]
@@ -295,6 +317,54 @@ def _make_logger(trt: ModuleType) -> Any:
             return out
 
     return CapturingLogger()
+
+
+def _is_fd2(stream: Any) -> bool:
+    try:
+        return stream.fileno() == 2
+    except (AttributeError, OSError, ValueError):  # (pytest's capsys, a closed stream, an io.StringIO)
+        return False
+
+
+@contextlib.contextmanager
+def native_stderr(lines: list[str]) -> Iterator[None]:
+    """Collect into `lines` what the TensorRT library writes to file descriptor 2 itself, past the ILogger
+    (TensorRT-RTX prints "Internal Error: MyelinCheckException ..." there when an attention layer has no
+    fused kernel, an error its ILogger gets too and the build then recovers from). Python's own stderr
+    keeps going where it went meanwhile (a dup of the real descriptor), so trtforge's messages, warnings
+    and tracebacks are not caught with it. Where descriptor 2 cannot be redirected, nothing is collected."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    python_stderr = sys.stderr
+    own: io.TextIOWrapper | None = None
+    try:
+        with tempfile.TemporaryFile() as sink:
+            if _is_fd2(python_stderr):
+                own = io.TextIOWrapper(
+                    io.FileIO(os.dup(saved), "w"),
+                    encoding=python_stderr.encoding,
+                    errors=python_stderr.errors,
+                    line_buffering=True,
+                )
+                sys.stderr = own
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+                if own is not None:
+                    sys.stderr = python_stderr
+                    with contextlib.suppress(OSError, ValueError):
+                        own.close()
+                sink.seek(0)
+                text = sink.read().decode(errors="replace")
+                lines.extend(line.rstrip() for line in text.splitlines() if line.strip())
+    finally:
+        os.close(saved)
 
 
 def _import(name: str) -> ModuleType:

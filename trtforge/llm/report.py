@@ -27,14 +27,13 @@ May import ``reports`` (its top floor) and everything ``llm`` and ``llm.compile`
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import datetime as _dt
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -549,21 +548,6 @@ def _summary(record: Any) -> Any:
 
 
 # ---- the report ------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _transformers_bars(enabled: bool) -> Iterator[None]:
-    """transformers' own progress bars ("Loading weights") on or off while the block runs."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    if not enabled:
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was and not enabled:
-            hf_logging.enable_progress_bar()
-
-
 def build_llm_report(
     model: Any,
     *,
@@ -590,7 +574,8 @@ def build_llm_report(
     `progress`: a bar on stderr, one step per variant.
     """
     from trtforge.llm.models.base import logits_width
-    from trtforge.llm.models.loader import load_causal_lm
+    from trtforge.llm.models.families import adapter_for
+    from trtforge.llm.models.loader import load_causal_lm, transformers_bars
     from trtforge.reports.api import (
         StepProgress,
         check_out_dir,
@@ -617,7 +602,7 @@ def build_llm_report(
     device = _device(device)
     reference = "bf16" if device.startswith("cuda") else "fp32"
     names = parse_variants(variants, reference)
-    with _transformers_bars(progress):  # (the one read of the weights: the variants copy the model)
+    with transformers_bars(progress):  # (the one read of the weights: the variants copy the model)
         lm = load_causal_lm(model)
     tok_dir = (
         tokenizer if tokenizer is not None else (model if isinstance(model, (str, os.PathLike)) else None)
@@ -629,11 +614,14 @@ def build_llm_report(
     ids = _tokenize(content, tok_dir)
     _check_text_vocabulary(ids, lm, tokenizer)
     w = cut_windows(ids, windows, window_len, f"--text '{text_path}'")
-    positions = getattr(lm.config, "max_position_embeddings", None) or getattr(lm.config, "n_positions", None)
-    if positions is not None and max(window_len, prompt_len + new_tokens) > positions:
+    # the rule compile --generate's --max-seq and the executors' max_model_len follow (a static rotary
+    # scaling extends the positions; before, max_position_embeddings alone was the limit here)
+    limit = adapter_for(lm, "report --generate").sequence_limit
+    if limit is not None and max(window_len, prompt_len + new_tokens) > limit[0]:
         raise UserError(
             f"--window-len {window_len} / --prompt-len + --new-tokens {prompt_len + new_tokens} exceed the "
-            f"model's {positions} positions."
+            f"model's {limit[0]} positions ({limit[1]}); pass a --window-len and a --prompt-len + "
+            f"--new-tokens of at most {limit[0]}."
         )
     prompt_starts = np.linspace(0, max(0, len(ids) // 2 - prompt_len), num=max(batch_sizes), dtype=np.int64)
     speed_prompts = [ids[s : s + prompt_len] for s in prompt_starts]

@@ -23,11 +23,13 @@ from trtforge.llm.compile.export import (
     CACHE_LAYOUTS,
     DEFAULT_BLOCK_SIZE,
     DEFAULT_MAX_SEQ,
+    default_max_seq,
     example_feeds,
     export_step,
 )
 from trtforge.llm.contract import DECODE, PREFILL, set_generation_metadata
-from trtforge.llm.models.loader import load_causal_lm
+from trtforge.llm.models.families import adapter_for
+from trtforge.llm.models.loader import load_causal_lm, transformers_bars
 
 Log = Callable[[str], None]
 _VERIFIER_MIN_SEQ = 8
@@ -148,7 +150,7 @@ def compile_generate(
     model: Any,
     output: str | os.PathLike[str] | None,
     *,
-    max_seq: int = DEFAULT_MAX_SEQ,
+    max_seq: int | None = None,
     max_batch: int = 8,
     max_prefill: int | None = None,
     precision: str = "fp16",
@@ -171,7 +173,9 @@ def compile_generate(
 ) -> Any:
     """Compile a causal LM into a step engine (+ manifest with a `generation` section); see module doc.
 
-    `build=False` stops after the ONNX stages (then `save_onnx` is required and `output` unused).
+    `max_seq` (the KV-cache length) defaults to the positions the model is made for, at most
+    DEFAULT_MAX_SEQ; a longer one than the model's positions (as a static rotary scaling extends them) is
+    refused. `build=False` stops after the ONNX stages (then `save_onnx` is required and `output` unused).
     `cache_layout="paged"` exports block pools of `block_size` tokens (default 16); the engine's pools hold
     up to `num_blocks` blocks (default: max_batch rows of max_seq tokens plus one scratch block).
     Returns a CompileResult. Everything is written atomically; nothing is left behind on failure.
@@ -208,7 +212,8 @@ def compile_generate(
     if build:  # builder options checked before the export, as compile does
         opts = BuildOptions(targets=targets, backend=backend, opt_level=opt_level, workspace_mb=workspace_mb)
         targets, opt_level, workspace_mb = opts.targets, opts.opt_level, opts.workspace_mb
-    pool_blocks = _check_cache_layout(cache_layout, block_size, num_blocks, max_seq, max_batch, build)
+    # (checked before the model loads; the default pool size follows max_seq, known once it has)
+    _check_cache_layout(cache_layout, block_size, num_blocks, max_seq or DEFAULT_MAX_SEQ, max_batch, build)
     if precision in QUANTIZED and cache_layout == "paged":
         raise UserError(
             f"--generate --precision {precision} --cache-layout paged: quantized step graphs are made and "
@@ -216,7 +221,11 @@ def compile_generate(
             "for a paged step graph."
         )
     session = CompileSession(output, save_onnx=save_onnx, force=force, build=build, log=log)
-    lm = load_causal_lm(model)
+    with transformers_bars(progress):  # (-q: no "Loading weights" bar on stderr)
+        lm = load_causal_lm(model)
+    if max_seq is None:  # the model's positions, at most DEFAULT_MAX_SEQ
+        max_seq = default_max_seq(adapter_for(lm))
+    pool_blocks = _check_cache_layout(cache_layout, block_size, num_blocks, max_seq, max_batch, build)
     if precision in QUANTIZED:
         from trtforge.llm.models.moe import refuse_moe
 

@@ -6,6 +6,7 @@ The graph carries its generation metadata (``trtforge.generation`` JSON in metad
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from trtforge.llm.contract import (
     paged_output_names,
     set_generation_metadata,
 )
-from trtforge.llm.models.families import refuse_unapplied_window
+from trtforge.llm.models.families import adapter_for, refuse_unapplied_window
 from trtforge.numerics.sessions import exact_session
 
 EXPORTERS = ("dynamo", "legacy")
@@ -257,7 +258,7 @@ def _verify(model: onnx.ModelProto, step: DecoderStep, feeds: dict[str, torch.Te
 def export_step(
     model: torch.nn.Module,
     *,
-    max_seq: int = DEFAULT_MAX_SEQ,
+    max_seq: int | None = None,
     max_batch: int = 8,
     max_prefill: int | None = None,
     exporter: str = "auto",
@@ -268,9 +269,11 @@ def export_step(
 ) -> StepExport:
     """Export `model` (a supported HF causal LM) to an FP32 step graph.
 
-    `cache_layout` "slot": per-row caches of `max_seq`; "paged": block pools of `block_size` tokens
-    (see :mod:`trtforge.llm.compile` for both contracts).
+    `cache_layout` "slot": per-row caches of `max_seq` (default: :func:`default_max_seq`); "paged": block
+    pools of `block_size` tokens (see :mod:`trtforge.llm.compile` for both contracts).
     """
+    if max_seq is None:
+        max_seq = default_max_seq(adapter_for(model))
     if exporter not in ("auto", *EXPORTERS):
         raise UserError(f"exporter must be auto, dynamo or legacy; got '{exporter}'.")
     if cache_layout not in CACHE_LAYOUTS:
@@ -288,9 +291,8 @@ def export_step(
             "from_pretrained(..., dtype=torch.float32)): the step graph is exported in FP32 and converted "
             "to FP16/BF16 by --precision."
         )
-    spec = step.spec
     max_prefill = max_seq if max_prefill is None else max_prefill
-    _check_limits(spec.max_positions, max_seq, max_batch, max_prefill)
+    _check_limits(step.adapter, max_seq, max_batch, max_prefill)
     refuse_unapplied_window(model, max_seq, "--max-seq")
     feeds = example_feeds(
         generation_section(step, max_batch=max_batch, max_prefill=max_prefill, dtype="float32")
@@ -326,7 +328,37 @@ def export_step(
     return StepExport(proto, generation, which, fallback, time.perf_counter() - t0, errors)
 
 
-def _check_limits(max_positions: int | None, max_seq: int, max_batch: int, max_prefill: int) -> None:
+def default_max_seq(adapter: Any) -> int:
+    """The KV-cache length a step graph gets without --max-seq: the model's own length (the adapter's
+    ``max_length``: max_position_embeddings / n_positions, the length the executors default max_model_len
+    to), never past :attr:`~trtforge.llm.models.base.DecoderAdapter.sequence_limit`, and at most
+    DEFAULT_MAX_SEQ (the slot cache is allocated whole: [max_batch, Hkv, max_seq, D] a layer)."""
+    candidates = [DEFAULT_MAX_SEQ]
+    with contextlib.suppress(AttributeError, TypeError, ValueError):  # (a config without the field)
+        candidates.append(int(adapter.max_length))
+    limit = adapter.sequence_limit
+    if limit is not None:
+        candidates.append(int(limit[0]))
+    return max(2, min(candidates))
+
+
+def check_max_seq(adapter: Any, max_seq: int, flag: str = "--max-seq") -> None:
+    """UserError for a cache length past the longest sequence the model is made for (its position table,
+    or its rotary's trained length as a static rotary scaling extends it); `flag` names the option."""
+    limit = adapter.sequence_limit
+    if limit is not None and max_seq > limit[0]:
+        model_type = getattr(adapter.config, "model_type", "this")
+        raise UserError(
+            f"{flag} {max_seq} exceeds the model's {limit[0]} positions, the longest sequence this "
+            f"{model_type} model is made for ({limit[1]}); past them it would run into positions it never "
+            f"saw. Pass {flag} <= {limit[0]} "
+            f"(without {flag} the default is the model's positions, at most {DEFAULT_MAX_SEQ}); a longer "
+            "context needs a model whose config extends it (a larger max_position_embeddings, or a rotary "
+            "scaling in rope_parameters)."
+        )
+
+
+def _check_limits(adapter: Any, max_seq: int, max_batch: int, max_prefill: int) -> None:
     if max_seq < 2 or max_batch < 1 or max_prefill < 1:
         raise UserError(
             "--max-seq must be >= 2 (a prompt token and a new one), --max-batch and --max-prefill >= 1 "
@@ -336,8 +368,4 @@ def _check_limits(max_positions: int | None, max_seq: int, max_batch: int, max_p
         raise UserError(
             f"--max-prefill {max_prefill} exceeds --max-seq {max_seq}: a prompt must fit the cache."
         )
-    if max_positions is not None and max_seq > max_positions:
-        raise UserError(
-            f"--max-seq {max_seq} exceeds the model's {max_positions} positions (max_position_embeddings / "
-            "n_positions); pass --max-seq <= that."
-        )
+    check_max_seq(adapter, max_seq)

@@ -211,24 +211,24 @@ class TorchExecutor:
         adapter, longest = self._adapter, self._adapter.max_length
         length = int(max_model_len or longest)
         refuse_unapplied_window(self.model, length, "max_model_len", _USER)
-        if adapter.bounded and length > longest:
+        limit = adapter.sequence_limit  # (the rule compile --generate's --max-seq follows too)
+        if limit is None or length <= limit[0]:
+            return length
+        if adapter.bounded:
             table = {"learned": "learned positions", "alibi": "positions of the ALiBi bias table"}.get(
                 adapter.spec.positions, "rows of the rotary table"
             )
-            limit = "max_seq_len" if adapter.spec.positions == "alibi" else "n_positions"
+            name = "max_seq_len" if adapter.spec.positions == "alibi" else "n_positions"
             raise UserError(
                 f"TorchExecutor max_model_len {length} exceeds the {longest} {table} of this "
-                f"{adapter.config.model_type} model ({limit}); pass max_model_len <= {longest}."
+                f"{adapter.config.model_type} model ({name}); pass max_model_len <= {longest}."
             )
-        reach = adapter.position_reach
-        if reach is not None and length > reach[0]:
-            raise UserError(
-                f"max_model_len {length} exceeds the {reach[0]} positions this {adapter.config.model_type} "
-                f"model is made for ({reach[1]}); past them it runs into positions it never saw. Pass "
-                f"max_model_len <= {reach[0]}; to run longer anyway, raise max_position_embeddings in its "
-                "config.json or give it a rotary scaling (rope_parameters) that extends it."
-            )
-        return length
+        raise UserError(
+            f"max_model_len {length} exceeds the {limit[0]} positions this {adapter.config.model_type} "
+            f"model is made for ({limit[1]}); past them it runs into positions it never saw. Pass "
+            f"max_model_len <= {limit[0]}; to run longer anyway, raise max_position_embeddings in its "
+            "config.json or give it a rotary scaling (rope_parameters) that extends it."
+        )
 
     def _kv_cache(
         self,

@@ -839,6 +839,21 @@ class DecoderAdapter(ABC):
         does."""
         return None
 
+    @property
+    def sequence_limit(self) -> tuple[int, str] | None:
+        """The longest sequence this model may be compiled (``--max-seq``) or served (``max_model_len``)
+        for, and where that comes from: the whole table where no position past it exists
+        (:attr:`bounded`), else :attr:`position_reach` (a rotary's trained length, or the length its
+        static scaling extends it to). None: nothing bounds it (ALiBi, a dynamic rotary). The one rule
+        the step export and the executors share."""
+        if self.bounded:
+            table = {
+                "learned": "the rows of its learned position table (n_positions / max_position_embeddings)",
+                "alibi": "the positions of its ALiBi bias table (max_seq_len)",
+            }.get(self.spec.positions, "the rows of its rotary table (n_positions)")
+            return self.max_length, table
+        return self.position_reach
+
     def require_fixed_rotary(self) -> None:
         """UserError for a rotary whose table changes with the sequence length (the step graph holds one)."""
         if self.dynamic:

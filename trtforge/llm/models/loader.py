@@ -6,7 +6,9 @@ Shared by the step-graph compile (``llm.compile``) and the serving front door (`
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,21 @@ from trtforge._usercode import load_factory
 from trtforge.errors import UserError
 from trtforge.llm.models.base import UNSUPPORTED_HINTS
 from trtforge.llm.models.families import SUPPORTED
+
+
+@contextlib.contextmanager
+def transformers_bars(enabled: bool) -> Iterator[None]:
+    """transformers' own progress bars ("Loading weights") on or off while the block runs."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not enabled:
+            hf_logging.enable_progress_bar()
 
 
 def load_causal_lm(source: Any) -> Any:
