@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -139,6 +140,25 @@ def test_native_stderr_collects_the_librarys_own_lines_and_lets_pythons_through(
     err = capfd.readouterr().err
     assert lines == ["Internal Error: from the library"]
     assert "from python" in err and "after" in err and "from the library" not in err
+
+
+def test_a_stream_taken_during_native_stderr_still_writes_after_it() -> None:
+    """A handler made during a build holds the stand-in sys.stderr: it is flushed, not closed, at the end,
+    so the handler's later lines still reach the terminal instead of failing on a closed file. (In a child
+    process: under pytest's capture sys.stderr is not descriptor 2, and no stand-in is made.)"""
+    code = (
+        "import logging, sys\n"
+        "from trtforge.core.backend import native_stderr\n"
+        "with native_stderr([]):\n"
+        "    handler = logging.StreamHandler()\n"
+        "    print('during', file=sys.stderr)\n"
+        "handler.emit(logging.makeLogRecord({'msg': 'later line', 'levelno': logging.WARNING}))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert "during" in done.stderr and "later line" in done.stderr, done.stderr
+    assert "closed file" not in done.stderr, done.stderr
 
 
 @pytest.mark.trt_build

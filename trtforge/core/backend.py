@@ -357,9 +357,12 @@ def native_stderr(lines: list[str]) -> Iterator[None]:
             finally:
                 os.dup2(saved, 2)
                 if own is not None:
+                    # flushed, not closed: a thread or handler that took sys.stderr meanwhile (a progress
+                    # bar's refresh, a StreamHandler made during the build) may still write to it; it closes
+                    # its descriptor when the last of them lets it go
                     sys.stderr = python_stderr
                     with contextlib.suppress(OSError, ValueError):
-                        own.close()
+                        own.flush()
                 sink.seek(0)
                 text = sink.read().decode(errors="replace")
                 lines.extend(line.rstrip() for line in text.splitlines() if line.strip())
