@@ -227,6 +227,7 @@ _CONFIG_EDITS = {
     "negative hidden": ("hidden_size", -32),
     "kv heads": ("num_key_value_heads", 3),
     "activation": ("hidden_act", "swoosh"),
+    "negative eps": ("rms_norm_eps", -1.0),
 }
 
 
@@ -269,6 +270,8 @@ def _broken_dir(tmp_path, what: str):
         ("no layers", r"llama config: num_hidden_layers must be .* >= 1, got 0\."),
         ("negative hidden", r"llama config: hidden_size must be .* >= 1, got -32\."),
         ("kv heads", r"llama config: num_key_value_heads=3 does not divide num_attention_heads=4;"),
+        # before: generate printed "0 0 0" (NaN logits) and compile failed on an unfaithful export
+        ("negative eps", r"llama config: rms_norm_eps must be a number >= 0, got -1\.0\."),
         # before: "cannot load the weights ... (KeyError: 'swoosh')"
         ("activation", r"config\.json': hidden_act='swoosh' is no activation transformers knows"),
     ],

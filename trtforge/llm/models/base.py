@@ -627,16 +627,24 @@ _SIZES = (
     "head_dim",
 )
 
+#: the keys the families' configs name their norms' epsilon by
+_EPSILONS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "norm_epsilon")
+
 
 def check_config_sizes(config: Any) -> None:
     """UserError naming the config.json key (as the family spells it: GPT-2's ``n_layer``) of a size below
-    1 (no layers: transformers builds an empty model, which has no attention to read), or of a KV head
-    count that does not divide the query heads (transformers' attention cannot share them out): checked
-    before any weight is read, so the user hears of the key, not of a tensor shape deep in the model."""
+    1 (no layers: transformers builds an empty model, which has no attention to read), of a norm's epsilon
+    below 0, or of a KV head count that does not divide the query heads (transformers' attention cannot
+    share them out): checked before any weight is read, so the user hears of the key, not of a tensor
+    shape deep in the model."""
     where = f"{config.model_type} config"
     spelled = getattr(config, "attribute_map", {}) or {}
     for name in _SIZES:
         _check_positive(where, spelled.get(name, name), getattr(config, name, None))
+    for name in _EPSILONS:  # (below 0 the norm takes the root of a negative: NaN logits, every token id 0)
+        eps = getattr(config, name, None)
+        if isinstance(eps, (int, float)) and not isinstance(eps, bool) and not eps >= 0:
+            raise UserError(f"{where}: {name} must be a number >= 0, got {eps!r}.")
     heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
     if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
         raise UserError(
