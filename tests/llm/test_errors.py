@@ -219,6 +219,18 @@ def test_cli_generate_never_writes_over_its_calib_data(option, tmp_path, capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.txt"]
 
 
+# _broken_dir's edits of config.json: what -> (key, value)
+_CONFIG_EDITS = {
+    "heads as text": ("num_attention_heads", "4"),
+    "zero heads": ("num_attention_heads", 0),
+    "no layers": ("num_hidden_layers", 0),
+    "negative hidden": ("hidden_size", -32),
+    "kv heads": ("num_key_value_heads", 3),
+    "activation": ("hidden_act", "swoosh"),
+    "negative eps": ("rms_norm_eps", -1.0),
+}
+
+
 def _broken_dir(tmp_path, what: str):
     """A save_pretrained directory of a tiny Llama with `what` broken."""
     d = tmp_path / what
@@ -230,12 +242,13 @@ def _broken_dir(tmp_path, what: str):
         weights.write_bytes(weights.read_bytes()[:1000])
     elif what == "no weights":
         (d / "model.safetensors").unlink()
-    elif what in ("heads as text", "zero heads", "layers unset"):
+    elif what == "layers unset" or what in _CONFIG_EDITS:
         config = json.loads((d / "config.json").read_text())
         if what == "layers unset":  # LlamaConfig's default is 32 layers; the file holds 2
             del config["num_hidden_layers"]
         else:
-            config["num_attention_heads"] = "4" if what == "heads as text" else 0
+            key, value = _CONFIG_EDITS[what]
+            config[key] = value
         (d / "config.json").write_text(json.dumps(config))
     return d
 
@@ -251,6 +264,16 @@ def _broken_dir(tmp_path, what: str):
         ("heads as text", r"config\.json' is not a Hugging Face config .*'num_attention_heads'"),
         ("zero heads", r"config\.json' is not a Hugging Face config .*ZeroDivisionError"),
         ("layers unset", r"the weights in '.*' lack \d+ parameter\(s\) config\.json asks for"),
+        # before: an IndexError (exit 1: "internal error"), a tensor shape blamed on the weight files, and
+        # a KV head count the attention cannot share out blamed on them too (or, with weights of that
+        # shape, a RuntimeError from the executor's step)
+        ("no layers", r"llama config: num_hidden_layers must be .* >= 1, got 0\."),
+        ("negative hidden", r"llama config: hidden_size must be .* >= 1, got -32\."),
+        ("kv heads", r"llama config: num_key_value_heads=3 does not divide num_attention_heads=4;"),
+        # before: generate printed "0 0 0" (NaN logits) and compile failed on an unfaithful export
+        ("negative eps", r"llama config: rms_norm_eps must be a number >= 0, got -1\.0\."),
+        # before: "cannot load the weights ... (KeyError: 'swoosh')"
+        ("activation", r"config\.json': hidden_act='swoosh' is no activation transformers knows"),
     ],
 )
 def test_broken_save_pretrained_directory_exits_2(what, message, tmp_path, capsys):
@@ -264,6 +287,41 @@ def test_broken_save_pretrained_directory_exits_2(what, message, tmp_path, capsy
         err = capsys.readouterr().err
         assert "Traceback" not in err and re.search(message, err), err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_model_of_impossible_sizes_is_refused_naming_the_config_key(tmp_path):
+    """An nn.Module whose config no weights fix: no layers (GPT-2's key spelled as its config spells it),
+    KV heads that do not divide the query heads (transformers builds both). Before: an IndexError (exit 1)
+    and a RuntimeError deep in the export or the executor's first step."""
+    import transformers as tf
+
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    empty = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=100, n_embd=32, n_layer=0, n_head=4)).eval()
+    uneven = tiny_model("llama", num_key_value_heads=3)
+    for model, message in (
+        (empty, r"gpt2 config: n_layer must be .* >= 1, got 0\."),
+        (uneven, r"llama config: num_key_value_heads=3 does not divide num_attention_heads=4;"),
+    ):
+        with pytest.raises(UserError, match=message):
+            export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)
+        with pytest.raises(UserError, match=message):
+            TorchExecutor(model, num_blocks=8, block_size=4)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_window_below_one_is_refused_by_name_where_the_attention_applies_none(tmp_path):
+    """Llama's attention applies no window; a config's sliding_window below 1 is refused as the nonsense it
+    is (before: "shorter than --max-seq 32 ... Pass --max-seq <= -4")."""
+    from trtforge.llm.executors.torch_exec import TorchExecutor
+
+    model = tiny_model("llama")
+    model.config.sliding_window = -4
+    message = r"llama config: sliding_window must be null or an integer >= 1, got -4"
+    with pytest.raises(UserError, match=message):
+        export_step(model, max_seq=32, exporter="legacy", workdir=tmp_path)
+    with pytest.raises(UserError, match=message):
+        TorchExecutor(model, num_blocks=8, block_size=4, max_model_len=32)
 
 
 def test_int8_calibration_prompt_outside_the_vocabulary_is_named(llm):

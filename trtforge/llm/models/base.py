@@ -562,6 +562,7 @@ def refuse_unapplied_window(model: nn.Module, length: int, limit: str, user: str
         return
     for name in ("sliding_window", "attention_chunk_size"):
         window = getattr(c, name, None)
+        _check_positive(f"{c.model_type} config", name, window)  # (else "pass <= -4" below)
         if isinstance(window, int) and not isinstance(window, bool) and window < length:
             raise UserError(
                 f"{c.model_type} model {type(model).__name__}: its config sets {name}={window}, shorter "
@@ -613,6 +614,44 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
             "transformers' forward cannot build their mask. Set sliding_window, or mark them full_attention."
         )
     return [window if t == "sliding_attention" else None for t in types[:num_layers]]
+
+
+#: the sizes every supported config has (under these names or its attribute_map's) that no model can have
+#: below 1
+_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
+
+#: the keys the families' configs name their norms' epsilon by
+_EPSILONS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "norm_epsilon")
+
+
+def check_config_sizes(config: Any) -> None:
+    """UserError naming the config.json key (as the family spells it: GPT-2's ``n_layer``) of a size below
+    1 (no layers: transformers builds an empty model, which has no attention to read), of a norm's epsilon
+    below 0, or of a KV head count that does not divide the query heads (transformers' attention cannot
+    share them out): checked before any weight is read, so the user hears of the key, not of a tensor
+    shape deep in the model."""
+    where = f"{config.model_type} config"
+    spelled = getattr(config, "attribute_map", {}) or {}
+    for name in _SIZES:
+        _check_positive(where, spelled.get(name, name), getattr(config, name, None))
+    for name in _EPSILONS:  # (below 0 the norm takes the root of a negative: NaN logits, every token id 0)
+        eps = getattr(config, name, None)
+        if isinstance(eps, (int, float)) and not isinstance(eps, bool) and not eps >= 0:
+            raise UserError(f"{where}: {name} must be a number >= 0, got {eps!r}.")
+    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+        raise UserError(
+            f"{where}: {spelled.get('num_key_value_heads', 'num_key_value_heads')}={kv} does not divide "
+            f"{spelled.get('num_attention_heads', 'num_attention_heads')}={heads}; each KV head must serve "
+            "the same number of query heads."
+        )
 
 
 def _check_positive(where: str, name: str, value: Any) -> None:
@@ -782,6 +821,7 @@ class DecoderAdapter(ABC):
     dynamic: bool = False
 
     def __init__(self, model: nn.Module, layers: list[nn.Module], user: str) -> None:
+        check_config_sizes(model.config)  # (before a subclass reads layers[0])
         self.model, self.config, self.layers, self.user = model, model.config, layers, user
         self.windows: list[int | None] = sliding_windows(self.config, len(layers))
         #: each layer's attention chunk size (:func:`attention_chunks`; None: not chunked): every attention

@@ -14,7 +14,7 @@ from typing import Any
 
 from trtforge._usercode import load_factory
 from trtforge.errors import UserError
-from trtforge.llm.models.base import UNSUPPORTED_HINTS
+from trtforge.llm.models.base import UNSUPPORTED_HINTS, check_config_sizes
 from trtforge.llm.models.families import SUPPORTED
 
 
@@ -73,6 +73,7 @@ def load_causal_lm(source: Any) -> Any:
                 f"'{path}' holds a '{config.model_type}' model; supported causal LMs: {', '.join(SUPPORTED)}."
                 + (f" {hint}" if hint else "")
             )
+        check_config_sizes(config)  # (else a negative size reads as a weight file's fault)
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # its missing-weights report: ours below says it once
         try:
@@ -80,6 +81,7 @@ def load_causal_lm(source: Any) -> Any:
                 str(path), local_files_only=True, dtype=torch.float32, output_loading_info=True
             )
         except Exception as e:  # missing, corrupt (safetensors' own error type) or mismatched weight files
+            _refuse_unknown_activation(path, config, e)
             raise UserError(
                 f"cannot load the weights in '{path}' ({_first_line(e)}); expected the files "
                 "save_pretrained wrote (model.safetensors or pytorch_model.bin) matching config.json."
@@ -102,6 +104,23 @@ def load_causal_lm(source: Any) -> Any:
         )
     model, _ = load_factory(str(source))
     return model
+
+
+#: the keys a family's config names its activation by (transformers looks each value up in its ACT2FN)
+_ACTIVATION_KEYS = ("hidden_act", "hidden_activation", "activation_function")
+
+
+def _refuse_unknown_activation(path: Path, config: Any, error: Exception) -> None:
+    """UserError naming the config.json key whose activation transformers does not know, where building the
+    model failed on that name (its ACT2FN's KeyError): the config's fault, not the weight files'."""
+    if not isinstance(error, KeyError) or not error.args:
+        return
+    for key in _ACTIVATION_KEYS:
+        if getattr(config, key, None) == error.args[0]:
+            raise UserError(
+                f"'{path}/config.json': {key}={error.args[0]!r} is no activation transformers knows; "
+                "transformers cannot build the model."
+            ) from error
 
 
 def refuse_empty_path(source: Any, what: str = "the model") -> None:
