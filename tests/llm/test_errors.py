@@ -310,6 +310,23 @@ def test_a_model_of_impossible_sizes_is_refused_naming_the_config_key(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_kv_head_key_is_named_as_the_config_stores_it():
+    """Falcon keeps its KV heads in ``num_kv_heads`` (``num_key_value_heads`` is a property over it): the
+    message names the key a user finds in config.json."""
+    import transformers as tf
+
+    from trtforge.llm.models.base import check_config_sizes
+
+    falcon = tf.FalconConfig(
+        hidden_size=32, num_attention_heads=4, num_kv_heads=3, new_decoder_architecture=True
+    )
+    message = r"falcon config: num_kv_heads=3 does not divide num_attention_heads=4;"
+    with pytest.raises(UserError, match=message):
+        check_config_sizes(falcon)
+    with pytest.raises(UserError, match=r"gpt2 config: n_layer must be"):
+        check_config_sizes(tf.GPT2Config(n_layer=0))
+
+
 def test_a_window_below_one_is_refused_by_name_where_the_attention_applies_none(tmp_path):
     """Llama's attention applies no window; a config's sliding_window below 1 is refused as the nonsense it
     is (before: "shorter than --max-seq 32 ... Pass --max-seq <= -4")."""

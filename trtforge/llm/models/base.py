@@ -638,9 +638,8 @@ def check_config_sizes(config: Any) -> None:
     share them out): checked before any weight is read, so the user hears of the key, not of a tensor
     shape deep in the model."""
     where = f"{config.model_type} config"
-    spelled = getattr(config, "attribute_map", {}) or {}
     for name in _SIZES:
-        _check_positive(where, spelled.get(name, name), getattr(config, name, None))
+        _check_positive(where, _stored_key(config, name), getattr(config, name, None))
     for name in _EPSILONS:  # (below 0 the norm takes the root of a negative: NaN logits, every token id 0)
         eps = getattr(config, name, None)
         if isinstance(eps, (int, float)) and not isinstance(eps, bool) and not eps >= 0:
@@ -648,10 +647,25 @@ def check_config_sizes(config: Any) -> None:
     heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
     if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
         raise UserError(
-            f"{where}: {spelled.get('num_key_value_heads', 'num_key_value_heads')}={kv} does not divide "
-            f"{spelled.get('num_attention_heads', 'num_attention_heads')}={heads}; each KV head must serve "
+            f"{where}: {_stored_key(config, 'num_key_value_heads')}={kv} does not divide "
+            f"{_stored_key(config, 'num_attention_heads')}={heads}; each KV head must serve "
             "the same number of query heads."
         )
+
+
+# config.json keys that configs read through a property of the standard name (Falcon's num_kv_heads)
+_STORED_AS = {"num_key_value_heads": ("num_kv_heads", "n_head_kv", "multi_query_group_num")}
+
+
+def _stored_key(config: Any, name: str) -> str:
+    """The config.json key that holds the standard attribute `name`, as the family spells it: through its
+    ``attribute_map`` (GPT-2's ``n_layer``), or its own key where it has one (Falcon's ``num_kv_heads``,
+    which its hub checkpoints hold alone; transformers 5 writes the standard name beside it)."""
+    mapped = (getattr(config, "attribute_map", {}) or {}).get(name)
+    if mapped:
+        return mapped
+    stored = vars(config)
+    return next((alt for alt in _STORED_AS.get(name, ()) if alt in stored), name)
 
 
 def _check_positive(where: str, name: str, value: Any) -> None:
