@@ -149,7 +149,7 @@ def _tensorrt_warnings_as_lines() -> Iterator[None]:
     ``warning: TensorRT: ...`` lines on stderr. Its INFO and VERBOSE messages stay in the log (a normal
     build prints nothing of them); its errors too: a build that fails raises them as the command's error,
     and one that recovers (an attention layer retried decomposed) says so in its own output."""
-    log = logging.getLogger("trtforge.tensorrt")
+    from trtforge.core.backend import TRT_LOG as log  # (no TensorRT import: the adapter imports it lazily)
 
     class Lines(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
