@@ -89,6 +89,9 @@ class ServerState:
     requests: int = 0
     metrics: Metrics = field(init=False)
     intake: asyncio.Semaphore = field(init=False)  # max_intake slots (:func:`_intake`)
+    # set on the event loop once `draining` is (:meth:`drain_begun`): requests not yet admitted, waiting for
+    # an intake slot or sending their bodies, are refused with 503 then (:func:`_unless_draining`)
+    drain_started: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     dispatcher: Any = None  # set on the event loop's start (generation.Dispatcher)
     # held around each encode: texts are tokenized on worker threads, and a Hugging Face fast tokenizer
     # raises "Already borrowed" when one thread changes its settings while another encodes
@@ -116,6 +119,12 @@ class ServerState:
     @property
     def engine(self) -> Any:
         return self.llm.engine
+
+    def drain_begun(self) -> None:
+        """Call on the event loop once `draining` is set (the server's tick does): wakes the requests
+        still in intake to their 503."""
+        if self.draining and not self.drain_started.is_set():
+            self.drain_started.set()
 
     def engine_stats(self) -> dict[str, Any]:
         mem, stats = self.llm.memory_stats(), self.llm.stats
@@ -462,6 +471,36 @@ async def _body(request: Request, limit: int, timeout: float) -> bytes:
     return b"".join(chunks)
 
 
+async def _take_in(
+    state: ServerState, request: Request, endpoint: str, kind: type
+) -> tuple[Any, str, list[list[int]], list[int], int | None]:
+    """:func:`_read_request` under an :func:`_intake` slot (waited for first)."""
+    async with _intake(state):
+        _check_draining(state)  # it may have begun while this request waited for its slot
+        return await _read_request(state, request, endpoint, kind)
+
+
+async def _unless_draining(state: ServerState, work: Any) -> Any:
+    """`work`'s result, or a 503 (as :func:`_check_draining` answers) as soon as the drain begins first: a
+    request not admitted yet, waiting for an intake slot or sending its body, would be refused at its
+    admission anyway, and the drain would not wait for it; uvicorn cancelled it once the last admitted
+    request ended (a plain-text 500, ``Internal Server Error``)."""
+    task = asyncio.ensure_future(work)
+    drain = asyncio.ensure_future(state.drain_started.wait())
+    cut = False
+    try:
+        await asyncio.wait({task, drain}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        drain.cancel()
+        if not task.done():
+            task.cancel()  # (its intake slot is given back as it unwinds)
+            cut = True
+    if cut:
+        await asyncio.wait({task})  # (unwound before the answer; its CancelledError is not ours)
+        _check_draining(state)
+    return task.result()
+
+
 async def _read_request(
     state: ServerState, request: Request, endpoint: str, kind: type
 ) -> tuple[Any, str, list[list[int]], list[int], int | None]:
@@ -675,10 +714,9 @@ def create_app(state: ServerState) -> FastAPI:
             _check_key(state, request)
             _check_json(request)
             _check_draining(state)
-            async with _intake(state):
-                _check_draining(state)  # it may have begun while this request waited for its slot
-                req, name, prompts, budgets, lp = await _read_request(state, request, endpoint, kind)
-                admission = _Admission(state, len(prompts) * req.n)
+            taken = await _unless_draining(state, _take_in(state, request, endpoint, kind))
+            req, name, prompts, budgets, lp = taken
+            admission = _Admission(state, len(prompts) * req.n)
             fmt = req.response_format
             release = None
             if fmt is not None and fmt.type != "text":  # compiled off the event loop and the engine's lock

@@ -301,6 +301,7 @@ class _DrainingServer:
                 )
 
             async def on_tick(self, counter: int) -> bool:
+                state.drain_begun()  # (set by the signal's handler: the requests in intake are answered here)
                 if self.deadline is not None and (state.requests == 0 or time.monotonic() > self.deadline):
                     if state.requests and not self.should_exit:
                         # past the grace: the engine is closed first, so the requests still running end
