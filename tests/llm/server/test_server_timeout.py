@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -36,3 +37,32 @@ def test_a_request_past_the_timeout_is_504_and_frees_its_blocks(server):
     server.wait_blocks_free()
     short = httpx.post(server.url + "/v1/completions", json={**LONG, "max_tokens": 3}, timeout=30)
     assert short.status_code == 200 and short.json()["usage"]["completion_tokens"] == 3
+
+
+def test_a_stream_is_counted_in_metrics_by_how_it_ended(server):
+    """/metrics counts a stream once it ends: one cut by --request-timeout under 504 (its error event's
+    code), one that finished under 200. Before: every stream was counted 200 as it began."""
+    import httpx
+
+    def counts() -> tuple[float, float]:
+        m = server.metrics()
+        key = 'trtforge_requests_total{endpoint="completions",status="%s"}'
+        return m.get(key % "200", 0), m.get(key % "504", 0)
+
+    ok0, late0 = counts()
+    with httpx.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True}, timeout=30) as s:
+        lines = [line for line in s.iter_lines() if line]
+    assert json.loads(lines[-2][len("data: ") :])["error"]["code"] == 504
+    _wait_for(lambda: counts() == (ok0, late0 + 1))
+    short = {**LONG, "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=short, timeout=30) as s:
+        assert [line for line in s.iter_lines() if line][-1] == "data: [DONE]"
+    _wait_for(lambda: counts() == (ok0 + 1, late0 + 1))
+    server.wait_blocks_free()
+
+
+def _wait_for(cond, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.05)

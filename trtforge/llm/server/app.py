@@ -25,7 +25,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -42,7 +42,7 @@ from trtforge.llm.server.protocol import (
     response_format,
     sampling_params,
 )
-from trtforge.llm.server.responses import Pumps, full_body, stream
+from trtforge.llm.server.responses import Pumps, SSEResponse, full_body, stream
 from trtforge.llm.structured import GrammarError
 from trtforge.llm.text import apply_chat_template, check_text
 
@@ -739,11 +739,10 @@ def create_app(state: ServerState) -> FastAPI:
             raise
         rid = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         prompt_tokens = sum(len(p) for p in prompts)  # once per prompt, whatever n is (as OpenAI counts)
-        if req.stream:
-            state.metrics.requests.labels(endpoint, "200").inc()
+        if req.stream:  # (counted in /metrics once it ends, by how it ended)
             pumps = Pumps(choices, admission)
             gen = stream(state, endpoint, rid, name, req, choices, prompt_tokens, pumps)
-            return StreamingResponse(gen, media_type="text/event-stream")
+            return SSEResponse(gen, state, endpoint, pumps)
         try:
             texts = await _run_all(state, request, choices)
         except ApiError as e:

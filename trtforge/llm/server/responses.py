@@ -13,6 +13,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from starlette.responses import StreamingResponse
+
 from trtforge.llm.server.generation import Choice
 from trtforge.llm.server.protocol import ApiError
 
@@ -115,6 +117,26 @@ def full_body(
     }
 
 
+class SSEResponse(StreamingResponse):
+    """A stream's response, counted in /metrics' requests by status once it ends, by how it ended
+    (:attr:`Pumps.status`): 200 when every choice finished, an error event's code (504 past
+    --request-timeout, 500, 503), 499 when the client left first. Its HTTP status line is 200 from the
+    start whatever follows, so counting it there called a stream that timed out or failed a success."""
+
+    def __init__(self, body: AsyncIterator[str], state: Any, endpoint: str, pumps: Pumps) -> None:
+        super().__init__(body, media_type="text/event-stream")
+        self.state, self.endpoint, self.pumps = state, endpoint, pumps
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except Exception:
+            self.pumps.status = self.pumps.status or "500"
+            raise
+        finally:
+            self.state.metrics.requests.labels(self.endpoint, self.pumps.status or "499").inc()
+
+
 class Pumps:
     """Each choice's pieces forwarded into one queue, by tasks started with the request (not with the
     response body): a client gone before the body starts still has its choices run out and its
@@ -123,6 +145,9 @@ class Pumps:
     def __init__(self, choices: list[Choice], admission: Any) -> None:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.admission = admission
+        # how the stream ended, as /metrics counts it (:class:`SSEResponse`): "200" once every choice
+        # finished, an error event's code; None while it runs (a client gone before the end: 499)
+        self.status: str | None = None
         self.tasks = [asyncio.ensure_future(self._pump(i, c)) for i, c in enumerate(choices)]
         asyncio.gather(*self.tasks, return_exceptions=True).add_done_callback(lambda _: admission.release())
 
@@ -207,9 +232,11 @@ async def stream(
                 err = ApiError(
                     504, f"the request did not finish within --request-timeout {state.request_timeout} s"
                 )
+                pumps.status = str(err.status)
                 yield _sse(err.body())
                 break
             if isinstance(end, ApiError):
+                pumps.status = str(end.status)
                 yield _sse(end.body())
                 break
             text, entries = piece
@@ -219,6 +246,7 @@ async def stream(
                 yield chunk(i, None, end, entries=entries)
                 left -= 1
         else:
+            pumps.status = "200"
             if include_usage:
                 usage = _usage(prompt_tokens, sum(c.num_tokens for c in choices))
                 yield _sse({**head, "choices": [], "usage": usage})
