@@ -87,6 +87,9 @@ class ServerState:
     structured_error: str | None = None  # why response_format cannot be served, if it cannot
     sequences: int = 0
     requests: int = 0
+    streams_cut: int = (
+        0  # streams closed on a client that read nothing past the timeout, not yet logged by uvicorn
+    )
     metrics: Metrics = field(init=False)
     intake: asyncio.Semaphore = field(init=False)  # max_intake slots (:func:`_intake`)
     # set on the event loop once `draining` is (:meth:`drain_begun`): requests not yet admitted, waiting for
@@ -740,7 +743,7 @@ def create_app(state: ServerState) -> FastAPI:
         rid = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         prompt_tokens = sum(len(p) for p in prompts)  # once per prompt, whatever n is (as OpenAI counts)
         if req.stream:  # (counted in /metrics once it ends, by how it ended)
-            pumps = Pumps(choices, admission)
+            pumps = Pumps(choices, admission, state.request_timeout)
             gen = stream(state, endpoint, rid, name, req, choices, prompt_tokens, pumps)
             return SSEResponse(gen, state, endpoint, pumps)
         try:
