@@ -428,6 +428,30 @@ def test_int8_calibration_prompt_outside_the_vocabulary_is_named(llm):
         prompt_dataset(onnx.ModelProto(), generation, [[1, 2], [1, vocab, -1]])  # checked before the model
 
 
+def test_int8_calibration_prompts_share_one_zeroed_kv_cache(tmp_path):
+    """The prefill samples of `compile --generate --precision int8/fp8` feed a zeroed KV cache; 256 prompts
+    hold one of them, not one each (before: a cache per prompt, GBs for a real model's few dozen)."""
+    import tracemalloc
+
+    from trtforge.llm.compile.int8 import prompt_dataset
+
+    r = export_step(
+        tiny_model("llama"), max_seq=256, max_batch=2, max_prefill=8, exporter="legacy", workdir=tmp_path
+    )
+    cache = r.generation["cache"]
+    one = len(cache["inputs"]) * int(np.prod(cache["shape"][1:])) * 4  # a prompt's caches, in bytes
+    tracemalloc.start()
+    try:
+        data = prompt_dataset(r.model, r.generation, [[1, 2, 3]] * 256)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * one, (peak, one)
+    batch = next(iter(data))
+    for name in cache["inputs"]:
+        assert batch[name].shape == (1, *cache["shape"][1:]) and not batch[name].any()
+
+
 def test_a_gemma_3_multimodal_directory_is_refused_pointing_at_the_text_model(tmp_path, capsys):
     """A save_pretrained directory of Gemma3ForConditionalGeneration ('gemma3'): exit 2, naming the text
     model (Gemma3ForCausalLM, 'gemma3_text') as what to load instead."""
