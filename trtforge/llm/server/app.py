@@ -427,9 +427,10 @@ class _Admission:
 
 @contextlib.asynccontextmanager
 async def _intake(state: ServerState) -> AsyncIterator[None]:
-    """One of ``max_intake`` slots, held from reading a request's body to its admission or refusal: bodies
-    of up to 16 MiB (token ids ~10x that once parsed) on hundreds of connections would otherwise all be
-    in memory at once. A request waits for its slot with its body unread (uvicorn stops reading it)."""
+    """One of ``max_intake`` slots, held from reading a request's body until it is parsed and tokenized
+    (its admission follows at once) or refused: bodies of up to 16 MiB (token ids ~10x that once parsed)
+    on hundreds of connections would otherwise all be in memory at once. A request waits for its slot with
+    its body unread (uvicorn stops reading it); the drain's start refuses it (:func:`_unless_draining`)."""
     m = state.metrics
     m.intake_waiting.inc()
     try:
