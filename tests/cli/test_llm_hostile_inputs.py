@@ -73,6 +73,21 @@ CASES: dict[str, tuple[Setup, str]] = {
         _file("blank.txt", b"\n  \n\n", *GENERATE, "--precision", "fp8", "--calib-data", "blank.txt"),
         r"--calib-data 'blank\.txt' holds no prompts \(it is empty or blank\)",
     ),
+    # before: every line was read and calibrated on (a zeroed KV cache per prompt for compile --generate)
+    "compile --generate fp8 --calib-data of 1,025 prompts": (
+        _file("many.txt", b"1 2 3\n" * 1025, *GENERATE, "--precision", "fp8", "--calib-data", "many.txt"),
+        r"--calib-data 'many\.txt' holds more than 1,024 prompts, the most calibration takes; pass a file "
+        r"of at most 1,024 \(e\.g\. `head -n 1024 many\.txt`",
+    ),
+    "generate --kv-cache-dtype fp8 --calib-data of 1,025 prompts": (
+        _file(
+            "many.txt",
+            b"1 2\n\n" * 1025,
+            *("generate", "tests.llm.tiny_models:llama_factory", "--prompt-ids", "1 2"),
+            *("--kv-cache-dtype", "fp8", "--calib-data", "many.txt"),
+        ),
+        r"--calib-data 'many\.txt' holds more than 1,024 prompts",
+    ),
     "compile --generate fp8 --calib-data ''": (
         lambda d: [*GENERATE, "--precision", "fp8", "--calib-data", ""],
         r"--calib-data '': the path is empty",
@@ -363,3 +378,13 @@ def test_compile_generate_refuses_a_range_tensorrt_cannot_hold(
     assert_exits_2_cleanly(
         lambda d: [*GENERATE, *options], message + r".*--num-blocks, --max-batch", workdir, capfd
     )
+
+
+def test_a_calib_data_file_of_exactly_the_most_prompts_is_read_whole(tmp_path):
+    """The bound is on prompts, not lines: 1,024 prompts with blank lines between them are all read."""
+    from trtforge.cli._options import MAX_CALIB_PROMPTS, read_prompt_ids
+
+    path = tmp_path / "calib.txt"
+    path.write_text("".join(f"{i} {i + 1}\n\n" for i in range(MAX_CALIB_PROMPTS)))
+    prompts = read_prompt_ids(str(path))
+    assert MAX_CALIB_PROMPTS == 1024 and len(prompts) == 1024 and prompts[-1] == [1023, 1024]

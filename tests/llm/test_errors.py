@@ -327,6 +327,83 @@ def test_the_kv_head_key_is_named_as_the_config_stores_it():
         check_config_sizes(tf.GPT2Config(n_layer=0))
 
 
+@pytest.mark.parametrize(
+    ("family", "overrides", "message"),
+    [
+        ("llama", {"rope_theta": -5.0}, r"llama config: rope_theta must be a finite number > 0"),
+        ("llama", {"rope_theta": 0}, r"llama config: rope_theta must be a finite number > 0 .*got 0\."),
+        (
+            "llama",
+            {"rope_scaling": {"rope_type": "linear", "factor": -2.0}},
+            r"llama config: rope_parameters\.factor must be a finite number > 0 .*got -2\.0\.",
+        ),
+        (
+            "llama",
+            {"rope_scaling": {"rope_type": "linear", "factor": 0}},
+            r"llama config: rope_parameters\.factor must be a finite number > 0",
+        ),
+        (
+            "phi",
+            {"partial_rotary_factor": 0},
+            r"phi config: partial_rotary_factor must be a number in \(0, 1\]",
+        ),
+        (
+            "gpt_neox",
+            {"rotary_pct": 1.5},
+            r"gpt_neox config: rotary_pct must be a number in \(0, 1\] .*got 1\.5",
+        ),
+        (
+            "llama",
+            {"intermediate_size": 0},
+            r"llama config: intermediate_size must be null or an integer >= 1",
+        ),
+        (
+            "llama",
+            {"intermediate_size": -3},
+            r"llama config: intermediate_size must be null or an integer >= 1",
+        ),
+    ],
+)
+def test_impossible_rotary_and_mlp_settings_are_refused_naming_the_key(tmp_path, family, overrides, message):
+    """config.json values no model can run with: a RoPE base or scaling factor <= 0 (NaN or infinite
+    frequencies), a partial_rotary_factor outside (0, 1], an MLP of intermediate_size < 1. Refused by name
+    before any weight is read (before: loaded, then NaN logits or a shape error deep in the model)."""
+    import transformers as tf
+
+    from trtforge.llm.models.base import check_config_sizes
+    from trtforge.llm.models.loader import load_causal_lm
+
+    config = tf.AutoConfig.for_model(family, **overrides)
+    with pytest.raises(UserError, match=message):
+        check_config_sizes(config)
+    config.save_pretrained(tmp_path)  # (no weights: the refusal comes before they are read)
+    with pytest.raises(UserError, match=message):
+        load_causal_lm(str(tmp_path))
+
+
+def test_rotary_settings_left_null_or_per_layer_type_pass_and_a_bad_layer_type_is_named():
+    """Null values mean default, a layer type's null rope_parameters entry is NoPE: both pass, as every
+    supported family's default config does; a bad base under a layer type names that type."""
+    import transformers as tf
+
+    from trtforge.llm.models.base import SUPPORTED, check_config_sizes
+
+    for family in SUPPORTED:
+        check_config_sizes(tf.AutoConfig.for_model(family))
+    check_config_sizes(tf.AutoConfig.for_model("phi", partial_rotary_factor=1.0))
+    gemma = tf.AutoConfig.for_model("gemma3_text")
+    gemma.rope_parameters = {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": None,
+    }
+    check_config_sizes(gemma)
+    gemma.rope_parameters["sliding_attention"] = {"rope_type": "default", "rope_theta": float("nan")}
+    with pytest.raises(
+        UserError, match=r"gemma3_text config: rope_parameters\.sliding_attention\.rope_theta must"
+    ):
+        check_config_sizes(gemma)
+
+
 def test_a_window_below_one_is_refused_by_name_where_the_attention_applies_none(tmp_path):
     """Llama's attention applies no window; a config's sliding_window below 1 is refused as the nonsense it
     is (before: "shorter than --max-seq 32 ... Pass --max-seq <= -4")."""
@@ -349,6 +426,30 @@ def test_int8_calibration_prompt_outside_the_vocabulary_is_named(llm):
     vocab = generation["vocab_size"]
     with pytest.raises(UserError, match=rf"prompt 1: .*got 3 ids, \[{vocab}, -1\] outside the vocabulary"):
         prompt_dataset(onnx.ModelProto(), generation, [[1, 2], [1, vocab, -1]])  # checked before the model
+
+
+def test_int8_calibration_prompts_share_one_zeroed_kv_cache(tmp_path):
+    """The prefill samples of `compile --generate --precision int8/fp8` feed a zeroed KV cache; 256 prompts
+    hold one of them, not one each (before: a cache per prompt, GBs for a real model's few dozen)."""
+    import tracemalloc
+
+    from trtforge.llm.compile.int8 import prompt_dataset
+
+    r = export_step(
+        tiny_model("llama"), max_seq=256, max_batch=2, max_prefill=8, exporter="legacy", workdir=tmp_path
+    )
+    cache = r.generation["cache"]
+    one = len(cache["inputs"]) * int(np.prod(cache["shape"][1:])) * 4  # a prompt's caches, in bytes
+    tracemalloc.start()
+    try:
+        data = prompt_dataset(r.model, r.generation, [[1, 2, 3]] * 256)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * one, (peak, one)
+    batch = next(iter(data))
+    for name in cache["inputs"]:
+        assert batch[name].shape == (1, *cache["shape"][1:]) and not batch[name].any()
 
 
 def test_a_gemma_3_multimodal_directory_is_refused_pointing_at_the_text_model(tmp_path, capsys):

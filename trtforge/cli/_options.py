@@ -121,10 +121,18 @@ def given_flags(ctx: click.Context, names: Iterable[str]) -> list[str]:
     ]
 
 
+#: the most prompts a --calib-data file may hold: calibration reads each scale's range off a few hundred
+#: (int4-awq uses at most its first 16,384 tokens anyway), while each prompt costs a forward pass and,
+#: for `compile --generate --precision int8/fp8`, a zeroed KV cache of the step graph's (MBs to GBs)
+MAX_CALIB_PROMPTS = 1024
+
+
 def read_prompt_ids(path: str) -> list[list[int]]:
     """A --calib-data prompt file (`compile --generate`, `generate`, `serve`): one prompt per line,
     space-separated token ids. A file that holds no prompt is refused: calibrating on nothing would
-    silently fall back to random tokens (fp8) or to no calibration at all."""
+    silently fall back to random tokens (fp8) or to no calibration at all. So is one of more than
+    :data:`MAX_CALIB_PROMPTS` prompts, as soon as its line past them is read (not after reading a
+    dataset of millions into memory): the user picks which to calibrate on."""
     from pathlib import Path
 
     from trtforge.errors import UserError
@@ -132,9 +140,19 @@ def read_prompt_ids(path: str) -> list[list[int]]:
     expected = "expected a text file with one prompt per line as space-separated token ids"
     if not str(path):
         raise UserError(f"--calib-data '': the path is empty; {expected}.")
+    prompts: list[list[int]] = []
     try:
-        lines = [ln.split() for ln in Path(path).read_text().splitlines() if ln.strip()]
-        prompts = [[int(t) for t in ln] for ln in lines]
+        with Path(path).open() as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                if len(prompts) == MAX_CALIB_PROMPTS:
+                    raise UserError(
+                        f"--calib-data '{path}' holds more than {MAX_CALIB_PROMPTS:,} prompts, the most "
+                        f"calibration takes; pass a file of at most {MAX_CALIB_PROMPTS:,} (e.g. `head -n "
+                        f"{MAX_CALIB_PROMPTS} {path}`: a few hundred varied prompts calibrate as well)."
+                    )
+                prompts.append([int(t) for t in line.split()])
     except (OSError, ValueError) as e:
         raise UserError(f"--calib-data '{path}': {expected} ({e}).") from e
     if not prompts:

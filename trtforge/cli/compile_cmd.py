@@ -56,8 +56,8 @@ another precision are refused where they do not apply.
     PrecisionOptions,
     more_help={
         "calib_data": "With --generate: a text file of token-id prompts (one prompt per line, "
-        "space-separated ids, no tokenizer), required by --precision int8 and optional for fp8 (random "
-        "tokens without); refused with the other precisions.",
+        "space-separated ids, no tokenizer; at most 1,024 prompts), required by --precision int8 and "
+        "optional for fp8 (random tokens without); refused with the other precisions.",
     },
 )
 @click.option(

@@ -51,7 +51,7 @@ def torch_executor_options(fn: Callable) -> Callable:
         type=click.Path(exists=True, dir_okay=False),
         help="Calibration prompts for --quantization int4-awq and the FP8 KV cache's scales: one per "
         "line, space-separated token ids (the file `compile --generate --calib-data` takes; FP8 KV "
-        "default: seeded random ids).",
+        "default: seeded random ids); at most 1,024 prompts.",
     )(fn)
     fn = click.option(
         "--kv-cache-dtype",

@@ -7,6 +7,8 @@ death does: no further step can run, and the engine stops.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from tests.llm.server.harness import MODEL
@@ -42,3 +44,26 @@ def tiny():
     from tests.llm.serving_models import tiny_llama
 
     return tiny_llama(), None
+
+
+class _SlowEmbedding(torch.nn.Embedding):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        time.sleep(SLOW_STEP)
+        return super().forward(ids)
+
+
+SLOW_STEP = 0.01  # seconds each step of :func:`slow_long` sleeps (its embedding runs once a step)
+
+
+def slow_long():
+    """The tiny random Llama with 4,096 positions, each step at least :data:`SLOW_STEP` long: 4,000 tokens
+    take 40 s or more, however fast the machine."""
+    from tests.llm.serving_models import tiny_llama
+
+    model = tiny_llama()
+    model.config.max_position_embeddings = 4096
+    old = model.model.embed_tokens
+    new = _SlowEmbedding(old.num_embeddings, old.embedding_dim, old.padding_idx, dtype=old.weight.dtype)
+    new.weight = old.weight
+    model.model.embed_tokens = new
+    return model, None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -278,7 +279,12 @@ def test_64_concurrent_streams_complete_and_return_every_block(server):
     results = asyncio.run(main())
     assert all(finish == "length" and text for text, finish in results)
     m = server.wait_blocks_free()
-    assert m['trtforge_requests_total{endpoint="completions",status="200"}'] >= 64
+    key = 'trtforge_requests_total{endpoint="completions",status="200"}'
+    end = time.monotonic() + 20  # (a stream is counted once its response ends, just after its [DONE])
+    while m.get(key, 0) < 64 and time.monotonic() < end:
+        time.sleep(0.05)
+        m = server.metrics()
+    assert m.get(key, 0) >= 64
 
 
 def test_cancel_midway_frees_the_requests_blocks(server):
@@ -292,13 +298,22 @@ def test_cancel_midway_frees_the_requests_blocks(server):
         "ignore_eos": True,
     }
     headers = {"Authorization": f"Bearer {API_KEY}"}
+    key = 'trtforge_requests_total{endpoint="completions",status="%s"}'
+    before = server.metrics()
     with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=headers, timeout=30) as r:
         lines = r.iter_lines()
         for _ in range(12):
             next(lines)
         held = server.metrics()
         assert held["trtforge_kv_cache_blocks_used"] > 0 and held["trtforge_num_requests_running"] == 1
-    server.wait_blocks_free()  # the client left: the request is cancelled and its blocks return
+    m = server.wait_blocks_free()  # the client left: the request is cancelled and its blocks return
+    end = time.monotonic() + 20
+    while m.get(key % "499", 0) == before.get(key % "499", 0) and time.monotonic() < end:
+        m = server.metrics()
+        time.sleep(0.05)
+    # /metrics counts it as the client left it (before: 200, counted as the stream began)
+    assert m.get(key % "499", 0) == before.get(key % "499", 0) + 1
+    assert m.get(key % "200", 0) == before.get(key % "200", 0)
 
 
 def test_a_client_that_leaves_a_non_streaming_request_cancels_it(server):

@@ -183,3 +183,36 @@ def test_a_body_trickling_past_body_timeout_is_a_408_and_frees_its_slot(impatien
     assert _post(impatient, BODY).status_code == 200  # the slot came back
     m = impatient.metrics()
     assert (m["trtforge_http_requests_intake"], m["trtforge_http_requests_intake_waiting"]) == (0, 0)
+
+
+def test_requests_in_intake_when_the_drain_begins_get_a_503_in_openais_schema(tmp_path):
+    """SIGTERM while one request sends its body (holding the only slot) and another waits for the slot:
+    no request is admitted, so the drain ends at once; both get the drain's 503 in OpenAI's schema, as
+    any request arriving during it does, and the server exits 0. Before: uvicorn cancelled both a second
+    after the drain ended, a plain-text 500 ``Internal Server Error``."""
+    args = ["--num-blocks", "256", "--max-intake", "1", "--shutdown-grace", "60"]
+    with chat_server(tmp_path, args) as server:
+        opened = []
+        try:
+            for _ in range(2):
+                s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+                opened.append(s)
+                s.sendall(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Connection: close\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+                )
+                if len(opened) == 1:
+                    assert _continued(s, 10)
+                    s.sendall(BODY[:10])  # the rest never comes
+            reading, waiting = opened
+            _wait_for(lambda: _intake(server) == (1, 1))
+            server.terminate()
+            for s in (waiting, reading):
+                status, body = _response(s)
+                assert status == 503, (status, body)
+                error = json.loads(body)["error"]
+                assert error["type"] == "service_unavailable" and "shutting down" in error["message"]
+            assert server.proc.wait(60) == 0, server.log()
+        finally:
+            for s in opened:
+                s.close()

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import time
 
 import pytest
 
@@ -36,3 +38,77 @@ def test_a_request_past_the_timeout_is_504_and_frees_its_blocks(server):
     server.wait_blocks_free()
     short = httpx.post(server.url + "/v1/completions", json={**LONG, "max_tokens": 3}, timeout=30)
     assert short.status_code == 200 and short.json()["usage"]["completion_tokens"] == 3
+
+
+def test_a_stream_is_counted_in_metrics_by_how_it_ended(server):
+    """/metrics counts a stream once it ends: one cut by --request-timeout under 504 (its error event's
+    code), one that finished under 200. Before: every stream was counted 200 as it began."""
+    import httpx
+
+    def counts() -> tuple[float, float]:
+        m = server.metrics()
+        key = 'trtforge_requests_total{endpoint="completions",status="%s"}'
+        return m.get(key % "200", 0), m.get(key % "504", 0)
+
+    ok0, late0 = counts()
+    with httpx.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True}, timeout=30) as s:
+        lines = [line for line in s.iter_lines() if line]
+    assert json.loads(lines[-2][len("data: ") :])["error"]["code"] == 504
+    _wait_for(lambda: counts() == (ok0, late0 + 1))
+    short = {**LONG, "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=short, timeout=30) as s:
+        assert [line for line in s.iter_lines() if line][-1] == "data: [DONE]"
+    _wait_for(lambda: counts() == (ok0 + 1, late0 + 1))
+    server.wait_blocks_free()
+
+
+def _wait_for(cond, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory):
+    """A server whose steps take 10 ms or more (tests/llm/server/faulty.py's slow_long), with a timeout."""
+    model = need_model()
+    args = ["--tokenizer", str(model), "--served-model-name", NAME, "--request-timeout", "20"]
+    args += ["--max-num-seqs", "16", "--num-blocks", "4200"]
+    s = Server("tests.llm.server.faulty:slow_long", args, tmp_path_factory.mktemp("slow") / "server.log")
+    yield s
+    assert s.stop() == 0
+    assert "Traceback" not in s.log(), s.log()
+
+
+def test_a_stream_whose_client_reads_nothing_is_cancelled_at_the_timeout(slow):
+    """A streaming client that sends its request and never reads (a small receive buffer): once the
+    socket's buffers fill, every send of the body waits on the client, so the body never reached its own
+    --request-timeout check. The request is cancelled at the timeout anyway (its 16 sequences leave the
+    engine, though 4,000 tokens each would take 40 s or more), counted 504, and its connection closed a
+    grace later. Before: it ran to max_tokens, and its response waited on the client forever."""
+    body = json.dumps(
+        {**LONG, "max_tokens": 4000, "n": 16, "logprobs": 20, "stream": True}  # ~8 MB of events in 20 s
+    ).encode()
+    key = 'trtforge_requests_total{endpoint="completions",status="504"}'
+    before = slow.metrics().get(key, 0)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (before connecting: the window it offers)
+    try:
+        s.connect(("127.0.0.1", slow.port))
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        start = time.monotonic()
+        _wait_for(lambda: slow.metrics()["trtforge_num_requests_running"] == 16)
+        m = slow.wait_blocks_free(timeout=20 + 10)  # its sequences leave the engine at the timeout
+        assert time.monotonic() - start < 20 + 10
+        assert m["trtforge_generation_tokens_total"] < 16 * 4000 / 2
+        assert m["trtforge_http_requests_in_flight"] == 0
+        _wait_for(lambda: slow.metrics().get(key, 0) == before + 1)  # once its connection is closed
+        log = slow.log()
+        assert "read nothing for 5 s past --request-timeout 20 s" in log, log
+        assert "ASGI callable" not in log, log
+    finally:
+        s.close()

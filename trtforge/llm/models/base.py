@@ -633,10 +633,11 @@ _EPSILONS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps",
 
 def check_config_sizes(config: Any) -> None:
     """UserError naming the config.json key (as the family spells it: GPT-2's ``n_layer``) of a size below
-    1 (no layers: transformers builds an empty model, which has no attention to read), of a norm's epsilon
-    below 0, or of a KV head count that does not divide the query heads (transformers' attention cannot
-    share them out): checked before any weight is read, so the user hears of the key, not of a tensor
-    shape deep in the model."""
+    1 (no layers: transformers builds an empty model, which has no attention to read; an MLP of
+    intermediate_size 0), of a norm's epsilon below 0, of a rotary setting no table can be built from
+    (:func:`_check_rope`), or of a KV head count that does not divide the query heads (transformers'
+    attention cannot share them out): checked before any weight is read, so the user hears of the key,
+    not of a tensor shape deep in the model."""
     where = f"{config.model_type} config"
     for name in _SIZES:
         _check_positive(where, _stored_key(config, name), getattr(config, name, None))
@@ -644,6 +645,10 @@ def check_config_sizes(config: Any) -> None:
         eps = getattr(config, name, None)
         if isinstance(eps, (int, float)) and not isinstance(eps, bool) and not eps >= 0:
             raise UserError(f"{where}: {name} must be a number >= 0, got {eps!r}.")
+    _check_positive(
+        where, _stored_key(config, "intermediate_size"), getattr(config, "intermediate_size", None)
+    )
+    _check_rope(config, where)
     heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
     if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
         raise UserError(
@@ -651,6 +656,48 @@ def check_config_sizes(config: Any) -> None:
             f"{_stored_key(config, 'num_attention_heads')}={heads}; each KV head must serve "
             "the same number of query heads."
         )
+
+
+def _check_rope(config: Any, where: str) -> None:
+    """UserError naming the key of a rotary setting no table can be built from: a base (``rope_theta``)
+    not a finite number > 0 (transformers' inverse frequencies ``theta ** -(2i/d)`` turn NaN or grow without
+    bound), a scaling ``factor`` not a finite number > 0 (the positions or frequencies are divided by it),
+    or a ``partial_rotary_factor`` outside (0, 1] (no channel rotated, or more than the head has). Read
+    from the config's attributes and its ``rope_parameters`` (``rope_scaling`` before transformers 5),
+    whole or per layer type (Gemma 3's); null values, and a layer type's null entry (NoPE), mean default."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    entries: list[tuple[str, dict[str, Any]]] = [
+        ("", {k: v for k, v in vars(config).items() if k in _ROPE_TOP})
+    ]
+    if isinstance(params, dict):
+        if params and all(isinstance(v, dict) or v is None for v in params.values()):  # per layer type
+            entries += [(f"rope_parameters.{t}.", dict(v)) for t, v in params.items() if v is not None]
+        else:
+            entries.append(("", dict(params)))
+    for prefix, entry in entries:
+        for key, (low, high, expected) in _ROPE_KEYS.items():
+            value = entry.get(key)
+            if value is None:
+                continue
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (number and low < value <= high and math.isfinite(value)):
+                name = _ROPE_STORED.get((config.model_type, key), key)
+                prefix = prefix or ("rope_parameters." if key == "factor" else "")
+                raise UserError(f"{where}: {prefix}{name} must be {expected}, got {value!r}.")
+
+
+#: the rotary settings :func:`_check_rope` bounds: key -> (exclusive low, inclusive high, what is expected)
+_ROPE_KEYS = {
+    "rope_theta": (0.0, math.inf, "a finite number > 0 (the RoPE base)"),
+    "factor": (0.0, math.inf, "a finite number > 0 (the rotary scaling factor)"),
+    "partial_rotary_factor": (0.0, 1.0, "a number in (0, 1] (the fraction of each head rotated)"),
+}
+
+# the rotary keys a config may also hold as attributes of its own (beside rope_parameters)
+_ROPE_TOP = ("rope_theta", "partial_rotary_factor")
+
+# rotary keys a family's config.json spells otherwise (transformers moves them into rope_parameters)
+_ROPE_STORED = {("gpt_neox", "partial_rotary_factor"): "rotary_pct"}
 
 
 # config.json keys that configs read through a property of the standard name (Falcon's num_kv_heads)

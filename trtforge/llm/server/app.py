@@ -25,7 +25,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -42,7 +42,7 @@ from trtforge.llm.server.protocol import (
     response_format,
     sampling_params,
 )
-from trtforge.llm.server.responses import Pumps, full_body, stream
+from trtforge.llm.server.responses import Pumps, SSEResponse, full_body, stream
 from trtforge.llm.structured import GrammarError
 from trtforge.llm.text import apply_chat_template, check_text
 
@@ -87,8 +87,14 @@ class ServerState:
     structured_error: str | None = None  # why response_format cannot be served, if it cannot
     sequences: int = 0
     requests: int = 0
+    streams_cut: int = (
+        0  # streams closed on a client that read nothing past the timeout, not yet logged by uvicorn
+    )
     metrics: Metrics = field(init=False)
     intake: asyncio.Semaphore = field(init=False)  # max_intake slots (:func:`_intake`)
+    # set on the event loop once `draining` is (:meth:`drain_begun`): requests not yet admitted, waiting for
+    # an intake slot or sending their bodies, are refused with 503 then (:func:`_unless_draining`)
+    drain_started: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     dispatcher: Any = None  # set on the event loop's start (generation.Dispatcher)
     # held around each encode: texts are tokenized on worker threads, and a Hugging Face fast tokenizer
     # raises "Already borrowed" when one thread changes its settings while another encodes
@@ -116,6 +122,12 @@ class ServerState:
     @property
     def engine(self) -> Any:
         return self.llm.engine
+
+    def drain_begun(self) -> None:
+        """Call on the event loop once `draining` is set (the server's tick does): wakes the requests
+        still in intake to their 503."""
+        if self.draining and not self.drain_started.is_set():
+            self.drain_started.set()
 
     def engine_stats(self) -> dict[str, Any]:
         mem, stats = self.llm.memory_stats(), self.llm.stats
@@ -415,9 +427,10 @@ class _Admission:
 
 @contextlib.asynccontextmanager
 async def _intake(state: ServerState) -> AsyncIterator[None]:
-    """One of ``max_intake`` slots, held from reading a request's body to its admission or refusal: bodies
-    of up to 16 MiB (token ids ~10x that once parsed) on hundreds of connections would otherwise all be
-    in memory at once. A request waits for its slot with its body unread (uvicorn stops reading it)."""
+    """One of ``max_intake`` slots, held from reading a request's body until it is parsed and tokenized
+    (its admission follows at once) or refused: bodies of up to 16 MiB (token ids ~10x that once parsed)
+    on hundreds of connections would otherwise all be in memory at once. A request waits for its slot with
+    its body unread (uvicorn stops reading it); the drain's start refuses it (:func:`_unless_draining`)."""
     m = state.metrics
     m.intake_waiting.inc()
     try:
@@ -460,6 +473,36 @@ async def _body(request: Request, limit: int, timeout: float) -> bytes:
             408, f"the request body did not arrive within --body-timeout {timeout:g} s; send it faster"
         ) from None
     return b"".join(chunks)
+
+
+async def _take_in(
+    state: ServerState, request: Request, endpoint: str, kind: type
+) -> tuple[Any, str, list[list[int]], list[int], int | None]:
+    """:func:`_read_request` under an :func:`_intake` slot (waited for first)."""
+    async with _intake(state):
+        _check_draining(state)  # it may have begun while this request waited for its slot
+        return await _read_request(state, request, endpoint, kind)
+
+
+async def _unless_draining(state: ServerState, work: Any) -> Any:
+    """`work`'s result, or a 503 (as :func:`_check_draining` answers) as soon as the drain begins first: a
+    request not admitted yet, waiting for an intake slot or sending its body, would be refused at its
+    admission anyway, and the drain would not wait for it; uvicorn cancelled it once the last admitted
+    request ended (a plain-text 500, ``Internal Server Error``)."""
+    task = asyncio.ensure_future(work)
+    drain = asyncio.ensure_future(state.drain_started.wait())
+    cut = False
+    try:
+        await asyncio.wait({task, drain}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        drain.cancel()
+        if not task.done():
+            task.cancel()  # (its intake slot is given back as it unwinds)
+            cut = True
+    if cut:
+        await asyncio.wait({task})  # (unwound before the answer; its CancelledError is not ours)
+        _check_draining(state)
+    return task.result()
 
 
 async def _read_request(
@@ -675,10 +718,9 @@ def create_app(state: ServerState) -> FastAPI:
             _check_key(state, request)
             _check_json(request)
             _check_draining(state)
-            async with _intake(state):
-                _check_draining(state)  # it may have begun while this request waited for its slot
-                req, name, prompts, budgets, lp = await _read_request(state, request, endpoint, kind)
-                admission = _Admission(state, len(prompts) * req.n)
+            taken = await _unless_draining(state, _take_in(state, request, endpoint, kind))
+            req, name, prompts, budgets, lp = taken
+            admission = _Admission(state, len(prompts) * req.n)
             fmt = req.response_format
             release = None
             if fmt is not None and fmt.type != "text":  # compiled off the event loop and the engine's lock
@@ -701,11 +743,10 @@ def create_app(state: ServerState) -> FastAPI:
             raise
         rid = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         prompt_tokens = sum(len(p) for p in prompts)  # once per prompt, whatever n is (as OpenAI counts)
-        if req.stream:
-            state.metrics.requests.labels(endpoint, "200").inc()
-            pumps = Pumps(choices, admission)
+        if req.stream:  # (counted in /metrics once it ends, by how it ended)
+            pumps = Pumps(choices, admission, state.request_timeout)
             gen = stream(state, endpoint, rid, name, req, choices, prompt_tokens, pumps)
-            return StreamingResponse(gen, media_type="text/event-stream")
+            return SSEResponse(gen, state, endpoint, pumps)
         try:
             texts = await _run_all(state, request, choices)
         except ApiError as e:

@@ -57,7 +57,11 @@ class Metrics:
     def __init__(self, read_engine: Callable[[], dict[str, Any]]) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
-            "trtforge_requests", "HTTP requests by endpoint and status.", ["endpoint", "status"], registry=r
+            "trtforge_requests",
+            "HTTP requests by endpoint and status; a stream's once it ends, by how it ended (200: every "
+            "choice finished; an error event's code; 499: the client left first).",
+            ["endpoint", "status"],
+            registry=r,
         )
         self.ttft = Histogram(
             "trtforge_time_to_first_token_seconds", "Time to first token.", buckets=_LATENCY, registry=r

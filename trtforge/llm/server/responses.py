@@ -7,11 +7,14 @@ fill (:class:`Pumps`), so the order of pieces across choices is the order they b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+
+from starlette.responses import StreamingResponse
 
 from trtforge.llm.server.generation import Choice
 from trtforge.llm.server.protocol import ApiError
@@ -115,16 +118,80 @@ def full_body(
     }
 
 
+# seconds a stream past --request-timeout (its generation already cancelled) has to deliver what it holds,
+# its 504 error event and [DONE] included, before its connection is closed on a client that reads nothing
+STREAM_CLOSE_GRACE = 5.0
+
+
+class SSEResponse(StreamingResponse):
+    """A stream's response, counted in /metrics' requests by status once it ends, by how it ended
+    (:attr:`Pumps.status`): 200 when every choice finished, an error event's code (504 past
+    --request-timeout, 500, 503), 499 when the client left first. Its HTTP status line is 200 from the
+    start whatever follows, so counting it there called a stream that timed out or failed a success.
+
+    Under --request-timeout its generation is cancelled at the deadline (:class:`Pumps`) and its sending
+    ends :data:`STREAM_CLOSE_GRACE` seconds later: a client that stops reading blocks every send once the
+    socket's buffers fill (uvicorn waits for the transport to drain), so the body's own deadline was never
+    reached; the request ran to max_tokens and its response waited on the client forever."""
+
+    def __init__(self, body: AsyncIterator[str], state: Any, endpoint: str, pumps: Pumps) -> None:
+        super().__init__(body, media_type="text/event-stream")
+        self.state, self.endpoint, self.pumps = state, endpoint, pumps
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            if self.pumps.deadline is None:
+                await super().__call__(scope, receive, send)
+                return
+            left = self.pumps.deadline + STREAM_CLOSE_GRACE - time.monotonic()
+            try:
+                await asyncio.wait_for(super().__call__(scope, receive, send), max(left, 0.0))
+            except asyncio.TimeoutError:
+                self.pumps.status = self.pumps.status or "504"
+                self.state.streams_cut += 1  # (uvicorn's "returned without completing response" is ours)
+                log.warning(
+                    "a stream's client read nothing for %g s past --request-timeout %g s: its generation "
+                    "was cancelled at the timeout and its connection is closed",
+                    STREAM_CLOSE_GRACE,
+                    self.state.request_timeout,
+                )
+                with contextlib.suppress(Exception):
+                    await self.body_iterator.aclose()  # type: ignore[attr-defined]
+        except Exception:
+            self.pumps.status = self.pumps.status or "500"
+            raise
+        finally:
+            self.state.metrics.requests.labels(self.endpoint, self.pumps.status or "499").inc()
+
+
 class Pumps:
     """Each choice's pieces forwarded into one queue, by tasks started with the request (not with the
     response body): a client gone before the body starts still has its choices run out and its
     admission released, instead of left waiting on a generator that never runs."""
 
-    def __init__(self, choices: list[Choice], admission: Any) -> None:
+    def __init__(self, choices: list[Choice], admission: Any, timeout: float | None = None) -> None:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.admission = admission
+        self.choices = choices
+        # past `timeout` seconds the choices are cancelled here, not only where the body reads the queue:
+        # that read waits while a client that stops reading holds the body's send (:class:`SSEResponse`)
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        loop = asyncio.get_running_loop()
+        self.timer = None if timeout is None else loop.call_later(timeout, self.cancel)
+        # how the stream ended, as /metrics counts it (:class:`SSEResponse`): "200" once every choice
+        # finished, an error event's code; None while it runs (a client gone before the end: 499)
+        self.status: str | None = None
         self.tasks = [asyncio.ensure_future(self._pump(i, c)) for i, c in enumerate(choices)]
         asyncio.gather(*self.tasks, return_exceptions=True).add_done_callback(lambda _: admission.release())
+
+    def cancel(self) -> None:
+        """Stop every choice: its pump, and its request in the engine (its blocks return at the next step)."""
+        if self.timer is not None:
+            self.timer.cancel()
+        for t in self.tasks:
+            t.cancel()
+        for c in self.choices:
+            c.handle.cancel()
 
     async def _pump(self, i: int, c: Choice) -> None:
         try:  # each piece with the logprobs of the tokens that led to it (where asked: else [])
@@ -192,8 +259,7 @@ async def stream(
         extra = {"usage": None} if include_usage else {}
         return _sse({**head, "choices": [body], **extra})
 
-    merged, tasks = pumps.queue, pumps.tasks
-    deadline = None if state.request_timeout is None else time.monotonic() + state.request_timeout
+    merged, deadline = pumps.queue, pumps.deadline
     try:
         if chat:
             for i in range(len(choices)):
@@ -207,9 +273,11 @@ async def stream(
                 err = ApiError(
                     504, f"the request did not finish within --request-timeout {state.request_timeout} s"
                 )
+                pumps.status = str(err.status)
                 yield _sse(err.body())
                 break
             if isinstance(end, ApiError):
+                pumps.status = str(end.status)
                 yield _sse(end.body())
                 break
             text, entries = piece
@@ -219,13 +287,11 @@ async def stream(
                 yield chunk(i, None, end, entries=entries)
                 left -= 1
         else:
+            pumps.status = "200"
             if include_usage:
                 usage = _usage(prompt_tokens, sum(c.num_tokens for c in choices))
                 yield _sse({**head, "choices": [], "usage": usage})
         yield "data: [DONE]\n\n"
     finally:
-        for t in tasks:
-            t.cancel()
-        for c in choices:
-            c.handle.cancel()
+        pumps.cancel()
         pumps.admission.release()

@@ -183,7 +183,7 @@ def run(
         lifespan="on",
     )
     server = _DrainingServer(config, state, options.shutdown_grace)
-    quiet = _QuietCancellations(server)
+    quiet = _QuietCancellations(server, state)
     uvicorn_log = logging.getLogger("uvicorn.error")  # (where uvicorn logs a request's or lifespan's end)
     uvicorn_log.addFilter(quiet)
     try:
@@ -260,14 +260,20 @@ def _http_protocol() -> Any:
 
 class _QuietCancellations(logging.Filter):
     """Drop uvicorn's trace of a task cancelled while the server stops (a request in flight at a second
-    signal, or past the drain's grace): the stop cancelled it, so it is no error of the app's."""
+    signal, or past the drain's grace): the stop cancelled it, so it is no error of the app's. Drop too its
+    error line for a stream the app cut on a client that read nothing past --request-timeout (the app
+    logged that, and uvicorn's line said only that a response was left incomplete)."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Any, state: ServerState) -> None:
         super().__init__()
-        self.server = server
+        self.server, self.state = server, state
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
+        state = self.state
+        if state.streams_cut and record.getMessage() == "ASGI callable returned without completing response.":
+            state.streams_cut -= 1  # a stream cut past --request-timeout (responses.SSEResponse logged why)
+            return False
         return not (self.server.should_exit and isinstance(exc, asyncio.CancelledError))
 
 
@@ -301,6 +307,7 @@ class _DrainingServer:
                 )
 
             async def on_tick(self, counter: int) -> bool:
+                state.drain_begun()  # (set by the signal's handler: the requests in intake are answered here)
                 if self.deadline is not None and (state.requests == 0 or time.monotonic() > self.deadline):
                     if state.requests and not self.should_exit:
                         # past the grace: the engine is closed first, so the requests still running end
