@@ -164,3 +164,34 @@ def test_an_output_a_target_cannot_match_fails_the_check(broken):
     assert s["all_passed"] is False
     (problem,) = _failures(report)
     assert "1 output(s)" in problem and "t/z" in problem and rows[1].reason in problem
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_nan_and_inf_the_target_reproduces_pass_and_others_fail(precision):
+    """Before: an output whose reference holds NaN or inf (log of a negative, x / 0) failed every target,
+    even one that reproduced it bit for bit: cosine 0, SNR -inf, no reason given."""
+    import jsonschema
+
+    from trtforge.reports.compare import compare_target
+    from trtforge.reports.results import SCHEMA_FILE, Report, TargetRun
+
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((4, 6)).astype(np.float32)
+    ref[0, 0], ref[1, 2], ref[2, 3] = np.nan, np.inf, -np.inf
+    same = ref.copy()
+    same[3] += 1e-6  # the finite elements still differ a little
+    (row,) = compare_target(TargetRun("ref", [{"y": ref}]), TargetRun("t", [{"y": same}]), precision)
+    assert row.passed is True, row.checks
+    assert row.cosine == pytest.approx(1.0) and np.isfinite(row.snr_db) and row.max_abs < 1e-5
+    assert "3 NaN/inf element(s) of the reference reproduced exactly" in row.reason
+    for broken in ((0, 0, 1.0), (1, 2, -np.inf), (3, 3, np.nan)):
+        tgt = same.copy()
+        tgt[broken[:2]] = broken[2]
+        (row,) = compare_target(TargetRun("ref", [{"y": ref}]), TargetRun("t", [{"y": tgt}]), precision)
+        assert row.passed is False and [c.name for c in row.checks if not c.passed][-1] == "non-finite"
+        assert row.reason.startswith("1 element(s) NaN/inf in only one of target and reference")
+    schema = json.loads(SCHEMA_FILE.read_text())
+    row_schema = {**schema["$defs"]["accuracy_row"], "$defs": schema["$defs"]}
+    jsonschema.validate(
+        Report("r", "now", {}, "ref", {}, {}, [], [row], []).to_dict()["accuracy"][0], row_schema
+    )
