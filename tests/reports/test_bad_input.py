@@ -162,3 +162,28 @@ def test_accuracy_data_without_samples_is_refused(tmp_path, model_a, as_npz):
     with pytest.raises(UserError, match=r"input 'x' has shape \[0, \d+\], no samples on its first axis"):
         build_report(str(model_a), targets=["ort"], data=data, out_dir=tmp_path / "o", **FAST)
     assert not (tmp_path / "o").exists()
+
+
+def test_tolerances_of_outputs_named_with_a_slash(tmp_path):
+    """Before: an output named 'enc/out:0' (tf2onnx's and many exporters' style) could get no tolerance:
+    '--tolerance enc/out:0:...' read 'enc' as a target and 'ort-fused/enc/out:0' read 'ort-fused/enc'
+    ("no target ... in this report", exit 2); keys are now matched whole, as they are looked up."""
+    import onnx
+    from onnx import helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["enc/out:0"])],
+        "slash",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("enc/out:0", TensorProto.FLOAT, ["N", 4])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    kw = {**FAST, "targets": ["ort", "ort-fused"]}
+    for key, atol in (("enc/out:0", 0.5), ("ort-fused/enc/out:0", 0.25)):
+        r = build_report(tmp_path / "m.onnx", out_dir=tmp_path / "o", tolerances={key: {"atol": atol}}, **kw)
+        (row,) = r.report.accuracy
+        assert (row.output, row.tolerance.atol, row.passed) == ("enc/out:0", atol, True)
+    with pytest.raises(UserError, match=r"the model has no output 'enc/out'"):
+        build_report(tmp_path / "m.onnx", out_dir=tmp_path / "o", tolerances={"ort-fused/enc/out": {}}, **kw)
+    with pytest.raises(UserError, match=r"no target 'enc'"):
+        build_report(tmp_path / "m.onnx", out_dir=tmp_path / "o", tolerances={"enc/x": {}}, **kw)

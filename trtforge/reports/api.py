@@ -453,13 +453,22 @@ def _drop_unquantizable(names: list[str], prepared: Mapping[str, Target], notes:
 def _check_tolerance_keys(
     tolerances: Mapping[str, Any] | None, targets: list[str], outputs: list[str]
 ) -> None:
-    """A tolerance keyed by an output or target this report does not have would silently check nothing."""
+    """A tolerance keyed by an output or target this report does not have would silently check nothing.
+
+    Keys are matched whole, as `resolve_tolerance` looks them up: "", "OUTPUT", "TARGET/", "TARGET/OUTPUT"
+    (output names hold '/' and ':' in graphs from many exporters, and an onnx=PATH target's name a path)."""
+    valid = {"", *outputs, *(f"{t}/" for t in targets), *(f"{t}/{o}" for t in targets for o in outputs)}
     for key in tolerances or {}:
-        target, slash, output = key.rpartition("/") if "/" in key else ("", "", key)
-        if slash and target not in targets:
-            raise UserError(f"--tolerance '{key}': no target '{target}' in this report (targets: {targets}).")
-        if output and output not in outputs:
-            raise UserError(f"--tolerance '{key}': the model has no output '{output}' (outputs: {outputs}).")
+        if key in valid:
+            continue
+        target = next((t for t in sorted(targets, key=len, reverse=True) if key.startswith(f"{t}/")), None)
+        if target is None and "/" in key:
+            raise UserError(
+                f"--tolerance '{key}': no output '{key}' and no target '{key.split('/')[0]}' in this report "
+                f"(targets: {targets}; outputs: {outputs})."
+            )
+        output = key if target is None else key[len(target) + 1 :]
+        raise UserError(f"--tolerance '{key}': the model has no output '{output}' (outputs: {outputs}).")
 
 
 def _check_data_path(value: Any, option: str) -> None:
