@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -278,3 +279,14 @@ def test_a_report_into_the_working_directory(tmp_path, models, capsys, monkeypat
     assert rc == 0, text
     assert sorted(p.name for p in here.iterdir()) == ["report.html", "report.json", "report.md"]
     assert _beside(here) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_report_directory_that_cannot_be_made_is_a_user_error(tmp_path, models, capsys):
+    """Before: -o /proc/x (a place where mkdir fails with ENOENT, not a permission errno) was a
+    FileNotFoundError traceback, 'internal error', exit 1, after every target had run."""
+    a, _ = models
+    rc, text = _run(["report", str(a), "-o", "/proc/trtforge-report", "--targets", "ort", *FAST], capsys)
+    assert rc == 2, text
+    assert "cannot create a directory in '/proc' for '/proc/trtforge-report'" in text
+    assert "Traceback" not in text and "internal error" not in text
