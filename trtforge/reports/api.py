@@ -522,7 +522,7 @@ def _engine_shapes(
     for s in specs:
         lo, hi = [], []
         for axis, d in enumerate(s.shape):
-            if isinstance(d, int) and d > 0:
+            if isinstance(d, int) and d >= 0:  # static (0: an empty axis)
                 lo.append(d)
                 hi.append(d)
             else:

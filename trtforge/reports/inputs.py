@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trtforge._fileio import as_input_path
-from trtforge.core.tensor_spec import TensorSpec, graph_inputs, numpy_dtype_of
+from trtforge.core.tensor_spec import TensorSpec, graph_inputs, is_dynamic, numpy_dtype_of
 from trtforge.errors import UserError
 from trtforge.numerics.feeds import check_finite, embedding_rows, synthetic_feed
 
@@ -97,7 +97,7 @@ def fit_sizes(
     for s in specs:
         for axis, (lo, hi) in enumerate(s.limits or ()):
             dim = s.shape[axis] if axis < len(s.shape) else None
-            if isinstance(dim, int) and dim > 0:
+            if isinstance(dim, int) and not is_dynamic(dim):
                 continue
             if axis == 0:
                 batch_hi = min(batch_hi, hi)
@@ -135,7 +135,7 @@ def resolve_shape(spec: ReportInput, batch: int, seq: int | None) -> tuple[int, 
     """The concrete shape of `spec` at (batch, seq); UserError saying why when it cannot be used."""
     shape = []
     for axis, d in enumerate(spec.shape):
-        if isinstance(d, int) and d > 0:
+        if isinstance(d, int) and not is_dynamic(d):  # a static 0 is an empty axis, kept
             size = d
             if axis == 0 and d != batch:
                 raise UserError(f"input '{spec.name}' has a static batch of {d}, not {batch}")
@@ -167,7 +167,7 @@ def static_batch(specs: Sequence[ReportInput]) -> int | None:
 
 def has_seq_axis(specs: Sequence[ReportInput]) -> bool:
     """True when some input has a dynamic axis other than the batch axis."""
-    return any(not (isinstance(d, int) and d > 0) for s in specs for d in s.shape[1:])
+    return any(not (isinstance(d, int) and not is_dynamic(d)) for s in specs for d in s.shape[1:])
 
 
 def generate_feed(specs: Sequence[ReportInput], batch: int, seq: int | None, seed: int = 0) -> Feed:
