@@ -290,3 +290,22 @@ def test_a_report_directory_that_cannot_be_made_is_a_user_error(tmp_path, models
     assert rc == 2, text
     assert "cannot create a directory in '/proc' for '/proc/trtforge-report'" in text
     assert "Traceback" not in text and "internal error" not in text
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (["logits", "extra"], "--output-name (output_names): 2 name(s) ['logits', 'extra'] given for a"),
+        (["input"], "which the model's inputs are also named"),
+        ([" "], "has an empty name"),
+    ],
+)
+def test_bad_output_names_are_bad_input(tmp_path, capsys, names, message):
+    """Before: --output-name with the wrong count, an input's name or an empty name failed the export
+    inside the report: every target's row said so, a report was written and the exit code was 3 (a
+    failed check), not 2 (bad input)."""
+    out = tmp_path / "o"
+    argv = ["report", "tests.reports._tiny:mlp_factory", "-o", str(out), "--targets", "torch,ort", *FAST]
+    rc, text = _run([*argv, *(a for n in names for a in ("--output-name", n))], capsys)
+    assert rc == 2 and message in text, text
+    assert not out.exists()

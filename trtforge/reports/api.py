@@ -310,6 +310,12 @@ def build_report(
             f"'{src.label}' is an {src.kind} whose outputs are already named."
         )
     src.output_names = list(output_names) if output_names else None
+    if src.output_names:  # a bad name list is the caller's input, not a target that failed (exit 3)
+        from trtforge.compiler.export import check_forward, check_output_names, normalize_inputs
+
+        n_outputs = len(check_forward(src.module, src.example_inputs))
+        inputs = list(normalize_inputs(src.module, src.example_inputs))
+        check_output_names(src.output_names, n_outputs, inputs)
     names = validate_names(list(targets) if targets else default_targets(src))
     names, reference = _pick_reference(names, reference, src)
     check_out_dir(out_dir)
