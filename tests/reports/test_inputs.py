@@ -116,3 +116,14 @@ def test_a_static_empty_axis_is_kept(tmp_path):
     )  # fmt: skip
     assert [t.status for t in r.report.targets] == ["ok", "ok"], [t.reason for t in r.report.targets]
     assert [(p.batch, p.seq, p.status) for p in r.report.latency] == [(2, None, "ok")] * 2
+
+
+def test_a_feed_too_large_to_generate_names_the_report_options():
+    """Before: the message told a report user to give smaller --shape ranges or pass --no-verify, options
+    `trtforge report` does not have, and called the chosen batch the model's declared dims."""
+    spec = ReportInput(TensorSpec("ids", "int64", (-1, -1)))
+    with pytest.raises(UserError) as e:
+        generate_feed([spec], 1 << 16, 1 << 14)
+    msg = str(e.value)
+    assert "input 'ids' at batch 65536, sequence 16384 is [65536, 16384] (int64), 8 GiB" in msg, msg
+    assert "--batch / --seq" in msg and "--no-verify" not in msg and "--shape" not in msg

@@ -10,6 +10,7 @@ of the target that rejects it), or any calibration dataset format
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import numpy as np
 from trtforge._fileio import as_input_path
 from trtforge.core.tensor_spec import TensorSpec, graph_inputs, is_dynamic, numpy_dtype_of
 from trtforge.errors import UserError
-from trtforge.numerics.feeds import check_finite, embedding_rows, synthetic_feed
+from trtforge.numerics.feeds import MAX_FEED_BYTES, check_finite, embedding_rows, synthetic_feed
 
 if TYPE_CHECKING:
     import onnx
@@ -171,8 +172,19 @@ def has_seq_axis(specs: Sequence[ReportInput]) -> bool:
 
 
 def generate_feed(specs: Sequence[ReportInput], batch: int, seq: int | None, seed: int = 0) -> Feed:
-    """One deterministic feed dict at (batch, seq) from the specs (`trtforge.numerics.feeds` rules)."""
-    return synthetic_feed(((s.name, s.dtype, resolve_shape(s, batch, seq), s.vocab) for s in specs), seed)
+    """One deterministic feed dict at (batch, seq) from the specs (`trtforge.numerics.feeds` rules); a
+    UserError naming --batch/--seq when an input would exceed what trtforge generates."""
+    shapes = [(s, resolve_shape(s, batch, seq)) for s in specs]
+    for s, shape in shapes:
+        nbytes = math.prod(shape) * np.dtype(s.dtype).itemsize
+        if nbytes > MAX_FEED_BYTES:
+            at = f"batch {batch}" + (f", sequence {seq}" if seq is not None and has_seq_axis([s]) else "")
+            raise UserError(
+                f"input '{s.name}' at {at} is {list(shape)} ({np.dtype(s.dtype).name}), "
+                f"{nbytes / 2**30:.3g} GiB: above the {MAX_FEED_BYTES / 2**30:g} GiB trtforge generates "
+                "per input. Use smaller --batch / --seq values."
+            )
+    return synthetic_feed(((s.name, s.dtype, shape, s.vocab) for s, shape in shapes), seed)
 
 
 def _split_npz(arrays: dict[str, np.ndarray]) -> list[Feed]:
