@@ -141,3 +141,26 @@ def test_markdown_keeps_hostile_names_as_text():
     assert "<script" not in html and "<img" not in html and "<i>" not in html, html
     assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 5, html  # each shown as text
     assert html.count("<h1>") == 1 and md.splitlines()[0].endswith("# not a heading.onnx")
+
+
+def test_plots_take_names_with_dollar_signs_literally():
+    """Before: an output or target name holding two '$' (onnx=/data/$run$/m.onnx, 'y$\\cmd{$') was parsed
+    as matplotlib mathtext: an unknown command raised ValueError after every target had run, an internal
+    error, and no report was written."""
+    from trtforge.reports.plots import error_histograms, latency_plot
+    from trtforge.reports.results import AccuracyRow, Histogram, LatencyPoint, Report
+
+    output, target = "y$\\undefinedcmd{$", "onnx=/data/$\\run{$/m.onnx"
+    row = AccuracyRow(target, output, "ort$\\x{$", passed=True, max_abs=0.5)
+    row.histogram = Histogram(edges=[0.1, 0.2, 0.5], counts=[3, 1], zeros=0)
+    point = LatencyPoint(target, 2, None, p50_ms=1.0, p90_ms=1.5, throughput=2000.0)
+    report = Report("r", "now", {}, "ort$\\x{$", {}, {}, [], [row], [point])
+    ((name, png),) = error_histograms(report)
+    assert name == output and png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert latency_plot(report)[:8] == b"\x89PNG\r\n\x1a\n"
+    from matplotlib.text import Text
+
+    from trtforge.reports.plots import _text
+
+    shown = Text(text=_text(output))
+    assert shown._preprocess_math(shown.get_text()) == (output, False)  # drawn as written, not as math
