@@ -195,3 +195,22 @@ def test_nan_and_inf_the_target_reproduces_pass_and_others_fail(precision):
     jsonschema.validate(
         Report("r", "now", {}, "ref", {}, {}, [], [row], []).to_dict()["accuracy"][0], row_schema
     )
+
+
+def test_an_empty_output_is_not_compared_and_a_check_of_only_that_fails():
+    """Before: an output with no elements (an empty axis) PASSED every check (cosine 1, no errors), so
+    --check passed a report that had compared nothing."""
+    from trtforge.cli.report_cmd import _failures
+    from trtforge.reports.compare import compare_target
+    from trtforge.reports.results import Report, TargetInfo, TargetRun
+
+    ref = TargetRun("ort", [{"e": np.zeros((8, 0), np.float32), "y": np.ones((2, 3))}])
+    tgt = TargetRun("t", [{"e": np.zeros((8, 0), np.float32), "y": np.ones((2, 3))}])
+    rows = compare_target(ref, tgt, "fp32")
+    assert [(r.output, r.status, r.passed) for r in rows] == [("e", "not_compared", None), ("y", "ok", True)]
+    assert rows[0].reason == "no elements to compare (shape [8, 0])"
+    targets = [TargetInfo(n, "onnxruntime", "fp32", "cpu", "") for n in ("ort", "t")]
+    assert _failures(Report("r", "now", {}, "ort", {}, {}, targets, rows, [])) == []
+    only_empty = Report("r", "now", {}, "ort", {}, {}, targets, rows[:1], [])
+    (problem,) = _failures(only_empty)
+    assert "nothing was compared with the reference 'ort'" in problem and "no elements to compare" in problem
