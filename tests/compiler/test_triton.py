@@ -240,3 +240,17 @@ def test_tensors_triton_cannot_describe_are_refused(
     Path(str(eng) + ".json").write_text(json.dumps(manifest))
     _fails(["export-triton", str(eng), "-o", str(tmp_path / "r")], capsys, expected)
     assert not (tmp_path / "r").exists()
+
+
+def test_default_name_is_the_stem(bert_engine: Path, tmp_path: Path) -> None:
+    """Before: the default name was the file name up to its first dot (--help says the stem), so
+    bert.fp16.engine and bert.int8.engine were both 'bert': the second export was refused, and with
+    --force it replaced the first model."""
+    repo = tmp_path / "repo"
+    for variant in ("fp16", "int8"):
+        eng = tmp_path / f"bert.{variant}.engine"
+        shutil.copy(bert_engine, eng)
+        shutil.copy(Path(str(bert_engine) + ".json"), Path(str(eng) + ".json"))
+        assert main(["export-triton", str(eng), "-o", str(repo), "--force"]) == 0
+    assert sorted(p.name for p in repo.iterdir()) == ["bert.fp16", "bert.int8"]
+    assert _parse(repo / "bert.int8" / "config.pbtxt").name == "bert.int8"

@@ -276,7 +276,8 @@ def export_triton(
             "Python plugins. Rebuild with `--attention native` (TensorRT's own fused attention) to serve it "
             "with Triton."
         )
-    name = opts.name if opts.name is not None else engine.name.split(".")[0]
+    # the stem, as --help says: 'bert.fp16.engine' and 'bert.int8.engine' are two models, not both 'bert'
+    name = opts.name if opts.name is not None else engine.stem
     if not name or "/" in name or name.startswith(".") or not name.isprintable() or not _utf8(name):
         given = (
             "--name"
