@@ -187,3 +187,29 @@ def test_tolerances_of_outputs_named_with_a_slash(tmp_path):
         build_report(tmp_path / "m.onnx", out_dir=tmp_path / "o", tolerances={"ort-fused/enc/out": {}}, **kw)
     with pytest.raises(UserError, match=r"no target 'enc'"):
         build_report(tmp_path / "m.onnx", out_dir=tmp_path / "o", tolerances={"enc/x": {}}, **kw)
+
+
+def test_fused_targets_verify_at_the_sizes_the_report_feeds(tmp_path):
+    """Before: ort-fused's pass verification fed its own small generated sizes ([2, 7] here), which a
+    model running only at some lengths rejects: the target failed (its row told the user to pass
+    `compile --shape` or --no-verify, options report does not have) although the report's own
+    accuracy inputs run. Verification now falls back to the accuracy feeds' shapes."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        "by_fours",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, "K"])],
+        [numpy_helper.from_array(np.array([0, 4, -1], np.int64), "shape")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    r = build_report(
+        tmp_path / "m.onnx", targets=["ort", "ort-fused", "ort-fp16"], out_dir=tmp_path / "o",
+        seq_lens=(8,), **FAST,
+    )  # fmt: skip
+    assert [(t.name, t.status) for t in r.report.targets] == [
+        ("ort", "ok"), ("ort-fused", "ok"), ("ort-fp16", "ok"),
+    ], [t.reason for t in r.report.targets]  # fmt: skip
+    assert [(a.target, a.passed) for a in r.report.accuracy] == [("ort-fused", True), ("ort-fp16", True)]

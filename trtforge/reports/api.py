@@ -339,6 +339,7 @@ def build_report(
                 calibration_options=calibration_options,
                 engine_shapes=lambda specs: _engine_shapes(specs, batch_sizes, sweep_seqs),
                 int8_rest=int8_rest,
+                feed_shapes=lambda specs: _feed_shapes(specs, acc_batch, acc_seq),
             )
             base_specs = prep.base_specs()
             acc_batch, acc_seq, sweep_seqs = max(batch_sizes), int(seq_lens[0]), list(seq_lens)
@@ -517,6 +518,17 @@ def _describe(data: Any) -> str:
     if isinstance(data, (list, tuple)):
         return f"{len(data)} feed dicts"
     return type(data).__name__
+
+
+def _feed_shapes(specs: list[ReportInput], batch: int, seq: int) -> dict[str, tuple[int, ...]] | None:
+    """The accuracy feeds' input shapes (for pass verification to fall back to: a model that cannot run at
+    its small generated sizes runs at these), or None where the specs cannot take them."""
+    from trtforge.reports.inputs import resolve_shape
+
+    try:
+        return {s.name: resolve_shape(s, static_batch(specs) or batch, seq) for s in specs}
+    except UserError:
+        return None
 
 
 def _engine_shapes(
