@@ -309,3 +309,16 @@ def test_bad_output_names_are_bad_input(tmp_path, capsys, names, message):
     rc, text = _run([*argv, *(a for n in names for a in ("--output-name", n))], capsys)
     assert rc == 2 and message in text, text
     assert not out.exists()
+
+
+def test_repeated_tolerances_for_one_output_add_up(tmp_path, models, capsys):
+    """Before: a second --tolerance for the same output replaced the first whole: its atol was silently
+    dropped (the check ran with the default)."""
+    a, b = models
+    out = tmp_path / "o"
+    argv = ["report", str(a), "-o", str(out), "--targets", f"ort,onnx={b}", "--no-check", *FAST]
+    tols = ["--tolerance", "logits:atol=0.5", "--tolerance", "logits:cosine=0.9,rtol=0"]
+    rc, text = _run([*argv, *tols], capsys)
+    assert rc == 0, text
+    tol = json.loads((out / "report.json").read_text())["accuracy"][0]["tolerance"]
+    assert (tol["atol"], tol["rtol"], tol["min_cosine"]) == (0.5, 0.0, 0.9)

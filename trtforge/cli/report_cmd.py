@@ -217,7 +217,10 @@ def report_cmd(
     if Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise UserError(f"-o '{out_dir}' exists and is not a directory.")
     names = [n for t in targets for n in t.split(",") if n.strip()] or None
-    tol = dict(parse_tolerance(t) for t in tolerances)
+    tol: dict[str, dict[str, float | None]] = {}
+    for text in tolerances:  # the same key twice adds up (a later value of one field wins), never drops
+        key, fields = parse_tolerance(text)
+        tol.setdefault(key, {}).update(fields)
     policy = from_params(PrecisionOptions, params)
     calib = {"method": policy.calib_method, "smoothquant": policy.smoothquant}
     result = build_report(
