@@ -213,3 +213,11 @@ def test_fused_targets_verify_at_the_sizes_the_report_feeds(tmp_path):
         ("ort", "ok"), ("ort-fused", "ok"), ("ort-fp16", "ok"),
     ], [t.reason for t in r.report.targets]  # fmt: skip
     assert [(a.target, a.passed) for a in r.report.accuracy] == [("ort-fused", True), ("ort-fp16", True)]
+
+
+def test_repeated_sweep_sizes_are_measured_once(tmp_path, model_a):
+    """Before: --batch 2,2 (or a repeated --seq) measured every point twice: duplicate latency rows."""
+    kw = {**FAST, "batch_sizes": (2, 1, 2)}
+    r = build_report(str(model_a), targets=["ort"], out_dir=tmp_path / "o", **kw)
+    assert [(p.batch, p.seq) for p in r.report.latency] == [(2, None), (1, None)]
+    assert r.report.settings["batch_sizes"] == [2, 1]

@@ -297,6 +297,8 @@ def build_report(
             leaves `out_dir` as it was (the CLI refuses --data the reference rejected this way).
     """
     _check_args(batch_sizes, seq_lens, warmup, runs, targets, tolerances)
+    # each size once, in the order given (a repeated one measured its points again: duplicate rows)
+    batch_sizes, seq_lens = (list(dict.fromkeys(int(v) for v in vs)) for vs in (batch_sizes, seq_lens))
     try:
         from trtforge.reports.runners import preload, quiet_polygraphy
     except ImportError as e:
