@@ -221,3 +221,27 @@ def test_repeated_sweep_sizes_are_measured_once(tmp_path, model_a):
     r = build_report(str(model_a), targets=["ort"], out_dir=tmp_path / "o", **kw)
     assert [(p.batch, p.seq) for p in r.report.latency] == [(2, None), (1, None)]
     assert r.report.settings["batch_sizes"] == [2, 1]
+
+
+def test_a_model_without_inputs(tmp_path):
+    """Before: a graph with no inputs (a constant, a stored table) had empty specs, read as 'no specs':
+    no accuracy feeds were made, and comparing the reference's zero runs raised IndexError, an internal
+    error after every target had run."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from trtforge.reports.compare import compare_target
+    from trtforge.reports.results import TargetRun
+
+    table = numpy_helper.from_array(np.arange(3, dtype=np.float32))
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["y"], value=table)],
+        "constant",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    r = build_report(tmp_path / "m.onnx", targets=["ort", "ort-fused"], out_dir=tmp_path / "o", **FAST)
+    assert [(a.target, a.output, a.passed) for a in r.report.accuracy] == [("ort-fused", "y", True)]
+    (row,) = compare_target(TargetRun("ort", []), TargetRun("t", []), "fp32")
+    assert row.status == "not_compared" and "no accuracy inputs" in row.reason

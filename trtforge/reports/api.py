@@ -356,9 +356,9 @@ def build_report(
                 bar.step(f"prepared {n}", advance=1)
             if not targets:
                 names = _drop_unquantizable(names, prepared, notes)
-            ref_specs = prepared[reference].specs or next(
-                (t.specs for t in prepared.values() if t.specs), None
-            )
+            ref_specs = prepared[reference].specs  # ([] for a model without inputs: feeds are {})
+            if ref_specs is None:
+                ref_specs = next((t.specs for t in prepared.values() if t.specs is not None), None)
             feeds, data_label = _accuracy_feeds(data, ref_specs, acc_batch, acc_seq, tokenizer)
             preload()
             runs_by_name: dict[str, TargetRun] = {}

@@ -239,6 +239,8 @@ def compare_target(
         return whole(f"target did not run: {target.error}")
     if len(reference.outputs) != len(target.outputs):
         return whole(f"{len(target.outputs)} iterations vs {len(reference.outputs)} for the reference")
+    if not reference.outputs:
+        return whole("no accuracy inputs were run (no input specs to generate them from)")
     rows = []
     for name in reference.outputs[0]:
         row = AccuracyRow(target.name, name, reference.name)
