@@ -322,3 +322,19 @@ def test_repeated_tolerances_for_one_output_add_up(tmp_path, models, capsys):
     assert rc == 0, text
     tol = json.loads((out / "report.json").read_text())["accuracy"][0]["tolerance"]
     assert (tol["atol"], tol["rtol"], tol["min_cosine"]) == (0.5, 0.0, 0.9)
+
+
+def test_calibration_data_that_does_not_fit_is_bad_input(tmp_path, models, capsys):
+    """Before: --calibration-data of the wrong width failed only the ort-int8 row: a report was written and
+    the exit code was 3 (a failed check), not 2 (bad input)."""
+    import numpy as np
+
+    from tests.reports._tiny import FEATURES
+
+    a, _ = models
+    np.savez(tmp_path / "cal.npz", x=np.ones((4, FEATURES + 1), np.float32))
+    out = tmp_path / "o"
+    argv = ["report", str(a), "-o", str(out), "--targets", "ort,ort-int8", *FAST]
+    rc, text = _run([*argv, "--calibration-data", str(tmp_path / "cal.npz")], capsys)
+    assert rc == 2 and f"input 'x' has size {FEATURES + 1} on axis 1" in text, text
+    assert not out.exists()

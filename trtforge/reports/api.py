@@ -348,6 +348,7 @@ def build_report(
             if base_specs:
                 acc_batch, acc_seq, sweep_seqs, fit_notes = fit_sizes(base_specs, batch_sizes, seq_lens)
                 notes += fit_notes
+            _check_calibration_data(prep, calibration_data, tokenizer)
             calib = _calibration_source(calibration_data, data, tokenizer, acc_seq, notes)
             prepared: dict[str, Target] = {}
             for n in names:
@@ -491,6 +492,17 @@ def _check_data_path(value: Any, option: str) -> None:
         f"{option} '{show_path(value)}' does not exist; expected an .npz file, a directory of .npz/.npy "
         "files, a text file (with --tokenizer) or module:function."
     )
+
+
+def _check_calibration_data(prep: Preparer, calibration_data: Any, tokenizer: Any) -> None:
+    """--calibration-data that does not fit the model is bad input, a UserError before any target is
+    prepared (inside the INT8 target it failed only that row, and the report exited 3, a failed check)."""
+    if calibration_data is None or prep.graph("ort").error is not None:
+        return  # (no graph to check against: the targets' rows say why)
+    from trtforge.calibration.data import input_specs_from_model, load_dataset
+
+    specs = input_specs_from_model(prep.graph("ort").proto)
+    load_dataset(calibration_data, specs, tokenizer=tokenizer, what="--calibration-data")
 
 
 def _calibration_source(calibration_data: Any, data: Any, tokenizer: Any, seq: int, notes: list[str]):
