@@ -62,9 +62,10 @@ report is replaced whole (staged beside it, then swapped in): a failed or
 interrupted run leaves the earlier report as it was. An OUT holding other files
 too keeps them; the three files are replaced together.
 Exit codes (so a report can gate CI): 0 ok; 2 bad input, including --data the
-reference target rejects (nothing is written then: an earlier report stays), an
-engine that does not match its manifest, and a --reference this machine cannot
-run (the message names the targets that can); 3 when the reference or any target
+reference target rejects or --calibration-data that does not fit the model
+(nothing is written then: an earlier report stays), an engine that does not match
+its manifest, and a --reference this machine cannot run (the message names the
+targets that can); 3 when the reference or any target
 that can run on this machine fails, an output fails its tolerance, or nothing was
 compared with the reference. Targets this machine cannot run (no GPU, no TensorRT
 runtime: status "not_run") are not failures, but a check that compared nothing
