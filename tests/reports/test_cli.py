@@ -338,3 +338,11 @@ def test_calibration_data_that_does_not_fit_is_bad_input(tmp_path, models, capsy
     rc, text = _run([*argv, "--calibration-data", str(tmp_path / "cal.npz")], capsys)
     assert rc == 2 and f"input 'x' has size {FEATURES + 1} on axis 1" in text, text
     assert not out.exists()
+
+
+def test_a_missing_model_path_with_a_colon_is_named_as_missing(tmp_path, capsys):
+    """Before: a model path holding a colon ('runs:v1/model.onnx') that did not exist was imported as a
+    module:factory: "cannot import module 'runs'", which hides the typo in the path."""
+    missing = "runs:v1/model.onnx"
+    rc, text = _run(["report", missing, "-o", str(tmp_path / "o"), "--no-progress"], capsys)
+    assert rc == 2 and f"report source '{missing}' does not exist" in text, text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -203,7 +204,8 @@ def report_cmd(
     from trtforge.reports.compare import parse_tolerance
 
     source: object = model
-    if not Path(model).exists() and ":" in model:
+    # module:factory, not a missing file whose path holds a colon ('runs:v1/model.onnx' is a path)
+    if not Path(model).exists() and re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", model):
         from trtforge._usercode import load_factory
         from trtforge.compiler.export import check_forward
 
