@@ -254,3 +254,14 @@ def test_default_name_is_the_stem(bert_engine: Path, tmp_path: Path) -> None:
         assert main(["export-triton", str(eng), "-o", str(repo), "--force"]) == 0
     assert sorted(p.name for p in repo.iterdir()) == ["bert.fp16", "bert.int8"]
     assert _parse(repo / "bert.int8" / "config.pbtxt").name == "bert.int8"
+
+
+def test_a_missing_engine_is_named_missing(tmp_path: Path, capsys) -> None:
+    """Before: an engine path that does not exist was said to have no manifest, with advice to rebuild or
+    keep the .engine.json beside it: a typo in the path read as a missing manifest."""
+    _fails(
+        ["export-triton", str(tmp_path / "typo.engine"), "-o", str(tmp_path / "r")],
+        capsys,
+        "typo.engine' does not exist (nor its manifest",
+    )
+    assert not (tmp_path / "r").exists()
