@@ -346,3 +346,29 @@ def test_a_missing_model_path_with_a_colon_is_named_as_missing(tmp_path, capsys)
     missing = "runs:v1/model.onnx"
     rc, text = _run(["report", missing, "-o", str(tmp_path / "o"), "--no-progress"], capsys)
     assert rc == 2 and f"report source '{missing}' does not exist" in text, text
+
+
+def test_check_fails_when_a_latency_point_fails(tmp_path, capsys):
+    """Before: a runnable target that crashed at a latency point (here a length its Reshape cannot take)
+    left a 'failed' row in the latency table, and --check exited 0: a CI gate passed a model that fails
+    at a size it was asked to measure."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        "by_fours",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, "K"])],
+        [numpy_helper.from_array(np.array([0, 4, -1], np.int64), "shape")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    argv = ["report", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o"), "--targets", "ort,ort-fused"]
+    argv += ["--batch", "2", "--seq", "8,6", "--warmup", "0", "--runs", "1", "--no-progress"]
+    rc, text = _run(argv, capsys)
+    assert rc == 3, text
+    assert "latency point(s) failed: ort batch 2 seq 6, ort-fused batch 2 seq 6 (first: " in text
+    assert "accuracy check failed" not in text  # the accuracy inputs (length 8) ran and matched
+    rc, text = _run([*argv, "--no-check"], capsys)
+    assert rc == 0, text

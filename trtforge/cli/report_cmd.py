@@ -67,7 +67,8 @@ reference target rejects or --calibration-data that does not fit the model
 (nothing is written then: an earlier report stays), an engine that does not match
 its manifest, and a --reference this machine cannot run (the message names the
 targets that can); 3 when the reference or any target
-that can run on this machine fails, an output fails its tolerance, or nothing was
+that can run on this machine fails, a latency point fails to run (one outside the
+model's limits is "not_run"), an output fails its tolerance, or nothing was
 compared with the reference. Targets this machine cannot run (no GPU, no TensorRT
 runtime: status "not_run") are not failures, but a check that compared nothing
 fails. --no-check: exit 0 whatever the results, once the report is written.
@@ -130,8 +131,8 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     "--check/--no-check",
     default=True,
     show_default=True,
-    help="Exit 3 when the reference or a target runnable here fails, an output fails its tolerance, "
-    "or nothing was compared.",
+    help="Exit 3 when the reference or a target runnable here fails (a latency point too), an output "
+    "fails its tolerance, or nothing was compared.",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option(
@@ -285,6 +286,13 @@ def _failures(report: Report) -> list[str]:
             f"accuracy check failed: {n} output(s) outside tolerance or not comparable"
             + (f" ({'; '.join(mismatched)})" if mismatched else "")
         )
+    crashed = [p for p in report.latency if p.status == FAILED]  # (a point it cannot take is "not_run")
+    if crashed:
+        points = ", ".join(
+            f"{p.target} batch {p.batch}" + ("" if p.seq is None else f" seq {p.seq}") for p in crashed
+        )
+        first = (crashed[0].reason or "")[:200]
+        problems.append(f"latency point(s) failed: {points} (first: {first})")
     if not report.is_lm and not any(r.status == OK for r in report.accuracy):
         problems.append(f"nothing was compared with the reference '{report.reference}'" + _why_none(report))
     return problems
