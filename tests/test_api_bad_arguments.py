@@ -153,7 +153,7 @@ MISSPELLED = {
     ),
     "runtime.load(bytes)": (
         lambda d: __import__("trtforge.runtime").runtime.load(b"nope.engine"),
-        r"engine 'nope\.engine' has no manifest",
+        r"engine 'nope\.engine' does not exist \(nor its manifest",
     ),
 }
 

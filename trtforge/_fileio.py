@@ -391,7 +391,10 @@ def staged_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         recover_staged_directory(p)
         with signals_deferred():  # (made and marked with interrupts held, so the cleanup below sees it)
-            os.mkdir(new)
+            try:
+                os.mkdir(new)
+            except OSError as e:  # a place no directory can be made in (/proc, /sys: ENOENT), whatever errno
+                raise os_error(e, p, f"create a directory in '{show_path(p.parent)}' for") from e
             made = True
         if p.is_dir():
             os.chmod(new, stat.S_IMODE(p.stat().st_mode))

@@ -184,3 +184,84 @@ def test_a_signal_during_the_swap_waits_for_it(bert_engine: Path, tmp_path: Path
         signal.signal(signal.SIGTERM, old)
     assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*")) == before
     assert (repo / "bert" / "1" / "model.plan").read_bytes() == bert_engine.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def vector_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An engine whose input and outputs are only the batch dimension: x [N] float -> y [N] float, z [N]
+    bool (a per-sample score and flag, as a classifier's label output is)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    import trtforge
+
+    d = tmp_path_factory.mktemp("vector")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["y"]), helper.make_node("Greater", ["y", "x"], ["z"])],
+        "vector",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"]),
+            helper.make_tensor_value_info("z", TensorProto.BOOL, ["N"]),
+        ],
+        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), d / "vec.onnx")
+    out = d / "vec.engine"
+    trtforge.compile(str(d / "vec.onnx"), output=out, shapes=["x:1:4:8"], progress=False)
+    return out
+
+
+def test_batch_only_tensors_get_dims_triton_accepts(vector_engine: Path, tmp_path: Path) -> None:
+    """Before: a tensor that is only the batch dimension got `dims: [ ]`, which Triton refuses at load
+    ("must specify 'dims'"); its documented form is dims [1] with an empty reshape."""
+    assert main(["export-triton", str(vector_engine), "-o", str(tmp_path)]) == 0
+    cfg = _parse(tmp_path / "vec" / "config.pbtxt")
+    assert cfg.max_batch_size == 8
+    for t in [*cfg.input, *cfg.output]:
+        assert list(t.dims) == [1] and t.HasField("reshape") and list(t.reshape.shape) == [], t
+    assert [mc.DataType.Name(t.data_type) for t in cfg.output] == ["TYPE_FP32", "TYPE_BOOL"]
+    argv = ["export-triton", str(vector_engine), "-o", str(tmp_path), "--name", "nb", "--max-batch", "0"]
+    assert main(argv) == 0
+    cfg = _parse(tmp_path / "nb" / "config.pbtxt")
+    assert all(list(t.dims) == [-1] and not t.HasField("reshape") for t in [*cfg.input, *cfg.output])
+
+
+@pytest.mark.parametrize(("shape", "expected"), [([], "is a scalar"), ([-1, 0], "zero-size")])
+def test_tensors_triton_cannot_describe_are_refused(
+    vector_engine: Path, tmp_path: Path, capsys, shape: list[int], expected: str
+) -> None:
+    """Before: a scalar output of a non-batching engine got `dims: [ ]` and a zero-size dimension `0`,
+    both configs Triton refuses at load; the export said it validated them."""
+    eng = tmp_path / "odd.engine"
+    shutil.copy(vector_engine, eng)
+    manifest = json.loads(Path(str(vector_engine) + ".json").read_text())
+    manifest["outputs"][0]["shape"] = shape
+    Path(str(eng) + ".json").write_text(json.dumps(manifest))
+    _fails(["export-triton", str(eng), "-o", str(tmp_path / "r")], capsys, expected)
+    assert not (tmp_path / "r").exists()
+
+
+def test_default_name_is_the_stem(bert_engine: Path, tmp_path: Path) -> None:
+    """Before: the default name was the file name up to its first dot (--help says the stem), so
+    bert.fp16.engine and bert.int8.engine were both 'bert': the second export was refused, and with
+    --force it replaced the first model."""
+    repo = tmp_path / "repo"
+    for variant in ("fp16", "int8"):
+        eng = tmp_path / f"bert.{variant}.engine"
+        shutil.copy(bert_engine, eng)
+        shutil.copy(Path(str(bert_engine) + ".json"), Path(str(eng) + ".json"))
+        assert main(["export-triton", str(eng), "-o", str(repo), "--force"]) == 0
+    assert sorted(p.name for p in repo.iterdir()) == ["bert.fp16", "bert.int8"]
+    assert _parse(repo / "bert.int8" / "config.pbtxt").name == "bert.int8"
+
+
+def test_a_missing_engine_is_named_missing(tmp_path: Path, capsys) -> None:
+    """Before: an engine path that does not exist was said to have no manifest, with advice to rebuild or
+    keep the .engine.json beside it: a typo in the path read as a missing manifest."""
+    _fails(
+        ["export-triton", str(tmp_path / "typo.engine"), "-o", str(tmp_path / "r")],
+        capsys,
+        "typo.engine' does not exist (nor its manifest",
+    )
+    assert not (tmp_path / "r").exists()

@@ -164,3 +164,53 @@ def test_an_output_a_target_cannot_match_fails_the_check(broken):
     assert s["all_passed"] is False
     (problem,) = _failures(report)
     assert "1 output(s)" in problem and "t/z" in problem and rows[1].reason in problem
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_nan_and_inf_the_target_reproduces_pass_and_others_fail(precision):
+    """Before: an output whose reference holds NaN or inf (log of a negative, x / 0) failed every target,
+    even one that reproduced it bit for bit: cosine 0, SNR -inf, no reason given."""
+    import jsonschema
+
+    from trtforge.reports.compare import compare_target
+    from trtforge.reports.results import SCHEMA_FILE, Report, TargetRun
+
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((4, 6)).astype(np.float32)
+    ref[0, 0], ref[1, 2], ref[2, 3] = np.nan, np.inf, -np.inf
+    same = ref.copy()
+    same[3] += 1e-6  # the finite elements still differ a little
+    (row,) = compare_target(TargetRun("ref", [{"y": ref}]), TargetRun("t", [{"y": same}]), precision)
+    assert row.passed is True, row.checks
+    assert row.cosine == pytest.approx(1.0) and np.isfinite(row.snr_db) and row.max_abs < 1e-5
+    assert "3 NaN/inf element(s) of the reference reproduced exactly" in row.reason
+    for broken in ((0, 0, 1.0), (1, 2, -np.inf), (3, 3, np.nan)):
+        tgt = same.copy()
+        tgt[broken[:2]] = broken[2]
+        (row,) = compare_target(TargetRun("ref", [{"y": ref}]), TargetRun("t", [{"y": tgt}]), precision)
+        assert row.passed is False and [c.name for c in row.checks if not c.passed][-1] == "non-finite"
+        assert row.reason.startswith("1 element(s) NaN/inf in only one of target and reference")
+    schema = json.loads(SCHEMA_FILE.read_text())
+    row_schema = {**schema["$defs"]["accuracy_row"], "$defs": schema["$defs"]}
+    jsonschema.validate(
+        Report("r", "now", {}, "ref", {}, {}, [], [row], []).to_dict()["accuracy"][0], row_schema
+    )
+
+
+def test_an_empty_output_is_not_compared_and_a_check_of_only_that_fails():
+    """Before: an output with no elements (an empty axis) PASSED every check (cosine 1, no errors), so
+    --check passed a report that had compared nothing."""
+    from trtforge.cli.report_cmd import _failures
+    from trtforge.reports.compare import compare_target
+    from trtforge.reports.results import Report, TargetInfo, TargetRun
+
+    ref = TargetRun("ort", [{"e": np.zeros((8, 0), np.float32), "y": np.ones((2, 3))}])
+    tgt = TargetRun("t", [{"e": np.zeros((8, 0), np.float32), "y": np.ones((2, 3))}])
+    rows = compare_target(ref, tgt, "fp32")
+    assert [(r.output, r.status, r.passed) for r in rows] == [("e", "not_compared", None), ("y", "ok", True)]
+    assert rows[0].reason == "no elements to compare (shape [8, 0])"
+    targets = [TargetInfo(n, "onnxruntime", "fp32", "cpu", "") for n in ("ort", "t")]
+    assert _failures(Report("r", "now", {}, "ort", {}, {}, targets, rows, [])) == []
+    only_empty = Report("r", "now", {}, "ort", {}, {}, targets, rows[:1], [])
+    (problem,) = _failures(only_empty)
+    assert "nothing was compared with the reference 'ort'" in problem and "no elements to compare" in problem

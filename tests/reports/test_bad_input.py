@@ -162,3 +162,86 @@ def test_accuracy_data_without_samples_is_refused(tmp_path, model_a, as_npz):
     with pytest.raises(UserError, match=r"input 'x' has shape \[0, \d+\], no samples on its first axis"):
         build_report(str(model_a), targets=["ort"], data=data, out_dir=tmp_path / "o", **FAST)
     assert not (tmp_path / "o").exists()
+
+
+def test_tolerances_of_outputs_named_with_a_slash(tmp_path):
+    """Before: an output named 'enc/out:0' (tf2onnx's and many exporters' style) could get no tolerance:
+    '--tolerance enc/out:0:...' read 'enc' as a target and 'ort-fused/enc/out:0' read 'ort-fused/enc'
+    ("no target ... in this report", exit 2); keys are now matched whole, as they are looked up."""
+    import onnx
+    from onnx import helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["enc/out:0"])],
+        "slash",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("enc/out:0", TensorProto.FLOAT, ["N", 4])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    kw = {**FAST, "targets": ["ort", "ort-fused"]}
+    for key, atol in (("enc/out:0", 0.5), ("ort-fused/enc/out:0", 0.25)):
+        r = build_report(tmp_path / "m.onnx", out_dir=tmp_path / "o", tolerances={key: {"atol": atol}}, **kw)
+        (row,) = r.report.accuracy
+        assert (row.output, row.tolerance.atol, row.passed) == ("enc/out:0", atol, True)
+    with pytest.raises(UserError, match=r"the model has no output 'enc/out'"):
+        build_report(tmp_path / "m.onnx", out_dir=tmp_path / "o", tolerances={"ort-fused/enc/out": {}}, **kw)
+    with pytest.raises(UserError, match=r"no target 'enc'"):
+        build_report(tmp_path / "m.onnx", out_dir=tmp_path / "o", tolerances={"enc/x": {}}, **kw)
+
+
+def test_fused_targets_verify_at_the_sizes_the_report_feeds(tmp_path):
+    """Before: ort-fused's pass verification fed its own small generated sizes ([2, 7] here), which a
+    model running only at some lengths rejects: the target failed (its row told the user to pass
+    `compile --shape` or --no-verify, options report does not have) although the report's own
+    accuracy inputs run. Verification now falls back to the accuracy feeds' shapes."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        "by_fours",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, "K"])],
+        [numpy_helper.from_array(np.array([0, 4, -1], np.int64), "shape")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    r = build_report(
+        tmp_path / "m.onnx", targets=["ort", "ort-fused", "ort-fp16"], out_dir=tmp_path / "o",
+        seq_lens=(8,), **FAST,
+    )  # fmt: skip
+    assert [(t.name, t.status) for t in r.report.targets] == [
+        ("ort", "ok"), ("ort-fused", "ok"), ("ort-fp16", "ok"),
+    ], [t.reason for t in r.report.targets]  # fmt: skip
+    assert [(a.target, a.passed) for a in r.report.accuracy] == [("ort-fused", True), ("ort-fp16", True)]
+
+
+def test_repeated_sweep_sizes_are_measured_once(tmp_path, model_a):
+    """Before: --batch 2,2 (or a repeated --seq) measured every point twice: duplicate latency rows."""
+    kw = {**FAST, "batch_sizes": (2, 1, 2)}
+    r = build_report(str(model_a), targets=["ort"], out_dir=tmp_path / "o", **kw)
+    assert [(p.batch, p.seq) for p in r.report.latency] == [(2, None), (1, None)]
+    assert r.report.settings["batch_sizes"] == [2, 1]
+
+
+def test_a_model_without_inputs(tmp_path):
+    """Before: a graph with no inputs (a constant, a stored table) had empty specs, read as 'no specs':
+    no accuracy feeds were made, and comparing the reference's zero runs raised IndexError, an internal
+    error after every target had run."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from trtforge.reports.compare import compare_target
+    from trtforge.reports.results import TargetRun
+
+    table = numpy_helper.from_array(np.arange(3, dtype=np.float32))
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["y"], value=table)],
+        "constant",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    r = build_report(tmp_path / "m.onnx", targets=["ort", "ort-fused"], out_dir=tmp_path / "o", **FAST)
+    assert [(a.target, a.output, a.passed) for a in r.report.accuracy] == [("ort-fused", "y", True)]
+    (row,) = compare_target(TargetRun("ort", []), TargetRun("t", []), "fp32")
+    assert row.status == "not_compared" and "no accuracy inputs" in row.reason

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -278,3 +279,96 @@ def test_a_report_into_the_working_directory(tmp_path, models, capsys, monkeypat
     assert rc == 0, text
     assert sorted(p.name for p in here.iterdir()) == ["report.html", "report.json", "report.md"]
     assert _beside(here) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_report_directory_that_cannot_be_made_is_a_user_error(tmp_path, models, capsys):
+    """Before: -o /proc/x (a place where mkdir fails with ENOENT, not a permission errno) was a
+    FileNotFoundError traceback, 'internal error', exit 1, after every target had run."""
+    a, _ = models
+    rc, text = _run(["report", str(a), "-o", "/proc/trtforge-report", "--targets", "ort", *FAST], capsys)
+    assert rc == 2, text
+    assert "cannot create a directory in '/proc' for '/proc/trtforge-report'" in text
+    assert "Traceback" not in text and "internal error" not in text
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (["logits", "extra"], "--output-name (output_names): 2 name(s) ['logits', 'extra'] given for a"),
+        (["input"], "which the model's inputs are also named"),
+        ([" "], "has an empty name"),
+    ],
+)
+def test_bad_output_names_are_bad_input(tmp_path, capsys, names, message):
+    """Before: --output-name with the wrong count, an input's name or an empty name failed the export
+    inside the report: every target's row said so, a report was written and the exit code was 3 (a
+    failed check), not 2 (bad input)."""
+    out = tmp_path / "o"
+    argv = ["report", "tests.reports._tiny:mlp_factory", "-o", str(out), "--targets", "torch,ort", *FAST]
+    rc, text = _run([*argv, *(a for n in names for a in ("--output-name", n))], capsys)
+    assert rc == 2 and message in text, text
+    assert not out.exists()
+
+
+def test_repeated_tolerances_for_one_output_add_up(tmp_path, models, capsys):
+    """Before: a second --tolerance for the same output replaced the first whole: its atol was silently
+    dropped (the check ran with the default)."""
+    a, b = models
+    out = tmp_path / "o"
+    argv = ["report", str(a), "-o", str(out), "--targets", f"ort,onnx={b}", "--no-check", *FAST]
+    tols = ["--tolerance", "logits:atol=0.5", "--tolerance", "logits:cosine=0.9,rtol=0"]
+    rc, text = _run([*argv, *tols], capsys)
+    assert rc == 0, text
+    tol = json.loads((out / "report.json").read_text())["accuracy"][0]["tolerance"]
+    assert (tol["atol"], tol["rtol"], tol["min_cosine"]) == (0.5, 0.0, 0.9)
+
+
+def test_calibration_data_that_does_not_fit_is_bad_input(tmp_path, models, capsys):
+    """Before: --calibration-data of the wrong width failed only the ort-int8 row: a report was written and
+    the exit code was 3 (a failed check), not 2 (bad input)."""
+    import numpy as np
+
+    from tests.reports._tiny import FEATURES
+
+    a, _ = models
+    np.savez(tmp_path / "cal.npz", x=np.ones((4, FEATURES + 1), np.float32))
+    out = tmp_path / "o"
+    argv = ["report", str(a), "-o", str(out), "--targets", "ort,ort-int8", *FAST]
+    rc, text = _run([*argv, "--calibration-data", str(tmp_path / "cal.npz")], capsys)
+    assert rc == 2 and f"input 'x' has size {FEATURES + 1} on axis 1" in text, text
+    assert not out.exists()
+
+
+def test_a_missing_model_path_with_a_colon_is_named_as_missing(tmp_path, capsys):
+    """Before: a model path holding a colon ('runs:v1/model.onnx') that did not exist was imported as a
+    module:factory: "cannot import module 'runs'", which hides the typo in the path."""
+    missing = "runs:v1/model.onnx"
+    rc, text = _run(["report", missing, "-o", str(tmp_path / "o"), "--no-progress"], capsys)
+    assert rc == 2 and f"report source '{missing}' does not exist" in text, text
+
+
+def test_check_fails_when_a_latency_point_fails(tmp_path, capsys):
+    """Before: a runnable target that crashed at a latency point (here a length its Reshape cannot take)
+    left a 'failed' row in the latency table, and --check exited 0: a CI gate passed a model that fails
+    at a size it was asked to measure."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        "by_fours",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, "K"])],
+        [numpy_helper.from_array(np.array([0, 4, -1], np.int64), "shape")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    argv = ["report", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o"), "--targets", "ort,ort-fused"]
+    argv += ["--batch", "2", "--seq", "8,6", "--warmup", "0", "--runs", "1", "--no-progress"]
+    rc, text = _run(argv, capsys)
+    assert rc == 3, text
+    assert "latency point(s) failed: ort batch 2 seq 6, ort-fused batch 2 seq 6 (first: " in text
+    assert "accuracy check failed" not in text  # the accuracy inputs (length 8) ran and matched
+    rc, text = _run([*argv, "--no-check"], capsys)
+    assert rc == 0, text

@@ -89,3 +89,41 @@ def test_model_limits_bound_generated_sizes(tmp_path):
     assert fit_sizes(specs, (1, 8), (16, 32)) == (8, 16, [16, 32], [])
     engine = [ReportInput(TensorSpec("ids", "int64", (-1, -1)), limits=((1, 4), (8, 64)))]
     assert fit_sizes(engine, (1, 16), (4,))[:3] == (4, 8, [4, 8])
+
+
+def test_a_static_empty_axis_is_kept(tmp_path):
+    """Before: a static 0 dim (an empty axis, as trtforge's TensorSpec reads it) was taken for a dynamic
+    one: the feeds got the sequence length there, and every target, the reference too, rejected them
+    (the report failed, exit 3)."""
+    from onnx import TensorProto, helper
+
+    from trtforge.reports.api import build_report
+    from trtforge.reports.inputs import has_seq_axis
+
+    spec = ReportInput(TensorSpec("x", "float32", (-1, 0, 3)))
+    assert resolve_shape(spec, 4, 128) == (4, 0, 3) and not has_seq_axis([spec])
+    assert generate_feed([spec], 2, 16)["x"].shape == (2, 0, 3)
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "empty_axis",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 0])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 0])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    r = build_report(
+        tmp_path / "m.onnx", targets=["ort", "ort-fused"], out_dir=tmp_path / "o", batch_sizes=(2,),
+        warmup=0, runs=1, progress=False,
+    )  # fmt: skip
+    assert [t.status for t in r.report.targets] == ["ok", "ok"], [t.reason for t in r.report.targets]
+    assert [(p.batch, p.seq, p.status) for p in r.report.latency] == [(2, None, "ok")] * 2
+
+
+def test_a_feed_too_large_to_generate_names_the_report_options():
+    """Before: the message told a report user to give smaller --shape ranges or pass --no-verify, options
+    `trtforge report` does not have, and called the chosen batch the model's declared dims."""
+    spec = ReportInput(TensorSpec("ids", "int64", (-1, -1)))
+    with pytest.raises(UserError) as e:
+        generate_feed([spec], 1 << 16, 1 << 14)
+    msg = str(e.value)
+    assert "input 'ids' at batch 65536, sequence 16384 is [65536, 16384] (int64), 8 GiB" in msg, msg
+    assert "--batch / --seq" in msg and "--no-verify" not in msg and "--shape" not in msg

@@ -114,3 +114,53 @@ def test_plots_absent_without_data(tmp_path):
     html = result.html_path.read_text()
     assert "data:image/png" not in html and "No latency measurements" in html
     assert result.report.targets[0].status == "failed"
+
+
+def test_markdown_keeps_hostile_names_as_text():
+    """Before: a model, tensor or file name holding '<script>' went into report.md as raw HTML (most
+    Markdown viewers render it), a backtick in a name closed its code span, a newline broke the title."""
+    markdown_it = pytest.importorskip("markdown_it")
+    from trtforge.reports.render import render_markdown
+    from trtforge.reports.results import AccuracyRow, Report, TargetInfo
+
+    evil = "<script>alert(1)</script>"
+    report = Report(
+        title=f"trtforge report: {evil}\n# not a heading.onnx",
+        created="now",
+        source={"kind": "onnx", "label": f"dir/`{evil}`.onnx"},
+        reference="ort",
+        settings={"accuracy_data": f"{evil}.npz (.npz)"},
+        environment={"cpu": "x"},
+        targets=[TargetInfo("ort", "onnxruntime", "fp32", "cpu", "", reason="<img src=x onerror=alert(1)>")],
+        accuracy=[AccuracyRow("ort-fused", evil, "ort", status="not_compared", reason="a `b` <i>c</i>")],
+        latency=[],
+        notes=[f"note {evil}"],
+    )
+    md = render_markdown(report)
+    html = markdown_it.MarkdownIt("commonmark", {"html": True}).enable("table").render(md)
+    assert "<script" not in html and "<img" not in html and "<i>" not in html, html
+    assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 5, html  # each shown as text
+    assert html.count("<h1>") == 1 and md.splitlines()[0].endswith("# not a heading.onnx")
+
+
+def test_plots_take_names_with_dollar_signs_literally():
+    """Before: an output or target name holding two '$' (onnx=/data/$run$/m.onnx, 'y$\\cmd{$') was parsed
+    as matplotlib mathtext: an unknown command raised ValueError after every target had run, an internal
+    error, and no report was written."""
+    from trtforge.reports.plots import error_histograms, latency_plot
+    from trtforge.reports.results import AccuracyRow, Histogram, LatencyPoint, Report
+
+    output, target = "y$\\undefinedcmd{$", "onnx=/data/$\\run{$/m.onnx"
+    row = AccuracyRow(target, output, "ort$\\x{$", passed=True, max_abs=0.5)
+    row.histogram = Histogram(edges=[0.1, 0.2, 0.5], counts=[3, 1], zeros=0)
+    point = LatencyPoint(target, 2, None, p50_ms=1.0, p90_ms=1.5, throughput=2000.0)
+    report = Report("r", "now", {}, "ort$\\x{$", {}, {}, [], [row], [point])
+    ((name, png),) = error_histograms(report)
+    assert name == output and png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert latency_plot(report)[:8] == b"\x89PNG\r\n\x1a\n"
+    from matplotlib.text import Text
+
+    from trtforge.reports.plots import _text
+
+    shown = Text(text=_text(output))
+    assert shown._preprocess_math(shown.get_text()) == (output, False)  # drawn as written, not as math

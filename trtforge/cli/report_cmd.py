@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +63,12 @@ report is replaced whole (staged beside it, then swapped in): a failed or
 interrupted run leaves the earlier report as it was. An OUT holding other files
 too keeps them; the three files are replaced together.
 Exit codes (so a report can gate CI): 0 ok; 2 bad input, including --data the
-reference target rejects (nothing is written then: an earlier report stays), an
-engine that does not match its manifest, and a --reference this machine cannot
-run (the message names the targets that can); 3 when the reference or any target
-that can run on this machine fails, an output fails its tolerance, or nothing was
+reference target rejects or --calibration-data that does not fit the model
+(nothing is written then: an earlier report stays), an engine that does not match
+its manifest, and a --reference this machine cannot run (the message names the
+targets that can); 3 when the reference or any target
+that can run on this machine fails, a latency point fails to run (one outside the
+model's limits is "not_run"), an output fails its tolerance, or nothing was
 compared with the reference. Targets this machine cannot run (no GPU, no TensorRT
 runtime: status "not_run") are not failures, but a check that compared nothing
 fails. --no-check: exit 0 whatever the results, once the report is written.
@@ -128,8 +131,8 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     "--check/--no-check",
     default=True,
     show_default=True,
-    help="Exit 3 when the reference or a target runnable here fails, an output fails its tolerance, "
-    "or nothing was compared.",
+    help="Exit 3 when the reference or a target runnable here fails (a latency point too), an output "
+    "fails its tolerance, or nothing was compared.",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option(
@@ -202,7 +205,8 @@ def report_cmd(
     from trtforge.reports.compare import parse_tolerance
 
     source: object = model
-    if not Path(model).exists() and ":" in model:
+    # module:factory, not a missing file whose path holds a colon ('runs:v1/model.onnx' is a path)
+    if not Path(model).exists() and re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", model):
         from trtforge._usercode import load_factory
         from trtforge.compiler.export import check_forward
 
@@ -217,7 +221,10 @@ def report_cmd(
     if Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise UserError(f"-o '{out_dir}' exists and is not a directory.")
     names = [n for t in targets for n in t.split(",") if n.strip()] or None
-    tol = dict(parse_tolerance(t) for t in tolerances)
+    tol: dict[str, dict[str, float | None]] = {}
+    for text in tolerances:  # the same key twice adds up (a later value of one field wins), never drops
+        key, fields = parse_tolerance(text)
+        tol.setdefault(key, {}).update(fields)
     policy = from_params(PrecisionOptions, params)
     calib = {"method": policy.calib_method, "smoothquant": policy.smoothquant}
     result = build_report(
@@ -279,6 +286,13 @@ def _failures(report: Report) -> list[str]:
             f"accuracy check failed: {n} output(s) outside tolerance or not comparable"
             + (f" ({'; '.join(mismatched)})" if mismatched else "")
         )
+    crashed = [p for p in report.latency if p.status == FAILED]  # (a point it cannot take is "not_run")
+    if crashed:
+        points = ", ".join(
+            f"{p.target} batch {p.batch}" + ("" if p.seq is None else f" seq {p.seq}") for p in crashed
+        )
+        first = (crashed[0].reason or "")[:200]
+        problems.append(f"latency point(s) failed: {points} (first: {first})")
     if not report.is_lm and not any(r.status == OK for r in report.accuracy):
         problems.append(f"nothing was compared with the reference '{report.reference}'" + _why_none(report))
     return problems

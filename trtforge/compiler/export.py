@@ -477,7 +477,8 @@ def check_output_names(names: Sequence[str], n_outputs: int, input_names: Sequen
     trtforge's work directory, or the exporter would rename a repeated name quietly ('a' -> 'a.1')."""
     if len(names) != n_outputs:
         raise UserError(
-            f"{len(names)} output names given for a model with {n_outputs} outputs: {list(names)}."
+            f"--output-name (output_names): {len(names)} name(s) {list(names)} given for a model with "
+            f"{n_outputs} output(s); give one name per output, in order."
         )
     problems = []
     if any(not str(n).strip() for n in names):

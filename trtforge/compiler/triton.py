@@ -77,20 +77,42 @@ def _batch_limit(m: Manifest) -> tuple[int, str]:
 
 
 def _dims(spec: TensorSpec, batched: bool) -> list[int]:
-    return spec.shape[1:] if batched else spec.shape
+    """The config's `dims` of a tensor: its shape past the batch dimension. A tensor that is only the batch
+    dimension ([-1]) gets [1], with an empty `reshape` (Triton refuses empty dims)."""
+    dims = spec.shape[1:] if batched else spec.shape
+    return dims or [1]
+
+
+def _check_servable(kind: str, t: TensorSpec, batched: bool) -> None:
+    """UserError for a tensor Triton's model configuration cannot describe (it checks dims are >= 1 or -1
+    and refuses scalars in a model that does not batch)."""
+    if t.dtype not in TRITON_DTYPES:
+        raise UserError(
+            f"{kind} '{t.name}' has dtype {t.dtype}, which Triton's TensorRT backend cannot serve."
+        )
+    if not t.shape and not batched:
+        raise UserError(
+            f"{kind} '{t.name}' is a scalar (shape []), and Triton serves no scalar tensor in a model "
+            "that does not batch (max_batch_size 0). Give it a dimension (shape [1]) in the model."
+        )
+    bad = [d for d in (t.shape[1:] if batched else t.shape) if d < 1 and d != -1]
+    if bad:
+        raise UserError(
+            f"{kind} '{t.name}' has shape {list(t.shape)}: Triton accepts dimensions >= 1 or -1 (variable) "
+            "only, so a model with an empty (zero-size) dimension cannot be described in config.pbtxt."
+        )
 
 
 def _tensor_block(kind: str, specs: list[TensorSpec], batched: bool) -> str:
     items = []
     for t in specs:
-        if t.dtype not in TRITON_DTYPES:
-            raise UserError(
-                f"{kind} '{t.name}' has dtype {t.dtype}, which Triton's TensorRT backend cannot serve."
-            )
+        _check_servable(kind, t, batched)
         dims = ", ".join(str(d) for d in _dims(t, batched))
+        # a tensor of only the batch dimension: dims [1], reshaped to [] (Triton's documented form)
+        reshape = "\n    reshape: { shape: [ ] }" if batched and len(t.shape) == 1 else ""
         items.append(
             f"  {{\n    name: {pbtxt_string(t.name)}\n    data_type: {TRITON_DTYPES[t.dtype]}\n"
-            f"    dims: [ {dims} ]\n  }}"
+            f"    dims: [ {dims} ]{reshape}\n  }}"
         )
     return f"{kind} [\n" + ",\n".join(items) + "\n]\n"
 
@@ -204,6 +226,11 @@ def validate_config(text: str, m: Manifest, max_batch: int) -> Any:
                 problems.append(f"{kind} {w.name} type {mc.DataType.Name(g.data_type)}")
             if list(g.dims) != _dims(w, max_batch > 0):
                 problems.append(f"{kind} {w.name} dims {list(g.dims)} != {_dims(w, max_batch > 0)}")
+            model_shape = list(g.reshape.shape) if g.HasField("reshape") else list(g.dims)
+            if max_batch > 0:
+                model_shape = [-1, *model_shape]
+            if model_shape != list(w.shape):
+                problems.append(f"{kind} {w.name} is {model_shape} to the engine, which has {list(w.shape)}")
     n_profiles = len(m.profiles)
     for grp in cfg.instance_group:
         bad = [p for p in grp.profile if not p.isdigit() or int(p) >= n_profiles]
@@ -249,7 +276,8 @@ def export_triton(
             "Python plugins. Rebuild with `--attention native` (TensorRT's own fused attention) to serve it "
             "with Triton."
         )
-    name = opts.name if opts.name is not None else engine.name.split(".")[0]
+    # the stem, as --help says: 'bert.fp16.engine' and 'bert.int8.engine' are two models, not both 'bert'
+    name = opts.name if opts.name is not None else engine.stem
     if not name or "/" in name or name.startswith(".") or not name.isprintable() or not _utf8(name):
         given = (
             "--name"

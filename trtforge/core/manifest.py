@@ -236,6 +236,10 @@ def read_manifest(engine_path: str | os.PathLike[str]) -> Manifest:
             f"'{show_path(engine_path)}' is a model, not an engine: build one first with "
             f"`trtforge compile {show_path(engine_path)} -o MODEL.engine` (engine and manifest together)."
         )
+    if not path.is_file() and not os.path.lexists(engine_path):  # neither is there: a wrong path
+        raise UserError(
+            f"engine '{show_path(engine_path)}' does not exist (nor its manifest '{show_path(path)}')."
+        )
     if not path.is_file():
         raise UserError(
             f"engine '{show_path(engine_path)}' has no manifest '{show_path(path)}'. trtforge writes one "

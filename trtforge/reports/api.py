@@ -297,6 +297,8 @@ def build_report(
             leaves `out_dir` as it was (the CLI refuses --data the reference rejected this way).
     """
     _check_args(batch_sizes, seq_lens, warmup, runs, targets, tolerances)
+    # each size once, in the order given (a repeated one measured its points again: duplicate rows)
+    batch_sizes, seq_lens = (list(dict.fromkeys(int(v) for v in vs)) for vs in (batch_sizes, seq_lens))
     try:
         from trtforge.reports.runners import preload, quiet_polygraphy
     except ImportError as e:
@@ -310,6 +312,12 @@ def build_report(
             f"'{src.label}' is an {src.kind} whose outputs are already named."
         )
     src.output_names = list(output_names) if output_names else None
+    if src.output_names:  # a bad name list is the caller's input, not a target that failed (exit 3)
+        from trtforge.compiler.export import check_forward, check_output_names, normalize_inputs
+
+        n_outputs = len(check_forward(src.module, src.example_inputs))
+        inputs = list(normalize_inputs(src.module, src.example_inputs))
+        check_output_names(src.output_names, n_outputs, inputs)
     names = validate_names(list(targets) if targets else default_targets(src))
     names, reference = _pick_reference(names, reference, src)
     check_out_dir(out_dir)
@@ -333,12 +341,14 @@ def build_report(
                 calibration_options=calibration_options,
                 engine_shapes=lambda specs: _engine_shapes(specs, batch_sizes, sweep_seqs),
                 int8_rest=int8_rest,
+                feed_shapes=lambda specs: _feed_shapes(specs, acc_batch, acc_seq),
             )
             base_specs = prep.base_specs()
             acc_batch, acc_seq, sweep_seqs = max(batch_sizes), int(seq_lens[0]), list(seq_lens)
             if base_specs:
                 acc_batch, acc_seq, sweep_seqs, fit_notes = fit_sizes(base_specs, batch_sizes, seq_lens)
                 notes += fit_notes
+            _check_calibration_data(prep, calibration_data, tokenizer)
             calib = _calibration_source(calibration_data, data, tokenizer, acc_seq, notes)
             prepared: dict[str, Target] = {}
             for n in names:
@@ -347,9 +357,9 @@ def build_report(
                 bar.step(f"prepared {n}", advance=1)
             if not targets:
                 names = _drop_unquantizable(names, prepared, notes)
-            ref_specs = prepared[reference].specs or next(
-                (t.specs for t in prepared.values() if t.specs), None
-            )
+            ref_specs = prepared[reference].specs  # ([] for a model without inputs: feeds are {})
+            if ref_specs is None:
+                ref_specs = next((t.specs for t in prepared.values() if t.specs is not None), None)
             feeds, data_label = _accuracy_feeds(data, ref_specs, acc_batch, acc_seq, tokenizer)
             preload()
             runs_by_name: dict[str, TargetRun] = {}
@@ -453,13 +463,22 @@ def _drop_unquantizable(names: list[str], prepared: Mapping[str, Target], notes:
 def _check_tolerance_keys(
     tolerances: Mapping[str, Any] | None, targets: list[str], outputs: list[str]
 ) -> None:
-    """A tolerance keyed by an output or target this report does not have would silently check nothing."""
+    """A tolerance keyed by an output or target this report does not have would silently check nothing.
+
+    Keys are matched whole, as `resolve_tolerance` looks them up: "", "OUTPUT", "TARGET/", "TARGET/OUTPUT"
+    (output names hold '/' and ':' in graphs from many exporters, and an onnx=PATH target's name a path)."""
+    valid = {"", *outputs, *(f"{t}/" for t in targets), *(f"{t}/{o}" for t in targets for o in outputs)}
     for key in tolerances or {}:
-        target, slash, output = key.rpartition("/") if "/" in key else ("", "", key)
-        if slash and target not in targets:
-            raise UserError(f"--tolerance '{key}': no target '{target}' in this report (targets: {targets}).")
-        if output and output not in outputs:
-            raise UserError(f"--tolerance '{key}': the model has no output '{output}' (outputs: {outputs}).")
+        if key in valid:
+            continue
+        target = next((t for t in sorted(targets, key=len, reverse=True) if key.startswith(f"{t}/")), None)
+        if target is None and "/" in key:
+            raise UserError(
+                f"--tolerance '{key}': no output '{key}' and no target '{key.split('/')[0]}' in this report "
+                f"(targets: {targets}; outputs: {outputs})."
+            )
+        output = key if target is None else key[len(target) + 1 :]
+        raise UserError(f"--tolerance '{key}': the model has no output '{output}' (outputs: {outputs}).")
 
 
 def _check_data_path(value: Any, option: str) -> None:
@@ -473,6 +492,17 @@ def _check_data_path(value: Any, option: str) -> None:
         f"{option} '{show_path(value)}' does not exist; expected an .npz file, a directory of .npz/.npy "
         "files, a text file (with --tokenizer) or module:function."
     )
+
+
+def _check_calibration_data(prep: Preparer, calibration_data: Any, tokenizer: Any) -> None:
+    """--calibration-data that does not fit the model is bad input, a UserError before any target is
+    prepared (inside the INT8 target it failed only that row, and the report exited 3, a failed check)."""
+    if calibration_data is None or prep.graph("ort").error is not None:
+        return  # (no graph to check against: the targets' rows say why)
+    from trtforge.calibration.data import input_specs_from_model, load_dataset
+
+    specs = input_specs_from_model(prep.graph("ort").proto)
+    load_dataset(calibration_data, specs, tokenizer=tokenizer, what="--calibration-data")
 
 
 def _calibration_source(calibration_data: Any, data: Any, tokenizer: Any, seq: int, notes: list[str]):
@@ -504,6 +534,17 @@ def _describe(data: Any) -> str:
     return type(data).__name__
 
 
+def _feed_shapes(specs: list[ReportInput], batch: int, seq: int) -> dict[str, tuple[int, ...]] | None:
+    """The accuracy feeds' input shapes (for pass verification to fall back to: a model that cannot run at
+    its small generated sizes runs at these), or None where the specs cannot take them."""
+    from trtforge.reports.inputs import resolve_shape
+
+    try:
+        return {s.name: resolve_shape(s, static_batch(specs) or batch, seq) for s in specs}
+    except UserError:
+        return None
+
+
 def _engine_shapes(
     specs: list[ReportInput], batch_sizes: Sequence[int], seq_lens: Sequence[int]
 ) -> list[str]:
@@ -513,7 +554,7 @@ def _engine_shapes(
     for s in specs:
         lo, hi = [], []
         for axis, d in enumerate(s.shape):
-            if isinstance(d, int) and d > 0:
+            if isinstance(d, int) and d >= 0:  # static (0: an empty axis)
                 lo.append(d)
                 hi.append(d)
             else:

@@ -7,6 +7,8 @@ max/mean absolute and relative error, relative L2 error ``||t - r|| / ||r||``, c
 on the first axis (e.g. one sentence embedding). Added here: the error histogram, and top-1/top-5
 agreement for classification-shaped outputs (rank 2, ``[rows, classes]``): top-1 is the fraction of
 rows with the same argmax, top-5 the fraction whose reference argmax is among the target's five largest.
+NaN/inf of the reference that a target reproduces exactly are left out of the statistics (a "non-finite"
+check counts them); a NaN/inf in only one of the two fails that check.
 ONNX Runtime targets produce these outputs with EXACT sessions (`trtforge.reports.runners`).
 
 Padding: when the inputs carry a padding mask (``attention_mask``, 1 = real token) and an output of
@@ -147,9 +149,28 @@ def _checks(row: AccuracyRow, tol: Tolerance, elemwise_passed: bool | None) -> l
     return checks
 
 
+def _set_aside_nonfinite(
+    ref: list[np.ndarray], tgt: list[np.ndarray]
+) -> tuple[list[np.ndarray], list[np.ndarray], int, int]:
+    """NaN/inf the target reproduces exactly (NaN where the reference has NaN, the same infinity) set to 0
+    in both, so cosine, SNR and the errors measure the finite elements; with the counts of those matched
+    and of the elements non-finite in one of the two only (a mismatch every check must see)."""
+    matched = mismatched = 0
+    r_out, t_out = [], []
+    for a, b in zip(ref, tgt):
+        r, t = a.astype(np.float64), b.astype(np.float64)
+        same = (np.isnan(r) & np.isnan(t)) | (np.isinf(r) & (r == t))
+        matched += int(same.sum())
+        mismatched += int((~(np.isfinite(r) & np.isfinite(t)) & ~same).sum())
+        r_out.append(np.where(same, 0.0, r))
+        t_out.append(np.where(same, 0.0, t))
+    return r_out, t_out, matched, mismatched
+
+
 def _compare_output(
     row: AccuracyRow, ref: list[np.ndarray], tgt: list[np.ndarray], tol: Tolerance, classify: bool
 ) -> None:
+    ref, tgt, matched, mismatched = _set_aside_nonfinite(ref, tgt)
     r = np.concatenate([a.astype(np.float64).ravel() for a in ref])
     t = np.concatenate([a.astype(np.float64).ravel() for a in tgt])
     m = compare_arrays(r, t)
@@ -165,10 +186,20 @@ def _compare_output(
             np.concatenate([a.reshape(-1, a.shape[-1]) for a in ref]),
             np.concatenate([a.reshape(-1, a.shape[-1]) for a in tgt]),
         )
-    row.histogram = _histogram(np.abs(t - r))
+    with np.errstate(invalid="ignore"):  # inf - inf where only one of the two is non-finite
+        row.histogram = _histogram(np.abs(t - r))
     row.tolerance = tol
     elemwise = not elementwise_failures(r, t, tol).any() if tol.elementwise else None
     row.checks = _checks(row, tol, elemwise)
+    if matched or mismatched:
+        kept = f"{matched} NaN/inf element(s) of the reference reproduced exactly, left out of the statistics"
+        detail = (
+            f"{mismatched} element(s) NaN/inf in only one of target and reference; {kept}"
+            if mismatched
+            else kept
+        )
+        row.checks.append(Check("non-finite", not mismatched, detail))
+        row.reason = detail
     row.passed = all(c.passed for c in row.checks) if row.checks else None
 
 
@@ -208,6 +239,8 @@ def compare_target(
         return whole(f"target did not run: {target.error}")
     if len(reference.outputs) != len(target.outputs):
         return whole(f"{len(target.outputs)} iterations vs {len(reference.outputs)} for the reference")
+    if not reference.outputs:
+        return whole("no accuracy inputs were run (no input specs to generate them from)")
     rows = []
     for name in reference.outputs[0]:
         row = AccuracyRow(target.name, name, reference.name)
@@ -229,6 +262,13 @@ def compare_target(
         tol = resolve_tolerance(target.name, name, precision, tolerances)
         classify = is_classification(ref, name, classification)
         ref, tgt, row.padding_excluded = _real_tokens(ref, tgt, masks)
+        if not any(a.size for a in ref):  # an empty axis (or nothing but padding): a check of nothing
+            row.status = NOT_COMPARED
+            row.reason = f"no elements to compare (shape {row.shape}" + (
+                f", {row.padding_excluded} padded position(s) left out)" if row.padding_excluded else ")"
+            )
+            rows.append(row)
+            continue
         _compare_output(row, ref, tgt, tol, classify)
         row.status = OK
         rows.append(row)

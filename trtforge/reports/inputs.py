@@ -10,6 +10,7 @@ of the target that rejects it), or any calibration dataset format
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trtforge._fileio import as_input_path
-from trtforge.core.tensor_spec import TensorSpec, graph_inputs, numpy_dtype_of
+from trtforge.core.tensor_spec import TensorSpec, graph_inputs, is_dynamic, numpy_dtype_of
 from trtforge.errors import UserError
-from trtforge.numerics.feeds import check_finite, embedding_rows, synthetic_feed
+from trtforge.numerics.feeds import MAX_FEED_BYTES, check_finite, embedding_rows, synthetic_feed
 
 if TYPE_CHECKING:
     import onnx
@@ -97,7 +98,7 @@ def fit_sizes(
     for s in specs:
         for axis, (lo, hi) in enumerate(s.limits or ()):
             dim = s.shape[axis] if axis < len(s.shape) else None
-            if isinstance(dim, int) and dim > 0:
+            if isinstance(dim, int) and not is_dynamic(dim):
                 continue
             if axis == 0:
                 batch_hi = min(batch_hi, hi)
@@ -135,7 +136,7 @@ def resolve_shape(spec: ReportInput, batch: int, seq: int | None) -> tuple[int, 
     """The concrete shape of `spec` at (batch, seq); UserError saying why when it cannot be used."""
     shape = []
     for axis, d in enumerate(spec.shape):
-        if isinstance(d, int) and d > 0:
+        if isinstance(d, int) and not is_dynamic(d):  # a static 0 is an empty axis, kept
             size = d
             if axis == 0 and d != batch:
                 raise UserError(f"input '{spec.name}' has a static batch of {d}, not {batch}")
@@ -167,12 +168,23 @@ def static_batch(specs: Sequence[ReportInput]) -> int | None:
 
 def has_seq_axis(specs: Sequence[ReportInput]) -> bool:
     """True when some input has a dynamic axis other than the batch axis."""
-    return any(not (isinstance(d, int) and d > 0) for s in specs for d in s.shape[1:])
+    return any(not (isinstance(d, int) and not is_dynamic(d)) for s in specs for d in s.shape[1:])
 
 
 def generate_feed(specs: Sequence[ReportInput], batch: int, seq: int | None, seed: int = 0) -> Feed:
-    """One deterministic feed dict at (batch, seq) from the specs (`trtforge.numerics.feeds` rules)."""
-    return synthetic_feed(((s.name, s.dtype, resolve_shape(s, batch, seq), s.vocab) for s in specs), seed)
+    """One deterministic feed dict at (batch, seq) from the specs (`trtforge.numerics.feeds` rules); a
+    UserError naming --batch/--seq when an input would exceed what trtforge generates."""
+    shapes = [(s, resolve_shape(s, batch, seq)) for s in specs]
+    for s, shape in shapes:
+        nbytes = math.prod(shape) * np.dtype(s.dtype).itemsize
+        if nbytes > MAX_FEED_BYTES:
+            at = f"batch {batch}" + (f", sequence {seq}" if seq is not None and has_seq_axis([s]) else "")
+            raise UserError(
+                f"input '{s.name}' at {at} is {list(shape)} ({np.dtype(s.dtype).name}), "
+                f"{nbytes / 2**30:.3g} GiB: above the {MAX_FEED_BYTES / 2**30:g} GiB trtforge generates "
+                "per input. Use smaller --batch / --seq values."
+            )
+    return synthetic_feed(((s.name, s.dtype, shape, s.vocab) for s, shape in shapes), seed)
 
 
 def _split_npz(arrays: dict[str, np.ndarray]) -> list[Feed]:

@@ -14,6 +14,12 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+def _text(name: str) -> str:
+    """A target or output name as literal matplotlib text: every '$' escaped, so a name holding two is
+    not parsed as mathtext (an unknown command in it raised ValueError and no report was written)."""
+    return name.replace("$", r"\$")
+
+
 def _figure(width: float, height: float):
     from matplotlib.figure import Figure
 
@@ -25,7 +31,7 @@ def latency_plot(report: Report) -> bytes | None:
     series: dict[str, list] = defaultdict(list)
     for p in report.latency:
         if p.status == OK and p.p50_ms is not None:
-            label = p.target if p.seq is None else f"{p.target} (seq {p.seq})"
+            label = _text(p.target) if p.seq is None else f"{_text(p.target)} (seq {p.seq})"
             series[label].append(p)
     if not series:
         return None
@@ -63,12 +69,12 @@ def error_histograms(report: Report) -> list[tuple[str, bytes]]:
         ax = fig.subplots()
         for row in rows:
             h = row.histogram
-            ax.stairs(h.counts, h.edges, label=f"{row.target} (max {row.max_abs:.2g})")
+            ax.stairs(h.counts, h.edges, label=f"{_text(row.target)} (max {row.max_abs:.2g})")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel(f"|target - {report.reference}|")
+        ax.set_xlabel(f"|target - {_text(report.reference)}|")
         ax.set_ylabel("elements")
-        ax.set_title(f"Absolute error: {output}")
+        ax.set_title(f"Absolute error: {_text(output)}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         figures.append((output, _png(fig)))

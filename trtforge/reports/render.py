@@ -27,9 +27,26 @@ from trtforge.reports.html import render_html
 from trtforge.reports.results import Report
 
 
+def _md_text(text: object) -> str:
+    """`text` as inline Markdown: '&', '<', '>' as entities (a model, tensor or file name holding
+    '<script>' is raw HTML to most Markdown viewers), line breaks as spaces (they would end a table row
+    or the title)."""
+    s = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return s.replace("\r", " ").replace("\n", " ")
+
+
+def _md_code(text: object) -> str:
+    """`text` as a Markdown code span whose fence is longer than any run of backticks in it (a name
+    holding a backtick would close a one-backtick span and leave the rest as Markdown and HTML)."""
+    s = str(text).replace("\r", " ").replace("\n", " ")
+    fence = "`" * (max((len(run) for run in re.findall("`+", s)), default=0) + 1)
+    pad = " " if s[:1] == "`" or s[-1:] == "`" else ""
+    return f"{fence}{pad}{s}{pad}{fence}"
+
+
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
     def esc(c: str) -> str:
-        return c.replace("|", "\\|").replace("\n", " ")
+        return _md_text(c).replace("|", "\\|").replace("`", "\\`")
 
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
@@ -40,11 +57,11 @@ def lm_sections(report: Report) -> list[str]:
     """The LLM report's quality and speed sections (Markdown)."""
     s = report.settings
     return [
-        f"## Quality (vs `{report.reference}`, text: {s.get('accuracy_data')})",
+        f"## Quality (vs {_md_code(report.reference)}, text: {_md_text(s.get('accuracy_data'))})",
         _md_table(LM_QUALITY_HEADER, [lm_quality_cells(q) for q in report.lm_quality]),
         "",
         f"## Speed (prompt {s.get('prompt_len')} + {s.get('new_tokens')} new tokens per request, greedy; "
-        f"device {s.get('device')})",
+        f"device {_md_text(s.get('device'))})",
         _md_table(LM_SPEED_HEADER, [lm_speed_cells(p) for p in report.lm_speed])
         if report.lm_speed
         else "none",
@@ -59,7 +76,8 @@ def render_markdown(report: Report) -> str:
         middle = lm_sections(report)
     else:
         middle = [
-            f"## Accuracy (vs `{report.reference}`, inputs: {report.settings.get('accuracy_data')})",
+            f"## Accuracy (vs {_md_code(report.reference)}, inputs: "
+            f"{_md_text(report.settings.get('accuracy_data'))})",
             _md_table(ACCURACY_HEADER, [accuracy_cells(r) for r in report.accuracy])
             if report.accuracy
             else "none",
@@ -72,12 +90,12 @@ def render_markdown(report: Report) -> str:
             "",
         ]
     parts = [
-        f"# {report.title}",
+        f"# {_md_text(report.title)}",
         "",
-        f"Source: {report.source['kind']} `{report.source['label']}` · reference: `{report.reference}` · "
-        f"created {report.created}",
+        f"Source: {report.source['kind']} {_md_code(report.source['label'])} · reference: "
+        f"{_md_code(report.reference)} · created {report.created}",
         "",
-        headline(report),
+        _md_text(headline(report)),
         "",
         "## Targets",
         _md_table(TARGET_HEADER, [target_cells(t) for t in report.targets]),
@@ -85,11 +103,11 @@ def render_markdown(report: Report) -> str:
         *middle,
     ]
     if report.notes:
-        parts += ["## Notes", *[f"- {n}" for n in report.notes], ""]
+        parts += ["## Notes", *[f"- {_md_text(n)}" for n in report.notes], ""]
     env = report.environment
     parts += [
         "## Environment",
-        f"{env.get('cpu')} ({env.get('cpu_count')} logical CPUs; ISA "
+        f"{_md_text(env.get('cpu'))} ({env.get('cpu_count')} logical CPUs; ISA "
         f"{', '.join((env.get('cpu_isa') or {}).get('isa') or ['unknown'])}), Python {env.get('python')}, "
         + ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if v),
         "",

@@ -45,7 +45,7 @@ def input_metadata(specs: Sequence[ReportInput]) -> TensorMetadata:
     """Polygraphy metadata from our specs (dynamic dims as None)."""
     meta = TensorMetadata()
     for s in specs:
-        meta.add(s.name, dtype=s.dtype, shape=[d if isinstance(d, int) and d > 0 else None for d in s.shape])
+        meta.add(s.name, dtype=s.dtype, shape=[d if isinstance(d, int) and d >= 0 else None for d in s.shape])
     return meta
 
 

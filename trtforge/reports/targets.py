@@ -122,11 +122,13 @@ class Preparer:
         calibration_options: Mapping[str, Any] | None = None,
         engine_shapes: Callable[[list[ReportInput]], list[str]] | None = None,
         int8_rest: str = PrecisionOptions.int8_rest,
+        feed_shapes: Callable[[list[ReportInput]], dict[str, tuple[int, ...]] | None] | None = None,
     ):
         self.source, self.workdir, self.threads = source, workdir, threads
         self.int8_rest = int8_rest
         self._calibration_options = dict(calibration_options or {})
         self._calibration, self._tokenizer, self._engine_shapes = calibration, tokenizer, engine_shapes
+        self._feed_shapes = feed_shapes  # the accuracy feeds' shapes: where the model is known to run
         self._graphs: dict[str, _Graph] = {}
         self._limits: dict[str, Any] | None = None
         self.output_names: list[str] | None = None
@@ -202,7 +204,9 @@ class Preparer:
                 raise UserError(f"no graph to derive from: {base.error}")
             attention = name.partition("@")[2] or default_attention(PrecisionOptions())
             optimize = _optional("trtforge.passes.pipeline", "optimize_model")
-            proto, ledger = optimize(base.proto, attention=attention, verify=True)
+            specs = self.base_specs() if self._feed_shapes is not None else None
+            shapes = self._feed_shapes(specs) if specs else None  # (verification falls back to them)
+            proto, ledger = optimize(base.proto, attention=attention, verify=True, feed_shapes=shapes)
             counts = {p.name: p.matches for p in ledger.passes}
             return self._save(
                 name.replace("@", "-"),
