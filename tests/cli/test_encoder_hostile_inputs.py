@@ -628,6 +628,14 @@ CASES: dict[str, tuple[Setup, str]] = {
         _triton("-o", "repo", "--name", "", "--no-validate"),
         r"--name '' is not a valid model directory name",
     ),
+    "export-triton --name of spaces only": (
+        _triton("-o", "repo", "--name", "   ", "--no-validate"),
+        r"--name '   ' is not a valid model directory name",
+    ),
+    "export-triton --name with a trailing space": (
+        _triton("-o", "repo", "--name", "bert ", "--no-validate"),
+        r"--name 'bert ' is not a valid model directory name: .* ending with a space",
+    ),
     "export-triton --name over the filesystem limit": (
         _triton("-o", "repo", "--name", "n" * 300, "--no-validate"),
         r"--name 'repo/n{300}': the file name is 300 bytes long; this filesystem allows 255",

@@ -278,7 +278,14 @@ def export_triton(
         )
     # the stem, as --help says: 'bert.fp16.engine' and 'bert.int8.engine' are two models, not both 'bert'
     name = opts.name if opts.name is not None else engine.stem
-    if not name or "/" in name or name.startswith(".") or not name.isprintable() or not _utf8(name):
+    if (
+        not name.strip()
+        or name != name.strip()
+        or "/" in name
+        or name.startswith(".")
+        or not name.isprintable()
+        or not _utf8(name)
+    ):
         given = (
             "--name"
             if opts.name is not None
@@ -286,7 +293,8 @@ def export_triton(
         )
         raise UserError(
             f"{given} {name!r} is not a valid model directory name: expected printable UTF-8 text without "
-            "'/' that does not start with '.' (Triton names the model by its directory)."
+            "'/', not starting with '.' nor starting or ending with a space (Triton names the model by its "
+            "directory, and clients must spell it exactly)."
         )
     repo = Path(repo)
     if repo.exists() and not repo.is_dir():
