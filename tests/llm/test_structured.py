@@ -159,7 +159,11 @@ UNENFORCEABLE = [  # (schema, its place and keyword in the refusal, JSON the gra
     ({"not": {"type": "string"}}, r"\$ uses 'not'", '"a"'),
     ({"if": {"type": "string"}, "then": {"maxLength": 1}}, r"\$ uses 'if'/'then'/'else'", '"abc"'),
     ({"allOf": [{"type": "string"}, {"type": "integer"}]}, r"\$ uses 'allOf' of 2 schemas", "0.5"),
-    ({"type": "array", "uniqueItems": True}, r"\$ uses 'uniqueItems'", "[1, 1]"),
+    (
+        {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+        r"\$ uses 'uniqueItems'",
+        "[1, 1]",
+    ),
     (
         {"type": "object", "properties": {"a": {"type": "integer"}}, "dependentRequired": {"a": ["b"]}},
         r"\$ uses 'dependentRequired'",
