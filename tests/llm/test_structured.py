@@ -83,6 +83,28 @@ def test_a_schema_the_grammar_cannot_compile_is_a_user_error(model_and_tokenizer
         compiler.matcher(bad)
 
 
+@pytest.mark.parametrize(
+    ("schema", "reason"),
+    [
+        ({"enum": []}, "enum array must not be empty"),
+        ({"type": "integer", "minimum": 5, "maximum": 3}, "Invalid range: minimum greater than maximum"),
+        ({"type": "string", "pattern": "(a)\\1"}, "Backreference is not supported yet"),
+    ],
+)
+def test_a_compile_failure_says_why_without_xgrammar_log_noise(model_and_tokenizer, schema, reason):
+    """xgrammar's exception texts start with its C++ log head ("[08:40:19] /project/cpp/x.cc:5082: ") and
+    end with a newline: the message keeps the reason only."""
+    from trtforge.llm.structured import GrammarCompiler
+
+    compiler = GrammarCompiler(model_and_tokenizer[1], 4096)
+    with pytest.raises(UserError) as info:
+        compiler.compile({"type": "json_schema", "json_schema": {"schema": schema}})
+    text = str(info.value)
+    assert text.startswith("response_format: the JSON schema cannot be compiled to a grammar: ")
+    assert reason in text and text == text.strip()
+    assert ".cc:" not in text and "/project/" not in text
+
+
 def test_bitmask_rows_without_a_grammar_allow_everything(model_and_tokenizer):
     from trtforge.llm.structured import GrammarCompiler, batch_bitmask
 

@@ -34,6 +34,14 @@ COMPILE_TIMEOUT_S = 30.0
 COMPILE_WORKERS = 2
 CACHE_SIZE = 128  # compiled grammars kept (least recently used dropped first)
 _QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
+# the head of xgrammar's C++ log lines, which its exceptions' texts carry: "[08:40:19] /project/cpp/x.cc:94: "
+_XGRAMMAR_LOG_HEAD = re.compile(r"^\s*\[\d{2}:\d{2}:\d{2}\] \S+:\d+: ")
+
+
+def xgrammar_reason(exc: BaseException) -> str:
+    """xgrammar's error text without its C++ log head (a time and a source file of its build, meaningless
+    to whoever wrote the schema) and trailing newline: "enum array must not be empty"."""
+    return _XGRAMMAR_LOG_HEAD.sub("", str(exc)).strip()
 
 
 class GrammarError(UserError):
@@ -342,7 +350,8 @@ class GrammarCompiler:
             # compact JSON: free whitespace lets a model loop on blanks until max_tokens
             return self._compiler.compile_json_schema(key, any_whitespace=False)
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError for a schema it cannot use
-            msg = f"response_format: the JSON schema cannot be compiled to a grammar: {clipped(str(exc))}"
+            why = clipped(xgrammar_reason(exc))
+            msg = f"response_format: the JSON schema cannot be compiled to a grammar: {why}"
             raise GrammarError(msg) from exc
 
     def compile(self, response_format: dict[str, Any]) -> Any:
