@@ -143,6 +143,19 @@ def test_seeded_sampling_with_speculation_is_reproducible(workload):
         ({"method": "ngram", "num_tokens": 0}, "'num_tokens' must be an integer"),
         ({"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}, "exceeds"),
         ("ngram", "must be None or a dict"),
+        (
+            {"method": "ngram", "num_blocks": 64},
+            "'num_blocks' sizes the draft model's KV pool: method 'ngram'",
+        ),
+        (
+            {"method": "draft", "model": "d", "prompt_lookup_max": 8},
+            "'prompt_lookup_max' is an n-gram length",
+        ),
+        (
+            {"method": "draft", "model": "d", "prompt_lookup_min": 3},
+            "'prompt_lookup_min' is an n-gram length",
+        ),
+        (SpeculativeConfig("draft", model="d", prompt_lookup_min=2), "method 'draft' does not use it"),
     ],
 )
 def test_bad_speculative_options_are_refused_clearly(value, match):
