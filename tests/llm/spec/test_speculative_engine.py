@@ -163,6 +163,27 @@ def test_bad_speculative_options_are_refused_clearly(value, match):
         SpeculativeConfig.of(value)
 
 
+def test_a_draft_that_cannot_load_is_named_and_refused_before_the_target_loads(tmp_path, monkeypatch):
+    """The loader's refusal ("'DIR' is a directory without config.json") did not say that DIR was the
+    draft model, and came after the target's weights had loaded (minutes for a large target)."""
+    from trtforge.llm.models import loader
+
+    seen: list = []
+    real = loader.load_causal_lm
+    monkeypatch.setattr(loader, "load_causal_lm", lambda source: (seen.append(source), real(source))[1])
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    with pytest.raises(
+        UserError, match=r"speculative 'model' \(the draft model\): '.*draft' is a directory without config"
+    ):
+        from_pretrained(
+            "tests.llm.tiny_models:llama_factory",
+            num_blocks=8,
+            speculative={"method": "draft", "model": str(draft)},
+        )
+    assert seen == [str(draft)]  # (the target was never loaded)
+
+
 @needs_models
 def test_speculation_refuses_asynchronous_scheduling():
     config = SchedulerConfig(async_scheduling=True)
