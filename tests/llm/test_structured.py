@@ -192,6 +192,16 @@ UNENFORCEABLE = [  # (schema, its place and keyword in the refusal, JSON the gra
         '{"a": 1}',
     ),
     (
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]},
+        r"\$ uses 'required' 'b' without defining it in the same schema's 'properties'",
+        '{"a": 1}',
+    ),
+    (
+        {"type": "object", "properties": {"o": {"type": "object", "required": ["a"]}}, "required": ["o"]},
+        r"\$\.properties\.o uses 'required' 'a'",
+        '{"o": {}}',
+    ),
+    (
         {"$defs": {"n": {"type": "number", "multipleOf": 2}}, "$ref": "#/$defs/n"},
         r"\$\.\$defs\.n uses 'multipleOf'",
         "3",
@@ -217,6 +227,28 @@ def test_a_constraint_the_grammar_would_ignore_is_refused_naming_it(
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
     with pytest.raises(GrammarError, match=rf"the schema's {said}.*cannot enforce"):
         g.compile(fmt)
+
+
+@pytest.mark.parametrize(
+    ("schema", "said", "served"),
+    [
+        ({"anyOf": []}, r"\$ uses an empty 'anyOf', which no value matches", ""),
+        ({"oneOf": []}, r"\$ uses an empty 'oneOf'", ""),
+        ({"properties": {"a": {"type": []}}}, r"\$\.properties\.a uses an empty 'type'", '{"a": 0.5}'),
+    ],
+)
+def test_a_schema_part_no_value_matches_is_refused(model_and_tokenizer, schema, said, served):
+    """xgrammar served an empty anyOf as the empty output (no JSON at all, finish_reason "stop") and an
+    empty type list as any value."""
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from trtforge.llm.structured import GrammarCompiler, GrammarError
+
+    raw = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+    assert _is_grammar_accept_string(raw, served)
+    g = GrammarCompiler(model_and_tokenizer[1], 4096)
+    with pytest.raises(GrammarError, match=rf"the schema's {said}"):
+        g.compile({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
 
 
 def test_keywords_as_data_or_enforceable_constraints_still_compile(model_and_tokenizer):

@@ -258,6 +258,19 @@ def _unenforced(node: dict[str, Any]) -> tuple[str, str] | None:
     """(what, the remedy) of the first constraint of schema `node` (not its subschemas) that xgrammar
     leaves out of the grammar without an error, so that the output could break it; None if none."""
     drop = "drop it (and check that constraint on the parsed output)"
+    for key in ("anyOf", "oneOf", "type"):
+        if node.get(key) == []:
+            return f"an empty {shown(key)}, which no value matches", "give it at least one entry"
+    required = node.get("required")
+    if isinstance(required, list):
+        props = node.get("properties")
+        defined = props if isinstance(props, dict) else {}
+        missing = [k for k in required if isinstance(k, str) and k not in defined]
+        if missing:  # (xgrammar's objects hold their 'properties' only, a required one left out or not)
+            return (
+                f"'required' {shown(missing[0])} without defining it in the same schema's 'properties'",
+                f"add {shown(missing[0])} to 'properties' beside 'required'",
+            )
     if "not" in node:
         return "'not'", drop
     if "if" in node:
@@ -293,11 +306,13 @@ def _unenforced(node: dict[str, Any]) -> tuple[str, str] | None:
 
 def check_enforceable(schema: Any) -> None:
     """Refuse (GrammarError naming the place and the keyword) a JSON schema holding a constraint the
-    grammar cannot enforce: xgrammar compiles ``not``, ``if``, an ``allOf`` of several schemas,
-    ``uniqueItems``, ``dependentRequired``/``dependentSchemas``, ``multipleOf`` on numbers or beside a
-    range, ``minLength``/``maxLength`` beside a ``pattern`` or ``format``, and a pattern's lookahead by
-    leaving them out (a warning on stderr at most), so that "valid JSON against the schema" would not
-    hold: ``{"type": "number", "multipleOf": 1}`` gave 0.5, ``{"not": {"type": "string"}}`` "a"."""
+    grammar cannot enforce. xgrammar compiles these by leaving them out (a warning on stderr at most),
+    so that "valid JSON against the schema" would not hold: an empty ``anyOf``/``oneOf``/``type``
+    (output "" or any value), a ``required`` property its schema's own ``properties`` lack (output
+    ``{}``), ``not`` (``{"not": {"type": "string"}}`` gave "a"), ``if``, an ``allOf`` of several
+    schemas, ``uniqueItems``, ``dependentRequired``/``dependentSchemas``, ``multipleOf`` on numbers
+    or beside a range (``{"type": "number", "multipleOf": 1}`` gave 0.5), ``minLength``/``maxLength``
+    beside a ``pattern`` or ``format``, and a pattern's lookahead."""
     for node, where in _subschemas(schema):
         found = _unenforced(node)
         if found is not None:
