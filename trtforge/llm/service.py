@@ -220,11 +220,7 @@ def load(
         raise UserError(f"executor {executor!r} is not available; choose one of {', '.join(EXECUTORS)}.")
     sizing.check_utilization(gpu_memory_utilization)  # (NaN was accepted where no pool is sized by it)
     if speculative is not None and executor != "torch":
-        raise UserError(
-            f"speculative decoding runs on the torch executor (a save_pretrained directory or "
-            f"module:factory); '{path}' runs on executor {executor!r}. Drop the speculative option or "
-            "serve the model's directory."
-        )
+        _refuse_speculation(path, executor)
     if executor == "torch":
         return from_pretrained(
             path,
@@ -294,6 +290,26 @@ def load(
         return ServingLLM(slot, _limited(config, max_num_seqs, generation, "step graph", why))
     ex = OrtPagedExecutor(p, num_blocks, max_model_len=max_model_len, generation=generation)
     return ServingLLM(ex, sizing.default_scheduler_config(config, max_num_seqs))
+
+
+def _refuse_speculation(path: Any, executor: str) -> None:
+    """UserError: `speculative` asked of `executor`, which is not the torch one. A save_pretrained
+    directory or module:factory under executor "auto" (which loads step graphs and engines) is told to
+    pass executor='torch'; the message said it "runs on executor 'auto'" and to "serve the model's
+    directory", which it was."""
+    text = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
+    torch_source = os.path.isdir(text) or (":" in text and not os.path.exists(text))
+    if torch_source:
+        raise UserError(
+            f"speculative decoding runs on the torch executor: '{text}' is a save_pretrained directory or "
+            f"module:factory, which it serves; pass executor='torch' (executor {executor!r} loads step "
+            "graphs and engines, which cannot speculate)."
+        )
+    raise UserError(
+        f"speculative decoding runs on the torch executor only; '{text}' runs on executor {executor!r} (a "
+        "step graph or engine, which cannot speculate). Drop the speculative option, or load the model's "
+        "save_pretrained directory (or module:factory) with executor='torch'."
+    )
 
 
 def engine_config(

@@ -163,6 +163,25 @@ def test_bad_speculative_options_are_refused_clearly(value, match):
         SpeculativeConfig.of(value)
 
 
+@pytest.mark.parametrize("executor", ["auto", "onnxruntime"])
+def test_speculation_asked_of_a_torch_model_under_another_executor_says_pass_torch(tmp_path, executor):
+    """llm.load(DIR, speculative=...) (executor "auto") was told DIR "runs on executor 'auto'" and to "serve
+    the model's directory", which it was; it is told to pass executor='torch'."""
+    from trtforge.llm.service import load
+
+    (tmp_path / "config.json").write_text("{}")
+    for model in (str(tmp_path), "tests.llm.tiny_models:llama_factory"):
+        with pytest.raises(UserError) as info:
+            load(model, executor, speculative={"method": "ngram"})
+        text = str(info.value)
+        assert f"'{model}' is a save_pretrained directory or module:factory" in text
+        assert "pass executor='torch'" in text and "serve the model's directory" not in text
+    graph = tmp_path / "step.onnx"
+    graph.write_bytes(b"")
+    with pytest.raises(UserError, match=r"runs on executor '(auto|onnxruntime)' \(a step graph or engine"):
+        load(str(graph), executor, speculative={"method": "ngram"})
+
+
 def test_a_draft_that_cannot_load_is_named_and_refused_before_the_target_loads(tmp_path, monkeypatch):
     """The loader's refusal ("'DIR' is a directory without config.json") did not say that DIR was the
     draft model, and came after the target's weights had loaded (minutes for a large target)."""
