@@ -368,7 +368,7 @@ def _load(load: Any, model: str, executor: str, num_blocks: int | None, spec: An
     integers, refused as the user's number (not the allocator's trace as an internal error)."""
     from trtforge.cli._options import arguments_as_flags
     from trtforge.errors import UserError
-    from trtforge.llm.service import DRAFT_REFUSAL, PoolAllocationError, allocation_failure
+    from trtforge.llm.service import PoolAllocationError, allocation_failure
 
     def refused(detail: str) -> UserError:
         return UserError(
@@ -382,11 +382,6 @@ def _load(load: Any, model: str, executor: str, num_blocks: int | None, spec: An
             return load(model, executor, num_blocks=num_blocks, speculative=spec, **torch_kw)
     except PoolAllocationError as exc:  # the torch executor's refusal, worded for the API
         raise refused(exc.detail) from exc
-    except UserError as exc:  # the draft model's refusal named the API's speculative= key
-        text = str(exc)
-        if not text.startswith(DRAFT_REFUSAL):
-            raise
-        raise UserError(f"--speculative-model: {text.removeprefix(DRAFT_REFUSAL)}") from exc
     except (MemoryError, RuntimeError, TypeError, OverflowError) as exc:
         if num_blocks is None or not allocation_failure(exc):
             raise
