@@ -124,10 +124,16 @@ def test_json_schema_output_validates_with_the_trained_model(tmp_path, capsys):
     path = tmp_path / "schema.json"
     path.write_text(json.dumps(schema))
     m = str(MODEL)
-    lines = _run(
-        capsys, m, "--prompt", "x = ", "--tokenizer", m, "--json-schema", str(path), "--max-tokens", "60"
-    )
-    jsonschema.validate(json.loads(lines[0]), schema)
+    argv = ["generate", m, "--prompt", "x = ", "--tokenizer", m, "--json-schema", str(path), "--max-tokens"]
+    assert main([*argv, "60"]) == 0
+    out = capsys.readouterr()
+    jsonschema.validate(json.loads(out.out.splitlines()[0]), schema)
+    assert "incomplete JSON" not in out.err
+    assert main([*argv, "3"]) == 0
+    out = capsys.readouterr()
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(out.out.splitlines()[0])  # three tokens of the object: cut mid-value
+    assert "note: output 1 is incomplete JSON: --max-tokens 3 ran out before the schema's value" in out.err
 
 
 def test_a_negative_seed_is_an_int64_seed_as_the_server_takes_it(paged, capsys):

@@ -50,6 +50,16 @@ def test_speculative_flags_that_do_not_go_together_exit_2(capsys, flags, said):
     assert said in capsys.readouterr().err
 
 
+def test_a_draft_model_that_cannot_load_is_named_as_the_flag(capsys):
+    """The loader's refusal of the draft did not say it was the draft ("cannot import module ..." could be
+    MODEL's); it names --speculative-model, with exit 2 and no traceback."""
+    flags = ["--speculative-model", "nosuch_pkg.module:factory"]
+    assert main(["generate", FACTORY, *ARGS, *flags]) == 2
+    err = capsys.readouterr().err
+    assert "error: --speculative-model: cannot import module 'nosuch_pkg.module'" in err
+    assert "Traceback" not in err
+
+
 def test_self_drafting_accepts_every_greedy_proposal():
     """A draft identical to the target proposes exactly the target's greedy tokens: every one is
     accepted, so the draft's own pool is kept in step with the target's through every rollback."""

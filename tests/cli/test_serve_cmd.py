@@ -71,6 +71,20 @@ def test_a_huge_option_value_is_quoted_short(capsys, argv, message):
     assert len(err) < 400, err
 
 
+TRAINED = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "code-llama-21m"
+
+
+@pytest.mark.skipif(not TRAINED.is_dir(), reason=f"the trained model {TRAINED} is absent")
+def test_a_draft_model_that_cannot_load_is_named_as_the_flag(capsys):
+    """The loader's refusal of the draft read as MODEL's ("cannot import module ..."); it names
+    --speculative-model, before the target's weights load."""
+    argv = ["serve", str(TRAINED), "--port", "0", "--speculative-model", "nosuch_pkg.module:factory"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: --speculative-model: cannot import module 'nosuch_pkg.module'" in err, err
+    assert "Traceback" not in err
+
+
 def test_an_empty_chat_template_is_refused(tmp_path, capsys):
     empty = tmp_path / "chat.jinja"
     empty.write_text("  \n")

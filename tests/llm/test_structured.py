@@ -83,6 +83,28 @@ def test_a_schema_the_grammar_cannot_compile_is_a_user_error(model_and_tokenizer
         compiler.matcher(bad)
 
 
+@pytest.mark.parametrize(
+    ("schema", "reason"),
+    [
+        ({"enum": []}, "enum array must not be empty"),
+        ({"type": "integer", "minimum": 5, "maximum": 3}, "Invalid range: minimum greater than maximum"),
+        ({"type": "string", "pattern": "(a)\\1"}, "Backreference is not supported yet"),
+    ],
+)
+def test_a_compile_failure_says_why_without_xgrammar_log_noise(model_and_tokenizer, schema, reason):
+    """xgrammar's exception texts start with its C++ log head ("[08:40:19] /project/cpp/x.cc:5082: ") and
+    end with a newline: the message keeps the reason only."""
+    from trtforge.llm.structured import GrammarCompiler
+
+    compiler = GrammarCompiler(model_and_tokenizer[1], 4096)
+    with pytest.raises(UserError) as info:
+        compiler.compile({"type": "json_schema", "json_schema": {"schema": schema}})
+    text = str(info.value)
+    assert text.startswith("response_format: the JSON schema cannot be compiled to a grammar: ")
+    assert reason in text and text == text.strip()
+    assert ".cc:" not in text and "/project/" not in text
+
+
 def test_bitmask_rows_without_a_grammar_allow_everything(model_and_tokenizer):
     from trtforge.llm.structured import GrammarCompiler, batch_bitmask
 
@@ -141,6 +163,108 @@ def test_schemas_too_costly_to_compile_are_refused_naming_the_place(model_and_to
         g.compile(fmt(many))
     check_schema(_slow(8)["json_schema"]["schema"], "{}")  # 32,000: within the bound (seconds to compile)
     assert g.compile(fmt({"type": "string", "pattern": "[a-z]{1,40}"})) is not None
+
+
+UNENFORCEABLE = [  # (schema, its place and keyword in the refusal, JSON the grammar let through)
+    ({"type": "number", "multipleOf": 0.5}, r"\$ uses 'multipleOf' on a non-integer type", "0.3"),
+    ({"type": "integer", "multipleOf": 3, "minimum": 1}, r"\$ uses 'multipleOf' with a minimum", "4"),
+    (
+        {"type": "object", "properties": {"s": {"type": "string", "pattern": "a+", "maxLength": 2}}},
+        r"\$\.properties\.s uses 'maxLength' with 'pattern'",
+        '{"s": "aaaaa"}',
+    ),
+    (
+        {"type": "string", "pattern": "(?!a)[ab]"},
+        r"\$ uses a lookahead \(\(\?= or \(\?!\) in the pattern",
+        '"a"',
+    ),
+    ({"not": {"type": "string"}}, r"\$ uses 'not'", '"a"'),
+    ({"if": {"type": "string"}, "then": {"maxLength": 1}}, r"\$ uses 'if'/'then'/'else'", '"abc"'),
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, r"\$ uses 'allOf' of 2 schemas", "0.5"),
+    (
+        {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+        r"\$ uses 'uniqueItems'",
+        "[1, 1]",
+    ),
+    (
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "dependentRequired": {"a": ["b"]}},
+        r"\$ uses 'dependentRequired'",
+        '{"a": 1}',
+    ),
+    (
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]},
+        r"\$ uses 'required' 'b' without defining it in the same schema's 'properties'",
+        '{"a": 1}',
+    ),
+    (
+        {"type": "object", "properties": {"o": {"type": "object", "required": ["a"]}}, "required": ["o"]},
+        r"\$\.properties\.o uses 'required' 'a'",
+        '{"o": {}}',
+    ),
+    (
+        {"$defs": {"n": {"type": "number", "multipleOf": 2}}, "$ref": "#/$defs/n"},
+        r"\$\.\$defs\.n uses 'multipleOf'",
+        "3",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "said", "breaks_it"), UNENFORCEABLE)
+def test_a_constraint_the_grammar_would_ignore_is_refused_naming_it(
+    model_and_tokenizer, schema, said, breaks_it
+):
+    """xgrammar compiles these constraints by leaving them out (a warning on stderr at most): the JSON it
+    allows breaks the schema, which "structured output" promises not to. Refused, naming the place."""
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from trtforge.llm.structured import GrammarCompiler, GrammarError
+
+    with pytest.raises(jsonschema.ValidationError):  # (the JSON the grammar let through is invalid)
+        jsonschema.validate(json.loads(breaks_it), schema)
+    raw = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+    assert _is_grammar_accept_string(raw, breaks_it)  # (what serving it unchecked would allow)
+    g = GrammarCompiler(model_and_tokenizer[1], 4096)
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    with pytest.raises(GrammarError, match=rf"the schema's {said}.*cannot enforce"):
+        g.compile(fmt)
+
+
+@pytest.mark.parametrize(
+    ("schema", "said", "served"),
+    [
+        ({"anyOf": []}, r"\$ uses an empty 'anyOf', which no value matches", ""),
+        ({"oneOf": []}, r"\$ uses an empty 'oneOf'", ""),
+        ({"properties": {"a": {"type": []}}}, r"\$\.properties\.a uses an empty 'type'", '{"a": 0.5}'),
+    ],
+)
+def test_a_schema_part_no_value_matches_is_refused(model_and_tokenizer, schema, said, served):
+    """xgrammar served an empty anyOf as the empty output (no JSON at all, finish_reason "stop") and an
+    empty type list as any value."""
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from trtforge.llm.structured import GrammarCompiler, GrammarError
+
+    raw = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+    assert _is_grammar_accept_string(raw, served)
+    g = GrammarCompiler(model_and_tokenizer[1], 4096)
+    with pytest.raises(GrammarError, match=rf"the schema's {said}"):
+        g.compile({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+
+
+def test_keywords_as_data_or_enforceable_constraints_still_compile(model_and_tokenizer):
+    from trtforge.llm.structured import GrammarCompiler
+
+    g = GrammarCompiler(model_and_tokenizer[1], 4096)
+    for schema in (
+        {"type": "object", "properties": {"not": {"type": "string"}, "if": {"type": "integer"}}},
+        {"enum": [{"not": 1}, {"allOf": [1, 2]}]},
+        {"type": "integer", "multipleOf": 3},
+        {"type": "string", "maxLength": 4},
+        {"allOf": [{"type": "integer"}]},
+        {"type": "array", "uniqueItems": False},
+        {"type": "string", "pattern": r"[(?=]a\(?!"},  # in a class, escaped: no lookahead
+    ):
+        assert g.compile({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}) is not None
 
 
 def test_a_slow_compile_times_out_and_the_cache_stays_bounded(model_and_tokenizer, monkeypatch):

@@ -219,5 +219,11 @@ def arguments_as_flags() -> Iterator[None]:
         ctx = click.get_current_context(silent=True)
         if ctx is None or len(e.args) != 1 or not isinstance(e.args[0], str) or str(e) != e.args[0]:
             raise
-        e.args = (as_flags(e.args[0], flags_of(ctx.command)),)
+        flags = flags_of(ctx.command)
+        text = as_flags(e.args[0], flags)
+        from trtforge.llm.service import DRAFT_REFUSAL  # (the draft model's refusal names speculative=)
+
+        if text.startswith(DRAFT_REFUSAL) and "speculative_model" in flags:
+            text = f"{flags['speculative_model']}: {text.removeprefix(DRAFT_REFUSAL)}"
+        e.args = (text,)
         raise

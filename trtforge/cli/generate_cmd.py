@@ -235,6 +235,8 @@ def generate_cmd(
             printer.close()
             completion = h.completion()
             _note_context_cut(number, completion, max_tokens, llm.engine.max_model_len, llm.executor.facts)
+            if json_schema is not None and used is None:
+                _note_json_cut(number, completion, tok, max_tokens)
             if logprobs is not None:
                 _print_logprobs(completion, used)
 
@@ -422,6 +424,27 @@ def _note_context_cut(number: int, completion: Any, max_tokens: int, max_model_l
         f"before --max-tokens {max_tokens}.",
         err=True,
     )
+
+
+def _note_json_cut(number: int, completion: Any, tok: Any, max_tokens: int) -> None:
+    """Say on stderr when output `number` of a --json-schema run is not the complete JSON the schema asks
+    for: its tokens ran out (--max-tokens, or the context) mid-value, and the line alone read as the
+    model's answer (exit 0, no word)."""
+    import json
+
+    if completion.finish_reason != "length":
+        return
+    try:
+        json.loads(tok.decode(list(completion.token_ids), skip_special_tokens=True))
+        return  # complete at the limit, its end not generated yet
+    except ValueError:
+        pass
+    why = (
+        f"--max-tokens {max_tokens} ran out before the schema's value ended; give a larger --max-tokens"
+        if len(completion.token_ids) >= max_tokens
+        else "the sequence's length limit (the note above) came before the schema's value ended"
+    )
+    click.echo(f"note: output {number} is incomplete JSON: {why}.", err=True)
 
 
 def _response_format(path: str) -> dict[str, Any]:

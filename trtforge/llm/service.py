@@ -220,11 +220,7 @@ def load(
         raise UserError(f"executor {executor!r} is not available; choose one of {', '.join(EXECUTORS)}.")
     sizing.check_utilization(gpu_memory_utilization)  # (NaN was accepted where no pool is sized by it)
     if speculative is not None and executor != "torch":
-        raise UserError(
-            f"speculative decoding runs on the torch executor (a save_pretrained directory or "
-            f"module:factory); '{path}' runs on executor {executor!r}. Drop the speculative option or "
-            "serve the model's directory."
-        )
+        _refuse_speculation(path, executor)
     if executor == "torch":
         return from_pretrained(
             path,
@@ -294,6 +290,26 @@ def load(
         return ServingLLM(slot, _limited(config, max_num_seqs, generation, "step graph", why))
     ex = OrtPagedExecutor(p, num_blocks, max_model_len=max_model_len, generation=generation)
     return ServingLLM(ex, sizing.default_scheduler_config(config, max_num_seqs))
+
+
+def _refuse_speculation(path: Any, executor: str) -> None:
+    """UserError: `speculative` asked of `executor`, which is not the torch one. A save_pretrained
+    directory or module:factory under executor "auto" (which loads step graphs and engines) is told to
+    pass executor='torch'; the message said it "runs on executor 'auto'" and to "serve the model's
+    directory", which it was."""
+    text = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
+    torch_source = os.path.isdir(text) or (":" in text and not os.path.exists(text))
+    if torch_source:
+        raise UserError(
+            f"speculative decoding runs on the torch executor: '{text}' is a save_pretrained directory or "
+            f"module:factory, which it serves; pass executor='torch' (executor {executor!r} loads step "
+            "graphs and engines, which cannot speculate)."
+        )
+    raise UserError(
+        f"speculative decoding runs on the torch executor only; '{text}' runs on executor {executor!r} (a "
+        "step graph or engine, which cannot speculate). Drop the speculative option, or load the model's "
+        "save_pretrained directory (or module:factory) with executor='torch'."
+    )
 
 
 def engine_config(
@@ -475,6 +491,9 @@ def from_pretrained(
         config = dataclasses.replace(config, async_scheduling=False)
     if spec is not None and spec.method == "draft":  # before either model's weights load
         check_draft_directories(model, spec.model)
+    draft_lm = None
+    if spec is not None and spec.method == "draft":  # before the target's weights: a bad draft fails at once
+        draft_lm = _load_draft(spec.model)
     lm = load_causal_lm(model)
     if quantized:
         if device is not None or dtype is not None:
@@ -482,11 +501,8 @@ def from_pretrained(
         quantize_model(
             lm, quantization, calib_prompts, user="from_pretrained", lm_head_quantization=lm_head_quantization
         )
-    draft_lm = None
-    if spec is not None and spec.method == "draft":  # on the device before sizing: its weights count
-        draft_lm = load_causal_lm(spec.model)
-        if device is not None or dtype is not None:
-            draft_lm.to(device=device, dtype=dtype)
+    if draft_lm is not None and (device is not None or dtype is not None):  # before sizing: its weights count
+        draft_lm.to(device=device, dtype=dtype)
     pool = None
     # the CUDA graphs a sized pool reserves memory for, captured at load (with speculation: the
     # verification steps' widths too)
@@ -652,6 +668,22 @@ def _check_prompts(prompts: Any, what: str) -> None:
             raise UserError(f"{what}[{i}] holds {type(bad).__name__} {shown(bad)}; {expected}.")
 
 
+# how a refusal of the draft model starts (a command words it as its flag, --speculative-model)
+DRAFT_REFUSAL = "speculative 'model' (the draft model): "
+
+
+def _load_draft(source: Any) -> Any:
+    """The speculative draft model of `source` (:func:`load_causal_lm`), its refusal naming the option:
+    the loader's message ("'/x' is not a model file nor ...") did not say which of the two models it
+    meant."""
+    from trtforge.llm.models.loader import load_causal_lm
+
+    try:
+        return load_causal_lm(source)
+    except UserError as exc:
+        raise UserError(f"{DRAFT_REFUSAL}{exc}") from exc
+
+
 def make_proposer(spec: SpeculativeConfig, target: Any, draft_lm: Any = None) -> Proposer:
     """The proposer of `spec` for a torch executor `target`. A draft model (`draft_lm` if already
     loaded, else ``spec.model``) runs on the target's device and dtype, over a pool of
@@ -661,11 +693,10 @@ def make_proposer(spec: SpeculativeConfig, target: Any, draft_lm: Any = None) ->
     if spec.method == "ngram":
         return NgramProposer(spec.num_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
     from trtforge.llm.executors.torch_exec import TorchExecutor
-    from trtforge.llm.models.loader import load_causal_lm
 
     facts = target.facts
     draft = TorchExecutor(
-        draft_lm if draft_lm is not None else load_causal_lm(spec.model),
+        draft_lm if draft_lm is not None else _load_draft(spec.model),
         num_blocks=spec.num_blocks or facts.num_blocks,
         block_size=facts.block_size,
         device=str(target.device),

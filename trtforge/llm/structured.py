@@ -34,6 +34,14 @@ COMPILE_TIMEOUT_S = 30.0
 COMPILE_WORKERS = 2
 CACHE_SIZE = 128  # compiled grammars kept (least recently used dropped first)
 _QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
+# the head of xgrammar's C++ log lines, which its exceptions' texts carry: "[08:40:19] /project/cpp/x.cc:94: "
+_XGRAMMAR_LOG_HEAD = re.compile(r"^\s*\[\d{2}:\d{2}:\d{2}\] \S+:\d+: ")
+
+
+def xgrammar_reason(exc: BaseException) -> str:
+    """xgrammar's error text without its C++ log head (a time and a source file of its build, meaningless
+    to whoever wrote the schema) and trailing newline: "enum array must not be empty"."""
+    return _XGRAMMAR_LOG_HEAD.sub("", str(exc)).strip()
 
 
 class GrammarError(UserError):
@@ -175,6 +183,146 @@ def check_schema(schema: Any, text: str) -> None:
             stack += [(v, f"{where}[{i}]") for i, v in enumerate(node)]
 
 
+# schema keywords whose values are subschemas: one (a dict or bool), a list of them, or a map of name -> one
+_SUBSCHEMA = (
+    "items",
+    "additionalItems",
+    "additionalProperties",
+    "not",
+    "contains",
+    "propertyNames",
+    "if",
+    "then",
+    "else",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _subschemas(schema: Any) -> Any:
+    """Every (sub)schema of `schema` with its place (``$.properties.a``): the nodes that are schemas, not
+    data (an ``enum`` value or a property named ``not`` is no keyword)."""
+    stack: list[tuple[Any, str]] = [(schema, "$")]
+    while stack:
+        node, where = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        yield node, where
+        for key in _SUBSCHEMA:
+            if isinstance(node.get(key), dict):
+                stack.append((node[key], f"{where}.{key}"))
+        for key in _SUBSCHEMA_LISTS:
+            if isinstance(node.get(key), list):
+                stack += [(v, f"{where}.{key}[{i}]") for i, v in enumerate(node[key])]
+        for key in _SUBSCHEMA_MAPS:
+            if isinstance(node.get(key), dict):
+                stack += [(v, f"{where}.{key}.{shown_name(k)}") for k, v in node[key].items()]
+
+
+def has_lookahead(pattern: str) -> bool:
+    """Whether regex `pattern` holds a lookahead ``(?=`` or ``(?!`` (outside escapes and character
+    classes), which xgrammar ignores: ``(?!a)[ab]`` matched "a"."""
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            j = i + 1 + (pattern[i + 1 : i + 2] == "^")
+            j += pattern[j : j + 1] == "]"  # a leading ] is a literal
+            while j < len(pattern) and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            i = j + 1
+            continue
+        if pattern.startswith(("(?=", "(?!"), i):
+            return True
+        i += 1
+    return False
+
+
+def _types(node: dict[str, Any]) -> set[str] | None:
+    """The node's ``type`` as a set of names (None: no type given, any value)."""
+    t = node.get("type")
+    if isinstance(t, str):
+        return {t}
+    if isinstance(t, list):
+        return {x for x in t if isinstance(x, str)}
+    return None
+
+
+def _unenforced(node: dict[str, Any]) -> tuple[str, str] | None:
+    """(what, the remedy) of the first constraint of schema `node` (not its subschemas) that xgrammar
+    leaves out of the grammar without an error, so that the output could break it; None if none."""
+    drop = "drop it (and check that constraint on the parsed output)"
+    for key in ("anyOf", "oneOf", "type"):
+        if node.get(key) == []:
+            return f"an empty {shown(key)}, which no value matches", "give it at least one entry"
+    required = node.get("required")
+    if isinstance(required, list):
+        props = node.get("properties")
+        defined = props if isinstance(props, dict) else {}
+        missing = [k for k in required if isinstance(k, str) and k not in defined]
+        if missing:  # (xgrammar's objects hold their 'properties' only, a required one left out or not)
+            return (
+                f"'required' {shown(missing[0])} without defining it in the same schema's 'properties'",
+                f"add {shown(missing[0])} to 'properties' beside 'required'",
+            )
+    if "not" in node:
+        return "'not'", drop
+    if "if" in node:
+        return "'if'/'then'/'else'", "write the alternatives with anyOf, or drop them"
+    if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
+        return f"'allOf' of {len(node['allOf'])} schemas", "merge them into one schema"
+    if node.get("uniqueItems") is True:
+        return "'uniqueItems'", drop
+    for key in ("dependentRequired", "dependentSchemas", "dependencies"):
+        if node.get(key):
+            return f"{shown(key)}", "list the properties in 'required', or drop it"
+    if "multipleOf" in node:
+        types = _types(node)
+        if types is None or "number" in types or "integer" not in types:
+            return "'multipleOf' on a non-integer type", 'give it to a schema of "type": "integer" only'
+        if any(k in node for k in _RANGE):
+            return "'multipleOf' with a minimum or maximum", "use one of them, or an enum of the values"
+    lengths = [k for k in ("minLength", "maxLength") if k in node]
+    shaped = [k for k in ("pattern", "format") if k in node]
+    if lengths and shaped:
+        return (
+            f"{shown(lengths[0])} with {shown(shaped[0])}",
+            "put the length into the pattern (e.g. ^[a-z]{1,12}$), or drop one of them",
+        )
+    patterns = [node.get("pattern")]
+    if isinstance(node.get("patternProperties"), dict):
+        patterns += list(node["patternProperties"])
+    for pat in patterns:
+        if isinstance(pat, str) and has_lookahead(pat):
+            return f"a lookahead ((?= or (?!) in the pattern {shown(pat)}", "write the pattern without it"
+    return None
+
+
+def check_enforceable(schema: Any) -> None:
+    """Refuse (GrammarError naming the place and the keyword) a JSON schema holding a constraint the
+    grammar cannot enforce. xgrammar compiles these by leaving them out (a warning on stderr at most),
+    so that "valid JSON against the schema" would not hold: an empty ``anyOf``/``oneOf``/``type``
+    (output "" or any value), a ``required`` property its schema's own ``properties`` lack (output
+    ``{}``), ``not`` (``{"not": {"type": "string"}}`` gave "a"), ``if``, an ``allOf`` of several
+    schemas, ``uniqueItems``, ``dependentRequired``/``dependentSchemas``, ``multipleOf`` on numbers
+    or beside a range (``{"type": "number", "multipleOf": 1}`` gave 0.5), ``minLength``/``maxLength``
+    beside a ``pattern`` or ``format``, and a pattern's lookahead."""
+    for node, where in _subschemas(schema):
+        found = _unenforced(node)
+        if found is not None:
+            what, fix = found
+            raise GrammarError(
+                f"response_format: the schema's {where} uses {what}, which the grammar cannot enforce "
+                f"(structured output would ignore it and the JSON could break it); {fix}."
+            )
+
+
 class GrammarCompiler:
     """Compiles response formats for one tokenizer, makes a matcher per request.
 
@@ -217,7 +365,8 @@ class GrammarCompiler:
             # compact JSON: free whitespace lets a model loop on blanks until max_tokens
             return self._compiler.compile_json_schema(key, any_whitespace=False)
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError for a schema it cannot use
-            msg = f"response_format: the JSON schema cannot be compiled to a grammar: {clipped(str(exc))}"
+            why = clipped(xgrammar_reason(exc))
+            msg = f"response_format: the JSON schema cannot be compiled to a grammar: {why}"
             raise GrammarError(msg) from exc
 
     def compile(self, response_format: dict[str, Any]) -> Any:
@@ -231,6 +380,7 @@ class GrammarCompiler:
                 self._cache.move_to_end(key)
         if future is None:  # a schema not seen (or evicted): checked once, then compiled
             check_schema(schema, key)
+            check_enforceable(schema)
             with self._lock:
                 self._check_open()
                 future = self._cache.get(key)

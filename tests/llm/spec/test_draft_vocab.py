@@ -113,3 +113,35 @@ def test_widened_distributions_sum_to_one_and_keep_the_drafts_values():
     np.testing.assert_array_equal(wide[:, :297], q)
     assert not wide[:, 297:].any()
     assert draft._draft_ids([1, 296, 297, 299]) == [1, 296, 0, 0]
+
+
+def test_a_draft_of_a_shorter_context_is_warned_of_and_output_stays_the_targets():
+    """A draft whose context is shorter than the target's sequences stops proposing past it (its own
+    positions end there): nothing said so, and long sequences ran unspeculated with the cost of a draft."""
+    import warnings
+
+    import transformers as tf
+
+    from trtforge.llm.spec.proposers import DraftContextWarning
+
+    target_lm = tiny_model("llama", vocab_size=300)
+    short = tf.LlamaForCausalLM(
+        tf.LlamaConfig(**{**target_lm.config.to_dict(), "max_position_embeddings": 16})
+    )
+    short.load_state_dict(target_lm.state_dict())
+    short.eval().generation_config.eos_token_id = None
+    target, draft = _executor(target_lm), DraftModelProposer(_executor(short), 4)
+    assert draft.executor.facts.max_model_len == 16 < target.facts.max_model_len
+    with pytest.warns(DraftContextWarning, match=r"up to 16 tokens \(its context\), the target up to \d+"):
+        draft.check_target(target.facts)
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    sched = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256, enable_prefix_caching=False)
+    with LLMEngine(_executor(target_lm), sched) as engine:
+        alone = engine.generate([[5, 17, 12, 40]], params)[0].token_ids
+    with LLMEngine(target, sched, proposer=draft) as engine:
+        assert engine.generate([[5, 17, 12, 40]], params)[0].token_ids == alone
+        assert engine.stats.spec_draft_tokens > 0
+    same = DraftModelProposer(_executor(target_lm), 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        same.check_target(_executor(target_lm).facts)  # the target's own context: no warning

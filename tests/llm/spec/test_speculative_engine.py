@@ -143,11 +143,64 @@ def test_seeded_sampling_with_speculation_is_reproducible(workload):
         ({"method": "ngram", "num_tokens": 0}, "'num_tokens' must be an integer"),
         ({"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}, "exceeds"),
         ("ngram", "must be None or a dict"),
+        (
+            {"method": "ngram", "num_blocks": 64},
+            "'num_blocks' sizes the draft model's KV pool: method 'ngram'",
+        ),
+        (
+            {"method": "draft", "model": "d", "prompt_lookup_max": 8},
+            "'prompt_lookup_max' is an n-gram length",
+        ),
+        (
+            {"method": "draft", "model": "d", "prompt_lookup_min": 3},
+            "'prompt_lookup_min' is an n-gram length",
+        ),
+        (SpeculativeConfig("draft", model="d", prompt_lookup_min=2), "method 'draft' does not use it"),
     ],
 )
 def test_bad_speculative_options_are_refused_clearly(value, match):
     with pytest.raises(UserError, match=match):
         SpeculativeConfig.of(value)
+
+
+@pytest.mark.parametrize("executor", ["auto", "onnxruntime"])
+def test_speculation_asked_of_a_torch_model_under_another_executor_says_pass_torch(tmp_path, executor):
+    """llm.load(DIR, speculative=...) (executor "auto") was told DIR "runs on executor 'auto'" and to "serve
+    the model's directory", which it was; it is told to pass executor='torch'."""
+    from trtforge.llm.service import load
+
+    (tmp_path / "config.json").write_text("{}")
+    for model in (str(tmp_path), "tests.llm.tiny_models:llama_factory"):
+        with pytest.raises(UserError) as info:
+            load(model, executor, speculative={"method": "ngram"})
+        text = str(info.value)
+        assert f"'{model}' is a save_pretrained directory or module:factory" in text
+        assert "pass executor='torch'" in text and "serve the model's directory" not in text
+    graph = tmp_path / "step.onnx"
+    graph.write_bytes(b"")
+    with pytest.raises(UserError, match=r"runs on executor '(auto|onnxruntime)' \(a step graph or engine"):
+        load(str(graph), executor, speculative={"method": "ngram"})
+
+
+def test_a_draft_that_cannot_load_is_named_and_refused_before_the_target_loads(tmp_path, monkeypatch):
+    """The loader's refusal ("'DIR' is a directory without config.json") did not say that DIR was the
+    draft model, and came after the target's weights had loaded (minutes for a large target)."""
+    from trtforge.llm.models import loader
+
+    seen: list = []
+    real = loader.load_causal_lm
+    monkeypatch.setattr(loader, "load_causal_lm", lambda source: (seen.append(source), real(source))[1])
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    with pytest.raises(
+        UserError, match=r"speculative 'model' \(the draft model\): '.*draft' is a directory without config"
+    ):
+        from_pretrained(
+            "tests.llm.tiny_models:llama_factory",
+            num_blocks=8,
+            speculative={"method": "draft", "model": str(draft)},
+        )
+    assert seen == [str(draft)]  # (the target was never loaded)
 
 
 @needs_models

@@ -13,6 +13,22 @@ SPECULATIVE_KEYS = ("method", "num_tokens", "model", "prompt_lookup_min", "promp
 MAX_SPECULATIVE_TOKENS = 16
 
 
+# the keys of one method that the other never reads ("model" has its own messages): given, they were
+# ignored without a word (a draft's prompt_lookup_max=8, an ngram's num_blocks=64 changed nothing)
+_NOT_FOR = {"ngram": ("num_blocks",), "draft": ("prompt_lookup_min", "prompt_lookup_max")}
+_WHAT = {
+    "num_blocks": "sizes the draft model's KV pool",
+    "prompt_lookup_min": "is an n-gram length of prompt lookup (method 'ngram')",
+    "prompt_lookup_max": "is an n-gram length of prompt lookup (method 'ngram')",
+}
+
+
+def _not_for(method: str, key: str) -> str:
+    """Why `key` does not go with `method`."""
+    other = "draft" if method == "ngram" else "ngram"
+    return f"'{key}' {_WHAT[key]}: method '{method}' does not use it. Drop it, or use method '{other}'."
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding of one engine.
@@ -87,6 +103,10 @@ class SpeculativeConfig:
             raise bad("'model' is an empty path (''); expected the draft model's directory (or nn.Module)")
         if self.method == "ngram" and self.model is not None:
             raise bad("method 'ngram' takes no 'model' (it proposes from the sequence's own tokens)")
+        defaults = SpeculativeConfig(method="ngram")
+        for name in _NOT_FOR[self.method]:  # (at its default value, nothing is lost)
+            if getattr(self, name) != getattr(defaults, name):
+                raise bad(_not_for(self.method, name))
         n = self.num_blocks
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
             raise bad(f"'num_blocks' must be None or an integer >= 1, got {n!r}")

@@ -9,13 +9,14 @@ releases what it keeps for finished requests.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from trtforge.errors import UserError
+from trtforge.errors import TrtforgeWarning, UserError
 from trtforge.llm.executors.base import ExecutorFacts, StepBatch, StepExecutor
 from trtforge.llm.sched.blocks import BlockManager, NoFreeBlocksError
 from trtforge.llm.sched.request import Sequence_
@@ -23,6 +24,10 @@ from trtforge.llm.sched.request import Sequence_
 # how much smaller than the target's a draft's vocabulary may be: families pad one tokenizer to sizes a
 # little apart (Qwen2.5: 151,936 and 152,064 ids, 0.08%); further apart, they are two tokenizers
 MAX_PADDING_GAP = 0.01
+
+
+class DraftContextWarning(TrtforgeWarning):
+    """The draft model's context is shorter than the target's: longer sequences are not speculated."""
 
 
 class Proposal(NamedTuple):
@@ -215,7 +220,8 @@ class DraftModelProposer:
         size at most :data:`MAX_PADDING_GAP` smaller (Qwen2.5's 0.5B-3B models pad their shared
         tokenizer to 151,936 ids, the 7B-72B to 152,064). The target's size is kept: a smaller draft's
         distributions are widened to it, and target ids past the draft's vocabulary (padding ids no text
-        tokenizes to) reach the draft as id 0."""
+        tokenizes to) reach the draft as id 0. A draft of a shorter context than the target's
+        ``max_model_len`` gets a :class:`DraftContextWarning` (longer sequences go unspeculated)."""
         draft, vocab = self.executor.facts.vocab_size, target.vocab_size
         if draft > vocab or draft < vocab * (1 - MAX_PADDING_GAP):
             why = (
@@ -230,6 +236,15 @@ class DraftModelProposer:
                 "the target's."
             )
         self.target_vocab = vocab
+        if self._max_len < target.max_model_len:
+            warnings.warn(
+                f"the speculative draft model runs sequences of up to {self._max_len} tokens (its context), "
+                f"the target up to {target.max_model_len}: past {self._max_len} tokens (prompt included) "
+                "a sequence decodes without speculation. A draft of the target's context (or a smaller "
+                "max_model_len) keeps it speculating.",
+                DraftContextWarning,
+                stacklevel=3,
+            )
 
     def _chains(self, rows: int) -> bool:
         """Whether this proposal's further steps run as one chain on the executor."""
