@@ -236,3 +236,42 @@ def test_gpu_bf16_reference_and_fp8_variants(tiny_dir, tmp_path):
     if fp8_gpu:
         kv = {r.target: r.kv_bytes_per_token for r in result.report.lm_quality}
         assert kv["kv-fp8"] * 2 <= kv["bf16"] + 64  # E4M3 pools: half the bytes (scales aside)
+
+
+def _scaled_head(model_dir: Path, scale: float) -> torch.nn.Module:
+    """The model with its LM head's weights times `scale` (logits wildly off, or NaN / inf)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+def test_a_variant_whose_logits_are_not_finite_fails_and_the_report_is_written(tiny_dir, tmp_path):
+    """Logits of inf / NaN: NaN scores reached the quality plot, whose ValueError ("Axis limits cannot be
+    NaN or Inf") lost the report after every variant had run. Now the variant fails, naming why."""
+    small = SMALL | {"windows": 1, "window_len": 16, "batch_sizes": (1,)}
+    result = build_llm_report(
+        _scaled_head(tiny_dir, math.inf), tokenizer=tiny_dir, text=TEXT, out_dir=tmp_path / "o",
+        variants="fp32", device="cpu", **small,
+    )  # fmt: skip
+    (q,) = result.report.lm_quality
+    assert q.status == "failed" and "non-finite logits" in q.reason and q.perplexity is None
+    doc = json.loads(result.json_path.read_text())
+    assert not list(_validator().iter_errors(doc)) and doc["lm_quality"][0]["status"] == "failed"
+
+
+def test_a_perplexity_past_the_float_range_is_inf_not_a_crash(tiny_dir, tmp_path):
+    """Finite logits so far off that exp(mean NLL) overflows: math.exp raised OverflowError after every
+    variant had run, and nothing was written. Now the perplexity is inf (JSON null: JSON has no inf)."""
+    small = SMALL | {"windows": 1, "window_len": 16, "batch_sizes": (1,)}
+    result = build_llm_report(
+        _scaled_head(tiny_dir, 1e8), tokenizer=tiny_dir, text=TEXT, out_dir=tmp_path / "o",
+        variants="fp32", device="cpu", **small,
+    )  # fmt: skip
+    (q,) = result.report.lm_quality
+    assert q.status == "ok" and q.perplexity == math.inf and q.nll_per_token > 700
+    doc = json.loads(result.json_path.read_text())
+    assert not list(_validator().iter_errors(doc)) and doc["lm_quality"][0]["perplexity"] is None
+    assert "| fp32 | inf |" in result.markdown_path.read_text()

@@ -89,7 +89,10 @@ class _Scores:
 
     @property
     def perplexity(self) -> float:
-        return math.exp(self.nll / self.tokens)
+        """exp(mean NLL); inf where that overflows a float (a variant whose logits are wildly off:
+        math.exp raised OverflowError after every variant had run)."""
+        mean = self.nll / self.tokens
+        return math.exp(mean) if mean < 700 else math.inf
 
 
 @dataclass
@@ -247,11 +250,24 @@ def _check_text_vocabulary(ids: Sequence[int], lm: Any, tokenizer: Any) -> None:
         )
 
 
+class NonFiniteLogits(Exception):
+    """A variant's logits hold NaN or inf: it has no perplexity (the variant failed)."""
+
+
 def _score(logits_of: Any, w: Windows) -> _Scores:
-    """NLL of each window's next tokens from `logits_of(window index) -> [window_len, V]`."""
+    """NLL of each window's next tokens from `logits_of(window index) -> [window_len, V]`.
+
+    NonFiniteLogits when a scored position's logits hold NaN or inf (NaN scores said "ok" and the
+    quality plot raised ValueError after every variant had run)."""
     nll, argmax = 0.0, []
     for i, row in enumerate(w.tokens):
         logits = np.asarray(logits_of(i), dtype=np.float64)[:-1]
+        bad = ~np.isfinite(logits).all(-1)
+        if bad.any():
+            raise NonFiniteLogits(
+                f"non-finite logits (NaN or inf) at {int(bad.sum())} of {len(bad)} positions of window {i} "
+                f"(start {w.starts[i]})"
+            )
         logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
         nll += float((logz - logits[np.arange(len(row) - 1), row[1:]]).sum())
         argmax.append(logits.argmax(-1))
@@ -262,10 +278,13 @@ def _quality(
     name: str, s: _Scores, ref: _Scores | None, kv_bytes: int | None, kv_dtype: str | None
 ) -> LmQuality:
     ppl = s.perplexity
+    delta = None
+    if ref is not None and math.isfinite(ref.perplexity):  # (inf / inf: no delta to give)
+        delta = 100.0 * (ppl / ref.perplexity - 1.0)
     return LmQuality(
         target=name,
         perplexity=ppl,
-        delta_ppl_pct=None if ref is None else 100.0 * (ppl / ref.perplexity - 1.0),
+        delta_ppl_pct=delta,
         nll_per_token=s.nll / s.tokens,
         tokens=s.tokens,
         top1_agreement=None if ref is None else float((s.argmax == ref.argmax).mean()),
@@ -536,7 +555,12 @@ def _step_variant(
 
     layers, kv_heads, head_dim = int(g["num_layers"]), int(g["num_kv_heads"]), int(g["head_dim"])
     kv_bytes = sizing.kv_block_bytes(layers, kv_heads, head_dim, 1, _STEP_BYTES.get(g["cache"]["dtype"], 4))
-    return info, _score(logits_of, w), {"kv_bytes": kv_bytes, "kv_dtype": g["cache"]["dtype"]}
+    try:
+        scores = _score(logits_of, w)
+    except NonFiniteLogits as e:
+        info.status, info.reason = FAILED, f"run failed: {e}"
+        return info, None, {}
+    return info, scores, {"kv_bytes": kv_bytes, "kv_dtype": g["cache"]["dtype"]}
 
 
 def _summary(record: Any) -> Any:
