@@ -275,3 +275,15 @@ def test_a_perplexity_past_the_float_range_is_inf_not_a_crash(tiny_dir, tmp_path
     doc = json.loads(result.json_path.read_text())
     assert not list(_validator().iter_errors(doc)) and doc["lm_quality"][0]["perplexity"] is None
     assert "| fp32 | inf |" in result.markdown_path.read_text()
+
+
+def test_more_windows_than_the_second_half_holds_is_refused():
+    """66 tokens: the second half (33) holds 2 distinct windows of 32 tokens; --windows 8 scored the same
+    window 8 times over and reported 8 x 31 predicted tokens."""
+    from trtforge.errors import UserError
+    from trtforge.llm.report import cut_windows
+
+    w = cut_windows(list(range(66)), 2, 32, "--text 't'")
+    assert w.starts == [33, 34]
+    with pytest.raises(UserError, match="holds only 2 distinct windows of --window-len 32"):
+        cut_windows(list(range(66)), 3, 32, "--text 't'")

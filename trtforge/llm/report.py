@@ -132,6 +132,12 @@ def cut_windows(ids: Sequence[int], windows: int, window_len: int, what: str) ->
             f"least --window-len {window_len} tokens (give a longer text or a shorter --window-len)."
         )
     span = len(ids) - half - window_len
+    if windows > span + 1:  # (the starts repeated: one window scored several times, counted as more tokens)
+        raise UserError(
+            f"{what} has {len(ids)} tokens; its second half holds only {span + 1} distinct windows of "
+            f"--window-len {window_len}, fewer than --windows {windows} (lower --windows or --window-len, or "
+            "give a longer text)."
+        )
     starts = [half + (span * i // max(windows - 1, 1) if windows > 1 else 0) for i in range(windows)]
     tokens = np.stack([ids[s : s + window_len] for s in starts])
     calib_len = min(CALIB_LEN, window_len)
