@@ -287,3 +287,16 @@ def test_more_windows_than_the_second_half_holds_is_refused():
     assert w.starts == [33, 34]
     with pytest.raises(UserError, match="holds only 2 distinct windows of --window-len 32"):
         cut_windows(list(range(66)), 3, 32, "--text 't'")
+
+
+def test_a_prompt_len_past_the_texts_tokens_is_refused(tiny_dir, tmp_path):
+    """A text shorter than --prompt-len: the speed prompts were cut short (the table's 'prompt + new'
+    said fewer tokens) while the settings and the Speed heading said --prompt-len."""
+    from trtforge.errors import UserError
+
+    text = tmp_path / "short.py"
+    text.write_text(TEXT.read_text()[:200])  # (155 tokens)
+    small = SMALL | {"windows": 2, "window_len": 16, "batch_sizes": (1,), "prompt_len": 240}
+    with pytest.raises(UserError, match="--prompt-len 240: --text .* has only \\d+ tokens"):
+        build_llm_report(tiny_dir, text=text, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small)
+    assert not (tmp_path / "o").exists()

@@ -644,6 +644,11 @@ def build_llm_report(
     ids = _tokenize(content, tok_dir)
     _check_text_vocabulary(ids, lm, tokenizer)
     w = cut_windows(ids, windows, window_len, f"--text '{text_path}'")
+    if len(ids) < prompt_len:  # (the speed prompts were cut short and the report still said --prompt-len)
+        raise UserError(
+            f"--prompt-len {prompt_len}: --text '{text_path}' has only {len(ids)} tokens to cut the speed "
+            "prompts from; give a shorter --prompt-len or a longer text."
+        )
     # the rule compile --generate's --max-seq and the executors' max_model_len follow (a static rotary
     # scaling extends the positions; before, max_position_embeddings alone was the limit here)
     limit = adapter_for(lm, "report --generate").sequence_limit
