@@ -300,3 +300,19 @@ def test_a_prompt_len_past_the_texts_tokens_is_refused(tiny_dir, tmp_path):
     with pytest.raises(UserError, match="--prompt-len 240: --text .* has only \\d+ tokens"):
         build_llm_report(tiny_dir, text=text, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_byte_order_mark_is_not_text(tiny_dir, tmp_path):
+    """A UTF-8 file saved with a BOM (Windows editors): the BOM was tokenized as text, which moved the
+    evaluation windows and changed the perplexity of the same text."""
+    plain, bom = tmp_path / "plain.py", tmp_path / "bom.py"
+    plain.write_bytes(TEXT.read_bytes()[:3000])
+    bom.write_bytes(b"\xef\xbb\xbf" + TEXT.read_bytes()[:3000])
+    small = SMALL | {"windows": 2, "window_len": 16, "batch_sizes": (1,)}
+    a, b = (
+        build_llm_report(tiny_dir, text=t, out_dir=tmp_path / t.stem, variants="fp32", device="cpu", **small)
+        for t in (plain, bom)
+    )
+    assert a.windows.text_tokens == b.windows.text_tokens
+    assert np.array_equal(a.windows.tokens, b.windows.tokens)
+    assert a.report.lm_quality[0].perplexity == b.report.lm_quality[0].perplexity

@@ -159,8 +159,8 @@ def _read_text(text_path: Path) -> str:
             f"--text '{text_path}' holds NUL bytes (the first at offset {data.index(0)}): a binary file, "
             "not text; expected a UTF-8 text file."
         )
-    try:
-        return data.decode("utf-8")
+    try:  # (utf-8-sig: a leading byte-order mark is no text; it was tokenized and shifted every window)
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise UserError(
             f"--text '{text_path}' is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
