@@ -316,3 +316,12 @@ def test_a_byte_order_mark_is_not_text(tiny_dir, tmp_path):
     assert a.windows.text_tokens == b.windows.text_tokens
     assert np.array_equal(a.windows.tokens, b.windows.tokens)
     assert a.report.lm_quality[0].perplexity == b.report.lm_quality[0].perplexity
+
+
+def test_calibration_prompts_stay_before_the_first_window():
+    """67 tokens, one window of 34: the calibration prompt was ids[0:34], whose last token is the first
+    window's first (ids[33]); the note says calibration is disjoint from the evaluation windows."""
+    from trtforge.llm.report import cut_windows
+
+    w = cut_windows(list(range(67)), 1, 34, "--text 't'")
+    assert w.starts == [33] and max(max(c) for c in w.calibration) < 33

@@ -140,7 +140,7 @@ def cut_windows(ids: Sequence[int], windows: int, window_len: int, what: str) ->
         )
     starts = [half + (span * i // max(windows - 1, 1) if windows > 1 else 0) for i in range(windows)]
     tokens = np.stack([ids[s : s + window_len] for s in starts])
-    calib_len = min(CALIB_LEN, window_len)
+    calib_len = min(CALIB_LEN, window_len, half)  # (half: never into the first window, ids[half])
     step = max(1, (half - calib_len) // CALIB_PROMPTS) if half > calib_len else 0
     calibration = [ids[i * step : i * step + calib_len].tolist() for i in range(CALIB_PROMPTS)]
     calibration = [c for c in calibration if c] or [ids[:calib_len].tolist()]
