@@ -325,3 +325,18 @@ def test_calibration_prompts_stay_before_the_first_window():
 
     w = cut_windows(list(range(67)), 1, 34, "--text 't'")
     assert w.starts == [33] and max(max(c) for c in w.calibration) < 33
+
+
+def test_headline_names_the_largest_perplexity_change_by_magnitude():
+    """kv-fp8 +0.89% and onnx-fp8 -3.03%: the headline called kv-fp8 "the largest perplexity change"."""
+    from trtforge.reports.cells import headline
+    from trtforge.reports.results import LmQuality, Report, TargetInfo
+
+    deltas = {"fp32": None, "kv-fp8": 0.89, "onnx-fp8": -3.03}
+    report = Report(
+        title="t", created="now", source={"kind": "causal_lm", "label": "m"}, reference="fp32",
+        settings={}, environment={}, targets=[TargetInfo(n, "torch", "p", "cpu", "d") for n in deltas],
+        accuracy=[], latency=[],
+        lm_quality=[LmQuality(n, perplexity=30.0, delta_ppl_pct=d) for n, d in deltas.items()],
+    )  # fmt: skip
+    assert headline(report).endswith("largest perplexity change onnx-fp8 -3.03%.")
