@@ -184,6 +184,20 @@ def test_a_text_that_is_one_of_the_report_files_exits_2_and_is_kept(tiny_dir, tm
     assert text.read_text() == TEXT.read_text() and [p.name for p in out.iterdir()] == ["report.md"]
 
 
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_an_out_dir_through_a_dangling_symlink_exits_2_before_any_work(below, tiny_dir, tmp_path, capsys):
+    """-o a symlink to a missing directory (or a directory under one): every variant ran, then writing
+    the report failed ("cannot write 'link/report.json': No such file or directory")."""
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "missing")
+    out = link / below if below else link
+    argv = ["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", "--text", str(TEXT)]
+    rc = cli_main([*argv, "--variants", "fp32", "--window-len", "16", "--windows", "2", "--batch", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is a symbolic link to" in err and "does not exist" in err, err
+    assert not (tmp_path / "missing").exists()
+
+
 def test_a_model_that_is_not_a_causal_lm_exits_2(tmp_path, capsys):
     from tests.reports._tiny import classifier_onnx, classifier_weights
 

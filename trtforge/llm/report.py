@@ -211,6 +211,11 @@ def _check_can_create(out: Path) -> None:
     end, after every variant has run)."""
     parent = out
     while not parent.exists() and parent != parent.parent:
+        if os.path.islink(parent):  # (the write failed after every variant had run: "No such file")
+            raise UserError(
+                f"cannot create report directory '{out}': '{parent}' is a symbolic link to "
+                f"'{os.readlink(parent)}', which does not exist."
+            )
         parent = parent.parent
     if not parent.is_dir():
         raise UserError(f"cannot create report directory '{out}': '{parent}' is a file, not a directory.")
