@@ -372,7 +372,8 @@ class _Stamps:
 def _speed(
     llm: Any, name: str, prompts: list[list[int]], batch_sizes: Sequence[int], new_tokens: int
 ) -> list[LmSpeed]:
-    """TTFT / ITL / throughput at each batch size: B requests submitted at once, greedy, no early stop."""
+    """TTFT / ITL / throughput at each batch size: B requests submitted at once, greedy, no early stop
+    (on an engine without prefix caching: the warm-up runs the same prompts)."""
     from trtforge.llm.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
@@ -422,6 +423,7 @@ def _serving_variant(
     import torch
 
     from trtforge.llm.service import from_pretrained
+    from trtforge.llm.sizing import default_scheduler_config
 
     options = dict(SERVING_VARIANTS[name])
     dtype = FLOAT_DTYPES.get(name, ref_dtype)
@@ -457,6 +459,9 @@ def _serving_variant(
             num_blocks=need,
             block_size=bs,
             max_model_len=max(length, speed_len, 2),
+            # every timed request pays its prefill: with prefix caching, the warm-up (the same prompts)
+            # and each earlier batch size left the prompts' blocks cached, and TTFT measured ~1 token
+            config=dataclasses.replace(default_scheduler_config(None), enable_prefix_caching=False),
             **options,
             **_calibration(options, w),
         )
@@ -727,6 +732,11 @@ def build_llm_report(
         f"variant; serving variants run each window in prompt chunks of {chunk} tokens (later chunks read "
         "the KV cache)."
     )
+    if any(p.status == OK for p in speed):
+        notes.append(
+            "Speed: the serving engine runs without prefix caching, so every timed request pays its whole "
+            "prefill (the warm-up runs the same prompts)."
+        )
     calibrated = [n for n in names if n in ("onnx-int8", "onnx-fp8", "int4-awq", "kv-fp8", "fp8+kv-fp8")]
     if calibrated:
         notes.append(
