@@ -377,3 +377,30 @@ def test_speed_requests_pay_their_prefill(tiny_dir, tmp_path, monkeypatch):
     assert [p.status for p in result.report.lm_speed] == ["ok", "ok"]
     assert sum(hits) == 0, f"{sum(hits)} prompt blocks served from the prefix cache"
     assert any("without prefix caching" in n for n in result.report.notes)
+
+
+def test_the_calibration_note_names_the_variants_that_calibrated(tiny_dir, tmp_path):
+    """int4-awq+head-fp8 searches its AWQ scales on the text's prompts, but the note left it out."""
+    small = SMALL | {"windows": 1, "window_len": 16, "batch_sizes": (1,)}
+    result = build_llm_report(
+        tiny_dir, text=TEXT, out_dir=tmp_path / "o", variants="int4-awq+head-fp8", device="cpu", **small
+    )
+    assert result.report.targets[1].status == "ok"
+    (note,) = [n for n in result.report.notes if "calibrated on" in n]
+    assert note.startswith("int4-awq+head-fp8 calibrated on 16 prompts")
+
+
+def test_the_calibration_note_leaves_out_a_refused_variant(tmp_path):
+    """The trained 3M model's MLP width (704) is no multiple of INT4's group size: int4-awq is refused,
+    yet the note said it was calibrated on the text."""
+    model, text = MODELS / "code-llama-3m", MODELS / "eval_stdlib.txt"
+    if not (model / "config.json").is_file() or not text.is_file():
+        pytest.skip(f"trained models absent ({MODELS}): see ../shared/models/README.md")
+    small = SMALL | {"windows": 1, "window_len": 16, "batch_sizes": (1,)}
+    result = build_llm_report(
+        model, text=text, out_dir=tmp_path / "o", variants="int4-awq", device="cpu", **small
+    )
+    assert (
+        result.report.targets[1].status == "not_run" and "group size 128" in result.report.targets[1].reason
+    )
+    assert not [n for n in result.report.notes if "calibrated on" in n]
