@@ -163,6 +163,8 @@ def test_html_in_headless_chromium(report):
         # was dropped: onnx-int8 was SmoothQuant'd as if it had not been given
         (["--text", str(TEXT), "--no-smoothquant"], "--no-smoothquant only apply to an output comparison"),
         ([], "--generate needs --text"),
+        # was a report whose every serving variant was refused for SchedulerConfig.max_num_seqs, exit 0
+        (["--text", str(TEXT), "--batch", "65537"], "--batch 65537: the serving engine runs at most 65536"),
     ],
 )
 def test_bad_input_exits_2_and_writes_nothing(args, message, tiny_dir, tmp_path, capsys):
@@ -404,3 +406,17 @@ def test_the_calibration_note_leaves_out_a_refused_variant(tmp_path):
         result.report.targets[1].status == "not_run" and "group size 128" in result.report.targets[1].reason
     )
     assert not [n for n in result.report.notes if "calibrated on" in n]
+
+
+def test_a_batch_past_the_engines_default_runs_at_once(tiny_dir, tmp_path):
+    """--batch 300: the engine ran 256 requests at a time (its default max_num_seqs), so the point said
+    300 concurrent requests while 44 queued behind the others and their wait counted in TTFT."""
+    small = SMALL | {"windows": 1, "window_len": 16, "batch_sizes": (300,), "prompt_len": 4, "new_tokens": 2}
+    result = build_llm_report(
+        tiny_dir, text=TEXT, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small
+    )
+    (point,) = result.report.lm_speed
+    assert point.status == "ok" and point.batch == 300
+    assert result.report.targets[0].records["scheduler"] == {
+        "max_running": 300, "prefix_hit_tokens": 0, "preemptions": 0
+    }  # fmt: skip

@@ -411,6 +411,22 @@ def _speed(
     return points
 
 
+def _speed_config(batch: int) -> Any:
+    """The serving engine's scheduler for the speed runs: the defaults, with room for `batch` requests
+    at once (256 ran at a time, so a --batch past it queued the rest and its TTFT counted the wait), and
+    no prefix caching: every timed request pays its prefill (the warm-up and each earlier batch size ran
+    the same prompts and left their blocks cached, so TTFT measured ~1 token)."""
+    from trtforge.llm.sizing import default_scheduler_config
+
+    config = default_scheduler_config(None)
+    return dataclasses.replace(
+        config,
+        max_num_seqs=max(config.max_num_seqs, batch),
+        max_num_batched_tokens=max(config.max_num_batched_tokens, batch),
+        enable_prefix_caching=False,
+    )
+
+
 def _serving_variant(
     model: Any,
     name: str,
@@ -423,7 +439,6 @@ def _serving_variant(
     import torch
 
     from trtforge.llm.service import from_pretrained
-    from trtforge.llm.sizing import default_scheduler_config
 
     options = dict(SERVING_VARIANTS[name])
     dtype = FLOAT_DTYPES.get(name, ref_dtype)
@@ -461,7 +476,7 @@ def _serving_variant(
             max_model_len=max(length, speed_len, 2),
             # every timed request pays its prefill: with prefix caching, the warm-up (the same prompts)
             # and each earlier batch size left the prompts' blocks cached, and TTFT measured ~1 token
-            config=dataclasses.replace(default_scheduler_config(None), enable_prefix_caching=False),
+            config=_speed_config(max((speed_args or {}).get("batch_sizes", [1]))),
             **options,
             **_calibration(options, w),
         )
@@ -489,6 +504,14 @@ def _serving_variant(
             speed = _speed(
                 llm, name, speed_args["prompts"], speed_args["batch_sizes"], speed_args["new_tokens"]
             )
+            stats = (
+                llm.stats
+            )  # (what the timed requests met: all of a batch at once, no cache, no preemption)
+            info.records["scheduler"] = {
+                "max_running": stats.max_running,
+                "prefix_hit_tokens": stats.prefix_hit_tokens,
+                "preemptions": stats.preemptions,
+            }
         return info, scores, speed, {"kv_bytes": facts.kv_bytes_per_token, "kv_dtype": facts.kv_dtype}
     except UserError:
         raise
@@ -634,6 +657,13 @@ def build_llm_report(
     refuse_overwriting_inputs(outputs, {"--text file": text_path})  # (it would be replaced by the report)
     if not batch_sizes or min(int(b) for b in batch_sizes) < 1:
         raise UserError(f"--batch: expected positive integers, got {list(batch_sizes)}.")
+    from trtforge.llm.sched.request import MAX_NUM_SEQS
+
+    if max(int(b) for b in batch_sizes) > MAX_NUM_SEQS:  # (every serving variant was refused for it)
+        raise UserError(
+            f"--batch {max(int(b) for b in batch_sizes)}: the serving engine runs at most {MAX_NUM_SEQS} "
+            "requests at once."
+        )
     if chunk < 1 or prompt_len < 1 or new_tokens < 2:
         raise UserError(
             "--chunk and --prompt-len must be >= 1, --new-tokens >= 2 "
