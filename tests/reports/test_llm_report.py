@@ -420,3 +420,26 @@ def test_a_batch_past_the_engines_default_runs_at_once(tiny_dir, tmp_path):
     assert result.report.targets[0].records["scheduler"] == {
         "max_running": 300, "prefix_hit_tokens": 0, "preemptions": 0
     }  # fmt: skip
+
+
+def test_crlf_line_endings_are_newlines(tiny_dir, tmp_path):
+    """A CRLF copy of a text (a Windows checkout) was measured on its '\\r' tokens since the bytes are
+    checked before decoding (read_text's universal newlines, used before, had read it as the LF text)."""
+    lf, crlf = tmp_path / "lf.py", tmp_path / "crlf.py"
+    data = TEXT.read_bytes()[:3000]
+    lf.write_bytes(data)
+    crlf.write_bytes(data.replace(b"\n", b"\r\n"))
+    small = SMALL | {"windows": 2, "window_len": 16, "batch_sizes": (1,)}
+    a, b = (
+        build_llm_report(tiny_dir, text=t, out_dir=tmp_path / t.stem, variants="fp32", device="cpu", **small)
+        for t in (lf, crlf)
+    )
+    assert np.array_equal(a.windows.tokens, b.windows.tokens)
+    assert a.report.lm_quality[0].perplexity == b.report.lm_quality[0].perplexity
+
+
+def test_a_bad_byte_after_a_bom_is_named_at_its_offset(tiny_dir, tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_bytes(b"\xef\xbb\xbfcaf\xe9 = 1\n" * 50)
+    rc = cli_main(["report", str(tiny_dir), "--generate", "-o", str(tmp_path / "o"), "--text", str(text)])
+    assert rc == 2 and "is not UTF-8 text (byte 0xe9 at offset 6)" in capsys.readouterr().err

@@ -160,12 +160,16 @@ def _read_text(text_path: Path) -> str:
             "not text; expected a UTF-8 text file."
         )
     try:  # (utf-8-sig: a leading byte-order mark is no text; it was tokenized and shifted every window)
-        return data.decode("utf-8-sig")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
+        at = e.start + len(data) - len(e.object)  # (the decoder's offsets leave out a BOM it skipped)
         raise UserError(
-            f"--text '{text_path}' is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+            f"--text '{text_path}' is not UTF-8 text (byte 0x{data[at]:02x} at offset {at}); "
             "expected a UTF-8 text file."
         ) from None
+    # universal newlines, as read_text gave before the bytes were checked: a CRLF copy of a text (a Windows
+    # checkout) was measured on its '\r' tokens, a perplexity of line endings the tokenizer never saw
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _check_logits_fit(windows: int, window_len: int, vocab: int) -> None:
