@@ -443,3 +443,26 @@ def test_a_bad_byte_after_a_bom_is_named_at_its_offset(tiny_dir, tmp_path, capsy
     text.write_bytes(b"\xef\xbb\xbfcaf\xe9 = 1\n" * 50)
     rc = cli_main(["report", str(tiny_dir), "--generate", "-o", str(tmp_path / "o"), "--text", str(text)])
     assert rc == 2 and "is not UTF-8 text (byte 0xe9 at offset 6)" in capsys.readouterr().err
+
+
+def test_a_failed_speed_run_keeps_the_variants_quality(tiny_dir, tmp_path, monkeypatch):
+    """The speed run failing (out of memory at the largest batch, say) dropped the perplexity and
+    agreement already measured: the quality row said only 'run failed'."""
+    import trtforge.llm.report as llm_report
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("out of memory at batch 2")
+
+    monkeypatch.setattr(llm_report, "_speed", out_of_memory)
+    small = SMALL | {"windows": 1, "window_len": 16}
+    result = build_llm_report(
+        tiny_dir, text=TEXT, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small
+    )
+    (target,), (q,), (p,) = result.report.targets, result.report.lm_quality, result.report.lm_speed
+    assert (
+        target.status == "failed"
+        and target.reason == "speed run failed: RuntimeError: out of memory at batch 2"
+    )
+    assert q.status == "ok" and q.perplexity > 1 and q.tokens == 15
+    assert p.status == "failed" and p.batch == 0 and "out of memory" in p.reason
+    assert not list(_validator().iter_errors(json.loads(result.json_path.read_text())))

@@ -492,6 +492,17 @@ def _serving_variant(
         return info, None, [], {}
     info.prepare_seconds = time.perf_counter() - t0
     try:
+        return _measure_serving(llm, info, name, w, chunk, speed_args)
+    finally:
+        llm.close()
+
+
+def _measure_serving(
+    llm: Any, info: TargetInfo, name: str, w: Windows, chunk: int, speed_args: dict[str, Any] | None
+) -> tuple[TargetInfo, _Scores | None, list[LmSpeed], dict[str, Any]]:
+    """A loaded serving variant's quality, then its speed. A failed speed run (running out of memory
+    at the largest batch, say) fails the variant but keeps its quality: it was dropped with it."""
+    try:
         facts = llm.executor.facts
         info.records = {
             "quantization": getattr(facts, "quantization", None),
@@ -503,27 +514,28 @@ def _serving_variant(
         }
         logits = _executor_logits(llm.executor, w, chunk)
         scores = _score(lambda i: logits[i], w)
-        speed = []
-        if speed_args:
-            speed = _speed(
-                llm, name, speed_args["prompts"], speed_args["batch_sizes"], speed_args["new_tokens"]
-            )
-            stats = (
-                llm.stats
-            )  # (what the timed requests met: all of a batch at once, no cache, no preemption)
-            info.records["scheduler"] = {
-                "max_running": stats.max_running,
-                "prefix_hit_tokens": stats.prefix_hit_tokens,
-                "preemptions": stats.preemptions,
-            }
-        return info, scores, speed, {"kv_bytes": facts.kv_bytes_per_token, "kv_dtype": facts.kv_dtype}
     except UserError:
         raise
     except Exception as e:
         info.status, info.reason = FAILED, f"run failed: {type(e).__name__}: {str(e).strip()[:400]}"
         return info, None, [], {}
-    finally:
-        llm.close()
+    kv = {"kv_bytes": facts.kv_bytes_per_token, "kv_dtype": facts.kv_dtype}
+    if not speed_args:
+        return info, scores, [], kv
+    try:
+        speed = _speed(llm, name, speed_args["prompts"], speed_args["batch_sizes"], speed_args["new_tokens"])
+    except UserError:
+        raise
+    except Exception as e:
+        info.status, info.reason = FAILED, f"speed run failed: {type(e).__name__}: {str(e).strip()[:400]}"
+        return info, scores, [], kv
+    stats = llm.stats  # what the timed requests met: a batch all at once, no cache, no preemption
+    info.records["scheduler"] = {
+        "max_running": stats.max_running,
+        "prefix_hit_tokens": stats.prefix_hit_tokens,
+        "preemptions": stats.preemptions,
+    }
+    return info, scores, speed, kv
 
 
 # ---- step-graph variants ---------------------------------------------------------------------------
@@ -776,7 +788,7 @@ def build_llm_report(
     calibrated = [
         t.name
         for t in targets
-        if t.status == OK
+        if t.name in scores  # (measured: a variant whose speed run failed after its quality, too)
         and (
             STEP_VARIANTS.get(t.name) in ("int8", "fp8")
             or (t.name in SERVING_VARIANTS and _calibration(SERVING_VARIANTS[t.name], w))
