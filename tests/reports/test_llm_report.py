@@ -136,6 +136,16 @@ def test_speed_points(report):
         assert p.throughput_tok_s == pytest.approx(b * 4 / p.wall_s)
 
 
+def test_a_repeated_batch_size_is_measured_once(tiny_dir, tmp_path):
+    """--batch 2,1,2: batch 2 was timed twice, two speed rows of one (variant, batch)."""
+    small = SMALL | {"windows": 1, "window_len": 16, "batch_sizes": (2, 1, 2)}
+    result = build_llm_report(
+        tiny_dir, text=TEXT, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small
+    )
+    assert [p.batch for p in result.report.lm_speed] == [2, 1]
+    assert result.report.settings["batch_sizes"] == [2, 1]
+
+
 def test_markdown(report):
     md = report.markdown_path.read_text()
     assert "## Quality (vs `fp32`" in md and "## Speed" in md and "## Accuracy" not in md

@@ -673,6 +673,7 @@ def build_llm_report(
     refuse_overwriting_inputs(outputs, {"--text file": text_path})  # (it would be replaced by the report)
     if not batch_sizes or min(int(b) for b in batch_sizes) < 1:
         raise UserError(f"--batch: expected positive integers, got {list(batch_sizes)}.")
+    batch_sizes = list(dict.fromkeys(int(b) for b in batch_sizes))  # (--batch 1,1 timed batch 1 twice)
     from trtforge.llm.sched.request import MAX_NUM_SEQS
 
     if max(int(b) for b in batch_sizes) > MAX_NUM_SEQS:  # (every serving variant was refused for it)
