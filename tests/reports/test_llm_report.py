@@ -146,6 +146,14 @@ def test_a_repeated_batch_size_is_measured_once(tiny_dir, tmp_path):
     assert result.report.settings["batch_sizes"] == [2, 1]
 
 
+def test_the_title_names_a_model_given_as_dot(tiny_dir, tmp_path, monkeypatch):
+    """`report . --generate` from inside the model's directory: the title was 'trtforge LLM report: '."""
+    monkeypatch.chdir(tiny_dir)
+    small = SMALL | {"windows": 1, "window_len": 16, "batch_sizes": (1,)}
+    result = build_llm_report(".", text=TEXT, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small)
+    assert result.report.title == f"trtforge LLM report: {tiny_dir.name}"
+
+
 def test_markdown(report):
     md = report.markdown_path.read_text()
     assert "## Quality (vs `fp32`" in md and "## Speed" in md and "## Accuracy" not in md

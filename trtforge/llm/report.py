@@ -627,6 +627,12 @@ def _summary(record: Any) -> Any:
 
 
 # ---- the report ------------------------------------------------------------------------------------
+def _model_name(label: str) -> str:
+    """The model's name for the title: its directory's name (that of the absolute path, so that `.` or
+    `..` names the directory, not nothing), a factory's or a module class's name as given."""
+    return Path(os.path.abspath(label)).name if os.path.isdir(label) else Path(label).name or label
+
+
 def build_llm_report(
     model: Any,
     *,
@@ -807,7 +813,7 @@ def build_llm_report(
         )
     label = str(model) if isinstance(model, (str, os.PathLike)) else type(lm).__name__
     report = Report(
-        title=title or f"trtforge LLM report: {Path(label).name}",
+        title=title or f"trtforge LLM report: {_model_name(label)}",
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         source={"kind": "causal_lm", "label": label},
         reference=reference,
