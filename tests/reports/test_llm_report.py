@@ -192,6 +192,17 @@ def test_bad_input_exits_2_and_writes_nothing(args, message, tiny_dir, tmp_path,
     assert not out.exists()
 
 
+def test_variants_given_twice_add_up(tiny_dir, tmp_path):
+    """--variants bf16 --variants fp16: the second replaced the first (click keeps the last value of an
+    option that is not repeatable), so bf16 was silently not in the report."""
+    out = tmp_path / "out"
+    argv = ["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", "--text", str(TEXT)]
+    argv += ["--windows", "1", "--window-len", "16", "--batch", "1", "--prompt-len", "4", "--new-tokens", "2"]
+    assert cli_main([*argv, "--variants", "bf16", "--variants", "fp16"]) == 0
+    doc = json.loads((out / "report.json").read_text())
+    assert [t["name"] for t in doc["targets"]] == ["fp32", "bf16", "fp16"]
+
+
 def test_a_text_that_is_one_of_the_report_files_exits_2_and_is_kept(tiny_dir, tmp_path, capsys):
     """--text OUT/report.md was read, then replaced by the report: the input was gone."""
     out = tmp_path / "out"

@@ -115,7 +115,8 @@ def parse_variants(text: str | Sequence[str] | None, reference: str) -> list[str
         names = [n.strip() for n in raw if n.strip()]
         unknown = [n for n in names if n not in VARIANTS]
         if unknown or not names:
-            what = f"unknown variant(s) {unknown}" if unknown else f"{text!r} names no variant"
+            given = text if isinstance(text, str) else ",".join(text)
+            what = f"unknown variant(s) {unknown}" if unknown else f"{given!r} names no variant"
             raise UserError(f"--variants: {what}; expected a comma-separated list of {', '.join(VARIANTS)}.")
     return list(dict.fromkeys([reference, *names]))
 
