@@ -681,13 +681,6 @@ def build_llm_report(
     if not batch_sizes or min(int(b) for b in batch_sizes) < 1:
         raise UserError(f"--batch: expected positive integers, got {list(batch_sizes)}.")
     batch_sizes = list(dict.fromkeys(int(b) for b in batch_sizes))  # (--batch 1,1 timed batch 1 twice)
-    from trtforge.llm.sched.request import MAX_NUM_SEQS
-
-    if max(int(b) for b in batch_sizes) > MAX_NUM_SEQS:  # (every serving variant was refused for it)
-        raise UserError(
-            f"--batch {max(int(b) for b in batch_sizes)}: the serving engine runs at most {MAX_NUM_SEQS} "
-            "requests at once."
-        )
     if chunk < 1 or prompt_len < 1 or new_tokens < 2:
         raise UserError(
             "--chunk and --prompt-len must be >= 1, --new-tokens >= 2 "
@@ -705,6 +698,13 @@ def build_llm_report(
         raise UserError("--text needs a tokenizer: the model directory's own, or --tokenizer DIR.")
     _check_logits_fit(windows, window_len, logits_width(lm))
     _check_batch_fits(max(int(b) for b in batch_sizes), prompt_len, new_tokens, lm, device)
+    from trtforge.llm.sched.request import MAX_NUM_SEQS
+
+    if max(int(b) for b in batch_sizes) > MAX_NUM_SEQS:  # (every serving variant was refused for it)
+        raise UserError(
+            f"--batch {max(int(b) for b in batch_sizes)}: the serving engine runs at most {MAX_NUM_SEQS} "
+            "requests at once."
+        )
     ids = _tokenize(content, tok_dir)
     _check_text_vocabulary(ids, lm, tokenizer)
     w = cut_windows(ids, windows, window_len, f"--text '{text_path}'")
