@@ -136,6 +136,24 @@ def test_speed_points(report):
         assert p.throughput_tok_s == pytest.approx(b * 4 / p.wall_s)
 
 
+def test_a_repeated_batch_size_is_measured_once(tiny_dir, tmp_path):
+    """--batch 2,1,2: batch 2 was timed twice, two speed rows of one (variant, batch)."""
+    small = SMALL | {"windows": 1, "window_len": 16, "batch_sizes": (2, 1, 2)}
+    result = build_llm_report(
+        tiny_dir, text=TEXT, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small
+    )
+    assert [p.batch for p in result.report.lm_speed] == [2, 1]
+    assert result.report.settings["batch_sizes"] == [2, 1]
+
+
+def test_the_title_names_a_model_given_as_dot(tiny_dir, tmp_path, monkeypatch):
+    """`report . --generate` from inside the model's directory: the title was 'trtforge LLM report: '."""
+    monkeypatch.chdir(tiny_dir)
+    small = SMALL | {"windows": 1, "window_len": 16, "batch_sizes": (1,)}
+    result = build_llm_report(".", text=TEXT, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small)
+    assert result.report.title == f"trtforge LLM report: {tiny_dir.name}"
+
+
 def test_markdown(report):
     md = report.markdown_path.read_text()
     assert "## Quality (vs `fp32`" in md and "## Speed" in md and "## Accuracy" not in md
@@ -163,6 +181,8 @@ def test_html_in_headless_chromium(report):
         # was dropped: onnx-int8 was SmoothQuant'd as if it had not been given
         (["--text", str(TEXT), "--no-smoothquant"], "--no-smoothquant only apply to an output comparison"),
         ([], "--generate needs --text"),
+        # was a report whose every serving variant was refused for SchedulerConfig.max_num_seqs, exit 0
+        (["--text", str(TEXT), "--batch", "65537"], "--batch 65537: the serving engine runs at most 65536"),
     ],
 )
 def test_bad_input_exits_2_and_writes_nothing(args, message, tiny_dir, tmp_path, capsys):
@@ -170,6 +190,17 @@ def test_bad_input_exits_2_and_writes_nothing(args, message, tiny_dir, tmp_path,
     rc = cli_main(["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", *args])
     assert rc == 2 and message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_variants_given_twice_add_up(tiny_dir, tmp_path):
+    """--variants bf16 --variants fp16: the second replaced the first (click keeps the last value of an
+    option that is not repeatable), so bf16 was silently not in the report."""
+    out = tmp_path / "out"
+    argv = ["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", "--text", str(TEXT)]
+    argv += ["--windows", "1", "--window-len", "16", "--batch", "1", "--prompt-len", "4", "--new-tokens", "2"]
+    assert cli_main([*argv, "--variants", "bf16", "--variants", "fp16"]) == 0
+    doc = json.loads((out / "report.json").read_text())
+    assert [t["name"] for t in doc["targets"]] == ["fp32", "bf16", "fp16"]
 
 
 def test_a_text_that_is_one_of_the_report_files_exits_2_and_is_kept(tiny_dir, tmp_path, capsys):
@@ -182,6 +213,20 @@ def test_a_text_that_is_one_of_the_report_files_exits_2_and_is_kept(tiny_dir, tm
     rc = cli_main(argv)
     assert rc == 2 and "is the --text file" in capsys.readouterr().err
     assert text.read_text() == TEXT.read_text() and [p.name for p in out.iterdir()] == ["report.md"]
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_an_out_dir_through_a_dangling_symlink_exits_2_before_any_work(below, tiny_dir, tmp_path, capsys):
+    """-o a symlink to a missing directory (or a directory under one): every variant ran, then writing
+    the report failed ("cannot write 'link/report.json': No such file or directory")."""
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "missing")
+    out = link / below if below else link
+    argv = ["report", str(tiny_dir), "--generate", "-o", str(out), "--no-progress", "--text", str(TEXT)]
+    rc = cli_main([*argv, "--variants", "fp32", "--window-len", "16", "--windows", "2", "--batch", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is a symbolic link to" in err and "does not exist" in err, err
+    assert not (tmp_path / "missing").exists()
 
 
 def test_a_model_that_is_not_a_causal_lm_exits_2(tmp_path, capsys):
@@ -236,3 +281,217 @@ def test_gpu_bf16_reference_and_fp8_variants(tiny_dir, tmp_path):
     if fp8_gpu:
         kv = {r.target: r.kv_bytes_per_token for r in result.report.lm_quality}
         assert kv["kv-fp8"] * 2 <= kv["bf16"] + 64  # E4M3 pools: half the bytes (scales aside)
+
+
+def _scaled_head(model_dir: Path, scale: float) -> torch.nn.Module:
+    """The model with its LM head's weights times `scale` (logits wildly off, or NaN / inf)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+def test_a_variant_whose_logits_are_not_finite_fails_and_the_report_is_written(tiny_dir, tmp_path):
+    """Logits of inf / NaN: NaN scores reached the quality plot, whose ValueError ("Axis limits cannot be
+    NaN or Inf") lost the report after every variant had run. Now the variant fails, naming why."""
+    small = SMALL | {"windows": 1, "window_len": 16, "batch_sizes": (1,)}
+    result = build_llm_report(
+        _scaled_head(tiny_dir, math.inf), tokenizer=tiny_dir, text=TEXT, out_dir=tmp_path / "o",
+        variants="fp32", device="cpu", **small,
+    )  # fmt: skip
+    (q,) = result.report.lm_quality
+    assert q.status == "failed" and "non-finite logits" in q.reason and q.perplexity is None
+    doc = json.loads(result.json_path.read_text())
+    assert not list(_validator().iter_errors(doc)) and doc["lm_quality"][0]["status"] == "failed"
+
+
+def test_a_perplexity_past_the_float_range_is_inf_not_a_crash(tiny_dir, tmp_path):
+    """Finite logits so far off that exp(mean NLL) overflows: math.exp raised OverflowError after every
+    variant had run, and nothing was written. Now the perplexity is inf (JSON null: JSON has no inf)."""
+    small = SMALL | {"windows": 1, "window_len": 16, "batch_sizes": (1,)}
+    result = build_llm_report(
+        _scaled_head(tiny_dir, 1e8), tokenizer=tiny_dir, text=TEXT, out_dir=tmp_path / "o",
+        variants="fp32", device="cpu", **small,
+    )  # fmt: skip
+    (q,) = result.report.lm_quality
+    assert q.status == "ok" and q.perplexity == math.inf and q.nll_per_token > 700
+    doc = json.loads(result.json_path.read_text())
+    assert not list(_validator().iter_errors(doc)) and doc["lm_quality"][0]["perplexity"] is None
+    assert "| fp32 | inf |" in result.markdown_path.read_text()
+
+
+def test_more_windows_than_the_second_half_holds_is_refused():
+    """66 tokens: the second half (33) holds 2 distinct windows of 32 tokens; --windows 8 scored the same
+    window 8 times over and reported 8 x 31 predicted tokens."""
+    from trtforge.errors import UserError
+    from trtforge.llm.report import cut_windows
+
+    w = cut_windows(list(range(66)), 2, 32, "--text 't'")
+    assert w.starts == [33, 34]
+    with pytest.raises(UserError, match="holds only 2 distinct windows of --window-len 32"):
+        cut_windows(list(range(66)), 3, 32, "--text 't'")
+
+
+def test_a_prompt_len_past_the_texts_tokens_is_refused(tiny_dir, tmp_path):
+    """A text shorter than --prompt-len: the speed prompts were cut short (the table's 'prompt + new'
+    said fewer tokens) while the settings and the Speed heading said --prompt-len."""
+    from trtforge.errors import UserError
+
+    text = tmp_path / "short.py"
+    text.write_text(TEXT.read_text()[:200])  # (155 tokens)
+    small = SMALL | {"windows": 2, "window_len": 16, "batch_sizes": (1,), "prompt_len": 240}
+    with pytest.raises(UserError, match="--prompt-len 240: --text .* has only \\d+ tokens"):
+        build_llm_report(tiny_dir, text=text, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_byte_order_mark_is_not_text(tiny_dir, tmp_path):
+    """A UTF-8 file saved with a BOM (Windows editors): the BOM was tokenized as text, which moved the
+    evaluation windows and changed the perplexity of the same text."""
+    plain, bom = tmp_path / "plain.py", tmp_path / "bom.py"
+    plain.write_bytes(TEXT.read_bytes()[:3000])
+    bom.write_bytes(b"\xef\xbb\xbf" + TEXT.read_bytes()[:3000])
+    small = SMALL | {"windows": 2, "window_len": 16, "batch_sizes": (1,)}
+    a, b = (
+        build_llm_report(tiny_dir, text=t, out_dir=tmp_path / t.stem, variants="fp32", device="cpu", **small)
+        for t in (plain, bom)
+    )
+    assert a.windows.text_tokens == b.windows.text_tokens
+    assert np.array_equal(a.windows.tokens, b.windows.tokens)
+    assert a.report.lm_quality[0].perplexity == b.report.lm_quality[0].perplexity
+
+
+def test_calibration_prompts_stay_before_the_first_window():
+    """67 tokens, one window of 34: the calibration prompt was ids[0:34], whose last token is the first
+    window's first (ids[33]); the note says calibration is disjoint from the evaluation windows."""
+    from trtforge.llm.report import cut_windows
+
+    w = cut_windows(list(range(67)), 1, 34, "--text 't'")
+    assert w.starts == [33] and max(max(c) for c in w.calibration) < 33
+
+
+def test_headline_names_the_largest_perplexity_change_by_magnitude():
+    """kv-fp8 +0.89% and onnx-fp8 -3.03%: the headline called kv-fp8 "the largest perplexity change"."""
+    from trtforge.reports.cells import headline
+    from trtforge.reports.results import LmQuality, Report, TargetInfo
+
+    deltas = {"fp32": None, "kv-fp8": 0.89, "onnx-fp8": -3.03}
+    report = Report(
+        title="t", created="now", source={"kind": "causal_lm", "label": "m"}, reference="fp32",
+        settings={}, environment={}, targets=[TargetInfo(n, "torch", "p", "cpu", "d") for n in deltas],
+        accuracy=[], latency=[],
+        lm_quality=[LmQuality(n, perplexity=30.0, delta_ppl_pct=d) for n, d in deltas.items()],
+    )  # fmt: skip
+    assert headline(report).endswith("largest perplexity change onnx-fp8 -3.03%.")
+
+
+def test_speed_requests_pay_their_prefill(tiny_dir, tmp_path, monkeypatch):
+    """The warm-up ran the timed prompts first and prefix caching kept their blocks, so every timed
+    request's prefill was a cache hit (TTFT of a 512-token prompt on the 21M model: 120 ms, 436 fresh)."""
+    from trtforge.llm.sched.blocks import BlockManager
+
+    hits: list[int] = []
+    real = BlockManager._prefix_hits
+
+    def counting(self, token_ids):
+        found = real(self, token_ids)
+        hits.append(len(found[0]))
+        return found
+
+    monkeypatch.setattr(BlockManager, "_prefix_hits", counting)
+    small = SMALL | {"windows": 1, "window_len": 16, "batch_sizes": (1, 2), "prompt_len": 40}
+    result = build_llm_report(
+        tiny_dir, text=TEXT, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small
+    )
+    assert [p.status for p in result.report.lm_speed] == ["ok", "ok"]
+    assert sum(hits) == 0, f"{sum(hits)} prompt blocks served from the prefix cache"
+    assert any("without prefix caching" in n for n in result.report.notes)
+
+
+def test_the_calibration_note_names_the_variants_that_calibrated(tiny_dir, tmp_path):
+    """int4-awq+head-fp8 searches its AWQ scales on the text's prompts, but the note left it out."""
+    small = SMALL | {"windows": 1, "window_len": 16, "batch_sizes": (1,)}
+    result = build_llm_report(
+        tiny_dir, text=TEXT, out_dir=tmp_path / "o", variants="int4-awq+head-fp8", device="cpu", **small
+    )
+    assert result.report.targets[1].status == "ok"
+    (note,) = [n for n in result.report.notes if "calibrated on" in n]
+    assert note.startswith("int4-awq+head-fp8 calibrated on 16 prompts")
+
+
+def test_the_calibration_note_leaves_out_a_refused_variant(tmp_path):
+    """The trained 3M model's MLP width (704) is no multiple of INT4's group size: int4-awq is refused,
+    yet the note said it was calibrated on the text."""
+    model, text = MODELS / "code-llama-3m", MODELS / "eval_stdlib.txt"
+    if not (model / "config.json").is_file() or not text.is_file():
+        pytest.skip(f"trained models absent ({MODELS}): see ../shared/models/README.md")
+    small = SMALL | {"windows": 1, "window_len": 16, "batch_sizes": (1,)}
+    result = build_llm_report(
+        model, text=text, out_dir=tmp_path / "o", variants="int4-awq", device="cpu", **small
+    )
+    assert (
+        result.report.targets[1].status == "not_run" and "group size 128" in result.report.targets[1].reason
+    )
+    assert not [n for n in result.report.notes if "calibrated on" in n]
+
+
+def test_a_batch_past_the_engines_default_runs_at_once(tiny_dir, tmp_path):
+    """--batch 300: the engine ran 256 requests at a time (its default max_num_seqs), so the point said
+    300 concurrent requests while 44 queued behind the others and their wait counted in TTFT."""
+    small = SMALL | {"windows": 1, "window_len": 16, "batch_sizes": (300,), "prompt_len": 4, "new_tokens": 2}
+    result = build_llm_report(
+        tiny_dir, text=TEXT, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small
+    )
+    (point,) = result.report.lm_speed
+    assert point.status == "ok" and point.batch == 300
+    assert result.report.targets[0].records["scheduler"] == {
+        "max_running": 300, "prefix_hit_tokens": 0, "preemptions": 0
+    }  # fmt: skip
+
+
+def test_crlf_line_endings_are_newlines(tiny_dir, tmp_path):
+    """A CRLF copy of a text (a Windows checkout) was measured on its '\\r' tokens since the bytes are
+    checked before decoding (read_text's universal newlines, used before, had read it as the LF text)."""
+    lf, crlf = tmp_path / "lf.py", tmp_path / "crlf.py"
+    data = TEXT.read_bytes()[:3000]
+    lf.write_bytes(data)
+    crlf.write_bytes(data.replace(b"\n", b"\r\n"))
+    small = SMALL | {"windows": 2, "window_len": 16, "batch_sizes": (1,)}
+    a, b = (
+        build_llm_report(tiny_dir, text=t, out_dir=tmp_path / t.stem, variants="fp32", device="cpu", **small)
+        for t in (lf, crlf)
+    )
+    assert np.array_equal(a.windows.tokens, b.windows.tokens)
+    assert a.report.lm_quality[0].perplexity == b.report.lm_quality[0].perplexity
+
+
+def test_a_bad_byte_after_a_bom_is_named_at_its_offset(tiny_dir, tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_bytes(b"\xef\xbb\xbfcaf\xe9 = 1\n" * 50)
+    rc = cli_main(["report", str(tiny_dir), "--generate", "-o", str(tmp_path / "o"), "--text", str(text)])
+    assert rc == 2 and "is not UTF-8 text (byte 0xe9 at offset 6)" in capsys.readouterr().err
+
+
+def test_a_failed_speed_run_keeps_the_variants_quality(tiny_dir, tmp_path, monkeypatch):
+    """The speed run failing (out of memory at the largest batch, say) dropped the perplexity and
+    agreement already measured: the quality row said only 'run failed'."""
+    import trtforge.llm.report as llm_report
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("out of memory at batch 2")
+
+    monkeypatch.setattr(llm_report, "_speed", out_of_memory)
+    small = SMALL | {"windows": 1, "window_len": 16}
+    result = build_llm_report(
+        tiny_dir, text=TEXT, out_dir=tmp_path / "o", variants="fp32", device="cpu", **small
+    )
+    (target,), (q,), (p,) = result.report.targets, result.report.lm_quality, result.report.lm_speed
+    assert (
+        target.status == "failed"
+        and target.reason == "speed run failed: RuntimeError: out of memory at batch 2"
+    )
+    assert q.status == "ok" and q.perplexity > 1 and q.tokens == 15
+    assert p.status == "failed" and p.batch == 0 and "out of memory" in p.reason
+    assert not list(_validator().iter_errors(json.loads(result.json_path.read_text())))

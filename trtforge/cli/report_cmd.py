@@ -141,7 +141,12 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 @click.option(
     "--text", type=click.Path(dir_okay=False), default=None, help="--generate: text for perplexity."
 )
-@click.option("--variants", default=None, metavar="A,B,...", help="--generate: variants (default: all).")
+@click.option(
+    "--variants",
+    multiple=True,
+    metavar="A,B,...",
+    help="--generate: variants (default: all). Repeatable.",
+)
 @click.option(
     "--windows", type=click.IntRange(min=1), default=8, show_default=True, help="--generate: windows."
 )
@@ -349,7 +354,7 @@ def _run_generate(
         model,
         text=p["text"],
         out_dir=out_dir,
-        variants=p["variants"],
+        variants=p["variants"] or None,  # (repeatable: a second --variants replaced the first)
         tokenizer=tokenizer,
         windows=p["windows"],
         window_len=p["window_len"],

@@ -89,7 +89,10 @@ class _Scores:
 
     @property
     def perplexity(self) -> float:
-        return math.exp(self.nll / self.tokens)
+        """exp(mean NLL); inf where that overflows a float (a variant whose logits are wildly off:
+        math.exp raised OverflowError after every variant had run)."""
+        mean = self.nll / self.tokens
+        return math.exp(mean) if mean < 700 else math.inf
 
 
 @dataclass
@@ -112,7 +115,8 @@ def parse_variants(text: str | Sequence[str] | None, reference: str) -> list[str
         names = [n.strip() for n in raw if n.strip()]
         unknown = [n for n in names if n not in VARIANTS]
         if unknown or not names:
-            what = f"unknown variant(s) {unknown}" if unknown else f"{text!r} names no variant"
+            given = text if isinstance(text, str) else ",".join(text)
+            what = f"unknown variant(s) {unknown}" if unknown else f"{given!r} names no variant"
             raise UserError(f"--variants: {what}; expected a comma-separated list of {', '.join(VARIANTS)}.")
     return list(dict.fromkeys([reference, *names]))
 
@@ -129,9 +133,15 @@ def cut_windows(ids: Sequence[int], windows: int, window_len: int, what: str) ->
             f"least --window-len {window_len} tokens (give a longer text or a shorter --window-len)."
         )
     span = len(ids) - half - window_len
+    if windows > span + 1:  # (the starts repeated: one window scored several times, counted as more tokens)
+        raise UserError(
+            f"{what} has {len(ids)} tokens; its second half holds only {span + 1} distinct windows of "
+            f"--window-len {window_len}, fewer than --windows {windows} (lower --windows or --window-len, or "
+            "give a longer text)."
+        )
     starts = [half + (span * i // max(windows - 1, 1) if windows > 1 else 0) for i in range(windows)]
     tokens = np.stack([ids[s : s + window_len] for s in starts])
-    calib_len = min(CALIB_LEN, window_len)
+    calib_len = min(CALIB_LEN, window_len, half)  # (half: never into the first window, ids[half])
     step = max(1, (half - calib_len) // CALIB_PROMPTS) if half > calib_len else 0
     calibration = [ids[i * step : i * step + calib_len].tolist() for i in range(CALIB_PROMPTS)]
     calibration = [c for c in calibration if c] or [ids[:calib_len].tolist()]
@@ -150,13 +160,17 @@ def _read_text(text_path: Path) -> str:
             f"--text '{text_path}' holds NUL bytes (the first at offset {data.index(0)}): a binary file, "
             "not text; expected a UTF-8 text file."
         )
-    try:
-        return data.decode("utf-8")
+    try:  # (utf-8-sig: a leading byte-order mark is no text; it was tokenized and shifted every window)
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
+        at = e.start + len(data) - len(e.object)  # (the decoder's offsets leave out a BOM it skipped)
         raise UserError(
-            f"--text '{text_path}' is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+            f"--text '{text_path}' is not UTF-8 text (byte 0x{data[at]:02x} at offset {at}); "
             "expected a UTF-8 text file."
         ) from None
+    # universal newlines, as read_text gave before the bytes were checked: a CRLF copy of a text (a Windows
+    # checkout) was measured on its '\r' tokens, a perplexity of line endings the tokenizer never saw
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _check_logits_fit(windows: int, window_len: int, vocab: int) -> None:
@@ -202,6 +216,11 @@ def _check_can_create(out: Path) -> None:
     end, after every variant has run)."""
     parent = out
     while not parent.exists() and parent != parent.parent:
+        if os.path.islink(parent):  # (the write failed after every variant had run: "No such file")
+            raise UserError(
+                f"cannot create report directory '{out}': '{parent}' is a symbolic link to "
+                f"'{os.readlink(parent)}', which does not exist."
+            )
         parent = parent.parent
     if not parent.is_dir():
         raise UserError(f"cannot create report directory '{out}': '{parent}' is a file, not a directory.")
@@ -247,11 +266,24 @@ def _check_text_vocabulary(ids: Sequence[int], lm: Any, tokenizer: Any) -> None:
         )
 
 
+class NonFiniteLogits(Exception):
+    """A variant's logits hold NaN or inf: it has no perplexity (the variant failed)."""
+
+
 def _score(logits_of: Any, w: Windows) -> _Scores:
-    """NLL of each window's next tokens from `logits_of(window index) -> [window_len, V]`."""
+    """NLL of each window's next tokens from `logits_of(window index) -> [window_len, V]`.
+
+    NonFiniteLogits when a scored position's logits hold NaN or inf (NaN scores said "ok" and the
+    quality plot raised ValueError after every variant had run)."""
     nll, argmax = 0.0, []
     for i, row in enumerate(w.tokens):
         logits = np.asarray(logits_of(i), dtype=np.float64)[:-1]
+        bad = ~np.isfinite(logits).all(-1)
+        if bad.any():
+            raise NonFiniteLogits(
+                f"non-finite logits (NaN or inf) at {int(bad.sum())} of {len(bad)} positions of window {i} "
+                f"(start {w.starts[i]})"
+            )
         logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
         nll += float((logz - logits[np.arange(len(row) - 1), row[1:]]).sum())
         argmax.append(logits.argmax(-1))
@@ -262,10 +294,13 @@ def _quality(
     name: str, s: _Scores, ref: _Scores | None, kv_bytes: int | None, kv_dtype: str | None
 ) -> LmQuality:
     ppl = s.perplexity
+    delta = None
+    if ref is not None and math.isfinite(ref.perplexity):  # (inf / inf: no delta to give)
+        delta = 100.0 * (ppl / ref.perplexity - 1.0)
     return LmQuality(
         target=name,
         perplexity=ppl,
-        delta_ppl_pct=None if ref is None else 100.0 * (ppl / ref.perplexity - 1.0),
+        delta_ppl_pct=delta,
         nll_per_token=s.nll / s.tokens,
         tokens=s.tokens,
         top1_agreement=None if ref is None else float((s.argmax == ref.argmax).mean()),
@@ -342,7 +377,8 @@ class _Stamps:
 def _speed(
     llm: Any, name: str, prompts: list[list[int]], batch_sizes: Sequence[int], new_tokens: int
 ) -> list[LmSpeed]:
-    """TTFT / ITL / throughput at each batch size: B requests submitted at once, greedy, no early stop."""
+    """TTFT / ITL / throughput at each batch size: B requests submitted at once, greedy, no early stop
+    (on an engine without prefix caching: the warm-up runs the same prompts)."""
     from trtforge.llm.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
@@ -378,6 +414,22 @@ def _speed(
             )
         )
     return points
+
+
+def _speed_config(batch: int) -> Any:
+    """The serving engine's scheduler for the speed runs: the defaults, with room for `batch` requests
+    at once (256 ran at a time, so a --batch past it queued the rest and its TTFT counted the wait), and
+    no prefix caching: every timed request pays its prefill (the warm-up and each earlier batch size ran
+    the same prompts and left their blocks cached, so TTFT measured ~1 token)."""
+    from trtforge.llm.sizing import default_scheduler_config
+
+    config = default_scheduler_config(None)
+    return dataclasses.replace(
+        config,
+        max_num_seqs=max(config.max_num_seqs, batch),
+        max_num_batched_tokens=max(config.max_num_batched_tokens, batch),
+        enable_prefix_caching=False,
+    )
 
 
 def _serving_variant(
@@ -427,6 +479,9 @@ def _serving_variant(
             num_blocks=need,
             block_size=bs,
             max_model_len=max(length, speed_len, 2),
+            # every timed request pays its prefill: with prefix caching, the warm-up (the same prompts)
+            # and each earlier batch size left the prompts' blocks cached, and TTFT measured ~1 token
+            config=_speed_config(max((speed_args or {}).get("batch_sizes", [1]))),
             **options,
             **_calibration(options, w),
         )
@@ -437,6 +492,17 @@ def _serving_variant(
         info.status, info.reason = FAILED, f"could not load: {type(e).__name__}: {str(e).strip()[:400]}"
         return info, None, [], {}
     info.prepare_seconds = time.perf_counter() - t0
+    try:
+        return _measure_serving(llm, info, name, w, chunk, speed_args)
+    finally:
+        llm.close()
+
+
+def _measure_serving(
+    llm: Any, info: TargetInfo, name: str, w: Windows, chunk: int, speed_args: dict[str, Any] | None
+) -> tuple[TargetInfo, _Scores | None, list[LmSpeed], dict[str, Any]]:
+    """A loaded serving variant's quality, then its speed. A failed speed run (running out of memory
+    at the largest batch, say) fails the variant but keeps its quality: it was dropped with it."""
     try:
         facts = llm.executor.facts
         info.records = {
@@ -449,19 +515,28 @@ def _serving_variant(
         }
         logits = _executor_logits(llm.executor, w, chunk)
         scores = _score(lambda i: logits[i], w)
-        speed = []
-        if speed_args:
-            speed = _speed(
-                llm, name, speed_args["prompts"], speed_args["batch_sizes"], speed_args["new_tokens"]
-            )
-        return info, scores, speed, {"kv_bytes": facts.kv_bytes_per_token, "kv_dtype": facts.kv_dtype}
     except UserError:
         raise
     except Exception as e:
         info.status, info.reason = FAILED, f"run failed: {type(e).__name__}: {str(e).strip()[:400]}"
         return info, None, [], {}
-    finally:
-        llm.close()
+    kv = {"kv_bytes": facts.kv_bytes_per_token, "kv_dtype": facts.kv_dtype}
+    if not speed_args:
+        return info, scores, [], kv
+    try:
+        speed = _speed(llm, name, speed_args["prompts"], speed_args["batch_sizes"], speed_args["new_tokens"])
+    except UserError:
+        raise
+    except Exception as e:
+        info.status, info.reason = FAILED, f"speed run failed: {type(e).__name__}: {str(e).strip()[:400]}"
+        return info, scores, [], kv
+    stats = llm.stats  # what the timed requests met: a batch all at once, no cache, no preemption
+    info.records["scheduler"] = {
+        "max_running": stats.max_running,
+        "prefix_hit_tokens": stats.prefix_hit_tokens,
+        "preemptions": stats.preemptions,
+    }
+    return info, scores, speed, kv
 
 
 # ---- step-graph variants ---------------------------------------------------------------------------
@@ -536,7 +611,12 @@ def _step_variant(
 
     layers, kv_heads, head_dim = int(g["num_layers"]), int(g["num_kv_heads"]), int(g["head_dim"])
     kv_bytes = sizing.kv_block_bytes(layers, kv_heads, head_dim, 1, _STEP_BYTES.get(g["cache"]["dtype"], 4))
-    return info, _score(logits_of, w), {"kv_bytes": kv_bytes, "kv_dtype": g["cache"]["dtype"]}
+    try:
+        scores = _score(logits_of, w)
+    except NonFiniteLogits as e:
+        info.status, info.reason = FAILED, f"run failed: {e}"
+        return info, None, {}
+    return info, scores, {"kv_bytes": kv_bytes, "kv_dtype": g["cache"]["dtype"]}
 
 
 def _summary(record: Any) -> Any:
@@ -548,6 +628,12 @@ def _summary(record: Any) -> Any:
 
 
 # ---- the report ------------------------------------------------------------------------------------
+def _model_name(label: str) -> str:
+    """The model's name for the title: its directory's name (that of the absolute path, so that `.` or
+    `..` names the directory, not nothing), a factory's or a module class's name as given."""
+    return Path(os.path.abspath(label)).name if os.path.isdir(label) else Path(label).name or label
+
+
 def build_llm_report(
     model: Any,
     *,
@@ -594,6 +680,7 @@ def build_llm_report(
     refuse_overwriting_inputs(outputs, {"--text file": text_path})  # (it would be replaced by the report)
     if not batch_sizes or min(int(b) for b in batch_sizes) < 1:
         raise UserError(f"--batch: expected positive integers, got {list(batch_sizes)}.")
+    batch_sizes = list(dict.fromkeys(int(b) for b in batch_sizes))  # (--batch 1,1 timed batch 1 twice)
     if chunk < 1 or prompt_len < 1 or new_tokens < 2:
         raise UserError(
             "--chunk and --prompt-len must be >= 1, --new-tokens >= 2 "
@@ -611,9 +698,21 @@ def build_llm_report(
         raise UserError("--text needs a tokenizer: the model directory's own, or --tokenizer DIR.")
     _check_logits_fit(windows, window_len, logits_width(lm))
     _check_batch_fits(max(int(b) for b in batch_sizes), prompt_len, new_tokens, lm, device)
+    from trtforge.llm.sched.request import MAX_NUM_SEQS
+
+    if max(int(b) for b in batch_sizes) > MAX_NUM_SEQS:  # (every serving variant was refused for it)
+        raise UserError(
+            f"--batch {max(int(b) for b in batch_sizes)}: the serving engine runs at most {MAX_NUM_SEQS} "
+            "requests at once."
+        )
     ids = _tokenize(content, tok_dir)
     _check_text_vocabulary(ids, lm, tokenizer)
     w = cut_windows(ids, windows, window_len, f"--text '{text_path}'")
+    if len(ids) < prompt_len:  # (the speed prompts were cut short and the report still said --prompt-len)
+        raise UserError(
+            f"--prompt-len {prompt_len}: --text '{text_path}' has only {len(ids)} tokens to cut the speed "
+            "prompts from; give a shorter --prompt-len or a longer text."
+        )
     # the rule compile --generate's --max-seq and the executors' max_model_len follow (a static rotary
     # scaling extends the positions; before, max_position_embeddings alone was the limit here)
     limit = adapter_for(lm, "report --generate").sequence_limit
@@ -687,7 +786,22 @@ def build_llm_report(
         f"variant; serving variants run each window in prompt chunks of {chunk} tokens (later chunks read "
         "the KV cache)."
     )
-    calibrated = [n for n in names if n in ("onnx-int8", "onnx-fp8", "int4-awq", "kv-fp8", "fp8+kv-fp8")]
+    if any(p.status == OK for p in speed):
+        notes.append(
+            "Speed: the serving engine runs without prefix caching, so every timed request pays its whole "
+            "prefill (the warm-up runs the same prompts)."
+        )
+    # the variants that ran and took prompts of the text (a refused int4-awq was listed; int4-awq+head-fp8,
+    # which calibrates as int4-awq does, was not)
+    calibrated = [
+        t.name
+        for t in targets
+        if t.name in scores  # (measured: a variant whose speed run failed after its quality, too)
+        and (
+            STEP_VARIANTS.get(t.name) in ("int8", "fp8")
+            or (t.name in SERVING_VARIANTS and _calibration(SERVING_VARIANTS[t.name], w))
+        )
+    ]
     if calibrated:
         notes.append(
             f"{', '.join(calibrated)} calibrated on {len(w.calibration)} prompts of the text's first half "
@@ -700,7 +814,7 @@ def build_llm_report(
         )
     label = str(model) if isinstance(model, (str, os.PathLike)) else type(lm).__name__
     report = Report(
-        title=title or f"trtforge LLM report: {Path(label).name}",
+        title=title or f"trtforge LLM report: {_model_name(label)}",
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         source={"kind": "causal_lm", "label": label},
         reference=reference,

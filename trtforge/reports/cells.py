@@ -139,7 +139,9 @@ def headline(report: Report) -> str:
     t = s["targets"]
     if report.is_lm:
         best = [q for q in report.lm_quality if q.status == OK and q.delta_ppl_pct is not None]
-        worst = max(best, key=lambda q: q.delta_ppl_pct or 0.0, default=None)
+        # by magnitude: a perplexity 3% lower is a larger change than one 0.9% higher (the most positive
+        # delta was named "the largest change" whatever the others)
+        worst = max(best, key=lambda q: abs(q.delta_ppl_pct or 0.0), default=None)
         tail = f"; largest perplexity change {worst.target} {worst.delta_ppl_pct:+.2f}%" if worst else ""
         return (
             f"{t['ok']} variant(s) ran, {t['failed']} failed, {t['not_run']} not runnable here; "

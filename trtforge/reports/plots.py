@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 from collections import defaultdict
 
 from trtforge.reports.results import OK, Report
@@ -82,8 +83,10 @@ def error_histograms(report: Report) -> list[tuple[str, bytes]]:
 
 
 def lm_quality_plot(report: Report) -> bytes | None:
-    """Perplexity (bars, reference dashed) and top-1 agreement with the reference, per LLM variant."""
+    """Perplexity (bars, reference dashed) and top-1 agreement with the reference, per LLM variant
+    (an infinite perplexity, which matplotlib cannot draw, stays in the tables only)."""
     rows = [q for q in report.lm_quality if q.status == OK and q.perplexity is not None]
+    rows = [q for q in rows if math.isfinite(q.perplexity)]
     if not rows:
         return None
     fig = _figure(11, 3.8)
