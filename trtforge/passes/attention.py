@@ -4,6 +4,8 @@
     S = S + mask                      (optional; any additive mask: padding, causal, both)
     S = (S + bias) + mask             (or a bias and a mask: MPNet's relative-position bias, then
                                        padding; fused as one attn_mask `bias + mask`)
+    S = Where(cond, fill, S)          (optional masked_fill, XLM / FlauBERT; native only, as in the
+                                       folded rule below: an absorbing fill, moved onto attn_mask)
     P = Softmax(S, axis=-1)           (optionally Where(IsNaN(P), 0, P), as torch exports SDPA)
     O = P @ V                         Q, V: [B, H, S, D]; K: [B, H, S, D] or [B, S, H, D]
 
