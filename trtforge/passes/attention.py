@@ -4,8 +4,9 @@
     S = S + mask                      (optional; any additive mask: padding, causal, both)
     S = (S + bias) + mask             (or a bias and a mask: MPNet's relative-position bias, then
                                        padding; fused as one attn_mask `bias + mask`)
-    S = Where(cond, fill, S)          (optional masked_fill, XLM / FlauBERT; native only, as in the
-                                       folded rule below: an absorbing fill, moved onto attn_mask)
+    S = Where(cond, fill, S)          (or a masked_fill of the scaled scores alone, XLM / FlauBERT;
+                                       native only, as in the folded rule below: an absorbing fill,
+                                       moved onto attn_mask)
     P = Softmax(S, axis=-1)           (optionally Where(IsNaN(P), 0, P), as torch exports SDPA)
     O = P @ V                         Q, V: [B, H, S, D]; K: [B, H, S, D] or [B, S, H, D]
 
@@ -260,6 +261,8 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
         if cond is not None:
             if self.strategy != "native":
                 return result.fail(f"{self.strategy}: masked_fill scores are fused for native only", cond)
+            if mask is not None:  # an ALiBi step graph's masked_fill(S + bias): left alone (docstring)
+                return result.fail("masked_fill of scores with an additive term (a position bias)", mask)
             reason = _fill_reason(cond, fill)
             if reason is not None:
                 return result.fail(reason, fill)
@@ -311,8 +314,7 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
             key = op.Transpose(key, perm=[0, 2, 1, 3])
         if cond is not None:  # the fill moves onto the additive terms; fully filled rows zeroed
             zero = op.Constant(value=ir.tensor(np.array(0, dtype=query.dtype.numpy())))
-            term = mask if bias is None else (op.Add(bias, mask) if mask is not None else bias)
-            term = _masked_fill(op, cond, fill, zero if term is None else term, b["fill_side"])
+            term = _masked_fill(op, cond, fill, zero, b["fill_side"])
             dead = _dead_rows(op, cond, b["fill_side"])  # [.., Sq, 1]: broadcasts onto Q [B, H, Sq, D]
             query = op.Where(dead, zero, query)
             term = op.Where(dead, zero, term)
