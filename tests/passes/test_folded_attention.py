@@ -203,9 +203,10 @@ def test_other_strategies_leave_folded_attention_alone(strategy):
 B, H, HD = 2, 2, 4
 
 
-def _masked_fill_4d_graph(fill: float) -> onnx.ModelProto:
+def _masked_fill_4d_graph(fill: float, bias: bool = False) -> onnx.ModelProto:
     """x [B, S, H*HD] -> q/k/v [B, H, S, HD]; scores masked_fill'ed where the key is padding
-    (attention_mask == 0 viewed [B, 1, 1, S]), as XLM's `scores.masked_fill_(mask, finfo.min)`."""
+    (attention_mask == 0 viewed [B, 1, 1, S]), as XLM's `scores.masked_fill_(mask, finfo.min)`;
+    `bias`: a [H, S, S] position bias added before the fill, as an ALiBi step graph does."""
     rng = np.random.default_rng(0)
     e = H * HD
     inits = [
@@ -217,6 +218,7 @@ def _masked_fill_4d_graph(fill: float) -> onnx.ModelProto:
         numpy_helper.from_array(np.array(HD**-0.5, np.float32), "scale"),
         numpy_helper.from_array(np.array(0, np.int64), "zero"),
         numpy_helper.from_array(np.array(fill, np.float32), "fill"),
+        numpy_helper.from_array(rng.standard_normal((H, S, S)).astype(np.float32), "bias"),
     ]
     nodes = []
     for i, name in enumerate("qkv"):
@@ -232,7 +234,8 @@ def _masked_fill_4d_graph(fill: float) -> onnx.ModelProto:
         helper.make_node("Mul", ["scores", "scale"], ["scaled"]),
         helper.make_node("Equal", ["attention_mask", "zero"], ["pad"]),
         helper.make_node("Reshape", ["pad", "mask_view"], ["cond"]),
-        helper.make_node("Where", ["cond", "fill", "scaled"], ["filled"]),
+        helper.make_node("Add", ["scaled", "bias"], ["biased"]),
+        helper.make_node("Where", ["cond", "fill", "biased" if bias else "scaled"], ["filled"]),
         helper.make_node("Softmax", ["filled"], ["p"], axis=-1),
         helper.make_node("MatMul", ["p", "v"], ["out"]),
     ]
@@ -273,3 +276,11 @@ def test_per_head_masked_fill_not_absorbing_is_left_alone(fill):
     fused, ledger = optimize_model(_masked_fill_4d_graph(fill), debug=True)
     assert _ops(fused)["Softmax"] == 1 and "Attention" not in _ops(fused)
     assert any("masked_fill value" in r for r in _attention(ledger).rejected), _attention(ledger).rejected
+
+
+def test_per_head_masked_fill_of_biased_scores_is_left_alone():
+    # masked_fill(S + bias): the ALiBi step graphs' layers, which no pass may fuse (test_alibi_graphs)
+    fill = float(np.finfo(np.float32).min)
+    fused, ledger = optimize_model(_masked_fill_4d_graph(fill, bias=True), debug=True)
+    assert _ops(fused)["Softmax"] == 1 and "Attention" not in _ops(fused)
+    assert any("additive term" in r for r in _attention(ledger).rejected), _attention(ledger).rejected
