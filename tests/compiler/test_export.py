@@ -138,6 +138,17 @@ def test_export_runs_in_eval_mode_and_restores_mode(tmp_path, exporter: str) -> 
     assert "Dropout" not in ops or art.record.verified  # dropout must be inert: outputs matched torch eval
 
 
+def test_export_restores_each_submodules_mode(tmp_path) -> None:
+    # an eval-mode model in a wrapper left in train mode (nn.Module's default), as factories return
+    # it: restoring with wrapper.train(True) turned the inner model's dropout on after the export
+    inner = _Noisy().eval()
+    wrapper = torch.nn.Sequential(inner)
+    export_module(wrapper, torch.randn(3, 8), tmp_path, exporter="legacy")
+    assert wrapper.training and not inner.training and not inner.drop.training
+    x = torch.randn(3, 8)
+    assert torch.equal(wrapper(x), inner.lin(x)), "the caller's model still runs without dropout"
+
+
 def test_pt2_source(tmp_path) -> None:
     model = tiny_bert()
     feeds = bert_inputs(2, 8)

@@ -197,3 +197,90 @@ def test_other_strategies_leave_folded_attention_alone(strategy):
     assert _ops(fused)["Softmax"] == 1 and att.matches == 0
     if strategy == "plugin":
         assert any("fused for native only" in r for r in att.rejected), att.rejected
+
+
+# --- hand-built: Where(cond, fill, scores) on per-head [B, H, S, S] scores (XLM, FlauBERT) -------------
+B, H, HD = 2, 2, 4
+
+
+def _masked_fill_4d_graph(fill: float, bias: bool = False) -> onnx.ModelProto:
+    """x [B, S, H*HD] -> q/k/v [B, H, S, HD]; scores masked_fill'ed where the key is padding
+    (attention_mask == 0 viewed [B, 1, 1, S]), as XLM's `scores.masked_fill_(mask, finfo.min)`;
+    `bias`: a [H, S, S] position bias added before the fill, as an ALiBi step graph does."""
+    rng = np.random.default_rng(0)
+    e = H * HD
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((e, e)).astype(np.float32), f"w{i}") for i in range(3)
+    ]
+    inits += [
+        numpy_helper.from_array(np.array([B, S, H, HD], np.int64), "heads"),
+        numpy_helper.from_array(np.array([B, 1, 1, S], np.int64), "mask_view"),
+        numpy_helper.from_array(np.array(HD**-0.5, np.float32), "scale"),
+        numpy_helper.from_array(np.array(0, np.int64), "zero"),
+        numpy_helper.from_array(np.array(fill, np.float32), "fill"),
+        numpy_helper.from_array(rng.standard_normal((H, S, S)).astype(np.float32), "bias"),
+    ]
+    nodes = []
+    for i, name in enumerate("qkv"):
+        nodes += [
+            helper.make_node("MatMul", ["x", f"w{i}"], [f"{name}_flat"]),
+            helper.make_node("Reshape", [f"{name}_flat", "heads"], [f"{name}_bshd"]),
+        ]
+    nodes += [
+        helper.make_node("Transpose", ["q_bshd"], ["q"], perm=[0, 2, 1, 3]),
+        helper.make_node("Transpose", ["v_bshd"], ["v"], perm=[0, 2, 1, 3]),
+        helper.make_node("Transpose", ["k_bshd"], ["kt"], perm=[0, 2, 3, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+        helper.make_node("Mul", ["scores", "scale"], ["scaled"]),
+        helper.make_node("Equal", ["attention_mask", "zero"], ["pad"]),
+        helper.make_node("Reshape", ["pad", "mask_view"], ["cond"]),
+        helper.make_node("Add", ["scaled", "bias"], ["biased"]),
+        helper.make_node("Where", ["cond", "fill", "biased" if bias else "scaled"], ["filled"]),
+        helper.make_node("Softmax", ["filled"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "masked_fill_4d",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, S, e]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [B, S]),
+        ],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [B, H, S, HD])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_per_head_masked_fill_fuses_exactly_with_fully_masked_rows():
+    # XLM's attention was left decomposed: the per-head matcher took only additive masks
+    import onnxruntime as ort
+
+    model = _masked_fill_4d_graph(float(np.finfo(np.float32).min))
+    fused, ledger = optimize_model(model)
+    assert _ops(fused)["Attention"] == 1 and "Softmax" not in _ops(fused)
+    assert _attention(ledger).verification is not None
+    x = np.random.default_rng(1).standard_normal((B, S, H * HD)).astype(np.float32)
+    mask = np.ones((B, S), np.int64)
+    mask[0, 3:] = 0
+    mask[1, :] = 0  # every key masked: torch's softmax is uniform there, so must the fused graph's be
+    outs = [
+        ort.InferenceSession(m.SerializeToString()).run(None, {"x": x, "attention_mask": mask})[0]
+        for m in (model, fused)
+    ]
+    np.testing.assert_allclose(outs[1], outs[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("fill", [-1e4, -np.inf], ids=["-1e4", "-inf"])
+def test_per_head_masked_fill_not_absorbing_is_left_alone(fill):
+    fused, ledger = optimize_model(_masked_fill_4d_graph(fill), debug=True)
+    assert _ops(fused)["Softmax"] == 1 and "Attention" not in _ops(fused)
+    assert any("masked_fill value" in r for r in _attention(ledger).rejected), _attention(ledger).rejected
+
+
+def test_per_head_masked_fill_of_biased_scores_is_left_alone():
+    # masked_fill(S + bias): the ALiBi step graphs' layers, which no pass may fuse (test_alibi_graphs)
+    fill = float(np.finfo(np.float32).min)
+    fused, ledger = optimize_model(_masked_fill_4d_graph(fill, bias=True), debug=True)
+    assert _ops(fused)["Softmax"] == 1 and "Attention" not in _ops(fused)
+    assert any("additive term" in r for r in _attention(ledger).rejected), _attention(ledger).rejected

@@ -199,13 +199,16 @@ def default_output_names(obj: Any, input_names: Sequence[str] = ()) -> list[str]
 # ------------------------------------------------------------------------------------- exporters
 @contextlib.contextmanager
 def _eval_mode(module: Any):
-    """Export in eval mode (dropout off, BN frozen) and restore the caller's mode afterwards."""
-    was_training = module.training
+    """Export in eval mode (dropout off, BN frozen) and restore the caller's mode afterwards, module by
+    module: `module.train(was_training)` would set every submodule to the top's flag, turning on the
+    dropout of an eval-mode model inside a wrapper left in train mode (nn.Module's default)."""
+    modes = [(m, m.training) for m in module.modules()]
     module.eval()
     try:
         yield
     finally:
-        module.train(was_training)
+        for m, training in modes:
+            m.training = training
 
 
 def _export_dynamo(module, feeds, dynamic, opset, input_names, output_names, path: Path) -> None:

@@ -4,6 +4,9 @@
     S = S + mask                      (optional; any additive mask: padding, causal, both)
     S = (S + bias) + mask             (or a bias and a mask: MPNet's relative-position bias, then
                                        padding; fused as one attn_mask `bias + mask`)
+    S = Where(cond, fill, S)          (or a masked_fill of the scaled scores alone, XLM / FlauBERT;
+                                       native only, as in the folded rule below: an absorbing fill,
+                                       moved onto attn_mask)
     P = Softmax(S, axis=-1)           (optionally Where(IsNaN(P), 0, P), as torch exports SDPA)
     O = P @ V                         Q, V: [B, H, S, D]; K: [B, H, S, D] or [B, S, H, D]
 
@@ -218,7 +221,9 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
         super().__init__(name=f"AttentionFusion[{strategy}]")
         self.strategy = strategy
 
-    def pattern(self, op, query, key, value, mask, bias, query_scale, key_scale, qk_scale, nan_fill):
+    def pattern(
+        self, op, query, key, value, mask, bias, cond, fill, query_scale, key_scale, qk_scale, nan_fill
+    ):
         key_t = pattern.OrValue(
             [
                 op.Transpose(key, perm=[0, 1, 3, 2]),  # BHSd -> BHdS
@@ -240,12 +245,31 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
             tag_var="mask_side",
             tag_values=["bias_right", "bias_left", "right", "left", "none"],
         )
+        score = pattern.OrValue(  # masked_fill (XLM, FlauBERT): native only, an absorbing fill
+            [op.Where(cond, fill, score), op.Where(cond, score, fill), score],
+            tag_var="fill_side",
+            tag_values=["fill_if_true", "fill_if_false", "none"],
+        )
         weights = op.Softmax(score, axis=-1)
         weights = pattern.OrValue([op.Where(op.IsNaN(weights), nan_fill, weights), weights])
         return op.MatMul(weights, value)  # P V
 
-    def check(self, context, query, key, value, mask, bias, nan_fill, **b) -> pattern.MatchResult:
+    def check(
+        self, context, query, key, value, mask, bias, nan_fill, cond=None, fill=None, **b
+    ) -> pattern.MatchResult:
         result = pattern.MatchResult()
+        if cond is not None:
+            if self.strategy != "native":
+                return result.fail(f"{self.strategy}: masked_fill scores are fused for native only", cond)
+            if mask is not None:  # an ALiBi step graph's masked_fill(S + bias): left alone (docstring)
+                return result.fail("masked_fill of scores with an additive term (a position bias)", mask)
+            reason = _fill_reason(cond, fill)
+            if reason is not None:
+                return result.fail(reason, fill)
+            if fill.dtype != query.dtype:
+                return result.fail(f"masked_fill value dtype {fill.dtype} != query dtype {query.dtype}", fill)
+            if _rank(cond) is None or _rank(cond) > 4:
+                return result.fail(f"masked_fill condition rank {_rank(cond)} is unknown or above 4", cond)
         for name, v in (("query", query), ("key", key), ("value", value)):
             if _rank(v) != 4:
                 return result.fail(f"{name} is not a rank-4 tensor (rank {_rank(v)})", v)
@@ -282,12 +306,19 @@ class AttentionFusion(pattern.RewriteRuleClassBase):
                     return result.fail(f"plugin: mask reads {names}, not one [B, S] padding input", mask)
         return result
 
-    def rewrite(self, op, query, key, value, mask, bias, key_format, **b):
+    def rewrite(self, op, query, key, value, mask, bias, key_format, cond=None, fill=None, **b):
         scale = 1.0
         for kind, val in _scalings(b):
             scale *= _scale(kind, val)
         if key_format == "BSHd":
             key = op.Transpose(key, perm=[0, 2, 1, 3])
+        if cond is not None:  # the fill moves onto the additive terms; fully filled rows zeroed
+            zero = op.Constant(value=ir.tensor(np.array(0, dtype=query.dtype.numpy())))
+            term = _masked_fill(op, cond, fill, zero, b["fill_side"])
+            dead = _dead_rows(op, cond, b["fill_side"])  # [.., Sq, 1]: broadcasts onto Q [B, H, Sq, D]
+            query = op.Where(dead, zero, query)
+            term = op.Where(dead, zero, term)
+            return op.Attention(query, key, value, _full_mask(op, term, query, key), scale=scale)
         info = analyze_mask(mask, mask.graph or query.graph) if mask is not None else None
         if self.strategy == "plugin":
             return self._plugin(op, query, key, value, info, scale)
