@@ -9,6 +9,7 @@ import contextlib
 import importlib
 import os
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -110,3 +111,22 @@ def load_factory(spec: str) -> tuple[Any, Any]:
             f"factory '{spec}' must return (nn.Module, example_inputs); got {type(result).__name__}."
         )
     return result
+
+
+@contextlib.contextmanager
+def eval_mode(module: Any) -> Iterator[None]:
+    """Run the body in eval mode (dropout off, BN frozen) and restore the caller's mode afterwards, module by
+    module: `module.train(was_training)` would set every submodule to the top's flag, turning on the
+    dropout of an eval-mode model inside a wrapper left in train mode (nn.Module's default). A module the
+    body put in (a quantized layer replacing a Linear) takes its parent's restored mode. (Weak keys: a
+    module the body drops is freed, and its id may be a new module's.)"""
+    modes = weakref.WeakKeyDictionary((m, m.training) for m in module.modules())
+    top = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        restored: dict[str, bool] = {}
+        for name, m in module.named_modules():
+            parent = restored.get(name.rpartition(".")[0], top)
+            m.training = restored[name] = modes.get(m, parent)

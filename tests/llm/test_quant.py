@@ -67,6 +67,17 @@ def test_quantize_model_replaces_the_projections_only(method):
         }
 
 
+def test_quantize_model_restores_each_modules_mode():
+    """A train-mode model whose decoder layers are in eval mode comes back so, the quantized projections
+    in their layer's mode: ``model.train(was_training)`` turned every module to the top's flag."""
+    model = _llama().train()
+    model.model.layers.eval()
+    quantize_model(model, "int4-awq", _prompts())
+    layer = model.model.layers[0]
+    assert model.training and model.lm_head.training
+    assert not layer.training and not layer.self_attn.q_proj.training and not layer.mlp.down_proj.training
+
+
 def _search_layers(model, prompts, alphas: dict, keep: list | None = None) -> None:
     """AWQ's scale search and folds over every layer, as quantize_model runs them (each layer on the
     cached outputs of the one before); `keep` collects each layer's group inputs."""

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtforge._usercode import user_code
+from trtforge._usercode import eval_mode, user_code
 from trtforge.core import onnx_io
 from trtforge.errors import ExportError, UserError
 
@@ -197,20 +197,6 @@ def default_output_names(obj: Any, input_names: Sequence[str] = ()) -> list[str]
 
 
 # ------------------------------------------------------------------------------------- exporters
-@contextlib.contextmanager
-def _eval_mode(module: Any):
-    """Export in eval mode (dropout off, BN frozen) and restore the caller's mode afterwards, module by
-    module: `module.train(was_training)` would set every submodule to the top's flag, turning on the
-    dropout of an eval-mode model inside a wrapper left in train mode (nn.Module's default)."""
-    modes = [(m, m.training) for m in module.modules()]
-    module.eval()
-    try:
-        yield
-    finally:
-        for m, training in modes:
-            m.training = training
-
-
 def _export_dynamo(module, feeds, dynamic, opset, input_names, output_names, path: Path) -> None:
     import torch
 
@@ -341,7 +327,7 @@ def export_module(
     for i, which in enumerate(attempts):
         fn = _export_dynamo if which == "dynamo" else _export_legacy
         try:
-            with _eval_mode(module):
+            with eval_mode(module):
                 run_quietly(fn, module, feeds, dynamic_axes, opset, input_names, names, path)
             record.exporter = which
             break
@@ -538,7 +524,7 @@ def _forward(module: Any, feeds: Mapping[str, Any]) -> Any:
     """The module's raw output on `feeds` (eval mode, no grad); what it raises is the user's."""
     import torch
 
-    with _eval_mode(module), torch.no_grad(), user_code(_forward_what(module, feeds)):
+    with eval_mode(module), torch.no_grad(), user_code(_forward_what(module, feeds)):
         return module(**feeds)
 
 

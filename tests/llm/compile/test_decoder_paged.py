@@ -104,7 +104,10 @@ def test_paged_graph_refuses_bad_layout_options(tmp_path):
 
 
 def test_paged_executor_refuses_a_slot_graph(tmp_path):
-    result = export_step(tiny_model("llama"), max_seq=16, max_batch=2, exporter="legacy", workdir=tmp_path)
+    model = tiny_model("llama").train()
+    model.model.layers.eval()  # a train-mode model holding eval-mode layers keeps each one's mode
+    result = export_step(model, max_seq=16, max_batch=2, exporter="legacy", workdir=tmp_path)
+    assert model.training and not model.model.layers[0].training and not model.model.layers[0].mlp.training
     path = tmp_path / "slot.onnx"
     onnx.save(result.model, str(path))
     with pytest.raises(UserError, match="paged"):

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import torch
 
+from trtforge._usercode import eval_mode
 from trtforge.compiler.export import run_quietly
 from trtforge.errors import ExportError, UserError
 from trtforge.llm.compile import ops
@@ -270,8 +271,26 @@ def export_step(
     """Export `model` (a supported HF causal LM) to an FP32 step graph.
 
     `cache_layout` "slot": per-row caches of `max_seq` (default: :func:`default_max_seq`); "paged": block
-    pools of `block_size` tokens (see :mod:`trtforge.llm.compile` for both contracts).
+    pools of `block_size` tokens (see :mod:`trtforge.llm.compile` for both contracts). `model` runs in eval
+    mode and gets each module's own mode back.
     """
+    with eval_mode(model):
+        return _export_step(
+            model, max_seq, max_batch, max_prefill, exporter, all_logits, cache_layout, block_size, workdir
+        )
+
+
+def _export_step(
+    model: torch.nn.Module,
+    max_seq: int | None,
+    max_batch: int,
+    max_prefill: int | None,
+    exporter: str,
+    all_logits: bool,
+    cache_layout: str,
+    block_size: int,
+    workdir: Path,
+) -> StepExport:
     if max_seq is None:
         max_seq = default_max_seq(adapter_for(model))
     if exporter not in ("auto", *EXPORTERS):
@@ -302,27 +321,22 @@ def export_step(
     attempts = list(EXPORTERS) if exporter == "auto" else [exporter]
     fallback = None
     t0 = time.perf_counter()
-    was_training = model.training
-    model.eval()
-    try:
-        for i, which in enumerate(attempts):
-            try:
-                run_quietly(_dynamo if which == "dynamo" else _legacy, step, feeds, path)
-                proto = ops.finalize_opset(onnx.load(str(path)))
-                # The legacy exporter annotates intermediates with the example's concrete sizes; shape-based
-                # folding in later passes would freeze them (seen: S baked into a Reshape). Drop them.
-                del proto.graph.value_info[:]
-                onnx.checker.check_model(proto, full_check=True)
-                errors = _verify(proto, step, feeds)
-                break
-            except Exception as e:
-                reason = f"{which} exporter failed: {type(e).__name__}: {str(e).strip()[:300]}"
-                if i == len(attempts) - 1:
-                    prior = f" (after: {fallback})" if fallback else ""
-                    raise ExportError(f"could not export the step graph; {reason}{prior}") from e
-                fallback = reason
-    finally:
-        model.train(was_training)
+    for i, which in enumerate(attempts):
+        try:
+            run_quietly(_dynamo if which == "dynamo" else _legacy, step, feeds, path)
+            proto = ops.finalize_opset(onnx.load(str(path)))
+            # The legacy exporter annotates intermediates with the example's concrete sizes; shape-based
+            # folding in later passes would freeze them (seen: S baked into a Reshape). Drop them.
+            del proto.graph.value_info[:]
+            onnx.checker.check_model(proto, full_check=True)
+            errors = _verify(proto, step, feeds)
+            break
+        except Exception as e:
+            reason = f"{which} exporter failed: {type(e).__name__}: {str(e).strip()[:300]}"
+            if i == len(attempts) - 1:
+                prior = f" (after: {fallback})" if fallback else ""
+                raise ExportError(f"could not export the step graph; {reason}{prior}") from e
+            fallback = reason
     generation = generation_section(step, max_batch=max_batch, max_prefill=max_prefill, dtype="float32")
     set_generation_metadata(proto, generation)
     return StepExport(proto, generation, which, fallback, time.perf_counter() - t0, errors)

@@ -71,7 +71,7 @@ class DecoderStep(nn.Module):
         self.spec: DecoderSpec = self.adapter.spec
         self.max_seq = int(max_seq)
         self.all_logits = all_logits
-        self.eval()  # inference graph; exporters restore this mode (and so the wrapped model's) afterwards
+        self.eval()  # inference graph (export_step gives the caller's model its modes back afterwards)
 
     def cache_shape(self, batch: int) -> tuple[int, int, int, int]:
         """[B, Hkv, S_max, D] of every key_cache.i / value_cache.i."""

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trtforge._usercode import eval_mode
 from trtforge.errors import UserError
 from trtforge.kernels.qweight import INT4_GROUP, QuantWeight, quantize_fp8, quantize_int4
 from trtforge.llm.models.families import LlamaStyle, adapter_for
@@ -384,8 +385,21 @@ def quantize_model(
         else []
     )
     record.calib_tokens = sum(int(p.numel()) for p in prompts)
-    was_training = model.training
-    model.eval()
+    with eval_mode(model):
+        _quantize(model, adapter, method, head, lm_head_quantization, prompts, record)
+    return record
+
+
+def _quantize(
+    model: nn.Module,
+    adapter: Any,
+    method: str | None,
+    head: nn.Linear | None,
+    lm_head_quantization: str | None,
+    prompts: list[torch.Tensor],
+    record: QuantizationRecord,
+) -> None:
+    """The searches and replacements of :func:`quantize_model`, in eval mode; `record` filled in."""
     clips: dict[nn.Module, torch.Tensor] = {}
     if prompts:  # every search on the float model first: each layer's inputs are the float model's
         layers = list(adapter.layers)
@@ -408,8 +422,6 @@ def quantize_model(
         record.lm_head_tied = embed is not None and head.weight is embed.weight
         record.lm_head_bytes_before = head.weight.numel() * head.weight.element_size()
         record.lm_head_bytes_after = _replace(model, head, lm_head_quantization, None).nbytes
-    model.train(was_training)
-    return record
 
 
 def _replace(model: nn.Module, mod: nn.Linear, method: str, clip: torch.Tensor | None) -> QuantWeight:
