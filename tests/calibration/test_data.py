@@ -56,6 +56,20 @@ def test_directory_of_npz_and_npy_with_different_shapes_never_mixes_a_batch(tmp_
     assert all(batch["input_ids"].dtype == np.int64 for batch in ds)
 
 
+def test_npy_files_of_a_one_input_model_with_other_shapes_batch_apart_or_are_named(tmp_path):
+    """A one-input model takes every .npy of a directory. Before: the files were concatenated, so a file
+    of another sequence length or rank was numpy's ValueError ('all the input array dimensions ...'), an
+    internal error (exit 1)."""
+    specs = [("input_ids", np.dtype(np.int64), ("batch", "seq"))]
+    np.save(tmp_path / "a.npy", np.ones((3, 6), np.int64))
+    np.save(tmp_path / "b.npy", np.ones((2, 9), np.int64))
+    ds = load_dataset(tmp_path, specs, batch_size=8)
+    assert sorted(b["input_ids"].shape for b in ds) == [(2, 9), (3, 6)] and ds.num_samples == 5
+    np.save(tmp_path / "c.npy", np.ones((4,), np.int64))
+    with pytest.raises(UserError, match=r"'.*c\.npy': input 'input_ids' has rank 1"):
+        load_dataset(tmp_path, specs)
+
+
 def test_iterable_of_dicts_torch_dataloader_and_single_samples():
     torch = pytest.importorskip("torch")
     arr = _arrays(6)

@@ -149,15 +149,14 @@ def load_dir(path: Path, specs: list[TensorSpec]) -> list[Chunk]:
     if not npz and not npy:
         raise UserError(f"directory '{path}' holds no .npz or .npy files; expected calibration arrays.")
     chunks = [load_npz(p, specs) for p in npz]
-    if npy:
-        names = {s.name for s in specs}
-        arrays: Chunk = {}
-        for p in npy:
-            name = p.stem if p.stem in names or len(specs) != 1 else specs[0].name
-            if name in arrays:
-                arrays[name] = np.concatenate([arrays[name], _load_npy(p)])
-            else:
-                arrays[name] = _load_npy(p)
+    if npy and len(specs) == 1:
+        # A one-input model: every .npy holds samples of that input, whatever its name. Each file is its
+        # own chunk (checked and named alone; files of other trailing shapes batch apart, as .npz files
+        # do). Before: they were concatenated, and files of another shape or rank were numpy's
+        # ValueError, an internal error.
+        chunks += [validate_chunk({specs[0].name: _load_npy(p)}, specs, f"'{p}'") for p in npy]
+    elif npy:
+        arrays = {p.stem: _load_npy(p) for p in npy}
         chunks.append(validate_chunk(arrays, specs, f"'{path}' (.npy files {[p.name for p in npy]})"))
     return chunks
 
