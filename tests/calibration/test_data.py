@@ -210,3 +210,17 @@ def test_utf8_text_cut_inside_a_character_at_the_read_boundary_is_still_text(tmp
     path = tmp_path / "s.txt"
     path.write_text("a" * 8191 + "é\n", encoding="utf-8")  # 'é' straddles the 8 KiB head
     assert not _is_binary(path)
+
+
+def test_ragged_lists_and_bfloat16_tensors_from_an_iterable(tmp_path):
+    """Before: a sample of ragged nested lists was numpy's ValueError ('inhomogeneous shape') and a
+    torch bfloat16 tensor torch's TypeError ('unsupported ScalarType BFloat16'), both internal errors."""
+    torch = pytest.importorskip("torch")
+    specs = [("x", np.dtype(np.float32), ("batch", 4))]
+    with pytest.raises(UserError, match=r"item 1: input 'x' is not one array \(numpy: .*inhomogeneous"):
+        load_dataset([{"x": [[1.0, 2, 3, 4]]}, {"x": [[1.0, 2, 3, 4], [1.0, 2]]}], specs)
+    with pytest.raises(UserError, match=r"calibration arrays: input 'x' is not one array"):
+        load_dataset({"x": [[1.0, 2, 3, 4], [1.0]]}, specs)
+    x = torch.linspace(-1, 1, 8).reshape(2, 4).to(torch.bfloat16)
+    (batch,) = list(load_dataset([{"x": x}], specs))
+    np.testing.assert_array_equal(batch["x"], x.float().numpy())

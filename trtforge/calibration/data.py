@@ -246,7 +246,8 @@ def load_dataset(
         raise UserError(f"{what} '{spec}' does not exist (expected a file, directory or module:function).")
     elif isinstance(spec, dict):
         source = "in-memory arrays"
-        chunks = [validate_chunk({k: to_numpy(v) for k, v in spec.items()}, specs, "calibration arrays")]
+        arrays = {k: to_numpy(v, f"calibration arrays: input {k!r}") for k, v in spec.items()}
+        chunks = [validate_chunk(arrays, specs, "calibration arrays")]
     elif isinstance(spec, Iterable):
         source = type(spec).__name__
         chunks = from_iterable(

@@ -323,7 +323,7 @@ def from_iterable(items: Iterable[Any], specs: list[TensorSpec], where: str, max
             raise UserError(
                 f"{where}: item {k} is a {type(item).__name__}; expected a dict input name -> array."
             )
-        raw = {name: to_numpy(v) for name, v in item.items()}
+        raw = {name: to_numpy(v, f"{where} item {k}: input {name!r}") for name, v in item.items()}
         ranks = {s.name: len(s.shape) for s in specs}
         if raw and all(name in ranks and raw[name].ndim == ranks[name] - 1 for name in raw):
             raw = {name: v[None] for name, v in raw.items()}  # a single sample: add the sample axis
@@ -335,10 +335,21 @@ def from_iterable(items: Iterable[Any], specs: list[TensorSpec], where: str, max
     return chunks
 
 
-def to_numpy(v: Any) -> np.ndarray:
+def to_numpy(v: Any, where: str = "calibration data") -> np.ndarray:
+    """`v` (a torch tensor, an array, nested lists) as an array; UserError naming `where` for nested
+    lists numpy cannot make one array of (before: numpy's ValueError, an internal error)."""
     if hasattr(v, "detach"):
-        return v.detach().cpu().numpy()
-    return np.asarray(v)
+        v = v.detach().cpu()
+        if str(getattr(v, "dtype", "")) == "torch.bfloat16":  # numpy has no bfloat16: exact in float32
+            v = v.float()
+        return v.numpy()
+    try:
+        return np.asarray(v)
+    except ValueError as e:
+        raise UserError(
+            f"{where} is not one array (numpy: {str(e)[:200].rstrip('.')}); nested lists need the same "
+            "length at each level (pad the sequences of one item to one length, or give arrays)."
+        ) from e
 
 
 def load_function(spec: str, what: str = "calibration data") -> Iterable[Any]:
