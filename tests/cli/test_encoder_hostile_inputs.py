@@ -513,6 +513,16 @@ CASES: dict[str, tuple[Setup, str]] = {
         r"calibration data c\.npz gave activation 'h' \(input of node\(s\) \['mm2'\]\) no finite value: all "
         r"128 were NaN/inf",
     ),
+    "calibrate: an attention_mask of 0s only (every position padding)": (
+        _ids_mask_lengths(8, 8, mask_value=0),
+        r"calibration data c\.npz gave activation 'emb' \(input of node\(s\) \['\w+'\]\) no value at all, "
+        r"so its INT8 range is unknown: statistics cover real tokens only and no sample has one",
+    ),
+    "calibrate --all-tokens: sequences of 0 tokens": (
+        lambda d: [*_ids_mask_lengths(0, 0)(d), "--all-tokens"],
+        r"gave activation 'emb' .* no value at all, so its INT8 range is unknown: its samples hold no value "
+        r"of it \(a zero-length axis",
+    ),
     "calibrate --percentile with another --method": (
         _calibrate(1.0, "--method", "max", "--percentile", "99.9"),
         r"--percentile only applies to --method percentile \(got --method max\)",

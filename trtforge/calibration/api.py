@@ -247,7 +247,7 @@ def calibrate_model(
         stats_seconds += stats.seconds
         n_samples, n_batches = stats.samples, stats.batches
         dropped = sum(s.dropped for s in stats.tensors.values())
-        _refuse_unseen_ranges(stats.tensors, targets, dataset.source)
+        _refuse_unseen_ranges(stats.tensors, targets, dataset.source, real_tokens)
         for t, s in stats.tensors.items():
             scales[t] = float(scale_from_amax(compute_amax(s, method, percentile=percentile), fmt))
     fallback, accuracy = [], None
@@ -323,18 +323,35 @@ def _refuse_low_precision(model: onnx.ModelProto, op_types: Any) -> None:
         )
 
 
-def _refuse_unseen_ranges(tensors: dict[str, Any], targets: list[Any], source: str) -> None:
-    """UserError for an activation whose every calibration value was dropped as NaN/inf or mask-sized:
-    its range is unknown, and quantizing it with a made-up scale would silently wreck the model."""
+def _refuse_unseen_ranges(
+    tensors: dict[str, Any], targets: list[Any], source: str, real_tokens: bool = False
+) -> None:
+    """UserError for an activation calibration saw no value of: every one dropped as NaN/inf or
+    mask-sized, or none there at all (every attention_mask position 0 with real-token statistics, or
+    samples with a zero-length axis). Its range is unknown, and quantizing it with a made-up scale (1/127,
+    what an empty histogram gave, written to the cache as if measured) would silently wreck the model."""
     for name, stats in tensors.items():
-        if stats.count == 0 and stats.dropped:
-            nodes = sorted({x.node for x in targets if name in x.activations})
+        if stats.count:
+            continue
+        nodes = sorted({x.node for x in targets if name in x.activations})
+        if stats.dropped:
             raise UserError(
                 f"calibration data {source} gave activation '{name}' (input of node(s) {nodes}) no finite "
                 f"value: all {stats.dropped} were NaN/inf or of attention-mask magnitude (>= 1e30), so its "
                 "INT8 range is unknown. The data likely overflows float32 inside the model (check its "
                 "scale), or keep those nodes in float (calibrate --exclude NODE)."
             )
+        why = (
+            "statistics cover real tokens only and no sample has one (its attention_mask is 0 at every "
+            "position, or its sequence has 0 tokens): give samples with real tokens (mask 1)"
+            if real_tokens
+            else "its samples hold no value of it (a zero-length axis, e.g. sequences of 0 tokens): give "
+            "samples with at least one element on every axis"
+        )
+        raise UserError(
+            f"calibration data {source} gave activation '{name}' (input of node(s) {nodes}) no value at "
+            f"all, so its INT8 range is unknown: {why}."
+        )
 
 
 def _decision_dict(d: Decision, kept: list[Any]) -> dict[str, Any]:
