@@ -224,3 +224,22 @@ def test_ragged_lists_and_bfloat16_tensors_from_an_iterable(tmp_path):
     x = torch.linspace(-1, 1, 8).reshape(2, 4).to(torch.bfloat16)
     (batch,) = list(load_dataset([{"x": x}], specs))
     np.testing.assert_array_equal(batch["x"], x.float().numpy())
+
+
+def test_values_the_models_dtype_cannot_hold_are_refused_not_cast_to_inf_or_wrapped(tmp_path):
+    """Before: float64 1e300 for a float32 input passed the NaN/inf check and became inf in the cast (an
+    activation 'with no finite value' was then blamed on the model), float32 1e5 for a float16 input too,
+    and int64 ids past int32 wrapped around to other ids silently."""
+    np.savez(tmp_path / "big.npz", x=np.full((2, 4), 1e300))
+    with pytest.raises(UserError, match=r"'x' holds values as large as 1e\+300, beyond the range"):
+        load_dataset(tmp_path / "big.npz", [("x", np.dtype(np.float32), ("batch", 4))])
+    np.savez(tmp_path / "half.npz", x=np.full((2, 4), 1e5, np.float32))
+    with pytest.raises(UserError, match=r"beyond the range of the model's float16"):
+        load_dataset(tmp_path / "half.npz", [("x", np.dtype(np.float16), ("batch", 4))])
+    np.savez(tmp_path / "ids.npz", input_ids=np.array([[1, 2**32 + 1]], np.int64))
+    with pytest.raises(UserError, match=r"holds 4294967297, outside the range of the model's int32"):
+        load_dataset(tmp_path / "ids.npz", [("input_ids", np.dtype(np.int32), ("batch", "seq"))])
+    np.savez(tmp_path / "ok.npz", input_ids=np.array([[1, 2]], np.int64), x=np.ones((1, 4)))
+    specs = [("input_ids", np.dtype(np.int32), ("batch", "seq")), ("x", np.dtype(np.float16), ("batch", 4))]
+    (batch,) = list(load_dataset(tmp_path / "ok.npz", specs))
+    assert batch["input_ids"].dtype == np.int32 and batch["x"].dtype == np.float16

@@ -77,7 +77,37 @@ def validate_chunk(chunk: Chunk, specs: list[TensorSpec], where: str, *, allow_e
                 f"{where}: inputs have different sample counts ({s.name}: {a.shape[0]}, others: {n}); "
                 "every input array needs the same leading sample axis."
             )
-        out[s.name] = a if a.dtype == s.np_dtype else a.astype(s.np_dtype)
+        out[s.name] = a if a.dtype == s.np_dtype else _cast(a, s, where)
+    return out
+
+
+def _cast(a: np.ndarray, spec: TensorSpec, where: str) -> np.ndarray:
+    """`a` in the model's dtype; UserError naming the input when a value does not fit it. Before: float64
+    1e300 for a float32 input became inf after the NaN/inf check (numpy's overflow warning, then an
+    activation 'with no finite value' blamed on the model), and int64 ids past int32 wrapped around."""
+    want = spec.np_dtype
+    if a.dtype.kind in "iu" and want.kind in "iu" and a.size:
+        info = np.iinfo(want)
+        low, high = int(a.min()), int(a.max())
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise UserError(
+                f"{where}: input '{spec.name}' holds {bad}, outside the range of the model's {want.name} "
+                f"({info.min}..{info.max}); it cannot be cast without wrapping around."
+            )
+        return a.astype(want)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = a.astype(want)
+    if (
+        a.dtype.kind == "f"
+        and a.size
+        and not np.isfinite(out.astype(np.float32) if want.kind == "V" else out).all()
+    ):
+        largest = float(np.abs(a).max())
+        raise UserError(
+            f"{where}: input '{spec.name}' holds values as large as {largest:.4g}, beyond the range of the "
+            f"model's {spec.dtype}: cast to it they become inf. Scale the data into {spec.dtype}'s range."
+        )
     return out
 
 
