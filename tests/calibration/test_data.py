@@ -243,3 +243,18 @@ def test_values_the_models_dtype_cannot_hold_are_refused_not_cast_to_inf_or_wrap
     specs = [("input_ids", np.dtype(np.int32), ("batch", "seq")), ("x", np.dtype(np.float16), ("batch", 4))]
     (batch,) = list(load_dataset(tmp_path / "ok.npz", specs))
     assert batch["input_ids"].dtype == np.int32 and batch["x"].dtype == np.float16
+
+
+def test_a_text_file_with_a_byte_order_mark_and_crlf_lines_gives_the_sentences_alone(tmp_path):
+    """Notepad's UTF-8 starts with a BOM and ends lines with CRLF. Before: the BOM stayed on the first
+    sentence, and a byte-level BPE tokenizer (GPT-2's, Llama's) made it 3 tokens of calibration data."""
+    seen: list[list[str]] = []
+
+    def tok(batch, **_):
+        seen.append(list(batch))
+        return {"input_ids": np.ones((len(batch), 3), np.int64)}
+
+    (tmp_path / "s.txt").write_bytes("\ufefffirst line\r\nsecond line\r\n".encode())
+    specs = [("input_ids", np.dtype(np.int64), ("batch", "seq"))]
+    list(load_dataset(tmp_path / "s.txt", specs, tokenizer=tok, batch_size=2))
+    assert seen[-1] == ["first line", "second line"]

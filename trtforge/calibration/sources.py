@@ -193,7 +193,7 @@ def load_dir(path: Path, specs: list[TensorSpec]) -> list[Chunk]:
 
 def _read_sentences(path: Path) -> list[str]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # (a BOM, as Notepad writes, is no part of line 1)
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read text file '{path}' as UTF-8 ({e}).") from e
     return [line.strip() for line in text.splitlines() if line.strip()]

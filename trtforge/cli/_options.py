@@ -133,7 +133,9 @@ def read_prompt_ids(path: str) -> list[list[int]]:
     if not str(path):
         raise UserError(f"--calib-data '': the path is empty; {expected}.")
     try:
-        lines = [ln.split() for ln in Path(path).read_text().splitlines() if ln.strip()]
+        # UTF-8 whatever the locale; a BOM (Notepad's) is no part of the first id ("\ufeff1" was refused)
+        text = Path(path).read_text(encoding="utf-8-sig")
+        lines = [ln.split() for ln in text.splitlines() if ln.strip()]
         prompts = [[int(t) for t in ln] for ln in lines]
     except (OSError, ValueError) as e:
         raise UserError(f"--calib-data '{path}': {expected} ({e}).") from e
