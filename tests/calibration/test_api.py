@@ -146,6 +146,25 @@ def test_cache_alone_with_smoothquant_names_the_default_and_the_way_out(tmp_path
         calibrate_model(m, None, calib_cache=str(cache), smoothquant=0.8, progress=False)
 
 
+def test_a_cache_naming_tensors_the_model_lacks_is_refused_not_mixed_in(tmp_path):
+    """The mlp's cache holds 'x' and 'r'; shared_input has an 'x' (of another width and range) but no 'r'.
+    Before: shared_input took the mlp's 'x' scale and said the cache was read. A cache written after
+    SmoothQuant names its smoothed tensors: read with SmoothQuant off it is refused the same way."""
+    cache = tmp_path / "mlp.calib.cache"
+    calibrate_model(models.mlp(), _data(), method="max", calib_cache=str(cache), progress=False)
+    x = {"x": np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32) * 50}
+    with pytest.raises(
+        UserError,
+        match=r"holds scales for 1 of its 2 tensors that this model does not have "
+        r"\(e\.g\. \['r'\]\); it was written for another model",
+    ):
+        calibrate_model(models.shared_input(), x, method="max", calib_cache=str(cache), progress=False)
+    sq = tmp_path / "sq.calib.cache"
+    calibrate_model(models.mlp(), _data(), calib_cache=str(sq), smoothquant=0.8, progress=False)
+    with pytest.raises(UserError, match=r"it was written after SmoothQuant"):
+        calibrate_model(models.mlp(), _data(), calib_cache=str(sq), progress=False)
+
+
 def test_cache_text_matches_modelopt_reader(tmp_path):
     calib_utils = pytest.importorskip("modelopt.onnx.quantization.calib_utils")
     p = tmp_path / "c.cache"

@@ -231,6 +231,7 @@ def calibrate_model(
     scales: dict[str, float] = {}
     if cache_in is not None:
         _, cached = read_calibration_cache(cache_in)
+        _refuse_foreign_cache(cached, work, cache_in)
         scales = {t: cached[t] for t in tensors if t in cached}
     missing = [t for t in tensors if t not in scales]
     n_samples, n_batches, dropped = 0, 0, 0
@@ -321,6 +322,33 @@ def _refuse_low_precision(model: onnx.ModelProto, op_types: Any) -> None:
             f"({'; '.join(found[:3])}{more}). Start from its FP32 export: `compile --precision int8` "
             "converts what stays unquantized to FP16 itself (--int8-rest)."
         )
+
+
+def _refuse_foreign_cache(cached: dict[str, float], model: onnx.ModelProto, path: Path) -> None:
+    """UserError when a calibration cache names tensors `model` does not have: it was written for another
+    model (or another export of this one, or after SmoothQuant added its smoothed tensors). Before: the
+    names that matched took that model's ranges and the rest were computed from the data, the record
+    saying the cache was read, so another model's scales went into this one's Q/DQ without a word."""
+    g = model.graph
+    known = {i.name for i in g.input} | {t.name for t in g.initializer}
+    known |= {o for n in g.node for o in n.output}
+    foreign = [t for t in cached if t not in known]
+    if not foreign:
+        return
+    smoothed = any("_smoothed" in t for t in foreign)
+    why = (
+        "it was written after SmoothQuant (on by default), whose smoothed tensors only that run's graph has, "
+        "so it cannot be read back: calibrate from the data again (a --calib-cache path that does not exist "
+        "yet is written)"
+        if smoothed
+        else "it was written for another model (or another export of this one), whose ranges must not go "
+        "into this model's Q/DQ: pass this model's cache, or a --calib-cache path that does not exist yet "
+        "to calibrate afresh and write it"
+    )
+    raise UserError(
+        f"calibration cache '{path}' holds scales for {len(foreign)} of its {len(cached)} tensors that this "
+        f"model does not have (e.g. {foreign[:3]}); {why}."
+    )
 
 
 def _refuse_unseen_ranges(
