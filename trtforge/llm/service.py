@@ -433,7 +433,8 @@ def from_pretrained(
     if calib_prompts is not None and kv_cache_dtype == "auto" and quantization != "int4-awq":
         raise UserError(
             "calib_prompts (--calib-data) calibrate int4-awq's scales and the FP8 KV cache's; with "
-            f"quantization={quantization!r} and kv_cache_dtype='auto' there is nothing to calibrate. Pass "
+            f"{'no quantization' if quantization is None else f'quantization={quantization!r}'} and "
+            "kv_cache_dtype='auto' there is nothing to calibrate. Pass "
             "quantization='int4-awq' or kv_cache_dtype='fp8' (--kv-cache-dtype fp8), or drop them."
         )
     quantized = quantization is not None or lm_head_quantization is not None
