@@ -258,3 +258,34 @@ def test_a_text_file_with_a_byte_order_mark_and_crlf_lines_gives_the_sentences_a
     specs = [("input_ids", np.dtype(np.int64), ("batch", "seq"))]
     list(load_dataset(tmp_path / "s.txt", specs, tokenizer=tok, batch_size=2))
     assert seen[-1] == ["first line", "second line"]
+
+
+def test_sentences_from_a_pipe_are_read_whole(tmp_path):
+    """`--data <(head -n 1000 s.txt)` is a pipe. Before: the binary check read its first 8 KiB and the
+    sentences were what followed, so those lines were silently lost (1704 of 2000 samples calibrated)."""
+    import os
+    import threading
+
+    lines = [f"sentence number {i} is here" for i in range(2000)]
+    fifo = tmp_path / "s.fifo"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with open(fifo, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    seen: list[str] = []
+
+    def tok(batch, **_):
+        seen.extend(batch)
+        return {"input_ids": np.ones((len(batch), 3), np.int64)}
+
+    specs = [("input_ids", np.dtype(np.int64), ("batch", "seq"))]
+    ds = load_dataset(fifo, specs, tokenizer=tok, batch_size=500)
+    writer.join()
+    assert ds.num_samples == 2000
+    seen.clear()
+    list(ds)
+    assert seen == lines

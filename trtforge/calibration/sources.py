@@ -191,10 +191,10 @@ def load_dir(path: Path, specs: list[TensorSpec]) -> list[Chunk]:
     return chunks
 
 
-def _read_sentences(path: Path) -> list[str]:
+def _read_sentences(path: Path, head: bytes, rest: bytes) -> list[str]:
     try:
-        text = path.read_text(encoding="utf-8-sig")  # (a BOM, as Notepad writes, is no part of line 1)
-    except (OSError, UnicodeDecodeError) as e:
+        text = (head + rest).decode("utf-8-sig")  # (a BOM, as Notepad writes, is no part of line 1)
+    except UnicodeDecodeError as e:
         raise UserError(f"cannot read text file '{path}' as UTF-8 ({e}).") from e
     return [line.strip() for line in text.splitlines() if line.strip()]
 
@@ -288,9 +288,16 @@ def _is_binary(path: Path) -> bool:
     """True when the file's head holds NUL bytes or is not UTF-8 (a model, engine or archive, not text)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(8192)
+            head = f.read(_HEAD_BYTES)
     except OSError as e:
         raise UserError(f"cannot read '{path}' ({e.strerror or e}).") from e
+    return _is_binary_head(head)
+
+
+_HEAD_BYTES = 8192
+
+
+def _is_binary_head(head: bytes) -> bool:
     try:
         head.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -301,16 +308,26 @@ def _is_binary(path: Path) -> bool:
 def text_dataset(
     path: Path, specs: list[TensorSpec], tokenizer: Any, max_length: int
 ) -> tuple[list[str], Callable[[list[str]], Chunk]]:
-    if _is_binary(path):
-        raise UserError(
-            f"'{path}' is a binary file, not data: expected a .npz (one array per input name), a .npy, a "
-            "directory of them, a UTF-8 text file of sentences (with --tokenizer) or module:function."
-        )
-    if tokenizer is None:
-        raise UserError(
-            f"'{path}' is a text file: tokenizing it needs a tokenizer (--tokenizer PATH, or 'demo')."
-        )
-    sentences = _read_sentences(path)
+    # One read through one handle: the head decides binary or text, and the rest follows it. A pipe
+    # (--data <(head -n 1000 s.txt), /dev/stdin) reads once; before, the binary check read its first 8 KiB
+    # and the sentences were the rest, so those lines were silently lost (and the first kept one was cut).
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEAD_BYTES)
+            if _is_binary_head(head):
+                raise UserError(
+                    f"'{path}' is a binary file, not data: expected a .npz (one array per input name), a "
+                    ".npy, a directory of them, a UTF-8 text file of sentences (with --tokenizer) or "
+                    "module:function."
+                )
+            if tokenizer is None:
+                raise UserError(
+                    f"'{path}' is a text file: tokenizing it needs a tokenizer (--tokenizer PATH, or 'demo')."
+                )
+            rest = f.read()
+    except OSError as e:
+        raise UserError(f"cannot read '{path}' ({e.strerror or e}).") from e
+    sentences = _read_sentences(path, head, rest)
     tok = resolve_tokenizer(tokenizer)
     names = {s.name for s in specs}
     # A model exported with a fixed sequence length takes exactly that many tokens: pad every batch to it.
