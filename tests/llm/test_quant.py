@@ -46,6 +46,16 @@ def _prompts(n: int = 4, length: int = 24, vocab: int = 300) -> list[list[int]]:
     return torch.randint(3, vocab, (n, length), generator=g).tolist()
 
 
+def test_awq_calibration_prompts_are_cut_to_the_models_positions():
+    """The model knows 256 positions. Before: each prompt was cut to 2048 tokens whatever the model, so
+    the scales were searched on activations of positions 256..299, which RoPE extrapolates to silently
+    and served text never reaches."""
+    model = _llama()
+    assert model.config.max_position_embeddings == 256
+    record = quantize_model(model, "int4-awq", _prompts(1, 300) + _prompts(1, 20))
+    assert record.calib_tokens == 256 + 20
+
+
 @pytest.mark.parametrize("method", ["fp8", "int4-rtn", "int4-awq"])
 def test_quantize_model_replaces_the_projections_only(method):
     model = _llama()
