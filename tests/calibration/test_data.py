@@ -289,3 +289,20 @@ def test_sentences_from_a_pipe_are_read_whole(tmp_path):
     seen.clear()
     list(ds)
     assert seen == lines
+
+
+def test_npz_and_npy_files_are_known_by_their_content_or_an_upper_case_suffix(tmp_path):
+    """Before: CALIB.NPZ, or numpy.savez output renamed calib.bin, was 'a binary file, not data: expected
+    a .npz'."""
+    arr = _arrays(5)
+    np.savez(tmp_path / "a.npz", **arr)
+    (tmp_path / "a.npz").rename(tmp_path / "CALIB.NPZ")
+    np.savez(tmp_path / "b.npz", **arr)
+    (tmp_path / "b.npz").rename(tmp_path / "calib.bin")
+    for name in ("CALIB.NPZ", "calib.bin"):
+        assert load_dataset(tmp_path / name, SPECS).num_samples == 5
+    np.save(tmp_path / "x.npy", arr["x"])
+    (tmp_path / "x.npy").rename(tmp_path / "x.data")
+    specs = [("x", np.dtype(np.float32), (-1, 4))]
+    (batch,) = list(load_dataset(tmp_path / "x.data", specs))
+    np.testing.assert_array_equal(batch["x"], arr["x"])

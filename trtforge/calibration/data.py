@@ -28,6 +28,7 @@ from trtforge._fileio import check_utf8_path
 from trtforge.calibration.sources import (
     DEMO_TOKENIZER,
     Chunk,
+    array_file_kind,
     chunk_len,
     from_iterable,
     guarded,
@@ -231,11 +232,12 @@ def load_dataset(
     if isinstance(spec, (str, os.PathLike)) and Path(spec).exists():
         path = Path(spec)
         source = str(path)
+        kind = array_file_kind(path)
         if path.is_dir():
             chunks = load_dir(path, specs)
-        elif path.suffix == ".npz":
+        elif kind == ".npz":
             chunks = [load_npz(path, specs)]
-        elif path.suffix == ".npy":
+        elif kind == ".npy":
             chunks = load_npy_file(path, specs)
         else:
             sentences, tokenize = text_dataset(path, specs, tokenizer, max_length)

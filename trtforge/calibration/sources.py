@@ -158,6 +158,25 @@ def read_npz(path: Path, where: str | None = None) -> Chunk:
         ) from e
 
 
+_MAGIC = {b"PK\x03\x04": ".npz", b"PK\x05\x06": ".npz", b"\x93NUMPY": ".npy"}
+
+
+def array_file_kind(path: Path) -> str | None:
+    """ ".npz" or ".npy" by the name's suffix in any case (CALIB.NPZ), else by a regular file's first bytes
+    (numpy.savez's zip, numpy.save's magic: calib.bin, calib.data); None for anything else (text). Before:
+    such a file was 'a binary file, not data: expected a .npz'."""
+    if path.suffix.lower() in (".npz", ".npy"):
+        return path.suffix.lower()
+    if not path.is_file():  # (a pipe is read once, by the text reader)
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError:
+        return None  # the reader that follows names the file
+    return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), None)
+
+
 def load_npz(path: Path, specs: list[TensorSpec]) -> Chunk:
     return validate_chunk(read_npz(path), specs, f"'{path}'")
 
