@@ -128,12 +128,19 @@ def test_cache_is_written_in_trt_format_and_read_back_without_statistics(tmp_pat
     q2, rec2 = calibrate_model(m, _data(seed=5), method="max", calib_cache=str(cache), progress=False)
     assert rec2.cache["read"] and rec2.samples == 0 and rec2.cache["tensors_from_cache"] == 2
     assert q1.SerializeToString() == q2.SerializeToString()
-    q3, rec3 = calibrate_model(m, None, calib_cache=str(cache), progress=False)  # cache alone suffices
+    q3, rec3 = calibrate_model(m, None, method="max", calib_cache=str(cache), progress=False)  # cache alone
     assert q3.SerializeToString() == q1.SerializeToString() and rec3.source.startswith("calibration cache")
+    # another method's cache: its scales are not this method's (before: used, the record saying 'entropy')
+    with pytest.raises(
+        UserError,
+        match=r"holds MinMaxCalibration scales \(method 'max'\), and this run "
+        r"calibrates with method 'entropy': pass method 'max'",
+    ):
+        calibrate_model(m, _data(), calib_cache=str(cache), progress=False)
     partial = tmp_path / "partial.cache"
     partial.write_text("\n".join(cache.read_text().splitlines()[:2]) + "\n")
     with pytest.raises(UserError, match="no scale for 1 tensor"):
-        calibrate_model(m, None, calib_cache=str(partial), progress=False)
+        calibrate_model(m, None, method="max", calib_cache=str(partial), progress=False)
 
 
 def test_cache_alone_with_smoothquant_names_the_default_and_the_way_out(tmp_path):

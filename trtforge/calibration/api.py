@@ -230,7 +230,8 @@ def calibrate_model(
     tensors = list(dict.fromkeys(a for t in targets for a in t.activations))
     scales: dict[str, float] = {}
     if cache_in is not None:
-        _, cached = read_calibration_cache(cache_in)
+        header, cached = read_calibration_cache(cache_in)
+        _refuse_other_method(header, method, cache_in)
         _refuse_foreign_cache(cached, work, cache_in)
         scales = {t: cached[t] for t in tensors if t in cached}
     missing = [t for t in tensors if t not in scales]
@@ -321,6 +322,26 @@ def _refuse_low_precision(model: onnx.ModelProto, op_types: Any) -> None:
             "INT8 calibration needs an FP32 model; this one computes in reduced precision "
             f"({'; '.join(found[:3])}{more}). Start from its FP32 export: `compile --precision int8` "
             "converts what stays unquantized to FP16 itself (--int8-rest)."
+        )
+
+
+def _refuse_other_method(header: str, method: str, path: Path) -> None:
+    """UserError when the cache's header names another of our methods' algorithms than `method`: its
+    scales are that method's. Before: they were used (and, with data, mixed with `method`'s own for the
+    tensors it lacked) while the record, the manifest and the summary said `method`. TensorRT's
+    calibrators, too, do not take a cache of another algorithm. A header of an algorithm trtforge does
+    not write (TensorRT's LegacyCalibration, EntropyCalibration) is read as it is."""
+    from trtforge.calibration.cache import ALGORITHMS
+
+    algorithm = header.rsplit("-", 1)[-1].strip()
+    by_algorithm = {v: k for k, v in ALGORITHMS.items()}
+    cached = by_algorithm.get(algorithm)
+    if cached is not None and cached != method:
+        raise UserError(
+            f"calibration cache '{path}' holds {algorithm} scales (method '{cached}'), and this run "
+            f"calibrates with method '{method}': pass method '{cached}' (calibrate --method {cached}, "
+            f"compile --calib-method {cached}) to use them, or a --calib-cache path that does not exist "
+            "yet to calibrate afresh."
         )
 
 
