@@ -246,6 +246,11 @@ def load(
                 f"{name}={shown(value)} applies to the torch executor (executor='torch' or "
                 "trtforge.llm.from_pretrained); compiled step graphs and engines carry their own precision."
             )
+    if not _is_int(tensor_parallel_size) or tensor_parallel_size < 1:  # (was "0 needs the torch executor")
+        raise UserError(
+            "tensor_parallel_size must be an integer >= 1 (2 or more splits the model, on the torch "
+            f"executor), got {shown(tensor_parallel_size)}."
+        )
     if tensor_parallel_size != 1:
         raise UserError(
             f"tensor_parallel_size {tensor_parallel_size} needs the torch executor (a save_pretrained "
