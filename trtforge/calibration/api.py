@@ -399,7 +399,8 @@ def _refuse_unseen_ranges(
         )
         raise UserError(
             f"calibration data {source} gave activation '{name}' (input of node(s) {nodes}) no value at "
-            f"all, so its INT8 range is unknown: {why}."
+            f"all, so its INT8 range is unknown: {why}. A tensor empty by design stays in float with "
+            "calibrate --exclude NODE."
         )
 
 
