@@ -128,12 +128,19 @@ def test_cache_is_written_in_trt_format_and_read_back_without_statistics(tmp_pat
     q2, rec2 = calibrate_model(m, _data(seed=5), method="max", calib_cache=str(cache), progress=False)
     assert rec2.cache["read"] and rec2.samples == 0 and rec2.cache["tensors_from_cache"] == 2
     assert q1.SerializeToString() == q2.SerializeToString()
-    q3, rec3 = calibrate_model(m, None, calib_cache=str(cache), progress=False)  # cache alone suffices
+    q3, rec3 = calibrate_model(m, None, method="max", calib_cache=str(cache), progress=False)  # cache alone
     assert q3.SerializeToString() == q1.SerializeToString() and rec3.source.startswith("calibration cache")
+    # another method's cache: its scales are not this method's (before: used, the record saying 'entropy')
+    with pytest.raises(
+        UserError,
+        match=r"holds MinMaxCalibration scales \(method 'max'\), and this run "
+        r"calibrates with method 'entropy': pass method 'max'",
+    ):
+        calibrate_model(m, _data(), calib_cache=str(cache), progress=False)
     partial = tmp_path / "partial.cache"
     partial.write_text("\n".join(cache.read_text().splitlines()[:2]) + "\n")
     with pytest.raises(UserError, match="no scale for 1 tensor"):
-        calibrate_model(m, None, calib_cache=str(partial), progress=False)
+        calibrate_model(m, None, method="max", calib_cache=str(partial), progress=False)
 
 
 def test_cache_alone_with_smoothquant_names_the_default_and_the_way_out(tmp_path):
@@ -144,6 +151,25 @@ def test_cache_alone_with_smoothquant_names_the_default_and_the_way_out(tmp_path
     calibrate_model(m, _data(), method="max", calib_cache=str(cache), progress=False)
     with pytest.raises(UserError, match=r"SmoothQuant \(on by default\) needs calibration data.*no-smooth"):
         calibrate_model(m, None, calib_cache=str(cache), smoothquant=0.8, progress=False)
+
+
+def test_a_cache_naming_tensors_the_model_lacks_is_refused_not_mixed_in(tmp_path):
+    """The mlp's cache holds 'x' and 'r'; shared_input has an 'x' (of another width and range) but no 'r'.
+    Before: shared_input took the mlp's 'x' scale and said the cache was read. A cache written after
+    SmoothQuant names its smoothed tensors: read with SmoothQuant off it is refused the same way."""
+    cache = tmp_path / "mlp.calib.cache"
+    calibrate_model(models.mlp(), _data(), method="max", calib_cache=str(cache), progress=False)
+    x = {"x": np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32) * 50}
+    with pytest.raises(
+        UserError,
+        match=r"holds scales for 1 of its 2 tensors that this model does not have "
+        r"\(e\.g\. \['r'\]\); it was written for another model",
+    ):
+        calibrate_model(models.shared_input(), x, method="max", calib_cache=str(cache), progress=False)
+    sq = tmp_path / "sq.calib.cache"
+    calibrate_model(models.mlp(), _data(), calib_cache=str(sq), smoothquant=0.8, progress=False)
+    with pytest.raises(UserError, match=r"it was written after SmoothQuant"):
+        calibrate_model(models.mlp(), _data(), calib_cache=str(sq), progress=False)
 
 
 def test_cache_text_matches_modelopt_reader(tmp_path):

@@ -56,6 +56,20 @@ def test_directory_of_npz_and_npy_with_different_shapes_never_mixes_a_batch(tmp_
     assert all(batch["input_ids"].dtype == np.int64 for batch in ds)
 
 
+def test_npy_files_of_a_one_input_model_with_other_shapes_batch_apart_or_are_named(tmp_path):
+    """A one-input model takes every .npy of a directory. Before: the files were concatenated, so a file
+    of another sequence length or rank was numpy's ValueError ('all the input array dimensions ...'), an
+    internal error (exit 1)."""
+    specs = [("input_ids", np.dtype(np.int64), ("batch", "seq"))]
+    np.save(tmp_path / "a.npy", np.ones((3, 6), np.int64))
+    np.save(tmp_path / "b.npy", np.ones((2, 9), np.int64))
+    ds = load_dataset(tmp_path, specs, batch_size=8)
+    assert sorted(b["input_ids"].shape for b in ds) == [(2, 9), (3, 6)] and ds.num_samples == 5
+    np.save(tmp_path / "c.npy", np.ones((4,), np.int64))
+    with pytest.raises(UserError, match=r"'.*c\.npy': input 'input_ids' has rank 1"):
+        load_dataset(tmp_path, specs)
+
+
 def test_iterable_of_dicts_torch_dataloader_and_single_samples():
     torch = pytest.importorskip("torch")
     arr = _arrays(6)
@@ -196,3 +210,99 @@ def test_utf8_text_cut_inside_a_character_at_the_read_boundary_is_still_text(tmp
     path = tmp_path / "s.txt"
     path.write_text("a" * 8191 + "é\n", encoding="utf-8")  # 'é' straddles the 8 KiB head
     assert not _is_binary(path)
+
+
+def test_ragged_lists_and_bfloat16_tensors_from_an_iterable(tmp_path):
+    """Before: a sample of ragged nested lists was numpy's ValueError ('inhomogeneous shape') and a
+    torch bfloat16 tensor torch's TypeError ('unsupported ScalarType BFloat16'), both internal errors."""
+    torch = pytest.importorskip("torch")
+    specs = [("x", np.dtype(np.float32), ("batch", 4))]
+    with pytest.raises(UserError, match=r"item 1: input 'x' is not one array \(numpy: .*inhomogeneous"):
+        load_dataset([{"x": [[1.0, 2, 3, 4]]}, {"x": [[1.0, 2, 3, 4], [1.0, 2]]}], specs)
+    with pytest.raises(UserError, match=r"calibration arrays: input 'x' is not one array"):
+        load_dataset({"x": [[1.0, 2, 3, 4], [1.0]]}, specs)
+    x = torch.linspace(-1, 1, 8).reshape(2, 4).to(torch.bfloat16)
+    (batch,) = list(load_dataset([{"x": x}], specs))
+    np.testing.assert_array_equal(batch["x"], x.float().numpy())
+
+
+def test_values_the_models_dtype_cannot_hold_are_refused_not_cast_to_inf_or_wrapped(tmp_path):
+    """Before: float64 1e300 for a float32 input passed the NaN/inf check and became inf in the cast (an
+    activation 'with no finite value' was then blamed on the model), float32 1e5 for a float16 input too,
+    and int64 ids past int32 wrapped around to other ids silently."""
+    np.savez(tmp_path / "big.npz", x=np.full((2, 4), 1e300))
+    with pytest.raises(UserError, match=r"'x' holds values as large as 1e\+300, beyond the range"):
+        load_dataset(tmp_path / "big.npz", [("x", np.dtype(np.float32), ("batch", 4))])
+    np.savez(tmp_path / "half.npz", x=np.full((2, 4), 1e5, np.float32))
+    with pytest.raises(UserError, match=r"beyond the range of the model's float16"):
+        load_dataset(tmp_path / "half.npz", [("x", np.dtype(np.float16), ("batch", 4))])
+    np.savez(tmp_path / "ids.npz", input_ids=np.array([[1, 2**32 + 1]], np.int64))
+    with pytest.raises(UserError, match=r"holds 4294967297, outside the range of the model's int32"):
+        load_dataset(tmp_path / "ids.npz", [("input_ids", np.dtype(np.int32), ("batch", "seq"))])
+    np.savez(tmp_path / "ok.npz", input_ids=np.array([[1, 2]], np.int64), x=np.ones((1, 4)))
+    specs = [("input_ids", np.dtype(np.int32), ("batch", "seq")), ("x", np.dtype(np.float16), ("batch", 4))]
+    (batch,) = list(load_dataset(tmp_path / "ok.npz", specs))
+    assert batch["input_ids"].dtype == np.int32 and batch["x"].dtype == np.float16
+
+
+def test_a_text_file_with_a_byte_order_mark_and_crlf_lines_gives_the_sentences_alone(tmp_path):
+    """Notepad's UTF-8 starts with a BOM and ends lines with CRLF. Before: the BOM stayed on the first
+    sentence, and a byte-level BPE tokenizer (GPT-2's, Llama's) made it 3 tokens of calibration data."""
+    seen: list[list[str]] = []
+
+    def tok(batch, **_):
+        seen.append(list(batch))
+        return {"input_ids": np.ones((len(batch), 3), np.int64)}
+
+    (tmp_path / "s.txt").write_bytes("\ufefffirst line\r\nsecond line\r\n".encode())
+    specs = [("input_ids", np.dtype(np.int64), ("batch", "seq"))]
+    list(load_dataset(tmp_path / "s.txt", specs, tokenizer=tok, batch_size=2))
+    assert seen[-1] == ["first line", "second line"]
+
+
+def test_sentences_from_a_pipe_are_read_whole(tmp_path):
+    """`--data <(head -n 1000 s.txt)` is a pipe. Before: the binary check read its first 8 KiB and the
+    sentences were what followed, so those lines were silently lost (1704 of 2000 samples calibrated)."""
+    import os
+    import threading
+
+    lines = [f"sentence number {i} is here" for i in range(2000)]
+    fifo = tmp_path / "s.fifo"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with open(fifo, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    seen: list[str] = []
+
+    def tok(batch, **_):
+        seen.extend(batch)
+        return {"input_ids": np.ones((len(batch), 3), np.int64)}
+
+    specs = [("input_ids", np.dtype(np.int64), ("batch", "seq"))]
+    ds = load_dataset(fifo, specs, tokenizer=tok, batch_size=500)
+    writer.join()
+    assert ds.num_samples == 2000
+    seen.clear()
+    list(ds)
+    assert seen == lines
+
+
+def test_npz_and_npy_files_are_known_by_their_content_or_an_upper_case_suffix(tmp_path):
+    """Before: CALIB.NPZ, or numpy.savez output renamed calib.bin, was 'a binary file, not data: expected
+    a .npz'."""
+    arr = _arrays(5)
+    np.savez(tmp_path / "a.npz", **arr)
+    (tmp_path / "a.npz").rename(tmp_path / "CALIB.NPZ")
+    np.savez(tmp_path / "b.npz", **arr)
+    (tmp_path / "b.npz").rename(tmp_path / "calib.bin")
+    for name in ("CALIB.NPZ", "calib.bin"):
+        assert load_dataset(tmp_path / name, SPECS).num_samples == 5
+    np.save(tmp_path / "x.npy", arr["x"])
+    (tmp_path / "x.npy").rename(tmp_path / "x.data")
+    specs = [("x", np.dtype(np.float32), (-1, 4))]
+    (batch,) = list(load_dataset(tmp_path / "x.data", specs))
+    np.testing.assert_array_equal(batch["x"], arr["x"])

@@ -197,6 +197,14 @@ def _ids_mask_lengths(ids: int, mask: int, mask_value: int = 1) -> Setup:
     return setup
 
 
+def _int8_outside_profile(d: Path) -> list[str]:
+    """compile --precision int8 of the ids+mask model for sequences of 1..16 tokens on samples of 32."""
+    _ids_mask_lengths(32, 32)(d)
+    shapes = ["--shape", "input_ids:1x1:2x8:4x16", "--shape", "attention_mask:1x1:2x8:4x16"]
+    int8 = ["--precision", "int8", "--calib-data", "c.npz"]
+    return ["compile", "ids_mask.onnx", "-o", "o.engine", *int8, *shapes]
+
+
 def _precision_data(mask_value: int) -> Setup:
     """optimize --precision fp16 of the ids+mask model with --precision-data masks all `mask_value`."""
 
@@ -512,6 +520,22 @@ CASES: dict[str, tuple[Setup, str]] = {
         _calibrate(3e38),
         r"calibration data c\.npz gave activation 'h' \(input of node\(s\) \['mm2'\]\) no finite value: all "
         r"128 were NaN/inf",
+    ),
+    "calibrate: an attention_mask of 0s only (every position padding)": (
+        _ids_mask_lengths(8, 8, mask_value=0),
+        r"calibration data c\.npz gave activation 'emb' \(input of node\(s\) \['\w+'\]\) no value at all, "
+        r"so its INT8 range is unknown: statistics cover real tokens only and no sample has one",
+    ),
+    "calibrate --all-tokens: sequences of 0 tokens": (
+        lambda d: [*_ids_mask_lengths(0, 0)(d), "--all-tokens"],
+        r"gave activation 'emb' .* no value at all, so its INT8 range is unknown: its samples hold no value "
+        r"of it \(a zero-length axis",
+    ),
+    # before: calibrated on sequences the engine never runs (exit 0)
+    "compile --precision int8: calibration samples longer than the --shape profile": (
+        _int8_outside_profile,
+        r"--calib-data c\.npz: input 'input_ids' has size 32 on axis 1, outside the engine's profile 1\.\.16 "
+        r"there \(--shape input_ids:1x1:2x8:4x16\)",
     ),
     "calibrate --percentile with another --method": (
         _calibrate(1.0, "--method", "max", "--percentile", "99.9"),

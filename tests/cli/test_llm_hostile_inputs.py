@@ -88,6 +88,22 @@ CASES: dict[str, tuple[Setup, str]] = {
         ),
         r"--calib-data 'many\.txt' holds more than 1,024 prompts",
     ),
+    # before: "calibration prompt 1: expected 1..8 token ids ...", naming neither option, after the export
+    "compile --generate int8 --calib-data with a prompt longer than --max-prefill": (
+        _file(
+            "long.txt",
+            b"1 2 3\n" + b"5 " * 9 + b"\n",
+            *GENERATE,
+            *("--precision", "int8", "--max-prefill", "8", "--calib-data", "long.txt"),
+        ),
+        r"calibration prompt 1 \(--calib-data, blank lines skipped\) has 9 token ids; each runs as one "
+        r"prefill of the step graph, which takes 1\.\.8 \(--max-prefill",
+    ),
+    "compile --generate fp8 --calib-data with ids outside the vocabulary": (
+        _file("oov.txt", b"1 2 99999\n", *GENERATE, "--precision", "fp8", "--calib-data", "oov.txt"),
+        r"calibration prompt 0 \(--calib-data, blank lines skipped\) holds token ids \[99999\] outside the "
+        r"model's vocabulary 0\.\.\d+",
+    ),
     "compile --generate fp8 --calib-data ''": (
         lambda d: [*GENERATE, "--precision", "fp8", "--calib-data", ""],
         r"--calib-data '': the path is empty",

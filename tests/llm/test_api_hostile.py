@@ -46,6 +46,16 @@ def test_an_empty_model_path_is_named_empty(call, message) -> None:
         call(trtforge.llm)
 
 
+@pytest.mark.parametrize("size", [0, -2, "2", 2.0, True])
+def test_load_refuses_a_tensor_parallel_size_that_is_no_size_by_its_range(size) -> None:
+    """Before: a step graph or engine said "tensor_parallel_size 0 needs the torch executor" (or '2', a
+    string), as if the value were fine and only the executor wrong."""
+    import trtforge.llm
+
+    with pytest.raises(UserError, match=r"^tensor_parallel_size must be an integer >= 1 .*, got "):
+        trtforge.llm.load("step.onnx", tensor_parallel_size=size)
+
+
 @NEEDS_TRAINED
 def test_from_pretrained_refuses_a_draft_with_another_tokenizer(tmp_path) -> None:
     """The API refuses what the CLI refuses, before either model's weights load (before: accepted)."""

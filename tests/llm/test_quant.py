@@ -46,6 +46,16 @@ def _prompts(n: int = 4, length: int = 24, vocab: int = 300) -> list[list[int]]:
     return torch.randint(3, vocab, (n, length), generator=g).tolist()
 
 
+def test_awq_calibration_prompts_are_cut_to_the_models_positions():
+    """The model knows 256 positions. Before: each prompt was cut to 2048 tokens whatever the model, so
+    the scales were searched on activations of positions 256..299, which RoPE extrapolates to silently
+    and served text never reaches."""
+    model = _llama()
+    assert model.config.max_position_embeddings == 256
+    record = quantize_model(model, "int4-awq", _prompts(1, 300) + _prompts(1, 20))
+    assert record.calib_tokens == 256 + 20
+
+
 @pytest.mark.parametrize("method", ["fp8", "int4-rtn", "int4-awq"])
 def test_quantize_model_replaces_the_projections_only(method):
     model = _llama()
@@ -291,7 +301,9 @@ def test_generate_cli_quantizes_and_refuses_by_name(tmp_path, capsys):
     assert main([*base, "--quantization", "int4-awq"]) == 2
     assert "needs calibration prompts" in capsys.readouterr().err
     assert main([*base, "--calib-data", str(calib)]) == 2
-    assert "nothing to calibrate" in capsys.readouterr().err
+    err = capsys.readouterr().err  # (it said "with --quantization None", a value the flag does not take)
+    expected = "with no quantization and --kv-cache-dtype auto there is nothing to calibrate"
+    assert expected in " ".join(err.split())
     calib.write_text("5 six 7\n")
     assert main([*base, "--quantization", "int4-awq", "--calib-data", str(calib)]) == 2
     assert "space-separated token ids" in capsys.readouterr().err

@@ -230,7 +230,9 @@ def calibrate_model(
     tensors = list(dict.fromkeys(a for t in targets for a in t.activations))
     scales: dict[str, float] = {}
     if cache_in is not None:
-        _, cached = read_calibration_cache(cache_in)
+        header, cached = read_calibration_cache(cache_in)
+        _refuse_other_method(header, method, cache_in)
+        _refuse_foreign_cache(cached, work, cache_in)
         scales = {t: cached[t] for t in tensors if t in cached}
     missing = [t for t in tensors if t not in scales]
     n_samples, n_batches, dropped = 0, 0, 0
@@ -247,7 +249,7 @@ def calibrate_model(
         stats_seconds += stats.seconds
         n_samples, n_batches = stats.samples, stats.batches
         dropped = sum(s.dropped for s in stats.tensors.values())
-        _refuse_unseen_ranges(stats.tensors, targets, dataset.source)
+        _refuse_unseen_ranges(stats.tensors, targets, dataset.source, real_tokens)
         for t, s in stats.tensors.items():
             scales[t] = float(scale_from_amax(compute_amax(s, method, percentile=percentile), fmt))
     fallback, accuracy = [], None
@@ -323,18 +325,83 @@ def _refuse_low_precision(model: onnx.ModelProto, op_types: Any) -> None:
         )
 
 
-def _refuse_unseen_ranges(tensors: dict[str, Any], targets: list[Any], source: str) -> None:
-    """UserError for an activation whose every calibration value was dropped as NaN/inf or mask-sized:
-    its range is unknown, and quantizing it with a made-up scale would silently wreck the model."""
+def _refuse_other_method(header: str, method: str, path: Path) -> None:
+    """UserError when the cache's header names another of our methods' algorithms than `method`: its
+    scales are that method's. Before: they were used (and, with data, mixed with `method`'s own for the
+    tensors it lacked) while the record, the manifest and the summary said `method`. TensorRT's
+    calibrators, too, do not take a cache of another algorithm. A header of an algorithm trtforge does
+    not write (TensorRT's LegacyCalibration, EntropyCalibration) is read as it is."""
+    from trtforge.calibration.cache import ALGORITHMS
+
+    algorithm = header.rsplit("-", 1)[-1].strip()
+    by_algorithm = {v: k for k, v in ALGORITHMS.items()}
+    cached = by_algorithm.get(algorithm)
+    if cached is not None and cached != method:
+        raise UserError(
+            f"calibration cache '{path}' holds {algorithm} scales (method '{cached}'), and this run "
+            f"calibrates with method '{method}': pass method '{cached}' (calibrate --method {cached}, "
+            f"compile --calib-method {cached}) to use them, or a --calib-cache path that does not exist "
+            "yet to calibrate afresh."
+        )
+
+
+def _refuse_foreign_cache(cached: dict[str, float], model: onnx.ModelProto, path: Path) -> None:
+    """UserError when a calibration cache names tensors `model` does not have: it was written for another
+    model (or another export of this one, or after SmoothQuant added its smoothed tensors). Before: the
+    names that matched took that model's ranges and the rest were computed from the data, the record
+    saying the cache was read, so another model's scales went into this one's Q/DQ without a word."""
+    g = model.graph
+    known = {i.name for i in g.input} | {t.name for t in g.initializer}
+    known |= {o for n in g.node for o in n.output}
+    foreign = [t for t in cached if t not in known]
+    if not foreign:
+        return
+    smoothed = any("_smoothed" in t for t in foreign)
+    why = (
+        "it was written after SmoothQuant (on by default), whose smoothed tensors only that run's graph has, "
+        "so it cannot be read back: calibrate from the data again (a --calib-cache path that does not exist "
+        "yet is written)"
+        if smoothed
+        else "it was written for another model (or another export of this one), whose ranges must not go "
+        "into this model's Q/DQ: pass this model's cache, or a --calib-cache path that does not exist yet "
+        "to calibrate afresh and write it"
+    )
+    raise UserError(
+        f"calibration cache '{path}' holds scales for {len(foreign)} of its {len(cached)} tensors that this "
+        f"model does not have (e.g. {foreign[:3]}); {why}."
+    )
+
+
+def _refuse_unseen_ranges(
+    tensors: dict[str, Any], targets: list[Any], source: str, real_tokens: bool = False
+) -> None:
+    """UserError for an activation calibration saw no value of: every one dropped as NaN/inf or
+    mask-sized, or none there at all (every attention_mask position 0 with real-token statistics, or
+    samples with a zero-length axis). Its range is unknown, and quantizing it with a made-up scale (1/127,
+    what an empty histogram gave, written to the cache as if measured) would silently wreck the model."""
     for name, stats in tensors.items():
-        if stats.count == 0 and stats.dropped:
-            nodes = sorted({x.node for x in targets if name in x.activations})
+        if stats.count:
+            continue
+        nodes = sorted({x.node for x in targets if name in x.activations})
+        if stats.dropped:
             raise UserError(
                 f"calibration data {source} gave activation '{name}' (input of node(s) {nodes}) no finite "
                 f"value: all {stats.dropped} were NaN/inf or of attention-mask magnitude (>= 1e30), so its "
                 "INT8 range is unknown. The data likely overflows float32 inside the model (check its "
                 "scale), or keep those nodes in float (calibrate --exclude NODE)."
             )
+        why = (
+            "statistics cover real tokens only and no sample has one (its attention_mask is 0 at every "
+            "position, or its sequence has 0 tokens): give samples with real tokens (mask 1)"
+            if real_tokens
+            else "its samples hold no value of it (a zero-length axis, e.g. sequences of 0 tokens): give "
+            "samples with at least one element on every axis"
+        )
+        raise UserError(
+            f"calibration data {source} gave activation '{name}' (input of node(s) {nodes}) no value at "
+            f"all, so its INT8 range is unknown: {why}. A tensor empty by design stays in float with "
+            "calibrate --exclude NODE."
+        )
 
 
 def _decision_dict(d: Decision, kept: list[Any]) -> dict[str, Any]:

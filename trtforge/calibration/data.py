@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ from trtforge._fileio import check_utf8_path
 from trtforge.calibration.sources import (
     DEMO_TOKENIZER,
     Chunk,
+    array_file_kind,
     chunk_len,
     from_iterable,
     guarded,
@@ -231,11 +232,12 @@ def load_dataset(
     if isinstance(spec, (str, os.PathLike)) and Path(spec).exists():
         path = Path(spec)
         source = str(path)
+        kind = array_file_kind(path)
         if path.is_dir():
             chunks = load_dir(path, specs)
-        elif path.suffix == ".npz":
+        elif kind == ".npz":
             chunks = [load_npz(path, specs)]
-        elif path.suffix == ".npy":
+        elif kind == ".npy":
             chunks = load_npy_file(path, specs)
         else:
             sentences, tokenize = text_dataset(path, specs, tokenizer, max_length)
@@ -246,7 +248,8 @@ def load_dataset(
         raise UserError(f"{what} '{spec}' does not exist (expected a file, directory or module:function).")
     elif isinstance(spec, dict):
         source = "in-memory arrays"
-        chunks = [validate_chunk({k: to_numpy(v) for k, v in spec.items()}, specs, "calibration arrays")]
+        arrays = {k: to_numpy(v, f"calibration arrays: input {k!r}") for k, v in spec.items()}
+        chunks = [validate_chunk(arrays, specs, "calibration arrays")]
     elif isinstance(spec, Iterable):
         source = type(spec).__name__
         chunks = from_iterable(
@@ -279,10 +282,40 @@ def load_dataset(
     )
 
 
+def check_profile(
+    dataset: CalibrationDataset, profile: Mapping[str, Any], what: str = "--calib-data"
+) -> None:
+    """UserError naming the input and axis when array samples of `dataset` fall outside `profile` (input
+    -> ShapeRange, the --shape ranges the engine is built for) on an axis past the sample axis: the
+    engine never runs such inputs, so their activation ranges are not the ones to calibrate on (a
+    sequence of 512 tokens for a 128-token engine). The batch axis is calibration's own (--batch-size).
+    Text samples are tokenized per batch later and are not checked here."""
+    from trtforge.core.shapes import format_range
+
+    if dataset._chunks is None:
+        return
+    for c in sorted({dataset._index[i][0] for i in dataset._order}):
+        for name, a in dataset._chunks[c].items():
+            rng = profile.get(name)
+            if rng is None or len(rng.min) != a.ndim:
+                continue
+            for axis in range(1, a.ndim):
+                lo, hi = int(rng.min[axis]), int(rng.max[axis])
+                if not lo <= a.shape[axis] <= hi:
+                    raise UserError(
+                        f"{what} {dataset.source}: input '{name}' has size {a.shape[axis]} on axis {axis}, "
+                        f"outside the engine's profile {lo}..{hi} there "
+                        f"(--shape {name}:{format_range(rng)}); "
+                        "the engine never runs such inputs, so their activation ranges are not the ones to "
+                        "calibrate on. Give samples within the profile, or widen --shape."
+                    )
+
+
 # resolve_tokenizer and DEMO_TOKENIZER are read from here by the CLI (generate, calibrate).
 __all__ = [
     "DEMO_TOKENIZER",
     "CalibrationDataset",
+    "check_profile",
     "input_specs_from_model",
     "load_dataset",
     "rejected_data_is_user_error",

@@ -77,7 +77,37 @@ def validate_chunk(chunk: Chunk, specs: list[TensorSpec], where: str, *, allow_e
                 f"{where}: inputs have different sample counts ({s.name}: {a.shape[0]}, others: {n}); "
                 "every input array needs the same leading sample axis."
             )
-        out[s.name] = a if a.dtype == s.np_dtype else a.astype(s.np_dtype)
+        out[s.name] = a if a.dtype == s.np_dtype else _cast(a, s, where)
+    return out
+
+
+def _cast(a: np.ndarray, spec: TensorSpec, where: str) -> np.ndarray:
+    """`a` in the model's dtype; UserError naming the input when a value does not fit it. Before: float64
+    1e300 for a float32 input became inf after the NaN/inf check (numpy's overflow warning, then an
+    activation 'with no finite value' blamed on the model), and int64 ids past int32 wrapped around."""
+    want = spec.np_dtype
+    if a.dtype.kind in "iu" and want.kind in "iu" and a.size:
+        info = np.iinfo(want)
+        low, high = int(a.min()), int(a.max())
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise UserError(
+                f"{where}: input '{spec.name}' holds {bad}, outside the range of the model's {want.name} "
+                f"({info.min}..{info.max}); it cannot be cast without wrapping around."
+            )
+        return a.astype(want)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = a.astype(want)
+    if (
+        a.dtype.kind == "f"
+        and a.size
+        and not np.isfinite(out.astype(np.float32) if want.kind == "V" else out).all()
+    ):
+        largest = float(np.abs(a).max())
+        raise UserError(
+            f"{where}: input '{spec.name}' holds values as large as {largest:.4g}, beyond the range of the "
+            f"model's {spec.dtype}: cast to it they become inf. Scale the data into {spec.dtype}'s range."
+        )
     return out
 
 
@@ -128,6 +158,25 @@ def read_npz(path: Path, where: str | None = None) -> Chunk:
         ) from e
 
 
+_MAGIC = {b"PK\x03\x04": ".npz", b"PK\x05\x06": ".npz", b"\x93NUMPY": ".npy"}
+
+
+def array_file_kind(path: Path) -> str | None:
+    """ ".npz" or ".npy" by the name's suffix in any case (CALIB.NPZ), else by a regular file's first bytes
+    (numpy.savez's zip, numpy.save's magic: calib.bin, calib.data); None for anything else (text). Before:
+    such a file was 'a binary file, not data: expected a .npz'."""
+    if path.suffix.lower() in (".npz", ".npy"):
+        return path.suffix.lower()
+    if not path.is_file():  # (a pipe is read once, by the text reader)
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError:
+        return None  # the reader that follows names the file
+    return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), None)
+
+
 def load_npz(path: Path, specs: list[TensorSpec]) -> Chunk:
     return validate_chunk(read_npz(path), specs, f"'{path}'")
 
@@ -149,23 +198,22 @@ def load_dir(path: Path, specs: list[TensorSpec]) -> list[Chunk]:
     if not npz and not npy:
         raise UserError(f"directory '{path}' holds no .npz or .npy files; expected calibration arrays.")
     chunks = [load_npz(p, specs) for p in npz]
-    if npy:
-        names = {s.name for s in specs}
-        arrays: Chunk = {}
-        for p in npy:
-            name = p.stem if p.stem in names or len(specs) != 1 else specs[0].name
-            if name in arrays:
-                arrays[name] = np.concatenate([arrays[name], _load_npy(p)])
-            else:
-                arrays[name] = _load_npy(p)
+    if npy and len(specs) == 1:
+        # A one-input model: every .npy holds samples of that input, whatever its name. Each file is its
+        # own chunk (checked and named alone; files of other trailing shapes batch apart, as .npz files
+        # do). Before: they were concatenated, and files of another shape or rank were numpy's
+        # ValueError, an internal error.
+        chunks += [validate_chunk({specs[0].name: _load_npy(p)}, specs, f"'{p}'") for p in npy]
+    elif npy:
+        arrays = {p.stem: _load_npy(p) for p in npy}
         chunks.append(validate_chunk(arrays, specs, f"'{path}' (.npy files {[p.name for p in npy]})"))
     return chunks
 
 
-def _read_sentences(path: Path) -> list[str]:
+def _read_sentences(path: Path, head: bytes, rest: bytes) -> list[str]:
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        text = (head + rest).decode("utf-8-sig")  # (a BOM, as Notepad writes, is no part of line 1)
+    except UnicodeDecodeError as e:
         raise UserError(f"cannot read text file '{path}' as UTF-8 ({e}).") from e
     return [line.strip() for line in text.splitlines() if line.strip()]
 
@@ -259,9 +307,16 @@ def _is_binary(path: Path) -> bool:
     """True when the file's head holds NUL bytes or is not UTF-8 (a model, engine or archive, not text)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(8192)
+            head = f.read(_HEAD_BYTES)
     except OSError as e:
         raise UserError(f"cannot read '{path}' ({e.strerror or e}).") from e
+    return _is_binary_head(head)
+
+
+_HEAD_BYTES = 8192
+
+
+def _is_binary_head(head: bytes) -> bool:
     try:
         head.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -272,16 +327,26 @@ def _is_binary(path: Path) -> bool:
 def text_dataset(
     path: Path, specs: list[TensorSpec], tokenizer: Any, max_length: int
 ) -> tuple[list[str], Callable[[list[str]], Chunk]]:
-    if _is_binary(path):
-        raise UserError(
-            f"'{path}' is a binary file, not data: expected a .npz (one array per input name), a .npy, a "
-            "directory of them, a UTF-8 text file of sentences (with --tokenizer) or module:function."
-        )
-    if tokenizer is None:
-        raise UserError(
-            f"'{path}' is a text file: tokenizing it needs a tokenizer (--tokenizer PATH, or 'demo')."
-        )
-    sentences = _read_sentences(path)
+    # One read through one handle: the head decides binary or text, and the rest follows it. A pipe
+    # (--data <(head -n 1000 s.txt), /dev/stdin) reads once; before, the binary check read its first 8 KiB
+    # and the sentences were the rest, so those lines were silently lost (and the first kept one was cut).
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEAD_BYTES)
+            if _is_binary_head(head):
+                raise UserError(
+                    f"'{path}' is a binary file, not data: expected a .npz (one array per input name), a "
+                    ".npy, a directory of them, a UTF-8 text file of sentences (with --tokenizer) or "
+                    "module:function."
+                )
+            if tokenizer is None:
+                raise UserError(
+                    f"'{path}' is a text file: tokenizing it needs a tokenizer (--tokenizer PATH, or 'demo')."
+                )
+            rest = f.read()
+    except OSError as e:
+        raise UserError(f"cannot read '{path}' ({e.strerror or e}).") from e
+    sentences = _read_sentences(path, head, rest)
     tok = resolve_tokenizer(tokenizer)
     names = {s.name for s in specs}
     # A model exported with a fixed sequence length takes exactly that many tokens: pad every batch to it.
@@ -324,7 +389,7 @@ def from_iterable(items: Iterable[Any], specs: list[TensorSpec], where: str, max
             raise UserError(
                 f"{where}: item {k} is a {type(item).__name__}; expected a dict input name -> array."
             )
-        raw = {name: to_numpy(v) for name, v in item.items()}
+        raw = {name: to_numpy(v, f"{where} item {k}: input {name!r}") for name, v in item.items()}
         ranks = {s.name: len(s.shape) for s in specs}
         if raw and all(name in ranks and raw[name].ndim == ranks[name] - 1 for name in raw):
             raw = {name: v[None] for name, v in raw.items()}  # a single sample: add the sample axis
@@ -336,10 +401,21 @@ def from_iterable(items: Iterable[Any], specs: list[TensorSpec], where: str, max
     return chunks
 
 
-def to_numpy(v: Any) -> np.ndarray:
+def to_numpy(v: Any, where: str = "calibration data") -> np.ndarray:
+    """`v` (a torch tensor, an array, nested lists) as an array; UserError naming `where` for nested
+    lists numpy cannot make one array of (before: numpy's ValueError, an internal error)."""
     if hasattr(v, "detach"):
-        return v.detach().cpu().numpy()
-    return np.asarray(v)
+        v = v.detach().cpu()
+        if str(getattr(v, "dtype", "")) == "torch.bfloat16":  # numpy has no bfloat16: exact in float32
+            v = v.float()
+        return v.numpy()
+    try:
+        return np.asarray(v)
+    except ValueError as e:
+        raise UserError(
+            f"{where} is not one array (numpy: {str(e)[:200].rstrip('.')}); nested lists need the same "
+            "length at each level (pad the sequences of one item to one length, or give arrays)."
+        ) from e
 
 
 def load_function(spec: str, what: str = "calibration data") -> Iterable[Any]:

@@ -142,7 +142,8 @@ def read_prompt_ids(path: str) -> list[list[int]]:
         raise UserError(f"--calib-data '': the path is empty; {expected}.")
     prompts: list[list[int]] = []
     try:
-        with Path(path).open() as f:
+        # UTF-8 whatever the locale; a BOM (Notepad's) is no part of the first id ("\ufeff1" was refused)
+        with Path(path).open(encoding="utf-8-sig") as f:
             for line in f:
                 if not line.strip():
                     continue

@@ -169,17 +169,19 @@ def compile_model(
             limits = source_limits(art.path, module)
             # --shape checked against the exported inputs and their limits now, not after the graph stages
             descs = onnx_input_descs(art.path)
-            opt_shapes = None
+            opt_shapes = given_ranges = None
             if descs is not None:
-                profile, _ = resolve_profile(descs, build_options.shapes, example_shapes, limits)
+                profile, derived = resolve_profile(descs, build_options.shapes, example_shapes, limits)
                 opt_shapes = {name: list(rng.opt) for name, rng in profile.items()}
+                given_ranges = {name: rng for name, rng in profile.items() if name not in derived}
         session.records["export"] = art.record.to_dict()
         onnx_path = art.path
         if stages:
             proto = art.load()
             for stage in stages:
                 with session.stage(stage.name, f"running stage {stage.name}"):
-                    proto, session.records[stage.name] = stage.fn(proto, opt_shapes)
+                    extra = {"profile": given_ranges} if stage.takes_profile else {}
+                    proto, session.records[stage.name] = stage.fn(proto, opt_shapes, **extra)
             onnx_path = onnx_io.save_onnx(proto, session.workdir / "staged.onnx")
         plugins = _plugins_used(onnx_path)
 

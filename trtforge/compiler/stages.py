@@ -37,7 +37,9 @@ class GraphStage:
     """
 
     name: str
-    fn: Callable[[Any, FeedShapes], tuple[Any, dict[str, Any]]]
+    fn: Callable[..., tuple[Any, dict[str, Any]]]
+    # fn also takes profile= ({input: ShapeRange} of the inputs --shape gave: the engine runs within them)
+    takes_profile: bool = False
 
 
 def _passes_stage(opts: PassOptions, attention: str) -> GraphStage:
@@ -85,13 +87,40 @@ def _float_stage(opts: PrecisionOptions, precision: str) -> GraphStage:
     return GraphStage(precision, run)
 
 
-def _int8_stage(opts: PrecisionOptions) -> GraphStage:
-    def run(model: Any, shapes: FeedShapes = None) -> tuple[Any, dict[str, Any]]:
-        from trtforge.calibration.api import calibrate_model
+_TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # [batch, seq] of a tokenizer
+_TEXT_MAX_LENGTH = 128  # load_dataset's default truncation of text samples
 
+
+def _int8_stage(opts: PrecisionOptions) -> GraphStage:
+    def run(
+        model: Any, shapes: FeedShapes = None, profile: Mapping[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        from trtforge.calibration.api import calibrate_model
+        from trtforge.calibration.data import (
+            CalibrationDataset,
+            check_profile,
+            input_specs_from_model,
+            load_dataset,
+        )
+
+        data = opts.calib_data
+        if profile and data is not None:  # samples outside the --shape ranges are refused by input
+            if not isinstance(data, CalibrationDataset):
+                # text is tokenized to at most the tokens the engine takes (default 128)
+                tokens = [r for n, r in profile.items() if n in _TOKEN_INPUTS and len(r.max) == 2]
+                longest = [int(r.max[1]) for r in tokens]
+                data = load_dataset(
+                    data,
+                    input_specs_from_model(model),
+                    max_samples=opts.calib_samples,
+                    tokenizer=opts.tokenizer,
+                    max_length=min([_TEXT_MAX_LENGTH, *longest]),
+                    what="--calib-data",
+                )
+            check_profile(data, profile)
         out, record = calibrate_model(
             model,
-            opts.calib_data,
+            data,
             method=opts.calib_method,
             samples=opts.calib_samples,
             calib_cache=opts.calib_cache,
@@ -102,7 +131,7 @@ def _int8_stage(opts: PrecisionOptions) -> GraphStage:
         )
         return out, record.to_dict()
 
-    return GraphStage("int8", run)
+    return GraphStage("int8", run, takes_profile=True)
 
 
 def build_stages(passes: PassOptions | None, precision: PrecisionOptions) -> tuple[list[GraphStage], dict]:

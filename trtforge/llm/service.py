@@ -242,6 +242,11 @@ def load(
                 f"{name}={shown(value)} applies to the torch executor (executor='torch' or "
                 "trtforge.llm.from_pretrained); compiled step graphs and engines carry their own precision."
             )
+    if not _is_int(tensor_parallel_size) or tensor_parallel_size < 1:  # (was "0 needs the torch executor")
+        raise UserError(
+            "tensor_parallel_size must be an integer >= 1 (2 or more splits the model, on the torch "
+            f"executor), got {shown(tensor_parallel_size)}."
+        )
     if tensor_parallel_size != 1:
         raise UserError(
             f"tensor_parallel_size {tensor_parallel_size} needs the torch executor (a save_pretrained "
@@ -449,7 +454,8 @@ def from_pretrained(
     if calib_prompts is not None and kv_cache_dtype == "auto" and quantization != "int4-awq":
         raise UserError(
             "calib_prompts (--calib-data) calibrate int4-awq's scales and the FP8 KV cache's; with "
-            f"quantization={quantization!r} and kv_cache_dtype='auto' there is nothing to calibrate. Pass "
+            f"{'no quantization' if quantization is None else f'quantization={quantization!r}'} and "
+            "kv_cache_dtype='auto' there is nothing to calibrate. Pass "
             "quantization='int4-awq' or kv_cache_dtype='fp8' (--kv-cache-dtype fp8), or drop them."
         )
     quantized = quantization is not None or lm_head_quantization is not None

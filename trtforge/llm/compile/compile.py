@@ -226,6 +226,12 @@ def compile_generate(
     if max_seq is None:  # the model's positions, at most DEFAULT_MAX_SEQ
         max_seq = default_max_seq(adapter_for(lm))
     pool_blocks = _check_cache_layout(cache_layout, block_size, num_blocks, max_seq, max_batch, build)
+    if calib_prompts and precision in ("int8", "fp8"):  # before the export (a minute at a real model)
+        from trtforge.llm.compile.int8 import check_prompts
+
+        emb = lm.get_input_embeddings() if hasattr(lm, "get_input_embeddings") else None
+        vocab = int(emb.weight.shape[0]) if hasattr(emb, "weight") else 2**63  # (else: at the dataset)
+        check_prompts(calib_prompts, max_seq if max_prefill is None else max_prefill, vocab)
     if precision in QUANTIZED:
         from trtforge.llm.models.moe import refuse_moe
 

@@ -39,7 +39,8 @@ from trtforge.llm.quant.linear import QuantLinear
 QUANTIZATIONS = ("fp8", "int4-awq", "int4-rtn")
 LM_HEAD_QUANTIZATIONS = ("fp8",)
 FP8_GEMM_MULTIPLE = 16  # torch._scaled_mm (the FP8 W8A8 GEMM on CUDA) takes weights whose N and K it divides
-MAX_CALIB_TOKENS = 16384  # calibration tokens used at most (prompts in order, each cut to 2048)
+MAX_CALIB_TOKENS = 16384  # calibration tokens used at most (prompts in order, each cut to 2048 or
+# the model's positions)
 MAX_SEARCH_ROWS = 16384  # tokens (evenly spaced) whose Gram matrix scores each alpha
 MAX_CLIP_ROWS = 16384  # and each clipping ratio
 
@@ -278,7 +279,11 @@ def _layer_inputs(
     return {k: torch.cat(v) for k, v in seen.items()}, outputs
 
 
-def _calibration(prompts: Any, device: torch.device, vocab: int, method: str) -> list[torch.Tensor]:
+def _calibration(
+    prompts: Any, device: torch.device, vocab: int, method: str, max_len: int = 2048
+) -> list[torch.Tensor]:
+    """The prompts as id tensors, each cut to `max_len` (2048, or fewer positions the model has), at most
+    MAX_CALIB_TOKENS in all."""
     what = f"quantization={method!r} calibration prompts"
     if prompts is None or isinstance(prompts, (str, bytes)) or not len(prompts):
         raise UserError(
@@ -288,7 +293,7 @@ def _calibration(prompts: Any, device: torch.device, vocab: int, method: str) ->
         )
     out, total = [], 0
     for b, p in enumerate(prompts):
-        ids = [int(t) for t in p][:2048]
+        ids = [int(t) for t in p][:max_len]
         if not ids or any(not 0 <= t < vocab for t in ids):
             raise UserError(f"{what}: prompt {b} must be a non-empty list of token ids in 0..{vocab - 1}.")
         ids = ids[: MAX_CALIB_TOKENS - total]
@@ -379,8 +384,12 @@ def quantize_model(
         _check_device(model, lm_head_quantization, head_what)
     device = next(model.parameters()).device
     record = QuantizationRecord(method, 0, 0, 0)
+    # a prompt runs at most the positions the model has: past them (RoPE extrapolates without an error)
+    # the activations the scales are searched on are ones served text never makes
+    positions = getattr(model.config, "max_position_embeddings", None)
+    max_len = min(2048, positions) if isinstance(positions, int) and positions > 0 else 2048
     prompts = (
-        _calibration(calib_prompts, device, int(model.config.vocab_size), method)
+        _calibration(calib_prompts, device, int(model.config.vocab_size), method, max_len)
         if method == "int4-awq"
         else []
     )
