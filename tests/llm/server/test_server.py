@@ -413,6 +413,20 @@ def test_unknown_model_or_path_is_404_in_openais_schema(server):
     assert httpx.get(server.url + "/v1/completions", headers=headers).json()["error"]["code"] == 405
 
 
+def test_unknown_model_has_openais_model_not_found_code(client):
+    import openai
+
+    calls = [
+        lambda: client.completions.create(model="gpt-4", prompt="x", max_tokens=1),
+        lambda: client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}]),
+        lambda: client.models.retrieve("gpt-4"),
+    ]
+    for call in calls:
+        with pytest.raises(openai.NotFoundError) as e:
+            call()
+        assert e.value.code == "model_not_found" and e.value.param == "model", e.value.body
+
+
 def test_what_the_openai_client_sends_is_accepted(client):
     """Strict types refuse no value the openai client sends as its users write it: integers for number
     fields (temperature=1), explicit None (sent as null: the default), booleans, integer logprobs."""

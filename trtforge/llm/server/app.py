@@ -183,7 +183,10 @@ def _check_model(state: ServerState, name: str) -> str:
             "model",
         )
     raise ApiError(
-        404, f"model {shown(name)} is not served here; /v1/models lists {state.served_model_names}", "model"
+        404,
+        f"model {shown(name)} is not served here; /v1/models lists {state.served_model_names}",
+        "model",
+        "model_not_found",  # OpenAI's code for it, which clients test for
     )
 
 
