@@ -364,7 +364,8 @@ def test_bad_key_is_401(server):
             json.dumps({"model": "code-llama-21m", "prompt": "x", "temperature": "hot"}).encode(),
             "temperature",
         ),
-        (json.dumps({"model": "code-llama-21m", "prompt": "x", "top_p": 0}).encode(), "top_p"),
+        (json.dumps({"model": "code-llama-21m", "prompt": "x", "top_p": -0.1}).encode(), "top_p"),
+        (json.dumps({"model": "code-llama-21m", "prompt": "x", "top_p": 1.1}).encode(), "top_p"),
         (json.dumps({"model": "code-llama-21m", "prompt": "x", "n": 0}).encode(), "n"),
         (json.dumps({"model": "code-llama-21m", "prompt": [[5, 99999]]}).encode(), "prompt"),
         (json.dumps({"model": "code-llama-21m", "prompt": [5, -1]}).encode(), "prompt"),
@@ -382,6 +383,17 @@ def test_malformed_bodies_are_400_naming_the_field(server, body, field):
     assert err["type"] == "invalid_request_error" and err["message"]
     if field is not None:
         assert err["param"] == field and field in err["message"]
+
+
+def test_top_p_zero_is_served_as_the_likeliest_token(client):
+    """OpenAI takes top_p in [0, 1]; 0 is the smallest nucleus, the likeliest token alone: at temperature 2
+    with any seed, the greedy text (it was a 400, which clients written for OpenAI did not expect)."""
+    want = greedy(client, max_tokens=12).choices[0].text
+    for seed in (1, 2):
+        r = client.completions.create(
+            model="code-llama-21m", prompt=PROMPT, max_tokens=12, temperature=2, top_p=0, seed=seed
+        )
+        assert r.choices[0].text == want
 
 
 def test_a_refused_prompt_in_a_list_names_its_index_and_none_of_the_list_runs(server, client):

@@ -155,7 +155,7 @@ class _Sampling(_Base):
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_p: float = Field(default=1.0, ge=0.0, le=1.0)  # OpenAI's range: 0 keeps the likeliest token only
     top_k: int = Field(default=0, ge=-1)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=128)
@@ -502,8 +502,10 @@ def sampling_params(
     kwargs: dict[str, Any] = {
         "max_tokens": max_tokens,
         "temperature": req.temperature,
-        "top_p": req.top_p,
-        "top_k": max(req.top_k, 0),
+        # top_p 0 (OpenAI takes it) is the smallest nucleus, the likeliest token alone: top_k 1, as
+        # SamplingParams' top_p is in (0, 1]
+        "top_p": req.top_p or 1.0,
+        "top_k": 1 if req.top_p == 0 else max(req.top_k, 0),
         "seed": None if req.seed is None else child_seed(req.seed, choice),
         "ignore_eos": req.ignore_eos,
         "stop_token_ids": tuple(req.stop_token_ids),
