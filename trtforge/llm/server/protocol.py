@@ -268,22 +268,28 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Any] | None = None
     functions: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    function_call: str | dict[str, Any] | None = None
 
     def refuse_unserved(self) -> None:
         super().refuse_unserved()
         _refuse_unserved_fields(self, UNSERVED_CHAT)
+        # tool_choice "none" (function_call "none" for functions) asks for an answer with no tool call, as
+        # this server's answers are: served, as vLLM serves it (agents send their tools on every turn); the
+        # chat template is not given the tools
+        choice = {"tools": self.tool_choice, "functions": self.function_call}
         for name in ("tools", "functions"):
-            if getattr(self, name):
+            if getattr(self, name) and choice[name] != "none":
                 raise ApiError(
                     400,
                     f"{name}: tool calling is not supported by this server (its answers hold no tool calls); "
                     f"send the request without {name}",
                     name,
                 )
-        if self.tool_choice not in (None, "none", "auto"):
-            raise ApiError(
-                400, "tool_choice: tool calling is not supported by this server; leave it out", "tool_choice"
-            )
+        for name in ("tool_choice", "function_call"):
+            if getattr(self, name) not in (None, "none", "auto"):
+                raise ApiError(
+                    400, f"{name}: tool calling is not supported by this server; leave it out", name
+                )
 
 
 # a \\u escape of a surrogate (D800-DFFF), or the raw bytes of one (json.loads decodes with surrogatepass)
