@@ -193,6 +193,32 @@ def test_streamed_logprobs_are_the_whole_completions(client, stop):
     assert [e.model_dump() for e in streamed] == [e.model_dump() for e in said]
 
 
+def test_chat_logprobs_bytes_are_the_tokens_own_for_part_of_a_character(client):
+    """Byte-level BPE spells é as two tokens (bytes C3 A9), each decoding to U+FFFD alone: their ``bytes``
+    must be the token's own ([0xC3]), not U+FFFD's, so that joining them gives the text back (OpenAI's
+    promise for the field). Token 129 is byte C3, forced by logit_bias; streamed and whole alike."""
+    kw = {
+        "model": "code-llama-21m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "logit_bias": {"129": 100},
+    }
+    whole = client.chat.completions.create(**kw).choices[0].logprobs.content
+    streamed = [
+        e
+        for c in client.chat.completions.create(**kw, stream=True)
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
+    for content in (whole, streamed):
+        assert len(content) == 3
+        assert [e.bytes for e in content] == [[0xC3]] * 3, content
+        assert content[0].top_logprobs[0].bytes == [0xC3]
+
+
 def test_json_schema_output_validates(client):  # wip/sampling: structured outputs
     import jsonschema
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -36,6 +38,39 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 def _token_text(tok: Any, token_id: int) -> str:
     return tok.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the character a byte-level BPE vocabulary spells each byte
+    with -> that byte (printable bytes are themselves, the others shifted past 255)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {b: b for b in kept}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b], extra = 256 + extra, extra + 1
+    return {chr(c): b for b, c in chars.items()}
+
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback pieces
+
+
+def _token_bytes(tok: Any, token_id: int, text: str) -> list[int]:
+    """The UTF-8 bytes of a token whose text is `text`, as chat logprobs' ``bytes`` carries them: a token
+    of part of a character (byte-level BPE splits é, CJK, emoji...) decodes to U+FFFD, whose bytes are not
+    the token's; its own are read from its vocabulary piece (a byte-level one, or a ``<0xC3>`` byte
+    fallback), so that a client joining the tokens' bytes gets the text back, as OpenAI's field promises."""
+    if "\ufffd" in text:
+        convert = getattr(tok, "convert_ids_to_tokens", None)
+        piece = convert(token_id) if convert is not None else None
+        if isinstance(piece, str) and piece:
+            m = _BYTE_PIECE.fullmatch(piece)
+            if m:
+                return [int(m.group(1), 16)]
+            decoder = _byte_decoder()
+            if all(ch in decoder for ch in piece):
+                return [decoder[ch] for ch in piece]
+    return list(text.encode())
 
 
 def _entries(choice: Choice | list[Any]) -> list[tuple[int, float, list[tuple[int, float]]]]:
@@ -80,11 +115,13 @@ def _chat_logprobs(state: Any, choice: Choice | list[Any], k: int) -> dict[str, 
     tok, content = state.tokenizer, []
     for token, lp, items in _entries(choice):
         text = _token_text(tok, token)
-        top = [
-            {"token": _token_text(tok, t), "logprob": v, "bytes": list(_token_text(tok, t).encode())}
-            for t, v in sorted(items, key=lambda x: -x[1])[:k]
-        ]
-        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": top})
+        top = []
+        for t, v in sorted(items, key=lambda x: -x[1])[:k]:
+            t_text = _token_text(tok, t)
+            top.append({"token": t_text, "logprob": v, "bytes": _token_bytes(tok, t, t_text)})
+        content.append(
+            {"token": text, "logprob": lp, "bytes": _token_bytes(tok, token, text), "top_logprobs": top}
+        )
     return {"content": content}
 
 
