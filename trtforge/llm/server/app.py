@@ -320,7 +320,11 @@ def _chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[list[in
     if state.tokenizer is None:
         raise ApiError(400, "messages: this model has no tokenizer to format a chat", "messages")
     messages = [
-        {"role": m.role, "content": check_text(m.text(f"messages.{i}.content"), "messages")}
+        {
+            "role": m.role,
+            "content": check_text(m.text(f"messages.{i}.content"), "messages"),
+            **m.template_fields(),
+        }
         for i, m in enumerate(req.messages)
     ]
     _refuse_huge(state, "\n".join(f"{m['role']}: {m['content']}" for m in messages), "messages")

@@ -236,6 +236,36 @@ class CompletionRequest(_Sampling):
 class ChatMessage(_Base):
     role: str
     content: str | list[dict[str, Any]] | None = None
+    # given to the chat template as OpenAI's clients send them (a participant's name, an assistant turn's
+    # tool calls and the id a tool's answer refers to), as vLLM and transformers' templates take them
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    def template_fields(self) -> dict[str, Any]:
+        """The fields other than role and content that the chat template is given (those sent). A tool
+        call's ``function.arguments``, which OpenAI sends as a JSON text, is given as the object it spells
+        (templates render ``arguments | tojson`` or read its items, as vLLM gives them); as sent when it is
+        not a JSON object."""
+        out: dict[str, Any] = {}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls is not None:
+            calls = []
+            for call in self.tool_calls:
+                function = call.get("function")
+                if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                    try:
+                        args = json.loads(function["arguments"])
+                    except ValueError:
+                        args = None
+                    if isinstance(args, dict):
+                        call = {**call, "function": {**function, "arguments": args}}
+                calls.append(call)
+            out["tool_calls"] = calls
+        return out
 
     def text(self, where: str) -> str:
         """The message's text (its text parts joined); ApiError 400 naming the part of `where` (the field
