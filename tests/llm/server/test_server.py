@@ -219,6 +219,27 @@ def test_chat_logprobs_bytes_are_the_tokens_own_for_part_of_a_character(client):
         assert content[0].top_logprobs[0].bytes == [0xC3]
 
 
+def test_completion_text_offsets_count_characters_not_the_tokens_of_one(client):
+    """Tokens 129 and 104 are é's two bytes (C3 A9), forced by logit_bias: "ééé" is 6 tokens, each
+    decoding to U+FFFD alone. Each token's text_offset is the character it is part of ([0, 0, 1, 1, 2,
+    2]); counting each token's own text put them at 0-5, past the end of the 3-character text. Streamed
+    chunks continue them alike."""
+    kw = {
+        "model": "code-llama-21m",
+        "prompt": "# caf",
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": 1,
+        "logit_bias": {"129": 100, "104": 100},
+    }
+    choice = client.completions.create(**kw).choices[0]
+    assert choice.text == "ééé", choice.text
+    assert choice.logprobs.text_offset == [0, 0, 1, 1, 2, 2]
+    chunks = [c.choices[0] for c in client.completions.create(**kw, stream=True) if c.choices]
+    assert "".join(c.text for c in chunks) == "ééé"
+    assert [o for c in chunks if c.logprobs for o in c.logprobs.text_offset] == [0, 0, 1, 1, 2, 2]
+
+
 def test_json_schema_output_validates(client):  # wip/sampling: structured outputs
     import jsonschema
 

@@ -7,6 +7,7 @@ fill (:class:`Pumps`), so the order of pieces across choices is the order they b
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import functools
 import json
@@ -83,17 +84,36 @@ def _entries(choice: Choice | list[Any]) -> list[tuple[int, float, list[tuple[in
     return [(int(e.token_id), float(e.logprob), [(int(t), float(v)) for t, v in e.top]) for e in raw]
 
 
-def _completion_logprobs(state: Any, choice: Choice | list[Any], k: int, pos: int = 0) -> dict[str, Any]:
-    """The completions API's logprobs object; `pos`: the text offset of the first token (a stream's
-    chunks continue their choice's offsets)."""
+class TextOffsets:
+    """A choice's text offsets (the completions API's ``text_offset``): each token's is the character of
+    the text it starts, or, a token of part of a character, the character it is part of. Counted on the
+    tokens' bytes, not on each token's own text: a character of several tokens (byte-level BPE's é) has
+    them each decode to U+FFFD alone, and counting those put the offsets past the end of the text."""
+
+    def __init__(self) -> None:
+        self.pos = 0
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def advance(self, tok: Any, token_id: int, text: str) -> int:
+        """The offset of the token `token_id` (its text `text`) that comes next."""
+        at = self.pos
+        self.pos += len(self._utf8.decode(bytes(_token_bytes(tok, token_id, text))))
+        return at
+
+
+def _completion_logprobs(
+    state: Any, choice: Choice | list[Any], k: int, offsets_of: TextOffsets | None = None
+) -> dict[str, Any]:
+    """The completions API's logprobs object; `offsets_of`: the choice's text offsets so far (a stream's
+    chunks continue them)."""
     tok, tokens, lps, tops, offsets = state.tokenizer, [], [], [], []
+    at = offsets_of if offsets_of is not None else TextOffsets()
     for token, lp, items in _entries(choice):
         text = _token_text(tok, token)
         tokens.append(text)
         lps.append(lp)
         tops.append(_top_by_text(tok, items, k))
-        offsets.append(pos)
-        pos += len(text)
+        offsets.append(at.advance(tok, token, text))
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
@@ -271,16 +291,14 @@ async def stream(
     }
 
     lp = _streamed_top(req, chat)
-    offsets = [0] * len(choices)  # each choice's text offset so far (the completions API's text_offset)
+    offsets = [TextOffsets() for _ in choices]  # each choice's (the completions API's text_offset)
 
     def logprobs(index: int, entries: list[Any]) -> dict[str, Any] | None:
         if lp is None:
             return None
         if chat:
             return _chat_logprobs(state, entries, lp)
-        out = _completion_logprobs(state, entries, lp, offsets[index])
-        offsets[index] += sum(len(t) for t in out["tokens"])
-        return out
+        return _completion_logprobs(state, entries, lp, offsets[index])
 
     def chunk(
         index: int, text: str | None, finish: str | None, role: bool = False, entries: list[Any] | None = None
