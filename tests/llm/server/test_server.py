@@ -77,6 +77,29 @@ def test_stream_with_usage_equals_the_whole_text(client):
     assert len(chunks) > 5, "the text must arrive in pieces"
 
 
+def test_continuous_usage_stats_puts_each_choices_usage_so_far_in_every_chunk(client):
+    """vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries its choice's
+    usage so far, the last of each choice its whole; it was ignored, every chunk's usage null."""
+    chunks = list(
+        client.completions.create(
+            model="code-llama-21m",
+            prompt=PROMPT,
+            max_tokens=8,
+            temperature=0,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        )
+    )
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
+    for i in (0, 1):
+        mine = [c for c in chunks[:-1] if c.choices[0].index == i]
+        counts = [c.usage.completion_tokens for c in mine]
+        assert counts == sorted(counts) and counts[0] > 0 and counts[-1] == 8, counts
+        assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in mine)
+        assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in mine)
+
+
 def test_chat_with_a_template_and_streaming(client):
     messages = [{"role": "user", "content": "write a function"}]
     r = client.chat.completions.create(

@@ -86,6 +86,8 @@ def _optional_fields(model: type[BaseModel]) -> frozenset[str]:
 
 class StreamOptions(_Base):
     include_usage: bool = False
+    # vLLM's: with include_usage, every chunk carries its choice's usage so far
+    continuous_usage_stats: bool = False
 
 
 class JsonSchema(_Base):

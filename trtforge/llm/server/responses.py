@@ -283,6 +283,8 @@ async def stream(
     """The SSE body: every choice's pieces as they come, its finish, the usage chunk, [DONE]."""
     created, chat = int(time.time()), endpoint == "chat"
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    # vLLM's continuous_usage_stats: each chunk's usage is its choice's so far (vLLM's, which clients read)
+    continuous = include_usage and req.stream_options.continuous_usage_stats
     head = {
         "id": rid,
         "object": "chat.completion.chunk" if chat else "text_completion",
@@ -311,7 +313,10 @@ async def stream(
             body = {"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}
         else:
             body = {"index": index, "text": text or "", "logprobs": lps, "finish_reason": finish}
-        extra = {"usage": None} if include_usage else {}
+        if continuous:
+            extra = {"usage": _usage(prompt_tokens, 0 if role else choices[index].num_tokens)}
+        else:
+            extra = {"usage": None} if include_usage else {}
         return _sse({**head, "choices": [body], **extra})
 
     merged, deadline = pumps.queue, pumps.deadline
