@@ -77,6 +77,20 @@ def test_stream_with_usage_equals_the_whole_text(client):
     assert len(chunks) > 5, "the text must arrive in pieces"
 
 
+def test_a_developer_message_is_a_system_message_to_a_template_that_never_names_the_role(client):
+    """OpenAI's developer role is its system role renamed, which its clients send for system prompts; the
+    test template (like most models') knows no developer role, so it is given the message as system's."""
+
+    def chat(role):
+        messages = [{"role": role, "content": "Answer in Python."}, {"role": "user", "content": "hi"}]
+        r = client.chat.completions.create(
+            model="code-llama-21m", messages=messages, max_tokens=8, temperature=0
+        )
+        return r.usage.prompt_tokens, r.choices[0].message.content
+
+    assert chat("developer") == chat("system")
+
+
 def test_continuous_usage_stats_puts_each_choices_usage_so_far_in_every_chunk(client):
     """vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries its choice's
     usage so far, the last of each choice its whole; it was ignored, every chunk's usage null."""

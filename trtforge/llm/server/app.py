@@ -328,6 +328,12 @@ def _chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[list[in
         for i, m in enumerate(req.messages)
     ]
     _refuse_huge(state, "\n".join(f"{m['role']}: {m['content']}" for m in messages), "messages")
+    if state.chat_template is not None and "developer" not in state.chat_template:
+        # OpenAI's developer role is its system role under a newer name (its clients send it for system
+        # prompts); a template that never names it renders it as a role the model never saw, or raises
+        for m in messages:
+            if m["role"] == "developer":
+                m["role"] = "system"
     try:
         with state.tokenizer_lock:
             template = state.chat_template
