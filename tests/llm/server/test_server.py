@@ -77,6 +77,43 @@ def test_stream_with_usage_equals_the_whole_text(client):
     assert len(chunks) > 5, "the text must arrive in pieces"
 
 
+def test_a_developer_message_is_a_system_message_to_a_template_that_never_names_the_role(client):
+    """OpenAI's developer role is its system role renamed, which its clients send for system prompts; the
+    test template (like most models') knows no developer role, so it is given the message as system's."""
+
+    def chat(role):
+        messages = [{"role": role, "content": "Answer in Python."}, {"role": "user", "content": "hi"}]
+        r = client.chat.completions.create(
+            model="code-llama-21m", messages=messages, max_tokens=8, temperature=0
+        )
+        return r.usage.prompt_tokens, r.choices[0].message.content
+
+    assert chat("developer") == chat("system")
+
+
+def test_continuous_usage_stats_puts_each_choices_usage_so_far_in_every_chunk(client):
+    """vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries its choice's
+    usage so far, the last of each choice its whole; it was ignored, every chunk's usage null."""
+    chunks = list(
+        client.completions.create(
+            model="code-llama-21m",
+            prompt=PROMPT,
+            max_tokens=8,
+            temperature=0,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        )
+    )
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
+    for i in (0, 1):
+        mine = [c for c in chunks[:-1] if c.choices[0].index == i]
+        counts = [c.usage.completion_tokens for c in mine]
+        assert counts == sorted(counts) and counts[0] > 0 and counts[-1] == 8, counts
+        assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in mine)
+        assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in mine)
+
+
 def test_chat_with_a_template_and_streaming(client):
     messages = [{"role": "user", "content": "write a function"}]
     r = client.chat.completions.create(
@@ -191,6 +228,53 @@ def test_streamed_logprobs_are_the_whole_completions(client, stop):
         for e in c.logprobs.content or []
     ]
     assert [e.model_dump() for e in streamed] == [e.model_dump() for e in said]
+
+
+def test_chat_logprobs_bytes_are_the_tokens_own_for_part_of_a_character(client):
+    """Byte-level BPE spells é as two tokens (bytes C3 A9), each decoding to U+FFFD alone: their ``bytes``
+    must be the token's own ([0xC3]), not U+FFFD's, so that joining them gives the text back (OpenAI's
+    promise for the field). Token 129 is byte C3, forced by logit_bias; streamed and whole alike."""
+    kw = {
+        "model": "code-llama-21m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "logit_bias": {"129": 100},
+    }
+    whole = client.chat.completions.create(**kw).choices[0].logprobs.content
+    streamed = [
+        e
+        for c in client.chat.completions.create(**kw, stream=True)
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
+    for content in (whole, streamed):
+        assert len(content) == 3
+        assert [e.bytes for e in content] == [[0xC3]] * 3, content
+        assert content[0].top_logprobs[0].bytes == [0xC3]
+
+
+def test_completion_text_offsets_count_characters_not_the_tokens_of_one(client):
+    """Tokens 129 and 104 are é's two bytes (C3 A9), forced by logit_bias: "ééé" is 6 tokens, each
+    decoding to U+FFFD alone. Each token's text_offset is the character it is part of ([0, 0, 1, 1, 2,
+    2]); counting each token's own text put them at 0-5, past the end of the 3-character text. Streamed
+    chunks continue them alike."""
+    kw = {
+        "model": "code-llama-21m",
+        "prompt": "# caf",
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": 1,
+        "logit_bias": {"129": 100, "104": 100},
+    }
+    choice = client.completions.create(**kw).choices[0]
+    assert choice.text == "ééé", choice.text
+    assert choice.logprobs.text_offset == [0, 0, 1, 1, 2, 2]
+    chunks = [c.choices[0] for c in client.completions.create(**kw, stream=True) if c.choices]
+    assert "".join(c.text for c in chunks) == "ééé"
+    assert [o for c in chunks if c.logprobs for o in c.logprobs.text_offset] == [0, 0, 1, 1, 2, 2]
 
 
 def test_json_schema_output_validates(client):  # wip/sampling: structured outputs
@@ -364,7 +448,8 @@ def test_bad_key_is_401(server):
             json.dumps({"model": "code-llama-21m", "prompt": "x", "temperature": "hot"}).encode(),
             "temperature",
         ),
-        (json.dumps({"model": "code-llama-21m", "prompt": "x", "top_p": 0}).encode(), "top_p"),
+        (json.dumps({"model": "code-llama-21m", "prompt": "x", "top_p": -0.1}).encode(), "top_p"),
+        (json.dumps({"model": "code-llama-21m", "prompt": "x", "top_p": 1.1}).encode(), "top_p"),
         (json.dumps({"model": "code-llama-21m", "prompt": "x", "n": 0}).encode(), "n"),
         (json.dumps({"model": "code-llama-21m", "prompt": [[5, 99999]]}).encode(), "prompt"),
         (json.dumps({"model": "code-llama-21m", "prompt": [5, -1]}).encode(), "prompt"),
@@ -382,6 +467,17 @@ def test_malformed_bodies_are_400_naming_the_field(server, body, field):
     assert err["type"] == "invalid_request_error" and err["message"]
     if field is not None:
         assert err["param"] == field and field in err["message"]
+
+
+def test_top_p_zero_is_served_as_the_likeliest_token(client):
+    """OpenAI takes top_p in [0, 1]; 0 is the smallest nucleus, the likeliest token alone: at temperature 2
+    with any seed, the greedy text (it was a 400, which clients written for OpenAI did not expect)."""
+    want = greedy(client, max_tokens=12).choices[0].text
+    for seed in (1, 2):
+        r = client.completions.create(
+            model="code-llama-21m", prompt=PROMPT, max_tokens=12, temperature=2, top_p=0, seed=seed
+        )
+        assert r.choices[0].text == want
 
 
 def test_a_refused_prompt_in_a_list_names_its_index_and_none_of_the_list_runs(server, client):
@@ -411,6 +507,20 @@ def test_unknown_model_or_path_is_404_in_openais_schema(server):
     r = httpx.post(server.url + "/v1/nothing", json={}, headers=headers)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     assert httpx.get(server.url + "/v1/completions", headers=headers).json()["error"]["code"] == 405
+
+
+def test_unknown_model_has_openais_model_not_found_code(client):
+    import openai
+
+    calls = [
+        lambda: client.completions.create(model="gpt-4", prompt="x", max_tokens=1),
+        lambda: client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}]),
+        lambda: client.models.retrieve("gpt-4"),
+    ]
+    for call in calls:
+        with pytest.raises(openai.NotFoundError) as e:
+            call()
+        assert e.value.code == "model_not_found" and e.value.param == "model", e.value.body
 
 
 def test_what_the_openai_client_sends_is_accepted(client):

@@ -448,6 +448,8 @@ def test_top_logprobs_without_logprobs_is_400(server):
         (b'"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]', "tools"),
         (b'"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]', "functions"),
         (b'"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"', "tool_choice"),
+        (HI + b', "tools": [{"type": "function"}], "tool_choice": "auto"', "tools"),
+        (HI + b', "functions": [{"name": "f"}], "function_call": {"name": "f"}', "functions"),
         # vLLM's extensions (each was answered 200 as if it had not been sent)
         (b'"prompt": "x", "min_tokens": 5', "min_tokens"),
         (b'"prompt": "x", "min_tokens": false', "min_tokens"),
@@ -479,6 +481,9 @@ def test_a_field_that_would_change_the_answer_but_is_not_served_is_400(server, f
         b'"prompt": "x", "logit_bias": {}, "best_of": 1, "suffix": null',
         b'"prompt": "x", "n": 2, "best_of": 2',
         b'"messages": [{"role": "user", "content": "hi"}], "tools": [], "tool_choice": "none"',
+        # vLLM serves tools with tool_choice "none" (an answer without tool calls), as agents send them
+        HI + b', "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"',
+        HI + b', "functions": [{"name": "f"}], "function_call": "none"',
         b'"prompt": "x", "min_tokens": 0, "skip_special_tokens": true, "include_stop_str_in_output": false',
         b'"prompt": "x", "use_beam_search": false, "prompt_logprobs": null, "bad_words": [], "user": "u"',
         b'"messages": [{"role": "user", "content": "hi"}], "echo": false, "chat_template_kwargs": {}',

@@ -183,7 +183,10 @@ def _check_model(state: ServerState, name: str) -> str:
             "model",
         )
     raise ApiError(
-        404, f"model {shown(name)} is not served here; /v1/models lists {state.served_model_names}", "model"
+        404,
+        f"model {shown(name)} is not served here; /v1/models lists {state.served_model_names}",
+        "model",
+        "model_not_found",  # OpenAI's code for it, which clients test for
     )
 
 
@@ -317,10 +320,20 @@ def _chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[list[in
     if state.tokenizer is None:
         raise ApiError(400, "messages: this model has no tokenizer to format a chat", "messages")
     messages = [
-        {"role": m.role, "content": check_text(m.text(f"messages.{i}.content"), "messages")}
+        {
+            "role": m.role,
+            "content": check_text(m.text(f"messages.{i}.content"), "messages"),
+            **m.template_fields(),
+        }
         for i, m in enumerate(req.messages)
     ]
     _refuse_huge(state, "\n".join(f"{m['role']}: {m['content']}" for m in messages), "messages")
+    if state.chat_template is not None and "developer" not in state.chat_template:
+        # OpenAI's developer role is its system role under a newer name (its clients send it for system
+        # prompts); a template that never names it renders it as a role the model never saw, or raises
+        for m in messages:
+            if m["role"] == "developer":
+                m["role"] = "system"
     try:
         with state.tokenizer_lock:
             template = state.chat_template

@@ -86,6 +86,8 @@ def _optional_fields(model: type[BaseModel]) -> frozenset[str]:
 
 class StreamOptions(_Base):
     include_usage: bool = False
+    # vLLM's: with include_usage, every chunk carries its choice's usage so far
+    continuous_usage_stats: bool = False
 
 
 class JsonSchema(_Base):
@@ -155,7 +157,7 @@ class _Sampling(_Base):
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_p: float = Field(default=1.0, ge=0.0, le=1.0)  # OpenAI's range: 0 keeps the likeliest token only
     top_k: int = Field(default=0, ge=-1)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=128)
@@ -236,6 +238,36 @@ class CompletionRequest(_Sampling):
 class ChatMessage(_Base):
     role: str
     content: str | list[dict[str, Any]] | None = None
+    # given to the chat template as OpenAI's clients send them (a participant's name, an assistant turn's
+    # tool calls and the id a tool's answer refers to), as vLLM and transformers' templates take them
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    def template_fields(self) -> dict[str, Any]:
+        """The fields other than role and content that the chat template is given (those sent). A tool
+        call's ``function.arguments``, which OpenAI sends as a JSON text, is given as the object it spells
+        (templates render ``arguments | tojson`` or read its items, as vLLM gives them); as sent when it is
+        not a JSON object."""
+        out: dict[str, Any] = {}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls is not None:
+            calls = []
+            for call in self.tool_calls:
+                function = call.get("function")
+                if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                    try:
+                        args = json.loads(function["arguments"])
+                    except ValueError:
+                        args = None
+                    if isinstance(args, dict):
+                        call = {**call, "function": {**function, "arguments": args}}
+                calls.append(call)
+            out["tool_calls"] = calls
+        return out
 
     def text(self, where: str) -> str:
         """The message's text (its text parts joined); ApiError 400 naming the part of `where` (the field
@@ -268,22 +300,28 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Any] | None = None
     functions: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    function_call: str | dict[str, Any] | None = None
 
     def refuse_unserved(self) -> None:
         super().refuse_unserved()
         _refuse_unserved_fields(self, UNSERVED_CHAT)
+        # tool_choice "none" (function_call "none" for functions) asks for an answer with no tool call, as
+        # this server's answers are: served, as vLLM serves it (agents send their tools on every turn); the
+        # chat template is not given the tools
+        choice = {"tools": self.tool_choice, "functions": self.function_call}
         for name in ("tools", "functions"):
-            if getattr(self, name):
+            if getattr(self, name) and choice[name] != "none":
                 raise ApiError(
                     400,
                     f"{name}: tool calling is not supported by this server (its answers hold no tool calls); "
                     f"send the request without {name}",
                     name,
                 )
-        if self.tool_choice not in (None, "none", "auto"):
-            raise ApiError(
-                400, "tool_choice: tool calling is not supported by this server; leave it out", "tool_choice"
-            )
+        for name in ("tool_choice", "function_call"):
+            if getattr(self, name) not in (None, "none", "auto"):
+                raise ApiError(
+                    400, f"{name}: tool calling is not supported by this server; leave it out", name
+                )
 
 
 # a \\u escape of a surrogate (D800-DFFF), or the raw bytes of one (json.loads decodes with surrogatepass)
@@ -502,8 +540,10 @@ def sampling_params(
     kwargs: dict[str, Any] = {
         "max_tokens": max_tokens,
         "temperature": req.temperature,
-        "top_p": req.top_p,
-        "top_k": max(req.top_k, 0),
+        # top_p 0 (OpenAI takes it) is the smallest nucleus, the likeliest token alone: top_k 1, as
+        # SamplingParams' top_p is in (0, 1]
+        "top_p": req.top_p or 1.0,
+        "top_k": 1 if req.top_p == 0 else max(req.top_k, 0),
         "seed": None if req.seed is None else child_seed(req.seed, choice),
         "ignore_eos": req.ignore_eos,
         "stop_token_ids": tuple(req.stop_token_ids),

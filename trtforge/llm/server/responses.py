@@ -7,9 +7,12 @@ fill (:class:`Pumps`), so the order of pieces across choices is the order they b
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
+import functools
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -38,6 +41,39 @@ def _token_text(tok: Any, token_id: int) -> str:
     return tok.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the character a byte-level BPE vocabulary spells each byte
+    with -> that byte (printable bytes are themselves, the others shifted past 255)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {b: b for b in kept}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b], extra = 256 + extra, extra + 1
+    return {chr(c): b for b, c in chars.items()}
+
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback pieces
+
+
+def _token_bytes(tok: Any, token_id: int, text: str) -> list[int]:
+    """The UTF-8 bytes of a token whose text is `text`, as chat logprobs' ``bytes`` carries them: a token
+    of part of a character (byte-level BPE splits é, CJK, emoji...) decodes to U+FFFD, whose bytes are not
+    the token's; its own are read from its vocabulary piece (a byte-level one, or a ``<0xC3>`` byte
+    fallback), so that a client joining the tokens' bytes gets the text back, as OpenAI's field promises."""
+    if "\ufffd" in text:
+        convert = getattr(tok, "convert_ids_to_tokens", None)
+        piece = convert(token_id) if convert is not None else None
+        if isinstance(piece, str) and piece:
+            m = _BYTE_PIECE.fullmatch(piece)
+            if m:
+                return [int(m.group(1), 16)]
+            decoder = _byte_decoder()
+            if all(ch in decoder for ch in piece):
+                return [decoder[ch] for ch in piece]
+    return list(text.encode())
+
+
 def _entries(choice: Choice | list[Any]) -> list[tuple[int, float, list[tuple[int, float]]]]:
     """(token, its logprob, the top alternatives) per generated token, from the engine's Completion
     (:class:`~trtforge.llm.penalties.TokenLogprobs` each), or of the given TokenLogprobs (a streamed
@@ -48,17 +84,36 @@ def _entries(choice: Choice | list[Any]) -> list[tuple[int, float, list[tuple[in
     return [(int(e.token_id), float(e.logprob), [(int(t), float(v)) for t, v in e.top]) for e in raw]
 
 
-def _completion_logprobs(state: Any, choice: Choice | list[Any], k: int, pos: int = 0) -> dict[str, Any]:
-    """The completions API's logprobs object; `pos`: the text offset of the first token (a stream's
-    chunks continue their choice's offsets)."""
+class TextOffsets:
+    """A choice's text offsets (the completions API's ``text_offset``): each token's is the character of
+    the text it starts, or, a token of part of a character, the character it is part of. Counted on the
+    tokens' bytes, not on each token's own text: a character of several tokens (byte-level BPE's é) has
+    them each decode to U+FFFD alone, and counting those put the offsets past the end of the text."""
+
+    def __init__(self) -> None:
+        self.pos = 0
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def advance(self, tok: Any, token_id: int, text: str) -> int:
+        """The offset of the token `token_id` (its text `text`) that comes next."""
+        at = self.pos
+        self.pos += len(self._utf8.decode(bytes(_token_bytes(tok, token_id, text))))
+        return at
+
+
+def _completion_logprobs(
+    state: Any, choice: Choice | list[Any], k: int, offsets_of: TextOffsets | None = None
+) -> dict[str, Any]:
+    """The completions API's logprobs object; `offsets_of`: the choice's text offsets so far (a stream's
+    chunks continue them)."""
     tok, tokens, lps, tops, offsets = state.tokenizer, [], [], [], []
+    at = offsets_of if offsets_of is not None else TextOffsets()
     for token, lp, items in _entries(choice):
         text = _token_text(tok, token)
         tokens.append(text)
         lps.append(lp)
         tops.append(_top_by_text(tok, items, k))
-        offsets.append(pos)
-        pos += len(text)
+        offsets.append(at.advance(tok, token, text))
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
@@ -80,11 +135,13 @@ def _chat_logprobs(state: Any, choice: Choice | list[Any], k: int) -> dict[str, 
     tok, content = state.tokenizer, []
     for token, lp, items in _entries(choice):
         text = _token_text(tok, token)
-        top = [
-            {"token": _token_text(tok, t), "logprob": v, "bytes": list(_token_text(tok, t).encode())}
-            for t, v in sorted(items, key=lambda x: -x[1])[:k]
-        ]
-        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": top})
+        top = []
+        for t, v in sorted(items, key=lambda x: -x[1])[:k]:
+            t_text = _token_text(tok, t)
+            top.append({"token": t_text, "logprob": v, "bytes": _token_bytes(tok, t, t_text)})
+        content.append(
+            {"token": text, "logprob": lp, "bytes": _token_bytes(tok, token, text), "top_logprobs": top}
+        )
     return {"content": content}
 
 
@@ -226,6 +283,8 @@ async def stream(
     """The SSE body: every choice's pieces as they come, its finish, the usage chunk, [DONE]."""
     created, chat = int(time.time()), endpoint == "chat"
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    # vLLM's continuous_usage_stats: each chunk's usage is its choice's so far (vLLM's, which clients read)
+    continuous = include_usage and req.stream_options.continuous_usage_stats
     head = {
         "id": rid,
         "object": "chat.completion.chunk" if chat else "text_completion",
@@ -234,16 +293,14 @@ async def stream(
     }
 
     lp = _streamed_top(req, chat)
-    offsets = [0] * len(choices)  # each choice's text offset so far (the completions API's text_offset)
+    offsets = [TextOffsets() for _ in choices]  # each choice's (the completions API's text_offset)
 
     def logprobs(index: int, entries: list[Any]) -> dict[str, Any] | None:
         if lp is None:
             return None
         if chat:
             return _chat_logprobs(state, entries, lp)
-        out = _completion_logprobs(state, entries, lp, offsets[index])
-        offsets[index] += sum(len(t) for t in out["tokens"])
-        return out
+        return _completion_logprobs(state, entries, lp, offsets[index])
 
     def chunk(
         index: int, text: str | None, finish: str | None, role: bool = False, entries: list[Any] | None = None
@@ -256,7 +313,10 @@ async def stream(
             body = {"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}
         else:
             body = {"index": index, "text": text or "", "logprobs": lps, "finish_reason": finish}
-        extra = {"usage": None} if include_usage else {}
+        if continuous:
+            extra = {"usage": _usage(prompt_tokens, 0 if role else choices[index].num_tokens)}
+        else:
+            extra = {"usage": None} if include_usage else {}
         return _sse({**head, "choices": [body], **extra})
 
     merged, deadline = pumps.queue, pumps.deadline
