@@ -193,6 +193,10 @@ def rejected_data_is_user_error(source: str) -> Iterator[None]:
         ) from e
 
 
+#: the tokens a text sample is truncated to, unless the caller says otherwise (the engine's profile may)
+TEXT_MAX_LENGTH = 128
+
+
 def load_dataset(
     spec: Any,
     input_specs: list[TensorSpec] | list[tuple],
@@ -201,7 +205,7 @@ def load_dataset(
     max_samples: int | None = None,
     shuffle_seed: int | None = None,
     tokenizer: Any = None,
-    max_length: int = 128,
+    max_length: int = TEXT_MAX_LENGTH,
     what: str = "calibration data",
 ) -> CalibrationDataset:
     """Load and validate calibration data for a model with inputs `input_specs` (see the module doc).
@@ -314,6 +318,7 @@ def check_profile(
 # resolve_tokenizer and DEMO_TOKENIZER are read from here by the CLI (generate, calibrate).
 __all__ = [
     "DEMO_TOKENIZER",
+    "TEXT_MAX_LENGTH",
     "CalibrationDataset",
     "check_profile",
     "input_specs_from_model",

@@ -88,7 +88,6 @@ def _float_stage(opts: PrecisionOptions, precision: str) -> GraphStage:
 
 
 _TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # [batch, seq] of a tokenizer
-_TEXT_MAX_LENGTH = 128  # load_dataset's default truncation of text samples
 
 
 def _int8_stage(opts: PrecisionOptions) -> GraphStage:
@@ -97,6 +96,7 @@ def _int8_stage(opts: PrecisionOptions) -> GraphStage:
     ) -> tuple[Any, dict[str, Any]]:
         from trtforge.calibration.api import calibrate_model
         from trtforge.calibration.data import (
+            TEXT_MAX_LENGTH,
             CalibrationDataset,
             check_profile,
             input_specs_from_model,
@@ -114,7 +114,7 @@ def _int8_stage(opts: PrecisionOptions) -> GraphStage:
                     input_specs_from_model(model),
                     max_samples=opts.calib_samples,
                     tokenizer=opts.tokenizer,
-                    max_length=min([_TEXT_MAX_LENGTH, *longest]),
+                    max_length=min([TEXT_MAX_LENGTH, *longest]),
                     what="--calib-data",
                 )
             check_profile(data, profile)

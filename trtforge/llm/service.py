@@ -495,10 +495,9 @@ def from_pretrained(
         )
     if spec is not None and config.async_scheduling is None:
         config = dataclasses.replace(config, async_scheduling=False)
-    if spec is not None and spec.method == "draft":  # before either model's weights load
-        check_draft_directories(model, spec.model)
     draft_lm = None
     if spec is not None and spec.method == "draft":  # before the target's weights: a bad draft fails at once
+        check_draft_directories(model, spec.model)
         draft_lm = _load_draft(spec.model)
     lm = load_causal_lm(model)
     if quantized:

@@ -616,8 +616,8 @@ def sliding_windows(config: Any, num_layers: int) -> list[int | None]:
     return [window if t == "sliding_attention" else None for t in types[:num_layers]]
 
 
-#: the sizes every supported config has (under these names or its attribute_map's) that no model can have
-#: below 1
+#: the sizes a supported config has (under these names or its attribute_map's; null where a family leaves
+#: one to its default) that no model can have below 1
 _SIZES = (
     "vocab_size",
     "hidden_size",
@@ -625,6 +625,7 @@ _SIZES = (
     "num_attention_heads",
     "num_key_value_heads",
     "head_dim",
+    "intermediate_size",
 )
 
 #: the keys the families' configs name their norms' epsilon by
@@ -645,9 +646,6 @@ def check_config_sizes(config: Any) -> None:
         eps = getattr(config, name, None)
         if isinstance(eps, (int, float)) and not isinstance(eps, bool) and not eps >= 0:
             raise UserError(f"{where}: {name} must be a number >= 0, got {eps!r}.")
-    _check_positive(
-        where, _stored_key(config, "intermediate_size"), getattr(config, "intermediate_size", None)
-    )
     _check_rope(config, where)
     heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
     if isinstance(heads, int) and isinstance(kv, int) and heads % kv:

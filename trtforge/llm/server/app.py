@@ -87,9 +87,8 @@ class ServerState:
     structured_error: str | None = None  # why response_format cannot be served, if it cannot
     sequences: int = 0
     requests: int = 0
-    streams_cut: int = (
-        0  # streams closed on a client that read nothing past the timeout, not yet logged by uvicorn
-    )
+    # streams closed on a client that read nothing past the timeout, not yet logged by uvicorn
+    streams_cut: int = 0
     metrics: Metrics = field(init=False)
     intake: asyncio.Semaphore = field(init=False)  # max_intake slots (:func:`_intake`)
     # set on the event loop once `draining` is (:meth:`drain_begun`): requests not yet admitted, waiting for
