@@ -63,6 +63,17 @@ def tiny_onnx(path: Path, *, dynamic_batch: bool = True) -> Path:
     return path
 
 
+def tiny_onnx_external(directory: Path, data: str = "m.data") -> Path:
+    """The tiny model (:func:`tiny_onnx`) as directory/m.onnx with every weight in directory/`data`."""
+    import onnx
+
+    source = tiny_onnx(directory / ".tiny-src.onnx")
+    path = directory / "m.onnx"
+    onnx.save(onnx.load(str(source)), str(path), save_as_external_data=True, location=data, size_threshold=0)
+    source.unlink()
+    return path
+
+
 def tiny_bert_64(seed: int = 0) -> Any:
     """A tiny random BertModel that knows only 64 positions (max_position_embeddings=64)."""
     import torch

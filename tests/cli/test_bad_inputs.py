@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.models import tiny_onnx
+from tests.models import tiny_onnx, tiny_onnx_external
 from trtforge.cli.main import main
 
 Setup = Callable[[Path], list[str]]
@@ -243,23 +243,9 @@ def _empty_file(command: str) -> Setup:
     return setup
 
 
-def _ext_model(d: Path) -> None:
-    """m.onnx (x[B,4] -> Relu(xW+b)) with its weights in external data w.bin."""
-    import onnx
-
-    onnx.save(
-        onnx.load(str(tiny_onnx(d / "t.onnx"))),
-        str(d / "m.onnx"),
-        save_as_external_data=True,
-        location="w.bin",
-        size_threshold=0,
-    )
-    (d / "t.onnx").unlink()
-
-
 def _overwrite_input(*argv: str) -> Setup:
     def setup(d: Path) -> list[str]:
-        _ext_model(d)
+        tiny_onnx_external(d, "w.bin")
         np.savez(d / "c.npz", x=np.ones((4, 4), np.float32))
         return [*argv, "--force"]
 

@@ -20,7 +20,7 @@ from tests.cli.test_bad_inputs import (
     assert_exits_2_cleanly,
     workdir,  # noqa: F401 - a fixture
 )
-from tests.models import tiny_onnx
+from tests.models import tiny_onnx, tiny_onnx_external
 
 CORES = len(os.sched_getaffinity(0))
 
@@ -243,25 +243,11 @@ def _windows(side: int) -> Setup:
     return setup
 
 
-def _save_tiny_with_external_data(d: Path) -> None:
-    """The tiny model as d/m.onnx with every weight in d/m.data."""
-    import onnx
-
-    onnx.save(
-        onnx.load(str(tiny_onnx(d / "src.onnx"))),
-        str(d / "m.onnx"),
-        save_as_external_data=True,
-        location="m.data",
-        size_threshold=0,
-    )
-    (d / "src.onnx").unlink()
-
-
 def _truncated_external_data(*argv: str) -> Setup:
     """`argv` on the tiny model saved with external data (m.data), the data file cut to 20 bytes."""
 
     def setup(d: Path) -> list[str]:
-        _save_tiny_with_external_data(d)
+        tiny_onnx_external(d)
         (d / "m.data").write_bytes((d / "m.data").read_bytes()[:20])
         return list(argv)
 
@@ -276,7 +262,7 @@ def _short_external_length(*argv: str) -> Setup:
     def setup(d: Path) -> list[str]:
         import onnx
 
-        _save_tiny_with_external_data(d)
+        tiny_onnx_external(d)
         m = onnx.load(str(d / "m.onnx"), load_external_data=False)
         w = next(t for t in m.graph.initializer if t.name == "W")
         next(e for e in w.external_data if e.key == "length").value = "8"

@@ -83,6 +83,23 @@ def token_model_onnx(path: Path, vocab: int = 50, *, width: int = 4, matmul: boo
     return path
 
 
+def by_fours_onnx(path: Path) -> Path:
+    """y[N, 4, S/4] = Reshape(x[N, S]) (opset 17), saved to `path`: a model that runs only at sequence
+    lengths divisible by 4, so some sizes a report tries fail where others run."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        "by_fours",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, "K"])],
+        [numpy_helper.from_array(np.array([0, 4, -1], np.int64), "shape")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
 def inputs_npz(path: Path, samples: int = 12, seed: int = 1) -> np.ndarray:
     """Write x[samples, 16] to `path` (.npz) and return it."""
     x = np.random.default_rng(seed).standard_normal((samples, FEATURES)).astype(np.float32)

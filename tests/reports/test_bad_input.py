@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from tests.reports._tiny import FEATURES, classifier_onnx, classifier_weights, inputs_npz
+from tests.reports._tiny import FEATURES, by_fours_onnx, classifier_onnx, classifier_weights, inputs_npz
 from trtforge._fileio import sha256_bytes
 from trtforge.core.manifest import Manifest, ShapeRange, TensorSpec, write_manifest
 from trtforge.errors import UserError
@@ -194,17 +194,7 @@ def test_fused_targets_verify_at_the_sizes_the_report_feeds(tmp_path):
     model running only at some lengths rejects: the target failed (its row told the user to pass
     `compile --shape` or --no-verify, options report does not have) although the report's own
     accuracy inputs run. Verification now falls back to the accuracy feeds' shapes."""
-    import onnx
-    from onnx import helper, numpy_helper
-
-    graph = helper.make_graph(
-        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
-        "by_fours",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "S"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, "K"])],
-        [numpy_helper.from_array(np.array([0, 4, -1], np.int64), "shape")],
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    by_fours_onnx(tmp_path / "m.onnx")
     r = build_report(
         tmp_path / "m.onnx", targets=["ort", "ort-fused", "ort-fp16"], out_dir=tmp_path / "o",
         seq_lens=(8,), **FAST,

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.reports._tiny import classifier_onnx, classifier_weights, inputs_npz
+from tests.reports._tiny import by_fours_onnx, classifier_onnx, classifier_weights, inputs_npz
 from trtforge.cli.main import main
 
 FAST = ["--batch", "1,2", "--warmup", "0", "--runs", "2", "--no-progress"]
@@ -352,18 +352,7 @@ def test_check_fails_when_a_latency_point_fails(tmp_path, capsys):
     """Before: a runnable target that crashed at a latency point (here a length its Reshape cannot take)
     left a 'failed' row in the latency table, and --check exited 0: a CI gate passed a model that fails
     at a size it was asked to measure."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    graph = helper.make_graph(
-        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
-        "by_fours",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "S"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, "K"])],
-        [numpy_helper.from_array(np.array([0, 4, -1], np.int64), "shape")],
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    by_fours_onnx(tmp_path / "m.onnx")
     argv = ["report", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o"), "--targets", "ort,ort-fused"]
     argv += ["--batch", "2", "--seq", "8,6", "--warmup", "0", "--runs", "1", "--no-progress"]
     rc, text = _run(argv, capsys)
