@@ -21,6 +21,7 @@ BASE = (
     "trtforge._usercode",
     "trtforge._custom_ops",
     "trtforge._compat",
+    "trtforge._lazy",
 )
 
 # room -> module prefixes (the longest matching prefix decides a module's room)

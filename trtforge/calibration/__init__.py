@@ -10,7 +10,7 @@ May import ``trtforge.core`` and ``trtforge.numerics``.
 
 from __future__ import annotations
 
-from typing import Any
+from trtforge._lazy import lazy_attributes
 
 _LAZY = {
     "calibrate_model": "trtforge.calibration.api",
@@ -24,10 +24,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'trtforge.calibration' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

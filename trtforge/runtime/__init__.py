@@ -7,7 +7,9 @@ May import ``trtforge.core`` (manifest, backend adapter), ``kernels`` and ``plug
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trtforge._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from trtforge.runtime.engine import Engine, load
@@ -21,10 +23,4 @@ _LAZY = {
     "Session": "trtforge.runtime.session",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'trtforge.runtime' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trtforge._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from trtforge.passes.precision.convert import PRECISIONS, convert_precision
@@ -19,10 +21,4 @@ _LAZY = {
     "PrecisionRecord": "trtforge.passes.precision.record",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
