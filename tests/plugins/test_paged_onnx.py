@@ -154,3 +154,29 @@ def test_reference_function_needs_attention_opset():
     model = ir.Model(ir.Graph([], [], nodes=[], opset_imports={"": 17}), ir_version=10)
     with pytest.raises(UserError, match="opset >= 23"):
         add_paged_reference_function(model)
+
+
+def test_bad_inputs_name_the_op_the_input_and_what_was_expected():
+    """Each message in full: the op, the input's role and name, what it is and what was expected."""
+    i32 = ir.DataType.INT32
+
+    def refused(index, dtype, shape):
+        vals = _values(2, 6, 3, 1, 64, 10, 16, 4)
+        vals[index] = ir.Value(name="x", type=ir.TensorType(dtype), shape=ir.Shape(shape))
+        with pytest.raises(UserError) as info:
+            make_paged_attention_node(*vals, num_heads=6, kv_num_heads=3, scale=0.1)
+        return str(info.value)
+
+    assert refused(0, i32, [2, 6, 1, 64]) == (
+        "trtforge::PagedAttention: query 'x' has dtype INT32; expected FLOAT16, BFLOAT16, FLOAT."
+    )
+    assert refused(4, F16, [10, 16, 3]) == (
+        "trtforge::PagedAttention: value_cache 'x' must have rank 4; got shape [10,16,3]."
+    )
+    assert refused(7, i32, [2, 1]) == (
+        "trtforge::PagedAttention: seq_lens 'x' must have rank 1; got shape [2,1]."
+    )
+    assert refused(2, ir.DataType.FLOAT, [2, 3, 1, 64]) == (
+        "trtforge::PagedAttention: query, key, value and the caches must share one dtype; "
+        "got ['FLOAT', 'FLOAT16']."
+    )

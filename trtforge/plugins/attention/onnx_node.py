@@ -106,18 +106,22 @@ def flash_attention_attributes(*, num_heads: int, scale: float, causal: bool | i
     }
 
 
-def _check_value(value: ir.Value, role: str, allowed: Sequence[ir.DataType], rank: int) -> None:
-    """Reject a known wrong dtype/rank early; unknown type or shape is accepted (filled in later)."""
+def check_value(value: ir.Value, where: str, role: str, allowed: Sequence[ir.DataType], rank: int) -> None:
+    """Reject a known wrong dtype/rank of the input `role` of the trtforge op `where` early; an unknown
+    type or shape is accepted (filled in later). Both plugins' ONNX nodes check their inputs with it."""
     dtype = value.dtype
     if dtype is not None and dtype not in allowed:
         names = ", ".join(t.name for t in allowed)
-        raise UserError(
-            f"{DOMAIN}::{OP_TYPE}: {role} '{value.name}' has dtype {dtype.name}; expected {names}."
-        )
+        raise UserError(f"{where}: {role} '{value.name}' has dtype {dtype.name}; expected {names}.")
     if value.shape is not None and len(value.shape) != rank:
-        raise UserError(
-            f"{DOMAIN}::{OP_TYPE}: {role} '{value.name}' must have rank {rank}; got shape {value.shape}."
-        )
+        raise UserError(f"{where}: {role} '{value.name}' must have rank {rank}; got shape {value.shape}.")
+
+
+def check_one_dtype(values: Sequence[ir.Value], where: str, roles: str) -> None:
+    """Refuse inputs `values` (named `roles` in the message) of the op `where` whose known dtypes differ."""
+    dtypes = {x.dtype for x in values if x.dtype is not None}
+    if len(dtypes) > 1:
+        raise UserError(f"{where}: {roles} must share one dtype; got {sorted(t.name for t in dtypes)}.")
 
 
 def make_flash_attention_node(
@@ -138,16 +142,13 @@ def make_flash_attention_node(
     With a mask the node carries the overload ``"masked"`` so that ONNX Runtime picks the 4-input
     reference function; call :func:`add_reference_function` once on the model.
     """
+    where = f"{DOMAIN}::{OP_TYPE}"
     for value, role in ((q, "q"), (k, "k"), (v, "v")):
-        _check_value(value, role, _FLOAT_TYPES, 4)
-    dtypes = {x.dtype for x in (q, k, v) if x.dtype is not None}
-    if len(dtypes) > 1:
-        raise UserError(
-            f"{DOMAIN}::{OP_TYPE}: q, k, v must share one dtype; got {sorted(t.name for t in dtypes)}."
-        )
+        check_value(value, where, role, _FLOAT_TYPES, 4)
+    check_one_dtype((q, k, v), where, "q, k, v")
     inputs = [q, k, v]
     if key_padding_mask is not None:
-        _check_value(key_padding_mask, "key_padding_mask", _MASK_TYPES, 2)
+        check_value(key_padding_mask, where, "key_padding_mask", _MASK_TYPES, 2)
         inputs.append(key_padding_mask)
     attrs = flash_attention_attributes(num_heads=num_heads, scale=scale, causal=causal)
     ir_attrs = [

@@ -26,6 +26,7 @@ import onnx.parser
 import onnx_ir as ir
 
 from trtforge.errors import UserError
+from trtforge.plugins.attention.onnx_node import check_one_dtype, check_value
 from trtforge.plugins.attention.spec import (
     DOMAIN,
     PAGED_OP_TYPE,
@@ -124,15 +125,6 @@ def paged_attention_attributes(*, num_heads: int, kv_num_heads: int, scale: floa
     }
 
 
-def _check(value: ir.Value, role: str, allowed: tuple[ir.DataType, ...], rank: int) -> None:
-    where = f"{DOMAIN}::{PAGED_OP_TYPE}"
-    if value.dtype is not None and value.dtype not in allowed:
-        names = ", ".join(t.name for t in allowed)
-        raise UserError(f"{where}: {role} '{value.name}' has dtype {value.dtype.name}; expected {names}.")
-    if value.shape is not None and len(value.shape) != rank:
-        raise UserError(f"{where}: {role} '{value.name}' must have rank {rank}; got shape {value.shape}.")
-
-
 def make_paged_attention_node(
     q: ir.Value,
     k_new: ir.Value,
@@ -152,24 +144,15 @@ def make_paged_attention_node(
     """A ``trtforge::PagedAttention`` node (not inserted into a graph): outputs are the attention
     output (q's dtype and shape) and the two pools after the write (the pools' dtype and shape).
     Call :func:`add_paged_reference_function` once on the model so ONNX Runtime can run it."""
-    for value, role in (
-        (q, "query"),
-        (k_new, "key"),
-        (v_new, "value"),
-        (k_pool, "key_cache"),
-        (v_pool, "value_cache"),
-    ):
-        _check(value, role, _FLOAT_TYPES, 4)
-    dtypes = {x.dtype for x in (q, k_new, v_new, k_pool, v_pool) if x.dtype is not None}
-    if len(dtypes) > 1:
-        raise UserError(
-            f"{DOMAIN}::{PAGED_OP_TYPE}: query, key, value and the caches must share one dtype; "
-            f"got {sorted(t.name for t in dtypes)}."
-        )
-    _check(block_table, "block_table", (ir.DataType.INT32,), 2)
-    _check(slot_mapping, "slot_mapping", (ir.DataType.INT32,), 2)
-    _check(seq_lens, "seq_lens", (ir.DataType.INT32,), 1)
-    _check(query_lens, "query_lens", (ir.DataType.INT32,), 1)
+    where = f"{DOMAIN}::{PAGED_OP_TYPE}"
+    floats = {"query": q, "key": k_new, "value": v_new, "key_cache": k_pool, "value_cache": v_pool}
+    for role, value in floats.items():
+        check_value(value, where, role, _FLOAT_TYPES, 4)
+    check_one_dtype(tuple(floats.values()), where, "query, key, value and the caches")
+    check_value(block_table, where, "block_table", (ir.DataType.INT32,), 2)
+    check_value(slot_mapping, where, "slot_mapping", (ir.DataType.INT32,), 2)
+    check_value(seq_lens, where, "seq_lens", (ir.DataType.INT32,), 1)
+    check_value(query_lens, where, "query_lens", (ir.DataType.INT32,), 1)
     attrs = paged_attention_attributes(num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale)
     ir_attrs = [
         ir.AttrInt64("num_heads", attrs["num_heads"]),
