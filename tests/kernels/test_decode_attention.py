@@ -317,6 +317,29 @@ def test_write_kv_cache_skips_negative_start():
     assert torch.equal(k[1, 0, 3], new[1, 0, 0])
 
 
+def test_both_cache_writes_check_the_new_rows_alike():
+    """write_kv_cache and write_kv_slots refuse a wrong rank or mismatched new rows with one message, naming
+    their own cache argument; nothing is launched."""
+    from trtforge.kernels.paged_cache import write_kv_slots
+
+    rows, pool = torch.zeros(1, 2, 1, 16), torch.zeros(4, 8, 2, 16)
+    start, slots = torch.zeros(1, dtype=torch.int32), torch.zeros(1, 1, dtype=torch.int32)
+    table = torch.zeros(1, 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^k_new must be 4-D; got shape \(2, 1, 16\)$"):
+        write_kv_cache(rows[0], rows, pool, pool, start, table)
+    with pytest.raises(ValueError, match=r"^k_new must be 4-D; got shape \(2, 1, 16\)$"):
+        write_kv_slots(rows[0], rows, pool, pool, slots)
+    with pytest.raises(ValueError, match=r"^v_cache must be 4-D; got shape \(2, 8, 16\)$"):
+        write_kv_cache(rows, rows, torch.zeros(1, 2, 8, 16), torch.zeros(2, 8, 16), start)
+    with pytest.raises(ValueError, match=r"^v_pool must be 4-D; got shape \(8, 2, 16\)$"):
+        write_kv_slots(rows, rows, pool, pool[0], slots)
+    message = r"^v_new must match k_new's shape \(1, 2, 1, 16\); got \(1, 2, 2, 16\)$"
+    with pytest.raises(ValueError, match=message):
+        write_kv_cache(rows, torch.zeros(1, 2, 2, 16), pool, pool, start, table)
+    with pytest.raises(ValueError, match=message):
+        write_kv_slots(rows, torch.zeros(1, 2, 2, 16), pool, pool, slots)
+
+
 @pytest.mark.parametrize(
     ("kw", "message"),
     [

@@ -127,12 +127,7 @@ def write_kv_cache(
     """
     if block_table is not None:
         k_cache, v_cache = pool_heads_major(k_cache), pool_heads_major(v_cache)
-    for name, t in (("k_new", k_new), ("v_new", v_new), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if len(t.shape) != 4:
-            raise ValueError(f"{name} must be 4-D; got shape {tuple(t.shape)}")
-    b, hkv, s_new, d = (int(n) for n in k_new.shape)
-    if tuple(v_new.shape) != (b, hkv, s_new, d):
-        raise ValueError(f"v_new must match k_new's shape {(b, hkv, s_new, d)}; got {tuple(v_new.shape)}")
+    b, hkv, s_new, d = _new_rows_shape(k_new, v_new, k_cache, v_cache, "cache")
     if tuple(k_cache.shape) != tuple(v_cache.shape) or tuple(k_cache.shape[1:2]) != (hkv,):
         raise ValueError(f"caches need one shape, {hkv} kv heads; got {k_cache.shape}, {v_cache.shape}")
     if int(k_cache.shape[3]) != d:
@@ -156,8 +151,7 @@ def write_kv_cache(
         raise ValueError(f"counts must be int32 [B] = [{b}]; got {counts.dtype} {tuple(counts.shape)}")
     if b == 0 or s_new == 0 or hkv == 0:
         return
-    block_d = max(16, triton.next_power_of_2(d))
-    block_h = min(triton.next_power_of_2(hkv), max(1, 2048 // block_d))
+    block_d, block_h = _copy_tiles(d, hkv)
     _write_kv_kernel[(b * s_new, triton.cdiv(hkv, block_h))](
         k_new, v_new, k_cache, v_cache, start, counts if counts is not None else start, table,
         *k_new.stride(), *v_new.stride(), *k_cache.stride(), *v_cache.stride(), stride_tb,
@@ -239,12 +233,7 @@ def write_kv_slots(
     Every row is written, right-padding rows too (the step graph points them at a scratch slot; where
     several share one, which lands is unspecified). Launches on the current stream; returns nothing.
     """
-    for name, t in (("k_new", k_new), ("v_new", v_new), ("k_pool", k_pool), ("v_pool", v_pool)):
-        if len(t.shape) != 4:
-            raise ValueError(f"{name} must be 4-D; got shape {tuple(t.shape)}")
-    b, hkv, s_new, d = (int(n) for n in k_new.shape)
-    if tuple(v_new.shape) != (b, hkv, s_new, d):
-        raise ValueError(f"v_new must match k_new's shape {(b, hkv, s_new, d)}; got {tuple(v_new.shape)}")
+    b, hkv, s_new, d = _new_rows_shape(k_new, v_new, k_pool, v_pool, "pool")
     if tuple(k_pool.shape) != tuple(v_pool.shape) or tuple(int(n) for n in k_pool.shape[2:]) != (hkv, d):
         raise ValueError(
             f"pools must be [num_blocks, block_size, {hkv}, {d}] each; got {k_pool.shape}, {v_pool.shape}"
@@ -260,14 +249,34 @@ def write_kv_slots(
         raise ValueError(f"block size {page} must be >= 1")
     if b == 0 or s_new == 0 or hkv == 0:
         return
-    block_d = max(16, triton.next_power_of_2(d))
-    block_h = min(triton.next_power_of_2(hkv), max(1, 2048 // block_d))
+    block_d, block_h = _copy_tiles(d, hkv)
     _write_slots_kernel[(b * s_new, triton.cdiv(hkv, block_h))](
         k_new, v_new, k_pool, v_pool, slot_mapping,
         *k_new.stride(), *v_new.stride(), *k_pool.stride(), *v_pool.stride(), *slot_mapping.stride(),
         hkv, s_new, inverse_scale(k_scale), inverse_scale(v_scale),
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h, PAGE_SIZE=page, num_warps=4,
     )  # fmt: skip
+
+
+def _new_rows_shape(
+    k_new: Any, v_new: Any, k_cache: Any, v_cache: Any, what: str
+) -> tuple[int, int, int, int]:
+    """(B, Hkv, S_new, D) of the new rows, after checking that they and the caches (named ``k_{what}``,
+    ``v_{what}`` in the message) are 4-D and that v_new has k_new's shape."""
+    for name, t in (("k_new", k_new), ("v_new", v_new), (f"k_{what}", k_cache), (f"v_{what}", v_cache)):
+        if len(t.shape) != 4:
+            raise ValueError(f"{name} must be 4-D; got shape {tuple(t.shape)}")
+    b, hkv, s_new, d = (int(n) for n in k_new.shape)
+    if tuple(v_new.shape) != (b, hkv, s_new, d):
+        raise ValueError(f"v_new must match k_new's shape {(b, hkv, s_new, d)}; got {tuple(v_new.shape)}")
+    return b, hkv, s_new, d
+
+
+def _copy_tiles(head_dim: int, kv_heads: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_H) of both copy kernels: the head dim padded to a power of two (>= 16), and as many
+    heads a program as keep it near 2,048 elements."""
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    return block_d, min(triton.next_power_of_2(kv_heads), max(1, 2048 // block_d))
 
 
 def _check_dtypes(k_new: Any, v_new: Any, k_cache: Any, v_cache: Any, what: str) -> None:
