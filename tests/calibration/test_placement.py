@@ -118,3 +118,18 @@ def test_qdq_model_runs_in_onnxruntime_close_to_float():
     out = exact_session(q).run(None, {"x": x})[0]
     cos = (ref * out).sum() / np.linalg.norm(ref) / np.linalg.norm(out)
     assert cos > 0.999 and not np.array_equal(ref, out)
+
+
+def test_inserted_nodes_land_just_before_the_node_they_feed():
+    """qdq.insert_before (Q/DQ insertion and SmoothQuant's Mul): each list goes right before its node,
+    in its own order; nodes without inserts keep their places."""
+    from onnx import helper
+
+    from trtforge.calibration.qdq import insert_before
+
+    graph = helper.make_graph([helper.make_node("Relu", [], [], name=n) for n in "abc"], "g", [], [])
+    new = {i: [helper.make_node("Identity", [], [], name=f"{n}{i}") for n in "pq"] for i in (0, 2)}
+    insert_before(graph, new)
+    assert [n.name for n in graph.node] == ["p0", "q0", "a", "b", "p2", "q2", "c"]
+    insert_before(graph, {})
+    assert [n.name for n in graph.node] == ["p0", "q0", "a", "b", "p2", "q2", "c"]

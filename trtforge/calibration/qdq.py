@@ -145,14 +145,20 @@ def insert_qdq(
                 node.input[k] = act_dq(name, at)
             elif t.weight is not None and name == t.weight and k == 1:
                 node.input[k] = weight_dq(name, int(t.weight_axis or 0), at)
-    nodes = []
-    for i, n in enumerate(g.node):
-        nodes.extend(before.get(i, []))
-        nodes.append(n)
-    del g.node[:]
-    g.node.extend(nodes)
+    insert_before(g, before)
     drop_unused_initializers(out)
     return out
+
+
+def insert_before(graph: onnx.GraphProto, inserts: dict[int, list[onnx.NodeProto]]) -> None:
+    """Put each list of new nodes ``inserts[i]`` just before node i of `graph`, in place: nodes that feed
+    node i (a Q/DQ pair, a SmoothQuant Mul) then precede it, and the order stays topological."""
+    nodes = []
+    for i, n in enumerate(graph.node):
+        nodes.extend(inserts.get(i, []))
+        nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(nodes)
 
 
 def drop_unused_initializers(model: onnx.ModelProto) -> None:

@@ -41,7 +41,7 @@ def apply_smoothquant(
     import onnx
     from onnx import helper, numpy_helper
 
-    from trtforge.calibration.qdq import drop_unused_initializers, fresh_names
+    from trtforge.calibration.qdq import drop_unused_initializers, fresh_names, insert_before
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -81,12 +81,7 @@ def apply_smoothquant(
             )
             node.input[0], node.input[1] = smoothed, w_name
             new_targets[id(t)] = dataclasses.replace(t, activations=[smoothed], weight=w_name)
-    nodes = []
-    for i, n in enumerate(g.node):
-        nodes.extend(inserts.get(i, []))
-        nodes.append(n)
-    del g.node[:]
-    g.node.extend(nodes)
+    insert_before(g, inserts)
     drop_unused_initializers(out)
     read = {t for n in g.node for t in n.input}
     summary = {
