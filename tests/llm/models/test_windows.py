@@ -453,3 +453,19 @@ def test_every_supported_family_has_an_adapter():
 
     assert set(families.ADAPTERS) == set(base.SUPPORTED)
     assert len(base.SUPPORTED) == len(set(base.SUPPORTED)), "a family listed under two styles"
+
+
+@pytest.mark.parametrize(("window", "chunk"), [(None, None), (3, None), (None, 4), (3, 4)])
+def test_visible_keys_is_causal_window_and_chunk_by_position(window, chunk):
+    """base.visible_keys (the step graph's masks and the executors' references) against the rule written
+    out one (query, key) pair at a time, negative query positions (rows that see no key) included."""
+    from trtforge.llm.models.base import visible_keys
+
+    keys, queries, end = torch.arange(12), torch.arange(-2, 12), 9
+    got = visible_keys(keys[None, :], queries[:, None], window, chunk, torch.tensor(end))
+    for p in queries.tolist():
+        for j in keys.tolist():
+            want = j <= p and j < end
+            want = want and (window is None or j > p - window) and (chunk is None or j >= p - p % chunk)
+            assert bool(got[p + 2, j]) == want, (p, j)
+    assert torch.equal(visible_keys(keys[None, :], queries[:, None]), keys[None, :] <= queries[:, None])

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from trtforge.llm.compile.ops import kv_cache_write, paged_cache_write, paged_gather, step_attention
-from trtforge.llm.models.base import alibi_bias
+from trtforge.llm.models.base import alibi_bias, visible_keys
 from trtforge.llm.models.families import DecoderSpec, adapter_for
 
 
@@ -49,12 +49,7 @@ def keys_mask(
     layers): the query at position p sees only keys >= p - p % C."""
     keys = keys[None, None, :]
     query_pos = (past_lens[:, None] + seq[None, :])[:, :, None]
-    mask = (keys <= query_pos) & (keys < (past_lens + new_lens)[:, None, None])
-    if window is not None:
-        mask = mask & (keys > query_pos - window)
-    if chunk is not None:
-        mask = mask & (keys >= query_pos - query_pos % chunk)
-    return mask[:, None]
+    return visible_keys(keys, query_pos, window, chunk, end=(past_lens + new_lens)[:, None, None])[:, None]
 
 
 class DecoderStep(nn.Module):

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import torch
 
 from trtforge.llm.executors.kv_cache import read_reference
-from trtforge.llm.models.base import alibi_bias
+from trtforge.llm.models.base import alibi_bias, visible_keys
 
 
 @dataclass(frozen=True)
@@ -205,11 +205,7 @@ def paged_decode_reference(
     k, v = _gather(k_pool, table, k_scale), _gather(v_pool, table, v_scale)
     kpos = torch.arange(table.shape[1] * bs, device=q.device)
     last = context_lens.long()[:, None] - q_len + torch.arange(q_len, device=q.device)[None, :]  # [B, S]
-    mask = kpos[None, None, :] <= last[:, :, None]
-    if sliding_window is not None:
-        mask &= kpos[None, None, :] > last[:, :, None] - sliding_window
-    if chunk is not None:
-        mask &= kpos[None, None, :] >= (last - last % chunk)[:, :, None]
+    mask = visible_keys(kpos[None, None, :], last[:, :, None], sliding_window, chunk)
     seen = mask.any(-1)  # [B, S]: a query with no key would be NaN in SDPA: it sees all, then gets zeros
     mask |= ~seen[:, :, None]
     # the query heads sharing a KV head become that head's query rows: GQA without repeating K/V
@@ -284,11 +280,7 @@ def paged_attention_reference(
         k, v = _gather(k_pool, table, k_scale)[:, :, :ctx], _gather(v_pool, table, v_scale)[:, :, :ctx]
         qpos = torch.arange(ctx - (hi - lo), ctx, device=q.device)[:, None]
         kpos = torch.arange(ctx, device=q.device)[None, :]
-        mask = kpos <= qpos
-        if sliding_window is not None:
-            mask &= kpos > qpos - sliding_window
-        if chunk is not None:
-            mask &= kpos >= qpos - qpos % chunk
+        mask = visible_keys(kpos, qpos, sliding_window, chunk)
         rel = (kpos - qpos).float()
         out[lo:hi] = _grouped_sdpa(
             q[lo:hi].to(k.dtype), k, v, mask, scale, softcap, alibi_slopes, rel, sinks

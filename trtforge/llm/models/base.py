@@ -803,6 +803,28 @@ def mpt_alibi_slopes(num_heads: int, alibi_bias_max: float = 8) -> Tensor:
     return slopes
 
 
+def visible_keys(
+    keys: Tensor,
+    query_pos: Tensor,
+    window: int | None = None,
+    chunk: int | None = None,
+    end: Tensor | None = None,
+) -> Tensor:
+    """bool: whether the query at position `query_pos` sees the key at position `keys` (the two broadcast
+    against each other): at or before it (causal), before `end` where given (the sequence's length), within
+    a sliding `window` W (key > query - W) and within its attention `chunk` C (Llama 4's chunked layers: key
+    >= query - query % C). The one rule of the step graphs' masks and of the executors' torch references;
+    plain out-of-place ops, in this order (the step graph exports them as they are)."""
+    mask = keys <= query_pos
+    if end is not None:
+        mask = mask & (keys < end)
+    if window is not None:
+        mask = mask & (keys > query_pos - window)
+    if chunk is not None:
+        mask = mask & (keys >= query_pos - query_pos % chunk)
+    return mask
+
+
 def alibi_bias(slopes: Tensor, relative: Tensor) -> Tensor:
     """ALiBi's position bias ``[..., H, S, L]``: each head's slope (`slopes` ``[H]``) times each key's
     position minus its query's (`relative` ``[..., S, L]``), in float32. transformers adds ``slope * j``
