@@ -306,3 +306,27 @@ def test_a_second_fused_layers_reuses_the_first_concatenation():
     q_proj.bias.data = torch.ones_like(q_proj.bias)  # a bias reassigned: the cached concatenation misses
     again = fused_layers.FusedLayers(adapter_for(biased))
     assert torch.equal(again.qkv_w[0][1][: q_proj.out_features], torch.ones(q_proj.out_features))
+
+
+def test_float_projections_concatenate_into_views_and_a_bias_mix_is_refused():
+    """The fused path's float QKV: one weight and one bias (or none), each module then a view of its rows;
+    projections of which only some have a bias are refused, quantized or not."""
+    from trtforge.llm.executors.fused_layers import _concat_into_views
+
+    torch.manual_seed(0)
+    mods = [torch.nn.Linear(4, 3), torch.nn.Linear(4, 2)]
+    weights, biases = [m.weight.detach().clone() for m in mods], [m.bias.detach().clone() for m in mods]
+    weight, bias = _concat_into_views(mods)
+    assert torch.equal(weight, torch.cat(weights)) and torch.equal(bias, torch.cat(biases))
+    assert mods[1].weight.data_ptr() == weight[3:].data_ptr()
+    assert mods[1].bias.data_ptr() == bias[3:].data_ptr()
+    unbiased = [torch.nn.Linear(4, 3, bias=False), torch.nn.Linear(4, 2, bias=False)]
+    assert _concat_into_views(unbiased)[1] is None
+    with pytest.raises(ValueError, match="either every projection has a bias or none does"):
+        _concat_into_views([torch.nn.Linear(4, 3), torch.nn.Linear(4, 2, bias=False)])
+    model = _llama(attention_bias=True)
+    quantize_model(model, "int4-rtn")
+    attn = model.model.layers[0].self_attn
+    attn.k_proj.bias = None
+    with pytest.raises(ValueError, match="either every projection has a bias or none does"):
+        _concat_into_views([attn.q_proj, attn.k_proj, attn.v_proj])

@@ -158,6 +158,15 @@ def _same_key(a: list[tuple[Any, int | None]], b: list[tuple[Any, int | None]]) 
     return len(a) == len(b) and all(wa is wb and pa == pb for (wa, pa), (wb, pb) in zip(a, b, strict=True))
 
 
+def _concat_biases(modules: list[Any]) -> torch.Tensor | None:
+    """The projections' biases concatenated along dim 0 (quantized or not: biases stay unquantized), or
+    None where none has one; a mix is refused (the fused GEMM adds one bias or none)."""
+    has_bias = [m.bias is not None for m in modules]
+    if any(has_bias) and not all(has_bias):
+        raise ValueError("either every projection has a bias or none does")
+    return torch.cat([m.bias.data for m in modules]) if all(has_bias) else None
+
+
 def _concat_into_views(modules: list[Any]) -> tuple[Any, torch.Tensor | None]:
     """Concatenate the modules' weights (and biases) along dim 0; repoint each module at its slice.
 
@@ -170,10 +179,7 @@ def _concat_into_views(modules: list[Any]) -> tuple[Any, torch.Tensor | None]:
         return cached[0], cached[1]
     if isinstance(modules[0], QuantLinear):
         qweight = cat_weights([m.qweight for m in modules])
-        has_bias = [m.bias is not None for m in modules]
-        qbias = torch.cat([m.bias.data for m in modules]) if all(has_bias) else None
-        if any(has_bias) and qbias is None:
-            raise ValueError("either every projection has a bias or none does")
+        qbias = _concat_biases(modules)
         lo = 0
         for m in modules:
             hi = lo + int(m.out_features)
@@ -184,10 +190,7 @@ def _concat_into_views(modules: list[Any]) -> tuple[Any, torch.Tensor | None]:
         modules[0]._trtforge_concat = (qweight, qbias, _concat_key(modules))
         return qweight, qbias
     weight = torch.cat([m.weight.data for m in modules])
-    has_bias = [m.bias is not None for m in modules]
-    bias = torch.cat([m.bias.data for m in modules]) if all(has_bias) else None
-    if any(has_bias) and bias is None:
-        raise ValueError("either every projection has a bias or none does")
+    bias = _concat_biases(modules)
     lo = 0
     for m in modules:
         hi = lo + int(m.weight.shape[0])
