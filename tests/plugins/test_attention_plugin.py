@@ -11,7 +11,7 @@ import types
 import numpy as np
 import pytest
 
-from trtforge.core.backend import backend_available, get_backend
+from trtforge.core.backend import backend_available
 from trtforge.errors import UserError
 from trtforge.kernels.configs import (
     HopperConfig,
@@ -32,16 +32,6 @@ from trtforge.plugins.attention.plugin import (
 from trtforge.plugins.attention.spec import LAYOUT_PACKED, FlashAttentionAttrs
 
 pytestmark = pytest.mark.skipif(not backend_available(), reason="no TensorRT Python bindings importable")
-
-
-@pytest.fixture(scope="module")
-def backend():
-    return get_backend()
-
-
-@pytest.fixture(scope="module")
-def trt(backend):
-    return backend.trt
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtforge.core.backend import backend_available, get_backend
+from trtforge.core.backend import backend_available
 from trtforge.errors import UserError
 from trtforge.kernels.configs import DECODE_CANDIDATES
 from trtforge.plugins.attention.paged_plugin import (
@@ -26,16 +26,6 @@ from trtforge.plugins.attention.spec import PagedAttentionAttrs
 pytestmark = pytest.mark.skipif(not backend_available(), reason="no TensorRT Python bindings importable")
 
 ATTRS = PagedAttentionAttrs(num_heads=32, kv_num_heads=8, scale=0.125)  # exact in FP32
-
-
-@pytest.fixture(scope="module")
-def backend():
-    return get_backend()
-
-
-@pytest.fixture(scope="module")
-def trt(backend):
-    return backend.trt
 
 
 @pytest.fixture(scope="module")

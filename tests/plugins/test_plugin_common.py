@@ -19,11 +19,6 @@ pytestmark = pytest.mark.skipif(not backend_available(), reason="no TensorRT Pyt
 KINDS = {"num_heads": "int32", "scale": "float32", "layout": "char", "kv_num_heads": "int32"}
 
 
-@pytest.fixture(scope="module")
-def trt():
-    return get_backend().trt
-
-
 def _churn() -> list:
     """Free what can be freed, then allocate many small arrays: memory a dangling field would reuse."""
     gc.collect()
