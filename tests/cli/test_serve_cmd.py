@@ -125,6 +125,19 @@ def tokenizer_with_bad_template(tmp_path) -> Path:
     return tmp_path / "tok"
 
 
+# `trtforge serve` of the tiny llama on the CPU (to which each test adds its own flags)
+TINY_SERVE = (
+    "serve",
+    "tests.llm.tiny_models:llama_factory",
+    "--device",
+    "cpu",
+    "--num-blocks",
+    "8",
+    "--port",
+    "0",
+)
+
+
 def _no_server(monkeypatch) -> list:
     """Stand in for the server's run: (llm, options) of each call, the llm closed."""
     import importlib
@@ -146,17 +159,7 @@ def test_a_tokenizers_own_chat_template_that_is_not_jinja_is_refused_naming_its_
     """Before: the server started, answered /health and completions, and every chat request got a 400
     that blamed the client for the template the tokenizer shipped. Refused before the model loads."""
     served = _no_server(monkeypatch)
-    argv = [
-        "serve",
-        "tests.llm.tiny_models:llama_factory",
-        "--device",
-        "cpu",
-        "--num-blocks",
-        "8",
-        "--port",
-        "0",
-    ]
-    argv += ["--tokenizer", str(tokenizer_with_bad_template)]
+    argv = [*TINY_SERVE, "--tokenizer", str(tokenizer_with_bad_template)]
     assert main(argv) == 2 and not served
     err = capsys.readouterr().err
     where = f"the chat template of --tokenizer '{tokenizer_with_bad_template}' (chat_template.jinja)"
@@ -171,17 +174,7 @@ def test_a_chat_template_given_replaces_the_tokenizers_broken_one(
     served = _no_server(monkeypatch)
     good = tmp_path / "chat.jinja"
     good.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    argv = [
-        "serve",
-        "tests.llm.tiny_models:llama_factory",
-        "--device",
-        "cpu",
-        "--num-blocks",
-        "8",
-        "--port",
-        "0",
-    ]
-    argv += ["--tokenizer", str(tokenizer_with_bad_template), "--chat-template", str(good)]
+    argv = [*TINY_SERVE, "--tokenizer", str(tokenizer_with_bad_template), "--chat-template", str(good)]
     assert main(argv) in (0, None)
     ((_, options),) = served
     assert options.chat_template == good.read_text()
@@ -319,17 +312,7 @@ def test_chat_template_names_one_of_the_tokenizers_named_templates(
 ):
     """--chat-template NAME picks that template (its text is what chats are rendered with)."""
     served = _no_server(monkeypatch)
-    argv = [
-        "serve",
-        "tests.llm.tiny_models:llama_factory",
-        "--device",
-        "cpu",
-        "--num-blocks",
-        "8",
-        "--port",
-        "0",
-    ]
-    argv += ["--tokenizer", str(tokenizer_with_named_templates), "--chat-template", "rag"]
+    argv = [*TINY_SERVE, "--tokenizer", str(tokenizer_with_named_templates), "--chat-template", "rag"]
     assert main(argv) in (0, None)
     ((_, options),) = served
     assert options.chat_template == "R{{ messages[0]['content'] }}"
@@ -343,17 +326,7 @@ def test_an_unknown_chat_template_name_is_refused_listing_the_names(
 ):
     """Refused before the model loads (exit 2), naming the flag and listing the names there are."""
     served = _no_server(monkeypatch)
-    argv = [
-        "serve",
-        "tests.llm.tiny_models:llama_factory",
-        "--device",
-        "cpu",
-        "--num-blocks",
-        "8",
-        "--port",
-        "0",
-    ]
-    argv += ["--tokenizer", str(tokenizer_with_named_templates), "--chat-template", name]
+    argv = [*TINY_SERVE, "--tokenizer", str(tokenizer_with_named_templates), "--chat-template", name]
     assert main(argv) == 2 and not served
     err = capsys.readouterr().err
     assert f"--chat-template '{name}': the tokenizer has no chat template of that name" in err, err
@@ -367,17 +340,7 @@ def test_a_chat_template_name_for_a_tokenizer_without_named_ones_is_refused(tmp_
     tok.chat_template = "{{ messages[0]['content'] }}"
     tok.save_pretrained(tmp_path / "tok")
     served = _no_server(monkeypatch)
-    argv = [
-        "serve",
-        "tests.llm.tiny_models:llama_factory",
-        "--device",
-        "cpu",
-        "--num-blocks",
-        "8",
-        "--port",
-        "0",
-    ]
-    argv += ["--tokenizer", str(tmp_path / "tok"), "--chat-template", "tool_use"]
+    argv = [*TINY_SERVE, "--tokenizer", str(tmp_path / "tok"), "--chat-template", "tool_use"]
     assert main(argv) == 2 and not served
     err = capsys.readouterr().err
     assert "--chat-template 'tool_use': the tokenizer has no named chat templates" in err, err
