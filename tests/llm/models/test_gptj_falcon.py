@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.llm.models.test_rope_kin import eager_queries_and_keys
 from tests.llm.tiny_models import tiny_model
 from trtforge.errors import UserError
 from trtforge.llm.compile.export import export_step
@@ -22,20 +23,7 @@ def _hf_rotated(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor
     module = __import__(type(model).__module__, fromlist=["eager_attention_forward"])
     if not hasattr(module, "eager_attention_forward"):
         pytest.skip(f"transformers {transformers.__version__}: {module.__name__} has no eager hook")
-    real, seen = module.eager_attention_forward, []
-
-    def recording(attn, query, key, value, *args, **kwargs):
-        seen.append((query, key))
-        return real(attn, query, key, value, *args, **kwargs)
-
-    model.set_attn_implementation("eager")
-    module.eager_attention_forward = recording
-    try:
-        with torch.no_grad():
-            model(ids)
-    finally:
-        module.eager_attention_forward = real
-    return seen[0]
+    return eager_queries_and_keys(model, ids)[0]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

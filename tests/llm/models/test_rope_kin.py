@@ -32,8 +32,11 @@ ROTARY_KIN = [
 ]
 
 
-def _hf_rotated(model: torch.nn.Module, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each layer's query and key ``[B, heads, S, D]`` as transformers hands them to its eager attention."""
+def eager_queries_and_keys(
+    model: torch.nn.Module, ids: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's query and key ``[B, heads, S, D]`` as transformers hands them to its eager attention
+    (test_gptj_falcon.py reads them too)."""
     module = __import__(type(model).__module__, fromlist=["eager_attention_forward"])
     real, seen = module.eager_attention_forward, []
 
@@ -72,7 +75,7 @@ def test_rotated_queries_and_keys_are_transformers_bit_for_bit(family, dtype, tm
         for layer in model.model.layers
     ]
     try:
-        want = _hf_rotated(model, ids)
+        want = eager_queries_and_keys(model, ids)
     finally:
         for h in hooks:
             h.remove()
