@@ -390,32 +390,14 @@ def test_a_tokenizer_past_the_models_vocabulary_is_a_400_naming_the_field(chat):
     assert "outside the vocabulary [0, 300)" in e.value.message and "--tokenizer" in e.value.message
 
 
-def test_served_names_are_listed_once_and_aliases_apply_to_the_default_name_only(monkeypatch):
+def test_served_names_are_listed_once_and_aliases_apply_to_the_default_name_only(built_state):
     """`--served-model-name a --served-model-name a` listed 'a' twice in /v1/models; MODEL as typed is
     a name requests may use only where the name is MODEL's own (not one --served-model-name chose)."""
-    import importlib
-    from types import SimpleNamespace
+    from trtforge.llm.server.run import ServeOptions
 
-    pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (fastapi)")
-    server_run = importlib.import_module("trtforge.llm.server.run")
-    states = []
-
-    class Built(Exception):
-        """Raised in place of building the app: the state is all this test reads."""
-
-    def create_app(state):
-        states.append(state)
-        raise Built
-
-    monkeypatch.setattr(server_run, "create_app", create_app)
-    engine = SimpleNamespace(
-        max_model_len=64, config=SimpleNamespace(max_num_seqs=2), enable_structured_output=lambda tok: None
-    )
-    llm = SimpleNamespace(engine=engine)
     for names, expected, aliases in [(("a", "a", "b"), ["a", "b"], ()), ((), ["m"], ("./m/",))]:
-        with pytest.raises(Built):
-            server_run.run(llm, None, "m", server_run.ServeOptions(served_model_names=names), ("./m/", "m"))
-        assert states[-1].served_model_names == expected and states[-1].model_aliases == aliases
+        state = built_state(None, "m", ServeOptions(served_model_names=names), ("./m/", "m"))
+        assert state.served_model_names == expected and state.model_aliases == aliases
 
 
 def _bounded_head_answers(reads: list[bytes]) -> list[bytes]:

@@ -95,32 +95,13 @@ def test_without_a_default_chats_get_a_400_saying_how_to_fix_it_and_completions_
     assert "Traceback" not in log, log
 
 
-def test_the_python_api_takes_a_templates_name(tmp_path, monkeypatch):
+def test_the_python_api_takes_a_templates_name(tmp_path, built_state):
     """``ServeOptions(chat_template=NAME)`` picks that named template, as transformers'
     ``apply_chat_template(chat_template=NAME)`` does; None picks "default"."""
-    import importlib
-    from types import SimpleNamespace
-
     from transformers import AutoTokenizer
 
-    pytest.importorskip("fastapi", reason="trtforge serve needs the [serve] extra (fastapi)")
-    server_run = importlib.import_module("trtforge.llm.server.run")
+    from trtforge.llm.server.run import ServeOptions
+
     tok = AutoTokenizer.from_pretrained(named_tokenizer(tmp_path / "tok", TEMPLATES))
-    states = []
-
-    class Built(Exception):
-        """Raised in place of building the app: the state is all this test reads."""
-
-    def create_app(state):
-        states.append(state)
-        raise Built
-
-    monkeypatch.setattr(server_run, "create_app", create_app)
-    engine = SimpleNamespace(
-        max_model_len=64, config=SimpleNamespace(max_num_seqs=2), enable_structured_output=lambda tok: None
-    )
-    llm = SimpleNamespace(engine=engine)
     for chosen, picked in [("rag", "rag"), (None, "default")]:
-        with pytest.raises(Built):
-            server_run.run(llm, tok, NAME, server_run.ServeOptions(chat_template=chosen))
-        assert states[-1].chat_template == TEMPLATES[picked]
+        assert built_state(tok, NAME, ServeOptions(chat_template=chosen)).chat_template == TEMPLATES[picked]
