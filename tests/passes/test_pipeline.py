@@ -239,19 +239,6 @@ def test_output_that_is_a_graph_input_keeps_both_names():
     onnx.checker.check_model(out)
 
 
-def test_a_pass_that_renames_graph_inputs_is_a_trtforge_error(monkeypatch):
-    from trtforge.errors import TrtforgeError
-
-    def rename(model: ir.Model, ctx) -> PassOutcome:
-        model.graph.inputs[0].name = "renamed"
-        return PassOutcome()
-
-    monkeypatch.setitem(pipeline.PASSES, "rename", PassSpec("rename", "test: renames an input", rename))
-    with pytest.raises(TrtforgeError, match=r"pass 'rename' changed the graph's input names") as e:
-        optimize_model(_model(), passes=["rename"], verify=False)
-    assert not isinstance(e.value, UserError)
-
-
 def test_one_tensor_returned_twice_keeps_both_output_names():
     """torch exports `return y, y` as y -> Identity -> y2, both graph outputs; Identity elimination used to
     merge them into one value listed twice under one name (an engine with duplicate output names)."""
@@ -271,16 +258,18 @@ def test_one_tensor_returned_twice_keeps_both_output_names():
     onnx.checker.check_model(out)
 
 
-def test_a_pass_that_renames_graph_outputs_is_a_trtforge_error(monkeypatch):
+@pytest.mark.parametrize("side", ["input", "output"])
+def test_a_pass_that_renames_graph_inputs_or_outputs_is_a_trtforge_error(monkeypatch, side):
     from trtforge.errors import TrtforgeError
 
     def rename(model: ir.Model, ctx) -> PassOutcome:
-        model.graph.outputs[0].name = "renamed"
+        getattr(model.graph, f"{side}s")[0].name = "renamed"
         return PassOutcome()
 
-    monkeypatch.setitem(pipeline.PASSES, "rename", PassSpec("rename", "test: renames an output", rename))
-    with pytest.raises(TrtforgeError, match=r"pass 'rename' changed the graph's output names"):
+    monkeypatch.setitem(pipeline.PASSES, "rename", PassSpec("rename", f"test: renames an {side}", rename))
+    with pytest.raises(TrtforgeError, match=rf"pass 'rename' changed the graph's {side} names") as e:
         optimize_model(_model(), passes=["rename"], verify=False)
+    assert not isinstance(e.value, UserError)
 
 
 def test_opset_raise_through_the_c_converter_does_not_warn(caplog):
