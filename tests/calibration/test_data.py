@@ -95,6 +95,29 @@ def test_module_function_source(tmp_path, monkeypatch):
     sys.modules.pop("calibdata_mod", None)
 
 
+def test_a_stream_is_shuffled_whole_and_a_shuffled_count_of_it_is_refused(tmp_path, monkeypatch):
+    """Before: --shuffle-seed with --samples N read a generator's first N samples (or more: as many as its
+    items held) and only reordered those, unlike a file, where it picks a random N of all of them."""
+    arr = _arrays(6)
+    singles = [{k: v[i] for k, v in arr.items()} for i in range(6)]
+    whole = load_dataset(iter(singles), SPECS, shuffle_seed=3)  # no count: read to its end, all shuffled
+    ids = np.concatenate([b["input_ids"] for b in whole])
+    assert not np.array_equal(ids, arr["input_ids"])
+    assert sorted(map(tuple, ids)) == sorted(map(tuple, arr["input_ids"]))
+    with pytest.raises(UserError, match=r"\(--samples 4\) picks a random 4 of all the samples, but calib"):
+        load_dataset(iter(singles), SPECS, max_samples=4, shuffle_seed=3)
+    (tmp_path / "calibstream_mod.py").write_text(
+        "import numpy as np\n"
+        "def endless():\n"
+        "    while True:\n"
+        "        yield {'input_ids': np.zeros((2, 5), np.int64), 'x': np.zeros((2, 4), np.float32)}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError, match=r"'calibstream_mod:endless' \(a module:function\) is read only"):
+        load_dataset("calibstream_mod:endless", SPECS, max_samples=4, shuffle_seed=0, what="--data")
+    sys.modules.pop("calibstream_mod", None)
+
+
 def test_text_with_demo_tokenizer_pads_per_batch(tmp_path):
     pytest.importorskip("transformers")
     (tmp_path / "s.txt").write_text(

@@ -211,6 +211,9 @@ def load_dataset(
     """Load and validate calibration data for a model with inputs `input_specs` (see the module doc).
 
     `what` names the data in messages (the option it came from: --precision-data, --data, ...).
+    `shuffle_seed` shuffles the samples before `max_samples` takes the first ones: a random subset of a
+    file, directory, text or dict of arrays. A module:function or iterable is read to its end and all of
+    it shuffled; with `max_samples` too it is refused, since it is read only to its first samples.
 
     Raises UserError naming the file/input and what was expected when the data does not fit the model.
     """
@@ -247,6 +250,7 @@ def load_dataset(
             sentences, tokenize = text_dataset(path, specs, tokenizer, max_length)
     elif isinstance(spec, str) and ":" in spec and not spec.endswith((".npz", ".txt", ".npy")):
         source = spec
+        _refuse_shuffling_a_stream(shuffle_seed, max_samples, f"{what} '{spec}' (a module:function)")
         chunks = from_iterable(load_function(spec, what), specs, f"data function '{spec}'", max_samples)
     elif isinstance(spec, (str, os.PathLike)):
         raise UserError(f"{what} '{spec}' does not exist (expected a file, directory or module:function).")
@@ -256,6 +260,7 @@ def load_dataset(
         chunks = [validate_chunk(arrays, specs, "calibration arrays")]
     elif isinstance(spec, Iterable):
         source = type(spec).__name__
+        _refuse_shuffling_a_stream(shuffle_seed, max_samples, f"{what} ({source}, an iterable)")
         chunks = from_iterable(
             guarded(spec, f"calibration data ({source})"), specs, f"calibration data ({source})", max_samples
         )
@@ -283,6 +288,23 @@ def load_dataset(
         tokenize=tokenize,
         order=order,
         fixed_batch=fixed_batch,
+    )
+
+
+def _refuse_shuffling_a_stream(shuffle_seed: int | None, max_samples: int | None, where: str) -> None:
+    """UserError when a seed would shuffle a stream that a sample count cuts short: --shuffle-seed with
+    --samples N picks a random N of a file's samples, but a module:function or iterable (possibly endless)
+    is read only to its first N or so (as many as its items hold), so the seed only reordered those, a
+    window that depended on the size of its items. Without a count a stream is read to its end (at most
+    UNBOUNDED_SAMPLE_LIMIT samples) and every sample is shuffled."""
+    if shuffle_seed is None or max_samples is None:
+        return
+    raise UserError(
+        f"the shuffle seed (--shuffle-seed, shuffle_seed) with a sample count (--samples {max_samples}) "
+        f"picks a random {max_samples} of all the samples, but {where} is read only as far as its first "
+        f"{max_samples} (it may never end), so there is nothing to pick from. Shuffle in the source "
+        "itself (a seeded shuffle in the function, a DataLoader's shuffle=True), or drop the seed, or drop "
+        "the count to read the source to its end and shuffle all of it."
     )
 
 
