@@ -43,6 +43,48 @@ def test_npz_batches_limit_and_shuffle(tmp_path):
     assert sorted(map(tuple, shuffled)) == sorted(map(tuple, arr["input_ids"]))
 
 
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed], ids=["stored", "compressed"])
+def test_an_npz_is_read_only_for_the_samples_used(tmp_path, monkeypatch, save):
+    """Before: every array of a .npz was read whole (and checked) before --samples applied: 64 samples of
+    a 20 GB file read 20 GB. Now a stored member is memory-mapped and a compressed one decompressed only
+    as far as the last sample used; a NaN in a sample never used is never read."""
+    from trtforge.calibration import sources
+
+    monkeypatch.setattr(sources, "ZIP_READ_BYTES", 40)  # (compressed: 2 rows of x at a time)
+    arr = _arrays(50)
+    save(tmp_path / "d.npz", **arr)
+    ds = load_dataset(tmp_path / "d.npz", SPECS, batch_size=4, max_samples=6, shuffle_seed=2)
+    picked = np.random.default_rng(2).permutation(50)[:6]
+    for name in ("x", "input_ids"):
+        np.testing.assert_array_equal(np.concatenate([b[name] for b in ds]), arr[name][picked])
+    arr["x"][40, 0] = np.nan
+    save(tmp_path / "d.npz", **arr)
+    ds = load_dataset(tmp_path / "d.npz", SPECS, batch_size=4, max_samples=6)
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in ds]), arr["x"][:6])
+    if save is np.savez:
+        assert all(isinstance(c["x"].base, np.memmap) or isinstance(c["x"], np.memmap) for c in ds._chunks)
+    with pytest.raises(UserError, match=r"d\.npz': input 'x' contains 1 NaN/inf value\(s\) \(first at index"):
+        load_dataset(tmp_path / "d.npz", SPECS)  # every sample used: every sample read and checked
+
+
+def test_a_directory_is_opened_only_as_far_as_the_samples_used(tmp_path):
+    """Unshuffled, the files after those holding --samples samples are not opened (before: every file was
+    read whole first); shuffled, every file is opened (shapes only) and the samples picked are read."""
+    a, b = _arrays(5), _arrays(7)
+    np.savez(tmp_path / "a.npz", **a)
+    np.savez_compressed(tmp_path / "b.npz", **b)
+    ds = load_dataset(tmp_path, SPECS, batch_size=16, max_samples=9, shuffle_seed=4)
+    both = {k: np.concatenate([a[k], b[k]]) for k in a}
+    picked = np.random.default_rng(4).permutation(12)[:9]
+    got = sorted(map(tuple, np.concatenate([batch["x"] for batch in ds])))
+    assert got == sorted(map(tuple, both["x"][picked]))
+    (tmp_path / "c.npz").write_bytes(b"PK\x03\x04 not a zip")
+    ds = load_dataset(tmp_path, SPECS, batch_size=16, max_samples=12)
+    np.testing.assert_array_equal(np.concatenate([batch["x"] for batch in ds]), both["x"])
+    with pytest.raises(UserError, match=r"c\.npz' is not a readable \.npz file"):
+        load_dataset(tmp_path, SPECS, max_samples=13)
+
+
 def test_directory_of_npz_and_npy_with_different_shapes_never_mixes_a_batch(tmp_path):
     a = _arrays(3)
     b = {"input_ids": np.ones((2, 9), np.int32), "x": np.ones((2, 4), np.float32)}  # int32 -> cast to int64

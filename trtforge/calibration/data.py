@@ -2,10 +2,11 @@
 
 Every source is validated against the model's inputs (names, dtypes, ranks, static dims, emptiness,
 NaN/inf) when it is loaded, before any statistics run, so a bad dataset costs seconds, not a
-calibration. Sources:
+calibration; of array files only the samples used are read, and checked. Sources:
 
 - ``data.npz``: input name -> array with a leading sample axis.
-- a directory of ``.npz`` files (as above) and/or ``<input_name>.npy`` files.
+- a directory of ``.npz`` files (as above) and/or ``<input_name>.npy`` files: the ``.npz`` files in
+  name order, then the ``.npy`` files (for a one-input model each ``.npy`` holds samples, in name order).
 - ``sentences.txt`` (one sentence per line) with a tokenizer (a Hugging Face tokenizer path, or
   ``demo`` for the bundled all-MiniLM-L6-v2 tokenizer); padded per batch, so padding stays minimal.
 - ``package.module:function``: a function returning an iterable of input dicts.
@@ -28,6 +29,7 @@ from trtforge._fileio import check_utf8_path
 from trtforge.calibration.sources import (
     DEMO_TOKENIZER,
     Chunk,
+    Part,
     array_file_kind,
     chunk_len,
     from_iterable,
@@ -36,6 +38,8 @@ from trtforge.calibration.sources import (
     load_function,
     load_npy_file,
     load_npz,
+    part_len,
+    read_selected,
     resolve_tokenizer,
     text_dataset,
     to_numpy,
@@ -69,8 +73,9 @@ def _as_spec(s: TensorSpec | tuple) -> TensorSpec:
 class CalibrationDataset:
     """Validated samples, yielded as batches of feed dicts ``{input_name: np.ndarray}``.
 
-    Array sources keep their arrays (``.npy`` memory-mapped); text sources keep sentences and
-    tokenize one batch at a time. Samples with different trailing shapes never share a batch.
+    Array files are read only for the samples used (``.npy`` and numpy.savez's ``.npz`` memory-mapped);
+    text sources keep sentences and tokenize one batch at a time. Samples with different trailing shapes
+    never share a batch.
     """
 
     def __init__(
@@ -211,6 +216,9 @@ def load_dataset(
     """Load and validate calibration data for a model with inputs `input_specs` (see the module doc).
 
     `what` names the data in messages (the option it came from: --precision-data, --data, ...).
+    Of `.npz`/`.npy` files and directories only the samples used are read (and checked for NaN/inf and
+    cast): shapes and dtypes come from the files' headers, and without `shuffle_seed` a directory's files
+    are opened in order only until they hold `max_samples`.
     `shuffle_seed` shuffles the samples before `max_samples` takes the first ones: a random subset of a
     file, directory, text or dict of arrays. A module:function or iterable is read to its end and all of
     it shuffled; with `max_samples` too it is refused, since it is read only to its first samples.
@@ -235,17 +243,18 @@ def load_dataset(
     if isinstance(spec, (str, os.PathLike)):
         check_utf8_path(spec, what)
     chunks: list[Chunk] | None = None
+    parts: list[Part] | None = None  # files whose data is read once the samples are picked
     sentences = tokenize = None
     if isinstance(spec, (str, os.PathLike)) and Path(spec).exists():
         path = Path(spec)
         source = str(path)
         kind = array_file_kind(path)
-        if path.is_dir():
-            chunks = load_dir(path, specs)
+        if path.is_dir():  # (unshuffled, only the files that hold the first max_samples are opened)
+            parts = load_dir(path, specs, need=max_samples if shuffle_seed is None else None)
         elif kind == ".npz":
-            chunks = [load_npz(path, specs)]
+            parts = [load_npz(path, specs)]
         elif kind == ".npy":
-            chunks = load_npy_file(path, specs)
+            parts = [load_npy_file(path, specs)]
         else:
             sentences, tokenize = text_dataset(path, specs, tokenizer, max_length)
     elif isinstance(spec, str) and ":" in spec and not spec.endswith((".npz", ".txt", ".npy")):
@@ -266,7 +275,10 @@ def load_dataset(
         )
     else:
         raise UserError(f"unsupported {what} {type(spec).__name__}; see trtforge calibrate --help.")
-    n = sum(chunk_len(c) for c in chunks) if chunks is not None else len(sentences or [])
+    if parts is not None:
+        n = sum(part_len(p) for p in parts)
+    else:
+        n = sum(chunk_len(c) for c in chunks) if chunks is not None else len(sentences or [])
     if n == 0:
         raise UserError(f"{what} {source} is empty: it holds no samples.")
     order = np.arange(n)
@@ -279,6 +291,8 @@ def load_dataset(
             f"the model has a static batch size {batch_size} but calibration data {source} has only "
             f"{len(order)} sample(s); provide at least {batch_size}."
         )
+    if parts is not None:  # read the samples picked, and only those
+        chunks, order = read_selected(parts, order, specs)
     return CalibrationDataset(
         specs,
         source=source,
